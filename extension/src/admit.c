@@ -1,0 +1,132 @@
+/*
+ * admit.c: new messages enter the queue.
+ *
+ * workqueue_add is ingress's admission: the body and the row in one
+ * statement and, on purpose, no NOTIFY (a pending notification takes a
+ * database-wide lock until commit, which would serialize concurrent SMTP
+ * sessions that should group-commit).  workqueue_inject is for writers
+ * outside the dispatcher's loop, so it does notify.
+ */
+#include "pepsi.h"
+
+#include "catalog/pg_type.h"
+#include "utils/builtins.h"
+
+PG_FUNCTION_INFO_V1(workqueue_add);
+PG_FUNCTION_INFO_V1(workqueue_inject);
+
+static bytea *
+admit_arg_bytes(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name),
+				 errhint("An empty %s is an empty bytea, not NULL.", name)));
+	return PG_GETARG_BYTEA_PP(argno);
+}
+
+static Jsonb *
+admit_arg_state(FunctionCallInfo fcinfo, int argno)
+{
+	Jsonb	   *state = arg_json_object_or_null(fcinfo, argno, "state");
+
+	if (state == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("state must not be null"),
+				 errhint("Pass '{}' for a message with no state yet.")));
+	return state;
+}
+
+/*
+ * workqueue_add(mail_from, rcpt_to, headers, body, state, client_address,
+ *               auth_account, stage) returns the new row's id.
+ */
+Datum
+workqueue_add(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {TEXTOID, TEXTARRAYOID, BYTEAOID, BYTEAOID,
+	JSONBOID, INETOID, TEXTOID, TEXTOID};
+	Datum		values[8];
+	char		nulls[8] = "        ";
+	int64		id;
+
+	values[0] = PointerGetDatum(arg_text(fcinfo, 0, "mail_from"));
+	values[1] = PointerGetDatum(arg_recipients(fcinfo, 1, "rcpt_to"));
+	values[2] = PointerGetDatum(admit_arg_bytes(fcinfo, 2, "headers"));
+	values[3] = PointerGetDatum(admit_arg_bytes(fcinfo, 3, "body"));
+	values[4] = PointerGetDatum(admit_arg_state(fcinfo, 4));
+	values[5] = PG_ARGISNULL(5) ? (Datum) 0 : PG_GETARG_DATUM(5);
+	nulls[5] = PG_ARGISNULL(5) ? 'n' : ' ';
+	values[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
+	nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
+	values[7] = PointerGetDatum(arg_stage(fcinfo, 7, "stage"));
+
+	SPI_connect();
+	queue_exec(queue_plan(&plan,
+						  "WITH body AS (INSERT INTO pepsi.workqueue_body (body) VALUES ($4) RETURNING id)"
+						  " INSERT INTO pepsi.workqueue"
+						  " (stage, state, mail_from, rcpt_to, headers, body_id, client_address, auth_account)"
+						  " SELECT $8, $5, $1, $2, $3, body.id, $6, $7 FROM body RETURNING id",
+						  8, argtypes),
+			   values, nulls, false, 0);
+	id = queue_result_int64(0, 1);
+	SPI_finish();
+	PG_RETURN_INT64(id);
+}
+
+/*
+ * workqueue_inject(stage, mail_from, rcpt_to, headers, body, state, token)
+ * returns the new row's id, or NULL when a live row already carries token.
+ */
+Datum
+workqueue_inject(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr insert_plan;
+	static const Oid argtypes[] = {TEXTOID, TEXTOID, TEXTARRAYOID, BYTEAOID,
+	JSONBOID, INT8OID, TEXTOID};
+	Datum		values[7];
+	char		nulls[7] = "       ";
+	int64		body_id;
+	int64		id = 0;
+	bool		inserted;
+
+	values[0] = PointerGetDatum(arg_stage(fcinfo, 0, "stage"));
+	values[1] = PointerGetDatum(arg_text(fcinfo, 1, "mail_from"));
+	values[2] = PointerGetDatum(arg_recipients(fcinfo, 2, "rcpt_to"));
+	values[3] = PointerGetDatum(admit_arg_bytes(fcinfo, 3, "headers"));
+	values[4] = PointerGetDatum(admit_arg_state(fcinfo, 5));
+	values[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
+	nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
+	if (!PG_ARGISNULL(6) && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(6)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("token must not be empty"),
+				 errhint("Pass NULL for a side message that needs no at-most-once guarantee.")));
+
+	SPI_connect();
+	body_id = body_store(admit_arg_bytes(fcinfo, 4, "body"));
+	values[5] = Int64GetDatum(body_id);
+	queue_exec(queue_plan(&insert_plan,
+						  "INSERT INTO pepsi.workqueue"
+						  " (stage, mail_from, rcpt_to, headers, state, body_id, clone_token)"
+						  " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+						  " ON CONFLICT (clone_token) DO NOTHING RETURNING id",
+						  7, argtypes),
+			   values, nulls, false, 0);
+	inserted = SPI_processed > 0;
+	if (inserted)
+	{
+		id = queue_result_int64(0, 1);
+		queue_notify_workqueue();
+	}
+	else
+		body_release_if_unreferenced(body_id);
+	SPI_finish();
+
+	if (!inserted)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(id);
+}

@@ -1,0 +1,155 @@
+/*
+ * body.c: message bodies shared between rows.
+ *
+ * A body row is shared by every workqueue row split or cloned off the same
+ * message, so a message to N recipients is stored once.  It is released when
+ * the last referencing row goes: by the statement trigger on DELETE, and by
+ * a stage's copy-on-write in workqueue_commit.  Two transactions deleting
+ * the last two siblings at once each still see the other's row and neither
+ * frees the body; workqueue_body_gc() sweeps such leftovers.  The opposite
+ * error, freeing a body a row still references, cannot pass silently: the
+ * foreign key from workqueue.body_id forbids it, and a new reference can
+ * only be made by copying one from a row that exists (see spawn_rows).
+ */
+#include "pepsi.h"
+
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(workqueue_body_release_trigger);
+PG_FUNCTION_INFO_V1(workqueue_body_gc);
+
+static const char body_release_sql[] =
+"DELETE FROM pepsi.workqueue_body b WHERE b.id = ANY ($1)"
+" AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)";
+
+/* Delete the bodies among body_ids (int8[]) that no row references. */
+static void
+body_release_unreferenced(Datum body_ids)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8ARRAYOID};
+	Datum		values[1] = {body_ids};
+
+	queue_exec(queue_plan(&plan, body_release_sql, 1, argtypes), values, NULL, false, 0);
+}
+
+void
+body_release_if_unreferenced(int64 body_id)
+{
+	Datum		id = Int64GetDatum(body_id);
+
+	body_release_unreferenced(PointerGetDatum(construct_array(&id, 1, INT8OID, 8, true,
+															  TYPALIGN_DOUBLE)));
+}
+
+/* Store a new body and return its id (the caller is connected to SPI). */
+int64
+body_store(bytea *body)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {BYTEAOID};
+	Datum		values[1] = {PointerGetDatum(body)};
+
+	queue_exec(queue_plan(&plan,
+						  "INSERT INTO pepsi.workqueue_body (body) VALUES ($1) RETURNING id",
+						  1, argtypes),
+			   values, NULL, false, 0);
+	return queue_result_int64(0, 1);
+}
+
+static int
+body_compare_ids(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * AFTER DELETE ... FOR EACH STATEMENT on pepsi.workqueue: collect the
+ * distinct body ids of the deleted rows from the transition table and
+ * release those nothing references any more, in one prepared statement.
+ */
+Datum
+workqueue_body_release_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc	tupdesc;
+	TupleTableSlot *slot;
+	int			body_attnum;
+	int64	   *ids;
+	int			capacity = 64;
+	int			count = 0;
+	int			distinct = 0;
+	Datum	   *datums;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BY_DELETE(trigdata->tg_event)
+		|| trigdata->tg_oldtable == NULL)
+		elog(ERROR, "workqueue_body_release_trigger must fire AFTER DELETE with an OLD TABLE");
+
+	tupdesc = RelationGetDescr(trigdata->tg_relation);
+	body_attnum = SPI_fnumber(tupdesc, "body_id");
+	if (body_attnum <= 0)
+		elog(ERROR, "pepsi.workqueue has no body_id column");
+
+	ids = palloc(sizeof(int64) * capacity);
+	slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsMinimalTuple);
+	tuplestore_rescan(trigdata->tg_oldtable);
+	while (tuplestore_gettupleslot(trigdata->tg_oldtable, true, false, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, body_attnum, &isnull);
+
+		if (isnull)
+			continue;
+		if (count == capacity)
+		{
+			capacity *= 2;
+			ids = repalloc(ids, sizeof(int64) * capacity);
+		}
+		ids[count++] = DatumGetInt64(d);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	if (count == 0)
+		return PointerGetDatum(NULL);
+
+	qsort(ids, count, sizeof(int64), body_compare_ids);
+	datums = palloc(sizeof(Datum) * count);
+	for (int i = 0; i < count; i++)
+		if (i == 0 || ids[i] != ids[i - 1])
+			datums[distinct++] = Int64GetDatum(ids[i]);
+
+	SPI_connect();
+	body_release_unreferenced(PointerGetDatum(construct_array(datums, distinct, INT8OID, 8,
+															  true, TYPALIGN_DOUBLE)));
+	SPI_finish();
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * Sweep every body no row references; returns how many were freed.  Bodies
+ * another transaction has locked (a release in flight) are skipped, so the
+ * sweep never waits on, or deadlocks with, the pipeline.
+ */
+Datum
+workqueue_body_gc(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	uint64		freed;
+
+	SPI_connect();
+	queue_exec(queue_plan(&plan,
+						  "DELETE FROM pepsi.workqueue_body WHERE id IN"
+						  " (SELECT b.id FROM pepsi.workqueue_body b WHERE NOT EXISTS"
+						  "   (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)"
+						  "  FOR UPDATE SKIP LOCKED)",
+						  0, NULL),
+			   NULL, NULL, false, 0);
+	freed = SPI_processed;
+	SPI_finish();
+	PG_RETURN_INT32((int32) freed);
+}

@@ -1,0 +1,236 @@
+/*
+ * maint.c: the "pepsi maintenance" background worker.
+ *
+ * It puts paused rows back to pending when their retry time comes (and
+ * wakes the dispatcher), sweeps bodies a release race left unreferenced,
+ * and prunes pepsi.mail_log past its retention.  Like contrib's
+ * autoprewarm it is registered at start-up when the library is preloaded
+ * and started on demand by pepsi.start_maintenance() otherwise.  Each pass
+ * is one short transaction; between passes it holds none, and it sleeps
+ * until the earliest paused row is due or pepsi.maintenance_interval.
+ */
+#include "pepsi.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#define MAINT_WORKER_TYPE "pepsi maintenance"
+/* Advisory lock keys ('PEPS', 1): one maintenance worker per database. */
+#define MAINT_LOCK_KEY1 0x50455053
+#define MAINT_LOCK_KEY2 1
+/* Rows requeued or log rows pruned per transaction. */
+#define MAINT_BATCH 10000
+
+PG_FUNCTION_INFO_V1(start_maintenance);
+PGDLLEXPORT void pepsi_maintenance_main(Datum main_arg);
+
+static void
+maint_fill_worker(BackgroundWorker *worker)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = 10;
+	strlcpy(worker->bgw_library_name, "pepsi", BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, "pepsi_maintenance_main", BGW_MAXLEN);
+	strlcpy(worker->bgw_name, MAINT_WORKER_TYPE, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, MAINT_WORKER_TYPE, BGW_MAXLEN);
+}
+
+/* Under shared_preload_libraries: one worker for pepsi.database. */
+void
+maint_register_static_worker(void)
+{
+	BackgroundWorker worker;
+
+	maint_fill_worker(&worker);
+	worker.bgw_main_arg = ObjectIdGetDatum(InvalidOid);
+	RegisterBackgroundWorker(&worker);
+}
+
+/* Run one statement that returns a single numeric value (or none). */
+static double
+maint_scalar(const char *sql, double if_null)
+{
+	bool		isnull;
+	Datum		value;
+
+	if (SPI_execute(sql, false, 1) < 0)
+		elog(ERROR, "pepsi maintenance: could not run: %s", sql);
+	if (SPI_processed == 0)
+		return if_null;
+	value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		return if_null;
+	return DatumGetFloat8(value);
+}
+
+static bool
+maint_take_singleton_lock(void)
+{
+	bool		locked;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	locked = maint_scalar(psprintf("SELECT pg_try_advisory_lock(%d, %d)::int::float8",
+								   MAINT_LOCK_KEY1, MAINT_LOCK_KEY2), 0) != 0;
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	return locked;
+}
+
+/*
+ * One maintenance pass in its own transaction.  Returns how long to sleep
+ * before the next one, in milliseconds.
+ */
+static long
+maint_run_pass(TimestampTz *last_sweep)
+{
+	long		sleep_ms = pepsi_maintenance_interval_ms;
+	TimestampTz now = GetCurrentTimestamp();
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, MAINT_WORKER_TYPE);
+
+	if (OidIsValid(get_extension_oid("pepsi", true)))
+	{
+		double		requeued;
+		double		due_in_ms;
+
+		requeued = maint_scalar(psprintf("SELECT pepsi.workqueue_requeue_due(%d)::float8",
+										 MAINT_BATCH), 0);
+		if (requeued > 0)
+			elog(DEBUG1, "pepsi maintenance: %.0f paused rows are due again", requeued);
+
+		if (TimestampDifferenceExceeds(*last_sweep, now, pepsi_body_gc_interval_s * 1000))
+		{
+			double		bodies = maint_scalar("SELECT pepsi.workqueue_body_gc()::float8", 0);
+			double		pruned = maint_scalar(psprintf("WITH old AS (DELETE FROM pepsi.mail_log"
+													   " WHERE id IN (SELECT id FROM pepsi.mail_log"
+													   " WHERE at < now() - interval '%d seconds' LIMIT %d)"
+													   " RETURNING 1) SELECT count(*)::float8 FROM old",
+													   pepsi_mail_log_retention_s, MAINT_BATCH), 0);
+
+			if (bodies > 0)
+				elog(LOG, "pepsi maintenance: swept %.0f unreferenced message bodies", bodies);
+			if (pruned > 0)
+				elog(DEBUG1, "pepsi maintenance: pruned %.0f mail_log rows", pruned);
+			*last_sweep = now;
+		}
+
+		due_in_ms = maint_scalar("SELECT extract(epoch FROM min(timeout) - clock_timestamp())"
+								 "::float8 * 1000 FROM pepsi.workqueue WHERE status = 'paused'",
+								 (double) pepsi_maintenance_interval_ms);
+		if (requeued >= MAINT_BATCH)
+			due_in_ms = 0;
+		if (due_in_ms < sleep_ms)
+			sleep_ms = due_in_ms < 1 ? 1 : (long) due_in_ms + 1;
+	}
+
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return sleep_ms;
+}
+
+void
+pepsi_maintenance_main(Datum main_arg)
+{
+	Oid			database = DatumGetObjectId(main_arg);
+	TimestampTz last_sweep = 0;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	if (OidIsValid(database))
+		BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	else
+		BackgroundWorkerInitializeConnection(pepsi_database, NULL, 0);
+
+	if (!maint_take_singleton_lock())
+	{
+		elog(LOG, "pepsi maintenance: another worker already serves this database; exiting");
+		proc_exit(0);
+	}
+	elog(LOG, "pepsi maintenance worker started");
+
+	while (!ShutdownRequestPending)
+	{
+		long		sleep_ms;
+
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		sleep_ms = maint_run_pass(&last_sweep);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 sleep_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	elog(LOG, "pepsi maintenance worker shutting down");
+	proc_exit(0);
+}
+
+/*
+ * pepsi.start_maintenance(): start the worker for the current database, or
+ * return the pid of the one already running there.
+ */
+Datum
+start_maintenance(PG_FUNCTION_ARGS)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	BgwHandleStatus status;
+	pid_t		pid;
+	double		running;
+
+	SPI_connect();
+	running = maint_scalar(psprintf("SELECT pid::float8 FROM pg_stat_activity"
+									" WHERE backend_type = '%s' AND datid = %u LIMIT 1",
+									MAINT_WORKER_TYPE, MyDatabaseId), 0);
+	SPI_finish();
+	if (running > 0)
+		PG_RETURN_INT32((int32) running);
+
+	maint_fill_worker(&worker);
+	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+	worker.bgw_notify_pid = MyProcPid;
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("could not register the pepsi maintenance worker"),
+				 errhint("More background workers may be needed: raise max_worker_processes.")));
+	status = WaitForBackgroundWorkerStartup(handle, &pid);
+	if (status == BGWH_STOPPED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("the pepsi maintenance worker stopped as it started"),
+				 errhint("The server log says why.")));
+	if (status == BGWH_POSTMASTER_DIED)
+		ereport(ERROR,
+				(errcode(ERRCODE_ADMIN_SHUTDOWN),
+				 errmsg("the postmaster died while starting the pepsi maintenance worker")));
+	PG_RETURN_INT32((int32) pid);
+}

@@ -1,0 +1,65 @@
+/*
+ * pepsi.c: module entry point and configuration (GUCs).
+ *
+ * Loaded from shared_preload_libraries, it also registers the maintenance
+ * worker (maint.c) for the database named by pepsi.database; loaded on
+ * demand, the worker is started by pepsi.start_maintenance().
+ */
+#include "pepsi.h"
+
+#include "miscadmin.h"
+#include "utils/guc.h"
+
+PG_MODULE_MAGIC;
+
+char	   *pepsi_database = NULL;
+int			pepsi_maintenance_interval_ms = 1000;
+int			pepsi_body_gc_interval_s = 60;
+int			pepsi_mail_log_retention_s = 7 * 24 * 3600;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	DefineCustomStringVariable("pepsi.database",
+							   "Database the preloaded maintenance worker connects to.",
+							   "Read when the worker starts; pepsi.start_maintenance() uses the current database instead.",
+							   &pepsi_database,
+							   "postgres",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+	DefineCustomIntVariable("pepsi.maintenance_interval",
+							"Longest sleep of the maintenance worker between due-row scans.",
+							"It wakes earlier when a paused row falls due sooner.",
+							&pepsi_maintenance_interval_ms,
+							1000, 10, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("pepsi.body_gc_interval",
+							"How often the maintenance worker sweeps unreferenced message bodies.",
+							NULL,
+							&pepsi_body_gc_interval_s,
+							60, 1, 24 * 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("pepsi.mail_log_retention",
+							"How long pepsi.mail_log rows are kept.",
+							NULL,
+							&pepsi_mail_log_retention_s,
+							7 * 24 * 3600, 60, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+#if PG_VERSION_NUM >= 150000
+	MarkGUCPrefixReserved("pepsi");
+#else
+	EmitWarningsOnPlaceholders("pepsi");
+#endif
+
+	if (process_shared_preload_libraries_in_progress)
+		maint_register_static_worker();
+}

@@ -1,0 +1,722 @@
+/*
+ * transition.c: every change of a row's status after admission.
+ *
+ * A stage's outcome is one statement (workqueue_commit) that writes exactly
+ * the columns the stage touched together with its transition, guarded by
+ * "the row is running at the stage I think": a stale caller gets an error
+ * and writes nothing.  The arrayed form serves batched body-free stages; the
+ * operator and maintenance transitions (resume, requeue, orphan reset) are
+ * here too, as is the trigger that sends a row that becomes pending to the
+ * back of its stage's queue.
+ */
+#include "pepsi.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include <math.h>
+
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
+#include "commands/trigger.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+PG_FUNCTION_INFO_V1(workqueue_commit);
+PG_FUNCTION_INFO_V1(workqueue_commit_many);
+PG_FUNCTION_INFO_V1(workqueue_pause);
+PG_FUNCTION_INFO_V1(workqueue_finish_with_clones);
+PG_FUNCTION_INFO_V1(workqueue_resume);
+PG_FUNCTION_INFO_V1(workqueue_requeue_due);
+PG_FUNCTION_INFO_V1(workqueue_reset_orphans);
+PG_FUNCTION_INFO_V1(workqueue_pending_seq_trigger);
+
+/* The outcome shapes: advance_to and reroute commit like advance. */
+typedef enum TransitionKind
+{
+	TRANSITION_ADVANCE,
+	TRANSITION_PAUSE,
+	TRANSITION_FAIL,
+	TRANSITION_FINISH,
+	TRANSITION_KINDS
+} TransitionKind;
+
+/* Columns a stage may have touched, as bits of a plan-cache key. */
+#define TOUCHED_HEADERS		0x01
+#define TOUCHED_BODY		0x02
+#define TOUCHED_MAIL_FROM	0x04
+#define TOUCHED_RCPT_TO		0x08
+#define TOUCHED_MERGE_STATE	0x10
+#define TOUCHED_SET_STATE	0x20
+#define TOUCHED_COMBINATIONS 0x40
+
+static TransitionKind
+transition_kind(Datum transition, const char **label)
+{
+	*label = DatumGetCString(DirectFunctionCall1(enum_out, transition));
+	if (strcmp(*label, "advance") == 0 || strcmp(*label, "advance_to") == 0
+		|| strcmp(*label, "reroute") == 0)
+		return TRANSITION_ADVANCE;
+	if (strcmp(*label, "pause") == 0)
+		return TRANSITION_PAUSE;
+	if (strcmp(*label, "fail") == 0)
+		return TRANSITION_FAIL;
+	if (strcmp(*label, "finish") == 0)
+		return TRANSITION_FINISH;
+	elog(ERROR, "unknown transition \"%s\"", *label);
+}
+
+static TransitionKind
+transition_arg(FunctionCallInfo fcinfo, int argno, const char **label)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("transition must not be null"),
+				 errhint("One of advance, advance_to, reroute, pause, fail, finish.")));
+	return transition_kind(PG_GETARG_DATUM(argno), label);
+}
+
+/* The target and retry arguments are required by one transition and meaningless to the others. */
+static void
+transition_check_extras(TransitionKind kind, const char *label, bool has_target, bool has_retry)
+{
+	if (kind == TRANSITION_ADVANCE && !has_target)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s needs a target stage", label),
+				 errhint("Pass the section name of the next stage (NEXT_STAGE, or BOUNCE_STAGE for a reroute).")));
+	if (kind != TRANSITION_ADVANCE && has_target)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a target stage is meaningless for %s", label),
+				 errdetail("Only advance, advance_to and reroute move a row to another stage.")));
+	if (kind != TRANSITION_PAUSE && has_retry)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a retry time is meaningless for %s", label),
+				 errdetail("Only pause sets a time for the row to be retried.")));
+}
+
+/* Build the guarded single-row statement for one outcome and column set. */
+static char *
+transition_commit_sql(TransitionKind kind, int touched)
+{
+	StringInfoData sql;
+
+	initStringInfo(&sql);
+	if (kind == TRANSITION_FINISH)
+	{
+		appendStringInfoString(&sql, "DELETE FROM pepsi.workqueue");
+	}
+	else
+	{
+		appendStringInfoString(&sql, "UPDATE pepsi.workqueue SET ");
+		if (kind == TRANSITION_ADVANCE)
+			appendStringInfoString(&sql, "stage = $3, status = 'pending'");
+		else if (kind == TRANSITION_PAUSE)
+			appendStringInfoString(&sql, "status = 'paused', timeout = now() + $5 * interval '1 second'");
+		else
+			appendStringInfoString(&sql, "status = 'failed'");
+
+		if ((touched & TOUCHED_SET_STATE) && (touched & TOUCHED_MERGE_STATE))
+			appendStringInfoString(&sql, ", state = $10 || $4");
+		else if (touched & TOUCHED_SET_STATE)
+			appendStringInfoString(&sql, ", state = $10");
+		else if (touched & TOUCHED_MERGE_STATE)
+			appendStringInfoString(&sql, ", state = state || $4");
+		if (touched & TOUCHED_HEADERS)
+			appendStringInfoString(&sql, ", headers = $6");
+		if (touched & TOUCHED_BODY)
+			appendStringInfoString(&sql, ", body_id = $7");
+		if (touched & TOUCHED_MAIL_FROM)
+			appendStringInfoString(&sql, ", mail_from = $8");
+		if (touched & TOUCHED_RCPT_TO)
+			appendStringInfoString(&sql, ", rcpt_to = $9");
+	}
+	appendStringInfoString(&sql, " WHERE id = $1 AND status = 'running' AND stage = $2");
+	return sql.data;
+}
+
+/* For a body rewrite: lock the row (checking it) and return its current body. */
+static int64
+transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8OID, TEXTOID};
+	Datum		values[2] = {id, expected_stage};
+
+	queue_exec(queue_plan(&plan,
+						  "SELECT body_id FROM pepsi.workqueue"
+						  " WHERE id = $1 AND status = 'running' AND stage = $2 FOR UPDATE",
+						  2, argtypes),
+			   values, NULL, false, 1);
+	if (SPI_processed == 0)
+		queue_report_row_state(DatumGetInt64(id), TextDatumGetCString(expected_stage));
+	return queue_result_int64(0, 1);
+}
+
+/*
+ * workqueue_commit(id, expected_stage, transition, target_stage,
+ *                  merge_state, retry_seconds, set_headers, set_body,
+ *                  set_mail_from, set_rcpt_to, set_state)
+ *
+ * Content arguments left NULL are not written.  A body rewrite stores a new
+ * body for this row alone (copy-on-write: siblings keep the old one) and
+ * releases the old body if this row was its last reference.  With finish
+ * the row is deleted, so content arguments are moot and ignored.
+ */
+Datum
+workqueue_commit(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plans[TRANSITION_KINDS][TOUCHED_COMBINATIONS];
+	static const Oid argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID,
+	BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID};
+	Datum		values[10];
+	char		nulls[10] = "          ";
+	const char *label;
+	TransitionKind kind;
+	int			touched = 0;
+	int64		id = arg_int64(fcinfo, 0, "id");
+	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	int64		old_body_id = 0;
+
+	kind = transition_arg(fcinfo, 2, &label);
+	transition_check_extras(kind, label, !PG_ARGISNULL(3), !PG_ARGISNULL(5));
+
+	memset(values, 0, sizeof(values));
+	values[0] = Int64GetDatum(id);
+	values[1] = PointerGetDatum(expected_stage);
+	nulls[2] = nulls[3] = nulls[4] = nulls[5] = nulls[6] = nulls[7] = nulls[8] = nulls[9] = 'n';
+	if (kind == TRANSITION_ADVANCE)
+	{
+		values[2] = PointerGetDatum(arg_stage(fcinfo, 3, "target_stage"));
+		nulls[2] = ' ';
+	}
+	if (kind == TRANSITION_PAUSE)
+	{
+		values[4] = Float8GetDatum(arg_seconds(fcinfo, 5, "retry_seconds"));
+		nulls[4] = ' ';
+	}
+	if (kind != TRANSITION_FINISH)
+	{
+		if (!PG_ARGISNULL(4))
+		{
+			values[3] = PointerGetDatum(arg_json_object_or_null(fcinfo, 4, "merge_state"));
+			nulls[3] = ' ';
+			touched |= TOUCHED_MERGE_STATE;
+		}
+		if (!PG_ARGISNULL(6))
+		{
+			values[5] = PG_GETARG_DATUM(6);
+			nulls[5] = ' ';
+			touched |= TOUCHED_HEADERS;
+		}
+		if (!PG_ARGISNULL(7))
+			touched |= TOUCHED_BODY;
+		if (!PG_ARGISNULL(8))
+		{
+			values[7] = PG_GETARG_DATUM(8);
+			nulls[7] = ' ';
+			touched |= TOUCHED_MAIL_FROM;
+		}
+		if (!PG_ARGISNULL(9))
+		{
+			values[8] = PointerGetDatum(arg_recipients(fcinfo, 9, "set_rcpt_to"));
+			nulls[8] = ' ';
+			touched |= TOUCHED_RCPT_TO;
+		}
+		if (!PG_ARGISNULL(10))
+		{
+			values[9] = PointerGetDatum(arg_json_object_or_null(fcinfo, 10, "set_state"));
+			nulls[9] = ' ';
+			touched |= TOUCHED_SET_STATE;
+		}
+	}
+
+	SPI_connect();
+	if (touched & TOUCHED_BODY)
+	{
+		old_body_id = transition_lock_for_body_rewrite(values[0], values[1]);
+		values[6] = Int64GetDatum(body_store(PG_GETARG_BYTEA_PP(7)));
+		nulls[6] = ' ';
+	}
+	if (plans[kind][touched] == NULL)
+		queue_plan(&plans[kind][touched], transition_commit_sql(kind, touched), 10, argtypes);
+	queue_exec(plans[kind][touched], values, nulls, false, 0);
+	if (SPI_processed == 0)
+		queue_report_row_state(id, text_to_cstring(expected_stage));
+	if (touched & TOUCHED_BODY)
+		body_release_if_unreferenced(old_body_id);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/* Raise the error for the first id of a batch that was not committed. */
+static void
+transition_report_batch(Datum *ids, Datum *stages, int count)
+{
+	int64	   *committed = palloc(sizeof(int64) * (SPI_processed + 1));
+	uint64		ncommitted = SPI_processed;
+
+	for (uint64 i = 0; i < ncommitted; i++)
+		committed[i] = queue_result_int64(i, 1);
+	for (int i = 0; i < count; i++)
+	{
+		bool		found = false;
+
+		for (uint64 j = 0; j < ncommitted && !found; j++)
+			found = committed[j] == DatumGetInt64(ids[i]);
+		if (!found)
+			queue_report_row_state(DatumGetInt64(ids[i]), TextDatumGetCString(stages[i]));
+	}
+	elog(ERROR, "batch commit touched fewer rows than it was given");
+}
+
+static int
+transition_compare_int64(const void *a, const void *b)
+{
+	int64		x = DatumGetInt64(*(const Datum *) a);
+	int64		y = DatumGetInt64(*(const Datum *) b);
+
+	return (x > y) - (x < y);
+}
+
+/* ids[] of a batch: present, not empty, no NULL and no id twice. */
+static Datum *
+transition_batch_ids(ArrayType *array, int *count)
+{
+	Datum	   *ids;
+	Datum	   *sorted;
+	bool	   *nulls;
+
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids must be a one-dimensional array")));
+	deconstruct_array(array, INT8OID, 8, true, TYPALIGN_DOUBLE, &ids, &nulls, count);
+	if (*count == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids must not be empty"),
+				 errdetail("A batch commit needs at least one row.")));
+	for (int i = 0; i < *count; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("ids[%d] is null", i + 1)));
+	sorted = palloc(sizeof(Datum) * *count);
+	memcpy(sorted, ids, sizeof(Datum) * *count);
+	qsort(sorted, *count, sizeof(Datum), transition_compare_int64);
+	for (int i = 1; i < *count; i++)
+		if (DatumGetInt64(sorted[i]) == DatumGetInt64(sorted[i - 1]))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("workqueue row %lld appears twice in ids",
+							(long long) DatumGetInt64(sorted[i])),
+					 errdetail("A row has one outcome per commit.")));
+	return ids;
+}
+
+/* A parallel array argument of a batch: NULL allowed or not, elements all present or not. */
+static ArrayType *
+transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int count,
+					   bool required, bool elements_required)
+{
+	ArrayType  *array;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (required)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not be null", name)));
+		return NULL;
+	}
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	check_same_length(array, count, name, "ids");
+	if (elements_required && array_contains_nulls(array))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not contain nulls", name)));
+	return array;
+}
+
+/*
+ * workqueue_commit_many(ids, expected_stages, transition, target_stages,
+ *                       merge_states, retry_seconds)
+ *
+ * One statement for the whole batch; per-row targets, merges and retry
+ * times ride in parallel arrays, so divergent branches of the same outcome
+ * still share it.  All or nothing: if any row is not running at its
+ * expected stage the call fails and no row changes.
+ */
+Datum
+workqueue_commit_many(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plans[TRANSITION_KINDS];
+	static const char *const sql[TRANSITION_KINDS] = {
+		[TRANSITION_ADVANCE] =
+		"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending',"
+		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+		" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
+		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		[TRANSITION_PAUSE] =
+		"UPDATE pepsi.workqueue w SET status = 'paused',"
+		" timeout = now() + u.retry * interval '1 second',"
+		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+		" FROM unnest($1, $2, $4, $5) AS u(id, expected, merge, retry)"
+		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		[TRANSITION_FAIL] =
+		"UPDATE pepsi.workqueue w SET status = 'failed',"
+		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+		" FROM unnest($1, $2, $4) AS u(id, expected, merge)"
+		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		[TRANSITION_FINISH] =
+		"DELETE FROM pepsi.workqueue w USING unnest($1, $2) AS u(id, expected)"
+		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+	};
+	static const Oid argtypes[] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
+	JSONBARRAYOID, FLOAT8ARRAYOID};
+	Datum		values[5];
+	char		nulls[5] = "     ";
+	const char *label;
+	TransitionKind kind;
+	Datum	   *ids;
+	Datum	   *stages;
+	int			count;
+	int			nstages;
+	ArrayType  *array;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids must not be null")));
+	ids = transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count);
+	array = transition_batch_array(fcinfo, 1, "expected_stages", count, true, true);
+	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &stages, NULL, &nstages);
+	kind = transition_arg(fcinfo, 2, &label);
+	transition_check_extras(kind, label, !PG_ARGISNULL(3), !PG_ARGISNULL(5));
+
+	values[0] = PG_GETARG_DATUM(0);
+	values[1] = PointerGetDatum(array);
+	values[2] = (Datum) 0;
+	nulls[2] = 'n';
+	if (kind == TRANSITION_ADVANCE)
+	{
+		array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
+		for (int i = 1; i <= count; i++)
+		{
+			bool		isnull;
+			Datum		target = array_get_element(PointerGetDatum(array), 1, &i, -1, -1,
+												   false, TYPALIGN_INT, &isnull);
+
+			check_stage_name(DatumGetTextPP(target), "target_stages element");
+		}
+		values[2] = PointerGetDatum(array);
+		nulls[2] = ' ';
+	}
+	values[3] = (Datum) 0;
+	nulls[3] = 'n';
+	if ((array = transition_batch_array(fcinfo, 4, "merge_states", count, false, false)) != NULL)
+	{
+		Datum	   *merges;
+		bool	   *merge_nulls;
+		int			n;
+
+		deconstruct_array(array, JSONBOID, -1, false, TYPALIGN_INT, &merges, &merge_nulls, &n);
+		for (int i = 0; i < n; i++)
+			if (!merge_nulls[i] && !JB_ROOT_IS_OBJECT(DatumGetJsonbP(merges[i])))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("merge_states[%d] must be a JSON object", i + 1)));
+		values[3] = PointerGetDatum(array);
+		nulls[3] = ' ';
+	}
+	values[4] = (Datum) 0;
+	nulls[4] = 'n';
+	if (kind == TRANSITION_PAUSE)
+	{
+		Datum	   *retries;
+		int			n;
+
+		array = transition_batch_array(fcinfo, 5, "retry_seconds", count, true, true);
+		deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &retries, NULL, &n);
+		for (int i = 0; i < n; i++)
+		{
+			double		seconds = DatumGetFloat8(retries[i]);
+
+			if (isnan(seconds) || isinf(seconds) || seconds < 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("retry_seconds[%d] must be a finite number of seconds, not negative",
+								i + 1)));
+		}
+		values[4] = PointerGetDatum(array);
+		nulls[4] = ' ';
+	}
+
+	SPI_connect();
+	queue_exec(queue_plan(&plans[kind], sql[kind], 5, argtypes), values, nulls, false, 0);
+	if (SPI_processed != (uint64) count)
+		transition_report_batch(ids, stages, count);
+	SPI_finish();
+	PG_RETURN_INT32(count);
+}
+
+/* Clones argument: a JSON array, or NULL where allowed. */
+static Jsonb *
+transition_arg_clones(FunctionCallInfo fcinfo, int argno, bool required)
+{
+	Jsonb	   *clones;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (required)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("clones must not be null"),
+					 errhint("Pass '[]' to finish without clones, or call workqueue_commit with finish.")));
+		return NULL;
+	}
+	clones = PG_GETARG_JSONB_P(argno);
+	if (!JB_ROOT_IS_ARRAY(clones) || JB_ROOT_IS_SCALAR(clones))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("clones must be a JSON array"),
+				 errdetail("Each element describes one side message, e.g. {\"token\": \"dsn-delay-42\", \"stage\": \"bounce\"}.")));
+	return clones;
+}
+
+/*
+ * workqueue_pause(id, expected_stage, retry_seconds, merge_state,
+ *                 keep_indices, clones) returns the ids of the clones made.
+ *
+ * Clones are spawned from the row as it was (their rcpt_indices count in
+ * the full recipient list), then the row is reduced to keep_indices and
+ * paused.
+ */
+Datum
+workqueue_pause(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8OID, FLOAT8OID, JSONBOID};
+	int64		id = arg_int64(fcinfo, 0, "id");
+	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	double		retry_seconds = arg_seconds(fcinfo, 2, "retry_seconds");
+	Jsonb	   *merge_state = arg_json_object_or_null(fcinfo, 3, "merge_state");
+	ArrayType  *keep = PG_ARGISNULL(4) ? NULL : PG_GETARG_ARRAYTYPE_P(4);
+	Jsonb	   *clones = transition_arg_clones(fcinfo, 5, false);
+	Datum		values[3];
+	char		nulls[3] = "   ";
+	ArrayType  *clone_ids;
+	int			nrcpt;
+
+	SPI_connect();
+	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
+	if (keep != NULL)
+	{
+		bool	   *taken = palloc0(sizeof(bool) * (nrcpt + 1));
+		int			nkeep;
+		int		   *indices = array_to_ints(keep, "keep_indices", &nkeep);
+
+		if (nkeep == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("keep_indices must name at least one recipient"),
+					 errhint("Pass NULL to keep every recipient.")));
+		check_indices(indices, nkeep, nrcpt, "keep_indices", taken);
+	}
+	if (clones != NULL)
+		spawn_validate(clones, SPAWN_CLONES, nrcpt, NULL, "clones");
+
+	clone_ids = clones ? spawn_rows(id, clones, SPAWN_CLONES) : construct_empty_array(INT8OID);
+	if (keep != NULL)
+		split_reduce_recipients(id, keep);
+
+	values[0] = Int64GetDatum(id);
+	values[1] = Float8GetDatum(retry_seconds);
+	values[2] = PointerGetDatum(merge_state);
+	nulls[2] = merge_state ? ' ' : 'n';
+	queue_exec(queue_plan(&plan,
+						  "UPDATE pepsi.workqueue SET status = 'paused',"
+						  " timeout = now() + $2 * interval '1 second',"
+						  " state = CASE WHEN $3 IS NULL THEN state ELSE state || $3 END"
+						  " WHERE id = $1",
+						  3, argtypes),
+			   values, nulls, false, 0);
+	clone_ids = (ArrayType *) SPI_datumTransfer(PointerGetDatum(clone_ids), false, -1);
+	SPI_finish();
+	PG_RETURN_ARRAYTYPE_P(clone_ids);
+}
+
+/*
+ * workqueue_finish_with_clones(id, expected_stage, clones): the clones are
+ * inserted before the row is deleted, so the row's body is still referenced
+ * when the release trigger looks at it.
+ */
+Datum
+workqueue_finish_with_clones(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8OID};
+	int64		id = arg_int64(fcinfo, 0, "id");
+	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	Jsonb	   *clones = transition_arg_clones(fcinfo, 2, true);
+	Datum		values[1] = {Int64GetDatum(id)};
+	ArrayType  *clone_ids;
+	int			nrcpt;
+
+	SPI_connect();
+	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
+	spawn_validate(clones, SPAWN_CLONES, nrcpt, NULL, "clones");
+	clone_ids = spawn_rows(id, clones, SPAWN_CLONES);
+	queue_exec(queue_plan(&plan, "DELETE FROM pepsi.workqueue WHERE id = $1", 1, argtypes),
+			   values, NULL, false, 0);
+	clone_ids = (ArrayType *) SPI_datumTransfer(PointerGetDatum(clone_ids), false, -1);
+	SPI_finish();
+	PG_RETURN_ARRAYTYPE_P(clone_ids);
+}
+
+/*
+ * workqueue_resume(ids): paused, failed and timed-out rows go back to
+ * pending at their stage.  All or nothing: an unknown id, or a row a worker
+ * holds (running), is an error and nothing changes.  Rows already pending
+ * are left as they are.  Returns how many rows were resumed.
+ */
+Datum
+workqueue_resume(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr check_plan;
+	static SPIPlanPtr resume_plan;
+	static const Oid argtypes[] = {INT8ARRAYOID};
+	Datum		values[1];
+	int			count;
+	uint64		resumed;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids must not be null")));
+	transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count);
+	values[0] = PG_GETARG_DATUM(0);
+
+	SPI_connect();
+	queue_exec(queue_plan(&check_plan,
+						  "SELECT u.id, w.status::text FROM unnest($1) AS u(id)"
+						  " LEFT JOIN pepsi.workqueue w ON w.id = u.id"
+						  " WHERE w.id IS NULL OR w.status = 'running' ORDER BY u.id LIMIT 1",
+						  1, argtypes),
+			   values, NULL, true, 1);
+	if (SPI_processed > 0)
+	{
+		int64		bad = queue_result_int64(0, 1);
+		char	   *status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+
+		if (status == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_NO_DATA_FOUND),
+					 errmsg("workqueue row %lld does not exist", (long long) bad),
+					 errdetail("No row was resumed.")));
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("workqueue row %lld is running and cannot be resumed", (long long) bad),
+				 errdetail("A worker holds it; no row was resumed."),
+				 errhint("Wait for the stage to finish with it, or stop the dispatcher first.")));
+	}
+	queue_exec(queue_plan(&resume_plan,
+						  "UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL"
+						  " WHERE id = ANY ($1) AND status IN ('paused', 'failed', 'timeout')",
+						  1, argtypes),
+			   values, NULL, false, 0);
+	resumed = SPI_processed;
+	if (resumed > 0)
+		queue_notify_workqueue();
+	SPI_finish();
+	PG_RETURN_INT32((int32) resumed);
+}
+
+/*
+ * workqueue_requeue_due(max_rows): paused rows whose retry time has come go
+ * back to pending, oldest due first.  Rows another session has locked are
+ * skipped (they are being resumed or deleted), so this never waits.
+ */
+Datum
+workqueue_requeue_due(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT4OID};
+	int32		max_rows = PG_GETARG_INT32(0);
+	Datum		values[1] = {Int32GetDatum(max_rows)};
+	uint64		requeued;
+
+	if (max_rows <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_rows must be positive, not %d", max_rows)));
+	SPI_connect();
+	queue_exec(queue_plan(&plan,
+						  "UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL"
+						  " FROM (SELECT id FROM pepsi.workqueue"
+						  "       WHERE status = 'paused' AND timeout <= now()"
+						  "       ORDER BY timeout LIMIT $1 FOR UPDATE SKIP LOCKED) due"
+						  " WHERE w.id = due.id",
+						  1, argtypes),
+			   values, NULL, false, 0);
+	requeued = SPI_processed;
+	if (requeued > 0)
+		queue_notify_workqueue();
+	SPI_finish();
+	PG_RETURN_INT32((int32) requeued);
+}
+
+/* workqueue_reset_orphans(): running rows of a dead dispatcher go back to pending. */
+Datum
+workqueue_reset_orphans(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan;
+	uint64		reset;
+
+	SPI_connect();
+	queue_exec(queue_plan(&plan,
+						  "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'",
+						  0, NULL),
+			   NULL, NULL, false, 0);
+	reset = SPI_processed;
+	if (reset > 0)
+		queue_notify_workqueue();
+	SPI_finish();
+	PG_RETURN_INT32((int32) reset);
+}
+
+/*
+ * BEFORE UPDATE ... FOR EACH ROW, WHEN the row becomes pending (from another
+ * status, or at another stage): give it a fresh pending_seq, so it queues
+ * behind the rows already waiting at that stage and the claim's sender
+ * cache sees it as a new arrival.
+ */
+Datum
+workqueue_pending_seq_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc	tupdesc;
+	int			attnum;
+	Oid			sequence;
+	Datum		value;
+	bool		isnull = false;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event)
+		|| !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		elog(ERROR, "workqueue_pending_seq_trigger must fire BEFORE UPDATE FOR EACH ROW");
+
+	tupdesc = RelationGetDescr(trigdata->tg_relation);
+	attnum = SPI_fnumber(tupdesc, "pending_seq");
+	if (attnum <= 0)
+		elog(ERROR, "pepsi.workqueue has no pending_seq column");
+	sequence = get_relname_relid("pending_seq", RelationGetNamespace(trigdata->tg_relation));
+	if (!OidIsValid(sequence))
+		elog(ERROR, "sequence pepsi.pending_seq does not exist");
+	value = Int64GetDatum(nextval_internal(sequence, false));
+	return PointerGetDatum(heap_modify_tuple_by_cols(trigdata->tg_newtuple, tupdesc, 1,
+													 &attnum, &value, &isnull));
+}

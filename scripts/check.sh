@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Run every test suite against throwaway clusters and end with one line,
+# "N passed, N failed".  The extension must already be built and installed
+# (the top-level "make check" does both).  As root, the suites run as an
+# unprivileged user from a scratch copy, since initdb refuses root and the
+# checkout may not be readable by that user.
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib.sh"
+
+ensure_unprivileged_user
+scratch=$(mktemp -d /tmp/pepsi-check.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+cp -r "$top/regress" "$top/t" "$scratch/"
+mkdir -p "$scratch/regress-out" "$scratch/tap"
+give_to_user "$scratch"
+chmod 755 "$scratch"
+
+passed=0
+failed=0
+
+# pg_regress: one result per test file.
+regress_tests=$(cd "$scratch/regress/sql" && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
+if [ -n "$regress_tests" ]; then
+    echo "== pg_regress"
+    as_user "$PG_REGRESS" \
+        --temp-instance="$scratch/regress-instance" \
+        --bindir="$PGBIN" \
+        --inputdir="$scratch/regress" \
+        --outputdir="$scratch/regress-out" \
+        --dbname=pepsi_regress \
+        $regress_tests >"$scratch/regress.log" 2>&1
+    cat "$scratch/regress.log"
+    ok=$(grep -cE '^(ok|test) .* ok( |$)|\.\.\. ok' "$scratch/regress.log")
+    bad=$(grep -cE 'FAILED|failed \(ignored\)' "$scratch/regress.log")
+    passed=$((passed + ok))
+    failed=$((failed + bad))
+    if [ -f "$scratch/regress-out/regression.diffs" ]; then
+        echo "== regression.diffs"
+        cat "$scratch/regress-out/regression.diffs"
+    fi
+    if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+        echo "pg_regress ran no test"
+        failed=$((failed + 1))
+    fi
+fi
+
+# TAP: one result per assertion.
+if ls "$scratch"/t/*.pl >/dev/null 2>&1; then
+    echo "== TAP"
+    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" \
+        PEPSI_TOP="$top" PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
+        prove -v t/ >"$scratch/tap.log" 2>&1)
+    cat "$scratch/tap.log"
+    ok=$(grep -cE '^\s*ok [0-9]+' "$scratch/tap.log")
+    bad=$(grep -cE '^\s*not ok [0-9]+' "$scratch/tap.log")
+    # A script that dies before planning counts as one failure.
+    dubious=$(grep -cE 'Dubious|Parse errors|No subtests run|Bad plan' "$scratch/tap.log")
+    passed=$((passed + ok))
+    failed=$((failed + bad + dubious))
+    if [ "$bad" -gt 0 ] || [ "$dubious" -gt 0 ]; then
+        for log in "$scratch"/tap/tmp_check/log/*.log; do
+            [ -f "$log" ] || continue
+            echo "== $(basename "$log") (last 40 lines)"
+            tail -n 40 "$log"
+        done
+    fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install the Debian packages Pepsi needs to build, run and test, when they
+# are missing.  Idempotent and quiet when everything is present; called by
+# "make run", "make check" and CI.
+set -euo pipefail
+
+packages=(
+    # build
+    gcc make pkg-config
+    postgresql-15 postgresql-server-dev-15 libpq-dev
+    libssl-dev libev-dev libjansson-dev libinih-dev
+    # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
+    libipc-run-perl perl
+    # benchmarks: pgbench ships in postgresql-15
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "deps.sh: missing packages: ${missing[*]}" >&2
+    echo "deps.sh: run as root (or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+fi
+echo "deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine has empty package lists; refresh them once if needed.
+if ! apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
