@@ -330,3 +330,19 @@ RETURNS void LANGUAGE sql AS $$ SELECT pg_notify('pepsi_workqueue', '') $$;
 CREATE FUNCTION pepsi.start_maintenance()
 RETURNS integer AS 'MODULE_PATHNAME', 'start_maintenance' LANGUAGE C STRICT;
 REVOKE EXECUTE ON FUNCTION pepsi.start_maintenance() FROM PUBLIC;
+
+-- The dispatcher's one call per wake (extension/src/claim.c): for every
+-- stage with spare capacity, pick pending rows fairly among senders, set
+-- them running and return them.  account_* are the dispatcher's fair-share
+-- accounting as parallel arrays (stage, sender_key, worker time used,
+-- already decayed); row_costs, parallel to stages, is what one claimed row
+-- charges its sender within this claim (the stage's mean worker time per
+-- message, in the accounting's unit), so that equal senders interleave.
+CREATE FUNCTION pepsi.workqueue_claim(
+    stages text[], capacities integer[],
+    account_stages text[] DEFAULT NULL, account_senders text[] DEFAULT NULL,
+    account_used double precision[] DEFAULT NULL,
+    fifo_percent integer DEFAULT 10,
+    row_costs double precision[] DEFAULT NULL)
+RETURNS TABLE (id bigint, stage text, sender_key text)
+AS 'MODULE_PATHNAME', 'workqueue_claim' LANGUAGE C CALLED ON NULL INPUT VOLATILE;

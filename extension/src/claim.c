@@ -1,0 +1,474 @@
+/*
+ * claim.c: workqueue_claim, the dispatcher's one call per wake.
+ *
+ * For every stage with spare capacity it picks pending rows, sets them
+ * running and returns (id, stage, sender_key).  Which rows fill a stage's
+ * slots is decided like CPU time among processes (fairshare.c):
+ * FAIR_FIFO_PERCENT of the slots go to the rows that have waited longest,
+ * whoever sent them, so nothing starves; the rest go one at a time to the
+ * sender with the least worker time used, oldest row first within a sender.
+ *
+ * Cost, per stage and claim of n rows from k distinct senders: reading the
+ * rows that became pending since the previous claim (sendercache.c), an
+ * in-memory pass over the waiting senders, one index range read for the
+ * FIFO share, one statement that reads each chosen sender's oldest rows
+ * through the (stage, sender_key, pending_seq) index (k probes), and one
+ * UPDATE of n rows.  None of it scans the queue or enumerates its senders,
+ * so a claim costs about the same with a thousand pending rows or a
+ * million; the occasional rebuild of the sender set (a skip scan, once per
+ * 30 s or after a restart) is the one cost that grows with the number of
+ * senders, and it is amortised over every claim in between.
+ *
+ * The dispatcher is the sole writer of pending -> running, so no row lock
+ * is taken while choosing.  If a second caller claims concurrently, the
+ * final UPDATE re-checks each row is still pending (READ COMMITTED
+ * re-evaluates the qualification on the latest version), so a row is
+ * handed out at most once; the loser just returns fewer rows.
+ */
+#include "claim.h"
+
+#include <math.h>
+
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(workqueue_claim);
+
+/* The rows chosen for one stage, in the order they are handed out. */
+typedef struct ClaimChoice
+{
+	int64	   *ids;
+	int			count;
+	int			capacity;
+	HTAB	   *chosen;			/* int64 id set, to skip rows chosen twice */
+} ClaimChoice;
+
+static void
+claim_choice_init(ClaimChoice *choice, int capacity)
+{
+	HASHCTL		ctl;
+
+	choice->ids = palloc(sizeof(int64) * (capacity + 1));
+	choice->count = 0;
+	choice->capacity = capacity;
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(int64);
+	ctl.entrysize = sizeof(int64);
+	ctl.hcxt = CurrentMemoryContext;
+	choice->chosen = hash_create("pepsi claimed ids", Max(capacity, 16), &ctl,
+								 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+/* Add id unless chosen already; returns whether it was added. */
+static bool
+claim_choice_add(ClaimChoice *choice, int64 id)
+{
+	bool		found;
+
+	if (choice->count >= choice->capacity)
+		return false;
+	hash_search(choice->chosen, &id, HASH_ENTER, &found);
+	if (found)
+		return false;
+	choice->ids[choice->count++] = id;
+	return true;
+}
+
+/* The FIFO share: the oldest pending rows of the stage, charged to their senders. */
+static void
+claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *stage,
+				  int slots, double row_cost, ClaimChoice *choice)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {TEXTOID, INT4OID};
+	Datum		values[2] = {CStringGetTextDatum(stage), Int32GetDatum(slots)};
+
+	queue_exec(queue_plan(&plan,
+						  "SELECT id, sender_key, pending_seq FROM pepsi.workqueue"
+						  " WHERE stage = $1 AND status = 'pending'"
+						  " ORDER BY pending_seq LIMIT $2",
+						  2, argtypes),
+			   values, NULL, true, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+		SenderHead *head = sender_cache_lookup(cache, sender);
+
+		if (!claim_choice_add(choice, queue_result_int64(i, 1)))
+			continue;
+		if (head != NULL && head->candidate >= 0)
+		{
+			candidates[head->candidate].vtime += row_cost;
+			candidates[head->candidate].taken++;
+		}
+	}
+}
+
+/*
+ * One round of fair picks: read, for every candidate asked for slots, its
+ * oldest pending rows (asked + taken of them, since the ones this claim
+ * already took are its oldest), and choose them in pick order.  A
+ * candidate whose read came back short has nothing more waiting: it is
+ * exhausted.  Returns whether the round made progress (chose a row or
+ * exhausted a candidate), so a queue changing under the claim cannot make
+ * it loop.
+ */
+static bool
+claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, int picks,
+				 const char *stage, ClaimChoice *choice)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
+	Datum	   *senders = palloc(sizeof(Datum) * (count + 1));
+	Datum	   *limits = palloc(sizeof(Datum) * (count + 1));
+	int		   *asked_index = palloc(sizeof(int) * (count + 1));
+	int64	  **rows = palloc0(sizeof(int64 *) * (count + 1));
+	int		   *nrows = palloc0(sizeof(int) * (count + 1));
+	int		   *fetched = palloc0(sizeof(int) * (count + 1));
+	int		   *limit = palloc0(sizeof(int) * (count + 1));
+	int		   *used = palloc0(sizeof(int) * (count + 1));
+	int			nasked = 0;
+	int			chosen_before = choice->count;
+	bool		exhausted_any = false;
+	Datum		values[3];
+
+	for (int i = 0; i < count; i++)
+		if (candidates[i].asked > 0)
+		{
+			limit[i] = candidates[i].asked + candidates[i].taken;
+			senders[nasked] = CStringGetTextDatum(candidates[i].head->sender);
+			limits[nasked] = Int32GetDatum(limit[i]);
+			asked_index[nasked] = i;
+			rows[i] = palloc(sizeof(int64) * limit[i]);
+			nasked++;
+		}
+	values[0] = CStringGetTextDatum(stage);
+	values[1] = PointerGetDatum(construct_array(senders, nasked, TEXTOID, -1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(limits, nasked, INT4OID, 4, true, TYPALIGN_INT));
+	queue_exec(queue_plan(&plan,
+						  "SELECT s.n::int4, w.id, w.pending_seq"
+						  " FROM unnest($2, $3) WITH ORDINALITY AS s(sender, lim, n)"
+						  " CROSS JOIN LATERAL (SELECT id, pending_seq FROM pepsi.workqueue"
+						  "   WHERE stage = $1 AND status = 'pending' AND sender_key = s.sender"
+						  "   ORDER BY pending_seq LIMIT s.lim) w",
+						  3, argtypes),
+			   values, NULL, true, 0);
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+		int			n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
+													SPI_tuptable->tupdesc, 1, &isnull));
+		int			i = asked_index[n - 1];
+		int64		id = queue_result_int64(r, 2);
+		int64		seq = queue_result_int64(r, 3);
+		bool		already;
+
+		fetched[i]++;
+		hash_search(choice->chosen, &id, HASH_FIND, &already);
+		if (!already)
+			rows[i][nrows[i]++] = id;
+		if (seq >= candidates[i].head->head_seq)
+			candidates[i].head->head_seq = seq + 1;
+	}
+
+	/* Hand the rows out in pick order, so equal senders interleave. */
+	for (int p = 0; p < picks; p++)
+	{
+		int			i = pick_order[p];
+
+		if (used[i] < nrows[i])
+		{
+			if (claim_choice_add(choice, rows[i][used[i]]))
+				candidates[i].taken++;
+			used[i]++;
+		}
+	}
+	for (int i = 0; i < count; i++)
+		if (candidates[i].asked > 0 && fetched[i] < limit[i])
+		{
+			candidates[i].exhausted = true;
+			exhausted_any = true;
+		}
+	return choice->count > chosen_before || exhausted_any;
+}
+
+/* Set the chosen rows running; returns the ids and senders actually claimed. */
+static void
+claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
+				   TupleDesc outdesc)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8ARRAYOID, TEXTOID};
+	Datum	   *ids = palloc(sizeof(Datum) * (choice->count + 1));
+	Datum		values[2];
+	HASHCTL		ctl;
+	HTAB	   *claimed;
+	typedef struct ClaimedRow
+	{
+		int64		id;
+		char	   *sender;
+	} ClaimedRow;
+
+	for (int i = 0; i < choice->count; i++)
+		ids[i] = Int64GetDatum(choice->ids[i]);
+	values[0] = PointerGetDatum(construct_array(ids, choice->count, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	values[1] = CStringGetTextDatum(stage);
+	queue_exec(queue_plan(&plan,
+						  "UPDATE pepsi.workqueue SET status = 'running'"
+						  " WHERE id = ANY ($1) AND status = 'pending' AND stage = $2"
+						  " RETURNING id, sender_key",
+						  2, argtypes),
+			   values, NULL, false, 0);
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(int64);
+	ctl.entrysize = sizeof(ClaimedRow);
+	ctl.hcxt = CurrentMemoryContext;
+	claimed = hash_create("pepsi claimed rows", Max(choice->count, 16), &ctl,
+						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		int64		id = queue_result_int64(r, 1);
+		ClaimedRow *row = hash_search(claimed, &id, HASH_ENTER, NULL);
+
+		row->sender = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
+	}
+
+	/* Return them in the order chosen: the FIFO share first, then fair order. */
+	for (int i = 0; i < choice->count; i++)
+	{
+		ClaimedRow *row = hash_search(claimed, &choice->ids[i], HASH_FIND, NULL);
+		Datum		outvalues[3];
+		bool		outnulls[3] = {false, false, false};
+
+		if (row == NULL)
+			continue;
+		outvalues[0] = Int64GetDatum(row->id);
+		outvalues[1] = CStringGetTextDatum(stage);
+		outvalues[2] = CStringGetTextDatum(row->sender);
+		tuplestore_putvalues(out, outdesc, outvalues, outnulls);
+	}
+}
+
+/* Claim up to capacity rows of one stage into out. */
+static void
+claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_percent,
+			double row_cost, Tuplestorestate *out, TupleDesc outdesc)
+{
+	SenderCache *cache = sender_cache_for_stage(stage);
+	HTAB	   *heads;
+	HASH_SEQ_STATUS scan;
+	SenderHead *head;
+	ClaimCandidate *candidates;
+	int			ncandidates = 0;
+	int		   *pick_order = palloc(sizeof(int) * (capacity + 1));
+	ClaimChoice choice;
+	int			fifo_slots;
+
+	sender_cache_refresh(cache);
+	heads = sender_cache_heads(cache);
+	candidates = palloc(sizeof(ClaimCandidate) * (hash_get_num_entries(heads) + 1));
+	hash_seq_init(&scan, heads);
+	while ((head = hash_seq_search(&scan)) != NULL)
+	{
+		head->candidate = ncandidates;
+		candidates[ncandidates].head = head;
+		candidates[ncandidates].taken = 0;
+		candidates[ncandidates].asked = 0;
+		candidates[ncandidates].exhausted = false;
+		ncandidates++;
+	}
+	fairshare_start_vtimes(candidates, ncandidates, account);
+
+	claim_choice_init(&choice, capacity);
+	fifo_slots = fairshare_fifo_slots(capacity, fifo_percent);
+	if (fifo_slots > 0)
+		claim_oldest_rows(cache, candidates, stage, fifo_slots, row_cost, &choice);
+
+	while (choice.count < capacity)
+	{
+		int			picks = fairshare_assign(candidates, ncandidates, capacity - choice.count,
+											 row_cost, pick_order);
+
+		if (picks == 0
+			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, &choice))
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
+
+	/* Senders with nothing left waiting leave the cache (see sendercache.c). */
+	for (int i = 0; i < ncandidates; i++)
+	{
+		candidates[i].head->candidate = -1;
+		if (candidates[i].exhausted)
+			sender_cache_forget(cache, candidates[i].head);
+	}
+	if (choice.count > 0)
+		claim_mark_running(stage, &choice, out, outdesc);
+}
+
+static Datum *
+claim_text_array(ArrayType *array, const char *name, int *count)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", name)));
+	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, count);
+	for (int i = 0; i < *count; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s[%d] is null", name, i + 1)));
+	return elems;
+}
+
+static Datum *
+claim_float_array(ArrayType *array, const char *name, int expected, const char *model)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			count;
+
+	check_same_length(array, expected, name, model);
+	deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &elems, &nulls, &count);
+	for (int i = 0; i < count; i++)
+	{
+		double		value;
+
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s[%d] is null", name, i + 1)));
+		value = DatumGetFloat8(elems[i]);
+		if (isnan(value) || isinf(value) || value < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s[%d] must be a finite amount of worker time, not negative",
+							name, i + 1)));
+	}
+	return elems;
+}
+
+/*
+ * workqueue_claim(stages, capacities, account_stages, account_senders,
+ *                 account_used, fifo_percent, row_costs)
+ *   RETURNS TABLE (id, stage, sender_key)
+ */
+Datum
+workqueue_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc	outdesc;
+	Tuplestorestate *out;
+	MemoryContext per_query;
+	MemoryContext caller;
+	Datum	   *stages;
+	Datum	   *capacities;
+	bool	   *capacity_nulls;
+	int			nstages;
+	int			ncapacities;
+	Datum	   *account_stages = NULL;
+	Datum	   *account_senders = NULL;
+	Datum	   *account_used = NULL;
+	int			naccount = 0;
+	int			fifo_percent;
+	Datum	   *row_costs = NULL;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo)
+		|| !(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("workqueue_claim must be called where a set can be returned"),
+				 errhint("Call it in FROM: SELECT * FROM pepsi.workqueue_claim(...).")));
+	if (get_call_result_type(fcinfo, NULL, &outdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "workqueue_claim must return a row type");
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "stages" : "capacities")));
+	stages = claim_text_array(PG_GETARG_ARRAYTYPE_P(0), "stages", &nstages);
+	check_same_length(PG_GETARG_ARRAYTYPE_P(1), nstages, "capacities", "stages");
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), INT4OID, 4, true, TYPALIGN_INT,
+					  &capacities, &capacity_nulls, &ncapacities);
+	for (int i = 0; i < nstages; i++)
+	{
+		if (capacity_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("capacities[%d] is null", i + 1)));
+		if (DatumGetInt32(capacities[i]) < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("capacities[%d] is negative (%d)", i + 1, DatumGetInt32(capacities[i])),
+					 errdetail("A capacity is how many more rows the stage's workers can take now.")));
+		check_stage_name(DatumGetTextPP(stages[i]), "stages element");
+		for (int j = 0; j < i; j++)
+			if (strcmp(TextDatumGetCString(stages[i]), TextDatumGetCString(stages[j])) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("stage \"%s\" appears twice in stages", TextDatumGetCString(stages[i])),
+						 errdetail("Give each stage once, with its whole spare capacity.")));
+	}
+
+	if (PG_ARGISNULL(2) != PG_ARGISNULL(3) || PG_ARGISNULL(3) != PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("account_stages, account_senders and account_used must be given together"),
+				 errdetail("They are parallel arrays: element i says how much worker time sender i used at stage i.")));
+	if (!PG_ARGISNULL(2))
+	{
+		int			nsenders;
+
+		account_stages = claim_text_array(PG_GETARG_ARRAYTYPE_P(2), "account_stages", &naccount);
+		check_same_length(PG_GETARG_ARRAYTYPE_P(3), naccount, "account_senders", "account_stages");
+		account_senders = claim_text_array(PG_GETARG_ARRAYTYPE_P(3), "account_senders", &nsenders);
+		account_used = claim_float_array(PG_GETARG_ARRAYTYPE_P(4), "account_used", naccount,
+										 "account_stages");
+	}
+
+	if (PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("fifo_percent must not be null")));
+	fifo_percent = PG_GETARG_INT32(5);
+	if (fifo_percent < 0 || fifo_percent > 100)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("fifo_percent must be between 0 and 100, not %d", fifo_percent)));
+	if (!PG_ARGISNULL(6))
+		row_costs = claim_float_array(PG_GETARG_ARRAYTYPE_P(6), "row_costs", nstages, "stages");
+
+	per_query = rsinfo->econtext->ecxt_per_query_memory;
+	caller = MemoryContextSwitchTo(per_query);
+	outdesc = CreateTupleDescCopy(outdesc);
+	out = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(caller);
+
+	SPI_connect();
+	for (int i = 0; i < nstages; i++)
+	{
+		char	   *stage = TextDatumGetCString(stages[i]);
+		int			capacity = DatumGetInt32(capacities[i]);
+		FairAccount *account;
+
+		if (capacity == 0)
+			continue;
+		account = fairshare_account(stage, account_stages, account_senders, account_used, naccount);
+		claim_stage(stage, capacity, account, fifo_percent,
+					row_costs ? DatumGetFloat8(row_costs[i]) : 1.0, out, outdesc);
+	}
+	SPI_finish();
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = out;
+	rsinfo->setDesc = outdesc;
+	return (Datum) 0;
+}

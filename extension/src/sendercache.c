@@ -1,0 +1,262 @@
+/*
+ * sendercache.c: which senders have pending rows at a stage, kept in the
+ * backend's memory across claims.
+ *
+ * The fair-share claim must know the waiting senders without enumerating
+ * them on every call (a skip scan over 10,000 senders costs tens of
+ * milliseconds; reading a claim's worth of rows costs a fraction of one).
+ * The dispatcher claims through one long-lived connection, so this backend
+ * keeps, per stage, the set of senders seen waiting and a watermark on
+ * pending_seq, which every row draws afresh when it becomes pending:
+ *
+ *   - Each claim first reads the rows that became pending since the
+ *     watermark, oldest first, through the (stage, pending_seq) index, and
+ *     adds their senders: a sender that appears between two claims is
+ *     served from the very next claim.  The cost is proportional to the
+ *     arrivals since the last claim, i.e. amortised O(1) per row.
+ *   - A sender whose rows run out is found so when the claim asks it for
+ *     rows and gets fewer; it is dropped then, at the cost of one index
+ *     probe it was due anyway.
+ *   - A row draws its pending_seq before its transaction commits, so a slow
+ *     transaction can make a row visible below the watermark.  Once a
+ *     second the refresh re-reads from the watermark of a second earlier,
+ *     and every SENDER_CACHE_REBUILD_SECONDS (or when more than
+ *     SENDER_CACHE_REFRESH_LIMIT rows arrived at once, or the schema was
+ *     re-created) the set is rebuilt with one skip scan over the (stage,
+ *     sender_key, pending_seq) index.  A sender missed meanwhile is still
+ *     served by the claim's FIFO share, so it is delayed, never starved.
+ *
+ * After a server restart, or in a new connection, the cache starts empty
+ * and the first claim at each stage pays for one rebuild.
+ */
+#include "claim.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#define SENDER_CACHE_REFRESH_LIMIT 20000
+#define SENDER_CACHE_RESCAN_MS 1000
+#define SENDER_CACHE_REBUILD_SECONDS 30
+
+struct SenderCache
+{
+	char	   *stage;
+	MemoryContext context;		/* holds heads; reset on rebuild */
+	HTAB	   *heads;			/* uint64 hash -> SenderHead */
+	bool		built;
+	Oid			sequence;		/* pepsi.pending_seq the watermark refers to */
+	int64		watermark;		/* rows pending with pending_seq <= this were read */
+	int64		rescan_from;	/* the watermark as of the last rescan */
+	TimestampTz rescanned_at;
+	TimestampTz built_at;
+	SenderCache *next;
+};
+
+static SenderCache *sender_caches;
+static MemoryContext sender_cache_context;
+
+static uint64
+sender_cache_hash(const char *sender)
+{
+	return hash_bytes_extended((const unsigned char *) sender, (int) strlen(sender), 0);
+}
+
+static void
+sender_cache_reset(SenderCache *cache)
+{
+	HASHCTL		ctl;
+
+	MemoryContextReset(cache->context);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(SenderHead);
+	ctl.hcxt = cache->context;
+	cache->heads = hash_create("pepsi sender heads", 1024, &ctl,
+							   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	cache->built = false;
+}
+
+SenderCache *
+sender_cache_for_stage(const char *stage)
+{
+	SenderCache *cache;
+
+	for (cache = sender_caches; cache != NULL; cache = cache->next)
+		if (strcmp(cache->stage, stage) == 0)
+			return cache;
+
+	if (sender_cache_context == NULL)
+		sender_cache_context = AllocSetContextCreate(TopMemoryContext, "pepsi sender caches",
+													 ALLOCSET_DEFAULT_SIZES);
+	cache = MemoryContextAllocZero(sender_cache_context, sizeof(SenderCache));
+	cache->stage = MemoryContextStrdup(sender_cache_context, stage);
+	cache->context = AllocSetContextCreate(sender_cache_context, "pepsi sender heads",
+										   ALLOCSET_DEFAULT_SIZES);
+	sender_cache_reset(cache);
+	cache->next = sender_caches;
+	sender_caches = cache;
+	return cache;
+}
+
+HTAB *
+sender_cache_heads(SenderCache *cache)
+{
+	return cache->heads;
+}
+
+SenderHead *
+sender_cache_lookup(SenderCache *cache, const char *sender)
+{
+	uint64		hash = sender_cache_hash(sender);
+
+	return hash_search(cache->heads, &hash, HASH_FIND, NULL);
+}
+
+/* Record that sender has a pending row at seq (adding the sender if new). */
+SenderHead *
+sender_cache_note(SenderCache *cache, const char *sender, int64 seq)
+{
+	uint64		hash = sender_cache_hash(sender);
+	bool		found;
+	SenderHead *head = hash_search(cache->heads, &hash, HASH_ENTER, &found);
+
+	if (!found)
+	{
+		head->sender = MemoryContextStrdup(cache->context, sender);
+		head->head_seq = seq;
+		head->candidate = -1;
+	}
+	else if (seq < head->head_seq)
+		head->head_seq = seq;
+	return head;
+}
+
+void
+sender_cache_forget(SenderCache *cache, SenderHead *head)
+{
+	char	   *sender = head->sender;
+
+	hash_search(cache->heads, &head->hash, HASH_REMOVE, NULL);
+	pfree(sender);
+}
+
+/* The last value drawn from pepsi.pending_seq (not transactional: a bound). */
+static int64
+sender_cache_sequence_high(void)
+{
+	static SPIPlanPtr plan;
+
+	queue_exec(queue_plan(&plan, "SELECT last_value FROM pepsi.pending_seq", 0, NULL),
+			   NULL, NULL, true, 1);
+	return queue_result_int64(0, 1);
+}
+
+/* Every waiting sender of the stage, by skip scan: O(senders) index probes. */
+static void
+sender_cache_rebuild(SenderCache *cache, Oid sequence)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(cache->stage)};
+	int64		high = sender_cache_sequence_high();
+
+	sender_cache_reset(cache);
+	queue_exec(queue_plan(&plan,
+						  "WITH RECURSIVE senders AS ("
+						  "  (SELECT sender_key, pending_seq FROM pepsi.workqueue"
+						  "   WHERE stage = $1 AND status = 'pending'"
+						  "   ORDER BY sender_key, pending_seq LIMIT 1)"
+						  "  UNION ALL"
+						  "  SELECT n.sender_key, n.pending_seq FROM senders s CROSS JOIN LATERAL"
+						  "  (SELECT sender_key, pending_seq FROM pepsi.workqueue"
+						  "   WHERE stage = $1 AND status = 'pending' AND sender_key > s.sender_key"
+						  "   ORDER BY sender_key, pending_seq LIMIT 1) n)"
+						  " SELECT sender_key, pending_seq FROM senders",
+						  1, argtypes),
+			   values, NULL, true, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		sender_cache_note(cache, sender, queue_result_int64(i, 2));
+	}
+	cache->built = true;
+	cache->sequence = sequence;
+	cache->watermark = high;
+	cache->rescan_from = high;
+	cache->built_at = cache->rescanned_at = GetCurrentTimestamp();
+}
+
+/*
+ * Add the senders of rows that became pending after from.  Returns false,
+ * having read nothing, when more than SENDER_CACHE_REFRESH_LIMIT rows did:
+ * a rebuild is then cheaper.
+ */
+static bool
+sender_cache_read_arrivals(SenderCache *cache, int64 from)
+{
+	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {TEXTOID, INT8OID, INT4OID};
+	Datum		values[3] = {CStringGetTextDatum(cache->stage), Int64GetDatum(from),
+	Int32GetDatum(SENDER_CACHE_REFRESH_LIMIT + 1)};
+	int64		rows = 0;
+	int64		high = cache->watermark;
+
+	queue_exec(queue_plan(&plan,
+						  "SELECT sender_key, min(pending_seq), max(pending_seq), count(*) FROM"
+						  " (SELECT sender_key, pending_seq FROM pepsi.workqueue"
+						  "  WHERE stage = $1 AND status = 'pending' AND pending_seq > $2"
+						  "  ORDER BY pending_seq LIMIT $3) arrivals"
+						  " GROUP BY sender_key",
+						  3, argtypes),
+			   values, NULL, true, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+		rows += queue_result_int64(i, 4);
+	if (rows > SENDER_CACHE_REFRESH_LIMIT)
+		return false;
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		int64		newest = queue_result_int64(i, 3);
+
+		sender_cache_note(cache, sender, queue_result_int64(i, 2));
+		if (newest > high)
+			high = newest;
+	}
+	cache->watermark = high;
+	return true;
+}
+
+/* Bring the cache up to date before a claim (see the file comment). */
+void
+sender_cache_refresh(SenderCache *cache)
+{
+	Oid			sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!cache->built || cache->sequence != sequence
+		|| TimestampDifferenceExceeds(cache->built_at, now, SENDER_CACHE_REBUILD_SECONDS * 1000))
+	{
+		sender_cache_rebuild(cache, sequence);
+		return;
+	}
+	if (TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
+	{
+		int64		from = cache->rescan_from;
+
+		cache->rescan_from = cache->watermark;
+		cache->rescanned_at = now;
+		if (!sender_cache_read_arrivals(cache, from))
+		{
+			sender_cache_rebuild(cache, sequence);
+			return;
+		}
+	}
+	if (!sender_cache_read_arrivals(cache, cache->watermark))
+		sender_cache_rebuild(cache, sequence);
+}
