@@ -69,10 +69,12 @@ COMMENT ON COLUMN pepsi.workqueue.clone_token IS
     'Set on rows spawned as clones; unique, so a clone is created at most once while it lives';
 
 -- The claim: oldest pending rows of a stage, and of one sender at a stage.
+-- The INCLUDEd columns let the claim read them by index-only scans: rows
+-- waiting in a vacuumed queue sit on all-visible pages.
 CREATE INDEX workqueue_pending_fifo ON pepsi.workqueue (stage, pending_seq)
-    INCLUDE (sender_key) WHERE status = 'pending';
+    INCLUDE (sender_key, id) WHERE status = 'pending';
 CREATE INDEX workqueue_pending_sender ON pepsi.workqueue (stage, sender_key, pending_seq)
-    WHERE status = 'pending';
+    INCLUDE (id) WHERE status = 'pending';
 -- The due-time scan of paused rows.
 CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE status = 'paused';
 -- Body release: is any row still referencing this body?
