@@ -255,9 +255,51 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 }
 
 /*
+ * A split group skipped because a live row carries its token would drop
+ * its recipients: the source row is reduced to keep_indices all the same,
+ * and no sibling carries them.  Called after the INSERT (RETURNING id,
+ * clone_token) made fewer rows than spec has; raises for the first group
+ * whose token is not among the rows made.
+ */
+static void
+spawn_refuse_skipped_group(Jsonb *spec)
+{
+	for (int i = 0; i < (int) JB_ROOT_COUNT(spec); i++)
+	{
+		JsonbValue *element = getIthJsonbValueFromContainer(&spec->root, i);
+		JsonbValue	buffer;
+		JsonbValue *token = spawn_get(element->val.binary.data, "token", &buffer);
+		bool		made = false;
+
+		if (token == NULL || token->type != jbvString)
+			continue;
+		for (uint64 r = 0; r < SPI_processed && !made; r++)
+		{
+			char	   *carried = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
+
+			made = carried != NULL && strlen(carried) == (size_t) token->val.string.len
+				&& memcmp(carried, token->val.string.val, token->val.string.len) == 0;
+		}
+		if (!made)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("groups[%d].token \"%.*s\" is carried by a live row", i + 1,
+							token->val.string.len, token->val.string.val),
+					 errdetail("Skipping the group would drop its recipients: the row keeps only keep_indices."),
+					 errhint("A split group needs no token; give it a fresh one if its sibling must be at-most-once.")));
+	}
+	elog(ERROR, "split made %llu rows for %d groups", (unsigned long long) SPI_processed,
+		 (int) JB_ROOT_COUNT(spec));
+}
+
+/*
  * Insert the rows of a validated spec array, copying what the spec leaves
- * out from the source row.  Returns the new ids in spec order; a spec whose
- * token a live row already carries is skipped (at-most-once).
+ * out from the source row.  Returns the new ids in spec order.  A clone
+ * whose token a live row already carries is skipped (at-most-once); a split
+ * group in that case is an error (see spawn_refuse_skipped_group).
+ *
+ * rcpt_indices are read as numeric[] because spawn_check_indices accepts
+ * any integral JSON number (2.0 as well as 2), which int[] input would not.
  *
  * received_at: a clone is a new message (a DSN), so it starts now; a sibling
  * is the same message and keeps the arrival time, except a pending group of
@@ -284,22 +326,24 @@ spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind)
 						  "   ELSE 'pending' END)::pepsi.status,"
 						  "  (CASE WHEN g.rcpt_to IS NOT NULL THEN w.state #- '{dsn,rcpt}'"
 						  "        WHEN g.rcpt_indices IS NOT NULL"
-						  "          THEN pepsi.state_for_recipients(w.state, cardinality(w.rcpt_to), g.rcpt_indices)"
+						  "          THEN pepsi.state_for_recipients(w.state, cardinality(w.rcpt_to), g.rcpt_indices::int[])"
 						  "        ELSE w.state END) || coalesce(g.state, '{}'),"
 						  "  CASE WHEN g.status = 'retry' THEN now() + g.retry_seconds * interval '1 second' END,"
 						  "  CASE WHEN $3 THEN now()"
 						  "       WHEN g.rcpt_to IS NOT NULL AND coalesce(g.status, 'pending') = 'pending' THEN now()"
 						  "       ELSE w.received_at END,"
 						  "  coalesce(g.mail_from, w.mail_from),"
-						  "  coalesce(g.rcpt_to, pepsi.recipients_subset(w.rcpt_to, g.rcpt_indices), w.rcpt_to),"
+						  "  coalesce(g.rcpt_to, pepsi.recipients_subset(w.rcpt_to, g.rcpt_indices::int[]), w.rcpt_to),"
 						  "  w.headers, w.body_id, w.client_address, w.auth_account, g.token"
 						  " FROM pepsi.workqueue w,"
 						  "  jsonb_to_recordset($2) AS g(token text, stage text, state jsonb, status text,"
-						  "   retry_seconds float8, rcpt_indices int[], rcpt_to text[], mail_from text)"
+						  "   retry_seconds float8, rcpt_indices numeric[], rcpt_to text[], mail_from text)"
 						  " WHERE w.id = $1"
-						  " ON CONFLICT (clone_token) DO NOTHING RETURNING id",
+						  " ON CONFLICT (clone_token) DO NOTHING RETURNING id, clone_token",
 						  3, argtypes),
 			   values, NULL, false, 0);
+	if (kind == SPAWN_SPLIT_GROUPS && SPI_processed < (uint64) JB_ROOT_COUNT(spec))
+		spawn_refuse_skipped_group(spec);
 
 	/* Identity values are drawn in insertion order, so sorting restores spec order. */
 	sorted = palloc(sizeof(int64) * (SPI_processed + 1));

@@ -282,9 +282,12 @@ transition_compare_int64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* ids[] of a batch: present, not empty, no NULL and no id twice. */
+/*
+ * ids[] of a batch: present, not empty, no NULL and no id twice.  caller
+ * names the SQL function in the details (commit_many and resume share this).
+ */
 static Datum *
-transition_batch_ids(ArrayType *array, int *count)
+transition_batch_ids(ArrayType *array, int *count, const char *caller)
 {
 	Datum	   *ids;
 	Datum	   *sorted;
@@ -299,7 +302,7 @@ transition_batch_ids(ArrayType *array, int *count)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ids must not be empty"),
-				 errdetail("A batch commit needs at least one row.")));
+				 errdetail("%s needs at least one row.", caller)));
 	for (int i = 0; i < *count; i++)
 		if (nulls[i])
 			ereport(ERROR,
@@ -314,7 +317,7 @@ transition_batch_ids(ArrayType *array, int *count)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("workqueue row %lld appears twice in ids",
 							(long long) DatumGetInt64(sorted[i])),
-					 errdetail("A row has one outcome per commit.")));
+					 errdetail("%s acts on each row once.", caller)));
 	return ids;
 }
 
@@ -392,7 +395,7 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("ids must not be null")));
-	ids = transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count);
+	ids = transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count, "workqueue_commit_many");
 	array = transition_batch_array(fcinfo, 1, "expected_stages", count, true, true);
 	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &stages, NULL, &nstages);
 	kind = transition_arg(fcinfo, 2, &label);
@@ -404,15 +407,14 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	nulls[2] = 'n';
 	if (kind == TRANSITION_ADVANCE)
 	{
-		array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
-		for (int i = 1; i <= count; i++)
-		{
-			bool		isnull;
-			Datum		target = array_get_element(PointerGetDatum(array), 1, &i, -1, -1,
-												   false, TYPALIGN_INT, &isnull);
+		Datum	   *targets;
+		int			ntargets;
 
-			check_stage_name(DatumGetTextPP(target), "target_stages element");
-		}
+		array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
+		/* Whatever its lower bound, element i of the array goes with ids[i]. */
+		deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &targets, NULL, &ntargets);
+		for (int i = 0; i < ntargets; i++)
+			check_stage_name(DatumGetTextPP(targets[i]), psprintf("target_stages[%d]", i + 1));
 		values[2] = PointerGetDatum(array);
 		nulls[2] = ' ';
 	}
@@ -598,7 +600,7 @@ workqueue_resume(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("ids must not be null")));
-	transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count);
+	transition_batch_ids(PG_GETARG_ARRAYTYPE_P(0), &count, "workqueue_resume");
 	values[0] = PG_GETARG_DATUM(0);
 
 	SPI_connect();
