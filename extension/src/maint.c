@@ -135,8 +135,16 @@ maint_run_pass(TimestampTz *last_sweep)
 			*last_sweep = now;
 		}
 
+		/*
+		 * The next wake-up is the earliest row not yet due when this pass
+		 * began.  A row that was due then and is still paused is one the
+		 * requeue skipped because another session holds it locked; counting
+		 * it would make the worker spin until that session lets go, so it
+		 * waits for the next pass at pepsi.maintenance_interval instead.
+		 */
 		due_in_ms = maint_scalar("SELECT extract(epoch FROM min(timeout) - clock_timestamp())"
-								 "::float8 * 1000 FROM pepsi.workqueue WHERE status = 'paused'",
+								 "::float8 * 1000 FROM pepsi.workqueue"
+								 " WHERE status = 'paused' AND timeout > now()",
 								 (double) pepsi_maintenance_interval_ms);
 		if (requeued >= MAINT_BATCH)
 			due_in_ms = 0;
@@ -194,8 +202,31 @@ pepsi_maintenance_main(Datum main_arg)
 }
 
 /*
+ * The pid of the worker serving this database, that is of the one holding
+ * its singleton lock, or 0.  pg_locks is read live at every call, unlike
+ * pg_stat_activity, which a transaction sees as of its first look.
+ */
+static pid_t
+maint_serving_pid(void)
+{
+	double		pid;
+
+	SPI_connect();
+	pid = maint_scalar(psprintf("SELECT pid::float8 FROM pg_locks"
+								" WHERE locktype = 'advisory' AND database = %u"
+								" AND classid = %u AND objid = %u AND objsubid = 2 AND granted",
+								MyDatabaseId, MAINT_LOCK_KEY1, MAINT_LOCK_KEY2), 0);
+	SPI_finish();
+	return (pid_t) pid;
+}
+
+/*
  * pepsi.start_maintenance(): start the worker for the current database, or
  * return the pid of the one already running there.
+ *
+ * It returns once a worker serves the database: a worker that has started
+ * but not yet taken the singleton lock may still bow out to one a
+ * concurrent call started, so only the lock holder's pid is an answer.
  */
 Datum
 start_maintenance(PG_FUNCTION_ARGS)
@@ -204,15 +235,10 @@ start_maintenance(PG_FUNCTION_ARGS)
 	BackgroundWorkerHandle *handle;
 	BgwHandleStatus status;
 	pid_t		pid;
-	double		running;
+	pid_t		serving;
 
-	SPI_connect();
-	running = maint_scalar(psprintf("SELECT pid::float8 FROM pg_stat_activity"
-									" WHERE backend_type = '%s' AND datid = %u LIMIT 1",
-									MAINT_WORKER_TYPE, MyDatabaseId), 0);
-	SPI_finish();
-	if (running > 0)
-		PG_RETURN_INT32((int32) running);
+	if ((serving = maint_serving_pid()) != 0)
+		PG_RETURN_INT32((int32) serving);
 
 	maint_fill_worker(&worker);
 	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
@@ -223,14 +249,25 @@ start_maintenance(PG_FUNCTION_ARGS)
 				 errmsg("could not register the pepsi maintenance worker"),
 				 errhint("More background workers may be needed: raise max_worker_processes.")));
 	status = WaitForBackgroundWorkerStartup(handle, &pid);
-	if (status == BGWH_STOPPED)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("the pepsi maintenance worker stopped as it started"),
-				 errhint("The server log says why.")));
-	if (status == BGWH_POSTMASTER_DIED)
-		ereport(ERROR,
-				(errcode(ERRCODE_ADMIN_SHUTDOWN),
-				 errmsg("the postmaster died while starting the pepsi maintenance worker")));
-	PG_RETURN_INT32((int32) pid);
+	for (;;)
+	{
+		if (status == BGWH_POSTMASTER_DIED)
+			ereport(ERROR,
+					(errcode(ERRCODE_ADMIN_SHUTDOWN),
+					 errmsg("the postmaster died while starting the pepsi maintenance worker")));
+		/* Ours, or the one ours found serving and left to it. */
+		if ((serving = maint_serving_pid()) != 0)
+			PG_RETURN_INT32((int32) serving);
+		/* Stopped, or failed and waiting to be restarted. */
+		if (status != BGWH_STARTED)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("the pepsi maintenance worker stopped as it started"),
+					 errhint("The server log says why.")));
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 10L, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		status = GetBackgroundWorkerPid(handle, &pid);
+	}
 }

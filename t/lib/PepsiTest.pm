@@ -1,0 +1,152 @@
+# Helpers shared by the TAP tests of the pepsi extension: throwaway clusters,
+# queue rows in a known state, polling with a deadline, and concurrent
+# sessions driven by pgbench.  Every helper talks to a real server through
+# psql or pgbench; none of them reaches into the queue behind its back except
+# where a test says so (a row set running by hand stands in for the claim).
+
+package PepsiTest;
+
+use strict;
+use warnings FATAL => 'all';
+
+use Exporter 'import';
+use File::Basename qw(dirname);
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+
+# PostgreSQL::Test::Cluster->init runs "pg_regress --config-auth", found
+# through PG_REGRESS, which PGXS's prove_check sets but a bare prove (as in
+# scripts/check.sh) does not: find it next to the PGXS makefiles.
+BEGIN
+{
+	if (!$ENV{PG_REGRESS})
+	{
+		my $pgxs = `pg_config --pgxs`;
+
+		chomp $pgxs;
+		$ENV{PG_REGRESS} = dirname($pgxs) . '/../test/regress/pg_regress'
+		  if $pgxs;
+	}
+}
+
+our @EXPORT = qw(
+  pepsi_node wait_until maintenance_pid worker_state_change
+  add_running_message running_siblings concurrently log_since
+);
+
+# A started cluster.  preload => 1 puts pepsi in shared_preload_libraries;
+# conf => extra postgresql.conf lines.
+sub pepsi_node
+{
+	my ($name, %opts) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+
+	$node->init;
+	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'pepsi'\n")
+	  if $opts{preload};
+	# Enough slots for a dynamic worker per database and the pgbench clients.
+	$node->append_conf('postgresql.conf',
+		"max_worker_processes = 16\nmax_connections = 40\n");
+	$node->append_conf('postgresql.conf', $opts{conf}) if $opts{conf};
+	$node->start;
+	return $node;
+}
+
+# Poll until $sql returns $expected (default 't'), for at most $seconds
+# (default 30): poll_query_until with a deadline short enough that a broken
+# extension fails the test instead of stalling it for minutes.
+sub wait_until
+{
+	my ($node, $db, $sql, $expected, $seconds) = @_;
+
+	local $PostgreSQL::Test::Utils::timeout_default = $seconds // 30;
+	return $node->poll_query_until($db, $sql, $expected // 't');
+}
+
+# The pid of the maintenance worker serving $db, or '' if there is none.
+sub maintenance_pid
+{
+	my ($node, $db) = @_;
+
+	return $node->safe_psql($db,
+		"SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_stat_activity"
+		  . " WHERE backend_type = 'pepsi maintenance' AND datname = '$db'");
+}
+
+# When the worker with this pid last changed state in pg_stat_activity.  A
+# pass starts by reporting it active and ends by reporting it idle, so a
+# later state_change with state idle means a pass has run since.
+sub worker_state_change
+{
+	my ($node, $db, $pid) = @_;
+
+	return $node->safe_psql($db,
+		"SELECT state_change FROM pg_stat_activity WHERE pid = $pid");
+}
+
+# A message to @$rcpts admitted at $stage and set running by hand, as the
+# dispatcher's claim would.  Returns (row id, body id).
+sub add_running_message
+{
+	my ($node, $db, $stage, $rcpts, $body) = @_;
+	my $array = join(',', map { "'$_'" } @$rcpts);
+
+	$body //= 'hello, world';
+	my $id = $node->safe_psql($db,
+		    "SELECT pepsi.workqueue_add('sender\@example.org', ARRAY[$array],"
+		  . " 'Subject: test'::bytea, convert_to('$body', 'UTF8'), stage => '$stage')");
+	my $row = $node->safe_psql($db,
+		"UPDATE pepsi.workqueue SET status = 'running' WHERE id = $id"
+		  . " RETURNING id || '|' || body_id");
+	return split /\|/, $row;
+}
+
+# Split the running row $id one recipient per row and set every sibling
+# running too.  Returns the ids of the message's rows, the original first.
+sub running_siblings
+{
+	my ($node, $db, $id, $stage) = @_;
+
+	# Two statements: an UPDATE does not see rows its own function inserts.
+	my $siblings = $node->safe_psql($db,
+		"SELECT pepsi.workqueue_split_one_per_row($id, '$stage')");
+	$node->safe_psql($db,
+		"UPDATE pepsi.workqueue SET status = 'running' WHERE id = ANY ('$siblings')");
+	return split /\n/,
+	  $node->safe_psql($db,
+		"SELECT id FROM pepsi.workqueue WHERE body_id ="
+		  . " (SELECT body_id FROM pepsi.workqueue WHERE id = $id) ORDER BY id");
+}
+
+# Run $script in $clients concurrent pgbench sessions, $transactions each.
+# Returns (exit status, stdout, stderr).  pgbench opens every connection
+# before the first transaction, so the sessions really do overlap.
+sub concurrently
+{
+	my ($node, $db, $clients, $transactions, $script) = @_;
+	my $file = PostgreSQL::Test::Utils::tempdir() . '/script.sql';
+	my ($out, $err) = ('', '');
+
+	open my $fh, '>', $file or die "could not write $file: $!";
+	print $fh $script;
+	close $fh;
+	IPC::Run::run(
+		[
+			'pgbench', '-n', '-h', $node->host, '-p', $node->port,
+			'-c', $clients, '-j', $clients, '-t', $transactions,
+			'-f', $file, $db
+		],
+		'>', \$out, '2>', \$err);
+	return ($? >> 8, $out, $err);
+}
+
+# The server log from byte $offset on.
+sub log_since
+{
+	my ($node, $offset) = @_;
+
+	return PostgreSQL::Test::Utils::slurp_file($node->logfile, $offset);
+}
+
+1;
