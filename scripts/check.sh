@@ -49,8 +49,9 @@ fi
 if ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     echo "== TAP"
     (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" \
-        PEPSI_TOP="$top" PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
-        prove -v t/ >"$scratch/tap.log" 2>&1)
+        PEPSI_TOP="$top" PEPSI_BIN="$scratch/bin" PG_REGRESS="$PG_REGRESS" \
+        PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
+        prove -v --ext=.pl t/ >"$scratch/tap.log" 2>&1)
     cat "$scratch/tap.log"
     ok=$(grep -cE '^\s*ok [0-9]+' "$scratch/tap.log")
     bad=$(grep -cE '^\s*not ok [0-9]+' "$scratch/tap.log")

@@ -51,13 +51,15 @@ CREATE TABLE pepsi.workqueue (
     auth_account    text,
     -- Who the fair-share claim charges: the authenticated account, else the
     -- connecting address with IPv6 folded to its /64 (one customer's
-    -- addresses), else 'local' for mail injected on this host.
+    -- addresses) and IPv4-mapped IPv6 unmapped (one client seen both ways
+    -- is one sender), else 'local' for mail injected on this host.
     sender_key      text GENERATED ALWAYS AS (
         CASE
             WHEN auth_account IS NOT NULL THEN 'auth:' || auth_account
             WHEN client_address IS NULL THEN 'local'
             WHEN family(client_address) = 6 AND NOT client_address << inet '::ffff:0:0/96'
                 THEN 'ip:' || host(network(set_masklen(client_address, 64))) || '/64'
+            WHEN family(client_address) = 6 THEN 'ip:' || substr(host(client_address), 8)
             ELSE 'ip:' || host(client_address)
         END) STORED,
     clone_token     text UNIQUE,
@@ -256,13 +258,15 @@ CREATE FUNCTION pepsi.workqueue_inject(
 RETURNS bigint AS 'MODULE_PATHNAME', 'workqueue_inject' LANGUAGE C CALLED ON NULL INPUT;
 
 -- A stage's single write: the columns it touched plus its transition.
+-- at_stage: where a pause or failure leaves the row when a successor stage
+-- fused into the worker's pass decided it (the row is still at the first).
 CREATE FUNCTION pepsi.workqueue_commit(
     id bigint, expected_stage text, transition pepsi.transition,
     target_stage text DEFAULT NULL, merge_state jsonb DEFAULT NULL,
     retry_seconds double precision DEFAULT NULL,
     set_headers bytea DEFAULT NULL, set_body bytea DEFAULT NULL,
     set_mail_from text DEFAULT NULL, set_rcpt_to text[] DEFAULT NULL,
-    set_state jsonb DEFAULT NULL)
+    set_state jsonb DEFAULT NULL, at_stage text DEFAULT NULL)
 RETURNS void AS 'MODULE_PATHNAME', 'workqueue_commit' LANGUAGE C CALLED ON NULL INPUT;
 
 -- The arrayed form for batched body-free stages: one outcome, per-row
@@ -280,7 +284,7 @@ RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_commit_many' LANGUAGE C CALLED 
 CREATE FUNCTION pepsi.workqueue_pause(
     id bigint, expected_stage text, retry_seconds double precision,
     merge_state jsonb DEFAULT NULL, keep_indices integer[] DEFAULT NULL,
-    clones jsonb DEFAULT NULL)
+    clones jsonb DEFAULT NULL, at_stage text DEFAULT NULL)
 RETURNS bigint[] AS 'MODULE_PATHNAME', 'workqueue_pause' LANGUAGE C CALLED ON NULL INPUT;
 
 -- Delete the row (delivered or dropped) and spawn its clones in one call.

@@ -125,10 +125,12 @@ arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name)
 				 errmsg("%s must not be null", name),
 				 errdetail("A paused row needs the time after which it is retried.")));
 	seconds = PG_GETARG_FLOAT8(argno);
-	if (isnan(seconds) || isinf(seconds) || seconds < 0)
+	if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be a finite number of seconds, not negative", name)));
+				 errmsg("%s must be between 0 and %d seconds, not %g", name,
+						PEPSI_MAX_RETRY_SECONDS, seconds),
+				 errdetail("A retry is at most ten years away.")));
 	return seconds;
 }
 

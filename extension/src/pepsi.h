@@ -22,6 +22,9 @@ extern int	pepsi_maintenance_interval_ms;
 extern int	pepsi_body_gc_interval_s;
 extern int	pepsi_mail_log_retention_s;
 
+/* The longest retry delay accepted (ten years), so now() + delay always fits. */
+#define PEPSI_MAX_RETRY_SECONDS 315360000
+
 /* The NOTIFY channel the dispatcher listens on. */
 #define PEPSI_WORKQUEUE_CHANNEL "pepsi_workqueue"
 

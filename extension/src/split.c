@@ -224,11 +224,11 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 						 errmsg("%s[%d] has status retry but no numeric retry_seconds", name, n)));
 			seconds = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
 														 NumericGetDatum(v->val.numeric)));
-			if (isnan(seconds) || isinf(seconds) || seconds < 0)
+			if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("%s[%d].retry_seconds must be a finite number of seconds, not negative",
-								name, n)));
+						 errmsg("%s[%d].retry_seconds must be between 0 and %d seconds, not %g",
+								name, n, PEPSI_MAX_RETRY_SECONDS, seconds)));
 		}
 		else if (v != NULL)
 			ereport(ERROR,

@@ -48,7 +48,8 @@ typedef enum TransitionKind
 #define TOUCHED_RCPT_TO		0x08
 #define TOUCHED_MERGE_STATE	0x10
 #define TOUCHED_SET_STATE	0x20
-#define TOUCHED_COMBINATIONS 0x40
+#define TOUCHED_AT_STAGE	0x40
+#define TOUCHED_COMBINATIONS 0x80
 
 static TransitionKind
 transition_kind(Datum transition, const char **label)
@@ -133,6 +134,8 @@ transition_commit_sql(TransitionKind kind, int touched)
 			appendStringInfoString(&sql, ", mail_from = $8");
 		if (touched & TOUCHED_RCPT_TO)
 			appendStringInfoString(&sql, ", rcpt_to = $9");
+		if (touched & TOUCHED_AT_STAGE)
+			appendStringInfoString(&sql, ", stage = $11");
 	}
 	appendStringInfoString(&sql, " WHERE id = $1 AND status = 'running' AND stage = $2");
 	return sql.data;
@@ -159,9 +162,11 @@ transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
 /*
  * workqueue_commit(id, expected_stage, transition, target_stage,
  *                  merge_state, retry_seconds, set_headers, set_body,
- *                  set_mail_from, set_rcpt_to, set_state)
+ *                  set_mail_from, set_rcpt_to, set_state, at_stage)
  *
- * Content arguments left NULL are not written.  A body rewrite stores a new
+ * Content arguments left NULL are not written.  at_stage is for a pause or
+ * fail decided by a successor stage fused into the pass: the row stays
+ * where that stage is, so its retry runs that stage again.  A body rewrite stores a new
  * body for this row alone (copy-on-write: siblings keep the old one) and
  * releases the old body if this row was its last reference.  With finish
  * the row is deleted, so content arguments are moot and ignored.
@@ -171,9 +176,9 @@ workqueue_commit(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plans[TRANSITION_KINDS][TOUCHED_COMBINATIONS];
 	static const Oid argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID,
-	BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID};
-	Datum		values[10];
-	char		nulls[10] = "          ";
+	BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID};
+	Datum		values[11];
+	char		nulls[11] = "           ";
 	const char *label;
 	TransitionKind kind;
 	int			touched = 0;
@@ -188,6 +193,18 @@ workqueue_commit(PG_FUNCTION_ARGS)
 	values[0] = Int64GetDatum(id);
 	values[1] = PointerGetDatum(expected_stage);
 	nulls[2] = nulls[3] = nulls[4] = nulls[5] = nulls[6] = nulls[7] = nulls[8] = nulls[9] = 'n';
+	nulls[10] = 'n';
+	if (!PG_ARGISNULL(11))
+	{
+		if (kind != TRANSITION_PAUSE && kind != TRANSITION_FAIL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("at_stage is meaningless for %s", label),
+					 errdetail("Only a pause or a failure stays at a stage; an advance names its target_stage.")));
+		values[10] = PointerGetDatum(arg_stage(fcinfo, 11, "at_stage"));
+		nulls[10] = ' ';
+		touched |= TOUCHED_AT_STAGE;
+	}
 	if (kind == TRANSITION_ADVANCE)
 	{
 		values[2] = PointerGetDatum(arg_stage(fcinfo, 3, "target_stage"));
@@ -242,7 +259,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 		nulls[6] = ' ';
 	}
 	if (plans[kind][touched] == NULL)
-		queue_plan(&plans[kind][touched], transition_commit_sql(kind, touched), 10, argtypes);
+		queue_plan(&plans[kind][touched], transition_commit_sql(kind, touched), 11, argtypes);
 	queue_exec(plans[kind][touched], values, nulls, false, 0);
 	if (SPI_processed == 0)
 		queue_report_row_state(id, text_to_cstring(expected_stage));
@@ -448,11 +465,11 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 		{
 			double		seconds = DatumGetFloat8(retries[i]);
 
-			if (isnan(seconds) || isinf(seconds) || seconds < 0)
+			if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("retry_seconds[%d] must be a finite number of seconds, not negative",
-								i + 1)));
+						 errmsg("retry_seconds[%d] must be between 0 and %d seconds, not %g",
+								i + 1, PEPSI_MAX_RETRY_SECONDS, seconds)));
 		}
 		values[4] = PointerGetDatum(array);
 		nulls[4] = ' ';
@@ -492,25 +509,27 @@ transition_arg_clones(FunctionCallInfo fcinfo, int argno, bool required)
 
 /*
  * workqueue_pause(id, expected_stage, retry_seconds, merge_state,
- *                 keep_indices, clones) returns the ids of the clones made.
+ *                 keep_indices, clones, at_stage) returns the ids of the
+ *                 clones made.
  *
  * Clones are spawned from the row as it was (their rcpt_indices count in
  * the full recipient list), then the row is reduced to keep_indices and
- * paused.
+ * paused (at at_stage, when a fused successor paused it).
  */
 Datum
 workqueue_pause(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, FLOAT8OID, JSONBOID};
+	static const Oid argtypes[] = {INT8OID, FLOAT8OID, JSONBOID, TEXTOID};
 	int64		id = arg_int64(fcinfo, 0, "id");
 	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
 	double		retry_seconds = arg_seconds(fcinfo, 2, "retry_seconds");
 	Jsonb	   *merge_state = arg_json_object_or_null(fcinfo, 3, "merge_state");
 	ArrayType  *keep = PG_ARGISNULL(4) ? NULL : PG_GETARG_ARRAYTYPE_P(4);
 	Jsonb	   *clones = transition_arg_clones(fcinfo, 5, false);
-	Datum		values[3];
-	char		nulls[3] = "   ";
+	text	   *at_stage = PG_ARGISNULL(6) ? NULL : arg_stage(fcinfo, 6, "at_stage");
+	Datum		values[4];
+	char		nulls[4] = "    ";
 	ArrayType  *clone_ids;
 	int			nrcpt;
 
@@ -540,12 +559,15 @@ workqueue_pause(PG_FUNCTION_ARGS)
 	values[1] = Float8GetDatum(retry_seconds);
 	values[2] = PointerGetDatum(merge_state);
 	nulls[2] = merge_state ? ' ' : 'n';
+	values[3] = PointerGetDatum(at_stage);
+	nulls[3] = at_stage ? ' ' : 'n';
 	queue_exec(queue_plan(&plan,
 						  "UPDATE pepsi.workqueue SET status = 'paused',"
 						  " timeout = now() + $2 * interval '1 second',"
-						  " state = CASE WHEN $3 IS NULL THEN state ELSE state || $3 END"
+						  " state = CASE WHEN $3 IS NULL THEN state ELSE state || $3 END,"
+						  " stage = coalesce($4, stage)"
 						  " WHERE id = $1",
-						  3, argtypes),
+						  4, argtypes),
 			   values, nulls, false, 0);
 	clone_ids = (ArrayType *) SPI_datumTransfer(PointerGetDatum(clone_ids), false, -1);
 	SPI_finish();

@@ -224,6 +224,10 @@ SELECT pepsi.workqueue_commit(:e, 'filter', 'pause');
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => -1);
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 'NaN');
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 'Infinity');
+SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 1e12);
+SELECT pepsi.workqueue_commit(:e, 'filter', 'advance', 'deliver', at_stage => 'deliver');
+SELECT pepsi.workqueue_commit(:e, 'filter', 'finish', at_stage => 'deliver');
+SELECT pepsi.workqueue_commit(:e, 'filter', 'fail', at_stage => '');
 
 -- Content arguments.
 SELECT pepsi.workqueue_commit(:e, 'filter', 'fail', merge_state => '[{"k": 2}]');
@@ -237,6 +241,15 @@ SELECT pepsi.workqueue_commit(:e, 'filter', 'fail', set_rcpt_to => '{""}');
 SELECT pg_temp.changed(:e, :'before') AS changed_by_refusals;
 SELECT count(*) - :bodies_before AS bodies_added FROM pepsi.workqueue_body;
 SELECT id - :e AS n, stage, status FROM pepsi.workqueue ORDER BY id;
+
+-- A pause or failure decided by a successor fused into the pass stays at
+-- that successor's stage (at_stage), so its retry runs that stage again.
+UPDATE pepsi.workqueue SET status = 'running', timeout = NULL WHERE id = :e;
+SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 60, at_stage => 'deliver');
+SELECT stage, status FROM pepsi.workqueue WHERE id = :e;
+UPDATE pepsi.workqueue SET status = 'running', timeout = NULL, stage = 'filter' WHERE id = :e;
+SELECT pepsi.workqueue_commit(:e, 'filter', 'fail', merge_state => '{"why": "x"}', at_stage => 'sign');
+SELECT stage, status, state->>'why' AS why FROM pepsi.workqueue WHERE id = :e;
 
 -- Leave the queue empty, every body released.
 DELETE FROM pepsi.workqueue;

@@ -197,6 +197,16 @@ SELECT pepsi.workqueue_finish_with_clones(-1, 'deliver', '[]');
 SELECT pepsi.workqueue_finish_with_clones(NULL, 'deliver', '[]');
 SELECT pepsi.workqueue_finish_with_clones(:e, '', '[]');
 SELECT id - :e AS n, stage, status FROM pepsi.workqueue ORDER BY id;
+DELETE FROM pepsi.workqueue;
+
+-- A pause decided by a successor fused into the pass stays at that
+-- successor's stage (at_stage), so the retry runs it again.
+SELECT pepsi.workqueue_add('alice@example.org', '{a@example.net}', 'h', 'b') AS f \gset
+UPDATE pepsi.workqueue SET status = 'running', stage = 'sign' WHERE id = :f;
+SELECT pepsi.workqueue_pause(:f, 'sign', 60, at_stage => '');
+SELECT pepsi.workqueue_pause(:f, 'sign', 1e12);
+SELECT cardinality(pepsi.workqueue_pause(:f, 'sign', 60, at_stage => 'deliver')) AS clones;
+SELECT stage, status FROM pepsi.workqueue WHERE id = :f;
 
 -- Leave the queue empty, every body released.
 DELETE FROM pepsi.workqueue;
