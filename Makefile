@@ -1,41 +1,122 @@
 # Pepsi: a mail transfer agent whose queue is a PostgreSQL table.
 #
-#   make          build everything
-#   make install  install the extension (where pg_config says)
+#   make          build the extension and every program
+#   make install  install the extension (where pg_config says), the
+#                 multi-call binary in $(PREFIX)/libexec/pepsi and one
+#                 symlink per program in $(PREFIX)/bin
 #   make run      start Pepsi on a private PostgreSQL cluster under ./run/
 #   make stop     stop it
 #   make check    build with -Werror, install, run every test suite
 #   make bench    run the benchmarks in bench/
+#
+# Programs are found by directory: daemons/X builds pepsi-X, stages/X
+# builds pepsi-stage-X, cli/X builds pepsi-X.  Each defines
+# <name>_main (dashes as underscores); a stage also defines <name>_stage.
+# Every program is built standalone (build/bin/) and linked into the
+# multi-call binary build/bin/pepsi.
 
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
 export PG_CONFIG
+PREFIX ?= /usr/local
 
-.PHONY: all install deps check run stop bench clean
+CC ?= cc
+CFLAGS ?= -O2 -g
+WARNINGS = -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes -Wshadow \
+           -Wpointer-arith -Wcast-qual -Wsign-compare -Wno-unused-parameter
+PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
+               -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
+LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lev -lssl -lcrypto -lm
 
-all:
+B = build
+COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c))
+
+program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
+program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
+program_ident = $(subst -,_,$(call program_name,$(1)))
+PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
+program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
+ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
+
+UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
+
+.PHONY: all programs extension install install-programs deps check run stop bench clean
+
+all: extension programs
+
+extension:
 	$(MAKE) -C extension
+
+programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS)
+
+$(B)/%.o: %.c $(wildcard common/*.h) $(B)/programs.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -I$(dir $<) -c -o $@ $<
+
+$(B)/libpepsi.a: $(COMMON_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+# The multi-call table: PROGRAM(ident, name) or STAGE(ident, name) per program.
+$(B)/programs.h: $(program_dirs) Makefile
+	@mkdir -p $(B)
+	@{ $(foreach d,$(program_dirs),echo '$(if $(findstring stages/,$(d)),STAGE,PROGRAM)($(call program_ident,$(d)), "$(call program_name,$(d))")';) } > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+
+$(B)/bin/pepsi: $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(B)/libpepsi.a $(LDLIBS)
+
+define standalone_rule
+$(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
+		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
+endef
+$(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
+
+# Unit tests (cmocka): one binary per test file, linked with the code of
+# its directory's parent (common/ or the stage) and libpepsi.
+$(B)/common/tests/%: common/tests/%.c $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
+
+define stage_test_rule
+$(B)/$(1:.c=): $(1) $(filter-out %/main.o,$(call program_objs,$(dir $(patsubst %/,%,$(dir $(1))))/)) $(B)/libpepsi.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -I$(dir $(patsubst %/,%,$(dir $(1)))) -o $$@ $$^ $$(LDLIBS) -lcmocka
+endef
+$(foreach t,$(wildcard stages/*/tests/test_*.c),$(eval $(call stage_test_rule,$(t))))
 
 install: all
 	$(MAKE) -C extension install
+	$(MAKE) install-programs
+
+install-programs: programs
+	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
+	for p in $(PROGRAMS); do ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
 
 deps:
 	@scripts/deps.sh
 
 # Warnings are errors here, so everything is rebuilt with -Werror.
 check: deps
-	$(MAKE) -C extension clean
-	$(MAKE) -C extension PEPSI_WERROR=-Werror
+	$(MAKE) clean
+	$(MAKE) PEPSI_WERROR=-Werror all
 	$(MAKE) -C extension install
 	scripts/check.sh
 
-run: deps install
+run: deps all
+	$(MAKE) -C extension install
 	scripts/run.sh start
 
 stop:
 	scripts/run.sh stop
 
-bench: deps install
+bench: deps all
+	$(MAKE) -C extension install
 	bench/run-all.sh
 
 clean:
 	$(MAKE) -C extension clean
+	rm -rf $(B)

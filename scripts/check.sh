@@ -12,12 +12,29 @@ ensure_unprivileged_user
 scratch=$(mktemp -d /tmp/pepsi-check.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$top/regress" "$top/t" "$scratch/"
+# The programs under test: the multi-call binary and the standalone builds.
+[ -d "$top/build/bin" ] && cp -r "$top/build/bin" "$scratch/bin"
 mkdir -p "$scratch/regress-out" "$scratch/tap"
 give_to_user "$scratch"
 chmod 755 "$scratch"
 
 passed=0
 failed=0
+
+# Unit tests (cmocka): one result per test case.
+for unit in $(find "$top/build" -path '*/tests/test_*' -type f -perm -u+x 2>/dev/null | sort); do
+    echo "== unit: ${unit#$top/build/}"
+    "$unit" >"$scratch/unit.log" 2>&1
+    cat "$scratch/unit.log"
+    ok=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | head -1)
+    bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | head -1)
+    passed=$((passed + ${ok:-0}))
+    failed=$((failed + ${bad:-0}))
+    if [ -z "$ok" ] && [ -z "$bad" ]; then
+        echo "unit test $unit ran no test"
+        failed=$((failed + 1))
+    fi
+done
 
 # pg_regress: one result per test file.
 regress_tests=$(cd "$scratch/regress/sql" && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)

@@ -1,0 +1,28 @@
+/*
+ * buf.h: a growable byte buffer, always NUL-terminated after len so its
+ * contents can be used as a C string when they hold text.
+ */
+#ifndef PEPSI_BUF_H
+#define PEPSI_BUF_H
+
+#include <stddef.h>
+
+struct buf
+{
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+};
+
+#define BUF_INIT {NULL, 0, 0}
+
+void		buf_reserve(struct buf *b, size_t extra);
+void		buf_append(struct buf *b, const void *data, size_t len);
+void		buf_append_str(struct buf *b, const char *s);
+void		buf_append_char(struct buf *b, char c);
+void		buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void		buf_consume(struct buf *b, size_t len);
+void		buf_reset(struct buf *b);
+void		buf_free(struct buf *b);
+
+#endif

@@ -1,0 +1,522 @@
+/*
+ * config.c: see config.h.  Parsing is libinih's; what this file adds is
+ * the schema (which sections and options exist), line numbers for every
+ * value, the overlay, and typed getters whose errors name the place.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+
+#include "log.h"
+
+/*
+ * The schema.  A section is named exactly or by a prefix ending in '-'
+ * (one per listener or stage).  options == NULL means any upper-case name:
+ * stage sections carry the options of their own program, which the program
+ * checks itself.
+ */
+struct config_section_schema
+{
+	const char *name;
+	bool		prefix;
+	bool		overridable;
+	const char *const *options;
+};
+
+static const char *const pepsi_options[] = {
+	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", NULL
+};
+static const char *const database_options[] = {
+	"CONNINFO", NULL
+};
+static const char *const dispatch_options[] = {
+	"POLL_INTERVAL", "FAIR_HALF_LIFE", "FAIR_FIFO_PERCENT", "WORKER_IDLE_TIMEOUT",
+	"SPAWN_COOLDOWN", "STATS_INTERVAL", "INIT_STAGE", NULL
+};
+static const char *const ingress_options[] = {
+	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
+	"DATABASE_CONNECTIONS", "INIT_STAGE", NULL
+};
+static const char *const listener_options[] = {
+	"ADDRESS", "PORT", "MODE", "CERTIFICATE", "KEY", "MAX_SIZE", "MAX_RECIPIENTS",
+	"MAX_LINE_LENGTH", "MAX_SESSIONS", "MAX_SESSIONS_PER_CLIENT", "IDLE_TIMEOUT",
+	"MAX_ERRORS", "COMMAND_RATE", NULL
+};
+
+static const struct config_section_schema config_schema[] = {
+	{"pepsi", false, true, pepsi_options},
+	{"database", false, false, database_options},
+	{"dispatch", false, true, dispatch_options},
+	{"ingress", false, true, ingress_options},
+	{"listener-", true, false, listener_options},
+	{"stage-", true, true, NULL},
+};
+
+static const struct config_section_schema *
+config_schema_for(const char *section)
+{
+	for (size_t i = 0; i < sizeof(config_schema) / sizeof(config_schema[0]); i++)
+	{
+		const struct config_section_schema *s = &config_schema[i];
+
+		if (s->prefix ? (strncmp(section, s->name, strlen(s->name)) == 0
+						 && section[strlen(s->name)] != '\0')
+			: strcmp(section, s->name) == 0)
+			return s;
+	}
+	return NULL;
+}
+
+static bool
+config_option_name_valid(const char *option)
+{
+	if (!isupper((unsigned char) option[0]))
+		return false;
+	for (const char *p = option; *p; p++)
+		if (!isupper((unsigned char) *p) && !isdigit((unsigned char) *p) && *p != '_')
+			return false;
+	return true;
+}
+
+bool
+config_section_known(const char *section)
+{
+	return config_schema_for(section) != NULL;
+}
+
+bool
+config_section_overridable(const char *section)
+{
+	const struct config_section_schema *s = config_schema_for(section);
+
+	return s != NULL && s->overridable;
+}
+
+bool
+config_option_known(const char *section, const char *option)
+{
+	const struct config_section_schema *s = config_schema_for(section);
+
+	if (s == NULL || !config_option_name_valid(option))
+		return false;
+	if (s->options == NULL)
+		return true;
+	for (const char *const *o = s->options; *o; o++)
+		if (strcmp(*o, option) == 0)
+			return true;
+	return false;
+}
+
+/* Parsing state: libinih reads line by line through config_read_line. */
+struct config_parse
+{
+	struct pepsi_config *cfg;
+	FILE	   *file;			/* or */
+	const char *text;			/* the rest of a string */
+	int			line;
+	char	   *err;
+	size_t		errlen;
+	bool		failed;
+};
+
+static char *
+config_read_line(char *str, int num, void *stream)
+{
+	struct config_parse *p = stream;
+
+	if (p->file)
+	{
+		if (fgets(str, num, p->file) == NULL)
+			return NULL;
+	}
+	else
+	{
+		size_t		n = 0;
+
+		if (*p->text == '\0')
+			return NULL;
+		while (p->text[n] && p->text[n] != '\n' && n + 2 < (size_t) num)
+			n++;
+		if (p->text[n] == '\n')
+			n++;
+		memcpy(str, p->text, n);
+		str[n] = '\0';
+		p->text += n;
+	}
+	p->line++;
+	return str;
+}
+
+static void
+config_append(struct pepsi_config *cfg, const char *scope, const char *section,
+			  const char *option, const char *value, int line)
+{
+	struct config_entry *e;
+
+	if (cfg->count == cfg->capacity)
+	{
+		cfg->capacity = cfg->capacity ? cfg->capacity * 2 : 32;
+		cfg->entries = xrealloc(cfg->entries, cfg->capacity * sizeof(*cfg->entries));
+	}
+	e = &cfg->entries[cfg->count++];
+	e->scope = scope ? xstrdup(scope) : NULL;
+	e->section = xstrdup(section);
+	e->option = xstrdup(option);
+	e->value = xstrdup(value);
+	e->line = line;
+}
+
+static int
+config_handle(void *user, const char *section, const char *option, const char *value)
+{
+	struct config_parse *p = user;
+	struct pepsi_config *cfg = p->cfg;
+
+	if (section[0] == '\0')
+	{
+		snprintf(p->err, p->errlen, "%s:%d: option %s is outside any section",
+				 cfg->path, p->line, option);
+		p->failed = true;
+		return 0;
+	}
+	if (!config_section_known(section))
+	{
+		snprintf(p->err, p->errlen,
+				 "%s:%d: unknown section [%s] (known: [pepsi], [database], [dispatch], "
+				 "[ingress], [listener-<name>], [stage-<name>])", cfg->path, p->line, section);
+		p->failed = true;
+		return 0;
+	}
+	if (!config_option_known(section, option))
+	{
+		snprintf(p->err, p->errlen, "%s:%d: [%s] has no option %s%s", cfg->path, p->line,
+				 section, option,
+				 config_option_name_valid(option) ? "" : " (option names are upper case)");
+		p->failed = true;
+		return 0;
+	}
+	for (size_t i = 0; i < cfg->count; i++)
+		if (strcmp(cfg->entries[i].section, section) == 0
+			&& strcmp(cfg->entries[i].option, option) == 0)
+		{
+			snprintf(p->err, p->errlen, "%s:%d: [%s] %s is set twice (first at line %d)",
+					 cfg->path, p->line, section, option, cfg->entries[i].line);
+			p->failed = true;
+			return 0;
+		}
+	config_append(cfg, NULL, section, option, value, p->line);
+	return 1;
+}
+
+static struct pepsi_config *
+config_parse(struct config_parse *p, const char *name)
+{
+	int			rc;
+
+	p->cfg = xcalloc(1, sizeof(*p->cfg));
+	p->cfg->path = xstrdup(name);
+	rc = ini_parse_stream(config_read_line, p, config_handle, p);
+	if (rc != 0 && !p->failed)
+		snprintf(p->err, p->errlen, "%s:%d: malformed line (expected [section] or OPTION = value)",
+				 name, rc);
+	if (rc != 0)
+	{
+		config_free(p->cfg);
+		return NULL;
+	}
+	return p->cfg;
+}
+
+struct pepsi_config *
+config_load(const char *path, char *err, size_t errlen)
+{
+	struct config_parse p = {0};
+	struct pepsi_config *cfg;
+
+	p.file = fopen(path, "r");
+	p.err = err;
+	p.errlen = errlen;
+	if (p.file == NULL)
+	{
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	cfg = config_parse(&p, path);
+	fclose(p.file);
+	return cfg;
+}
+
+struct pepsi_config *
+config_parse_string(const char *text, const char *name, char *err, size_t errlen)
+{
+	struct config_parse p = {0};
+
+	p.text = text;
+	p.err = err;
+	p.errlen = errlen;
+	return config_parse(&p, name);
+}
+
+void
+config_free(struct pepsi_config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	for (size_t i = 0; i < cfg->count; i++)
+	{
+		free(cfg->entries[i].scope);
+		free(cfg->entries[i].section);
+		free(cfg->entries[i].option);
+		free(cfg->entries[i].value);
+	}
+	free(cfg->entries);
+	free(cfg->path);
+	free(cfg);
+}
+
+bool
+config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
+					const char *option, const char *value, char *err, size_t errlen)
+{
+	if (!config_section_overridable(section))
+	{
+		snprintf(err, errlen, "override [%s] %s refused: [%s] is never read from the database",
+				 section, option, section);
+		return false;
+	}
+	if (!config_option_known(section, option))
+	{
+		snprintf(err, errlen, "override [%s] %s refused: the section has no such option",
+				 section, option);
+		return false;
+	}
+	if (strcmp(scope, "global") != 0
+		&& !(strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
+		&& !(strncmp(scope, "address:", 8) == 0 && scope[8] != '\0'))
+	{
+		snprintf(err, errlen, "override [%s] %s refused: bad scope \"%s\"", section, option, scope);
+		return false;
+	}
+	config_append(cfg, scope, section, option, value, 0);
+	return true;
+}
+
+static const struct config_entry *
+config_find(const struct pepsi_config *cfg, const char *scope, const char *section,
+			const char *option)
+{
+	const struct config_entry *found = NULL;
+
+	for (size_t i = 0; i < cfg->count; i++)
+	{
+		const struct config_entry *e = &cfg->entries[i];
+
+		if ((scope == NULL) != (e->scope == NULL))
+			continue;
+		if (scope && strcasecmp(scope, e->scope) != 0)
+			continue;
+		if (strcmp(e->section, section) == 0 && strcmp(e->option, option) == 0)
+			found = e;
+	}
+	return found;
+}
+
+static const struct config_entry *
+config_lookup(const struct pepsi_config *cfg, const char *section, const char *option,
+			  const char *domain, const char *address)
+{
+	const struct config_entry *e = NULL;
+	char		scope[1024];
+
+	if (address)
+	{
+		const char *at = strrchr(address, '@');
+
+		snprintf(scope, sizeof(scope), "address:%s", address);
+		if ((e = config_find(cfg, scope, section, option)) != NULL)
+			return e;
+		if (domain == NULL && at)
+			domain = at + 1;
+	}
+	if (domain)
+	{
+		snprintf(scope, sizeof(scope), "domain:%s", domain);
+		if ((e = config_find(cfg, scope, section, option)) != NULL)
+			return e;
+	}
+	if ((e = config_find(cfg, "global", section, option)) != NULL)
+		return e;
+	return config_find(cfg, NULL, section, option);
+}
+
+const char *
+config_get_for(const struct pepsi_config *cfg, const char *section, const char *option,
+			   const char *domain, const char *address)
+{
+	const struct config_entry *e = config_lookup(cfg, section, option, domain, address);
+
+	return e ? e->value : NULL;
+}
+
+const char *
+config_get(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_get_for(cfg, section, option, NULL, NULL);
+}
+
+const char *
+config_origin(const struct pepsi_config *cfg, const char *section, const char *option,
+			  char *out, size_t outlen)
+{
+	const struct config_entry *e = config_lookup(cfg, section, option, NULL, NULL);
+
+	if (e == NULL)
+		snprintf(out, outlen, "%s (default)", cfg->path);
+	else if (e->scope)
+		snprintf(out, outlen, "override %s", e->scope);
+	else
+		snprintf(out, outlen, "%s:%d", cfg->path, e->line);
+	return out;
+}
+
+static void
+config_value_error(const struct pepsi_config *cfg, const char *section, const char *option,
+				   char *err, size_t errlen, const char *fmt, ...)
+{
+	char		origin[512];
+	char		reason[512];
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	snprintf(err, errlen, "%s: [%s] %s: %s",
+			 config_origin(cfg, section, option, origin, sizeof(origin)), section, option, reason);
+}
+
+bool
+config_get_long(const struct pepsi_config *cfg, const char *section, const char *option,
+				long fallback, long min, long max, long *out, char *err, size_t errlen)
+{
+	const char *value = config_get(cfg, section, option);
+	char	   *end;
+	long		n;
+
+	if (value == NULL)
+	{
+		*out = fallback;
+		return true;
+	}
+	errno = 0;
+	n = strtol(value, &end, 10);
+	if (errno || end == value || *end != '\0')
+	{
+		config_value_error(cfg, section, option, err, errlen, "\"%s\" is not a whole number", value);
+		return false;
+	}
+	if (n < min || n > max)
+	{
+		config_value_error(cfg, section, option, err, errlen, "%ld is outside %ld..%ld", n, min, max);
+		return false;
+	}
+	*out = n;
+	return true;
+}
+
+bool
+config_get_bool(const struct pepsi_config *cfg, const char *section, const char *option,
+				bool fallback, bool *out, char *err, size_t errlen)
+{
+	const char *value = config_get(cfg, section, option);
+
+	if (value == NULL)
+		*out = fallback;
+	else if (strcasecmp(value, "yes") == 0 || strcasecmp(value, "true") == 0
+			 || strcasecmp(value, "on") == 0 || strcmp(value, "1") == 0)
+		*out = true;
+	else if (strcasecmp(value, "no") == 0 || strcasecmp(value, "false") == 0
+			 || strcasecmp(value, "off") == 0 || strcmp(value, "0") == 0)
+		*out = false;
+	else
+	{
+		config_value_error(cfg, section, option, err, errlen,
+						   "\"%s\" is not a boolean (yes/no, true/false, on/off, 1/0)", value);
+		return false;
+	}
+	return true;
+}
+
+bool
+config_get_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option,
+					   long fallback_ms, long min_ms, long *out, char *err, size_t errlen)
+{
+	const char *value = config_get(cfg, section, option);
+	char	   *end;
+	double		n;
+	double		unit = 1000;
+
+	if (value == NULL)
+	{
+		*out = fallback_ms;
+		return true;
+	}
+	errno = 0;
+	n = strtod(value, &end);
+	if (errno || end == value || n < 0)
+	{
+		config_value_error(cfg, section, option, err, errlen, "\"%s\" is not a duration", value);
+		return false;
+	}
+	if (strcmp(end, "ms") == 0)
+		unit = 1;
+	else if (*end == '\0' || strcmp(end, "s") == 0)
+		unit = 1000;
+	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
+		unit = 60 * 1000;
+	else if (strcmp(end, "h") == 0)
+		unit = 3600 * 1000;
+	else if (strcmp(end, "d") == 0)
+		unit = 86400.0 * 1000;
+	else
+	{
+		config_value_error(cfg, section, option, err, errlen,
+						   "\"%s\" has an unknown unit (use ms, s, m, h or d)", value);
+		return false;
+	}
+	if (n * unit > (double) LONG_MAX / 2 || n * unit < min_ms)
+	{
+		config_value_error(cfg, section, option, err, errlen,
+						   "\"%s\" is out of range (at least %ld ms)", value, min_ms);
+		return false;
+	}
+	*out = (long) (n * unit);
+	return true;
+}
+
+size_t
+config_sections(const struct pepsi_config *cfg, const char *prefix, const char **names, size_t max)
+{
+	size_t		count = 0;
+
+	for (size_t i = 0; i < cfg->count; i++)
+	{
+		const char *section = cfg->entries[i].section;
+		bool		seen = false;
+
+		if (strncmp(section, prefix, strlen(prefix)) != 0)
+			continue;
+		for (size_t j = 0; j < count && !seen; j++)
+			seen = strcmp(names[j], section) == 0;
+		if (!seen && count < max)
+			names[count++] = section;
+	}
+	return count;
+}

@@ -1,0 +1,140 @@
+/* db.c: see db.h. */
+#include "db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define DB_TRANSIENT_ATTEMPTS 5
+
+unsigned long db_transient_retries;
+
+PGconn *
+db_connect(const struct pepsi_config *cfg, const char *application_name, char *err, size_t errlen)
+{
+	const char *conninfo = cfg ? config_get(cfg, "database", "CONNINFO") : NULL;
+	const char *keywords[] = {"dbname", "application_name", NULL};
+	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, application_name, NULL};
+	PGconn	   *conn = PQconnectdbParams(keywords, values, 1);
+
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	{
+		char	   *message = conn ? PQerrorMessage(conn) : "out of memory";
+		size_t		n;
+
+		snprintf(err, errlen, "cannot connect to the database: %s", message);
+		n = strlen(err);
+		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
+			err[--n] = '\0';
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
+bool
+db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	PGresult   *res = db_exec(conn, "SELECT scope, section, option, value FROM pepsi.config_override"
+							  " ORDER BY scope, section, option", 0, NULL);
+	bool		ok = true;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		snprintf(err, errlen, "cannot read pepsi.config_override: %s", db_error(res, conn));
+		PQclear(res);
+		return false;
+	}
+	for (int i = 0; i < PQntuples(res) && ok; i++)
+		ok = config_add_override(cfg, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+								 PQgetvalue(res, i, 2), PQgetvalue(res, i, 3), err, errlen);
+	PQclear(res);
+	return ok;
+}
+
+bool
+db_error_is_transient(const PGresult *res)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return state && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
+}
+
+/* Sleep a random 1..(10 << attempt) ms, so retrying sessions do not collide again. */
+static void
+db_backoff(int attempt)
+{
+	long		max_us = 10000L << attempt;
+	struct timespec ts;
+
+	ts.tv_sec = 0;
+	ts.tv_nsec = (1000 + random() % max_us) * 1000L;
+	nanosleep(&ts, NULL);
+}
+
+static PGresult *
+db_retry(PGconn *conn, const char *sql, const char *name, int nparams, const char *const *values,
+		 const int *lengths, const int *formats)
+{
+	for (int attempt = 1;; attempt++)
+	{
+		PGresult   *res = name
+			? PQexecPrepared(conn, name, nparams, values, lengths, formats, 0)
+			: PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
+
+		if (!db_error_is_transient(res) || attempt == DB_TRANSIENT_ATTEMPTS
+			|| PQtransactionStatus(conn) != PQTRANS_IDLE)
+			return res;
+		PQclear(res);
+		db_transient_retries++;
+		db_backoff(attempt);
+	}
+}
+
+PGresult *
+db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values)
+{
+	return db_retry(conn, sql, NULL, nparams, values, NULL, NULL);
+}
+
+PGresult *
+db_exec_prepared(PGconn *conn, const char *name, int nparams, const char *const *values,
+				 const int *lengths, const int *formats)
+{
+	return db_retry(conn, NULL, name, nparams, values, lengths, formats);
+}
+
+bool
+db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen)
+{
+	PGresult   *res = PQprepare(conn, name, sql, 0, NULL);
+	bool		ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+	if (!ok)
+		snprintf(err, errlen, "cannot prepare %s: %s", name, db_error(res, conn));
+	PQclear(res);
+	return ok;
+}
+
+const char *
+db_error(const PGresult *res, PGconn *conn)
+{
+	static char message[1024];
+	const char *text = res ? PQresultErrorMessage(res) : NULL;
+	size_t		n;
+
+	if (text == NULL || *text == '\0')
+		text = PQerrorMessage(conn);
+	snprintf(message, sizeof(message), "%s", text);
+	for (char *p = message; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	n = strlen(message);
+	while (n > 0 && message[n - 1] == ' ')
+		message[--n] = '\0';
+	return message;
+}

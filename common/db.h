@@ -1,0 +1,35 @@
+/*
+ * db.h: libpq helpers shared by the programs: connecting from
+ * [database] CONNINFO, the configuration overlay, and statements that are
+ * retried when PostgreSQL reports a transient serialization failure or
+ * deadlock (40001, 40P01).
+ */
+#ifndef PEPSI_DB_H
+#define PEPSI_DB_H
+
+#include <stdbool.h>
+#include <libpq-fe.h>
+
+#include "config.h"
+
+#define PEPSI_DEFAULT_CONNINFO "dbname=pepsi"
+
+/* Transient failures retried so far by this process (for statistics). */
+extern unsigned long db_transient_retries;
+
+PGconn	   *db_connect(const struct pepsi_config *cfg, const char *application_name,
+					   char *err, size_t errlen);
+/* Read pepsi.config_override into cfg; false with err if a row is refused. */
+bool		db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
+
+bool		db_error_is_transient(const PGresult *res);
+/* PQexecParams with text parameters, retried on transient failure. */
+PGresult   *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values);
+/* PQexecPrepared, the same way. */
+PGresult   *db_exec_prepared(PGconn *conn, const char *name, int nparams,
+							 const char *const *values, const int *lengths, const int *formats);
+bool		db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
+/* The error of a failed result, one line, for logs. */
+const char *db_error(const PGresult *res, PGconn *conn);
+
+#endif

@@ -1,0 +1,115 @@
+/*
+ * stage.h: the stage contract (spec 22.5), in C.
+ *
+ * A stage program is a struct pepsi_stage and a main that calls
+ * stage_worker_main.  The runtime reads workqueue ids from stdin, loads
+ * each running row with exactly the columns the stage's load needs, checks
+ * that the row's [stage-<name>] PROGRAM is this program, runs the stage,
+ * and commits the content it changed together with its one terminal in a
+ * single call of the extension, then writes one status line to stdout.
+ *
+ * Content setters change the in-memory row; terminals record the outcome.
+ * Nothing reaches the database until run returns, which is what lets a
+ * successor be fused into the same pass and the chain commit once.  The
+ * fan-out helpers and enqueue_new are the exception: they write at once.
+ */
+#ifndef PEPSI_STAGE_H
+#define PEPSI_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "buf.h"
+#include "config.h"
+
+enum pepsi_load
+{
+	PEPSI_LOAD_METADATA = 0,	/* envelope and state only */
+	PEPSI_LOAD_HEADERS = 1,		/* plus the header block */
+	PEPSI_LOAD_FULL = 2			/* plus the body */
+};
+
+struct pepsi_ctx;
+
+struct pepsi_stage
+{
+	const char *program;		/* the PROGRAM name of its [stage-*] sections */
+	enum pepsi_load load;
+	/* Calls exactly one terminal and returns 0; non-zero fails the message. */
+	int			(*run) (struct pepsi_ctx *ctx);
+	/* Optional: may this row run fused into the pass of its predecessor? */
+	bool		(*can_fuse) (struct pepsi_ctx *ctx);
+	/* Optional: check the stage's own options in one of its sections, at start. */
+	bool		(*check_config) (const struct pepsi_config *cfg, const char *section,
+								 char *err, size_t errlen);
+};
+
+/* The multi-call binary installs the registry fusion looks successors up in. */
+typedef const struct pepsi_stage *(*stage_registry_fn) (const char *program);
+void		stage_registry_install(stage_registry_fn lookup);
+
+/* "PROGRAM worker [-c CONFIG] [-v]": the worker loop.  Returns the exit code. */
+int			stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
+
+/* The row */
+long long	pepsi_id(const struct pepsi_ctx *ctx);
+const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
+const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
+size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
+const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
+json_t	   *pepsi_state(const struct pepsi_ctx *ctx);	/* borrowed; read only */
+/* These fail (NULL, and the message fails) if the stage under-declared its load. */
+const struct buf *pepsi_headers(struct pepsi_ctx *ctx);
+const struct buf *pepsi_body(struct pepsi_ctx *ctx);
+bool		pepsi_raw_message(struct pepsi_ctx *ctx, struct buf *out);
+
+/* Options of the current [stage-*] section (with the overlay); address may be NULL. */
+const char *pepsi_option(const struct pepsi_ctx *ctx, const char *option);
+const char *pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *address);
+const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
+
+/* Content setters (in memory; committed with the terminal) */
+void		pepsi_set_headers(struct pepsi_ctx *ctx, const char *headers, size_t len);
+void		pepsi_set_body(struct pepsi_ctx *ctx, const char *body, size_t len);
+void		pepsi_set_mail_from(struct pepsi_ctx *ctx, const char *mail_from);
+void		pepsi_set_rcpt_to(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count);
+void		pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge);	/* merge is borrowed */
+void		pepsi_set_state(struct pepsi_ctx *ctx, json_t *state);	/* state is borrowed */
+
+/* Terminals: exactly one per message.  They return 0, or -1 on misuse. */
+int			pepsi_advance(struct pepsi_ctx *ctx);
+int			pepsi_advance_to(struct pepsi_ctx *ctx, const char *stage);
+int			pepsi_reroute(struct pepsi_ctx *ctx, const char *stage, json_t *merge);
+int			pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds);
+int			pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
+							 const int *keep_indices, size_t nkeep, json_t *clones);
+int			pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
+int			pepsi_finish(struct pepsi_ctx *ctx);
+int			pepsi_finish_with(struct pepsi_ctx *ctx, json_t *clones);
+int			pepsi_advance_or_finish(struct pepsi_ctx *ctx);
+int			pepsi_complete_success(struct pepsi_ctx *ctx);
+int			pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count,
+									 json_t *state);
+
+/*
+ * Fan-out helpers: they write at once (one extension call each), reduce
+ * this row's recipients, and leave it to the caller to conclude the row
+ * with a terminal.  Recipient indices are 1-based.  They refuse a stage
+ * that already rewrote content.  Return the new ids' count, or -1.
+ */
+int			pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t count,
+									   const char *target_stage);
+int			pepsi_split_to_one_per_row(struct pepsi_ctx *ctx);
+int			pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *groups);
+/* A brand-new side message at stage (auto-reply, DSN); token may be NULL. */
+long long	pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
+							  const char *const *rcpt, size_t nrcpt, const char *headers,
+							  size_t hlen, const char *body, size_t blen, json_t *state,
+							  const char *token);
+
+/* Fail the message with a reason (logged, and on the status line). */
+int			pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * pepsi.c: the multi-call binary.  Installed once as
+ * $PREFIX/libexec/pepsi/pepsi with a $PREFIX/bin symlink per program, so
+ * every worker of every stage, the dispatcher and ingress run one file:
+ * its text is read from disk once and shared in memory.  main dispatches
+ * on the basename of argv[0] (or on argv[1] when invoked as "pepsi").
+ *
+ * It also installs the stage registry, which is what makes fusion
+ * possible: a worker can run a successor stage in-process only when the
+ * successor's code is linked into the same binary.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "stage.h"
+
+#define PROGRAM(ident, name) int ident##_main(int argc, char **argv);
+#define STAGE(ident, name) \
+	int ident##_main(int argc, char **argv); \
+	extern const struct pepsi_stage ident##_stage;
+#include "programs.h"
+#undef PROGRAM
+#undef STAGE
+
+struct program
+{
+	const char *name;
+	int			(*main) (int argc, char **argv);
+	const struct pepsi_stage *stage;
+};
+
+static const struct program programs[] = {
+#define PROGRAM(ident, name) {name, ident##_main, NULL},
+#define STAGE(ident, name) {name, ident##_main, &ident##_stage},
+#include "programs.h"
+#undef PROGRAM
+#undef STAGE
+};
+
+#define NPROGRAMS (sizeof(programs) / sizeof(programs[0]))
+
+static const struct pepsi_stage *
+registry_lookup(const char *program)
+{
+	for (size_t i = 0; i < NPROGRAMS; i++)
+		if (programs[i].stage && strcmp(programs[i].name, program) == 0)
+			return programs[i].stage;
+	return NULL;
+}
+
+static int
+usage(void)
+{
+	fprintf(stderr, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
+			"programs:");
+	for (size_t i = 0; i < NPROGRAMS; i++)
+		fprintf(stderr, " %s", programs[i].name);
+	fprintf(stderr, "\n");
+	return 64;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *name = argc > 0 ? strrchr(argv[0], '/') : NULL;
+
+	name = name ? name + 1 : (argc > 0 ? argv[0] : "pepsi");
+	if (strcmp(name, "pepsi") == 0)
+	{
+		if (argc < 2)
+			return usage();
+		argv++;
+		argc--;
+		name = argv[0];
+	}
+	stage_registry_install(registry_lookup);
+	for (size_t i = 0; i < NPROGRAMS; i++)
+		if (strcmp(programs[i].name, name) == 0)
+			return programs[i].main(argc, argv);
+	fprintf(stderr, "pepsi: no program named \"%s\"\n", name);
+	return usage();
+}
