@@ -138,3 +138,23 @@ db_error(const PGresult *res, PGconn *conn)
 		message[--n] = '\0';
 	return message;
 }
+
+void
+db_array_append(struct buf *array, const char *element)
+{
+	if (array->len > 0 && array->data[array->len - 1] != '{')
+		buf_append_char(array, ',');
+	if (element == NULL)
+	{
+		buf_append_str(array, "NULL");
+		return;
+	}
+	buf_append_char(array, '"');
+	for (; *element; element++)
+	{
+		if (*element == '"' || *element == '\\')
+			buf_append_char(array, '\\');
+		buf_append_char(array, *element);
+	}
+	buf_append_char(array, '"');
+}

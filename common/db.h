@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <libpq-fe.h>
 
+#include "buf.h"
 #include "config.h"
 
 #define PEPSI_DEFAULT_CONNINFO "dbname=pepsi"
@@ -29,6 +30,13 @@ PGresult   *db_exec(PGconn *conn, const char *sql, int nparams, const char *cons
 PGresult   *db_exec_prepared(PGconn *conn, const char *name, int nparams,
 							 const char *const *values, const int *lengths, const int *formats);
 bool		db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
+/*
+ * Build a PostgreSQL array literal for a text parameter: start with "{",
+ * append elements (NULL for a SQL NULL; quoted and escaped otherwise), end
+ * with "}".
+ */
+void		db_array_append(struct buf *array, const char *element);
+
 /* The error of a failed result, one line, for logs. */
 const char *db_error(const PGresult *res, PGconn *conn);
 

@@ -319,9 +319,55 @@ RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_resume' LANGUAGE C CALLED ON NU
 CREATE FUNCTION pepsi.workqueue_requeue_due(max_rows integer DEFAULT 10000)
 RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_requeue_due' LANGUAGE C STRICT;
 
--- Running rows left behind by a dead dispatcher go back to pending.
-CREATE FUNCTION pepsi.workqueue_reset_orphans()
-RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C STRICT;
+-- Running rows left behind by a dead dispatcher go back to pending, except
+-- the ids a reconnecting dispatcher still has in flight.
+CREATE FUNCTION pepsi.workqueue_reset_orphans(except_ids bigint[] DEFAULT NULL)
+RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C CALLED ON NULL INPUT;
+
+-- The dispatcher's own writes when a worker cannot conclude a row: a
+-- crash or a non-zero status (failed), MAX_RUNTIME (timeout), or ids it
+-- never started, or a shutdown (pending).  Unlike the stage transitions it
+-- skips rows that are no longer running at the stage given, and says which
+-- it changed: a worker may have committed a row just before it died,
+-- and that outcome must stand.  The reason goes to state.dispatch_error.
+CREATE FUNCTION pepsi.workqueue_recover(
+    ids bigint[], expected_stages text[], new_status pepsi.status, reason text DEFAULT NULL)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    changed bigint[];
+BEGIN
+    IF ids IS NULL OR expected_stages IS NULL OR new_status IS NULL THEN
+        RAISE EXCEPTION 'ids, expected_stages and new_status must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(ids) <> cardinality(expected_stages) THEN
+        RAISE EXCEPTION 'expected_stages has % elements but ids has %',
+            cardinality(expected_stages), cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The arrays are parallel: element i of each describes the same row.';
+    END IF;
+    IF new_status NOT IN ('pending', 'failed', 'timeout') THEN
+        RAISE EXCEPTION 'a recovered row goes to pending, failed or timeout, not %', new_status
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Paused rows come from a stage''s own pause.';
+    END IF;
+    IF new_status <> 'pending' AND (reason IS NULL OR reason = '') THEN
+        RAISE EXCEPTION 'a row forced to % needs a reason', new_status
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'The reason is recorded in state.dispatch_error for the operator.';
+    END IF;
+    WITH recovered AS (
+        UPDATE pepsi.workqueue w
+        SET status = new_status,
+            state = CASE WHEN new_status = 'pending' THEN w.state
+                         ELSE w.state || jsonb_build_object('dispatch_error', reason) END
+        FROM unnest(ids, expected_stages) AS u(id, stage)
+        WHERE w.id = u.id AND w.stage = u.stage AND w.status = 'running'
+        RETURNING w.id)
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO changed FROM recovered;
+    RETURN changed;
+END;
+$$;
 
 -- Sweep bodies no row references (what a race between two releases leaves).
 CREATE FUNCTION pepsi.workqueue_body_gc()

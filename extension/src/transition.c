@@ -694,18 +694,29 @@ workqueue_requeue_due(PG_FUNCTION_ARGS)
 	PG_RETURN_INT32((int32) requeued);
 }
 
-/* workqueue_reset_orphans(): running rows of a dead dispatcher go back to pending. */
+/*
+ * workqueue_reset_orphans(except_ids): running rows go back to pending,
+ * except those listed (the ones a reconnecting dispatcher still has in
+ * flight).  At start-up a dispatcher passes none: every running row was
+ * left by its predecessor.
+ */
 Datum
 workqueue_reset_orphans(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
+	static const Oid argtypes[] = {INT8ARRAYOID};
+	Datum		values[1];
+	char		nulls[1] = {' '};
 	uint64		reset;
 
+	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
+	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
 	SPI_connect();
 	queue_exec(queue_plan(&plan,
-						  "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'",
-						  0, NULL),
-			   NULL, NULL, false, 0);
+						  "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'"
+						  " AND ($1 IS NULL OR id <> ALL ($1))",
+						  1, argtypes),
+			   values, nulls, false, 0);
 	reset = SPI_processed;
 	if (reset > 0)
 		queue_notify_workqueue();

@@ -1,0 +1,163 @@
+/*
+ * dispatch.h: pepsi-dispatch, the single coordinator (spec 22.7).
+ *
+ * One libev loop drives everything: the database connection (queue.c:
+ * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
+ * the stage worker pools (pool.c: processes, pipes, status lines, time
+ * limits), the fair-share accounting (fair.c) and the stage graph read
+ * from the configuration (graph.c).  The dispatcher never touches message
+ * content: it claims rows, hands their ids to workers, and reads back one
+ * status line per id.
+ */
+#ifndef PEPSI_DISPATCH_H
+#define PEPSI_DISPATCH_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <ev.h>
+#include <jansson.h>
+
+#include "buf.h"
+#include "config.h"
+
+/* One [stage-*] section, as the dispatcher uses it. */
+struct stage_spec
+{
+	char	   *name;			/* without "stage-" */
+	char	   *program;
+	long		parallelism;
+	long		max_messages;
+	long		queue_limit;
+	long		max_runtime_ms;
+};
+
+/* An id handed to a worker and not yet answered. */
+struct inflight
+{
+	long long	id;
+	char	   *sender;
+	double		sent_at;
+};
+
+struct fair_account;
+
+struct pool_stats
+{
+	unsigned long messages;
+	double		processing_us;
+	unsigned long kills;
+	unsigned long timeouts;
+	unsigned long crashes;
+	unsigned long fused_hops;
+};
+
+struct pool;
+
+struct worker
+{
+	struct pool *pool;
+	pid_t		pid;
+	int			to_child;		/* the worker's stdin */
+	int			from_child;		/* its stdout */
+	ev_io		reader;
+	ev_io		writer;
+	ev_child	child;
+	struct buf	in;				/* partial status lines */
+	struct buf	out;			/* ids not yet written */
+	struct inflight *queue;		/* ring of the queue limit at spawn, oldest at head */
+	int			ring;
+	int			head;
+	int			count;
+	long		handled;
+	double		last_done;		/* when the previous answer came: the next one's start */
+	double		idle_since;
+	bool		retiring;		/* takes no more ids; its stdin closes once drained */
+	bool		killed_for_timeout;
+	struct worker *next;
+};
+
+struct pool
+{
+	struct stage_spec spec;
+	struct worker *workers;
+	int			nworkers;
+	double		cooldown_until;	/* spawning failed: hold off until then */
+	double		row_cost_us;	/* mean worker time per message, for the claim */
+	struct fair_account *fair;
+	struct pool_stats stats;	/* since the last flush */
+	bool		removed;		/* gone from the configuration: drain and drop */
+	struct pool *next;
+};
+
+struct dispatcher
+{
+	struct ev_loop *loop;
+	char	   *config_path;
+	struct pepsi_config *cfg;
+	char	   *self_exe;		/* for exec of workers */
+	bool		self_multicall;
+	struct pool *pools;
+	/* [dispatch] */
+	double		poll_interval;
+	double		fair_half_life;
+	int			fair_fifo_percent;
+	double		idle_timeout;
+	double		spawn_cooldown;
+	double		stats_interval;
+	bool		shutting_down;
+	/* global statistics since the last flush */
+	unsigned long stages_run;
+	unsigned long messages;
+	unsigned long messages_failed;
+	double		last_flush;
+	double		last_activity;
+};
+
+extern struct dispatcher dispatcher;
+
+double		now_seconds(void);
+
+/* graph.c */
+bool		graph_load(struct pepsi_config *cfg, struct stage_spec **specs, size_t *count,
+					   char *err, size_t errlen);
+void		graph_free(struct stage_spec *specs, size_t count);
+bool		dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen);
+
+/* fair.c */
+struct fair_account *fair_create(void);
+void		fair_free(struct fair_account *account);
+void		fair_charge(struct fair_account *account, const char *sender, double us, double now,
+						double half_life);
+/* Append (stage, sender, used) for every sender worth passing to the claim. */
+void		fair_export(struct fair_account *account, const char *stage, double now,
+						double half_life, double floor, struct buf *stages, struct buf *senders,
+						struct buf *used);
+size_t		fair_size(const struct fair_account *account);
+
+/* pool.c */
+struct pool *pool_find(const char *stage);
+int			pool_capacity(const struct pool *pool, double now);
+bool		pool_assign(struct pool *pool, long long id, const char *sender);
+void		pools_configure(struct stage_spec *specs, size_t count);
+void		pools_housekeeping(double now);
+void		pools_retire_all(void);
+void		pools_stop_all(void);
+bool		pools_all_stopped(void);
+size_t		pools_inflight(void);
+
+/* queue.c */
+void		queue_start(void);
+void		queue_want_claim(void);
+void		queue_recover(const struct pool *pool, const struct inflight *rows, int count,
+						  const char *status, const char *reason);
+void		queue_reload_config(void);
+void		queue_flush_stats(bool final);
+bool		queue_drained(void);
+void		queue_finish(void);
+
+/* main.c */
+void		dispatch_apply_config(struct pepsi_config *cfg);
+void		dispatch_stop_requested(void);
+
+#endif

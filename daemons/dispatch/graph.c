@@ -1,0 +1,241 @@
+/*
+ * graph.c: the stage graph as the configuration describes it.
+ *
+ * Every [stage-*] section needs a PROGRAM and sane pool sizes, every
+ * option naming another stage (NEXT_STAGE, BOUNCE_STAGE, and any other
+ * option ending in _STAGE) must name a section that exists, and no set of
+ * stages may form a cycle with no way out: a message entering it could
+ * never leave.  The dispatcher refuses to start on any of these.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "log.h"
+
+#define GRAPH_MAX_STAGES 256
+
+static long
+graph_long(const struct pepsi_config *cfg, const char *section, const char *option, long fallback,
+		   long min, long max, bool *ok, char *err, size_t errlen)
+{
+	long		value = fallback;
+
+	if (*ok && !config_get_long(cfg, section, option, fallback, min, max, &value, err, errlen))
+		*ok = false;
+	return value;
+}
+
+static int
+graph_index(struct stage_spec *specs, size_t count, const char *name)
+{
+	for (size_t i = 0; i < count; i++)
+		if (strcmp(specs[i].name, name) == 0)
+			return (int) i;
+	return -1;
+}
+
+/* Tarjan's strongly connected components, to find cycles with no exit. */
+struct graph_scc
+{
+	bool	  (*edges)[GRAPH_MAX_STAGES];
+	size_t		count;
+	int			index[GRAPH_MAX_STAGES];
+	int			low[GRAPH_MAX_STAGES];
+	int			component[GRAPH_MAX_STAGES];
+	bool		on_stack[GRAPH_MAX_STAGES];
+	int			stack[GRAPH_MAX_STAGES];
+	int			depth;
+	int			next_index;
+	int			components;
+};
+
+static void
+graph_strongconnect(struct graph_scc *g, int v)
+{
+	g->index[v] = g->low[v] = g->next_index++;
+	g->stack[g->depth++] = v;
+	g->on_stack[v] = true;
+	for (size_t w = 0; w < g->count; w++)
+	{
+		if (!g->edges[v][w])
+			continue;
+		if (g->index[w] < 0)
+		{
+			graph_strongconnect(g, (int) w);
+			if (g->low[w] < g->low[v])
+				g->low[v] = g->low[w];
+		}
+		else if (g->on_stack[w] && g->index[w] < g->low[v])
+			g->low[v] = g->index[w];
+	}
+	if (g->low[v] == g->index[v])
+	{
+		int			w;
+
+		do
+		{
+			w = g->stack[--g->depth];
+			g->on_stack[w] = false;
+			g->component[w] = g->components;
+		} while (w != v);
+		g->components++;
+	}
+}
+
+static bool
+graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_MAX_STAGES],
+				   const char *path, char *err, size_t errlen)
+{
+	struct graph_scc g = {.edges = edges, .count = count};
+
+	for (size_t i = 0; i < count; i++)
+		g.index[i] = -1;
+	for (size_t i = 0; i < count; i++)
+		if (g.index[i] < 0)
+			graph_strongconnect(&g, (int) i);
+	for (int c = 0; c < g.components; c++)
+	{
+		size_t		members = 0;
+		bool		cyclic = false;
+		bool		exit = false;
+		struct buf	names = BUF_INIT;
+
+		for (size_t v = 0; v < count; v++)
+		{
+			if (g.component[v] != c)
+				continue;
+			members++;
+			buf_printf(&names, "%s%s", names.len ? " -> " : "", specs[v].name);
+			for (size_t w = 0; w < count; w++)
+				if (edges[v][w])
+				{
+					if (g.component[w] == c)
+						cyclic = true;
+					else
+						exit = true;
+				}
+		}
+		if (cyclic && !exit)
+		{
+			snprintf(err, errlen, "%s: stages %s form a cycle with no exit: a message that "
+					 "enters it can never leave", path, names.data);
+			buf_free(&names);
+			return false;
+		}
+		buf_free(&names);
+		(void) members;
+	}
+	return true;
+}
+
+bool
+graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
+		   char *err, size_t errlen)
+{
+	const char *sections[GRAPH_MAX_STAGES];
+	size_t		count = config_sections(cfg, "stage-", sections, GRAPH_MAX_STAGES);
+	struct stage_spec *specs = xcalloc(count + 1, sizeof(*specs));
+	bool		(*edges)[GRAPH_MAX_STAGES] = xcalloc(GRAPH_MAX_STAGES, sizeof(*edges));
+	bool		ok = true;
+
+	for (size_t i = 0; i < count && ok; i++)
+	{
+		const char *section = sections[i];
+		const char *program = config_get(cfg, section, "PROGRAM");
+
+		specs[i].name = xstrdup(section + strlen("stage-"));
+		if (program == NULL)
+		{
+			snprintf(err, errlen, "%s: [%s] has no PROGRAM", cfg->path, section);
+			ok = false;
+			break;
+		}
+		specs[i].program = xstrdup(program);
+		specs[i].parallelism = graph_long(cfg, section, "PARALLELISM", 2, 1, 1024, &ok, err, errlen);
+		specs[i].max_messages = graph_long(cfg, section, "MAX_MESSAGES", 10000, 1, 1L << 40, &ok, err, errlen);
+		specs[i].queue_limit = graph_long(cfg, section, "QUEUE_LIMIT", 16, 1, 1024, &ok, err, errlen);
+		if (ok && !config_get_duration_ms(cfg, section, "MAX_RUNTIME", 300000, 1, &specs[i].max_runtime_ms,
+										  err, errlen))
+			ok = false;
+	}
+	/* Edges: every option ending in _STAGE names a stage that must exist. */
+	for (size_t e = 0; e < cfg->count && ok; e++)
+	{
+		const struct config_entry *entry = &cfg->entries[e];
+		size_t		len = strlen(entry->option);
+		int			from;
+		int			to;
+
+		if (strncmp(entry->section, "stage-", 6) != 0 || len < 6
+			|| strcmp(entry->option + len - 6, "_STAGE") != 0)
+			continue;
+		from = graph_index(specs, count, entry->section + 6);
+		to = graph_index(specs, count, entry->value);
+		if (to < 0)
+		{
+			if (entry->scope)
+				snprintf(err, errlen, "override %s: [%s] %s names stage \"%s\", which has no "
+						 "[stage-%s] section", entry->scope, entry->section, entry->option,
+						 entry->value, entry->value);
+			else
+				snprintf(err, errlen, "%s:%d: [%s] %s names stage \"%s\", which has no "
+						 "[stage-%s] section", cfg->path, entry->line, entry->section,
+						 entry->option, entry->value, entry->value);
+			ok = false;
+			break;
+		}
+		if (from >= 0)
+			edges[from][to] = true;
+	}
+	if (ok)
+		ok = graph_check_cycles(specs, count, edges, cfg->path, err, errlen);
+	free(edges);
+	if (!ok)
+	{
+		graph_free(specs, count);
+		return false;
+	}
+	*out = specs;
+	*out_count = count;
+	return true;
+}
+
+void
+graph_free(struct stage_spec *specs, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+	{
+		free(specs[i].name);
+		free(specs[i].program);
+	}
+	free(specs);
+}
+
+bool
+dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	long		ms;
+	long		percent;
+
+	if (!config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 5000, 10, &ms, err, errlen))
+		return false;
+	dispatcher.poll_interval = ms / 1000.0;
+	if (!config_get_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE", 60000, 100, &ms, err, errlen))
+		return false;
+	dispatcher.fair_half_life = ms / 1000.0;
+	if (!config_get_long(cfg, "dispatch", "FAIR_FIFO_PERCENT", 10, 0, 100, &percent, err, errlen))
+		return false;
+	dispatcher.fair_fifo_percent = (int) percent;
+	if (!config_get_duration_ms(cfg, "dispatch", "WORKER_IDLE_TIMEOUT", 60000, 10, &ms, err, errlen))
+		return false;
+	dispatcher.idle_timeout = ms / 1000.0;
+	if (!config_get_duration_ms(cfg, "dispatch", "SPAWN_COOLDOWN", 5000, 10, &ms, err, errlen))
+		return false;
+	dispatcher.spawn_cooldown = ms / 1000.0;
+	if (!config_get_duration_ms(cfg, "dispatch", "STATS_INTERVAL", 60000, 100, &ms, err, errlen))
+		return false;
+	dispatcher.stats_interval = ms / 1000.0;
+	return true;
+}

@@ -1,0 +1,607 @@
+/*
+ * pool.c: the stage worker pools.
+ *
+ * A pool grows on demand up to PARALLELISM workers ("PROGRAM worker" with
+ * pipes on its stdin and stdout) and packs ids onto the fewest of them, up
+ * to QUEUE_LIMIT in flight each, so a surplus worker goes idle and is
+ * reaped after WORKER_IDLE_TIMEOUT.  Each status line answers the oldest
+ * id in flight: its worker time (from the later of its hand-over and the
+ * previous answer) is charged to its sender.  A worker that answers
+ * non-zero has that row failed and is replaced; one that crashes has its
+ * current row failed and the ids it never started put back to pending; one
+ * that takes longer than MAX_RUNTIME is killed and its row set to timeout.
+ * A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot be
+ * started holds its stage off for SPAWN_COOLDOWN.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "log.h"
+
+static void worker_close(struct worker *w);
+
+struct pool *
+pool_find(const char *stage)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		if (!p->removed && strcmp(p->spec.name, stage) == 0)
+			return p;
+	return NULL;
+}
+
+static int
+worker_slots(const struct worker *w)
+{
+	return w->retiring ? 0 : w->ring - w->count;
+}
+
+/* How many more ids the pool can take now. */
+int
+pool_capacity(const struct pool *pool, double now)
+{
+	int			capacity = 0;
+
+	if (pool->removed || dispatcher.shutting_down || now < pool->cooldown_until)
+		return 0;
+	for (const struct worker *w = pool->workers; w; w = w->next)
+		capacity += worker_slots(w);
+	capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) pool->spec.queue_limit;
+	return capacity > 0 ? capacity : 0;
+}
+
+size_t
+pools_inflight(void)
+{
+	size_t		n = 0;
+
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct worker *w = p->workers; w; w = w->next)
+			n += (size_t) w->count;
+	return n;
+}
+
+/* ---------------------------------------------------------------------------
+ * Starting a worker
+ * ------------------------------------------------------------------------- */
+
+/*
+ * What to exec for PROGRAM: a path as given; else, when this is the
+ * multi-call binary, this binary itself under the program's name (so the
+ * workers can fuse stages); else the program beside this binary; else PATH.
+ */
+static char *
+worker_executable(const char *program, bool *as_self)
+{
+	char	   *dir;
+	char	   *candidate;
+	char	   *slash;
+
+	*as_self = false;
+	if (strchr(program, '/'))
+		return xstrdup(program);
+	if (dispatcher.self_multicall)
+	{
+		*as_self = true;
+		return xstrdup(dispatcher.self_exe);
+	}
+	dir = xstrdup(dispatcher.self_exe);
+	slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	candidate = xasprintf("%s/%s", dir, program);
+	free(dir);
+	if (access(candidate, X_OK) == 0)
+		return candidate;
+	free(candidate);
+	return NULL;				/* execvp searches PATH */
+}
+
+static void worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents);
+static void worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents);
+static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents);
+
+static struct worker *
+worker_spawn(struct pool *pool)
+{
+	int			in_pipe[2] = {-1, -1};
+	int			out_pipe[2] = {-1, -1};
+	int			exec_pipe[2] = {-1, -1};
+	bool		as_self;
+	char	   *exe = worker_executable(pool->spec.program, &as_self);
+	const char *program_name = strrchr(pool->spec.program, '/');
+	struct worker *w = NULL;
+	pid_t		pid;
+	int			exec_errno = 0;
+	ssize_t		n;
+
+	program_name = program_name ? program_name + 1 : pool->spec.program;
+	if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0
+		|| pipe2(exec_pipe, O_CLOEXEC) != 0)
+	{
+		log_warn("stage %s: pipe", pool->spec.name);
+		goto err;
+	}
+	pid = fork();
+	if (pid < 0)
+	{
+		log_warn("stage %s: fork", pool->spec.name);
+		goto err;
+	}
+	if (pid == 0)
+	{
+		char	   *argv[5];
+
+		argv[0] = xstrdup(program_name);
+		argv[1] = xstrdup("worker");
+		argv[2] = xstrdup("-c");
+		argv[3] = dispatcher.config_path;
+		argv[4] = NULL;
+		dup2(in_pipe[0], 0);
+		dup2(out_pipe[1], 1);
+		if (exe)
+			execv(exe, argv);
+		else
+			execvp(program_name, argv);
+		exec_errno = errno;
+		(void) !write(exec_pipe[1], &exec_errno, sizeof(exec_errno));
+		_exit(127);
+	}
+	close(in_pipe[0]);
+	close(out_pipe[1]);
+	close(exec_pipe[1]);
+	in_pipe[0] = out_pipe[1] = exec_pipe[1] = -1;
+	/* The exec pipe closes on a successful exec; an errno arrives if it failed. */
+	do
+		n = read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
+	while (n < 0 && errno == EINTR);
+	close(exec_pipe[0]);
+	exec_pipe[0] = -1;
+	if (n == sizeof(exec_errno))
+	{
+		errno = exec_errno;
+		log_warn("stage %s: cannot start %s; holding the stage off for %.0f s",
+				 pool->spec.name, pool->spec.program, dispatcher.spawn_cooldown);
+		waitpid(pid, NULL, 0);
+		goto err;
+	}
+
+	w = xcalloc(1, sizeof(*w));
+	w->pool = pool;
+	w->pid = pid;
+	w->to_child = in_pipe[1];
+	w->from_child = out_pipe[0];
+	w->ring = (int) pool->spec.queue_limit;
+	w->queue = xcalloc((size_t) w->ring, sizeof(struct inflight));
+	w->idle_since = w->last_done = now_seconds();
+	fcntl(w->to_child, F_SETFL, O_NONBLOCK);
+	fcntl(w->from_child, F_SETFL, O_NONBLOCK);
+	ev_io_init(&w->reader, worker_on_readable, w->from_child, EV_READ);
+	w->reader.data = w;
+	ev_io_start(dispatcher.loop, &w->reader);
+	ev_io_init(&w->writer, worker_on_writable, w->to_child, EV_WRITE);
+	w->writer.data = w;
+	ev_child_init(&w->child, worker_on_exit, pid, 0);
+	w->child.data = w;
+	ev_child_start(dispatcher.loop, &w->child);
+	w->next = pool->workers;
+	pool->workers = w;
+	pool->nworkers++;
+	free(exe);
+	log_debug("stage %s: started worker %d (%d of %ld)", pool->spec.name, (int) pid,
+			  pool->nworkers, pool->spec.parallelism);
+	return w;
+
+err:
+	for (int i = 0; i < 2; i++)
+	{
+		if (in_pipe[i] >= 0)
+			close(in_pipe[i]);
+		if (out_pipe[i] >= 0)
+			close(out_pipe[i]);
+		if (exec_pipe[i] >= 0)
+			close(exec_pipe[i]);
+	}
+	free(exe);
+	pool->cooldown_until = now_seconds() + dispatcher.spawn_cooldown;
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Handing out ids
+ * ------------------------------------------------------------------------- */
+
+static void
+worker_flush(struct worker *w)
+{
+	while (w->out.len > 0)
+	{
+		ssize_t		n = write(w->to_child, w->out.data, w->out.len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+		{
+			ev_io_start(dispatcher.loop, &w->writer);
+			return;
+		}
+		if (n <= 0)
+		{
+			/* The worker is gone; its exit handler accounts for its rows. */
+			buf_reset(&w->out);
+			break;
+		}
+		buf_consume(&w->out, (size_t) n);
+	}
+	ev_io_stop(dispatcher.loop, &w->writer);
+}
+
+static void
+worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents)
+{
+	worker_flush(watcher->data);
+}
+
+/* Pack onto the busiest worker with room, so surplus workers go idle. */
+bool
+pool_assign(struct pool *pool, long long id, const char *sender)
+{
+	struct worker *best = NULL;
+	struct inflight *slot;
+
+	for (struct worker *w = pool->workers; w; w = w->next)
+		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
+			best = w;
+	if (best == NULL && pool->nworkers < pool->spec.parallelism
+		&& now_seconds() >= pool->cooldown_until)
+		best = worker_spawn(pool);
+	if (best == NULL)
+		return false;
+	slot = &best->queue[(best->head + best->count) % best->ring];
+	slot->id = id;
+	slot->sender = xstrdup(sender);
+	slot->sent_at = now_seconds();
+	best->count++;
+	buf_printf(&best->out, "%lld\n", id);
+	worker_flush(best);
+	return true;
+}
+
+/* ---------------------------------------------------------------------------
+ * Answers
+ * ------------------------------------------------------------------------- */
+
+static struct inflight
+worker_pop(struct worker *w)
+{
+	struct inflight entry = w->queue[w->head];
+
+	w->head = (w->head + 1) % w->ring;
+	w->count--;
+	if (w->count == 0)
+		w->idle_since = now_seconds();
+	return entry;
+}
+
+/* Retire: no more ids; close its stdin once it has answered everything. */
+static void
+worker_retire(struct worker *w)
+{
+	w->retiring = true;
+	if (w->count == 0 && w->to_child >= 0 && w->out.len == 0)
+	{
+		close(w->to_child);
+		w->to_child = -1;
+	}
+}
+
+static void
+pool_fold_fused(struct pool *pool, json_t *report)
+{
+	size_t		i;
+	json_t	   *hop;
+
+	json_array_foreach(json_object_get(report, "fused"), i, hop)
+	{
+		const char *stage = json_string_value(json_object_get(hop, "stage"));
+		struct pool *fused = stage ? pool_find(stage) : NULL;
+
+		pool->stats.fused_hops++;
+		dispatcher.stages_run++;
+		if (fused)
+		{
+			fused->stats.messages++;
+			fused->stats.processing_us += (double) json_integer_value(json_object_get(hop, "us"));
+		}
+	}
+}
+
+static void
+worker_on_line(struct worker *w, const char *line)
+{
+	struct pool *pool = w->pool;
+	struct inflight entry;
+	double		now = now_seconds();
+	double		started;
+	double		us;
+	bool		ok = line[0] == '0' && (line[1] == '\0' || line[1] == ' ');
+	bool		wellformed = line[0] >= '0' && line[0] <= '9'
+		&& (line[1] == '\0' || line[1] == ' ' || (line[1] >= '0' && line[1] <= '9'));
+	json_t	   *report = NULL;
+	const char *space = strchr(line, ' ');
+
+	if (w->count == 0)
+	{
+		log_warnx("stage %s: worker %d answered an id it was not given: \"%.80s\"; replacing it",
+				  pool->spec.name, (int) w->pid, line);
+		kill(w->pid, SIGKILL);
+		return;
+	}
+	entry = worker_pop(w);
+	started = entry.sent_at > w->last_done ? entry.sent_at : w->last_done;
+	us = (now - started) * 1e6;
+	w->last_done = now;
+	w->handled++;
+	pool->stats.messages++;
+	pool->stats.processing_us += us;
+	pool->row_cost_us = 0.9 * pool->row_cost_us + 0.1 * us;
+	dispatcher.messages++;
+	dispatcher.stages_run++;
+	dispatcher.last_activity = now;
+	fair_charge(pool->fair, entry.sender, us, now, dispatcher.fair_half_life);
+	if (space)
+		report = json_loads(space + 1, 0, NULL);
+
+	if (ok)
+		pool_fold_fused(pool, report);
+	else
+	{
+		const char *error = json_string_value(json_object_get(report, "error"));
+		char	   *reason = wellformed
+			? xasprintf("stage %s: %s", pool->spec.name, error ? error : line)
+			: xasprintf("stage %s: worker wrote a malformed status line: \"%.200s\"",
+						pool->spec.name, line);
+
+		log_warnx("row %lld failed: %s", entry.id, reason);
+		queue_recover(pool, &entry, 1, "failed", reason);
+		dispatcher.messages_failed++;
+		free(reason);
+		/* A worker that failed a message, or lost the protocol, is replaced. */
+		if (wellformed)
+			worker_retire(w);
+		else
+			kill(w->pid, SIGKILL);
+	}
+	json_decref(report);
+	free(entry.sender);
+	if (w->handled + w->count >= pool->spec.max_messages)
+		worker_retire(w);
+	else if (w->retiring)
+		worker_retire(w);
+	queue_want_claim();
+}
+
+static void
+worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
+{
+	struct worker *w = watcher->data;
+	char		chunk[8192];
+	ssize_t		n = read(w->from_child, chunk, sizeof(chunk));
+	char	   *nl;
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0)
+	{
+		/* End of its stdout: the exit handler does the accounting. */
+		ev_io_stop(loop, &w->reader);
+		return;
+	}
+	buf_append(&w->in, chunk, (size_t) n);
+	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
+	{
+		*nl = '\0';
+		worker_on_line(w, w->in.data);
+		buf_consume(&w->in, (size_t) (nl - w->in.data) + 1);
+	}
+	if (w->in.len > 65536)
+	{
+		log_warnx("stage %s: worker %d wrote a line longer than 64 KB; replacing it",
+				  w->pool->spec.name, (int) w->pid);
+		kill(w->pid, SIGKILL);
+	}
+}
+
+/* ---------------------------------------------------------------------------
+ * Exits
+ * ------------------------------------------------------------------------- */
+
+static void
+worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
+{
+	struct worker *w = watcher->data;
+	struct pool *pool = w->pool;
+	int			status = watcher->rstatus;
+	char	   *how = WIFSIGNALED(status) ? xasprintf("killed by signal %d", WTERMSIG(status))
+		: xasprintf("exited with status %d", WEXITSTATUS(status));
+
+	ev_child_stop(loop, &w->child);
+	/* Read what it wrote before it went. */
+	if (ev_is_active(&w->reader))
+		worker_on_readable(loop, &w->reader, EV_READ);
+
+	if (w->count > 0)
+	{
+		struct inflight current = worker_pop(w);
+		struct inflight *rest = xcalloc((size_t) w->count + 1, sizeof(*rest));
+		int			nrest = 0;
+
+		if (dispatcher.shutting_down)
+			queue_recover(pool, &current, 1, "pending", NULL);
+		else if (w->killed_for_timeout)
+		{
+			char	   *reason = xasprintf("stage %s: no answer within MAX_RUNTIME (%ld ms); worker killed",
+										   pool->spec.name, pool->spec.max_runtime_ms);
+
+			log_warnx("row %lld timed out: %s", current.id, reason);
+			queue_recover(pool, &current, 1, "timeout", reason);
+			pool->stats.timeouts++;
+			pool->stats.kills++;
+			dispatcher.messages_failed++;
+			free(reason);
+		}
+		else
+		{
+			char	   *reason = xasprintf("stage %s: worker %s while processing the row",
+										   pool->spec.name, how);
+
+			log_warnx("row %lld failed: %s", current.id, reason);
+			queue_recover(pool, &current, 1, "failed", reason);
+			pool->stats.crashes++;
+			dispatcher.messages_failed++;
+			free(reason);
+		}
+		free(current.sender);
+		while (w->count > 0)
+			rest[nrest++] = worker_pop(w);
+		if (nrest > 0)
+			queue_recover(pool, rest, nrest, "pending", NULL);
+		for (int i = 0; i < nrest; i++)
+			free(rest[i].sender);
+		free(rest);
+	}
+	else if (!w->retiring && !dispatcher.shutting_down)
+	{
+		log_warnx("stage %s: worker %d %s while idle", pool->spec.name, (int) w->pid, how);
+		pool->stats.crashes++;
+		if (now_seconds() - w->last_done < 1 && w->handled == 0)
+			pool->cooldown_until = now_seconds() + dispatcher.spawn_cooldown;
+	}
+	free(how);
+	worker_close(w);
+	queue_want_claim();
+}
+
+static void
+worker_close(struct worker *w)
+{
+	struct pool *pool = w->pool;
+	struct worker **link;
+
+	ev_io_stop(dispatcher.loop, &w->reader);
+	ev_io_stop(dispatcher.loop, &w->writer);
+	ev_child_stop(dispatcher.loop, &w->child);
+	if (w->to_child >= 0)
+		close(w->to_child);
+	if (w->from_child >= 0)
+		close(w->from_child);
+	for (link = &pool->workers; *link; link = &(*link)->next)
+		if (*link == w)
+		{
+			*link = w->next;
+			break;
+		}
+	pool->nworkers--;
+	buf_free(&w->in);
+	buf_free(&w->out);
+	free(w->queue);
+	free(w);
+}
+
+/* ---------------------------------------------------------------------------
+ * Time limits, reaping, reconfiguration, shutdown
+ * ------------------------------------------------------------------------- */
+
+void
+pools_housekeeping(double now)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct worker *w = p->workers; w; w = w->next)
+		{
+			if (w->count > 0 && !w->killed_for_timeout)
+			{
+				const struct inflight *head = &w->queue[w->head];
+				double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
+
+				if ((now - started) * 1000 > p->spec.max_runtime_ms)
+				{
+					w->killed_for_timeout = true;
+					kill(w->pid, SIGKILL);
+				}
+			}
+			else if (w->count == 0 && !w->retiring && now - w->idle_since > dispatcher.idle_timeout)
+			{
+				log_debug("stage %s: worker %d idle; reaping it", p->spec.name, (int) w->pid);
+				worker_retire(w);
+			}
+		}
+}
+
+/* Replace the pools' specs; workers of changed or removed stages retire. */
+void
+pools_configure(struct stage_spec *specs, size_t count)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+	{
+		p->removed = true;
+		for (struct worker *w = p->workers; w; w = w->next)
+			worker_retire(w);
+	}
+	for (size_t i = 0; i < count; i++)
+	{
+		struct pool *p;
+
+		for (p = dispatcher.pools; p; p = p->next)
+			if (strcmp(p->spec.name, specs[i].name) == 0)
+				break;
+		if (p == NULL)
+		{
+			p = xcalloc(1, sizeof(*p));
+			p->fair = fair_create();
+			p->row_cost_us = 1000;
+			p->next = dispatcher.pools;
+			dispatcher.pools = p;
+			p->spec.name = xstrdup(specs[i].name);
+		}
+		p->spec.queue_limit = specs[i].queue_limit;
+		free(p->spec.program);
+		p->spec.program = xstrdup(specs[i].program);
+		p->spec.parallelism = specs[i].parallelism;
+		p->spec.max_messages = specs[i].max_messages;
+		p->spec.max_runtime_ms = specs[i].max_runtime_ms;
+		p->cooldown_until = 0;
+		p->removed = false;
+	}
+}
+
+void
+pools_retire_all(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct worker *w = p->workers; w; w = w->next)
+			worker_retire(w);
+}
+
+void
+pools_stop_all(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct worker *w = p->workers; w; w = w->next)
+			kill(w->pid, SIGTERM);
+}
+
+bool
+pools_all_stopped(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		if (p->workers)
+			return false;
+	return true;
+}
