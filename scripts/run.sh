@@ -2,7 +2,10 @@
 # Start (or stop) Pepsi on a private PostgreSQL cluster under ./run/.
 # The cluster listens on 127.0.0.1:${PEPSI_PGPORT:-5433} and on a socket in
 # ./run/, holds database "pepsi" with the extension created, and preloads
-# the library so the maintenance worker runs.
+# the library so the maintenance worker runs.  Then the mail system runs in
+# the foreground from ./run/pepsi.conf (made from docs/pepsi.conf.sample):
+# pepsi-dispatch, and pepsi-ingress on 127.0.0.1:2525 when it is built.
+# Ctrl-C stops the daemons cleanly, then the cluster.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
@@ -61,6 +64,10 @@ fi
 
 if ! as_user "$PGBIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     pg_ctl_as_user -l "$sockdir/postgresql.log" -w start >/dev/null
+elif [ "$("$PGBIN/pg_config" --pkglibdir)/pepsi.so" -nt "$data/postmaster.pid" ]; then
+    # The library is preloaded: a newer build needs a restart to be used.
+    echo "Restarting the cluster for the newly installed pepsi library"
+    pg_ctl_as_user -l "$sockdir/postgresql.log" -m fast -w restart >/dev/null
 fi
 psql_admin() { "$PGBIN/psql" -X -q -h "$sockdir" -p "$port" -U postgres "$@"; }
 if ! psql_admin -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'pepsi'" | grep -q 1; then
@@ -71,8 +78,41 @@ psql_admin -d pepsi -c "CREATE EXTENSION IF NOT EXISTS pepsi"
 # for it, but starting it now is harmless (it returns the running one).
 psql_admin -d pepsi -tAc "SELECT pepsi.start_maintenance()" >/dev/null
 
+# The system's configuration: the sample with this run's places filled in.
+conf="$run_dir/pepsi.conf"
+mkdir -p "$run_dir/maildir"
+sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" "$top/docs/pepsi.conf.sample" >"$conf"
+
+bin="$top/build/bin"
+daemon() {
+    # The multi-call binary when it is built (workers can then fuse stages).
+    if [ -x "$bin/pepsi" ]; then echo "$bin/pepsi $1"; else echo "$bin/$1"; fi
+}
+
 cat <<MSG
 Pepsi's cluster is running (log: $sockdir/postgresql.log).
   Connect:  psql -h 127.0.0.1 -p $port -U postgres pepsi
-  Stop:     make stop
+  Config:   $conf
 MSG
+
+pids=()
+stop_all() {
+    trap - INT TERM
+    echo "Stopping Pepsi..."
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    pg_ctl_as_user -m fast stop >/dev/null && echo "Stopped."
+    exit 0
+}
+trap stop_all INT TERM
+
+$(daemon pepsi-dispatch) -c "$conf" &
+pids+=($!)
+if [ -x "$bin/pepsi-ingress" ]; then
+    $(daemon pepsi-ingress) -c "$conf" &
+    pids+=($!)
+    echo "  SMTP:     127.0.0.1:2525 (swaks --server 127.0.0.1:2525 --to you@example.org)"
+fi
+echo "Running; Ctrl-C stops everything."
+wait
+stop_all
