@@ -75,15 +75,19 @@ endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 
 # Unit tests (cmocka): one binary per test file, linked with the code of
-# its directory's parent (common/ or the stage) and libpepsi.
+# its directory's parent (common/ or the stage, less its main.c) and
+# libpepsi.  scripts/check.sh runs every build/**/tests/test_* it finds.
 $(B)/common/tests/%: common/tests/%.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
 
+# stages/X/tests/test_Y.c -> stages/X/ (the same spelling as program_dirs,
+# so its objects are the very targets the programs are built from).
+test_stage_dir = $(patsubst %/tests/,%/,$(dir $(1)))
 define stage_test_rule
-$(B)/$(1:.c=): $(1) $(filter-out %/main.o,$(call program_objs,$(dir $(patsubst %/,%,$(dir $(1))))/)) $(B)/libpepsi.a
+$(B)/$(1:.c=): $(1) $(filter-out %/main.o,$(call program_objs,$(call test_stage_dir,$(1)))) $(B)/libpepsi.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -I$(dir $(patsubst %/,%,$(dir $(1)))) -o $$@ $$^ $$(LDLIBS) -lcmocka
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -I$(call test_stage_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
 endef
 $(foreach t,$(wildcard stages/*/tests/test_*.c),$(eval $(call stage_test_rule,$(t))))
 

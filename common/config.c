@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,43 +116,86 @@ config_option_known(const char *section, const char *option)
 	return false;
 }
 
-/* Parsing state: libinih reads line by line through config_read_line. */
+/*
+ * Parsing state: libinih reads line by line through config_read_line.
+ * libinih goes on after a refused line, so only the first refusal is kept
+ * (with its own line number); the reader takes whole lines itself, since
+ * libinih's fixed buffer would otherwise cut a long line in two and parse
+ * its tail as a line of its own.
+ */
 struct config_parse
 {
 	struct pepsi_config *cfg;
 	FILE	   *file;			/* or */
 	const char *text;			/* the rest of a string */
+	char	   *line_buffer;	/* getline's, for the file */
+	size_t		line_capacity;
 	int			line;
+	bool		indented;		/* the current line starts with white space */
 	char	   *err;
 	size_t		errlen;
 	bool		failed;
+	int			error_line;
 };
+
+static void config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
+			__attribute__((format(printf, 3, 4)));
+
+/* Record the first refusal; later ones are consequences or noise. */
+static void
+config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
+{
+	char		reason[768];
+	va_list		ap;
+
+	if (p->failed)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	snprintf(p->err, p->errlen, "%s:%d: %s", p->cfg->path, line, reason);
+	p->failed = true;
+	p->error_line = line;
+}
 
 static char *
 config_read_line(char *str, int num, void *stream)
 {
 	struct config_parse *p = stream;
+	const char *line;
+	size_t		len;
 
+	if (p->failed)
+		return NULL;			/* nothing after the first refusal matters */
 	if (p->file)
 	{
-		if (fgets(str, num, p->file) == NULL)
+		ssize_t		n = getline(&p->line_buffer, &p->line_capacity, p->file);
+
+		if (n < 0)
 			return NULL;
+		line = p->line_buffer;
+		len = (size_t) n;
 	}
 	else
 	{
-		size_t		n = 0;
-
 		if (*p->text == '\0')
 			return NULL;
-		while (p->text[n] && p->text[n] != '\n' && n + 2 < (size_t) num)
-			n++;
-		if (p->text[n] == '\n')
-			n++;
-		memcpy(str, p->text, n);
-		str[n] = '\0';
-		p->text += n;
+		line = p->text;
+		len = strcspn(p->text, "\n");
+		len += p->text[len] == '\n';
+		p->text += len;
 	}
 	p->line++;
+	/* Room for the line, its line end and the NUL in libinih's buffer. */
+	if (len - (len > 0 && line[len - 1] == '\n') > (size_t) num - 2)
+	{
+		config_parse_error(p, p->line, "line too long (more than %d characters; continue a "
+						   "long value on indented lines)", num - 2);
+		return NULL;
+	}
+	memcpy(str, line, len);
+	str[len] = '\0';
+	p->indented = len > 0 && (line[0] == ' ' || line[0] == '\t');
 	return str;
 }
 
@@ -174,42 +218,61 @@ config_append(struct pepsi_config *cfg, const char *scope, const char *section,
 	e->line = line;
 }
 
+/*
+ * libinih hands an indented line after an option to the handler as more of
+ * that option's value (as Python's configparser does): join it with a space.
+ */
+static bool
+config_continue_value(struct config_parse *p, const char *section, const char *option,
+					  const char *value)
+{
+	struct config_entry *last;
+	char	   *joined;
+
+	if (!p->indented || p->cfg->count == 0)
+		return false;
+	last = &p->cfg->entries[p->cfg->count - 1];
+	if (last->scope || strcmp(last->section, section) != 0 || strcmp(last->option, option) != 0)
+		return false;
+	joined = xasprintf("%s%s%s", last->value, *last->value && *value ? " " : "", value);
+	free(last->value);
+	last->value = joined;
+	return true;
+}
+
 static int
 config_handle(void *user, const char *section, const char *option, const char *value)
 {
 	struct config_parse *p = user;
 	struct pepsi_config *cfg = p->cfg;
 
+	if (p->failed)
+		return 0;
 	if (section[0] == '\0')
 	{
-		snprintf(p->err, p->errlen, "%s:%d: option %s is outside any section",
-				 cfg->path, p->line, option);
-		p->failed = true;
+		config_parse_error(p, p->line, "option %s is outside any section", option);
 		return 0;
 	}
 	if (!config_section_known(section))
 	{
-		snprintf(p->err, p->errlen,
-				 "%s:%d: unknown section [%s] (known: [pepsi], [database], [dispatch], "
-				 "[ingress], [listener-<name>], [stage-<name>])", cfg->path, p->line, section);
-		p->failed = true;
+		config_parse_error(p, p->line, "unknown section [%s] (known: [pepsi], [database], "
+						   "[dispatch], [ingress], [listener-<name>], [stage-<name>])", section);
 		return 0;
 	}
 	if (!config_option_known(section, option))
 	{
-		snprintf(p->err, p->errlen, "%s:%d: [%s] has no option %s%s", cfg->path, p->line,
-				 section, option,
-				 config_option_name_valid(option) ? "" : " (option names are upper case)");
-		p->failed = true;
+		config_parse_error(p, p->line, "[%s] has no option %s%s", section, option,
+						   config_option_name_valid(option) ? "" : " (option names are upper case)");
 		return 0;
 	}
+	if (config_continue_value(p, section, option, value))
+		return 1;
 	for (size_t i = 0; i < cfg->count; i++)
 		if (strcmp(cfg->entries[i].section, section) == 0
 			&& strcmp(cfg->entries[i].option, option) == 0)
 		{
-			snprintf(p->err, p->errlen, "%s:%d: [%s] %s is set twice (first at line %d)",
-					 cfg->path, p->line, section, option, cfg->entries[i].line);
-			p->failed = true;
+			config_parse_error(p, p->line, "[%s] %s is set twice (first at line %d)",
+							   section, option, cfg->entries[i].line);
 			return 0;
 		}
 	config_append(cfg, NULL, section, option, value, p->line);
@@ -224,10 +287,14 @@ config_parse(struct config_parse *p, const char *name)
 	p->cfg = xcalloc(1, sizeof(*p->cfg));
 	p->cfg->path = xstrdup(name);
 	rc = ini_parse_stream(config_read_line, p, config_handle, p);
-	if (rc != 0 && !p->failed)
-		snprintf(p->err, p->errlen, "%s:%d: malformed line (expected [section] or OPTION = value)",
-				 name, rc);
-	if (rc != 0)
+	free(p->line_buffer);
+	/* rc is the first line libinih refused, be it ours or a line it could not parse. */
+	if (rc > 0 && (!p->failed || rc < p->error_line))
+	{
+		p->failed = false;
+		config_parse_error(p, rc, "malformed line (expected [section] or OPTION = value)");
+	}
+	if (rc != 0 || p->failed)
 	{
 		config_free(p->cfg);
 		return NULL;
@@ -470,7 +537,7 @@ config_get_duration_ms(const struct pepsi_config *cfg, const char *section, cons
 	}
 	errno = 0;
 	n = strtod(value, &end);
-	if (errno || end == value || n < 0)
+	if (errno || end == value || !isfinite(n) || n < 0)
 	{
 		config_value_error(cfg, section, option, err, errlen, "\"%s\" is not a duration", value);
 		return false;

@@ -44,8 +44,15 @@ message_split(const char *raw, size_t len, struct buf *headers, struct buf *body
 		}
 		pos = line_end;
 	}
-	/* No empty line: all headers, no body. */
+	/*
+	 * No empty line: all headers, no body.  A last line without its line
+	 * end gets one, so that a header a stage appends stays a line of its own.
+	 */
 	message_append_crlf(headers, raw, len);
+	if (len > 0 && raw[len - 1] == '\r')
+		buf_append_char(headers, '\n');
+	else if (len > 0 && raw[len - 1] != '\n')
+		buf_append(headers, "\r\n", 2);
 }
 
 void

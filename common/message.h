@@ -4,6 +4,8 @@
  * The queue stores a message as headers and body with the invariant
  * raw = headers || CRLF || body: headers run up to and including the line
  * end of the last header line, body is everything after the empty line.
+ * A message with no empty line is all headers (the last line given a line
+ * end if it had none) and an empty body.
  * Input with bare LF line ends (a local sendmail) is normalised to CRLF.
  */
 #ifndef PEPSI_MESSAGE_H

@@ -10,7 +10,7 @@ packages=(
     postgresql-15 postgresql-server-dev-15 libpq-dev
     libssl-dev libev-dev libjansson-dev libinih-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
-    libipc-run-perl perl
+    libipc-run-perl perl libcmocka-dev
     # benchmarks: pgbench ships in postgresql-15
 )
 

@@ -13,6 +13,8 @@
 
 #define ALIASES_MAX_DEPTH 32
 #define ALIASES_MAX_ADDRESSES 10000
+/* Lookups per expansion: a name listed twice at every level would double the walk each time. */
+#define ALIASES_MAX_LOOKUPS 100000
 
 struct alias
 {
@@ -45,6 +47,19 @@ aliases_trim(char *s)
 	while (end > s && isspace((unsigned char) end[-1]))
 		*--end = '\0';
 	return s;
+}
+
+/*
+ * A pipe, a file or an include: deliveries this stage does not make.  The
+ * quoted forms ("|/usr/bin/procmail -f-") are the usual way to write a
+ * command with spaces, so they are looked through.
+ */
+static bool
+aliases_is_delivery_target(const char *target)
+{
+	if (*target == '"')
+		target++;
+	return *target == '|' || *target == '/' || strncasecmp(target, ":include:", 9) == 0;
 }
 
 /* Parse "name: target, target" (continuations already joined). */
@@ -103,7 +118,7 @@ aliases_add_entry(struct alias_table *table, char *entry, const char *name, int 
 		if (target.len == 0)
 			continue;
 		t = aliases_trim(target.data);
-		if (*t == '|' || *t == '/' || strncasecmp(t, ":include:", 9) == 0)
+		if (aliases_is_delivery_target(t))
 		{
 			snprintf(err, errlen, "%s:%d: alias \"%s\": \"%s\" is not supported "
 					 "(only addresses and alias names; no pipes, files or includes)",
@@ -275,6 +290,7 @@ struct aliases_walk
 	const char *domains;
 	const char *path[ALIASES_MAX_DEPTH];	/* names being expanded */
 	int			depth;
+	long		lookups;
 	char	   *err;
 	size_t		errlen;
 };
@@ -288,6 +304,13 @@ aliases_walk(struct aliases_walk *walk, const char *address, char ***out, size_t
 	const struct alias *alias = NULL;
 	bool		ok = true;
 
+	if (++walk->lookups > ALIASES_MAX_LOOKUPS)
+	{
+		snprintf(walk->err, walk->errlen, "alias expansion takes more than %d lookups",
+				 ALIASES_MAX_LOOKUPS);
+		free(local);
+		return false;
+	}
 	if (aliases_domain_listed(walk->domains, domain))
 		alias = aliases_find(walk->table, local);
 	for (int i = 0; alias && i < walk->depth; i++)

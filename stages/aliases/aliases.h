@@ -23,7 +23,8 @@ size_t		aliases_count(const struct alias_table *table);
  * on its own expansion path (a loop, or an alias to itself) is delivered
  * as the address it is rather than expanded again.  The final addresses
  * are appended to *out (each once, in order).  Returns false with err when
- * the expansion is larger or deeper than the limits.
+ * the expansion is larger or deeper than the limits (10,000 addresses,
+ * 32 levels, 100,000 lookups).
  */
 bool		aliases_expand(const struct alias_table *table, const char *address,
 						   const char *domains, char ***out, size_t *count,

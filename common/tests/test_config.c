@@ -1,0 +1,464 @@
+/*
+ * test_config.c: pepsi.conf as config.c reads it: the schema of sections
+ * and options, the file:line of every refusal, the typed getters, and the
+ * config_override overlay with its precedence and its refusals.
+ */
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+
+static char err[1024];
+
+/* Parse text that must be accepted. */
+static struct pepsi_config *
+parse_ok(const char *text)
+{
+	struct pepsi_config *cfg;
+
+	err[0] = '\0';
+	cfg = config_parse_string(text, "pepsi.conf", err, sizeof(err));
+	if (cfg == NULL)
+		fail_msg("refused: %s", err);
+	return cfg;
+}
+
+/* Parse text that must be refused, with err starting with want_prefix and containing want. */
+static void
+parse_refused(const char *text, const char *want_prefix, const char *want)
+{
+	struct pepsi_config *cfg;
+
+	err[0] = '\0';
+	cfg = config_parse_string(text, "pepsi.conf", err, sizeof(err));
+	if (cfg != NULL)
+	{
+		config_free(cfg);
+		fail_msg("accepted: %s", text);
+	}
+	if (strncmp(err, want_prefix, strlen(want_prefix)) != 0)
+		fail_msg("error \"%s\" does not start with \"%s\"", err, want_prefix);
+	if (want && strstr(err, want) == NULL)
+		fail_msg("error \"%s\" does not mention \"%s\"", err, want);
+}
+
+/* ---------------------------------------------------------------------------
+ * The schema and the file
+ * ------------------------------------------------------------------------- */
+
+static void
+test_accepts_every_section_kind(void **state)
+{
+	struct pepsi_config *cfg = parse_ok(
+		"# a comment\n"
+		"[pepsi]\n"
+		"HOSTNAME = mx.example.org\n"
+		"ALLOW_FUSION = no\n"
+		"\n"
+		"[database]\n"
+		"CONNINFO = host=/tmp port=5432 dbname=pepsi\n"
+		"[dispatch]\n"
+		"POLL_INTERVAL = 5s\n"
+		"[ingress]\n"
+		"AUTHSERV_ID = mx.example.org\n"
+		"[listener-smtp]\n"
+		"PORT = 25\n"
+		"[stage-init]\n"
+		"PROGRAM = pepsi-stage-if\n"
+		"CONDITION = mail_from = \"\"\n"
+		"THEN_STAGE = drop\n"
+		"[stage-route]\n"
+		"PROGRAM = pepsi-stage-route\n"
+		"LOCAL_DOMAINS_2 = example.org\n");
+	const char *names[8];
+
+	assert_string_equal(config_get(cfg, "pepsi", "HOSTNAME"), "mx.example.org");
+	assert_string_equal(config_get(cfg, "database", "CONNINFO"), "host=/tmp port=5432 dbname=pepsi");
+	/* A value keeps its own '=' signs and quotes. */
+	assert_string_equal(config_get(cfg, "stage-init", "CONDITION"), "mail_from = \"\"");
+	assert_null(config_get(cfg, "stage-init", "NEXT_STAGE"));
+	assert_null(config_get(cfg, "stage-nowhere", "PROGRAM"));
+	assert_int_equal(config_sections(cfg, "stage-", names, 8), 2);
+	assert_string_equal(names[0], "stage-init");
+	assert_string_equal(names[1], "stage-route");
+	assert_int_equal(config_sections(cfg, "listener-", names, 8), 1);
+	config_free(cfg);
+}
+
+static void
+test_schema_lookups(void **state)
+{
+	assert_true(config_section_known("pepsi"));
+	assert_true(config_section_known("stage-anything"));
+	assert_true(config_section_known("listener-submission"));
+	assert_false(config_section_known("stage-"));	/* a prefix needs a name */
+	assert_false(config_section_known("stages"));
+	assert_false(config_section_known("Pepsi"));
+	assert_true(config_option_known("pepsi", "ALLOW_FUSION"));
+	assert_false(config_option_known("pepsi", "CONNINFO"));
+	assert_true(config_option_known("stage-x", "ANY_UPPER_CASE_1"));
+	assert_false(config_option_known("stage-x", "lower"));
+	assert_false(config_option_known("stage-x", "1ST"));
+	assert_true(config_section_overridable("pepsi"));
+	assert_true(config_section_overridable("stage-x"));
+	assert_false(config_section_overridable("database"));
+	assert_false(config_section_overridable("listener-smtp"));
+}
+
+static void
+test_unknown_section(void **state)
+{
+	parse_refused("[pepsi]\nHOSTNAME = a\n\n[stages-init]\nPROGRAM = x\n",
+				  "pepsi.conf:5: ", "unknown section [stages-init]");
+}
+
+static void
+test_unknown_option(void **state)
+{
+	parse_refused("[pepsi]\nHOSTNAME = a\nCONNINFO = dbname=x\n",
+				  "pepsi.conf:3: ", "[pepsi] has no option CONNINFO");
+	parse_refused("[listener-smtp]\nPORT = 25\nPROGRAM = x\n",
+				  "pepsi.conf:3: ", "[listener-smtp] has no option PROGRAM");
+}
+
+static void
+test_lower_case_option(void **state)
+{
+	parse_refused("[stage-init]\nPROGRAM = pepsi-stage-if\nnext_stage = b\n",
+				  "pepsi.conf:3: ", "upper case");
+	parse_refused("[pepsi]\nHostName = a\n", "pepsi.conf:2: ", "upper case");
+}
+
+static void
+test_set_twice(void **state)
+{
+	parse_refused("[stage-a]\nPROGRAM = x\n# comment\nPROGRAM = y\n",
+				  "pepsi.conf:4: ", "set twice (first at line 2)");
+	/* Also when the section is opened a second time. */
+	parse_refused("[pepsi]\nHOSTNAME = a\n[database]\nCONNINFO = x\n[pepsi]\nHOSTNAME = b\n",
+				  "pepsi.conf:6: ", "first at line 2");
+}
+
+static void
+test_malformed_line(void **state)
+{
+	parse_refused("[pepsi]\nHOSTNAME = a\nthis is not an option\n",
+				  "pepsi.conf:3: ", "malformed line");
+	parse_refused("[pepsi\nHOSTNAME = a\n", "pepsi.conf:1: ", "malformed line");
+}
+
+static void
+test_option_outside_section(void **state)
+{
+	parse_refused("HOSTNAME = a\n[pepsi]\n", "pepsi.conf:1: ", "outside any section");
+}
+
+/* The first refusal is the one reported, with its own line, even when later lines are bad too. */
+static void
+test_first_error_wins(void **state)
+{
+	parse_refused("[bogus]\nA = 1\nB = 2\nC = 3\n", "pepsi.conf:2: ", "unknown section [bogus]");
+	parse_refused("[pepsi]\nnot a line\nlower = 1\n", "pepsi.conf:2: ", "malformed line");
+	parse_refused("[pepsi]\nlower = 1\nnot a line\n", "pepsi.conf:2: ", "upper case");
+}
+
+/* A long value may go on over indented lines; a line longer than the parser takes is refused. */
+static void
+test_long_values(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[stage-route]\n"
+										"LOCAL_DOMAINS = a.example, b.example,\n"
+										"    c.example\n"
+										"PROGRAM = pepsi-stage-route\n");
+	char		text[600];
+
+	assert_string_equal(config_get(cfg, "stage-route", "LOCAL_DOMAINS"),
+						"a.example, b.example, c.example");
+	config_free(cfg);
+
+	snprintf(text, sizeof(text), "[pepsi]\nHOSTNAME = %0300d\nALLOW_FUSION = yes\n", 7);
+	parse_refused(text, "pepsi.conf:2: ", "too long");
+	/* The line after a refused one is not misnumbered: the error stays on its line. */
+	snprintf(text, sizeof(text), "[pepsi]\nHOSTNAME = %0150d\nMAIL_LOG = yes\nbad\n", 7);
+	parse_refused(text, "pepsi.conf:4: ", "malformed");
+}
+
+static void
+test_load_file(void **state)
+{
+	char		path[] = "/tmp/test_config.XXXXXX";
+	int			fd = mkstemp(path);
+	FILE	   *f;
+	struct pepsi_config *cfg;
+
+	assert_true(fd >= 0);
+	f = fdopen(fd, "w");
+	fputs("[pepsi]\nHOSTNAME = mx\n[stage-x]\nPROGRAM = p\nprogram = q\n", f);
+	fclose(f);
+	cfg = config_load(path, err, sizeof(err));
+	assert_null(cfg);
+	{
+		char	   *want = NULL;
+
+		assert_true(asprintf(&want, "%s:5: ", path) > 0);
+		assert_true(strncmp(err, want, strlen(want)) == 0);
+		free(want);
+	}
+
+	f = fopen(path, "w");
+	fputs("[pepsi]\nHOSTNAME = mx\n[stage-x]\nPROGRAM = p\n", f);
+	fclose(f);
+	cfg = config_load(path, err, sizeof(err));
+	assert_non_null(cfg);
+	assert_string_equal(config_get(cfg, "stage-x", "PROGRAM"), "p");
+	assert_string_equal(cfg->path, path);
+	config_free(cfg);
+	unlink(path);
+
+	assert_null(config_load(path, err, sizeof(err)));
+	assert_non_null(strstr(err, path));
+	assert_non_null(strstr(err, "No such file"));
+}
+
+/* ---------------------------------------------------------------------------
+ * Typed getters
+ * ------------------------------------------------------------------------- */
+
+static void
+test_get_long(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[stage-a]\n"
+										"PARALLELISM = 4\n"
+										"QUEUE_LIMIT = 0\n"
+										"MAX_MESSAGES = 1000000\n"
+										"BAD = 12x\n"
+										"EMPTY = \n"
+										"HUGE = 99999999999999999999999\n");
+	long		n = -1;
+
+	assert_true(config_get_long(cfg, "stage-a", "PARALLELISM", 1, 1, 64, &n, err, sizeof(err)));
+	assert_int_equal(n, 4);
+	assert_true(config_get_long(cfg, "stage-a", "MISSING", 7, 1, 64, &n, err, sizeof(err)));
+	assert_int_equal(n, 7);
+	assert_false(config_get_long(cfg, "stage-a", "QUEUE_LIMIT", 1, 1, 64, &n, err, sizeof(err)));
+	assert_string_equal(err, "pepsi.conf:3: [stage-a] QUEUE_LIMIT: 0 is outside 1..64");
+	assert_false(config_get_long(cfg, "stage-a", "MAX_MESSAGES", 1, 1, 1000, &n, err, sizeof(err)));
+	assert_non_null(strstr(err, "pepsi.conf:4: "));
+	assert_false(config_get_long(cfg, "stage-a", "BAD", 1, 1, 64, &n, err, sizeof(err)));
+	assert_string_equal(err, "pepsi.conf:5: [stage-a] BAD: \"12x\" is not a whole number");
+	assert_false(config_get_long(cfg, "stage-a", "EMPTY", 1, 1, 64, &n, err, sizeof(err)));
+	assert_non_null(strstr(err, "pepsi.conf:6: "));
+	assert_false(config_get_long(cfg, "stage-a", "HUGE", 1, LONG_MIN, LONG_MAX, &n, err, sizeof(err)));
+	assert_non_null(strstr(err, "pepsi.conf:7: "));
+	config_free(cfg);
+}
+
+static void
+test_get_bool(void **state)
+{
+	static const char *const yes[] = {"yes", "YES", "true", "On", "1"};
+	static const char *const no[] = {"no", "False", "off", "0"};
+	struct pepsi_config *cfg;
+	char		text[128];
+	bool		b;
+
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+	{
+		snprintf(text, sizeof(text), "[pepsi]\nALLOW_FUSION = %s\n", yes[i]);
+		cfg = parse_ok(text);
+		b = false;
+		assert_true(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", false, &b, err, sizeof(err)));
+		assert_true(b);
+		config_free(cfg);
+	}
+	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+	{
+		snprintf(text, sizeof(text), "[pepsi]\nALLOW_FUSION = %s\n", no[i]);
+		cfg = parse_ok(text);
+		b = true;
+		assert_true(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", true, &b, err, sizeof(err)));
+		assert_false(b);
+		config_free(cfg);
+	}
+	cfg = parse_ok("[pepsi]\nHOSTNAME = x\n\nALLOW_FUSION = maybe\n");
+	assert_false(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", true, &b, err, sizeof(err)));
+	assert_non_null(strstr(err, "pepsi.conf:4: [pepsi] ALLOW_FUSION: \"maybe\" is not a boolean"));
+	b = false;
+	assert_true(config_get_bool(cfg, "pepsi", "MAIL_LOG", true, &b, err, sizeof(err)));
+	assert_true(b);				/* the fallback */
+	config_free(cfg);
+}
+
+static void
+test_get_duration(void **state)
+{
+	static const struct
+	{
+		const char *text;
+		long		ms;
+	}			good[] = {
+		{"30", 30000}, {"30s", 30000}, {"250ms", 250}, {"5m", 300000}, {"5min", 300000},
+		{"2h", 7200000}, {"1d", 86400000}, {"1.5s", 1500}, {"0", 0},
+	};
+	static const char *const bad[] = {"5 parsecs", "5w", "-1s", "s", "nan", "inf", "1e300d", ""};
+	struct pepsi_config *cfg;
+	char		text[128];
+	long		ms;
+
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+	{
+		snprintf(text, sizeof(text), "[dispatch]\nPOLL_INTERVAL = %s\n", good[i].text);
+		cfg = parse_ok(text);
+		ms = -1;
+		if (!config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 0, &ms, err, sizeof(err)))
+			fail_msg("\"%s\" refused: %s", good[i].text, err);
+		if (ms != good[i].ms)
+			fail_msg("\"%s\" gave %ld ms, not %ld", good[i].text, ms, good[i].ms);
+		config_free(cfg);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+	{
+		snprintf(text, sizeof(text), "[dispatch]\nPOLL_INTERVAL = %s\n", bad[i]);
+		cfg = parse_ok(text);
+		if (config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 0, &ms, err, sizeof(err)))
+			fail_msg("\"%s\" accepted as %ld ms", bad[i], ms);
+		if (strncmp(err, "pepsi.conf:2: [dispatch] POLL_INTERVAL: ", 40) != 0)
+			fail_msg("\"%s\": error \"%s\" does not name the place", bad[i], err);
+		config_free(cfg);
+	}
+	/* The minimum, and the fallback when unset. */
+	cfg = parse_ok("[dispatch]\nPOLL_INTERVAL = 10ms\n");
+	assert_false(config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 100, &ms, err, sizeof(err)));
+	assert_non_null(strstr(err, "at least 100 ms"));
+	assert_true(config_get_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE", 60000, 0, &ms, err, sizeof(err)));
+	assert_int_equal(ms, 60000);
+	config_free(cfg);
+}
+
+/* ---------------------------------------------------------------------------
+ * The overlay
+ * ------------------------------------------------------------------------- */
+
+static void
+add_override(struct pepsi_config *cfg, const char *scope, const char *section,
+			 const char *option, const char *value)
+{
+	if (!config_add_override(cfg, scope, section, option, value, err, sizeof(err)))
+		fail_msg("override refused: %s", err);
+}
+
+static void
+test_overlay_precedence(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[stage-relay]\nPROGRAM = p\nMAX_SIZE = file\n");
+	char		origin[128];
+
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "a@example.org"), "file");
+	assert_string_equal(config_origin(cfg, "stage-relay", "MAX_SIZE", origin, sizeof(origin)),
+						"pepsi.conf:3");
+
+	add_override(cfg, "global", "stage-relay", "MAX_SIZE", "global");
+	assert_string_equal(config_get(cfg, "stage-relay", "MAX_SIZE"), "global");
+	assert_string_equal(config_origin(cfg, "stage-relay", "MAX_SIZE", origin, sizeof(origin)),
+						"override global");
+
+	add_override(cfg, "domain:example.org", "stage-relay", "MAX_SIZE", "domain");
+	add_override(cfg, "address:a@example.org", "stage-relay", "MAX_SIZE", "address");
+	/* Added in reverse order of precedence above; the order of the rows must not matter. */
+	add_override(cfg, "domain:example.net", "stage-relay", "MAX_SIZE", "other domain");
+
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "a@example.org"), "address");
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "b@example.org"), "domain");
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", "example.org", NULL), "domain");
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "c@example.com"), "global");
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "d@example.net"), "other domain");
+	/* Domains and addresses compare case-insensitively. */
+	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "b@EXAMPLE.org"), "domain");
+	assert_string_equal(config_get(cfg, "stage-relay", "MAX_SIZE"), "global");
+	/* The file's other options are untouched. */
+	assert_string_equal(config_get_for(cfg, "stage-relay", "PROGRAM", NULL, "a@example.org"), "p");
+	config_free(cfg);
+
+	/* Highest first this time. */
+	cfg = parse_ok("[pepsi]\nHOSTNAME = file\n");
+	add_override(cfg, "address:x@d.example", "pepsi", "HOSTNAME", "address");
+	add_override(cfg, "domain:d.example", "pepsi", "HOSTNAME", "domain");
+	add_override(cfg, "global", "pepsi", "HOSTNAME", "global");
+	assert_string_equal(config_get_for(cfg, "pepsi", "HOSTNAME", NULL, "x@d.example"), "address");
+	assert_string_equal(config_get_for(cfg, "pepsi", "HOSTNAME", NULL, "y@d.example"), "domain");
+	assert_string_equal(config_get(cfg, "pepsi", "HOSTNAME"), "global");
+	config_free(cfg);
+}
+
+/* The overlay may set an option the file leaves unset, in any overridable section. */
+static void
+test_overlay_adds(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[pepsi]\nHOSTNAME = mx\n");
+
+	add_override(cfg, "global", "stage-new", "PROGRAM", "pepsi-stage-discard");
+	add_override(cfg, "global", "dispatch", "POLL_INTERVAL", "2s");
+	assert_string_equal(config_get(cfg, "stage-new", "PROGRAM"), "pepsi-stage-discard");
+	assert_string_equal(config_get(cfg, "dispatch", "POLL_INTERVAL"), "2s");
+	config_free(cfg);
+}
+
+static void
+test_overlay_refusals(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[database]\nCONNINFO = dbname=pepsi\n[listener-smtp]\nPORT = 25\n");
+
+	assert_false(config_add_override(cfg, "global", "database", "CONNINFO", "host=evil", err, sizeof(err)));
+	assert_non_null(strstr(err, "[database] is never read from the database"));
+	assert_false(config_add_override(cfg, "global", "listener-smtp", "PORT", "2525", err, sizeof(err)));
+	assert_non_null(strstr(err, "never read from the database"));
+	assert_false(config_add_override(cfg, "address:a@b", "listener-new", "ADDRESS", "0.0.0.0", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "pepsi", "CONNINFO", "x", err, sizeof(err)));
+	assert_non_null(strstr(err, "no such option"));
+	assert_false(config_add_override(cfg, "global", "stage-x", "lower", "x", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "nosuch", "A", "x", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "everyone", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
+	assert_non_null(strstr(err, "bad scope"));
+	assert_false(config_add_override(cfg, "domain:", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "address:", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
+	/* Nothing refused has changed a value. */
+	assert_string_equal(config_get(cfg, "database", "CONNINFO"), "dbname=pepsi");
+	assert_string_equal(config_get_for(cfg, "listener-smtp", "PORT", NULL, "a@b"), "25");
+	assert_null(config_get(cfg, "pepsi", "HOSTNAME"));
+	config_free(cfg);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_accepts_every_section_kind),
+		cmocka_unit_test(test_schema_lookups),
+		cmocka_unit_test(test_unknown_section),
+		cmocka_unit_test(test_unknown_option),
+		cmocka_unit_test(test_lower_case_option),
+		cmocka_unit_test(test_set_twice),
+		cmocka_unit_test(test_malformed_line),
+		cmocka_unit_test(test_option_outside_section),
+		cmocka_unit_test(test_first_error_wins),
+		cmocka_unit_test(test_long_values),
+		cmocka_unit_test(test_load_file),
+		cmocka_unit_test(test_get_long),
+		cmocka_unit_test(test_get_bool),
+		cmocka_unit_test(test_get_duration),
+		cmocka_unit_test(test_overlay_precedence),
+		cmocka_unit_test(test_overlay_adds),
+		cmocka_unit_test(test_overlay_refusals),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
