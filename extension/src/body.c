@@ -4,9 +4,10 @@
  * A body row is shared by every workqueue row split or cloned off the same
  * message, so a message to N recipients is stored once.  It is released when
  * the last referencing row goes: by the statement trigger on DELETE, and by
- * a stage's copy-on-write in workqueue_commit.  Two transactions deleting
- * the last two siblings at once each still see the other's row and neither
- * frees the body; workqueue_body_gc() sweeps such leftovers.  The opposite
+ * a stage's copy-on-write in workqueue_commit.  Releases of one body take
+ * turns on a row lock, so the last one always frees it (see
+ * body_release_unreferenced); workqueue_body_gc() sweeps what anything
+ * else leaves (a row deleted by a session in REPEATABLE READ, say).  The opposite
  * error, freeing a body a row still references, cannot pass silently: the
  * foreign key from workqueue.body_id forbids it, and a new reference can
  * only be made by copying one from a row that exists (see spawn_rows).
@@ -21,19 +22,32 @@
 PG_FUNCTION_INFO_V1(workqueue_body_release_trigger);
 PG_FUNCTION_INFO_V1(workqueue_body_gc);
 
-static const char body_release_sql[] =
-"DELETE FROM pepsi.workqueue_body b WHERE b.id = ANY ($1)"
-" AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)";
-
-/* Delete the bodies among body_ids (int8[]) that no row references. */
+/*
+ * Delete the bodies among body_ids (int8[], ascending) that no row
+ * references.  The bodies are locked first, in id order: two transactions
+ * releasing the last two siblings of a body then take turns, and the
+ * second one's reference check, a new statement with a new snapshot under
+ * READ COMMITTED, sees the first one's delete and frees the body.  Without
+ * the lock each would still see the other's row and neither would free
+ * it.  Taking the locks in id order keeps releasers from deadlocking; the
+ * sweep skips locked bodies.
+ */
 static void
 body_release_unreferenced(Datum body_ids)
 {
-	static SPIPlanPtr plan;
+	static SPIPlanPtr lock_plan;
+	static SPIPlanPtr release_plan;
 	static const Oid argtypes[] = {INT8ARRAYOID};
 	Datum		values[1] = {body_ids};
 
-	queue_exec(queue_plan(&plan, body_release_sql, 1, argtypes), values, NULL, false, 0);
+	queue_exec(queue_plan(&lock_plan,
+						  "SELECT id FROM pepsi.workqueue_body WHERE id = ANY ($1)"
+						  " ORDER BY id FOR UPDATE",
+						  1, argtypes), values, NULL, false, 0);
+	queue_exec(queue_plan(&release_plan,
+						  "DELETE FROM pepsi.workqueue_body b WHERE b.id = ANY ($1)"
+						  " AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)",
+						  1, argtypes), values, NULL, false, 0);
 }
 
 void

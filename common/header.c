@@ -1,0 +1,183 @@
+/* header.c: see header.h. */
+#include "header.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+
+/* Walk the fields: calls visit(start, field_len) for each whole (folded) field. */
+static size_t
+header_field_end(const char *h, size_t len, size_t start)
+{
+	size_t		pos = start;
+
+	for (;;)
+	{
+		const char *nl = memchr(h + pos, '\n', len - pos);
+
+		if (nl == NULL)
+			return len;
+		pos = (size_t) (nl - h) + 1;
+		if (pos >= len || (h[pos] != ' ' && h[pos] != '\t'))
+			return pos;
+	}
+}
+
+static bool
+header_field_is(const char *field, size_t flen, const char *name)
+{
+	size_t		n = strlen(name);
+
+	return flen > n && strncasecmp(field, name, n) == 0 && field[n] == ':';
+}
+
+static void
+header_unfold(const char *value, size_t len, struct buf *out)
+{
+	for (size_t i = 0; i < len; i++)
+	{
+		if (value[i] == '\r' || value[i] == '\n')
+			continue;
+		buf_append_char(out, value[i]);
+	}
+}
+
+void
+header_get_all(const char *headers, size_t len, const char *name, struct buf *out)
+{
+	for (size_t start = 0; start < len;)
+	{
+		size_t		end = header_field_end(headers, len, start);
+
+		if (header_field_is(headers + start, end - start, name))
+		{
+			size_t		vstart = start + strlen(name) + 1;
+
+			if (out->len > 0)
+				buf_append_str(out, ", ");
+			header_unfold(headers + vstart, end - vstart, out);
+		}
+		start = end;
+	}
+}
+
+char *
+header_get(const char *headers, size_t len, const char *name)
+{
+	for (size_t start = 0; start < len;)
+	{
+		size_t		end = header_field_end(headers, len, start);
+
+		if (header_field_is(headers + start, end - start, name))
+		{
+			struct buf	out = BUF_INIT;
+			size_t		vstart = start + strlen(name) + 1;
+			char	   *value;
+			char	   *p;
+
+			header_unfold(headers + vstart, end - vstart, &out);
+			buf_append_char(&out, '\0');
+			for (p = out.data; isspace((unsigned char) *p); p++)
+				;
+			value = xstrdup(p);
+			buf_free(&out);
+			return value;
+		}
+		start = end;
+	}
+	return NULL;
+}
+
+void
+header_remove(const char *headers, size_t len, const char *name, struct buf *out)
+{
+	for (size_t start = 0; start < len;)
+	{
+		size_t		end = header_field_end(headers, len, start);
+
+		if (!header_field_is(headers + start, end - start, name))
+			buf_append(out, headers + start, end - start);
+		start = end;
+	}
+}
+
+static void
+header_add_address(char ***list, size_t *count, const char *start, size_t n)
+{
+	while (n > 0 && isspace((unsigned char) *start))
+	{
+		start++;
+		n--;
+	}
+	while (n > 0 && isspace((unsigned char) start[n - 1]))
+		n--;
+	if (n == 0 || memchr(start, '@', n) == NULL)
+		return;
+	*list = xrealloc(*list, (*count + 1) * sizeof(char *));
+	(*list)[(*count)++] = xstrndup(start, n);
+}
+
+void
+header_addresses(const char *value, char ***list, size_t *count)
+{
+	const char *p = value;
+
+	while (*p)
+	{
+		/* One mailbox: up to a comma outside quotes, comments and angle brackets. */
+		const char *angle_start = NULL;
+		const char *angle_end = NULL;
+		const char *start = p;
+		bool		quoted = false;
+		int			comment = 0;
+		struct buf	bare = BUF_INIT;
+
+		for (; *p; p++)
+		{
+			if (quoted)
+			{
+				if (*p == '\\' && p[1])
+					p++;
+				else if (*p == '"')
+					quoted = false;
+				continue;
+			}
+			if (comment)
+			{
+				if (*p == '(')
+					comment++;
+				else if (*p == ')')
+					comment--;
+				continue;
+			}
+			if (*p == '"')
+				quoted = true;
+			else if (*p == '(')
+				comment = 1;
+			else if (*p == '<')
+				angle_start = p + 1;
+			else if (*p == '>' && angle_start)
+				angle_end = p;
+			else if (*p == ':' && !angle_start)
+				start = p + 1;	/* a group's display name */
+			else if (*p == ',' || *p == ';')
+				break;
+			else if (!angle_start)
+				buf_append_char(&bare, *p);
+		}
+		if (angle_start && angle_end)
+			header_add_address(list, count, angle_start, (size_t) (angle_end - angle_start));
+		else if (bare.len)
+		{
+			/* A bare addr-spec: the last word holding an @. */
+			(void) start;
+			header_add_address(list, count, bare.data, bare.len);
+		}
+		buf_free(&bare);
+		if (*p)
+			p++;
+	}
+}
