@@ -46,6 +46,9 @@ static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
 	"DATABASE_CONNECTIONS", "INIT_STAGE", NULL
 };
+static const char *const sendmail_options[] = {
+	"INIT_STAGE", NULL
+};
 static const char *const listener_options[] = {
 	"ADDRESS", "PORT", "MODE", "CERTIFICATE", "KEY", "MAX_SIZE", "MAX_RECIPIENTS",
 	"MAX_LINE_LENGTH", "MAX_SESSIONS", "MAX_SESSIONS_PER_CLIENT", "IDLE_TIMEOUT",
@@ -57,6 +60,7 @@ static const struct config_section_schema config_schema[] = {
 	{"database", false, false, database_options},
 	{"dispatch", false, true, dispatch_options},
 	{"ingress", false, true, ingress_options},
+	{"sendmail", false, true, sendmail_options},
 	{"listener-", true, false, listener_options},
 	{"stage-", true, true, NULL},
 };
@@ -256,7 +260,7 @@ config_handle(void *user, const char *section, const char *option, const char *v
 	if (!config_section_known(section))
 	{
 		config_parse_error(p, p->line, "unknown section [%s] (known: [pepsi], [database], "
-						   "[dispatch], [ingress], [listener-<name>], [stage-<name>])", section);
+						   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>])", section);
 		return 0;
 	}
 	if (!config_option_known(section, option))
