@@ -25,7 +25,7 @@ WARNINGS = -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes -Wshadow \
            -Wpointer-arith -Wcast-qual -Wsign-compare -Wno-unused-parameter
 PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
                -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
-LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lev -lssl -lcrypto -lm
+LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lev -lssl -lcrypto -lcrypt -lm
 
 B = build
 COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c))

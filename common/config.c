@@ -44,7 +44,7 @@ static const char *const dispatch_options[] = {
 };
 static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
-	"DATABASE_CONNECTIONS", "INIT_STAGE", NULL
+	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", NULL
 };
 static const char *const sendmail_options[] = {
 	"INIT_STAGE", NULL

@@ -1,0 +1,642 @@
+/*
+ * admit.c: see admit.h.  Each connection is an explicit state machine
+ * advanced by dbconn_advance, as pg_cron drives its libpq tasks; the pool
+ * hands queued admissions to whichever connection is idle (admit_kick).
+ *
+ * Why pipelines rather than many connections: under fsync every commit
+ * costs a WAL flush, and a pipeline of N calls with one Sync commits all N
+ * with one flush and one round trip, while the backend does no more work
+ * per message than for a single call.  A few connections keep the next
+ * batch filling while one is flushing (bench/ingress measures the choice).
+ */
+#include "admit.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "db.h"
+#include "log.h"
+
+#define ADMIT_STATEMENT "pepsi_ingress_admit"
+#define ADMIT_SQL "SELECT pepsi.workqueue_add($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8)"
+#define ADMIT_BATCH_BYTES (16 * 1024 * 1024)
+#define ADMIT_BACKOFF_MIN 0.1
+#define ADMIT_BACKOFF_MAX 10.0
+
+struct admission
+{
+	struct envelope envelope;
+	admit_done_fn done;			/* NULL once detached */
+	void	   *arg;
+	bool		alone;			/* its batch failed: retry it in its own transaction */
+	bool		ok;
+	long long	id;
+	struct admission *next;
+};
+
+enum dbconn_state
+{
+	DBCONN_DOWN,				/* waiting for the reconnect timer */
+	DBCONN_CONNECTING,			/* PQconnectPoll until CONNECTION_OK */
+	DBCONN_PREPARING,			/* the admission statement is being prepared */
+	DBCONN_IDLE,
+	DBCONN_BUSY					/* a batch or a wake is in flight */
+};
+
+enum dbconn_work
+{
+	DBCONN_WORK_PREPARE,
+	DBCONN_WORK_ADMIT,
+	DBCONN_WORK_WAKE
+};
+
+struct dbconn
+{
+	int			index;
+	enum dbconn_state state;
+	PGconn	   *conn;
+	PostgresPollingStatusType poll;
+	ev_io		io;
+	ev_timer	retry;
+	double		backoff;
+	/* The pipeline in flight: items are the batch's calls (or one), then the Sync. */
+	enum dbconn_work work;
+	struct admission **batch;
+	size_t		nbatch;
+	size_t		items;
+	size_t		next_item;		/* the item whose results come next; items = the Sync */
+	bool		failed;			/* a call or the commit failed */
+	int			stray_ends;		/* end-of-result markers after the last call */
+	char		error[512];
+};
+
+static struct
+{
+	struct ev_loop *loop;
+	const struct pepsi_config *cfg;
+	struct admit_options options;
+	struct dbconn *conns;
+	struct admission *queue_head;
+	struct admission *queue_tail;
+	size_t		queued;
+	size_t		in_flight;
+	ev_timer	wake_timer;
+	ev_prepare	kick_watcher;	/* batches what a loop iteration submitted */
+	bool		kick_due;
+	bool		wake_due;
+	bool		shutting_down;
+}			admit;
+
+static void dbconn_advance(struct dbconn *c, int revents);
+static void admit_kick(void);
+
+/*
+ * The queue
+ */
+
+static void
+admit_enqueue(struct admission *a, bool front)
+{
+	a->next = NULL;
+	if (admit.queue_head == NULL)
+		admit.queue_head = admit.queue_tail = a;
+	else if (front)
+	{
+		a->next = admit.queue_head;
+		admit.queue_head = a;
+	}
+	else
+	{
+		admit.queue_tail->next = a;
+		admit.queue_tail = a;
+	}
+	admit.queued++;
+}
+
+static struct admission *
+admit_dequeue(void)
+{
+	struct admission *a = admit.queue_head;
+
+	if (a)
+	{
+		admit.queue_head = a->next;
+		if (admit.queue_head == NULL)
+			admit.queue_tail = NULL;
+		admit.queued--;
+	}
+	return a;
+}
+
+static void
+admit_complete(struct admission *a, bool ok, long long id)
+{
+	if (a->done)
+		a->done(a->arg, ok, id);
+	envelope_free(&a->envelope);
+	free(a);
+}
+
+/* With no connection up, nothing queued can be stored: say so now. */
+static void
+admit_fail_queue(void)
+{
+	struct admission *a;
+
+	while ((a = admit_dequeue()) != NULL)
+		admit_complete(a, false, 0);
+}
+
+bool
+admit_available(void)
+{
+	for (int i = 0; i < admit.options.connections; i++)
+		if (admit.conns[i].state != DBCONN_DOWN)
+			return true;
+	return false;
+}
+
+struct admission *
+admit_submit(struct envelope *e, admit_done_fn done, void *arg)
+{
+	struct admission *a = xcalloc(1, sizeof(*a));
+
+	a->envelope = *e;
+	memset(e, 0, sizeof(*e));
+	a->done = done;
+	a->arg = arg;
+	admit_enqueue(a, false);
+	admit.kick_due = true;
+	return a;
+}
+
+void
+admit_detach(struct admission *a)
+{
+	a->done = NULL;
+}
+
+size_t
+admit_pending(void)
+{
+	return admit.queued + admit.in_flight;
+}
+
+/*
+ * One connection
+ */
+
+static void
+dbconn_watch(struct dbconn *c, int events)
+{
+	int			fd = c->conn ? PQsocket(c->conn) : -1;
+
+	if (ev_is_active(&c->io) && (c->io.fd != fd || (c->io.events & (EV_READ | EV_WRITE)) != events))
+		ev_io_stop(admit.loop, &c->io);
+	if (fd < 0 || events == 0)
+		return;
+	if (!ev_is_active(&c->io))
+	{
+		ev_io_set(&c->io, fd, events);
+		ev_io_start(admit.loop, &c->io);
+	}
+}
+
+/* Send what libpq has buffered; watch for writability if it could not. */
+static bool
+dbconn_flush(struct dbconn *c)
+{
+	int			rc = PQflush(c->conn);
+
+	if (rc < 0)
+		return false;
+	dbconn_watch(c, EV_READ | (rc == 1 ? EV_WRITE : 0));
+	return true;
+}
+
+/* The connection is lost: fail what it carried and retry later. */
+static void
+dbconn_fail(struct dbconn *c, const char *why)
+{
+	log_warnx("database connection %d: %s", c->index, why);
+	dbconn_watch(c, 0);
+	if (c->conn)
+		PQfinish(c->conn);
+	c->conn = NULL;
+	for (size_t i = 0; i < c->nbatch; i++)
+	{
+		/* Sent but not known to be committed: the client must retry. */
+		admit_complete(c->batch[i], false, 0);
+		admit.in_flight--;
+	}
+	c->nbatch = 0;
+	c->state = DBCONN_DOWN;
+	/* Decorrelated jitter: between the minimum and three times the last wait. */
+	c->backoff = ADMIT_BACKOFF_MIN + (c->backoff * 3 - ADMIT_BACKOFF_MIN) * (random() / (double) RAND_MAX);
+	if (c->backoff > ADMIT_BACKOFF_MAX)
+		c->backoff = ADMIT_BACKOFF_MAX;
+	if (c->backoff < ADMIT_BACKOFF_MIN)
+		c->backoff = ADMIT_BACKOFF_MIN;
+	if (!admit.shutting_down)
+	{
+		ev_timer_set(&c->retry, c->backoff, 0);
+		ev_timer_start(admit.loop, &c->retry);
+	}
+	if (!admit_available())
+		admit_fail_queue();
+}
+
+static void
+dbconn_connect(struct dbconn *c)
+{
+	const char *conninfo = config_get(admit.cfg, "database", "CONNINFO");
+	const char *keywords[] = {"dbname", "application_name", NULL};
+	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, "pepsi-ingress", NULL};
+
+	c->conn = PQconnectStartParams(keywords, values, 1);
+	if (c->conn == NULL || PQstatus(c->conn) == CONNECTION_BAD)
+	{
+		dbconn_fail(c, c->conn ? PQerrorMessage(c->conn) : "out of memory");
+		return;
+	}
+	c->state = DBCONN_CONNECTING;
+	c->poll = PGRES_POLLING_WRITING;
+	dbconn_watch(c, EV_WRITE);
+}
+
+/* Start a pipeline: the calls are queued by the caller, then this Sync. */
+static bool
+dbconn_send_sync(struct dbconn *c, enum dbconn_work work, size_t items)
+{
+	if (!PQpipelineSync(c->conn))
+		return false;
+	c->work = work;
+	c->items = items;
+	c->next_item = 0;
+	c->failed = false;
+	c->stray_ends = 0;
+	c->error[0] = '\0';
+	c->state = work == DBCONN_WORK_PREPARE ? DBCONN_PREPARING : DBCONN_BUSY;
+	return dbconn_flush(c);
+}
+
+static bool
+dbconn_send_admission(struct dbconn *c, struct admission *a)
+{
+	const struct envelope *e = &a->envelope;
+	const char *values[8] = {
+		e->mail_from, e->rcpt_array, e->headers.data ? e->headers.data : "",
+		e->body.data ? e->body.data : "", e->state, e->client_ip, e->auth_account,
+		admit.options.stage
+	};
+	int			lengths[8] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0};
+	static const int formats[8] = {0, 0, 1, 1, 0, 0, 0, 0};
+
+	return PQsendQueryPrepared(c->conn, ADMIT_STATEMENT, 8, values, lengths, formats, 0) == 1;
+}
+
+/* Take queued admissions as one batch (one transaction). */
+static void
+dbconn_start_batch(struct dbconn *c)
+{
+	size_t		bytes = 0;
+	struct admission *a;
+
+	c->nbatch = 0;
+	while (c->nbatch < (size_t) admit.options.batch_size && (a = admit.queue_head) != NULL)
+	{
+		size_t		size = a->envelope.headers.len + a->envelope.body.len;
+
+		if (c->nbatch > 0 && (a->alone || bytes + size > ADMIT_BATCH_BYTES))
+			break;
+		admit_dequeue();
+		if (a->done == NULL)
+		{
+			/* Its client left before an answer: it need not be stored. */
+			admit_complete(a, false, 0);
+			continue;
+		}
+		c->batch[c->nbatch++] = a;
+		admit.in_flight++;
+		bytes += size;
+		if (a->alone)
+			break;
+	}
+	if (c->nbatch == 0)
+		return;
+	for (size_t i = 0; i < c->nbatch; i++)
+		if (!dbconn_send_admission(c, c->batch[i]))
+		{
+			dbconn_fail(c, PQerrorMessage(c->conn));
+			return;
+		}
+	if (!dbconn_send_sync(c, DBCONN_WORK_ADMIT, c->nbatch))
+		dbconn_fail(c, PQerrorMessage(c->conn));
+}
+
+static void
+dbconn_start_wake(struct dbconn *c)
+{
+	admit.wake_due = false;
+	if (PQsendQueryParams(c->conn, "SELECT pepsi.notify_workqueue()", 0, NULL, NULL, NULL,
+						  NULL, 0) != 1 || !dbconn_send_sync(c, DBCONN_WORK_WAKE, 1))
+		dbconn_fail(c, PQerrorMessage(c->conn));
+}
+
+static void
+admit_wake_later(void)
+{
+	if (!ev_is_active(&admit.wake_timer) && !admit.wake_due)
+	{
+		ev_timer_set(&admit.wake_timer, admit.options.wake_interval, 0);
+		ev_timer_start(admit.loop, &admit.wake_timer);
+	}
+}
+
+/* The pipeline's results are all in: answer the sessions. */
+static void
+dbconn_finish_work(struct dbconn *c)
+{
+	bool		lost = PQstatus(c->conn) != CONNECTION_OK;
+
+	c->state = DBCONN_IDLE;
+	if (c->failed)
+		log_warnx("database connection %d: %s", c->index, c->error);
+	switch (c->work)
+	{
+		case DBCONN_WORK_PREPARE:
+			if (c->failed)
+			{
+				dbconn_fail(c, "cannot prepare the admission statement");
+				return;
+			}
+			c->backoff = 0;
+			log_info("database connection %d ready", c->index);
+			break;
+		case DBCONN_WORK_WAKE:
+			if (c->failed)
+				admit.wake_due = true;
+			break;
+		case DBCONN_WORK_ADMIT:
+			if (!c->failed)
+			{
+				for (size_t i = 0; i < c->nbatch; i++)
+					admit_complete(c->batch[i], true, c->batch[i]->id);
+				admit.in_flight -= c->nbatch;
+				c->nbatch = 0;
+				admit_wake_later();
+			}
+			else if (c->nbatch > 1 && !lost)
+			{
+				/* One bad call sank the batch: each goes again on its own. */
+				for (size_t i = c->nbatch; i-- > 0;)
+				{
+					c->batch[i]->alone = true;
+					admit_enqueue(c->batch[i], true);
+				}
+				admit.in_flight -= c->nbatch;
+				c->nbatch = 0;
+			}
+			else if (!lost)
+			{
+				admit_complete(c->batch[0], false, 0);
+				admit.in_flight--;
+				c->nbatch = 0;
+			}
+			break;
+	}
+	if (lost)
+		dbconn_fail(c, "connection lost");
+}
+
+/* One result of the pipeline in flight. */
+static void
+dbconn_result(struct dbconn *c, PGresult *res)
+{
+	ExecStatusType status = PQresultStatus(res);
+
+	if (c->next_item == c->items)
+	{
+		if (status != PGRES_PIPELINE_SYNC && !c->failed)
+		{
+			/* The commit itself failed. */
+			c->failed = true;
+			snprintf(c->error, sizeof(c->error), "%s", db_error(res, c->conn));
+		}
+		return;
+	}
+	if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK)
+	{
+		if (c->work == DBCONN_WORK_ADMIT && PQntuples(res) == 1)
+			c->batch[c->next_item]->id = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+	}
+	else if (!c->failed)
+	{
+		c->failed = true;
+		snprintf(c->error, sizeof(c->error), "%s", db_error(res, c->conn));
+	}
+}
+
+/* Read whatever results have arrived; finish the work when the Sync is in. */
+static void
+dbconn_read_results(struct dbconn *c)
+{
+	if (!PQconsumeInput(c->conn))
+	{
+		dbconn_fail(c, PQerrorMessage(c->conn));
+		return;
+	}
+	while (!PQisBusy(c->conn))
+	{
+		PGresult   *res = PQgetResult(c->conn);
+
+		if (res == NULL)
+		{
+			/* The end of one call's results (or of a failed commit's). */
+			if (c->next_item >= c->items && ++c->stray_ends > 1)
+			{
+				dbconn_fail(c, "protocol confusion in the pipeline");
+				return;
+			}
+			if (c->next_item < c->items)
+				c->next_item++;
+			continue;
+		}
+		dbconn_result(c, res);
+		if (PQresultStatus(res) == PGRES_PIPELINE_SYNC)
+		{
+			PQclear(res);
+			dbconn_finish_work(c);
+			return;
+		}
+		PQclear(res);
+	}
+}
+
+/* The one function that moves a connection along. */
+static void
+dbconn_advance(struct dbconn *c, int revents)
+{
+	switch (c->state)
+	{
+		case DBCONN_DOWN:
+			if (!admit.shutting_down)
+				dbconn_connect(c);
+			break;
+		case DBCONN_CONNECTING:
+			c->poll = PQconnectPoll(c->conn);
+			if (c->poll == PGRES_POLLING_FAILED)
+				dbconn_fail(c, PQerrorMessage(c->conn));
+			else if (c->poll == PGRES_POLLING_READING)
+				dbconn_watch(c, EV_READ);
+			else if (c->poll == PGRES_POLLING_WRITING)
+				dbconn_watch(c, EV_WRITE);
+			else if (PQsetnonblocking(c->conn, 1) != 0 || !PQenterPipelineMode(c->conn)
+					 || !PQsendPrepare(c->conn, ADMIT_STATEMENT, ADMIT_SQL, 0, NULL)
+					 || !dbconn_send_sync(c, DBCONN_WORK_PREPARE, 1))
+				dbconn_fail(c, PQerrorMessage(c->conn));
+			break;
+		case DBCONN_PREPARING:
+		case DBCONN_BUSY:
+			if ((revents & EV_WRITE) && !dbconn_flush(c))
+			{
+				dbconn_fail(c, PQerrorMessage(c->conn));
+				break;
+			}
+			if (revents & EV_READ)
+				dbconn_read_results(c);
+			break;
+		case DBCONN_IDLE:
+			/* Nothing expected: a notice, or the server closing on us. */
+			if (!PQconsumeInput(c->conn) || PQstatus(c->conn) != CONNECTION_OK)
+				dbconn_fail(c, PQerrorMessage(c->conn));
+			break;
+	}
+	if (c->state == DBCONN_IDLE)
+		admit_kick();
+}
+
+static void
+dbconn_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	dbconn_advance(w->data, revents);
+}
+
+static void
+dbconn_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	dbconn_advance(w->data, 0);
+}
+
+/*
+ * The pool
+ */
+
+/* Give work to the idle connections. */
+static void
+admit_kick(void)
+{
+	static bool running;
+	static bool again;
+
+	if (running)
+	{
+		again = true;			/* a completion inside the loop below: go round again */
+		return;
+	}
+	running = true;
+	do
+	{
+		again = false;
+		for (int i = 0; i < admit.options.connections; i++)
+		{
+			struct dbconn *c = &admit.conns[i];
+
+			if (c->state != DBCONN_IDLE)
+				continue;
+			if (admit.wake_due)
+				dbconn_start_wake(c);
+			else if (admit.queue_head)
+				dbconn_start_batch(c);
+		}
+	} while (again);
+	running = false;
+}
+
+/*
+ * Before the loop sleeps: everything the sessions submitted during this
+ * iteration goes out together, which is what fills a batch.
+ */
+static void
+admit_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	if (admit.kick_due)
+	{
+		admit.kick_due = false;
+		admit_kick();
+	}
+}
+
+static void
+admit_wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	admit.wake_due = true;
+	admit_kick();
+}
+
+void
+admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct admit_options *options)
+{
+	admit.loop = loop;
+	admit.cfg = cfg;
+	admit.options = *options;
+	admit.conns = xcalloc((size_t) options->connections, sizeof(*admit.conns));
+	ev_timer_init(&admit.wake_timer, admit_wake_cb, 0, 0);
+	ev_prepare_init(&admit.kick_watcher, admit_prepare_cb);
+	ev_prepare_start(loop, &admit.kick_watcher);
+	for (int i = 0; i < options->connections; i++)
+	{
+		struct dbconn *c = &admit.conns[i];
+
+		c->index = i;
+		c->batch = xcalloc((size_t) options->batch_size, sizeof(*c->batch));
+		ev_init(&c->io, dbconn_io_cb);
+		c->io.data = c;
+		ev_init(&c->retry, dbconn_retry_cb);
+		c->retry.data = c;
+		dbconn_connect(c);
+	}
+}
+
+void
+admit_shutdown(void)
+{
+	bool		wake = admit.wake_due || ev_is_active(&admit.wake_timer);
+
+	admit.shutting_down = true;
+	ev_timer_stop(admit.loop, &admit.wake_timer);
+	ev_prepare_stop(admit.loop, &admit.kick_watcher);
+	for (int i = 0; i < admit.options.connections; i++)
+	{
+		struct dbconn *c = &admit.conns[i];
+
+		ev_timer_stop(admit.loop, &c->retry);
+		dbconn_watch(c, 0);
+		if (c->conn)
+		{
+			/* Rows committed in the last interval still deserve their wake. */
+			if (wake && c->state == DBCONN_IDLE && PQexitPipelineMode(c->conn)
+				&& PQsetnonblocking(c->conn, 0) == 0)
+			{
+				PQclear(PQexec(c->conn, "SELECT pepsi.notify_workqueue()"));
+				wake = false;
+			}
+			PQfinish(c->conn);
+		}
+		free(c->batch);
+	}
+	free(admit.conns);
+}

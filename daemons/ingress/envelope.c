@@ -1,0 +1,174 @@
+/*
+ * envelope.c: see envelope.h.  Every string written into a header here
+ * was checked by the protocol (HELO, addresses, the account name), so no
+ * client can inject a line into the trace headers.
+ */
+#include "envelope.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "log.h"
+#include "message.h"
+
+static void
+envelope_received(const struct smtp_session *s, const struct envelope_origin *o, struct buf *h)
+{
+	char		date[64];
+	struct tm	tm;
+
+	localtime_r(&o->now, &tm);
+	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);
+	buf_printf(h, "Received: from %s ([%s])\r\n\tby %s (Pepsi) with %s id %s",
+			   s->helo ? s->helo : "unknown", o->client_ip, o->hostname,
+			   smtp_protocol_name(s), o->transaction_id);
+	if (s->tls)
+		buf_printf(h, "\r\n\t(version=%s cipher=%s bits=%d)",
+				   s->tls_info.version, s->tls_info.cipher, s->tls_info.bits);
+	/* A recipient is named only when it is the only one (RFC 5321 7.2). */
+	if (s->nrcpt == 1)
+		buf_printf(h, "\r\n\tfor <%s>", s->rcpt[0].address);
+	buf_printf(h, "; %s\r\n", date);
+}
+
+/*
+ * RFC 8601.  SPF, DKIM and DMARC are not checked here yet, so they say
+ * "none"; the stages that will check them rewrite this header.
+ */
+static void
+envelope_authentication_results(const struct smtp_session *s, const struct envelope_origin *o,
+								struct buf *h)
+{
+	buf_printf(h, "Authentication-Results: %s;\r\n", o->authserv_id);
+	if (s->auth_account)
+		buf_printf(h, "\tauth=pass smtp.auth=%s;\r\n", s->auth_account);
+	if (s->mail_from[0])
+		buf_printf(h, "\tspf=none smtp.mailfrom=%s;\r\n", s->mail_from);
+	else
+		buf_printf(h, "\tspf=none smtp.helo=%s;\r\n", s->helo ? s->helo : "unknown");
+	buf_append_str(h, "\tdkim=none;\r\n\tdmarc=none\r\n");
+}
+
+static char *
+envelope_rcpt_array(const struct smtp_session *s)
+{
+	struct buf	a = BUF_INIT;
+
+	buf_append_char(&a, '{');
+	for (size_t i = 0; i < s->nrcpt; i++)
+	{
+		if (i > 0)
+			buf_append_char(&a, ',');
+		buf_append_char(&a, '"');
+		for (const char *p = s->rcpt[i].address; *p; p++)
+		{
+			if (*p == '"' || *p == '\\')
+				buf_append_char(&a, '\\');
+			buf_append_char(&a, *p);
+		}
+		buf_append_char(&a, '"');
+	}
+	buf_append_char(&a, '}');
+	return a.data;
+}
+
+static char *
+envelope_state(const struct smtp_session *s, const struct envelope_origin *o)
+{
+	json_t	   *tls = json_null();
+	json_t	   *rcpt = json_array();
+	json_t	   *state;
+	char	   *text;
+
+	if (s->tls)
+		tls = json_pack("{s:s, s:s, s:i}", "version", s->tls_info.version,
+						"cipher", s->tls_info.cipher, "bits", s->tls_info.bits);
+	for (size_t i = 0; i < s->nrcpt; i++)
+		json_array_append_new(rcpt, json_pack("{s:s?, s:s?}", "notify", s->rcpt[i].notify,
+											  "orcpt", s->rcpt[i].orcpt));
+	state = json_pack("{s:{s:s, s:s?, s:b, s:b, s:s, s:o, s:s, s:s?, s:s},"
+					  " s:{s:s?, s:s?, s:o}}",
+					  "origin",
+					  "client_ip", o->client_ip,
+					  "helo", s->helo,
+					  "esmtp", s->esmtp,
+					  "smtputf8", s->smtputf8,
+					  "body", smtp_body_name(s->body),
+					  "tls", tls ? tls : json_null(),
+					  "listener", o->listener,
+					  "auth", s->auth_account,
+					  "authserv_id", o->authserv_id,
+					  "dsn",
+					  "ret", s->ret,
+					  "envid", s->envid,
+					  "rcpt", rcpt);
+	if (state == NULL)
+		return NULL;			/* json_pack took the references either way */
+	text = json_dumps(state, JSON_COMPACT);
+	json_decref(state);
+	return text;
+}
+
+const char *
+envelope_build(const struct smtp_session *s, const struct envelope_origin *o, struct envelope *e)
+{
+	const char *raw = s->message.data ? s->message.data : "";
+	size_t		len = s->message.len;
+	struct buf	headers = BUF_INIT;
+
+	memset(e, 0, sizeof(*e));
+	message_split(raw, len, &headers, &e->body);
+	if (s->body == SMTP_BODY_BINARYMIME)
+	{
+		/*
+		 * message_split makes line ends CRLF, which a binary body must not
+		 * see.  The header section of a binary message is still lines
+		 * (RFC 3030 3), so it must already be CRLF: then the body is the
+		 * octets after the empty line, verbatim.
+		 */
+		if (headers.len > len || memcmp(raw, headers.data ? headers.data : "", headers.len) != 0
+			|| (headers.len < len
+				&& (headers.len + 2 > len || memcmp(raw + headers.len, "\r\n", 2) != 0)))
+		{
+			buf_free(&headers);
+			envelope_free(e);
+			return "554 5.6.0 Message refused: bare CR or LF in the header section";
+		}
+		buf_reset(&e->body);
+		if (headers.len < len)
+			buf_append(&e->body, raw + headers.len + 2, len - headers.len - 2);
+	}
+	envelope_received(s, o, &e->headers);
+	envelope_authentication_results(s, o, &e->headers);
+	buf_append(&e->headers, headers.data, headers.len);
+	buf_free(&headers);
+	if (e->body.data == NULL)
+		buf_append(&e->body, "", 0);
+	e->mail_from = xstrdup(s->mail_from);
+	e->rcpt_array = envelope_rcpt_array(s);
+	e->client_ip = xstrdup(o->client_ip);
+	e->auth_account = s->auth_account ? xstrdup(s->auth_account) : NULL;
+	e->state = envelope_state(s, o);
+	if (e->state == NULL)
+	{
+		/* Cannot happen: every string was checked to be UTF-8. */
+		envelope_free(e);
+		return "451 4.3.0 Cannot record the message state";
+	}
+	return NULL;
+}
+
+void
+envelope_free(struct envelope *e)
+{
+	free(e->mail_from);
+	free(e->rcpt_array);
+	buf_free(&e->headers);
+	buf_free(&e->body);
+	free(e->state);
+	free(e->client_ip);
+	free(e->auth_account);
+	memset(e, 0, sizeof(*e));
+}

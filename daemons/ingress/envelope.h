@@ -1,0 +1,44 @@
+/*
+ * envelope.h: what a finished SMTP transaction becomes in the queue: the
+ * arguments of pepsi.workqueue_add.  The trace headers (Received,
+ * Authentication-Results) are prepended, the message is split with
+ * message_split, and state.origin / state.dsn are written (spec 22.6).
+ * Pure like smtp.c, so the fuzz target runs it too.
+ */
+#ifndef PEPSI_INGRESS_ENVELOPE_H
+#define PEPSI_INGRESS_ENVELOPE_H
+
+#include <stdbool.h>
+#include <time.h>
+
+#include "buf.h"
+#include "smtp.h"
+
+/* What the host knows about the session that the protocol does not. */
+struct envelope_origin
+{
+	const char *client_ip;
+	const char *listener;		/* the [listener-<name>] name */
+	const char *hostname;		/* "by" in Received */
+	const char *authserv_id;
+	const char *transaction_id;	/* "id" in Received, and the logs */
+	time_t		now;
+};
+
+struct envelope
+{
+	char	   *mail_from;
+	char	   *rcpt_array;		/* a PostgreSQL text[] literal */
+	struct buf	headers;		/* trace headers, then the message's */
+	struct buf	body;
+	char	   *state;			/* {"origin": ..., "dsn": ...} as JSON */
+	char	   *client_ip;
+	char	   *auth_account;	/* NULL unless authenticated */
+};
+
+/* Build e from the transaction s; NULL, or the refusal to reply with. */
+const char *envelope_build(const struct smtp_session *s, const struct envelope_origin *origin,
+						   struct envelope *e);
+void		envelope_free(struct envelope *e);
+
+#endif

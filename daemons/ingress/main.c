@@ -1,0 +1,422 @@
+/*
+ * pepsi-ingress: the SMTP server that admits mail into the queue
+ * (spec 22.8 "Receive", design section 8).
+ *
+ * Start-up, in this order: read the configuration (and the overlay, for
+ * every section but [database] and [listener-*]); load certificates and
+ * credentials; bind every listener; drop privileges; then serve from one
+ * libev loop until SIGTERM, when listeners close, sessions get a 421, and
+ * messages already handed to the database are answered before exiting.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <netdb.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include "admit.h"
+#include "db.h"
+#include "ingress.h"
+#include "log.h"
+
+#define INGRESS_SHUTDOWN_GRACE 10.0
+
+int			pepsi_ingress_main(int argc, char **argv);
+
+struct ingress ingress;
+
+static ev_timer ingress_grace_timer;
+
+static void
+ingress_usage(void)
+{
+	fprintf(stderr, "usage: pepsi-ingress [-c CONFIG] [-v]\n"
+			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n", PEPSI_CONFIG_DEFAULT_PATH);
+}
+
+static long
+ingress_option_long(const char *section, const char *option, long fallback, long min, long max)
+{
+	char		err[1024];
+	long		value;
+
+	if (!config_get_long(ingress.cfg, section, option, fallback, min, max, &value, err, sizeof(err)))
+		fatalx("%s", err);
+	return value;
+}
+
+static double
+ingress_option_seconds(const char *section, const char *option, long fallback_ms, long min_ms)
+{
+	char		err[1024];
+	long		ms;
+
+	if (!config_get_duration_ms(ingress.cfg, section, option, fallback_ms, min_ms, &ms, err,
+								sizeof(err)))
+		fatalx("%s", err);
+	return ms / 1000.0;
+}
+
+/*
+ * Listeners
+ */
+
+static SSL_CTX *
+listener_tls(const struct listener *l, const char *section)
+{
+	const char *certificate = config_get(ingress.cfg, section, "CERTIFICATE");
+	const char *key = config_get(ingress.cfg, section, "KEY");
+	SSL_CTX    *ctx;
+
+	if (certificate == NULL && key == NULL)
+	{
+		if (l->mode != LISTENER_SMTP)
+			fatalx("%s: [%s] MODE = %s needs CERTIFICATE and KEY", ingress.cfg->path, section,
+				   l->mode == LISTENER_SMTPS ? "smtps" : "submission");
+		return NULL;
+	}
+	if (certificate == NULL || key == NULL)
+		fatalx("%s: [%s] needs both CERTIFICATE and KEY", ingress.cfg->path, section);
+	if ((ctx = SSL_CTX_new(TLS_server_method())) == NULL)
+		goto err;
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	/* Idle TLS sessions give their record buffers back. */
+	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE
+					 | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+	if (SSL_CTX_use_certificate_chain_file(ctx, certificate) != 1)
+		goto err;
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+		goto err;
+	if (SSL_CTX_check_private_key(ctx) != 1)
+		goto err;
+	return ctx;
+
+err:
+	{
+		char		reason[256] = "";
+
+		ERR_error_string_n(ERR_get_error(), reason, sizeof(reason));
+		fatalx("[%s] cannot load CERTIFICATE %s / KEY %s: %s", section, certificate, key, reason);
+	}
+}
+
+static void
+listener_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct listener *l = w->data;
+
+	for (int i = 0; i < 64; i++)
+	{
+		struct sockaddr_storage addr;
+		socklen_t	len = sizeof(addr);
+		int			fd = accept4(l->fd, (struct sockaddr *) &addr, &len,
+								 SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0)
+		{
+			if (errno == EMFILE || errno == ENFILE)
+				log_warn("listener %s: accept", l->name);
+			return;
+		}
+		session_accept(l, fd, (struct sockaddr *) &addr);
+	}
+}
+
+static int
+listener_bind(const char *section, const char *address, long port)
+{
+	struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};
+	struct addrinfo *res = NULL;
+	char		service[16];
+	int			fd = -1;
+	int			on = 1;
+	int			rc;
+
+	snprintf(service, sizeof(service), "%ld", port);
+	if ((rc = getaddrinfo(strcmp(address, "*") == 0 ? NULL : address, service, &hints, &res)) != 0)
+		fatalx("[%s] ADDRESS %s: %s", section, address, gai_strerror(rc));
+	fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, res->ai_protocol);
+	if (fd < 0)
+		goto err;
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0)
+		goto err;
+	if (bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+		goto err;
+	if (listen(fd, 4096) != 0)
+		goto err;
+	freeaddrinfo(res);
+	return fd;
+
+err:
+	fatal("[%s] cannot listen on %s port %ld", section, address, port);
+}
+
+static struct listener *
+listener_open(const char *section)
+{
+	struct listener *l = xcalloc(1, sizeof(*l));
+	const char *mode = config_get(ingress.cfg, section, "MODE");
+	const char *address = config_get(ingress.cfg, section, "ADDRESS");
+	long		default_port = 25;
+
+	l->name = xstrdup(section + strlen("listener-"));
+	if (mode == NULL || strcasecmp(mode, "smtp") == 0)
+		l->mode = LISTENER_SMTP;
+	else if (strcasecmp(mode, "submission") == 0)
+		l->mode = LISTENER_SUBMISSION, default_port = 587;
+	else if (strcasecmp(mode, "smtps") == 0)
+		l->mode = LISTENER_SMTPS, default_port = 465;
+	else
+		fatalx("%s: [%s] MODE = %s: expected smtp, submission or smtps", ingress.cfg->path,
+			   section, mode);
+	l->tls = listener_tls(l, section);
+	l->policy.hostname = ingress.hostname;
+	l->policy.max_size = (size_t) ingress_option_long(section, "MAX_SIZE", 50L * 1024 * 1024,
+													  1024, 1L << 40);
+	l->policy.max_recipients = (size_t) ingress_option_long(section, "MAX_RECIPIENTS", 1000, 1,
+															1000000);
+	l->policy.max_line_length = (size_t) ingress_option_long(section, "MAX_LINE_LENGTH", 998, 78,
+															 1L << 30);
+	l->policy.max_errors = (unsigned) ingress_option_long(section, "MAX_ERRORS", 10, 1, 1000000);
+	l->policy.command_rate = (unsigned) ingress_option_long(section, "COMMAND_RATE", 0, 0,
+															1000000000);
+	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
+	l->policy.auth = ingress.credentials != NULL;
+	l->policy.auth_required = l->mode != LISTENER_SMTP;
+	if (l->policy.auth_required && !l->policy.auth)
+		fatalx("%s: [%s] MODE = %s needs [ingress] CREDENTIALS", ingress.cfg->path, section,
+			   mode);
+	l->idle_timeout = ingress_option_seconds(section, "IDLE_TIMEOUT", 300 * 1000, 100);
+	l->max_sessions = (size_t) ingress_option_long(section, "MAX_SESSIONS", 1000, 0, 10000000);
+	l->max_sessions_per_client = (size_t) ingress_option_long(section, "MAX_SESSIONS_PER_CLIENT",
+															  50, 0, 10000000);
+	l->fd = listener_bind(section, address ? address : "*",
+						  ingress_option_long(section, "PORT", default_port, 1, 65535));
+	ev_io_init(&l->io, listener_accept_cb, l->fd, EV_READ);
+	l->io.data = l;
+	if (l->tls)
+		SSL_CTX_set_session_id_context(l->tls, (const unsigned char *) l->name,
+									   (unsigned) strlen(l->name));
+	log_info("listener %s: %s on %s port %ld", l->name,
+			 l->mode == LISTENER_SMTP ? "smtp" : l->mode == LISTENER_SUBMISSION ? "submission" : "smtps",
+			 address ? address : "*", ingress_option_long(section, "PORT", default_port, 1, 65535));
+	return l;
+}
+
+/*
+ * Privileges
+ */
+
+/* chroot is left out: libpq needs the socket directory and /etc. */
+static void
+ingress_drop_privileges(void)
+{
+	const char *user = config_get(ingress.cfg, "ingress", "USER");
+	const char *group = config_get(ingress.cfg, "ingress", "GROUP");
+	struct passwd *pw;
+	gid_t		gid;
+
+	if (user == NULL)
+	{
+		if (geteuid() == 0)
+			fatalx("%s: refusing to run as root: set [ingress] USER", ingress.cfg->path);
+		return;
+	}
+	if ((pw = getpwnam(user)) == NULL)
+		fatalx("%s: [ingress] USER %s: no such user", ingress.cfg->path, user);
+	gid = pw->pw_gid;
+	if (group)
+	{
+		struct group *gr = getgrnam(group);
+
+		if (gr == NULL)
+			fatalx("%s: [ingress] GROUP %s: no such group", ingress.cfg->path, group);
+		gid = gr->gr_gid;
+	}
+	if (chdir("/") != 0)
+		fatal("chdir /");
+	if (setgroups(1, &gid) != 0)
+		fatal("setgroups");
+	if (setresgid(gid, gid, gid) != 0)
+		fatal("setresgid");
+	if (setresuid(pw->pw_uid, pw->pw_uid, pw->pw_uid) != 0)
+		fatal("setresuid");
+	log_info("running as %s", user);
+}
+
+/* A thousand sessions need more descriptors than the usual soft limit. */
+static void
+ingress_raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max)
+	{
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			log_warn("cannot raise the descriptor limit");
+	}
+}
+
+/*
+ * Stopping
+ */
+
+static void
+ingress_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	log_warnx("stopping with %zu sessions still open", ingress.sessions);
+	ev_break(loop, EVBREAK_ALL);
+}
+
+static void
+ingress_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	if (ingress.stopping)
+		return;
+	log_info("stopping on signal %d", w->signum);
+	ingress.stopping = true;
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+	{
+		ev_io_stop(loop, &l->io);
+		close(l->fd);
+	}
+	session_shutdown_all();
+	if (ingress.sessions == 0 && admit_pending() == 0)
+	{
+		ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	ev_timer_init(&ingress_grace_timer, ingress_grace_cb, INGRESS_SHUTDOWN_GRACE, 0);
+	ev_timer_start(loop, &ingress_grace_timer);
+}
+
+/* The overlay, if the database is there now; a later start picks it up otherwise. */
+static void
+ingress_load_overrides(void)
+{
+	char		err[1024];
+	PGconn	   *conn = db_connect(ingress.cfg, "pepsi-ingress", err, sizeof(err));
+
+	if (conn == NULL)
+	{
+		log_warnx("%s; starting without pepsi.config_override", err);
+		return;
+	}
+	if (!db_load_overrides(conn, ingress.cfg, err, sizeof(err)))
+		fatalx("%s", err);
+	PQfinish(conn);
+}
+
+int
+pepsi_ingress_main(int argc, char **argv)
+{
+	const char *config_path = getenv("PEPSI_CONFIG");
+	const char *sections[256];
+	struct admit_options admit_options;
+	char		err[1024];
+	char		host[256];
+	size_t		nsections;
+	ev_signal	sigterm,
+				sigint;
+	int			opt;
+
+	log_init("pepsi-ingress", false);
+	while ((opt = getopt(argc, argv, "c:v")) != -1)
+		switch (opt)
+		{
+			case 'c':
+				config_path = optarg;
+				break;
+			case 'v':
+				log_setverbose(log_getverbose() + 1);
+				break;
+			default:
+				ingress_usage();
+				return 64;
+		}
+	if (optind != argc)
+	{
+		ingress_usage();
+		return 64;
+	}
+	if (config_path == NULL)
+		config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	signal(SIGPIPE, SIG_IGN);
+	srandom((unsigned) time(NULL) ^ (unsigned) getpid());
+
+	if ((ingress.cfg = config_load(config_path, err, sizeof(err))) == NULL)
+		fatalx("%s", err);
+	ingress_load_overrides();
+
+	if ((ingress.hostname = config_get(ingress.cfg, "pepsi", "HOSTNAME")) == NULL)
+	{
+		if (gethostname(host, sizeof(host)) != 0)
+			fatal("gethostname");
+		host[sizeof(host) - 1] = '\0';
+		ingress.hostname = xstrdup(host);
+	}
+	ingress.authserv_id = config_get(ingress.cfg, "ingress", "AUTHSERV_ID");
+	if (ingress.authserv_id == NULL)
+		ingress.authserv_id = ingress.hostname;
+	admit_options.connections = (int) ingress_option_long("ingress", "DATABASE_CONNECTIONS", 4, 1, 64);
+	admit_options.batch_size = (int) ingress_option_long("ingress", "BATCH_SIZE", 64, 1, 1024);
+	admit_options.stage = config_get(ingress.cfg, "ingress", "INIT_STAGE");
+	if (admit_options.stage == NULL)
+		admit_options.stage = "init";
+	admit_options.wake_interval = ingress_option_seconds("ingress", "DISPATCH_WAKE_INTERVAL", 50, 0);
+
+	if (config_get(ingress.cfg, "ingress", "CREDENTIALS"))
+	{
+		ingress.credentials = credentials_load(config_get(ingress.cfg, "ingress", "CREDENTIALS"),
+											   err, sizeof(err));
+		if (ingress.credentials == NULL)
+			fatalx("[ingress] CREDENTIALS: %s", err);
+	}
+
+	nsections = config_sections(ingress.cfg, "listener-", sections, 256);
+	if (nsections == 0)
+		fatalx("%s: no [listener-<name>] section: nothing to listen on", ingress.cfg->path);
+	for (size_t i = 0; i < nsections; i++)
+	{
+		struct listener *l = listener_open(sections[i]);
+
+		l->next = ingress.listeners;
+		ingress.listeners = l;
+	}
+	ingress_raise_fd_limit();
+	ingress_drop_privileges();
+
+	ingress.loop = EV_DEFAULT;
+	admit_init(ingress.loop, ingress.cfg, &admit_options);
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+		ev_io_start(ingress.loop, &l->io);
+	ev_signal_init(&sigterm, ingress_signal_cb, SIGTERM);
+	ev_signal_start(ingress.loop, &sigterm);
+	ev_signal_init(&sigint, ingress_signal_cb, SIGINT);
+	ev_signal_start(ingress.loop, &sigint);
+	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
+			 nsections, nsections == 1 ? "" : "s", admit_options.connections,
+			 admit_options.connections == 1 ? "" : "s", admit_options.batch_size);
+
+	ev_run(ingress.loop, 0);
+
+	admit_shutdown();
+	credentials_free(ingress.credentials);
+	log_info("stopped");
+	return 0;
+}

@@ -1,0 +1,648 @@
+/*
+ * session.c: one SMTP connection: the socket (plain or TLS), its idle
+ * timer, and the events of the protocol machine (smtp.c) answered: TLS
+ * started, a password checked, a message handed to admit.c.
+ *
+ * An idle session owns no buffer: input is read into one shared buffer
+ * and only an unfinished line is kept; replies are freed once written.
+ * That keeps a thousand idle sessions to a few hundred kilobytes.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+
+#include "admit.h"
+#include "envelope.h"
+#include "ingress.h"
+#include "log.h"
+
+#define SESSION_READ_SIZE 65536
+#define SESSION_OUT_HIGH_WATER 65536	/* stop reading a client that does not read */
+#define SESSION_CLIENT_BUCKETS 1024
+
+enum session_io
+{
+	SESSION_IO_PLAIN,
+	SESSION_IO_HANDSHAKE,		/* TLS being negotiated */
+	SESSION_IO_TLS
+};
+
+/* Sessions per client address, for MAX_SESSIONS_PER_CLIENT. */
+struct client
+{
+	char		ip[INET6_ADDRSTRLEN];
+	size_t		sessions;
+	struct client *next;
+};
+
+struct session
+{
+	struct smtp_session smtp;
+	struct listener *listener;
+	struct client *client;
+	int			fd;
+	SSL		   *ssl;
+	enum session_io io_state;
+	int			tls_events;		/* what the TLS library waits for */
+	bool		starttls_pending;	/* handshake once the 220 is out */
+	bool		closing;		/* close once the output is written */
+	ev_io		io;
+	ev_timer	timer;
+	ev_tstamp	last_command;
+	struct buf	in;				/* input not yet used: a partial line, or after an event */
+	struct admission *admission;
+	unsigned	transactions;
+	struct session *prev;
+	struct session *next;
+};
+
+static struct session *session_list;
+static struct client *client_buckets[SESSION_CLIENT_BUCKETS];
+static char session_read_buffer[SESSION_READ_SIZE];
+static unsigned session_id_prefix;
+
+static bool session_read(struct session *s);
+static bool session_update(struct session *s);
+
+/*
+ * Clients
+ */
+
+static struct client *
+client_get(const char *ip)
+{
+	unsigned	h = 5381;
+	struct client *c;
+
+	for (const char *p = ip; *p; p++)
+		h = h * 33 + (unsigned char) *p;
+	h %= SESSION_CLIENT_BUCKETS;
+	for (c = client_buckets[h]; c; c = c->next)
+		if (strcmp(c->ip, ip) == 0)
+			return c;
+	c = xcalloc(1, sizeof(*c));
+	snprintf(c->ip, sizeof(c->ip), "%s", ip);
+	c->next = client_buckets[h];
+	client_buckets[h] = c;
+	return c;
+}
+
+static void
+client_put(struct client *c)
+{
+	unsigned	h = 5381;
+	struct client **p;
+
+	if (--c->sessions > 0)
+		return;
+	for (const char *q = c->ip; *q; q++)
+		h = h * 33 + (unsigned char) *q;
+	h %= SESSION_CLIENT_BUCKETS;
+	for (p = &client_buckets[h]; *p != c; p = &(*p)->next)
+		;
+	*p = c->next;
+	free(c);
+}
+
+/*
+ * Closing
+ */
+
+static void
+session_close(struct session *s)
+{
+	ev_io_stop(ingress.loop, &s->io);
+	ev_timer_stop(ingress.loop, &s->timer);
+	if (s->admission)
+		admit_detach(s->admission);
+	if (s->ssl)
+	{
+		SSL_set_quiet_shutdown(s->ssl, 1);
+		SSL_free(s->ssl);
+	}
+	close(s->fd);
+	smtp_free(&s->smtp);
+	buf_free(&s->in);
+	client_put(s->client);
+	s->listener->sessions--;
+	ingress.sessions--;
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		session_list = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	free(s);
+	if (ingress.stopping && ingress.sessions == 0 && admit_pending() == 0)
+		ev_break(ingress.loop, EVBREAK_ALL);
+}
+
+/*
+ * Output
+ */
+
+static void
+session_tls_log(struct session *s, const char *what)
+{
+	unsigned long e = ERR_get_error();
+	char		reason[256] = "";
+
+	if (e)
+		ERR_error_string_n(e, reason, sizeof(reason));
+	log_info("%s: %s%s%s", s->client->ip, what, e ? ": " : "", reason);
+	ERR_clear_error();
+}
+
+/* Write the replies; false if the session had to be closed. */
+static bool
+session_flush(struct session *s)
+{
+	struct buf *out = &s->smtp.out;
+
+	while (out->len > 0)
+	{
+		ssize_t		n;
+
+		if (s->io_state == SESSION_IO_TLS)
+		{
+			int			rc;
+
+			ERR_clear_error();
+			rc = SSL_write(s->ssl, out->data, (int) out->len);
+			if (rc <= 0)
+			{
+				int			e = SSL_get_error(s->ssl, rc);
+
+				s->tls_events = e == SSL_ERROR_WANT_READ ? EV_READ
+					: e == SSL_ERROR_WANT_WRITE ? EV_WRITE : 0;
+				if (s->tls_events)
+					return true;
+				session_tls_log(s, "TLS write failed");
+				session_close(s);
+				return false;
+			}
+			n = rc;
+		}
+		else
+		{
+			n = write(s->fd, out->data, out->len);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return true;
+			if (n < 0)
+			{
+				session_close(s);
+				return false;
+			}
+		}
+		buf_consume(out, (size_t) n);
+	}
+	s->tls_events = 0;
+	buf_free(out);
+	return true;
+}
+
+/*
+ * TLS
+ */
+
+static bool
+session_handshake(struct session *s)
+{
+	int			rc;
+
+	ERR_clear_error();
+	rc = SSL_accept(s->ssl);
+	if (rc <= 0)
+	{
+		int			e = SSL_get_error(s->ssl, rc);
+
+		if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+		{
+			s->tls_events = e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE;
+			return session_update(s);
+		}
+		session_tls_log(s, "TLS handshake failed");
+		session_close(s);
+		return false;
+	}
+	{
+		struct smtp_tls_info info;
+		const SSL_CIPHER *cipher = SSL_get_current_cipher(s->ssl);
+
+		memset(&info, 0, sizeof(info));
+		snprintf(info.version, sizeof(info.version), "%s", SSL_get_version(s->ssl));
+		snprintf(info.cipher, sizeof(info.cipher), "%s", SSL_CIPHER_get_name(cipher));
+		info.bits = SSL_CIPHER_get_bits(cipher, NULL);
+		s->io_state = SESSION_IO_TLS;
+		s->tls_events = 0;
+		smtp_tls_started(&s->smtp, &info);
+		log_debug("%s: TLS %s %s", s->client->ip, info.version, info.cipher);
+	}
+	if (s->listener->mode == LISTENER_SMTPS)
+		smtp_greet(&s->smtp);
+	if (!session_flush(s))
+		return false;
+	/* The client may have sent EHLO with its last handshake flight. */
+	if (!session_read(s))
+		return false;
+	return session_update(s);
+}
+
+static bool
+session_start_tls(struct session *s)
+{
+	s->starttls_pending = false;
+	s->ssl = SSL_new(s->listener->tls);
+	if (s->ssl == NULL || SSL_set_fd(s->ssl, s->fd) != 1)
+	{
+		session_tls_log(s, "cannot start TLS");
+		session_close(s);
+		return false;
+	}
+	s->io_state = SESSION_IO_HANDSHAKE;
+	return session_handshake(s);
+}
+
+/*
+ * The protocol's events
+ */
+
+static void
+session_admitted(void *arg, bool ok, long long id)
+{
+	struct session *s = arg;
+
+	s->admission = NULL;
+	if (ok)
+		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->client->ip,
+				 s->smtp.mail_from, s->smtp.nrcpt, s->smtp.message_size, id);
+	smtp_admit_done(&s->smtp, ok, id);
+	if (ingress.stopping)
+	{
+		smtp_close(&s->smtp, "421 4.3.2 Service shutting down");
+		s->closing = true;
+	}
+	ev_timer_again(ingress.loop, &s->timer);
+	/* Pipelined commands waited behind the reply: go on with them. */
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+static void
+session_admit(struct session *s)
+{
+	struct envelope e;
+	struct envelope_origin origin;
+	char		transaction_id[32];
+	const char *refusal;
+
+	snprintf(transaction_id, sizeof(transaction_id), "%08X%08X", session_id_prefix,
+			 (unsigned) ((uintptr_t) s * 31u + ++s->transactions));
+	origin.client_ip = s->client->ip;
+	origin.listener = s->listener->name;
+	origin.hostname = ingress.hostname;
+	origin.authserv_id = ingress.authserv_id;
+	origin.transaction_id = transaction_id;
+	origin.now = time(NULL);
+	if ((refusal = envelope_build(&s->smtp, &origin, &e)) != NULL || !admit_available())
+	{
+		if (refusal == NULL)
+		{
+			log_warnx("%s: no database connection, message refused for now", s->client->ip);
+			envelope_free(&e);
+			smtp_admit_done(&s->smtp, false, 0);
+		}
+		else
+			smtp_admit_refused(&s->smtp, refusal);
+		return;
+	}
+	/* The database has it now: the client's silence is not its fault. */
+	ev_timer_stop(ingress.loop, &s->timer);
+	s->admission = admit_submit(&e, session_admitted, s);
+}
+
+/* Feed input to the protocol; returns how much of it was used. */
+static size_t
+session_process(struct session *s, const char *data, size_t len)
+{
+	size_t		used = 0;
+
+	for (;;)
+	{
+		s->smtp.rate_elapsed += ev_now(ingress.loop) - s->last_command;
+		s->last_command = ev_now(ingress.loop);
+		used += smtp_input(&s->smtp, data + used, len - used);
+		switch (s->smtp.event)
+		{
+			case SMTP_EVENT_NONE:
+				return used;
+			case SMTP_EVENT_AUTH:
+				smtp_auth_done(&s->smtp, credentials_check(ingress.credentials, s->smtp.auth_user,
+														   s->smtp.auth_password));
+				if (s->smtp.auth_account)
+					log_info("%s: authenticated as %s", s->client->ip, s->smtp.auth_account);
+				else
+					log_info("%s: authentication failed", s->client->ip);
+				continue;
+			case SMTP_EVENT_MESSAGE:
+				session_admit(s);
+				if (s->smtp.event == SMTP_EVENT_NONE && s->smtp.state != SMTP_STATE_CLOSED)
+					continue;
+				return used;
+			case SMTP_EVENT_STARTTLS:
+				/* RFC 3207 5: nothing sent before the handshake may count. */
+				s->starttls_pending = true;
+				return len;
+			case SMTP_EVENT_CLOSE:
+				s->closing = true;
+				return len;
+		}
+	}
+}
+
+static void
+session_input(struct session *s, const char *data, size_t len)
+{
+	if (s->in.len == 0)
+	{
+		size_t		used = session_process(s, data, len);
+
+		if (used < len)
+			buf_append(&s->in, data + used, len - used);
+	}
+	else
+	{
+		size_t		used;
+
+		buf_append(&s->in, data, len);
+		used = session_process(s, s->in.data, s->in.len);
+		buf_consume(&s->in, used);
+	}
+	if (s->in.len == 0)
+		buf_free(&s->in);
+}
+
+static bool
+session_reading(const struct session *s)
+{
+	return s->io_state != SESSION_IO_HANDSHAKE && !s->closing && !s->starttls_pending
+		&& s->smtp.state != SMTP_STATE_WAIT && s->smtp.state != SMTP_STATE_CLOSED
+		&& s->smtp.out.len < SESSION_OUT_HIGH_WATER;
+}
+
+/* Read what is there; false if the session was closed. */
+static bool
+session_read(struct session *s)
+{
+	/* Input left over from before an event goes first. */
+	if (s->in.len > 0 && session_reading(s))
+	{
+		size_t		used = session_process(s, s->in.data, s->in.len);
+
+		buf_consume(&s->in, used);
+		if (s->in.len == 0)
+			buf_free(&s->in);
+	}
+	while (session_reading(s))
+	{
+		ssize_t		n;
+
+		if (s->io_state == SESSION_IO_TLS)
+		{
+			int			rc;
+
+			ERR_clear_error();
+			rc = SSL_read(s->ssl, session_read_buffer, SESSION_READ_SIZE);
+			if (rc <= 0)
+			{
+				int			e = SSL_get_error(s->ssl, rc);
+
+				if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+				{
+					s->tls_events = e == SSL_ERROR_WANT_READ ? 0 : EV_WRITE;
+					break;
+				}
+				if (e != SSL_ERROR_ZERO_RETURN)
+					session_tls_log(s, "TLS read failed");
+				session_close(s);
+				return false;
+			}
+			n = rc;
+		}
+		else
+		{
+			n = read(s->fd, session_read_buffer, SESSION_READ_SIZE);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				break;
+			if (n <= 0)
+			{
+				/* A client gone mid-DATA leaves nothing behind: nothing was stored. */
+				if (s->smtp.state == SMTP_STATE_DATA || s->smtp.state == SMTP_STATE_BDAT)
+					log_info("%s: disconnected during message content", s->client->ip);
+				session_close(s);
+				return false;
+			}
+		}
+		ev_timer_again(ingress.loop, &s->timer);
+		session_input(s, session_read_buffer, (size_t) n);
+		if (s->io_state == SESSION_IO_PLAIN && (size_t) n < SESSION_READ_SIZE)
+			break;				/* the socket is drained; TLS may hold more */
+	}
+	if (!session_flush(s))
+		return false;
+	if (s->starttls_pending && s->smtp.out.len == 0)
+		return session_start_tls(s);
+	return true;
+}
+
+/* Watch for what the session waits for, or close it; false if closed. */
+static bool
+session_update(struct session *s)
+{
+	int			events = 0;
+
+	if (s->closing && s->smtp.out.len == 0)
+	{
+		session_close(s);
+		return false;
+	}
+	if (s->io_state == SESSION_IO_HANDSHAKE)
+		events = s->tls_events;
+	else
+	{
+		if (s->smtp.out.len > 0)
+			events |= s->tls_events ? s->tls_events : EV_WRITE;
+		if (session_reading(s))
+			events |= s->tls_events == EV_WRITE ? EV_WRITE : EV_READ;
+	}
+	if ((s->io.events & (EV_READ | EV_WRITE)) != events)
+	{
+		ev_io_stop(ingress.loop, &s->io);
+		ev_io_set(&s->io, s->fd, events);
+		if (events)
+			ev_io_start(ingress.loop, &s->io);
+	}
+	return true;
+}
+
+static void
+session_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct session *s = w->data;
+
+	if (s->io_state == SESSION_IO_HANDSHAKE)
+	{
+		session_handshake(s);
+		return;
+	}
+	if (s->smtp.out.len > 0 && !session_flush(s))
+		return;
+	if (s->starttls_pending && s->smtp.out.len == 0)
+	{
+		session_start_tls(s);
+		return;
+	}
+	if (!session_read(s))
+		return;
+	session_update(s);
+}
+
+static void
+session_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct session *s = w->data;
+
+	if (s->closing || s->io_state == SESSION_IO_HANDSHAKE)
+	{
+		session_close(s);
+		return;
+	}
+	log_info("%s: idle timeout", s->client->ip);
+	{
+		char		reply[300];
+
+		snprintf(reply, sizeof(reply), "421 4.4.2 %s Error: timeout exceeded", ingress.hostname);
+		smtp_close(&s->smtp, reply);
+	}
+	s->closing = true;
+	ev_timer_again(ingress.loop, &s->timer);	/* the last chance to read the 421 */
+	if (session_flush(s))
+		session_update(s);
+}
+
+/*
+ * Accepting
+ */
+
+static void
+session_refuse(int fd, const char *reply)
+{
+	ssize_t		n = write(fd, reply, strlen(reply));
+
+	(void) n;
+	close(fd);
+}
+
+static void
+session_client_ip(const struct sockaddr *addr, char *ip, size_t iplen)
+{
+	if (addr->sa_family == AF_INET6)
+	{
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *) addr;
+
+		/* An IPv4 client of a dual-stack socket is an IPv4 client. */
+		if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr))
+			inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], ip, (socklen_t) iplen);
+		else
+			inet_ntop(AF_INET6, &in6->sin6_addr, ip, (socklen_t) iplen);
+	}
+	else
+		inet_ntop(AF_INET, &((const struct sockaddr_in *) addr)->sin_addr, ip, (socklen_t) iplen);
+}
+
+void
+session_accept(struct listener *l, int fd, const struct sockaddr *addr)
+{
+	char		ip[INET6_ADDRSTRLEN];
+	struct client *client;
+	struct session *s;
+
+	if (session_id_prefix == 0)
+		session_id_prefix = (unsigned) random() | 1;
+	session_client_ip(addr, ip, sizeof(ip));
+	if (l->max_sessions && l->sessions >= l->max_sessions)
+	{
+		log_info("%s: refused, %zu sessions on listener %s", ip, l->sessions, l->name);
+		session_refuse(fd, "421 4.7.0 Too many sessions, try again later\r\n");
+		return;
+	}
+	client = client_get(ip);
+	if (l->max_sessions_per_client && client->sessions >= l->max_sessions_per_client)
+	{
+		log_info("%s: refused, %zu sessions from this client", ip, client->sessions);
+		if (client->sessions == 0)
+			client_put((client->sessions++, client));
+		session_refuse(fd, "421 4.7.0 Too many sessions from your address, try again later\r\n");
+		return;
+	}
+	client->sessions++;
+	l->sessions++;
+	ingress.sessions++;
+
+	s = xcalloc(1, sizeof(*s));
+	s->listener = l;
+	s->client = client;
+	s->fd = fd;
+	smtp_init(&s->smtp, &l->policy);
+	ev_io_init(&s->io, session_io_cb, fd, 0);
+	s->io.data = s;
+	ev_init(&s->timer, session_timer_cb);
+	s->timer.repeat = l->idle_timeout;
+	s->timer.data = s;
+	ev_timer_again(ingress.loop, &s->timer);
+	s->last_command = ev_now(ingress.loop);
+	s->next = session_list;
+	if (session_list)
+		session_list->prev = s;
+	session_list = s;
+
+	if (l->mode == LISTENER_SMTPS)
+	{
+		session_start_tls(s);
+		return;
+	}
+	smtp_greet(&s->smtp);
+	if (session_flush(s))
+		session_update(s);
+}
+
+void
+session_shutdown_all(void)
+{
+	struct session *s = session_list;
+
+	while (s)
+	{
+		struct session *next = s->next;
+
+		if (s->smtp.state != SMTP_STATE_WAIT || s->admission == NULL)
+		{
+			smtp_close(&s->smtp, "421 4.3.2 Service shutting down");
+			s->closing = true;
+			if (session_flush(s))
+				session_update(s);
+		}
+		s = next;
+	}
+}

@@ -1,0 +1,1425 @@
+/*
+ * smtp.c: see smtp.h.  RFC 5321 with the extensions pepsi-ingress offers:
+ * PIPELINING (2920), SIZE (1870), 8BITMIME (6152), SMTPUTF8 (6531),
+ * ENHANCEDSTATUSCODES (2034, 3463), DSN (3461), CHUNKING and BINARYMIME
+ * (3030), STARTTLS (3207) and AUTH PLAIN/LOGIN (4954).
+ *
+ * Content ends only at CRLF "." CRLF.  Bare CR, bare LF and NUL taint a
+ * message instead of ending a line, so no other line end a sender and a
+ * relay might read differently (the SMTP smuggling advisories) can end it;
+ * a tainted message is refused whole once its real end arrives.
+ */
+#include "smtp.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+
+static size_t smtp_input_bdat(struct smtp_session *s, const char *data, size_t len);
+
+static void
+smtp_reply(struct smtp_session *s, const char *fmt, ...)
+__attribute__((format(printf, 2, 3)));
+
+static void
+smtp_reply(struct smtp_session *s, const char *fmt, ...)
+{
+	char		line[1024];
+	va_list		ap;
+	int			n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t) n >= sizeof(line))
+		n = sizeof(line) - 1;
+	buf_append(&s->out, line, (size_t) n);
+	buf_append(&s->out, "\r\n", 2);
+}
+
+/* An error reply the client caused: counted, and too many end the session. */
+static void
+smtp_error(struct smtp_session *s, const char *fmt, ...)
+__attribute__((format(printf, 2, 3)));
+
+static void
+smtp_error(struct smtp_session *s, const char *fmt, ...)
+{
+	char		line[1024];
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	smtp_reply(s, "%s", line);
+	if (++s->errors >= s->policy->max_errors && s->state != SMTP_STATE_CLOSED)
+		smtp_close(s, "421 4.7.0 Too many errors, closing connection");
+}
+
+void
+smtp_close(struct smtp_session *s, const char *reply)
+{
+	if (s->state == SMTP_STATE_CLOSED)
+		return;
+	if (reply)
+		smtp_reply(s, "%s", reply);
+	s->state = SMTP_STATE_CLOSED;
+	s->event = SMTP_EVENT_CLOSE;
+}
+
+static void
+smtp_wipe(char **secret)
+{
+	if (*secret)
+	{
+		explicit_bzero(*secret, strlen(*secret));
+		free(*secret);
+		*secret = NULL;
+	}
+}
+
+/* Forget the transaction (RSET, after DATA, after STARTTLS). */
+static void
+smtp_reset_transaction(struct smtp_session *s)
+{
+	free(s->mail_from);
+	s->mail_from = NULL;
+	free(s->ret);
+	s->ret = NULL;
+	free(s->envid);
+	s->envid = NULL;
+	for (size_t i = 0; i < s->nrcpt; i++)
+	{
+		free(s->rcpt[i].address);
+		free(s->rcpt[i].notify);
+		free(s->rcpt[i].orcpt);
+	}
+	free(s->rcpt);
+	s->rcpt = NULL;
+	s->nrcpt = 0;
+	s->smtputf8 = false;
+	s->body = SMTP_BODY_7BIT;
+	s->chunking = false;
+	s->chunk_failed = false;
+	buf_free(&s->message);
+	s->message_size = 0;
+	s->taint = SMTP_TAINT_NONE;
+	s->scan = SMTP_SCAN_LINE_START;
+	s->line_length = 0;
+	s->bdat_remaining = 0;
+	s->bdat_last = false;
+	s->bdat_reply = NULL;
+	if (s->state == SMTP_STATE_MAIL || s->state == SMTP_STATE_RCPT)
+		s->state = SMTP_STATE_IDLE;
+}
+
+void
+smtp_init(struct smtp_session *s, const struct smtp_policy *policy)
+{
+	memset(s, 0, sizeof(*s));
+	s->policy = policy;
+	s->state = SMTP_STATE_HELO;
+	s->rate_tokens = policy->command_rate * 10.0;
+}
+
+void
+smtp_free(struct smtp_session *s)
+{
+	smtp_reset_transaction(s);
+	free(s->helo);
+	free(s->auth_account);
+	smtp_wipe(&s->auth_user);
+	smtp_wipe(&s->auth_password);
+	buf_free(&s->out);
+}
+
+void
+smtp_greet(struct smtp_session *s)
+{
+	smtp_reply(s, "220 %s ESMTP Pepsi", s->policy->hostname);
+}
+
+const char *
+smtp_body_name(enum smtp_body body)
+{
+	switch (body)
+	{
+		case SMTP_BODY_8BITMIME:
+			return "8BITMIME";
+		case SMTP_BODY_BINARYMIME:
+			return "BINARYMIME";
+		default:
+			return "7BIT";
+	}
+}
+
+const char *
+smtp_protocol_name(const struct smtp_session *s)
+{
+	static const char *const names[2][2][2] = {
+		{{"ESMTP", "ESMTPA"}, {"ESMTPS", "ESMTPSA"}},
+		{{"UTF8SMTP", "UTF8SMTPA"}, {"UTF8SMTPS", "UTF8SMTPSA"}},
+	};
+
+	if (!s->esmtp)
+		return "SMTP";
+	return names[s->smtputf8][s->tls][s->auth_account != NULL];
+}
+
+/*
+ * Parsers
+ */
+
+bool
+smtp_utf8_valid(const char *str, size_t len)
+{
+	const unsigned char *p = (const unsigned char *) str;
+	const unsigned char *end = p + len;
+
+	while (p < end)
+	{
+		unsigned	c = *p++;
+		int			more;
+		uint32_t	cp;
+
+		if (c < 0x80)
+			continue;
+		if (c >= 0xc2 && c <= 0xdf)
+			more = 1, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			more = 2, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			more = 3, cp = c & 0x07;
+		else
+			return false;
+		if (end - p < more)
+			return false;
+		for (int i = 0; i < more; i++, p++)
+		{
+			if ((*p & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (*p & 0x3f);
+		}
+		if ((more == 2 && cp < 0x800) || (more == 3 && (cp < 0x10000 || cp > 0x10ffff))
+			|| (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+	}
+	return true;
+}
+
+static bool
+smtp_atext(unsigned char c, bool utf8)
+{
+	return isalnum(c) || strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL || (utf8 && c >= 0x80);
+}
+
+/* A domain or an address literal, RFC 5321 4.1.2 (U-labels with SMTPUTF8). */
+static bool
+smtp_domain_valid(const char *d, size_t len, bool utf8)
+{
+	size_t		label = 0;
+
+	if (len == 0 || len > 255)
+		return false;
+	if (d[0] == '[')
+	{
+		if (len < 3 || d[len - 1] != ']')
+			return false;
+		for (size_t i = 1; i + 1 < len; i++)
+			if (d[i] < 33 || d[i] > 126 || d[i] == '[' || d[i] == ']' || d[i] == '\\')
+				return false;
+		return true;
+	}
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) d[i];
+
+		if (c == '.')
+		{
+			if (label == 0)
+				return false;
+			label = 0;
+			continue;
+		}
+		if (!isalnum(c) && c != '-' && c != '_' && !(utf8 && c >= 0x80))
+			return false;
+		if (++label > 63 && !utf8)
+			return false;
+	}
+	return label > 0 || len > 1;	/* a trailing dot is tolerated, a lone one not */
+}
+
+bool
+smtp_mailbox_valid(const char *mailbox, bool utf8)
+{
+	size_t		len = strlen(mailbox);
+	const char *at;
+	size_t		local;
+
+	if (len == 0 || len > SMTP_PATH_MAX || !smtp_utf8_valid(mailbox, len))
+		return false;
+	if (mailbox[0] == '"')
+	{
+		size_t		i = 1;
+
+		for (; i < len && mailbox[i] != '"'; i++)
+		{
+			unsigned char c = (unsigned char) mailbox[i];
+
+			if (c == '\\')
+			{
+				if (++i >= len || mailbox[i] < 32 || mailbox[i] > 126)
+					return false;
+			}
+			else if (c < 32 || c == 127 || (c >= 0x80 && !utf8))
+				return false;
+		}
+		if (i >= len)
+			return false;
+		at = mailbox + i + 1;
+		if (*at != '@')
+			return false;
+	}
+	else
+	{
+		at = strrchr(mailbox, '@');
+		if (at == NULL || at == mailbox)
+			return false;
+		for (const char *p = mailbox; p < at; p++)
+			if (*p != '.' && !smtp_atext((unsigned char) *p, utf8))
+				return false;
+	}
+	local = (size_t) (at - mailbox);
+	if (local > 64 && !utf8)
+		return false;
+	return smtp_domain_valid(at + 1, len - local - 1, utf8);
+}
+
+static bool
+smtp_has_8bit(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char) *s >= 0x80)
+			return true;
+	return false;
+}
+
+long
+smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
+{
+	static const char alphabet[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	uint32_t	acc = 0;
+	size_t		n = 0;
+	size_t		pad = 0;
+
+	if (len % 4 != 0)
+		return -1;
+	for (size_t i = 0; i < len; i++)
+	{
+		const char *p;
+
+		if (in[i] == '=')
+		{
+			if (i + 2 < len || ++pad > 2)
+				return -1;
+			acc <<= 6;
+		}
+		else
+		{
+			if (pad || in[i] == '\0' || (p = strchr(alphabet, in[i])) == NULL)
+				return -1;
+			acc = (acc << 6) | (uint32_t) (p - alphabet);
+		}
+		if (i % 4 == 3)
+		{
+			unsigned char bytes[3] = {acc >> 16, (acc >> 8) & 0xff, acc & 0xff};
+			size_t		take = 3 - (i + 1 == len ? pad : 0);
+
+			if (n + take > outlen)
+				return -1;
+			memcpy(out + n, bytes, take);
+			n += take;
+			acc = 0;
+		}
+	}
+	return (long) n;
+}
+
+/* RFC 3461 xtext, decoded in place; false if malformed. */
+static bool
+smtp_xtext_decode(char *s, bool utf8)
+{
+	char	   *w = s;
+
+	for (const char *r = s; *r; r++)
+	{
+		unsigned char c = (unsigned char) *r;
+
+		if (c == '+')
+		{
+			unsigned	v;
+
+			if (!isxdigit((unsigned char) r[1]) || !isxdigit((unsigned char) r[2])
+				|| sscanf(r + 1, "%2x", &v) != 1 || v < 33 || v > 126)
+				return false;
+			*w++ = (char) v;
+			r += 2;
+		}
+		else if ((c >= 33 && c <= 126 && c != '=') || (utf8 && c >= 0x80))
+			*w++ = (char) c;
+		else
+			return false;
+	}
+	*w = '\0';
+	return smtp_utf8_valid(s, strlen(s));
+}
+
+/*
+ * "<path>" at *p: the mailbox without brackets and source route into out.
+ * Returns false on a syntax error.  *p is left after the '>'.
+ */
+static bool
+smtp_parse_path(char **p, char *out, size_t outlen)
+{
+	char	   *s = *p;
+	bool		quoted = false;
+	size_t		n = 0;
+
+	if (*s == ' ')				/* "MAIL FROM: <a@b>" is common enough to allow */
+		s++;
+	if (*s++ != '<')
+		return false;
+	if (*s == '@')				/* an obsolete source route: @a,@b:mailbox */
+	{
+		char	   *colon = strchr(s, ':');
+
+		if (colon == NULL)
+			return false;
+		s = colon + 1;
+	}
+	for (; *s; s++)
+	{
+		if (*s == '"' && (n == 0 || out[n - 1] != '\\' || !quoted))
+			quoted = !quoted;
+		else if (*s == '>' && !quoted)
+			break;
+		if (n + 1 >= outlen)
+			return false;
+		out[n++] = *s;
+	}
+	if (*s != '>')
+		return false;
+	out[n] = '\0';
+	*p = s + 1;
+	return true;
+}
+
+/* The next "KEY[=VALUE]" of a parameter list; NULL at the end. */
+static char *
+smtp_next_param(char **p, char **value)
+{
+	char	   *s = *p;
+	char	   *key;
+
+	while (*s == ' ')
+		s++;
+	if (*s == '\0')
+		return NULL;
+	key = s;
+	while (*s && *s != ' ')
+		s++;
+	if (*s)
+		*s++ = '\0';
+	*p = s;
+	*value = strchr(key, '=');
+	if (*value)
+		*(*value)++ = '\0';
+	return key;
+}
+
+/*
+ * Commands
+ */
+
+static bool
+smtp_helo_valid(const char *arg)
+{
+	size_t		len = strlen(arg);
+
+	if (len == 0 || len > SMTP_HELO_MAX || !smtp_utf8_valid(arg, len))
+		return false;
+	for (const char *p = arg; *p; p++)
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (!isalnum(c) && !strchr("-._:[]", c) && c < 0x80)
+			return false;
+	}
+	return true;
+}
+
+static void
+smtp_cmd_helo(struct smtp_session *s, char *arg, bool esmtp)
+{
+	const struct smtp_policy *p = s->policy;
+
+	if (!smtp_helo_valid(arg))
+	{
+		smtp_error(s, "501 5.5.4 Syntax: %s domain", esmtp ? "EHLO" : "HELO");
+		return;
+	}
+	smtp_reset_transaction(s);
+	free(s->helo);
+	s->helo = xstrdup(arg);
+	s->esmtp = esmtp;
+	s->state = SMTP_STATE_IDLE;
+	if (!esmtp)
+	{
+		smtp_reply(s, "250 %s", p->hostname);
+		return;
+	}
+	smtp_reply(s, "250-%s", p->hostname);
+	smtp_reply(s, "250-PIPELINING");
+	smtp_reply(s, "250-SIZE %zu", p->max_size);
+	smtp_reply(s, "250-8BITMIME");
+	smtp_reply(s, "250-BINARYMIME");
+	smtp_reply(s, "250-CHUNKING");
+	smtp_reply(s, "250-SMTPUTF8");
+	smtp_reply(s, "250-DSN");
+	if (p->starttls && !s->tls)
+		smtp_reply(s, "250-STARTTLS");
+	if (p->auth && s->tls && s->auth_account == NULL)
+		smtp_reply(s, "250-AUTH PLAIN LOGIN");
+	smtp_reply(s, "250 ENHANCEDSTATUSCODES");
+}
+
+static bool
+smtp_mail_params(struct smtp_session *s, char *params)
+{
+	char	   *key;
+	char	   *value;
+	bool		seen_size = false,
+				seen_body = false,
+				seen_auth = false;
+
+	while ((key = smtp_next_param(&params, &value)) != NULL)
+	{
+		if (!s->esmtp)
+		{
+			smtp_error(s, "555 5.5.4 Parameters need EHLO");
+			return false;
+		}
+		if (strcasecmp(key, "SIZE") == 0 && value && !seen_size)
+		{
+			char	   *end;
+			unsigned long long size;
+
+			seen_size = true;
+			if (!isdigit((unsigned char) value[0]) || strlen(value) > 20)
+				goto syntax;
+			size = strtoull(value, &end, 10);
+			if (*end)
+				goto syntax;
+			if (size > s->policy->max_size)
+			{
+				smtp_error(s, "552 5.3.4 Message size exceeds fixed maximum message size");
+				return false;
+			}
+		}
+		else if (strcasecmp(key, "BODY") == 0 && value && !seen_body)
+		{
+			seen_body = true;
+			if (strcasecmp(value, "7BIT") == 0)
+				s->body = SMTP_BODY_7BIT;
+			else if (strcasecmp(value, "8BITMIME") == 0)
+				s->body = SMTP_BODY_8BITMIME;
+			else if (strcasecmp(value, "BINARYMIME") == 0)
+				s->body = SMTP_BODY_BINARYMIME;
+			else
+				goto syntax;
+		}
+		else if (strcasecmp(key, "SMTPUTF8") == 0 && value == NULL && !s->smtputf8)
+			s->smtputf8 = true;
+		else if (strcasecmp(key, "RET") == 0 && value && s->ret == NULL)
+		{
+			if (strcasecmp(value, "FULL") != 0 && strcasecmp(value, "HDRS") != 0)
+				goto syntax;
+			s->ret = xstrdup(toupper((unsigned char) value[0]) == 'F' ? "FULL" : "HDRS");
+		}
+		else if (strcasecmp(key, "ENVID") == 0 && value && s->envid == NULL)
+		{
+			if (strlen(value) > SMTP_ENVID_MAX || !smtp_xtext_decode(value, false) || !*value)
+				goto syntax;
+			s->envid = xstrdup(value);
+		}
+		else if (strcasecmp(key, "AUTH") == 0 && value && !seen_auth)
+			seen_auth = true;	/* RFC 4954 5: accepted; we vouch only for our own AUTH */
+		else if (strcasecmp(key, "SIZE") == 0 || strcasecmp(key, "BODY") == 0
+				 || strcasecmp(key, "SMTPUTF8") == 0 || strcasecmp(key, "RET") == 0
+				 || strcasecmp(key, "ENVID") == 0 || strcasecmp(key, "AUTH") == 0)
+			goto syntax;
+		else
+		{
+			smtp_error(s, "555 5.5.4 Unsupported parameter %.64s", key);
+			return false;
+		}
+	}
+	return true;
+
+syntax:
+	smtp_error(s, "501 5.5.4 Invalid parameter %.64s", key);
+	return false;
+}
+
+static void
+smtp_cmd_mail(struct smtp_session *s, char *arg)
+{
+	char		path[SMTP_PATH_MAX + 2];
+
+	if (s->state == SMTP_STATE_HELO)
+	{
+		smtp_error(s, "503 5.5.1 Send HELO/EHLO first");
+		return;
+	}
+	if (s->state != SMTP_STATE_IDLE)
+	{
+		smtp_error(s, "503 5.5.1 Nested MAIL command");
+		return;
+	}
+	if (s->policy->auth_required && s->auth_account == NULL)
+	{
+		if (!s->tls && s->policy->starttls)
+			smtp_error(s, "530 5.7.0 Must issue a STARTTLS command first");
+		else
+			smtp_error(s, "530 5.7.0 Authentication required");
+		return;
+	}
+	if (strncasecmp(arg, "FROM:", 5) != 0 || !smtp_parse_path((arg += 5, &arg), path, sizeof(path))
+		|| (*arg && *arg != ' '))
+	{
+		smtp_error(s, "501 5.5.4 Syntax: MAIL FROM:<address>");
+		return;
+	}
+	if (!smtp_mail_params(s, arg))
+	{
+		smtp_reset_transaction(s);
+		return;
+	}
+	if (path[0] && !smtp_mailbox_valid(path, s->smtputf8))
+	{
+		if (!s->smtputf8 && smtp_has_8bit(path) && smtp_mailbox_valid(path, true))
+			smtp_error(s, "553 5.6.7 Non-ASCII address requires SMTPUTF8");
+		else
+			smtp_error(s, "553 5.1.7 Bad sender address syntax");
+		smtp_reset_transaction(s);
+		return;
+	}
+	s->mail_from = xstrdup(path);
+	s->state = SMTP_STATE_MAIL;
+	smtp_reply(s, "250 2.1.0 Sender ok");
+}
+
+/* NOTIFY=NEVER or a list of SUCCESS, FAILURE, DELAY, upper-cased. */
+static bool
+smtp_notify_valid(char *value)
+{
+	bool		seen[3] = {false, false, false};
+	static const char *const words[3] = {"SUCCESS", "FAILURE", "DELAY"};
+	char	   *copy = xstrdup(value);
+	char	   *save = NULL;
+	bool		ok = true;
+	int			count = 0;
+
+	for (char *p = value; *p; p++)
+		*p = (char) toupper((unsigned char) *p);
+	if (strcmp(value, "NEVER") == 0)
+	{
+		free(copy);
+		return true;
+	}
+	for (char *w = strtok_r(copy, ",", &save); w && ok; w = strtok_r(NULL, ",", &save))
+	{
+		int			i;
+
+		for (i = 0; i < 3 && strcasecmp(w, words[i]) != 0; i++)
+			;
+		ok = i < 3 && !seen[i];
+		if (ok)
+			seen[i] = true, count++;
+	}
+	free(copy);
+	return ok && count > 0 && value[0] != ',' && value[strlen(value) - 1] != ','
+		&& strstr(value, ",,") == NULL;
+}
+
+static void
+smtp_cmd_rcpt(struct smtp_session *s, char *arg)
+{
+	char		path[SMTP_PATH_MAX + 2];
+	char	   *notify = NULL;
+	char	   *orcpt = NULL;
+	char	   *key;
+	char	   *value;
+	struct smtp_recipient *r;
+
+	if (s->state != SMTP_STATE_MAIL && s->state != SMTP_STATE_RCPT)
+	{
+		smtp_error(s, "503 5.5.1 Need MAIL before RCPT");
+		return;
+	}
+	if (strncasecmp(arg, "TO:", 3) != 0 || !smtp_parse_path((arg += 3, &arg), path, sizeof(path))
+		|| (*arg && *arg != ' '))
+	{
+		smtp_error(s, "501 5.5.4 Syntax: RCPT TO:<address>");
+		return;
+	}
+	while ((key = smtp_next_param(&arg, &value)) != NULL)
+	{
+		if (!s->esmtp)
+		{
+			smtp_error(s, "555 5.5.4 Parameters need EHLO");
+			goto out;
+		}
+		if (strcasecmp(key, "NOTIFY") == 0 && value && notify == NULL)
+		{
+			if (!smtp_notify_valid(value))
+			{
+				smtp_error(s, "501 5.5.4 Invalid NOTIFY parameter");
+				goto out;
+			}
+			notify = xstrdup(value);
+		}
+		else if (strcasecmp(key, "ORCPT") == 0 && value && orcpt == NULL)
+		{
+			char	   *semicolon = strchr(value, ';');
+
+			if (semicolon == NULL || semicolon == value || strlen(value) > 500
+				|| !smtp_xtext_decode(semicolon + 1, s->smtputf8) || semicolon[1] == '\0')
+			{
+				smtp_error(s, "501 5.5.4 Invalid ORCPT parameter");
+				goto out;
+			}
+			*semicolon = '\0';
+			for (char *p = value; *p; p++)
+				if (!isalnum((unsigned char) *p) && *p != '-')
+				{
+					smtp_error(s, "501 5.5.4 Invalid ORCPT address type");
+					goto out;
+				}
+			orcpt = xasprintf("%s;%s", value, semicolon + 1);
+			for (char *p = orcpt; *p != ';'; p++)
+				*p = (char) tolower((unsigned char) *p);
+		}
+		else if (strcasecmp(key, "NOTIFY") == 0 || strcasecmp(key, "ORCPT") == 0)
+		{
+			smtp_error(s, "501 5.5.4 Invalid parameter %.64s", key);
+			goto out;
+		}
+		else
+		{
+			smtp_error(s, "555 5.5.4 Unsupported parameter %.64s", key);
+			goto out;
+		}
+	}
+	if (strcasecmp(path, "postmaster") != 0 && !smtp_mailbox_valid(path, s->smtputf8))
+	{
+		if (!s->smtputf8 && smtp_has_8bit(path) && smtp_mailbox_valid(path, true))
+			smtp_error(s, "553 5.6.7 Non-ASCII address requires SMTPUTF8");
+		else
+			smtp_error(s, "501 5.1.3 Bad recipient address syntax");
+		goto out;
+	}
+	if (s->nrcpt >= s->policy->max_recipients)
+	{
+		/* RFC 5321 4.5.3.1.10: 452, and not counted as an error. */
+		smtp_reply(s, "452 4.5.3 Too many recipients");
+		goto out;
+	}
+	s->rcpt = xrealloc(s->rcpt, (s->nrcpt + 1) * sizeof(*s->rcpt));
+	r = &s->rcpt[s->nrcpt++];
+	r->address = xstrdup(path);
+	r->notify = notify;
+	r->orcpt = orcpt;
+	s->state = SMTP_STATE_RCPT;
+	smtp_reply(s, "250 2.1.5 Recipient ok");
+	return;
+
+out:
+	free(notify);
+	free(orcpt);
+}
+
+/* Can a message be sent now?  Replies and returns false if not. */
+static bool
+smtp_content_allowed(struct smtp_session *s)
+{
+	if (s->state == SMTP_STATE_MAIL)
+		smtp_error(s, "554 5.5.1 No valid recipients");
+	else if (s->state != SMTP_STATE_RCPT)
+		smtp_error(s, "503 5.5.1 Need RCPT before content");
+	else
+		return true;
+	return false;
+}
+
+static void
+smtp_cmd_data(struct smtp_session *s, char *arg)
+{
+	if (*arg)
+	{
+		smtp_error(s, "501 5.5.4 Syntax: DATA");
+		return;
+	}
+	if (!smtp_content_allowed(s))
+		return;
+	if (s->chunking || s->body == SMTP_BODY_BINARYMIME)
+	{
+		smtp_error(s, "503 5.5.1 %s", s->chunking ? "DATA after BDAT" : "BINARYMIME needs BDAT");
+		return;
+	}
+	s->state = SMTP_STATE_DATA;
+	s->scan = SMTP_SCAN_LINE_START;
+	s->line_length = 0;
+	smtp_reply(s, "354 End data with <CR><LF>.<CR><LF>");
+}
+
+static void
+smtp_cmd_bdat(struct smtp_session *s, char *arg)
+{
+	char	   *end;
+	unsigned long long size;
+
+	if (!isdigit((unsigned char) arg[0]) || (size = strtoull(arg, &end, 10)) > SIZE_MAX / 2
+		|| (*end && strcasecmp(end, " LAST") != 0))
+	{
+		/* Without a size the chunk cannot be skipped; the session may be lost. */
+		smtp_error(s, "501 5.5.4 Syntax: BDAT size [LAST]");
+		return;
+	}
+	s->bdat_remaining = (size_t) size;
+	s->bdat_last = *end != '\0';
+	s->bdat_reply = NULL;
+	/* The octets follow whatever we answer, so they are always read. */
+	if (!s->esmtp)
+		s->bdat_reply = "503 5.5.1 BDAT needs EHLO";
+	else if (s->state == SMTP_STATE_MAIL)
+		s->bdat_reply = "554 5.5.1 No valid recipients";
+	else if (s->state != SMTP_STATE_RCPT)
+		s->bdat_reply = "503 5.5.1 Need RCPT before BDAT";
+	else if (s->chunk_failed)
+		s->bdat_reply = "554 5.5.0 An earlier chunk of this message was refused";
+	else if (s->message_size + s->bdat_remaining > s->policy->max_size)
+		s->bdat_reply = "552 5.3.4 Message size exceeds fixed maximum message size";
+	if (s->state == SMTP_STATE_RCPT)
+	{
+		s->chunking = true;
+		if (s->bdat_reply)
+			s->chunk_failed = true;
+	}
+	if (s->bdat_reply)
+		buf_free(&s->message);
+	s->state = SMTP_STATE_BDAT;
+	if (s->bdat_remaining == 0)
+		smtp_input_bdat(s, "", 0);	/* no octets to wait for */
+}
+
+static void
+smtp_cmd_rset(struct smtp_session *s, char *arg)
+{
+	smtp_reset_transaction(s);
+	smtp_reply(s, "250 2.0.0 Ok");
+}
+
+static void
+smtp_cmd_starttls(struct smtp_session *s, char *arg)
+{
+	if (*arg)
+		smtp_error(s, "501 5.5.4 Syntax: STARTTLS");
+	else if (!s->policy->starttls || s->tls)
+		smtp_error(s, "503 5.5.1 TLS not available");
+	else if (s->state != SMTP_STATE_IDLE && s->state != SMTP_STATE_HELO)
+		smtp_error(s, "503 5.5.1 STARTTLS in a transaction");
+	else
+	{
+		smtp_reply(s, "220 2.0.0 Ready to start TLS");
+		s->state = SMTP_STATE_WAIT;
+		s->event = SMTP_EVENT_STARTTLS;
+	}
+}
+
+/* The decoded "authzid \0 authcid \0 password" of AUTH PLAIN. */
+static void
+smtp_auth_plain(struct smtp_session *s, const char *response)
+{
+	char		decoded[1024];
+	long		n = smtp_base64_decode(response, strlen(response), decoded, sizeof(decoded) - 1);
+	char	   *user;
+	char	   *password;
+
+	if (n < 0)
+	{
+		s->state = SMTP_STATE_IDLE;
+		smtp_error(s, "501 5.5.2 Cannot decode the response");
+		return;
+	}
+	decoded[n] = '\0';
+	user = memchr(decoded, '\0', (size_t) n);
+	password = user ? memchr(user + 1, '\0', (size_t) (decoded + n - user - 1)) : NULL;
+	if (password == NULL || user[1] == '\0'
+		|| (decoded[0] != '\0' && strcmp(decoded, user + 1) != 0))
+	{
+		explicit_bzero(decoded, sizeof(decoded));
+		s->state = SMTP_STATE_IDLE;
+		smtp_error(s, "535 5.7.8 Authentication credentials invalid");
+		return;
+	}
+	smtp_wipe(&s->auth_user);
+	smtp_wipe(&s->auth_password);
+	s->auth_user = xstrdup(user + 1);
+	s->auth_password = xstrndup(password + 1, (size_t) (decoded + n - password - 1));
+	explicit_bzero(decoded, sizeof(decoded));
+	s->state = SMTP_STATE_WAIT;
+	s->event = SMTP_EVENT_AUTH;
+}
+
+/* A response line of AUTH (the initial one, or a continuation). */
+static void
+smtp_auth_response(struct smtp_session *s, const char *line)
+{
+	char		decoded[1024];
+	long		n;
+
+	if (strcmp(line, "*") == 0)
+	{
+		s->auth_step = SMTP_AUTH_NONE;
+		s->state = SMTP_STATE_IDLE;
+		smtp_error(s, "501 5.7.0 Authentication cancelled");
+		return;
+	}
+	if (s->auth_step == SMTP_AUTH_PLAIN)
+	{
+		s->auth_step = SMTP_AUTH_NONE;
+		smtp_auth_plain(s, strcmp(line, "=") == 0 ? "" : line);
+		return;
+	}
+	n = smtp_base64_decode(line, strlen(line), decoded, sizeof(decoded) - 1);
+	if (n < 0 || memchr(decoded, '\0', (size_t) n) != NULL)
+	{
+		explicit_bzero(decoded, sizeof(decoded));
+		s->auth_step = SMTP_AUTH_NONE;
+		s->state = SMTP_STATE_IDLE;
+		smtp_error(s, "501 5.5.2 Cannot decode the response");
+		return;
+	}
+	decoded[n] = '\0';
+	if (s->auth_step == SMTP_AUTH_LOGIN_USER)
+	{
+		smtp_wipe(&s->auth_user);
+		s->auth_user = xstrdup(decoded);
+		s->auth_step = SMTP_AUTH_LOGIN_PASSWORD;
+		s->state = SMTP_STATE_AUTH;
+		smtp_reply(s, "334 UGFzc3dvcmQ6");
+	}
+	else
+	{
+		smtp_wipe(&s->auth_password);
+		s->auth_password = xstrdup(decoded);
+		s->auth_step = SMTP_AUTH_NONE;
+		s->state = SMTP_STATE_WAIT;
+		s->event = SMTP_EVENT_AUTH;
+	}
+	explicit_bzero(decoded, sizeof(decoded));
+}
+
+static void
+smtp_cmd_auth(struct smtp_session *s, char *arg)
+{
+	char	   *initial = strchr(arg, ' ');
+
+	if (initial)
+		*initial++ = '\0';
+	if (!s->policy->auth)
+		smtp_error(s, "502 5.5.1 AUTH not available");
+	else if (!s->tls)
+		smtp_error(s, "538 5.7.11 Encryption required for requested authentication mechanism");
+	else if (s->state == SMTP_STATE_HELO || !s->esmtp)
+		smtp_error(s, "503 5.5.1 Send EHLO first");
+	else if (s->auth_account)
+		smtp_error(s, "503 5.5.1 Already authenticated");
+	else if (s->state != SMTP_STATE_IDLE)
+		smtp_error(s, "503 5.5.1 AUTH in a transaction");
+	else if (strcasecmp(arg, "PLAIN") == 0)
+	{
+		s->auth_step = SMTP_AUTH_PLAIN;
+		if (initial)
+			smtp_auth_response(s, initial);
+		else
+		{
+			s->state = SMTP_STATE_AUTH;
+			smtp_reply(s, "334 ");
+		}
+	}
+	else if (strcasecmp(arg, "LOGIN") == 0)
+	{
+		s->auth_step = SMTP_AUTH_LOGIN_USER;
+		if (initial)
+			smtp_auth_response(s, initial);
+		else
+		{
+			s->state = SMTP_STATE_AUTH;
+			smtp_reply(s, "334 VXNlcm5hbWU6");
+		}
+	}
+	else
+		smtp_error(s, "504 5.5.4 Unrecognized authentication type");
+}
+
+static void
+smtp_cmd_noop(struct smtp_session *s, char *arg)
+{
+	smtp_reply(s, "250 2.0.0 Ok");
+}
+
+static void
+smtp_cmd_vrfy(struct smtp_session *s, char *arg)
+{
+	smtp_reply(s, "252 2.5.0 Cannot VRFY user, but will accept message and attempt delivery");
+}
+
+static void
+smtp_cmd_help(struct smtp_session *s, char *arg)
+{
+	smtp_reply(s, "214 2.0.0 See RFC 5321");
+}
+
+static void
+smtp_cmd_quit(struct smtp_session *s, char *arg)
+{
+	smtp_close(s, "221 2.0.0 Bye");
+}
+
+static void
+smtp_cmd_helo_plain(struct smtp_session *s, char *arg)
+{
+	smtp_cmd_helo(s, arg, false);
+}
+
+static void
+smtp_cmd_ehlo(struct smtp_session *s, char *arg)
+{
+	smtp_cmd_helo(s, arg, true);
+}
+
+static const struct
+{
+	const char *name;
+	void		(*handler) (struct smtp_session *s, char *arg);
+}			smtp_commands[] = {
+	{"EHLO", smtp_cmd_ehlo},
+	{"HELO", smtp_cmd_helo_plain},
+	{"MAIL", smtp_cmd_mail},
+	{"RCPT", smtp_cmd_rcpt},
+	{"DATA", smtp_cmd_data},
+	{"BDAT", smtp_cmd_bdat},
+	{"RSET", smtp_cmd_rset},
+	{"NOOP", smtp_cmd_noop},
+	{"QUIT", smtp_cmd_quit},
+	{"STARTTLS", smtp_cmd_starttls},
+	{"AUTH", smtp_cmd_auth},
+	{"VRFY", smtp_cmd_vrfy},
+	{"HELP", smtp_cmd_help},
+};
+
+/* The token bucket of COMMAND_RATE: ten seconds' worth of burst. */
+static bool
+smtp_rate_allows(struct smtp_session *s)
+{
+	double		rate = s->policy->command_rate;
+	static const double burst_seconds = 10;
+
+	if (rate <= 0)
+		return true;
+	if (s->rate_elapsed > 0)
+	{
+		s->rate_tokens += rate * s->rate_elapsed;
+		if (s->rate_tokens > rate * burst_seconds)
+			s->rate_tokens = rate * burst_seconds;
+		s->rate_elapsed = 0;
+	}
+	if (s->rate_tokens < 1)
+		return false;
+	s->rate_tokens -= 1;
+	return true;
+}
+
+static void
+smtp_dispatch_command(struct smtp_session *s, char *line, size_t len)
+{
+	char	   *arg;
+	size_t		verb;
+
+	for (size_t i = 0; i < len; i++)
+		if (line[i] == '\0' || line[i] == '\r')
+		{
+			smtp_error(s, "500 5.5.2 %s in command", line[i] ? "Bare CR" : "NUL");
+			return;
+		}
+	if (!smtp_rate_allows(s))
+	{
+		smtp_close(s, "421 4.7.0 Too many commands, slow down");
+		return;
+	}
+	verb = strcspn(line, " ");
+	arg = line + verb;
+	if (*arg)
+		*arg++ = '\0';
+	for (size_t i = 0; i < sizeof(smtp_commands) / sizeof(smtp_commands[0]); i++)
+		if (strcasecmp(line, smtp_commands[i].name) == 0)
+		{
+			smtp_commands[i].handler(s, arg);
+			return;
+		}
+	if (strcasecmp(line, "EXPN") == 0 || strcasecmp(line, "TURN") == 0
+		|| strcasecmp(line, "ETRN") == 0)
+		smtp_error(s, "502 5.5.1 Command not implemented");
+	else
+		smtp_error(s, "500 5.5.2 Command unrecognized");
+}
+
+/*
+ * Content
+ */
+
+static void
+smtp_taint(struct smtp_session *s, enum smtp_taint taint)
+{
+	if (s->taint == SMTP_TAINT_NONE)
+		s->taint = taint;
+}
+
+/* Keep content octets, unless the message is already refused. */
+static void
+smtp_keep(struct smtp_session *s, const char *data, size_t len)
+{
+	s->message_size += len;
+	if (s->message_size > s->policy->max_size)
+		smtp_taint(s, SMTP_TAINT_SIZE);
+	if (s->taint != SMTP_TAINT_NONE)
+	{
+		buf_free(&s->message);
+		return;
+	}
+	buf_append(&s->message, data, len);
+}
+
+static void
+smtp_content_refused(struct smtp_session *s)
+{
+	switch (s->taint)
+	{
+		case SMTP_TAINT_SIZE:
+			smtp_error(s, "552 5.3.4 Message size exceeds fixed maximum message size");
+			break;
+		case SMTP_TAINT_LINE_LENGTH:
+			smtp_error(s, "554 5.6.0 Message refused: a line is longer than %zu octets",
+					   s->policy->max_line_length);
+			break;
+		case SMTP_TAINT_BARE_LF:
+			smtp_error(s, "554 5.6.0 Message refused: bare LF (lines must end with CRLF)");
+			break;
+		case SMTP_TAINT_BARE_CR:
+			smtp_error(s, "554 5.6.0 Message refused: bare CR (lines must end with CRLF)");
+			break;
+		case SMTP_TAINT_NUL:
+			smtp_error(s, "554 5.6.0 Message refused: NUL octet");
+			break;
+		case SMTP_TAINT_NONE:
+			break;
+	}
+}
+
+/* The end of the content: refuse it, or hand it to the host. */
+static void
+smtp_content_complete(struct smtp_session *s)
+{
+	if (s->taint != SMTP_TAINT_NONE)
+	{
+		s->state = SMTP_STATE_RCPT;
+		smtp_content_refused(s);
+		if (s->state != SMTP_STATE_CLOSED)
+		{
+			s->state = SMTP_STATE_IDLE;
+			smtp_reset_transaction(s);
+		}
+		return;
+	}
+	s->state = SMTP_STATE_WAIT;
+	s->event = SMTP_EVENT_MESSAGE;
+}
+
+/*
+ * Check content octets for line ends and line length; with dots, undo
+ * dot-stuffing and stop at CRLF.CRLF.  Returns the octets used (all of
+ * them unless the end was found).
+ */
+static size_t
+smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dots)
+{
+	size_t		keep_from = 0;
+	size_t		max_line = s->policy->max_line_length;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) data[i];
+
+		switch (s->scan)
+		{
+			case SMTP_SCAN_LINE_START:
+				if (dots && c == '.')
+				{
+					/* Held back: stuffing, or the end. */
+					smtp_keep(s, data + keep_from, i - keep_from);
+					keep_from = i + 1;
+					s->scan = SMTP_SCAN_DOT;
+					s->line_length = 1;
+					continue;
+				}
+				s->line_length = 0;
+				/* FALLTHROUGH */
+			case SMTP_SCAN_IN_LINE:
+		in_line:
+				if (c == '\r')
+					s->scan = SMTP_SCAN_CR;
+				else
+				{
+					if (c == '\n')
+						smtp_taint(s, SMTP_TAINT_BARE_LF);
+					else if (c == '\0')
+						smtp_taint(s, SMTP_TAINT_NUL);
+					s->scan = SMTP_SCAN_IN_LINE;
+					if (++s->line_length > max_line)
+						smtp_taint(s, SMTP_TAINT_LINE_LENGTH);
+				}
+				break;
+			case SMTP_SCAN_CR:
+				if (c == '\n')
+				{
+					s->scan = SMTP_SCAN_LINE_START;
+					s->line_length = 0;
+					break;
+				}
+				smtp_taint(s, SMTP_TAINT_BARE_CR);
+				s->line_length++;
+				goto in_line;
+			case SMTP_SCAN_DOT:
+				if (c == '\r')
+				{
+					/* Held back too: it may be the end. */
+					keep_from = i + 1;
+					s->scan = SMTP_SCAN_DOT_CR;
+					continue;
+				}
+				/* RFC 5321 4.5.2: the first dot of the line is dropped. */
+				goto in_line;
+			case SMTP_SCAN_DOT_CR:
+				if (c == '\n')
+				{
+					smtp_content_complete(s);
+					return i + 1;
+				}
+				smtp_taint(s, SMTP_TAINT_BARE_CR);
+				s->line_length++;
+				goto in_line;
+		}
+	}
+	smtp_keep(s, data + keep_from, len - keep_from);
+	return len;
+}
+
+static size_t
+smtp_input_bdat(struct smtp_session *s, const char *data, size_t len)
+{
+	size_t		n = len < s->bdat_remaining ? len : s->bdat_remaining;
+
+	if (s->bdat_reply == NULL)
+	{
+		if (s->body == SMTP_BODY_BINARYMIME)
+			smtp_keep(s, data, n);
+		else
+			smtp_scan_content(s, data, n, false);
+	}
+	s->bdat_remaining -= n;
+	if (s->bdat_remaining > 0)
+		return n;
+
+	if (s->bdat_reply)
+	{
+		const char *reply = s->bdat_reply;
+
+		s->bdat_reply = NULL;
+		s->state = s->chunking ? SMTP_STATE_RCPT : (s->mail_from ? SMTP_STATE_MAIL
+													: (s->helo ? SMTP_STATE_IDLE : SMTP_STATE_HELO));
+		if (s->bdat_last && s->chunking)
+			smtp_reset_transaction(s);
+		smtp_error(s, "%s", reply);
+	}
+	else if (s->bdat_last)
+		smtp_content_complete(s);
+	else
+	{
+		s->state = SMTP_STATE_RCPT;
+		smtp_reply(s, "250 2.0.0 %zu octets received", s->message_size);
+	}
+	return n;
+}
+
+/* One command line (CRLF removed), or an AUTH continuation. */
+static void
+smtp_input_line(struct smtp_session *s, char *line, size_t len)
+{
+	if (s->state == SMTP_STATE_AUTH)
+	{
+		line[len] = '\0';
+		if (memchr(line, '\0', len) || memchr(line, '\r', len))
+		{
+			s->auth_step = SMTP_AUTH_NONE;
+			s->state = SMTP_STATE_IDLE;
+			smtp_error(s, "501 5.5.2 Cannot decode the response");
+			return;
+		}
+		smtp_auth_response(s, line);
+		explicit_bzero(line, len);
+		return;
+	}
+	smtp_dispatch_command(s, line, len);
+}
+
+size_t
+smtp_input(struct smtp_session *s, const char *data, size_t len)
+{
+	size_t		used = 0;
+	char		line[SMTP_COMMAND_MAX + 1];
+
+	while (used < len && s->event == SMTP_EVENT_NONE)
+	{
+		const char *start = data + used;
+		const char *nl;
+		size_t		n;
+
+		switch (s->state)
+		{
+			case SMTP_STATE_DATA:
+				used += smtp_scan_content(s, start, len - used, true);
+				continue;
+			case SMTP_STATE_BDAT:
+				used += smtp_input_bdat(s, start, len - used);
+				continue;
+			case SMTP_STATE_WAIT:
+			case SMTP_STATE_CLOSED:
+				return used;
+			default:
+				break;
+		}
+		nl = memchr(start, '\n', len - used);
+		if (s->discarding_line)
+		{
+			if (nl == NULL)
+				return len;
+			used += (size_t) (nl - start) + 1;
+			s->discarding_line = false;
+			continue;
+		}
+		if (nl == NULL)
+		{
+			if (len - used > SMTP_COMMAND_MAX)
+			{
+				s->discarding_line = true;
+				smtp_error(s, "500 5.5.2 Line too long");
+				return len;
+			}
+			return used;		/* wait for the rest of the line */
+		}
+		n = (size_t) (nl - start);
+		used += n + 1;
+		if (n > SMTP_COMMAND_MAX)
+		{
+			smtp_error(s, "500 5.5.2 Line too long");
+			continue;
+		}
+		if (n == 0 || start[n - 1] != '\r')
+		{
+			smtp_error(s, "500 5.5.2 Bare LF in command (lines must end with CRLF)");
+			continue;
+		}
+		memcpy(line, start, n - 1);
+		line[n - 1] = '\0';
+		smtp_input_line(s, line, n - 1);
+		explicit_bzero(line, n);
+	}
+	return used;
+}
+
+/*
+ * The host's answers
+ */
+
+void
+smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info)
+{
+	/* RFC 3207 4.2: forget everything learnt before TLS. */
+	smtp_reset_transaction(s);
+	free(s->helo);
+	s->helo = NULL;
+	s->esmtp = false;
+	s->tls = true;
+	s->tls_info = *info;
+	s->state = SMTP_STATE_HELO;
+	s->event = SMTP_EVENT_NONE;
+}
+
+void
+smtp_auth_done(struct smtp_session *s, bool ok)
+{
+	s->event = SMTP_EVENT_NONE;
+	s->state = SMTP_STATE_IDLE;
+	if (ok)
+	{
+		s->auth_account = s->auth_user;
+		s->auth_user = NULL;
+		smtp_reply(s, "235 2.7.0 Authentication successful");
+	}
+	else
+		smtp_error(s, "535 5.7.8 Authentication credentials invalid");
+	smtp_wipe(&s->auth_user);
+	smtp_wipe(&s->auth_password);
+}
+
+void
+smtp_admit_done(struct smtp_session *s, bool ok, long long id)
+{
+	s->event = SMTP_EVENT_NONE;
+	s->state = SMTP_STATE_IDLE;
+	if (ok)
+		smtp_reply(s, "250 2.0.0 Ok: queued as %lld", id);
+	else
+		smtp_reply(s, "451 4.3.0 Queue temporarily unavailable, try again later");
+	smtp_reset_transaction(s);
+}
+
+void
+smtp_admit_refused(struct smtp_session *s, const char *reply)
+{
+	s->event = SMTP_EVENT_NONE;
+	s->state = SMTP_STATE_IDLE;
+	smtp_reset_transaction(s);
+	smtp_error(s, "%s", reply);
+}

@@ -1,0 +1,177 @@
+/*
+ * smtp.h: the server side of SMTP as a pure state machine.
+ *
+ * No sockets, no clock, no database: bytes go in through smtp_input,
+ * replies come out in session->out, and whatever the protocol cannot
+ * decide alone (start TLS, check a password, store a message, close) is
+ * raised as an event that suspends input until the host answers it.  The
+ * daemon (session.c) and the fuzz target (fuzz/fuzz_smtp.c) both drive it,
+ * so what the fuzzer explores is exactly what faces the network.
+ */
+#ifndef PEPSI_INGRESS_SMTP_H
+#define PEPSI_INGRESS_SMTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "buf.h"
+
+/* RFC 5321 4.5.3.1.4 says 512; extensions (AUTH, DSN, SMTPUTF8) need more. */
+#define SMTP_COMMAND_MAX 4096
+#define SMTP_HELO_MAX 255
+#define SMTP_PATH_MAX 256
+#define SMTP_ENVID_MAX 100
+
+/* What a listener allows; shared by its sessions, never changed by them. */
+struct smtp_policy
+{
+	const char *hostname;		/* banner, EHLO, Received */
+	size_t		max_size;		/* octets of message content */
+	size_t		max_recipients;
+	size_t		max_line_length;	/* octets of a text line, CRLF excluded */
+	unsigned	max_errors;		/* error replies before 421 */
+	unsigned	command_rate;	/* commands per second on average; 0: no limit */
+	bool		starttls;		/* a certificate is configured */
+	bool		auth;			/* credentials are configured */
+	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
+};
+
+enum smtp_state
+{
+	SMTP_STATE_HELO,			/* waiting for EHLO/HELO (again after STARTTLS) */
+	SMTP_STATE_IDLE,			/* greeted, no transaction */
+	SMTP_STATE_MAIL,			/* MAIL accepted, no recipient yet */
+	SMTP_STATE_RCPT,			/* at least one recipient */
+	SMTP_STATE_DATA,			/* reading DATA content up to CRLF.CRLF */
+	SMTP_STATE_BDAT,			/* reading the octets of a BDAT chunk */
+	SMTP_STATE_AUTH,			/* waiting for an AUTH continuation line */
+	SMTP_STATE_WAIT,			/* an event is out with the host */
+	SMTP_STATE_CLOSED			/* nothing more is read */
+};
+
+enum smtp_event
+{
+	SMTP_EVENT_NONE,
+	SMTP_EVENT_STARTTLS,		/* flush the 220, discard unread input, handshake */
+	SMTP_EVENT_AUTH,			/* check auth_user/auth_password: smtp_auth_done */
+	SMTP_EVENT_MESSAGE,			/* admit the transaction: smtp_admit_done */
+	SMTP_EVENT_CLOSE			/* flush the output and close */
+};
+
+enum smtp_body
+{
+	SMTP_BODY_7BIT,
+	SMTP_BODY_8BITMIME,
+	SMTP_BODY_BINARYMIME
+};
+
+/* Why content was refused; the first reason found wins. */
+enum smtp_taint
+{
+	SMTP_TAINT_NONE,
+	SMTP_TAINT_SIZE,
+	SMTP_TAINT_LINE_LENGTH,
+	SMTP_TAINT_BARE_LF,
+	SMTP_TAINT_BARE_CR,
+	SMTP_TAINT_NUL
+};
+
+/* Where the DATA scanner is within a line. */
+enum smtp_scan
+{
+	SMTP_SCAN_LINE_START,
+	SMTP_SCAN_IN_LINE,
+	SMTP_SCAN_CR,				/* a CR inside a line */
+	SMTP_SCAN_DOT,				/* a dot at the start of a line */
+	SMTP_SCAN_DOT_CR			/* "." CR at the start of a line */
+};
+
+struct smtp_recipient
+{
+	char	   *address;
+	char	   *notify;			/* "SUCCESS,DELAY", "NEVER" or NULL */
+	char	   *orcpt;			/* "rfc822;x@y" (xtext decoded) or NULL */
+};
+
+struct smtp_tls_info
+{
+	char		version[32];
+	char		cipher[96];
+	int			bits;
+};
+
+struct smtp_session
+{
+	const struct smtp_policy *policy;
+	enum smtp_state state;
+	enum smtp_event event;
+	struct buf	out;			/* replies not yet written */
+
+	/* The session */
+	char	   *helo;
+	bool		esmtp;
+	bool		tls;
+	struct smtp_tls_info tls_info;
+	char	   *auth_account;	/* after a successful AUTH */
+	unsigned	errors;
+	bool		discarding_line;	/* skipping the rest of an over-long command */
+	double		rate_tokens;	/* command rate bucket */
+	double		rate_elapsed;	/* seconds since the last input; added by the host */
+
+	/* AUTH in progress */
+	enum
+	{
+		SMTP_AUTH_NONE, SMTP_AUTH_PLAIN, SMTP_AUTH_LOGIN_USER, SMTP_AUTH_LOGIN_PASSWORD
+	}			auth_step;
+	char	   *auth_user;
+	char	   *auth_password;
+
+	/* The transaction */
+	char	   *mail_from;
+	bool		smtputf8;
+	enum smtp_body body;
+	char	   *ret;			/* "FULL", "HDRS" or NULL */
+	char	   *envid;
+	struct smtp_recipient *rcpt;
+	size_t		nrcpt;
+	bool		chunking;		/* BDAT was used: DATA is out of sequence */
+	bool		chunk_failed;	/* a chunk was refused; the rest are skipped */
+	struct buf	message;		/* content as received, dot-unstuffing done */
+	size_t		message_size;	/* octets received, stored or not */
+	enum smtp_taint taint;
+	enum smtp_scan scan;
+	size_t		line_length;
+	size_t		bdat_remaining;
+	bool		bdat_last;
+	const char *bdat_reply;		/* the refusal owed when the chunk is read */
+};
+
+void		smtp_init(struct smtp_session *s, const struct smtp_policy *policy);
+void		smtp_free(struct smtp_session *s);
+/* The banner (after the TLS handshake on an smtps listener). */
+void		smtp_greet(struct smtp_session *s);
+/*
+ * Feed received bytes; returns how many were used.  The rest (a partial
+ * command line, or everything after an event) must be offered again, with
+ * what follows, once the event is answered; after SMTP_EVENT_STARTTLS the
+ * rest must be thrown away instead.
+ */
+size_t		smtp_input(struct smtp_session *s, const char *data, size_t len);
+/* The host's answers to events. */
+void		smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
+void		smtp_auth_done(struct smtp_session *s, bool ok);
+void		smtp_admit_done(struct smtp_session *s, bool ok, long long id);
+/* The host refuses the content after all (reply: "554 5.6.0 ..."). */
+void		smtp_admit_refused(struct smtp_session *s, const char *reply);
+/* The idle timeout or shutdown: a 421 and close. */
+void		smtp_close(struct smtp_session *s, const char *reply);
+const char *smtp_body_name(enum smtp_body body);
+/* The RFC 3848 "with" keyword for Received: ESMTPSA, UTF8SMTPS... */
+const char *smtp_protocol_name(const struct smtp_session *s);
+
+/* Parsers, exposed for the fuzz target and the tests of the parsers. */
+bool		smtp_utf8_valid(const char *s, size_t len);
+bool		smtp_mailbox_valid(const char *mailbox, bool utf8);
+long		smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen);
+
+#endif
