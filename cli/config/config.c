@@ -1,0 +1,304 @@
+/*
+ * pepsi-config: the configuration overlay from the command line.
+ *
+ *   pepsi-config [-C config] get SECTION OPTION [--scope SCOPE | --address A | --domain D]
+ *   pepsi-config [-C config] set SECTION OPTION VALUE [--scope SCOPE]
+ *   pepsi-config [-C config] unset SECTION OPTION [--scope SCOPE]
+ *   pepsi-config [-C config] [--json] list [--scope SCOPE]
+ *
+ * SCOPE is global (the default), domain:<domain> or address:<address>.
+ * set and unset go through pepsi.config_set / pepsi.config_unset, which
+ * validate and log the change; the dispatcher is notified at once and
+ * replaces its workers so they read the new value.  [database] and
+ * [listener-*] are never overridden: they are only read from the file.
+ * get prints the value a component would use and where it comes from.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "buf.h"
+#include "cli.h"
+#include "config.h"
+#include "db.h"
+#include "log.h"
+
+int			pepsi_config_main(int argc, char **argv);
+
+static void
+config_usage(void)
+{
+	fprintf(stderr,
+			"usage: pepsi-config [-C CONFIG] [--json] COMMAND ...\n"
+			"  get SECTION OPTION [--scope SCOPE | --address A | --domain D]\n"
+			"  set SECTION OPTION VALUE [--scope SCOPE]\n"
+			"  unset SECTION OPTION [--scope SCOPE]\n"
+			"  list [--scope SCOPE]\n"
+			"  SCOPE: global (default), domain:<domain>, address:<address>\n");
+}
+
+/* "[stage-relay]" or "stage-relay" -> "stage-relay". */
+static char *
+config_section_arg(const char *arg)
+{
+	size_t		len = strlen(arg);
+
+	if (len >= 2 && arg[0] == '[' && arg[len - 1] == ']')
+		return xstrndup(arg + 1, len - 2);
+	return xstrdup(arg);
+}
+
+static bool
+config_check_scope(const char *scope)
+{
+	if (strcmp(scope, "global") == 0
+		|| (strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
+		|| (strncmp(scope, "address:", 8) == 0 && scope[8] != '\0' && strchr(scope + 8, '@')))
+		return true;
+	fprintf(stderr, "pepsi-config: \"%s\" is not a scope (global, domain:<domain>, "
+			"address:<local@domain>)\n", scope);
+	return false;
+}
+
+/* Refuse locally what the overlay can never hold, with the reason. */
+static bool
+config_check_target(const char *section, const char *option)
+{
+	if (!config_section_known(section))
+	{
+		fprintf(stderr, "pepsi-config: there is no section [%s]\n", section);
+		return false;
+	}
+	if (!config_section_overridable(section))
+	{
+		fprintf(stderr, "pepsi-config: [%s] is read only from the file: a database override "
+				"could move a listening socket or the database connection itself\n", section);
+		return false;
+	}
+	if (!config_option_known(section, option))
+	{
+		fprintf(stderr, "pepsi-config: [%s] has no option %s\n", section, option);
+		return false;
+	}
+	return true;
+}
+
+static int
+config_get_command(PGconn *conn, struct pepsi_config *cfg, const char *section, const char *option,
+				   const char *scope, const char *domain, const char *address)
+{
+	char		err[1024];
+	const char *value;
+	char		origin[512];
+
+	if (!db_load_overrides(conn, cfg, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-config: %s\n", err);
+		return CLI_EX_TEMPFAIL;
+	}
+	if (scope && strcmp(scope, "global") != 0)
+	{
+		if (strncmp(scope, "domain:", 7) == 0)
+			domain = scope + 7;
+		else
+			address = scope + 8;
+	}
+	value = config_get_for(cfg, section, option, domain, address);
+	if (value == NULL)
+	{
+		printf("[%s] %s is not set (the program's default applies)\n", section, option);
+		return CLI_EX_OK;
+	}
+	/* Where it comes from: the most specific scope that has it. */
+	snprintf(origin, sizeof(origin), "%s", "");
+	for (size_t i = cfg->count; i-- > 0;)
+	{
+		const struct config_entry *e = &cfg->entries[i];
+
+		if (strcmp(e->section, section) != 0 || strcmp(e->option, option) != 0
+			|| strcmp(e->value, value) != 0)
+			continue;
+		if (e->scope)
+			snprintf(origin, sizeof(origin), "override %s", e->scope);
+		else
+			snprintf(origin, sizeof(origin), "%s:%d", cfg->path, e->line);
+		break;
+	}
+	printf("%s\t(%s)\n", value, origin);
+	return CLI_EX_OK;
+}
+
+static int
+config_change(PGconn *conn, const char *verb, const char *scope, const char *section,
+			  const char *option, const char *value)
+{
+	const char *values[4] = {scope, section, option, value};
+	PGresult   *res = strcmp(verb, "set") == 0
+		? db_exec(conn, "SELECT pepsi.config_set($1, $2, $3, $4)", 4, values)
+		: db_exec(conn, "SELECT pepsi.config_unset($1, $2, $3)", 3, values);
+	int			rc = CLI_EX_OK;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-config", res, conn);
+		rc = CLI_EX_DATAERR;
+	}
+	else if (strcmp(verb, "set") == 0)
+		printf("[%s] %s = %s for %s; pepsi-dispatch reloads now and replaces its workers\n",
+			   section, option, value, scope);
+	else
+		printf("[%s] %s unset for %s; pepsi-dispatch reloads now and replaces its workers\n",
+			   section, option, scope);
+	PQclear(res);
+	return rc;
+}
+
+static int
+config_list(PGconn *conn, struct pepsi_config *cfg, const char *scope, bool as_json)
+{
+	struct buf	sql = BUF_INIT;
+	const char *values[1] = {scope};
+	PGresult   *res;
+	int			rc = CLI_EX_OK;
+
+	/* The file's values and the overrides side by side, as one result. */
+	buf_append_str(&sql, "SELECT scope, section, option, value, origin FROM (VALUES ");
+	for (size_t i = 0; i < cfg->count; i++)
+	{
+		const struct config_entry *e = &cfg->entries[i];
+		char	   *section = PQescapeLiteral(conn, e->section, strlen(e->section));
+		char	   *option = PQescapeLiteral(conn, e->option, strlen(e->option));
+		char	   *value = PQescapeLiteral(conn, e->value, strlen(e->value));
+
+		buf_printf(&sql, "%s('file', %s, %s, %s, '%s:%d')", i ? ", " : "", section, option, value,
+				   cfg->path, e->line);
+		PQfreemem(section);
+		PQfreemem(option);
+		PQfreemem(value);
+	}
+	if (cfg->count == 0)
+		buf_append_str(&sql, "(NULL, NULL, NULL, NULL, NULL)");
+	buf_append_str(&sql, ") AS f(scope, section, option, value, origin) WHERE scope IS NOT NULL"
+				   " AND $1::text IS NULL"
+				   " UNION ALL SELECT scope, section, option, value, 'override by ' || updated_by"
+				   " FROM pepsi.config_override WHERE $1::text IS NULL OR scope = $1"
+				   " ORDER BY 2, 3, 1");
+	res = db_exec(conn, sql.data, 1, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-config", res, conn);
+		rc = CLI_EX_TEMPFAIL;
+	}
+	else
+		cli_print(res, as_json);
+	PQclear(res);
+	buf_free(&sql);
+	return rc;
+}
+
+int
+pepsi_config_main(int argc, char **argv)
+{
+	static const struct option long_options[] = {
+		{"config", required_argument, NULL, 'C'},
+		{"scope", required_argument, NULL, 's'},
+		{"address", required_argument, NULL, 'a'},
+		{"domain", required_argument, NULL, 'd'},
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0}
+	};
+	const char *config_path = NULL;
+	const char *scope = NULL;
+	const char *address = NULL;
+	const char *domain = NULL;
+	bool		as_json = false;
+	struct pepsi_config *cfg = NULL;
+	const char *command;
+	char	   *section = NULL;
+	PGconn	   *conn;
+	int			opt;
+	int			rc = CLI_EX_OK;
+	int			nargs;
+
+	log_init("pepsi-config", false);
+	while ((opt = getopt_long(argc, argv, "C:s:a:d:jh", long_options, NULL)) != -1)
+		switch (opt)
+		{
+			case 'C':
+				config_path = optarg;
+				break;
+			case 's':
+				scope = optarg;
+				break;
+			case 'a':
+				address = optarg;
+				break;
+			case 'd':
+				domain = optarg;
+				break;
+			case 'j':
+				as_json = true;
+				break;
+			case 'h':
+				config_usage();
+				return CLI_EX_OK;
+			default:
+				config_usage();
+				return CLI_EX_USAGE;
+		}
+	if (optind >= argc)
+	{
+		config_usage();
+		return CLI_EX_USAGE;
+	}
+	command = argv[optind++];
+	nargs = argc - optind;
+	if (scope && !config_check_scope(scope))
+		return CLI_EX_USAGE;
+	if ((strcmp(command, "get") == 0 && nargs != 2) || (strcmp(command, "set") == 0 && nargs != 3)
+		|| (strcmp(command, "unset") == 0 && nargs != 2) || (strcmp(command, "list") == 0 && nargs != 0))
+	{
+		fprintf(stderr, "pepsi-config: wrong number of arguments for %s\n", command);
+		config_usage();
+		return CLI_EX_USAGE;
+	}
+	if (strcmp(command, "get") != 0 && strcmp(command, "set") != 0 && strcmp(command, "unset") != 0
+		&& strcmp(command, "list") != 0)
+	{
+		fprintf(stderr, "pepsi-config: unknown command \"%s\"\n", command);
+		config_usage();
+		return CLI_EX_USAGE;
+	}
+	if (nargs >= 2)
+	{
+		section = config_section_arg(argv[optind]);
+		if ((strcmp(command, "set") == 0 || strcmp(command, "unset") == 0)
+			&& !config_check_target(section, argv[optind + 1]))
+		{
+			free(section);
+			return CLI_EX_DATAERR;
+		}
+	}
+	if ((conn = cli_connect("pepsi-config", config_path, &cfg, &rc)) == NULL)
+	{
+		free(section);
+		return rc;
+	}
+	if (strcmp(command, "get") == 0)
+		rc = config_get_command(conn, cfg, section, argv[optind + 1], scope, domain, address);
+	else if (strcmp(command, "set") == 0)
+		rc = config_change(conn, "set", scope ? scope : "global", section, argv[optind + 1],
+						   argv[optind + 2]);
+	else if (strcmp(command, "unset") == 0)
+		rc = config_change(conn, "unset", scope ? scope : "global", section, argv[optind + 1], NULL);
+	else
+		rc = config_list(conn, cfg, scope, as_json);
+	free(section);
+	PQfinish(conn);
+	config_free(cfg);
+	return rc;
+}

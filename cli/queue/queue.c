@@ -1,0 +1,447 @@
+/*
+ * pepsi-queue: look at the queue and act on it (the mailq/postsuper of Pepsi).
+ *
+ *   pepsi-queue [-C config] [--json] list [--limit N] [--stage S] [--status S]
+ *   pepsi-queue [-C config] [--json] show ID [--body]
+ *   pepsi-queue [-C config] retry|hold|release|delete ID... | SELECTOR
+ *   pepsi-queue [-C config] bounce ID... | SELECTOR [--reason TEXT] [--bounce-stage S]
+ *   pepsi-queue [-C config] [--json] shape | summary
+ *
+ * SELECTOR: --all-failed (failed and timed out), --all-paused, --all,
+ * optionally narrowed with --stage S.  Every action goes through the SQL
+ * functions pepsi.queue_* (the same a DBA calls), which check each row,
+ * change all of them or none, and write one pepsi.event_log row.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "buf.h"
+#include "cli.h"
+#include "db.h"
+#include "log.h"
+
+int			pepsi_queue_main(int argc, char **argv);
+
+struct queue_options
+{
+	const char *config_path;
+	bool		as_json;
+	long		limit;
+	const char *stage;
+	const char *status;
+	bool		body;
+	const char *reason;
+	const char *bounce_stage;
+	const char *selector;		/* failed / paused / all */
+};
+
+static void
+queue_usage(void)
+{
+	fprintf(stderr,
+			"usage: pepsi-queue [-C CONFIG] [--json] COMMAND ...\n"
+			"  list [--limit N] [--stage S] [--status S]   the queue, oldest first (like mailq)\n"
+			"  show ID [--body]                            one message: envelope, state, headers\n"
+			"  retry|hold|release|delete ID...|SELECTOR    act on messages\n"
+			"  bounce ID...|SELECTOR [--reason TEXT] [--bounce-stage S]\n"
+			"  shape                                       recipient domains by age (like qshape)\n"
+			"  summary                                     stages by status\n"
+			"  SELECTOR: --all-failed | --all-paused | --all, narrowed by --stage S\n");
+}
+
+static bool
+queue_valid_status(const char *status)
+{
+	static const char *const statuses[] = {"pending", "running", "paused", "failed", "timeout"};
+
+	for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
+		if (strcmp(status, statuses[i]) == 0)
+			return true;
+	return false;
+}
+
+static int
+queue_list(PGconn *conn, const struct queue_options *o)
+{
+	char		limit[32];
+	const char *values[3] = {limit, o->stage, o->status};
+	PGresult   *res;
+	int			rc = CLI_EX_OK;
+
+	snprintf(limit, sizeof(limit), "%ld", o->limit);
+	res = db_exec(conn, o->as_json
+				  ? "SELECT w.id, extract(epoch FROM now() - w.received_at)::bigint AS age_seconds,"
+				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size, w.mail_from AS sender,"
+				  " array_to_json(w.rcpt_to) AS recipients, w.stage, w.status::text AS status,"
+				  " coalesce(w.state->>'last_error', w.state->>'dispatch_error') AS last_error"
+				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+				  " WHERE ($2::text IS NULL OR w.stage = $2)"
+				  "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
+				  " ORDER BY w.id LIMIT $1"
+				  : "SELECT w.id, justify_interval(date_trunc('second', now() - w.received_at))::text AS age,"
+				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
+				  " CASE w.mail_from WHEN '' THEN '<>' ELSE w.mail_from END AS sender,"
+				  " array_to_string(w.rcpt_to, ', ') AS recipients, w.stage, w.status::text AS status,"
+				  " coalesce(w.state->>'last_error', w.state->>'dispatch_error', '') AS last_error"
+				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+				  " WHERE ($2::text IS NULL OR w.stage = $2)"
+				  "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
+				  " ORDER BY w.id LIMIT $1", 3, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-queue", res, conn);
+		rc = CLI_EX_TEMPFAIL;
+	}
+	else
+		cli_print(res, o->as_json);
+	PQclear(res);
+	return rc;
+}
+
+static int
+queue_show(PGconn *conn, long long id, const struct queue_options *o)
+{
+	char		idtext[32];
+	const char *values[1] = {idtext};
+	PGresult   *res;
+	PGresult   *raw;
+	int			format = 1;
+
+	snprintf(idtext, sizeof(idtext), "%lld", id);
+	res = db_exec(conn, "SELECT w.id, w.stage, w.status::text AS status, w.received_at::text AS received_at,"
+				  " w.timeout::text AS timeout, w.mail_from, array_to_json(w.rcpt_to) AS rcpt_to,"
+				  " w.sender_key, host(w.client_address) AS client_address, w.auth_account,"
+				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
+				  " w.state AS state, jsonb_pretty(w.state) AS state_pretty"
+				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+				  " WHERE w.id = $1", 1, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-queue", res, conn);
+		PQclear(res);
+		return CLI_EX_TEMPFAIL;
+	}
+	if (PQntuples(res) == 0)
+	{
+		fprintf(stderr, "pepsi-queue: no message %lld in the queue\n", id);
+		PQclear(res);
+		return CLI_EX_DATAERR;
+	}
+	raw = PQexecParams(conn, o->body
+					   ? "SELECT w.headers || '\\x0d0a'::bytea || b.body FROM pepsi.workqueue w"
+					   "  JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $1"
+					   : "SELECT headers FROM pepsi.workqueue WHERE id = $1",
+					   1, NULL, values, NULL, NULL, format);
+	if (PQresultStatus(raw) != PGRES_TUPLES_OK || PQntuples(raw) != 1)
+	{
+		cli_db_error("pepsi-queue", raw, conn);
+		PQclear(res);
+		PQclear(raw);
+		return CLI_EX_TEMPFAIL;
+	}
+	if (o->as_json)
+	{
+		json_t	   *object = json_object();
+		json_t	   *state = json_loads(PQgetvalue(res, 0, 11), 0, NULL);
+
+		for (int c = 0; c < 11; c++)
+		{
+			const char *name = PQfname(res, c);
+
+			if (PQgetisnull(res, 0, c))
+				json_object_set_new(object, name, json_null());
+			else if (strcmp(name, "id") == 0 || strcmp(name, "size") == 0)
+				json_object_set_new(object, name, json_integer(atoll(PQgetvalue(res, 0, c))));
+			else if (strcmp(name, "rcpt_to") == 0)
+				json_object_set_new(object, name, json_loads(PQgetvalue(res, 0, c), 0, NULL));
+			else
+				json_object_set_new(object, name, json_string(PQgetvalue(res, 0, c)));
+		}
+		json_object_set_new(object, "state", state ? state : json_object());
+		{
+			/* JSON strings are UTF-8: a message that is not goes out hex-encoded. */
+			const char *data = PQgetvalue(raw, 0, 0);
+			size_t		len = (size_t) PQgetlength(raw, 0, 0);
+			json_t	   *text = json_stringn(data, len);
+			const char *key = o->body ? "message" : "headers";
+
+			if (text == NULL)
+			{
+				struct buf	hex = BUF_INIT;
+
+				for (size_t i = 0; i < len; i++)
+					buf_printf(&hex, "%02x", (unsigned char) data[i]);
+				text = json_string(hex.data ? hex.data : "");
+				key = o->body ? "message_hex" : "headers_hex";
+				buf_free(&hex);
+			}
+			json_object_set_new(object, key, text);
+		}
+		json_dumpf(object, stdout, JSON_INDENT(2));
+		putchar('\n');
+		json_decref(object);
+	}
+	else if (o->body)
+		fwrite(PQgetvalue(raw, 0, 0), 1, (size_t) PQgetlength(raw, 0, 0), stdout);
+	else
+	{
+		for (int c = 0; c < 11; c++)
+			printf("%-15s %s\n", PQfname(res, c), PQgetisnull(res, 0, c) ? "" : PQgetvalue(res, 0, c));
+		printf("state\n%s\nheaders\n", PQgetvalue(res, 0, 12));
+		fwrite(PQgetvalue(raw, 0, 0), 1, (size_t) PQgetlength(raw, 0, 0), stdout);
+	}
+	PQclear(res);
+	PQclear(raw);
+	return CLI_EX_OK;
+}
+
+/* The ids to act on: the arguments, or the rows a selector picks. */
+static bool
+queue_collect_ids(PGconn *conn, int argc, char **argv, const struct queue_options *o,
+				  struct buf *ids, int *rc)
+{
+	buf_append_char(ids, '{');
+	if (o->selector)
+	{
+		const char *values[2] = {o->selector, o->stage};
+		PGresult   *res = db_exec(conn, "SELECT coalesce(array_agg(id ORDER BY id), '{}')::text,"
+									" count(*) FROM pepsi.workqueue"
+									" WHERE (($1 = 'failed' AND status IN ('failed', 'timeout'))"
+									"     OR ($1 = 'paused' AND status = 'paused')"
+									"     OR ($1 = 'all' AND status <> 'running'))"
+									"   AND ($2::text IS NULL OR stage = $2)", 2, values);
+
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			cli_db_error("pepsi-queue", res, conn);
+			PQclear(res);
+			*rc = CLI_EX_TEMPFAIL;
+			return false;
+		}
+		buf_reset(ids);
+		buf_append_str(ids, PQgetvalue(res, 0, 0));
+		if (atoll(PQgetvalue(res, 0, 1)) == 0)
+		{
+			printf("no message matches\n");
+			PQclear(res);
+			*rc = CLI_EX_OK;
+			return false;
+		}
+		PQclear(res);
+		return true;
+	}
+	if (argc == 0)
+	{
+		fprintf(stderr, "pepsi-queue: name the messages: ids, or --all-failed, --all-paused, --all\n");
+		*rc = CLI_EX_USAGE;
+		return false;
+	}
+	for (int i = 0; i < argc; i++)
+	{
+		long long	id;
+
+		if (!cli_parse_id(argv[i], &id))
+		{
+			fprintf(stderr, "pepsi-queue: \"%s\" is not a message id (a positive whole number)\n",
+					argv[i]);
+			*rc = CLI_EX_USAGE;
+			return false;
+		}
+		buf_printf(ids, "%s%lld", i ? "," : "", id);
+	}
+	buf_append_char(ids, '}');
+	return true;
+}
+
+static int
+queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct queue_options *o)
+{
+	struct buf	ids = BUF_INIT;
+	PGresult   *res;
+	int			rc = CLI_EX_OK;
+
+	if (!queue_collect_ids(conn, argc, argv, o, &ids, &rc))
+	{
+		buf_free(&ids);
+		return rc;
+	}
+	if (strcmp(action, "bounce") == 0)
+	{
+		const char *values[3] = {ids.data, o->reason ? o->reason : "5.0.0 returned by the postmaster",
+		o->bounce_stage ? o->bounce_stage : "bounce"};
+
+		res = db_exec(conn, "SELECT pepsi.queue_bounce($1::int8[], $2, $3)", 3, values);
+	}
+	else
+	{
+		const char *values[1] = {ids.data};
+		char	   *sql = xasprintf("SELECT pepsi.queue_%s($1::int8[])", action);
+
+		res = db_exec(conn, sql, 1, values);
+		free(sql);
+	}
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-queue", res, conn);
+		rc = CLI_EX_DATAERR;
+	}
+	else
+		printf("%s: %s message%s\n", action, PQgetvalue(res, 0, 0),
+			   strcmp(PQgetvalue(res, 0, 0), "1") == 0 ? "" : "s");
+	PQclear(res);
+	buf_free(&ids);
+	return rc;
+}
+
+static int
+queue_view(PGconn *conn, const char *view, const struct queue_options *o)
+{
+	char	   *sql = xasprintf("SELECT * FROM pepsi.queue_%s", view);
+	PGresult   *res = db_exec(conn, sql, 0, NULL);
+	int			rc = CLI_EX_OK;
+
+	free(sql);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error("pepsi-queue", res, conn);
+		rc = CLI_EX_TEMPFAIL;
+	}
+	else
+		cli_print(res, o->as_json);
+	PQclear(res);
+	return rc;
+}
+
+int
+pepsi_queue_main(int argc, char **argv)
+{
+	static const struct option long_options[] = {
+		{"config", required_argument, NULL, 'C'},
+		{"json", no_argument, NULL, 'j'},
+		{"limit", required_argument, NULL, 'n'},
+		{"stage", required_argument, NULL, 's'},
+		{"status", required_argument, NULL, 'S'},
+		{"body", no_argument, NULL, 'b'},
+		{"reason", required_argument, NULL, 'r'},
+		{"bounce-stage", required_argument, NULL, 'B'},
+		{"all-failed", no_argument, NULL, 'F'},
+		{"all-paused", no_argument, NULL, 'P'},
+		{"all", no_argument, NULL, 'A'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0}
+	};
+	struct queue_options o = {.limit = 100};
+	struct pepsi_config *cfg = NULL;
+	const char *command;
+	PGconn	   *conn;
+	int			opt;
+	int			rc = CLI_EX_OK;
+	char	   *end;
+
+	log_init("pepsi-queue", false);
+	while ((opt = getopt_long(argc, argv, "C:jn:h", long_options, NULL)) != -1)
+		switch (opt)
+		{
+			case 'C':
+				o.config_path = optarg;
+				break;
+			case 'j':
+				o.as_json = true;
+				break;
+			case 'n':
+				o.limit = strtol(optarg, &end, 10);
+				if (*end || o.limit <= 0)
+				{
+					fprintf(stderr, "pepsi-queue: --limit takes a positive whole number, not \"%s\"\n", optarg);
+					return CLI_EX_USAGE;
+				}
+				break;
+			case 's':
+				o.stage = optarg;
+				break;
+			case 'S':
+				if (!queue_valid_status(optarg))
+				{
+					fprintf(stderr, "pepsi-queue: --status is one of pending, running, paused, failed, "
+							"timeout, not \"%s\"\n", optarg);
+					return CLI_EX_USAGE;
+				}
+				o.status = optarg;
+				break;
+			case 'b':
+				o.body = true;
+				break;
+			case 'r':
+				o.reason = optarg;
+				break;
+			case 'B':
+				o.bounce_stage = optarg;
+				break;
+			case 'F':
+				o.selector = "failed";
+				break;
+			case 'P':
+				o.selector = "paused";
+				break;
+			case 'A':
+				o.selector = "all";
+				break;
+			case 'h':
+				queue_usage();
+				return CLI_EX_OK;
+			default:
+				queue_usage();
+				return CLI_EX_USAGE;
+		}
+	if (optind >= argc)
+	{
+		queue_usage();
+		return CLI_EX_USAGE;
+	}
+	command = argv[optind++];
+	if (strcmp(command, "list") != 0 && strcmp(command, "show") != 0 && strcmp(command, "shape") != 0
+		&& strcmp(command, "summary") != 0 && strcmp(command, "retry") != 0
+		&& strcmp(command, "hold") != 0 && strcmp(command, "release") != 0
+		&& strcmp(command, "delete") != 0 && strcmp(command, "bounce") != 0)
+	{
+		fprintf(stderr, "pepsi-queue: unknown command \"%s\"\n", command);
+		queue_usage();
+		return CLI_EX_USAGE;
+	}
+	if (strcmp(command, "show") == 0 && argc - optind != 1)
+	{
+		fprintf(stderr, "pepsi-queue: show takes one message id\n");
+		return CLI_EX_USAGE;
+	}
+	if ((conn = cli_connect("pepsi-queue", o.config_path, &cfg, &rc)) == NULL)
+		return rc;
+
+	if (strcmp(command, "list") == 0)
+		rc = queue_list(conn, &o);
+	else if (strcmp(command, "show") == 0)
+	{
+		long long	id;
+
+		if (!cli_parse_id(argv[optind], &id))
+		{
+			fprintf(stderr, "pepsi-queue: \"%s\" is not a message id (a positive whole number)\n",
+					argv[optind]);
+			rc = CLI_EX_USAGE;
+		}
+		else
+			rc = queue_show(conn, id, &o);
+	}
+	else if (strcmp(command, "shape") == 0 || strcmp(command, "summary") == 0)
+		rc = queue_view(conn, command, &o);
+	else
+		rc = queue_act(conn, command, argc - optind, argv + optind, &o);
+	PQfinish(conn);
+	config_free(cfg);
+	return rc;
+}
