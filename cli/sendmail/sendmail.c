@@ -83,6 +83,11 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 			i++;
 			break;
 		}
+		if (strcmp(arg, "--help") == 0)
+		{
+			sendmail_usage();
+			exit(EX_OK);
+		}
 		switch (arg[1])
 		{
 			case 't':
