@@ -160,9 +160,12 @@ pepsi_dispatch_main(int argc, char **argv)
 	int			opt;
 
 	log_init("pepsi-dispatch", false);
-	while ((opt = getopt(argc, argv, "c:v")) != -1)
+	while ((opt = getopt(argc, argv, "c:vh")) != -1)
 		switch (opt)
 		{
+			case 'h':
+				usage();
+				return 0;
 			case 'c':
 				config_path = optarg;
 				break;
