@@ -38,6 +38,7 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
+TEST_PROGRAMS = $(B)/bin/pepsi-test-probe
 
 .PHONY: all programs extension install install-programs deps check run stop bench clean
 
@@ -46,7 +47,7 @@ all: extension programs
 extension:
 	$(MAKE) -C extension
 
-programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS)
+programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS) $(TEST_PROGRAMS)
 
 $(B)/%.o: %.c $(wildcard common/*.h) $(B)/programs.h
 	@mkdir -p $(dir $@)
@@ -90,6 +91,12 @@ $(B)/$(1:.c=): $(1) $(filter-out %/main.o,$(call program_objs,$(call test_stage_
 	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -I$(call test_stage_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
 endef
 $(foreach t,$(wildcard stages/*/tests/test_*.c),$(eval $(call stage_test_rule,$(t))))
+
+# The TAP tests' own stage (t/probe/): built beside the programs so the
+# tests find it in PEPSI_BIN; neither installed nor in the multi-call binary.
+$(B)/bin/pepsi-test-probe: t/probe/probe.c $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
 install: all
 	$(MAKE) -C extension install

@@ -765,6 +765,37 @@ stage_ctx_free(struct pepsi_ctx *ctx)
 	json_decref(ctx->fused);
 }
 
+/*
+ * An id given twice in one batch: one at a time, the second would find the
+ * row no longer running and be refused; in a batch both copies would run
+ * on the row as loaded, and a split would be made twice from stale
+ * recipients.  So the repeat is refused here, as it would have been.
+ */
+static void
+stage_refuse_repeated_ids(struct pepsi_ctx *ctxs, size_t count)
+{
+	for (size_t i = 1; i < count; i++)
+		for (size_t j = 0; j < i && ctxs[i].error == NULL; j++)
+			if (ctxs[j].id == ctxs[i].id && ctxs[j].error == NULL)
+				pepsi_error(&ctxs[i], "row %lld is already in this batch (given twice)",
+							ctxs[i].id);
+}
+
+struct stage_loaded_row
+{
+	long long	id;
+	int			row;
+};
+
+static int
+stage_loaded_row_compare(const void *a, const void *b)
+{
+	long long	x = ((const struct stage_loaded_row *) a)->id;
+	long long	y = ((const struct stage_loaded_row *) b)->id;
+
+	return (x > y) - (x < y);
+}
+
 /* Load every id of the batch in one statement (binary results: raw text and bytes). */
 static void
 stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
@@ -774,7 +805,10 @@ stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 	PGresult   *res;
 	int			format = 1;
 	size_t		asked = 0;
+	struct stage_loaded_row *rows;
+	int			nrows;
 
+	stage_refuse_repeated_ids(ctxs, count);
 	buf_append_char(&ids, '{');
 	for (size_t i = 0; i < count; i++)
 		if (ctxs[i].error == NULL)
@@ -790,32 +824,39 @@ stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 	}
 	values[0] = ids.data;
 	res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
+	buf_free(&ids);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		for (size_t i = 0; i < count; i++)
 			if (ctxs[i].error == NULL)
 				pepsi_error(&ctxs[i], "cannot load row %lld: %s", ctxs[i].id, db_error(res, w->conn));
 		PQclear(res);
-		buf_free(&ids);
 		return;
 	}
+	/* The rows come in no particular order: find each id's by binary search. */
+	nrows = PQntuples(res);
+	rows = xcalloc((size_t) nrows + 1, sizeof(*rows));
+	for (int r = 0; r < nrows; r++)
+	{
+		rows[r].id = atoll(PQgetvalue(res, r, 0));
+		rows[r].row = r;
+	}
+	qsort(rows, (size_t) nrows, sizeof(*rows), stage_loaded_row_compare);
 	for (size_t i = 0; i < count; i++)
 	{
-		bool		found = false;
+		struct stage_loaded_row key = {.id = ctxs[i].id};
+		const struct stage_loaded_row *found;
 
 		if (ctxs[i].error != NULL)
 			continue;
-		for (int r = 0; r < PQntuples(res) && !found; r++)
-			if (atoll(PQgetvalue(res, r, 0)) == ctxs[i].id)
-			{
-				found = true;
-				stage_ctx_from_row(&ctxs[i], res, r);
-			}
-		if (!found)
+		found = bsearch(&key, rows, (size_t) nrows, sizeof(*rows), stage_loaded_row_compare);
+		if (found)
+			stage_ctx_from_row(&ctxs[i], res, found->row);
+		else
 			pepsi_error(&ctxs[i], "row %lld does not exist", ctxs[i].id);
 	}
+	free(rows);
 	PQclear(res);
-	buf_free(&ids);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1155,18 +1196,22 @@ stage_read_input(struct worker *w, bool block)
 	return true;
 }
 
-/* Take the next complete line from the input buffer into line (NUL-terminated). */
+/*
+ * Take the next complete line from the input buffer into line
+ * (NUL-terminated).  At end of input what is left is the last line, line
+ * end or not ("printf 42 | PROGRAM worker" is answered, not ignored).
+ */
 static bool
 stage_next_line(struct worker *w, char *line, size_t size)
 {
-	char	   *nl = memchr(w->input.data, '\n', w->input.len);
+	char	   *nl = w->input.len ? memchr(w->input.data, '\n', w->input.len) : NULL;
 	size_t		len;
 
-	if (nl == NULL)
+	if (nl == NULL && (!w->eof || w->input.len == 0))
 		return false;
-	len = (size_t) (nl - w->input.data);
+	len = nl ? (size_t) (nl - w->input.data) : w->input.len;
 	snprintf(line, size, "%.*s", (int) (len < size ? len : size - 1), w->input.data);
-	buf_consume(&w->input, len + 1);
+	buf_consume(&w->input, nl ? len + 1 : len);
 	return true;
 }
 
@@ -1200,8 +1245,11 @@ stage_next_batch(struct worker *w, struct pepsi_ctx *ctxs, size_t max)
 	if (w->stage->load != PEPSI_LOAD_METADATA)
 		max = 1;
 	while (!stage_next_line(w, line, sizeof(line)))
-		if (w->eof || !stage_read_input(w, true))
+	{
+		if (w->eof)
 			return 0;
+		stage_read_input(w, true);
+	}
 	do
 	{
 		struct pepsi_ctx *ctx = &ctxs[count++];
@@ -1218,7 +1266,8 @@ stage_next_batch(struct worker *w, struct pepsi_ctx *ctxs, size_t max)
 			break;
 		if (!stage_next_line(w, line, sizeof(line)))
 		{
-			if (!stage_read_input(w, false) || !stage_next_line(w, line, sizeof(line)))
+			stage_read_input(w, false);
+			if (!stage_next_line(w, line, sizeof(line)))
 				break;
 		}
 	} while (count < max);

@@ -43,7 +43,10 @@ discard_check_config(const struct pepsi_config *cfg, const char *section, char *
 		return false;
 	if (bounce && config_get(cfg, section, "BOUNCE_STAGE") == NULL)
 	{
-		snprintf(err, errlen, "%s: [%s] has BOUNCE = yes but no BOUNCE_STAGE", cfg->path, section);
+		char		origin[512];
+
+		snprintf(err, errlen, "%s: [%s] has BOUNCE = yes but no BOUNCE_STAGE",
+				 config_origin(cfg, section, "BOUNCE", origin, sizeof(origin)), section);
 		return false;
 	}
 	return true;

@@ -249,7 +249,10 @@ if_check_config(const struct pepsi_config *cfg, const char *section, char *err, 
 	}
 	if (!if_condition_parse(text, &c, reason, sizeof(reason)))
 	{
-		snprintf(err, errlen, "%s: [%s] %s", cfg->path, section, reason);
+		char		origin[512];
+
+		snprintf(err, errlen, "%s: [%s] %s",
+				 config_origin(cfg, section, "CONDITION", origin, sizeof(origin)), section, reason);
 		return false;
 	}
 	if_condition_free(&c);
