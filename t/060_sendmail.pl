@@ -1,0 +1,111 @@
+# pepsi-sendmail: the sendmail(8) interface, run as a real process against
+# a real cluster.  A message given on stdin must reach the queue intact
+# (plus the headers sendmail adds when missing), -t must take To/Cc/Bcc and
+# strip Bcc, -f sets the envelope sender, and bad use gets sysexits codes.
+use strict;
+use warnings FATAL => 'all';
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use IPC::Run qw(run);
+use PepsiTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $bin = $ENV{PEPSI_BIN} or plan skip_all => 'PEPSI_BIN is not set';
+my $sendmail = "$bin/pepsi-sendmail";
+
+my $node = pepsi_node('sendmail');
+$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $dir = PostgreSQL::Test::Utils::tempdir();
+my $conf = "$dir/pepsi.conf";
+open my $fh, '>', $conf or die $!;
+printf $fh "[pepsi]\nHOSTNAME = host.example.org\n[database]\nCONNINFO = host=%s port=%d dbname=postgres\n[sendmail]\nINIT_STAGE = submit\n",
+  $node->host, $node->port;
+close $fh;
+
+sub sendmail
+{
+	my ($input, @args) = @_;
+	my ($out, $err) = ('', '');
+
+	run([ $sendmail, '-C', $conf, @args ], '<', \$input, '>', \$out, '2>', \$err);
+	return ($? >> 8, $err);
+}
+
+sub last_row
+{
+	return $node->safe_psql('postgres', q{
+		SELECT w.stage || '|' || w.mail_from || '|' || array_to_string(w.rcpt_to, ',')
+		FROM pepsi.workqueue w ORDER BY id DESC LIMIT 1});
+}
+
+sub last_message
+{
+	return $node->safe_psql('postgres', q{
+		SELECT convert_from(w.headers || '\x0d0a'::bytea || b.body, 'UTF8')
+		FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id
+		ORDER BY w.id DESC LIMIT 1});
+}
+
+# A complete message with recipients on the command line reaches the queue
+# intact, its line ends made CRLF.
+my $message = "From: Alice <alice\@example.org>\nTo: bob\@example.net\n"
+  . "Date: Mon, 30 Nov 2026 10:00:00 +0000\nMessage-ID: <m1\@example.org>\n"
+  . "Subject: hello\n\nfirst line\n\n.leading dot\nlast line\n";
+my ($rc, $err) = sendmail($message, '-i', '-f', 'alice@example.org', 'bob@example.net');
+is($rc, 0, 'a message is queued') or diag($err);
+is(last_row(), 'submit|alice@example.org|bob@example.net',
+	'at INIT_STAGE, with the -f sender and the recipient given');
+(my $crlf = $message) =~ s/\n/\r\n/g;
+is(last_message(), $crlf, 'the message is stored intact (CRLF line ends)');
+like($node->safe_psql('postgres', 'SELECT state FROM pepsi.workqueue ORDER BY id DESC LIMIT 1'),
+	qr/"local": true/, 'state.origin says it came from a local program');
+
+# -t: To, Cc and Bcc, Bcc removed from the stored message.
+($rc, $err) = sendmail("To: a\@example.org, \"Doe, J\" <j\@example.org>\nCc: c\@example.org\n"
+	  . "Bcc: hidden\@example.org\nSubject: t\n\nbody\n", '-t', '-f', 's@example.org');
+is($rc, 0, '-t queues the message') or diag($err);
+is(last_row(), 'submit|s@example.org|a@example.org,j@example.org,c@example.org,hidden@example.org',
+	'-t takes To, Cc and Bcc');
+unlike(last_message(), qr/^Bcc:/mi, 'the Bcc header is removed');
+like(last_message(), qr/^Cc: c\@example.org\r$/m, 'Cc stays');
+
+# Missing headers are added; without -i a lone dot ends the message.
+($rc, $err) = sendmail("Subject: bare\n\nbefore\n.\nafter\n", 'x@example.org');
+is($rc, 0, 'a message without From, Date or Message-ID is queued') or diag($err);
+my $stored = last_message();
+like($stored, qr/^From: \S+\@host\.example\.org\r$/m, 'From is added from the user and HOSTNAME');
+like($stored, qr/^Date: /m, 'Date is added');
+like($stored, qr/^Message-ID: <[^>]+\@host\.example\.org>\r$/m, 'Message-ID is added');
+unlike($stored, qr/after/, 'a lone dot ends the message without -i');
+
+# Bad use.
+my $rows = $node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue');
+($rc, $err) = sendmail("Subject: x\n\nx\n");
+is($rc, 64, 'no recipient is a usage error (EX_USAGE)');
+like($err, qr/no recipients/, 'and says so');
+($rc, $err) = sendmail("Subject: x\n\nx\n", '-X', 'a@example.org');
+is($rc, 64, 'an unknown option is a usage error');
+($rc, $err) = sendmail("Subject: x\n\nx\n", 'not-an-address');
+is($rc, 64, 'a recipient that is not an address is refused');
+($rc, $err) = sendmail("", 'a@example.org');
+is($rc, 65, 'an empty message is a data error (EX_DATAERR)');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue'), $rows,
+	'nothing was queued by the refusals');
+
+# The database down: EX_TEMPFAIL, so the calling program tries again later.
+$node->stop;
+($rc, $err) = sendmail("Subject: x\n\nx\n", 'a@example.org');
+is($rc, 75, 'an unreachable queue is a temporary failure (EX_TEMPFAIL)');
+like($err, qr/cannot connect/, 'and says so');
+
+open $fh, '>', "$dir/bad.conf" or die $!;
+print $fh "[database]\nCONNINFO = x\nNOPE = 1\n";
+close $fh;
+my ($out, $bad) = ('', '');
+run([ $sendmail, '-C', "$dir/bad.conf", 'a@example.org' ], '<', \"x\n", '>', \$out, '2>', \$bad);
+is($? >> 8, 78, 'a bad configuration is EX_CONFIG');
+like($bad, qr/bad\.conf:3: \[database\] has no option NOPE/, 'with file:line and the reason');
+
+done_testing();
