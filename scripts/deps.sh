@@ -8,9 +8,13 @@ packages=(
     # build
     gcc make pkg-config
     postgresql-15 postgresql-server-dev-15 libpq-dev
-    libssl-dev libev-dev libjansson-dev libinih-dev
+    libssl-dev libev-dev libjansson-dev libinih-dev libcrypt-dev
+    # the fuzz targets (libFuzzer ships with clang)
+    clang
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
     libipc-run-perl perl libcmocka-dev
+    # pepsi-ingress's clients: swaks, and IO::Socket::SSL for a scripted one
+    swaks libio-socket-ssl-perl
     # benchmarks: pgbench ships in postgresql-15
 )
 

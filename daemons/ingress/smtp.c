@@ -354,7 +354,7 @@ smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
 	return (long) n;
 }
 
-/* RFC 3461 xtext, decoded in place; false if malformed. */
+/* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 static bool
 smtp_xtext_decode(char *s, bool utf8)
 {
@@ -369,7 +369,7 @@ smtp_xtext_decode(char *s, bool utf8)
 			unsigned	v;
 
 			if (!isxdigit((unsigned char) r[1]) || !isxdigit((unsigned char) r[2])
-				|| sscanf(r + 1, "%2x", &v) != 1 || v < 33 || v > 126)
+				|| sscanf(r + 1, "%2x", &v) != 1 || v < 32 || v > 126)
 				return false;
 			*w++ = (char) v;
 			r += 2;
