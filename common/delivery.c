@@ -1,0 +1,381 @@
+/*
+ * delivery.c: see delivery.h.  The retry policy, the delay DSN clone and
+ * the bounce hand-off live here once, so the delivery stages differ only in
+ * how they deliver.
+ */
+#include "delivery.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+
+#include "db.h"
+#include "log.h"
+
+#define DELIVERY_DEFAULT_LIFETIME_MS (5L * 86400 * 1000)
+#define DELIVERY_DEFAULT_RETRY_BASE_MS (5L * 60 * 1000)
+#define DELIVERY_DEFAULT_RETRY_MAX_MS (60L * 60 * 1000)
+#define DELIVERY_DEFAULT_DELAY_DSN_MS (4L * 3600 * 1000)
+
+/* ---------------------------------------------------------------------------
+ * Options
+ * ------------------------------------------------------------------------- */
+
+bool
+delivery_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	long		ms;
+	bool		flag;
+
+	if (!config_get_duration_ms(cfg, section, "MAX_LIFETIME", DELIVERY_DEFAULT_LIFETIME_MS, 1000,
+								&ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "RETRY_BASE", DELIVERY_DEFAULT_RETRY_BASE_MS, 100,
+								   &ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "RETRY_MAX", DELIVERY_DEFAULT_RETRY_MAX_MS, 100,
+								   &ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "DELAY_DSN_AFTER", DELIVERY_DEFAULT_DELAY_DSN_MS, 0,
+								   &ms, err, errlen)
+		|| !config_get_bool(cfg, section, "ORIGINATE_SUCCESS_DSN", false, &flag, err, errlen))
+		return false;
+	return true;
+}
+
+/* ---------------------------------------------------------------------------
+ * DSN parameters of the row (state.dsn, RFC 3461)
+ * ------------------------------------------------------------------------- */
+
+static json_t *
+delivery_get_any_case(json_t *object, const char *key)
+{
+	const char *k;
+	json_t	   *v;
+
+	if (!json_is_object(object))
+		return NULL;
+	json_object_foreach(object, k, v)
+		if (strcasecmp(k, key) == 0)
+		return v;
+	return NULL;
+}
+
+static json_t *
+delivery_dsn_rcpt(const struct pepsi_ctx *ctx, size_t index)
+{
+	json_t	   *dsn = delivery_get_any_case(pepsi_state(ctx), "dsn");
+	json_t	   *rcpts = delivery_get_any_case(dsn, "rcpt");
+
+	/* The array runs parallel to rcpt_to; anything else is not to be trusted. */
+	if (!json_is_array(rcpts) || json_array_size(rcpts) != pepsi_rcpt_count(ctx))
+		return NULL;
+	return json_array_get(rcpts, index);
+}
+
+const char *
+delivery_notify(const struct pepsi_ctx *ctx, size_t index)
+{
+	json_t	   *notify = delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "notify");
+
+	if (json_is_array(notify))
+		return NULL;			/* written as an array?  not by ingress; treat as absent */
+	return json_string_value(notify);
+}
+
+const char *
+delivery_orcpt(const struct pepsi_ctx *ctx, size_t index)
+{
+	return json_string_value(delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "orcpt"));
+}
+
+const char *
+delivery_dsn_param(const struct pepsi_ctx *ctx, const char *key)
+{
+	return json_string_value(delivery_get_any_case(delivery_get_any_case(pepsi_state(ctx), "dsn"), key));
+}
+
+/*
+ * RFC 3461 section 4.1: NEVER asks for nothing; a list asks for what it
+ * names; no NOTIFY at all means FAILURE (and, at the MTA's choice, DELAY,
+ * which Pepsi does not send unasked).
+ */
+bool
+delivery_notify_wants(const char *notify, const char *kind)
+{
+	if (notify == NULL || *notify == '\0')
+		return strcasecmp(kind, "FAILURE") == 0;
+	for (const char *p = notify; *p;)
+	{
+		size_t		n;
+
+		p += strspn(p, ", ");
+		n = strcspn(p, ", ");
+		if (n == strlen(kind) && strncasecmp(p, kind, n) == 0)
+			return true;
+		p += n;
+	}
+	return false;
+}
+
+/* ---------------------------------------------------------------------------
+ * The message's age: received_at is not among the columns the runtime
+ * loads, so it is read on a connection of our own, opened on the first
+ * deferral (a worker that only delivers never opens it).
+ * ------------------------------------------------------------------------- */
+
+static PGconn *delivery_conn;
+
+double
+delivery_message_age(struct pepsi_ctx *ctx)
+{
+	char		id[32];
+	const char *values[1] = {id};
+	char		err[512];
+	PGresult   *res;
+	double		age = -1;
+
+	if (delivery_conn && PQstatus(delivery_conn) != CONNECTION_OK)
+		PQreset(delivery_conn);
+	if (delivery_conn == NULL
+		&& (delivery_conn = db_connect(pepsi_config(ctx), "pepsi-delivery", err, sizeof(err))) == NULL)
+	{
+		log_warnx("cannot read the age of row %lld: %s", pepsi_id(ctx), err);
+		return -1;
+	}
+	snprintf(id, sizeof(id), "%lld", pepsi_id(ctx));
+	res = db_exec(delivery_conn, "SELECT extract(epoch FROM now() - received_at)::float8"
+				  " FROM pepsi.workqueue WHERE id = $1", 1, values);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		age = atof(PQgetvalue(res, 0, 0));
+	else
+		log_warnx("cannot read the age of row %lld: %s", pepsi_id(ctx), db_error(res, delivery_conn));
+	PQclear(res);
+	/* A DSN is younger than its row: its clock starts when the bounce stage made it. */
+	{
+		json_t	   *created = json_object_get(pepsi_state(ctx), "created_at");
+
+		if (json_is_integer(created) && age >= 0
+			&& (double) (time(NULL) - json_integer_value(created)) < age)
+			age = (double) (time(NULL) - json_integer_value(created));
+	}
+	return age;
+}
+
+/* ---------------------------------------------------------------------------
+ * Outcomes
+ * ------------------------------------------------------------------------- */
+
+static long
+delivery_option_ms(const struct pepsi_ctx *ctx, const char *option, long fallback)
+{
+	char		err[256];
+	long		ms = fallback;
+	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
+
+	/* Checked at start (delivery_check_config); a bad override falls back. */
+	if (!config_get_duration_ms(pepsi_config(ctx), section, option, fallback, 0, &ms, err, sizeof(err)))
+	{
+		log_warnx("%s", err);
+		ms = fallback;
+	}
+	free(section);
+	return ms;
+}
+
+static void
+delivery_set_string(json_t *object, const char *key, const char *value)
+{
+	if (value && *value)
+		json_object_set_new(object, key, json_string(value));
+}
+
+/* The report as JSON: the keys of state.bounce that describe the attempt. */
+static json_t *
+delivery_report_json(const struct delivery_report *r)
+{
+	json_t	   *o = json_object();
+
+	delivery_set_string(o, "status", r->status);
+	delivery_set_string(o, "enhanced_status", r->status);
+	delivery_set_string(o, "diagnostic", r->diagnostic);
+	delivery_set_string(o, "remote_mta", r->remote_mta);
+	if (r->smtp_code > 0)
+		json_object_set_new(o, "smtp_code", json_integer(r->smtp_code));
+	delivery_set_string(o, "phase", r->phase);
+	delivery_set_string(o, "reply_text", r->reply_text);
+	return o;
+}
+
+/* state.bounce for the row's first recipient (one per row in a delivery stage). */
+static json_t *
+delivery_bounce_json(struct pepsi_ctx *ctx, const char *kind, const struct delivery_report *r)
+{
+	json_t	   *o = delivery_report_json(r);
+
+	json_object_set_new(o, "kind", json_string(kind));
+	delivery_set_string(o, "failed_recipient", pepsi_rcpt(ctx, 0));
+	delivery_set_string(o, "notify", delivery_notify(ctx, 0));
+	delivery_set_string(o, "orcpt", delivery_orcpt(ctx, 0));
+	delivery_set_string(o, "envid", delivery_dsn_param(ctx, "envid"));
+	json_object_set_new(o, "at", json_integer((json_int_t) time(NULL)));
+	return o;
+}
+
+static char *
+delivery_last_error(const struct delivery_report *r)
+{
+	if (r->remote_mta && r->phase)
+		return xasprintf("%s (%s, in reply to %s)", r->diagnostic ? r->diagnostic : r->status,
+						 r->remote_mta, r->phase);
+	return xstrdup(r->diagnostic ? r->diagnostic : r->status);
+}
+
+int
+delivery_succeeded(struct pepsi_ctx *ctx, const char *action, const struct delivery_report *how,
+				   bool next_hop_notifies)
+{
+	json_t	   *info = delivery_report_json(how);
+	json_t	   *merge;
+	int			rc;
+
+	/*
+	 * complete_success sets state.bounce = {kind: success}, replacing any
+	 * bounce object; so how it went rides in state.delivery, which the
+	 * bounce stage reads for a success DSN.
+	 */
+	json_object_set_new(info, "action", json_string(action));
+	json_object_set_new(info, "at", json_integer((json_int_t) time(NULL)));
+	merge = json_pack("{s:o}", "delivery", info);
+	pepsi_merge_state(ctx, merge);
+	json_decref(merge);
+	if (next_hop_notifies)
+		rc = pepsi_advance_or_finish(ctx);
+	else
+		rc = pepsi_complete_success(ctx);
+	return rc;
+}
+
+int
+delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why)
+{
+	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
+	char	   *last_error = delivery_last_error(why);
+	json_t	   *merge;
+	int			rc;
+
+	if (pepsi_mail_from(ctx)[0] == '\0')
+	{
+		/* A bounce is never bounced. */
+		log_info("row %lld: undeliverable message from the null sender to <%s> dropped: %s",
+				 pepsi_id(ctx), pepsi_rcpt(ctx, 0), last_error);
+		free(last_error);
+		return pepsi_finish(ctx);
+	}
+	log_info("row %lld: <%s> bounced: %s", pepsi_id(ctx), pepsi_rcpt(ctx, 0), last_error);
+	if (bounce_stage == NULL)
+	{
+		merge = json_pack("{s:s,s:o}", "last_error", last_error, "bounce",
+						  delivery_bounce_json(ctx, "permanent", why));
+		rc = pepsi_fail(ctx, merge);
+	}
+	else
+	{
+		merge = json_pack("{s:s,s:o}", "last_error", last_error, "bounce",
+						  delivery_bounce_json(ctx, "permanent", why));
+		rc = pepsi_reroute(ctx, bounce_stage, merge);
+	}
+	json_decref(merge);
+	free(last_error);
+	return rc;
+}
+
+/* Past MAX_LIFETIME: the last temporary failure becomes permanent. */
+static int
+delivery_expired(struct pepsi_ctx *ctx, const struct delivery_report *why, long attempts,
+				 double age)
+{
+	struct delivery_report expired = *why;
+	char	   *diagnostic;
+	char		status[16];
+	int			rc;
+
+	/* RFC 3463 4.4.7: delivery time expired; a 4.x.x reply keeps its detail. */
+	if (why->status && why->status[0] == '4')
+		snprintf(status, sizeof(status), "%s", why->status);
+	else
+		snprintf(status, sizeof(status), "4.4.7");
+	diagnostic = xasprintf("%s (gave up after %ld attempts in %.0f hours)",
+						   why->diagnostic ? why->diagnostic : "X-Pepsi; delivery time expired",
+						   attempts, age / 3600);
+	expired.status = status;
+	expired.diagnostic = diagnostic;
+	rc = delivery_bounced(ctx, &expired);
+	free(diagnostic);
+	return rc;
+}
+
+int
+delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
+{
+	json_t	   *state = pepsi_state(ctx);
+	long		attempts = (long) json_integer_value(json_object_get(state, "attempts")) + 1;
+	double		lifetime = delivery_option_ms(ctx, "MAX_LIFETIME", DELIVERY_DEFAULT_LIFETIME_MS) / 1000.0;
+	double		base = delivery_option_ms(ctx, "RETRY_BASE", DELIVERY_DEFAULT_RETRY_BASE_MS) / 1000.0;
+	double		cap = delivery_option_ms(ctx, "RETRY_MAX", DELIVERY_DEFAULT_RETRY_MAX_MS) / 1000.0;
+	double		delay_dsn_after = delivery_option_ms(ctx, "DELAY_DSN_AFTER",
+													 DELIVERY_DEFAULT_DELAY_DSN_MS) / 1000.0;
+	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
+	double		age = delivery_message_age(ctx);
+	double		delay;
+	char	   *last_error = delivery_last_error(why);
+	json_t	   *merge;
+	int			rc;
+
+	if (age >= 0 && age >= lifetime)
+	{
+		free(last_error);
+		return delivery_expired(ctx, why, attempts, age);
+	}
+	/* base, 2 base, 4 base ... up to RETRY_MAX, with 10% jitter so a backlog spreads out. */
+	delay = base * pow(2, attempts - 1 > 30 ? 30 : attempts - 1);
+	if (delay > cap)
+		delay = cap;
+	delay *= 0.9 + 0.2 * ((double) random() / RAND_MAX);
+	/* The last try comes when the lifetime ends, not a whole backoff later. */
+	if (age >= 0 && age + delay > lifetime)
+		delay = lifetime - age + 0.5;
+	if (delay < 0.1)
+		delay = 0.1;
+
+	merge = json_pack("{s:I,s:s}", "attempts", (json_int_t) attempts, "last_error", last_error);
+	log_info("row %lld: <%s> deferred (attempt %ld, next in %.0fs): %s", pepsi_id(ctx),
+			 pepsi_rcpt(ctx, 0), attempts, delay, last_error);
+	if (bounce_stage && pepsi_mail_from(ctx)[0] != '\0'
+		&& !json_is_true(json_object_get(state, "delay_sent"))
+		&& delivery_notify_wants(delivery_notify(ctx, 0), "DELAY")
+		&& age >= 0 && age >= delay_dsn_after)
+	{
+		json_t	   *bounce = delivery_bounce_json(ctx, "delay", why);
+		char	   *token = xasprintf("dsn-delay-%lld", pepsi_id(ctx));
+		json_t	   *clones;
+
+		json_object_set_new(bounce, "will_retry_until",
+							json_integer((json_int_t) (time(NULL) + (time_t) (lifetime - age))));
+		clones = json_pack("[{s:s,s:s,s:[i],s:{s:o}}]", "token", token, "stage", bounce_stage,
+						   "rcpt_indices", 1, "state", "bounce", bounce);
+		json_object_set_new(merge, "delay_sent", json_true());
+		log_info("row %lld: <%s> delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
+				 pepsi_rcpt(ctx, 0), age / 60, pepsi_mail_from(ctx));
+		rc = pepsi_pause_with(ctx, merge, delay, NULL, 0, clones);
+		json_decref(clones);
+		free(token);
+	}
+	else
+		rc = pepsi_pause(ctx, merge, delay);
+	json_decref(merge);
+	free(last_error);
+	return rc;
+}

@@ -1,0 +1,68 @@
+/*
+ * delivery.h: the outcomes shared by the delivery stages (relay-to-smarthost,
+ * relay-to-maildir), spec 22.5 and 22.6.
+ *
+ * A delivery stage handles one recipient per row (it splits first) and
+ * ends every attempt in one of three ways:
+ *   delivered  state.delivery records how; complete_success (a success DSN
+ *              when asked for and ORIGINATE_SUCCESS_DSN), else advance or finish;
+ *   deferred   pause with exponential backoff (state.attempts,
+ *              state.last_error), one delay DSN clone once the message is
+ *              DELAY_DSN_AFTER old and NOTIFY asks for DELAY (state.delay_sent);
+ *              past MAX_LIFETIME it bounces instead;
+ *   bounced    reroute to BOUNCE_STAGE with state.bounce; a message from
+ *              the null sender is finished with a log line instead.
+ *
+ * Options of the stage's section, checked by delivery_check_config:
+ *   MAX_LIFETIME (5d), RETRY_BASE (5m), RETRY_MAX (1h), DELAY_DSN_AFTER (4h),
+ *   ORIGINATE_SUCCESS_DSN (no; read by the runtime's complete_success), BOUNCE_STAGE.
+ */
+#ifndef PEPSI_DELIVERY_H
+#define PEPSI_DELIVERY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "config.h"
+#include "stage.h"
+
+/* Why one recipient's delivery did not happen (or, for success, how it did). */
+struct delivery_report
+{
+	const char *status;			/* enhanced status code: "5.1.1" */
+	const char *diagnostic;		/* a Diagnostic-Code: "smtp; 550 5.1.1 ..." or "X-Pepsi; ..." */
+	const char *remote_mta;		/* the next hop's name, NULL for local delivery */
+	int			smtp_code;		/* 0 when there was no reply */
+	const char *phase;			/* "RCPT TO", "end of DATA", ... or NULL */
+	const char *reply_text;		/* the reply's text, or NULL */
+};
+
+bool		delivery_check_config(const struct pepsi_config *cfg, const char *section,
+								  char *err, size_t errlen);
+
+/*
+ * Delivered to the row's recipient.  action is "delivered" or "relayed"
+ * (RFC 3464); next_hop_notifies says the next hop took the DSN request
+ * itself, so no success DSN is originated here.
+ */
+int			delivery_succeeded(struct pepsi_ctx *ctx, const char *action,
+							   const struct delivery_report *how, bool next_hop_notifies);
+/* A temporary failure: pause with backoff, a delay DSN, or past MAX_LIFETIME a bounce. */
+int			delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why);
+/* A permanent failure: to BOUNCE_STAGE with state.bounce. */
+int			delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why);
+
+/* The NOTIFY of recipient index (state.dsn.rcpt), or NULL when none was given. */
+const char *delivery_notify(const struct pepsi_ctx *ctx, size_t index);
+/* Does a NOTIFY value (NULL: none given) ask for this kind: "SUCCESS", "DELAY", "FAILURE"? */
+bool		delivery_notify_wants(const char *notify, const char *kind);
+/* state.dsn.<key> (ret, envid), any case, or NULL. */
+const char *delivery_dsn_param(const struct pepsi_ctx *ctx, const char *key);
+const char *delivery_orcpt(const struct pepsi_ctx *ctx, size_t index);
+
+/* The age of the message in seconds (from received_at, or state.created_at of a DSN), or -1. */
+double		delivery_message_age(struct pepsi_ctx *ctx);
+
+#endif

@@ -1,0 +1,1323 @@
+/*
+ * smtp_client.c: see smtp_client.h.
+ *
+ * The session is one small state machine: DISCONNECTED, then READY after
+ * connect, greeting, EHLO, STARTTLS (and EHLO again) and AUTH; a
+ * transaction runs from READY and leaves it READY (or DISCONNECTED after
+ * an I/O error or a 421).  The socket is non-blocking and every wait is a
+ * poll() with a deadline, for plain and TLS sessions alike.
+ */
+#include "smtp_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "log.h"
+
+#define SMTP_LINE_MAX 4096		/* longer reply lines are cut */
+#define SMTP_REPLY_MAX (64 * 1024)	/* a longer reply is an error */
+
+enum smtp_session_state
+{
+	SMTP_DISCONNECTED,
+	SMTP_READY
+};
+
+struct smtp_client
+{
+	struct smtp_client_options opt;
+	enum smtp_session_state state;
+	int			fd;
+	SSL_CTX    *ssl_ctx;
+	SSL		   *ssl;
+	struct buf	in;
+	char		peer[300];		/* host[address]:port, for messages */
+	char		remote_mta[256];
+	/* what EHLO said */
+	bool		esmtp;
+	bool		has_starttls;
+	bool		has_pipelining;
+	bool		has_8bitmime;
+	bool		has_smtputf8;
+	bool		has_dsn;
+	bool		has_enhanced;
+	bool		auth_plain;
+	bool		auth_login;
+	bool		has_size;
+	unsigned long size_limit;	/* 0: none announced */
+	/* reuse */
+	int			messages;
+	long long	last_used_ms;
+	bool		need_rset;
+	char		error[512];		/* the last I/O error */
+	char	   *owned[8];		/* the copies of the option strings */
+	int			nowned;
+};
+
+/* ---------------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------------- */
+
+static long long
+smtp_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *
+smtp_phase_name(enum smtp_phase phase)
+{
+	switch (phase)
+	{
+		case SMTP_PHASE_CONNECT:
+			return "connect";
+		case SMTP_PHASE_GREETING:
+			return "greeting";
+		case SMTP_PHASE_EHLO:
+			return "EHLO";
+		case SMTP_PHASE_STARTTLS:
+			return "STARTTLS";
+		case SMTP_PHASE_AUTH:
+			return "AUTH";
+		case SMTP_PHASE_MAIL:
+			return "MAIL FROM";
+		case SMTP_PHASE_RCPT:
+			return "RCPT TO";
+		case SMTP_PHASE_DATA:
+			return "DATA";
+		case SMTP_PHASE_MESSAGE:
+			return "end of DATA";
+	}
+	return "?";
+}
+
+bool
+smtp_tls_mode_parse(const char *value, enum smtp_tls_mode *mode)
+{
+	if (value == NULL || strcasecmp(value, "verify") == 0)
+		*mode = SMTP_TLS_VERIFY;
+	else if (strcasecmp(value, "no-verify") == 0)
+		*mode = SMTP_TLS_NO_VERIFY;
+	else if (strcasecmp(value, "may") == 0)
+		*mode = SMTP_TLS_MAY;
+	else if (strcasecmp(value, "none") == 0)
+		*mode = SMTP_TLS_NONE;
+	else
+		return false;
+	return true;
+}
+
+/* RFC 3461 section 4: xtext, "+" and hex for "+", "=", controls and non-ASCII. */
+void
+smtp_xtext_encode(const char *in, struct buf *out)
+{
+	for (const unsigned char *p = (const unsigned char *) in; *p; p++)
+	{
+		if (*p < 33 || *p > 126 || *p == '+' || *p == '=')
+			buf_printf(out, "+%02X", *p);
+		else
+			buf_append_char(out, (char) *p);
+	}
+}
+
+static bool
+smtp_has_8bit(const char *s, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char) s[i] >= 0x80)
+			return true;
+	return false;
+}
+
+void
+smtp_dot_stuff(const char *raw, size_t len, struct buf *out)
+{
+	bool		line_start = true;
+
+	buf_reserve(out, len + len / 64 + 8);
+	for (size_t i = 0; i < len; i++)
+	{
+		char		ch = raw[i];
+
+		if (line_start && ch == '.')
+			buf_append_char(out, '.');
+		line_start = false;
+		if (ch == '\n')
+		{
+			/* A bare LF becomes CRLF: the wire has one line end. */
+			if (i == 0 || raw[i - 1] != '\r')
+				buf_append_char(out, '\r');
+			line_start = true;
+		}
+		buf_append_char(out, ch);
+	}
+	if (!line_start)
+		buf_append(out, "\r\n", 2);
+	buf_append(out, ".\r\n", 3);
+}
+
+static void
+smtp_reply_reset(struct smtp_reply *r)
+{
+	r->code = 0;
+	r->enhanced[0] = '\0';
+	buf_reset(&r->text);
+	buf_append_str(&r->text, "");
+}
+
+static void
+smtp_reply_flatten(struct smtp_reply *r)
+{
+	for (size_t i = 0; i < r->text.len; i++)
+		if (r->text.data[i] == '\n')
+			r->text.data[i] = ' ';
+}
+
+static void
+smtp_reply_copy(struct smtp_reply *to, const struct smtp_reply *from)
+{
+	smtp_reply_reset(to);
+	to->code = from->code;
+	memcpy(to->enhanced, from->enhanced, sizeof(to->enhanced));
+	buf_append(&to->text, from->text.data ? from->text.data : "", from->text.len);
+}
+
+/*
+ * One reply line: "250-text", "250 text" or "250".  Sets *last for the
+ * final line, *text to what follows the separator.
+ */
+bool
+smtp_reply_parse_line(const char *line, size_t len, int *code, bool *last, const char **text)
+{
+	if (len < 3 || line[0] < '2' || line[0] > '5' || line[1] < '0' || line[1] > '9'
+		|| line[2] < '0' || line[2] > '9')
+		return false;
+	if (len > 3 && line[3] != ' ' && line[3] != '-')
+		return false;
+	*code = (line[0] - '0') * 100 + (line[1] - '0') * 10 + (line[2] - '0');
+	*last = len == 3 || line[3] == ' ';
+	*text = len > 4 ? line + 4 : line + len;
+	return true;
+}
+
+/* "5.1.1 text": an enhanced status code whose class matches the reply's. */
+static void
+smtp_reply_enhanced(struct smtp_reply *r)
+{
+	const char *t = r->text.data;
+	size_t		n = 0;
+	int			dots = 0;
+	int			digits = 0;
+
+	if (t == NULL || t[0] != '0' + r->code / 100 || t[1] != '.')
+		return;
+	for (n = 0; t[n] && t[n] != ' '; n++)
+	{
+		if (t[n] == '.')
+		{
+			if (digits == 0)
+				return;
+			dots++;
+			digits = 0;
+		}
+		else if (t[n] >= '0' && t[n] <= '9' && digits < 3)
+			digits++;
+		else
+			return;
+	}
+	if (dots != 2 || digits == 0 || n >= sizeof(r->enhanced))
+		return;
+	memcpy(r->enhanced, t, n);
+	r->enhanced[n] = '\0';
+}
+
+/* ---------------------------------------------------------------------------
+ * I/O with deadlines
+ * ------------------------------------------------------------------------- */
+
+static void
+smtp_set_error(struct smtp_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+smtp_set_error(struct smtp_client *c, const char *fmt, ...)
+{
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->error, sizeof(c->error), fmt, ap);
+	va_end(ap);
+}
+
+static const char *
+smtp_ssl_error(void)
+{
+	static char text[200];
+	unsigned long e = ERR_get_error();
+
+	if (e == 0)
+		return "TLS error";
+	ERR_error_string_n(e, text, sizeof(text));
+	ERR_clear_error();
+	return text;
+}
+
+static bool
+smtp_wait(struct smtp_client *c, short events, long long deadline)
+{
+	struct pollfd pfd = {.fd = c->fd, .events = events};
+
+	for (;;)
+	{
+		long long	left = deadline - smtp_now_ms();
+		int			n;
+
+		if (left <= 0)
+		{
+			smtp_set_error(c, "timed out talking to %s", c->peer);
+			return false;
+		}
+		n = poll(&pfd, 1, (int) (left > 1000000 ? 1000000 : left));
+		if (n > 0)
+			return true;
+		if (n < 0 && errno != EINTR)
+		{
+			smtp_set_error(c, "poll: %s", strerror(errno));
+			return false;
+		}
+	}
+}
+
+/* Read what is available into c->in; false on EOF, error or timeout. */
+static bool
+smtp_fill(struct smtp_client *c, long long deadline)
+{
+	char		chunk[16384];
+
+	for (;;)
+	{
+		if (c->ssl)
+		{
+			int			n = SSL_read(c->ssl, chunk, sizeof(chunk));
+
+			if (n > 0)
+			{
+				buf_append(&c->in, chunk, (size_t) n);
+				return true;
+			}
+			switch (SSL_get_error(c->ssl, n))
+			{
+				case SSL_ERROR_WANT_READ:
+					if (!smtp_wait(c, POLLIN, deadline))
+						return false;
+					continue;
+				case SSL_ERROR_WANT_WRITE:
+					if (!smtp_wait(c, POLLOUT, deadline))
+						return false;
+					continue;
+				case SSL_ERROR_ZERO_RETURN:
+					smtp_set_error(c, "%s closed the TLS session", c->peer);
+					return false;
+				default:
+					smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+					return false;
+			}
+		}
+		else
+		{
+			ssize_t		n = read(c->fd, chunk, sizeof(chunk));
+
+			if (n > 0)
+			{
+				buf_append(&c->in, chunk, (size_t) n);
+				return true;
+			}
+			if (n == 0)
+			{
+				smtp_set_error(c, "%s closed the connection", c->peer);
+				return false;
+			}
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+			{
+				smtp_set_error(c, "lost the connection with %s: %s", c->peer, strerror(errno));
+				return false;
+			}
+			if (!smtp_wait(c, POLLIN, deadline))
+				return false;
+		}
+	}
+}
+
+/* Write all of data; the deadline moves on with every bit of progress. */
+static bool
+smtp_write(struct smtp_client *c, const char *data, size_t len)
+{
+	size_t		off = 0;
+	long long	deadline = smtp_now_ms() + c->opt.command_timeout_ms;
+
+	while (off < len)
+	{
+		size_t		chunk = len - off > 1 << 20 ? 1 << 20 : len - off;
+
+		if (c->ssl)
+		{
+			int			n = SSL_write(c->ssl, data + off, (int) chunk);
+
+			if (n > 0)
+			{
+				off += (size_t) n;
+				deadline = smtp_now_ms() + c->opt.command_timeout_ms;
+				continue;
+			}
+			switch (SSL_get_error(c->ssl, n))
+			{
+				case SSL_ERROR_WANT_READ:
+					if (!smtp_wait(c, POLLIN, deadline))
+						return false;
+					continue;
+				case SSL_ERROR_WANT_WRITE:
+					if (!smtp_wait(c, POLLOUT, deadline))
+						return false;
+					continue;
+				default:
+					smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+					return false;
+			}
+		}
+		else
+		{
+			ssize_t		n = send(c->fd, data + off, chunk, MSG_NOSIGNAL);
+
+			if (n > 0)
+			{
+				off += (size_t) n;
+				deadline = smtp_now_ms() + c->opt.command_timeout_ms;
+				continue;
+			}
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			{
+				if (!smtp_wait(c, POLLOUT, deadline))
+					return false;
+				continue;
+			}
+			smtp_set_error(c, "lost the connection with %s: %s", c->peer,
+						   n < 0 ? strerror(errno) : "short write");
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Read one whole (possibly multi-line) reply into r; false on I/O error. */
+static bool
+smtp_read_reply(struct smtp_client *c, struct smtp_reply *r)
+{
+	long long	deadline = smtp_now_ms() + c->opt.command_timeout_ms;
+	size_t		total = 0;
+	int			lines = 0;
+
+	smtp_reply_reset(r);
+	for (;;)
+	{
+		char	   *nl = c->in.len ? memchr(c->in.data, '\n', c->in.len) : NULL;
+		size_t		len;
+		int			code;
+		bool		last;
+		const char *text;
+
+		if (nl == NULL)
+		{
+			if (c->in.len > SMTP_LINE_MAX * 4)
+			{
+				smtp_set_error(c, "%s sent a reply line without an end", c->peer);
+				return false;
+			}
+			if (!smtp_fill(c, deadline))
+				return false;
+			continue;
+		}
+		len = (size_t) (nl - c->in.data);
+		total += len + 1;
+		if (len > 0 && c->in.data[len - 1] == '\r')
+			len--;
+		if (!smtp_reply_parse_line(c->in.data, len, &code, &last, &text))
+		{
+			smtp_set_error(c, "%s sent a malformed reply \"%.*s\"", c->peer,
+						   (int) (len > 80 ? 80 : len), c->in.data);
+			return false;
+		}
+		if (r->code == 0)
+			r->code = code;
+		if (lines++ > 0)
+			buf_append_char(&r->text, '\n');
+		{
+			size_t		tlen = len - (size_t) (text - c->in.data);
+
+			if (tlen > SMTP_LINE_MAX)
+				tlen = SMTP_LINE_MAX;
+			buf_append(&r->text, text, tlen);
+		}
+		buf_consume(&c->in, (size_t) (nl - c->in.data) + 1);
+		if (total > SMTP_REPLY_MAX)
+		{
+			smtp_set_error(c, "%s sent a reply longer than %d bytes", c->peer, SMTP_REPLY_MAX);
+			return false;
+		}
+		if (last)
+			break;
+	}
+	smtp_reply_enhanced(r);
+	return true;
+}
+
+static bool
+smtp_command(struct smtp_client *c, struct smtp_reply *r, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static bool
+smtp_command(struct smtp_client *c, struct smtp_reply *r, const char *fmt, ...)
+{
+	struct buf	line = BUF_INIT;
+	va_list		ap;
+	char		text[2048];
+	bool		ok;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	buf_printf(&line, "%s\r\n", text);
+	ok = smtp_write(c, line.data, line.len) && smtp_read_reply(c, r);
+	buf_free(&line);
+	return ok;
+}
+
+/* ---------------------------------------------------------------------------
+ * The session: connect, greeting, EHLO, STARTTLS, AUTH
+ * ------------------------------------------------------------------------- */
+
+static void
+smtp_drop(struct smtp_client *c)
+{
+	if (c->ssl)
+	{
+		SSL_free(c->ssl);
+		c->ssl = NULL;
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	buf_reset(&c->in);
+	c->state = SMTP_DISCONNECTED;
+	c->need_rset = false;
+}
+
+void
+smtp_client_close(struct smtp_client *c)
+{
+	if (c->state == SMTP_READY)
+	{
+		struct smtp_reply r = {0};
+		int			timeout = c->opt.command_timeout_ms;
+
+		/* A polite QUIT, but nobody waits long for its answer. */
+		c->opt.command_timeout_ms = timeout < 2000 ? timeout : 2000;
+		if (smtp_command(c, &r, "QUIT") && c->ssl)
+			SSL_shutdown(c->ssl);
+		c->opt.command_timeout_ms = timeout;
+		buf_free(&r.text);
+	}
+	smtp_drop(c);
+}
+
+static bool
+smtp_connect_address(struct smtp_client *c, const struct addrinfo *ai, long long deadline)
+{
+	int			fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+							ai->ai_protocol);
+	int			one = 1;
+	int			soerr = 0;
+	socklen_t	slen = sizeof(soerr);
+
+	if (fd < 0)
+	{
+		smtp_set_error(c, "socket: %s", strerror(errno));
+		return false;
+	}
+	c->fd = fd;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+	{
+		if (errno != EINPROGRESS)
+		{
+			smtp_set_error(c, "cannot connect to %s: %s", c->peer, strerror(errno));
+			goto err;
+		}
+		if (!smtp_wait(c, POLLOUT, deadline))
+		{
+			smtp_set_error(c, "cannot connect to %s: timed out", c->peer);
+			goto err;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &slen) != 0 || soerr != 0)
+		{
+			smtp_set_error(c, "cannot connect to %s: %s", c->peer, strerror(soerr ? soerr : errno));
+			goto err;
+		}
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return true;
+err:
+	close(fd);
+	c->fd = -1;
+	return false;
+}
+
+static bool
+smtp_connect(struct smtp_client *c)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+	struct addrinfo *res = NULL;
+	const char *port = c->opt.port ? c->opt.port : "25";
+	int			rc = getaddrinfo(c->opt.host, port, &hints, &res);
+
+	if (rc != 0)
+	{
+		smtp_set_error(c, "cannot resolve %s: %s", c->opt.host, gai_strerror(rc));
+		return false;
+	}
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
+	{
+		char		addr[INET6_ADDRSTRLEN] = "?";
+		long long	deadline = smtp_now_ms() + c->opt.connect_timeout_ms;
+
+		getnameinfo(ai->ai_addr, ai->ai_addrlen, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
+		snprintf(c->peer, sizeof(c->peer), "%s[%s]:%s", c->opt.host, addr, port);
+		if (smtp_connect_address(c, ai, deadline))
+		{
+			freeaddrinfo(res);
+			return true;
+		}
+	}
+	freeaddrinfo(res);
+	return false;
+}
+
+/* The EHLO keywords we act on: one per line after the first (the server's name). */
+static void
+smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
+{
+	const char *line = strchr(r->text.data, '\n');
+
+	c->esmtp = true;
+	c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
+	c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
+	c->size_limit = 0;
+	while (line)
+	{
+		const char *end;
+		size_t		n;
+		char		word[32];
+
+		line++;
+		end = strchr(line, '\n');
+		n = strcspn(line, " =\n");
+		snprintf(word, sizeof(word), "%.*s", (int) (n < sizeof(word) ? n : sizeof(word) - 1), line);
+		if (strcasecmp(word, "STARTTLS") == 0)
+			c->has_starttls = true;
+		else if (strcasecmp(word, "PIPELINING") == 0)
+			c->has_pipelining = true;
+		else if (strcasecmp(word, "8BITMIME") == 0)
+			c->has_8bitmime = true;
+		else if (strcasecmp(word, "SMTPUTF8") == 0)
+			c->has_smtputf8 = true;
+		else if (strcasecmp(word, "DSN") == 0)
+			c->has_dsn = true;
+		else if (strcasecmp(word, "ENHANCEDSTATUSCODES") == 0)
+			c->has_enhanced = true;
+		else if (strcasecmp(word, "SIZE") == 0)
+		{
+			c->has_size = true;
+			c->size_limit = strtoul(line + n, NULL, 10);
+		}
+		else if (strcasecmp(word, "AUTH") == 0)
+		{
+			/* "AUTH PLAIN LOGIN" (or the old "AUTH=PLAIN LOGIN") */
+			const char *q = line + n;
+			const char *stop = end ? end : q + strlen(q);
+
+			while (q < stop)
+			{
+				size_t		m;
+
+				q += strspn(q, " =");
+				m = strcspn(q, " \n");
+				if (m == 5 && strncasecmp(q, "PLAIN", 5) == 0)
+					c->auth_plain = true;
+				else if (m == 5 && strncasecmp(q, "LOGIN", 5) == 0)
+					c->auth_login = true;
+				q += m;
+			}
+		}
+		line = end;
+	}
+}
+
+static bool
+smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
+{
+	const char *name = c->opt.helo_name ? c->opt.helo_name : "localhost";
+
+	res->phase = SMTP_PHASE_EHLO;
+	if (!smtp_command(c, &res->reply, "EHLO %s", name))
+		return false;
+	if (res->reply.code / 100 == 2)
+	{
+		smtp_parse_ehlo(c, &res->reply);
+		return true;
+	}
+	if (res->reply.code / 100 == 5)
+	{
+		if (!smtp_command(c, &res->reply, "HELO %s", name))
+			return false;
+		if (res->reply.code / 100 == 2)
+		{
+			c->esmtp = false;
+			c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
+			c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
+			c->size_limit = 0;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool
+smtp_tls_handshake(struct smtp_client *c, struct smtp_result *res)
+{
+	const char *name = c->opt.tls_name ? c->opt.tls_name : c->opt.host;
+	long long	deadline = smtp_now_ms() + c->opt.command_timeout_ms;
+	bool		verify = c->opt.tls == SMTP_TLS_VERIFY;
+	struct in6_addr addr6;
+	struct in_addr addr4;
+	bool		is_ip = inet_pton(AF_INET, name, &addr4) == 1 || inet_pton(AF_INET6, name, &addr6) == 1;
+
+	if (c->ssl_ctx == NULL)
+	{
+		c->ssl_ctx = SSL_CTX_new(TLS_client_method());
+		if (c->ssl_ctx == NULL)
+		{
+			smtp_set_error(c, "cannot create a TLS context: %s", smtp_ssl_error());
+			return false;
+		}
+		SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION);
+		if (verify)
+		{
+			SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
+			if (c->opt.tls_ca_file ? SSL_CTX_load_verify_locations(c->ssl_ctx, c->opt.tls_ca_file, NULL) != 1
+				: SSL_CTX_set_default_verify_paths(c->ssl_ctx) != 1)
+			{
+				smtp_set_error(c, "cannot load the trust anchors%s%s: %s",
+							   c->opt.tls_ca_file ? " from " : "",
+							   c->opt.tls_ca_file ? c->opt.tls_ca_file : "", smtp_ssl_error());
+				SSL_CTX_free(c->ssl_ctx);
+				c->ssl_ctx = NULL;
+				return false;
+			}
+		}
+	}
+	c->ssl = SSL_new(c->ssl_ctx);
+	if (c->ssl == NULL || SSL_set_fd(c->ssl, c->fd) != 1)
+	{
+		smtp_set_error(c, "cannot start TLS: %s", smtp_ssl_error());
+		return false;
+	}
+	if (!is_ip)
+		SSL_set_tlsext_host_name(c->ssl, name);
+	if (verify)
+	{
+		if (is_ip)
+			X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name);
+		else
+			SSL_set1_host(c->ssl, name);
+	}
+	for (;;)
+	{
+		int			n = SSL_connect(c->ssl);
+
+		if (n == 1)
+			break;
+		switch (SSL_get_error(c->ssl, n))
+		{
+			case SSL_ERROR_WANT_READ:
+				if (!smtp_wait(c, POLLIN, deadline))
+					return false;
+				continue;
+			case SSL_ERROR_WANT_WRITE:
+				if (!smtp_wait(c, POLLOUT, deadline))
+					return false;
+				continue;
+			default:
+				{
+					long		vr = SSL_get_verify_result(c->ssl);
+
+					if (verify && vr != X509_V_OK)
+						smtp_set_error(c, "TLS with %s failed: certificate not trusted for %s: %s",
+									   c->peer, name, X509_verify_cert_error_string(vr));
+					else
+						smtp_set_error(c, "TLS with %s failed: %s", c->peer, smtp_ssl_error());
+					return false;
+				}
+		}
+	}
+	res->phase = SMTP_PHASE_STARTTLS;
+	log_debug("TLS with %s: %s %s%s", c->peer, SSL_get_version(c->ssl),
+			  SSL_get_cipher_name(c->ssl), verify ? ", certificate verified" : "");
+	return true;
+}
+
+static void
+smtp_base64(const char *in, size_t len, struct buf *out)
+{
+	size_t		cap = 4 * ((len + 2) / 3) + 1;
+
+	buf_reserve(out, cap);
+	out->len += (size_t) EVP_EncodeBlock((unsigned char *) out->data + out->len,
+										 (const unsigned char *) in, (int) len);
+	out->data[out->len] = '\0';
+}
+
+static bool
+smtp_auth(struct smtp_client *c, struct smtp_result *res)
+{
+	const char *user = c->opt.auth_user;
+	const char *pass = c->opt.auth_password ? c->opt.auth_password : "";
+	struct buf	token = BUF_INIT;
+	struct buf	plain = BUF_INIT;
+	bool		ok = false;
+
+	res->phase = SMTP_PHASE_AUTH;
+	if (c->ssl == NULL && c->opt.tls != SMTP_TLS_NONE)
+	{
+		smtp_set_error(c, "%s offered no STARTTLS; credentials are not sent in the clear "
+					   "(TLS = none allows it)", c->peer);
+		return false;
+	}
+	if (c->auth_plain)
+	{
+		buf_append_char(&plain, '\0');
+		buf_append_str(&plain, user);
+		buf_append_char(&plain, '\0');
+		buf_append_str(&plain, pass);
+		smtp_base64(plain.data, plain.len, &token);
+		ok = smtp_command(c, &res->reply, "AUTH PLAIN %s", token.data);
+	}
+	else if (c->auth_login)
+	{
+		ok = smtp_command(c, &res->reply, "AUTH LOGIN");
+		if (ok && res->reply.code == 334)
+		{
+			smtp_base64(user, strlen(user), &token);
+			ok = smtp_command(c, &res->reply, "%s", token.data);
+			if (ok && res->reply.code == 334)
+			{
+				buf_reset(&token);
+				smtp_base64(pass, strlen(pass), &token);
+				ok = smtp_command(c, &res->reply, "%s", token.data);
+			}
+		}
+	}
+	else
+		smtp_set_error(c, "%s offers neither AUTH PLAIN nor AUTH LOGIN", c->peer);
+	if (plain.data)
+		OPENSSL_cleanse(plain.data, plain.len);
+	if (token.data)
+		OPENSSL_cleanse(token.data, token.len);
+	buf_free(&plain);
+	buf_free(&token);
+	return ok && res->reply.code == 235;
+}
+
+/* From DISCONNECTED to READY; on failure res says why and the session is dropped. */
+static bool
+smtp_open(struct smtp_client *c, struct smtp_result *res)
+{
+	c->error[0] = '\0';
+	res->phase = SMTP_PHASE_CONNECT;
+	if (!smtp_connect(c))
+		goto err;
+	res->phase = SMTP_PHASE_GREETING;
+	if (!smtp_read_reply(c, &res->reply))
+		goto err;
+	if (res->reply.code != 220)
+		goto err;
+	{
+		size_t		n = strcspn(res->reply.text.data, " ");
+
+		snprintf(c->remote_mta, sizeof(c->remote_mta), "%.*s",
+				 (int) (n > 0 && n < sizeof(c->remote_mta) ? n : 0), res->reply.text.data);
+		if (c->remote_mta[0] == '\0')
+			snprintf(c->remote_mta, sizeof(c->remote_mta), "%s", c->opt.host);
+	}
+	if (!smtp_ehlo(c, res))
+		goto err;
+	if (c->opt.tls != SMTP_TLS_NONE && (c->has_starttls || c->opt.tls != SMTP_TLS_MAY))
+	{
+		res->phase = SMTP_PHASE_STARTTLS;
+		if (!c->has_starttls)
+		{
+			smtp_set_error(c, "%s does not offer STARTTLS, which TLS = %s requires", c->peer,
+						   c->opt.tls == SMTP_TLS_VERIFY ? "verify" : "no-verify");
+			smtp_reply_reset(&res->reply);
+			goto err;
+		}
+		if (!smtp_command(c, &res->reply, "STARTTLS") || res->reply.code != 220)
+			goto err;
+		if (c->in.len > 0)
+		{
+			/* Anything sent before the handshake could be injected; refuse it. */
+			smtp_set_error(c, "%s sent data after its STARTTLS reply", c->peer);
+			smtp_reply_reset(&res->reply);
+			goto err;
+		}
+		if (!smtp_tls_handshake(c, res))
+		{
+			smtp_reply_reset(&res->reply);
+			goto err;
+		}
+		if (!smtp_ehlo(c, res))
+			goto err;
+	}
+	if (c->opt.auth_user && !smtp_auth(c, res))
+		goto err;
+	c->state = SMTP_READY;
+	c->messages = 0;
+	c->need_rset = false;
+	return true;
+err:
+	smtp_drop(c);
+	return false;
+}
+
+/* ---------------------------------------------------------------------------
+ * The transaction
+ * ------------------------------------------------------------------------- */
+
+static bool
+smtp_is_ascii(const char *s)
+{
+	return !smtp_has_8bit(s, strlen(s));
+}
+
+/* Build "MAIL FROM:<...> params" into line. */
+static void
+smtp_mail_command(struct smtp_client *c, const struct smtp_envelope *env, size_t len, bool body8,
+				  bool utf8, struct buf *line)
+{
+	buf_printf(line, "MAIL FROM:<%s>", env->mail_from);
+	if (c->has_size)
+		buf_printf(line, " SIZE=%zu", len);
+	if (body8 && c->has_8bitmime)
+		buf_append_str(line, " BODY=8BITMIME");
+	if (utf8)
+		buf_append_str(line, " SMTPUTF8");
+	if (c->has_dsn)
+	{
+		if (env->ret && (strcasecmp(env->ret, "FULL") == 0 || strcasecmp(env->ret, "HDRS") == 0))
+			buf_printf(line, " RET=%s", strcasecmp(env->ret, "FULL") == 0 ? "FULL" : "HDRS");
+		if (env->envid && *env->envid)
+		{
+			buf_append_str(line, " ENVID=");
+			smtp_xtext_encode(env->envid, line);
+		}
+	}
+	buf_append(line, "\r\n", 2);
+}
+
+static void
+smtp_rcpt_command(struct smtp_client *c, const struct smtp_envelope *env, size_t i, struct buf *line)
+{
+	buf_printf(line, "RCPT TO:<%s>", env->rcpt[i]);
+	if (c->has_dsn)
+	{
+		const char *notify = env->notify ? env->notify[i] : NULL;
+		const char *orcpt = env->orcpt ? env->orcpt[i] : NULL;
+		const char *semi = orcpt ? strchr(orcpt, ';') : NULL;
+
+		if (notify && *notify)
+			buf_printf(line, " NOTIFY=%s", notify);
+		if (semi && semi > orcpt && semi[1])
+		{
+			buf_printf(line, " ORCPT=%.*s;", (int) (semi - orcpt), orcpt);
+			smtp_xtext_encode(semi + 1, line);
+		}
+	}
+	buf_append(line, "\r\n", 2);
+}
+
+static void
+smtp_result_set(struct smtp_result *res, enum smtp_outcome outcome, enum smtp_phase phase,
+				const struct smtp_reply *reply)
+{
+	res->outcome = outcome;
+	res->phase = phase;
+	if (reply && reply != &res->reply)
+		smtp_reply_copy(&res->reply, reply);
+}
+
+static enum smtp_outcome
+smtp_class(const struct smtp_reply *r)
+{
+	return r->code / 100 == 5 ? SMTP_PERMANENT : SMTP_TEMPORARY;
+}
+
+/* Refuse locally what the server cannot take; true when refused. */
+static bool
+smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, size_t len, bool utf8,
+					struct smtp_result *res)
+{
+	if (utf8 && !c->has_smtputf8)
+	{
+		res->outcome = SMTP_PERMANENT;
+		res->phase = SMTP_PHASE_MAIL;
+		snprintf(res->error, sizeof(res->error), "%s does not support SMTPUTF8, which a "
+				 "non-ASCII address needs", c->peer);
+		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.7");
+		return true;
+	}
+	if (c->size_limit > 0 && len > c->size_limit)
+	{
+		res->outcome = SMTP_PERMANENT;
+		res->phase = SMTP_PHASE_MAIL;
+		snprintf(res->error, sizeof(res->error), "message of %zu bytes exceeds the limit of "
+				 "%lu bytes of %s", len, c->size_limit, c->peer);
+		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.3.4");
+		return true;
+	}
+	(void) env;
+	return false;
+}
+
+/*
+ * One transaction on a READY session.  Returns false on an I/O failure
+ * (the session is then dropped and res says where).
+ */
+static bool
+smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
+				 size_t len, struct smtp_result *res)
+{
+	bool		body8 = env->body_8bit || smtp_has_8bit(raw, len);
+	bool		utf8 = !smtp_is_ascii(env->mail_from);
+	struct buf	commands = BUF_INIT;
+	struct buf	payload = BUF_INIT;
+	struct smtp_reply mail = {0};
+	struct smtp_reply data = {0};
+	size_t		accepted = 0;
+	bool		temporary_rcpt = false;
+	size_t		first_bad = (size_t) -1;
+	bool		ok = false;
+
+	for (size_t i = 0; i < env->nrcpt; i++)
+		if (!smtp_is_ascii(env->rcpt[i]))
+			utf8 = true;
+	if (env->smtputf8 && c->has_smtputf8)
+		utf8 = true;
+	if (smtp_refuse_locally(c, env, len, utf8, res))
+	{
+		buf_free(&mail.text);
+		return true;
+	}
+	res->dsn_passed = c->has_dsn;
+	c->need_rset = true;
+
+	/* MAIL, the RCPTs and DATA: one write when the server pipelines. */
+	smtp_mail_command(c, env, len, body8, utf8, &commands);
+	if (!c->has_pipelining)
+	{
+		res->phase = SMTP_PHASE_MAIL;
+		if (!smtp_write(c, commands.data, commands.len) || !smtp_read_reply(c, &mail))
+			goto io_err;
+		if (mail.code / 100 != 2)
+		{
+			smtp_result_set(res, smtp_class(&mail), SMTP_PHASE_MAIL, &mail);
+			ok = true;
+			goto done;
+		}
+		for (size_t i = 0; i < env->nrcpt; i++)
+		{
+			buf_reset(&commands);
+			smtp_rcpt_command(c, env, i, &commands);
+			res->phase = SMTP_PHASE_RCPT;
+			if (!smtp_write(c, commands.data, commands.len)
+				|| !smtp_read_reply(c, &res->rcpt_replies[i]))
+				goto io_err;
+		}
+	}
+	else
+	{
+		for (size_t i = 0; i < env->nrcpt; i++)
+			smtp_rcpt_command(c, env, i, &commands);
+		buf_append_str(&commands, "DATA\r\n");
+		res->phase = SMTP_PHASE_MAIL;
+		if (!smtp_write(c, commands.data, commands.len) || !smtp_read_reply(c, &mail))
+			goto io_err;
+		for (size_t i = 0; i < env->nrcpt; i++)
+		{
+			res->phase = SMTP_PHASE_RCPT;
+			if (!smtp_read_reply(c, &res->rcpt_replies[i]))
+				goto io_err;
+		}
+		res->phase = SMTP_PHASE_DATA;
+		if (!smtp_read_reply(c, &data))
+			goto io_err;
+	}
+	for (size_t i = 0; i < env->nrcpt; i++)
+	{
+		int			code = res->rcpt_replies[i].code;
+
+		if (code / 100 == 2)
+			accepted++;
+		else
+		{
+			if (code / 100 != 5)
+				temporary_rcpt = true;
+			if (first_bad == (size_t) -1 || (code / 100 != 5 && res->rcpt_replies[first_bad].code / 100 == 5))
+				first_bad = i;
+		}
+	}
+	if (mail.code / 100 != 2)
+	{
+		if (data.code == 354)
+			(void) (smtp_write(c, ".\r\n", 3) && smtp_read_reply(c, &data));
+		smtp_result_set(res, smtp_class(&mail), SMTP_PHASE_MAIL, &mail);
+		ok = true;
+		goto done;
+	}
+	if (accepted == 0)
+	{
+		if (data.code == 354)
+		{
+			/* A server that said 354 with no recipient gets an empty message it must refuse. */
+			if (!smtp_write(c, ".\r\n", 3) || !smtp_read_reply(c, &data))
+				goto io_err;
+		}
+		smtp_result_set(res, temporary_rcpt ? SMTP_TEMPORARY : SMTP_PERMANENT, SMTP_PHASE_RCPT,
+						&res->rcpt_replies[first_bad]);
+		ok = true;
+		goto done;
+	}
+	if (!c->has_pipelining)
+	{
+		res->phase = SMTP_PHASE_DATA;
+		if (!smtp_write(c, "DATA\r\n", 6) || !smtp_read_reply(c, &data))
+			goto io_err;
+	}
+	if (data.code != 354)
+	{
+		smtp_result_set(res, smtp_class(&data), SMTP_PHASE_DATA, &data);
+		ok = true;
+		goto done;
+	}
+	smtp_dot_stuff(raw, len, &payload);
+	res->phase = SMTP_PHASE_MESSAGE;
+	if (!smtp_write(c, payload.data, payload.len) || !smtp_read_reply(c, &res->reply))
+		goto io_err;
+	if (res->reply.code / 100 == 2)
+	{
+		res->outcome = SMTP_DELIVERED;
+		c->need_rset = false;
+	}
+	else
+		res->outcome = smtp_class(&res->reply);
+	ok = true;
+	goto done;
+
+io_err:
+	res->outcome = SMTP_TEMPORARY;
+	snprintf(res->error, sizeof(res->error), "%s while sending %s", c->error,
+			 smtp_phase_name(res->phase));
+	smtp_drop(c);
+done:
+	if (ok && (res->reply.code == 421 || mail.code == 421 || data.code == 421))
+		smtp_drop(c);
+	buf_free(&commands);
+	buf_free(&payload);
+	buf_free(&mail.text);
+	buf_free(&data.text);
+	return ok;
+}
+
+/* Is the open session still worth using?  Closes it if not. */
+static void
+smtp_check_reuse(struct smtp_client *c)
+{
+	struct pollfd pfd;
+
+	if (c->state != SMTP_READY)
+		return;
+	if ((c->opt.max_messages_per_connection > 0 && c->messages >= c->opt.max_messages_per_connection)
+		|| (c->opt.max_idle_ms > 0 && smtp_now_ms() - c->last_used_ms > c->opt.max_idle_ms))
+	{
+		smtp_client_close(c);
+		return;
+	}
+	/* Anything to read now is a 421 or the end: the server gave up on us. */
+	pfd.fd = c->fd;
+	pfd.events = POLLIN;
+	if (c->in.len > 0 || (c->ssl && SSL_pending(c->ssl) > 0) || poll(&pfd, 1, 0) != 0)
+	{
+		smtp_drop(c);
+		return;
+	}
+	if (c->need_rset)
+	{
+		struct smtp_reply r = {0};
+
+		if (!smtp_command(c, &r, "RSET") || r.code != 250)
+			smtp_drop(c);
+		else
+			c->need_rset = false;
+		buf_free(&r.text);
+	}
+}
+
+void
+smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
+				 size_t len, struct smtp_result *res)
+{
+	memset(res, 0, sizeof(*res));
+	smtp_reply_reset(&res->reply);
+	res->nrcpt = env->nrcpt;
+	res->rcpt_replies = xcalloc(env->nrcpt + 1, sizeof(struct smtp_reply));
+	for (int attempt = 0; attempt < 2; attempt++)
+	{
+		bool		reused;
+
+		smtp_check_reuse(c);
+		reused = c->state == SMTP_READY;
+		if (!reused && !smtp_open(c, res))
+		{
+			res->outcome = SMTP_TEMPORARY;
+			if (res->reply.code == 0)
+				snprintf(res->error, sizeof(res->error), "%s", c->error);
+			break;
+		}
+		snprintf(res->remote_mta, sizeof(res->remote_mta), "%s", c->remote_mta);
+		if (smtp_transaction(c, env, raw, len, res))
+		{
+			c->messages++;
+			c->last_used_ms = smtp_now_ms();
+			/* A reused session the server had already closed gets one fresh try. */
+			if (!(reused && res->outcome == SMTP_TEMPORARY && res->reply.code == 421
+				  && res->phase == SMTP_PHASE_MAIL))
+				break;
+		}
+		else if (!(reused && res->phase == SMTP_PHASE_MAIL))
+			break;
+		/* Start over on a new connection. */
+		for (size_t i = 0; i < env->nrcpt; i++)
+			smtp_reply_reset(&res->rcpt_replies[i]);
+		smtp_reply_reset(&res->reply);
+		res->error[0] = '\0';
+	}
+	if (res->remote_mta[0] == '\0')
+		snprintf(res->remote_mta, sizeof(res->remote_mta), "%s", c->opt.host);
+	/* Multi-line replies were kept line by line (for EHLO); callers get one line. */
+	smtp_reply_flatten(&res->reply);
+	for (size_t i = 0; i < env->nrcpt; i++)
+		smtp_reply_flatten(&res->rcpt_replies[i]);
+}
+
+void
+smtp_result_free(struct smtp_result *res)
+{
+	buf_free(&res->reply.text);
+	for (size_t i = 0; i < res->nrcpt; i++)
+		buf_free(&res->rcpt_replies[i].text);
+	free(res->rcpt_replies);
+	res->rcpt_replies = NULL;
+	res->nrcpt = 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Construction
+ * ------------------------------------------------------------------------- */
+
+/* Keep a private copy of an option string; the copies are freed with the client. */
+static const char *
+smtp_keep(struct smtp_client *c, const char *s)
+{
+	char	   *copy;
+
+	if (s == NULL)
+		return NULL;
+	copy = xstrdup(s);
+	c->owned[c->nowned++] = copy;
+	return copy;
+}
+
+struct smtp_client *
+smtp_client_new(const struct smtp_client_options *options)
+{
+	struct smtp_client *c = xcalloc(1, sizeof(*c));
+
+	c->opt = *options;
+	c->opt.host = smtp_keep(c, options->host);
+	c->opt.port = smtp_keep(c, options->port);
+	c->opt.tls_ca_file = smtp_keep(c, options->tls_ca_file);
+	c->opt.tls_name = smtp_keep(c, options->tls_name);
+	c->opt.helo_name = smtp_keep(c, options->helo_name);
+	c->opt.auth_user = smtp_keep(c, options->auth_user);
+	c->opt.auth_password = smtp_keep(c, options->auth_password);
+	if (c->opt.connect_timeout_ms <= 0)
+		c->opt.connect_timeout_ms = 30000;
+	if (c->opt.command_timeout_ms <= 0)
+		c->opt.command_timeout_ms = 300000;
+	c->fd = -1;
+	c->state = SMTP_DISCONNECTED;
+	return c;
+}
+
+bool
+smtp_client_connected(const struct smtp_client *c)
+{
+	return c->state == SMTP_READY;
+}
+
+void
+smtp_client_free(struct smtp_client *c)
+{
+	if (c == NULL)
+		return;
+	smtp_client_close(c);
+	if (c->ssl_ctx)
+		SSL_CTX_free(c->ssl_ctx);
+	buf_free(&c->in);
+	for (int i = 0; i < c->nowned; i++)
+	{
+		OPENSSL_cleanse(c->owned[i], strlen(c->owned[i]));	/* one of them is a password */
+		free(c->owned[i]);
+	}
+	free(c);
+}

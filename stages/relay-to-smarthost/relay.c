@@ -1,0 +1,398 @@
+/*
+ * pepsi-stage-relay-to-smarthost: hand each recipient's copy to one
+ * configured SMTP server (the smarthost) and record the outcome.
+ *
+ * One envelope recipient per attempt: a row with several is split first
+ * (split_to_one_per_row), so every outcome, retry time and DSN concerns
+ * one recipient.  The SMTP session is kept open across messages (see
+ * common/smtp_client.h); the outcomes are common/delivery.h's.
+ *
+ * Options of its [stage-*] section (besides delivery.h's):
+ *   SMARTHOST          host, host:port, [address]:port (port 25 by default);
+ *                      unset: remote mail is held paused, with a log line
+ *   TLS                verify (default) | no-verify | may | none
+ *   TLS_CA_FILE        trust anchors for verify (default: the system's)
+ *   TLS_NAME           the name the certificate must carry (default: the host)
+ *   AUTH_USER, AUTH_PASSWORD_FILE   AUTH PLAIN/LOGIN (never in the clear
+ *                      unless TLS = none)
+ *   HELO_NAME          (default [pepsi] HOSTNAME)
+ *   CONNECT_TIMEOUT (30s), TIMEOUT (5m, each reply), REUSE_MESSAGES (1000),
+ *   REUSE_IDLE (60s: an older idle session is closed rather than reused)
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "delivery.h"
+#include "log.h"
+#include "smtp_client.h"
+#include "stage.h"
+
+int			pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
+
+/* The session of this worker and the settings it was made with. */
+static struct smtp_client *relay_client;
+static char *relay_client_key;
+
+/* "host", "host:port", "[addr]:port", "[addr]" */
+static bool
+relay_parse_smarthost(const char *value, char **host, char **port)
+{
+	const char *colon;
+
+	if (value == NULL || *value == '\0')
+		return false;
+	if (value[0] == '[')
+	{
+		const char *close = strchr(value, ']');
+
+		if (close == NULL || close == value + 1)
+			return false;
+		*host = xstrndup(value + 1, (size_t) (close - value - 1));
+		if (close[1] == ':' && close[2])
+			*port = xstrdup(close + 2);
+		else if (close[1] == '\0')
+			*port = xstrdup("25");
+		else
+		{
+			free(*host);
+			return false;
+		}
+		return true;
+	}
+	colon = strrchr(value, ':');
+	if (colon && strchr(value, ':') != colon)
+		colon = NULL;			/* a bare IPv6 address */
+	if (colon && colon[1] == '\0')
+		return false;
+	*host = colon ? xstrndup(value, (size_t) (colon - value)) : xstrdup(value);
+	*port = xstrdup(colon ? colon + 1 : "25");
+	for (const char *p = *port; *p; p++)
+		if (*p < '0' || *p > '9')
+		{
+			free(*host);
+			free(*port);
+			return false;
+		}
+	return true;
+}
+
+static char *
+relay_read_password(const char *path, char *err, size_t errlen)
+{
+	FILE	   *f = fopen(path, "r");
+	char		line[1024];
+	size_t		n;
+
+	if (f == NULL)
+	{
+		snprintf(err, errlen, "cannot read AUTH_PASSWORD_FILE %s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (fgets(line, sizeof(line), f) == NULL)
+		line[0] = '\0';
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	line[n] = '\0';
+	{
+		char	   *password = xstrdup(line);
+
+		explicit_bzero(line, sizeof(line));
+		return password;
+	}
+}
+
+static long
+relay_ms(const struct pepsi_ctx *ctx, const char *option, long fallback)
+{
+	char		err[256];
+	long		ms = fallback;
+	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
+
+	if (!config_get_duration_ms(pepsi_config(ctx), section, option, fallback, 1, &ms, err, sizeof(err)))
+		ms = fallback;
+	free(section);
+	return ms;
+}
+
+static void
+relay_close_client(void)
+{
+	smtp_client_free(relay_client);
+	relay_client = NULL;
+	free(relay_client_key);
+	relay_client_key = NULL;
+}
+
+/* The client for the current settings: the open one if they have not changed. */
+static struct smtp_client *
+relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t errlen)
+{
+	struct smtp_client_options o = {0};
+	const char *password_file = pepsi_option(ctx, "AUTH_PASSWORD_FILE");
+	const char *reuse = pepsi_option(ctx, "REUSE_MESSAGES");
+	char	   *host = NULL;
+	char	   *port = NULL;
+	char	   *password = NULL;
+	char	   *key;
+
+	key = xasprintf("%s|%s|%s|%s|%s|%s|%s|%s|%ld|%ld|%s|%ld", smarthost,
+					pepsi_option(ctx, "TLS") ? pepsi_option(ctx, "TLS") : "",
+					pepsi_option(ctx, "TLS_CA_FILE") ? pepsi_option(ctx, "TLS_CA_FILE") : "",
+					pepsi_option(ctx, "TLS_NAME") ? pepsi_option(ctx, "TLS_NAME") : "",
+					pepsi_option(ctx, "AUTH_USER") ? pepsi_option(ctx, "AUTH_USER") : "",
+					password_file ? password_file : "",
+					pepsi_option(ctx, "HELO_NAME") ? pepsi_option(ctx, "HELO_NAME") : "",
+					reuse ? reuse : "", relay_ms(ctx, "CONNECT_TIMEOUT", 30000),
+					relay_ms(ctx, "TIMEOUT", 300000), pepsi_stage_name(ctx),
+					relay_ms(ctx, "REUSE_IDLE", 60000));
+	if (relay_client && strcmp(key, relay_client_key) == 0)
+	{
+		free(key);
+		return relay_client;
+	}
+	relay_close_client();
+	if (!relay_parse_smarthost(smarthost, &host, &port))
+	{
+		snprintf(err, errlen, "SMARTHOST \"%s\" is not host, host:port or [address]:port", smarthost);
+		free(key);
+		return NULL;
+	}
+	if (!smtp_tls_mode_parse(pepsi_option(ctx, "TLS"), &o.tls))
+	{
+		snprintf(err, errlen, "TLS \"%s\" is not verify, no-verify, may or none", pepsi_option(ctx, "TLS"));
+		goto err;
+	}
+	if (pepsi_option(ctx, "AUTH_USER"))
+	{
+		if (password_file == NULL)
+		{
+			snprintf(err, errlen, "AUTH_USER is set but AUTH_PASSWORD_FILE is not");
+			goto err;
+		}
+		if ((password = relay_read_password(password_file, err, errlen)) == NULL)
+			goto err;
+	}
+	o.host = host;
+	o.port = port;
+	o.tls_ca_file = pepsi_option(ctx, "TLS_CA_FILE");
+	o.tls_name = pepsi_option(ctx, "TLS_NAME");
+	o.helo_name = pepsi_option(ctx, "HELO_NAME");
+	if (o.helo_name == NULL)
+		o.helo_name = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
+	o.auth_user = pepsi_option(ctx, "AUTH_USER");
+	o.auth_password = password;
+	o.connect_timeout_ms = (int) relay_ms(ctx, "CONNECT_TIMEOUT", 30000);
+	o.command_timeout_ms = (int) relay_ms(ctx, "TIMEOUT", 300000);
+	o.max_messages_per_connection = reuse ? atoi(reuse) : 1000;
+	o.max_idle_ms = (int) relay_ms(ctx, "REUSE_IDLE", 60000);
+	relay_client = smtp_client_new(&o);
+	relay_client_key = key;
+	key = NULL;
+err:
+	if (password)
+	{
+		explicit_bzero(password, strlen(password));
+		free(password);
+	}
+	free(host);
+	free(port);
+	free(key);
+	return relay_client;
+}
+
+/* What the result says, as a delivery report (strings live in the buffers given). */
+static void
+relay_report(const struct smtp_result *r, struct delivery_report *report, char *status,
+			 size_t status_len, struct buf *diagnostic)
+{
+	const struct smtp_reply *reply = &r->reply;
+
+	memset(report, 0, sizeof(*report));
+	if (reply->enhanced[0])
+		snprintf(status, status_len, "%s", reply->enhanced);
+	else if (reply->code > 0)
+		snprintf(status, status_len, "%d.0.0", reply->code / 100);
+	else if (r->phase == SMTP_PHASE_CONNECT)
+		snprintf(status, status_len, "4.4.1");	/* no answer from host */
+	else if (r->phase == SMTP_PHASE_STARTTLS || r->phase == SMTP_PHASE_AUTH)
+		snprintf(status, status_len, "4.7.0");	/* security */
+	else
+		snprintf(status, status_len, "4.4.2");	/* bad connection */
+	report->status = status;
+	if (reply->code > 0)
+	{
+		buf_printf(diagnostic, "smtp; %d %s", reply->code, reply->text.data ? reply->text.data : "");
+		report->smtp_code = reply->code;
+		report->reply_text = reply->text.data;
+	}
+	else
+		buf_printf(diagnostic, "X-Pepsi; %s", r->error[0] ? r->error : "no reply");
+	report->diagnostic = diagnostic->data;
+	report->remote_mta = r->remote_mta[0] ? r->remote_mta : NULL;
+	report->phase = smtp_phase_name(r->phase);
+}
+
+static int
+relay_run(struct pepsi_ctx *ctx)
+{
+	const char *smarthost = pepsi_option(ctx, "SMARTHOST");
+	struct smtp_client *client;
+	struct smtp_envelope env = {0};
+	struct smtp_result result;
+	struct delivery_report report;
+	struct buf	raw = BUF_INIT;
+	struct buf	diagnostic = BUF_INIT;
+	json_t	   *origin = json_object_get(pepsi_state(ctx), "origin");
+	const char *body = json_string_value(json_object_get(origin, "body"));
+	const char *rcpt[1];
+	const char *notify[1];
+	const char *orcpt[1];
+	char		status[16];
+	char		err[512];
+	int			rc;
+
+	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)
+		return -1;
+	if (smarthost == NULL || *smarthost == '\0')
+	{
+		struct delivery_report held = {
+			.status = "4.3.5",
+			.diagnostic = "X-Pepsi; no SMARTHOST is configured for remote mail",
+		};
+
+		log_warnx("[stage-%s] has no SMARTHOST: row %lld to <%s> is held paused; set SMARTHOST "
+				  "(pepsi.conf or pepsi.config_set) to deliver remote mail", pepsi_stage_name(ctx),
+				  pepsi_id(ctx), pepsi_rcpt(ctx, 0));
+		return delivery_deferred(ctx, &held);
+	}
+	if ((client = relay_client_for(ctx, smarthost, err, sizeof(err))) == NULL)
+	{
+		struct delivery_report misconfigured = {.status = "4.3.5"};
+		char	   *text = xasprintf("X-Pepsi; %s", err);
+
+		log_warnx("[stage-%s]: %s", pepsi_stage_name(ctx), err);
+		misconfigured.diagnostic = text;
+		rc = delivery_deferred(ctx, &misconfigured);
+		free(text);
+		return rc;
+	}
+	if (!pepsi_raw_message(ctx, &raw))
+		return -1;
+
+	rcpt[0] = pepsi_rcpt(ctx, 0);
+	notify[0] = delivery_notify(ctx, 0);
+	orcpt[0] = delivery_orcpt(ctx, 0);
+	env.mail_from = pepsi_mail_from(ctx);
+	env.rcpt = rcpt;
+	env.nrcpt = 1;
+	env.notify = notify;
+	env.orcpt = orcpt;
+	env.ret = delivery_dsn_param(ctx, "ret");
+	env.envid = delivery_dsn_param(ctx, "envid");
+	env.body_8bit = body && strcasecmp(body, "8BITMIME") == 0;
+	env.smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
+	smtp_client_send(client, &env, raw.data, raw.len, &result);
+
+	relay_report(&result, &report, status, sizeof(status), &diagnostic);
+	switch (result.outcome)
+	{
+		case SMTP_DELIVERED:
+			/* A next hop that speaks DSN reports on its own; else "relayed" (RFC 3464 2.3.3). */
+			rc = delivery_succeeded(ctx, result.dsn_passed ? "delivered" : "relayed", &report,
+									result.dsn_passed);
+			break;
+		case SMTP_PERMANENT:
+			rc = delivery_bounced(ctx, &report);
+			break;
+		default:
+			rc = delivery_deferred(ctx, &report);
+			break;
+	}
+	smtp_result_free(&result);
+	buf_free(&raw);
+	buf_free(&diagnostic);
+	return rc;
+}
+
+/* A row with several recipients is split, which a fused pass cannot do. */
+static bool
+relay_can_fuse(struct pepsi_ctx *ctx)
+{
+	return pepsi_rcpt_count(ctx) <= 1;
+}
+
+static bool
+relay_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	const char *smarthost = config_get(cfg, section, "SMARTHOST");
+	const char *user = config_get(cfg, section, "AUTH_USER");
+	const char *password_file = config_get(cfg, section, "AUTH_PASSWORD_FILE");
+	const char *reuse = config_get(cfg, section, "REUSE_MESSAGES");
+	enum smtp_tls_mode tls;
+	char	   *host;
+	char	   *port;
+	long		ms;
+
+	if (smarthost && *smarthost)
+	{
+		if (!relay_parse_smarthost(smarthost, &host, &port))
+		{
+			snprintf(err, errlen, "%s: [%s] SMARTHOST \"%s\" is not host, host:port or "
+					 "[address]:port", cfg->path, section, smarthost);
+			return false;
+		}
+		free(host);
+		free(port);
+	}
+	else
+		log_warnx("%s: [%s] has no SMARTHOST: remote mail will be held paused", cfg->path, section);
+	if (!smtp_tls_mode_parse(config_get(cfg, section, "TLS"), &tls))
+	{
+		snprintf(err, errlen, "%s: [%s] TLS \"%s\" is not verify, no-verify, may or none",
+				 cfg->path, section, config_get(cfg, section, "TLS"));
+		return false;
+	}
+	if (user && password_file == NULL)
+	{
+		snprintf(err, errlen, "%s: [%s] has AUTH_USER but no AUTH_PASSWORD_FILE", cfg->path, section);
+		return false;
+	}
+	if (user && access(password_file, R_OK) != 0)
+	{
+		snprintf(err, errlen, "%s: [%s] AUTH_PASSWORD_FILE %s: %s", cfg->path, section,
+				 password_file, strerror(errno));
+		return false;
+	}
+	if (reuse && atoi(reuse) < 1)
+	{
+		snprintf(err, errlen, "%s: [%s] REUSE_MESSAGES \"%s\" is not a positive number",
+				 cfg->path, section, reuse);
+		return false;
+	}
+	if (!config_get_duration_ms(cfg, section, "CONNECT_TIMEOUT", 30000, 1, &ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "TIMEOUT", 300000, 1, &ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "REUSE_IDLE", 60000, 0, &ms, err, errlen))
+		return false;
+	return delivery_check_config(cfg, section, err, errlen);
+}
+
+const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {
+	.program = "pepsi-stage-relay-to-smarthost",
+	.load = PEPSI_LOAD_FULL,
+	.run = relay_run,
+	.can_fuse = relay_can_fuse,
+	.check_config = relay_check_config,
+};
+
+int
+pepsi_stage_relay_to_smarthost_main(int argc, char **argv)
+{
+	int			rc = stage_worker_main(&pepsi_stage_relay_to_smarthost_stage, argc, argv);
+
+	relay_close_client();		/* QUIT the session the worker kept */
+	return rc;
+}

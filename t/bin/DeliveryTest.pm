@@ -1,0 +1,279 @@
+# Helpers for the delivery TAP tests (t/050_delivery*.pl): a cluster with
+# the extension and the maintenance worker (it requeues paused rows when
+# they fall due), the delivery graph as a pepsi.conf, the real peers
+# (Postfix's smtp-sink, t/bin/smtp-peer), messages admitted with
+# pepsi.workqueue_add, and reading Maildirs and DSNs back.
+
+package DeliveryTest;
+
+use strict;
+use warnings FATAL => 'all';
+
+use Cwd qw(abs_path);
+use Exporter 'import';
+use File::Basename qw(dirname);
+use File::Path qw(make_path);
+use MIME::Parser;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Time::HiRes qw(time usleep);
+
+use DispatchTest;
+use PepsiTest;
+
+our @EXPORT = qw(
+  delivery_node delivery_config start_peer start_sink stop_process inject queue_count
+  wait_for maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox
+);
+
+my $db = 'postgres';
+my $here = dirname(abs_path(__FILE__));
+
+# A cluster that preloads pepsi (the maintenance worker requeues paused rows).
+sub delivery_node
+{
+	my ($name) = @_;
+	my $node = pepsi_node($name, preload => 1,
+		conf => "pepsi.database = '$db'\npepsi.maintenance_interval = '100ms'\n");
+
+	$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+	return $node;
+}
+
+# The delivery graph: init routes LOCAL_DOMAINS to maildir, the rest to
+# smarthost; both bounce to bounce, whose DSNs take their own route to
+# dsn-maildir / dsn-smarthost (which have no BOUNCE_STAGE: a DSN is never
+# bounced).  %o: maildir_root, smarthost (host:port or undef), extra
+# (hash of section => "OPTION = value\n..." appended), local_domains.
+sub delivery_config
+{
+	my ($node, %o) = @_;
+	my $root = $o{maildir_root};
+	my $domains = $o{local_domains} // 'local.test';
+	my %extra = %{ $o{extra} // {} };
+	my $smarthost = defined $o{smarthost} ? "SMARTHOST = $o{smarthost}\n" : '';
+	my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
+	my %sections = (
+		init => "PROGRAM = pepsi-stage-route\nLOCAL_DOMAINS = $domains\n"
+		  . "LOCAL_STAGE = maildir\nREMOTE_STAGE = smarthost\n",
+		maildir => "PROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = $root\n"
+		  . "BOUNCE_STAGE = bounce\nORIGINATE_SUCCESS_DSN = yes\n$retry",
+		smarthost => "PROGRAM = pepsi-stage-relay-to-smarthost\n$smarthost"
+		  . "TLS = none\nBOUNCE_STAGE = bounce\nORIGINATE_SUCCESS_DSN = yes\n"
+		  . "TIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\n$retry",
+		bounce => "PROGRAM = pepsi-stage-bounce\nNEXT_STAGE = dsn-route\n",
+		'dsn-route' => "PROGRAM = pepsi-stage-route\nLOCAL_DOMAINS = $domains\n"
+		  . "LOCAL_STAGE = dsn-maildir\nREMOTE_STAGE = dsn-smarthost\n",
+		'dsn-maildir' => "PROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = $root\n$retry",
+		'dsn-smarthost' => "PROGRAM = pepsi-stage-relay-to-smarthost\n$smarthost"
+		  . "TLS = none\nTIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\n$retry",
+	);
+	my $stages = '';
+	for my $name (qw(init maildir smarthost bounce dsn-route dsn-maildir dsn-smarthost))
+	{
+		# An option in %extra replaces the default of the same name.
+		my @lines = split /\n/, $sections{$name} . ($extra{$name} // '');
+		my (%last, @order);
+		for my $line (@lines)
+		{
+			my ($option) = $line =~ /^\s*(\w+)\s*=/ or next;
+			push @order, $option unless exists $last{$option};
+			$last{$option} = $line;
+		}
+		$stages .= "[stage-$name]\n" . join('', map { "$last{$_}\n" } @order);
+	}
+	return write_config($node,
+		pepsi => { HOSTNAME => 'mx.pepsi.test' },
+		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },
+		stages => $stages,
+		($o{path} ? (path => $o{path}) : ()));
+}
+
+# Start t/bin/smtp-peer with @args; returns { pid, dir, port }.
+sub start_peer
+{
+	my (@args) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	my $pid = fork;
+
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open STDOUT, '>>', "$dir/peer.log";
+		open STDERR, '>&', \*STDOUT;
+		exec $^X, "$here/smtp-peer", '--dir', $dir, @args or die "exec: $!";
+	}
+	wait_for(sub { -e "$dir/port" }, 10) or die "smtp-peer did not start";
+	my $port = slurp("$dir/port");
+	chomp $port;
+	return { pid => $pid, dir => $dir, port => $port };
+}
+
+# Postfix's smtp-sink on a free port, dumping each transaction into a
+# directory (-d); returns { pid, dir, port }.  @args go before the address.
+sub start_sink
+{
+	my (@args) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my $pid = fork;
+
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open STDOUT, '>>', "$dir/sink.log";
+		open STDERR, '>&', \*STDOUT;
+		exec '/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "127.0.0.1:$port", '128'
+		  or die "exec: $!";
+	}
+	# Listening once a connection succeeds.
+	wait_for(
+		sub {
+			my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
+			$s->close if $s;
+			return $s;
+		},
+		10) or die "smtp-sink did not start";
+	return { pid => $pid, dir => $dir, port => $port };
+}
+
+sub stop_process
+{
+	my ($p) = @_;
+
+	return unless $p && $p->{pid};
+	kill 'TERM', $p->{pid};
+	waitpid($p->{pid}, 0);
+	$p->{pid} = 0;
+}
+
+# Admit a message (headers and body as text, CRLF line ends) at stage init;
+# $state is JSON text.  Wakes the dispatcher unless quiet.  Returns the row id.
+sub inject
+{
+	my ($node, %m) = @_;
+	my $from = $m{from} // 'sender@local.test';
+	my $rcpts = join(',', map { "'$_'" } @{ $m{to} });
+	my $state = $m{state} // '{}';
+	my $headers = $m{headers} // "From: <$from>\r\nTo: <$m{to}[0]>\r\nSubject: test\r\n";
+	my $body = $m{body} // "hello\r\n";
+
+	for ($state, $headers, $body) { s/'/''/g }
+	my $id = $node->safe_psql($db,
+		    "SELECT pepsi.workqueue_add('$from', ARRAY[$rcpts]::text[],"
+		  . " convert_to(E'" . escape($headers) . "', 'UTF8'),"
+		  . " convert_to(E'" . escape($body) . "', 'UTF8'), '$state'::jsonb)");
+	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $m{quiet};
+	return $id;
+}
+
+sub escape
+{
+	my ($s) = @_;
+
+	$s =~ s/\\/\\\\/g;
+	$s =~ s/\r/\\r/g;
+	$s =~ s/\n/\\n/g;
+	return $s;
+}
+
+sub queue_count
+{
+	my ($node, $where) = @_;
+
+	return $node->safe_psql($db,
+		'SELECT count(*) FROM pepsi.workqueue' . ($where ? " WHERE $where" : ''));
+}
+
+# Poll $check every 50 ms for at most $seconds (default 30).
+sub wait_for
+{
+	my ($check, $seconds) = @_;
+
+	return DispatchTest::poll_until($check, $seconds);
+}
+
+sub slurp
+{
+	my ($path) = @_;
+
+	open my $fh, '<', $path or return undef;
+	binmode $fh;
+	local $/;
+	my $text = <$fh>;
+	close $fh;
+	return $text;
+}
+
+# The files in a mailbox's new/ (sorted by name, i.e. by delivery time).
+sub maildir_files
+{
+	my ($root, $address) = @_;
+	my $dir = "$root/" . lc($address) . '/new';
+
+	opendir my $dh, $dir or return ();
+	my @files = sort grep { !/^\./ } readdir $dh;
+	closedir $dh;
+	return map { "$dir/$_" } @files;
+}
+
+sub make_mailbox
+{
+	my ($root, $address) = @_;
+
+	make_path(map { "$root/" . lc($address) . "/$_" } qw(tmp new cur));
+}
+
+# The messages smtp-peer accepted: [{ data, env }], in order.
+sub peer_messages
+{
+	my ($peer) = @_;
+	my @messages;
+
+	for (my $n = 1; -e "$peer->{dir}/msg-$n.eml"; $n++)
+	{
+		push @messages, { data => slurp("$peer->{dir}/msg-$n.eml"),
+			env => slurp("$peer->{dir}/msg-$n.env") };
+	}
+	return @messages;
+}
+
+# Parse a DSN (the text of a message file) with MIME-tools.  Returns the
+# MIME::Entity; dsn_fields gives the delivery-status part's fields.
+sub parse_dsn
+{
+	my ($text) = @_;
+	my $parser = MIME::Parser->new;
+
+	$parser->output_to_core(1);
+	$parser->decode_bodies(1);
+	return $parser->parse_data($text);
+}
+
+# The fields of the message/delivery-status part: (per-message hash,
+# [per-recipient hashes]); field names lower-cased.
+sub dsn_fields
+{
+	my ($entity) = @_;
+	my ($status) = grep { lc($_->effective_type) eq 'message/delivery-status' } $entity->parts;
+
+	return () unless $status;
+	my $text = $status->bodyhandle ? $status->bodyhandle->as_string : join('', @{ $status->body });
+	$text =~ s/\r\n/\n/g;
+	my @blocks = split /\n\s*\n/, $text;
+	my @parsed;
+	for my $block (@blocks)
+	{
+		my %f;
+		$block =~ s/\n[ \t]+/ /g;
+		for my $line (split /\n/, $block)
+		{
+			$f{ lc $1 } = $2 if $line =~ /^([\w-]+):\s*(.*)$/;
+		}
+		push @parsed, \%f if %f;
+	}
+	my $message = shift @parsed;
+	return ($message, \@parsed);
+}
+
+1;
