@@ -40,7 +40,7 @@ ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
 TEST_PROGRAMS = $(B)/bin/pepsi-test-probe
 
-.PHONY: all programs extension install install-programs deps check run stop bench clean
+.PHONY: all programs extension install install-programs deps check run stop bench fuzz clean
 
 all: extension programs
 
@@ -115,6 +115,7 @@ check: deps
 	$(MAKE) clean
 	$(MAKE) PEPSI_WERROR=-Werror all
 	$(MAKE) -C extension install
+	$(MAKE) fuzz FUZZ_TIME=10
 	scripts/check.sh
 
 run: deps all
@@ -127,6 +128,25 @@ stop:
 bench: deps all
 	$(MAKE) -C extension install
 	bench/run-all.sh
+
+# Fuzz targets (libFuzzer with ASan and UBSan) for the parsers that face
+# the network, seeded from their corpus in the repository; what a run
+# finds new is kept under build/.  FUZZ_TIME seconds per target.
+FUZZ_CC ?= clang
+FUZZ_TIME ?= 60
+FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+              -std=gnu11 -D_GNU_SOURCE -Icommon
+
+$(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c \
+                     daemons/ingress/envelope.c common/buf.c common/log.c common/message.c \
+                     $(wildcard daemons/ingress/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -o $@ $(filter %.c,$^) -ljansson
+
+fuzz: $(B)/fuzz/fuzz_smtp
+	@mkdir -p $(B)/fuzz/corpus-smtp
+	$(B)/fuzz/fuzz_smtp -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-smtp daemons/ingress/fuzz/corpus
 
 clean:
 	$(MAKE) -C extension clean
