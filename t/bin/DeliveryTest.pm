@@ -211,10 +211,13 @@ sub maildir_files
 	my ($root, $address) = @_;
 	my $dir = "$root/" . lc($address) . '/new';
 
-	opendir my $dh, $dir or return ();
-	my @files = sort grep { !/^\./ } readdir $dh;
+	my @paths;
+
+	# An array, so that scalar(maildir_files(...)) is a count, 0 for no mailbox.
+	opendir my $dh, $dir or return @paths;
+	@paths = map { "$dir/$_" } sort grep { !/^\./ } readdir $dh;
 	closedir $dh;
-	return map { "$dir/$_" } @files;
+	return @paths;
 }
 
 sub make_mailbox
