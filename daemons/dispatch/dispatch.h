@@ -65,6 +65,7 @@ struct worker
 	ev_child	child;
 	struct buf	in;				/* partial status lines */
 	struct buf	out;			/* ids not yet written */
+	size_t		written;		/* bytes of ids written to its stdin, ever */
 	struct inflight *queue;		/* ring of the queue limit at spawn, oldest at head */
 	int			ring;
 	int			head;
@@ -74,6 +75,7 @@ struct worker
 	double		idle_since;
 	bool		retiring;		/* takes no more ids; its stdin closes once drained */
 	bool		killed_for_timeout;
+	bool		protocol_lost;	/* wrote a line that is no status line: killed, rest ignored */
 	struct worker *next;
 };
 
@@ -149,7 +151,7 @@ size_t		pools_inflight(void);
 /* queue.c */
 void		queue_start(void);
 void		queue_want_claim(void);
-void		queue_recover(const struct pool *pool, const struct inflight *rows, int count,
+void		queue_recover(const char *stage, const struct inflight *rows, int count,
 						  const char *status, const char *reason);
 void		queue_reload_config(void);
 void		queue_flush_stats(bool final);

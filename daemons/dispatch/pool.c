@@ -9,9 +9,11 @@
  * previous answer) is charged to its sender.  A worker that answers
  * non-zero has that row failed and is replaced; one that crashes has its
  * current row failed and the ids it never started put back to pending; one
- * that takes longer than MAX_RUNTIME is killed and its row set to timeout.
- * A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot be
- * started holds its stage off for SPAWN_COOLDOWN.
+ * that takes longer than MAX_RUNTIME is killed and its row set to timeout;
+ * one that writes what is not a status line has that row failed and is
+ * killed.  A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot
+ * be started, or that dies before reading its input, holds its stage off
+ * for SPAWN_COOLDOWN and fails no row.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,24 +40,40 @@ pool_find(const char *stage)
 	return NULL;
 }
 
+/*
+ * How many more ids a worker can take: up to its queue limit, and never
+ * more than MAX_MESSAGES over its life, so that it recycles on time (a
+ * fresh worker would otherwise be handed a whole queue limit at once).
+ */
 static int
 worker_slots(const struct worker *w)
 {
-	return w->retiring ? 0 : w->ring - w->count;
+	long		left = w->pool->spec.max_messages - w->handled - w->count;
+
+	if (w->retiring || left <= 0)
+		return 0;
+	return left < w->ring - w->count ? (int) left : w->ring - w->count;
 }
 
-/* How many more ids the pool can take now. */
+/*
+ * How many more ids the pool can take now.  While the stage is held off
+ * after a failed start, no worker is spawned, but the workers it has keep
+ * being fed.
+ */
 int
 pool_capacity(const struct pool *pool, double now)
 {
 	int			capacity = 0;
+	long		per_worker = pool->spec.queue_limit < pool->spec.max_messages
+		? pool->spec.queue_limit : pool->spec.max_messages;
 
-	if (pool->removed || dispatcher.shutting_down || now < pool->cooldown_until)
+	if (pool->removed || dispatcher.shutting_down)
 		return 0;
 	for (const struct worker *w = pool->workers; w; w = w->next)
 		capacity += worker_slots(w);
-	capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) pool->spec.queue_limit;
-	return capacity > 0 ? capacity : 0;
+	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
+		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
+	return capacity;
 }
 
 size_t
@@ -166,9 +185,9 @@ worker_spawn(struct pool *pool)
 	exec_pipe[0] = -1;
 	if (n == sizeof(exec_errno))
 	{
-		errno = exec_errno;
-		log_warn("stage %s: cannot start %s; holding the stage off for %.0f s",
-				 pool->spec.name, pool->spec.program, dispatcher.spawn_cooldown);
+		log_warnx("stage %s: cannot start %s: %s; holding the stage off for %.1f s",
+				  pool->spec.name, pool->spec.program, strerror(exec_errno),
+				  dispatcher.spawn_cooldown);
 		waitpid(pid, NULL, 0);
 		goto err;
 	}
@@ -239,6 +258,7 @@ worker_flush(struct worker *w)
 			break;
 		}
 		buf_consume(&w->out, (size_t) n);
+		w->written += (size_t) n;
 	}
 	ev_io_stop(dispatcher.loop, &w->writer);
 }
@@ -259,6 +279,8 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	for (struct worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
 			best = w;
+	if (dispatcher.shutting_down)
+		return false;			/* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism
 		&& now_seconds() >= pool->cooldown_until)
 		best = worker_spawn(pool);
@@ -302,6 +324,15 @@ worker_retire(struct worker *w)
 	}
 }
 
+/* It broke the protocol: kill it; what it had not answered goes back to pending. */
+static void
+worker_kill_for_protocol(struct worker *w)
+{
+	w->protocol_lost = true;
+	w->pool->stats.kills++;
+	kill(w->pid, SIGKILL);
+}
+
 static void
 pool_fold_fused(struct pool *pool, json_t *report)
 {
@@ -337,11 +368,13 @@ worker_on_line(struct worker *w, const char *line)
 	json_t	   *report = NULL;
 	const char *space = strchr(line, ' ');
 
+	if (w->protocol_lost)
+		return;					/* it is being killed; what it says no longer counts */
 	if (w->count == 0)
 	{
 		log_warnx("stage %s: worker %d answered an id it was not given: \"%.80s\"; replacing it",
 				  pool->spec.name, (int) w->pid, line);
-		kill(w->pid, SIGKILL);
+		worker_kill_for_protocol(w);
 		return;
 	}
 	entry = worker_pop(w);
@@ -370,14 +403,14 @@ worker_on_line(struct worker *w, const char *line)
 						pool->spec.name, line);
 
 		log_warnx("row %lld failed: %s", entry.id, reason);
-		queue_recover(pool, &entry, 1, "failed", reason);
+		queue_recover(pool->spec.name, &entry, 1, "failed", reason);
 		dispatcher.messages_failed++;
 		free(reason);
 		/* A worker that failed a message, or lost the protocol, is replaced. */
 		if (wellformed)
 			worker_retire(w);
 		else
-			kill(w->pid, SIGKILL);
+			worker_kill_for_protocol(w);
 	}
 	json_decref(report);
 	free(entry.sender);
@@ -388,22 +421,29 @@ worker_on_line(struct worker *w, const char *line)
 	queue_want_claim();
 }
 
-static void
-worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
+/*
+ * Read what the worker wrote and act on each complete status line.
+ * Returns whether to read again: false once the pipe is empty or closed.
+ */
+static bool
+worker_read(struct worker *w)
 {
-	struct worker *w = watcher->data;
 	char		chunk[8192];
 	ssize_t		n = read(w->from_child, chunk, sizeof(chunk));
 	char	   *nl;
 
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
+	if (n < 0 && errno == EINTR)
+		return true;
+	if (n < 0 && errno == EAGAIN)
+		return false;
 	if (n <= 0)
 	{
 		/* End of its stdout: the exit handler does the accounting. */
-		ev_io_stop(loop, &w->reader);
-		return;
+		ev_io_stop(dispatcher.loop, &w->reader);
+		return false;
 	}
+	if (w->protocol_lost)
+		return true;			/* being killed: drop whatever else it says */
 	buf_append(&w->in, chunk, (size_t) n);
 	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
 	{
@@ -411,17 +451,103 @@ worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
 		worker_on_line(w, w->in.data);
 		buf_consume(&w->in, (size_t) (nl - w->in.data) + 1);
 	}
-	if (w->in.len > 65536)
+	if (w->in.len > 65536 && !w->protocol_lost)
 	{
 		log_warnx("stage %s: worker %d wrote a line longer than 64 KB; replacing it",
 				  w->pool->spec.name, (int) w->pid);
-		kill(w->pid, SIGKILL);
+		worker_kill_for_protocol(w);
 	}
+	return true;
+}
+
+static void
+worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
+{
+	worker_read(watcher->data);
 }
 
 /* ---------------------------------------------------------------------------
  * Exits
  * ------------------------------------------------------------------------- */
+
+/*
+ * Whether the worker read none of the ids written to it: they are all
+ * still in its stdin pipe (which outlives the reader for as long as we
+ * hold the other end).  A program that dies before reading its input never
+ * got as far as a message: it did not start.
+ */
+static bool
+worker_read_nothing(const struct worker *w)
+{
+	int			unread = 0;
+
+	if (w->to_child < 0 || ioctl(w->to_child, FIONREAD, &unread) != 0)
+		return false;
+	return (size_t) unread == w->written;
+}
+
+/*
+ * A worker went with ids unanswered.  The first was being worked on: it
+ * timed out if we killed the worker for MAX_RUNTIME, and failed if the
+ * worker crashed on it; the rest it never started go back to pending.
+ * All go back to pending when we stopped the worker (shutdown) or killed
+ * it for breaking the protocol (its last line was failed already), and
+ * when the worker read none of its input: that is a program that does not
+ * start (a refused configuration, no database), held off like one that
+ * cannot be executed, and no reason to fail a message.
+ */
+static void
+worker_account_unanswered(struct worker *w, const char *how)
+{
+	struct pool *pool = w->pool;
+	struct inflight *rows = xcalloc((size_t) w->count, sizeof(*rows));
+	int			nrows = 0;
+	int			first = 0;		/* rows[0] is settled apart, or left with the rest */
+	char	   *reason = NULL;
+
+	while (w->count > 0)
+		rows[nrows++] = worker_pop(w);
+	if (dispatcher.shutting_down || w->protocol_lost)
+		;
+	else if (w->killed_for_timeout)
+	{
+		reason = xasprintf("stage %s: no answer within MAX_RUNTIME (%ld ms); worker killed",
+						   pool->spec.name, pool->spec.max_runtime_ms);
+		log_warnx("row %lld timed out: %s", rows[0].id, reason);
+		queue_recover(pool->spec.name, &rows[0], 1, "timeout", reason);
+		pool->stats.timeouts++;
+		pool->stats.kills++;
+		first = 1;
+	}
+	else if (worker_read_nothing(w))
+	{
+		pool->stats.crashes++;
+		pool->cooldown_until = now_seconds() + dispatcher.spawn_cooldown;
+		log_warnx("stage %s: worker %d %s before reading its input; holding the stage off "
+				  "for %.1f s", pool->spec.name, (int) w->pid, how, dispatcher.spawn_cooldown);
+	}
+	else
+	{
+		reason = xasprintf("stage %s: worker %s while processing the row", pool->spec.name, how);
+		log_warnx("row %lld failed: %s", rows[0].id, reason);
+		queue_recover(pool->spec.name, &rows[0], 1, "failed", reason);
+		pool->stats.crashes++;
+		first = 1;
+	}
+	if (first)
+		dispatcher.messages_failed++;
+	if (nrows > first)
+	{
+		log_info("stage %s: %d row%s worker %d had not answered go%s back to pending",
+				 pool->spec.name, nrows - first, nrows - first == 1 ? "" : "s", (int) w->pid,
+				 nrows - first == 1 ? "es" : "");
+		queue_recover(pool->spec.name, rows + first, nrows - first, "pending", NULL);
+	}
+	for (int i = 0; i < nrows; i++)
+		free(rows[i].sender);
+	free(rows);
+	free(reason);
+}
 
 static void
 worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
@@ -431,57 +557,19 @@ worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 	int			status = watcher->rstatus;
 	char	   *how = WIFSIGNALED(status) ? xasprintf("killed by signal %d", WTERMSIG(status))
 		: xasprintf("exited with status %d", WEXITSTATUS(status));
+	int			guard = 64;		/* 512 KB, more than a pipe holds */
 
 	ev_child_stop(loop, &w->child);
-	/* Read what it wrote before it went. */
-	if (ev_is_active(&w->reader))
-		worker_on_readable(loop, &w->reader, EV_READ);
-
+	/* Read what it wrote before it went: those answers stand. */
+	while (ev_is_active(&w->reader) && guard-- > 0 && worker_read(w))
+		;
 	if (w->count > 0)
-	{
-		struct inflight current = worker_pop(w);
-		struct inflight *rest = xcalloc((size_t) w->count + 1, sizeof(*rest));
-		int			nrest = 0;
-
-		if (dispatcher.shutting_down)
-			queue_recover(pool, &current, 1, "pending", NULL);
-		else if (w->killed_for_timeout)
-		{
-			char	   *reason = xasprintf("stage %s: no answer within MAX_RUNTIME (%ld ms); worker killed",
-										   pool->spec.name, pool->spec.max_runtime_ms);
-
-			log_warnx("row %lld timed out: %s", current.id, reason);
-			queue_recover(pool, &current, 1, "timeout", reason);
-			pool->stats.timeouts++;
-			pool->stats.kills++;
-			dispatcher.messages_failed++;
-			free(reason);
-		}
-		else
-		{
-			char	   *reason = xasprintf("stage %s: worker %s while processing the row",
-										   pool->spec.name, how);
-
-			log_warnx("row %lld failed: %s", current.id, reason);
-			queue_recover(pool, &current, 1, "failed", reason);
-			pool->stats.crashes++;
-			dispatcher.messages_failed++;
-			free(reason);
-		}
-		free(current.sender);
-		while (w->count > 0)
-			rest[nrest++] = worker_pop(w);
-		if (nrest > 0)
-			queue_recover(pool, rest, nrest, "pending", NULL);
-		for (int i = 0; i < nrest; i++)
-			free(rest[i].sender);
-		free(rest);
-	}
-	else if (!w->retiring && !dispatcher.shutting_down)
+		worker_account_unanswered(w, how);
+	else if (!w->retiring && !dispatcher.shutting_down && !w->protocol_lost)
 	{
 		log_warnx("stage %s: worker %d %s while idle", pool->spec.name, (int) w->pid, how);
 		pool->stats.crashes++;
-		if (now_seconds() - w->last_done < 1 && w->handled == 0)
+		if (w->handled == 0)
 			pool->cooldown_until = now_seconds() + dispatcher.spawn_cooldown;
 	}
 	free(how);
@@ -525,7 +613,7 @@ pools_housekeeping(double now)
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 		for (struct worker *w = p->workers; w; w = w->next)
 		{
-			if (w->count > 0 && !w->killed_for_timeout)
+			if (w->count > 0 && !w->killed_for_timeout && !w->protocol_lost)
 			{
 				const struct inflight *head = &w->queue[w->head];
 				double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;

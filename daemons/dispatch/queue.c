@@ -36,9 +36,7 @@ struct job
 	int			nparams;
 	char	   *params[8];
 	void		(*done) (struct job *job, PGresult *res);
-	/* what the job was for, to retry or account for it */
-	struct buf	stats;			/* a statistics flush: its JSON */
-	unsigned long global[4];
+	struct buf	recovering;		/* a recovery write: its ids, comma-separated */
 	struct job *next;
 };
 
@@ -55,6 +53,7 @@ static struct job *running_job;
 static bool claim_running;
 static bool claim_wanted;
 static PGresult *pending_result;
+static bool was_connected;
 
 static void queue_kick(void);
 static void queue_lost(const char *why);
@@ -85,7 +84,7 @@ job_free(struct job *job)
 	for (int i = 0; i < job->nparams; i++)
 		free(job->params[i]);
 	free(job->sql);
-	buf_free(&job->stats);
+	buf_free(&job->recovering);
 	free(job);
 }
 
@@ -123,7 +122,7 @@ job_log_failure(struct job *job, PGresult *res)
  * ------------------------------------------------------------------------- */
 
 void
-queue_recover(const struct pool *pool, const struct inflight *rows, int count,
+queue_recover(const char *stage, const struct inflight *rows, int count,
 			  const char *status, const char *reason)
 {
 	struct job *job = job_new("SELECT pepsi.workqueue_recover($1::int8[], $2::text[],"
@@ -136,7 +135,8 @@ queue_recover(const struct pool *pool, const struct inflight *rows, int count,
 	for (int i = 0; i < count; i++)
 	{
 		buf_printf(&ids, "%s%lld", i ? "," : "", rows[i].id);
-		db_array_append(&stages, pool->spec.name);
+		buf_printf(&job->recovering, "%s%lld", i ? "," : "", rows[i].id);
+		db_array_append(&stages, stage);
 	}
 	buf_append_char(&ids, '}');
 	buf_append_char(&stages, '}');
@@ -284,18 +284,20 @@ claim_done(PGresult *res)
 	for (int i = 0; i < rows; i++)
 	{
 		long long	id = atoll(PQgetvalue(res, i, 0));
-		struct pool *pool = pool_find(PQgetvalue(res, i, 1));
+		const char *stage = PQgetvalue(res, i, 1);
+		struct pool *pool = pool_find(stage);
+		struct inflight row = {.id = id};
 
 		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 2)))
 			continue;
-		/* No worker could take it (the program will not start): back to pending. */
-		if (pool)
-		{
-			struct inflight row = {.id = id};
 
-			queue_recover(pool, &row, 1, "pending", NULL);
-			nunplaced++;
-		}
+		/*
+		 * No worker could take it (the program will not start, we are
+		 * stopping, or a reload removed the stage meanwhile): back to
+		 * pending, or it would stay running until the next start.
+		 */
+		queue_recover(stage, &row, 1, "pending", NULL);
+		nunplaced++;
 	}
 	/* A full claim suggests more is waiting: go again at once. */
 	if (rows > 0 && nunplaced == 0)
@@ -565,13 +567,20 @@ queue_setup(void)
 				 " UPDATE pepsi.dispatch_stats SET started_at = now()");
 	PQclear(res);
 
-	/* Running rows that no worker of ours holds are orphans: back to pending. */
+	/*
+	 * Running rows that no worker of ours holds are orphans: back to
+	 * pending.  Rows whose fate we decided while the connection was down
+	 * (failed, timeout) are not: their recovery writes are still queued.
+	 */
 	buf_append_char(&inflight, '{');
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 		for (struct worker *w = p->workers; w; w = w->next)
 			for (int i = 0; i < w->count; i++)
 				buf_printf(&inflight, "%s%lld", count++ ? "," : "",
 						   w->queue[(w->head + i) % w->ring].id);
+	for (struct job *job = jobs_head; job; job = job->next)
+		if (job->recovering.len > 0)
+			buf_printf(&inflight, "%s%s", count++ ? "," : "", job->recovering.data);
 	buf_append_char(&inflight, '}');
 	values[0] = inflight.data;
 	res = PQexecParams(conn, "SELECT pepsi.workqueue_reset_orphans($1::int8[])", 1, NULL, values,
@@ -623,6 +632,17 @@ queue_connect(void)
 	}
 	if (PQsetnonblocking(conn, 1) != 0)
 		fatalx("cannot make the database connection non-blocking");
+	if (was_connected)
+	{
+		/*
+		 * If the server went away, so did the workers' sessions, and a
+		 * worker finds out only when its next load fails, failing the
+		 * message.  Replacements start with fresh sessions.
+		 */
+		log_info("reconnected; the workers retire so that their replacements connect afresh");
+		pools_retire_all();
+	}
+	was_connected = true;
 	backoff = 0;
 	ready = true;
 	ev_io_set(&socket_reader, PQsocket(conn), EV_READ);
@@ -677,11 +697,9 @@ queue_finish(void)
 				/* Claimed as we stopped: give them straight back. */
 				for (int i = 0; PQresultStatus(res) == PGRES_TUPLES_OK && i < PQntuples(res); i++)
 				{
-					struct pool *pool = pool_find(PQgetvalue(res, i, 1));
 					struct inflight row = {.id = atoll(PQgetvalue(res, i, 0))};
 
-					if (pool)
-						queue_recover(pool, &row, 1, "pending", NULL);
+					queue_recover(PQgetvalue(res, i, 1), &row, 1, "pending", NULL);
 				}
 			}
 			else
