@@ -1,0 +1,216 @@
+# Helpers for the TAP tests of pepsi-dispatch: a cluster with the extension
+# and a test_log table the test workers (t/bin/test-stage) write to, a
+# configuration file pointing at it, the dispatcher as a real child process
+# with its log in a file, rows to feed it, and polling with deadlines on the
+# database, the log and the process table.
+
+package DispatchTest;
+
+use strict;
+use warnings FATAL => 'all';
+
+use Cwd qw(abs_path);
+use Exporter 'import';
+use File::Basename qw(dirname);
+use POSIX qw(WNOHANG);
+use PostgreSQL::Test::Utils;
+use Time::HiRes qw(time usleep);
+
+use PepsiTest;
+
+our @EXPORT = qw(
+  dispatch_node write_config start_dispatcher stop_dispatcher dispatcher_exit
+  dispatcher_log poll_until add_rows scalar_query worker_pids pepsi_bin
+  test_program
+);
+
+my $db = 'postgres';
+
+# Where the programs under test are: $PEPSI_BIN (scripts/check.sh), else
+# the build tree this test file sits in.
+sub pepsi_bin
+{
+	my ($name) = @_;
+	my $dir = $ENV{PEPSI_BIN} // dirname(abs_path(__FILE__)) . '/../../build/bin';
+
+	return abs_path($dir) . "/$name";
+}
+
+# A test stage program of t/bin/, by absolute path (the dispatcher execs
+# a PROGRAM with a slash as given).
+sub test_program
+{
+	my ($name) = @_;
+
+	return abs_path(dirname(abs_path(__FILE__)) . "/../bin") . "/$name";
+}
+
+# A started cluster with the extension in database postgres and the table
+# test-stage records what it did in: one row per row it concluded, in the
+# order of their commits.
+sub dispatch_node
+{
+	my ($name, %opts) = @_;
+	my $node = pepsi_node($name, %opts);
+
+	$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+	$node->safe_psql($db,
+		    'CREATE TABLE test_log (seq bigserial PRIMARY KEY, id bigint NOT NULL,'
+		  . ' stage text NOT NULL, sender text, pid integer, tag text,'
+		  . ' at timestamptz NOT NULL DEFAULT clock_timestamp())');
+	return $node;
+}
+
+# Write a pepsi.conf for $node: [database], a [dispatch] section from
+# $opts{dispatch} (a hash), then $opts{stages}, the [stage-*] sections as
+# text.  Returns the file's path.
+sub write_config
+{
+	my ($node, %opts) = @_;
+	my $path = $opts{path} // PostgreSQL::Test::Utils::tempdir() . '/pepsi.conf';
+	my %dispatch = (POLL_INTERVAL => '1s', %{ $opts{dispatch} // {} });
+	my $text = "[database]\nCONNINFO = host=" . $node->host
+	  . ' port=' . $node->port . " dbname=$db\n";
+
+	$text .= "[pepsi]\n" . join('', map { "$_ = $opts{pepsi}{$_}\n" } sort keys %{ $opts{pepsi} })
+	  if $opts{pepsi};
+	$text .= "[dispatch]\n" . join('', map { "$_ = $dispatch{$_}\n" } sort keys %dispatch);
+	$text .= $opts{stages} // '';
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh $text;
+	close $fh;
+	return $path;
+}
+
+# Start pepsi-dispatch -c $config -v with stdout and stderr in a log file.
+# Returns a handle: { pid, log }.  $opts{program} replaces the binary (the
+# multi-call one: [path, 'pepsi-dispatch']).
+sub start_dispatcher
+{
+	my ($config, %opts) = @_;
+	my $log = $opts{log} // PostgreSQL::Test::Utils::tempdir() . '/dispatch.log';
+	my @command = $opts{program} ? @{ $opts{program} } : (pepsi_bin('pepsi-dispatch'));
+	my $pid = fork;
+
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open STDOUT, '>>', $log or die "cannot write $log: $!";
+		open STDERR, '>&', \*STDOUT or die "dup: $!";
+		exec @command, '-c', $config, '-v' or die "exec $command[0]: $!";
+	}
+	return { pid => $pid, log => $log, offset => -e $log ? -s $log : 0 };
+}
+
+# The exit status of a dispatcher that has exited (as $?), else undef;
+# waits up to $seconds (default 0).
+sub dispatcher_exit
+{
+	my ($d, $seconds) = @_;
+	my $deadline = time + ($seconds // 0);
+
+	return $d->{status} if defined $d->{status};
+	while (1)
+	{
+		if (waitpid($d->{pid}, WNOHANG) == $d->{pid})
+		{
+			$d->{status} = $?;
+			return $?;
+		}
+		return undef if time >= $deadline;
+		usleep(20_000);
+	}
+}
+
+# Signal the dispatcher and wait up to $seconds (default 30) for it to exit.
+# Returns its exit status, or undef if it did not exit (it is then killed).
+sub stop_dispatcher
+{
+	my ($d, $signal, $seconds) = @_;
+
+	return $d->{status} if defined $d->{status};
+	kill $signal // 'TERM', $d->{pid};
+	my $status = dispatcher_exit($d, $seconds // 30);
+	if (!defined $status)
+	{
+		kill 'KILL', $d->{pid};
+		dispatcher_exit($d, 10);
+	}
+	return $status;
+}
+
+# What the dispatcher (and its workers, which share its stderr) has logged.
+sub dispatcher_log
+{
+	my ($d) = @_;
+
+	return -e $d->{log} ? PostgreSQL::Test::Utils::slurp_file($d->{log}) : '';
+}
+
+# Poll $check (a code ref) every 50 ms until it returns true, for at most
+# $seconds (default 30).  Returns the last value.
+sub poll_until
+{
+	my ($check, $seconds) = @_;
+	my $deadline = time + ($seconds // 30);
+	my $value;
+
+	while (1)
+	{
+		$value = $check->();
+		return $value if $value || time >= $deadline;
+		usleep(50_000);
+	}
+}
+
+sub scalar_query
+{
+	my ($node, $sql) = @_;
+
+	return $node->safe_psql($db, $sql);
+}
+
+# Admit $count rows at $opts{stage} (default init), from $opts{sender} (a
+# client address; none means sender "local"), with $opts{state} (JSON text),
+# in one transaction, then wake the dispatcher.  Returns the ids.
+sub add_rows
+{
+	my ($node, $count, %opts) = @_;
+	my $stage = $opts{stage} // 'init';
+	my $state = $opts{state} // '{}';
+	my $address = defined $opts{sender} ? "'$opts{sender}'::inet" : 'NULL';
+	my $ids = $node->safe_psql($db,
+		    "SELECT string_agg(pepsi.workqueue_add('sender\@example.org',"
+		  . " ARRAY['rcpt\@example.net'], 'Subject: test'::bytea, 'body'::bytea,"
+		  . " '$state'::jsonb, $address, stage => '$stage')::text, ',')"
+		  . " FROM generate_series(1, $count)");
+	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $opts{quiet};
+	return split /,/, $ids;
+}
+
+# The pids of the dispatcher's children whose command line mentions
+# $pattern (a worker's program), from the process table.
+sub worker_pids
+{
+	my ($d, $pattern) = @_;
+	my @pids;
+
+	opendir my $proc, '/proc' or die "/proc: $!";
+	for my $pid (grep { /^\d+$/ } readdir $proc)
+	{
+		open my $fh, '<', "/proc/$pid/stat" or next;
+		my $stat = <$fh>;
+		close $fh;
+		next unless defined $stat && $stat =~ /\)\s+(\S)\s+(\d+)/;
+		next if $1 eq 'Z' || $2 != $d->{pid};
+		open $fh, '<', "/proc/$pid/cmdline" or next;
+		my $cmdline = join ' ', split /\0/, (<$fh> // '');
+		close $fh;
+		push @pids, $pid if !defined $pattern || $cmdline =~ /$pattern/;
+	}
+	closedir $proc;
+	@pids = sort { $a <=> $b } @pids;
+	return @pids;
+}
+
+1;
