@@ -15,6 +15,9 @@ packages=(
     libipc-run-perl perl libcmocka-dev
     # pepsi-ingress's clients: swaks, and IO::Socket::SSL for a scripted one
     swaks libio-socket-ssl-perl
+    # delivery tests and bench/relay: Postfix's smtp-sink and smtp-source
+    # (and Postfix itself, the benchmark's peer), MIME-tools to parse DSNs
+    postfix libmime-tools-perl
     # benchmarks: pgbench ships in postgresql-15
 )
 
