@@ -2,10 +2,11 @@
  * graph.c: the stage graph as the configuration describes it.
  *
  * Every [stage-*] section needs a PROGRAM and sane pool sizes, every
- * option naming another stage (NEXT_STAGE, BOUNCE_STAGE, and any other
- * option ending in _STAGE) must name a section that exists, and no set of
- * stages may form a cycle with no way out: a message entering it could
- * never leave.  The dispatcher refuses to start on any of these.
+ * option naming a stage (NEXT_STAGE, BOUNCE_STAGE and any other option
+ * ending in _STAGE, including the INIT_STAGE where ingress and sendmail
+ * admit mail) must name a section that exists, and no set of stages may
+ * form a cycle with no way out: a message entering it could never leave.
+ * The dispatcher refuses to start on any of these.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +118,13 @@ graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_M
 						exit = true;
 				}
 		}
+		if (cyclic && !exit && members == 1)
+		{
+			snprintf(err, errlen, "%s: stage %s names only itself as the next stage: a message "
+					 "that enters it can never leave", path, names.data);
+			buf_free(&names);
+			return false;
+		}
 		if (cyclic && !exit)
 		{
 			snprintf(err, errlen, "%s: stages %s form a cycle with no exit: a message that "
@@ -125,7 +133,6 @@ graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_M
 			return false;
 		}
 		buf_free(&names);
-		(void) members;
 	}
 	return true;
 }
@@ -160,18 +167,22 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 										  err, errlen))
 			ok = false;
 	}
-	/* Edges: every option ending in _STAGE names a stage that must exist. */
+	/*
+	 * Edges: every option ending in _STAGE names a stage that must exist;
+	 * outside the [stage-*] sections (INIT_STAGE) it is an entry, not an
+	 * edge.
+	 */
 	for (size_t e = 0; e < cfg->count && ok; e++)
 	{
 		const struct config_entry *entry = &cfg->entries[e];
 		size_t		len = strlen(entry->option);
-		int			from;
+		int			from = -1;
 		int			to;
 
-		if (strncmp(entry->section, "stage-", 6) != 0 || len < 6
-			|| strcmp(entry->option + len - 6, "_STAGE") != 0)
+		if (len < 6 || strcmp(entry->option + len - 6, "_STAGE") != 0)
 			continue;
-		from = graph_index(specs, count, entry->section + 6);
+		if (strncmp(entry->section, "stage-", 6) == 0)
+			from = graph_index(specs, count, entry->section + 6);
 		to = graph_index(specs, count, entry->value);
 		if (to < 0)
 		{
