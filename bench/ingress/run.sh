@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# bench/ingress: pepsi-ingress against a stock Postfix smtpd, side by side.
+#
+# Postfix's smtp-source sends SESSIONS parallel sessions, MESSAGES messages
+# of 2 KB in all, one recipient each, over reused connections (-d), to:
+#   pepsi:   pepsi-ingress on 127.0.0.1, admitting into a durable cluster
+#            (fsync = on, synchronous_commit = on: bench/lib.sh)
+#   postfix: a private Postfix instance (its own config and queue under the
+#            scratch directory) whose smtpd/cleanup write and fsync every
+#            message as usual; a HOLD action keeps the queue from being
+#            drained, so neither side delivers anything
+# alternately, BENCH_REPEATS times, and prints the medians in messages per
+# second and the ratio pepsi/postfix (target: at least 2).
+#
+# Then the group-commit choices (BENCH_VARIANTS, "connections:batch" each,
+# one run each), and the resident memory of pepsi-ingress per idle session
+# with IDLE_SESSIONS sessions open (target: under 64 KB).
+#
+# Needs: postfix (installed here with debconf "No configuration" when it is
+# missing, so no system instance is set up), pepsi-ingress built, the
+# extension installed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-3}
+sessions=${BENCH_SESSIONS:-20}
+messages=${BENCH_MESSAGES:-20000}
+idle_sessions=${BENCH_IDLE_SESSIONS:-1000}
+variants=${BENCH_VARIANTS:-"4:64 1:64 20:1"}
+ingress_bin="$bench_top/build/bin/pepsi-ingress"
+out_dir="$bench_top/bench/out"
+mkdir -p "$out_dir"
+log="$out_dir/ingress.log"
+: >"$log"
+
+if ! command -v /usr/sbin/smtp-source >/dev/null || ! command -v /usr/sbin/postfix >/dev/null; then
+    echo "installing postfix (no system configuration)"
+    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null
+fi
+[ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+ingress_pid=
+postfix_dir=
+
+stop_ingress() {
+    if [ -n "$ingress_pid" ]; then
+        kill -TERM "$ingress_pid" 2>/dev/null || true
+        wait "$ingress_pid" 2>/dev/null || true
+        ingress_pid=
+    fi
+}
+
+cleanup() {
+    stop_ingress
+    if [ -n "$postfix_dir" ] && [ -d "$postfix_dir" ]; then
+        /usr/sbin/postfix -c "$postfix_dir/etc" stop >/dev/null 2>&1 || true
+        rm -rf "$postfix_dir"
+    fi
+    bench_cleanup
+}
+
+bench_cluster_start "max_connections = 100"
+trap cleanup EXIT
+
+pepsi_port=$(free_port)
+postfix_port=$(free_port)
+
+# start_ingress CONNECTIONS BATCH: (re)start pepsi-ingress with that pool.
+start_ingress() {
+    local connections=$1 batch=$2 conf="$BENCH_DIR/ingress.conf"
+    stop_ingress
+    cat >"$conf" <<CONF
+[pepsi]
+HOSTNAME = bench.test
+[database]
+CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
+[ingress]
+USER = $PEPSI_USER
+DATABASE_CONNECTIONS = $connections
+BATCH_SIZE = $batch
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $pepsi_port
+MAX_SESSIONS = $((idle_sessions + 100))
+MAX_SESSIONS_PER_CLIENT = 0
+IDLE_TIMEOUT = 10m
+CONF
+    "$ingress_bin" -c "$conf" 2>>"$BENCH_DIR/ingress-stderr.log" &
+    ingress_pid=$!
+    for _ in $(seq 1 100); do
+        grep -q "database connection $((connections - 1)) ready" "$BENCH_DIR/ingress-stderr.log" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "pepsi-ingress did not come up:" >&2
+    tail -n 20 "$BENCH_DIR/ingress-stderr.log" >&2
+    return 1
+}
+
+start_postfix() {
+    postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+    chmod 755 "$postfix_dir"
+    mkdir -p "$postfix_dir/etc" "$postfix_dir/spool" "$postfix_dir/data"
+    chown postfix: "$postfix_dir/data"
+    # The stock master.cf: its smtpd on our loopback port, and no chroot
+    # (Debian's init script would have to furnish one in our queue).
+    awk -v listen="127.0.0.1:$postfix_port" '
+        /^smtp +inet / { $1 = listen }
+        /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
+        { print }' /usr/share/postfix/master.cf.dist >"$postfix_dir/etc/master.cf"
+    grep -q "^127.0.0.1:$postfix_port inet" "$postfix_dir/etc/master.cf"
+    cat >"$postfix_dir/etc/main.cf" <<CONF
+# Stock Postfix apart from where it lives and that nothing leaves the queue.
+compatibility_level = 3.6
+queue_directory = $postfix_dir/spool
+data_directory = $postfix_dir/data
+command_directory = /usr/sbin
+daemon_directory = /usr/lib/postfix/sbin
+meta_directory = /etc/postfix
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = postfix.bench.test
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mydestination =
+mynetworks = 127.0.0.0/8
+alias_maps =
+alias_database =
+maillog_file_prefixes = $postfix_dir
+maillog_file = $postfix_dir/maillog
+# Every accepted message is put on hold: written and fsynced by cleanup
+# like any other, and never handed to a delivery agent.
+smtpd_recipient_restrictions = permit_mynetworks, reject
+smtpd_end_of_data_restrictions = check_client_access static:HOLD
+CONF
+    /usr/sbin/postfix -c "$postfix_dir/etc" check >/dev/null 2>&1 || true
+    /usr/sbin/postfix -c "$postfix_dir/etc" start >/dev/null 2>&1
+    for _ in $(seq 1 100); do
+        if exec 3<>"/dev/tcp/127.0.0.1/$postfix_port" 2>/dev/null; then
+            exec 3>&- 3<&-
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "postfix did not come up" >&2
+    return 1
+}
+
+# send PORT: smtp-source's run; prints messages per second.
+send() {
+    local port=$1 start end
+    start=$(date +%s.%N)
+    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
+        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
+    end=$(date +%s.%N)
+    awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
+}
+
+pepsi_rows() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
+pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+postfix_held() { find "$postfix_dir/spool/hold" -type f | wc -l; }
+postfix_reset() { /usr/sbin/postsuper -c "$postfix_dir/etc" -d ALL hold >/dev/null 2>&1 || true; sync; }
+
+start_postfix
+start_ingress 4 64
+
+echo "bench/ingress: smtp-source -s $sessions -m $messages -l 2048, $repeats runs each side, alternating"
+pepsi_rates=()
+postfix_rates=()
+for ((r = 1; r <= repeats; r++)); do
+    pepsi_reset
+    rate=$(send "$pepsi_port")
+    stored=$(pepsi_rows)
+    [ "$stored" -eq "$messages" ] || { echo "pepsi stored $stored of $messages" >&2; exit 1; }
+    pepsi_rates+=("$rate")
+    postfix_reset
+    rate_pf=$(send "$postfix_port")
+    held=$(postfix_held)
+    [ "$held" -eq "$messages" ] || { echo "postfix queued $held of $messages" >&2; exit 1; }
+    postfix_rates+=("$rate_pf")
+    printf 'run %d: pepsi %s msg/s, postfix %s msg/s\n' "$r" "$rate" "$rate_pf"
+done
+pepsi_median=$(bench_median "${pepsi_rates[@]}")
+postfix_median=$(bench_median "${postfix_rates[@]}")
+printf '%-26s %10s msg/s\n' "pepsi-ingress (4 x 64)" "$pepsi_median" "postfix smtpd" "$postfix_median"
+printf 'ratio pepsi/postfix: %s (target >= 2.00)\n' \
+    "$(awk -v a="$pepsi_median" -v b="$postfix_median" 'BEGIN { printf "%.2f", a / b }')"
+
+echo
+echo "group commit: DATABASE_CONNECTIONS x BATCH_SIZE, one run each"
+for v in $variants; do
+    start_ingress "${v%%:*}" "${v##*:}"
+    pepsi_reset
+    rate=$(send "$pepsi_port")
+    printf '%-26s %10s msg/s (%s rows)\n' "pepsi-ingress (${v%%:*} x ${v##*:})" "$rate" "$(pepsi_rows)"
+done
+
+echo
+start_ingress 4 64
+rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$ingress_pid/status"; }
+# open_idle N: N idle sessions, held by a background client ($idle_pid).
+open_idle() {
+    perl "$here/idle-sessions.pl" 127.0.0.1 "$pepsi_port" "$1" >"$BENCH_DIR/idle.out" 2>&1 &
+    idle_pid=$!
+    for _ in $(seq 1 600); do
+        grep -q '^ready' "$BENCH_DIR/idle.out" 2>/dev/null && break
+        kill -0 "$idle_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q '^ready' "$BENCH_DIR/idle.out" || { cat "$BENCH_DIR/idle.out" >&2; exit 1; }
+}
+close_idle() {
+    kill "$idle_pid" 2>/dev/null || true
+    wait "$idle_pid" 2>/dev/null || true
+}
+# A first round touches the code and the loop's tables once, so that the
+# measured round counts what the sessions themselves hold.
+open_idle 50
+close_idle
+sleep 1
+before=$(rss)
+open_idle "$idle_sessions"
+after=$(rss)
+close_idle
+printf 'idle sessions: %d open, VmRSS %d kB -> %d kB: %.1f KB per session (target < 64)\n' \
+    "$idle_sessions" "$before" "$after" "$(awk -v a="$before" -v b="$after" -v n="$idle_sessions" 'BEGIN { printf "%.1f", (b - a) / n }')"
