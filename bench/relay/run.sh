@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# bench/relay: relaying end to end, Pepsi against a stock Postfix, side by
+# side on this machine, both into the same Postfix smtp-sink.
+#
+# Postfix's smtp-source sends SESSIONS parallel sessions, MESSAGES messages
+# of 2 KB in all, one remote recipient each, over reused connections (-d):
+#   pepsi:   pepsi-ingress -> pepsi-dispatch -> init (route) ->
+#            relay-to-smarthost -> smtp-sink, the queue a durable cluster
+#            (fsync = on, synchronous_commit = on: bench/lib.sh)
+#   postfix: a private stock Postfix instance (its own config and queue
+#            under a scratch directory; queue files fsynced as usual) with
+#            relayhost = the same smtp-sink
+# The time runs from the first message sent to the last one smtp-sink
+# received (its -c counter).  The sides alternate, BENCH_REPEATS times;
+# the medians are printed in messages per second with the ratio
+# pepsi/postfix (target: at least 1.5), and the peak resident memory of
+# each side's processes together (Pepsi: ingress, the dispatcher and its
+# workers; Postfix: master and its children), as VmRSS and as PSS (shared
+# pages counted once).  PostgreSQL's own memory is printed beside Pepsi's.
+#
+# Needs: postfix (installed here with debconf "No configuration" when it
+# is missing), pepsi-ingress, pepsi-dispatch and the stages built, the
+# extension installed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-2}
+sessions=${BENCH_SESSIONS:-20}
+messages=${BENCH_MESSAGES:-20000}
+relay_workers=${BENCH_RELAY_WORKERS:-20}
+bin="$bench_top/build/bin"
+out_dir="$bench_top/bench/out"
+mkdir -p "$out_dir"
+log="$out_dir/relay.log"
+: >"$log"
+
+if ! command -v /usr/sbin/smtp-source >/dev/null || ! command -v /usr/sbin/postfix >/dev/null; then
+    echo "installing postfix (no system configuration)"
+    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null
+fi
+for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost; do
+    [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
+done
+# The multi-call binary when it links (workers then share one text), else
+# the standalone programs.
+if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-stage-relay-to-smarthost; then
+    program() { echo "$bin/pepsi $1"; }
+    flavour="multi-call binary"
+else
+    program() { echo "$bin/$1"; }
+    flavour="standalone programs"
+fi
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+sink_pid= ingress_pid= dispatch_pid= postfix_dir= sampler_pid=
+
+stop_pid() {
+    local pid=$1
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    stop_pid "$sampler_pid"
+    stop_pid "$ingress_pid"
+    stop_pid "$dispatch_pid"
+    stop_pid "$sink_pid"
+    if [ -n "$postfix_dir" ] && [ -d "$postfix_dir" ]; then
+        /usr/sbin/postfix -c "$postfix_dir/etc" stop >/dev/null 2>&1 || true
+        rm -rf "$postfix_dir"
+    fi
+    bench_cleanup
+}
+
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+
+sink_port=$(free_port)
+pepsi_port=$(free_port)
+postfix_port=$(free_port)
+
+wait_port() {
+    for _ in $(seq 1 100); do
+        if exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null; then
+            exec 3>&- 3<&-
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "nothing listens on port $1: $2" >&2
+    return 1
+}
+
+# The sink: counts every message it takes (-c writes "... mesg=N\r" as it goes).
+sink_out="$BENCH_DIR/sink.out"
+/usr/sbin/smtp-sink -u "$PEPSI_USER" -c "127.0.0.1:$sink_port" 256 >"$sink_out" 2>&1 &
+sink_pid=$!
+wait_port "$sink_port" smtp-sink
+sink_count() { tail -c 200 "$sink_out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1; }
+
+start_pepsi() {
+    local conf="$BENCH_DIR/pepsi.conf"
+    cat >"$conf" <<CONF
+[pepsi]
+HOSTNAME = pepsi.bench.test
+[database]
+CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
+[dispatch]
+POLL_INTERVAL = 1s
+WORKER_IDLE_TIMEOUT = 60s
+[ingress]
+USER = $PEPSI_USER
+DISPATCH_WAKE_INTERVAL = 5ms
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $pepsi_port
+MAX_SESSIONS_PER_CLIENT = 0
+[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = pepsi.bench.test
+LOCAL_STAGE = smarthost
+REMOTE_STAGE = smarthost
+PARALLELISM = 2
+QUEUE_LIMIT = 256
+[stage-smarthost]
+PROGRAM = pepsi-stage-relay-to-smarthost
+SMARTHOST = 127.0.0.1:$sink_port
+TLS = none
+PARALLELISM = $relay_workers
+QUEUE_LIMIT = 4
+CONF
+    $(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
+    dispatch_pid=$!
+    $(program pepsi-ingress) -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
+    ingress_pid=$!
+    wait_port "$pepsi_port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+start_postfix() {
+    postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+    chmod 755 "$postfix_dir"
+    mkdir -p "$postfix_dir/etc" "$postfix_dir/spool" "$postfix_dir/data"
+    chown postfix: "$postfix_dir/data"
+    # The stock master.cf: its smtpd on our loopback port, and no chroot
+    # (Debian's init script would have to furnish one in our queue).
+    awk -v listen="127.0.0.1:$postfix_port" '
+        /^smtp +inet / { $1 = listen }
+        /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
+        { print }' /usr/share/postfix/master.cf.dist >"$postfix_dir/etc/master.cf"
+    cat >"$postfix_dir/etc/main.cf" <<CONF
+# Stock Postfix apart from where it lives and where it relays to.
+compatibility_level = 3.6
+queue_directory = $postfix_dir/spool
+data_directory = $postfix_dir/data
+command_directory = /usr/sbin
+daemon_directory = /usr/lib/postfix/sbin
+meta_directory = /etc/postfix
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = postfix.bench.test
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mydestination =
+mynetworks = 127.0.0.0/8
+alias_maps =
+alias_database =
+relayhost = [127.0.0.1]:$sink_port
+maillog_file_prefixes = $postfix_dir
+maillog_file = $postfix_dir/maillog
+CONF
+    /usr/sbin/postfix -c "$postfix_dir/etc" check >/dev/null 2>&1 || true
+    /usr/sbin/postfix -c "$postfix_dir/etc" start >/dev/null 2>&1
+    wait_port "$postfix_port" postfix
+}
+
+# measure PORT ROOT_PIDS...: send MESSAGES with smtp-source to PORT, wait
+# until smtp-sink has them all; prints "rate rss pss" (msg/s, kB, kB) with
+# the memory peak of the ROOT_PIDS' process trees meanwhile.
+measure() {
+    local port=$1 base start end peak
+    shift
+    base=$(sink_count)
+    base=${base:-0}
+    perl "$here/rss-sampler.pl" "$@" >"$BENCH_DIR/sampler.out" &
+    sampler_pid=$!
+    start=$(date +%s.%N)
+    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
+        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
+    for _ in $(seq 1 12000); do
+        [ "$(sink_count)" -ge $((base + messages)) ] && break
+        sleep 0.05
+    done
+    end=$(date +%s.%N)
+    stop_pid "$sampler_pid"
+    sampler_pid=
+    [ "$(sink_count)" -ge $((base + messages)) ] || {
+        echo "only $(( $(sink_count) - base )) of $messages reached smtp-sink" >&2
+        return 1
+    }
+    peak=$(cat "$BENCH_DIR/sampler.out")
+    awk -v n="$messages" -v a="$start" -v b="$end" -v p="$peak" 'BEGIN {
+        split(p, f, /[ =]/); printf "%.1f %s %s\n", n / (b - a), f[2], f[4] }'
+}
+
+postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
+postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
+pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
+pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+
+start_postfix
+start_pepsi
+
+echo "bench/relay: smtp-source -s $sessions -m $messages -l 2048 -> relay -> smtp-sink," \
+    "$repeats runs each side, alternating; Pepsi as $flavour, $relay_workers relay workers"
+pepsi_rates=() postfix_rates=() pepsi_rss=() pepsi_pss=() postfix_rss=() postfix_pss=() pg_rss=() pg_pss=()
+for ((r = 1; r <= repeats; r++)); do
+    pepsi_reset
+    # The cluster's memory is sampled by a second sampler over the same run.
+    perl "$here/rss-sampler.pl" "$(postgres_pid)" >"$BENCH_DIR/pg-sampler.out" &
+    pg_sampler=$!
+    read -r rate rss pss < <(measure "$pepsi_port" "$ingress_pid" "$dispatch_pid")
+    stop_pid "$pg_sampler"
+    read -r prss ppss < <(sed 's/rss=\([0-9]*\) pss=\([0-9]*\).*/\1 \2/' "$BENCH_DIR/pg-sampler.out")
+    left=$(pepsi_left)
+    [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
+    pepsi_rates+=("$rate") pepsi_rss+=("$rss") pepsi_pss+=("$pss") pg_rss+=("$prss") pg_pss+=("$ppss")
+
+    sync
+    read -r rate_pf rss_pf pss_pf < <(measure "$postfix_port" "$(postfix_master)")
+    postfix_rates+=("$rate_pf") postfix_rss+=("$rss_pf") postfix_pss+=("$pss_pf")
+    printf 'run %d: pepsi %s msg/s, postfix %s msg/s\n' "$r" "$rate" "$rate_pf"
+done
+
+pepsi_median=$(bench_median "${pepsi_rates[@]}")
+postfix_median=$(bench_median "${postfix_rates[@]}")
+printf '%-34s %10s msg/s\n' "pepsi (ingress -> relay)" "$pepsi_median" "postfix (smtpd -> smtp)" "$postfix_median"
+printf 'ratio pepsi/postfix: %s (target >= 1.50)\n' \
+    "$(awk -v a="$pepsi_median" -v b="$postfix_median" 'BEGIN { printf "%.2f", a / b }')"
+kb_mb() { awk -v k="$1" 'BEGIN { printf "%.1f MB", k / 1024 }'; }
+echo "peak memory, all processes of a side together (max over runs):"
+max() { printf '%s\n' "$@" | sort -n | tail -1; }
+printf '  %-30s RSS %10s   PSS %10s\n' \
+    "pepsi (ingress, dispatch, workers)" "$(kb_mb "$(max "${pepsi_rss[@]}")")" "$(kb_mb "$(max "${pepsi_pss[@]}")")" \
+    "postfix (master and children)" "$(kb_mb "$(max "${postfix_rss[@]}")")" "$(kb_mb "$(max "${postfix_pss[@]}")")" \
+    "postgresql (pepsi's queue)" "$(kb_mb "$(max "${pg_rss[@]}")")" "$(kb_mb "$(max "${pg_pss[@]}")")"
