@@ -1,0 +1,161 @@
+/*
+ * test_smtp_dsn.c: the pure pieces of the delivery path: SMTP reply lines,
+ * dot-stuffing and xtext (smtp_client.c), and the layout of an RFC 3464
+ * report (dsn.c).  The conversations themselves are tested against real
+ * servers in t/050_delivery*.pl.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dsn.h"
+#include "smtp_client.h"
+
+static void
+test_reply_lines(void **state)
+{
+	int			code;
+	bool		last;
+	const char *text;
+
+	assert_true(smtp_reply_parse_line("250-PIPELINING", 14, &code, &last, &text));
+	assert_int_equal(code, 250);
+	assert_false(last);
+	assert_string_equal(text, "PIPELINING");
+	assert_true(smtp_reply_parse_line("550 5.1.1 no such user", 22, &code, &last, &text));
+	assert_int_equal(code, 550);
+	assert_true(last);
+	assert_string_equal(text, "5.1.1 no such user");
+	assert_true(smtp_reply_parse_line("250", 3, &code, &last, &text));
+	assert_true(last);
+	assert_string_equal(text, "");
+	/* Not replies: a bad first digit, letters, a missing separator. */
+	assert_false(smtp_reply_parse_line("150 x", 5, &code, &last, &text));
+	assert_false(smtp_reply_parse_line("25x ok", 6, &code, &last, &text));
+	assert_false(smtp_reply_parse_line("250ok", 5, &code, &last, &text));
+	assert_false(smtp_reply_parse_line("25", 2, &code, &last, &text));
+}
+
+static void
+check_stuffed(const char *raw, const char *want)
+{
+	struct buf	out = BUF_INIT;
+
+	smtp_dot_stuff(raw, strlen(raw), &out);
+	assert_string_equal(out.data, want);
+	buf_free(&out);
+}
+
+static void
+test_dot_stuffing(void **state)
+{
+	check_stuffed("Subject: x\r\n\r\n.hidden\r\n..two\r\nend\r\n",
+				  "Subject: x\r\n\r\n..hidden\r\n...two\r\nend\r\n.\r\n");
+	/* A last line without its end gets one; bare LF becomes CRLF. */
+	check_stuffed("a\nb", "a\r\nb\r\n.\r\n");
+	check_stuffed(".", "..\r\n.\r\n");
+	check_stuffed("", ".\r\n");
+	/* A dot inside a line is left alone. */
+	check_stuffed("a.b\r\n", "a.b\r\n.\r\n");
+}
+
+static void
+test_xtext(void **state)
+{
+	struct buf	out = BUF_INIT;
+
+	smtp_xtext_encode("a+b=c d\xc3\xa9@x", &out);
+	assert_string_equal(out.data, "a+2Bb+3Dc+20d+C3+A9@x");
+	buf_free(&out);
+}
+
+static void
+test_dsn_layout(void **state)
+{
+	struct dsn_recipient r = {
+		.final_recipient = "gone@remote.test",
+		.original_recipient = "rfc822;Gone@Remote.Test",
+		.action = "failed",
+		.status = "5.1.1",
+		.remote_mta = "mx.remote.test",
+		.diagnostic_code = "smtp; 550 5.1.1 no such user",
+	};
+	struct dsn_report report = {
+		.kind = DSN_FAILURE,
+		.reporting_mta = "mx.pepsi.test",
+		.original_sender = "sender@local.test",
+		.envid = "id+1",
+		.now = 1796031614,
+		.unique = "42",
+		.return_full = true,
+		.headers = "Subject: hi\r\n",
+		.headers_len = 13,
+		.body = "the body\r\n",
+		.body_len = 10,
+		.recipients = &r,
+		.nrecipients = 1,
+	};
+	struct buf	headers = BUF_INIT;
+	struct buf	body = BUF_INIT;
+	const char *boundary;
+	char		delimiter[128];
+
+	dsn_build(&report, &headers, &body);
+	assert_non_null(strstr(headers.data, "To: <sender@local.test>\r\n"));
+	assert_non_null(strstr(headers.data, "Auto-Submitted: auto-replied\r\n"));
+	assert_non_null(strstr(headers.data, "Date: Mon, 30 Nov 2026 "));
+	assert_non_null(strstr(headers.data, "multipart/report; report-type=delivery-status;"));
+	boundary = strstr(headers.data, "boundary=\"");
+	assert_non_null(boundary);
+	snprintf(delimiter, sizeof(delimiter), "--%.*s", (int) strcspn(boundary + 10, "\""), boundary + 10);
+	/* Three parts and the closing delimiter. */
+	{
+		int			parts = 0;
+
+		for (const char *p = body.data; (p = strstr(p, delimiter)) != NULL; p++)
+			parts++;
+		assert_int_equal(parts, 4);
+	}
+	assert_non_null(strstr(body.data, "Content-Type: message/delivery-status\r\n\r\n"
+						   "Reporting-MTA: dns; mx.pepsi.test\r\n"
+						   "Original-Envelope-Id: id+2B1\r\n\r\n"
+						   "Original-Recipient: rfc822; Gone@Remote.Test\r\n"
+						   "Final-Recipient: rfc822; gone@remote.test\r\n"
+						   "Action: failed\r\nStatus: 5.1.1\r\n"
+						   "Remote-MTA: dns; mx.remote.test\r\n"
+						   "Diagnostic-Code: smtp; 550 5.1.1 no such user\r\n"));
+	assert_non_null(strstr(body.data, "Content-Type: message/rfc822\r\n\r\nSubject: hi\r\n\r\nthe body\r\n"));
+	buf_free(&headers);
+	buf_free(&body);
+
+	/* Headers only, and no Content-Transfer-Encoding for 7-bit content. */
+	report.kind = DSN_DELAY;
+	report.return_full = false;
+	r.action = "delayed";
+	dsn_build(&report, &headers, &body);
+	assert_non_null(strstr(body.data, "Content-Type: text/rfc822-headers\r\n\r\nSubject: hi\r\n"));
+	assert_null(strstr(body.data, "the body"));
+	assert_null(strstr(headers.data, "Content-Transfer-Encoding"));
+	assert_non_null(strstr(headers.data, "Subject: Delayed Mail"));
+	buf_free(&headers);
+	buf_free(&body);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_reply_lines),
+		cmocka_unit_test(test_dot_stuffing),
+		cmocka_unit_test(test_xtext),
+		cmocka_unit_test(test_dsn_layout),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
