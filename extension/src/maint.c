@@ -140,11 +140,14 @@ maint_run_pass(TimestampTz *last_sweep)
 		 * began.  A row that was due then and is still paused is one the
 		 * requeue skipped because another session holds it locked; counting
 		 * it would make the worker spin until that session lets go, so it
-		 * waits for the next pass at pepsi.maintenance_interval instead.
+		 * waits for the next pass at pepsi.maintenance_interval instead.  A
+		 * row on hold (timeout 'infinity', pepsi.queue_hold) is never due,
+		 * and an infinite timestamp cannot be subtracted from.
 		 */
 		due_in_ms = maint_scalar("SELECT extract(epoch FROM min(timeout) - clock_timestamp())"
 								 "::float8 * 1000 FROM pepsi.workqueue"
-								 " WHERE status = 'paused' AND timeout > now()",
+								 " WHERE status = 'paused' AND timeout > now()"
+								 " AND timeout < 'infinity'",
 								 (double) pepsi_maintenance_interval_ms);
 		if (requeued >= MAINT_BATCH)
 			due_in_ms = 0;
