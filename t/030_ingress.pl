@@ -86,6 +86,7 @@ ADDRESS = 127.0.0.1
 PORT = $port{slow}
 IDLE_TIMEOUT = 1s
 MAX_SESSIONS_PER_CLIENT = 2
+COMMAND_RATE = 1
 CONF
 
 my $log = "$tmp/ingress.log";
@@ -587,6 +588,15 @@ is(row_count(), $before, 'none of the refused or abandoned messages was stored')
 	like(read_reply($s, 30), qr/^421 4\.4\.2 /, 'a silent client gets 421 4.4.2 after IDLE_TIMEOUT');
 	is(read_reply($s, 10), '', 'and is disconnected');
 	close $_ for $s, $s2, $s3;
+}
+{
+	# COMMAND_RATE = 1: ten seconds' worth of burst, then 421.
+	my ($s) = connect_raw($port{slow});
+	print $s "NOOP\r\n" x 12;
+	my @replies = map { read_reply($s, 10) } 1 .. 11;
+	is(scalar(grep { /^250 / } @replies[0 .. 9]), 10, 'COMMAND_RATE: a burst of ten commands passes');
+	like($replies[10], qr/^421 4\.7\.0 /, 'COMMAND_RATE: the eleventh gets 421 4.7.0');
+	close $s;
 }
 
 #

@@ -238,6 +238,14 @@ ingress_drop_privileges(void)
 	}
 	if ((pw = getpwnam(user)) == NULL)
 		fatalx("%s: [ingress] USER %s: no such user", ingress.cfg->path, user);
+	if (geteuid() != 0)
+	{
+		/* Started as that user already (make run, the tests): nothing to drop. */
+		if (pw->pw_uid != geteuid())
+			fatalx("%s: [ingress] USER %s: only root can become another user",
+				   ingress.cfg->path, user);
+		return;
+	}
 	gid = pw->pw_gid;
 	if (group)
 	{
@@ -276,11 +284,20 @@ ingress_raise_fd_limit(void)
  * Stopping
  */
 
+/* While stopping: done once every session and admission is, or time is up. */
 static void
 ingress_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-	log_warnx("stopping with %zu sessions still open", ingress.sessions);
-	ev_break(loop, EVBREAK_ALL);
+	static double waited;
+
+	waited += w->repeat;
+	if (ingress.sessions == 0 && admit_pending() == 0)
+		ev_break(loop, EVBREAK_ALL);
+	else if (waited >= INGRESS_SHUTDOWN_GRACE)
+	{
+		log_warnx("stopping with %zu sessions still open", ingress.sessions);
+		ev_break(loop, EVBREAK_ALL);
+	}
 }
 
 static void
@@ -301,7 +318,7 @@ ingress_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
-	ev_timer_init(&ingress_grace_timer, ingress_grace_cb, INGRESS_SHUTDOWN_GRACE, 0);
+	ev_timer_init(&ingress_grace_timer, ingress_grace_cb, 0.1, 0.1);
 	ev_timer_start(loop, &ingress_grace_timer);
 }
 
