@@ -9,8 +9,8 @@ packages=(
     gcc make pkg-config
     postgresql-15 postgresql-server-dev-15 libpq-dev
     libssl-dev libev-dev libjansson-dev libinih-dev libcrypt-dev
-    # the fuzz targets (libFuzzer ships with clang)
-    clang
+    # the fuzz targets: clang, and libFuzzer in its runtime package
+    clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
     libipc-run-perl perl libcmocka-dev
     # pepsi-ingress's clients: swaks, and IO::Socket::SSL for a scripted one
