@@ -137,27 +137,6 @@ stage_basename(const char *path)
 	return slash ? slash + 1 : path;
 }
 
-/* Append s as an element of a PostgreSQL array literal (NULL for NULL). */
-static void
-stage_array_element(struct buf *b, const char *s)
-{
-	if (b->len > 0 && b->data[b->len - 1] != '{')
-		buf_append_char(b, ',');
-	if (s == NULL)
-	{
-		buf_append_str(b, "NULL");
-		return;
-	}
-	buf_append_char(b, '"');
-	for (; *s; s++)
-	{
-		if (*s == '"' || *s == '\\')
-			buf_append_char(b, '\\');
-		buf_append_char(b, *s);
-	}
-	buf_append_char(b, '"');
-}
-
 static char *
 stage_json_text(json_t *json)
 {
@@ -631,7 +610,7 @@ pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_fro
 
 	buf_append_char(&array, '{');
 	for (size_t i = 0; i < nrcpt; i++)
-		stage_array_element(&array, rcpt[i]);
+		db_array_append(&array, rcpt[i]);
 	buf_append_char(&array, '}');
 	values[0] = stage;
 	values[1] = mail_from;
@@ -1036,7 +1015,7 @@ stage_commit_one(struct pepsi_ctx *ctx)
 		{
 			buf_append_char(&array, '{');
 			for (size_t i = 0; i < ctx->nrcpt; i++)
-				stage_array_element(&array, ctx->rcpt[i]);
+				db_array_append(&array, ctx->rcpt[i]);
 			buf_append_char(&array, '}');
 			values[9] = array.data;
 		}
@@ -1105,10 +1084,10 @@ stage_commit_shape(struct worker *w, struct pepsi_ctx *ctxs, size_t count, enum 
 		if (!stage_batchable(ctx) || ctx->terminal != kind)
 			continue;
 		buf_printf(&ids, "%s%lld", members ? "," : "", ctx->id);
-		stage_array_element(&stages, ctx->db_stage);
-		stage_array_element(&targets, ctx->target);
+		db_array_append(&stages, ctx->db_stage);
+		db_array_append(&targets, ctx->target);
 		merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
-		stage_array_element(&merges, merge);
+		db_array_append(&merges, merge);
 		free(merge);
 		buf_printf(&retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
 		members++;
