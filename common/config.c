@@ -369,6 +369,14 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 section, option);
 		return false;
 	}
+	if (strcmp(section, "ingress") == 0 && (strcmp(option, "USER") == 0
+											 || strcmp(option, "GROUP") == 0
+											 || strcmp(option, "CREDENTIALS") == 0))
+	{
+		snprintf(err, errlen, "override [%s] %s refused: whom ingress runs as and whose "
+				 "passwords it trusts is read only from the file", section, option);
+		return false;
+	}
 	if (strcmp(scope, "global") != 0
 		&& !(strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
 		&& !(strncmp(scope, "address:", 8) == 0 && scope[8] != '\0'))

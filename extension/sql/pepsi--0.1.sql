@@ -138,7 +138,9 @@ CREATE TABLE pepsi.config_override (
     value       text NOT NULL,
     updated_at  timestamptz NOT NULL DEFAULT now(),
     updated_by  text NOT NULL DEFAULT current_user,
-    PRIMARY KEY (scope, section, option)
+    PRIMARY KEY (scope, section, option),
+    -- whom ingress runs as and whose passwords it trusts: file only
+    CHECK (NOT (section = 'ingress' AND option IN ('USER', 'GROUP', 'CREDENTIALS')))
 );
 COMMENT ON TABLE pepsi.config_override IS
     'Administrator overrides layered over pepsi.conf; never [database] nor [listener-*]';
@@ -434,7 +436,7 @@ BEGIN
     FOR wanted IN
         SELECT * FROM (VALUES
             ('pepsi_stage', 'Pepsi: the pipeline (pepsi-dispatch and the stage workers)'),
-            ('pepsi_ingress', 'Pepsi: admission only (pepsi-ingress): EXECUTE on pepsi.workqueue_add'),
+            ('pepsi_ingress', 'Pepsi: admission only (pepsi-ingress, pepsi-sendmail): EXECUTE on pepsi.workqueue_add and workqueue_inject'),
             ('pepsi_config', 'Pepsi: administration: writes pepsi.config_override, acts on the queue'),
             ('pepsi_monitor', 'Pepsi: read-only monitoring: the queue views and statistics'))
             AS r (name, description)
@@ -1002,6 +1004,12 @@ BEGIN
     IF option IS NULL THEN
         RAISE EXCEPTION 'option must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF section = 'ingress' AND option IN ('USER', 'GROUP', 'CREDENTIALS') THEN
+        RAISE EXCEPTION 'option % of [ingress] cannot be overridden', option
+            USING ERRCODE = 'cant_change_runtime_param',
+                  DETAIL = 'It decides whom ingress runs as and whose passwords it trusts, which a compromised database must not change.',
+                  HINT = 'Change it in pepsi.conf.';
+    END IF;
     IF option !~ '^[A-Z][A-Z0-9_]*$' THEN
         RAISE EXCEPTION 'invalid option name "%"', option
             USING ERRCODE = 'invalid_parameter_value',
@@ -1172,7 +1180,8 @@ $$;
 --
 -- The boundaries (architecture 22.3): the pipeline may not write the
 -- configuration (config_override, settings); ingress may only admit, through
--- pepsi.workqueue_add, which runs as the owner so that ingress holds no
+-- pepsi.workqueue_add (and local submission, pepsi-sendmail, through
+-- workqueue_inject), which run as the owner so that ingress holds no
 -- write access to any table; only pepsi_config writes config_override; no
 -- role may UPDATE, DELETE or TRUNCATE the two logs; pepsi_monitor reads the
 -- queue views and the statistics, never a message.  Every function is
@@ -1226,8 +1235,10 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
         ('pepsi_stage', 'function', 'config_validate', '{EXECUTE}'),
         ('pepsi_stage', 'function', 'config_scope', '{EXECUTE}'),
         ('pepsi_stage', 'function', 'config_domain_problem', '{EXECUTE}'),
-        -- ingress: admission, the out-of-band wake, its configuration
+        -- ingress: admission (SMTP, and pepsi-sendmail's local submission
+        -- through workqueue_inject), the out-of-band wake, its configuration
         ('pepsi_ingress', 'function', 'workqueue_add', '{EXECUTE}'),
+        ('pepsi_ingress', 'function', 'workqueue_inject', '{EXECUTE}'),
         ('pepsi_ingress', 'function', 'notify_workqueue', '{EXECUTE}'),
         ('pepsi_ingress', 'table', 'config_override', '{SELECT}'),
         ('pepsi_ingress', 'table', 'config_option', '{SELECT}'),
@@ -1283,7 +1294,7 @@ $$;
 -- that a caller's search_path cannot substitute an object of its own).
 CREATE FUNCTION pepsi.grant_definer_functions() RETURNS SETOF text
 LANGUAGE sql IMMUTABLE AS $$
-    VALUES ('workqueue_add'), ('queue_retry'), ('queue_hold'), ('queue_release'),
+    VALUES ('workqueue_add'), ('workqueue_inject'), ('queue_retry'), ('queue_hold'), ('queue_release'),
            ('queue_delete'), ('queue_bounce'),
            ('queue_summary_rows'), ('queue_shape_rows'), ('queue_senders_rows')
 $$;

@@ -419,3 +419,11 @@ SELECT pepsi.queue_delete(ARRAY[:running]);
 DELETE FROM pepsi.config_override;
 DROP ROLE regress_admin_operator;
 \! rm -f "$PEPSI_NOTIFY_FILE"
+
+-- Whom ingress runs as and whose passwords it trusts are file only, in the
+-- functions and in the table itself.
+SELECT pepsi.config_set('global', 'ingress', 'USER', 'root');
+SELECT pepsi.config_set('global', 'ingress', 'CREDENTIALS', '/tmp/x');
+\set VERBOSITY terse
+INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'ingress', 'GROUP', 'root');
+\set VERBOSITY default
