@@ -159,5 +159,37 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE stat
 	0, 'no row failed');
 
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+
+# Past MAX_LIFETIME a temporary failure bounces, with the last 4xx as its status.
+my $stuck_state = '{"dsn":{"rcpt":[{"notify":"FAILURE"}]}}';
+my $stuck = start_peer('--rcpt', 'stuck@=452 4.2.2 mailbox full');
+$config = delivery_config($node, maildir_root => $root,
+	smarthost => "127.0.0.1:$stuck->{port}",
+	extra => { smarthost => "MAX_LIFETIME = 3s\nRETRY_BASE = 1s\nRETRY_MAX = 1s\n" });
+$d = start_dispatcher($config);
+$id = inject($node, to => ['stuck@remote.test'], state => $stuck_state);
+ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
+	'MAX_LIFETIME: the message bounces after retrying');
+($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{action}, 'failed', 'Action: failed');
+is($recipients->[0]{status}, '4.2.2', 'Status: the last temporary failure\'s');
+like($recipients->[0]{'diagnostic-code'}, qr/^smtp; 452 4\.2\.2 mailbox full \(gave up after \d+ attempts/,
+	'Diagnostic-Code: the last reply, and that it gave up');
+cmp_ok(slurp("$stuck->{dir}/attempts-stuck\@remote.test"), '>=', 2, 'after more than one attempt');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+stop_process($stuck);
+
+# No SMARTHOST: remote mail is held paused, with a log line saying what to set.
+$config = delivery_config($node, maildir_root => $root);
+$d = start_dispatcher($config);
+$id = inject($node, to => ['held@remote.test']);
+ok(wait_for(sub { queue_count($node, "id = $id AND status = 'paused'") == 1 }),
+	'without SMARTHOST remote mail is paused');
+like(dispatcher_log($d), qr/\[stage-smarthost\] has no SMARTHOST: row $id to <held\@remote\.test> is held paused/,
+	'with a clear log line');
+like($node->safe_psql('postgres', "SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id"),
+	qr/no SMARTHOST is configured/, 'and the reason in state.last_error');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
 stop_process($peer);
 done_testing();

@@ -12,7 +12,7 @@ my ($peak_rss, $peak_pss, $peak_procs) = (0, 0, 0);
 my $stop = 0;
 $SIG{TERM} = sub { $stop = 1 };
 
-sub read_file { my ($p) = @_; open my $fh, '<', $p or return ''; local $/; my $t = <$fh>; close $fh; return $t }
+sub read_file { my ($p) = @_; open my $fh, '<', $p or return ''; local $/; my $t = <$fh> // ''; close $fh; return $t }
 
 while (!$stop)
 {

@@ -87,10 +87,8 @@ postfix_port=$(free_port)
 
 wait_port() {
     for _ in $(seq 1 100); do
-        if exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null; then
-            exec 3>&- 3<&-
-            return 0
-        fi
+        # In a subshell: a failed exec of a redirection must not end this shell.
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         sleep 0.1
     done
     echo "nothing listens on port $1: $2" >&2

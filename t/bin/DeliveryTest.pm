@@ -205,7 +205,7 @@ sub slurp
 	return $text;
 }
 
-# The files in a mailbox's new/ (sorted by name, i.e. by delivery time).
+# The files in a mailbox's new/, oldest first.
 sub maildir_files
 {
 	my ($root, $address) = @_;
@@ -215,7 +215,11 @@ sub maildir_files
 
 	# An array, so that scalar(maildir_files(...)) is a count, 0 for no mailbox.
 	opendir my $dh, $dir or return @paths;
-	@paths = map { "$dir/$_" } sort grep { !/^\./ } readdir $dh;
+	# By modification time: names order by time only to the second.
+	@paths = map { $_->[1] }
+	  sort { $a->[0] <=> $b->[0] || $a->[1] cmp $b->[1] }
+	  map { [ (Time::HiRes::stat($_))[9], $_ ] }
+	  map { "$dir/$_" } grep { !/^\./ } readdir $dh;
 	closedir $dh;
 	return @paths;
 }
