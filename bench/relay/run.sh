@@ -181,7 +181,7 @@ CONF
 # until smtp-sink has them all; prints "rate rss pss" (msg/s, kB, kB) with
 # the memory peak of the ROOT_PIDS' process trees meanwhile.
 measure() {
-    local port=$1 base start end peak
+    local port=$1 base start sent end peak
     shift
     base=$(sink_count)
     base=${base:-0}
@@ -190,11 +190,15 @@ measure() {
     start=$(date +%s.%N)
     /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
         -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
+    sent=$(date +%s.%N)
     for _ in $(seq 1 12000); do
         [ "$(sink_count)" -ge $((base + messages)) ] && break
         sleep 0.05
     done
     end=$(date +%s.%N)
+    # Where the time went: accepting (smtp-source done) and then draining.
+    awk -v p="$port" -v a="$start" -v s="$sent" -v b="$end" 'BEGIN {
+        printf "port %s: all accepted after %.2f s, all relayed after %.2f s\n", p, s - a, b - a }' >>"$log"
     stop_pid "$sampler_pid"
     sampler_pid=
     [ "$(sink_count)" -ge $((base + messages)) ] || {
