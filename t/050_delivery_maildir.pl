@@ -121,4 +121,23 @@ ok(-d "$root/newcomer\@local.test/cur", 'with tmp, new and cur');
 is(scalar(dsns()), 4, 'and no DSN');
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
 
+# The multi-call binary: a bounce is made and delivered in the pass that
+# found the mailbox missing (maildir -> bounce -> dsn-route -> dsn-maildir).
+SKIP:
+{
+	my $multicall = pepsi_bin('pepsi');
+	skip 'the multi-call binary is not built', 5 unless -x $multicall;
+	$config = delivery_config($node, maildir_root => $root);
+	$d = start_dispatcher($config, program => [ $multicall, 'pepsi-dispatch' ]);
+	inject($node, to => ['ghost@local.test'], headers => "From: <$sender>\r\nSubject: fused\r\n");
+	ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
+		'multi-call: the DSN for a missing mailbox arrives');
+	like(slurp((dsns())[-1]), qr/Final-Recipient: rfc822; ghost\@local\.test/, 'about the right recipient');
+	is(stop_dispatcher($d), 0, 'the dispatcher stops');
+	is($node->safe_psql('postgres', "SELECT fused_hops FROM pepsi.stage_stats WHERE stage = 'maildir'"),
+		3, 'the maildir worker ran bounce, dsn-route and dsn-maildir fused: three hops');
+	unlike(dispatcher_log($d), qr/stage (bounce|dsn-route|dsn-maildir): started worker/,
+		'no worker of those stages was started');
+}
+
 done_testing();
