@@ -134,10 +134,9 @@ is(scalar(grep { /Subject: happy/ } map { $_->{data} } peer_messages($peer)), 1,
 
 # Three recipients: ok@ delivered, gone@ 550, later@ 451 twice.
 my $before = scalar(peer_messages($peer));
-$id = inject($node, to => ['ok@remote.test', 'gone@remote.test', 'later@remote.test'],
-	headers => "From: <$sender>\r\nTo: <ok\@remote.test>\r\nSubject: three\r\n", quiet => 1);
-my $body_id = $node->safe_psql('postgres', "SELECT body_id FROM pepsi.workqueue WHERE id = $id");
-$node->safe_psql('postgres', 'SELECT pepsi.notify_workqueue()');
+my $body_id;
+($id, $body_id) = inject($node, to => ['ok@remote.test', 'gone@remote.test', 'later@remote.test'],
+	headers => "From: <$sender>\r\nTo: <ok\@remote.test>\r\nSubject: three\r\n");
 ok(wait_for(sub {
 	queue_count($node, "status = 'paused' AND rcpt_to = '{later\@remote.test}'") == 1
 	  && scalar(dsns()) == 4 }),
@@ -158,7 +157,42 @@ ok(wait_for(sub {
 is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE status <> \'pending\''),
 	0, 'no row failed');
 
+# An 8-bit body goes with BODY=8BITMIME, and every MAIL says its SIZE.
+inject($node, to => ['eight@remote.test'], body => "caf\xc3\xa9\r\n",
+	headers => "From: <$sender>\r\nSubject: eight\r\n");
+ok(wait_for(sub { grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer) }), 'an 8-bit message');
+my ($eight) = grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer);
+like($eight->{env}, qr/^MAIL FROM:<\Q$sender\E> SIZE=\d+ BODY=8BITMIME$/m, 'went with SIZE and BODY=8BITMIME');
+unlike($eight->{env}, qr/NOTIFY|ORCPT|RET=|ENVID/, 'and no DSN parameters to a server without DSN');
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+
+# A server with DSN and a small SIZE, without SMTPUTF8.
+my $strict = start_peer('--dsn', '--size', '600');
+$config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$strict->{port}");
+$d = start_dispatcher($config);
+$id = inject($node, to => ['passed@remote.test'],
+	state => '{"dsn":{"ret":"HDRS","envid":"e=1","rcpt":[{"notify":"SUCCESS,FAILURE","orcpt":"rfc822;Passed+x@remote.test"}]}}',
+	headers => "From: <$sender>\r\nSubject: passed\r\n");
+ok(wait_for(sub { scalar(peer_messages($strict)) == 1 && queue_count($node) == 0 }), 'a DSN-capable server');
+my ($passed) = peer_messages($strict);
+like($passed->{env}, qr/^MAIL FROM:<\Q$sender\E> SIZE=\d+ RET=HDRS ENVID=e\+3D1$/m, 'RET and ENVID (xtext) passed on');
+like($passed->{env}, qr/^RCPT TO:<passed\@remote\.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;Passed\+2Bx\@remote\.test$/m,
+	'NOTIFY and ORCPT (xtext) passed on');
+is(scalar(dsns()), 4, 'the next hop reports success itself: no DSN from here');
+inject($node, to => ['big@remote.test'], body => join('', ('x' x 70 . "\r\n") x 10));
+ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }), 'a message over SIZE bounces');
+($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{status}, '5.3.4', 'Status: 5.3.4');
+like($recipients->[0]{'diagnostic-code'}, qr/exceeds the limit of 600 bytes/, 'Diagnostic-Code says why');
+inject($node, to => ["jos\xc3\xa9\@remote.test"]);
+ok(wait_for(sub { scalar(dsns()) == 6 && queue_count($node) == 0 }),
+	'a non-ASCII address to a server without SMTPUTF8 bounces');
+($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{status}, '5.6.7', 'Status: 5.6.7');
+is(scalar(peer_messages($strict)), 1, 'neither was sent');
+unlike(slurp("$strict->{dir}/transcript"), qr/RCPT TO:<(big|jos)/, 'not even announced');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+stop_process($strict);
 
 # Past MAX_LIFETIME a temporary failure bounces, with the last 4xx as its status.
 my $stuck_state = '{"dsn":{"rcpt":[{"notify":"FAILURE"}]}}';
@@ -168,7 +202,7 @@ $config = delivery_config($node, maildir_root => $root,
 	extra => { smarthost => "MAX_LIFETIME = 3s\nRETRY_BASE = 1s\nRETRY_MAX = 1s\n" });
 $d = start_dispatcher($config);
 $id = inject($node, to => ['stuck@remote.test'], state => $stuck_state);
-ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
+ok(wait_for(sub { scalar(dsns()) == 7 && queue_count($node) == 0 }),
 	'MAX_LIFETIME: the message bounces after retrying');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{action}, 'failed', 'Action: failed');

@@ -148,7 +148,8 @@ sub stop_process
 }
 
 # Admit a message (headers and body as text, CRLF line ends) at stage init;
-# $state is JSON text.  Wakes the dispatcher unless quiet.  Returns the row id.
+# $state is JSON text.  Wakes the dispatcher unless quiet.  Returns the row
+# id, or in list context the row id and the body id.
 sub inject
 {
 	my ($node, %m) = @_;
@@ -159,12 +160,15 @@ sub inject
 	my $body = $m{body} // "hello\r\n";
 
 	for ($state, $headers, $body) { s/'/''/g }
-	my $id = $node->safe_psql($db,
-		    "SELECT pepsi.workqueue_add('$from', ARRAY[$rcpts]::text[],"
-		  . " convert_to(E'" . escape($headers) . "', 'UTF8'),"
-		  . " convert_to(E'" . escape($body) . "', 'UTF8'), '$state'::jsonb)");
+	my $add = "SELECT pepsi.workqueue_add('$from', ARRAY[$rcpts]::text[],"
+	  . " convert_to(E'" . escape($headers) . "', 'UTF8'),"
+	  . " convert_to(E'" . escape($body) . "', 'UTF8'), '$state'::jsonb)";
+	my ($id, $body_id) = split / /, $node->safe_psql($db,
+		# The body id is read before the row commits: no worker can have taken it yet.
+		"BEGIN;\n$add AS id \\gset\n"
+		  . "SELECT :id || ' ' || body_id FROM pepsi.workqueue WHERE id = :id;\nCOMMIT;");
 	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $m{quiet};
-	return $id;
+	return wantarray ? ($id, $body_id) : $id;
 }
 
 sub escape
