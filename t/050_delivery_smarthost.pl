@@ -167,8 +167,9 @@ unlike($eight->{env}, qr/NOTIFY|ORCPT|RET=|ENVID/, 'and no DSN parameters to a s
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
 
 # A server with DSN and a small SIZE, without SMTPUTF8.
-my $strict = start_peer('--dsn', '--size', '600');
-$config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$strict->{port}");
+my $strict = start_peer('--dsn', '--size', '600', '--hang-rcpt', 'slowpoke@');
+$config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$strict->{port}",
+	extra => { smarthost => "TIMEOUT = 2s\nRETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
 $d = start_dispatcher($config);
 $id = inject($node, to => ['passed@remote.test'],
 	state => '{"dsn":{"ret":"HDRS","envid":"e=1","rcpt":[{"notify":"SUCCESS,FAILURE","orcpt":"rfc822;Passed+x@remote.test"}]}}',
@@ -190,6 +191,12 @@ ok(wait_for(sub { scalar(dsns()) == 6 && queue_count($node) == 0 }),
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{status}, '5.6.7', 'Status: 5.6.7');
 is(scalar(peer_messages($strict)), 1, 'neither was sent');
+$id = inject($node, to => ['slowpoke@remote.test']);
+like(wait_for(sub {
+	$node->safe_psql('postgres',
+		"SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id AND status = 'paused'") }),
+	qr/timed out talking to 127\.0\.0\.1.* while sending RCPT TO/,
+	'a server that stops answering: deferred when TIMEOUT runs out');
 unlike(slurp("$strict->{dir}/transcript"), qr/RCPT TO:<(big|jos)/, 'not even announced');
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
 stop_process($strict);
@@ -201,6 +208,9 @@ $config = delivery_config($node, maildir_root => $root,
 	smarthost => "127.0.0.1:$stuck->{port}",
 	extra => { smarthost => "MAX_LIFETIME = 3s\nRETRY_BASE = 1s\nRETRY_MAX = 1s\n" });
 $d = start_dispatcher($config);
+# slowpoke@, still paused from above, is resumed and delivered here.
+$node->safe_psql('postgres',
+	"SELECT pepsi.workqueue_resume(array_agg(id)) FROM pepsi.workqueue WHERE status = 'paused'");
 $id = inject($node, to => ['stuck@remote.test'], state => $stuck_state);
 ok(wait_for(sub { scalar(dsns()) == 7 && queue_count($node) == 0 }),
 	'MAX_LIFETIME: the message bounces after retrying');

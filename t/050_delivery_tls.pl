@@ -50,7 +50,7 @@ sub run_with
 	stop_dispatcher($d) if $d;
 	my $config = delivery_config($node, maildir_root => $root,
 		smarthost => "localhost:$peer->{port}",
-		extra => { smarthost => $options . "RETRY_BASE = 60s\n" });
+		extra => { smarthost => $options . "RETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
 	$d = start_dispatcher($config);
 	return inject($node, to => [$rcpt],
 		headers => "From: <$sender>\r\nTo: <$rcpt>\r\nSubject: to $rcpt\r\n");
@@ -119,7 +119,7 @@ undef $d;
 my $plain = start_peer('--auth', 'relay:s3cret');
 my $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$plain->{port}",
 	extra => { smarthost => "TLS = verify\nAUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n"
-	  . "RETRY_BASE = 60s\n" });
+	  . "RETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
 $d = start_dispatcher($config);
 $id = inject($node, to => ['five@remote.test']);
 like(paused_error($id), qr/does not offer STARTTLS, which TLS = verify requires/,
