@@ -28,6 +28,31 @@ our @EXPORT = qw(
 
 my $db = 'postgres';
 my $here = dirname(abs_path(__FILE__));
+my $parent = $$;
+my @started;    # peers and sinks
+
+# When a test dies half-way its children (peers, sinks, the dispatcher,
+# ingress) must not outlive it: a dispatcher would try to reconnect to the
+# stopped cluster for ever.
+END
+{
+	if ($$ == $parent)
+	{
+		my @children;
+		if (opendir my $proc, '/proc')
+		{
+			for my $pid (grep { /^\d+$/ } readdir $proc)
+			{
+				open my $fh, '<', "/proc/$pid/stat" or next;
+				my $stat = <$fh> // '';
+				close $fh;
+				push @children, $pid if $stat =~ /\)\s+\S\s+(\d+)/ && $1 == $parent;
+			}
+			closedir $proc;
+		}
+		kill 'TERM', @children, grep { $_ } map { $_->{pid} } @started;
+	}
+}
 
 # A cluster that preloads pepsi (the maintenance worker requeues paused rows).
 sub delivery_node
@@ -106,7 +131,8 @@ sub start_peer
 	wait_for(sub { -e "$dir/port" }, 10) or die "smtp-peer did not start";
 	my $port = slurp("$dir/port");
 	chomp $port;
-	return { pid => $pid, dir => $dir, port => $port };
+	push @started, { pid => $pid, dir => $dir, port => $port };
+	return $started[-1];
 }
 
 # Postfix's smtp-sink on a free port, dumping each transaction into a
@@ -134,7 +160,8 @@ sub start_sink
 			return $s;
 		},
 		10) or die "smtp-sink did not start";
-	return { pid => $pid, dir => $dir, port => $port };
+	push @started, { pid => $pid, dir => $dir, port => $port };
+	return $started[-1];
 }
 
 sub stop_process
