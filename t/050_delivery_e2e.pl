@@ -26,6 +26,8 @@ use DeliveryTest;
 use DispatchTest;
 use PepsiTest;
 
+plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
+
 my $node = delivery_node('delivery_e2e');
 my $root = PostgreSQL::Test::Utils::tempdir();
 my $tmp = PostgreSQL::Test::Utils::tempdir();
