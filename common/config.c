@@ -19,6 +19,20 @@
 #include "log.h"
 
 /*
+ * The lookup index: the positions of the entries sorted by section, option
+ * and position, so that the values of one option (the file's and its
+ * overrides) are found by binary search.  A stage worker looks options up
+ * several times per message and per fused hop; a linear scan of every
+ * entry each time grew with the size of the configuration.  Rebuilt when
+ * entries have been added since.
+ */
+struct config_index
+{
+	size_t	   *order;
+	size_t		built_for;		/* the entry count it was built for */
+};
+
+/*
  * The schema.  A section is named exactly or by a prefix ending in '-'
  * (one per listener or stage).  options == NULL means any upper-case name:
  * stage sections carry the options of their own program, which the program
@@ -290,6 +304,7 @@ config_parse(struct config_parse *p, const char *name)
 
 	p->cfg = xcalloc(1, sizeof(*p->cfg));
 	p->cfg->path = xstrdup(name);
+	p->cfg->index = xcalloc(1, sizeof(*p->cfg->index));
 	rc = ini_parse_stream(config_read_line, p, config_handle, p);
 	free(p->line_buffer);
 	/* rc is the first line libinih refused, be it ours or a line it could not parse. */
@@ -350,6 +365,9 @@ config_free(struct pepsi_config *cfg)
 	}
 	free(cfg->entries);
 	free(cfg->path);
+	if (cfg->index)
+		free(cfg->index->order);
+	free(cfg->index);
 	free(cfg);
 }
 
@@ -388,52 +406,113 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 	return true;
 }
 
-static const struct config_entry *
-config_find(const struct pepsi_config *cfg, const char *scope, const char *section,
-			const char *option)
+static const struct pepsi_config *config_sorting;
+
+static int
+config_entry_compare(const void *a, const void *b)
 {
-	const struct config_entry *found = NULL;
+	const struct config_entry *x = &config_sorting->entries[*(const size_t *) a];
+	const struct config_entry *y = &config_sorting->entries[*(const size_t *) b];
+	int			c = strcmp(x->section, y->section);
 
-	for (size_t i = 0; i < cfg->count; i++)
-	{
-		const struct config_entry *e = &cfg->entries[i];
-
-		if ((scope == NULL) != (e->scope == NULL))
-			continue;
-		if (scope && strcasecmp(scope, e->scope) != 0)
-			continue;
-		if (strcmp(e->section, section) == 0 && strcmp(e->option, option) == 0)
-			found = e;
-	}
-	return found;
+	if (c == 0)
+		c = strcmp(x->option, y->option);
+	if (c == 0)
+		c = (*(const size_t *) a > *(const size_t *) b) - (*(const size_t *) a < *(const size_t *) b);
+	return c;
 }
 
+static void
+config_index_build(const struct pepsi_config *cfg)
+{
+	struct config_index *index = cfg->index;
+
+	free(index->order);
+	index->order = xcalloc(cfg->count + 1, sizeof(size_t));
+	for (size_t i = 0; i < cfg->count; i++)
+		index->order[i] = i;
+	config_sorting = cfg;
+	qsort(index->order, cfg->count, sizeof(size_t), config_entry_compare);
+	config_sorting = NULL;
+	index->built_for = cfg->count;
+}
+
+/* The range [*first, *end) of index positions holding section's option. */
+static void
+config_index_range(const struct pepsi_config *cfg, const char *section, const char *option,
+				   size_t *first, size_t *end)
+{
+	const size_t *order;
+	size_t		lo = 0;
+	size_t		hi = cfg->count;
+
+	if (cfg->index->built_for != cfg->count)
+		config_index_build(cfg);
+	order = cfg->index->order;
+	while (lo < hi)
+	{
+		size_t		mid = lo + (hi - lo) / 2;
+		const struct config_entry *e = &cfg->entries[order[mid]];
+		int			c = strcmp(e->section, section);
+
+		if (c == 0)
+			c = strcmp(e->option, option);
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*first = lo;
+	while (hi < cfg->count && strcmp(cfg->entries[order[hi]].section, section) == 0
+		   && strcmp(cfg->entries[order[hi]].option, option) == 0)
+		hi++;
+	*end = hi;
+}
+
+/* How specific an entry's scope is for this lookup: 0 when it does not apply. */
+static int
+config_scope_rank(const struct config_entry *e, const char *domain, const char *address)
+{
+	if (e->scope == NULL)
+		return 1;
+	if (strcmp(e->scope, "global") == 0)
+		return 2;
+	if (domain && strncmp(e->scope, "domain:", 7) == 0 && strcasecmp(e->scope + 7, domain) == 0)
+		return 3;
+	if (address && strncmp(e->scope, "address:", 8) == 0 && strcasecmp(e->scope + 8, address) == 0)
+		return 4;
+	return 0;
+}
+
+/* The most specific value: address, then domain, then global, then the file; the last of equals. */
 static const struct config_entry *
 config_lookup(const struct pepsi_config *cfg, const char *section, const char *option,
 			  const char *domain, const char *address)
 {
-	const struct config_entry *e = NULL;
-	char		scope[1024];
+	const struct config_entry *best = NULL;
+	int			best_rank = 0;
+	size_t		first = 0;
+	size_t		end = cfg->count;
 
-	if (address)
+	if (address && domain == NULL && strrchr(address, '@'))
+		domain = strrchr(address, '@') + 1;
+	if (cfg->index)
+		config_index_range(cfg, section, option, &first, &end);
+	for (size_t i = first; i < end; i++)
 	{
-		const char *at = strrchr(address, '@');
+		const struct config_entry *e = &cfg->entries[cfg->index ? cfg->index->order[i] : i];
+		int			rank;
 
-		snprintf(scope, sizeof(scope), "address:%s", address);
-		if ((e = config_find(cfg, scope, section, option)) != NULL)
-			return e;
-		if (domain == NULL && at)
-			domain = at + 1;
+		if (!cfg->index && (strcmp(e->section, section) != 0 || strcmp(e->option, option) != 0))
+			continue;
+		rank = config_scope_rank(e, domain, address);
+		if (rank > 0 && rank >= best_rank)
+		{
+			best = e;
+			best_rank = rank;
+		}
 	}
-	if (domain)
-	{
-		snprintf(scope, sizeof(scope), "domain:%s", domain);
-		if ((e = config_find(cfg, scope, section, option)) != NULL)
-			return e;
-	}
-	if ((e = config_find(cfg, "global", section, option)) != NULL)
-		return e;
-	return config_find(cfg, NULL, section, option);
+	return best;
 }
 
 const char *

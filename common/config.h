@@ -26,12 +26,15 @@ struct config_entry
 	int			line;			/* in the file; 0 for an override */
 };
 
+struct config_index;
+
 struct pepsi_config
 {
 	char	   *path;
 	struct config_entry *entries;
 	size_t		count;
 	size_t		capacity;
+	struct config_index *index; /* lookups by section and option (config.c) */
 };
 
 /* Load and check path; NULL with a message in err (file:line: reason) on failure. */

@@ -52,6 +52,18 @@ enum terminal_kind
 	TERMINAL_FINISH_WITH
 };
 
+/* Buffers a worker reuses from batch to batch, rather than growing new ones each time. */
+enum scratch
+{
+	SCRATCH_IDS,
+	SCRATCH_STAGES,
+	SCRATCH_TARGETS,
+	SCRATCH_MERGES,
+	SCRATCH_RETRIES,
+	SCRATCH_STATUS,
+	SCRATCH_COUNT
+};
+
 struct worker
 {
 	const struct pepsi_stage *stage;
@@ -60,6 +72,7 @@ struct worker
 	bool		allow_fusion;
 	struct buf	input;
 	bool		eof;
+	struct buf	scratch[SCRATCH_COUNT];
 };
 
 struct pepsi_ctx
@@ -89,7 +102,7 @@ struct pepsi_ctx
 	size_t		nkeep;
 	json_t	   *clones;
 	char	   *error;
-	json_t	   *fused;			/* [{"stage": s, "us": n}] of the successors run in this pass */
+	struct buf	fused;			/* {"stage":s,"us":n},... of the successors run in this pass */
 	/* the input line, for the status */
 	bool		valid;
 };
@@ -141,6 +154,28 @@ static char *
 stage_json_text(json_t *json)
 {
 	return json ? json_dumps(json, JSON_COMPACT) : NULL;
+}
+
+/* Append s to b as a JSON string. */
+static void
+stage_json_string(struct buf *b, const char *s)
+{
+	buf_append_char(b, '"');
+	for (; *s; s++)
+	{
+		unsigned char c = (unsigned char) *s;
+
+		if (c == '"' || c == '\\')
+		{
+			buf_append_char(b, '\\');
+			buf_append_char(b, (char) c);
+		}
+		else if (c < 0x20)
+			buf_printf(b, "\\u%04x", c);
+		else
+			buf_append_char(b, (char) c);
+	}
+	buf_append_char(b, '"');
 }
 
 /* ---------------------------------------------------------------------------
@@ -741,7 +776,7 @@ stage_ctx_free(struct pepsi_ctx *ctx)
 	free(ctx->keep);
 	json_decref(ctx->clones);
 	free(ctx->error);
-	json_decref(ctx->fused);
+	buf_free(&ctx->fused);
 }
 
 /*
@@ -779,7 +814,7 @@ stage_loaded_row_compare(const void *a, const void *b)
 static void
 stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
-	struct buf	ids = BUF_INIT;
+	struct buf *ids = &w->scratch[SCRATCH_IDS];
 	const char *values[1];
 	PGresult   *res;
 	int			format = 1;
@@ -788,22 +823,22 @@ stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 	int			nrows;
 
 	stage_refuse_repeated_ids(ctxs, count);
-	buf_append_char(&ids, '{');
+	buf_append_char(ids, '{');
 	for (size_t i = 0; i < count; i++)
 		if (ctxs[i].error == NULL)
 		{
-			buf_printf(&ids, "%s%lld", asked ? "," : "", ctxs[i].id);
+			buf_printf(ids, "%s%lld", asked ? "," : "", ctxs[i].id);
 			asked++;
 		}
-	buf_append_char(&ids, '}');
+	buf_append_char(ids, '}');
 	if (asked == 0)
 	{
-		buf_free(&ids);
+		buf_reset(ids);
 		return;
 	}
-	values[0] = ids.data;
+	values[0] = ids->data;
 	res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
-	buf_free(&ids);
+	buf_reset(ids);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		for (size_t i = 0; i < count; i++)
@@ -902,9 +937,11 @@ stage_run_pass(struct pepsi_ctx *ctx)
 		if (ctx->error == NULL && ctx->terminals == 0)
 			pepsi_error(ctx, "%s called no terminal for row %lld", ctx->stage->program, ctx->id);
 		if (hop > 0)
-			json_array_append_new(ctx->fused,
-								  json_pack("{s:s,s:I}", "stage", ctx->stage_name,
-											"us", (json_int_t) (stage_now_us() - started)));
+		{
+			buf_append_str(&ctx->fused, ctx->fused.len ? ",{\"stage\":" : "{\"stage\":");
+			stage_json_string(&ctx->fused, ctx->stage_name);
+			buf_printf(&ctx->fused, ",\"us\":%lld}", (long long) (stage_now_us() - started));
+		}
 		if (ctx->error != NULL || !stage_fuse_successor(ctx))
 			return;
 	}
@@ -1062,20 +1099,20 @@ stage_batchable(const struct pepsi_ctx *ctx)
 static void
 stage_commit_shape(struct worker *w, struct pepsi_ctx *ctxs, size_t count, enum terminal_kind kind)
 {
-	struct buf	ids = BUF_INIT;
-	struct buf	stages = BUF_INIT;
-	struct buf	targets = BUF_INIT;
-	struct buf	merges = BUF_INIT;
-	struct buf	retries = BUF_INIT;
+	struct buf *ids = &w->scratch[SCRATCH_IDS];
+	struct buf *stages = &w->scratch[SCRATCH_STAGES];
+	struct buf *targets = &w->scratch[SCRATCH_TARGETS];
+	struct buf *merges = &w->scratch[SCRATCH_MERGES];
+	struct buf *retries = &w->scratch[SCRATCH_RETRIES];
 	size_t		members = 0;
 	const char *values[6];
 	PGresult   *res;
 
-	buf_append_char(&ids, '{');
-	buf_append_char(&stages, '{');
-	buf_append_char(&targets, '{');
-	buf_append_char(&merges, '{');
-	buf_append_char(&retries, '{');
+	buf_append_char(ids, '{');
+	buf_append_char(stages, '{');
+	buf_append_char(targets, '{');
+	buf_append_char(merges, '{');
+	buf_append_char(retries, '{');
 	for (size_t i = 0; i < count; i++)
 	{
 		struct pepsi_ctx *ctx = &ctxs[i];
@@ -1083,20 +1120,20 @@ stage_commit_shape(struct worker *w, struct pepsi_ctx *ctxs, size_t count, enum 
 
 		if (!stage_batchable(ctx) || ctx->terminal != kind)
 			continue;
-		buf_printf(&ids, "%s%lld", members ? "," : "", ctx->id);
-		db_array_append(&stages, ctx->db_stage);
-		db_array_append(&targets, ctx->target);
+		buf_printf(ids, "%s%lld", members ? "," : "", ctx->id);
+		db_array_append(stages, ctx->db_stage);
+		db_array_append(targets, ctx->target);
 		merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
-		db_array_append(&merges, merge);
+		db_array_append(merges, merge);
 		free(merge);
-		buf_printf(&retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
+		buf_printf(retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
 		members++;
 	}
-	buf_append_char(&ids, '}');
-	buf_append_char(&stages, '}');
-	buf_append_char(&targets, '}');
-	buf_append_char(&merges, '}');
-	buf_append_char(&retries, '}');
+	buf_append_char(ids, '}');
+	buf_append_char(stages, '}');
+	buf_append_char(targets, '}');
+	buf_append_char(merges, '}');
+	buf_append_char(retries, '}');
 
 	if (members == 1)
 	{
@@ -1107,12 +1144,12 @@ stage_commit_shape(struct worker *w, struct pepsi_ctx *ctxs, size_t count, enum 
 	}
 	else if (members > 1)
 	{
-		values[0] = ids.data;
-		values[1] = stages.data;
+		values[0] = ids->data;
+		values[1] = stages->data;
 		values[2] = stage_transition_name(kind);
-		values[3] = kind == TERMINAL_ADVANCE ? targets.data : NULL;
-		values[4] = kind == TERMINAL_FINISH ? NULL : merges.data;
-		values[5] = kind == TERMINAL_PAUSE ? retries.data : NULL;
+		values[3] = kind == TERMINAL_ADVANCE ? targets->data : NULL;
+		values[4] = kind == TERMINAL_FINISH ? NULL : merges->data;
+		values[5] = kind == TERMINAL_PAUSE ? retries->data : NULL;
 		res = db_exec(w->conn, "SELECT pepsi.workqueue_commit_many($1, $2, $3, $4, $5, $6)", 6, values);
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
@@ -1124,11 +1161,11 @@ stage_commit_shape(struct worker *w, struct pepsi_ctx *ctxs, size_t count, enum 
 		}
 		PQclear(res);
 	}
-	buf_free(&ids);
-	buf_free(&stages);
-	buf_free(&targets);
-	buf_free(&merges);
-	buf_free(&retries);
+	buf_reset(ids);
+	buf_reset(stages);
+	buf_reset(targets);
+	buf_reset(merges);
+	buf_reset(retries);
 }
 
 static void
@@ -1238,7 +1275,6 @@ stage_next_batch(struct worker *w, struct pepsi_ctx *ctxs, size_t max)
 		ctx->stage = w->stage;
 		ctx->loaded = w->stage->load;
 		ctx->merge = json_object();
-		ctx->fused = json_array();
 		if (!stage_parse_id(line, &ctx->id))
 			pepsi_error(ctx, "malformed id line \"%.64s\"", line);
 		if (count == max)
@@ -1254,9 +1290,9 @@ stage_next_batch(struct worker *w, struct pepsi_ctx *ctxs, size_t max)
 }
 
 static void
-stage_write_status(struct pepsi_ctx *ctxs, size_t count)
+stage_write_status(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
-	struct buf	out = BUF_INIT;
+	struct buf *out = &w->scratch[SCRATCH_STATUS];
 
 	for (size_t i = 0; i < count; i++)
 	{
@@ -1268,25 +1304,22 @@ stage_write_status(struct pepsi_ctx *ctxs, size_t count)
 			char	   *text = json_dumps(report, JSON_COMPACT);
 
 			log_warnx("%s", ctx->error);
-			buf_printf(&out, "1 %s\n", text ? text : "{}");
+			buf_printf(out, "1 %s\n", text ? text : "{}");
 			free(text);
 			json_decref(report);
 		}
-		else if (json_array_size(ctx->fused) > 0)
+		else if (ctx->fused.len > 0)
 		{
-			json_t	   *report = json_pack("{s:O}", "fused", ctx->fused);
-			char	   *text = json_dumps(report, JSON_COMPACT);
-
-			buf_printf(&out, "0 %s\n", text ? text : "{}");
-			free(text);
-			json_decref(report);
+			buf_append_str(out, "0 {\"fused\":[");
+			buf_append(out, ctx->fused.data, ctx->fused.len);
+			buf_append_str(out, "]}\n");
 		}
 		else
-			buf_append_str(&out, "0\n");
+			buf_append_str(out, "0\n");
 	}
-	for (size_t off = 0; off < out.len;)
+	for (size_t off = 0; off < out->len;)
 	{
-		ssize_t		n = write(1, out.data + off, out.len - off);
+		ssize_t		n = write(1, out->data + off, out->len - off);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -1294,7 +1327,7 @@ stage_write_status(struct pepsi_ctx *ctxs, size_t count)
 			fatal("cannot write status lines");
 		off += (size_t) n;
 	}
-	buf_free(&out);
+	buf_reset(out);
 }
 
 static void
@@ -1390,11 +1423,14 @@ stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 			if (ctxs[i].error == NULL)
 				stage_run_pass(&ctxs[i]);
 		stage_commit_all(&w, ctxs, count);
-		stage_write_status(ctxs, count);
+		stage_write_status(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)
 			stage_ctx_free(&ctxs[i]);
 	}
 	free(ctxs);
+	for (int i = 0; i < SCRATCH_COUNT; i++)
+		buf_free(&w.scratch[i]);
+	buf_free(&w.input);
 	PQfinish(w.conn);
 	config_free(w.cfg);
 	return 0;

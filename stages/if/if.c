@@ -209,23 +209,43 @@ if_evaluate(struct pepsi_ctx *ctx, const struct if_condition *c)
 	}
 }
 
+/*
+ * The parsed conditions, by their text.  One worker serves every section
+ * of its program, and in a fused pass runs several if stages in turn, so
+ * one cached condition would be parsed (and its regex compiled) again at
+ * every hop.
+ */
+#define IF_CACHE_SIZE 16
+static struct if_condition if_cache[IF_CACHE_SIZE];
+static size_t if_cache_next;
+
+static const struct if_condition *
+if_condition_for(const char *text, char *err, size_t errlen)
+{
+	struct if_condition *slot;
+
+	for (size_t i = 0; i < IF_CACHE_SIZE; i++)
+		if (if_cache[i].text && strcmp(if_cache[i].text, text) == 0)
+			return &if_cache[i];
+	slot = &if_cache[if_cache_next];
+	if_cache_next = (if_cache_next + 1) % IF_CACHE_SIZE;
+	if_condition_free(slot);
+	return if_condition_parse(text, slot, err, errlen) ? slot : NULL;
+}
+
 static int
 if_run(struct pepsi_ctx *ctx)
 {
-	static struct if_condition cached;
 	const char *text = pepsi_option(ctx, "CONDITION");
 	const char *else_stage = pepsi_option(ctx, "ELSE_STAGE");
+	const struct if_condition *condition;
 	char		err[512];
 
 	if (text == NULL)
 		return pepsi_error(ctx, "[stage-%s] has no CONDITION", pepsi_stage_name(ctx));
-	if (cached.text == NULL || strcmp(cached.text, text) != 0)
-	{
-		if_condition_free(&cached);
-		if (!if_condition_parse(text, &cached, err, sizeof(err)))
-			return pepsi_error(ctx, "[stage-%s] %s", pepsi_stage_name(ctx), err);
-	}
-	if (if_evaluate(ctx, &cached))
+	if ((condition = if_condition_for(text, err, sizeof(err))) == NULL)
+		return pepsi_error(ctx, "[stage-%s] %s", pepsi_stage_name(ctx), err);
+	if (if_evaluate(ctx, condition))
 		return pepsi_advance_to(ctx, pepsi_option(ctx, "THEN_STAGE"));
 	return else_stage ? pepsi_advance_to(ctx, else_stage) : pepsi_advance(ctx);
 }

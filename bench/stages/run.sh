@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# bench/stages: the stage runtime's two optimisations, batching and fusion,
+# side by side on one private, durable cluster.
+#
+# BENCH_MESSAGES messages (100,000) go through a chain of three no-op
+# METADATA stages, s1 -> s2 -> s3 -> done (pepsi-stage-if with a condition
+# every message meets; "done" has no section, so the rows stop there), fed
+# by a small driver (driver.c) that claims with pepsi.workqueue_claim as the
+# dispatcher does, writes the ids to the stage's worker and reads the
+# status lines back, one worker working at a time.  Four modes, all with
+# the multi-call binary:
+#
+#   per-message      ALLOW_FUSION = no, one id at a time (QUEUE_LIMIT 1)
+#   batched          ALLOW_FUSION = no, up to QUEUE_LIMIT ids at once
+#   fused            ALLOW_FUSION = yes, one id at a time
+#   batched+fused    ALLOW_FUSION = yes, up to QUEUE_LIMIT ids at once
+#
+# Each mode starts from the same queue (reloaded, vacuumed, checkpointed);
+# with BENCH_REPS > 1 the modes take turns and the medians are reported.
+# Prints messages/s, the ratio to per-message and stage hops/s (3 per
+# message) per mode, then the resident memory of a worker of the multi-call
+# binary against a standalone one, each idle after one message.
+# Targets: batched+fused >= 10x per-message, >= 30,000 hops/s.  Reports,
+# never judges: exits 0 unless the benchmark itself broke.
+#
+# Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1),
+# BENCH_MODES (which modes, default all four).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../lib.sh
+. "$here/../lib.sh"
+
+messages=${BENCH_MESSAGES:-100000}
+limit=${BENCH_QUEUE_LIMIT:-256}
+reps=${BENCH_REPS:-1}
+modes=${BENCH_MODES:-per-message batched fused batched+fused}
+bin="$bench_top/build/bin"
+
+for program in pepsi pepsi-stage-if; do
+    [ -x "$bin/$program" ] || { echo "bench/stages: $bin/$program is missing: run make" >&2; exit 1; }
+done
+
+bench_cluster_start
+
+# The driver, and the multi-call binary laid out as make install does.
+cc -O2 -Wall -o "$BENCH_DIR/driver" "$here/driver.c" -I"$("$PGBIN/pg_config" --includedir)" \
+    -L"$("$PGBIN/pg_config" --libdir)" -lpq
+mkdir -p "$BENCH_DIR/libexec" "$BENCH_DIR/bin"
+cp "$bin/pepsi" "$BENCH_DIR/libexec/pepsi"
+ln -s ../libexec/pepsi "$BENCH_DIR/bin/pepsi-stage-if"
+cp "$bin/pepsi-stage-if" "$BENCH_DIR/pepsi-stage-if.standalone"
+
+conninfo="host=$BENCH_DIR port=$BENCH_PORT user=postgres dbname=$BENCH_DB"
+write_config() {
+    local fusion=$1
+    cat <<CONF
+[pepsi]
+ALLOW_FUSION = $fusion
+
+[database]
+CONNINFO = $conninfo
+
+[stage-s1]
+PROGRAM = pepsi-stage-if
+CONDITION = rcpt_count > 0
+THEN_STAGE = s2
+ELSE_STAGE = s2
+
+[stage-s2]
+PROGRAM = pepsi-stage-if
+CONDITION = mail_from != ""
+THEN_STAGE = s3
+ELSE_STAGE = s3
+
+[stage-s3]
+PROGRAM = pepsi-stage-if
+CONDITION = state.origin exists
+THEN_STAGE = done
+ELSE_STAGE = done
+CONF
+}
+write_config yes >"$BENCH_DIR/fused.conf"
+write_config no >"$BENCH_DIR/unfused.conf"
+
+# load_queue N: N pending messages at s1 sharing one body, as ingress
+# leaves them (one sender, a small state), vacuumed and checkpointed.
+load_queue() {
+    bench_psql -q <<SQL
+TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY CASCADE;
+INSERT INTO pepsi.workqueue_body (body) VALUES (convert_to(repeat('x', 2048), 'UTF8'));
+INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, client_address, state)
+SELECT 's1', 'sender@example.org', ARRAY['rcpt@example.net'],
+       convert_to('Subject: bench ' || n || E'\r\n', 'UTF8'), 1, inet '192.0.2.1',
+       '{"origin": {"client": "192.0.2.1", "helo": "client.example.org"},
+         "dsn": {"ret": "HDRS", "rcpt": [{"notify": "FAILURE"}]}}'
+FROM generate_series(1, $1) AS n;
+VACUUM (FREEZE, ANALYZE) pepsi.workqueue;
+CHECKPOINT;
+SQL
+}
+
+# run_mode MODE: prints "seconds messages hops fused claims".
+run_mode() {
+    local conf=$BENCH_DIR/unfused.conf queue=$limit
+    case $1 in
+        per-message) queue=1 ;;
+        batched) ;;
+        fused) conf=$BENCH_DIR/fused.conf queue=1 ;;
+        batched+fused) conf=$BENCH_DIR/fused.conf ;;
+        *) echo "bench/stages: unknown mode $1" >&2; return 1 ;;
+    esac
+    load_queue "$messages"
+    "$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" s1 s2 s3
+    local done
+    done=$(bench_psql -At -c "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND status = 'pending'")
+    [ "$done" -eq "$messages" ] || { echo "bench/stages: $1: $done of $messages messages reached the end" >&2; return 1; }
+}
+
+declare -A rates fused_hops
+for ((r = 0; r < reps; r++)); do
+    for mode in $modes; do
+        result=$(run_mode "$mode")
+        read -r seconds count hops fused claims <<<"$result"
+        echo "  $mode: $count messages, $hops hops ($fused fused), $claims claims in $seconds s" >&2
+        rates[$mode]="${rates[$mode]:-} $(awk -v n="$count" -v s="$seconds" 'BEGIN { printf "%.1f", n / s }')"
+        fused_hops[$mode]=$fused
+    done
+done
+
+base=$(bench_median ${rates[per-message]:-0})
+echo
+echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, median of $reps"
+printf '%-15s %12s %10s %14s %12s\n' mode messages/s ratio "stage hops/s" "fused hops"
+for mode in $modes; do
+    rate=$(bench_median ${rates[$mode]})
+    printf '%-15s %12.0f %9.1fx %14.0f %12s\n' "$mode" "$rate" \
+        "$(awk -v a="$rate" -v b="$base" 'BEGIN { print (b > 0 ? a / b : 0) }')" \
+        "$(awk -v a="$rate" 'BEGIN { print a * 3 }')" "${fused_hops[$mode]}"
+done
+echo "targets: batched+fused >= 10x per-message and >= 30000 stage hops/s"
+
+# Resident memory of an idle worker after one message: the multi-call
+# binary against the standalone build of the same program.
+load_queue 2 >/dev/null
+bench_psql -c "UPDATE pepsi.workqueue SET status = 'running'" >/dev/null
+echo
+echo "resident memory of an idle pepsi-stage-if worker after one message (kB):"
+printf '%-26s %8s %8s %8s %10s\n' binary VmRSS RssAnon RssFile "file size"
+for kind in unified standalone; do
+    if [ $kind = unified ]; then program=$BENCH_DIR/bin/pepsi-stage-if id=1 size=$(stat -c %s "$BENCH_DIR/libexec/pepsi")
+    else program=$BENCH_DIR/pepsi-stage-if.standalone id=2 size=$(stat -c %s "$program"); fi
+    "$BENCH_DIR/driver" rss "$BENCH_DIR/fused.conf" "$program" "$id" |
+        awk -v k="$kind" -v sz="$size" '{ v[$1] = $2 }
+            END { printf "%-26s %8s %8s %8s %10d\n", k, v["VmRSS:"], v["RssAnon:"], v["RssFile:"], sz / 1024 }'
+done
