@@ -115,9 +115,23 @@ is(scalar(maildir_files($root, $sender)), 0, 'no DSN for any of the temporary fa
 stop_dispatcher($d);
 undef $d;
 
+# A server that offers only AUTH LOGIN, and does not pipeline.
+my $login = start_peer('--tls-cert', "$tmp/peer-cert.pem", '--tls-key', "$tmp/peer-key.pem",
+	'--auth', 'relay:s3cret', '--auth-mechanisms', 'LOGIN', '--no-pipelining');
+my $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$login->{port}",
+	extra => { smarthost => "TLS = verify\nTLS_CA_FILE = $tmp/peer-cert.pem\n"
+	  . "AUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n" });
+$d = start_dispatcher($config);
+inject($node, to => ['login@remote.test']);
+ok(wait_for(sub { scalar(peer_messages($login)) == 1 && queue_count($node) == 0 }),
+	'AUTH LOGIN, without PIPELINING, over TLS verified by address: delivered');
+like(slurp("$login->{dir}/transcript"), qr/-> AUTH LOGIN\n.*<- 235 /s, 'authenticated with LOGIN');
+stop_dispatcher($d);
+stop_process($login);
+
 # A server without STARTTLS under TLS = verify: deferred, nothing sent in the clear.
 my $plain = start_peer('--auth', 'relay:s3cret');
-my $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$plain->{port}",
+$config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:$plain->{port}",
 	extra => { smarthost => "TLS = verify\nAUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n"
 	  . "RETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
 $d = start_dispatcher($config);
