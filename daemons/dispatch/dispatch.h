@@ -141,6 +141,7 @@ size_t		fair_size(const struct fair_account *account);
 struct pool *pool_find(const char *stage);
 int			pool_capacity(const struct pool *pool, double now);
 bool		pool_assign(struct pool *pool, long long id, const char *sender);
+void		pools_flush(void);
 void		pools_configure(struct stage_spec *specs, size_t count);
 void		pools_housekeeping(double now);
 void		pools_retire_all(void);

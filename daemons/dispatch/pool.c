@@ -269,7 +269,10 @@ worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents)
 	worker_flush(watcher->data);
 }
 
-/* Pack onto the busiest worker with room, so surplus workers go idle. */
+/*
+ * Pack onto the busiest worker with room, so surplus workers go idle.  The
+ * id is written by the next pools_flush.
+ */
 bool
 pool_assign(struct pool *pool, long long id, const char *sender)
 {
@@ -292,8 +295,21 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	slot->sent_at = now_seconds();
 	best->count++;
 	buf_printf(&best->out, "%lld\n", id);
-	worker_flush(best);
 	return true;
+}
+
+/*
+ * Write the ids assigned since the last call, one write per worker: a
+ * worker that wakes to a single id would run a batch of one, where its
+ * whole share of a claim can be loaded and committed together.
+ */
+void
+pools_flush(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct worker *w = p->workers; w; w = w->next)
+			if (w->out.len > 0 && !ev_is_active(&w->writer))
+				worker_flush(w);
 }
 
 /* ---------------------------------------------------------------------------

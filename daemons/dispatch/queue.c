@@ -29,6 +29,9 @@
 #define QUEUE_BACKOFF_CAP 30.0
 /* Advisory lock keys ('PEPS', 2): one dispatcher per database. */
 #define QUEUE_LOCK "SELECT pg_try_advisory_lock(1346720851, 2)"
+#define QUEUE_CLAIM_NAME "pepsi_dispatch_claim"
+#define QUEUE_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
+	"$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
 
 struct job
 {
@@ -271,7 +274,6 @@ queue_reload_config(void)
 static void
 claim_done(PGresult *res)
 {
-	int			nunplaced = 0;
 	int			rows;
 
 	claim_running = false;
@@ -297,11 +299,15 @@ claim_done(PGresult *res)
 		 * pending, or it would stay running until the next start.
 		 */
 		queue_recover(stage, &row, 1, "pending", NULL);
-		nunplaced++;
 	}
-	/* A full claim suggests more is waiting: go again at once. */
-	if (rows > 0 && nunplaced == 0)
-		claim_wanted = true;
+	pools_flush();
+
+	/*
+	 * No claim again at once: a claim that came back short found its
+	 * stages drained, one that came back full used their capacity up.
+	 * Whatever frees capacity or brings work (an answer, a worker's exit, a
+	 * NOTIFY, the heartbeat) has asked for the next one meanwhile.
+	 */
 	if (claim_wanted)
 		ev_idle_start(dispatcher.loop, &claim_idle);
 }
@@ -356,9 +362,7 @@ claim_send(void)
 	values[5] = fifo;
 	values[6] = costs.data;
 	sent = nstages > 0
-		&& PQsendQueryParams(conn, "SELECT id, stage, sender_key FROM pepsi.workqueue_claim("
-							 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[],"
-							 " $6::int, $7::float8[])", 7, NULL, values, NULL, NULL, 0) == 1;
+		&& PQsendQueryPrepared(conn, QUEUE_CLAIM_NAME, 7, values, NULL, NULL, 0) == 1;
 	if (nstages > 0 && !sent)
 		log_warnx("cannot send the claim: %s", PQerrorMessage(conn));
 	buf_free(&stages);
@@ -565,6 +569,15 @@ queue_setup(void)
 	PQclear(res);
 	res = PQexec(conn, "LISTEN pepsi_workqueue; LISTEN pepsi_config_changed;"
 				 " UPDATE pepsi.dispatch_stats SET started_at = now()");
+	PQclear(res);
+	/* The claim is sent on every wake: parse and plan it once. */
+	res = PQprepare(conn, QUEUE_CLAIM_NAME, QUEUE_CLAIM_SQL, 7, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		log_warnx("cannot prepare the claim: %s", db_error(res, conn));
+		PQclear(res);
+		return false;
+	}
 	PQclear(res);
 
 	/*
