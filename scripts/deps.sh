@@ -36,6 +36,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# Postfix is a test peer, run privately by the tests and benchmarks: it must
+# not configure (and start) a system mail server on port 25.
+echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
 # A fresh machine has empty package lists; refresh them once if needed.
 if ! apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
     apt-get update -qq

@@ -87,7 +87,7 @@ graph_strongconnect(struct graph_scc *g, int v)
 
 static bool
 graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_MAX_STAGES],
-				   const char *path, char *err, size_t errlen)
+				   const bool *finishes, const char *path, char *err, size_t errlen)
 {
 	struct graph_scc g = {.edges = edges, .count = count};
 
@@ -109,6 +109,8 @@ graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_M
 				continue;
 			members++;
 			buf_printf(&names, "%s%s", names.len ? " -> " : "", specs[v].name);
+			if (finishes[v])
+				exit = true;
 			for (size_t w = 0; w < count; w++)
 				if (edges[v][w])
 				{
@@ -201,7 +203,34 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 			edges[from][to] = true;
 	}
 	if (ok)
-		ok = graph_check_cycles(specs, count, edges, cfg->path, err, errlen);
+	{
+		/*
+		 * A stage with no NEXT_STAGE and no edge but its BOUNCE_STAGE is a
+		 * delivery stage: it finishes messages, so it is a way out of any
+		 * cycle it is on (delivery -> bounce -> delivery of the DSN).
+		 */
+		bool	   *finishes = xcalloc(count + 1, sizeof(bool));
+
+		for (size_t i = 0; i < count; i++)
+		{
+			char	   *section = xasprintf("stage-%s", specs[i].name);
+
+			finishes[i] = config_get(cfg, section, "NEXT_STAGE") == NULL;
+			for (size_t e = 0; e < cfg->count && finishes[i]; e++)
+			{
+				const struct config_entry *entry = &cfg->entries[e];
+				size_t		len = strlen(entry->option);
+
+				if (strcmp(entry->section, section) == 0 && len >= 6
+					&& strcmp(entry->option + len - 6, "_STAGE") == 0
+					&& strcmp(entry->option, "BOUNCE_STAGE") != 0)
+					finishes[i] = false;
+			}
+			free(section);
+		}
+		ok = graph_check_cycles(specs, count, edges, finishes, cfg->path, err, errlen);
+		free(finishes);
+	}
 	free(edges);
 	if (!ok)
 	{
