@@ -121,38 +121,14 @@ delivery_notify_wants(const char *notify, const char *kind)
 }
 
 /* ---------------------------------------------------------------------------
- * The message's age: received_at is not among the columns the runtime
- * loads, so it is read on a connection of our own, opened on the first
- * deferral (a worker that only delivers never opens it).
+ * The message's age, for MAX_LIFETIME
  * ------------------------------------------------------------------------- */
-
-static PGconn *delivery_conn;
 
 double
 delivery_message_age(struct pepsi_ctx *ctx)
 {
-	char		id[32];
-	const char *values[1] = {id};
-	char		err[512];
-	PGresult   *res;
-	double		age = -1;
+	double		age = pepsi_message_age(ctx);
 
-	if (delivery_conn && PQstatus(delivery_conn) != CONNECTION_OK)
-		PQreset(delivery_conn);
-	if (delivery_conn == NULL
-		&& (delivery_conn = db_connect(pepsi_config(ctx), "pepsi-delivery", err, sizeof(err))) == NULL)
-	{
-		log_warnx("cannot read the age of row %lld: %s", pepsi_id(ctx), err);
-		return -1;
-	}
-	snprintf(id, sizeof(id), "%lld", pepsi_id(ctx));
-	res = db_exec(delivery_conn, "SELECT extract(epoch FROM now() - received_at)::float8"
-				  " FROM pepsi.workqueue WHERE id = $1", 1, values);
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
-		age = atof(PQgetvalue(res, 0, 0));
-	else
-		log_warnx("cannot read the age of row %lld: %s", pepsi_id(ctx), db_error(res, delivery_conn));
-	PQclear(res);
 	/* A DSN is younger than its row: its clock starts when the bounce stage made it. */
 	{
 		json_t	   *created = json_object_get(pepsi_state(ctx), "created_at");

@@ -87,6 +87,7 @@ struct pepsi_ctx
 	char	   *mail_from;
 	char	  **rcpt;
 	size_t		nrcpt;
+	double		age_seconds;	/* now - received_at, when loaded */
 	json_t	   *state;			/* current view: database state with this pass's changes */
 	json_t	   *merge;			/* changes to merge at commit */
 	struct buf	headers;
@@ -192,6 +193,12 @@ const char *
 pepsi_stage_name(const struct pepsi_ctx *ctx)
 {
 	return ctx->stage_name;
+}
+
+double
+pepsi_message_age(const struct pepsi_ctx *ctx)
+{
+	return ctx->age_seconds;
 }
 
 const char *
@@ -678,15 +685,16 @@ pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_fro
 static const char *const stage_load_sql[] = {
 	[PEPSI_LOAD_METADATA] =
 	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text"
+	" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_HEADERS] =
 	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text, w.headers"
-	" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+	" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_FULL] =
 	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text, w.headers, b.body"
-	" FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+	" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
 	" WHERE w.id = ANY ($1::int8[])",
 };
 static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_load_headers", "pepsi_load_full"};
@@ -751,10 +759,16 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 	json_array_foreach(rcpt, i, value)
 		ctx->rcpt[i] = xstrdup(json_string_value(value));
 	json_decref(rcpt);
+	{
+		char	   *age = stage_value(res, row, 6);
+
+		ctx->age_seconds = atof(age);
+		free(age);
+	}
 	if (w->stage->load >= PEPSI_LOAD_HEADERS)
-		buf_append(&ctx->headers, PQgetvalue(res, row, 6), (size_t) PQgetlength(res, row, 6));
+		buf_append(&ctx->headers, PQgetvalue(res, row, 7), (size_t) PQgetlength(res, row, 7));
 	if (w->stage->load >= PEPSI_LOAD_FULL)
-		buf_append(&ctx->body, PQgetvalue(res, row, 7), (size_t) PQgetlength(res, row, 7));
+		buf_append(&ctx->body, PQgetvalue(res, row, 8), (size_t) PQgetlength(res, row, 8));
 	ctx->valid = true;
 }
 

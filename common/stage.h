@@ -57,6 +57,8 @@ int			stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
 long long	pepsi_id(const struct pepsi_ctx *ctx);
 const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
 const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
+/* Seconds since the row's received_at (when the pass loaded it): MAX_LIFETIME. */
+double		pepsi_message_age(const struct pepsi_ctx *ctx);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
 json_t	   *pepsi_state(const struct pepsi_ctx *ctx);	/* borrowed; read only */
