@@ -40,7 +40,8 @@ ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
 TEST_PROGRAMS = $(B)/bin/pepsi-test-probe
 
-.PHONY: all programs extension install install-programs deps check run stop bench fuzz clean
+.PHONY: all programs extension install install-programs deps check run stop bench fuzz clean \
+	unit-tests sanitize
 
 all: extension programs
 
@@ -116,7 +117,17 @@ check: deps
 	$(MAKE) PEPSI_WERROR=-Werror all
 	$(MAKE) -C extension install
 	$(MAKE) fuzz FUZZ_TIME=10
+	$(MAKE) sanitize
 	scripts/check.sh
+
+unit-tests: $(UNIT_TESTS)
+
+# The unit tests again, built with AddressSanitizer and UBSan (any report
+# fails them); scripts/check.sh runs every test binary under build/.
+sanitize:
+	$(MAKE) B=build/san PEPSI_WERROR=-Werror \
+		CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+		unit-tests
 
 run: deps all
 	$(MAKE) -C extension install

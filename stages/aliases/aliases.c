@@ -190,7 +190,8 @@ aliases_parse(const char *text, const char *name, char *err, size_t errlen)
 		aliases_free(table);
 		return NULL;
 	}
-	qsort(table->aliases, table->count, sizeof(struct alias), aliases_compare);
+	if (table->count > 0)
+		qsort(table->aliases, table->count, sizeof(struct alias), aliases_compare);
 	return table;
 }
 
@@ -243,12 +244,13 @@ aliases_find(const struct alias_table *table, const char *local)
 {
 	struct alias key;
 	char	   *lower = xstrdup(local);
-	const struct alias *found;
+	const struct alias *found = NULL;
 
 	for (char *p = lower; *p; p++)
 		*p = (char) tolower((unsigned char) *p);
 	key.name = lower;
-	found = bsearch(&key, table->aliases, table->count, sizeof(struct alias), aliases_compare);
+	if (table->count > 0)
+		found = bsearch(&key, table->aliases, table->count, sizeof(struct alias), aliases_compare);
 	free(lower);
 	return found;
 }
