@@ -1,12 +1,14 @@
 /* cli.c: see cli.h. */
 #include "cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "buf.h"
 #include "db.h"
 #include "log.h"
 
@@ -42,8 +44,25 @@ cli_parse_id(const char *text, long long *id)
 
 	if (text[0] < '0' || text[0] > '9' || strlen(text) > 19)
 		return false;
+	errno = 0;
 	*id = strtoll(text, &end, 10);
-	return *end == '\0' && *id > 0;
+	return *end == '\0' && errno == 0 && *id > 0;
+}
+
+int
+cli_db_exit_code(PGresult *res, PGconn *conn)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	if (PQstatus(conn) != CONNECTION_OK || state == NULL)
+		return CLI_EX_TEMPFAIL;
+	/* connection exceptions, serialization failure and deadlock, shutdown */
+	if (strncmp(state, "08", 2) == 0 || strcmp(state, "40001") == 0
+		|| strcmp(state, "40P01") == 0 || strncmp(state, "57P", 3) == 0)
+		return CLI_EX_TEMPFAIL;
+	if (strcmp(state, "42501") == 0)
+		return CLI_EX_NOPERM;
+	return CLI_EX_DATAERR;
 }
 
 void
@@ -58,6 +77,24 @@ cli_db_error(const char *program, PGresult *res, PGconn *conn)
 		fprintf(stderr, "  %s\n", detail);
 	if (hint)
 		fprintf(stderr, "  hint: %s\n", hint);
+}
+
+/* A JSON string; bytes that are not UTF-8 (a database not in UTF8) become "?". */
+static json_t *
+cli_json_string(const char *value)
+{
+	json_t	   *string = json_string(value);
+	char	   *copy;
+
+	if (string)
+		return string;
+	copy = xstrdup(value);
+	for (char *p = copy; *p; p++)
+		if ((unsigned char) *p >= 0x80)
+			*p = '?';
+	string = json_string(copy);
+	free(copy);
+	return string;
 }
 
 static json_t *
@@ -86,11 +123,55 @@ cli_json_value(PGresult *res, int row, int col)
 			{
 				json_t	   *parsed = json_loads(value, JSON_DECODE_ANY, NULL);
 
-				return parsed ? parsed : json_string(value);
+				return parsed ? parsed : cli_json_string(value);
 			}
 		default:
-			return json_string(value);
+			return cli_json_string(value);
 	}
+}
+
+/* Columns a UTF-8 string takes: one per character (not per byte). */
+static int
+cli_width(const char *text)
+{
+	int			width = 0;
+
+	for (const unsigned char *p = (const unsigned char *) text; *p; p++)
+		if ((*p & 0xc0) != 0x80)
+			width++;
+	return width;
+}
+
+/* One cell padded to width columns, then the separator or the line's end. */
+static void
+cli_print_cell(const char *text, int width, bool last)
+{
+	fputs(text, stdout);
+	for (int pad = width - cli_width(text); pad > 0 && !last; pad--)
+		putchar(' ');
+	fputs(last ? "\n" : "  ", stdout);
+}
+
+/* A value as the table shows it: control characters escaped. */
+static char *
+cli_cell(const char *value)
+{
+	struct buf	out = BUF_INIT;
+
+	for (const unsigned char *p = (const unsigned char *) value; *p; p++)
+	{
+		if (*p == '\n')
+			buf_append_str(&out, "\\n");
+		else if (*p == '\r')
+			buf_append_str(&out, "\\r");
+		else if (*p == '\t')
+			buf_append_str(&out, "\\t");
+		else if (*p < 0x20 || *p == 0x7f)
+			buf_printf(&out, "\\x%02x", *p);
+		else
+			buf_append_char(&out, (char) *p);
+	}
+	return out.data ? out.data : xstrdup("");
 }
 
 void
@@ -118,13 +199,20 @@ cli_print(PGresult *res, bool as_json)
 	}
 	{
 		int		   *width = xcalloc((size_t) cols + 1, sizeof(int));
+		char	  **cell = xcalloc((size_t) rows * (size_t) cols + 1, sizeof(char *));
 
 		for (int c = 0; c < cols; c++)
 		{
-			width[c] = (int) strlen(PQfname(res, c));
+			width[c] = cli_width(PQfname(res, c));
 			for (int r = 0; r < rows; r++)
-				if (PQgetlength(res, r, c) > width[c])
-					width[c] = PQgetlength(res, r, c);
+			{
+				int			w;
+
+				cell[r * cols + c] = cli_cell(PQgetvalue(res, r, c));
+				w = cli_width(cell[r * cols + c]);
+				if (w > width[c])
+					width[c] = w;
+			}
 		}
 		for (int c = 0; c < cols; c++)
 		{
@@ -132,13 +220,16 @@ cli_print(PGresult *res, bool as_json)
 
 			for (char *p = name; *p; p++)
 				*p = (char) (*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
-			printf("%-*s%s", c == cols - 1 ? 0 : width[c], name, c == cols - 1 ? "\n" : "  ");
+			cli_print_cell(name, c == cols - 1 ? 0 : width[c], c == cols - 1);
 			free(name);
 		}
 		for (int r = 0; r < rows; r++)
 			for (int c = 0; c < cols; c++)
-				printf("%-*s%s", c == cols - 1 ? 0 : width[c], PQgetvalue(res, r, c),
-					   c == cols - 1 ? "\n" : "  ");
+			{
+				cli_print_cell(cell[r * cols + c], c == cols - 1 ? 0 : width[c], c == cols - 1);
+				free(cell[r * cols + c]);
+			}
+		free(cell);
 		free(width);
 	}
 }

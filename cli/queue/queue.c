@@ -12,6 +12,7 @@
  * functions pepsi.queue_* (the same a DBA calls), which check each row,
  * change all of them or none, and write one pepsi.event_log row.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@ struct queue_options
 	const char *config_path;
 	bool		as_json;
 	long		limit;
+	bool		limit_given;
 	const char *stage;
 	const char *status;
 	bool		body;
@@ -66,6 +68,62 @@ queue_valid_status(const char *status)
 	return false;
 }
 
+/* One selector at most: "--all-failed --all-paused" is not a union. */
+static bool
+queue_set_selector(struct queue_options *o, const char *selector)
+{
+	if (o->selector && strcmp(o->selector, selector) != 0)
+	{
+		fprintf(stderr, "pepsi-queue: give one selector: --all-failed, --all-paused or --all\n");
+		return false;
+	}
+	o->selector = selector;
+	return true;
+}
+
+static bool
+queue_is_action(const char *command)
+{
+	return strcmp(command, "retry") == 0 || strcmp(command, "hold") == 0
+		|| strcmp(command, "release") == 0 || strcmp(command, "delete") == 0
+		|| strcmp(command, "bounce") == 0;
+}
+
+/*
+ * Refuse an option the command does not take, rather than ignore it: a
+ * "delete 12 --all-failed" must not be read as either half.
+ */
+static bool
+queue_options_fit(const char *command, const struct queue_options *o, int nargs)
+{
+	const char *misplaced = NULL;
+
+	if (o->selector && !queue_is_action(command))
+		misplaced = strcmp(o->selector, "failed") == 0 ? "--all-failed"
+			: strcmp(o->selector, "paused") == 0 ? "--all-paused" : "--all";
+	else if ((o->reason || o->bounce_stage) && strcmp(command, "bounce") != 0)
+		misplaced = o->reason ? "--reason" : "--bounce-stage";
+	else if (o->body && strcmp(command, "show") != 0)
+		misplaced = "--body";
+	else if ((o->status || o->limit_given) && strcmp(command, "list") != 0)
+		misplaced = o->status ? "--status" : "--limit";
+	else if (o->stage && !queue_is_action(command) && strcmp(command, "list") != 0)
+		misplaced = "--stage";
+	else if (o->stage && queue_is_action(command) && !o->selector)
+		misplaced = "--stage (it narrows a selector)";
+	if (misplaced)
+	{
+		fprintf(stderr, "pepsi-queue: %s does not take %s\n", command, misplaced);
+		return false;
+	}
+	if (o->selector && nargs > 0)
+	{
+		fprintf(stderr, "pepsi-queue: name the messages by id or by a selector, not both\n");
+		return false;
+	}
+	return true;
+}
+
 static int
 queue_list(PGconn *conn, const struct queue_options *o)
 {
@@ -96,7 +154,7 @@ queue_list(PGconn *conn, const struct queue_options *o)
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		cli_db_error("pepsi-queue", res, conn);
-		rc = CLI_EX_TEMPFAIL;
+		rc = cli_db_exit_code(res, conn);
 	}
 	else
 		cli_print(res, o->as_json);
@@ -123,9 +181,11 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 				  " WHERE w.id = $1", 1, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
+		int			rc = cli_db_exit_code(res, conn);
+
 		cli_db_error("pepsi-queue", res, conn);
 		PQclear(res);
-		return CLI_EX_TEMPFAIL;
+		return rc;
 	}
 	if (PQntuples(res) == 0)
 	{
@@ -140,10 +200,17 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 					   1, NULL, values, NULL, NULL, format);
 	if (PQresultStatus(raw) != PGRES_TUPLES_OK || PQntuples(raw) != 1)
 	{
-		cli_db_error("pepsi-queue", raw, conn);
+		/* (no row: it went between the two statements) */
+		int			rc = PQresultStatus(raw) == PGRES_TUPLES_OK ? CLI_EX_DATAERR
+			: cli_db_exit_code(raw, conn);
+
+		if (PQresultStatus(raw) == PGRES_TUPLES_OK)
+			fprintf(stderr, "pepsi-queue: message %lld left the queue\n", id);
+		else
+			cli_db_error("pepsi-queue", raw, conn);
 		PQclear(res);
 		PQclear(raw);
-		return CLI_EX_TEMPFAIL;
+		return rc;
 	}
 	if (o->as_json)
 	{
@@ -220,8 +287,8 @@ queue_collect_ids(PGconn *conn, int argc, char **argv, const struct queue_option
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
 			cli_db_error("pepsi-queue", res, conn);
+			*rc = cli_db_exit_code(res, conn);
 			PQclear(res);
-			*rc = CLI_EX_TEMPFAIL;
 			return false;
 		}
 		buf_reset(ids);
@@ -289,7 +356,7 @@ queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		cli_db_error("pepsi-queue", res, conn);
-		rc = CLI_EX_DATAERR;
+		rc = cli_db_exit_code(res, conn);
 	}
 	else
 		printf("%s: %s message%s\n", action, PQgetvalue(res, 0, 0),
@@ -310,7 +377,7 @@ queue_view(PGconn *conn, const char *view, const struct queue_options *o)
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		cli_db_error("pepsi-queue", res, conn);
-		rc = CLI_EX_TEMPFAIL;
+		rc = cli_db_exit_code(res, conn);
 	}
 	else
 		cli_print(res, o->as_json);
@@ -355,8 +422,10 @@ pepsi_queue_main(int argc, char **argv)
 				o.as_json = true;
 				break;
 			case 'n':
+				errno = 0;
 				o.limit = strtol(optarg, &end, 10);
-				if (*end || o.limit <= 0)
+				o.limit_given = true;
+				if (*end || end == optarg || errno != 0 || o.limit <= 0)
 				{
 					fprintf(stderr, "pepsi-queue: --limit takes a positive whole number, not \"%s\"\n", optarg);
 					return CLI_EX_USAGE;
@@ -384,13 +453,16 @@ pepsi_queue_main(int argc, char **argv)
 				o.bounce_stage = optarg;
 				break;
 			case 'F':
-				o.selector = "failed";
+				if (!queue_set_selector(&o, "failed"))
+					return CLI_EX_USAGE;
 				break;
 			case 'P':
-				o.selector = "paused";
+				if (!queue_set_selector(&o, "paused"))
+					return CLI_EX_USAGE;
 				break;
 			case 'A':
-				o.selector = "all";
+				if (!queue_set_selector(&o, "all"))
+					return CLI_EX_USAGE;
 				break;
 			case 'h':
 				queue_usage();
@@ -419,6 +491,14 @@ pepsi_queue_main(int argc, char **argv)
 		fprintf(stderr, "pepsi-queue: show takes one message id\n");
 		return CLI_EX_USAGE;
 	}
+	if ((strcmp(command, "list") == 0 || strcmp(command, "shape") == 0
+		 || strcmp(command, "summary") == 0) && optind < argc)
+	{
+		fprintf(stderr, "pepsi-queue: %s takes no argument, not \"%s\"\n", command, argv[optind]);
+		return CLI_EX_USAGE;
+	}
+	if (!queue_options_fit(command, &o, argc - optind))
+		return CLI_EX_USAGE;
 	if ((conn = cli_connect("pepsi-queue", o.config_path, &cfg, &rc)) == NULL)
 		return rc;
 

@@ -13,33 +13,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 
 #include <jansson.h>
 #include <libpq-fe.h>
 
+#include "cli.h"
 #include "config.h"
 #include "db.h"
 #include "log.h"
 
 int			pepsi_status_main(int argc, char **argv);
 
+/*
+ * The live counts come from the view pepsi.queue_summary, not the queue
+ * itself: the monitoring role (pepsi_monitor) reads the views and the
+ * statistics and never a message, and the view is an index-only scan.
+ */
 static const char status_stages_sql[] =
 "WITH live AS ("
-"  SELECT stage, count(*) FILTER (WHERE status = 'pending') AS pending,"
-"         count(*) FILTER (WHERE status = 'running') AS running,"
-"         count(*) FILTER (WHERE status = 'paused') AS paused,"
-"         count(*) FILTER (WHERE status = 'failed') AS failed,"
-"         count(*) FILTER (WHERE status = 'timeout') AS timeout"
-"  FROM pepsi.workqueue GROUP BY stage)"
+"  SELECT stage, sum(messages) FILTER (WHERE status = 'pending') AS pending,"
+"         sum(messages) FILTER (WHERE status = 'running') AS running,"
+"         sum(messages) FILTER (WHERE status = 'paused') AS paused,"
+"         sum(held) AS held,"
+"         sum(messages) FILTER (WHERE status = 'failed') AS failed,"
+"         sum(messages) FILTER (WHERE status = 'timeout') AS timeout"
+"  FROM pepsi.queue_summary GROUP BY stage)"
 " SELECT coalesce(s.stage, l.stage),"
 "        coalesce(s.messages, 0),"
-"        coalesce(round((extract(epoch FROM s.processing_time) * 1000"
-"                 / nullif(s.messages, 0))::numeric, 3), 0),"
+"        round(coalesce(extract(epoch FROM s.processing_time) * 1000"
+"                       / nullif(s.messages, 0), 0)::numeric, 3),"
 "        coalesce(s.kills, 0), coalesce(s.timeouts, 0), coalesce(s.crashes, 0),"
 "        coalesce(s.fused_hops, 0),"
 "        coalesce(l.pending, 0), coalesce(l.running, 0), coalesce(l.paused, 0),"
-"        coalesce(l.failed, 0), coalesce(l.timeout, 0)"
+"        coalesce(l.held, 0), coalesce(l.failed, 0), coalesce(l.timeout, 0)"
 " FROM pepsi.stage_stats s FULL JOIN live l ON l.stage = s.stage"
 " ORDER BY 1";
 
@@ -51,8 +58,9 @@ static const char status_global_sql[] =
 
 static const char *const stage_columns[] = {
 	"stage", "messages", "mean_ms", "kills", "timeouts", "crashes", "fused_hops",
-	"pending", "running", "paused", "failed", "timeout"
+	"pending", "running", "paused", "held", "failed", "timeout"
 };
+#define STAGE_COLUMNS ((int) (sizeof(stage_columns) / sizeof(stage_columns[0])))
 static const char *const global_columns[] = {
 	"stages_run", "messages", "messages_failed", "serialization_failures", "started_at", "updated_at"
 };
@@ -60,7 +68,9 @@ static const char *const global_columns[] = {
 static void
 status_usage(void)
 {
-	fprintf(stderr, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n");
+	fprintf(stderr, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
+			"  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
+			"  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
 }
 
 static int
@@ -68,13 +78,14 @@ status_show(PGconn *conn, bool as_json)
 {
 	PGresult   *stages = db_exec(conn, status_stages_sql, 0, NULL);
 	PGresult   *global = db_exec(conn, status_global_sql, 0, NULL);
-	int			rc = 0;
+	int			rc = CLI_EX_OK;
 
 	if (PQresultStatus(stages) != PGRES_TUPLES_OK || PQresultStatus(global) != PGRES_TUPLES_OK)
 	{
-		fprintf(stderr, "pepsi-status: %s\n",
-				db_error(PQresultStatus(stages) != PGRES_TUPLES_OK ? stages : global, conn));
-		rc = 1;
+		PGresult   *failed = PQresultStatus(stages) != PGRES_TUPLES_OK ? stages : global;
+
+		cli_db_error("pepsi-status", failed, conn);
+		rc = cli_db_exit_code(failed, conn);
 	}
 	else if (as_json)
 	{
@@ -86,7 +97,7 @@ status_show(PGconn *conn, bool as_json)
 			json_t	   *row = json_object();
 
 			json_object_set_new(row, "stage", json_string(PQgetvalue(stages, r, 0)));
-			for (int c = 1; c < 12; c++)
+			for (int c = 1; c < STAGE_COLUMNS; c++)
 				json_object_set_new(row, stage_columns[c],
 									c == 2 ? json_real(atof(PQgetvalue(stages, r, c)))
 									: json_integer(atoll(PQgetvalue(stages, r, c))));
@@ -109,15 +120,16 @@ status_show(PGconn *conn, bool as_json)
 	}
 	else
 	{
-		printf("%-16s %10s %9s %6s %8s %7s %7s %9s %8s %7s %7s %7s\n",
+		printf("%-16s %10s %9s %6s %8s %7s %7s %9s %8s %7s %7s %7s %7s\n",
 			   "STAGE", "MESSAGES", "MEAN ms", "KILLS", "TIMEOUTS", "CRASHES", "FUSED",
-			   "PENDING", "RUNNING", "PAUSED", "FAILED", "TIMEOUT");
+			   "PENDING", "RUNNING", "PAUSED", "HELD", "FAILED", "TIMEOUT");
 		for (int r = 0; r < PQntuples(stages); r++)
-			printf("%-16s %10s %9s %6s %8s %7s %7s %9s %8s %7s %7s %7s\n",
+			printf("%-16s %10s %9s %6s %8s %7s %7s %9s %8s %7s %7s %7s %7s\n",
 				   PQgetvalue(stages, r, 0), PQgetvalue(stages, r, 1), PQgetvalue(stages, r, 2),
 				   PQgetvalue(stages, r, 3), PQgetvalue(stages, r, 4), PQgetvalue(stages, r, 5),
 				   PQgetvalue(stages, r, 6), PQgetvalue(stages, r, 7), PQgetvalue(stages, r, 8),
-				   PQgetvalue(stages, r, 9), PQgetvalue(stages, r, 10), PQgetvalue(stages, r, 11));
+				   PQgetvalue(stages, r, 9), PQgetvalue(stages, r, 10), PQgetvalue(stages, r, 11),
+				   PQgetvalue(stages, r, 12));
 		if (PQntuples(global) == 1)
 			printf("\ndispatcher: %s stage passes, %s messages, %s failed by the dispatcher, "
 				   "%s serialization retries\n            started %s, statistics as of %s\n",
@@ -142,14 +154,14 @@ pepsi_status_main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}
 	};
-	const char *config_path = getenv("PEPSI_CONFIG");
+	const char *config_path = NULL;
 	bool		as_json = false;
 	double		watch = 0;
-	char		err[1024];
-	struct pepsi_config *cfg;
+	struct pepsi_config *cfg = NULL;
 	PGconn	   *conn;
 	int			opt;
-	int			rc;
+	int			rc = CLI_EX_OK;
+	char	   *end;
 
 	log_init("pepsi-status", false);
 	while ((opt = getopt_long(argc, argv, "C:jw::h", long_options, NULL)) != -1)
@@ -162,44 +174,48 @@ pepsi_status_main(int argc, char **argv)
 				as_json = true;
 				break;
 			case 'w':
-				watch = optarg ? atof(optarg) : 2;
-				if (watch <= 0)
+				/* "--watch 5" as well as "--watch=5": a number after it is its argument */
+				if (optarg == NULL && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9')
+					optarg = argv[optind++];
+				watch = 2;
+				if (optarg)
 				{
-					fprintf(stderr, "pepsi-status: --watch takes a positive number of seconds\n");
-					return 64;
+					watch = strtod(optarg, &end);
+					if (*end || end == optarg || !(watch > 0) || watch > 86400)
+					{
+						fprintf(stderr, "pepsi-status: --watch takes a positive number of seconds, "
+								"not \"%s\"\n", optarg);
+						return CLI_EX_USAGE;
+					}
 				}
 				break;
 			case 'h':
 				status_usage();
-				return 0;
+				return CLI_EX_OK;
 			default:
 				status_usage();
-				return 64;
+				return CLI_EX_USAGE;
 		}
 	if (optind < argc)
 	{
 		fprintf(stderr, "pepsi-status: unexpected argument \"%s\"\n", argv[optind]);
 		status_usage();
-		return 64;
+		return CLI_EX_USAGE;
 	}
-	if ((cfg = config_load(config_path ? config_path : PEPSI_CONFIG_DEFAULT_PATH, err, sizeof(err))) == NULL)
-	{
-		fprintf(stderr, "pepsi-status: %s\n", err);
-		return 78;
-	}
-	if ((conn = db_connect(cfg, "pepsi-status", err, sizeof(err))) == NULL)
-	{
-		fprintf(stderr, "pepsi-status: %s\n", err);
-		return 75;
-	}
+	if ((conn = cli_connect("pepsi-status", config_path, &cfg, &rc)) == NULL)
+		return rc;
 	do
 	{
 		if (watch > 0 && !as_json)
 			printf("\033[H\033[2J");
 		rc = status_show(conn, as_json);
-		if (watch > 0)
-			usleep((useconds_t) (watch * 1e6));
-	} while (watch > 0 && rc == 0);
+		if (watch > 0 && rc == CLI_EX_OK)
+		{
+			struct timespec pause = {(time_t) watch, (long) ((watch - (double) (time_t) watch) * 1e9)};
+
+			nanosleep(&pause, NULL);
+		}
+	} while (watch > 0 && rc == CLI_EX_OK);
 	PQfinish(conn);
 	config_free(cfg);
 	return rc;
