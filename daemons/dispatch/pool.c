@@ -6,7 +6,8 @@
  * to QUEUE_LIMIT in flight each, so a surplus worker goes idle and is
  * reaped after WORKER_IDLE_TIMEOUT.  Each status line answers the oldest
  * id in flight: its worker time (from the later of its hand-over and the
- * previous answer) is charged to its sender.  A worker that answers
+ * previous answer, shared evenly by answers that arrive together, as a
+ * batch does) is charged to its sender.  A worker that answers
  * non-zero has that row failed and is replaced; one that crashes has its
  * current row failed and the ids it never started put back to pending; one
  * that takes longer than MAX_RUNTIME is killed and its row set to timeout;
@@ -349,35 +350,42 @@ worker_kill_for_protocol(struct worker *w)
 	kill(w->pid, SIGKILL);
 }
 
-static void
+/*
+ * Count the stages a worker ran fused into its pass, each at its own
+ * stage.  Returns the time they took (their part of the pass), which is
+ * then not counted again at the stage that ran the pass.
+ */
+static double
 pool_fold_fused(struct pool *pool, json_t *report)
 {
 	size_t		i;
 	json_t	   *hop;
+	double		fused_us = 0;
 
 	json_array_foreach(json_object_get(report, "fused"), i, hop)
 	{
 		const char *stage = json_string_value(json_object_get(hop, "stage"));
 		struct pool *fused = stage ? pool_find(stage) : NULL;
+		double		us = (double) json_integer_value(json_object_get(hop, "us"));
 
 		pool->stats.fused_hops++;
 		dispatcher.stages_run++;
 		if (fused)
 		{
 			fused->stats.messages++;
-			fused->stats.processing_us += (double) json_integer_value(json_object_get(hop, "us"));
+			fused->stats.processing_us += us;
+			fused_us += us;
 		}
 	}
+	return fused_us;
 }
 
+/* One status line, answering the oldest id in flight, which took us of worker time. */
 static void
-worker_on_line(struct worker *w, const char *line)
+worker_on_line(struct worker *w, const char *line, double now, double us)
 {
 	struct pool *pool = w->pool;
 	struct inflight entry;
-	double		now = now_seconds();
-	double		started;
-	double		us;
 	bool		ok = line[0] == '0' && (line[1] == '\0' || line[1] == ' ');
 	bool		wellformed = line[0] >= '0' && line[0] <= '9'
 		&& (line[1] == '\0' || line[1] == ' ' || (line[1] >= '0' && line[1] <= '9'));
@@ -394,8 +402,6 @@ worker_on_line(struct worker *w, const char *line)
 		return;
 	}
 	entry = worker_pop(w);
-	started = entry.sent_at > w->last_done ? entry.sent_at : w->last_done;
-	us = (now - started) * 1e6;
 	w->last_done = now;
 	w->handled++;
 	pool->stats.messages++;
@@ -409,7 +415,11 @@ worker_on_line(struct worker *w, const char *line)
 		report = json_loads(space + 1, 0, NULL);
 
 	if (ok)
-		pool_fold_fused(pool, report);
+	{
+		double		fused_us = pool_fold_fused(pool, report);
+
+		pool->stats.processing_us -= fused_us < us ? fused_us : us;
+	}
 	else
 	{
 		const char *error = json_string_value(json_object_get(report, "error"));
@@ -447,6 +457,9 @@ worker_read(struct worker *w)
 	char		chunk[8192];
 	ssize_t		n = read(w->from_child, chunk, sizeof(chunk));
 	char	   *nl;
+	int			answers = 0;
+	double		now = now_seconds();
+	double		share_us = 0;
 
 	if (n < 0 && errno == EINTR)
 		return true;
@@ -461,10 +474,28 @@ worker_read(struct worker *w)
 	if (w->protocol_lost)
 		return true;			/* being killed: drop whatever else it says */
 	buf_append(&w->in, chunk, (size_t) n);
+
+	/*
+	 * The answers that arrive together were worked on together (a batch):
+	 * they share the time since the oldest of them was started, rather
+	 * than the first being charged all of it and its sender looking
+	 * heavier than it is.
+	 */
+	for (const char *p = w->in.data; (p = memchr(p, '\n', w->in.len - (size_t) (p - w->in.data))) != NULL; p++)
+		answers++;
+	if (answers > w->count)
+		answers = w->count;		/* the rest break the protocol */
+	if (answers > 0)
+	{
+		const struct inflight *head = &w->queue[w->head];
+		double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
+
+		share_us = (now - started) * 1e6 / answers;
+	}
 	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
 	{
 		*nl = '\0';
-		worker_on_line(w, w->in.data);
+		worker_on_line(w, w->in.data, now, share_us);
 		buf_consume(&w->in, (size_t) (nl - w->in.data) + 1);
 	}
 	if (w->in.len > 65536 && !w->protocol_lost)
