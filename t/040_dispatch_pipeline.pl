@@ -64,6 +64,16 @@ is( scalar_query($node,
 unlike(dispatcher_log($d), qr/failed|cannot|lost/, 'nothing went wrong in the log');
 
 #
+# Rows admitted without a NOTIFY (as workqueue_add leaves them) are found
+# by the POLL_INTERVAL heartbeat.
+#
+$d = start_dispatcher($config);
+ok(poll_until(sub { dispatcher_log($d) =~ /connected to the database/ }), 'a dispatcher is up again');
+add_rows($node, 10, quiet => 1);
+ok(poll_until(sub { queue_count() == 0 }, 10), 'rows admitted without a NOTIFY go through too');
+is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher exits 0');
+
+#
 # Test workers that record each row: a -> b -> c, so the log shows every
 # row concluded once at each stage, in stage order.
 #
