@@ -21,6 +21,19 @@
 #   bench_median N...         the median of the numbers given (unrounded:
 #                             the middle one as given, or the mean of the
 #                             middle two)
+#   bench_free_port           a free TCP port on 127.0.0.1
+#   bench_postfix_install     install postfix (and its smtp-source) if
+#                             missing, answering debconf "No configuration"
+#                             so that no system instance is set up
+#   bench_postfix_start DIR PORT [main.cf line]...
+#                             a private, stock Postfix instance in DIR (a
+#                             new directory: its own etc/, spool/, data/,
+#                             maillog), its smtpd on 127.0.0.1:PORT, the
+#                             extra main.cf lines after the common ones;
+#                             waits for the smtpd to answer.  Stopped and
+#                             removed by bench_cleanup (or
+#                             bench_postfix_stop DIR)
+#   bench_postfix_stop DIR    stop that instance and remove DIR
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -37,8 +50,13 @@ bench_top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_DIR=
 BENCH_PORT=${BENCH_PORT:-5432}
 BENCH_DB=bench
+BENCH_POSTFIX_DIRS=()
 
 bench_cleanup() {
+    local dir
+    for dir in ${BENCH_POSTFIX_DIRS[@]+"${BENCH_POSTFIX_DIRS[@]}"}; do
+        bench_postfix_stop "$dir"
+    done
     [ -n "$BENCH_DIR" ] && [ -d "$BENCH_DIR" ] || return 0
     if [ -f "$BENCH_DIR/data/postmaster.pid" ]; then
         as_user "$PGBIN/pg_ctl" -D "$BENCH_DIR/data" -m immediate stop >/dev/null 2>&1 || true
@@ -127,4 +145,78 @@ bench_median() {
         END { if (NR == 0) exit 1
               if (NR % 2) print v[(NR + 1) / 2]
               else printf "%.6g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+bench_free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+bench_postfix_install() {
+    if ! command -v /usr/sbin/smtp-source >/dev/null || ! command -v /usr/sbin/postfix >/dev/null; then
+        echo "installing postfix (no system configuration)"
+        echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null
+    fi
+}
+
+bench_postfix_start() {
+    local dir=$1 port=$2
+    shift 2
+    bench_postfix_install
+    mkdir -p "$dir/etc" "$dir/spool" "$dir/data"
+    chmod 755 "$dir"
+    chown postfix: "$dir/data"
+    BENCH_POSTFIX_DIRS+=("$dir")
+    # The stock master.cf: its smtpd on our loopback port, and no chroot
+    # (Debian's init script would have to furnish one in our queue).
+    awk -v listen="127.0.0.1:$port" '
+        /^smtp +inet / { $1 = listen }
+        /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
+        { print }' /usr/share/postfix/master.cf.dist >"$dir/etc/master.cf"
+    grep -q "^127.0.0.1:$port inet" "$dir/etc/master.cf"
+    {
+        cat <<CONF
+# Stock Postfix apart from where it lives (bench/lib.sh), then the
+# benchmark's own lines.
+compatibility_level = 3.6
+queue_directory = $dir/spool
+data_directory = $dir/data
+command_directory = /usr/sbin
+daemon_directory = /usr/lib/postfix/sbin
+meta_directory = /etc/postfix
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = postfix.bench.test
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mydestination =
+mynetworks = 127.0.0.0/8
+alias_maps =
+alias_database =
+maillog_file_prefixes = $dir
+maillog_file = $dir/maillog
+CONF
+        printf '%s\n' "$@"
+    } >"$dir/etc/main.cf"
+    /usr/sbin/postfix -c "$dir/etc" check >/dev/null 2>&1 || true
+    /usr/sbin/postfix -c "$dir/etc" start >/dev/null 2>&1
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "postfix did not come up (see $dir/maillog)" >&2
+    return 1
+}
+
+bench_postfix_stop() {
+    local dir=$1 i
+    [ -n "$dir" ] && [ -d "$dir" ] || return 0
+    /usr/sbin/postfix -c "$dir/etc" stop >/dev/null 2>&1 || true
+    rm -rf "$dir"
+    for i in "${!BENCH_POSTFIX_DIRS[@]}"; do
+        [ "${BENCH_POSTFIX_DIRS[$i]}" = "$dir" ] && unset 'BENCH_POSTFIX_DIRS[i]'
+    done
+    return 0
 }

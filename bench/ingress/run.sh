@@ -34,19 +34,10 @@ mkdir -p "$out_dir"
 log="$out_dir/ingress.log"
 : >"$log"
 
-if ! command -v /usr/sbin/smtp-source >/dev/null || ! command -v /usr/sbin/postfix >/dev/null; then
-    echo "installing postfix (no system configuration)"
-    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null
-fi
+bench_postfix_install
 [ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 ingress_pid=
-postfix_dir=
 
 stop_ingress() {
     if [ -n "$ingress_pid" ]; then
@@ -58,18 +49,14 @@ stop_ingress() {
 
 cleanup() {
     stop_ingress
-    if [ -n "$postfix_dir" ] && [ -d "$postfix_dir" ]; then
-        /usr/sbin/postfix -c "$postfix_dir/etc" stop >/dev/null 2>&1 || true
-        rm -rf "$postfix_dir"
-    fi
     bench_cleanup
 }
 
 bench_cluster_start "max_connections = 100"
 trap cleanup EXIT
 
-pepsi_port=$(free_port)
-postfix_port=$(free_port)
+pepsi_port=$(bench_free_port)
+postfix_port=$(bench_free_port)
 
 # start_ingress CONNECTIONS BATCH: (re)start pepsi-ingress with that pool.
 start_ingress() {
@@ -102,53 +89,14 @@ CONF
     return 1
 }
 
+# The private Postfix (bench/lib.sh): every accepted message is put on
+# hold, written and fsynced by cleanup like any other, and never handed to
+# a delivery agent.
 start_postfix() {
     postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
-    chmod 755 "$postfix_dir"
-    mkdir -p "$postfix_dir/etc" "$postfix_dir/spool" "$postfix_dir/data"
-    chown postfix: "$postfix_dir/data"
-    # The stock master.cf: its smtpd on our loopback port, and no chroot
-    # (Debian's init script would have to furnish one in our queue).
-    awk -v listen="127.0.0.1:$postfix_port" '
-        /^smtp +inet / { $1 = listen }
-        /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
-        { print }' /usr/share/postfix/master.cf.dist >"$postfix_dir/etc/master.cf"
-    grep -q "^127.0.0.1:$postfix_port inet" "$postfix_dir/etc/master.cf"
-    cat >"$postfix_dir/etc/main.cf" <<CONF
-# Stock Postfix apart from where it lives and that nothing leaves the queue.
-compatibility_level = 3.6
-queue_directory = $postfix_dir/spool
-data_directory = $postfix_dir/data
-command_directory = /usr/sbin
-daemon_directory = /usr/lib/postfix/sbin
-meta_directory = /etc/postfix
-mail_owner = postfix
-setgid_group = postdrop
-myhostname = postfix.bench.test
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-mydestination =
-mynetworks = 127.0.0.0/8
-alias_maps =
-alias_database =
-maillog_file_prefixes = $postfix_dir
-maillog_file = $postfix_dir/maillog
-# Every accepted message is put on hold: written and fsynced by cleanup
-# like any other, and never handed to a delivery agent.
-smtpd_recipient_restrictions = permit_mynetworks, reject
-smtpd_end_of_data_restrictions = check_client_access static:HOLD
-CONF
-    /usr/sbin/postfix -c "$postfix_dir/etc" check >/dev/null 2>&1 || true
-    /usr/sbin/postfix -c "$postfix_dir/etc" start >/dev/null 2>&1
-    for _ in $(seq 1 100); do
-        if exec 3<>"/dev/tcp/127.0.0.1/$postfix_port" 2>/dev/null; then
-            exec 3>&- 3<&-
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "postfix did not come up" >&2
-    return 1
+    bench_postfix_start "$postfix_dir" "$postfix_port" \
+        "smtpd_recipient_restrictions = permit_mynetworks, reject" \
+        "smtpd_end_of_data_restrictions = check_client_access static:HOLD"
 }
 
 # send PORT: smtp-source's run; prints messages per second.
