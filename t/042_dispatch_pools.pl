@@ -20,7 +20,7 @@ use PepsiTest;
 my $db = 'postgres';
 my $node = dispatch_node('dispatch_pools');
 my $program = test_program('test-stage');
-my $idle_timeout = 1;
+my $idle_timeout = 2;
 
 sub stages
 {

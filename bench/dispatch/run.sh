@@ -209,6 +209,9 @@ run_direct() {
     cpu=$( { /usr/bin/time -f '%U %S' "$BENCH_DIR/driver" run "$conninfo" "$config" \
         "$BENCH_DIR/bin/pepsi-stage-if" "$limit" s1 s2 s3 >/dev/null; } 2>&1 | tail -1)
     end=$(now)
+    # The sessions' backends exit after their clients: once reaped, their
+    # time is in the postmaster's cutime.
+    sleep 1
     pg1=$(postgres_ticks)
     check_done direct
     awk -v s="$start" -v e="$end" -v c="$cpu" -v p=$((pg1 - pg0)) -v hz="$ticks_per_second" \
@@ -234,8 +237,9 @@ run_dispatcher() {
     end=$(now)
     read -r own reaped < <(proc_ticks "$dispatcher_pid")
     live=$(children_ticks "$dispatcher_pid")
-    pg1=$(postgres_ticks)
     stop_dispatcher
+    sleep 1
+    pg1=$(postgres_ticks)
     check_done dispatcher
     awk -v s="$start" -v e="$end" -v d="$own" -v w=$((reaped + live)) -v p=$((pg1 - pg0)) \
         -v hz="$ticks_per_second" -v claims="$(claim_stats)" \
