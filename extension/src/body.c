@@ -29,8 +29,12 @@ PG_FUNCTION_INFO_V1(workqueue_body_gc);
  * second one's reference check, a new statement with a new snapshot under
  * READ COMMITTED, sees the first one's delete and frees the body.  Without
  * the lock each would still see the other's row and neither would free
- * it.  Taking the locks in id order keeps releasers from deadlocking; the
- * sweep skips locked bodies.
+ * it.  Taking the locks in id order keeps releasers from deadlocking.  The
+ * lock is FOR NO KEY UPDATE, which does not conflict with the KEY SHARE
+ * lock a clone's foreign key check takes on the same body: a transaction
+ * that inserts clones and then finishes their source (finish_with_clones)
+ * already holds that lock, and FOR UPDATE would make two of them deadlock.
+ * The sweep skips locked bodies.
  */
 static void
 body_release_unreferenced(Datum body_ids)
@@ -42,7 +46,7 @@ body_release_unreferenced(Datum body_ids)
 
 	queue_exec(queue_plan(&lock_plan,
 						  "SELECT id FROM pepsi.workqueue_body WHERE id = ANY ($1)"
-						  " ORDER BY id FOR UPDATE",
+						  " ORDER BY id FOR NO KEY UPDATE",
 						  1, argtypes), values, NULL, false, 0);
 	queue_exec(queue_plan(&release_plan,
 						  "DELETE FROM pepsi.workqueue_body b WHERE b.id = ANY ($1)"
