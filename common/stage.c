@@ -824,6 +824,36 @@ stage_loaded_row_compare(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/*
+ * After a statement failed because the session is gone (the server
+ * restarted, say): reconnect, for about ten seconds at most, and prepare
+ * the load statements again.  The
+ * rows are untouched and still running, so the caller can simply retry.
+ */
+static bool
+stage_reconnect(struct worker *w)
+{
+	char		err[1024];
+
+	if (PQstatus(w->conn) == CONNECTION_OK)
+		return false;
+	/* A server that is restarting takes a moment: try for about ten seconds. */
+	for (int attempt = 0; attempt < 20; attempt++)
+	{
+		PQreset(w->conn);
+		if (PQstatus(w->conn) == CONNECTION_OK)
+			break;
+		usleep(100000U * (attempt < 5 ? attempt + 1 : 5));
+	}
+	if (PQstatus(w->conn) != CONNECTION_OK)
+		return false;
+	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
+		if (!db_prepare(w->conn, stage_load_names[load], stage_load_sql[load], err, sizeof(err)))
+			return false;
+	log_info("reconnected to the database");
+	return true;
+}
+
 /* Load every id of the batch in one statement (binary results: raw text and bytes). */
 static void
 stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
@@ -852,6 +882,11 @@ stage_load(struct worker *w, struct pepsi_ctx *ctxs, size_t count)
 	}
 	values[0] = ids->data;
 	res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK && stage_reconnect(w))
+	{
+		PQclear(res);
+		res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
+	}
 	buf_reset(ids);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -1008,7 +1043,7 @@ stage_at_stage(const struct pepsi_ctx *ctx)
 
 /* Commit one message's outcome with one extension call. */
 static int
-stage_commit_one(struct pepsi_ctx *ctx)
+stage_commit_attempt(struct pepsi_ctx *ctx)
 {
 	PGconn	   *conn = ctx->worker->conn;
 	char		id[32];
@@ -1087,6 +1122,25 @@ stage_commit_one(struct pepsi_ctx *ctx)
 	free(state);
 	free(clones);
 	buf_free(&array);
+	return rc;
+}
+
+/*
+ * Commit one message's outcome; if the session was lost, reconnect and try
+ * once more.  Had the lost statement committed after all, the retry finds
+ * the row no longer running and says so, and that outcome stands.
+ */
+static int
+stage_commit_one(struct pepsi_ctx *ctx)
+{
+	int			rc = stage_commit_attempt(ctx);
+
+	if (rc != 0 && stage_reconnect(ctx->worker))
+	{
+		free(ctx->error);
+		ctx->error = NULL;
+		rc = stage_commit_attempt(ctx);
+	}
 	return rc;
 }
 
@@ -1424,14 +1478,8 @@ stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 
 		if (count == 0)
 			break;
-		if (PQstatus(w.conn) != CONNECTION_OK)
-		{
-			PQreset(w.conn);
-			if (PQstatus(w.conn) != CONNECTION_OK)
-				fatalx("lost the database connection: %s", PQerrorMessage(w.conn));
-			for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
-				db_prepare(w.conn, stage_load_names[load], stage_load_sql[load], err, sizeof(err));
-		}
+		if (PQstatus(w.conn) != CONNECTION_OK && !stage_reconnect(&w))
+			fatalx("lost the database connection: %s", PQerrorMessage(w.conn));
 		stage_load(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)
 			if (ctxs[i].error == NULL)
