@@ -24,7 +24,8 @@
 # never judges: exits 0 unless the benchmark itself broke.
 #
 # Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1),
-# BENCH_MODES (which modes, default all four).
+# BENCH_MODES (which modes, default all four), BENCH_SETUP_SQL (SQL run
+# once after CREATE EXTENSION, to measure a variant of the schema).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
@@ -41,6 +42,9 @@ for program in pepsi pepsi-stage-if; do
 done
 
 bench_cluster_start
+if [ -n "${BENCH_SETUP_SQL:-}" ]; then
+    bench_psql -c "$BENCH_SETUP_SQL" >/dev/null
+fi
 
 # The driver, and the multi-call binary laid out as make install does.
 cc -O2 -Wall -o "$BENCH_DIR/driver" "$here/driver.c" -I"$("$PGBIN/pg_config" --includedir)" \
@@ -130,6 +134,7 @@ done
 base=$(bench_median ${rates[per-message]:-0})
 echo
 echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, median of $reps"
+[ -n "${BENCH_SETUP_SQL:-}" ] && echo "schema variant: $BENCH_SETUP_SQL"
 printf '%-15s %12s %10s %14s %12s\n' mode messages/s ratio "stage hops/s" "fused hops"
 for mode in $modes; do
     rate=$(bench_median ${rates[$mode]})
