@@ -368,7 +368,11 @@ transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int
  *
  * One statement for the whole batch; per-row targets, merges and retry
  * times ride in parallel arrays, so divergent branches of the same outcome
- * still share it.  All or nothing: if any row is not running at its
+ * still share it.  The row guard is written "(...) IS TRUE" on
+ * purpose: as plain conditions the planner matched them to the
+ * (stage, status) index, whose statistics see almost no running rows, and
+ * rescanned the unnest once per indexed row (92 ms instead of 7 for 256
+ * rows); hidden in an expression, the rows are reached by primary key.  All or nothing: if any row is not running at its
  * expected stage the call fails and no row changes.
  */
 Datum
@@ -380,21 +384,21 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 		"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending',"
 		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
 		" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
-		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_PAUSE] =
 		"UPDATE pepsi.workqueue w SET status = 'paused',"
 		" timeout = now() + u.retry * interval '1 second',"
 		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
 		" FROM unnest($1, $2, $4, $5) AS u(id, expected, merge, retry)"
-		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_FAIL] =
 		"UPDATE pepsi.workqueue w SET status = 'failed',"
 		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
 		" FROM unnest($1, $2, $4) AS u(id, expected, merge)"
-		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_FINISH] =
 		"DELETE FROM pepsi.workqueue w USING unnest($1, $2) AS u(id, expected)"
-		" WHERE w.id = u.id AND w.status = 'running' AND w.stage = u.expected RETURNING w.id",
+		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 	};
 	static const Oid argtypes[] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
 	JSONBARRAYOID, FLOAT8ARRAYOID};
