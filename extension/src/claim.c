@@ -195,7 +195,12 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 	return choice->count > chosen_before || exhausted_any;
 }
 
-/* Set the chosen rows running; returns the ids and senders actually claimed. */
+/*
+ * Set the chosen rows running; returns the ids and senders actually
+ * claimed.  The re-check is one expression so that no index on (stage,
+ * status) is matched to it: the rows are reached by primary key (see
+ * workqueue_commit_many).
+ */
 static void
 claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 				   TupleDesc outdesc)
@@ -218,7 +223,7 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 	values[1] = CStringGetTextDatum(stage);
 	queue_exec(queue_plan(&plan,
 						  "UPDATE pepsi.workqueue SET status = 'running'"
-						  " WHERE id = ANY ($1) AND status = 'pending' AND stage = $2"
+						  " WHERE id = ANY ($1) AND (status = 'pending' AND stage = $2) IS TRUE"
 						  " RETURNING id, sender_key",
 						  2, argtypes),
 			   values, NULL, false, 0);
