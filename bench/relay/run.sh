@@ -71,9 +71,8 @@ cleanup() {
     stop_pid "$ingress_pid"
     stop_pid "$dispatch_pid"
     stop_pid "$sink_pid"
-    if [ -n "$postfix_dir" ] && [ -d "$postfix_dir" ]; then
-        /usr/sbin/postfix -c "$postfix_dir/etc" stop >/dev/null 2>&1 || true
-        rm -rf "$postfix_dir"
+    if [ -n "$postfix_dir" ]; then
+        bench_postfix_stop "$postfix_dir"
     fi
     bench_cleanup
 }
@@ -141,40 +140,9 @@ CONF
 }
 
 start_postfix() {
+    # Stock Postfix apart from where it lives (bench/lib.sh) and where it relays to.
     postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
-    chmod 755 "$postfix_dir"
-    mkdir -p "$postfix_dir/etc" "$postfix_dir/spool" "$postfix_dir/data"
-    chown postfix: "$postfix_dir/data"
-    # The stock master.cf: its smtpd on our loopback port, and no chroot
-    # (Debian's init script would have to furnish one in our queue).
-    awk -v listen="127.0.0.1:$postfix_port" '
-        /^smtp +inet / { $1 = listen }
-        /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
-        { print }' /usr/share/postfix/master.cf.dist >"$postfix_dir/etc/master.cf"
-    cat >"$postfix_dir/etc/main.cf" <<CONF
-# Stock Postfix apart from where it lives and where it relays to.
-compatibility_level = 3.6
-queue_directory = $postfix_dir/spool
-data_directory = $postfix_dir/data
-command_directory = /usr/sbin
-daemon_directory = /usr/lib/postfix/sbin
-meta_directory = /etc/postfix
-mail_owner = postfix
-setgid_group = postdrop
-myhostname = postfix.bench.test
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-mydestination =
-mynetworks = 127.0.0.0/8
-alias_maps =
-alias_database =
-relayhost = [127.0.0.1]:$sink_port
-maillog_file_prefixes = $postfix_dir
-maillog_file = $postfix_dir/maillog
-CONF
-    /usr/sbin/postfix -c "$postfix_dir/etc" check >/dev/null 2>&1 || true
-    /usr/sbin/postfix -c "$postfix_dir/etc" start >/dev/null 2>&1
-    wait_port "$postfix_port" postfix
+    bench_postfix_start "$postfix_dir" "$postfix_port" "relayhost = [127.0.0.1]:$sink_port"
 }
 
 # measure PORT ROOT_PIDS...: send MESSAGES with smtp-source to PORT, wait
