@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "tests/expect_error.h"
+
 #include "config.h"
 
 static char err[1024];
@@ -45,10 +47,7 @@ parse_refused(const char *text, const char *want_prefix, const char *want)
 		config_free(cfg);
 		fail_msg("accepted: %s", text);
 	}
-	if (strncmp(err, want_prefix, strlen(want_prefix)) != 0)
-		fail_msg("error \"%s\" does not start with \"%s\"", err, want_prefix);
-	if (want && strstr(err, want) == NULL)
-		fail_msg("error \"%s\" does not mention \"%s\"", err, want);
+	expect_error(err, want_prefix, want);
 }
 
 /* ---------------------------------------------------------------------------
