@@ -308,6 +308,24 @@ smtp_wait(struct smtp_client *c, short events, long long deadline)
 	}
 }
 
+/*
+ * After an OpenSSL call that returned n without finishing: when it wants
+ * the socket readable or writable, wait for that (until deadline) and say
+ * to call it again; otherwise return the error for the caller to report.
+ * Returns 1 to retry, 0 when the wait failed (the error is set), or -1
+ * with *ssl_error set.
+ */
+static int
+smtp_tls_retry(struct smtp_client *c, int n, long long deadline, int *ssl_error)
+{
+	*ssl_error = SSL_get_error(c->ssl, n);
+	if (*ssl_error == SSL_ERROR_WANT_READ)
+		return smtp_wait(c, POLLIN, deadline) ? 1 : 0;
+	if (*ssl_error == SSL_ERROR_WANT_WRITE)
+		return smtp_wait(c, POLLOUT, deadline) ? 1 : 0;
+	return -1;
+}
+
 /* Read what is available into c->in; false on EOF, error or timeout. */
 static bool
 smtp_fill(struct smtp_client *c, long long deadline)
@@ -319,29 +337,25 @@ smtp_fill(struct smtp_client *c, long long deadline)
 		if (c->ssl)
 		{
 			int			n = SSL_read(c->ssl, chunk, sizeof(chunk));
+			int			ssl_error;
 
 			if (n > 0)
 			{
 				buf_append(&c->in, chunk, (size_t) n);
 				return true;
 			}
-			switch (SSL_get_error(c->ssl, n))
+			switch (smtp_tls_retry(c, n, deadline, &ssl_error))
 			{
-				case SSL_ERROR_WANT_READ:
-					if (!smtp_wait(c, POLLIN, deadline))
-						return false;
+				case 1:
 					continue;
-				case SSL_ERROR_WANT_WRITE:
-					if (!smtp_wait(c, POLLOUT, deadline))
-						return false;
-					continue;
-				case SSL_ERROR_ZERO_RETURN:
-					smtp_set_error(c, "%s closed the TLS session", c->peer);
-					return false;
-				default:
-					smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+				case 0:
 					return false;
 			}
+			if (ssl_error == SSL_ERROR_ZERO_RETURN)
+				smtp_set_error(c, "%s closed the TLS session", c->peer);
+			else
+				smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+			return false;
 		}
 		else
 		{
@@ -384,6 +398,7 @@ smtp_write(struct smtp_client *c, const char *data, size_t len)
 		if (c->ssl)
 		{
 			int			n = SSL_write(c->ssl, data + off, (int) chunk);
+			int			ssl_error;
 
 			if (n > 0)
 			{
@@ -391,20 +406,15 @@ smtp_write(struct smtp_client *c, const char *data, size_t len)
 				deadline = smtp_now_ms() + c->opt.command_timeout_ms;
 				continue;
 			}
-			switch (SSL_get_error(c->ssl, n))
+			switch (smtp_tls_retry(c, n, deadline, &ssl_error))
 			{
-				case SSL_ERROR_WANT_READ:
-					if (!smtp_wait(c, POLLIN, deadline))
-						return false;
+				case 1:
 					continue;
-				case SSL_ERROR_WANT_WRITE:
-					if (!smtp_wait(c, POLLOUT, deadline))
-						return false;
-					continue;
-				default:
-					smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+				case 0:
 					return false;
 			}
+			smtp_set_error(c, "lost the TLS session with %s: %s", c->peer, smtp_ssl_error());
+			return false;
 		}
 		else
 		{
@@ -765,30 +775,26 @@ smtp_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 	for (;;)
 	{
 		int			n = SSL_connect(c->ssl);
+		int			ssl_error;
 
 		if (n == 1)
 			break;
-		switch (SSL_get_error(c->ssl, n))
+		switch (smtp_tls_retry(c, n, deadline, &ssl_error))
 		{
-			case SSL_ERROR_WANT_READ:
-				if (!smtp_wait(c, POLLIN, deadline))
-					return false;
+			case 1:
 				continue;
-			case SSL_ERROR_WANT_WRITE:
-				if (!smtp_wait(c, POLLOUT, deadline))
-					return false;
-				continue;
-			default:
-				{
-					long		vr = SSL_get_verify_result(c->ssl);
+			case 0:
+				return false;
+		}
+		{
+			long		vr = SSL_get_verify_result(c->ssl);
 
-					if (verify && vr != X509_V_OK)
-						smtp_set_error(c, "TLS with %s failed: certificate not trusted for %s: %s",
-									   c->peer, name, X509_verify_cert_error_string(vr));
-					else
-						smtp_set_error(c, "TLS with %s failed: %s", c->peer, smtp_ssl_error());
-					return false;
-				}
+			if (verify && vr != X509_V_OK)
+				smtp_set_error(c, "TLS with %s failed: certificate not trusted for %s: %s",
+							   c->peer, name, X509_verify_cert_error_string(vr));
+			else
+				smtp_set_error(c, "TLS with %s failed: %s", c->peer, smtp_ssl_error());
+			return false;
 		}
 	}
 	res->phase = SMTP_PHASE_STARTTLS;
