@@ -233,3 +233,19 @@ cli_print(PGresult *res, bool as_json)
 		free(width);
 	}
 }
+
+int
+cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json)
+{
+	int			rc = CLI_EX_OK;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		cli_db_error(program, res, conn);
+		rc = cli_db_exit_code(res, conn);
+	}
+	else
+		cli_print(res, as_json);
+	PQclear(res);
+	return rc;
+}

@@ -40,5 +40,10 @@ void		cli_db_error(const char *program, PGresult *res, PGconn *conn);
  * privilege, else EX_DATAERR (the database refused what it was given).
  */
 int			cli_db_exit_code(PGresult *res, PGconn *conn);
+/*
+ * Print a query's rows (cli_print), or its error (cli_db_error); clears res
+ * and returns the exit code.
+ */
+int			cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json);
 
 #endif

@@ -276,14 +276,7 @@ config_list(PGconn *conn, struct pepsi_config *cfg, const char *scope, bool as_j
 				   " WHERE $1::text IS NULL OR scope = pepsi.config_scope($1)"
 				   " ORDER BY 2, 3, 1");
 	res = db_exec(conn, sql.data, 1, values);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		cli_db_error("pepsi-config", res, conn);
-		rc = cli_db_exit_code(res, conn);
-	}
-	else
-		cli_print(res, as_json);
-	PQclear(res);
+	rc = cli_show_result("pepsi-config", res, conn, as_json);
 	buf_free(&sql);
 	return rc;
 }

@@ -151,14 +151,7 @@ queue_list(PGconn *conn, const struct queue_options *o)
 				  " WHERE ($2::text IS NULL OR w.stage = $2)"
 				  "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
 				  " ORDER BY w.id LIMIT $1", 3, values);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		cli_db_error("pepsi-queue", res, conn);
-		rc = cli_db_exit_code(res, conn);
-	}
-	else
-		cli_print(res, o->as_json);
-	PQclear(res);
+	rc = cli_show_result("pepsi-queue", res, conn, o->as_json);
 	return rc;
 }
 
@@ -374,14 +367,7 @@ queue_view(PGconn *conn, const char *view, const struct queue_options *o)
 	int			rc = CLI_EX_OK;
 
 	free(sql);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		cli_db_error("pepsi-queue", res, conn);
-		rc = cli_db_exit_code(res, conn);
-	}
-	else
-		cli_print(res, o->as_json);
-	PQclear(res);
+	rc = cli_show_result("pepsi-queue", res, conn, o->as_json);
 	return rc;
 }
 
