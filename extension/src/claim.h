@@ -22,6 +22,13 @@ typedef struct SenderHead
 
 typedef struct SenderCache SenderCache;
 
+/*
+ * The one hash of a sender_key, shared by the sender cache and the
+ * fair-share accounting: a candidate's accounting is found by its head's
+ * hash, so both must hash alike.
+ */
+extern uint64 sender_key_hash(const char *sender, size_t len);
+
 extern SenderCache *sender_cache_for_stage(const char *stage);
 extern void sender_cache_refresh(SenderCache *cache);
 extern HTAB *sender_cache_heads(SenderCache *cache);

@@ -30,8 +30,8 @@ typedef struct FairUsed
 	double		used;
 } FairUsed;
 
-static uint64
-fairshare_hash(const char *sender, size_t len)
+uint64
+sender_key_hash(const char *sender, size_t len)
 {
 	return hash_bytes_extended((const unsigned char *) sender, (int) len, 0);
 }
@@ -65,7 +65,7 @@ fairshare_account(const char *stage, Datum *stages, Datum *senders, Datum *used,
 		if (strlen(stage) != VARSIZE_ANY_EXHDR(entry_stage)
 			|| memcmp(stage, VARDATA_ANY(entry_stage), VARSIZE_ANY_EXHDR(entry_stage)) != 0)
 			continue;
-		hash = fairshare_hash(VARDATA_ANY(sender), VARSIZE_ANY_EXHDR(sender));
+		hash = sender_key_hash(VARDATA_ANY(sender), VARSIZE_ANY_EXHDR(sender));
 		entry = hash_search(account->used, &hash, HASH_ENTER, &found);
 		entry->used = (found ? entry->used : 0) + DatumGetFloat8(used[i]);
 	}

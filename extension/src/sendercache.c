@@ -60,12 +60,6 @@ struct SenderCache
 static SenderCache *sender_caches;
 static MemoryContext sender_cache_context;
 
-static uint64
-sender_cache_hash(const char *sender)
-{
-	return hash_bytes_extended((const unsigned char *) sender, (int) strlen(sender), 0);
-}
-
 static void
 sender_cache_reset(SenderCache *cache)
 {
@@ -112,7 +106,7 @@ sender_cache_heads(SenderCache *cache)
 SenderHead *
 sender_cache_lookup(SenderCache *cache, const char *sender)
 {
-	uint64		hash = sender_cache_hash(sender);
+	uint64		hash = sender_key_hash(sender, strlen(sender));
 
 	return hash_search(cache->heads, &hash, HASH_FIND, NULL);
 }
@@ -121,7 +115,7 @@ sender_cache_lookup(SenderCache *cache, const char *sender)
 SenderHead *
 sender_cache_note(SenderCache *cache, const char *sender, int64 seq)
 {
-	uint64		hash = sender_cache_hash(sender);
+	uint64		hash = sender_key_hash(sender, strlen(sender));
 	bool		found;
 	SenderHead *head = hash_search(cache->heads, &hash, HASH_ENTER, &found);
 
