@@ -26,20 +26,7 @@ sub queue_count
 #
 # The real stages: if -> route -> discard, standalone builds.
 #
-my $real_stages = <<'EOF';
-[stage-init]
-PROGRAM = pepsi-stage-if
-CONDITION = mail_from = ""
-THEN_STAGE = drop
-ELSE_STAGE = route
-[stage-route]
-PROGRAM = pepsi-stage-route
-LOCAL_DOMAINS = example.org
-LOCAL_STAGE = drop
-REMOTE_STAGE = drop
-[stage-drop]
-PROGRAM = pepsi-stage-discard
-EOF
+my $real_stages = real_stages();
 my $config = write_config($node, stages => $real_stages);
 my $d = start_dispatcher($config);
 

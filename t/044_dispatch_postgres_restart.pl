@@ -17,20 +17,7 @@ use PepsiTest;
 my $db = 'postgres';
 my $node = dispatch_node('dispatch_pg_restart');
 
-my $config = write_config($node, stages => <<'EOF');
-[stage-init]
-PROGRAM = pepsi-stage-if
-CONDITION = mail_from = ""
-THEN_STAGE = drop
-ELSE_STAGE = route
-[stage-route]
-PROGRAM = pepsi-stage-route
-LOCAL_DOMAINS = example.org
-LOCAL_STAGE = drop
-REMOTE_STAGE = drop
-[stage-drop]
-PROGRAM = pepsi-stage-discard
-EOF
+my $config = write_config($node, stages => real_stages());
 
 sub queue_count
 {

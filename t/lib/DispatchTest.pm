@@ -21,8 +21,28 @@ use PepsiTest;
 our @EXPORT = qw(
   dispatch_node write_config start_dispatcher stop_dispatcher dispatcher_exit
   dispatcher_log poll_until add_rows scalar_query worker_pids pepsi_bin
-  test_program
+  test_program real_stages
 );
+
+# A pipeline of the stock stages: bounces (null sender) dropped, the rest
+# routed (a mixed row split) and dropped.
+sub real_stages
+{
+	return <<'EOF';
+[stage-init]
+PROGRAM = pepsi-stage-if
+CONDITION = mail_from = ""
+THEN_STAGE = drop
+ELSE_STAGE = route
+[stage-route]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = example.org
+LOCAL_STAGE = drop
+REMOTE_STAGE = drop
+[stage-drop]
+PROGRAM = pepsi-stage-discard
+EOF
+}
 
 my $db = 'postgres';
 
