@@ -4,7 +4,7 @@
 # recycles after MAX_MESSAGES (never handling more); and a configuration
 # change (config_changed, or SIGHUP) retires the workers so that their
 # replacements read the new values, while a broken change is refused and
-# changes nothing.
+# changes nothing; a stage removed by a reload has its pool freed.
 
 use strict;
 use warnings FATAL => 'all';
@@ -178,6 +178,30 @@ ok( poll_until(sub { substr(dispatcher_log($d), $offset) =~ /configuration reloa
 poll_until(sub { done_count('tagged') == 4 });
 is(scalar_query($node, "SELECT tag FROM test_log WHERE id = $id"),
 	'three', 'SIGHUP: the next row sees the TAG of the file');
+
+#
+# A stage removed by a reload: its workers retire, and once they are gone
+# and its statistics flushed its pool is freed.  Put back, it starts afresh.
+#
+(my $without_recycle = stages('three')) =~ s/\[stage-recycle\][^[]*//;
+write_config($node, path => $config, dispatch => \%dispatch, stages => $without_recycle);
+$offset = -s $d->{log};
+kill 'HUP', $d->{pid};
+ok( poll_until(
+		sub {
+			substr(dispatcher_log($d), $offset)
+			  =~ /stage recycle: removed from the configuration and drained; dropped/;
+		}),
+	'a stage removed by a reload has its pool dropped once drained');
+write_config($node, path => $config, dispatch => \%dispatch, stages => stages('three'));
+$offset = -s $d->{log};
+kill 'HUP', $d->{pid};
+ok( poll_until(sub { substr(dispatcher_log($d), $offset) =~ /configuration reloaded/ }),
+	'the stage is put back');
+my $recycled = done_count('recycle');
+add_rows($node, 1, stage => 'recycle');
+ok(poll_until(sub { done_count('recycle') == $recycled + 1 }),
+	'and its new pool takes rows');
 
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher exits 0');
 is(scalar(worker_pids($d)), 0, 'and leaves no worker behind');

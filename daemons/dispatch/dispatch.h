@@ -1,7 +1,7 @@
 /*
  * dispatch.h: pepsi-dispatch, the single coordinator (spec 22.7).
  *
- * One libev loop drives everything: the database connection (queue.c:
+ * One libev loop drives everything: the database connection (dbconn.c:
  * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
  * the stage worker pools (pool.c: processes, pipes, status lines, time
  * limits), the fair-share accounting (fair.c) and the stage graph read
@@ -54,7 +54,21 @@ struct pool_stats
 
 struct pool;
 
-struct worker
+/*
+ * What a worker does, advanced by worker_transition (pool.c).  Only a
+ * running worker takes ids; the two killed states say what its exit means
+ * for the row it was working on.
+ */
+enum worker_state
+{
+	WORKER_RUNNING,
+	WORKER_RETIRING,			/* takes no more ids; its stdin closes once drained */
+	WORKER_KILLED_FOR_TIMEOUT,	/* SIGKILLed: its oldest row outlived MAX_RUNTIME */
+	WORKER_KILLED_FOR_PROTOCOL	/* SIGKILLed: wrote what is no status line; rest ignored */
+};
+
+/* A stage worker process and the ids it holds. */
+struct pool_worker
 {
 	struct pool *pool;
 	pid_t		pid;
@@ -73,22 +87,20 @@ struct worker
 	long		handled;
 	double		last_done;		/* when the previous answer came: the next one's start */
 	double		idle_since;
-	bool		retiring;		/* takes no more ids; its stdin closes once drained */
-	bool		killed_for_timeout;
-	bool		protocol_lost;	/* wrote a line that is no status line: killed, rest ignored */
-	struct worker *next;
+	enum worker_state state;
+	struct pool_worker *next;
 };
 
 struct pool
 {
 	struct stage_spec spec;
-	struct worker *workers;
+	struct pool_worker *workers;
 	int			nworkers;
 	double		cooldown_until;	/* spawning failed: hold off until then */
 	double		row_cost_us;	/* mean worker time per message, for the claim */
 	struct fair_account *fair;
 	struct pool_stats stats;	/* since the last flush */
-	bool		removed;		/* gone from the configuration: drain and drop */
+	bool		removed;		/* gone from the configuration: drained, then freed */
 	struct pool *next;
 };
 
@@ -135,7 +147,6 @@ void		fair_charge(struct fair_account *account, const char *sender, double us, d
 void		fair_export(struct fair_account *account, const char *stage, double now,
 						double half_life, double floor, struct buf *stages, struct buf *senders,
 						struct buf *used);
-size_t		fair_size(const struct fair_account *account);
 
 /* pool.c */
 struct pool *pool_find(const char *stage);
@@ -146,18 +157,18 @@ void		pools_configure(struct stage_spec *specs, size_t count);
 void		pools_housekeeping(double now);
 void		pools_retire_all(void);
 void		pools_stop_all(void);
+void		pools_kill_all(void);
 bool		pools_all_stopped(void);
 size_t		pools_inflight(void);
 
-/* queue.c */
-void		queue_start(void);
-void		queue_want_claim(void);
-void		queue_recover(const char *stage, const struct inflight *rows, int count,
-						  const char *status, const char *reason);
-void		queue_reload_config(void);
-void		queue_flush_stats(bool final);
-bool		queue_drained(void);
-void		queue_finish(void);
+/* dbconn.c */
+void		dbconn_start(void);
+void		dbconn_want_claim(void);
+void		dbconn_recover(const char *stage, const struct inflight *rows, int count,
+						   const char *status, const char *reason);
+void		dbconn_reload_config(void);
+void		dbconn_flush_stats(bool final);
+void		dbconn_finish(void);
 
 /* main.c */
 void		dispatch_apply_config(struct pepsi_config *cfg);

@@ -66,12 +66,6 @@ fair_free(struct fair_account *account)
 	free(account);
 }
 
-size_t
-fair_size(const struct fair_account *account)
-{
-	return account->count;
-}
-
 static double
 fair_decayed(const struct fair_entry *e, double now, double half_life)
 {

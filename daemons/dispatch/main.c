@@ -73,7 +73,7 @@ dispatch_apply_config(struct pepsi_config *cfg)
 	ev_timer_again(dispatcher.loop, &heartbeat_timer);
 	if (!starting)
 		log_info("configuration reloaded; workers retire so their replacements read it");
-	queue_want_claim();
+	dbconn_want_claim();
 }
 
 void
@@ -95,12 +95,10 @@ on_housekeeping(struct ev_loop *loop, ev_timer *watcher, int revents)
 	if (dispatcher.shutting_down)
 	{
 		if (now - stop_requested_at > DISPATCH_STOP_GRACE)
-			for (struct pool *p = dispatcher.pools; p; p = p->next)
-				for (struct worker *w = p->workers; w; w = w->next)
-					kill(w->pid, SIGKILL);
+			pools_kill_all();
 		if (pools_all_stopped())
 		{
-			queue_finish();
+			dbconn_finish();
 			ev_break(loop, EVBREAK_ALL);
 		}
 		return;
@@ -110,13 +108,13 @@ on_housekeeping(struct ev_loop *loop, ev_timer *watcher, int revents)
 	if (now - dispatcher.last_flush > dispatcher.stats_interval
 		|| (pools_inflight() == 0 && dispatcher.last_activity > dispatcher.last_flush
 			&& now - dispatcher.last_activity > 0.2))
-		queue_flush_stats(false);
+		dbconn_flush_stats(false);
 }
 
 static void
 on_heartbeat(struct ev_loop *loop, ev_timer *watcher, int revents)
 {
-	queue_want_claim();
+	dbconn_want_claim();
 }
 
 static void
@@ -128,7 +126,7 @@ on_stop_signal(struct ev_loop *loop, ev_signal *watcher, int revents)
 static void
 on_reload_signal(struct ev_loop *loop, ev_signal *watcher, int revents)
 {
-	queue_reload_config();
+	dbconn_reload_config();
 }
 
 static char *
@@ -212,7 +210,7 @@ pepsi_dispatch_main(int argc, char **argv)
 	ev_signal_start(dispatcher.loop, &sighup_watcher);
 
 	log_info("starting (configuration %s)", dispatcher.config_path);
-	queue_start();
+	dbconn_start();
 	ev_run(dispatcher.loop, 0);
 	log_info("stopped");
 	return 0;

@@ -30,7 +30,9 @@
 #include "dispatch.h"
 #include "log.h"
 
-static void worker_close(struct worker *w);
+static void worker_close(struct pool_worker *w);
+static void worker_transition(struct pool_worker *w, enum worker_state to);
+static void pools_drop_removed(void);
 
 struct pool *
 pool_find(const char *stage)
@@ -47,11 +49,11 @@ pool_find(const char *stage)
  * fresh worker would otherwise be handed a whole queue limit at once).
  */
 static int
-worker_slots(const struct worker *w)
+worker_slots(const struct pool_worker *w)
 {
 	long		left = w->pool->spec.max_messages - w->handled - w->count;
 
-	if (w->retiring || left <= 0)
+	if (w->state != WORKER_RUNNING || left <= 0)
 		return 0;
 	return left < w->ring - w->count ? (int) left : w->ring - w->count;
 }
@@ -70,7 +72,7 @@ pool_capacity(const struct pool *pool, double now)
 
 	if (pool->removed || dispatcher.shutting_down)
 		return 0;
-	for (const struct worker *w = pool->workers; w; w = w->next)
+	for (const struct pool_worker *w = pool->workers; w; w = w->next)
 		capacity += worker_slots(w);
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
@@ -83,7 +85,7 @@ pools_inflight(void)
 	size_t		n = 0;
 
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		for (struct worker *w = p->workers; w; w = w->next)
+		for (struct pool_worker *w = p->workers; w; w = w->next)
 			n += (size_t) w->count;
 	return n;
 }
@@ -128,7 +130,7 @@ static void worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents
 static void worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents);
 static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents);
 
-static struct worker *
+static struct pool_worker *
 worker_spawn(struct pool *pool)
 {
 	int			in_pipe[2] = {-1, -1};
@@ -137,7 +139,7 @@ worker_spawn(struct pool *pool)
 	bool		as_self;
 	char	   *exe = worker_executable(pool->spec.program, &as_self);
 	const char *program_name = strrchr(pool->spec.program, '/');
-	struct worker *w = NULL;
+	struct pool_worker *w = NULL;
 	pid_t		pid;
 	int			exec_errno = 0;
 	ssize_t		n;
@@ -239,7 +241,7 @@ err:
  * ------------------------------------------------------------------------- */
 
 static void
-worker_flush(struct worker *w)
+worker_flush(struct pool_worker *w)
 {
 	while (w->out.len > 0)
 	{
@@ -277,10 +279,10 @@ worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents)
 bool
 pool_assign(struct pool *pool, long long id, const char *sender)
 {
-	struct worker *best = NULL;
+	struct pool_worker *best = NULL;
 	struct inflight *slot;
 
-	for (struct worker *w = pool->workers; w; w = w->next)
+	for (struct pool_worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
 			best = w;
 	if (dispatcher.shutting_down)
@@ -308,7 +310,7 @@ void
 pools_flush(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		for (struct worker *w = p->workers; w; w = w->next)
+		for (struct pool_worker *w = p->workers; w; w = w->next)
 			if (w->out.len > 0 && !ev_is_active(&w->writer))
 				worker_flush(w);
 }
@@ -318,7 +320,7 @@ pools_flush(void)
  * ------------------------------------------------------------------------- */
 
 static struct inflight
-worker_pop(struct worker *w)
+worker_pop(struct pool_worker *w)
 {
 	struct inflight entry = w->queue[w->head];
 
@@ -329,25 +331,38 @@ worker_pop(struct worker *w)
 	return entry;
 }
 
-/* Retire: no more ids; close its stdin once it has answered everything. */
+/*
+ * The one function that moves a worker along.  A retiring worker's stdin
+ * closes once it has answered everything, so this is called again after
+ * each answer; the killed states are final, and a retire leaves them be.
+ */
 static void
-worker_retire(struct worker *w)
+worker_transition(struct pool_worker *w, enum worker_state to)
 {
-	w->retiring = true;
-	if (w->count == 0 && w->to_child >= 0 && w->out.len == 0)
+	switch (to)
 	{
-		close(w->to_child);
-		w->to_child = -1;
+		case WORKER_RUNNING:
+			fatalx("stage %s: worker %d cannot go back to running", w->pool->spec.name,
+				   (int) w->pid);
+		case WORKER_RETIRING:
+			if (w->state == WORKER_RUNNING)
+				w->state = WORKER_RETIRING;
+			if (w->state == WORKER_RETIRING && w->count == 0 && w->to_child >= 0
+				&& w->out.len == 0)
+			{
+				close(w->to_child);
+				w->to_child = -1;
+			}
+			break;
+		case WORKER_KILLED_FOR_TIMEOUT:
+		case WORKER_KILLED_FOR_PROTOCOL:
+			if (w->state == WORKER_KILLED_FOR_TIMEOUT || w->state == WORKER_KILLED_FOR_PROTOCOL)
+				break;
+			w->state = to;
+			w->pool->stats.kills++;
+			kill(w->pid, SIGKILL);
+			break;
 	}
-}
-
-/* It broke the protocol: kill it; what it had not answered goes back to pending. */
-static void
-worker_kill_for_protocol(struct worker *w)
-{
-	w->protocol_lost = true;
-	w->pool->stats.kills++;
-	kill(w->pid, SIGKILL);
 }
 
 /*
@@ -382,7 +397,7 @@ pool_fold_fused(struct pool *pool, json_t *report)
 
 /* One status line, answering the oldest id in flight, which took us of worker time. */
 static void
-worker_on_line(struct worker *w, const char *line, double now, double us)
+worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 {
 	struct pool *pool = w->pool;
 	struct inflight entry;
@@ -392,13 +407,13 @@ worker_on_line(struct worker *w, const char *line, double now, double us)
 	json_t	   *report = NULL;
 	const char *space = strchr(line, ' ');
 
-	if (w->protocol_lost)
+	if (w->state == WORKER_KILLED_FOR_PROTOCOL)
 		return;					/* it is being killed; what it says no longer counts */
 	if (w->count == 0)
 	{
 		log_warnx("stage %s: worker %d answered an id it was not given: \"%.80s\"; replacing it",
 				  pool->spec.name, (int) w->pid, line);
-		worker_kill_for_protocol(w);
+		worker_transition(w, WORKER_KILLED_FOR_PROTOCOL);
 		return;
 	}
 	entry = worker_pop(w);
@@ -429,22 +444,17 @@ worker_on_line(struct worker *w, const char *line, double now, double us)
 						pool->spec.name, line);
 
 		log_warnx("row %lld failed: %s", entry.id, reason);
-		queue_recover(pool->spec.name, &entry, 1, "failed", reason);
+		dbconn_recover(pool->spec.name, &entry, 1, "failed", reason);
 		dispatcher.messages_failed++;
 		free(reason);
 		/* A worker that failed a message, or lost the protocol, is replaced. */
-		if (wellformed)
-			worker_retire(w);
-		else
-			worker_kill_for_protocol(w);
+		worker_transition(w, wellformed ? WORKER_RETIRING : WORKER_KILLED_FOR_PROTOCOL);
 	}
 	json_decref(report);
 	free(entry.sender);
-	if (w->handled + w->count >= pool->spec.max_messages)
-		worker_retire(w);
-	else if (w->retiring)
-		worker_retire(w);
-	queue_want_claim();
+	if (w->handled + w->count >= pool->spec.max_messages || w->state == WORKER_RETIRING)
+		worker_transition(w, WORKER_RETIRING);
+	dbconn_want_claim();
 }
 
 /*
@@ -452,7 +462,7 @@ worker_on_line(struct worker *w, const char *line, double now, double us)
  * Returns whether to read again: false once the pipe is empty or closed.
  */
 static bool
-worker_read(struct worker *w)
+worker_read(struct pool_worker *w)
 {
 	char		chunk[8192];
 	ssize_t		n = read(w->from_child, chunk, sizeof(chunk));
@@ -471,7 +481,7 @@ worker_read(struct worker *w)
 		ev_io_stop(dispatcher.loop, &w->reader);
 		return false;
 	}
-	if (w->protocol_lost)
+	if (w->state == WORKER_KILLED_FOR_PROTOCOL)
 		return true;			/* being killed: drop whatever else it says */
 	buf_append(&w->in, chunk, (size_t) n);
 
@@ -498,11 +508,11 @@ worker_read(struct worker *w)
 		worker_on_line(w, w->in.data, now, share_us);
 		buf_consume(&w->in, (size_t) (nl - w->in.data) + 1);
 	}
-	if (w->in.len > 65536 && !w->protocol_lost)
+	if (w->in.len > 65536 && w->state != WORKER_KILLED_FOR_PROTOCOL)
 	{
 		log_warnx("stage %s: worker %d wrote a line longer than 64 KB; replacing it",
 				  w->pool->spec.name, (int) w->pid);
-		worker_kill_for_protocol(w);
+		worker_transition(w, WORKER_KILLED_FOR_PROTOCOL);
 	}
 	return true;
 }
@@ -524,7 +534,7 @@ worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
  * got as far as a message: it did not start.
  */
 static bool
-worker_read_nothing(const struct worker *w)
+worker_read_nothing(const struct pool_worker *w)
 {
 	int			unread = 0;
 
@@ -544,7 +554,7 @@ worker_read_nothing(const struct worker *w)
  * cannot be executed, and no reason to fail a message.
  */
 static void
-worker_account_unanswered(struct worker *w, const char *how)
+worker_account_unanswered(struct pool_worker *w, const char *how)
 {
 	struct pool *pool = w->pool;
 	struct inflight *rows = xcalloc((size_t) w->count, sizeof(*rows));
@@ -554,16 +564,15 @@ worker_account_unanswered(struct worker *w, const char *how)
 
 	while (w->count > 0)
 		rows[nrows++] = worker_pop(w);
-	if (dispatcher.shutting_down || w->protocol_lost)
+	if (dispatcher.shutting_down || w->state == WORKER_KILLED_FOR_PROTOCOL)
 		;
-	else if (w->killed_for_timeout)
+	else if (w->state == WORKER_KILLED_FOR_TIMEOUT)
 	{
 		reason = xasprintf("stage %s: no answer within MAX_RUNTIME (%ld ms); worker killed",
 						   pool->spec.name, pool->spec.max_runtime_ms);
 		log_warnx("row %lld timed out: %s", rows[0].id, reason);
-		queue_recover(pool->spec.name, &rows[0], 1, "timeout", reason);
+		dbconn_recover(pool->spec.name, &rows[0], 1, "timeout", reason);
 		pool->stats.timeouts++;
-		pool->stats.kills++;
 		first = 1;
 	}
 	else if (worker_read_nothing(w))
@@ -577,7 +586,7 @@ worker_account_unanswered(struct worker *w, const char *how)
 	{
 		reason = xasprintf("stage %s: worker %s while processing the row", pool->spec.name, how);
 		log_warnx("row %lld failed: %s", rows[0].id, reason);
-		queue_recover(pool->spec.name, &rows[0], 1, "failed", reason);
+		dbconn_recover(pool->spec.name, &rows[0], 1, "failed", reason);
 		pool->stats.crashes++;
 		first = 1;
 	}
@@ -588,7 +597,7 @@ worker_account_unanswered(struct worker *w, const char *how)
 		log_info("stage %s: %d row%s worker %d had not answered go%s back to pending",
 				 pool->spec.name, nrows - first, nrows - first == 1 ? "" : "s", (int) w->pid,
 				 nrows - first == 1 ? "es" : "");
-		queue_recover(pool->spec.name, rows + first, nrows - first, "pending", NULL);
+		dbconn_recover(pool->spec.name, rows + first, nrows - first, "pending", NULL);
 	}
 	for (int i = 0; i < nrows; i++)
 		free(rows[i].sender);
@@ -599,7 +608,7 @@ worker_account_unanswered(struct worker *w, const char *how)
 static void
 worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 {
-	struct worker *w = watcher->data;
+	struct pool_worker *w = watcher->data;
 	struct pool *pool = w->pool;
 	int			status = watcher->rstatus;
 	char	   *how = WIFSIGNALED(status) ? xasprintf("killed by signal %d", WTERMSIG(status))
@@ -612,7 +621,7 @@ worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 		;
 	if (w->count > 0)
 		worker_account_unanswered(w, how);
-	else if (!w->retiring && !dispatcher.shutting_down && !w->protocol_lost)
+	else if (w->state == WORKER_RUNNING && !dispatcher.shutting_down)
 	{
 		log_warnx("stage %s: worker %d %s while idle", pool->spec.name, (int) w->pid, how);
 		pool->stats.crashes++;
@@ -621,14 +630,14 @@ worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 	}
 	free(how);
 	worker_close(w);
-	queue_want_claim();
+	dbconn_want_claim();
 }
 
 static void
-worker_close(struct worker *w)
+worker_close(struct pool_worker *w)
 {
 	struct pool *pool = w->pool;
-	struct worker **link;
+	struct pool_worker **link;
 
 	ev_io_stop(dispatcher.loop, &w->reader);
 	ev_io_stop(dispatcher.loop, &w->writer);
@@ -657,26 +666,60 @@ worker_close(struct worker *w)
 void
 pools_housekeeping(double now)
 {
+	pools_drop_removed();
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		for (struct worker *w = p->workers; w; w = w->next)
+		for (struct pool_worker *w = p->workers; w; w = w->next)
 		{
-			if (w->count > 0 && !w->killed_for_timeout && !w->protocol_lost)
+			if (w->count > 0 && (w->state == WORKER_RUNNING || w->state == WORKER_RETIRING))
 			{
 				const struct inflight *head = &w->queue[w->head];
 				double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 				if ((now - started) * 1000 > p->spec.max_runtime_ms)
-				{
-					w->killed_for_timeout = true;
-					kill(w->pid, SIGKILL);
-				}
+					worker_transition(w, WORKER_KILLED_FOR_TIMEOUT);
 			}
-			else if (w->count == 0 && !w->retiring && now - w->idle_since > dispatcher.idle_timeout)
+			else if (w->count == 0 && w->state == WORKER_RUNNING
+					 && now - w->idle_since > dispatcher.idle_timeout)
 			{
 				log_debug("stage %s: worker %d idle; reaping it", p->spec.name, (int) w->pid);
-				worker_retire(w);
+				worker_transition(w, WORKER_RETIRING);
 			}
 		}
+}
+
+static void
+pool_free(struct pool *pool)
+{
+	fair_free(pool->fair);
+	free(pool->spec.name);
+	free(pool->spec.program);
+	free(pool);
+}
+
+/*
+ * Free the pools a reload removed once their last worker is gone and
+ * their statistics are flushed.
+ */
+static void
+pools_drop_removed(void)
+{
+	struct pool **link = &dispatcher.pools;
+
+	while (*link)
+	{
+		struct pool *p = *link;
+
+		if (p->removed && p->workers == NULL && p->stats.messages == 0 && p->stats.kills == 0
+			&& p->stats.crashes == 0 && p->stats.timeouts == 0 && p->stats.fused_hops == 0)
+		{
+			log_debug("stage %s: removed from the configuration and drained; dropped",
+					  p->spec.name);
+			*link = p->next;
+			pool_free(p);
+		}
+		else
+			link = &p->next;
+	}
 }
 
 /* Replace the pools' specs; workers of changed or removed stages retire. */
@@ -686,8 +729,8 @@ pools_configure(struct stage_spec *specs, size_t count)
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
 		p->removed = true;
-		for (struct worker *w = p->workers; w; w = w->next)
-			worker_retire(w);
+		for (struct pool_worker *w = p->workers; w; w = w->next)
+			worker_transition(w, WORKER_RETIRING);
 	}
 	for (size_t i = 0; i < count; i++)
 	{
@@ -714,22 +757,32 @@ pools_configure(struct stage_spec *specs, size_t count)
 		p->cooldown_until = 0;
 		p->removed = false;
 	}
+	pools_drop_removed();
 }
 
 void
 pools_retire_all(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		for (struct worker *w = p->workers; w; w = w->next)
-			worker_retire(w);
+		for (struct pool_worker *w = p->workers; w; w = w->next)
+			worker_transition(w, WORKER_RETIRING);
 }
 
 void
 pools_stop_all(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		for (struct worker *w = p->workers; w; w = w->next)
+		for (struct pool_worker *w = p->workers; w; w = w->next)
 			kill(w->pid, SIGTERM);
+}
+
+/* At shutdown, for the workers that outlived the grace period. */
+void
+pools_kill_all(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		for (struct pool_worker *w = p->workers; w; w = w->next)
+			kill(w->pid, SIGKILL);
 }
 
 bool
