@@ -25,7 +25,9 @@ WARNINGS = -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes -Wshadow \
            -Wpointer-arith -Wcast-qual -Wsign-compare -Wno-unused-parameter
 PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
                -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
-LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lev -lssl -lcrypto -lcrypt -lm
+# libunbound runs its thread on libevent, and libev exports libevent's names too
+# (event_set...): libevent must come first so libunbound binds to the real one.
+LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lssl -lcrypto -lcrypt -lm
 
 B = build
 COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c))
@@ -38,7 +40,7 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
-TEST_PROGRAMS = $(B)/bin/pepsi-test-probe
+TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve
 
 .PHONY: all programs extension install install-programs deps check run stop bench fuzz clean \
 	unit-tests sanitize
@@ -96,6 +98,11 @@ $(foreach t,$(wildcard stages/*/tests/test_*.c),$(eval $(call stage_test_rule,$(
 # The TAP tests' own stage (t/probe/): built beside the programs so the
 # tests find it in PEPSI_BIN; neither installed nor in the multi-call binary.
 $(B)/bin/pepsi-test-probe: t/probe/probe.c $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+
+# The resolver layer driven from the command line (t/dns/), likewise.
+$(B)/bin/pepsi-test-resolve: t/dns/resolve.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 

@@ -47,7 +47,7 @@ struct config_section_schema
 };
 
 static const char *const pepsi_options[] = {
-	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", NULL
+	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT", NULL
 };
 static const char *const database_options[] = {
 	"CONNINFO", NULL

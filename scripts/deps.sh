@@ -9,6 +9,8 @@ packages=(
     gcc make pkg-config
     postgresql-15 postgresql-server-dev-15 libpq-dev
     libssl-dev libev-dev libjansson-dev libinih-dev libcrypt-dev
+    # DNS (libunbound), DKIM (libopendkim), DMARC (libopendmarc, libpsl)
+    libunbound-dev libopendkim-dev libopendmarc-dev libpsl-dev
     # the fuzz targets: clang, and libFuzzer in its runtime package
     clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
