@@ -20,6 +20,8 @@ packages=(
     # delivery tests and bench/relay: Postfix's smtp-sink and smtp-source
     # (and Postfix itself, the benchmark's peer), MIME-tools to parse DSNs
     postfix libmime-tools-perl
+    # the tests' DNS server (t/lib/testdns.py)
+    python3-dnslib
     # benchmarks: pgbench ships in postgresql-15
 )
 
