@@ -1,0 +1,411 @@
+# Upgrading the extension in place: ALTER EXTENSION pepsi UPDATE on a
+# database whose queue holds messages in every state, with a worker's row
+# running across the upgrade.
+#
+# The scheme (docs/upgrading.md): a released pepsi--V.sql is never edited;
+# each version step ships one upgrade script pepsi--A--B.sql, to which every
+# schema change of the step appends its own delimited block; and each step
+# is tested here, the same way, from every version the installation
+# directory offers: install that version, fill the queue, update to the
+# default version, then every row and every body is still there and every
+# function still works.  The assertions are on behaviour (rows, bodies,
+# results of the queue and administrative functions, grants), never on the
+# scripts' text, so that they hold while features append to the upgrade
+# script, and fail when one of them loses data or breaks a function.
+#
+# Last, the two ways to the default version must give the same schema:
+# CREATE EXTENSION pepsi (which runs the release script and then the
+# upgrade scripts, or a later full pepsi--V.sql once one is released) and
+# CREATE EXTENSION pepsi VERSION <old> followed by ALTER EXTENSION UPDATE.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use PepsiTest;
+
+my $node = pepsi_node('upgrade');
+
+my $default_version = $node->safe_psql('postgres',
+	"SELECT default_version FROM pg_available_extensions WHERE name = 'pepsi'");
+my @old_versions = split /\n/,
+  $node->safe_psql('postgres',
+	    "SELECT version FROM pg_available_extension_versions WHERE name = 'pepsi'"
+	  . " AND version <> '$default_version' ORDER BY string_to_array(version, '.')::int[]");
+ok(scalar @old_versions, "versions older than $default_version are installable: @old_versions");
+
+# The tables whose rows are the installation's data (the queue, the
+# operator's configuration, the logs, the statistics) rather than part of
+# the schema: an upgrade keeps every one of their rows.
+my @data_tables = qw(workqueue workqueue_body config_override settings
+  dns_address event_log mail_log stage_stats dispatch_stats);
+
+# Every row of pepsi.$table, one line each, with only the columns the table
+# has now (@$columns; all of them if undef) and in a fixed order.
+sub table_rows
+{
+	my ($db, $table, $columns) = @_;
+
+	$columns //= [
+		split /\n/,
+		$node->safe_psql(
+			$db,
+			"SELECT quote_ident(attname) FROM pg_attribute"
+			  . " WHERE attrelid = 'pepsi.$table'::regclass AND attnum > 0"
+			  . " AND NOT attisdropped ORDER BY attnum")
+	];
+	my $list = join ', ', @$columns;
+	my @rows = split /\n/,
+	  $node->safe_psql($db,
+		"SELECT row($list)::text FROM pepsi.$table t ORDER BY 1");
+	return ($columns, \@rows);
+}
+
+# Admit a message at $stage from $client; returns its id.
+sub add
+{
+	my ($db, $stage, $rcpts, $body, $client) = @_;
+	my $array = join ',', map { "'$_'" } @$rcpts;
+
+	$client = $client ? "'$client'" : 'NULL';
+	return $node->safe_psql($db,
+		    "SELECT pepsi.workqueue_add('sender\@example.org', ARRAY[$array],"
+		  . " 'Subject: upgrade'::bytea, convert_to('$body', 'UTF8'),"
+		  . " '{\"dsn\": {\"ret\": \"hdrs\"}}', $client, NULL, '$stage')");
+}
+
+# The ids (comma-separated, in id order) the dispatcher's claim sets
+# running at $stage.
+sub claim
+{
+	my ($db, $stage) = @_;
+
+	return $node->safe_psql($db,
+		    "SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '')"
+		  . " FROM pepsi.workqueue_claim(ARRAY['$stage'], ARRAY[100])");
+}
+
+sub query { my ($db, $sql) = @_; return $node->safe_psql($db, $sql); }
+
+# What the upgrade must not change and what later steps refer to, by
+# name: row ids and body ids.
+sub fill_queue
+{
+	my ($db) = @_;
+	my %q;
+
+	# pending at init, two recipients, from a client address
+	$q{pending} = add($db, 'init', [ 'x@example.net', 'y@example.com' ], 'pending body', '192.0.2.1');
+	# paused by its stage with a retry time an hour away
+	$q{paused} = add($db, 'relay', ['p@example.net'], 'paused body');
+	is(claim($db, 'relay'), $q{paused}, 'before: the claim sets the relay row running');
+	query($db, "SELECT pepsi.workqueue_pause($q{paused}, 'relay', 3600, '{\"attempts\": 1}')");
+	# paused and already due
+	$q{due} = add($db, 'retry', ['d@example.net'], 'due body');
+	claim($db, 'retry');
+	query($db, "SELECT pepsi.workqueue_pause($q{due}, 'retry', 0.001)");
+	# held by an operator
+	$q{held} = add($db, 'hold', ['h@example.net'], 'held body');
+	is(query($db, "SELECT pepsi.queue_hold(ARRAY[$q{held}])"), 1, 'before: an operator holds a row');
+	# failed
+	$q{failed} = add($db, 'relay', ['f@example.net'], 'failed body');
+	claim($db, 'relay');
+	query($db, "SELECT pepsi.workqueue_commit($q{failed}, 'relay', 'fail', merge_state => '{\"error\": \"550\"}')");
+	# split one per row: three rows sharing one body; the first stays
+	# running across the upgrade, as a worker's row would
+	$q{running} = add($db, 'deliver', [ 'a@example.org', 'b@example.org', 'c@example.org' ], 'shared body');
+	claim($db, 'deliver');
+	$q{siblings} = query($db,
+		"SELECT array_to_string(pepsi.workqueue_split_one_per_row($q{running}, 'deliver'), ',')");
+	$q{shared_body} = query($db, "SELECT body_id FROM pepsi.workqueue WHERE id = $q{running}");
+	is( query(
+			$db,
+			"SELECT count(*) FROM pepsi.workqueue WHERE body_id = $q{shared_body}"),
+		3,
+		'before: the split rows share one body');
+	# paused with a delay-DSN clone, whose token makes it at-most-once
+	$q{with_clone} = add($db, 'dsn', ['late@example.net'], 'clone body');
+	claim($db, 'dsn');
+	$q{clone} = query($db,
+		    "SELECT array_to_string(pepsi.workqueue_pause($q{with_clone}, 'dsn', 3600,"
+		  . " clones => '[{\"token\": \"delay-1\", \"stage\": \"bounce\","
+		  . " \"state\": {\"bounce\": {\"kind\": \"delay\"}}}]'), ',')");
+	like($q{clone}, qr/^\d+$/, 'before: the pause spawned its delay clone');
+	# a body no row references (what a lost race leaves)
+	$q{orphan_body} = query($db,
+		"INSERT INTO pepsi.workqueue_body (body) VALUES ('orphan') RETURNING id");
+	# the operator's configuration overlay and the statistics
+	query($db, "SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '5s')");
+	query($db, "SELECT pepsi.config_set('domain:example.net', 'stage-relay', 'MAX_LIFETIME', '5d')");
+	query($db, "INSERT INTO pepsi.stage_stats (stage) VALUES ('relay')");
+	return %q;
+}
+
+#
+# The same schema either way: what CREATE EXTENSION pepsi makes, to
+# compare each upgraded database with.
+#
+# One line per object of schema pepsi with what defines it: columns (by
+# name: an upgrade appends a column a fresh install may place elsewhere),
+# constraints, indexes, triggers, functions, views, types, sequences, the
+# ACL of each, and the rows of the tables that are part of the schema
+# (config_option's option table) rather than data.
+my $describe = q{
+SELECT string_agg(line, E'\n' ORDER BY line) FROM (
+    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+           || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+           || CASE a.attgenerated WHEN 's' THEN ' generated' ELSE '' END
+           || CASE WHEN a.attidentity <> '' THEN ' identity' ELSE '' END AS line
+    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'v', 'p')
+      AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl::text, '')
+           || coalesce(' ' || obj_description(c.oid, 'pg_class'), '')
+    FROM pg_class c WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind <> 'i'
+    UNION ALL
+    SELECT 'constraint ' || conrelid::regclass || ' ' || pg_get_constraintdef(oid)
+    FROM pg_constraint WHERE connamespace = 'pepsi'::regnamespace
+    UNION ALL
+    SELECT 'index ' || regexp_replace(pg_get_indexdef(indexrelid), 'INDEX \S+ ON', 'INDEX ON')
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid WHERE c.relnamespace = 'pepsi'::regnamespace
+    UNION ALL
+    SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+    WHERE c.relnamespace = 'pepsi'::regnamespace AND NOT t.tgisinternal
+    UNION ALL
+    SELECT 'function ' || p.oid::regprocedure || ' ' || md5(pg_get_functiondef(p.oid))
+           || ' ' || coalesce(p.proacl::text, '')
+    FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace AND p.prokind IN ('f', 'p')
+    UNION ALL
+    SELECT 'view ' || c.relname || ' ' || md5(pg_get_viewdef(c.oid))
+    FROM pg_class c WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind = 'v'
+    UNION ALL
+    SELECT 'type ' || t.typname || ' ' || coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                                                   FROM pg_enum e WHERE e.enumtypid = t.oid), '')
+    FROM pg_type t WHERE t.typnamespace = 'pepsi'::regnamespace AND t.typtype IN ('e', 'd', 'c')
+      AND NOT EXISTS (SELECT FROM pg_class c WHERE c.reltype = t.oid)
+    UNION ALL
+    SELECT 'option ' || o::text FROM pepsi.config_option o
+    UNION ALL
+    SELECT 'member ' || pg_describe_object(d.classid, d.objid, 0)
+    FROM pg_depend d WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pepsi')
+) AS lines
+};
+
+# The lines only one of two descriptions has, marked - (fresh) or +.
+sub diff_lines
+{
+	my ($fresh, $upgraded) = @_;
+	my %f = map { $_ => 1 } split /\n/, $fresh;
+	my %u = map { $_ => 1 } split /\n/, $upgraded;
+
+	return ((map { "- $_" } grep { !$u{$_} } sort keys %f),
+		(map { "+ $_" } grep { !$f{$_} } sort keys %u));
+}
+
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+query('fresh', 'CREATE EXTENSION pepsi');
+my $fresh = query('fresh', $describe);
+like($fresh, qr/^function workqueue_claim\(/m, 'the description lists the functions');
+
+for my $from (@old_versions)
+{
+	my $db = "upgrade_from_" . ($from =~ s/\W/_/gr);
+
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	query($db, "CREATE EXTENSION pepsi VERSION '$from'");
+	is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
+		$from, "$from: installed");
+
+	my %q = fill_queue($db);
+	my %before;
+	$before{$_} = [ table_rows($db, $_) ] for @data_tables;
+	my $max_id = query($db, 'SELECT max(id) FROM pepsi.workqueue');
+	my $events = query($db, 'SELECT count(*) FROM pepsi.event_log');
+
+	query($db, 'ALTER EXTENSION pepsi UPDATE');
+	is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
+		$default_version, "$from: ALTER EXTENSION pepsi UPDATE reaches $default_version");
+
+	#
+	# Nothing lost: every row of the queue and every body is as it was
+	# (in the columns the old version had), and the configuration, logs
+	# and statistics keep every row.
+	#
+	for my $table (@data_tables)
+	{
+		my ($columns, $rows) = @{ $before{$table} };
+		my (undef, $after) = table_rows($db, $table, $columns);
+
+		if ($table =~ /^workqueue/)
+		{
+			is_deeply($after, $rows, "$from: every row of pepsi.$table is intact");
+		}
+		else
+		{
+			my %now = map { $_ => 1 } @$after;
+			my @lost = grep { !$now{$_} } @$rows;
+			is_deeply(\@lost, [], "$from: no row of pepsi.$table is lost or changed");
+		}
+	}
+	is( query(
+			$db,
+			"SELECT count(*) FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+			  . " WHERE convert_from(b.body, 'UTF8') = 'shared body'"),
+		3,
+		"$from: the split rows still share their one body");
+
+	#
+	# Every function still works on the old rows.
+	#
+	is(claim($db, 'init'), $q{pending}, "$from: the claim takes the pending row");
+	is( query(
+			$db,
+			"SELECT sender_key FROM pepsi.workqueue WHERE id = $q{pending} AND status = 'running'"),
+		'ip:192.0.2.1',
+		"$from: the claimed row is running, charged to its sender");
+	query($db, "SELECT pepsi.workqueue_commit($q{pending}, 'init', 'advance', 'relay')");
+	is(claim($db, 'relay'), $q{pending},
+		"$from: commit advances it to relay, where the claim takes it (and nothing paused, held or failed)");
+	my $split_off = query($db,
+		"SELECT pepsi.workqueue_split_off($q{pending}, 'relay', ARRAY[2], 'deliver')");
+	is( query(
+			$db,
+			"SELECT string_agg(array_to_string(rcpt_to, ' '), '|' ORDER BY id) || '|'"
+			  . " || count(DISTINCT body_id) FROM pepsi.workqueue WHERE id IN ($q{pending}, $split_off)"),
+		'x@example.net|y@example.com|1',
+		"$from: split_off peels a recipient onto a sibling sharing the body");
+	is( query(
+			$db,
+			"SELECT pepsi.workqueue_commit_many(ARRAY[$q{pending}], ARRAY['relay'],"
+			  . " 'advance', ARRAY['deliver'])"),
+		1,
+		"$from: commit_many advances a batch");
+
+	# The worker's row that was running across the upgrade concludes.
+	query($db, "SELECT pepsi.workqueue_commit($q{running}, 'deliver', 'finish')");
+	is( query(
+			$db,
+			"SELECT count(*) FROM pepsi.workqueue WHERE id = $q{running}") . '|'
+		  . query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{shared_body}"),
+		'0|1',
+		"$from: the running row finishes; its siblings keep the shared body");
+	my @deliver = split /,/, claim($db, 'deliver');
+	is(scalar @deliver, 4, "$from: the siblings, the split-off row and the advanced row are claimed at deliver");
+	for my $sibling (split /,/, $q{siblings})
+	{
+		query($db, "SELECT pepsi.workqueue_commit($sibling, 'deliver', 'finish')");
+	}
+	is(query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{shared_body}"),
+		0, "$from: finishing the last sibling releases the shared body");
+	is( query(
+			$db,
+			"SELECT array_length(pepsi.workqueue_finish_with_clones($split_off, 'deliver',"
+			  . " '[{\"token\": \"success-1\", \"stage\": \"bounce\", \"state\": {\"bounce\": {\"kind\": \"success\"}}}]'), 1)"
+		),
+		1,
+		"$from: finish_with_clones deletes a row and spawns its clone");
+	query($db, "SELECT pepsi.workqueue_pause($q{pending}, 'deliver', 60, '{\"attempts\": 1}')");
+	is( query(
+			$db,
+			"SELECT status || ' ' || (state->>'attempts') || ' ' || (state->'dsn'->>'ret')"
+			  . " FROM pepsi.workqueue WHERE id = $q{pending}"),
+		'paused 1 hdrs',
+		"$from: pause merges into the state the row had before the upgrade");
+
+	is(query($db, 'SELECT pepsi.workqueue_requeue_due()'),
+		1, "$from: requeue_due takes the paused row that is due, and only it");
+	is(query($db, "SELECT status FROM pepsi.workqueue WHERE id = $q{due}"),
+		'pending', "$from: the due row is pending again");
+	is(query($db, "SELECT pepsi.workqueue_resume(ARRAY[$q{with_clone}])"),
+		1, "$from: resume takes a paused row back to pending");
+	claim($db, 'dsn');
+	is( query(
+			$db,
+			"SELECT cardinality(pepsi.workqueue_pause($q{with_clone}, 'dsn', 3600,"
+			  . " clones => '[{\"token\": \"delay-1\", \"stage\": \"bounce\", \"state\": {}}]'))"),
+		0,
+		"$from: a clone token from before the upgrade still makes the clone at-most-once");
+
+	ok(query($db, 'SELECT pepsi.workqueue_body_gc()') >= 1, "$from: body GC sweeps");
+	is(query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{orphan_body}"),
+		0, "$from: the orphaned body from before the upgrade is gone");
+	my @pending_rows = split /,/, claim($db, 'retry');
+	is( query(
+			$db,
+			"SELECT pepsi.workqueue_reset_orphans()"),
+		scalar @pending_rows,
+		"$from: reset_orphans puts running rows back to pending");
+
+	my $new = add($db, 'init', ['new@example.net'], 'new body');
+	ok($new > $max_id, "$from: a new message gets an id after every old one");
+
+	#
+	# The administrative surface.
+	#
+	is( query(
+			$db,
+			"SELECT string_agg(stage || ':' || status || ':' || messages, ' ' ORDER BY stage, status)"
+			  . " FROM pepsi.queue_summary"),
+		query(
+			$db,
+			"SELECT string_agg(stage || ':' || status || ':' || n, ' ' ORDER BY stage, status)"
+			  . " FROM (SELECT stage, status, count(*) AS n FROM pepsi.workqueue GROUP BY 1, 2) s"),
+		"$from: queue_summary counts the queue");
+	is(query($db, 'SELECT held FROM pepsi.queue_summary WHERE stage = \'hold\''),
+		1, "$from: queue_summary still counts the held row");
+	is( query($db, 'SELECT sum(total) FROM pepsi.queue_shape'),
+		query($db, 'SELECT sum(cardinality(rcpt_to)) FROM pepsi.workqueue'),
+		"$from: queue_shape counts every recipient");
+	is(query($db, "SELECT total FROM pepsi.queue_senders WHERE sender_key = 'local'"),
+		query($db, "SELECT count(*) FROM pepsi.workqueue WHERE sender_key = 'local'"),
+		"$from: queue_senders counts the local sender's rows");
+	is(query($db, "SELECT pepsi.queue_release(ARRAY[$q{held}])"),
+		1, "$from: queue_release frees the row held before the upgrade");
+	is(query($db, "SELECT pepsi.queue_retry(ARRAY[$q{failed}])"),
+		1, "$from: queue_retry takes the failed row back");
+	is(query($db, "SELECT pepsi.queue_hold(ARRAY[$q{paused}])"),
+		1, "$from: queue_hold parks the paused row");
+	is(query($db, "SELECT pepsi.queue_bounce(ARRAY[$q{paused}], 'no such user')"),
+		1, "$from: queue_bounce sends it to the bounce stage");
+	is(query($db, "SELECT pepsi.queue_delete(ARRAY[$new])"),
+		1, "$from: queue_delete deletes a row");
+	is(query($db, 'SELECT count(*) FROM pepsi.event_log') - $events,
+		5, "$from: each administrative action wrote its event");
+	is( query(
+			$db,
+			"SELECT pepsi.config_get('domain:example.net', 'stage-relay', 'MAX_LIFETIME')"),
+		'5d',
+		"$from: a scoped override set before the upgrade is in force");
+	is(query($db, "SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '2s')"),
+		'5s', "$from: config_set replaces a value set before the upgrade");
+	is(query($db, "SELECT pepsi.config_unset('global', 'dispatch', 'POLL_INTERVAL')"),
+		'2s', "$from: config_unset removes it");
+
+	# Every object the upgrade added belongs to the group roles the policy
+	# says, and nothing else changed hands.
+	is(query($db, "SELECT count(*) FROM pepsi.grant_verify()"),
+		0, "$from: the grants match the policy after the upgrade")
+	  or diag(query($db, 'SELECT * FROM pepsi.grant_verify()'));
+	$node->safe_psql($db, "CREATE ROLE monitor_$db LOGIN IN ROLE pepsi_monitor");
+	my ($ret, $out, $err) = $node->psql($db, 'SELECT count(*) > 0 FROM pepsi.queue_summary',
+		extra_params => [ '-U', "monitor_$db" ]);
+	is($ret . $out, '0t', "$from: pepsi_monitor reads the queue views");
+	($ret, $out, $err) = $node->psql($db, 'SELECT count(*) FROM pepsi.workqueue',
+		extra_params => [ '-U', "monitor_$db" ]);
+	like($err, qr/permission denied for table workqueue/, "$from: and not the queue");
+
+	my $upgraded = query($db, $describe);
+	ok($upgraded eq $fresh, "$from: the updated schema is the one CREATE EXTENSION pepsi makes")
+	  or diag(join "\n", diff_lines($fresh, $upgraded));
+}
+
+$node->stop;
+done_testing();
