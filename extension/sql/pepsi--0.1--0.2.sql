@@ -15,13 +15,175 @@
  * whose queue holds rows (no NOT NULL column without a default, no
  * rewrite that drops data), since this runs on live installations.
  *
- * Grants: an object a block adds is no role's until pepsi.grant_policy()
- * names it (and pepsi.grant_definer_functions() or grant_owner_only() where
- * they apply).  A block that adds objects redefines those functions with
- * CREATE OR REPLACE, starting from their latest definition in this file
- * (an earlier block's, else 0.1's), and ends with SELECT pepsi.grant_apply().
- * The upgrade test checks that pepsi.grant_verify() finds no drift, so a
- * block that drops another's rows from the policy fails it.
+ * Grants: the policy is data (the first block below): an object a block
+ * adds is no role's until the block inserts its rows into pepsi.grant_rule
+ * (role, kind, name, privileges), pepsi.grant_definer (functions that run
+ * as the owner) or pepsi.grant_owner (the owner's alone); a new group role
+ * goes into pepsi.grant_role, then SELECT pepsi.grant_roles_create().  A
+ * block that adds objects ends with SELECT pepsi.grant_apply().  Blocks
+ * only ever insert rows, so blocks from different branches never edit the
+ * same definition.  The upgrade test checks that pepsi.grant_verify()
+ * finds no drift.
  */
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.2'" to load this file. \quit
+
+-- ===========================================================================
+-- Grant rules as data
+--
+-- 0.1 wrote the policy as VALUES lists inside grant_policy(),
+-- grant_definer_functions() and grant_owner_only(), and named the group
+-- roles inside grant_apply().  Every feature that adds an object had to
+-- redefine those functions whole, so two features added on two branches
+-- each dropped the other's rows.  The lists become tables that each block
+-- appends to; the functions read them, and keep their names and results so
+-- that grant_expected(), grant_verify() and apply_grants() are unchanged.
+-- ===========================================================================
+
+CREATE TABLE pepsi.grant_role (
+    name        name PRIMARY KEY,
+    description text NOT NULL
+);
+INSERT INTO pepsi.grant_role VALUES
+    ('pepsi_stage', 'Pepsi: the pipeline (pepsi-dispatch and the stage workers)'),
+    ('pepsi_ingress', 'Pepsi: admission only (pepsi-ingress, pepsi-sendmail): EXECUTE on pepsi.workqueue_add and workqueue_inject'),
+    ('pepsi_config', 'Pepsi: administration: writes pepsi.config_override, acts on the queue'),
+    ('pepsi_monitor', 'Pepsi: read-only monitoring: the queue views and statistics');
+
+CREATE TABLE pepsi.grant_rule (
+    role        name NOT NULL REFERENCES pepsi.grant_role (name),
+    object_kind text NOT NULL CHECK (object_kind IN ('schema', 'table', 'view', 'sequence', 'function')),
+    object_name text NOT NULL,
+    privileges  text[] NOT NULL CHECK (cardinality(privileges) > 0),
+    PRIMARY KEY (role, object_kind, object_name)
+);
+INSERT INTO pepsi.grant_rule SELECT * FROM pepsi.grant_policy();
+
+CREATE TABLE pepsi.grant_definer (name text PRIMARY KEY);
+INSERT INTO pepsi.grant_definer SELECT * FROM pepsi.grant_definer_functions();
+
+CREATE TABLE pepsi.grant_owner (name text PRIMARY KEY);
+INSERT INTO pepsi.grant_owner SELECT * FROM pepsi.grant_owner_only();
+INSERT INTO pepsi.grant_owner VALUES
+    ('grant_role'), ('grant_rule'), ('grant_definer'), ('grant_owner'), ('grant_roles_create');
+
+CREATE OR REPLACE FUNCTION pepsi.grant_policy()
+RETURNS TABLE (role name, object_kind text, object_name text, privileges text[])
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT g.role, g.object_kind, g.object_name, g.privileges FROM pepsi.grant_rule g
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.grant_definer_functions() RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT d.name FROM pepsi.grant_definer d
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.grant_owner_only() RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT o.name FROM pepsi.grant_owner o
+$$;
+
+-- The group roles pepsi.grant_role names that the cluster lacks.  Roles
+-- belong to the cluster: a role that exists already is left as it is.
+CREATE FUNCTION pepsi.grant_roles_create() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    wanted record;
+BEGIN
+    FOR wanted IN SELECT * FROM pepsi.grant_role r
+                  WHERE NOT EXISTS (SELECT FROM pg_roles x WHERE x.rolname = r.name)
+    LOOP
+        EXECUTE format('CREATE ROLE %I NOLOGIN', wanted.name);
+        EXECUTE format('COMMENT ON ROLE %I IS %L', wanted.name, wanted.description);
+    END LOOP;
+END
+$$;
+
+-- As in 0.1, with the group roles read from pepsi.grant_role.
+CREATE OR REPLACE FUNCTION pepsi.grant_apply() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    missing text;
+    routine text;
+    item record;
+    revokees text;
+BEGIN
+    SELECT string_agg(DISTINCT g.role, ', ') INTO missing FROM pepsi.grant_policy() g
+    WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = g.role);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION '% % not exist', CASE WHEN missing LIKE '%,%' THEN 'group roles' ELSE 'group role' END,
+                        missing || CASE WHEN missing LIKE '%,%' THEN ' do' ELSE ' does' END
+            USING ERRCODE = 'undefined_object',
+                  DETAIL = 'CREATE EXTENSION pepsi creates the group roles; only a DBA drops or renames them.',
+                  HINT = 'Create it again with CREATE ROLE <name> NOLOGIN, then run SELECT * FROM pepsi.apply_grants().';
+    END IF;
+    SELECT 'PUBLIC, ' || string_agg(quote_ident(r.name), ', ' ORDER BY r.name) INTO revokees
+    FROM pepsi.grant_role r;
+
+    EXECUTE format('REVOKE ALL ON SCHEMA pepsi FROM %s', revokees);
+    FOR item IN
+        SELECT c.oid::regclass AS relation, c.relkind = 'S' AS is_sequence
+        FROM pg_class c
+        WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+    LOOP
+        EXECUTE format('REVOKE ALL ON %s %s FROM %s',
+                       CASE WHEN item.is_sequence THEN 'SEQUENCE' ELSE 'TABLE' END, item.relation, revokees);
+    END LOOP;
+    FOR item IN SELECT p.oid::regprocedure AS routine FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace
+    LOOP
+        EXECUTE format('REVOKE ALL ON ROUTINE %s FROM %s', item.routine, revokees);
+    END LOOP;
+
+    -- The logs are append-only for every role, not just for ours.
+    -- (A table-level REVOKE takes the column-level grants with it.)
+    FOR item IN
+        SELECT DISTINCT x.relation, a.privilege_type AS privilege,
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee
+        FROM (SELECT c.oid::regclass AS relation, c.relowner AS owner, c.relacl AS acl FROM pg_class c
+              UNION ALL
+              SELECT c.oid::regclass, c.relowner, t.attacl
+              FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid) AS x
+        CROSS JOIN LATERAL aclexplode(x.acl) AS a
+        WHERE x.relation IN ('pepsi.event_log'::regclass, 'pepsi.mail_log'::regclass)
+          AND a.privilege_type IN ('UPDATE', 'DELETE', 'TRUNCATE') AND a.grantee <> x.owner
+    LOOP
+        EXECUTE format('REVOKE %s ON TABLE %s FROM %s CASCADE', item.privilege, item.relation, item.grantee);
+    END LOOP;
+
+    FOR item IN SELECT * FROM pepsi.grant_policy() g WHERE g.object_kind = 'schema'
+    LOOP
+        EXECUTE format('GRANT %s ON SCHEMA %I TO %I', array_to_string(item.privileges, ', '),
+                       item.object_name, item.role);
+    END LOOP;
+    -- (An object the policy names that does not exist is skipped here and
+    -- reported by grant_verify().)
+    FOR item IN SELECT * FROM pepsi.grant_policy() g
+                WHERE g.object_kind IN ('table', 'view', 'sequence')
+                  AND to_regclass(format('pepsi.%I', g.object_name)) IS NOT NULL
+    LOOP
+        EXECUTE format('GRANT %s ON %s pepsi.%I TO %I', array_to_string(item.privileges, ', '),
+                       CASE WHEN item.object_kind = 'sequence' THEN 'SEQUENCE' ELSE 'TABLE' END,
+                       item.object_name, item.role);
+    END LOOP;
+    FOR item IN SELECT * FROM pepsi.grant_policy() g WHERE g.object_kind = 'function'
+    LOOP
+        FOR routine IN SELECT p.oid::regprocedure::text FROM pg_proc p
+                       WHERE p.pronamespace = 'pepsi'::regnamespace AND p.proname = item.object_name
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', routine, item.role);
+        END LOOP;
+    END LOOP;
+
+    FOR item IN SELECT p.oid::regprocedure AS routine FROM pg_proc p
+                WHERE p.pronamespace = 'pepsi'::regnamespace
+                  AND p.proname IN (SELECT * FROM pepsi.grant_definer_functions())
+    LOOP
+        EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp',
+                       item.routine);
+    END LOOP;
+END
+$$;
+
+SELECT pepsi.grant_apply();
+
+-- end of grant rules as data
