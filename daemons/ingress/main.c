@@ -31,6 +31,7 @@
 #include "db.h"
 #include "ingress.h"
 #include "log.h"
+#include "privilege.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 
@@ -217,55 +218,6 @@ listener_open(const char *section)
 	return l;
 }
 
-/*
- * Privileges
- */
-
-/* chroot is left out: libpq needs the socket directory and /etc. */
-static void
-ingress_drop_privileges(void)
-{
-	const char *user = config_get(ingress.cfg, "ingress", "USER");
-	const char *group = config_get(ingress.cfg, "ingress", "GROUP");
-	struct passwd *pw;
-	gid_t		gid;
-
-	if (user == NULL)
-	{
-		if (geteuid() == 0)
-			fatalx("%s: refusing to run as root: set [ingress] USER", ingress.cfg->path);
-		return;
-	}
-	if ((pw = getpwnam(user)) == NULL)
-		fatalx("%s: [ingress] USER %s: no such user", ingress.cfg->path, user);
-	if (geteuid() != 0)
-	{
-		/* Started as that user already (make run, the tests): nothing to drop. */
-		if (pw->pw_uid != geteuid())
-			fatalx("%s: [ingress] USER %s: only root can become another user",
-				   ingress.cfg->path, user);
-		return;
-	}
-	gid = pw->pw_gid;
-	if (group)
-	{
-		struct group *gr = getgrnam(group);
-
-		if (gr == NULL)
-			fatalx("%s: [ingress] GROUP %s: no such group", ingress.cfg->path, group);
-		gid = gr->gr_gid;
-	}
-	if (chdir("/") != 0)
-		fatal("chdir /");
-	if (setgroups(1, &gid) != 0)
-		fatal("setgroups");
-	if (setresgid(gid, gid, gid) != 0)
-		fatal("setresgid");
-	if (setresuid(pw->pw_uid, pw->pw_uid, pw->pw_uid) != 0)
-		fatal("setresuid");
-	log_info("running as %s", user);
-}
-
 /* A thousand sessions need more descriptors than the usual soft limit. */
 static void
 ingress_raise_fd_limit(void)
@@ -416,7 +368,7 @@ pepsi_ingress_main(int argc, char **argv)
 		ingress.listeners = l;
 	}
 	ingress_raise_fd_limit();
-	ingress_drop_privileges();
+	privilege_drop(ingress.cfg, "ingress");
 
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
