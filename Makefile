@@ -156,10 +156,13 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
               -std=gnu11 -D_GNU_SOURCE -Icommon
 
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c \
-                     daemons/ingress/envelope.c common/buf.c common/log.c common/message.c \
+                     daemons/ingress/envelope.c daemons/ingress/relay_control.c \
+                     common/buf.c common/log.c common/message.c common/local.c \
+                     common/aliases.c common/config.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -o $@ $(filter %.c,$^) -ljansson
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \
+		-o $@ $(filter %.c,$^) -L$(shell $(PG_CONFIG) --libdir) -lpq -linih -ljansson
 
 fuzz: $(B)/fuzz/fuzz_smtp
 	@mkdir -p $(B)/fuzz/corpus-smtp

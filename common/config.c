@@ -47,7 +47,8 @@ struct config_section_schema
 };
 
 static const char *const pepsi_options[] = {
-	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT", NULL
+	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT",
+	"LOCAL_DOMAINS", "LOCAL_RECIPIENTS", "ALIASES_FILE", "MAILDIR_ROOT", NULL
 };
 static const char *const database_options[] = {
 	"CONNINFO", NULL
@@ -58,7 +59,8 @@ static const char *const dispatch_options[] = {
 };
 static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
-	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", NULL
+	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", "TRUSTED_NETWORKS",
+	"LOCAL_RECIPIENTS_REFRESH", NULL
 };
 static const char *const sendmail_options[] = {
 	"INIT_STAGE", NULL
@@ -66,7 +68,26 @@ static const char *const sendmail_options[] = {
 static const char *const listener_options[] = {
 	"ADDRESS", "PORT", "MODE", "CERTIFICATE", "KEY", "MAX_SIZE", "MAX_RECIPIENTS",
 	"MAX_LINE_LENGTH", "MAX_SESSIONS", "MAX_SESSIONS_PER_CLIENT", "IDLE_TIMEOUT",
-	"MAX_ERRORS", "COMMAND_RATE", NULL
+	"MAX_ERRORS", "COMMAND_RATE", "TRUSTED_NETWORKS", NULL
+};
+
+/*
+ * Options of overridable sections that are read from the file only: who a
+ * process runs as, whose passwords and which networks it trusts, and the
+ * paths it reads.  A compromised database must not change them.
+ */
+static const struct
+{
+	const char *section;
+	const char *option;
+	const char *why;
+}			config_file_only[] = {
+	{"ingress", "USER", "whom ingress runs as"},
+	{"ingress", "GROUP", "whom ingress runs as"},
+	{"ingress", "CREDENTIALS", "whose passwords ingress trusts"},
+	{"ingress", "TRUSTED_NETWORKS", "which clients may relay"},
+	{"pepsi", "ALIASES_FILE", "which file names the local recipients"},
+	{"pepsi", "MAILDIR_ROOT", "where the local mailboxes are"},
 };
 
 static const struct config_section_schema config_schema[] = {
@@ -387,14 +408,14 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 section, option);
 		return false;
 	}
-	if (strcmp(section, "ingress") == 0 && (strcmp(option, "USER") == 0
-											 || strcmp(option, "GROUP") == 0
-											 || strcmp(option, "CREDENTIALS") == 0))
-	{
-		snprintf(err, errlen, "override [%s] %s refused: whom ingress runs as and whose "
-				 "passwords it trusts is read only from the file", section, option);
-		return false;
-	}
+	for (size_t i = 0; i < sizeof(config_file_only) / sizeof(config_file_only[0]); i++)
+		if (strcmp(section, config_file_only[i].section) == 0
+			&& strcmp(option, config_file_only[i].option) == 0)
+		{
+			snprintf(err, errlen, "override [%s] %s refused: %s is read only from the file",
+					 section, option, config_file_only[i].why);
+			return false;
+		}
 	if (strcmp(scope, "global") != 0
 		&& !(strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
 		&& !(strncmp(scope, "address:", 8) == 0 && scope[8] != '\0'))

@@ -80,7 +80,9 @@ psql_admin -d pepsi -tAc "SELECT pepsi.start_maintenance()" >/dev/null
 
 # The system's configuration: the sample with this run's places filled in.
 conf="$run_dir/pepsi.conf"
-mkdir -p "$run_dir/maildir"
+# The one mailbox of the demonstration: ingress refuses unknown local
+# recipients (LOCAL_RECIPIENTS = maildir) and relays only for this host.
+mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
 sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" "$top/docs/pepsi.conf.sample" >"$conf"
 
 bin="$top/build/bin"

@@ -16,6 +16,8 @@
 
 #include "auth.h"
 #include "config.h"
+#include "local.h"
+#include "relay_control.h"
 #include "smtp.h"
 
 enum listener_mode
@@ -33,6 +35,7 @@ struct listener
 	ev_io		io;
 	SSL_CTX    *tls;			/* NULL without CERTIFICATE */
 	struct smtp_policy policy;
+	struct trusted_networks trusted;	/* TRUSTED_NETWORKS: may relay without AUTH */
 	double		idle_timeout;	/* seconds */
 	size_t		max_sessions;
 	size_t		max_sessions_per_client;
@@ -47,6 +50,8 @@ struct ingress
 	const char *hostname;
 	const char *authserv_id;
 	struct credentials *credentials;
+	const char *local_domains;	/* [pepsi] LOCAL_DOMAINS */
+	struct local_resolver *local_recipients;	/* NULL: no recipient validation */
 	struct listener *listeners;
 	size_t		sessions;
 	bool		stopping;
@@ -54,8 +59,14 @@ struct ingress
 
 extern struct ingress ingress;
 
+/* local_refresh.c: the virtual mailboxes re-read from SQL off the event loop. */
+void		local_refresh_start(double interval);
+void		local_refresh_stop(void);
+
 /* session.c */
 void		session_accept(struct listener *l, int fd, const struct sockaddr *addr);
+/* policy.rcpt_check of every listener: relay control and recipient validation. */
+enum smtp_rcpt_verdict session_rcpt_check(const struct smtp_session *smtp, const char *address);
 /* Stop: 421 to every session not waiting for the database. */
 void		session_shutdown_all(void);
 

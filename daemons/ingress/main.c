@@ -166,6 +166,28 @@ err:
 	fatal("[%s] cannot listen on %s port %ld", section, address, port);
 }
 
+/* The listener's own TRUSTED_NETWORKS, else [ingress]'s, else loopback only. */
+static void
+listener_trusted_networks(struct listener *l, const char *section)
+{
+	const char *where = section;
+	const char *list = config_get(ingress.cfg, section, "TRUSTED_NETWORKS");
+	char		reason[512];
+	char		origin[512];
+
+	if (list == NULL)
+	{
+		where = "ingress";
+		list = config_get(ingress.cfg, "ingress", "TRUSTED_NETWORKS");
+	}
+	if (list == NULL)
+		list = RELAY_DEFAULT_TRUSTED_NETWORKS;
+	if (!trusted_networks_parse(list, &l->trusted, reason, sizeof(reason)))
+		fatalx("%s: [%s] TRUSTED_NETWORKS: %s",
+			   config_origin(ingress.cfg, where, "TRUSTED_NETWORKS", origin, sizeof(origin)),
+			   where, reason);
+}
+
 static struct listener *
 listener_open(const char *section)
 {
@@ -195,6 +217,8 @@ listener_open(const char *section)
 	l->policy.max_errors = (unsigned) ingress_option_long(section, "MAX_ERRORS", 10, 1, 1000000);
 	l->policy.command_rate = (unsigned) ingress_option_long(section, "COMMAND_RATE", 0, 0,
 															1000000000);
+	listener_trusted_networks(l, section);
+	l->policy.rcpt_check = session_rcpt_check;
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
 	l->policy.auth = ingress.credentials != NULL;
 	l->policy.auth_required = l->mode != LISTENER_SMTP;
@@ -299,6 +323,7 @@ pepsi_ingress_main(int argc, char **argv)
 	struct admit_options admit_options;
 	char		err[1024];
 	char		host[256];
+	double		local_refresh_interval;
 	size_t		nsections;
 	ev_signal	sigterm,
 				sigint;
@@ -349,6 +374,17 @@ pepsi_ingress_main(int argc, char **argv)
 		admit_options.stage = "init";
 	admit_options.wake_interval = ingress_option_seconds("ingress", "DISPATCH_WAKE_INTERVAL", 50, 0);
 
+	ingress.local_domains = local_domains(ingress.cfg, NULL);
+	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
+		fatalx("%s", err);
+	if (!local_resolver_validates(ingress.local_recipients))
+	{
+		local_resolver_free(ingress.local_recipients);
+		ingress.local_recipients = NULL;
+	}
+	local_refresh_interval = ingress_option_seconds("ingress", "LOCAL_RECIPIENTS_REFRESH",
+													30 * 1000, 100);
+
 	if (config_get(ingress.cfg, "ingress", "CREDENTIALS"))
 	{
 		ingress.credentials = credentials_load(config_get(ingress.cfg, "ingress", "CREDENTIALS"),
@@ -372,6 +408,8 @@ pepsi_ingress_main(int argc, char **argv)
 
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
+	if (local_resolver_uses_virtual(ingress.local_recipients))
+		local_refresh_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		ev_io_start(ingress.loop, &l->io);
 	ev_signal_init(&sigterm, ingress_signal_cb, SIGTERM);
@@ -385,6 +423,8 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_run(ingress.loop, 0);
 
 	admit_shutdown();
+	local_refresh_stop();
+	local_resolver_free(ingress.local_recipients);
 	credentials_free(ingress.credentials);
 	log_info("stopped");
 	return 0;

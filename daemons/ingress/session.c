@@ -58,6 +58,7 @@ struct session
 	ev_tstamp	last_command;
 	struct buf	in;				/* input not yet used: a partial line, or after an event */
 	struct admission *admission;
+	bool		trusted;		/* the client is in TRUSTED_NETWORKS */
 	unsigned	transactions;
 	struct session *prev;
 	struct session *next;
@@ -571,6 +572,26 @@ session_client_ip(const struct sockaddr *addr, char *ip, size_t iplen)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *) addr)->sin_addr, ip, (socklen_t) iplen);
 }
 
+enum smtp_rcpt_verdict
+session_rcpt_check(const struct smtp_session *smtp, const char *address)
+{
+	const struct session *s = smtp->host;
+	struct relay_request request = {
+		.local_domains = ingress.local_domains,
+		.resolver = ingress.local_recipients,
+		.trusted_client = s->trusted,
+		.authenticated = smtp->auth_account != NULL,
+	};
+	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
+
+	if (verdict == SMTP_RCPT_RELAY_DENIED)
+		log_info("%s: relay to <%s> refused (not authenticated, not a trusted network)",
+				 s->client->ip, address);
+	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
+		log_info("%s: unknown local recipient <%s> refused", s->client->ip, address);
+	return verdict;
+}
+
 void
 session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 {
@@ -605,6 +626,8 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->client = client;
 	s->fd = fd;
 	smtp_init(&s->smtp, &l->policy);
+	s->smtp.host = s;
+	s->trusted = trusted_networks_contain(&l->trusted, addr);
 	ev_io_init(&s->io, session_io_cb, fd, 0);
 	s->io.data = s;
 	ev_init(&s->timer, session_timer_cb);

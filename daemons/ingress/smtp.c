@@ -661,6 +661,54 @@ smtp_notify_valid(char *value)
 		&& strstr(value, ",,") == NULL;
 }
 
+/*
+ * Has the transaction this recipient already?  The domain is compared
+ * without case (RFC 5321 2.4), the local part exactly: only its owner
+ * knows whether case matters there.
+ */
+static bool
+smtp_rcpt_duplicate(const struct smtp_session *s, const char *address)
+{
+	const char *at = strrchr(address, '@');
+	size_t		local = at ? (size_t) (at - address) : strlen(address);
+
+	for (size_t i = 0; i < s->nrcpt; i++)
+	{
+		const char *other = s->rcpt[i].address;
+
+		if (strncmp(other, address, local) == 0
+			&& (other[local] == '@' || other[local] == '\0')
+			&& strcasecmp(other + local, address + local) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The host's relay control and recipient validation; replies and returns false on refusal. */
+static bool
+smtp_rcpt_allowed(struct smtp_session *s, const char *address)
+{
+	switch (s->policy->rcpt_check(s, address))
+	{
+		case SMTP_RCPT_ACCEPT:
+			return true;
+		case SMTP_RCPT_RELAY_DENIED:
+			smtp_error(s, "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send "
+					   "only to domains this server receives mail for)", address);
+			return false;
+		case SMTP_RCPT_UNKNOWN_USER:
+			smtp_error(s, "550 5.1.1 <%.256s>: Recipient address rejected: no such user here",
+					   address);
+			return false;
+		case SMTP_RCPT_UNVERIFIED:
+			/* Our trouble, not the client's: not counted as its error. */
+			smtp_reply(s, "451 4.3.0 <%.256s>: Recipient cannot be verified now, try again later",
+					   address);
+			return false;
+	}
+	return false;
+}
+
 static void
 smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 {
@@ -738,6 +786,14 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 			smtp_error(s, "501 5.1.3 Bad recipient address syntax");
 		goto out;
 	}
+	if (smtp_rcpt_duplicate(s, path))
+	{
+		/* Stored once: a list that names someone twice delivers once. */
+		smtp_reply(s, "250 2.1.5 Recipient ok (duplicate, delivered once)");
+		goto out;
+	}
+	if (s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
+		goto out;
 	if (s->nrcpt >= s->policy->max_recipients)
 	{
 		/* RFC 5321 4.5.3.1.10: 452, and not counted as an error. */

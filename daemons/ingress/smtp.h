@@ -22,6 +22,17 @@
 #define SMTP_PATH_MAX 256
 #define SMTP_ENVID_MAX 100
 
+struct smtp_session;
+
+/* The host's verdict on a recipient (relay control, recipient validation). */
+enum smtp_rcpt_verdict
+{
+	SMTP_RCPT_ACCEPT,
+	SMTP_RCPT_RELAY_DENIED,		/* 554 5.7.1: not ours, and the client may not relay */
+	SMTP_RCPT_UNKNOWN_USER,		/* 550 5.1.1: ours, but no such recipient */
+	SMTP_RCPT_UNVERIFIED		/* 451 4.3.0: ours, but it cannot be checked now */
+};
+
 /* What a listener allows; shared by its sessions, never changed by them. */
 struct smtp_policy
 {
@@ -34,6 +45,8 @@ struct smtp_policy
 	bool		starttls;		/* a certificate is configured */
 	bool		auth;			/* credentials are configured */
 	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
+	/* Asked for each syntactically valid recipient; NULL accepts all. */
+	enum smtp_rcpt_verdict (*rcpt_check) (const struct smtp_session *s, const char *address);
 };
 
 enum smtp_state
@@ -103,6 +116,7 @@ struct smtp_tls_info
 struct smtp_session
 {
 	const struct smtp_policy *policy;
+	void	   *host;			/* the host's own, for policy->rcpt_check */
 	enum smtp_state state;
 	enum smtp_event event;
 	struct buf	out;			/* replies not yet written */

@@ -11,7 +11,8 @@
  * the row is finished the message is on disk.
  *
  * Options of its [stage-*] section (besides common/delivery.h's):
- *   MAILDIR_ROOT       the directory of the mailboxes (required)
+ *   MAILDIR_ROOT       the directory of the mailboxes (default [pepsi]
+ *                      MAILDIR_ROOT, where ingress looks recipients up)
  *   MAILBOX            address (default) | localpart
  *   CREATE_MAILBOXES   yes: a missing mailbox is created (tmp, new, cur);
  *                      no (default): it is a permanent failure, 5.1.1
@@ -194,10 +195,20 @@ done:
 	return ok;
 }
 
+/* The section's MAILDIR_ROOT, else [pepsi]'s: one place for ingress and delivery. */
+static const char *
+maildir_root(const struct pepsi_config *cfg, const char *section)
+{
+	const char *root = config_get(cfg, section, "MAILDIR_ROOT");
+
+	return root ? root : config_get(cfg, "pepsi", "MAILDIR_ROOT");
+}
+
 static int
 maildir_run(struct pepsi_ctx *ctx)
 {
-	const char *root = pepsi_option(ctx, "MAILDIR_ROOT");
+	const char *root = pepsi_option(ctx, "MAILDIR_ROOT") ? pepsi_option(ctx, "MAILDIR_ROOT")
+		: config_get(pepsi_config(ctx), "pepsi", "MAILDIR_ROOT");
 	const char *mailbox_option = pepsi_option(ctx, "MAILBOX");
 	const char *create_option = pepsi_option(ctx, "CREATE_MAILBOXES");
 	bool		localpart = mailbox_option && strcasecmp(mailbox_option, "localpart") == 0;
@@ -293,7 +304,7 @@ maildir_can_fuse(struct pepsi_ctx *ctx)
 static bool
 maildir_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	const char *root = config_get(cfg, section, "MAILDIR_ROOT");
+	const char *root = maildir_root(cfg, section);
 	const char *mailbox = config_get(cfg, section, "MAILBOX");
 	bool		create;
 

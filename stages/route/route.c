@@ -2,7 +2,9 @@
  * pepsi-stage-route: local domains to one stage, everything else to another.
  *
  * Options of its [stage-*] section:
- *   LOCAL_DOMAINS  the domains delivered here (comma or space separated)
+ *   LOCAL_DOMAINS  the domains delivered here (comma or space separated;
+ *                  default [pepsi] LOCAL_DOMAINS, the list ingress's relay
+ *                  control uses, so the two agree unless told otherwise)
  *   LOCAL_STAGE    where their recipients go
  *   REMOTE_STAGE   where other recipients go (default: NEXT_STAGE)
  * A row with both kinds is split: the remote recipients move to a sibling
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "local.h"
 #include "log.h"
 #include "stage.h"
 
@@ -19,28 +22,13 @@
 
 int			pepsi_stage_route_main(int argc, char **argv);
 
-/* Is the domain of address among the comma/space separated domains? */
-static bool
-route_is_local(const char *domains, const char *address)
+/* The local domains of this stage's section (local.c's fallbacks included). */
+static const char *
+route_domains(struct pepsi_ctx *ctx)
 {
-	const char *at = strrchr(address, '@');
-	const char *domain = at ? at + 1 : "";
-	size_t		len = strlen(domain);
-	const char *p = domains;
+	const char *domains = pepsi_option(ctx, "LOCAL_DOMAINS");
 
-	if (len == 0)
-		return true;			/* a bare local part (postmaster) is ours */
-	while (*p)
-	{
-		size_t		n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == len && strncasecmp(p, domain, n) == 0)
-			return true;
-		p += n;
-	}
-	return false;
+	return domains ? domains : local_domains(pepsi_config(ctx), NULL);
 }
 
 static const char *
@@ -54,11 +42,11 @@ route_remote_stage(struct pepsi_ctx *ctx)
 static size_t
 route_count_local(struct pepsi_ctx *ctx)
 {
-	const char *domains = pepsi_option(ctx, "LOCAL_DOMAINS");
+	const char *domains = route_domains(ctx);
 	size_t		local = 0;
 
 	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
-		if (route_is_local(domains ? domains : "", pepsi_rcpt(ctx, i)))
+		if (local_address_is_local(domains, pepsi_rcpt(ctx, i)))
 			local++;
 	return local;
 }
@@ -66,7 +54,7 @@ route_count_local(struct pepsi_ctx *ctx)
 static int
 route_run(struct pepsi_ctx *ctx)
 {
-	const char *domains = pepsi_option(ctx, "LOCAL_DOMAINS");
+	const char *domains = route_domains(ctx);
 	size_t		count = pepsi_rcpt_count(ctx);
 	size_t		local = route_count_local(ctx);
 	int		   *remote;
@@ -80,7 +68,7 @@ route_run(struct pepsi_ctx *ctx)
 
 	remote = xcalloc(count, sizeof(int));
 	for (size_t i = 0; i < count; i++)
-		if (!route_is_local(domains ? domains : "", pepsi_rcpt(ctx, i)))
+		if (!local_address_is_local(domains, pepsi_rcpt(ctx, i)))
 			remote[nremote++] = (int) i + 1;
 	rc = pepsi_split_off_recipients(ctx, remote, nremote, route_remote_stage(ctx));
 	free(remote);

@@ -1,7 +1,9 @@
 /*
  * fuzz_smtp.c: libFuzzer target for the SMTP command parser, the DATA and
  * BDAT state machines and the envelope built from what they accept
- * (daemons/ingress/smtp.c, envelope.c).  "make fuzz" runs it.
+ * (daemons/ingress/smtp.c, envelope.c), with relay control and recipient
+ * validation (relay_control.c, common/local.c) answering RCPT when the
+ * settings ask for them.  "make fuzz" runs it.
  *
  * Input: one byte of settings, then what a client sends.  The bytes are
  * fed in pieces of varying size, as reads from a socket would be, and the
@@ -12,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "envelope.h"
+#include "local.h"
+#include "relay_control.h"
 #include "smtp.h"
 
 int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -23,6 +28,43 @@ int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FUZZ_AUTH_REQUIRED 0x04
 #define FUZZ_DATABASE_DOWN 0x08
 #define FUZZ_SMALL_LIMITS 0x10
+#define FUZZ_RELAY_CONTROL 0x20
+#define FUZZ_TRUSTED_CLIENT 0x40
+
+/* The recipient checks of pepsi-ingress, over a fixed set of local mailboxes. */
+static struct relay_request fuzz_relay = {.local_domains = "example.org, mx.test"};
+
+static enum smtp_rcpt_verdict
+fuzz_rcpt_check(const struct smtp_session *s, const char *address)
+{
+	struct relay_request request = fuzz_relay;
+	enum smtp_rcpt_verdict verdict;
+
+	request.trusted_client = *(const uint8_t *) s->host & FUZZ_TRUSTED_CLIENT;
+	request.authenticated = s->auth_account != NULL;
+	verdict = relay_control_rcpt(&request, address);
+	/* The invariant: nothing outside the local domains without trust or AUTH. */
+	if (verdict == SMTP_RCPT_ACCEPT && !request.trusted_client && !request.authenticated
+		&& !local_address_is_local(request.local_domains, address))
+		abort();
+	return verdict;
+}
+
+static void
+fuzz_relay_init(void)
+{
+	static const char *const mailboxes[] = {"alice@example.org", "bob@mx.test"};
+	char		err[256];
+	struct pepsi_config *cfg;
+
+	if (fuzz_relay.resolver)
+		return;
+	cfg = config_parse_string("[pepsi]\nLOCAL_RECIPIENTS = virtual\n", "fuzz.conf", err, sizeof(err));
+	if (cfg == NULL || (fuzz_relay.resolver = local_resolver_new(cfg, err, sizeof(err))) == NULL)
+		abort();
+	local_resolver_set_virtual_list(fuzz_relay.resolver, mailboxes, 2);
+	config_free(cfg);
+}
 
 static void
 fuzz_answer(struct smtp_session *s, uint8_t settings)
@@ -83,6 +125,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	policy.starttls = settings & FUZZ_STARTTLS;
 	policy.auth = settings & FUZZ_AUTH;
 	policy.auth_required = settings & FUZZ_AUTH_REQUIRED;
+	if (settings & FUZZ_RELAY_CONTROL)
+	{
+		fuzz_relay_init();
+		policy.rcpt_check = fuzz_rcpt_check;
+	}
 	if (settings & FUZZ_SMALL_LIMITS)
 	{
 		policy.max_size = 300;
@@ -92,6 +139,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	rng = settings * 2654435761u + (uint32_t) size;
 	smtp_init(&s, &policy);
+	s.host = &settings;
 	smtp_greet(&s);
 	while (pos < size && s.state != SMTP_STATE_CLOSED)
 	{

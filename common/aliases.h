@@ -1,6 +1,7 @@
 /*
- * aliases.h: the aliases(5) file and its expansion, apart from the stage
- * so that it can be tested on its own.
+ * aliases.h: the aliases(5) file and its expansion: pepsi-stage-aliases
+ * expands with it, and the local-recipient resolver (local.c) asks it
+ * whether a name exists.
  */
 #ifndef PEPSI_ALIASES_H
 #define PEPSI_ALIASES_H
@@ -15,6 +16,8 @@ struct alias_table *aliases_load(const char *path, char *err, size_t errlen);
 struct alias_table *aliases_parse(const char *text, const char *name, char *err, size_t errlen);
 void		aliases_free(struct alias_table *table);
 size_t		aliases_count(const struct alias_table *table);
+/* Is local (a local part, any case) a name of the table? */
+bool		aliases_has(const struct alias_table *table, const char *local);
 
 /*
  * Expand address recursively.  Its local part is looked up when its

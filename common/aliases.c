@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "buf.h"
+#include "local.h"
 #include "log.h"
 
 #define ALIASES_MAX_DEPTH 32
@@ -255,25 +256,10 @@ aliases_find(const struct alias_table *table, const char *local)
 	return found;
 }
 
-static bool
-aliases_domain_listed(const char *domains, const char *domain)
+bool
+aliases_has(const struct alias_table *table, const char *local)
 {
-	size_t		len = strlen(domain);
-	const char *p = domains ? domains : "";
-
-	if (len == 0)
-		return true;
-	while (*p)
-	{
-		size_t		n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == len && strncasecmp(p, domain, n) == 0)
-			return true;
-		p += n;
-	}
-	return false;
+	return aliases_find(table, local) != NULL;
 }
 
 static void
@@ -313,7 +299,7 @@ aliases_walk(struct aliases_walk *walk, const char *address, char ***out, size_t
 		free(local);
 		return false;
 	}
-	if (aliases_domain_listed(walk->domains, domain))
+	if (local_domain_listed(walk->domains, domain))
 		alias = aliases_find(walk->table, local);
 	for (int i = 0; alias && i < walk->depth; i++)
 		if (strcmp(walk->path[i], alias->name) == 0)

@@ -1,0 +1,256 @@
+# Relay control and recipient validation at RCPT time (pepsi-ingress with
+# common/local.c), against real clients bound to several loopback source
+# addresses: 127.0.0.1 stands for a trusted network, 127.0.0.2 and
+# 127.0.0.3 for the internet.  Every refusal is checked on the wire (code,
+# enhanced code) and in the queue (nothing stored).
+
+use strict;
+use warnings FATAL => 'all';
+
+use File::Basename qw(dirname);
+use File::Path qw(make_path);
+use IPC::Run;
+use MIME::Base64 qw(encode_base64);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+use PepsiTest;
+use SmtpClient;
+
+my $db = 'postgres';
+my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+
+my $node = pepsi_node('relay');
+$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+
+system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1',
+	'-nodes', '-keyout', "$tmp/key.pem", '-out', "$tmp/cert.pem", '-days', '2',
+	'-subj', '/CN=mx.test', '-loglevel', 'error') == 0
+  or system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt',
+	'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', "$tmp/key.pem", '-out',
+	"$tmp/cert.pem", '-days', '2', '-subj', '/CN=mx.test') == 0
+  or die 'openssl req failed';
+my $hash = `openssl passwd -6 -salt pepsitest 'correct horse'`;
+chomp $hash;
+PostgreSQL::Test::Utils::append_to_file("$tmp/credentials", "alice:$hash\n");
+PostgreSQL::Test::Utils::append_to_file("$tmp/aliases", "team: alice, carol\n");
+make_path("$tmp/maildir/alice\@example.org", "$tmp/maildir/carol\@example.org");
+
+my %port = map { $_ => PostgreSQL::Test::Cluster::get_free_port() } qw(smtp open submission);
+
+# The configuration, with $extra lines appended, as a file of its own.
+sub write_conf
+{
+	my ($name, $extra) = @_;
+	my $path = "$tmp/$name";
+
+	open my $fh, '>', $path or die;
+	print $fh <<"CONF";
+[pepsi]
+HOSTNAME = mx.test
+LOCAL_DOMAINS = example.org, lists.example.org
+LOCAL_RECIPIENTS = aliases maildir
+ALIASES_FILE = $tmp/aliases
+MAILDIR_ROOT = $tmp/maildir
+[database]
+CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
+[ingress]
+CREDENTIALS = $tmp/credentials
+DISPATCH_WAKE_INTERVAL = 20ms
+DATABASE_CONNECTIONS = 1
+TRUSTED_NETWORKS = 127.0.0.1/32
+$extra
+CONF
+	close $fh;
+	return $path;
+}
+
+my $conf = write_conf('pepsi.conf', <<"CONF");
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port{smtp}
+MAX_ERRORS = 100
+MAX_RECIPIENTS = 50
+[listener-open]
+ADDRESS = 127.0.0.1
+PORT = $port{open}
+TRUSTED_NETWORKS = 127.0.0.2 ::1
+[listener-submission]
+MODE = submission
+ADDRESS = 127.0.0.1
+PORT = $port{submission}
+CERTIFICATE = $tmp/cert.pem
+KEY = $tmp/key.pem
+CONF
+
+my $log = "$tmp/ingress.log";
+my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
+
+sub wait_for_log
+{
+	my ($pattern, $seconds) = @_;
+	my $deadline = time + ($seconds // 30);
+
+	while (time < $deadline)
+	{
+		return 1 if -e $log && slurp_file($log) =~ $pattern;
+		usleep(50_000);
+	}
+	diag(slurp_file($log)) if -e $log;
+	return 0;
+}
+
+ok(wait_for_log(qr/database connection \d+ ready/), 'ingress starts');
+
+sub rows
+{
+	return $node->safe_psql($db, 'SELECT count(*) FROM pepsi.workqueue');
+}
+
+sub recipients_of
+{
+	my ($id) = @_;
+
+	return $node->safe_psql($db,
+		"SELECT array_to_string(rcpt_to, ' ') FROM pepsi.workqueue WHERE id = $id");
+}
+
+# A transaction: EHLO, MAIL, the RCPTs; returns the client and the RCPT replies.
+sub transaction
+{
+	my ($port, $from, @rcpt) = @_;
+	my $c = SmtpClient->new($port, from => $from);
+
+	$c->command('EHLO client.test');
+	$c->command('MAIL FROM:<sender@sender.example>');
+	return ($c, map { $c->command("RCPT TO:<$_>") } @rcpt);
+}
+
+sub send_data
+{
+	my ($c) = @_;
+	my $reply = $c->command('DATA');
+
+	return $reply unless $reply =~ /^354/;
+	return $c->command("Subject: test\r\n\r\nbody\r\n.");
+}
+
+#
+# Relay control
+#
+my $before = rows();
+my ($c, $reply) = transaction($port{smtp}, '127.0.0.2', 'victim@gmail.example');
+like($reply, qr/^554 5\.7\.1 <victim\@gmail\.example>: Relay access denied/,
+	'an untrusted client cannot relay: 554 5.7.1');
+like($c->command('DATA'), qr/^554 5\.5\.1 No valid recipients/, 'DATA after it: no valid recipients');
+$c->close;
+is(rows(), $before, 'nothing stored for the refused transaction');
+ok(wait_for_log(qr/127\.0\.0\.2: relay to <victim\@gmail\.example> refused/),
+	'the refusal is logged with the client address');
+
+($c, $reply) = transaction($port{smtp}, '127.0.0.2', 'victim@example.org.evil.example');
+like($reply, qr/^554 5\.7\.1/, 'a domain that only starts like a local one is not local');
+$c->close;
+
+($c, $reply) = transaction($port{smtp}, '127.0.0.1', 'friend@gmail.example');
+like($reply, qr/^250 2\.1\.5/, 'a client in TRUSTED_NETWORKS may relay');
+like(send_data($c), qr/^250 2\.0\.0 Ok: queued as \d+/, 'and its message is queued');
+$c->close;
+
+($c, $reply) = transaction($port{open}, '127.0.0.2', 'friend@gmail.example');
+like($reply, qr/^250 2\.1\.5/, "a listener's own TRUSTED_NETWORKS replaces [ingress]'s");
+$c->close;
+($c, $reply) = transaction($port{open}, '127.0.0.1', 'friend@gmail.example');
+like($reply, qr/^554 5\.7\.1/, "... so [ingress]'s network is not trusted there");
+$c->close;
+($c, $reply) = transaction($port{open}, '127.0.0.3', 'friend@gmail.example');
+like($reply, qr/^554 5\.7\.1/, '... nor any other address');
+$c->close;
+
+# Authenticated: the submission listener, from an untrusted address.
+$c = SmtpClient->new($port{submission}, from => '127.0.0.3');
+$c->command('EHLO client.test');
+ok($c->starttls('client.test'), 'submission: STARTTLS');
+like($c->command('AUTH PLAIN ' . encode_base64("\0alice\0correct horse", '')),
+	qr/^235 /, 'submission: AUTH PLAIN');
+$c->command('MAIL FROM:<alice@example.org>');
+like($c->command('RCPT TO:<friend@gmail.example>'), qr/^250 2\.1\.5/,
+	'an authenticated client may relay from anywhere');
+like(send_data($c), qr/^250 2\.0\.0 Ok: queued/, 'and its message is queued');
+$c->close;
+
+#
+# Recipient validation
+#
+$before = rows();
+my @replies;
+($c, @replies) = transaction($port{smtp}, '127.0.0.2', 'alice@example.org', 'bob@example.org',
+	'postmaster@example.org', 'Abuse@Lists.Example.org', 'postmaster', 'team@example.org',
+	'CAROL@EXAMPLE.ORG', '../alice@example.org');
+like($replies[0], qr/^250 2\.1\.5/, 'a local mailbox (maildir) is accepted from anyone');
+like($replies[1], qr/^550 5\.1\.1 <bob\@example\.org>: Recipient address rejected/,
+	'an unknown local recipient: 550 5.1.1 at RCPT');
+like($replies[2], qr/^250 /, 'postmaster always exists');
+like($replies[3], qr/^250 /, 'abuse always exists, in any case, at every local domain');
+like($replies[4], qr/^250 /, '<postmaster> without a domain is accepted');
+like($replies[5], qr/^250 /, 'an alias name exists');
+like($replies[6], qr/^250 /, 'a mailbox is found whatever the case of the address');
+like($replies[7], qr/^550 5\.1\.1/, 'an address that would step out of the maildir root names no mailbox');
+my $queued = send_data($c);
+like($queued, qr/^250 2\.0\.0 Ok: queued as (\d+)/, 'the message for the valid ones is queued');
+my ($id) = $queued =~ /queued as (\d+)/;
+is(recipients_of($id),
+	'alice@example.org postmaster@example.org Abuse@Lists.Example.org postmaster team@example.org CAROL@EXAMPLE.ORG',
+	'only the valid recipients are stored');
+$c->close;
+ok(wait_for_log(qr/unknown local recipient <bob\@example\.org> refused/), 'the unknown recipient is logged');
+
+# The aliases file is read again when it changes.
+sleep 1;
+PostgreSQL::Test::Utils::append_to_file("$tmp/aliases", "bob: alice\n");
+utime(time + 2, time + 2, "$tmp/aliases");
+sleep 1;
+($c, $reply) = transaction($port{smtp}, '127.0.0.2', 'bob@example.org');
+like($reply, qr/^250 /, 'a name added to the aliases file is accepted without a restart');
+$c->close;
+
+#
+# Duplicates: a thousand RCPTs of one address are stored once.
+#
+$c = SmtpClient->new($port{open}, from => '127.0.0.2');
+$c->command('EHLO client.test');
+$c->command('MAIL FROM:<sender@sender.example>');
+@replies = $c->pipeline(map { 'RCPT TO:<alice@' . ($_ % 2 ? 'EXAMPLE.org' : 'example.org') . '>' } 1 .. 1000);
+is(scalar(grep { /^250 / } @replies), 1000, '1,000 duplicate RCPTs are each answered 250');
+like($replies[1], qr/duplicate/, 'the repeats say they are duplicates');
+$queued = send_data($c);
+($id) = $queued =~ /queued as (\d+)/;
+ok(defined $id, 'the message is queued') or diag($queued);
+is(recipients_of($id), 'alice@EXAMPLE.org', 'stored with the recipient once');
+$c->close;
+($c, @replies) = transaction($port{open}, '127.0.0.2', 'alice@example.org', 'Alice@example.org');
+like($replies[1], qr/^250 2\.1\.5 Recipient ok\r?$/m, 'local parts differing in case are two recipients');
+$c->close;
+
+#
+# Configuration errors name the file, the line and the option.
+#
+$ingress->signal('TERM');
+$ingress->finish;
+my $bad = write_conf('bad.conf', "[listener-x]\nPORT = $port{smtp}\nTRUSTED_NETWORKS = 10.0.0.1/8\n");
+my ($out, $err) = ('', '');
+IPC::Run::run([ $bin, '-c', $bad ], '<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(30));
+isnt($?, 0, 'a CIDR block with host bits set is refused');
+like($err, qr/bad\.conf:\d+: \[listener-x\] TRUSTED_NETWORKS: "10\.0\.0\.1\/8" has bits set beyond its \/8 prefix/,
+	'... naming the file, the line and the option');
+$bad = write_conf('bad2.conf', "[listener-x]\nPORT = $port{smtp}\n");
+$bad =~ s/bad2/bad2/;
+system("sed -i 's/^LOCAL_RECIPIENTS = .*/LOCAL_RECIPIENTS = aliases ldap/' $bad");
+IPC::Run::run([ $bin, '-c', $bad ], '<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(30));
+like($err, qr/bad2\.conf:\d+: \[pepsi\] LOCAL_RECIPIENTS: unknown source "ldap"/,
+	'an unknown recipient source is refused with file:line');
+
+done_testing();
