@@ -22,6 +22,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 use PepsiTest;
+use SmtpClient qw(read_smtp_reply);
 
 my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
@@ -92,19 +93,11 @@ CONF
 my $log = "$tmp/ingress.log";
 my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
 
-# Poll the log for a line, with a deadline.
 sub wait_for_log
 {
 	my ($pattern, $seconds) = @_;
-	my $deadline = time + ($seconds // 30);
 
-	while (time < $deadline)
-	{
-		return 1 if -e $log && slurp_file($log) =~ $pattern;
-		usleep(50_000);
-	}
-	diag(slurp_file($log)) if -e $log;
-	return 0;
+	return file_shows($log, $pattern, $seconds);
 }
 
 ok(wait_for_log(qr/database connection 1 ready/), 'ingress starts and connects to the database');
@@ -150,24 +143,11 @@ sub connect_raw
 	return ($s, read_reply($s));
 }
 
-# One reply (all its lines), or '' at EOF, or 'TIMEOUT'.
 sub read_reply
 {
 	my ($s, $seconds) = @_;
-	my $reply = '';
 
-	local $SIG{ALRM} = sub { die "timeout\n" };
-	alarm($seconds // 30);
-	my $ok = eval {
-		while (defined(my $line = <$s>))
-		{
-			$reply .= $line;
-			last if $line =~ /^\d{3}(?: |\r?$)/;
-		}
-		1;
-	};
-	alarm(0);
-	return $ok ? $reply : 'TIMEOUT';
+	return read_smtp_reply($s, $seconds);
 }
 
 sub command

@@ -92,15 +92,8 @@ my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>
 sub wait_for_log
 {
 	my ($pattern, $seconds) = @_;
-	my $deadline = time + ($seconds // 30);
 
-	while (time < $deadline)
-	{
-		return 1 if -e $log && slurp_file($log) =~ $pattern;
-		usleep(50_000);
-	}
-	diag(slurp_file($log)) if -e $log;
-	return 0;
+	return file_shows($log, $pattern, $seconds);
 }
 
 ok(wait_for_log(qr/database connection \d+ ready/), 'ingress starts');

@@ -14,6 +14,7 @@ use File::Basename qw(dirname);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use Time::HiRes ();
 
 # PostgreSQL::Test::Cluster->init runs "pg_regress --config-auth", found
 # through PG_REGRESS, which PGXS's prove_check sets but a bare prove (as in
@@ -32,7 +33,7 @@ BEGIN
 
 our @EXPORT = qw(
   pepsi_node wait_until maintenance_pid worker_state_change
-  add_running_message running_siblings concurrently log_since
+  add_running_message running_siblings concurrently log_since file_shows
 );
 
 # A started cluster.  preload => 1 puts pepsi in shared_preload_libraries;
@@ -139,6 +140,22 @@ sub concurrently
 		],
 		'>', \$out, '2>', \$err);
 	return ($? >> 8, $out, $err);
+}
+
+# Poll a file (a daemon's log) until it matches $pattern, for at most
+# $seconds (default 30); on a timeout the file is shown.
+sub file_shows
+{
+	my ($path, $pattern, $seconds) = @_;
+	my $deadline = Time::HiRes::time() + ($seconds // 30);
+
+	while (Time::HiRes::time() < $deadline)
+	{
+		return 1 if -e $path && PostgreSQL::Test::Utils::slurp_file($path) =~ $pattern;
+		Time::HiRes::usleep(50_000);
+	}
+	Test::More::diag(PostgreSQL::Test::Utils::slurp_file($path)) if -e $path;
+	return 0;
 }
 
 # The server log from byte $offset on.

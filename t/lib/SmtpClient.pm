@@ -8,8 +8,11 @@ package SmtpClient;
 use strict;
 use warnings FATAL => 'all';
 
+use Exporter 'import';
 use IO::Socket::INET;
 use IO::Socket::SSL;
+
+our @EXPORT_OK = qw(read_smtp_reply);
 
 # Connect from $opts{from} (default 127.0.0.1); returns the client, the banner read.
 sub new
@@ -26,11 +29,17 @@ sub new
 	return $self;
 }
 
-# One reply, all its lines; '' at EOF, 'TIMEOUT' when none came in time.
 sub reply
 {
 	my ($self, $seconds) = @_;
-	my $socket = $self->{socket};
+
+	return read_smtp_reply($self->{socket}, $seconds);
+}
+
+# One reply from a socket, all its lines; '' at EOF, 'TIMEOUT' when none came in time.
+sub read_smtp_reply
+{
+	my ($socket, $seconds) = @_;
 	my $reply = '';
 
 	local $SIG{ALRM} = sub { die "timeout\n" };
