@@ -30,7 +30,7 @@ PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
 LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lssl -lcrypto -lcrypt -lm
 
 B = build
-COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c))
+COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c common/auth/*.c))
 
 program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
 program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
@@ -40,7 +40,7 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
-TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve
+TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite
 
 .PHONY: all programs extension install install-programs deps check run stop bench fuzz clean \
 	unit-tests sanitize
@@ -52,7 +52,7 @@ extension:
 
 programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS) $(TEST_PROGRAMS)
 
-$(B)/%.o: %.c $(wildcard common/*.h) $(B)/programs.h
+$(B)/%.o: %.c $(wildcard common/*.h common/auth/*.h) $(B)/programs.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -I$(dir $<) -c -o $@ $<
 
@@ -101,8 +101,13 @@ $(B)/bin/pepsi-test-probe: t/probe/probe.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
-# The resolver layer driven from the command line (t/dns/), likewise.
+# The resolver layer driven from the command line (t/dns/), and the SPF
+# evaluator over the RFC 7208 test suite (t/spf/), likewise.
 $(B)/bin/pepsi-test-resolve: t/dns/resolve.c $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+
+$(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
@@ -164,10 +169,17 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c \
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \
 		-o $@ $(filter %.c,$^) -L$(shell $(PG_CONFIG) --libdir) -lpq -linih -ljansson
 
-fuzz: $(B)/fuzz/fuzz_smtp
-	@mkdir -p $(B)/fuzz/corpus-smtp
+$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c \
+                     common/buf.c common/log.c common/config.c $(wildcard common/*.h common/auth/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+fuzz: $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth
+	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth
 	$(B)/fuzz/fuzz_smtp -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-smtp daemons/ingress/fuzz/corpus
+	$(B)/fuzz/fuzz_auth -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-auth common/auth/fuzz/corpus
 
 clean:
 	$(MAKE) -C extension clean

@@ -350,7 +350,9 @@ dns_name_valid(const char *name)
 				return false;
 			label = 0;
 		}
-		else if ((unsigned char) *p <= ' ' || (unsigned char) *p == 0x7f || ++label > 63)
+		/* A backslash would be an escape to libunbound: it is never given one. */
+		else if ((unsigned char) *p < ' ' || (unsigned char) *p >= 0x7f || *p == '\\'
+				 || ++label > 63)
 			return false;
 	}
 	return true;
@@ -545,6 +547,12 @@ dns_resolver_new_backend(struct ev_loop *loop, const struct dns_backend *b, doub
 	r->backend = *b;
 	r->timeout = timeout;
 	return r;
+}
+
+struct ev_loop *
+dns_resolver_loop(const struct dns_resolver *r)
+{
+	return r->loop;
 }
 
 void

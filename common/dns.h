@@ -95,6 +95,7 @@ typedef void (*dns_callback) (void *arg, const struct dns_answer *a);
 struct dns_resolver *dns_resolver_new(struct ev_loop *loop, const struct dns_config *c,
 									  char *err, size_t errlen);
 void		dns_resolver_free(struct dns_resolver *r);
+struct ev_loop *dns_resolver_loop(const struct dns_resolver *r);
 
 /*
  * A per-message budget: the lookups of one message together may take no

@@ -22,6 +22,8 @@ packages=(
     postfix libmime-tools-perl
     # the tests' DNS server (t/lib/testdns.py)
     python3-dnslib
+    # the SPF evaluator's test suite (RFC 7208, shipped by python3-spf), read with PyYAML
+    python3-spf python3-yaml
     # benchmarks: pgbench ships in postgresql-15
 )
 

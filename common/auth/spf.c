@@ -1,0 +1,1699 @@
+/*
+ * spf.c: see spf.h.  One check is a stack of frames, one per record being
+ * evaluated (the top domain, then each include; a redirect replaces its
+ * frame), and one function, spf_advance, that walks the current frame's
+ * terms until it needs an answer from the DNS (it starts the lookup and
+ * returns; the answer calls it again) or knows the result.  At most one
+ * lookup of a check is in flight, so cancelling is one dns_cancel.
+ *
+ * A record is parsed whole before any of it is evaluated (RFC 7208 4.6:
+ * a syntax error anywhere is a permerror), and every answer is hostile:
+ * record text is checked for ASCII, name lists are cut at the RFC's
+ * limits, and the lookup and void-lookup limits bound the whole tree.
+ */
+#include "auth/spf.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buf.h"
+#include "log.h"
+
+#define SPF_LOOKUP_LIMIT 10		/* RFC 7208 4.6.4 */
+#define SPF_VOID_LIMIT 2
+#define SPF_MX_LIMIT 10
+#define SPF_PTR_LIMIT 10
+#define SPF_NAME_MAX 253
+#define SPF_DEPTH_MAX (SPF_LOOKUP_LIMIT + 2)
+
+enum spf_mechanism
+{
+	SPF_MECH_ALL,
+	SPF_MECH_INCLUDE,
+	SPF_MECH_A,
+	SPF_MECH_MX,
+	SPF_MECH_PTR,
+	SPF_MECH_IP4,
+	SPF_MECH_IP6,
+	SPF_MECH_EXISTS
+};
+
+struct spf_term
+{
+	enum spf_mechanism mechanism;
+	enum spf_result qualifier;	/* the result when it matches */
+	char	   *domain_spec;	/* NULL: the current domain */
+	int			cidr4;
+	int			cidr6;
+	unsigned char network[16];
+	char	   *text;			/* as written, for the logs */
+};
+
+struct spf_record
+{
+	struct spf_term *terms;
+	size_t		count;
+	char	   *redirect;
+	char	   *exp;
+};
+
+struct spf_ip
+{
+	int			family;			/* 4 or 6; an IPv4-mapped IPv6 address is 4 */
+	unsigned char addr[16];
+};
+
+enum spf_frame_kind
+{
+	SPF_FRAME_TOP,
+	SPF_FRAME_INCLUDE
+};
+
+struct spf_frame
+{
+	enum spf_frame_kind kind;
+	bool		redirected;		/* reached through redirect= */
+	char	   *domain;
+	bool		parsed;
+	struct spf_record record;
+	size_t		next;			/* the term being evaluated */
+};
+
+/* What the check waits for from the DNS. */
+enum spf_wait
+{
+	SPF_WAIT_NOTHING,
+	SPF_WAIT_RECORD,			/* TXT of the frame's domain */
+	SPF_WAIT_A,					/* a: the target's addresses */
+	SPF_WAIT_MX,				/* mx: the target's MX */
+	SPF_WAIT_MX_ADDRESS,		/* mx: one exchange's addresses */
+	SPF_WAIT_PTR,				/* ptr: the client's names */
+	SPF_WAIT_PTR_ADDRESS,		/* ptr: one name's addresses */
+	SPF_WAIT_EXISTS,			/* exists: any A record */
+	SPF_WAIT_P_PTR,				/* %{p}: the client's names */
+	SPF_WAIT_P_ADDRESS,			/* %{p}: one name's addresses */
+	SPF_WAIT_EXP				/* exp=: the explanation's TXT */
+};
+
+struct spf_check
+{
+	struct dns_resolver *resolver;
+	struct dns_budget *budget;
+	struct dns_query *query;
+	ev_timer	finish_timer;
+	spf_done_fn done;
+	void	   *arg;
+
+	struct spf_ip ip;
+	char	   *ip_text;
+	char	   *sender;
+	char	   *local_part;
+	char	   *sender_domain;
+	char	   *helo;
+	char	   *receiver;
+
+	struct spf_frame frames[SPF_DEPTH_MAX];
+	size_t		depth;
+	unsigned	lookups;
+	unsigned	voids;
+
+	enum spf_wait wait;
+	char	   *target;			/* the current mechanism's domain */
+	char	  **names;			/* exchanges or PTR names to go through */
+	size_t		name_count;
+	size_t		name_index;
+	bool		any_match;		/* ptr: a validated name fits */
+
+	char	   *p_value;		/* %{p}, once known */
+	char	  **p_names;
+	size_t		p_count;
+	size_t		p_index;
+	char	   *p_found;		/* best validated name so far */
+	int			p_rank;
+
+	bool		explaining;		/* looking up exp= after a fail */
+	char	   *exp_text;		/* the explanation found, to expand */
+	char		fail_reason[256];
+
+	struct spf_verdict verdict;
+	char	   *explanation;
+	char		reason[256];
+};
+
+static void spf_advance(struct spf_check *c);
+static bool spf_expand_explanation(struct spf_check *c);
+
+const char *
+spf_result_name(enum spf_result r)
+{
+	static const char *const names[] = {
+		"none", "neutral", "pass", "fail", "softfail", "temperror", "permerror"
+	};
+
+	return names[r];
+}
+
+/*
+ * Addresses
+ */
+
+static bool
+spf_ip_parse(const char *text, struct spf_ip *ip)
+{
+	memset(ip, 0, sizeof(*ip));
+	if (inet_pton(AF_INET, text, ip->addr) == 1)
+	{
+		ip->family = 4;
+		return true;
+	}
+	if (inet_pton(AF_INET6, text, ip->addr) != 1)
+		return false;
+	ip->family = 6;
+	if (IN6_IS_ADDR_V4MAPPED((struct in6_addr *) ip->addr))
+	{
+		memmove(ip->addr, ip->addr + 12, 4);
+		memset(ip->addr + 4, 0, 12);
+		ip->family = 4;
+	}
+	return true;
+}
+
+static bool
+spf_prefix_match(const unsigned char *a, const unsigned char *b, int bits)
+{
+	int			bytes = bits / 8,
+				rest = bits % 8;
+
+	if (memcmp(a, b, (size_t) bytes) != 0)
+		return false;
+	if (rest == 0)
+		return true;
+	return ((a[bytes] ^ b[bytes]) & (0xff << (8 - rest))) == 0;
+}
+
+/* Does an A or AAAA answer hold the client's address, within the prefix? */
+static bool
+spf_answer_matches(const struct spf_check *c, const struct dns_answer *a, int cidr4, int cidr6)
+{
+	for (size_t i = 0; i < a->count; i++)
+	{
+		const struct dns_record *r = &a->records[i];
+
+		if (c->ip.family == 4 && r->type == DNS_TYPE_A && r->len == 4
+			&& spf_prefix_match(r->rdata, c->ip.addr, cidr4))
+			return true;
+		if (c->ip.family == 6 && r->type == DNS_TYPE_AAAA && r->len == 16
+			&& spf_prefix_match(r->rdata, c->ip.addr, cidr6))
+			return true;
+	}
+	return false;
+}
+
+static enum dns_type
+spf_address_type(const struct spf_check *c)
+{
+	return c->ip.family == 4 ? DNS_TYPE_A : DNS_TYPE_AAAA;
+}
+
+/*
+ * Names
+ */
+
+static bool
+spf_is_alnum(char ch)
+{
+	return isascii((unsigned char) ch) && isalnum((unsigned char) ch);
+}
+
+/*
+ * RFC 7208 7.1 toplabel: alphanumerics with at least one letter, or
+ * alphanumerics and hyphens neither starting nor ending with a hyphen.
+ */
+static bool
+spf_toplabel_valid(const char *label, size_t len)
+{
+	bool		alpha = false,
+				hyphen = false;
+
+	if (len == 0 || label[0] == '-' || label[len - 1] == '-')
+		return false;
+	for (size_t i = 0; i < len; i++)
+	{
+		if (label[i] == '-')
+			hyphen = true;
+		else if (!spf_is_alnum(label[i]))
+			return false;
+		else if (isalpha((unsigned char) label[i]))
+			alpha = true;
+	}
+	return alpha || hyphen;
+}
+
+/* A name that can be looked up: labels of 1 to 63 octets. */
+static bool
+spf_name_valid(const char *name)
+{
+	size_t		label = 0;
+
+	if (*name == '\0' || strlen(name) > SPF_NAME_MAX + 1)
+		return false;
+	for (const char *p = name; *p; p++)
+	{
+		if (*p == '.')
+		{
+			if (label == 0)
+				return false;
+			label = 0;
+		}
+		else if (++label > 63)
+			return false;
+	}
+	return true;
+}
+
+/* RFC 7208 4.3: a domain that is no FQDN gives "none". */
+static bool
+spf_domain_checkable(const char *domain)
+{
+	const char *last;
+	size_t		len = strlen(domain);
+
+	if (len == 0 || domain[0] == '[' || !spf_name_valid(domain))
+		return false;
+	if (domain[len - 1] == '.')
+		len--;
+	last = memrchr(domain, '.', len);
+	if (last == NULL)
+		return false;			/* a single label */
+	return true;
+}
+
+static bool
+spf_name_equal(const char *a, const char *b)
+{
+	size_t		la = strlen(a),
+				lb = strlen(b);
+
+	if (la && a[la - 1] == '.')
+		la--;
+	if (lb && b[lb - 1] == '.')
+		lb--;
+	return la == lb && strncasecmp(a, b, la) == 0;
+}
+
+/* Is name domain, or a subdomain of it? */
+static bool
+spf_name_within(const char *name, const char *domain)
+{
+	size_t		ln = strlen(name),
+				ld = strlen(domain);
+
+	if (ln && name[ln - 1] == '.')
+		ln--;
+	if (ld && domain[ld - 1] == '.')
+		ld--;
+	if (ln == ld)
+		return strncasecmp(name, domain, ln) == 0;
+	return ln > ld && name[ln - ld - 1] == '.' && strncasecmp(name + ln - ld, domain, ld) == 0;
+}
+
+/*
+ * Macros (RFC 7208 7)
+ */
+
+static bool
+spf_is_delimiter(char ch)
+{
+	return ch != '\0' && strchr(".-+,/_=", ch) != NULL;
+}
+
+/*
+ * Check the macro syntax of s (up to end).  explanation allows the c, r
+ * and t letters; false with the reason otherwise.
+ */
+static bool
+spf_macro_valid(const char *s, const char *end, bool explanation, char *reason, size_t reasonlen)
+{
+	const char *letters = explanation ? "slodiphcrtv" : "slodiphv";
+
+	while (s < end)
+	{
+		if ((unsigned char) *s < 0x21 || (unsigned char) *s > 0x7e)
+		{
+			if (!(explanation && *s == ' '))
+			{
+				snprintf(reason, reasonlen, "character 0x%02x in a macro string",
+						 (unsigned char) *s);
+				return false;
+			}
+		}
+		if (*s != '%')
+		{
+			s++;
+			continue;
+		}
+		if (s + 1 < end && (s[1] == '%' || s[1] == '_' || s[1] == '-'))
+		{
+			s += 2;
+			continue;
+		}
+		if (s + 1 >= end || s[1] != '{')
+		{
+			snprintf(reason, reasonlen, "a %% not followed by {, %%, _ or -");
+			return false;
+		}
+		s += 2;
+		if (s >= end || strchr(letters, tolower((unsigned char) *s)) == NULL)
+		{
+			snprintf(reason, reasonlen, "unknown macro letter '%c'", s < end ? *s : '?');
+			return false;
+		}
+		s++;
+		if (s < end && isdigit((unsigned char) *s))
+		{
+			long		n = 0;
+
+			while (s < end && isdigit((unsigned char) *s))
+			{
+				n = n * 10 + (*s - '0');
+				if (n > 128)
+					n = 128;
+				s++;
+			}
+			if (n == 0)
+			{
+				snprintf(reason, reasonlen, "a macro transformer of zero");
+				return false;
+			}
+		}
+		if (s < end && (*s == 'r' || *s == 'R'))
+			s++;
+		while (s < end && spf_is_delimiter(*s))
+			s++;
+		if (s >= end || *s != '}')
+		{
+			snprintf(reason, reasonlen, "an unterminated or malformed macro");
+			return false;
+		}
+		s++;
+	}
+	return true;
+}
+
+/* RFC 7208 7.1 domain-spec: macro-string, then "." toplabel ["."] or a macro. */
+static bool
+spf_domain_spec_valid(const char *spec, char *reason, size_t reasonlen)
+{
+	size_t		len = strlen(spec);
+	const char *end = spec + len;
+	const char *dot;
+
+	if (len == 0)
+	{
+		snprintf(reason, reasonlen, "an empty domain");
+		return false;
+	}
+	if (!spf_macro_valid(spec, end, false, reason, reasonlen))
+		return false;
+	/* Ending in a macro-expand is enough. */
+	if (spec[len - 1] == '}'
+		|| (len >= 2 && spec[len - 2] == '%' && strchr("%_-", spec[len - 1])
+			&& (len < 3 || spec[len - 3] != '%')))
+		return true;
+	if (spec[len - 1] == '.')
+		end--;
+	dot = memrchr(spec, '.', (size_t) (end - spec));
+	if (dot == NULL || !spf_toplabel_valid(dot + 1, (size_t) (end - dot - 1)))
+	{
+		snprintf(reason, reasonlen, "\"%s\" does not end in a top-level label", spec);
+		return false;
+	}
+	return true;
+}
+
+static void
+spf_url_escape(struct buf *out, const char *s, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char ch = (unsigned char) s[i];
+
+		if (spf_is_alnum((char) ch) || ch == '-' || ch == '.' || ch == '_' || ch == '~')
+			buf_append_char(out, (char) ch);
+		else
+			buf_printf(out, "%%%02X", ch);
+	}
+}
+
+/* The value of a macro letter; NULL for %{p} while it is not known. */
+static char *
+spf_macro_value(const struct spf_check *c, char letter, const char *domain)
+{
+	char		buf[128];
+
+	switch (tolower((unsigned char) letter))
+	{
+		case 's':
+			return xstrdup(c->sender);
+		case 'l':
+			return xstrdup(c->local_part);
+		case 'o':
+			return xstrdup(c->sender_domain);
+		case 'd':
+			return xstrdup(domain);
+		case 'h':
+			return xstrdup(c->helo ? c->helo : "unknown");
+		case 'r':
+			return xstrdup(c->receiver ? c->receiver : "unknown");
+		case 't':
+			snprintf(buf, sizeof(buf), "%lld", (long long) time(NULL));
+			return xstrdup(buf);
+		case 'v':
+			return xstrdup(c->ip.family == 4 ? "in-addr" : "ip6");
+		case 'c':
+			if (c->ip.family == 4)
+				inet_ntop(AF_INET, c->ip.addr, buf, sizeof(buf));
+			else
+				inet_ntop(AF_INET6, c->ip.addr, buf, sizeof(buf));
+			return xstrdup(buf);
+		case 'i':
+			if (c->ip.family == 4)
+				inet_ntop(AF_INET, c->ip.addr, buf, sizeof(buf));
+			else
+			{
+				/* Upper case, as RFC 7208 7.4's example and the test suite have it. */
+				static const char hex[] = "0123456789ABCDEF";
+				size_t		pos = 0;
+
+				for (int i = 0; i < 16; i++)
+				{
+					buf[pos++] = hex[c->ip.addr[i] >> 4];
+					buf[pos++] = '.';
+					buf[pos++] = hex[c->ip.addr[i] & 0xf];
+					buf[pos++] = '.';
+				}
+				buf[pos - 1] = '\0';
+			}
+			return xstrdup(buf);
+		case 'p':
+			return c->p_value ? xstrdup(c->p_value) : NULL;
+	}
+	return xstrdup("");
+}
+
+/* Split value at the delimiters, reverse, keep the rightmost keep parts, join with dots. */
+static void
+spf_transform(struct buf *out, const char *value, const char *delimiters, size_t ndelim,
+			  long keep, bool reverse, bool escape)
+{
+	const char *parts[512];
+	size_t		lens[512];
+	size_t		n = 0,
+				first;
+	const char *p = value;
+	struct buf	joined = BUF_INIT;
+
+	for (;;)
+	{
+		const char *q = p;
+
+		while (*q && !(ndelim ? memchr(delimiters, *q, ndelim) != NULL : *q == '.'))
+			q++;
+		if (n < 512)
+		{
+			parts[n] = p;
+			lens[n] = (size_t) (q - p);
+			n++;
+		}
+		if (*q == '\0')
+			break;
+		p = q + 1;
+	}
+	if (reverse)
+		for (size_t i = 0; i < n / 2; i++)
+		{
+			const char *tp = parts[i];
+			size_t		tl = lens[i];
+
+			parts[i] = parts[n - 1 - i];
+			lens[i] = lens[n - 1 - i];
+			parts[n - 1 - i] = tp;
+			lens[n - 1 - i] = tl;
+		}
+	first = keep > 0 && (size_t) keep < n ? n - (size_t) keep : 0;
+	for (size_t i = first; i < n; i++)
+	{
+		if (i > first)
+			buf_append_char(&joined, '.');
+		buf_append(&joined, parts[i], lens[i]);
+	}
+	if (escape)
+		spf_url_escape(out, joined.data ? joined.data : "", joined.len);
+	else if (joined.len)
+		buf_append(out, joined.data, joined.len);
+	buf_free(&joined);
+}
+
+enum spf_expand_status
+{
+	SPF_EXPAND_OK,
+	SPF_EXPAND_NEED_P			/* %{p} must be looked up first */
+};
+
+/* Expand a macro-string already checked by spf_macro_valid. */
+static enum spf_expand_status
+spf_expand(const struct spf_check *c, const char *spec, const char *domain, char **out)
+{
+	struct buf	b = BUF_INIT;
+	const char *s = spec;
+
+	while (*s)
+	{
+		if (*s != '%')
+		{
+			buf_append_char(&b, *s++);
+			continue;
+		}
+		if (s[1] == '%' || s[1] == '_' || s[1] == '-')
+		{
+			buf_append_str(&b, s[1] == '%' ? "%" : s[1] == '_' ? " " : "%20");
+			s += 2;
+			continue;
+		}
+		if (s[1] != '{')
+		{
+			/* Not valid: spf_macro_valid refused it already; keep it literal. */
+			buf_append_char(&b, *s++);
+			continue;
+		}
+		{
+			char		letter = s[2];
+			long		keep = 0;
+			bool		reverse = false;
+			const char *delim;
+			char	   *value;
+
+			s += 3;
+			while (isdigit((unsigned char) *s))
+			{
+				keep = keep * 10 + (*s - '0');
+				if (keep > 128)
+					keep = 128;
+				s++;
+			}
+			if (*s == 'r' || *s == 'R')
+			{
+				reverse = true;
+				s++;
+			}
+			delim = s;
+			while (*s && *s != '}')
+				s++;
+			if ((value = spf_macro_value(c, letter, domain)) == NULL)
+			{
+				buf_free(&b);
+				return SPF_EXPAND_NEED_P;
+			}
+			spf_transform(&b, value, delim, (size_t) (s - delim), keep, reverse,
+						  isupper((unsigned char) letter));
+			free(value);
+			if (*s == '}')
+				s++;
+		}
+	}
+	*out = b.data ? b.data : xstrdup("");
+	return SPF_EXPAND_OK;
+}
+
+/* RFC 7208 4.8: an expansion longer than 253 octets loses labels from the left. */
+static void
+spf_truncate_name(char *name)
+{
+	size_t		len = strlen(name);
+	char	   *p = name;
+
+	if (len && name[len - 1] == '.')
+		name[--len] = '\0';
+	while (len > SPF_NAME_MAX)
+	{
+		char	   *dot = strchr(p, '.');
+
+		if (dot == NULL)
+			break;
+		len -= (size_t) (dot + 1 - p);
+		p = dot + 1;
+	}
+	memmove(name, p, len + 1);
+}
+
+/*
+ * Records
+ */
+
+static void
+spf_record_free(struct spf_record *r)
+{
+	for (size_t i = 0; i < r->count; i++)
+	{
+		free(r->terms[i].domain_spec);
+		free(r->terms[i].text);
+	}
+	free(r->terms);
+	free(r->redirect);
+	free(r->exp);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Is this TXT record an SPF record: "v=spf1" then a space or nothing? */
+static bool
+spf_is_record(const char *text, size_t len)
+{
+	return len >= 6 && strncasecmp(text, "v=spf1", 6) == 0 && (len == 6 || text[6] == ' ');
+}
+
+/* A prefix length at *p (no leading zero, at most max); *p moves past it. */
+static bool
+spf_parse_length(const char **p, int max, int *out)
+{
+	const char *digits = *p;
+	long		n = 0;
+
+	while (isdigit((unsigned char) **p) && *p - digits < 4)
+		n = n * 10 + (*(*p)++ - '0');
+	if (*p == digits || (*digits == '0' && *p - digits > 1) || n > max)
+		return false;
+	*out = (int) n;
+	return true;
+}
+
+/*
+ * Where the prefix lengths of an a or mx argument start: the trailing
+ * "/digits" and "//digits" parts (a domain-spec may hold '/' itself, as
+ * in "a:foo:bar/baz.example.com"); NULL if there are none.
+ */
+static char *
+spf_cidr_suffix(char *arg)
+{
+	char	   *end = arg + strlen(arg);
+	char	   *start = NULL;
+
+	for (int part = 0; part < 2; part++)
+	{
+		char	   *p = end;
+
+		while (p > arg && isdigit((unsigned char) p[-1]))
+			p--;
+		if (p == end || p == arg || p[-1] != '/')
+			break;
+		p--;
+		if (p > arg && p[-1] == '/')
+		{
+			if (part == 1)
+				break;			/* "//N//M" */
+			p--;
+		}
+		else if (part == 1 && start && start[1] != '/')
+			break;				/* "/N/M": the ip4 part must be the first */
+		start = p;
+		end = p;
+	}
+	return start;
+}
+
+/*
+ * The prefix lengths at s (its first '/'): "/N//M", "/N" or "//M" for a
+ * and mx (dual), "/N" for ip4 and ip6 (single, of that family).
+ */
+static bool
+spf_parse_cidr(const char *s, bool dual, bool ip6, int *cidr4, int *cidr6, char *reason,
+			   size_t reasonlen)
+{
+	*cidr4 = 32;
+	*cidr6 = 128;
+	if (!dual)
+	{
+		s++;
+		if (!spf_parse_length(&s, ip6 ? 128 : 32, ip6 ? cidr6 : cidr4) || *s)
+			goto bad;
+		return true;
+	}
+	if (s[0] == '/' && s[1] != '/')
+	{
+		s++;
+		if (!spf_parse_length(&s, 32, cidr4))
+			goto bad;
+	}
+	if (s[0] == '/' && s[1] == '/')
+	{
+		s += 2;
+		if (!spf_parse_length(&s, 128, cidr6))
+			goto bad;
+	}
+	if (*s == '\0')
+		return true;
+bad:
+	snprintf(reason, reasonlen, "a malformed prefix length");
+	return false;
+}
+
+static bool
+spf_parse_term(const char *text, struct spf_term *t, char *reason, size_t reasonlen)
+{
+	static const struct
+	{
+		const char *name;
+		enum spf_mechanism mechanism;
+	}			mechanisms[] = {
+		{"all", SPF_MECH_ALL}, {"include", SPF_MECH_INCLUDE}, {"a", SPF_MECH_A},
+		{"mx", SPF_MECH_MX}, {"ptr", SPF_MECH_PTR}, {"ip4", SPF_MECH_IP4},
+		{"ip6", SPF_MECH_IP6}, {"exists", SPF_MECH_EXISTS}
+	};
+	const char *p = text;
+	size_t		namelen;
+	char	   *arg = NULL;
+	bool		found = false;
+
+	memset(t, 0, sizeof(*t));
+	t->text = xstrdup(text);
+	t->qualifier = SPF_PASS;
+	switch (*p)
+	{
+		case '+':
+			p++;
+			break;
+		case '-':
+			t->qualifier = SPF_FAIL;
+			p++;
+			break;
+		case '~':
+			t->qualifier = SPF_SOFTFAIL;
+			p++;
+			break;
+		case '?':
+			t->qualifier = SPF_NEUTRAL;
+			p++;
+			break;
+	}
+	namelen = strcspn(p, ":/");
+	for (size_t i = 0; i < sizeof(mechanisms) / sizeof(mechanisms[0]); i++)
+		if (strlen(mechanisms[i].name) == namelen && strncasecmp(p, mechanisms[i].name, namelen) == 0)
+		{
+			t->mechanism = mechanisms[i].mechanism;
+			found = true;
+		}
+	if (!found)
+	{
+		snprintf(reason, reasonlen, "unknown mechanism \"%.64s\"", text);
+		return false;
+	}
+	p += namelen;
+	if (*p == ':')
+	{
+		arg = xstrdup(p + 1);
+		if (*arg == '\0')
+		{
+			snprintf(reason, reasonlen, "\"%.64s\": an empty argument", text);
+			goto bad;
+		}
+	}
+	else if (*p == '/')
+		arg = xstrdup(p);		/* a prefix length only */
+	switch (t->mechanism)
+	{
+		case SPF_MECH_ALL:
+			if (arg)
+			{
+				snprintf(reason, reasonlen, "\"all\" takes no argument");
+				goto bad;
+			}
+			break;
+		case SPF_MECH_INCLUDE:
+		case SPF_MECH_EXISTS:
+			if (arg == NULL || *p != ':')
+			{
+				snprintf(reason, reasonlen, "\"%.64s\" needs a domain", text);
+				goto bad;
+			}
+			if (!spf_domain_spec_valid(arg, reason, reasonlen))
+				goto bad;
+			t->domain_spec = arg;
+			return true;
+		case SPF_MECH_PTR:
+			if (arg && *p != ':')
+			{
+				snprintf(reason, reasonlen, "\"ptr\" takes no prefix length");
+				goto bad;
+			}
+			if (arg && !spf_domain_spec_valid(arg, reason, reasonlen))
+				goto bad;
+			t->domain_spec = arg;
+			return true;
+		case SPF_MECH_A:
+		case SPF_MECH_MX:
+			t->cidr4 = 32;
+			t->cidr6 = 128;
+			if (arg)
+			{
+				char	   *cidr = spf_cidr_suffix(arg);
+
+				if (cidr)
+				{
+					if (!spf_parse_cidr(cidr, true, false, &t->cidr4, &t->cidr6, reason, reasonlen))
+						goto bad;
+					*cidr = '\0';
+				}
+				if (*p == ':')
+				{
+					if (!spf_domain_spec_valid(arg, reason, reasonlen))
+						goto bad;
+					t->domain_spec = arg;
+					arg = NULL;
+				}
+				else if (*arg)
+				{
+					snprintf(reason, reasonlen, "\"%.64s\": a malformed prefix length", text);
+					goto bad;
+				}
+			}
+			free(arg);
+			return true;
+		case SPF_MECH_IP4:
+		case SPF_MECH_IP6:
+			{
+				bool		four = t->mechanism == SPF_MECH_IP4;
+				char	   *cidr;
+
+				if (arg == NULL || *p != ':')
+				{
+					snprintf(reason, reasonlen, "\"%.64s\" needs a network", text);
+					goto bad;
+				}
+				cidr = strchr(arg, '/');
+				t->cidr4 = 32;
+				t->cidr6 = 128;
+				if (cidr)
+				{
+					if (!spf_parse_cidr(cidr, false, !four, &t->cidr4, &t->cidr6, reason, reasonlen))
+						goto bad;
+					*cidr = '\0';
+				}
+				if (inet_pton(four ? AF_INET : AF_INET6, arg, t->network) != 1)
+				{
+					snprintf(reason, reasonlen, "\"%.64s\": not an IPv%c network", text,
+							 four ? '4' : '6');
+					goto bad;
+				}
+				free(arg);
+				return true;
+			}
+	}
+	free(arg);
+	return true;
+bad:
+	free(arg);
+	return false;
+}
+
+/* Parse a record known to start with "v=spf1"; false with the reason. */
+static bool
+spf_parse(const char *text, size_t len, struct spf_record *r, char *reason, size_t reasonlen)
+{
+	char	   *copy;
+	char	   *p;
+	bool		ok = true;
+
+	memset(r, 0, sizeof(*r));
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char) text[i] < 0x20 || (unsigned char) text[i] > 0x7e)
+		{
+			snprintf(reason, reasonlen, "character 0x%02x in the record", (unsigned char) text[i]);
+			return false;
+		}
+	copy = xstrndup(text + 6, len - 6);
+	p = copy;
+	while (ok)
+	{
+		char	   *term;
+		size_t		namelen;
+
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			break;
+		term = p;
+		while (*p && *p != ' ')
+			p++;
+		if (*p)
+			*p++ = '\0';
+		/* A modifier: name "=" macro-string, the name starting with a letter. */
+		namelen = 0;
+		if (isalpha((unsigned char) term[0]))
+			namelen = strspn(term, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.");
+		if (namelen > 0 && term[namelen] == '=')
+		{
+			char	   *value = term + namelen + 1;
+			char	  **slot = NULL;
+
+			if (namelen == 8 && strncasecmp(term, "redirect", 8) == 0)
+				slot = &r->redirect;
+			else if (namelen == 3 && strncasecmp(term, "exp", 3) == 0)
+				slot = &r->exp;
+			if (slot && *slot)
+			{
+				snprintf(reason, reasonlen, "%.*s= given twice", (int) namelen, term);
+				ok = false;
+			}
+			else if (slot)
+			{
+				if ((ok = spf_domain_spec_valid(value, reason, reasonlen)))
+					*slot = xstrdup(value);
+			}
+			else
+				ok = spf_macro_valid(value, value + strlen(value), true, reason, reasonlen);
+			continue;
+		}
+		r->terms = xrealloc(r->terms, (r->count + 1) * sizeof(*r->terms));
+		if (spf_parse_term(term, &r->terms[r->count], reason, reasonlen))
+			r->count++;
+		else
+		{
+			free(r->terms[r->count].text);
+			ok = false;
+		}
+	}
+	free(copy);
+	if (!ok)
+		spf_record_free(r);
+	return ok;
+}
+
+bool
+spf_record_valid(const char *text, char *reason, size_t reasonlen)
+{
+	struct spf_record r;
+	size_t		len = strlen(text);
+
+	if (!spf_is_record(text, len))
+	{
+		snprintf(reason, reasonlen, "not an SPF record");
+		return false;
+	}
+	if (!spf_parse(text, len, &r, reason, reasonlen))
+		return false;
+	spf_record_free(&r);
+	return true;
+}
+
+char *
+spf_expand_for_test(const char *macro_string, bool explanation)
+{
+	struct spf_check c;
+	char		reason[256];
+	char	   *out = NULL;
+
+	if (!spf_macro_valid(macro_string, macro_string + strlen(macro_string), explanation, reason,
+						 sizeof(reason)))
+		return NULL;
+	memset(&c, 0, sizeof(c));
+	spf_ip_parse("192.0.2.3", &c.ip);
+	c.sender = "strong-bad@email.example.com";
+	c.local_part = "strong-bad";
+	c.sender_domain = "email.example.com";
+	c.helo = "mx.example.org";
+	c.receiver = "mx.example.net";
+	c.p_value = "unknown";
+	spf_expand(&c, macro_string, "email.example.com", &out);
+	return out;
+}
+
+/*
+ * The check
+ */
+
+static void
+spf_free(struct spf_check *c)
+{
+	for (size_t i = 0; i < c->depth; i++)
+	{
+		free(c->frames[i].domain);
+		spf_record_free(&c->frames[i].record);
+	}
+	for (size_t i = 0; i < c->name_count; i++)
+		free(c->names[i]);
+	free(c->names);
+	for (size_t i = 0; i < c->p_count; i++)
+		free(c->p_names[i]);
+	free(c->p_names);
+	free(c->p_value);
+	free(c->p_found);
+	free(c->target);
+	free(c->ip_text);
+	free(c->sender);
+	free(c->local_part);
+	free(c->sender_domain);
+	free(c->helo);
+	free(c->receiver);
+	free(c->explanation);
+	free(c->exp_text);
+	free(c);
+}
+
+static void
+spf_finish_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct spf_check *c = w->data;
+
+	c->verdict.explanation = c->explanation;
+	c->verdict.reason = c->reason;
+	c->verdict.domain = c->sender_domain;
+	c->done(c->arg, &c->verdict);
+	spf_free(c);
+}
+
+/* The verdict is known: report it from the loop. */
+static void
+spf_conclude(struct spf_check *c, enum spf_result result, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void
+spf_conclude(struct spf_check *c, enum spf_result result, const char *fmt, ...)
+{
+	va_list		ap;
+
+	c->verdict.result = result;
+	va_start(ap, fmt);
+	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+	va_end(ap);
+	c->wait = SPF_WAIT_NOTHING;
+	ev_timer_init(&c->finish_timer, spf_finish_cb, 0, 0);
+	c->finish_timer.data = c;
+	ev_timer_start(dns_resolver_loop(c->resolver), &c->finish_timer);
+}
+
+static void spf_dns_cb(void *arg, const struct dns_answer *a);
+
+static void
+spf_lookup(struct spf_check *c, const char *name, enum dns_type type, enum spf_wait wait)
+{
+	c->wait = wait;
+	c->query = dns_resolve(c->resolver, name, type, c->budget, spf_dns_cb, c);
+}
+
+static void
+spf_clear_names(struct spf_check *c)
+{
+	for (size_t i = 0; i < c->name_count; i++)
+		free(c->names[i]);
+	free(c->names);
+	c->names = NULL;
+	c->name_count = c->name_index = 0;
+}
+
+/* Count a lookup against the limit; false (and permerror) past it. */
+static bool
+spf_count_lookup(struct spf_check *c)
+{
+	if (++c->lookups > SPF_LOOKUP_LIMIT)
+	{
+		spf_conclude(c, SPF_PERMERROR, "more than %d DNS-querying terms", SPF_LOOKUP_LIMIT);
+		return false;
+	}
+	return true;
+}
+
+/* An answer with nothing (NXDOMAIN or no record): count it; false (permerror) past the limit. */
+static bool
+spf_count_void(struct spf_check *c, const struct dns_answer *a, size_t useful)
+{
+	if ((a->status == DNS_NXDOMAIN || (a->status == DNS_OK && useful == 0))
+		&& ++c->voids > SPF_VOID_LIMIT)
+	{
+		spf_conclude(c, SPF_PERMERROR, "more than %d lookups found nothing", SPF_VOID_LIMIT);
+		return false;
+	}
+	return true;
+}
+
+static size_t
+spf_count_type(const struct dns_answer *a, enum dns_type type)
+{
+	size_t		n = 0;
+
+	for (size_t i = 0; i < a->count; i++)
+		if (a->records[i].type == type)
+			n++;
+	return n;
+}
+
+static struct spf_frame *
+spf_frame(struct spf_check *c)
+{
+	return &c->frames[c->depth - 1];
+}
+
+/* Start evaluating domain in a frame (pushed, or the current one for a redirect). */
+static void
+spf_start_frame(struct spf_check *c, struct spf_frame *f, const char *domain)
+{
+	free(f->domain);
+	spf_record_free(&f->record);
+	f->domain = xstrdup(domain);
+	f->parsed = false;
+	f->next = 0;
+	spf_lookup(c, domain, DNS_TYPE_TXT, SPF_WAIT_RECORD);
+}
+
+/*
+ * Expand the current term's domain (or the frame's domain); false if the
+ * check waits for %{p} (it resumes by itself) or concluded.
+ */
+static bool
+spf_target(struct spf_check *c, const char *spec, char **out)
+{
+	struct spf_frame *f = spf_frame(c);
+
+	if (spec == NULL)
+	{
+		*out = xstrdup(f->domain);
+		return true;
+	}
+	if (spf_expand(c, spec, f->domain, out) == SPF_EXPAND_NEED_P)
+	{
+		char		name[128];
+
+		if (!dns_reverse_name(c->ip_text, name, sizeof(name)))
+		{
+			c->p_value = xstrdup("unknown");
+			return spf_target(c, spec, out);
+		}
+		spf_lookup(c, name, DNS_TYPE_PTR, SPF_WAIT_P_PTR);
+		return false;
+	}
+	spf_truncate_name(*out);
+	return true;
+}
+
+/* A fail with exp=: look the explanation up (best effort: trouble gives the default). */
+static void
+spf_explain(struct spf_check *c)
+{
+	char	   *name;
+
+	c->explaining = true;
+	if (!spf_target(c, spf_frame(c)->record.exp, &name))
+		return;					/* %{p} first; spf_next_p_name comes back */
+	free(c->target);
+	c->target = name;
+	spf_lookup(c, name, DNS_TYPE_TXT, SPF_WAIT_EXP);
+}
+
+/* A frame's result: pop it into its parent, or conclude the check. */
+static void
+spf_frame_result(struct spf_check *c, enum spf_result result, const char *why)
+{
+	struct spf_frame *f = spf_frame(c);
+
+	if (result == SPF_TEMPERROR || result == SPF_PERMERROR)
+	{
+		spf_conclude(c, result, "%s", why);
+		return;
+	}
+	if (f->kind == SPF_FRAME_TOP)
+	{
+		struct spf_record *r = &f->record;
+
+		if (result == SPF_FAIL && r->exp)
+		{
+			snprintf(c->fail_reason, sizeof(c->fail_reason), "%s", why);
+			spf_explain(c);
+			return;
+		}
+		spf_conclude(c, result, "%s", why);
+		return;
+	}
+	/* An include: the parent's term matches on pass only; none is an error. */
+	free(f->domain);
+	f->domain = NULL;
+	spf_record_free(&f->record);
+	c->depth--;
+	f = spf_frame(c);
+	if (result == SPF_NONE)
+	{
+		spf_conclude(c, SPF_PERMERROR, "include:%s has no SPF record", c->target ? c->target : "");
+		return;
+	}
+	if (result == SPF_PASS)
+	{
+		const struct spf_term *t = &f->record.terms[f->next];
+
+		spf_frame_result(c, t->qualifier, t->text);
+		return;
+	}
+	f->next++;
+	spf_advance(c);
+}
+
+/* The current term matched (or not); go on. */
+static void
+spf_term_done(struct spf_check *c, bool matched)
+{
+	struct spf_frame *f = spf_frame(c);
+
+	spf_clear_names(c);
+	if (matched)
+	{
+		const struct spf_term *t = &f->record.terms[f->next];
+
+		spf_frame_result(c, t->qualifier, t->text);
+		return;
+	}
+	f->next++;
+	spf_advance(c);
+}
+
+/* Walk the current frame's terms until one needs the DNS or the result is known. */
+static void
+spf_advance(struct spf_check *c)
+{
+	struct spf_frame *f = spf_frame(c);
+
+	while (f->next < f->record.count)
+	{
+		const struct spf_term *t = &f->record.terms[f->next];
+		char	   *target = NULL;
+
+		switch (t->mechanism)
+		{
+			case SPF_MECH_ALL:
+				spf_frame_result(c, t->qualifier, t->text);
+				return;
+			case SPF_MECH_IP4:
+			case SPF_MECH_IP6:
+				if ((t->mechanism == SPF_MECH_IP4 && c->ip.family == 4
+					 && spf_prefix_match(t->network, c->ip.addr, t->cidr4))
+					|| (t->mechanism == SPF_MECH_IP6 && c->ip.family == 6
+						&& spf_prefix_match(t->network, c->ip.addr, t->cidr6)))
+				{
+					spf_frame_result(c, t->qualifier, t->text);
+					return;
+				}
+				f->next++;
+				continue;
+			default:
+				break;
+		}
+		/* The rest ask the DNS: count, expand, look up. */
+		if (!spf_target(c, t->domain_spec, &target))
+			return;
+		if (!spf_count_lookup(c))
+		{
+			free(target);
+			return;
+		}
+		free(c->target);
+		c->target = target;
+		switch (t->mechanism)
+		{
+			case SPF_MECH_INCLUDE:
+				if (c->depth >= SPF_DEPTH_MAX)
+				{
+					spf_conclude(c, SPF_PERMERROR, "includes nested too deep");
+					return;
+				}
+				c->depth++;
+				memset(spf_frame(c), 0, sizeof(struct spf_frame));
+				spf_frame(c)->kind = SPF_FRAME_INCLUDE;
+				spf_start_frame(c, spf_frame(c), target);
+				return;
+			case SPF_MECH_A:
+				spf_lookup(c, target, spf_address_type(c), SPF_WAIT_A);
+				return;
+			case SPF_MECH_MX:
+				spf_lookup(c, target, DNS_TYPE_MX, SPF_WAIT_MX);
+				return;
+			case SPF_MECH_PTR:
+				{
+					char		name[128];
+
+					if (!dns_reverse_name(c->ip_text, name, sizeof(name)))
+					{
+						spf_term_done(c, false);
+						return;
+					}
+					spf_lookup(c, name, DNS_TYPE_PTR, SPF_WAIT_PTR);
+					return;
+				}
+			case SPF_MECH_EXISTS:
+				spf_lookup(c, target, DNS_TYPE_A, SPF_WAIT_EXISTS);
+				return;
+			default:
+				break;
+		}
+	}
+	/* No term matched. */
+	if (f->record.redirect)
+	{
+		char	   *target;
+
+		if (!spf_target(c, f->record.redirect, &target))
+			return;
+		if (!spf_count_lookup(c))
+		{
+			free(target);
+			return;
+		}
+		free(c->target);
+		c->target = xstrdup(target);
+		f->redirected = true;
+		spf_start_frame(c, f, target);
+		free(target);
+		return;
+	}
+	spf_frame_result(c, SPF_NEUTRAL, "no term matched");
+}
+
+/* Pick the next name of c->names worth an address lookup (ptr: within the target). */
+static void
+spf_next_ptr_name(struct spf_check *c)
+{
+	while (c->name_index < c->name_count)
+	{
+		if (spf_name_within(c->names[c->name_index], c->target))
+		{
+			spf_lookup(c, c->names[c->name_index], spf_address_type(c), SPF_WAIT_PTR_ADDRESS);
+			return;
+		}
+		c->name_index++;
+	}
+	spf_term_done(c, false);
+}
+
+/* %{p}: the next PTR name to validate, or the value settled. */
+static void
+spf_next_p_name(struct spf_check *c)
+{
+	if (c->p_index < c->p_count && c->p_rank < 3)
+	{
+		spf_lookup(c, c->p_names[c->p_index], spf_address_type(c), SPF_WAIT_P_ADDRESS);
+		return;
+	}
+	c->p_value = c->p_found ? c->p_found : xstrdup("unknown");
+	c->p_found = NULL;
+	/* Resume whatever needed it. */
+	c->wait = SPF_WAIT_NOTHING;
+	if (c->exp_text)
+		spf_expand_explanation(c);
+	else if (c->explaining)
+		spf_explain(c);
+	else
+		spf_advance(c);
+}
+
+/* Take the names of a PTR answer, at most limit. */
+static char **
+spf_ptr_names(const struct dns_answer *a, size_t limit, size_t *count)
+{
+	char	  **names = xcalloc(limit + 1, sizeof(*names));
+	size_t		n = 0;
+
+	for (size_t i = 0; i < a->count && n < limit; i++)
+		if (a->records[i].type == DNS_TYPE_PTR && a->records[i].text)
+			names[n++] = xstrdup(a->records[i].text);
+	*count = n;
+	return names;
+}
+
+/* The explanation TXT: exactly one record, expanded; anything else is the default. */
+static void
+spf_take_explanation(struct spf_check *c, const struct dns_answer *a)
+{
+	const struct dns_record *r = NULL;
+	char		reason[128];
+
+	if (a->status != DNS_OK || spf_count_type(a, DNS_TYPE_TXT) != 1)
+		return;
+	for (size_t i = 0; i < a->count; i++)
+		if (a->records[i].type == DNS_TYPE_TXT)
+			r = &a->records[i];
+	for (size_t i = 0; i < r->len; i++)
+		if ((unsigned char) r->text[i] < 0x20 || (unsigned char) r->text[i] > 0x7e)
+			return;
+	if (!spf_macro_valid(r->text, r->text + r->len, true, reason, sizeof(reason)))
+		return;
+	c->exp_text = xstrndup(r->text, r->len);
+}
+
+/* Expand the explanation text and conclude; false if %{p} must be looked up first. */
+static bool
+spf_expand_explanation(struct spf_check *c)
+{
+	char		name[128];
+
+	if (c->exp_text && spf_expand(c, c->exp_text, spf_frame(c)->domain, &c->explanation)
+		== SPF_EXPAND_NEED_P)
+	{
+		if (dns_reverse_name(c->ip_text, name, sizeof(name)))
+		{
+			spf_lookup(c, name, DNS_TYPE_PTR, SPF_WAIT_P_PTR);
+			return false;
+		}
+		c->p_value = xstrdup("unknown");
+		spf_expand(c, c->exp_text, spf_frame(c)->domain, &c->explanation);
+	}
+	spf_conclude(c, SPF_FAIL, "%s", c->fail_reason);
+	return true;
+}
+
+static void
+spf_dns_cb(void *arg, const struct dns_answer *a)
+{
+	struct spf_check *c = arg;
+	struct spf_frame *f = spf_frame(c);
+	bool		error = a->status == DNS_TEMPFAIL || a->status == DNS_TIMEOUT;
+
+	c->query = NULL;
+	switch (c->wait)
+	{
+		case SPF_WAIT_NOTHING:
+			break;
+		case SPF_WAIT_RECORD:
+			{
+				const struct dns_record *found = NULL;
+				size_t		n = 0;
+				char		reason[200];
+
+				if (error)
+				{
+					spf_conclude(c, SPF_TEMPERROR, "DNS error looking up %s TXT", f->domain);
+					return;
+				}
+				for (size_t i = 0; i < a->count; i++)
+					if (a->records[i].type == DNS_TYPE_TXT
+						&& spf_is_record(a->records[i].text, a->records[i].len))
+					{
+						found = &a->records[i];
+						n++;
+					}
+				if (n > 1)
+				{
+					spf_conclude(c, SPF_PERMERROR, "%s has %zu SPF records", f->domain, n);
+					return;
+				}
+				if (n == 0)
+				{
+					if (f->kind == SPF_FRAME_TOP && !f->redirected)
+						spf_conclude(c, SPF_NONE, "%s has no SPF record", f->domain);
+					else
+						spf_conclude(c, SPF_PERMERROR, "%s%s has no SPF record",
+									 f->redirected ? "redirect=" : "include:", f->domain);
+					return;
+				}
+				if (!spf_parse(found->text, found->len, &f->record, reason, sizeof(reason)))
+				{
+					spf_conclude(c, SPF_PERMERROR, "%s: %s", f->domain, reason);
+					return;
+				}
+				f->parsed = true;
+				f->next = 0;
+				spf_advance(c);
+				return;
+			}
+		case SPF_WAIT_A:
+			if (error)
+			{
+				spf_conclude(c, SPF_TEMPERROR, "DNS error looking up %s", c->target);
+				return;
+			}
+			if (!spf_count_void(c, a, spf_count_type(a, spf_address_type(c))))
+				return;
+			spf_term_done(c, spf_answer_matches(c, a, f->record.terms[f->next].cidr4,
+												f->record.terms[f->next].cidr6));
+			return;
+		case SPF_WAIT_EXISTS:
+			if (error)
+			{
+				spf_conclude(c, SPF_TEMPERROR, "DNS error looking up %s", c->target);
+				return;
+			}
+			if (!spf_count_void(c, a, spf_count_type(a, DNS_TYPE_A)))
+				return;
+			spf_term_done(c, spf_count_type(a, DNS_TYPE_A) > 0);
+			return;
+		case SPF_WAIT_MX:
+			if (error)
+			{
+				spf_conclude(c, SPF_TEMPERROR, "DNS error looking up %s MX", c->target);
+				return;
+			}
+			if (!spf_count_void(c, a, spf_count_type(a, DNS_TYPE_MX)))
+				return;
+			if (spf_count_type(a, DNS_TYPE_MX) > SPF_MX_LIMIT)
+			{
+				spf_conclude(c, SPF_PERMERROR, "%s has more than %d MX records", c->target,
+							 SPF_MX_LIMIT);
+				return;
+			}
+			spf_clear_names(c);
+			c->names = xcalloc(a->count + 1, sizeof(*c->names));
+			for (size_t i = 0; i < a->count; i++)
+				/* A null MX (".") names no host. */
+				if (a->records[i].type == DNS_TYPE_MX && a->records[i].text
+					&& strcmp(a->records[i].text, ".") != 0)
+					c->names[c->name_count++] = xstrdup(a->records[i].text);
+			if (c->name_count == 0)
+			{
+				spf_term_done(c, false);
+				return;
+			}
+			spf_lookup(c, c->names[0], spf_address_type(c), SPF_WAIT_MX_ADDRESS);
+			return;
+		case SPF_WAIT_MX_ADDRESS:
+			if (error)
+			{
+				spf_conclude(c, SPF_TEMPERROR, "DNS error looking up %s",
+							 c->names[c->name_index]);
+				return;
+			}
+			if (spf_answer_matches(c, a, f->record.terms[f->next].cidr4,
+								   f->record.terms[f->next].cidr6))
+			{
+				spf_term_done(c, true);
+				return;
+			}
+			if (++c->name_index < c->name_count)
+			{
+				spf_lookup(c, c->names[c->name_index], spf_address_type(c),
+						   SPF_WAIT_MX_ADDRESS);
+				return;
+			}
+			spf_term_done(c, false);
+			return;
+		case SPF_WAIT_PTR:
+			/* RFC 7208 5.5: a DNS error here is no match, not an error. */
+			if (error)
+			{
+				spf_term_done(c, false);
+				return;
+			}
+			if (!spf_count_void(c, a, spf_count_type(a, DNS_TYPE_PTR)))
+				return;
+			spf_clear_names(c);
+			c->names = spf_ptr_names(a, SPF_PTR_LIMIT, &c->name_count);
+			spf_next_ptr_name(c);
+			return;
+		case SPF_WAIT_PTR_ADDRESS:
+			if (!error && spf_answer_matches(c, a, 32, 128))
+			{
+				spf_term_done(c, true);
+				return;
+			}
+			c->name_index++;
+			spf_next_ptr_name(c);
+			return;
+		case SPF_WAIT_P_PTR:
+			if (!error)
+				c->p_names = spf_ptr_names(a, SPF_PTR_LIMIT, &c->p_count);
+			c->p_index = 0;
+			c->p_rank = 0;
+			spf_next_p_name(c);
+			return;
+		case SPF_WAIT_P_ADDRESS:
+			if (!error && spf_answer_matches(c, a, 32, 128))
+			{
+				/* RFC 7208 7.3: the domain itself, else a subdomain, else any. */
+				const char *name = c->p_names[c->p_index];
+				int			rank = spf_name_equal(name, f->domain) ? 3
+					: spf_name_within(name, f->domain) ? 2 : 1;
+
+				if (rank > c->p_rank)
+				{
+					free(c->p_found);
+					c->p_found = xstrdup(name);
+					c->p_rank = rank;
+				}
+			}
+			c->p_index++;
+			spf_next_p_name(c);
+			return;
+		case SPF_WAIT_EXP:
+			spf_take_explanation(c, a);
+			spf_expand_explanation(c);
+			return;
+	}
+}
+
+struct spf_check *
+spf_check_start(struct dns_resolver *r, struct dns_budget *budget, const char *ip,
+				const char *sender, const char *helo, const char *receiver,
+				spf_done_fn done, void *arg)
+{
+	struct spf_check *c = xcalloc(1, sizeof(*c));
+	const char *at = strrchr(sender, '@');
+
+	c->resolver = r;
+	c->budget = budget;
+	c->done = done;
+	c->arg = arg;
+	c->ip_text = xstrdup(ip);
+	c->helo = helo ? xstrdup(helo) : NULL;
+	c->receiver = receiver ? xstrdup(receiver) : NULL;
+	if (at)
+	{
+		c->local_part = at == sender ? xstrdup("postmaster") : xstrndup(sender, (size_t) (at - sender));
+		c->sender_domain = xstrdup(at + 1);
+	}
+	else
+	{
+		/* A bare domain (the HELO identity given alone). */
+		c->local_part = xstrdup("postmaster");
+		c->sender_domain = xstrdup(sender);
+	}
+	c->sender = xasprintf("%s@%s", c->local_part, c->sender_domain);
+	c->depth = 1;
+	c->frames[0].kind = SPF_FRAME_TOP;
+	if (!spf_ip_parse(ip, &c->ip))
+	{
+		spf_conclude(c, SPF_PERMERROR, "\"%s\" is not an IP address", ip);
+		return c;
+	}
+	if (!spf_domain_checkable(c->sender_domain))
+	{
+		spf_conclude(c, SPF_NONE, "\"%s\" is not a domain SPF can check", c->sender_domain);
+		return c;
+	}
+	spf_start_frame(c, &c->frames[0], c->sender_domain);
+	return c;
+}
+
+void
+spf_check_cancel(struct spf_check *c)
+{
+	if (c->query)
+		dns_cancel(c->query);
+	ev_timer_stop(dns_resolver_loop(c->resolver), &c->finish_timer);
+	spf_free(c);
+}
