@@ -7,11 +7,15 @@
  * FAIR_FIFO_PERCENT of the slots go to the rows that have waited longest,
  * whoever sent them, so nothing starves; the rest go one at a time to the
  * sender with the least worker time used, oldest row first within a sender.
+ * Slots the fair picks cannot fill go to the oldest rows left, so a stage
+ * with pending rows never has idle capacity, whatever the sender cache
+ * knows.
  *
  * Cost, per stage and claim of n rows from k distinct senders: reading the
  * rows that became pending since the previous claim (sendercache.c), an
  * in-memory pass over the waiting senders, one index range read for the
- * FIFO share, one statement that reads each chosen sender's oldest rows
+ * FIFO share (and one for the slots left over, when the stage is nearly
+ * drained), one statement that reads each chosen sender's oldest rows
  * through the (stage, sender_key, pending_seq) index (k probes), and one
  * UPDATE of n rows.  None of it scans the queue or enumerates its senders,
  * so a claim costs about the same with a thousand pending rows or a
@@ -77,14 +81,22 @@ claim_choice_add(ClaimChoice *choice, int64 id)
 	return true;
 }
 
-/* The FIFO share: the oldest pending rows of the stage, charged to their senders. */
+/*
+ * Choose up to slots more of the stage's oldest pending rows, charged to
+ * their senders.  Used for the FIFO share, before the fair picks, and for
+ * the slots the fair picks could not fill, after them: the rows chosen
+ * already are among the oldest too, so as many more are read.  A row from
+ * a sender the cache did not hold tells the cache it missed one
+ * (sendercache.c).
+ */
 static void
 claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *stage,
 				  int slots, double row_cost, ClaimChoice *choice)
 {
 	static SPIPlanPtr plan;
 	static const Oid argtypes[] = {TEXTOID, INT4OID};
-	Datum		values[2] = {CStringGetTextDatum(stage), Int32GetDatum(slots)};
+	int			wanted = Min(choice->count + slots, choice->capacity);
+	Datum		values[2] = {CStringGetTextDatum(stage), Int32GetDatum(choice->count + slots)};
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT id, sender_key, pending_seq FROM pepsi.workqueue"
@@ -92,14 +104,15 @@ claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *st
 						  " ORDER BY pending_seq LIMIT $2",
 						  2, argtypes),
 			   values, NULL, true, 0);
-	for (uint64 i = 0; i < SPI_processed; i++)
+	for (uint64 i = 0; i < SPI_processed && choice->count < wanted; i++)
 	{
 		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
-		SenderHead *head = sender_cache_lookup(cache, sender);
+		SenderHead *head;
 
 		if (!claim_choice_add(choice, queue_result_int64(i, 1)))
 			continue;
-		if (head != NULL && head->candidate >= 0)
+		head = sender_cache_found(cache, sender, queue_result_int64(i, 3));
+		if (head->candidate >= 0)
 		{
 			candidates[head->candidate].vtime += row_cost;
 			candidates[head->candidate].taken++;
@@ -303,6 +316,14 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 			break;
 		CHECK_FOR_INTERRUPTS();
 	}
+
+	/*
+	 * Work conservation: what the fair picks could not fill (their senders
+	 * ran out, or the cache misses senders that are waiting) goes to the
+	 * oldest rows, so no slot idles while the stage has pending rows.
+	 */
+	if (choice.count < capacity)
+		claim_oldest_rows(cache, candidates, stage, capacity - choice.count, row_cost, &choice);
 
 	/* Senders with nothing left waiting leave the cache (see sendercache.c). */
 	for (int i = 0; i < ncandidates; i++)

@@ -34,6 +34,7 @@ extern void sender_cache_refresh(SenderCache *cache);
 extern HTAB *sender_cache_heads(SenderCache *cache);
 extern SenderHead *sender_cache_lookup(SenderCache *cache, const char *sender);
 extern SenderHead *sender_cache_note(SenderCache *cache, const char *sender, int64 seq);
+extern SenderHead *sender_cache_found(SenderCache *cache, const char *sender, int64 seq);
 extern void sender_cache_forget(SenderCache *cache, SenderHead *head);
 
 /* One sender competing for a stage's slots in one claim. */

@@ -21,10 +21,22 @@
  *     transaction can make a row visible below the watermark.  Once a
  *     second the refresh re-reads from the watermark of a second earlier,
  *     and every SENDER_CACHE_REBUILD_SECONDS (or when more than
- *     SENDER_CACHE_REFRESH_LIMIT rows arrived at once, or the schema was
- *     re-created) the set is rebuilt with one skip scan over the (stage,
- *     sender_key, pending_seq) index.  A sender missed meanwhile is still
- *     served by the claim's FIFO share, so it is delayed, never starved.
+ *     SENDER_CACHE_REFRESH_LIMIT rows arrived at once) the set is rebuilt
+ *     with one skip scan over the (stage, sender_key, pending_seq) index.
+ *
+ * The cache is only a guide to the fair picks: the claim gives the slots
+ * they cannot fill to the oldest pending rows (claim.c), so a stage with
+ * pending rows never idles whatever the cache knows.  But a sender the
+ * cache misses is served only in arrival order, behind every older row, so
+ * the cache must notice soon that it can no longer be trusted, and it is
+ * rebuilt at the next claim when:
+ *   - pepsi.pending_seq was re-created, or went back below the watermark
+ *     (TRUNCATE ... RESTART IDENTITY, a restore, a setval): rows arriving
+ *     now draw values the incremental read has already passed;
+ *   - a claim met, among the oldest pending rows, a row below the
+ *     watermark from a sender the cache did not hold (sender_cache_found):
+ *     rows were missed, so others may have been.  That sender is added at
+ *     once; the rebuild comes at most once per SENDER_CACHE_RESCAN_MS.
  *
  * After a server restart, or in a new connection, the cache starts empty
  * and the first claim at each stage pays for one rebuild.
@@ -52,6 +64,7 @@ struct SenderCache
 	Oid			sequence;		/* pepsi.pending_seq the watermark refers to */
 	int64		watermark;		/* rows pending with pending_seq <= this were read */
 	int64		rescan_from;	/* the watermark as of the last rescan */
+	bool		missed_rows;	/* a claim found a pending row the cache had missed */
 	TimestampTz rescanned_at;
 	TimestampTz built_at;
 	SenderCache *next;
@@ -139,25 +152,51 @@ sender_cache_forget(SenderCache *cache, SenderHead *head)
 	pfree(sender);
 }
 
-/* The last value drawn from pepsi.pending_seq (not transactional: a bound). */
+/*
+ * A claim read this pending row among the stage's oldest rows, outside the
+ * fair picks.  A sender the cache does not hold, with a row at or below
+ * the watermark, was missed: it is added, and the cache is rebuilt soon
+ * (see the file comment).  Returns the sender's head.
+ */
+SenderHead *
+sender_cache_found(SenderCache *cache, const char *sender, int64 seq)
+{
+	SenderHead *head = sender_cache_lookup(cache, sender);
+
+	if (head != NULL)
+		return head;
+	if (seq <= cache->watermark)
+		cache->missed_rows = true;
+	return sender_cache_note(cache, sender, seq);
+}
+
+/*
+ * The last value drawn from pepsi.pending_seq (not transactional: a bound);
+ * 0 when none has been drawn since it was created or reset.
+ */
 static int64
 sender_cache_sequence_high(void)
 {
 	static SPIPlanPtr plan;
 
-	queue_exec(queue_plan(&plan, "SELECT last_value FROM pepsi.pending_seq", 0, NULL),
+	queue_exec(queue_plan(&plan,
+						  "SELECT CASE WHEN is_called THEN last_value ELSE 0 END"
+						  " FROM pepsi.pending_seq",
+						  0, NULL),
 			   NULL, NULL, true, 1);
 	return queue_result_int64(0, 1);
 }
 
-/* Every waiting sender of the stage, by skip scan: O(senders) index probes. */
+/*
+ * Every waiting sender of the stage, by skip scan: O(senders) index probes.
+ * high is the sequence's value read before the scan.
+ */
 static void
-sender_cache_rebuild(SenderCache *cache, Oid sequence)
+sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high)
 {
 	static SPIPlanPtr plan;
 	static const Oid argtypes[] = {TEXTOID};
 	Datum		values[1] = {CStringGetTextDatum(cache->stage)};
-	int64		high = sender_cache_sequence_high();
 
 	sender_cache_reset(cache);
 	queue_exec(queue_plan(&plan,
@@ -180,6 +219,7 @@ sender_cache_rebuild(SenderCache *cache, Oid sequence)
 		sender_cache_note(cache, sender, queue_result_int64(i, 2));
 	}
 	cache->built = true;
+	cache->missed_rows = false;
 	cache->sequence = sequence;
 	cache->watermark = high;
 	cache->rescan_from = high;
@@ -226,17 +266,39 @@ sender_cache_read_arrivals(SenderCache *cache, int64 from)
 	return true;
 }
 
+/* Why the cache must be rebuilt before this claim, or NULL if it need not. */
+static const char *
+sender_cache_rebuild_reason(SenderCache *cache, Oid sequence, int64 high, TimestampTz now)
+{
+	if (!cache->built)
+		return NULL;
+	if (cache->sequence != sequence)
+		return "pepsi.pending_seq was re-created";
+	if (high < cache->watermark)
+		return "pepsi.pending_seq went back below the rows already read";
+	if (cache->missed_rows
+		&& TimestampDifferenceExceeds(cache->built_at, now, SENDER_CACHE_RESCAN_MS))
+		return "a claim found pending rows from a sender it had missed";
+	if (TimestampDifferenceExceeds(cache->built_at, now, SENDER_CACHE_REBUILD_SECONDS * 1000))
+		return "periodic rebuild";
+	return NULL;
+}
+
 /* Bring the cache up to date before a claim (see the file comment). */
 void
 sender_cache_refresh(SenderCache *cache)
 {
 	Oid			sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
+	int64		high = sender_cache_sequence_high();
 	TimestampTz now = GetCurrentTimestamp();
+	const char *reason = sender_cache_rebuild_reason(cache, sequence, high, now);
 
-	if (!cache->built || cache->sequence != sequence
-		|| TimestampDifferenceExceeds(cache->built_at, now, SENDER_CACHE_REBUILD_SECONDS * 1000))
+	if (!cache->built || reason != NULL)
 	{
-		sender_cache_rebuild(cache, sequence);
+		if (reason != NULL)
+			elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s",
+				 cache->stage, reason);
+		sender_cache_rebuild(cache, sequence, high);
 		return;
 	}
 	if (TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
@@ -247,10 +309,10 @@ sender_cache_refresh(SenderCache *cache)
 		cache->rescanned_at = now;
 		if (!sender_cache_read_arrivals(cache, from))
 		{
-			sender_cache_rebuild(cache, sequence);
+			sender_cache_rebuild(cache, sequence, high);
 			return;
 		}
 	}
 	if (!sender_cache_read_arrivals(cache, cache->watermark))
-		sender_cache_rebuild(cache, sequence);
+		sender_cache_rebuild(cache, sequence, high);
 }

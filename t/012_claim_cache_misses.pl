@@ -1,0 +1,96 @@
+# workqueue_claim when its sender cache is wrong.  The cache (sendercache.c)
+# is only a guide to the fair picks: rows it never saw must still be
+# claimed in the next claim that has room for them, and a sequence reset
+# must make it rebuild at once rather than at its periodic rebuild.
+use strict;
+use warnings FATAL => 'all';
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use PepsiTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+my $node = pepsi_node('claim_cache');
+$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+
+# Admit $count rows at stage relay from $address in the given session.
+sub admit_sql
+{
+	my ($count, $address) = @_;
+
+	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
+	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
+}
+
+# One long-lived session, as the dispatcher's: its sender cache lives as
+# long as it does.
+my $claimer = $node->background_psql('postgres');
+
+# Claim in the claimer's session; returns "sender=count ..." of the rows.
+sub claim
+{
+	my ($capacity, %opts) = @_;
+	my $fifo = $opts{fifo} // 0;
+	my $account = $opts{account} // 'NULL, NULL, NULL';
+
+	return $claimer->query_safe(
+		"SELECT coalesce(string_agg(sender_key || '=' || n, ' ' ORDER BY sender_key), '')"
+		  . " FROM (SELECT sender_key, count(*) AS n FROM pepsi.workqueue_claim("
+		  . "'{relay}', '{$capacity}', $account, $fifo) GROUP BY sender_key) c");
+}
+
+#
+# Rows committed after the cache's rescan window: sender B's rows draw
+# their pending_seq in a transaction that stays open while A's later rows
+# are read and the rescan passes them by.  They are invisible to the cache
+# (until its periodic rebuild, 30 s on), yet the next claim with room
+# takes them, with no FIFO share to reach them either.
+#
+$node->safe_psql('postgres', admit_sql(20, '10.0.0.1'));
+is(claim(10), 'ip:10.0.0.1=10', 'the first claim builds the cache and takes A\'s rows');
+
+my $hider = $node->background_psql('postgres');
+$hider->query_safe('BEGIN');
+$hider->query_safe(admit_sql(15, '10.0.0.2'));
+
+# A's later rows move the watermark past B's; two rescans a second apart
+# move the rescan window past them too.
+$node->safe_psql('postgres', admit_sql(20, '10.0.0.1'));
+is(claim(5), 'ip:10.0.0.1=5', 'A is served while B\'s transaction is open');
+for (1 .. 2)
+{
+	usleep(1_200_000);
+	is(claim(1), 'ip:10.0.0.1=1', 'the rescan passes B\'s uncommitted rows by');
+}
+$hider->query_safe('COMMIT');
+$hider->quit;
+
+is(claim(1000), 'ip:10.0.0.1=23 ip:10.0.0.2=15',
+	'the next claim takes every pending row, B\'s as well as A\'s');
+is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE status = 'pending'"),
+	'0', 'no pending row is left behind');
+
+#
+# TRUNCATE ... RESTART IDENTITY takes pepsi.pending_seq back below the
+# cache's watermark, so the rows admitted next are below it too and its
+# incremental read never sees them.  The cache must notice at the next
+# claim and rebuild: a light sender C whose rows arrived after a heavy
+# sender D's is then a fair candidate and gets its share of a claim too
+# small for D's rows alone.  With the cache still trusted, C would be
+# reached only after every older row of D.
+#
+$node->safe_psql('postgres', admit_sql(300, '10.0.0.9'));
+is(claim(1000), 'ip:10.0.0.9=300', 'the watermark moves up to 355');
+$node->safe_psql('postgres',
+	'TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY');
+$node->safe_psql('postgres', admit_sql(200, '10.0.0.4') . '; ' . admit_sql(3, '10.0.0.3'));
+is( claim(10,
+		account => q{'{relay}'::text[], '{ip:10.0.0.4}'::text[], '{1000000}'::float8[]}),
+	'ip:10.0.0.3=3 ip:10.0.0.4=7',
+	'after a sequence reset the light sender is served in the first claim');
+
+$claimer->quit;
+$node->stop;
+done_testing();
