@@ -52,7 +52,7 @@ sub write_conf
 [pepsi]
 HOSTNAME = mx.test
 LOCAL_DOMAINS = example.org, lists.example.org
-LOCAL_RECIPIENTS = aliases maildir
+LOCAL_RECIPIENTS = aliases maildir virtual
 ALIASES_FILE = $tmp/aliases
 MAILDIR_ROOT = $tmp/maildir
 [database]
@@ -61,6 +61,7 @@ CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
 CREDENTIALS = $tmp/credentials
 DISPATCH_WAKE_INTERVAL = 20ms
 DATABASE_CONNECTIONS = 1
+LOCAL_RECIPIENTS_REFRESH = 200ms
 TRUSTED_NETWORKS = 127.0.0.1/32
 $extra
 CONF
@@ -209,6 +210,32 @@ sleep 1;
 ($c, $reply) = transaction($port{smtp}, '127.0.0.2', 'bob@example.org');
 like($reply, qr/^250 /, 'a name added to the aliases file is accepted without a restart');
 $c->close;
+
+# A virtual mailbox (pepsi.virtual_mailbox) is picked up without a restart.
+sub rcpt_reply_within
+{
+	my ($address, $pattern) = @_;
+	my $deadline = time + 10;
+	my $reply;
+
+	while (time < $deadline)
+	{
+		my $client;
+		($client, $reply) = transaction($port{smtp}, '127.0.0.2', $address);
+		$client->close;
+		return $reply if $reply =~ $pattern;
+		usleep(100_000);
+	}
+	return $reply;
+}
+like(rcpt_reply_within('dave@example.org', qr/^550/), qr/^550 5\.1\.1/,
+	'a virtual mailbox not yet added is unknown');
+$node->safe_psql($db, "SELECT pepsi.virtual_mailbox_add('Dave\@Example.org')");
+like(rcpt_reply_within('dave@example.org', qr/^250/), qr/^250 2\.1\.5/,
+	'once pepsi.virtual_mailbox_add has it, ingress accepts it');
+$node->safe_psql($db, "SELECT pepsi.virtual_mailbox_remove('dave\@example.org')");
+like(rcpt_reply_within('dave@example.org', qr/^550/), qr/^550 5\.1\.1/,
+	'and after virtual_mailbox_remove it is unknown again');
 
 #
 # Duplicates: a thousand RCPTs of one address are stored once.

@@ -187,3 +187,101 @@ $$;
 SELECT pepsi.grant_apply();
 
 -- end of grant rules as data
+
+-- ===========================================================================
+-- Local recipients: virtual mailboxes
+--
+-- The addresses of local domains that exist without a maildir or an alias
+-- of their own (common/local.c, source "virtual").  pepsi-ingress reads
+-- the table to refuse unknown local recipients at RCPT time (550 5.1.1);
+-- the pipeline may read it; only pepsi_config changes it, and only through
+-- the audited functions below, never by writing the table.
+-- ===========================================================================
+
+CREATE TABLE pepsi.virtual_mailbox (
+    address    text PRIMARY KEY,
+    note       text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    created_by text NOT NULL DEFAULT current_user,
+    CONSTRAINT virtual_mailbox_address_form CHECK (
+        address = lower(address)
+        AND address ~ '^[^@[:space:][:cntrl:]]{1,64}@[a-z0-9_.-]{1,253}$'
+        AND address !~ '^\.' AND address !~ '/'),
+    CONSTRAINT virtual_mailbox_note_form CHECK (note IS NULL OR note !~ '[[:cntrl:]]')
+);
+COMMENT ON TABLE pepsi.virtual_mailbox IS
+    'Local recipients that exist without a maildir or an alias (LOCAL_RECIPIENTS = virtual); changed through virtual_mailbox_add/remove';
+
+-- The canonical form of a mailbox address, or an error saying what is wrong.
+CREATE FUNCTION pepsi.virtual_mailbox_canonical(address text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text := lower(btrim(address));
+BEGIN
+    IF address IS NULL THEN
+        RAISE EXCEPTION 'address must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF canonical ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'invalid mailbox address: it contains a control character'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A line break or another control character in an address could forge SMTP commands or headers.';
+    END IF;
+    IF canonical !~ '^[^@[:space:]]{1,64}@[a-z0-9_.-]{1,253}$' OR canonical ~ '^\.' OR canonical ~ '/' THEN
+        RAISE EXCEPTION 'invalid mailbox address %', quote_literal(address)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A mailbox is local-part@domain: a local part of at most 64 characters without spaces, "/" or a leading dot, and an ASCII domain name.',
+                  HINT = 'Give the address as mail is sent to it, as in "alice@example.org".';
+    END IF;
+    RETURN canonical;
+END
+$$;
+
+-- Add a mailbox; false if it existed already.  Audited in pepsi.event_log.
+CREATE FUNCTION pepsi.virtual_mailbox_add(address text, note text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text := pepsi.virtual_mailbox_canonical(address);
+    added boolean;
+BEGIN
+    IF note ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'note must be one line of text'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'It contains a line break or another control character.';
+    END IF;
+    INSERT INTO pepsi.virtual_mailbox AS v (address, note, created_by)
+    VALUES (canonical, note, pepsi.event_principal())
+    ON CONFLICT ON CONSTRAINT virtual_mailbox_pkey DO NOTHING;
+    added := FOUND;
+    PERFORM pepsi.event_log_write('virtual_mailbox_add',
+        jsonb_build_object('address', canonical, 'note', note, 'added', added));
+    RETURN added;
+END
+$$;
+
+-- Remove a mailbox; false if there was none.  Audited in pepsi.event_log.
+CREATE FUNCTION pepsi.virtual_mailbox_remove(address text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text := pepsi.virtual_mailbox_canonical(address);
+    removed boolean;
+BEGIN
+    DELETE FROM pepsi.virtual_mailbox v WHERE v.address = canonical;
+    removed := FOUND;
+    PERFORM pepsi.event_log_write('virtual_mailbox_remove',
+        jsonb_build_object('address', canonical, 'removed', removed));
+    RETURN removed;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_ingress', 'table', 'virtual_mailbox', '{SELECT}'),
+    ('pepsi_stage', 'table', 'virtual_mailbox', '{SELECT}'),
+    ('pepsi_config', 'table', 'virtual_mailbox', '{SELECT}'),
+    ('pepsi_config', 'function', 'virtual_mailbox_add', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'virtual_mailbox_remove', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'virtual_mailbox_canonical', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('virtual_mailbox_add'), ('virtual_mailbox_remove');
+
+SELECT pepsi.grant_apply();
+
+-- end of local recipients: virtual mailboxes
