@@ -90,6 +90,11 @@ static const struct
 	{"pepsi", "MAILDIR_ROOT", "where the local mailboxes are"},
 };
 
+/* A signing key (common/auth/keys.h): file only, so the overlay cannot move it. */
+static const char *const dkim_key_options[] = {
+	"DOMAIN", "SELECTOR", "ALGORITHM", "KEY_FILE", NULL
+};
+
 static const struct config_section_schema config_schema[] = {
 	{"pepsi", false, true, pepsi_options},
 	{"database", false, false, database_options},
@@ -97,6 +102,7 @@ static const struct config_section_schema config_schema[] = {
 	{"ingress", false, true, ingress_options},
 	{"sendmail", false, true, sendmail_options},
 	{"listener-", true, false, listener_options},
+	{"dkim-key-", true, false, dkim_key_options},
 	{"stage-", true, true, NULL},
 };
 

@@ -1,0 +1,484 @@
+/* canon.c: see canon.h. */
+#include "auth/canon.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/evp.h>
+
+#include "log.h"
+
+/* SHA-256 through EVP: OpenSSL 3 deprecates the SHA256_* calls. */
+static EVP_MD_CTX *
+canon_sha256_begin(void)
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+
+	if (md == NULL || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1)
+		fatalx("cannot start a SHA-256 digest");
+	return md;
+}
+
+static void
+canon_sha256_end(EVP_MD_CTX *md, unsigned char hash[CANON_HASH_LEN])
+{
+	unsigned	len = CANON_HASH_LEN;
+
+	EVP_DigestFinal_ex(md, hash, &len);
+	EVP_MD_CTX_free(md);
+}
+
+static bool
+canon_is_wsp(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+bool
+header_fields_parse(const char *headers, size_t len, size_t max_line,
+					struct header_fields *out, char *err, size_t errlen)
+{
+	size_t		cap = 32;
+	size_t		pos = 0;
+	unsigned	line = 0;
+
+	out->count = 0;
+	out->field = xcalloc(cap, sizeof(*out->field));
+	while (pos < len)
+	{
+		const char *nl = memchr(headers + pos, '\n', len - pos);
+		size_t		end = nl ? (size_t) (nl - headers) + 1 : len;
+		size_t		content = end - pos - (nl ? 1 : 0);
+
+		line++;
+		if (content > 0 && headers[pos + content - 1] == '\r')
+			content--;
+		if (max_line > 0 && content > max_line)
+		{
+			snprintf(err, errlen, "header line %u is %zu octets long, over the limit of %zu",
+					 line, content, max_line);
+			goto fail;
+		}
+		if (canon_is_wsp(headers[pos]))
+		{
+			if (out->count == 0)
+			{
+				snprintf(err, errlen, "header line %u continues a field that does not exist", line);
+				goto fail;
+			}
+			out->field[out->count - 1].len = end - (size_t) (out->field[out->count - 1].start - headers);
+		}
+		else
+		{
+			const char *colon = memchr(headers + pos, ':', content);
+			size_t		name_len;
+
+			if (colon == NULL || colon == headers + pos)
+			{
+				snprintf(err, errlen, "header line %u is not a field (no name and colon)", line);
+				goto fail;
+			}
+			name_len = (size_t) (colon - (headers + pos));
+			while (name_len > 0 && canon_is_wsp(headers[pos + name_len - 1]))
+				name_len--;
+			if (out->count == cap)
+			{
+				cap *= 2;
+				out->field = xrealloc(out->field, cap * sizeof(*out->field));
+			}
+			out->field[out->count++] = (struct header_field) {
+				.start = headers + pos, .len = end - pos, .name_len = name_len
+			};
+		}
+		pos = end;
+	}
+	return true;
+
+fail:
+	header_fields_free(out);
+	return false;
+}
+
+void
+header_fields_free(struct header_fields *fields)
+{
+	free(fields->field);
+	fields->field = NULL;
+	fields->count = 0;
+}
+
+bool
+header_field_named(const struct header_field *f, const char *name, size_t name_len)
+{
+	return f->name_len == name_len && strncasecmp(f->start, name, name_len) == 0;
+}
+
+size_t
+header_fields_count(const struct header_fields *fields, const char *name)
+{
+	size_t		n = 0;
+
+	for (size_t i = 0; i < fields->count; i++)
+		if (header_field_named(&fields->field[i], name, strlen(name)))
+			n++;
+	return n;
+}
+
+const char *
+header_field_value(const struct header_field *f, size_t *len)
+{
+	const char *colon = memchr(f->start, ':', f->len);
+
+	*len = f->len - (size_t) (colon + 1 - f->start);
+	return colon + 1;
+}
+
+void
+header_fields_reset(struct header_fields *fields)
+{
+	for (size_t i = 0; i < fields->count; i++)
+		fields->field[i].used = false;
+}
+
+bool
+canon_parse(const char *text, size_t len, enum canon *out)
+{
+	if (len == 6 && strncasecmp(text, "simple", 6) == 0)
+		*out = CANON_SIMPLE;
+	else if (len == 7 && strncasecmp(text, "relaxed", 7) == 0)
+		*out = CANON_RELAXED;
+	else
+		return false;
+	return true;
+}
+
+const char *
+canon_name(enum canon c)
+{
+	return c == CANON_SIMPLE ? "simple" : "relaxed";
+}
+
+/*
+ * RFC 6376 3.4.2: lower-case name, unfolded value, runs of whitespace one
+ * space, none at either end of the value, none around the colon.
+ */
+static void
+canon_header_relaxed(const char *field, size_t len, struct buf *out)
+{
+	const char *colon = memchr(field, ':', len);
+	size_t		name_len = colon ? (size_t) (colon - field) : len;
+	bool		pending_space = false;
+	bool		started = false;
+
+	while (name_len > 0 && canon_is_wsp(field[name_len - 1]))
+		name_len--;
+	buf_reserve(out, len + 2);
+	for (size_t i = 0; i < name_len; i++)
+		out->data[out->len++] = (char) tolower((unsigned char) field[i]);
+	out->data[out->len++] = ':';
+	for (size_t i = colon ? (size_t) (colon - field) + 1 : len; i < len; i++)
+	{
+		char		c = field[i];
+
+		if (c == '\r' || c == '\n')
+			continue;
+		if (canon_is_wsp(c))
+		{
+			pending_space = started;
+			continue;
+		}
+		if (pending_space)
+			out->data[out->len++] = ' ';
+		pending_space = false;
+		started = true;
+		out->data[out->len++] = c;
+	}
+	out->data[out->len++] = '\r';
+	out->data[out->len++] = '\n';
+	out->data[out->len] = '\0';
+}
+
+void
+canon_header(enum canon c, const char *field, size_t len, struct buf *out)
+{
+	if (c == CANON_RELAXED)
+	{
+		canon_header_relaxed(field, len, out);
+		return;
+	}
+	buf_append(out, field, len);
+	/* The last field of a block may lack its line end; the hash wants one. */
+	if (len < 2 || field[len - 2] != '\r' || field[len - 1] != '\n')
+	{
+		if (len > 0 && field[len - 1] == '\n')
+			out->len--;
+		buf_append(out, "\r\n", 2);
+	}
+}
+
+/*
+ * The body, line by line.  Empty lines are held back and written only when
+ * a non-empty line follows, which drops the trailing ones (3.4.3, 3.4.4).
+ */
+void
+canon_body_hash(enum canon c, const char *body, size_t len, unsigned char hash[CANON_HASH_LEN])
+{
+	EVP_MD_CTX *sha = canon_sha256_begin();
+	struct buf	line = BUF_INIT;
+	size_t		held_empty = 0;
+	bool		any = false;
+
+	for (size_t pos = 0; pos < len;)
+	{
+		const char *nl = memchr(body + pos, '\n', len - pos);
+		size_t		end = nl ? (size_t) (nl - body) + 1 : len;
+		size_t		content = end - pos - (nl ? 1 : 0);
+		const char *text = body + pos;
+
+		if (content > 0 && text[content - 1] == '\r' && nl)
+			content--;
+		if (c == CANON_RELAXED)
+		{
+			bool		space = false;
+
+			buf_reset(&line);
+			buf_reserve(&line, content);
+			for (size_t i = 0; i < content; i++)
+			{
+				if (canon_is_wsp(text[i]))
+				{
+					space = true;
+					continue;
+				}
+				if (space)
+					line.data[line.len++] = ' ';
+				space = false;
+				line.data[line.len++] = text[i];
+			}
+			text = line.data;
+			content = line.len;
+		}
+		if (content == 0)
+			held_empty++;
+		else
+		{
+			for (; held_empty > 0; held_empty--)
+				EVP_DigestUpdate(sha, "\r\n", 2);
+			EVP_DigestUpdate(sha, text, content);
+			EVP_DigestUpdate(sha, "\r\n", 2);
+			any = true;
+		}
+		pos = end;
+	}
+	/* An empty body is one CRLF to simple, nothing to relaxed. */
+	if (!any && c == CANON_SIMPLE)
+		EVP_DigestUpdate(sha, "\r\n", 2);
+	canon_sha256_end(sha, hash);
+	buf_free(&line);
+}
+
+/*
+ * The signature field with the value of its b= tag cut out (whitespace
+ * around it included, as it is part of the value to RFC 6376 3.5).
+ */
+static void
+canon_without_b_value(const char *field, size_t len, struct buf *out)
+{
+	const char *colon = memchr(field, ':', len);
+	size_t		pos = colon ? (size_t) (colon - field) + 1 : len;
+
+	buf_append(out, field, pos);
+	while (pos < len)
+	{
+		const char *semi = memchr(field + pos, ';', len - pos);
+		size_t		end = semi ? (size_t) (semi - field) : len;
+		const char *eq = memchr(field + pos, '=', end - pos);
+		size_t		name_start = pos;
+		size_t		name_end = eq ? (size_t) (eq - field) : end;
+
+		while (name_start < name_end && isspace((unsigned char) field[name_start]))
+			name_start++;
+		while (name_end > name_start && isspace((unsigned char) field[name_end - 1]))
+			name_end--;
+		if (eq && name_end - name_start == 1 && field[name_start] == 'b')
+		{
+			buf_append(out, field + pos, (size_t) (eq - field) + 1 - pos);
+			/* Keep the line end that closes the field, if b= is last. */
+			if (!semi && len >= 2 && field[len - 2] == '\r')
+				buf_append(out, "\r\n", 2);
+		}
+		else
+			buf_append(out, field + pos, end - pos);
+		if (semi)
+			buf_append_char(out, ';');
+		pos = semi ? end + 1 : len;
+	}
+}
+
+void
+canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
+				  const char *signature, size_t signature_len, unsigned char hash[CANON_HASH_LEN])
+{
+	EVP_MD_CTX *sha = canon_sha256_begin();
+	struct buf	canon = BUF_INIT;
+	struct buf	stripped = BUF_INIT;
+
+	for (const char *p = names; *p;)
+	{
+		size_t		n = strcspn(p, ":");
+		const char *name = p;
+		size_t		name_len = n;
+
+		while (name_len > 0 && isspace((unsigned char) *name))
+			name++, name_len--;
+		while (name_len > 0 && isspace((unsigned char) name[name_len - 1]))
+			name_len--;
+		for (size_t i = fields->count; i-- > 0;)
+		{
+			struct header_field *f = &fields->field[i];
+
+			if (!f->used && header_field_named(f, name, name_len))
+			{
+				f->used = true;
+				buf_reset(&canon);
+				canon_header(c, f->start, f->len, &canon);
+				EVP_DigestUpdate(sha, canon.data, canon.len);
+				break;
+			}
+		}
+		p += n;
+		if (*p == ':')
+			p++;
+	}
+	canon_without_b_value(signature, signature_len, &stripped);
+	buf_reset(&canon);
+	canon_header(c, stripped.data, stripped.len, &canon);
+	EVP_DigestUpdate(sha, canon.data, canon.len - 2);	/* without the final CRLF */
+	canon_sha256_end(sha, hash);
+	buf_free(&canon);
+	buf_free(&stripped);
+}
+
+bool
+tag_list_parse(const char *text, size_t len, struct tag *tags, size_t max, size_t *count)
+{
+	size_t		pos = 0;
+
+	*count = 0;
+	while (pos < len)
+	{
+		const char *semi = memchr(text + pos, ';', len - pos);
+		size_t		end = semi ? (size_t) (semi - text) : len;
+		const char *eq = memchr(text + pos, '=', end - pos);
+		struct tag	t;
+
+		if (eq == NULL)
+		{
+			/* Only whitespace may follow the last ';'. */
+			for (size_t i = pos; i < end; i++)
+				if (!isspace((unsigned char) text[i]))
+					return false;
+			break;
+		}
+		t.name = text + pos;
+		t.name_len = (size_t) (eq - t.name);
+		while (t.name_len > 0 && isspace((unsigned char) *t.name))
+			t.name++, t.name_len--;
+		while (t.name_len > 0 && isspace((unsigned char) t.name[t.name_len - 1]))
+			t.name_len--;
+		if (t.name_len == 0 || !isalpha((unsigned char) t.name[0]))
+			return false;
+		for (size_t i = 0; i < t.name_len; i++)
+			if (!isalnum((unsigned char) t.name[i]) && t.name[i] != '_')
+				return false;
+		t.value = eq + 1;
+		t.value_len = (size_t) (text + end - t.value);
+		while (t.value_len > 0 && isspace((unsigned char) *t.value))
+			t.value++, t.value_len--;
+		while (t.value_len > 0 && isspace((unsigned char) t.value[t.value_len - 1]))
+			t.value_len--;
+		for (size_t i = 0; i < *count; i++)
+			if (tags[i].name_len == t.name_len && memcmp(tags[i].name, t.name, t.name_len) == 0)
+				return false;
+		if (*count == max)
+			return false;
+		tags[(*count)++] = t;
+		pos = semi ? end + 1 : len;
+	}
+	return true;
+}
+
+const struct tag *
+tag_find(const struct tag *tags, size_t count, const char *name)
+{
+	size_t		n = strlen(name);
+
+	for (size_t i = 0; i < count; i++)
+		if (tags[i].name_len == n && memcmp(tags[i].name, name, n) == 0)
+			return &tags[i];
+	return NULL;
+}
+
+char *
+tag_strdup(const struct tag *tags, size_t count, const char *name)
+{
+	const struct tag *t = tag_find(tags, count, name);
+
+	return t ? xstrndup(t->value, t->value_len) : NULL;
+}
+
+void
+base64_append(struct buf *out, const unsigned char *data, size_t len)
+{
+	buf_reserve(out, 4 * ((len + 2) / 3) + 1);
+	out->len += (size_t) EVP_EncodeBlock((unsigned char *) out->data + out->len, data, (int) len);
+}
+
+long
+base64_decode(const char *in, size_t len, unsigned char *out, size_t outlen)
+{
+	static const signed char value[256] = {
+		['A'] = 1, ['B'] = 2, ['C'] = 3, ['D'] = 4, ['E'] = 5, ['F'] = 6, ['G'] = 7, ['H'] = 8,
+		['I'] = 9, ['J'] = 10, ['K'] = 11, ['L'] = 12, ['M'] = 13, ['N'] = 14, ['O'] = 15,
+		['P'] = 16, ['Q'] = 17, ['R'] = 18, ['S'] = 19, ['T'] = 20, ['U'] = 21, ['V'] = 22,
+		['W'] = 23, ['X'] = 24, ['Y'] = 25, ['Z'] = 26, ['a'] = 27, ['b'] = 28, ['c'] = 29,
+		['d'] = 30, ['e'] = 31, ['f'] = 32, ['g'] = 33, ['h'] = 34, ['i'] = 35, ['j'] = 36,
+		['k'] = 37, ['l'] = 38, ['m'] = 39, ['n'] = 40, ['o'] = 41, ['p'] = 42, ['q'] = 43,
+		['r'] = 44, ['s'] = 45, ['t'] = 46, ['u'] = 47, ['v'] = 48, ['w'] = 49, ['x'] = 50,
+		['y'] = 51, ['z'] = 52, ['0'] = 53, ['1'] = 54, ['2'] = 55, ['3'] = 56, ['4'] = 57,
+		['5'] = 58, ['6'] = 59, ['7'] = 60, ['8'] = 61, ['9'] = 62, ['+'] = 63, ['/'] = 64,
+	};
+	unsigned long acc = 0;
+	int			bits = 0;
+	size_t		n = 0;
+	bool		padding = false;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) in[i];
+
+		if (isspace(c))
+			continue;
+		if (c == '=')
+		{
+			padding = true;
+			continue;
+		}
+		if (padding || value[c] == 0)
+			return -1;
+		acc = (acc << 6) | (unsigned long) (value[c] - 1);
+		bits += 6;
+		if (bits >= 8)
+		{
+			bits -= 8;
+			if (n == outlen)
+				return -1;
+			out[n++] = (unsigned char) (acc >> bits);
+			acc &= (1UL << bits) - 1;
+		}
+	}
+	return (long) n;
+}
