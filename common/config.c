@@ -301,7 +301,8 @@ config_handle(void *user, const char *section, const char *option, const char *v
 	if (!config_section_known(section))
 	{
 		config_parse_error(p, p->line, "unknown section [%s] (known: [pepsi], [database], "
-						   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>])", section);
+						   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>], "
+						   "[dkim-key-<name>])", section);
 		return 0;
 	}
 	if (!config_option_known(section, option))

@@ -24,6 +24,11 @@ packages=(
     python3-dnslib
     # the SPF evaluator's test suite (RFC 7208, shipped by python3-spf), read with PyYAML
     python3-spf python3-yaml
+    # DKIM/ARC signing tests: independent verifiers (python3-dkim,
+    # Mail::DKIM, opendkim-testmsg), and their keys served by a DNS server
+    # (python3-dnslib) in a private namespace (unshare, ip)
+    python3-dkim python3-dnspython libmail-dkim-perl opendkim-tools
+    util-linux iproute2
     # benchmarks: pgbench ships in postgresql-15
 )
 

@@ -1,0 +1,191 @@
+/*
+ * pepsi-keys: the DKIM keys of pepsi-stage-dkim-sign and pepsi-stage-arc-seal.
+ *
+ *   pepsi-keys generate -a rsa-sha256|ed25519-sha256 [-b 2048|3072] -o KEYFILE
+ *       make a key pair: the private key to KEYFILE (PEM, mode 0600, never
+ *       over an existing file), and print the DNS TXT record to publish
+ *   pepsi-keys record -a ALGORITHM KEYFILE
+ *       print the TXT record of an existing private key
+ *   pepsi-keys show [-c CONFIG]
+ *       every [dkim-key-*] of the configuration: domain, selector, the DNS
+ *       name to publish at, and the record (a key that cannot be loaded is
+ *       named with the reason, and the exit status is 78)
+ *
+ * Checking a published record against the key needs the resolver of
+ * common/dns, which this tool does not use yet.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/pem.h>
+
+#include "auth/keys.h"
+#include "cli.h"
+#include "config.h"
+#include "log.h"
+
+int			pepsi_keys_main(int argc, char **argv);
+
+static int
+keys_usage(void)
+{
+	fprintf(stderr,
+			"usage: pepsi-keys generate -a rsa-sha256|ed25519-sha256 [-b BITS] -o KEYFILE\n"
+			"       pepsi-keys record -a rsa-sha256|ed25519-sha256 KEYFILE\n"
+			"       pepsi-keys show [-c CONFIG]\n");
+	return CLI_EX_USAGE;
+}
+
+static int
+keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
+{
+	EVP_PKEY   *pkey;
+	int			fd;
+	FILE	   *f;
+	struct buf	record = BUF_INIT;
+
+	if (algorithm == SIGN_RSA_SHA256 && (bits < KEYS_RSA_MIN_BITS || bits > KEYS_RSA_MAX_BITS))
+	{
+		fprintf(stderr, "pepsi-keys: -b %d: RSA keys are %d to %d bits (2048 or 3072)\n",
+				bits, KEYS_RSA_MIN_BITS, KEYS_RSA_MAX_BITS);
+		return CLI_EX_USAGE;
+	}
+	pkey = keys_generate(algorithm, bits);
+	if (pkey == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: key generation failed\n");
+		return CLI_EX_DATAERR;
+	}
+	/* O_EXCL: a key in use is never overwritten by accident. */
+	fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 || (f = fdopen(fd, "w")) == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: cannot create %s: %s\n", out, strerror(errno));
+		EVP_PKEY_free(pkey);
+		return CLI_EX_CONFIG;
+	}
+	if (!PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL) || fclose(f) != 0)
+	{
+		fprintf(stderr, "pepsi-keys: cannot write %s\n", out);
+		unlink(out);
+		EVP_PKEY_free(pkey);
+		return CLI_EX_CONFIG;
+	}
+	keys_public_record(pkey, algorithm, &record);
+	printf("%s\n", record.data);
+	buf_free(&record);
+	EVP_PKEY_free(pkey);
+	return CLI_EX_OK;
+}
+
+static int
+keys_record_command(enum sign_algorithm algorithm, const char *path)
+{
+	char		err[512];
+	EVP_PKEY   *pkey = keys_load_private(path, algorithm, err, sizeof(err));
+	struct buf	record = BUF_INIT;
+
+	if (pkey == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		return CLI_EX_CONFIG;
+	}
+	keys_public_record(pkey, algorithm, &record);
+	printf("%s\n", record.data);
+	buf_free(&record);
+	EVP_PKEY_free(pkey);
+	return CLI_EX_OK;
+}
+
+static int
+keys_show_command(const char *config_path)
+{
+	char		err[512];
+	struct pepsi_config *cfg = config_load(config_path, err, sizeof(err));
+	struct keyring ring = {0};
+	int			rc = CLI_EX_OK;
+
+	if (cfg == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		return CLI_EX_CONFIG;
+	}
+	if (!keyring_from_config(cfg, &ring, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		config_free(cfg);
+		return CLI_EX_CONFIG;
+	}
+	for (size_t i = 0; i < ring.count; i++)
+	{
+		struct signing_key *k = &ring.key[i];
+		struct buf	record = BUF_INIT;
+
+		if (!signing_key_ready(k, err, sizeof(err)))
+		{
+			fprintf(stderr, "pepsi-keys: %s\n", err);
+			rc = CLI_EX_CONFIG;
+			continue;
+		}
+		keys_public_record(k->pkey, k->algorithm, &record);
+		printf("[%s] %s._domainkey.%s TXT \"%s\"\n", k->section, k->selector, k->domain, record.data);
+		buf_free(&record);
+	}
+	keyring_free(&ring);
+	config_free(cfg);
+	return rc;
+}
+
+int
+pepsi_keys_main(int argc, char **argv)
+{
+	const char *command = argc > 1 ? argv[1] : NULL;
+	const char *algorithm_name = NULL;
+	const char *out = NULL;
+	const char *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	enum sign_algorithm algorithm = SIGN_RSA_SHA256;
+	int			bits = 2048;
+	int			c;
+
+	log_init("pepsi-keys", false);
+	if (command == NULL)
+		return keys_usage();
+	optind = 2;
+	while ((c = getopt(argc, argv, "a:b:o:c:")) != -1)
+	{
+		switch (c)
+		{
+			case 'a':
+				algorithm_name = optarg;
+				break;
+			case 'b':
+				bits = atoi(optarg);
+				break;
+			case 'o':
+				out = optarg;
+				break;
+			case 'c':
+				config_path = optarg;
+				break;
+			default:
+				return keys_usage();
+		}
+	}
+	if (algorithm_name && !sign_algorithm_parse(algorithm_name, strlen(algorithm_name), &algorithm))
+	{
+		fprintf(stderr, "pepsi-keys: -a %s: use rsa-sha256 or ed25519-sha256\n", algorithm_name);
+		return CLI_EX_USAGE;
+	}
+	if (strcmp(command, "generate") == 0 && algorithm_name && out && optind == argc)
+		return keys_generate_command(algorithm, bits, out);
+	if (strcmp(command, "record") == 0 && algorithm_name && optind == argc - 1)
+		return keys_record_command(algorithm, argv[optind]);
+	if (strcmp(command, "show") == 0 && optind == argc)
+		return keys_show_command(config_path);
+	return keys_usage();
+}

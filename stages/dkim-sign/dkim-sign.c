@@ -1,0 +1,381 @@
+/*
+ * pepsi-stage-dkim-sign: sign outbound mail with DKIM (RFC 6376), RSA
+ * and/or Ed25519 (RFC 8463: a domain with keys of both kinds gets both
+ * signatures), over common/auth's one canonicalization.
+ *
+ * The signing domain (d=) is the domain of the From: address, or with
+ * SIGNING_DOMAIN = account the domain of the authenticated account
+ * (state.origin.auth) when it has one.  Every [dkim-key-*] section (or
+ * those KEYS names) whose DOMAIN is that domain signs.  Only the header
+ * block is written: the body is shared by the message's split rows and
+ * stays one body row.
+ *
+ * Options of its [stage-*] section:
+ *   NEXT_STAGE          where signed mail goes (typically the relay)
+ *   KEYS                the [dkim-key-<name>] sections to use (default: all)
+ *   CANONICALIZATION    header/body: relaxed/relaxed (default), simple/simple, ...
+ *   HEADERS             colon-separated names to sign (default: DKIM_DEFAULT_HEADERS
+ *                       in common/auth/dkim_sign.h)
+ *   OVERSIGN            names signed once more than present (default from:to:subject:date)
+ *   SIGNING_DOMAIN      from (default) or account
+ *   REQUIRE_SIGNATURE   yes: a message that cannot be signed (no key for its
+ *                       domain, no From:, a malformed or over-long header) is
+ *                       failed with the reason in state.dkim_sign, never sent
+ *                       unsigned; no (default): it goes on unsigned, the
+ *                       reason logged and kept in state.dkim_sign
+ *   KEY_RETRY           a configured key that cannot be loaded pauses the
+ *                       message this long (default 5m) for the operator to
+ *                       mend the file: never sent unsigned meanwhile
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "auth/canon.h"
+#include "auth/dkim_sign.h"
+#include "auth/keys.h"
+#include "header.h"
+#include "log.h"
+#include "stage.h"
+
+/* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
+#define SIGN_MAX_LINE 998
+#define SIGN_DEFAULT_KEY_RETRY_MS (5L * 60 * 1000)
+#define SIGN_MAX_KEYS 16
+
+int			pepsi_stage_dkim_sign_main(int argc, char **argv);
+
+struct sign_options
+{
+	const char *keys;
+	const char *headers;
+	const char *oversigned;
+	enum canon	header_canon;
+	enum canon	body_canon;
+	bool		by_account;
+	bool		required;
+	long		key_retry_ms;
+};
+
+/* The keyring of the configuration the worker runs with, built once. */
+static struct keyring sign_keyring;
+static const struct pepsi_config *sign_keyring_config;
+
+static bool
+sign_parse_canonicalization(const char *text, enum canon *header, enum canon *body)
+{
+	const char *slash = strchr(text, '/');
+
+	if (!canon_parse(text, slash ? (size_t) (slash - text) : strlen(text), header))
+		return false;
+	/* RFC 6376 3.5: a lone "relaxed" means relaxed/simple. */
+	if (slash == NULL)
+	{
+		*body = CANON_SIMPLE;
+		return true;
+	}
+	return canon_parse(slash + 1, strlen(slash + 1), body);
+}
+
+/* Every option of the section, read and checked in this one place. */
+static bool
+sign_read_options(const struct pepsi_config *cfg, const char *section, struct sign_options *o,
+				  char *err, size_t errlen)
+{
+	const char *canon = config_get(cfg, section, "CANONICALIZATION");
+	const char *domain = config_get(cfg, section, "SIGNING_DOMAIN");
+
+	o->keys = config_get(cfg, section, "KEYS");
+	o->headers = config_get(cfg, section, "HEADERS");
+	if (o->headers == NULL)
+		o->headers = DKIM_DEFAULT_HEADERS;
+	o->oversigned = config_get(cfg, section, "OVERSIGN");
+	if (o->oversigned == NULL)
+		o->oversigned = DKIM_DEFAULT_OVERSIGNED;
+	if (!sign_parse_canonicalization(canon ? canon : "relaxed/relaxed", &o->header_canon, &o->body_canon))
+	{
+		snprintf(err, errlen, "%s: [%s] CANONICALIZATION \"%s\" is not header/body of simple or relaxed",
+				 cfg->path, section, canon);
+		return false;
+	}
+	if (domain && strcasecmp(domain, "from") != 0 && strcasecmp(domain, "account") != 0)
+	{
+		snprintf(err, errlen, "%s: [%s] SIGNING_DOMAIN \"%s\" must be from or account",
+				 cfg->path, section, domain);
+		return false;
+	}
+	o->by_account = domain && strcasecmp(domain, "account") == 0;
+	if (!strstr(o->headers, "from") && !strstr(o->headers, "From") && !strstr(o->headers, "FROM"))
+	{
+		snprintf(err, errlen, "%s: [%s] HEADERS must include From (RFC 6376 5.4)", cfg->path, section);
+		return false;
+	}
+	return config_get_bool(cfg, section, "REQUIRE_SIGNATURE", false, &o->required, err, errlen)
+		&& config_get_duration_ms(cfg, section, "KEY_RETRY", SIGN_DEFAULT_KEY_RETRY_MS, 1000,
+								  &o->key_retry_ms, err, errlen);
+}
+
+static bool
+sign_keyring_ready(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	if (sign_keyring_config == cfg)
+		return true;
+	keyring_free(&sign_keyring);
+	sign_keyring_config = NULL;
+	if (!keyring_from_config(cfg, &sign_keyring, err, errlen))
+		return false;
+	sign_keyring_config = cfg;
+	return true;
+}
+
+/* Is key among the names of KEYS (or is KEYS unset)? */
+static bool
+sign_key_selected(const struct signing_key *key, const char *keys)
+{
+	const char *name = key->section + strlen(KEYS_SECTION_PREFIX);
+	size_t		len = strlen(name);
+
+	if (keys == NULL)
+		return true;
+	for (const char *p = keys; *p;)
+	{
+		size_t		n;
+
+		p += strspn(p, ", \t");
+		n = strcspn(p, ", \t");
+		if ((n == len && strncmp(p, name, n) == 0)
+			|| (n == strlen(key->section) && strncmp(p, key->section, n) == 0))
+			return true;
+		p += n;
+	}
+	return false;
+}
+
+/* The domain of the first address of From:, lower case; NULL with a reason. */
+static char *
+sign_from_domain(const struct header_fields *fields, char *err, size_t errlen)
+{
+	size_t		count = header_fields_count(fields, "From");
+	char	  **addresses = NULL;
+	size_t		naddresses = 0;
+	char	   *domain = NULL;
+
+	if (count != 1)
+	{
+		snprintf(err, errlen, count == 0 ? "the message has no From: field"
+				 : "the message has %zu From: fields (RFC 5322 allows one)", count);
+		return NULL;
+	}
+	for (size_t i = 0; i < fields->count; i++)
+		if (header_field_named(&fields->field[i], "From", 4))
+		{
+			size_t		len;
+			const char *value = header_field_value(&fields->field[i], &len);
+			char	   *unfolded = xstrndup(value, len);
+
+			header_addresses(unfolded, &addresses, &naddresses);
+			free(unfolded);
+		}
+	if (naddresses > 0 && strrchr(addresses[0], '@') && strrchr(addresses[0], '@')[1])
+		domain = xstrdup(strrchr(addresses[0], '@') + 1);
+	else
+		snprintf(err, errlen, "the From: field holds no address with a domain");
+	for (size_t i = 0; i < naddresses; i++)
+		free(addresses[i]);
+	free(addresses);
+	for (char *p = domain; p && *p; p++)
+		*p = (char) tolower((unsigned char) *p);
+	return domain;
+}
+
+static char *
+sign_account_domain(struct pepsi_ctx *ctx)
+{
+	json_t	   *origin = json_object_get(pepsi_state(ctx), "origin");
+	const char *account = json_string_value(json_object_get(origin, "auth"));
+	const char *at = account ? strrchr(account, '@') : NULL;
+	char	   *domain;
+
+	if (at == NULL || at[1] == '\0')
+		return NULL;
+	domain = xstrdup(at + 1);
+	for (char *p = domain; *p; p++)
+		*p = (char) tolower((unsigned char) *p);
+	return domain;
+}
+
+/*
+ * A message that cannot be signed: failed when a signature is required,
+ * else sent on unsigned.  Either way the reason is in state.dkim_sign.
+ */
+static int
+sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *reason)
+{
+	json_t	   *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", reason, "signed", 0);
+	int			rc;
+
+	if (o->required)
+	{
+		log_warnx("message %lld not signed and REQUIRE_SIGNATURE is set: %s", pepsi_id(ctx), reason);
+		rc = pepsi_fail(ctx, merge);
+	}
+	else
+	{
+		log_info("message %lld goes on unsigned: %s", pepsi_id(ctx), reason);
+		pepsi_merge_state(ctx, merge);
+		rc = pepsi_advance(ctx);
+	}
+	json_decref(merge);
+	return rc;
+}
+
+static int
+sign_run(struct pepsi_ctx *ctx)
+{
+	char		section[256];
+	char		err[512];
+	struct sign_options o;
+	const struct buf *headers = pepsi_headers(ctx);
+	const struct buf *body = pepsi_body(ctx);
+	struct header_fields fields = {0};
+	struct signing_key *keys[SIGN_MAX_KEYS];
+	size_t		nkeys = 0;
+	char	   *domain = NULL;
+	unsigned char body_hash[CANON_HASH_LEN];
+	struct buf	out = BUF_INIT;
+	int			rc;
+
+	if (headers == NULL || body == NULL)
+		return -1;
+	snprintf(section, sizeof(section), "stage-%s", pepsi_stage_name(ctx));
+	if (!sign_read_options(pepsi_config(ctx), section, &o, err, sizeof(err))
+		|| !sign_keyring_ready(pepsi_config(ctx), err, sizeof(err)))
+		return pepsi_error(ctx, "%s", err);
+
+	if (!header_fields_parse(headers->data, headers->len, SIGN_MAX_LINE, &fields, err, sizeof(err)))
+		return sign_unsigned(ctx, &o, err);
+	if (o.by_account)
+		domain = sign_account_domain(ctx);
+	if (domain == NULL)
+	{
+		char		from_err[256];
+
+		domain = sign_from_domain(&fields, from_err, sizeof(from_err));
+		if (domain == NULL)
+		{
+			header_fields_free(&fields);
+			return sign_unsigned(ctx, &o, from_err);
+		}
+	}
+	else if (header_fields_count(&fields, "From") == 0)
+	{
+		header_fields_free(&fields);
+		free(domain);
+		return sign_unsigned(ctx, &o, "the message has no From: field");
+	}
+
+	for (size_t i = 0; i < sign_keyring.count && nkeys < SIGN_MAX_KEYS; i++)
+	{
+		struct signing_key *k = &sign_keyring.key[i];
+
+		if (strcmp(k->domain, domain) != 0 || !sign_key_selected(k, o.keys))
+			continue;
+		if (!signing_key_ready(k, err, sizeof(err)))
+		{
+			json_t	   *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", err, "signed", 0);
+
+			log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
+			rc = pepsi_pause(ctx, merge, (double) o.key_retry_ms / 1000.0);
+			json_decref(merge);
+			header_fields_free(&fields);
+			free(domain);
+			return rc;
+		}
+		keys[nkeys++] = k;
+	}
+	if (nkeys == 0)
+	{
+		snprintf(err, sizeof(err), "no signing key for the domain %s", domain);
+		header_fields_free(&fields);
+		free(domain);
+		return sign_unsigned(ctx, &o, err);
+	}
+
+	canon_body_hash(o.body_canon, body->data, body->len, body_hash);
+	for (size_t i = 0; i < nkeys; i++)
+	{
+		struct dkim_signer s = {
+			.field_name = "DKIM-Signature", .leading_tags = "v=1",
+			.algorithm = keys[i]->algorithm, .pkey = keys[i]->pkey,
+			.domain = keys[i]->domain, .selector = keys[i]->selector,
+			.header_canon = o.header_canon, .body_canon = o.body_canon,
+			.headers = o.headers, .oversigned = o.oversigned, .timestamp = time(NULL),
+		};
+
+		if (!dkim_sign_field(&s, &fields, body_hash, &out))
+		{
+			header_fields_free(&fields);
+			free(domain);
+			buf_free(&out);
+			return pepsi_error(ctx, "[%s] could not sign with %s", keys[i]->section, keys[i]->path);
+		}
+	}
+	buf_append(&out, headers->data, headers->len);
+	pepsi_set_headers(ctx, out.data, out.len);
+	header_fields_free(&fields);
+	free(domain);
+	buf_free(&out);
+	return pepsi_advance(ctx);
+}
+
+static bool
+sign_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	struct sign_options o;
+	struct keyring ring = {0};
+	bool		ok;
+
+	if (!sign_read_options(cfg, section, &o, err, errlen))
+		return false;
+	ok = keyring_from_config(cfg, &ring, err, errlen);
+	if (ok && o.keys)
+	{
+		for (const char *p = o.keys; *p && ok;)
+		{
+			size_t		n;
+			char	   *name;
+
+			p += strspn(p, ", \t");
+			n = strcspn(p, ", \t");
+			if (n == 0)
+				break;
+			name = xstrndup(p, n);
+			if (keyring_find(&ring, name) == NULL)
+			{
+				snprintf(err, errlen, "%s: [%s] KEYS names \"%s\", which has no [dkim-key-%s] section",
+						 cfg->path, section, name, name);
+				ok = false;
+			}
+			free(name);
+			p += n;
+		}
+	}
+	keyring_free(&ring);
+	return ok;
+}
+
+const struct pepsi_stage pepsi_stage_dkim_sign_stage = {
+	.program = "pepsi-stage-dkim-sign",
+	.load = PEPSI_LOAD_FULL,
+	.run = sign_run,
+	.check_config = sign_check_config,
+};
+
+int
+pepsi_stage_dkim_sign_main(int argc, char **argv)
+{
+	return stage_worker_main(&pepsi_stage_dkim_sign_stage, argc, argv);
+}
