@@ -41,13 +41,25 @@ keys_usage(void)
 	return CLI_EX_USAGE;
 }
 
+/* Print the TXT record of pkey; frees pkey. */
+static int
+keys_print_record(EVP_PKEY *pkey, enum sign_algorithm algorithm)
+{
+	struct buf	record = BUF_INIT;
+
+	keys_public_record(pkey, algorithm, &record);
+	printf("%s\n", record.data);
+	buf_free(&record);
+	EVP_PKEY_free(pkey);
+	return CLI_EX_OK;
+}
+
 static int
 keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 {
 	EVP_PKEY   *pkey;
 	int			fd;
 	FILE	   *f;
-	struct buf	record = BUF_INIT;
 
 	if (algorithm == SIGN_RSA_SHA256 && (bits < KEYS_RSA_MIN_BITS || bits > KEYS_RSA_MAX_BITS))
 	{
@@ -76,11 +88,7 @@ keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 		EVP_PKEY_free(pkey);
 		return CLI_EX_CONFIG;
 	}
-	keys_public_record(pkey, algorithm, &record);
-	printf("%s\n", record.data);
-	buf_free(&record);
-	EVP_PKEY_free(pkey);
-	return CLI_EX_OK;
+	return keys_print_record(pkey, algorithm);
 }
 
 static int
@@ -88,18 +96,13 @@ keys_record_command(enum sign_algorithm algorithm, const char *path)
 {
 	char		err[512];
 	EVP_PKEY   *pkey = keys_load_private(path, algorithm, err, sizeof(err));
-	struct buf	record = BUF_INIT;
 
 	if (pkey == NULL)
 	{
 		fprintf(stderr, "pepsi-keys: %s\n", err);
 		return CLI_EX_CONFIG;
 	}
-	keys_public_record(pkey, algorithm, &record);
-	printf("%s\n", record.data);
-	buf_free(&record);
-	EVP_PKEY_free(pkey);
-	return CLI_EX_OK;
+	return keys_print_record(pkey, algorithm);
 }
 
 static int

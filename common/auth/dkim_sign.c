@@ -10,21 +10,44 @@
 
 #define DKIM_FOLD_COLUMN 76
 
+/*
+ * The next name of a colon-separated list: its length in *len, and the
+ * position after it as the return (NULL at the end).
+ */
+static const char *
+dkim_list_next(const char *p, const char **name, size_t *len)
+{
+	if (p == NULL || *p == '\0')
+		return NULL;
+	*name = p;
+	*len = strcspn(p, ":");
+	p += *len;
+	return *p == ':' ? p + 1 : p;
+}
+
 /* Is name (name_len) in the colon-separated list? */
 static bool
 dkim_list_has(const char *list, const char *name, size_t name_len)
 {
-	for (const char *p = list; p && *p;)
-	{
-		size_t		n = strcspn(p, ":");
+	const char *item;
+	size_t		n;
 
-		if (n == name_len && strncasecmp(p, name, n) == 0)
+	for (const char *p = list; (p = dkim_list_next(p, &item, &n)) != NULL;)
+		if (n == name_len && strncasecmp(item, name, n) == 0)
 			return true;
-		p += n;
-		if (*p == ':')
-			p++;
-	}
 	return false;
+}
+
+/* The count of fields named name (name_len). */
+static size_t
+dkim_field_count(const struct header_fields *fields, const char *name, size_t name_len)
+{
+	size_t		count = 0;
+
+	for (size_t i = 0; i < fields->count; i++)
+		if (header_field_named(&fields->field[i], name, name_len))
+			count++;
+	return count;
 }
 
 static void
@@ -40,40 +63,23 @@ void
 dkim_header_list(const struct header_fields *fields, const char *headers, const char *oversigned,
 				 struct buf *out)
 {
-	for (const char *p = headers; *p;)
-	{
-		size_t		n = strcspn(p, ":");
-		size_t		count = 0;
+	const char *name;
+	size_t		n;
 
-		for (size_t i = 0; i < fields->count; i++)
-			if (header_field_named(&fields->field[i], p, n))
-				count++;
-		if (dkim_list_has(oversigned, p, n))
-			count++;
+	for (const char *p = headers; (p = dkim_list_next(p, &name, &n)) != NULL;)
+	{
+		size_t		count = dkim_field_count(fields, name, n) + (dkim_list_has(oversigned, name, n) ? 1 : 0);
+
 		for (size_t i = 0; i < count; i++)
-			dkim_append_name(out, p, n);
-		p += n;
-		if (*p == ':')
-			p++;
+			dkim_append_name(out, name, n);
 	}
 	/* An oversigned name missing from headers is still oversigned. */
-	for (const char *p = oversigned; p && *p;)
+	for (const char *p = oversigned; (p = dkim_list_next(p, &name, &n)) != NULL;)
 	{
-		size_t		n = strcspn(p, ":");
-
-		if (!dkim_list_has(headers, p, n))
-		{
-			size_t		count = 1;
-
-			for (size_t i = 0; i < fields->count; i++)
-				if (header_field_named(&fields->field[i], p, n))
-					count++;
-			for (size_t i = 0; i < count; i++)
-				dkim_append_name(out, p, n);
-		}
-		p += n;
-		if (*p == ':')
-			p++;
+		if (dkim_list_has(headers, name, n))
+			continue;
+		for (size_t i = 0, count = dkim_field_count(fields, name, n) + 1; i < count; i++)
+			dkim_append_name(out, name, n);
 	}
 }
 
