@@ -174,12 +174,19 @@ $(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) co
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-fuzz: $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth
-	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth
+$(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/milter.c stages/milter/message.c \
+                       common/buf.c common/log.c $(wildcard stages/milter/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
+
+fuzz: $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth $(B)/fuzz/fuzz_milter
+	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter
 	$(B)/fuzz/fuzz_smtp -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-smtp daemons/ingress/fuzz/corpus
 	$(B)/fuzz/fuzz_auth -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-auth common/auth/fuzz/corpus
+	$(B)/fuzz/fuzz_milter -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-milter stages/milter/fuzz/corpus
 
 clean:
 	$(MAKE) -C extension clean

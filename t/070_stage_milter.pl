@@ -1,0 +1,349 @@
+# pepsi-stage-milter against real filters speaking the milter protocol:
+# t/bin/scripted-milter (python3-milter on Debian's libmilter) for every
+# reply and edit on demand (headers, body shared by split rows, sender,
+# recipients added and deleted, per-recipient tempfail and reject,
+# quarantine, reject, tempfail, discard, a filter that never answers),
+# and t/bin/bad-milter for what libmilter would never send (malformed,
+# oversize and out-of-order packets, a close mid-message, a bad version,
+# an edit not negotiated): the row paused with the reason or
+# DEFAULT_ACTION applied, the connection re-opened, never a crash.
+
+use strict;
+use warnings FATAL => 'all';
+
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use IO::Socket::INET;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use PepsiTest;
+use PepsiStage;
+
+my $here = dirname(abs_path(__FILE__));
+my $node = stage_node('stage_milter');
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $json = JSON::PP->new->canonical;
+my @started;
+
+END { kill 'TERM', $_ for @started }
+
+# Start a filter program on a free port; returns the port once it listens.
+sub start_filter
+{
+	my ($program, @args) = @_;
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my $pid = fork;
+
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open STDOUT, '>>', "$tmp/$program.$port.log";
+		open STDERR, '>&', \*STDOUT;
+		exec '/usr/bin/python3', "$here/bin/$program", $port, @args or die "exec: $!";
+	}
+	push @started, $pid;
+	for (1 .. 100)
+	{
+		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
+		if ($s) { $s->close; return ($port, $pid) }
+		select(undef, undef, undef, 0.1);
+	}
+	die "$program did not start";
+}
+
+sub slurp
+{
+	my ($path) = @_;
+	open my $fh, '<', $path or return '';
+	local $/;
+	return scalar <$fh>;
+}
+
+# A running row at $stage with our own header block and body.
+sub add_message
+{
+	my (%m) = @_;
+	my $from = $m{from} // 'sender@example.net';
+	my $rcpt = join(',', map { PepsiStage::quote_literal($_) } @{ $m{rcpt} // ['rcpt@example.org'] });
+	my $headers = $m{headers} // "From: <$from>\r\nTo: <rcpt\@example.org>\r\nSubject: $m{subject}\r\n";
+	my $state = $m{state} // { origin => { client_ip => '198.51.100.7', helo => 'client.example.net',
+		listener => 'mx', auth => 'alice', esmtp => JSON::PP::true, body => '8BITMIME' } };
+	my $id = $node->safe_psql('postgres',
+		    'SELECT pepsi.workqueue_add(' . PepsiStage::quote_literal($from) . ", ARRAY[$rcpt],"
+		  . ' convert_to(' . PepsiStage::quote_literal($headers) . ", 'UTF8'),"
+		  . ' convert_to(' . PepsiStage::quote_literal($m{body} // "Hello.\r\nSecond line.\r\n") . ", 'UTF8'),"
+		  . PepsiStage::quote_literal($json->encode($state)) . '::jsonb, stage => '
+		  . PepsiStage::quote_literal($m{stage} // 'filter') . ')');
+	set_running($node, $id);
+	return $id;
+}
+
+sub body_of
+{
+	my ($id) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT convert_from(b.body, 'UTF8') FROM pepsi.workqueue w"
+		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
+}
+
+sub run_ids
+{
+	my ($conf, @ids) = @_;
+	return run_worker(worker_cmd('pepsi-stage-milter', $conf), join('', map { "$_\n" } @ids));
+}
+
+my $log = "$tmp/scripted.jsonl";
+my ($scripted) = start_filter('scripted-milter', $log);
+my ($dead_port) = PostgreSQL::Test::Cluster::get_free_port();
+
+sub scripted_records
+{
+	return map { $json->decode($_) } grep { /\S/ } split /\n/, slurp($log);
+}
+
+my $conf = stage_config($node, 'milter.conf', <<"INI");
+[pepsi]
+HOSTNAME = mx.example.org
+
+[stage-filter]
+PROGRAM = pepsi-stage-milter
+MILTERS = inet:127.0.0.1:$scripted
+FINAL_TIMEOUT = 2s
+NEXT_STAGE = filtered
+BOUNCE_STAGE = bounce
+
+[stage-filter-discarding]
+PROGRAM = pepsi-stage-milter
+MILTERS = inet:127.0.0.1:$scripted
+REJECT_ACTION = discard
+NEXT_STAGE = filtered
+
+[stage-filter-lenient]
+PROGRAM = pepsi-stage-milter
+MILTERS = inet:127.0.0.1:$dead_port inet:127.0.0.1:$scripted
+FINAL_TIMEOUT = 2s
+DEFAULT_ACTION = accept
+NEXT_STAGE = filtered
+
+[stage-filter-down]
+PROGRAM = pepsi-stage-milter
+MILTERS = inet:127.0.0.1:$dead_port
+CONNECT_TIMEOUT = 2s
+RETRY_BASE = 5m
+NEXT_STAGE = filtered
+INI
+
+#
+# A clean message: it goes on, the macros Postfix sends were filled from
+# state.origin and the envelope, and the verdict is recorded.
+#
+my $clean = add_message(subject => 'hello there', rcpt => [ 'one@example.org', 'two@example.org' ]);
+my $r = run_ids($conf, $clean);
+is_deeply($r->{status}, ['0'], 'the worker reports success') or diag $r->{stderr};
+my $row = row_json($node, $clean);
+is($row->{stage}, 'filtered', 'a clean message advances to NEXT_STAGE');
+is($row->{status}, 'pending', '... pending there');
+is($row->{state}{milter}{verdict}, 'accept', 'state.milter.verdict is accept');
+is($row->{state}{milter}{filters}[0]{milter}, "inet:127.0.0.1:$scripted", 'state.milter names the filter');
+my ($rec) = grep { $_->{macros}{i} eq $clean } scripted_records();
+ok($rec, 'the filter saw the message (macro i is the row id)');
+is($rec->{macros}{j}, 'mx.example.org', 'j is [pepsi] HOSTNAME');
+is($rec->{macros}{'{client_addr}'}, '198.51.100.7', '{client_addr} from state.origin');
+is($rec->{macros}{'{daemon_name}'}, 'mx', '{daemon_name} is the listener');
+is($rec->{macros}{'{auth_authen}'}, 'alice', '{auth_authen} is the authenticated account');
+is($rec->{macros}{'{mail_addr}'}, 'sender@example.net', '{mail_addr} is the envelope sender');
+is_deeply($rec->{rcpt_addr}, [ 'one@example.org', 'two@example.org' ], '{rcpt_addr} per recipient');
+is($rec->{hostaddr}, '198.51.100.7', 'CONNECT carries the client address');
+is($rec->{helo}, 'client.example.net', 'HELO is the client\'s');
+is($rec->{mail}, '<sender@example.net>', 'MAIL is the envelope sender');
+is_deeply($rec->{mail_args}, ['BODY=8BITMIME'], 'MAIL carries BODY=8BITMIME from state.origin');
+is_deeply($rec->{headers}[2], [ 'Subject', 'hello there' ], 'headers are sent name and value');
+is($rec->{body}, "Hello.\r\nSecond line.\r\n", 'the body is sent as stored');
+is($node->safe_psql('postgres', "SELECT encode(headers, 'escape') FROM pepsi.workqueue WHERE id = $clean"),
+	"From: <sender\@example.net>\r\nTo: <rcpt\@example.org>\r\nSubject: hello there\r\n",
+	'an untouched message keeps its headers byte for byte');
+
+#
+# Header edits: add, insert at the top, change, delete.
+#
+my $edit = add_message(headers => "From: <s\@example.net>\r\nX-Remove: me\r\nSubject: edit-headers\r\n");
+$r = run_ids($conf, $edit);
+is_deeply($r->{status}, ['0'], 'header edits: success') or diag $r->{stderr};
+is($node->safe_psql('postgres', "SELECT encode(headers, 'escape') FROM pepsi.workqueue WHERE id = $edit"),
+	"X-First: inserted at the top\r\nFrom: <s\@example.net>\r\nSubject: edited subject\r\n"
+	  . "X-Scripted: added at the end\r\n",
+	'headers added at the end, inserted at the top, changed and deleted');
+
+#
+# Replace body on one of three rows sharing a body: only that row changes.
+#
+my $shared = add_message(subject => 'replace-body', rcpt => [ 'a@example.org', 'b@example.org', 'c@example.org' ]);
+$node->safe_psql('postgres', "SELECT pepsi.workqueue_split_one_per_row($shared, 'filter')");
+my @siblings = split /\n/, $node->safe_psql('postgres',
+	"SELECT id FROM pepsi.workqueue WHERE body_id = (SELECT body_id FROM pepsi.workqueue WHERE id = $shared) ORDER BY id");
+is(scalar @siblings, 3, 'three rows share one body');
+my $body_before = row_json($node, $shared)->{body_id};
+$r = run_ids($conf, $shared);
+is_deeply($r->{status}, ['0'], 'replace body: success') or diag $r->{stderr};
+is(body_of($shared), "This body was replaced by the filter.\r\n", 'the filtered row has the new body');
+isnt(row_json($node, $shared)->{body_id}, $body_before, '... in a body of its own');
+for my $sibling (grep { $_ != $shared } @siblings)
+{
+	is(body_of($sibling), "Hello.\r\nSecond line.\r\n", "sibling $sibling keeps the shared body");
+	is(row_json($node, $sibling)->{body_id}, $body_before, "... and its body_id");
+}
+
+#
+# Envelope edits: sender changed, a recipient added, one deleted.
+#
+my $env = add_message(subject => 'chgfrom add-rcpt del-rcpt', rcpt => [ 'first@example.org', 'second@example.org' ],
+	state => { origin => { client_ip => '198.51.100.7' },
+		dsn => { ret => undef, envid => undef, rcpt => [ { notify => 'NEVER', orcpt => undef },
+			{ notify => 'SUCCESS', orcpt => undef } ] } });
+$r = run_ids($conf, $env);
+is_deeply($r->{status}, ['0'], 'envelope edits: success') or diag $r->{stderr};
+$row = row_json($node, $env);
+is($row->{mail_from}, 'changed@example.net', 'CHGFROM changes the envelope sender');
+is_deeply($row->{rcpt_to}, [ 'second@example.org', 'added@example.org' ],
+	'DELRCPT removes a recipient, ADDRCPT adds one');
+is_deeply([ map { $_->{notify} } @{ $row->{state}{dsn}{rcpt} } ], [ 'SUCCESS', undef ],
+	'state.dsn.rcpt follows the recipients in lockstep');
+
+#
+# Per-recipient tempfail and reject: the others go on.
+#
+my $per = add_message(subject => 'per recipient',
+	rcpt => [ 'ok@example.org', 'tempfail-busy@example.org', 'reject-gone@example.org', 'fine@example.org' ]);
+$r = run_ids($conf, $per);
+is_deeply($r->{status}, ['0'], 'per-recipient refusals: success') or diag $r->{stderr};
+$row = row_json($node, $per);
+is_deeply($row->{rcpt_to}, [ 'ok@example.org', 'fine@example.org' ], 'the accepted recipients go on');
+is($row->{stage}, 'filtered', '... to NEXT_STAGE');
+my ($paused) = split /\n/, $node->safe_psql('postgres',
+	"SELECT id FROM pepsi.workqueue WHERE rcpt_to = ARRAY['tempfail-busy\@example.org']");
+$row = row_json($node, $paused);
+is($row->{status}, 'paused', 'the tempfailed recipient is paused');
+is($row->{stage}, 'filter', '... at the milter stage, to be filtered again');
+ok($row->{due} > 30, '... with a retry time');
+like($row->{state}{milter}{reply}, qr/^451 4\.2\.0 mailbox of tempfail-busy/, '... and the filter\'s reply');
+my ($bounced) = split /\n/, $node->safe_psql('postgres',
+	"SELECT id FROM pepsi.workqueue WHERE rcpt_to = ARRAY['reject-gone\@example.org']");
+$row = row_json($node, $bounced);
+is($row->{stage}, 'bounce', 'the rejected recipient goes to BOUNCE_STAGE');
+is($row->{state}{bounce}{failed_recipient}, 'reject-gone@example.org', '... with state.bounce for it');
+is($row->{state}{bounce}{status}, '5.1.1', '... the filter\'s enhanced status');
+
+#
+# Message-level verdicts.
+#
+my $quarantine = add_message(subject => 'quarantine');
+my $reject = add_message(subject => 'reject');
+my $tempfail = add_message(subject => 'tempfail');
+my $discard = add_message(subject => 'discard');
+my $accept = add_message(subject => 'accept');
+$r = run_ids($conf, $quarantine, $reject, $tempfail, $discard, $accept);
+is_deeply($r->{status}, [ '0', '0', '0', '0', '0' ], 'five verdicts through one worker') or diag $r->{stderr};
+$row = row_json($node, $quarantine);
+is($row->{status}, 'failed', 'quarantine holds the row for the operator');
+is($row->{state}{milter}{quarantine}, 'held by the scripted filter', '... with the reason');
+$row = row_json($node, $reject);
+is($row->{stage}, 'bounce', 'reject bounces (REJECT_ACTION bounce)');
+like($row->{state}{bounce}{diagnostic}, qr/554 5\.7\.1 rejected by the scripted filter/, '... with the filter\'s text');
+$row = row_json($node, $tempfail);
+is($row->{status}, 'paused', 'tempfail pauses');
+is($row->{state}{milter}{verdict}, 'tempfail', '... verdict tempfail');
+is($row->{state}{milter}{attempts}, 1, '... attempt 1');
+ok($row->{due} > 30 && $row->{due} < 90, '... for RETRY_BASE');
+is(row_json($node, $discard), undef, 'discard drops the row');
+is(row_json($node, $accept)->{stage}, 'filtered', 'accept lets it go on');
+
+# An operator releases the quarantined row: it goes on, unfiltered.
+$node->safe_psql('postgres', "SELECT pepsi.workqueue_resume(ARRAY[$quarantine]::bigint[])");
+set_running($node, $quarantine);
+my $count = () = scripted_records();
+$r = run_ids($conf, $quarantine);
+is(row_json($node, $quarantine)->{stage}, 'filtered', 'a released quarantined row goes on');
+is(scalar(() = scripted_records()), $count, '... without being filtered again');
+
+my $reject_discard = add_message(subject => 'reject', stage => 'filter-discarding');
+$r = run_ids($conf, $reject_discard);
+is_deeply($r->{status}, ['0'], 'REJECT_ACTION = discard: success');
+is(row_json($node, $reject_discard), undef, 'REJECT_ACTION = discard drops a rejected message');
+
+#
+# A filter that never answers, and one that is down.
+#
+my $silent = add_message(subject => 'never-answer');
+my $after = add_message(subject => 'after the silence');
+$r = run_ids($conf, $silent, $after);
+is_deeply($r->{status}, [ '0', '0' ], 'a silent filter: the worker goes on') or diag $r->{stderr};
+$row = row_json($node, $silent);
+is($row->{status}, 'paused', 'no answer within FINAL_TIMEOUT: DEFAULT_ACTION tempfail pauses');
+is($row->{state}{milter}{verdict}, 'unavailable', '... verdict unavailable');
+like($row->{state}{milter}{reply}, qr/timeout/, '... the reason says timeout');
+is(row_json($node, $after)->{stage}, 'filtered', 'the next message is filtered on a new connection');
+
+my $lenient = add_message(subject => 'never-answer', stage => 'filter-lenient');
+$r = run_ids($conf, $lenient);
+$row = row_json($node, $lenient);
+is($row->{stage}, 'filtered', 'DEFAULT_ACTION = accept: a down filter and a silent one are passed over');
+is_deeply([ map { $_->{verdict} } @{ $row->{state}{milter}{filters} } ], [ 'unavailable', 'unavailable' ],
+	'... both recorded as unavailable');
+
+my $down = add_message(subject => 'hello', stage => 'filter-down');
+$r = run_ids($conf, $down);
+$row = row_json($node, $down);
+is($row->{status}, 'paused', 'a filter that is down: paused (DEFAULT_ACTION tempfail)');
+like($row->{state}{milter}{reply}, qr/cannot connect/, '... the reason says why');
+ok($row->{due} > 250, '... for RETRY_BASE = 5m');
+
+#
+# Bad input: each misbehaving connection costs its message a pause, the
+# next connection is fresh, and the worker never crashes.
+#
+my $bad_log = "$tmp/bad.log";
+my @modes = qw(malformed oversize out-of-order close-mid bad-version undeclared good);
+# The first connection is start_filter's probe.
+my ($bad) = start_filter('bad-milter', $bad_log, 'probe', @modes);
+my $bad_conf = stage_config($node, 'bad.conf', <<"INI");
+[stage-filter]
+PROGRAM = pepsi-stage-milter
+MILTERS = inet:127.0.0.1:$bad
+COMMAND_TIMEOUT = 5s
+NEXT_STAGE = filtered
+INI
+my @bad_ids = map { add_message(subject => "bad $_") } @modes, 'good again';
+$r = run_ids($bad_conf, @bad_ids);
+is_deeply($r->{status}, [ ('0') x @bad_ids ], 'every bad filter: the worker answers each message')
+  or diag $r->{stderr};
+my %expect = (
+	malformed => qr/malformed REPLYCODE/,
+	oversize => qr/packet of 2147483647 bytes/,
+	'out-of-order' => qr/CONNECT with ADDHEADER, out of order/,
+	'close-mid' => qr/closed the connection/,
+	'bad-version' => qr/protocol version 99/,
+	undeclared => qr/ADDHEADER without negotiating/);
+for my $i (0 .. $#modes - 1)
+{
+	$row = row_json($node, $bad_ids[$i]);
+	is($row->{status}, 'paused', "$modes[$i]: the row is paused, not passed");
+	like($row->{state}{milter}{reply}, $expect{ $modes[$i] }, "$modes[$i]: the reason names the problem");
+}
+is(row_json($node, $bad_ids[-2])->{stage}, 'filtered', 'a good connection after them filters normally');
+is(row_json($node, $bad_ids[-1])->{stage}, 'filtered', '... and is kept for the next message');
+is(scalar(split /\n/, slurp($bad_log)), 1 + scalar @modes, 'one connection per failure, then one kept');
+
+# A bad configuration is refused at start.
+my $broken = stage_config($node, 'broken.conf', <<"INI");
+[stage-filter]
+PROGRAM = pepsi-stage-milter
+MILTERS = tcp:somewhere
+INI
+$r = run_worker(worker_cmd('pepsi-stage-milter', $broken), '');
+isnt($r->{exit}, 0, 'a bad MILTERS is refused at start');
+like($r->{stderr}, qr/milter address "tcp:somewhere"/, '... naming it');
+
+done_testing();
