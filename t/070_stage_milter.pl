@@ -13,12 +13,13 @@ use warnings FATAL => 'all';
 
 use Cwd qw(abs_path);
 use File::Basename qw(dirname);
-use IO::Socket::INET;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use lib dirname(abs_path(__FILE__)) . '/bin';
+use DeliveryTest;
 use PepsiTest;
 use PepsiStage;
 
@@ -26,40 +27,13 @@ my $here = dirname(abs_path(__FILE__));
 my $node = stage_node('stage_milter');
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $json = JSON::PP->new->canonical;
-my @started;
 
-END { kill 'TERM', $_ for @started }
-
-# Start a filter program on a free port; returns the port once it listens.
+# A filter program of t/bin on a free port: its port once it listens.
 sub start_filter
 {
 	my ($program, @args) = @_;
-	my $port = PostgreSQL::Test::Cluster::get_free_port();
-	my $pid = fork;
 
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open STDOUT, '>>', "$tmp/$program.$port.log";
-		open STDERR, '>&', \*STDOUT;
-		exec '/usr/bin/python3', "$here/bin/$program", $port, @args or die "exec: $!";
-	}
-	push @started, $pid;
-	for (1 .. 100)
-	{
-		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
-		if ($s) { $s->close; return ($port, $pid) }
-		select(undef, undef, undef, 0.1);
-	}
-	die "$program did not start";
-}
-
-sub slurp
-{
-	my ($path) = @_;
-	open my $fh, '<', $path or return '';
-	local $/;
-	return scalar <$fh>;
+	return start_server($program, sub { ('/usr/bin/python3', "$here/bin/$program", $_[0], @args) })->{port};
 }
 
 # A running row at $stage with our own header block and body.

@@ -22,7 +22,7 @@ use DispatchTest;
 use PepsiTest;
 
 our @EXPORT = qw(
-  delivery_node delivery_config start_peer start_sink stop_process inject queue_count
+  delivery_node delivery_config start_peer start_server start_sink stop_process inject queue_count
   wait_for maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox
 );
 
@@ -135,33 +135,46 @@ sub start_peer
 	return $started[-1];
 }
 
-# Postfix's smtp-sink on a free port, dumping each transaction into a
-# directory (-d); returns { pid, dir, port }.  @args go before the address.
-sub start_sink
+# A server on a free port: $command->($port, $dir) gives the command line;
+# its output goes to $dir/$name.log.  Returns { pid, dir, port } once a
+# connection to the port succeeds.
+sub start_server
 {
-	my (@args) = @_;
+	my ($name, $command) = @_;
 	my $dir = PostgreSQL::Test::Utils::tempdir();
 	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my @cmd = $command->($port, $dir);
 	my $pid = fork;
 
 	die "fork: $!" unless defined $pid;
 	if ($pid == 0)
 	{
-		open STDOUT, '>>', "$dir/sink.log";
+		open STDOUT, '>>', "$dir/$name.log";
 		open STDERR, '>&', \*STDOUT;
-		exec '/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "127.0.0.1:$port", '128'
-		  or die "exec: $!";
+		exec @cmd or die "exec: $!";
 	}
-	# Listening once a connection succeeds.
 	wait_for(
 		sub {
 			my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
 			$s->close if $s;
 			return $s;
 		},
-		10) or die "smtp-sink did not start";
+		10) or die "$name did not start";
 	push @started, { pid => $pid, dir => $dir, port => $port };
 	return $started[-1];
+}
+
+# Postfix's smtp-sink on a free port, dumping each transaction into a
+# directory (-d); returns { pid, dir, port }.  @args go before the address.
+sub start_sink
+{
+	my (@args) = @_;
+
+	return start_server('sink',
+		sub {
+			my ($port, $dir) = @_;
+			return ('/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "127.0.0.1:$port", '128');
+		});
 }
 
 sub stop_process
