@@ -95,6 +95,11 @@ static const char *const dkim_key_options[] = {
 	"DOMAIN", "SELECTOR", "ALGORITHM", "KEY_FILE", NULL
 };
 
+/* The SRS engine (common/srs.h): file only, the secrets must not come from the database. */
+static const char *const srs_options[] = {
+	"DOMAIN", "SECRET_FILE", "MAX_AGE", "HASH_LENGTH", "SEPARATOR", NULL
+};
+
 static const struct config_section_schema config_schema[] = {
 	{"pepsi", false, true, pepsi_options},
 	{"database", false, false, database_options},
@@ -103,6 +108,7 @@ static const struct config_section_schema config_schema[] = {
 	{"sendmail", false, true, sendmail_options},
 	{"listener-", true, false, listener_options},
 	{"dkim-key-", true, false, dkim_key_options},
+	{"srs", false, false, srs_options},
 	{"stage-", true, true, NULL},
 };
 
@@ -302,7 +308,7 @@ config_handle(void *user, const char *section, const char *option, const char *v
 	{
 		config_parse_error(p, p->line, "unknown section [%s] (known: [pepsi], [database], "
 						   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>], "
-						   "[dkim-key-<name>])", section);
+						   "[dkim-key-<name>], [srs])", section);
 		return 0;
 	}
 	if (!config_option_known(section, option))

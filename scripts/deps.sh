@@ -29,6 +29,8 @@ packages=(
     # (python3-dnslib) in a private namespace (unshare, ip)
     python3-dkim python3-dnspython libmail-dkim-perl opendkim-tools
     util-linux iproute2
+    # SRS tests: Mail::SRS, the reference the format is checked against
+    libmail-srs-perl
     # benchmarks: pgbench ships in postgresql-15
 )
 

@@ -63,6 +63,11 @@ extern struct ingress ingress;
 void		local_refresh_start(double interval);
 void		local_refresh_stop(void);
 
+/* srs_rcpt.c: the SRS reverse path ([srs]), smtp_policy.srs_reverse when enabled. */
+bool		srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
+bool		srs_rcpt_enabled(void);
+int			srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
+
 /* session.c */
 void		session_accept(struct listener *l, int fd, const struct sockaddr *addr);
 /* policy.rcpt_check of every listener: relay control and recipient validation. */

@@ -219,6 +219,7 @@ listener_open(const char *section)
 															1000000000);
 	listener_trusted_networks(l, section);
 	l->policy.rcpt_check = session_rcpt_check;
+	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
 	l->policy.auth = ingress.credentials != NULL;
 	l->policy.auth_required = l->mode != LISTENER_SMTP;
@@ -392,6 +393,9 @@ pepsi_ingress_main(int argc, char **argv)
 		if (ingress.credentials == NULL)
 			fatalx("[ingress] CREDENTIALS: %s", err);
 	}
+
+	if (!srs_rcpt_init(ingress.cfg, err, sizeof(err)))
+		fatalx("%s", err);
 
 	nsections = config_sections(ingress.cfg, "listener-", sections, 256);
 	if (nsections == 0)

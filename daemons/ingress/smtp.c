@@ -718,6 +718,7 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 	char	   *key;
 	char	   *value;
 	struct smtp_recipient *r;
+	int			srs;
 
 	if (s->state != SMTP_STATE_MAIL && s->state != SMTP_STATE_RCPT)
 	{
@@ -786,13 +787,20 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 			smtp_error(s, "501 5.1.3 Bad recipient address syntax");
 		goto out;
 	}
+	srs = s->policy->srs_reverse ? s->policy->srs_reverse(s, path, sizeof(path)) : 0;
+	if (srs < 0)
+	{
+		smtp_error(s, "550 5.1.1 <%.256s>: Recipient address rejected: invalid or expired SRS address",
+				   path);
+		goto out;
+	}
 	if (smtp_rcpt_duplicate(s, path))
 	{
 		/* Stored once: a list that names someone twice delivers once. */
 		smtp_reply(s, "250 2.1.5 Recipient ok (duplicate, delivered once)");
 		goto out;
 	}
-	if (s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
+	if (srs == 0 && s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
 		goto out;
 	if (s->nrcpt >= s->policy->max_recipients)
 	{

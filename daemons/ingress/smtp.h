@@ -47,6 +47,13 @@ struct smtp_policy
 	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
 	enum smtp_rcpt_verdict (*rcpt_check) (const struct smtp_session *s, const char *address);
+	/*
+	 * Optional, asked first: the SRS reverse path (srs_rcpt.c).  1: one of
+	 * our SRS addresses, now rewritten in place to the original sender and
+	 * taken without rcpt_check (a bounce relayed back to it); 0: not SRS;
+	 * -1: an invalid or expired SRS address, refused with 550 5.1.1.
+	 */
+	int			(*srs_reverse) (const struct smtp_session *s, char *address, size_t size);
 };
 
 enum smtp_state
