@@ -30,16 +30,12 @@
 
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
+#include "touched.h"
 
 #define STAGE_BATCH_MAX 1024
 #define STAGE_FUSION_MAX_HOPS 32
 
-/* Columns the runtime can record as touched, in the order of workqueue_commit's arguments. */
-#define TOUCHED_HEADERS		0x01
-#define TOUCHED_BODY		0x02
-#define TOUCHED_MAIL_FROM	0x04
-#define TOUCHED_RCPT_TO		0x08
-#define TOUCHED_STATE		0x10
 
 enum terminal_kind
 {
@@ -342,7 +338,7 @@ pepsi_set_state(struct pepsi_ctx *ctx, json_t *state)
 	json_decref(ctx->state);
 	ctx->state = json_is_object(state) ? json_deep_copy(state) : json_object();
 	json_object_clear(ctx->merge);
-	ctx->touched |= TOUCHED_STATE;
+	ctx->touched |= TOUCHED_SET_STATE;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1049,7 +1045,7 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 	char		id[32];
 	char		retry[64];
 	char	   *merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
-	char	   *state = (ctx->touched & TOUCHED_STATE) ? stage_json_text(ctx->state) : NULL;
+	char	   *state = (ctx->touched & TOUCHED_SET_STATE) ? stage_json_text(ctx->state) : NULL;
 	char	   *clones = NULL;
 	struct buf	array = BUF_INIT;
 	PGresult   *res;

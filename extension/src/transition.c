@@ -22,6 +22,8 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
+#include "../../common/touched.h"
+
 PG_FUNCTION_INFO_V1(workqueue_commit);
 PG_FUNCTION_INFO_V1(workqueue_commit_many);
 PG_FUNCTION_INFO_V1(workqueue_pause);
@@ -41,15 +43,7 @@ typedef enum TransitionKind
 	TRANSITION_KINDS
 } TransitionKind;
 
-/* Columns a stage may have touched, as bits of a plan-cache key. */
-#define TOUCHED_HEADERS		0x01
-#define TOUCHED_BODY		0x02
-#define TOUCHED_MAIL_FROM	0x04
-#define TOUCHED_RCPT_TO		0x08
-#define TOUCHED_MERGE_STATE	0x10
-#define TOUCHED_SET_STATE	0x20
-#define TOUCHED_AT_STAGE	0x40
-#define TOUCHED_COMBINATIONS 0x80
+/* Columns a stage may have touched (bits shared with the stage runtime) key the plan cache. */
 
 static TransitionKind
 transition_kind(Datum transition, const char **label)
