@@ -162,7 +162,7 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c \
-                     common/buf.c common/log.c common/message.c common/local.c \
+                     common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
                      common/aliases.c common/config.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
@@ -170,12 +170,12 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c \
 		-o $@ $(filter %.c,$^) -L$(shell $(PG_CONFIG) --libdir) -lpq -linih -ljansson
 
 $(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c \
-                     common/buf.c common/log.c common/config.c $(wildcard common/*.h common/auth/*.h)
+                     common/buf.c common/log.c common/xalloc.c common/config.c $(wildcard common/*.h common/auth/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
 $(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/milter.c stages/milter/message.c \
-                       common/buf.c common/log.c $(wildcard stages/milter/*.h common/*.h)
+                       common/buf.c common/log.c common/xalloc.c $(wildcard stages/milter/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
 

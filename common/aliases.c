@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "local.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define ALIASES_MAX_DEPTH 32
 #define ALIASES_MAX_ADDRESSES 10000

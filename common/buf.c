@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 void
 buf_reserve(struct buf *b, size_t extra)

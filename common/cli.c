@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 PGconn *
 cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg, int *rc)

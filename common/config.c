@@ -17,6 +17,7 @@
 #include <ini.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 /*
  * The lookup index: the positions of the entries sorted by section, option

@@ -16,6 +16,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define DELIVERY_DEFAULT_LIFETIME_MS (5L * 86400 * 1000)
 #define DELIVERY_DEFAULT_RETRY_BASE_MS (5L * 60 * 1000)

@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 /* Walk the fields: calls visit(start, field_len) for each whole (folded) field. */
 static size_t

@@ -25,12 +25,4 @@ void		log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void		log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void		log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Allocation that cannot fail (it is fatal): the programs are small. */
-void	   *xmalloc(size_t size);
-void	   *xcalloc(size_t count, size_t size);
-void	   *xrealloc(void *ptr, size_t size);
-char	   *xstrdup(const char *s);
-char	   *xstrndup(const char *s, size_t n);
-char	   *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 #endif

@@ -62,3 +62,12 @@ message_join(const char *headers, size_t hlen, const char *body, size_t blen, st
 	buf_append(raw, "\r\n", 2);
 	buf_append(raw, body, blen);
 }
+
+bool
+message_has_8bit(const char *s, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char) s[i] >= 0x80)
+			return true;
+	return false;
+}

@@ -22,4 +22,7 @@ void		message_split(const char *raw, size_t len, struct buf *headers, struct buf
 void		message_join(const char *headers, size_t hlen, const char *body, size_t blen,
 						 struct buf *raw);
 
+/* Does s hold an octet above 127 (8BITMIME, SMTPUTF8)? */
+bool		message_has_8bit(const char *s, size_t len);
+
 #endif

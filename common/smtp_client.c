@@ -31,6 +31,8 @@
 #include <openssl/x509v3.h>
 
 #include "log.h"
+#include "xalloc.h"
+#include "message.h"
 
 #define SMTP_LINE_MAX 4096		/* longer reply lines are cut */
 #define SMTP_REPLY_MAX (64 * 1024)	/* a longer reply is an error */
@@ -139,15 +141,6 @@ smtp_xtext_encode(const char *in, struct buf *out)
 		else
 			buf_append_char(out, (char) *p);
 	}
-}
-
-static bool
-smtp_has_8bit(const char *s, size_t len)
-{
-	for (size_t i = 0; i < len; i++)
-		if ((unsigned char) s[i] >= 0x80)
-			return true;
-	return false;
 }
 
 void
@@ -933,7 +926,7 @@ err:
 static bool
 smtp_is_ascii(const char *s)
 {
-	return !smtp_has_8bit(s, strlen(s));
+	return !message_has_8bit(s, strlen(s));
 }
 
 /* Build "MAIL FROM:<...> params" into line. */
@@ -1033,7 +1026,7 @@ static bool
 smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
 				 size_t len, struct smtp_result *res)
 {
-	bool		body8 = env->body_8bit || smtp_has_8bit(raw, len);
+	bool		body8 = env->body_8bit || message_has_8bit(raw, len);
 	bool		utf8 = !smtp_is_ascii(env->mail_from);
 	struct buf	commands = BUF_INIT;
 	struct buf	payload = BUF_INIT;
@@ -1272,7 +1265,7 @@ smtp_result_free(struct smtp_result *res)
 
 /* Keep a private copy of an option string; the copies are freed with the client. */
 static const char *
-smtp_keep(struct smtp_client *c, const char *s)
+smtp_client_keep_option(struct smtp_client *c, const char *s)
 {
 	char	   *copy;
 
@@ -1289,13 +1282,13 @@ smtp_client_new(const struct smtp_client_options *options)
 	struct smtp_client *c = xcalloc(1, sizeof(*c));
 
 	c->opt = *options;
-	c->opt.host = smtp_keep(c, options->host);
-	c->opt.port = smtp_keep(c, options->port);
-	c->opt.tls_ca_file = smtp_keep(c, options->tls_ca_file);
-	c->opt.tls_name = smtp_keep(c, options->tls_name);
-	c->opt.helo_name = smtp_keep(c, options->helo_name);
-	c->opt.auth_user = smtp_keep(c, options->auth_user);
-	c->opt.auth_password = smtp_keep(c, options->auth_password);
+	c->opt.host = smtp_client_keep_option(c, options->host);
+	c->opt.port = smtp_client_keep_option(c, options->port);
+	c->opt.tls_ca_file = smtp_client_keep_option(c, options->tls_ca_file);
+	c->opt.tls_name = smtp_client_keep_option(c, options->tls_name);
+	c->opt.helo_name = smtp_client_keep_option(c, options->helo_name);
+	c->opt.auth_user = smtp_client_keep_option(c, options->auth_user);
+	c->opt.auth_password = smtp_client_keep_option(c, options->auth_password);
 	if (c->opt.connect_timeout_ms <= 0)
 		c->opt.connect_timeout_ms = 30000;
 	if (c->opt.command_timeout_ms <= 0)

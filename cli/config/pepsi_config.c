@@ -26,6 +26,7 @@
 #include "config.h"
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 int			pepsi_config_main(int argc, char **argv);
 

@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 int			pepsi_queue_main(int argc, char **argv);
 

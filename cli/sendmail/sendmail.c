@@ -30,6 +30,7 @@
 #include "db.h"
 #include "header.h"
 #include "log.h"
+#include "xalloc.h"
 #include "message.h"
 
 #define EX_OK 0

@@ -29,6 +29,7 @@
 #include "db.h"
 #include "dispatch.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define DBCONN_BACKOFF_BASE 0.1
 #define DBCONN_BACKOFF_CAP 30.0

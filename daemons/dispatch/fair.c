@@ -14,6 +14,7 @@
 #include "db.h"
 #include "dispatch.h"
 #include "log.h"
+#include "xalloc.h"
 
 struct fair_entry
 {

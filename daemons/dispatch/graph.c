@@ -14,6 +14,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define GRAPH_MAX_STAGES 256
 

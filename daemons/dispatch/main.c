@@ -21,6 +21,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define DISPATCH_HOUSEKEEPING_INTERVAL 0.1
 #define DISPATCH_STOP_GRACE 10.0

@@ -29,6 +29,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "xalloc.h"
 
 static void worker_close(struct pool_worker *w);
 static void worker_transition(struct pool_worker *w, enum worker_state to);

@@ -19,6 +19,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define ADMIT_STATEMENT "pepsi_ingress_admit"
 #define ADMIT_SQL "SELECT pepsi.workqueue_add($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8)"

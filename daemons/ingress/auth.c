@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 /* Checked against when the user is unknown, so the answer takes as long. */
 #define AUTH_DUMMY_HASH "$6$pepsi.dummy$GnzSbzW.rWT/ECvclBSrv.sFBsnys1bpf/31uwlJ9JXIZObncn/jOa79J6JM8Me2Z4GnaPdUoYauOA.2tZ0KD/"

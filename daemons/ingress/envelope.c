@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "message.h"
 
 static void

@@ -32,6 +32,7 @@
 #include "ingress.h"
 #include "log.h"
 #include "privilege.h"
+#include "xalloc.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 

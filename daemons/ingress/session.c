@@ -22,6 +22,7 @@
 #include "envelope.h"
 #include "ingress.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define SESSION_READ_SIZE 65536
 #define SESSION_OUT_HIGH_WATER 65536	/* stop reading a client that does not read */

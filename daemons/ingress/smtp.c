@@ -20,6 +20,8 @@
 #include <strings.h>
 
 #include "log.h"
+#include "xalloc.h"
+#include "message.h"
 
 static size_t smtp_input_bdat(struct smtp_session *s, const char *data, size_t len);
 
@@ -301,15 +303,6 @@ smtp_mailbox_valid(const char *mailbox, bool utf8)
 	if (local > 64 && !utf8)
 		return false;
 	return smtp_domain_valid(at + 1, len - local - 1, utf8);
-}
-
-static bool
-smtp_has_8bit(const char *s)
-{
-	for (; *s; s++)
-		if ((unsigned char) *s >= 0x80)
-			return true;
-	return false;
 }
 
 long
@@ -616,7 +609,7 @@ smtp_cmd_mail(struct smtp_session *s, char *arg)
 	}
 	if (path[0] && !smtp_mailbox_valid(path, s->smtputf8))
 	{
-		if (!s->smtputf8 && smtp_has_8bit(path) && smtp_mailbox_valid(path, true))
+		if (!s->smtputf8 && message_has_8bit(path, strlen(path)) && smtp_mailbox_valid(path, true))
 			smtp_error(s, "553 5.6.7 Non-ASCII address requires SMTPUTF8");
 		else
 			smtp_error(s, "553 5.1.7 Bad sender address syntax");
@@ -781,7 +774,7 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 	}
 	if (strcasecmp(path, "postmaster") != 0 && !smtp_mailbox_valid(path, s->smtputf8))
 	{
-		if (!s->smtputf8 && smtp_has_8bit(path) && smtp_mailbox_valid(path, true))
+		if (!s->smtputf8 && message_has_8bit(path, strlen(path)) && smtp_mailbox_valid(path, true))
 			smtp_error(s, "553 5.6.7 Non-ASCII address requires SMTPUTF8");
 		else
 			smtp_error(s, "501 5.1.3 Bad recipient address syntax");
@@ -1172,7 +1165,7 @@ smtp_taint(struct smtp_session *s, enum smtp_taint taint)
 
 /* Keep content octets, unless the message is already refused. */
 static void
-smtp_keep(struct smtp_session *s, const char *data, size_t len)
+smtp_keep_content(struct smtp_session *s, const char *data, size_t len)
 {
 	s->message_size += len;
 	if (s->message_size > s->policy->max_size)
@@ -1251,7 +1244,7 @@ smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dot
 				if (dots && c == '.')
 				{
 					/* Held back: stuffing, or the end. */
-					smtp_keep(s, data + keep_from, i - keep_from);
+					smtp_keep_content(s, data + keep_from, i - keep_from);
 					keep_from = i + 1;
 					s->scan = SMTP_SCAN_DOT;
 					s->line_length = 1;
@@ -1305,7 +1298,7 @@ smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dot
 				goto in_line;
 		}
 	}
-	smtp_keep(s, data + keep_from, len - keep_from);
+	smtp_keep_content(s, data + keep_from, len - keep_from);
 	return len;
 }
 
@@ -1317,7 +1310,7 @@ smtp_input_bdat(struct smtp_session *s, const char *data, size_t len)
 	if (s->bdat_reply == NULL)
 	{
 		if (s->body == SMTP_BODY_BINARYMIME)
-			smtp_keep(s, data, n);
+			smtp_keep_content(s, data, n);
 		else
 			smtp_scan_content(s, data, n, false);
 	}

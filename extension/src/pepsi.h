@@ -3,7 +3,7 @@
  *
  * Each file holds one subsystem: admission (admit.c), stage transitions
  * (transition.c), fan-out and clones (split.c), shared bodies (body.c), the
- * maintenance worker (maint.c); queue.c and args.c hold the SPI plumbing and
+ * maintenance worker (maint.c); spi_support.c and args.c hold the SPI plumbing and
  * argument checks they all use.
  */
 #ifndef PEPSI_H
@@ -28,7 +28,7 @@ extern int	pepsi_mail_log_retention_s;
 /* The NOTIFY channel the dispatcher listens on. */
 #define PEPSI_WORKQUEUE_CHANNEL "pepsi_workqueue"
 
-/* queue.c: prepared plans kept for the life of the backend */
+/* spi_support.c: prepared plans kept for the life of the backend */
 extern SPIPlanPtr queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
 extern int	queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
 extern int	queue_lock_running_row(int64 id, const char *expected_stage);

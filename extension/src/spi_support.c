@@ -1,5 +1,5 @@
 /*
- * queue.c: SPI plumbing shared by the queue functions.
+ * spi_support.c: SPI plumbing shared by the queue functions.
  *
  * Plans are prepared once per backend and kept (the dispatcher and the
  * workers hold long-lived connections, so planning is paid once).  The

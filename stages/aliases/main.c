@@ -16,6 +16,7 @@
 
 #include "aliases.h"
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 int			pepsi_stage_aliases_main(int argc, char **argv);

@@ -29,6 +29,7 @@
 #include "delivery.h"
 #include "dsn.h"
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 #define BOUNCE_DEFAULT_RETURN_LIMIT (10L * 1024 * 1024)

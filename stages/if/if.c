@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 int			pepsi_stage_if_main(int argc, char **argv);

@@ -32,6 +32,7 @@
 
 #include "delivery.h"
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 int			pepsi_stage_relay_to_maildir_main(int argc, char **argv);

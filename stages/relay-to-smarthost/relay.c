@@ -28,6 +28,7 @@
 
 #include "delivery.h"
 #include "log.h"
+#include "xalloc.h"
 #include "smtp_client.h"
 #include "stage.h"
 

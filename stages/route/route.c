@@ -16,6 +16,7 @@
 
 #include "local.h"
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 #define ROUTE_MAX_DOMAINS 256
