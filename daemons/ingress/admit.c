@@ -521,13 +521,13 @@ dbconn_advance(struct dbconn *c, int revents)
 }
 
 static void
-dbconn_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+dbconn_on_io(struct ev_loop *loop, ev_io *w, int revents)
 {
 	dbconn_advance(w->data, revents);
 }
 
 static void
-dbconn_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+dbconn_on_retry(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	dbconn_advance(w->data, 0);
 }
@@ -572,7 +572,7 @@ admit_kick(void)
  * iteration goes out together, which is what fills a batch.
  */
 static void
-admit_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+admit_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	if (admit.kick_due)
 	{
@@ -582,7 +582,7 @@ admit_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 static void
-admit_wake_cb(struct ev_loop *loop, ev_timer *w, int revents)
+admit_on_wake(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	admit.wake_due = true;
 	admit_kick();
@@ -595,8 +595,8 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	admit.cfg = cfg;
 	admit.options = *options;
 	admit.conns = xcalloc((size_t) options->connections, sizeof(*admit.conns));
-	ev_timer_init(&admit.wake_timer, admit_wake_cb, 0, 0);
-	ev_prepare_init(&admit.kick_watcher, admit_prepare_cb);
+	ev_timer_init(&admit.wake_timer, admit_on_wake, 0, 0);
+	ev_prepare_init(&admit.kick_watcher, admit_on_prepare);
 	ev_prepare_start(loop, &admit.kick_watcher);
 	for (int i = 0; i < options->connections; i++)
 	{
@@ -604,9 +604,9 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 
 		c->index = i;
 		c->batch = xcalloc((size_t) options->batch_size, sizeof(*c->batch));
-		ev_init(&c->io, dbconn_io_cb);
+		ev_init(&c->io, dbconn_on_io);
 		c->io.data = c;
-		ev_init(&c->retry, dbconn_retry_cb);
+		ev_init(&c->retry, dbconn_on_retry);
 		c->retry.data = c;
 		dbconn_connect(c);
 	}

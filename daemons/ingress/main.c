@@ -117,7 +117,7 @@ err:
 }
 
 static void
-listener_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+listener_on_accept(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct listener *l = w->data;
 
@@ -233,7 +233,7 @@ listener_open(const char *section)
 															  50, 0, 10000000);
 	l->fd = listener_bind(section, address ? address : "*",
 						  ingress_option_long(section, "PORT", default_port, 1, 65535));
-	ev_io_init(&l->io, listener_accept_cb, l->fd, EV_READ);
+	ev_io_init(&l->io, listener_on_accept, l->fd, EV_READ);
 	l->io.data = l;
 	if (l->tls)
 		SSL_CTX_set_session_id_context(l->tls, (const unsigned char *) l->name,
@@ -264,7 +264,7 @@ ingress_raise_fd_limit(void)
 
 /* While stopping: done once every session and admission is, or time is up. */
 static void
-ingress_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+ingress_on_grace(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	static double waited;
 
@@ -279,7 +279,7 @@ ingress_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 static void
-ingress_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	if (ingress.stopping)
 		return;
@@ -296,7 +296,7 @@ ingress_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
-	ev_timer_init(&ingress_grace_timer, ingress_grace_cb, 0.1, 0.1);
+	ev_timer_init(&ingress_grace_timer, ingress_on_grace, 0.1, 0.1);
 	ev_timer_start(loop, &ingress_grace_timer);
 }
 
@@ -417,9 +417,9 @@ pepsi_ingress_main(int argc, char **argv)
 		local_refresh_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		ev_io_start(ingress.loop, &l->io);
-	ev_signal_init(&sigterm, ingress_signal_cb, SIGTERM);
+	ev_signal_init(&sigterm, ingress_on_signal, SIGTERM);
 	ev_signal_start(ingress.loop, &sigterm);
-	ev_signal_init(&sigint, ingress_signal_cb, SIGINT);
+	ev_signal_init(&sigint, ingress_on_signal, SIGINT);
 	ev_signal_start(ingress.loop, &sigint);
 	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
 			 nsections, nsections == 1 ? "" : "s", admit_options.connections,

@@ -499,7 +499,7 @@ session_update(struct session *s)
 }
 
 static void
-session_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+session_on_io(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct session *s = w->data;
 
@@ -521,7 +521,7 @@ session_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 }
 
 static void
-session_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+session_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct session *s = w->data;
 
@@ -629,9 +629,9 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
-	ev_io_init(&s->io, session_io_cb, fd, 0);
+	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;
-	ev_init(&s->timer, session_timer_cb);
+	ev_init(&s->timer, session_on_timeout);
 	s->timer.repeat = l->idle_timeout;
 	s->timer.data = s;
 	ev_timer_again(ingress.loop, &s->timer);
