@@ -104,10 +104,10 @@ struct pepsi_ctx
 	bool		valid;
 };
 
-static stage_registry_fn stage_registry;
+static pepsi_registry_fn stage_registry;
 
 void
-stage_registry_install(stage_registry_fn lookup)
+pepsi_registry_install(pepsi_registry_fn lookup)
 {
 	stage_registry = lookup;
 }
@@ -1422,7 +1422,7 @@ stage_check_sections(struct worker *w)
 }
 
 int
-stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
+pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 {
 	struct worker w = {.stage = stage};
 	const char *config_path = getenv("PEPSI_CONFIG");

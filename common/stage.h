@@ -2,7 +2,7 @@
  * stage.h: the stage contract (spec 22.5), in C.
  *
  * A stage program is a struct pepsi_stage and a main that calls
- * stage_worker_main.  The runtime reads workqueue ids from stdin, loads
+ * pepsi_worker_main.  The runtime reads workqueue ids from stdin, loads
  * each running row with exactly the columns the stage's load needs, checks
  * that the row's [stage-<name>] PROGRAM is this program, runs the stage,
  * and commits the content it changed together with its one terminal in a
@@ -47,11 +47,11 @@ struct pepsi_stage
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */
-typedef const struct pepsi_stage *(*stage_registry_fn) (const char *program);
-void		stage_registry_install(stage_registry_fn lookup);
+typedef const struct pepsi_stage *(*pepsi_registry_fn) (const char *program);
+void		pepsi_registry_install(pepsi_registry_fn lookup);
 
 /* "PROGRAM worker [-c CONFIG] [-v]": the worker loop.  Returns the exit code. */
-int			stage_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
+int			pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
 
 /* The row */
 long long	pepsi_id(const struct pepsi_ctx *ctx);
@@ -61,7 +61,8 @@ const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 double		pepsi_message_age(const struct pepsi_ctx *ctx);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
-json_t	   *pepsi_state(const struct pepsi_ctx *ctx);	/* borrowed; read only */
+/* The row's state object: borrowed from the context, never NULL, read only. */
+json_t	   *pepsi_state(const struct pepsi_ctx *ctx);
 /* These fail (NULL, and the message fails) if the stage under-declared its load. */
 const struct buf *pepsi_headers(struct pepsi_ctx *ctx);
 const struct buf *pepsi_body(struct pepsi_ctx *ctx);
@@ -72,26 +73,40 @@ const char *pepsi_option(const struct pepsi_ctx *ctx, const char *option);
 const char *pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *address);
 const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
 
-/* Content setters (in memory; committed with the terminal) */
+/*
+ * Content setters (in memory; committed with the terminal).
+ *
+ * json_t ownership, here and below: every json_t argument is borrowed (the
+ * caller keeps its reference and must still decref it); where a NULL is
+ * allowed the comment says so.
+ */
 void		pepsi_set_headers(struct pepsi_ctx *ctx, const char *headers, size_t len);
 void		pepsi_set_body(struct pepsi_ctx *ctx, const char *body, size_t len);
 void		pepsi_set_mail_from(struct pepsi_ctx *ctx, const char *mail_from);
 void		pepsi_set_rcpt_to(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count);
-void		pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge);	/* merge is borrowed */
-void		pepsi_set_state(struct pepsi_ctx *ctx, json_t *state);	/* state is borrowed */
+/* merge: borrowed, may be NULL (nothing merged); a non-object is ignored. */
+void		pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge);
+/* state: borrowed and copied; NULL or a non-object sets the empty object. */
+void		pepsi_set_state(struct pepsi_ctx *ctx, json_t *state);
 
-/* Terminals: exactly one per message.  They return 0, or -1 on misuse. */
+/*
+ * Terminals: exactly one per message.  They return 0, or -1 on misuse.
+ * Every merge is borrowed and may be NULL (as for pepsi_merge_state).
+ */
 int			pepsi_advance(struct pepsi_ctx *ctx);
 int			pepsi_advance_to(struct pepsi_ctx *ctx, const char *stage);
 int			pepsi_reroute(struct pepsi_ctx *ctx, const char *stage, json_t *merge);
 int			pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds);
+/* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
 int			pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
 							 const int *keep_indices, size_t nkeep, json_t *clones);
 int			pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
 int			pepsi_finish(struct pepsi_ctx *ctx);
+/* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
 int			pepsi_finish_with(struct pepsi_ctx *ctx, json_t *clones);
 int			pepsi_advance_or_finish(struct pepsi_ctx *ctx);
 int			pepsi_complete_success(struct pepsi_ctx *ctx);
+/* state: borrowed, may be NULL (the state is left as it is). */
 int			pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count,
 									 json_t *state);
 
@@ -104,8 +119,12 @@ int			pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, s
 int			pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t count,
 									   const char *target_stage);
 int			pepsi_split_to_one_per_row(struct pepsi_ctx *ctx);
+/* groups: borrowed, not NULL (a JSON array of groups, as workqueue_split takes). */
 int			pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *groups);
-/* A brand-new side message at stage (auto-reply, DSN); token may be NULL. */
+/*
+ * A brand-new side message at stage (auto-reply, DSN).  state: borrowed, may
+ * be NULL (the empty object); token may be NULL.
+ */
 long long	pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
 							  const char *const *rcpt, size_t nrcpt, const char *headers,
 							  size_t hlen, const char *body, size_t blen, json_t *state,

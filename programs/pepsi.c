@@ -73,7 +73,7 @@ main(int argc, char **argv)
 		argc--;
 		name = argv[0];
 	}
-	stage_registry_install(registry_lookup);
+	pepsi_registry_install(registry_lookup);
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (strcmp(programs[i].name, name) == 0)
 			return programs[i].main(argc, argv);

@@ -155,5 +155,5 @@ const struct pepsi_stage pepsi_stage_aliases_stage = {
 int
 pepsi_stage_aliases_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_aliases_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_aliases_stage, argc, argv);
 }

@@ -276,5 +276,5 @@ const struct pepsi_stage pepsi_stage_bounce_stage = {
 int
 pepsi_stage_bounce_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_bounce_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_bounce_stage, argc, argv);
 }

@@ -62,5 +62,5 @@ const struct pepsi_stage pepsi_stage_discard_stage = {
 int
 pepsi_stage_discard_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_discard_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_discard_stage, argc, argv);
 }

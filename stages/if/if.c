@@ -290,5 +290,5 @@ const struct pepsi_stage pepsi_stage_if_stage = {
 int
 pepsi_stage_if_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_if_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_if_stage, argc, argv);
 }

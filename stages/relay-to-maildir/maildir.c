@@ -342,5 +342,5 @@ const struct pepsi_stage pepsi_stage_relay_to_maildir_stage = {
 int
 pepsi_stage_relay_to_maildir_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_relay_to_maildir_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_relay_to_maildir_stage, argc, argv);
 }

@@ -392,7 +392,7 @@ const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {
 int
 pepsi_stage_relay_to_smarthost_main(int argc, char **argv)
 {
-	int			rc = stage_worker_main(&pepsi_stage_relay_to_smarthost_stage, argc, argv);
+	int			rc = pepsi_worker_main(&pepsi_stage_relay_to_smarthost_stage, argc, argv);
 
 	relay_close_client();		/* QUIT the session the worker kept */
 	return rc;

@@ -116,5 +116,5 @@ const struct pepsi_stage pepsi_stage_route_stage = {
 int
 pepsi_stage_route_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_route_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_route_stage, argc, argv);
 }

@@ -67,5 +67,5 @@ static const struct pepsi_stage probe_stage = {
 int
 main(int argc, char **argv)
 {
-	return stage_worker_main(&probe_stage, argc, argv);
+	return pepsi_worker_main(&probe_stage, argc, argv);
 }
