@@ -1,0 +1,104 @@
+/*
+ * stage_internal.h: what the stage runtime's files share (not for stages).
+ *
+ * The runtime is split along its sections: stage.c (the worker loop,
+ * loading and running a pass), stage_row.c (accessors and content setters),
+ * stage_terminal.c (terminals and fan-out), stage_commit.c (batching and
+ * committing).  Stages see only stage.h.
+ */
+#ifndef PEPSI_STAGE_INTERNAL_H
+#define PEPSI_STAGE_INTERNAL_H
+
+#include <libpq-fe.h>
+
+#include "buf.h"
+#include "stage.h"
+
+#define STAGE_BATCH_MAX 1024
+#define STAGE_FUSION_MAX_HOPS 32
+
+
+enum terminal_kind
+{
+	TERMINAL_NONE,
+	TERMINAL_ADVANCE,
+	TERMINAL_PAUSE,
+	TERMINAL_PAUSE_WITH,
+	TERMINAL_FAIL,
+	TERMINAL_FINISH,
+	TERMINAL_FINISH_WITH
+};
+
+/* Buffers a worker reuses from batch to batch, rather than growing new ones each time. */
+enum scratch
+{
+	SCRATCH_IDS,
+	SCRATCH_STAGES,
+	SCRATCH_TARGETS,
+	SCRATCH_MERGES,
+	SCRATCH_RETRIES,
+	SCRATCH_STATUS,
+	SCRATCH_COUNT
+};
+
+struct stage_worker
+{
+	const struct pepsi_stage *stage;
+	struct pepsi_config *cfg;
+	PGconn	   *conn;
+	bool		allow_fusion;
+	struct buf	input;
+	bool		eof;
+	struct buf	scratch[SCRATCH_COUNT];
+};
+
+struct pepsi_ctx
+{
+	struct stage_worker *worker;
+	const struct pepsi_stage *stage;	/* running now (a successor, when fused) */
+	long long	id;
+	char	   *db_stage;		/* where the row is in the database */
+	char	   *stage_name;		/* the stage running now */
+	char	   *section;		/* "stage-" stage_name */
+	enum pepsi_load loaded;
+	char	   *mail_from;
+	char	  **rcpt;
+	size_t		nrcpt;
+	double		age_seconds;	/* now - received_at, when loaded */
+	json_t	   *state;			/* current view: database state with this pass's changes */
+	json_t	   *merge;			/* changes to merge at commit */
+	struct buf	headers;
+	struct buf	body;
+	unsigned	touched;
+	bool		split_done;
+	/* the outcome */
+	enum terminal_kind terminal;
+	int			terminals;
+	char	   *target;
+	double		retry_seconds;
+	int		   *keep;
+	size_t		nkeep;
+	json_t	   *clones;
+	char	   *error;
+	struct buf	fused;			/* {"stage":s,"us":n},... of the successors run in this pass */
+	/* the input line, for the status */
+	bool		valid;
+};
+
+
+/* stage.c */
+double		stage_now_us(void);
+/* Reconnect a lost database session (the rows it held are still running). */
+bool		stage_reconnect(struct stage_worker *w);
+char	   *stage_json_text(json_t *json);
+void		stage_json_string(struct buf *b, const char *s);
+
+/* stage_terminal.c */
+void		stage_int_array(struct buf *b, const int *values, size_t count);
+int			stage_terminal(struct pepsi_ctx *ctx, enum terminal_kind kind);
+
+/* stage_commit.c */
+void		stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
+int			stage_check_result(struct pepsi_ctx *ctx, PGresult *res, const char *what);
+
+#endif

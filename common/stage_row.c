@@ -1,0 +1,192 @@
+/*
+ * stage_row.c: the stage API's view of the row (see stage.h): accessors
+ * and the content setters, which change the row in memory only; the
+ * terminal commits what they touched (stage_commit.c).
+ */
+#include "stage.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "db.h"
+#include "log.h"
+#include "xalloc.h"
+#include "touched.h"
+#include "stage_internal.h"
+
+/* ---------------------------------------------------------------------------
+ * Accessors
+ * ------------------------------------------------------------------------- */
+
+long long
+pepsi_id(const struct pepsi_ctx *ctx)
+{
+	return ctx->id;
+}
+
+const char *
+pepsi_stage_name(const struct pepsi_ctx *ctx)
+{
+	return ctx->stage_name;
+}
+
+double
+pepsi_message_age(const struct pepsi_ctx *ctx)
+{
+	return ctx->age_seconds;
+}
+
+const char *
+pepsi_mail_from(const struct pepsi_ctx *ctx)
+{
+	return ctx->mail_from;
+}
+
+size_t
+pepsi_rcpt_count(const struct pepsi_ctx *ctx)
+{
+	return ctx->nrcpt;
+}
+
+const char *
+pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index)
+{
+	return index < ctx->nrcpt ? ctx->rcpt[index] : NULL;
+}
+
+json_t *
+pepsi_state(const struct pepsi_ctx *ctx)
+{
+	return ctx->state;
+}
+
+const struct buf *
+pepsi_headers(struct pepsi_ctx *ctx)
+{
+	if (ctx->loaded < PEPSI_LOAD_HEADERS)
+	{
+		pepsi_error(ctx, "%s read the headers but declared a metadata load", ctx->stage->program);
+		return NULL;
+	}
+	return &ctx->headers;
+}
+
+const struct buf *
+pepsi_body(struct pepsi_ctx *ctx)
+{
+	if (ctx->loaded < PEPSI_LOAD_FULL)
+	{
+		pepsi_error(ctx, "%s read the body but did not declare a full load", ctx->stage->program);
+		return NULL;
+	}
+	return &ctx->body;
+}
+
+bool
+pepsi_raw_message(struct pepsi_ctx *ctx, struct buf *out)
+{
+	if (ctx->loaded < PEPSI_LOAD_FULL)
+	{
+		pepsi_error(ctx, "%s read the raw message but did not declare a full load",
+					ctx->stage->program);
+		return false;
+	}
+	buf_append(out, ctx->headers.data, ctx->headers.len);
+	buf_append(out, "\r\n", 2);
+	buf_append(out, ctx->body.data, ctx->body.len);
+	return true;
+}
+
+const struct pepsi_config *
+pepsi_config(const struct pepsi_ctx *ctx)
+{
+	return ctx->worker->cfg;
+}
+
+const char *
+pepsi_option(const struct pepsi_ctx *ctx, const char *option)
+{
+	return config_get(ctx->worker->cfg, ctx->section, option);
+}
+
+const char *
+pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *address)
+{
+	return config_get_for(ctx->worker->cfg, ctx->section, option, NULL, address);
+}
+
+/* ---------------------------------------------------------------------------
+ * Content setters
+ * ------------------------------------------------------------------------- */
+
+void
+pepsi_set_headers(struct pepsi_ctx *ctx, const char *headers, size_t len)
+{
+	buf_reset(&ctx->headers);
+	buf_append(&ctx->headers, headers, len);
+	ctx->touched |= TOUCHED_HEADERS;
+}
+
+void
+pepsi_set_body(struct pepsi_ctx *ctx, const char *body, size_t len)
+{
+	buf_reset(&ctx->body);
+	buf_append(&ctx->body, body, len);
+	ctx->touched |= TOUCHED_BODY;
+}
+
+void
+pepsi_set_mail_from(struct pepsi_ctx *ctx, const char *mail_from)
+{
+	free(ctx->mail_from);
+	ctx->mail_from = xstrdup(mail_from);
+	ctx->touched |= TOUCHED_MAIL_FROM;
+}
+
+static void
+stage_replace_rcpt(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count)
+{
+	for (size_t i = 0; i < ctx->nrcpt; i++)
+		free(ctx->rcpt[i]);
+	free(ctx->rcpt);
+	ctx->rcpt = xcalloc(count + 1, sizeof(char *));
+	for (size_t i = 0; i < count; i++)
+		ctx->rcpt[i] = xstrdup(rcpt[i]);
+	ctx->nrcpt = count;
+}
+
+void
+pepsi_set_rcpt_to(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count)
+{
+	stage_replace_rcpt(ctx, rcpt, count);
+	ctx->touched |= TOUCHED_RCPT_TO;
+}
+
+void
+pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge)
+{
+	if (merge == NULL || !json_is_object(merge))
+		return;
+	json_object_update(ctx->state, merge);
+	json_object_update(ctx->merge, merge);
+}
+
+void
+pepsi_set_state(struct pepsi_ctx *ctx, json_t *state)
+{
+	json_decref(ctx->state);
+	ctx->state = json_is_object(state) ? json_deep_copy(state) : json_object();
+	json_object_clear(ctx->merge);
+	ctx->touched |= TOUCHED_SET_STATE;
+}
+
