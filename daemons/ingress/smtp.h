@@ -190,9 +190,6 @@ const char *smtp_body_name(enum smtp_body body);
 /* The RFC 3848 "with" keyword for Received: ESMTPSA, UTF8SMTPS... */
 const char *smtp_protocol_name(const struct smtp_session *s);
 
-/* Parsers, exposed for the fuzz target and the tests of the parsers. */
-bool		smtp_utf8_valid(const char *s, size_t len);
-bool		smtp_mailbox_valid(const char *mailbox, bool utf8);
-long		smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen);
+/* The validators and decoders of the syntax are in smtp_syntax.h. */
 
 #endif
