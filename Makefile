@@ -39,7 +39,10 @@ PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 
-UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c))
+UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c \
+                                             daemons/*/tests/test_*.c))
+# Data-driven tests find their data/ beside their source from anywhere.
+TEST_CFLAGS = -DPEPSI_SOURCE_TOP='"$(CURDIR)"'
 TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite
 
 .PHONY: all programs extension install install-programs deps check run stop bench fuzz clean \
@@ -83,17 +86,22 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # libpepsi.  scripts/check.sh runs every build/**/tests/test_* it finds.
 $(B)/common/tests/%: common/tests/%.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(TEST_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
 
 # stages/X/tests/test_Y.c -> stages/X/ (the same spelling as program_dirs,
-# so its objects are the very targets the programs are built from).
-test_stage_dir = $(patsubst %/tests/,%/,$(dir $(1)))
-define stage_test_rule
-$(B)/$(1:.c=): $(1) $(filter-out %/main.o,$(call program_objs,$(call test_stage_dir,$(1)))) $(B)/libpepsi.a
+# so its objects are the very targets the programs are built from), less
+# its main.o.  A daemon's files share its main's globals, so
+# daemons/X/tests/test_Y.c links only daemons/X/Y.o, the file it tests.
+test_program_dir = $(patsubst %/tests/,%/,$(dir $(1)))
+test_objs = $(if $(findstring daemons/,$(1)),\
+	$(B)/$(call test_program_dir,$(1))$(patsubst test_%.c,%.o,$(notdir $(1))),\
+	$(filter-out %/main.o,$(call program_objs,$(call test_program_dir,$(1)))))
+define program_test_rule
+$(B)/$(1:.c=): $(1) $(call test_objs,$(1)) $(B)/libpepsi.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -I$(call test_stage_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(TEST_CFLAGS) -I$(call test_program_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
 endef
-$(foreach t,$(wildcard stages/*/tests/test_*.c),$(eval $(call stage_test_rule,$(t))))
+$(foreach t,$(wildcard stages/*/tests/test_*.c daemons/*/tests/test_*.c),$(eval $(call program_test_rule,$(t))))
 
 # The TAP tests' own stage (t/probe/): built beside the programs so the
 # tests find it in PEPSI_BIN; neither installed nor in the multi-call binary.

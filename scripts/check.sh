@@ -33,8 +33,9 @@ for unit in $units; do
     echo "== unit: ${unit#$top/build/}"
     "$unit" >"$scratch/unit.log" 2>&1
     cat "$scratch/unit.log"
-    ok=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | head -1)
-    bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | head -1)
+    # A binary may run several groups (the data-driven ones run one per data file).
+    ok=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | awk '{n += $1} END {if (NR) print n}')
+    bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | awk '{n += $1} END {if (NR) print n}')
     passed=$((passed + ${ok:-0}))
     failed=$((failed + ${bad:-0}))
     if [ -z "$ok" ] && [ -z "$bad" ]; then
