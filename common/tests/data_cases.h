@@ -138,7 +138,15 @@ data_cases_load(const char *test_source, const char *name, size_t *count)
 	return cases;
 }
 
-/* Run fn once per case (its *state is the struct data_case), as one group. */
+static inline void
+data_cases_free(struct data_case *cases, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		free(cases[i].field[0]);	/* the line's one copy; the fields point into it */
+	free(cases);
+}
+
+/* Run fn once per case (its *state is the struct data_case), as one group; frees cases. */
 static inline int
 data_cases_run(const char *group, struct data_case *cases, size_t count, CMUnitTestFunction fn)
 {
@@ -153,6 +161,7 @@ data_cases_run(const char *group, struct data_case *cases, size_t count, CMUnitT
 	}
 	rc = _cmocka_run_group_tests(group, tests, count, NULL, NULL);
 	free(tests);
+	data_cases_free(cases, count);
 	return rc;
 }
 
