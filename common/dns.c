@@ -18,6 +18,7 @@
 #include <unbound.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 #define DNS_DEFAULT_TIMEOUT_MS 5000
 
@@ -273,7 +274,7 @@ dns_query_finish(struct dns_query *q, struct dns_answer *a)
 }
 
 static void
-dns_unbound_cb(void *arg, int err, struct ub_result *result)
+dns_on_answer(void *arg, int err, struct ub_result *result)
 {
 	struct dns_query *q = arg;
 	struct dns_answer a;
@@ -296,7 +297,7 @@ dns_query_answer(struct dns_query *q, const struct dns_answer *a)
 }
 
 static void
-dns_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+dns_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct dns_query *q = w->data;
 	struct dns_answer a;
@@ -311,7 +312,7 @@ dns_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 static void
-dns_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+dns_on_readable(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct dns_resolver *r = w->data;
 	int			err = ub_process(r->ub);
@@ -327,7 +328,7 @@ dns_start(struct dns_query *q, const char *name, enum dns_type type)
 
 	if (r->ub == NULL)
 		r->backend.start(r->backend.data, q, name, type);
-	else if (ub_resolve_async(r->ub, name, (int) type, 1, q, dns_unbound_cb, &q->async_id) != 0)
+	else if (ub_resolve_async(r->ub, name, (int) type, 1, q, dns_on_answer, &q->async_id) != 0)
 		return false;
 	q->started = true;
 	return true;
@@ -392,7 +393,7 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 		q->refusal = DNS_NXDOMAIN;
 	}
 	/* A refused lookup is answered from the loop all the same: no reentry. */
-	ev_timer_init(&q->timer, dns_timeout_cb, refused ? 0 : timeout, 0);
+	ev_timer_init(&q->timer, dns_on_timeout, refused ? 0 : timeout, 0);
 	q->timer.data = q;
 	r->in_flight++;
 	if (!refused && !dns_start(q, name, type))
@@ -523,7 +524,7 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 	}
 	if (loop)
 	{
-		ev_io_init(&r->io, dns_io_cb, ub_fd(r->ub), EV_READ);
+		ev_io_init(&r->io, dns_on_readable, ub_fd(r->ub), EV_READ);
 		r->io.data = r;
 		ev_io_start(loop, &r->io);
 	}

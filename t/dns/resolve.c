@@ -15,6 +15,7 @@
 #include "dns.h"
 #include "buf.h"
 #include "log.h"
+#include "xalloc.h"
 
 struct lookup
 {
