@@ -18,6 +18,7 @@
 
 #include "aliases.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define LOCAL_ALIASES_RECHECK_SECONDS 1
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "milter.h"
 
 static void

@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 /* SHA-256 through EVP: OpenSSL 3 deprecates the SHA256_* calls. */
 static EVP_MD_CTX *

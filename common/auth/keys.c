@@ -17,6 +17,7 @@
 #include <openssl/x509.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 bool
 sign_algorithm_parse(const char *text, size_t len, enum sign_algorithm *out)

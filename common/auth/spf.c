@@ -22,6 +22,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define SPF_LOOKUP_LIMIT 10		/* RFC 7208 4.6.4 */
 #define SPF_VOID_LIMIT 2
@@ -1063,7 +1064,7 @@ spf_free(struct spf_check *c)
 }
 
 static void
-spf_finish_cb(struct ev_loop *loop, ev_timer *w, int revents)
+spf_on_finish(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct spf_check *c = w->data;
 
@@ -1089,18 +1090,18 @@ spf_conclude(struct spf_check *c, enum spf_result result, const char *fmt, ...)
 	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
 	va_end(ap);
 	c->wait = SPF_WAIT_NOTHING;
-	ev_timer_init(&c->finish_timer, spf_finish_cb, 0, 0);
+	ev_timer_init(&c->finish_timer, spf_on_finish, 0, 0);
 	c->finish_timer.data = c;
 	ev_timer_start(dns_resolver_loop(c->resolver), &c->finish_timer);
 }
 
-static void spf_dns_cb(void *arg, const struct dns_answer *a);
+static void spf_on_answer(void *arg, const struct dns_answer *a);
 
 static void
 spf_lookup(struct spf_check *c, const char *name, enum dns_type type, enum spf_wait wait)
 {
 	c->wait = wait;
-	c->query = dns_resolve(c->resolver, name, type, c->budget, spf_dns_cb, c);
+	c->query = dns_resolve(c->resolver, name, type, c->budget, spf_on_answer, c);
 }
 
 static void
@@ -1469,7 +1470,7 @@ spf_expand_explanation(struct spf_check *c)
 }
 
 static void
-spf_dns_cb(void *arg, const struct dns_answer *a)
+spf_on_answer(void *arg, const struct dns_answer *a)
 {
 	struct spf_check *c = arg;
 	struct spf_frame *f = spf_frame(c);

@@ -151,13 +151,13 @@ refresh_advance(int revents)
 }
 
 static void
-refresh_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+refresh_on_readable(struct ev_loop *loop, ev_io *w, int revents)
 {
 	refresh_advance(revents);
 }
 
 static void
-refresh_tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+refresh_on_tick(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	/* A query still out (a slow server) is left to finish; the next tick tries again. */
 	if (refresh.state == REFRESH_DOWN || refresh.state == REFRESH_IDLE)
@@ -167,8 +167,8 @@ refresh_tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void
 local_refresh_start(double interval)
 {
-	ev_init(&refresh.io, refresh_io_cb);
-	ev_timer_init(&refresh.tick, refresh_tick_cb, 0, interval);
+	ev_init(&refresh.io, refresh_on_readable);
+	ev_timer_init(&refresh.tick, refresh_on_tick, 0, interval);
 	ev_timer_start(ingress.loop, &refresh.tick);
 }
 

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 static bool
 network_parse(const char *text, struct network *n, char *err, size_t errlen)

@@ -39,6 +39,7 @@
 #include "auth/keys.h"
 #include "header.h"
 #include "log.h"
+#include "xalloc.h"
 #include "stage.h"
 
 /* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
@@ -377,5 +378,5 @@ const struct pepsi_stage pepsi_stage_dkim_sign_stage = {
 int
 pepsi_stage_dkim_sign_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_dkim_sign_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_dkim_sign_stage, argc, argv);
 }

@@ -26,6 +26,7 @@
 #include <fcntl.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "milter_stage.h"
 
 enum filter_state

@@ -27,6 +27,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "milter_stage.h"
 #include "stage.h"
 
@@ -605,7 +606,7 @@ const struct pepsi_stage pepsi_stage_milter_stage = {
 int
 pepsi_stage_milter_main(int argc, char **argv)
 {
-	int			rc = stage_worker_main(&pepsi_stage_milter_stage, argc, argv);
+	int			rc = pepsi_worker_main(&pepsi_stage_milter_stage, argc, argv);
 
 	milter_close_filters();
 	return rc;

@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "xalloc.h"
 #include "milter_stage.h"
 
 static void

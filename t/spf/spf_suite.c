@@ -20,6 +20,7 @@
 #include "buf.h"
 #include "dns.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define SUITE_LOOKUP_TIMEOUT 0.05
 

@@ -12,6 +12,7 @@
 
 #include "auth/spf.h"
 #include "log.h"
+#include "xalloc.h"
 
 int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
