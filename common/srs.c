@@ -16,6 +16,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define SRS_MAX_SECRETS 16
 #define SRS_TICKS 1024			/* two base32 characters of days */

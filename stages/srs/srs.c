@@ -111,5 +111,5 @@ const struct pepsi_stage pepsi_stage_srs_stage = {
 int
 pepsi_stage_srs_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_srs_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_srs_stage, argc, argv);
 }
