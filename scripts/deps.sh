@@ -31,6 +31,9 @@ packages=(
     util-linux iproute2
     # SRS tests: Mail::SRS, the reference the format is checked against
     libmail-srs-perl
+    # pepsi-stage-milter's tests: real filters (rspamd's milter proxy,
+    # OpenDKIM signing, a scripted python3-milter one)
+    rspamd opendkim python3-milter
     # benchmarks: pgbench ships in postgresql-15
 )
 

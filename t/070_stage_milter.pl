@@ -44,7 +44,8 @@ sub add_message
 	my $rcpt = join(',', map { PepsiStage::quote_literal($_) } @{ $m{rcpt} // ['rcpt@example.org'] });
 	my $headers = $m{headers} // "From: <$from>\r\nTo: <rcpt\@example.org>\r\nSubject: $m{subject}\r\n";
 	my $state = $m{state} // { origin => { client_ip => '198.51.100.7', helo => 'client.example.net',
-		listener => 'mx', auth => 'alice', esmtp => JSON::PP::true, body => '8BITMIME' } };
+		listener => 'mx', auth => 'alice', esmtp => JSON::PP::true, body => '8BITMIME',
+		tls => { version => 'TLSv1.3', cipher => 'TLS_AES_256_GCM_SHA384', bits => 256 } } };
 	my $id = $node->safe_psql('postgres',
 		    'SELECT pepsi.workqueue_add(' . PepsiStage::quote_literal($from) . ", ARRAY[$rcpt],"
 		  . ' convert_to(' . PepsiStage::quote_literal($headers) . ", 'UTF8'),"
@@ -129,6 +130,9 @@ is($rec->{macros}{'{client_addr}'}, '198.51.100.7', '{client_addr} from state.or
 is($rec->{macros}{'{daemon_name}'}, 'mx', '{daemon_name} is the listener');
 is($rec->{macros}{'{auth_authen}'}, 'alice', '{auth_authen} is the authenticated account');
 is($rec->{macros}{'{mail_addr}'}, 'sender@example.net', '{mail_addr} is the envelope sender');
+is($rec->{macros}{'{tls_version}'}, 'TLSv1.3', '{tls_version} from state.origin.tls');
+is($rec->{macros}{'{cipher}'}, 'TLS_AES_256_GCM_SHA384', '{cipher} from state.origin.tls');
+is($rec->{macros}{'{cipher_bits}'}, '256', '{cipher_bits} from state.origin.tls');
 is_deeply($rec->{rcpt_addr}, [ 'one@example.org', 'two@example.org' ], '{rcpt_addr} per recipient');
 is($rec->{hostaddr}, '198.51.100.7', 'CONNECT carries the client address');
 is($rec->{helo}, 'client.example.net', 'HELO is the client\'s');

@@ -137,10 +137,10 @@ sub start_peer
 
 # A server on a free port: $command->($port, $dir) gives the command line;
 # its output goes to $dir/$name.log.  Returns { pid, dir, port } once a
-# connection to the port succeeds.
+# connection to the port succeeds (within $seconds, 10 by default).
 sub start_server
 {
-	my ($name, $command) = @_;
+	my ($name, $command, $seconds) = @_;
 	my $dir = PostgreSQL::Test::Utils::tempdir();
 	my $port = PostgreSQL::Test::Cluster::get_free_port();
 	my @cmd = $command->($port, $dir);
@@ -159,7 +159,7 @@ sub start_server
 			$s->close if $s;
 			return $s;
 		},
-		10) or die "$name did not start";
+		$seconds // 10) or die "$name did not start";
 	push @started, { pid => $pid, dir => $dir, port => $port };
 	return $started[-1];
 }
