@@ -74,8 +74,11 @@ static const char *const listener_options[] = {
 
 /*
  * Options of overridable sections that are read from the file only: who a
- * process runs as, whose passwords and which networks it trusts, and the
- * paths it reads.  A compromised database must not change them.
+ * process runs as, whose passwords and which networks it trusts, the paths
+ * it reads and where it sends mail.  A compromised database must not change
+ * them (pepsi--0.1--0.2.sql refuses the same rows).  section NULL: any
+ * section; an option ending in "_" stands for every option with that
+ * ending ("_FILE").
  */
 static const struct
 {
@@ -87,9 +90,60 @@ static const struct
 	{"ingress", "GROUP", "whom ingress runs as"},
 	{"ingress", "CREDENTIALS", "whose passwords ingress trusts"},
 	{"ingress", "TRUSTED_NETWORKS", "which clients may relay"},
-	{"pepsi", "ALIASES_FILE", "which file names the local recipients"},
-	{"pepsi", "MAILDIR_ROOT", "where the local mailboxes are"},
+	{NULL, "_FILE", "a path a program reads"},
+	{NULL, "MAILDIR_ROOT", "where mailboxes are written"},
+	{NULL, "SMARTHOST", "where mail is sent"},
+	{NULL, "TLS", "how the next hop is authenticated"},
+	{NULL, "TLS_NAME", "how the next hop is authenticated"},
+	{NULL, "CERTIFICATE", "a path a program reads"},
+	{NULL, "KEY", "a path a program reads"},
+	{NULL, "AUTH_USER", "the credentials used at the next hop"},
 };
+
+/* Why the option is read from the file only, or NULL if the overlay may set it. */
+static const char *
+config_file_only_reason(const char *section, const char *option)
+{
+	size_t		len = strlen(option);
+
+	for (size_t i = 0; i < sizeof(config_file_only) / sizeof(config_file_only[0]); i++)
+	{
+		const char *name = config_file_only[i].option;
+		size_t		n = strlen(name);
+		bool		matches = name[0] == '_' ? len > n && strcmp(option + len - n, name) == 0
+			: strcmp(option, name) == 0;
+
+		if (matches && (config_file_only[i].section == NULL
+						|| strcmp(section, config_file_only[i].section) == 0))
+			return config_file_only[i].why;
+	}
+	return NULL;
+}
+
+/* The first control character of a value (TAB excepted), or NULL. */
+static const char *
+config_control_character(const char *value)
+{
+	for (const char *p = value; *p; p++)
+		if (((unsigned char) *p < 0x20 && *p != '\t') || *p == 0x7f)
+			return p;
+	return NULL;
+}
+
+/*
+ * A PROGRAM from the database is a program's name, never a path: the
+ * dispatcher then runs it only from Pepsi's own program directory.
+ */
+static bool
+config_program_name_valid(const char *value)
+{
+	if (!islower((unsigned char) value[0]) && !isdigit((unsigned char) value[0]))
+		return false;
+	for (const char *p = value; *p; p++)
+		if (!islower((unsigned char) *p) && !isdigit((unsigned char) *p) && !strchr("._+-", *p))
+			return false;
+	return true;
+}
 
 /* A signing key (common/auth/keys.h): file only, so the overlay cannot move it. */
 static const char *const dkim_key_options[] = {
@@ -318,6 +372,12 @@ config_handle(void *user, const char *section, const char *option, const char *v
 						   config_option_name_valid(option) ? "" : " (option names are upper case)");
 		return 0;
 	}
+	if (config_control_character(value))
+	{
+		config_parse_error(p, p->line, "[%s] %s: the value has a control character",
+						   section, option);
+		return 0;
+	}
 	if (config_continue_value(p, section, option, value))
 		return 1;
 	for (size_t i = 0; i < cfg->count; i++)
@@ -410,6 +470,8 @@ bool
 config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
 					const char *option, const char *value, char *err, size_t errlen)
 {
+	const char *why;
+
 	if (!config_section_overridable(section))
 	{
 		snprintf(err, errlen, "override [%s] %s refused: [%s] is never read from the database",
@@ -422,14 +484,25 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 section, option);
 		return false;
 	}
-	for (size_t i = 0; i < sizeof(config_file_only) / sizeof(config_file_only[0]); i++)
-		if (strcmp(section, config_file_only[i].section) == 0
-			&& strcmp(option, config_file_only[i].option) == 0)
-		{
-			snprintf(err, errlen, "override [%s] %s refused: %s is read only from the file",
-					 section, option, config_file_only[i].why);
-			return false;
-		}
+	if ((why = config_file_only_reason(section, option)) != NULL)
+	{
+		snprintf(err, errlen, "override [%s] %s refused: %s is read only from the file",
+				 section, option, why);
+		return false;
+	}
+	if (config_control_character(value))
+	{
+		snprintf(err, errlen, "override [%s] %s refused: the value has a control character",
+				 section, option);
+		return false;
+	}
+	if (strcmp(option, "PROGRAM") == 0 && !config_program_name_valid(value))
+	{
+		snprintf(err, errlen, "override [%s] PROGRAM refused: \"%.200s\" is not a program name "
+				 "(from the database PROGRAM names a program of Pepsi's, never a path)",
+				 section, value);
+		return false;
+	}
 	if (strcmp(scope, "global") != 0
 		&& !(strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
 		&& !(strncmp(scope, "address:", 8) == 0 && scope[8] != '\0'))

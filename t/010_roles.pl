@@ -108,7 +108,7 @@ is( may('relay', 'read the configuration overlay',
 	'5s',
 	'the stage reads the override');
 may('relay', 'read per-address settings', 'SELECT count(*) FROM pepsi.settings');
-may('relay', 'append to the audit log',
+may_not('relay', 'append to the audit log directly',
 	"INSERT INTO pepsi.event_log (action) VALUES ('stage_note')");
 may('relay', 'update the statistics',
 	"INSERT INTO pepsi.stage_stats (stage, messages) VALUES ('relay', 1)");
@@ -189,19 +189,39 @@ is(may('admin', 'read an override', "SELECT pepsi.config_get('global', 'dispatch
 	'10s', 'the replaced value is in force');
 may('admin', 'remove an override',
 	"SELECT pepsi.config_unset('domain:example.org', 'stage-relay', 'MAX_LIFETIME')");
-may('admin', 'write config_override directly',
-	"INSERT INTO pepsi.config_override (scope, section, option, value)"
-	  . " VALUES ('global', 'stage-filter', 'SPAM_SCORE', '6');"
-	  . " UPDATE pepsi.config_override SET value = '7' WHERE option = 'SPAM_SCORE';"
-	  . " DELETE FROM pepsi.config_override WHERE option = 'SPAM_SCORE'");
+# Only through the audited functions: no role writes the overlay or the
+# audit log directly, so neither can be changed without a true record.
+for my $role (qw(relay smtpd admin grafana nobody))
+{
+	may_not($role, 'insert into config_override directly',
+		"INSERT INTO pepsi.config_override (scope, section, option, value)"
+		  . " VALUES ('global', 'stage-filter', 'SPAM_SCORE', '6')");
+	may_not($role, 'update config_override directly',
+		"UPDATE pepsi.config_override SET value = '7'");
+	may_not($role, 'delete from config_override directly', 'DELETE FROM pepsi.config_override');
+	may_not($role, 'insert into the audit log directly',
+		"INSERT INTO pepsi.event_log (principal, action) VALUES ('someone_else', 'forged')");
+	may_not($role, 'write the audit log through event_log_write',
+		"SELECT pepsi.event_log_write('forged', '{}')");
+}
+is(superuser("SELECT updated_by FROM pepsi.config_override WHERE option = 'POLL_INTERVAL'"),
+	'admin', 'config_set records its caller as updated_by, though it runs as the owner');
 may('admin', 'write settings',
 	"INSERT INTO pepsi.settings VALUES ('bob\@example.org', 'VACATION', 'on')");
 may_not(
 	'admin',
-	'override [database] even with its write access',
-	"INSERT INTO pepsi.config_override (scope, section, option, value)"
-	  . " VALUES ('global', 'database', 'CONNINFO', 'host=evil.example')",
-	qr/violates check constraint/);
+	'override [database]',
+	"SELECT pepsi.config_set('global', 'database', 'CONNINFO', 'host=evil.example')",
+	qr/cannot be overridden/);
+may_not('admin', 'point the smarthost elsewhere',
+	"SELECT pepsi.config_set('global', 'stage-smarthost', 'SMARTHOST', 'evil.example:25')",
+	qr/option SMARTHOST of \[stage-smarthost\] cannot be overridden/);
+may_not('admin', 'name a file to read',
+	"SELECT pepsi.config_set('global', 'stage-smarthost', 'AUTH_PASSWORD_FILE', '/etc/shadow')",
+	qr/cannot be overridden/);
+may_not('admin', 'run a program by its path',
+	"SELECT pepsi.config_set('global', 'stage-smarthost', 'PROGRAM', '/bin/sh')",
+	qr/PROGRAM/);
 may('admin', 'read the queue, the views and the audit log',
 	'SELECT count(*) FROM pepsi.workqueue; SELECT * FROM pepsi.queue_summary;'
 	  . ' SELECT * FROM pepsi.queue_shape; SELECT * FROM pepsi.queue_senders;'

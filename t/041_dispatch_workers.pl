@@ -196,12 +196,34 @@ is(scalar_query($node, "SELECT status FROM pepsi.workqueue WHERE id = $missing")
 	'pending', 'missing PROGRAM: its row waits, pending');
 isnt(warm_worker(), '', 'missing PROGRAM: meanwhile stage w still works');
 
-# Pointing the stage at a program that exists (an override) brings it back.
+# The database cannot make the dispatcher run a program by its path, even
+# a database whose guards a superuser dropped: the dispatcher refuses the
+# override, says why, and keeps the graph it runs.
 $node->safe_psql($db,
-	"INSERT INTO pepsi.config_override (scope, section, option, value)"
+	"ALTER TABLE pepsi.config_override DROP CONSTRAINT config_override_program_name;"
+	  . " ALTER TABLE pepsi.config_override DISABLE TRIGGER config_override_guard;"
+	  . " INSERT INTO pepsi.config_override (scope, section, option, value)"
 	  . " VALUES ('global', 'stage-missing', 'PROGRAM', '$program')");
-ok(poll_until(sub { logged_by($missing) ne '' }),
-	'once PROGRAM is fixed by an override the row goes through at once');
+ok(poll_until(sub { dispatcher_log($d) =~ /configuration not reloaded/ }),
+	'a PROGRAM path in the database is refused');
+like(dispatcher_log($d),
+	qr/configuration not reloaded: override \[stage-missing\] PROGRAM refused: "\Q$program\E" is not a program name/,
+	'with a clear message');
+isnt(warm_worker(), '', 'the running graph keeps working');
+is(logged_by($missing), '', 'and the program named by its path never ran');
+
+# A program of Pepsi's, named by the override, brings the stage back.
+$node->safe_psql($db,
+	"DELETE FROM pepsi.config_override;"
+	  . " INSERT INTO pepsi.config_override (scope, section, option, value)"
+	  . " VALUES ('global', 'stage-missing', 'PROGRAM', 'pepsi-test-probe'),"
+	  . " ('global', 'stage-missing', 'ACTION', 'pause')");
+ok( poll_until(
+		sub {
+			scalar_query($node, "SELECT state->>'probe' FROM pepsi.workqueue WHERE id = $missing") eq
+			  'pause';
+		}),
+	'once PROGRAM names a program of Pepsi\'s the row goes through at once');
 
 #
 # A program that exits before reading its input (as one refusing its

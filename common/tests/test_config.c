@@ -121,6 +121,13 @@ test_unknown_section(void **state)
 }
 
 static void
+test_control_character(void **state)
+{
+	parse_refused("[pepsi]\nHOSTNAME = a\x1b[2Jb\n", "pepsi.conf:2: ",
+				  "[pepsi] HOSTNAME: the value has a control character");
+}
+
+static void
 test_unknown_option(void **state)
 {
 	parse_refused("[pepsi]\nHOSTNAME = a\nCONNINFO = dbname=x\n",
@@ -429,6 +436,21 @@ test_overlay_refusals(void **state)
 	assert_non_null(strstr(err, "bad scope"));
 	assert_false(config_add_override(cfg, "domain:", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "address:", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
+	/* The database cannot run code or redirect mail. */
+	assert_false(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "/bin/sh", err, sizeof(err)));
+	assert_non_null(strstr(err, "PROGRAM refused: \"/bin/sh\" is not a program name"));
+	assert_false(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "../x", err, sizeof(err)));
+	assert_true(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "pepsi-stage-discard",
+									err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "stage-relay", "SMARTHOST", "evil.example", err, sizeof(err)));
+	assert_non_null(strstr(err, "where mail is sent is read only from the file"));
+	assert_false(config_add_override(cfg, "domain:a.example", "stage-relay", "AUTH_PASSWORD_FILE", "/etc/shadow",
+									 err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "stage-box", "MAILDIR_ROOT", "/tmp", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "stage-relay", "TLS", "none", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "ingress", "TRUSTED_NETWORKS", "0.0.0.0/0", err, sizeof(err)));
+	assert_false(config_add_override(cfg, "global", "pepsi", "HOSTNAME", "a\r\nb", err, sizeof(err)));
+	assert_non_null(strstr(err, "control character"));
 	/* Nothing refused has changed a value. */
 	assert_string_equal(config_get(cfg, "database", "CONNINFO"), "dbname=pepsi");
 	assert_string_equal(config_get_for(cfg, "listener-smtp", "PORT", NULL, "a@b"), "25");
@@ -443,6 +465,7 @@ main(void)
 		cmocka_unit_test(test_accepts_every_section_kind),
 		cmocka_unit_test(test_schema_lookups),
 		cmocka_unit_test(test_unknown_section),
+		cmocka_unit_test(test_control_character),
 		cmocka_unit_test(test_unknown_option),
 		cmocka_unit_test(test_lower_case_option),
 		cmocka_unit_test(test_set_twice),

@@ -96,9 +96,12 @@ pools_inflight(void)
  * ------------------------------------------------------------------------- */
 
 /*
- * What to exec for PROGRAM: a path as given; else, when this is the
+ * What to exec for PROGRAM: a path as given (only the file can give one:
+ * config.c refuses a path from the database); else, when this is the
  * multi-call binary, this binary itself under the program's name (so the
- * workers can fuse stages); else the program beside this binary; else PATH.
+ * workers can fuse stages); else the program beside this binary, Pepsi's
+ * program directory.  Never a search of PATH: a name must not reach a
+ * program Pepsi did not install.  NULL if there is none.
  */
 static char *
 worker_executable(const char *program, bool *as_self)
@@ -124,7 +127,7 @@ worker_executable(const char *program, bool *as_self)
 	if (access(candidate, X_OK) == 0)
 		return candidate;
 	free(candidate);
-	return NULL;				/* execvp searches PATH */
+	return NULL;
 }
 
 static void worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents);
@@ -146,6 +149,13 @@ worker_spawn(struct pool *pool)
 	ssize_t		n;
 
 	program_name = program_name ? program_name + 1 : pool->spec.program;
+	if (exe == NULL)
+	{
+		log_warnx("stage %s: PROGRAM %s is not in Pepsi's program directory (beside %s); "
+				  "holding the stage off for %.1f s", pool->spec.name, pool->spec.program,
+				  dispatcher.self_exe, dispatcher.spawn_cooldown);
+		goto err;
+	}
 	if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0
 		|| pipe2(exec_pipe, O_CLOEXEC) != 0)
 	{
@@ -169,10 +179,7 @@ worker_spawn(struct pool *pool)
 		argv[4] = NULL;
 		dup2(in_pipe[0], 0);
 		dup2(out_pipe[1], 1);
-		if (exe)
-			execv(exe, argv);
-		else
-			execvp(program_name, argv);
+		execv(exe, argv);
 		exec_errno = errno;
 		(void) !write(exec_pipe[1], &exec_errno, sizeof(exec_errno));
 		_exit(127);

@@ -285,3 +285,79 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('virtual_mailbox_add'), ('virtual
 SELECT pepsi.grant_apply();
 
 -- end of local recipients: virtual mailboxes
+
+-- ===========================================================================
+-- The database cannot run code or redirect mail
+--
+-- An override of pepsi.conf is one line of text; PROGRAM is a program's
+-- name (the dispatcher runs it from Pepsi's own program directory, never
+-- a path); the options that name a path, where mail goes or how the next
+-- hop is authenticated are read from the file only (common/config.c
+-- refuses the same rows whatever the database holds).  The constraints are
+-- NOT VALID so that the update succeeds on a database holding such a row;
+-- the programs refuse it.
+--
+-- The configuration and the audit log are written only through audited
+-- SECURITY DEFINER functions: no group role writes config_override or
+-- inserts into event_log directly, and both record the caller
+-- (pepsi.event_principal(), the role outside any definer function), so
+-- the audit trail cannot be forged.
+-- ===========================================================================
+
+ALTER TABLE pepsi.config_override
+    ADD CONSTRAINT config_override_one_line CHECK (value !~ '[\x01-\x08\x0a-\x1f\x7f]') NOT VALID,
+    ADD CONSTRAINT config_override_program_name
+        CHECK (option <> 'PROGRAM' OR value ~ '^[a-z0-9][a-z0-9._+-]*$') NOT VALID,
+    ADD CONSTRAINT config_override_file_only
+        CHECK (option !~ '_FILE$'
+               AND option NOT IN ('MAILDIR_ROOT', 'SMARTHOST', 'TLS', 'TLS_NAME', 'CERTIFICATE', 'KEY',
+                                  'AUTH_USER')
+               AND NOT (section = 'ingress' AND option = 'TRUSTED_NETWORKS')) NOT VALID;
+
+-- The refusal config_set (and a superuser's INSERT) gets, before the constraint would.
+CREATE FUNCTION pepsi.config_override_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    -- (inline: a trigger runs with the writer's rights, which need no other function)
+    why text := CASE
+        WHEN NEW.option ~ '_FILE$' OR NEW.option IN ('MAILDIR_ROOT', 'CERTIFICATE', 'KEY')
+            THEN 'It names a path a program reads.'
+        WHEN NEW.option IN ('SMARTHOST', 'TLS', 'TLS_NAME', 'AUTH_USER')
+            THEN 'It decides where mail is sent or how the next hop is authenticated.'
+        WHEN NEW.section = 'ingress' AND NEW.option = 'TRUSTED_NETWORKS'
+            THEN 'It decides which clients may relay.'
+    END;
+BEGIN
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'option % of [%] cannot be overridden', NEW.option, NEW.section
+            USING ERRCODE = 'cant_change_runtime_param',
+                  DETAIL = why || ' It is read from pepsi.conf only, so that a compromised database cannot change it.',
+                  HINT = 'Change it in pepsi.conf.';
+    END IF;
+    IF NEW.option = 'PROGRAM' AND NEW.value !~ '^[a-z0-9][a-z0-9._+-]*$' THEN
+        RAISE EXCEPTION 'invalid value for PROGRAM in [%]', NEW.section
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'From the database PROGRAM names a program of Pepsi''s (lower-case letters, digits, ".", "_", "+" and "-"), never a path.';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER config_override_guard
+    BEFORE INSERT OR UPDATE ON pepsi.config_override
+    FOR EACH ROW EXECUTE FUNCTION pepsi.config_override_guard();
+
+-- The principal is the caller even inside the definer functions.
+ALTER TABLE pepsi.config_override ALTER COLUMN updated_by SET DEFAULT pepsi.event_principal();
+ALTER TABLE pepsi.event_log ALTER COLUMN principal SET DEFAULT pepsi.event_principal();
+
+UPDATE pepsi.grant_rule SET privileges = '{SELECT}'
+WHERE role = 'pepsi_config' AND object_kind = 'table' AND object_name IN ('config_override', 'event_log');
+DELETE FROM pepsi.grant_rule
+WHERE (role = 'pepsi_stage' AND object_kind = 'table' AND object_name = 'event_log')
+   OR (object_kind = 'function' AND object_name = 'event_log_write');
+INSERT INTO pepsi.grant_owner (name) VALUES ('event_log_write'), ('config_override_guard');
+INSERT INTO pepsi.grant_definer (name) VALUES ('config_set'), ('config_unset');
+
+SELECT pepsi.grant_apply();
+
+-- end of the database cannot run code or redirect mail
