@@ -319,19 +319,42 @@ canon_without_b_value(const char *field, size_t len, struct buf *out)
 	}
 }
 
+/* Hash the listed fields, then the signature field without its b= value and final CRLF. */
 void
-canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
+canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n,
 				  const char *signature, size_t signature_len, unsigned char hash[CANON_HASH_LEN])
 {
 	EVP_MD_CTX *sha = canon_sha256_begin();
 	struct buf	canon = BUF_INIT;
 	struct buf	stripped = BUF_INIT;
 
+	for (size_t i = 0; i < n; i++)
+	{
+		buf_reset(&canon);
+		canon_header(c, list[i]->start, list[i]->len, &canon);
+		EVP_DigestUpdate(sha, canon.data, canon.len);
+	}
+	canon_without_b_value(signature, signature_len, &stripped);
+	buf_reset(&canon);
+	canon_header(c, stripped.data, stripped.len, &canon);
+	EVP_DigestUpdate(sha, canon.data, canon.len - 2);	/* without the final CRLF */
+	canon_sha256_end(sha, hash);
+	buf_free(&canon);
+	buf_free(&stripped);
+}
+
+void
+canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
+				  const char *signature, size_t signature_len, unsigned char hash[CANON_HASH_LEN])
+{
+	const struct header_field **list = xcalloc(fields->count + 1, sizeof(*list));
+	size_t		n = 0;
+
 	for (const char *p = names; *p;)
 	{
-		size_t		n = strcspn(p, ":");
+		size_t		len = strcspn(p, ":");
 		const char *name = p;
-		size_t		name_len = n;
+		size_t		name_len = len;
 
 		while (name_len > 0 && isspace((unsigned char) *name))
 			name++, name_len--;
@@ -344,23 +367,16 @@ canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 			if (!f->used && header_field_named(f, name, name_len))
 			{
 				f->used = true;
-				buf_reset(&canon);
-				canon_header(c, f->start, f->len, &canon);
-				EVP_DigestUpdate(sha, canon.data, canon.len);
+				list[n++] = f;
 				break;
 			}
 		}
-		p += n;
+		p += len;
 		if (*p == ':')
 			p++;
 	}
-	canon_without_b_value(signature, signature_len, &stripped);
-	buf_reset(&canon);
-	canon_header(c, stripped.data, stripped.len, &canon);
-	EVP_DigestUpdate(sha, canon.data, canon.len - 2);	/* without the final CRLF */
-	canon_sha256_end(sha, hash);
-	buf_free(&canon);
-	buf_free(&stripped);
+	canon_hash_fields(c, list, n, signature, signature_len, hash);
+	free(list);
 }
 
 bool

@@ -83,6 +83,14 @@ void		canon_body_hash(enum canon c, const char *body, size_t len,
 void		canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 							  const char *signature, size_t signature_len,
 							  unsigned char hash[CANON_HASH_LEN]);
+/*
+ * The same hash over fields given in order (the ARC-Seal's, chosen by
+ * instance rather than by name): each in canonical form, then the
+ * signature field as above.
+ */
+void		canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n,
+							  const char *signature, size_t signature_len,
+							  unsigned char hash[CANON_HASH_LEN]);
 /* Clear the used flags, for the next signature over the same fields. */
 void		header_fields_reset(struct header_fields *fields);
 
