@@ -9,6 +9,7 @@
 
 #include "auth/dkim_sign.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define ARC_MAX_TAGS 32
 #define ARC_AMS_DEFAULT_HEADERS DKIM_DEFAULT_HEADERS ":dkim-signature"

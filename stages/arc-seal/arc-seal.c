@@ -320,5 +320,5 @@ const struct pepsi_stage pepsi_stage_arc_seal_stage = {
 int
 pepsi_stage_arc_seal_main(int argc, char **argv)
 {
-	return stage_worker_main(&pepsi_stage_arc_seal_stage, argc, argv);
+	return pepsi_worker_main(&pepsi_stage_arc_seal_stage, argc, argv);
 }
