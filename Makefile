@@ -27,7 +27,7 @@ PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
                -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
 # libunbound runs its thread on libevent, and libev exports libevent's names too
 # (event_set...): libevent must come first so libunbound binds to the real one.
-LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lssl -lcrypto -lcrypt -lm
+LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lssl -lcrypto -lcrypt -lm
 
 B = build
 COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c common/auth/*.c))
@@ -171,7 +171,7 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_syntax.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c \
                      common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
-                     common/aliases.c common/config.c \
+                     common/aliases.c common/config.c common/auth/results.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \

@@ -61,7 +61,7 @@ static const char *const dispatch_options[] = {
 static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
 	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", "TRUSTED_NETWORKS",
-	"LOCAL_RECIPIENTS_REFRESH", NULL
+	"LOCAL_RECIPIENTS_REFRESH", "DNS_MESSAGE_BUDGET", NULL
 };
 static const char *const sendmail_options[] = {
 	"INIT_STAGE", NULL
@@ -69,7 +69,8 @@ static const char *const sendmail_options[] = {
 static const char *const listener_options[] = {
 	"ADDRESS", "PORT", "MODE", "CERTIFICATE", "KEY", "MAX_SIZE", "MAX_RECIPIENTS",
 	"MAX_LINE_LENGTH", "MAX_SESSIONS", "MAX_SESSIONS_PER_CLIENT", "IDLE_TIMEOUT",
-	"MAX_ERRORS", "COMMAND_RATE", "TRUSTED_NETWORKS", NULL
+	"MAX_ERRORS", "COMMAND_RATE", "TRUSTED_NETWORKS",
+	"MESSAGE_AUTHENTICATION", "SPF_FAIL", "DMARC_POLICY", NULL
 };
 
 /*

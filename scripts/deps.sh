@@ -34,6 +34,10 @@ packages=(
     # pepsi-stage-milter's tests: real filters (rspamd's milter proxy,
     # OpenDKIM signing, a scripted python3-milter one)
     rspamd opendkim python3-milter
+    # the ingress tests: Ed25519 keys for python3-dkim, Net::DNS for Mail::DKIM
+    python3-nacl libnet-dns-perl
+    # the public suffix list libpsl reads for DMARC's organizational domain
+    publicsuffix
     # benchmarks: pgbench ships in postgresql-15
 )
 

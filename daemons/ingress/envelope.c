@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "auth/results.h"
 #include "log.h"
 #include "xalloc.h"
 #include "message.h"
@@ -22,8 +23,9 @@ envelope_received(const struct smtp_session *s, const struct envelope_origin *o,
 
 	localtime_r(&o->now, &tm);
 	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);
-	buf_printf(h, "Received: from %s ([%s])\r\n\tby %s (Pepsi) with %s id %s",
-			   s->helo ? s->helo : "unknown", o->client_ip, o->hostname,
+	buf_printf(h, "Received: from %s (%s%s[%s])\r\n\tby %s (Pepsi) with %s id %s",
+			   s->helo ? s->helo : "unknown", o->client_name ? o->client_name : "",
+			   o->client_name ? " " : "", o->client_ip, o->hostname,
 			   smtp_protocol_name(s), o->transaction_id);
 	if (s->tls)
 		buf_printf(h, "\r\n\t(version=%s cipher=%s bits=%d)",
@@ -35,21 +37,30 @@ envelope_received(const struct smtp_session *s, const struct envelope_origin *o,
 }
 
 /*
- * RFC 8601.  SPF, DKIM and DMARC are not checked here yet, so they say
- * "none"; the stages that will check them rewrite this header.
+ * state.auth: what the host found (verify.c), or, where it checked
+ * nothing, none for each method; SMTP AUTH is the protocol's to say.
  */
-static void
-envelope_authentication_results(const struct smtp_session *s, const struct envelope_origin *o,
-								struct buf *h)
+static json_t *
+envelope_auth(const struct smtp_session *s, const struct envelope_origin *o)
 {
-	buf_printf(h, "Authentication-Results: %s;\r\n", o->authserv_id);
-	if (s->auth_account)
-		buf_printf(h, "\tauth=pass smtp.auth=%s;\r\n", s->auth_account);
-	if (s->mail_from[0])
-		buf_printf(h, "\tspf=none smtp.mailfrom=%s;\r\n", s->mail_from);
+	json_t	   *auth;
+
+	if (o->auth)
+		auth = json_deep_copy(o->auth);
 	else
-		buf_printf(h, "\tspf=none smtp.helo=%s;\r\n", s->helo ? s->helo : "unknown");
-	buf_append_str(h, "\tdkim=none;\r\n\tdmarc=none\r\n");
+	{
+		auth = json_object();
+		if (s->mail_from[0])
+			json_object_set_new(auth, "spf", auth_result("none", "smtp.mailfrom", s->mail_from));
+		else
+			json_object_set_new(auth, "spf", auth_result("none", "smtp.helo",
+														 s->helo ? s->helo : "unknown"));
+		json_object_set_new(auth, "dkim", json_array());
+		json_object_set_new(auth, "dmarc", auth_result("none", NULL, NULL));
+	}
+	if (s->auth_account)
+		json_object_set_new(auth, "auth", auth_result("pass", "smtp.auth", s->auth_account));
+	return auth;
 }
 
 static char *
@@ -76,7 +87,7 @@ envelope_rcpt_array(const struct smtp_session *s)
 }
 
 static char *
-envelope_state(const struct smtp_session *s, const struct envelope_origin *o)
+envelope_state(const struct smtp_session *s, const struct envelope_origin *o, json_t *auth)
 {
 	json_t	   *tls = json_null();
 	json_t	   *rcpt = json_array();
@@ -106,7 +117,13 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o)
 					  "envid", s->envid,
 					  "rcpt", rcpt);
 	if (state == NULL)
+	{
+		json_decref(auth);
 		return NULL;			/* json_pack took the references either way */
+	}
+	json_object_set_new(state, "auth", auth);
+	if (o->iprev)
+		json_object_set_new(json_object_get(state, "origin"), "iprev", json_deep_copy(o->iprev));
 	text = json_dumps(state, JSON_COMPACT);
 	json_decref(state);
 	return text;
@@ -118,6 +135,7 @@ envelope_build(const struct smtp_session *s, const struct envelope_origin *o, st
 	const char *raw = s->message.data ? s->message.data : "";
 	size_t		len = s->message.len;
 	struct buf	headers = BUF_INIT;
+	json_t	   *auth;
 
 	memset(e, 0, sizeof(*e));
 	message_split(raw, len, &headers, &e->body);
@@ -141,8 +159,9 @@ envelope_build(const struct smtp_session *s, const struct envelope_origin *o, st
 		if (headers.len < len)
 			buf_append(&e->body, raw + headers.len + 2, len - headers.len - 2);
 	}
+	auth = envelope_auth(s, o);
 	envelope_received(s, o, &e->headers);
-	envelope_authentication_results(s, o, &e->headers);
+	auth_results_header(&e->headers, o->authserv_id, auth);
 	buf_append(&e->headers, headers.data, headers.len);
 	buf_free(&headers);
 	if (e->body.data == NULL)
@@ -151,7 +170,7 @@ envelope_build(const struct smtp_session *s, const struct envelope_origin *o, st
 	e->rcpt_array = envelope_rcpt_array(s);
 	e->client_ip = xstrdup(o->client_ip);
 	e->auth_account = s->auth_account ? xstrdup(s->auth_account) : NULL;
-	e->state = envelope_state(s, o);
+	e->state = envelope_state(s, o, auth);
 	if (e->state == NULL)
 	{
 		/* Cannot happen: every string was checked to be UTF-8. */

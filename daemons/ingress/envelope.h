@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "buf.h"
 #include "smtp.h"
 
@@ -23,6 +25,9 @@ struct envelope_origin
 	const char *authserv_id;
 	const char *transaction_id;	/* "id" in Received, and the logs */
 	time_t		now;
+	const char *client_name;	/* forward-confirmed (iprev) name, or NULL */
+	const json_t *auth;			/* state.auth, from which Authentication-Results is written */
+	const json_t *iprev;		/* state.origin.iprev, or NULL */
 };
 
 struct envelope

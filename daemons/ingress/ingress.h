@@ -19,6 +19,7 @@
 #include "local.h"
 #include "relay_control.h"
 #include "smtp.h"
+#include "verify.h"
 
 enum listener_mode
 {
@@ -36,6 +37,7 @@ struct listener
 	SSL_CTX    *tls;			/* NULL without CERTIFICATE */
 	struct smtp_policy policy;
 	struct trusted_networks trusted;	/* TRUSTED_NETWORKS: may relay without AUTH */
+	struct verify_policy verify;	/* message authentication (verify.h) */
 	double		idle_timeout;	/* seconds */
 	size_t		max_sessions;
 	size_t		max_sessions_per_client;
@@ -72,6 +74,8 @@ int			srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size)
 void		session_accept(struct listener *l, int fd, const struct sockaddr *addr);
 /* policy.rcpt_check of every listener: relay control and recipient validation. */
 enum smtp_rcpt_verdict session_rcpt_check(const struct smtp_session *smtp, const char *address);
+/* policy.mail_accepted of every listener: SPF starts. */
+void		session_mail_accepted(const struct smtp_session *smtp);
 /* Stop: 421 to every session not waiting for the database. */
 void		session_shutdown_all(void);
 

@@ -221,6 +221,13 @@ listener_open(const char *section)
 	listener_trusted_networks(l, section);
 	l->policy.rcpt_check = session_rcpt_check;
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
+	l->policy.mail_accepted = session_mail_accepted;
+	{
+		char		err[1024];
+
+		if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
+			fatalx("%s", err);
+	}
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
 	l->policy.auth = ingress.credentials != NULL;
 	l->policy.auth_required = l->mode != LISTENER_SMTP;
@@ -413,6 +420,7 @@ pepsi_ingress_main(int argc, char **argv)
 
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
+	verify_init(ingress.loop, ingress.cfg);
 	if (local_resolver_uses_virtual(ingress.local_recipients))
 		local_refresh_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
@@ -428,6 +436,7 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_run(ingress.loop, 0);
 
 	admit_shutdown();
+	verify_shutdown();
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);
 	credentials_free(ingress.credentials);

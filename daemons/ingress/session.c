@@ -59,6 +59,7 @@ struct session
 	ev_tstamp	last_command;
 	struct buf	in;				/* input not yet used: a partial line, or after an event */
 	struct admission *admission;
+	struct verify *verify;		/* message authentication; NULL when the listener has it off */
 	bool		trusted;		/* the client is in TRUSTED_NETWORKS */
 	unsigned	transactions;
 	struct session *prev;
@@ -124,6 +125,7 @@ session_close(struct session *s)
 	ev_timer_stop(ingress.loop, &s->timer);
 	if (s->admission)
 		admit_detach(s->admission);
+	verify_free(s->verify);
 	if (s->ssl)
 	{
 		SSL_set_quiet_shutdown(s->ssl, 1);
@@ -299,11 +301,13 @@ session_admitted(void *arg, bool ok, long long id)
 		session_update(s);
 }
 
+/* Store the transaction (or refuse it); the findings of verify.c, if any, go with it. */
 static void
-session_admit(struct session *s)
+session_store(struct session *s)
 {
 	struct envelope e;
 	struct envelope_origin origin;
+	struct verify_findings findings = {0};
 	char		transaction_id[32];
 	const char *refusal;
 
@@ -315,6 +319,17 @@ session_admit(struct session *s)
 	origin.authserv_id = ingress.authserv_id;
 	origin.transaction_id = transaction_id;
 	origin.now = time(NULL);
+	if (s->verify)
+		verify_findings(s->verify, &findings);
+	origin.client_name = findings.client_name;
+	origin.auth = findings.auth;
+	origin.iprev = findings.iprev;
+	if (findings.refusal)
+	{
+		log_info("%s: from=<%s> refused: %s", s->client->ip, s->smtp.mail_from, findings.refusal);
+		smtp_admit_refused(&s->smtp, findings.refusal);
+		return;
+	}
 	if ((refusal = envelope_build(&s->smtp, &origin, &e)) != NULL || !admit_available())
 	{
 		if (refusal == NULL)
@@ -330,6 +345,39 @@ session_admit(struct session *s)
 	/* The database has it now: the client's silence is not its fault. */
 	ev_timer_stop(ingress.loop, &s->timer);
 	s->admission = admit_submit(&e, session_admitted, s);
+}
+
+/* verify.c has every verdict: store, and go on with the session as session_admitted does. */
+static void
+session_verified(void *arg)
+{
+	struct session *s = arg;
+
+	session_store(s);
+	if (s->smtp.event != SMTP_EVENT_NONE)
+		return;					/* the database has it now */
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+/* The content is in: authenticate it first where the listener says so. */
+static void
+session_admit(struct session *s)
+{
+	if (s->verify == NULL)
+	{
+		session_store(s);
+		return;
+	}
+	verify_message(s->verify, &s->smtp, session_verified, s);
+}
+
+void
+session_mail_accepted(const struct smtp_session *smtp)
+{
+	struct session *s = smtp->host;
+
+	verify_mail(s->verify, smtp->helo, smtp->mail_from);
 }
 
 /* Feed input to the protocol; returns how much of it was used. */
@@ -628,6 +676,7 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->fd = fd;
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
+	s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;

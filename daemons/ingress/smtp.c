@@ -356,6 +356,8 @@ smtp_cmd_mail(struct smtp_session *s, char *arg)
 	}
 	s->mail_from = xstrdup(path);
 	s->state = SMTP_STATE_MAIL;
+	if (s->policy->mail_accepted)
+		s->policy->mail_accepted(s);
 	smtp_reply(s, "250 2.1.0 Sender ok");
 }
 

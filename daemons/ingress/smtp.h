@@ -45,6 +45,8 @@ struct smtp_policy
 	bool		starttls;		/* a certificate is configured */
 	bool		auth;			/* credentials are configured */
 	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
+	/* Told of each MAIL accepted (message authentication starts there); may be NULL. */
+	void		(*mail_accepted) (const struct smtp_session *s);
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
 	enum smtp_rcpt_verdict (*rcpt_check) (const struct smtp_session *s, const char *address);
 	/*

@@ -1,0 +1,601 @@
+/*
+ * verify.c: see verify.h.  A session's struct verify holds its checks in
+ * flight; each check's callback records its verdict and asks whether the
+ * message is complete (verify_settle).  Nothing here blocks: a check that
+ * never hears from the DNS ends by its lookup timeout or the message's
+ * budget, with a temperror, and the message is still taken.
+ */
+#include "verify.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth/dkim_verify.h"
+#include "auth/dmarc.h"
+#include "auth/results.h"
+#include "auth/spf.h"
+#include "dns.h"
+#include "log.h"
+
+#define VERIFY_DEFAULT_BUDGET_MS 20000
+/* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
+#define VERIFY_BUDGET_LOOKUPS 300
+#define VERIFY_IPREV_NAMES 10
+
+enum verify_iprev_step
+{
+	VERIFY_IPREV_PTR,			/* the client's names */
+	VERIFY_IPREV_FORWARD,		/* one name's addresses */
+	VERIFY_IPREV_DONE
+};
+
+struct verify_spf
+{
+	struct spf_check *check;
+	bool		done;
+	enum spf_result result;
+	char	   *reason;
+	char	   *explanation;
+};
+
+struct verify
+{
+	const struct verify_policy *policy;
+	char	   *client_ip;
+	char	   *hostname;
+
+	/* iprev (RFC 8601 3): PTR, then a forward lookup per name */
+	enum verify_iprev_step iprev_step;
+	struct dns_query *iprev_query;
+	struct dns_budget iprev_budget;
+	char	   *iprev_names[VERIFY_IPREV_NAMES];
+	size_t		iprev_count;
+	size_t		iprev_index;
+	bool		iprev_forward_error;
+	const char *iprev_result;
+	char	   *iprev_name;
+
+	/* The transaction */
+	struct dns_budget mail_budget;	/* SPF, from MAIL on */
+	struct dns_budget message_budget;	/* DKIM and DMARC, from the end of DATA */
+	char	   *mail_from;
+	char	   *helo;
+	struct verify_spf spf_mail;
+	struct verify_spf spf_helo;
+	struct dkim_verify *dkim;
+	bool		dkim_done;
+	struct dmarc_check *dmarc;
+	char	   *from_domain;
+	const char *from_problem;
+	bool		dmarc_done;
+
+	/* The message waiting for all of them */
+	bool		waiting;
+	verify_done_fn done;
+	void	   *arg;
+	ev_timer	settle_timer;
+	json_t	   *auth;
+	json_t	   *iprev_state;
+	char	   *refusal;
+};
+
+static struct
+{
+	struct ev_loop *loop;
+	struct dns_resolver *resolver;
+	double		budget;			/* seconds */
+}			verify_global;
+
+/*
+ * Options
+ */
+
+void
+verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
+{
+	struct dns_config dc;
+	char		err[1024];
+	long		budget_ms;
+
+	verify_global.loop = loop;
+	if (!dns_config_load(cfg, &dc, err, sizeof(err)))
+		fatalx("%s", err);
+	if (!config_get_duration_ms(cfg, "ingress", "DNS_MESSAGE_BUDGET", VERIFY_DEFAULT_BUDGET_MS, 100,
+								&budget_ms, err, sizeof(err)))
+		fatalx("%s", err);
+	verify_global.budget = budget_ms / 1000.0;
+	if ((verify_global.resolver = dns_resolver_new(loop, &dc, err, sizeof(err))) == NULL)
+		fatalx("DNS resolver: %s", err);
+	dns_config_free(&dc);
+}
+
+void
+verify_shutdown(void)
+{
+	dns_resolver_free(verify_global.resolver);
+	verify_global.resolver = NULL;
+}
+
+static bool
+verify_choice(const struct pepsi_config *cfg, const char *section, const char *option,
+			  const char *const *choices, int fallback, int *out, char *err, size_t errlen)
+{
+	const char *value = config_get(cfg, section, option);
+
+	*out = fallback;
+	if (value == NULL)
+		return true;
+	for (int i = 0; choices[i]; i++)
+		if (strcasecmp(value, choices[i]) == 0)
+		{
+			*out = i;
+			return true;
+		}
+	snprintf(err, errlen, "[%s] %s: \"%s\" is none of", section, option, value);
+	for (int i = 0; choices[i]; i++)
+		snprintf(err + strlen(err), errlen - strlen(err), "%s %s", i ? "," : "", choices[i]);
+	return false;
+}
+
+bool
+verify_listener_policy(const struct pepsi_config *cfg, const char *section,
+					   struct verify_policy *out, char *err, size_t errlen)
+{
+	static const char *const spf_fail[] = {"tag", "reject", NULL};
+	static const char *const dmarc[] = {"off", "report", "enforce", NULL};
+	int			spf_choice,
+				dmarc_choice;
+
+	memset(out, 0, sizeof(*out));
+	if (!config_get_bool(cfg, section, "MESSAGE_AUTHENTICATION", false, &out->enabled, err, errlen)
+		|| !verify_choice(cfg, section, "SPF_FAIL", spf_fail, 0, &spf_choice, err, errlen)
+		|| !verify_choice(cfg, section, "DMARC_POLICY", dmarc, VERIFY_DMARC_REPORT, &dmarc_choice,
+						  err, errlen))
+		return false;
+	out->spf_reject = spf_choice == 1;
+	out->dmarc = (enum verify_dmarc_mode) dmarc_choice;
+	return true;
+}
+
+/*
+ * Settling: the message waits until every check has a verdict
+ */
+
+static bool
+verify_complete(const struct verify *v)
+{
+	return v->iprev_step == VERIFY_IPREV_DONE && (v->spf_mail.check == NULL || v->spf_mail.done)
+		&& (v->spf_helo.check == NULL || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
+		&& (v->dmarc == NULL || v->dmarc_done);
+}
+
+static void verify_conclude(struct verify *v);
+
+static void
+verify_settle_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct verify *v = w->data;
+
+	if (!v->waiting || !verify_complete(v))
+		return;
+	v->waiting = false;
+	verify_conclude(v);
+	v->done(v->arg);
+}
+
+/* A check finished: if the message was waiting for it last, finish from the loop. */
+static void
+verify_settle(struct verify *v)
+{
+	if (v->waiting && verify_complete(v) && !ev_is_active(&v->settle_timer))
+		ev_timer_start(verify_global.loop, &v->settle_timer);
+}
+
+/*
+ * iprev
+ */
+
+static void verify_iprev_cb(void *arg, const struct dns_answer *a);
+
+static void
+verify_iprev_finish(struct verify *v, const char *result)
+{
+	v->iprev_step = VERIFY_IPREV_DONE;
+	v->iprev_result = result;
+	if (strcmp(result, "pass") == 0)
+		log_debug("%s: iprev pass as %s", v->client_ip, v->iprev_name);
+	verify_settle(v);
+}
+
+static void
+verify_iprev_next(struct verify *v)
+{
+	enum dns_type type = strchr(v->client_ip, ':') ? DNS_TYPE_AAAA : DNS_TYPE_A;
+
+	if (v->iprev_index >= v->iprev_count)
+	{
+		/* No name leads back: fail, unless only errors kept us from knowing. */
+		verify_iprev_finish(v, v->iprev_forward_error ? "temperror" : "fail");
+		return;
+	}
+	v->iprev_step = VERIFY_IPREV_FORWARD;
+	v->iprev_query = dns_resolve(verify_global.resolver, v->iprev_names[v->iprev_index], type,
+								 &v->iprev_budget, verify_iprev_cb, v);
+}
+
+static bool
+verify_same_address(const char *ip, const struct dns_record *r)
+{
+	unsigned char a[16];
+
+	if (r->type == DNS_TYPE_A)
+		return r->len == 4 && inet_pton(AF_INET, ip, a) == 1 && memcmp(a, r->rdata, 4) == 0;
+	if (r->type == DNS_TYPE_AAAA)
+		return r->len == 16 && inet_pton(AF_INET6, ip, a) == 1 && memcmp(a, r->rdata, 16) == 0;
+	return false;
+}
+
+static void
+verify_iprev_cb(void *arg, const struct dns_answer *a)
+{
+	struct verify *v = arg;
+
+	v->iprev_query = NULL;
+	if (v->iprev_step == VERIFY_IPREV_PTR)
+	{
+		if (a->status == DNS_TEMPFAIL || a->status == DNS_TIMEOUT)
+		{
+			verify_iprev_finish(v, "temperror");
+			return;
+		}
+		for (size_t i = 0; i < a->count && v->iprev_count < VERIFY_IPREV_NAMES; i++)
+			if (a->records[i].type == DNS_TYPE_PTR && a->records[i].text)
+				v->iprev_names[v->iprev_count++] = xstrdup(a->records[i].text);
+		/* RFC 8601 2.7.3: no PTR data at all is a permanent error. */
+		if (v->iprev_count == 0)
+		{
+			verify_iprev_finish(v, "permerror");
+			return;
+		}
+		v->iprev_index = 0;
+		verify_iprev_next(v);
+		return;
+	}
+	if (a->status == DNS_TEMPFAIL || a->status == DNS_TIMEOUT)
+		v->iprev_forward_error = true;
+	for (size_t i = 0; i < a->count; i++)
+		if (verify_same_address(v->client_ip, &a->records[i]))
+		{
+			v->iprev_name = xstrdup(v->iprev_names[v->iprev_index]);
+			verify_iprev_finish(v, "pass");
+			return;
+		}
+	v->iprev_index++;
+	verify_iprev_next(v);
+}
+
+/*
+ * Sessions and transactions
+ */
+
+struct verify *
+verify_session_start(const struct verify_policy *policy, const char *client_ip,
+					 const char *hostname)
+{
+	struct verify *v;
+	char		name[128];
+
+	if (!policy->enabled || verify_global.resolver == NULL)
+		return NULL;
+	v = xcalloc(1, sizeof(*v));
+	v->policy = policy;
+	v->client_ip = xstrdup(client_ip);
+	v->hostname = xstrdup(hostname);
+	ev_timer_init(&v->settle_timer, verify_settle_cb, 0, 0);
+	v->settle_timer.data = v;
+	v->iprev_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
+	v->iprev_budget.lookups_left = VERIFY_IPREV_NAMES + 1;
+	if (!dns_reverse_name(client_ip, name, sizeof(name)))
+	{
+		v->iprev_step = VERIFY_IPREV_DONE;
+		v->iprev_result = "permerror";
+		return v;
+	}
+	v->iprev_step = VERIFY_IPREV_PTR;
+	v->iprev_query = dns_resolve(verify_global.resolver, name, DNS_TYPE_PTR, &v->iprev_budget,
+								 verify_iprev_cb, v);
+	return v;
+}
+
+static void
+verify_spf_clear(struct verify_spf *s)
+{
+	if (s->check && !s->done)
+		spf_check_cancel(s->check);
+	free(s->reason);
+	free(s->explanation);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Drop the transaction's checks and findings. */
+static void
+verify_transaction_clear(struct verify *v)
+{
+	verify_spf_clear(&v->spf_mail);
+	verify_spf_clear(&v->spf_helo);
+	if (v->dkim)
+		dkim_verify_free(v->dkim);
+	v->dkim = NULL;
+	v->dkim_done = false;
+	if (v->dmarc)
+		dmarc_check_free(v->dmarc);
+	v->dmarc = NULL;
+	v->dmarc_done = false;
+	free(v->from_domain);
+	v->from_domain = NULL;
+	v->from_problem = NULL;
+	free(v->mail_from);
+	free(v->helo);
+	v->mail_from = v->helo = NULL;
+	json_decref(v->auth);
+	json_decref(v->iprev_state);
+	v->auth = v->iprev_state = NULL;
+	free(v->refusal);
+	v->refusal = NULL;
+	v->waiting = false;
+	ev_timer_stop(verify_global.loop, &v->settle_timer);
+}
+
+void
+verify_free(struct verify *v)
+{
+	if (v == NULL)
+		return;
+	verify_transaction_clear(v);
+	if (v->iprev_query)
+		dns_cancel(v->iprev_query);
+	for (size_t i = 0; i < v->iprev_count; i++)
+		free(v->iprev_names[i]);
+	free(v->iprev_name);
+	free(v->client_ip);
+	free(v->hostname);
+	free(v);
+}
+
+static void
+verify_spf_done(struct verify *v, struct verify_spf *s, const struct spf_verdict *verdict,
+				const char *identity)
+{
+	s->done = true;
+	s->result = verdict->result;
+	s->reason = xstrdup(verdict->reason ? verdict->reason : "");
+	s->explanation = verdict->explanation ? xstrdup(verdict->explanation) : NULL;
+	log_debug("%s: spf %s %s for %s (%s)", v->client_ip, identity, spf_result_name(s->result),
+			  verdict->domain, s->reason);
+	verify_settle(v);
+}
+
+static void
+verify_spf_mail_cb(void *arg, const struct spf_verdict *verdict)
+{
+	struct verify *v = arg;
+
+	verify_spf_done(v, &v->spf_mail, verdict, "mailfrom");
+}
+
+static void
+verify_spf_helo_cb(void *arg, const struct spf_verdict *verdict)
+{
+	struct verify *v = arg;
+
+	verify_spf_done(v, &v->spf_helo, verdict, "helo");
+}
+
+void
+verify_mail(struct verify *v, const char *helo, const char *mail_from)
+{
+	if (v == NULL)
+		return;
+	verify_transaction_clear(v);
+	v->helo = xstrdup(helo ? helo : "");
+	v->mail_from = xstrdup(mail_from);
+	v->mail_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
+	v->mail_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
+	/*
+	 * RFC 7208 2.3 and 2.4: the HELO identity always, MAIL FROM when there
+	 * is one (a null sender's MAIL FROM identity is postmaster@helo: the
+	 * HELO check stands for it).
+	 */
+	if (helo && *helo)
+		v->spf_helo.check = spf_check_start(verify_global.resolver, &v->mail_budget,
+											v->client_ip, helo, helo, v->hostname,
+											verify_spf_helo_cb, v);
+	if (*mail_from)
+		v->spf_mail.check = spf_check_start(verify_global.resolver, &v->mail_budget,
+											v->client_ip, mail_from, helo, v->hostname,
+											verify_spf_mail_cb, v);
+}
+
+/*
+ * The message
+ */
+
+static void
+verify_dkim_cb(void *arg)
+{
+	struct verify *v = arg;
+
+	v->dkim_done = true;
+	verify_settle(v);
+}
+
+static void
+verify_dmarc_cb(void *arg)
+{
+	struct verify *v = arg;
+
+	v->dmarc_done = true;
+	verify_settle(v);
+}
+
+void
+verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done, void *arg)
+{
+	const char *raw = s->message.data ? s->message.data : "";
+	const char *blank = memmem(raw, s->message.len, "\r\n\r\n", 4);
+	size_t		header_len = blank ? (size_t) (blank - raw) + 2 : s->message.len;
+
+	v->done = done;
+	v->arg = arg;
+	v->waiting = true;
+	v->message_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
+	v->message_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
+	v->dkim = dkim_verify_start(verify_global.resolver, &v->message_budget, raw, s->message.len,
+								verify_dkim_cb, v);
+	if (v->policy->dmarc != VERIFY_DMARC_OFF)
+	{
+		v->from_domain = dmarc_from_domain(raw, header_len, &v->from_problem);
+		if (v->from_domain)
+			v->dmarc = dmarc_check_start(verify_global.resolver, &v->message_budget,
+										 v->from_domain, verify_dmarc_cb, v);
+	}
+	/* Always answered from the loop, even when nothing is left to wait for. */
+	ev_timer_start(verify_global.loop, &v->settle_timer);
+}
+
+static json_t *
+verify_spf_state(const struct verify_spf *s, const char *property, const char *identity)
+{
+	json_t	   *r = auth_result(spf_result_name(s->result), property, identity);
+
+	if (s->reason && *s->reason)
+		json_object_set_new(r, "reason", json_string(s->reason));
+	return r;
+}
+
+static const char *
+verify_disposition_name(enum dmarc_disposition d)
+{
+	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine" : "none";
+}
+
+/* Build state.auth and the refusal, if any, from every verdict. */
+static void
+verify_conclude(struct verify *v)
+{
+	json_t	   *auth = json_object();
+	json_t	   *dkim = json_array();
+	const struct dkim_signature_result *sigs = NULL;
+	size_t		nsigs = v->dkim ? dkim_verify_results(v->dkim, &sigs) : 0;
+	enum spf_result spf_for_dmarc = SPF_NONE;
+	const char *spf_domain = NULL;
+	char	   *helo_identity = NULL;
+
+	/* iprev */
+	v->iprev_state = auth_result(v->iprev_result, "policy.iprev", v->client_ip);
+	if (v->iprev_name)
+		json_object_set_new(v->iprev_state, "name", json_string(v->iprev_name));
+	json_object_set(auth, "iprev", v->iprev_state);
+
+	/* SPF: MAIL FROM, or for a null sender HELO standing for it. */
+	if (v->spf_mail.check)
+	{
+		json_object_set_new(auth, "spf", verify_spf_state(&v->spf_mail, "smtp.mailfrom",
+														  v->mail_from));
+		spf_for_dmarc = v->spf_mail.result;
+		spf_domain = strrchr(v->mail_from, '@') ? strrchr(v->mail_from, '@') + 1 : v->mail_from;
+	}
+	if (v->spf_helo.check)
+	{
+		json_object_set_new(auth, v->spf_mail.check ? "spf_helo" : "spf",
+							verify_spf_state(&v->spf_helo, "smtp.helo", v->helo));
+		if (v->spf_mail.check == NULL)
+		{
+			spf_for_dmarc = v->spf_helo.result;
+			spf_domain = v->helo;
+		}
+	}
+	else if (v->spf_mail.check == NULL)
+	{
+		helo_identity = xstrdup(v->helo && *v->helo ? v->helo : "unknown");
+		json_object_set_new(auth, "spf", auth_result("none", "smtp.helo", helo_identity));
+	}
+
+	/* DKIM: one result per signature. */
+	for (size_t i = 0; i < nsigs; i++)
+	{
+		const struct dkim_signature_result *r = &sigs[i];
+		json_t	   *one = auth_result(r->result, NULL, NULL);
+
+		if (r->domain)
+			json_object_set_new(one, "header.d", json_string(r->domain));
+		if (r->identity)
+			json_object_set_new(one, "header.i", json_string(r->identity));
+		if (r->selector)
+			json_object_set_new(one, "header.s", json_string(r->selector));
+		if (r->algorithm)
+			json_object_set_new(one, "header.a", json_string(r->algorithm));
+		if (r->b)
+			json_object_set_new(one, "header.b", json_string(r->b));
+		if (r->reason)
+			json_object_set_new(one, "reason", json_string(r->reason));
+		json_array_append_new(dkim, one);
+	}
+	json_object_set_new(auth, "dkim", dkim);
+
+	/* DMARC, and what the listener does about it. */
+	if (v->policy->dmarc != VERIFY_DMARC_OFF)
+	{
+		json_t	   *dmarc;
+
+		if (v->dmarc)
+		{
+			struct dmarc_verdict d;
+			const char *action = "none";
+
+			dmarc_check_evaluate(v->dmarc, spf_for_dmarc, spf_domain, sigs, nsigs, &d);
+			dmarc = auth_result(d.result, "header.from", d.from_domain);
+			if (d.policy)
+				json_object_set_new(dmarc, "policy.dmarc", json_string(d.policy));
+			if (d.reason)
+				json_object_set_new(dmarc, "reason", json_string(d.reason));
+			if (strcmp(d.result, "fail") == 0 && v->policy->dmarc == VERIFY_DMARC_ENFORCE)
+				action = verify_disposition_name(d.disposition);
+			json_object_set_new(dmarc, "action", json_string(action));
+			if (strcmp(action, "reject") == 0)
+				v->refusal = xasprintf("550 5.7.1 Message rejected by the DMARC policy of %s",
+									   d.from_domain);
+			log_info("%s: dmarc %s for %s (policy %s, action %s)", v->client_ip, d.result,
+					 d.from_domain, d.policy ? d.policy : "-", action);
+		}
+		else
+		{
+			/* No single From domain: DMARC cannot apply (RFC 7489 6.6.1). */
+			dmarc = auth_result(v->from_problem ? "permerror" : "none", NULL, NULL);
+			if (v->from_problem)
+				json_object_set_new(dmarc, "reason", json_string(v->from_problem));
+			json_object_set_new(dmarc, "action", json_string("none"));
+		}
+		json_object_set_new(auth, "dmarc", dmarc);
+	}
+	/* ARC is not verified in ingress yet: say so rather than nothing. */
+	json_object_set_new(auth, "arc", auth_result("none", NULL, NULL));
+
+	if (v->refusal == NULL && v->policy->spf_reject && v->spf_mail.check && v->spf_mail.done
+		&& v->spf_mail.result == SPF_FAIL)
+		v->refusal = xasprintf("550 5.7.23 SPF validation failed for %s%s%s", spf_domain,
+							   v->spf_mail.explanation ? ": " : "",
+							   v->spf_mail.explanation ? v->spf_mail.explanation : "");
+	free(helo_identity);
+	v->auth = auth;
+}
+
+void
+verify_findings(struct verify *v, struct verify_findings *out)
+{
+	out->auth = v->auth;
+	out->iprev = v->iprev_state;
+	out->client_name = v->iprev_name && strcmp(v->iprev_result, "pass") == 0 ? v->iprev_name : NULL;
+	out->refusal = v->refusal;
+}

@@ -1,0 +1,72 @@
+/*
+ * verify.h: message authentication in pepsi-ingress: iprev from the
+ * connection on, SPF (MAIL FROM and HELO identities) from MAIL on, DKIM
+ * and DMARC once the content is in, every lookup on the event loop
+ * through common/dns.h, so a session whose DNS is slow delays nobody
+ * else.  What it finds becomes state.auth and the Authentication-Results
+ * header (common/auth/results.h); what the listener's policy refuses
+ * becomes the reply after DATA.
+ *
+ * Options, read here and nowhere else: per listener MESSAGE_AUTHENTICATION
+ * (on|off, off by default), SPF_FAIL (tag|reject), DMARC_POLICY
+ * (report|enforce|off); in [ingress] DNS_MESSAGE_BUDGET, the time the
+ * lookups of one message may take together.
+ */
+#ifndef PEPSI_INGRESS_VERIFY_H
+#define PEPSI_INGRESS_VERIFY_H
+
+#include <stdbool.h>
+
+#include <ev.h>
+#include <jansson.h>
+
+#include "config.h"
+#include "smtp.h"
+
+enum verify_dmarc_mode
+{
+	VERIFY_DMARC_OFF,			/* no DMARC evaluation */
+	VERIFY_DMARC_REPORT,		/* evaluate and record, act on nothing */
+	VERIFY_DMARC_ENFORCE		/* p=reject: 550; p=quarantine: action recorded */
+};
+
+struct verify_policy
+{
+	bool		enabled;		/* MESSAGE_AUTHENTICATION */
+	bool		spf_reject;		/* SPF_FAIL = reject */
+	enum verify_dmarc_mode dmarc;	/* DMARC_POLICY */
+};
+
+/* Process-wide: the resolver and [ingress] options.  Exits on a bad option. */
+void		verify_init(struct ev_loop *loop, const struct pepsi_config *cfg);
+void		verify_shutdown(void);
+/* A listener's options; false with err (naming the option) for a bad value. */
+bool		verify_listener_policy(const struct pepsi_config *cfg, const char *section,
+								   struct verify_policy *out, char *err, size_t errlen);
+
+struct verify;
+
+/* A session's checks start with its connection (iprev); NULL when the listener has them off. */
+struct verify *verify_session_start(const struct verify_policy *policy, const char *client_ip,
+									const char *hostname);
+/* Cancels every lookup of the session. */
+void		verify_free(struct verify *v);
+/* MAIL accepted: SPF for this transaction (the previous one's is dropped). */
+void		verify_mail(struct verify *v, const char *helo, const char *mail_from);
+
+/* Everything is in: done(arg) is called from the loop, never from here. */
+typedef void (*verify_done_fn) (void *arg);
+void		verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done,
+						   void *arg);
+
+/* After done: the findings, for envelope.c (borrowed; valid until the next verify_mail). */
+struct verify_findings
+{
+	json_t	   *auth;			/* state.auth */
+	json_t	   *iprev;			/* state.origin.iprev */
+	const char *client_name;	/* the forward-confirmed name, or NULL */
+	const char *refusal;		/* the reply refusing the message, or NULL */
+};
+void		verify_findings(struct verify *v, struct verify_findings *out);
+
+#endif
