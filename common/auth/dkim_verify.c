@@ -14,6 +14,7 @@
 #include <opendkim/dkim.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 /* A DKIM-Signature longer than this is refused before anything else. */
 #define DKIM_VERIFY_FIELD_MAX 16384
@@ -222,7 +223,7 @@ dkim_verify_key_lookup(DKIM *dkim, DKIM_SIGINFO *sig, unsigned char *buf, size_t
 }
 
 static void
-dkim_key_cb(void *arg, const struct dns_answer *a)
+dkim_on_key(void *arg, const struct dns_answer *a)
 {
 	struct dkim_key *k = arg;
 	struct dkim_verify *d = k->owner;
@@ -484,7 +485,7 @@ dkim_verify_run(struct dkim_verify *d)
 }
 
 static void
-dkim_verify_finish_cb(struct ev_loop *loop, ev_timer *w, int revents)
+dkim_verify_on_finish(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct dkim_verify *d = w->data;
 
@@ -505,7 +506,7 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 	memcpy(d->message, message, len);
 	d->message[len] = '\0';
 	d->len = len;
-	ev_timer_init(&d->finish_timer, dkim_verify_finish_cb, 0, 0);
+	ev_timer_init(&d->finish_timer, dkim_verify_on_finish, 0, 0);
 	d->finish_timer.data = d;
 	dkim_each_signature(message, len, dkim_take_signature, d);
 	for (size_t i = 0; i < d->nkeys; i++)
@@ -514,7 +515,7 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 		char	   *name = xasprintf("%s._domainkey.%s", k->selector, k->domain);
 
 		d->pending++;
-		k->query = dns_resolve(r, name, DNS_TYPE_TXT, budget, dkim_key_cb, k);
+		k->query = dns_resolve(r, name, DNS_TYPE_TXT, budget, dkim_on_key, k);
 		free(name);
 	}
 	if (d->pending == 0)

@@ -12,6 +12,7 @@
 #include <libpsl.h>
 
 #include "log.h"
+#include "xalloc.h"
 
 enum dmarc_step
 {
@@ -310,14 +311,14 @@ dmarc_record_parse(const char *text, size_t len, struct dmarc_record *r, const c
  * Discovery
  */
 
-static void dmarc_dns_cb(void *arg, const struct dns_answer *a);
+static void dmarc_on_answer(void *arg, const struct dns_answer *a);
 
 static void
 dmarc_lookup(struct dmarc_check *c, const char *domain)
 {
 	char	   *name = xasprintf("_dmarc.%s", domain);
 
-	c->query = dns_resolve(c->resolver, name, DNS_TYPE_TXT, c->budget, dmarc_dns_cb, c);
+	c->query = dns_resolve(c->resolver, name, DNS_TYPE_TXT, c->budget, dmarc_on_answer, c);
 	free(name);
 }
 
@@ -329,7 +330,7 @@ dmarc_finish(struct dmarc_check *c)
 }
 
 static void
-dmarc_dns_cb(void *arg, const struct dns_answer *a)
+dmarc_on_answer(void *arg, const struct dns_answer *a)
 {
 	struct dmarc_check *c = arg;
 	size_t		records = 0;

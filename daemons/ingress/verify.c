@@ -17,6 +17,7 @@
 #include "auth/spf.h"
 #include "dns.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define VERIFY_DEFAULT_BUDGET_MS 20000
 /* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
@@ -173,7 +174,7 @@ verify_complete(const struct verify *v)
 static void verify_conclude(struct verify *v);
 
 static void
-verify_settle_cb(struct ev_loop *loop, ev_timer *w, int revents)
+verify_on_settled(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct verify *v = w->data;
 
@@ -196,7 +197,7 @@ verify_settle(struct verify *v)
  * iprev
  */
 
-static void verify_iprev_cb(void *arg, const struct dns_answer *a);
+static void verify_on_iprev_answer(void *arg, const struct dns_answer *a);
 
 static void
 verify_iprev_finish(struct verify *v, const char *result)
@@ -221,7 +222,7 @@ verify_iprev_next(struct verify *v)
 	}
 	v->iprev_step = VERIFY_IPREV_FORWARD;
 	v->iprev_query = dns_resolve(verify_global.resolver, v->iprev_names[v->iprev_index], type,
-								 &v->iprev_budget, verify_iprev_cb, v);
+								 &v->iprev_budget, verify_on_iprev_answer, v);
 }
 
 static bool
@@ -237,7 +238,7 @@ verify_same_address(const char *ip, const struct dns_record *r)
 }
 
 static void
-verify_iprev_cb(void *arg, const struct dns_answer *a)
+verify_on_iprev_answer(void *arg, const struct dns_answer *a)
 {
 	struct verify *v = arg;
 
@@ -292,7 +293,7 @@ verify_session_start(const struct verify_policy *policy, const char *client_ip,
 	v->policy = policy;
 	v->client_ip = xstrdup(client_ip);
 	v->hostname = xstrdup(hostname);
-	ev_timer_init(&v->settle_timer, verify_settle_cb, 0, 0);
+	ev_timer_init(&v->settle_timer, verify_on_settled, 0, 0);
 	v->settle_timer.data = v;
 	v->iprev_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
 	v->iprev_budget.lookups_left = VERIFY_IPREV_NAMES + 1;
@@ -304,7 +305,7 @@ verify_session_start(const struct verify_policy *policy, const char *client_ip,
 	}
 	v->iprev_step = VERIFY_IPREV_PTR;
 	v->iprev_query = dns_resolve(verify_global.resolver, name, DNS_TYPE_PTR, &v->iprev_budget,
-								 verify_iprev_cb, v);
+								 verify_on_iprev_answer, v);
 	return v;
 }
 
@@ -377,7 +378,7 @@ verify_spf_done(struct verify *v, struct verify_spf *s, const struct spf_verdict
 }
 
 static void
-verify_spf_mail_cb(void *arg, const struct spf_verdict *verdict)
+verify_on_spf_mail(void *arg, const struct spf_verdict *verdict)
 {
 	struct verify *v = arg;
 
@@ -385,7 +386,7 @@ verify_spf_mail_cb(void *arg, const struct spf_verdict *verdict)
 }
 
 static void
-verify_spf_helo_cb(void *arg, const struct spf_verdict *verdict)
+verify_on_spf_helo(void *arg, const struct spf_verdict *verdict)
 {
 	struct verify *v = arg;
 
@@ -410,11 +411,11 @@ verify_mail(struct verify *v, const char *helo, const char *mail_from)
 	if (helo && *helo)
 		v->spf_helo.check = spf_check_start(verify_global.resolver, &v->mail_budget,
 											v->client_ip, helo, helo, v->hostname,
-											verify_spf_helo_cb, v);
+											verify_on_spf_helo, v);
 	if (*mail_from)
 		v->spf_mail.check = spf_check_start(verify_global.resolver, &v->mail_budget,
 											v->client_ip, mail_from, helo, v->hostname,
-											verify_spf_mail_cb, v);
+											verify_on_spf_mail, v);
 }
 
 /*
@@ -422,7 +423,7 @@ verify_mail(struct verify *v, const char *helo, const char *mail_from)
  */
 
 static void
-verify_dkim_cb(void *arg)
+verify_on_dkim(void *arg)
 {
 	struct verify *v = arg;
 
@@ -431,7 +432,7 @@ verify_dkim_cb(void *arg)
 }
 
 static void
-verify_dmarc_cb(void *arg)
+verify_on_dmarc(void *arg)
 {
 	struct verify *v = arg;
 
@@ -452,13 +453,13 @@ verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn do
 	v->message_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
 	v->message_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
 	v->dkim = dkim_verify_start(verify_global.resolver, &v->message_budget, raw, s->message.len,
-								verify_dkim_cb, v);
+								verify_on_dkim, v);
 	if (v->policy->dmarc != VERIFY_DMARC_OFF)
 	{
 		v->from_domain = dmarc_from_domain(raw, header_len, &v->from_problem);
 		if (v->from_domain)
 			v->dmarc = dmarc_check_start(verify_global.resolver, &v->message_budget,
-										 v->from_domain, verify_dmarc_cb, v);
+										 v->from_domain, verify_on_dmarc, v);
 	}
 	/* Always answered from the loop, even when nothing is left to wait for. */
 	ev_timer_start(verify_global.loop, &v->settle_timer);
