@@ -86,6 +86,13 @@ mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
 sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" "$top/docs/pepsi.conf.sample" >"$conf"
 
 bin="$top/build/bin"
+# The DKIM key the sample graph signs outbound mail and DSNs with: made
+# once, its TXT record printed for whoever wants to publish it.
+if [ ! -f "$run_dir/dkim/example.org.pem" ]; then
+    mkdir -p "$run_dir/dkim"
+    record=$("$bin/pepsi-keys" generate -a rsa-sha256 -o "$run_dir/dkim/example.org.pem")
+    echo "DKIM key made: publish at pepsi._domainkey.example.org TXT \"$record\""
+fi
 daemon() {
     # The multi-call binary when it is built (workers can then fuse stages).
     if [ -x "$bin/pepsi" ]; then echo "$bin/pepsi $1"; else echo "$bin/$1"; fi

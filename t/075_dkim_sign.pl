@@ -17,6 +17,7 @@ use Cwd qw(abs_path);
 use File::Basename qw(dirname);
 use lib dirname(abs_path(__FILE__)) . '/bin';
 
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -25,6 +26,7 @@ use DeliveryTest qw(start_peer stop_process peer_messages);
 use PepsiStage;
 use PepsiTest;
 use SignTest;
+use TestDNS;
 
 my $node = stage_node('dkim_sign');
 my $dir = PostgreSQL::Test::Utils::tempdir();
@@ -307,5 +309,41 @@ $r = run_worker(worker_cmd('pepsi-stage-dkim-sign', $bad), '');
 like($r->{stderr}, qr/CANONICALIZATION "loose\/simple" is not header\/body of simple or relaxed/,
 	'a bad CANONICALIZATION is refused at start');
 
+#
+# pepsi-keys check: every key's published record, through the resolver.
+#
+{
+	my $dns = TestDNS->new($dir);
+	my %published = %zone;
+
+	# One record of another key, one missing.
+	$published{'e1._domainkey.ed.example'} = $zone{'ed2026._domainkey.example.org'};
+	delete $published{'dsn._domainkey.mx.example.org'};
+	$dns->zone(join('', map { TestDNS::txt("$_.", $published{$_}) } sort keys %published));
+	my $check = stage_config($node, 'check.conf', "[pepsi]\nDNS_FORWARDER = " . $dns->forwarder . "\n\n"
+		  . key_sections_only($keys));
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ ($ENV{PEPSI_BIN} // 'build/bin') . '/pepsi-keys', 'check', '-c', $check ],
+		'>', \$out, '2>', \$err);
+	is($? >> 8, 65, 'pepsi-keys check: exit status 65 when a key is not published as it should be');
+	like($out, qr/^\[dkim-key-org-rsa\] rsa2026\._domainkey\.example\.org: ok$/m, 'pepsi-keys check: a published key is ok');
+	like($out, qr/^\[dkim-key-org-ed\] ed2026\._domainkey\.example\.org: ok$/m, 'pepsi-keys check: the Ed25519 one too');
+	like($out, qr/^\[dkim-key-ed-only\] e1\._domainkey\.ed\.example: the published key is not the private key's$/m,
+		'pepsi-keys check: another key\'s record is named as such');
+	like($out, qr/^\[dkim-key-dsn\] dsn\._domainkey\.mx\.example\.org: no such name$/m,
+		'pepsi-keys check: a missing record');
+	like($out, qr/^\[dkim-key-open\] .*cannot be loaded: .*accessible to group or others/m,
+		'pepsi-keys check: a private key readable by others is refused');
+	$dns->stop;
+}
+
 stop_process($peer);
 done_testing();
+
+# The [dkim-key-*] sections of a configuration text.
+sub key_sections_only
+{
+	my ($text) = @_;
+
+	return join('', grep { /^\[dkim-key-/ } split /(?=^\[)/m, $text);
+}

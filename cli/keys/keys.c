@@ -10,9 +10,11 @@
  *       every [dkim-key-*] of the configuration: domain, selector, the DNS
  *       name to publish at, and the record (a key that cannot be loaded is
  *       named with the reason, and the exit status is 78)
- *
- * Checking a published record against the key needs the resolver of
- * common/dns, which this tool does not use yet.
+ *   pepsi-keys check [-c CONFIG]
+ *       look every [dkim-key-*]'s record up through the resolver ([pepsi]
+ *       DNS_*) and compare it with the private key: "ok", or what is wrong
+ *       (no record, a malformed or revoked one, another key); exit status
+ *       0 only when every key is published as it should be, else 65
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +27,7 @@
 #include <openssl/pem.h>
 
 #include "auth/keys.h"
+#include "dns.h"
 #include "cli.h"
 #include "config.h"
 #include "log.h"
@@ -37,7 +40,8 @@ keys_usage(void)
 	fprintf(stderr,
 			"usage: pepsi-keys generate -a rsa-sha256|ed25519-sha256 [-b BITS] -o KEYFILE\n"
 			"       pepsi-keys record -a rsa-sha256|ed25519-sha256 KEYFILE\n"
-			"       pepsi-keys show [-c CONFIG]\n");
+			"       pepsi-keys show [-c CONFIG]\n"
+			"       pepsi-keys check [-c CONFIG]\n");
 	return CLI_EX_USAGE;
 }
 
@@ -144,6 +148,80 @@ keys_show_command(const char *config_path)
 	return rc;
 }
 
+/* Is the published record of key the key?  Prints the verdict; false if not. */
+static bool
+keys_check_one(struct dns_resolver *resolver, struct signing_key *k)
+{
+	char		name[512];
+	char		err[512] = "no TXT record";
+	struct dns_answer answer;
+	bool		ok = false;
+
+	snprintf(name, sizeof(name), "%s._domainkey.%s", k->selector, k->domain);
+	if (!signing_key_ready(k, err, sizeof(err)))
+	{
+		printf("[%s] %s: the private key cannot be loaded: %s\n", k->section, name, err);
+		return false;
+	}
+	dns_resolve_sync(resolver, name, DNS_TYPE_TXT, &answer);
+	if (answer.status != DNS_OK)
+		snprintf(err, sizeof(err), "%s", answer.status == DNS_NXDOMAIN ? "no such name"
+				 : answer.status == DNS_TIMEOUT ? "the lookup timed out" : "the lookup failed");
+	for (size_t i = 0; answer.status == DNS_OK && i < answer.count && !ok; i++)
+	{
+		EVP_PKEY   *pub;
+
+		if (answer.records[i].type != DNS_TYPE_TXT || answer.records[i].text == NULL)
+			continue;
+		pub = keys_parse_record(answer.records[i].text, answer.records[i].len, k->algorithm,
+								err, sizeof(err));
+		if (pub && keys_same_public(pub, k->pkey))
+			ok = true;
+		else if (pub)
+			snprintf(err, sizeof(err), "the published key is not the private key's");
+		EVP_PKEY_free(pub);
+	}
+	dns_answer_free(&answer);
+	printf("[%s] %s: %s\n", k->section, name, ok ? "ok" : err);
+	return ok;
+}
+
+static int
+keys_check_command(const char *config_path)
+{
+	char		err[512];
+	struct pepsi_config *cfg = config_load(config_path, err, sizeof(err));
+	struct keyring ring = {0};
+	struct dns_config dns;
+	struct dns_resolver *resolver = NULL;
+	int			rc = CLI_EX_OK;
+
+	if (cfg == NULL || !keyring_from_config(cfg, &ring, err, sizeof(err))
+		|| !dns_config_load(cfg, &dns, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		if (cfg)
+			config_free(cfg);
+		keyring_free(&ring);
+		return CLI_EX_CONFIG;
+	}
+	resolver = dns_resolver_new(NULL, &dns, err, sizeof(err));
+	dns_config_free(&dns);
+	if (resolver == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		rc = CLI_EX_CONFIG;
+	}
+	for (size_t i = 0; resolver && i < ring.count; i++)
+		if (!keys_check_one(resolver, &ring.key[i]))
+			rc = CLI_EX_DATAERR;
+	if (resolver)
+		dns_resolver_free(resolver);
+	keyring_free(&ring);
+	config_free(cfg);
+	return rc;
+}
+
 int
 pepsi_keys_main(int argc, char **argv)
 {
@@ -190,5 +268,7 @@ pepsi_keys_main(int argc, char **argv)
 		return keys_record_command(algorithm, argv[optind]);
 	if (strcmp(command, "show") == 0 && optind == argc)
 		return keys_show_command(config_path);
+	if (strcmp(command, "check") == 0 && optind == argc)
+		return keys_check_command(config_path);
 	return keys_usage();
 }
