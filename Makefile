@@ -177,7 +177,7 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c dae
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \
 		-o $@ $(filter %.c,$^) -L$(shell $(PG_CONFIG) --libdir) -lpq -linih -ljansson
 
-$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c \
+$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c \
                      common/buf.c common/log.c common/xalloc.c common/config.c $(wildcard common/*.h common/auth/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
