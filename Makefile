@@ -27,7 +27,7 @@ PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
                -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
 # libunbound runs its thread on libevent, and libev exports libevent's names too
 # (event_set...): libevent must come first so libunbound binds to the real one.
-LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lssl -lcrypto -lcrypt -lm
+LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lssl -lcrypto -lcrypt -lm
 
 B = build
 COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c common/auth/*.c))
@@ -58,6 +58,9 @@ programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS) $(TEST
 $(B)/%.o: %.c $(wildcard common/*.h common/auth/*.h) $(B)/programs.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -I$(dir $<) -c -o $@ $<
+
+# pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
+$(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/*)
 
 $(B)/libpepsi.a: $(COMMON_OBJS)
 	rm -f $@

@@ -17,6 +17,8 @@
 #define ALIASES_MAX_ADDRESSES 10000
 /* Lookups per expansion: a name listed twice at every level would double the walk each time. */
 #define ALIASES_MAX_LOOKUPS 100000
+/* An aliases file larger than this is refused rather than read whole. */
+#define ALIASES_MAX_FILE (64 * 1024 * 1024)
 
 struct alias
 {
@@ -200,21 +202,15 @@ aliases_parse(const char *text, const char *name, char *err, size_t errlen)
 struct alias_table *
 aliases_load(const char *path, char *err, size_t errlen)
 {
-	FILE	   *f = fopen(path, "r");
 	struct buf	text = BUF_INIT;
-	char		chunk[4096];
-	size_t		n;
 	struct alias_table *table;
 
-	if (f == NULL)
+	if (!buf_append_file(&text, path, ALIASES_MAX_FILE, err, errlen))
 	{
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		buf_free(&text);
 		return NULL;
 	}
-	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-		buf_append(&text, chunk, n);
-	fclose(f);
-	table = aliases_parse(text.len ? text.data : "", path, err, errlen);
+	table = aliases_parse(text.data, path, err, errlen);
 	buf_free(&text);
 	return table;
 }

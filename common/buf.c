@@ -1,6 +1,7 @@
 /* buf.c: see buf.h. */
 #include "buf.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,4 +92,37 @@ buf_free(struct buf *b)
 	free(b->data);
 	b->data = NULL;
 	b->len = b->cap = 0;
+}
+
+bool
+buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen)
+{
+	FILE	   *f = fopen(path, "r");
+	char		chunk[4096];
+	size_t		n, read_so_far = 0;
+	bool		ok = true;
+
+	if (f == NULL)
+	{
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return false;
+	}
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+	{
+		if ((read_so_far += n) > max)
+		{
+			snprintf(err, errlen, "%s: larger than %zu bytes", path, max);
+			ok = false;
+			break;
+		}
+		buf_append(b, chunk, n);
+	}
+	if (ok && ferror(f))
+	{
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		ok = false;
+	}
+	fclose(f);
+	buf_append(b, "", 0);		/* NUL-terminated even when empty */
+	return ok;
 }

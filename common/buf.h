@@ -5,6 +5,7 @@
 #ifndef PEPSI_BUF_H
 #define PEPSI_BUF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct buf
@@ -24,5 +25,10 @@ void		buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(prin
 void		buf_consume(struct buf *b, size_t len);
 void		buf_reset(struct buf *b);
 void		buf_free(struct buf *b);
+/*
+ * Append the whole file at path (at most max bytes: a bigger file is
+ * refused); false with err naming the file and the reason.
+ */
+bool		buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen);
 
 #endif

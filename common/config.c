@@ -156,6 +156,11 @@ static const char *const srs_options[] = {
 	"DOMAIN", "SECRET_FILE", "MAX_AGE", "HASH_LENGTH", "SEPARATOR", NULL
 };
 
+static const char *const httpd_options[] = {
+	"ADDRESS", "PORT", "CERTIFICATE", "KEY", "USER", "GROUP", "CONNINFO", "SESSION_LIFETIME",
+	"METRICS_AUTH", NULL
+};
+
 static const struct config_section_schema config_schema[] = {
 	{"pepsi", false, true, pepsi_options},
 	{"database", false, false, database_options},
@@ -165,6 +170,8 @@ static const struct config_section_schema config_schema[] = {
 	{"listener-", true, false, listener_options},
 	{"dkim-key-", true, false, dkim_key_options},
 	{"srs", false, false, srs_options},
+	/* Where it listens, its certificate and its role: the file's alone. */
+	{"httpd", false, false, httpd_options},
 	{"stage-", true, true, NULL},
 };
 

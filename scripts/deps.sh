@@ -11,6 +11,9 @@ packages=(
     libssl-dev libev-dev libjansson-dev libinih-dev libcrypt-dev
     # DNS (libunbound), DKIM (libopendkim), DMARC (libopendmarc, libpsl)
     libunbound-dev libopendkim-dev libopendmarc-dev libpsl-dev
+    # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
+    # sd_notify for every daemon (libsystemd)
+    libmicrohttpd-dev libargon2-dev libsystemd-dev
     # the fuzz targets: clang, and libFuzzer in its runtime package
     clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too

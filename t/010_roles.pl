@@ -26,8 +26,8 @@ is( $node->safe_psql(
 		$db,
 		"SELECT string_agg(rolname || ':' || rolcanlogin, ' ' ORDER BY rolname)"
 		  . " FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'pepsi_config:false pepsi_ingress:false pepsi_monitor:false pepsi_stage:false',
-	'CREATE EXTENSION creates the four group roles, none able to log in');
+	'pepsi_config:false pepsi_httpd:false pepsi_ingress:false pepsi_monitor:false pepsi_stage:false',
+	'CREATE EXTENSION creates the five group roles, none able to log in');
 
 # One login role per group, and one in none.
 $node->safe_psql(
@@ -313,8 +313,8 @@ may('grafana', 'read the queue while pepsi_monitor is a member of pepsi_stage',
 	'SELECT count(*) FROM pepsi.workqueue');
 like(
 	superuser("SELECT string_agg(DISTINCT grantee, ',') FROM pepsi.apply_grants()"),
-	qr/^pepsi_monitor$/,
-	'apply_grants reports what pepsi_monitor now holds');
+	qr/^pepsi_httpd,pepsi_monitor$/,
+	'apply_grants reports what pepsi_monitor now holds, and pepsi_httpd, its member, with it');
 ($ret, $out, $err) = $node->psql($db, 'SELECT * FROM pepsi.apply_grants(strict => true)');
 like($err, qr/the grants of schema pepsi differ from the policy/, 'strict raises on it');
 superuser('REVOKE pepsi_stage FROM pepsi_monitor');
@@ -332,7 +332,7 @@ superuser('CREATE DATABASE second');
 $node->safe_psql('second', 'CREATE EXTENSION pepsi');
 is( $node->safe_psql('second',
 		"SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'4',
+	'5',
 	'CREATE EXTENSION in a second database finds the roles and keeps them');
 is($node->safe_psql('second', 'SELECT count(*) FROM pepsi.apply_grants()'),
 	'0', 'and grants them there too');
@@ -343,7 +343,7 @@ is($ret, 0, 'grafana reads the views of the second database') or diag($err);
 
 superuser('DROP EXTENSION pepsi');
 is(superuser("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'4', 'DROP EXTENSION leaves the roles');
+	'5', 'DROP EXTENSION leaves the roles');
 superuser('CREATE EXTENSION pepsi');
 is(superuser('SELECT count(*) FROM pepsi.apply_grants()'), '0',
 	'a re-created extension grants the surviving roles again');

@@ -67,6 +67,47 @@ INSERT INTO pepsi.grant_owner SELECT * FROM pepsi.grant_owner_only();
 INSERT INTO pepsi.grant_owner VALUES
     ('grant_role'), ('grant_rule'), ('grant_definer'), ('grant_owner'), ('grant_roles_create');
 
+
+-- A group role may hold another's privileges by membership, and then
+-- holds nothing on the schema itself: a role's grants on the schema
+-- outlive DROP EXTENSION (the schema stays), and 0.1's check at CREATE
+-- EXTENSION would take a surviving grant to a role it does not know for
+-- drift.  Membership is declared here, granted by grant_apply(), and
+-- counted by grant_expected().
+CREATE TABLE pepsi.grant_membership (
+    member      name NOT NULL REFERENCES pepsi.grant_role (name),
+    granted     name NOT NULL REFERENCES pepsi.grant_role (name),
+    PRIMARY KEY (member, granted),
+    CHECK (member <> granted)
+);
+INSERT INTO pepsi.grant_owner VALUES ('grant_membership');
+
+CREATE OR REPLACE FUNCTION pepsi.grant_expected()
+RETURNS TABLE (role name, classid regclass, objid oid, kind "char", privilege text, expected boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    WITH objects AS (
+        SELECT 'pg_class'::regclass AS classid, c.oid AS objid, c.relkind AS kind, c.relname::text AS name,
+               CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' ELSE 'table' END AS object_kind,
+               CASE c.relkind WHEN 'S' THEN '{USAGE,SELECT,UPDATE}'::text[]
+                    ELSE '{SELECT,INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES,TRIGGER}' END AS applicable
+        FROM pg_class c
+        WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+        UNION ALL
+        SELECT 'pg_proc'::regclass, p.oid, 'f', p.proname::text, 'function', '{EXECUTE}'
+        FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace
+        UNION ALL
+        SELECT 'pg_namespace'::regclass, 'pepsi'::regnamespace::oid, 'n', 'pepsi', 'schema', '{USAGE,CREATE}'),
+    roles AS (SELECT DISTINCT g.role FROM pepsi.grant_policy() g
+              WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = g.role))
+    SELECT r.role, o.classid, o.objid, o.kind, a.privilege,
+           EXISTS (SELECT FROM pepsi.grant_policy() g
+                   WHERE (g.role = r.role
+                          OR g.role IN (SELECT m.granted FROM pepsi.grant_membership m WHERE m.member = r.role))
+                     AND g.object_kind = o.object_kind
+                     AND g.object_name = o.name AND a.privilege = ANY (g.privileges))
+    FROM objects o CROSS JOIN roles r CROSS JOIN LATERAL unnest(o.applicable) AS a (privilege)
+$$;
+
 CREATE OR REPLACE FUNCTION pepsi.grant_policy()
 RETURNS TABLE (role name, object_kind text, object_name text, privileges text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -180,6 +221,11 @@ BEGIN
     LOOP
         EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp',
                        item.routine);
+    END LOOP;
+
+    FOR item IN SELECT * FROM pepsi.grant_membership
+    LOOP
+        EXECUTE format('GRANT %I TO %I', item.granted, item.member);
     END LOOP;
 END
 $$;
@@ -361,3 +407,271 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('config_set'), ('config_unset');
 SELECT pepsi.grant_apply();
 
 -- end of the database cannot run code or redirect mail
+
+-- ===========================================================================
+-- pepsi-httpd: administrative credentials, the API's read paths, metrics
+--
+-- pepsi-httpd (daemons/httpd) serves /metrics, a JSON API over the operator
+-- functions and a web page.  It connects as a member of pepsi_httpd, which
+-- may read the views and statistics and call the operator functions, and
+-- alone may read the credential tables: a component that could read
+-- admin_session could mint itself an administrative session.  Only digests
+-- are stored (SHA-256 of a session cookie or of an API token, Argon2id of
+-- a password), so a backup holds no usable credential.
+-- ===========================================================================
+
+INSERT INTO pepsi.grant_role VALUES
+    ('pepsi_httpd', 'Pepsi: pepsi-httpd: metrics, queue views and operator functions, administrative credentials');
+SELECT pepsi.grant_roles_create();
+
+CREATE TABLE pepsi.admin_account (
+    name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$'),
+    password_hash   text NOT NULL CHECK (password_hash LIKE '$argon2id$%'),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    disabled        boolean NOT NULL DEFAULT false
+);
+COMMENT ON TABLE pepsi.admin_account IS 'pepsi-httpd administrators; passwords as Argon2id encoded hashes';
+
+CREATE TABLE pepsi.admin_session (
+    digest          bytea PRIMARY KEY CHECK (length(digest) = 32),
+    account         text NOT NULL REFERENCES pepsi.admin_account (name) ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL
+);
+CREATE INDEX admin_session_expires ON pepsi.admin_session (expires_at);
+COMMENT ON TABLE pepsi.admin_session IS 'Live pepsi-httpd browser sessions: SHA-256 of the cookie';
+
+CREATE TABLE pepsi.api_token (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name            text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$'),
+    digest          bytea NOT NULL UNIQUE CHECK (length(digest) = 32),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    revoked_at      timestamptz
+);
+COMMENT ON TABLE pepsi.api_token IS 'Bearer tokens of the pepsi-httpd API: SHA-256 of the token';
+
+-- A new token: returned once, stored only as its digest.  The secret is
+-- three version-4 UUIDs, 366 random bits (gen_random_uuid() is in core;
+-- pgcrypto's gen_random_bytes is not).
+CREATE FUNCTION pepsi.api_token_create(name text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    token text := 'pepsi_' || replace(gen_random_uuid()::text || gen_random_uuid()::text
+                                      || gen_random_uuid()::text, '-', '');
+BEGIN
+    INSERT INTO pepsi.api_token (name, digest) VALUES (api_token_create.name, sha256(convert_to(token, 'UTF8')));
+    PERFORM pepsi.event_log_write('api_token_create', jsonb_build_object('name', api_token_create.name));
+    RETURN token;
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'API token "%" exists already', api_token_create.name
+        USING ERRCODE = 'unique_violation',
+              HINT = 'Revoke it with pepsi.api_token_revoke(name), or choose another name.';
+END
+$$;
+
+CREATE FUNCTION pepsi.api_token_revoke(name text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    revoked boolean;
+BEGIN
+    UPDATE pepsi.api_token t SET revoked_at = now()
+    WHERE t.name = api_token_revoke.name AND t.revoked_at IS NULL;
+    revoked := FOUND;
+    PERFORM pepsi.event_log_write('api_token_revoke',
+        jsonb_build_object('name', api_token_revoke.name, 'revoked', revoked));
+    RETURN revoked;
+END
+$$;
+
+-- Set an administrator's password hash (made by pepsi-httpd passwd, which
+-- hashes with Argon2id: the password never reaches the server).
+CREATE FUNCTION pepsi.admin_account_set(name text, password_hash text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    INSERT INTO pepsi.admin_account AS a (name, password_hash) VALUES (name, password_hash)
+    ON CONFLICT ON CONSTRAINT admin_account_pkey
+    DO UPDATE SET password_hash = excluded.password_hash, disabled = false;
+    -- A new password ends the account's sessions.
+    DELETE FROM pepsi.admin_session s WHERE s.account = admin_account_set.name;
+    PERFORM pepsi.event_log_write('admin_account_set', jsonb_build_object('name', name));
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Queue gauges for /metrics
+--
+-- Counting a million rows by stage and status takes 100 to 250 ms even as
+-- an index-only scan (queue_summary), too slow for a scrape.  The counts
+-- are kept as a snapshot in queue_gauge: refreshed at every read while a
+-- refresh is cheap (a queue under 100,000 messages: the gauges are then
+-- live), and by the
+-- maintenance worker otherwise, at most every twenty times what a refresh
+-- costs (every 5 s for a 250 ms count), so a big queue costs the server
+-- a few percent of a core and a scrape reads forty rows.  as_of says how
+-- old the snapshot is.
+-- ---------------------------------------------------------------------------
+
+CREATE TABLE pepsi.queue_gauge (
+    stage               text NOT NULL,
+    status              pepsi.status NOT NULL,
+    messages            bigint NOT NULL,
+    held                bigint NOT NULL,
+    oldest_received_at  timestamptz,
+    PRIMARY KEY (stage, status)
+);
+CREATE TABLE pepsi.queue_gauge_refresh (
+    singleton       boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    refreshed_at    timestamptz,
+    duration        interval,
+    counted         bigint
+);
+INSERT INTO pepsi.queue_gauge_refresh DEFAULT VALUES;
+
+-- Recount when the snapshot is older than its period (twenty times the
+-- last count's cost, at least min_period), or always when force.  One
+-- refresh at a time: a concurrent caller keeps the snapshot it finds.
+-- Returns whether it counted.
+CREATE FUNCTION pepsi.queue_gauge_refresh(force boolean DEFAULT false,
+                                          min_period interval DEFAULT '1 second')
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+DECLARE
+    last record;
+    started timestamptz := clock_timestamp();
+BEGIN
+    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
+    IF NOT force AND last.refreshed_at IS NOT NULL
+       AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
+        RETURN false;
+    END IF;
+    -- ('PEPS', 2): the gauge refresh.
+    IF NOT pg_try_advisory_xact_lock(1346720851, 2) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM pepsi.queue_gauge;
+    INSERT INTO pepsi.queue_gauge
+    SELECT w.stage, w.status, count(*),
+           count(*) FILTER (WHERE w.status = 'paused' AND w.timeout = 'infinity'),
+           min(w.received_at)
+    FROM pepsi.workqueue w GROUP BY w.stage, w.status;
+    UPDATE pepsi.queue_gauge_refresh
+    SET refreshed_at = clock_timestamp(), duration = clock_timestamp() - started,
+        counted = (SELECT coalesce(sum(g.messages), 0) FROM pepsi.queue_gauge g);
+    RETURN true;
+END
+$$;
+
+-- The gauges for a scrape: recounted first when a count is cheap (the
+-- last one found under 100,000 messages, a few milliseconds of index-only
+-- scan) or the snapshot is a minute old (no maintenance worker is
+-- refreshing it).
+CREATE FUNCTION pepsi.queue_gauges()
+RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
+               oldest_age_seconds double precision, as_of timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+DECLARE
+    last record;
+BEGIN
+    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
+    IF last.refreshed_at IS NULL OR last.counted < 100000
+       OR clock_timestamp() - last.refreshed_at > interval '1 minute' THEN
+        PERFORM pepsi.queue_gauge_refresh(true);
+        SELECT * INTO last FROM pepsi.queue_gauge_refresh;
+    END IF;
+    RETURN QUERY
+    SELECT g.stage, g.status, g.messages, g.held,
+           extract(epoch FROM now() - g.oldest_received_at)::double precision, last.refreshed_at
+    FROM pepsi.queue_gauge g ORDER BY g.stage, g.status;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The API's queue reads: a page of the queue and one message, for a role
+-- that may not read pepsi.workqueue itself.
+-- ---------------------------------------------------------------------------
+
+-- Newest first; before_id pages on; search matches the sender or a
+-- recipient (case-insensitive substring).
+CREATE FUNCTION pepsi.queue_list(stage text DEFAULT NULL, status pepsi.status DEFAULT NULL,
+                                 search text DEFAULT NULL, max_rows integer DEFAULT 100,
+                                 before_id bigint DEFAULT NULL)
+RETURNS TABLE (id bigint, stage text, status pepsi.status, held boolean, received_at timestamptz,
+               age_seconds double precision, retry_at timestamptz, mail_from text, rcpt_to text[],
+               size bigint, last_error text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT w.id, w.stage, w.status, w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
+           extract(epoch FROM now() - w.received_at)::double precision,
+           CASE WHEN w.timeout < 'infinity' THEN w.timeout END,
+           w.mail_from, w.rcpt_to, length(w.headers) + 2 + length(b.body),
+           coalesce(w.state ->> 'last_error', w.state ->> 'dispatch_error')
+    FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id
+    WHERE (queue_list.stage IS NULL OR w.stage = queue_list.stage)
+      AND (queue_list.status IS NULL OR w.status = queue_list.status)
+      AND (queue_list.before_id IS NULL OR w.id < queue_list.before_id)
+      AND (queue_list.search IS NULL
+           OR strpos(lower(w.mail_from), lower(queue_list.search)) > 0
+           OR EXISTS (SELECT FROM unnest(w.rcpt_to) r WHERE strpos(lower(r), lower(queue_list.search)) > 0))
+    ORDER BY w.id DESC
+    LIMIT least(greatest(coalesce(max_rows, 100), 1), 1000)
+$$;
+
+CREATE FUNCTION pepsi.queue_message(message_id bigint)
+RETURNS TABLE (id bigint, stage text, status pepsi.status, held boolean, received_at timestamptz,
+               retry_at timestamptz, mail_from text, rcpt_to text[], sender_key text, state jsonb,
+               headers bytea, body_size bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT w.id, w.stage, w.status, w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
+           CASE WHEN w.timeout < 'infinity' THEN w.timeout END, w.mail_from, w.rcpt_to, w.sender_key,
+           w.state, w.headers, length(b.body)
+    FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id
+    WHERE w.id = message_id
+$$;
+
+-- pepsi-httpd's section holds its listening address, certificate and
+-- database connection: like the listeners, it comes from the file only.
+ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_httpd_file_only
+    CHECK (section <> 'httpd');
+
+-- The credential writers run as the owner, so that no role but
+-- pepsi_httpd holds a privilege on the credential tables.  (config_set and
+-- config_unset run as the owner since the block above, so pepsi_httpd may
+-- call them without writing config_override itself.)
+INSERT INTO pepsi.grant_definer VALUES ('queue_list'), ('queue_message'), ('queue_gauges'),
+    ('queue_gauge_refresh'), ('api_token_create'), ('api_token_revoke'), ('admin_account_set')
+    ON CONFLICT DO NOTHING;
+INSERT INTO pepsi.grant_owner VALUES ('queue_gauge'), ('queue_gauge_refresh') ON CONFLICT DO NOTHING;
+-- pepsi_httpd reads what pepsi_monitor reads (and reaches the schema
+-- through it: see grant_membership), and more.
+INSERT INTO pepsi.grant_membership VALUES ('pepsi_httpd', 'pepsi_monitor');
+INSERT INTO pepsi.grant_rule VALUES
+    ('pepsi_httpd', 'table', 'admin_account', '{SELECT}'),
+    ('pepsi_httpd', 'table', 'admin_session', '{SELECT,INSERT,DELETE}'),
+    ('pepsi_httpd', 'table', 'api_token', '{SELECT}'),
+    ('pepsi_httpd', 'table', 'dns_address', '{SELECT}'),
+    ('pepsi_httpd', 'function', 'queue_list', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_message', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_retry', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_hold', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_release', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_delete', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'queue_bounce', '{EXECUTE}'),
+    ('pepsi_httpd', 'table', 'config_override', '{SELECT}'),
+    ('pepsi_httpd', 'table', 'config_option', '{SELECT}'),
+    ('pepsi_httpd', 'function', 'config_get', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'config_validate', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'config_scope', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'config_domain_problem', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'config_set', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'config_unset', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'event_principal', '{EXECUTE}'),
+    ('pepsi_monitor', 'function', 'queue_gauges', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'queue_gauges', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'queue_list', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'queue_message', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'api_token_create', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'api_token_revoke', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'admin_account_set', '{EXECUTE}')
+    ON CONFLICT DO NOTHING;
+SELECT pepsi.grant_apply();
+
+-- end of pepsi-httpd

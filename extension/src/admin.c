@@ -11,6 +11,7 @@
 #include "pepsi.h"
 
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 
 PG_FUNCTION_INFO_V1(event_principal);
@@ -22,11 +23,24 @@ PG_FUNCTION_INFO_V1(recipient_domain);
  * or the one chosen with SET ROLE).  Inside an ordinary function it equals
  * current_user; inside a SECURITY DEFINER one it is still the caller, which
  * is what pepsi.event_log must record.
+ *
+ * pepsi-httpd acts for the administrator it authenticated: it sets
+ * pepsi.admin_account for the transaction, and the principal becomes
+ * "role:account".  Only a member of pepsi_httpd can name an account this
+ * way; for any other role the setting is ignored, so nobody else can put
+ * an administrator's name on an action.
  */
 Datum
 event_principal(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_TEXT_P(cstring_to_text(GetUserNameFromId(GetOuterUserId(), false)));
+	Oid			outer = GetOuterUserId();
+	char	   *role = GetUserNameFromId(outer, false);
+	Oid			httpd_role = get_role_oid("pepsi_httpd", true);
+
+	if (pepsi_admin_account != NULL && pepsi_admin_account[0] != '\0'
+		&& OidIsValid(httpd_role) && has_privs_of_role(outer, httpd_role))
+		PG_RETURN_TEXT_P(cstring_to_text(psprintf("%s:%s", role, pepsi_admin_account)));
+	PG_RETURN_TEXT_P(cstring_to_text(role));
 }
 
 /*

@@ -136,6 +136,15 @@ maint_run_pass(TimestampTz *last_sweep)
 		}
 
 		/*
+		 * The queue gauges of /metrics (pepsi--0.1--0.2.sql): the function
+		 * recounts only when its snapshot has aged past its period.  A
+		 * database still at 0.1 has no such function.
+		 */
+		if (maint_scalar("SELECT (to_regprocedure('pepsi.queue_gauge_refresh(boolean,interval)')"
+						 " IS NOT NULL)::int::float8", 0) > 0)
+			maint_scalar("SELECT pepsi.queue_gauge_refresh()::int::float8", 0);
+
+		/*
 		 * The next wake-up is the earliest row not yet due when this pass
 		 * began.  A row that was due then and is still paused is one the
 		 * requeue skipped because another session holds it locked; counting

@@ -16,6 +16,7 @@ char	   *pepsi_database = NULL;
 int			pepsi_maintenance_interval_ms = 1000;
 int			pepsi_body_gc_interval_s = 60;
 int			pepsi_mail_log_retention_s = 7 * 24 * 3600;
+char	   *pepsi_admin_account = NULL;
 
 void		_PG_init(void);
 
@@ -55,6 +56,14 @@ _PG_init(void)
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 #if PG_VERSION_NUM >= 150000
+	DefineCustomStringVariable("pepsi.admin_account",
+							   "The administrator pepsi-httpd acts for, recorded in pepsi.event_log.",
+							   "Honoured only for members of pepsi_httpd (see pepsi.event_principal()).",
+							   &pepsi_admin_account,
+							   "",
+							   PGC_USERSET,
+							   GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
 	MarkGUCPrefixReserved("pepsi");
 #else
 	EmitWarningsOnPlaceholders("pepsi");

@@ -21,6 +21,7 @@ extern char *pepsi_database;
 extern int	pepsi_maintenance_interval_ms;
 extern int	pepsi_body_gc_interval_s;
 extern int	pepsi_mail_log_retention_s;
+extern char *pepsi_admin_account;
 
 /* The longest retry delay accepted (ten years), so now() + delay always fits. */
 #define PEPSI_MAX_RETRY_SECONDS 315360000

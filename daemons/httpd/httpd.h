@@ -1,0 +1,96 @@
+/*
+ * httpd.h: pepsi-httpd, the administrative web server: Prometheus
+ * /metrics, a JSON API over the operator functions, and a small web page
+ * (docs/architecture.md, "Operating Pepsi").
+ *
+ * libmicrohttpd parses HTTP and runs every request on one internal
+ * thread, so the handlers share one database connection without locking;
+ * an administrative server does not need more, and a slow statement only
+ * delays other administrators.
+ */
+#ifndef PEPSI_HTTPD_H
+#define PEPSI_HTTPD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <microhttpd.h>
+
+#include "buf.h"
+#include "config.h"
+
+/* Request bodies larger than this get 413: the API takes small JSON. */
+#define HTTPD_MAX_BODY (64 * 1024)
+
+struct httpd
+{
+	struct pepsi_config *cfg;
+	PGconn	   *conn;
+	long		session_lifetime_s;
+	bool		tls;				/* cookies get Secure */
+	bool		metrics_need_token; /* [httpd] METRICS_AUTH */
+};
+extern struct httpd httpd;
+
+/* Who is asking: nobody, an API token, or a logged-in administrator. */
+enum principal_kind
+{
+	PRINCIPAL_NONE,
+	PRINCIPAL_TOKEN,
+	PRINCIPAL_SESSION,
+};
+
+struct principal
+{
+	enum principal_kind kind;
+	char		name[128];		/* "token:<name>" or the account's name */
+	char		csrf[65];		/* the session's CSRF token (hex), sessions only */
+};
+
+/* One request as the handlers see it. */
+struct request
+{
+	struct MHD_Connection *connection;
+	const char *method;
+	const char *path;
+	struct buf	body;
+	bool		body_too_large;
+	char		client[64];		/* the peer's address, for throttling and logs */
+};
+
+/* Replies: each queues the response and returns MHD's result. */
+enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body);	/* body is stolen */
+enum MHD_Result reply_json_text(struct request *req, unsigned status, const char *json);
+enum MHD_Result reply_error(struct request *req, unsigned status, const char *fmt, ...)
+			__attribute__((format(printf, 3, 4)));
+enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *content_type,
+							const void *data, size_t len, bool copy);
+/* Add the headers every response carries (no sniffing, no framing, CSP). */
+void		reply_add_security_headers(struct MHD_Response *response);
+
+/* The database connection, reconnected when it was lost. */
+PGconn	   *httpd_db(void);
+
+/* session.c: authentication, sessions, CSRF. */
+void		principal_identify(struct request *req, struct principal *who);
+/* For a state-changing request by a session: the CSRF token and Origin check. */
+bool		principal_may_change(struct request *req, const struct principal *who,
+								 const char **why);
+enum MHD_Result session_login(struct request *req);
+enum MHD_Result session_logout(struct request *req, const struct principal *who);
+enum MHD_Result session_describe(struct request *req, const struct principal *who);
+/* pepsi-httpd passwd: an Argon2id encoded hash of password (NULL on failure). */
+char	   *password_hash(const char *password);
+
+/* metrics.c: GET /metrics. */
+enum MHD_Result metrics_respond(struct request *req);
+
+/* api.c: every /api/ route but the session's. */
+enum MHD_Result api_route(struct request *req, const struct principal *who);
+
+/* www.c: the web page's static files. */
+enum MHD_Result www_respond(struct request *req);
+
+#endif

@@ -1,0 +1,617 @@
+/*
+ * pepsi-httpd: the administrative web server (httpd.h).
+ *
+ *   pepsi-httpd [-c CONFIG] [-v]          serve
+ *   pepsi-httpd [-c CONFIG] passwd NAME   set an administrator's password
+ *                                         (read from standard input)
+ *   pepsi-httpd [-c CONFIG] token NAME    create an API token, printed once
+ *
+ * Start-up, in this order: read [httpd] (the file only: like the SMTP
+ * listeners, where it listens, its certificate and its database role are
+ * never taken from the database); read the certificate and key; bind;
+ * drop privileges; start serving; connect to the database.  SIGHUP
+ * re-reads the file: the certificate, the session lifetime and the
+ * metrics' authentication change without dropping a connection; a bad new
+ * file is refused with the reason and the old settings stay.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "httpd.h"
+#include "log.h"
+#include "privilege.h"
+#include "service.h"
+
+#define HTTPD_DEFAULT_PORT 8025
+#define HTTPD_DEFAULT_SESSION_LIFETIME_MS (12L * 3600 * 1000)
+/* Request headers past this much memory get 431. */
+#define HTTPD_MAX_HEADER_MEMORY (32 * 1024)
+
+int			pepsi_httpd_main(int argc, char **argv);
+
+struct httpd httpd;
+
+/*
+ * What [httpd] says that may change on SIGHUP.  The TLS material is kept
+ * in memory as PEM strings, which is what libmicrohttpd takes.
+ */
+struct httpd_settings
+{
+	long		session_lifetime_s;
+	bool		metrics_need_token;
+	char	   *certificate;
+	char	   *key;
+};
+
+/*
+ * One request at a time: during a reload the old server's thread may
+ * still finish a request while the new one's starts, and both use
+ * httpd.conn and httpd.cfg.
+ */
+static pthread_mutex_t httpd_serving = PTHREAD_MUTEX_INITIALIZER;
+
+static void
+httpd_usage(void)
+{
+	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
+			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
+			"  passwd NAME reads the new password from standard input.\n",
+			PEPSI_CONFIG_DEFAULT_PATH);
+}
+
+/* A PEM file, as a string; NULL with err. */
+static char *
+httpd_read_file(const char *path, char *err, size_t errlen)
+{
+	struct buf	content = BUF_INIT;
+
+	if (!buf_append_file(&content, path, 1024 * 1024, err, errlen))
+	{
+		buf_free(&content);
+		return NULL;
+	}
+	return content.data;
+}
+
+/* Read them; false with err (naming the file, line and option) when one is bad. */
+static bool
+httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *err, size_t errlen)
+{
+	const char *certificate = config_get(cfg, "httpd", "CERTIFICATE");
+	const char *key = config_get(cfg, "httpd", "KEY");
+	long		lifetime_ms;
+	bool		metrics_auth;
+
+	/* A failure leaves session_lifetime_s 0, which httpd_reload tests. */
+	memset(set, 0, sizeof(*set));
+	if (!config_get_duration_ms(cfg, "httpd", "SESSION_LIFETIME", HTTPD_DEFAULT_SESSION_LIFETIME_MS,
+								60 * 1000, &lifetime_ms, err, errlen)
+		|| !config_get_bool(cfg, "httpd", "METRICS_AUTH", false, &metrics_auth, err, errlen))
+		return false;
+	if ((certificate == NULL) != (key == NULL))
+	{
+		snprintf(err, errlen, "%s: [httpd] CERTIFICATE and KEY go together", cfg->path);
+		return false;
+	}
+	if (certificate)
+	{
+		if ((set->certificate = httpd_read_file(certificate, err, errlen)) == NULL)
+			return false;
+		if ((set->key = httpd_read_file(key, err, errlen)) == NULL)
+		{
+			free(set->certificate);
+			set->certificate = NULL;
+			return false;
+		}
+	}
+	set->session_lifetime_s = lifetime_ms / 1000;
+	set->metrics_need_token = metrics_auth;
+	return true;
+}
+
+static void
+httpd_apply_settings(const struct httpd_settings *set)
+{
+	httpd.session_lifetime_s = set->session_lifetime_s;
+	httpd.metrics_need_token = set->metrics_need_token;
+	httpd.tls = set->certificate != NULL;
+}
+
+/* The key is wiped: it is a secret. */
+static void
+httpd_settings_free(struct httpd_settings *set)
+{
+	if (set->key)
+	{
+		explicit_bzero(set->key, strlen(set->key));
+		free(set->key);
+	}
+	free(set->certificate);
+	set->key = set->certificate = NULL;
+}
+
+static int
+httpd_bind(struct pepsi_config *cfg)
+{
+	const char *address = config_get(cfg, "httpd", "ADDRESS");
+	char		err[1024];
+	long		port;
+	char		service[16];
+	struct addrinfo hints = {0}, *res;
+	int			fd, rc, on = 1;
+
+	if (!config_get_long(cfg, "httpd", "PORT", HTTPD_DEFAULT_PORT, 1, 65535, &port, err, sizeof(err)))
+		fatalx("%s", err);
+	snprintf(service, sizeof(service), "%ld", port);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
+	/* Loopback unless told otherwise: the API acts on the mail queue. */
+	if ((rc = getaddrinfo(address ? address : "127.0.0.1", service, &hints, &res)) != 0)
+		fatalx("%s: [httpd] ADDRESS %s: %s", cfg->path, address, gai_strerror(rc));
+	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		fatal("socket");
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+	if (bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+		fatal("[httpd] cannot listen on %s port %ld", address ? address : "127.0.0.1", port);
+	if (listen(fd, 64) != 0)
+		fatal("listen");
+	freeaddrinfo(res);
+	log_info("listening on %s port %ld", address ? address : "127.0.0.1", port);
+	return fd;
+}
+
+/*
+ * The database: [httpd] CONNINFO when set (pepsi-httpd should connect as
+ * a member of pepsi_httpd and nothing more), else [database] CONNINFO.
+ */
+PGconn *
+httpd_db(void)
+{
+	char		err[1024];
+
+	if (httpd.conn && PQstatus(httpd.conn) == CONNECTION_OK)
+		return httpd.conn;
+	if (httpd.conn)
+	{
+		PQreset(httpd.conn);
+		if (PQstatus(httpd.conn) == CONNECTION_OK)
+			return httpd.conn;
+		PQfinish(httpd.conn);
+		httpd.conn = NULL;
+	}
+	if (config_get(httpd.cfg, "httpd", "CONNINFO"))
+	{
+		const char *keywords[] = {"dbname", "application_name", NULL};
+		const char *values[] = {config_get(httpd.cfg, "httpd", "CONNINFO"), "pepsi-httpd", NULL};
+
+		httpd.conn = PQconnectdbParams(keywords, values, 1);
+		if (PQstatus(httpd.conn) != CONNECTION_OK)
+		{
+			log_warnx("cannot connect to the database: %s", PQerrorMessage(httpd.conn));
+			PQfinish(httpd.conn);
+			httpd.conn = NULL;
+		}
+	}
+	else if ((httpd.conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err))) == NULL)
+		log_warnx("%s", err);
+	return httpd.conn;
+}
+
+/*
+ * Requests
+ */
+
+static enum MHD_Result
+httpd_dispatch(struct request *req)
+{
+	struct principal who;
+	const char *why;
+
+	if (strcmp(req->path, "/metrics") == 0)
+	{
+		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
+			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/metrics takes GET");
+		if (httpd.metrics_need_token)
+		{
+			principal_identify(req, &who);
+			if (who.kind == PRINCIPAL_NONE)
+				return reply_error(req, MHD_HTTP_UNAUTHORIZED, "a bearer token is required");
+		}
+		return metrics_respond(req);
+	}
+	if (strncmp(req->path, "/api/", 5) != 0)
+		return www_respond(req);
+
+	if (req->body_too_large)
+		return reply_error(req, MHD_HTTP_CONTENT_TOO_LARGE, "the request body is larger than %d bytes",
+						   HTTPD_MAX_BODY);
+	if (strcmp(req->path, "/api/login") == 0)
+	{
+		if (strcmp(req->method, "POST") != 0)
+			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/api/login takes POST");
+		return session_login(req);
+	}
+
+	principal_identify(req, &who);
+	if (who.kind == PRINCIPAL_NONE)
+		return reply_error(req, MHD_HTTP_UNAUTHORIZED,
+						   "log in, or send an API token as Authorization: Bearer");
+	if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0
+		&& !principal_may_change(req, &who, &why))
+		return reply_error(req, MHD_HTTP_FORBIDDEN, "%s", why);
+	if (strcmp(req->path, "/api/session") == 0)
+	{
+		if (strcmp(req->method, "GET") == 0)
+			return session_describe(req, &who);
+		if (strcmp(req->method, "DELETE") == 0)
+			return session_logout(req, &who);
+		return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/api/session takes GET or DELETE");
+	}
+	return api_route(req, &who);
+}
+
+static enum MHD_Result
+httpd_access(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
+			 const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
+{
+	struct request *req = *con_cls;
+	enum MHD_Result result;
+
+	if (req == NULL)
+	{
+		const union MHD_ConnectionInfo *info;
+
+		req = xcalloc(1, sizeof(*req));
+		req->connection = connection;
+		info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		if (info && info->client_addr)
+			getnameinfo(info->client_addr,
+						info->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+						: sizeof(struct sockaddr_in),
+						req->client, sizeof(req->client), NULL, 0, NI_NUMERICHOST);
+		*con_cls = req;
+		return MHD_YES;
+	}
+	if (*upload_data_size > 0)
+	{
+		if (req->body.len + *upload_data_size > HTTPD_MAX_BODY)
+			req->body_too_large = true;
+		else
+			buf_append(&req->body, upload_data, *upload_data_size);
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+	req->method = method;
+	req->path = url;
+	if (req->body.data == NULL)
+		buf_append(&req->body, "", 0);
+	pthread_mutex_lock(&httpd_serving);
+	result = httpd_dispatch(req);
+	pthread_mutex_unlock(&httpd_serving);
+	return result;
+}
+
+static void
+httpd_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
+				enum MHD_RequestTerminationCode toe)
+{
+	struct request *req = *con_cls;
+
+	if (req == NULL)
+		return;
+	if (req->body.data)
+		explicit_bzero(req->body.data, req->body.len);	/* may hold a password */
+	buf_free(&req->body);
+	free(req);
+	*con_cls = NULL;
+}
+
+static void
+httpd_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char		message[1024];
+	size_t		n;
+
+	vsnprintf(message, sizeof(message), fmt, ap);
+	n = strlen(message);
+	while (n > 0 && message[n - 1] == '\n')
+		message[--n] = '\0';
+	log_debug("libmicrohttpd: %s", message);
+}
+
+static struct MHD_Daemon *
+httpd_start(int listen_fd, const struct httpd_settings *set)
+{
+	/* (MHD_USE_ITC: a reload hands the socket over with MHD_quiesce_daemon.) */
+	unsigned	flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG
+		| MHD_USE_ITC;
+	struct MHD_OptionItem options[] = {
+		{MHD_OPTION_LISTEN_SOCKET, listen_fd, NULL},
+		{MHD_OPTION_NOTIFY_COMPLETED, (intptr_t) httpd_completed, NULL},
+		{MHD_OPTION_EXTERNAL_LOGGER, (intptr_t) httpd_mhd_log, NULL},
+		/* Headers beyond this get 431; slow clients are cut. */
+		{MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTPD_MAX_HEADER_MEMORY, NULL},
+		{MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
+		{MHD_OPTION_CONNECTION_LIMIT, 256, NULL},
+		{MHD_OPTION_PER_IP_CONNECTION_LIMIT, 32, NULL},
+		{MHD_OPTION_END, 0, NULL},	/* room for the TLS pair */
+		{MHD_OPTION_END, 0, NULL},
+		{MHD_OPTION_END, 0, NULL},
+	};
+
+	if (set->certificate)
+	{
+		size_t		n = 7;
+
+		flags |= MHD_USE_TLS;
+		options[n++] = (struct MHD_OptionItem) {MHD_OPTION_HTTPS_MEM_CERT, 0, set->certificate};
+		options[n++] = (struct MHD_OptionItem) {MHD_OPTION_HTTPS_MEM_KEY, 0, set->key};
+	}
+	return MHD_start_daemon(flags, 0, NULL, NULL, httpd_access, NULL,
+							MHD_OPTION_ARRAY, options, MHD_OPTION_END);
+}
+
+/*
+ * Administration from the command line
+ */
+
+/*
+ * The administrative commands connect as [database] CONNINFO says (a
+ * member of pepsi_config), not as the server's own role: pepsi_httpd may
+ * read the credentials but not write them.
+ */
+static PGconn *
+httpd_admin_connect(void)
+{
+	char		err[1024];
+	PGconn	   *conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err));
+
+	if (conn == NULL)
+		log_warnx("%s", err);
+	return conn;
+}
+
+static int
+httpd_passwd(const char *name)
+{
+	char		line[1024];
+	char	   *hash;
+	const char *values[2];
+	PGconn	   *conn;
+	PGresult   *res;
+	size_t		n;
+	int			rc = 0;
+
+	if (fgets(line, sizeof(line), stdin) == NULL)
+		fatalx("passwd: no password on standard input");
+	n = strcspn(line, "\r\n");
+	line[n] = '\0';
+	if (n < 8)
+		fatalx("passwd: a password needs at least 8 characters");
+	hash = password_hash(line);
+	explicit_bzero(line, sizeof(line));
+	if (hash == NULL)
+		fatalx("passwd: Argon2id hashing failed");
+	if ((conn = httpd_admin_connect()) == NULL)
+		return 75;
+	values[0] = name;
+	values[1] = hash;
+	res = db_exec(conn, "SELECT pepsi.admin_account_set($1, $2)", 2, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		log_warnx("passwd: %s", db_error(res, conn));
+		rc = 65;
+	}
+	PQclear(res);
+	PQfinish(conn);
+	free(hash);
+	return rc;
+}
+
+static int
+httpd_token(const char *name)
+{
+	const char *values[1] = {name};
+	PGconn	   *conn;
+	PGresult   *res;
+	int			rc = 0;
+
+	if ((conn = httpd_admin_connect()) == NULL)
+		return 75;
+	res = db_exec(conn, "SELECT pepsi.api_token_create($1)", 1, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		log_warnx("token: %s", db_error(res, conn));
+		rc = 65;
+	}
+	else
+		printf("%s\n", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	PQfinish(conn);
+	return rc;
+}
+
+/*
+ * Serving
+ */
+
+static struct pepsi_config *
+httpd_config_load(const char *path)
+{
+	char		err[1024];
+	struct pepsi_config *cfg = config_load(path, err, sizeof(err));
+
+	if (cfg == NULL)
+		log_warnx("%s", err);
+	return cfg;
+}
+
+/*
+ * SIGHUP: read the file again.  A new certificate needs a new server on
+ * the same socket: the old one stops accepting (MHD_quiesce_daemon), the
+ * new one starts, and the old one is stopped once its connections are
+ * done (or after a few seconds, closing idle keep-alive connections,
+ * which clients simply open again).
+ */
+static struct MHD_Daemon *
+httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
+{
+	struct pepsi_config *cfg;
+	struct pepsi_config *old_cfg;
+	struct httpd_settings set;
+	struct MHD_Daemon *fresh;
+	char		err[1024];
+
+	service_reloading();
+	if ((cfg = httpd_config_load(path)) == NULL)
+	{
+		log_warnx("reload refused: the old configuration stays");
+		service_reloaded();
+		return daemon;
+	}
+	if (httpd_load_settings(cfg, &set, err, sizeof(err)) && httpd.tls != (set.certificate != NULL))
+	{
+		snprintf(err, sizeof(err), "switching TLS on or off needs a restart");
+		httpd_settings_free(&set);
+		set.session_lifetime_s = 0;
+	}
+	if (set.session_lifetime_s == 0)
+	{
+		log_warnx("reload refused: %s; the old configuration stays", err);
+		httpd_settings_free(&set);
+		config_free(cfg);
+		service_reloaded();
+		return daemon;
+	}
+	if (MHD_quiesce_daemon(daemon) < 0 || (fresh = httpd_start(listen_fd, &set)) == NULL)
+		fatalx("reload: cannot hand the socket to a server with the new settings");
+	pthread_mutex_lock(&httpd_serving);
+	old_cfg = httpd.cfg;
+	httpd.cfg = cfg;
+	httpd_apply_settings(&set);
+	pthread_mutex_unlock(&httpd_serving);
+	httpd_settings_free(&set);
+	log_info("reloading %s: new connections get the new settings", path);
+	for (int waited = 0; waited < 50; waited++)
+	{
+		const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+
+		if (info == NULL || info->num_connections == 0)
+			break;
+		usleep(100 * 1000);
+	}
+	MHD_stop_daemon(daemon);
+	config_free(old_cfg);
+	log_info("reloaded %s", path);
+	service_reloaded();
+	return fresh;
+}
+
+int
+pepsi_httpd_main(int argc, char **argv)
+{
+	const char *path = getenv("PEPSI_CONFIG");
+	struct httpd_settings set;
+	struct MHD_Daemon *daemon;
+	char		err[1024];
+	int			ch, verbose = 0, listen_fd, rc = 0;
+	sigset_t	signals;
+	double		watchdog;
+
+	log_init("pepsi-httpd", false);
+	while ((ch = getopt(argc, argv, "c:vh")) != -1)
+		switch (ch)
+		{
+			case 'c':
+				path = optarg;
+				break;
+			case 'v':
+				verbose++;
+				break;
+			default:
+				httpd_usage();
+				return ch == 'h' ? 0 : 64;
+		}
+	log_setverbose(verbose);
+	argc -= optind;
+	argv += optind;
+	if ((httpd.cfg = httpd_config_load(path ? path : PEPSI_CONFIG_DEFAULT_PATH)) == NULL)
+		return 78;
+
+	if (argc == 2 && strcmp(argv[0], "passwd") == 0)
+		rc = httpd_passwd(argv[1]);
+	else if (argc == 2 && strcmp(argv[0], "token") == 0)
+		rc = httpd_token(argv[1]);
+	else if (argc != 0)
+	{
+		httpd_usage();
+		rc = 64;
+	}
+	if (argc != 0)
+	{
+		config_free(httpd.cfg);
+		return rc;
+	}
+
+	if (!httpd_load_settings(httpd.cfg, &set, err, sizeof(err)))
+		fatalx("%s", err);
+	httpd_apply_settings(&set);
+	listen_fd = httpd_bind(httpd.cfg);
+	privilege_drop(httpd.cfg, "httpd");
+
+	/* The signals are taken by sigtimedwait below, in this thread only. */
+	sigemptyset(&signals);
+	sigaddset(&signals, SIGTERM);
+	sigaddset(&signals, SIGINT);
+	sigaddset(&signals, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &signals, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if ((daemon = httpd_start(listen_fd, &set)) == NULL)
+		fatalx("cannot start the HTTP server");
+	httpd_settings_free(&set);
+	if (httpd_db() == NULL)
+		log_warnx("no database yet: requests get 503 until it answers");
+	log_info("ready%s", httpd.tls ? " (TLS)" : "");
+	service_ready();
+
+	watchdog = service_watchdog_interval();
+	for (;;)
+	{
+		struct timespec wait = {watchdog > 0 ? (time_t) watchdog : 3600, 0};
+		int			sig = sigtimedwait(&signals, NULL, &wait);
+
+		if (sig < 0)
+		{
+			if (errno == EAGAIN && watchdog > 0)
+				service_watchdog_ping();
+			continue;
+		}
+		if (sig == SIGHUP)
+		{
+			daemon = httpd_reload(path ? path : PEPSI_CONFIG_DEFAULT_PATH, daemon, listen_fd);
+			continue;
+		}
+		break;
+	}
+	service_stopping();
+	log_info("stopping");
+	MHD_stop_daemon(daemon);
+	close(listen_fd);
+	if (httpd.conn)
+		PQfinish(httpd.conn);
+	config_free(httpd.cfg);
+	return 0;
+}

@@ -1,0 +1,168 @@
+/*
+ * metrics.c: GET /metrics in the Prometheus text exposition format
+ * (version 0.0.4).
+ *
+ * The counters are pepsi.stage_stats and pepsi.dispatch_stats, which the
+ * dispatcher flushes; the queue gauges come from pepsi.queue_gauges(),
+ * which counts live while that is cheap and serves the maintenance
+ * worker's snapshot for a big queue (pepsi--0.1--0.2.sql says why), so a
+ * scrape stays a few small reads however long the queue is.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "db.h"
+#include "httpd.h"
+#include "log.h"
+
+/* A label value with \, " and newline escaped, as the format wants. */
+static void
+metrics_label(struct buf *out, const char *value)
+{
+	buf_append_char(out, '"');
+	for (const char *p = value; *p; p++)
+	{
+		if (*p == '\\' || *p == '"')
+			buf_append_char(out, '\\');
+		if (*p == '\n')
+			buf_append_str(out, "\\n");
+		else
+			buf_append_char(out, *p);
+	}
+	buf_append_char(out, '"');
+}
+
+static void
+metrics_family(struct buf *out, const char *name, const char *type, const char *help)
+{
+	buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/*
+ * One family from a column of res: one sample per row, labelled by the
+ * columns named in labels (NULL-terminated) with the same names.
+ */
+static void
+metrics_column(struct buf *out, PGresult *res, const char *name, const char *type, const char *help,
+			   const char *column, const char *const *labels)
+{
+	int			col = PQfnumber(res, column);
+
+	if (col < 0)
+		return;
+	metrics_family(out, name, type, help);
+	for (int row = 0; row < PQntuples(res); row++)
+	{
+		if (PQgetisnull(res, row, col))
+			continue;
+		buf_append_str(out, name);
+		if (labels && labels[0])
+		{
+			buf_append_char(out, '{');
+			for (int i = 0; labels[i]; i++)
+			{
+				buf_printf(out, "%s%s=", i ? "," : "", labels[i]);
+				metrics_label(out, PQgetvalue(res, row, PQfnumber(res, labels[i])));
+			}
+			buf_append_char(out, '}');
+		}
+		buf_printf(out, " %s\n", PQgetvalue(res, row, col));
+	}
+}
+
+static PGresult *
+metrics_query(PGconn *conn, const char *sql)
+{
+	PGresult   *res = db_exec(conn, sql, 0, NULL);
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		log_warnx("metrics: %s", db_error(res, conn));
+		PQclear(res);
+		return NULL;
+	}
+	return res;
+}
+
+enum MHD_Result
+metrics_respond(struct request *req)
+{
+	static const char *const stage_status[] = {"stage", "status", NULL};
+	static const char *const stage_only[] = {"stage", NULL};
+	PGconn	   *conn = httpd_db();
+	PGresult   *gauges, *stages, *dispatch, *dns;
+	struct buf	out = BUF_INIT;
+	enum MHD_Result result;
+
+	if (conn == NULL)
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
+	gauges = metrics_query(conn, "SELECT stage, status::text AS status, messages, held,"
+						   " round(oldest_age_seconds::numeric, 3) AS oldest_age,"
+						   " round(extract(epoch FROM now() - as_of), 3) AS snapshot_age"
+						   " FROM pepsi.queue_gauges()");
+	stages = metrics_query(conn, "SELECT stage, messages, round(extract(epoch FROM processing_time), 6)"
+						   " AS processing_seconds, kills, timeouts, crashes, fused_hops"
+						   " FROM pepsi.stage_stats ORDER BY stage");
+	dispatch = metrics_query(conn, "SELECT stages_run, messages, messages_failed, serialization_failures"
+							 " FROM pepsi.dispatch_stats");
+	dns = metrics_query(conn, "SELECT count(*) AS addresses,"
+						" count(*) FILTER (WHERE failures > 0) AS failing FROM pepsi.dns_address");
+	if (gauges == NULL || stages == NULL || dispatch == NULL || dns == NULL)
+	{
+		PQclear(gauges);
+		PQclear(stages);
+		PQclear(dispatch);
+		PQclear(dns);
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the statistics could not be read");
+	}
+
+	metrics_column(&out, gauges, "pepsi_queue_messages", "gauge",
+				   "Messages in the queue by stage and status.", "messages", stage_status);
+	metrics_column(&out, gauges, "pepsi_queue_held_messages", "gauge",
+				   "Messages an operator put on hold (counted among the paused).", "held", stage_status);
+	metrics_column(&out, gauges, "pepsi_queue_oldest_age_seconds", "gauge",
+				   "Age of the oldest message by stage and status (since it was received).",
+				   "oldest_age", stage_status);
+	metrics_family(&out, "pepsi_queue_snapshot_age_seconds", "gauge",
+				   "How old the queue counts are (0 when counted for this scrape).");
+	buf_printf(&out, "pepsi_queue_snapshot_age_seconds %s\n",
+			   PQntuples(gauges) > 0 ? PQgetvalue(gauges, 0, PQfnumber(gauges, "snapshot_age")) : "0");
+
+	metrics_column(&out, stages, "pepsi_stage_messages_total", "counter",
+				   "Messages a stage's workers processed.", "messages", stage_only);
+	metrics_column(&out, stages, "pepsi_stage_processing_seconds_total", "counter",
+				   "Worker time a stage spent on messages.", "processing_seconds", stage_only);
+	metrics_column(&out, stages, "pepsi_stage_kills_total", "counter",
+				   "Workers of a stage killed (MAX_RUNTIME or protocol errors).", "kills", stage_only);
+	metrics_column(&out, stages, "pepsi_stage_timeouts_total", "counter",
+				   "Messages of a stage that ran past MAX_RUNTIME.", "timeouts", stage_only);
+	metrics_column(&out, stages, "pepsi_stage_crashes_total", "counter",
+				   "Workers of a stage that died.", "crashes", stage_only);
+	metrics_column(&out, stages, "pepsi_stage_fused_hops_total", "counter",
+				   "Messages a stage processed inside its predecessor's worker (fusion).", "fused_hops",
+				   stage_only);
+
+	metrics_column(&out, dispatch, "pepsi_dispatch_stages_run_total", "counter",
+				   "Stage runs the dispatcher handed out.", "stages_run", NULL);
+	metrics_column(&out, dispatch, "pepsi_dispatch_messages_total", "counter",
+				   "Messages the dispatcher handed to workers.", "messages", NULL);
+	metrics_column(&out, dispatch, "pepsi_dispatch_messages_failed_total", "counter",
+				   "Messages that ended failed or timed out (expected to stay 0).", "messages_failed", NULL);
+	metrics_column(&out, dispatch, "pepsi_dispatch_serialization_failures_total", "counter",
+				   "Serialization failures and deadlocks retried (expected to stay 0).",
+				   "serialization_failures", NULL);
+
+	metrics_column(&out, dns, "pepsi_dns_addresses", "gauge",
+				   "MX host addresses in the delivery DNS cache (pepsi.dns_address).", "addresses", NULL);
+	metrics_column(&out, dns, "pepsi_dns_addresses_failing", "gauge",
+				   "Cached addresses whose last connection failed.", "failing", NULL);
+
+	PQclear(gauges);
+	PQclear(stages);
+	PQclear(dispatch);
+	PQclear(dns);
+	result = reply_bytes(req, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", out.data,
+						 out.len, true);
+	buf_free(&out);
+	return result;
+}

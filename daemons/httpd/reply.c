@@ -1,0 +1,86 @@
+/*
+ * reply.c: every response pepsi-httpd sends goes through here, so that
+ * each carries the same security headers and every error is JSON of one
+ * shape: {"error": "what went wrong"}.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "httpd.h"
+#include "log.h"
+
+void
+reply_add_security_headers(struct MHD_Response *response)
+{
+	MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+	MHD_add_response_header(response, "X-Frame-Options", "DENY");
+	MHD_add_response_header(response, "Referrer-Policy", "no-referrer");
+	MHD_add_response_header(response, "Cache-Control", "no-store");
+	/* The page loads only its own script and style, and nothing inline. */
+	MHD_add_response_header(response, "Content-Security-Policy",
+							"default-src 'none'; script-src 'self'; style-src 'self'; "
+							"connect-src 'self'; img-src 'self'; base-uri 'none'; "
+							"form-action 'none'; frame-ancestors 'none'");
+}
+
+enum MHD_Result
+reply_bytes(struct request *req, unsigned status, const char *content_type, const void *data,
+			size_t len, bool copy)
+{
+	struct MHD_Response *response;
+	enum MHD_Result result;
+
+	/* (MHD takes a non-const pointer; with PERSISTENT it only reads it.) */
+	response = MHD_create_response_from_buffer(len, (void *) (uintptr_t) data,
+											   copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
+	if (response == NULL)
+		return MHD_NO;
+	MHD_add_response_header(response, "Content-Type", content_type);
+	reply_add_security_headers(response);
+	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+		MHD_add_response_header(response, "Allow",
+								strncmp(req->path, "/api/", 5) == 0 ? "GET, POST, DELETE" : "GET, HEAD");
+	result = MHD_queue_response(req->connection, status, response);
+	MHD_destroy_response(response);
+	return result;
+}
+
+enum MHD_Result
+reply_json_text(struct request *req, unsigned status, const char *json)
+{
+	return reply_bytes(req, status, "application/json", json, strlen(json), true);
+}
+
+enum MHD_Result
+reply_json(struct request *req, unsigned status, json_t *body)
+{
+	char	   *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+	enum MHD_Result result;
+
+	json_decref(body);
+	if (text == NULL)
+		return reply_json_text(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "{\"error\":\"out of memory\"}");
+	result = reply_json_text(req, status, text);
+	free(text);
+	return result;
+}
+
+enum MHD_Result
+reply_error(struct request *req, unsigned status, const char *fmt, ...)
+{
+	char		message[1024];
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(message, sizeof(message), fmt, ap);
+	va_end(ap);
+	if (status >= 500)
+		log_warnx("%s %s: %u %s", req->method ? req->method : "?", req->path ? req->path : "?",
+				  status, message);
+	else
+		log_debug("%s %s from %s: %u %s", req->method ? req->method : "?",
+				  req->path ? req->path : "?", req->client, status, message);
+	return reply_json(req, status, json_pack("{ss}", "error", message));
+}

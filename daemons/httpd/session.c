@@ -1,0 +1,398 @@
+/*
+ * session.c: who a request comes from, and whether it may change anything.
+ *
+ * Two kinds of credential: an API token (Authorization: Bearer, for
+ * automation) and a browser session (a cookie set at login, HttpOnly,
+ * SameSite=Strict, Secure under TLS).  The database holds only SHA-256
+ * digests of both (pepsi.api_token, pepsi.admin_session) and Argon2id
+ * hashes of the passwords (pepsi.admin_account), so a backup holds no
+ * usable credential.
+ *
+ * A browser sends its cookie with any request, including one a hostile
+ * page makes it send, so a session may change something only with the
+ * session's CSRF token in X-CSRF-Token (derived from the cookie's secret,
+ * which another origin cannot read) and, when the browser says where the
+ * request comes from (Origin, Sec-Fetch-Site), only from this origin.  A
+ * bearer token is never sent by a browser on its own and needs neither.
+ */
+#include <string.h>
+#include <time.h>
+
+#include <argon2.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include "db.h"
+#include "httpd.h"
+#include "log.h"
+
+#define SESSION_COOKIE "pepsi_session"
+#define SESSION_SECRET_BYTES 32
+/* Argon2id as OWASP recommends it: 19 MiB, two passes, one lane. */
+#define PASSWORD_T_COST 2
+#define PASSWORD_M_COST (19 * 1024)
+#define PASSWORD_PARALLELISM 1
+#define PASSWORD_SALT_BYTES 16
+#define PASSWORD_HASH_BYTES 32
+/* Passwords longer than this are refused before hashing (a cheap DoS otherwise). */
+#define PASSWORD_MAX_LENGTH 256
+/* Failed logins per client address before it must wait LOGIN_WINDOW. */
+#define LOGIN_MAX_FAILURES 5
+#define LOGIN_WINDOW 600
+#define LOGIN_CLIENTS_TRACKED 128
+
+static void
+hex_encode(const unsigned char *in, size_t len, char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < len; i++)
+	{
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * len] = '\0';
+}
+
+/* The bytea literal of SHA-256(secret), "\x..." for a text parameter. */
+static void
+digest_literal(const char *secret, size_t len, char out[2 + 2 * SHA256_DIGEST_LENGTH + 1])
+{
+	unsigned char digest[SHA256_DIGEST_LENGTH];
+
+	SHA256((const unsigned char *) secret, len, digest);
+	out[0] = '\\';
+	out[1] = 'x';
+	hex_encode(digest, sizeof(digest), out + 2);
+}
+
+/* The CSRF token of a session: HMAC-SHA256(secret, "pepsi-csrf"), in hex. */
+static void
+session_csrf(const char *secret, char out[65])
+{
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int maclen = 0;
+
+	HMAC(EVP_sha256(), secret, (int) strlen(secret), (const unsigned char *) "pepsi-csrf", 10, mac,
+		 &maclen);
+	hex_encode(mac, 32, out);
+}
+
+static const char *
+header(struct request *req, const char *name)
+{
+	return MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, name);
+}
+
+/* A one-row, one-column query's value (copied into out), or false. */
+static bool
+lookup_one(const char *sql, int nparams, const char *const *values, char *out, size_t outlen)
+{
+	PGconn	   *conn = httpd_db();
+	PGresult   *res;
+	bool		found;
+
+	if (conn == NULL)
+		return false;
+	res = db_exec(conn, sql, nparams, values);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		log_warnx("authentication: %s", db_error(res, conn));
+	found = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
+	if (found)
+		snprintf(out, outlen, "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return found;
+}
+
+void
+principal_identify(struct request *req, struct principal *who)
+{
+	const char *authorization = header(req, MHD_HTTP_HEADER_AUTHORIZATION);
+	const char *cookie = MHD_lookup_connection_value(req->connection, MHD_COOKIE_KIND, SESSION_COOKIE);
+	char		digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
+	char		name[sizeof(who->name) - 6];
+	const char *values[1] = {digest};
+
+	memset(who, 0, sizeof(*who));
+	if (authorization && strncasecmp(authorization, "Bearer ", 7) == 0)
+	{
+		const char *token = authorization + 7;
+
+		digest_literal(token, strlen(token), digest);
+		if (lookup_one("SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL",
+					   1, values, name, sizeof(name)))
+		{
+			who->kind = PRINCIPAL_TOKEN;
+			snprintf(who->name, sizeof(who->name), "token:%s", name);
+		}
+		/* A wrong token is no credential, even with a valid cookie beside it. */
+		return;
+	}
+	if (cookie && strlen(cookie) < 128)
+	{
+		digest_literal(cookie, strlen(cookie), digest);
+		if (lookup_one("SELECT s.account FROM pepsi.admin_session s"
+					   " JOIN pepsi.admin_account a ON a.name = s.account"
+					   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
+					   1, values, who->name, sizeof(who->name)))
+		{
+			who->kind = PRINCIPAL_SESSION;
+			session_csrf(cookie, who->csrf);
+		}
+	}
+}
+
+/*
+ * Whether the browser says the request comes from another origin: a
+ * Sec-Fetch-Site other than same-origin, or an Origin other than ours
+ * (scheme and Host).  A client that sends neither (curl, an old browser)
+ * is judged by the CSRF token alone.
+ */
+static bool
+request_cross_site(struct request *req)
+{
+	const char *site = header(req, "Sec-Fetch-Site");
+	const char *origin = header(req, "Origin");
+	const char *host = header(req, MHD_HTTP_HEADER_HOST);
+	char		ours[300];
+
+	if (site && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+		return true;
+	if (origin == NULL)
+		return false;
+	if (host == NULL)
+		return true;
+	snprintf(ours, sizeof(ours), "%s://%s", httpd.tls ? "https" : "http", host);
+	return strcmp(origin, ours) != 0;
+}
+
+bool
+principal_may_change(struct request *req, const struct principal *who, const char **why)
+{
+	const char *token;
+
+	if (who->kind == PRINCIPAL_TOKEN)
+		return true;
+	if (request_cross_site(req))
+	{
+		*why = "cross-site request refused";
+		return false;
+	}
+	token = header(req, "X-CSRF-Token");
+	if (token == NULL || strlen(token) != 64 || CRYPTO_memcmp(token, who->csrf, 64) != 0)
+	{
+		*why = "missing or wrong X-CSRF-Token";
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Passwords
+ */
+
+char *
+password_hash(const char *password)
+{
+	unsigned char salt[PASSWORD_SALT_BYTES];
+	size_t		len = argon2_encodedlen(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM,
+										PASSWORD_SALT_BYTES, PASSWORD_HASH_BYTES, Argon2_id);
+	char	   *encoded = xmalloc(len);
+
+	if (RAND_bytes(salt, sizeof(salt)) != 1
+		|| argon2id_hash_encoded(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM, password,
+								 strlen(password), salt, sizeof(salt), PASSWORD_HASH_BYTES, encoded,
+								 len) != ARGON2_OK)
+	{
+		free(encoded);
+		return NULL;
+	}
+	return encoded;
+}
+
+/*
+ * Failed logins are counted per client address in a small table; the
+ * oldest entry makes room.  In memory only: a restart forgives.
+ */
+struct login_failures
+{
+	char		client[64];
+	int			count;
+	time_t		first;
+};
+static struct login_failures login_failures[LOGIN_CLIENTS_TRACKED];
+
+static struct login_failures *
+login_failures_of(const char *client, bool create)
+{
+	struct login_failures *oldest = &login_failures[0];
+	time_t		now = time(NULL);
+
+	for (size_t i = 0; i < LOGIN_CLIENTS_TRACKED; i++)
+	{
+		struct login_failures *f = &login_failures[i];
+
+		if (f->client[0] && now - f->first > LOGIN_WINDOW)
+			f->client[0] = '\0';
+		if (f->client[0] && strcmp(f->client, client) == 0)
+			return f;
+		if (f->client[0] == '\0' || f->first < oldest->first)
+			oldest = f;
+	}
+	if (!create)
+		return NULL;
+	snprintf(oldest->client, sizeof(oldest->client), "%s", client);
+	oldest->count = 0;
+	oldest->first = now;
+	return oldest;
+}
+
+static enum MHD_Result
+session_set_cookie(struct request *req, unsigned status, json_t *body, const char *value, long max_age)
+{
+	char	   *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+	char		cookie[256];
+	struct MHD_Response *response;
+	enum MHD_Result result;
+
+	json_decref(body);
+	if (text == NULL)
+		return MHD_NO;
+	response = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+	snprintf(cookie, sizeof(cookie), "%s=%s; Path=/; Max-Age=%ld; HttpOnly; SameSite=Strict%s",
+			 SESSION_COOKIE, value, max_age, httpd.tls ? "; Secure" : "");
+	MHD_add_response_header(response, MHD_HTTP_HEADER_SET_COOKIE, cookie);
+	MHD_add_response_header(response, "Content-Type", "application/json");
+	reply_add_security_headers(response);
+	result = MHD_queue_response(req->connection, status, response);
+	MHD_destroy_response(response);
+	return result;
+}
+
+enum MHD_Result
+session_login(struct request *req)
+{
+	const char *content_type = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+	struct login_failures *failures = login_failures_of(req->client, false);
+	static char *dummy_hash;
+	json_error_t error;
+	json_t	   *body;
+	const char *name = NULL, *password = NULL;
+	char		stored[256] = "";
+	unsigned char secret_bytes[SESSION_SECRET_BYTES];
+	char		secret[2 * SESSION_SECRET_BYTES + 1];
+	char		digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
+	char		lifetime[32];
+	char		csrf[65];
+	bool		known, verified;
+	PGresult   *res;
+
+	if (request_cross_site(req))
+		return reply_error(req, MHD_HTTP_FORBIDDEN, "cross-site request refused");
+	/* A form of another site cannot send this type without asking first. */
+	if (content_type == NULL || strncasecmp(content_type, "application/json", 16) != 0)
+		return reply_error(req, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "send the credentials as application/json");
+	if (failures && failures->count >= LOGIN_MAX_FAILURES)
+		return reply_error(req, MHD_HTTP_TOO_MANY_REQUESTS,
+						   "too many failed logins from %s: wait ten minutes", req->client);
+	if ((body = json_loadb(req->body.data, req->body.len, 0, &error)) == NULL)
+		return reply_error(req, MHD_HTTP_BAD_REQUEST, "bad JSON: %s", error.text);
+	if (json_unpack(body, "{s:s, s:s}", "name", &name, "password", &password) != 0)
+	{
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_BAD_REQUEST, "expected {\"name\": ..., \"password\": ...}");
+	}
+	if (strlen(password) > PASSWORD_MAX_LENGTH || strlen(name) > 64)
+	{
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_BAD_REQUEST, "name or password too long");
+	}
+	if (httpd_db() == NULL)
+	{
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
+	}
+	known = lookup_one("SELECT password_hash FROM pepsi.admin_account WHERE name = $1 AND NOT disabled",
+					   1, &name, stored, sizeof(stored));
+	/* An unknown name costs what a wrong password costs: no user probing. */
+	if (!known && dummy_hash == NULL)
+		dummy_hash = password_hash("no such account");
+	verified = argon2id_verify(known ? stored : dummy_hash, password, strlen(password)) == ARGON2_OK
+		&& known;
+	if (!verified)
+	{
+		failures = login_failures_of(req->client, true);
+		failures->count++;
+		log_info("failed login for \"%s\" from %s", name, req->client);
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_UNAUTHORIZED, "wrong name or password");
+	}
+
+	if (RAND_bytes(secret_bytes, sizeof(secret_bytes)) != 1)
+	{
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "no randomness");
+	}
+	hex_encode(secret_bytes, sizeof(secret_bytes), secret);
+	digest_literal(secret, strlen(secret), digest);
+	snprintf(lifetime, sizeof(lifetime), "%ld", httpd.session_lifetime_s);
+	{
+		const char *values[3] = {digest, name, lifetime};
+
+		/* Expired sessions go as new ones come: the table stays small. */
+		PQclear(db_exec(httpd.conn, "DELETE FROM pepsi.admin_session WHERE expires_at < now()", 0, NULL));
+		res = db_exec(httpd.conn, "INSERT INTO pepsi.admin_session (digest, account, expires_at)"
+					  " VALUES ($1::bytea, $2, now() + make_interval(secs => $3::float8))", 3, values);
+	}
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		log_warnx("login: %s", db_error(res, httpd.conn));
+		PQclear(res);
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the session could not be stored");
+	}
+	PQclear(res);
+	if (failures)
+		failures->count = 0;
+	log_info("%s logged in from %s", name, req->client);
+	session_csrf(secret, csrf);
+	{
+		json_t	   *reply = json_pack("{sssssI}", "account", name, "csrf", csrf, "expires_in",
+									  (json_int_t) httpd.session_lifetime_s);
+		enum MHD_Result result = session_set_cookie(req, MHD_HTTP_OK, reply, secret,
+													httpd.session_lifetime_s);
+
+		explicit_bzero(secret, sizeof(secret));
+		json_decref(body);
+		return result;
+	}
+}
+
+enum MHD_Result
+session_logout(struct request *req, const struct principal *who)
+{
+	const char *cookie = MHD_lookup_connection_value(req->connection, MHD_COOKIE_KIND, SESSION_COOKIE);
+	char		digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
+	const char *values[1] = {digest};
+
+	if (who->kind != PRINCIPAL_SESSION || cookie == NULL)
+		return reply_error(req, MHD_HTTP_BAD_REQUEST, "not a browser session");
+	digest_literal(cookie, strlen(cookie), digest);
+	PQclear(db_exec(httpd.conn, "DELETE FROM pepsi.admin_session WHERE digest = $1::bytea", 1, values));
+	log_info("%s logged out", who->name);
+	return session_set_cookie(req, MHD_HTTP_OK, json_pack("{sb}", "logged_out", 1), "", 0);
+}
+
+enum MHD_Result
+session_describe(struct request *req, const struct principal *who)
+{
+	json_t	   *reply = json_pack("{ssss}", "account", who->name, "kind",
+								  who->kind == PRINCIPAL_TOKEN ? "token" : "session");
+
+	if (who->kind == PRINCIPAL_SESSION)
+		json_object_set_new(reply, "csrf", json_string(who->csrf));
+	return reply_json(req, MHD_HTTP_OK, reply);
+}
