@@ -16,6 +16,7 @@
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
+#include "xalloc.h"
 
 /* The most ids one action takes: a bigger selection is a job for SQL. */
 #define API_MAX_IDS 10000

@@ -29,6 +29,7 @@
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
+#include "xalloc.h"
 #include "privilege.h"
 #include "service.h"
 

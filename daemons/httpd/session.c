@@ -28,6 +28,7 @@
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
+#include "xalloc.h"
 
 #define SESSION_COOKIE "pepsi_session"
 #define SESSION_SECRET_BYTES 32
