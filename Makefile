@@ -174,7 +174,7 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_syntax.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c \
                      common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
-                     common/aliases.c common/config.c common/auth/results.c \
+                     common/aliases.c common/config.c common/header.c common/auth/results.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \

@@ -105,6 +105,78 @@ header_remove(const char *headers, size_t len, const char *name, struct buf *out
 	}
 }
 
+size_t
+header_count(const char *headers, size_t len, const char *name)
+{
+	size_t		count = 0;
+
+	for (size_t start = 0; start < len;)
+	{
+		size_t		end = header_field_end(headers, len, start);
+
+		count += header_field_is(headers + start, end - start, name);
+		start = end;
+	}
+	return count;
+}
+
+/*
+ * The authserv-id of an Authentication-Results value: the first token
+ * after white space, line folds and comments (RFC 8601 2.2, CFWS allowed).
+ */
+static bool
+header_authserv_id_is(const char *value, size_t len, const char *authserv_id)
+{
+	size_t		i = 0;
+	size_t		n = strlen(authserv_id);
+	int			comment = 0;
+
+	for (; i < len; i++)
+	{
+		char		c = value[i];
+
+		if (comment)
+		{
+			if (c == '\\' && i + 1 < len)
+				i++;
+			else if (c == '(')
+				comment++;
+			else if (c == ')')
+				comment--;
+		}
+		else if (c == '(')
+			comment = 1;
+		else if (!isspace((unsigned char) c))
+			break;
+	}
+	if (len - i < n || strncasecmp(value + i, authserv_id, n) != 0)
+		return false;
+	/* The whole token: what follows ends it (a version, a ";", a comment). */
+	return i + n == len || isspace((unsigned char) value[i + n]) || value[i + n] == ';'
+		|| value[i + n] == '(';
+}
+
+size_t
+header_remove_results_of(const char *headers, size_t len, const char *authserv_id, struct buf *out)
+{
+	static const char name[] = "Authentication-Results";
+	size_t		removed = 0;
+
+	for (size_t start = 0; start < len;)
+	{
+		size_t		end = header_field_end(headers, len, start);
+		size_t		value = start + sizeof(name);
+
+		if (header_field_is(headers + start, end - start, name)
+			&& header_authserv_id_is(headers + value, end - value, authserv_id))
+			removed++;
+		else
+			buf_append(out, headers + start, end - start);
+		start = end;
+	}
+	return removed;
+}
+
 static void
 header_add_address(char ***list, size_t *count, const char *start, size_t n)
 {

@@ -16,6 +16,15 @@ char	   *header_get(const char *headers, size_t len, const char *name);
 void		header_get_all(const char *headers, size_t len, const char *name, struct buf *out);
 /* Copy headers to out without any header named name. */
 void		header_remove(const char *headers, size_t len, const char *name, struct buf *out);
+/* How many fields named name the block has (Received, for a hop count). */
+size_t		header_count(const char *headers, size_t len, const char *name);
+/*
+ * Copy headers to out without the Authentication-Results fields whose
+ * authserv-id is authserv_id (case-insensitive; RFC 8601 section 5: inside
+ * our boundary only we may claim our name).  Returns how many were dropped.
+ */
+size_t		header_remove_results_of(const char *headers, size_t len, const char *authserv_id,
+									 struct buf *out);
 /*
  * The addresses of an address-list value (To, Cc, Bcc): angle-addr or
  * bare addr-spec, groups and comments skipped.  Appends each to *list.

@@ -256,6 +256,58 @@ like($replies[1], qr/^250 2\.1\.5 Recipient ok\r?$/m, 'local parts differing in 
 $c->close;
 
 #
+# Trace fields: forged Authentication-Results, loops, the Received id.
+#
+sub send_message
+{
+	my ($content) = @_;
+	my $c = SmtpClient->new($port{smtp}, from => '127.0.0.1');
+
+	$c->command('EHLO client.test');
+	$c->command('MAIL FROM:<sender@sender.example>');
+	$c->command('RCPT TO:<alice@example.org>');
+	$c->command('DATA');
+	my $reply = $c->command("$content.");
+	$c->close;
+	return $reply;
+}
+
+sub stored_headers
+{
+	my ($id) = @_;
+
+	return $node->safe_psql($db,
+		"SELECT convert_from(headers, 'UTF8') FROM pepsi.workqueue WHERE id = $id");
+}
+
+$queued = send_message("Authentication-Results: mx.test; spf=pass smtp.mailfrom=ceo\@example.org\r\n"
+	  . "Authentication-Results: (forged) MX.Test 1;\r\n\tdkim=pass header.d=example.org\r\n"
+	  . "Authentication-Results: other.example; dkim=fail\r\n"
+	  . "Authentication-Results: mx.test.evil.example; dmarc=pass\r\n"
+	  . "Subject: trust me\r\n\r\nbody\r\n");
+($id) = $queued =~ /queued as (\d+)/;
+ok(defined $id, 'a message with Authentication-Results fields is queued') or diag($queued);
+my $headers = stored_headers($id);
+my @results = $headers =~ /^Authentication-Results:[^\r]*/mg;
+is(scalar(@results), 3, 'the two claiming our authserv-id are gone, ours was added');
+like($results[0], qr/^Authentication-Results: mx\.test;/, 'ours comes first');
+like($headers, qr/^Authentication-Results: other\.example; dkim=fail\r$/m,
+	"another server's is kept");
+like($headers, qr/^Authentication-Results: mx\.test\.evil\.example; dmarc=pass\r$/m,
+	'so is one whose authserv-id only starts like ours');
+unlike($headers, qr/spf=pass smtp\.mailfrom=ceo|\(forged\)/, 'nothing of the forged ones is left');
+like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id [0-9A-F]{16}\r$/m,
+	'the Received id is sixteen hex digits');
+
+my $loop = join('', map { "Received: from hop$_.example by hop$_.example; Tue, 1 Dec 2026 00:00:00 +0000\r\n" } 1 .. 50);
+$before = rows();
+like(send_message($loop . "Subject: loop\r\n\r\nbody\r\n"), qr/^554 5\.4\.6 /,
+	'a message that has been through MAX_HOPS (50) servers is refused: 5.4.6');
+is(rows(), $before, 'and not stored');
+$loop = join('', map { "Received: from hop$_.example by hop$_.example; Tue, 1 Dec 2026 00:00:00 +0000\r\n" } 1 .. 49);
+like(send_message($loop . "Subject: far\r\n\r\nbody\r\n"), qr/^250 /, 'one through 49 is taken');
+
+#
 # Configuration errors name the file, the line and the option.
 #
 $ingress->signal('TERM');

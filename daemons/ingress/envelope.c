@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "auth/results.h"
+#include "header.h"
 #include "log.h"
 #include "xalloc.h"
 #include "message.h"
@@ -129,6 +130,31 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 	return text;
 }
 
+/*
+ * The trace fields a client sent: too many hops is a loop (RFC 5321
+ * 6.3), refused with 5.4.6; an Authentication-Results that claims our
+ * authserv-id is a forgery from outside our boundary and is dropped
+ * (RFC 8601 5), so that only ours says what we checked.
+ */
+static const char *
+envelope_check_trace(const struct envelope_origin *o, struct buf *headers)
+{
+	const char *h = headers->data ? headers->data : "";
+	struct buf	kept = BUF_INIT;
+
+	if (o->max_hops > 0 && (header_count(h, headers->len, "Received") >= o->max_hops
+							|| header_count(h, headers->len, "Delivered-To") >= o->max_hops))
+		return "554 5.4.6 Message refused: too many hops (a mail loop?)";
+	if (header_remove_results_of(h, headers->len, o->authserv_id, &kept) > 0)
+	{
+		buf_free(headers);
+		*headers = kept;
+	}
+	else
+		buf_free(&kept);
+	return NULL;
+}
+
 const char *
 envelope_build(const struct smtp_session *s, const struct envelope_origin *o, struct envelope *e)
 {
@@ -136,6 +162,7 @@ envelope_build(const struct smtp_session *s, const struct envelope_origin *o, st
 	size_t		len = s->message.len;
 	struct buf	headers = BUF_INIT;
 	json_t	   *auth;
+	const char *refusal;
 
 	memset(e, 0, sizeof(*e));
 	message_split(raw, len, &headers, &e->body);
@@ -158,6 +185,12 @@ envelope_build(const struct smtp_session *s, const struct envelope_origin *o, st
 		buf_reset(&e->body);
 		if (headers.len < len)
 			buf_append(&e->body, raw + headers.len + 2, len - headers.len - 2);
+	}
+	if ((refusal = envelope_check_trace(o, &headers)) != NULL)
+	{
+		buf_free(&headers);
+		envelope_free(e);
+		return refusal;
 	}
 	auth = envelope_auth(s, o);
 	envelope_received(s, o, &e->headers);

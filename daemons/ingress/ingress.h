@@ -54,6 +54,7 @@ struct ingress
 	struct credentials *credentials;
 	const char *local_domains;	/* [pepsi] LOCAL_DOMAINS */
 	struct local_resolver *local_recipients;	/* NULL: no recipient validation */
+	unsigned	max_hops;		/* [ingress] MAX_HOPS */
 	struct listener *listeners;
 	size_t		sessions;
 	bool		stopping;

@@ -383,6 +383,7 @@ pepsi_ingress_main(int argc, char **argv)
 		admit_options.stage = "init";
 	admit_options.wake_interval = ingress_option_seconds("ingress", "DISPATCH_WAKE_INTERVAL", 50, 0);
 
+	ingress.max_hops = (unsigned) ingress_option_long("ingress", "MAX_HOPS", 50, 0, 1000);
 	ingress.local_domains = local_domains(ingress.cfg, NULL);
 	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
 		fatalx("%s", err);

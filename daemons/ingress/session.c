@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +62,7 @@ struct session
 	struct admission *admission;
 	struct verify *verify;		/* message authentication; NULL when the listener has it off */
 	bool		trusted;		/* the client is in TRUSTED_NETWORKS */
+	uint64_t	id_base;		/* random: the Received ids of its transactions */
 	unsigned	transactions;
 	struct session *prev;
 	struct session *next;
@@ -69,7 +71,6 @@ struct session
 static struct session *session_list;
 static struct client *client_buckets[SESSION_CLIENT_BUCKETS];
 static char session_read_buffer[SESSION_READ_SIZE];
-static unsigned session_id_prefix;
 
 static bool session_read(struct session *s);
 static bool session_update(struct session *s);
@@ -311,13 +312,15 @@ session_store(struct session *s)
 	char		transaction_id[32];
 	const char *refusal;
 
-	snprintf(transaction_id, sizeof(transaction_id), "%08X%08X", session_id_prefix,
-			 (unsigned) ((uintptr_t) s * 31u + ++s->transactions));
+	/* Random per session, counting per transaction: it tells nothing of memory. */
+	snprintf(transaction_id, sizeof(transaction_id), "%016llX",
+			 (unsigned long long) (s->id_base + ++s->transactions));
 	origin.client_ip = s->client->ip;
 	origin.listener = s->listener->name;
 	origin.hostname = ingress.hostname;
 	origin.authserv_id = ingress.authserv_id;
 	origin.transaction_id = transaction_id;
+	origin.max_hops = ingress.max_hops;
 	origin.now = time(NULL);
 	if (s->verify)
 		verify_findings(s->verify, &findings);
@@ -648,8 +651,6 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	struct client *client;
 	struct session *s;
 
-	if (session_id_prefix == 0)
-		session_id_prefix = (unsigned) random() | 1;
 	session_client_ip(addr, ip, sizeof(ip));
 	if (l->max_sessions && l->sessions >= l->max_sessions)
 	{
@@ -677,6 +678,8 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
 	s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
+	if (getrandom(&s->id_base, sizeof(s->id_base), 0) != sizeof(s->id_base))
+		s->id_base = ((uint64_t) time(NULL) << 20) ^ (uint64_t) ingress.sessions;
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;

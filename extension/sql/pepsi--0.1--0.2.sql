@@ -319,6 +319,14 @@ BEGIN
 END
 $$;
 
+-- The options of relay control and recipient validation an override may
+-- set (TRUSTED_NETWORKS, ALIASES_FILE and MAILDIR_ROOT are file-only).
+INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
+    ('pepsi', 'LOCAL_DOMAINS', 'text', NULL, NULL, true, 'The domains this system receives mail for (ingress and the route stages)'),
+    ('pepsi', 'LOCAL_RECIPIENTS', 'text', NULL, NULL, true, 'Where ingress checks that a local recipient exists: aliases, maildir, virtual'),
+    ('ingress', 'LOCAL_RECIPIENTS_REFRESH', 'duration', NULL, NULL, true, 'How often ingress reads pepsi.virtual_mailbox again'),
+    ('ingress', 'MAX_HOPS', 'integer', 0, 1000, true, 'Received (or Delivered-To) fields that make a message a loop (5.4.6)');
+
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_ingress', 'table', 'virtual_mailbox', '{SELECT}'),
     ('pepsi_stage', 'table', 'virtual_mailbox', '{SELECT}'),
