@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# bench/dkim-sign: DKIM signing, Pepsi against Postfix with the OpenDKIM
+# milter, side by side on this machine, both signing the same messages
+# with the same key and relaying them into the same Postfix smtp-sink.
+#
+#   pepsi:    pepsi-ingress -> init (route) -> sign (pepsi-stage-dkim-sign)
+#             -> relay-to-smarthost -> smtp-sink, the queue a durable
+#             cluster (bench/lib.sh)
+#   postfix:  a private stock Postfix (bench/lib.sh) whose smtpd calls
+#             opendkim (Debian's, sign mode, a private configuration) as a
+#             milter, relayhost = the same smtp-sink
+#
+# Both sign relaxed/relaxed, d=example.org, the same key, From, To,
+# Subject and Date oversigned.  Postfix's smtp-source sends MESSAGES
+# messages of each SIZES (2 KB and 100 KB by default), for each of
+# ALGORITHMS (rsa-sha256 with a 2048-bit key, ed25519-sha256); the time
+# runs from the first message sent to the last one smtp-sink received.
+# The sides alternate, BENCH_REPEATS times; medians (and the spread,
+# min..max) in signed messages per second, and the ratio pepsi/postfix
+# (target: at least 2).
+#
+# Then the cost of signing inside Pepsi: bench/relay's graph (route ->
+# relay) against the same graph with the signing stage added, 2 KB
+# messages, RSA-2048: the rate lost to signing (target: at most 25%).
+#
+# Environment: BENCH_REPEATS (5), BENCH_MESSAGES (20000), BENCH_SESSIONS
+# (20), BENCH_SIZES ("2048 102400"), BENCH_ALGORITHMS ("rsa-sha256
+# ed25519-sha256"), BENCH_RELAY_WORKERS (20), BENCH_SIGN_WORKERS (2).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-5}
+sessions=${BENCH_SESSIONS:-20}
+messages=${BENCH_MESSAGES:-20000}
+sizes=${BENCH_SIZES:-2048 102400}
+algorithms=${BENCH_ALGORITHMS:-rsa-sha256 ed25519-sha256}
+relay_workers=${BENCH_RELAY_WORKERS:-20}
+sign_workers=${BENCH_SIGN_WORKERS:-2}
+bin="$bench_top/build/bin"
+out_dir="$bench_top/bench/out"
+mkdir -p "$out_dir"
+log="$out_dir/dkim-sign.log"
+: >"$log"
+
+bench_postfix_install
+command -v /usr/sbin/opendkim >/dev/null || {
+    echo "installing opendkim"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq opendkim >/dev/null
+}
+for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-dkim-sign \
+    pepsi-stage-relay-to-smarthost pepsi-keys; do
+    [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
+done
+if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-stage-dkim-sign; then
+    program() { echo "$bin/pepsi $1"; }
+else
+    program() { echo "$bin/$1"; }
+fi
+
+sink_pid= ingress_pid= dispatch_pid= postfix_dir= opendkim_pid=
+
+stop_pid() {
+    local pid=$1
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+stop_sides() {
+    stop_pid "$ingress_pid"
+    stop_pid "$dispatch_pid"
+    stop_pid "$opendkim_pid"
+    ingress_pid= dispatch_pid= opendkim_pid=
+    if [ -n "$postfix_dir" ]; then
+        bench_postfix_stop "$postfix_dir"
+        postfix_dir=
+    fi
+}
+
+cleanup() {
+    stop_sides
+    stop_pid "$sink_pid"
+    bench_cleanup
+}
+
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1: $2" >&2
+    return 1
+}
+
+sink_port=$(bench_free_port)
+sink_out="$BENCH_DIR/sink.out"
+/usr/sbin/smtp-sink -u "$PEPSI_USER" -c "127.0.0.1:$sink_port" 256 >"$sink_out" 2>&1 &
+sink_pid=$!
+wait_port "$sink_port" smtp-sink
+relay_to=$sink_port
+sink_count() { tail -c 200 "$sink_out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1; }
+
+# One key per algorithm, shared by both sides.
+keys="$BENCH_DIR/keys"
+mkdir -p "$keys"
+for a in $algorithms; do
+    "$bin/pepsi-keys" generate -a "$a" -o "$keys/$a.pem" >/dev/null
+done
+chown -R opendkim: "$keys" 2>/dev/null || true
+
+# start_pepsi ALGORITHM SIGN(yes|no)
+start_pepsi() {
+    local algorithm=$1 sign=$2 conf="$BENCH_DIR/pepsi.conf" remote=smarthost
+    pepsi_port=$(bench_free_port)
+    [ "$sign" = yes ] && remote=sign
+    cat >"$conf" <<CONF
+[pepsi]
+HOSTNAME = pepsi.bench.test
+[database]
+CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
+[dispatch]
+POLL_INTERVAL = 1s
+WORKER_IDLE_TIMEOUT = 60s
+[ingress]
+USER = $PEPSI_USER
+DISPATCH_WAKE_INTERVAL = 5ms
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $pepsi_port
+MAX_SESSIONS_PER_CLIENT = 0
+MAX_SIZE = 10485760
+[dkim-key-bench]
+DOMAIN = example.org
+SELECTOR = bench
+ALGORITHM = $algorithm
+KEY_FILE = $keys/$algorithm.pem
+[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = pepsi.bench.test
+LOCAL_STAGE = smarthost
+REMOTE_STAGE = $remote
+PARALLELISM = 2
+QUEUE_LIMIT = 256
+[stage-sign]
+PROGRAM = pepsi-stage-dkim-sign
+NEXT_STAGE = smarthost
+PARALLELISM = $sign_workers
+QUEUE_LIMIT = 16
+[stage-smarthost]
+PROGRAM = pepsi-stage-relay-to-smarthost
+SMARTHOST = 127.0.0.1:$relay_to
+TLS = none
+PARALLELISM = $relay_workers
+QUEUE_LIMIT = 4
+CONF
+    $(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
+    dispatch_pid=$!
+    $(program pepsi-ingress) -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
+    ingress_pid=$!
+    wait_port "$pepsi_port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+# start_postfix ALGORITHM: opendkim signing as Postfix's milter.
+start_postfix() {
+    local algorithm=$1 milter_port
+    milter_port=$(bench_free_port)
+    postfix_port=$(bench_free_port)
+    cat >"$BENCH_DIR/opendkim.conf" <<CONF
+Mode                s
+Domain              example.org
+Selector            bench
+KeyFile             $keys/$algorithm.pem
+SignatureAlgorithm  $algorithm
+Canonicalization    relaxed/relaxed
+OversignHeaders     From,To,Subject,Date
+Socket              inet:$milter_port@127.0.0.1
+UserID              opendkim
+RequireSafeKeys     false
+Syslog              no
+Background          no
+PidFile             $BENCH_DIR/opendkim.pid
+CONF
+    /usr/sbin/opendkim -f -x "$BENCH_DIR/opendkim.conf" 2>>"$BENCH_DIR/opendkim.log" &
+    opendkim_pid=$!
+    wait_port "$milter_port" "opendkim (see $BENCH_DIR/opendkim.log)"
+    postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+    bench_postfix_start "$postfix_dir" "$postfix_port" "relayhost = [127.0.0.1]:$relay_to" \
+        "smtpd_milters = inet:127.0.0.1:$milter_port" "milter_default_action = tempfail" \
+        "message_size_limit = 10485760"
+}
+
+# measure PORT SIZE: prints msg/s from the first message sent to the last received.
+measure() {
+    local port=$1 size=$2 base start end
+    base=$(sink_count)
+    base=${base:-0}
+    start=$(date +%s.%N)
+    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l "$size" \
+        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
+    for _ in $(seq 1 24000); do
+        [ "$(sink_count)" -ge $((base + messages)) ] && break
+        sleep 0.05
+    done
+    end=$(date +%s.%N)
+    [ "$(sink_count)" -ge $((base + messages)) ] || {
+        echo "only $(( $(sink_count) - base )) of $messages reached smtp-sink" >&2
+        return 1
+    }
+    awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
+}
+
+pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
+
+# Both sides must really sign: before the runs of an algorithm, one
+# message through each goes to a second sink that writes what it receives,
+# and must carry a DKIM-Signature of that algorithm for d=example.org.
+check_signed() {
+    local algorithm=$1 dir="$BENCH_DIR/check-$algorithm" dump_port dump_pid n
+    mkdir -p "$dir"
+    chmod 777 "$dir"
+    dump_port=$(bench_free_port)
+    /usr/sbin/smtp-sink -u "$PEPSI_USER" -d "$dir/%M." "127.0.0.1:$dump_port" 16 >/dev/null 2>&1 &
+    dump_pid=$!
+    wait_port "$dump_port" "the checking smtp-sink"
+    relay_to=$dump_port
+    start_pepsi "$algorithm" yes
+    start_postfix "$algorithm"
+    /usr/sbin/smtp-source -m 1 -l 2048 -f sender@example.org -t rcpt@example.net "127.0.0.1:$pepsi_port"
+    /usr/sbin/smtp-source -m 1 -l 2048 -f sender@example.org -t rcpt@example.net "127.0.0.1:$postfix_port"
+    for _ in $(seq 1 200); do
+        [ "$(find "$dir" -type f | wc -l)" -ge 2 ] && break
+        sleep 0.1
+    done
+    stop_sides
+    stop_pid "$dump_pid"
+    relay_to=$sink_port
+    n=$(grep -l "^DKIM-Signature: .*a=$algorithm" -r "$dir" | xargs -r grep -l "d=example.org" | wc -l)
+    if [ "$n" -ne 2 ]; then
+        echo "$algorithm: $n of the 2 checked messages carry a signature of that algorithm (see $dir)" >&2
+        grep -h "^DKIM-Signature" -r "$dir" >&2 || true
+        return 1
+    fi
+    echo "$algorithm: both sides sign (a=$algorithm, d=example.org)"
+}
+
+echo "bench/dkim-sign: smtp-source -s $sessions -m $messages, sizes: $sizes; algorithms: $algorithms;" \
+    "$repeats runs each side, alternating"
+summary=()
+for algorithm in $algorithms; do
+    check_signed "$algorithm"
+    for size in $sizes; do
+        start_pepsi "$algorithm" yes
+        start_postfix "$algorithm"
+        pepsi_rates=() postfix_rates=()
+        for ((r = 1; r <= repeats; r++)); do
+            pepsi_reset
+            rate=$(measure "$pepsi_port" "$size")
+            left=$(pepsi_left)
+            [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
+            sync
+            rate_pf=$(measure "$postfix_port" "$size")
+            pepsi_rates+=("$rate") postfix_rates+=("$rate_pf")
+            printf '%s %6s B run %d: pepsi %s msg/s, postfix+opendkim %s msg/s\n' \
+                "$algorithm" "$size" "$r" "$rate" "$rate_pf"
+        done
+        stop_sides
+        pm=$(bench_median "${pepsi_rates[@]}")
+        fm=$(bench_median "${postfix_rates[@]}")
+        summary+=("$(printf '%-15s %7s B  pepsi %8s msg/s (%s)  postfix+opendkim %8s msg/s (%s)  ratio %s' \
+            "$algorithm" "$size" "$pm" "$(spread "${pepsi_rates[@]}")" "$fm" "$(spread "${postfix_rates[@]}")" \
+            "$(awk -v a="$pm" -v b="$fm" 'BEGIN { printf "%.2f", a / b }')")")
+    done
+done
+
+# The signing stage's cost in bench/relay's graph (2 KB, the first algorithm).
+first_algorithm=${algorithms%% *}
+plain_rates=() signed_rates=()
+for ((r = 1; r <= repeats; r++)); do
+    for sign in no yes; do
+        start_pepsi "$first_algorithm" "$sign"
+        pepsi_reset
+        rate=$(measure "$pepsi_port" 2048)
+        stop_sides
+        if [ "$sign" = yes ]; then signed_rates+=("$rate"); else plain_rates+=("$rate"); fi
+    done
+    printf 'relay graph run %d: without signing %s msg/s, with signing %s msg/s\n' \
+        "$r" "${plain_rates[-1]}" "${signed_rates[-1]}"
+done
+plain=$(bench_median "${plain_rates[@]}")
+signed=$(bench_median "${signed_rates[@]}")
+
+echo
+echo "medians of $repeats runs (min..max), $messages messages each:"
+printf '  %s\n' "${summary[@]}"
+echo "  target: pepsi/postfix+opendkim >= 2.00"
+printf '  relay graph, 2 KB, %s: without signing %s msg/s (%s), with signing %s msg/s (%s): cost %s%% (target <= 25%%)\n' \
+    "$first_algorithm" "$plain" "$(spread "${plain_rates[@]}")" "$signed" "$(spread "${signed_rates[@]}")" \
+    "$(awk -v a="$plain" -v b="$signed" 'BEGIN { printf "%.1f", 100 * (a - b) / a }')"
