@@ -91,8 +91,37 @@ is($rc, 64, 'an unknown option is a usage error');
 is($rc, 64, 'a recipient that is not an address is refused');
 ($rc, $err) = sendmail("", 'a@example.org');
 is($rc, 65, 'an empty message is a data error (EX_DATAERR)');
+# A control character in an envelope address or the full name would forge
+# an SMTP command or a header line downstream: refused, nothing queued.
+($rc, $err) = sendmail("Subject: x\n\nx\n", '-f', "a\@example.org\r\nRCPT TO:<victim\@example.net>",
+	'b@example.org');
+is($rc, 64, 'CR LF in -f is a usage error');
+like($err, qr/the sender \(-f\) has a control character \(0x0d\); refused/, 'and says where');
+($rc, $err) = sendmail("Subject: x\n\nx\n", '-F', "Alice\r\nBcc: victim\@example.net", 'b@example.org');
+is($rc, 64, 'CR LF in -F is a usage error');
+like($err, qr/the full name \(-F\) has a control character/, 'and says where');
+($rc, $err) = sendmail("Subject: x\n\nx\n", "b\@example.org\x1b[2J");
+is($rc, 64, 'an escape sequence in a recipient is refused');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue'), $rows,
 	'nothing was queued by the refusals');
+($rc, $err) = sendmail("Subject: quoted\n\nx\n", '-F', 'Al "the Pal" \\o/', 'b@example.org');
+is($rc, 0, 'a full name with quotes is taken') or diag($err);
+like(last_message(), qr/^From: "Al \\"the Pal\\" \\\\o\/" </m, 'and quoted as a quoted-string');
+$rows++;
+
+# The queue refuses them too, whoever calls it.
+my ($ret, $qout, $qerr) = $node->psql('postgres',
+	"SELECT pepsi.workqueue_inject('submit', E'a\@example.org\\r\\nX: y', '{b\@example.org}', 'h', 'b')");
+isnt($ret, 0, 'workqueue_inject refuses a control character in mail_from');
+like($qerr, qr/mail_from has a control character/, 'naming the argument');
+($ret, $qout, $qerr) = $node->psql('postgres',
+	"SELECT pepsi.workqueue_inject('submit', 'a\@example.org', ARRAY['ok\@example.org', E'b\@example.org\\n'], 'h', 'b')");
+like($qerr, qr/rcpt_to\[2\] has a control character/, 'and in a recipient, naming which');
+($ret, $qout, $qerr) = $node->psql('postgres',
+	"SELECT pepsi.workqueue_add(E'a\\x01\@example.org', '{b\@example.org}', 'h', 'b')");
+like($qerr, qr/mail_from has a control character/, 'so does workqueue_add');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue'), $rows,
+	'and nothing is queued');
 
 # The database down: EX_TEMPFAIL, so the calling program tries again later.
 $node->stop;

@@ -70,6 +70,24 @@ sendmail_value(int argc, char **argv, int *i, const char *arg)
 	return NULL;
 }
 
+/*
+ * A control character in an envelope address or the full name would end
+ * up in an SMTP command or a header line (CR LF forging one); refused
+ * with what it was found in.
+ */
+static bool
+sendmail_one_line(const char *what, const char *value)
+{
+	for (const char *p = value; *p; p++)
+		if ((unsigned char) *p < 0x20 || *p == 0x7f)
+		{
+			fprintf(stderr, "pepsi-sendmail: %s has a control character (0x%02x); refused\n",
+					what, (unsigned char) *p);
+			return false;
+		}
+	return true;
+}
+
 static int
 sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 {
@@ -152,11 +170,16 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 			fprintf(stderr, "pepsi-sendmail: \"%s\" is not an address\n", argv[i]);
 			return EX_USAGE;
 		}
+		if (!sendmail_one_line("a recipient", argv[i]))
+			return EX_USAGE;
 		o->rcpt = xrealloc(o->rcpt, (o->nrcpt + n) * sizeof(char *));
 		memcpy(o->rcpt + o->nrcpt, list, n * sizeof(char *));
 		o->nrcpt += n;
 		free(list);
 	}
+	if ((o->sender && !sendmail_one_line("the sender (-f)", o->sender))
+		|| (o->full_name && !sendmail_one_line("the full name (-F)", o->full_name)))
+		return EX_USAGE;
 	return EX_OK;
 }
 
@@ -273,6 +296,9 @@ pepsi_sendmail_main(int argc, char **argv)
 		headers = without_bcc;
 		buf_free(&values);
 	}
+	for (size_t k = 0; k < o.nrcpt; k++)
+		if (!sendmail_one_line("a recipient", o.rcpt[k]))
+			return EX_DATAERR;
 	if (o.nrcpt == 0)
 	{
 		fprintf(stderr, "pepsi-sendmail: no recipients%s\n",
@@ -284,7 +310,17 @@ pepsi_sendmail_main(int argc, char **argv)
 	if (!sendmail_has_header(&headers, "From"))
 	{
 		if (o.full_name)
-			buf_printf(&added, "From: \"%s\" <%s>\r\n", o.full_name, sender[0] ? sender : login);
+		{
+			/* A quoted-string (RFC 5322 3.2.4): its quotes and backslashes escaped. */
+			buf_append_str(&added, "From: \"");
+			for (const char *p = o.full_name; *p; p++)
+			{
+				if (*p == '"' || *p == '\\')
+					buf_append_char(&added, '\\');
+				buf_append_char(&added, *p);
+			}
+			buf_printf(&added, "\" <%s>\r\n", sender[0] ? sender : login);
+		}
 		else
 			buf_printf(&added, "From: %s\r\n", sender[0] ? sender : login);
 	}

@@ -53,7 +53,7 @@ workqueue_add(PG_FUNCTION_ARGS)
 	char		nulls[8] = "        ";
 	int64		id;
 
-	values[0] = PointerGetDatum(arg_text(fcinfo, 0, "mail_from"));
+	values[0] = PointerGetDatum(arg_address(fcinfo, 0, "mail_from"));
 	values[1] = PointerGetDatum(arg_recipients(fcinfo, 1, "rcpt_to"));
 	values[2] = PointerGetDatum(admit_arg_bytes(fcinfo, 2, "headers"));
 	values[3] = PointerGetDatum(admit_arg_bytes(fcinfo, 3, "body"));
@@ -94,7 +94,7 @@ workqueue_inject(PG_FUNCTION_ARGS)
 	bool		inserted;
 
 	values[0] = PointerGetDatum(arg_stage(fcinfo, 0, "stage"));
-	values[1] = PointerGetDatum(arg_text(fcinfo, 1, "mail_from"));
+	values[1] = PointerGetDatum(arg_address(fcinfo, 1, "mail_from"));
 	values[2] = PointerGetDatum(arg_recipients(fcinfo, 2, "rcpt_to"));
 	values[3] = PointerGetDatum(admit_arg_bytes(fcinfo, 3, "headers"));
 	values[4] = PointerGetDatum(admit_arg_state(fcinfo, 5));

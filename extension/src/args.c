@@ -69,6 +69,38 @@ arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name)
 	return json;
 }
 
+/*
+ * An envelope address never holds a control character: a CR or LF in one
+ * would forge SMTP commands or header lines at the next hop (RCPT TO, the
+ * Return-Path and Delivered-To a delivery writes).
+ */
+void
+check_address(const text *address, const char *name, int index)
+{
+	const char *p = VARDATA_ANY(address);
+	int			len = VARSIZE_ANY_EXHDR(address);
+
+	for (int i = 0; i < len; i++)
+		if ((unsigned char) p[i] < 0x20 || (unsigned char) p[i] == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 index > 0 ? errmsg("%s[%d] has a control character", name, index)
+					 : errmsg("%s has a control character", name),
+					 errdetail("Octet 0x%02x at position %d: a line break or another control "
+							   "character in an envelope address could forge SMTP commands or "
+							   "header lines.", (unsigned char) p[i], i + 1)));
+}
+
+/* An envelope sender: required ("" is the null reverse-path), no control character. */
+text *
+arg_address(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	text	   *address = arg_text(fcinfo, argno, name);
+
+	check_address(address, name, 0);
+	return address;
+}
+
 /* A recipient list: one dimension, at least one address, no NULL or empty one. */
 void
 check_recipients(ArrayType *rcpt, const char *name)
@@ -96,6 +128,7 @@ check_recipients(ArrayType *rcpt, const char *name)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s[%d] is an empty address", name, i + 1)));
+		check_address((const text *) DatumGetPointer(elems[i]), name, i + 1);
 	}
 }
 

@@ -45,6 +45,8 @@ extern void check_stage_name(text *stage, const char *name);
 extern Jsonb *arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name);
 extern ArrayType *arg_recipients(FunctionCallInfo fcinfo, int argno, const char *name);
 extern void check_recipients(ArrayType *rcpt, const char *name);
+extern void check_address(const text *address, const char *name, int index);
+extern text *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
 extern double arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
 extern int *array_to_ints(ArrayType *array, const char *name, int *count);
 extern void check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);

@@ -227,7 +227,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 			touched |= TOUCHED_BODY;
 		if (!PG_ARGISNULL(8))
 		{
-			values[7] = PG_GETARG_DATUM(8);
+			values[7] = PointerGetDatum(arg_address(fcinfo, 8, "set_mail_from"));
 			nulls[7] = ' ';
 			touched |= TOUCHED_MAIL_FROM;
 		}
