@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# bench/fairness: what a burst from one client does to the latency of light
+# senders, end to end through `make run`'s graph (docs/pepsi.conf.sample:
+# ingress -> init (route) -> maildir (relay-to-maildir)).
+#
+# Ten light clients, each from its own loopback address (127.0.0.11-20),
+# send one message every 0.5 s; one heavy client (smtp-source, 20
+# sessions from 127.0.0.1) sends a burst of 20,000 messages.  Latency is
+# from the start of a send to the message's file in the maildir
+# (drive.py).  Each repeat runs, after a queue reset (TRUNCATE ...
+# RESTART IDENTITY, as bench/relay does):
+#   light:  the light clients alone for 10 s
+#   burst:  the burst alone
+#   both:   the light clients, and 2 s later the burst
+# and prints the medians over the repeats of: the light clients' median
+# and p99 latency alone and during the burst (messages sent while it was
+# in flight), their largest, and the burst's throughput with and without
+# them.  Targets: light median during the burst <= 2x alone, p99 < 2 s,
+# burst throughput with light clients within 10% of without.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-5}
+burst=${BENCH_BURST:-20000}
+bin="$bench_top/build/bin"
+out_dir="$bench_top/bench/out"
+mkdir -p "$out_dir"
+log="$out_dir/fairness.log"
+: >"$log"
+
+bench_postfix_install
+for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-maildir; do
+    [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
+done
+# As scripts/run.sh: the multi-call binary when it is built.
+if [ -x "$bin/pepsi" ]; then program() { echo "$bin/pepsi $1"; }; else program() { echo "$bin/$1"; }; fi
+
+ingress_pid= dispatch_pid=
+stop_pid() {
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+cleanup() {
+    stop_pid "$ingress_pid"
+    stop_pid "$dispatch_pid"
+    bench_cleanup
+}
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+
+port=$(bench_free_port)
+run_dir="$BENCH_DIR/run"
+maildir="$run_dir/maildir"
+mkdir -p "$run_dir"
+conf="$run_dir/pepsi.conf"
+# `make run`'s configuration, with this cluster, port and user.
+sed -e "s|@RUN_DIR@|$run_dir|g" \
+    -e "s|^CONNINFO = .*|CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres|" \
+    -e "s|^PORT = 2525|PORT = $port\nMAX_SESSIONS_PER_CLIENT = 0|" \
+    -e "s|^USER = pepsi|USER = $PEPSI_USER|" \
+    "$bench_top/docs/pepsi.conf.sample" >"$conf"
+grep -q "PORT = $port" "$conf" || { echo "docs/pepsi.conf.sample has no listener on 2525" >&2; exit 1; }
+
+reset_mailboxes() {
+    rm -rf "$maildir"
+    mkdir -p "$maildir"/{light,heavy}@example.org/{tmp,new,cur}
+    chmod -R a+rX "$run_dir"
+}
+reset_mailboxes
+$(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
+dispatch_pid=$!
+$(program pepsi-ingress) -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
+ingress_pid=$!
+for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.1
+done
+
+# run MODE: one run after a reset; prints drive.py's line.
+run() {
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    reset_mailboxes
+    python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" 2>>"$log" | tee -a "$log"
+}
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+
+echo "bench/fairness: 10 light clients (1 msg / 0.5 s each), a $burst-message burst;" \
+    "$repeats repeats through docs/pepsi.conf.sample's graph"
+alone_med=() alone_p99=() both_med=() both_p99=() both_max=() rate_alone=() rate_both=()
+for ((r = 1; r <= repeats; r++)); do
+    l=$(run light)
+    b=$(run burst)
+    m=$(run both)
+    alone_med+=("$(field median "$l")") alone_p99+=("$(field p99 "$l")")
+    rate_alone+=("$(field rate "$b")")
+    both_med+=("$(field median "$m")") both_p99+=("$(field p99 "$m")") both_max+=("$(field max "$m")")
+    rate_both+=("$(field rate "$m")")
+    printf 'run %d: light alone median %s s; during the burst median %s s, p99 %s s, max %s s;' \
+        "$r" "${alone_med[-1]}" "${both_med[-1]}" "${both_p99[-1]}" "${both_max[-1]}"
+    printf ' burst %s msg/s alone, %s msg/s with light clients\n' "${rate_alone[-1]}" "${rate_both[-1]}"
+done
+
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+m_alone=$(bench_median "${alone_med[@]}")
+m_both=$(bench_median "${both_med[@]}")
+p_both=$(bench_median "${both_p99[@]}")
+r_alone=$(bench_median "${rate_alone[@]}")
+r_both=$(bench_median "${rate_both[@]}")
+echo "medians of $repeats runs (spread):"
+printf '  light median latency alone:        %8.3f s  (%s)\n' "$m_alone" "$(spread "${alone_med[@]}")"
+printf '  light median latency during burst: %8.3f s  (%s)  ratio %s (target <= 2.00)\n' \
+    "$m_both" "$(spread "${both_med[@]}")" "$(ratio "$m_both" "$m_alone")"
+printf '  light p99 latency during burst:    %8.3f s  (%s)  (target < 2 s)\n' "$p_both" "$(spread "${both_p99[@]}")"
+printf '  light max latency during burst:    %8.3f s  (%s)\n' "$(bench_median "${both_max[@]}")" "$(spread "${both_max[@]}")"
+printf '  burst throughput alone:            %8.1f msg/s (%s)\n' "$r_alone" "$(spread "${rate_alone[@]}")"
+printf '  burst throughput with light:       %8.1f msg/s (%s)  ratio %s (target >= 0.90)\n' \
+    "$r_both" "$(spread "${rate_both[@]}")" "$(ratio "$r_both" "$r_alone")"
