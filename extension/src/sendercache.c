@@ -17,10 +17,21 @@
  *   - A sender whose rows run out is found so when the claim asks it for
  *     rows and gets fewer; it is dropped then, at the cost of one index
  *     probe it was due anyway.
- *   - A row draws its pending_seq before its transaction commits, so a slow
- *     transaction can make a row visible below the watermark.  Once a
- *     second the refresh re-reads from the watermark of a second earlier,
- *     and every SENDER_CACHE_REBUILD_SECONDS (or when more than
+ *   - A row draws its pending_seq before its transaction commits, so a
+ *     slow transaction can make a row visible below the watermark, missed
+ *     by the incremental reads.  Once every SENDER_CACHE_RESCAN_MS the
+ *     refresh re-reads from far enough back to catch every such row
+ *     committed since: each claim records a mark, the watermark it read
+ *     from and its snapshot's xmax.  A transaction whose xid is at or past
+ *     a mark's xmax got it after that claim, and drew its pending_seq then
+ *     too (a row draws it in the statement that writes it, so first), so
+ *     above the mark's watermark.  The rows the previous rescan could not
+ *     see belong to transactions at or past its snapshot's xmin, so the
+ *     rescan reads from the latest mark whose xmax is not past that xmin
+ *     (one mark earlier, for the microseconds between a row's draw and its
+ *     transaction's xid).  However long a transaction stays open, its rows
+ *     are found within SENDER_CACHE_RESCAN_MS of its commit.
+ *   - Every SENDER_CACHE_REBUILD_SECONDS (or when more than
  *     SENDER_CACHE_REFRESH_LIMIT rows arrived at once) the set is rebuilt
  *     with one skip scan over the (stage, sender_key, pending_seq) index.
  *
@@ -43,17 +54,27 @@
  */
 #include "claim.h"
 
+#include "access/transam.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #define SENDER_CACHE_REFRESH_LIMIT 20000
 #define SENDER_CACHE_RESCAN_MS 1000
 #define SENDER_CACHE_REBUILD_SECONDS 30
+#define SENDER_CACHE_MARKS 1024
+
+/* Rows of transactions with an xid at or past xmax drew a pending_seq above watermark. */
+typedef struct SenderCacheMark
+{
+	int64		watermark;
+	TransactionId xmax;
+} SenderCacheMark;
 
 struct SenderCache
 {
@@ -63,9 +84,12 @@ struct SenderCache
 	bool		built;
 	Oid			sequence;		/* pepsi.pending_seq the watermark refers to */
 	int64		watermark;		/* rows pending with pending_seq <= this were read */
-	int64		rescan_from;	/* the watermark as of the last rescan */
 	bool		missed_rows;	/* a claim found a pending row the cache had missed */
+	TransactionId rescan_xmin;	/* the xmin of the last rescan's (or rebuild's) snapshot */
 	TimestampTz rescanned_at;
+	SenderCacheMark marks[SENDER_CACHE_MARKS];	/* a ring, oldest at first_mark */
+	int			first_mark;
+	int			nmarks;
 	TimestampTz built_at;
 	SenderCache *next;
 };
@@ -187,13 +211,58 @@ sender_cache_sequence_high(void)
 	return queue_result_int64(0, 1);
 }
 
+static SenderCacheMark *
+sender_cache_mark(SenderCache *cache, int i)
+{
+	return &cache->marks[(cache->first_mark + i) % SENDER_CACHE_MARKS];
+}
+
 /*
- * Every waiting sender of the stage, by skip scan: O(senders) index probes.
- * high is the sequence's value read before the scan.
+ * Record a mark.  When the ring is full the newest mark is replaced: fewer
+ * marks only make a rescan start further back.
  */
 static void
-sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high)
+sender_cache_push_mark(SenderCache *cache, int64 watermark, TransactionId xmax)
 {
+	SenderCacheMark *mark;
+
+	if (cache->nmarks == SENDER_CACHE_MARKS)
+		cache->nmarks--;
+	mark = sender_cache_mark(cache, cache->nmarks++);
+	mark->watermark = watermark;
+	mark->xmax = xmax;
+}
+
+/*
+ * Where the rescan must read from (see the file comment), dropping the
+ * marks no later rescan will need: later rescans look for the latest mark
+ * under a later xmin.
+ */
+static int64
+sender_cache_rescan_from(SenderCache *cache)
+{
+	int			latest = -1;
+	int			from;
+
+	for (int i = 0; i < cache->nmarks; i++)
+		if (TransactionIdPrecedesOrEquals(sender_cache_mark(cache, i)->xmax, cache->rescan_xmin))
+			latest = i;
+	from = Max(latest - 1, 0);
+	cache->first_mark = (cache->first_mark + from) % SENDER_CACHE_MARKS;
+	cache->nmarks -= from;
+	return sender_cache_mark(cache, 0)->watermark;
+}
+
+/*
+ * Every waiting sender of the stage, by skip scan: O(senders) index probes.
+ * high is the sequence's value read before the scan.  When the sequence
+ * was reset (or this is the first build) the marks no longer describe it:
+ * the next rescan then reads every pending row.
+ */
+static void
+sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high, bool sequence_reset)
+{
+	Snapshot	snapshot = GetActiveSnapshot();
 	static SPIPlanPtr plan;
 	static const Oid argtypes[] = {TEXTOID};
 	Datum		values[1] = {CStringGetTextDatum(cache->stage)};
@@ -222,7 +291,12 @@ sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high)
 	cache->missed_rows = false;
 	cache->sequence = sequence;
 	cache->watermark = high;
-	cache->rescan_from = high;
+	if (sequence_reset)
+	{
+		cache->nmarks = 0;
+		sender_cache_push_mark(cache, 0, snapshot->xmin);
+	}
+	cache->rescan_xmin = snapshot->xmin;
 	cache->built_at = cache->rescanned_at = GetCurrentTimestamp();
 }
 
@@ -271,7 +345,7 @@ static const char *
 sender_cache_rebuild_reason(SenderCache *cache, Oid sequence, int64 high, TimestampTz now)
 {
 	if (!cache->built)
-		return NULL;
+		return "first claim";
 	if (cache->sequence != sequence)
 		return "pepsi.pending_seq was re-created";
 	if (high < cache->watermark)
@@ -291,28 +365,36 @@ sender_cache_refresh(SenderCache *cache)
 	Oid			sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
 	int64		high = sender_cache_sequence_high();
 	TimestampTz now = GetCurrentTimestamp();
+	Snapshot	snapshot = GetActiveSnapshot();
 	const char *reason = sender_cache_rebuild_reason(cache, sequence, high, now);
 
-	if (!cache->built || reason != NULL)
+	if (reason != NULL)
 	{
-		if (reason != NULL)
-			elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s",
-				 cache->stage, reason);
-		sender_cache_rebuild(cache, sequence, high);
+		elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s",
+			 cache->stage, reason);
+		sender_cache_rebuild(cache, sequence, high,
+							 !cache->built || cache->sequence != sequence || high < cache->watermark);
 		return;
 	}
+	sender_cache_push_mark(cache, cache->watermark, snapshot->xmax);
 	if (TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
 	{
-		int64		from = cache->rescan_from;
+		int64		from = sender_cache_rescan_from(cache);
 
-		cache->rescan_from = cache->watermark;
+		cache->rescan_xmin = snapshot->xmin;
 		cache->rescanned_at = now;
 		if (!sender_cache_read_arrivals(cache, from))
 		{
-			sender_cache_rebuild(cache, sequence, high);
-			return;
+			elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": rescan too long",
+				 cache->stage);
+			sender_cache_rebuild(cache, sequence, high, false);
 		}
+		return;
 	}
 	if (!sender_cache_read_arrivals(cache, cache->watermark))
-		sender_cache_rebuild(cache, sequence, high);
+	{
+		elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": too many arrivals",
+			 cache->stage);
+		sender_cache_rebuild(cache, sequence, high, false);
+	}
 }
