@@ -17,6 +17,7 @@
  * for SPAWN_COOLDOWN and fails no row.
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -45,18 +46,44 @@ pool_find(const char *stage)
 }
 
 /*
- * How many more ids a worker can take: up to its queue limit, and never
- * more than MAX_MESSAGES over its life, so that it recycles on time (a
- * fresh worker would otherwise be handed a whole queue limit at once).
+ * How deep a worker's pipeline may be, within QUEUE_LIMIT: no more than
+ * PIPELINE_AHEAD_US of work at the stage's mean worker time per row, and
+ * at least PIPELINE_MIN ids (the one being worked on, the next, and one to
+ * cover the claim that refills it).  A light sender's row claimed a moment
+ * after a burst filled the pipelines then waits about that long behind
+ * the burst's rows, not a whole queue limit of them; a batching stage,
+ * whose rows cost little each, still gets its queue limit for a batch.
+ */
+#define PIPELINE_AHEAD_US 20000.0
+#define PIPELINE_MIN 3
+
+static int
+pool_depth(const struct pool *pool)
+{
+	double		cost = pool->row_cost_us > 1 ? pool->row_cost_us : 1;
+	double		depth = ceil(PIPELINE_AHEAD_US / cost);
+
+	if (depth < PIPELINE_MIN)
+		depth = PIPELINE_MIN;
+	return depth < pool->spec.queue_limit ? (int) depth : (int) pool->spec.queue_limit;
+}
+
+/*
+ * How many more ids a worker can take: up to its depth (within its queue
+ * limit), and never more than MAX_MESSAGES over its life, so that it
+ * recycles on time (a fresh worker would otherwise be handed a whole
+ * queue limit at once).
  */
 static int
 worker_slots(const struct pool_worker *w)
 {
 	long		left = w->pool->spec.max_messages - w->handled - w->count;
+	int			depth = pool_depth(w->pool);
+	int			room = (depth < w->ring ? depth : w->ring) - w->count;
 
-	if (w->state != WORKER_RUNNING || left <= 0)
+	if (w->state != WORKER_RUNNING || left <= 0 || room <= 0)
 		return 0;
-	return left < w->ring - w->count ? (int) left : w->ring - w->count;
+	return left < room ? (int) left : room;
 }
 
 /*
@@ -68,8 +95,8 @@ int
 pool_capacity(const struct pool *pool, double now)
 {
 	int			capacity = 0;
-	long		per_worker = pool->spec.queue_limit < pool->spec.max_messages
-		? pool->spec.queue_limit : pool->spec.max_messages;
+	long		per_worker = pool_depth(pool) < pool->spec.max_messages
+		? pool_depth(pool) : pool->spec.max_messages;
 
 	if (pool->removed || dispatcher.shutting_down)
 		return 0;
