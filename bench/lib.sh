@@ -22,6 +22,9 @@
 #                             the middle one as given, or the mean of the
 #                             middle two)
 #   bench_free_port           a free TCP port on 127.0.0.1
+#   bench_log NAME            create bench/out/NAME.log empty and print its path
+#   bench_stop_pid PID        SIGTERM a daemon started in the background, and
+#                             wait for it (nothing when PID is empty)
 #   bench_postfix_install     install postfix (and its smtp-source) if
 #                             missing, answering debconf "No configuration"
 #                             so that no system instance is set up
@@ -145,6 +148,18 @@ bench_median() {
         END { if (NR == 0) exit 1
               if (NR % 2) print v[(NR + 1) / 2]
               else printf "%.6g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+bench_log() {
+    mkdir -p "$bench_top/bench/out"
+    : >"$bench_top/bench/out/$1.log"
+    printf '%s\n' "$bench_top/bench/out/$1.log"
+}
+
+bench_stop_pid() {
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
 }
 
 bench_free_port() {

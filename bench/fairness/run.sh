@@ -24,10 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repeats=${BENCH_REPEATS:-5}
 burst=${BENCH_BURST:-20000}
 bin="$bench_top/build/bin"
-out_dir="$bench_top/bench/out"
-mkdir -p "$out_dir"
-log="$out_dir/fairness.log"
-: >"$log"
+log=$(bench_log fairness)
 
 bench_postfix_install
 for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-maildir; do
@@ -37,14 +34,9 @@ done
 if [ -x "$bin/pepsi" ]; then program() { echo "$bin/pepsi $1"; }; else program() { echo "$bin/$1"; }; fi
 
 ingress_pid= dispatch_pid=
-stop_pid() {
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-}
 cleanup() {
-    stop_pid "$ingress_pid"
-    stop_pid "$dispatch_pid"
+    bench_stop_pid "$ingress_pid"
+    bench_stop_pid "$dispatch_pid"
     bench_cleanup
 }
 bench_cluster_start "max_connections = 200"

@@ -59,18 +59,11 @@ free_port() {
 
 sink_pid= ingress_pid= dispatch_pid= postfix_dir= sampler_pid=
 
-stop_pid() {
-    local pid=$1
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-
 cleanup() {
-    stop_pid "$sampler_pid"
-    stop_pid "$ingress_pid"
-    stop_pid "$dispatch_pid"
-    stop_pid "$sink_pid"
+    bench_stop_pid "$sampler_pid"
+    bench_stop_pid "$ingress_pid"
+    bench_stop_pid "$dispatch_pid"
+    bench_stop_pid "$sink_pid"
     if [ -n "$postfix_dir" ]; then
         bench_postfix_stop "$postfix_dir"
     fi
@@ -167,7 +160,7 @@ measure() {
     # Where the time went: accepting (smtp-source done) and then draining.
     awk -v p="$port" -v a="$start" -v s="$sent" -v b="$end" 'BEGIN {
         printf "port %s: all accepted after %.2f s, all relayed after %.2f s\n", p, s - a, b - a }' >>"$log"
-    stop_pid "$sampler_pid"
+    bench_stop_pid "$sampler_pid"
     sampler_pid=
     [ "$(sink_count)" -ge $((base + messages)) ] || {
         echo "only $(( $(sink_count) - base )) of $messages reached smtp-sink" >&2
@@ -195,7 +188,7 @@ for ((r = 1; r <= repeats; r++)); do
     perl "$here/rss-sampler.pl" "$(postgres_pid)" >"$BENCH_DIR/pg-sampler.out" &
     pg_sampler=$!
     read -r rate rss pss < <(measure "$pepsi_port" "$ingress_pid" "$dispatch_pid")
-    stop_pid "$pg_sampler"
+    bench_stop_pid "$pg_sampler"
     read -r prss ppss < <(sed 's/rss=\([0-9]*\) pss=\([0-9]*\).*/\1 \2/' "$BENCH_DIR/pg-sampler.out")
     left=$(pepsi_left)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
