@@ -85,6 +85,20 @@ conf="$run_dir/pepsi.conf"
 mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
 sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" "$top/docs/pepsi.conf.sample" >"$conf"
 
+# STARTTLS out of the box: a self-signed certificate made on the first
+# start (clients that verify will not trust it; swaks -tls does not check).
+tls="$run_dir/tls"
+if [ ! -f "$tls/cert.pem" ]; then
+    mkdir -p "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=localhost" \
+        -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+        -keyout "$tls/key.pem" -out "$tls/cert.pem" >/dev/null 2>&1
+    chmod 600 "$tls/key.pem"
+    echo "TLS certificate made: $tls/cert.pem (self-signed)"
+fi
+sed -i -e "s|^#CERTIFICATE = /etc/pepsi/tls/fullchain.pem|CERTIFICATE = $tls/cert.pem|" \
+       -e "s|^#KEY = /etc/pepsi/tls/privkey.pem|KEY = $tls/key.pem|" "$conf"
+
 bin="$top/build/bin"
 # The DKIM key the sample graph signs outbound mail and DSNs with: made
 # once, its TXT record printed for whoever wants to publish it.
@@ -97,6 +111,17 @@ daemon() {
     # The multi-call binary when it is built (workers can then fuse stages).
     if [ -x "$bin/pepsi" ]; then echo "$bin/pepsi $1"; else echo "$bin/$1"; fi
 }
+
+# The web page: pepsi-httpd connects as pepsi_web, a member of
+# pepsi_httpd and nothing more; the administrator "admin" gets a password
+# made on the first start and shown once.
+psql_admin -d pepsi -tAc "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi_web')
+    THEN CREATE ROLE pepsi_web LOGIN IN ROLE pepsi_httpd; END IF; END \$\$" >/dev/null
+admin_password=
+if [ -x "$bin/pepsi-httpd" ] && [ -z "$(psql_admin -d pepsi -tAc "SELECT 1 FROM pepsi.admin_account WHERE name = 'admin'")" ]; then
+    admin_password=$(openssl rand -base64 15)
+    echo "$admin_password" | "$bin/pepsi-httpd" -c "$conf" passwd admin
+fi
 
 cat <<MSG
 Pepsi's cluster is running (log: $sockdir/postgresql.log).
@@ -121,6 +146,15 @@ if [ -x "$bin/pepsi-ingress" ]; then
     $(daemon pepsi-ingress) -c "$conf" &
     pids+=($!)
     echo "  SMTP:     127.0.0.1:2525 (swaks --server 127.0.0.1:2525 --to you@example.org)"
+fi
+if [ -x "$bin/pepsi-httpd" ]; then
+    $(daemon pepsi-httpd) -c "$conf" &
+    pids+=($!)
+    echo "  Web:      http://127.0.0.1:8025/ (log in as admin; metrics at /metrics)"
+    if [ -n "$admin_password" ]; then
+        echo "            admin's password, shown this once: $admin_password"
+        echo "            (a new one: echo NEW-PASSWORD | build/bin/pepsi-httpd -c run/pepsi.conf passwd admin)"
+    fi
 fi
 echo "Running; Ctrl-C stops everything."
 wait
