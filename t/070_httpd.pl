@@ -73,7 +73,10 @@ like($err, qr/exists already/, 'a second token of the same name is refused');
 my @init = add_rows($node, 3, quiet => 1);
 my @later = add_rows($node, 2, stage => 'relay', quiet => 1, sender => '192.0.2.7');
 
-my $httpd = start_dispatcher($conf, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
+# A test that dies leaves no server behind.
+my $httpd;
+END { kill 'KILL', $httpd->{pid} if $httpd && !defined $httpd->{status} }
+$httpd = start_dispatcher($conf, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
 ok(file_shows("$tmp/httpd.log", qr/ready/), 'pepsi-httpd starts');
 
 my $base = "http://127.0.0.1:$port";
