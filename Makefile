@@ -45,7 +45,7 @@ UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tes
 TEST_CFLAGS = -DPEPSI_SOURCE_TOP='"$(CURDIR)"'
 TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite
 
-.PHONY: all programs extension install install-programs deps check run stop bench fuzz clean \
+.PHONY: all programs extension install install-programs install-systemd deps check run stop bench fuzz clean \
 	unit-tests sanitize
 
 all: extension programs
@@ -125,11 +125,25 @@ $(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 install: all
 	$(MAKE) -C extension install
 	$(MAKE) install-programs
+	$(MAKE) install-systemd
 
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	for p in $(PROGRAMS); do ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
+
+# The service units (dist/systemd), with this installation's paths; then
+# systemctl daemon-reload and systemctl enable --now pepsi-dispatch
+# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service").
+SYSCONFDIR ?= /etc
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+install-systemd:
+	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)
+	for u in dist/systemd/*.service.in; do \
+		sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' $$u \
+			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
+		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
+	done
 
 deps:
 	@scripts/deps.sh

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include <ev.h>
 #include <systemd/sd-daemon.h>
 
 void
@@ -61,4 +62,24 @@ void
 service_watchdog_ping(void)
 {
 	sd_notify(0, "WATCHDOG=1");
+}
+
+static void
+service_on_watchdog(struct ev_loop *loop, ev_timer *timer, int revents)
+{
+	service_watchdog_ping();
+}
+
+void
+service_watchdog_start(struct ev_loop *loop)
+{
+	static ev_timer watchdog;
+	double		interval = service_watchdog_interval();
+
+	if (interval <= 0)
+		return;
+	ev_timer_init(&watchdog, service_on_watchdog, interval, interval);
+	ev_timer_start(loop, &watchdog);
+	/* The loop must not stay alive for the watchdog alone. */
+	ev_unref(loop);
 }

@@ -22,4 +22,12 @@ void		service_status(const char *status);
 double		service_watchdog_interval(void);
 void		service_watchdog_ping(void);
 
+struct ev_loop;
+
+/*
+ * For the libev daemons: ping the watchdog from the loop, so that a loop
+ * that stops turning (a handler stuck) is what systemd notices.
+ */
+void		service_watchdog_start(struct ev_loop *loop);
+
 #endif

@@ -21,6 +21,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "service.h"
 #include "xalloc.h"
 
 #define DISPATCH_HOUSEKEEPING_INTERVAL 0.1
@@ -83,6 +84,7 @@ dispatch_stop_requested(void)
 	if (dispatcher.shutting_down)
 		return;
 	log_info("stopping: workers are stopped and their rows go back to pending");
+	service_stopping();
 	dispatcher.shutting_down = true;
 	stop_requested_at = now_seconds();
 	pools_stop_all();
@@ -212,6 +214,9 @@ pepsi_dispatch_main(int argc, char **argv)
 
 	log_info("starting (configuration %s)", dispatcher.config_path);
 	dbconn_start();
+	/* Ready once started: it connects (and reconnects) to the database itself. */
+	service_watchdog_start(dispatcher.loop);
+	service_ready();
 	ev_run(dispatcher.loop, 0);
 	log_info("stopped");
 	return 0;

@@ -32,6 +32,7 @@
 #include "ingress.h"
 #include "log.h"
 #include "privilege.h"
+#include "service.h"
 #include "xalloc.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
@@ -291,6 +292,7 @@ ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	if (ingress.stopping)
 		return;
 	log_info("stopping on signal %d", w->signum);
+	service_stopping();
 	ingress.stopping = true;
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 	{
@@ -433,6 +435,8 @@ pepsi_ingress_main(int argc, char **argv)
 	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
 			 nsections, nsections == 1 ? "" : "s", admit_options.connections,
 			 admit_options.connections == 1 ? "" : "s", admit_options.batch_size);
+	service_watchdog_start(ingress.loop);
+	service_ready();
 
 	ev_run(ingress.loop, 0);
 

@@ -1,0 +1,70 @@
+# The service units of dist/systemd, as "make install" writes them, pass
+# systemd-analyze verify: every directive known and well-formed, every
+# ExecStart executable.  A unit with a mistake planted in it fails, so the
+# check is not one that passes whatever it is given.
+
+use strict;
+use warnings FATAL => 'all';
+
+use File::Basename qw(basename dirname);
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DispatchTest;
+
+my $analyze = '/usr/bin/systemd-analyze';
+plan skip_all => 'systemd-analyze is not installed' unless -x $analyze;
+
+my $top = $ENV{PEPSI_TOP} // dirname(__FILE__) . '/..';
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $bindir = dirname(pepsi_bin('pepsi-ingress'));
+my @units = glob("$top/dist/systemd/*.service.in");
+is(scalar @units, 3, 'three units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
+
+# What make install does to them (install-systemd), into a test directory.
+sub install_unit
+{
+	my ($template, $edit) = @_;
+	my $name = basename($template, '.in');
+	my $text = PostgreSQL::Test::Utils::slurp_file($template);
+	$text =~ s/\@BINDIR\@/$bindir/g;
+	$text =~ s/\@SYSCONFDIR\@/\/etc/g;
+	$text = $edit->($text) if $edit;
+	open my $fh, '>', "$tmp/$name" or die "$tmp/$name: $!";
+	print $fh $text;
+	close $fh;
+	return "$tmp/$name";
+}
+
+sub verify
+{
+	my ($path) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $analyze, 'verify', '--man=no', $path ], '>', \$out, '2>', \$err);
+	return ($? >> 8, $out . $err);
+}
+
+for my $template (@units)
+{
+	my $unit = install_unit($template);
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+	my $text = PostgreSQL::Test::Utils::slurp_file($unit);
+	like($text, qr/^Type=notify$/m, '... is Type=notify (sd_notify once ready)');
+	like($text, qr/^WatchdogSec=/m, '... with a watchdog');
+	like($text, qr/^User=pepsi$/m, '... runs as pepsi');
+	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
+}
+my $ingress = PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-ingress.service");
+like($ingress, qr/^CapabilityBoundingSet=CAP_NET_BIND_SERVICE$/m, 'ingress keeps only the right to bind port 25');
+like($ingress, qr/^NoNewPrivileges=yes$/m, 'ingress can never gain privileges');
+unlike(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-dispatch.service"), qr/^NoNewPrivileges=yes/m,
+	'the dispatcher may run the setuid delivery helpers');
+
+my $broken = install_unit($units[0], sub { my $t = shift; $t =~ s/^Restart=.*$/Restart=sometimes/m; $t });
+my ($rc, $said) = verify($broken);
+like($said, qr/restart specifier/, 'a planted mistake is reported');
+
+done_testing();
