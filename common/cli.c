@@ -176,6 +176,32 @@ cli_cell(const char *value)
 }
 
 void
+cli_write_escaped(const char *data, size_t len, FILE *out)
+{
+	const unsigned char *p = (const unsigned char *) data;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char c = p[i];
+
+		if (c == '\t' || c == '\n' || (c == '\r' && i + 1 < len && p[i + 1] == '\n'))
+			putc(c, out);
+		else if (c < 0x20 || c == 0x7f)
+			fprintf(out, "\\x%02x", c);
+		else if (c == 0xc2 && i + 1 < len && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
+		{
+			/* a C1 control in UTF-8 (0x9b is CSI on some terminals) */
+			fprintf(out, "\\xc2\\x%02x", p[i + 1]);
+			i++;
+		}
+		else if (c >= 0x80 && c <= 0x9f)
+			fprintf(out, "\\x%02x", c);
+		else
+			putc(c, out);
+	}
+}
+
+void
 cli_print(PGresult *res, bool as_json)
 {
 	int			rows = PQntuples(res);

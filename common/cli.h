@@ -7,6 +7,7 @@
 #define PEPSI_CLI_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include <libpq-fe.h>
 
@@ -31,6 +32,12 @@ bool		cli_parse_id(const char *text, long long *id);
  * shown escaped ("\n", "\t", "\x01"), so that one row stays one line.
  */
 void		cli_print(PGresult *res, bool as_json);
+/*
+ * Write message text for a terminal: control characters that could move
+ * the cursor, retitle the window or rewrite what is shown (ESC sequences,
+ * a lone CR, C1 controls) come out as \xHH; TAB and CRLF stay.
+ */
+void		cli_write_escaped(const char *data, size_t len, FILE *out);
 /* Print the server's error for res, prefixed with the program name. */
 void		cli_db_error(const char *program, PGresult *res, PGconn *conn);
 /*

@@ -600,6 +600,21 @@ for my $t ([ 'queue', 'list' ], [ 'status' ], [ 'config', 'list' ])
 	is($rc, 78, "pepsi-$t->[0] with a bad configuration: EX_CONFIG");
 	like($err, qr/bad\.conf:4: \[dispatch\] has no option POLL_INTERVALL/, "pepsi-$t->[0]: with file:line and the reason");
 }
+# What a sender wrote is shown, never obeyed: escape sequences that would
+# retitle the window or clear the screen, a lone CR that would overwrite a
+# line, and a C1 CSI come out as \xHH; CRLF and TAB stay.
+my $hostile = sql("SELECT pepsi.workqueue_add('a\@example.org', '{b\@example.net}',"
+	  . " decode('5375626a6563743a201b5d303b70776e6564071b5b324a2068690d0a582d53706f6f663a20610d620d0a582d4331" . "3a20c29b33316d0d0a', 'hex'),"
+	  . " convert_to(E'body\\x1b[5m\\r\\n', 'UTF8'))");
+($rc, $out, $err) = tool('queue', 'show', $hostile);
+is($rc, 0, 'show of a message with escape sequences: exit 0') or diag($err);
+unlike($out, qr/[\x1b\x07]|\r(?!\n)|\xc2\x9b/, 'show: no escape, bell, lone CR or CSI reaches the terminal');
+like($out, qr/^Subject: \\x1b\]0;pwned\\x07\\x1b\[2J hi\r$/m, 'show: they are shown as \\xHH');
+like($out, qr/^X-Spoof: a\\x0db\r$/m, 'show: a lone CR too');
+like($out, qr/^X-C1: \\xc2\\x9b31m\r$/m, 'show: and a C1 control');
+($rc, $out) = tool('queue', 'show', $hostile, '--body');
+like($out, qr/body\x1b\[5m\r\n\z/, 'show --body into a pipe: the message exactly as stored');
+
 $node->stop;
 for my $t ([ 'queue', 'list' ], [ 'status' ], [ 'config', 'list' ], [ 'queue', 'delete', $held ])
 {

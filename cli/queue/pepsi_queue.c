@@ -248,14 +248,28 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 		putchar('\n');
 		json_decref(object);
 	}
-	else if (o->body)
+	else if (o->body && !isatty(STDOUT_FILENO))
+	{
+		/* Into a file or a pipe: the message exactly as stored. */
 		fwrite(PQgetvalue(raw, 0, 0), 1, (size_t) PQgetlength(raw, 0, 0), stdout);
+	}
+	else if (o->body)
+		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	else
 	{
+		/* What a sender wrote is shown, never obeyed by the terminal. */
 		for (int c = 0; c < 11; c++)
-			printf("%-15s %s\n", PQfname(res, c), PQgetisnull(res, 0, c) ? "" : PQgetvalue(res, 0, c));
-		printf("state\n%s\nheaders\n", PQgetvalue(res, 0, 12));
-		fwrite(PQgetvalue(raw, 0, 0), 1, (size_t) PQgetlength(raw, 0, 0), stdout);
+		{
+			const char *value = PQgetisnull(res, 0, c) ? "" : PQgetvalue(res, 0, c);
+
+			printf("%-15s ", PQfname(res, c));
+			cli_write_escaped(value, strlen(value), stdout);
+			putchar('\n');
+		}
+		fputs("state\n", stdout);
+		cli_write_escaped(PQgetvalue(res, 0, 12), strlen(PQgetvalue(res, 0, 12)), stdout);
+		fputs("\nheaders\n", stdout);
+		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	}
 	PQclear(res);
 	PQclear(raw);
