@@ -14,7 +14,8 @@
 #
 # Then the group-commit choices (BENCH_VARIANTS, "connections:batch" each,
 # one run each), and the resident memory of pepsi-ingress per idle session
-# with IDLE_SESSIONS sessions open (target: under 64 KB).
+# with IDLE_SESSIONS sessions open (target: under 64 KB).  Last, policy.sh:
+# the same comparison with relay control and recipient validation on.
 #
 # Needs: postfix (installed here with debconf "No configuration" when it is
 # missing, so no system instance is set up), pepsi-ingress built, the
@@ -177,3 +178,7 @@ after=$(rss)
 close_idle
 printf 'idle sessions: %d open, VmRSS %d kB -> %d kB: %.1f KB per session (target < 64)\n' \
     "$idle_sessions" "$before" "$after" "$(awk -v a="$before" -v b="$after" -v n="$idle_sessions" 'BEGIN { printf "%.1f", (b - a) / n }')"
+
+echo
+stop_ingress
+"$here/policy.sh"
