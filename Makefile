@@ -1,12 +1,20 @@
 # Pepsi: a mail transfer agent whose queue is a PostgreSQL table.
 #
-#   make          build the extension and every program
+#   make          build the extension and every program (and the unit
+#                 tests when cmocka is installed)
 #   make install  install the extension (where pg_config says), the
-#                 multi-call binary in $(PREFIX)/libexec/pepsi and one
-#                 symlink per program in $(PREFIX)/bin
+#                 multi-call binary in $(PREFIX)/libexec/pepsi, one
+#                 symlink per program in $(PREFIX)/bin and the man pages
+#                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
+#   make uninstall  remove what make install installed
 #   make run      start Pepsi on a private PostgreSQL cluster under ./run/
 #   make stop     stop it
 #   make check    build with -Werror, install, run every test suite
+#   make sanitize the unit tests and the daemons' TAP tests against
+#                 programs built with ASan and UBSan (build/san/)
+#   make man      the man pages, from docs/*.[1-8].md (pandoc), in build/man/
+#   make format   reformat the C sources with clang-format (.clang-format)
+#   make format-check  fail if clang-format would change a C source
 #   make bench    run the benchmarks in bench/
 #
 # Programs are found by directory: daemons/X builds pepsi-X, stages/X
@@ -16,18 +24,28 @@
 # multi-call binary build/bin/pepsi.
 
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
+# Asked once per make run (:=), not once per compiler command.
+PG_CONFIG := $(PG_CONFIG)
 export PG_CONFIG
+PG_INCLUDEDIR := $(shell $(PG_CONFIG) --includedir)
+PG_LIBDIR := $(shell $(PG_CONFIG) --libdir)
 PREFIX ?= /usr/local
 
 CC ?= cc
 CFLAGS ?= -O2 -g
 WARNINGS = -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes -Wshadow \
            -Wpointer-arith -Wcast-qual -Wsign-compare -Wno-unused-parameter
-PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ibuild \
-               -I$(shell $(PG_CONFIG) --includedir) -D_GNU_SOURCE
+# -I$(B): the generated headers (programs.h) of this build directory only,
+# so that a second build (B=build/san) never picks up the first one's.
+PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -I$(B) \
+               -I$(PG_INCLUDEDIR) -D_GNU_SOURCE
+# Every compiler command also writes the headers it read (-MMD) into a .d
+# file beside its output, included below, so that a changed header rebuilds
+# exactly what includes it; -MP keeps a deleted header from breaking make.
+DEPFLAGS = -MMD -MP -MF $@.d -MT $@
 # libunbound runs its thread on libevent, and libev exports libevent's names too
 # (event_set...): libevent must come first so libunbound binds to the real one.
-LDLIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq -ljansson -linih -lunbound -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lssl -lcrypto -lcrypt -lm
+LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lssl -lcrypto -lcrypt -lm
 
 B = build
 COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c common/auth/*.c))
@@ -45,19 +63,26 @@ UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tes
 TEST_CFLAGS = -DPEPSI_SOURCE_TOP='"$(CURDIR)"'
 TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite
 
-.PHONY: all programs extension install install-programs install-systemd deps check run stop bench fuzz clean \
-	unit-tests sanitize
+# The unit tests need cmocka; a build for installation does not.
+HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
-all: extension programs
+.PHONY: all programs test-programs extension install install-programs install-man uninstall \
+	deps check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
+	format format-check
+
+all: extension programs test-programs $(if $(HAVE_CMOCKA),unit-tests)
 
 extension:
 	$(MAKE) -C extension
 
-programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS)) $(UNIT_TESTS) $(TEST_PROGRAMS)
+programs: $(B)/bin/pepsi $(addprefix $(B)/bin/,$(PROGRAMS))
 
-$(B)/%.o: %.c $(wildcard common/*.h common/auth/*.h) $(B)/programs.h
+test-programs: $(TEST_PROGRAMS)
+
+# (programs.h is order-only: the .d files name the objects that include it.)
+$(B)/%.o: %.c | $(B)/programs.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -I$(dir $<) -c -o $@ $<
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
 
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
 $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/*)
@@ -79,7 +104,7 @@ $(B)/bin/pepsi: $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(B)/libpepsi.a
 define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
 		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
@@ -89,7 +114,7 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # libpepsi.  scripts/check.sh runs every build/**/tests/test_* it finds.
 $(B)/common/tests/%: common/tests/%.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(TEST_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(TEST_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS) -lcmocka
 
 # stages/X/tests/test_Y.c -> stages/X/ (the same spelling as program_dirs,
 # so its objects are the very targets the programs are built from), less
@@ -102,7 +127,7 @@ test_objs = $(if $(findstring daemons/,$(1)),\
 define program_test_rule
 $(B)/$(1:.c=): $(1) $(call test_objs,$(1)) $(B)/libpepsi.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(TEST_CFLAGS) -I$(call test_program_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(TEST_CFLAGS) $$(DEPFLAGS) -I$(call test_program_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
 endef
 $(foreach t,$(wildcard stages/*/tests/test_*.c daemons/*/tests/test_*.c),$(eval $(call program_test_rule,$(t))))
 
@@ -110,21 +135,24 @@ $(foreach t,$(wildcard stages/*/tests/test_*.c daemons/*/tests/test_*.c),$(eval 
 # tests find it in PEPSI_BIN; neither installed nor in the multi-call binary.
 $(B)/bin/pepsi-test-probe: t/probe/probe.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
 # The resolver layer driven from the command line (t/dns/), and the SPF
 # evaluator over the RFC 7208 test suite (t/spf/), likewise.
 $(B)/bin/pepsi-test-resolve: t/dns/resolve.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
 $(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
-install: all
+# The headers each object and program read (see DEPFLAGS).
+-include $(wildcard $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
+
+install: extension programs man
 	$(MAKE) -C extension install
-	$(MAKE) install-programs
+	$(MAKE) install-programs install-man
 	$(MAKE) install-systemd
 
 install-programs: programs
@@ -145,6 +173,48 @@ install-systemd:
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
 	done
 
+# Man pages: docs/NAME.SECTION.md, the one format of docs/, converted by
+# pandoc; the page's first heading, "NAME(SECTION)", is its title.
+MANDIR = $(PREFIX)/share/man
+MAN_SOURCES = $(wildcard docs/*.[1-8].md)
+MAN_PAGES = $(patsubst docs/%.md,$(B)/man/%,$(MAN_SOURCES))
+man_section = $(subst .,,$(suffix $(1)))
+PANDOC ?= pandoc
+
+man: $(MAN_PAGES)
+
+$(B)/man/%: docs/%.md
+	@mkdir -p $(dir $@)
+	$(PANDOC) --standalone --from markdown-smart --to man --shift-heading-level-by=-1 \
+		-M hyphenate=false -M footer=Pepsi -M header="Pepsi Manual" \
+		-M date="$$(git log -1 --format=%cs -- $< 2>/dev/null)" -o $@ $<
+
+# Every page renders with man(1), with no undefined macro, bad escape or
+# unknown character (tables too wide for 80 columns are only layout).
+man-check: man
+	@for page in $(MAN_PAGES); do \
+		problems=$$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings=mac,escape,input,char,font,syntax \
+				-l $$page 2>&1 >/dev/null \
+			| grep -v -e 'table wider than line width' -e 'table text block will not fit' \
+				-e 'cannot adjust line' -e "^warning: file '<standard input>', around line"); \
+		if [ -n "$$problems" ]; then echo "$$page: $$problems"; exit 1; fi; \
+	done; echo "man pages: $(words $(MAN_PAGES)) render with man -l"
+
+install-man: man
+	for page in $(MAN_PAGES); do \
+		section=$${page##*.}; \
+		install -d $(DESTDIR)$(MANDIR)/man$$section; \
+		install -m 644 $$page $(DESTDIR)$(MANDIR)/man$$section/; \
+	done
+
+uninstall:
+	$(MAKE) -C extension uninstall
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PROGRAMS))
+	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
+	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
+	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
+
 deps:
 	@scripts/deps.sh
 
@@ -154,17 +224,40 @@ check: deps
 	$(MAKE) PEPSI_WERROR=-Werror all
 	$(MAKE) -C extension install
 	$(MAKE) fuzz FUZZ_TIME=10
-	$(MAKE) sanitize
+	$(MAKE) sanitize-build
+	$(MAKE) man-check
 	scripts/check.sh
 
 unit-tests: $(UNIT_TESTS)
 
-# The unit tests again, built with AddressSanitizer and UBSan (any report
-# fails them); scripts/check.sh runs every test binary under build/.
-sanitize:
-	$(MAKE) B=build/san PEPSI_WERROR=-Werror \
-		CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-		unit-tests
+# The unit tests and the programs again, built with AddressSanitizer and
+# UBSan into build/san/.  scripts/check.sh runs every unit test binary
+# under build/, and the TAP tests of $(SANITIZE_TAP) a second time against
+# build/san/bin; any sanitizer report fails them.  make check runs both;
+# make sanitize only these.
+SANITIZE_B = build/san
+SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+export SANITIZE_TAP ?= t/030_ingress.pl t/040_dispatch_pipeline.pl t/041_dispatch_workers.pl \
+	t/042_dispatch_pools.pl t/043_dispatch_stop.pl t/045_dispatch_config.pl t/046_dispatch_fair.pl
+
+sanitize-build:
+	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
+		programs test-programs unit-tests
+
+sanitize: sanitize-build
+	$(MAKE) -C extension install
+	PEPSI_UNIT_DIR=$(SANITIZE_B) PEPSI_SKIP="regress tap" scripts/check.sh
+
+# C style: .clang-format (PostgreSQL's layout: tabs of 4, braces on their
+# own lines, the return type of a definition on its own line).
+CLANG_FORMAT ?= clang-format
+FORMAT_SOURCES = $(shell find common daemons stages cli programs extension/src t -name '*.[ch]' | sort)
+
+format:
+	$(CLANG_FORMAT) -i $(FORMAT_SOURCES)
+
+format-check:
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SOURCES)
 
 run: deps all
 	$(MAKE) -C extension install
@@ -191,8 +284,8 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c dae
                      common/aliases.c common/config.c common/header.c common/auth/results.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(shell $(PG_CONFIG) --includedir) \
-		-o $@ $(filter %.c,$^) -L$(shell $(PG_CONFIG) --libdir) -lpq -linih -ljansson
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
+		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson
 
 $(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c \
                      common/buf.c common/log.c common/xalloc.c common/config.c $(wildcard common/*.h common/auth/*.h)

@@ -7,9 +7,14 @@
 set -uo pipefail
 # While working on one part, PEPSI_TAP="t/0NN_a.pl t/0NN_b.pl" runs only
 # those TAP files, and PEPSI_SKIP may name suites to skip (unit, regress,
-# tap).  make check sets neither, and runs everything.
+# tap, sanitize).  make check sets neither, and runs everything.
+# PEPSI_UNIT_DIR: where to look for unit test binaries (default build/,
+# which holds build/san/ too).  SANITIZE_TAP (set by the Makefile): the
+# TAP files run a second time against the programs of build/san/bin.
 PEPSI_TAP=${PEPSI_TAP:-}
 PEPSI_SKIP=${PEPSI_SKIP:-}
+PEPSI_UNIT_DIR=${PEPSI_UNIT_DIR:-build}
+SANITIZE_TAP=${SANITIZE_TAP:-}
 skip() { case " $PEPSI_SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
@@ -20,7 +25,8 @@ trap 'rm -rf "$scratch"' EXIT
 cp -r "$top/regress" "$top/t" "$scratch/"
 # The programs under test: the multi-call binary and the standalone builds.
 [ -d "$top/build/bin" ] && cp -r "$top/build/bin" "$scratch/bin"
-mkdir -p "$scratch/regress-out" "$scratch/tap"
+[ -d "$top/build/san/bin" ] && cp -r "$top/build/san/bin" "$scratch/san-bin"
+mkdir -p "$scratch/regress-out" "$scratch/tap" "$scratch/san-tap" "$scratch/san-reports"
 give_to_user "$scratch"
 chmod 755 "$scratch"
 
@@ -28,7 +34,7 @@ passed=0
 failed=0
 
 # Unit tests (cmocka): one result per test case.
-skip unit && units= || units=$(find "$top/build" -path '*/tests/test_*' -type f -perm -u+x 2>/dev/null | sort)
+skip unit && units= || units=$(find "$top/$PEPSI_UNIT_DIR" -path '*/tests/test_*' -type f -perm -u+x ! -name '*.d' 2>/dev/null | sort)
 for unit in $units; do
     echo "== unit: ${unit#$top/build/}"
     "$unit" >"$scratch/unit.log" 2>&1
@@ -91,6 +97,36 @@ if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
             echo "== $(basename "$log") (last 40 lines)"
             tail -n 40 "$log"
         done
+    fi
+fi
+
+# The daemons' TAP tests again, against the programs built with ASan and
+# UBSan: a sanitizer report fails the run even when the test's own
+# assertions pass (a daemon's error is not always visible to its test).
+# Every process writes its reports to san-reports/ rather than to a
+# stderr the test may swallow.
+if ! skip sanitize && [ -n "$SANITIZE_TAP" ] && [ -d "$scratch/san-bin" ]; then
+    echo "== TAP under ASan and UBSan: $SANITIZE_TAP"
+    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/san-tap" \
+        PEPSI_TOP="$top" PEPSI_BIN="$scratch/san-bin" PG_REGRESS="$PG_REGRESS" \
+        PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
+        ASAN_OPTIONS="log_path=$scratch/san-reports/asan:detect_leaks=1:abort_on_error=0" \
+        UBSAN_OPTIONS="log_path=$scratch/san-reports/ubsan:print_stacktrace=1:halt_on_error=1" \
+        prove -v --ext=.pl $SANITIZE_TAP >"$scratch/san-tap.log" 2>&1)
+    cat "$scratch/san-tap.log"
+    ok=$(grep -cE '^\s*ok [0-9]+' "$scratch/san-tap.log")
+    bad=$(grep -cE '^\s*not ok [0-9]+' "$scratch/san-tap.log")
+    dubious=$(grep -cE 'Dubious|Parse errors|No subtests run|Bad plan' "$scratch/san-tap.log")
+    reports=$(find "$scratch/san-reports" -type f | sort)
+    for report in $reports; do
+        echo "== sanitizer report $(basename "$report")"
+        cat "$report"
+    done
+    passed=$((passed + ok))
+    failed=$((failed + bad + dubious + $(echo "$reports" | grep -c .)))
+    if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+        echo "TAP under sanitizers ran no test"
+        failed=$((failed + 1))
     fi
 fi
 

@@ -41,6 +41,10 @@ packages=(
     python3-nacl libnet-dns-perl
     # the public suffix list libpsl reads for DMARC's organizational domain
     publicsuffix
+    # the man pages: pandoc converts docs/*.[1-8].md, man(1) checks them
+    pandoc man-db
+    # make format, make format-check
+    clang-format
     # benchmarks: pgbench ships in postgresql-15
 )
 
