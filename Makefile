@@ -237,8 +237,7 @@ unit-tests: $(UNIT_TESTS)
 # make sanitize only these.
 SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-export SANITIZE_TAP ?= t/030_ingress.pl t/040_dispatch_pipeline.pl t/041_dispatch_workers.pl \
-	t/042_dispatch_pools.pl t/043_dispatch_stop.pl t/045_dispatch_config.pl t/046_dispatch_fair.pl
+export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
