@@ -12,7 +12,6 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(time usleep);
 
 use PepsiTest;
 
@@ -86,22 +85,17 @@ is($node->safe_psql($db, "SELECT status FROM pepsi.workqueue WHERE id = $row"),
 
 # Watch the row until it is pending: any sighting of "pending" while the
 # clock is still short of the due time means the worker requeued it early.
-my ($early, $pending) = (0, 0);
-my $deadline = time + 30;
-while (time < $deadline)
-{
-	my ($status, $past_due) = split /\|/,
-	  $node->safe_psql($db,
-		    "SELECT status || '|' || (clock_timestamp() >= '$due')"
-		  . " FROM pepsi.workqueue WHERE id = $row");
-	if ($status eq 'pending')
-	{
-		$pending = 1;
+my $early = 0;
+my $pending = poll_until(
+	sub {
+		my ($status, $past_due) = split /\|/,
+		  $node->safe_psql($db,
+			    "SELECT status || '|' || (clock_timestamp() >= '$due')"
+			  . " FROM pepsi.workqueue WHERE id = $row");
+		return 0 unless $status eq 'pending';
 		$early = 1 if $past_due ne 'true';
-		last;
-	}
-	usleep(100_000);
-}
+		return 1;
+	});
 ok($pending, 'the paused row is pending again once its retry time has come');
 ok(!$early, 'and not before its retry time');
 is( $node->safe_psql(
@@ -114,13 +108,11 @@ is( $node->safe_psql(
 # The requeue woke the dispatcher: the listener got a notification, and it
 # came from the worker.
 my $notified = '';
-$deadline = time + 30;
-while (time < $deadline)
-{
-	$notified .= $listener->query_safe('SELECT 1');
-	last if $notified =~ /Asynchronous notification "pepsi_workqueue"/;
-	usleep(100_000);
-}
+poll_until(
+	sub {
+		$notified .= $listener->query_safe('SELECT 1');
+		return $notified =~ /Asynchronous notification "pepsi_workqueue"/;
+	});
 like(
 	$notified,
 	qr/Asynchronous notification "pepsi_workqueue" received from server process with PID $pid\b/,

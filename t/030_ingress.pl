@@ -46,7 +46,8 @@ system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curv
   or die 'openssl req failed';
 my $hash = `openssl passwd -6 -salt pepsitest 'correct horse'`;
 chomp $hash;
-like($hash, qr/^\$6\$/, 'a SHA-512 crypt hash for the credentials file');
+# (setting up, not a test of openssl: the AUTH tests below use it)
+$hash =~ /^\$6\$/ or die "openssl passwd -6 gave no SHA-512 crypt hash: $hash";
 PostgreSQL::Test::Utils::append_to_file("$tmp/credentials",
 	"# test accounts\nalice:$hash\n");
 
@@ -245,11 +246,11 @@ $listener->query_safe('LISTEN pepsi_workqueue');
 $id = queued_id($out);
 push @stored, $id;
 my $notified = '';
-for (my $deadline = time + 30; time < $deadline; usleep(50_000))
-{
-	$notified .= $listener->query_safe("SELECT count(*) FROM pepsi.workqueue WHERE id = $id");
-	last if $notified =~ /Asynchronous notification "pepsi_workqueue"/;
-}
+poll_until(
+	sub {
+		$notified .= $listener->query_safe("SELECT count(*) FROM pepsi.workqueue WHERE id = $id");
+		return $notified =~ /Asynchronous notification "pepsi_workqueue"/;
+	});
 like($notified, qr/Asynchronous notification "pepsi_workqueue"/,
 	'the dispatcher is notified after a message is admitted');
 $listener->quit;
@@ -598,13 +599,13 @@ $node->stop('fast');
 	close $s;
 }
 $node->start;
-my $back;
-for (my $deadline = time + 60; time < $deadline && !defined $back; usleep(200_000))
-{
-	($rc, $out) = swaks('--port', $port{smtp}, '--from', 'b@example.org', '--to', 'a@example.net',
-		'--data', '@' . message_file('back.eml', "Subject: back\r\n\r\nagain"));
-	$back = queued_id($out);
-}
+my $back = poll_until(
+	sub {
+		($rc, $out) = swaks('--port', $port{smtp}, '--from', 'b@example.org', '--to', 'a@example.net',
+			'--data', '@' . message_file('back.eml', "Subject: back\r\n\r\nagain"));
+		return queued_id($out);
+	},
+	60);
 ok(defined $back, 'database back: admission resumes after reconnecting');
 push @stored, $back;
 stored_as_sent($back, "Subject: back\r\n\r\nagain\r\n", 'after the reconnect');

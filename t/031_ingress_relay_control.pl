@@ -215,17 +215,16 @@ $c->close;
 sub rcpt_reply_within
 {
 	my ($address, $pattern) = @_;
-	my $deadline = time + 10;
 	my $reply;
 
-	while (time < $deadline)
-	{
-		my $client;
-		($client, $reply) = transaction($port{smtp}, '127.0.0.2', $address);
-		$client->close;
-		return $reply if $reply =~ $pattern;
-		usleep(100_000);
-	}
+	poll_until(
+		sub {
+			my $client;
+			($client, $reply) = transaction($port{smtp}, '127.0.0.2', $address);
+			$client->close;
+			return $reply =~ $pattern;
+		},
+		10);
 	return $reply;
 }
 like(rcpt_reply_within('dave@example.org', qr/^550/), qr/^550 5\.1\.1/,

@@ -18,11 +18,6 @@ my $db = 'postgres';
 my $node = dispatch_node('dispatch_pipeline');
 my $rows = 300;
 
-sub queue_count
-{
-	return scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue');
-}
-
 #
 # The real stages: if -> route -> discard, standalone builds.
 #
@@ -31,7 +26,7 @@ my $config = write_config($node, stages => $real_stages);
 my $d = start_dispatcher($config);
 
 add_rows($node, $rows);
-ok(poll_until(sub { queue_count() == 0 }), "all $rows rows went through init, route and drop");
+ok(poll_until(sub { queue_count($node) == 0 }), "all $rows rows went through init, route and drop");
 ok(poll_until(sub { dispatcher_log($d) =~ /stage drop: started worker/ }),
 	'the dispatcher started workers for the last stage');
 is(stop_dispatcher($d, 'TERM'), 0, 'SIGTERM: the dispatcher exits 0');
@@ -57,7 +52,7 @@ unlike(dispatcher_log($d), qr/failed|cannot|lost/, 'nothing went wrong in the lo
 $d = start_dispatcher($config);
 ok(poll_until(sub { dispatcher_log($d) =~ /connected to the database/ }), 'a dispatcher is up again');
 add_rows($node, 10, quiet => 1);
-ok(poll_until(sub { queue_count() == 0 }, 10), 'rows admitted without a NOTIFY go through too');
+ok(poll_until(sub { queue_count($node) == 0 }, 10), 'rows admitted without a NOTIFY go through too');
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher exits 0');
 
 #
@@ -82,7 +77,7 @@ QUEUE_LIMIT = 4
 EOF
 $d = start_dispatcher($config);
 my @ids = add_rows($node, 100, stage => 'a');
-ok(poll_until(sub { queue_count() == 0 }), 'all 100 rows went through a, b and c');
+ok(poll_until(sub { queue_count($node) == 0 }), 'all 100 rows went through a, b and c');
 is( scalar_query($node,
 		"SELECT count(*) FROM (SELECT id, string_agg(stage, '' ORDER BY seq) AS path"
 		  . ' FROM test_log GROUP BY id) p'
@@ -111,7 +106,7 @@ SKIP:
 	$config = write_config($node, stages => $real_stages);
 	$d = start_dispatcher($config, program => [ $multicall, 'pepsi-dispatch' ]);
 	add_rows($node, $rows);
-	ok(poll_until(sub { queue_count() == 0 }), "multi-call: all $rows rows went through");
+	ok(poll_until(sub { queue_count($node) == 0 }), "multi-call: all $rows rows went through");
 	is(stop_dispatcher($d, 'TERM'), 0, 'multi-call: the dispatcher exits 0');
 	is( scalar_query($node,
 			"SELECT string_agg(stage || '=' || messages || '/' || fused_hops, ' ' ORDER BY stage)"

@@ -19,14 +19,9 @@ my $node = dispatch_node('dispatch_pg_restart');
 
 my $config = write_config($node, stages => real_stages());
 
-sub queue_count
-{
-	return scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue');
-}
-
 my $d = start_dispatcher($config);
 add_rows($node, 100);
-ok(poll_until(sub { queue_count() == 0 }), 'rows go through before the restart');
+ok(poll_until(sub { queue_count($node) == 0 }), 'rows go through before the restart');
 my @before = worker_pids($d, 'pepsi-stage');
 is(scalar(@before), 6, 'two workers per stage are up, idle');
 
@@ -40,7 +35,7 @@ ok( poll_until(sub { substr(dispatcher_log($d), $offset) =~ /lost the database c
 ok(poll_until(sub { substr(dispatcher_log($d), $offset) =~ /connected to the database/ }),
 	'and reconnects');
 add_rows($node, 100);
-ok(poll_until(sub { queue_count() == 0 }), 'rows admitted after the restart go through');
+ok(poll_until(sub { queue_count($node) == 0 }), 'rows admitted after the restart go through');
 is( scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'"),
 	'0', 'none of them failed on a worker session that died with the server');
 my %old = map { $_ => 1 } @before;
@@ -57,7 +52,7 @@ ok( poll_until(
 		sub {
 			scalar_query($node,
 				"SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'") > 0
-			  && queue_count() < 2900;
+			  && queue_count($node) < 2900;
 		}),
 	'a load is under way');
 $offset = -s $d->{log};

@@ -10,9 +10,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use IPC::Run;
 use Net::SMTP;
@@ -60,7 +57,7 @@ sub start_ingress
 		open STDERR, '>&', \*STDOUT;
 		exec pepsi_bin('pepsi-ingress'), '-c', $config or die "exec: $!";
 	}
-	wait_for(sub {
+	poll_until(sub {
 		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
 		$s->close if $s;
 		return $s;
@@ -92,14 +89,14 @@ $sent .= "\r\n";
 my ($rc, $transcript) = swaks('--from', 'sender@local.test', '--to', 'alice@local.test',
 	'--data', "$tmp/e2e.eml");
 is($rc, 0, 'swaks: ingress accepts the message') or diag($transcript);
-ok(wait_for(sub { scalar(maildir_files($root, 'alice@local.test')) == 1 }), 'it lands in alice\'s Maildir');
+ok(poll_until(sub { scalar(maildir_files($root, 'alice@local.test')) == 1 }), 'it lands in alice\'s Maildir');
 my $file = slurp((maildir_files($root, 'alice@local.test'))[0]);
 my ($prepended, $rest) = $file =~ /\A((?:[A-Za-z-]+:.*\r\n(?:[ \t].*\r\n)*)*?)(From: <sender.*)\z/s;
 is($rest, $sent, 'the file ends with the message sent, byte for byte');
 like($prepended, qr/\AReturn-Path: <sender\@local\.test>\r\nDelivered-To: alice\@local\.test\r\nReceived: /,
 	'after Return-Path, Delivered-To and ingress\'s Received');
 like($prepended, qr/^Authentication-Results: mx\.pepsi\.test/m, 'and Authentication-Results');
-ok(wait_for(sub { queue_count($node) == 0 }), 'nothing is left in the queue');
+ok(poll_until(sub { queue_count($node) == 0 }), 'nothing is left in the queue');
 
 #
 # swaks -> smtp-sink through the smarthost stage.
@@ -107,9 +104,9 @@ ok(wait_for(sub { queue_count($node) == 0 }), 'nothing is left in the queue');
 ($rc, $transcript) = swaks('--from', 'sender@local.test', '--to', 'bob@remote.test',
 	'--header', 'Subject: to the sink');
 is($rc, 0, 'swaks: a remote message is accepted');
-ok(wait_for(sub { grep { slurp($_) =~ /Subject: to the sink/ } glob("$sink->{dir}/mail/*") }),
+ok(poll_until(sub { grep { slurp($_) =~ /Subject: to the sink/ } glob("$sink->{dir}/mail/*") }),
 	'smtp-sink receives it from the smarthost stage');
-ok(wait_for(sub { queue_count($node) == 0 }), 'and its row is finished');
+ok(poll_until(sub { queue_count($node) == 0 }), 'and its row is finished');
 
 #
 # Crash safety under a stream of 2,000 messages.
@@ -193,7 +190,7 @@ cmp_ok($accepted, '>', 1000, "$accepted of 2,000 messages got a 250 while compon
 
 # A row whose worker was killed under it is failed by the dispatcher (a
 # crash is how a poison message shows); the operator resumes those.
-ok(wait_for(sub { queue_count($node, "status IN ('pending', 'running', 'paused')") == 0 }, 60),
+ok(poll_until(sub { queue_count($node, "status IN ('pending', 'running', 'paused')") == 0 }, 60),
 	'the queue drains');
 my $crashed = $node->safe_psql('postgres',
 	"SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'"
@@ -206,7 +203,7 @@ diag("rows failed under a killed worker, resumed: $crashed");
 $node->safe_psql('postgres',
 	"SELECT pepsi.workqueue_resume(array_agg(id)) FROM pepsi.workqueue WHERE status = 'failed'")
   if $crashed > 0;
-ok(wait_for(sub { queue_count($node) == 0 }, 30), 'none is left in the queue');
+ok(poll_until(sub { queue_count($node) == 0 }, 30), 'none is left in the queue');
 
 my %delivered;
 for my $dump (glob("$sink->{dir}/mail/*"))

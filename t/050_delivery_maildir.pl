@@ -8,9 +8,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -33,7 +30,7 @@ my $d = start_dispatcher($config);
 my $headers = "From: <$sender>\r\nTo: <alice\@local.test>\r\nSubject: hello alice\r\n";
 my $body = "line one\r\n.dot line\r\n\r\nlast line\r\n";
 my $id = inject($node, to => ['alice@local.test'], headers => $headers, body => $body);
-ok(wait_for(sub { queue_count($node) == 0 }), 'the message is delivered and its row finished');
+ok(poll_until(sub { queue_count($node) == 0 }), 'the message is delivered and its row finished');
 my @files = maildir_files($root, 'alice@local.test');
 is(scalar @files, 1, 'one file in alice\'s new/');
 is(slurp($files[0]),
@@ -46,19 +43,19 @@ closedir $tmp_dir;
 
 # Five more: five distinct names.
 inject($node, to => ['alice@local.test'], body => "copy $_\r\n") for 1 .. 5;
-ok(wait_for(sub { scalar(maildir_files($root, 'alice@local.test')) == 6 }), 'five more files');
+ok(poll_until(sub { scalar(maildir_files($root, 'alice@local.test')) == 6 }), 'five more files');
 my %names = map { $_ => 1 } maildir_files($root, 'alice@local.test');
 is(scalar keys %names, 6, 'every name is unique');
 
 # The mailbox name is the address, lower-cased.
 inject($node, to => ['BOB@local.test']);
-ok(wait_for(sub { scalar(maildir_files($root, 'bob@local.test')) == 1 }),
+ok(poll_until(sub { scalar(maildir_files($root, 'bob@local.test')) == 1 }),
 	'BOB@local.test is delivered to the mailbox bob@local.test');
 
 # A missing mailbox: a DSN, 5.1.1, no Remote-MTA.
 inject($node, to => ['nobody@local.test'],
 	headers => "From: <$sender>\r\nSubject: to nobody\r\n", body => "lost body\r\n");
-ok(wait_for(sub { scalar(dsns()) == 1 && queue_count($node) == 0 }), 'a missing mailbox bounces');
+ok(poll_until(sub { scalar(dsns()) == 1 && queue_count($node) == 0 }), 'a missing mailbox bounces');
 my $dsn = parse_dsn(slurp((dsns())[-1]));
 my ($message, $recipients) = dsn_fields($dsn);
 is($recipients->[0]{'final-recipient'}, 'rfc822; nobody@local.test', 'Final-Recipient');
@@ -72,7 +69,7 @@ ok(!-e "$root/nobody\@local.test", 'no mailbox was created');
 # RET=HDRS: the failure DSN returns the headers only.
 inject($node, to => ['nobody@local.test'], state => '{"dsn":{"ret":"HDRS","envid":"hdrs-1"}}',
 	headers => "From: <$sender>\r\nSubject: headers only\r\n", body => "secret body\r\n");
-ok(wait_for(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }), 'RET=HDRS: a DSN');
+ok(poll_until(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }), 'RET=HDRS: a DSN');
 $dsn = parse_dsn(slurp((dsns())[-1]));
 my ($part) = grep { $_->effective_type eq 'text/rfc822-headers' } $dsn->parts;
 ok($part, 'with a text/rfc822-headers part');
@@ -83,7 +80,7 @@ is($message->{'original-envelope-id'}, 'hdrs-1', 'Original-Envelope-Id');
 
 # NOTIFY=SUCCESS: a "delivered" DSN.
 inject($node, to => ['alice@local.test'], state => '{"dsn":{"rcpt":[{"notify":"SUCCESS","orcpt":"rfc822;Alice@Local.Test"}]}}');
-ok(wait_for(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }), 'NOTIFY=SUCCESS: a DSN');
+ok(poll_until(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }), 'NOTIFY=SUCCESS: a DSN');
 $dsn = parse_dsn(slurp((dsns())[-1]));
 ($message, $recipients) = dsn_fields($dsn);
 is($recipients->[0]{action}, 'delivered', 'Action: delivered');
@@ -93,19 +90,19 @@ is(scalar(maildir_files($root, 'alice@local.test')), 7, 'and alice got the messa
 
 # Three local recipients, one without a mailbox: split, two delivered, one DSN.
 inject($node, to => ['alice@local.test', 'nobody@local.test', 'bob@local.test']);
-ok(wait_for(sub { scalar(dsns()) == 4 && queue_count($node) == 0 }), 'three recipients: one DSN');
+ok(poll_until(sub { scalar(dsns()) == 4 && queue_count($node) == 0 }), 'three recipients: one DSN');
 is(scalar(maildir_files($root, 'alice@local.test')) . ' ' . scalar(maildir_files($root, 'bob@local.test')),
 	'8 2', 'alice and bob each got their copy');
 
 # An unwritable mailbox is a temporary failure, delivered once fixed.
 chmod 0500, "$root/bob\@local.test/tmp";
 $id = inject($node, to => ['bob@local.test'], body => "retried\r\n");
-ok(wait_for(sub { queue_count($node, "id = $id AND status = 'paused'") == 1 }),
+ok(poll_until(sub { queue_count($node, "id = $id AND status = 'paused'") == 1 }),
 	'an unwritable mailbox: the row is paused');
 like($node->safe_psql('postgres', "SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id"),
 	qr/cannot write to mailbox .*Permission denied/, 'state.last_error says why');
 chmod 0700, "$root/bob\@local.test/tmp";
-ok(wait_for(sub { queue_count($node) == 0 }), 'delivered on a retry once it is writable');
+ok(poll_until(sub { queue_count($node) == 0 }), 'delivered on a retry once it is writable');
 like(slurp((maildir_files($root, 'bob@local.test'))[-1]), qr/retried\r\n\z/, 'the retried message');
 is(scalar(dsns()), 4, 'no DSN for a temporary failure');
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
@@ -115,7 +112,7 @@ $config = delivery_config($node, maildir_root => $root,
 	extra => { maildir => "CREATE_MAILBOXES = yes\n" });
 $d = start_dispatcher($config);
 inject($node, to => ['newcomer@local.test']);
-ok(wait_for(sub { scalar(maildir_files($root, 'newcomer@local.test')) == 1 }),
+ok(poll_until(sub { scalar(maildir_files($root, 'newcomer@local.test')) == 1 }),
 	'CREATE_MAILBOXES: the mailbox is made and the message delivered');
 ok(-d "$root/newcomer\@local.test/cur", 'with tmp, new and cur');
 is(scalar(dsns()), 4, 'and no DSN');
@@ -130,7 +127,7 @@ SKIP:
 	$config = delivery_config($node, maildir_root => $root);
 	$d = start_dispatcher($config, program => [ $multicall, 'pepsi-dispatch' ]);
 	inject($node, to => ['ghost@local.test'], headers => "From: <$sender>\r\nSubject: fused\r\n");
-	ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
+	ok(poll_until(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
 		'multi-call: the DSN for a missing mailbox arrives');
 	like(slurp((dsns())[-1]), qr/Final-Recipient: rfc822; ghost\@local\.test/, 'about the right recipient');
 	is(stop_dispatcher($d), 0, 'the dispatcher stops');

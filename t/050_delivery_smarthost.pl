@@ -10,9 +10,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -38,7 +35,7 @@ my $d = start_dispatcher($config);
 my @ids = map {
 	inject($node, to => ['user@remote.test'], body => "message $_\r\n.leading dot\r\n")
 } 1 .. 10;
-ok(wait_for(sub { queue_count($node) == 0 }), 'ten messages relayed to smtp-sink, none left');
+ok(poll_until(sub { queue_count($node) == 0 }), 'ten messages relayed to smtp-sink, none left');
 my @dumps = glob("$sink->{dir}/mail/*");
 is(scalar @dumps, 10, 'smtp-sink received ten transactions');
 like(slurp($dumps[0]), qr/message \d+\r?\n\.leading dot/, 'the body arrived, dot-stuffing undone');
@@ -63,9 +60,9 @@ $d = start_dispatcher($config);
 my $dsn_state = '{"dsn":{"ret":null,"envid":"env-slow","rcpt":[{"notify":"DELAY,FAILURE","orcpt":"rfc822;slow@remote.test"}]}}';
 my $id = inject($node, to => ['slow@remote.test'], state => $dsn_state,
 	headers => "From: <$sender>\r\nTo: <slow\@remote.test>\r\nSubject: slow\r\n");
-ok(wait_for(sub { scalar(grep { /Subject: slow/ } map { $_->{data} } peer_messages($peer)) == 1 }),
+ok(poll_until(sub { scalar(grep { /Subject: slow/ } map { $_->{data} } peer_messages($peer)) == 1 }),
 	'451 then 250: delivered after a retry');
-ok(wait_for(sub { queue_count($node) == 0 }), 'nothing left in the queue');
+ok(poll_until(sub { queue_count($node) == 0 }), 'nothing left in the queue');
 is(slurp("$peer->{dir}/attempts-slow\@remote.test"), "2\n", 'two attempts');
 my @files = dsns();
 is(scalar @files, 1, 'one DSN in the sender\'s Maildir');
@@ -88,7 +85,7 @@ ok($returned, 'a delay DSN returns the headers only');
 $id = inject($node, to => ['gone@remote.test'],
 	headers => "From: <$sender>\r\nTo: <gone\@remote.test>\r\nSubject: gone\r\n",
 	body => "the original body\r\n");
-ok(wait_for(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }), '550: a DSN arrives, the queue is empty');
+ok(poll_until(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }), '550: a DSN arrives, the queue is empty');
 $dsn = parse_dsn(slurp((dsns())[-1]));
 ($message, $recipients) = dsn_fields($dsn);
 is($message->{'reporting-mta'}, 'dns; mx.pepsi.test', 'Reporting-MTA is [pepsi] HOSTNAME');
@@ -107,14 +104,14 @@ is(scalar(grep { /Subject: gone/ } map { $_->{data} } peer_messages($peer)), 0,
 # NOTIFY=NEVER: the 550 is not reported.
 $id = inject($node, to => ['gone@remote.test'],
 	state => '{"dsn":{"rcpt":[{"notify":"NEVER"}]}}');
-ok(wait_for(sub { queue_count($node) == 0 }), 'NOTIFY=NEVER: the row is done');
-ok(wait_for(sub { dispatcher_log($d) =~ /asked for no FAILURE DSN \(NOTIFY=NEVER\)/ }),
+ok(poll_until(sub { queue_count($node) == 0 }), 'NOTIFY=NEVER: the row is done');
+ok(poll_until(sub { dispatcher_log($d) =~ /asked for no FAILURE DSN \(NOTIFY=NEVER\)/ }),
 	'the bounce stage logs the suppressed DSN');
 is(scalar(dsns()), 2, 'and no DSN was sent');
 
 # A null-sender message that fails is finished with a log line, not bounced.
 $id = inject($node, from => '', to => ['gone@remote.test']);
-ok(wait_for(sub { queue_count($node) == 0 }), 'a failing bounce leaves the queue');
+ok(poll_until(sub { queue_count($node) == 0 }), 'a failing bounce leaves the queue');
 like(dispatcher_log($d), qr/row $id: undeliverable message from the null sender to <gone\@remote\.test> dropped/,
 	'with a log line');
 is(scalar(dsns()), 2, 'and nobody gets a DSN about it');
@@ -123,7 +120,7 @@ is(scalar(dsns()), 2, 'and nobody gets a DSN about it');
 $id = inject($node, to => ['happy@remote.test'],
 	state => '{"dsn":{"rcpt":[{"notify":"SUCCESS"}]}}',
 	headers => "From: <$sender>\r\nTo: <happy\@remote.test>\r\nSubject: happy\r\n");
-ok(wait_for(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }), 'NOTIFY=SUCCESS: a DSN arrives');
+ok(poll_until(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }), 'NOTIFY=SUCCESS: a DSN arrives');
 $dsn = parse_dsn(slurp((dsns())[-1]));
 ($message, $recipients) = dsn_fields($dsn);
 is($recipients->[0]{action}, 'relayed', 'Action: relayed (the smarthost has no DSN)');
@@ -137,7 +134,7 @@ my $before = scalar(peer_messages($peer));
 my $body_id;
 ($id, $body_id) = inject($node, to => ['ok@remote.test', 'gone@remote.test', 'later@remote.test'],
 	headers => "From: <$sender>\r\nTo: <ok\@remote.test>\r\nSubject: three\r\n");
-ok(wait_for(sub {
+ok(poll_until(sub {
 	queue_count($node, "status = 'paused' AND rcpt_to = '{later\@remote.test}'") == 1
 	  && scalar(dsns()) == 4 }),
 	'three recipients: one DSN (gone@) while later@ waits paused');
@@ -146,12 +143,12 @@ is($node->safe_psql('postgres',
 	'1 1', 'the paused row is the only one left, sharing the original body');
 is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $body_id"),
 	1, 'the body is stored once while a row references it');
-ok(wait_for(sub { queue_count($node) == 0 }), 'later@ is delivered on a retry');
+ok(poll_until(sub { queue_count($node) == 0 }), 'later@ is delivered on a retry');
 is(scalar(peer_messages($peer)) - $before, 2, 'two of the three recipients got the message');
 is(scalar(dsns()), 4, 'one DSN for the three-recipient message');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{'final-recipient'}, 'rfc822; gone@remote.test', 'about gone@ only');
-ok(wait_for(sub {
+ok(poll_until(sub {
 	$node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $body_id") == 0
 }), 'the body went with the last row');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE status <> \'pending\''),
@@ -160,7 +157,7 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE stat
 # An 8-bit body goes with BODY=8BITMIME, and every MAIL says its SIZE.
 inject($node, to => ['eight@remote.test'], body => "caf\xc3\xa9\r\n",
 	headers => "From: <$sender>\r\nSubject: eight\r\n");
-ok(wait_for(sub { grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer) }), 'an 8-bit message');
+ok(poll_until(sub { grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer) }), 'an 8-bit message');
 my ($eight) = grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer);
 like($eight->{env}, qr/^MAIL FROM:<\Q$sender\E> SIZE=\d+ BODY=8BITMIME$/m, 'went with SIZE and BODY=8BITMIME');
 unlike($eight->{env}, qr/NOTIFY|ORCPT|RET=|ENVID/, 'and no DSN parameters to a server without DSN');
@@ -174,25 +171,25 @@ $d = start_dispatcher($config);
 $id = inject($node, to => ['passed@remote.test'],
 	state => '{"dsn":{"ret":"HDRS","envid":"e=1","rcpt":[{"notify":"SUCCESS,FAILURE","orcpt":"rfc822;Passed+x@remote.test"}]}}',
 	headers => "From: <$sender>\r\nSubject: passed\r\n");
-ok(wait_for(sub { scalar(peer_messages($strict)) == 1 && queue_count($node) == 0 }), 'a DSN-capable server');
+ok(poll_until(sub { scalar(peer_messages($strict)) == 1 && queue_count($node) == 0 }), 'a DSN-capable server');
 my ($passed) = peer_messages($strict);
 like($passed->{env}, qr/^MAIL FROM:<\Q$sender\E> SIZE=\d+ RET=HDRS ENVID=e\+3D1$/m, 'RET and ENVID (xtext) passed on');
 like($passed->{env}, qr/^RCPT TO:<passed\@remote\.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;Passed\+2Bx\@remote\.test$/m,
 	'NOTIFY and ORCPT (xtext) passed on');
 is(scalar(dsns()), 4, 'the next hop reports success itself: no DSN from here');
 inject($node, to => ['big@remote.test'], body => join('', ('x' x 70 . "\r\n") x 10));
-ok(wait_for(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }), 'a message over SIZE bounces');
+ok(poll_until(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }), 'a message over SIZE bounces');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{status}, '5.3.4', 'Status: 5.3.4');
 like($recipients->[0]{'diagnostic-code'}, qr/exceeds the limit of 600 bytes/, 'Diagnostic-Code says why');
 inject($node, to => ["jos\xc3\xa9\@remote.test"]);
-ok(wait_for(sub { scalar(dsns()) == 6 && queue_count($node) == 0 }),
+ok(poll_until(sub { scalar(dsns()) == 6 && queue_count($node) == 0 }),
 	'a non-ASCII address to a server without SMTPUTF8 bounces');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{status}, '5.6.7', 'Status: 5.6.7');
 is(scalar(peer_messages($strict)), 1, 'neither was sent');
 $id = inject($node, to => ['slowpoke@remote.test']);
-like(wait_for(sub {
+like(poll_until(sub {
 	$node->safe_psql('postgres',
 		"SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id AND status = 'paused'") }),
 	qr/timed out talking to 127\.0\.0\.1.* while sending RCPT TO/,
@@ -212,7 +209,7 @@ $d = start_dispatcher($config);
 $node->safe_psql('postgres',
 	"SELECT pepsi.workqueue_resume(array_agg(id)) FROM pepsi.workqueue WHERE status = 'paused'");
 $id = inject($node, to => ['stuck@remote.test'], state => $stuck_state);
-ok(wait_for(sub { scalar(dsns()) == 7 && queue_count($node) == 0 }),
+ok(poll_until(sub { scalar(dsns()) == 7 && queue_count($node) == 0 }),
 	'MAX_LIFETIME: the message bounces after retrying');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{action}, 'failed', 'Action: failed');
@@ -227,7 +224,7 @@ stop_process($stuck);
 $config = delivery_config($node, maildir_root => $root);
 $d = start_dispatcher($config);
 $id = inject($node, to => ['held@remote.test']);
-ok(wait_for(sub { queue_count($node, "id = $id AND status = 'paused'") == 1 }),
+ok(poll_until(sub { queue_count($node, "id = $id AND status = 'paused'") == 1 }),
 	'without SMARTHOST remote mail is paused');
 like(dispatcher_log($d), qr/\[stage-smarthost\] has no SMARTHOST: row $id to <held\@remote\.test> is held paused/,
 	'with a clear log line');

@@ -8,9 +8,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -67,7 +64,7 @@ sub paused_error
 {
 	my ($id) = @_;
 
-	return wait_for(sub {
+	return poll_until(sub {
 		$node->safe_psql('postgres',
 			"SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id AND status = 'paused'")
 	});
@@ -76,12 +73,12 @@ sub paused_error
 # verify + AUTH: delivered over TLS after authenticating.
 run_with("TLS = verify\nTLS_CA_FILE = $tmp/peer-cert.pem\n"
 	  . "AUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n", 'one@remote.test');
-ok(wait_for(sub { delivered('one@remote.test') == 1 }), 'TLS = verify with AUTH: delivered');
+ok(poll_until(sub { delivered('one@remote.test') == 1 }), 'TLS = verify with AUTH: delivered');
 my $transcript = slurp("$peer->{dir}/transcript");
 like($transcript, qr/TLS established.*-> AUTH PLAIN/s, 'AUTH PLAIN came after STARTTLS');
 unlike($transcript, qr/-> AUTH PLAIN.*TLS established/s, 'and never before it');
 like($transcript, qr/<- 235 /, 'the peer accepted the credentials');
-ok(wait_for(sub { queue_count($node) == 0 }), 'the row is finished');
+ok(poll_until(sub { queue_count($node) == 0 }), 'the row is finished');
 
 # The verification is by name too: TLS_NAME that the certificate lacks.
 my $id = run_with("TLS = verify\nTLS_CA_FILE = $tmp/peer-cert.pem\nTLS_NAME = mx.elsewhere.test\n"
@@ -105,10 +102,10 @@ like(paused_error($id), qr/535 5\.7\.8/, 'a refused password: deferred with the 
 # no-verify delivers to the server the client cannot verify (and the paused rows, resumed).
 run_with("TLS = no-verify\nTLS_CA_FILE = $tmp/other-cert.pem\n"
 	  . "AUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n", 'four@remote.test');
-ok(wait_for(sub { delivered('four@remote.test') == 1 }), 'TLS = no-verify: delivered');
+ok(poll_until(sub { delivered('four@remote.test') == 1 }), 'TLS = no-verify: delivered');
 $node->safe_psql('postgres',
 	"SELECT pepsi.workqueue_resume(array_agg(id)) FROM pepsi.workqueue WHERE status = 'paused'");
-ok(wait_for(sub { queue_count($node) == 0 }), 'the deferred rows go once resumed');
+ok(poll_until(sub { queue_count($node) == 0 }), 'the deferred rows go once resumed');
 is(delivered('two@remote.test') + delivered('three@remote.test') + delivered('name@remote.test'), 3,
 	'each of them delivered once');
 is(scalar(maildir_files($root, $sender)), 0, 'no DSN for any of the temporary failures');
@@ -123,7 +120,7 @@ my $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0
 	  . "AUTH_USER = relay\nAUTH_PASSWORD_FILE = $tmp/password\n" });
 $d = start_dispatcher($config);
 inject($node, to => ['login@remote.test']);
-ok(wait_for(sub { scalar(peer_messages($login)) == 1 && queue_count($node) == 0 }),
+ok(poll_until(sub { scalar(peer_messages($login)) == 1 && queue_count($node) == 0 }),
 	'AUTH LOGIN, without PIPELINING, over TLS verified by address: delivered');
 like(slurp("$login->{dir}/transcript"), qr/-> AUTH LOGIN\n.*<- 235 /s, 'authenticated with LOGIN');
 stop_dispatcher($d);

@@ -1,8 +1,8 @@
 # Helpers for the TAP tests of pepsi-dispatch: a cluster with the extension
 # and a test_log table the test workers (t/bin/test-stage) write to, a
 # configuration file pointing at it, the dispatcher as a real child process
-# with its log in a file, rows to feed it, and polling with deadlines on the
-# database, the log and the process table.
+# with its log in a file, rows to feed it, and the process table.  Polling
+# is PepsiTest's poll_until (exported here too, for the dispatcher tests).
 
 package DispatchTest;
 
@@ -14,7 +14,6 @@ use Exporter 'import';
 use File::Basename qw(dirname);
 use POSIX qw(WNOHANG);
 use PostgreSQL::Test::Utils;
-use Time::HiRes qw(time usleep);
 
 use PepsiTest;
 
@@ -127,19 +126,16 @@ sub start_dispatcher
 sub dispatcher_exit
 {
 	my ($d, $seconds) = @_;
-	my $deadline = time + ($seconds // 0);
 
 	return $d->{status} if defined $d->{status};
-	while (1)
-	{
-		if (waitpid($d->{pid}, WNOHANG) == $d->{pid})
-		{
+	poll_until(
+		sub {
+			return 0 unless waitpid($d->{pid}, WNOHANG) == $d->{pid};
 			$d->{status} = $?;
-			return $?;
-		}
-		return undef if time >= $deadline;
-		usleep(20_000);
-	}
+			return 1;
+		},
+		$seconds // 0);
+	return $d->{status};
 }
 
 # Signal the dispatcher and wait up to $seconds (default 30) for it to exit.
@@ -165,22 +161,6 @@ sub dispatcher_log
 	my ($d) = @_;
 
 	return -e $d->{log} ? PostgreSQL::Test::Utils::slurp_file($d->{log}) : '';
-}
-
-# Poll $check (a code ref) every 50 ms until it returns true, for at most
-# $seconds (default 30).  Returns the last value.
-sub poll_until
-{
-	my ($check, $seconds) = @_;
-	my $deadline = time + ($seconds // 30);
-	my $value;
-
-	while (1)
-	{
-		$value = $check->();
-		return $value if $value || time >= $deadline;
-		usleep(50_000);
-	}
 }
 
 sub scalar_query

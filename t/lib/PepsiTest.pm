@@ -1,5 +1,6 @@
 # Helpers shared by the TAP tests of the pepsi extension: throwaway clusters,
-# queue rows in a known state, polling with a deadline, and concurrent
+# queue rows in a known state, polling with a deadline (poll_until, the one
+# polling loop of the tests, and what is built on it), and concurrent
 # sessions driven by pgbench.  Every helper talks to a real server through
 # psql or pgbench; none of them reaches into the queue behind its back except
 # where a test says so (a row set running by hand stands in for the claim).
@@ -32,7 +33,7 @@ BEGIN
 }
 
 our @EXPORT = qw(
-  pepsi_node wait_until maintenance_pid worker_state_change
+  pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
 );
 
@@ -54,15 +55,53 @@ sub pepsi_node
 	return $node;
 }
 
-# Poll until $sql returns $expected (default 't'), for at most $seconds
-# (default 30): poll_query_until with a deadline short enough that a broken
-# extension fails the test instead of stalling it for minutes.
+# Call $check every 50 ms until it returns a true value, for at most
+# $seconds (default 30; 0 checks once).  Returns the last value.  The
+# deadline is short enough that a broken component fails its test instead
+# of stalling the suite.
+sub poll_until
+{
+	my ($check, $seconds) = @_;
+	my $deadline = Time::HiRes::time() + ($seconds // 30);
+	my $value;
+
+	while (1)
+	{
+		$value = $check->();
+		return $value if $value || Time::HiRes::time() >= $deadline;
+		Time::HiRes::usleep(50_000);
+	}
+}
+
+# Poll until $sql (in database $db) returns $expected (default 't'), for at
+# most $seconds (default 30); an error (the server restarting, say) counts
+# as not yet.  On a timeout, says what it got last.
 sub wait_until
 {
 	my ($node, $db, $sql, $expected, $seconds) = @_;
+	my ($ret, $out, $err);
 
-	local $PostgreSQL::Test::Utils::timeout_default = $seconds // 30;
-	return $node->poll_query_until($db, $sql, $expected // 't');
+	$expected //= 't';
+	return 1
+	  if poll_until(
+		sub {
+			($ret, $out, $err) = $node->psql($db, $sql);
+			return $ret == 0 && $out eq $expected;
+		},
+		$seconds);
+	Test::More::diag("waited for \"$sql\" to return \"$expected\"; the last answer was \""
+		  . ($ret == 0 ? $out : $err) . '"');
+	return 0;
+}
+
+# The number of rows of the queue (in database $db, default postgres),
+# those matching $where if given.
+sub queue_count
+{
+	my ($node, $where, $db) = @_;
+
+	return $node->safe_psql($db // 'postgres',
+		'SELECT count(*) FROM pepsi.workqueue' . ($where ? " WHERE $where" : ''));
 }
 
 # The pid of the maintenance worker serving $db, or '' if there is none.
@@ -147,13 +186,10 @@ sub concurrently
 sub file_shows
 {
 	my ($path, $pattern, $seconds) = @_;
-	my $deadline = Time::HiRes::time() + ($seconds // 30);
 
-	while (Time::HiRes::time() < $deadline)
-	{
-		return 1 if -e $path && PostgreSQL::Test::Utils::slurp_file($path) =~ $pattern;
-		Time::HiRes::usleep(50_000);
-	}
+	return 1
+	  if poll_until(sub { -e $path && PostgreSQL::Test::Utils::slurp_file($path) =~ $pattern },
+		$seconds);
 	Test::More::diag(PostgreSQL::Test::Utils::slurp_file($path)) if -e $path;
 	return 0;
 }

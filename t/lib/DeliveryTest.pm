@@ -16,18 +16,19 @@ use File::Path qw(make_path);
 use MIME::Parser;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Time::HiRes qw(time usleep);
+use Time::HiRes ();
 
 use DispatchTest;
 use PepsiTest;
 
 our @EXPORT = qw(
-  delivery_node delivery_config start_peer start_server start_sink stop_process inject queue_count
-  wait_for maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox
+  delivery_node delivery_config start_peer start_server start_sink stop_process inject
+  maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox
 );
 
 my $db = 'postgres';
-my $here = dirname(abs_path(__FILE__));
+# The test programs of t/bin/ (smtp-peer).
+my $bin = dirname(abs_path(__FILE__)) . '/../bin';
 my $parent = $$;
 my @started;    # peers and sinks
 
@@ -126,9 +127,9 @@ sub start_peer
 	{
 		open STDOUT, '>>', "$dir/peer.log";
 		open STDERR, '>&', \*STDOUT;
-		exec $^X, "$here/smtp-peer", '--dir', $dir, @args or die "exec: $!";
+		exec $^X, "$bin/smtp-peer", '--dir', $dir, @args or die "exec: $!";
 	}
-	wait_for(sub { -e "$dir/port" }, 10) or die "smtp-peer did not start";
+	poll_until(sub { -e "$dir/port" }, 10) or die "smtp-peer did not start";
 	my $port = slurp("$dir/port");
 	chomp $port;
 	push @started, { pid => $pid, dir => $dir, port => $port };
@@ -153,7 +154,7 @@ sub start_server
 		open STDERR, '>&', \*STDOUT;
 		exec @cmd or die "exec: $!";
 	}
-	wait_for(
+	poll_until(
 		sub {
 			my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
 			$s->close if $s;
@@ -219,22 +220,6 @@ sub escape
 	$s =~ s/\r/\\r/g;
 	$s =~ s/\n/\\n/g;
 	return $s;
-}
-
-sub queue_count
-{
-	my ($node, $where) = @_;
-
-	return $node->safe_psql($db,
-		'SELECT count(*) FROM pepsi.workqueue' . ($where ? " WHERE $where" : ''));
-}
-
-# Poll $check every 50 ms for at most $seconds (default 30).
-sub wait_for
-{
-	my ($check, $seconds) = @_;
-
-	return DispatchTest::poll_until($check, $seconds);
 }
 
 sub slurp
