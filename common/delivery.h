@@ -1,6 +1,6 @@
 /*
  * delivery.h: the outcomes shared by the delivery stages (relay-to-smarthost,
- * relay-to-maildir), spec 22.5 and 22.6.
+ * relay-to-maildir); docs/architecture.md 3.2 and 2.4.
  *
  * A delivery stage handles one recipient per row (it splits first) and
  * ends every attempt in one of three ways:

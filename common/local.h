@@ -1,6 +1,6 @@
 /*
  * local.h: which domains are ours, and which of their recipients exist
- * (spec 22.1, "the local-recipient resolver").  pepsi-ingress asks at RCPT
+ * (docs/architecture.md 1.1, "the local-recipient resolver").  pepsi-ingress asks at RCPT
  * time, so that mail for a user who does not exist is refused with 550
  * 5.1.1 instead of bounced after acceptance; the route stage uses the same
  * domain list, so ingress and routing never disagree about what is local.

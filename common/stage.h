@@ -1,5 +1,5 @@
 /*
- * stage.h: the stage contract (spec 22.5), in C.
+ * stage.h: the stage contract (docs/architecture.md 3), in C.
  *
  * A stage program is a struct pepsi_stage and a main that calls
  * pepsi_worker_main.  The runtime reads workqueue ids from stdin, loads

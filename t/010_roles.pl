@@ -1,5 +1,5 @@
-# The privilege boundaries of the administrative surface (architecture
-# 22.3, docs/pepsi-admin.7.md): a login role in each group role the
+# The privilege boundaries of the administrative surface
+# (docs/architecture.md 7.2, docs/pepsi-admin.7.md): a login role in each group role the
 # extension creates, connecting as itself, tries what it must not do (and
 # gets a permission error) and what it may do.  The pipeline may not write
 # the configuration; ingress may only admit; only pepsi_config writes

@@ -1,10 +1,10 @@
-# The two optimisations under the stage contract (spec 22.5), counted with
-# pg_stat_statements: batching (ids waiting together share one load and
-# one arrayed commit per outcome shape, with a status line per id in
-# order) and fusion (in the multi-call binary a chain of stages runs in one
-# pass and commits once, reporting its fused hops; with ALLOW_FUSION off,
-# or in a standalone build, each stage takes its own pass; the rows end
-# the same either way).
+# The two optimisations under the stage contract (docs/architecture.md 3.3
+# and 3.4), counted with pg_stat_statements: batching (ids waiting
+# together share one load and one arrayed commit per outcome shape, with a
+# status line per id in order) and fusion (in the multi-call binary a
+# chain of stages runs in one pass and commits once, reporting its fused
+# hops; with ALLOW_FUSION off, or in a standalone build, each stage takes
+# its own pass; the rows end the same either way).
 
 use strict;
 use warnings FATAL => 'all';

@@ -1,5 +1,5 @@
 /*
- * dispatch.h: pepsi-dispatch, the single coordinator (spec 22.7).
+ * dispatch.h: pepsi-dispatch, the single coordinator (docs/architecture.md 4).
  *
  * One libev loop drives everything: the database connection (dbconn.c:
  * LISTEN, the claim, the dispatcher's own recovery writes, statistics),

@@ -8,7 +8,8 @@
  * single Sync, which is one implicit transaction, one commit and one WAL
  * flush for the lot.  A message's callback runs only after that commit
  * returned.  The dispatcher is woken by a coalescing timer after commits,
- * in a transaction of its own (spec 22.3: no NOTIFY in the admission).
+ * in a transaction of its own (docs/architecture.md 2.1: no NOTIFY in
+ * the admission).
  */
 #ifndef PEPSI_INGRESS_ADMIT_H
 #define PEPSI_INGRESS_ADMIT_H

@@ -2,7 +2,7 @@
  * envelope.h: what a finished SMTP transaction becomes in the queue: the
  * arguments of pepsi.workqueue_add.  The trace headers (Received,
  * Authentication-Results) are prepended, the message is split with
- * message_split, and state.origin / state.dsn are written (spec 22.6).
+ * message_split, and state.origin / state.dsn are written (docs/architecture.md 2.4).
  * Pure like smtp.c, so the fuzz target runs it too.
  */
 #ifndef PEPSI_INGRESS_ENVELOPE_H

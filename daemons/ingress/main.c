@@ -1,6 +1,6 @@
 /*
  * pepsi-ingress: the SMTP server that admits mail into the queue
- * (spec 22.8 "Receive", design section 8).
+ * (docs/architecture.md 5).
  *
  * Start-up, in this order: read the configuration (and the overlay, for
  * every section but [database] and [listener-*]); load certificates and
