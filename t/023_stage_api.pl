@@ -25,6 +25,17 @@ SELECT pepsi.config_set('domain:example.net', 'stage-scoped', 'MAX_LIFETIME', '2
 SELECT pepsi.config_set('address:vip@example.net', 'stage-scoped', 'MAX_LIFETIME', '9d');
 });
 
+# Two sections alike but for their name: the overlay has values for the
+# first only.
+my $option_sections = join "\n", map { <<"INI" } qw(scoped unscoped);
+[stage-$_]
+PROGRAM = pepsi-test-probe
+ACTION = option_for
+OPTION = MAX_LIFETIME
+MAX_LIFETIME = 5d
+NEXT_STAGE = scoped-next
+INI
+
 my $conf = stage_config($node, 'api.conf', <<"INI");
 [stage-fan]
 PROGRAM = pepsi-test-probe
@@ -44,19 +55,7 @@ PROGRAM = pepsi-test-probe
 ACTION = finish_with
 CLONE_STAGE = bounce
 
-[stage-scoped]
-PROGRAM = pepsi-test-probe
-ACTION = option_for
-OPTION = MAX_LIFETIME
-MAX_LIFETIME = 5d
-NEXT_STAGE = scoped-next
-
-[stage-unscoped]
-PROGRAM = pepsi-test-probe
-ACTION = option_for
-OPTION = MAX_LIFETIME
-MAX_LIFETIME = 5d
-NEXT_STAGE = scoped-next
+$option_sections
 INI
 
 my %dsn = (rcpt => [ { notify => 'SUCCESS' }, { notify => 'NEVER' }, { notify => 'FAILURE' } ]);
