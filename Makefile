@@ -127,7 +127,7 @@ test_objs = $(if $(findstring daemons/,$(1)),\
 define program_test_rule
 $(B)/$(1:.c=): $(1) $(call test_objs,$(1)) $(B)/libpepsi.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(TEST_CFLAGS) $$(DEPFLAGS) -I$(call test_program_dir,$(1)) -o $$@ $$^ $$(LDLIBS) -lcmocka
+	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(TEST_CFLAGS) $$(DEPFLAGS) -I$(call test_program_dir,$(1)) -o $$@ $$(filter %.c %.o %.a,$$^) $$(LDLIBS) -lcmocka
 endef
 $(foreach t,$(wildcard stages/*/tests/test_*.c daemons/*/tests/test_*.c),$(eval $(call program_test_rule,$(t))))
 
