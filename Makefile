@@ -66,7 +66,7 @@ TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/p
 # The unit tests need cmocka; a build for installation does not.
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
-.PHONY: all programs test-programs extension install install-programs install-man uninstall \
+.PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
 	deps check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
 	format format-check
 
