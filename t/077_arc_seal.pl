@@ -63,7 +63,7 @@ INI
 my %auth = (
 	spf => { result => 'pass', 'smtp.mailfrom' => 'alice@hop0.example' },
 	dkim => [ { result => 'pass', 'header.d' => 'hop0.example', 'header.s' => 'sel' } ],
-	dmarc => 'pass',
+	dmarc => { result => 'pass', 'header.from' => 'hop0.example' },
 );
 my %origin = (authserv_id => 'mx.arc.example.org', client_ip => '192.0.2.7');
 
@@ -99,7 +99,7 @@ like($sealed, qr/^ARC-Seal: i=1; a=rsa-sha256; t=\d+; cv=none;\r\n\td=arc\.examp
 	'fresh: ARC-Seal i=1, cv=none, on top');
 like($sealed, qr/^ARC-Message-Signature: i=1; a=rsa-sha256; c=relaxed\/relaxed;\s+d=arc\.example\.org;/m,
 	'fresh: ARC-Message-Signature i=1');
-like($sealed, qr/^ARC-Authentication-Results: i=1; mx\.arc\.example\.org;\r\n\tspf=pass smtp\.mailfrom=alice\@hop0\.example;\r\n\tdkim=pass header\.d=hop0\.example header\.s=sel;\r\n\tdmarc=pass\r\n/m,
+like($sealed, qr/^ARC-Authentication-Results: i=1; mx\.arc\.example\.org;\r\n\tspf=pass smtp\.mailfrom=alice\@hop0\.example;\r\n\tdkim=pass header\.d=hop0\.example header\.s=sel;\r\n\tdmarc=pass header\.from=hop0\.example\r\n/m,
 	'fresh: the AAR carries state.auth under state.origin.authserv_id');
 my $v = verify_message(\%zone, $sealed);
 like($v->{arc} // '', qr/^pass/, 'fresh: python3-dkim arc_verify passes') or diag($v->{output});

@@ -438,7 +438,7 @@ arc_seal(const struct arc_sealer *s, struct header_fields *fields, const struct 
 				 chain->count);
 		return false;
 	}
-	buf_printf(&aar, "%s: i=%d; %s;\r\n\t%s\r\n", arc_aar_name, instance, s->authserv_id, s->results);
+	buf_printf(&aar, "%s: i=%d; %s;\r\n%s", arc_aar_name, instance, s->authserv_id, s->results);
 
 	snprintf(leading, sizeof(leading), "i=%d", instance);
 	canon_body_hash(CANON_RELAXED, body, blen, bh);

@@ -94,7 +94,7 @@ struct arc_sealer
 	const char *domain;
 	const char *selector;
 	const char *authserv_id;
-	const char *results;		/* RFC 8601 resinfo, "spf=pass smtp.mailfrom=...; dkim=..." or "none" */
+	const char *results;		/* the results lines, from auth_results_resinfo (auth/results.h) */
 	const char *headers;		/* what the ARC-Message-Signature signs; NULL: the default */
 	time_t		timestamp;
 };

@@ -111,9 +111,15 @@ results_one(struct buf *h, const char *method, const json_t *r, bool *first)
 void
 auth_results_header(struct buf *h, const char *authserv_id, const json_t *auth)
 {
+	buf_printf(h, "Authentication-Results: %s;\r\n", authserv_id);
+	auth_results_resinfo(h, auth);
+}
+
+void
+auth_results_resinfo(struct buf *h, const json_t *auth)
+{
 	bool		first = true;
 
-	buf_printf(h, "Authentication-Results: %s;\r\n", authserv_id);
 	for (size_t i = 0; results_methods[i]; i++)
 	{
 		const char *method = results_methods[i];

@@ -29,6 +29,7 @@
 #include "auth/arc.h"
 #include "auth/canon.h"
 #include "auth/keys.h"
+#include "auth/results.h"
 #include "dns.h"
 #include "log.h"
 #include "stage.h"
@@ -65,79 +66,30 @@ seal_lookup_key(void *arg, const char *domain, const char *selector, enum sign_a
 	return pub;
 }
 
-/* Is text fit to stand in a header field (no line break, no ';')? */
+/* Is text fit to stand in a header field as a token? */
 static bool
 seal_printable(const char *text)
 {
 	for (const char *p = text; *p; p++)
-		if (*p == '\r' || *p == '\n' || *p == ';' || (unsigned char) *p < 0x20)
+		if ((unsigned char) *p <= ' ' || *p == ';' || (unsigned char) *p >= 0x7f)
 			return false;
 	return *text != '\0';
 }
 
-/* One method's results: "spf=pass smtp.mailfrom=example.org". */
-static void
-seal_append_result(struct buf *out, const char *method, json_t *value)
-{
-	const char *result = json_is_string(value) ? json_string_value(value)
-		: json_string_value(json_object_get(value, "result"));
-	const char *key;
-	json_t	   *v;
-
-	if (result == NULL || !seal_printable(result) || !seal_printable(method))
-		return;
-	if (out->len > 0)
-		buf_append_str(out, ";\r\n\t");
-	buf_printf(out, "%s=%s", method, result);
-	if (!json_is_object(value))
-		return;
-	if (json_string_value(json_object_get(value, "reason"))
-		&& seal_printable(json_string_value(json_object_get(value, "reason")))
-		&& !strchr(json_string_value(json_object_get(value, "reason")), '"'))
-		buf_printf(out, " reason=\"%s\"", json_string_value(json_object_get(value, "reason")));
-	json_object_foreach(value, key, v)
-	{
-		/* Properties are "ptype.property" (RFC 8601 2.2): smtp.mailfrom, header.d. */
-		if (strchr(key, '.') && json_is_string(v) && seal_printable(key)
-			&& seal_printable(json_string_value(v)) && !strchr(json_string_value(v), ' '))
-			buf_printf(out, " %s=%s", key, json_string_value(v));
-	}
-}
-
 /*
- * The results of state.auth (one key per method, a result string or an
- * object with result, reason and properties, or an array of such), and
- * the chain's own arc= verdict.
+ * The results lines of the AAR: state.auth as ingress's
+ * Authentication-Results wrote it (auth/results.c, one writer for both),
+ * with this host's own verdict on the chain as arc= when there is one.
  */
 static void
 seal_results(json_t *auth, enum arc_result cv, bool had_chain, struct buf *out)
 {
-	const char *method;
-	json_t	   *value;
+	json_t	   *copy = json_is_object(auth) ? json_deep_copy(auth) : json_object();
 
-	json_object_foreach(auth, method, value)
-	{
-		if (strcmp(method, "arc") == 0)
-			continue;
-		if (json_is_array(value))
-		{
-			size_t		i;
-			json_t	   *item;
-
-			json_array_foreach(value, i, item)
-				seal_append_result(out, method, item);
-		}
-		else
-			seal_append_result(out, method, value);
-	}
 	if (had_chain)
-	{
-		if (out->len > 0)
-			buf_append_str(out, ";\r\n\t");
-		buf_printf(out, "arc=%s", arc_result_name(cv));
-	}
-	if (out->len == 0)
-		buf_append_str(out, "none");
+		json_object_set_new(copy, "arc", auth_result(arc_result_name(cv), NULL, NULL));
+	auth_results_resinfo(out, copy);
+	json_decref(copy);
 }
 
 /* Ingress's verdict on the chain, from state.auth.arc, if it gave one. */
@@ -216,7 +168,7 @@ seal_run(struct pepsi_ctx *ctx)
 		authserv_id = config_get(pepsi_config(ctx), "ingress", "AUTHSERV_ID");
 	if (authserv_id == NULL)
 		authserv_id = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
-	if (authserv_id == NULL || !seal_printable(authserv_id) || strchr(authserv_id, ' '))
+	if (authserv_id == NULL || !seal_printable(authserv_id))
 		return seal_fail(ctx, "no authserv-id (state.origin.authserv_id, [ingress] AUTHSERV_ID or [pepsi] HOSTNAME)");
 	key = key_name ? keyring_find(&seal_keyring, key_name) : NULL;
 	if (key == NULL)
