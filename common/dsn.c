@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "log.h"
 #include "smtp_client.h"
@@ -158,21 +159,71 @@ dsn_status_part(const struct dsn_report *r, struct buf *b)
 	}
 }
 
+/*
+ * The returned header block, cut at the last whole field within
+ * DSN_RETURNED_HEADERS_MAX: a message with megabytes of headers must not
+ * make every bounce of it as large (amplification).
+ */
+static size_t
+dsn_returned_headers_len(const struct dsn_report *r)
+{
+	size_t		len = r->headers_len;
+
+	if (len <= DSN_RETURNED_HEADERS_MAX)
+		return len;
+	for (len = DSN_RETURNED_HEADERS_MAX; len >= 2; len--)
+		if (r->headers[len - 1] == '\n' && r->headers[len] != ' ' && r->headers[len] != '\t')
+			return len;
+	return 0;
+}
+
+/* Does the returned content hold text that a boundary line would be made of? */
+static bool
+dsn_content_has(const struct dsn_report *r, size_t headers_len, const char *boundary)
+{
+	size_t		n = strlen(boundary);
+
+	return memmem(r->headers, headers_len, boundary, n) != NULL
+		|| (r->return_full && r->body && memmem(r->body, r->body_len, boundary, n) != NULL);
+}
+
+/*
+ * A boundary no one can predict (RFC 2046 5.1.1: it must not occur in the
+ * content): 128 random bits, drawn again in the unlikely case that the
+ * returned content holds them.  A predictable one let the sender of the
+ * bounced message forge MIME parts of the report.
+ */
+static void
+dsn_boundary(const struct dsn_report *r, size_t headers_len, char *out, size_t outlen)
+{
+	do
+	{
+		unsigned char random_bytes[16];
+		size_t		n;
+
+		if (getrandom(random_bytes, sizeof(random_bytes), 0) != (ssize_t) sizeof(random_bytes))
+			fatal("getrandom");
+		n = (size_t) snprintf(out, outlen, "=_pepsi_dsn_");
+		for (size_t i = 0; i < sizeof(random_bytes) && n + 3 <= outlen; i++)
+			n += (size_t) snprintf(out + n, outlen - n, "%02x", random_bytes[i]);
+	} while (dsn_content_has(r, headers_len, out));
+}
+
 void
 dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 {
+	size_t		returned_headers_len = dsn_returned_headers_len(r);
+	/* Headers cut short cannot head a whole message/rfc822: the headers alone, then. */
+	bool		return_full = r->return_full && returned_headers_len == r->headers_len;
 	char		date[64];
 	char		boundary[128];
-	bool		eight_bit = dsn_has_8bit(r->headers, r->headers_len)
-		|| (r->return_full && dsn_has_8bit(r->body, r->body_len));
+	bool		eight_bit = dsn_has_8bit(r->headers, returned_headers_len)
+		|| (return_full && dsn_has_8bit(r->body, r->body_len));
 	struct buf	human = BUF_INIT;
 	bool		human_8bit;
 
 	dsn_format_date(r->now, date, sizeof(date));
-	/* The returned message is line-oriented text: a boundary with "=_" cannot occur in
-	 * base64 or quoted-printable, and the row id and time make it unique besides. */
-	snprintf(boundary, sizeof(boundary), "=_pepsi_dsn_%s_%lld_%lx", r->unique, (long long) r->now,
-			 (unsigned long) random());
+	dsn_boundary(r, returned_headers_len, boundary, sizeof(boundary));
 	dsn_human_part(r, &human);
 	human_8bit = dsn_has_8bit(human.data, human.len);
 
@@ -208,7 +259,7 @@ dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 	buf_append_str(body, "\r\n");
 
 	buf_printf(body, "--%s\r\n", boundary);
-	if (r->return_full)
+	if (return_full)
 		buf_printf(body, "Content-Description: %s\r\nContent-Type: message/rfc822\r\n",
 				   r->kind == DSN_FAILURE ? "Undelivered Message" : "Message");
 	else
@@ -217,8 +268,8 @@ dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 	if (eight_bit)
 		buf_append_str(body, "Content-Transfer-Encoding: 8bit\r\n");
 	buf_append_str(body, "\r\n");
-	buf_append(body, r->headers, r->headers_len);
-	if (r->return_full)
+	buf_append(body, r->headers, returned_headers_len);
+	if (return_full)
 	{
 		buf_append_str(body, "\r\n");
 		buf_append(body, r->body, r->body_len);

@@ -35,6 +35,9 @@ struct dsn_recipient
 	time_t		will_retry_until;	/* 0: not given (delay DSNs) */
 };
 
+/* The most of the original header block a report returns (whole fields). */
+#define DSN_RETURNED_HEADERS_MAX (64 * 1024)
+
 struct dsn_report
 {
 	enum dsn_kind kind;

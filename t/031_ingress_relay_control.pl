@@ -307,6 +307,29 @@ $loop = join('', map { "Received: from hop$_.example by hop$_.example; Tue, 1 De
 like(send_message($loop . "Subject: far\r\n\r\nbody\r\n"), qr/^250 /, 'one through 49 is taken');
 
 #
+# NOTIFY=SUCCESS only for trusted or authenticated clients: anyone else
+# could have us mail a success DSN to a forged sender (backscatter).
+#
+sub stored_notify
+{
+	my ($from, @params) = @_;
+	my $c = SmtpClient->new($port{smtp}, from => $from);
+
+	$c->command('EHLO client.test');
+	$c->command('MAIL FROM:<victim@forged.example>');
+	$c->command("RCPT TO:<alice\@example.org> NOTIFY=$_") for @params;
+	my ($qid) = send_data($c) =~ /queued as (\d+)/;
+	$c->close;
+	return $node->safe_psql($db,
+		"SELECT string_agg(coalesce(r->>'notify', 'null'), ' ') FROM pepsi.workqueue,"
+		  . " jsonb_array_elements(state->'dsn'->'rcpt') r WHERE id = $qid");
+}
+is(stored_notify('127.0.0.2', 'SUCCESS,DELAY'), 'DELAY',
+	'an untrusted client: SUCCESS is dropped from NOTIFY');
+is(stored_notify('127.0.0.2', 'SUCCESS'), 'FAILURE', '... and NOTIFY=SUCCESS alone becomes the default, FAILURE');
+is(stored_notify('127.0.0.1', 'SUCCESS,DELAY'), 'SUCCESS,DELAY', 'a trusted client keeps it');
+
+#
 # Configuration errors name the file, the line and the option.
 #
 $ingress->signal('TERM');

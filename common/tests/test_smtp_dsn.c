@@ -147,6 +147,67 @@ test_dsn_layout(void **state)
 	buf_free(&body);
 }
 
+/* The boundary of a report: random, never the same twice, never in the content. */
+static void
+test_dsn_boundary_and_header_cap(void **state)
+{
+	struct dsn_recipient r = {.final_recipient = "gone@remote.test", .action = "failed",
+	.status = "5.1.1"};
+	struct dsn_report report = {
+		.kind = DSN_FAILURE, .reporting_mta = "mx.pepsi.test", .original_sender = "s@local.test",
+		.now = 1796031614, .unique = "42", .return_full = true,
+		.headers = "Subject: guess\r\n", .headers_len = 16,
+		.body = "--=_pepsi_dsn_42_1796031614_0\r\nContent-Type: text/plain\r\n\r\nforged\r\n",
+		.body_len = 67, .recipients = &r, .nrecipients = 1,
+	};
+	struct buf	headers[2] = {BUF_INIT, BUF_INIT};
+	struct buf	body = BUF_INIT;
+	char		boundary[2][64];
+	struct buf	big = BUF_INIT;
+
+	for (int i = 0; i < 2; i++)
+	{
+		const char *b;
+
+		dsn_build(&report, &headers[i], &body);
+		b = strstr(headers[i].data, "boundary=\"");
+		assert_non_null(b);
+		snprintf(boundary[i], sizeof(boundary[i]), "%.*s", (int) strcspn(b + 10, "\""), b + 10);
+		/* "=_pepsi_dsn_" and 32 hex digits: nothing of the row or the time. */
+		assert_int_equal(strlen(boundary[i]), 12 + 32);
+		assert_null(strstr(boundary[i], "42"));
+		assert_null(memmem(report.body, report.body_len, boundary[i], strlen(boundary[i])));
+		buf_free(&body);
+	}
+	assert_string_not_equal(boundary[0], boundary[1]);
+	buf_free(&headers[0]);
+	buf_free(&headers[1]);
+
+	/* RET=HDRS of a message with 200 KB of headers returns 64 KB of whole fields. */
+	for (int i = 0; big.len < 200 * 1024; i++)
+		buf_printf(&big, "X-Filler-%d: %s\r\n\tfolded\r\n", i,
+				   "0123456789012345678901234567890123456789012345678901234567890123456789");
+	report.headers = big.data;
+	report.headers_len = big.len;
+	report.return_full = true;
+	dsn_build(&report, &headers[0], &body);
+	assert_true(body.len < DSN_RETURNED_HEADERS_MAX + 4096);
+	assert_non_null(strstr(body.data, "Content-Type: text/rfc822-headers\r\n"));
+	assert_null(strstr(body.data, "forged"));
+	{
+		/* The cut is at a field's end: the returned block ends "folded" CRLF. */
+		const char *returned = strstr(body.data, "X-Filler-0:");
+		const char *end = strstr(returned, "\r\n\r\n--=_pepsi_dsn_");
+
+		assert_non_null(end);
+		assert_true(end - returned <= DSN_RETURNED_HEADERS_MAX);
+		assert_memory_equal(end - 7, "\tfolded", 7);
+	}
+	buf_free(&headers[0]);
+	buf_free(&body);
+	buf_free(&big);
+}
+
 int
 main(void)
 {
@@ -155,6 +216,7 @@ main(void)
 		cmocka_unit_test(test_dot_stuffing),
 		cmocka_unit_test(test_xtext),
 		cmocka_unit_test(test_dsn_layout),
+		cmocka_unit_test(test_dsn_boundary_and_header_cap),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

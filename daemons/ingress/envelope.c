@@ -87,6 +87,40 @@ envelope_rcpt_array(const struct smtp_session *s)
 	return a.data;
 }
 
+/*
+ * NOTIFY as it is kept: SUCCESS only for a client that authenticated or is
+ * trusted.  Anyone else could otherwise have us mail a success DSN to a
+ * forged sender for every recipient: a reflector (backscatter).  A NOTIFY
+ * left with nothing but SUCCESS becomes FAILURE, the default (RFC 3461 4.1).
+ */
+static json_t *
+envelope_notify(const char *notify, const struct envelope_origin *o)
+{
+	struct buf	kept = BUF_INIT;
+	const char *p = notify;
+	json_t	   *value;
+
+	if (notify == NULL)
+		return json_null();
+	if (o->success_dsn_allowed || strstr(notify, "SUCCESS") == NULL)
+		return json_string(notify);
+	while (*p)
+	{
+		size_t		n = strcspn(p, ",");
+
+		if (!(n == 7 && strncmp(p, "SUCCESS", 7) == 0))
+		{
+			if (kept.len)
+				buf_append_char(&kept, ',');
+			buf_append(&kept, p, n);
+		}
+		p += n + (p[n] == ',');
+	}
+	value = json_string(kept.len ? kept.data : "FAILURE");
+	buf_free(&kept);
+	return value;
+}
+
 static char *
 envelope_state(const struct smtp_session *s, const struct envelope_origin *o, json_t *auth)
 {
@@ -99,7 +133,8 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 		tls = json_pack("{s:s, s:s, s:i}", "version", s->tls_info.version,
 						"cipher", s->tls_info.cipher, "bits", s->tls_info.bits);
 	for (size_t i = 0; i < s->nrcpt; i++)
-		json_array_append_new(rcpt, json_pack("{s:s?, s:s?}", "notify", s->rcpt[i].notify,
+		json_array_append_new(rcpt, json_pack("{s:o, s:s?}", "notify",
+											  envelope_notify(s->rcpt[i].notify, o),
 											  "orcpt", s->rcpt[i].orcpt));
 	state = json_pack("{s:{s:s, s:s?, s:b, s:b, s:s, s:o, s:s, s:s?, s:s},"
 					  " s:{s:s?, s:s?, s:o}}",

@@ -24,6 +24,7 @@ struct envelope_origin
 	const char *hostname;		/* "by" in Received */
 	const char *authserv_id;
 	const char *transaction_id;	/* "id" in Received, and the logs */
+	bool		success_dsn_allowed;	/* NOTIFY=SUCCESS kept: authenticated or trusted */
 	unsigned	max_hops;		/* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
 	time_t		now;
 	const char *client_name;	/* forward-confirmed (iprev) name, or NULL */

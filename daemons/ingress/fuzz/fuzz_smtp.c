@@ -73,6 +73,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 	struct envelope_origin origin = {
 		.client_ip = "192.0.2.1", .listener = "fuzz", .hostname = "mx.test",
 		.authserv_id = "auth.test", .transaction_id = "0123456789ABCDEF", .max_hops = 5,
+		.success_dsn_allowed = false,
 	};
 	struct smtp_tls_info tls = {"TLSv1.3", "TLS_AES_256_GCM_SHA384", 256};
 	const char *refusal;
