@@ -61,7 +61,7 @@ static const char *const dispatch_options[] = {
 static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
 	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", "TRUSTED_NETWORKS",
-	"LOCAL_RECIPIENTS_REFRESH", "DNS_MESSAGE_BUDGET", "MAX_HOPS", NULL
+	"LOCAL_RECIPIENTS_REFRESH", "DNS_MESSAGE_BUDGET", "MAX_HOPS", "ARC_TRUSTED_SEALERS", NULL
 };
 static const char *const sendmail_options[] = {
 	"INIT_STAGE", NULL

@@ -96,6 +96,8 @@ _dmarc.strict.test. 300 IN TXT "v=DMARC1; p=reject; adkim=s"
 ZONE
 $zone .= TestDNS::txt('rsa._domainkey.signed.test.', "v=DKIM1; k=rsa; p=$rsa_public");
 $zone .= TestDNS::txt('rsa._domainkey.strict.test.', "v=DKIM1; k=rsa; p=$rsa_public");
+$zone .= TestDNS::txt('arc._domainkey.forwarder.test.', "v=DKIM1; k=rsa; p=$rsa_public");
+$zone .= TestDNS::txt('arc._domainkey.stranger.test.', "v=DKIM1; k=rsa; p=$rsa_public");
 $zone .= TestDNS::txt('ed._domainkey.signed.test.', "v=DKIM1; k=ed25519; p=$ed_public");
 $zone .= TestDNS::txt('wrong._domainkey.signed.test.', "v=DKIM1; k=rsa; p=$other_public");
 $zone .= TestDNS::txt('edasrsa._domainkey.signed.test.', "v=DKIM1; k=rsa; p=$ed_public");
@@ -120,6 +122,7 @@ AUTHSERV_ID = auth.test
 DISPATCH_WAKE_INTERVAL = 20ms
 DATABASE_CONNECTIONS = 2
 DNS_MESSAGE_BUDGET = 2s
+ARC_TRUSTED_SEALERS = list.example, forwarder.test
 [listener-mx]
 ADDRESS = 127.0.0.1
 PORT = $port{mx}
@@ -427,6 +430,38 @@ like($reply, qr/^550 5\.7\.1 /, 'DMARC adkim=s: a parent domain signature does n
 ($reply, $row) = send_message(mail_from => 'x@spf-fail.test',
 	message => "From: a\@signed.test\r\nFrom: b\@other.test\r\nSubject: two\r\n\r\nx\r\n");
 is($row->{state}{auth}{dmarc}{result}, 'permerror', 'DMARC: two From fields are a permerror');
+
+#
+# ARC: chains sealed by python3-dkim's arc_sign (t/bin/arc-sign), as a
+# mailing list that forwards would seal them.
+#
+sub arc_sealed
+{
+	my ($message, $domain) = @_;
+	my $file = "$tmp/arc-" . time() . "-" . rand() . ".eml";
+
+	open my $fh, '>:raw', $file or die;
+	print $fh "Authentication-Results: $domain; spf=pass smtp.mailfrom=x\@$domain\r\n$message";
+	close $fh;
+	return run_ok([ dirname(__FILE__) . '/bin/arc-sign', $file, "$tmp/rsa.pem", $domain, 'arc', $domain ]);
+}
+
+my $forwarded = arc_sealed(message('ceo@reject.test', 'forwarded'), 'forwarder.test');
+($reply, $row) = send_message(listener => 'report', mail_from => 'x@spf-fail.test', message => $forwarded);
+is($row->{state}{auth}{arc}{result}, 'pass', 'ARC: a chain sealed by python3-dkim passes');
+is($row->{state}{auth}{arc}{'header.oldest-pass'}, '1', 'ARC: oldest-pass');
+is($row->{state}{auth}{arc}{sealer}, 'forwarder.test', 'ARC: the sealer is recorded');
+like($row->{ar}, qr/\tarc=pass header\.oldest-pass=1\r\n\z/, 'ARC: Authentication-Results');
+(my $broken = $forwarded) =~ s/This is the body/This is the changed body/;
+($reply, $row) = send_message(listener => 'report', mail_from => 'x@spf-fail.test', message => $broken);
+is($row->{state}{auth}{arc}{result}, 'fail', 'ARC: a body changed after sealing fails');
+($reply, $row) = send_message(mail_from => 'x@spf-fail.test', message => $forwarded);
+like($reply, qr/^250 /, 'ARC: a DMARC p=reject fail sealed by a trusted sealer is taken');
+is($row->{state}{auth}{dmarc}{result}, 'fail', 'ARC: ... DMARC still says fail');
+is($row->{state}{auth}{dmarc}{override}, 'arc', '... overridden by the trusted chain');
+($reply, $row) = send_message(mail_from => 'x@spf-fail.test',
+	message => arc_sealed(message('ceo@reject.test', 'stranger'), 'stranger.test'));
+like($reply, qr/^550 5\.7\.1 /, 'ARC: a passing chain from a sealer not trusted does not override DMARC');
 
 #
 # DNS that never answers: temperror, the message taken, and ten other

@@ -12,7 +12,7 @@ static const char *const results_methods[] = {
 };
 static const char *const results_properties[] = {
 	"smtp.auth", "smtp.mailfrom", "smtp.helo", "policy.iprev", "header.d", "header.i",
-	"header.s", "header.a", "header.b", "header.from", "policy.dmarc", NULL
+	"header.s", "header.a", "header.b", "header.from", "policy.dmarc", "header.oldest-pass", NULL
 };
 
 /*

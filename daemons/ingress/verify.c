@@ -8,9 +8,11 @@
 #include "verify.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/arc.h"
 #include "auth/dkim_verify.h"
 #include "auth/dmarc.h"
 #include "auth/results.h"
@@ -23,6 +25,7 @@
 /* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
 #define VERIFY_BUDGET_LOOKUPS 300
 #define VERIFY_IPREV_NAMES 10
+#define VERIFY_ARC_KEYS 16
 
 enum verify_iprev_step
 {
@@ -38,6 +41,16 @@ struct verify_spf
 	enum spf_result result;
 	char	   *reason;
 	char	   *explanation;
+};
+
+/* A key the ARC chain's signatures name, fetched before arc_verify runs. */
+struct verify_arc_key
+{
+	struct verify *owner;
+	struct arc_key_ref ref;
+	struct dns_query *query;
+	enum dns_status status;
+	char	   *record;
 };
 
 struct verify
@@ -70,6 +83,15 @@ struct verify
 	char	   *from_domain;
 	const char *from_problem;
 	bool		dmarc_done;
+	struct verify_arc_key arc_keys[VERIFY_ARC_KEYS];
+	size_t		arc_key_count;
+	size_t		arc_pending;
+	bool		arc_done;
+	struct arc_verdict arc;
+	char	   *arc_sealer;		/* d= of the newest ARC-Seal */
+	const char *message;		/* the content, while ARC waits for its keys */
+	size_t		message_len;
+	size_t		header_len;
 
 	/* The message waiting for all of them */
 	bool		waiting;
@@ -86,6 +108,7 @@ static struct
 	struct ev_loop *loop;
 	struct dns_resolver *resolver;
 	double		budget;			/* seconds */
+	char	   *arc_trusted_sealers;	/* ARC_TRUSTED_SEALERS, lower case, space separated */
 }			verify_global;
 
 /*
@@ -106,6 +129,14 @@ verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 								&budget_ms, err, sizeof(err)))
 		fatalx("%s", err);
 	verify_global.budget = budget_ms / 1000.0;
+	if (config_get(cfg, "ingress", "ARC_TRUSTED_SEALERS"))
+	{
+		char	   *list = xstrdup(config_get(cfg, "ingress", "ARC_TRUSTED_SEALERS"));
+
+		for (char *p = list; *p; p++)
+			*p = *p == ',' ? ' ' : (char) tolower((unsigned char) *p);
+		verify_global.arc_trusted_sealers = list;
+	}
 	if ((verify_global.resolver = dns_resolver_new(loop, &dc, err, sizeof(err))) == NULL)
 		fatalx("DNS resolver: %s", err);
 	dns_config_free(&dc);
@@ -116,6 +147,8 @@ verify_shutdown(void)
 {
 	dns_resolver_free(verify_global.resolver);
 	verify_global.resolver = NULL;
+	free(verify_global.arc_trusted_sealers);
+	verify_global.arc_trusted_sealers = NULL;
 }
 
 static bool
@@ -168,7 +201,7 @@ verify_complete(const struct verify *v)
 {
 	return v->iprev_step == VERIFY_IPREV_DONE && (v->spf_mail.check == NULL || v->spf_mail.done)
 		&& (v->spf_helo.check == NULL || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
-		&& (v->dmarc == NULL || v->dmarc_done);
+		&& (v->dmarc == NULL || v->dmarc_done) && v->arc_done;
 }
 
 static void verify_conclude(struct verify *v);
@@ -319,6 +352,24 @@ verify_spf_clear(struct verify_spf *s)
 	memset(s, 0, sizeof(*s));
 }
 
+static void
+verify_arc_clear(struct verify *v)
+{
+	for (size_t i = 0; i < v->arc_key_count; i++)
+	{
+		if (v->arc_keys[i].query)
+			dns_cancel(v->arc_keys[i].query);
+		free(v->arc_keys[i].record);
+	}
+	memset(v->arc_keys, 0, sizeof(v->arc_keys));
+	v->arc_key_count = v->arc_pending = 0;
+	v->arc_done = false;
+	memset(&v->arc, 0, sizeof(v->arc));
+	free(v->arc_sealer);
+	v->arc_sealer = NULL;
+	v->message = NULL;
+}
+
 /* Drop the transaction's checks and findings. */
 static void
 verify_transaction_clear(struct verify *v)
@@ -336,6 +387,7 @@ verify_transaction_clear(struct verify *v)
 	free(v->from_domain);
 	v->from_domain = NULL;
 	v->from_problem = NULL;
+	verify_arc_clear(v);
 	free(v->mail_from);
 	free(v->helo);
 	v->mail_from = v->helo = NULL;
@@ -440,6 +492,132 @@ verify_on_dmarc(void *arg)
 	verify_settle(v);
 }
 
+/*
+ * ARC (RFC 8617), over common/auth/arc.c: the keys its signatures name are
+ * fetched here on the loop, then the chain is validated in one go.
+ */
+static EVP_PKEY *
+verify_arc_key_lookup(void *arg, const char *domain, const char *selector,
+					  enum sign_algorithm algorithm, char *err, size_t errlen)
+{
+	struct verify *v = arg;
+
+	for (size_t i = 0; i < v->arc_key_count; i++)
+	{
+		struct verify_arc_key *k = &v->arc_keys[i];
+
+		if (strcasecmp(k->ref.domain, domain) != 0 || strcmp(k->ref.selector, selector) != 0)
+			continue;
+		if (k->record == NULL)
+		{
+			snprintf(err, errlen, "%s", k->status == DNS_TEMPFAIL || k->status == DNS_TIMEOUT
+					 ? "key lookup failed" : "no key");
+			return NULL;
+		}
+		return keys_parse_record(k->record, strlen(k->record), algorithm, err, errlen);
+	}
+	snprintf(err, errlen, "no key");
+	return NULL;
+}
+
+static void
+verify_arc_run(struct verify *v)
+{
+	const char *body = v->message + v->header_len;
+	size_t		blen = v->message_len - v->header_len;
+
+	/* The body starts after the empty line that ends the header block. */
+	if (blen >= 2 && body[0] == '\r' && body[1] == '\n')
+	{
+		body += 2;
+		blen -= 2;
+	}
+	arc_verify(v->message, v->header_len, body, blen, verify_arc_key_lookup, v, &v->arc);
+	v->arc_done = true;
+	v->message = NULL;
+	verify_settle(v);
+}
+
+static void
+verify_on_arc_key(void *arg, const struct dns_answer *a)
+{
+	struct verify_arc_key *k = arg;
+	struct verify *v = k->owner;
+
+	k->query = NULL;
+	k->status = a->status;
+	for (size_t i = 0; i < a->count && k->record == NULL; i++)
+		if (a->records[i].type == DNS_TYPE_TXT
+			&& memchr(a->records[i].text, '\0', a->records[i].len) == NULL)
+			k->record = xstrdup(a->records[i].text);
+	if (--v->arc_pending == 0)
+		verify_arc_run(v);
+}
+
+static void
+verify_arc_sealer_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t len)
+{
+	char	  **sealer = arg;
+
+	if (taglen == 1 && tag[0] == 'd' && len > 0 && len < 254)
+	{
+		free(*sealer);
+		*sealer = xstrndup(value, len);
+		for (char *p = *sealer; *p; p++)
+			*p = (char) tolower((unsigned char) *p);
+	}
+}
+
+static void
+verify_arc_start(struct verify *v, const char *raw, size_t len, size_t header_len)
+{
+	struct header_fields fields;
+	struct arc_chain chain;
+	struct arc_key_ref refs[VERIFY_ARC_KEYS];
+	char		err[160];
+	size_t		n;
+
+	v->message = raw;
+	v->message_len = len;
+	v->header_len = header_len;
+	if (!header_fields_parse(raw, header_len, 0, &fields, err, sizeof(err)))
+	{
+		/* arc_verify says why, for a message that has a chain at all. */
+		verify_arc_run(v);
+		return;
+	}
+	arc_chain_parse(&fields, &chain);
+	if (chain.count > 0 && chain.set[chain.count].seal)
+	{
+		const struct header_field *seal = chain.set[chain.count].seal;
+		const char *colon = memchr(seal->start, ':', seal->len);
+
+		if (colon)
+			dkim_tag_list_parse(colon + 1, (size_t) (seal->start + seal->len - colon - 1),
+								verify_arc_sealer_tag, &v->arc_sealer);
+	}
+	n = chain.count > 0 && !chain.malformed ? arc_required_keys(&chain, refs, VERIFY_ARC_KEYS) : 0;
+	header_fields_free(&fields);
+	if (n == 0)
+	{
+		verify_arc_run(v);
+		return;
+	}
+	v->arc_key_count = n;
+	v->arc_pending = n;
+	for (size_t i = 0; i < n; i++)
+	{
+		struct verify_arc_key *k = &v->arc_keys[i];
+		char	   *name = xasprintf("%s._domainkey.%s", refs[i].selector, refs[i].domain);
+
+		k->owner = v;
+		k->ref = refs[i];
+		k->query = dns_resolve(verify_global.resolver, name, DNS_TYPE_TXT, &v->message_budget,
+							   verify_on_arc_key, k);
+		free(name);
+	}
+}
+
 void
 verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done, void *arg)
 {
@@ -454,6 +632,7 @@ verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn do
 	v->message_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
 	v->dkim = dkim_verify_start(verify_global.resolver, &v->message_budget, raw, s->message.len,
 								verify_on_dkim, v);
+	verify_arc_start(v, raw, s->message.len, header_len);
 	if (v->policy->dmarc != VERIFY_DMARC_OFF)
 	{
 		v->from_domain = dmarc_from_domain(raw, header_len, &v->from_problem);
@@ -479,6 +658,44 @@ static const char *
 verify_disposition_name(enum dmarc_disposition d)
 {
 	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine" : "none";
+}
+
+static json_t *
+verify_arc_state(const struct verify *v)
+{
+	json_t	   *arc = auth_result(arc_result_name(v->arc.result), NULL, NULL);
+	char		number[16];
+
+	if (v->arc.result == ARC_PASS)
+	{
+		snprintf(number, sizeof(number), "%d", v->arc.oldest_pass);
+		json_object_set_new(arc, "header.oldest-pass", json_string(number));
+	}
+	if (v->arc.result != ARC_NONE)
+	{
+		json_object_set_new(arc, "instance", json_integer(v->arc.instance));
+		if (v->arc_sealer)
+			json_object_set_new(arc, "sealer", json_string(v->arc_sealer));
+	}
+	if (v->arc.reason[0])
+		json_object_set_new(arc, "reason", json_string(v->arc.reason));
+	return arc;
+}
+
+/* Does the chain pass, sealed last by a sealer in ARC_TRUSTED_SEALERS? */
+static bool
+verify_arc_trusted(const struct verify *v)
+{
+	const char *list = verify_global.arc_trusted_sealers;
+	size_t		len;
+
+	if (v->arc.result != ARC_PASS || v->arc_sealer == NULL || list == NULL)
+		return false;
+	len = strlen(v->arc_sealer);
+	for (const char *p = list; (p = strstr(p, v->arc_sealer)) != NULL; p += len)
+		if ((p == list || p[-1] == ' ') && (p[len] == '\0' || p[len] == ' '))
+			return true;
+	return false;
 }
 
 /* Build state.auth and the refusal, if any, from every verdict. */
@@ -563,6 +780,17 @@ verify_conclude(struct verify *v)
 				json_object_set_new(dmarc, "reason", json_string(d.reason));
 			if (strcmp(d.result, "fail") == 0 && v->policy->dmarc == VERIFY_DMARC_ENFORCE)
 				action = verify_disposition_name(d.disposition);
+			/*
+			 * RFC 8617 7.2.1: a local policy may trust the chain of a
+			 * forwarder it knows (ARC_TRUSTED_SEALERS) over a DMARC fail.
+			 */
+			if (strcmp(d.result, "fail") == 0 && verify_arc_trusted(v))
+			{
+				action = "none";
+				json_object_set_new(dmarc, "override", json_string("arc"));
+				json_object_set_new(dmarc, "reason",
+									json_string("DMARC fail overridden by a trusted ARC sealer"));
+			}
 			json_object_set_new(dmarc, "action", json_string(action));
 			if (strcmp(action, "reject") == 0)
 				v->refusal = xasprintf("550 5.7.1 Message rejected by the DMARC policy of %s",
@@ -580,8 +808,7 @@ verify_conclude(struct verify *v)
 		}
 		json_object_set_new(auth, "dmarc", dmarc);
 	}
-	/* ARC is not verified in ingress yet: say so rather than nothing. */
-	json_object_set_new(auth, "arc", auth_result("none", NULL, NULL));
+	json_object_set_new(auth, "arc", verify_arc_state(v));
 
 	if (v->refusal == NULL && v->policy->spf_reject && v->spf_mail.check && v->spf_mail.done
 		&& v->spf_mail.result == SPF_FAIL)

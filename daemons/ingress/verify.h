@@ -10,7 +10,7 @@
  * Options, read here and nowhere else: per listener MESSAGE_AUTHENTICATION
  * (on|off, off by default), SPF_FAIL (tag|reject), DMARC_POLICY
  * (report|enforce|off); in [ingress] DNS_MESSAGE_BUDGET, the time the
- * lookups of one message may take together.
+ * lookups of one message may take together, and ARC_TRUSTED_SEALERS.
  */
 #ifndef PEPSI_INGRESS_VERIFY_H
 #define PEPSI_INGRESS_VERIFY_H
