@@ -1,7 +1,7 @@
 /*
  * verify.h: message authentication in pepsi-ingress: iprev from the
- * connection on, SPF (MAIL FROM and HELO identities) from MAIL on, DKIM
- * and DMARC once the content is in, every lookup on the event loop
+ * connection on, SPF (MAIL FROM and HELO identities) from MAIL on, DKIM,
+ * ARC and DMARC once the content is in, every lookup on the event loop
  * through common/dns.h, so a session whose DNS is slow delays nobody
  * else.  What it finds becomes state.auth and the Authentication-Results
  * header (common/auth/results.h); what the listener's policy refuses
