@@ -91,6 +91,8 @@ static const struct
 	{"ingress", "GROUP", "whom ingress runs as"},
 	{"ingress", "CREDENTIALS", "whose passwords ingress trusts"},
 	{"ingress", "TRUSTED_NETWORKS", "which clients may relay"},
+	{"pepsi", "DNS_FORWARDER", "where every DNS answer comes from"},
+	{"pepsi", "DNS_TRUST_ANCHOR", "which DNSSEC answers are trusted"},
 	{NULL, "_FILE", "a path a program reads"},
 	{NULL, "MAILDIR_ROOT", "where mailboxes are written"},
 	{NULL, "SMARTHOST", "where mail is sent"},

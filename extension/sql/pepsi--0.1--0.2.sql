@@ -683,3 +683,20 @@ INSERT INTO pepsi.grant_rule VALUES
 SELECT pepsi.grant_apply();
 
 -- end of pepsi-httpd
+
+-- ===========================================================================
+-- Message authentication at ingress (iprev, SPF, DKIM, DMARC, ARC) and the
+-- resolver it asks.  Where DNS answers come from (DNS_FORWARDER) and which
+-- DNSSEC answers are trusted (DNS_TRUST_ANCHOR) decide every verdict: they
+-- are read from the file only (common/config.c refuses them too).
+-- ===========================================================================
+
+ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_dns_file_only
+    CHECK (NOT (section = 'pepsi' AND option IN ('DNS_FORWARDER', 'DNS_TRUST_ANCHOR'))) NOT VALID;
+
+INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
+    ('pepsi', 'DNS_TIMEOUT', 'duration', NULL, NULL, true, 'How long one DNS lookup may take'),
+    ('ingress', 'DNS_MESSAGE_BUDGET', 'duration', NULL, NULL, true, 'How long the DNS lookups of one message may take together'),
+    ('ingress', 'ARC_TRUSTED_SEALERS', 'text', NULL, NULL, true, 'Domains whose passing ARC chains override a DMARC fail');
+
+-- end of message authentication
