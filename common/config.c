@@ -56,7 +56,7 @@ static const char *const database_options[] = {
 };
 static const char *const dispatch_options[] = {
 	"POLL_INTERVAL", "FAIR_HALF_LIFE", "FAIR_FIFO_PERCENT", "WORKER_IDLE_TIMEOUT",
-	"SPAWN_COOLDOWN", "STATS_INTERVAL", "INIT_STAGE", NULL
+	"SPAWN_COOLDOWN", "STATS_INTERVAL", "INIT_STAGE", "CRASH_LIMIT", "CRASH_RETRY_DELAY", NULL
 };
 static const char *const ingress_options[] = {
 	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",

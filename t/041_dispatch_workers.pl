@@ -6,6 +6,8 @@
 # PROGRAM that does not exist, and one that exits before answering anything,
 # hold their stage off for SPAWN_COOLDOWN instead of being retried in a
 # tight loop, and fail no row.  Through all of it the daemon carries on.
+# CRASH_LIMIT is 1 here, so the first death isolates its row at once;
+# t/049_dispatch_crash_retry shows the retries that come before the limit.
 
 use strict;
 use warnings FATAL => 'all';
@@ -28,7 +30,7 @@ my $cooldown = 1.0;
 # ids in flight, so rows queue behind the one it is working on.
 my $config = write_config(
 	$node,
-	dispatch => { SPAWN_COOLDOWN => "${cooldown}s" },
+	dispatch => { SPAWN_COOLDOWN => "${cooldown}s", CRASH_LIMIT => 1 },
 	stages => <<"EOF");
 [stage-w]
 PROGRAM = $program

@@ -7,7 +7,9 @@
  * timeouts and crashes, fused hops (from pepsi.stage_stats, which the
  * dispatcher flushes about once a minute and when idle), and the live
  * counts in the queue: pending, in flight (running), paused, failed,
- * timed out.  Then the dispatcher's totals (pepsi.dispatch_stats).
+ * timed out.  Then the dispatcher's totals (pepsi.dispatch_stats), and an
+ * alert when in the last day the dispatcher isolated a message that kept
+ * ending its worker (CRASH_LIMIT): a poison message, or a stage bug.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "config.h"
 #include "db.h"
 #include "log.h"
+#include "xalloc.h"
 
 int			pepsi_status_main(int argc, char **argv);
 
@@ -52,18 +55,39 @@ static const char status_stages_sql[] =
 
 static const char status_global_sql[] =
 "SELECT stages_run, messages, messages_failed, serialization_failures,"
+"       crash_retries, crash_failures,"
 "       coalesce(to_char(started_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
-"       coalesce(to_char(updated_at, 'YYYY-MM-DD HH24:MI:SS TZ'), '')"
+"       coalesce(to_char(updated_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
+"       coalesce(to_char(last_crash_failure_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
+"       last_crash_failure_at > now() - interval '1 day'"
 " FROM pepsi.dispatch_stats";
+
+/* The columns of status_global_sql: the integers, then the times. */
+#define GLOBAL_INTEGERS 6
+#define GLOBAL_COLUMNS 9
+#define GLOBAL_CRASH_ALERT 9
 
 static const char *const stage_columns[] = {
 	"stage", "messages", "mean_ms", "kills", "timeouts", "crashes", "fused_hops",
 	"pending", "running", "paused", "held", "failed", "timeout"
 };
 #define STAGE_COLUMNS ((int) (sizeof(stage_columns) / sizeof(stage_columns[0])))
-static const char *const global_columns[] = {
-	"stages_run", "messages", "messages_failed", "serialization_failures", "started_at", "updated_at"
+static const char *const global_columns[GLOBAL_COLUMNS] = {
+	"stages_run", "messages", "messages_failed", "serialization_failures", "crash_retries",
+	"crash_failures", "started_at", "updated_at", "last_crash_failure_at"
 };
+
+/* The operator alert, or NULL: messages isolated for killing their worker. */
+static char *
+status_crash_alert(PGresult *global)
+{
+	if (PQntuples(global) != 1 || strcmp(PQgetvalue(global, 0, GLOBAL_CRASH_ALERT), "t") != 0)
+		return NULL;
+	return xasprintf("%s message(s) isolated after ending their stage worker CRASH_LIMIT times, "
+					 "the last at %s: pepsi-queue shows them failed or timed out with the reason "
+					 "(state.crash), pepsi.event_log has a crash_limit entry for each",
+					 PQgetvalue(global, 0, 5), PQgetvalue(global, 0, 8));
+}
 
 static void
 status_usage(void)
@@ -79,7 +103,10 @@ status_show(PGconn *conn, bool as_json)
 	PGresult   *stages = db_exec(conn, status_stages_sql, 0, NULL);
 	PGresult   *global = db_exec(conn, status_global_sql, 0, NULL);
 	int			rc = CLI_EX_OK;
+	char	   *alert = NULL;
 
+	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
+		alert = status_crash_alert(global);
 	if (PQresultStatus(stages) != PGRES_TUPLES_OK || PQresultStatus(global) != PGRES_TUPLES_OK)
 	{
 		PGresult   *failed = PQresultStatus(stages) != PGRES_TUPLES_OK ? stages : global;
@@ -108,12 +135,15 @@ status_show(PGconn *conn, bool as_json)
 		{
 			json_t	   *g = json_object();
 
-			for (int c = 0; c < 6; c++)
+			for (int c = 0; c < GLOBAL_COLUMNS; c++)
 				json_object_set_new(g, global_columns[c],
-									c < 4 ? json_integer(atoll(PQgetvalue(global, 0, c)))
+									c < GLOBAL_INTEGERS ? json_integer(atoll(PQgetvalue(global, 0, c)))
 									: json_string(PQgetvalue(global, 0, c)));
 			json_object_set_new(out, "dispatch", g);
 		}
+		json_object_set_new(out, "alerts", json_array());
+		if (alert)
+			json_array_append_new(json_object_get(out, "alerts"), json_string(alert));
 		json_dumpf(out, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
 		putchar('\n');
 		json_decref(out);
@@ -132,12 +162,16 @@ status_show(PGconn *conn, bool as_json)
 				   PQgetvalue(stages, r, 12));
 		if (PQntuples(global) == 1)
 			printf("\ndispatcher: %s stage passes, %s messages, %s failed by the dispatcher, "
-				   "%s serialization retries\n            started %s, statistics as of %s\n",
+				   "%s serialization retries\n            %s retried and %s isolated after their "
+				   "worker died\n            started %s, statistics as of %s\n",
 				   PQgetvalue(global, 0, 0), PQgetvalue(global, 0, 1), PQgetvalue(global, 0, 2),
-				   PQgetvalue(global, 0, 3),
-				   *PQgetvalue(global, 0, 4) ? PQgetvalue(global, 0, 4) : "never",
-				   PQgetvalue(global, 0, 5));
+				   PQgetvalue(global, 0, 3), PQgetvalue(global, 0, 4), PQgetvalue(global, 0, 5),
+				   *PQgetvalue(global, 0, 6) ? PQgetvalue(global, 0, 6) : "never",
+				   PQgetvalue(global, 0, 7));
+		if (alert)
+			printf("\nALERT: %s\n", alert);
 	}
+	free(alert);
 	PQclear(stages);
 	PQclear(global);
 	fflush(stdout);

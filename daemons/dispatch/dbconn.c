@@ -241,6 +241,54 @@ dbconn_recover(const char *stage, const struct inflight *rows, int count,
 }
 
 static void
+crashed_done(struct job *job, PGresult *res)
+{
+	const char *outcome;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		log_warnx("database: %s", db_error(res, db.conn));
+		return;
+	}
+	if (PQgetisnull(res, 0, 0))
+		return;					/* its worker committed it before it died */
+	outcome = PQgetvalue(res, 0, 0);
+	if (strcmp(outcome, "paused") == 0)
+		log_info("row %s paused for a retry: %s", job->params[0], job->params[2]);
+	else
+	{
+		log_warnx("row %s isolated as %s after %s attempts that ended its worker (CRASH_LIMIT): %s",
+				  job->params[0], outcome, job->params[3], job->params[2]);
+		dispatcher.messages_failed++;
+	}
+}
+
+/*
+ * The worker died on row (crashed, killed for MAX_RUNTIME, or broke the
+ * protocol): count the attempt and pause the row for a retry, or isolate
+ * it as final_status once it reached CRASH_LIMIT (extension/src/crash.c).
+ */
+void
+dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
+			   const char *final_status)
+{
+	struct job *job = job_new("SELECT pepsi.workqueue_crashed($1, $2, $3, $4, $5, $6)", crashed_done);
+	char		number[32];
+
+	snprintf(number, sizeof(number), "%lld", row->id);
+	job_param(job, number);
+	buf_append_str(&job->recovering, number);
+	job_param(job, stage);
+	job_param(job, reason);
+	snprintf(number, sizeof(number), "%d", dispatcher.crash_limit);
+	job_param(job, number);
+	snprintf(number, sizeof(number), "%.3f", dispatcher.crash_retry_delay);
+	job_param(job, number);
+	job_param(job, final_status);
+	job_push(job, false);
+}
+
+static void
 stats_done(struct job *job, PGresult *res)
 {
 	if (res && PQresultStatus(res) == PGRES_COMMAND_OK)

@@ -119,6 +119,8 @@ struct dispatcher
 	double		idle_timeout;
 	double		spawn_cooldown;
 	double		stats_interval;
+	int			crash_limit;	/* attempts that end a worker before a row is isolated */
+	double		crash_retry_delay;	/* before the first retry; doubles per attempt */
 	bool		shutting_down;
 	/* global statistics since the last flush */
 	unsigned long stages_run;
@@ -166,6 +168,8 @@ void		dbconn_start(void);
 void		dbconn_want_claim(void);
 void		dbconn_recover(const char *stage, const struct inflight *rows, int count,
 						   const char *status, const char *reason);
+void		dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
+						   const char *final_status);
 void		dbconn_reload_config(void);
 void		dbconn_flush_stats(bool final);
 void		dbconn_finish(void);

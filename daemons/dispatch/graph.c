@@ -259,6 +259,7 @@ dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
 	long		ms;
 	long		percent;
+	long		attempts;
 
 	if (!config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 5000, 10, &ms, err, errlen))
 		return false;
@@ -278,5 +279,11 @@ dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 	if (!config_get_duration_ms(cfg, "dispatch", "STATS_INTERVAL", 60000, 100, &ms, err, errlen))
 		return false;
 	dispatcher.stats_interval = ms / 1000.0;
+	if (!config_get_long(cfg, "dispatch", "CRASH_LIMIT", 3, 1, 100, &attempts, err, errlen))
+		return false;
+	dispatcher.crash_limit = (int) attempts;
+	if (!config_get_duration_ms(cfg, "dispatch", "CRASH_RETRY_DELAY", 60000, 0, &ms, err, errlen))
+		return false;
+	dispatcher.crash_retry_delay = ms / 1000.0;
 	return true;
 }

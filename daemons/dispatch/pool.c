@@ -8,11 +8,12 @@
  * id in flight: its worker time (from the later of its hand-over and the
  * previous answer, shared evenly by answers that arrive together, as a
  * batch does) is charged to its sender.  A worker that answers
- * non-zero has that row failed and is replaced; one that crashes has its
- * current row failed and the ids it never started put back to pending; one
- * that takes longer than MAX_RUNTIME is killed and its row set to timeout;
- * one that writes what is not a status line has that row failed and is
- * killed.  A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot
+ * non-zero has that row failed and is replaced.  One that crashes has its
+ * current row paused for a retry and the ids it never started put back to
+ * pending; one that takes longer than MAX_RUNTIME is killed, and one that
+ * writes what is not a status line is killed, with the same retry of that
+ * row.  A row that ends its worker CRASH_LIMIT times is isolated (failed,
+ * or timeout), so a poison message cannot keep a stage busy dying.  A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot
  * be started, or that dies before reading its input, holds its stage off
  * for SPAWN_COOLDOWN and fails no row.
  */
@@ -478,9 +479,18 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 			: xasprintf("stage %s: worker wrote a malformed status line: \"%.200s\"",
 						pool->spec.name, line);
 
-		log_warnx("row %lld failed: %s", entry.id, reason);
-		dbconn_recover(pool->spec.name, &entry, 1, "failed", reason);
-		dispatcher.messages_failed++;
+		if (wellformed)
+		{
+			/* The stage itself says the message failed: that stands. */
+			log_warnx("row %lld failed: %s", entry.id, reason);
+			dbconn_recover(pool->spec.name, &entry, 1, "failed", reason);
+			dispatcher.messages_failed++;
+		}
+		else
+		{
+			log_warnx("row %lld: %s", entry.id, reason);
+			dbconn_crashed(pool->spec.name, &entry, reason, "failed");
+		}
 		free(reason);
 		/* A worker that failed a message, or lost the protocol, is replaced. */
 		worker_transition(w, wellformed ? WORKER_RETIRING : WORKER_KILLED_FOR_PROTOCOL);
@@ -547,6 +557,17 @@ worker_read(struct pool_worker *w)
 	{
 		log_warnx("stage %s: worker %d wrote a line longer than 64 KB; replacing it",
 				  w->pool->spec.name, (int) w->pid);
+		if (w->count > 0)
+		{
+			/* That line was the oldest row's answer: blame it like a malformed one. */
+			struct inflight entry = worker_pop(w);
+			char	   *reason = xasprintf("stage %s: worker wrote a status line longer than 64 KB",
+										   w->pool->spec.name);
+
+			dbconn_crashed(w->pool->spec.name, &entry, reason, "failed");
+			free(reason);
+			free(entry.sender);
+		}
 		worker_transition(w, WORKER_KILLED_FOR_PROTOCOL);
 	}
 	return true;
@@ -580,13 +601,16 @@ worker_read_nothing(const struct pool_worker *w)
 
 /*
  * A worker went with ids unanswered.  The first was being worked on: it
- * timed out if we killed the worker for MAX_RUNTIME, and failed if the
- * worker crashed on it; the rest it never started go back to pending.
+ * is paused for a retry, its attempt counted, and isolated once it has
+ * ended its worker CRASH_LIMIT times (as timeout if we killed the worker
+ * for MAX_RUNTIME, failed if it crashed); the rest it never started go
+ * back to pending.  (A batching stage works on several at once: the
+ * oldest is the one blamed, and a retry gives the others a fresh chance.)
  * All go back to pending when we stopped the worker (shutdown) or killed
- * it for breaking the protocol (its last line was failed already), and
- * when the worker read none of its input: that is a program that does not
- * start (a refused configuration, no database), held off like one that
- * cannot be executed, and no reason to fail a message.
+ * it for breaking the protocol (its malformed line was blamed already),
+ * and when the worker read none of its input: that is a program that does
+ * not start (a refused configuration, no database), held off like one
+ * that cannot be executed, and no reason to blame a message.
  */
 static void
 worker_account_unanswered(struct pool_worker *w, const char *how)
@@ -606,7 +630,7 @@ worker_account_unanswered(struct pool_worker *w, const char *how)
 		reason = xasprintf("stage %s: no answer within MAX_RUNTIME (%ld ms); worker killed",
 						   pool->spec.name, pool->spec.max_runtime_ms);
 		log_warnx("row %lld timed out: %s", rows[0].id, reason);
-		dbconn_recover(pool->spec.name, &rows[0], 1, "timeout", reason);
+		dbconn_crashed(pool->spec.name, &rows[0], reason, "timeout");
 		pool->stats.timeouts++;
 		first = 1;
 	}
@@ -620,13 +644,11 @@ worker_account_unanswered(struct pool_worker *w, const char *how)
 	else
 	{
 		reason = xasprintf("stage %s: worker %s while processing the row", pool->spec.name, how);
-		log_warnx("row %lld failed: %s", rows[0].id, reason);
-		dbconn_recover(pool->spec.name, &rows[0], 1, "failed", reason);
+		log_warnx("row %lld: %s", rows[0].id, reason);
+		dbconn_crashed(pool->spec.name, &rows[0], reason, "failed");
 		pool->stats.crashes++;
 		first = 1;
 	}
-	if (first)
-		dispatcher.messages_failed++;
 	if (nrows > first)
 	{
 		log_info("stage %s: %d row%s worker %d had not answered go%s back to pending",

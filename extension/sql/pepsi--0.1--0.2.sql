@@ -700,3 +700,44 @@ INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, gl
     ('ingress', 'ARC_TRUSTED_SEALERS', 'text', NULL, NULL, true, 'Domains whose passing ARC chains override a DMARC fail');
 
 -- end of message authentication
+
+-- ===========================================================================
+-- Dispatcher: worker crashes retry (extension/src/crash.c)
+--
+-- A row whose worker died is paused and retried, and isolated after
+-- CRASH_LIMIT attempts.  workqueue_crashed runs as the owner: it writes
+-- the crash_limit entry of pepsi.event_log, which no group role inserts
+-- into directly (the entry records the calling role all the same).
+-- ===========================================================================
+
+-- How many rows the dispatcher paused for a retry after their worker died
+-- (crash, MAX_RUNTIME, broken protocol), and how many it isolated after
+-- CRASH_LIMIT such attempts; pepsi-status raises an alert for the latter.
+ALTER TABLE pepsi.dispatch_stats
+    ADD COLUMN crash_retries bigint NOT NULL DEFAULT 0,
+    ADD COLUMN crash_failures bigint NOT NULL DEFAULT 0,
+    ADD COLUMN last_crash_failure_at timestamptz;
+
+INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
+    ('dispatch', 'CRASH_LIMIT', 'integer', 1, 100, true, 'Attempts that end a worker before a row is isolated'),
+    ('dispatch', 'CRASH_RETRY_DELAY', 'duration', NULL, NULL, true, 'Wait before retrying a row whose worker died; doubles per attempt');
+
+-- The dispatcher's write when a worker died on a row: paused for a retry
+-- after retry_seconds, doubled per attempt, with the attempt counted in
+-- state.crash; at crash_limit attempts at the same stage, final_status
+-- (failed, or timeout for MAX_RUNTIME) with the reason in
+-- state.dispatch_error, an event_log entry and dispatch_stats counted.
+-- Returns the new status, or NULL if the row is no longer running at
+-- expected_stage (the worker committed it before it died).
+CREATE FUNCTION pepsi.workqueue_crashed(
+    id bigint, expected_stage text, reason text, crash_limit integer,
+    retry_seconds double precision, final_status text DEFAULT 'failed')
+RETURNS text AS 'MODULE_PATHNAME', 'workqueue_crashed' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'workqueue_crashed', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('workqueue_crashed');
+
+SELECT pepsi.grant_apply();
+
+-- end of dispatcher: worker crashes retry
