@@ -64,6 +64,8 @@ struct job
 	int			nparams;
 	char	   *params[8];
 	void		(*done) (struct job *job, PGresult *res);
+	dbconn_result_fn submitted;	/* a statement of another part (dbconn_submit) */
+	void	   *submitted_arg;
 	struct buf	recovering;		/* a recovery write: its ids, comma-separated */
 	struct job *next;
 };
@@ -206,6 +208,27 @@ job_log_failure(struct job *job, PGresult *res)
 {
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK)
 		log_warnx("database: %s", db_error(res, db.conn));
+}
+
+static void
+submitted_done(struct job *job, PGresult *res)
+{
+	job->submitted(res, job->submitted_arg);
+}
+
+/*
+ * Run sql (no parameters) in turn with the dispatcher's other statements
+ * and hand its result to done.  A statement in flight when the connection
+ * is lost is sent again: it must be safe to repeat.
+ */
+void
+dbconn_submit(const char *sql, dbconn_result_fn done, void *arg)
+{
+	struct job *job = job_new(sql, submitted_done);
+
+	job->submitted = done;
+	job->submitted_arg = arg;
+	job_push(job, false);
 }
 
 /* ---------------------------------------------------------------------------
@@ -678,6 +701,7 @@ dbconn_setup_done(PGresult *res)
 	}
 	db.ever_ready = true;
 	db.backoff = 0;
+	maintenance_check_soon();
 	db.claim_wanted = true;
 	dbconn_enter(DBCONN_IDLE);
 	log_info("connected to the database");

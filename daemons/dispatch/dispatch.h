@@ -4,10 +4,11 @@
  * One libev loop drives everything: the database connection (dbconn.c:
  * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
  * the stage worker pools (pool.c: processes, pipes, status lines, time
- * limits), the fair-share accounting (fair.c) and the stage graph read
- * from the configuration (graph.c).  The dispatcher never touches message
- * content: it claims rows, hands their ids to workers, and reads back one
- * status line per id.
+ * limits), the fair-share accounting (fair.c), the stage graph read
+ * from the configuration (graph.c), and the watch that paused rows are
+ * requeued even when no maintenance worker runs (maintenance.c).  The
+ * dispatcher never touches message content: it claims rows, hands their
+ * ids to workers, and reads back one status line per id.
  */
 #ifndef PEPSI_DISPATCH_H
 #define PEPSI_DISPATCH_H
@@ -17,6 +18,7 @@
 
 #include <ev.h>
 #include <jansson.h>
+#include <libpq-fe.h>
 
 #include "buf.h"
 #include "config.h"
@@ -164,7 +166,10 @@ bool		pools_all_stopped(void);
 size_t		pools_inflight(void);
 
 /* dbconn.c */
+typedef void (*dbconn_result_fn) (PGresult *res, void *arg);
+
 void		dbconn_start(void);
+void		dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
 void		dbconn_want_claim(void);
 void		dbconn_recover(const char *stage, const struct inflight *rows, int count,
 						   const char *status, const char *reason);
@@ -173,6 +178,10 @@ void		dbconn_crashed(const char *stage, const struct inflight *row, const char *
 void		dbconn_reload_config(void);
 void		dbconn_flush_stats(bool final);
 void		dbconn_finish(void);
+
+/* maintenance.c */
+void		maintenance_watch(double now);
+void		maintenance_check_soon(void);
 
 /* main.c */
 void		dispatch_apply_config(struct pepsi_config *cfg);

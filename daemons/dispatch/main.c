@@ -107,6 +107,7 @@ on_housekeeping(struct ev_loop *loop, ev_timer *watcher, int revents)
 		return;
 	}
 	pools_housekeeping(now);
+	maintenance_watch(now);
 	/* Statistics: about once STATS_INTERVAL, and whenever the pipeline goes idle. */
 	if (now - dispatcher.last_flush > dispatcher.stats_interval
 		|| (pools_inflight() == 0 && dispatcher.last_activity > dispatcher.last_flush

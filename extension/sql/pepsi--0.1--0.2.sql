@@ -741,3 +741,25 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('workqueue_crashed');
 SELECT pepsi.grant_apply();
 
 -- end of dispatcher: worker crashes retry
+
+-- ===========================================================================
+-- Dispatcher: no queue without maintenance (extension/src/maint.c)
+--
+-- Without shared_preload_libraries no maintenance worker runs until someone
+-- calls start_maintenance(), and one started so is gone after a restart:
+-- paused rows would wait for ever.  pepsi-dispatch asks who serves the
+-- database, starts a worker when its role may, and otherwise requeues the
+-- due rows itself (workqueue_requeue_due), with a warning for the DBA.
+-- ===========================================================================
+
+-- The pid of the maintenance worker serving this database, or 0.
+CREATE FUNCTION pepsi.maintenance_pid()
+RETURNS integer AS 'MODULE_PATHNAME', 'maintenance_pid' LANGUAGE C STRICT VOLATILE;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'maintenance_pid', '{EXECUTE}'),
+    ('pepsi_monitor', 'function', 'maintenance_pid', '{EXECUTE}');
+
+SELECT pepsi.grant_apply();
+
+-- end of dispatcher: no queue without maintenance

@@ -33,6 +33,7 @@
 #define MAINT_BATCH 10000
 
 PG_FUNCTION_INFO_V1(start_maintenance);
+PG_FUNCTION_INFO_V1(maintenance_pid);
 PGDLLEXPORT void pepsi_maintenance_main(Datum main_arg);
 
 static void
@@ -282,4 +283,16 @@ start_maintenance(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 		status = GetBackgroundWorkerPid(handle, &pid);
 	}
+}
+
+/*
+ * pepsi.maintenance_pid(): the pid of the worker serving this database, or
+ * 0.  For pepsi-dispatch, which must not leave paused rows waiting for ever
+ * when no worker runs (no shared_preload_libraries, and a worker started
+ * with start_maintenance() does not survive a PostgreSQL restart).
+ */
+Datum
+maintenance_pid(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32((int32) maint_serving_pid());
 }
