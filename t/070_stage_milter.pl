@@ -145,6 +145,26 @@ is($node->safe_psql('postgres', "SELECT encode(headers, 'escape') FROM pepsi.wor
 	'an untouched message keeps its headers byte for byte');
 
 #
+# One kept connection: the next message from the same client is the next
+# transaction of its session (MAIL after end of message, as Postfix sends
+# a client's messages); one from another client is announced anew after
+# QUIT_NC, on the same connection.
+#
+my $other = { origin => { client_ip => '203.0.113.9', helo => 'other.example.net', listener => 'mx' } };
+my @kept = (add_message(subject => 'first'), add_message(subject => 'second'),
+	add_message(subject => 'third', state => $other));
+$r = run_ids($conf, @kept);
+is_deeply($r->{status}, [ '0', '0', '0' ], 'three messages through one worker');
+my %by_id = map { $_->{macros}{i} => $_ } scripted_records();
+is($by_id{ $kept[1] }{connection}, $by_id{ $kept[0] }{connection},
+	'the same client\'s next message shares the filter\'s connection context');
+is($by_id{ $kept[1] }{message_in_connection}, 2, '... as its second transaction');
+isnt($by_id{ $kept[2] }{connection}, $by_id{ $kept[1] }{connection},
+	'another client\'s message is a new connection context (QUIT_NC, CONNECT)');
+is($by_id{ $kept[2] }{hostaddr}, '203.0.113.9', '... announced with its own address');
+is($by_id{ $kept[2] }{macros}{'{client_addr}'}, '203.0.113.9', '... and macros');
+
+#
 # Header edits: add, insert at the top, change, delete.
 #
 my $edit = add_message(headers => "From: <s\@example.net>\r\nX-Remove: me\r\nSubject: edit-headers\r\n");
@@ -283,7 +303,7 @@ ok($row->{due} > 250, '... for RETRY_BASE = 5m');
 # next connection is fresh, and the worker never crashes.
 #
 my $bad_log = "$tmp/bad.log";
-my @modes = qw(malformed oversize out-of-order close-mid bad-version undeclared good);
+my @modes = qw(malformed oversize out-of-order close-mid bad-version undeclared flood good);
 # The first connection is start_filter's probe.
 my ($bad) = start_filter('bad-milter', $bad_log, 'probe', @modes);
 my $bad_conf = stage_config($node, 'bad.conf', <<"INI");
@@ -303,7 +323,8 @@ my %expect = (
 	'out-of-order' => qr/CONNECT with ADDHEADER, out of order/,
 	'close-mid' => qr/closed the connection/,
 	'bad-version' => qr/protocol version 99/,
-	undeclared => qr/ADDHEADER without negotiating/);
+	undeclared => qr/ADDHEADER without negotiating/,
+	flood => qr/more than 10000 edits/);
 for my $i (0 .. $#modes - 1)
 {
 	$row = row_json($node, $bad_ids[$i]);

@@ -13,6 +13,8 @@
  */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,11 +31,16 @@
 #include "xalloc.h"
 #include "milter_stage.h"
 
+/* What one filter may ask at one end of message: the edits are held in memory. */
+#define FILTER_MAX_EDITS 10000
+#define FILTER_MAX_EDIT_BYTES (256 << 20)
+
 enum filter_state
 {
 	FILTER_CLOSED,				/* no connection: open and negotiate before use */
 	FILTER_READY,				/* negotiated, no message started on it */
-	FILTER_USED					/* a message went through: QUIT_NC before the next */
+	FILTER_USED					/* a message went through: QUIT_NC before the next, */
+	/* unless it came from the same client (session_key): then it is the next transaction */
 };
 
 struct milter_filter
@@ -46,6 +53,7 @@ struct milter_filter
 	uint32_t	actions;		/* what the filter negotiated */
 	uint32_t	protocol;
 	char	   *macros[MILTER_MACRO_STAGES];	/* the filter's lists, or NULL */
+	char	   *session_key;	/* the client of the last message, when FILTER_USED */
 };
 
 /* One conversation about one message. */
@@ -63,6 +71,7 @@ struct filter_session
 	char	   *reply;			/* reject/tempfail text */
 	size_t		replies;		/* read so far */
 	bool		completed;		/* through end of message: the connection can take another */
+	bool		same_client;	/* CONNECT and HELO were for this client already */
 };
 
 struct milter_filter *
@@ -87,6 +96,8 @@ filter_close(struct milter_filter *f)
 		close(f->fd);
 	f->fd = -1;
 	f->state = FILTER_CLOSED;
+	free(f->session_key);
+	f->session_key = NULL;
 	buf_reset(&f->in);
 	for (int i = 0; i < MILTER_MACRO_STAGES; i++)
 	{
@@ -196,6 +207,8 @@ filter_connect(struct filter_session *s)
 			freeaddrinfo(list);
 			return session_fail(s, "socket: %s", strerror(errno));
 		}
+		/* Commands and replies are small and strictly alternate: no Nagle wait. */
+		setsockopt(f->fd, IPPROTO_TCP, TCP_NODELAY, &(int) {1}, sizeof(int));
 		rc = connect(f->fd, list->ai_addr, list->ai_addrlen);
 		freeaddrinfo(list);
 	}
@@ -685,6 +698,13 @@ session_end_of_message(struct filter_session *s, enum milter_verdict *verdict)
 				}
 				/* kept as command, length, payload until the final reply */
 				len = consumed - 5;
+				if (s->nedits >= FILTER_MAX_EDITS || s->edits.len + len > FILTER_MAX_EDIT_BYTES)
+				{
+					buf_consume(&s->f->in, consumed);
+					session_fail(s, "the filter sent more than %d edits or %d MB of them",
+								 FILTER_MAX_EDITS, FILTER_MAX_EDIT_BYTES >> 20);
+					return STEP_ERROR;
+				}
 				buf_append_char(&s->edits, r.command);
 				buf_append(&s->edits, &len, sizeof(len));
 				buf_append(&s->edits, s->f->in.data + 5, len);
@@ -764,7 +784,7 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 	size_t		accepted = 0;
 	char	   *mail;
 
-	if (!(p & MILTER_PROTO_NOCONNECT))
+	if (!(p & MILTER_PROTO_NOCONNECT) && !s->same_client)
 	{
 		char	   *hostname = ip ? xasprintf("[%s]", ip) : xstrdup("localhost");
 
@@ -774,7 +794,7 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 		if ((o = session_step(s, "CONNECT", p & MILTER_PROTO_NR_CONN, false, verdict)) != STEP_CONTINUE)
 			return o;
 	}
-	if (!(p & MILTER_PROTO_NOHELO))
+	if (!(p & MILTER_PROTO_NOHELO) && !s->same_client)
 	{
 		const char *strings[1] = {helo ? helo : s->source->hostname};
 
@@ -846,6 +866,23 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 	return session_headers_and_body(s, verdict);
 }
 
+/* What CONNECT and HELO said about the client: its address, name, listener, account, TLS. */
+static char *
+session_client_key(const struct milter_macro_source *source)
+{
+	json_t	   *key;
+	char	   *text;
+
+	if (source->origin == NULL)
+		return xstrdup("local");
+	key = json_pack("[s?,s?,s?,s?,O?]", origin_string(source, "client_ip"),
+					origin_string(source, "helo"), origin_string(source, "listener"),
+					origin_string(source, "auth"), json_object_get(source->origin, "tls"));
+	text = key ? json_dumps(key, JSON_COMPACT) : NULL;
+	json_decref(key);
+	return text ? text : xstrdup("?");
+}
+
 /*
  * One attempt.  Only a filter that saw the message to its end and let it
  * continue can take the next one on the same connection (libmilter goes
@@ -856,13 +893,26 @@ static enum step_outcome
 filter_attempt(struct filter_session *s, enum milter_verdict *verdict)
 {
 	struct milter_filter *f = s->f;
+
+	char	   *key = session_client_key(s->source);
 	enum step_outcome o;
 
 	if (f->state == FILTER_CLOSED && !(filter_connect(s) && filter_negotiate(s)))
+	{
+		free(key);
 		return STEP_ERROR;
-	if (f->state == FILTER_USED)
+	}
+	/*
+	 * The next message from the same client is the next transaction of
+	 * its session, as Postfix sends a client's messages: MAIL follows the
+	 * previous end of message.  Another client is another connection.
+	 */
+	s->same_client = f->state == FILTER_USED && f->session_key && strcmp(f->session_key, key) == 0;
+	if (f->state == FILTER_USED && !s->same_client)
 		milter_encode(&s->out, MILTER_CMD_QUIT_NEW_CONNECTION, NULL, 0);
 	f->state = FILTER_USED;
+	free(f->session_key);
+	f->session_key = key;
 	o = session_run(s, verdict);
 	if (o == STEP_DONE && !s->completed)
 	{

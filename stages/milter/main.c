@@ -596,10 +596,22 @@ milter_run(struct pepsi_ctx *ctx)
 	return rc;
 }
 
+/*
+ * Fused into another stage's pass, a stage may not split its row; a
+ * filter may refuse some recipients of a row that has several, which
+ * splits it.  A row with one recipient never splits here.
+ */
+static bool
+milter_can_fuse(struct pepsi_ctx *ctx)
+{
+	return pepsi_rcpt_count(ctx) <= 1;
+}
+
 const struct pepsi_stage pepsi_stage_milter_stage = {
 	.program = "pepsi-stage-milter",
 	.load = PEPSI_LOAD_FULL,
 	.run = milter_run,
+	.can_fuse = milter_can_fuse,
 	.check_config = milter_check_config,
 };
 
