@@ -37,6 +37,21 @@
 #                             removed by bench_cleanup (or
 #                             bench_postfix_stop DIR)
 #   bench_postfix_stop DIR    stop that instance and remove DIR
+#   bench_wait_port PORT WHAT wait (10 s at most) until 127.0.0.1:PORT
+#                             takes a connection; else say WHAT did not
+#   bench_sink_start PORT     Postfix's smtp-sink on 127.0.0.1:PORT, counting
+#                             what it takes (-c); stopped by bench_cleanup
+#   bench_sink_count          how many messages the sink has taken so far
+#   bench_require_programs P...  refuse to run unless build/bin has them
+#   bench_pepsi_start PORT STAGES
+#                             pepsi-dispatch and pepsi-ingress (its smtp
+#                             listener on 127.0.0.1:PORT) on the cluster,
+#                             with the [stage-*] sections STAGES; the
+#                             multi-call binary when it links (workers share
+#                             one text, stages fuse), else the standalone
+#                             programs ($BENCH_PEPSI_FLAVOUR says which).
+#                             Sets BENCH_INGRESS_PID and BENCH_DISPATCH_PID;
+#                             stopped by bench_cleanup
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -54,9 +69,17 @@ BENCH_DIR=
 BENCH_PORT=${BENCH_PORT:-5432}
 BENCH_DB=bench
 BENCH_POSTFIX_DIRS=()
+BENCH_SINK_PID=
+BENCH_INGRESS_PID=
+BENCH_DISPATCH_PID=
+BENCH_PEPSI_FLAVOUR=
 
 bench_cleanup() {
     local dir
+    bench_stop_pid "$BENCH_INGRESS_PID"
+    bench_stop_pid "$BENCH_DISPATCH_PID"
+    bench_stop_pid "$BENCH_SINK_PID"
+    BENCH_INGRESS_PID= BENCH_DISPATCH_PID= BENCH_SINK_PID=
     for dir in ${BENCH_POSTFIX_DIRS[@]+"${BENCH_POSTFIX_DIRS[@]}"}; do
         bench_postfix_stop "$dir"
     done
@@ -234,4 +257,66 @@ bench_postfix_stop() {
         [ "${BENCH_POSTFIX_DIRS[$i]}" = "$dir" ] && unset 'BENCH_POSTFIX_DIRS[i]'
     done
     return 0
+}
+
+bench_wait_port() {
+    for _ in $(seq 1 100); do
+        # In a subshell: a failed exec of a redirection must not end this shell.
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1: $2" >&2
+    return 1
+}
+
+# The sink writes "... mesg=N\r" as it goes (-c); its output is in the
+# scratch directory.
+bench_sink_start() {
+    /usr/sbin/smtp-sink -u "$PEPSI_USER" -c "127.0.0.1:$1" 256 >"$BENCH_DIR/sink.out" 2>&1 &
+    BENCH_SINK_PID=$!
+    bench_wait_port "$1" smtp-sink
+}
+
+bench_sink_count() {
+    tail -c 200 "$BENCH_DIR/sink.out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1
+}
+
+bench_pepsi_start() {
+    local port=$1 stages=$2 bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
+    if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-dispatch; then
+        run="$bin/pepsi"
+        BENCH_PEPSI_FLAVOUR="multi-call binary"
+    else
+        run=
+        BENCH_PEPSI_FLAVOUR="standalone programs"
+    fi
+    cat >"$conf" <<CONF
+[pepsi]
+HOSTNAME = pepsi.bench.test
+[database]
+CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
+[dispatch]
+POLL_INTERVAL = 1s
+WORKER_IDLE_TIMEOUT = 60s
+[ingress]
+USER = $PEPSI_USER
+DISPATCH_WAKE_INTERVAL = 5ms
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+MAX_SESSIONS_PER_CLIENT = 0
+$stages
+CONF
+    ${run:-$bin/pepsi-dispatch} ${run:+pepsi-dispatch} -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
+    BENCH_DISPATCH_PID=$!
+    ${run:-$bin/pepsi-ingress} ${run:+pepsi-ingress} -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
+    BENCH_INGRESS_PID=$!
+    bench_wait_port "$port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+bench_require_programs() {
+    local p
+    for p in "$@"; do
+        [ -x "$bench_top/build/bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
+    done
 }

@@ -29,41 +29,14 @@ repeats=${BENCH_REPEATS:-2}
 sessions=${BENCH_SESSIONS:-20}
 messages=${BENCH_MESSAGES:-20000}
 relay_workers=${BENCH_RELAY_WORKERS:-20}
-bin="$bench_top/build/bin"
-out_dir="$bench_top/bench/out"
-mkdir -p "$out_dir"
-log="$out_dir/relay.log"
-: >"$log"
+log=$(bench_log relay)
 
-if ! command -v /usr/sbin/smtp-source >/dev/null || ! command -v /usr/sbin/postfix >/dev/null; then
-    echo "installing postfix (no system configuration)"
-    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null
-fi
-for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost; do
-    [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
-done
-# The multi-call binary when it links (workers then share one text), else
-# the standalone programs.
-if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-stage-relay-to-smarthost; then
-    program() { echo "$bin/pepsi $1"; }
-    flavour="multi-call binary"
-else
-    program() { echo "$bin/$1"; }
-    flavour="standalone programs"
-fi
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-sink_pid= ingress_pid= dispatch_pid= postfix_dir= sampler_pid=
+bench_postfix_install
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
+postfix_dir= sampler_pid=
 
 cleanup() {
     bench_stop_pid "$sampler_pid"
-    bench_stop_pid "$ingress_pid"
-    bench_stop_pid "$dispatch_pid"
-    bench_stop_pid "$sink_pid"
     if [ -n "$postfix_dir" ]; then
         bench_postfix_stop "$postfix_dir"
     fi
@@ -73,45 +46,15 @@ cleanup() {
 bench_cluster_start "max_connections = 200"
 trap cleanup EXIT
 
-sink_port=$(free_port)
-pepsi_port=$(free_port)
-postfix_port=$(free_port)
+sink_port=$(bench_free_port)
+pepsi_port=$(bench_free_port)
+postfix_port=$(bench_free_port)
 
-wait_port() {
-    for _ in $(seq 1 100); do
-        # In a subshell: a failed exec of a redirection must not end this shell.
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1: $2" >&2
-    return 1
-}
-
-# The sink: counts every message it takes (-c writes "... mesg=N\r" as it goes).
-sink_out="$BENCH_DIR/sink.out"
-/usr/sbin/smtp-sink -u "$PEPSI_USER" -c "127.0.0.1:$sink_port" 256 >"$sink_out" 2>&1 &
-sink_pid=$!
-wait_port "$sink_port" smtp-sink
-sink_count() { tail -c 200 "$sink_out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1; }
+bench_sink_start "$sink_port"
+sink_count() { bench_sink_count; }
 
 start_pepsi() {
-    local conf="$BENCH_DIR/pepsi.conf"
-    cat >"$conf" <<CONF
-[pepsi]
-HOSTNAME = pepsi.bench.test
-[database]
-CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
-[dispatch]
-POLL_INTERVAL = 1s
-WORKER_IDLE_TIMEOUT = 60s
-[ingress]
-USER = $PEPSI_USER
-DISPATCH_WAKE_INTERVAL = 5ms
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $pepsi_port
-MAX_SESSIONS_PER_CLIENT = 0
-[stage-init]
+    bench_pepsi_start "$pepsi_port" "[stage-init]
 PROGRAM = pepsi-stage-route
 LOCAL_DOMAINS = pepsi.bench.test
 LOCAL_STAGE = smarthost
@@ -123,13 +66,7 @@ PROGRAM = pepsi-stage-relay-to-smarthost
 SMARTHOST = 127.0.0.1:$sink_port
 TLS = none
 PARALLELISM = $relay_workers
-QUEUE_LIMIT = 4
-CONF
-    $(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
-    dispatch_pid=$!
-    $(program pepsi-ingress) -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
-    ingress_pid=$!
-    wait_port "$pepsi_port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+QUEUE_LIMIT = 4"
 }
 
 start_postfix() {
@@ -180,14 +117,14 @@ start_postfix
 start_pepsi
 
 echo "bench/relay: smtp-source -s $sessions -m $messages -l 2048 -> relay -> smtp-sink," \
-    "$repeats runs each side, alternating; Pepsi as $flavour, $relay_workers relay workers"
+    "$repeats runs each side, alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $relay_workers relay workers"
 pepsi_rates=() postfix_rates=() pepsi_rss=() pepsi_pss=() postfix_rss=() postfix_pss=() pg_rss=() pg_pss=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     # The cluster's memory is sampled by a second sampler over the same run.
     perl "$here/rss-sampler.pl" "$(postgres_pid)" >"$BENCH_DIR/pg-sampler.out" &
     pg_sampler=$!
-    read -r rate rss pss < <(measure "$pepsi_port" "$ingress_pid" "$dispatch_pid")
+    read -r rate rss pss < <(measure "$pepsi_port" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID")
     bench_stop_pid "$pg_sampler"
     read -r prss ppss < <(sed 's/rss=\([0-9]*\) pss=\([0-9]*\).*/\1 \2/' "$BENCH_DIR/pg-sampler.out")
     left=$(pepsi_left)
