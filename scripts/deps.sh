@@ -45,7 +45,9 @@ packages=(
     pandoc man-db
     # make format, make format-check
     clang-format
-    # benchmarks: pgbench ships in postgresql-15
+    # benchmarks: pgbench ships in postgresql-15; bench/stages's peer,
+    # Graphile Worker, comes from npm
+    nodejs npm
 )
 
 missing=()

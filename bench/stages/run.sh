@@ -23,9 +23,17 @@
 # Targets: batched+fused >= 10x per-message, >= 30,000 hops/s.  Reports,
 # never judges: exits 0 unless the benchmark itself broke.
 #
+# The peer, in the same run and on the same cluster: Graphile Worker (npm,
+# the version pinned in graphile/package.json) working off as many no-op
+# jobs, queued up front, in its batched mode (a local queue of 500, 10
+# concurrent jobs, completions batched): its jobs/s is printed beside
+# Pepsi's stage hops/s, with the ratios.  Targets: batched (non-fused)
+# hops/s >= Graphile's jobs/s, batched+fused >= 2x.  Skipped, with a
+# note, when node and npm are missing (scripts/deps.sh installs them).
+#
 # Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1),
-# BENCH_MODES (which modes, default all four), BENCH_SETUP_SQL (SQL run
-# once after CREATE EXTENSION, to measure a variant of the schema).
+# BENCH_MODES (which modes, default all four, and graphile), BENCH_SETUP_SQL
+# (SQL run once after CREATE EXTENSION, to measure a variant of the schema).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
@@ -34,7 +42,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 messages=${BENCH_MESSAGES:-100000}
 limit=${BENCH_QUEUE_LIMIT:-256}
 reps=${BENCH_REPS:-1}
-modes=${BENCH_MODES:-per-message batched fused batched+fused}
+modes=${BENCH_MODES:-per-message batched fused batched+fused graphile}
 bin="$bench_top/build/bin"
 
 for program in pepsi pepsi-stage-if; do
@@ -103,9 +111,30 @@ CHECKPOINT;
 SQL
 }
 
+# Graphile Worker, installed once into bench/out (npm), run from there.
+graphile_dir="$bench_top/bench/out/graphile-worker"
+graphile_ready() {
+    command -v node >/dev/null && command -v npm >/dev/null || return 1
+    mkdir -p "$graphile_dir"
+    cp "$here/graphile/package.json" "$here/graphile/run.js" "$graphile_dir/"
+    [ -d "$graphile_dir/node_modules/graphile-worker" ] ||
+        (cd "$graphile_dir" && npm install --no-audit --no-fund --silent >/dev/null)
+}
+if [[ " $modes " == *" graphile "* ]] && ! graphile_ready; then
+    echo "bench/stages: node and npm are missing (scripts/deps.sh): no Graphile Worker side" >&2
+    modes=${modes/graphile/}
+fi
+
 # run_mode MODE: prints "seconds messages hops fused claims".
 run_mode() {
     local conf=$BENCH_DIR/unfused.conf queue=$limit
+    if [ "$1" = graphile ]; then
+        local seconds jobs
+        read -r seconds jobs < <(PGHOST=$BENCH_DIR PGPORT=$BENCH_PORT PGUSER=postgres PGDATABASE=$BENCH_DB \
+            node "$graphile_dir/run.js" "$messages")
+        echo "$seconds $jobs $jobs 0 0"
+        return
+    fi
     case $1 in
         per-message) queue=1 ;;
         batched) ;;
@@ -132,17 +161,31 @@ for ((r = 0; r < reps; r++)); do
 done
 
 base=$(bench_median ${rates[per-message]:-0})
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f..%.0f", lo, hi }'; }
 echo
 echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, median of $reps"
 [ -n "${BENCH_SETUP_SQL:-}" ] && echo "schema variant: $BENCH_SETUP_SQL"
-printf '%-15s %12s %10s %14s %12s\n' mode messages/s ratio "stage hops/s" "fused hops"
+printf '%-15s %12s %10s %14s %12s  %s\n' mode messages/s ratio "stage hops/s" "fused hops" "spread (msg/s)"
 for mode in $modes; do
+    [ "$mode" = graphile ] && continue
     rate=$(bench_median ${rates[$mode]})
-    printf '%-15s %12.0f %9.1fx %14.0f %12s\n' "$mode" "$rate" \
+    printf '%-15s %12.0f %9.1fx %14.0f %12s  %s\n' "$mode" "$rate" \
         "$(awk -v a="$rate" -v b="$base" 'BEGIN { print (b > 0 ? a / b : 0) }')" \
-        "$(awk -v a="$rate" 'BEGIN { print a * 3 }')" "${fused_hops[$mode]}"
+        "$(awk -v a="$rate" 'BEGIN { print a * 3 }')" "${fused_hops[$mode]}" "$(spread ${rates[$mode]})"
 done
 echo "targets: batched+fused >= 10x per-message and >= 30000 stage hops/s"
+if [ -n "${rates[graphile]:-}" ]; then
+    graphile=$(bench_median ${rates[graphile]})
+    printf '%-15s %12.0f jobs/s (no-op jobs, batched mode; spread %s)\n' \
+        "graphile-worker" "$graphile" "$(spread ${rates[graphile]})"
+    for mode in batched batched+fused; do
+        [ -n "${rates[$mode]:-}" ] || continue
+        printf '%-15s %14.0f hops/s = %.2fx graphile-worker jobs/s\n' "$mode" \
+            "$(awk -v a="$(bench_median ${rates[$mode]})" 'BEGIN { print a * 3 }')" \
+            "$(awk -v a="$(bench_median ${rates[$mode]})" -v g="$graphile" 'BEGIN { print a * 3 / g }')"
+    done
+    echo "targets: batched >= 1x graphile-worker jobs/s, batched+fused >= 2x"
+fi
 
 # Resident memory of an idle worker after one message: the multi-call
 # binary against the standalone build of the same program.
