@@ -763,3 +763,22 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pepsi.grant_apply();
 
 -- end of dispatcher: no queue without maintenance
+
+-- ===========================================================================
+-- Cheaper row transitions: clone_token indexed only where it is set
+--
+-- Every change of a row's status (the claim, each commit) is a non-HOT
+-- update, since status is in the predicates of the pending and paused
+-- indexes, so it inserts into every full index of the table.  0.1's UNIQUE
+-- (clone_token) indexed every row, nearly all of them NULL: one btree of
+-- duplicates grown on each transition, for rows that can never conflict.
+-- Only clones carry a token; the unique index keeps only them (same name,
+-- so the duplicate-key error reads as before).  ON CONFLICT (clone_token)
+-- names the predicate to infer it, which 0.1's full index satisfies too.
+-- ===========================================================================
+
+ALTER TABLE pepsi.workqueue DROP CONSTRAINT workqueue_clone_token_key;
+CREATE UNIQUE INDEX workqueue_clone_token_key ON pepsi.workqueue (clone_token)
+    WHERE clone_token IS NOT NULL;
+
+-- end of cheaper row transitions

@@ -113,7 +113,8 @@ workqueue_inject(PG_FUNCTION_ARGS)
 						  "INSERT INTO pepsi.workqueue"
 						  " (stage, mail_from, rcpt_to, headers, state, body_id, clone_token)"
 						  " VALUES ($1, $2, $3, $4, $5, $6, $7)"
-						  " ON CONFLICT (clone_token) DO NOTHING RETURNING id",
+						  " ON CONFLICT (clone_token) WHERE clone_token IS NOT NULL"
+						  " DO NOTHING RETURNING id",
 						  7, argtypes),
 			   values, nulls, false, 0);
 	inserted = SPI_processed > 0;

@@ -339,7 +339,8 @@ spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind)
 						  "  jsonb_to_recordset($2) AS g(token text, stage text, state jsonb, status text,"
 						  "   retry_seconds float8, rcpt_indices numeric[], rcpt_to text[], mail_from text)"
 						  " WHERE w.id = $1"
-						  " ON CONFLICT (clone_token) DO NOTHING RETURNING id, clone_token",
+						  " ON CONFLICT (clone_token) WHERE clone_token IS NOT NULL"
+						  " DO NOTHING RETURNING id, clone_token",
 						  3, argtypes),
 			   values, NULL, false, 0);
 	if (kind == SPAWN_SPLIT_GROUPS && SPI_processed < (uint64) JB_ROOT_COUNT(spec))
