@@ -11,6 +11,9 @@
 #include "log.h"
 #include "xalloc.h"
 
+/* The longest password checked (octets); longer ones fail unhashed. */
+#define AUTH_PASSWORD_MAX 256
+
 /* Checked against when the user is unknown, so the answer takes as long. */
 #define AUTH_DUMMY_HASH "$6$pepsi.dummy$GnzSbzW.rWT/ECvclBSrv.sFBsnys1bpf/31uwlJ9JXIZObncn/jOa79J6JM8Me2Z4GnaPdUoYauOA.2tZ0KD/"
 
@@ -101,6 +104,12 @@ credentials_check(const struct credentials *c, const char *user, const char *pas
 	unsigned char diff = 0;
 	size_t		len;
 
+	/*
+	 * SHA-crypt's work grows with the password's length, and AUTH runs on
+	 * the event loop: a long "password" is refused before any hashing.
+	 */
+	if (strlen(password) > AUTH_PASSWORD_MAX)
+		return false;
 	for (size_t i = 0; c && i < c->count; i++)
 		if (strcmp(c->entries[i].user, user) == 0)
 		{

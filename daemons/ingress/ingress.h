@@ -34,11 +34,14 @@ struct listener
 	enum listener_mode mode;
 	int			fd;
 	ev_io		io;
+	ev_timer	backoff;		/* accept() paused: out of descriptors */
 	SSL_CTX    *tls;			/* NULL without CERTIFICATE */
 	struct smtp_policy policy;
 	struct trusted_networks trusted;	/* TRUSTED_NETWORKS: may relay without AUTH */
 	struct verify_policy verify;	/* message authentication (verify.h) */
 	double		idle_timeout;	/* seconds */
+	double		session_deadline;	/* seconds a session may last at most; 0: no limit */
+	double		min_data_rate;	/* octets per second of message content; 0: no limit */
 	size_t		max_sessions;
 	size_t		max_sessions_per_client;
 	size_t		sessions;
@@ -55,6 +58,8 @@ struct ingress
 	const char *local_domains;	/* [pepsi] LOCAL_DOMAINS */
 	struct local_resolver *local_recipients;	/* NULL: no recipient validation */
 	unsigned	max_hops;		/* [ingress] MAX_HOPS */
+	size_t		memory_in_flight;	/* octets of content the sessions hold */
+	size_t		memory_limit;	/* [ingress] MAX_MESSAGE_MEMORY */
 	struct listener *listeners;
 	size_t		sessions;
 	bool		stopping;

@@ -36,6 +36,7 @@
 #include "xalloc.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
+#define LISTENER_ACCEPT_BACKOFF 1.0		/* seconds a listener rests when out of descriptors */
 
 int			pepsi_ingress_main(int argc, char **argv);
 
@@ -131,12 +132,30 @@ listener_on_accept(struct ev_loop *loop, ev_io *w, int revents)
 
 		if (fd < 0)
 		{
+			/*
+			 * Out of descriptors the connection stays pending and the socket
+			 * stays readable: without a pause the loop would spin on it.
+			 */
 			if (errno == EMFILE || errno == ENFILE)
-				log_warn("listener %s: accept", l->name);
+			{
+				log_warn("listener %s: accept; pausing it for %.0f s", l->name,
+						 LISTENER_ACCEPT_BACKOFF);
+				ev_io_stop(loop, &l->io);
+				ev_timer_start(loop, &l->backoff);
+			}
 			return;
 		}
 		session_accept(l, fd, (struct sockaddr *) &addr);
 	}
+}
+
+static void
+listener_on_backoff(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct listener *l = w->data;
+
+	if (!ingress.stopping)
+		ev_io_start(loop, &l->io);
 }
 
 static int
@@ -221,6 +240,8 @@ listener_open(const char *section)
 															1000000000);
 	listener_trusted_networks(l, section);
 	l->policy.rcpt_check = session_rcpt_check;
+	l->policy.memory_in_flight = &ingress.memory_in_flight;
+	l->policy.memory_limit = ingress.memory_limit;
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
 	{
@@ -236,6 +257,8 @@ listener_open(const char *section)
 		fatalx("%s: [%s] MODE = %s needs [ingress] CREDENTIALS", ingress.cfg->path, section,
 			   mode);
 	l->idle_timeout = ingress_option_seconds(section, "IDLE_TIMEOUT", 300 * 1000, 100);
+	l->session_deadline = ingress_option_seconds(section, "SESSION_DEADLINE", 3600 * 1000, 0);
+	l->min_data_rate = (double) ingress_option_long(section, "MIN_DATA_RATE", 500, 0, 1L << 30);
 	l->max_sessions = (size_t) ingress_option_long(section, "MAX_SESSIONS", 1000, 0, 10000000);
 	l->max_sessions_per_client = (size_t) ingress_option_long(section, "MAX_SESSIONS_PER_CLIENT",
 															  50, 0, 10000000);
@@ -243,6 +266,8 @@ listener_open(const char *section)
 						  ingress_option_long(section, "PORT", default_port, 1, 65535));
 	ev_io_init(&l->io, listener_on_accept, l->fd, EV_READ);
 	l->io.data = l;
+	ev_timer_init(&l->backoff, listener_on_backoff, LISTENER_ACCEPT_BACKOFF, 0);
+	l->backoff.data = l;
 	if (l->tls)
 		SSL_CTX_set_session_id_context(l->tls, (const unsigned char *) l->name,
 									   (unsigned) strlen(l->name));
@@ -297,6 +322,7 @@ ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 	{
 		ev_io_stop(loop, &l->io);
+		ev_timer_stop(loop, &l->backoff);
 		close(l->fd);
 	}
 	session_shutdown_all();
@@ -386,6 +412,8 @@ pepsi_ingress_main(int argc, char **argv)
 	admit_options.wake_interval = ingress_option_seconds("ingress", "DISPATCH_WAKE_INTERVAL", 50, 0);
 
 	ingress.max_hops = (unsigned) ingress_option_long("ingress", "MAX_HOPS", 50, 0, 1000);
+	ingress.memory_limit = (size_t) ingress_option_long("ingress", "MAX_MESSAGE_MEMORY",
+														1024L * 1024 * 1024, 1024, 1L << 40);
 	ingress.local_domains = local_domains(ingress.cfg, NULL);
 	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
 		fatalx("%s", err);

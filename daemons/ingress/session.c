@@ -36,10 +36,14 @@ enum session_io
 	SESSION_IO_TLS
 };
 
-/* Sessions per client address, for MAX_SESSIONS_PER_CLIENT. */
+/*
+ * Sessions per client, for MAX_SESSIONS_PER_CLIENT.  An IPv4 client is its
+ * address; an IPv6 client its /64, which one host or customer commonly
+ * holds whole: counting single addresses would give it 2^64 allowances.
+ */
 struct client
 {
-	char		ip[INET6_ADDRSTRLEN];
+	char		ip[INET6_ADDRSTRLEN + 4];	/* the address, or the /64 */
 	size_t		sessions;
 	struct client *next;
 };
@@ -49,6 +53,7 @@ struct session
 	struct smtp_session smtp;
 	struct listener *listener;
 	struct client *client;
+	char		ip[INET6_ADDRSTRLEN];	/* the client's address */
 	int			fd;
 	SSL		   *ssl;
 	enum session_io io_state;
@@ -57,6 +62,10 @@ struct session
 	bool		closing;		/* close once the output is written */
 	ev_io		io;
 	ev_timer	timer;
+	ev_timer	guard;			/* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
+	ev_tstamp	started;
+	ev_tstamp	content_started;	/* when DATA or the first BDAT began; 0 outside */
+	size_t		content_octets;	/* octets read since */
 	ev_tstamp	last_command;
 	struct buf	in;				/* input not yet used: a partial line, or after an event */
 	struct admission *admission;
@@ -124,6 +133,7 @@ session_close(struct session *s)
 {
 	ev_io_stop(ingress.loop, &s->io);
 	ev_timer_stop(ingress.loop, &s->timer);
+	ev_timer_stop(ingress.loop, &s->guard);
 	if (s->admission)
 		admit_detach(s->admission);
 	verify_free(s->verify);
@@ -161,7 +171,7 @@ session_tls_log(struct session *s, const char *what)
 
 	if (e)
 		ERR_error_string_n(e, reason, sizeof(reason));
-	log_info("%s: %s%s%s", s->client->ip, what, e ? ": " : "", reason);
+	log_info("%s: %s%s%s", s->ip, what, e ? ": " : "", reason);
 	ERR_clear_error();
 }
 
@@ -250,7 +260,7 @@ session_handshake(struct session *s)
 		s->io_state = SESSION_IO_TLS;
 		s->tls_events = 0;
 		smtp_tls_started(&s->smtp, &info);
-		log_debug("%s: TLS %s %s", s->client->ip, info.version, info.cipher);
+		log_debug("%s: TLS %s %s", s->ip, info.version, info.cipher);
 	}
 	if (s->listener->mode == LISTENER_SMTPS)
 		smtp_greet(&s->smtp);
@@ -288,7 +298,7 @@ session_admitted(void *arg, bool ok, long long id)
 
 	s->admission = NULL;
 	if (ok)
-		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->client->ip,
+		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->ip,
 				 s->smtp.mail_from, s->smtp.nrcpt, s->smtp.message_size, id);
 	smtp_admit_done(&s->smtp, ok, id);
 	if (ingress.stopping)
@@ -315,7 +325,7 @@ session_store(struct session *s)
 	/* Random per session, counting per transaction: it tells nothing of memory. */
 	snprintf(transaction_id, sizeof(transaction_id), "%016llX",
 			 (unsigned long long) (s->id_base + ++s->transactions));
-	origin.client_ip = s->client->ip;
+	origin.client_ip = s->ip;
 	origin.listener = s->listener->name;
 	origin.hostname = ingress.hostname;
 	origin.authserv_id = ingress.authserv_id;
@@ -330,7 +340,7 @@ session_store(struct session *s)
 	origin.iprev = findings.iprev;
 	if (findings.refusal)
 	{
-		log_info("%s: from=<%s> refused: %s", s->client->ip, s->smtp.mail_from, findings.refusal);
+		log_info("%s: from=<%s> refused: %s", s->ip, s->smtp.mail_from, findings.refusal);
 		smtp_admit_refused(&s->smtp, findings.refusal);
 		return;
 	}
@@ -338,7 +348,7 @@ session_store(struct session *s)
 	{
 		if (refusal == NULL)
 		{
-			log_warnx("%s: no database connection, message refused for now", s->client->ip);
+			log_warnx("%s: no database connection, message refused for now", s->ip);
 			envelope_free(&e);
 			smtp_admit_done(&s->smtp, false, 0);
 		}
@@ -403,9 +413,9 @@ session_process(struct session *s, const char *data, size_t len)
 				smtp_auth_done(&s->smtp, credentials_check(ingress.credentials, s->smtp.auth_user,
 														   s->smtp.auth_password));
 				if (s->smtp.auth_account)
-					log_info("%s: authenticated as %s", s->client->ip, s->smtp.auth_account);
+					log_info("%s: authenticated as %s", s->ip, s->smtp.auth_account);
 				else
-					log_info("%s: authentication failed", s->client->ip);
+					log_info("%s: authentication failed", s->ip);
 				continue;
 			case SMTP_EVENT_MESSAGE:
 				session_admit(s);
@@ -451,6 +461,84 @@ session_reading(const struct session *s)
 	return s->io_state != SESSION_IO_HANDSHAKE && !s->closing && !s->starttls_pending
 		&& s->smtp.state != SMTP_STATE_WAIT && s->smtp.state != SMTP_STATE_CLOSED
 		&& s->smtp.out.len < SESSION_OUT_HIGH_WATER;
+}
+
+/*
+ * Slow clients.  The idle timeout alone lets a client hold a session
+ * forever by sending a byte now and then (slowloris): a session has an
+ * absolute deadline, and message content must come at MIN_DATA_RATE on
+ * average once it has had a grace period to start.
+ */
+#define SESSION_GUARD_INTERVAL 1.0
+#define SESSION_DATA_GRACE 10.0
+
+static bool
+session_in_content(const struct session *s)
+{
+	return s->smtp.state == SMTP_STATE_DATA || s->smtp.state == SMTP_STATE_BDAT
+		|| (s->smtp.state == SMTP_STATE_RCPT && s->smtp.chunking);
+}
+
+/* Content octets read, for MIN_DATA_RATE (commands are the idle timer's). */
+static void
+session_count_content(struct session *s, size_t n)
+{
+	if (!session_in_content(s))
+	{
+		s->content_started = 0;
+		return;
+	}
+	if (s->content_started == 0)
+	{
+		s->content_started = ev_now(ingress.loop);
+		s->content_octets = 0;
+	}
+	s->content_octets += n;
+}
+
+static void
+session_cut(struct session *s, const char *why, const char *reply)
+{
+	log_info("%s: %s", s->ip, why);
+	smtp_close(&s->smtp, reply);
+	s->closing = true;
+	ev_timer_again(ingress.loop, &s->timer);	/* the last chance to read the 421 */
+	if (session_flush(s))
+		session_update(s);
+}
+
+static void
+session_on_guard(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct session *s = w->data;
+	const struct listener *l = s->listener;
+	ev_tstamp	now = ev_now(loop);
+	char		reply[300];
+
+	/* A message being stored is ours to finish, not the client's delay. */
+	if (s->closing || s->admission)
+		return;
+	if (l->session_deadline > 0 && now - s->started > l->session_deadline)
+	{
+		snprintf(reply, sizeof(reply), "421 4.4.2 %s Error: session too long, closing",
+				 ingress.hostname);
+		session_cut(s, "session deadline exceeded", reply);
+		return;
+	}
+	if (!session_in_content(s))
+		s->content_started = 0;
+	else if (s->content_started == 0)
+	{
+		s->content_started = now;	/* DATA was the last thing read */
+		s->content_octets = 0;
+	}
+	else if (l->min_data_rate > 0 && now - s->content_started > SESSION_DATA_GRACE
+			 && s->content_octets < l->min_data_rate * (now - s->content_started))
+	{
+		snprintf(reply, sizeof(reply), "421 4.4.2 %s Error: message content too slow "
+				 "(under %.0f octets per second), closing", ingress.hostname, l->min_data_rate);
+		session_cut(s, "message content too slow", reply);
+	}
 }
 
 /* Read what is there; false if the session was closed. */
@@ -503,12 +591,13 @@ session_read(struct session *s)
 			{
 				/* A client gone mid-DATA leaves nothing behind: nothing was stored. */
 				if (s->smtp.state == SMTP_STATE_DATA || s->smtp.state == SMTP_STATE_BDAT)
-					log_info("%s: disconnected during message content", s->client->ip);
+					log_info("%s: disconnected during message content", s->ip);
 				session_close(s);
 				return false;
 			}
 		}
 		ev_timer_again(ingress.loop, &s->timer);
+		session_count_content(s, (size_t) n);
 		session_input(s, session_read_buffer, (size_t) n);
 		if (s->io_state == SESSION_IO_PLAIN && (size_t) n < SESSION_READ_SIZE)
 			break;				/* the socket is drained; TLS may hold more */
@@ -582,7 +671,7 @@ session_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 		session_close(s);
 		return;
 	}
-	log_info("%s: idle timeout", s->client->ip);
+	log_info("%s: idle timeout", s->ip);
 	{
 		char		reply[300];
 
@@ -606,6 +695,24 @@ session_refuse(int fd, const char *reply)
 
 	(void) n;
 	close(fd);
+}
+
+/* The key of the client's accounting: its IPv4 address, or its IPv6 /64. */
+static void
+session_client_key(const struct sockaddr *addr, const char *ip, char *key, size_t keylen)
+{
+	if (addr->sa_family == AF_INET6
+		&& !IN6_IS_ADDR_V4MAPPED(&((const struct sockaddr_in6 *) addr)->sin6_addr))
+	{
+		struct in6_addr prefix = ((const struct sockaddr_in6 *) addr)->sin6_addr;
+		char		text[INET6_ADDRSTRLEN];
+
+		memset(prefix.s6_addr + 8, 0, 8);
+		inet_ntop(AF_INET6, &prefix, text, sizeof(text));
+		snprintf(key, keylen, "%s/64", text);
+	}
+	else
+		snprintf(key, keylen, "%s", ip);
 }
 
 static void
@@ -639,9 +746,9 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 
 	if (verdict == SMTP_RCPT_RELAY_DENIED)
 		log_info("%s: relay to <%s> refused (not authenticated, not a trusted network)",
-				 s->client->ip, address);
+				 s->ip, address);
 	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
-		log_info("%s: unknown local recipient <%s> refused", s->client->ip, address);
+		log_info("%s: unknown local recipient <%s> refused", s->ip, address);
 	return verdict;
 }
 
@@ -649,6 +756,7 @@ void
 session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 {
 	char		ip[INET6_ADDRSTRLEN];
+	char		key[INET6_ADDRSTRLEN + 4];
 	struct client *client;
 	struct session *s;
 
@@ -659,7 +767,8 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 		session_refuse(fd, "421 4.7.0 Too many sessions, try again later\r\n");
 		return;
 	}
-	client = client_get(ip);
+	session_client_key(addr, ip, key, sizeof(key));
+	client = client_get(key);
 	if (l->max_sessions_per_client && client->sessions >= l->max_sessions_per_client)
 	{
 		log_info("%s: refused, %zu sessions from this client", ip, client->sessions);
@@ -675,6 +784,7 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s = xcalloc(1, sizeof(*s));
 	s->listener = l;
 	s->client = client;
+	snprintf(s->ip, sizeof(s->ip), "%s", ip);
 	s->fd = fd;
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
@@ -684,6 +794,11 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;
+	s->started = ev_now(ingress.loop);
+	ev_timer_init(&s->guard, session_on_guard, SESSION_GUARD_INTERVAL, SESSION_GUARD_INTERVAL);
+	s->guard.data = s;
+	if (l->session_deadline > 0 || l->min_data_rate > 0)
+		ev_timer_start(ingress.loop, &s->guard);
 	ev_init(&s->timer, session_on_timeout);
 	s->timer.repeat = l->idle_timeout;
 	s->timer.data = s;

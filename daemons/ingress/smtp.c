@@ -89,6 +89,26 @@ smtp_wipe(char **secret)
 	}
 }
 
+#define SMTP_MEMORY_REPLY "451 4.3.1 Insufficient system storage, try again later"
+
+/* Drop the content kept so far, and its share of the memory in flight. */
+static void
+smtp_message_release(struct smtp_session *s)
+{
+	buf_free(&s->message);
+	if (s->policy->memory_in_flight)
+		*s->policy->memory_in_flight -= s->memory_counted;
+	s->memory_counted = 0;
+}
+
+/* Is the memory for messages in flight used up? */
+static bool
+smtp_memory_exhausted(const struct smtp_session *s)
+{
+	return s->policy->memory_in_flight
+		&& *s->policy->memory_in_flight >= s->policy->memory_limit;
+}
+
 /* Forget the transaction (RSET, after DATA, after STARTTLS). */
 static void
 smtp_reset_transaction(struct smtp_session *s)
@@ -112,7 +132,7 @@ smtp_reset_transaction(struct smtp_session *s)
 	s->body = SMTP_BODY_7BIT;
 	s->chunking = false;
 	s->chunk_failed = false;
-	buf_free(&s->message);
+	smtp_message_release(s);
 	s->message_size = 0;
 	s->taint = SMTP_TAINT_NONE;
 	s->scan = SMTP_SCAN_LINE_START;
@@ -583,6 +603,11 @@ smtp_cmd_data(struct smtp_session *s, char *arg)
 		smtp_error(s, "503 5.5.1 %s", s->chunking ? "DATA after BDAT" : "BINARYMIME needs BDAT");
 		return;
 	}
+	if (smtp_memory_exhausted(s))
+	{
+		smtp_reply(s, SMTP_MEMORY_REPLY);
+		return;
+	}
 	s->state = SMTP_STATE_DATA;
 	s->scan = SMTP_SCAN_LINE_START;
 	s->line_length = 0;
@@ -616,6 +641,8 @@ smtp_cmd_bdat(struct smtp_session *s, char *arg)
 		s->bdat_reply = "554 5.5.0 An earlier chunk of this message was refused";
 	else if (s->message_size + s->bdat_remaining > s->policy->max_size)
 		s->bdat_reply = "552 5.3.4 Message size exceeds fixed maximum message size";
+	else if (!s->chunking && smtp_memory_exhausted(s))
+		s->bdat_reply = SMTP_MEMORY_REPLY;
 	if (s->state == SMTP_STATE_RCPT)
 	{
 		s->chunking = true;
@@ -623,7 +650,7 @@ smtp_cmd_bdat(struct smtp_session *s, char *arg)
 			s->chunk_failed = true;
 	}
 	if (s->bdat_reply)
-		buf_free(&s->message);
+		smtp_message_release(s);
 	s->state = SMTP_STATE_BDAT;
 	if (s->bdat_remaining == 0)
 		smtp_input_bdat(s, "", 0);	/* no octets to wait for */
@@ -910,12 +937,20 @@ smtp_keep_content(struct smtp_session *s, const char *data, size_t len)
 	s->message_size += len;
 	if (s->message_size > s->policy->max_size)
 		smtp_taint(s, SMTP_TAINT_SIZE);
+	if (s->policy->memory_in_flight
+		&& *s->policy->memory_in_flight + len > s->policy->memory_limit)
+		smtp_taint(s, SMTP_TAINT_MEMORY);
 	if (s->taint != SMTP_TAINT_NONE)
 	{
-		buf_free(&s->message);
+		smtp_message_release(s);
 		return;
 	}
 	buf_append(&s->message, data, len);
+	if (s->policy->memory_in_flight)
+	{
+		*s->policy->memory_in_flight += len;
+		s->memory_counted += len;
+	}
 }
 
 static void
@@ -938,6 +973,9 @@ smtp_content_refused(struct smtp_session *s)
 			break;
 		case SMTP_TAINT_NUL:
 			smtp_error(s, "554 5.6.0 Message refused: NUL octet");
+			break;
+		case SMTP_TAINT_MEMORY:
+			smtp_reply(s, SMTP_MEMORY_REPLY);	/* ours, not the client's error */
 			break;
 		case SMTP_TAINT_NONE:
 			break;

@@ -47,6 +47,13 @@ struct smtp_policy
 	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
 	/* Told of each MAIL accepted (message authentication starts there); may be NULL. */
 	void		(*mail_accepted) (const struct smtp_session *s);
+	/*
+	 * Octets of message content held by every session together (the host's
+	 * counter, shared by its listeners) and the most it may reach: past it
+	 * new content gets 451 4.3.1.  NULL: not counted.
+	 */
+	size_t	   *memory_in_flight;
+	size_t		memory_limit;
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
 	enum smtp_rcpt_verdict (*rcpt_check) (const struct smtp_session *s, const char *address);
 	/*
@@ -95,7 +102,8 @@ enum smtp_taint
 	SMTP_TAINT_LINE_LENGTH,
 	SMTP_TAINT_BARE_LF,
 	SMTP_TAINT_BARE_CR,
-	SMTP_TAINT_NUL
+	SMTP_TAINT_NUL,
+	SMTP_TAINT_MEMORY			/* every session's content together is over the limit */
 };
 
 /* Where the DATA scanner is within a line. */
@@ -161,6 +169,7 @@ struct smtp_session
 	bool		chunk_failed;	/* a chunk was refused; the rest are skipped */
 	struct buf	message;		/* content as received, dot-unstuffing done */
 	size_t		message_size;	/* octets received, stored or not */
+	size_t		memory_counted;	/* octets of message in *policy->memory_in_flight */
 	enum smtp_taint taint;
 	enum smtp_scan scan;
 	size_t		line_length;
