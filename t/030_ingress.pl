@@ -50,6 +50,7 @@ chomp $hash;
 $hash =~ /^\$6\$/ or die "openssl passwd -6 gave no SHA-512 crypt hash: $hash";
 PostgreSQL::Test::Utils::append_to_file("$tmp/credentials",
 	"# test accounts\nalice:$hash\n");
+chmod 0600, "$tmp/credentials" or die "chmod: $!";
 
 my %port = map { $_ => PostgreSQL::Test::Cluster::get_free_port() } qw(smtp submission smtps slow);
 my $conf = "$tmp/pepsi.conf";

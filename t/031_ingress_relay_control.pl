@@ -36,6 +36,7 @@ system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curv
 my $hash = `openssl passwd -6 -salt pepsitest 'correct horse'`;
 chomp $hash;
 PostgreSQL::Test::Utils::append_to_file("$tmp/credentials", "alice:$hash\n");
+chmod 0600, "$tmp/credentials" or die "chmod: $!";
 PostgreSQL::Test::Utils::append_to_file("$tmp/aliases", "team: alice, carol\n");
 make_path("$tmp/maildir/alice\@example.org", "$tmp/maildir/carol\@example.org");
 
@@ -346,5 +347,15 @@ system("sed -i 's/^LOCAL_RECIPIENTS = .*/LOCAL_RECIPIENTS = aliases ldap/' $bad"
 IPC::Run::run([ $bin, '-c', $bad ], '<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(30));
 like($err, qr/bad2\.conf:\d+: \[pepsi\] LOCAL_RECIPIENTS: unknown source "ldap"/,
 	'an unknown recipient source is refused with file:line');
+
+# A credentials file others may read is refused, with what to do about it.
+PostgreSQL::Test::Utils::append_to_file("$tmp/open-credentials", "alice:$hash\n");
+chmod 0644, "$tmp/open-credentials" or die;
+$bad = write_conf('open.conf', "[listener-x]\nPORT = $port{smtp}\n");
+system("sed -i 's|^CREDENTIALS = .*|CREDENTIALS = $tmp/open-credentials|' $bad");
+IPC::Run::run([ $bin, '-c', $bad ], '<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(30));
+isnt($?, 0, 'a credentials file readable by others is refused');
+like($err, qr/open-credentials: holds credentials but its group or others may access it \(mode 0644\); refused: chmod 600/,
+	'... saying why and what to do');
 
 done_testing();

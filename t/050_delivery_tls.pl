@@ -33,6 +33,7 @@ for my $name (qw(peer other))
 }
 PostgreSQL::Test::Utils::append_to_file("$tmp/password", "s3cret\n");
 PostgreSQL::Test::Utils::append_to_file("$tmp/wrong-password", "guess\n");
+chmod 0600, "$tmp/password", "$tmp/wrong-password" or die "chmod: $!";
 
 my $peer = start_peer('--tls-cert', "$tmp/peer-cert.pem", '--tls-key', "$tmp/peer-key.pem",
 	'--auth', 'relay:s3cret');

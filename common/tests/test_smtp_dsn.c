@@ -175,7 +175,9 @@ test_dsn_boundary_and_header_cap(void **state)
 		snprintf(boundary[i], sizeof(boundary[i]), "%.*s", (int) strcspn(b + 10, "\""), b + 10);
 		/* "=_pepsi_dsn_" and 32 hex digits: nothing of the row or the time. */
 		assert_int_equal(strlen(boundary[i]), 12 + 32);
-		assert_null(strstr(boundary[i], "42"));
+		assert_int_equal(strncmp(boundary[i], "=_pepsi_dsn_", 12), 0);
+		assert_int_equal(strspn(boundary[i] + 12, "0123456789abcdef"), 32);
+		assert_null(strstr(boundary[i], "1796031614"));
 		assert_null(memmem(report.body, report.body_len, boundary[i], strlen(boundary[i])));
 		buf_free(&body);
 	}

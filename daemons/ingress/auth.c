@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "secret.h"
 #include "xalloc.h"
 
 /* The longest password checked (octets); longer ones fail unhashed. */
@@ -44,16 +45,13 @@ credentials_user_valid(const char *user)
 struct credentials *
 credentials_load(const char *path, char *err, size_t errlen)
 {
-	FILE	   *f = fopen(path, "r");
+	FILE	   *f = secret_file_open(path, err, errlen);
 	struct credentials *c = NULL;
 	char		line[4096];
 	int			lineno = 0;
 
 	if (f == NULL)
-	{
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return NULL;
-	}
 	c = xcalloc(1, sizeof(*c));
 	while (fgets(line, sizeof(line), f))
 	{

@@ -28,6 +28,7 @@
 
 #include "delivery.h"
 #include "log.h"
+#include "secret.h"
 #include "xalloc.h"
 #include "smtp_client.h"
 #include "stage.h"
@@ -84,13 +85,14 @@ relay_parse_smarthost(const char *value, char **host, char **port)
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
 {
-	FILE	   *f = fopen(path, "r");
+	char		why[256];
+	FILE	   *f = secret_file_open(path, why, sizeof(why));
 	char		line[1024];
 	size_t		n;
 
 	if (f == NULL)
 	{
-		snprintf(err, errlen, "cannot read AUTH_PASSWORD_FILE %s: %s", path, strerror(errno));
+		snprintf(err, errlen, "cannot read AUTH_PASSWORD_FILE %s", why);
 		return NULL;
 	}
 	if (fgets(line, sizeof(line), f) == NULL)

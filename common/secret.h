@@ -1,0 +1,18 @@
+/*
+ * secret.h: opening a file that holds credentials (the ingress
+ * credentials file, a smarthost password file).  Such a file is refused
+ * unless it is a regular file that only its owner may read or write: one
+ * others can read leaks the secret, one others can write lets them choose
+ * it.  The check is made on the open descriptor (fstat), so the file
+ * cannot be swapped between the check and the read.
+ */
+#ifndef PEPSI_SECRET_H
+#define PEPSI_SECRET_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* The file open for reading; NULL with the reason in err ("PATH: ..."). */
+FILE	   *secret_file_open(const char *path, char *err, size_t errlen);
+
+#endif
