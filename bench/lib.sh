@@ -61,6 +61,9 @@
 # at once.  As root it belongs to the unprivileged user of scripts/lib.sh,
 # since initdb refuses root.
 
+# The daemons a benchmark starts log to stderr (its log files), not syslog.
+export PEPSI_LOG=stderr
+
 bench_top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=../scripts/lib.sh
 . "$bench_top/scripts/lib.sh"

@@ -48,7 +48,7 @@ struct config_section_schema
 };
 
 static const char *const pepsi_options[] = {
-	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT",
+	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "LOG", "LOG_FORMAT", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT",
 	"LOCAL_DOMAINS", "LOCAL_RECIPIENTS", "ALIASES_FILE", "MAILDIR_ROOT", NULL
 };
 static const char *const database_options[] = {

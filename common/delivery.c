@@ -16,6 +16,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "maillog.h"
 #include "xalloc.h"
 
 #define DELIVERY_DEFAULT_LIFETIME_MS (5L * 86400 * 1000)
@@ -228,6 +229,7 @@ delivery_succeeded(struct pepsi_ctx *ctx, const char *action, const struct deliv
 	merge = json_pack("{s:o}", "delivery", info);
 	pepsi_merge_state(ctx, merge);
 	json_decref(merge);
+	maillog_delivery(ctx, "sent", how, NULL);
 	if (next_hop_notifies)
 		rc = pepsi_advance_or_finish(ctx);
 	else
@@ -235,23 +237,22 @@ delivery_succeeded(struct pepsi_ctx *ctx, const char *action, const struct deliv
 	return rc;
 }
 
-int
-delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why)
+/* A permanent failure, logged as status (bounced, or expired past MAX_LIFETIME). */
+static int
+delivery_failed(struct pepsi_ctx *ctx, const struct delivery_report *why, const char *status)
 {
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
 	char	   *last_error = delivery_last_error(why);
 	json_t	   *merge;
 	int			rc;
 
+	maillog_delivery(ctx, status, why, pepsi_mail_from(ctx)[0] == '\0'
+					 ? "from the null sender: dropped, a bounce is never bounced" : NULL);
 	if (pepsi_mail_from(ctx)[0] == '\0')
 	{
-		/* A bounce is never bounced. */
-		log_info("row %lld: undeliverable message from the null sender to <%s> dropped: %s",
-				 pepsi_id(ctx), pepsi_rcpt(ctx, 0), last_error);
 		free(last_error);
 		return pepsi_finish(ctx);
 	}
-	log_info("row %lld: <%s> bounced: %s", pepsi_id(ctx), pepsi_rcpt(ctx, 0), last_error);
 	if (bounce_stage == NULL)
 	{
 		merge = json_pack("{s:s,s:o}", "last_error", last_error, "bounce",
@@ -267,6 +268,12 @@ delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why)
 	json_decref(merge);
 	free(last_error);
 	return rc;
+}
+
+int
+delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why)
+{
+	return delivery_failed(ctx, why, "bounced");
 }
 
 /* Past MAX_LIFETIME: the last temporary failure becomes permanent. */
@@ -289,7 +296,7 @@ delivery_expired(struct pepsi_ctx *ctx, const struct delivery_report *why, long 
 						   attempts, age / 3600);
 	expired.status = status;
 	expired.diagnostic = diagnostic;
-	rc = delivery_bounced(ctx, &expired);
+	rc = delivery_failed(ctx, &expired, "expired");
 	free(diagnostic);
 	return rc;
 }
@@ -328,8 +335,12 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 		delay = 0.1;
 
 	merge = json_pack("{s:I,s:s}", "attempts", (json_int_t) attempts, "last_error", last_error);
-	log_info("row %lld: <%s> deferred (attempt %ld, next in %.0fs): %s", pepsi_id(ctx),
-			 pepsi_rcpt(ctx, 0), attempts, delay, last_error);
+	{
+		char		note[64];
+
+		snprintf(note, sizeof(note), "attempt %ld, next in %.0fs", attempts, delay);
+		maillog_delivery(ctx, "deferred", why, note);
+	}
 	if (bounce_stage && pepsi_mail_from(ctx)[0] != '\0'
 		&& !json_is_true(json_object_get(state, "delay_sent"))
 		&& delivery_notify_wants(delivery_notify(ctx, 0), "DELAY")

@@ -37,6 +37,11 @@ struct delivery_report
 	int			smtp_code;		/* 0 when there was no reply */
 	const char *phase;			/* "RCPT TO", "end of DATA", ... or NULL */
 	const char *reply_text;		/* the reply's text, or NULL */
+	/* for the delivery log line (maillog.h) */
+	const char *relay;			/* "host[address]:port", "local", or NULL when none was reached */
+	const char *tls;			/* the session's TLS, or NULL in clear */
+	double		connect_seconds;	/* reaching the next hop (0 when the session was reused) */
+	double		transfer_seconds;	/* handing the message over */
 };
 
 bool		delivery_check_config(const struct pepsi_config *cfg, const char *section,

@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *log_name = "pepsi";
 static bool log_to_syslog;
+static bool log_as_json;
 static int	log_verbosity;
 
 void
@@ -24,6 +26,20 @@ log_init(const char *progname, bool use_syslog)
 	log_to_syslog = use_syslog;
 	if (use_syslog)
 		openlog(log_name, LOG_PID | LOG_NDELAY, LOG_MAIL);
+}
+
+void
+log_set_destination(bool use_syslog)
+{
+	if (use_syslog && !log_to_syslog)
+		openlog(log_name, LOG_PID | LOG_NDELAY, LOG_MAIL);
+	log_to_syslog = use_syslog;
+}
+
+void
+log_set_json(bool json)
+{
+	log_as_json = json;
 }
 
 void
@@ -44,24 +60,95 @@ log_progname(void)
 	return log_name;
 }
 
+static const char *
+log_level_name(int priority)
+{
+	switch (priority)
+	{
+		case LOG_CRIT:
+			return "fatal";
+		case LOG_WARNING:
+			return "warning";
+		case LOG_DEBUG:
+			return "debug";
+		default:
+			return "info";
+	}
+}
+
+/* s as the contents of a JSON string (without the quotes). */
+static void
+log_json_escape(char *out, size_t outlen, const char *s)
+{
+	size_t		n = 0;
+
+	for (; *s && n + 7 < outlen; s++)
+	{
+		unsigned char c = (unsigned char) *s;
+
+		if (c == '"' || c == '\\')
+		{
+			out[n++] = '\\';
+			out[n++] = (char) c;
+		}
+		else if (c < 0x20 || c == 0x7f)
+			n += (size_t) snprintf(out + n, outlen - n, "\\u%04x", c);
+		else
+			out[n++] = (char) c;
+	}
+	out[n] = '\0';
+}
+
+/* One line to where the logs go: syslog adds time and pid itself. */
+static void
+log_write(int priority, const char *fields, const char *message)
+{
+	char		line[8192];
+
+	if (log_as_json)
+	{
+		char		escaped[4096];
+		char		when[40];
+		struct timespec now;
+		struct tm	tm;
+
+		clock_gettime(CLOCK_REALTIME, &now);
+		gmtime_r(&now.tv_sec, &tm);
+		strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+		log_json_escape(escaped, sizeof(escaped), message);
+		snprintf(line, sizeof(line),
+				 "{\"time\":\"%s.%03ldZ\",\"program\":\"%s\",\"pid\":%d,\"level\":\"%s\","
+				 "\"message\":\"%s\"%s%s}", when, now.tv_nsec / 1000000, log_name, (int) getpid(),
+				 log_level_name(priority), escaped, fields && *fields ? "," : "", fields ? fields : "");
+		message = line;
+	}
+	if (log_to_syslog)
+		syslog(priority, "%s", message);
+	else if (log_as_json)
+		fprintf(stderr, "%s\n", message);
+	else
+		fprintf(stderr, "%s[%d]: %s\n", log_name, (int) getpid(), message);
+}
+
 static void
 log_emit(int priority, const char *fmt, va_list ap, int saved_errno)
 {
 	char		message[2048];
 
 	vsnprintf(message, sizeof(message), fmt, ap);
-	if (log_to_syslog)
-	{
-		if (saved_errno)
-			syslog(priority, "%s: %s", message, strerror(saved_errno));
-		else
-			syslog(priority, "%s", message);
-		return;
-	}
 	if (saved_errno)
-		fprintf(stderr, "%s[%d]: %s: %s\n", log_name, (int) getpid(), message, strerror(saved_errno));
-	else
-		fprintf(stderr, "%s[%d]: %s\n", log_name, (int) getpid(), message);
+	{
+		size_t		n = strlen(message);
+
+		snprintf(message + n, sizeof(message) - n, ": %s", strerror(saved_errno));
+	}
+	log_write(priority, NULL, message);
+}
+
+void
+log_structured(int priority, const char *fields, const char *text)
+{
+	log_write(priority, fields, text);
 }
 
 void

@@ -14,6 +14,19 @@
 #include <stddef.h>
 
 void		log_init(const char *progname, bool use_syslog);
+/*
+ * Where messages go once the configuration is read (log_config.c): syslog
+ * (facility mail) or stderr, and as text or one JSON object per line.
+ */
+void		log_set_destination(bool use_syslog);
+void		log_set_json(bool json);
+/*
+ * A line with fields of its own (a delivery's to=, status=, ...): as text,
+ * text is the line; as JSON, fields (the members of a JSON object, without
+ * its braces, already encoded) join the usual time, program, pid, level
+ * and message.
+ */
+void		log_structured(int priority, const char *fields, const char *text);
 void		log_setverbose(int verbosity);
 int			log_getverbose(void);
 const char *log_progname(void);

@@ -665,11 +665,18 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 	res->rcpt_replies = xcalloc(env->nrcpt + 1, sizeof(struct smtp_reply));
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
+		long long	started = smtp_io_now_ms();
 		bool		reused;
+		bool		opened;
+		bool		sent;
 
 		smtp_check_reuse(c);
 		reused = c->state == SMTP_READY;
-		if (!reused && !smtp_open(c, res))
+		opened = reused || smtp_open(c, res);
+		res->connect_seconds += (double) (smtp_io_now_ms() - started) / 1000.0;
+		snprintf(res->relay, sizeof(res->relay), "%s", c->peer);
+		snprintf(res->tls, sizeof(res->tls), "%s", c->ssl ? c->tls : "");
+		if (!opened)
 		{
 			res->outcome = SMTP_TEMPORARY;
 			if (res->reply.code == 0)
@@ -677,7 +684,10 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 			break;
 		}
 		snprintf(res->remote_mta, sizeof(res->remote_mta), "%s", c->remote_mta);
-		if (smtp_transaction(c, env, raw, len, res))
+		started = smtp_io_now_ms();
+		sent = smtp_transaction(c, env, raw, len, res);
+		res->transfer_seconds += (double) (smtp_io_now_ms() - started) / 1000.0;
+		if (sent)
 		{
 			c->messages++;
 			c->last_used_ms = smtp_io_now_ms();

@@ -96,6 +96,10 @@ struct smtp_result
 	struct smtp_reply reply;	/* the deciding reply (code 0: none; see error) */
 	char		error[1024];	/* local reason when there is no reply */
 	char		remote_mta[256];	/* the server's name (greeting), else the host */
+	char		relay[300];		/* host[address]:port of the session used, "" if none */
+	char		tls[160];		/* its TLS ("TLSv1.3 <cipher> verified"), "" in clear */
+	double		connect_seconds;	/* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
+	double		transfer_seconds;	/* MAIL FROM to the end of DATA */
 	bool		dsn_passed;		/* the server has DSN and took our parameters */
 	/* per recipient: the reply to its RCPT (code 0 if never sent) */
 	struct smtp_reply *rcpt_replies;

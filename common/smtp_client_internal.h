@@ -29,6 +29,7 @@ struct smtp_client
 	SSL		   *ssl;
 	struct buf	in;
 	char		peer[300];		/* host[address]:port, for messages */
+	char		tls[160];		/* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
 	char		remote_mta[256];
 	/* what EHLO said */
 	bool		esmtp;

@@ -540,7 +540,8 @@ smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 		}
 	}
 	res->phase = SMTP_PHASE_STARTTLS;
-	log_debug("TLS with %s: %s %s%s", c->peer, SSL_get_version(c->ssl),
-			  SSL_get_cipher_name(c->ssl), verify ? ", certificate verified" : "");
+	snprintf(c->tls, sizeof(c->tls), "%s %s %s", SSL_get_version(c->ssl), SSL_get_cipher_name(c->ssl),
+			 verify ? "verified" : "unverified");
+	log_debug("TLS with %s: %s", c->peer, c->tls);
 	return true;
 }

@@ -32,6 +32,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "log_config.h"
 #include "xalloc.h"
 #include "touched.h"
 #include "stage_internal.h"
@@ -192,6 +193,7 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 		char	   *age = stage_value(res, row, 6);
 
 		ctx->age_seconds = atof(age);
+		ctx->loaded_us = stage_now_us();
 		free(age);
 	}
 	if (w->stage->load >= PEPSI_LOAD_HEADERS)
@@ -218,6 +220,7 @@ stage_ctx_free(struct pepsi_ctx *ctx)
 	free(ctx->target);
 	free(ctx->keep);
 	json_decref(ctx->clones);
+	json_decref(ctx->mail_log);
 	free(ctx->error);
 	buf_free(&ctx->fused);
 }
@@ -633,13 +636,15 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	signal(SIGPIPE, SIG_IGN);
 
-	if ((w.cfg = config_load(config_path, err, sizeof(err))) == NULL)
+	if ((w.cfg = config_load(config_path, err, sizeof(err))) == NULL
+		|| !log_configure(w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 	if ((w.conn = db_connect(w.cfg, stage->program, err, sizeof(err))) == NULL)
 		fatalx("%s", err);
 	if (!db_load_overrides(w.conn, w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	if (!config_get_bool(w.cfg, "pepsi", "ALLOW_FUSION", true, &w.allow_fusion, err, sizeof(err)))
+	if (!config_get_bool(w.cfg, "pepsi", "ALLOW_FUSION", true, &w.allow_fusion, err, sizeof(err))
+		|| !config_get_bool(w.cfg, "pepsi", "MAIL_LOG", false, &w.mail_log, err, sizeof(err)))
 		fatalx("%s", err);
 	stage_check_sections(&w);
 	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)

@@ -59,6 +59,14 @@ const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
 const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 /* Seconds since the row's received_at (when the pass loaded it): MAX_LIFETIME. */
 double		pepsi_message_age(const struct pepsi_ctx *ctx);
+/* Seconds since this pass loaded the row: the stage's own time so far. */
+double		pepsi_pass_seconds(const struct pepsi_ctx *ctx);
+/*
+ * With [pepsi] MAIL_LOG on, a row of pepsi.mail_log (event, detail) written
+ * by the very statement that commits this message's outcome (no round trip
+ * of its own); with it off, nothing.  detail is borrowed.
+ */
+void		pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
 /* The row's state object: borrowed from the context, never NULL, read only. */

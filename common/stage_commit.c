@@ -69,6 +69,23 @@ stage_at_stage(const struct pepsi_ctx *ctx)
 	return strcmp(ctx->stage_name, ctx->db_stage) != 0 ? ctx->stage_name : NULL;
 }
 
+/*
+ * The statement that commits an outcome, carrying the message's mail_log
+ * events (pepsi_mail_log) when it has any: a data-modifying CTE before the
+ * call, so the rows are written by the same statement as the transition,
+ * and exactly when it commits.  The events are parameter $events_param,
+ * the row id always $1.
+ */
+static char *
+stage_with_mail_log(const char *statement, const char *events, int events_param)
+{
+	if (events == NULL)
+		return xstrdup(statement);
+	return xasprintf("WITH logged AS (INSERT INTO pepsi.mail_log (workqueue_id, event, detail)"
+					 " SELECT $1::bigint, e ->> 'event', e -> 'detail'"
+					 " FROM jsonb_array_elements($%d::jsonb) AS e) %s", events_param, statement);
+}
+
 /* Commit one message's outcome with one extension call. */
 static int
 stage_commit_attempt(struct pepsi_ctx *ctx)
@@ -78,6 +95,8 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 	char		retry[64];
 	char	   *merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
 	char	   *state = (ctx->touched & TOUCHED_SET_STATE) ? stage_json_text(ctx->state) : NULL;
+	char	   *events;
+	char	   *sql;
 	char	   *clones = NULL;
 	struct buf	array = BUF_INIT;
 	PGresult   *res;
@@ -85,9 +104,10 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
 	snprintf(retry, sizeof(retry), "%.3f", ctx->retry_seconds);
+	events = ctx->mail_log ? stage_json_text(ctx->mail_log) : NULL;
 	if (ctx->terminal == TERMINAL_PAUSE_WITH)
 	{
-		const char *values[7] = {id, ctx->db_stage, retry, merge, NULL, NULL, stage_at_stage(ctx)};
+		const char *values[8] = {id, ctx->db_stage, retry, merge, NULL, NULL, stage_at_stage(ctx), events};
 
 		if (ctx->nkeep > 0)
 		{
@@ -95,21 +115,24 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 			values[4] = array.data;
 		}
 		values[5] = clones = ctx->clones ? stage_json_text(ctx->clones) : NULL;
-		res = db_exec(conn, "SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5, $6, $7)", 7, values);
+		sql = stage_with_mail_log("SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5, $6, $7)", events, 8);
+		res = db_exec(conn, sql, events ? 8 : 7, values);
 	}
 	else if (ctx->terminal == TERMINAL_FINISH_WITH)
 	{
-		const char *values[3] = {id, ctx->db_stage, NULL};
+		const char *values[4] = {id, ctx->db_stage, NULL, events};
 
 		values[2] = clones = stage_json_text(ctx->clones);
-		res = db_exec(conn, "SELECT pepsi.workqueue_finish_with_clones($1, $2, $3)", 3, values);
+		sql = stage_with_mail_log("SELECT pepsi.workqueue_finish_with_clones($1, $2, $3)", events, 4);
+		res = db_exec(conn, sql, events ? 4 : 3, values);
 	}
 	else
 	{
-		const char *values[12];
-		int			lengths[12] = {0};
-		int			formats[12] = {0};
+		const char *values[13];
+		int			lengths[13] = {0};
+		int			formats[13] = {0};
 		bool		finish = ctx->terminal == TERMINAL_FINISH;
+		int			nparams = events ? 13 : 12;
 
 		values[0] = id;
 		values[1] = ctx->db_stage;
@@ -135,17 +158,20 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 		}
 		values[10] = finish ? NULL : state;
 		values[11] = ctx->terminal == TERMINAL_ADVANCE || finish ? NULL : stage_at_stage(ctx);
-		res = PQexecParams(conn, "SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7, $8,"
-						   " $9, $10, $11, $12)", 12, NULL, values, lengths, formats, 0);
+		values[12] = events;
+		sql = stage_with_mail_log("SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7, $8,"
+								  " $9, $10, $11, $12)", events, 13);
+		res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
 		if (db_error_is_transient(res))
 		{
 			PQclear(res);
 			db_transient_retries++;
-			res = PQexecParams(conn, "SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7,"
-							   " $8, $9, $10, $11, $12)", 12, NULL, values, lengths, formats, 0);
+			res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
 		}
 	}
 	rc = stage_check_result(ctx, res, "commit");
+	free(sql);
+	free(events);
 	free(merge);
 	free(state);
 	free(clones);
@@ -176,7 +202,8 @@ stage_commit_one(struct pepsi_ctx *ctx)
 static bool
 stage_batchable(const struct pepsi_ctx *ctx)
 {
-	if (ctx->error || ctx->touched != 0)
+	/* (mail_log events ride a statement of their own message's commit) */
+	if (ctx->error || ctx->touched != 0 || ctx->mail_log)
 		return false;
 	switch (ctx->terminal)
 	{

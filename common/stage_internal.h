@@ -47,6 +47,7 @@ struct stage_worker
 	struct pepsi_config *cfg;
 	PGconn	   *conn;
 	bool		allow_fusion;
+	bool		mail_log;		/* [pepsi] MAIL_LOG: events ride the commits */
 	struct buf	input;
 	bool		eof;
 	struct buf	scratch[SCRATCH_COUNT];
@@ -65,6 +66,8 @@ struct pepsi_ctx
 	char	  **rcpt;
 	size_t		nrcpt;
 	double		age_seconds;	/* now - received_at, when loaded */
+	double		loaded_us;		/* when it was loaded (stage_now_us) */
+	json_t	   *mail_log;		/* [{event, detail}] for pepsi.mail_log, or NULL */
 	json_t	   *state;			/* current view: database state with this pass's changes */
 	json_t	   *merge;			/* changes to merge at commit */
 	struct buf	headers;

@@ -46,6 +46,22 @@ pepsi_message_age(const struct pepsi_ctx *ctx)
 	return ctx->age_seconds;
 }
 
+double
+pepsi_pass_seconds(const struct pepsi_ctx *ctx)
+{
+	return (stage_now_us() - ctx->loaded_us) / 1e6;
+}
+
+void
+pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail)
+{
+	if (!ctx->worker->mail_log)
+		return;
+	if (ctx->mail_log == NULL)
+		ctx->mail_log = json_array();
+	json_array_append_new(ctx->mail_log, json_pack("{s:s, s:O}", "event", event, "detail", detail));
+}
+
 const char *
 pepsi_mail_from(const struct pepsi_ctx *ctx)
 {

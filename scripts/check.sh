@@ -80,7 +80,8 @@ fi
 # TAP: one result per assertion.
 if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     echo "== TAP"
-    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" \
+    # PEPSI_LOG: the daemons log to stderr, where the tests read them.
+    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" PEPSI_LOG=stderr \
         PEPSI_TOP="$top" PEPSI_BIN="$scratch/bin" PG_REGRESS="$PG_REGRESS" \
         PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
         prove -v --ext=.pl ${PEPSI_TAP:-t/} >"$scratch/tap.log" 2>&1)

@@ -7,6 +7,8 @@
 # pepsi-dispatch, and pepsi-ingress on 127.0.0.1:2525 when it is built.
 # Ctrl-C stops the daemons cleanly, then the cluster.
 set -euo pipefail
+# The daemons run in this terminal: their logs go to it, not to syslog.
+export PEPSI_LOG=stderr
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/lib.sh"
 

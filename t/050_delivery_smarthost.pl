@@ -112,7 +112,8 @@ is(scalar(dsns()), 2, 'and no DSN was sent');
 # A null-sender message that fails is finished with a log line, not bounced.
 $id = inject($node, from => '', to => ['gone@remote.test']);
 ok(poll_until(sub { queue_count($node) == 0 }), 'a failing bounce leaves the queue');
-like(dispatcher_log($d), qr/row $id: undeliverable message from the null sender to <gone\@remote\.test> dropped/,
+like(dispatcher_log($d),
+	qr/: $id: to=<gone\@remote\.test>, .*status=bounced \(550 [^)]*; from the null sender: dropped, a bounce is never bounced\)/,
 	'with a log line');
 is(scalar(dsns()), 2, 'and nobody gets a DSN about it');
 

@@ -55,6 +55,8 @@ queue_usage(void)
 			"  bounce ID...|SELECTOR [--reason TEXT] [--bounce-stage S]\n"
 			"  shape                                       recipient domains by age (like qshape)\n"
 			"  summary                                     stages by status\n"
+			"  log ID|ADDRESS                              a message's history (pepsi.mail_log,\n"
+			"                                              with [pepsi] MAIL_LOG = yes)\n"
 			"  SELECTOR: --all-failed | --all-paused | --all, narrowed by --stage S\n");
 }
 
@@ -374,6 +376,32 @@ queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct 
 	return rc;
 }
 
+/*
+ * The mail log of one row (by id), or of an address: the deliveries to it
+ * and the messages from it, newest last.  Needs [pepsi] MAIL_LOG = yes.
+ */
+static int
+queue_log(PGconn *conn, const char *what, const struct queue_options *o)
+{
+	long long	id;
+	const char *values[1] = {what};
+	PGresult   *res;
+
+	if (cli_parse_id(what, &id))
+		res = db_exec(conn, "SELECT l.at, l.workqueue_id AS id, l.event, l.detail ->> 'status' AS status,"
+					  " l.detail ->> 'to' AS to, l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
+					  " FROM pepsi.mail_log l WHERE l.workqueue_id = $1::bigint ORDER BY l.id", 1, values);
+	else
+		res = db_exec(conn, "SELECT * FROM (SELECT l.id AS seq, l.at, l.workqueue_id AS id, l.event,"
+					  " l.detail ->> 'status' AS status, l.detail ->> 'to' AS to,"
+					  " l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
+					  " FROM pepsi.mail_log l"
+					  " WHERE lower(l.detail ->> 'to') = lower($1) OR lower(l.detail ->> 'orig_to') = lower($1)"
+					  " OR lower(l.detail ->> 'from') = lower($1)"
+					  " ORDER BY l.id DESC LIMIT 1000) AS recent ORDER BY seq", 1, values);
+	return cli_show_result("pepsi-queue", res, conn, o->as_json);
+}
+
 static int
 queue_view(PGconn *conn, const char *view, const struct queue_options *o)
 {
@@ -481,7 +509,8 @@ pepsi_queue_main(int argc, char **argv)
 	if (strcmp(command, "list") != 0 && strcmp(command, "show") != 0 && strcmp(command, "shape") != 0
 		&& strcmp(command, "summary") != 0 && strcmp(command, "retry") != 0
 		&& strcmp(command, "hold") != 0 && strcmp(command, "release") != 0
-		&& strcmp(command, "delete") != 0 && strcmp(command, "bounce") != 0)
+		&& strcmp(command, "delete") != 0 && strcmp(command, "bounce") != 0
+		&& strcmp(command, "log") != 0)
 	{
 		fprintf(stderr, "pepsi-queue: unknown command \"%s\"\n", command);
 		queue_usage();
@@ -490,6 +519,11 @@ pepsi_queue_main(int argc, char **argv)
 	if (strcmp(command, "show") == 0 && argc - optind != 1)
 	{
 		fprintf(stderr, "pepsi-queue: show takes one message id\n");
+		return CLI_EX_USAGE;
+	}
+	if (strcmp(command, "log") == 0 && argc - optind != 1)
+	{
+		fprintf(stderr, "pepsi-queue: log takes one message id or one address\n");
 		return CLI_EX_USAGE;
 	}
 	if ((strcmp(command, "list") == 0 || strcmp(command, "shape") == 0
@@ -520,6 +554,8 @@ pepsi_queue_main(int argc, char **argv)
 	}
 	else if (strcmp(command, "shape") == 0 || strcmp(command, "summary") == 0)
 		rc = queue_view(conn, command, &o);
+	else if (strcmp(command, "log") == 0)
+		rc = queue_log(conn, argv[optind], &o);
 	else
 		rc = queue_act(conn, command, argc - optind, argv + optind, &o);
 	PQfinish(conn);

@@ -21,6 +21,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "log_config.h"
 #include "service.h"
 #include "xalloc.h"
 
@@ -182,7 +183,8 @@ pepsi_dispatch_main(int argc, char **argv)
 		config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	/* Workers get the same file, whatever their working directory. */
 	dispatcher.config_path = xstrdup(realpath(config_path, resolved) ? resolved : config_path);
-	if ((dispatcher.cfg = config_load(dispatcher.config_path, err, sizeof(err))) == NULL)
+	if ((dispatcher.cfg = config_load(dispatcher.config_path, err, sizeof(err))) == NULL
+		|| !log_configure(dispatcher.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 	{
 		/* Check the file alone first: refuse to start before touching the database. */

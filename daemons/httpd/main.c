@@ -29,6 +29,7 @@
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
+#include "log_config.h"
 #include "xalloc.h"
 #include "privilege.h"
 #include "service.h"
@@ -550,6 +551,8 @@ pepsi_httpd_main(int argc, char **argv)
 	argv += optind;
 	if ((httpd.cfg = httpd_config_load(path ? path : PEPSI_CONFIG_DEFAULT_PATH)) == NULL)
 		return 78;
+	if (!log_configure(httpd.cfg, err, sizeof(err)))
+		fatalx("%s", err);
 
 	if (argc == 2 && strcmp(argv[0], "passwd") == 0)
 		rc = httpd_passwd(argv[1]);

@@ -31,6 +31,7 @@
 #include "db.h"
 #include "ingress.h"
 #include "log.h"
+#include "log_config.h"
 #include "privilege.h"
 #include "service.h"
 #include "xalloc.h"
@@ -390,7 +391,8 @@ pepsi_ingress_main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	srandom((unsigned) time(NULL) ^ (unsigned) getpid());
 
-	if ((ingress.cfg = config_load(config_path, err, sizeof(err))) == NULL)
+	if ((ingress.cfg = config_load(config_path, err, sizeof(err))) == NULL
+		|| !log_configure(ingress.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 	ingress_load_overrides();
 

@@ -782,3 +782,15 @@ CREATE UNIQUE INDEX workqueue_clone_token_key ON pepsi.workqueue (clone_token)
     WHERE clone_token IS NOT NULL;
 
 -- end of cheaper row transitions
+
+-- ===========================================================================
+-- The mail log's history of one message
+--
+-- With [pepsi] MAIL_LOG = yes a delivery stage writes a pepsi.mail_log row
+-- per attempt in the statement that commits it (common/maillog.c);
+-- pepsi-queue log <id> reads a row's history by its id.
+-- ===========================================================================
+
+CREATE INDEX mail_log_workqueue_id ON pepsi.mail_log (workqueue_id);
+
+-- end of the mail log's history of one message

@@ -225,7 +225,7 @@ maildir_run(struct pepsi_ctx *ctx)
 	char	   *delivered_as = NULL;
 	struct buf	prefix = BUF_INIT;
 	struct buf	diagnostic = BUF_INIT;
-	struct delivery_report report = {0};
+	struct delivery_report report = {.relay = "local"};
 	int			rc;
 
 	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)

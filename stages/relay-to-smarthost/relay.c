@@ -237,6 +237,10 @@ relay_report(const struct smtp_result *r, struct delivery_report *report, char *
 	report->diagnostic = diagnostic->data;
 	report->remote_mta = r->remote_mta[0] ? r->remote_mta : NULL;
 	report->phase = smtp_phase_name(r->phase);
+	report->relay = r->relay[0] ? r->relay : NULL;
+	report->tls = r->tls[0] ? r->tls : NULL;
+	report->connect_seconds = r->connect_seconds;
+	report->transfer_seconds = r->transfer_seconds;
 }
 
 static int

@@ -70,7 +70,8 @@ sub delivery_node
 # smarthost; both bounce to bounce, whose DSNs take their own route to
 # dsn-maildir / dsn-smarthost (which have no BOUNCE_STAGE: a DSN is never
 # bounced).  %o: maildir_root, smarthost (host:port or undef), extra
-# (hash of section => "OPTION = value\n..." appended), local_domains.
+# (hash of section => "OPTION = value\n..." appended), local_domains,
+# pepsi (hash of [pepsi] options beside HOSTNAME).
 sub delivery_config
 {
 	my ($node, %o) = @_;
@@ -109,7 +110,7 @@ sub delivery_config
 		$stages .= "[stage-$name]\n" . join('', map { "$last{$_}\n" } @order);
 	}
 	return write_config($node,
-		pepsi => { HOSTNAME => 'mx.pepsi.test' },
+		pepsi => { HOSTNAME => 'mx.pepsi.test', %{ $o{pepsi} // {} } },
 		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },
 		stages => $stages,
 		($o{path} ? (path => $o{path}) : ()));

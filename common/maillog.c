@@ -1,0 +1,88 @@
+/* maillog.c: see maillog.h. */
+#include "maillog.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+
+#include <jansson.h>
+
+#include "buf.h"
+#include "log.h"
+
+/* The original recipient when an earlier stage rewrote it (ORCPT), else NULL. */
+static const char *
+maillog_orig_to(struct pepsi_ctx *ctx)
+{
+	const char *orcpt = delivery_orcpt(ctx, 0);
+	const char *rcpt = pepsi_rcpt(ctx, 0);
+
+	if (orcpt == NULL)
+		return NULL;
+	if (strncasecmp(orcpt, "rfc822;", 7) == 0)
+		orcpt += 7;
+	return strcasecmp(orcpt, rcpt) == 0 ? NULL : orcpt;
+}
+
+/* What the next hop said, else the local reason. */
+static const char *
+maillog_reply(const struct delivery_report *r)
+{
+	if (r->smtp_code > 0 && r->diagnostic && strncmp(r->diagnostic, "smtp; ", 6) == 0)
+		return r->diagnostic + 6;
+	if (r->diagnostic && strncmp(r->diagnostic, "X-Pepsi; ", 9) == 0)
+		return r->diagnostic + 9;
+	return r->diagnostic ? r->diagnostic : "";
+}
+
+void
+maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
+				 const char *note)
+{
+	double		queued = pepsi_message_age(ctx);
+	double		in_stage = pepsi_pass_seconds(ctx) - r->connect_seconds - r->transfer_seconds;
+	const char *orig_to = maillog_orig_to(ctx);
+	const char *reply = maillog_reply(r);
+	const char *dsn = r->status ? r->status : (strcmp(status, "sent") == 0 ? "2.0.0" : "4.0.0");
+	json_t	   *fields;
+	struct buf	line = BUF_INIT;
+	char	   *members;
+
+	if (queued < 0)
+		queued = 0;
+	if (in_stage < 0)
+		in_stage = 0;
+	buf_printf(&line, "%lld: to=<%s>", pepsi_id(ctx), pepsi_rcpt(ctx, 0));
+	if (orig_to)
+		buf_printf(&line, ", orig_to=<%s>", orig_to);
+	buf_printf(&line, ", relay=%s, delay=%.2f, delays=%.2f/%.2f/%.2f/%.2f, dsn=%s, status=%s (%s%s%s)",
+			   r->relay ? r->relay : "none",
+			   queued + in_stage + r->connect_seconds + r->transfer_seconds,
+			   queued, in_stage, r->connect_seconds, r->transfer_seconds, dsn, status, reply,
+			   note ? "; " : "", note ? note : "");
+	if (r->tls && *r->tls)
+		buf_printf(&line, ", tls=%s", r->tls);
+
+	fields = json_pack("{s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?}",
+					   "queue_id", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, 0),
+					   "orig_to", orig_to, "relay", r->relay ? r->relay : "none",
+					   "delay", queued + in_stage + r->connect_seconds + r->transfer_seconds,
+					   "delays", "queue", queued, "stage", in_stage, "connection", r->connect_seconds,
+					   "transmission", r->transfer_seconds,
+					   "dsn", dsn, "status", status, "reply", reply, "note", note,
+					   "tls", r->tls && *r->tls ? r->tls : NULL);
+	/* The members, without the object's braces, for the JSON log line. */
+	members = json_dumps(fields, JSON_COMPACT | JSON_ENSURE_ASCII);
+	if (members && strlen(members) >= 2)
+	{
+		members[strlen(members) - 1] = '\0';
+		log_structured(LOG_INFO, members + 1, line.data);
+	}
+	else
+		log_info("%s", line.data);
+	pepsi_mail_log(ctx, "delivery", fields);
+	free(members);
+	json_decref(fields);
+	buf_free(&line);
+}
