@@ -9,9 +9,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use IPC::Run;
 use JSON::PP;
@@ -44,7 +41,7 @@ my $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0
 my $d = start_dispatcher($config, log => "$tmp/dispatch.log");
 my $sent = inject($node, to => ['far@remote.test']);
 my $local = inject($node, to => ['here@local.test']);
-ok(wait_for(sub { queue_count($node) == 0 }), 'both delivered');
+ok(poll_until(sub { queue_count($node) == 0 }), 'both delivered');
 stop_dispatcher($d);
 stop_process($sink);
 
@@ -95,7 +92,7 @@ $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:
 $d = start_dispatcher($config, log => "$tmp/peer.log");
 my $slow = inject($node, to => ['slow@remote.test']);
 my $gone = inject($node, to => ['gone@remote.test']);
-ok(wait_for(sub { queue_count($node) == 0 }), 'the slow one delivered on retry, the bounce delivered');
+ok(poll_until(sub { queue_count($node) == 0 }), 'the slow one delivered on retry, the bounce delivered');
 stop_dispatcher($d);
 stop_process($peer);
 my @slow = lines_for("$tmp/peer.log", 'slow@remote.test');
@@ -119,7 +116,7 @@ $config = delivery_config($node, maildir_root => $root, smarthost => "127.0.0.1:
 	pepsi => { LOG_FORMAT => 'json' });
 $d = start_dispatcher($config, log => "$tmp/json.log");
 inject($node, to => ['json@remote.test']);
-ok(wait_for(sub { queue_count($node) == 0 }), 'delivered with JSON logs');
+ok(poll_until(sub { queue_count($node) == 0 }), 'delivered with JSON logs');
 stop_dispatcher($d);
 stop_process($sink);
 my ($json_line) = grep { /json\@remote\.test/ } split /\n/, slurp("$tmp/json.log");
