@@ -108,6 +108,13 @@ smtp_dot_stuff(const char *raw, size_t len, struct buf *out)
 		if (line_start && ch == '.')
 			buf_append_char(out, '.');
 		line_start = false;
+		if (ch == '\r' && (i + 1 == len || raw[i + 1] != '\n'))
+		{
+			/* A bare CR is never sent: the next hop might take it for a line end. */
+			buf_append(out, "\r\n", 2);
+			line_start = true;
+			continue;
+		}
 		if (ch == '\n')
 		{
 			/* A bare LF becomes CRLF: the wire has one line end. */
@@ -446,10 +453,36 @@ smtp_class(const struct smtp_reply *r)
 }
 
 /* Refuse locally what the server cannot take; true when refused. */
+/* A NUL, or a CR not followed by LF: content only BDAT with BINARYMIME carries. */
 static bool
-smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, size_t len, bool utf8,
-					struct smtp_result *res)
+smtp_has_binary(const char *raw, size_t len)
 {
+	if (memchr(raw, '\0', len) != NULL)
+		return true;
+	for (const char *p = memchr(raw, '\r', len); p; p = memchr(p + 1, '\r', len - (size_t) (p + 1 - raw)))
+		if (p + 1 == raw + len || p[1] != '\n')
+			return true;
+	return false;
+}
+
+static bool
+smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
+					size_t len, bool utf8, struct smtp_result *res)
+{
+	/*
+	 * DATA cannot carry a bare CR or a NUL unchanged (and a bare CR is what
+	 * SMTP smuggling hides a second message behind): bounced with 5.6.3
+	 * rather than sent altered or raw.
+	 */
+	if (smtp_has_binary(raw, len))
+	{
+		res->outcome = SMTP_PERMANENT;
+		res->phase = SMTP_PHASE_MAIL;
+		snprintf(res->error, sizeof(res->error), "the message holds binary content (a bare CR "
+				 "or a NUL) that cannot be sent to %s over DATA without changing it", c->peer);
+		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.3");
+		return true;
+	}
 	if (utf8 && !c->has_smtputf8)
 	{
 		res->outcome = SMTP_PERMANENT;
@@ -496,7 +529,7 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 			utf8 = true;
 	if (env->smtputf8 && c->has_smtputf8)
 		utf8 = true;
-	if (smtp_refuse_locally(c, env, len, utf8, res))
+	if (smtp_refuse_locally(c, env, raw, len, utf8, res))
 	{
 		buf_free(&mail.text);
 		return true;

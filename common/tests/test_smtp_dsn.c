@@ -63,6 +63,9 @@ test_dot_stuffing(void **state)
 	check_stuffed("", ".\r\n");
 	/* A dot inside a line is left alone. */
 	check_stuffed("a.b\r\n", "a.b\r\n.\r\n");
+	/* A bare CR never reaches the wire: smuggling a "." line behind it fails. */
+	check_stuffed("a\r.\rb\r\n", "a\r\n..\r\nb\r\n.\r\n");
+	check_stuffed("end\r", "end\r\n.\r\n");
 }
 
 static void
