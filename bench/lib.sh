@@ -37,6 +37,10 @@
 #                             removed by bench_cleanup (or
 #                             bench_postfix_stop DIR)
 #   bench_postfix_stop DIR    stop that instance and remove DIR
+#   bench_postfix_count DIR QUEUE   the messages in one of its queues
+#   bench_postfix_wait_deferred DIR N
+#                             wait (up to 2 minutes) until all N messages
+#                             sit in its deferred queue and no other; print N
 #   bench_wait_port PORT WHAT wait (10 s at most) until 127.0.0.1:PORT
 #                             takes a connection; else say WHAT did not
 #   bench_sink_start PORT     Postfix's smtp-sink on 127.0.0.1:PORT, counting
@@ -322,4 +326,27 @@ bench_require_programs() {
     for p in "$@"; do
         [ -x "$bench_top/build/bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
     done
+}
+
+bench_postfix_count() {
+    find "$1/spool/$2" -type f 2>/dev/null | wc -l
+}
+
+bench_postfix_wait_deferred() {
+    local dir=$1 want=$2 deferred=0 i
+    for ((i = 0; i < 1200; i++)); do
+        deferred=$(bench_postfix_count "$dir" deferred)
+        if [ "$deferred" -ge "$want" ] \
+            && [ $(($(bench_postfix_count "$dir" incoming) + $(bench_postfix_count "$dir" active) \
+                    + $(bench_postfix_count "$dir" maildrop))) -eq 0 ]; then
+            break
+        fi
+        sleep 0.1
+    done
+    if [ "$deferred" -ne "$want" ]; then
+        echo "postfix deferred $deferred messages of $want (incoming $(bench_postfix_count "$dir" incoming)," \
+            "active $(bench_postfix_count "$dir" active)); see $dir/maillog" >&2
+        return 1
+    fi
+    echo "$deferred"
 }

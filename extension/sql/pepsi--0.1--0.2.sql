@@ -511,7 +511,7 @@ $$;
 -- Counting a million rows by stage and status takes 100 to 250 ms even as
 -- an index-only scan (queue_summary), too slow for a scrape.  The counts
 -- are kept as a snapshot in queue_gauge: refreshed at every read while a
--- refresh is cheap (a queue under 100,000 messages: the gauges are then
+-- refresh is cheap (a queue under 20,000 messages: the gauges are then
 -- live), and by the
 -- maintenance worker otherwise, at most every twenty times what a refresh
 -- costs (every 5 s for a 250 ms count), so a big queue costs the server
@@ -570,7 +570,7 @@ END
 $$;
 
 -- The gauges for a scrape: recounted first when a count is cheap (the
--- last one found under 100,000 messages, a few milliseconds of index-only
+-- last one found under 20,000 messages, a few milliseconds of index-only
 -- scan) or the snapshot is a minute old (no maintenance worker is
 -- refreshing it).
 CREATE FUNCTION pepsi.queue_gauges()
@@ -581,7 +581,7 @@ DECLARE
     last record;
 BEGIN
     SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF last.refreshed_at IS NULL OR last.counted < 100000
+    IF last.refreshed_at IS NULL OR last.counted < 20000
        OR clock_timestamp() - last.refreshed_at > interval '1 minute' THEN
         PERFORM pepsi.queue_gauge_refresh(true);
         SELECT * INTO last FROM pepsi.queue_gauge_refresh;

@@ -47,12 +47,6 @@ function age(seconds) {
   return Math.round(seconds / 86400) + " d";
 }
 
-function interval(text) {
-  // queue_summary's oldest_age is an interval such as "00:01:02.5" or "1 day 02:00:00".
-  if (!text) return "";
-  return text.replace(/\.\d+$/, "");
-}
-
 function showLogin() {
   $("main-view").hidden = true;
   $("logout").hidden = true;
@@ -80,7 +74,7 @@ async function refreshPipeline() {
     const s = byStage.get(row.stage);
     s[row.status] = row.messages;
     s.held = (s.held || 0) + row.held;
-    if (!s.oldest || row.oldest_age > s.oldest) s.oldest = row.oldest_age;
+    if (!s.oldest || row.oldest_age_seconds > s.oldest) s.oldest = row.oldest_age_seconds;
   }
   const now = Date.now();
   const rates = new Map();
@@ -105,7 +99,7 @@ async function refreshPipeline() {
     cell(row, (s.paused || 0) - (s.held || 0), "number paused");
     cell(row, s.held || 0, "number held");
     cell(row, (s.failed || 0) + (s.timeout || 0), "number failed");
-    cell(row, interval(s.oldest));
+    cell(row, age(s.oldest));
     const rate = rates.get(stage);
     cell(row, rate === undefined ? "" : rate.toFixed(1), "number");
     tbody.appendChild(row);
