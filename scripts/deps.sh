@@ -45,9 +45,7 @@ packages=(
     pandoc man-db
     # make format, make format-check
     clang-format
-    # benchmarks: pgbench ships in postgresql-15; bench/stages's peer,
-    # Graphile Worker, comes from npm
-    nodejs npm
+    # benchmarks: pgbench ships in postgresql-15
 )
 
 missing=()
@@ -56,6 +54,12 @@ for pkg in "${packages[@]}"; do
         missing+=("$pkg")
     fi
 done
+# bench/stages's peer, Graphile Worker, comes from npm: Debian's nodejs and
+# npm, unless a node and an npm are installed already (Debian's npm
+# package conflicts with a NodeSource nodejs, which bundles its own npm).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    missing+=(nodejs npm)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
