@@ -45,6 +45,10 @@ packages=(
     pandoc man-db
     # make format, make format-check
     clang-format
+    # pepsi-httpd's page tested in a browser: Debian's Chromium (driven by
+    # playwright-core from npm, below), curl for bench/metrics, and the
+    # Prometheus parser its /metrics is checked with
+    chromium curl python3-prometheus-client
     # benchmarks: pgbench ships in postgresql-15
 )
 
@@ -60,7 +64,29 @@ done
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     missing+=(nodejs npm)
 fi
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+# playwright-core (npm) drives that Chromium: no browser of its own is
+# downloaded.  The
+# browser test skips, saying so, if the registry could not be reached.
+# Installed globally (npm root -g), where the test finds it.
+playwright_core=1.65.1
+install_playwright_core() {
+    local root
+    command -v npm >/dev/null || return 0
+    root=$(npm root -g 2>/dev/null)
+    [ -f "$root/playwright-core/package.json" ] \
+        && grep -q "\"version\": \"$playwright_core\"" "$root/playwright-core/package.json" \
+        && return 0
+    [ "$(id -u)" -eq 0 ] || { echo "deps.sh: playwright-core is missing (npm install -g playwright-core@$playwright_core)" >&2; return 0; }
+    echo "deps.sh: installing playwright-core@$playwright_core (npm)"
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install -g --no-audit --no-fund "playwright-core@$playwright_core" >/dev/null 2>&1 \
+        || echo "deps.sh: npm could not install playwright-core: the browser test will be skipped" >&2
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+    install_playwright_core
+    exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "deps.sh: missing packages: ${missing[*]}" >&2
@@ -77,3 +103,4 @@ if ! apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+install_playwright_core
