@@ -76,6 +76,16 @@ bool		srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
 bool		srs_rcpt_enabled(void);
 int			srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
 
+/* main.c: what a listener reads from its section, at start and on reload. */
+bool		listener_tls_load(const struct pepsi_config *cfg, const char *section,
+							  enum listener_mode mode, SSL_CTX **ctx, char *err, size_t errlen);
+bool		listener_limits_apply(const struct pepsi_config *cfg, const char *section,
+								  struct listener *l, char *err, size_t errlen);
+bool		ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen);
+
+/* reload.c: SIGHUP. */
+void		ingress_reload(const char *config_path);
+
 /* session.c */
 void		session_accept(struct listener *l, int fd, const struct sockaddr *addr);
 /* policy.rcpt_check of every listener: relay control and recipient validation. */

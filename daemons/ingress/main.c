@@ -14,6 +14,7 @@
 #include <netdb.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,44 +80,96 @@ ingress_option_seconds(const char *section, const char *option, long fallback_ms
  * Listeners
  */
 
-static SSL_CTX *
-listener_tls(const struct listener *l, const char *section)
+/*
+ * The TLS context of [section] from cfg: *ctx NULL when it has no
+ * CERTIFICATE (plain smtp); false with err when the pair is incomplete,
+ * unreadable or does not match, or the mode needs TLS and has none.
+ * (Also what a reload reads, so nothing here is fatal.)
+ */
+/*
+ * The limits of [section] from cfg, set in l (the listener being opened,
+ * or a running one on reload: a session started before keeps reading
+ * them).  All are read before any is set: false with err, and l as it
+ * was, when one is bad.
+ */
+bool
+listener_limits_apply(const struct pepsi_config *cfg, const char *section, struct listener *l,
+					  char *err, size_t errlen)
 {
-	const char *certificate = config_get(ingress.cfg, section, "CERTIFICATE");
-	const char *key = config_get(ingress.cfg, section, "KEY");
-	SSL_CTX    *ctx;
+	long		max_size, max_recipients, max_line_length, max_errors, command_rate;
+	long		idle_ms, deadline_ms, min_data_rate, max_sessions, per_client;
 
+	if (!config_get_long(cfg, section, "MAX_SIZE", 50L * 1024 * 1024, 1024, 1L << 40, &max_size, err, errlen)
+		|| !config_get_long(cfg, section, "MAX_RECIPIENTS", 1000, 1, 1000000, &max_recipients, err, errlen)
+		|| !config_get_long(cfg, section, "MAX_LINE_LENGTH", 998, 78, 1L << 30, &max_line_length, err,
+							errlen)
+		|| !config_get_long(cfg, section, "MAX_ERRORS", 10, 1, 1000000, &max_errors, err, errlen)
+		|| !config_get_long(cfg, section, "COMMAND_RATE", 0, 0, 1000000000, &command_rate, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "IDLE_TIMEOUT", 300 * 1000, 100, &idle_ms, err, errlen)
+		|| !config_get_duration_ms(cfg, section, "SESSION_DEADLINE", 3600 * 1000, 0, &deadline_ms, err,
+								   errlen)
+		|| !config_get_long(cfg, section, "MIN_DATA_RATE", 500, 0, 1L << 30, &min_data_rate, err, errlen)
+		|| !config_get_long(cfg, section, "MAX_SESSIONS", 1000, 0, 10000000, &max_sessions, err, errlen)
+		|| !config_get_long(cfg, section, "MAX_SESSIONS_PER_CLIENT", 50, 0, 10000000, &per_client, err,
+							errlen))
+		return false;
+	l->policy.max_size = (size_t) max_size;
+	l->policy.max_recipients = (size_t) max_recipients;
+	l->policy.max_line_length = (size_t) max_line_length;
+	l->policy.max_errors = (unsigned) max_errors;
+	l->policy.command_rate = (unsigned) command_rate;
+	l->idle_timeout = idle_ms / 1000.0;
+	l->session_deadline = deadline_ms / 1000.0;
+	l->min_data_rate = (double) min_data_rate;
+	l->max_sessions = (size_t) max_sessions;
+	l->max_sessions_per_client = (size_t) per_client;
+	return true;
+}
+
+bool
+listener_tls_load(const struct pepsi_config *cfg, const char *section, enum listener_mode mode,
+				  SSL_CTX **ctx, char *err, size_t errlen)
+{
+	const char *certificate = config_get(cfg, section, "CERTIFICATE");
+	const char *key = config_get(cfg, section, "KEY");
+	char		reason[256] = "";
+
+	*ctx = NULL;
 	if (certificate == NULL && key == NULL)
 	{
-		if (l->mode != LISTENER_SMTP)
-			fatalx("%s: [%s] MODE = %s needs CERTIFICATE and KEY", ingress.cfg->path, section,
-				   l->mode == LISTENER_SMTPS ? "smtps" : "submission");
-		return NULL;
+		if (mode == LISTENER_SMTP)
+			return true;
+		snprintf(err, errlen, "%s: [%s] MODE = %s needs CERTIFICATE and KEY", cfg->path, section,
+				 mode == LISTENER_SMTPS ? "smtps" : "submission");
+		return false;
 	}
 	if (certificate == NULL || key == NULL)
-		fatalx("%s: [%s] needs both CERTIFICATE and KEY", ingress.cfg->path, section);
-	if ((ctx = SSL_CTX_new(TLS_server_method())) == NULL)
+	{
+		snprintf(err, errlen, "%s: [%s] needs both CERTIFICATE and KEY", cfg->path, section);
+		return false;
+	}
+	if ((*ctx = SSL_CTX_new(TLS_server_method())) == NULL)
 		goto err;
-	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_min_proto_version(*ctx, TLS1_2_VERSION);
 	/* Idle TLS sessions give their record buffers back. */
-	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE
+	SSL_CTX_set_mode(*ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE
 					 | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-	if (SSL_CTX_use_certificate_chain_file(ctx, certificate) != 1)
+	SSL_CTX_set_options(*ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+	if (SSL_CTX_use_certificate_chain_file(*ctx, certificate) != 1
+		|| SSL_CTX_use_PrivateKey_file(*ctx, key, SSL_FILETYPE_PEM) != 1
+		|| SSL_CTX_check_private_key(*ctx) != 1)
 		goto err;
-	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
-		goto err;
-	if (SSL_CTX_check_private_key(ctx) != 1)
-		goto err;
-	return ctx;
+	SSL_CTX_set_session_id_context(*ctx, (const unsigned char *) section, (unsigned) strlen(section));
+	return true;
 
 err:
-	{
-		char		reason[256] = "";
-
-		ERR_error_string_n(ERR_get_error(), reason, sizeof(reason));
-		fatalx("[%s] cannot load CERTIFICATE %s / KEY %s: %s", section, certificate, key, reason);
-	}
+	ERR_error_string_n(ERR_get_error(), reason, sizeof(reason));
+	ERR_clear_error();
+	snprintf(err, errlen, "[%s] cannot load CERTIFICATE %s / KEY %s: %s", section, certificate, key,
+			 reason);
+	SSL_CTX_free(*ctx);
+	*ctx = NULL;
+	return false;
 }
 
 static void
@@ -228,17 +281,19 @@ listener_open(const char *section)
 	else
 		fatalx("%s: [%s] MODE = %s: expected smtp, submission or smtps", ingress.cfg->path,
 			   section, mode);
-	l->tls = listener_tls(l, section);
+	{
+		char		err[1024];
+
+		if (!listener_tls_load(ingress.cfg, section, l->mode, &l->tls, err, sizeof(err)))
+			fatalx("%s", err);
+	}
 	l->policy.hostname = ingress.hostname;
-	l->policy.max_size = (size_t) ingress_option_long(section, "MAX_SIZE", 50L * 1024 * 1024,
-													  1024, 1L << 40);
-	l->policy.max_recipients = (size_t) ingress_option_long(section, "MAX_RECIPIENTS", 1000, 1,
-															1000000);
-	l->policy.max_line_length = (size_t) ingress_option_long(section, "MAX_LINE_LENGTH", 998, 78,
-															 1L << 30);
-	l->policy.max_errors = (unsigned) ingress_option_long(section, "MAX_ERRORS", 10, 1, 1000000);
-	l->policy.command_rate = (unsigned) ingress_option_long(section, "COMMAND_RATE", 0, 0,
-															1000000000);
+	{
+		char		err[1024];
+
+		if (!listener_limits_apply(ingress.cfg, section, l, err, sizeof(err)))
+			fatalx("%s", err);
+	}
 	listener_trusted_networks(l, section);
 	l->policy.rcpt_check = session_rcpt_check;
 	l->policy.memory_in_flight = &ingress.memory_in_flight;
@@ -257,21 +312,12 @@ listener_open(const char *section)
 	if (l->policy.auth_required && !l->policy.auth)
 		fatalx("%s: [%s] MODE = %s needs [ingress] CREDENTIALS", ingress.cfg->path, section,
 			   mode);
-	l->idle_timeout = ingress_option_seconds(section, "IDLE_TIMEOUT", 300 * 1000, 100);
-	l->session_deadline = ingress_option_seconds(section, "SESSION_DEADLINE", 3600 * 1000, 0);
-	l->min_data_rate = (double) ingress_option_long(section, "MIN_DATA_RATE", 500, 0, 1L << 30);
-	l->max_sessions = (size_t) ingress_option_long(section, "MAX_SESSIONS", 1000, 0, 10000000);
-	l->max_sessions_per_client = (size_t) ingress_option_long(section, "MAX_SESSIONS_PER_CLIENT",
-															  50, 0, 10000000);
 	l->fd = listener_bind(section, address ? address : "*",
 						  ingress_option_long(section, "PORT", default_port, 1, 65535));
 	ev_io_init(&l->io, listener_on_accept, l->fd, EV_READ);
 	l->io.data = l;
 	ev_timer_init(&l->backoff, listener_on_backoff, LISTENER_ACCEPT_BACKOFF, 0);
 	l->backoff.data = l;
-	if (l->tls)
-		SSL_CTX_set_session_id_context(l->tls, (const unsigned char *) l->name,
-									   (unsigned) strlen(l->name));
 	log_info("listener %s: %s on %s port %ld", l->name,
 			 l->mode == LISTENER_SMTP ? "smtp" : l->mode == LISTENER_SUBMISSION ? "submission" : "smtps",
 			 address ? address : "*", ingress_option_long(section, "PORT", default_port, 1, 65535));
@@ -336,21 +382,30 @@ ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	ev_timer_start(loop, &ingress_grace_timer);
 }
 
-/* The overlay, if the database is there now; a later start picks it up otherwise. */
-static void
-ingress_load_overrides(void)
+/*
+ * The overlay into cfg, if the database is there now (a later start or
+ * reload picks it up otherwise); false with err when a row is refused.
+ */
+bool
+ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	char		err[1024];
-	PGconn	   *conn = db_connect(ingress.cfg, "pepsi-ingress", err, sizeof(err));
+	PGconn	   *conn = db_connect(cfg, "pepsi-ingress", err, errlen);
+	bool		ok;
 
 	if (conn == NULL)
 	{
-		log_warnx("%s; starting without pepsi.config_override", err);
-		return;
+		log_warnx("%s; going on without pepsi.config_override", err);
+		return true;
 	}
-	if (!db_load_overrides(conn, ingress.cfg, err, sizeof(err)))
-		fatalx("%s", err);
+	ok = db_load_overrides(conn, cfg, err, errlen);
 	PQfinish(conn);
+	return ok;
+}
+
+static void
+ingress_on_reload(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	ingress_reload(w->data);
 }
 
 int
@@ -364,7 +419,8 @@ pepsi_ingress_main(int argc, char **argv)
 	double		local_refresh_interval;
 	size_t		nsections;
 	ev_signal	sigterm,
-				sigint;
+				sigint,
+				sighup;
 	int			opt;
 
 	log_init("pepsi-ingress", false);
@@ -392,9 +448,9 @@ pepsi_ingress_main(int argc, char **argv)
 	srandom((unsigned) time(NULL) ^ (unsigned) getpid());
 
 	if ((ingress.cfg = config_load(config_path, err, sizeof(err))) == NULL
-		|| !log_configure(ingress.cfg, err, sizeof(err)))
+		|| !log_configure(ingress.cfg, err, sizeof(err))
+		|| !ingress_load_overrides_into(ingress.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	ingress_load_overrides();
 
 	if ((ingress.hostname = config_get(ingress.cfg, "pepsi", "HOSTNAME")) == NULL)
 	{
@@ -462,6 +518,9 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_signal_start(ingress.loop, &sigterm);
 	ev_signal_init(&sigint, ingress_on_signal, SIGINT);
 	ev_signal_start(ingress.loop, &sigint);
+	ev_signal_init(&sighup, ingress_on_reload, SIGHUP);
+	sighup.data = (void *) (uintptr_t) config_path;
+	ev_signal_start(ingress.loop, &sighup);
 	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
 			 nsections, nsections == 1 ? "" : "s", admit_options.connections,
 			 admit_options.connections == 1 ? "" : "s", admit_options.batch_size);
