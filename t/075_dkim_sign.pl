@@ -77,6 +77,11 @@ PROGRAM = pepsi-stage-dkim-sign
 CANONICALIZATION = simple/simple
 NEXT_STAGE = signed
 
+[stage-sign-account]
+PROGRAM = pepsi-stage-dkim-sign
+SIGNING_DOMAIN = account
+NEXT_STAGE = signed
+
 [stage-sign-required]
 PROGRAM = pepsi-stage-dkim-sign
 REQUIRE_SIGNATURE = yes
@@ -205,6 +210,24 @@ $signed = row_message($node, $ed);
 is(signature_count($signed), 1, 'ed25519: one signature');
 like($signed, qr/a=ed25519-sha256;.*d=ed\.example;\s+s=e1;/s, 'ed25519: a=ed25519-sha256');
 verified('ed25519', $signed, ['ed25519']);
+
+#
+# SIGNING_DOMAIN = account: d= is the authenticated account's domain, even
+# for a From: of another domain; without an account, the From: domain.
+#
+my $account = add_message($node, 'sign-account', state => { origin => { auth => 'x@ed.example' } },
+	headers => "From: <someone\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: acct\r\n$date",
+	body => "by account\r\n");
+my $no_account = add_message($node, 'sign-account',
+	headers => "From: <someone\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: acct\r\n$date",
+	body => "no account\r\n");
+sign('account', $account, $no_account);
+$signed = row_message($node, $account);
+like($signed, qr/^DKIM-Signature: v=1; a=ed25519-sha256; c=relaxed\/relaxed; d=ed\.example;/,
+	'account: d= is the authenticated account\'s domain');
+verified('account', $signed, ['ed25519']);
+like(row_message($node, $no_account), qr/^DKIM-Signature: v=1; a=rsa-sha256; c=relaxed\/relaxed; d=example\.org;/,
+	'account: without an authenticated account, the From: domain');
 
 #
 # A body shared by three split rows: each row signed, still one body row.
