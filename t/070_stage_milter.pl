@@ -18,7 +18,6 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-use lib dirname(abs_path(__FILE__)) . '/bin';
 use DeliveryTest;
 use PepsiTest;
 use PepsiStage;

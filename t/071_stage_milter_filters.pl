@@ -7,14 +7,11 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-use lib dirname(abs_path(__FILE__)) . '/bin';
 use DeliveryTest;
 use PepsiTest;
 use PepsiStage;

@@ -13,9 +13,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
 
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
