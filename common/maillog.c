@@ -82,6 +82,7 @@ maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct deliver
 	else
 		log_info("%s", line.data);
 	pepsi_mail_log(ctx, "delivery", fields);
+	pepsi_report_delivery(ctx, status);
 	free(members);
 	json_decref(fields);
 	buf_free(&line);

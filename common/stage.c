@@ -221,6 +221,7 @@ stage_ctx_free(struct pepsi_ctx *ctx)
 	free(ctx->keep);
 	json_decref(ctx->clones);
 	json_decref(ctx->mail_log);
+	free(ctx->delivery_stage);
 	free(ctx->error);
 	buf_free(&ctx->fused);
 }
@@ -554,11 +555,23 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 			free(text);
 			json_decref(report);
 		}
-		else if (ctx->fused.len > 0)
+		else if (ctx->fused.len > 0 || ctx->delivery)
 		{
-			buf_append_str(out, "0 {\"fused\":[");
-			buf_append(out, ctx->fused.data, ctx->fused.len);
-			buf_append_str(out, "]}\n");
+			/* The dispatcher counts both in pepsi.stage_stats: no worker writes it. */
+			buf_append_str(out, "0 {");
+			if (ctx->fused.len > 0)
+			{
+				buf_append_str(out, "\"fused\":[");
+				buf_append(out, ctx->fused.data, ctx->fused.len);
+				buf_append_str(out, ctx->delivery ? "]," : "]");
+			}
+			if (ctx->delivery)
+			{
+				buf_append_str(out, "\"delivery\":{\"stage\":");
+				stage_json_string(out, ctx->delivery_stage);
+				buf_printf(out, ",\"status\":\"%s\"}", ctx->delivery);
+			}
+			buf_append_str(out, "}\n");
 		}
 		else
 			buf_append_str(out, "0\n");

@@ -67,6 +67,12 @@ double		pepsi_pass_seconds(const struct pepsi_ctx *ctx);
  * of its own); with it off, nothing.  detail is borrowed.
  */
 void		pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail);
+/*
+ * A delivery attempt's outcome ("sent", "deferred", "bounced", "expired":
+ * a string that outlives the pass), reported on the worker's status line
+ * and counted by the dispatcher in pepsi.stage_stats for /metrics.
+ */
+void		pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
 /* The row's state object: borrowed from the context, never NULL, read only. */

@@ -68,6 +68,8 @@ struct pepsi_ctx
 	double		age_seconds;	/* now - received_at, when loaded */
 	double		loaded_us;		/* when it was loaded (stage_now_us) */
 	json_t	   *mail_log;		/* [{event, detail}] for pepsi.mail_log, or NULL */
+	const char *delivery;		/* a delivery attempt's status= (a static string), or NULL */
+	char	   *delivery_stage;	/* the stage that made it */
 	json_t	   *state;			/* current view: database state with this pass's changes */
 	json_t	   *merge;			/* changes to merge at commit */
 	struct buf	headers;

@@ -53,6 +53,14 @@ pepsi_pass_seconds(const struct pepsi_ctx *ctx)
 }
 
 void
+pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status)
+{
+	ctx->delivery = status;
+	free(ctx->delivery_stage);
+	ctx->delivery_stage = xstrdup(ctx->stage_name);
+}
+
+void
 pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail)
 {
 	if (!ctx->worker->mail_log)

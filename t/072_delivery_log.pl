@@ -109,6 +109,11 @@ like(slurp("$tmp/peer.log"), qr/pepsi-stage-bounce\[\d+\]: row $gone: \w+ DSN to
 is($node->safe_psql('postgres',
 	"SELECT string_agg(detail ->> 'status', ' ' ORDER BY id) FROM pepsi.mail_log WHERE workqueue_id = $slow"),
 	'deferred sent', 'mail_log: the slow row deferred, then sent');
+# The dispatcher counted the attempts from the workers' status lines.
+is($node->safe_psql('postgres',
+	"SELECT deliveries_sent || ' sent, ' || deliveries_deferred || ' deferred, ' || deliveries_bounced"
+	  . " || ' bounced' FROM pepsi.stage_stats WHERE stage = 'smarthost'"),
+	'2 sent, 1 deferred, 1 bounced', 'pepsi.stage_stats counts the attempts by status (for /metrics)');
 
 # LOG_FORMAT = json: one object per line, the fields as members.
 $sink = start_sink('-c');

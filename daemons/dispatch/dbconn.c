@@ -338,14 +338,18 @@ dbconn_flush_stats(bool final)
 		if (p->stats.messages == 0 && p->stats.kills == 0 && p->stats.crashes == 0
 			&& p->stats.fused_hops == 0 && p->stats.timeouts == 0)
 			continue;
-		json_array_append_new(rows, json_pack("{s:s,s:I,s:f,s:I,s:I,s:I,s:I}",
+		json_array_append_new(rows, json_pack("{s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
 											  "stage", p->spec.name,
 											  "messages", (json_int_t) p->stats.messages,
 											  "us", p->stats.processing_us,
 											  "kills", (json_int_t) p->stats.kills,
 											  "timeouts", (json_int_t) p->stats.timeouts,
 											  "crashes", (json_int_t) p->stats.crashes,
-											  "fused", (json_int_t) p->stats.fused_hops));
+											  "fused", (json_int_t) p->stats.fused_hops,
+											  "sent", (json_int_t) p->stats.deliveries[0],
+											  "deferred", (json_int_t) p->stats.deliveries[1],
+											  "bounced", (json_int_t) p->stats.deliveries[2],
+											  "expired", (json_int_t) p->stats.deliveries[3]));
 		memset(&p->stats, 0, sizeof(p->stats));
 	}
 	dispatcher.last_flush = now_seconds();
@@ -357,16 +361,22 @@ dbconn_flush_stats(bool final)
 	}
 	job = job_new("WITH s AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS s(stage text,"
 				  "   messages bigint, us float8, kills bigint, timeouts bigint, crashes bigint,"
-				  "   fused bigint)),"
+				  "   fused bigint, sent bigint, deferred bigint, bounced bigint, expired bigint)),"
 				  " per_stage AS (INSERT INTO pepsi.stage_stats AS t (stage, messages,"
-				  "   processing_time, kills, timeouts, crashes, fused_hops, updated_at)"
+				  "   processing_time, kills, timeouts, crashes, fused_hops, deliveries_sent,"
+				  "   deliveries_deferred, deliveries_bounced, deliveries_expired, updated_at)"
 				  "   SELECT stage, messages, us * interval '1 microsecond', kills, timeouts,"
-				  "     crashes, fused, now() FROM s"
+				  "     crashes, fused, sent, deferred, bounced, expired, now() FROM s"
 				  "   ON CONFLICT (stage) DO UPDATE SET messages = t.messages + excluded.messages,"
 				  "     processing_time = t.processing_time + excluded.processing_time,"
 				  "     kills = t.kills + excluded.kills, timeouts = t.timeouts + excluded.timeouts,"
 				  "     crashes = t.crashes + excluded.crashes,"
-				  "     fused_hops = t.fused_hops + excluded.fused_hops, updated_at = now()"
+				  "     fused_hops = t.fused_hops + excluded.fused_hops,"
+				  "     deliveries_sent = t.deliveries_sent + excluded.deliveries_sent,"
+				  "     deliveries_deferred = t.deliveries_deferred + excluded.deliveries_deferred,"
+				  "     deliveries_bounced = t.deliveries_bounced + excluded.deliveries_bounced,"
+				  "     deliveries_expired = t.deliveries_expired + excluded.deliveries_expired,"
+				  "     updated_at = now()"
 				  "   RETURNING 1)"
 				  " UPDATE pepsi.dispatch_stats SET stages_run = stages_run + $2,"
 				  "   messages = messages + $3, messages_failed = messages_failed + $4,"

@@ -44,6 +44,10 @@ struct inflight
 
 struct fair_account;
 
+/* The status= of a delivery attempt, as the workers report them (common/maillog.h). */
+#define DELIVERY_STATUSES 4
+extern const char *const delivery_statuses[DELIVERY_STATUSES];
+
 struct pool_stats
 {
 	unsigned long messages;
@@ -52,6 +56,7 @@ struct pool_stats
 	unsigned long timeouts;
 	unsigned long crashes;
 	unsigned long fused_hops;
+	unsigned long deliveries[DELIVERY_STATUSES];	/* by delivery_statuses[] */
 };
 
 struct pool;

@@ -401,6 +401,24 @@ worker_transition(struct pool_worker *w, enum worker_state to)
 	}
 }
 
+const char *const delivery_statuses[DELIVERY_STATUSES] = {"sent", "deferred", "bounced", "expired"};
+
+/* A delivery attempt the pass reported, counted at the stage that made it. */
+static void
+pool_fold_delivery(struct pool *pool, json_t *report)
+{
+	json_t	   *delivery = json_object_get(report, "delivery");
+	const char *stage = json_string_value(json_object_get(delivery, "stage"));
+	const char *status = json_string_value(json_object_get(delivery, "status"));
+	struct pool *at = stage ? pool_find(stage) : NULL;
+
+	if (status == NULL)
+		return;
+	for (int i = 0; i < DELIVERY_STATUSES; i++)
+		if (strcmp(status, delivery_statuses[i]) == 0)
+			(at ? at : pool)->stats.deliveries[i]++;
+}
+
 /*
  * Count the stages a worker ran fused into its pass, each at its own
  * stage.  Returns the time they took (their part of the pass), which is
@@ -470,6 +488,7 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 		double		fused_us = pool_fold_fused(pool, report);
 
 		pool->stats.processing_us -= fused_us < us ? fused_us : us;
+		pool_fold_delivery(pool, report);
 	}
 	else
 	{

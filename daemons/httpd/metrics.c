@@ -90,7 +90,7 @@ metrics_respond(struct request *req)
 	static const char *const stage_status[] = {"stage", "status", NULL};
 	static const char *const stage_only[] = {"stage", NULL};
 	PGconn	   *conn = httpd_db();
-	PGresult   *gauges, *stages, *dispatch, *dns;
+	PGresult   *gauges, *stages, *deliveries, *dispatch, *dns;
 	struct buf	out = BUF_INIT;
 	enum MHD_Result result;
 
@@ -103,14 +103,21 @@ metrics_respond(struct request *req)
 	stages = metrics_query(conn, "SELECT stage, messages, round(extract(epoch FROM processing_time), 6)"
 						   " AS processing_seconds, kills, timeouts, crashes, fused_hops"
 						   " FROM pepsi.stage_stats ORDER BY stage");
+	deliveries = metrics_query(conn, "SELECT s.stage, d.status, d.count FROM pepsi.stage_stats s,"
+							   " LATERAL (VALUES ('sent', s.deliveries_sent), ('deferred', s.deliveries_deferred),"
+							   " ('bounced', s.deliveries_bounced), ('expired', s.deliveries_expired))"
+							   " AS d (status, count)"
+							   " WHERE s.deliveries_sent + s.deliveries_deferred + s.deliveries_bounced"
+							   " + s.deliveries_expired > 0 ORDER BY s.stage, d.status");
 	dispatch = metrics_query(conn, "SELECT stages_run, messages, messages_failed, serialization_failures"
 							 " FROM pepsi.dispatch_stats");
 	dns = metrics_query(conn, "SELECT count(*) AS addresses,"
 						" count(*) FILTER (WHERE failures > 0) AS failing FROM pepsi.dns_address");
-	if (gauges == NULL || stages == NULL || dispatch == NULL || dns == NULL)
+	if (gauges == NULL || stages == NULL || deliveries == NULL || dispatch == NULL || dns == NULL)
 	{
 		PQclear(gauges);
 		PQclear(stages);
+		PQclear(deliveries);
 		PQclear(dispatch);
 		PQclear(dns);
 		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the statistics could not be read");
@@ -142,6 +149,10 @@ metrics_respond(struct request *req)
 				   "Messages a stage processed inside its predecessor's worker (fusion).", "fused_hops",
 				   stage_only);
 
+	metrics_column(&out, deliveries, "pepsi_deliveries_total", "counter",
+				   "Delivery attempts by stage and outcome (the status= of the delivery log).", "count",
+				   stage_status);
+
 	metrics_column(&out, dispatch, "pepsi_dispatch_stages_run_total", "counter",
 				   "Stage runs the dispatcher handed out.", "stages_run", NULL);
 	metrics_column(&out, dispatch, "pepsi_dispatch_messages_total", "counter",
@@ -159,6 +170,7 @@ metrics_respond(struct request *req)
 
 	PQclear(gauges);
 	PQclear(stages);
+	PQclear(deliveries);
 	PQclear(dispatch);
 	PQclear(dns);
 	result = reply_bytes(req, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", out.data,

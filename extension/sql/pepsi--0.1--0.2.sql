@@ -794,3 +794,20 @@ CREATE UNIQUE INDEX workqueue_clone_token_key ON pepsi.workqueue (clone_token)
 CREATE INDEX mail_log_workqueue_id ON pepsi.mail_log (workqueue_id);
 
 -- end of the mail log's history of one message
+
+-- ===========================================================================
+-- Deliveries by status
+--
+-- Each delivery attempt's status= (sent, deferred, bounced, expired) comes
+-- back on the worker's status line; pepsi-dispatch counts them per stage
+-- and flushes them with the other statistics, so no worker writes this
+-- table.  /metrics reads them as pepsi_deliveries_total.
+-- ===========================================================================
+
+ALTER TABLE pepsi.stage_stats
+    ADD COLUMN deliveries_sent bigint NOT NULL DEFAULT 0,
+    ADD COLUMN deliveries_deferred bigint NOT NULL DEFAULT 0,
+    ADD COLUMN deliveries_bounced bigint NOT NULL DEFAULT 0,
+    ADD COLUMN deliveries_expired bigint NOT NULL DEFAULT 0;
+
+-- end of deliveries by status
