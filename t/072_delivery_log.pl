@@ -109,6 +109,10 @@ like(slurp("$tmp/peer.log"), qr/pepsi-stage-bounce\[\d+\]: row $gone: \w+ DSN to
 is($node->safe_psql('postgres',
 	"SELECT string_agg(detail ->> 'status', ' ' ORDER BY id) FROM pepsi.mail_log WHERE workqueue_id = $slow"),
 	'deferred sent', 'mail_log: the slow row deferred, then sent');
+is($node->safe_psql('postgres',
+	"SELECT (detail ->> 'kind') || ' ' || (detail ->> 'to') || ' ' || (detail ->> 'final_recipient')"
+	  . " FROM pepsi.mail_log WHERE event = 'dsn' AND workqueue_id = $gone"),
+	'failure sender\@local.test gone\@remote.test', 'mail_log: the DSN the bounce stage made');
 # The dispatcher counted the attempts from the workers' status lines.
 is($node->safe_psql('postgres',
 	"SELECT deliveries_sent || ' sent, ' || deliveries_deferred || ' deferred, ' || deliveries_bounced"

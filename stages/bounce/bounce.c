@@ -230,6 +230,15 @@ bounce_run(struct pepsi_ctx *ctx)
 	log_info("row %lld: %s DSN to <%s> about %zu recipient%s (first <%s>: %s)", pepsi_id(ctx),
 			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay" : "success", sender, n,
 			 n == 1 ? "" : "s", rcpts[0].final_recipient, rcpts[0].status);
+	{
+		json_t	   *event = json_pack("{s:s, s:s, s:I, s:s, s:s}",
+									  "kind", kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay" : "success",
+									  "to", sender, "recipients", (json_int_t) n,
+									  "final_recipient", rcpts[0].final_recipient, "status", rcpts[0].status);
+
+		pepsi_mail_log(ctx, "dsn", event);
+		json_decref(event);
+	}
 	to[0] = sender;
 	/* The DSN's own clock: MAX_LIFETIME of its delivery counts from now, not from the original. */
 	new_state = json_pack("{s:I}", "created_at", (json_int_t) report.now);
