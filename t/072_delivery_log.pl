@@ -112,7 +112,7 @@ is($node->safe_psql('postgres',
 is($node->safe_psql('postgres',
 	"SELECT (detail ->> 'kind') || ' ' || (detail ->> 'to') || ' ' || (detail ->> 'final_recipient')"
 	  . " FROM pepsi.mail_log WHERE event = 'dsn' AND workqueue_id = $gone"),
-	'failure sender\@local.test gone\@remote.test', 'mail_log: the DSN the bounce stage made');
+	'failure sender@local.test gone@remote.test', 'mail_log: the DSN the bounce stage made');
 # The dispatcher counted the attempts from the workers' status lines.
 is($node->safe_psql('postgres',
 	"SELECT deliveries_sent || ' sent, ' || deliveries_deferred || ' deferred, ' || deliveries_bounced"
