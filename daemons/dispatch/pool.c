@@ -69,6 +69,14 @@ pool_depth(const struct pool *pool)
 	return depth < pool->spec.queue_limit ? (int) depth : (int) pool->spec.queue_limit;
 }
 
+/* Whether a worker may take one more id at all: its queue limit and MAX_MESSAGES. */
+static bool
+worker_has_room(const struct pool_worker *w)
+{
+	return w->state == WORKER_RUNNING && w->count < w->ring
+		&& w->handled + w->count < w->pool->spec.max_messages;
+}
+
 /*
  * How many more ids a worker can take: up to its depth (within its queue
  * limit), and never more than MAX_MESSAGES over its life, so that it
@@ -106,6 +114,46 @@ pool_capacity(const struct pool *pool, double now)
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
 	return capacity;
+}
+
+static int
+pool_inflight(const struct pool *pool)
+{
+	int			n = 0;
+
+	for (const struct pool_worker *w = pool->workers; w; w = w->next)
+		n += w->count;
+	return n;
+}
+
+/* Work may have come for every stage (a NOTIFY, the heartbeat). */
+void
+pools_may_have_work(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		p->may_have_work = true;
+}
+
+/* A claim that asked this pool for claim_asked rows got rows. */
+void
+pool_claimed(struct pool *pool, int rows)
+{
+	if (pool->claim_asked > 0)
+		pool->may_have_work = rows >= pool->claim_asked;
+}
+
+/*
+ * Whether the claim should go at once rather than be coalesced with the
+ * answers of the next few milliseconds: a stage that may have pending
+ * rows has room and nothing at all in flight, so its workers idle.
+ */
+bool
+pools_claim_urgent(double now)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		if (p->may_have_work && pool_inflight(p) == 0 && pool_capacity(p, now) > 0)
+			return true;
+	return false;
 }
 
 size_t
@@ -321,6 +369,17 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
 			best = w;
+
+	/*
+	 * The claim was sized by the depth of its moment; answers since may
+	 * have made the rows dearer and the depth shallower.  What was claimed
+	 * is taken all the same, within the queue limits, on the least loaded
+	 * worker: putting it back would cost a write and a claim again.
+	 */
+	if (best == NULL)
+		for (struct pool_worker *w = pool->workers; w; w = w->next)
+			if (worker_has_room(w) && (best == NULL || w->count < best->count))
+				best = w;
 	if (dispatcher.shutting_down)
 		return false;			/* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism
@@ -518,7 +577,7 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 	free(entry.sender);
 	if (w->handled + w->count >= pool->spec.max_messages || w->state == WORKER_RETIRING)
 		worker_transition(w, WORKER_RETIRING);
-	dbconn_want_claim();
+	dbconn_want_claim(false);
 }
 
 /*
@@ -706,7 +765,7 @@ worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 	}
 	free(how);
 	worker_close(w);
-	dbconn_want_claim();
+	dbconn_want_claim(false);
 }
 
 static void
