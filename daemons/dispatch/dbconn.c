@@ -39,6 +39,13 @@
 	" UPDATE pepsi.dispatch_stats SET started_at = now()"
 #define DBCONN_OVERRIDES_SQL "SELECT scope, section, option, value FROM pepsi.config_override" \
 	" ORDER BY scope, section, option"
+/*
+ * How long the claim a worker's answer asks for may wait for the answers
+ * that follow: one claim then serves them all.  Each claim costs the
+ * server milliseconds with many senders, and one per answer kept it
+ * claiming without pause under load.
+ */
+#define DBCONN_CLAIM_COALESCE 0.005
 #define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
 #define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
 	"$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
@@ -77,12 +84,14 @@ static struct
 	ev_io		io;
 	ev_timer	reconnect_timer;
 	ev_idle		claim_idle;		/* the claim waits for the loop's other events */
+	ev_timer	claim_timer;	/* ... and, unless urgent, for DBCONN_CLAIM_COALESCE */
 	double		backoff;
 	struct job *jobs_head;
 	struct job *jobs_tail;
 	struct job *running_job;	/* in DBCONN_RUNNING_JOB */
 	PGresult   *result;			/* the statement's result so far (its error, if any) */
 	bool		claim_wanted;	/* something freed capacity or brought work */
+	double		claim_wanted_since;
 	bool		ever_ready;		/* a reconnect, not the first connection */
 }			db;
 
@@ -466,6 +475,15 @@ claim_done(PGresult *res)
 		return;
 	}
 	rows = PQntuples(res);
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		if (p->claim_asked > 0)
+		{
+			int			count = 0;
+
+			for (int i = 0; i < rows; i++)
+				count += strcmp(PQgetvalue(res, i, 1), p->spec.name) == 0;
+			pool_claimed(p, count);
+		}
 	for (int i = 0; i < rows; i++)
 	{
 		long long	id = atoll(PQgetvalue(res, i, 0));
@@ -484,15 +502,6 @@ claim_done(PGresult *res)
 		dbconn_recover(stage, &row, 1, "pending", NULL);
 	}
 	pools_flush();
-
-	/*
-	 * No claim again at once: a claim that came back short found its
-	 * stages drained, one that came back full used their capacity up.
-	 * Whatever frees capacity or brings work (an answer, a worker's exit, a
-	 * NOTIFY, the heartbeat) has asked for the next one meanwhile.
-	 */
-	if (db.claim_wanted)
-		ev_idle_start(dispatcher.loop, &db.claim_idle);
 }
 
 /* Build and send the claim, if any stage has room.  Returns whether sent. */
@@ -521,6 +530,7 @@ claim_send(void)
 	{
 		int			capacity = pool_capacity(p, now);
 
+		p->claim_asked = capacity > 0 ? capacity : 0;
 		if (capacity <= 0)
 			continue;
 		db_array_append(&stages, p->spec.name);
@@ -557,13 +567,46 @@ claim_send(void)
 	return sent;
 }
 
+/*
+ * Whether the claim wanted should go now: a stage's workers idle with
+ * work perhaps waiting, or it has waited DBCONN_CLAIM_COALESCE for the
+ * answers after the first that asked for it.  Otherwise the timer is set
+ * for when it may.
+ */
+static bool
+claim_due(void)
+{
+	double		now = now_seconds();
+	double		wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
+
+	if (wait <= 0 || pools_claim_urgent(now))
+	{
+		ev_timer_stop(dispatcher.loop, &db.claim_timer);
+		return true;
+	}
+	if (!ev_is_active(&db.claim_timer))
+	{
+		ev_timer_set(&db.claim_timer, wait, 0);
+		ev_timer_start(dispatcher.loop, &db.claim_timer);
+	}
+	return false;
+}
+
+/*
+ * Ask for a claim: capacity was freed (an answer, a worker's exit), or
+ * new_work may wait (a NOTIFY, the heartbeat, a new configuration).
+ */
 void
-dbconn_want_claim(void)
+dbconn_want_claim(bool new_work)
 {
 	if (dispatcher.shutting_down)
 		return;
+	if (new_work)
+		pools_may_have_work();
+	if (!db.claim_wanted)
+		db.claim_wanted_since = now_seconds();
 	db.claim_wanted = true;
-	if (db.state == DBCONN_IDLE)
+	if (db.state == DBCONN_IDLE && claim_due())
 		ev_idle_start(dispatcher.loop, &db.claim_idle);
 }
 
@@ -571,6 +614,13 @@ static void
 claim_on_idle(struct ev_loop *loop, ev_idle *watcher, int revents)
 {
 	ev_idle_stop(loop, watcher);
+	if (db.state == DBCONN_IDLE)
+		dbconn_advance(0);
+}
+
+static void
+claim_on_timer(struct ev_loop *loop, ev_timer *watcher, int revents)
+{
 	if (db.state == DBCONN_IDLE)
 		dbconn_advance(0);
 }
@@ -713,6 +763,8 @@ dbconn_setup_done(PGresult *res)
 	db.backoff = 0;
 	maintenance_check_soon();
 	db.claim_wanted = true;
+	db.claim_wanted_since = 0;	/* due at once */
+	pools_may_have_work();
 	dbconn_enter(DBCONN_IDLE);
 	log_info("connected to the database");
 	return true;
@@ -794,6 +846,7 @@ dbconn_lost(const char *why)
 		db.running_job = NULL;
 	}
 	db.claim_wanted = true;
+	db.claim_wanted_since = 0;
 	if (db.result)
 	{
 		PQclear(db.result);
@@ -861,7 +914,7 @@ dbconn_send_work(void)
 		db.running_job = job;
 		dbconn_enter(DBCONN_RUNNING_JOB);
 	}
-	else if (db.claim_wanted && !dispatcher.shutting_down)
+	else if (db.claim_wanted && !dispatcher.shutting_down && claim_due())
 	{
 		db.claim_wanted = false;
 		if (!claim_send())
@@ -926,7 +979,7 @@ dbconn_read(void)
 		if (strcmp(notify->relname, "pepsi_config_changed") == 0)
 			dbconn_reload_config();
 		else
-			dbconn_want_claim();
+			dbconn_want_claim(true);
 		PQfreemem(notify);
 	}
 	if (db.state == DBCONN_IDLE)
@@ -1010,6 +1063,7 @@ dbconn_start(void)
 	ev_io_init(&db.io, dbconn_on_io, -1, EV_READ);
 	ev_timer_init(&db.reconnect_timer, dbconn_on_reconnect, 0, 0);
 	ev_idle_init(&db.claim_idle, claim_on_idle);
+	ev_timer_init(&db.claim_timer, claim_on_timer, 0, 0);
 	db.state = DBCONN_DOWN;
 	dbconn_advance(0);
 }

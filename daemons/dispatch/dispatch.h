@@ -108,6 +108,8 @@ struct pool
 	struct fair_account *fair;
 	struct pool_stats stats;	/* since the last flush */
 	bool		removed;		/* gone from the configuration: drained, then freed */
+	int			claim_asked;	/* rows the claim in flight asked for */
+	bool		may_have_work;	/* pending rows may wait: a claim came back full, or a NOTIFY */
 	struct pool *next;
 };
 
@@ -167,6 +169,9 @@ void		pools_housekeeping(double now);
 void		pools_retire_all(void);
 void		pools_stop_all(void);
 void		pools_kill_all(void);
+void		pools_may_have_work(void);
+bool		pools_claim_urgent(double now);
+void		pool_claimed(struct pool *pool, int rows);
 bool		pools_all_stopped(void);
 size_t		pools_inflight(void);
 
@@ -175,7 +180,7 @@ typedef void (*dbconn_result_fn) (PGresult *res, void *arg);
 
 void		dbconn_start(void);
 void		dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
-void		dbconn_want_claim(void);
+void		dbconn_want_claim(bool new_work);
 void		dbconn_recover(const char *stage, const struct inflight *rows, int count,
 						   const char *status, const char *reason);
 void		dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,

@@ -76,7 +76,7 @@ dispatch_apply_config(struct pepsi_config *cfg)
 	ev_timer_again(dispatcher.loop, &heartbeat_timer);
 	if (!starting)
 		log_info("configuration reloaded; workers retire so their replacements read it");
-	dbconn_want_claim();
+	dbconn_want_claim(true);
 }
 
 void
@@ -119,7 +119,7 @@ on_housekeeping(struct ev_loop *loop, ev_timer *watcher, int revents)
 static void
 on_heartbeat(struct ev_loop *loop, ev_timer *watcher, int revents)
 {
-	dbconn_want_claim();
+	dbconn_want_claim(true);
 }
 
 static void
