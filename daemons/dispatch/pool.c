@@ -116,16 +116,6 @@ pool_capacity(const struct pool *pool, double now)
 	return capacity;
 }
 
-static int
-pool_inflight(const struct pool *pool)
-{
-	int			n = 0;
-
-	for (const struct pool_worker *w = pool->workers; w; w = w->next)
-		n += w->count;
-	return n;
-}
-
 /* Work may have come for every stage (a NOTIFY, the heartbeat). */
 void
 pools_may_have_work(void)
@@ -145,14 +135,21 @@ pool_claimed(struct pool *pool, int rows)
 /*
  * Whether the claim should go at once rather than be coalesced with the
  * answers of the next few milliseconds: a stage that may have pending
- * rows has room and nothing at all in flight, so its workers idle.
+ * rows has a worker with nothing to do, or room and no worker at all.
  */
 bool
 pools_claim_urgent(double now)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		if (p->may_have_work && pool_inflight(p) == 0 && pool_capacity(p, now) > 0)
+	{
+		if (!p->may_have_work || pool_capacity(p, now) <= 0)
+			continue;
+		if (p->workers == NULL)
 			return true;
+		for (const struct pool_worker *w = p->workers; w; w = w->next)
+			if (w->count == 0 && worker_slots(w) > 0)
+				return true;
+	}
 	return false;
 }
 
