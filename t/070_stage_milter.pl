@@ -81,6 +81,7 @@ sub scripted_records
 my $conf = stage_config($node, 'milter.conf', <<"INI");
 [pepsi]
 HOSTNAME = mx.example.org
+MAIL_LOG = yes
 
 [stage-filter]
 PROGRAM = pepsi-stage-milter
@@ -122,6 +123,8 @@ is($row->{stage}, 'filtered', 'a clean message advances to NEXT_STAGE');
 is($row->{status}, 'pending', '... pending there');
 is($row->{state}{milter}{verdict}, 'accept', 'state.milter.verdict is accept');
 is($row->{state}{milter}{filters}[0]{milter}, "inet:127.0.0.1:$scripted", 'state.milter names the filter');
+is($node->safe_psql('postgres', "SELECT detail ->> 'verdict' FROM pepsi.mail_log WHERE workqueue_id = $clean AND event = 'milter'"),
+	'accept', 'pepsi.mail_log records the verdict ([pepsi] MAIL_LOG)');
 my ($rec) = grep { $_->{macros}{i} eq $clean } scripted_records();
 ok($rec, 'the filter saw the message (macro i is the row id)');
 is($rec->{macros}{j}, 'mx.example.org', 'j is [pepsi] HOSTNAME');
@@ -255,6 +258,9 @@ is($row->{state}{milter}{verdict}, 'tempfail', '... verdict tempfail');
 is($row->{state}{milter}{attempts}, 1, '... attempt 1');
 ok($row->{due} > 30 && $row->{due} < 90, '... for RETRY_BASE');
 is(row_json($node, $discard), undef, 'discard drops the row');
+is($node->safe_psql('postgres', "SELECT string_agg(detail ->> 'verdict', ' ' ORDER BY workqueue_id) FROM pepsi.mail_log"
+	  . " WHERE workqueue_id IN ($quarantine, $reject, $tempfail, $discard) AND event = 'milter'"),
+	'quarantine reject tempfail discard', '... each verdict in pepsi.mail_log');
 is(row_json($node, $accept)->{stage}, 'filtered', 'accept lets it go on');
 
 # An operator releases the quarantined row: it goes on, unfiltered.
@@ -336,6 +342,9 @@ is(scalar(split /\n/, slurp($bad_log)), 1 + scalar @modes, 'one connection per f
 
 # A bad configuration is refused at start.
 my $broken = stage_config($node, 'broken.conf', <<"INI");
+[pepsi]
+LOG = stderr
+
 [stage-filter]
 PROGRAM = pepsi-stage-milter
 MILTERS = tcp:somewhere

@@ -499,6 +499,17 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 	return pepsi_advance(ctx);
 }
 
+/* The verdict as a pepsi.mail_log event ([pepsi] MAIL_LOG), committed with the outcome. */
+static void
+milter_mail_log(struct pepsi_ctx *ctx, const struct milter_outcome *out, const char *verdict)
+{
+	json_t	   *detail = json_pack("{s:s, s:s?, s:O}", "verdict", verdict, "reply", out->reply,
+								   "filters", out->filters);
+
+	pepsi_mail_log(ctx, "milter", detail);
+	json_decref(detail);
+}
+
 /* Open the filters of MILTERS, or keep those already open when it has not changed. */
 static bool
 milter_ensure_filters(const struct milter_options *o, char *err, size_t errlen)
@@ -567,6 +578,8 @@ milter_run(struct pepsi_ctx *ctx)
 		source.origin = NULL;
 
 	milter_run_filters(&o, &m, &source, &out);
+	milter_mail_log(ctx, &out, out.verdict == MILTER_VERDICT_ACCEPT && m.quarantine ? "quarantine"
+					: milter_verdict_name(out.verdict));
 	switch (out.verdict)
 	{
 		case MILTER_VERDICT_DISCARD:
