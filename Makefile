@@ -87,6 +87,9 @@ $(B)/%.o: %.c | $(B)/programs.h
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
 $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/*)
 
+# The option schema is compiled into options.o (and the extension's config_schema.o).
+$(B)/common/options.o: common/options.def
+
 $(B)/libpepsi.a: $(COMMON_OBJS)
 	rm -f $@
 	ar rcs $@ $^
@@ -280,14 +283,15 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_syntax.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c \
                      common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
-                     common/aliases.c common/config.c common/header.c common/auth/results.c \
+                     common/aliases.c common/config.c common/options.c common/header.c common/auth/results.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
 		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson
 
 $(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c \
-                     common/buf.c common/log.c common/xalloc.c common/config.c $(wildcard common/*.h common/auth/*.h)
+                     common/buf.c common/log.c common/xalloc.c common/config.c common/options.c \
+                     $(wildcard common/*.h common/auth/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 

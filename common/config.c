@@ -1,7 +1,7 @@
 /*
  * config.c: see config.h.  Parsing is libinih's; what this file adds is
- * the schema (which sections and options exist), line numbers for every
- * value, the overlay, and typed getters whose errors name the place.
+ * the schema's checks (common/options.def, through options.h) of every
+ * value with the place it came from, the overlay, and the typed getters.
  */
 #include "config.h"
 
@@ -13,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ini.h>
 
 #include "log.h"
+#include "options.h"
 #include "xalloc.h"
 
 /*
@@ -34,53 +36,13 @@ struct config_index
 };
 
 /*
- * The schema.  A section is named exactly or by a prefix ending in '-'
- * (one per listener or stage).  options == NULL means any upper-case name:
- * stage sections carry the options of their own program, which the program
- * checks itself.
- */
-struct config_section_schema
-{
-	const char *name;
-	bool		prefix;
-	bool		overridable;
-	const char *const *options;
-};
-
-static const char *const pepsi_options[] = {
-	"HOSTNAME", "ALLOW_FUSION", "MAIL_LOG", "LOG", "LOG_FORMAT", "DNS_FORWARDER", "DNS_TRUST_ANCHOR", "DNS_TIMEOUT",
-	"LOCAL_DOMAINS", "LOCAL_RECIPIENTS", "ALIASES_FILE", "MAILDIR_ROOT", NULL
-};
-static const char *const database_options[] = {
-	"CONNINFO", NULL
-};
-static const char *const dispatch_options[] = {
-	"POLL_INTERVAL", "FAIR_HALF_LIFE", "FAIR_FIFO_PERCENT", "WORKER_IDLE_TIMEOUT",
-	"SPAWN_COOLDOWN", "STATS_INTERVAL", "INIT_STAGE", "CRASH_LIMIT", "CRASH_RETRY_DELAY", NULL
-};
-static const char *const ingress_options[] = {
-	"AUTHSERV_ID", "DISPATCH_WAKE_INTERVAL", "USER", "GROUP", "CREDENTIALS",
-	"DATABASE_CONNECTIONS", "BATCH_SIZE", "INIT_STAGE", "TRUSTED_NETWORKS",
-	"LOCAL_RECIPIENTS_REFRESH", "DNS_MESSAGE_BUDGET", "MAX_HOPS", "ARC_TRUSTED_SEALERS",
-	"MAX_MESSAGE_MEMORY", NULL
-};
-static const char *const sendmail_options[] = {
-	"INIT_STAGE", NULL
-};
-static const char *const listener_options[] = {
-	"ADDRESS", "PORT", "MODE", "CERTIFICATE", "KEY", "MAX_SIZE", "MAX_RECIPIENTS",
-	"MAX_LINE_LENGTH", "MAX_SESSIONS", "MAX_SESSIONS_PER_CLIENT", "IDLE_TIMEOUT",
-	"MAX_ERRORS", "COMMAND_RATE", "TRUSTED_NETWORKS",
-	"MESSAGE_AUTHENTICATION", "SPF_FAIL", "DMARC_POLICY", "SESSION_DEADLINE", "MIN_DATA_RATE", NULL
-};
-
-/*
- * Options of overridable sections that are read from the file only: who a
- * process runs as, whose passwords and which networks it trusts, the paths
- * it reads and where it sends mail.  A compromised database must not change
- * them (pepsi--0.1--0.2.sql refuses the same rows).  section NULL: any
- * section; an option ending in "_" stands for every option with that
- * ending ("_FILE").
+ * The options common/options.def declares are file-only by their scope.
+ * A third-party stage's options are not declared, so these names are
+ * file-only in any section whatever the program: the paths a program
+ * reads, where mail goes and how the next hop is authenticated.  A
+ * compromised database must not change them (pepsi--0.1--0.2.sql refuses
+ * the same rows).  section NULL: any section; an option ending in "_"
+ * stands for every option with that ending ("_FILE").
  */
 static const struct
 {
@@ -134,65 +96,6 @@ config_control_character(const char *value)
 	return NULL;
 }
 
-/*
- * A PROGRAM from the database is a program's name, never a path: the
- * dispatcher then runs it only from Pepsi's own program directory.
- */
-static bool
-config_program_name_valid(const char *value)
-{
-	if (!islower((unsigned char) value[0]) && !isdigit((unsigned char) value[0]))
-		return false;
-	for (const char *p = value; *p; p++)
-		if (!islower((unsigned char) *p) && !isdigit((unsigned char) *p) && !strchr("._+-", *p))
-			return false;
-	return true;
-}
-
-/* A signing key (common/auth/keys.h): file only, so the overlay cannot move it. */
-static const char *const dkim_key_options[] = {
-	"DOMAIN", "SELECTOR", "ALGORITHM", "KEY_FILE", NULL
-};
-
-/* The SRS engine (common/srs.h): file only, the secrets must not come from the database. */
-static const char *const srs_options[] = {
-	"DOMAIN", "SECRET_FILE", "MAX_AGE", "HASH_LENGTH", "SEPARATOR", NULL
-};
-
-static const char *const httpd_options[] = {
-	"ADDRESS", "PORT", "CERTIFICATE", "KEY", "USER", "GROUP", "CONNINFO", "SESSION_LIFETIME",
-	"METRICS_AUTH", NULL
-};
-
-static const struct config_section_schema config_schema[] = {
-	{"pepsi", false, true, pepsi_options},
-	{"database", false, false, database_options},
-	{"dispatch", false, true, dispatch_options},
-	{"ingress", false, true, ingress_options},
-	{"sendmail", false, true, sendmail_options},
-	{"listener-", true, false, listener_options},
-	{"dkim-key-", true, false, dkim_key_options},
-	{"srs", false, false, srs_options},
-	/* Where it listens, its certificate and its role: the file's alone. */
-	{"httpd", false, false, httpd_options},
-	{"stage-", true, true, NULL},
-};
-
-static const struct config_section_schema *
-config_schema_for(const char *section)
-{
-	for (size_t i = 0; i < sizeof(config_schema) / sizeof(config_schema[0]); i++)
-	{
-		const struct config_section_schema *s = &config_schema[i];
-
-		if (s->prefix ? (strncmp(section, s->name, strlen(s->name)) == 0
-						 && section[strlen(s->name)] != '\0')
-			: strcmp(section, s->name) == 0)
-			return s;
-	}
-	return NULL;
-}
-
 static bool
 config_option_name_valid(const char *option)
 {
@@ -207,30 +110,73 @@ config_option_name_valid(const char *option)
 bool
 config_section_known(const char *section)
 {
-	return config_schema_for(section) != NULL;
+	return option_section_known(section);
 }
 
 bool
 config_section_overridable(const char *section)
 {
-	const struct config_section_schema *s = config_schema_for(section);
+	return option_section_overridable(section);
+}
 
-	return s != NULL && s->overridable;
+static bool
+config_is_stage_section(const char *section)
+{
+	return strncmp(section, "stage-", 6) == 0 && section[6] != '\0';
 }
 
 bool
 config_option_known(const char *section, const char *option)
 {
-	const struct config_section_schema *s = config_schema_for(section);
-
-	if (s == NULL || !config_option_name_valid(option))
+	if (!config_option_name_valid(option))
 		return false;
-	if (s->options == NULL)
+	/* A stage section also takes its program's options (checked with the PROGRAM known). */
+	return option_find(section, NULL, option) != NULL || config_is_stage_section(section);
+}
+
+/* The PROGRAM of a [stage-*] section, or NULL. */
+static const char *
+config_section_program(const struct pepsi_config *cfg, const char *section)
+{
+	return config_is_stage_section(section) ? config_get(cfg, section, "PROGRAM") : NULL;
+}
+
+const struct option_def *
+config_option_def(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return option_find(section, config_section_program(cfg, section), option);
+}
+
+/*
+ * Is option one section may hold?  def is its definition, or NULL for the
+ * option of a stage program the schema does not know (checked by it).
+ */
+static bool
+config_option_allowed(const struct pepsi_config *cfg, const char *section, const char *option,
+					  const struct option_def **def)
+{
+	*def = config_option_def(cfg, section, option);
+	if (*def)
 		return true;
-	for (const char *const *o = s->options; *o; o++)
-		if (strcmp(*o, option) == 0)
-			return true;
-	return false;
+	return config_is_stage_section(section) && config_option_name_valid(option)
+		&& !option_program_declared(config_section_program(cfg, section));
+}
+
+/* Why option is not one of section's, for a message. */
+static const char *
+config_option_refusal(const struct pepsi_config *cfg, const char *section, const char *option,
+					  char *out, size_t outlen)
+{
+	const char *program = config_section_program(cfg, section);
+
+	if (!config_option_name_valid(option))
+		snprintf(out, outlen, "[%s] has no option %s (option names are upper case)", section, option);
+	else if (program)
+		snprintf(out, outlen, "[%s] has no option %s (neither every stage nor its PROGRAM %s "
+				 "takes it)", section, option, option_program_name(program));
+	else
+		snprintf(out, outlen, "[%s] has no option %s", section, option);
+	return out;
 }
 
 /*
@@ -377,10 +323,13 @@ config_handle(void *user, const char *section, const char *option, const char *v
 						   "[dkim-key-<name>], [srs])", section);
 		return 0;
 	}
+	/* A stage program's options are checked once its PROGRAM is known (config_check_file). */
 	if (!config_option_known(section, option))
 	{
-		config_parse_error(p, p->line, "[%s] has no option %s%s", section, option,
-						   config_option_name_valid(option) ? "" : " (option names are upper case)");
+		char		why[512];
+
+		config_parse_error(p, p->line, "%s", config_option_refusal(p->cfg, section, option, why,
+																	sizeof(why)));
 		return 0;
 	}
 	if (config_control_character(value))
@@ -403,6 +352,31 @@ config_handle(void *user, const char *section, const char *option, const char *v
 	return 1;
 }
 
+/*
+ * Every value of the file against the schema, once the whole file is read:
+ * a value continued on indented lines is whole only then, and a stage
+ * section's PROGRAM (which says what its other options are) may come after
+ * them.
+ */
+static void
+config_check_file(struct config_parse *p)
+{
+	struct pepsi_config *cfg = p->cfg;
+
+	for (size_t i = 0; i < cfg->count && !p->failed; i++)
+	{
+		const struct config_entry *e = &cfg->entries[i];
+		const struct option_def *def;
+		char		why[512];
+
+		if (!config_option_allowed(cfg, e->section, e->option, &def))
+			config_parse_error(p, e->line, "%s", config_option_refusal(cfg, e->section, e->option,
+																	   why, sizeof(why)));
+		else if (def && !option_value_check(def, e->value, false, why, sizeof(why)))
+			config_parse_error(p, e->line, "[%s] %s = %s: %s", e->section, e->option, e->value, why);
+	}
+}
+
 static struct pepsi_config *
 config_parse(struct config_parse *p, const char *name)
 {
@@ -419,6 +393,8 @@ config_parse(struct config_parse *p, const char *name)
 		p->failed = false;
 		config_parse_error(p, rc, "malformed line (expected [section] or OPTION = value)");
 	}
+	if (rc == 0 && !p->failed)
+		config_check_file(p);
 	if (rc != 0 || p->failed)
 	{
 		config_free(p->cfg);
@@ -481,7 +457,9 @@ bool
 config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
 					const char *option, const char *value, char *err, size_t errlen)
 {
-	const char *why;
+	const struct option_def *def;
+	const char *file_only;
+	char		why[512];
 
 	if (!config_section_overridable(section))
 	{
@@ -489,16 +467,16 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 section, option, section);
 		return false;
 	}
-	if (!config_option_known(section, option))
+	if (!config_option_allowed(cfg, section, option, &def))
 	{
-		snprintf(err, errlen, "override [%s] %s refused: the section has no such option",
-				 section, option);
+		snprintf(err, errlen, "override %s refused: %s", scope,
+				 config_option_refusal(cfg, section, option, why, sizeof(why)));
 		return false;
 	}
-	if ((why = config_file_only_reason(section, option)) != NULL)
+	if (def == NULL && (file_only = config_file_only_reason(section, option)) != NULL)
 	{
 		snprintf(err, errlen, "override [%s] %s refused: %s is read only from the file",
-				 section, option, why);
+				 section, option, file_only);
 		return false;
 	}
 	if (config_control_character(value))
@@ -507,18 +485,18 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 section, option);
 		return false;
 	}
-	if (strcmp(option, "PROGRAM") == 0 && !config_program_name_valid(value))
-	{
-		snprintf(err, errlen, "override [%s] PROGRAM refused: \"%.200s\" is not a program name "
-				 "(from the database PROGRAM names a program of Pepsi's, never a path)",
-				 section, value);
-		return false;
-	}
 	if (strcmp(scope, "global") != 0
 		&& !(strncmp(scope, "domain:", 7) == 0 && scope[7] != '\0')
 		&& !(strncmp(scope, "address:", 8) == 0 && scope[8] != '\0'))
 	{
 		snprintf(err, errlen, "override [%s] %s refused: bad scope \"%s\"", section, option, scope);
+		return false;
+	}
+	if (def && (!option_scope_check(def, scope, why, sizeof(why))
+				|| !option_value_check(def, value, true, why, sizeof(why))))
+	{
+		snprintf(err, errlen, "override %s [%s] %s = %.200s refused: %s", scope, section, option, value,
+				 why);
 		return false;
 	}
 	config_append(cfg, scope, section, option, value, 0);
@@ -664,118 +642,179 @@ config_origin(const struct pepsi_config *cfg, const char *section, const char *o
 	return out;
 }
 
+/*
+ * The typed getters.  Every value was checked against the schema when it
+ * was loaded, so a getter only parses; what it cannot parse, or an option
+ * the schema does not have, is a bug in the program, and fatal.
+ */
+static const struct option_def *
+config_typed_def(const struct pepsi_config *cfg, const char *section, const char *option,
+				 enum option_type type)
+{
+	const struct option_def *def = config_option_def(cfg, section, option);
+
+	if (def == NULL)
+		fatalx("[%s] %s is read but common/options.def does not declare it", section, option);
+	if (def->type != type && !(type == OPTION_TEXT && def->type != OPTION_BOOL && def->type != OPTION_INT
+							   && def->type != OPTION_DURATION && def->type != OPTION_SIZE))
+		fatalx("[%s] %s is a%s %s option, read as a%s %s", section, option,
+			   def->type == OPTION_INT ? "n" : "", option_type_name(def->type),
+			   type == OPTION_INT ? "n" : "", option_type_name(type));
+	return def;
+}
+
+/* The value in force for the scope (or the schema's default); NULL if neither. */
+static const char *
+config_typed_value(const struct pepsi_config *cfg, const struct option_def *def, const char *section,
+				   const char *domain, const char *address)
+{
+	const char *value = config_get_for(cfg, section, def->name, domain, address);
+
+	return value ? value : def->default_value;
+}
+
+static void config_unparsable(const struct pepsi_config *cfg, const char *section,
+							  const char *option, const char *value) __attribute__((noreturn));
+
 static void
-config_value_error(const struct pepsi_config *cfg, const char *section, const char *option,
-				   char *err, size_t errlen, const char *fmt, ...)
+config_unparsable(const struct pepsi_config *cfg, const char *section, const char *option,
+				  const char *value)
 {
 	char		origin[512];
-	char		reason[512];
-	va_list		ap;
 
-	va_start(ap, fmt);
-	vsnprintf(reason, sizeof(reason), fmt, ap);
-	va_end(ap);
-	snprintf(err, errlen, "%s: [%s] %s: %s",
-			 config_origin(cfg, section, option, origin, sizeof(origin)), section, option, reason);
+	fatalx("%s: [%s] %s = %s was not checked when loaded",
+		   config_origin(cfg, section, option, origin, sizeof(origin)), section, option, value);
 }
 
 bool
-config_get_long(const struct pepsi_config *cfg, const char *section, const char *option,
-				long fallback, long min, long max, long *out, char *err, size_t errlen)
+config_bool_for(const struct pepsi_config *cfg, const char *section, const char *option,
+				const char *domain, const char *address)
 {
-	const char *value = config_get(cfg, section, option);
-	char	   *end;
-	long		n;
+	const struct option_def *def = config_typed_def(cfg, section, option, OPTION_BOOL);
+	const char *value = config_typed_value(cfg, def, section, domain, address);
+	bool		result = false;
 
-	if (value == NULL)
-	{
-		*out = fallback;
-		return true;
-	}
-	errno = 0;
-	n = strtol(value, &end, 10);
-	if (errno || end == value || *end != '\0')
-	{
-		config_value_error(cfg, section, option, err, errlen, "\"%s\" is not a whole number", value);
-		return false;
-	}
-	if (n < min || n > max)
-	{
-		config_value_error(cfg, section, option, err, errlen, "%ld is outside %ld..%ld", n, min, max);
-		return false;
-	}
-	*out = n;
-	return true;
+	if (value && !option_parse_bool(value, &result))
+		config_unparsable(cfg, section, option, value);
+	return result;
+}
+
+/* An INT, DURATION (ms) or SIZE (bytes) value, parsed by the type's one parser. */
+static long long
+config_number_for(const struct pepsi_config *cfg, const char *section, const char *option,
+				  const char *domain, const char *address, enum option_type type,
+				  bool (*parse) (const char *value, long long *out))
+{
+	const struct option_def *def = config_typed_def(cfg, section, option, type);
+	const char *value = config_typed_value(cfg, def, section, domain, address);
+	long long	result = 0;
+
+	if (value && !parse(value, &result))
+		config_unparsable(cfg, section, option, value);
+	return result;
+}
+
+long long
+config_int_for(const struct pepsi_config *cfg, const char *section, const char *option,
+			   const char *domain, const char *address)
+{
+	return config_number_for(cfg, section, option, domain, address, OPTION_INT, option_parse_int);
+}
+
+long long
+config_duration_ms_for(const struct pepsi_config *cfg, const char *section, const char *option,
+					   const char *domain, const char *address)
+{
+	return config_number_for(cfg, section, option, domain, address, OPTION_DURATION,
+							 option_parse_duration_ms);
+}
+
+long long
+config_size_for(const struct pepsi_config *cfg, const char *section, const char *option,
+				const char *domain, const char *address)
+{
+	return config_number_for(cfg, section, option, domain, address, OPTION_SIZE, option_parse_size);
+}
+
+int
+config_enum_for(const struct pepsi_config *cfg, const char *section, const char *option,
+				const char *domain, const char *address)
+{
+	const struct option_def *def = config_typed_def(cfg, section, option, OPTION_ENUM);
+	const char *value = config_typed_value(cfg, def, section, domain, address);
+	int			index = value ? option_enum_index(def, value) : 0;
+
+	if (index < 0)
+		config_unparsable(cfg, section, option, value);
+	return index;
+}
+
+const char *
+config_text_for(const struct pepsi_config *cfg, const char *section, const char *option,
+				const char *domain, const char *address)
+{
+	const struct option_def *def = config_typed_def(cfg, section, option, OPTION_TEXT);
+
+	return config_typed_value(cfg, def, section, domain, address);
 }
 
 bool
-config_get_bool(const struct pepsi_config *cfg, const char *section, const char *option,
-				bool fallback, bool *out, char *err, size_t errlen)
+config_bool(const struct pepsi_config *cfg, const char *section, const char *option)
 {
-	const char *value = config_get(cfg, section, option);
+	return config_bool_for(cfg, section, option, NULL, NULL);
+}
 
-	if (value == NULL)
-		*out = fallback;
-	else if (strcasecmp(value, "yes") == 0 || strcasecmp(value, "true") == 0
-			 || strcasecmp(value, "on") == 0 || strcmp(value, "1") == 0)
-		*out = true;
-	else if (strcasecmp(value, "no") == 0 || strcasecmp(value, "false") == 0
-			 || strcasecmp(value, "off") == 0 || strcmp(value, "0") == 0)
-		*out = false;
-	else
-	{
-		config_value_error(cfg, section, option, err, errlen,
-						   "\"%s\" is not a boolean (yes/no, true/false, on/off, 1/0)", value);
-		return false;
-	}
-	return true;
+long long
+config_int(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_int_for(cfg, section, option, NULL, NULL);
+}
+
+long long
+config_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_duration_ms_for(cfg, section, option, NULL, NULL);
+}
+
+long long
+config_size(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_size_for(cfg, section, option, NULL, NULL);
+}
+
+int
+config_enum(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_enum_for(cfg, section, option, NULL, NULL);
+}
+
+const char *
+config_text(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	return config_text_for(cfg, section, option, NULL, NULL);
 }
 
 bool
-config_get_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option,
-					   long fallback_ms, long min_ms, long *out, char *err, size_t errlen)
+config_list_contains(const char *list, const char *item)
 {
-	const char *value = config_get(cfg, section, option);
-	char	   *end;
-	double		n;
-	double		unit = 1000;
+	return option_list_contains(list, item);
+}
 
-	if (value == NULL)
+const char *
+config_hostname(const struct pepsi_config *cfg)
+{
+	static char system_name[256];
+	const char *configured = config_text(cfg, "pepsi", "HOSTNAME");
+
+	if (configured)
+		return configured;
+	if (system_name[0] == '\0')
 	{
-		*out = fallback_ms;
-		return true;
+		if (gethostname(system_name, sizeof(system_name)) != 0 || system_name[0] == '\0')
+			snprintf(system_name, sizeof(system_name), "localhost");
+		system_name[sizeof(system_name) - 1] = '\0';
 	}
-	errno = 0;
-	n = strtod(value, &end);
-	if (errno || end == value || !isfinite(n) || n < 0)
-	{
-		config_value_error(cfg, section, option, err, errlen, "\"%s\" is not a duration", value);
-		return false;
-	}
-	if (strcmp(end, "ms") == 0)
-		unit = 1;
-	else if (*end == '\0' || strcmp(end, "s") == 0)
-		unit = 1000;
-	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
-		unit = 60 * 1000;
-	else if (strcmp(end, "h") == 0)
-		unit = 3600 * 1000;
-	else if (strcmp(end, "d") == 0)
-		unit = 86400.0 * 1000;
-	else
-	{
-		config_value_error(cfg, section, option, err, errlen,
-						   "\"%s\" has an unknown unit (use ms, s, m, h or d)", value);
-		return false;
-	}
-	if (n * unit > (double) LONG_MAX / 2 || n * unit < min_ms)
-	{
-		config_value_error(cfg, section, option, err, errlen,
-						   "\"%s\" is out of range (at least %ld ms)", value, min_ms);
-		return false;
-	}
-	*out = (long) (n * unit);
-	return true;
+	return system_name;
 }
 
 size_t

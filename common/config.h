@@ -2,9 +2,9 @@
  * config.h: pepsi.conf, the INI file, with pepsi.config_override layered
  * over it.
  *
- * The file is read once and checked whole: an unknown section, an option a
- * section does not have, or a malformed value is refused with file:line
- * and the reason.  The overlay (scopes global, domain:<d>, address:<a>)
+ * The file is read once and checked whole against the option schema
+ * (common/options.def): an unknown section, an option a section does not
+ * have, or a malformed value is refused with file:line and the reason.  The overlay (scopes global, domain:<d>, address:<a>)
  * applies to every section except [database] and [listener-*], which must
  * be known before a database connection exists and which a compromised
  * database must not move.
@@ -16,6 +16,8 @@
 #include <stddef.h>
 
 #define PEPSI_CONFIG_DEFAULT_PATH "/etc/pepsi/pepsi.conf"
+
+struct option_def;
 
 struct config_entry
 {
@@ -43,7 +45,11 @@ struct pepsi_config *config_load(const char *path, char *err, size_t errlen);
 struct pepsi_config *config_parse_string(const char *text, const char *name, char *err, size_t errlen);
 void		config_free(struct pepsi_config *cfg);
 
-/* Whether an option may be set in a section (and by the overlay). */
+/*
+ * Whether an option may be set in a section (and by the overlay), by the
+ * schema alone: a [stage-*] section also takes any option of its program,
+ * which config_load checks once it knows the PROGRAM.
+ */
 bool		config_option_known(const char *section, const char *option);
 bool		config_section_overridable(const char *section);
 bool		config_section_known(const char *section);
@@ -64,15 +70,47 @@ const char *config_get_for(const struct pepsi_config *cfg, const char *section, 
 const char *config_origin(const struct pepsi_config *cfg, const char *section, const char *option,
 						  char *out, size_t outlen);
 
-/* Typed getters: false with err naming file:line and the reason for a bad value. */
-bool		config_get_long(const struct pepsi_config *cfg, const char *section, const char *option,
-							long fallback, long min, long max, long *out, char *err, size_t errlen);
-bool		config_get_bool(const struct pepsi_config *cfg, const char *section, const char *option,
-							bool fallback, bool *out, char *err, size_t errlen);
-/* Durations: "30", "30s", "5m", "2h", "1d", "250ms"; result in milliseconds. */
-bool		config_get_duration_ms(const struct pepsi_config *cfg, const char *section,
-								   const char *option, long fallback_ms, long min_ms,
-								   long *out, char *err, size_t errlen);
+/*
+ * Typed getters.  Every option read through them has its line in
+ * common/options.def, which gives its type, default and range; the value
+ * was checked against it when loaded (the file by config_load, each
+ * override by config_add_override), so they cannot fail: unset, they
+ * return the default (false, 0, or NULL when there is none).  The _for
+ * forms read the value in force for a recipient domain or address (either
+ * may be NULL), as config_get_for does.  Reading an option options.def
+ * does not declare, or with a getter of another type, is fatal.
+ */
+bool		config_bool(const struct pepsi_config *cfg, const char *section, const char *option);
+long long	config_int(const struct pepsi_config *cfg, const char *section, const char *option);
+long long	config_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option);
+long long	config_size(const struct pepsi_config *cfg, const char *section, const char *option);
+/* The index of the value among the ENUM's choices ("a|b|c": 0, 1, 2). */
+int			config_enum(const struct pepsi_config *cfg, const char *section, const char *option);
+/* Text, path, stage, program, domain and list options: the string, or NULL. */
+const char *config_text(const struct pepsi_config *cfg, const char *section, const char *option);
+
+bool		config_bool_for(const struct pepsi_config *cfg, const char *section, const char *option,
+							const char *domain, const char *address);
+long long	config_int_for(const struct pepsi_config *cfg, const char *section, const char *option,
+						   const char *domain, const char *address);
+long long	config_duration_ms_for(const struct pepsi_config *cfg, const char *section,
+								   const char *option, const char *domain, const char *address);
+long long	config_size_for(const struct pepsi_config *cfg, const char *section, const char *option,
+							const char *domain, const char *address);
+int			config_enum_for(const struct pepsi_config *cfg, const char *section, const char *option,
+							const char *domain, const char *address);
+const char *config_text_for(const struct pepsi_config *cfg, const char *section, const char *option,
+							const char *domain, const char *address);
+
+/* Is item in a DOMAIN_LIST or ADDRESS_LIST value (comma or space separated, any case)? */
+bool		config_list_contains(const char *list, const char *item);
+
+/* [pepsi] HOSTNAME, else the system's host name, else "localhost". */
+const char *config_hostname(const struct pepsi_config *cfg);
+
+/* The schema's definition of an option of section (a stage's with its PROGRAM), or NULL. */
+const struct option_def *config_option_def(const struct pepsi_config *cfg, const char *section,
+										   const char *option);
 
 /* The sections whose name starts with prefix ("stage-"), in file order, each once. */
 size_t		config_sections(const struct pepsi_config *cfg, const char *prefix,

@@ -19,34 +19,6 @@
 #include "maillog.h"
 #include "xalloc.h"
 
-#define DELIVERY_DEFAULT_LIFETIME_MS (5L * 86400 * 1000)
-#define DELIVERY_DEFAULT_RETRY_BASE_MS (5L * 60 * 1000)
-#define DELIVERY_DEFAULT_RETRY_MAX_MS (60L * 60 * 1000)
-#define DELIVERY_DEFAULT_DELAY_DSN_MS (4L * 3600 * 1000)
-
-/* ---------------------------------------------------------------------------
- * Options
- * ------------------------------------------------------------------------- */
-
-bool
-delivery_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
-{
-	long		ms;
-	bool		flag;
-
-	if (!config_get_duration_ms(cfg, section, "MAX_LIFETIME", DELIVERY_DEFAULT_LIFETIME_MS, 1000,
-								&ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "RETRY_BASE", DELIVERY_DEFAULT_RETRY_BASE_MS, 100,
-								   &ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "RETRY_MAX", DELIVERY_DEFAULT_RETRY_MAX_MS, 100,
-								   &ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "DELAY_DSN_AFTER", DELIVERY_DEFAULT_DELAY_DSN_MS, 0,
-								   &ms, err, errlen)
-		|| !config_get_bool(cfg, section, "ORIGINATE_SUCCESS_DSN", false, &flag, err, errlen))
-		return false;
-	return true;
-}
-
 /* ---------------------------------------------------------------------------
  * DSN parameters of the row (state.dsn, RFC 3461)
  * ------------------------------------------------------------------------- */
@@ -145,23 +117,6 @@ delivery_message_age(struct pepsi_ctx *ctx)
 /* ---------------------------------------------------------------------------
  * Outcomes
  * ------------------------------------------------------------------------- */
-
-static long
-delivery_option_ms(const struct pepsi_ctx *ctx, const char *option, long fallback)
-{
-	char		err[256];
-	long		ms = fallback;
-	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
-
-	/* Checked at start (delivery_check_config); a bad override falls back. */
-	if (!config_get_duration_ms(pepsi_config(ctx), section, option, fallback, 0, &ms, err, sizeof(err)))
-	{
-		log_warnx("%s", err);
-		ms = fallback;
-	}
-	free(section);
-	return ms;
-}
 
 static void
 delivery_set_string(json_t *object, const char *key, const char *value)
@@ -306,11 +261,10 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 {
 	json_t	   *state = pepsi_state(ctx);
 	long		attempts = (long) json_integer_value(json_object_get(state, "attempts")) + 1;
-	double		lifetime = delivery_option_ms(ctx, "MAX_LIFETIME", DELIVERY_DEFAULT_LIFETIME_MS) / 1000.0;
-	double		base = delivery_option_ms(ctx, "RETRY_BASE", DELIVERY_DEFAULT_RETRY_BASE_MS) / 1000.0;
-	double		cap = delivery_option_ms(ctx, "RETRY_MAX", DELIVERY_DEFAULT_RETRY_MAX_MS) / 1000.0;
-	double		delay_dsn_after = delivery_option_ms(ctx, "DELAY_DSN_AFTER",
-													 DELIVERY_DEFAULT_DELAY_DSN_MS) / 1000.0;
+	double		lifetime = pepsi_option_seconds(ctx, "MAX_LIFETIME");
+	double		base = pepsi_option_seconds(ctx, "RETRY_BASE");
+	double		cap = pepsi_option_seconds(ctx, "RETRY_MAX");
+	double		delay_dsn_after = pepsi_option_seconds(ctx, "DELAY_DSN_AFTER");
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
 	double		age = delivery_message_age(ctx);
 	double		delay;

@@ -13,9 +13,10 @@
  *   bounced    reroute to BOUNCE_STAGE with state.bounce; a message from
  *              the null sender is finished with a log line instead.
  *
- * Options of the stage's section, checked by delivery_check_config:
- *   MAX_LIFETIME (5d), RETRY_BASE (5m), RETRY_MAX (1h), DELAY_DSN_AFTER (4h),
- *   ORIGINATE_SUCCESS_DSN (no; read by the runtime's complete_success), BOUNCE_STAGE.
+ * Options of the stage's section (common/options.def): MAX_LIFETIME,
+ * ORIGINATE_SUCCESS_DSN (read by the runtime's complete_success) and
+ * BOUNCE_STAGE, which every stage has, and RETRY_BASE, RETRY_MAX and
+ * DELAY_DSN_AFTER, which a program using delivery_deferred declares.
  */
 #ifndef PEPSI_DELIVERY_H
 #define PEPSI_DELIVERY_H
@@ -43,9 +44,6 @@ struct delivery_report
 	double		connect_seconds;	/* reaching the next hop (0 when the session was reused) */
 	double		transfer_seconds;	/* handing the message over */
 };
-
-bool		delivery_check_config(const struct pepsi_config *cfg, const char *section,
-								  char *err, size_t errlen);
 
 /*
  * Delivered to the row's recipient.  action is "delivered" or "relayed"

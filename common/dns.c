@@ -56,12 +56,9 @@ dns_config_load(const struct pepsi_config *cfg, struct dns_config *out, char *er
 {
 	const char *forwarder = config_get(cfg, "pepsi", "DNS_FORWARDER");
 	const char *anchor = config_get(cfg, "pepsi", "DNS_TRUST_ANCHOR");
-	long		timeout_ms;
+	long long	timeout_ms = config_duration_ms(cfg, "pepsi", "DNS_TIMEOUT");
 
 	memset(out, 0, sizeof(*out));
-	if (!config_get_duration_ms(cfg, "pepsi", "DNS_TIMEOUT", DNS_DEFAULT_TIMEOUT_MS, 10,
-								&timeout_ms, err, errlen))
-		return false;
 	if (forwarder && *forwarder)
 	{
 		/* "addr@port" is libunbound's spelling; check it here to name the option. */

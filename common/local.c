@@ -53,15 +53,12 @@ local_domains(const struct pepsi_config *cfg, const char *section)
 {
 	static char fallback[300];
 	const char *domains = section ? config_get(cfg, section, "LOCAL_DOMAINS") : NULL;
-	const char *hostname;
 
 	if (domains == NULL)
-		domains = config_get(cfg, "pepsi", "LOCAL_DOMAINS");
+		domains = config_text(cfg, "pepsi", "LOCAL_DOMAINS");
 	if (domains)
 		return domains;
-	hostname = config_get(cfg, "pepsi", "HOSTNAME");
-	snprintf(fallback, sizeof(fallback), "%s%slocalhost", hostname ? hostname : "",
-			 hostname ? " " : "");
+	snprintf(fallback, sizeof(fallback), "%s localhost", config_hostname(cfg));
 	return fallback;
 }
 
@@ -69,23 +66,17 @@ bool
 local_domain_listed(const char *domains, const char *domain)
 {
 	size_t		len = strlen(domain);
-	const char *p = domains ? domains : "";
+	char		bare[256];
 
 	if (len > 0 && domain[len - 1] == '.')
 		len--;					/* the root's dot: "example.org." is example.org */
 	if (len == 0)
 		return true;
-	while (*p)
-	{
-		size_t		n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == len && strncasecmp(p, domain, n) == 0)
-			return true;
-		p += n;
-	}
-	return false;
+	if (len >= sizeof(bare))
+		return false;
+	memcpy(bare, domain, len);
+	bare[len] = '\0';
+	return config_list_contains(domains, bare);
 }
 
 bool
@@ -184,8 +175,7 @@ local_resolver_new(const struct pepsi_config *cfg, char *err, size_t errlen)
 		goto err;
 	if (r->sources & LOCAL_SOURCE_ALIASES)
 	{
-		path = config_get(cfg, "pepsi", "ALIASES_FILE");
-		r->aliases_path = xstrdup(path ? path : "/etc/aliases");
+		r->aliases_path = xstrdup(config_text(cfg, "pepsi", "ALIASES_FILE"));
 		if (!local_aliases_refresh(r, err, errlen))
 			goto err;
 		r->aliases_checked = time(NULL);

@@ -11,30 +11,31 @@
 bool
 log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
+	/* LOG's choices, in the order of common/options.def; LOG_FORMAT's are text|json. */
+	static const char *const destinations[] = {"auto", "stderr", "syslog"};
 	const char *from_env = getenv("PEPSI_LOG");
-	const char *where = from_env && *from_env ? from_env : config_get(cfg, "pepsi", "LOG");
-	const char *format = config_get(cfg, "pepsi", "LOG_FORMAT");
-	char		origin[128];
+	int			where = -1;
 	bool		use_syslog;
 
-	if (where == NULL || strcmp(where, "auto") == 0)
-		use_syslog = !isatty(STDERR_FILENO) && getenv("JOURNAL_STREAM") == NULL;
-	else if (strcmp(where, "stderr") == 0 || strcmp(where, "syslog") == 0)
-		use_syslog = strcmp(where, "syslog") == 0;
+	if (from_env && *from_env)
+	{
+		for (int i = 0; i < 3 && where < 0; i++)
+			if (strcmp(from_env, destinations[i]) == 0)
+				where = i;
+		if (where < 0)
+		{
+			snprintf(err, errlen, "environment PEPSI_LOG: LOG is \"%s\": expected auto, stderr or syslog",
+					 from_env);
+			return false;
+		}
+	}
 	else
-	{
-		snprintf(err, errlen, "%s: LOG is \"%s\": expected auto, stderr or syslog",
-				 where == from_env ? "environment PEPSI_LOG"
-				 : config_origin(cfg, "pepsi", "LOG", origin, sizeof(origin)), where);
-		return false;
-	}
-	if (format != NULL && strcmp(format, "text") != 0 && strcmp(format, "json") != 0)
-	{
-		snprintf(err, errlen, "%s: LOG_FORMAT is \"%s\": expected text or json",
-				 config_origin(cfg, "pepsi", "LOG_FORMAT", origin, sizeof(origin)), format);
-		return false;
-	}
+		where = config_enum(cfg, "pepsi", "LOG");
+	if (where == 0)
+		use_syslog = !isatty(STDERR_FILENO) && getenv("JOURNAL_STREAM") == NULL;
+	else
+		use_syslog = where == 2;
 	log_set_destination(use_syslog);
-	log_set_json(format != NULL && strcmp(format, "json") == 0);
+	log_set_json(config_enum(cfg, "pepsi", "LOG_FORMAT") == 1);
 	return true;
 }

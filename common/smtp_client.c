@@ -66,22 +66,6 @@ smtp_phase_name(enum smtp_phase phase)
 	return "?";
 }
 
-bool
-smtp_tls_mode_parse(const char *value, enum smtp_tls_mode *mode)
-{
-	if (value == NULL || strcasecmp(value, "verify") == 0)
-		*mode = SMTP_TLS_VERIFY;
-	else if (strcasecmp(value, "no-verify") == 0)
-		*mode = SMTP_TLS_NO_VERIFY;
-	else if (strcasecmp(value, "may") == 0)
-		*mode = SMTP_TLS_MAY;
-	else if (strcasecmp(value, "none") == 0)
-		*mode = SMTP_TLS_NONE;
-	else
-		return false;
-	return true;
-}
-
 /* RFC 3461 section 4: xtext, "+" and hex for "+", "=", controls and non-ASCII. */
 void
 smtp_xtext_encode(const char *in, struct buf *out)

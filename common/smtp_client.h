@@ -22,6 +22,7 @@
 
 #include "buf.h"
 
+/* In the order of the TLS option's choices (common/options.def): verify|no-verify|may|none. */
 enum smtp_tls_mode
 {
 	SMTP_TLS_VERIFY,			/* STARTTLS required, certificate and name verified */
@@ -126,7 +127,6 @@ void		smtp_result_free(struct smtp_result *result);
 
 const char *smtp_phase_name(enum smtp_phase phase);	/* "RCPT TO", "end of DATA", ... */
 /* Parse "verify", "no-verify", "may", "none". */
-bool		smtp_tls_mode_parse(const char *value, enum smtp_tls_mode *mode);
 
 /* Helpers shared with tests and the DSN code. */
 bool		smtp_reply_parse_line(const char *line, size_t len, int *code, bool *last,

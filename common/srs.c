@@ -69,31 +69,20 @@ srs_read_secrets(const char *path, struct srs *srs, char *err, size_t errlen)
 bool
 srs_from_config(const struct pepsi_config *cfg, struct srs *srs, char *err, size_t errlen)
 {
-	const char *domain = config_get(cfg, "srs", "DOMAIN");
-	const char *secrets = config_get(cfg, "srs", "SECRET_FILE");
-	const char *separator = config_get(cfg, "srs", "SEPARATOR");
-	long		max_age, hash_length;
+	const char *domain = config_text(cfg, "srs", "DOMAIN");
+	const char *secrets = config_text(cfg, "srs", "SECRET_FILE");
 
 	memset(srs, 0, sizeof(*srs));
 	if (domain == NULL && secrets == NULL)
 		return true;
-	if (domain == NULL || *domain == '\0' || secrets == NULL)
+	if (domain == NULL || secrets == NULL)
 	{
 		snprintf(err, errlen, "%s: [srs] needs both DOMAIN and SECRET_FILE", cfg->path);
 		return false;
 	}
-	if (!config_get_long(cfg, "srs", "MAX_AGE", SRS_DEFAULT_MAX_AGE, 1, SRS_TICKS - 1, &max_age, err, errlen)
-		|| !config_get_long(cfg, "srs", "HASH_LENGTH", SRS_DEFAULT_HASH_LENGTH, 4, 27, &hash_length,
-							err, errlen))
-		return false;
-	if (separator && (strlen(separator) != 1 || strchr("=+-", separator[0]) == NULL))
-	{
-		snprintf(err, errlen, "%s: [srs] SEPARATOR must be =, + or -", cfg->path);
-		return false;
-	}
-	srs->max_age = (unsigned) max_age;
-	srs->hash_length = (unsigned) hash_length;
-	srs->separator = separator ? separator[0] : '=';
+	srs->max_age = (unsigned) config_int(cfg, "srs", "MAX_AGE");
+	srs->hash_length = (unsigned) config_int(cfg, "srs", "HASH_LENGTH");
+	srs->separator = config_text(cfg, "srs", "SEPARATOR")[0];
 	if (!srs_read_secrets(secrets, srs, err, errlen))
 	{
 		srs_free(srs);

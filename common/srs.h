@@ -30,8 +30,6 @@
 
 #include "config.h"
 
-#define SRS_DEFAULT_MAX_AGE 21
-#define SRS_DEFAULT_HASH_LENGTH 4
 
 struct srs
 {

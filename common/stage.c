@@ -656,9 +656,8 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		fatalx("%s", err);
 	if (!db_load_overrides(w.conn, w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	if (!config_get_bool(w.cfg, "pepsi", "ALLOW_FUSION", true, &w.allow_fusion, err, sizeof(err))
-		|| !config_get_bool(w.cfg, "pepsi", "MAIL_LOG", false, &w.mail_log, err, sizeof(err)))
-		fatalx("%s", err);
+	w.allow_fusion = config_bool(w.cfg, "pepsi", "ALLOW_FUSION");
+	w.mail_log = config_bool(w.cfg, "pepsi", "MAIL_LOG");
 	stage_check_sections(&w);
 	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
 		if (!db_prepare(w.conn, stage_load_names[load], stage_load_sql[load], err, sizeof(err)))

@@ -82,9 +82,30 @@ const struct buf *pepsi_headers(struct pepsi_ctx *ctx);
 const struct buf *pepsi_body(struct pepsi_ctx *ctx);
 bool		pepsi_raw_message(struct pepsi_ctx *ctx, struct buf *out);
 
-/* Options of the current [stage-*] section (with the overlay); address may be NULL. */
+/*
+ * Options of the current [stage-*] section, with the overlay: the value in
+ * force for this row's recipients (their address when the row has one,
+ * the domain they all share when they share one, else the global value),
+ * so a domain- or address-scoped override applies to a message only when
+ * it applies to all its recipients.
+ *
+ * The typed getters read an option declared in common/options.def (for
+ * every stage, or for this stage's program), whose type, default and range
+ * it gives; the value was checked when loaded, so they cannot fail (a
+ * missing declaration is fatal).  pepsi_option is the raw string (NULL when
+ * unset), for the options of a program the schema does not declare.
+ */
 const char *pepsi_option(const struct pepsi_ctx *ctx, const char *option);
+/* For one recipient (a per-recipient decision of a stage that handles several). */
 const char *pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *address);
+/* TEXT, PATH, STAGE, DOMAIN, lists: the value or the default (NULL when neither). */
+const char *pepsi_option_text(const struct pepsi_ctx *ctx, const char *option);
+bool		pepsi_option_bool(const struct pepsi_ctx *ctx, const char *option);
+long long	pepsi_option_int(const struct pepsi_ctx *ctx, const char *option);
+double		pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option);	/* DURATION */
+long long	pepsi_option_size(const struct pepsi_ctx *ctx, const char *option);	/* bytes */
+/* ENUM: the index of the value among its choices ("a|b|c": 0, 1, 2). */
+int			pepsi_option_enum(const struct pepsi_ctx *ctx, const char *option);
 const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
 
 /*

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -137,16 +138,74 @@ pepsi_config(const struct pepsi_ctx *ctx)
 	return ctx->worker->cfg;
 }
 
+/*
+ * The scope an override must have to apply to this row: its recipient's
+ * address when it has one, the domain they all share when they share one,
+ * else none (only global values apply): an override for a domain or an
+ * address applies to a message only when it applies to every recipient.
+ */
+struct stage_row_scope
+{
+	const char *domain;
+	const char *address;		/* config_get_for takes its domain too */
+};
+
+static struct stage_row_scope
+stage_row_scope(const struct pepsi_ctx *ctx)
+{
+	struct stage_row_scope scope = {NULL, NULL};
+	const char *shared;
+
+	if (ctx->nrcpt == 1)
+		scope.address = ctx->rcpt[0];
+	if (ctx->nrcpt < 2 || (shared = strrchr(ctx->rcpt[0], '@')) == NULL)
+		return scope;
+	for (size_t i = 1; i < ctx->nrcpt; i++)
+	{
+		const char *at = strrchr(ctx->rcpt[i], '@');
+
+		if (at == NULL || strcasecmp(at, shared) != 0)
+			return scope;
+	}
+	scope.domain = shared + 1;
+	return scope;
+}
+
 const char *
 pepsi_option(const struct pepsi_ctx *ctx, const char *option)
 {
-	return config_get(ctx->worker->cfg, ctx->section, option);
+	struct stage_row_scope s = stage_row_scope(ctx);
+
+	return config_get_for(ctx->worker->cfg, ctx->section, option, s.domain, s.address);
 }
 
 const char *
 pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *address)
 {
 	return config_get_for(ctx->worker->cfg, ctx->section, option, NULL, address);
+}
+
+/* The typed getters: the config_*_for of their type, with this row's scope. */
+#define STAGE_OPTION_GETTER(type, name, config_getter) \
+type \
+name(const struct pepsi_ctx *ctx, const char *option) \
+{ \
+	struct stage_row_scope s = stage_row_scope(ctx); \
+	return config_getter(ctx->worker->cfg, ctx->section, option, s.domain, s.address); \
+}
+
+STAGE_OPTION_GETTER(const char *, pepsi_option_text, config_text_for)
+STAGE_OPTION_GETTER(bool, pepsi_option_bool, config_bool_for)
+STAGE_OPTION_GETTER(long long, pepsi_option_int, config_int_for)
+STAGE_OPTION_GETTER(long long, pepsi_option_size, config_size_for)
+STAGE_OPTION_GETTER(int, pepsi_option_enum, config_enum_for)
+
+double
+pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option)
+{
+	struct stage_row_scope s = stage_row_scope(ctx);
+
+	return config_duration_ms_for(ctx->worker->cfg, ctx->section, option, s.domain, s.address) / 1000.0;
 }
 
 /* ---------------------------------------------------------------------------

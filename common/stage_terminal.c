@@ -145,15 +145,14 @@ pepsi_advance_or_finish(struct pepsi_ctx *ctx)
 int
 pepsi_complete_success(struct pepsi_ctx *ctx)
 {
-	const char *originate = pepsi_option(ctx, "ORIGINATE_SUCCESS_DSN");
+	bool		originate = pepsi_option_bool(ctx, "ORIGINATE_SUCCESS_DSN");
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
 	json_t	   *rcpts = json_object_get(json_object_get(ctx->state, "dsn"), "rcpt");
 	bool		wanted = false;
 	size_t		i;
 	json_t	   *r;
 
-	if (originate && (strcasecmp(originate, "yes") == 0 || strcasecmp(originate, "true") == 0
-					  || strcmp(originate, "1") == 0))
+	if (originate)
 		json_array_foreach(rcpts, i, r)
 	{
 		const char *notify = json_string_value(json_object_get(r, "notify"));

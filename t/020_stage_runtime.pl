@@ -459,7 +459,7 @@ INI
 
 	$bad = stage_config($node, 'bad-bool.conf', "[pepsi]\nALLOW_FUSION = sometimes\n");
 	refuses_to_start('a bad boolean', unified_cmd('pepsi-stage-if', $bad),
-		qr/\Q$bad\E:5: \[pepsi\] ALLOW_FUSION: "sometimes" is not a boolean/, $id);
+		qr/\Q$bad\E:5: \[pepsi\] ALLOW_FUSION = sometimes: ALLOW_FUSION is a boolean/, $id);
 
 	$bad = stage_config($node, 'bad-regex.conf', <<'INI');
 [stage-adv]

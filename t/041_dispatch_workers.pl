@@ -209,7 +209,7 @@ $node->safe_psql($db,
 ok(poll_until(sub { dispatcher_log($d) =~ /configuration not reloaded/ }),
 	'a PROGRAM path in the database is refused');
 like(dispatcher_log($d),
-	qr/configuration not reloaded: override \[stage-missing\] PROGRAM refused: "\Q$program\E" is not a program name/,
+	qr/configuration not reloaded: override global \[stage-missing\] PROGRAM = \Q$program\E refused: .*never a path/,
 	'with a clear message');
 isnt(warm_worker(), '', 'the running graph keeps working');
 is(logged_by($missing), '', 'and the program named by its path never ran');

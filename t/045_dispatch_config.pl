@@ -74,7 +74,7 @@ my @cases = (
 	[
 		'PARALLELISM = 0',
 		"[stage-init]\nPROGRAM = pepsi-stage-discard\nPARALLELISM = 0\n",
-		qr/:LINE: \[stage-init\] PARALLELISM: 0 is outside 1\.\.1024/
+		qr/:LINE: \[stage-init\] PARALLELISM = 0: PARALLELISM is a whole number from 1 to 1024\./
 	],
 	[
 		'no PROGRAM',
@@ -84,7 +84,7 @@ my @cases = (
 	[
 		'bad [dispatch] option',
 		"[stage-init]\nPROGRAM = pepsi-stage-discard\n",
-		qr/:LINE: \[dispatch\] WORKER_IDLE_TIMEOUT: "soon" is not a duration/,
+		qr/:LINE: \[dispatch\] WORKER_IDLE_TIMEOUT = soon: WORKER_IDLE_TIMEOUT is a duration: .*/,
 		dispatch => { WORKER_IDLE_TIMEOUT => 'soon' }
 	],);
 

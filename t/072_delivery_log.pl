@@ -143,6 +143,6 @@ is(scalar @other, 0, 'every line of the log is JSON') or diag explain \@other;
 $config = delivery_config($node, maildir_root => $root, pepsi => { LOG_FORMAT => 'xml' });
 $d = start_dispatcher($config, log => "$tmp/bad.log");
 isnt(dispatcher_exit($d, 20), 0, 'a bad LOG_FORMAT stops the dispatcher');
-like(slurp("$tmp/bad.log"), qr/LOG_FORMAT is "xml": expected text or json/, '... saying why');
+like(slurp("$tmp/bad.log"), qr/\[pepsi\] LOG_FORMAT = xml: LOG_FORMAT is one of "text" or "json"/, '... saying why');
 
 done_testing();

@@ -254,12 +254,8 @@ pepsi_sendmail_main(int argc, char **argv)
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
 		return EX_CONFIG;
 	}
-	hostname = config_get(cfg, "pepsi", "HOSTNAME");
-	if (hostname == NULL)
-		hostname = "localhost";
-	stage = config_get(cfg, "sendmail", "INIT_STAGE");
-	if (stage == NULL)
-		stage = "init";
+	hostname = config_hostname(cfg);
+	stage = config_text(cfg, "sendmail", "INIT_STAGE");
 	sender = o.sender ? xstrdup(o.sender) : xasprintf("%s@%s", login, hostname);
 	if (strcmp(sender, "<>") == 0)
 		sender[0] = '\0';

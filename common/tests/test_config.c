@@ -77,7 +77,7 @@ test_accepts_every_section_kind(void **state)
 		"THEN_STAGE = drop\n"
 		"[stage-route]\n"
 		"PROGRAM = pepsi-stage-route\n"
-		"LOCAL_DOMAINS_2 = example.org\n");
+		"LOCAL_DOMAINS = example.org\n");
 	const char *names[8];
 
 	assert_string_equal(config_get(cfg, "pepsi", "HOSTNAME"), "mx.example.org");
@@ -240,32 +240,48 @@ test_load_file(void **state)
  * ------------------------------------------------------------------------- */
 
 static void
-test_get_long(void **state)
+test_get_int(void **state)
 {
 	struct pepsi_config *cfg = parse_ok("[stage-a]\n"
 										"PARALLELISM = 4\n"
-										"QUEUE_LIMIT = 0\n"
-										"MAX_MESSAGES = 1000000\n"
 										"BAD = 12x\n"
-										"EMPTY = \n"
-										"HUGE = 99999999999999999999999\n");
-	long		n = -1;
+										"EMPTY = \n");
 
-	assert_true(config_get_long(cfg, "stage-a", "PARALLELISM", 1, 1, 64, &n, err, sizeof(err)));
-	assert_int_equal(n, 4);
-	assert_true(config_get_long(cfg, "stage-a", "MISSING", 7, 1, 64, &n, err, sizeof(err)));
-	assert_int_equal(n, 7);
-	assert_false(config_get_long(cfg, "stage-a", "QUEUE_LIMIT", 1, 1, 64, &n, err, sizeof(err)));
-	assert_string_equal(err, "pepsi.conf:3: [stage-a] QUEUE_LIMIT: 0 is outside 1..64");
-	assert_false(config_get_long(cfg, "stage-a", "MAX_MESSAGES", 1, 1, 1000, &n, err, sizeof(err)));
-	assert_non_null(strstr(err, "pepsi.conf:4: "));
-	assert_false(config_get_long(cfg, "stage-a", "BAD", 1, 1, 64, &n, err, sizeof(err)));
-	assert_string_equal(err, "pepsi.conf:5: [stage-a] BAD: \"12x\" is not a whole number");
-	assert_false(config_get_long(cfg, "stage-a", "EMPTY", 1, 1, 64, &n, err, sizeof(err)));
-	assert_non_null(strstr(err, "pepsi.conf:6: "));
-	assert_false(config_get_long(cfg, "stage-a", "HUGE", 1, LONG_MIN, LONG_MAX, &n, err, sizeof(err)));
-	assert_non_null(strstr(err, "pepsi.conf:7: "));
+	assert_int_equal(config_int(cfg, "stage-a", "PARALLELISM"), 4);
+	assert_int_equal(config_int(cfg, "stage-a", "QUEUE_LIMIT"), 16);	/* the schema's default */
+	/* A program the schema does not know keeps its own options unchecked. */
+	assert_string_equal(config_get(cfg, "stage-a", "BAD"), "12x");
 	config_free(cfg);
+
+}
+
+/* Values the schema refuses, each at its place and with the reason. */
+static void
+test_value_refusals(void **state)
+{
+	static const struct
+	{
+		const char *text;
+		const char *place;
+		const char *reason;
+	}			refused[] = {
+		{"[stage-a]\nPARALLELISM = 4\nQUEUE_LIMIT = 0\n", "pepsi.conf:3: ",
+		"QUEUE_LIMIT is a whole number from 1 to 1024"},
+		{"[stage-a]\nMAX_MESSAGES = 12x\n", "pepsi.conf:2: ", "[stage-a] MAX_MESSAGES = 12x"},
+		{"[stage-a]\nMAX_MESSAGES = \n", "pepsi.conf:2: ", "MAX_MESSAGES is a whole number"},
+		{"[stage-a]\nMAX_MESSAGES = 99999999999999999999999\n", "pepsi.conf:2: ", "whole number"},
+		{"[ingress]\nBATCH_SIZE = 2048\n", "pepsi.conf:2: ", "from 1 to 1024"},
+		{"[listener-smtp]\nMODE = lmtp\n", "pepsi.conf:2: ",
+		"MODE is one of \"smtp\", \"submission\" or \"smtps\"."},
+		{"[listener-smtp]\nMAX_SIZE = 10 MB\n", "pepsi.conf:2: ", "MAX_SIZE is a size"},
+		{"[pepsi]\nHOSTNAME = mx..example.org\n", "pepsi.conf:2: ", "HOSTNAME is a domain name"},
+		{"[pepsi]\nLOCAL_DOMAINS = example.org, -bad.example\n", "pepsi.conf:2: ",
+		"\"-bad.example\" is not one"},
+		{"[ingress]\nCREDENTIALS = relative/path\n", "pepsi.conf:2: ", "absolute path"},
+	};
+
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+		parse_refused(refused[i].text, refused[i].place, refused[i].reason);
 }
 
 static void
@@ -275,32 +291,36 @@ test_get_bool(void **state)
 	static const char *const no[] = {"no", "False", "off", "0"};
 	struct pepsi_config *cfg;
 	char		text[128];
-	bool		b;
 
 	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
 	{
 		snprintf(text, sizeof(text), "[pepsi]\nALLOW_FUSION = %s\n", yes[i]);
 		cfg = parse_ok(text);
-		b = false;
-		assert_true(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", false, &b, err, sizeof(err)));
-		assert_true(b);
+		assert_true(config_bool(cfg, "pepsi", "ALLOW_FUSION"));
 		config_free(cfg);
 	}
 	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
 	{
 		snprintf(text, sizeof(text), "[pepsi]\nALLOW_FUSION = %s\n", no[i]);
 		cfg = parse_ok(text);
-		b = true;
-		assert_true(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", true, &b, err, sizeof(err)));
-		assert_false(b);
+		assert_false(config_bool(cfg, "pepsi", "ALLOW_FUSION"));
 		config_free(cfg);
 	}
-	cfg = parse_ok("[pepsi]\nHOSTNAME = x\n\nALLOW_FUSION = maybe\n");
-	assert_false(config_get_bool(cfg, "pepsi", "ALLOW_FUSION", true, &b, err, sizeof(err)));
-	assert_non_null(strstr(err, "pepsi.conf:4: [pepsi] ALLOW_FUSION: \"maybe\" is not a boolean"));
-	b = false;
-	assert_true(config_get_bool(cfg, "pepsi", "MAIL_LOG", true, &b, err, sizeof(err)));
-	assert_true(b);				/* the fallback */
+	parse_refused("[pepsi]\nHOSTNAME = x\n\nALLOW_FUSION = maybe\n", "pepsi.conf:4: ",
+				  "[pepsi] ALLOW_FUSION = maybe: ALLOW_FUSION is a boolean");
+	cfg = parse_ok("[pepsi]\nHOSTNAME = x\n");
+	assert_false(config_bool(cfg, "pepsi", "MAIL_LOG"));	/* the default: no */
+	assert_true(config_bool(cfg, "pepsi", "ALLOW_FUSION"));	/* the default: yes */
+	config_free(cfg);
+
+	/*
+	 * Every stage's ORIGINATE_SUCCESS_DSN is read with the one parser: "on"
+	 * is true at run time as it was at start (it used to be accepted, then
+	 * read as off).
+	 */
+	cfg = parse_ok("[stage-deliver]\nPROGRAM = pepsi-stage-relay-to-smarthost\n"
+				   "ORIGINATE_SUCCESS_DSN = on\n");
+	assert_true(config_bool_for(cfg, "stage-deliver", "ORIGINATE_SUCCESS_DSN", NULL, "a@example.org"));
 	config_free(cfg);
 }
 
@@ -315,39 +335,69 @@ test_get_duration(void **state)
 		{"30", 30000}, {"30s", 30000}, {"250ms", 250}, {"5m", 300000}, {"5min", 300000},
 		{"2h", 7200000}, {"1d", 86400000}, {"1.5s", 1500}, {"0", 0},
 	};
-	static const char *const bad[] = {"5 parsecs", "5w", "-1s", "s", "nan", "inf", "1e300d", ""};
+	static const char *const bad[] = {"5 parsecs", "5w", "-1s", "s", "nan", "inf", "1e300d", "",
+	"0x10", "1.", ".5s"};
 	struct pepsi_config *cfg;
 	char		text[128];
-	long		ms;
 
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
 	{
-		snprintf(text, sizeof(text), "[dispatch]\nPOLL_INTERVAL = %s\n", good[i].text);
+		snprintf(text, sizeof(text), "[ingress]\nDISPATCH_WAKE_INTERVAL = %s\n", good[i].text);
 		cfg = parse_ok(text);
-		ms = -1;
-		if (!config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 0, &ms, err, sizeof(err)))
-			fail_msg("\"%s\" refused: %s", good[i].text, err);
-		if (ms != good[i].ms)
-			fail_msg("\"%s\" gave %ld ms, not %ld", good[i].text, ms, good[i].ms);
+		if (config_duration_ms(cfg, "ingress", "DISPATCH_WAKE_INTERVAL") != good[i].ms)
+			fail_msg("\"%s\" gave %lld ms, not %ld", good[i].text,
+					 config_duration_ms(cfg, "ingress", "DISPATCH_WAKE_INTERVAL"), good[i].ms);
 		config_free(cfg);
 	}
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 	{
-		snprintf(text, sizeof(text), "[dispatch]\nPOLL_INTERVAL = %s\n", bad[i]);
-		cfg = parse_ok(text);
-		if (config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 0, &ms, err, sizeof(err)))
-			fail_msg("\"%s\" accepted as %ld ms", bad[i], ms);
-		if (strncmp(err, "pepsi.conf:2: [dispatch] POLL_INTERVAL: ", 40) != 0)
-			fail_msg("\"%s\": error \"%s\" does not name the place", bad[i], err);
-		config_free(cfg);
+		snprintf(text, sizeof(text), "[ingress]\nDISPATCH_WAKE_INTERVAL = %s\n", bad[i]);
+		parse_refused(text, "pepsi.conf:2: [ingress] DISPATCH_WAKE_INTERVAL = ", "is a duration");
 	}
-	/* The minimum, and the fallback when unset. */
+	/* The minimum, and the default when unset. */
+	parse_refused("[dispatch]\nPOLL_INTERVAL = 5ms\n", "pepsi.conf:2: ", "at least 10 ms");
 	cfg = parse_ok("[dispatch]\nPOLL_INTERVAL = 10ms\n");
-	assert_false(config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 1, 100, &ms, err, sizeof(err)));
-	assert_non_null(strstr(err, "at least 100 ms"));
-	assert_true(config_get_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE", 60000, 0, &ms, err, sizeof(err)));
-	assert_int_equal(ms, 60000);
+	assert_int_equal(config_duration_ms(cfg, "dispatch", "POLL_INTERVAL"), 10);
+	assert_int_equal(config_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE"), 60000);
 	config_free(cfg);
+}
+
+static void
+test_get_size_enum_text(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[listener-smtp]\nMAX_SIZE = 10M\nMODE = Submission\n"
+										"[stage-b]\nPROGRAM = /usr/libexec/pepsi-stage-bounce\n"
+										"RETURN_SIZE_LIMIT = 2048\n");
+
+	assert_int_equal(config_size(cfg, "listener-smtp", "MAX_SIZE"), 10 * 1024 * 1024);
+	assert_int_equal(config_enum(cfg, "listener-smtp", "MODE"), 1);	/* smtp|submission|smtps */
+	assert_int_equal(config_size(cfg, "stage-b", "RETURN_SIZE_LIMIT"), 2048);
+	assert_string_equal(config_text(cfg, "sendmail", "INIT_STAGE"), "init");	/* the default */
+	assert_null(config_text(cfg, "ingress", "AUTHSERV_ID"));	/* no default */
+	config_free(cfg);
+}
+
+/* A stage section takes the options of every stage and those of its PROGRAM, wherever PROGRAM is. */
+static void
+test_stage_program_options(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[stage-relay]\nTLS = may\nSMARTHOST = [192.0.2.1]:2525\n"
+										"PROGRAM = pepsi-stage-relay-to-smarthost\n"
+										"[stage-third]\nPROGRAM = someone-elses-stage\nANY_OPTION = x\n");
+
+	assert_int_equal(config_enum(cfg, "stage-relay", "TLS"), 2);	/* verify|no-verify|may|none */
+	assert_int_equal(config_int(cfg, "stage-relay", "REUSE_MESSAGES"), 1000);
+	assert_string_equal(config_get(cfg, "stage-third", "ANY_OPTION"), "x");
+	config_free(cfg);
+
+	parse_refused("[stage-relay]\nSMARTHOTS = mx.example.org\nPROGRAM = pepsi-stage-relay-to-smarthost\n",
+				  "pepsi.conf:2: ", "[stage-relay] has no option SMARTHOTS (neither every stage nor "
+				  "its PROGRAM pepsi-stage-relay-to-smarthost takes it)");
+	parse_refused("[stage-relay]\nPROGRAM = pepsi-stage-relay-to-smarthost\nTLS = sometimes\n",
+				  "pepsi.conf:3: ", "TLS is one of");
+	/* Another program's option is not this one's. */
+	parse_refused("[stage-drop]\nPROGRAM = pepsi-stage-discard\nSMARTHOST = mx.example.org\n",
+				  "pepsi.conf:3: ", "has no option SMARTHOST");
 }
 
 /* ---------------------------------------------------------------------------
@@ -395,13 +445,15 @@ test_overlay_precedence(void **state)
 	config_free(cfg);
 
 	/* Highest first this time. */
-	cfg = parse_ok("[pepsi]\nHOSTNAME = file\n");
-	add_override(cfg, "address:x@d.example", "pepsi", "HOSTNAME", "address");
-	add_override(cfg, "domain:d.example", "pepsi", "HOSTNAME", "domain");
-	add_override(cfg, "global", "pepsi", "HOSTNAME", "global");
-	assert_string_equal(config_get_for(cfg, "pepsi", "HOSTNAME", NULL, "x@d.example"), "address");
-	assert_string_equal(config_get_for(cfg, "pepsi", "HOSTNAME", NULL, "y@d.example"), "domain");
-	assert_string_equal(config_get(cfg, "pepsi", "HOSTNAME"), "global");
+	cfg = parse_ok("[stage-r]\nPROGRAM = pepsi-stage-discard\nNEXT_STAGE = file\n");
+	add_override(cfg, "address:x@d.example", "stage-r", "NEXT_STAGE", "address");
+	add_override(cfg, "domain:d.example", "stage-r", "NEXT_STAGE", "domain");
+	add_override(cfg, "global", "stage-r", "NEXT_STAGE", "global");
+	assert_string_equal(config_get_for(cfg, "stage-r", "NEXT_STAGE", NULL, "x@d.example"), "address");
+	assert_string_equal(config_get_for(cfg, "stage-r", "NEXT_STAGE", NULL, "y@d.example"), "domain");
+	assert_string_equal(config_get(cfg, "stage-r", "NEXT_STAGE"), "global");
+	/* The typed getters read the same value in force. */
+	assert_string_equal(config_text_for(cfg, "stage-r", "NEXT_STAGE", NULL, "y@d.example"), "domain");
 	config_free(cfg);
 }
 
@@ -429,7 +481,19 @@ test_overlay_refusals(void **state)
 	assert_non_null(strstr(err, "never read from the database"));
 	assert_false(config_add_override(cfg, "address:a@b", "listener-new", "ADDRESS", "0.0.0.0", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "global", "pepsi", "CONNINFO", "x", err, sizeof(err)));
-	assert_non_null(strstr(err, "no such option"));
+	assert_non_null(strstr(err, "[pepsi] has no option CONNINFO"));
+	/* The schema's scopes: a process-wide option has no domain scope, a file-only one none. */
+	assert_false(config_add_override(cfg, "domain:example.org", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
+	assert_non_null(strstr(err, "read once by a process"));
+	assert_false(config_add_override(cfg, "global", "ingress", "USER", "root", err, sizeof(err)));
+	assert_non_null(strstr(err, "read from pepsi.conf only"));
+	/* The value, checked as the file's is. */
+	assert_false(config_add_override(cfg, "global", "dispatch", "POLL_INTERVAL", "5 parsecs", err, sizeof(err)));
+	assert_non_null(strstr(err, "POLL_INTERVAL is a duration"));
+	/* From the database a PROGRAM is a name, never a path; no value holds a control character. */
+	assert_false(config_add_override(cfg, "global", "stage-x", "PROGRAM", "/bin/sh", err, sizeof(err)));
+	assert_non_null(strstr(err, "never a path"));
+	assert_false(config_add_override(cfg, "global", "stage-x", "NEXT_STAGE", "a\nb", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "global", "stage-x", "lower", "x", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "global", "nosuch", "A", "x", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "everyone", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
@@ -438,12 +502,17 @@ test_overlay_refusals(void **state)
 	assert_false(config_add_override(cfg, "address:", "pepsi", "HOSTNAME", "x", err, sizeof(err)));
 	/* The database cannot run code or redirect mail. */
 	assert_false(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "/bin/sh", err, sizeof(err)));
-	assert_non_null(strstr(err, "PROGRAM refused: \"/bin/sh\" is not a program name"));
+	assert_non_null(strstr(err, "PROGRAM names a program: from the database it is a program name, never a path"));
 	assert_false(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "../x", err, sizeof(err)));
-	assert_true(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "pepsi-stage-discard",
+	assert_true(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "pepsi-stage-relay-to-smarthost",
 									err, sizeof(err)));
+	/* A declared option is file-only by its scope in common/options.def ... */
 	assert_false(config_add_override(cfg, "global", "stage-relay", "SMARTHOST", "evil.example", err, sizeof(err)));
+	assert_non_null(strstr(err, "SMARTHOST is read from pepsi.conf only"));
+	/* ... a third-party program's by its name. */
+	assert_false(config_add_override(cfg, "global", "stage-other", "SMARTHOST", "evil.example", err, sizeof(err)));
 	assert_non_null(strstr(err, "where mail is sent is read only from the file"));
+	assert_false(config_add_override(cfg, "global", "stage-other", "SPOOL_FILE", "/tmp/x", err, sizeof(err)));
 	assert_false(config_add_override(cfg, "domain:a.example", "stage-relay", "AUTH_PASSWORD_FILE", "/etc/shadow",
 									 err, sizeof(err)));
 	assert_false(config_add_override(cfg, "global", "stage-box", "MAILDIR_ROOT", "/tmp", err, sizeof(err)));
@@ -474,9 +543,12 @@ main(void)
 		cmocka_unit_test(test_first_error_wins),
 		cmocka_unit_test(test_long_values),
 		cmocka_unit_test(test_load_file),
-		cmocka_unit_test(test_get_long),
+		cmocka_unit_test(test_get_int),
+		cmocka_unit_test(test_value_refusals),
 		cmocka_unit_test(test_get_bool),
 		cmocka_unit_test(test_get_duration),
+		cmocka_unit_test(test_get_size_enum_text),
+		cmocka_unit_test(test_stage_program_options),
 		cmocka_unit_test(test_overlay_precedence),
 		cmocka_unit_test(test_overlay_adds),
 		cmocka_unit_test(test_overlay_refusals),

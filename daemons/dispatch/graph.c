@@ -18,17 +18,6 @@
 
 #define GRAPH_MAX_STAGES 256
 
-static long
-graph_long(const struct pepsi_config *cfg, const char *section, const char *option, long fallback,
-		   long min, long max, bool *ok, char *err, size_t errlen)
-{
-	long		value = fallback;
-
-	if (*ok && !config_get_long(cfg, section, option, fallback, min, max, &value, err, errlen))
-		*ok = false;
-	return value;
-}
-
 static int
 graph_index(struct stage_spec *specs, size_t count, const char *name)
 {
@@ -163,12 +152,10 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 			break;
 		}
 		specs[i].program = xstrdup(program);
-		specs[i].parallelism = graph_long(cfg, section, "PARALLELISM", 2, 1, 1024, &ok, err, errlen);
-		specs[i].max_messages = graph_long(cfg, section, "MAX_MESSAGES", 10000, 1, 1L << 40, &ok, err, errlen);
-		specs[i].queue_limit = graph_long(cfg, section, "QUEUE_LIMIT", 16, 1, 1024, &ok, err, errlen);
-		if (ok && !config_get_duration_ms(cfg, section, "MAX_RUNTIME", 300000, 1, &specs[i].max_runtime_ms,
-										  err, errlen))
-			ok = false;
+		specs[i].parallelism = config_int(cfg, section, "PARALLELISM");
+		specs[i].max_messages = config_int(cfg, section, "MAX_MESSAGES");
+		specs[i].queue_limit = config_int(cfg, section, "QUEUE_LIMIT");
+		specs[i].max_runtime_ms = config_duration_ms(cfg, section, "MAX_RUNTIME");
 	}
 	/*
 	 * Edges: every option ending in _STAGE names a stage that must exist;
@@ -257,33 +244,14 @@ graph_free(struct stage_spec *specs, size_t count)
 bool
 dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	long		ms;
-	long		percent;
-	long		attempts;
-
-	if (!config_get_duration_ms(cfg, "dispatch", "POLL_INTERVAL", 5000, 10, &ms, err, errlen))
-		return false;
-	dispatcher.poll_interval = ms / 1000.0;
-	if (!config_get_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE", 60000, 100, &ms, err, errlen))
-		return false;
-	dispatcher.fair_half_life = ms / 1000.0;
-	if (!config_get_long(cfg, "dispatch", "FAIR_FIFO_PERCENT", 10, 0, 100, &percent, err, errlen))
-		return false;
-	dispatcher.fair_fifo_percent = (int) percent;
-	if (!config_get_duration_ms(cfg, "dispatch", "WORKER_IDLE_TIMEOUT", 60000, 10, &ms, err, errlen))
-		return false;
-	dispatcher.idle_timeout = ms / 1000.0;
-	if (!config_get_duration_ms(cfg, "dispatch", "SPAWN_COOLDOWN", 5000, 10, &ms, err, errlen))
-		return false;
-	dispatcher.spawn_cooldown = ms / 1000.0;
-	if (!config_get_duration_ms(cfg, "dispatch", "STATS_INTERVAL", 60000, 100, &ms, err, errlen))
-		return false;
-	dispatcher.stats_interval = ms / 1000.0;
-	if (!config_get_long(cfg, "dispatch", "CRASH_LIMIT", 3, 1, 100, &attempts, err, errlen))
-		return false;
-	dispatcher.crash_limit = (int) attempts;
-	if (!config_get_duration_ms(cfg, "dispatch", "CRASH_RETRY_DELAY", 60000, 0, &ms, err, errlen))
-		return false;
-	dispatcher.crash_retry_delay = ms / 1000.0;
+	/* Checked against common/options.def when the configuration was loaded. */
+	dispatcher.poll_interval = config_duration_ms(cfg, "dispatch", "POLL_INTERVAL") / 1000.0;
+	dispatcher.fair_half_life = config_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE") / 1000.0;
+	dispatcher.fair_fifo_percent = (int) config_int(cfg, "dispatch", "FAIR_FIFO_PERCENT");
+	dispatcher.idle_timeout = config_duration_ms(cfg, "dispatch", "WORKER_IDLE_TIMEOUT") / 1000.0;
+	dispatcher.spawn_cooldown = config_duration_ms(cfg, "dispatch", "SPAWN_COOLDOWN") / 1000.0;
+	dispatcher.stats_interval = config_duration_ms(cfg, "dispatch", "STATS_INTERVAL") / 1000.0;
+	dispatcher.crash_limit = (int) config_int(cfg, "dispatch", "CRASH_LIMIT");
+	dispatcher.crash_retry_delay = config_duration_ms(cfg, "dispatch", "CRASH_RETRY_DELAY") / 1000.0;
 	return true;
 }

@@ -34,8 +34,6 @@
 #include "privilege.h"
 #include "service.h"
 
-#define HTTPD_DEFAULT_PORT 8025
-#define HTTPD_DEFAULT_SESSION_LIFETIME_MS (12L * 3600 * 1000)
 /* Request headers past this much memory get 431. */
 #define HTTPD_MAX_HEADER_MEMORY (32 * 1024)
 
@@ -91,15 +89,9 @@ httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *
 {
 	const char *certificate = config_get(cfg, "httpd", "CERTIFICATE");
 	const char *key = config_get(cfg, "httpd", "KEY");
-	long		lifetime_ms;
-	bool		metrics_auth;
 
 	/* A failure leaves session_lifetime_s 0, which httpd_reload tests. */
 	memset(set, 0, sizeof(*set));
-	if (!config_get_duration_ms(cfg, "httpd", "SESSION_LIFETIME", HTTPD_DEFAULT_SESSION_LIFETIME_MS,
-								60 * 1000, &lifetime_ms, err, errlen)
-		|| !config_get_bool(cfg, "httpd", "METRICS_AUTH", false, &metrics_auth, err, errlen))
-		return false;
 	if ((certificate == NULL) != (key == NULL))
 	{
 		snprintf(err, errlen, "%s: [httpd] CERTIFICATE and KEY go together", cfg->path);
@@ -116,8 +108,8 @@ httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *
 			return false;
 		}
 	}
-	set->session_lifetime_s = lifetime_ms / 1000;
-	set->metrics_need_token = metrics_auth;
+	set->session_lifetime_s = config_duration_ms(cfg, "httpd", "SESSION_LIFETIME") / 1000;
+	set->metrics_need_token = config_bool(cfg, "httpd", "METRICS_AUTH");
 	return true;
 }
 
@@ -145,21 +137,18 @@ httpd_settings_free(struct httpd_settings *set)
 static int
 httpd_bind(struct pepsi_config *cfg)
 {
-	const char *address = config_get(cfg, "httpd", "ADDRESS");
-	char		err[1024];
-	long		port;
+	const char *address = config_text(cfg, "httpd", "ADDRESS");
+	long		port = (long) config_int(cfg, "httpd", "PORT");
 	char		service[16];
 	struct addrinfo hints = {0}, *res;
 	int			fd, rc, on = 1;
 
-	if (!config_get_long(cfg, "httpd", "PORT", HTTPD_DEFAULT_PORT, 1, 65535, &port, err, sizeof(err)))
-		fatalx("%s", err);
 	snprintf(service, sizeof(service), "%ld", port);
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
 	/* Loopback unless told otherwise: the API acts on the mail queue. */
-	if ((rc = getaddrinfo(address ? address : "127.0.0.1", service, &hints, &res)) != 0)
+	if ((rc = getaddrinfo(address, service, &hints, &res)) != 0)
 		fatalx("%s: [httpd] ADDRESS %s: %s", cfg->path, address, gai_strerror(rc));
 	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)

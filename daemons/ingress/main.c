@@ -53,29 +53,6 @@ ingress_usage(void)
 			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n", PEPSI_CONFIG_DEFAULT_PATH);
 }
 
-static long
-ingress_option_long(const char *section, const char *option, long fallback, long min, long max)
-{
-	char		err[1024];
-	long		value;
-
-	if (!config_get_long(ingress.cfg, section, option, fallback, min, max, &value, err, sizeof(err)))
-		fatalx("%s", err);
-	return value;
-}
-
-static double
-ingress_option_seconds(const char *section, const char *option, long fallback_ms, long min_ms)
-{
-	char		err[1024];
-	long		ms;
-
-	if (!config_get_duration_ms(ingress.cfg, section, option, fallback_ms, min_ms, &ms, err,
-								sizeof(err)))
-		fatalx("%s", err);
-	return ms / 1000.0;
-}
-
 /*
  * Listeners
  */
@@ -96,33 +73,17 @@ bool
 listener_limits_apply(const struct pepsi_config *cfg, const char *section, struct listener *l,
 					  char *err, size_t errlen)
 {
-	long		max_size, max_recipients, max_line_length, max_errors, command_rate;
-	long		idle_ms, deadline_ms, min_data_rate, max_sessions, per_client;
-
-	if (!config_get_long(cfg, section, "MAX_SIZE", 50L * 1024 * 1024, 1024, 1L << 40, &max_size, err, errlen)
-		|| !config_get_long(cfg, section, "MAX_RECIPIENTS", 1000, 1, 1000000, &max_recipients, err, errlen)
-		|| !config_get_long(cfg, section, "MAX_LINE_LENGTH", 998, 78, 1L << 30, &max_line_length, err,
-							errlen)
-		|| !config_get_long(cfg, section, "MAX_ERRORS", 10, 1, 1000000, &max_errors, err, errlen)
-		|| !config_get_long(cfg, section, "COMMAND_RATE", 0, 0, 1000000000, &command_rate, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "IDLE_TIMEOUT", 300 * 1000, 100, &idle_ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "SESSION_DEADLINE", 3600 * 1000, 0, &deadline_ms, err,
-								   errlen)
-		|| !config_get_long(cfg, section, "MIN_DATA_RATE", 500, 0, 1L << 30, &min_data_rate, err, errlen)
-		|| !config_get_long(cfg, section, "MAX_SESSIONS", 1000, 0, 10000000, &max_sessions, err, errlen)
-		|| !config_get_long(cfg, section, "MAX_SESSIONS_PER_CLIENT", 50, 0, 10000000, &per_client, err,
-							errlen))
-		return false;
-	l->policy.max_size = (size_t) max_size;
-	l->policy.max_recipients = (size_t) max_recipients;
-	l->policy.max_line_length = (size_t) max_line_length;
-	l->policy.max_errors = (unsigned) max_errors;
-	l->policy.command_rate = (unsigned) command_rate;
-	l->idle_timeout = idle_ms / 1000.0;
-	l->session_deadline = deadline_ms / 1000.0;
-	l->min_data_rate = (double) min_data_rate;
-	l->max_sessions = (size_t) max_sessions;
-	l->max_sessions_per_client = (size_t) per_client;
+	/* Checked against common/options.def when cfg was loaded: nothing to refuse here. */
+	l->policy.max_size = (size_t) config_size(cfg, section, "MAX_SIZE");
+	l->policy.max_recipients = (size_t) config_int(cfg, section, "MAX_RECIPIENTS");
+	l->policy.max_line_length = (size_t) config_int(cfg, section, "MAX_LINE_LENGTH");
+	l->policy.max_errors = (unsigned) config_int(cfg, section, "MAX_ERRORS");
+	l->policy.command_rate = (unsigned) config_int(cfg, section, "COMMAND_RATE");
+	l->idle_timeout = config_duration_ms(cfg, section, "IDLE_TIMEOUT") / 1000.0;
+	l->session_deadline = config_duration_ms(cfg, section, "SESSION_DEADLINE") / 1000.0;
+	l->min_data_rate = (double) config_int(cfg, section, "MIN_DATA_RATE");
+	l->max_sessions = (size_t) config_int(cfg, section, "MAX_SESSIONS");
+	l->max_sessions_per_client = (size_t) config_int(cfg, section, "MAX_SESSIONS_PER_CLIENT");
 	return true;
 }
 
@@ -267,20 +228,17 @@ static struct listener *
 listener_open(const char *section)
 {
 	struct listener *l = xcalloc(1, sizeof(*l));
-	const char *mode = config_get(ingress.cfg, section, "MODE");
+	const char *mode = config_text(ingress.cfg, section, "MODE");
 	const char *address = config_get(ingress.cfg, section, "ADDRESS");
-	long		default_port = 25;
+	/* enum listener_mode is in the order of MODE's choices (common/options.def). */
+	static const long default_ports[] = {[LISTENER_SMTP] = 25, [LISTENER_SUBMISSION] = 587,
+	[LISTENER_SMTPS] = 465};
+	long		port;
 
 	l->name = xstrdup(section + strlen("listener-"));
-	if (mode == NULL || strcasecmp(mode, "smtp") == 0)
-		l->mode = LISTENER_SMTP;
-	else if (strcasecmp(mode, "submission") == 0)
-		l->mode = LISTENER_SUBMISSION, default_port = 587;
-	else if (strcasecmp(mode, "smtps") == 0)
-		l->mode = LISTENER_SMTPS, default_port = 465;
-	else
-		fatalx("%s: [%s] MODE = %s: expected smtp, submission or smtps", ingress.cfg->path,
-			   section, mode);
+	l->mode = (enum listener_mode) config_enum(ingress.cfg, section, "MODE");
+	port = config_get(ingress.cfg, section, "PORT") ? (long) config_int(ingress.cfg, section, "PORT")
+		: default_ports[l->mode];
 	{
 		char		err[1024];
 
@@ -312,15 +270,12 @@ listener_open(const char *section)
 	if (l->policy.auth_required && !l->policy.auth)
 		fatalx("%s: [%s] MODE = %s needs [ingress] CREDENTIALS", ingress.cfg->path, section,
 			   mode);
-	l->fd = listener_bind(section, address ? address : "*",
-						  ingress_option_long(section, "PORT", default_port, 1, 65535));
+	l->fd = listener_bind(section, address ? address : "*", port);
 	ev_io_init(&l->io, listener_on_accept, l->fd, EV_READ);
 	l->io.data = l;
 	ev_timer_init(&l->backoff, listener_on_backoff, LISTENER_ACCEPT_BACKOFF, 0);
 	l->backoff.data = l;
-	log_info("listener %s: %s on %s port %ld", l->name,
-			 l->mode == LISTENER_SMTP ? "smtp" : l->mode == LISTENER_SUBMISSION ? "submission" : "smtps",
-			 address ? address : "*", ingress_option_long(section, "PORT", default_port, 1, 65535));
+	log_info("listener %s: %s on %s port %ld", l->name, mode, address ? address : "*", port);
 	return l;
 }
 
@@ -415,7 +370,6 @@ pepsi_ingress_main(int argc, char **argv)
 	const char *sections[256];
 	struct admit_options admit_options;
 	char		err[1024];
-	char		host[256];
 	double		local_refresh_interval;
 	size_t		nsections;
 	ev_signal	sigterm,
@@ -452,26 +406,17 @@ pepsi_ingress_main(int argc, char **argv)
 		|| !ingress_load_overrides_into(ingress.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 
-	if ((ingress.hostname = config_get(ingress.cfg, "pepsi", "HOSTNAME")) == NULL)
-	{
-		if (gethostname(host, sizeof(host)) != 0)
-			fatal("gethostname");
-		host[sizeof(host) - 1] = '\0';
-		ingress.hostname = xstrdup(host);
-	}
-	ingress.authserv_id = config_get(ingress.cfg, "ingress", "AUTHSERV_ID");
+	ingress.hostname = config_hostname(ingress.cfg);
+	ingress.authserv_id = config_text(ingress.cfg, "ingress", "AUTHSERV_ID");
 	if (ingress.authserv_id == NULL)
 		ingress.authserv_id = ingress.hostname;
-	admit_options.connections = (int) ingress_option_long("ingress", "DATABASE_CONNECTIONS", 4, 1, 64);
-	admit_options.batch_size = (int) ingress_option_long("ingress", "BATCH_SIZE", 64, 1, 1024);
-	admit_options.stage = config_get(ingress.cfg, "ingress", "INIT_STAGE");
-	if (admit_options.stage == NULL)
-		admit_options.stage = "init";
-	admit_options.wake_interval = ingress_option_seconds("ingress", "DISPATCH_WAKE_INTERVAL", 50, 0);
+	admit_options.connections = (int) config_int(ingress.cfg, "ingress", "DATABASE_CONNECTIONS");
+	admit_options.batch_size = (int) config_int(ingress.cfg, "ingress", "BATCH_SIZE");
+	admit_options.stage = config_text(ingress.cfg, "ingress", "INIT_STAGE");
+	admit_options.wake_interval = config_duration_ms(ingress.cfg, "ingress", "DISPATCH_WAKE_INTERVAL") / 1000.0;
 
-	ingress.max_hops = (unsigned) ingress_option_long("ingress", "MAX_HOPS", 50, 0, 1000);
-	ingress.memory_limit = (size_t) ingress_option_long("ingress", "MAX_MESSAGE_MEMORY",
-														1024L * 1024 * 1024, 1024, 1L << 40);
+	ingress.max_hops = (unsigned) config_int(ingress.cfg, "ingress", "MAX_HOPS");
+	ingress.memory_limit = (size_t) config_size(ingress.cfg, "ingress", "MAX_MESSAGE_MEMORY");
 	ingress.local_domains = local_domains(ingress.cfg, NULL);
 	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
 		fatalx("%s", err);
@@ -480,8 +425,7 @@ pepsi_ingress_main(int argc, char **argv)
 		local_resolver_free(ingress.local_recipients);
 		ingress.local_recipients = NULL;
 	}
-	local_refresh_interval = ingress_option_seconds("ingress", "LOCAL_RECIPIENTS_REFRESH",
-													30 * 1000, 100);
+	local_refresh_interval = config_duration_ms(ingress.cfg, "ingress", "LOCAL_RECIPIENTS_REFRESH") / 1000.0;
 
 	if (config_get(ingress.cfg, "ingress", "CREDENTIALS"))
 	{

@@ -97,7 +97,8 @@ ingress_reload(const char *config_path)
 	struct credentials *credentials = NULL;
 	const char *credentials_path;
 	size_t		nlisteners = 0;
-	long		max_hops, memory_limit;
+	long		max_hops = 0,
+				memory_limit = 0;
 	char		err[1024];
 	bool		ok;
 
@@ -110,10 +111,12 @@ ingress_reload(const char *config_path)
 	staged = xcalloc(nlisteners + 1, sizeof(*staged));
 	cfg = config_load(config_path, err, sizeof(err));
 	ok = cfg != NULL && ingress_load_overrides_into(cfg, err, sizeof(err))
-		&& reload_listeners(cfg, staged, err, sizeof(err))
-		&& config_get_long(cfg, "ingress", "MAX_HOPS", 50, 0, 1000, &max_hops, err, sizeof(err))
-		&& config_get_long(cfg, "ingress", "MAX_MESSAGE_MEMORY", 1024L * 1024 * 1024, 1024, 1L << 40,
-						   &memory_limit, err, sizeof(err));
+		&& reload_listeners(cfg, staged, err, sizeof(err));
+	if (ok)
+	{
+		max_hops = (long) config_int(cfg, "ingress", "MAX_HOPS");
+		memory_limit = (long) config_size(cfg, "ingress", "MAX_MESSAGE_MEMORY");
+	}
 	if (ok && (credentials_path = config_get(cfg, "ingress", "CREDENTIALS")) != NULL)
 	{
 		ok = (credentials = credentials_load(credentials_path, err, sizeof(err))) != NULL;

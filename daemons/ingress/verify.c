@@ -21,7 +21,6 @@
 #include "log.h"
 #include "xalloc.h"
 
-#define VERIFY_DEFAULT_BUDGET_MS 20000
 /* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
 #define VERIFY_BUDGET_LOOKUPS 300
 #define VERIFY_IPREV_NAMES 10
@@ -120,18 +119,14 @@ verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 {
 	struct dns_config dc;
 	char		err[1024];
-	long		budget_ms;
 
 	verify_global.loop = loop;
 	if (!dns_config_load(cfg, &dc, err, sizeof(err)))
 		fatalx("%s", err);
-	if (!config_get_duration_ms(cfg, "ingress", "DNS_MESSAGE_BUDGET", VERIFY_DEFAULT_BUDGET_MS, 100,
-								&budget_ms, err, sizeof(err)))
-		fatalx("%s", err);
-	verify_global.budget = budget_ms / 1000.0;
-	if (config_get(cfg, "ingress", "ARC_TRUSTED_SEALERS"))
+	verify_global.budget = config_duration_ms(cfg, "ingress", "DNS_MESSAGE_BUDGET") / 1000.0;
+	if (config_text(cfg, "ingress", "ARC_TRUSTED_SEALERS"))
 	{
-		char	   *list = xstrdup(config_get(cfg, "ingress", "ARC_TRUSTED_SEALERS"));
+		char	   *list = xstrdup(config_text(cfg, "ingress", "ARC_TRUSTED_SEALERS"));
 
 		for (char *p = list; *p; p++)
 			*p = *p == ',' ? ' ' : (char) tolower((unsigned char) *p);
@@ -151,44 +146,15 @@ verify_shutdown(void)
 	verify_global.arc_trusted_sealers = NULL;
 }
 
-static bool
-verify_choice(const struct pepsi_config *cfg, const char *section, const char *option,
-			  const char *const *choices, int fallback, int *out, char *err, size_t errlen)
-{
-	const char *value = config_get(cfg, section, option);
-
-	*out = fallback;
-	if (value == NULL)
-		return true;
-	for (int i = 0; choices[i]; i++)
-		if (strcasecmp(value, choices[i]) == 0)
-		{
-			*out = i;
-			return true;
-		}
-	snprintf(err, errlen, "[%s] %s: \"%s\" is none of", section, option, value);
-	for (int i = 0; choices[i]; i++)
-		snprintf(err + strlen(err), errlen - strlen(err), "%s %s", i ? "," : "", choices[i]);
-	return false;
-}
-
 bool
 verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 					   struct verify_policy *out, char *err, size_t errlen)
 {
-	static const char *const spf_fail[] = {"tag", "reject", NULL};
-	static const char *const dmarc[] = {"off", "report", "enforce", NULL};
-	int			spf_choice,
-				dmarc_choice;
-
 	memset(out, 0, sizeof(*out));
-	if (!config_get_bool(cfg, section, "MESSAGE_AUTHENTICATION", false, &out->enabled, err, errlen)
-		|| !verify_choice(cfg, section, "SPF_FAIL", spf_fail, 0, &spf_choice, err, errlen)
-		|| !verify_choice(cfg, section, "DMARC_POLICY", dmarc, VERIFY_DMARC_REPORT, &dmarc_choice,
-						  err, errlen))
-		return false;
-	out->spf_reject = spf_choice == 1;
-	out->dmarc = (enum verify_dmarc_mode) dmarc_choice;
+	/* The choices are in the order of common/options.def: tag|reject, off|report|enforce. */
+	out->enabled = config_bool(cfg, section, "MESSAGE_AUTHENTICATION");
+	out->spf_reject = config_enum(cfg, section, "SPF_FAIL") == 1;
+	out->dmarc = (enum verify_dmarc_mode) config_enum(cfg, section, "DMARC_POLICY");
 	return true;
 }
 

@@ -811,3 +811,215 @@ ALTER TABLE pepsi.stage_stats
     ADD COLUMN deliveries_expired bigint NOT NULL DEFAULT 0;
 
 -- end of deliveries by status
+
+-- ===========================================================================
+-- Option schema: common/options.def is the one list of options
+--
+-- 0.1 kept the options twice: in common/config.c and, copied by hand, in
+-- the rows of pepsi.config_option.  Both now come from common/options.def:
+-- the programs compile it into their table (common/options.c), and this
+-- module compiles the same file and the same value checks
+-- (extension/src/config_schema.c).  pepsi.config_option becomes a view of
+-- that table, and pepsi.config_validate checks a value with the programs'
+-- own code (pepsi.config_value_problem) and a scope against the option's
+-- (file, global, domain or address), so the database and the programs
+-- cannot disagree.  A stage program's own options carry its name in the
+-- new column program.
+-- ===========================================================================
+
+CREATE FUNCTION pepsi.config_option_schema(
+    OUT section text, OUT program text, OUT option text, OUT kind text, OUT scope text,
+    OUT default_value text, OUT min_value bigint, OUT max_value bigint, OUT choices text,
+    OUT description text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'config_option_schema'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION pepsi.config_value_problem(section text, option text, value text,
+                                           program text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'config_value_problem'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+DROP TABLE pepsi.config_option;
+CREATE VIEW pepsi.config_option AS
+    SELECT s.section, s.option, s.kind, s.min_value, s.max_value,
+           s.scope IN ('file', 'global') AS global_only, s.description,
+           s.program, s.scope, s.default_value, s.choices
+    FROM pepsi.config_option_schema() AS s;
+COMMENT ON VIEW pepsi.config_option IS
+    'Every option of pepsi.conf (common/options.def): kind, range (ms for a duration, bytes for a size), default, and the most specific scope it may be set at';
+
+-- As in 0.1, with the option, its scope and its value checked against the
+-- schema: a stage program's option is found by the section's PROGRAM
+-- override when there is one, else by the one program that declares it.
+CREATE OR REPLACE FUNCTION pepsi.config_validate(scope text, section text, option text,
+                                                 value text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text;
+    known pepsi.config_option;
+    section_known boolean;
+    section_overridable boolean;
+    program_name text;
+    options text;
+    problem text;
+BEGIN
+    canonical := pepsi.config_scope(scope);
+
+    IF section IS NULL THEN
+        RAISE EXCEPTION 'section must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF section !~ '^[a-z][a-z0-9_-]*$' THEN
+        RAISE EXCEPTION 'invalid section name "%"', section
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A section name is lower case: a letter, then letters, digits, "_" or "-", as in "dispatch" or "stage-relay".',
+                  HINT = CASE WHEN section ~ '^\[.*\]$'
+                              THEN format('Give the name without its brackets: "%s".', btrim(section, '[]'))
+                              WHEN lower(section) ~ '^[a-z][a-z0-9_-]*$'
+                              THEN format('Section names are lower case: "%s".', lower(section))
+                              ELSE 'The sections are those of pepsi.conf, named without their brackets.' END;
+    END IF;
+    SELECT count(*) > 0, coalesce(bool_or(o.scope <> 'file'), false)
+    INTO section_known, section_overridable
+    FROM pepsi.config_option o
+    WHERE o.section = config_validate.section
+       OR (o.section LIKE '%*' AND config_validate.section LIKE replace(o.section, '*', '%'));
+    IF NOT section_known THEN
+        SELECT string_agg(DISTINCT '[' || replace(o.section, '*', '<name>') || ']', ', ') INTO options
+        FROM pepsi.config_option o WHERE o.scope <> 'file';
+        RAISE EXCEPTION 'unknown section [%]', section
+            USING ERRCODE = 'undefined_object',
+                  DETAIL = format('The sections an override may name are %s.', options);
+    END IF;
+    IF NOT section_overridable THEN
+        RAISE EXCEPTION 'section [%] cannot be overridden', section
+            USING ERRCODE = 'cant_change_runtime_param',
+                  DETAIL = CASE WHEN section = 'database'
+                                THEN 'It is read from pepsi.conf before any database connection exists, so an override could never take effect.'
+                                WHEN section LIKE 'listener-%'
+                                THEN 'Listener sections are read from pepsi.conf only, so that a compromised database cannot move a listening socket.'
+                                ELSE 'Its options are read from pepsi.conf only, so that a compromised database cannot change them.' END,
+                  HINT = 'Change it in pepsi.conf.';
+    END IF;
+
+    IF section LIKE '%-' THEN
+        RAISE EXCEPTION 'invalid section name "%"', section
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A section name does not end with "-": a stage section is "stage-" followed by the stage''s name.';
+    END IF;
+
+    IF option IS NULL THEN
+        RAISE EXCEPTION 'option must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF section = 'ingress' AND option IN ('USER', 'GROUP', 'CREDENTIALS') THEN
+        RAISE EXCEPTION 'option % of [ingress] cannot be overridden', option
+            USING ERRCODE = 'cant_change_runtime_param',
+                  DETAIL = 'It decides whom ingress runs as and whose passwords it trusts, which a compromised database must not change.',
+                  HINT = 'Change it in pepsi.conf.';
+    END IF;
+    IF option !~ '^[A-Z][A-Z0-9_]*$' THEN
+        RAISE EXCEPTION 'invalid option name "%"', option
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'An option name is upper case: a letter, then letters, digits or "_", as in "MAX_RUNTIME".',
+                  HINT = CASE WHEN upper(option) ~ '^[A-Z][A-Z0-9_]*$'
+                              THEN format('Option names are upper case: "%s".', upper(option))
+                              ELSE 'The options are those of pepsi.conf, written as they are there.' END;
+    END IF;
+
+    SELECT * INTO known FROM pepsi.config_option o
+    WHERE o.option = config_validate.option AND o.program IS NULL
+      AND (o.section = config_validate.section
+           OR (o.section LIKE '%*' AND config_validate.section LIKE replace(o.section, '*', '%')))
+    ORDER BY o.section LIKE '%*'
+    LIMIT 1;
+    IF NOT FOUND THEN
+        SELECT string_agg(o.option, ', ' ORDER BY o.option) INTO options
+        FROM pepsi.config_option o WHERE o.section = config_validate.section;
+        IF options IS NOT NULL THEN
+            RAISE EXCEPTION 'section [%] has no option %', section, option
+                USING ERRCODE = 'undefined_object',
+                      DETAIL = format('The options of [%s] are %s.', section, options);
+        END IF;
+        -- A stage program's own option: that of the section's program when
+        -- an override names it, else of the one program that has it.
+        SELECT regexp_replace(c.value, '^.*/', '') INTO program_name FROM pepsi.config_override c
+        WHERE c.scope = 'global' AND c.section = config_validate.section AND c.option = 'PROGRAM';
+        SELECT * INTO known FROM pepsi.config_option o
+        WHERE o.program IS NOT NULL AND o.option = config_validate.option
+          AND (program_name IS NULL OR o.program = program_name)
+        ORDER BY o.program
+        LIMIT 1;
+        IF NOT FOUND AND program_name IS NOT NULL
+           AND EXISTS (SELECT FROM pepsi.config_option o WHERE o.program = program_name) THEN
+            SELECT string_agg(o.option, ', ' ORDER BY o.option) INTO options
+            FROM pepsi.config_option o WHERE o.program = program_name OR o.section = 'stage-*' AND o.program IS NULL;
+            RAISE EXCEPTION 'section [%] has no option %', section, option
+                USING ERRCODE = 'undefined_object',
+                      DETAIL = format('Its PROGRAM is %s, whose options are %s.', program_name, options);
+        END IF;
+        IF NOT FOUND THEN
+            -- a third-party program's option: its form only, or a stage it names
+            known := NULL;
+            IF option LIKE '%\_STAGE' THEN
+                known.kind := 'stage';
+            END IF;
+        END IF;
+    END IF;
+    IF known.scope = 'file' THEN
+        RAISE EXCEPTION 'option % of [%] cannot be overridden', option, section
+            USING ERRCODE = 'cant_change_runtime_param',
+                  DETAIL = CASE WHEN known.kind = 'path' THEN 'It names a path a program reads. '
+                                WHEN option IN ('SMARTHOST', 'TLS', 'TLS_NAME', 'AUTH_USER')
+                                THEN 'It decides where mail is sent or how the next hop is authenticated. '
+                                ELSE '' END
+                           || 'It is read from pepsi.conf only, so that a compromised database cannot change it.',
+                  HINT = 'Change it in pepsi.conf.';
+    END IF;
+    IF known.scope = 'global' AND canonical <> 'global' THEN
+        RAISE EXCEPTION 'option % of [%] takes the global scope only', option, section
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'It is read once by a process, not per message, so an override for a domain or an address could never apply.',
+                  HINT = 'Use the scope "global".';
+    END IF;
+    IF known.scope = 'domain' AND canonical LIKE 'address:%' THEN
+        RAISE EXCEPTION 'option % of [%] takes the global and domain scopes only', option, section
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'It is read per message with the domain of its recipients, never an address.',
+                  HINT = 'Use the scope "global" or "domain:<domain>".';
+    END IF;
+
+    IF value IS NULL THEN
+        RETURN canonical;
+    END IF;
+    IF value ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'value of % must be one line of text', option
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'It contains a line break or another control character.';
+    END IF;
+    IF known.option IS NOT NULL THEN
+        problem := pepsi.config_value_problem(section, option, value, known.program);
+    ELSIF known.kind = 'stage' AND value !~ '^[a-z0-9_-]+$' THEN
+        problem := format('%s names a stage, by its [stage-<name>] section: lower-case letters, digits, "_" and "-".', option);
+    END IF;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid value "%" for % in [%]', value, option, section
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = problem;
+    END IF;
+    RETURN canonical;
+END
+$$;
+
+UPDATE pepsi.grant_rule SET object_kind = 'view' WHERE object_name = 'config_option';
+-- Whoever reads the view calls the function behind it.
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges)
+SELECT g.role, 'function', f.name, '{EXECUTE}'
+FROM pepsi.grant_rule g
+CROSS JOIN (VALUES ('config_option_schema'), ('config_value_problem')) AS f (name)
+WHERE g.object_name = 'config_option'
+ON CONFLICT DO NOTHING;
+
+SELECT pepsi.grant_apply();
+
+-- end of option schema

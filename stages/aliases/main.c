@@ -4,7 +4,7 @@
  * Options of its [stage-*] section:
  *   ALIASES_FILE   the file (default /etc/aliases); re-read when it changes
  *   ALIAS_DOMAINS  the domains whose local parts are looked up (comma or
- *                  space separated; default [pepsi] HOSTNAME)
+ *                  space separated; default [pepsi] HOSTNAME, or the system's name)
  * The recipients are rewritten with rewrite_recipients, and the parallel
  * per-recipient DSN parameters (state.dsn.rcpt) are rebuilt in lockstep:
  * every address an original recipient expands to carries that recipient's
@@ -56,9 +56,7 @@ aliases_current(const char *path, char *err, size_t errlen)
 static const char *
 aliases_file(const struct pepsi_ctx *ctx)
 {
-	const char *path = pepsi_option(ctx, "ALIASES_FILE");
-
-	return path ? path : "/etc/aliases";
+	return pepsi_option_text(ctx, "ALIASES_FILE");
 }
 
 static const char *
@@ -66,7 +64,7 @@ aliases_domains(const struct pepsi_ctx *ctx)
 {
 	const char *domains = pepsi_option(ctx, "ALIAS_DOMAINS");
 
-	return domains ? domains : config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
+	return domains ? domains : config_hostname(pepsi_config(ctx));
 }
 
 static int
@@ -131,17 +129,11 @@ aliases_run(struct pepsi_ctx *ctx)
 static bool
 aliases_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	const char *path = config_get(cfg, section, "ALIASES_FILE");
-	struct alias_table *table = aliases_load(path ? path : "/etc/aliases", err, errlen);
+	struct alias_table *table = aliases_load(config_text(cfg, section, "ALIASES_FILE"), err, errlen);
 
 	if (table == NULL)
 		return false;
 	aliases_free(table);
-	if (config_get(cfg, section, "ALIAS_DOMAINS") == NULL && config_get(cfg, "pepsi", "HOSTNAME") == NULL)
-	{
-		snprintf(err, errlen, "%s: [%s] needs ALIAS_DOMAINS (or [pepsi] HOSTNAME)", cfg->path, section);
-		return false;
-	}
 	return true;
 }
 

@@ -34,7 +34,6 @@
 #include "log.h"
 #include "stage.h"
 
-#define SEAL_DEFAULT_KEY_RETRY_MS (5L * 60 * 1000)
 
 int			pepsi_stage_arc_seal_main(int argc, char **argv);
 
@@ -167,7 +166,7 @@ seal_run(struct pepsi_ctx *ctx)
 	if (authserv_id == NULL)
 		authserv_id = config_get(pepsi_config(ctx), "ingress", "AUTHSERV_ID");
 	if (authserv_id == NULL)
-		authserv_id = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
+		authserv_id = config_hostname(pepsi_config(ctx));
 	if (authserv_id == NULL || !seal_printable(authserv_id))
 		return seal_fail(ctx, "no authserv-id (state.origin.authserv_id, [ingress] AUTHSERV_ID or [pepsi] HOSTNAME)");
 	key = key_name ? keyring_find(&seal_keyring, key_name) : NULL;
@@ -177,10 +176,7 @@ seal_run(struct pepsi_ctx *ctx)
 	{
 		json_t	   *merge = json_pack("{s:{s:s}}", "arc_seal", "error", err);
 
-		snprintf(why, sizeof(why), "stage-%s", pepsi_stage_name(ctx));
-		if (!config_get_duration_ms(pepsi_config(ctx), why, "KEY_RETRY", SEAL_DEFAULT_KEY_RETRY_MS,
-									1000, &retry_ms, why, sizeof(why)))
-			retry_ms = SEAL_DEFAULT_KEY_RETRY_MS;
+		retry_ms = (long) (pepsi_option_seconds(ctx, "KEY_RETRY") * 1000);
 		log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
 		rc = pepsi_pause(ctx, merge, (double) retry_ms / 1000.0);
 		json_decref(merge);

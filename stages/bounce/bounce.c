@@ -16,8 +16,8 @@
  *
  * Options of its [stage-*] section:
  *   NEXT_STAGE          where the DSN goes (required: typically the router)
- *   RETURN_SIZE_LIMIT   a message larger than this (bytes; default
- *                       10485760) is returned as its headers only
+ *   RETURN_SIZE_LIMIT   a message larger than this (default 10M) is
+ *                       returned as its headers only
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +31,6 @@
 #include "log.h"
 #include "xalloc.h"
 #include "stage.h"
-
-#define BOUNCE_DEFAULT_RETURN_LIMIT (10L * 1024 * 1024)
 
 int			pepsi_stage_bounce_main(int argc, char **argv);
 
@@ -99,14 +97,6 @@ bounce_kind(const char *kind, const char **notify_keyword, const char **action)
 	return DSN_FAILURE;
 }
 
-static long
-bounce_return_limit(const struct pepsi_ctx *ctx)
-{
-	const char *value = pepsi_option(ctx, "RETURN_SIZE_LIMIT");
-
-	return value ? atol(value) : BOUNCE_DEFAULT_RETURN_LIMIT;
-}
-
 static int
 bounce_run(struct pepsi_ctx *ctx)
 {
@@ -120,7 +110,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	const char *sender = pepsi_mail_from(ctx);
 	const char *failed = bounce_string(bounce, "failed_recipient");
 	const char *ret = delivery_dsn_param(ctx, "ret");
-	const char *hostname = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
+	const char *hostname = config_hostname(pepsi_config(ctx));
 	const struct buf *headers;
 	const struct buf *body;
 	struct dsn_recipient *rcpts;
@@ -131,7 +121,6 @@ bounce_run(struct pepsi_ctx *ctx)
 	struct buf	new_headers = BUF_INIT;
 	struct buf	new_body = BUF_INIT;
 	struct buf	unique = BUF_INIT;
-	char		host[256];
 	json_t	   *new_state;
 	const char *to[1];
 
@@ -203,14 +192,9 @@ bounce_run(struct pepsi_ctx *ctx)
 		return pepsi_finish(ctx);
 	}
 
-	if (hostname == NULL && gethostname(host, sizeof(host)) == 0)
-	{
-		host[sizeof(host) - 1] = '\0';
-		hostname = host;
-	}
 	buf_printf(&unique, "%lld", pepsi_id(ctx));
 	report.kind = kind;
-	report.reporting_mta = hostname ? hostname : "localhost";
+	report.reporting_mta = hostname;
 	report.original_sender = sender;
 	report.envid = bounce_string(bounce, "envid") ? bounce_string(bounce, "envid")
 		: delivery_dsn_param(ctx, "envid");
@@ -218,7 +202,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	report.unique = unique.data;
 	/* RFC 3461 4.3: the whole message only in a failure report, and not with RET=HDRS. */
 	report.return_full = kind == DSN_FAILURE && !(ret && strcasecmp(ret, "HDRS") == 0)
-		&& (long) (headers->len + body->len) <= bounce_return_limit(ctx);
+		&& (long) (headers->len + body->len) <= pepsi_option_size(ctx, "RETURN_SIZE_LIMIT");
 	report.headers = headers->data ? headers->data : "";
 	report.headers_len = headers->len;
 	report.body = body->data ? body->data : "";
@@ -263,16 +247,13 @@ bounce_run(struct pepsi_ctx *ctx)
 static bool
 bounce_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	long		limit;
-
 	if (config_get(cfg, section, "NEXT_STAGE") == NULL)
 	{
 		snprintf(err, errlen, "%s: [%s] needs NEXT_STAGE (where the DSNs it makes go)",
 				 cfg->path, section);
 		return false;
 	}
-	return config_get_long(cfg, section, "RETURN_SIZE_LIMIT", BOUNCE_DEFAULT_RETURN_LIMIT, 0,
-						   1L << 40, &limit, err, errlen);
+	return true;
 }
 
 const struct pepsi_stage pepsi_stage_bounce_stage = {

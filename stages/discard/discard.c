@@ -17,18 +17,14 @@ static int
 discard_run(struct pepsi_ctx *ctx)
 {
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
-	const char *diagnostic = pepsi_option(ctx, "DIAGNOSTIC");
-	const char *value = pepsi_option(ctx, "BOUNCE");
-	bool		bounce = value && (strcasecmp(value, "yes") == 0 || strcasecmp(value, "true") == 0
-								   || strcasecmp(value, "on") == 0 || strcmp(value, "1") == 0);
+	const char *diagnostic = pepsi_option_text(ctx, "DIAGNOSTIC");
+	bool		bounce = pepsi_option_bool(ctx, "BOUNCE");
 	json_t	   *merge;
 	int			rc;
 
-	/* The value itself was checked at start (discard_check_config). */
 	if (!bounce || bounce_stage == NULL || pepsi_mail_from(ctx)[0] == '\0')
 		return pepsi_finish(ctx);
-	merge = json_pack("{s:{s:s,s:s}}", "bounce", "kind", "permanent", "diagnostic",
-					  diagnostic ? diagnostic : "5.7.1 message discarded by policy");
+	merge = json_pack("{s:{s:s,s:s}}", "bounce", "kind", "permanent", "diagnostic", diagnostic);
 	rc = pepsi_reroute(ctx, bounce_stage, merge);
 	json_decref(merge);
 	return rc;
@@ -37,11 +33,7 @@ discard_run(struct pepsi_ctx *ctx)
 static bool
 discard_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	bool		bounce;
-
-	if (!config_get_bool(cfg, section, "BOUNCE", false, &bounce, err, errlen))
-		return false;
-	if (bounce && config_get(cfg, section, "BOUNCE_STAGE") == NULL)
+	if (config_bool(cfg, section, "BOUNCE") && config_get(cfg, section, "BOUNCE_STAGE") == NULL)
 	{
 		char		origin[512];
 

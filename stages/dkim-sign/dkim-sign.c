@@ -44,7 +44,6 @@
 
 /* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
 #define SIGN_MAX_LINE 998
-#define SIGN_DEFAULT_KEY_RETRY_MS (5L * 60 * 1000)
 #define SIGN_MAX_KEYS 16
 
 int			pepsi_stage_dkim_sign_main(int argc, char **argv);
@@ -86,37 +85,31 @@ static bool
 sign_read_options(const struct pepsi_config *cfg, const char *section, struct sign_options *o,
 				  char *err, size_t errlen)
 {
-	const char *canon = config_get(cfg, section, "CANONICALIZATION");
-	const char *domain = config_get(cfg, section, "SIGNING_DOMAIN");
+	const char *canon = config_text(cfg, section, "CANONICALIZATION");
 
-	o->keys = config_get(cfg, section, "KEYS");
-	o->headers = config_get(cfg, section, "HEADERS");
+	o->keys = config_text(cfg, section, "KEYS");
+	o->headers = config_text(cfg, section, "HEADERS");
 	if (o->headers == NULL)
 		o->headers = DKIM_DEFAULT_HEADERS;
-	o->oversigned = config_get(cfg, section, "OVERSIGN");
+	o->oversigned = config_text(cfg, section, "OVERSIGN");
 	if (o->oversigned == NULL)
 		o->oversigned = DKIM_DEFAULT_OVERSIGNED;
-	if (!sign_parse_canonicalization(canon ? canon : "relaxed/relaxed", &o->header_canon, &o->body_canon))
+	if (!sign_parse_canonicalization(canon, &o->header_canon, &o->body_canon))
 	{
 		snprintf(err, errlen, "%s: [%s] CANONICALIZATION \"%s\" is not header/body of simple or relaxed",
 				 cfg->path, section, canon);
 		return false;
 	}
-	if (domain && strcasecmp(domain, "from") != 0 && strcasecmp(domain, "account") != 0)
-	{
-		snprintf(err, errlen, "%s: [%s] SIGNING_DOMAIN \"%s\" must be from or account",
-				 cfg->path, section, domain);
-		return false;
-	}
-	o->by_account = domain && strcasecmp(domain, "account") == 0;
+	/* SIGNING_DOMAIN's choices are from|account (common/options.def). */
+	o->by_account = config_enum(cfg, section, "SIGNING_DOMAIN") == 1;
 	if (!strstr(o->headers, "from") && !strstr(o->headers, "From") && !strstr(o->headers, "FROM"))
 	{
 		snprintf(err, errlen, "%s: [%s] HEADERS must include From (RFC 6376 5.4)", cfg->path, section);
 		return false;
 	}
-	return config_get_bool(cfg, section, "REQUIRE_SIGNATURE", false, &o->required, err, errlen)
-		&& config_get_duration_ms(cfg, section, "KEY_RETRY", SIGN_DEFAULT_KEY_RETRY_MS, 1000,
-								  &o->key_retry_ms, err, errlen);
+	o->required = config_bool(cfg, section, "REQUIRE_SIGNATURE");
+	o->key_retry_ms = config_duration_ms(cfg, section, "KEY_RETRY");
+	return true;
 }
 
 static bool

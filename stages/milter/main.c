@@ -52,16 +52,14 @@ struct milter_options
 	struct milter_timeouts timeouts;
 	enum milter_default_action default_action;
 	enum milter_reject_action reject_action;
-	long		retry_base_ms;
-	long		retry_max_ms;
+	long long	retry_base_ms;
+	long long	retry_max_ms;
 };
 
 static bool
 milter_read_options(const struct pepsi_config *cfg, const char *section, struct milter_options *o,
 					char *err, size_t errlen)
 {
-	const char *value;
-
 	memset(o, 0, sizeof(*o));
 	o->milters = config_get(cfg, section, "MILTERS");
 	if (o->milters == NULL || o->milters[strspn(o->milters, " \t,")] == '\0')
@@ -69,32 +67,14 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
 		snprintf(err, errlen, "[%s] needs MILTERS (inet:host:port or unix:/path, in order)", section);
 		return false;
 	}
-	if (!config_get_duration_ms(cfg, section, "CONNECT_TIMEOUT", 30000, 1, &o->timeouts.connect_ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "COMMAND_TIMEOUT", 30000, 1, &o->timeouts.command_ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "FINAL_TIMEOUT", 300000, 1, &o->timeouts.final_ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "RETRY_BASE", 60000, 1000, &o->retry_base_ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "RETRY_MAX", 3600000, 1000, &o->retry_max_ms, err, errlen))
-		return false;
-	value = config_get(cfg, section, "DEFAULT_ACTION");
-	if (value == NULL || strcasecmp(value, "tempfail") == 0)
-		o->default_action = DEFAULT_TEMPFAIL;
-	else if (strcasecmp(value, "accept") == 0)
-		o->default_action = DEFAULT_ACCEPT;
-	else
-	{
-		snprintf(err, errlen, "[%s] DEFAULT_ACTION \"%s\" is not tempfail or accept", section, value);
-		return false;
-	}
-	value = config_get(cfg, section, "REJECT_ACTION");
-	if (value == NULL || strcasecmp(value, "bounce") == 0)
-		o->reject_action = REJECT_BOUNCE;
-	else if (strcasecmp(value, "discard") == 0)
-		o->reject_action = REJECT_DISCARD;
-	else
-	{
-		snprintf(err, errlen, "[%s] REJECT_ACTION \"%s\" is not bounce or discard", section, value);
-		return false;
-	}
+	o->timeouts.connect_ms = config_duration_ms(cfg, section, "CONNECT_TIMEOUT");
+	o->timeouts.command_ms = config_duration_ms(cfg, section, "COMMAND_TIMEOUT");
+	o->timeouts.final_ms = config_duration_ms(cfg, section, "FINAL_TIMEOUT");
+	o->retry_base_ms = config_duration_ms(cfg, section, "RETRY_BASE");
+	o->retry_max_ms = config_duration_ms(cfg, section, "RETRY_MAX");
+	/* The enums' values are in the order of their choices in common/options.def. */
+	o->default_action = (enum milter_default_action) config_enum(cfg, section, "DEFAULT_ACTION");
+	o->reject_action = (enum milter_reject_action) config_enum(cfg, section, "REJECT_ACTION");
 	return true;
 }
 
@@ -569,9 +549,7 @@ milter_run(struct pepsi_ctx *ctx)
 		free(rcpt);
 	}
 	snprintf(queue_id, sizeof(queue_id), "%lld", pepsi_id(ctx));
-	source.hostname = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
-	if (source.hostname == NULL)
-		source.hostname = "localhost";
+	source.hostname = config_hostname(pepsi_config(ctx));
 	source.queue_id = queue_id;
 	source.origin = json_object_get(pepsi_state(ctx), "origin");
 	if (!json_is_object(source.origin))

@@ -196,27 +196,26 @@ done:
 	return ok;
 }
 
-/* The section's MAILDIR_ROOT, else [pepsi]'s: one place for ingress and delivery. */
-static const char *
-maildir_root(const struct pepsi_config *cfg, const char *section)
+/* The choices of MAILBOX (common/options.def), in order. */
+enum maildir_mailbox
 {
-	const char *root = config_get(cfg, section, "MAILDIR_ROOT");
+	MAILDIR_MAILBOX_ADDRESS,
+	MAILDIR_MAILBOX_LOCALPART
+};
 
-	return root ? root : config_get(cfg, "pepsi", "MAILDIR_ROOT");
+/* The section's MAILDIR_ROOT (section_root), else [pepsi]'s: one place for ingress and delivery. */
+static const char *
+maildir_root(const struct pepsi_config *cfg, const char *section_root)
+{
+	return section_root ? section_root : config_text(cfg, "pepsi", "MAILDIR_ROOT");
 }
 
 static int
 maildir_run(struct pepsi_ctx *ctx)
 {
-	const char *root = pepsi_option(ctx, "MAILDIR_ROOT") ? pepsi_option(ctx, "MAILDIR_ROOT")
-		: config_get(pepsi_config(ctx), "pepsi", "MAILDIR_ROOT");
-	const char *mailbox_option = pepsi_option(ctx, "MAILBOX");
-	const char *create_option = pepsi_option(ctx, "CREATE_MAILBOXES");
-	bool		localpart = mailbox_option && strcasecmp(mailbox_option, "localpart") == 0;
-	bool		create = create_option && (strcasecmp(create_option, "yes") == 0
-										   || strcasecmp(create_option, "true") == 0
-										   || strcasecmp(create_option, "on") == 0
-										   || strcmp(create_option, "1") == 0);
+	const char *root = maildir_root(pepsi_config(ctx), pepsi_option(ctx, "MAILDIR_ROOT"));
+	bool		localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
+	bool		create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
 	const struct buf *headers;
 	const struct buf *body;
 	const char *rcpt;
@@ -302,14 +301,13 @@ maildir_can_fuse(struct pepsi_ctx *ctx)
 	return pepsi_rcpt_count(ctx) <= 1;
 }
 
+/* What the schema cannot say alone: that there is a MAILDIR_ROOT, and that it is a directory. */
 static bool
 maildir_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	const char *root = maildir_root(cfg, section);
-	const char *mailbox = config_get(cfg, section, "MAILBOX");
-	bool		create;
+	const char *root = maildir_root(cfg, config_get(cfg, section, "MAILDIR_ROOT"));
 
-	if (root == NULL || *root == '\0')
+	if (root == NULL)
 	{
 		snprintf(err, errlen, "%s: [%s] needs MAILDIR_ROOT (the directory of the mailboxes)",
 				 cfg->path, section);
@@ -320,15 +318,7 @@ maildir_check_config(const struct pepsi_config *cfg, const char *section, char *
 		snprintf(err, errlen, "%s: [%s] MAILDIR_ROOT %s is not a directory", cfg->path, section, root);
 		return false;
 	}
-	if (mailbox && strcasecmp(mailbox, "address") != 0 && strcasecmp(mailbox, "localpart") != 0)
-	{
-		snprintf(err, errlen, "%s: [%s] MAILBOX \"%s\" is not address or localpart", cfg->path,
-				 section, mailbox);
-		return false;
-	}
-	if (!config_get_bool(cfg, section, "CREATE_MAILBOXES", false, &create, err, errlen))
-		return false;
-	return delivery_check_config(cfg, section, err, errlen);
+	return true;
 }
 
 const struct pepsi_stage pepsi_stage_relay_to_maildir_stage = {

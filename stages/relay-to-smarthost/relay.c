@@ -108,19 +108,6 @@ relay_read_password(const char *path, char *err, size_t errlen)
 	}
 }
 
-static long
-relay_ms(const struct pepsi_ctx *ctx, const char *option, long fallback)
-{
-	char		err[256];
-	long		ms = fallback;
-	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
-
-	if (!config_get_duration_ms(pepsi_config(ctx), section, option, fallback, 1, &ms, err, sizeof(err)))
-		ms = fallback;
-	free(section);
-	return ms;
-}
-
 static void
 relay_close_client(void)
 {
@@ -136,22 +123,23 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 {
 	struct smtp_client_options o = {0};
 	const char *password_file = pepsi_option(ctx, "AUTH_PASSWORD_FILE");
-	const char *reuse = pepsi_option(ctx, "REUSE_MESSAGES");
+	const char *helo_name = pepsi_option(ctx, "HELO_NAME");
 	char	   *host = NULL;
 	char	   *port = NULL;
 	char	   *password = NULL;
 	char	   *key;
 
-	key = xasprintf("%s|%s|%s|%s|%s|%s|%s|%s|%ld|%ld|%s|%ld", smarthost,
-					pepsi_option(ctx, "TLS") ? pepsi_option(ctx, "TLS") : "",
+	if (helo_name == NULL)
+		helo_name = config_hostname(pepsi_config(ctx));
+	key = xasprintf("%s|%d|%s|%s|%s|%s|%s|%lld|%.3f|%.3f|%s|%.3f", smarthost,
+					pepsi_option_enum(ctx, "TLS"),
 					pepsi_option(ctx, "TLS_CA_FILE") ? pepsi_option(ctx, "TLS_CA_FILE") : "",
 					pepsi_option(ctx, "TLS_NAME") ? pepsi_option(ctx, "TLS_NAME") : "",
 					pepsi_option(ctx, "AUTH_USER") ? pepsi_option(ctx, "AUTH_USER") : "",
-					password_file ? password_file : "",
-					pepsi_option(ctx, "HELO_NAME") ? pepsi_option(ctx, "HELO_NAME") : "",
-					reuse ? reuse : "", relay_ms(ctx, "CONNECT_TIMEOUT", 30000),
-					relay_ms(ctx, "TIMEOUT", 300000), pepsi_stage_name(ctx),
-					relay_ms(ctx, "REUSE_IDLE", 60000));
+					password_file ? password_file : "", helo_name,
+					pepsi_option_int(ctx, "REUSE_MESSAGES"), pepsi_option_seconds(ctx, "CONNECT_TIMEOUT"),
+					pepsi_option_seconds(ctx, "TIMEOUT"), pepsi_stage_name(ctx),
+					pepsi_option_seconds(ctx, "REUSE_IDLE"));
 	if (relay_client && strcmp(key, relay_client_key) == 0)
 	{
 		free(key);
@@ -164,11 +152,7 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 		free(key);
 		return NULL;
 	}
-	if (!smtp_tls_mode_parse(pepsi_option(ctx, "TLS"), &o.tls))
-	{
-		snprintf(err, errlen, "TLS \"%s\" is not verify, no-verify, may or none", pepsi_option(ctx, "TLS"));
-		goto err;
-	}
+	o.tls = (enum smtp_tls_mode) pepsi_option_enum(ctx, "TLS");
 	if (pepsi_option(ctx, "AUTH_USER"))
 	{
 		if (password_file == NULL)
@@ -183,15 +167,13 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 	o.port = port;
 	o.tls_ca_file = pepsi_option(ctx, "TLS_CA_FILE");
 	o.tls_name = pepsi_option(ctx, "TLS_NAME");
-	o.helo_name = pepsi_option(ctx, "HELO_NAME");
-	if (o.helo_name == NULL)
-		o.helo_name = config_get(pepsi_config(ctx), "pepsi", "HOSTNAME");
+	o.helo_name = helo_name;
 	o.auth_user = pepsi_option(ctx, "AUTH_USER");
 	o.auth_password = password;
-	o.connect_timeout_ms = (int) relay_ms(ctx, "CONNECT_TIMEOUT", 30000);
-	o.command_timeout_ms = (int) relay_ms(ctx, "TIMEOUT", 300000);
-	o.max_messages_per_connection = reuse ? atoi(reuse) : 1000;
-	o.max_idle_ms = (int) relay_ms(ctx, "REUSE_IDLE", 60000);
+	o.connect_timeout_ms = (int) (pepsi_option_seconds(ctx, "CONNECT_TIMEOUT") * 1000);
+	o.command_timeout_ms = (int) (pepsi_option_seconds(ctx, "TIMEOUT") * 1000);
+	o.max_messages_per_connection = (int) pepsi_option_int(ctx, "REUSE_MESSAGES");
+	o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
 	relay_client = smtp_client_new(&o);
 	relay_client_key = key;
 	key = NULL;
@@ -332,17 +314,15 @@ relay_can_fuse(struct pepsi_ctx *ctx)
 	return pepsi_rcpt_count(ctx) <= 1;
 }
 
+/* What the schema cannot say alone: the form of SMARTHOST, and AUTH's file. */
 static bool
 relay_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
 	const char *smarthost = config_get(cfg, section, "SMARTHOST");
 	const char *user = config_get(cfg, section, "AUTH_USER");
 	const char *password_file = config_get(cfg, section, "AUTH_PASSWORD_FILE");
-	const char *reuse = config_get(cfg, section, "REUSE_MESSAGES");
-	enum smtp_tls_mode tls;
 	char	   *host;
 	char	   *port;
-	long		ms;
 
 	if (smarthost && *smarthost)
 	{
@@ -357,12 +337,6 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 	}
 	else
 		log_warnx("%s: [%s] has no SMARTHOST: remote mail will be held paused", cfg->path, section);
-	if (!smtp_tls_mode_parse(config_get(cfg, section, "TLS"), &tls))
-	{
-		snprintf(err, errlen, "%s: [%s] TLS \"%s\" is not verify, no-verify, may or none",
-				 cfg->path, section, config_get(cfg, section, "TLS"));
-		return false;
-	}
 	if (user && password_file == NULL)
 	{
 		snprintf(err, errlen, "%s: [%s] has AUTH_USER but no AUTH_PASSWORD_FILE", cfg->path, section);
@@ -374,17 +348,7 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 				 password_file, strerror(errno));
 		return false;
 	}
-	if (reuse && atoi(reuse) < 1)
-	{
-		snprintf(err, errlen, "%s: [%s] REUSE_MESSAGES \"%s\" is not a positive number",
-				 cfg->path, section, reuse);
-		return false;
-	}
-	if (!config_get_duration_ms(cfg, section, "CONNECT_TIMEOUT", 30000, 1, &ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "TIMEOUT", 300000, 1, &ms, err, errlen)
-		|| !config_get_duration_ms(cfg, section, "REUSE_IDLE", 60000, 0, &ms, err, errlen))
-		return false;
-	return delivery_check_config(cfg, section, err, errlen);
+	return true;
 }
 
 const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {

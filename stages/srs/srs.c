@@ -28,30 +28,12 @@ int			pepsi_stage_srs_main(int argc, char **argv);
 static struct srs srs_engine;
 static const struct pepsi_config *srs_engine_config;
 
-static bool
-srs_domain_listed(const char *domains, const char *domain)
-{
-	size_t		len = strlen(domain);
-
-	for (const char *p = domains ? domains : ""; *p;)
-	{
-		size_t		n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == len && n > 0 && strncasecmp(p, domain, n) == 0)
-			return true;
-		p += n;
-	}
-	return false;
-}
-
 static const char *
 srs_local_domains(struct pepsi_ctx *ctx)
 {
-	const char *domains = pepsi_option(ctx, "LOCAL_DOMAINS");
+	const char *domains = pepsi_option_text(ctx, "LOCAL_DOMAINS");
 
-	return domains ? domains : config_get(pepsi_config(ctx), "pepsi", "LOCAL_DOMAINS");
+	return domains ? domains : config_text(pepsi_config(ctx), "pepsi", "LOCAL_DOMAINS");
 }
 
 static int
@@ -71,7 +53,7 @@ srs_run(struct pepsi_ctx *ctx)
 			return pepsi_error(ctx, "%s", err);
 		srs_engine_config = pepsi_config(ctx);
 	}
-	if (at == NULL || srs_domain_listed(srs_local_domains(ctx), at + 1))
+	if (at == NULL || config_list_contains(srs_local_domains(ctx), at + 1))
 		return pepsi_advance(ctx);
 	rewritten = srs_forward(&srs_engine, sender, time(NULL));
 	if (rewritten == NULL)

@@ -34,7 +34,7 @@ graph_config(const char *graph, struct buf *conf)
 		char	   *save_word = NULL;
 		char	   *name = strtok_r(stage, " ", &save_word);
 
-		buf_printf(conf, "[stage-%s]\nPROGRAM = pepsi-stage-discard\n", name);
+		buf_printf(conf, "[stage-%s]\nPROGRAM = pepsi-test-probe\n", name);
 		for (char *edge = strtok_r(NULL, " ", &save_word); edge; edge = strtok_r(NULL, " ", &save_word))
 		{
 			char	   *eq = strchr(edge, '=');

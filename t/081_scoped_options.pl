@@ -1,0 +1,82 @@
+# Options through the schema at run time: a domain-scoped override of
+# MAX_LIFETIME bounces a message to that domain sooner while one to
+# another domain keeps retrying, and ORIGINATE_SUCCESS_DSN = on (a boolean
+# the start-up check always accepted) originates the success DSN at run
+# time too.
+
+use strict;
+use warnings FATAL => 'all';
+
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use lib dirname(abs_path(__FILE__)) . '/bin';
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+
+my $node = delivery_node('scoped_options');
+my $root = PostgreSQL::Test::Utils::tempdir();
+my $sender = 'sender@local.test';
+make_mailbox($root, $sender);
+
+sub dsns { return maildir_files($root, $sender) }
+
+sub attempts
+{
+	my ($id) = @_;
+
+	return $node->safe_psql('postgres',
+		"SELECT coalesce(state->>'attempts', '0') FROM pepsi.workqueue WHERE id = $id") || 0;
+}
+
+#
+# MAX_LIFETIME per domain: the file gives an hour, short.test three seconds.
+#
+my $failure = '{"dsn":{"rcpt":[{"notify":"FAILURE"}]}}';
+my $peer = start_peer('--rcpt', 'stuck@=452 4.2.2 mailbox full');
+my $config = delivery_config($node, maildir_root => $root,
+	smarthost => "127.0.0.1:$peer->{port}",
+	extra => { smarthost => "MAX_LIFETIME = 1h\nRETRY_BASE = 1s\nRETRY_MAX = 1s\n" });
+$node->safe_psql('postgres',
+	"SELECT pepsi.config_set('domain:short.test', 'stage-smarthost', 'MAX_LIFETIME', '3s')");
+my $d = start_dispatcher($config);
+my $short = inject($node, to => ['stuck@short.test'], state => $failure);
+my $long = inject($node, to => ['stuck@long.test'], state => $failure);
+
+ok(wait_for(sub { scalar(dsns()) == 1 && queue_count($node, "id = $short") == 0 }),
+	'domain:short.test MAX_LIFETIME = 3s: its message bounces after retrying');
+my ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+like($recipients->[0]{'final-recipient'}, qr/stuck\@short\.test/, 'the DSN is for short.test\'s recipient');
+is($recipients->[0]{status}, '4.2.2', 'with the last temporary failure as its status');
+like($recipients->[0]{'diagnostic-code'}, qr/gave up after \d+ attempts/, 'saying it gave up');
+
+# The other domain's message is as old and has failed as often, but its
+# lifetime is the file's hour: it is retried, not bounced.
+ok(wait_for(sub { attempts($long) >= 5 }), 'long.test: retried past three seconds');
+is($node->safe_psql('postgres', "SELECT status FROM pepsi.workqueue WHERE id = $long"), 'paused',
+	'long.test: still queued under the file\'s MAX_LIFETIME');
+is(scalar(dsns()), 1, 'long.test: no DSN');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+stop_process($peer);
+$node->safe_psql('postgres', "SELECT pepsi.queue_delete(ARRAY[$long])");
+
+#
+# ORIGINATE_SUCCESS_DSN = on: a success DSN for NOTIFY=SUCCESS, as "yes" gives.
+#
+make_mailbox($root, 'user@local.test');
+$config = delivery_config($node, maildir_root => $root,
+	extra => { maildir => "ORIGINATE_SUCCESS_DSN = on\n" });
+$d = start_dispatcher($config);
+my $id = inject($node, to => ['user@local.test'], state => '{"dsn":{"rcpt":[{"notify":"SUCCESS"}]}}');
+ok(wait_for(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }),
+	'ORIGINATE_SUCCESS_DSN = on: delivered, and a success DSN sent');
+($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{action}, 'delivered', 'Action: delivered');
+is(scalar(maildir_files($root, 'user@local.test')), 1, 'the message itself is in the mailbox');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
+done_testing();
