@@ -7,10 +7,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Cwd qw(abs_path);
-use File::Basename qw(dirname);
-use lib dirname(abs_path(__FILE__)) . '/bin';
-
 use PostgreSQL::Test::Utils;
 use Test::More;
 
@@ -47,7 +43,7 @@ my $d = start_dispatcher($config);
 my $short = inject($node, to => ['stuck@short.test'], state => $failure);
 my $long = inject($node, to => ['stuck@long.test'], state => $failure);
 
-ok(wait_for(sub { scalar(dsns()) == 1 && queue_count($node, "id = $short") == 0 }),
+ok(poll_until(sub { scalar(dsns()) == 1 && queue_count($node, "id = $short") == 0 }),
 	'domain:short.test MAX_LIFETIME = 3s: its message bounces after retrying');
 my ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 like($recipients->[0]{'final-recipient'}, qr/stuck\@short\.test/, 'the DSN is for short.test\'s recipient');
@@ -56,7 +52,7 @@ like($recipients->[0]{'diagnostic-code'}, qr/gave up after \d+ attempts/, 'sayin
 
 # The other domain's message is as old and has failed as often, but its
 # lifetime is the file's hour: it is retried, not bounced.
-ok(wait_for(sub { attempts($long) >= 5 }), 'long.test: retried past three seconds');
+ok(poll_until(sub { attempts($long) >= 5 }), 'long.test: retried past three seconds');
 is($node->safe_psql('postgres', "SELECT status FROM pepsi.workqueue WHERE id = $long"), 'paused',
 	'long.test: still queued under the file\'s MAX_LIFETIME');
 is(scalar(dsns()), 1, 'long.test: no DSN');
@@ -72,7 +68,7 @@ $config = delivery_config($node, maildir_root => $root,
 	extra => { maildir => "ORIGINATE_SUCCESS_DSN = on\n" });
 $d = start_dispatcher($config);
 my $id = inject($node, to => ['user@local.test'], state => '{"dsn":{"rcpt":[{"notify":"SUCCESS"}]}}');
-ok(wait_for(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }),
+ok(poll_until(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }),
 	'ORIGINATE_SUCCESS_DSN = on: delivered, and a success DSN sent');
 ($message, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{action}, 'delivered', 'Action: delivered');
