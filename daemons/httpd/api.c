@@ -47,7 +47,8 @@ api_db_error(struct request *req, PGresult *res, PGconn *conn)
 		status = MHD_HTTP_FORBIDDEN;
 	else if (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0
 			 || strcmp(state, "P0001") == 0 || strcmp(state, "P0002") == 0
-			 || strcmp(state, "42704") == 0 || strcmp(state, "42P01") == 0)
+			 || strcmp(state, "42704") == 0 || strcmp(state, "42P01") == 0
+			 || strcmp(state, "55P02") == 0)	/* an option the database may not set */
 		status = MHD_HTTP_BAD_REQUEST;
 	return reply_error(req, status, "%s", message);
 }

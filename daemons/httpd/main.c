@@ -466,9 +466,9 @@ httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 	char		err[1024];
 
 	service_reloading();
-	if ((cfg = httpd_config_load(path)) == NULL)
+	if ((cfg = config_load(path, err, sizeof(err))) == NULL)
 	{
-		log_warnx("reload refused: the old configuration stays");
+		log_warnx("reload refused: %s; the old configuration stays", err);
 		service_reloaded();
 		return daemon;
 	}
