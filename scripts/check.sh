@@ -108,7 +108,7 @@ fi
 # stderr the test may swallow.
 if ! skip sanitize && [ -n "$SANITIZE_TAP" ] && [ -d "$scratch/san-bin" ]; then
     echo "== TAP under ASan and UBSan: $SANITIZE_TAP"
-    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/san-tap" \
+    (cd "$scratch" && as_user env PATH="$PGBIN:$PATH" TESTDIR="$scratch/san-tap" PEPSI_LOG=stderr \
         PEPSI_TOP="$top" PEPSI_BIN="$scratch/san-bin" PG_REGRESS="$PG_REGRESS" \
         PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" \
         ASAN_OPTIONS="log_path=$scratch/san-reports/asan:detect_leaks=1:abort_on_error=0" \
