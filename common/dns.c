@@ -8,6 +8,7 @@
 #include "dns.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -21,6 +22,19 @@
 #include "xalloc.h"
 
 #define DNS_DEFAULT_TIMEOUT_MS 5000
+/* The loop's cache: answers for their TTL, bounded in time and in number. */
+#define DNS_CACHE_BUCKETS 4096
+#define DNS_CACHE_MAX_ENTRIES 16384
+#define DNS_CACHE_MAX_TTL 300
+#define DNS_CACHE_NEGATIVE_TTL 60
+
+struct dns_cache_entry
+{
+	char	   *key;			/* "type/name", the name in lower case */
+	ev_tstamp	expires;
+	struct dns_answer answer;
+	struct dns_cache_entry *next;
+};
 
 struct dns_resolver
 {
@@ -30,6 +44,8 @@ struct dns_resolver
 	ev_io		io;
 	double		timeout;
 	size_t		in_flight;
+	struct dns_cache_entry **cache;	/* DNS_CACHE_BUCKETS chains; NULL for a backend */
+	size_t		cache_count;
 };
 
 struct dns_query
@@ -41,6 +57,8 @@ struct dns_query
 	ev_timer	timer;
 	dns_callback cb;
 	void	   *arg;
+	char	   *cache_key;		/* to keep the answer under */
+	struct dns_answer *cached;	/* answered from the cache (by the timer) */
 	/* The blocking form waits for these */
 	bool		sync;
 	bool		answered;
@@ -160,6 +178,7 @@ dns_answer_add(struct dns_answer *a, enum dns_type type, const void *rdata, size
 	memset(r, 0, sizeof(*r));
 	r->type = (uint16_t) type;
 	r->len = len;
+	r->rdata_len = len;
 	r->rdata = xmalloc(len + 1);
 	memcpy(r->rdata, rdata, len);
 	switch (type)
@@ -211,6 +230,123 @@ dns_answer_free(struct dns_answer *a)
 	}
 	free(a->records);
 	memset(a, 0, sizeof(*a));
+}
+
+static void
+dns_answer_copy(struct dns_answer *dst, const struct dns_answer *src)
+{
+	*dst = *src;
+	dst->records = src->count ? xcalloc(src->count, sizeof(*dst->records)) : NULL;
+	for (size_t i = 0; i < src->count; i++)
+	{
+		const struct dns_record *s = &src->records[i];
+		struct dns_record *d = &dst->records[i];
+
+		*d = *s;
+		d->rdata = xmalloc(s->rdata_len + 1);
+		memcpy(d->rdata, s->rdata, s->rdata_len + 1);
+		if (s->text)
+		{
+			size_t		n = s->type == DNS_TYPE_TXT ? s->len : strlen(s->text);
+
+			d->text = xmalloc(n + 1);
+			memcpy(d->text, s->text, n + 1);
+		}
+	}
+}
+
+static unsigned
+dns_cache_hash(const char *key)
+{
+	unsigned	h = 5381;
+
+	for (const char *p = key; *p; p++)
+		h = h * 33 + (unsigned char) *p;
+	return h % DNS_CACHE_BUCKETS;
+}
+
+static char *
+dns_cache_key(const char *name, enum dns_type type)
+{
+	char	   *key = xasprintf("%d/%s", (int) type, name);
+	size_t		len = strlen(key);
+
+	for (char *p = key; *p; p++)
+		*p = (char) tolower((unsigned char) *p);
+	if (len > 0 && key[len - 1] == '.')
+		key[len - 1] = '\0';
+	return key;
+}
+
+static void
+dns_cache_flush(struct dns_resolver *r)
+{
+	for (size_t b = 0; r->cache && b < DNS_CACHE_BUCKETS; b++)
+		while (r->cache[b])
+		{
+			struct dns_cache_entry *e = r->cache[b];
+
+			r->cache[b] = e->next;
+			free(e->key);
+			dns_answer_free(&e->answer);
+			free(e);
+		}
+	r->cache_count = 0;
+}
+
+/* A live entry for key, or NULL (an expired one is dropped). */
+static struct dns_cache_entry *
+dns_cache_find(struct dns_resolver *r, const char *key)
+{
+	struct dns_cache_entry **p;
+
+	if (r->cache == NULL)
+		return NULL;
+	for (p = &r->cache[dns_cache_hash(key)]; *p; p = &(*p)->next)
+		if (strcmp((*p)->key, key) == 0)
+		{
+			struct dns_cache_entry *e = *p;
+
+			if (e->expires > ev_now(r->loop))
+				return e;
+			*p = e->next;
+			free(e->key);
+			dns_answer_free(&e->answer);
+			free(e);
+			r->cache_count--;
+			return NULL;
+		}
+	return NULL;
+}
+
+/* Keep an answer: a positive one for its TTL, NXDOMAIN for a minute at most; never an error. */
+static void
+dns_cache_store(struct dns_resolver *r, const char *key, const struct dns_answer *a)
+{
+	struct dns_cache_entry *e;
+	unsigned	ttl = a->ttl;
+	unsigned	b;
+
+	if (r->cache == NULL || a->bogus || (a->status != DNS_OK && a->status != DNS_NXDOMAIN))
+		return;
+	if (a->status == DNS_NXDOMAIN && (ttl == 0 || ttl > DNS_CACHE_NEGATIVE_TTL))
+		ttl = DNS_CACHE_NEGATIVE_TTL;
+	if (ttl == 0)
+		return;
+	if (ttl > DNS_CACHE_MAX_TTL)
+		ttl = DNS_CACHE_MAX_TTL;
+	if (dns_cache_find(r, key))
+		return;					/* a lookup that raced another: the first stays */
+	if (r->cache_count >= DNS_CACHE_MAX_ENTRIES)
+		dns_cache_flush(r);
+	e = xcalloc(1, sizeof(*e));
+	e->key = xstrdup(key);
+	e->expires = ev_now(r->loop) + ttl;
+	dns_answer_copy(&e->answer, a);
+	b = dns_cache_hash(key);
+	e->next = r->cache[b];
+	r->cache[b] = e;
+	r->cache_count++;
 }
 
 static void
@@ -266,7 +402,10 @@ dns_query_finish(struct dns_query *q, struct dns_answer *a)
 		return;
 	}
 	ev_timer_stop(r->loop, &q->timer);
+	if (q->cache_key)
+		dns_cache_store(r, q->cache_key, a);
 	q->cb(q->arg, a);
+	free(q->cache_key);
 	free(q);
 }
 
@@ -299,6 +438,16 @@ dns_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 	struct dns_query *q = w->data;
 	struct dns_answer a;
 
+	if (q->cached)
+	{
+		struct dns_answer *cached = q->cached;
+
+		q->cached = NULL;
+		dns_query_finish(q, cached);
+		dns_answer_free(cached);
+		free(cached);
+		return;
+	}
 	memset(&a, 0, sizeof(a));
 	a.status = q->started ? DNS_TIMEOUT : q->refusal;
 	if (q->started && q->resolver->ub)
@@ -389,7 +538,21 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 		refused = true;
 		q->refusal = DNS_NXDOMAIN;
 	}
-	/* A refused lookup is answered from the loop all the same: no reentry. */
+	if (!refused && r->cache)
+	{
+		struct dns_cache_entry *hit;
+
+		q->cache_key = dns_cache_key(name, type);
+		if ((hit = dns_cache_find(r, q->cache_key)) != NULL)
+		{
+			q->cached = xmalloc(sizeof(*q->cached));
+			dns_answer_copy(q->cached, &hit->answer);
+			free(q->cache_key);
+			q->cache_key = NULL;
+			refused = true;		/* not asked: answered by the timer below */
+		}
+	}
+	/* A refused (or cached) lookup is answered from the loop all the same: no reentry. */
 	ev_timer_init(&q->timer, dns_on_timeout, refused ? 0 : timeout, 0);
 	q->timer.data = q;
 	r->in_flight++;
@@ -413,6 +576,12 @@ dns_cancel(struct dns_query *q)
 	else if (q->started)
 		r->backend.cancel(r->backend.data, q);
 	r->in_flight--;
+	if (q->cached)
+	{
+		dns_answer_free(q->cached);
+		free(q->cached);
+	}
+	free(q->cache_key);
 	free(q);
 }
 
@@ -521,6 +690,7 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 	}
 	if (loop)
 	{
+		r->cache = xcalloc(DNS_CACHE_BUCKETS, sizeof(*r->cache));
 		ev_io_init(&r->io, dns_on_readable, ub_fd(r->ub), EV_READ);
 		r->io.data = r;
 		ev_io_start(loop, &r->io);
@@ -564,6 +734,8 @@ dns_resolver_free(struct dns_resolver *r)
 			ev_io_stop(r->loop, &r->io);
 		ub_ctx_delete(r->ub);
 	}
+	dns_cache_flush(r);
+	free(r->cache);
 	free(r);
 }
 

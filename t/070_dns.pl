@@ -84,6 +84,16 @@ is($lines[12], 'bad..name.example.com A nxdomain', 'a name with an empty label i
 ok($elapsed < 2.5,
 	"the lookups ran together: the silent one cost its timeout once ($elapsed s)");
 
+# The loop's cache: asked again once answered, the same answers, at once;
+# a lookup that timed out is not kept.
+$start = time;
+my @twice = map { / MX / ? sorted_records($_) : $_ }
+  split /\n/, `$resolve -a -c $conf TXT:example.com MX:example.com A:nope.example.com PTR:1.2.0.192.in-addr.arpa 2>&1`;
+is_deeply([ @twice[ 4 .. 7 ] ], [ @twice[ 0 .. 3 ] ], 'the cache gives the answers libunbound gave');
+@twice = split /\n/, `$resolve -a -c $conf TXT:slow.example.com 2>&1`;
+is_deeply(\@twice, [ 'slow.example.com TXT timeout', 'slow.example.com TXT timeout' ],
+	'a timeout is not cached: it is asked again, and times out again');
+
 # The blocking form.
 @lines = map { chomp; sorted_records($_) }
   `$resolve -s -c $conf MX:example.com TXT:slow.example.com A:nope.example.com`;

@@ -4,7 +4,9 @@
  * all at once on one event loop (or one after the other with -s, the
  * blocking form), and the answers printed one line each, in argument
  * order: "NAME TYPE STATUS [secure] record...".  -c names a pepsi.conf
- * whose [pepsi] DNS_* options configure the resolver.
+ * whose [pepsi] DNS_* options configure the resolver.  -a asks every
+ * name again once all are answered (from the loop's cache), printing a
+ * second set of lines.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,16 +85,19 @@ main(int argc, char **argv)
 	struct lookup *lookups;
 	const char *conf = NULL;
 	bool		sync = false;
+	bool		again = false;
 	char		err[1024];
 	int			opt;
 	int			n;
 
 	log_init("pepsi-test-resolve", false);
-	while ((opt = getopt(argc, argv, "c:s")) != -1)
+	while ((opt = getopt(argc, argv, "ac:s")) != -1)
 		if (opt == 'c')
 			conf = optarg;
 		else if (opt == 's')
 			sync = true;
+		else if (opt == 'a')
+			again = true;
 		else
 			return 64;
 	cfg = conf ? config_load(conf, err, sizeof(err)) : config_parse_string("", "empty", err, sizeof(err));
@@ -129,6 +134,18 @@ main(int argc, char **argv)
 			ev_run(EV_DEFAULT, EVRUN_ONCE);
 	for (int i = 0; i < n; i++)
 		printf("%s\n", lookups[i].line);
+	if (again && !sync)
+	{
+		for (int i = 0; i < n; i++)
+		{
+			free(lookups[i].line);
+			dns_resolve(r, lookups[i].name, lookups[i].type, NULL, answered, &lookups[i]);
+		}
+		while (dns_in_flight(r) > 0)
+			ev_run(EV_DEFAULT, EVRUN_ONCE);
+		for (int i = 0; i < n; i++)
+			printf("%s\n", lookups[i].line);
+	}
 	dns_resolver_free(r);
 	config_free(cfg);
 	dns_config_free(&dc);
