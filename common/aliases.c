@@ -22,16 +22,16 @@
 
 struct alias
 {
-	char	   *name;			/* lower case */
-	char	  **targets;
-	size_t		ntargets;
-	int			line;
+	char  *name; /* lower case */
+	char **targets;
+	size_t ntargets;
+	int	   line;
 };
 
 struct alias_table
 {
 	struct alias *aliases;
-	size_t		count;
+	size_t		  count;
 };
 
 static int
@@ -43,7 +43,7 @@ aliases_compare(const void *a, const void *b)
 static char *
 aliases_trim(char *s)
 {
-	char	   *end;
+	char *end;
 
 	while (isspace((unsigned char) *s))
 		s++;
@@ -71,10 +71,10 @@ static bool
 aliases_add_entry(struct alias_table *table, char *entry, const char *name, int line,
 				  char *err, size_t errlen)
 {
-	char	   *colon = strchr(entry, ':');
+	char		 *colon = strchr(entry, ':');
 	struct alias *alias;
-	char	   *key;
-	char	   *p;
+	char		 *key;
+	char		 *p;
 
 	if (colon == NULL)
 	{
@@ -107,9 +107,9 @@ aliases_add_entry(struct alias_table *table, char *entry, const char *name, int 
 	p = colon + 1;
 	while (*p)
 	{
-		struct buf	target = BUF_INIT;
-		bool		quoted = false;
-		char	   *t;
+		struct buf target = BUF_INIT;
+		bool	   quoted = false;
+		char	  *t;
 
 		while (*p && (isspace((unsigned char) *p) || *p == ','))
 			p++;
@@ -125,7 +125,7 @@ aliases_add_entry(struct alias_table *table, char *entry, const char *name, int 
 		if (aliases_is_delivery_target(t))
 		{
 			snprintf(err, errlen, "%s:%d: alias \"%s\": \"%s\" is not supported "
-					 "(only addresses and alias names; no pipes, files or includes)",
+								  "(only addresses and alias names; no pipes, files or includes)",
 					 name, line, alias->name, t);
 			buf_free(&target);
 			return false;
@@ -149,16 +149,16 @@ struct alias_table *
 aliases_parse(const char *text, const char *name, char *err, size_t errlen)
 {
 	struct alias_table *table = xcalloc(1, sizeof(*table));
-	struct buf	entry = BUF_INIT;
-	int			line = 0;
-	int			entry_line = 0;
-	const char *p = text;
-	bool		ok = true;
+	struct buf			entry = BUF_INIT;
+	int					line = 0;
+	int					entry_line = 0;
+	const char		   *p = text;
+	bool				ok = true;
 
 	while (ok && *p)
 	{
-		size_t		n = strcspn(p, "\n");
-		char	   *raw = xstrndup(p, n);
+		size_t n = strcspn(p, "\n");
+		char  *raw = xstrndup(p, n);
 
 		line++;
 		p += n + (p[n] == '\n');
@@ -202,7 +202,7 @@ aliases_parse(const char *text, const char *name, char *err, size_t errlen)
 struct alias_table *
 aliases_load(const char *path, char *err, size_t errlen)
 {
-	struct buf	text = BUF_INIT;
+	struct buf			text = BUF_INIT;
 	struct alias_table *table;
 
 	if (!buf_append_file(&text, path, ALIASES_MAX_FILE, err, errlen))
@@ -240,8 +240,8 @@ aliases_count(const struct alias_table *table)
 static const struct alias *
 aliases_find(const struct alias_table *table, const char *local)
 {
-	struct alias key;
-	char	   *lower = xstrdup(local);
+	struct alias		key;
+	char			   *lower = xstrdup(local);
 	const struct alias *found = NULL;
 
 	for (char *p = lower; *p; p++)
@@ -272,22 +272,22 @@ aliases_emit(char ***out, size_t *count, const char *address)
 struct aliases_walk
 {
 	const struct alias_table *table;
-	const char *domains;
-	const char *path[ALIASES_MAX_DEPTH];	/* names being expanded */
-	int			depth;
-	long		lookups;
-	char	   *err;
-	size_t		errlen;
+	const char				 *domains;
+	const char				 *path[ALIASES_MAX_DEPTH]; /* names being expanded */
+	int						  depth;
+	long					  lookups;
+	char					 *err;
+	size_t					  errlen;
 };
 
 static bool
 aliases_walk(struct aliases_walk *walk, const char *address, char ***out, size_t *count)
 {
-	const char *at = strrchr(address, '@');
-	char	   *local = at ? xstrndup(address, (size_t) (at - address)) : xstrdup(address);
-	const char *domain = at ? at + 1 : "";
+	const char		   *at = strrchr(address, '@');
+	char			   *local = at ? xstrndup(address, (size_t) (at - address)) : xstrdup(address);
+	const char		   *domain = at ? at + 1 : "";
 	const struct alias *alias = NULL;
-	bool		ok = true;
+	bool				ok = true;
 
 	if (++walk->lookups > ALIASES_MAX_LOOKUPS)
 	{
@@ -300,7 +300,7 @@ aliases_walk(struct aliases_walk *walk, const char *address, char ***out, size_t
 		alias = aliases_find(walk->table, local);
 	for (int i = 0; alias && i < walk->depth; i++)
 		if (strcmp(walk->path[i], alias->name) == 0)
-			alias = NULL;		/* met again on its own path: deliver as is */
+			alias = NULL; /* met again on its own path: deliver as is */
 	if (alias == NULL)
 	{
 		aliases_emit(out, count, address);
@@ -327,7 +327,7 @@ aliases_walk(struct aliases_walk *walk, const char *address, char ***out, size_t
 
 		if (strchr(target, '@') == NULL && *domain)
 		{
-			char	   *full = xasprintf("%s@%s", target, domain);
+			char *full = xasprintf("%s@%s", target, domain);
 
 			ok = aliases_walk(walk, full, out, count);
 			free(full);

@@ -14,10 +14,10 @@ struct alias_table;
 /* Parse an aliases file (or text); NULL with "name:line: reason" in err. */
 struct alias_table *aliases_load(const char *path, char *err, size_t errlen);
 struct alias_table *aliases_parse(const char *text, const char *name, char *err, size_t errlen);
-void		aliases_free(struct alias_table *table);
-size_t		aliases_count(const struct alias_table *table);
+void				aliases_free(struct alias_table *table);
+size_t				aliases_count(const struct alias_table *table);
 /* Is local (a local part, any case) a name of the table? */
-bool		aliases_has(const struct alias_table *table, const char *local);
+bool aliases_has(const struct alias_table *table, const char *local);
 
 /*
  * Expand address recursively.  Its local part is looked up when its
@@ -29,8 +29,8 @@ bool		aliases_has(const struct alias_table *table, const char *local);
  * the expansion is larger or deeper than the limits (10,000 addresses,
  * 32 levels, 100,000 lookups).
  */
-bool		aliases_expand(const struct alias_table *table, const char *address,
-						   const char *domains, char ***out, size_t *count,
-						   char *err, size_t errlen);
+bool aliases_expand(const struct alias_table *table, const char *address,
+					const char *domains, char ***out, size_t *count,
+					char *err, size_t errlen);
 
 #endif

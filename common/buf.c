@@ -13,7 +13,7 @@
 void
 buf_reserve(struct buf *b, size_t extra)
 {
-	size_t		need = b->len + extra + 1;
+	size_t need = b->len + extra + 1;
 
 	if (need <= b->cap)
 		return;
@@ -49,8 +49,8 @@ buf_append_char(struct buf *b, char c)
 void
 buf_printf(struct buf *b, const char *fmt, ...)
 {
-	va_list		ap;
-	int			n;
+	va_list ap;
+	int		n;
 
 	va_start(ap, fmt);
 	n = vsnprintf(NULL, 0, fmt, ap);
@@ -97,10 +97,10 @@ buf_free(struct buf *b)
 bool
 buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen)
 {
-	FILE	   *f = fopen(path, "r");
-	char		chunk[4096];
-	size_t		n, read_so_far = 0;
-	bool		ok = true;
+	FILE  *f = fopen(path, "r");
+	char   chunk[4096];
+	size_t n, read_so_far = 0;
+	bool   ok = true;
 
 	if (f == NULL)
 	{
@@ -123,6 +123,6 @@ buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t e
 		ok = false;
 	}
 	fclose(f);
-	buf_append(b, "", 0);		/* NUL-terminated even when empty */
+	buf_append(b, "", 0); /* NUL-terminated even when empty */
 	return ok;
 }

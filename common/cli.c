@@ -16,8 +16,8 @@
 PGconn *
 cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg, int *rc)
 {
-	char		err[1024];
-	PGconn	   *conn;
+	char	err[1024];
+	PGconn *conn;
 
 	if (config_path == NULL)
 		config_path = getenv("PEPSI_CONFIG");
@@ -41,7 +41,7 @@ cli_connect(const char *program, const char *config_path, struct pepsi_config **
 bool
 cli_parse_id(const char *text, long long *id)
 {
-	char	   *end;
+	char *end;
 
 	if (text[0] < '0' || text[0] > '9' || strlen(text) > 19)
 		return false;
@@ -84,8 +84,8 @@ cli_db_error(const char *program, PGresult *res, PGconn *conn)
 static json_t *
 cli_json_string(const char *value)
 {
-	json_t	   *string = json_string(value);
-	char	   *copy;
+	json_t *string = json_string(value);
+	char   *copy;
 
 	if (string)
 		return string;
@@ -108,21 +108,21 @@ cli_json_value(PGresult *res, int row, int col)
 		return json_null();
 	switch (type)
 	{
-		case 20:				/* int8 */
-		case 21:				/* int2 */
-		case 23:				/* int4 */
+		case 20: /* int8 */
+		case 21: /* int2 */
+		case 23: /* int4 */
 			return json_integer(atoll(value));
-		case 700:				/* float4 */
-		case 701:				/* float8 */
-		case 1700:				/* numeric */
+		case 700:  /* float4 */
+		case 701:  /* float8 */
+		case 1700: /* numeric */
 			return json_real(atof(value));
-		case 16:				/* bool */
+		case 16: /* bool */
 			return json_boolean(value[0] == 't');
-		case 114:				/* json */
-		case 3802:				/* jsonb */
-		case 1009:				/* text[]: sent as JSON by the queries that want it */
+		case 114:  /* json */
+		case 3802: /* jsonb */
+		case 1009: /* text[]: sent as JSON by the queries that want it */
 			{
-				json_t	   *parsed = json_loads(value, JSON_DECODE_ANY, NULL);
+				json_t *parsed = json_loads(value, JSON_DECODE_ANY, NULL);
 
 				return parsed ? parsed : cli_json_string(value);
 			}
@@ -135,7 +135,7 @@ cli_json_value(PGresult *res, int row, int col)
 static int
 cli_width(const char *text)
 {
-	int			width = 0;
+	int width = 0;
 
 	for (const unsigned char *p = (const unsigned char *) text; *p; p++)
 		if ((*p & 0xc0) != 0x80)
@@ -157,7 +157,7 @@ cli_print_cell(const char *text, int width, bool last)
 static char *
 cli_cell(const char *value)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	for (const unsigned char *p = (const unsigned char *) value; *p; p++)
 	{
@@ -204,16 +204,16 @@ cli_write_escaped(const char *data, size_t len, FILE *out)
 void
 cli_print(PGresult *res, bool as_json)
 {
-	int			rows = PQntuples(res);
-	int			cols = PQnfields(res);
+	int rows = PQntuples(res);
+	int cols = PQnfields(res);
 
 	if (as_json)
 	{
-		json_t	   *list = json_array();
+		json_t *list = json_array();
 
 		for (int r = 0; r < rows; r++)
 		{
-			json_t	   *object = json_object();
+			json_t *object = json_object();
 
 			for (int c = 0; c < cols; c++)
 				json_object_set_new(object, PQfname(res, c), cli_json_value(res, r, c));
@@ -225,15 +225,15 @@ cli_print(PGresult *res, bool as_json)
 		return;
 	}
 	{
-		int		   *width = xcalloc((size_t) cols + 1, sizeof(int));
-		char	  **cell = xcalloc((size_t) rows * (size_t) cols + 1, sizeof(char *));
+		int	  *width = xcalloc((size_t) cols + 1, sizeof(int));
+		char **cell = xcalloc((size_t) rows * (size_t) cols + 1, sizeof(char *));
 
 		for (int c = 0; c < cols; c++)
 		{
 			width[c] = cli_width(PQfname(res, c));
 			for (int r = 0; r < rows; r++)
 			{
-				int			w;
+				int w;
 
 				cell[r * cols + c] = cli_cell(PQgetvalue(res, r, c));
 				w = cli_width(cell[r * cols + c]);
@@ -243,7 +243,7 @@ cli_print(PGresult *res, bool as_json)
 		}
 		for (int c = 0; c < cols; c++)
 		{
-			char	   *name = xstrdup(PQfname(res, c));
+			char *name = xstrdup(PQfname(res, c));
 
 			for (char *p = name; *p; p++)
 				*p = (char) (*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
@@ -264,7 +264,7 @@ cli_print(PGresult *res, bool as_json)
 int
 cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json)
 {
-	int			rc = CLI_EX_OK;
+	int rc = CLI_EX_OK;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{

@@ -22,35 +22,35 @@
 #define CLI_EX_CONFIG 78
 
 /* Load the configuration and connect; on failure print why and return NULL (*rc set). */
-PGconn	   *cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg,
-						int *rc);
+PGconn *cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg,
+					int *rc);
 /* A workqueue id argument: a positive whole number that fits a bigint. */
-bool		cli_parse_id(const char *text, long long *id);
+bool cli_parse_id(const char *text, long long *id);
 /*
  * Print rows: aligned columns with a header, or a JSON array of objects.
  * In the table a line break, tab or other control character in a value is
  * shown escaped ("\n", "\t", "\x01"), so that one row stays one line.
  */
-void		cli_print(PGresult *res, bool as_json);
+void cli_print(PGresult *res, bool as_json);
 /*
  * Write message text for a terminal: control characters that could move
  * the cursor, retitle the window or rewrite what is shown (ESC sequences,
  * a lone CR, C1 controls) come out as \xHH; TAB and CRLF stay.
  */
-void		cli_write_escaped(const char *data, size_t len, FILE *out);
+void cli_write_escaped(const char *data, size_t len, FILE *out);
 /* Print the server's error for res, prefixed with the program name. */
-void		cli_db_error(const char *program, PGresult *res, PGconn *conn);
+void cli_db_error(const char *program, PGresult *res, PGconn *conn);
 /*
  * The exit status for a statement that failed: EX_TEMPFAIL when the
  * connection failed or the server asks for a retry (a serialization
  * failure, a deadlock, a shutdown), EX_NOPERM when the role lacks the
  * privilege, else EX_DATAERR (the database refused what it was given).
  */
-int			cli_db_exit_code(PGresult *res, PGconn *conn);
+int cli_db_exit_code(PGresult *res, PGconn *conn);
 /*
  * Print a query's rows (cli_print), or its error (cli_db_error); clears res
  * and returns the exit code.
  */
-int			cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json);
+int cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json);
 
 #endif

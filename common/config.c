@@ -31,8 +31,8 @@
  */
 struct config_index
 {
-	size_t	   *order;
-	size_t		built_for;		/* the entry count it was built for */
+	size_t *order;
+	size_t	built_for; /* the entry count it was built for */
 };
 
 /*
@@ -49,7 +49,7 @@ static const struct
 	const char *section;
 	const char *option;
 	const char *why;
-}			config_file_only[] = {
+} config_file_only[] = {
 	{"ingress", "USER", "whom ingress runs as"},
 	{"ingress", "GROUP", "whom ingress runs as"},
 	{"ingress", "CREDENTIALS", "whose passwords ingress trusts"},
@@ -70,17 +70,16 @@ static const struct
 static const char *
 config_file_only_reason(const char *section, const char *option)
 {
-	size_t		len = strlen(option);
+	size_t len = strlen(option);
 
 	for (size_t i = 0; i < sizeof(config_file_only) / sizeof(config_file_only[0]); i++)
 	{
 		const char *name = config_file_only[i].option;
 		size_t		n = strlen(name);
 		bool		matches = name[0] == '_' ? len > n && strcmp(option + len - n, name) == 0
-			: strcmp(option, name) == 0;
+											 : strcmp(option, name) == 0;
 
-		if (matches && (config_file_only[i].section == NULL
-						|| strcmp(section, config_file_only[i].section) == 0))
+		if (matches && (config_file_only[i].section == NULL || strcmp(section, config_file_only[i].section) == 0))
 			return config_file_only[i].why;
 	}
 	return NULL;
@@ -159,7 +158,7 @@ config_option_allowed(const struct pepsi_config *cfg, const char *section, const
 	if (*def)
 		return true;
 	return config_is_stage_section(section) && config_option_name_valid(option)
-		&& !option_program_declared(config_section_program(cfg, section));
+		   && !option_program_declared(config_section_program(cfg, section));
 }
 
 /* Why option is not one of section's, for a message. */
@@ -173,7 +172,8 @@ config_option_refusal(const struct pepsi_config *cfg, const char *section, const
 		snprintf(out, outlen, "[%s] has no option %s (option names are upper case)", section, option);
 	else if (program)
 		snprintf(out, outlen, "[%s] has no option %s (neither every stage nor its PROGRAM %s "
-				 "takes it)", section, option, option_program_name(program));
+							  "takes it)",
+				 section, option, option_program_name(program));
 	else
 		snprintf(out, outlen, "[%s] has no option %s", section, option);
 	return out;
@@ -189,27 +189,27 @@ config_option_refusal(const struct pepsi_config *cfg, const char *section, const
 struct config_parse
 {
 	struct pepsi_config *cfg;
-	FILE	   *file;			/* or */
-	const char *text;			/* the rest of a string */
-	char	   *line_buffer;	/* getline's, for the file */
-	size_t		line_capacity;
-	int			line;
-	bool		indented;		/* the current line starts with white space */
-	char	   *err;
-	size_t		errlen;
-	bool		failed;
-	int			error_line;
+	FILE				*file;		  /* or */
+	const char			*text;		  /* the rest of a string */
+	char				*line_buffer; /* getline's, for the file */
+	size_t				 line_capacity;
+	int					 line;
+	bool				 indented; /* the current line starts with white space */
+	char				*err;
+	size_t				 errlen;
+	bool				 failed;
+	int					 error_line;
 };
 
 static void config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
-			__attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 
 /* Record the first refusal; later ones are consequences or noise. */
 static void
 config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
 {
-	char		reason[768];
-	va_list		ap;
+	char	reason[768];
+	va_list ap;
 
 	if (p->failed)
 		return;
@@ -225,14 +225,14 @@ static char *
 config_read_line(char *str, int num, void *stream)
 {
 	struct config_parse *p = stream;
-	const char *line;
-	size_t		len;
+	const char			*line;
+	size_t				 len;
 
 	if (p->failed)
-		return NULL;			/* nothing after the first refusal matters */
+		return NULL; /* nothing after the first refusal matters */
 	if (p->file)
 	{
-		ssize_t		n = getline(&p->line_buffer, &p->line_capacity, p->file);
+		ssize_t n = getline(&p->line_buffer, &p->line_capacity, p->file);
 
 		if (n < 0)
 			return NULL;
@@ -253,7 +253,8 @@ config_read_line(char *str, int num, void *stream)
 	if (len - (len > 0 && line[len - 1] == '\n') > (size_t) num - 2)
 	{
 		config_parse_error(p, p->line, "line too long (more than %d characters; continue a "
-						   "long value on indented lines)", num - 2);
+									   "long value on indented lines)",
+						   num - 2);
 		return NULL;
 	}
 	memcpy(str, line, len);
@@ -290,7 +291,7 @@ config_continue_value(struct config_parse *p, const char *section, const char *o
 					  const char *value)
 {
 	struct config_entry *last;
-	char	   *joined;
+	char				*joined;
 
 	if (!p->indented || p->cfg->count == 0)
 		return false;
@@ -319,17 +320,17 @@ config_handle(void *user, const char *section, const char *option, const char *v
 	if (!config_section_known(section))
 	{
 		config_parse_error(p, p->line, "unknown section [%s] (known: [pepsi], [database], "
-						   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>], "
-						   "[dkim-key-<name>], [srs])", section);
+									   "[dispatch], [ingress], [sendmail], [listener-<name>], [stage-<name>], "
+									   "[dkim-key-<name>], [srs])",
+						   section);
 		return 0;
 	}
 	/* A stage program's options are checked once its PROGRAM is known (config_check_file). */
 	if (!config_option_known(section, option))
 	{
-		char		why[512];
+		char why[512];
 
-		config_parse_error(p, p->line, "%s", config_option_refusal(p->cfg, section, option, why,
-																	sizeof(why)));
+		config_parse_error(p, p->line, "%s", config_option_refusal(p->cfg, section, option, why, sizeof(why)));
 		return 0;
 	}
 	if (config_control_character(value))
@@ -366,12 +367,11 @@ config_check_file(struct config_parse *p)
 	for (size_t i = 0; i < cfg->count && !p->failed; i++)
 	{
 		const struct config_entry *e = &cfg->entries[i];
-		const struct option_def *def;
-		char		why[512];
+		const struct option_def	  *def;
+		char					   why[512];
 
 		if (!config_option_allowed(cfg, e->section, e->option, &def))
-			config_parse_error(p, e->line, "%s", config_option_refusal(cfg, e->section, e->option,
-																	   why, sizeof(why)));
+			config_parse_error(p, e->line, "%s", config_option_refusal(cfg, e->section, e->option, why, sizeof(why)));
 		else if (def && !option_value_check(def, e->value, false, why, sizeof(why)))
 			config_parse_error(p, e->line, "[%s] %s = %s: %s", e->section, e->option, e->value, why);
 	}
@@ -380,7 +380,7 @@ config_check_file(struct config_parse *p)
 static struct pepsi_config *
 config_parse(struct config_parse *p, const char *name)
 {
-	int			rc;
+	int rc;
 
 	p->cfg = xcalloc(1, sizeof(*p->cfg));
 	p->cfg->path = xstrdup(name);
@@ -406,7 +406,7 @@ config_parse(struct config_parse *p, const char *name)
 struct pepsi_config *
 config_load(const char *path, char *err, size_t errlen)
 {
-	struct config_parse p = {0};
+	struct config_parse	 p = {0};
 	struct pepsi_config *cfg;
 
 	p.file = fopen(path, "r");
@@ -458,8 +458,8 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 					const char *option, const char *value, char *err, size_t errlen)
 {
 	const struct option_def *def;
-	const char *file_only;
-	char		why[512];
+	const char				*file_only;
+	char					 why[512];
 
 	if (!config_section_overridable(section))
 	{
@@ -492,8 +492,7 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 		snprintf(err, errlen, "override [%s] %s refused: bad scope \"%s\"", section, option, scope);
 		return false;
 	}
-	if (def && (!option_scope_check(def, scope, why, sizeof(why))
-				|| !option_value_check(def, value, true, why, sizeof(why))))
+	if (def && (!option_scope_check(def, scope, why, sizeof(why)) || !option_value_check(def, value, true, why, sizeof(why))))
 	{
 		snprintf(err, errlen, "override %s [%s] %s = %.200s refused: %s", scope, section, option, value,
 				 why);
@@ -510,7 +509,7 @@ config_entry_compare(const void *a, const void *b)
 {
 	const struct config_entry *x = &config_sorting->entries[*(const size_t *) a];
 	const struct config_entry *y = &config_sorting->entries[*(const size_t *) b];
-	int			c = strcmp(x->section, y->section);
+	int						   c = strcmp(x->section, y->section);
 
 	if (c == 0)
 		c = strcmp(x->option, y->option);
@@ -540,17 +539,17 @@ config_index_range(const struct pepsi_config *cfg, const char *section, const ch
 				   size_t *first, size_t *end)
 {
 	const size_t *order;
-	size_t		lo = 0;
-	size_t		hi = cfg->count;
+	size_t		  lo = 0;
+	size_t		  hi = cfg->count;
 
 	if (cfg->index->built_for != cfg->count)
 		config_index_build(cfg);
 	order = cfg->index->order;
 	while (lo < hi)
 	{
-		size_t		mid = lo + (hi - lo) / 2;
+		size_t					   mid = lo + (hi - lo) / 2;
 		const struct config_entry *e = &cfg->entries[order[mid]];
-		int			c = strcmp(e->section, section);
+		int						   c = strcmp(e->section, section);
 
 		if (c == 0)
 			c = strcmp(e->option, option);
@@ -587,9 +586,9 @@ config_lookup(const struct pepsi_config *cfg, const char *section, const char *o
 			  const char *domain, const char *address)
 {
 	const struct config_entry *best = NULL;
-	int			best_rank = 0;
-	size_t		first = 0;
-	size_t		end = cfg->count;
+	int						   best_rank = 0;
+	size_t					   first = 0;
+	size_t					   end = cfg->count;
 
 	if (address && domain == NULL && strrchr(address, '@'))
 		domain = strrchr(address, '@') + 1;
@@ -598,7 +597,7 @@ config_lookup(const struct pepsi_config *cfg, const char *section, const char *o
 	for (size_t i = first; i < end; i++)
 	{
 		const struct config_entry *e = &cfg->entries[cfg->index ? cfg->index->order[i] : i];
-		int			rank;
+		int						   rank;
 
 		if (!cfg->index && (strcmp(e->section, section) != 0 || strcmp(e->option, option) != 0))
 			continue;
@@ -655,8 +654,7 @@ config_typed_def(const struct pepsi_config *cfg, const char *section, const char
 
 	if (def == NULL)
 		fatalx("[%s] %s is read but common/options.def does not declare it", section, option);
-	if (def->type != type && !(type == OPTION_TEXT && def->type != OPTION_BOOL && def->type != OPTION_INT
-							   && def->type != OPTION_DURATION && def->type != OPTION_SIZE))
+	if (def->type != type && !(type == OPTION_TEXT && def->type != OPTION_BOOL && def->type != OPTION_INT && def->type != OPTION_DURATION && def->type != OPTION_SIZE))
 		fatalx("[%s] %s is a%s %s option, read as a%s %s", section, option,
 			   def->type == OPTION_INT ? "n" : "", option_type_name(def->type),
 			   type == OPTION_INT ? "n" : "", option_type_name(type));
@@ -680,7 +678,7 @@ static void
 config_unparsable(const struct pepsi_config *cfg, const char *section, const char *option,
 				  const char *value)
 {
-	char		origin[512];
+	char origin[512];
 
 	fatalx("%s: [%s] %s = %s was not checked when loaded",
 		   config_origin(cfg, section, option, origin, sizeof(origin)), section, option, value);
@@ -691,8 +689,8 @@ config_bool_for(const struct pepsi_config *cfg, const char *section, const char 
 				const char *domain, const char *address)
 {
 	const struct option_def *def = config_typed_def(cfg, section, option, OPTION_BOOL);
-	const char *value = config_typed_value(cfg, def, section, domain, address);
-	bool		result = false;
+	const char				*value = config_typed_value(cfg, def, section, domain, address);
+	bool					 result = false;
 
 	if (value && !option_parse_bool(value, &result))
 		config_unparsable(cfg, section, option, value);
@@ -703,11 +701,11 @@ config_bool_for(const struct pepsi_config *cfg, const char *section, const char 
 static long long
 config_number_for(const struct pepsi_config *cfg, const char *section, const char *option,
 				  const char *domain, const char *address, enum option_type type,
-				  bool (*parse) (const char *value, long long *out))
+				  bool (*parse)(const char *value, long long *out))
 {
 	const struct option_def *def = config_typed_def(cfg, section, option, type);
-	const char *value = config_typed_value(cfg, def, section, domain, address);
-	long long	result = 0;
+	const char				*value = config_typed_value(cfg, def, section, domain, address);
+	long long				 result = 0;
 
 	if (value && !parse(value, &result))
 		config_unparsable(cfg, section, option, value);
@@ -741,8 +739,8 @@ config_enum_for(const struct pepsi_config *cfg, const char *section, const char 
 				const char *domain, const char *address)
 {
 	const struct option_def *def = config_typed_def(cfg, section, option, OPTION_ENUM);
-	const char *value = config_typed_value(cfg, def, section, domain, address);
-	int			index = value ? option_enum_index(def, value) : 0;
+	const char				*value = config_typed_value(cfg, def, section, domain, address);
+	int						 index = value ? option_enum_index(def, value) : 0;
 
 	if (index < 0)
 		config_unparsable(cfg, section, option, value);
@@ -820,7 +818,7 @@ config_hostname(const struct pepsi_config *cfg)
 size_t
 config_sections(const struct pepsi_config *cfg, const char *prefix, const char **names, size_t max)
 {
-	size_t		count = 0;
+	size_t count = 0;
 
 	for (size_t i = 0; i < cfg->count; i++)
 	{

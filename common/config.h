@@ -21,21 +21,21 @@ struct option_def;
 
 struct config_entry
 {
-	char	   *scope;			/* NULL for the file, else global / domain:d / address:a */
-	char	   *section;
-	char	   *option;
-	char	   *value;
-	int			line;			/* in the file; 0 for an override */
+	char *scope; /* NULL for the file, else global / domain:d / address:a */
+	char *section;
+	char *option;
+	char *value;
+	int	  line; /* in the file; 0 for an override */
 };
 
 struct config_index;
 
 struct pepsi_config
 {
-	char	   *path;
+	char				*path;
 	struct config_entry *entries;
-	size_t		count;
-	size_t		capacity;
+	size_t				 count;
+	size_t				 capacity;
 	struct config_index *index; /* lookups by section and option (config.c) */
 };
 
@@ -43,20 +43,20 @@ struct pepsi_config
 struct pepsi_config *config_load(const char *path, char *err, size_t errlen);
 /* The same from a string (tests, pepsi-config's validation). */
 struct pepsi_config *config_parse_string(const char *text, const char *name, char *err, size_t errlen);
-void		config_free(struct pepsi_config *cfg);
+void				 config_free(struct pepsi_config *cfg);
 
 /*
  * Whether an option may be set in a section (and by the overlay), by the
  * schema alone: a [stage-*] section also takes any option of its program,
  * which config_load checks once it knows the PROGRAM.
  */
-bool		config_option_known(const char *section, const char *option);
-bool		config_section_overridable(const char *section);
-bool		config_section_known(const char *section);
+bool config_option_known(const char *section, const char *option);
+bool config_section_overridable(const char *section);
+bool config_section_known(const char *section);
 
 /* Add an override (from pepsi.config_override); false with err if it is refused. */
-bool		config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
-								const char *option, const char *value, char *err, size_t errlen);
+bool config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
+						 const char *option, const char *value, char *err, size_t errlen);
 
 /*
  * Lookups: the most specific value wins: address:<address>, then
@@ -80,12 +80,12 @@ const char *config_origin(const struct pepsi_config *cfg, const char *section, c
  * may be NULL), as config_get_for does.  Reading an option options.def
  * does not declare, or with a getter of another type, is fatal.
  */
-bool		config_bool(const struct pepsi_config *cfg, const char *section, const char *option);
-long long	config_int(const struct pepsi_config *cfg, const char *section, const char *option);
-long long	config_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option);
-long long	config_size(const struct pepsi_config *cfg, const char *section, const char *option);
+bool	  config_bool(const struct pepsi_config *cfg, const char *section, const char *option);
+long long config_int(const struct pepsi_config *cfg, const char *section, const char *option);
+long long config_duration_ms(const struct pepsi_config *cfg, const char *section, const char *option);
+long long config_size(const struct pepsi_config *cfg, const char *section, const char *option);
 /* The index of the value among the ENUM's choices ("a|b|c": 0, 1, 2). */
-int			config_enum(const struct pepsi_config *cfg, const char *section, const char *option);
+int config_enum(const struct pepsi_config *cfg, const char *section, const char *option);
 /* Text, path, stage, program, domain and list options: the string, or NULL. */
 const char *config_text(const struct pepsi_config *cfg, const char *section, const char *option);
 
@@ -103,7 +103,7 @@ const char *config_text_for(const struct pepsi_config *cfg, const char *section,
 							const char *domain, const char *address);
 
 /* Is item in a DOMAIN_LIST or ADDRESS_LIST value (comma or space separated, any case)? */
-bool		config_list_contains(const char *list, const char *item);
+bool config_list_contains(const char *list, const char *item);
 
 /* [pepsi] HOSTNAME, else the system's host name, else "localhost". */
 const char *config_hostname(const struct pepsi_config *cfg);
@@ -113,7 +113,7 @@ const struct option_def *config_option_def(const struct pepsi_config *cfg, const
 										   const char *option);
 
 /* The sections whose name starts with prefix ("stage-"), in file order, each once. */
-size_t		config_sections(const struct pepsi_config *cfg, const char *prefix,
-							const char **names, size_t max);
+size_t config_sections(const struct pepsi_config *cfg, const char *prefix,
+					   const char **names, size_t max);
 
 #endif

@@ -23,8 +23,8 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 
 	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
 	{
-		char	   *message = conn ? PQerrorMessage(conn) : "out of memory";
-		size_t		n;
+		char  *message = conn ? PQerrorMessage(conn) : "out of memory";
+		size_t n;
 
 		snprintf(err, errlen, "cannot connect to the database: %s", message);
 		n = strlen(err);
@@ -39,9 +39,10 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 bool
 db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	PGresult   *res = db_exec(conn, "SELECT scope, section, option, value FROM pepsi.config_override"
-							  " ORDER BY scope, section, option", 0, NULL);
-	bool		ok = true;
+	PGresult *res = db_exec(conn, "SELECT scope, section, option, value FROM pepsi.config_override"
+								  " ORDER BY scope, section, option",
+							0, NULL);
+	bool	  ok = true;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -68,7 +69,7 @@ db_error_is_transient(const PGresult *res)
 static void
 db_backoff(int attempt)
 {
-	long		max_us = 10000L << attempt;
+	long			max_us = 10000L << attempt;
 	struct timespec ts;
 
 	ts.tv_sec = 0;
@@ -82,9 +83,9 @@ db_retry(PGconn *conn, const char *sql, const char *name, int nparams, const cha
 {
 	for (int attempt = 1;; attempt++)
 	{
-		PGresult   *res = name
-			? PQexecPrepared(conn, name, nparams, values, lengths, formats, 0)
-			: PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
+		PGresult *res = name
+							? PQexecPrepared(conn, name, nparams, values, lengths, formats, 0)
+							: PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
 
 		if (!db_error_is_transient(res) || attempt == DB_TRANSIENT_ATTEMPTS
 			|| PQtransactionStatus(conn) != PQTRANS_IDLE)
@@ -111,8 +112,8 @@ db_exec_prepared(PGconn *conn, const char *name, int nparams, const char *const 
 bool
 db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen)
 {
-	PGresult   *res = PQprepare(conn, name, sql, 0, NULL);
-	bool		ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+	PGresult *res = PQprepare(conn, name, sql, 0, NULL);
+	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
 
 	if (!ok)
 		snprintf(err, errlen, "cannot prepare %s: %s", name, db_error(res, conn));

@@ -7,8 +7,8 @@
 #ifndef PEPSI_DB_H
 #define PEPSI_DB_H
 
-#include <stdbool.h>
 #include <libpq-fe.h>
+#include <stdbool.h>
 
 #include "buf.h"
 #include "config.h"
@@ -18,24 +18,24 @@
 /* Transient failures retried so far by this process (for statistics). */
 extern unsigned long db_transient_retries;
 
-PGconn	   *db_connect(const struct pepsi_config *cfg, const char *application_name,
-					   char *err, size_t errlen);
+PGconn *db_connect(const struct pepsi_config *cfg, const char *application_name,
+				   char *err, size_t errlen);
 /* Read pepsi.config_override into cfg; false with err if a row is refused. */
-bool		db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
+bool db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
 
-bool		db_error_is_transient(const PGresult *res);
+bool db_error_is_transient(const PGresult *res);
 /* PQexecParams with text parameters, retried on transient failure. */
-PGresult   *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values);
+PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values);
 /* PQexecPrepared, the same way. */
-PGresult   *db_exec_prepared(PGconn *conn, const char *name, int nparams,
-							 const char *const *values, const int *lengths, const int *formats);
-bool		db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
+PGresult *db_exec_prepared(PGconn *conn, const char *name, int nparams,
+						   const char *const *values, const int *lengths, const int *formats);
+bool	  db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
 /*
  * Build a PostgreSQL array literal for a text parameter: start with "{",
  * append elements (NULL for a SQL NULL; quoted and escaped otherwise), end
  * with "}".
  */
-void		db_array_append(struct buf *array, const char *element);
+void db_array_append(struct buf *array, const char *element);
 
 /* The error of a failed result, one line, for logs. */
 const char *db_error(const PGresult *res, PGconn *conn);

@@ -31,17 +31,17 @@ delivery_get_any_case(json_t *object, const char *key)
 
 	if (!json_is_object(object))
 		return NULL;
-	json_object_foreach(object, k, v)
+	json_object_foreach (object, k, v)
 		if (strcasecmp(k, key) == 0)
-		return v;
+			return v;
 	return NULL;
 }
 
 static json_t *
 delivery_dsn_rcpt(const struct pepsi_ctx *ctx, size_t index)
 {
-	json_t	   *dsn = delivery_get_any_case(pepsi_state(ctx), "dsn");
-	json_t	   *rcpts = delivery_get_any_case(dsn, "rcpt");
+	json_t *dsn = delivery_get_any_case(pepsi_state(ctx), "dsn");
+	json_t *rcpts = delivery_get_any_case(dsn, "rcpt");
 
 	/* The array runs parallel to rcpt_to; anything else is not to be trusted. */
 	if (!json_is_array(rcpts) || json_array_size(rcpts) != pepsi_rcpt_count(ctx))
@@ -52,10 +52,10 @@ delivery_dsn_rcpt(const struct pepsi_ctx *ctx, size_t index)
 const char *
 delivery_notify(const struct pepsi_ctx *ctx, size_t index)
 {
-	json_t	   *notify = delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "notify");
+	json_t *notify = delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "notify");
 
 	if (json_is_array(notify))
-		return NULL;			/* written as an array?  not by ingress; treat as absent */
+		return NULL; /* written as an array?  not by ingress; treat as absent */
 	return json_string_value(notify);
 }
 
@@ -83,7 +83,7 @@ delivery_notify_wants(const char *notify, const char *kind)
 		return strcasecmp(kind, "FAILURE") == 0;
 	for (const char *p = notify; *p;)
 	{
-		size_t		n;
+		size_t n;
 
 		p += strspn(p, ", ");
 		n = strcspn(p, ", ");
@@ -101,11 +101,11 @@ delivery_notify_wants(const char *notify, const char *kind)
 double
 delivery_message_age(struct pepsi_ctx *ctx)
 {
-	double		age = pepsi_message_age(ctx);
+	double age = pepsi_message_age(ctx);
 
 	/* A DSN is younger than its row: its clock starts when the bounce stage made it. */
 	{
-		json_t	   *created = json_object_get(pepsi_state(ctx), "created_at");
+		json_t *created = json_object_get(pepsi_state(ctx), "created_at");
 
 		if (json_is_integer(created) && age >= 0
 			&& (double) (time(NULL) - json_integer_value(created)) < age)
@@ -129,7 +129,7 @@ delivery_set_string(json_t *object, const char *key, const char *value)
 static json_t *
 delivery_report_json(const struct delivery_report *r)
 {
-	json_t	   *o = json_object();
+	json_t *o = json_object();
 
 	delivery_set_string(o, "status", r->status);
 	delivery_set_string(o, "enhanced_status", r->status);
@@ -146,7 +146,7 @@ delivery_report_json(const struct delivery_report *r)
 static json_t *
 delivery_bounce_json(struct pepsi_ctx *ctx, const char *kind, const struct delivery_report *r)
 {
-	json_t	   *o = delivery_report_json(r);
+	json_t *o = delivery_report_json(r);
 
 	json_object_set_new(o, "kind", json_string(kind));
 	delivery_set_string(o, "failed_recipient", pepsi_rcpt(ctx, 0));
@@ -170,9 +170,9 @@ int
 delivery_succeeded(struct pepsi_ctx *ctx, const char *action, const struct delivery_report *how,
 				   bool next_hop_notifies)
 {
-	json_t	   *info = delivery_report_json(how);
-	json_t	   *merge;
-	int			rc;
+	json_t *info = delivery_report_json(how);
+	json_t *merge;
+	int		rc;
 
 	/*
 	 * complete_success sets state.bounce = {kind: success}, replacing any
@@ -201,8 +201,7 @@ delivery_failed(struct pepsi_ctx *ctx, const struct delivery_report *why, const 
 	json_t	   *merge;
 	int			rc;
 
-	maillog_delivery(ctx, status, why, pepsi_mail_from(ctx)[0] == '\0'
-					 ? "from the null sender: dropped, a bounce is never bounced" : NULL);
+	maillog_delivery(ctx, status, why, pepsi_mail_from(ctx)[0] == '\0' ? "from the null sender: dropped, a bounce is never bounced" : NULL);
 	if (pepsi_mail_from(ctx)[0] == '\0')
 	{
 		free(last_error);
@@ -237,9 +236,9 @@ delivery_expired(struct pepsi_ctx *ctx, const struct delivery_report *why, long 
 				 double age)
 {
 	struct delivery_report expired = *why;
-	char	   *diagnostic;
-	char		status[16];
-	int			rc;
+	char				  *diagnostic;
+	char				   status[16];
+	int					   rc;
 
 	/* RFC 3463 4.4.7: delivery time expired; a 4.x.x reply keeps its detail. */
 	if (why->status && why->status[0] == '4')
@@ -290,7 +289,7 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 
 	merge = json_pack("{s:I,s:s}", "attempts", (json_int_t) attempts, "last_error", last_error);
 	{
-		char		note[64];
+		char note[64];
 
 		snprintf(note, sizeof(note), "attempt %ld, next in %.0fs", attempts, delay);
 		maillog_delivery(ctx, "deferred", why, note);
@@ -300,9 +299,9 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 		&& delivery_notify_wants(delivery_notify(ctx, 0), "DELAY")
 		&& age >= 0 && age >= delay_dsn_after)
 	{
-		json_t	   *bounce = delivery_bounce_json(ctx, "delay", why);
-		char	   *token = xasprintf("dsn-delay-%lld", pepsi_id(ctx));
-		json_t	   *clones;
+		json_t *bounce = delivery_bounce_json(ctx, "delay", why);
+		char   *token = xasprintf("dsn-delay-%lld", pepsi_id(ctx));
+		json_t *clones;
 
 		json_object_set_new(bounce, "will_retry_until",
 							json_integer((json_int_t) (time(NULL) + (time_t) (lifetime - age))));

@@ -32,17 +32,17 @@
 /* Why one recipient's delivery did not happen (or, for success, how it did). */
 struct delivery_report
 {
-	const char *status;			/* enhanced status code: "5.1.1" */
-	const char *diagnostic;		/* a Diagnostic-Code: "smtp; 550 5.1.1 ..." or "X-Pepsi; ..." */
-	const char *remote_mta;		/* the next hop's name, NULL for local delivery */
-	int			smtp_code;		/* 0 when there was no reply */
-	const char *phase;			/* "RCPT TO", "end of DATA", ... or NULL */
-	const char *reply_text;		/* the reply's text, or NULL */
+	const char *status;		/* enhanced status code: "5.1.1" */
+	const char *diagnostic; /* a Diagnostic-Code: "smtp; 550 5.1.1 ..." or "X-Pepsi; ..." */
+	const char *remote_mta; /* the next hop's name, NULL for local delivery */
+	int			smtp_code;	/* 0 when there was no reply */
+	const char *phase;		/* "RCPT TO", "end of DATA", ... or NULL */
+	const char *reply_text; /* the reply's text, or NULL */
 	/* for the delivery log line (maillog.h) */
-	const char *relay;			/* "host[address]:port", "local", or NULL when none was reached */
-	const char *tls;			/* the session's TLS, or NULL in clear */
-	double		connect_seconds;	/* reaching the next hop (0 when the session was reused) */
-	double		transfer_seconds;	/* handing the message over */
+	const char *relay;			  /* "host[address]:port", "local", or NULL when none was reached */
+	const char *tls;			  /* the session's TLS, or NULL in clear */
+	double		connect_seconds;  /* reaching the next hop (0 when the session was reused) */
+	double		transfer_seconds; /* handing the message over */
 };
 
 /*
@@ -50,22 +50,22 @@ struct delivery_report
  * (RFC 3464); next_hop_notifies says the next hop took the DSN request
  * itself, so no success DSN is originated here.
  */
-int			delivery_succeeded(struct pepsi_ctx *ctx, const char *action,
-							   const struct delivery_report *how, bool next_hop_notifies);
+int delivery_succeeded(struct pepsi_ctx *ctx, const char *action,
+					   const struct delivery_report *how, bool next_hop_notifies);
 /* A temporary failure: pause with backoff, a delay DSN, or past MAX_LIFETIME a bounce. */
-int			delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why);
+int delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why);
 /* A permanent failure: to BOUNCE_STAGE with state.bounce. */
-int			delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why);
+int delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why);
 
 /* The NOTIFY of recipient index (state.dsn.rcpt), or NULL when none was given. */
 const char *delivery_notify(const struct pepsi_ctx *ctx, size_t index);
 /* Does a NOTIFY value (NULL: none given) ask for this kind: "SUCCESS", "DELAY", "FAILURE"? */
-bool		delivery_notify_wants(const char *notify, const char *kind);
+bool delivery_notify_wants(const char *notify, const char *kind);
 /* state.dsn.<key> (ret, envid), any case, or NULL. */
 const char *delivery_dsn_param(const struct pepsi_ctx *ctx, const char *key);
 const char *delivery_orcpt(const struct pepsi_ctx *ctx, size_t index);
 
 /* The age of the message in seconds (from received_at, or state.created_at of a DSN), or -1. */
-double		delivery_message_age(struct pepsi_ctx *ctx);
+double delivery_message_age(struct pepsi_ctx *ctx);
 
 #endif

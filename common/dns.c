@@ -30,38 +30,38 @@
 
 struct dns_cache_entry
 {
-	char	   *key;			/* "type/name", the name in lower case */
-	ev_tstamp	expires;
-	struct dns_answer answer;
+	char				   *key; /* "type/name", the name in lower case */
+	ev_tstamp				expires;
+	struct dns_answer		answer;
 	struct dns_cache_entry *next;
 };
 
 struct dns_resolver
 {
-	struct ev_loop *loop;
-	struct ub_ctx *ub;			/* NULL with a backend */
-	struct dns_backend backend;
-	ev_io		io;
-	double		timeout;
-	size_t		in_flight;
-	struct dns_cache_entry **cache;	/* DNS_CACHE_BUCKETS chains; NULL for a backend */
-	size_t		cache_count;
+	struct ev_loop			*loop;
+	struct ub_ctx			*ub; /* NULL with a backend */
+	struct dns_backend		 backend;
+	ev_io					 io;
+	double					 timeout;
+	size_t					 in_flight;
+	struct dns_cache_entry **cache; /* DNS_CACHE_BUCKETS chains; NULL for a backend */
+	size_t					 cache_count;
 };
 
 struct dns_query
 {
 	struct dns_resolver *resolver;
-	int			async_id;
-	bool		started;		/* false: refused (bad name, spent budget), answered by the timer */
-	enum dns_status refusal;	/* the answer then */
-	ev_timer	timer;
-	dns_callback cb;
-	void	   *arg;
-	char	   *cache_key;		/* to keep the answer under */
-	struct dns_answer *cached;	/* answered from the cache (by the timer) */
+	int					 async_id;
+	bool				 started; /* false: refused (bad name, spent budget), answered by the timer */
+	enum dns_status		 refusal; /* the answer then */
+	ev_timer			 timer;
+	dns_callback		 cb;
+	void				*arg;
+	char				*cache_key; /* to keep the answer under */
+	struct dns_answer	*cached;	/* answered from the cache (by the timer) */
 	/* The blocking form waits for these */
-	bool		sync;
-	bool		answered;
+	bool			   sync;
+	bool			   answered;
 	struct dns_answer *sync_answer;
 };
 
@@ -80,10 +80,10 @@ dns_config_load(const struct pepsi_config *cfg, struct dns_config *out, char *er
 	if (forwarder && *forwarder)
 	{
 		/* "addr@port" is libunbound's spelling; check it here to name the option. */
-		const char *at = strchr(forwarder, '@');
-		char		addr[INET6_ADDRSTRLEN + 1];
+		const char	 *at = strchr(forwarder, '@');
+		char		  addr[INET6_ADDRSTRLEN + 1];
 		unsigned char bin[16];
-		size_t		alen = at ? (size_t) (at - forwarder) : strlen(forwarder);
+		size_t		  alen = at ? (size_t) (at - forwarder) : strlen(forwarder);
 
 		if (alen == 0 || alen >= sizeof(addr))
 		{
@@ -99,8 +99,8 @@ dns_config_load(const struct pepsi_config *cfg, struct dns_config *out, char *er
 		}
 		if (at)
 		{
-			char	   *end;
-			long		port = strtol(at + 1, &end, 10);
+			char *end;
+			long  port = strtol(at + 1, &end, 10);
 
 			if (at[1] == '\0' || *end || port < 1 || port > 65535)
 			{
@@ -136,19 +136,19 @@ dns_config_free(struct dns_config *c)
 static char *
 dns_decode_name(const unsigned char *p, size_t len)
 {
-	char		name[1025];
-	size_t		pos = 0,
-				out = 0;
+	char   name[1025];
+	size_t pos = 0,
+		   out = 0;
 
 	while (pos < len)
 	{
-		size_t		label = p[pos++];
+		size_t label = p[pos++];
 
 		if (label == 0)
 		{
 			if (out == 0)
 				return xstrdup(".");
-			name[out - 1] = '\0';	/* the last dot */
+			name[out - 1] = '\0'; /* the last dot */
 			return xstrdup(name);
 		}
 		if (label > 63 || pos + label > len || out + label + 1 >= sizeof(name))
@@ -171,7 +171,7 @@ void
 dns_answer_add(struct dns_answer *a, enum dns_type type, const void *rdata, size_t len)
 {
 	const unsigned char *p = rdata;
-	struct dns_record *r;
+	struct dns_record	*r;
 
 	a->records = xrealloc(a->records, (a->count + 1) * sizeof(*a->records));
 	r = &a->records[a->count++];
@@ -186,16 +186,16 @@ dns_answer_add(struct dns_answer *a, enum dns_type type, const void *rdata, size
 		case DNS_TYPE_TXT:
 			{
 				/* Character-strings, each with its length octet: joined. */
-				size_t		pos = 0,
-							out = 0;
+				size_t pos = 0,
+					   out = 0;
 
 				r->text = xmalloc(len + 1);
 				while (pos < len)
 				{
-					size_t		n = p[pos++];
+					size_t n = p[pos++];
 
 					if (pos + n > len)
-						n = len - pos;	/* truncated: keep what is there */
+						n = len - pos; /* truncated: keep what is there */
 					memcpy(r->text + out, p + pos, n);
 					out += n;
 					pos += n;
@@ -240,14 +240,14 @@ dns_answer_copy(struct dns_answer *dst, const struct dns_answer *src)
 	for (size_t i = 0; i < src->count; i++)
 	{
 		const struct dns_record *s = &src->records[i];
-		struct dns_record *d = &dst->records[i];
+		struct dns_record		*d = &dst->records[i];
 
 		*d = *s;
 		d->rdata = xmalloc(s->rdata_len + 1);
 		memcpy(d->rdata, s->rdata, s->rdata_len + 1);
 		if (s->text)
 		{
-			size_t		n = s->type == DNS_TYPE_TXT ? s->len : strlen(s->text);
+			size_t n = s->type == DNS_TYPE_TXT ? s->len : strlen(s->text);
 
 			d->text = xmalloc(n + 1);
 			memcpy(d->text, s->text, n + 1);
@@ -258,7 +258,7 @@ dns_answer_copy(struct dns_answer *dst, const struct dns_answer *src)
 static unsigned
 dns_cache_hash(const char *key)
 {
-	unsigned	h = 5381;
+	unsigned h = 5381;
 
 	for (const char *p = key; *p; p++)
 		h = h * 33 + (unsigned char) *p;
@@ -268,8 +268,8 @@ dns_cache_hash(const char *key)
 static char *
 dns_cache_key(const char *name, enum dns_type type)
 {
-	char	   *key = xasprintf("%d/%s", (int) type, name);
-	size_t		len = strlen(key);
+	char  *key = xasprintf("%d/%s", (int) type, name);
+	size_t len = strlen(key);
 
 	for (char *p = key; *p; p++)
 		*p = (char) tolower((unsigned char) *p);
@@ -324,8 +324,8 @@ static void
 dns_cache_store(struct dns_resolver *r, const char *key, const struct dns_answer *a)
 {
 	struct dns_cache_entry *e;
-	unsigned	ttl = a->ttl;
-	unsigned	b;
+	unsigned				ttl = a->ttl;
+	unsigned				b;
 
 	if (r->cache == NULL || a->bogus || (a->status != DNS_OK && a->status != DNS_NXDOMAIN))
 		return;
@@ -336,7 +336,7 @@ dns_cache_store(struct dns_resolver *r, const char *key, const struct dns_answer
 	if (ttl > DNS_CACHE_MAX_TTL)
 		ttl = DNS_CACHE_MAX_TTL;
 	if (dns_cache_find(r, key))
-		return;					/* a lookup that raced another: the first stays */
+		return; /* a lookup that raced another: the first stays */
 	if (r->cache_count >= DNS_CACHE_MAX_ENTRIES)
 		dns_cache_flush(r);
 	e = xcalloc(1, sizeof(*e));
@@ -363,7 +363,7 @@ dns_answer_from_unbound(struct dns_answer *a, int err, struct ub_result *result)
 	a->ttl = result->ttl > 0 ? (unsigned) result->ttl : 0;
 	if (result->bogus)
 		a->status = DNS_TEMPFAIL;
-	else if (result->rcode == 3)	/* NXDOMAIN */
+	else if (result->rcode == 3) /* NXDOMAIN */
 		a->status = DNS_NXDOMAIN;
 	else if (result->rcode != 0)
 		a->status = DNS_TEMPFAIL;
@@ -372,7 +372,7 @@ dns_answer_from_unbound(struct dns_answer *a, int err, struct ub_result *result)
 		a->status = DNS_OK;
 		for (size_t i = 0; result->havedata && result->data[i]; i++)
 		{
-			size_t		len = (size_t) result->len[i];
+			size_t len = (size_t) result->len[i];
 
 			/* Addresses of the wrong length are dropped, not trusted. */
 			if ((result->qtype == DNS_TYPE_A && len != 4)
@@ -461,7 +461,7 @@ static void
 dns_on_readable(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct dns_resolver *r = w->data;
-	int			err = ub_process(r->ub);
+	int					 err = ub_process(r->ub);
 
 	if (err != 0)
 		log_warnx("dns: %s", ub_strerror(err));
@@ -484,8 +484,8 @@ dns_start(struct dns_query *q, const char *name, enum dns_type type)
 static bool
 dns_name_valid(const char *name)
 {
-	size_t		len = strlen(name),
-				label = 0;
+	size_t len = strlen(name),
+		   label = 0;
 
 	if (len == 0 || len > 253)
 		return false;
@@ -510,15 +510,15 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 			struct dns_budget *budget, dns_callback cb, void *arg)
 {
 	struct dns_query *q = xcalloc(1, sizeof(*q));
-	double		timeout = r->timeout;
-	bool		refused = false;
+	double			  timeout = r->timeout;
+	bool			  refused = false;
 
 	q->resolver = r;
 	q->cb = cb;
 	q->arg = arg;
 	if (budget)
 	{
-		double		left = budget->deadline - ev_now(r->loop);
+		double left = budget->deadline - ev_now(r->loop);
 
 		if (budget->lookups_left == 0 || left <= 0)
 		{
@@ -549,7 +549,7 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 			dns_answer_copy(q->cached, &hit->answer);
 			free(q->cache_key);
 			q->cache_key = NULL;
-			refused = true;		/* not asked: answered by the timer below */
+			refused = true; /* not asked: answered by the timer below */
 		}
 	}
 	/* A refused (or cached) lookup is answered from the loop all the same: no reentry. */
@@ -595,8 +595,8 @@ void
 dns_resolve_sync(struct dns_resolver *r, const char *name, enum dns_type type, struct dns_answer *a)
 {
 	struct dns_query q;
-	struct timespec start,
-				now;
+	struct timespec	 start,
+		now;
 
 	memset(&q, 0, sizeof(q));
 	memset(a, 0, sizeof(*a));
@@ -617,9 +617,9 @@ dns_resolve_sync(struct dns_resolver *r, const char *name, enum dns_type type, s
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	while (!q.answered)
 	{
-		struct pollfd pfd = {.fd = ub_fd(r->ub),.events = POLLIN};
-		double		elapsed;
-		int			wait_ms;
+		struct pollfd pfd = {.fd = ub_fd(r->ub), .events = POLLIN};
+		double		  elapsed;
+		int			  wait_ms;
 
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		elapsed = (double) (now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9;
@@ -646,7 +646,7 @@ struct dns_resolver *
 dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, size_t errlen)
 {
 	struct dns_resolver *r = xcalloc(1, sizeof(*r));
-	int			rc;
+	int					 rc;
 
 	r->loop = loop;
 	r->timeout = c->timeout > 0 ? c->timeout : DNS_DEFAULT_TIMEOUT_MS / 1000.0;
@@ -671,8 +671,7 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 			"localhost.", "127.in-addr.arpa.",
 			"1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.ip6.arpa.",
 			"test.", "invalid.", "2.0.192.in-addr.arpa.", "100.51.198.in-addr.arpa.",
-			"113.0.203.in-addr.arpa.", "8.b.d.0.1.0.0.2.ip6.arpa.", NULL
-		};
+			"113.0.203.in-addr.arpa.", "8.b.d.0.1.0.0.2.ip6.arpa.", NULL};
 
 		if ((rc = ub_ctx_set_option(r->ub, "do-not-query-localhost:", "no")) != 0
 			|| (rc = ub_ctx_set_fwd(r->ub, c->forwarder)) != 0)
@@ -752,7 +751,7 @@ dns_reverse_name(const char *ip, char *out, size_t outlen)
 	if (inet_pton(AF_INET6, ip, a) == 1 && outlen >= 16 * 4 + sizeof("ip6.arpa"))
 	{
 		static const char hex[] = "0123456789abcdef";
-		size_t		pos = 0;
+		size_t			  pos = 0;
 
 		for (int i = 15; i >= 0; i--)
 		{

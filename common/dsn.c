@@ -29,8 +29,8 @@ dsn_format_date(time_t t, char *out, size_t outlen)
 {
 	static const char *const days[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
 	static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
-	"Sep", "Oct", "Nov", "Dec"};
-	struct tm	tm;
+										 "Sep", "Oct", "Nov", "Dec"};
+	struct tm				 tm;
 
 	/* Written out by hand so the locale cannot change the names. */
 	gmtime_r(&t, &tm);
@@ -69,15 +69,15 @@ dsn_human_part(const struct dsn_report *r, struct buf *b)
 	{
 		case DSN_FAILURE:
 			buf_append_str(b, "I'm sorry to have to inform you that your message could not\r\n"
-						   "be delivered to one or more recipients. It's attached below.\r\n");
+							  "be delivered to one or more recipients. It's attached below.\r\n");
 			break;
 		case DSN_DELAY:
 			buf_append_str(b, "Your message could not be delivered yet to one or more\r\n"
-						   "recipients. It will be retried; you need not send it again.\r\n");
+							  "recipients. It will be retried; you need not send it again.\r\n");
 			break;
 		case DSN_SUCCESS:
 			buf_append_str(b, "Your message was successfully delivered to the destination(s)\r\n"
-						   "listed below.\r\n");
+							  "listed below.\r\n");
 			break;
 	}
 	buf_append_str(b, "\r\n");
@@ -92,7 +92,7 @@ dsn_human_part(const struct dsn_report *r, struct buf *b)
 		buf_append_str(b, "\r\n");
 		if (rc->will_retry_until)
 		{
-			char		date[64];
+			char date[64];
 
 			dsn_format_date(rc->will_retry_until, date, sizeof(date));
 			buf_printf(b, "    (retried until %s)\r\n", date);
@@ -103,7 +103,7 @@ dsn_human_part(const struct dsn_report *r, struct buf *b)
 static void
 dsn_status_part(const struct dsn_report *r, struct buf *b)
 {
-	char		date[64];
+	char date[64];
 
 	buf_printf(b, "Reporting-MTA: dns; %s\r\n", r->reporting_mta);
 	if (r->envid && *r->envid)
@@ -167,7 +167,7 @@ dsn_status_part(const struct dsn_report *r, struct buf *b)
 static size_t
 dsn_returned_headers_len(const struct dsn_report *r)
 {
-	size_t		len = r->headers_len;
+	size_t len = r->headers_len;
 
 	if (len <= DSN_RETURNED_HEADERS_MAX)
 		return len;
@@ -181,10 +181,10 @@ dsn_returned_headers_len(const struct dsn_report *r)
 static bool
 dsn_content_has(const struct dsn_report *r, size_t headers_len, const char *boundary)
 {
-	size_t		n = strlen(boundary);
+	size_t n = strlen(boundary);
 
 	return memmem(r->headers, headers_len, boundary, n) != NULL
-		|| (r->return_full && r->body && memmem(r->body, r->body_len, boundary, n) != NULL);
+		   || (r->return_full && r->body && memmem(r->body, r->body_len, boundary, n) != NULL);
 }
 
 /*
@@ -199,7 +199,7 @@ dsn_boundary(const struct dsn_report *r, size_t headers_len, char *out, size_t o
 	do
 	{
 		unsigned char random_bytes[16];
-		size_t		n;
+		size_t		  n;
 
 		if (getrandom(random_bytes, sizeof(random_bytes), 0) != (ssize_t) sizeof(random_bytes))
 			fatal("getrandom");
@@ -212,15 +212,15 @@ dsn_boundary(const struct dsn_report *r, size_t headers_len, char *out, size_t o
 void
 dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 {
-	size_t		returned_headers_len = dsn_returned_headers_len(r);
+	size_t returned_headers_len = dsn_returned_headers_len(r);
 	/* Headers cut short cannot head a whole message/rfc822: the headers alone, then. */
-	bool		return_full = r->return_full && returned_headers_len == r->headers_len;
-	char		date[64];
-	char		boundary[128];
-	bool		eight_bit = dsn_has_8bit(r->headers, returned_headers_len)
-		|| (return_full && dsn_has_8bit(r->body, r->body_len));
-	struct buf	human = BUF_INIT;
-	bool		human_8bit;
+	bool return_full = r->return_full && returned_headers_len == r->headers_len;
+	char date[64];
+	char boundary[128];
+	bool eight_bit = dsn_has_8bit(r->headers, returned_headers_len)
+					 || (return_full && dsn_has_8bit(r->body, r->body_len));
+	struct buf human = BUF_INIT;
+	bool	   human_8bit;
 
 	dsn_format_date(r->now, date, sizeof(date));
 	dsn_boundary(r, returned_headers_len, boundary, sizeof(boundary));
@@ -238,14 +238,16 @@ dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 	buf_append_str(headers, "Auto-Submitted: auto-replied\r\n");
 	buf_append_str(headers, "MIME-Version: 1.0\r\n");
 	buf_printf(headers, "Content-Type: multipart/report; report-type=delivery-status;\r\n"
-			   "\tboundary=\"%s\"\r\n", boundary);
+						"\tboundary=\"%s\"\r\n",
+			   boundary);
 	if (eight_bit || human_8bit)
 		buf_append_str(headers, "Content-Transfer-Encoding: 8bit\r\n");
 
 	buf_append_str(body, "This is a MIME-encapsulated message.\r\n\r\n");
 	buf_printf(body, "--%s\r\n", boundary);
 	buf_printf(body, "Content-Description: Notification\r\n"
-			   "Content-Type: text/plain; charset=%s\r\n", human_8bit ? "utf-8" : "us-ascii");
+					 "Content-Type: text/plain; charset=%s\r\n",
+			   human_8bit ? "utf-8" : "us-ascii");
 	if (human_8bit)
 		buf_append_str(body, "Content-Transfer-Encoding: 8bit\r\n");
 	buf_append_str(body, "\r\n");
@@ -254,7 +256,7 @@ dsn_build(const struct dsn_report *r, struct buf *headers, struct buf *body)
 
 	buf_printf(body, "--%s\r\n", boundary);
 	buf_append_str(body, "Content-Description: Delivery report\r\n"
-				   "Content-Type: message/delivery-status\r\n\r\n");
+						 "Content-Type: message/delivery-status\r\n\r\n");
 	dsn_status_part(r, body);
 	buf_append_str(body, "\r\n");
 

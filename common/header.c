@@ -13,7 +13,7 @@
 static size_t
 header_field_end(const char *h, size_t len, size_t start)
 {
-	size_t		pos = start;
+	size_t pos = start;
 
 	for (;;)
 	{
@@ -30,7 +30,7 @@ header_field_end(const char *h, size_t len, size_t start)
 static bool
 header_field_is(const char *field, size_t flen, const char *name)
 {
-	size_t		n = strlen(name);
+	size_t n = strlen(name);
 
 	return flen > n && strncasecmp(field, name, n) == 0 && field[n] == ':';
 }
@@ -51,11 +51,11 @@ header_get_all(const char *headers, size_t len, const char *name, struct buf *ou
 {
 	for (size_t start = 0; start < len;)
 	{
-		size_t		end = header_field_end(headers, len, start);
+		size_t end = header_field_end(headers, len, start);
 
 		if (header_field_is(headers + start, end - start, name))
 		{
-			size_t		vstart = start + strlen(name) + 1;
+			size_t vstart = start + strlen(name) + 1;
 
 			if (out->len > 0)
 				buf_append_str(out, ", ");
@@ -70,14 +70,14 @@ header_get(const char *headers, size_t len, const char *name)
 {
 	for (size_t start = 0; start < len;)
 	{
-		size_t		end = header_field_end(headers, len, start);
+		size_t end = header_field_end(headers, len, start);
 
 		if (header_field_is(headers + start, end - start, name))
 		{
-			struct buf	out = BUF_INIT;
-			size_t		vstart = start + strlen(name) + 1;
-			char	   *value;
-			char	   *p;
+			struct buf out = BUF_INIT;
+			size_t	   vstart = start + strlen(name) + 1;
+			char	  *value;
+			char	  *p;
 
 			header_unfold(headers + vstart, end - vstart, &out);
 			buf_append_char(&out, '\0');
@@ -97,7 +97,7 @@ header_remove(const char *headers, size_t len, const char *name, struct buf *out
 {
 	for (size_t start = 0; start < len;)
 	{
-		size_t		end = header_field_end(headers, len, start);
+		size_t end = header_field_end(headers, len, start);
 
 		if (!header_field_is(headers + start, end - start, name))
 			buf_append(out, headers + start, end - start);
@@ -108,11 +108,11 @@ header_remove(const char *headers, size_t len, const char *name, struct buf *out
 size_t
 header_count(const char *headers, size_t len, const char *name)
 {
-	size_t		count = 0;
+	size_t count = 0;
 
 	for (size_t start = 0; start < len;)
 	{
-		size_t		end = header_field_end(headers, len, start);
+		size_t end = header_field_end(headers, len, start);
 
 		count += header_field_is(headers + start, end - start, name);
 		start = end;
@@ -127,13 +127,13 @@ header_count(const char *headers, size_t len, const char *name)
 static bool
 header_authserv_id_is(const char *value, size_t len, const char *authserv_id)
 {
-	size_t		i = 0;
-	size_t		n = strlen(authserv_id);
-	int			comment = 0;
+	size_t i = 0;
+	size_t n = strlen(authserv_id);
+	int	   comment = 0;
 
 	for (; i < len; i++)
 	{
-		char		c = value[i];
+		char c = value[i];
 
 		if (comment)
 		{
@@ -153,19 +153,19 @@ header_authserv_id_is(const char *value, size_t len, const char *authserv_id)
 		return false;
 	/* The whole token: what follows ends it (a version, a ";", a comment). */
 	return i + n == len || isspace((unsigned char) value[i + n]) || value[i + n] == ';'
-		|| value[i + n] == '(';
+		   || value[i + n] == '(';
 }
 
 size_t
 header_remove_results_of(const char *headers, size_t len, const char *authserv_id, struct buf *out)
 {
 	static const char name[] = "Authentication-Results";
-	size_t		removed = 0;
+	size_t			  removed = 0;
 
 	for (size_t start = 0; start < len;)
 	{
-		size_t		end = header_field_end(headers, len, start);
-		size_t		value = start + sizeof(name);
+		size_t end = header_field_end(headers, len, start);
+		size_t value = start + sizeof(name);
 
 		if (header_field_is(headers + start, end - start, name)
 			&& header_authserv_id_is(headers + value, end - value, authserv_id))
@@ -235,7 +235,7 @@ header_addresses(const char *value, char ***list, size_t *count)
 			else if (*p == '>' && angle_start)
 				angle_end = p;
 			else if (*p == ':' && !angle_start)
-				start = p + 1;	/* a group's display name */
+				start = p + 1; /* a group's display name */
 			else if (*p == ',' || *p == ';')
 				break;
 			else if (!angle_start)

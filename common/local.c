@@ -31,18 +31,18 @@ enum local_source
 
 struct local_resolver
 {
-	unsigned	sources;
-	char	   *aliases_path;
+	unsigned			sources;
+	char			   *aliases_path;
 	struct alias_table *aliases;
-	struct timespec aliases_mtime;
-	time_t		aliases_checked;	/* when the file's mtime was last looked at */
-	char	   *maildir_root;
-	char	  **virtual;		/* lower case, sorted */
-	size_t		nvirtual;
-	bool		virtual_loaded;	/* the table was read at least once */
+	struct timespec		aliases_mtime;
+	time_t				aliases_checked; /* when the file's mtime was last looked at */
+	char			   *maildir_root;
+	char **virtual; /* lower case, sorted */
+	size_t nvirtual;
+	bool   virtual_loaded; /* the table was read at least once */
 };
 
-const char	local_virtual_query[] = "SELECT address FROM pepsi.virtual_mailbox";
+const char local_virtual_query[] = "SELECT address FROM pepsi.virtual_mailbox";
 
 /*
  * Domains
@@ -65,11 +65,11 @@ local_domains(const struct pepsi_config *cfg, const char *section)
 bool
 local_domain_listed(const char *domains, const char *domain)
 {
-	size_t		len = strlen(domain);
-	char		bare[256];
+	size_t len = strlen(domain);
+	char   bare[256];
 
 	if (len > 0 && domain[len - 1] == '.')
-		len--;					/* the root's dot: "example.org." is example.org */
+		len--; /* the root's dot: "example.org." is example.org */
 	if (len == 0)
 		return true;
 	if (len >= sizeof(bare))
@@ -100,7 +100,7 @@ local_compare(const void *a, const void *b)
 static char *
 local_lower(const char *s)
 {
-	char	   *lower = xstrdup(s);
+	char *lower = xstrdup(s);
 
 	for (char *p = lower; *p; p++)
 		*p = (char) tolower((unsigned char) *p);
@@ -117,7 +117,7 @@ local_sources_parse(struct local_resolver *r, const struct pepsi_config *cfg, ch
 
 	while (*p)
 	{
-		size_t		n;
+		size_t n;
 
 		p += strspn(p, ", \t");
 		n = strcspn(p, ", \t");
@@ -132,7 +132,7 @@ local_sources_parse(struct local_resolver *r, const struct pepsi_config *cfg, ch
 		else
 		{
 			snprintf(err, errlen, "%s: [pepsi] LOCAL_RECIPIENTS: unknown source \"%.*s\" "
-					 "(the sources are aliases, maildir and virtual)",
+								  "(the sources are aliases, maildir and virtual)",
 					 config_origin(cfg, "pepsi", "LOCAL_RECIPIENTS", origin, sizeof(origin)),
 					 (int) (n > 64 ? 64 : n), p);
 			return false;
@@ -146,7 +146,7 @@ local_sources_parse(struct local_resolver *r, const struct pepsi_config *cfg, ch
 static bool
 local_aliases_refresh(struct local_resolver *r, char *err, size_t errlen)
 {
-	struct stat st;
+	struct stat			st;
 	struct alias_table *table;
 
 	if (stat(r->aliases_path, &st) != 0)
@@ -169,7 +169,7 @@ struct local_resolver *
 local_resolver_new(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
 	struct local_resolver *r = xcalloc(1, sizeof(*r));
-	const char *path;
+	const char			  *path;
 
 	if (!local_sources_parse(r, cfg, err, errlen))
 		goto err;
@@ -185,7 +185,8 @@ local_resolver_new(const struct pepsi_config *cfg, char *err, size_t errlen)
 		if ((path = config_get(cfg, "pepsi", "MAILDIR_ROOT")) == NULL)
 		{
 			snprintf(err, errlen, "%s: [pepsi] LOCAL_RECIPIENTS names maildir but [pepsi] "
-					 "MAILDIR_ROOT is not set", cfg->path);
+								  "MAILDIR_ROOT is not set",
+					 cfg->path);
 			goto err;
 		}
 		r->maildir_root = xstrdup(path);
@@ -247,7 +248,7 @@ local_resolver_set_virtual_list(struct local_resolver *r, const char *const *add
 bool
 local_resolver_set_virtual(struct local_resolver *r, const PGresult *res, char *err, size_t errlen)
 {
-	size_t		count;
+	size_t		 count;
 	const char **addresses;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQnfields(res) != 1)
@@ -268,8 +269,8 @@ local_resolver_set_virtual(struct local_resolver *r, const PGresult *res, char *
 bool
 local_resolver_load_virtual(struct local_resolver *r, PGconn *conn, char *err, size_t errlen)
 {
-	PGresult   *res;
-	bool		ok;
+	PGresult *res;
+	bool	  ok;
 
 	if (!local_resolver_uses_virtual(r))
 		return true;
@@ -284,7 +285,7 @@ static bool
 local_role_account(const char *local, size_t len)
 {
 	return (len == 10 && strncasecmp(local, "postmaster", len) == 0)
-		|| (len == 5 && strncasecmp(local, "abuse", len) == 0);
+		   || (len == 5 && strncasecmp(local, "abuse", len) == 0);
 }
 
 /*
@@ -318,9 +319,9 @@ local_recipient_lookup(struct local_resolver *r, const char *address)
 		return LOCAL_RECIPIENT_EXISTS;
 	if (r->sources & LOCAL_SOURCE_ALIASES)
 	{
-		time_t		now = time(NULL);
-		char		err[1024];
-		char	   *local = xstrndup(address, local_len);
+		time_t now = time(NULL);
+		char   err[1024];
+		char  *local = xstrndup(address, local_len);
 
 		/* A changed file is picked up within a second; a broken one keeps the old table. */
 		if (now - r->aliases_checked >= LOCAL_ALIASES_RECHECK_SECONDS)

@@ -31,32 +31,32 @@ struct local_resolver;
  */
 const char *local_domains(const struct pepsi_config *cfg, const char *section);
 /* Is domain one of the comma/space separated domains?  An empty domain is. */
-bool		local_domain_listed(const char *domains, const char *domain);
+bool local_domain_listed(const char *domains, const char *domain);
 /* Is the address's domain local (a bare local part such as "postmaster" is)? */
-bool		local_address_is_local(const char *domains, const char *address);
+bool local_address_is_local(const char *domains, const char *address);
 
 /* From [pepsi] LOCAL_RECIPIENTS and its sources; NULL with err (file:line) if refused. */
 struct local_resolver *local_resolver_new(const struct pepsi_config *cfg, char *err, size_t errlen);
-void		local_resolver_free(struct local_resolver *r);
+void				   local_resolver_free(struct local_resolver *r);
 /* Does the resolver know any source (else every local address exists)? */
-bool		local_resolver_validates(const struct local_resolver *r);
-bool		local_resolver_uses_virtual(const struct local_resolver *r);
+bool local_resolver_validates(const struct local_resolver *r);
+bool local_resolver_uses_virtual(const struct local_resolver *r);
 /* The SQL that lists the virtual mailboxes, and taking its result in. */
 extern const char local_virtual_query[];
-bool		local_resolver_set_virtual(struct local_resolver *r, const PGresult *res,
-									   char *err, size_t errlen);
+bool			  local_resolver_set_virtual(struct local_resolver *r, const PGresult *res,
+											 char *err, size_t errlen);
 /* Blocking load of the virtual mailboxes (stage workers, start-up). */
-bool		local_resolver_load_virtual(struct local_resolver *r, PGconn *conn,
-										char *err, size_t errlen);
+bool local_resolver_load_virtual(struct local_resolver *r, PGconn *conn,
+								 char *err, size_t errlen);
 /* For the tests and the fuzz target: the virtual mailboxes from a list. */
-void		local_resolver_set_virtual_list(struct local_resolver *r, const char *const *addresses,
-											size_t count);
+void local_resolver_set_virtual_list(struct local_resolver *r, const char *const *addresses,
+									 size_t count);
 
 enum local_lookup
 {
 	LOCAL_RECIPIENT_EXISTS,
 	LOCAL_RECIPIENT_UNKNOWN,
-	LOCAL_RECIPIENT_UNVERIFIED	/* a source it needs could not be read: try later */
+	LOCAL_RECIPIENT_UNVERIFIED /* a source it needs could not be read: try later */
 };
 
 /*

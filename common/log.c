@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 static const char *log_name = "pepsi";
-static bool log_to_syslog;
-static bool log_as_json;
-static int	log_verbosity;
+static bool		   log_to_syslog;
+static bool		   log_as_json;
+static int		   log_verbosity;
 
 void
 log_init(const char *progname, bool use_syslog)
@@ -80,7 +80,7 @@ log_level_name(int priority)
 static void
 log_json_escape(char *out, size_t outlen, const char *s)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (; *s && n + 7 < outlen; s++)
 	{
@@ -103,14 +103,14 @@ log_json_escape(char *out, size_t outlen, const char *s)
 static void
 log_write(int priority, const char *fields, const char *message)
 {
-	char		line[8192];
+	char line[8192];
 
 	if (log_as_json)
 	{
-		char		escaped[4096];
-		char		when[40];
+		char			escaped[4096];
+		char			when[40];
 		struct timespec now;
-		struct tm	tm;
+		struct tm		tm;
 
 		clock_gettime(CLOCK_REALTIME, &now);
 		gmtime_r(&now.tv_sec, &tm);
@@ -118,7 +118,8 @@ log_write(int priority, const char *fields, const char *message)
 		log_json_escape(escaped, sizeof(escaped), message);
 		snprintf(line, sizeof(line),
 				 "{\"time\":\"%s.%03ldZ\",\"program\":\"%s\",\"pid\":%d,\"level\":\"%s\","
-				 "\"message\":\"%s\"%s%s}", when, now.tv_nsec / 1000000, log_name, (int) getpid(),
+				 "\"message\":\"%s\"%s%s}",
+				 when, now.tv_nsec / 1000000, log_name, (int) getpid(),
 				 log_level_name(priority), escaped, fields && *fields ? "," : "", fields ? fields : "");
 		message = line;
 	}
@@ -133,12 +134,12 @@ log_write(int priority, const char *fields, const char *message)
 static void
 log_emit(int priority, const char *fmt, va_list ap, int saved_errno)
 {
-	char		message[2048];
+	char message[2048];
 
 	vsnprintf(message, sizeof(message), fmt, ap);
 	if (saved_errno)
 	{
-		size_t		n = strlen(message);
+		size_t n = strlen(message);
 
 		snprintf(message + n, sizeof(message) - n, ": %s", strerror(saved_errno));
 	}
@@ -154,8 +155,8 @@ log_structured(int priority, const char *fields, const char *text)
 void
 fatal(const char *fmt, ...)
 {
-	int			saved_errno = errno;
-	va_list		ap;
+	int		saved_errno = errno;
+	va_list ap;
 
 	va_start(ap, fmt);
 	log_emit(LOG_CRIT, fmt, ap, saved_errno ? saved_errno : EIO);
@@ -166,7 +167,7 @@ fatal(const char *fmt, ...)
 void
 fatalx(const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	va_start(ap, fmt);
 	log_emit(LOG_CRIT, fmt, ap, 0);
@@ -177,8 +178,8 @@ fatalx(const char *fmt, ...)
 void
 log_warn(const char *fmt, ...)
 {
-	int			saved_errno = errno;
-	va_list		ap;
+	int		saved_errno = errno;
+	va_list ap;
 
 	va_start(ap, fmt);
 	log_emit(LOG_WARNING, fmt, ap, saved_errno);
@@ -188,7 +189,7 @@ log_warn(const char *fmt, ...)
 void
 log_warnx(const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	va_start(ap, fmt);
 	log_emit(LOG_WARNING, fmt, ap, 0);
@@ -198,7 +199,7 @@ log_warnx(const char *fmt, ...)
 void
 log_info(const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	va_start(ap, fmt);
 	log_emit(LOG_INFO, fmt, ap, 0);
@@ -208,7 +209,7 @@ log_info(const char *fmt, ...)
 void
 log_debug(const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	if (log_verbosity < 1)
 		return;

@@ -13,13 +13,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-void		log_init(const char *progname, bool use_syslog);
+void log_init(const char *progname, bool use_syslog);
 /*
  * Where messages go once the configuration is read (log_config.c): syslog
  * (facility mail) or stderr, and as text or one JSON object per line.
  */
-void		log_set_destination(bool use_syslog);
-void		log_set_json(bool json);
+void log_set_destination(bool use_syslog);
+void log_set_json(bool json);
 /*
  * A line with fields of its own (a delivery's to=, status=, ...): as text,
  * text is the line; as JSON, fields (the members of a JSON object, without
@@ -31,11 +31,11 @@ void		log_setverbose(int verbosity);
 int			log_getverbose(void);
 const char *log_progname(void);
 
-void		fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-void		fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-void		log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void		log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void		log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void		log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

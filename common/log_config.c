@@ -13,9 +13,9 @@ log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
 	/* LOG's choices, in the order of common/options.def; LOG_FORMAT's are text|json. */
 	static const char *const destinations[] = {"auto", "stderr", "syslog"};
-	const char *from_env = getenv("PEPSI_LOG");
-	int			where = -1;
-	bool		use_syslog;
+	const char				*from_env = getenv("PEPSI_LOG");
+	int						 where = -1;
+	bool					 use_syslog;
 
 	if (from_env && *from_env)
 	{

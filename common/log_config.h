@@ -20,6 +20,6 @@
  * LOG_FORMAT = text (the default) or json (one object per line, for log
  * shippers).  False with err naming the option on a bad value.
  */
-bool		log_configure(const struct pepsi_config *cfg, char *err, size_t errlen);
+bool log_configure(const struct pepsi_config *cfg, char *err, size_t errlen);
 
 #endif

@@ -24,7 +24,7 @@
 #include "stage.h"
 
 /* note: a parenthesised remark after the reply ("attempt 3, next in 600s"), or NULL. */
-void		maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
-							 const char *note);
+void maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
+					  const char *note);
 
 #endif

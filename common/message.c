@@ -7,7 +7,7 @@
 static void
 message_append_crlf(struct buf *out, const char *text, size_t len)
 {
-	size_t		start = 0;
+	size_t start = 0;
 
 	buf_reserve(out, len);
 	for (size_t i = 0; i < len; i++)
@@ -24,7 +24,7 @@ message_append_crlf(struct buf *out, const char *text, size_t len)
 void
 message_split(const char *raw, size_t len, struct buf *headers, struct buf *body)
 {
-	size_t		pos = 0;
+	size_t pos = 0;
 
 	/* Walk lines until an empty one; each header line keeps its line end. */
 	while (pos < len)

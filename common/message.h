@@ -17,12 +17,12 @@
 #include "buf.h"
 
 /* Split raw into headers and body (appended to them). */
-void		message_split(const char *raw, size_t len, struct buf *headers, struct buf *body);
+void message_split(const char *raw, size_t len, struct buf *headers, struct buf *body);
 /* raw = headers || CRLF || body. */
-void		message_join(const char *headers, size_t hlen, const char *body, size_t blen,
-						 struct buf *raw);
+void message_join(const char *headers, size_t hlen, const char *body, size_t blen,
+				  struct buf *raw);
 
 /* Does s hold an octet above 127 (8BITMIME, SMTPUTF8)? */
-bool		message_has_8bit(const char *s, size_t len);
+bool message_has_8bit(const char *s, size_t len);
 
 #endif

@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "milter.h"
+#include "xalloc.h"
 
 static void
 milter_put_uint32(struct buf *out, uint32_t value)
@@ -52,7 +52,7 @@ milter_encode_optneg(struct buf *out, uint32_t actions, uint32_t protocol)
 static size_t
 milter_begin(struct buf *out, char command)
 {
-	size_t		start = out->len;
+	size_t start = out->len;
 
 	milter_put_uint32(out, 0);
 	buf_append_char(out, command);
@@ -62,7 +62,7 @@ milter_begin(struct buf *out, char command)
 static void
 milter_end(struct buf *out, size_t start)
 {
-	uint32_t	len = (uint32_t) (out->len - start - 4);
+	uint32_t	   len = (uint32_t) (out->len - start - 4);
 	unsigned char *p = (unsigned char *) out->data + start;
 
 	p[0] = len >> 24;
@@ -74,7 +74,7 @@ milter_end(struct buf *out, size_t start)
 void
 milter_encode_connect(struct buf *out, const char *hostname, const char *ip, unsigned port)
 {
-	size_t		start = milter_begin(out, MILTER_CMD_CONNECT);
+	size_t start = milter_begin(out, MILTER_CMD_CONNECT);
 
 	buf_append(out, hostname, strlen(hostname) + 1);
 	if (ip == NULL)
@@ -93,7 +93,7 @@ milter_encode_connect(struct buf *out, const char *hostname, const char *ip, uns
 void
 milter_encode_strings(struct buf *out, char command, const char *const *strings, size_t count)
 {
-	size_t		start = milter_begin(out, command);
+	size_t start = milter_begin(out, command);
 
 	for (size_t i = 0; i < count; i++)
 		buf_append(out, strings[i], strlen(strings[i]) + 1);
@@ -104,7 +104,7 @@ void
 milter_encode_macros(struct buf *out, char for_command, const char *const *names,
 					 const char *const *values, size_t count)
 {
-	size_t		start = milter_begin(out, MILTER_CMD_MACRO);
+	size_t start = milter_begin(out, MILTER_CMD_MACRO);
 
 	buf_append_char(out, for_command);
 	for (size_t i = 0; i < count; i++)
@@ -119,7 +119,7 @@ enum milter_frame_result
 milter_frame(const char *data, size_t len, size_t max_packet, char *command, const char **payload,
 			 size_t *payload_len, size_t *consumed, char *err, size_t errlen)
 {
-	uint32_t	packet_len;
+	uint32_t packet_len;
 
 	if (len < 4)
 		return MILTER_FRAME_NEED_MORE;
@@ -415,7 +415,8 @@ milter_parse_address(const char *text, struct milter_address *a, char *err, size
 	}
 bad:
 	snprintf(err, errlen, "milter address \"%s\" is not inet:host:port, inet:[address]:port "
-			 "or unix:/path", text);
+						  "or unix:/path",
+			 text);
 	return false;
 }
 

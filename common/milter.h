@@ -112,21 +112,21 @@ enum milter_macro_stage
 };
 
 /* Encoders: each appends one whole packet. */
-void		milter_encode(struct buf *out, char command, const void *data, size_t len);
-void		milter_encode_optneg(struct buf *out, uint32_t actions, uint32_t protocol);
+void milter_encode(struct buf *out, char command, const void *data, size_t len);
+void milter_encode_optneg(struct buf *out, uint32_t actions, uint32_t protocol);
 /* ip NULL: family unknown (a message submitted locally). */
-void		milter_encode_connect(struct buf *out, const char *hostname, const char *ip, unsigned port);
+void milter_encode_connect(struct buf *out, const char *hostname, const char *ip, unsigned port);
 /* The NUL-terminated strings one after another: HELO, MAIL, RCPT, HEADER. */
-void		milter_encode_strings(struct buf *out, char command, const char *const *strings, size_t count);
+void milter_encode_strings(struct buf *out, char command, const char *const *strings, size_t count);
 /* A MACRO packet for the command that follows it: name, value pairs. */
-void		milter_encode_macros(struct buf *out, char for_command, const char *const *names,
-								 const char *const *values, size_t count);
+void milter_encode_macros(struct buf *out, char for_command, const char *const *names,
+						  const char *const *values, size_t count);
 
 enum milter_frame_result
 {
-	MILTER_FRAME_NEED_MORE,		/* not a whole packet yet */
+	MILTER_FRAME_NEED_MORE, /* not a whole packet yet */
 	MILTER_FRAME_OK,
-	MILTER_FRAME_ERROR			/* err says why; the connection cannot go on */
+	MILTER_FRAME_ERROR /* err says why; the connection cannot go on */
 };
 
 /*
@@ -141,29 +141,29 @@ enum milter_frame_result milter_frame(const char *data, size_t len, size_t max_p
 /* One reply, checked.  Strings point into the payload and are NUL-terminated there. */
 struct milter_reply
 {
-	char		command;
+	char command;
 	/* OPTNEG */
 	uint32_t	version;
 	uint32_t	actions;
 	uint32_t	protocol;
-	const char *macros[MILTER_MACRO_STAGES];	/* NULL: the default list */
+	const char *macros[MILTER_MACRO_STAGES]; /* NULL: the default list */
 	/* REPLYCODE: the SMTP code and the whole reply text ("550 5.7.1 spam") */
-	int			code;
+	int code;
 	/* ADDHEADER, INSHEADER, CHGHEADER (index: the header's occurrence or position) */
 	uint32_t	index;
 	const char *name;
 	const char *value;
 	/* REPLYCODE text, QUARANTINE reason, ADDRCPT/DELRCPT/CHGFROM address */
 	const char *text;
-	const char *args;			/* ESMTP arguments of CHGFROM, ADDRCPT_PAR, or NULL */
+	const char *args; /* ESMTP arguments of CHGFROM, ADDRCPT_PAR, or NULL */
 	/* REPLBODY */
 	const char *data;
 	size_t		data_len;
 };
 
 /* Check a reply's payload; false with err naming what is wrong. */
-bool		milter_parse_reply(char command, const char *payload, size_t len, struct milter_reply *r,
-							   char *err, size_t errlen);
+bool milter_parse_reply(char command, const char *payload, size_t len, struct milter_reply *r,
+						char *err, size_t errlen);
 
 /* A milter's name for messages: "reply 'y' (REPLYCODE)". */
 const char *milter_reply_name(char command);
@@ -175,14 +175,14 @@ struct milter_address
 	{
 		MILTER_ADDRESS_INET,
 		MILTER_ADDRESS_UNIX
-	}			family;
-	char	   *host;			/* INET */
-	char	   *port;			/* INET */
-	char	   *path;			/* UNIX */
+	} family;
+	char *host; /* INET */
+	char *port; /* INET */
+	char *path; /* UNIX */
 };
 
 /* Parse one address; false with err.  Free with milter_address_free. */
-bool		milter_parse_address(const char *text, struct milter_address *a, char *err, size_t errlen);
-void		milter_address_free(struct milter_address *a);
+bool milter_parse_address(const char *text, struct milter_address *a, char *err, size_t errlen);
+void milter_address_free(struct milter_address *a);
 
 #endif

@@ -100,7 +100,7 @@ option_where_is_program(const char *where)
 static bool
 option_where_matches(const char *where, const char *section)
 {
-	size_t		len = strlen(where);
+	size_t len = strlen(where);
 
 	if (len >= 2 && where[len - 1] == '*')
 		return strncmp(section, where, len - 1) == 0 && section[len - 1] != '\0';
@@ -134,7 +134,7 @@ bool
 option_section_overridable(const char *section)
 {
 	if (strncmp(section, "stage-", 6) == 0 && section[6] != '\0')
-		return true;			/* its program's options may be, whatever the program */
+		return true; /* its program's options may be, whatever the program */
 	for (size_t i = 0; i < option_count; i++)
 		if (option_table[i].scope != OPTION_SCOPE_FILE
 			&& !option_where_is_program(option_table[i].where)
@@ -205,9 +205,9 @@ option_parse_int(const char *value, long long *out)
 static bool
 option_parse_decimal(const char *value, double *number, const char **end)
 {
-	size_t		whole = strspn(value, "0123456789");
-	size_t		fraction = 0;
-	char		text[32];
+	size_t whole = strspn(value, "0123456789");
+	size_t fraction = 0;
+	char   text[32];
 
 	if (whole == 0 || whole > 12)
 		return false;
@@ -232,10 +232,8 @@ option_parse_duration_ms(const char *value, long long *out)
 	{
 		const char *unit;
 		double		ms;
-	}			units[] = {
-		{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"min", 60000}, {"h", 3600000},
-		{"d", 86400000}
-	};
+	} units[] = {
+		{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"min", 60000}, {"h", 3600000}, {"d", 86400000}};
 	double		number;
 	const char *unit;
 
@@ -253,9 +251,9 @@ option_parse_duration_ms(const char *value, long long *out)
 bool
 option_parse_size(const char *value, long long *out)
 {
-	size_t		digits = strspn(value, "0123456789");
-	long long	unit = 1;
-	long long	number;
+	size_t	  digits = strspn(value, "0123456789");
+	long long unit = 1;
+	long long number;
 
 	if (digits == 0 || digits > 15)
 		return false;
@@ -284,7 +282,7 @@ option_enum_index(const struct option_def *def, const char *value)
 
 	for (int index = 0; *p; index++)
 	{
-		size_t		n = strcspn(p, "|");
+		size_t n = strcspn(p, "|");
 
 		if (n == len && strncasecmp(p, value, n) == 0)
 			return index;
@@ -301,7 +299,7 @@ option_list_contains(const char *list, const char *item)
 
 	while (*p)
 	{
-		size_t		n;
+		size_t n;
 
 		p += strspn(p, ", \t");
 		n = strcspn(p, ", \t");
@@ -319,7 +317,7 @@ option_list_contains(const char *list, const char *item)
 bool
 option_domain_check(const char *domain, size_t len, char *problem, size_t problem_len)
 {
-	size_t		label = 0;
+	size_t label = 0;
 
 	if (len == 0)
 	{
@@ -330,7 +328,7 @@ option_domain_check(const char *domain, size_t len, char *problem, size_t proble
 		if ((unsigned char) domain[i] >= 0x80 || domain[i] == '\0')
 		{
 			snprintf(problem, problem_len, "It is not ASCII: write an internationalized domain in "
-					 "its A-label (xn--) form.");
+										   "its A-label (xn--) form.");
 			return false;
 		}
 	if (len > 253)
@@ -359,7 +357,7 @@ option_domain_check(const char *domain, size_t len, char *problem, size_t proble
 		label++;
 	}
 	snprintf(problem, problem_len, "Each of its dot-separated labels is 1 to 63 letters, digits "
-			 "and hyphens, not starting or ending with a hyphen.");
+								   "and hyphens, not starting or ending with a hyphen.");
 	return false;
 }
 
@@ -392,7 +390,8 @@ option_list_check(const struct option_def *def, const char *value, char *problem
 			if (at == NULL || at == p || memchr(at + 1, '@', n - (size_t) (at + 1 - p)) != NULL)
 			{
 				snprintf(problem, problem_len, "%s is a list of addresses, each a local part, one "
-						 "\"@\" and a domain: \"%.*s\" is not one.", def->name, (int) n, p);
+											   "\"@\" and a domain: \"%.*s\" is not one.",
+						 def->name, (int) n, p);
 				return false;
 			}
 			domain = at + 1;
@@ -401,7 +400,8 @@ option_list_check(const struct option_def *def, const char *value, char *problem
 		if (!option_domain_check(domain, domain_len, why, sizeof(why)))
 		{
 			snprintf(problem, problem_len, "%s is a list of %s, comma or space separated: "
-					 "\"%.*s\" is not one. %s", def->name, addresses ? "addresses" : "domain names",
+										   "\"%.*s\" is not one. %s",
+					 def->name, addresses ? "addresses" : "domain names",
 					 (int) n, p, why);
 			return false;
 		}
@@ -420,7 +420,8 @@ option_list_check(const struct option_def *def, const char *value, char *problem
 static void
 option_range_words(const struct option_def *def, char *out, size_t outlen)
 {
-	const char *unit = def->type == OPTION_DURATION ? " ms" : def->type == OPTION_SIZE ? " bytes" : "";
+	const char *unit = def->type == OPTION_DURATION ? " ms" : def->type == OPTION_SIZE ? " bytes"
+																					   : "";
 
 	if (def->max != 0)
 		snprintf(out, outlen, " from %lld%s to %lld%s", def->min, unit, def->max, unit);
@@ -448,17 +449,17 @@ option_program_valid(const char *value, bool from_database)
 	if (!from_database && value[0] == '/' && value[1] != '\0')
 		return true;
 	return (islower((unsigned char) value[0]) || isdigit((unsigned char) value[0]))
-		&& value[strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789._+-")] == '\0';
+		   && value[strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789._+-")] == '\0';
 }
 
 bool
 option_value_check(const struct option_def *def, const char *value, bool from_database,
 				   char *problem, size_t problem_len)
 {
-	char		range[96];
-	char		why[256];
-	long long	n;
-	bool		flag;
+	char	  range[96];
+	char	  why[256];
+	long long n;
+	bool	  flag;
 
 	problem[0] = '\0';
 	if (from_database)
@@ -466,7 +467,8 @@ option_value_check(const struct option_def *def, const char *value, bool from_da
 			if (iscntrl((unsigned char) *p))
 			{
 				snprintf(problem, problem_len, "%s must be one line of text: it contains a line "
-						 "break or another control character.", def->name);
+											   "break or another control character.",
+						 def->name);
 				return false;
 			}
 	option_range_words(def, range, sizeof(range));
@@ -486,7 +488,7 @@ option_value_check(const struct option_def *def, const char *value, bool from_da
 		case OPTION_DURATION:
 			if (!option_parse_duration_ms(value, &n))
 				snprintf(problem, problem_len, "%s is a duration: a number of seconds, or a number "
-						 "with the unit ms, s, m (or min), h or d, as in \"30s\", \"1.5m\" or \"2h\".",
+											   "with the unit ms, s, m (or min), h or d, as in \"30s\", \"1.5m\" or \"2h\".",
 						 def->name);
 			else if (!option_in_range(def, n))
 				snprintf(problem, problem_len, "%s is a duration%s.", def->name, range);
@@ -494,20 +496,20 @@ option_value_check(const struct option_def *def, const char *value, bool from_da
 		case OPTION_SIZE:
 			if (!option_parse_size(value, &n))
 				snprintf(problem, problem_len, "%s is a size: a number of bytes, or a number with "
-						 "the unit k, M or G (times 1024), as in \"10M\".", def->name);
+											   "the unit k, M or G (times 1024), as in \"10M\".",
+						 def->name);
 			else if (!option_in_range(def, n))
 				snprintf(problem, problem_len, "%s is a size%s.", def->name, range);
 			break;
 		case OPTION_STAGE:
 			if (!option_stage_name_valid(value))
 				snprintf(problem, problem_len, "%s names a stage, by its [stage-<name>] section: "
-						 "lower-case letters, digits, \"_\" and \"-\".", def->name);
+											   "lower-case letters, digits, \"_\" and \"-\".",
+						 def->name);
 			break;
 		case OPTION_PROGRAM:
 			if (!option_program_valid(value, from_database))
-				snprintf(problem, problem_len, from_database
-						 ? "%s names a program: from the database it is a program name, never a path."
-						 : "%s names a program: a program name, or the absolute path of one.",
+				snprintf(problem, problem_len, from_database ? "%s names a program: from the database it is a program name, never a path." : "%s names a program: a program name, or the absolute path of one.",
 						 def->name);
 			break;
 		case OPTION_DOMAIN:
@@ -528,11 +530,13 @@ option_value_check(const struct option_def *def, const char *value, bool from_da
 				snprintf(problem, problem_len, "%s is one of ", def->name);
 				for (const char *p = def->choices; *p;)
 				{
-					size_t		k = strcspn(p, "|");
-					size_t		used = strlen(problem);
+					size_t k = strcspn(p, "|");
+					size_t used = strlen(problem);
 
 					snprintf(problem + used, problem_len - used, "%s\"%.*s\"",
-							 p == def->choices ? "" : p[k] ? ", " : " or ", (int) k, p);
+							 p == def->choices ? "" : p[k] ? ", "
+														   : " or ",
+							 (int) k, p);
 					p += k + (p[k] == '|');
 				}
 				if (strlen(problem) + 1 < problem_len)
@@ -556,12 +560,15 @@ option_scope_check(const struct option_def *def, const char *scope, char *proble
 		return true;
 	if (def->scope == OPTION_SCOPE_FILE)
 		snprintf(problem, problem_len, "%s is read from pepsi.conf only, so that a compromised "
-				 "database cannot change it.", def->name);
+									   "database cannot change it.",
+				 def->name);
 	else if (def->scope == OPTION_SCOPE_GLOBAL)
 		snprintf(problem, problem_len, "%s is read once by a process, not per message, so an "
-				 "override for a domain or an address could never apply.", def->name);
+									   "override for a domain or an address could never apply.",
+				 def->name);
 	else
 		snprintf(problem, problem_len, "%s is read per message with its recipients' domain, "
-				 "not their address.", def->name);
+									   "not their address.",
+				 def->name);
 	return false;
 }

@@ -14,10 +14,10 @@
 void
 privilege_drop(const struct pepsi_config *cfg, const char *section)
 {
-	const char *user = config_get(cfg, section, "USER");
-	const char *group = config_get(cfg, section, "GROUP");
+	const char	  *user = config_get(cfg, section, "USER");
+	const char	  *group = config_get(cfg, section, "GROUP");
 	struct passwd *pw;
-	gid_t		gid;
+	gid_t		   gid;
 
 	if (user == NULL)
 	{

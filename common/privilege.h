@@ -15,6 +15,6 @@
  * asked to become someone else; a process already running as USER (make
  * run, the tests) keeps running as it is.
  */
-void		privilege_drop(const struct pepsi_config *cfg, const char *section);
+void privilege_drop(const struct pepsi_config *cfg, const char *section);
 
 #endif

@@ -32,7 +32,8 @@ secret_file_open(const char *path, char *err, size_t errlen)
 	if (st.st_mode & (S_IRWXG | S_IRWXO))
 	{
 		snprintf(err, errlen, "%s: holds credentials but its group or others may access it "
-				 "(mode %04o); refused: chmod 600 %s", path, (unsigned) (st.st_mode & 07777), path);
+							  "(mode %04o); refused: chmod 600 %s",
+				 path, (unsigned) (st.st_mode & 07777), path);
 		goto err;
 	}
 	if ((f = fdopen(fd, "r")) == NULL)

@@ -13,6 +13,6 @@
 #include <stdio.h>
 
 /* The file open for reading; NULL with the reason in err ("PATH: ..."). */
-FILE	   *secret_file_open(const char *path, char *err, size_t errlen);
+FILE *secret_file_open(const char *path, char *err, size_t errlen);
 
 #endif

@@ -20,7 +20,7 @@ service_ready(void)
 void
 service_reloading(void)
 {
-	char		message[64];
+	char			message[64];
 	struct timespec now;
 
 	/* systemd 253 wants the monotonic time with RELOADING; older ones ignore it. */
@@ -51,7 +51,7 @@ service_status(const char *status)
 double
 service_watchdog_interval(void)
 {
-	uint64_t	usec = 0;
+	uint64_t usec = 0;
 
 	if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0)
 		return 0;
@@ -74,7 +74,7 @@ void
 service_watchdog_start(struct ev_loop *loop)
 {
 	static ev_timer watchdog;
-	double		interval = service_watchdog_interval();
+	double			interval = service_watchdog_interval();
 
 	if (interval <= 0)
 		return;

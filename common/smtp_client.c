@@ -9,21 +9,21 @@
  */
 #include "smtp_client.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -31,9 +31,9 @@
 #include <openssl/x509v3.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "message.h"
 #include "smtp_client_internal.h"
+#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * Small helpers
@@ -82,12 +82,12 @@ smtp_xtext_encode(const char *in, struct buf *out)
 void
 smtp_dot_stuff(const char *raw, size_t len, struct buf *out)
 {
-	bool		line_start = true;
+	bool line_start = true;
 
 	buf_reserve(out, len + len / 64 + 8);
 	for (size_t i = 0; i < len; i++)
 	{
-		char		ch = raw[i];
+		char ch = raw[i];
 
 		if (line_start && ch == '.')
 			buf_append_char(out, '.');
@@ -140,7 +140,7 @@ smtp_client_close(struct smtp_client *c)
 	if (c->state == SMTP_READY)
 	{
 		struct smtp_reply r = {0};
-		int			timeout = c->opt.command_timeout_ms;
+		int				  timeout = c->opt.command_timeout_ms;
 
 		/* A polite QUIT, but nobody waits long for its answer. */
 		c->opt.command_timeout_ms = timeout < 2000 ? timeout : 2000;
@@ -197,7 +197,7 @@ smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
 
 			while (q < stop)
 			{
-				size_t		m;
+				size_t m;
 
 				q += strspn(q, " =");
 				m = strcspn(q, " \n");
@@ -244,7 +244,7 @@ smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
 static void
 smtp_base64(const char *in, size_t len, struct buf *out)
 {
-	size_t		cap = 4 * ((len + 2) / 3) + 1;
+	size_t cap = 4 * ((len + 2) / 3) + 1;
 
 	buf_reserve(out, cap);
 	out->len += (size_t) EVP_EncodeBlock((unsigned char *) out->data + out->len,
@@ -265,7 +265,8 @@ smtp_auth(struct smtp_client *c, struct smtp_result *res)
 	if (c->ssl == NULL && c->opt.tls != SMTP_TLS_NONE)
 	{
 		smtp_io_set_error(c, "%s offered no STARTTLS; credentials are not sent in the clear "
-					   "(TLS = none allows it)", c->peer);
+							 "(TLS = none allows it)",
+						  c->peer);
 		return false;
 	}
 	if (c->auth_plain)
@@ -317,7 +318,7 @@ smtp_open(struct smtp_client *c, struct smtp_result *res)
 	if (res->reply.code != 220)
 		goto err;
 	{
-		size_t		n = strcspn(res->reply.text.data, " ");
+		size_t n = strcspn(res->reply.text.data, " ");
 
 		snprintf(c->remote_mta, sizeof(c->remote_mta), "%.*s",
 				 (int) (n > 0 && n < sizeof(c->remote_mta) ? n : 0), res->reply.text.data);
@@ -332,7 +333,7 @@ smtp_open(struct smtp_client *c, struct smtp_result *res)
 		if (!c->has_starttls)
 		{
 			smtp_io_set_error(c, "%s does not offer STARTTLS, which TLS = %s requires", c->peer,
-						   c->opt.tls == SMTP_TLS_VERIFY ? "verify" : "no-verify");
+							  c->opt.tls == SMTP_TLS_VERIFY ? "verify" : "no-verify");
 			smtp_reply_reset(&res->reply);
 			goto err;
 		}
@@ -463,7 +464,8 @@ smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, cons
 		res->outcome = SMTP_PERMANENT;
 		res->phase = SMTP_PHASE_MAIL;
 		snprintf(res->error, sizeof(res->error), "the message holds binary content (a bare CR "
-				 "or a NUL) that cannot be sent to %s over DATA without changing it", c->peer);
+												 "or a NUL) that cannot be sent to %s over DATA without changing it",
+				 c->peer);
 		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.3");
 		return true;
 	}
@@ -472,7 +474,8 @@ smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, cons
 		res->outcome = SMTP_PERMANENT;
 		res->phase = SMTP_PHASE_MAIL;
 		snprintf(res->error, sizeof(res->error), "%s does not support SMTPUTF8, which a "
-				 "non-ASCII address needs", c->peer);
+												 "non-ASCII address needs",
+				 c->peer);
 		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.7");
 		return true;
 	}
@@ -481,7 +484,8 @@ smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, cons
 		res->outcome = SMTP_PERMANENT;
 		res->phase = SMTP_PHASE_MAIL;
 		snprintf(res->error, sizeof(res->error), "message of %zu bytes exceeds the limit of "
-				 "%lu bytes of %s", len, c->size_limit, c->peer);
+												 "%lu bytes of %s",
+				 len, c->size_limit, c->peer);
 		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.3.4");
 		return true;
 	}
@@ -497,16 +501,16 @@ static bool
 smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
 				 size_t len, struct smtp_result *res)
 {
-	bool		body8 = env->body_8bit || message_has_8bit(raw, len);
-	bool		utf8 = !smtp_is_ascii(env->mail_from);
-	struct buf	commands = BUF_INIT;
-	struct buf	payload = BUF_INIT;
+	bool			  body8 = env->body_8bit || message_has_8bit(raw, len);
+	bool			  utf8 = !smtp_is_ascii(env->mail_from);
+	struct buf		  commands = BUF_INIT;
+	struct buf		  payload = BUF_INIT;
 	struct smtp_reply mail = {0};
 	struct smtp_reply data = {0};
-	size_t		accepted = 0;
-	bool		temporary_rcpt = false;
-	size_t		first_bad = (size_t) -1;
-	bool		ok = false;
+	size_t			  accepted = 0;
+	bool			  temporary_rcpt = false;
+	size_t			  first_bad = (size_t) -1;
+	bool			  ok = false;
 
 	for (size_t i = 0; i < env->nrcpt; i++)
 		if (!smtp_is_ascii(env->rcpt[i]))
@@ -564,7 +568,7 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 	}
 	for (size_t i = 0; i < env->nrcpt; i++)
 	{
-		int			code = res->rcpt_replies[i].code;
+		int code = res->rcpt_replies[i].code;
 
 		if (code / 100 == 2)
 			accepted++;
@@ -682,10 +686,10 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 	res->rcpt_replies = xcalloc(env->nrcpt + 1, sizeof(struct smtp_reply));
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
-		long long	started = smtp_io_now_ms();
-		bool		reused;
-		bool		opened;
-		bool		sent;
+		long long started = smtp_io_now_ms();
+		bool	  reused;
+		bool	  opened;
+		bool	  sent;
 
 		smtp_check_reuse(c);
 		reused = c->state == SMTP_READY;
@@ -748,7 +752,7 @@ smtp_result_free(struct smtp_result *res)
 static const char *
 smtp_client_keep_option(struct smtp_client *c, const char *s)
 {
-	char	   *copy;
+	char *copy;
 
 	if (s == NULL)
 		return NULL;
@@ -796,7 +800,7 @@ smtp_client_free(struct smtp_client *c)
 	buf_free(&c->in);
 	for (int i = 0; i < c->nowned; i++)
 	{
-		OPENSSL_cleanse(c->owned[i], strlen(c->owned[i]));	/* one of them is a password */
+		OPENSSL_cleanse(c->owned[i], strlen(c->owned[i])); /* one of them is a password */
 		free(c->owned[i]);
 	}
 	free(c);

@@ -25,26 +25,26 @@
 /* In the order of the TLS option's choices (common/options.def): verify|no-verify|may|none. */
 enum smtp_tls_mode
 {
-	SMTP_TLS_VERIFY,			/* STARTTLS required, certificate and name verified */
-	SMTP_TLS_NO_VERIFY,			/* STARTTLS required, certificate not checked */
-	SMTP_TLS_MAY,				/* STARTTLS when offered, not checked */
-	SMTP_TLS_NONE				/* never */
+	SMTP_TLS_VERIFY,	/* STARTTLS required, certificate and name verified */
+	SMTP_TLS_NO_VERIFY, /* STARTTLS required, certificate not checked */
+	SMTP_TLS_MAY,		/* STARTTLS when offered, not checked */
+	SMTP_TLS_NONE		/* never */
 };
 
 struct smtp_client_options
 {
-	const char *host;			/* name or address of the server */
-	const char *port;			/* default "25" */
+	const char		  *host; /* name or address of the server */
+	const char		  *port; /* default "25" */
 	enum smtp_tls_mode tls;
-	const char *tls_ca_file;	/* trust anchors for VERIFY (default: the system's) */
-	const char *tls_name;		/* name the certificate must carry (default: host) */
-	const char *helo_name;		/* our name in EHLO/HELO */
-	const char *auth_user;		/* NULL: no AUTH */
-	const char *auth_password;
-	int			connect_timeout_ms;
-	int			command_timeout_ms;	/* each reply, and each write of the message */
-	int			max_messages_per_connection;	/* then QUIT and reconnect */
-	int			max_idle_ms;	/* a session idle longer is not reused */
+	const char		  *tls_ca_file; /* trust anchors for VERIFY (default: the system's) */
+	const char		  *tls_name;	/* name the certificate must carry (default: host) */
+	const char		  *helo_name;	/* our name in EHLO/HELO */
+	const char		  *auth_user;	/* NULL: no AUTH */
+	const char		  *auth_password;
+	int				   connect_timeout_ms;
+	int				   command_timeout_ms;			/* each reply, and each write of the message */
+	int				   max_messages_per_connection; /* then QUIT and reconnect */
+	int				   max_idle_ms;					/* a session idle longer is not reused */
 };
 
 /* Where in the session a reply came from (RFC 3464 "in reply to"). */
@@ -57,63 +57,63 @@ enum smtp_phase
 	SMTP_PHASE_AUTH,
 	SMTP_PHASE_MAIL,
 	SMTP_PHASE_RCPT,
-	SMTP_PHASE_DATA,			/* the DATA command */
-	SMTP_PHASE_MESSAGE			/* the end of the message */
+	SMTP_PHASE_DATA,   /* the DATA command */
+	SMTP_PHASE_MESSAGE /* the end of the message */
 };
 
 struct smtp_reply
 {
-	int			code;			/* 0 when there was no reply (I/O error, timeout) */
-	char		enhanced[16];	/* "5.1.1", or "" */
-	struct buf	text;			/* the lines' text after the code, joined by spaces */
+	int		   code;		 /* 0 when there was no reply (I/O error, timeout) */
+	char	   enhanced[16]; /* "5.1.1", or "" */
+	struct buf text;		 /* the lines' text after the code, joined by spaces */
 };
 
 /* The outcome of one transaction. */
 enum smtp_outcome
 {
-	SMTP_DELIVERED,				/* 2xx at the end of the message */
-	SMTP_TEMPORARY,				/* 4xx, or the connection failed: try later */
-	SMTP_PERMANENT				/* 5xx, or refused before sending (SIZE, SMTPUTF8) */
+	SMTP_DELIVERED, /* 2xx at the end of the message */
+	SMTP_TEMPORARY, /* 4xx, or the connection failed: try later */
+	SMTP_PERMANENT	/* 5xx, or refused before sending (SIZE, SMTPUTF8) */
 };
 
 struct smtp_envelope
 {
-	const char *mail_from;		/* "" for the null sender */
+	const char		  *mail_from; /* "" for the null sender */
 	const char *const *rcpt;
-	size_t		nrcpt;
-	bool		body_8bit;		/* BODY=8BITMIME wanted (the client also checks) */
-	bool		smtputf8;		/* SMTPUTF8 wanted (the client also checks) */
+	size_t			   nrcpt;
+	bool			   body_8bit; /* BODY=8BITMIME wanted (the client also checks) */
+	bool			   smtputf8;  /* SMTPUTF8 wanted (the client also checks) */
 	/* RFC 3461, passed on when the server has DSN; any may be NULL. */
-	const char *ret;			/* "FULL" or "HDRS" */
-	const char *envid;			/* decoded; xtext-encoded on the wire */
-	const char *const *notify;	/* per recipient: "SUCCESS,DELAY", "NEVER" */
-	const char *const *orcpt;	/* per recipient: "rfc822;addr" (decoded) */
+	const char		  *ret;	   /* "FULL" or "HDRS" */
+	const char		  *envid;  /* decoded; xtext-encoded on the wire */
+	const char *const *notify; /* per recipient: "SUCCESS,DELAY", "NEVER" */
+	const char *const *orcpt;  /* per recipient: "rfc822;addr" (decoded) */
 };
 
 struct smtp_result
 {
 	enum smtp_outcome outcome;
-	enum smtp_phase phase;		/* where the deciding reply came from */
-	struct smtp_reply reply;	/* the deciding reply (code 0: none; see error) */
-	char		error[1024];	/* local reason when there is no reply */
-	char		remote_mta[256];	/* the server's name (greeting), else the host */
-	char		relay[300];		/* host[address]:port of the session used, "" if none */
-	char		tls[160];		/* its TLS ("TLSv1.3 <cipher> verified"), "" in clear */
-	double		connect_seconds;	/* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
-	double		transfer_seconds;	/* MAIL FROM to the end of DATA */
-	bool		dsn_passed;		/* the server has DSN and took our parameters */
+	enum smtp_phase	  phase;			/* where the deciding reply came from */
+	struct smtp_reply reply;			/* the deciding reply (code 0: none; see error) */
+	char			  error[1024];		/* local reason when there is no reply */
+	char			  remote_mta[256];	/* the server's name (greeting), else the host */
+	char			  relay[300];		/* host[address]:port of the session used, "" if none */
+	char			  tls[160];			/* its TLS ("TLSv1.3 <cipher> verified"), "" in clear */
+	double			  connect_seconds;	/* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
+	double			  transfer_seconds; /* MAIL FROM to the end of DATA */
+	bool			  dsn_passed;		/* the server has DSN and took our parameters */
 	/* per recipient: the reply to its RCPT (code 0 if never sent) */
 	struct smtp_reply *rcpt_replies;
-	size_t		nrcpt;
+	size_t			   nrcpt;
 };
 
 struct smtp_client;
 
 struct smtp_client *smtp_client_new(const struct smtp_client_options *options);
-void		smtp_client_free(struct smtp_client *c);	/* QUITs an open session */
+void				smtp_client_free(struct smtp_client *c); /* QUITs an open session */
 /* Close the session now (QUIT when it is usable). */
-void		smtp_client_close(struct smtp_client *c);
-bool		smtp_client_connected(const struct smtp_client *c);
+void smtp_client_close(struct smtp_client *c);
+bool smtp_client_connected(const struct smtp_client *c);
 
 /*
  * Send one message (raw: headers, CRLF, body; CRLF or bare LF line ends)
@@ -121,17 +121,17 @@ bool		smtp_client_connected(const struct smtp_client *c);
  * The outcome is DELIVERED only when the server accepted the message for
  * at least one recipient; per-recipient replies are in result.
  */
-void		smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env,
-							 const char *raw, size_t len, struct smtp_result *result);
-void		smtp_result_free(struct smtp_result *result);
+void smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env,
+					  const char *raw, size_t len, struct smtp_result *result);
+void smtp_result_free(struct smtp_result *result);
 
-const char *smtp_phase_name(enum smtp_phase phase);	/* "RCPT TO", "end of DATA", ... */
+const char *smtp_phase_name(enum smtp_phase phase); /* "RCPT TO", "end of DATA", ... */
 /* Parse "verify", "no-verify", "may", "none". */
 
 /* Helpers shared with tests and the DSN code. */
-bool		smtp_reply_parse_line(const char *line, size_t len, int *code, bool *last,
-								  const char **text);
-void		smtp_dot_stuff(const char *raw, size_t len, struct buf *out);	/* with the final "." */
-void		smtp_xtext_encode(const char *in, struct buf *out);
+bool smtp_reply_parse_line(const char *line, size_t len, int *code, bool *last,
+						   const char **text);
+void smtp_dot_stuff(const char *raw, size_t len, struct buf *out); /* with the final "." */
+void smtp_xtext_encode(const char *in, struct buf *out);
 
 #endif

@@ -5,21 +5,21 @@
  * TLS sessions alike; the protocol on top is in smtp_client.c.
  */
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -27,8 +27,8 @@
 #include <openssl/x509v3.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "smtp_client_internal.h"
+#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * The clock and replies
@@ -111,7 +111,7 @@ smtp_io_set_error(struct smtp_client *c, const char *fmt, ...) __attribute__((fo
 void
 smtp_io_set_error(struct smtp_client *c, const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(c->error, sizeof(c->error), fmt, ap);
@@ -121,7 +121,7 @@ smtp_io_set_error(struct smtp_client *c, const char *fmt, ...)
 const char *
 smtp_io_ssl_error(void)
 {
-	static char text[200];
+	static char	  text[200];
 	unsigned long e = ERR_get_error();
 
 	if (e == 0)
@@ -138,8 +138,8 @@ smtp_wait(struct smtp_client *c, short events, long long deadline)
 
 	for (;;)
 	{
-		long long	left = deadline - smtp_io_now_ms();
-		int			n;
+		long long left = deadline - smtp_io_now_ms();
+		int		  n;
 
 		if (left <= 0)
 		{
@@ -179,14 +179,14 @@ smtp_tls_retry(struct smtp_client *c, int n, long long deadline, int *ssl_error)
 bool
 smtp_io_fill(struct smtp_client *c, long long deadline)
 {
-	char		chunk[16384];
+	char chunk[16384];
 
 	for (;;)
 	{
 		if (c->ssl)
 		{
-			int			n = SSL_read(c->ssl, chunk, sizeof(chunk));
-			int			ssl_error;
+			int n = SSL_read(c->ssl, chunk, sizeof(chunk));
+			int ssl_error;
 
 			if (n > 0)
 			{
@@ -208,7 +208,7 @@ smtp_io_fill(struct smtp_client *c, long long deadline)
 		}
 		else
 		{
-			ssize_t		n = read(c->fd, chunk, sizeof(chunk));
+			ssize_t n = read(c->fd, chunk, sizeof(chunk));
 
 			if (n > 0)
 			{
@@ -237,17 +237,17 @@ smtp_io_fill(struct smtp_client *c, long long deadline)
 bool
 smtp_io_write(struct smtp_client *c, const char *data, size_t len)
 {
-	size_t		off = 0;
-	long long	deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
+	size_t	  off = 0;
+	long long deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
 
 	while (off < len)
 	{
-		size_t		chunk = len - off > 1 << 20 ? 1 << 20 : len - off;
+		size_t chunk = len - off > 1 << 20 ? 1 << 20 : len - off;
 
 		if (c->ssl)
 		{
-			int			n = SSL_write(c->ssl, data + off, (int) chunk);
-			int			ssl_error;
+			int n = SSL_write(c->ssl, data + off, (int) chunk);
+			int ssl_error;
 
 			if (n > 0)
 			{
@@ -267,7 +267,7 @@ smtp_io_write(struct smtp_client *c, const char *data, size_t len)
 		}
 		else
 		{
-			ssize_t		n = send(c->fd, data + off, chunk, MSG_NOSIGNAL);
+			ssize_t n = send(c->fd, data + off, chunk, MSG_NOSIGNAL);
 
 			if (n > 0)
 			{
@@ -284,7 +284,7 @@ smtp_io_write(struct smtp_client *c, const char *data, size_t len)
 				continue;
 			}
 			smtp_io_set_error(c, "lost the connection with %s: %s", c->peer,
-						   n < 0 ? strerror(errno) : "short write");
+							  n < 0 ? strerror(errno) : "short write");
 			return false;
 		}
 	}
@@ -295,9 +295,9 @@ smtp_io_write(struct smtp_client *c, const char *data, size_t len)
 bool
 smtp_io_read_reply(struct smtp_client *c, struct smtp_reply *r)
 {
-	long long	deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
-	size_t		total = 0;
-	int			lines = 0;
+	long long deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
+	size_t	  total = 0;
+	int		  lines = 0;
 
 	smtp_reply_reset(r);
 	for (;;)
@@ -326,7 +326,7 @@ smtp_io_read_reply(struct smtp_client *c, struct smtp_reply *r)
 		if (!smtp_reply_parse_line(c->in.data, len, &code, &last, &text))
 		{
 			smtp_io_set_error(c, "%s sent a malformed reply \"%.*s\"", c->peer,
-						   (int) (len > 80 ? 80 : len), c->in.data);
+							  (int) (len > 80 ? 80 : len), c->in.data);
 			return false;
 		}
 		if (r->code == 0)
@@ -334,7 +334,7 @@ smtp_io_read_reply(struct smtp_client *c, struct smtp_reply *r)
 		if (lines++ > 0)
 			buf_append_char(&r->text, '\n');
 		{
-			size_t		tlen = len - (size_t) (text - c->in.data);
+			size_t tlen = len - (size_t) (text - c->in.data);
 
 			if (tlen > SMTP_LINE_MAX)
 				tlen = SMTP_LINE_MAX;
@@ -360,10 +360,10 @@ smtp_io_command(struct smtp_client *c, struct smtp_reply *r, const char *fmt, ..
 bool
 smtp_io_command(struct smtp_client *c, struct smtp_reply *r, const char *fmt, ...)
 {
-	struct buf	line = BUF_INIT;
-	va_list		ap;
-	char		text[2048];
-	bool		ok;
+	struct buf line = BUF_INIT;
+	va_list	   ap;
+	char	   text[2048];
+	bool	   ok;
 
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
@@ -397,11 +397,11 @@ smtp_io_drop(struct smtp_client *c)
 static bool
 smtp_connect_address(struct smtp_client *c, const struct addrinfo *ai, long long deadline)
 {
-	int			fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-							ai->ai_protocol);
-	int			one = 1;
-	int			soerr = 0;
-	socklen_t	slen = sizeof(soerr);
+	int		  fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+						  ai->ai_protocol);
+	int		  one = 1;
+	int		  soerr = 0;
+	socklen_t slen = sizeof(soerr);
 
 	if (fd < 0)
 	{
@@ -438,10 +438,10 @@ err:
 bool
 smtp_io_connect(struct smtp_client *c)
 {
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+	struct addrinfo	 hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
 	struct addrinfo *res = NULL;
-	const char *port = c->opt.port ? c->opt.port : "25";
-	int			rc = getaddrinfo(c->opt.host, port, &hints, &res);
+	const char		*port = c->opt.port ? c->opt.port : "25";
+	int				 rc = getaddrinfo(c->opt.host, port, &hints, &res);
 
 	if (rc != 0)
 	{
@@ -450,8 +450,8 @@ smtp_io_connect(struct smtp_client *c)
 	}
 	for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
 	{
-		char		addr[INET6_ADDRSTRLEN] = "?";
-		long long	deadline = smtp_io_now_ms() + c->opt.connect_timeout_ms;
+		char	  addr[INET6_ADDRSTRLEN] = "?";
+		long long deadline = smtp_io_now_ms() + c->opt.connect_timeout_ms;
 
 		getnameinfo(ai->ai_addr, ai->ai_addrlen, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
 		snprintf(c->peer, sizeof(c->peer), "%s[%s]:%s", c->opt.host, addr, port);
@@ -468,12 +468,12 @@ smtp_io_connect(struct smtp_client *c)
 bool
 smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 {
-	const char *name = c->opt.tls_name ? c->opt.tls_name : c->opt.host;
-	long long	deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
-	bool		verify = c->opt.tls == SMTP_TLS_VERIFY;
+	const char	   *name = c->opt.tls_name ? c->opt.tls_name : c->opt.host;
+	long long		deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
+	bool			verify = c->opt.tls == SMTP_TLS_VERIFY;
 	struct in6_addr addr6;
-	struct in_addr addr4;
-	bool		is_ip = inet_pton(AF_INET, name, &addr4) == 1 || inet_pton(AF_INET6, name, &addr6) == 1;
+	struct in_addr	addr4;
+	bool			is_ip = inet_pton(AF_INET, name, &addr4) == 1 || inet_pton(AF_INET6, name, &addr6) == 1;
 
 	if (c->ssl_ctx == NULL)
 	{
@@ -488,11 +488,11 @@ smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 		{
 			SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
 			if (c->opt.tls_ca_file ? SSL_CTX_load_verify_locations(c->ssl_ctx, c->opt.tls_ca_file, NULL) != 1
-				: SSL_CTX_set_default_verify_paths(c->ssl_ctx) != 1)
+								   : SSL_CTX_set_default_verify_paths(c->ssl_ctx) != 1)
 			{
 				smtp_io_set_error(c, "cannot load the trust anchors%s%s: %s",
-							   c->opt.tls_ca_file ? " from " : "",
-							   c->opt.tls_ca_file ? c->opt.tls_ca_file : "", smtp_io_ssl_error());
+								  c->opt.tls_ca_file ? " from " : "",
+								  c->opt.tls_ca_file ? c->opt.tls_ca_file : "", smtp_io_ssl_error());
 				SSL_CTX_free(c->ssl_ctx);
 				c->ssl_ctx = NULL;
 				return false;
@@ -516,8 +516,8 @@ smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 	}
 	for (;;)
 	{
-		int			n = SSL_connect(c->ssl);
-		int			ssl_error;
+		int n = SSL_connect(c->ssl);
+		int ssl_error;
 
 		if (n == 1)
 			break;
@@ -529,11 +529,11 @@ smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 				return false;
 		}
 		{
-			long		vr = SSL_get_verify_result(c->ssl);
+			long vr = SSL_get_verify_result(c->ssl);
 
 			if (verify && vr != X509_V_OK)
 				smtp_io_set_error(c, "TLS with %s failed: certificate not trusted for %s: %s",
-							   c->peer, name, X509_verify_cert_error_string(vr));
+								  c->peer, name, X509_verify_cert_error_string(vr));
 			else
 				smtp_io_set_error(c, "TLS with %s failed: %s", c->peer, smtp_io_ssl_error());
 			return false;

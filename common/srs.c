@@ -19,7 +19,7 @@
 #include "xalloc.h"
 
 #define SRS_MAX_SECRETS 16
-#define SRS_TICKS 1024			/* two base32 characters of days */
+#define SRS_TICKS 1024 /* two base32 characters of days */
 
 static const char srs_base32[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
@@ -40,7 +40,8 @@ srs_read_secrets(const char *path, struct srs *srs, char *err, size_t errlen)
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (st.st_mode & (S_IRWXG | S_IRWXO)))
 	{
 		snprintf(err, errlen, "[srs] SECRET_FILE %s must be a regular file of mode 0600 or 0400 "
-				 "(chmod go= %s)", path, path);
+							  "(chmod go= %s)",
+				 path, path);
 		close(fd);
 		return false;
 	}
@@ -48,7 +49,7 @@ srs_read_secrets(const char *path, struct srs *srs, char *err, size_t errlen)
 	srs->secrets = xcalloc(SRS_MAX_SECRETS, sizeof(char *));
 	while (f && fgets(line, sizeof(line), f) && srs->nsecrets < SRS_MAX_SECRETS)
 	{
-		size_t		len = strcspn(line, "\r\n");
+		size_t len = strcspn(line, "\r\n");
 
 		line[len] = '\0';
 		if (len == 0 || line[0] == '#')
@@ -109,12 +110,12 @@ srs_free(struct srs *srs)
 static void
 srs_hash(const char *secret, const char *a, const char *b, const char *c, char out[32])
 {
-	struct buf	data = BUF_INIT;
+	struct buf	  data = BUF_INIT;
 	unsigned char mac[EVP_MAX_MD_SIZE];
-	unsigned	maclen = 0;
+	unsigned	  maclen = 0;
 	unsigned char b64[64];
 
-	for (const char *const *part = (const char *const[]) {a, b, c, NULL}; *part; part++)
+	for (const char *const *part = (const char *const[]){a, b, c, NULL}; *part; part++)
 		for (const char *p = *part; *p; p++)
 			buf_append_char(&data, (char) tolower((unsigned char) *p));
 	HMAC(EVP_sha1(), secret, (int) strlen(secret), (unsigned char *) data.data, data.len, mac, &maclen);
@@ -128,13 +129,13 @@ srs_hash(const char *secret, const char *a, const char *b, const char *c, char o
 static bool
 srs_hash_valid(const struct srs *srs, const char *hash, const char *a, const char *b, const char *c)
 {
-	size_t		len = strlen(hash);
+	size_t len = strlen(hash);
 
 	if (len < srs->hash_length || len > 27)
 		return false;
 	for (size_t i = 0; i < srs->nsecrets; i++)
 	{
-		char		want[32];
+		char want[32];
 
 		srs_hash(srs->secrets[i], a, b, c, want);
 		if (strncasecmp(want, hash, len) == 0)
@@ -190,9 +191,9 @@ srs_forward(const struct srs *srs, const char *sender, time_t now)
 	if ((rest = srs_tagged(local, "SRS1")) != NULL)
 	{
 		/* Someone else's SRS1: keep its first hop and rest, re-sign them. */
-		char	   *copy = xstrdup(rest + 1);
-		char	   *first = strchr(copy, '=');
-		char	   *tail = first ? strchr(first + 1, '=') : NULL;
+		char *copy = xstrdup(rest + 1);
+		char *first = strchr(copy, '=');
+		char *tail = first ? strchr(first + 1, '=') : NULL;
 
 		if (first && tail)
 		{
@@ -213,8 +214,8 @@ srs_forward(const struct srs *srs, const char *sender, time_t now)
 	}
 	if (out == NULL)
 	{
-		unsigned	today = srs_today(now);
-		char		ts[3] = {srs_base32[(today >> 5) & 31], srs_base32[today & 31], '\0'};
+		unsigned today = srs_today(now);
+		char	 ts[3] = {srs_base32[(today >> 5) & 31], srs_base32[today & 31], '\0'};
 
 		srs_hash(srs->secrets[0], ts, host, local, hash);
 		out = xasprintf("SRS0%c%.*s=%s=%s=%s@%s", srs->separator, (int) srs->hash_length, hash,
@@ -231,7 +232,7 @@ srs_split(char *s, char **fields, int n)
 {
 	for (int i = 0; i < n - 1; i++)
 	{
-		char	   *eq = strchr(s, '=');
+		char *eq = strchr(s, '=');
 
 		if (eq == NULL)
 			return false;
@@ -246,10 +247,10 @@ srs_split(char *s, char **fields, int n)
 enum srs_result
 srs_reverse(const struct srs *srs, const char *address, time_t now, char *out, size_t outlen)
 {
-	const char *at = strrchr(address, '@');
-	char	   *local;
-	const char *rest;
-	char	   *f[4];
+	const char	   *at = strrchr(address, '@');
+	char		   *local;
+	const char	   *rest;
+	char		   *f[4];
 	enum srs_result r = SRS_MALFORMED;
 
 	if (srs->domain == NULL || at == NULL || strcasecmp(at + 1, srs->domain) != 0)
@@ -257,7 +258,7 @@ srs_reverse(const struct srs *srs, const char *address, time_t now, char *out, s
 	local = xstrndup(address, (size_t) (at - address));
 	if ((rest = srs_tagged(local, "SRS1")) != NULL)
 	{
-		char	   *copy = xstrdup(rest + 1);
+		char *copy = xstrdup(rest + 1);
 
 		/* hash, first hop, rest of the SRS0 (which starts with its separator) */
 		if (srs_split(copy, f, 3) && *f[0] && *f[1] && *f[2] && !strchr(f[0], '.'))
@@ -271,7 +272,7 @@ srs_reverse(const struct srs *srs, const char *address, time_t now, char *out, s
 	}
 	else if ((rest = srs_tagged(local, "SRS0")) != NULL)
 	{
-		char	   *copy = xstrdup(rest + 1);
+		char *copy = xstrdup(rest + 1);
 
 		/* hash, timestamp, host, user (which may hold '=' itself) */
 		if (srs_split(copy, f, 4) && *f[0] && *f[2] && *f[3])

@@ -33,17 +33,17 @@
 
 struct srs
 {
-	char	   *domain;			/* NULL: SRS is not configured */
-	char	  **secrets;
-	size_t		nsecrets;
-	unsigned	max_age;		/* days */
-	unsigned	hash_length;
-	char		separator;
+	char	*domain; /* NULL: SRS is not configured */
+	char   **secrets;
+	size_t	 nsecrets;
+	unsigned max_age; /* days */
+	unsigned hash_length;
+	char	 separator;
 };
 
 enum srs_result
 {
-	SRS_NOT_SRS,				/* not an SRS address of ours: leave it alone */
+	SRS_NOT_SRS, /* not an SRS address of ours: leave it alone */
 	SRS_REVERSED,
 	SRS_MALFORMED,
 	SRS_BAD_HASH,
@@ -51,15 +51,15 @@ enum srs_result
 };
 
 /* The [srs] section; true with srs->domain NULL when there is none.  False with err. */
-bool		srs_from_config(const struct pepsi_config *cfg, struct srs *srs, char *err, size_t errlen);
-void		srs_free(struct srs *srs);
+bool srs_from_config(const struct pepsi_config *cfg, struct srs *srs, char *err, size_t errlen);
+void srs_free(struct srs *srs);
 
 /*
  * The forward rewrite of a sender: a new string (free it), or NULL when
  * the sender is left as it is (the null sender, no domain, or already in
  * the SRS domain).
  */
-char	   *srs_forward(const struct srs *srs, const char *sender, time_t now);
+char *srs_forward(const struct srs *srs, const char *sender, time_t now);
 
 /*
  * Reverse an address of the SRS domain: SRS_REVERSED with the original
@@ -68,6 +68,6 @@ char	   *srs_forward(const struct srs *srs, const char *sender, time_t now);
  */
 enum srs_result srs_reverse(const struct srs *srs, const char *address, time_t now, char *out,
 							size_t outlen);
-const char *srs_result_text(enum srs_result r);
+const char	   *srs_result_text(enum srs_result r);
 
 #endif

@@ -33,9 +33,9 @@
 #include "db.h"
 #include "log.h"
 #include "log_config.h"
-#include "xalloc.h"
-#include "touched.h"
 #include "stage_internal.h"
+#include "touched.h"
+#include "xalloc.h"
 
 static pepsi_registry_fn stage_registry;
 
@@ -52,8 +52,8 @@ pepsi_registry_install(pepsi_registry_fn lookup)
 int
 pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...)
 {
-	va_list		ap;
-	char		message[1024];
+	va_list ap;
+	char	message[1024];
 
 	va_start(ap, fmt);
 	vsnprintf(message, sizeof(message), fmt, ap);
@@ -114,18 +114,18 @@ stage_json_string(struct buf *b, const char *s)
 
 static const char *const stage_load_sql[] = {
 	[PEPSI_LOAD_METADATA] =
-	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text"
-	" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text"
+		" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_HEADERS] =
-	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
-	" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+		" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_FULL] =
-	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-	" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
-	" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-	" WHERE w.id = ANY ($1::int8[])",
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+		" WHERE w.id = ANY ($1::int8[])",
 };
 static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_load_headers", "pepsi_load_full"};
 
@@ -140,14 +140,14 @@ static void
 stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 {
 	struct stage_worker *w = ctx->worker;
-	char	   *status = stage_value(res, row, 2);
-	json_error_t jerr;
-	json_t	   *rcpt;
-	const char *program;
-	char	   *state_text;
-	char	   *rcpt_text;
-	size_t		i;
-	json_t	   *value;
+	char				*status = stage_value(res, row, 2);
+	json_error_t		 jerr;
+	json_t				*rcpt;
+	const char			*program;
+	char				*state_text;
+	char				*rcpt_text;
+	size_t				 i;
+	json_t				*value;
 
 	ctx->db_stage = stage_value(res, row, 1);
 	ctx->stage_name = xstrdup(ctx->db_stage);
@@ -186,11 +186,11 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 	free(rcpt_text);
 	ctx->nrcpt = json_array_size(rcpt);
 	ctx->rcpt = xcalloc(ctx->nrcpt + 1, sizeof(char *));
-	json_array_foreach(rcpt, i, value)
+	json_array_foreach (rcpt, i, value)
 		ctx->rcpt[i] = xstrdup(json_string_value(value));
 	json_decref(rcpt);
 	{
-		char	   *age = stage_value(res, row, 6);
+		char *age = stage_value(res, row, 6);
 
 		ctx->age_seconds = atof(age);
 		ctx->loaded_us = stage_now_us();
@@ -244,15 +244,15 @@ stage_refuse_repeated_ids(struct pepsi_ctx *ctxs, size_t count)
 
 struct stage_loaded_row
 {
-	long long	id;
-	int			row;
+	long long id;
+	int		  row;
 };
 
 static int
 stage_loaded_row_compare(const void *a, const void *b)
 {
-	long long	x = ((const struct stage_loaded_row *) a)->id;
-	long long	y = ((const struct stage_loaded_row *) b)->id;
+	long long x = ((const struct stage_loaded_row *) a)->id;
+	long long y = ((const struct stage_loaded_row *) b)->id;
 
 	return (x > y) - (x < y);
 }
@@ -266,7 +266,7 @@ stage_loaded_row_compare(const void *a, const void *b)
 bool
 stage_reconnect(struct stage_worker *w)
 {
-	char		err[1024];
+	char err[1024];
 
 	if (PQstatus(w->conn) == CONNECTION_OK)
 		return false;
@@ -291,13 +291,13 @@ stage_reconnect(struct stage_worker *w)
 static void
 stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
-	struct buf *ids = &w->scratch[SCRATCH_IDS];
-	const char *values[1];
-	PGresult   *res;
-	int			format = 1;
-	size_t		asked = 0;
+	struct buf				*ids = &w->scratch[SCRATCH_IDS];
+	const char				*values[1];
+	PGresult				*res;
+	int						 format = 1;
+	size_t					 asked = 0;
 	struct stage_loaded_row *rows;
-	int			nrows;
+	int						 nrows;
 
 	stage_refuse_repeated_ids(ctxs, count);
 	buf_append_char(ids, '{');
@@ -340,7 +340,7 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 	qsort(rows, (size_t) nrows, sizeof(*rows), stage_loaded_row_compare);
 	for (size_t i = 0; i < count; i++)
 	{
-		struct stage_loaded_row key = {.id = ctxs[i].id};
+		struct stage_loaded_row		   key = {.id = ctxs[i].id};
 		const struct stage_loaded_row *found;
 
 		if (ctxs[i].error != NULL)
@@ -363,12 +363,12 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 static bool
 stage_fuse_successor(struct pepsi_ctx *ctx)
 {
-	struct stage_worker *w = ctx->worker;
-	char	   *section;
-	const char *program;
+	struct stage_worker		 *w = ctx->worker;
+	char					 *section;
+	const char				 *program;
 	const struct pepsi_stage *next;
-	char	   *old_name;
-	char	   *old_section;
+	char					 *old_name;
+	char					 *old_section;
 	const struct pepsi_stage *old_stage;
 
 	if (!w->allow_fusion || stage_registry == NULL || ctx->terminal != TERMINAL_ADVANCE
@@ -411,8 +411,8 @@ stage_run_pass(struct pepsi_ctx *ctx)
 {
 	for (int hop = 0; hop < STAGE_FUSION_MAX_HOPS; hop++)
 	{
-		double		started = stage_now_us();
-		int			rc = ctx->stage->run(ctx);
+		double started = stage_now_us();
+		int	   rc = ctx->stage->run(ctx);
 
 		if (rc != 0 && ctx->error == NULL)
 			pepsi_error(ctx, "%s failed on row %lld", ctx->stage->program, ctx->id);
@@ -437,8 +437,8 @@ stage_run_pass(struct pepsi_ctx *ctx)
 static bool
 stage_read_input(struct stage_worker *w, bool block)
 {
-	char		chunk[4096];
-	ssize_t		n;
+	char	chunk[4096];
+	ssize_t n;
 
 	if (!block)
 	{
@@ -467,8 +467,8 @@ stage_read_input(struct stage_worker *w, bool block)
 static bool
 stage_next_line(struct stage_worker *w, char *line, size_t size)
 {
-	char	   *nl = w->input.len ? memchr(w->input.data, '\n', w->input.len) : NULL;
-	size_t		len;
+	char  *nl = w->input.len ? memchr(w->input.data, '\n', w->input.len) : NULL;
+	size_t len;
 
 	if (nl == NULL && (!w->eof || w->input.len == 0))
 		return false;
@@ -481,8 +481,8 @@ stage_next_line(struct stage_worker *w, char *line, size_t size)
 static bool
 stage_parse_id(const char *line, long long *id)
 {
-	char	   *end;
-	size_t		len = strlen(line);
+	char  *end;
+	size_t len = strlen(line);
 
 	while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == ' '))
 		len--;
@@ -502,8 +502,8 @@ stage_parse_id(const char *line, long long *id)
 static size_t
 stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 {
-	char		line[256];
-	size_t		count = 0;
+	char   line[256];
+	size_t count = 0;
 
 	if (w->stage->load != PEPSI_LOAD_METADATA)
 		max = 1;
@@ -547,8 +547,8 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 
 		if (ctx->error)
 		{
-			json_t	   *report = json_pack("{s:s}", "error", ctx->error);
-			char	   *text = json_dumps(report, JSON_COMPACT);
+			json_t *report = json_pack("{s:s}", "error", ctx->error);
+			char   *text = json_dumps(report, JSON_COMPACT);
 
 			log_warnx("%s", ctx->error);
 			buf_printf(out, "1 %s\n", text ? text : "{}");
@@ -578,7 +578,7 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 	}
 	for (size_t off = 0; off < out->len;)
 	{
-		ssize_t		n = write(1, out->data + off, out->len - off);
+		ssize_t n = write(1, out->data + off, out->len - off);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -593,8 +593,8 @@ static void
 stage_usage(const struct pepsi_stage *stage)
 {
 	fprintf(stderr, "usage: %s worker [-c CONFIG] [-v]\n"
-			"  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
-			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+					"  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
+					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			stage->program, PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -620,10 +620,10 @@ int
 pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 {
 	struct stage_worker w = {.stage = stage};
-	const char *config_path = getenv("PEPSI_CONFIG");
-	char		err[1024];
-	struct pepsi_ctx *ctxs;
-	int			opt;
+	const char		   *config_path = getenv("PEPSI_CONFIG");
+	char				err[1024];
+	struct pepsi_ctx   *ctxs;
+	int					opt;
 
 	log_init(stage->program, false);
 	if (argc < 2 || strcmp(argv[1], "worker") != 0)
@@ -666,7 +666,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	ctxs = xcalloc(STAGE_BATCH_MAX, sizeof(*ctxs));
 	for (;;)
 	{
-		size_t		count = stage_next_batch(&w, ctxs, STAGE_BATCH_MAX);
+		size_t count = stage_next_batch(&w, ctxs, STAGE_BATCH_MAX);
 
 		if (count == 0)
 			break;

@@ -26,47 +26,47 @@
 
 enum pepsi_load
 {
-	PEPSI_LOAD_METADATA = 0,	/* envelope and state only */
-	PEPSI_LOAD_HEADERS = 1,		/* plus the header block */
-	PEPSI_LOAD_FULL = 2			/* plus the body */
+	PEPSI_LOAD_METADATA = 0, /* envelope and state only */
+	PEPSI_LOAD_HEADERS = 1,	 /* plus the header block */
+	PEPSI_LOAD_FULL = 2		 /* plus the body */
 };
 
 struct pepsi_ctx;
 
 struct pepsi_stage
 {
-	const char *program;		/* the PROGRAM name of its [stage-*] sections */
+	const char	   *program; /* the PROGRAM name of its [stage-*] sections */
 	enum pepsi_load load;
 	/* Calls exactly one terminal and returns 0; non-zero fails the message. */
-	int			(*run) (struct pepsi_ctx *ctx);
+	int (*run)(struct pepsi_ctx *ctx);
 	/* Optional: may this row run fused into the pass of its predecessor? */
-	bool		(*can_fuse) (struct pepsi_ctx *ctx);
+	bool (*can_fuse)(struct pepsi_ctx *ctx);
 	/* Optional: check the stage's own options in one of its sections, at start. */
-	bool		(*check_config) (const struct pepsi_config *cfg, const char *section,
-								 char *err, size_t errlen);
+	bool (*check_config)(const struct pepsi_config *cfg, const char *section,
+						 char *err, size_t errlen);
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */
-typedef const struct pepsi_stage *(*pepsi_registry_fn) (const char *program);
-void		pepsi_registry_install(pepsi_registry_fn lookup);
+typedef const struct pepsi_stage *(*pepsi_registry_fn)(const char *program);
+void pepsi_registry_install(pepsi_registry_fn lookup);
 
 /* "PROGRAM worker [-c CONFIG] [-v]": the worker loop.  Returns the exit code. */
-int			pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
+int pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
 
 /* The row */
 long long	pepsi_id(const struct pepsi_ctx *ctx);
 const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
 const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 /* Seconds since the row's received_at (when the pass loaded it): MAX_LIFETIME. */
-double		pepsi_message_age(const struct pepsi_ctx *ctx);
+double pepsi_message_age(const struct pepsi_ctx *ctx);
 /* Seconds since this pass loaded the row: the stage's own time so far. */
-double		pepsi_pass_seconds(const struct pepsi_ctx *ctx);
+double pepsi_pass_seconds(const struct pepsi_ctx *ctx);
 /*
  * With [pepsi] MAIL_LOG on, a row of pepsi.mail_log (event, detail) written
  * by the very statement that commits this message's outcome (no round trip
  * of its own); with it off, nothing.  detail is borrowed.
  */
-void		pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail);
+void pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail);
 /*
  * A delivery attempt's outcome ("sent", "deferred", "bounced", "expired":
  * a string that outlives the pass), reported on the worker's status line
@@ -76,11 +76,11 @@ void		pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
 /* The row's state object: borrowed from the context, never NULL, read only. */
-json_t	   *pepsi_state(const struct pepsi_ctx *ctx);
+json_t *pepsi_state(const struct pepsi_ctx *ctx);
 /* These fail (NULL, and the message fails) if the stage under-declared its load. */
 const struct buf *pepsi_headers(struct pepsi_ctx *ctx);
 const struct buf *pepsi_body(struct pepsi_ctx *ctx);
-bool		pepsi_raw_message(struct pepsi_ctx *ctx, struct buf *out);
+bool			  pepsi_raw_message(struct pepsi_ctx *ctx, struct buf *out);
 
 /*
  * Options of the current [stage-*] section, with the overlay: the value in
@@ -102,10 +102,10 @@ const char *pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, co
 const char *pepsi_option_text(const struct pepsi_ctx *ctx, const char *option);
 bool		pepsi_option_bool(const struct pepsi_ctx *ctx, const char *option);
 long long	pepsi_option_int(const struct pepsi_ctx *ctx, const char *option);
-double		pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option);	/* DURATION */
-long long	pepsi_option_size(const struct pepsi_ctx *ctx, const char *option);	/* bytes */
+double		pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option); /* DURATION */
+long long	pepsi_option_size(const struct pepsi_ctx *ctx, const char *option);	   /* bytes */
 /* ENUM: the index of the value among its choices ("a|b|c": 0, 1, 2). */
-int			pepsi_option_enum(const struct pepsi_ctx *ctx, const char *option);
+int						   pepsi_option_enum(const struct pepsi_ctx *ctx, const char *option);
 const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
 
 /*
@@ -115,35 +115,35 @@ const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
  * caller keeps its reference and must still decref it); where a NULL is
  * allowed the comment says so.
  */
-void		pepsi_set_headers(struct pepsi_ctx *ctx, const char *headers, size_t len);
-void		pepsi_set_body(struct pepsi_ctx *ctx, const char *body, size_t len);
-void		pepsi_set_mail_from(struct pepsi_ctx *ctx, const char *mail_from);
-void		pepsi_set_rcpt_to(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count);
+void pepsi_set_headers(struct pepsi_ctx *ctx, const char *headers, size_t len);
+void pepsi_set_body(struct pepsi_ctx *ctx, const char *body, size_t len);
+void pepsi_set_mail_from(struct pepsi_ctx *ctx, const char *mail_from);
+void pepsi_set_rcpt_to(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count);
 /* merge: borrowed, may be NULL (nothing merged); a non-object is ignored. */
-void		pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge);
+void pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge);
 /* state: borrowed and copied; NULL or a non-object sets the empty object. */
-void		pepsi_set_state(struct pepsi_ctx *ctx, json_t *state);
+void pepsi_set_state(struct pepsi_ctx *ctx, json_t *state);
 
 /*
  * Terminals: exactly one per message.  They return 0, or -1 on misuse.
  * Every merge is borrowed and may be NULL (as for pepsi_merge_state).
  */
-int			pepsi_advance(struct pepsi_ctx *ctx);
-int			pepsi_advance_to(struct pepsi_ctx *ctx, const char *stage);
-int			pepsi_reroute(struct pepsi_ctx *ctx, const char *stage, json_t *merge);
-int			pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds);
+int pepsi_advance(struct pepsi_ctx *ctx);
+int pepsi_advance_to(struct pepsi_ctx *ctx, const char *stage);
+int pepsi_reroute(struct pepsi_ctx *ctx, const char *stage, json_t *merge);
+int pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds);
 /* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
-int			pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
-							 const int *keep_indices, size_t nkeep, json_t *clones);
-int			pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
-int			pepsi_finish(struct pepsi_ctx *ctx);
+int pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
+					 const int *keep_indices, size_t nkeep, json_t *clones);
+int pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
+int pepsi_finish(struct pepsi_ctx *ctx);
 /* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
-int			pepsi_finish_with(struct pepsi_ctx *ctx, json_t *clones);
-int			pepsi_advance_or_finish(struct pepsi_ctx *ctx);
-int			pepsi_complete_success(struct pepsi_ctx *ctx);
+int pepsi_finish_with(struct pepsi_ctx *ctx, json_t *clones);
+int pepsi_advance_or_finish(struct pepsi_ctx *ctx);
+int pepsi_complete_success(struct pepsi_ctx *ctx);
 /* state: borrowed, may be NULL (the state is left as it is). */
-int			pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count,
-									 json_t *state);
+int pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, size_t count,
+							 json_t *state);
 
 /*
  * Fan-out helpers: they write at once (one extension call each), reduce
@@ -151,21 +151,21 @@ int			pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, s
  * with a terminal.  Recipient indices are 1-based.  They refuse a stage
  * that already rewrote content.  Return the new ids' count, or -1.
  */
-int			pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t count,
-									   const char *target_stage);
-int			pepsi_split_to_one_per_row(struct pepsi_ctx *ctx);
+int pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t count,
+							   const char *target_stage);
+int pepsi_split_to_one_per_row(struct pepsi_ctx *ctx);
 /* groups: borrowed, not NULL (a JSON array of groups, as workqueue_split takes). */
-int			pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *groups);
+int pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *groups);
 /*
  * A brand-new side message at stage (auto-reply, DSN).  state: borrowed, may
  * be NULL (the empty object); token may be NULL.
  */
-long long	pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
-							  const char *const *rcpt, size_t nrcpt, const char *headers,
-							  size_t hlen, const char *body, size_t blen, json_t *state,
-							  const char *token);
+long long pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
+							const char *const *rcpt, size_t nrcpt, const char *headers,
+							size_t hlen, const char *body, size_t blen, json_t *state,
+							const char *token);
 
 /* Fail the message with a reason (logged, and on the status line). */
-int			pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

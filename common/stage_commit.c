@@ -20,9 +20,9 @@
 
 #include "db.h"
 #include "log.h"
-#include "xalloc.h"
-#include "touched.h"
 #include "stage_internal.h"
+#include "touched.h"
+#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * Committing
@@ -83,24 +83,25 @@ stage_with_mail_log(const char *statement, const char *events, int events_param)
 		return xstrdup(statement);
 	return xasprintf("WITH logged AS (INSERT INTO pepsi.mail_log (workqueue_id, event, detail)"
 					 " SELECT $1::bigint, e ->> 'event', e -> 'detail'"
-					 " FROM jsonb_array_elements($%d::jsonb) AS e) %s", events_param, statement);
+					 " FROM jsonb_array_elements($%d::jsonb) AS e) %s",
+					 events_param, statement);
 }
 
 /* Commit one message's outcome with one extension call. */
 static int
 stage_commit_attempt(struct pepsi_ctx *ctx)
 {
-	PGconn	   *conn = ctx->worker->conn;
-	char		id[32];
-	char		retry[64];
-	char	   *merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
-	char	   *state = (ctx->touched & TOUCHED_SET_STATE) ? stage_json_text(ctx->state) : NULL;
-	char	   *events;
-	char	   *sql;
-	char	   *clones = NULL;
-	struct buf	array = BUF_INIT;
-	PGresult   *res;
-	int			rc;
+	PGconn	  *conn = ctx->worker->conn;
+	char	   id[32];
+	char	   retry[64];
+	char	  *merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
+	char	  *state = (ctx->touched & TOUCHED_SET_STATE) ? stage_json_text(ctx->state) : NULL;
+	char	  *events;
+	char	  *sql;
+	char	  *clones = NULL;
+	struct buf array = BUF_INIT;
+	PGresult  *res;
+	int		   rc;
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
 	snprintf(retry, sizeof(retry), "%.3f", ctx->retry_seconds);
@@ -160,7 +161,8 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 		values[11] = ctx->terminal == TERMINAL_ADVANCE || finish ? NULL : stage_at_stage(ctx);
 		values[12] = events;
 		sql = stage_with_mail_log("SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7, $8,"
-								  " $9, $10, $11, $12)", events, 13);
+								  " $9, $10, $11, $12)",
+								  events, 13);
 		res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
 		if (db_error_is_transient(res))
 		{
@@ -187,7 +189,7 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 static int
 stage_commit_one(struct pepsi_ctx *ctx)
 {
-	int			rc = stage_commit_attempt(ctx);
+	int rc = stage_commit_attempt(ctx);
 
 	if (rc != 0 && stage_reconnect(ctx->worker))
 	{
@@ -239,7 +241,7 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 	for (size_t i = 0; i < count; i++)
 	{
 		struct pepsi_ctx *ctx = &ctxs[i];
-		char	   *merge;
+		char			 *merge;
 
 		if (!stage_batchable(ctx) || ctx->terminal != kind)
 			continue;
@@ -295,7 +297,7 @@ void
 stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
 	static const enum terminal_kind shapes[] = {TERMINAL_ADVANCE, TERMINAL_PAUSE, TERMINAL_FAIL,
-	TERMINAL_FINISH};
+												TERMINAL_FINISH};
 
 	if (count > 1)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
@@ -304,4 +306,3 @@ stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		if (ctxs[i].error == NULL && (count == 1 || !stage_batchable(&ctxs[i])))
 			stage_commit_one(&ctxs[i]);
 }
-

@@ -44,66 +44,66 @@ enum scratch
 struct stage_worker
 {
 	const struct pepsi_stage *stage;
-	struct pepsi_config *cfg;
-	PGconn	   *conn;
-	bool		allow_fusion;
-	bool		mail_log;		/* [pepsi] MAIL_LOG: events ride the commits */
-	struct buf	input;
-	bool		eof;
-	struct buf	scratch[SCRATCH_COUNT];
+	struct pepsi_config		 *cfg;
+	PGconn					 *conn;
+	bool					  allow_fusion;
+	bool					  mail_log; /* [pepsi] MAIL_LOG: events ride the commits */
+	struct buf				  input;
+	bool					  eof;
+	struct buf				  scratch[SCRATCH_COUNT];
 };
 
 struct pepsi_ctx
 {
-	struct stage_worker *worker;
-	const struct pepsi_stage *stage;	/* running now (a successor, when fused) */
-	long long	id;
-	char	   *db_stage;		/* where the row is in the database */
-	char	   *stage_name;		/* the stage running now */
-	char	   *section;		/* "stage-" stage_name */
-	enum pepsi_load loaded;
-	char	   *mail_from;
-	char	  **rcpt;
-	size_t		nrcpt;
-	double		age_seconds;	/* now - received_at, when loaded */
-	double		loaded_us;		/* when it was loaded (stage_now_us) */
-	json_t	   *mail_log;		/* [{event, detail}] for pepsi.mail_log, or NULL */
-	const char *delivery;		/* a delivery attempt's status= (a static string), or NULL */
-	char	   *delivery_stage;	/* the stage that made it */
-	json_t	   *state;			/* current view: database state with this pass's changes */
-	json_t	   *merge;			/* changes to merge at commit */
-	struct buf	headers;
-	struct buf	body;
-	unsigned	touched;
-	bool		split_done;
+	struct stage_worker		 *worker;
+	const struct pepsi_stage *stage; /* running now (a successor, when fused) */
+	long long				  id;
+	char					 *db_stage;	  /* where the row is in the database */
+	char					 *stage_name; /* the stage running now */
+	char					 *section;	  /* "stage-" stage_name */
+	enum pepsi_load			  loaded;
+	char					 *mail_from;
+	char					**rcpt;
+	size_t					  nrcpt;
+	double					  age_seconds;	  /* now - received_at, when loaded */
+	double					  loaded_us;	  /* when it was loaded (stage_now_us) */
+	json_t					 *mail_log;		  /* [{event, detail}] for pepsi.mail_log, or NULL */
+	const char				 *delivery;		  /* a delivery attempt's status= (a static string), or NULL */
+	char					 *delivery_stage; /* the stage that made it */
+	json_t					 *state;		  /* current view: database state with this pass's changes */
+	json_t					 *merge;		  /* changes to merge at commit */
+	struct buf				  headers;
+	struct buf				  body;
+	unsigned				  touched;
+	bool					  split_done;
 	/* the outcome */
 	enum terminal_kind terminal;
-	int			terminals;
-	char	   *target;
-	double		retry_seconds;
-	int		   *keep;
-	size_t		nkeep;
-	json_t	   *clones;
-	char	   *error;
-	struct buf	fused;			/* {"stage":s,"us":n},... of the successors run in this pass */
+	int				   terminals;
+	char			  *target;
+	double			   retry_seconds;
+	int				  *keep;
+	size_t			   nkeep;
+	json_t			  *clones;
+	char			  *error;
+	struct buf		   fused; /* {"stage":s,"us":n},... of the successors run in this pass */
 	/* the input line, for the status */
-	bool		valid;
+	bool valid;
 };
 
 
 /* stage.c */
-double		stage_now_us(void);
+double stage_now_us(void);
 /* Reconnect a lost database session (the rows it held are still running). */
-bool		stage_reconnect(struct stage_worker *w);
-char	   *stage_json_text(json_t *json);
-void		stage_json_string(struct buf *b, const char *s);
+bool  stage_reconnect(struct stage_worker *w);
+char *stage_json_text(json_t *json);
+void  stage_json_string(struct buf *b, const char *s);
 
 /* stage_terminal.c */
-void		stage_int_array(struct buf *b, const int *values, size_t count);
-int			stage_terminal(struct pepsi_ctx *ctx, enum terminal_kind kind);
+void stage_int_array(struct buf *b, const int *values, size_t count);
+int	 stage_terminal(struct pepsi_ctx *ctx, enum terminal_kind kind);
 
 /* stage_commit.c */
-void		stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
-int			stage_check_result(struct pepsi_ctx *ctx, PGresult *res, const char *what);
+void stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
+int	 stage_check_result(struct pepsi_ctx *ctx, PGresult *res, const char *what);
 
 #endif

@@ -21,9 +21,9 @@
 
 #include "db.h"
 #include "log.h"
-#include "xalloc.h"
-#include "touched.h"
 #include "stage_internal.h"
+#include "touched.h"
+#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * Accessors
@@ -147,14 +147,14 @@ pepsi_config(const struct pepsi_ctx *ctx)
 struct stage_row_scope
 {
 	const char *domain;
-	const char *address;		/* config_get_for takes its domain too */
+	const char *address; /* config_get_for takes its domain too */
 };
 
 static struct stage_row_scope
 stage_row_scope(const struct pepsi_ctx *ctx)
 {
 	struct stage_row_scope scope = {NULL, NULL};
-	const char *shared;
+	const char			  *shared;
 
 	if (ctx->nrcpt == 1)
 		scope.address = ctx->rcpt[0];
@@ -186,13 +186,13 @@ pepsi_option_for(const struct pepsi_ctx *ctx, const char *option, const char *ad
 }
 
 /* The typed getters: the config_*_for of their type, with this row's scope. */
-#define STAGE_OPTION_GETTER(type, name, config_getter) \
-type \
-name(const struct pepsi_ctx *ctx, const char *option) \
-{ \
-	struct stage_row_scope s = stage_row_scope(ctx); \
-	return config_getter(ctx->worker->cfg, ctx->section, option, s.domain, s.address); \
-}
+#define STAGE_OPTION_GETTER(type, name, config_getter)                                     \
+	type                                                                                   \
+	name(const struct pepsi_ctx *ctx, const char *option)                                  \
+	{                                                                                      \
+		struct stage_row_scope s = stage_row_scope(ctx);                                   \
+		return config_getter(ctx->worker->cfg, ctx->section, option, s.domain, s.address); \
+	}
 
 STAGE_OPTION_GETTER(const char *, pepsi_option_text, config_text_for)
 STAGE_OPTION_GETTER(bool, pepsi_option_bool, config_bool_for)
@@ -272,4 +272,3 @@ pepsi_set_state(struct pepsi_ctx *ctx, json_t *state)
 	json_object_clear(ctx->merge);
 	ctx->touched |= TOUCHED_SET_STATE;
 }
-

@@ -20,9 +20,9 @@
 
 #include "db.h"
 #include "log.h"
-#include "xalloc.h"
-#include "touched.h"
 #include "stage_internal.h"
+#include "touched.h"
+#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * Terminals
@@ -85,7 +85,8 @@ stage_refuse_content(struct pepsi_ctx *ctx, const char *what)
 {
 	if (ctx->touched != 0)
 		return pepsi_error(ctx, "%s rewrote the message and then called %s, which cannot "
-						   "commit the rewrite", ctx->stage->program, what);
+								"commit the rewrite",
+						   ctx->stage->program, what);
 	return 0;
 }
 
@@ -153,17 +154,17 @@ pepsi_complete_success(struct pepsi_ctx *ctx)
 	json_t	   *r;
 
 	if (originate)
-		json_array_foreach(rcpts, i, r)
-	{
-		const char *notify = json_string_value(json_object_get(r, "notify"));
+		json_array_foreach (rcpts, i, r)
+		{
+			const char *notify = json_string_value(json_object_get(r, "notify"));
 
-		if (notify && strcasestr(notify, "SUCCESS"))
-			wanted = true;
-	}
+			if (notify && strcasestr(notify, "SUCCESS"))
+				wanted = true;
+		}
 	if (wanted && bounce_stage)
 	{
-		json_t	   *merge = json_pack("{s:{s:s}}", "bounce", "kind", "success");
-		int			rc = pepsi_reroute(ctx, bounce_stage, merge);
+		json_t *merge = json_pack("{s:{s:s}}", "bounce", "kind", "success");
+		int		rc = pepsi_reroute(ctx, bounce_stage, merge);
 
 		json_decref(merge);
 		return rc;
@@ -191,18 +192,19 @@ pepsi_rewrite_recipients(struct pepsi_ctx *ctx, const char *const *rcpt, size_t 
 static int
 stage_reload_recipients(struct pepsi_ctx *ctx)
 {
-	char		id[32];
-	const char *values[1] = {id};
-	PGresult   *res;
-	json_t	   *rcpt;
-	json_t	   *state;
+	char		 id[32];
+	const char	*values[1] = {id};
+	PGresult	*res;
+	json_t		*rcpt;
+	json_t		*state;
 	json_error_t jerr;
-	size_t		i;
-	json_t	   *value;
+	size_t		 i;
+	json_t		*value;
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
 	res = db_exec(ctx->worker->conn, "SELECT array_to_json(rcpt_to)::text, state::text"
-				  " FROM pepsi.workqueue WHERE id = $1", 1, values);
+									 " FROM pepsi.workqueue WHERE id = $1",
+				  1, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
 	{
 		pepsi_error(ctx, "cannot re-read row %lld after a split: %s", ctx->id,
@@ -218,7 +220,7 @@ stage_reload_recipients(struct pepsi_ctx *ctx)
 	free(ctx->rcpt);
 	ctx->nrcpt = json_array_size(rcpt);
 	ctx->rcpt = xcalloc(ctx->nrcpt + 1, sizeof(char *));
-	json_array_foreach(rcpt, i, value)
+	json_array_foreach (rcpt, i, value)
 		ctx->rcpt[i] = xstrdup(json_string_value(value));
 	json_decref(rcpt);
 	json_decref(ctx->state);
@@ -231,14 +233,15 @@ static int
 stage_fan_out_call(struct pepsi_ctx *ctx, const char *sql, int nparams, const char *const *values,
 				   const char *what)
 {
-	PGresult   *res;
-	int			created;
+	PGresult *res;
+	int		  created;
 
 	if (stage_refuse_content(ctx, what) != 0)
 		return -1;
 	if (strcmp(ctx->stage_name, ctx->db_stage) != 0)
 		return pepsi_error(ctx, "%s called %s in a fused pass; its can_fuse must refuse rows "
-						   "it may split", ctx->stage->program, what);
+								"it may split",
+						   ctx->stage->program, what);
 	res = db_exec(ctx->worker->conn, sql, nparams, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -355,4 +358,3 @@ pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_fro
 	buf_free(&array);
 	return ctx->error ? -1 : id;
 }
-

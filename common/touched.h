@@ -9,13 +9,13 @@
 #ifndef PEPSI_TOUCHED_H
 #define PEPSI_TOUCHED_H
 
-#define TOUCHED_HEADERS		0x01
-#define TOUCHED_BODY		0x02
-#define TOUCHED_MAIL_FROM	0x04
-#define TOUCHED_RCPT_TO		0x08
-#define TOUCHED_MERGE_STATE	0x10	/* state || merge */
-#define TOUCHED_SET_STATE	0x20	/* state replaced whole */
-#define TOUCHED_AT_STAGE	0x40	/* a pause or failure parked at another stage */
-#define TOUCHED_COMBINATIONS 0x80	/* one past the largest combination */
+#define TOUCHED_HEADERS 0x01
+#define TOUCHED_BODY 0x02
+#define TOUCHED_MAIL_FROM 0x04
+#define TOUCHED_RCPT_TO 0x08
+#define TOUCHED_MERGE_STATE 0x10  /* state || merge */
+#define TOUCHED_SET_STATE 0x20	  /* state replaced whole */
+#define TOUCHED_AT_STAGE 0x40	  /* a pause or failure parked at another stage */
+#define TOUCHED_COMBINATIONS 0x80 /* one past the largest combination */
 
 #endif

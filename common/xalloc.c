@@ -15,7 +15,7 @@
 void *
 xmalloc(size_t size)
 {
-	void	   *p = malloc(size ? size : 1);
+	void *p = malloc(size ? size : 1);
 
 	if (p == NULL)
 		fatal("malloc(%zu)", size);
@@ -25,7 +25,7 @@ xmalloc(size_t size)
 void *
 xcalloc(size_t count, size_t size)
 {
-	void	   *p = calloc(count ? count : 1, size ? size : 1);
+	void *p = calloc(count ? count : 1, size ? size : 1);
 
 	if (p == NULL)
 		fatal("calloc(%zu, %zu)", count, size);
@@ -35,7 +35,7 @@ xcalloc(size_t count, size_t size)
 void *
 xrealloc(void *ptr, size_t size)
 {
-	void	   *p = realloc(ptr, size ? size : 1);
+	void *p = realloc(ptr, size ? size : 1);
 
 	if (p == NULL)
 		fatal("realloc(%zu)", size);
@@ -45,7 +45,7 @@ xrealloc(void *ptr, size_t size)
 char *
 xstrdup(const char *s)
 {
-	char	   *p = strdup(s);
+	char *p = strdup(s);
 
 	if (p == NULL)
 		fatal("strdup");
@@ -55,7 +55,7 @@ xstrdup(const char *s)
 char *
 xstrndup(const char *s, size_t n)
 {
-	char	   *p = strndup(s, n);
+	char *p = strndup(s, n);
 
 	if (p == NULL)
 		fatal("strndup");
@@ -65,8 +65,8 @@ xstrndup(const char *s, size_t n)
 char *
 xasprintf(const char *fmt, ...)
 {
-	va_list		ap;
-	char	   *p;
+	va_list ap;
+	char   *p;
 
 	va_start(ap, fmt);
 	if (vasprintf(&p, fmt, ap) < 0)

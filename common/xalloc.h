@@ -6,11 +6,11 @@
 
 #include <stddef.h>
 
-void	   *xmalloc(size_t size);
-void	   *xcalloc(size_t count, size_t size);
-void	   *xrealloc(void *ptr, size_t size);
-char	   *xstrdup(const char *s);
-char	   *xstrndup(const char *s, size_t n);
-char	   *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void *xmalloc(size_t size);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *ptr, size_t size);
+char *xstrdup(const char *s);
+char *xstrndup(const char *s, size_t n);
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -15,8 +15,8 @@
 #include "stage.h"
 
 #define PROGRAM(ident, name) int ident##_main(int argc, char **argv);
-#define STAGE(ident, name) \
-	int ident##_main(int argc, char **argv); \
+#define STAGE(ident, name)                                               \
+	int								ident##_main(int argc, char **argv); \
 	extern const struct pepsi_stage ident##_stage;
 #include "programs.h"
 #undef PROGRAM
@@ -25,7 +25,7 @@
 struct program
 {
 	const char *name;
-	int			(*main) (int argc, char **argv);
+	int (*main)(int argc, char **argv);
 	const struct pepsi_stage *stage;
 };
 
@@ -52,7 +52,7 @@ static int
 usage(void)
 {
 	fprintf(stderr, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
-			"programs:");
+					"programs:");
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		fprintf(stderr, " %s", programs[i].name);
 	fprintf(stderr, "\n");

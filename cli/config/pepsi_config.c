@@ -28,7 +28,7 @@
 #include "log.h"
 #include "xalloc.h"
 
-int			pepsi_config_main(int argc, char **argv);
+int pepsi_config_main(int argc, char **argv);
 
 static void
 config_usage(void)
@@ -47,7 +47,7 @@ config_usage(void)
 static char *
 config_section_arg(const char *arg)
 {
-	size_t		len = strlen(arg);
+	size_t len = strlen(arg);
 
 	if (len >= 2 && arg[0] == '[' && arg[len - 1] == ']')
 		return xstrndup(arg + 1, len - 2);
@@ -62,7 +62,8 @@ config_check_scope(const char *scope)
 		|| (strncmp(scope, "address:", 8) == 0 && scope[8] != '\0' && strchr(scope + 8, '@')))
 		return true;
 	fprintf(stderr, "pepsi-config: \"%s\" is not a scope (global, domain:<domain>, "
-			"address:<local@domain>)\n", scope);
+					"address:<local@domain>)\n",
+			scope);
 	return false;
 }
 
@@ -78,7 +79,8 @@ config_check_target(const char *section, const char *option)
 	if (!config_section_overridable(section))
 	{
 		fprintf(stderr, "pepsi-config: [%s] is read only from the file: a database override "
-				"could move a listening socket or the database connection itself\n", section);
+						"could move a listening socket or the database connection itself\n",
+				section);
 		return false;
 	}
 	if (!config_option_known(section, option))
@@ -145,7 +147,7 @@ config_get_command(PGconn *conn, struct pepsi_config *cfg, const char *section, 
 	}
 	if (as_json)
 	{
-		json_t	   *out = json_object();
+		json_t *out = json_object();
 
 		json_object_set_new(out, "section", json_string(section));
 		json_object_set_new(out, "option", json_string(option));
@@ -169,8 +171,8 @@ config_change(PGconn *conn, const char *verb, const char *scope, const char *sec
 {
 	const char *values[4] = {scope, section, option, value};
 	PGresult   *res = strcmp(verb, "set") == 0
-		? db_exec(conn, "SELECT pepsi.config_set($1, $2, $3, $4), pepsi.config_scope($1)", 4, values)
-		: db_exec(conn, "SELECT pepsi.config_unset($1, $2, $3), pepsi.config_scope($1)", 3, values);
+						  ? db_exec(conn, "SELECT pepsi.config_set($1, $2, $3, $4), pepsi.config_scope($1)", 4, values)
+						  : db_exec(conn, "SELECT pepsi.config_unset($1, $2, $3), pepsi.config_scope($1)", 3, values);
 	int			rc = CLI_EX_OK;
 	const char *previous;
 
@@ -202,8 +204,8 @@ static char *
 config_shown_value(const struct config_entry *e)
 {
 	PQconninfoOption *options;
-	struct buf	shown = BUF_INIT;
-	bool		masked = false;
+	struct buf		  shown = BUF_INIT;
+	bool			  masked = false;
 
 	if (strcmp(e->section, "database") != 0 || strcmp(e->option, "CONNINFO") != 0
 		|| (options = PQconninfoParse(e->value, NULL)) == NULL)
@@ -253,12 +255,12 @@ config_list(PGconn *conn, struct pepsi_config *cfg, const char *scope, bool as_j
 	for (size_t i = 0; i < cfg->count; i++)
 	{
 		const struct config_entry *e = &cfg->entries[i];
-		char	   *shown = config_shown_value(e);
-		char	   *where = xasprintf("%s:%d", cfg->path, e->line);
-		char	   *section = PQescapeLiteral(conn, e->section, strlen(e->section));
-		char	   *option = PQescapeLiteral(conn, e->option, strlen(e->option));
-		char	   *value = PQescapeLiteral(conn, shown, strlen(shown));
-		char	   *origin = PQescapeLiteral(conn, where, strlen(where));
+		char					  *shown = config_shown_value(e);
+		char					  *where = xasprintf("%s:%d", cfg->path, e->line);
+		char					  *section = PQescapeLiteral(conn, e->section, strlen(e->section));
+		char					  *option = PQescapeLiteral(conn, e->option, strlen(e->option));
+		char					  *value = PQescapeLiteral(conn, shown, strlen(shown));
+		char					  *origin = PQescapeLiteral(conn, where, strlen(where));
 
 		buf_printf(&sql, "%s('file', %s, %s, %s, %s)", i ? ", " : "", section, option, value, origin);
 		PQfreemem(section);
@@ -271,11 +273,11 @@ config_list(PGconn *conn, struct pepsi_config *cfg, const char *scope, bool as_j
 	if (cfg->count == 0)
 		buf_append_str(&sql, "(NULL, NULL, NULL, NULL, NULL)");
 	buf_append_str(&sql, ") AS f(scope, section, option, value, origin) WHERE scope IS NOT NULL"
-				   " AND $1::text IS NULL"
-				   " UNION ALL SELECT scope, section, option, value, 'override by ' || updated_by"
-				   " FROM pepsi.config_override"
-				   " WHERE $1::text IS NULL OR scope = pepsi.config_scope($1)"
-				   " ORDER BY 2, 3, 1");
+						 " AND $1::text IS NULL"
+						 " UNION ALL SELECT scope, section, option, value, 'override by ' || updated_by"
+						 " FROM pepsi.config_override"
+						 " WHERE $1::text IS NULL OR scope = pepsi.config_scope($1)"
+						 " ORDER BY 2, 3, 1");
 	res = db_exec(conn, sql.data, 1, values);
 	rc = cli_show_result("pepsi-config", res, conn, as_json);
 	buf_free(&sql);
@@ -292,21 +294,20 @@ pepsi_config_main(int argc, char **argv)
 		{"domain", required_argument, NULL, 'd'},
 		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0}
-	};
-	const char *config_path = NULL;
-	const char *scope = NULL;
-	char	   *scope_copy = NULL;
-	const char *address = NULL;
-	const char *domain = NULL;
-	bool		as_json = false;
+		{NULL, 0, NULL, 0}};
+	const char			*config_path = NULL;
+	const char			*scope = NULL;
+	char				*scope_copy = NULL;
+	const char			*address = NULL;
+	const char			*domain = NULL;
+	bool				 as_json = false;
 	struct pepsi_config *cfg = NULL;
-	const char *command;
-	char	   *section = NULL;
-	PGconn	   *conn;
-	int			opt;
-	int			rc = CLI_EX_OK;
-	int			nargs;
+	const char			*command;
+	char				*section = NULL;
+	PGconn				*conn;
+	int					 opt;
+	int					 rc = CLI_EX_OK;
+	int					 nargs;
 
 	log_init("pepsi-config", false);
 	while ((opt = getopt_long(argc, argv, "C:s:a:d:jh", long_options, NULL)) != -1)
@@ -374,7 +375,7 @@ pepsi_config_main(int argc, char **argv)
 	{
 		section = config_section_arg(argv[optind]);
 		if (strcmp(command, "get") == 0 ? !config_check_name(section, argv[optind + 1])
-			: !config_check_target(section, argv[optind + 1]))
+										: !config_check_target(section, argv[optind + 1]))
 		{
 			free(section);
 			free(scope_copy);

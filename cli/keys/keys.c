@@ -27,12 +27,12 @@
 #include <openssl/pem.h>
 
 #include "auth/keys.h"
-#include "dns.h"
 #include "cli.h"
 #include "config.h"
+#include "dns.h"
 #include "log.h"
 
-int			pepsi_keys_main(int argc, char **argv);
+int pepsi_keys_main(int argc, char **argv);
 
 static int
 keys_usage(void)
@@ -49,7 +49,7 @@ keys_usage(void)
 static int
 keys_print_record(EVP_PKEY *pkey, enum sign_algorithm algorithm)
 {
-	struct buf	record = BUF_INIT;
+	struct buf record = BUF_INIT;
 
 	keys_public_record(pkey, algorithm, &record);
 	printf("%s\n", record.data);
@@ -61,9 +61,9 @@ keys_print_record(EVP_PKEY *pkey, enum sign_algorithm algorithm)
 static int
 keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 {
-	EVP_PKEY   *pkey;
-	int			fd;
-	FILE	   *f;
+	EVP_PKEY *pkey;
+	int		  fd;
+	FILE	 *f;
 
 	if (algorithm == SIGN_RSA_SHA256 && (bits < KEYS_RSA_MIN_BITS || bits > KEYS_RSA_MAX_BITS))
 	{
@@ -98,8 +98,8 @@ keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 static int
 keys_record_command(enum sign_algorithm algorithm, const char *path)
 {
-	char		err[512];
-	EVP_PKEY   *pkey = keys_load_private(path, algorithm, err, sizeof(err));
+	char	  err[512];
+	EVP_PKEY *pkey = keys_load_private(path, algorithm, err, sizeof(err));
 
 	if (pkey == NULL)
 	{
@@ -112,10 +112,10 @@ keys_record_command(enum sign_algorithm algorithm, const char *path)
 static int
 keys_show_command(const char *config_path)
 {
-	char		err[512];
+	char				 err[512];
 	struct pepsi_config *cfg = config_load(config_path, err, sizeof(err));
-	struct keyring ring = {0};
-	int			rc = CLI_EX_OK;
+	struct keyring		 ring = {0};
+	int					 rc = CLI_EX_OK;
 
 	if (cfg == NULL)
 	{
@@ -131,7 +131,7 @@ keys_show_command(const char *config_path)
 	for (size_t i = 0; i < ring.count; i++)
 	{
 		struct signing_key *k = &ring.key[i];
-		struct buf	record = BUF_INIT;
+		struct buf			record = BUF_INIT;
 
 		if (!signing_key_ready(k, err, sizeof(err)))
 		{
@@ -152,10 +152,10 @@ keys_show_command(const char *config_path)
 static bool
 keys_check_one(struct dns_resolver *resolver, struct signing_key *k)
 {
-	char		name[512];
-	char		err[512] = "no TXT record";
+	char			  name[512];
+	char			  err[512] = "no TXT record";
 	struct dns_answer answer;
-	bool		ok = false;
+	bool			  ok = false;
 
 	snprintf(name, sizeof(name), "%s._domainkey.%s", k->selector, k->domain);
 	if (!signing_key_ready(k, err, sizeof(err)))
@@ -165,11 +165,11 @@ keys_check_one(struct dns_resolver *resolver, struct signing_key *k)
 	}
 	dns_resolve_sync(resolver, name, DNS_TYPE_TXT, &answer);
 	if (answer.status != DNS_OK)
-		snprintf(err, sizeof(err), "%s", answer.status == DNS_NXDOMAIN ? "no such name"
-				 : answer.status == DNS_TIMEOUT ? "the lookup timed out" : "the lookup failed");
+		snprintf(err, sizeof(err), "%s", answer.status == DNS_NXDOMAIN ? "no such name" : answer.status == DNS_TIMEOUT ? "the lookup timed out"
+																													   : "the lookup failed");
 	for (size_t i = 0; answer.status == DNS_OK && i < answer.count && !ok; i++)
 	{
-		EVP_PKEY   *pub;
+		EVP_PKEY *pub;
 
 		if (answer.records[i].type != DNS_TYPE_TXT || answer.records[i].text == NULL)
 			continue;
@@ -189,12 +189,12 @@ keys_check_one(struct dns_resolver *resolver, struct signing_key *k)
 static int
 keys_check_command(const char *config_path)
 {
-	char		err[512];
+	char				 err[512];
 	struct pepsi_config *cfg = config_load(config_path, err, sizeof(err));
-	struct keyring ring = {0};
-	struct dns_config dns;
+	struct keyring		 ring = {0};
+	struct dns_config	 dns;
 	struct dns_resolver *resolver = NULL;
-	int			rc = CLI_EX_OK;
+	int					 rc = CLI_EX_OK;
 
 	if (cfg == NULL || !keyring_from_config(cfg, &ring, err, sizeof(err))
 		|| !dns_config_load(cfg, &dns, err, sizeof(err)))
@@ -225,13 +225,13 @@ keys_check_command(const char *config_path)
 int
 pepsi_keys_main(int argc, char **argv)
 {
-	const char *command = argc > 1 ? argv[1] : NULL;
-	const char *algorithm_name = NULL;
-	const char *out = NULL;
-	const char *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	const char		   *command = argc > 1 ? argv[1] : NULL;
+	const char		   *algorithm_name = NULL;
+	const char		   *out = NULL;
+	const char		   *config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	enum sign_algorithm algorithm = SIGN_RSA_SHA256;
-	int			bits = 2048;
-	int			c;
+	int					bits = 2048;
+	int					c;
 
 	log_init("pepsi-keys", false);
 	if (command == NULL)

@@ -28,7 +28,7 @@
 #include "log.h"
 #include "xalloc.h"
 
-int			pepsi_queue_main(int argc, char **argv);
+int pepsi_queue_main(int argc, char **argv);
 
 struct queue_options
 {
@@ -41,7 +41,7 @@ struct queue_options
 	bool		body;
 	const char *reason;
 	const char *bounce_stage;
-	const char *selector;		/* failed / paused / all */
+	const char *selector; /* failed / paused / all */
 };
 
 static void
@@ -88,8 +88,8 @@ static bool
 queue_is_action(const char *command)
 {
 	return strcmp(command, "retry") == 0 || strcmp(command, "hold") == 0
-		|| strcmp(command, "release") == 0 || strcmp(command, "delete") == 0
-		|| strcmp(command, "bounce") == 0;
+		   || strcmp(command, "release") == 0 || strcmp(command, "delete") == 0
+		   || strcmp(command, "bounce") == 0;
 }
 
 /*
@@ -102,8 +102,9 @@ queue_options_fit(const char *command, const struct queue_options *o, int nargs)
 	const char *misplaced = NULL;
 
 	if (o->selector && !queue_is_action(command))
-		misplaced = strcmp(o->selector, "failed") == 0 ? "--all-failed"
-			: strcmp(o->selector, "paused") == 0 ? "--all-paused" : "--all";
+		misplaced = strcmp(o->selector, "failed") == 0	 ? "--all-failed"
+					: strcmp(o->selector, "paused") == 0 ? "--all-paused"
+														 : "--all";
 	else if ((o->reason || o->bounce_stage) && strcmp(command, "bounce") != 0)
 		misplaced = o->reason ? "--reason" : "--bounce-stage";
 	else if (o->body && strcmp(command, "show") != 0)
@@ -136,24 +137,24 @@ queue_list(PGconn *conn, const struct queue_options *o)
 	int			rc = CLI_EX_OK;
 
 	snprintf(limit, sizeof(limit), "%ld", o->limit);
-	res = db_exec(conn, o->as_json
-				  ? "SELECT w.id, extract(epoch FROM now() - w.received_at)::bigint AS age_seconds,"
-				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size, w.mail_from AS sender,"
-				  " array_to_json(w.rcpt_to) AS recipients, w.stage, w.status::text AS status,"
-				  " coalesce(w.state->>'last_error', w.state->>'dispatch_error') AS last_error"
-				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-				  " WHERE ($2::text IS NULL OR w.stage = $2)"
-				  "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
-				  " ORDER BY w.id LIMIT $1"
-				  : "SELECT w.id, justify_interval(date_trunc('second', now() - w.received_at))::text AS age,"
-				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
-				  " CASE w.mail_from WHEN '' THEN '<>' ELSE w.mail_from END AS sender,"
-				  " array_to_string(w.rcpt_to, ', ') AS recipients, w.stage, w.status::text AS status,"
-				  " coalesce(w.state->>'last_error', w.state->>'dispatch_error', '') AS last_error"
-				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-				  " WHERE ($2::text IS NULL OR w.stage = $2)"
-				  "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
-				  " ORDER BY w.id LIMIT $1", 3, values);
+	res = db_exec(conn, o->as_json ? "SELECT w.id, extract(epoch FROM now() - w.received_at)::bigint AS age_seconds,"
+									 " octet_length(w.headers) + 2 + octet_length(b.body) AS size, w.mail_from AS sender,"
+									 " array_to_json(w.rcpt_to) AS recipients, w.stage, w.status::text AS status,"
+									 " coalesce(w.state->>'last_error', w.state->>'dispatch_error') AS last_error"
+									 " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+									 " WHERE ($2::text IS NULL OR w.stage = $2)"
+									 "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
+									 " ORDER BY w.id LIMIT $1"
+								   : "SELECT w.id, justify_interval(date_trunc('second', now() - w.received_at))::text AS age,"
+									 " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
+									 " CASE w.mail_from WHEN '' THEN '<>' ELSE w.mail_from END AS sender,"
+									 " array_to_string(w.rcpt_to, ', ') AS recipients, w.stage, w.status::text AS status,"
+									 " coalesce(w.state->>'last_error', w.state->>'dispatch_error', '') AS last_error"
+									 " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+									 " WHERE ($2::text IS NULL OR w.stage = $2)"
+									 "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
+									 " ORDER BY w.id LIMIT $1",
+				  3, values);
 	rc = cli_show_result("pepsi-queue", res, conn, o->as_json);
 	return rc;
 }
@@ -169,15 +170,16 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 
 	snprintf(idtext, sizeof(idtext), "%lld", id);
 	res = db_exec(conn, "SELECT w.id, w.stage, w.status::text AS status, w.received_at::text AS received_at,"
-				  " w.timeout::text AS timeout, w.mail_from, array_to_json(w.rcpt_to) AS rcpt_to,"
-				  " w.sender_key, host(w.client_address) AS client_address, w.auth_account,"
-				  " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
-				  " w.state AS state, jsonb_pretty(w.state) AS state_pretty"
-				  " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-				  " WHERE w.id = $1", 1, values);
+						" w.timeout::text AS timeout, w.mail_from, array_to_json(w.rcpt_to) AS rcpt_to,"
+						" w.sender_key, host(w.client_address) AS client_address, w.auth_account,"
+						" octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
+						" w.state AS state, jsonb_pretty(w.state) AS state_pretty"
+						" FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+						" WHERE w.id = $1",
+				  1, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
-		int			rc = cli_db_exit_code(res, conn);
+		int rc = cli_db_exit_code(res, conn);
 
 		cli_db_error("pepsi-queue", res, conn);
 		PQclear(res);
@@ -189,16 +191,15 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 		PQclear(res);
 		return CLI_EX_DATAERR;
 	}
-	raw = PQexecParams(conn, o->body
-					   ? "SELECT w.headers || '\\x0d0a'::bytea || b.body FROM pepsi.workqueue w"
-					   "  JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $1"
-					   : "SELECT headers FROM pepsi.workqueue WHERE id = $1",
+	raw = PQexecParams(conn, o->body ? "SELECT w.headers || '\\x0d0a'::bytea || b.body FROM pepsi.workqueue w"
+									   "  JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $1"
+									 : "SELECT headers FROM pepsi.workqueue WHERE id = $1",
 					   1, NULL, values, NULL, NULL, format);
 	if (PQresultStatus(raw) != PGRES_TUPLES_OK || PQntuples(raw) != 1)
 	{
 		/* (no row: it went between the two statements) */
-		int			rc = PQresultStatus(raw) == PGRES_TUPLES_OK ? CLI_EX_DATAERR
-			: cli_db_exit_code(raw, conn);
+		int rc = PQresultStatus(raw) == PGRES_TUPLES_OK ? CLI_EX_DATAERR
+														: cli_db_exit_code(raw, conn);
 
 		if (PQresultStatus(raw) == PGRES_TUPLES_OK)
 			fprintf(stderr, "pepsi-queue: message %lld left the queue\n", id);
@@ -210,8 +211,8 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 	}
 	if (o->as_json)
 	{
-		json_t	   *object = json_object();
-		json_t	   *state = json_loads(PQgetvalue(res, 0, 11), 0, NULL);
+		json_t *object = json_object();
+		json_t *state = json_loads(PQgetvalue(res, 0, 11), 0, NULL);
 
 		for (int c = 0; c < 11; c++)
 		{
@@ -236,7 +237,7 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 
 			if (text == NULL)
 			{
-				struct buf	hex = BUF_INIT;
+				struct buf hex = BUF_INIT;
 
 				for (size_t i = 0; i < len; i++)
 					buf_printf(&hex, "%02x", (unsigned char) data[i]);
@@ -288,11 +289,12 @@ queue_collect_ids(PGconn *conn, int argc, char **argv, const struct queue_option
 	{
 		const char *values[2] = {o->selector, o->stage};
 		PGresult   *res = db_exec(conn, "SELECT coalesce(array_agg(id ORDER BY id), '{}')::text,"
-									" count(*) FROM pepsi.workqueue"
-									" WHERE (($1 = 'failed' AND status IN ('failed', 'timeout'))"
-									"     OR ($1 = 'paused' AND status = 'paused')"
-									"     OR ($1 = 'all' AND status <> 'running'))"
-									"   AND ($2::text IS NULL OR stage = $2)", 2, values);
+										  " count(*) FROM pepsi.workqueue"
+										  " WHERE (($1 = 'failed' AND status IN ('failed', 'timeout'))"
+										  "     OR ($1 = 'paused' AND status = 'paused')"
+										  "     OR ($1 = 'all' AND status <> 'running'))"
+										  "   AND ($2::text IS NULL OR stage = $2)",
+								  2, values);
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
@@ -321,7 +323,7 @@ queue_collect_ids(PGconn *conn, int argc, char **argv, const struct queue_option
 	}
 	for (int i = 0; i < argc; i++)
 	{
-		long long	id;
+		long long id;
 
 		if (!cli_parse_id(argv[i], &id))
 		{
@@ -339,9 +341,9 @@ queue_collect_ids(PGconn *conn, int argc, char **argv, const struct queue_option
 static int
 queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct queue_options *o)
 {
-	struct buf	ids = BUF_INIT;
-	PGresult   *res;
-	int			rc = CLI_EX_OK;
+	struct buf ids = BUF_INIT;
+	PGresult  *res;
+	int		   rc = CLI_EX_OK;
 
 	if (!queue_collect_ids(conn, argc, argv, o, &ids, &rc))
 	{
@@ -351,7 +353,7 @@ queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct 
 	if (strcmp(action, "bounce") == 0)
 	{
 		const char *values[3] = {ids.data, o->reason ? o->reason : "5.0.0 returned by the postmaster",
-		o->bounce_stage ? o->bounce_stage : "bounce"};
+								 o->bounce_stage ? o->bounce_stage : "bounce"};
 
 		res = db_exec(conn, "SELECT pepsi.queue_bounce($1::int8[], $2, $3)", 3, values);
 	}
@@ -389,25 +391,27 @@ queue_log(PGconn *conn, const char *what, const struct queue_options *o)
 
 	if (cli_parse_id(what, &id))
 		res = db_exec(conn, "SELECT l.at, l.workqueue_id AS id, l.event, l.detail ->> 'status' AS status,"
-					  " l.detail ->> 'to' AS to, l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
-					  " FROM pepsi.mail_log l WHERE l.workqueue_id = $1::bigint ORDER BY l.id", 1, values);
+							" l.detail ->> 'to' AS to, l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
+							" FROM pepsi.mail_log l WHERE l.workqueue_id = $1::bigint ORDER BY l.id",
+					  1, values);
 	else
 		res = db_exec(conn, "SELECT * FROM (SELECT l.id AS seq, l.at, l.workqueue_id AS id, l.event,"
-					  " l.detail ->> 'status' AS status, l.detail ->> 'to' AS to,"
-					  " l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
-					  " FROM pepsi.mail_log l"
-					  " WHERE lower(l.detail ->> 'to') = lower($1) OR lower(l.detail ->> 'orig_to') = lower($1)"
-					  " OR lower(l.detail ->> 'from') = lower($1)"
-					  " ORDER BY l.id DESC LIMIT 1000) AS recent ORDER BY seq", 1, values);
+							" l.detail ->> 'status' AS status, l.detail ->> 'to' AS to,"
+							" l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
+							" FROM pepsi.mail_log l"
+							" WHERE lower(l.detail ->> 'to') = lower($1) OR lower(l.detail ->> 'orig_to') = lower($1)"
+							" OR lower(l.detail ->> 'from') = lower($1)"
+							" ORDER BY l.id DESC LIMIT 1000) AS recent ORDER BY seq",
+					  1, values);
 	return cli_show_result("pepsi-queue", res, conn, o->as_json);
 }
 
 static int
 queue_view(PGconn *conn, const char *view, const struct queue_options *o)
 {
-	char	   *sql = xasprintf("SELECT * FROM pepsi.queue_%s", view);
-	PGresult   *res = db_exec(conn, sql, 0, NULL);
-	int			rc = CLI_EX_OK;
+	char	 *sql = xasprintf("SELECT * FROM pepsi.queue_%s", view);
+	PGresult *res = db_exec(conn, sql, 0, NULL);
+	int		  rc = CLI_EX_OK;
 
 	free(sql);
 	rc = cli_show_result("pepsi-queue", res, conn, o->as_json);
@@ -430,15 +434,14 @@ pepsi_queue_main(int argc, char **argv)
 		{"all-paused", no_argument, NULL, 'P'},
 		{"all", no_argument, NULL, 'A'},
 		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0}
-	};
+		{NULL, 0, NULL, 0}};
 	struct queue_options o = {.limit = 100};
 	struct pepsi_config *cfg = NULL;
-	const char *command;
-	PGconn	   *conn;
-	int			opt;
-	int			rc = CLI_EX_OK;
-	char	   *end;
+	const char			*command;
+	PGconn				*conn;
+	int					 opt;
+	int					 rc = CLI_EX_OK;
+	char				*end;
 
 	log_init("pepsi-queue", false);
 	while ((opt = getopt_long(argc, argv, "C:jn:h", long_options, NULL)) != -1)
@@ -467,7 +470,8 @@ pepsi_queue_main(int argc, char **argv)
 				if (!queue_valid_status(optarg))
 				{
 					fprintf(stderr, "pepsi-queue: --status is one of pending, running, paused, failed, "
-							"timeout, not \"%s\"\n", optarg);
+									"timeout, not \"%s\"\n",
+							optarg);
 					return CLI_EX_USAGE;
 				}
 				o.status = optarg;
@@ -527,7 +531,8 @@ pepsi_queue_main(int argc, char **argv)
 		return CLI_EX_USAGE;
 	}
 	if ((strcmp(command, "list") == 0 || strcmp(command, "shape") == 0
-		 || strcmp(command, "summary") == 0) && optind < argc)
+		 || strcmp(command, "summary") == 0)
+		&& optind < argc)
 	{
 		fprintf(stderr, "pepsi-queue: %s takes no argument, not \"%s\"\n", command, argv[optind]);
 		return CLI_EX_USAGE;
@@ -541,7 +546,7 @@ pepsi_queue_main(int argc, char **argv)
 		rc = queue_list(conn, &o);
 	else if (strcmp(command, "show") == 0)
 	{
-		long long	id;
+		long long id;
 
 		if (!cli_parse_id(argv[optind], &id))
 		{

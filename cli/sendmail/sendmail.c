@@ -30,8 +30,8 @@
 #include "db.h"
 #include "header.h"
 #include "log.h"
-#include "xalloc.h"
 #include "message.h"
+#include "xalloc.h"
 
 #define EX_OK 0
 #define EX_USAGE 64
@@ -39,15 +39,15 @@
 #define EX_TEMPFAIL 75
 #define EX_CONFIG 78
 
-int			pepsi_sendmail_main(int argc, char **argv);
+int pepsi_sendmail_main(int argc, char **argv);
 
 struct sendmail_options
 {
-	bool		from_headers;	/* -t */
-	bool		ignore_dots;	/* -i, -oi */
-	const char *sender;			/* -f */
-	const char *full_name;		/* -F */
-	const char *config_path;	/* -C */
+	bool		from_headers; /* -t */
+	bool		ignore_dots;  /* -i, -oi */
+	const char *sender;		  /* -f */
+	const char *full_name;	  /* -F */
+	const char *config_path;  /* -C */
 	char	  **rcpt;
 	size_t		nrcpt;
 };
@@ -56,7 +56,7 @@ static void
 sendmail_usage(void)
 {
 	fprintf(stderr, "usage: pepsi-sendmail [-t] [-i] [-f sender] [-F full name] [-C config] "
-			"[recipient ...] < message\n");
+					"[recipient ...] < message\n");
 }
 
 /* Options that take a value, attached (-fx) or as the next word (-f x). */
@@ -91,7 +91,7 @@ sendmail_one_line(const char *what, const char *value)
 static int
 sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 {
-	int			i;
+	int i;
 
 	for (i = 1; i < argc && argv[i][0] == '-' && argv[i][1]; i++)
 	{
@@ -161,8 +161,8 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 	for (; i < argc; i++)
 	{
 		/* A recipient argument may itself be a comma-separated list. */
-		char	  **list = NULL;
-		size_t		n = 0;
+		char **list = NULL;
+		size_t n = 0;
 
 		header_addresses(argv[i], &list, &n);
 		if (n == 0)
@@ -187,9 +187,9 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 static void
 sendmail_read(bool ignore_dots, struct buf *raw)
 {
-	char	   *line = NULL;
-	size_t		size = 0;
-	ssize_t		n;
+	char   *line = NULL;
+	size_t	size = 0;
+	ssize_t n;
 
 	while ((n = getline(&line, &size, stdin)) > 0)
 	{
@@ -211,8 +211,8 @@ sendmail_login(void)
 static bool
 sendmail_has_header(const struct buf *headers, const char *name)
 {
-	char	   *value = header_get(headers->data ? headers->data : "", headers->len, name);
-	bool		has = value != NULL;
+	char *value = header_get(headers->data ? headers->data : "", headers->len, name);
+	bool  has = value != NULL;
 
 	free(value);
 	return has;
@@ -222,22 +222,22 @@ int
 pepsi_sendmail_main(int argc, char **argv)
 {
 	struct sendmail_options o = {0};
-	const char *hostname;
-	const char *stage;
-	char		err[1024];
-	struct pepsi_config *cfg;
-	struct buf	raw = BUF_INIT;
-	struct buf	headers = BUF_INIT;
-	struct buf	body = BUF_INIT;
-	struct buf	added = BUF_INIT;
-	struct buf	rcpt_array = BUF_INIT;
-	char	   *login = sendmail_login();
-	char	   *sender;
-	json_t	   *state;
-	char	   *state_text;
-	PGconn	   *conn;
-	PGresult   *res;
-	int			rc;
+	const char			   *hostname;
+	const char			   *stage;
+	char					err[1024];
+	struct pepsi_config	   *cfg;
+	struct buf				raw = BUF_INIT;
+	struct buf				headers = BUF_INIT;
+	struct buf				body = BUF_INIT;
+	struct buf				added = BUF_INIT;
+	struct buf				rcpt_array = BUF_INIT;
+	char				   *login = sendmail_login();
+	char				   *sender;
+	json_t				   *state;
+	char				   *state_text;
+	PGconn				   *conn;
+	PGresult			   *res;
+	int						rc;
 
 	log_init("pepsi-sendmail", false);
 	if ((rc = sendmail_parse(argc, argv, &o)) != EX_OK)
@@ -322,8 +322,8 @@ pepsi_sendmail_main(int argc, char **argv)
 	}
 	if (!sendmail_has_header(&headers, "Date"))
 	{
-		char		date[64];
-		time_t		now = time(NULL);
+		char   date[64];
+		time_t now = time(NULL);
 
 		strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", localtime(&now));
 		buf_printf(&added, "Date: %s\r\n", date);
@@ -351,7 +351,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	}
 	{
 		const char *values[6] = {stage, sender, rcpt_array.data, added.data ? added.data : "",
-		body.data ? body.data : "", state_text};
+								 body.data ? body.data : "", state_text};
 		int			lengths[6] = {0, 0, 0, (int) added.len, (int) body.len, 0};
 		int			formats[6] = {0, 0, 0, 1, 1, 0};
 

@@ -26,7 +26,7 @@
 #include "log.h"
 #include "xalloc.h"
 
-int			pepsi_status_main(int argc, char **argv);
+int pepsi_status_main(int argc, char **argv);
 
 /*
  * The live counts come from the view pepsi.queue_summary, not the queue
@@ -34,33 +34,33 @@ int			pepsi_status_main(int argc, char **argv);
  * statistics and never a message, and the view is an index-only scan.
  */
 static const char status_stages_sql[] =
-"WITH live AS ("
-"  SELECT stage, sum(messages) FILTER (WHERE status = 'pending') AS pending,"
-"         sum(messages) FILTER (WHERE status = 'running') AS running,"
-"         sum(messages) FILTER (WHERE status = 'paused') AS paused,"
-"         sum(held) AS held,"
-"         sum(messages) FILTER (WHERE status = 'failed') AS failed,"
-"         sum(messages) FILTER (WHERE status = 'timeout') AS timeout"
-"  FROM pepsi.queue_summary GROUP BY stage)"
-" SELECT coalesce(s.stage, l.stage),"
-"        coalesce(s.messages, 0),"
-"        round(coalesce(extract(epoch FROM s.processing_time) * 1000"
-"                       / nullif(s.messages, 0), 0)::numeric, 3),"
-"        coalesce(s.kills, 0), coalesce(s.timeouts, 0), coalesce(s.crashes, 0),"
-"        coalesce(s.fused_hops, 0),"
-"        coalesce(l.pending, 0), coalesce(l.running, 0), coalesce(l.paused, 0),"
-"        coalesce(l.held, 0), coalesce(l.failed, 0), coalesce(l.timeout, 0)"
-" FROM pepsi.stage_stats s FULL JOIN live l ON l.stage = s.stage"
-" ORDER BY 1";
+	"WITH live AS ("
+	"  SELECT stage, sum(messages) FILTER (WHERE status = 'pending') AS pending,"
+	"         sum(messages) FILTER (WHERE status = 'running') AS running,"
+	"         sum(messages) FILTER (WHERE status = 'paused') AS paused,"
+	"         sum(held) AS held,"
+	"         sum(messages) FILTER (WHERE status = 'failed') AS failed,"
+	"         sum(messages) FILTER (WHERE status = 'timeout') AS timeout"
+	"  FROM pepsi.queue_summary GROUP BY stage)"
+	" SELECT coalesce(s.stage, l.stage),"
+	"        coalesce(s.messages, 0),"
+	"        round(coalesce(extract(epoch FROM s.processing_time) * 1000"
+	"                       / nullif(s.messages, 0), 0)::numeric, 3),"
+	"        coalesce(s.kills, 0), coalesce(s.timeouts, 0), coalesce(s.crashes, 0),"
+	"        coalesce(s.fused_hops, 0),"
+	"        coalesce(l.pending, 0), coalesce(l.running, 0), coalesce(l.paused, 0),"
+	"        coalesce(l.held, 0), coalesce(l.failed, 0), coalesce(l.timeout, 0)"
+	" FROM pepsi.stage_stats s FULL JOIN live l ON l.stage = s.stage"
+	" ORDER BY 1";
 
 static const char status_global_sql[] =
-"SELECT stages_run, messages, messages_failed, serialization_failures,"
-"       crash_retries, crash_failures,"
-"       coalesce(to_char(started_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
-"       coalesce(to_char(updated_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
-"       coalesce(to_char(last_crash_failure_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
-"       last_crash_failure_at > now() - interval '1 day'"
-" FROM pepsi.dispatch_stats";
+	"SELECT stages_run, messages, messages_failed, serialization_failures,"
+	"       crash_retries, crash_failures,"
+	"       coalesce(to_char(started_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
+	"       coalesce(to_char(updated_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
+	"       coalesce(to_char(last_crash_failure_at, 'YYYY-MM-DD HH24:MI:SS TZ'), ''),"
+	"       last_crash_failure_at > now() - interval '1 day'"
+	" FROM pepsi.dispatch_stats";
 
 /* The columns of status_global_sql: the integers, then the times. */
 #define GLOBAL_INTEGERS 6
@@ -69,13 +69,11 @@ static const char status_global_sql[] =
 
 static const char *const stage_columns[] = {
 	"stage", "messages", "mean_ms", "kills", "timeouts", "crashes", "fused_hops",
-	"pending", "running", "paused", "held", "failed", "timeout"
-};
+	"pending", "running", "paused", "held", "failed", "timeout"};
 #define STAGE_COLUMNS ((int) (sizeof(stage_columns) / sizeof(stage_columns[0])))
 static const char *const global_columns[GLOBAL_COLUMNS] = {
 	"stages_run", "messages", "messages_failed", "serialization_failures", "crash_retries",
-	"crash_failures", "started_at", "updated_at", "last_crash_failure_at"
-};
+	"crash_failures", "started_at", "updated_at", "last_crash_failure_at"};
 
 /* The operator alert, or NULL: messages isolated for killing their worker. */
 static char *
@@ -93,52 +91,52 @@ static void
 status_usage(void)
 {
 	fprintf(stderr, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
-			"  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
-			"  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
+					"  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
+					"  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
 }
 
 static int
 status_show(PGconn *conn, bool as_json)
 {
-	PGresult   *stages = db_exec(conn, status_stages_sql, 0, NULL);
-	PGresult   *global = db_exec(conn, status_global_sql, 0, NULL);
-	int			rc = CLI_EX_OK;
-	char	   *alert = NULL;
+	PGresult *stages = db_exec(conn, status_stages_sql, 0, NULL);
+	PGresult *global = db_exec(conn, status_global_sql, 0, NULL);
+	int		  rc = CLI_EX_OK;
+	char	 *alert = NULL;
 
 	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
 		alert = status_crash_alert(global);
 	if (PQresultStatus(stages) != PGRES_TUPLES_OK || PQresultStatus(global) != PGRES_TUPLES_OK)
 	{
-		PGresult   *failed = PQresultStatus(stages) != PGRES_TUPLES_OK ? stages : global;
+		PGresult *failed = PQresultStatus(stages) != PGRES_TUPLES_OK ? stages : global;
 
 		cli_db_error("pepsi-status", failed, conn);
 		rc = cli_db_exit_code(failed, conn);
 	}
 	else if (as_json)
 	{
-		json_t	   *out = json_object();
-		json_t	   *list = json_array();
+		json_t *out = json_object();
+		json_t *list = json_array();
 
 		for (int r = 0; r < PQntuples(stages); r++)
 		{
-			json_t	   *row = json_object();
+			json_t *row = json_object();
 
 			json_object_set_new(row, "stage", json_string(PQgetvalue(stages, r, 0)));
 			for (int c = 1; c < STAGE_COLUMNS; c++)
 				json_object_set_new(row, stage_columns[c],
 									c == 2 ? json_real(atof(PQgetvalue(stages, r, c)))
-									: json_integer(atoll(PQgetvalue(stages, r, c))));
+										   : json_integer(atoll(PQgetvalue(stages, r, c))));
 			json_array_append_new(list, row);
 		}
 		json_object_set_new(out, "stages", list);
 		if (PQntuples(global) == 1)
 		{
-			json_t	   *g = json_object();
+			json_t *g = json_object();
 
 			for (int c = 0; c < GLOBAL_COLUMNS; c++)
 				json_object_set_new(g, global_columns[c],
 									c < GLOBAL_INTEGERS ? json_integer(atoll(PQgetvalue(global, 0, c)))
-									: json_string(PQgetvalue(global, 0, c)));
+														: json_string(PQgetvalue(global, 0, c)));
 			json_object_set_new(out, "dispatch", g);
 		}
 		json_object_set_new(out, "alerts", json_array());
@@ -186,16 +184,15 @@ pepsi_status_main(int argc, char **argv)
 		{"watch", optional_argument, NULL, 'w'},
 		{"config", required_argument, NULL, 'C'},
 		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0}
-	};
-	const char *config_path = NULL;
-	bool		as_json = false;
-	double		watch = 0;
+		{NULL, 0, NULL, 0}};
+	const char			*config_path = NULL;
+	bool				 as_json = false;
+	double				 watch = 0;
 	struct pepsi_config *cfg = NULL;
-	PGconn	   *conn;
-	int			opt;
-	int			rc = CLI_EX_OK;
-	char	   *end;
+	PGconn				*conn;
+	int					 opt;
+	int					 rc = CLI_EX_OK;
+	char				*end;
 
 	log_init("pepsi-status", false);
 	while ((opt = getopt_long(argc, argv, "C:jw::h", long_options, NULL)) != -1)
@@ -218,7 +215,8 @@ pepsi_status_main(int argc, char **argv)
 					if (*end || end == optarg || !(watch > 0) || watch > 86400)
 					{
 						fprintf(stderr, "pepsi-status: --watch takes a positive number of seconds, "
-								"not \"%s\"\n", optarg);
+										"not \"%s\"\n",
+								optarg);
 						return CLI_EX_USAGE;
 					}
 				}

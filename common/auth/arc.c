@@ -21,14 +21,15 @@ static const char arc_seal_name[] = "ARC-Seal";
 const char *
 arc_result_name(enum arc_result r)
 {
-	return r == ARC_PASS ? "pass" : r == ARC_FAIL ? "fail" : "none";
+	return r == ARC_PASS ? "pass" : r == ARC_FAIL ? "fail"
+												  : "none";
 }
 
 /* A decimal instance 1..50 of exactly len characters; 0 if it is not one. */
 static int
 arc_instance_number(const char *text, size_t len)
 {
-	int			n = 0;
+	int n = 0;
 
 	if (len == 0 || len > 2)
 		return 0;
@@ -65,8 +66,8 @@ arc_field_instance(const struct header_field *f, bool is_aar)
 	}
 	else
 	{
-		struct tag	tags[ARC_MAX_TAGS];
-		size_t		n;
+		struct tag		  tags[ARC_MAX_TAGS];
+		size_t			  n;
 		const struct tag *i;
 
 		if (!tag_list_parse(value, len, tags, ARC_MAX_TAGS, &n) || (i = tag_find(tags, n, "i")) == NULL)
@@ -81,10 +82,10 @@ arc_chain_parse(const struct header_fields *fields, struct arc_chain *chain)
 	memset(chain, 0, sizeof(*chain));
 	for (size_t i = 0; i < fields->count; i++)
 	{
-		const struct header_field *f = &fields->field[i];
+		const struct header_field  *f = &fields->field[i];
 		const struct header_field **slot;
-		const char *name;
-		int			instance;
+		const char				   *name;
+		int							instance;
 
 		if (header_field_named(f, arc_aar_name, sizeof(arc_aar_name) - 1))
 			name = arc_aar_name;
@@ -103,8 +104,9 @@ arc_chain_parse(const struct header_fields *fields, struct arc_chain *chain)
 			chain->malformed = true;
 			continue;
 		}
-		slot = name == arc_aar_name ? &chain->set[instance].aar
-			: name == arc_ams_name ? &chain->set[instance].ams : &chain->set[instance].seal;
+		slot = name == arc_aar_name	  ? &chain->set[instance].aar
+			   : name == arc_ams_name ? &chain->set[instance].ams
+									  : &chain->set[instance].seal;
 		if (*slot && !chain->malformed)
 		{
 			snprintf(chain->reason, sizeof(chain->reason), "two %s fields for i=%d", name, instance);
@@ -125,13 +127,13 @@ arc_chain_parse(const struct header_fields *fields, struct arc_chain *chain)
 /* The tags of an AMS or seal, and their common ones. */
 struct arc_signature
 {
-	struct tag	tags[ARC_MAX_TAGS];
-	size_t		count;
+	struct tag			tags[ARC_MAX_TAGS];
+	size_t				count;
 	enum sign_algorithm algorithm;
-	char	   *domain;
-	char	   *selector;
-	unsigned char sig[1024];
-	size_t		siglen;
+	char			   *domain;
+	char			   *selector;
+	unsigned char		sig[1024];
+	size_t				siglen;
 };
 
 static void
@@ -144,10 +146,10 @@ arc_signature_free(struct arc_signature *s)
 static bool
 arc_signature_parse(const struct header_field *f, struct arc_signature *s, char *why, size_t whylen)
 {
-	size_t		len;
-	const char *value = header_field_value(f, &len);
+	size_t			  len;
+	const char		 *value = header_field_value(f, &len);
 	const struct tag *a, *b;
-	long		n;
+	long			  n;
 
 	memset(s, 0, sizeof(*s));
 	if (!tag_list_parse(value, len, s->tags, ARC_MAX_TAGS, &s->count))
@@ -177,13 +179,13 @@ static bool
 arc_check_hash(const struct arc_signature *s, const unsigned char hash[CANON_HASH_LEN],
 			   arc_key_lookup lookup, void *arg, char *why, size_t whylen)
 {
-	char		err[100];
-	EVP_PKEY   *pub = lookup(arg, s->domain, s->selector, s->algorithm, err, sizeof(err));
-	bool		ok;
+	char	  err[100];
+	EVP_PKEY *pub = lookup(arg, s->domain, s->selector, s->algorithm, err, sizeof(err));
+	bool	  ok;
 
 	if (pub == NULL)
 	{
-		struct buf	text = BUF_INIT;
+		struct buf text = BUF_INIT;
 
 		buf_printf(&text, "no key for %s._domainkey.%s: %s", s->selector, s->domain, err);
 		snprintf(why, whylen, "%s", text.data);
@@ -203,11 +205,11 @@ arc_check_ams(struct header_fields *fields, const struct header_field *ams, cons
 			  size_t blen, arc_key_lookup lookup, void *arg, char *why, size_t whylen)
 {
 	struct arc_signature s;
-	const struct tag *c, *bh;
-	enum canon	hc = CANON_SIMPLE, bc = CANON_SIMPLE;
-	unsigned char want[64], hash[CANON_HASH_LEN];
-	char	   *h = NULL;
-	bool		ok = false;
+	const struct tag	*c, *bh;
+	enum canon			 hc = CANON_SIMPLE, bc = CANON_SIMPLE;
+	unsigned char		 want[64], hash[CANON_HASH_LEN];
+	char				*h = NULL;
+	bool				 ok = false;
 
 	if (!arc_signature_parse(ams, &s, why, whylen))
 		goto out;
@@ -257,7 +259,7 @@ static size_t
 arc_seal_fields(const struct arc_chain *chain, int instance, bool prior,
 				const struct header_field **list)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (int i = prior ? 1 : instance; i < instance; i++)
 	{
@@ -276,9 +278,9 @@ arc_check_seal(const struct arc_chain *chain, int instance, arc_key_lookup looku
 {
 	const struct header_field *list[3 * ARC_MAX_INSTANCES];
 	const struct header_field *seal = chain->set[instance].seal;
-	struct arc_signature s;
-	unsigned char hash[CANON_HASH_LEN];
-	bool		ok = false;
+	struct arc_signature	   s;
+	unsigned char			   hash[CANON_HASH_LEN];
+	bool					   ok = false;
 
 	if (arc_signature_parse(seal, &s, why, whylen))
 	{
@@ -286,7 +288,7 @@ arc_check_seal(const struct arc_chain *chain, int instance, arc_key_lookup looku
 			snprintf(why, whylen, "an ARC-Seal may not have h=");
 		else
 		{
-			size_t		n = arc_seal_fields(chain, instance, true, list);
+			size_t n = arc_seal_fields(chain, instance, true, list);
 
 			canon_hash_fields(CANON_RELAXED, list, n, seal->start, seal->len, hash);
 			ok = arc_check_hash(&s, hash, lookup, arg, why, whylen);
@@ -313,15 +315,15 @@ arc_seal_cv(const struct header_field *seal)
 size_t
 arc_required_keys(const struct arc_chain *chain, struct arc_key_ref *refs, size_t max)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (int i = 1; i <= chain->count; i++)
 		for (int k = 0; k < 2; k++)
 		{
 			const struct header_field *f = k ? chain->set[i].seal : chain->set[i].ams;
-			struct arc_signature s;
-			char		why[64];
-			bool		seen = false;
+			struct arc_signature	   s;
+			char					   why[64];
+			bool					   seen = false;
 
 			if (f == NULL || !arc_signature_parse(f, &s, why, sizeof(why)))
 			{
@@ -348,9 +350,9 @@ arc_verify(const char *headers, size_t hlen, const char *body, size_t blen,
 		   arc_key_lookup lookup, void *arg, struct arc_verdict *out)
 {
 	struct header_fields fields;
-	struct arc_chain chain;
-	char		why[160];
-	int			n;
+	struct arc_chain	 chain;
+	char				 why[160];
+	int					 n;
 
 	memset(out, 0, sizeof(*out));
 	out->result = ARC_FAIL;
@@ -413,7 +415,7 @@ done:
 static bool
 arc_own_field(const struct buf *text, struct header_fields *one)
 {
-	char		err[64];
+	char err[64];
 
 	return header_fields_parse(text->data, text->len, 0, one, err, sizeof(err)) && one->count == 1;
 }
@@ -422,15 +424,15 @@ bool
 arc_seal(const struct arc_sealer *s, struct header_fields *fields, const struct arc_chain *chain,
 		 enum arc_result cv, const char *body, size_t blen, struct buf *out, char *err, size_t errlen)
 {
-	int			instance = chain->count + 1;
-	struct buf	aar = BUF_INIT, ams = BUF_INIT, seal = BUF_INIT, sig = BUF_INIT;
-	struct header_fields aar_field = {0}, ams_field = {0};
-	unsigned char bh[CANON_HASH_LEN], hash[CANON_HASH_LEN];
+	int						   instance = chain->count + 1;
+	struct buf				   aar = BUF_INIT, ams = BUF_INIT, seal = BUF_INIT, sig = BUF_INIT;
+	struct header_fields	   aar_field = {0}, ams_field = {0};
+	unsigned char			   bh[CANON_HASH_LEN], hash[CANON_HASH_LEN];
 	const struct header_field *list[3 * ARC_MAX_INSTANCES];
-	struct arc_chain own = *chain;
-	char		leading[16];
-	size_t		n, column;
-	bool		ok = false;
+	struct arc_chain		   own = *chain;
+	char					   leading[16];
+	size_t					   n, column;
+	bool					   ok = false;
 
 	if (instance > ARC_MAX_INSTANCES)
 	{
@@ -444,10 +446,16 @@ arc_seal(const struct arc_sealer *s, struct header_fields *fields, const struct 
 	canon_body_hash(CANON_RELAXED, body, blen, bh);
 	{
 		struct dkim_signer signer = {
-			.field_name = arc_ams_name, .leading_tags = leading, .algorithm = s->algorithm,
-			.pkey = s->pkey, .domain = s->domain, .selector = s->selector,
-			.header_canon = CANON_RELAXED, .body_canon = CANON_RELAXED,
-			.headers = s->headers ? s->headers : ARC_AMS_DEFAULT_HEADERS, .oversigned = NULL,
+			.field_name = arc_ams_name,
+			.leading_tags = leading,
+			.algorithm = s->algorithm,
+			.pkey = s->pkey,
+			.domain = s->domain,
+			.selector = s->selector,
+			.header_canon = CANON_RELAXED,
+			.body_canon = CANON_RELAXED,
+			.headers = s->headers ? s->headers : ARC_AMS_DEFAULT_HEADERS,
+			.oversigned = NULL,
 			.timestamp = s->timestamp,
 		};
 

@@ -26,7 +26,7 @@ canon_sha256_begin(void)
 static void
 canon_sha256_end(EVP_MD_CTX *md, unsigned char hash[CANON_HASH_LEN])
 {
-	unsigned	len = CANON_HASH_LEN;
+	unsigned len = CANON_HASH_LEN;
 
 	EVP_DigestFinal_ex(md, hash, &len);
 	EVP_MD_CTX_free(md);
@@ -42,9 +42,9 @@ bool
 header_fields_parse(const char *headers, size_t len, size_t max_line,
 					struct header_fields *out, char *err, size_t errlen)
 {
-	size_t		cap = 32;
-	size_t		pos = 0;
-	unsigned	line = 0;
+	size_t	 cap = 32;
+	size_t	 pos = 0;
+	unsigned line = 0;
 
 	out->count = 0;
 	out->field = xcalloc(cap, sizeof(*out->field));
@@ -90,9 +90,8 @@ header_fields_parse(const char *headers, size_t len, size_t max_line,
 				cap *= 2;
 				out->field = xrealloc(out->field, cap * sizeof(*out->field));
 			}
-			out->field[out->count++] = (struct header_field) {
-				.start = headers + pos, .len = end - pos, .name_len = name_len
-			};
+			out->field[out->count++] = (struct header_field){
+				.start = headers + pos, .len = end - pos, .name_len = name_len};
 		}
 		pos = end;
 	}
@@ -120,7 +119,7 @@ header_field_named(const struct header_field *f, const char *name, size_t name_l
 size_t
 header_fields_count(const struct header_fields *fields, const char *name)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (size_t i = 0; i < fields->count; i++)
 		if (header_field_named(&fields->field[i], name, strlen(name)))
@@ -182,7 +181,7 @@ canon_header_relaxed(const char *field, size_t len, struct buf *out)
 	out->data[out->len++] = ':';
 	for (size_t i = colon ? (size_t) (colon - field) + 1 : len; i < len; i++)
 	{
-		char		c = field[i];
+		char c = field[i];
 
 		if (c == '\r' || c == '\n')
 			continue;
@@ -243,7 +242,7 @@ canon_body_hash(enum canon c, const char *body, size_t len, unsigned char hash[C
 			content--;
 		if (c == CANON_RELAXED)
 		{
-			bool		space = false;
+			bool space = false;
 
 			buf_reset(&line);
 			buf_reserve(&line, content);
@@ -337,7 +336,7 @@ canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n
 	canon_without_b_value(signature, signature_len, &stripped);
 	buf_reset(&canon);
 	canon_header(c, stripped.data, stripped.len, &canon);
-	EVP_DigestUpdate(sha, canon.data, canon.len - 2);	/* without the final CRLF */
+	EVP_DigestUpdate(sha, canon.data, canon.len - 2); /* without the final CRLF */
 	canon_sha256_end(sha, hash);
 	buf_free(&canon);
 	buf_free(&stripped);
@@ -348,7 +347,7 @@ canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 				  const char *signature, size_t signature_len, unsigned char hash[CANON_HASH_LEN])
 {
 	const struct header_field **list = xcalloc(fields->count + 1, sizeof(*list));
-	size_t		n = 0;
+	size_t						n = 0;
 
 	for (const char *p = names; *p;)
 	{
@@ -382,7 +381,7 @@ canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 bool
 tag_list_parse(const char *text, size_t len, struct tag *tags, size_t max, size_t *count)
 {
-	size_t		pos = 0;
+	size_t pos = 0;
 
 	*count = 0;
 	while (pos < len)
@@ -431,7 +430,7 @@ tag_list_parse(const char *text, size_t len, struct tag *tags, size_t max, size_
 const struct tag *
 tag_find(const struct tag *tags, size_t count, const char *name)
 {
-	size_t		n = strlen(name);
+	size_t n = strlen(name);
 
 	for (size_t i = 0; i < count; i++)
 		if (tags[i].name_len == n && memcmp(tags[i].name, name, n) == 0)
@@ -458,20 +457,75 @@ long
 base64_decode(const char *in, size_t len, unsigned char *out, size_t outlen)
 {
 	static const signed char value[256] = {
-		['A'] = 1, ['B'] = 2, ['C'] = 3, ['D'] = 4, ['E'] = 5, ['F'] = 6, ['G'] = 7, ['H'] = 8,
-		['I'] = 9, ['J'] = 10, ['K'] = 11, ['L'] = 12, ['M'] = 13, ['N'] = 14, ['O'] = 15,
-		['P'] = 16, ['Q'] = 17, ['R'] = 18, ['S'] = 19, ['T'] = 20, ['U'] = 21, ['V'] = 22,
-		['W'] = 23, ['X'] = 24, ['Y'] = 25, ['Z'] = 26, ['a'] = 27, ['b'] = 28, ['c'] = 29,
-		['d'] = 30, ['e'] = 31, ['f'] = 32, ['g'] = 33, ['h'] = 34, ['i'] = 35, ['j'] = 36,
-		['k'] = 37, ['l'] = 38, ['m'] = 39, ['n'] = 40, ['o'] = 41, ['p'] = 42, ['q'] = 43,
-		['r'] = 44, ['s'] = 45, ['t'] = 46, ['u'] = 47, ['v'] = 48, ['w'] = 49, ['x'] = 50,
-		['y'] = 51, ['z'] = 52, ['0'] = 53, ['1'] = 54, ['2'] = 55, ['3'] = 56, ['4'] = 57,
-		['5'] = 58, ['6'] = 59, ['7'] = 60, ['8'] = 61, ['9'] = 62, ['+'] = 63, ['/'] = 64,
+		['A'] = 1,
+		['B'] = 2,
+		['C'] = 3,
+		['D'] = 4,
+		['E'] = 5,
+		['F'] = 6,
+		['G'] = 7,
+		['H'] = 8,
+		['I'] = 9,
+		['J'] = 10,
+		['K'] = 11,
+		['L'] = 12,
+		['M'] = 13,
+		['N'] = 14,
+		['O'] = 15,
+		['P'] = 16,
+		['Q'] = 17,
+		['R'] = 18,
+		['S'] = 19,
+		['T'] = 20,
+		['U'] = 21,
+		['V'] = 22,
+		['W'] = 23,
+		['X'] = 24,
+		['Y'] = 25,
+		['Z'] = 26,
+		['a'] = 27,
+		['b'] = 28,
+		['c'] = 29,
+		['d'] = 30,
+		['e'] = 31,
+		['f'] = 32,
+		['g'] = 33,
+		['h'] = 34,
+		['i'] = 35,
+		['j'] = 36,
+		['k'] = 37,
+		['l'] = 38,
+		['m'] = 39,
+		['n'] = 40,
+		['o'] = 41,
+		['p'] = 42,
+		['q'] = 43,
+		['r'] = 44,
+		['s'] = 45,
+		['t'] = 46,
+		['u'] = 47,
+		['v'] = 48,
+		['w'] = 49,
+		['x'] = 50,
+		['y'] = 51,
+		['z'] = 52,
+		['0'] = 53,
+		['1'] = 54,
+		['2'] = 55,
+		['3'] = 56,
+		['4'] = 57,
+		['5'] = 58,
+		['6'] = 59,
+		['7'] = 60,
+		['8'] = 61,
+		['9'] = 62,
+		['+'] = 63,
+		['/'] = 64,
 	};
 	unsigned long acc = 0;
-	int			bits = 0;
-	size_t		n = 0;
-	bool		padding = false;
+	int			  bits = 0;
+	size_t		  n = 0;
+	bool		  padding = false;
 
 	for (size_t i = 0; i < len; i++)
 	{

@@ -26,7 +26,7 @@
 
 #include "buf.h"
 
-#define CANON_HASH_LEN 32		/* SHA-256, the only hash RFC 8301 allows */
+#define CANON_HASH_LEN 32 /* SHA-256, the only hash RFC 8301 allows */
 
 enum canon
 {
@@ -38,15 +38,15 @@ enum canon
 struct header_field
 {
 	const char *start;
-	size_t		len;			/* through the CRLF that ends its last line */
-	size_t		name_len;		/* the name, without trailing whitespace */
-	bool		used;			/* taken by a header selection already */
+	size_t		len;	  /* through the CRLF that ends its last line */
+	size_t		name_len; /* the name, without trailing whitespace */
+	bool		used;	  /* taken by a header selection already */
 };
 
 struct header_fields
 {
 	struct header_field *field;
-	size_t		count;
+	size_t				 count;
 };
 
 /*
@@ -54,12 +54,12 @@ struct header_fields
  * line that is neither a field nor a continuation, or one longer than
  * max_line octets (0: no limit).
  */
-bool		header_fields_parse(const char *headers, size_t len, size_t max_line,
-								struct header_fields *out, char *err, size_t errlen);
-void		header_fields_free(struct header_fields *fields);
-bool		header_field_named(const struct header_field *f, const char *name, size_t name_len);
+bool header_fields_parse(const char *headers, size_t len, size_t max_line,
+						 struct header_fields *out, char *err, size_t errlen);
+void header_fields_free(struct header_fields *fields);
+bool header_field_named(const struct header_field *f, const char *name, size_t name_len);
 /* The count of fields named name. */
-size_t		header_fields_count(const struct header_fields *fields, const char *name);
+size_t header_fields_count(const struct header_fields *fields, const char *name);
 /* The field's value with the name and colon cut off (still folded). */
 const char *header_field_value(const struct header_field *f, size_t *len);
 
@@ -68,10 +68,10 @@ bool		canon_parse(const char *text, size_t len, enum canon *out);
 const char *canon_name(enum canon c);
 
 /* Append the canonical form of one header field (with its CRLF). */
-void		canon_header(enum canon c, const char *field, size_t len, struct buf *out);
+void canon_header(enum canon c, const char *field, size_t len, struct buf *out);
 /* SHA-256 of the canonical body (RFC 6376 3.4.3, 3.4.4; no l=). */
-void		canon_body_hash(enum canon c, const char *body, size_t len,
-							unsigned char hash[CANON_HASH_LEN]);
+void canon_body_hash(enum canon c, const char *body, size_t len,
+					 unsigned char hash[CANON_HASH_LEN]);
 
 /*
  * The header hash of RFC 6376 3.7: the fields the colon-separated names
@@ -80,19 +80,19 @@ void		canon_body_hash(enum canon c, const char *body, size_t len,
  * field itself in canonical form without its final CRLF and with the value
  * of its b= tag removed.  Leaves the used flags set on fields.
  */
-void		canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
-							  const char *signature, size_t signature_len,
-							  unsigned char hash[CANON_HASH_LEN]);
+void canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
+					   const char *signature, size_t signature_len,
+					   unsigned char hash[CANON_HASH_LEN]);
 /*
  * The same hash over fields given in order (the ARC-Seal's, chosen by
  * instance rather than by name): each in canonical form, then the
  * signature field as above.
  */
-void		canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n,
-							  const char *signature, size_t signature_len,
-							  unsigned char hash[CANON_HASH_LEN]);
+void canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n,
+					   const char *signature, size_t signature_len,
+					   unsigned char hash[CANON_HASH_LEN]);
 /* Clear the used flags, for the next signature over the same fields. */
-void		header_fields_reset(struct header_fields *fields);
+void header_fields_reset(struct header_fields *fields);
 
 /*
  * A tag=value list (RFC 6376 3.2): DKIM-Signature and ARC fields, key
@@ -108,15 +108,15 @@ struct tag
 	const char *value;
 	size_t		value_len;
 };
-bool		tag_list_parse(const char *text, size_t len, struct tag *tags, size_t max,
-						   size_t *count);
+bool			  tag_list_parse(const char *text, size_t len, struct tag *tags, size_t max,
+								 size_t *count);
 const struct tag *tag_find(const struct tag *tags, size_t count, const char *name);
 /* A tag's value as a new string (NULL if absent). */
-char	   *tag_strdup(const struct tag *tags, size_t count, const char *name);
+char *tag_strdup(const struct tag *tags, size_t count, const char *name);
 
 /* Base64, as the b= and bh= tags and the p= of a key record carry it. */
-void		base64_append(struct buf *out, const unsigned char *data, size_t len);
+void base64_append(struct buf *out, const unsigned char *data, size_t len);
 /* Decode base64 ignoring folding whitespace; -1 if malformed or over outlen. */
-long		base64_decode(const char *in, size_t len, unsigned char *out, size_t outlen);
+long base64_decode(const char *in, size_t len, unsigned char *out, size_t outlen);
 
 #endif

@@ -42,7 +42,7 @@ dkim_list_has(const char *list, const char *name, size_t name_len)
 static size_t
 dkim_field_count(const struct header_fields *fields, const char *name, size_t name_len)
 {
-	size_t		count = 0;
+	size_t count = 0;
 
 	for (size_t i = 0; i < fields->count; i++)
 		if (header_field_named(&fields->field[i], name, name_len))
@@ -68,7 +68,7 @@ dkim_header_list(const struct header_fields *fields, const char *headers, const 
 
 	for (const char *p = headers; (p = dkim_list_next(p, &name, &n)) != NULL;)
 	{
-		size_t		count = dkim_field_count(fields, name, n) + (dkim_list_has(oversigned, name, n) ? 1 : 0);
+		size_t count = dkim_field_count(fields, name, n) + (dkim_list_has(oversigned, name, n) ? 1 : 0);
 
 		for (size_t i = 0; i < count; i++)
 			dkim_append_name(out, name, n);
@@ -87,11 +87,11 @@ void
 dkim_append_folded(struct buf *out, const char *value, size_t len, size_t *column,
 				   const char *breaks)
 {
-	size_t		pos = 0;
+	size_t pos = 0;
 
 	while (pos < len)
 	{
-		size_t		take;
+		size_t take;
 
 		if (breaks)
 		{
@@ -124,7 +124,7 @@ dkim_append_folded(struct buf *out, const char *value, size_t len, size_t *colum
 static void
 dkim_append_tag(struct buf *out, size_t *column, const char *tag, const char *value)
 {
-	size_t		need = strlen(tag) + 1 + strlen(value) + 2;
+	size_t need = strlen(tag) + 1 + strlen(value) + 2;
 
 	if (*column + need > DKIM_FOLD_COLUMN && *column > 8)
 	{
@@ -144,14 +144,14 @@ bool
 dkim_sign_field(const struct dkim_signer *s, struct header_fields *fields,
 				const unsigned char body_hash[CANON_HASH_LEN], struct buf *out)
 {
-	struct buf	field = BUF_INIT;
-	struct buf	list = BUF_INIT;
-	struct buf	bh = BUF_INIT;
-	struct buf	sig = BUF_INIT;
+	struct buf	  field = BUF_INIT;
+	struct buf	  list = BUF_INIT;
+	struct buf	  bh = BUF_INIT;
+	struct buf	  sig = BUF_INIT;
 	unsigned char hash[CANON_HASH_LEN];
-	char		canon[32];
-	size_t		column;
-	bool		ok;
+	char		  canon[32];
+	size_t		  column;
+	bool		  ok;
 
 	dkim_header_list(fields, s->headers, s->oversigned, &list);
 	base64_append(&bh, body_hash, CANON_HASH_LEN);
@@ -165,7 +165,7 @@ dkim_sign_field(const struct dkim_signer *s, struct header_fields *fields,
 	dkim_append_tag(&field, &column, "s", s->selector);
 	if (s->timestamp > 0)
 	{
-		char		t[32];
+		char t[32];
 
 		snprintf(t, sizeof(t), "%lld", (long long) s->timestamp);
 		dkim_append_tag(&field, &column, "t", t);
@@ -182,7 +182,7 @@ dkim_sign_field(const struct dkim_signer *s, struct header_fields *fields,
 	ok = keys_sign_hash(s->pkey, s->algorithm, hash, &sig);
 	if (ok)
 	{
-		field.len -= 2;			/* the CRLF after "b=" */
+		field.len -= 2; /* the CRLF after "b=" */
 		column = 10;
 		dkim_append_folded(&field, sig.data, sig.len, &column, NULL);
 		buf_append_str(&field, "\r\n");

@@ -23,27 +23,27 @@
  * of those names added in transit breaks the signature instead of
  * changing what a reader sees.
  */
-#define DKIM_DEFAULT_HEADERS \
-	"from:reply-to:subject:date:to:cc:message-id:in-reply-to:references:" \
-	"mime-version:content-type:content-transfer-encoding:content-disposition:" \
+#define DKIM_DEFAULT_HEADERS                                                       \
+	"from:reply-to:subject:date:to:cc:message-id:in-reply-to:references:"          \
+	"mime-version:content-type:content-transfer-encoding:content-disposition:"     \
 	"resent-date:resent-from:resent-sender:resent-to:resent-cc:resent-message-id:" \
-	"list-id:list-help:list-unsubscribe:list-unsubscribe-post:list-subscribe:" \
+	"list-id:list-help:list-unsubscribe:list-unsubscribe-post:list-subscribe:"     \
 	"list-post:list-owner:list-archive:sender"
 #define DKIM_DEFAULT_OVERSIGNED "from:to:subject:date"
 
 struct dkim_signer
 {
-	const char *field_name;		/* "DKIM-Signature" or "ARC-Message-Signature" */
-	const char *leading_tags;	/* "v=1" or "i=2" */
+	const char		   *field_name;	  /* "DKIM-Signature" or "ARC-Message-Signature" */
+	const char		   *leading_tags; /* "v=1" or "i=2" */
 	enum sign_algorithm algorithm;
-	EVP_PKEY   *pkey;
-	const char *domain;
-	const char *selector;
-	enum canon	header_canon;
-	enum canon	body_canon;
-	const char *headers;		/* colon-separated names, each signed once per occurrence */
-	const char *oversigned;		/* names signed once more than they occur (may be NULL) */
-	time_t		timestamp;		/* t=; 0 leaves it out */
+	EVP_PKEY		   *pkey;
+	const char		   *domain;
+	const char		   *selector;
+	enum canon			header_canon;
+	enum canon			body_canon;
+	const char		   *headers;	/* colon-separated names, each signed once per occurrence */
+	const char		   *oversigned; /* names signed once more than they occur (may be NULL) */
+	time_t				timestamp;	/* t=; 0 leaves it out */
 };
 
 /*
@@ -51,19 +51,19 @@ struct dkim_signer
  * whose header fields are fields and whose body hash, in the signer's body
  * canonicalization, is body_hash.  False only if the key cannot sign.
  */
-bool		dkim_sign_field(const struct dkim_signer *signer, struct header_fields *fields,
-							const unsigned char body_hash[CANON_HASH_LEN], struct buf *out);
+bool dkim_sign_field(const struct dkim_signer *signer, struct header_fields *fields,
+					 const unsigned char body_hash[CANON_HASH_LEN], struct buf *out);
 
 /*
  * The h= value for a message: every name of headers once per occurrence
  * in fields, the oversigned ones once more.  Appends lower-case names,
  * colon-separated.
  */
-void		dkim_header_list(const struct header_fields *fields, const char *headers,
-							 const char *oversigned, struct buf *out);
+void dkim_header_list(const struct header_fields *fields, const char *headers,
+					  const char *oversigned, struct buf *out);
 
 /* Append a long tag value, folded so that no line grows past ~76 columns. */
-void		dkim_append_folded(struct buf *out, const char *value, size_t len, size_t *column,
-							   const char *breaks);
+void dkim_append_folded(struct buf *out, const char *value, size_t len, size_t *column,
+						const char *breaks);
 
 #endif

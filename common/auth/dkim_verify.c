@@ -22,27 +22,27 @@
 struct dkim_key
 {
 	struct dkim_verify *owner;
-	char	   *domain;
-	char	   *selector;
-	struct dns_query *query;
-	bool		answered;
-	enum dns_status status;
-	char	   *record;			/* the TXT record (the first, if several) */
+	char			   *domain;
+	char			   *selector;
+	struct dns_query   *query;
+	bool				answered;
+	enum dns_status		status;
+	char			   *record; /* the TXT record (the first, if several) */
 };
 
 struct dkim_verify
 {
-	struct dns_resolver *resolver;
-	dkim_verify_done_fn done;
-	void	   *arg;
-	char	   *message;
-	size_t		len;
-	struct dkim_key keys[DKIM_VERIFY_MAX_SIGNATURES];
-	size_t		nkeys;
-	size_t		pending;
-	ev_timer	finish_timer;
+	struct dns_resolver			*resolver;
+	dkim_verify_done_fn			 done;
+	void						*arg;
+	char						*message;
+	size_t						 len;
+	struct dkim_key				 keys[DKIM_VERIFY_MAX_SIGNATURES];
+	size_t						 nkeys;
+	size_t						 pending;
+	ev_timer					 finish_timer;
 	struct dkim_signature_result results[DKIM_VERIFY_MAX_SIGNATURES];
-	size_t		nresults;
+	size_t						 nresults;
 };
 
 static DKIM_LIB *dkim_verify_lib;
@@ -78,19 +78,19 @@ dkim_is_wsp(char c)
 bool
 dkim_tag_list_parse(const char *text, size_t len, dkim_tag_fn each, void *arg)
 {
-	size_t		pos = 0;
+	size_t pos = 0;
 
 	while (pos < len)
 	{
-		size_t		tag_start,
-					tag_end,
-					value_start,
-					value_end;
+		size_t tag_start,
+			tag_end,
+			value_start,
+			value_end;
 
 		while (pos < len && dkim_is_wsp(text[pos]))
 			pos++;
 		if (pos == len)
-			break;				/* a trailing ';' */
+			break; /* a trailing ';' */
 		tag_start = pos;
 		while (pos < len && (isalnum((unsigned char) text[pos]) || text[pos] == '_'))
 			pos++;
@@ -117,7 +117,7 @@ dkim_tag_list_parse(const char *text, size_t len, dkim_tag_fn each, void *arg)
 		each(arg, text + tag_start, tag_end - tag_start, text + value_start,
 			 value_end - value_start);
 		if (pos < len)
-			pos++;				/* the ';' */
+			pos++; /* the ';' */
 	}
 	return true;
 }
@@ -131,8 +131,8 @@ struct dkim_signature_tags
 static char *
 dkim_unfolded(const char *value, size_t len, size_t max)
 {
-	char	   *out = xmalloc(len + 1);
-	size_t		n = 0;
+	char  *out = xmalloc(len + 1);
+	size_t n = 0;
 
 	for (size_t i = 0; i < len && n < max; i++)
 		if (!dkim_is_wsp(value[i]))
@@ -145,8 +145,8 @@ static void
 dkim_signature_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t valuelen)
 {
 	struct dkim_signature_result *r = arg;
-	char	  **slot = NULL;
-	size_t		max = 255;
+	char						**slot = NULL;
+	size_t						  max = 255;
 
 	if (taglen != 1)
 		return;
@@ -166,7 +166,7 @@ dkim_signature_tag(void *arg, const char *tag, size_t taglen, const char *value,
 			break;
 		case 'b':
 			slot = &r->b;
-			max = 8;			/* RFC 6008: enough to tell signatures apart */
+			max = 8; /* RFC 6008: enough to tell signatures apart */
 			break;
 	}
 	if (slot == NULL)
@@ -205,9 +205,9 @@ static DKIM_CBSTAT
 dkim_verify_key_lookup(DKIM *dkim, DKIM_SIGINFO *sig, unsigned char *buf, size_t buflen)
 {
 	struct dkim_verify *d = dkim_get_user_context(dkim);
-	const char *domain = (const char *) dkim_sig_getdomain(sig);
-	const char *selector = (const char *) dkim_sig_getselector(sig);
-	struct dkim_key *k;
+	const char		   *domain = (const char *) dkim_sig_getdomain(sig);
+	const char		   *selector = (const char *) dkim_sig_getselector(sig);
+	struct dkim_key	   *k;
 
 	if (d == NULL || domain == NULL || selector == NULL
 		|| (k = dkim_find_key(d, domain, selector)) == NULL)
@@ -225,7 +225,7 @@ dkim_verify_key_lookup(DKIM *dkim, DKIM_SIGINFO *sig, unsigned char *buf, size_t
 static void
 dkim_on_key(void *arg, const struct dns_answer *a)
 {
-	struct dkim_key *k = arg;
+	struct dkim_key	   *k = arg;
 	struct dkim_verify *d = k->owner;
 
 	k->query = NULL;
@@ -248,18 +248,18 @@ dkim_on_key(void *arg, const struct dns_answer *a)
 
 /* Each DKIM-Signature field of the header block, unfolded value, to each(arg, value, len). */
 static void
-dkim_each_signature(const char *msg, size_t len, void (*each) (void *, const char *, size_t),
+dkim_each_signature(const char *msg, size_t len, void (*each)(void *, const char *, size_t),
 					void *arg)
 {
-	size_t		pos = 0;
+	size_t pos = 0;
 
 	while (pos < len)
 	{
-		size_t		start = pos,
-					end;
+		size_t start = pos,
+			   end;
 
 		if (msg[pos] == '\r' || msg[pos] == '\n')
-			break;				/* the empty line: the headers are over */
+			break; /* the empty line: the headers are over */
 		/* A field runs to a line end not followed by folding whitespace. */
 		for (end = pos; end < len; end++)
 			if (msg[end] == '\n' && (end + 1 >= len || (msg[end + 1] != ' ' && msg[end + 1] != '\t')))
@@ -273,7 +273,7 @@ dkim_each_signature(const char *msg, size_t len, void (*each) (void *, const cha
 static void
 dkim_take_signature(void *arg, const char *value, size_t len)
 {
-	struct dkim_verify *d = arg;
+	struct dkim_verify			 *d = arg;
 	struct dkim_signature_result *r;
 
 	if (d->nresults >= DKIM_VERIFY_MAX_SIGNATURES)
@@ -320,7 +320,7 @@ dkim_result(struct dkim_signature_result *r, const char *result, const char *rea
 static void
 dkim_key_type_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t valuelen)
 {
-	char	   *type = arg;
+	char *type = arg;
 
 	if (taglen == 1 && tag[0] == 'k')
 		snprintf(type, 16, "%.*s", (int) (valuelen < 15 ? valuelen : 15), value);
@@ -334,8 +334,8 @@ dkim_key_type_tag(void *arg, const char *tag, size_t taglen, const char *value, 
 static bool
 dkim_key_type_fits(const struct dkim_key *key, const char *algorithm)
 {
-	char		type[16] = "rsa";
-	size_t		len;
+	char   type[16] = "rsa";
+	size_t len;
 
 	if (key == NULL || key->record == NULL || algorithm == NULL)
 		return true;
@@ -349,10 +349,10 @@ static void
 dkim_judge(DKIM *dkim, DKIM_SIGINFO *sig, const struct dkim_key *key,
 		   struct dkim_signature_result *r)
 {
-	int			error = dkim_sig_geterror(sig);
-	ssize_t		msglen = 0,
-				canonlen = 0,
-				signlen = -1;
+	int		error = dkim_sig_geterror(sig);
+	ssize_t msglen = 0,
+			canonlen = 0,
+			signlen = -1;
 
 	if (!dkim_key_type_fits(key, r->algorithm))
 	{
@@ -410,10 +410,10 @@ dkim_judge(DKIM *dkim, DKIM_SIGINFO *sig, const struct dkim_key *key,
 static struct dkim_signature_result *
 dkim_match(struct dkim_verify *d, DKIM_SIGINFO *sig, bool *used)
 {
-	const char *domain = (const char *) dkim_sig_getdomain(sig);
-	const char *selector = (const char *) dkim_sig_getselector(sig);
-	char	   *b = NULL;
-	unsigned char *bvalue = dkim_sig_gettagvalue(sig, false, (unsigned char *) "b");
+	const char					 *domain = (const char *) dkim_sig_getdomain(sig);
+	const char					 *selector = (const char *) dkim_sig_getselector(sig);
+	char						 *b = NULL;
+	unsigned char				 *bvalue = dkim_sig_gettagvalue(sig, false, (unsigned char *) "b");
 	struct dkim_signature_result *found = NULL;
 
 	if (bvalue)
@@ -437,12 +437,12 @@ dkim_match(struct dkim_verify *d, DKIM_SIGINFO *sig, bool *used)
 static void
 dkim_verify_run(struct dkim_verify *d)
 {
-	DKIM_STAT	status;
-	DKIM	   *dkim;
+	DKIM_STAT	   status;
+	DKIM		  *dkim;
 	DKIM_SIGINFO **sigs = NULL;
-	int			nsigs = 0;
-	bool		used[DKIM_VERIFY_MAX_SIGNATURES] = {false};
-	bool		any_pending = false;
+	int			   nsigs = 0;
+	bool		   used[DKIM_VERIFY_MAX_SIGNATURES] = {false};
+	bool		   any_pending = false;
 
 	for (size_t i = 0; i < d->nresults; i++)
 		if (d->results[i].result == NULL)
@@ -467,8 +467,8 @@ dkim_verify_run(struct dkim_verify *d)
 		for (int i = 0; i < nsigs; i++)
 		{
 			struct dkim_signature_result *r = dkim_match(d, sigs[i], used);
-			const char *domain = (const char *) dkim_sig_getdomain(sigs[i]);
-			const char *selector = (const char *) dkim_sig_getselector(sigs[i]);
+			const char					 *domain = (const char *) dkim_sig_getdomain(sigs[i]);
+			const char					 *selector = (const char *) dkim_sig_getselector(sigs[i]);
 
 			if (r == NULL)
 				continue;
@@ -479,8 +479,8 @@ dkim_verify_run(struct dkim_verify *d)
 	for (size_t i = 0; i < d->nresults; i++)
 		if (d->results[i].result == NULL)
 			dkim_result(&d->results[i], "permerror",
-						status == DKIM_STAT_OK ? "signature not processed" : dkim_geterror(dkim)
-						? dkim_geterror(dkim) : "signature not processed");
+						status == DKIM_STAT_OK ? "signature not processed" : dkim_geterror(dkim) ? dkim_geterror(dkim)
+																								 : "signature not processed");
 	dkim_free(dkim);
 }
 
@@ -512,7 +512,7 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 	for (size_t i = 0; i < d->nkeys; i++)
 	{
 		struct dkim_key *k = &d->keys[i];
-		char	   *name = xasprintf("%s._domainkey.%s", k->selector, k->domain);
+		char			*name = xasprintf("%s._domainkey.%s", k->selector, k->domain);
 
 		d->pending++;
 		k->query = dns_resolve(r, name, DNS_TYPE_TXT, budget, dkim_on_key, k);

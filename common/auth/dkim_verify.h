@@ -25,18 +25,18 @@
 
 struct dkim_signature_result
 {
-	const char *result;			/* RFC 8601: pass fail neutral policy temperror permerror */
-	char	   *domain;			/* d= (NULL if the signature had none) */
-	char	   *selector;		/* s= */
-	char	   *identity;		/* i= */
-	char	   *algorithm;		/* a= */
-	char	   *b;				/* the first 8 characters of b=, as RFC 6008 header.b */
+	const char *result;	   /* RFC 8601: pass fail neutral policy temperror permerror */
+	char	   *domain;	   /* d= (NULL if the signature had none) */
+	char	   *selector;  /* s= */
+	char	   *identity;  /* i= */
+	char	   *algorithm; /* a= */
+	char	   *b;		   /* the first 8 characters of b=, as RFC 6008 header.b */
 	char	   *reason;
 };
 
 struct dkim_verify;
 
-typedef void (*dkim_verify_done_fn) (void *arg);
+typedef void (*dkim_verify_done_fn)(void *arg);
 
 /*
  * Verify message (headers CRLF body, as received); done is called from the
@@ -46,18 +46,18 @@ struct dkim_verify *dkim_verify_start(struct dns_resolver *r, struct dns_budget 
 									  const char *message, size_t len,
 									  dkim_verify_done_fn done, void *arg);
 /* The results, one per signature (at most DKIM_VERIFY_MAX_SIGNATURES). */
-size_t		dkim_verify_results(const struct dkim_verify *d,
-								const struct dkim_signature_result **out);
+size_t dkim_verify_results(const struct dkim_verify			   *d,
+						   const struct dkim_signature_result **out);
 /* Cancels lookups in flight. */
-void		dkim_verify_free(struct dkim_verify *d);
+void dkim_verify_free(struct dkim_verify *d);
 
 /*
  * The tag-list parser (RFC 6376 3.2) for DKIM-Signature and key records:
  * each tag and value (whitespace removed around them) handed to each;
  * false if the text is no tag-list.  Exposed for the fuzz target.
  */
-typedef void (*dkim_tag_fn) (void *arg, const char *tag, size_t taglen, const char *value,
-							 size_t valuelen);
-bool		dkim_tag_list_parse(const char *text, size_t len, dkim_tag_fn each, void *arg);
+typedef void (*dkim_tag_fn)(void *arg, const char *tag, size_t taglen, const char *value,
+							size_t valuelen);
+bool dkim_tag_list_parse(const char *text, size_t len, dkim_tag_fn each, void *arg);
 
 #endif

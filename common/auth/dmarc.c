@@ -16,33 +16,33 @@
 
 enum dmarc_step
 {
-	DMARC_STEP_DOMAIN,			/* _dmarc.<from> */
-	DMARC_STEP_ORGANIZATION,	/* _dmarc.<organizational domain> */
+	DMARC_STEP_DOMAIN,		 /* _dmarc.<from> */
+	DMARC_STEP_ORGANIZATION, /* _dmarc.<organizational domain> */
 	DMARC_STEP_DONE
 };
 
 struct dmarc_check
 {
 	struct dns_resolver *resolver;
-	struct dns_budget *budget;
-	struct dns_query *query;
-	dmarc_done_fn done;
-	void	   *arg;
-	char	   *from_domain;
-	char	   *org_domain;
-	enum dmarc_step step;
-	bool		found;
-	bool		at_organization;	/* the record is the organizational domain's */
-	bool		temperror;
-	const char *problem;
-	struct dmarc_record record;
+	struct dns_budget	*budget;
+	struct dns_query	*query;
+	dmarc_done_fn		 done;
+	void				*arg;
+	char				*from_domain;
+	char				*org_domain;
+	enum dmarc_step		 step;
+	bool				 found;
+	bool				 at_organization; /* the record is the organizational domain's */
+	bool				 temperror;
+	const char			*problem;
+	struct dmarc_record	 record;
 };
 
 static const psl_ctx_t *
 dmarc_psl(void)
 {
 	static const psl_ctx_t *psl;
-	static bool tried;
+	static bool				tried;
 
 	if (!tried)
 	{
@@ -60,7 +60,7 @@ char *
 dmarc_organizational_domain(const char *domain)
 {
 	const psl_ctx_t *psl = dmarc_psl();
-	const char *registrable = psl ? psl_registrable_domain(psl, domain) : NULL;
+	const char		*registrable = psl ? psl_registrable_domain(psl, domain) : NULL;
 
 	return xstrdup(registrable ? registrable : domain);
 }
@@ -73,13 +73,13 @@ dmarc_organizational_domain(const char *domain)
 static size_t
 dmarc_from_fields(const char *h, size_t len, const char **value, size_t *value_len)
 {
-	size_t		pos = 0,
-				count = 0;
+	size_t pos = 0,
+		   count = 0;
 
 	while (pos < len)
 	{
-		size_t		start = pos,
-					end;
+		size_t start = pos,
+			   end;
 
 		if (h[pos] == '\r' || h[pos] == '\n')
 			break;
@@ -89,7 +89,7 @@ dmarc_from_fields(const char *h, size_t len, const char **value, size_t *value_l
 		pos = end < len ? end + 1 : len;
 		if (end - start >= 5 && strncasecmp(h + start, "From", 4) == 0)
 		{
-			size_t		colon = start + 4;
+			size_t colon = start + 4;
 
 			while (colon < end && (h[colon] == ' ' || h[colon] == '\t'))
 				colon++;
@@ -135,7 +135,7 @@ dmarc_from_domain(const char *headers, size_t len, const char **why)
 	/* Comments and quoted strings out; count the addresses. */
 	for (size_t i = 0; i < vlen && n < sizeof(clean) - 1; i++)
 	{
-		char		c = value[i];
+		char c = value[i];
 
 		if (quoted)
 		{
@@ -172,7 +172,7 @@ dmarc_from_domain(const char *headers, size_t len, const char **why)
 	}
 	if ((angle = strrchr(clean, '<')) != NULL)
 	{
-		char	   *close = strchr(angle, '>');
+		char *close = strchr(angle, '>');
 
 		if (close)
 			*close = '\0';
@@ -215,12 +215,12 @@ dmarc_from_domain(const char *headers, size_t len, const char **why)
 struct dmarc_parse
 {
 	struct dmarc_record *r;
-	int			index;
-	bool		version_ok;
-	bool		have_p;
-	bool		have_sp;
-	bool		have_rua;
-	bool		bad_p;
+	int					 index;
+	bool				 version_ok;
+	bool				 have_p;
+	bool				 have_sp;
+	bool				 have_rua;
+	bool				 bad_p;
 };
 
 static bool
@@ -267,8 +267,8 @@ dmarc_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t l
 		p->r->strict_spf = dmarc_value_is(value, len, "s");
 	else if (taglen == 3 && strncmp(tag, "pct", 3) == 0)
 	{
-		int			pct = 0;
-		size_t		i;
+		int	   pct = 0;
+		size_t i;
 
 		for (i = 0; i < len && i < 4 && isdigit((unsigned char) value[i]); i++)
 			pct = pct * 10 + (value[i] - '0');
@@ -316,7 +316,7 @@ static void dmarc_on_answer(void *arg, const struct dns_answer *a);
 static void
 dmarc_lookup(struct dmarc_check *c, const char *domain)
 {
-	char	   *name = xasprintf("_dmarc.%s", domain);
+	char *name = xasprintf("_dmarc.%s", domain);
 
 	c->query = dns_resolve(c->resolver, name, DNS_TYPE_TXT, c->budget, dmarc_on_answer, c);
 	free(name);
@@ -332,8 +332,8 @@ dmarc_finish(struct dmarc_check *c)
 static void
 dmarc_on_answer(void *arg, const struct dns_answer *a)
 {
-	struct dmarc_check *c = arg;
-	size_t		records = 0;
+	struct dmarc_check		*c = arg;
+	size_t					 records = 0;
 	const struct dns_record *found = NULL;
 
 	c->query = NULL;
@@ -388,10 +388,10 @@ dmarc_check_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 static bool
 dmarc_aligned(const char *domain, const char *from_domain, const char *from_org, bool strict)
 {
-	char	   *org;
-	bool		same;
-	char		lowered[256];
-	size_t		len = strlen(domain);
+	char  *org;
+	bool   same;
+	char   lowered[256];
+	size_t len = strlen(domain);
 
 	if (len == 0 || len >= sizeof(lowered))
 		return false;
@@ -412,7 +412,8 @@ dmarc_aligned(const char *domain, const char *from_domain, const char *from_org,
 static const char *
 dmarc_disposition_name(enum dmarc_disposition d)
 {
-	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine" : "none";
+	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine"
+																: "none";
 }
 
 void
@@ -420,7 +421,7 @@ dmarc_check_evaluate(struct dmarc_check *c, enum spf_result spf, const char *spf
 					 const struct dkim_signature_result *sigs, size_t nsigs,
 					 struct dmarc_verdict *out)
 {
-	bool		aligned = false;
+	bool				   aligned = false;
 	enum dmarc_disposition policy;
 
 	memset(out, 0, sizeof(*out));
@@ -437,7 +438,7 @@ dmarc_check_evaluate(struct dmarc_check *c, enum spf_result spf, const char *spf
 		return;
 	}
 	policy = c->at_organization && strcmp(c->from_domain, c->org_domain) != 0 ? c->record.sp
-		: c->record.p;
+																			  : c->record.p;
 	out->policy = dmarc_disposition_name(policy);
 	if (spf == SPF_PASS && spf_domain
 		&& dmarc_aligned(spf_domain, c->from_domain, c->org_domain, c->record.strict_spf))

@@ -32,44 +32,44 @@ struct dmarc_record
 {
 	enum dmarc_disposition p;
 	enum dmarc_disposition sp;
-	bool		strict_spf;		/* aspf=s */
-	bool		strict_dkim;	/* adkim=s */
-	int			pct;
+	bool				   strict_spf;	/* aspf=s */
+	bool				   strict_dkim; /* adkim=s */
+	int					   pct;
 };
 
 struct dmarc_verdict
 {
-	const char *result;			/* pass fail none temperror permerror */
-	const char *from_domain;	/* header.from */
-	const char *policy;			/* the applicable p or sp: none quarantine reject */
-	enum dmarc_disposition disposition;	/* what the policy asks for this message (pct applied) */
-	const char *reason;
+	const char			  *result;		/* pass fail none temperror permerror */
+	const char			  *from_domain; /* header.from */
+	const char			  *policy;		/* the applicable p or sp: none quarantine reject */
+	enum dmarc_disposition disposition; /* what the policy asks for this message (pct applied) */
+	const char			  *reason;
 };
 
 struct dmarc_check;
 
-typedef void (*dmarc_done_fn) (void *arg);
+typedef void (*dmarc_done_fn)(void *arg);
 
 /*
  * The domain of the message's one From address, lower case; NULL (with
  * why) when there is no From, more than one, or no domain to read.
  */
-char	   *dmarc_from_domain(const char *headers, size_t len, const char **why);
+char *dmarc_from_domain(const char *headers, size_t len, const char **why);
 
 /* Fetch the policy for from_domain; done is called from the loop. */
 struct dmarc_check *dmarc_check_start(struct dns_resolver *r, struct dns_budget *budget,
 									  const char *from_domain, dmarc_done_fn done, void *arg);
 /* Once done: the verdict for these SPF and DKIM results (valid until dmarc_check_free). */
-void		dmarc_check_evaluate(struct dmarc_check *c, enum spf_result spf,
-								 const char *spf_domain,
-								 const struct dkim_signature_result *sigs, size_t nsigs,
-								 struct dmarc_verdict *out);
-void		dmarc_check_free(struct dmarc_check *c);
+void dmarc_check_evaluate(struct dmarc_check *c, enum spf_result spf,
+						  const char						 *spf_domain,
+						  const struct dkim_signature_result *sigs, size_t nsigs,
+						  struct dmarc_verdict *out);
+void dmarc_check_free(struct dmarc_check *c);
 
 /* The record parser (exposed for the fuzz target): false with why. */
-bool		dmarc_record_parse(const char *text, size_t len, struct dmarc_record *r,
-							   const char **why);
+bool dmarc_record_parse(const char *text, size_t len, struct dmarc_record *r,
+						const char **why);
 /* The organizational domain (RFC 7489 3.2); a new string. */
-char	   *dmarc_organizational_domain(const char *domain);
+char *dmarc_organizational_domain(const char *domain);
 
 #endif

@@ -112,7 +112,7 @@ keys_load_private(const char *path, enum sign_algorithm algorithm, char *err, si
 	if (st.st_mode & (S_IRWXG | S_IRWXO))
 	{
 		snprintf(err, errlen, "key file %s is accessible to group or others (mode %04o): "
-				 "a private key must be mode 0600 or 0400 (chmod go= %s)",
+							  "a private key must be mode 0600 or 0400 (chmod go= %s)",
 				 path, (unsigned) (st.st_mode & 07777), path);
 		close(fd);
 		return NULL;
@@ -134,7 +134,7 @@ keys_load_private(const char *path, enum sign_algorithm algorithm, char *err, si
 		return NULL;
 	}
 	{
-		char		what[512];
+		char what[512];
 
 		snprintf(what, sizeof(what), "key file %s", path);
 		if (!keys_check_type(pkey, algorithm, what, err, errlen))
@@ -150,7 +150,7 @@ static bool
 keys_section_error(const struct pepsi_config *cfg, const char *section, const char *option,
 				   const char *problem, char *err, size_t errlen)
 {
-	char		where[256];
+	char where[256];
 
 	snprintf(err, errlen, "%s: [%s] %s %s", config_origin(cfg, section, option, where, sizeof(where)),
 			 section, option, problem);
@@ -167,10 +167,10 @@ keyring_from_config(const struct pepsi_config *cfg, struct keyring *ring, char *
 	ring->count = 0;
 	for (size_t i = 0; i < n; i++)
 	{
-		const char *domain = config_get(cfg, names[i], "DOMAIN");
-		const char *selector = config_get(cfg, names[i], "SELECTOR");
-		const char *algorithm = config_get(cfg, names[i], "ALGORITHM");
-		const char *path = config_get(cfg, names[i], "KEY_FILE");
+		const char		   *domain = config_get(cfg, names[i], "DOMAIN");
+		const char		   *selector = config_get(cfg, names[i], "SELECTOR");
+		const char		   *algorithm = config_get(cfg, names[i], "ALGORITHM");
+		const char		   *path = config_get(cfg, names[i], "KEY_FILE");
 		struct signing_key *k = &ring->key[ring->count];
 
 		if (domain == NULL || !*domain)
@@ -217,7 +217,7 @@ keyring_free(struct keyring *ring)
 struct signing_key *
 keyring_find(struct keyring *ring, const char *name)
 {
-	size_t		plen = strlen(KEYS_SECTION_PREFIX);
+	size_t plen = strlen(KEYS_SECTION_PREFIX);
 
 	for (size_t i = 0; i < ring->count; i++)
 		if (strcmp(ring->key[i].section, name) == 0
@@ -255,17 +255,17 @@ keys_sign_hash(EVP_PKEY *pkey, enum sign_algorithm algorithm,
 			   const unsigned char hash[CANON_HASH_LEN], struct buf *b64)
 {
 	unsigned char sig[1024];
-	size_t		siglen = sizeof(sig);
-	bool		ok = false;
+	size_t		  siglen = sizeof(sig);
+	bool		  ok = false;
 
 	if (algorithm == SIGN_RSA_SHA256)
 	{
 		EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new(pkey, NULL);
 
 		ok = ctx && EVP_PKEY_sign_init(ctx) > 0
-			&& EVP_PKEY_CTX_set_rsa_padding(ctx, RSA_PKCS1_PADDING) > 0
-			&& EVP_PKEY_CTX_set_signature_md(ctx, EVP_sha256()) > 0
-			&& EVP_PKEY_sign(ctx, sig, &siglen, hash, CANON_HASH_LEN) > 0;
+			 && EVP_PKEY_CTX_set_rsa_padding(ctx, RSA_PKCS1_PADDING) > 0
+			 && EVP_PKEY_CTX_set_signature_md(ctx, EVP_sha256()) > 0
+			 && EVP_PKEY_sign(ctx, sig, &siglen, hash, CANON_HASH_LEN) > 0;
 		EVP_PKEY_CTX_free(ctx);
 	}
 	else
@@ -274,7 +274,7 @@ keys_sign_hash(EVP_PKEY *pkey, enum sign_algorithm algorithm,
 		EVP_MD_CTX *md = EVP_MD_CTX_new();
 
 		ok = md && EVP_DigestSignInit(md, NULL, NULL, NULL, pkey) > 0
-			&& EVP_DigestSign(md, sig, &siglen, hash, CANON_HASH_LEN) > 0;
+			 && EVP_DigestSign(md, sig, &siglen, hash, CANON_HASH_LEN) > 0;
 		EVP_MD_CTX_free(md);
 	}
 	if (!ok)
@@ -291,7 +291,7 @@ bool
 keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
 				 const unsigned char hash[CANON_HASH_LEN], const unsigned char *sig, size_t siglen)
 {
-	bool		ok;
+	bool ok;
 
 	if (EVP_PKEY_get_base_id(pub) != keys_pkey_type(algorithm))
 		return false;
@@ -300,9 +300,9 @@ keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
 		EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new(pub, NULL);
 
 		ok = ctx && EVP_PKEY_verify_init(ctx) > 0
-			&& EVP_PKEY_CTX_set_rsa_padding(ctx, RSA_PKCS1_PADDING) > 0
-			&& EVP_PKEY_CTX_set_signature_md(ctx, EVP_sha256()) > 0
-			&& EVP_PKEY_verify(ctx, sig, siglen, hash, CANON_HASH_LEN) == 1;
+			 && EVP_PKEY_CTX_set_rsa_padding(ctx, RSA_PKCS1_PADDING) > 0
+			 && EVP_PKEY_CTX_set_signature_md(ctx, EVP_sha256()) > 0
+			 && EVP_PKEY_verify(ctx, sig, siglen, hash, CANON_HASH_LEN) == 1;
 		EVP_PKEY_CTX_free(ctx);
 	}
 	else
@@ -310,7 +310,7 @@ keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
 		EVP_MD_CTX *md = EVP_MD_CTX_new();
 
 		ok = md && EVP_DigestVerifyInit(md, NULL, NULL, NULL, pub) > 0
-			&& EVP_DigestVerify(md, sig, siglen, hash, CANON_HASH_LEN) == 1;
+			 && EVP_DigestVerify(md, sig, siglen, hash, CANON_HASH_LEN) == 1;
 		EVP_MD_CTX_free(md);
 	}
 	ERR_clear_error();
@@ -320,7 +320,7 @@ keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
 EVP_PKEY *
 keys_generate(enum sign_algorithm algorithm, int bits)
 {
-	EVP_PKEY   *pkey = NULL;
+	EVP_PKEY *pkey = NULL;
 
 	if (algorithm == SIGN_RSA_SHA256)
 		pkey = EVP_RSA_gen((unsigned) bits);
@@ -333,7 +333,7 @@ void
 keys_public_record(EVP_PKEY *pkey, enum sign_algorithm algorithm, struct buf *out)
 {
 	unsigned char raw[32];
-	size_t		rawlen = sizeof(raw);
+	size_t		  rawlen = sizeof(raw);
 
 	buf_printf(out, "v=DKIM1; k=%s; p=", sign_algorithm_key_type(algorithm));
 	if (algorithm == SIGN_ED25519_SHA256)
@@ -345,7 +345,7 @@ keys_public_record(EVP_PKEY *pkey, enum sign_algorithm algorithm, struct buf *ou
 	else
 	{
 		unsigned char *der = NULL;
-		int			len = i2d_PUBKEY(pkey, &der);
+		int			   len = i2d_PUBKEY(pkey, &der);
 
 		if (len > 0)
 			base64_append(out, der, (size_t) len);
@@ -357,12 +357,12 @@ EVP_PKEY *
 keys_parse_record(const char *record, size_t len, enum sign_algorithm algorithm, char *err,
 				  size_t errlen)
 {
-	struct tag	tags[16];
-	size_t		n;
+	struct tag		  tags[16];
+	size_t			  n;
 	const struct tag *v, *k, *p;
-	unsigned char raw[2048];
-	long		rawlen;
-	EVP_PKEY   *pub = NULL;
+	unsigned char	  raw[2048];
+	long			  rawlen;
+	EVP_PKEY		 *pub = NULL;
 
 	if (!tag_list_parse(record, len, tags, 16, &n))
 	{

@@ -40,31 +40,31 @@ enum sign_algorithm
 
 struct signing_key
 {
-	char	   *section;		/* dkim-key-<name> */
-	char	   *domain;			/* lower case */
-	char	   *selector;
-	char	   *path;
+	char			   *section; /* dkim-key-<name> */
+	char			   *domain;	 /* lower case */
+	char			   *selector;
+	char			   *path;
 	enum sign_algorithm algorithm;
-	EVP_PKEY   *pkey;			/* NULL until loaded, or after a failed load */
-	dev_t		dev;			/* the file it was loaded from, to notice a new one */
-	ino_t		ino;
-	time_t		mtime;
+	EVP_PKEY		   *pkey; /* NULL until loaded, or after a failed load */
+	dev_t				dev;  /* the file it was loaded from, to notice a new one */
+	ino_t				ino;
+	time_t				mtime;
 };
 
 struct keyring
 {
 	struct signing_key *key;
-	size_t		count;
+	size_t				count;
 };
 
 bool		sign_algorithm_parse(const char *text, size_t len, enum sign_algorithm *out);
-const char *sign_algorithm_name(enum sign_algorithm a);	/* "rsa-sha256" */
-const char *sign_algorithm_key_type(enum sign_algorithm a);	/* "rsa", "ed25519" */
+const char *sign_algorithm_name(enum sign_algorithm a);		/* "rsa-sha256" */
+const char *sign_algorithm_key_type(enum sign_algorithm a); /* "rsa", "ed25519" */
 
 /* Every [dkim-key-*] section of cfg; false with err (file:line) for a bad one. */
-bool		keyring_from_config(const struct pepsi_config *cfg, struct keyring *ring,
-								char *err, size_t errlen);
-void		keyring_free(struct keyring *ring);
+bool keyring_from_config(const struct pepsi_config *cfg, struct keyring *ring,
+						 char *err, size_t errlen);
+void keyring_free(struct keyring *ring);
 /* The key of a section name ("dkim-key-x" or just "x"), or NULL. */
 struct signing_key *keyring_find(struct keyring *ring, const char *name);
 
@@ -72,31 +72,31 @@ struct signing_key *keyring_find(struct keyring *ring, const char *name);
  * Load (or reload, when its file changed) the private key; false with a
  * reason naming the file.  Cheap when nothing changed: one stat.
  */
-bool		signing_key_ready(struct signing_key *key, char *err, size_t errlen);
+bool signing_key_ready(struct signing_key *key, char *err, size_t errlen);
 
 /* Read a PEM private key file, checking its mode and its type against algorithm. */
-EVP_PKEY   *keys_load_private(const char *path, enum sign_algorithm algorithm, char *err,
-							  size_t errlen);
+EVP_PKEY *keys_load_private(const char *path, enum sign_algorithm algorithm, char *err,
+							size_t errlen);
 
 /* Sign the SHA-256 hash of the canonical data; appends the base64 signature. */
-bool		keys_sign_hash(EVP_PKEY *pkey, enum sign_algorithm algorithm,
-						   const unsigned char hash[CANON_HASH_LEN], struct buf *b64);
-bool		keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
-							 const unsigned char hash[CANON_HASH_LEN],
-							 const unsigned char *sig, size_t siglen);
+bool keys_sign_hash(EVP_PKEY *pkey, enum sign_algorithm algorithm,
+					const unsigned char hash[CANON_HASH_LEN], struct buf *b64);
+bool keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
+					  const unsigned char  hash[CANON_HASH_LEN],
+					  const unsigned char *sig, size_t siglen);
 
 /* A new key pair: RSA of bits, or Ed25519 (bits ignored). */
-EVP_PKEY   *keys_generate(enum sign_algorithm algorithm, int bits);
+EVP_PKEY *keys_generate(enum sign_algorithm algorithm, int bits);
 /* The TXT record to publish: "v=DKIM1; k=rsa; p=..." */
-void		keys_public_record(EVP_PKEY *pkey, enum sign_algorithm algorithm, struct buf *out);
+void keys_public_record(EVP_PKEY *pkey, enum sign_algorithm algorithm, struct buf *out);
 /*
  * The public key of a published record (the TXT strings joined).  NULL with
  * a reason for a malformed or revoked record, or one whose k= is not the
  * algorithm's key type.
  */
-EVP_PKEY   *keys_parse_record(const char *record, size_t len, enum sign_algorithm algorithm,
-							  char *err, size_t errlen);
+EVP_PKEY *keys_parse_record(const char *record, size_t len, enum sign_algorithm algorithm,
+							char *err, size_t errlen);
 /* Do two keys hold the same public key? */
-bool		keys_same_public(EVP_PKEY *a, EVP_PKEY *b);
+bool keys_same_public(EVP_PKEY *a, EVP_PKEY *b);
 
 #endif

@@ -8,12 +8,10 @@
 
 /* The methods in the order the header lists them, and their properties. */
 static const char *const results_methods[] = {
-	"auth", "iprev", "spf", "spf_helo", "dkim", "dmarc", "arc", NULL
-};
+	"auth", "iprev", "spf", "spf_helo", "dkim", "dmarc", "arc", NULL};
 static const char *const results_properties[] = {
 	"smtp.auth", "smtp.mailfrom", "smtp.helo", "policy.iprev", "header.d", "header.i",
-	"header.s", "header.a", "header.b", "header.from", "policy.dmarc", "header.oldest-pass", NULL
-};
+	"header.s", "header.a", "header.b", "header.from", "policy.dmarc", "header.oldest-pass", NULL};
 
 /*
  * RFC 2045 token characters, and '@' (RFC 8601 pvalue allows
@@ -118,17 +116,17 @@ auth_results_header(struct buf *h, const char *authserv_id, const json_t *auth)
 void
 auth_results_resinfo(struct buf *h, const json_t *auth)
 {
-	bool		first = true;
+	bool first = true;
 
 	for (size_t i = 0; results_methods[i]; i++)
 	{
-		const char *method = results_methods[i];
+		const char	 *method = results_methods[i];
 		const json_t *r = json_object_get(auth, method);
 
 		if (json_is_array(r))
 		{
-			size_t		j;
-			json_t	   *one;
+			size_t	j;
+			json_t *one;
 
 			if (json_array_size(r) == 0)
 			{
@@ -136,7 +134,7 @@ auth_results_resinfo(struct buf *h, const json_t *auth)
 				first = false;
 				buf_printf(h, "%s=none", method);
 			}
-			json_array_foreach(r, j, one)
+			json_array_foreach (r, j, one)
 				results_one(h, method, one, &first);
 		}
 		else if (json_is_object(r))
@@ -149,7 +147,7 @@ auth_results_resinfo(struct buf *h, const json_t *auth)
 json_t *
 auth_result(const char *result, const char *property, const char *value)
 {
-	json_t	   *r = json_object();
+	json_t *r = json_object();
 
 	json_object_set_new(r, "result", json_string(result));
 	if (property && value)

@@ -19,15 +19,15 @@
 #include "buf.h"
 
 /* Append "Authentication-Results: id;\r\n\t...\r\n" for auth to h. */
-void		auth_results_header(struct buf *h, const char *authserv_id, const json_t *auth);
+void auth_results_header(struct buf *h, const char *authserv_id, const json_t *auth);
 /*
  * Append only the results, "\t...;\r\n\t...\r\n" (or "\tnone\r\n"): the
  * lines after the authserv-id, which an ARC-Authentication-Results
  * (common/auth/arc.c) carries too.
  */
-void		auth_results_resinfo(struct buf *h, const json_t *auth);
+void auth_results_resinfo(struct buf *h, const json_t *auth);
 
 /* {"result": result} with the given property (NULL: none); for building state.auth. */
-json_t	   *auth_result(const char *result, const char *property, const char *value);
+json_t *auth_result(const char *result, const char *property, const char *value);
 
 #endif

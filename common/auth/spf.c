@@ -24,7 +24,7 @@
 #include "log.h"
 #include "xalloc.h"
 
-#define SPF_LOOKUP_LIMIT 10		/* RFC 7208 4.6.4 */
+#define SPF_LOOKUP_LIMIT 10 /* RFC 7208 4.6.4 */
 #define SPF_VOID_LIMIT 2
 #define SPF_MX_LIMIT 10
 #define SPF_PTR_LIMIT 10
@@ -46,25 +46,25 @@ enum spf_mechanism
 struct spf_term
 {
 	enum spf_mechanism mechanism;
-	enum spf_result qualifier;	/* the result when it matches */
-	char	   *domain_spec;	/* NULL: the current domain */
-	int			cidr4;
-	int			cidr6;
-	unsigned char network[16];
-	char	   *text;			/* as written, for the logs */
+	enum spf_result	   qualifier;	/* the result when it matches */
+	char			  *domain_spec; /* NULL: the current domain */
+	int				   cidr4;
+	int				   cidr6;
+	unsigned char	   network[16];
+	char			  *text; /* as written, for the logs */
 };
 
 struct spf_record
 {
 	struct spf_term *terms;
-	size_t		count;
-	char	   *redirect;
-	char	   *exp;
+	size_t			 count;
+	char			*redirect;
+	char			*exp;
 };
 
 struct spf_ip
 {
-	int			family;			/* 4 or 6; an IPv4-mapped IPv6 address is 4 */
+	int			  family; /* 4 or 6; an IPv4-mapped IPv6 address is 4 */
 	unsigned char addr[16];
 };
 
@@ -77,72 +77,72 @@ enum spf_frame_kind
 struct spf_frame
 {
 	enum spf_frame_kind kind;
-	bool		redirected;		/* reached through redirect= */
-	char	   *domain;
-	bool		parsed;
-	struct spf_record record;
-	size_t		next;			/* the term being evaluated */
+	bool				redirected; /* reached through redirect= */
+	char			   *domain;
+	bool				parsed;
+	struct spf_record	record;
+	size_t				next; /* the term being evaluated */
 };
 
 /* What the check waits for from the DNS. */
 enum spf_wait
 {
 	SPF_WAIT_NOTHING,
-	SPF_WAIT_RECORD,			/* TXT of the frame's domain */
-	SPF_WAIT_A,					/* a: the target's addresses */
-	SPF_WAIT_MX,				/* mx: the target's MX */
-	SPF_WAIT_MX_ADDRESS,		/* mx: one exchange's addresses */
-	SPF_WAIT_PTR,				/* ptr: the client's names */
-	SPF_WAIT_PTR_ADDRESS,		/* ptr: one name's addresses */
-	SPF_WAIT_EXISTS,			/* exists: any A record */
-	SPF_WAIT_P_PTR,				/* %{p}: the client's names */
-	SPF_WAIT_P_ADDRESS,			/* %{p}: one name's addresses */
-	SPF_WAIT_EXP				/* exp=: the explanation's TXT */
+	SPF_WAIT_RECORD,	  /* TXT of the frame's domain */
+	SPF_WAIT_A,			  /* a: the target's addresses */
+	SPF_WAIT_MX,		  /* mx: the target's MX */
+	SPF_WAIT_MX_ADDRESS,  /* mx: one exchange's addresses */
+	SPF_WAIT_PTR,		  /* ptr: the client's names */
+	SPF_WAIT_PTR_ADDRESS, /* ptr: one name's addresses */
+	SPF_WAIT_EXISTS,	  /* exists: any A record */
+	SPF_WAIT_P_PTR,		  /* %{p}: the client's names */
+	SPF_WAIT_P_ADDRESS,	  /* %{p}: one name's addresses */
+	SPF_WAIT_EXP		  /* exp=: the explanation's TXT */
 };
 
 struct spf_check
 {
 	struct dns_resolver *resolver;
-	struct dns_budget *budget;
-	struct dns_query *query;
-	ev_timer	finish_timer;
-	spf_done_fn done;
-	void	   *arg;
+	struct dns_budget	*budget;
+	struct dns_query	*query;
+	ev_timer			 finish_timer;
+	spf_done_fn			 done;
+	void				*arg;
 
 	struct spf_ip ip;
-	char	   *ip_text;
-	char	   *sender;
-	char	   *local_part;
-	char	   *sender_domain;
-	char	   *helo;
-	char	   *receiver;
+	char		 *ip_text;
+	char		 *sender;
+	char		 *local_part;
+	char		 *sender_domain;
+	char		 *helo;
+	char		 *receiver;
 
 	struct spf_frame frames[SPF_DEPTH_MAX];
-	size_t		depth;
-	unsigned	lookups;
-	unsigned	voids;
+	size_t			 depth;
+	unsigned		 lookups;
+	unsigned		 voids;
 
 	enum spf_wait wait;
-	char	   *target;			/* the current mechanism's domain */
-	char	  **names;			/* exchanges or PTR names to go through */
-	size_t		name_count;
-	size_t		name_index;
-	bool		any_match;		/* ptr: a validated name fits */
+	char		 *target; /* the current mechanism's domain */
+	char		**names;  /* exchanges or PTR names to go through */
+	size_t		  name_count;
+	size_t		  name_index;
+	bool		  any_match; /* ptr: a validated name fits */
 
-	char	   *p_value;		/* %{p}, once known */
-	char	  **p_names;
-	size_t		p_count;
-	size_t		p_index;
-	char	   *p_found;		/* best validated name so far */
-	int			p_rank;
+	char  *p_value; /* %{p}, once known */
+	char **p_names;
+	size_t p_count;
+	size_t p_index;
+	char  *p_found; /* best validated name so far */
+	int	   p_rank;
 
-	bool		explaining;		/* looking up exp= after a fail */
-	char	   *exp_text;		/* the explanation found, to expand */
-	char		fail_reason[256];
+	bool  explaining; /* looking up exp= after a fail */
+	char *exp_text;	  /* the explanation found, to expand */
+	char  fail_reason[256];
 
 	struct spf_verdict verdict;
-	char	   *explanation;
-	char		reason[256];
+	char			  *explanation;
+	char			   reason[256];
 };
 
 static void spf_advance(struct spf_check *c);
@@ -152,8 +152,7 @@ const char *
 spf_result_name(enum spf_result r)
 {
 	static const char *const names[] = {
-		"none", "neutral", "pass", "fail", "softfail", "temperror", "permerror"
-	};
+		"none", "neutral", "pass", "fail", "softfail", "temperror", "permerror"};
 
 	return names[r];
 }
@@ -186,8 +185,8 @@ spf_ip_parse(const char *text, struct spf_ip *ip)
 static bool
 spf_prefix_match(const unsigned char *a, const unsigned char *b, int bits)
 {
-	int			bytes = bits / 8,
-				rest = bits % 8;
+	int bytes = bits / 8,
+		rest = bits % 8;
 
 	if (memcmp(a, b, (size_t) bytes) != 0)
 		return false;
@@ -237,8 +236,8 @@ spf_is_alnum(char ch)
 static bool
 spf_toplabel_valid(const char *label, size_t len)
 {
-	bool		alpha = false,
-				hyphen = false;
+	bool alpha = false,
+		 hyphen = false;
 
 	if (len == 0 || label[0] == '-' || label[len - 1] == '-')
 		return false;
@@ -258,7 +257,7 @@ spf_toplabel_valid(const char *label, size_t len)
 static bool
 spf_name_valid(const char *name)
 {
-	size_t		label = 0;
+	size_t label = 0;
 
 	if (*name == '\0' || strlen(name) > SPF_NAME_MAX + 1)
 		return false;
@@ -289,15 +288,15 @@ spf_domain_checkable(const char *domain)
 		len--;
 	last = memrchr(domain, '.', len);
 	if (last == NULL)
-		return false;			/* a single label */
+		return false; /* a single label */
 	return true;
 }
 
 static bool
 spf_name_equal(const char *a, const char *b)
 {
-	size_t		la = strlen(a),
-				lb = strlen(b);
+	size_t la = strlen(a),
+		   lb = strlen(b);
 
 	if (la && a[la - 1] == '.')
 		la--;
@@ -310,8 +309,8 @@ spf_name_equal(const char *a, const char *b)
 static bool
 spf_name_within(const char *name, const char *domain)
 {
-	size_t		ln = strlen(name),
-				ld = strlen(domain);
+	size_t ln = strlen(name),
+		   ld = strlen(domain);
 
 	if (ln && name[ln - 1] == '.')
 		ln--;
@@ -376,7 +375,7 @@ spf_macro_valid(const char *s, const char *end, bool explanation, char *reason, 
 		s++;
 		if (s < end && isdigit((unsigned char) *s))
 		{
-			long		n = 0;
+			long n = 0;
 
 			while (s < end && isdigit((unsigned char) *s))
 			{
@@ -454,7 +453,7 @@ spf_url_escape(struct buf *out, const char *s, size_t len)
 static char *
 spf_macro_value(const struct spf_check *c, char letter, const char *domain)
 {
-	char		buf[128];
+	char buf[128];
 
 	switch (tolower((unsigned char) letter))
 	{
@@ -488,7 +487,7 @@ spf_macro_value(const struct spf_check *c, char letter, const char *domain)
 			{
 				/* Upper case, as RFC 7208 7.4's example and the test suite have it. */
 				static const char hex[] = "0123456789ABCDEF";
-				size_t		pos = 0;
+				size_t			  pos = 0;
 
 				for (int i = 0; i < 16; i++)
 				{
@@ -514,7 +513,7 @@ spf_transform(struct buf *out, const char *value, const char *delimiters, size_t
 	const char *parts[512];
 	size_t		lens[512];
 	size_t		n = 0,
-				first;
+		   first;
 	const char *p = value;
 	struct buf	joined = BUF_INIT;
 
@@ -562,7 +561,7 @@ spf_transform(struct buf *out, const char *value, const char *delimiters, size_t
 enum spf_expand_status
 {
 	SPF_EXPAND_OK,
-	SPF_EXPAND_NEED_P			/* %{p} must be looked up first */
+	SPF_EXPAND_NEED_P /* %{p} must be looked up first */
 };
 
 /* Expand a macro-string already checked by spf_macro_valid. */
@@ -581,7 +580,8 @@ spf_expand(const struct spf_check *c, const char *spec, const char *domain, char
 		}
 		if (s[1] == '%' || s[1] == '_' || s[1] == '-')
 		{
-			buf_append_str(&b, s[1] == '%' ? "%" : s[1] == '_' ? " " : "%20");
+			buf_append_str(&b, s[1] == '%' ? "%" : s[1] == '_' ? " "
+															   : "%20");
 			s += 2;
 			continue;
 		}
@@ -634,14 +634,14 @@ spf_expand(const struct spf_check *c, const char *spec, const char *domain, char
 static void
 spf_truncate_name(char *name)
 {
-	size_t		len = strlen(name);
-	char	   *p = name;
+	size_t len = strlen(name);
+	char  *p = name;
 
 	if (len && name[len - 1] == '.')
 		name[--len] = '\0';
 	while (len > SPF_NAME_MAX)
 	{
-		char	   *dot = strchr(p, '.');
+		char *dot = strchr(p, '.');
 
 		if (dot == NULL)
 			break;
@@ -699,12 +699,12 @@ spf_parse_length(const char **p, int max, int *out)
 static char *
 spf_cidr_suffix(char *arg)
 {
-	char	   *end = arg + strlen(arg);
-	char	   *start = NULL;
+	char *end = arg + strlen(arg);
+	char *start = NULL;
 
 	for (int part = 0; part < 2; part++)
 	{
-		char	   *p = end;
+		char *p = end;
 
 		while (p > arg && isdigit((unsigned char) p[-1]))
 			p--;
@@ -714,11 +714,11 @@ spf_cidr_suffix(char *arg)
 		if (p > arg && p[-1] == '/')
 		{
 			if (part == 1)
-				break;			/* "//N//M" */
+				break; /* "//N//M" */
 			p--;
 		}
 		else if (part == 1 && start && start[1] != '/')
-			break;				/* "/N/M": the ip4 part must be the first */
+			break; /* "/N/M": the ip4 part must be the first */
 		start = p;
 		end = p;
 	}
@@ -766,13 +766,10 @@ spf_parse_term(const char *text, struct spf_term *t, char *reason, size_t reason
 {
 	static const struct
 	{
-		const char *name;
+		const char		  *name;
 		enum spf_mechanism mechanism;
-	}			mechanisms[] = {
-		{"all", SPF_MECH_ALL}, {"include", SPF_MECH_INCLUDE}, {"a", SPF_MECH_A},
-		{"mx", SPF_MECH_MX}, {"ptr", SPF_MECH_PTR}, {"ip4", SPF_MECH_IP4},
-		{"ip6", SPF_MECH_IP6}, {"exists", SPF_MECH_EXISTS}
-	};
+	} mechanisms[] = {
+		{"all", SPF_MECH_ALL}, {"include", SPF_MECH_INCLUDE}, {"a", SPF_MECH_A}, {"mx", SPF_MECH_MX}, {"ptr", SPF_MECH_PTR}, {"ip4", SPF_MECH_IP4}, {"ip6", SPF_MECH_IP6}, {"exists", SPF_MECH_EXISTS}};
 	const char *p = text;
 	size_t		namelen;
 	char	   *arg = NULL;
@@ -822,7 +819,7 @@ spf_parse_term(const char *text, struct spf_term *t, char *reason, size_t reason
 		}
 	}
 	else if (*p == '/')
-		arg = xstrdup(p);		/* a prefix length only */
+		arg = xstrdup(p); /* a prefix length only */
 	switch (t->mechanism)
 	{
 		case SPF_MECH_ALL:
@@ -859,7 +856,7 @@ spf_parse_term(const char *text, struct spf_term *t, char *reason, size_t reason
 			t->cidr6 = 128;
 			if (arg)
 			{
-				char	   *cidr = spf_cidr_suffix(arg);
+				char *cidr = spf_cidr_suffix(arg);
 
 				if (cidr)
 				{
@@ -885,8 +882,8 @@ spf_parse_term(const char *text, struct spf_term *t, char *reason, size_t reason
 		case SPF_MECH_IP4:
 		case SPF_MECH_IP6:
 			{
-				bool		four = t->mechanism == SPF_MECH_IP4;
-				char	   *cidr;
+				bool  four = t->mechanism == SPF_MECH_IP4;
+				char *cidr;
 
 				if (arg == NULL || *p != ':')
 				{
@@ -923,9 +920,9 @@ bad:
 static bool
 spf_parse(const char *text, size_t len, struct spf_record *r, char *reason, size_t reasonlen)
 {
-	char	   *copy;
-	char	   *p;
-	bool		ok = true;
+	char *copy;
+	char *p;
+	bool  ok = true;
 
 	memset(r, 0, sizeof(*r));
 	for (size_t i = 0; i < len; i++)
@@ -938,8 +935,8 @@ spf_parse(const char *text, size_t len, struct spf_record *r, char *reason, size
 	p = copy;
 	while (ok)
 	{
-		char	   *term;
-		size_t		namelen;
+		char  *term;
+		size_t namelen;
 
 		while (*p == ' ')
 			p++;
@@ -956,8 +953,8 @@ spf_parse(const char *text, size_t len, struct spf_record *r, char *reason, size
 			namelen = strspn(term, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.");
 		if (namelen > 0 && term[namelen] == '=')
 		{
-			char	   *value = term + namelen + 1;
-			char	  **slot = NULL;
+			char  *value = term + namelen + 1;
+			char **slot = NULL;
 
 			if (namelen == 8 && strncasecmp(term, "redirect", 8) == 0)
 				slot = &r->redirect;
@@ -996,7 +993,7 @@ bool
 spf_record_valid(const char *text, char *reason, size_t reasonlen)
 {
 	struct spf_record r;
-	size_t		len = strlen(text);
+	size_t			  len = strlen(text);
 
 	if (!spf_is_record(text, len))
 	{
@@ -1013,8 +1010,8 @@ char *
 spf_expand_for_test(const char *macro_string, bool explanation)
 {
 	struct spf_check c;
-	char		reason[256];
-	char	   *out = NULL;
+	char			 reason[256];
+	char			*out = NULL;
 
 	if (!spf_macro_valid(macro_string, macro_string + strlen(macro_string), explanation, reason,
 						 sizeof(reason)))
@@ -1083,7 +1080,7 @@ spf_conclude(struct spf_check *c, enum spf_result result, const char *fmt, ...)
 static void
 spf_conclude(struct spf_check *c, enum spf_result result, const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	c->verdict.result = result;
 	va_start(ap, fmt);
@@ -1142,7 +1139,7 @@ spf_count_void(struct spf_check *c, const struct dns_answer *a, size_t useful)
 static size_t
 spf_count_type(const struct dns_answer *a, enum dns_type type)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (size_t i = 0; i < a->count; i++)
 		if (a->records[i].type == type)
@@ -1184,7 +1181,7 @@ spf_target(struct spf_check *c, const char *spec, char **out)
 	}
 	if (spf_expand(c, spec, f->domain, out) == SPF_EXPAND_NEED_P)
 	{
-		char		name[128];
+		char name[128];
 
 		if (!dns_reverse_name(c->ip_text, name, sizeof(name)))
 		{
@@ -1202,11 +1199,11 @@ spf_target(struct spf_check *c, const char *spec, char **out)
 static void
 spf_explain(struct spf_check *c)
 {
-	char	   *name;
+	char *name;
 
 	c->explaining = true;
 	if (!spf_target(c, spf_frame(c)->record.exp, &name))
-		return;					/* %{p} first; spf_next_p_name comes back */
+		return; /* %{p} first; spf_next_p_name comes back */
 	free(c->target);
 	c->target = name;
 	spf_lookup(c, name, DNS_TYPE_TXT, SPF_WAIT_EXP);
@@ -1285,7 +1282,7 @@ spf_advance(struct spf_check *c)
 	while (f->next < f->record.count)
 	{
 		const struct spf_term *t = &f->record.terms[f->next];
-		char	   *target = NULL;
+		char				  *target = NULL;
 
 		switch (t->mechanism)
 		{
@@ -1338,7 +1335,7 @@ spf_advance(struct spf_check *c)
 				return;
 			case SPF_MECH_PTR:
 				{
-					char		name[128];
+					char name[128];
 
 					if (!dns_reverse_name(c->ip_text, name, sizeof(name)))
 					{
@@ -1358,7 +1355,7 @@ spf_advance(struct spf_check *c)
 	/* No term matched. */
 	if (f->record.redirect)
 	{
-		char	   *target;
+		char *target;
 
 		if (!spf_target(c, f->record.redirect, &target))
 			return;
@@ -1418,8 +1415,8 @@ spf_next_p_name(struct spf_check *c)
 static char **
 spf_ptr_names(const struct dns_answer *a, size_t limit, size_t *count)
 {
-	char	  **names = xcalloc(limit + 1, sizeof(*names));
-	size_t		n = 0;
+	char **names = xcalloc(limit + 1, sizeof(*names));
+	size_t n = 0;
 
 	for (size_t i = 0; i < a->count && n < limit; i++)
 		if (a->records[i].type == DNS_TYPE_PTR && a->records[i].text)
@@ -1433,7 +1430,7 @@ static void
 spf_take_explanation(struct spf_check *c, const struct dns_answer *a)
 {
 	const struct dns_record *r = NULL;
-	char		reason[128];
+	char					 reason[128];
 
 	if (a->status != DNS_OK || spf_count_type(a, DNS_TYPE_TXT) != 1)
 		return;
@@ -1452,10 +1449,9 @@ spf_take_explanation(struct spf_check *c, const struct dns_answer *a)
 static bool
 spf_expand_explanation(struct spf_check *c)
 {
-	char		name[128];
+	char name[128];
 
-	if (c->exp_text && spf_expand(c, c->exp_text, spf_frame(c)->domain, &c->explanation)
-		== SPF_EXPAND_NEED_P)
+	if (c->exp_text && spf_expand(c, c->exp_text, spf_frame(c)->domain, &c->explanation) == SPF_EXPAND_NEED_P)
 	{
 		if (dns_reverse_name(c->ip_text, name, sizeof(name)))
 		{
@@ -1474,7 +1470,7 @@ spf_on_answer(void *arg, const struct dns_answer *a)
 {
 	struct spf_check *c = arg;
 	struct spf_frame *f = spf_frame(c);
-	bool		error = a->status == DNS_TEMPFAIL || a->status == DNS_TIMEOUT;
+	bool			  error = a->status == DNS_TEMPFAIL || a->status == DNS_TIMEOUT;
 
 	c->query = NULL;
 	switch (c->wait)
@@ -1484,8 +1480,8 @@ spf_on_answer(void *arg, const struct dns_answer *a)
 		case SPF_WAIT_RECORD:
 			{
 				const struct dns_record *found = NULL;
-				size_t		n = 0;
-				char		reason[200];
+				size_t					 n = 0;
+				char					 reason[200];
 
 				if (error)
 				{
@@ -1627,8 +1623,9 @@ spf_on_answer(void *arg, const struct dns_answer *a)
 			{
 				/* RFC 7208 7.3: the domain itself, else a subdomain, else any. */
 				const char *name = c->p_names[c->p_index];
-				int			rank = spf_name_equal(name, f->domain) ? 3
-					: spf_name_within(name, f->domain) ? 2 : 1;
+				int			rank = spf_name_equal(name, f->domain)	  ? 3
+								   : spf_name_within(name, f->domain) ? 2
+																	  : 1;
 
 				if (rank > c->p_rank)
 				{
@@ -1653,7 +1650,7 @@ spf_check_start(struct dns_resolver *r, struct dns_budget *budget, const char *i
 				spf_done_fn done, void *arg)
 {
 	struct spf_check *c = xcalloc(1, sizeof(*c));
-	const char *at = strrchr(sender, '@');
+	const char		 *at = strrchr(sender, '@');
 
 	c->resolver = r;
 	c->budget = budget;

@@ -35,13 +35,13 @@ struct spf_verdict
 	const char *explanation;
 	/* What decided it: the matching mechanism, or the error, for logs and comments */
 	const char *reason;
-	const char *domain;			/* the domain checked (the identity's) */
+	const char *domain; /* the domain checked (the identity's) */
 };
 
 struct spf_check;
 
 /* Called once, from the loop, unless the check was cancelled first. */
-typedef void (*spf_done_fn) (void *arg, const struct spf_verdict *v);
+typedef void (*spf_done_fn)(void *arg, const struct spf_verdict *v);
 
 /*
  * Check ip (text, IPv4 or IPv6) against sender's domain; sender is the
@@ -52,7 +52,7 @@ typedef void (*spf_done_fn) (void *arg, const struct spf_verdict *v);
 struct spf_check *spf_check_start(struct dns_resolver *r, struct dns_budget *budget,
 								  const char *ip, const char *sender, const char *helo,
 								  const char *receiver, spf_done_fn done, void *arg);
-void		spf_check_cancel(struct spf_check *c);
+void			  spf_check_cancel(struct spf_check *c);
 
 /* "pass", "fail"... as RFC 8601 spells them. */
 const char *spf_result_name(enum spf_result r);
@@ -62,7 +62,7 @@ const char *spf_result_name(enum spf_result r);
  * does text parse as an SPF record (false with the reason), and expand a
  * macro-string against fixed values.
  */
-bool		spf_record_valid(const char *text, char *reason, size_t reasonlen);
-char	   *spf_expand_for_test(const char *macro_string, bool explanation);
+bool  spf_record_valid(const char *text, char *reason, size_t reasonlen);
+char *spf_expand_for_test(const char *macro_string, bool explanation);
 
 #endif

@@ -20,17 +20,17 @@
 
 struct data_case
 {
-	char		name[256];		/* "file:line", the cmocka test name */
-	int			nfields;
-	char	   *field[DATA_CASE_FIELDS];
-	size_t		len[DATA_CASE_FIELDS];
+	char   name[256]; /* "file:line", the cmocka test name */
+	int	   nfields;
+	char  *field[DATA_CASE_FIELDS];
+	size_t len[DATA_CASE_FIELDS];
 };
 
 /* Decode the escapes of one field in place; returns its length. */
 static inline size_t
 data_case_unescape(char *s)
 {
-	char	   *w = s;
+	char *w = s;
 
 	for (const char *r = s; *r; r++)
 	{
@@ -56,7 +56,7 @@ data_case_unescape(char *s)
 				break;
 			case 'x':
 				{
-					unsigned	v = 0;
+					unsigned v = 0;
 
 					if (sscanf(r + 1, "%2x", &v) != 1)
 						fail_msg("bad \\x escape in \"%s\"", s);
@@ -81,14 +81,14 @@ data_case_unescape(char *s)
 static inline struct data_case *
 data_cases_load(const char *test_source, const char *name, size_t *count)
 {
-	char		path[1024];
-	const char *slash = strrchr(test_source, '/');
-	int			dirlen = slash ? (int) (slash - test_source) : 1;
-	FILE	   *f;
-	char	   *line = NULL;
-	size_t		cap = 0;
-	ssize_t		n;
-	int			lineno = 0;
+	char			  path[1024];
+	const char		 *slash = strrchr(test_source, '/');
+	int				  dirlen = slash ? (int) (slash - test_source) : 1;
+	FILE			 *f;
+	char			 *line = NULL;
+	size_t			  cap = 0;
+	ssize_t			  n;
+	int				  lineno = 0;
 	struct data_case *cases = NULL;
 
 	snprintf(path, sizeof(path), "%s%s%.*s/data/%s",
@@ -104,7 +104,7 @@ data_cases_load(const char *test_source, const char *name, size_t *count)
 	while ((n = getline(&line, &cap, f)) >= 0)
 	{
 		struct data_case *c;
-		char	   *p;
+		char			 *p;
 
 		lineno++;
 		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
@@ -118,7 +118,7 @@ data_cases_load(const char *test_source, const char *name, size_t *count)
 		p = strdup(line);
 		while (p != NULL && c->nfields < DATA_CASE_FIELDS)
 		{
-			char	   *tab = strchr(p, '\t');
+			char *tab = strchr(p, '\t');
 
 			if (tab)
 				*tab++ = '\0';
@@ -142,7 +142,7 @@ static inline void
 data_cases_free(struct data_case *cases, size_t count)
 {
 	for (size_t i = 0; i < count; i++)
-		free(cases[i].field[0]);	/* the line's one copy; the fields point into it */
+		free(cases[i].field[0]); /* the line's one copy; the fields point into it */
 	free(cases);
 }
 
@@ -151,7 +151,7 @@ static inline int
 data_cases_run(const char *group, struct data_case *cases, size_t count, CMUnitTestFunction fn)
 {
 	struct CMUnitTest *tests = calloc(count, sizeof(*tests));
-	int			rc;
+	int				   rc;
 
 	for (size_t i = 0; i < count; i++)
 	{

@@ -54,9 +54,9 @@ parse_refused(const char *text, const char *want_prefix, const char *want)
 static void
 expands_to(const struct alias_table *table, const char *address, const char *want)
 {
-	char	  **out = NULL;
-	size_t		count = 0;
-	struct buf	got = BUF_INIT;
+	char	 **out = NULL;
+	size_t	   count = 0;
+	struct buf got = BUF_INIT;
 
 	if (!aliases_expand(table, address, DOMAINS, &out, &count, err, sizeof(err)))
 		fail_msg("expanding %s failed: %s", address, err);
@@ -75,8 +75,8 @@ expands_to(const struct alias_table *table, const char *address, const char *wan
 static void
 expansion_refused(const struct alias_table *table, const char *address, const char *want)
 {
-	char	  **out = NULL;
-	size_t		count = 0;
+	char **out = NULL;
+	size_t count = 0;
 
 	err[0] = '\0';
 	if (aliases_expand(table, address, DOMAINS, &out, &count, err, sizeof(err)))
@@ -163,11 +163,11 @@ test_parse_bad_names(void **state)
 static void
 test_load_file(void **state)
 {
-	char		path[] = "/tmp/test_aliases.XXXXXX";
-	int			fd = mkstemp(path);
-	FILE	   *f;
+	char				path[] = "/tmp/test_aliases.XXXXXX";
+	int					fd = mkstemp(path);
+	FILE			   *f;
 	struct alias_table *table;
-	char		want[64];
+	char				want[64];
 
 	assert_true(fd >= 0);
 	f = fdopen(fd, "w");
@@ -284,8 +284,8 @@ static void
 test_expand_appends(void **state)
 {
 	struct alias_table *table = parse_ok("a: x, y\nb: y, z\n");
-	char	  **out = NULL;
-	size_t		count = 0;
+	char			  **out = NULL;
+	size_t				count = 0;
 
 	assert_true(aliases_expand(table, "a@example.org", DOMAINS, &out, &count, err, sizeof(err)));
 	assert_true(aliases_expand(table, "b@example.org", DOMAINS, &out, &count, err, sizeof(err)));
@@ -303,7 +303,7 @@ test_expand_appends(void **state)
 static void
 test_expand_depth_limit(void **state)
 {
-	struct buf	text = BUF_INIT;
+	struct buf			text = BUF_INIT;
 	struct alias_table *table;
 
 	for (int i = 0; i < 40; i++)
@@ -319,7 +319,7 @@ test_expand_depth_limit(void **state)
 static void
 test_expand_size_limit(void **state)
 {
-	struct buf	text = BUF_INIT;
+	struct buf			text = BUF_INIT;
 	struct alias_table *table;
 
 	/* everyone: team0..team10, each team 1,000 members: 11,000 addresses. */
@@ -338,8 +338,8 @@ test_expand_size_limit(void **state)
 	expansion_refused(table, "everyone@example.org", "more than");
 	/* One team is well within the limit. */
 	{
-		char	  **out = NULL;
-		size_t		count = 0;
+		char **out = NULL;
+		size_t count = 0;
 
 		assert_true(aliases_expand(table, "team3@example.org", DOMAINS, &out, &count, err, sizeof(err)));
 		assert_int_equal(count, 1000);
@@ -359,7 +359,7 @@ test_expand_size_limit(void **state)
 static void
 test_expand_walk_limit(void **state)
 {
-	struct buf	text = BUF_INIT;
+	struct buf			text = BUF_INIT;
 	struct alias_table *table;
 
 	for (int i = 0; i < 30; i++)

@@ -63,27 +63,26 @@ static const char rfc8463_rsa_record[] =
 	"v=DKIM1; k=rsa; p=MIGfMA0GCSqGSIb3DQEBAQUAA4GNADCBiQKBgQDkHlOQoBTzWRiGs5V6NpP3idY6Wk08a5qhdR6wy5bdOKb2jLQiY/"
 	"J16JYi0Qvx/byYzCNb3W91y3FutACDfzwQ/BC/e/8uBsCR+yz1Lxj+PL6lHvqMKrM3rG4hstT5QjvHO9PzoxZyVYLzBfO2EeC3Ip3G+2kryOTIKT+l/K4w3QIDAQAB";
 static const char rfc8463_rsa_private[] =
-"-----BEGIN RSA PRIVATE KEY-----\n"
-"MIICXQIBAAKBgQDkHlOQoBTzWRiGs5V6NpP3idY6Wk08a5qhdR6wy5bdOKb2jLQi\n"
-"Y/J16JYi0Qvx/byYzCNb3W91y3FutACDfzwQ/BC/e/8uBsCR+yz1Lxj+PL6lHvqM\n"
-"KrM3rG4hstT5QjvHO9PzoxZyVYLzBfO2EeC3Ip3G+2kryOTIKT+l/K4w3QIDAQAB\n"
-"AoGAH0cxOhFZDgzXWhDhnAJDw5s4roOXN4OhjiXa8W7Y3rhX3FJqmJSPuC8N9vQm\n"
-"6SVbaLAE4SG5mLMueHlh4KXffEpuLEiNp9Ss3O4YfLiQpbRqE7Tm5SxKjvvQoZZe\n"
-"zHorimOaChRL2it47iuWxzxSiRMv4c+j70GiWdxXnxe4UoECQQDzJB/0U58W7RZy\n"
-"6enGVj2kWF732CoWFZWzi1FicudrBFoy63QwcowpoCazKtvZGMNlPWnC7x/6o8Gc\n"
-"uSe0ga2xAkEA8C7PipPm1/1fTRQvj1o/dDmZp243044ZNyxjg+/OPN0oWCbXIGxy\n"
-"WvmZbXriOWoSALJTjExEgraHEgnXssuk7QJBALl5ICsYMu6hMxO73gnfNayNgPxd\n"
-"WFV6Z7ULnKyV7HSVYF0hgYOHjeYe9gaMtiJYoo0zGN+L3AAtNP9huqkWlzECQE1a\n"
-"licIeVlo1e+qJ6Mgqr0Q7Aa7falZ448ccbSFYEPD6oFxiOl9Y9se9iYHZKKfIcst\n"
-"o7DUw1/hz2Ck4N5JrgUCQQCyKveNvjzkkd8HjYs0SwM0fPjK16//5qDZ2UiDGnOe\n"
-"uEzxBDAr518Z8VFbR41in3W4Y3yCDgQlLlcETrS+zYcL\n"
-"-----END RSA PRIVATE KEY-----\n"
-	;
+	"-----BEGIN RSA PRIVATE KEY-----\n"
+	"MIICXQIBAAKBgQDkHlOQoBTzWRiGs5V6NpP3idY6Wk08a5qhdR6wy5bdOKb2jLQi\n"
+	"Y/J16JYi0Qvx/byYzCNb3W91y3FutACDfzwQ/BC/e/8uBsCR+yz1Lxj+PL6lHvqM\n"
+	"KrM3rG4hstT5QjvHO9PzoxZyVYLzBfO2EeC3Ip3G+2kryOTIKT+l/K4w3QIDAQAB\n"
+	"AoGAH0cxOhFZDgzXWhDhnAJDw5s4roOXN4OhjiXa8W7Y3rhX3FJqmJSPuC8N9vQm\n"
+	"6SVbaLAE4SG5mLMueHlh4KXffEpuLEiNp9Ss3O4YfLiQpbRqE7Tm5SxKjvvQoZZe\n"
+	"zHorimOaChRL2it47iuWxzxSiRMv4c+j70GiWdxXnxe4UoECQQDzJB/0U58W7RZy\n"
+	"6enGVj2kWF732CoWFZWzi1FicudrBFoy63QwcowpoCazKtvZGMNlPWnC7x/6o8Gc\n"
+	"uSe0ga2xAkEA8C7PipPm1/1fTRQvj1o/dDmZp243044ZNyxjg+/OPN0oWCbXIGxy\n"
+	"WvmZbXriOWoSALJTjExEgraHEgnXssuk7QJBALl5ICsYMu6hMxO73gnfNayNgPxd\n"
+	"WFV6Z7ULnKyV7HSVYF0hgYOHjeYe9gaMtiJYoo0zGN+L3AAtNP9huqkWlzECQE1a\n"
+	"licIeVlo1e+qJ6Mgqr0Q7Aa7falZ448ccbSFYEPD6oFxiOl9Y9se9iYHZKKfIcst\n"
+	"o7DUw1/hz2Ck4N5JrgUCQQCyKveNvjzkkd8HjYs0SwM0fPjK16//5qDZ2UiDGnOe\n"
+	"uEzxBDAr518Z8VFbR41in3W4Y3yCDgQlLlcETrS+zYcL\n"
+	"-----END RSA PRIVATE KEY-----\n";
 
 static void
 sha256_of(const char *data, size_t len, unsigned char out[CANON_HASH_LEN])
 {
-	unsigned	n = CANON_HASH_LEN;
+	unsigned n = CANON_HASH_LEN;
 
 	EVP_Digest(data, len, out, &n, EVP_sha256(), NULL);
 }
@@ -92,9 +91,9 @@ static void
 test_rfc6376_headers(void **unused)
 {
 	struct header_fields fields;
-	struct buf	relaxed = BUF_INIT;
-	struct buf	simple = BUF_INIT;
-	char		err[256];
+	struct buf			 relaxed = BUF_INIT;
+	struct buf			 simple = BUF_INIT;
+	char				 err[256];
 
 	assert_true(header_fields_parse(rfc6376_headers, strlen(rfc6376_headers), 998, &fields, err, sizeof(err)));
 	assert_int_equal(fields.count, 2);
@@ -113,7 +112,7 @@ test_rfc6376_headers(void **unused)
 static void
 test_rfc6376_body(void **unused)
 {
-	unsigned char got[CANON_HASH_LEN], want[CANON_HASH_LEN];
+	unsigned char	  got[CANON_HASH_LEN], want[CANON_HASH_LEN];
 	static const char relaxed[] = " C\r\nD E\r\n";
 	static const char simple[] = " C \r\nD \t E\r\n";
 
@@ -152,14 +151,14 @@ static void
 rfc8463_check(const char *signature, const char *record, enum sign_algorithm algorithm,
 			  EVP_PKEY *private)
 {
-	struct buf	headers = BUF_INIT;
+	struct buf			 headers = BUF_INIT;
 	struct header_fields fields;
-	unsigned char bh[CANON_HASH_LEN], hash[CANON_HASH_LEN];
-	unsigned char sig[1024];
-	struct buf	want = BUF_INIT, got = BUF_INIT, bh64 = BUF_INIT;
-	char		err[256];
-	EVP_PKEY   *pub;
-	long		siglen;
+	unsigned char		 bh[CANON_HASH_LEN], hash[CANON_HASH_LEN];
+	unsigned char		 sig[1024];
+	struct buf			 want = BUF_INIT, got = BUF_INIT, bh64 = BUF_INIT;
+	char				 err[256];
+	EVP_PKEY			*pub;
+	long				 siglen;
 
 	buf_append_str(&headers, signature);
 	buf_append_str(&headers, rfc8463_headers);
@@ -198,7 +197,7 @@ static void
 test_rfc8463_ed25519(void **unused)
 {
 	unsigned char seed[32];
-	EVP_PKEY   *private;
+	EVP_PKEY *private;
 
 	assert_int_equal(base64_decode(rfc8463_ed25519_seed, strlen(rfc8463_ed25519_seed), seed, sizeof(seed)), 32);
 	private = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed, sizeof(seed));
@@ -210,8 +209,8 @@ test_rfc8463_ed25519(void **unused)
 static void
 test_rfc8463_rsa(void **unused)
 {
-	BIO		   *bio = BIO_new_mem_buf(rfc8463_rsa_private, -1);
-	EVP_PKEY   *private = PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL);
+	BIO *bio = BIO_new_mem_buf(rfc8463_rsa_private, -1);
+	EVP_PKEY *private = PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL);
 
 	assert_non_null(private);
 	rfc8463_check(rfc8463_rsa_signature, rfc8463_rsa_record, SIGN_RSA_SHA256, private);
@@ -227,16 +226,23 @@ test_sign_field(void **unused)
 		"From: a@example.org\r\nTo: b@example.net\r\nSubject: one\r\nSubject: two\r\n"
 		"X-Other: not signed\r\n";
 	struct header_fields fields;
-	struct buf	out = BUF_INIT, list = BUF_INIT, all = BUF_INIT;
-	unsigned char bh[CANON_HASH_LEN], hash[CANON_HASH_LEN], sig[1024];
-	char		err[256];
-	EVP_PKEY   *key = keys_generate(SIGN_ED25519_SHA256, 0);
-	struct dkim_signer s = {
-		.field_name = "DKIM-Signature", .leading_tags = "v=1", .algorithm = SIGN_ED25519_SHA256,
-		.pkey = key, .domain = "example.org", .selector = "sel", .header_canon = CANON_RELAXED,
-		.body_canon = CANON_RELAXED, .headers = DKIM_DEFAULT_HEADERS,
-		.oversigned = DKIM_DEFAULT_OVERSIGNED, .timestamp = 1700000000,
-	};
+	struct buf			 out = BUF_INIT, list = BUF_INIT, all = BUF_INIT;
+	unsigned char		 bh[CANON_HASH_LEN], hash[CANON_HASH_LEN], sig[1024];
+	char				 err[256];
+	EVP_PKEY			*key = keys_generate(SIGN_ED25519_SHA256, 0);
+	struct dkim_signer	 s = {
+		  .field_name = "DKIM-Signature",
+		  .leading_tags = "v=1",
+		  .algorithm = SIGN_ED25519_SHA256,
+		  .pkey = key,
+		  .domain = "example.org",
+		  .selector = "sel",
+		  .header_canon = CANON_RELAXED,
+		  .body_canon = CANON_RELAXED,
+		  .headers = DKIM_DEFAULT_HEADERS,
+		  .oversigned = DKIM_DEFAULT_OVERSIGNED,
+		  .timestamp = 1700000000,
+	  };
 	const char *h;
 	struct tag	tags[16];
 	size_t		ntags;
@@ -262,7 +268,7 @@ test_sign_field(void **unused)
 	assert_true(tag_list_parse(h, strlen(h), tags, 16, &ntags));
 	assert_non_null(tag_find(tags, ntags, "h"));
 	{
-		char	   *hv = tag_strdup(tags, ntags, "h");
+		char			 *hv = tag_strdup(tags, ntags, "h");
 		const struct tag *bt = tag_find(tags, ntags, "b");
 
 		fields.field[0].used = true;
@@ -283,8 +289,8 @@ static void
 test_header_parse_refusals(void **unused)
 {
 	struct header_fields fields;
-	char		err[256];
-	char		long_line[1200];
+	char				 err[256];
+	char				 long_line[1200];
 
 	assert_false(header_fields_parse(" continued\r\n", 12, 998, &fields, err, sizeof(err)));
 	assert_non_null(strstr(err, "continues a field"));
@@ -300,8 +306,8 @@ test_header_parse_refusals(void **unused)
 static void
 test_tag_list(void **unused)
 {
-	struct tag	tags[8];
-	size_t		n;
+	struct tag		  tags[8];
+	size_t			  n;
 	static const char ok[] = " v = 1 ; a=rsa-sha256;\r\n\tb= ab\r\n cd ; ";
 	static const char dup[] = "a=1; a=2";
 	static const char noeq[] = "a=1; junk";
@@ -309,7 +315,7 @@ test_tag_list(void **unused)
 	assert_true(tag_list_parse(ok, strlen(ok), tags, 8, &n));
 	assert_int_equal(n, 3);
 	assert_int_equal(tag_find(tags, n, "v")->value_len, 1);
-	assert_int_equal(tag_find(tags, n, "b")->value_len, 7);	/* "ab", CRLF, " cd" */
+	assert_int_equal(tag_find(tags, n, "b")->value_len, 7); /* "ab", CRLF, " cd" */
 	assert_false(tag_list_parse(dup, strlen(dup), tags, 8, &n));
 	assert_false(tag_list_parse(noeq, strlen(noeq), tags, 8, &n));
 	assert_false(tag_list_parse("=x", 2, tags, 8, &n));
@@ -318,9 +324,9 @@ test_tag_list(void **unused)
 static char *
 write_key(EVP_PKEY *key, mode_t mode)
 {
-	char	   *path = strdup("/tmp/pepsi-test-key-XXXXXX");
-	int			fd = mkstemp(path);
-	FILE	   *f = fdopen(fd, "w");
+	char *path = strdup("/tmp/pepsi-test-key-XXXXXX");
+	int	  fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
 
 	PEM_write_PrivateKey(f, key, NULL, NULL, 0, NULL, NULL);
 	fclose(f);
@@ -331,13 +337,13 @@ write_key(EVP_PKEY *key, mode_t mode)
 static void
 test_key_refusals(void **unused)
 {
-	EVP_PKEY   *ed = keys_generate(SIGN_ED25519_SHA256, 0);
-	EVP_PKEY   *small = keys_generate(SIGN_RSA_SHA256, 1024);
-	char	   *ok = write_key(ed, 0600);
-	char	   *open_to_group = write_key(ed, 0640);
-	char	   *short_rsa = write_key(small, 0400);
-	char		err[512];
-	EVP_PKEY   *k;
+	EVP_PKEY *ed = keys_generate(SIGN_ED25519_SHA256, 0);
+	EVP_PKEY *small = keys_generate(SIGN_RSA_SHA256, 1024);
+	char	 *ok = write_key(ed, 0600);
+	char	 *open_to_group = write_key(ed, 0640);
+	char	 *short_rsa = write_key(small, 0400);
+	char	  err[512];
+	EVP_PKEY *k;
 
 	k = keys_load_private(ok, SIGN_ED25519_SHA256, err, sizeof(err));
 	assert_non_null(k);
@@ -355,8 +361,8 @@ test_key_refusals(void **unused)
 
 	/* The record printed for a key parses back to the same key. */
 	{
-		struct buf	record = BUF_INIT;
-		EVP_PKEY   *pub;
+		struct buf record = BUF_INIT;
+		EVP_PKEY  *pub;
 
 		keys_public_record(ed, SIGN_ED25519_SHA256, &record);
 		assert_non_null(strstr(record.data, "v=DKIM1; k=ed25519; p="));

@@ -99,7 +99,7 @@ test_schema_lookups(void **state)
 	assert_true(config_section_known("pepsi"));
 	assert_true(config_section_known("stage-anything"));
 	assert_true(config_section_known("listener-submission"));
-	assert_false(config_section_known("stage-"));	/* a prefix needs a name */
+	assert_false(config_section_known("stage-")); /* a prefix needs a name */
 	assert_false(config_section_known("stages"));
 	assert_false(config_section_known("Pepsi"));
 	assert_true(config_option_known("pepsi", "ALLOW_FUSION"));
@@ -185,7 +185,7 @@ test_long_values(void **state)
 										"LOCAL_DOMAINS = a.example, b.example,\n"
 										"    c.example\n"
 										"PROGRAM = pepsi-stage-route\n");
-	char		text[600];
+	char				 text[600];
 
 	assert_string_equal(config_get(cfg, "stage-route", "LOCAL_DOMAINS"),
 						"a.example, b.example, c.example");
@@ -201,9 +201,9 @@ test_long_values(void **state)
 static void
 test_load_file(void **state)
 {
-	char		path[] = "/tmp/test_config.XXXXXX";
-	int			fd = mkstemp(path);
-	FILE	   *f;
+	char				 path[] = "/tmp/test_config.XXXXXX";
+	int					 fd = mkstemp(path);
+	FILE				*f;
 	struct pepsi_config *cfg;
 
 	assert_true(fd >= 0);
@@ -213,7 +213,7 @@ test_load_file(void **state)
 	cfg = config_load(path, err, sizeof(err));
 	assert_null(cfg);
 	{
-		char	   *want = NULL;
+		char *want = NULL;
 
 		assert_true(asprintf(&want, "%s:5: ", path) > 0);
 		assert_true(strncmp(err, want, strlen(want)) == 0);
@@ -248,11 +248,10 @@ test_get_int(void **state)
 										"EMPTY = \n");
 
 	assert_int_equal(config_int(cfg, "stage-a", "PARALLELISM"), 4);
-	assert_int_equal(config_int(cfg, "stage-a", "QUEUE_LIMIT"), 16);	/* the schema's default */
+	assert_int_equal(config_int(cfg, "stage-a", "QUEUE_LIMIT"), 16); /* the schema's default */
 	/* A program the schema does not know keeps its own options unchecked. */
 	assert_string_equal(config_get(cfg, "stage-a", "BAD"), "12x");
 	config_free(cfg);
-
 }
 
 /* Values the schema refuses, each at its place and with the reason. */
@@ -264,19 +263,19 @@ test_value_refusals(void **state)
 		const char *text;
 		const char *place;
 		const char *reason;
-	}			refused[] = {
+	} refused[] = {
 		{"[stage-a]\nPARALLELISM = 4\nQUEUE_LIMIT = 0\n", "pepsi.conf:3: ",
-		"QUEUE_LIMIT is a whole number from 1 to 1024"},
+		 "QUEUE_LIMIT is a whole number from 1 to 1024"},
 		{"[stage-a]\nMAX_MESSAGES = 12x\n", "pepsi.conf:2: ", "[stage-a] MAX_MESSAGES = 12x"},
 		{"[stage-a]\nMAX_MESSAGES = \n", "pepsi.conf:2: ", "MAX_MESSAGES is a whole number"},
 		{"[stage-a]\nMAX_MESSAGES = 99999999999999999999999\n", "pepsi.conf:2: ", "whole number"},
 		{"[ingress]\nBATCH_SIZE = 2048\n", "pepsi.conf:2: ", "from 1 to 1024"},
 		{"[listener-smtp]\nMODE = lmtp\n", "pepsi.conf:2: ",
-		"MODE is one of \"smtp\", \"submission\" or \"smtps\"."},
+		 "MODE is one of \"smtp\", \"submission\" or \"smtps\"."},
 		{"[listener-smtp]\nMAX_SIZE = 10 MB\n", "pepsi.conf:2: ", "MAX_SIZE is a size"},
 		{"[pepsi]\nHOSTNAME = mx..example.org\n", "pepsi.conf:2: ", "HOSTNAME is a domain name"},
 		{"[pepsi]\nLOCAL_DOMAINS = example.org, -bad.example\n", "pepsi.conf:2: ",
-		"\"-bad.example\" is not one"},
+		 "\"-bad.example\" is not one"},
 		{"[ingress]\nCREDENTIALS = relative/path\n", "pepsi.conf:2: ", "absolute path"},
 	};
 
@@ -289,8 +288,8 @@ test_get_bool(void **state)
 {
 	static const char *const yes[] = {"yes", "YES", "true", "On", "1"};
 	static const char *const no[] = {"no", "False", "off", "0"};
-	struct pepsi_config *cfg;
-	char		text[128];
+	struct pepsi_config		*cfg;
+	char					 text[128];
 
 	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
 	{
@@ -310,7 +309,7 @@ test_get_bool(void **state)
 				  "[pepsi] ALLOW_FUSION = maybe: ALLOW_FUSION is a boolean");
 	cfg = parse_ok("[pepsi]\nHOSTNAME = x\n");
 	assert_false(config_bool(cfg, "pepsi", "MAIL_LOG"));	/* the default: no */
-	assert_true(config_bool(cfg, "pepsi", "ALLOW_FUSION"));	/* the default: yes */
+	assert_true(config_bool(cfg, "pepsi", "ALLOW_FUSION")); /* the default: yes */
 	config_free(cfg);
 
 	/*
@@ -331,14 +330,21 @@ test_get_duration(void **state)
 	{
 		const char *text;
 		long		ms;
-	}			good[] = {
-		{"30", 30000}, {"30s", 30000}, {"250ms", 250}, {"5m", 300000}, {"5min", 300000},
-		{"2h", 7200000}, {"1d", 86400000}, {"1.5s", 1500}, {"0", 0},
+	} good[] = {
+		{"30", 30000},
+		{"30s", 30000},
+		{"250ms", 250},
+		{"5m", 300000},
+		{"5min", 300000},
+		{"2h", 7200000},
+		{"1d", 86400000},
+		{"1.5s", 1500},
+		{"0", 0},
 	};
 	static const char *const bad[] = {"5 parsecs", "5w", "-1s", "s", "nan", "inf", "1e300d", "",
-	"0x10", "1.", ".5s"};
-	struct pepsi_config *cfg;
-	char		text[128];
+									  "0x10", "1.", ".5s"};
+	struct pepsi_config		*cfg;
+	char					 text[128];
 
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
 	{
@@ -370,10 +376,10 @@ test_get_size_enum_text(void **state)
 										"RETURN_SIZE_LIMIT = 2048\n");
 
 	assert_int_equal(config_size(cfg, "listener-smtp", "MAX_SIZE"), 10 * 1024 * 1024);
-	assert_int_equal(config_enum(cfg, "listener-smtp", "MODE"), 1);	/* smtp|submission|smtps */
+	assert_int_equal(config_enum(cfg, "listener-smtp", "MODE"), 1); /* smtp|submission|smtps */
 	assert_int_equal(config_size(cfg, "stage-b", "RETURN_SIZE_LIMIT"), 2048);
-	assert_string_equal(config_text(cfg, "sendmail", "INIT_STAGE"), "init");	/* the default */
-	assert_null(config_text(cfg, "ingress", "AUTHSERV_ID"));	/* no default */
+	assert_string_equal(config_text(cfg, "sendmail", "INIT_STAGE"), "init"); /* the default */
+	assert_null(config_text(cfg, "ingress", "AUTHSERV_ID"));				 /* no default */
 	config_free(cfg);
 }
 
@@ -385,14 +391,14 @@ test_stage_program_options(void **state)
 										"PROGRAM = pepsi-stage-relay-to-smarthost\n"
 										"[stage-third]\nPROGRAM = someone-elses-stage\nANY_OPTION = x\n");
 
-	assert_int_equal(config_enum(cfg, "stage-relay", "TLS"), 2);	/* verify|no-verify|may|none */
+	assert_int_equal(config_enum(cfg, "stage-relay", "TLS"), 2); /* verify|no-verify|may|none */
 	assert_int_equal(config_int(cfg, "stage-relay", "REUSE_MESSAGES"), 1000);
 	assert_string_equal(config_get(cfg, "stage-third", "ANY_OPTION"), "x");
 	config_free(cfg);
 
 	parse_refused("[stage-relay]\nSMARTHOTS = mx.example.org\nPROGRAM = pepsi-stage-relay-to-smarthost\n",
 				  "pepsi.conf:2: ", "[stage-relay] has no option SMARTHOTS (neither every stage nor "
-				  "its PROGRAM pepsi-stage-relay-to-smarthost takes it)");
+									"its PROGRAM pepsi-stage-relay-to-smarthost takes it)");
 	parse_refused("[stage-relay]\nPROGRAM = pepsi-stage-relay-to-smarthost\nTLS = sometimes\n",
 				  "pepsi.conf:3: ", "TLS is one of");
 	/* Another program's option is not this one's. */
@@ -416,7 +422,7 @@ static void
 test_overlay_precedence(void **state)
 {
 	struct pepsi_config *cfg = parse_ok("[stage-relay]\nPROGRAM = p\nMAX_SIZE = file\n");
-	char		origin[128];
+	char				 origin[128];
 
 	assert_string_equal(config_get_for(cfg, "stage-relay", "MAX_SIZE", NULL, "a@example.org"), "file");
 	assert_string_equal(config_origin(cfg, "stage-relay", "MAX_SIZE", origin, sizeof(origin)),

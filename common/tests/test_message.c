@@ -18,8 +18,8 @@
 
 struct split
 {
-	struct buf	headers;
-	struct buf	body;
+	struct buf headers;
+	struct buf body;
 };
 
 static void
@@ -40,7 +40,7 @@ split_free(struct split *s)
 static void
 assert_buf_equal(const struct buf *b, const char *want)
 {
-	size_t		len = strlen(want);
+	size_t len = strlen(want);
 
 	if (b->len != len || (len > 0 && memcmp(b->data, want, len) != 0))
 		fail_msg("got %zu bytes \"%.*s\", want %zu bytes \"%s\"", b->len, (int) b->len,
@@ -51,7 +51,7 @@ assert_buf_equal(const struct buf *b, const char *want)
 static void
 assert_joins_to(const struct split *s, const char *raw)
 {
-	struct buf	joined = BUF_INIT;
+	struct buf joined = BUF_INIT;
 
 	message_join(s->headers.data ? s->headers.data : "", s->headers.len,
 				 s->body.data ? s->body.data : "", s->body.len, &joined);
@@ -71,7 +71,7 @@ assert_crlf_only(const struct buf *b)
 static void
 test_crlf_message(void **state)
 {
-	const char *raw = "From: a@example.org\r\nTo: b@example.net\r\nSubject: hi\r\n\r\nHello.\r\nBye.\r\n";
+	const char	*raw = "From: a@example.org\r\nTo: b@example.net\r\nSubject: hi\r\n\r\nHello.\r\nBye.\r\n";
 	struct split s;
 
 	split(raw, &s);
@@ -85,7 +85,7 @@ test_crlf_message(void **state)
 static void
 test_folded_header(void **state)
 {
-	const char *raw = "Subject: a long\r\n\tsubject\r\nX: y\r\n\r\nbody";
+	const char	*raw = "Subject: a long\r\n\tsubject\r\nX: y\r\n\r\nbody";
 	struct split s;
 
 	split(raw, &s);
@@ -174,7 +174,7 @@ test_empty_headers(void **state)
 static void
 test_body_with_blank_lines(void **state)
 {
-	const char *raw = "Subject: x\r\n\r\n\r\npara one\r\n\r\n\r\npara two\r\n\r\n";
+	const char	*raw = "Subject: x\r\n\r\n\r\npara one\r\n\r\n\r\npara two\r\n\r\n";
 	struct split s;
 
 	split(raw, &s);
@@ -188,7 +188,7 @@ test_body_with_blank_lines(void **state)
 static void
 test_whitespace_line_is_not_blank(void **state)
 {
-	const char *raw = "A: 1\r\n \r\nB: 2\r\n\r\nbody";
+	const char	*raw = "A: 1\r\n \r\nB: 2\r\n\r\nbody";
 	struct split s;
 
 	split(raw, &s);
@@ -202,9 +202,9 @@ test_whitespace_line_is_not_blank(void **state)
 static void
 test_binary_bytes(void **state)
 {
-	const char	raw[] = "A: \xc3\xa9\r\n\r\n\x00\xff\r\n";
-	struct buf	headers = BUF_INIT;
-	struct buf	body = BUF_INIT;
+	const char raw[] = "A: \xc3\xa9\r\n\r\n\x00\xff\r\n";
+	struct buf headers = BUF_INIT;
+	struct buf body = BUF_INIT;
 
 	message_split(raw, sizeof(raw) - 1, &headers, &body);
 	assert_int_equal(headers.len, 7);

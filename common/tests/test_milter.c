@@ -26,7 +26,7 @@ assert_bytes(const struct buf *b, const char *expected, size_t len)
 static void
 test_encode_optneg(void **state)
 {
-	struct buf	b = BUF_INIT;
+	struct buf b = BUF_INIT;
 
 	milter_encode_optneg(&b, MILTER_ACTIONS_ALL, MILTER_PROTO_OFFERED);
 	assert_bytes(&b, "\0\0\0\x0dO\0\0\0\x06\0\0\x01\xff\0\x1f\xf7\xff", 17);
@@ -36,16 +36,22 @@ test_encode_optneg(void **state)
 static void
 test_encode_connect(void **state)
 {
-	struct buf	b = BUF_INIT;
+	struct buf b = BUF_INIT;
 
 	milter_encode_connect(&b, "[192.0.2.1]", "192.0.2.1", 25);
-	assert_bytes(&b, "\0\0\0\x1a" "C[192.0.2.1]\0" "4\0\x19" "192.0.2.1\0", 30);
+	assert_bytes(&b, "\0\0\0\x1a"
+					 "C[192.0.2.1]\0"
+					 "4\0\x19"
+					 "192.0.2.1\0",
+				 30);
 	buf_reset(&b);
 	milter_encode_connect(&b, "[2001:db8::1]", "2001:db8::1", 0);
 	assert_int_equal(b.data[4 + 1 + 14], '6');
 	buf_reset(&b);
 	milter_encode_connect(&b, "localhost", NULL, 0);
-	assert_bytes(&b, "\0\0\0\x0c" "Clocalhost\0U", 16);
+	assert_bytes(&b, "\0\0\0\x0c"
+					 "Clocalhost\0U",
+				 16);
 	buf_free(&b);
 }
 
@@ -61,10 +67,17 @@ test_encode_strings_and_macros(void **state)
 	assert_bytes(&b, "\0\0\0\x15M<a@b>\0BODY=8BITMIME\0", 25);
 	buf_reset(&b);
 	milter_encode_macros(&b, MILTER_CMD_MAIL, names, values, 2);
-	assert_bytes(&b, "\0\0\0\x17" "DMi\0" "42\0" "{mail_addr}\0" "a@b\0", 27);
+	assert_bytes(&b, "\0\0\0\x17"
+					 "DMi\0"
+					 "42\0"
+					 "{mail_addr}\0"
+					 "a@b\0",
+				 27);
 	buf_reset(&b);
 	milter_encode(&b, MILTER_CMD_EOM, NULL, 0);
-	assert_bytes(&b, "\0\0\0\x01" "E", 5);
+	assert_bytes(&b, "\0\0\0\x01"
+					 "E",
+				 5);
 	buf_free(&b);
 }
 
@@ -80,24 +93,28 @@ test_frame(void **state)
 	assert_int_equal(milter_frame("\0\0", 2, 100, &command, &payload, &len, &consumed, err, sizeof(err)),
 					 MILTER_FRAME_NEED_MORE);
 	assert_int_equal(milter_frame("\0\0\0\x03hx", 6, 100, &command, &payload, &len, &consumed, err,
-								  sizeof(err)), MILTER_FRAME_NEED_MORE);
+								  sizeof(err)),
+					 MILTER_FRAME_NEED_MORE);
 	assert_int_equal(milter_frame("\0\0\0\x02hxrest", 10, 100, &command, &payload, &len, &consumed,
-								  err, sizeof(err)), MILTER_FRAME_OK);
+								  err, sizeof(err)),
+					 MILTER_FRAME_OK);
 	assert_int_equal(command, 'h');
 	assert_int_equal(len, 1);
 	assert_int_equal(consumed, 6);
 	assert_int_equal(milter_frame("\0\0\0\0", 4, 100, &command, &payload, &len, &consumed, err,
-								  sizeof(err)), MILTER_FRAME_ERROR);
+								  sizeof(err)),
+					 MILTER_FRAME_ERROR);
 	assert_non_null(strstr(err, "empty packet"));
 	assert_int_equal(milter_frame("\x7f\xff\xff\xff", 4, 100, &command, &payload, &len, &consumed,
-								  err, sizeof(err)), MILTER_FRAME_ERROR);
+								  err, sizeof(err)),
+					 MILTER_FRAME_ERROR);
 	assert_non_null(strstr(err, "2147483647 bytes"));
 }
 
 static bool
 parse(char command, const char *payload, size_t len, struct milter_reply *r)
 {
-	char		err[256];
+	char err[256];
 
 	return milter_parse_reply(command, payload, len, r, err, sizeof(err));
 }
@@ -142,15 +159,15 @@ test_parse_malformed(void **state)
 	struct milter_reply r;
 
 	assert_false(parse('y', "550 no nul", 10, &r));
-	assert_false(parse('y', "250 ok\0", 7, &r));	/* not a refusal */
+	assert_false(parse('y', "250 ok\0", 7, &r)); /* not a refusal */
 	assert_false(parse('y', "55 x\0", 5, &r));
 	assert_false(parse('y', "550 x\0extra", 11, &r));
-	assert_false(parse('y', "550 a\n250 b\0", 12, &r));	/* a line that is not the same reply */
+	assert_false(parse('y', "550 a\n250 b\0", 12, &r)); /* a line that is not the same reply */
 	assert_false(parse('h', "X-Spam\0yes", 10, &r));
 	assert_false(parse('h', "Bad Name\0v\0", 11, &r));
 	assert_false(parse('h', "X:y\0v\0", 6, &r));
 	assert_false(parse('h', "\0v\0", 3, &r));
-	assert_false(parse('h', "X\0a\nb\0", 6, &r));	/* a line break that is not a fold */
+	assert_false(parse('h', "X\0a\nb\0", 6, &r)); /* a line break that is not a fold */
 	assert_false(parse('h', "X\0a\rb\0", 6, &r));
 	assert_false(parse('m', "\0\0\0", 3, &r));
 	assert_false(parse('+', "\0", 1, &r));
@@ -159,7 +176,7 @@ test_parse_malformed(void **state)
 	assert_false(parse('q', "two\nlines\0", 10, &r));
 	assert_false(parse('c', "x", 1, &r));
 	assert_false(parse('O', "\0\0\0\x06\0\0", 6, &r));
-	assert_false(parse('O', "\0\0\0\x06\0\0\0\x01\0\0\0\x02\0\0\0\x09i\0", 18, &r));	/* no such stage */
+	assert_false(parse('O', "\0\0\0\x06\0\0\0\x01\0\0\0\x02\0\0\0\x09i\0", 18, &r)); /* no such stage */
 	assert_false(parse('O', "\0\0\0\x06\0\0\0\x01\0\0\0\x02\0\0\0\x01i", 17, &r));
 	assert_false(parse('Z', "", 0, &r));
 }
@@ -168,7 +185,7 @@ static void
 test_addresses(void **state)
 {
 	struct milter_address a;
-	char		err[256];
+	char				  err[256];
 
 	assert_true(milter_parse_address("inet:127.0.0.1:11332", &a, err, sizeof(err)));
 	assert_int_equal(a.family, MILTER_ADDRESS_INET);

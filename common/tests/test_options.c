@@ -17,19 +17,17 @@
 static void
 test_defaults_pass_their_check(void **state)
 {
-	char		problem[512];
+	char problem[512];
 
 	for (size_t i = 0; i < option_count; i++)
 	{
 		const struct option_def *def = &option_table[i];
 
-		if (def->default_value && !option_value_check(def, def->default_value, false, problem,
-													  sizeof(problem)))
+		if (def->default_value && !option_value_check(def, def->default_value, false, problem, sizeof(problem)))
 			fail_msg("%s %s: the default \"%s\" is refused: %s", def->where, def->name,
 					 def->default_value, problem);
 		/* A default is also what an override may set back. */
-		if (def->default_value && !option_value_check(def, def->default_value, true, problem,
-													  sizeof(problem)))
+		if (def->default_value && !option_value_check(def, def->default_value, true, problem, sizeof(problem)))
 			fail_msg("%s %s: the default \"%s\" is refused from the database: %s", def->where,
 					 def->name, def->default_value, problem);
 	}
@@ -41,9 +39,9 @@ test_every_line_is_found(void **state)
 	for (size_t i = 0; i < option_count; i++)
 	{
 		const struct option_def *def = &option_table[i];
-		bool		program = strncmp(def->where, "pepsi-", 6) == 0;
-		char		section[128];
-		const char *star = strchr(def->where, '*');
+		bool					 program = strncmp(def->where, "pepsi-", 6) == 0;
+		char					 section[128];
+		const char				*star = strchr(def->where, '*');
 
 		if (program)
 			snprintf(section, sizeof(section), "stage-x");
@@ -75,7 +73,7 @@ test_scope_check(void **state)
 	const struct option_def *global = option_find("dispatch", NULL, "POLL_INTERVAL");
 	const struct option_def *address = option_find("stage-x", NULL, "MAX_LIFETIME");
 	const struct option_def *file = option_find("ingress", NULL, "USER");
-	char		problem[512];
+	char					 problem[512];
 
 	assert_true(option_scope_check(global, "global", problem, sizeof(problem)));
 	assert_false(option_scope_check(global, "domain:example.org", problem, sizeof(problem)));

@@ -45,7 +45,7 @@ test_reply_lines(void **state)
 static void
 check_stuffed(const char *raw, const char *want)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	smtp_dot_stuff(raw, strlen(raw), &out);
 	assert_string_equal(out.data, want);
@@ -71,7 +71,7 @@ test_dot_stuffing(void **state)
 static void
 test_xtext(void **state)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	smtp_xtext_encode("a+b=c d\xc3\xa9@x", &out);
 	assert_string_equal(out.data, "a+2Bb+3Dc+20d+C3+A9@x");
@@ -119,20 +119,20 @@ test_dsn_layout(void **state)
 	snprintf(delimiter, sizeof(delimiter), "--%.*s", (int) strcspn(boundary + 10, "\""), boundary + 10);
 	/* Three parts and the closing delimiter. */
 	{
-		int			parts = 0;
+		int parts = 0;
 
 		for (const char *p = body.data; (p = strstr(p, delimiter)) != NULL; p++)
 			parts++;
 		assert_int_equal(parts, 4);
 	}
 	assert_non_null(strstr(body.data, "Content-Type: message/delivery-status\r\n\r\n"
-						   "Reporting-MTA: dns; mx.pepsi.test\r\n"
-						   "Original-Envelope-Id: id+2B1\r\n\r\n"
-						   "Original-Recipient: rfc822; Gone@Remote.Test\r\n"
-						   "Final-Recipient: rfc822; gone@remote.test\r\n"
-						   "Action: failed\r\nStatus: 5.1.1\r\n"
-						   "Remote-MTA: dns; mx.remote.test\r\n"
-						   "Diagnostic-Code: smtp; 550 5.1.1 no such user\r\n"));
+									  "Reporting-MTA: dns; mx.pepsi.test\r\n"
+									  "Original-Envelope-Id: id+2B1\r\n\r\n"
+									  "Original-Recipient: rfc822; Gone@Remote.Test\r\n"
+									  "Final-Recipient: rfc822; gone@remote.test\r\n"
+									  "Action: failed\r\nStatus: 5.1.1\r\n"
+									  "Remote-MTA: dns; mx.remote.test\r\n"
+									  "Diagnostic-Code: smtp; 550 5.1.1 no such user\r\n"));
 	assert_non_null(strstr(body.data, "Content-Type: message/rfc822\r\n\r\nSubject: hi\r\n\r\nthe body\r\n"));
 	buf_free(&headers);
 	buf_free(&body);
@@ -154,19 +154,25 @@ test_dsn_layout(void **state)
 static void
 test_dsn_boundary_and_header_cap(void **state)
 {
-	struct dsn_recipient r = {.final_recipient = "gone@remote.test", .action = "failed",
-	.status = "5.1.1"};
-	struct dsn_report report = {
-		.kind = DSN_FAILURE, .reporting_mta = "mx.pepsi.test", .original_sender = "s@local.test",
-		.now = 1796031614, .unique = "42", .return_full = true,
-		.headers = "Subject: guess\r\n", .headers_len = 16,
-		.body = "--=_pepsi_dsn_42_1796031614_0\r\nContent-Type: text/plain\r\n\r\nforged\r\n",
-		.body_len = 67, .recipients = &r, .nrecipients = 1,
-	};
-	struct buf	headers[2] = {BUF_INIT, BUF_INIT};
-	struct buf	body = BUF_INIT;
-	char		boundary[2][64];
-	struct buf	big = BUF_INIT;
+	struct dsn_recipient r = {.final_recipient = "gone@remote.test", .action = "failed", .status = "5.1.1"};
+	struct dsn_report	 report = {
+		   .kind = DSN_FAILURE,
+		   .reporting_mta = "mx.pepsi.test",
+		   .original_sender = "s@local.test",
+		   .now = 1796031614,
+		   .unique = "42",
+		   .return_full = true,
+		   .headers = "Subject: guess\r\n",
+		   .headers_len = 16,
+		   .body = "--=_pepsi_dsn_42_1796031614_0\r\nContent-Type: text/plain\r\n\r\nforged\r\n",
+		   .body_len = 67,
+		   .recipients = &r,
+		   .nrecipients = 1,
+	   };
+	struct buf headers[2] = {BUF_INIT, BUF_INIT};
+	struct buf body = BUF_INIT;
+	char	   boundary[2][64];
+	struct buf big = BUF_INIT;
 
 	for (int i = 0; i < 2; i++)
 	{

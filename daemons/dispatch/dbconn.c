@@ -36,9 +36,9 @@
 /* Advisory lock keys ('PEPS', 2): one dispatcher per database. */
 #define DBCONN_LOCK_SQL "SELECT pg_try_advisory_lock(1346720851, 2)"
 #define DBCONN_LISTEN_SQL "LISTEN pepsi_workqueue; LISTEN pepsi_config_changed;" \
-	" UPDATE pepsi.dispatch_stats SET started_at = now()"
+						  " UPDATE pepsi.dispatch_stats SET started_at = now()"
 #define DBCONN_OVERRIDES_SQL "SELECT scope, section, option, value FROM pepsi.config_override" \
-	" ORDER BY scope, section, option"
+							 " ORDER BY scope, section, option"
 /*
  * How long the claim a worker's answer asks for may wait for the answers
  * that follow: one claim then serves them all.  Each claim costs the
@@ -48,52 +48,52 @@
 #define DBCONN_CLAIM_COALESCE 0.005
 #define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
 #define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
-	"$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
+						 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
 
 enum dbconn_state
 {
-	DBCONN_DOWN,				/* no connection: the reconnect timer runs */
-	DBCONN_CONNECTING,			/* PQconnectPoll until CONNECTION_OK */
-	DBCONN_LOCKING,				/* set-up: the one-dispatcher advisory lock */
-	DBCONN_LISTENING,			/* set-up: LISTEN, started_at */
-	DBCONN_PREPARING,			/* set-up: the claim statement */
-	DBCONN_RESETTING,			/* set-up: running rows no worker holds back to pending */
-	DBCONN_LOADING_OVERRIDES,	/* set-up, first connection only: pepsi.config_override */
-	DBCONN_IDLE,				/* ready, nothing in flight */
-	DBCONN_RUNNING_JOB,			/* a queued job's statement is in flight */
-	DBCONN_CLAIMING,			/* the claim is in flight */
-	DBCONN_CLOSED				/* shut down */
+	DBCONN_DOWN,			  /* no connection: the reconnect timer runs */
+	DBCONN_CONNECTING,		  /* PQconnectPoll until CONNECTION_OK */
+	DBCONN_LOCKING,			  /* set-up: the one-dispatcher advisory lock */
+	DBCONN_LISTENING,		  /* set-up: LISTEN, started_at */
+	DBCONN_PREPARING,		  /* set-up: the claim statement */
+	DBCONN_RESETTING,		  /* set-up: running rows no worker holds back to pending */
+	DBCONN_LOADING_OVERRIDES, /* set-up, first connection only: pepsi.config_override */
+	DBCONN_IDLE,			  /* ready, nothing in flight */
+	DBCONN_RUNNING_JOB,		  /* a queued job's statement is in flight */
+	DBCONN_CLAIMING,		  /* the claim is in flight */
+	DBCONN_CLOSED			  /* shut down */
 };
 
 struct job
 {
-	char	   *sql;
-	int			nparams;
-	char	   *params[8];
-	void		(*done) (struct job *job, PGresult *res);
-	dbconn_result_fn submitted;	/* a statement of another part (dbconn_submit) */
-	void	   *submitted_arg;
-	struct buf	recovering;		/* a recovery write: its ids, comma-separated */
-	struct job *next;
+	char *sql;
+	int	  nparams;
+	char *params[8];
+	void (*done)(struct job *job, PGresult *res);
+	dbconn_result_fn submitted; /* a statement of another part (dbconn_submit) */
+	void			*submitted_arg;
+	struct buf		 recovering; /* a recovery write: its ids, comma-separated */
+	struct job		*next;
 };
 
 static struct
 {
 	enum dbconn_state state;
-	PGconn	   *conn;
-	ev_io		io;
-	ev_timer	reconnect_timer;
-	ev_idle		claim_idle;		/* the claim waits for the loop's other events */
-	ev_timer	claim_timer;	/* ... and, unless urgent, for DBCONN_CLAIM_COALESCE */
-	double		backoff;
-	struct job *jobs_head;
-	struct job *jobs_tail;
-	struct job *running_job;	/* in DBCONN_RUNNING_JOB */
-	PGresult   *result;			/* the statement's result so far (its error, if any) */
-	bool		claim_wanted;	/* something freed capacity or brought work */
-	double		claim_wanted_since;
-	bool		ever_ready;		/* a reconnect, not the first connection */
-}			db;
+	PGconn			 *conn;
+	ev_io			  io;
+	ev_timer		  reconnect_timer;
+	ev_idle			  claim_idle;  /* the claim waits for the loop's other events */
+	ev_timer		  claim_timer; /* ... and, unless urgent, for DBCONN_CLAIM_COALESCE */
+	double			  backoff;
+	struct job		 *jobs_head;
+	struct job		 *jobs_tail;
+	struct job		 *running_job;	/* in DBCONN_RUNNING_JOB */
+	PGresult		 *result;		/* the statement's result so far (its error, if any) */
+	bool			  claim_wanted; /* something freed capacity or brought work */
+	double			  claim_wanted_since;
+	bool			  ever_ready; /* a reconnect, not the first connection */
+} db;
 
 static void dbconn_advance(int revents);
 static void dbconn_lost(const char *why);
@@ -142,7 +142,7 @@ static bool
 dbconn_ready(void)
 {
 	return db.state == DBCONN_IDLE || db.state == DBCONN_RUNNING_JOB
-		|| db.state == DBCONN_CLAIMING;
+		   || db.state == DBCONN_CLAIMING;
 }
 
 /* ---------------------------------------------------------------------------
@@ -150,7 +150,7 @@ dbconn_ready(void)
  * ------------------------------------------------------------------------- */
 
 static struct job *
-job_new(const char *sql, void (*done) (struct job *, PGresult *))
+job_new(const char *sql, void (*done)(struct job *, PGresult *))
 {
 	struct job *job = xcalloc(1, sizeof(*job));
 
@@ -249,7 +249,8 @@ dbconn_recover(const char *stage, const struct inflight *rows, int count,
 			   const char *status, const char *reason)
 {
 	struct job *job = job_new("SELECT pepsi.workqueue_recover($1::int8[], $2::text[],"
-							  " $3::pepsi.status, $4)", job_log_failure);
+							  " $3::pepsi.status, $4)",
+							  job_log_failure);
 	struct buf	ids = BUF_INIT;
 	struct buf	stages = BUF_INIT;
 
@@ -283,7 +284,7 @@ crashed_done(struct job *job, PGresult *res)
 		return;
 	}
 	if (PQgetisnull(res, 0, 0))
-		return;					/* its worker committed it before it died */
+		return; /* its worker committed it before it died */
 	outcome = PQgetvalue(res, 0, 0);
 	if (strcmp(outcome, "paused") == 0)
 		log_info("row %s paused for a retry: %s", job->params[0], job->params[2]);
@@ -417,7 +418,7 @@ dbconn_flush_stats(bool final)
 static void
 dbconn_apply_overrides(PGresult *res, bool starting)
 {
-	char		err[1024];
+	char				 err[1024];
 	struct pepsi_config *cfg;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -467,7 +468,7 @@ dbconn_reload_config(void)
 static void
 claim_done(PGresult *res)
 {
-	int			rows;
+	int rows;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -478,7 +479,7 @@ claim_done(PGresult *res)
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 		if (p->claim_asked > 0)
 		{
-			int			count = 0;
+			int count = 0;
 
 			for (int i = 0; i < rows; i++)
 				count += strcmp(PQgetvalue(res, i, 1), p->spec.name) == 0;
@@ -486,9 +487,9 @@ claim_done(PGresult *res)
 		}
 	for (int i = 0; i < rows; i++)
 	{
-		long long	id = atoll(PQgetvalue(res, i, 0));
-		const char *stage = PQgetvalue(res, i, 1);
-		struct pool *pool = pool_find(stage);
+		long long		id = atoll(PQgetvalue(res, i, 0));
+		const char	   *stage = PQgetvalue(res, i, 1);
+		struct pool	   *pool = pool_find(stage);
 		struct inflight row = {.id = id};
 
 		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 2)))
@@ -528,7 +529,7 @@ claim_send(void)
 	buf_append_char(&acct_used, '{');
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
-		int			capacity = pool_capacity(p, now);
+		int capacity = pool_capacity(p, now);
 
 		p->claim_asked = capacity > 0 ? capacity : 0;
 		if (capacity <= 0)
@@ -555,7 +556,7 @@ claim_send(void)
 	values[5] = fifo;
 	values[6] = costs.data;
 	sent = nstages > 0
-		&& PQsendQueryPrepared(db.conn, DBCONN_CLAIM_NAME, 7, values, NULL, NULL, 0) == 1;
+		   && PQsendQueryPrepared(db.conn, DBCONN_CLAIM_NAME, 7, values, NULL, NULL, 0) == 1;
 	if (nstages > 0 && !sent)
 		log_warnx("cannot send the claim: %s", PQerrorMessage(db.conn));
 	buf_free(&stages);
@@ -576,8 +577,8 @@ claim_send(void)
 static bool
 claim_due(void)
 {
-	double		now = now_seconds();
-	double		wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
+	double now = now_seconds();
+	double wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
 
 	if (wait <= 0 || pools_claim_urgent(now))
 	{
@@ -633,7 +634,7 @@ claim_on_timer(struct ev_loop *loop, ev_timer *watcher, int revents)
 static void
 dbconn_inflight_ids(struct buf *ids)
 {
-	size_t		count = 0;
+	size_t count = 0;
 
 	buf_append_char(ids, '{');
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
@@ -650,7 +651,7 @@ dbconn_inflight_ids(struct buf *ids)
 static bool
 dbconn_send_setup(enum dbconn_state next)
 {
-	int			sent = 0;
+	int sent = 0;
 
 	switch (next)
 	{
@@ -763,7 +764,7 @@ dbconn_setup_done(PGresult *res)
 	db.backoff = 0;
 	maintenance_check_soon();
 	db.claim_wanted = true;
-	db.claim_wanted_since = 0;	/* due at once */
+	db.claim_wanted_since = 0; /* due at once */
 	pools_may_have_work();
 	dbconn_enter(DBCONN_IDLE);
 	log_info("connected to the database");
@@ -777,7 +778,7 @@ dbconn_setup_done(PGresult *res)
 static void
 dbconn_watch(int events)
 {
-	int			fd = db.conn ? PQsocket(db.conn) : -1;
+	int fd = db.conn ? PQsocket(db.conn) : -1;
 
 	if (ev_is_active(&db.io) && (db.io.fd != fd || (db.io.events & (EV_READ | EV_WRITE)) != events))
 		ev_io_stop(dispatcher.loop, &db.io);
@@ -791,7 +792,7 @@ dbconn_watch(int events)
 static bool
 dbconn_flush(void)
 {
-	int			rc = PQflush(db.conn);
+	int rc = PQflush(db.conn);
 
 	if (rc < 0)
 		return false;
@@ -815,7 +816,7 @@ static void
 dbconn_schedule_reconnect(void)
 {
 	/* Decorrelated jitter: random between the base and three times the last wait. */
-	double		upper = db.backoff * 3 > DBCONN_BACKOFF_BASE ? db.backoff * 3 : DBCONN_BACKOFF_BASE * 3;
+	double upper = db.backoff * 3 > DBCONN_BACKOFF_BASE ? db.backoff * 3 : DBCONN_BACKOFF_BASE * 3;
 
 	db.backoff = DBCONN_BACKOFF_BASE + (upper - DBCONN_BACKOFF_BASE) * ((double) random() / RAND_MAX);
 	if (db.backoff > DBCONN_BACKOFF_CAP)
@@ -828,7 +829,7 @@ dbconn_schedule_reconnect(void)
 static void
 dbconn_lost(const char *why)
 {
-	char		reason[512];
+	char reason[512];
 
 	snprintf(reason, sizeof(reason), "%s", why && *why ? why : "connection lost");
 	for (char *p = reason; *p; p++)
@@ -905,7 +906,8 @@ dbconn_send_work(void)
 	if (job)
 	{
 		if (PQsendQueryParams(db.conn, job->sql, job->nparams, NULL,
-							  (const char *const *) job->params, NULL, NULL, 0) != 1)
+							  (const char *const *) job->params, NULL, NULL, 0)
+			!= 1)
 		{
 			job_push(job, true);
 			dbconn_lost(PQerrorMessage(db.conn));
@@ -967,7 +969,7 @@ dbconn_statement_done(void)
 static void
 dbconn_read(void)
 {
-	PGnotify   *notify;
+	PGnotify *notify;
 
 	if (!PQconsumeInput(db.conn))
 	{
@@ -991,7 +993,7 @@ dbconn_read(void)
 	}
 	while (db.state != DBCONN_IDLE && db.state != DBCONN_DOWN && !PQisBusy(db.conn))
 	{
-		PGresult   *res = PQgetResult(db.conn);
+		PGresult	  *res = PQgetResult(db.conn);
 		ExecStatusType status;
 
 		if (res == NULL)
@@ -1003,7 +1005,7 @@ dbconn_read(void)
 		if (db.result && PQresultStatus(db.result) != PGRES_COMMAND_OK
 			&& PQresultStatus(db.result) != PGRES_TUPLES_OK
 			&& (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK))
-			PQclear(res);		/* an error came first: keep it */
+			PQclear(res); /* an error came first: keep it */
 		else
 		{
 			if (db.result)
@@ -1087,7 +1089,7 @@ dbconn_finish(void)
 	ev_timer_stop(dispatcher.loop, &db.reconnect_timer);
 	if (db.state != DBCONN_IDLE)
 	{
-		PGresult   *res;
+		PGresult *res;
 
 		while ((res = PQgetResult(db.conn)) != NULL)
 		{

@@ -26,20 +26,20 @@
 /* One [stage-*] section, as the dispatcher uses it. */
 struct stage_spec
 {
-	char	   *name;			/* without "stage-" */
-	char	   *program;
-	long		parallelism;
-	long		max_messages;
-	long		queue_limit;
-	long		max_runtime_ms;
+	char *name; /* without "stage-" */
+	char *program;
+	long  parallelism;
+	long  max_messages;
+	long  queue_limit;
+	long  max_runtime_ms;
 };
 
 /* An id handed to a worker and not yet answered. */
 struct inflight
 {
-	long long	id;
-	char	   *sender;
-	double		sent_at;
+	long long id;
+	char	 *sender;
+	double	  sent_at;
 };
 
 struct fair_account;
@@ -51,12 +51,12 @@ extern const char *const delivery_statuses[DELIVERY_STATUSES];
 struct pool_stats
 {
 	unsigned long messages;
-	double		processing_us;
+	double		  processing_us;
 	unsigned long kills;
 	unsigned long timeouts;
 	unsigned long crashes;
 	unsigned long fused_hops;
-	unsigned long deliveries[DELIVERY_STATUSES];	/* by delivery_statuses[] */
+	unsigned long deliveries[DELIVERY_STATUSES]; /* by delivery_statuses[] */
 };
 
 struct pool;
@@ -69,132 +69,132 @@ struct pool;
 enum worker_state
 {
 	WORKER_RUNNING,
-	WORKER_RETIRING,			/* takes no more ids; its stdin closes once drained */
-	WORKER_KILLED_FOR_TIMEOUT,	/* SIGKILLed: its oldest row outlived MAX_RUNTIME */
-	WORKER_KILLED_FOR_PROTOCOL	/* SIGKILLed: wrote what is no status line; rest ignored */
+	WORKER_RETIRING,		   /* takes no more ids; its stdin closes once drained */
+	WORKER_KILLED_FOR_TIMEOUT, /* SIGKILLed: its oldest row outlived MAX_RUNTIME */
+	WORKER_KILLED_FOR_PROTOCOL /* SIGKILLed: wrote what is no status line; rest ignored */
 };
 
 /* A stage worker process and the ids it holds. */
 struct pool_worker
 {
-	struct pool *pool;
-	pid_t		pid;
-	int			to_child;		/* the worker's stdin */
-	int			from_child;		/* its stdout */
-	ev_io		reader;
-	ev_io		writer;
-	ev_child	child;
-	struct buf	in;				/* partial status lines */
-	struct buf	out;			/* ids not yet written */
-	size_t		written;		/* bytes of ids written to its stdin, ever */
-	struct inflight *queue;		/* ring of the queue limit at spawn, oldest at head */
-	int			ring;
-	int			head;
-	int			count;
-	long		handled;
-	double		last_done;		/* when the previous answer came: the next one's start */
-	double		idle_since;
-	enum worker_state state;
+	struct pool		   *pool;
+	pid_t				pid;
+	int					to_child;	/* the worker's stdin */
+	int					from_child; /* its stdout */
+	ev_io				reader;
+	ev_io				writer;
+	ev_child			child;
+	struct buf			in;		 /* partial status lines */
+	struct buf			out;	 /* ids not yet written */
+	size_t				written; /* bytes of ids written to its stdin, ever */
+	struct inflight	   *queue;	 /* ring of the queue limit at spawn, oldest at head */
+	int					ring;
+	int					head;
+	int					count;
+	long				handled;
+	double				last_done; /* when the previous answer came: the next one's start */
+	double				idle_since;
+	enum worker_state	state;
 	struct pool_worker *next;
 };
 
 struct pool
 {
-	struct stage_spec spec;
-	struct pool_worker *workers;
-	int			nworkers;
-	double		cooldown_until;	/* spawning failed: hold off until then */
-	double		row_cost_us;	/* mean worker time per message, for the claim */
+	struct stage_spec	 spec;
+	struct pool_worker	*workers;
+	int					 nworkers;
+	double				 cooldown_until; /* spawning failed: hold off until then */
+	double				 row_cost_us;	 /* mean worker time per message, for the claim */
 	struct fair_account *fair;
-	struct pool_stats stats;	/* since the last flush */
-	bool		removed;		/* gone from the configuration: drained, then freed */
-	int			claim_asked;	/* rows the claim in flight asked for */
-	bool		may_have_work;	/* pending rows may wait: a claim came back full, or a NOTIFY */
-	struct pool *next;
+	struct pool_stats	 stats;			/* since the last flush */
+	bool				 removed;		/* gone from the configuration: drained, then freed */
+	int					 claim_asked;	/* rows the claim in flight asked for */
+	bool				 may_have_work; /* pending rows may wait: a claim came back full, or a NOTIFY */
+	struct pool			*next;
 };
 
 struct dispatcher
 {
-	struct ev_loop *loop;
-	char	   *config_path;
+	struct ev_loop		*loop;
+	char				*config_path;
 	struct pepsi_config *cfg;
-	char	   *self_exe;		/* for exec of workers */
-	bool		self_multicall;
-	struct pool *pools;
+	char				*self_exe; /* for exec of workers */
+	bool				 self_multicall;
+	struct pool			*pools;
 	/* [dispatch] */
-	double		poll_interval;
-	double		fair_half_life;
-	int			fair_fifo_percent;
-	double		idle_timeout;
-	double		spawn_cooldown;
-	double		stats_interval;
-	int			crash_limit;	/* attempts that end a worker before a row is isolated */
-	double		crash_retry_delay;	/* before the first retry; doubles per attempt */
-	bool		shutting_down;
+	double poll_interval;
+	double fair_half_life;
+	int	   fair_fifo_percent;
+	double idle_timeout;
+	double spawn_cooldown;
+	double stats_interval;
+	int	   crash_limit;		  /* attempts that end a worker before a row is isolated */
+	double crash_retry_delay; /* before the first retry; doubles per attempt */
+	bool   shutting_down;
 	/* global statistics since the last flush */
 	unsigned long stages_run;
 	unsigned long messages;
 	unsigned long messages_failed;
-	double		last_flush;
-	double		last_activity;
+	double		  last_flush;
+	double		  last_activity;
 };
 
 extern struct dispatcher dispatcher;
 
-double		now_seconds(void);
+double now_seconds(void);
 
 /* graph.c */
-bool		graph_load(struct pepsi_config *cfg, struct stage_spec **specs, size_t *count,
-					   char *err, size_t errlen);
-void		graph_free(struct stage_spec *specs, size_t count);
-bool		dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen);
+bool graph_load(struct pepsi_config *cfg, struct stage_spec **specs, size_t *count,
+				char *err, size_t errlen);
+void graph_free(struct stage_spec *specs, size_t count);
+bool dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen);
 
 /* fair.c */
 struct fair_account *fair_create(void);
-void		fair_free(struct fair_account *account);
-void		fair_charge(struct fair_account *account, const char *sender, double us, double now,
-						double half_life);
+void				 fair_free(struct fair_account *account);
+void				 fair_charge(struct fair_account *account, const char *sender, double us, double now,
+								 double half_life);
 /* Append (stage, sender, used) for every sender worth passing to the claim. */
-void		fair_export(struct fair_account *account, const char *stage, double now,
-						double half_life, double floor, struct buf *stages, struct buf *senders,
-						struct buf *used);
+void fair_export(struct fair_account *account, const char *stage, double now,
+				 double half_life, double floor, struct buf *stages, struct buf *senders,
+				 struct buf *used);
 
 /* pool.c */
 struct pool *pool_find(const char *stage);
-int			pool_capacity(const struct pool *pool, double now);
-bool		pool_assign(struct pool *pool, long long id, const char *sender);
-void		pools_flush(void);
-void		pools_configure(struct stage_spec *specs, size_t count);
-void		pools_housekeeping(double now);
-void		pools_retire_all(void);
-void		pools_stop_all(void);
-void		pools_kill_all(void);
-void		pools_may_have_work(void);
-bool		pools_claim_urgent(double now);
-void		pool_claimed(struct pool *pool, int rows);
-bool		pools_all_stopped(void);
-size_t		pools_inflight(void);
+int			 pool_capacity(const struct pool *pool, double now);
+bool		 pool_assign(struct pool *pool, long long id, const char *sender);
+void		 pools_flush(void);
+void		 pools_configure(struct stage_spec *specs, size_t count);
+void		 pools_housekeeping(double now);
+void		 pools_retire_all(void);
+void		 pools_stop_all(void);
+void		 pools_kill_all(void);
+void		 pools_may_have_work(void);
+bool		 pools_claim_urgent(double now);
+void		 pool_claimed(struct pool *pool, int rows);
+bool		 pools_all_stopped(void);
+size_t		 pools_inflight(void);
 
 /* dbconn.c */
-typedef void (*dbconn_result_fn) (PGresult *res, void *arg);
+typedef void (*dbconn_result_fn)(PGresult *res, void *arg);
 
-void		dbconn_start(void);
-void		dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
-void		dbconn_want_claim(bool new_work);
-void		dbconn_recover(const char *stage, const struct inflight *rows, int count,
-						   const char *status, const char *reason);
-void		dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
-						   const char *final_status);
-void		dbconn_reload_config(void);
-void		dbconn_flush_stats(bool final);
-void		dbconn_finish(void);
+void dbconn_start(void);
+void dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
+void dbconn_want_claim(bool new_work);
+void dbconn_recover(const char *stage, const struct inflight *rows, int count,
+					const char *status, const char *reason);
+void dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
+					const char *final_status);
+void dbconn_reload_config(void);
+void dbconn_flush_stats(bool final);
+void dbconn_finish(void);
 
 /* maintenance.c */
-void		maintenance_watch(double now);
-void		maintenance_check_soon(void);
+void maintenance_watch(double now);
+void maintenance_check_soon(void);
 
 /* main.c */
-void		dispatch_apply_config(struct pepsi_config *cfg);
-void		dispatch_stop_requested(void);
+void dispatch_apply_config(struct pepsi_config *cfg);
+void dispatch_stop_requested(void);
 
 #endif

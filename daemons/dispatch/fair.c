@@ -18,23 +18,23 @@
 
 struct fair_entry
 {
-	char	   *sender;
-	double		used_us;
-	double		at;
+	char			  *sender;
+	double			   used_us;
+	double			   at;
 	struct fair_entry *next;
 };
 
 struct fair_account
 {
 	struct fair_entry **buckets;
-	size_t		nbuckets;
-	size_t		count;
+	size_t				nbuckets;
+	size_t				count;
 };
 
 static size_t
 fair_hash(const char *s, size_t nbuckets)
 {
-	size_t		h = 1469598103934665603ULL;
+	size_t h = 1469598103934665603ULL;
 
 	for (; *s; s++)
 		h = (h ^ (unsigned char) *s) * 1099511628211ULL;
@@ -77,7 +77,7 @@ void
 fair_charge(struct fair_account *account, const char *sender, double us, double now,
 			double half_life)
 {
-	size_t		b = fair_hash(sender, account->nbuckets);
+	size_t			   b = fair_hash(sender, account->nbuckets);
 	struct fair_entry *e;
 
 	for (e = account->buckets[b]; e; e = e->next)
@@ -113,7 +113,7 @@ fair_export(struct fair_account *account, const char *stage, double now, double 
 		while (*link)
 		{
 			struct fair_entry *e = *link;
-			double		value = fair_decayed(e, now, half_life);
+			double			   value = fair_decayed(e, now, half_life);
 
 			if (value < floor)
 			{

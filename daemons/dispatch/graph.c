@@ -30,16 +30,16 @@ graph_index(struct stage_spec *specs, size_t count, const char *name)
 /* Tarjan's strongly connected components, to find cycles with no exit. */
 struct graph_scc
 {
-	bool	  (*edges)[GRAPH_MAX_STAGES];
-	size_t		count;
-	int			index[GRAPH_MAX_STAGES];
-	int			low[GRAPH_MAX_STAGES];
-	int			component[GRAPH_MAX_STAGES];
-	bool		on_stack[GRAPH_MAX_STAGES];
-	int			stack[GRAPH_MAX_STAGES];
-	int			depth;
-	int			next_index;
-	int			components;
+	bool (*edges)[GRAPH_MAX_STAGES];
+	size_t count;
+	int	   index[GRAPH_MAX_STAGES];
+	int	   low[GRAPH_MAX_STAGES];
+	int	   component[GRAPH_MAX_STAGES];
+	bool   on_stack[GRAPH_MAX_STAGES];
+	int	   stack[GRAPH_MAX_STAGES];
+	int	   depth;
+	int	   next_index;
+	int	   components;
 };
 
 static void
@@ -63,7 +63,7 @@ graph_strongconnect(struct graph_scc *g, int v)
 	}
 	if (g->low[v] == g->index[v])
 	{
-		int			w;
+		int w;
 
 		do
 		{
@@ -88,10 +88,10 @@ graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_M
 			graph_strongconnect(&g, (int) i);
 	for (int c = 0; c < g.components; c++)
 	{
-		size_t		members = 0;
-		bool		cyclic = false;
-		bool		exit = false;
-		struct buf	names = BUF_INIT;
+		size_t	   members = 0;
+		bool	   cyclic = false;
+		bool	   exit = false;
+		struct buf names = BUF_INIT;
 
 		for (size_t v = 0; v < count; v++)
 		{
@@ -113,14 +113,16 @@ graph_check_cycles(struct stage_spec *specs, size_t count, bool (*edges)[GRAPH_M
 		if (cyclic && !exit && members == 1)
 		{
 			snprintf(err, errlen, "%s: stage %s names only itself as the next stage: a message "
-					 "that enters it can never leave", path, names.data);
+								  "that enters it can never leave",
+					 path, names.data);
 			buf_free(&names);
 			return false;
 		}
 		if (cyclic && !exit)
 		{
 			snprintf(err, errlen, "%s: stages %s form a cycle with no exit: a message that "
-					 "enters it can never leave", path, names.data);
+								  "enters it can never leave",
+					 path, names.data);
 			buf_free(&names);
 			return false;
 		}
@@ -133,11 +135,11 @@ bool
 graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 		   char *err, size_t errlen)
 {
-	const char *sections[GRAPH_MAX_STAGES];
-	size_t		count = config_sections(cfg, "stage-", sections, GRAPH_MAX_STAGES);
+	const char		  *sections[GRAPH_MAX_STAGES];
+	size_t			   count = config_sections(cfg, "stage-", sections, GRAPH_MAX_STAGES);
 	struct stage_spec *specs = xcalloc(count + 1, sizeof(*specs));
-	bool		(*edges)[GRAPH_MAX_STAGES] = xcalloc(GRAPH_MAX_STAGES, sizeof(*edges));
-	bool		ok = true;
+	bool(*edges)[GRAPH_MAX_STAGES] = xcalloc(GRAPH_MAX_STAGES, sizeof(*edges));
+	bool ok = true;
 
 	for (size_t i = 0; i < count && ok; i++)
 	{
@@ -165,9 +167,9 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 	for (size_t e = 0; e < cfg->count && ok; e++)
 	{
 		const struct config_entry *entry = &cfg->entries[e];
-		size_t		len = strlen(entry->option);
-		int			from = -1;
-		int			to;
+		size_t					   len = strlen(entry->option);
+		int						   from = -1;
+		int						   to;
 
 		if (len < 6 || strcmp(entry->option + len - 6, "_STAGE") != 0)
 			continue;
@@ -178,11 +180,13 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 		{
 			if (entry->scope)
 				snprintf(err, errlen, "override %s: [%s] %s names stage \"%s\", which has no "
-						 "[stage-%s] section", entry->scope, entry->section, entry->option,
+									  "[stage-%s] section",
+						 entry->scope, entry->section, entry->option,
 						 entry->value, entry->value);
 			else
 				snprintf(err, errlen, "%s:%d: [%s] %s names stage \"%s\", which has no "
-						 "[stage-%s] section", cfg->path, entry->line, entry->section,
+									  "[stage-%s] section",
+						 cfg->path, entry->line, entry->section,
 						 entry->option, entry->value, entry->value);
 			ok = false;
 			break;
@@ -197,17 +201,17 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 		 * delivery stage: it finishes messages, so it is a way out of any
 		 * cycle it is on (delivery -> bounce -> delivery of the DSN).
 		 */
-		bool	   *finishes = xcalloc(count + 1, sizeof(bool));
+		bool *finishes = xcalloc(count + 1, sizeof(bool));
 
 		for (size_t i = 0; i < count; i++)
 		{
-			char	   *section = xasprintf("stage-%s", specs[i].name);
+			char *section = xasprintf("stage-%s", specs[i].name);
 
 			finishes[i] = config_get(cfg, section, "NEXT_STAGE") == NULL;
 			for (size_t e = 0; e < cfg->count && finishes[i]; e++)
 			{
 				const struct config_entry *entry = &cfg->entries[e];
-				size_t		len = strlen(entry->option);
+				size_t					   len = strlen(entry->option);
 
 				if (strcmp(entry->section, section) == 0 && len >= 6
 					&& strcmp(entry->option + len - 6, "_STAGE") == 0

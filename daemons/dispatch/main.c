@@ -10,6 +10,7 @@
  * replacements read it too.  A configuration whose stage graph is broken
  * is refused at start, and ignored (with a warning) on a reload.
  */
+#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,7 +18,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <getopt.h>
 
 #include "dispatch.h"
 #include "log.h"
@@ -28,16 +28,16 @@
 #define DISPATCH_HOUSEKEEPING_INTERVAL 0.1
 #define DISPATCH_STOP_GRACE 10.0
 
-int			pepsi_dispatch_main(int argc, char **argv);
+int pepsi_dispatch_main(int argc, char **argv);
 
 struct dispatcher dispatcher;
 
-static ev_timer housekeeping_timer;
-static ev_timer heartbeat_timer;
+static ev_timer	 housekeeping_timer;
+static ev_timer	 heartbeat_timer;
 static ev_signal sigterm_watcher;
 static ev_signal sigint_watcher;
 static ev_signal sighup_watcher;
-static double stop_requested_at;
+static double	 stop_requested_at;
 
 double
 now_seconds(void)
@@ -52,11 +52,11 @@ now_seconds(void)
 void
 dispatch_apply_config(struct pepsi_config *cfg)
 {
-	char		err[1024];
+	char			   err[1024];
 	struct stage_spec *specs;
-	size_t		count;
-	static bool applied;
-	bool		starting = !applied;
+	size_t			   count;
+	static bool		   applied;
+	bool			   starting = !applied;
 
 	if (!graph_load(cfg, &specs, &count, err, sizeof(err)) || !dispatch_options_load(cfg, err, sizeof(err)))
 	{
@@ -94,7 +94,7 @@ dispatch_stop_requested(void)
 static void
 on_housekeeping(struct ev_loop *loop, ev_timer *watcher, int revents)
 {
-	double		now = now_seconds();
+	double now = now_seconds();
 
 	if (dispatcher.shutting_down)
 	{
@@ -137,8 +137,8 @@ on_reload_signal(struct ev_loop *loop, ev_signal *watcher, int revents)
 static char *
 dispatch_self_exe(void)
 {
-	char		path[PATH_MAX];
-	ssize_t		n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+	char	path[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
 
 	if (n <= 0)
 		fatal("cannot find my own executable");
@@ -150,7 +150,8 @@ static void
 usage(void)
 {
 	fprintf(stderr, "usage: pepsi-dispatch [-c CONFIG] [-v]\n"
-			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n", PEPSI_CONFIG_DEFAULT_PATH);
+					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
 int
@@ -189,7 +190,7 @@ pepsi_dispatch_main(int argc, char **argv)
 	{
 		/* Check the file alone first: refuse to start before touching the database. */
 		struct stage_spec *specs;
-		size_t		count;
+		size_t			   count;
 
 		if (!graph_load(dispatcher.cfg, &specs, &count, err, sizeof(err))
 			|| !dispatch_options_load(dispatcher.cfg, err, sizeof(err)))

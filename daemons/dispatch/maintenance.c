@@ -23,19 +23,19 @@
 
 enum maintenance_state
 {
-	MAINTENANCE_UNKNOWN,		/* not asked yet */
-	MAINTENANCE_SERVED,			/* a worker serves the database */
-	MAINTENANCE_STARTING,		/* pepsi.start_maintenance() is on its way */
-	MAINTENANCE_STANDING_IN		/* none, and we may not start one: we requeue */
+	MAINTENANCE_UNKNOWN,	/* not asked yet */
+	MAINTENANCE_SERVED,		/* a worker serves the database */
+	MAINTENANCE_STARTING,	/* pepsi.start_maintenance() is on its way */
+	MAINTENANCE_STANDING_IN /* none, and we may not start one: we requeue */
 };
 
 static struct
 {
 	enum maintenance_state state;
-	bool		busy;			/* a statement of ours is queued or in flight */
-	double		next_check;
-	double		next_requeue;
-}			watch;
+	bool				   busy; /* a statement of ours is queued or in flight */
+	double				   next_check;
+	double				   next_requeue;
+} watch;
 
 static void
 maintenance_on_requeued(PGresult *res, void *arg)
@@ -72,7 +72,7 @@ maintenance_on_started(PGresult *res, void *arg)
 static void
 maintenance_on_pid(PGresult *res, void *arg)
 {
-	int			pid;
+	int pid;
 
 	watch.busy = false;
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -86,7 +86,8 @@ maintenance_on_pid(PGresult *res, void *arg)
 	{
 		if (watch.state == MAINTENANCE_STANDING_IN)
 			log_info("a maintenance worker (pid %d) serves the database again; pepsi-dispatch "
-					 "no longer requeues paused rows itself", pid);
+					 "no longer requeues paused rows itself",
+					 pid);
 		watch.state = MAINTENANCE_SERVED;
 	}
 	else if (watch.state != MAINTENANCE_STANDING_IN)

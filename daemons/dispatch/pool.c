@@ -18,8 +18,8 @@
  * for SPAWN_COOLDOWN and fails no row.
  */
 #include <errno.h>
-#include <math.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,8 +61,8 @@ pool_find(const char *stage)
 static int
 pool_depth(const struct pool *pool)
 {
-	double		cost = pool->row_cost_us > 1 ? pool->row_cost_us : 1;
-	double		depth = ceil(PIPELINE_AHEAD_US / cost);
+	double cost = pool->row_cost_us > 1 ? pool->row_cost_us : 1;
+	double depth = ceil(PIPELINE_AHEAD_US / cost);
 
 	if (depth < PIPELINE_MIN)
 		depth = PIPELINE_MIN;
@@ -74,7 +74,7 @@ static bool
 worker_has_room(const struct pool_worker *w)
 {
 	return w->state == WORKER_RUNNING && w->count < w->ring
-		&& w->handled + w->count < w->pool->spec.max_messages;
+		   && w->handled + w->count < w->pool->spec.max_messages;
 }
 
 /*
@@ -86,9 +86,9 @@ worker_has_room(const struct pool_worker *w)
 static int
 worker_slots(const struct pool_worker *w)
 {
-	long		left = w->pool->spec.max_messages - w->handled - w->count;
-	int			depth = pool_depth(w->pool);
-	int			room = (depth < w->ring ? depth : w->ring) - w->count;
+	long left = w->pool->spec.max_messages - w->handled - w->count;
+	int	 depth = pool_depth(w->pool);
+	int	 room = (depth < w->ring ? depth : w->ring) - w->count;
 
 	if (w->state != WORKER_RUNNING || left <= 0 || room <= 0)
 		return 0;
@@ -103,9 +103,10 @@ worker_slots(const struct pool_worker *w)
 int
 pool_capacity(const struct pool *pool, double now)
 {
-	int			capacity = 0;
-	long		per_worker = pool_depth(pool) < pool->spec.max_messages
-		? pool_depth(pool) : pool->spec.max_messages;
+	int	 capacity = 0;
+	long per_worker = pool_depth(pool) < pool->spec.max_messages
+						  ? pool_depth(pool)
+						  : pool->spec.max_messages;
 
 	if (pool->removed || dispatcher.shutting_down)
 		return 0;
@@ -156,7 +157,7 @@ pools_claim_urgent(double now)
 size_t
 pools_inflight(void)
 {
-	size_t		n = 0;
+	size_t n = 0;
 
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 		for (struct pool_worker *w = p->workers; w; w = w->next)
@@ -179,9 +180,9 @@ pools_inflight(void)
 static char *
 worker_executable(const char *program, bool *as_self)
 {
-	char	   *dir;
-	char	   *candidate;
-	char	   *slash;
+	char *dir;
+	char *candidate;
+	char *slash;
 
 	*as_self = false;
 	if (strchr(program, '/'))
@@ -210,22 +211,23 @@ static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 static struct pool_worker *
 worker_spawn(struct pool *pool)
 {
-	int			in_pipe[2] = {-1, -1};
-	int			out_pipe[2] = {-1, -1};
-	int			exec_pipe[2] = {-1, -1};
-	bool		as_self;
-	char	   *exe = worker_executable(pool->spec.program, &as_self);
-	const char *program_name = strrchr(pool->spec.program, '/');
+	int					in_pipe[2] = {-1, -1};
+	int					out_pipe[2] = {-1, -1};
+	int					exec_pipe[2] = {-1, -1};
+	bool				as_self;
+	char			   *exe = worker_executable(pool->spec.program, &as_self);
+	const char		   *program_name = strrchr(pool->spec.program, '/');
 	struct pool_worker *w = NULL;
-	pid_t		pid;
-	int			exec_errno = 0;
-	ssize_t		n;
+	pid_t				pid;
+	int					exec_errno = 0;
+	ssize_t				n;
 
 	program_name = program_name ? program_name + 1 : pool->spec.program;
 	if (exe == NULL)
 	{
 		log_warnx("stage %s: PROGRAM %s is not in Pepsi's program directory (beside %s); "
-				  "holding the stage off for %.1f s", pool->spec.name, pool->spec.program,
+				  "holding the stage off for %.1f s",
+				  pool->spec.name, pool->spec.program,
 				  dispatcher.self_exe, dispatcher.spawn_cooldown);
 		goto err;
 	}
@@ -243,7 +245,7 @@ worker_spawn(struct pool *pool)
 	}
 	if (pid == 0)
 	{
-		char	   *argv[5];
+		char *argv[5];
 
 		argv[0] = xstrdup(program_name);
 		argv[1] = xstrdup("worker");
@@ -326,7 +328,7 @@ worker_flush(struct pool_worker *w)
 {
 	while (w->out.len > 0)
 	{
-		ssize_t		n = write(w->to_child, w->out.data, w->out.len);
+		ssize_t n = write(w->to_child, w->out.data, w->out.len);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -361,7 +363,7 @@ bool
 pool_assign(struct pool *pool, long long id, const char *sender)
 {
 	struct pool_worker *best = NULL;
-	struct inflight *slot;
+	struct inflight	   *slot;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
@@ -378,7 +380,7 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 			if (worker_has_room(w) && (best == NULL || w->count < best->count))
 				best = w;
 	if (dispatcher.shutting_down)
-		return false;			/* claimed as we stopped: the caller puts it back */
+		return false; /* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism
 		&& now_seconds() >= pool->cooldown_until)
 		best = worker_spawn(pool);
@@ -463,9 +465,9 @@ const char *const delivery_statuses[DELIVERY_STATUSES] = {"sent", "deferred", "b
 static void
 pool_fold_delivery(struct pool *pool, json_t *report)
 {
-	json_t	   *delivery = json_object_get(report, "delivery");
-	const char *stage = json_string_value(json_object_get(delivery, "stage"));
-	const char *status = json_string_value(json_object_get(delivery, "status"));
+	json_t		*delivery = json_object_get(report, "delivery");
+	const char	*stage = json_string_value(json_object_get(delivery, "stage"));
+	const char	*status = json_string_value(json_object_get(delivery, "status"));
 	struct pool *at = stage ? pool_find(stage) : NULL;
 
 	if (status == NULL)
@@ -483,15 +485,15 @@ pool_fold_delivery(struct pool *pool, json_t *report)
 static double
 pool_fold_fused(struct pool *pool, json_t *report)
 {
-	size_t		i;
-	json_t	   *hop;
-	double		fused_us = 0;
+	size_t	i;
+	json_t *hop;
+	double	fused_us = 0;
 
-	json_array_foreach(json_object_get(report, "fused"), i, hop)
+	json_array_foreach (json_object_get(report, "fused"), i, hop)
 	{
-		const char *stage = json_string_value(json_object_get(hop, "stage"));
+		const char	*stage = json_string_value(json_object_get(hop, "stage"));
 		struct pool *fused = stage ? pool_find(stage) : NULL;
-		double		us = (double) json_integer_value(json_object_get(hop, "us"));
+		double		 us = (double) json_integer_value(json_object_get(hop, "us"));
 
 		pool->stats.fused_hops++;
 		dispatcher.stages_run++;
@@ -509,16 +511,16 @@ pool_fold_fused(struct pool *pool, json_t *report)
 static void
 worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 {
-	struct pool *pool = w->pool;
+	struct pool	   *pool = w->pool;
 	struct inflight entry;
-	bool		ok = line[0] == '0' && (line[1] == '\0' || line[1] == ' ');
-	bool		wellformed = line[0] >= '0' && line[0] <= '9'
-		&& (line[1] == '\0' || line[1] == ' ' || (line[1] >= '0' && line[1] <= '9'));
+	bool			ok = line[0] == '0' && (line[1] == '\0' || line[1] == ' ');
+	bool			wellformed = line[0] >= '0' && line[0] <= '9'
+					  && (line[1] == '\0' || line[1] == ' ' || (line[1] >= '0' && line[1] <= '9'));
 	json_t	   *report = NULL;
 	const char *space = strchr(line, ' ');
 
 	if (w->state == WORKER_KILLED_FOR_PROTOCOL)
-		return;					/* it is being killed; what it says no longer counts */
+		return; /* it is being killed; what it says no longer counts */
 	if (w->count == 0)
 	{
 		log_warnx("stage %s: worker %d answered an id it was not given: \"%.80s\"; replacing it",
@@ -541,7 +543,7 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 
 	if (ok)
 	{
-		double		fused_us = pool_fold_fused(pool, report);
+		double fused_us = pool_fold_fused(pool, report);
 
 		pool->stats.processing_us -= fused_us < us ? fused_us : us;
 		pool_fold_delivery(pool, report);
@@ -550,9 +552,9 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 	{
 		const char *error = json_string_value(json_object_get(report, "error"));
 		char	   *reason = wellformed
-			? xasprintf("stage %s: %s", pool->spec.name, error ? error : line)
-			: xasprintf("stage %s: worker wrote a malformed status line: \"%.200s\"",
-						pool->spec.name, line);
+								 ? xasprintf("stage %s: %s", pool->spec.name, error ? error : line)
+								 : xasprintf("stage %s: worker wrote a malformed status line: \"%.200s\"",
+											 pool->spec.name, line);
 
 		if (wellformed)
 		{
@@ -584,12 +586,12 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 static bool
 worker_read(struct pool_worker *w)
 {
-	char		chunk[8192];
-	ssize_t		n = read(w->from_child, chunk, sizeof(chunk));
-	char	   *nl;
-	int			answers = 0;
-	double		now = now_seconds();
-	double		share_us = 0;
+	char	chunk[8192];
+	ssize_t n = read(w->from_child, chunk, sizeof(chunk));
+	char   *nl;
+	int		answers = 0;
+	double	now = now_seconds();
+	double	share_us = 0;
 
 	if (n < 0 && errno == EINTR)
 		return true;
@@ -602,7 +604,7 @@ worker_read(struct pool_worker *w)
 		return false;
 	}
 	if (w->state == WORKER_KILLED_FOR_PROTOCOL)
-		return true;			/* being killed: drop whatever else it says */
+		return true; /* being killed: drop whatever else it says */
 	buf_append(&w->in, chunk, (size_t) n);
 
 	/*
@@ -614,11 +616,11 @@ worker_read(struct pool_worker *w)
 	for (const char *p = w->in.data; (p = memchr(p, '\n', w->in.len - (size_t) (p - w->in.data))) != NULL; p++)
 		answers++;
 	if (answers > w->count)
-		answers = w->count;		/* the rest break the protocol */
+		answers = w->count; /* the rest break the protocol */
 	if (answers > 0)
 	{
 		const struct inflight *head = &w->queue[w->head];
-		double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
+		double				   started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 		share_us = (now - started) * 1e6 / answers;
 	}
@@ -636,8 +638,8 @@ worker_read(struct pool_worker *w)
 		{
 			/* That line was the oldest row's answer: blame it like a malformed one. */
 			struct inflight entry = worker_pop(w);
-			char	   *reason = xasprintf("stage %s: worker wrote a status line longer than 64 KB",
-										   w->pool->spec.name);
+			char		   *reason = xasprintf("stage %s: worker wrote a status line longer than 64 KB",
+											   w->pool->spec.name);
 
 			dbconn_crashed(w->pool->spec.name, &entry, reason, "failed");
 			free(reason);
@@ -667,7 +669,7 @@ worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents)
 static bool
 worker_read_nothing(const struct pool_worker *w)
 {
-	int			unread = 0;
+	int unread = 0;
 
 	if (w->to_child < 0 || ioctl(w->to_child, FIONREAD, &unread) != 0)
 		return false;
@@ -690,11 +692,11 @@ worker_read_nothing(const struct pool_worker *w)
 static void
 worker_account_unanswered(struct pool_worker *w, const char *how)
 {
-	struct pool *pool = w->pool;
+	struct pool		*pool = w->pool;
 	struct inflight *rows = xcalloc((size_t) w->count, sizeof(*rows));
-	int			nrows = 0;
-	int			first = 0;		/* rows[0] is settled apart, or left with the rest */
-	char	   *reason = NULL;
+	int				 nrows = 0;
+	int				 first = 0; /* rows[0] is settled apart, or left with the rest */
+	char			*reason = NULL;
 
 	while (w->count > 0)
 		rows[nrows++] = worker_pop(w);
@@ -714,7 +716,8 @@ worker_account_unanswered(struct pool_worker *w, const char *how)
 		pool->stats.crashes++;
 		pool->cooldown_until = now_seconds() + dispatcher.spawn_cooldown;
 		log_warnx("stage %s: worker %d %s before reading its input; holding the stage off "
-				  "for %.1f s", pool->spec.name, (int) w->pid, how, dispatcher.spawn_cooldown);
+				  "for %.1f s",
+				  pool->spec.name, (int) w->pid, how, dispatcher.spawn_cooldown);
 	}
 	else
 	{
@@ -741,11 +744,11 @@ static void
 worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 {
 	struct pool_worker *w = watcher->data;
-	struct pool *pool = w->pool;
-	int			status = watcher->rstatus;
-	char	   *how = WIFSIGNALED(status) ? xasprintf("killed by signal %d", WTERMSIG(status))
-		: xasprintf("exited with status %d", WEXITSTATUS(status));
-	int			guard = 64;		/* 512 KB, more than a pipe holds */
+	struct pool		   *pool = w->pool;
+	int					status = watcher->rstatus;
+	char			   *how = WIFSIGNALED(status) ? xasprintf("killed by signal %d", WTERMSIG(status))
+												  : xasprintf("exited with status %d", WEXITSTATUS(status));
+	int					guard = 64; /* 512 KB, more than a pipe holds */
 
 	ev_child_stop(loop, &w->child);
 	/* Read what it wrote before it went: those answers stand. */
@@ -768,7 +771,7 @@ worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents)
 static void
 worker_close(struct pool_worker *w)
 {
-	struct pool *pool = w->pool;
+	struct pool			*pool = w->pool;
 	struct pool_worker **link;
 
 	ev_io_stop(dispatcher.loop, &w->reader);
@@ -805,7 +808,7 @@ pools_housekeeping(double now)
 			if (w->count > 0 && (w->state == WORKER_RUNNING || w->state == WORKER_RETIRING))
 			{
 				const struct inflight *head = &w->queue[w->head];
-				double		started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
+				double				   started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 				if ((now - started) * 1000 > p->spec.max_runtime_ms)
 					worker_transition(w, WORKER_KILLED_FOR_TIMEOUT);

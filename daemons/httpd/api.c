@@ -48,7 +48,7 @@ api_db_error(struct request *req, PGresult *res, PGconn *conn)
 	else if (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0
 			 || strcmp(state, "P0001") == 0 || strcmp(state, "P0002") == 0
 			 || strcmp(state, "42704") == 0 || strcmp(state, "42P01") == 0
-			 || strcmp(state, "55P02") == 0)	/* an option the database may not set */
+			 || strcmp(state, "55P02") == 0) /* an option the database may not set */
 		status = MHD_HTTP_BAD_REQUEST;
 	return reply_error(req, status, "%s", message);
 }
@@ -58,8 +58,8 @@ static enum MHD_Result
 api_json_query(struct request *req, const char *sql, int nparams, const char *const *values,
 			   bool not_found_on_null)
 {
-	PGconn	   *conn = httpd_db();
-	PGresult   *res;
+	PGconn		   *conn = httpd_db();
+	PGresult	   *res;
 	enum MHD_Result result;
 
 	if (conn == NULL)
@@ -69,7 +69,7 @@ api_json_query(struct request *req, const char *sql, int nparams, const char *co
 		result = api_db_error(req, res, conn);
 	else if (PQntuples(res) == 0 || PQgetisnull(res, 0, 0))
 		result = not_found_on_null ? reply_error(req, MHD_HTTP_NOT_FOUND, "no such message")
-			: reply_json_text(req, MHD_HTTP_OK, "[]");
+								   : reply_json_text(req, MHD_HTTP_OK, "[]");
 	else
 		result = reply_json_text(req, MHD_HTTP_OK, PQgetvalue(res, 0, 0));
 	PQclear(res);
@@ -109,7 +109,7 @@ api_act(struct request *req, const struct principal *who, const char *sql, int n
 		return NULL;
 	}
 	{
-		PGresult   *commit = PQexec(conn, "COMMIT");
+		PGresult *commit = PQexec(conn, "COMMIT");
 
 		if (PQresultStatus(commit) != PGRES_COMMAND_OK)
 		{
@@ -127,10 +127,10 @@ api_act(struct request *req, const struct principal *who, const char *sql, int n
 static char *
 api_ids(json_t *body, const char **why)
 {
-	json_t	   *ids = json_object_get(body, "ids");
-	struct buf	literal = BUF_INIT;
-	size_t		i;
-	json_t	   *id;
+	json_t	  *ids = json_object_get(body, "ids");
+	struct buf literal = BUF_INIT;
+	size_t	   i;
+	json_t	  *id;
 
 	if (!json_is_array(ids) || json_array_size(ids) == 0)
 	{
@@ -143,7 +143,7 @@ api_ids(json_t *body, const char **why)
 		return NULL;
 	}
 	buf_append_char(&literal, '{');
-	json_array_foreach(ids, i, id)
+	json_array_foreach (ids, i, id)
 	{
 		if (!json_is_integer(id) || json_integer_value(id) <= 0)
 		{
@@ -160,11 +160,11 @@ api_ids(json_t *body, const char **why)
 static enum MHD_Result
 api_queue_action(struct request *req, const struct principal *who, const char *action)
 {
-	json_error_t error;
-	json_t	   *body = json_loadb(req->body.data, req->body.len, 0, &error);
-	const char *why = NULL;
-	char	   *ids;
-	PGresult   *res;
+	json_error_t	error;
+	json_t		   *body = json_loadb(req->body.data, req->body.len, 0, &error);
+	const char	   *why = NULL;
+	char		   *ids;
+	PGresult	   *res;
 	enum MHD_Result result = MHD_NO;
 
 	if (body == NULL)
@@ -178,7 +178,7 @@ api_queue_action(struct request *req, const struct principal *who, const char *a
 	{
 		json_t	   *reason = json_object_get(body, "reason");
 		const char *values[2] = {ids, json_is_string(reason) ? json_string_value(reason)
-			: "deleted by the postmaster"};
+															 : "deleted by the postmaster"};
 
 		res = api_act(req, who, "SELECT pepsi.queue_bounce($1::int8[], $2)", 2, values, &result);
 	}
@@ -205,27 +205,28 @@ api_queue_action(struct request *req, const struct principal *who, const char *a
 static enum MHD_Result
 api_config_change(struct request *req, const struct principal *who, bool unset)
 {
-	json_error_t error;
-	json_t	   *body = json_loadb(req->body.data, req->body.len, 0, &error);
-	const char *scope = "global", *section = NULL, *option = NULL, *value = NULL;
-	PGresult   *res;
+	json_error_t	error;
+	json_t		   *body = json_loadb(req->body.data, req->body.len, 0, &error);
+	const char	   *scope = "global", *section = NULL, *option = NULL, *value = NULL;
+	PGresult	   *res;
 	enum MHD_Result result = MHD_NO;
 
 	if (body == NULL)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "bad JSON: %s", error.text);
 	if (json_unpack(body, unset ? "{s?s, s:s, s:s}" : "{s?s, s:s, s:s, s:s}", "scope", &scope,
-					"section", &section, "option", &option, "value", &value) != 0)
+					"section", &section, "option", &option, "value", &value)
+		!= 0)
 	{
 		json_decref(body);
 		return reply_error(req, MHD_HTTP_BAD_REQUEST,
 						   unset ? "expected {\"scope\", \"section\", \"option\"}"
-						   : "expected {\"scope\", \"section\", \"option\", \"value\"} (strings)");
+								 : "expected {\"scope\", \"section\", \"option\", \"value\"} (strings)");
 	}
 	{
 		const char *values[4] = {scope, section, option, value};
 
 		res = unset ? api_act(req, who, "SELECT pepsi.config_unset($1, $2, $3)", 3, values, &result)
-			: api_act(req, who, "SELECT pepsi.config_set($1, $2, $3, $4)", 4, values, &result);
+					: api_act(req, who, "SELECT pepsi.config_set($1, $2, $3, $4)", 4, values, &result);
 	}
 	if (res)
 	{
@@ -250,15 +251,16 @@ api_queue_message(struct request *req, const char *id_text)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "\"%.40s\" is not a message id", id_text);
 	/* Headers may hold any bytes: base64, decoded by the page as UTF-8. */
 	return api_json_query(req, "SELECT row_to_json(m) FROM (SELECT id, stage, status, held, received_at,"
-						  " retry_at, mail_from, rcpt_to, sender_key, state,"
-						  " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size"
-						  " FROM pepsi.queue_message($1::int8)) m", 1, values, true);
+							   " retry_at, mail_from, rcpt_to, sender_key, state,"
+							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size"
+							   " FROM pepsi.queue_message($1::int8)) m",
+						  1, values, true);
 }
 
 enum MHD_Result
 api_route(struct request *req, const struct principal *who)
 {
-	const char *path = req->path + 5;	/* after "/api/" */
+	const char *path = req->path + 5; /* after "/api/" */
 	bool		get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
 	bool		post = strcmp(req->method, "POST") == 0;
 
@@ -273,15 +275,17 @@ api_route(struct request *req, const struct principal *who)
 		return api_json_query(req, "SELECT json_agg(s) FROM pepsi.queue_shape s", 0, NULL, false);
 	if (strcmp(path, "stages") == 0 && get)
 		return api_json_query(req, "SELECT json_agg(s ORDER BY s.stage) FROM (SELECT stage, messages,"
-							  " extract(epoch FROM processing_time) AS processing_seconds, kills, timeouts,"
-							  " crashes, fused_hops, updated_at FROM pepsi.stage_stats) s", 0, NULL, false);
+								   " extract(epoch FROM processing_time) AS processing_seconds, kills, timeouts,"
+								   " crashes, fused_hops, updated_at FROM pepsi.stage_stats) s",
+							  0, NULL, false);
 	if (strcmp(path, "queue") == 0 && get)
 	{
 		const char *values[5] = {api_param(req, "stage"), api_param(req, "status"),
-			api_param(req, "search"), api_param(req, "limit"), api_param(req, "before")};
+								 api_param(req, "search"), api_param(req, "limit"), api_param(req, "before")};
 
 		return api_json_query(req, "SELECT json_agg(q) FROM pepsi.queue_list($1, $2::pepsi.status, $3,"
-							  " coalesce($4::int, 100), $5::int8) q", 5, values, false);
+								   " coalesce($4::int, 100), $5::int8) q",
+							  5, values, false);
 	}
 	if (strncmp(path, "queue/", 6) == 0 && get)
 		return api_queue_message(req, path + 6);
@@ -297,12 +301,12 @@ api_route(struct request *req, const struct principal *who)
 	if (strcmp(path, "config") == 0 && get)
 	{
 		const char *values[3] = {api_param(req, "scope") ? api_param(req, "scope") : "global",
-			api_param(req, "section"), api_param(req, "option")};
+								 api_param(req, "section"), api_param(req, "option")};
 
 		if (values[1] == NULL || values[2] == NULL)
 			return reply_error(req, MHD_HTTP_BAD_REQUEST, "section and option are required");
 		return api_json_query(req, "SELECT json_build_object('scope', $1::text, 'section', $2::text,"
-							  " 'option', $3::text, 'value', pepsi.config_get($1, $2, $3))",
+								   " 'option', $3::text, 'value', pepsi.config_get($1, $2, $3))",
 							  3, values, false);
 	}
 	if (strcmp(path, "config") == 0 && post)

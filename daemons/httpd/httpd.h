@@ -27,10 +27,10 @@
 struct httpd
 {
 	struct pepsi_config *cfg;
-	PGconn	   *conn;
-	long		session_lifetime_s;
-	bool		tls;				/* cookies get Secure */
-	bool		metrics_need_token; /* [httpd] METRICS_AUTH */
+	PGconn				*conn;
+	long				 session_lifetime_s;
+	bool				 tls;				 /* cookies get Secure */
+	bool				 metrics_need_token; /* [httpd] METRICS_AUTH */
 };
 extern struct httpd httpd;
 
@@ -45,44 +45,44 @@ enum principal_kind
 struct principal
 {
 	enum principal_kind kind;
-	char		name[128];		/* "token:<name>" or the account's name */
-	char		csrf[65];		/* the session's CSRF token (hex), sessions only */
+	char				name[128]; /* "token:<name>" or the account's name */
+	char				csrf[65];  /* the session's CSRF token (hex), sessions only */
 };
 
 /* One request as the handlers see it. */
 struct request
 {
 	struct MHD_Connection *connection;
-	const char *method;
-	const char *path;
-	struct buf	body;
-	bool		body_too_large;
-	char		client[64];		/* the peer's address, for throttling and logs */
+	const char			  *method;
+	const char			  *path;
+	struct buf			   body;
+	bool				   body_too_large;
+	char				   client[64]; /* the peer's address, for throttling and logs */
 };
 
 /* Replies: each queues the response and returns MHD's result. */
-enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body);	/* body is stolen */
+enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body); /* body is stolen */
 enum MHD_Result reply_json_text(struct request *req, unsigned status, const char *json);
 enum MHD_Result reply_error(struct request *req, unsigned status, const char *fmt, ...)
-			__attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *content_type,
 							const void *data, size_t len, bool copy);
 /* Add the headers every response carries (no sniffing, no framing, CSP). */
-void		reply_add_security_headers(struct MHD_Response *response);
+void reply_add_security_headers(struct MHD_Response *response);
 
 /* The database connection, reconnected when it was lost. */
-PGconn	   *httpd_db(void);
+PGconn *httpd_db(void);
 
 /* session.c: authentication, sessions, CSRF. */
-void		principal_identify(struct request *req, struct principal *who);
+void principal_identify(struct request *req, struct principal *who);
 /* For a state-changing request by a session: the CSRF token and Origin check. */
-bool		principal_may_change(struct request *req, const struct principal *who,
-								 const char **why);
+bool			principal_may_change(struct request *req, const struct principal *who,
+									 const char **why);
 enum MHD_Result session_login(struct request *req);
 enum MHD_Result session_logout(struct request *req, const struct principal *who);
 enum MHD_Result session_describe(struct request *req, const struct principal *who);
 /* pepsi-httpd passwd: an Argon2id encoded hash of password (NULL on failure). */
-char	   *password_hash(const char *password);
+char *password_hash(const char *password);
 
 /* metrics.c: GET /metrics. */
 enum MHD_Result metrics_respond(struct request *req);

@@ -30,14 +30,14 @@
 #include "httpd.h"
 #include "log.h"
 #include "log_config.h"
-#include "xalloc.h"
 #include "privilege.h"
 #include "service.h"
+#include "xalloc.h"
 
 /* Request headers past this much memory get 431. */
 #define HTTPD_MAX_HEADER_MEMORY (32 * 1024)
 
-int			pepsi_httpd_main(int argc, char **argv);
+int pepsi_httpd_main(int argc, char **argv);
 
 struct httpd httpd;
 
@@ -47,10 +47,10 @@ struct httpd httpd;
  */
 struct httpd_settings
 {
-	long		session_lifetime_s;
-	bool		metrics_need_token;
-	char	   *certificate;
-	char	   *key;
+	long  session_lifetime_s;
+	bool  metrics_need_token;
+	char *certificate;
+	char *key;
 };
 
 /*
@@ -64,8 +64,8 @@ static void
 httpd_usage(void)
 {
 	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
-			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
-			"  passwd NAME reads the new password from standard input.\n",
+					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
+					"  passwd NAME reads the new password from standard input.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -73,7 +73,7 @@ httpd_usage(void)
 static char *
 httpd_read_file(const char *path, char *err, size_t errlen)
 {
-	struct buf	content = BUF_INIT;
+	struct buf content = BUF_INIT;
 
 	if (!buf_append_file(&content, path, 1024 * 1024, err, errlen))
 	{
@@ -137,11 +137,11 @@ httpd_settings_free(struct httpd_settings *set)
 static int
 httpd_bind(struct pepsi_config *cfg)
 {
-	const char *address = config_text(cfg, "httpd", "ADDRESS");
-	long		port = (long) config_int(cfg, "httpd", "PORT");
-	char		service[16];
+	const char	   *address = config_text(cfg, "httpd", "ADDRESS");
+	long			port = (long) config_int(cfg, "httpd", "PORT");
+	char			service[16];
 	struct addrinfo hints = {0}, *res;
-	int			fd, rc, on = 1;
+	int				fd, rc, on = 1;
 
 	snprintf(service, sizeof(service), "%ld", port);
 	hints.ai_family = AF_UNSPEC;
@@ -170,7 +170,7 @@ httpd_bind(struct pepsi_config *cfg)
 PGconn *
 httpd_db(void)
 {
-	char		err[1024];
+	char err[1024];
 
 	if (httpd.conn && PQstatus(httpd.conn) == CONNECTION_OK)
 		return httpd.conn;
@@ -208,7 +208,7 @@ static enum MHD_Result
 httpd_dispatch(struct request *req)
 {
 	struct principal who;
-	const char *why;
+	const char		*why;
 
 	if (strcmp(req->path, "/metrics") == 0)
 	{
@@ -270,7 +270,7 @@ httpd_access(void *cls, struct MHD_Connection *connection, const char *url, cons
 		if (info && info->client_addr)
 			getnameinfo(info->client_addr,
 						info->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-						: sizeof(struct sockaddr_in),
+																 : sizeof(struct sockaddr_in),
 						req->client, sizeof(req->client), NULL, 0, NI_NUMERICHOST);
 		*con_cls = req;
 		return MHD_YES;
@@ -303,7 +303,7 @@ httpd_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
 	if (req == NULL)
 		return;
 	if (req->body.data)
-		explicit_bzero(req->body.data, req->body.len);	/* may hold a password */
+		explicit_bzero(req->body.data, req->body.len); /* may hold a password */
 	buf_free(&req->body);
 	free(req);
 	*con_cls = NULL;
@@ -312,8 +312,8 @@ httpd_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
 static void
 httpd_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-	char		message[1024];
-	size_t		n;
+	char   message[1024];
+	size_t n;
 
 	vsnprintf(message, sizeof(message), fmt, ap);
 	n = strlen(message);
@@ -326,8 +326,8 @@ static struct MHD_Daemon *
 httpd_start(int listen_fd, const struct httpd_settings *set)
 {
 	/* (MHD_USE_ITC: a reload hands the socket over with MHD_quiesce_daemon.) */
-	unsigned	flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG
-		| MHD_USE_ITC;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG
+					 | MHD_USE_ITC;
 	struct MHD_OptionItem options[] = {
 		{MHD_OPTION_LISTEN_SOCKET, listen_fd, NULL},
 		{MHD_OPTION_NOTIFY_COMPLETED, (intptr_t) httpd_completed, NULL},
@@ -337,18 +337,18 @@ httpd_start(int listen_fd, const struct httpd_settings *set)
 		{MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
 		{MHD_OPTION_CONNECTION_LIMIT, 256, NULL},
 		{MHD_OPTION_PER_IP_CONNECTION_LIMIT, 32, NULL},
-		{MHD_OPTION_END, 0, NULL},	/* room for the TLS pair */
+		{MHD_OPTION_END, 0, NULL}, /* room for the TLS pair */
 		{MHD_OPTION_END, 0, NULL},
 		{MHD_OPTION_END, 0, NULL},
 	};
 
 	if (set->certificate)
 	{
-		size_t		n = 7;
+		size_t n = 7;
 
 		flags |= MHD_USE_TLS;
-		options[n++] = (struct MHD_OptionItem) {MHD_OPTION_HTTPS_MEM_CERT, 0, set->certificate};
-		options[n++] = (struct MHD_OptionItem) {MHD_OPTION_HTTPS_MEM_KEY, 0, set->key};
+		options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, set->certificate};
+		options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, set->key};
 	}
 	return MHD_start_daemon(flags, 0, NULL, NULL, httpd_access, NULL,
 							MHD_OPTION_ARRAY, options, MHD_OPTION_END);
@@ -366,8 +366,8 @@ httpd_start(int listen_fd, const struct httpd_settings *set)
 static PGconn *
 httpd_admin_connect(void)
 {
-	char		err[1024];
-	PGconn	   *conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err));
+	char	err[1024];
+	PGconn *conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err));
 
 	if (conn == NULL)
 		log_warnx("%s", err);
@@ -441,7 +441,7 @@ httpd_token(const char *name)
 static struct pepsi_config *
 httpd_config_load(const char *path)
 {
-	char		err[1024];
+	char				 err[1024];
 	struct pepsi_config *cfg = config_load(path, err, sizeof(err));
 
 	if (cfg == NULL)
@@ -459,11 +459,11 @@ httpd_config_load(const char *path)
 static struct MHD_Daemon *
 httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 {
-	struct pepsi_config *cfg;
-	struct pepsi_config *old_cfg;
+	struct pepsi_config	 *cfg;
+	struct pepsi_config	 *old_cfg;
 	struct httpd_settings set;
-	struct MHD_Daemon *fresh;
-	char		err[1024];
+	struct MHD_Daemon	 *fresh;
+	char				  err[1024];
 
 	service_reloading();
 	if ((cfg = config_load(path, err, sizeof(err))) == NULL)
@@ -513,13 +513,13 @@ httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 int
 pepsi_httpd_main(int argc, char **argv)
 {
-	const char *path = getenv("PEPSI_CONFIG");
+	const char			 *path = getenv("PEPSI_CONFIG");
 	struct httpd_settings set;
-	struct MHD_Daemon *daemon;
-	char		err[1024];
-	int			ch, verbose = 0, listen_fd, rc = 0;
-	sigset_t	signals;
-	double		watchdog;
+	struct MHD_Daemon	 *daemon;
+	char				  err[1024];
+	int					  ch, verbose = 0, listen_fd, rc = 0;
+	sigset_t			  signals;
+	double				  watchdog;
 
 	log_init("pepsi-httpd", false);
 	while ((ch = getopt(argc, argv, "c:vh")) != -1)
@@ -584,7 +584,7 @@ pepsi_httpd_main(int argc, char **argv)
 	for (;;)
 	{
 		struct timespec wait = {watchdog > 0 ? (time_t) watchdog : 3600, 0};
-		int			sig = sigtimedwait(&signals, NULL, &wait);
+		int				sig = sigtimedwait(&signals, NULL, &wait);
 
 		if (sig < 0)
 		{

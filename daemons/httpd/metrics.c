@@ -46,7 +46,7 @@ static void
 metrics_column(struct buf *out, PGresult *res, const char *name, const char *type, const char *help,
 			   const char *column, const char *const *labels)
 {
-	int			col = PQfnumber(res, column);
+	int col = PQfnumber(res, column);
 
 	if (col < 0)
 		return;
@@ -73,7 +73,7 @@ metrics_column(struct buf *out, PGresult *res, const char *name, const char *typ
 static PGresult *
 metrics_query(PGconn *conn, const char *sql)
 {
-	PGresult   *res = db_exec(conn, sql, 0, NULL);
+	PGresult *res = db_exec(conn, sql, 0, NULL);
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -89,30 +89,30 @@ metrics_respond(struct request *req)
 {
 	static const char *const stage_status[] = {"stage", "status", NULL};
 	static const char *const stage_only[] = {"stage", NULL};
-	PGconn	   *conn = httpd_db();
-	PGresult   *gauges, *stages, *deliveries, *dispatch, *dns;
-	struct buf	out = BUF_INIT;
-	enum MHD_Result result;
+	PGconn					*conn = httpd_db();
+	PGresult				*gauges, *stages, *deliveries, *dispatch, *dns;
+	struct buf				 out = BUF_INIT;
+	enum MHD_Result			 result;
 
 	if (conn == NULL)
 		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 	gauges = metrics_query(conn, "SELECT stage, status::text AS status, messages, held,"
-						   " round(oldest_age_seconds::numeric, 3) AS oldest_age,"
-						   " round(extract(epoch FROM now() - as_of), 3) AS snapshot_age"
-						   " FROM pepsi.queue_gauges()");
+								 " round(oldest_age_seconds::numeric, 3) AS oldest_age,"
+								 " round(extract(epoch FROM now() - as_of), 3) AS snapshot_age"
+								 " FROM pepsi.queue_gauges()");
 	stages = metrics_query(conn, "SELECT stage, messages, round(extract(epoch FROM processing_time), 6)"
-						   " AS processing_seconds, kills, timeouts, crashes, fused_hops"
-						   " FROM pepsi.stage_stats ORDER BY stage");
+								 " AS processing_seconds, kills, timeouts, crashes, fused_hops"
+								 " FROM pepsi.stage_stats ORDER BY stage");
 	deliveries = metrics_query(conn, "SELECT s.stage, d.status, d.count FROM pepsi.stage_stats s,"
-							   " LATERAL (VALUES ('sent', s.deliveries_sent), ('deferred', s.deliveries_deferred),"
-							   " ('bounced', s.deliveries_bounced), ('expired', s.deliveries_expired))"
-							   " AS d (status, count)"
-							   " WHERE s.deliveries_sent + s.deliveries_deferred + s.deliveries_bounced"
-							   " + s.deliveries_expired > 0 ORDER BY s.stage, d.status");
+									 " LATERAL (VALUES ('sent', s.deliveries_sent), ('deferred', s.deliveries_deferred),"
+									 " ('bounced', s.deliveries_bounced), ('expired', s.deliveries_expired))"
+									 " AS d (status, count)"
+									 " WHERE s.deliveries_sent + s.deliveries_deferred + s.deliveries_bounced"
+									 " + s.deliveries_expired > 0 ORDER BY s.stage, d.status");
 	dispatch = metrics_query(conn, "SELECT stages_run, messages, messages_failed, serialization_failures"
-							 " FROM pepsi.dispatch_stats");
+								   " FROM pepsi.dispatch_stats");
 	dns = metrics_query(conn, "SELECT count(*) AS addresses,"
-						" count(*) FILTER (WHERE failures > 0) AS failing FROM pepsi.dns_address");
+							  " count(*) FILTER (WHERE failures > 0) AS failing FROM pepsi.dns_address");
 	if (gauges == NULL || stages == NULL || deliveries == NULL || dispatch == NULL || dns == NULL)
 	{
 		PQclear(gauges);

@@ -30,7 +30,7 @@ reply_bytes(struct request *req, unsigned status, const char *content_type, cons
 			size_t len, bool copy)
 {
 	struct MHD_Response *response;
-	enum MHD_Result result;
+	enum MHD_Result		 result;
 
 	/* (MHD takes a non-const pointer; with PERSISTENT it only reads it.) */
 	response = MHD_create_response_from_buffer(len, (void *) (uintptr_t) data,
@@ -56,7 +56,7 @@ reply_json_text(struct request *req, unsigned status, const char *json)
 enum MHD_Result
 reply_json(struct request *req, unsigned status, json_t *body)
 {
-	char	   *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+	char		   *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
 	enum MHD_Result result;
 
 	json_decref(body);
@@ -70,8 +70,8 @@ reply_json(struct request *req, unsigned status, json_t *body)
 enum MHD_Result
 reply_error(struct request *req, unsigned status, const char *fmt, ...)
 {
-	char		message[1024];
-	va_list		ap;
+	char	message[1024];
+	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(message, sizeof(message), fmt, ap);

@@ -75,7 +75,7 @@ static void
 session_csrf(const char *secret, char out[65])
 {
 	unsigned char mac[EVP_MAX_MD_SIZE];
-	unsigned int maclen = 0;
+	unsigned int  maclen = 0;
 
 	HMAC(EVP_sha256(), secret, (int) strlen(secret), (const unsigned char *) "pepsi-csrf", 10, mac,
 		 &maclen);
@@ -92,9 +92,9 @@ header(struct request *req, const char *name)
 static bool
 lookup_one(const char *sql, int nparams, const char *const *values, char *out, size_t outlen)
 {
-	PGconn	   *conn = httpd_db();
-	PGresult   *res;
-	bool		found;
+	PGconn	 *conn = httpd_db();
+	PGresult *res;
+	bool	  found;
 
 	if (conn == NULL)
 		return false;
@@ -199,14 +199,15 @@ char *
 password_hash(const char *password)
 {
 	unsigned char salt[PASSWORD_SALT_BYTES];
-	size_t		len = argon2_encodedlen(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM,
-										PASSWORD_SALT_BYTES, PASSWORD_HASH_BYTES, Argon2_id);
-	char	   *encoded = xmalloc(len);
+	size_t		  len = argon2_encodedlen(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM,
+										  PASSWORD_SALT_BYTES, PASSWORD_HASH_BYTES, Argon2_id);
+	char		 *encoded = xmalloc(len);
 
 	if (RAND_bytes(salt, sizeof(salt)) != 1
 		|| argon2id_hash_encoded(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM, password,
 								 strlen(password), salt, sizeof(salt), PASSWORD_HASH_BYTES, encoded,
-								 len) != ARGON2_OK)
+								 len)
+			   != ARGON2_OK)
 	{
 		free(encoded);
 		return NULL;
@@ -220,9 +221,9 @@ password_hash(const char *password)
  */
 struct login_failures
 {
-	char		client[64];
-	int			count;
-	time_t		first;
+	char   client[64];
+	int	   count;
+	time_t first;
 };
 static struct login_failures login_failures[LOGIN_CLIENTS_TRACKED];
 
@@ -230,7 +231,7 @@ static struct login_failures *
 login_failures_of(const char *client, bool create)
 {
 	struct login_failures *oldest = &login_failures[0];
-	time_t		now = time(NULL);
+	time_t				   now = time(NULL);
 
 	for (size_t i = 0; i < LOGIN_CLIENTS_TRACKED; i++)
 	{
@@ -254,10 +255,10 @@ login_failures_of(const char *client, bool create)
 static enum MHD_Result
 session_set_cookie(struct request *req, unsigned status, json_t *body, const char *value, long max_age)
 {
-	char	   *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
-	char		cookie[256];
+	char				*text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+	char				 cookie[256];
 	struct MHD_Response *response;
-	enum MHD_Result result;
+	enum MHD_Result		 result;
 
 	json_decref(body);
 	if (text == NULL)
@@ -276,20 +277,20 @@ session_set_cookie(struct request *req, unsigned status, json_t *body, const cha
 enum MHD_Result
 session_login(struct request *req)
 {
-	const char *content_type = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+	const char			  *content_type = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
 	struct login_failures *failures = login_failures_of(req->client, false);
-	static char *dummy_hash;
-	json_error_t error;
-	json_t	   *body;
-	const char *name = NULL, *password = NULL;
-	char		stored[256] = "";
-	unsigned char secret_bytes[SESSION_SECRET_BYTES];
-	char		secret[2 * SESSION_SECRET_BYTES + 1];
-	char		digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
-	char		lifetime[32];
-	char		csrf[65];
-	bool		known, verified;
-	PGresult   *res;
+	static char			  *dummy_hash;
+	json_error_t		   error;
+	json_t				  *body;
+	const char			  *name = NULL, *password = NULL;
+	char				   stored[256] = "";
+	unsigned char		   secret_bytes[SESSION_SECRET_BYTES];
+	char				   secret[2 * SESSION_SECRET_BYTES + 1];
+	char				   digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
+	char				   lifetime[32];
+	char				   csrf[65];
+	bool				   known, verified;
+	PGresult			  *res;
 
 	if (request_cross_site(req))
 		return reply_error(req, MHD_HTTP_FORBIDDEN, "cross-site request refused");
@@ -322,7 +323,7 @@ session_login(struct request *req)
 	if (!known && dummy_hash == NULL)
 		dummy_hash = password_hash("no such account");
 	verified = argon2id_verify(known ? stored : dummy_hash, password, strlen(password)) == ARGON2_OK
-		&& known;
+			   && known;
 	if (!verified)
 	{
 		failures = login_failures_of(req->client, true);
@@ -346,7 +347,8 @@ session_login(struct request *req)
 		/* Expired sessions go as new ones come: the table stays small. */
 		PQclear(db_exec(httpd.conn, "DELETE FROM pepsi.admin_session WHERE expires_at < now()", 0, NULL));
 		res = db_exec(httpd.conn, "INSERT INTO pepsi.admin_session (digest, account, expires_at)"
-					  " VALUES ($1::bytea, $2, now() + make_interval(secs => $3::float8))", 3, values);
+								  " VALUES ($1::bytea, $2, now() + make_interval(secs => $3::float8))",
+					  3, values);
 	}
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
 	{
@@ -361,8 +363,8 @@ session_login(struct request *req)
 	log_info("%s logged in from %s", name, req->client);
 	session_csrf(secret, csrf);
 	{
-		json_t	   *reply = json_pack("{sssssI}", "account", name, "csrf", csrf, "expires_in",
-									  (json_int_t) httpd.session_lifetime_s);
+		json_t		   *reply = json_pack("{sssssI}", "account", name, "csrf", csrf, "expires_in",
+										  (json_int_t) httpd.session_lifetime_s);
 		enum MHD_Result result = session_set_cookie(req, MHD_HTTP_OK, reply, secret,
 													httpd.session_lifetime_s);
 
@@ -390,8 +392,8 @@ session_logout(struct request *req, const struct principal *who)
 enum MHD_Result
 session_describe(struct request *req, const struct principal *who)
 {
-	json_t	   *reply = json_pack("{ssss}", "account", who->name, "kind",
-								  who->kind == PRINCIPAL_TOKEN ? "token" : "session");
+	json_t *reply = json_pack("{ssss}", "account", who->name, "kind",
+							  who->kind == PRINCIPAL_TOKEN ? "token" : "session");
 
 	if (who->kind == PRINCIPAL_SESSION)
 		json_object_set_new(reply, "csrf", json_string(who->csrf));

@@ -12,12 +12,12 @@
  * Each file is included by the assembler (.incbin, with the path from the
  * top of the tree, where make runs), between a start and an end symbol.
  */
-#define WWW_FILE(symbol, path) \
-	__asm__(".section .rodata\n" \
-			".globl " #symbol "\n.hidden " #symbol "\n" #symbol ":\n" \
-			".incbin \"" path "\"\n" \
+#define WWW_FILE(symbol, path)                                                    \
+	__asm__(".section .rodata\n"                                                  \
+			".globl " #symbol "\n.hidden " #symbol "\n" #symbol ":\n"             \
+			".incbin \"" path "\"\n"                                              \
 			".globl " #symbol "_end\n.hidden " #symbol "_end\n" #symbol "_end:\n" \
-			".previous\n"); \
+			".previous\n");                                                       \
 	extern const char symbol[], symbol##_end[]
 
 WWW_FILE(httpd_www_index_html, "daemons/httpd/www/index.html");
@@ -30,7 +30,7 @@ static const struct www_file
 	const char *content_type;
 	const char *start;
 	const char *end;
-}			www_files[] = {
+} www_files[] = {
 	{"/", "text/html; charset=utf-8", httpd_www_index_html, httpd_www_index_html_end},
 	{"/index.html", "text/html; charset=utf-8", httpd_www_index_html, httpd_www_index_html_end},
 	{"/app.js", "text/javascript; charset=utf-8", httpd_www_app_js, httpd_www_app_js_end},

@@ -29,22 +29,22 @@
 
 struct admission
 {
-	struct envelope envelope;
-	admit_done_fn done;			/* NULL once detached */
-	void	   *arg;
-	bool		alone;			/* its batch failed: retry it in its own transaction */
-	bool		ok;
-	long long	id;
+	struct envelope	  envelope;
+	admit_done_fn	  done; /* NULL once detached */
+	void			 *arg;
+	bool			  alone; /* its batch failed: retry it in its own transaction */
+	bool			  ok;
+	long long		  id;
 	struct admission *next;
 };
 
 enum dbconn_state
 {
-	DBCONN_DOWN,				/* waiting for the reconnect timer */
-	DBCONN_CONNECTING,			/* PQconnectPoll until CONNECTION_OK */
-	DBCONN_PREPARING,			/* the admission statement is being prepared */
+	DBCONN_DOWN,	   /* waiting for the reconnect timer */
+	DBCONN_CONNECTING, /* PQconnectPoll until CONNECTION_OK */
+	DBCONN_PREPARING,  /* the admission statement is being prepared */
 	DBCONN_IDLE,
-	DBCONN_BUSY					/* a batch or a wake is in flight */
+	DBCONN_BUSY /* a batch or a wake is in flight */
 };
 
 enum dbconn_work
@@ -56,40 +56,40 @@ enum dbconn_work
 
 struct dbconn
 {
-	int			index;
-	enum dbconn_state state;
-	PGconn	   *conn;
+	int						  index;
+	enum dbconn_state		  state;
+	PGconn					 *conn;
 	PostgresPollingStatusType poll;
-	ev_io		io;
-	ev_timer	retry;
-	double		backoff;
+	ev_io					  io;
+	ev_timer				  retry;
+	double					  backoff;
 	/* The pipeline in flight: items are the batch's calls (or one), then the Sync. */
-	enum dbconn_work work;
+	enum dbconn_work   work;
 	struct admission **batch;
-	size_t		nbatch;
-	size_t		items;
-	size_t		next_item;		/* the item whose results come next; items = the Sync */
-	bool		failed;			/* a call or the commit failed */
-	int			stray_ends;		/* end-of-result markers after the last call */
-	char		error[512];
+	size_t			   nbatch;
+	size_t			   items;
+	size_t			   next_item;  /* the item whose results come next; items = the Sync */
+	bool			   failed;	   /* a call or the commit failed */
+	int				   stray_ends; /* end-of-result markers after the last call */
+	char			   error[512];
 };
 
 static struct
 {
-	struct ev_loop *loop;
+	struct ev_loop			  *loop;
 	const struct pepsi_config *cfg;
-	struct admit_options options;
-	struct dbconn *conns;
-	struct admission *queue_head;
-	struct admission *queue_tail;
-	size_t		queued;
-	size_t		in_flight;
-	ev_timer	wake_timer;
-	ev_prepare	kick_watcher;	/* batches what a loop iteration submitted */
-	bool		kick_due;
-	bool		wake_due;
-	bool		shutting_down;
-}			admit;
+	struct admit_options	   options;
+	struct dbconn			  *conns;
+	struct admission		  *queue_head;
+	struct admission		  *queue_tail;
+	size_t					   queued;
+	size_t					   in_flight;
+	ev_timer				   wake_timer;
+	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
+	bool					   kick_due;
+	bool					   wake_due;
+	bool					   shutting_down;
+} admit;
 
 static void dbconn_advance(struct dbconn *c, int revents);
 static void admit_kick(void);
@@ -193,7 +193,7 @@ admit_pending(void)
 static void
 dbconn_watch(struct dbconn *c, int events)
 {
-	int			fd = c->conn ? PQsocket(c->conn) : -1;
+	int fd = c->conn ? PQsocket(c->conn) : -1;
 
 	if (ev_is_active(&c->io) && (c->io.fd != fd || (c->io.events & (EV_READ | EV_WRITE)) != events))
 		ev_io_stop(admit.loop, &c->io);
@@ -210,7 +210,7 @@ dbconn_watch(struct dbconn *c, int events)
 static bool
 dbconn_flush(struct dbconn *c)
 {
-	int			rc = PQflush(c->conn);
+	int rc = PQflush(c->conn);
 
 	if (rc < 0)
 		return false;
@@ -288,12 +288,11 @@ static bool
 dbconn_send_admission(struct dbconn *c, struct admission *a)
 {
 	const struct envelope *e = &a->envelope;
-	const char *values[8] = {
-		e->mail_from, e->rcpt_array, e->headers.data ? e->headers.data : "",
-		e->body.data ? e->body.data : "", e->state, e->client_ip, e->auth_account,
-		admit.options.stage
-	};
-	int			lengths[8] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0};
+	const char			  *values[8] = {
+				   e->mail_from, e->rcpt_array, e->headers.data ? e->headers.data : "",
+		   e->body.data ? e->body.data : "", e->state, e->client_ip, e->auth_account,
+				   admit.options.stage};
+	int				 lengths[8] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0};
 	static const int formats[8] = {0, 0, 1, 1, 0, 0, 0, 0};
 
 	return PQsendQueryPrepared(c->conn, ADMIT_STATEMENT, 8, values, lengths, formats, 0) == 1;
@@ -303,13 +302,13 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 static void
 dbconn_start_batch(struct dbconn *c)
 {
-	size_t		bytes = 0;
+	size_t			  bytes = 0;
 	struct admission *a;
 
 	c->nbatch = 0;
 	while (c->nbatch < (size_t) admit.options.batch_size && (a = admit.queue_head) != NULL)
 	{
-		size_t		size = a->envelope.headers.len + a->envelope.body.len;
+		size_t size = a->envelope.headers.len + a->envelope.body.len;
 
 		if (c->nbatch > 0 && (a->alone || bytes + size > ADMIT_BATCH_BYTES))
 			break;
@@ -343,7 +342,9 @@ dbconn_start_wake(struct dbconn *c)
 {
 	admit.wake_due = false;
 	if (PQsendQueryParams(c->conn, "SELECT pepsi.notify_workqueue()", 0, NULL, NULL, NULL,
-						  NULL, 0) != 1 || !dbconn_send_sync(c, DBCONN_WORK_WAKE, 1))
+						  NULL, 0)
+			!= 1
+		|| !dbconn_send_sync(c, DBCONN_WORK_WAKE, 1))
 		dbconn_fail(c, PQerrorMessage(c->conn));
 }
 
@@ -361,7 +362,7 @@ admit_wake_later(void)
 static void
 dbconn_finish_work(struct dbconn *c)
 {
-	bool		lost = PQstatus(c->conn) != CONNECTION_OK;
+	bool lost = PQstatus(c->conn) != CONNECTION_OK;
 
 	c->state = DBCONN_IDLE;
 	if (c->failed)
@@ -452,7 +453,7 @@ dbconn_read_results(struct dbconn *c)
 	}
 	while (!PQisBusy(c->conn))
 	{
-		PGresult   *res = PQgetResult(c->conn);
+		PGresult *res = PQgetResult(c->conn);
 
 		if (res == NULL)
 		{
@@ -545,7 +546,7 @@ admit_kick(void)
 
 	if (running)
 	{
-		again = true;			/* a completion inside the loop below: go round again */
+		again = true; /* a completion inside the loop below: go round again */
 		return;
 	}
 	running = true;
@@ -615,7 +616,7 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 void
 admit_shutdown(void)
 {
-	bool		wake = admit.wake_due || ev_is_active(&admit.wake_timer);
+	bool wake = admit.wake_due || ev_is_active(&admit.wake_timer);
 
 	admit.shutting_down = true;
 	ev_timer_stop(admit.loop, &admit.wake_timer);

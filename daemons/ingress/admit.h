@@ -24,27 +24,27 @@
 
 struct admit_options
 {
-	int			connections;	/* [ingress] DATABASE_CONNECTIONS */
-	int			batch_size;		/* [ingress] BATCH_SIZE */
-	const char *stage;			/* [ingress] INIT_STAGE */
-	double		wake_interval;	/* [ingress] DISPATCH_WAKE_INTERVAL, seconds */
+	int			connections;   /* [ingress] DATABASE_CONNECTIONS */
+	int			batch_size;	   /* [ingress] BATCH_SIZE */
+	const char *stage;		   /* [ingress] INIT_STAGE */
+	double		wake_interval; /* [ingress] DISPATCH_WAKE_INTERVAL, seconds */
 };
 
 /* ok: committed, with its row id; otherwise the message was not stored. */
-typedef void (*admit_done_fn) (void *arg, bool ok, long long id);
+typedef void (*admit_done_fn)(void *arg, bool ok, long long id);
 
 struct admission;
 
-void		admit_init(struct ev_loop *loop, const struct pepsi_config *cfg,
-					   const struct admit_options *options);
+void admit_init(struct ev_loop *loop, const struct pepsi_config *cfg,
+				const struct admit_options *options);
 /* Is any connection up (or coming up)?  If not, reply 451 at once. */
-bool		admit_available(void);
+bool admit_available(void);
 /* Queue e (taken over) for storing; done(arg, ...) is called later, never from here. */
 struct admission *admit_submit(struct envelope *e, admit_done_fn done, void *arg);
 /* The session went away: the admission completes without telling anyone. */
-void		admit_detach(struct admission *a);
+void admit_detach(struct admission *a);
 /* Admissions queued or in flight (shutdown waits for them). */
-size_t		admit_pending(void);
-void		admit_shutdown(void);
+size_t admit_pending(void);
+void   admit_shutdown(void);
 
 #endif

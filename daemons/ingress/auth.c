@@ -20,14 +20,14 @@
 
 struct credential
 {
-	char	   *user;
-	char	   *hash;
+	char *user;
+	char *hash;
 };
 
 struct credentials
 {
 	struct credential *entries;
-	size_t		count;
+	size_t			   count;
 };
 
 /* Names go into Authentication-Results as smtp.auth=: keep them tokens. */
@@ -45,18 +45,18 @@ credentials_user_valid(const char *user)
 struct credentials *
 credentials_load(const char *path, char *err, size_t errlen)
 {
-	FILE	   *f = secret_file_open(path, err, errlen);
+	FILE			   *f = secret_file_open(path, err, errlen);
 	struct credentials *c = NULL;
-	char		line[4096];
-	int			lineno = 0;
+	char				line[4096];
+	int					lineno = 0;
 
 	if (f == NULL)
 		return NULL;
 	c = xcalloc(1, sizeof(*c));
 	while (fgets(line, sizeof(line), f))
 	{
-		char	   *colon;
-		size_t		len = strlen(line);
+		char  *colon;
+		size_t len = strlen(line);
 
 		lineno++;
 		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -96,11 +96,11 @@ bool
 credentials_check(const struct credentials *c, const char *user, const char *password)
 {
 	static struct crypt_data data;
-	const char *hash = AUTH_DUMMY_HASH;
-	bool		known = false;
-	const char *result;
-	unsigned char diff = 0;
-	size_t		len;
+	const char				*hash = AUTH_DUMMY_HASH;
+	bool					 known = false;
+	const char				*result;
+	unsigned char			 diff = 0;
+	size_t					 len;
 
 	/*
 	 * SHA-crypt's work grows with the password's length, and AUTH runs on

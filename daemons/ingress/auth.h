@@ -14,7 +14,7 @@ struct credentials;
 
 struct credentials *credentials_load(const char *path, char *err, size_t errlen);
 /* The same work whether or not the user exists, so timing tells nothing. */
-bool		credentials_check(const struct credentials *c, const char *user, const char *password);
-void		credentials_free(struct credentials *c);
+bool credentials_check(const struct credentials *c, const char *user, const char *password);
+void credentials_free(struct credentials *c);
 
 #endif

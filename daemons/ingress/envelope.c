@@ -13,14 +13,14 @@
 #include "auth/results.h"
 #include "header.h"
 #include "log.h"
-#include "xalloc.h"
 #include "message.h"
+#include "xalloc.h"
 
 static void
 envelope_received(const struct smtp_session *s, const struct envelope_origin *o, struct buf *h)
 {
-	char		date[64];
-	struct tm	tm;
+	char	  date[64];
+	struct tm tm;
 
 	localtime_r(&o->now, &tm);
 	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);
@@ -44,7 +44,7 @@ envelope_received(const struct smtp_session *s, const struct envelope_origin *o,
 static json_t *
 envelope_auth(const struct smtp_session *s, const struct envelope_origin *o)
 {
-	json_t	   *auth;
+	json_t *auth;
 
 	if (o->auth)
 		auth = json_deep_copy(o->auth);
@@ -54,8 +54,7 @@ envelope_auth(const struct smtp_session *s, const struct envelope_origin *o)
 		if (s->mail_from[0])
 			json_object_set_new(auth, "spf", auth_result("none", "smtp.mailfrom", s->mail_from));
 		else
-			json_object_set_new(auth, "spf", auth_result("none", "smtp.helo",
-														 s->helo ? s->helo : "unknown"));
+			json_object_set_new(auth, "spf", auth_result("none", "smtp.helo", s->helo ? s->helo : "unknown"));
 		json_object_set_new(auth, "dkim", json_array());
 		json_object_set_new(auth, "dmarc", auth_result("none", NULL, NULL));
 	}
@@ -67,7 +66,7 @@ envelope_auth(const struct smtp_session *s, const struct envelope_origin *o)
 static char *
 envelope_rcpt_array(const struct smtp_session *s)
 {
-	struct buf	a = BUF_INIT;
+	struct buf a = BUF_INIT;
 
 	buf_append_char(&a, '{');
 	for (size_t i = 0; i < s->nrcpt; i++)
@@ -106,7 +105,7 @@ envelope_notify(const char *notify, const struct envelope_origin *o)
 		return json_string(notify);
 	while (*p)
 	{
-		size_t		n = strcspn(p, ",");
+		size_t n = strcspn(p, ",");
 
 		if (!(n == 7 && strncmp(p, "SUCCESS", 7) == 0))
 		{
@@ -124,10 +123,10 @@ envelope_notify(const char *notify, const struct envelope_origin *o)
 static char *
 envelope_state(const struct smtp_session *s, const struct envelope_origin *o, json_t *auth)
 {
-	json_t	   *tls = json_null();
-	json_t	   *rcpt = json_array();
-	json_t	   *state;
-	char	   *text;
+	json_t *tls = json_null();
+	json_t *rcpt = json_array();
+	json_t *state;
+	char   *text;
 
 	if (s->tls)
 		tls = json_pack("{s:s, s:s, s:i}", "version", s->tls_info.version,
@@ -155,7 +154,7 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 	if (state == NULL)
 	{
 		json_decref(auth);
-		return NULL;			/* json_pack took the references either way */
+		return NULL; /* json_pack took the references either way */
 	}
 	json_object_set_new(state, "auth", auth);
 	if (o->iprev)
@@ -177,8 +176,7 @@ envelope_check_trace(const struct envelope_origin *o, struct buf *headers)
 	const char *h = headers->data ? headers->data : "";
 	struct buf	kept = BUF_INIT;
 
-	if (o->max_hops > 0 && (header_count(h, headers->len, "Received") >= o->max_hops
-							|| header_count(h, headers->len, "Delivered-To") >= o->max_hops))
+	if (o->max_hops > 0 && (header_count(h, headers->len, "Received") >= o->max_hops || header_count(h, headers->len, "Delivered-To") >= o->max_hops))
 		return "554 5.4.6 Message refused: too many hops (a mail loop?)";
 	if (header_remove_results_of(h, headers->len, o->authserv_id, &kept) > 0)
 	{

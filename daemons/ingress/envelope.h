@@ -19,28 +19,28 @@
 /* What the host knows about the session that the protocol does not. */
 struct envelope_origin
 {
-	const char *client_ip;
-	const char *listener;		/* the [listener-<name>] name */
-	const char *hostname;		/* "by" in Received */
-	const char *authserv_id;
-	const char *transaction_id;	/* "id" in Received, and the logs */
-	bool		success_dsn_allowed;	/* NOTIFY=SUCCESS kept: authenticated or trusted */
-	unsigned	max_hops;		/* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
-	time_t		now;
-	const char *client_name;	/* forward-confirmed (iprev) name, or NULL */
-	const json_t *auth;			/* state.auth, from which Authentication-Results is written */
-	const json_t *iprev;		/* state.origin.iprev, or NULL */
+	const char	 *client_ip;
+	const char	 *listener; /* the [listener-<name>] name */
+	const char	 *hostname; /* "by" in Received */
+	const char	 *authserv_id;
+	const char	 *transaction_id;	   /* "id" in Received, and the logs */
+	bool		  success_dsn_allowed; /* NOTIFY=SUCCESS kept: authenticated or trusted */
+	unsigned	  max_hops;			   /* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
+	time_t		  now;
+	const char	 *client_name; /* forward-confirmed (iprev) name, or NULL */
+	const json_t *auth;		   /* state.auth, from which Authentication-Results is written */
+	const json_t *iprev;	   /* state.origin.iprev, or NULL */
 };
 
 struct envelope
 {
-	char	   *mail_from;
-	char	   *rcpt_array;		/* a PostgreSQL text[] literal */
-	struct buf	headers;		/* trace headers, then the message's */
-	struct buf	body;
-	char	   *state;			/* {"origin": ..., "dsn": ...} as JSON */
-	char	   *client_ip;
-	char	   *auth_account;	/* NULL unless authenticated */
+	char	  *mail_from;
+	char	  *rcpt_array; /* a PostgreSQL text[] literal */
+	struct buf headers;	   /* trace headers, then the message's */
+	struct buf body;
+	char	  *state; /* {"origin": ..., "dsn": ...} as JSON */
+	char	  *client_ip;
+	char	  *auth_account; /* NULL unless authenticated */
 };
 
 /* Build e from the transaction s; NULL, or the refusal to reply with. */

@@ -23,76 +23,76 @@
 
 enum listener_mode
 {
-	LISTENER_SMTP,				/* 25: relay in, STARTTLS offered */
-	LISTENER_SUBMISSION,		/* 587: AUTH required, only after STARTTLS */
-	LISTENER_SMTPS				/* 465: submission over implicit TLS */
+	LISTENER_SMTP,		 /* 25: relay in, STARTTLS offered */
+	LISTENER_SUBMISSION, /* 587: AUTH required, only after STARTTLS */
+	LISTENER_SMTPS		 /* 465: submission over implicit TLS */
 };
 
 struct listener
 {
-	char	   *name;			/* "smtp" for [listener-smtp] */
-	enum listener_mode mode;
-	int			fd;
-	ev_io		io;
-	ev_timer	backoff;		/* accept() paused: out of descriptors */
-	SSL_CTX    *tls;			/* NULL without CERTIFICATE */
-	struct smtp_policy policy;
-	struct trusted_networks trusted;	/* TRUSTED_NETWORKS: may relay without AUTH */
-	struct verify_policy verify;	/* message authentication (verify.h) */
-	double		idle_timeout;	/* seconds */
-	double		session_deadline;	/* seconds a session may last at most; 0: no limit */
-	double		min_data_rate;	/* octets per second of message content; 0: no limit */
-	size_t		max_sessions;
-	size_t		max_sessions_per_client;
-	size_t		sessions;
-	struct listener *next;
+	char				   *name; /* "smtp" for [listener-smtp] */
+	enum listener_mode		mode;
+	int						fd;
+	ev_io					io;
+	ev_timer				backoff; /* accept() paused: out of descriptors */
+	SSL_CTX				   *tls;	 /* NULL without CERTIFICATE */
+	struct smtp_policy		policy;
+	struct trusted_networks trusted;		  /* TRUSTED_NETWORKS: may relay without AUTH */
+	struct verify_policy	verify;			  /* message authentication (verify.h) */
+	double					idle_timeout;	  /* seconds */
+	double					session_deadline; /* seconds a session may last at most; 0: no limit */
+	double					min_data_rate;	  /* octets per second of message content; 0: no limit */
+	size_t					max_sessions;
+	size_t					max_sessions_per_client;
+	size_t					sessions;
+	struct listener		   *next;
 };
 
 struct ingress
 {
-	struct ev_loop *loop;
-	struct pepsi_config *cfg;
-	const char *hostname;
-	const char *authserv_id;
-	struct credentials *credentials;
-	const char *local_domains;	/* [pepsi] LOCAL_DOMAINS */
-	struct local_resolver *local_recipients;	/* NULL: no recipient validation */
-	unsigned	max_hops;		/* [ingress] MAX_HOPS */
-	size_t		memory_in_flight;	/* octets of content the sessions hold */
-	size_t		memory_limit;	/* [ingress] MAX_MESSAGE_MEMORY */
-	struct listener *listeners;
-	size_t		sessions;
-	bool		stopping;
+	struct ev_loop		  *loop;
+	struct pepsi_config	  *cfg;
+	const char			  *hostname;
+	const char			  *authserv_id;
+	struct credentials	  *credentials;
+	const char			  *local_domains;	 /* [pepsi] LOCAL_DOMAINS */
+	struct local_resolver *local_recipients; /* NULL: no recipient validation */
+	unsigned			   max_hops;		 /* [ingress] MAX_HOPS */
+	size_t				   memory_in_flight; /* octets of content the sessions hold */
+	size_t				   memory_limit;	 /* [ingress] MAX_MESSAGE_MEMORY */
+	struct listener		  *listeners;
+	size_t				   sessions;
+	bool				   stopping;
 };
 
 extern struct ingress ingress;
 
 /* local_refresh.c: the virtual mailboxes re-read from SQL off the event loop. */
-void		local_refresh_start(double interval);
-void		local_refresh_stop(void);
+void local_refresh_start(double interval);
+void local_refresh_stop(void);
 
 /* srs_rcpt.c: the SRS reverse path ([srs]), smtp_policy.srs_reverse when enabled. */
-bool		srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
-bool		srs_rcpt_enabled(void);
-int			srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
+bool srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
+bool srs_rcpt_enabled(void);
+int	 srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
 
 /* main.c: what a listener reads from its section, at start and on reload. */
-bool		listener_tls_load(const struct pepsi_config *cfg, const char *section,
-							  enum listener_mode mode, SSL_CTX **ctx, char *err, size_t errlen);
-bool		listener_limits_apply(const struct pepsi_config *cfg, const char *section,
-								  struct listener *l, char *err, size_t errlen);
-bool		ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen);
+bool listener_tls_load(const struct pepsi_config *cfg, const char *section,
+					   enum listener_mode mode, SSL_CTX **ctx, char *err, size_t errlen);
+bool listener_limits_apply(const struct pepsi_config *cfg, const char *section,
+						   struct listener *l, char *err, size_t errlen);
+bool ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen);
 
 /* reload.c: SIGHUP. */
-void		ingress_reload(const char *config_path);
+void ingress_reload(const char *config_path);
 
 /* session.c */
-void		session_accept(struct listener *l, int fd, const struct sockaddr *addr);
+void session_accept(struct listener *l, int fd, const struct sockaddr *addr);
 /* policy.rcpt_check of every listener: relay control and recipient validation. */
 enum smtp_rcpt_verdict session_rcpt_check(const struct smtp_session *smtp, const char *address);
 /* policy.mail_accepted of every listener: SPF starts. */
-void		session_mail_accepted(const struct smtp_session *smtp);
+void session_mail_accepted(const struct smtp_session *smtp);
 /* Stop: 421 to every session not waiting for the database. */
-void		session_shutdown_all(void);
+void session_shutdown_all(void);
 
 #endif

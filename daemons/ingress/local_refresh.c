@@ -16,21 +16,21 @@
 
 enum refresh_state
 {
-	REFRESH_DOWN,				/* no connection: the next tick connects */
-	REFRESH_CONNECTING,			/* PQconnectPoll until CONNECTION_OK */
-	REFRESH_QUERYING,			/* the SELECT is out */
-	REFRESH_IDLE				/* waiting for the next tick */
+	REFRESH_DOWN,		/* no connection: the next tick connects */
+	REFRESH_CONNECTING, /* PQconnectPoll until CONNECTION_OK */
+	REFRESH_QUERYING,	/* the SELECT is out */
+	REFRESH_IDLE		/* waiting for the next tick */
 };
 
 static struct
 {
-	enum refresh_state state;
-	PGconn	   *conn;
+	enum refresh_state		  state;
+	PGconn					 *conn;
 	PostgresPollingStatusType poll;
-	ev_io		io;
-	ev_timer	tick;
-	bool		warned;			/* one warning per outage, not one per tick */
-}			refresh;
+	ev_io					  io;
+	ev_timer				  tick;
+	bool					  warned; /* one warning per outage, not one per tick */
+} refresh;
 
 static void refresh_advance(int revents);
 
@@ -47,7 +47,8 @@ refresh_fail(const char *why)
 {
 	if (!refresh.warned)
 		log_warnx("local recipients: cannot read pepsi.virtual_mailbox: %.*s; keeping what "
-				  "was read before", (int) strcspn(why, "\n"), why);
+				  "was read before",
+				  (int) strcspn(why, "\n"), why);
 	refresh.warned = true;
 	ev_io_stop(ingress.loop, &refresh.io);
 	if (refresh.conn)
@@ -90,8 +91,8 @@ refresh_query(void)
 static void
 refresh_read(void)
 {
-	PGresult   *res;
-	char		err[1024];
+	PGresult *res;
+	char	  err[1024];
 
 	if (!PQconsumeInput(refresh.conn))
 	{
@@ -143,7 +144,7 @@ refresh_advance(int revents)
 			break;
 		case REFRESH_IDLE:
 			if (revents == 0)
-				refresh_query();	/* the tick */
+				refresh_query(); /* the tick */
 			else if (!PQconsumeInput(refresh.conn) || PQstatus(refresh.conn) != CONNECTION_OK)
 				refresh_fail(PQerrorMessage(refresh.conn));
 			break;

@@ -38,9 +38,9 @@
 #include "xalloc.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
-#define LISTENER_ACCEPT_BACKOFF 1.0		/* seconds a listener rests when out of descriptors */
+#define LISTENER_ACCEPT_BACKOFF 1.0 /* seconds a listener rests when out of descriptors */
 
-int			pepsi_ingress_main(int argc, char **argv);
+int pepsi_ingress_main(int argc, char **argv);
 
 struct ingress ingress;
 
@@ -50,7 +50,8 @@ static void
 ingress_usage(void)
 {
 	fprintf(stderr, "usage: pepsi-ingress [-c CONFIG] [-v]\n"
-			"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n", PEPSI_CONFIG_DEFAULT_PATH);
+					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
 /*
@@ -114,7 +115,7 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 	SSL_CTX_set_min_proto_version(*ctx, TLS1_2_VERSION);
 	/* Idle TLS sessions give their record buffers back. */
 	SSL_CTX_set_mode(*ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE
-					 | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+							   | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	SSL_CTX_set_options(*ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
 	if (SSL_CTX_use_certificate_chain_file(*ctx, certificate) != 1
 		|| SSL_CTX_use_PrivateKey_file(*ctx, key, SSL_FILETYPE_PEM) != 1
@@ -141,9 +142,9 @@ listener_on_accept(struct ev_loop *loop, ev_io *w, int revents)
 	for (int i = 0; i < 64; i++)
 	{
 		struct sockaddr_storage addr;
-		socklen_t	len = sizeof(addr);
-		int			fd = accept4(l->fd, (struct sockaddr *) &addr, &len,
-								 SOCK_NONBLOCK | SOCK_CLOEXEC);
+		socklen_t				len = sizeof(addr);
+		int						fd = accept4(l->fd, (struct sockaddr *) &addr, &len,
+											 SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0)
 		{
@@ -176,12 +177,12 @@ listener_on_backoff(struct ev_loop *loop, ev_timer *w, int revents)
 static int
 listener_bind(const char *section, const char *address, long port)
 {
-	struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};
+	struct addrinfo	 hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};
 	struct addrinfo *res = NULL;
-	char		service[16];
-	int			fd = -1;
-	int			on = 1;
-	int			rc;
+	char			 service[16];
+	int				 fd = -1;
+	int				 on = 1;
+	int				 rc;
 
 	snprintf(service, sizeof(service), "%ld", port);
 	if ((rc = getaddrinfo(strcmp(address, "*") == 0 ? NULL : address, service, &hints, &res)) != 0)
@@ -228,26 +229,25 @@ static struct listener *
 listener_open(const char *section)
 {
 	struct listener *l = xcalloc(1, sizeof(*l));
-	const char *mode = config_text(ingress.cfg, section, "MODE");
-	const char *address = config_get(ingress.cfg, section, "ADDRESS");
+	const char		*mode = config_text(ingress.cfg, section, "MODE");
+	const char		*address = config_get(ingress.cfg, section, "ADDRESS");
 	/* enum listener_mode is in the order of MODE's choices (common/options.def). */
-	static const long default_ports[] = {[LISTENER_SMTP] = 25, [LISTENER_SUBMISSION] = 587,
-	[LISTENER_SMTPS] = 465};
-	long		port;
+	static const long default_ports[] = {[LISTENER_SMTP] = 25, [LISTENER_SUBMISSION] = 587, [LISTENER_SMTPS] = 465};
+	long			  port;
 
 	l->name = xstrdup(section + strlen("listener-"));
 	l->mode = (enum listener_mode) config_enum(ingress.cfg, section, "MODE");
 	port = config_get(ingress.cfg, section, "PORT") ? (long) config_int(ingress.cfg, section, "PORT")
-		: default_ports[l->mode];
+													: default_ports[l->mode];
 	{
-		char		err[1024];
+		char err[1024];
 
 		if (!listener_tls_load(ingress.cfg, section, l->mode, &l->tls, err, sizeof(err)))
 			fatalx("%s", err);
 	}
 	l->policy.hostname = ingress.hostname;
 	{
-		char		err[1024];
+		char err[1024];
 
 		if (!listener_limits_apply(ingress.cfg, section, l, err, sizeof(err)))
 			fatalx("%s", err);
@@ -259,7 +259,7 @@ listener_open(const char *section)
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
 	{
-		char		err[1024];
+		char err[1024];
 
 		if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
 			fatalx("%s", err);
@@ -344,8 +344,8 @@ ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 bool
 ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	PGconn	   *conn = db_connect(cfg, "pepsi-ingress", err, errlen);
-	bool		ok;
+	PGconn *conn = db_connect(cfg, "pepsi-ingress", err, errlen);
+	bool	ok;
 
 	if (conn == NULL)
 	{
@@ -366,16 +366,16 @@ ingress_on_reload(struct ev_loop *loop, ev_signal *w, int revents)
 int
 pepsi_ingress_main(int argc, char **argv)
 {
-	const char *config_path = getenv("PEPSI_CONFIG");
-	const char *sections[256];
+	const char			*config_path = getenv("PEPSI_CONFIG");
+	const char			*sections[256];
 	struct admit_options admit_options;
-	char		err[1024];
-	double		local_refresh_interval;
-	size_t		nsections;
-	ev_signal	sigterm,
-				sigint,
-				sighup;
-	int			opt;
+	char				 err[1024];
+	double				 local_refresh_interval;
+	size_t				 nsections;
+	ev_signal			 sigterm,
+		sigint,
+		sighup;
+	int opt;
 
 	log_init("pepsi-ingress", false);
 	while ((opt = getopt(argc, argv, "c:v")) != -1)

@@ -70,8 +70,8 @@ trusted_networks_parse(const char *list, struct trusted_networks *out, char *err
 		return true;
 	while (*p)
 	{
-		char		item[128];
-		size_t		n;
+		char   item[128];
+		size_t n;
 
 		p += strspn(p, ", \t");
 		if ((n = strcspn(p, ", \t")) == 0)
@@ -107,8 +107,8 @@ trusted_networks_free(struct trusted_networks *t)
 static bool
 network_contains(const struct network *n, int family, const unsigned char *address)
 {
-	unsigned	whole = n->prefix / 8;
-	unsigned	rest = n->prefix % 8;
+	unsigned whole = n->prefix / 8;
+	unsigned rest = n->prefix % 8;
 
 	if (n->family != family)
 		return false;
@@ -121,7 +121,7 @@ bool
 trusted_networks_contain(const struct trusted_networks *t, const struct sockaddr *addr)
 {
 	const unsigned char *address;
-	int			family = addr->sa_family;
+	int					 family = addr->sa_family;
 
 	if (family == AF_INET)
 		address = (const unsigned char *) &((const struct sockaddr_in *) addr)->sin_addr;
@@ -146,7 +146,8 @@ relay_control_rcpt(const struct relay_request *request, const char *address)
 {
 	if (!local_address_is_local(request->local_domains, address))
 		return request->authenticated || request->trusted_client
-			? SMTP_RCPT_ACCEPT : SMTP_RCPT_RELAY_DENIED;
+				   ? SMTP_RCPT_ACCEPT
+				   : SMTP_RCPT_RELAY_DENIED;
 	if (request->resolver == NULL)
 		return SMTP_RCPT_ACCEPT;
 	switch (local_recipient_lookup(request->resolver, address))

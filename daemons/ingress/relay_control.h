@@ -21,15 +21,15 @@
 
 struct network
 {
-	int			family;			/* AF_INET or AF_INET6 */
+	int			  family; /* AF_INET or AF_INET6 */
 	unsigned char address[16];
-	unsigned	prefix;			/* bits */
+	unsigned	  prefix; /* bits */
 };
 
 struct trusted_networks
 {
 	struct network *networks;
-	size_t		count;
+	size_t			count;
 };
 
 /*
@@ -37,19 +37,19 @@ struct trusted_networks
  * or space separated; a bare address is a block of one; "none" or an
  * empty list trusts no one).  False with the reason in err.
  */
-bool		trusted_networks_parse(const char *list, struct trusted_networks *out,
-								   char *err, size_t errlen);
-void		trusted_networks_free(struct trusted_networks *t);
+bool trusted_networks_parse(const char *list, struct trusted_networks *out,
+							char *err, size_t errlen);
+void trusted_networks_free(struct trusted_networks *t);
 /* Is the client in one of the blocks?  An IPv4-mapped IPv6 address is its IPv4 address. */
-bool		trusted_networks_contain(const struct trusted_networks *t, const struct sockaddr *addr);
+bool trusted_networks_contain(const struct trusted_networks *t, const struct sockaddr *addr);
 
 /* What ingress knows when a recipient is given. */
 struct relay_request
 {
-	const char *local_domains;
-	struct local_resolver *resolver;	/* NULL: every local address exists */
-	bool		trusted_client;
-	bool		authenticated;
+	const char			  *local_domains;
+	struct local_resolver *resolver; /* NULL: every local address exists */
+	bool				   trusted_client;
+	bool				   authenticated;
 };
 
 enum smtp_rcpt_verdict relay_control_rcpt(const struct relay_request *request, const char *address);

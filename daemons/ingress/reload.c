@@ -35,8 +35,8 @@
 struct listener_reload
 {
 	struct listener *listener;
-	SSL_CTX    *tls;
-	struct listener limits;		/* only the fields listener_limits_apply sets */
+	SSL_CTX			*tls;
+	struct listener	 limits; /* only the fields listener_limits_apply sets */
 };
 
 static bool
@@ -64,9 +64,11 @@ reload_listeners(struct pepsi_config *cfg, struct listener_reload *staged, char 
 		staged[n].listener = l;
 		if (!reload_has_section(sections, nsections, section))
 			snprintf(err, errlen, "[%s] is gone: removing a listener needs a restart", section);
-		else if ((mode == NULL ? LISTENER_SMTP
+		else if ((mode == NULL							? LISTENER_SMTP
 				  : strcasecmp(mode, "submission") == 0 ? LISTENER_SUBMISSION
-				  : strcasecmp(mode, "smtps") == 0 ? LISTENER_SMTPS : LISTENER_SMTP) != l->mode)
+				  : strcasecmp(mode, "smtps") == 0		? LISTENER_SMTPS
+														: LISTENER_SMTP)
+				 != l->mode)
 			snprintf(err, errlen, "[%s] MODE changed: that needs a restart", section);
 		else if (listener_tls_load(cfg, section, l->mode, &staged[n].tls, err, errlen))
 		{
@@ -79,7 +81,7 @@ reload_listeners(struct pepsi_config *cfg, struct listener_reload *staged, char 
 	}
 	for (size_t i = 0; i < nsections; i++)
 	{
-		bool		running = false;
+		bool running = false;
 
 		for (struct listener *l = ingress.listeners; l; l = l->next)
 			running |= strcmp(sections[i] + strlen("listener-"), l->name) == 0;
@@ -92,15 +94,15 @@ reload_listeners(struct pepsi_config *cfg, struct listener_reload *staged, char 
 void
 ingress_reload(const char *config_path)
 {
-	struct pepsi_config *cfg;
+	struct pepsi_config	   *cfg;
 	struct listener_reload *staged;
-	struct credentials *credentials = NULL;
-	const char *credentials_path;
-	size_t		nlisteners = 0;
-	long		max_hops = 0,
-				memory_limit = 0;
-	char		err[1024];
-	bool		ok;
+	struct credentials	   *credentials = NULL;
+	const char			   *credentials_path;
+	size_t					nlisteners = 0;
+	long					max_hops = 0,
+		 memory_limit = 0;
+	char err[1024];
+	bool ok;
 
 	if (ingress.stopping)
 		return;
@@ -111,7 +113,7 @@ ingress_reload(const char *config_path)
 	staged = xcalloc(nlisteners + 1, sizeof(*staged));
 	cfg = config_load(config_path, err, sizeof(err));
 	ok = cfg != NULL && ingress_load_overrides_into(cfg, err, sizeof(err))
-		&& reload_listeners(cfg, staged, err, sizeof(err));
+		 && reload_listeners(cfg, staged, err, sizeof(err));
 	if (ok)
 	{
 		max_hops = (long) config_int(cfg, "ingress", "MAX_HOPS");
@@ -145,7 +147,7 @@ ingress_reload(const char *config_path)
 
 	for (size_t i = 0; i < nlisteners; i++)
 	{
-		struct listener *l = staged[i].listener;
+		struct listener		  *l = staged[i].listener;
 		const struct listener *n = &staged[i].limits;
 
 		SSL_CTX_free(l->tls);

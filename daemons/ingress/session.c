@@ -26,13 +26,13 @@
 #include "xalloc.h"
 
 #define SESSION_READ_SIZE 65536
-#define SESSION_OUT_HIGH_WATER 65536	/* stop reading a client that does not read */
+#define SESSION_OUT_HIGH_WATER 65536 /* stop reading a client that does not read */
 #define SESSION_CLIENT_BUCKETS 1024
 
 enum session_io
 {
 	SESSION_IO_PLAIN,
-	SESSION_IO_HANDSHAKE,		/* TLS being negotiated */
+	SESSION_IO_HANDSHAKE, /* TLS being negotiated */
 	SESSION_IO_TLS
 };
 
@@ -43,43 +43,43 @@ enum session_io
  */
 struct client
 {
-	char		ip[INET6_ADDRSTRLEN + 4];	/* the address, or the /64 */
-	size_t		sessions;
+	char		   ip[INET6_ADDRSTRLEN + 4]; /* the address, or the /64 */
+	size_t		   sessions;
 	struct client *next;
 };
 
 struct session
 {
 	struct smtp_session smtp;
-	struct listener *listener;
-	struct client *client;
-	char		ip[INET6_ADDRSTRLEN];	/* the client's address */
-	int			fd;
-	SSL		   *ssl;
-	enum session_io io_state;
-	int			tls_events;		/* what the TLS library waits for */
-	bool		starttls_pending;	/* handshake once the 220 is out */
-	bool		closing;		/* close once the output is written */
-	ev_io		io;
-	ev_timer	timer;
-	ev_timer	guard;			/* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
-	ev_tstamp	started;
-	ev_tstamp	content_started;	/* when DATA or the first BDAT began; 0 outside */
-	size_t		content_octets;	/* octets read since */
-	ev_tstamp	last_command;
-	struct buf	in;				/* input not yet used: a partial line, or after an event */
-	struct admission *admission;
-	struct verify *verify;		/* message authentication; NULL when the listener has it off */
-	bool		trusted;		/* the client is in TRUSTED_NETWORKS */
-	uint64_t	id_base;		/* random: the Received ids of its transactions */
-	unsigned	transactions;
-	struct session *prev;
-	struct session *next;
+	struct listener	   *listener;
+	struct client	   *client;
+	char				ip[INET6_ADDRSTRLEN]; /* the client's address */
+	int					fd;
+	SSL				   *ssl;
+	enum session_io		io_state;
+	int					tls_events;		  /* what the TLS library waits for */
+	bool				starttls_pending; /* handshake once the 220 is out */
+	bool				closing;		  /* close once the output is written */
+	ev_io				io;
+	ev_timer			timer;
+	ev_timer			guard; /* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
+	ev_tstamp			started;
+	ev_tstamp			content_started; /* when DATA or the first BDAT began; 0 outside */
+	size_t				content_octets;	 /* octets read since */
+	ev_tstamp			last_command;
+	struct buf			in; /* input not yet used: a partial line, or after an event */
+	struct admission   *admission;
+	struct verify	   *verify;	 /* message authentication; NULL when the listener has it off */
+	bool				trusted; /* the client is in TRUSTED_NETWORKS */
+	uint64_t			id_base; /* random: the Received ids of its transactions */
+	unsigned			transactions;
+	struct session	   *prev;
+	struct session	   *next;
 };
 
 static struct session *session_list;
-static struct client *client_buckets[SESSION_CLIENT_BUCKETS];
-static char session_read_buffer[SESSION_READ_SIZE];
+static struct client  *client_buckets[SESSION_CLIENT_BUCKETS];
+static char			   session_read_buffer[SESSION_READ_SIZE];
 
 static bool session_read(struct session *s);
 static bool session_update(struct session *s);
@@ -91,7 +91,7 @@ static bool session_update(struct session *s);
 static struct client *
 client_get(const char *ip)
 {
-	unsigned	h = 5381;
+	unsigned	   h = 5381;
 	struct client *c;
 
 	for (const char *p = ip; *p; p++)
@@ -110,7 +110,7 @@ client_get(const char *ip)
 static void
 client_put(struct client *c)
 {
-	unsigned	h = 5381;
+	unsigned		h = 5381;
 	struct client **p;
 
 	if (--c->sessions > 0)
@@ -167,7 +167,7 @@ static void
 session_tls_log(struct session *s, const char *what)
 {
 	unsigned long e = ERR_get_error();
-	char		reason[256] = "";
+	char		  reason[256] = "";
 
 	if (e)
 		ERR_error_string_n(e, reason, sizeof(reason));
@@ -183,20 +183,21 @@ session_flush(struct session *s)
 
 	while (out->len > 0)
 	{
-		ssize_t		n;
+		ssize_t n;
 
 		if (s->io_state == SESSION_IO_TLS)
 		{
-			int			rc;
+			int rc;
 
 			ERR_clear_error();
 			rc = SSL_write(s->ssl, out->data, (int) out->len);
 			if (rc <= 0)
 			{
-				int			e = SSL_get_error(s->ssl, rc);
+				int e = SSL_get_error(s->ssl, rc);
 
-				s->tls_events = e == SSL_ERROR_WANT_READ ? EV_READ
-					: e == SSL_ERROR_WANT_WRITE ? EV_WRITE : 0;
+				s->tls_events = e == SSL_ERROR_WANT_READ	? EV_READ
+								: e == SSL_ERROR_WANT_WRITE ? EV_WRITE
+															: 0;
 				if (s->tls_events)
 					return true;
 				session_tls_log(s, "TLS write failed");
@@ -232,13 +233,13 @@ session_flush(struct session *s)
 static bool
 session_handshake(struct session *s)
 {
-	int			rc;
+	int rc;
 
 	ERR_clear_error();
 	rc = SSL_accept(s->ssl);
 	if (rc <= 0)
 	{
-		int			e = SSL_get_error(s->ssl, rc);
+		int e = SSL_get_error(s->ssl, rc);
 
 		if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
 		{
@@ -251,7 +252,7 @@ session_handshake(struct session *s)
 	}
 	{
 		struct smtp_tls_info info;
-		const SSL_CIPHER *cipher = SSL_get_current_cipher(s->ssl);
+		const SSL_CIPHER	*cipher = SSL_get_current_cipher(s->ssl);
 
 		memset(&info, 0, sizeof(info));
 		snprintf(info.version, sizeof(info.version), "%s", SSL_get_version(s->ssl));
@@ -316,11 +317,11 @@ session_admitted(void *arg, bool ok, long long id)
 static void
 session_store(struct session *s)
 {
-	struct envelope e;
+	struct envelope		   e;
 	struct envelope_origin origin;
 	struct verify_findings findings = {0};
-	char		transaction_id[32];
-	const char *refusal;
+	char				   transaction_id[32];
+	const char			  *refusal;
 
 	/* Random per session, counting per transaction: it tells nothing of memory. */
 	snprintf(transaction_id, sizeof(transaction_id), "%016llX",
@@ -369,7 +370,7 @@ session_verified(void *arg)
 
 	session_store(s);
 	if (s->smtp.event != SMTP_EVENT_NONE)
-		return;					/* the database has it now */
+		return; /* the database has it now */
 	if (session_flush(s) && session_read(s))
 		session_update(s);
 }
@@ -398,7 +399,7 @@ session_mail_accepted(const struct smtp_session *smtp)
 static size_t
 session_process(struct session *s, const char *data, size_t len)
 {
-	size_t		used = 0;
+	size_t used = 0;
 
 	for (;;)
 	{
@@ -438,14 +439,14 @@ session_input(struct session *s, const char *data, size_t len)
 {
 	if (s->in.len == 0)
 	{
-		size_t		used = session_process(s, data, len);
+		size_t used = session_process(s, data, len);
 
 		if (used < len)
 			buf_append(&s->in, data + used, len - used);
 	}
 	else
 	{
-		size_t		used;
+		size_t used;
 
 		buf_append(&s->in, data, len);
 		used = session_process(s, s->in.data, s->in.len);
@@ -459,8 +460,8 @@ static bool
 session_reading(const struct session *s)
 {
 	return s->io_state != SESSION_IO_HANDSHAKE && !s->closing && !s->starttls_pending
-		&& s->smtp.state != SMTP_STATE_WAIT && s->smtp.state != SMTP_STATE_CLOSED
-		&& s->smtp.out.len < SESSION_OUT_HIGH_WATER;
+		   && s->smtp.state != SMTP_STATE_WAIT && s->smtp.state != SMTP_STATE_CLOSED
+		   && s->smtp.out.len < SESSION_OUT_HIGH_WATER;
 }
 
 /*
@@ -476,7 +477,7 @@ static bool
 session_in_content(const struct session *s)
 {
 	return s->smtp.state == SMTP_STATE_DATA || s->smtp.state == SMTP_STATE_BDAT
-		|| (s->smtp.state == SMTP_STATE_RCPT && s->smtp.chunking);
+		   || (s->smtp.state == SMTP_STATE_RCPT && s->smtp.chunking);
 }
 
 /* Content octets read, for MIN_DATA_RATE (commands are the idle timer's). */
@@ -502,7 +503,7 @@ session_cut(struct session *s, const char *why, const char *reply)
 	log_info("%s: %s", s->ip, why);
 	smtp_close(&s->smtp, reply);
 	s->closing = true;
-	ev_timer_again(ingress.loop, &s->timer);	/* the last chance to read the 421 */
+	ev_timer_again(ingress.loop, &s->timer); /* the last chance to read the 421 */
 	if (session_flush(s))
 		session_update(s);
 }
@@ -510,10 +511,10 @@ session_cut(struct session *s, const char *why, const char *reply)
 static void
 session_on_guard(struct ev_loop *loop, ev_timer *w, int revents)
 {
-	struct session *s = w->data;
+	struct session		  *s = w->data;
 	const struct listener *l = s->listener;
-	ev_tstamp	now = ev_now(loop);
-	char		reply[300];
+	ev_tstamp			   now = ev_now(loop);
+	char				   reply[300];
 
 	/* A message being stored is ours to finish, not the client's delay. */
 	if (s->closing || s->admission)
@@ -529,14 +530,15 @@ session_on_guard(struct ev_loop *loop, ev_timer *w, int revents)
 		s->content_started = 0;
 	else if (s->content_started == 0)
 	{
-		s->content_started = now;	/* DATA was the last thing read */
+		s->content_started = now; /* DATA was the last thing read */
 		s->content_octets = 0;
 	}
 	else if (l->min_data_rate > 0 && now - s->content_started > SESSION_DATA_GRACE
 			 && s->content_octets < l->min_data_rate * (now - s->content_started))
 	{
 		snprintf(reply, sizeof(reply), "421 4.4.2 %s Error: message content too slow "
-				 "(under %.0f octets per second), closing", ingress.hostname, l->min_data_rate);
+									   "(under %.0f octets per second), closing",
+				 ingress.hostname, l->min_data_rate);
 		session_cut(s, "message content too slow", reply);
 	}
 }
@@ -548,7 +550,7 @@ session_read(struct session *s)
 	/* Input left over from before an event goes first. */
 	if (s->in.len > 0 && session_reading(s))
 	{
-		size_t		used = session_process(s, s->in.data, s->in.len);
+		size_t used = session_process(s, s->in.data, s->in.len);
 
 		buf_consume(&s->in, used);
 		if (s->in.len == 0)
@@ -556,17 +558,17 @@ session_read(struct session *s)
 	}
 	while (session_reading(s))
 	{
-		ssize_t		n;
+		ssize_t n;
 
 		if (s->io_state == SESSION_IO_TLS)
 		{
-			int			rc;
+			int rc;
 
 			ERR_clear_error();
 			rc = SSL_read(s->ssl, session_read_buffer, SESSION_READ_SIZE);
 			if (rc <= 0)
 			{
-				int			e = SSL_get_error(s->ssl, rc);
+				int e = SSL_get_error(s->ssl, rc);
 
 				if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
 				{
@@ -600,7 +602,7 @@ session_read(struct session *s)
 		session_count_content(s, (size_t) n);
 		session_input(s, session_read_buffer, (size_t) n);
 		if (s->io_state == SESSION_IO_PLAIN && (size_t) n < SESSION_READ_SIZE)
-			break;				/* the socket is drained; TLS may hold more */
+			break; /* the socket is drained; TLS may hold more */
 	}
 	if (!session_flush(s))
 		return false;
@@ -613,7 +615,7 @@ session_read(struct session *s)
 static bool
 session_update(struct session *s)
 {
-	int			events = 0;
+	int events = 0;
 
 	if (s->closing && s->smtp.out.len == 0)
 	{
@@ -673,13 +675,13 @@ session_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 	}
 	log_info("%s: idle timeout", s->ip);
 	{
-		char		reply[300];
+		char reply[300];
 
 		snprintf(reply, sizeof(reply), "421 4.4.2 %s Error: timeout exceeded", ingress.hostname);
 		smtp_close(&s->smtp, reply);
 	}
 	s->closing = true;
-	ev_timer_again(ingress.loop, &s->timer);	/* the last chance to read the 421 */
+	ev_timer_again(ingress.loop, &s->timer); /* the last chance to read the 421 */
 	if (session_flush(s))
 		session_update(s);
 }
@@ -691,7 +693,7 @@ session_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 static void
 session_refuse(int fd, const char *reply)
 {
-	ssize_t		n = write(fd, reply, strlen(reply));
+	ssize_t n = write(fd, reply, strlen(reply));
 
 	(void) n;
 	close(fd);
@@ -705,7 +707,7 @@ session_client_key(const struct sockaddr *addr, const char *ip, char *key, size_
 		&& !IN6_IS_ADDR_V4MAPPED(&((const struct sockaddr_in6 *) addr)->sin6_addr))
 	{
 		struct in6_addr prefix = ((const struct sockaddr_in6 *) addr)->sin6_addr;
-		char		text[INET6_ADDRSTRLEN];
+		char			text[INET6_ADDRSTRLEN];
 
 		memset(prefix.s6_addr + 8, 0, 8);
 		inet_ntop(AF_INET6, &prefix, text, sizeof(text));
@@ -736,12 +738,12 @@ enum smtp_rcpt_verdict
 session_rcpt_check(const struct smtp_session *smtp, const char *address)
 {
 	const struct session *s = smtp->host;
-	struct relay_request request = {
-		.local_domains = ingress.local_domains,
-		.resolver = ingress.local_recipients,
-		.trusted_client = s->trusted,
-		.authenticated = smtp->auth_account != NULL,
-	};
+	struct relay_request  request = {
+		 .local_domains = ingress.local_domains,
+		 .resolver = ingress.local_recipients,
+		 .trusted_client = s->trusted,
+		 .authenticated = smtp->auth_account != NULL,
+	 };
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
 
 	if (verdict == SMTP_RCPT_RELAY_DENIED)
@@ -755,9 +757,9 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 void
 session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 {
-	char		ip[INET6_ADDRSTRLEN];
-	char		key[INET6_ADDRSTRLEN + 4];
-	struct client *client;
+	char			ip[INET6_ADDRSTRLEN];
+	char			key[INET6_ADDRSTRLEN + 4];
+	struct client  *client;
 	struct session *s;
 
 	session_client_ip(addr, ip, sizeof(ip));

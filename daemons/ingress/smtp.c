@@ -21,21 +21,21 @@
 #include <strings.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "message.h"
+#include "xalloc.h"
 
 static size_t smtp_input_bdat(struct smtp_session *s, const char *data, size_t len);
 
 static void
 smtp_reply(struct smtp_session *s, const char *fmt, ...)
-__attribute__((format(printf, 2, 3)));
+	__attribute__((format(printf, 2, 3)));
 
 static void
 smtp_reply(struct smtp_session *s, const char *fmt, ...)
 {
-	char		line[1024];
-	va_list		ap;
-	int			n;
+	char	line[1024];
+	va_list ap;
+	int		n;
 
 	va_start(ap, fmt);
 	n = vsnprintf(line, sizeof(line), fmt, ap);
@@ -51,13 +51,13 @@ smtp_reply(struct smtp_session *s, const char *fmt, ...)
 /* An error reply the client caused: counted, and too many end the session. */
 static void
 smtp_error(struct smtp_session *s, const char *fmt, ...)
-__attribute__((format(printf, 2, 3)));
+	__attribute__((format(printf, 2, 3)));
 
 static void
 smtp_error(struct smtp_session *s, const char *fmt, ...)
 {
-	char		line[1024];
-	va_list		ap;
+	char	line[1024];
+	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
@@ -106,7 +106,7 @@ static bool
 smtp_memory_exhausted(const struct smtp_session *s)
 {
 	return s->policy->memory_in_flight
-		&& *s->policy->memory_in_flight >= s->policy->memory_limit;
+		   && *s->policy->memory_in_flight >= s->policy->memory_limit;
 }
 
 /* Forget the transaction (RSET, after DATA, after STARTTLS). */
@@ -204,7 +204,7 @@ smtp_protocol_name(const struct smtp_session *s)
 static bool
 smtp_helo_valid(const char *arg)
 {
-	size_t		len = strlen(arg);
+	size_t len = strlen(arg);
 
 	if (len == 0 || len > SMTP_HELO_MAX || !smtp_utf8_valid(arg, len))
 		return false;
@@ -256,11 +256,11 @@ smtp_cmd_helo(struct smtp_session *s, char *arg, bool esmtp)
 static bool
 smtp_mail_params(struct smtp_session *s, char *params)
 {
-	char	   *key;
-	char	   *value;
-	bool		seen_size = false,
-				seen_body = false,
-				seen_auth = false;
+	char *key;
+	char *value;
+	bool  seen_size = false,
+		 seen_body = false,
+		 seen_auth = false;
 
 	while ((key = smtp_next_param(&params, &value)) != NULL)
 	{
@@ -271,7 +271,7 @@ smtp_mail_params(struct smtp_session *s, char *params)
 		}
 		if (strcasecmp(key, "SIZE") == 0 && value && !seen_size)
 		{
-			char	   *end;
+			char			  *end;
 			unsigned long long size;
 
 			seen_size = true;
@@ -313,7 +313,7 @@ smtp_mail_params(struct smtp_session *s, char *params)
 			s->envid = xstrdup(value);
 		}
 		else if (strcasecmp(key, "AUTH") == 0 && value && !seen_auth)
-			seen_auth = true;	/* RFC 4954 5: accepted; we vouch only for our own AUTH */
+			seen_auth = true; /* RFC 4954 5: accepted; we vouch only for our own AUTH */
 		else if (strcasecmp(key, "SIZE") == 0 || strcasecmp(key, "BODY") == 0
 				 || strcasecmp(key, "SMTPUTF8") == 0 || strcasecmp(key, "RET") == 0
 				 || strcasecmp(key, "ENVID") == 0 || strcasecmp(key, "AUTH") == 0)
@@ -334,7 +334,7 @@ syntax:
 static void
 smtp_cmd_mail(struct smtp_session *s, char *arg)
 {
-	char		path[SMTP_PATH_MAX + 2];
+	char path[SMTP_PATH_MAX + 2];
 
 	if (s->state == SMTP_STATE_HELO)
 	{
@@ -385,12 +385,12 @@ smtp_cmd_mail(struct smtp_session *s, char *arg)
 static bool
 smtp_notify_valid(char *value)
 {
-	bool		seen[3] = {false, false, false};
+	bool					 seen[3] = {false, false, false};
 	static const char *const words[3] = {"SUCCESS", "FAILURE", "DELAY"};
-	char	   *copy = xstrdup(value);
-	char	   *save = NULL;
-	bool		ok = true;
-	int			count = 0;
+	char					*copy = xstrdup(value);
+	char					*save = NULL;
+	bool					 ok = true;
+	int						 count = 0;
 
 	for (char *p = value; *p; p++)
 		*p = (char) toupper((unsigned char) *p);
@@ -401,7 +401,7 @@ smtp_notify_valid(char *value)
 	}
 	for (char *w = strtok_r(copy, ",", &save); w && ok; w = strtok_r(NULL, ",", &save))
 	{
-		int			i;
+		int i;
 
 		for (i = 0; i < 3 && strcasecmp(w, words[i]) != 0; i++)
 			;
@@ -411,7 +411,7 @@ smtp_notify_valid(char *value)
 	}
 	free(copy);
 	return ok && count > 0 && value[0] != ',' && value[strlen(value) - 1] != ','
-		&& strstr(value, ",,") == NULL;
+		   && strstr(value, ",,") == NULL;
 }
 
 /*
@@ -447,7 +447,8 @@ smtp_rcpt_allowed(struct smtp_session *s, const char *address)
 			return true;
 		case SMTP_RCPT_RELAY_DENIED:
 			smtp_error(s, "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send "
-					   "only to domains this server receives mail for)", address);
+						  "only to domains this server receives mail for)",
+					   address);
 			return false;
 		case SMTP_RCPT_UNKNOWN_USER:
 			smtp_error(s, "550 5.1.1 <%.256s>: Recipient address rejected: no such user here",
@@ -465,13 +466,13 @@ smtp_rcpt_allowed(struct smtp_session *s, const char *address)
 static void
 smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 {
-	char		path[SMTP_PATH_MAX + 2];
-	char	   *notify = NULL;
-	char	   *orcpt = NULL;
-	char	   *key;
-	char	   *value;
+	char				   path[SMTP_PATH_MAX + 2];
+	char				  *notify = NULL;
+	char				  *orcpt = NULL;
+	char				  *key;
+	char				  *value;
 	struct smtp_recipient *r;
-	int			srs;
+	int					   srs;
 
 	if (s->state != SMTP_STATE_MAIL && s->state != SMTP_STATE_RCPT)
 	{
@@ -502,7 +503,7 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 		}
 		else if (strcasecmp(key, "ORCPT") == 0 && value && orcpt == NULL)
 		{
-			char	   *semicolon = strchr(value, ';');
+			char *semicolon = strchr(value, ';');
 
 			if (semicolon == NULL || semicolon == value || strlen(value) > 500
 				|| !smtp_xtext_decode(semicolon + 1, s->smtputf8) || semicolon[1] == '\0')
@@ -617,7 +618,7 @@ smtp_cmd_data(struct smtp_session *s, char *arg)
 static void
 smtp_cmd_bdat(struct smtp_session *s, char *arg)
 {
-	char	   *end;
+	char			  *end;
 	unsigned long long size;
 
 	if (!isdigit((unsigned char) arg[0]) || (size = strtoull(arg, &end, 10)) > SIZE_MAX / 2
@@ -653,7 +654,7 @@ smtp_cmd_bdat(struct smtp_session *s, char *arg)
 		smtp_message_release(s);
 	s->state = SMTP_STATE_BDAT;
 	if (s->bdat_remaining == 0)
-		smtp_input_bdat(s, "", 0);	/* no octets to wait for */
+		smtp_input_bdat(s, "", 0); /* no octets to wait for */
 }
 
 static void
@@ -684,10 +685,10 @@ smtp_cmd_starttls(struct smtp_session *s, char *arg)
 static void
 smtp_auth_plain(struct smtp_session *s, const char *response)
 {
-	char		decoded[1024];
-	long		n = smtp_base64_decode(response, strlen(response), decoded, sizeof(decoded) - 1);
-	char	   *user;
-	char	   *password;
+	char  decoded[1024];
+	long  n = smtp_base64_decode(response, strlen(response), decoded, sizeof(decoded) - 1);
+	char *user;
+	char *password;
 
 	if (n < 0)
 	{
@@ -719,8 +720,8 @@ smtp_auth_plain(struct smtp_session *s, const char *response)
 static void
 smtp_auth_response(struct smtp_session *s, const char *line)
 {
-	char		decoded[1024];
-	long		n;
+	char decoded[1024];
+	long n;
 
 	if (strcmp(line, "*") == 0)
 	{
@@ -767,7 +768,7 @@ smtp_auth_response(struct smtp_session *s, const char *line)
 static void
 smtp_cmd_auth(struct smtp_session *s, char *arg)
 {
-	char	   *initial = strchr(arg, ' ');
+	char *initial = strchr(arg, ' ');
 
 	if (initial)
 		*initial++ = '\0';
@@ -846,8 +847,8 @@ smtp_cmd_ehlo(struct smtp_session *s, char *arg)
 static const struct
 {
 	const char *name;
-	void		(*handler) (struct smtp_session *s, char *arg);
-}			smtp_commands[] = {
+	void (*handler)(struct smtp_session *s, char *arg);
+} smtp_commands[] = {
 	{"EHLO", smtp_cmd_ehlo},
 	{"HELO", smtp_cmd_helo_plain},
 	{"MAIL", smtp_cmd_mail},
@@ -867,7 +868,7 @@ static const struct
 static bool
 smtp_rate_allows(struct smtp_session *s)
 {
-	double		rate = s->policy->command_rate;
+	double				rate = s->policy->command_rate;
 	static const double burst_seconds = 10;
 
 	if (rate <= 0)
@@ -888,8 +889,8 @@ smtp_rate_allows(struct smtp_session *s)
 static void
 smtp_dispatch_command(struct smtp_session *s, char *line, size_t len)
 {
-	char	   *arg;
-	size_t		verb;
+	char  *arg;
+	size_t verb;
 
 	for (size_t i = 0; i < len; i++)
 		if (line[i] == '\0' || line[i] == '\r')
@@ -975,7 +976,7 @@ smtp_content_refused(struct smtp_session *s)
 			smtp_error(s, "554 5.6.0 Message refused: NUL octet");
 			break;
 		case SMTP_TAINT_MEMORY:
-			smtp_reply(s, SMTP_MEMORY_REPLY);	/* ours, not the client's error */
+			smtp_reply(s, SMTP_MEMORY_REPLY); /* ours, not the client's error */
 			break;
 		case SMTP_TAINT_NONE:
 			break;
@@ -1009,8 +1010,8 @@ smtp_content_complete(struct smtp_session *s)
 static size_t
 smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dots)
 {
-	size_t		keep_from = 0;
-	size_t		max_line = s->policy->max_line_length;
+	size_t keep_from = 0;
+	size_t max_line = s->policy->max_line_length;
 
 	for (size_t i = 0; i < len; i++)
 	{
@@ -1031,7 +1032,7 @@ smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dot
 				s->line_length = 0;
 				/* FALLTHROUGH */
 			case SMTP_SCAN_IN_LINE:
-		in_line:
+in_line:
 				if (c == '\r')
 					s->scan = SMTP_SCAN_CR;
 				else
@@ -1083,7 +1084,7 @@ smtp_scan_content(struct smtp_session *s, const char *data, size_t len, bool dot
 static size_t
 smtp_input_bdat(struct smtp_session *s, const char *data, size_t len)
 {
-	size_t		n = len < s->bdat_remaining ? len : s->bdat_remaining;
+	size_t n = len < s->bdat_remaining ? len : s->bdat_remaining;
 
 	if (s->bdat_reply == NULL)
 	{
@@ -1101,8 +1102,7 @@ smtp_input_bdat(struct smtp_session *s, const char *data, size_t len)
 		const char *reply = s->bdat_reply;
 
 		s->bdat_reply = NULL;
-		s->state = s->chunking ? SMTP_STATE_RCPT : (s->mail_from ? SMTP_STATE_MAIL
-													: (s->helo ? SMTP_STATE_IDLE : SMTP_STATE_HELO));
+		s->state = s->chunking ? SMTP_STATE_RCPT : (s->mail_from ? SMTP_STATE_MAIL : (s->helo ? SMTP_STATE_IDLE : SMTP_STATE_HELO));
 		if (s->bdat_last && s->chunking)
 			smtp_reset_transaction(s);
 		smtp_error(s, "%s", reply);
@@ -1141,8 +1141,8 @@ smtp_input_line(struct smtp_session *s, char *line, size_t len)
 size_t
 smtp_input(struct smtp_session *s, const char *data, size_t len)
 {
-	size_t		used = 0;
-	char		line[SMTP_COMMAND_MAX + 1];
+	size_t used = 0;
+	char   line[SMTP_COMMAND_MAX + 1];
 
 	while (used < len && s->event == SMTP_EVENT_NONE)
 	{
@@ -1181,7 +1181,7 @@ smtp_input(struct smtp_session *s, const char *data, size_t len)
 				smtp_error(s, "500 5.5.2 Line too long");
 				return len;
 			}
-			return used;		/* wait for the rest of the line */
+			return used; /* wait for the rest of the line */
 		}
 		n = (size_t) (nl - start);
 		used += n + 1;

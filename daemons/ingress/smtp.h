@@ -28,63 +28,63 @@ struct smtp_session;
 enum smtp_rcpt_verdict
 {
 	SMTP_RCPT_ACCEPT,
-	SMTP_RCPT_RELAY_DENIED,		/* 554 5.7.1: not ours, and the client may not relay */
-	SMTP_RCPT_UNKNOWN_USER,		/* 550 5.1.1: ours, but no such recipient */
-	SMTP_RCPT_UNVERIFIED		/* 451 4.3.0: ours, but it cannot be checked now */
+	SMTP_RCPT_RELAY_DENIED, /* 554 5.7.1: not ours, and the client may not relay */
+	SMTP_RCPT_UNKNOWN_USER, /* 550 5.1.1: ours, but no such recipient */
+	SMTP_RCPT_UNVERIFIED	/* 451 4.3.0: ours, but it cannot be checked now */
 };
 
 /* What a listener allows; shared by its sessions, never changed by them. */
 struct smtp_policy
 {
-	const char *hostname;		/* banner, EHLO, Received */
-	size_t		max_size;		/* octets of message content */
+	const char *hostname; /* banner, EHLO, Received */
+	size_t		max_size; /* octets of message content */
 	size_t		max_recipients;
-	size_t		max_line_length;	/* octets of a text line, CRLF excluded */
-	unsigned	max_errors;		/* error replies before 421 */
-	unsigned	command_rate;	/* commands per second on average; 0: no limit */
-	bool		starttls;		/* a certificate is configured */
-	bool		auth;			/* credentials are configured */
-	bool		auth_required;	/* submission and smtps: MAIL needs AUTH */
+	size_t		max_line_length; /* octets of a text line, CRLF excluded */
+	unsigned	max_errors;		 /* error replies before 421 */
+	unsigned	command_rate;	 /* commands per second on average; 0: no limit */
+	bool		starttls;		 /* a certificate is configured */
+	bool		auth;			 /* credentials are configured */
+	bool		auth_required;	 /* submission and smtps: MAIL needs AUTH */
 	/* Told of each MAIL accepted (message authentication starts there); may be NULL. */
-	void		(*mail_accepted) (const struct smtp_session *s);
+	void (*mail_accepted)(const struct smtp_session *s);
 	/*
 	 * Octets of message content held by every session together (the host's
 	 * counter, shared by its listeners) and the most it may reach: past it
 	 * new content gets 451 4.3.1.  NULL: not counted.
 	 */
-	size_t	   *memory_in_flight;
-	size_t		memory_limit;
+	size_t *memory_in_flight;
+	size_t	memory_limit;
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
-	enum smtp_rcpt_verdict (*rcpt_check) (const struct smtp_session *s, const char *address);
+	enum smtp_rcpt_verdict (*rcpt_check)(const struct smtp_session *s, const char *address);
 	/*
 	 * Optional, asked first: the SRS reverse path (srs_rcpt.c).  1: one of
 	 * our SRS addresses, now rewritten in place to the original sender and
 	 * taken without rcpt_check (a bounce relayed back to it); 0: not SRS;
 	 * -1: an invalid or expired SRS address, refused with 550 5.1.1.
 	 */
-	int			(*srs_reverse) (const struct smtp_session *s, char *address, size_t size);
+	int (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
 };
 
 enum smtp_state
 {
-	SMTP_STATE_HELO,			/* waiting for EHLO/HELO (again after STARTTLS) */
-	SMTP_STATE_IDLE,			/* greeted, no transaction */
-	SMTP_STATE_MAIL,			/* MAIL accepted, no recipient yet */
-	SMTP_STATE_RCPT,			/* at least one recipient */
-	SMTP_STATE_DATA,			/* reading DATA content up to CRLF.CRLF */
-	SMTP_STATE_BDAT,			/* reading the octets of a BDAT chunk */
-	SMTP_STATE_AUTH,			/* waiting for an AUTH continuation line */
-	SMTP_STATE_WAIT,			/* an event is out with the host */
-	SMTP_STATE_CLOSED			/* nothing more is read */
+	SMTP_STATE_HELO,  /* waiting for EHLO/HELO (again after STARTTLS) */
+	SMTP_STATE_IDLE,  /* greeted, no transaction */
+	SMTP_STATE_MAIL,  /* MAIL accepted, no recipient yet */
+	SMTP_STATE_RCPT,  /* at least one recipient */
+	SMTP_STATE_DATA,  /* reading DATA content up to CRLF.CRLF */
+	SMTP_STATE_BDAT,  /* reading the octets of a BDAT chunk */
+	SMTP_STATE_AUTH,  /* waiting for an AUTH continuation line */
+	SMTP_STATE_WAIT,  /* an event is out with the host */
+	SMTP_STATE_CLOSED /* nothing more is read */
 };
 
 enum smtp_event
 {
 	SMTP_EVENT_NONE,
-	SMTP_EVENT_STARTTLS,		/* flush the 220, discard unread input, handshake */
-	SMTP_EVENT_AUTH,			/* check auth_user/auth_password: smtp_auth_done */
-	SMTP_EVENT_MESSAGE,			/* admit the transaction: smtp_admit_done */
-	SMTP_EVENT_CLOSE			/* flush the output and close */
+	SMTP_EVENT_STARTTLS, /* flush the 220, discard unread input, handshake */
+	SMTP_EVENT_AUTH,	 /* check auth_user/auth_password: smtp_auth_done */
+	SMTP_EVENT_MESSAGE,	 /* admit the transaction: smtp_admit_done */
+	SMTP_EVENT_CLOSE	 /* flush the output and close */
 };
 
 enum smtp_body
@@ -103,7 +103,7 @@ enum smtp_taint
 	SMTP_TAINT_BARE_LF,
 	SMTP_TAINT_BARE_CR,
 	SMTP_TAINT_NUL,
-	SMTP_TAINT_MEMORY			/* every session's content together is over the limit */
+	SMTP_TAINT_MEMORY /* every session's content together is over the limit */
 };
 
 /* Where the DATA scanner is within a line. */
@@ -111,90 +111,93 @@ enum smtp_scan
 {
 	SMTP_SCAN_LINE_START,
 	SMTP_SCAN_IN_LINE,
-	SMTP_SCAN_CR,				/* a CR inside a line */
-	SMTP_SCAN_DOT,				/* a dot at the start of a line */
-	SMTP_SCAN_DOT_CR			/* "." CR at the start of a line */
+	SMTP_SCAN_CR,	 /* a CR inside a line */
+	SMTP_SCAN_DOT,	 /* a dot at the start of a line */
+	SMTP_SCAN_DOT_CR /* "." CR at the start of a line */
 };
 
 struct smtp_recipient
 {
-	char	   *address;
-	char	   *notify;			/* "SUCCESS,DELAY", "NEVER" or NULL */
-	char	   *orcpt;			/* "rfc822;x@y" (xtext decoded) or NULL */
+	char *address;
+	char *notify; /* "SUCCESS,DELAY", "NEVER" or NULL */
+	char *orcpt;  /* "rfc822;x@y" (xtext decoded) or NULL */
 };
 
 struct smtp_tls_info
 {
-	char		version[32];
-	char		cipher[96];
-	int			bits;
+	char version[32];
+	char cipher[96];
+	int	 bits;
 };
 
 struct smtp_session
 {
 	const struct smtp_policy *policy;
-	void	   *host;			/* the host's own, for policy->rcpt_check */
-	enum smtp_state state;
-	enum smtp_event event;
-	struct buf	out;			/* replies not yet written */
+	void					 *host; /* the host's own, for policy->rcpt_check */
+	enum smtp_state			  state;
+	enum smtp_event			  event;
+	struct buf				  out; /* replies not yet written */
 
 	/* The session */
-	char	   *helo;
-	bool		esmtp;
-	bool		tls;
+	char				*helo;
+	bool				 esmtp;
+	bool				 tls;
 	struct smtp_tls_info tls_info;
-	char	   *auth_account;	/* after a successful AUTH */
-	unsigned	errors;
-	bool		discarding_line;	/* skipping the rest of an over-long command */
-	double		rate_tokens;	/* command rate bucket */
-	double		rate_elapsed;	/* seconds since the last input; added by the host */
+	char				*auth_account; /* after a successful AUTH */
+	unsigned			 errors;
+	bool				 discarding_line; /* skipping the rest of an over-long command */
+	double				 rate_tokens;	  /* command rate bucket */
+	double				 rate_elapsed;	  /* seconds since the last input; added by the host */
 
 	/* AUTH in progress */
 	enum
 	{
-		SMTP_AUTH_NONE, SMTP_AUTH_PLAIN, SMTP_AUTH_LOGIN_USER, SMTP_AUTH_LOGIN_PASSWORD
-	}			auth_step;
-	char	   *auth_user;
-	char	   *auth_password;
+		SMTP_AUTH_NONE,
+		SMTP_AUTH_PLAIN,
+		SMTP_AUTH_LOGIN_USER,
+		SMTP_AUTH_LOGIN_PASSWORD
+	} auth_step;
+	char *auth_user;
+	char *auth_password;
 
 	/* The transaction */
-	char	   *mail_from;
-	bool		smtputf8;
-	enum smtp_body body;
-	char	   *ret;			/* "FULL", "HDRS" or NULL */
-	char	   *envid;
+	char				  *mail_from;
+	bool				   smtputf8;
+	enum smtp_body		   body;
+	char				  *ret; /* "FULL", "HDRS" or NULL */
+	char				  *envid;
 	struct smtp_recipient *rcpt;
-	size_t		nrcpt;
-	bool		chunking;		/* BDAT was used: DATA is out of sequence */
-	bool		chunk_failed;	/* a chunk was refused; the rest are skipped */
-	struct buf	message;		/* content as received, dot-unstuffing done */
-	size_t		message_size;	/* octets received, stored or not */
-	size_t		memory_counted;	/* octets of message in *policy->memory_in_flight */
-	enum smtp_taint taint;
-	enum smtp_scan scan;
-	size_t		line_length;
-	size_t		bdat_remaining;
-	bool		bdat_last;
-	const char *bdat_reply;		/* the refusal owed when the chunk is read */
+	size_t				   nrcpt;
+	bool				   chunking;	   /* BDAT was used: DATA is out of sequence */
+	bool				   chunk_failed;   /* a chunk was refused; the rest are skipped */
+	struct buf			   message;		   /* content as received, dot-unstuffing done */
+	size_t				   message_size;   /* octets received, stored or not */
+	size_t				   memory_counted; /* octets of message in *policy->memory_in_flight */
+	enum smtp_taint		   taint;
+	enum smtp_scan		   scan;
+	size_t				   line_length;
+	size_t				   bdat_remaining;
+	bool				   bdat_last;
+	const char			  *bdat_reply; /* the refusal owed when the chunk is read */
 };
 
-void		smtp_init(struct smtp_session *s, const struct smtp_policy *policy);
-void		smtp_free(struct smtp_session *s);
+void smtp_init(struct smtp_session *s, const struct smtp_policy *policy);
+void smtp_free(struct smtp_session *s);
 /* The banner (after the TLS handshake on an smtps listener). */
-void		smtp_greet(struct smtp_session *s);
+void smtp_greet(struct smtp_session *s);
 /*
  * Feed received bytes; returns how many were used.  The rest (a partial
  * command line, or everything after an event) must be offered again, with
  * what follows, once the event is answered; after SMTP_EVENT_STARTTLS the
  * rest must be thrown away instead.
  */
-size_t		smtp_input(struct smtp_session *s, const char *data, size_t len);
+size_t smtp_input(struct smtp_session *s, const char *data, size_t len);
 /* The host's answers to events. */
-void		smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
-void		smtp_auth_done(struct smtp_session *s, bool ok);
-void		smtp_admit_done(struct smtp_session *s, bool ok, long long id);
+void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
+void smtp_auth_done(struct smtp_session *s, bool ok);
+void smtp_admit_done(struct smtp_session *s, bool ok, long long id);
 /* The host refuses the content after all (reply: "554 5.6.0 ..."). */
-void		smtp_admit_refused(struct smtp_session *s, const char *reply);
+void smtp_admit_refused(struct smtp_session *s, const char *reply);
 /* The idle timeout or shutdown: a 421 and close. */
 void		smtp_close(struct smtp_session *s, const char *reply);
 const char *smtp_body_name(enum smtp_body body);

@@ -21,9 +21,9 @@ smtp_utf8_valid(const char *str, size_t len)
 
 	while (p < end)
 	{
-		unsigned	c = *p++;
-		int			more;
-		uint32_t	cp;
+		unsigned c = *p++;
+		int		 more;
+		uint32_t cp;
 
 		if (c < 0x80)
 			continue;
@@ -60,7 +60,7 @@ smtp_atext(unsigned char c, bool utf8)
 bool
 smtp_domain_valid(const char *d, size_t len, bool utf8)
 {
-	size_t		label = 0;
+	size_t label = 0;
 
 	if (len == 0 || len > 255)
 		return false;
@@ -89,7 +89,7 @@ smtp_domain_valid(const char *d, size_t len, bool utf8)
 		if (++label > 63 && !utf8)
 			return false;
 	}
-	return label > 0 || len > 1;	/* a trailing dot is tolerated, a lone one not */
+	return label > 0 || len > 1; /* a trailing dot is tolerated, a lone one not */
 }
 
 bool
@@ -103,7 +103,7 @@ smtp_mailbox_valid(const char *mailbox, bool utf8)
 		return false;
 	if (mailbox[0] == '"')
 	{
-		size_t		i = 1;
+		size_t i = 1;
 
 		for (; i < len && mailbox[i] != '"'; i++)
 		{
@@ -143,9 +143,9 @@ smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
 {
 	static const char alphabet[] =
 		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	uint32_t	acc = 0;
-	size_t		n = 0;
-	size_t		pad = 0;
+	uint32_t acc = 0;
+	size_t	 n = 0;
+	size_t	 pad = 0;
 
 	if (len % 4 != 0)
 		return -1;
@@ -168,7 +168,7 @@ smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
 		if (i % 4 == 3)
 		{
 			unsigned char bytes[3] = {acc >> 16, (acc >> 8) & 0xff, acc & 0xff};
-			size_t		take = 3 - (i + 1 == len ? pad : 0);
+			size_t		  take = 3 - (i + 1 == len ? pad : 0);
 
 			if (n + take > outlen)
 				return -1;
@@ -184,7 +184,7 @@ smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
 bool
 smtp_xtext_decode(char *s, bool utf8)
 {
-	char	   *w = s;
+	char *w = s;
 
 	for (const char *r = s; *r; r++)
 	{
@@ -192,7 +192,7 @@ smtp_xtext_decode(char *s, bool utf8)
 
 		if (c == '+')
 		{
-			unsigned	v;
+			unsigned v;
 
 			if (!isxdigit((unsigned char) r[1]) || !isxdigit((unsigned char) r[2])
 				|| sscanf(r + 1, "%2x", &v) != 1 || v < 32 || v > 126)
@@ -216,17 +216,17 @@ smtp_xtext_decode(char *s, bool utf8)
 bool
 smtp_parse_path(char **p, char *out, size_t outlen)
 {
-	char	   *s = *p;
-	bool		quoted = false;
-	size_t		n = 0;
+	char  *s = *p;
+	bool   quoted = false;
+	size_t n = 0;
 
-	if (*s == ' ')				/* "MAIL FROM: <a@b>" is common enough to allow */
+	if (*s == ' ') /* "MAIL FROM: <a@b>" is common enough to allow */
 		s++;
 	if (*s++ != '<')
 		return false;
-	if (*s == '@')				/* an obsolete source route: @a,@b:mailbox */
+	if (*s == '@') /* an obsolete source route: @a,@b:mailbox */
 	{
-		char	   *colon = strchr(s, ':');
+		char *colon = strchr(s, ':');
 
 		if (colon == NULL)
 			return false;
@@ -253,8 +253,8 @@ smtp_parse_path(char **p, char *out, size_t outlen)
 char *
 smtp_next_param(char **p, char **value)
 {
-	char	   *s = *p;
-	char	   *key;
+	char *s = *p;
+	char *key;
 
 	while (*s == ' ')
 		s++;

@@ -30,7 +30,7 @@ srs_rcpt_enabled(void)
 int
 srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size)
 {
-	char		original[SMTP_PATH_MAX + 1];
+	char			original[SMTP_PATH_MAX + 1];
 	enum srs_result r = srs_reverse(&srs_rcpt_engine, address, time(NULL), original, sizeof(original));
 
 	if (r == SRS_NOT_SRS)

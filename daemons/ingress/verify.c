@@ -28,87 +28,87 @@
 
 enum verify_iprev_step
 {
-	VERIFY_IPREV_PTR,			/* the client's names */
-	VERIFY_IPREV_FORWARD,		/* one name's addresses */
+	VERIFY_IPREV_PTR,	  /* the client's names */
+	VERIFY_IPREV_FORWARD, /* one name's addresses */
 	VERIFY_IPREV_DONE
 };
 
 struct verify_spf
 {
 	struct spf_check *check;
-	bool		done;
-	enum spf_result result;
-	char	   *reason;
-	char	   *explanation;
+	bool			  done;
+	enum spf_result	  result;
+	char			 *reason;
+	char			 *explanation;
 };
 
 /* A key the ARC chain's signatures name, fetched before arc_verify runs. */
 struct verify_arc_key
 {
-	struct verify *owner;
+	struct verify	  *owner;
 	struct arc_key_ref ref;
-	struct dns_query *query;
-	enum dns_status status;
-	char	   *record;
+	struct dns_query  *query;
+	enum dns_status	   status;
+	char			  *record;
 };
 
 struct verify
 {
 	const struct verify_policy *policy;
-	char	   *client_ip;
-	char	   *hostname;
+	char					   *client_ip;
+	char					   *hostname;
 
 	/* iprev (RFC 8601 3): PTR, then a forward lookup per name */
 	enum verify_iprev_step iprev_step;
-	struct dns_query *iprev_query;
-	struct dns_budget iprev_budget;
-	char	   *iprev_names[VERIFY_IPREV_NAMES];
-	size_t		iprev_count;
-	size_t		iprev_index;
-	bool		iprev_forward_error;
-	const char *iprev_result;
-	char	   *iprev_name;
+	struct dns_query	  *iprev_query;
+	struct dns_budget	   iprev_budget;
+	char				  *iprev_names[VERIFY_IPREV_NAMES];
+	size_t				   iprev_count;
+	size_t				   iprev_index;
+	bool				   iprev_forward_error;
+	const char			  *iprev_result;
+	char				  *iprev_name;
 
 	/* The transaction */
-	struct dns_budget mail_budget;	/* SPF, from MAIL on */
-	struct dns_budget message_budget;	/* DKIM and DMARC, from the end of DATA */
-	char	   *mail_from;
-	char	   *helo;
-	struct verify_spf spf_mail;
-	struct verify_spf spf_helo;
-	struct dkim_verify *dkim;
-	bool		dkim_done;
-	struct dmarc_check *dmarc;
-	char	   *from_domain;
-	const char *from_problem;
-	bool		dmarc_done;
+	struct dns_budget	  mail_budget;	  /* SPF, from MAIL on */
+	struct dns_budget	  message_budget; /* DKIM and DMARC, from the end of DATA */
+	char				 *mail_from;
+	char				 *helo;
+	struct verify_spf	  spf_mail;
+	struct verify_spf	  spf_helo;
+	struct dkim_verify	 *dkim;
+	bool				  dkim_done;
+	struct dmarc_check	 *dmarc;
+	char				 *from_domain;
+	const char			 *from_problem;
+	bool				  dmarc_done;
 	struct verify_arc_key arc_keys[VERIFY_ARC_KEYS];
-	size_t		arc_key_count;
-	size_t		arc_pending;
-	bool		arc_done;
-	struct arc_verdict arc;
-	char	   *arc_sealer;		/* d= of the newest ARC-Seal */
-	const char *message;		/* the content, while ARC waits for its keys */
-	size_t		message_len;
-	size_t		header_len;
+	size_t				  arc_key_count;
+	size_t				  arc_pending;
+	bool				  arc_done;
+	struct arc_verdict	  arc;
+	char				 *arc_sealer; /* d= of the newest ARC-Seal */
+	const char			 *message;	  /* the content, while ARC waits for its keys */
+	size_t				  message_len;
+	size_t				  header_len;
 
 	/* The message waiting for all of them */
-	bool		waiting;
+	bool		   waiting;
 	verify_done_fn done;
-	void	   *arg;
-	ev_timer	settle_timer;
-	json_t	   *auth;
-	json_t	   *iprev_state;
-	char	   *refusal;
+	void		  *arg;
+	ev_timer	   settle_timer;
+	json_t		  *auth;
+	json_t		  *iprev_state;
+	char		  *refusal;
 };
 
 static struct
 {
-	struct ev_loop *loop;
+	struct ev_loop		*loop;
 	struct dns_resolver *resolver;
-	double		budget;			/* seconds */
-	char	   *arc_trusted_sealers;	/* ARC_TRUSTED_SEALERS, lower case, space separated */
-}			verify_global;
+	double				 budget;			  /* seconds */
+	char				*arc_trusted_sealers; /* ARC_TRUSTED_SEALERS, lower case, space separated */
+} verify_global;
 
 /*
  * Options
@@ -118,7 +118,7 @@ void
 verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 {
 	struct dns_config dc;
-	char		err[1024];
+	char			  err[1024];
 
 	verify_global.loop = loop;
 	if (!dns_config_load(cfg, &dc, err, sizeof(err)))
@@ -126,7 +126,7 @@ verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 	verify_global.budget = config_duration_ms(cfg, "ingress", "DNS_MESSAGE_BUDGET") / 1000.0;
 	if (config_text(cfg, "ingress", "ARC_TRUSTED_SEALERS"))
 	{
-		char	   *list = xstrdup(config_text(cfg, "ingress", "ARC_TRUSTED_SEALERS"));
+		char *list = xstrdup(config_text(cfg, "ingress", "ARC_TRUSTED_SEALERS"));
 
 		for (char *p = list; *p; p++)
 			*p = *p == ',' ? ' ' : (char) tolower((unsigned char) *p);
@@ -166,8 +166,8 @@ static bool
 verify_complete(const struct verify *v)
 {
 	return v->iprev_step == VERIFY_IPREV_DONE && (v->spf_mail.check == NULL || v->spf_mail.done)
-		&& (v->spf_helo.check == NULL || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
-		&& (v->dmarc == NULL || v->dmarc_done) && v->arc_done;
+		   && (v->spf_helo.check == NULL || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
+		   && (v->dmarc == NULL || v->dmarc_done) && v->arc_done;
 }
 
 static void verify_conclude(struct verify *v);
@@ -284,7 +284,7 @@ verify_session_start(const struct verify_policy *policy, const char *client_ip,
 					 const char *hostname)
 {
 	struct verify *v;
-	char		name[128];
+	char		   name[128];
 
 	if (!policy->enabled || verify_global.resolver == NULL)
 		return NULL;
@@ -476,8 +476,7 @@ verify_arc_key_lookup(void *arg, const char *domain, const char *selector,
 			continue;
 		if (k->record == NULL)
 		{
-			snprintf(err, errlen, "%s", k->status == DNS_TEMPFAIL || k->status == DNS_TIMEOUT
-					 ? "key lookup failed" : "no key");
+			snprintf(err, errlen, "%s", k->status == DNS_TEMPFAIL || k->status == DNS_TIMEOUT ? "key lookup failed" : "no key");
 			return NULL;
 		}
 		return keys_parse_record(k->record, strlen(k->record), algorithm, err, errlen);
@@ -508,7 +507,7 @@ static void
 verify_on_arc_key(void *arg, const struct dns_answer *a)
 {
 	struct verify_arc_key *k = arg;
-	struct verify *v = k->owner;
+	struct verify		  *v = k->owner;
 
 	k->query = NULL;
 	k->status = a->status;
@@ -523,7 +522,7 @@ verify_on_arc_key(void *arg, const struct dns_answer *a)
 static void
 verify_arc_sealer_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t len)
 {
-	char	  **sealer = arg;
+	char **sealer = arg;
 
 	if (taglen == 1 && tag[0] == 'd' && len > 0 && len < 254)
 	{
@@ -538,10 +537,10 @@ static void
 verify_arc_start(struct verify *v, const char *raw, size_t len, size_t header_len)
 {
 	struct header_fields fields;
-	struct arc_chain chain;
-	struct arc_key_ref refs[VERIFY_ARC_KEYS];
-	char		err[160];
-	size_t		n;
+	struct arc_chain	 chain;
+	struct arc_key_ref	 refs[VERIFY_ARC_KEYS];
+	char				 err[160];
+	size_t				 n;
 
 	v->message = raw;
 	v->message_len = len;
@@ -556,7 +555,7 @@ verify_arc_start(struct verify *v, const char *raw, size_t len, size_t header_le
 	if (chain.count > 0 && chain.set[chain.count].seal)
 	{
 		const struct header_field *seal = chain.set[chain.count].seal;
-		const char *colon = memchr(seal->start, ':', seal->len);
+		const char				  *colon = memchr(seal->start, ':', seal->len);
 
 		if (colon)
 			dkim_tag_list_parse(colon + 1, (size_t) (seal->start + seal->len - colon - 1),
@@ -574,7 +573,7 @@ verify_arc_start(struct verify *v, const char *raw, size_t len, size_t header_le
 	for (size_t i = 0; i < n; i++)
 	{
 		struct verify_arc_key *k = &v->arc_keys[i];
-		char	   *name = xasprintf("%s._domainkey.%s", refs[i].selector, refs[i].domain);
+		char				  *name = xasprintf("%s._domainkey.%s", refs[i].selector, refs[i].domain);
 
 		k->owner = v;
 		k->ref = refs[i];
@@ -613,7 +612,7 @@ verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn do
 static json_t *
 verify_spf_state(const struct verify_spf *s, const char *property, const char *identity)
 {
-	json_t	   *r = auth_result(spf_result_name(s->result), property, identity);
+	json_t *r = auth_result(spf_result_name(s->result), property, identity);
 
 	if (s->reason && *s->reason)
 		json_object_set_new(r, "reason", json_string(s->reason));
@@ -623,14 +622,15 @@ verify_spf_state(const struct verify_spf *s, const char *property, const char *i
 static const char *
 verify_disposition_name(enum dmarc_disposition d)
 {
-	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine" : "none";
+	return d == DMARC_REJECT ? "reject" : d == DMARC_QUARANTINE ? "quarantine"
+																: "none";
 }
 
 static json_t *
 verify_arc_state(const struct verify *v)
 {
-	json_t	   *arc = auth_result(arc_result_name(v->arc.result), NULL, NULL);
-	char		number[16];
+	json_t *arc = auth_result(arc_result_name(v->arc.result), NULL, NULL);
+	char	number[16];
 
 	if (v->arc.result == ARC_PASS)
 	{
@@ -668,13 +668,13 @@ verify_arc_trusted(const struct verify *v)
 static void
 verify_conclude(struct verify *v)
 {
-	json_t	   *auth = json_object();
-	json_t	   *dkim = json_array();
+	json_t							   *auth = json_object();
+	json_t							   *dkim = json_array();
 	const struct dkim_signature_result *sigs = NULL;
-	size_t		nsigs = v->dkim ? dkim_verify_results(v->dkim, &sigs) : 0;
-	enum spf_result spf_for_dmarc = SPF_NONE;
-	const char *spf_domain = NULL;
-	char	   *helo_identity = NULL;
+	size_t								nsigs = v->dkim ? dkim_verify_results(v->dkim, &sigs) : 0;
+	enum spf_result						spf_for_dmarc = SPF_NONE;
+	const char						   *spf_domain = NULL;
+	char							   *helo_identity = NULL;
 
 	/* iprev */
 	v->iprev_state = auth_result(v->iprev_result, "policy.iprev", v->client_ip);
@@ -685,8 +685,7 @@ verify_conclude(struct verify *v)
 	/* SPF: MAIL FROM, or for a null sender HELO standing for it. */
 	if (v->spf_mail.check)
 	{
-		json_object_set_new(auth, "spf", verify_spf_state(&v->spf_mail, "smtp.mailfrom",
-														  v->mail_from));
+		json_object_set_new(auth, "spf", verify_spf_state(&v->spf_mail, "smtp.mailfrom", v->mail_from));
 		spf_for_dmarc = v->spf_mail.result;
 		spf_domain = strrchr(v->mail_from, '@') ? strrchr(v->mail_from, '@') + 1 : v->mail_from;
 	}
@@ -710,7 +709,7 @@ verify_conclude(struct verify *v)
 	for (size_t i = 0; i < nsigs; i++)
 	{
 		const struct dkim_signature_result *r = &sigs[i];
-		json_t	   *one = auth_result(r->result, NULL, NULL);
+		json_t							   *one = auth_result(r->result, NULL, NULL);
 
 		if (r->domain)
 			json_object_set_new(one, "header.d", json_string(r->domain));
@@ -731,12 +730,12 @@ verify_conclude(struct verify *v)
 	/* DMARC, and what the listener does about it. */
 	if (v->policy->dmarc != VERIFY_DMARC_OFF)
 	{
-		json_t	   *dmarc;
+		json_t *dmarc;
 
 		if (v->dmarc)
 		{
 			struct dmarc_verdict d;
-			const char *action = "none";
+			const char			*action = "none";
 
 			dmarc_check_evaluate(v->dmarc, spf_for_dmarc, spf_domain, sigs, nsigs, &d);
 			dmarc = auth_result(d.result, "header.from", d.from_domain);

@@ -25,24 +25,24 @@
 
 enum verify_dmarc_mode
 {
-	VERIFY_DMARC_OFF,			/* no DMARC evaluation */
-	VERIFY_DMARC_REPORT,		/* evaluate and record, act on nothing */
-	VERIFY_DMARC_ENFORCE		/* p=reject: 550; p=quarantine: action recorded */
+	VERIFY_DMARC_OFF,	 /* no DMARC evaluation */
+	VERIFY_DMARC_REPORT, /* evaluate and record, act on nothing */
+	VERIFY_DMARC_ENFORCE /* p=reject: 550; p=quarantine: action recorded */
 };
 
 struct verify_policy
 {
-	bool		enabled;		/* MESSAGE_AUTHENTICATION */
-	bool		spf_reject;		/* SPF_FAIL = reject */
-	enum verify_dmarc_mode dmarc;	/* DMARC_POLICY */
+	bool				   enabled;	   /* MESSAGE_AUTHENTICATION */
+	bool				   spf_reject; /* SPF_FAIL = reject */
+	enum verify_dmarc_mode dmarc;	   /* DMARC_POLICY */
 };
 
 /* Process-wide: the resolver and [ingress] options.  Exits on a bad option. */
-void		verify_init(struct ev_loop *loop, const struct pepsi_config *cfg);
-void		verify_shutdown(void);
+void verify_init(struct ev_loop *loop, const struct pepsi_config *cfg);
+void verify_shutdown(void);
 /* A listener's options; false with err (naming the option) for a bad value. */
-bool		verify_listener_policy(const struct pepsi_config *cfg, const char *section,
-								   struct verify_policy *out, char *err, size_t errlen);
+bool verify_listener_policy(const struct pepsi_config *cfg, const char *section,
+							struct verify_policy *out, char *err, size_t errlen);
 
 struct verify;
 
@@ -50,23 +50,23 @@ struct verify;
 struct verify *verify_session_start(const struct verify_policy *policy, const char *client_ip,
 									const char *hostname);
 /* Cancels every lookup of the session. */
-void		verify_free(struct verify *v);
+void verify_free(struct verify *v);
 /* MAIL accepted: SPF for this transaction (the previous one's is dropped). */
-void		verify_mail(struct verify *v, const char *helo, const char *mail_from);
+void verify_mail(struct verify *v, const char *helo, const char *mail_from);
 
 /* Everything is in: done(arg) is called from the loop, never from here. */
-typedef void (*verify_done_fn) (void *arg);
-void		verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done,
-						   void *arg);
+typedef void (*verify_done_fn)(void *arg);
+void verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done,
+					void *arg);
 
 /* After done: the findings, for envelope.c (borrowed; valid until the next verify_mail). */
 struct verify_findings
 {
-	json_t	   *auth;			/* state.auth */
-	json_t	   *iprev;			/* state.origin.iprev */
-	const char *client_name;	/* the forward-confirmed name, or NULL */
-	const char *refusal;		/* the reply refusing the message, or NULL */
+	json_t	   *auth;		 /* state.auth */
+	json_t	   *iprev;		 /* state.origin.iprev */
+	const char *client_name; /* the forward-confirmed name, or NULL */
+	const char *refusal;	 /* the reply refusing the message, or NULL */
 };
-void		verify_findings(struct verify *v, struct verify_findings *out);
+void verify_findings(struct verify *v, struct verify_findings *out);
 
 #endif

@@ -33,9 +33,9 @@ PG_FUNCTION_INFO_V1(recipient_domain);
 Datum
 event_principal(PG_FUNCTION_ARGS)
 {
-	Oid			outer = GetOuterUserId();
-	char	   *role = GetUserNameFromId(outer, false);
-	Oid			httpd_role = get_role_oid("pepsi_httpd", true);
+	Oid	  outer = GetOuterUserId();
+	char *role = GetUserNameFromId(outer, false);
+	Oid	  httpd_role = get_role_oid("pepsi_httpd", true);
 
 	if (pepsi_admin_account != NULL && pepsi_admin_account[0] != '\0'
 		&& OidIsValid(httpd_role) && has_privs_of_role(outer, httpd_role))

@@ -29,7 +29,7 @@ admit_arg_bytes(FunctionCallInfo fcinfo, int argno, const char *name)
 static Jsonb *
 admit_arg_state(FunctionCallInfo fcinfo, int argno)
 {
-	Jsonb	   *state = arg_json_object_or_null(fcinfo, argno, "state");
+	Jsonb *state = arg_json_object_or_null(fcinfo, argno, "state");
 
 	if (state == NULL)
 		ereport(ERROR,
@@ -47,11 +47,11 @@ Datum
 workqueue_add(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {TEXTOID, TEXTARRAYOID, BYTEAOID, BYTEAOID,
-	JSONBOID, INETOID, TEXTOID, TEXTOID};
-	Datum		values[8];
-	char		nulls[8] = "        ";
-	int64		id;
+	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, BYTEAOID, BYTEAOID,
+									JSONBOID, INETOID, TEXTOID, TEXTOID};
+	Datum			  values[8];
+	char			  nulls[8] = "        ";
+	int64			  id;
 
 	values[0] = PointerGetDatum(arg_address(fcinfo, 0, "mail_from"));
 	values[1] = PointerGetDatum(arg_recipients(fcinfo, 1, "rcpt_to"));
@@ -85,13 +85,13 @@ Datum
 workqueue_inject(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr insert_plan;
-	static const Oid argtypes[] = {TEXTOID, TEXTOID, TEXTARRAYOID, BYTEAOID,
-	JSONBOID, INT8OID, TEXTOID};
-	Datum		values[7];
-	char		nulls[7] = "       ";
-	int64		body_id;
-	int64		id = 0;
-	bool		inserted;
+	static const Oid  argtypes[] = {TEXTOID, TEXTOID, TEXTARRAYOID, BYTEAOID,
+									JSONBOID, INT8OID, TEXTOID};
+	Datum			  values[7];
+	char			  nulls[7] = "       ";
+	int64			  body_id;
+	int64			  id = 0;
+	bool			  inserted;
 
 	values[0] = PointerGetDatum(arg_stage(fcinfo, 0, "stage"));
 	values[1] = PointerGetDatum(arg_address(fcinfo, 1, "mail_from"));

@@ -47,7 +47,7 @@ check_stage_name(text *stage, const char *name)
 text *
 arg_stage(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	text	   *stage = arg_text(fcinfo, argno, name);
+	text *stage = arg_text(fcinfo, argno, name);
 
 	check_stage_name(stage, name);
 	return stage;
@@ -56,7 +56,7 @@ arg_stage(FunctionCallInfo fcinfo, int argno, const char *name)
 Jsonb *
 arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	Jsonb	   *json;
+	Jsonb *json;
 
 	if (PG_ARGISNULL(argno))
 		return NULL;
@@ -85,17 +85,18 @@ check_address(const text *address, const char *name, int index)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 index > 0 ? errmsg("%s[%d] has a control character", name, index)
-					 : errmsg("%s has a control character", name),
+							   : errmsg("%s has a control character", name),
 					 errdetail("Octet 0x%02x at position %d: a line break or another control "
 							   "character in an envelope address could forge SMTP commands or "
-							   "header lines.", (unsigned char) p[i], i + 1)));
+							   "header lines.",
+							   (unsigned char) p[i], i + 1)));
 }
 
 /* An envelope sender: required ("" is the null reverse-path), no control character. */
 text *
 arg_address(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	text	   *address = arg_text(fcinfo, argno, name);
+	text *address = arg_text(fcinfo, argno, name);
 
 	check_address(address, name, 0);
 	return address;
@@ -105,9 +106,9 @@ arg_address(FunctionCallInfo fcinfo, int argno, const char *name)
 void
 check_recipients(ArrayType *rcpt, const char *name)
 {
-	Datum	   *elems;
-	bool	   *nulls;
-	int			n;
+	Datum *elems;
+	bool  *nulls;
+	int	   n;
 
 	if (ARR_NDIM(rcpt) > 1)
 		ereport(ERROR,
@@ -135,7 +136,7 @@ check_recipients(ArrayType *rcpt, const char *name)
 ArrayType *
 arg_recipients(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	ArrayType  *rcpt;
+	ArrayType *rcpt;
 
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
@@ -150,7 +151,7 @@ arg_recipients(FunctionCallInfo fcinfo, int argno, const char *name)
 double
 arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name)
 {
-	double		seconds;
+	double seconds;
 
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
@@ -171,9 +172,9 @@ arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name)
 int *
 array_to_ints(ArrayType *array, const char *name, int *count)
 {
-	Datum	   *elems;
-	bool	   *nulls;
-	int		   *ints;
+	Datum *elems;
+	bool  *nulls;
+	int	  *ints;
 
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
@@ -202,7 +203,7 @@ check_indices(const int *indices, int count, int nrcpt, const char *name, bool *
 {
 	for (int i = 0; i < count; i++)
 	{
-		int			index = indices[i];
+		int index = indices[i];
 
 		if (index < 1 || index > nrcpt)
 			ereport(ERROR,
@@ -223,7 +224,7 @@ check_indices(const int *indices, int count, int nrcpt, const char *name, bool *
 void
 check_same_length(ArrayType *array, int expected, const char *name, const char *model)
 {
-	int			n;
+	int n;
 
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,

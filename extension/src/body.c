@@ -41,23 +41,25 @@ body_release_unreferenced(Datum body_ids)
 {
 	static SPIPlanPtr lock_plan;
 	static SPIPlanPtr release_plan;
-	static const Oid argtypes[] = {INT8ARRAYOID};
-	Datum		values[1] = {body_ids};
+	static const Oid  argtypes[] = {INT8ARRAYOID};
+	Datum			  values[1] = {body_ids};
 
 	queue_exec(queue_plan(&lock_plan,
 						  "SELECT id FROM pepsi.workqueue_body WHERE id = ANY ($1)"
 						  " ORDER BY id FOR NO KEY UPDATE",
-						  1, argtypes), values, NULL, false, 0);
+						  1, argtypes),
+			   values, NULL, false, 0);
 	queue_exec(queue_plan(&release_plan,
 						  "DELETE FROM pepsi.workqueue_body b WHERE b.id = ANY ($1)"
 						  " AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)",
-						  1, argtypes), values, NULL, false, 0);
+						  1, argtypes),
+			   values, NULL, false, 0);
 }
 
 void
 body_release_if_unreferenced(int64 body_id)
 {
-	Datum		id = Int64GetDatum(body_id);
+	Datum id = Int64GetDatum(body_id);
 
 	body_release_unreferenced(PointerGetDatum(construct_array(&id, 1, INT8OID, 8, true,
 															  TYPALIGN_DOUBLE)));
@@ -68,8 +70,8 @@ int64
 body_store(bytea *body)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {BYTEAOID};
-	Datum		values[1] = {PointerGetDatum(body)};
+	static const Oid  argtypes[] = {BYTEAOID};
+	Datum			  values[1] = {PointerGetDatum(body)};
 
 	queue_exec(queue_plan(&plan,
 						  "INSERT INTO pepsi.workqueue_body (body) VALUES ($1) RETURNING id",
@@ -81,8 +83,8 @@ body_store(bytea *body)
 static int
 body_compare_ids(const void *a, const void *b)
 {
-	int64		x = *(const int64 *) a;
-	int64		y = *(const int64 *) b;
+	int64 x = *(const int64 *) a;
+	int64 y = *(const int64 *) b;
 
 	return (x > y) - (x < y);
 }
@@ -95,15 +97,15 @@ body_compare_ids(const void *a, const void *b)
 Datum
 workqueue_body_release_trigger(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	tupdesc;
+	TriggerData	   *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc		tupdesc;
 	TupleTableSlot *slot;
-	int			body_attnum;
-	int64	   *ids;
-	int			capacity = 64;
-	int			count = 0;
-	int			distinct = 0;
-	Datum	   *datums;
+	int				body_attnum;
+	int64		   *ids;
+	int				capacity = 64;
+	int				count = 0;
+	int				distinct = 0;
+	Datum		   *datums;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BY_DELETE(trigdata->tg_event)
 		|| trigdata->tg_oldtable == NULL)
@@ -119,8 +121,8 @@ workqueue_body_release_trigger(PG_FUNCTION_ARGS)
 	tuplestore_rescan(trigdata->tg_oldtable);
 	while (tuplestore_gettupleslot(trigdata->tg_oldtable, true, false, slot))
 	{
-		bool		isnull;
-		Datum		d = slot_getattr(slot, body_attnum, &isnull);
+		bool  isnull;
+		Datum d = slot_getattr(slot, body_attnum, &isnull);
 
 		if (isnull)
 			continue;
@@ -157,7 +159,7 @@ Datum
 workqueue_body_gc(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	uint64		freed;
+	uint64			  freed;
 
 	SPI_connect();
 	queue_exec(queue_plan(&plan,

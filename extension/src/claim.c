@@ -44,16 +44,16 @@ PG_FUNCTION_INFO_V1(workqueue_claim);
 /* The rows chosen for one stage, in the order they are handed out. */
 typedef struct ClaimChoice
 {
-	int64	   *ids;
-	int			count;
-	int			capacity;
-	HTAB	   *chosen;			/* int64 id set, to skip rows chosen twice */
+	int64 *ids;
+	int	   count;
+	int	   capacity;
+	HTAB  *chosen; /* int64 id set, to skip rows chosen twice */
 } ClaimChoice;
 
 static void
 claim_choice_init(ClaimChoice *choice, int capacity)
 {
-	HASHCTL		ctl;
+	HASHCTL ctl;
 
 	choice->ids = palloc(sizeof(int64) * (capacity + 1));
 	choice->count = 0;
@@ -70,7 +70,7 @@ claim_choice_init(ClaimChoice *choice, int capacity)
 static bool
 claim_choice_add(ClaimChoice *choice, int64 id)
 {
-	bool		found;
+	bool found;
 
 	if (choice->count >= choice->capacity)
 		return false;
@@ -94,9 +94,9 @@ claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *st
 				  int slots, double row_cost, ClaimChoice *choice)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {TEXTOID, INT4OID};
-	int			wanted = Min(choice->count + slots, choice->capacity);
-	Datum		values[2] = {CStringGetTextDatum(stage), Int32GetDatum(choice->count + slots)};
+	static const Oid  argtypes[] = {TEXTOID, INT4OID};
+	int				  wanted = Min(choice->count + slots, choice->capacity);
+	Datum			  values[2] = {CStringGetTextDatum(stage), Int32GetDatum(choice->count + slots)};
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT id, sender_key, pending_seq FROM pepsi.workqueue"
@@ -134,19 +134,19 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 				 const char *stage, ClaimChoice *choice)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
-	Datum	   *senders = palloc(sizeof(Datum) * (count + 1));
-	Datum	   *limits = palloc(sizeof(Datum) * (count + 1));
-	int		   *asked_index = palloc(sizeof(int) * (count + 1));
-	int64	  **rows = palloc0(sizeof(int64 *) * (count + 1));
-	int		   *nrows = palloc0(sizeof(int) * (count + 1));
-	int		   *fetched = palloc0(sizeof(int) * (count + 1));
-	int		   *limit = palloc0(sizeof(int) * (count + 1));
-	int		   *used = palloc0(sizeof(int) * (count + 1));
-	int			nasked = 0;
-	int			chosen_before = choice->count;
-	bool		exhausted_any = false;
-	Datum		values[3];
+	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
+	Datum			 *senders = palloc(sizeof(Datum) * (count + 1));
+	Datum			 *limits = palloc(sizeof(Datum) * (count + 1));
+	int				 *asked_index = palloc(sizeof(int) * (count + 1));
+	int64			**rows = palloc0(sizeof(int64 *) * (count + 1));
+	int				 *nrows = palloc0(sizeof(int) * (count + 1));
+	int				 *fetched = palloc0(sizeof(int) * (count + 1));
+	int				 *limit = palloc0(sizeof(int) * (count + 1));
+	int				 *used = palloc0(sizeof(int) * (count + 1));
+	int				  nasked = 0;
+	int				  chosen_before = choice->count;
+	bool			  exhausted_any = false;
+	Datum			  values[3];
 
 	for (int i = 0; i < count; i++)
 		if (candidates[i].asked > 0)
@@ -171,13 +171,13 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 			   values, NULL, true, 0);
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
-		bool		isnull;
-		int			n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
-													SPI_tuptable->tupdesc, 1, &isnull));
-		int			i = asked_index[n - 1];
-		int64		id = queue_result_int64(r, 2);
-		int64		seq = queue_result_int64(r, 3);
-		bool		already;
+		bool  isnull;
+		int	  n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+		int	  i = asked_index[n - 1];
+		int64 id = queue_result_int64(r, 2);
+		int64 seq = queue_result_int64(r, 3);
+		bool  already;
 
 		fetched[i]++;
 		hash_search(choice->chosen, &id, HASH_FIND, &already);
@@ -190,7 +190,7 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 	/* Hand the rows out in pick order, so equal senders interleave. */
 	for (int p = 0; p < picks; p++)
 	{
-		int			i = pick_order[p];
+		int i = pick_order[p];
 
 		if (used[i] < nrows[i])
 		{
@@ -219,15 +219,15 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 				   TupleDesc outdesc)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8ARRAYOID, TEXTOID};
-	Datum	   *ids = palloc(sizeof(Datum) * (choice->count + 1));
-	Datum		values[2];
-	HASHCTL		ctl;
-	HTAB	   *claimed;
+	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTOID};
+	Datum			 *ids = palloc(sizeof(Datum) * (choice->count + 1));
+	Datum			  values[2];
+	HASHCTL			  ctl;
+	HTAB			 *claimed;
 	typedef struct ClaimedRow
 	{
-		int64		id;
-		char	   *sender;
+		int64 id;
+		char *sender;
 	} ClaimedRow;
 
 	for (int i = 0; i < choice->count; i++)
@@ -276,15 +276,15 @@ static void
 claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_percent,
 			double row_cost, Tuplestorestate *out, TupleDesc outdesc)
 {
-	SenderCache *cache = sender_cache_for_stage(stage);
-	HTAB	   *heads;
+	SenderCache	   *cache = sender_cache_for_stage(stage);
+	HTAB		   *heads;
 	HASH_SEQ_STATUS scan;
-	SenderHead *head;
+	SenderHead	   *head;
 	ClaimCandidate *candidates;
-	int			ncandidates = 0;
-	int		   *pick_order = palloc(sizeof(int) * (capacity + 1));
-	ClaimChoice choice;
-	int			fifo_slots;
+	int				ncandidates = 0;
+	int			   *pick_order = palloc(sizeof(int) * (capacity + 1));
+	ClaimChoice		choice;
+	int				fifo_slots;
 
 	sender_cache_refresh(cache);
 	heads = sender_cache_heads(cache);
@@ -308,8 +308,8 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 
 	while (choice.count < capacity)
 	{
-		int			picks = fairshare_assign(candidates, ncandidates, capacity - choice.count,
-											 row_cost, pick_order);
+		int picks = fairshare_assign(candidates, ncandidates, capacity - choice.count,
+									 row_cost, pick_order);
 
 		if (picks == 0
 			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, &choice))
@@ -339,8 +339,8 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 static Datum *
 claim_text_array(ArrayType *array, const char *name, int *count)
 {
-	Datum	   *elems;
-	bool	   *nulls;
+	Datum *elems;
+	bool  *nulls;
 
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
@@ -358,15 +358,15 @@ claim_text_array(ArrayType *array, const char *name, int *count)
 static Datum *
 claim_float_array(ArrayType *array, const char *name, int expected, const char *model)
 {
-	Datum	   *elems;
-	bool	   *nulls;
-	int			count;
+	Datum *elems;
+	bool  *nulls;
+	int	   count;
 
 	check_same_length(array, expected, name, model);
 	deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &elems, &nulls, &count);
 	for (int i = 0; i < count; i++)
 	{
-		double		value;
+		double value;
 
 		if (nulls[i])
 			ereport(ERROR,
@@ -390,22 +390,22 @@ claim_float_array(ArrayType *array, const char *name, int expected, const char *
 Datum
 workqueue_claim(PG_FUNCTION_ARGS)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TupleDesc	outdesc;
+	ReturnSetInfo	*rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc		 outdesc;
 	Tuplestorestate *out;
-	MemoryContext per_query;
-	MemoryContext caller;
-	Datum	   *stages;
-	Datum	   *capacities;
-	bool	   *capacity_nulls;
-	int			nstages;
-	int			ncapacities;
-	Datum	   *account_stages = NULL;
-	Datum	   *account_senders = NULL;
-	Datum	   *account_used = NULL;
-	int			naccount = 0;
-	int			fifo_percent;
-	Datum	   *row_costs = NULL;
+	MemoryContext	 per_query;
+	MemoryContext	 caller;
+	Datum			*stages;
+	Datum			*capacities;
+	bool			*capacity_nulls;
+	int				 nstages;
+	int				 ncapacities;
+	Datum			*account_stages = NULL;
+	Datum			*account_senders = NULL;
+	Datum			*account_used = NULL;
+	int				 naccount = 0;
+	int				 fifo_percent;
+	Datum			*row_costs = NULL;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo)
 		|| !(rsinfo->allowedModes & SFRM_Materialize))
@@ -451,7 +451,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 				 errdetail("They are parallel arrays: element i says how much worker time sender i used at stage i.")));
 	if (!PG_ARGISNULL(2))
 	{
-		int			nsenders;
+		int nsenders;
 
 		account_stages = claim_text_array(PG_GETARG_ARRAYTYPE_P(2), "account_stages", &naccount);
 		check_same_length(PG_GETARG_ARRAYTYPE_P(3), naccount, "account_senders", "account_stages");
@@ -481,8 +481,8 @@ workqueue_claim(PG_FUNCTION_ARGS)
 	SPI_connect();
 	for (int i = 0; i < nstages; i++)
 	{
-		char	   *stage = TextDatumGetCString(stages[i]);
-		int			capacity = DatumGetInt32(capacities[i]);
+		char		*stage = TextDatumGetCString(stages[i]);
+		int			 capacity = DatumGetInt32(capacities[i]);
 		FairAccount *account;
 
 		if (capacity == 0)

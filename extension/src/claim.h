@@ -14,10 +14,10 @@
 /* A sender known to have (had) pending rows at a stage. */
 typedef struct SenderHead
 {
-	uint64		hash;			/* hash key: of the full sender_key */
-	char	   *sender;			/* the sender_key */
-	int64		head_seq;		/* lower bound of its oldest pending row's pending_seq */
-	int			candidate;		/* index in the current claim's candidates, or -1 */
+	uint64 hash;	  /* hash key: of the full sender_key */
+	char  *sender;	  /* the sender_key */
+	int64  head_seq;  /* lower bound of its oldest pending row's pending_seq */
+	int	   candidate; /* index in the current claim's candidates, or -1 */
 } SenderHead;
 
 typedef struct SenderCache SenderCache;
@@ -30,21 +30,21 @@ typedef struct SenderCache SenderCache;
 extern uint64 sender_key_hash(const char *sender, size_t len);
 
 extern SenderCache *sender_cache_for_stage(const char *stage);
-extern void sender_cache_refresh(SenderCache *cache);
-extern HTAB *sender_cache_heads(SenderCache *cache);
-extern SenderHead *sender_cache_lookup(SenderCache *cache, const char *sender);
-extern SenderHead *sender_cache_note(SenderCache *cache, const char *sender, int64 seq);
-extern SenderHead *sender_cache_found(SenderCache *cache, const char *sender, int64 seq);
-extern void sender_cache_forget(SenderCache *cache, SenderHead *head);
+extern void			sender_cache_refresh(SenderCache *cache);
+extern HTAB		   *sender_cache_heads(SenderCache *cache);
+extern SenderHead  *sender_cache_lookup(SenderCache *cache, const char *sender);
+extern SenderHead  *sender_cache_note(SenderCache *cache, const char *sender, int64 seq);
+extern SenderHead  *sender_cache_found(SenderCache *cache, const char *sender, int64 seq);
+extern void			sender_cache_forget(SenderCache *cache, SenderHead *head);
 
 /* One sender competing for a stage's slots in one claim. */
 typedef struct ClaimCandidate
 {
 	SenderHead *head;
-	double		vtime;			/* virtual time: worker time used, plus this claim's charges */
-	int			taken;			/* rows of this sender chosen so far in this claim */
-	int			asked;			/* slots assigned in the current round */
-	bool		exhausted;		/* had fewer pending rows than it was asked for */
+	double		vtime;	   /* virtual time: worker time used, plus this claim's charges */
+	int			taken;	   /* rows of this sender chosen so far in this claim */
+	int			asked;	   /* slots assigned in the current round */
+	bool		exhausted; /* had fewer pending rows than it was asked for */
 } ClaimCandidate;
 
 /* The dispatcher's accounting for one stage: sender_key -> worker time used. */
@@ -52,9 +52,9 @@ typedef struct FairAccount FairAccount;
 
 extern FairAccount *fairshare_account(const char *stage, Datum *stages, Datum *senders,
 									  Datum *used, int count);
-extern void fairshare_start_vtimes(ClaimCandidate *candidates, int count, FairAccount *account);
-extern int	fairshare_fifo_slots(int capacity, int fifo_percent);
-extern int	fairshare_assign(ClaimCandidate *candidates, int count, int slots, double row_cost,
-							 int *pick_order);
+extern void			fairshare_start_vtimes(ClaimCandidate *candidates, int count, FairAccount *account);
+extern int			fairshare_fifo_slots(int capacity, int fifo_percent);
+extern int			fairshare_assign(ClaimCandidate *candidates, int count, int slots, double row_cost,
+									 int *pick_order);
 
-#endif							/* PEPSI_CLAIM_H */
+#endif /* PEPSI_CLAIM_H */

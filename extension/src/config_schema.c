@@ -34,11 +34,11 @@ config_option_schema(PG_FUNCTION_ARGS)
 	for (size_t i = 0; i < option_count; i++)
 	{
 		const struct option_def *def = &option_table[i];
-		bool		program = strncmp(def->where, "pepsi-", 6) == 0;
-		bool		numeric = def->type == OPTION_INT || def->type == OPTION_DURATION
-			|| def->type == OPTION_SIZE;
-		Datum		values[10];
-		bool		nulls[10] = {false};
+		bool					 program = strncmp(def->where, "pepsi-", 6) == 0;
+		bool					 numeric = def->type == OPTION_INT || def->type == OPTION_DURATION
+					   || def->type == OPTION_SIZE;
+		Datum values[10];
+		bool  nulls[10] = {false};
 
 		values[0] = CStringGetTextDatum(program ? "stage-*" : def->where);
 		values[1] = program ? CStringGetTextDatum(def->where) : (Datum) 0;
@@ -68,12 +68,12 @@ config_option_schema(PG_FUNCTION_ARGS)
 Datum
 config_value_problem(PG_FUNCTION_ARGS)
 {
-	char	   *section;
-	char	   *option;
-	char	   *value;
-	char	   *program = PG_ARGISNULL(3) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(3));
+	char					*section;
+	char					*option;
+	char					*value;
+	char					*program = PG_ARGISNULL(3) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(3));
 	const struct option_def *def;
-	char		problem[512];
+	char					 problem[512];
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		PG_RETURN_NULL();

@@ -31,19 +31,19 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	static SPIPlanPtr update_plan;
 	static SPIPlanPtr isolate_plan;
 	static SPIPlanPtr retry_plan;
-	static const Oid update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID};
-	static const Oid isolate_types[] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TEXTOID};
-	int64		id = arg_int64(fcinfo, 0, "id");
-	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
-	text	   *reason = arg_text(fcinfo, 2, "reason");
-	int32		crash_limit;
-	double		retry_seconds = arg_seconds(fcinfo, 4, "retry_seconds");
-	text	   *final_status = arg_text(fcinfo, 5, "final_status");
-	char	   *final = text_to_cstring(final_status);
-	Datum		values[6];
-	bool		paused;
-	int32		attempts;
-	bool		isnull;
+	static const Oid  update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID};
+	static const Oid  isolate_types[] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TEXTOID};
+	int64			  id = arg_int64(fcinfo, 0, "id");
+	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	text			 *reason = arg_text(fcinfo, 2, "reason");
+	int32			  crash_limit;
+	double			  retry_seconds = arg_seconds(fcinfo, 4, "retry_seconds");
+	text			 *final_status = arg_text(fcinfo, 5, "final_status");
+	char			 *final = text_to_cstring(final_status);
+	Datum			  values[6];
+	bool			  paused;
+	int32			  attempts;
+	bool			  isnull;
 
 	if (VARSIZE_ANY_EXHDR(reason) == 0)
 		ereport(ERROR,
@@ -86,15 +86,14 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 						  "  status = CASE WHEN r.attempts >= $4 THEN $6::pepsi.status"
 						  "    ELSE 'paused' END,"
 						  "  timeout = CASE WHEN r.attempts >= $4 THEN NULL"
-						  "    ELSE now() + least($5 * 2 ^ least(r.attempts - 1, 60), "
-						  CppAsString2(PEPSI_MAX_RETRY_SECONDS) ") * interval '1 second' END,"
-						  "  state = w.state || jsonb_build_object('crash', jsonb_build_object("
-						  "    'stage', $2, 'attempts', r.attempts, 'limit', $4, 'reason', $3,"
-						  "    'at', now()))"
-						  "    || CASE WHEN r.attempts >= $4"
-						  "       THEN jsonb_build_object('dispatch_error', $3) ELSE '{}' END"
-						  " FROM r WHERE w.id = r.id"
-						  " RETURNING w.status::text, r.attempts",
+						  "    ELSE now() + least($5 * 2 ^ least(r.attempts - 1, 60), " CppAsString2(PEPSI_MAX_RETRY_SECONDS) ") * interval '1 second' END,"
+																															  "  state = w.state || jsonb_build_object('crash', jsonb_build_object("
+																															  "    'stage', $2, 'attempts', r.attempts, 'limit', $4, 'reason', $3,"
+																															  "    'at', now()))"
+																															  "    || CASE WHEN r.attempts >= $4"
+																															  "       THEN jsonb_build_object('dispatch_error', $3) ELSE '{}' END"
+																															  " FROM r WHERE w.id = r.id"
+																															  " RETURNING w.status::text, r.attempts",
 						  6, update_types),
 			   values, NULL, false, 0);
 	if (SPI_processed == 0)
@@ -104,7 +103,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	}
 	paused = strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), "paused") == 0;
 	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
-											&isnull));
+										   &isnull));
 
 	if (paused)
 		queue_exec(queue_plan(&retry_plan,
@@ -114,7 +113,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 				   NULL, NULL, false, 0);
 	else
 	{
-		Datum		isolate[5];
+		Datum isolate[5];
 
 		isolate[0] = Int64GetDatum(id);
 		isolate[1] = PointerGetDatum(expected_stage);

@@ -21,13 +21,13 @@
 
 struct FairAccount
 {
-	HTAB	   *used;			/* uint64 hash of sender_key -> FairUsed */
+	HTAB *used; /* uint64 hash of sender_key -> FairUsed */
 };
 
 typedef struct FairUsed
 {
-	uint64		hash;
-	double		used;
+	uint64 hash;
+	double used;
 } FairUsed;
 
 uint64
@@ -46,7 +46,7 @@ FairAccount *
 fairshare_account(const char *stage, Datum *stages, Datum *senders, Datum *used, int count)
 {
 	FairAccount *account = palloc(sizeof(FairAccount));
-	HASHCTL		ctl;
+	HASHCTL		 ctl;
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(uint64);
@@ -56,11 +56,11 @@ fairshare_account(const char *stage, Datum *stages, Datum *senders, Datum *used,
 								HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	for (int i = 0; i < count; i++)
 	{
-		text	   *entry_stage = DatumGetTextPP(stages[i]);
-		text	   *sender = DatumGetTextPP(senders[i]);
-		uint64		hash;
-		FairUsed   *entry;
-		bool		found;
+		text	 *entry_stage = DatumGetTextPP(stages[i]);
+		text	 *sender = DatumGetTextPP(senders[i]);
+		uint64	  hash;
+		FairUsed *entry;
+		bool	  found;
 
 		if (strlen(stage) != VARSIZE_ANY_EXHDR(entry_stage)
 			|| memcmp(stage, VARDATA_ANY(entry_stage), VARSIZE_ANY_EXHDR(entry_stage)) != 0)
@@ -76,11 +76,11 @@ fairshare_account(const char *stage, Datum *stages, Datum *senders, Datum *used,
 void
 fairshare_start_vtimes(ClaimCandidate *candidates, int count, FairAccount *account)
 {
-	double		least = -1;
+	double least = -1;
 
 	for (int i = 0; i < count; i++)
 	{
-		FairUsed   *entry = hash_search(account->used, &candidates[i].head->hash, HASH_FIND, NULL);
+		FairUsed *entry = hash_search(account->used, &candidates[i].head->hash, HASH_FIND, NULL);
 
 		candidates[i].vtime = entry ? entry->used : -1;
 		if (entry && (least < 0 || entry->used < least))
@@ -102,9 +102,9 @@ fairshare_start_vtimes(ClaimCandidate *candidates, int count, FairAccount *accou
 int
 fairshare_fifo_slots(int capacity, int fifo_percent)
 {
-	double		exact = (double) capacity * fifo_percent / 100.0;
-	int			slots = (int) exact;
-	double		fraction = exact - slots;
+	double exact = (double) capacity * fifo_percent / 100.0;
+	int	   slots = (int) exact;
+	double fraction = exact - slots;
 
 #if PG_VERSION_NUM >= 150000
 	if (fraction > 0 && pg_prng_double(&pg_global_prng_state) < fraction)
@@ -129,10 +129,10 @@ fairshare_sift_down(ClaimCandidate *candidates, int *heap, int size, int at)
 {
 	for (;;)
 	{
-		int			least = at;
-		int			left = 2 * at + 1;
-		int			right = left + 1;
-		int			swap;
+		int least = at;
+		int left = 2 * at + 1;
+		int right = left + 1;
+		int swap;
 
 		if (left < size && fairshare_before(&candidates[heap[left]], &candidates[heap[least]]))
 			least = left;
@@ -158,9 +158,9 @@ int
 fairshare_assign(ClaimCandidate *candidates, int count, int slots, double row_cost,
 				 int *pick_order)
 {
-	int		   *heap = palloc(sizeof(int) * (count + 1));
-	int			size = 0;
-	int			assigned = 0;
+	int *heap = palloc(sizeof(int) * (count + 1));
+	int	 size = 0;
+	int	 assigned = 0;
 
 	for (int i = 0; i < count; i++)
 	{

@@ -64,8 +64,8 @@ maint_register_static_worker(void)
 static double
 maint_scalar(const char *sql, double if_null)
 {
-	bool		isnull;
-	Datum		value;
+	bool  isnull;
+	Datum value;
 
 	if (SPI_execute(sql, false, 1) < 0)
 		elog(ERROR, "pepsi maintenance: could not run: %s", sql);
@@ -80,14 +80,16 @@ maint_scalar(const char *sql, double if_null)
 static bool
 maint_take_singleton_lock(void)
 {
-	bool		locked;
+	bool locked;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	locked = maint_scalar(psprintf("SELECT pg_try_advisory_lock(%d, %d)::int::float8",
-								   MAINT_LOCK_KEY1, MAINT_LOCK_KEY2), 0) != 0;
+								   MAINT_LOCK_KEY1, MAINT_LOCK_KEY2),
+						  0)
+			 != 0;
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
@@ -112,22 +114,24 @@ maint_run_pass(TimestampTz *last_sweep)
 
 	if (OidIsValid(get_extension_oid("pepsi", true)))
 	{
-		double		requeued;
-		double		due_in_ms;
+		double requeued;
+		double due_in_ms;
 
 		requeued = maint_scalar(psprintf("SELECT pepsi.workqueue_requeue_due(%d)::float8",
-										 MAINT_BATCH), 0);
+										 MAINT_BATCH),
+								0);
 		if (requeued > 0)
 			elog(DEBUG1, "pepsi maintenance: %.0f paused rows are due again", requeued);
 
 		if (TimestampDifferenceExceeds(*last_sweep, now, pepsi_body_gc_interval_s * 1000))
 		{
-			double		bodies = maint_scalar("SELECT pepsi.workqueue_body_gc()::float8", 0);
-			double		pruned = maint_scalar(psprintf("WITH old AS (DELETE FROM pepsi.mail_log"
-													   " WHERE id IN (SELECT id FROM pepsi.mail_log"
-													   " WHERE at < now() - interval '%d seconds' LIMIT %d)"
-													   " RETURNING 1) SELECT count(*)::float8 FROM old",
-													   pepsi_mail_log_retention_s, MAINT_BATCH), 0);
+			double bodies = maint_scalar("SELECT pepsi.workqueue_body_gc()::float8", 0);
+			double pruned = maint_scalar(psprintf("WITH old AS (DELETE FROM pepsi.mail_log"
+												  " WHERE id IN (SELECT id FROM pepsi.mail_log"
+												  " WHERE at < now() - interval '%d seconds' LIMIT %d)"
+												  " RETURNING 1) SELECT count(*)::float8 FROM old",
+												  pepsi_mail_log_retention_s, MAINT_BATCH),
+										 0);
 
 			if (bodies > 0)
 				elog(LOG, "pepsi maintenance: swept %.0f unreferenced message bodies", bodies);
@@ -142,7 +146,9 @@ maint_run_pass(TimestampTz *last_sweep)
 		 * database still at 0.1 has no such function.
 		 */
 		if (maint_scalar("SELECT (to_regprocedure('pepsi.queue_gauge_refresh(boolean,interval)')"
-						 " IS NOT NULL)::int::float8", 0) > 0)
+						 " IS NOT NULL)::int::float8",
+						 0)
+			> 0)
 			maint_scalar("SELECT pepsi.queue_gauge_refresh()::int::float8", 0);
 
 		/*
@@ -197,7 +203,7 @@ pepsi_maintenance_main(Datum main_arg)
 
 	while (!ShutdownRequestPending)
 	{
-		long		sleep_ms;
+		long sleep_ms;
 
 		if (ConfigReloadPending)
 		{
@@ -222,13 +228,14 @@ pepsi_maintenance_main(Datum main_arg)
 static pid_t
 maint_serving_pid(void)
 {
-	double		pid;
+	double pid;
 
 	SPI_connect();
 	pid = maint_scalar(psprintf("SELECT pid::float8 FROM pg_locks"
 								" WHERE locktype = 'advisory' AND database = %u"
 								" AND classid = %u AND objid = %u AND objsubid = 2 AND granted",
-								MyDatabaseId, MAINT_LOCK_KEY1, MAINT_LOCK_KEY2), 0);
+								MyDatabaseId, MAINT_LOCK_KEY1, MAINT_LOCK_KEY2),
+					   0);
 	SPI_finish();
 	return (pid_t) pid;
 }
@@ -244,11 +251,11 @@ maint_serving_pid(void)
 Datum
 start_maintenance(PG_FUNCTION_ARGS)
 {
-	BackgroundWorker worker;
+	BackgroundWorker		worker;
 	BackgroundWorkerHandle *handle;
-	BgwHandleStatus status;
-	pid_t		pid;
-	pid_t		serving;
+	BgwHandleStatus			status;
+	pid_t					pid;
+	pid_t					serving;
 
 	if ((serving = maint_serving_pid()) != 0)
 		PG_RETURN_INT32((int32) serving);

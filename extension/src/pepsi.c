@@ -12,13 +12,13 @@
 
 PG_MODULE_MAGIC;
 
-char	   *pepsi_database = NULL;
-int			pepsi_maintenance_interval_ms = 1000;
-int			pepsi_body_gc_interval_s = 60;
-int			pepsi_mail_log_retention_s = 7 * 24 * 3600;
-char	   *pepsi_admin_account = NULL;
+char *pepsi_database = NULL;
+int	  pepsi_maintenance_interval_ms = 1000;
+int	  pepsi_body_gc_interval_s = 60;
+int	  pepsi_mail_log_retention_s = 7 * 24 * 3600;
+char *pepsi_admin_account = NULL;
 
-void		_PG_init(void);
+void _PG_init(void);
 
 void
 _PG_init(void)

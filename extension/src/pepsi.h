@@ -18,9 +18,9 @@
 
 /* GUCs (pepsi.c) */
 extern char *pepsi_database;
-extern int	pepsi_maintenance_interval_ms;
-extern int	pepsi_body_gc_interval_s;
-extern int	pepsi_mail_log_retention_s;
+extern int	 pepsi_maintenance_interval_ms;
+extern int	 pepsi_body_gc_interval_s;
+extern int	 pepsi_mail_log_retention_s;
 extern char *pepsi_admin_account;
 
 /* The longest retry delay accepted (ten years), so now() + delay always fits. */
@@ -31,42 +31,42 @@ extern char *pepsi_admin_account;
 
 /* spi_support.c: prepared plans kept for the life of the backend */
 extern SPIPlanPtr queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
-extern int	queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
-extern int	queue_lock_running_row(int64 id, const char *expected_stage);
-extern void queue_report_row_state(int64 id, const char *expected_stage) pg_attribute_noreturn();
-extern void queue_notify_workqueue(void);
-extern int64 queue_result_int64(int row, int col);
+extern int		  queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
+extern int		  queue_lock_running_row(int64 id, const char *expected_stage);
+extern void		  queue_report_row_state(int64 id, const char *expected_stage) pg_attribute_noreturn();
+extern void		  queue_notify_workqueue(void);
+extern int64	  queue_result_int64(int row, int col);
 
 /* args.c: argument checks that raise a DBA-readable error */
-extern int64 arg_int64(FunctionCallInfo fcinfo, int argno, const char *name);
-extern text *arg_text(FunctionCallInfo fcinfo, int argno, const char *name);
-extern text *arg_stage(FunctionCallInfo fcinfo, int argno, const char *name);
-extern void check_stage_name(text *stage, const char *name);
-extern Jsonb *arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name);
+extern int64	  arg_int64(FunctionCallInfo fcinfo, int argno, const char *name);
+extern text		 *arg_text(FunctionCallInfo fcinfo, int argno, const char *name);
+extern text		 *arg_stage(FunctionCallInfo fcinfo, int argno, const char *name);
+extern void		  check_stage_name(text *stage, const char *name);
+extern Jsonb	 *arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name);
 extern ArrayType *arg_recipients(FunctionCallInfo fcinfo, int argno, const char *name);
-extern void check_recipients(ArrayType *rcpt, const char *name);
-extern void check_address(const text *address, const char *name, int index);
-extern text *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
-extern double arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
-extern int *array_to_ints(ArrayType *array, const char *name, int *count);
-extern void check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);
-extern void check_same_length(ArrayType *array, int expected, const char *name, const char *model);
+extern void		  check_recipients(ArrayType *rcpt, const char *name);
+extern void		  check_address(const text *address, const char *name, int index);
+extern text		 *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
+extern double	  arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
+extern int		 *array_to_ints(ArrayType *array, const char *name, int *count);
+extern void		  check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);
+extern void		  check_same_length(ArrayType *array, int expected, const char *name, const char *model);
 
 /* body.c */
-extern void body_release_if_unreferenced(int64 body_id);
+extern void	 body_release_if_unreferenced(int64 body_id);
 extern int64 body_store(bytea *body);
 
 /* split.c: rows spawned server-side from a source row */
 typedef enum SpawnKind
 {
-	SPAWN_CLONES,				/* side messages: token required, default all recipients */
-	SPAWN_SPLIT_GROUPS			/* fan-out siblings: recipients required */
+	SPAWN_CLONES,	   /* side messages: token required, default all recipients */
+	SPAWN_SPLIT_GROUPS /* fan-out siblings: recipients required */
 } SpawnKind;
-extern void spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *name);
+extern void		  spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *name);
 extern ArrayType *spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind);
-extern void split_reduce_recipients(int64 id, ArrayType *keep_indices);
+extern void		  split_reduce_recipients(int64 id, ArrayType *keep_indices);
 
 /* maint.c */
 extern void maint_register_static_worker(void);
 
-#endif							/* PEPSI_H */
+#endif /* PEPSI_H */

@@ -72,35 +72,35 @@
 /* Rows of transactions with an xid at or past xmax drew a pending_seq above watermark. */
 typedef struct SenderCacheMark
 {
-	int64		watermark;
+	int64		  watermark;
 	TransactionId xmax;
 } SenderCacheMark;
 
 struct SenderCache
 {
-	char	   *stage;
-	MemoryContext context;		/* holds heads; reset on rebuild */
-	HTAB	   *heads;			/* uint64 hash -> SenderHead */
-	bool		built;
-	Oid			sequence;		/* pepsi.pending_seq the watermark refers to */
-	int64		watermark;		/* rows pending with pending_seq <= this were read */
-	bool		missed_rows;	/* a claim found a pending row the cache had missed */
-	TransactionId rescan_xmin;	/* the xmin of the last rescan's (or rebuild's) snapshot */
-	TimestampTz rescanned_at;
-	SenderCacheMark marks[SENDER_CACHE_MARKS];	/* a ring, oldest at first_mark */
-	int			first_mark;
-	int			nmarks;
-	TimestampTz built_at;
-	SenderCache *next;
+	char		   *stage;
+	MemoryContext	context; /* holds heads; reset on rebuild */
+	HTAB		   *heads;	 /* uint64 hash -> SenderHead */
+	bool			built;
+	Oid				sequence;	 /* pepsi.pending_seq the watermark refers to */
+	int64			watermark;	 /* rows pending with pending_seq <= this were read */
+	bool			missed_rows; /* a claim found a pending row the cache had missed */
+	TransactionId	rescan_xmin; /* the xmin of the last rescan's (or rebuild's) snapshot */
+	TimestampTz		rescanned_at;
+	SenderCacheMark marks[SENDER_CACHE_MARKS]; /* a ring, oldest at first_mark */
+	int				first_mark;
+	int				nmarks;
+	TimestampTz		built_at;
+	SenderCache	   *next;
 };
 
-static SenderCache *sender_caches;
+static SenderCache	*sender_caches;
 static MemoryContext sender_cache_context;
 
 static void
 sender_cache_reset(SenderCache *cache)
 {
-	HASHCTL		ctl;
+	HASHCTL ctl;
 
 	MemoryContextReset(cache->context);
 	memset(&ctl, 0, sizeof(ctl));
@@ -143,7 +143,7 @@ sender_cache_heads(SenderCache *cache)
 SenderHead *
 sender_cache_lookup(SenderCache *cache, const char *sender)
 {
-	uint64		hash = sender_key_hash(sender, strlen(sender));
+	uint64 hash = sender_key_hash(sender, strlen(sender));
 
 	return hash_search(cache->heads, &hash, HASH_FIND, NULL);
 }
@@ -170,7 +170,7 @@ sender_cache_note(SenderCache *cache, const char *sender, int64 seq)
 void
 sender_cache_forget(SenderCache *cache, SenderHead *head)
 {
-	char	   *sender = head->sender;
+	char *sender = head->sender;
 
 	hash_search(cache->heads, &head->hash, HASH_REMOVE, NULL);
 	pfree(sender);
@@ -241,8 +241,8 @@ sender_cache_push_mark(SenderCache *cache, int64 watermark, TransactionId xmax)
 static int64
 sender_cache_rescan_from(SenderCache *cache)
 {
-	int			latest = -1;
-	int			from;
+	int latest = -1;
+	int from;
 
 	for (int i = 0; i < cache->nmarks; i++)
 		if (TransactionIdPrecedesOrEquals(sender_cache_mark(cache, i)->xmax, cache->rescan_xmin))
@@ -262,10 +262,10 @@ sender_cache_rescan_from(SenderCache *cache)
 static void
 sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high, bool sequence_reset)
 {
-	Snapshot	snapshot = GetActiveSnapshot();
+	Snapshot		  snapshot = GetActiveSnapshot();
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {TEXTOID};
-	Datum		values[1] = {CStringGetTextDatum(cache->stage)};
+	static const Oid  argtypes[] = {TEXTOID};
+	Datum			  values[1] = {CStringGetTextDatum(cache->stage)};
 
 	sender_cache_reset(cache);
 	queue_exec(queue_plan(&plan,
@@ -283,7 +283,7 @@ sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high, bool sequence
 			   values, NULL, true, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		char *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
 
 		sender_cache_note(cache, sender, queue_result_int64(i, 2));
 	}
@@ -309,11 +309,11 @@ static bool
 sender_cache_read_arrivals(SenderCache *cache, int64 from)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {TEXTOID, INT8OID, INT4OID};
-	Datum		values[3] = {CStringGetTextDatum(cache->stage), Int64GetDatum(from),
-	Int32GetDatum(SENDER_CACHE_REFRESH_LIMIT + 1)};
-	int64		rows = 0;
-	int64		high = cache->watermark;
+	static const Oid  argtypes[] = {TEXTOID, INT8OID, INT4OID};
+	Datum			  values[3] = {CStringGetTextDatum(cache->stage), Int64GetDatum(from),
+								   Int32GetDatum(SENDER_CACHE_REFRESH_LIMIT + 1)};
+	int64			  rows = 0;
+	int64			  high = cache->watermark;
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT sender_key, min(pending_seq), max(pending_seq), count(*) FROM"
@@ -329,8 +329,8 @@ sender_cache_read_arrivals(SenderCache *cache, int64 from)
 		return false;
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		int64		newest = queue_result_int64(i, 3);
+		char *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		int64 newest = queue_result_int64(i, 3);
 
 		sender_cache_note(cache, sender, queue_result_int64(i, 2));
 		if (newest > high)
@@ -379,7 +379,7 @@ sender_cache_refresh(SenderCache *cache)
 	sender_cache_push_mark(cache, cache->watermark, snapshot->xmax);
 	if (TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
 	{
-		int64		from = sender_cache_rescan_from(cache);
+		int64 from = sender_cache_rescan_from(cache);
 
 		cache->rescan_xmin = snapshot->xmin;
 		cache->rescanned_at = now;

@@ -17,7 +17,7 @@ queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 {
 	if (*slot == NULL)
 	{
-		SPIPlanPtr	plan = SPI_prepare(sql, nargs, (Oid *) argtypes);
+		SPIPlanPtr plan = SPI_prepare(sql, nargs, (Oid *) argtypes);
 
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed (%s) for: %s",
@@ -32,7 +32,7 @@ queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 int
 queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count)
 {
-	int			rc = SPI_execute_plan(plan, values, nulls, read_only, count);
+	int rc = SPI_execute_plan(plan, values, nulls, read_only, count);
 
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
@@ -43,8 +43,8 @@ queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, lo
 int64
 queue_result_int64(int row, int col)
 {
-	bool		isnull;
-	Datum		d = SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, col, &isnull);
+	bool  isnull;
+	Datum d = SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, col, &isnull);
 
 	if (isnull)
 		elog(ERROR, "unexpected NULL in column %d", col);
@@ -60,10 +60,10 @@ void
 queue_report_row_state(int64 id, const char *expected_stage)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID};
-	Datum		values[1] = {Int64GetDatum(id)};
-	char	   *status;
-	char	   *stage;
+	static const Oid  argtypes[] = {INT8OID};
+	Datum			  values[1] = {Int64GetDatum(id)};
+	char			 *status;
+	char			 *stage;
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT status::text, stage FROM pepsi.workqueue WHERE id = $1",
@@ -102,9 +102,9 @@ int
 queue_lock_running_row(int64 id, const char *expected_stage)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, TEXTOID};
-	Datum		values[2] = {Int64GetDatum(id), CStringGetTextDatum(expected_stage)};
-	bool		isnull;
+	static const Oid  argtypes[] = {INT8OID, TEXTOID};
+	Datum			  values[2] = {Int64GetDatum(id), CStringGetTextDatum(expected_stage)};
+	bool			  isnull;
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT cardinality(rcpt_to) FROM pepsi.workqueue"

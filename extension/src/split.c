@@ -23,8 +23,7 @@ PG_FUNCTION_INFO_V1(workqueue_split_off);
 PG_FUNCTION_INFO_V1(workqueue_split_one_per_row);
 
 static const char *const spawn_keys[] = {
-	"token", "stage", "state", "status", "retry_seconds", "rcpt_indices", "rcpt_to", "mail_from"
-};
+	"token", "stage", "state", "status", "retry_seconds", "rcpt_indices", "rcpt_to", "mail_from"};
 
 static JsonbValue *
 spawn_get(JsonbContainer *object, const char *key, JsonbValue *buffer)
@@ -49,19 +48,19 @@ spawn_string(JsonbValue *value, const char *name, int element, const char *key, 
 static void
 spawn_check_known_keys(JsonbContainer *object, const char *name, int element)
 {
-	JsonbIterator *it = JsonbIteratorInit(object);
-	JsonbValue	v;
+	JsonbIterator	  *it = JsonbIteratorInit(object);
+	JsonbValue		   v;
 	JsonbIteratorToken token;
 
 	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
-		bool		known = false;
+		bool known = false;
 
 		if (token != WJB_KEY)
 			continue;
 		for (size_t k = 0; k < lengthof(spawn_keys) && !known; k++)
 			known = strlen(spawn_keys[k]) == (size_t) v.val.string.len
-				&& memcmp(spawn_keys[k], v.val.string.val, v.val.string.len) == 0;
+					&& memcmp(spawn_keys[k], v.val.string.val, v.val.string.len) == 0;
 		if (!known)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -76,10 +75,10 @@ static void
 spawn_check_indices(JsonbValue *value, const char *name, int element, int nrcpt, bool *taken)
 {
 	JsonbContainer *array;
-	int			count;
-	int		   *indices;
-	bool	   *local_taken = taken;
-	char	   *where = psprintf("%s[%d].rcpt_indices", name, element);
+	int				count;
+	int			   *indices;
+	bool		   *local_taken = taken;
+	char		   *where = psprintf("%s[%d].rcpt_indices", name, element);
 
 	if (value->type != jbvBinary || !JsonContainerIsArray(value->val.binary.data))
 		ereport(ERROR,
@@ -96,7 +95,7 @@ spawn_check_indices(JsonbValue *value, const char *name, int element, int nrcpt,
 	{
 		JsonbValue *index = getIthJsonbValueFromContainer(array, i);
 
-		double		number = 0.5;
+		double number = 0.5;
 
 		if (index->type == jbvNumeric)
 			number = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
@@ -118,7 +117,7 @@ static void
 spawn_check_addresses(JsonbValue *value, const char *name, int element)
 {
 	JsonbContainer *array;
-	int			count;
+	int				count;
 
 	if (value->type != jbvBinary || !JsonContainerIsArray(value->val.binary.data))
 		ereport(ERROR,
@@ -149,9 +148,9 @@ spawn_check_addresses(JsonbValue *value, const char *name, int element)
 void
 spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *name)
 {
-	int			count;
-	char	  **tokens;
-	int			ntokens = 0;
+	int	   count;
+	char **tokens;
+	int	   ntokens = 0;
 
 	if (!JB_ROOT_IS_ARRAY(spec) || JB_ROOT_IS_SCALAR(spec))
 		ereport(ERROR,
@@ -161,14 +160,14 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 	tokens = palloc(sizeof(char *) * (count + 1));
 	for (int i = 0; i < count; i++)
 	{
-		JsonbValue *element = getIthJsonbValueFromContainer(&spec->root, i);
+		JsonbValue	   *element = getIthJsonbValueFromContainer(&spec->root, i);
 		JsonbContainer *object;
-		JsonbValue	buffer;
-		JsonbValue *v;
-		const char *status = "pending";
-		bool		has_indices;
-		bool		has_addresses;
-		int			n = i + 1;
+		JsonbValue		buffer;
+		JsonbValue	   *v;
+		const char	   *status = "pending";
+		bool			has_indices;
+		bool			has_addresses;
+		int				n = i + 1;
 
 		if (element->type != jbvBinary || !JsonContainerIsObject(element->val.binary.data))
 			ereport(ERROR,
@@ -216,7 +215,7 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 		v = spawn_get(object, "retry_seconds", &buffer);
 		if (strcmp(status, "retry") == 0)
 		{
-			double		seconds;
+			double seconds;
 
 			if (v == NULL || v->type != jbvNumeric)
 				ereport(ERROR,
@@ -275,10 +274,10 @@ spawn_refuse_skipped_group(Jsonb *spec)
 			continue;
 		for (uint64 r = 0; r < SPI_processed && !made; r++)
 		{
-			char	   *carried = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
+			char *carried = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
 
 			made = carried != NULL && strlen(carried) == (size_t) token->val.string.len
-				&& memcmp(carried, token->val.string.val, token->val.string.len) == 0;
+				   && memcmp(carried, token->val.string.val, token->val.string.len) == 0;
 		}
 		if (!made)
 			ereport(ERROR,
@@ -310,11 +309,11 @@ ArrayType *
 spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, JSONBOID, BOOLOID};
-	Datum		values[3] = {Int64GetDatum(source_id), PointerGetDatum(spec),
-	BoolGetDatum(kind == SPAWN_CLONES)};
-	Datum	   *ids;
-	int64	   *sorted;
+	static const Oid  argtypes[] = {INT8OID, JSONBOID, BOOLOID};
+	Datum			  values[3] = {Int64GetDatum(source_id), PointerGetDatum(spec),
+								   BoolGetDatum(kind == SPAWN_CLONES)};
+	Datum			 *ids;
+	int64			 *sorted;
 
 	if (JB_ROOT_COUNT(spec) == 0)
 		return construct_empty_array(INT8OID);
@@ -353,7 +352,7 @@ spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind)
 	for (uint64 i = 1; i < SPI_processed; i++)
 		for (uint64 j = i; j > 0 && sorted[j - 1] > sorted[j]; j--)
 		{
-			int64		swap = sorted[j];
+			int64 swap = sorted[j];
 
 			sorted[j] = sorted[j - 1];
 			sorted[j - 1] = swap;
@@ -369,8 +368,8 @@ void
 split_reduce_recipients(int64 id, ArrayType *keep)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, INT4ARRAYOID};
-	Datum		values[2] = {Int64GetDatum(id), PointerGetDatum(keep)};
+	static const Oid  argtypes[] = {INT8OID, INT4ARRAYOID};
+	Datum			  values[2] = {Int64GetDatum(id), PointerGetDatum(keep)};
 
 	queue_exec(queue_plan(&plan,
 						  "UPDATE pepsi.workqueue SET"
@@ -385,8 +384,8 @@ split_reduce_recipients(int64 id, ArrayType *keep)
 static void
 split_check_keep(ArrayType *keep, int nrcpt, bool *taken)
 {
-	int			count;
-	int		   *indices = array_to_ints(keep, "keep_indices", &count);
+	int	 count;
+	int *indices = array_to_ints(keep, "keep_indices", &count);
 
 	if (count == 0)
 		ereport(ERROR,
@@ -400,9 +399,9 @@ split_check_keep(ArrayType *keep, int nrcpt, bool *taken)
 static ArrayType *
 split_rows(int64 id, const char *expected_stage, ArrayType *keep, Jsonb *groups)
 {
-	int			nrcpt = queue_lock_running_row(id, expected_stage);
-	bool	   *taken = palloc0(sizeof(bool) * (nrcpt + 1));
-	ArrayType  *ids;
+	int		   nrcpt = queue_lock_running_row(id, expected_stage);
+	bool	  *taken = palloc0(sizeof(bool) * (nrcpt + 1));
+	ArrayType *ids;
 
 	split_check_keep(keep, nrcpt, taken);
 	spawn_validate(groups, SPAWN_SPLIT_GROUPS, nrcpt, taken, "groups");
@@ -419,7 +418,7 @@ split_rows(int64 id, const char *expected_stage, ArrayType *keep, Jsonb *groups)
 static ArrayType *
 split_int_array(const int *values, int count)
 {
-	Datum	   *datums = palloc(sizeof(Datum) * (count + 1));
+	Datum *datums = palloc(sizeof(Datum) * (count + 1));
 
 	for (int i = 0; i < count; i++)
 		datums[i] = Int32GetDatum(values[i]);
@@ -436,11 +435,11 @@ split_json(StringInfo json)
 Datum
 workqueue_split(PG_FUNCTION_ARGS)
 {
-	int64		id = arg_int64(fcinfo, 0, "id");
-	char	   *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
-	ArrayType  *keep;
-	Jsonb	   *groups;
-	ArrayType  *ids;
+	int64	   id = arg_int64(fcinfo, 0, "id");
+	char	  *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
+	ArrayType *keep;
+	Jsonb	  *groups;
+	ArrayType *ids;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -469,18 +468,18 @@ workqueue_split(PG_FUNCTION_ARGS)
 Datum
 workqueue_split_off(PG_FUNCTION_ARGS)
 {
-	int64		id = arg_int64(fcinfo, 0, "id");
-	char	   *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
-	ArrayType  *moving;
-	int			nmoving;
-	int		   *indices;
-	int			nrcpt;
-	bool	   *taken;
-	int		   *keep;
-	int			nkeep = 0;
+	int64		   id = arg_int64(fcinfo, 0, "id");
+	char		  *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
+	ArrayType	  *moving;
+	int			   nmoving;
+	int			  *indices;
+	int			   nrcpt;
+	bool		  *taken;
+	int			  *keep;
+	int			   nkeep = 0;
 	StringInfoData json;
-	ArrayType  *ids;
-	int64		sibling;
+	ArrayType	  *ids;
+	int64		   sibling;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -525,8 +524,8 @@ workqueue_split_off(PG_FUNCTION_ARGS)
 	ids = spawn_rows(id, split_json(&json), SPAWN_SPLIT_GROUPS);
 	split_reduce_recipients(id, split_int_array(keep, nkeep));
 	{
-		Datum	   *made;
-		int			nmade;
+		Datum *made;
+		int	   nmade;
 
 		deconstruct_array(ids, INT8OID, 8, true, TYPALIGN_DOUBLE, &made, NULL, &nmade);
 		if (nmade != 1)
@@ -545,12 +544,12 @@ workqueue_split_off(PG_FUNCTION_ARGS)
 Datum
 workqueue_split_one_per_row(PG_FUNCTION_ARGS)
 {
-	int64		id = arg_int64(fcinfo, 0, "id");
-	char	   *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
-	int			nrcpt;
-	int			first = 1;
+	int64		   id = arg_int64(fcinfo, 0, "id");
+	char		  *expected_stage = text_to_cstring(arg_stage(fcinfo, 1, "expected_stage"));
+	int			   nrcpt;
+	int			   first = 1;
 	StringInfoData json;
-	ArrayType  *ids;
+	ArrayType	  *ids;
 
 	SPI_connect();
 	nrcpt = queue_lock_running_row(id, expected_stage);

@@ -140,8 +140,8 @@ static int64
 transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, TEXTOID};
-	Datum		values[2] = {id, expected_stage};
+	static const Oid  argtypes[] = {INT8OID, TEXTOID};
+	Datum			  values[2] = {id, expected_stage};
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT body_id FROM pepsi.workqueue"
@@ -169,16 +169,16 @@ Datum
 workqueue_commit(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plans[TRANSITION_KINDS][TOUCHED_COMBINATIONS];
-	static const Oid argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID,
-	BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID};
-	Datum		values[11];
-	char		nulls[11] = "           ";
-	const char *label;
-	TransitionKind kind;
-	int			touched = 0;
-	int64		id = arg_int64(fcinfo, 0, "id");
-	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
-	int64		old_body_id = 0;
+	static const Oid  argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID,
+									BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID};
+	Datum			  values[11];
+	char			  nulls[11] = "           ";
+	const char		 *label;
+	TransitionKind	  kind;
+	int				  touched = 0;
+	int64			  id = arg_int64(fcinfo, 0, "id");
+	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	int64			  old_body_id = 0;
 
 	kind = transition_arg(fcinfo, 2, &label);
 	transition_check_extras(kind, label, !PG_ARGISNULL(3), !PG_ARGISNULL(5));
@@ -267,14 +267,14 @@ workqueue_commit(PG_FUNCTION_ARGS)
 static void
 transition_report_batch(Datum *ids, Datum *stages, int count)
 {
-	int64	   *committed = palloc(sizeof(int64) * (SPI_processed + 1));
-	uint64		ncommitted = SPI_processed;
+	int64 *committed = palloc(sizeof(int64) * (SPI_processed + 1));
+	uint64 ncommitted = SPI_processed;
 
 	for (uint64 i = 0; i < ncommitted; i++)
 		committed[i] = queue_result_int64(i, 1);
 	for (int i = 0; i < count; i++)
 	{
-		bool		found = false;
+		bool found = false;
 
 		for (uint64 j = 0; j < ncommitted && !found; j++)
 			found = committed[j] == DatumGetInt64(ids[i]);
@@ -287,8 +287,8 @@ transition_report_batch(Datum *ids, Datum *stages, int count)
 static int
 transition_compare_int64(const void *a, const void *b)
 {
-	int64		x = DatumGetInt64(*(const Datum *) a);
-	int64		y = DatumGetInt64(*(const Datum *) b);
+	int64 x = DatumGetInt64(*(const Datum *) a);
+	int64 y = DatumGetInt64(*(const Datum *) b);
 
 	return (x > y) - (x < y);
 }
@@ -300,9 +300,9 @@ transition_compare_int64(const void *a, const void *b)
 static Datum *
 transition_batch_ids(ArrayType *array, int *count, const char *caller)
 {
-	Datum	   *ids;
-	Datum	   *sorted;
-	bool	   *nulls;
+	Datum *ids;
+	Datum *sorted;
+	bool  *nulls;
 
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
@@ -337,7 +337,7 @@ static ArrayType *
 transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int count,
 					   bool required, bool elements_required)
 {
-	ArrayType  *array;
+	ArrayType *array;
 
 	if (PG_ARGISNULL(argno))
 	{
@@ -372,39 +372,39 @@ transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int
 Datum
 workqueue_commit_many(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plans[TRANSITION_KINDS];
+	static SPIPlanPtr		 plans[TRANSITION_KINDS];
 	static const char *const sql[TRANSITION_KINDS] = {
 		[TRANSITION_ADVANCE] =
-		"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending',"
-		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-		" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
-		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
+			"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending',"
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+			" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
+			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_PAUSE] =
-		"UPDATE pepsi.workqueue w SET status = 'paused',"
-		" timeout = now() + u.retry * interval '1 second',"
-		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-		" FROM unnest($1, $2, $4, $5) AS u(id, expected, merge, retry)"
-		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
+			"UPDATE pepsi.workqueue w SET status = 'paused',"
+			" timeout = now() + u.retry * interval '1 second',"
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+			" FROM unnest($1, $2, $4, $5) AS u(id, expected, merge, retry)"
+			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_FAIL] =
-		"UPDATE pepsi.workqueue w SET status = 'failed',"
-		" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-		" FROM unnest($1, $2, $4) AS u(id, expected, merge)"
-		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
+			"UPDATE pepsi.workqueue w SET status = 'failed',"
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
+			" FROM unnest($1, $2, $4) AS u(id, expected, merge)"
+			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 		[TRANSITION_FINISH] =
-		"DELETE FROM pepsi.workqueue w USING unnest($1, $2) AS u(id, expected)"
-		" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
+			"DELETE FROM pepsi.workqueue w USING unnest($1, $2) AS u(id, expected)"
+			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
 	};
 	static const Oid argtypes[] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
-	JSONBARRAYOID, FLOAT8ARRAYOID};
-	Datum		values[5];
-	char		nulls[5] = "     ";
-	const char *label;
-	TransitionKind kind;
-	Datum	   *ids;
-	Datum	   *stages;
-	int			count;
-	int			nstages;
-	ArrayType  *array;
+								   JSONBARRAYOID, FLOAT8ARRAYOID};
+	Datum			 values[5];
+	char			 nulls[5] = "     ";
+	const char		*label;
+	TransitionKind	 kind;
+	Datum			*ids;
+	Datum			*stages;
+	int				 count;
+	int				 nstages;
+	ArrayType		*array;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -422,8 +422,8 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	nulls[2] = 'n';
 	if (kind == TRANSITION_ADVANCE)
 	{
-		Datum	   *targets;
-		int			ntargets;
+		Datum *targets;
+		int	   ntargets;
 
 		array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
 		/* Whatever its lower bound, element i of the array goes with ids[i]. */
@@ -437,9 +437,9 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	nulls[3] = 'n';
 	if ((array = transition_batch_array(fcinfo, 4, "merge_states", count, false, false)) != NULL)
 	{
-		Datum	   *merges;
-		bool	   *merge_nulls;
-		int			n;
+		Datum *merges;
+		bool  *merge_nulls;
+		int	   n;
 
 		deconstruct_array(array, JSONBOID, -1, false, TYPALIGN_INT, &merges, &merge_nulls, &n);
 		for (int i = 0; i < n; i++)
@@ -454,14 +454,14 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	nulls[4] = 'n';
 	if (kind == TRANSITION_PAUSE)
 	{
-		Datum	   *retries;
-		int			n;
+		Datum *retries;
+		int	   n;
 
 		array = transition_batch_array(fcinfo, 5, "retry_seconds", count, true, true);
 		deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &retries, NULL, &n);
 		for (int i = 0; i < n; i++)
 		{
-			double		seconds = DatumGetFloat8(retries[i]);
+			double seconds = DatumGetFloat8(retries[i]);
 
 			if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
 				ereport(ERROR,
@@ -485,7 +485,7 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 static Jsonb *
 transition_arg_clones(FunctionCallInfo fcinfo, int argno, bool required)
 {
-	Jsonb	   *clones;
+	Jsonb *clones;
 
 	if (PG_ARGISNULL(argno))
 	{
@@ -518,26 +518,26 @@ Datum
 workqueue_pause(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID, FLOAT8OID, JSONBOID, TEXTOID};
-	int64		id = arg_int64(fcinfo, 0, "id");
-	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
-	double		retry_seconds = arg_seconds(fcinfo, 2, "retry_seconds");
-	Jsonb	   *merge_state = arg_json_object_or_null(fcinfo, 3, "merge_state");
-	ArrayType  *keep = PG_ARGISNULL(4) ? NULL : PG_GETARG_ARRAYTYPE_P(4);
-	Jsonb	   *clones = transition_arg_clones(fcinfo, 5, false);
-	text	   *at_stage = PG_ARGISNULL(6) ? NULL : arg_stage(fcinfo, 6, "at_stage");
-	Datum		values[4];
-	char		nulls[4] = "    ";
-	ArrayType  *clone_ids;
-	int			nrcpt;
+	static const Oid  argtypes[] = {INT8OID, FLOAT8OID, JSONBOID, TEXTOID};
+	int64			  id = arg_int64(fcinfo, 0, "id");
+	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	double			  retry_seconds = arg_seconds(fcinfo, 2, "retry_seconds");
+	Jsonb			 *merge_state = arg_json_object_or_null(fcinfo, 3, "merge_state");
+	ArrayType		 *keep = PG_ARGISNULL(4) ? NULL : PG_GETARG_ARRAYTYPE_P(4);
+	Jsonb			 *clones = transition_arg_clones(fcinfo, 5, false);
+	text			 *at_stage = PG_ARGISNULL(6) ? NULL : arg_stage(fcinfo, 6, "at_stage");
+	Datum			  values[4];
+	char			  nulls[4] = "    ";
+	ArrayType		 *clone_ids;
+	int				  nrcpt;
 
 	SPI_connect();
 	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
 	if (keep != NULL)
 	{
-		bool	   *taken = palloc0(sizeof(bool) * (nrcpt + 1));
-		int			nkeep;
-		int		   *indices = array_to_ints(keep, "keep_indices", &nkeep);
+		bool *taken = palloc0(sizeof(bool) * (nrcpt + 1));
+		int	  nkeep;
+		int	 *indices = array_to_ints(keep, "keep_indices", &nkeep);
 
 		if (nkeep == 0)
 			ereport(ERROR,
@@ -581,13 +581,13 @@ Datum
 workqueue_finish_with_clones(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8OID};
-	int64		id = arg_int64(fcinfo, 0, "id");
-	text	   *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
-	Jsonb	   *clones = transition_arg_clones(fcinfo, 2, true);
-	Datum		values[1] = {Int64GetDatum(id)};
-	ArrayType  *clone_ids;
-	int			nrcpt;
+	static const Oid  argtypes[] = {INT8OID};
+	int64			  id = arg_int64(fcinfo, 0, "id");
+	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
+	Jsonb			 *clones = transition_arg_clones(fcinfo, 2, true);
+	Datum			  values[1] = {Int64GetDatum(id)};
+	ArrayType		 *clone_ids;
+	int				  nrcpt;
 
 	SPI_connect();
 	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
@@ -611,10 +611,10 @@ workqueue_resume(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr check_plan;
 	static SPIPlanPtr resume_plan;
-	static const Oid argtypes[] = {INT8ARRAYOID};
-	Datum		values[1];
-	int			count;
-	uint64		resumed;
+	static const Oid  argtypes[] = {INT8ARRAYOID};
+	Datum			  values[1];
+	int				  count;
+	uint64			  resumed;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -632,8 +632,8 @@ workqueue_resume(PG_FUNCTION_ARGS)
 			   values, NULL, true, 1);
 	if (SPI_processed > 0)
 	{
-		int64		bad = queue_result_int64(0, 1);
-		char	   *status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+		int64 bad = queue_result_int64(0, 1);
+		char *status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 
 		if (status == NULL)
 			ereport(ERROR,
@@ -667,10 +667,10 @@ Datum
 workqueue_requeue_due(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT4OID};
-	int32		max_rows = PG_GETARG_INT32(0);
-	Datum		values[1] = {Int32GetDatum(max_rows)};
-	uint64		requeued;
+	static const Oid  argtypes[] = {INT4OID};
+	int32			  max_rows = PG_GETARG_INT32(0);
+	Datum			  values[1] = {Int32GetDatum(max_rows)};
+	uint64			  requeued;
 
 	if (max_rows <= 0)
 		ereport(ERROR,
@@ -702,10 +702,10 @@ Datum
 workqueue_reset_orphans(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plan;
-	static const Oid argtypes[] = {INT8ARRAYOID};
-	Datum		values[1];
-	char		nulls[1] = {' '};
-	uint64		reset;
+	static const Oid  argtypes[] = {INT8ARRAYOID};
+	Datum			  values[1];
+	char			  nulls[1] = {' '};
+	uint64			  reset;
 
 	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
@@ -732,11 +732,11 @@ Datum
 workqueue_pending_seq_trigger(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	tupdesc;
-	int			attnum;
-	Oid			sequence;
-	Datum		value;
-	bool		isnull = false;
+	TupleDesc	 tupdesc;
+	int			 attnum;
+	Oid			 sequence;
+	Datum		 value;
+	bool		 isnull = false;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event)
 		|| !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))

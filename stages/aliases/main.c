@@ -16,14 +16,14 @@
 
 #include "aliases.h"
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
-int			pepsi_stage_aliases_main(int argc, char **argv);
+int pepsi_stage_aliases_main(int argc, char **argv);
 
 static struct alias_table *aliases_table;
-static char *aliases_path;
-static struct timespec aliases_mtime;
+static char				  *aliases_path;
+static struct timespec	   aliases_mtime;
 
 /* The table for path, re-read when the file changed. */
 static struct alias_table *
@@ -70,16 +70,16 @@ aliases_domains(const struct pepsi_ctx *ctx)
 static int
 aliases_run(struct pepsi_ctx *ctx)
 {
-	char		err[1024];
+	char				err[1024];
 	struct alias_table *table = aliases_current(aliases_file(ctx), err, sizeof(err));
-	json_t	   *state = pepsi_state(ctx);
-	json_t	   *dsn_rcpt = json_object_get(json_object_get(state, "dsn"), "rcpt");
-	bool		lockstep = json_is_array(dsn_rcpt) && json_array_size(dsn_rcpt) == pepsi_rcpt_count(ctx);
-	char	  **expanded = NULL;
-	size_t		count = 0;
-	json_t	   *new_dsn_rcpt = json_array();
-	bool		changed = false;
-	int			rc;
+	json_t			   *state = pepsi_state(ctx);
+	json_t			   *dsn_rcpt = json_object_get(json_object_get(state, "dsn"), "rcpt");
+	bool				lockstep = json_is_array(dsn_rcpt) && json_array_size(dsn_rcpt) == pepsi_rcpt_count(ctx);
+	char			  **expanded = NULL;
+	size_t				count = 0;
+	json_t			   *new_dsn_rcpt = json_array();
+	bool				changed = false;
+	int					rc;
 
 	if (table == NULL)
 	{
@@ -88,12 +88,12 @@ aliases_run(struct pepsi_ctx *ctx)
 	}
 	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
 	{
-		size_t		before = count;
+		size_t before = count;
 
 		if (!aliases_expand(table, pepsi_rcpt(ctx, i), aliases_domains(ctx), &expanded, &count,
 							err, sizeof(err)))
 		{
-			json_t	   *merge = json_pack("{s:s}", "last_error", err);
+			json_t *merge = json_pack("{s:s}", "last_error", err);
 
 			for (size_t k = 0; k < count; k++)
 				free(expanded[k]);
@@ -112,7 +112,7 @@ aliases_run(struct pepsi_ctx *ctx)
 		rc = pepsi_advance(ctx);
 	else
 	{
-		json_t	   *new_state = json_deep_copy(state);
+		json_t *new_state = json_deep_copy(state);
 
 		if (lockstep)
 			json_object_set(json_object_get(new_state, "dsn"), "rcpt", new_dsn_rcpt);

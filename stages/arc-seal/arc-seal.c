@@ -35,11 +35,11 @@
 #include "stage.h"
 
 
-int			pepsi_stage_arc_seal_main(int argc, char **argv);
+int pepsi_stage_arc_seal_main(int argc, char **argv);
 
-static struct keyring seal_keyring;
+static struct keyring			  seal_keyring;
 static const struct pepsi_config *seal_keyring_config;
-static struct dns_resolver *seal_resolver;
+static struct dns_resolver		 *seal_resolver;
 
 /* A key record through the blocking resolver, for arc_verify. */
 static EVP_PKEY *
@@ -47,15 +47,15 @@ seal_lookup_key(void *arg, const char *domain, const char *selector, enum sign_a
 				char *err, size_t errlen)
 {
 	struct dns_resolver *resolver = arg;
-	struct dns_answer answer;
-	char		name[512];
-	EVP_PKEY   *pub = NULL;
+	struct dns_answer	 answer;
+	char				 name[512];
+	EVP_PKEY			*pub = NULL;
 
 	snprintf(name, sizeof(name), "%s._domainkey.%s", selector, domain);
 	dns_resolve_sync(resolver, name, DNS_TYPE_TXT, &answer);
 	if (answer.status != DNS_OK || answer.count == 0)
-		snprintf(err, errlen, "%s: %s", name, answer.status == DNS_NXDOMAIN ? "no such name"
-				 : answer.status == DNS_OK ? "no TXT record" : "lookup failed");
+		snprintf(err, errlen, "%s: %s", name, answer.status == DNS_NXDOMAIN ? "no such name" : answer.status == DNS_OK ? "no TXT record"
+																													   : "lookup failed");
 	else
 		for (size_t i = 0; i < answer.count && pub == NULL; i++)
 			if (answer.records[i].type == DNS_TYPE_TXT && answer.records[i].text)
@@ -83,7 +83,7 @@ seal_printable(const char *text)
 static void
 seal_results(json_t *auth, enum arc_result cv, bool had_chain, struct buf *out)
 {
-	json_t	   *copy = json_is_object(auth) ? json_deep_copy(auth) : json_object();
+	json_t *copy = json_is_object(auth) ? json_deep_copy(auth) : json_object();
 
 	if (had_chain)
 		json_object_set_new(copy, "arc", auth_result(arc_result_name(cv), NULL, NULL));
@@ -97,19 +97,20 @@ seal_state_cv(json_t *auth, enum arc_result *cv)
 {
 	json_t	   *arc = json_object_get(auth, "arc");
 	const char *result = json_is_string(arc) ? json_string_value(arc)
-		: json_string_value(json_object_get(arc, "result"));
+											 : json_string_value(json_object_get(arc, "result"));
 
 	if (result == NULL)
 		return false;
-	*cv = strcmp(result, "pass") == 0 ? ARC_PASS : strcmp(result, "none") == 0 ? ARC_NONE : ARC_FAIL;
+	*cv = strcmp(result, "pass") == 0 ? ARC_PASS : strcmp(result, "none") == 0 ? ARC_NONE
+																			   : ARC_FAIL;
 	return true;
 }
 
 static int
 seal_fail(struct pepsi_ctx *ctx, const char *reason)
 {
-	json_t	   *merge = json_pack("{s:{s:s}}", "arc_seal", "error", reason);
-	int			rc;
+	json_t *merge = json_pack("{s:{s:s}}", "arc_seal", "error", reason);
+	int		rc;
 
 	log_warnx("message %lld not sealed: %s", pepsi_id(ctx), reason);
 	rc = pepsi_fail(ctx, merge);
@@ -143,21 +144,21 @@ seal_setup(const struct pepsi_config *cfg, char *err, size_t errlen)
 static int
 seal_run(struct pepsi_ctx *ctx)
 {
-	const struct buf *headers = pepsi_headers(ctx);
-	const struct buf *body = pepsi_body(ctx);
-	json_t	   *state = pepsi_state(ctx);
-	json_t	   *auth = json_object_get(state, "auth");
-	const char *authserv_id = json_string_value(json_object_get(json_object_get(state, "origin"), "authserv_id"));
-	const char *key_name = pepsi_option(ctx, "KEY");
-	struct signing_key *key;
+	const struct buf	*headers = pepsi_headers(ctx);
+	const struct buf	*body = pepsi_body(ctx);
+	json_t				*state = pepsi_state(ctx);
+	json_t				*auth = json_object_get(state, "auth");
+	const char			*authserv_id = json_string_value(json_object_get(json_object_get(state, "origin"), "authserv_id"));
+	const char			*key_name = pepsi_option(ctx, "KEY");
+	struct signing_key	*key;
 	struct header_fields fields;
-	struct arc_chain chain;
-	enum arc_result cv = ARC_NONE;
-	struct buf	results = BUF_INIT, out = BUF_INIT;
-	char		err[512];
-	char		why[256] = "";
-	long		retry_ms;
-	int			rc;
+	struct arc_chain	 chain;
+	enum arc_result		 cv = ARC_NONE;
+	struct buf			 results = BUF_INIT, out = BUF_INIT;
+	char				 err[512];
+	char				 why[256] = "";
+	long				 retry_ms;
+	int					 rc;
 
 	if (headers == NULL || body == NULL)
 		return -1;
@@ -174,7 +175,7 @@ seal_run(struct pepsi_ctx *ctx)
 		return pepsi_error(ctx, "[stage-%s] KEY names no [dkim-key-*] section", pepsi_stage_name(ctx));
 	if (!signing_key_ready(key, err, sizeof(err)))
 	{
-		json_t	   *merge = json_pack("{s:{s:s}}", "arc_seal", "error", err);
+		json_t *merge = json_pack("{s:{s:s}}", "arc_seal", "error", err);
 
 		retry_ms = (long) (pepsi_option_seconds(ctx, "KEY_RETRY") * 1000);
 		log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
@@ -212,9 +213,14 @@ seal_run(struct pepsi_ctx *ctx)
 	seal_results(auth, cv, chain.count > 0 || chain.malformed, &results);
 	{
 		struct arc_sealer sealer = {
-			.algorithm = key->algorithm, .pkey = key->pkey, .domain = key->domain,
-			.selector = key->selector, .authserv_id = authserv_id, .results = results.data,
-			.headers = pepsi_option(ctx, "HEADERS"), .timestamp = time(NULL),
+			.algorithm = key->algorithm,
+			.pkey = key->pkey,
+			.domain = key->domain,
+			.selector = key->selector,
+			.authserv_id = authserv_id,
+			.results = results.data,
+			.headers = pepsi_option(ctx, "HEADERS"),
+			.timestamp = time(NULL),
 		};
 
 		if (!arc_seal(&sealer, &fields, &chain, cv, body->data, body->len, &out, err, sizeof(err)))
@@ -227,7 +233,7 @@ seal_run(struct pepsi_ctx *ctx)
 	}
 	if (cv == ARC_FAIL)
 	{
-		json_t	   *merge = json_pack("{s:{s:s, s:s}}", "arc_seal", "cv", "fail", "reason", why);
+		json_t *merge = json_pack("{s:{s:s, s:s}}", "arc_seal", "cv", "fail", "reason", why);
 
 		log_info("message %lld sealed cv=fail: %s", pepsi_id(ctx), why);
 		pepsi_merge_state(ctx, merge);
@@ -245,8 +251,8 @@ static bool
 seal_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
 	struct keyring ring = {0};
-	const char *key = config_get(cfg, section, "KEY");
-	bool		ok = keyring_from_config(cfg, &ring, err, errlen);
+	const char	  *key = config_get(cfg, section, "KEY");
+	bool		   ok = keyring_from_config(cfg, &ring, err, errlen);
 
 	if (ok && (key == NULL || keyring_find(&ring, key) == NULL))
 	{

@@ -29,10 +29,10 @@
 #include "delivery.h"
 #include "dsn.h"
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
-int			pepsi_stage_bounce_main(int argc, char **argv);
+int pepsi_stage_bounce_main(int argc, char **argv);
 
 static const char *
 bounce_string(json_t *object, const char *key)
@@ -48,10 +48,10 @@ bounce_find_status(const char *text, char *out, size_t outlen)
 {
 	for (const char *p = text; p && *p; p++)
 	{
-		int			n = 0;
-		int			a,
-					b,
-					c;
+		int n = 0;
+		int a,
+			b,
+			c;
 
 		if ((*p == '2' || *p == '4' || *p == '5') && (p == text || p[-1] == ' ' || p[-1] == ';')
 			&& sscanf(p, "%1d.%3d.%3d%n", &a, &b, &c, &n) == 3 && (p[n] == ' ' || p[n] == '\0'))
@@ -100,29 +100,29 @@ bounce_kind(const char *kind, const char **notify_keyword, const char **action)
 static int
 bounce_run(struct pepsi_ctx *ctx)
 {
-	json_t	   *state = pepsi_state(ctx);
-	json_t	   *bounce = json_object_get(state, "bounce");
-	json_t	   *delivery = json_object_get(state, "delivery");
-	const char *notify_keyword;
-	const char *default_action;
-	enum dsn_kind kind = bounce_kind(bounce_string(bounce, "kind"), &notify_keyword, &default_action);
-	json_t	   *source = kind == DSN_SUCCESS && json_is_object(delivery) ? delivery : bounce;
-	const char *sender = pepsi_mail_from(ctx);
-	const char *failed = bounce_string(bounce, "failed_recipient");
-	const char *ret = delivery_dsn_param(ctx, "ret");
-	const char *hostname = config_hostname(pepsi_config(ctx));
-	const struct buf *headers;
-	const struct buf *body;
+	json_t				 *state = pepsi_state(ctx);
+	json_t				 *bounce = json_object_get(state, "bounce");
+	json_t				 *delivery = json_object_get(state, "delivery");
+	const char			 *notify_keyword;
+	const char			 *default_action;
+	enum dsn_kind		  kind = bounce_kind(bounce_string(bounce, "kind"), &notify_keyword, &default_action);
+	json_t				 *source = kind == DSN_SUCCESS && json_is_object(delivery) ? delivery : bounce;
+	const char			 *sender = pepsi_mail_from(ctx);
+	const char			 *failed = bounce_string(bounce, "failed_recipient");
+	const char			 *ret = delivery_dsn_param(ctx, "ret");
+	const char			 *hostname = config_hostname(pepsi_config(ctx));
+	const struct buf	 *headers;
+	const struct buf	 *body;
 	struct dsn_recipient *rcpts;
-	char	  **diagnostics;
-	char	   *status_text;
-	size_t		n = 0;
-	struct dsn_report report = {0};
-	struct buf	new_headers = BUF_INIT;
-	struct buf	new_body = BUF_INIT;
-	struct buf	unique = BUF_INIT;
-	json_t	   *new_state;
-	const char *to[1];
+	char				**diagnostics;
+	char				 *status_text;
+	size_t				  n = 0;
+	struct dsn_report	  report = {0};
+	struct buf			  new_headers = BUF_INIT;
+	struct buf			  new_body = BUF_INIT;
+	struct buf			  unique = BUF_INIT;
+	json_t				 *new_state;
+	const char			 *to[1];
 
 	if (sender[0] == '\0')
 	{
@@ -139,12 +139,12 @@ bounce_run(struct pepsi_ctx *ctx)
 	status_text = xcalloc(pepsi_rcpt_count(ctx) + 1, 16);
 	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
 	{
-		const char *rcpt = pepsi_rcpt(ctx, i);
-		const char *notify = delivery_notify(ctx, i);
-		const char *orcpt = delivery_orcpt(ctx, i);
-		const char *status = bounce_string(source, "status");
+		const char			 *rcpt = pepsi_rcpt(ctx, i);
+		const char			 *notify = delivery_notify(ctx, i);
+		const char			 *orcpt = delivery_orcpt(ctx, i);
+		const char			 *status = bounce_string(source, "status");
 		struct dsn_recipient *r = &rcpts[n];
-		char	   *status_slot = status_text + 16 * n;
+		char				 *status_slot = status_text + 16 * n;
 
 		/* A report about one recipient (the delivery stages) concerns only it. */
 		if (failed)
@@ -165,14 +165,16 @@ bounce_run(struct pepsi_ctx *ctx)
 		r->final_recipient = rcpt;
 		r->original_recipient = orcpt;
 		r->action = kind == DSN_SUCCESS && bounce_string(source, "action")
-			? bounce_string(source, "action") : default_action;
+						? bounce_string(source, "action")
+						: default_action;
 		if (status == NULL)
 			status = bounce_string(source, "enhanced_status");
 		diagnostics[n] = bounce_diagnostic_code(bounce_string(source, "diagnostic"));
 		if (status == NULL && bounce_find_status(bounce_string(source, "diagnostic"), status_slot, 16))
 			status = status_slot;
 		if (status == NULL)
-			status = kind == DSN_SUCCESS ? "2.0.0" : kind == DSN_DELAY ? "4.0.0" : "5.0.0";
+			status = kind == DSN_SUCCESS ? "2.0.0" : kind == DSN_DELAY ? "4.0.0"
+																	   : "5.0.0";
 		r->status = status;
 		r->remote_mta = bounce_string(source, "remote_mta");
 		r->diagnostic_code = diagnostics[n];
@@ -197,12 +199,12 @@ bounce_run(struct pepsi_ctx *ctx)
 	report.reporting_mta = hostname;
 	report.original_sender = sender;
 	report.envid = bounce_string(bounce, "envid") ? bounce_string(bounce, "envid")
-		: delivery_dsn_param(ctx, "envid");
+												  : delivery_dsn_param(ctx, "envid");
 	report.now = time(NULL);
 	report.unique = unique.data;
 	/* RFC 3461 4.3: the whole message only in a failure report, and not with RET=HDRS. */
 	report.return_full = kind == DSN_FAILURE && !(ret && strcasecmp(ret, "HDRS") == 0)
-		&& (long) (headers->len + body->len) <= pepsi_option_size(ctx, "RETURN_SIZE_LIMIT");
+						 && (long) (headers->len + body->len) <= pepsi_option_size(ctx, "RETURN_SIZE_LIMIT");
 	report.headers = headers->data ? headers->data : "";
 	report.headers_len = headers->len;
 	report.body = body->data ? body->data : "";
@@ -212,13 +214,16 @@ bounce_run(struct pepsi_ctx *ctx)
 	dsn_build(&report, &new_headers, &new_body);
 
 	log_info("row %lld: %s DSN to <%s> about %zu recipient%s (first <%s>: %s)", pepsi_id(ctx),
-			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay" : "success", sender, n,
+			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
+																 : "success",
+			 sender, n,
 			 n == 1 ? "" : "s", rcpts[0].final_recipient, rcpts[0].status);
 	{
-		json_t	   *event = json_pack("{s:s, s:s, s:I, s:s, s:s}",
-									  "kind", kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay" : "success",
-									  "to", sender, "recipients", (json_int_t) n,
-									  "final_recipient", rcpts[0].final_recipient, "status", rcpts[0].status);
+		json_t *event = json_pack("{s:s, s:s, s:I, s:s, s:s}",
+								  "kind", kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
+																							  : "success",
+								  "to", sender, "recipients", (json_int_t) n,
+								  "final_recipient", rcpts[0].final_recipient, "status", rcpts[0].status);
 
 		pepsi_mail_log(ctx, "dsn", event);
 		json_decref(event);
@@ -228,7 +233,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	new_state = json_pack("{s:I}", "created_at", (json_int_t) report.now);
 	pepsi_set_headers(ctx, new_headers.data, new_headers.len);
 	pepsi_set_body(ctx, new_body.data, new_body.len);
-	pepsi_set_rcpt_to(ctx, to, 1);	/* sender is ctx's mail_from: copy it before replacing */
+	pepsi_set_rcpt_to(ctx, to, 1); /* sender is ctx's mail_from: copy it before replacing */
 	pepsi_set_mail_from(ctx, "");
 	pepsi_set_state(ctx, new_state);
 	json_decref(new_state);

@@ -11,7 +11,7 @@
 
 #include "stage.h"
 
-int			pepsi_stage_discard_main(int argc, char **argv);
+int pepsi_stage_discard_main(int argc, char **argv);
 
 static int
 discard_run(struct pepsi_ctx *ctx)
@@ -35,7 +35,7 @@ discard_check_config(const struct pepsi_config *cfg, const char *section, char *
 {
 	if (config_bool(cfg, section, "BOUNCE") && config_get(cfg, section, "BOUNCE_STAGE") == NULL)
 	{
-		char		origin[512];
+		char origin[512];
 
 		snprintf(err, errlen, "%s: [%s] has BOUNCE = yes but no BOUNCE_STAGE",
 				 config_origin(cfg, section, "BOUNCE", origin, sizeof(origin)), section);

@@ -39,14 +39,14 @@
 #include "auth/keys.h"
 #include "header.h"
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
 /* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
 #define SIGN_MAX_LINE 998
 #define SIGN_MAX_KEYS 16
 
-int			pepsi_stage_dkim_sign_main(int argc, char **argv);
+int pepsi_stage_dkim_sign_main(int argc, char **argv);
 
 struct sign_options
 {
@@ -61,7 +61,7 @@ struct sign_options
 };
 
 /* The keyring of the configuration the worker runs with, built once. */
-static struct keyring sign_keyring;
+static struct keyring			  sign_keyring;
 static const struct pepsi_config *sign_keyring_config;
 
 static bool
@@ -136,7 +136,7 @@ sign_key_selected(const struct signing_key *key, const char *keys)
 		return true;
 	for (const char *p = keys; *p;)
 	{
-		size_t		n;
+		size_t n;
 
 		p += strspn(p, ", \t");
 		n = strcspn(p, ", \t");
@@ -152,15 +152,14 @@ sign_key_selected(const struct signing_key *key, const char *keys)
 static char *
 sign_from_domain(const struct header_fields *fields, char *err, size_t errlen)
 {
-	size_t		count = header_fields_count(fields, "From");
-	char	  **addresses = NULL;
-	size_t		naddresses = 0;
-	char	   *domain = NULL;
+	size_t count = header_fields_count(fields, "From");
+	char **addresses = NULL;
+	size_t naddresses = 0;
+	char  *domain = NULL;
 
 	if (count != 1)
 	{
-		snprintf(err, errlen, count == 0 ? "the message has no From: field"
-				 : "the message has %zu From: fields (RFC 5322 allows one)", count);
+		snprintf(err, errlen, count == 0 ? "the message has no From: field" : "the message has %zu From: fields (RFC 5322 allows one)", count);
 		return NULL;
 	}
 	for (size_t i = 0; i < fields->count; i++)
@@ -208,8 +207,8 @@ sign_account_domain(struct pepsi_ctx *ctx)
 static int
 sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *reason)
 {
-	json_t	   *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", reason, "signed", 0);
-	int			rc;
+	json_t *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", reason, "signed", 0);
+	int		rc;
 
 	if (o->required)
 	{
@@ -229,18 +228,18 @@ sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *r
 static int
 sign_run(struct pepsi_ctx *ctx)
 {
-	char		section[256];
-	char		err[512];
-	struct sign_options o;
-	const struct buf *headers = pepsi_headers(ctx);
-	const struct buf *body = pepsi_body(ctx);
+	char				 section[256];
+	char				 err[512];
+	struct sign_options	 o;
+	const struct buf	*headers = pepsi_headers(ctx);
+	const struct buf	*body = pepsi_body(ctx);
 	struct header_fields fields = {0};
-	struct signing_key *keys[SIGN_MAX_KEYS];
-	size_t		nkeys = 0;
-	char	   *domain = NULL;
-	unsigned char body_hash[CANON_HASH_LEN];
-	struct buf	out = BUF_INIT;
-	int			rc;
+	struct signing_key	*keys[SIGN_MAX_KEYS];
+	size_t				 nkeys = 0;
+	char				*domain = NULL;
+	unsigned char		 body_hash[CANON_HASH_LEN];
+	struct buf			 out = BUF_INIT;
+	int					 rc;
 
 	if (headers == NULL || body == NULL)
 		return -1;
@@ -255,7 +254,7 @@ sign_run(struct pepsi_ctx *ctx)
 		domain = sign_account_domain(ctx);
 	if (domain == NULL)
 	{
-		char		from_err[256];
+		char from_err[256];
 
 		domain = sign_from_domain(&fields, from_err, sizeof(from_err));
 		if (domain == NULL)
@@ -279,7 +278,7 @@ sign_run(struct pepsi_ctx *ctx)
 			continue;
 		if (!signing_key_ready(k, err, sizeof(err)))
 		{
-			json_t	   *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", err, "signed", 0);
+			json_t *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", err, "signed", 0);
 
 			log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
 			rc = pepsi_pause(ctx, merge, (double) o.key_retry_ms / 1000.0);
@@ -302,11 +301,17 @@ sign_run(struct pepsi_ctx *ctx)
 	for (size_t i = 0; i < nkeys; i++)
 	{
 		struct dkim_signer s = {
-			.field_name = "DKIM-Signature", .leading_tags = "v=1",
-			.algorithm = keys[i]->algorithm, .pkey = keys[i]->pkey,
-			.domain = keys[i]->domain, .selector = keys[i]->selector,
-			.header_canon = o.header_canon, .body_canon = o.body_canon,
-			.headers = o.headers, .oversigned = o.oversigned, .timestamp = time(NULL),
+			.field_name = "DKIM-Signature",
+			.leading_tags = "v=1",
+			.algorithm = keys[i]->algorithm,
+			.pkey = keys[i]->pkey,
+			.domain = keys[i]->domain,
+			.selector = keys[i]->selector,
+			.header_canon = o.header_canon,
+			.body_canon = o.body_canon,
+			.headers = o.headers,
+			.oversigned = o.oversigned,
+			.timestamp = time(NULL),
 		};
 
 		if (!dkim_sign_field(&s, &fields, body_hash, &out))
@@ -329,8 +334,8 @@ static bool
 sign_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
 	struct sign_options o;
-	struct keyring ring = {0};
-	bool		ok;
+	struct keyring		ring = {0};
+	bool				ok;
 
 	if (!sign_read_options(cfg, section, &o, err, errlen))
 		return false;
@@ -339,8 +344,8 @@ sign_check_config(const struct pepsi_config *cfg, const char *section, char *err
 	{
 		for (const char *p = o.keys; *p && ok;)
 		{
-			size_t		n;
-			char	   *name;
+			size_t n;
+			char  *name;
 
 			p += strspn(p, ", \t");
 			n = strcspn(p, ", \t");

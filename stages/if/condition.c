@@ -31,10 +31,8 @@ if_condition_parse(const char *text, struct if_condition *c, char *err, size_t e
 	{
 		const char *token;
 		enum if_op	op;
-	}			ops[] = {
-		{"!=", IF_NE}, {"!~", IF_NOMATCH}, {"=", IF_EQ}, {"~", IF_MATCH}, {"<", IF_LT},
-		{">", IF_GT}, {"exists", IF_EXISTS}, {"missing", IF_MISSING}
-	};
+	} ops[] = {
+		{"!=", IF_NE}, {"!~", IF_NOMATCH}, {"=", IF_EQ}, {"~", IF_MATCH}, {"<", IF_LT}, {">", IF_GT}, {"exists", IF_EXISTS}, {"missing", IF_MISSING}};
 	const char *p = text;
 	size_t		n;
 	bool		found = false;
@@ -92,11 +90,11 @@ if_condition_parse(const char *text, struct if_condition *c, char *err, size_t e
 	}
 	if (c->op == IF_MATCH || c->op == IF_NOMATCH)
 	{
-		int			rc = regcomp(&c->regex, c->value, REG_EXTENDED | REG_ICASE | REG_NOSUB);
+		int rc = regcomp(&c->regex, c->value, REG_EXTENDED | REG_ICASE | REG_NOSUB);
 
 		if (rc != 0)
 		{
-			char		message[256];
+			char message[256];
 
 			regerror(rc, &c->regex, message, sizeof(message));
 			snprintf(err, errlen, "CONDITION regex \"%s\": %s", c->value, message);

@@ -19,21 +19,21 @@
 #include <string.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
 #include "condition.h"
 
-int			pepsi_stage_if_main(int argc, char **argv);
+int pepsi_stage_if_main(int argc, char **argv);
 
 /* The state value at a dotted path, as text (NULL when absent). */
 static char *
 if_state_value(json_t *state, const char *path)
 {
-	char	   *copy = xstrdup(path);
-	char	   *save = NULL;
-	json_t	   *node = state;
-	char	   *result = NULL;
+	char   *copy = xstrdup(path);
+	char   *save = NULL;
+	json_t *node = state;
+	char   *result = NULL;
 
 	for (char *key = strtok_r(copy, ".", &save); key && node; key = strtok_r(NULL, ".", &save))
 		node = json_object_get(node, key);
@@ -54,7 +54,7 @@ if_evaluate(struct pepsi_ctx *ctx, const struct if_condition *c)
 		return if_compare(c, pepsi_mail_from(ctx));
 	if (strcmp(c->subject, "rcpt_count") == 0)
 	{
-		char		count[32];
+		char count[32];
 
 		snprintf(count, sizeof(count), "%zu", pepsi_rcpt_count(ctx));
 		return if_compare(c, count);
@@ -67,8 +67,8 @@ if_evaluate(struct pepsi_ctx *ctx, const struct if_condition *c)
 		return false;
 	}
 	{
-		char	   *value = if_state_value(pepsi_state(ctx), c->subject + 6);
-		bool		result = if_compare(c, value);
+		char *value = if_state_value(pepsi_state(ctx), c->subject + 6);
+		bool  result = if_compare(c, value);
 
 		free(value);
 		return result;
@@ -83,7 +83,7 @@ if_evaluate(struct pepsi_ctx *ctx, const struct if_condition *c)
  */
 #define IF_CACHE_SIZE 16
 static struct if_condition if_cache[IF_CACHE_SIZE];
-static size_t if_cache_next;
+static size_t			   if_cache_next;
 
 static const struct if_condition *
 if_condition_for(const char *text, char *err, size_t errlen)
@@ -102,10 +102,10 @@ if_condition_for(const char *text, char *err, size_t errlen)
 static int
 if_run(struct pepsi_ctx *ctx)
 {
-	const char *text = pepsi_option(ctx, "CONDITION");
-	const char *else_stage = pepsi_option(ctx, "ELSE_STAGE");
+	const char				  *text = pepsi_option(ctx, "CONDITION");
+	const char				  *else_stage = pepsi_option(ctx, "ELSE_STAGE");
 	const struct if_condition *condition;
-	char		err[512];
+	char					   err[512];
 
 	if (text == NULL)
 		return pepsi_error(ctx, "[stage-%s] has no CONDITION", pepsi_stage_name(ctx));
@@ -119,9 +119,9 @@ if_run(struct pepsi_ctx *ctx)
 static bool
 if_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	const char *text = config_get(cfg, section, "CONDITION");
+	const char		   *text = config_get(cfg, section, "CONDITION");
 	struct if_condition c;
-	char		reason[512];
+	char				reason[512];
 
 	if (text == NULL || config_get(cfg, section, "THEN_STAGE") == NULL)
 	{
@@ -135,7 +135,7 @@ if_check_config(const struct pepsi_config *cfg, const char *section, char *err, 
 	}
 	if (!if_condition_parse(text, &c, reason, sizeof(reason)))
 	{
-		char		origin[512];
+		char origin[512];
 
 		snprintf(err, errlen, "%s: [%s] %s",
 				 config_origin(cfg, section, "CONDITION", origin, sizeof(origin)), section, reason);

@@ -12,6 +12,7 @@
  * Nothing here ever turns a failure into an accept.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,11 +26,10 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-#include <fcntl.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "milter_stage.h"
+#include "xalloc.h"
 
 /* What one filter may ask at one end of message: the edits are held in memory. */
 #define FILTER_MAX_EDITS 10000
@@ -37,41 +37,41 @@
 
 enum filter_state
 {
-	FILTER_CLOSED,				/* no connection: open and negotiate before use */
-	FILTER_READY,				/* negotiated, no message started on it */
-	FILTER_USED					/* a message went through: QUIT_NC before the next, */
-	/* unless it came from the same client (session_key): then it is the next transaction */
+	FILTER_CLOSED, /* no connection: open and negotiate before use */
+	FILTER_READY,  /* negotiated, no message started on it */
+	FILTER_USED	   /* a message went through: QUIT_NC before the next, */
+				   /* unless it came from the same client (session_key): then it is the next transaction */
 };
 
 struct milter_filter
 {
-	char	   *name;			/* the address as configured */
+	char				 *name; /* the address as configured */
 	struct milter_address address;
-	enum filter_state state;
-	int			fd;
-	struct buf	in;				/* bytes read, not yet framed */
-	uint32_t	actions;		/* what the filter negotiated */
-	uint32_t	protocol;
-	char	   *macros[MILTER_MACRO_STAGES];	/* the filter's lists, or NULL */
-	char	   *session_key;	/* the client of the last message, when FILTER_USED */
+	enum filter_state	  state;
+	int					  fd;
+	struct buf			  in;	   /* bytes read, not yet framed */
+	uint32_t			  actions; /* what the filter negotiated */
+	uint32_t			  protocol;
+	char				 *macros[MILTER_MACRO_STAGES]; /* the filter's lists, or NULL */
+	char				 *session_key;				   /* the client of the last message, when FILTER_USED */
 };
 
 /* One conversation about one message. */
 struct filter_session
 {
-	struct milter_filter *f;
-	struct milter_message *m;
+	struct milter_filter			 *f;
+	struct milter_message			 *m;
 	const struct milter_macro_source *source;
-	const struct milter_timeouts *timeouts;
-	struct buf	out;
-	char		err[512];
+	const struct milter_timeouts	 *timeouts;
+	struct buf						  out;
+	char							  err[512];
 	/* the end-of-message edits, kept until the final reply says they stand */
-	struct buf	edits;
-	size_t		nedits;
-	char	   *reply;			/* reject/tempfail text */
-	size_t		replies;		/* read so far */
-	bool		completed;		/* through end of message: the connection can take another */
-	bool		same_client;	/* CONNECT and HELO were for this client already */
+	struct buf edits;
+	size_t	   nedits;
+	char	  *reply;		/* reject/tempfail text */
+	size_t	   replies;		/* read so far */
+	bool	   completed;	/* through end of message: the connection can take another */
+	bool	   same_client; /* CONNECT and HELO were for this client already */
 };
 
 struct milter_filter *
@@ -113,7 +113,7 @@ milter_filter_free(struct milter_filter *f)
 		return;
 	if (f->fd >= 0)
 	{
-		struct buf	quit = BUF_INIT;
+		struct buf quit = BUF_INIT;
 
 		/* A courtesy: the filter may log a clean end.  Never waited on. */
 		milter_encode(&quit, MILTER_CMD_QUIT, NULL, 0);
@@ -146,7 +146,7 @@ filter_now_ms(void)
 static bool __attribute__((format(printf, 2, 3)))
 session_fail(struct filter_session *s, const char *fmt, ...)
 {
-	va_list		ap;
+	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(s->err, sizeof(s->err), fmt, ap);
@@ -161,8 +161,8 @@ filter_wait(struct filter_session *s, short events, long long deadline, const ch
 	for (;;)
 	{
 		struct pollfd p = {.fd = s->f->fd, .events = events};
-		long long	left = deadline - filter_now_ms();
-		int			n;
+		long long	  left = deadline - filter_now_ms();
+		int			  n;
 
 		if (left <= 0)
 			return session_fail(s, "no answer within the timeout %s", what);
@@ -178,10 +178,10 @@ static bool
 filter_connect(struct filter_session *s)
 {
 	struct milter_filter *f = s->f;
-	long long	deadline = filter_now_ms() + s->timeouts->connect_ms;
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-	struct addrinfo *list = NULL;
-	int			rc;
+	long long			  deadline = filter_now_ms() + s->timeouts->connect_ms;
+	struct addrinfo		  hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo		 *list = NULL;
+	int					  rc;
 
 	if (f->address.family == MILTER_ADDRESS_UNIX)
 	{
@@ -197,7 +197,7 @@ filter_connect(struct filter_session *s)
 	}
 	else
 	{
-		int			gai = getaddrinfo(f->address.host, f->address.port, &hints, &list);
+		int gai = getaddrinfo(f->address.host, f->address.port, &hints, &list);
 
 		if (gai != 0)
 			return session_fail(s, "cannot resolve %s: %s", f->address.host, gai_strerror(gai));
@@ -208,7 +208,7 @@ filter_connect(struct filter_session *s)
 			return session_fail(s, "socket: %s", strerror(errno));
 		}
 		/* Commands and replies are small and strictly alternate: no Nagle wait. */
-		setsockopt(f->fd, IPPROTO_TCP, TCP_NODELAY, &(int) {1}, sizeof(int));
+		setsockopt(f->fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
 		rc = connect(f->fd, list->ai_addr, list->ai_addrlen);
 		freeaddrinfo(list);
 	}
@@ -216,8 +216,8 @@ filter_connect(struct filter_session *s)
 		return session_fail(s, "cannot connect: %s", strerror(errno));
 	if (rc != 0)
 	{
-		int			so_error = 0;
-		socklen_t	len = sizeof(so_error);
+		int		  so_error = 0;
+		socklen_t len = sizeof(so_error);
 
 		if (!filter_wait(s, POLLOUT, deadline, "to connect"))
 			return false;
@@ -230,12 +230,12 @@ filter_connect(struct filter_session *s)
 static bool
 filter_send(struct filter_session *s)
 {
-	long long	deadline = filter_now_ms() + s->timeouts->command_ms;
-	size_t		done = 0;
+	long long deadline = filter_now_ms() + s->timeouts->command_ms;
+	size_t	  done = 0;
 
 	while (done < s->out.len)
 	{
-		ssize_t		n = send(s->f->fd, s->out.data + done, s->out.len - done, MSG_NOSIGNAL);
+		ssize_t n = send(s->f->fd, s->out.data + done, s->out.len - done, MSG_NOSIGNAL);
 
 		if (n > 0)
 		{
@@ -264,16 +264,16 @@ static bool
 filter_read_reply(struct filter_session *s, long timeout_ms, struct milter_reply *r, size_t *consumed)
 {
 	struct milter_filter *f = s->f;
-	long long	deadline = filter_now_ms() + timeout_ms;
+	long long			  deadline = filter_now_ms() + timeout_ms;
 
 	for (;;)
 	{
-		char		command;
-		const char *payload;
-		size_t		payload_len;
+		char					 command;
+		const char				*payload;
+		size_t					 payload_len;
 		enum milter_frame_result fr;
-		char		buffer[16384];
-		ssize_t		n;
+		char					 buffer[16384];
+		ssize_t					 n;
 
 		if (*consumed)
 		{
@@ -315,8 +315,8 @@ static bool
 filter_negotiate(struct filter_session *s)
 {
 	struct milter_filter *f = s->f;
-	struct milter_reply r;
-	size_t		consumed = 0;
+	struct milter_reply	  r;
+	size_t				  consumed = 0;
 
 	milter_encode_optneg(&s->out, MILTER_ACTIONS_ALL, MILTER_PROTO_OFFERED);
 	if (!filter_send(s) || !filter_read_reply(s, s->timeouts->command_ms, &r, &consumed))
@@ -351,8 +351,8 @@ origin_string(const struct milter_macro_source *source, const char *key)
 static const char *
 origin_tls_string(const struct milter_macro_source *source, const char *key, char *scratch, size_t len)
 {
-	json_t	   *tls = source->origin ? json_object_get(source->origin, "tls") : NULL;
-	json_t	   *value = json_is_object(tls) ? json_object_get(tls, key) : NULL;
+	json_t *tls = source->origin ? json_object_get(source->origin, "tls") : NULL;
+	json_t *value = json_is_object(tls) ? json_object_get(tls, key) : NULL;
 
 	if (json_is_integer(value))
 	{
@@ -379,7 +379,7 @@ session_macro_value(struct filter_session *s, const char *name, const char *rcpt
 					size_t len)
 {
 	const struct milter_macro_source *src = s->source;
-	const char *ip = origin_string(src, "client_ip");
+	const char						 *ip = origin_string(src, "client_ip");
 
 	if (strcmp(name, "j") == 0)
 		return src->hostname;
@@ -433,7 +433,8 @@ session_macros(struct filter_session *s, enum milter_macro_stage stage, char com
 	{
 		size_t		wlen = strlen(word);
 		char	   *bare = (word[0] == '{' && wlen > 2 && word[wlen - 1] == '}')
-			? xstrndup(word + 1, wlen - 2) : xstrdup(word);
+							   ? xstrndup(word + 1, wlen - 2)
+							   : xstrdup(word);
 		char		scratch[512];
 		const char *value = session_macro_value(s, bare, rcpt, scratch, sizeof(scratch));
 
@@ -447,12 +448,12 @@ session_macros(struct filter_session *s, enum milter_macro_stage stage, char com
 	}
 	/* A long name goes over the wire in braces, as Postfix and Sendmail send it. */
 	{
-		char	   *braced[32];
+		char *braced[32];
 
 		for (size_t i = 0; i < n; i++)
 		{
 			braced[i] = strlen(names[i]) > 1 && names[i][0] != '{' ? xasprintf("{%s}", names[i])
-				: xstrdup(names[i]);
+																   : xstrdup(names[i]);
 			names[i] = braced[i];
 		}
 		if (n)
@@ -468,10 +469,10 @@ session_macros(struct filter_session *s, enum milter_macro_stage stage, char com
 
 enum step_outcome
 {
-	STEP_CONTINUE,				/* go on to the next step */
-	STEP_SKIP,					/* BODY only: no more body chunks */
-	STEP_DONE,					/* the verdict is known: stop talking about this message */
-	STEP_ERROR					/* unavailable: s->err says why */
+	STEP_CONTINUE, /* go on to the next step */
+	STEP_SKIP,	   /* BODY only: no more body chunks */
+	STEP_DONE,	   /* the verdict is known: stop talking about this message */
+	STEP_ERROR	   /* unavailable: s->err says why */
 };
 
 static void
@@ -491,8 +492,8 @@ session_step(struct filter_session *s, const char *step, bool no_reply, bool bod
 			 enum milter_verdict *verdict)
 {
 	struct milter_reply r;
-	size_t		consumed = 0;
-	enum step_outcome outcome = STEP_CONTINUE;
+	size_t				consumed = 0;
+	enum step_outcome	outcome = STEP_CONTINUE;
 
 	if (!filter_send(s))
 		return STEP_ERROR;
@@ -549,7 +550,7 @@ session_step(struct filter_session *s, const char *step, bool no_reply, bool bod
 static bool
 session_edit_allowed(struct filter_session *s, char command)
 {
-	uint32_t	need = 0;
+	uint32_t need = 0;
 
 	switch (command)
 	{
@@ -590,16 +591,16 @@ session_edit_allowed(struct filter_session *s, char command)
 static void
 session_apply_edits(struct filter_session *s)
 {
-	bool		leadspc = (s->f->protocol & MILTER_PROTO_HDR_LEADSPC) != 0;
-	bool		first_chunk = true;
-	size_t		at = 0;
+	bool   leadspc = (s->f->protocol & MILTER_PROTO_HDR_LEADSPC) != 0;
+	bool   first_chunk = true;
+	size_t at = 0;
 
 	for (size_t i = 0; i < s->nedits; i++)
 	{
-		char		command = s->edits.data[at];
-		size_t		len;
+		char				command = s->edits.data[at];
+		size_t				len;
 		struct milter_reply r;
-		char		err[256];
+		char				err[256];
 
 		memcpy(&len, s->edits.data + at + 1, sizeof(len));
 		if (!milter_parse_reply(command, s->edits.data + at + 1 + sizeof(len), len, &r, err, sizeof(err)))
@@ -649,8 +650,8 @@ session_end_of_message(struct filter_session *s, enum milter_verdict *verdict)
 	for (;;)
 	{
 		struct milter_reply r;
-		size_t		consumed = 0;
-		size_t		len;
+		size_t				consumed = 0;
+		size_t				len;
 
 		if (!filter_read_reply(s, s->timeouts->final_ms, &r, &consumed))
 			return STEP_ERROR;
@@ -720,8 +721,8 @@ session_end_of_message(struct filter_session *s, enum milter_verdict *verdict)
 static enum step_outcome
 session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 {
-	uint32_t	p = s->f->protocol;
-	bool		leadspc = (p & MILTER_PROTO_HDR_LEADSPC) != 0;
+	uint32_t		  p = s->f->protocol;
+	bool			  leadspc = (p & MILTER_PROTO_HDR_LEADSPC) != 0;
 	enum step_outcome o;
 
 	if (!(p & MILTER_PROTO_NODATA))
@@ -735,8 +736,8 @@ session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 		for (size_t i = 0; i < s->m->nheaders; i++)
 		{
 			const struct milter_header *h = &s->m->headers[i];
-			char	   *value;
-			const char *strings[2];
+			char					   *value;
+			const char				   *strings[2];
 
 			if (h->name == NULL)
 				continue;
@@ -761,7 +762,7 @@ session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 	if (!(p & MILTER_PROTO_NOBODY))
 		for (size_t at = 0; at < s->m->body.len; at += MILTER_CHUNK_SIZE)
 		{
-			size_t		len = s->m->body.len - at < MILTER_CHUNK_SIZE ? s->m->body.len - at : MILTER_CHUNK_SIZE;
+			size_t len = s->m->body.len - at < MILTER_CHUNK_SIZE ? s->m->body.len - at : MILTER_CHUNK_SIZE;
 
 			milter_encode(&s->out, MILTER_CMD_BODY, s->m->body.data + at, len);
 			o = session_step(s, "BODY", p & MILTER_PROTO_NR_BODY, true, verdict);
@@ -777,16 +778,16 @@ session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 static enum step_outcome
 session_run(struct filter_session *s, enum milter_verdict *verdict)
 {
-	uint32_t	p = s->f->protocol;
-	const char *ip = origin_string(s->source, "client_ip");
-	const char *helo = origin_string(s->source, "helo");
+	uint32_t		  p = s->f->protocol;
+	const char		 *ip = origin_string(s->source, "client_ip");
+	const char		 *helo = origin_string(s->source, "helo");
 	enum step_outcome o;
-	size_t		accepted = 0;
-	char	   *mail;
+	size_t			  accepted = 0;
+	char			 *mail;
 
 	if (!(p & MILTER_PROTO_NOCONNECT) && !s->same_client)
 	{
-		char	   *hostname = ip ? xasprintf("[%s]", ip) : xstrdup("localhost");
+		char *hostname = ip ? xasprintf("[%s]", ip) : xstrdup("localhost");
 
 		session_macros(s, MILTER_MACROS_CONNECT, MILTER_CMD_CONNECT, NULL);
 		milter_encode_connect(&s->out, hostname, ip, 0);
@@ -823,11 +824,11 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 	{
 		struct milter_rcpt *rcpt = &s->m->rcpt[i];
 		enum milter_verdict rcpt_verdict = MILTER_VERDICT_ACCEPT;
-		const char *strings[1];
-		char	   *address;
+		const char		   *strings[1];
+		char			   *address;
 
 		if (rcpt->fate != MILTER_RCPT_ACCEPTED)
-			continue;			/* an earlier filter refused it */
+			continue; /* an earlier filter refused it */
 		if (p & MILTER_PROTO_NORCPT)
 		{
 			accepted++;
@@ -843,11 +844,10 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 			return o;
 		if (o == STEP_DONE && rcpt_verdict == MILTER_VERDICT_DISCARD)
 		{
-			*verdict = rcpt_verdict;	/* Sendmail: a discard at RCPT drops the message */
+			*verdict = rcpt_verdict; /* Sendmail: a discard at RCPT drops the message */
 			return STEP_DONE;
 		}
-		if (o == STEP_DONE && (rcpt_verdict == MILTER_VERDICT_REJECT
-							   || rcpt_verdict == MILTER_VERDICT_TEMPFAIL))
+		if (o == STEP_DONE && (rcpt_verdict == MILTER_VERDICT_REJECT || rcpt_verdict == MILTER_VERDICT_TEMPFAIL))
 		{
 			rcpt->fate = rcpt_verdict == MILTER_VERDICT_REJECT ? MILTER_RCPT_REJECTED : MILTER_RCPT_TEMPFAILED;
 			rcpt->reply = s->reply;
@@ -870,8 +870,8 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 static char *
 session_client_key(const struct milter_macro_source *source)
 {
-	json_t	   *key;
-	char	   *text;
+	json_t *key;
+	char   *text;
 
 	if (source->origin == NULL)
 		return xstrdup("local");
@@ -894,7 +894,7 @@ filter_attempt(struct filter_session *s, enum milter_verdict *verdict)
 {
 	struct milter_filter *f = s->f;
 
-	char	   *key = session_client_key(s->source);
+	char			 *key = session_client_key(s->source);
 	enum step_outcome o;
 
 	if (f->state == FILTER_CLOSED && !(filter_connect(s) && filter_negotiate(s)))
@@ -930,9 +930,9 @@ milter_filter_run(struct milter_filter *f, struct milter_message *m,
 				  char **reply)
 {
 	struct filter_session s = {.f = f, .m = m, .source = macros, .timeouts = timeouts};
-	enum milter_verdict verdict = MILTER_VERDICT_UNAVAILABLE;
-	bool		reused = f->state == FILTER_USED;
-	enum step_outcome o;
+	enum milter_verdict	  verdict = MILTER_VERDICT_UNAVAILABLE;
+	bool				  reused = f->state == FILTER_USED;
+	enum step_outcome	  o;
 
 	*reply = NULL;
 	o = filter_attempt(&s, &verdict);

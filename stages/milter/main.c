@@ -27,11 +27,11 @@
 #include <strings.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "milter_stage.h"
 #include "stage.h"
+#include "xalloc.h"
 
-int			pepsi_stage_milter_main(int argc, char **argv);
+int pepsi_stage_milter_main(int argc, char **argv);
 
 enum milter_default_action
 {
@@ -48,12 +48,12 @@ enum milter_reject_action
 /* The stage's options, read in one place. */
 struct milter_options
 {
-	const char *milters;
-	struct milter_timeouts timeouts;
+	const char				  *milters;
+	struct milter_timeouts	   timeouts;
 	enum milter_default_action default_action;
-	enum milter_reject_action reject_action;
-	long long	retry_base_ms;
-	long long	retry_max_ms;
+	enum milter_reject_action  reject_action;
+	long long				   retry_base_ms;
+	long long				   retry_max_ms;
 };
 
 static bool
@@ -80,8 +80,8 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
 
 /* The filters of this worker, kept open across messages, and the MILTERS they came from. */
 static struct milter_filter **milter_filters;
-static size_t milter_nfilters;
-static char *milter_filters_key;
+static size_t				  milter_nfilters;
+static char					 *milter_filters_key;
 
 static void
 milter_close_filters(void)
@@ -100,9 +100,9 @@ static bool
 milter_parse_list(const char *milters, struct milter_filter ***out, size_t *count, char *err,
 				  size_t errlen)
 {
-	char	   *copy = xstrdup(milters);
-	char	   *save = NULL;
-	bool		ok = true;
+	char *copy = xstrdup(milters);
+	char *save = NULL;
+	bool  ok = true;
 
 	*count = 0;
 	for (char *word = strtok_r(copy, " \t,", &save); word; word = strtok_r(NULL, " \t,", &save))
@@ -130,17 +130,17 @@ static bool
 milter_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
 	struct milter_options o;
-	size_t		count;
+	size_t				  count;
 
 	return milter_read_options(cfg, section, &o, err, errlen)
-		&& milter_parse_list(o.milters, NULL, &count, err, errlen);
+		   && milter_parse_list(o.milters, NULL, &count, err, errlen);
 }
 
 /* Seconds until a tempfailed message is tried again: RETRY_BASE doubling to RETRY_MAX. */
 static double
 milter_backoff(const struct milter_options *o, long attempts)
 {
-	double		seconds = o->retry_base_ms / 1000.0 * pow(2, attempts > 1 ? (double) (attempts - 1) : 0);
+	double seconds = o->retry_base_ms / 1000.0 * pow(2, attempts > 1 ? (double) (attempts - 1) : 0);
 
 	return fmin(seconds, o->retry_max_ms / 1000.0);
 }
@@ -149,9 +149,9 @@ milter_backoff(const struct milter_options *o, long attempts)
 struct milter_outcome
 {
 	enum milter_verdict verdict;
-	char	   *reply;			/* the deciding reply, or why a filter could not be asked */
-	const char *filter;			/* the deciding filter */
-	json_t	   *filters;		/* [{"milter", "verdict", "reply"}] */
+	char			   *reply;	 /* the deciding reply, or why a filter could not be asked */
+	const char		   *filter;	 /* the deciding filter */
+	json_t			   *filters; /* [{"milter", "verdict", "reply"}] */
 };
 
 /* Show m to the filters in order; stop at the first that decides. */
@@ -163,9 +163,9 @@ milter_run_filters(const struct milter_options *o, struct milter_message *m,
 	out->filters = json_array();
 	for (size_t i = 0; i < milter_nfilters; i++)
 	{
-		char	   *reply = NULL;
+		char			   *reply = NULL;
 		enum milter_verdict v = milter_filter_run(milter_filters[i], m, source, &o->timeouts, &reply);
-		const char *name = milter_filter_name(milter_filters[i]);
+		const char		   *name = milter_filter_name(milter_filters[i]);
 
 		json_array_append_new(out->filters, json_pack("{s:s,s:s,s:s?}", "milter", name,
 													  "verdict", milter_verdict_name(v), "reply", reply));
@@ -206,13 +206,13 @@ milter_enhanced_status(const char *reply, bool permanent)
 static json_t *
 milter_bounce_json(const char *reply, const char *filter, const char *recipient)
 {
-	char	   *status = milter_enhanced_status(reply, true);
-	char	   *diagnostic = xasprintf("smtp; %s", reply);
-	json_t	   *bounce = json_pack("{s:s,s:s,s:s,s:i,s:s,s:s,s:s,s:s?}", "kind", "permanent",
-								   "status", status, "diagnostic", diagnostic,
-								   "smtp_code", atoi(reply), "reply_text", reply,
-								   "phase", "content filter", "remote_mta", filter,
-								   "failed_recipient", recipient);
+	char   *status = milter_enhanced_status(reply, true);
+	char   *diagnostic = xasprintf("smtp; %s", reply);
+	json_t *bounce = json_pack("{s:s,s:s,s:s,s:i,s:s,s:s,s:s,s:s?}", "kind", "permanent",
+							   "status", status, "diagnostic", diagnostic,
+							   "smtp_code", atoi(reply), "reply_text", reply,
+							   "phase", "content filter", "remote_mta", filter,
+							   "failed_recipient", recipient);
 
 	free(status);
 	free(diagnostic);
@@ -223,7 +223,7 @@ milter_bounce_json(const char *reply, const char *filter, const char *recipient)
 static json_t *
 milter_state(const struct milter_outcome *out, const char *verdict, long attempts)
 {
-	json_t	   *milter = json_pack("{s:s,s:O}", "verdict", verdict, "filters", out->filters);
+	json_t *milter = json_pack("{s:s,s:O}", "verdict", verdict, "filters", out->filters);
 
 	if (out->reply)
 		json_object_set_new(milter, "reply", json_string(out->reply));
@@ -235,7 +235,7 @@ milter_state(const struct milter_outcome *out, const char *verdict, long attempt
 static long
 milter_previous_attempts(struct pepsi_ctx *ctx)
 {
-	json_t	   *milter = json_object_get(pepsi_state(ctx), "milter");
+	json_t *milter = json_object_get(pepsi_state(ctx), "milter");
 
 	return (long) json_integer_value(json_object_get(milter, "attempts"));
 }
@@ -251,7 +251,9 @@ milter_rejected(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 	{
 		log_info("row %lld: milter verdict reject by %s, dropped%s: %s", pepsi_id(ctx), out->filter,
 				 o->reject_action == REJECT_DISCARD ? " (REJECT_ACTION discard)"
-				 : pepsi_mail_from(ctx)[0] == '\0' ? " (null sender)" : " (no BOUNCE_STAGE)", out->reply);
+				 : pepsi_mail_from(ctx)[0] == '\0'	? " (null sender)"
+													: " (no BOUNCE_STAGE)",
+				 out->reply);
 		json_decref(merge);
 		return pepsi_finish(ctx);
 	}
@@ -266,10 +268,10 @@ static int
 milter_tempfailed(struct pepsi_ctx *ctx, const struct milter_options *o, struct milter_outcome *out,
 				  const char *verdict)
 {
-	long		attempts = milter_previous_attempts(ctx) + 1;
-	double		seconds = milter_backoff(o, attempts);
-	json_t	   *merge = milter_state(out, verdict, attempts);
-	int			rc;
+	long	attempts = milter_previous_attempts(ctx) + 1;
+	double	seconds = milter_backoff(o, attempts);
+	json_t *merge = milter_state(out, verdict, attempts);
+	int		rc;
 
 	log_info("row %lld: milter verdict %s by %s (attempt %ld, again in %.0fs): %s", pepsi_id(ctx),
 			 verdict, out->filter, attempts, seconds, out->reply);
@@ -299,7 +301,7 @@ milter_split_refused(struct pepsi_ctx *ctx, const struct milter_options *o, stru
 	for (size_t i = 0; i < m->nrcpt; i++)
 	{
 		struct milter_rcpt *r = &m->rcpt[i];
-		json_t	   *group;
+		json_t			   *group;
 
 		if (r->fate == MILTER_RCPT_ACCEPTED
 			|| (keep_tempfailed && r->fate == MILTER_RCPT_TEMPFAILED))
@@ -358,13 +360,13 @@ milter_split_refused(struct pepsi_ctx *ctx, const struct milter_options *o, stru
 static void
 milter_commit_recipients(struct pepsi_ctx *ctx, struct milter_message *m, json_t *merge)
 {
-	json_t	   *dsn = json_object_get(pepsi_state(ctx), "dsn");
-	json_t	   *dsn_rcpt = json_object_get(dsn, "rcpt");
-	bool		lockstep = json_is_array(dsn_rcpt) && json_array_size(dsn_rcpt) == pepsi_rcpt_count(ctx);
+	json_t *dsn = json_object_get(pepsi_state(ctx), "dsn");
+	json_t *dsn_rcpt = json_object_get(dsn, "rcpt");
+	bool	lockstep = json_is_array(dsn_rcpt) && json_array_size(dsn_rcpt) == pepsi_rcpt_count(ctx);
 	/* copies: pepsi_set_rcpt_to frees the row's strings before it takes these */
-	char	  **list = xcalloc(pepsi_rcpt_count(ctx) + m->nadded + 1, sizeof(char *));
-	json_t	   *new_dsn_rcpt = json_array();
-	size_t		n = 0;
+	char  **list = xcalloc(pepsi_rcpt_count(ctx) + m->nadded + 1, sizeof(char *));
+	json_t *new_dsn_rcpt = json_array();
+	size_t	n = 0;
 
 	if (m->ndeleted == 0 && m->nadded == 0)
 	{
@@ -374,7 +376,7 @@ milter_commit_recipients(struct pepsi_ctx *ctx, struct milter_message *m, json_t
 	}
 	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
 	{
-		bool		deleted = false;
+		bool deleted = false;
 
 		for (size_t d = 0; d < m->ndeleted; d++)
 			deleted |= strcasecmp(pepsi_rcpt(ctx, i), m->deleted[d]) == 0;
@@ -385,7 +387,7 @@ milter_commit_recipients(struct pepsi_ctx *ctx, struct milter_message *m, json_t
 	}
 	for (size_t a = 0; a < m->nadded; a++)
 	{
-		bool		dup = false;
+		bool dup = false;
 
 		for (size_t i = 0; i < n; i++)
 			dup |= strcasecmp(list[i], m->added[a]) == 0;
@@ -399,7 +401,7 @@ milter_commit_recipients(struct pepsi_ctx *ctx, struct milter_message *m, json_t
 		free(list[i]);
 	if (lockstep)
 	{
-		json_t	   *new_dsn = json_deep_copy(dsn);
+		json_t *new_dsn = json_deep_copy(dsn);
 
 		json_object_set(new_dsn, "rcpt", new_dsn_rcpt);
 		json_object_set_new(merge, "dsn", new_dsn);
@@ -412,10 +414,10 @@ static int
 milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct milter_message *m,
 				struct milter_outcome *out)
 {
-	size_t		accepted = 0;
-	size_t		tempfailed = 0;
-	json_t	   *merge;
-	int			rc;
+	size_t	accepted = 0;
+	size_t	tempfailed = 0;
+	json_t *merge;
+	int		rc;
 
 	for (size_t i = 0; i < m->nrcpt; i++)
 	{
@@ -453,7 +455,7 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 	}
 	if (m->headers_changed)
 	{
-		struct buf	headers = BUF_INIT;
+		struct buf headers = BUF_INIT;
 
 		milter_message_headers(m, &headers);
 		pepsi_set_headers(ctx, headers.data ? headers.data : "", headers.len);
@@ -483,8 +485,8 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 static void
 milter_mail_log(struct pepsi_ctx *ctx, const struct milter_outcome *out, const char *verdict)
 {
-	json_t	   *detail = json_pack("{s:s, s:s?, s:O}", "verdict", verdict, "reply", out->reply,
-								   "filters", out->filters);
+	json_t *detail = json_pack("{s:s, s:s?, s:O}", "verdict", verdict, "reply", out->reply,
+							   "filters", out->filters);
 
 	pepsi_mail_log(ctx, "milter", detail);
 	json_decref(detail);
@@ -509,17 +511,17 @@ milter_ensure_filters(const struct milter_options *o, char *err, size_t errlen)
 static int
 milter_run(struct pepsi_ctx *ctx)
 {
-	struct milter_options o;
-	struct milter_message m;
-	struct milter_outcome out = {0};
+	struct milter_options	   o;
+	struct milter_message	   m;
+	struct milter_outcome	   out = {0};
 	struct milter_macro_source source;
-	char		err[512];
-	char		queue_id[32];
-	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
-	json_t	   *previous = json_object_get(pepsi_state(ctx), "milter");
-	const struct buf *headers;
-	const struct buf *body;
-	int			rc;
+	char					   err[512];
+	char					   queue_id[32];
+	char					  *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
+	json_t					  *previous = json_object_get(pepsi_state(ctx), "milter");
+	const struct buf		  *headers;
+	const struct buf		  *body;
+	int						   rc;
 
 	if (!milter_read_options(pepsi_config(ctx), section, &o, err, sizeof(err))
 		|| !milter_ensure_filters(&o, err, sizeof(err)))
@@ -556,13 +558,12 @@ milter_run(struct pepsi_ctx *ctx)
 		source.origin = NULL;
 
 	milter_run_filters(&o, &m, &source, &out);
-	milter_mail_log(ctx, &out, out.verdict == MILTER_VERDICT_ACCEPT && m.quarantine ? "quarantine"
-					: milter_verdict_name(out.verdict));
+	milter_mail_log(ctx, &out, out.verdict == MILTER_VERDICT_ACCEPT && m.quarantine ? "quarantine" : milter_verdict_name(out.verdict));
 	switch (out.verdict)
 	{
 		case MILTER_VERDICT_DISCARD:
 			{
-				json_t	   *merge = milter_state(&out, "discard", 0);
+				json_t *merge = milter_state(&out, "discard", 0);
 
 				log_info("row %lld: milter verdict discard by %s", pepsi_id(ctx), out.filter);
 				json_decref(merge);
@@ -609,7 +610,7 @@ const struct pepsi_stage pepsi_stage_milter_stage = {
 int
 pepsi_stage_milter_main(int argc, char **argv)
 {
-	int			rc = pepsi_worker_main(&pepsi_stage_milter_stage, argc, argv);
+	int rc = pepsi_worker_main(&pepsi_stage_milter_stage, argc, argv);
 
 	milter_close_filters();
 	return rc;

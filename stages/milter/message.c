@@ -11,8 +11,8 @@
 #include <strings.h>
 
 #include "log.h"
-#include "xalloc.h"
 #include "milter_stage.h"
+#include "xalloc.h"
 
 static void
 message_append_header(struct milter_message *m, char *name, char *value)
@@ -52,7 +52,7 @@ message_parse_headers(struct milter_message *m, const char *headers, size_t hlen
 		colon = memchr(p, ':', (size_t) (line_end - p));
 		if (colon && colon > p && memchr(p, '\n', (size_t) (colon - p)) == NULL)
 		{
-			size_t		vlen = (size_t) (line_end - colon - 1);
+			size_t vlen = (size_t) (line_end - colon - 1);
 
 			/* the value without its final line end */
 			if (vlen && colon[vlen] == '\n')
@@ -63,7 +63,7 @@ message_parse_headers(struct milter_message *m, const char *headers, size_t hlen
 		}
 		else
 		{
-			size_t		len = (size_t) (line_end - p);
+			size_t len = (size_t) (line_end - p);
 
 			while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
 				len--;
@@ -137,7 +137,7 @@ milter_message_headers(const struct milter_message *m, struct buf *out)
 char *
 milter_header_for_filter(const char *value, bool leadspc)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	if (!leadspc)
 		value += strspn(value, " \t");
@@ -152,14 +152,14 @@ milter_header_for_filter(const char *value, bool leadspc)
 static char *
 message_value_from_filter(const char *value, bool leadspc)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	if (!leadspc)
 		buf_append_char(&out, ' ');
 	for (const char *c = value; *c; c++)
 	{
 		if (*c == '\r')
-			continue;			/* milter.c let it through only before a LF */
+			continue; /* milter.c let it through only before a LF */
 		if (*c == '\n')
 			buf_append_char(&out, '\r');
 		buf_append_char(&out, *c);
@@ -179,7 +179,7 @@ void
 milter_message_insert_header(struct milter_message *m, uint32_t position, const char *name,
 							 const char *value, bool leadspc)
 {
-	size_t		at = position < m->nheaders ? position : m->nheaders;
+	size_t at = position < m->nheaders ? position : m->nheaders;
 
 	message_append_header(m, NULL, NULL);
 	memmove(&m->headers[at + 1], &m->headers[at], (m->nheaders - 1 - at) * sizeof(*m->headers));
@@ -197,7 +197,7 @@ void
 milter_message_change_header(struct milter_message *m, uint32_t occurrence, const char *name,
 							 const char *value, bool leadspc)
 {
-	uint32_t	seen = 0;
+	uint32_t seen = 0;
 
 	if (occurrence == 0)
 		occurrence = 1;
@@ -234,8 +234,7 @@ milter_message_body_chunk(struct milter_message *m, const char *data, size_t len
 	}
 	for (size_t i = 0; i < len; i++)
 	{
-		if (data[i] == '\n' && (i == 0 ? m->body.len == 0 || m->body.data[m->body.len - 1] != '\r'
-								: data[i - 1] != '\r'))
+		if (data[i] == '\n' && (i == 0 ? m->body.len == 0 || m->body.data[m->body.len - 1] != '\r' : data[i - 1] != '\r'))
 			buf_append_char(&m->body, '\r');
 		buf_append_char(&m->body, data[i]);
 	}
@@ -244,7 +243,7 @@ milter_message_body_chunk(struct milter_message *m, const char *data, size_t len
 char *
 milter_bare_address(const char *address)
 {
-	size_t		len = strlen(address);
+	size_t len = strlen(address);
 
 	if (len >= 2 && address[0] == '<' && address[len - 1] == '>')
 		return xstrndup(address + 1, len - 2);

@@ -23,103 +23,103 @@
 
 struct milter_header
 {
-	char	   *name;
-	char	   *value;			/* as stored: after the colon, leading space and CRLF folds kept */
+	char *name;
+	char *value; /* as stored: after the colon, leading space and CRLF folds kept */
 };
 
 enum milter_rcpt_fate
 {
 	MILTER_RCPT_ACCEPTED = 0,
-	MILTER_RCPT_REJECTED,		/* a 5xx at RCPT: bounced for this recipient */
-	MILTER_RCPT_TEMPFAILED		/* a 4xx at RCPT: retried later for this recipient */
+	MILTER_RCPT_REJECTED,  /* a 5xx at RCPT: bounced for this recipient */
+	MILTER_RCPT_TEMPFAILED /* a 4xx at RCPT: retried later for this recipient */
 };
 
 struct milter_rcpt
 {
-	char	   *address;
+	char				 *address;
 	enum milter_rcpt_fate fate;
-	char	   *reply;			/* the filter's reply when not accepted */
-	char	   *filter;			/* the filter that gave it */
+	char				 *reply;  /* the filter's reply when not accepted */
+	char				 *filter; /* the filter that gave it */
 };
 
 struct milter_message
 {
 	struct milter_header *headers;
-	size_t		nheaders;
-	bool		headers_changed;
-	struct buf	body;
-	bool		body_changed;
-	char	   *mail_from;
-	bool		mail_from_changed;
-	struct milter_rcpt *rcpt;	/* the row's recipients, in order */
-	size_t		nrcpt;
-	char	  **deleted;		/* DELRCPT addresses, applied at commit */
-	size_t		ndeleted;
-	char	  **added;			/* ADDRCPT addresses */
-	size_t		nadded;
-	char	   *quarantine;		/* the reason, once a filter asked */
+	size_t				  nheaders;
+	bool				  headers_changed;
+	struct buf			  body;
+	bool				  body_changed;
+	char				 *mail_from;
+	bool				  mail_from_changed;
+	struct milter_rcpt	 *rcpt; /* the row's recipients, in order */
+	size_t				  nrcpt;
+	char				**deleted; /* DELRCPT addresses, applied at commit */
+	size_t				  ndeleted;
+	char				**added; /* ADDRCPT addresses */
+	size_t				  nadded;
+	char				 *quarantine; /* the reason, once a filter asked */
 };
 
 /* Build from the row's parts (headers: CRLF lines, as stored). */
-void		milter_message_init(struct milter_message *m, const char *headers, size_t hlen,
-								const char *body, size_t blen, const char *mail_from,
-								const char *const *rcpt, size_t nrcpt);
-void		milter_message_free(struct milter_message *m);
+void milter_message_init(struct milter_message *m, const char *headers, size_t hlen,
+						 const char *body, size_t blen, const char *mail_from,
+						 const char *const *rcpt, size_t nrcpt);
+void milter_message_free(struct milter_message *m);
 /* The header block back, CRLF lines. */
-void		milter_message_headers(const struct milter_message *m, struct buf *out);
+void milter_message_headers(const struct milter_message *m, struct buf *out);
 /* A header's value as a filter receives it: folds as LF, the leading space unless leadspc. */
-char	   *milter_header_for_filter(const char *value, bool leadspc);
+char *milter_header_for_filter(const char *value, bool leadspc);
 /*
  * The edits of one end-of-message reply.  value is as the filter sent it;
  * leadspc says the filter negotiated SMFIP_HDR_LEADSPC.  Body chunks
  * append to the new body (the first one of a reply starts it).
  */
-void		milter_message_add_header(struct milter_message *m, const char *name, const char *value,
-									  bool leadspc);
-void		milter_message_insert_header(struct milter_message *m, uint32_t position, const char *name,
-										 const char *value, bool leadspc);
-void		milter_message_change_header(struct milter_message *m, uint32_t occurrence,
-										 const char *name, const char *value, bool leadspc);
-void		milter_message_body_chunk(struct milter_message *m, const char *data, size_t len,
-									  bool first);
-void		milter_message_change_from(struct milter_message *m, const char *address);
-void		milter_message_add_rcpt(struct milter_message *m, const char *address);
-void		milter_message_delete_rcpt(struct milter_message *m, const char *address);
+void milter_message_add_header(struct milter_message *m, const char *name, const char *value,
+							   bool leadspc);
+void milter_message_insert_header(struct milter_message *m, uint32_t position, const char *name,
+								  const char *value, bool leadspc);
+void milter_message_change_header(struct milter_message *m, uint32_t occurrence,
+								  const char *name, const char *value, bool leadspc);
+void milter_message_body_chunk(struct milter_message *m, const char *data, size_t len,
+							   bool first);
+void milter_message_change_from(struct milter_message *m, const char *address);
+void milter_message_add_rcpt(struct milter_message *m, const char *address);
+void milter_message_delete_rcpt(struct milter_message *m, const char *address);
 /* An address as the row stores it: the angle brackets a filter may send taken off. */
-char	   *milter_bare_address(const char *address);
+char *milter_bare_address(const char *address);
 
 enum milter_verdict
 {
-	MILTER_VERDICT_ACCEPT = 0,	/* accept or continue: the message goes on */
+	MILTER_VERDICT_ACCEPT = 0, /* accept or continue: the message goes on */
 	MILTER_VERDICT_REJECT,
 	MILTER_VERDICT_TEMPFAIL,
 	MILTER_VERDICT_DISCARD,
-	MILTER_VERDICT_UNAVAILABLE	/* the filter could not be asked: DEFAULT_ACTION decides */
+	MILTER_VERDICT_UNAVAILABLE /* the filter could not be asked: DEFAULT_ACTION decides */
 };
 
 const char *milter_verdict_name(enum milter_verdict verdict);
 
 struct milter_timeouts
 {
-	long		connect_ms;
-	long		command_ms;
-	long		final_ms;		/* end of message: the filter scans the content */
+	long connect_ms;
+	long command_ms;
+	long final_ms; /* end of message: the filter scans the content */
 };
 
 /* What the filter's macros are made of: from state.origin and the envelope. */
 struct milter_macro_source
 {
-	const char *hostname;		/* j: [pepsi] HOSTNAME */
-	const char *queue_id;		/* i: the row's id */
-	json_t	   *origin;			/* state.origin, or NULL (local submission) */
+	const char *hostname; /* j: [pepsi] HOSTNAME */
+	const char *queue_id; /* i: the row's id */
+	json_t	   *origin;	  /* state.origin, or NULL (local submission) */
 };
 
 struct milter_filter;
 
 /* A filter at address (common/milter.h's forms); connected on first use. */
 struct milter_filter *milter_filter_new(const char *address_text, char *err, size_t errlen);
-void		milter_filter_free(struct milter_filter *f);
-const char *milter_filter_name(const struct milter_filter *f);
+void				  milter_filter_free(struct milter_filter *f);
+const char			 *milter_filter_name(const struct milter_filter *f);
 
 /*
  * Show the message to the filter and apply its edits to m.  Returns the

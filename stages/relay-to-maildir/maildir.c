@@ -25,19 +25,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
-#include <unistd.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "delivery.h"
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
-int			pepsi_stage_relay_to_maildir_main(int argc, char **argv);
+int pepsi_stage_relay_to_maildir_main(int argc, char **argv);
 
-static unsigned long maildir_deliveries;	/* the Q of unique names */
+static unsigned long maildir_deliveries; /* the Q of unique names */
 
 /* The mailbox directory name for an address, or NULL when it cannot be one. */
 static char *
@@ -77,8 +77,8 @@ maildir_create(const char *mailbox)
 
 	for (size_t i = 0; i < 4; i++)
 	{
-		char	   *path = xasprintf("%s%s", mailbox, subdirs[i]);
-		int			rc = mkdir(path, 0700);
+		char *path = xasprintf("%s%s", mailbox, subdirs[i]);
+		int	  rc = mkdir(path, 0700);
 
 		free(path);
 		if (rc != 0 && errno != EEXIST)
@@ -92,7 +92,7 @@ maildir_write_all(int fd, const char *data, size_t len)
 {
 	while (len > 0)
 	{
-		ssize_t		n = write(fd, data, len);
+		ssize_t n = write(fd, data, len);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -107,8 +107,8 @@ maildir_write_all(int fd, const char *data, size_t len)
 static bool
 maildir_fsync_dir(const char *path)
 {
-	int			fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	bool		ok;
+	int	 fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	bool ok;
 
 	if (fd < 0)
 		return false;
@@ -126,9 +126,9 @@ static char *
 maildir_unique_name(void)
 {
 	struct timeval tv;
-	char		host[256];
-	struct buf	safe = BUF_INIT;
-	char	   *name;
+	char		   host[256];
+	struct buf	   safe = BUF_INIT;
+	char		  *name;
 
 	gettimeofday(&tv, NULL);
 	if (gethostname(host, sizeof(host)) != 0)
@@ -154,13 +154,13 @@ static bool
 maildir_deliver(const char *mailbox, const struct buf *prefix, const struct buf *headers,
 				const struct buf *body, char **delivered_as)
 {
-	char	   *unique = maildir_unique_name();
-	char	   *tmp_path = xasprintf("%s/tmp/%s", mailbox, unique);
-	char	   *new_dir = xasprintf("%s/new", mailbox);
-	char	   *new_path = xasprintf("%s/new/%s", mailbox, unique);
-	int			fd = -1;
-	int			saved;
-	bool		ok = false;
+	char *unique = maildir_unique_name();
+	char *tmp_path = xasprintf("%s/tmp/%s", mailbox, unique);
+	char *new_dir = xasprintf("%s/new", mailbox);
+	char *new_path = xasprintf("%s/new/%s", mailbox, unique);
+	int	  fd = -1;
+	int	  saved;
+	bool  ok = false;
 
 	fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
@@ -213,19 +213,19 @@ maildir_root(const struct pepsi_config *cfg, const char *section_root)
 static int
 maildir_run(struct pepsi_ctx *ctx)
 {
-	const char *root = maildir_root(pepsi_config(ctx), pepsi_option(ctx, "MAILDIR_ROOT"));
-	bool		localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
-	bool		create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
-	const struct buf *headers;
-	const struct buf *body;
-	const char *rcpt;
-	char	   *name = NULL;
-	char	   *mailbox = NULL;
-	char	   *delivered_as = NULL;
-	struct buf	prefix = BUF_INIT;
-	struct buf	diagnostic = BUF_INIT;
+	const char			  *root = maildir_root(pepsi_config(ctx), pepsi_option(ctx, "MAILDIR_ROOT"));
+	bool				   localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
+	bool				   create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
+	const struct buf	  *headers;
+	const struct buf	  *body;
+	const char			  *rcpt;
+	char				  *name = NULL;
+	char				  *mailbox = NULL;
+	char				  *delivered_as = NULL;
+	struct buf			   prefix = BUF_INIT;
+	struct buf			   diagnostic = BUF_INIT;
 	struct delivery_report report = {.relay = "local"};
-	int			rc;
+	int					   rc;
 
 	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)
 		return -1;
@@ -247,7 +247,7 @@ maildir_run(struct pepsi_ctx *ctx)
 	errno = 0;
 	if (!maildir_is_dir(mailbox))
 	{
-		bool		missing = errno == ENOENT || errno == ENOTDIR || errno == 0;
+		bool missing = errno == ENOENT || errno == ENOTDIR || errno == 0;
 
 		if (create && !maildir_create(mailbox))
 		{
@@ -272,7 +272,7 @@ maildir_run(struct pepsi_ctx *ctx)
 	if (!maildir_deliver(mailbox, &prefix, headers, body, &delivered_as))
 	{
 		/* A full disk, permissions, I/O: the operator can fix it; retry. */
-		int			saved = errno;
+		int saved = errno;
 
 		buf_printf(&diagnostic, "X-Pepsi; cannot write to mailbox %s: %s", mailbox, strerror(saved));
 		report.status = saved == ENOSPC || saved == EDQUOT ? "4.2.2" : "4.3.0";

@@ -29,15 +29,15 @@
 #include "delivery.h"
 #include "log.h"
 #include "secret.h"
-#include "xalloc.h"
 #include "smtp_client.h"
 #include "stage.h"
+#include "xalloc.h"
 
-int			pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
+int pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
 
 /* The session of this worker and the settings it was made with. */
 static struct smtp_client *relay_client;
-static char *relay_client_key;
+static char				  *relay_client_key;
 
 /* "host", "host:port", "[addr]:port", "[addr]" */
 static bool
@@ -67,7 +67,7 @@ relay_parse_smarthost(const char *value, char **host, char **port)
 	}
 	colon = strrchr(value, ':');
 	if (colon && strchr(value, ':') != colon)
-		colon = NULL;			/* a bare IPv6 address */
+		colon = NULL; /* a bare IPv6 address */
 	if (colon && colon[1] == '\0')
 		return false;
 	*host = colon ? xstrndup(value, (size_t) (colon - value)) : xstrdup(value);
@@ -85,10 +85,10 @@ relay_parse_smarthost(const char *value, char **host, char **port)
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
 {
-	char		why[256];
-	FILE	   *f = secret_file_open(path, why, sizeof(why));
-	char		line[1024];
-	size_t		n;
+	char   why[256];
+	FILE  *f = secret_file_open(path, why, sizeof(why));
+	char   line[1024];
+	size_t n;
 
 	if (f == NULL)
 	{
@@ -101,7 +101,7 @@ relay_read_password(const char *path, char *err, size_t errlen)
 	n = strcspn(line, "\r\n");
 	line[n] = '\0';
 	{
-		char	   *password = xstrdup(line);
+		char *password = xstrdup(line);
 
 		explicit_bzero(line, sizeof(line));
 		return password;
@@ -122,12 +122,12 @@ static struct smtp_client *
 relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t errlen)
 {
 	struct smtp_client_options o = {0};
-	const char *password_file = pepsi_option(ctx, "AUTH_PASSWORD_FILE");
-	const char *helo_name = pepsi_option(ctx, "HELO_NAME");
-	char	   *host = NULL;
-	char	   *port = NULL;
-	char	   *password = NULL;
-	char	   *key;
+	const char				  *password_file = pepsi_option(ctx, "AUTH_PASSWORD_FILE");
+	const char				  *helo_name = pepsi_option(ctx, "HELO_NAME");
+	char					  *host = NULL;
+	char					  *port = NULL;
+	char					  *password = NULL;
+	char					  *key;
 
 	if (helo_name == NULL)
 		helo_name = config_hostname(pepsi_config(ctx));
@@ -202,11 +202,11 @@ relay_report(const struct smtp_result *r, struct delivery_report *report, char *
 	else if (reply->code > 0)
 		snprintf(status, status_len, "%d.0.0", reply->code / 100);
 	else if (r->phase == SMTP_PHASE_CONNECT)
-		snprintf(status, status_len, "4.4.1");	/* no answer from host */
+		snprintf(status, status_len, "4.4.1"); /* no answer from host */
 	else if (r->phase == SMTP_PHASE_STARTTLS || r->phase == SMTP_PHASE_AUTH)
-		snprintf(status, status_len, "4.7.0");	/* security */
+		snprintf(status, status_len, "4.7.0"); /* security */
 	else
-		snprintf(status, status_len, "4.4.2");	/* bad connection */
+		snprintf(status, status_len, "4.4.2"); /* bad connection */
 	report->status = status;
 	if (reply->code > 0)
 	{
@@ -228,21 +228,21 @@ relay_report(const struct smtp_result *r, struct delivery_report *report, char *
 static int
 relay_run(struct pepsi_ctx *ctx)
 {
-	const char *smarthost = pepsi_option(ctx, "SMARTHOST");
-	struct smtp_client *client;
-	struct smtp_envelope env = {0};
-	struct smtp_result result;
+	const char			  *smarthost = pepsi_option(ctx, "SMARTHOST");
+	struct smtp_client	  *client;
+	struct smtp_envelope   env = {0};
+	struct smtp_result	   result;
 	struct delivery_report report;
-	struct buf	raw = BUF_INIT;
-	struct buf	diagnostic = BUF_INIT;
-	json_t	   *origin = json_object_get(pepsi_state(ctx), "origin");
-	const char *body = json_string_value(json_object_get(origin, "body"));
-	const char *rcpt[1];
-	const char *notify[1];
-	const char *orcpt[1];
-	char		status[16];
-	char		err[512];
-	int			rc;
+	struct buf			   raw = BUF_INIT;
+	struct buf			   diagnostic = BUF_INIT;
+	json_t				  *origin = json_object_get(pepsi_state(ctx), "origin");
+	const char			  *body = json_string_value(json_object_get(origin, "body"));
+	const char			  *rcpt[1];
+	const char			  *notify[1];
+	const char			  *orcpt[1];
+	char				   status[16];
+	char				   err[512];
+	int					   rc;
 
 	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)
 		return -1;
@@ -254,14 +254,15 @@ relay_run(struct pepsi_ctx *ctx)
 		};
 
 		log_warnx("[stage-%s] has no SMARTHOST: row %lld to <%s> is held paused; set SMARTHOST "
-				  "(pepsi.conf or pepsi.config_set) to deliver remote mail", pepsi_stage_name(ctx),
+				  "(pepsi.conf or pepsi.config_set) to deliver remote mail",
+				  pepsi_stage_name(ctx),
 				  pepsi_id(ctx), pepsi_rcpt(ctx, 0));
 		return delivery_deferred(ctx, &held);
 	}
 	if ((client = relay_client_for(ctx, smarthost, err, sizeof(err))) == NULL)
 	{
 		struct delivery_report misconfigured = {.status = "4.3.5"};
-		char	   *text = xasprintf("X-Pepsi; %s", err);
+		char				  *text = xasprintf("X-Pepsi; %s", err);
 
 		log_warnx("[stage-%s]: %s", pepsi_stage_name(ctx), err);
 		misconfigured.diagnostic = text;
@@ -329,7 +330,8 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 		if (!relay_parse_smarthost(smarthost, &host, &port))
 		{
 			snprintf(err, errlen, "%s: [%s] SMARTHOST \"%s\" is not host, host:port or "
-					 "[address]:port", cfg->path, section, smarthost);
+								  "[address]:port",
+					 cfg->path, section, smarthost);
 			return false;
 		}
 		free(host);
@@ -362,8 +364,8 @@ const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {
 int
 pepsi_stage_relay_to_smarthost_main(int argc, char **argv)
 {
-	int			rc = pepsi_worker_main(&pepsi_stage_relay_to_smarthost_stage, argc, argv);
+	int rc = pepsi_worker_main(&pepsi_stage_relay_to_smarthost_stage, argc, argv);
 
-	relay_close_client();		/* QUIT the session the worker kept */
+	relay_close_client(); /* QUIT the session the worker kept */
 	return rc;
 }

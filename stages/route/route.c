@@ -16,12 +16,12 @@
 
 #include "local.h"
 #include "log.h"
-#include "xalloc.h"
 #include "stage.h"
+#include "xalloc.h"
 
 #define ROUTE_MAX_DOMAINS 256
 
-int			pepsi_stage_route_main(int argc, char **argv);
+int pepsi_stage_route_main(int argc, char **argv);
 
 /* The local domains of this stage's section (local.c's fallbacks included). */
 static const char *
@@ -82,7 +82,7 @@ route_run(struct pepsi_ctx *ctx)
 static bool
 route_can_fuse(struct pepsi_ctx *ctx)
 {
-	size_t		local = route_count_local(ctx);
+	size_t local = route_count_local(ctx);
 
 	return local == 0 || local == pepsi_rcpt_count(ctx);
 }

@@ -23,9 +23,9 @@
 #include "srs.h"
 #include "stage.h"
 
-int			pepsi_stage_srs_main(int argc, char **argv);
+int pepsi_stage_srs_main(int argc, char **argv);
 
-static struct srs srs_engine;
+static struct srs				  srs_engine;
 static const struct pepsi_config *srs_engine_config;
 
 static const char *
@@ -69,14 +69,15 @@ srs_run(struct pepsi_ctx *ctx)
 static bool
 srs_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	struct srs	engine;
+	struct srs engine;
 
 	if (!srs_from_config(cfg, &engine, err, errlen))
 		return false;
 	if (engine.domain == NULL)
 	{
 		snprintf(err, errlen, "%s: [%s] runs pepsi-stage-srs, which needs an [srs] section "
-				 "(DOMAIN and SECRET_FILE)", cfg->path, section);
+							  "(DOMAIN and SECRET_FILE)",
+				 cfg->path, section);
 		return false;
 	}
 	srs_free(&engine);

@@ -8,23 +8,23 @@
  * name again once all are answered (from the loop's cache), printing a
  * second set of lines.
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <arpa/inet.h>
 
-#include "dns.h"
 #include "buf.h"
+#include "dns.h"
 #include "log.h"
 #include "xalloc.h"
 
 struct lookup
 {
-	const char *name;
-	const char *type_name;
+	const char	 *name;
+	const char	 *type_name;
 	enum dns_type type;
-	char	   *line;
+	char		 *line;
 };
 
 static const char *const status_names[] = {"ok", "nxdomain", "tempfail", "timeout"};
@@ -32,14 +32,14 @@ static const char *const status_names[] = {"ok", "nxdomain", "tempfail", "timeou
 static char *
 describe(const struct lookup *l, const struct dns_answer *a)
 {
-	struct buf	line = BUF_INIT;
+	struct buf line = BUF_INIT;
 
 	buf_printf(&line, "%s %s %s%s", l->name, l->type_name, status_names[a->status],
 			   a->secure ? " secure" : "");
 	for (size_t i = 0; i < a->count; i++)
 	{
 		const struct dns_record *r = &a->records[i];
-		char		ip[INET6_ADDRSTRLEN];
+		char					 ip[INET6_ADDRSTRLEN];
 
 		if (r->type == DNS_TYPE_A)
 			buf_printf(&line, " %s", inet_ntop(AF_INET, r->rdata, ip, sizeof(ip)));
@@ -66,9 +66,12 @@ answered(void *arg, const struct dns_answer *a)
 static enum dns_type
 type_by_name(const char *name)
 {
-	static const struct { const char *name; enum dns_type type; } types[] = {
-		{"A", DNS_TYPE_A}, {"AAAA", DNS_TYPE_AAAA}, {"MX", DNS_TYPE_MX}, {"TXT", DNS_TYPE_TXT},
-		{"PTR", DNS_TYPE_PTR}, {"CNAME", DNS_TYPE_CNAME}, {"TLSA", DNS_TYPE_TLSA}};
+	static const struct
+	{
+		const char	 *name;
+		enum dns_type type;
+	} types[] = {
+		{"A", DNS_TYPE_A}, {"AAAA", DNS_TYPE_AAAA}, {"MX", DNS_TYPE_MX}, {"TXT", DNS_TYPE_TXT}, {"PTR", DNS_TYPE_PTR}, {"CNAME", DNS_TYPE_CNAME}, {"TLSA", DNS_TYPE_TLSA}};
 
 	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
 		if (strcmp(types[i].name, name) == 0)
@@ -80,15 +83,15 @@ int
 main(int argc, char **argv)
 {
 	struct pepsi_config *cfg;
-	struct dns_config dc;
+	struct dns_config	 dc;
 	struct dns_resolver *r;
-	struct lookup *lookups;
-	const char *conf = NULL;
-	bool		sync = false;
-	bool		again = false;
-	char		err[1024];
-	int			opt;
-	int			n;
+	struct lookup		*lookups;
+	const char			*conf = NULL;
+	bool				 sync = false;
+	bool				 again = false;
+	char				 err[1024];
+	int					 opt;
+	int					 n;
 
 	log_init("pepsi-test-resolve", false);
 	while ((opt = getopt(argc, argv, "ac:s")) != -1)
@@ -109,8 +112,8 @@ main(int argc, char **argv)
 	lookups = xcalloc((size_t) n + 1, sizeof(*lookups));
 	for (int i = 0; i < n; i++)
 	{
-		char	   *arg = argv[optind + i];
-		char	   *colon = strchr(arg, ':');
+		char *arg = argv[optind + i];
+		char *colon = strchr(arg, ':');
 
 		if (colon == NULL)
 			fatalx("%s: not TYPE:NAME", arg);

@@ -30,10 +30,10 @@
 static int
 probe_fan_out(struct pepsi_ctx *ctx, json_t *merge)
 {
-	const int	keep[] = {1};
-	json_t	   *rest = json_array();
-	json_t	   *groups;
-	int			rc;
+	const int keep[] = {1};
+	json_t	 *rest = json_array();
+	json_t	 *groups;
+	int		  rc;
 
 	for (size_t i = 2; i <= pepsi_rcpt_count(ctx); i++)
 		json_array_append_new(rest, json_integer((json_int_t) i));
@@ -53,21 +53,21 @@ probe_fan_out(struct pepsi_ctx *ctx, json_t *merge)
 static int
 probe_enqueue_new(struct pepsi_ctx *ctx, json_t *merge)
 {
-	const char *sender = pepsi_mail_from(ctx);
-	const char *stage = pepsi_option(ctx, "ENQUEUE_STAGE");
+	const char		 *sender = pepsi_mail_from(ctx);
+	const char		 *stage = pepsi_option(ctx, "ENQUEUE_STAGE");
 	static const char headers[] = "Subject: probe reply\r\n";
 	static const char body[] = "An automatic reply.\r\n";
-	char		token[64];
-	json_t	   *state = json_pack("{s:s}", "probe", "reply");
-	long long	first,
-				second;
+	char			  token[64];
+	json_t			 *state = json_pack("{s:s}", "probe", "reply");
+	long long		  first,
+		second;
 
 	snprintf(token, sizeof(token), "probe-reply-%lld", pepsi_id(ctx));
 	first = pepsi_enqueue_new(ctx, stage, "", &sender, 1, headers, strlen(headers),
 							  body, strlen(body), state, token);
 	second = first < 0 ? -1
-		: pepsi_enqueue_new(ctx, stage, "", &sender, 1, headers, strlen(headers),
-							body, strlen(body), state, token);
+					   : pepsi_enqueue_new(ctx, stage, "", &sender, 1, headers, strlen(headers),
+										   body, strlen(body), state, token);
 	json_decref(state);
 	if (first < 0 || second < 0)
 		return -1;
@@ -79,9 +79,9 @@ probe_enqueue_new(struct pepsi_ctx *ctx, json_t *merge)
 static int
 probe_finish_with(struct pepsi_ctx *ctx)
 {
-	char		token[64];
-	json_t	   *clones;
-	int			rc;
+	char	token[64];
+	json_t *clones;
+	int		rc;
 
 	snprintf(token, sizeof(token), "probe-dsn-%lld", pepsi_id(ctx));
 	clones = json_pack("[{s:s, s:s?, s:s, s:[s], s:{s:{s:s}}}]",
@@ -126,8 +126,8 @@ probe_run(struct pepsi_ctx *ctx)
 		return pepsi_body(ctx) ? pepsi_advance(ctx) : -1;
 	if (strcmp(action, "raw") == 0)
 	{
-		struct buf	raw = BUF_INIT;
-		bool		ok = pepsi_raw_message(ctx, &raw);
+		struct buf raw = BUF_INIT;
+		bool	   ok = pepsi_raw_message(ctx, &raw);
 
 		buf_free(&raw);
 		return ok ? pepsi_advance(ctx) : -1;

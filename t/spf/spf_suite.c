@@ -26,16 +26,16 @@
 
 struct fake_query
 {
-	struct dns_query *query;
-	struct dns_answer answer;
-	bool		silent;
-	ev_timer	timer;
+	struct dns_query  *query;
+	struct dns_answer  answer;
+	bool			   silent;
+	ev_timer		   timer;
 	struct fake_query *next;
 };
 
-static json_t *zone;
+static json_t			 *zone;
 static struct fake_query *pending;
-static struct ev_loop *loop;
+static struct ev_loop	 *loop;
 
 /* Dotted name to wire format; false if a label cannot be encoded. */
 static bool
@@ -45,7 +45,7 @@ wire_name(const char *name, struct buf *out)
 
 	while (*p)
 	{
-		size_t		len = strcspn(p, ".");
+		size_t len = strcspn(p, ".");
 
 		if (len == 0 || len > 63)
 			return len == 0 && p[0] == '.' && p[1] == '\0';
@@ -80,7 +80,7 @@ type_named(const char *t)
 static void
 add_record(struct dns_answer *a, enum dns_type type, json_t *value)
 {
-	struct buf	rdata = BUF_INIT;
+	struct buf	  rdata = BUF_INIT;
 	unsigned char addr[16];
 
 	switch (type)
@@ -95,10 +95,10 @@ add_record(struct dns_answer *a, enum dns_type type, json_t *value)
 			return;
 		case DNS_TYPE_TXT:
 			{
-				size_t		i;
-				json_t	   *s;
+				size_t	i;
+				json_t *s;
 
-				json_array_foreach(value, i, s)
+				json_array_foreach (value, i, s)
 				{
 					const char *text = json_string_value(s);
 					size_t		len = json_string_length(s);
@@ -106,7 +106,7 @@ add_record(struct dns_answer *a, enum dns_type type, json_t *value)
 					/* Character-strings of at most 255 octets (one empty one for ""). */
 					do
 					{
-						size_t		n = len > 255 ? 255 : len;
+						size_t n = len > 255 ? 255 : len;
 
 						buf_append_char(&rdata, (char) n);
 						buf_append(&rdata, text, n);
@@ -118,7 +118,7 @@ add_record(struct dns_answer *a, enum dns_type type, json_t *value)
 			}
 		case DNS_TYPE_MX:
 			{
-				int			pref = (int) json_integer_value(json_array_get(value, 0));
+				int pref = (int) json_integer_value(json_array_get(value, 0));
 
 				buf_append_char(&rdata, (char) (pref >> 8));
 				buf_append_char(&rdata, (char) (pref & 0xff));
@@ -145,21 +145,21 @@ static bool
 is_timeout(json_t *value)
 {
 	return (json_is_string(value) && strcmp(json_string_value(value), "TIMEOUT") == 0)
-		|| (json_is_array(value) && json_array_size(value) == 1
-			&& json_is_string(json_array_get(value, 0))
-			&& strcmp(json_string_value(json_array_get(value, 0)), "TIMEOUT") == 0);
+		   || (json_is_array(value) && json_array_size(value) == 1
+			   && json_is_string(json_array_get(value, 0))
+			   && strcmp(json_string_value(json_array_get(value, 0)), "TIMEOUT") == 0);
 }
 
 /* Answer name/type from the zone; false if the name must never answer. */
 static bool
 fake_answer(const char *name, enum dns_type type, struct dns_answer *a, int depth)
 {
-	char		key[300];
-	size_t		len = strlen(name);
-	json_t	   *rrs;
-	json_t	   *rr;
-	size_t		i;
-	bool		seen = false;
+	char	key[300];
+	size_t	len = strlen(name);
+	json_t *rrs;
+	json_t *rr;
+	size_t	i;
+	bool	seen = false;
 
 	if (len >= sizeof(key))
 		len = sizeof(key) - 1;
@@ -177,10 +177,10 @@ fake_answer(const char *name, enum dns_type type, struct dns_answer *a, int dept
 			a->status = DNS_NXDOMAIN;
 		return true;
 	}
-	json_array_foreach(rrs, i, rr)
+	json_array_foreach (rrs, i, rr)
 	{
-		const char *tname = json_string_value(json_array_get(rr, 0));
-		json_t	   *value = json_array_get(rr, 1);
+		const char	 *tname = json_string_value(json_array_get(rr, 0));
+		json_t		 *value = json_array_get(rr, 1);
 		enum dns_type rtype;
 
 		if (strcmp(tname, "TIMEOUT") == 0)
@@ -260,10 +260,10 @@ fake_sweep(void)
 
 struct outcome
 {
-	bool		done;
+	bool			done;
 	enum spf_result result;
-	char	   *explanation;
-	char	   *reason;
+	char		   *explanation;
+	char		   *reason;
 };
 
 static void
@@ -280,11 +280,11 @@ check_done(void *arg, const struct spf_verdict *v)
 int
 main(int argc, char **argv)
 {
-	json_error_t error;
-	json_t	   *suite;
-	json_t	   *scenario;
-	size_t		i;
-	struct dns_backend backend = {fake_start, fake_cancel, NULL};
+	json_error_t		 error;
+	json_t				*suite;
+	json_t				*scenario;
+	size_t				 i;
+	struct dns_backend	 backend = {fake_start, fake_cancel, NULL};
 	struct dns_resolver *resolver;
 
 	log_init("pepsi-test-spf-suite", false);
@@ -294,16 +294,16 @@ main(int argc, char **argv)
 		fatalx("%s: %s", argv[1], error.text);
 	loop = EV_DEFAULT;
 	resolver = dns_resolver_new_backend(loop, &backend, SUITE_LOOKUP_TIMEOUT);
-	json_array_foreach(suite, i, scenario)
+	json_array_foreach (suite, i, scenario)
 	{
-		json_t	   *test;
-		size_t		j;
+		json_t *test;
+		size_t	j;
 
 		zone = json_object_get(scenario, "zone");
-		json_array_foreach(json_object_get(scenario, "tests"), j, test)
+		json_array_foreach (json_object_get(scenario, "tests"), j, test)
 		{
-			const char *mailfrom = json_string_value(json_object_get(test, "mailfrom"));
-			const char *helo = json_string_value(json_object_get(test, "helo"));
+			const char	  *mailfrom = json_string_value(json_object_get(test, "mailfrom"));
+			const char	  *helo = json_string_value(json_object_get(test, "helo"));
 			struct outcome o = {0};
 
 			spf_check_start(resolver, NULL, json_string_value(json_object_get(test, "host")),

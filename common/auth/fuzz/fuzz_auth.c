@@ -22,13 +22,13 @@
 #include "srs.h"
 #include "xalloc.h"
 
-int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void
 fuzz_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t valuelen)
 {
 	/* Touch every octet handed out: ASan checks the bounds. */
-	size_t	   *sum = arg;
+	size_t *sum = arg;
 
 	for (size_t i = 0; i < taglen; i++)
 		*sum += (unsigned char) tag[i];
@@ -47,13 +47,17 @@ fuzz_no_key(void *arg, const char *domain, const char *selector, enum sign_algor
 static void
 fuzz_srs(const char *address)
 {
-	static char secret[] = "fuzz-secret";
+	static char	 secret[] = "fuzz-secret";
 	static char *secrets[] = {secret};
-	struct srs	srs = {
-		.domain = (char *) "srs.example", .secrets = secrets, .nsecrets = 1,
-		.max_age = 21, .hash_length = 4, .separator = '=',
-	};
-	char		out[512];
+	struct srs	 srs = {
+		  .domain = (char *) "srs.example",
+		  .secrets = secrets,
+		  .nsecrets = 1,
+		  .max_age = 21,
+		  .hash_length = 4,
+		  .separator = '=',
+	  };
+	char out[512];
 
 	srs_reverse(&srs, address, 1764547200, out, sizeof(out));
 	free(srs_forward(&srs, address, 1764547200));
@@ -62,13 +66,13 @@ fuzz_srs(const char *address)
 static void
 fuzz_arc(const char *data, size_t size)
 {
-	const char *end = memmem(data, size, "\r\n\r\n", 4);
-	size_t		hlen = end ? (size_t) (end - data) + 2 : size;
-	struct arc_verdict verdict;
-	struct arc_chain chain;
+	const char			*end = memmem(data, size, "\r\n\r\n", 4);
+	size_t				 hlen = end ? (size_t) (end - data) + 2 : size;
+	struct arc_verdict	 verdict;
+	struct arc_chain	 chain;
 	struct header_fields fields;
-	struct arc_key_ref refs[8];
-	char		err[128];
+	struct arc_key_ref	 refs[8];
+	char				 err[128];
 
 	arc_verify(data, hlen, data + hlen, size - hlen, fuzz_no_key, NULL, &verdict);
 	if (header_fields_parse(data, hlen, 0, &fields, err, sizeof(err)))
@@ -82,8 +86,8 @@ fuzz_arc(const char *data, size_t size)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	char	   *text;
-	char		reason[256];
+	char *text;
+	char  reason[256];
 
 	if (size < 1)
 		return 0;
@@ -98,7 +102,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			break;
 		case 3:
 			{
-				size_t		sum = 0;
+				size_t sum = 0;
 
 				dkim_tag_list_parse((const char *) data + 1, size - 1, fuzz_tag, &sum);
 				break;
@@ -106,7 +110,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		case 4:
 			{
 				struct dmarc_record r;
-				const char *why;
+				const char		   *why;
 
 				dmarc_record_parse((const char *) data + 1, size - 1, &r, &why);
 				break;

@@ -23,20 +23,20 @@ static void
 test_decay(void **state)
 {
 	const struct data_case *c = *state;
-	double		half_life = strtod(data_case_field(c, 0), NULL);
-	char	   *charges = strdup(data_case_field(c, 1));
-	double		export_at = strtod(data_case_field(c, 2), NULL);
-	double		floor = strtod(data_case_field(c, 3), NULL);
-	const char *want = data_case_field(c, 4);
-	struct fair_account *account = fair_create();
-	struct buf	stages = BUF_INIT;
-	struct buf	senders = BUF_INIT;
-	struct buf	used = BUF_INIT;
-	char	   *save = NULL;
+	double					half_life = strtod(data_case_field(c, 0), NULL);
+	char				   *charges = strdup(data_case_field(c, 1));
+	double					export_at = strtod(data_case_field(c, 2), NULL);
+	double					floor = strtod(data_case_field(c, 3), NULL);
+	const char			   *want = data_case_field(c, 4);
+	struct fair_account	   *account = fair_create();
+	struct buf				stages = BUF_INIT;
+	struct buf				senders = BUF_INIT;
+	struct buf				used = BUF_INIT;
+	char				   *save = NULL;
 
 	for (char *charge = strtok_r(charges, " ", &save); charge; charge = strtok_r(NULL, " ", &save))
 	{
-		char	   *at = strchr(charge, '@');
+		char *at = strchr(charge, '@');
 
 		if (at == NULL)
 			fail_msg("%s: charge \"%s\" is not us@seconds", c->name, charge);
@@ -63,7 +63,7 @@ test_decay(void **state)
 int
 main(void)
 {
-	size_t		count;
+	size_t			  count;
 	struct data_case *cases = data_cases_load(__FILE__, "fair_decay.txt", &count);
 
 	return data_cases_run("fair_decay.txt", cases, count, test_decay);

@@ -25,19 +25,19 @@ struct dispatcher dispatcher;
 static void
 graph_config(const char *graph, struct buf *conf)
 {
-	char	   *copy = strdup(graph);
-	char	   *save_stage = NULL;
+	char *copy = strdup(graph);
+	char *save_stage = NULL;
 
 	for (char *stage = strtok_r(copy, ";", &save_stage); stage;
 		 stage = strtok_r(NULL, ";", &save_stage))
 	{
-		char	   *save_word = NULL;
-		char	   *name = strtok_r(stage, " ", &save_word);
+		char *save_word = NULL;
+		char *name = strtok_r(stage, " ", &save_word);
 
 		buf_printf(conf, "[stage-%s]\nPROGRAM = pepsi-test-probe\n", name);
 		for (char *edge = strtok_r(NULL, " ", &save_word); edge; edge = strtok_r(NULL, " ", &save_word))
 		{
-			char	   *eq = strchr(edge, '=');
+			char *eq = strchr(edge, '=');
 
 			if (eq == NULL)
 				fail_msg("edge \"%s\" is not OPTION=stage", edge);
@@ -52,13 +52,13 @@ static void
 test_graph(void **state)
 {
 	const struct data_case *c = *state;
-	const char *expect = data_case_field(c, 0);
-	struct buf	conf = BUF_INIT;
-	struct pepsi_config *cfg;
-	struct stage_spec *specs = NULL;
-	size_t		count = 0;
-	char		err[1024] = "";
-	bool		ok;
+	const char			   *expect = data_case_field(c, 0);
+	struct buf				conf = BUF_INIT;
+	struct pepsi_config	   *cfg;
+	struct stage_spec	   *specs = NULL;
+	size_t					count = 0;
+	char					err[1024] = "";
+	bool					ok;
 
 	graph_config(data_case_field(c, 1), &conf);
 	cfg = config_parse_string(conf.data, "pepsi.conf", err, sizeof(err));
@@ -83,7 +83,7 @@ test_graph(void **state)
 int
 main(void)
 {
-	size_t		count;
+	size_t			  count;
 	struct data_case *cases = data_cases_load(__FILE__, "graphs.txt", &count);
 
 	return data_cases_run("graphs.txt", cases, count, test_graph);

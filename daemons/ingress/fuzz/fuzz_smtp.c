@@ -20,7 +20,7 @@
 #include "relay_control.h"
 #include "smtp.h"
 
-int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Settings byte: which listener, and how the host answers. */
 #define FUZZ_STARTTLS 0x01
@@ -37,7 +37,7 @@ static struct relay_request fuzz_relay = {.local_domains = "example.org, mx.test
 static enum smtp_rcpt_verdict
 fuzz_rcpt_check(const struct smtp_session *s, const char *address)
 {
-	struct relay_request request = fuzz_relay;
+	struct relay_request   request = fuzz_relay;
 	enum smtp_rcpt_verdict verdict;
 
 	request.trusted_client = *(const uint8_t *) s->host & FUZZ_TRUSTED_CLIENT;
@@ -54,8 +54,8 @@ static void
 fuzz_relay_init(void)
 {
 	static const char *const mailboxes[] = {"alice@example.org", "bob@mx.test"};
-	char		err[256];
-	struct pepsi_config *cfg;
+	char					 err[256];
+	struct pepsi_config		*cfg;
 
 	if (fuzz_relay.resolver)
 		return;
@@ -69,14 +69,18 @@ fuzz_relay_init(void)
 static void
 fuzz_answer(struct smtp_session *s, uint8_t settings)
 {
-	struct envelope e;
+	struct envelope		   e;
 	struct envelope_origin origin = {
-		.client_ip = "192.0.2.1", .listener = "fuzz", .hostname = "mx.test",
-		.authserv_id = "auth.test", .transaction_id = "0123456789ABCDEF", .max_hops = 5,
+		.client_ip = "192.0.2.1",
+		.listener = "fuzz",
+		.hostname = "mx.test",
+		.authserv_id = "auth.test",
+		.transaction_id = "0123456789ABCDEF",
+		.max_hops = 5,
 		.success_dsn_allowed = false,
 	};
 	struct smtp_tls_info tls = {"TLSv1.3", "TLS_AES_256_GCM_SHA384", 256};
-	const char *refusal;
+	const char			*refusal;
 
 	switch (s->event)
 	{
@@ -85,7 +89,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 			break;
 		case SMTP_EVENT_AUTH:
 			smtp_auth_done(s, strcmp(s->auth_user, "alice") == 0
-						   && strcmp(s->auth_password, "secret") == 0);
+								  && strcmp(s->auth_password, "secret") == 0);
 			break;
 		case SMTP_EVENT_MESSAGE:
 			if ((refusal = envelope_build(s, &origin, &e)) != NULL)
@@ -116,10 +120,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		.command_rate = 0,
 	};
 	struct smtp_session s;
-	struct buf	pending = BUF_INIT;
-	uint8_t		settings;
-	uint32_t	rng;
-	size_t		pos = 1;
+	struct buf			pending = BUF_INIT;
+	uint8_t				settings;
+	uint32_t			rng;
+	size_t				pos = 1;
 
 	if (size < 1)
 		return 0;
@@ -145,8 +149,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	smtp_greet(&s);
 	while (pos < size && s.state != SMTP_STATE_CLOSED)
 	{
-		size_t		chunk;
-		size_t		used;
+		size_t chunk;
+		size_t used;
 
 		rng = rng * 1103515245u + 12345u;
 		chunk = 1 + (rng >> 16) % 97;
@@ -158,13 +162,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		{
 			used = smtp_input(&s, pending.data, pending.len);
 			if (s.event == SMTP_EVENT_STARTTLS)
-				used = pending.len;		/* RFC 3207: dropped */
+				used = pending.len; /* RFC 3207: dropped */
 			buf_consume(&pending, used);
 			if (s.event == SMTP_EVENT_NONE || s.event == SMTP_EVENT_CLOSE)
 				break;
 			fuzz_answer(&s, settings);
 		}
-		buf_reset(&s.out);		/* "written" */
+		buf_reset(&s.out); /* "written" */
 	}
 	buf_free(&pending);
 	smtp_free(&s);

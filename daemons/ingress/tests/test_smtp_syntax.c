@@ -31,9 +31,9 @@ static void
 test_mailbox(void **state)
 {
 	const struct data_case *c = *state;
-	bool		want = expect_valid(c);
-	const char *mode = data_case_field(c, 1);
-	const char *mailbox = data_case_field(c, 2);
+	bool					want = expect_valid(c);
+	const char			   *mode = data_case_field(c, 1);
+	const char			   *mailbox = data_case_field(c, 2);
 
 	if (strcmp(mode, "ascii") != 0 && strcmp(mode, "utf8") != 0)
 		fail_msg("%s: mode \"ascii\" or \"utf8\", not \"%s\"", c->name, mode);
@@ -45,9 +45,9 @@ static void
 test_utf8(void **state)
 {
 	const struct data_case *c = *state;
-	bool		want = expect_valid(c);
-	const char *text = c->nfields > 1 ? c->field[1] : "";
-	size_t		len = c->nfields > 1 ? c->len[1] : 0;
+	bool					want = expect_valid(c);
+	const char			   *text = c->nfields > 1 ? c->field[1] : "";
+	size_t					len = c->nfields > 1 ? c->len[1] : 0;
 
 	if (smtp_utf8_valid(text, len) != want)
 		fail_msg("%s: should be %s", c->name, want ? "valid" : "invalid");
@@ -57,11 +57,11 @@ static void
 test_base64(void **state)
 {
 	const struct data_case *c = *state;
-	const char *in = data_case_field(c, 0);
-	const char *want = data_case_field(c, 1);
-	bool		refused = strcmp(want, "-") == 0;
-	char		out[64];
-	long		n;
+	const char			   *in = data_case_field(c, 0);
+	const char			   *want = data_case_field(c, 1);
+	bool					refused = strcmp(want, "-") == 0;
+	char					out[64];
+	long					n;
 
 	n = smtp_base64_decode(in, c->len[0], out, refused ? sizeof(out) : c->len[1]);
 	if (refused)
@@ -82,18 +82,18 @@ main(void)
 {
 	struct
 	{
-		const char *file;
+		const char		  *file;
 		CMUnitTestFunction fn;
-	}			suites[] = {
+	} suites[] = {
 		{"mailbox.txt", test_mailbox},
 		{"utf8.txt", test_utf8},
 		{"base64.txt", test_base64},
 	};
-	int			failed = 0;
+	int failed = 0;
 
 	for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
 	{
-		size_t		count;
+		size_t			  count;
 		struct data_case *cases = data_cases_load(__FILE__, suites[i].file, &count);
 
 		failed += data_cases_run(suites[i].file, cases, count, suites[i].fn);

@@ -21,9 +21,7 @@ static const char *
 op_token(enum if_op op)
 {
 	static const char *const tokens[] = {
-		[IF_EQ] = "=", [IF_NE] = "!=", [IF_MATCH] = "~", [IF_NOMATCH] = "!~",
-		[IF_LT] = "<", [IF_GT] = ">", [IF_EXISTS] = "exists", [IF_MISSING] = "missing"
-	};
+		[IF_EQ] = "=", [IF_NE] = "!=", [IF_MATCH] = "~", [IF_NOMATCH] = "!~", [IF_LT] = "<", [IF_GT] = ">", [IF_EXISTS] = "exists", [IF_MISSING] = "missing"};
 
 	return tokens[op];
 }
@@ -32,11 +30,11 @@ static void
 test_parse(void **state)
 {
 	const struct data_case *c = *state;
-	const char *expect = data_case_field(c, 0);
-	const char *text = c->nfields > 1 ? c->field[1] : "";
-	struct if_condition cond;
-	char		err[512] = "";
-	bool		ok = if_condition_parse(text, &cond, err, sizeof(err));
+	const char			   *expect = data_case_field(c, 0);
+	const char			   *text = c->nfields > 1 ? c->field[1] : "";
+	struct if_condition		cond;
+	char					err[512] = "";
+	bool					ok = if_condition_parse(text, &cond, err, sizeof(err));
 
 	if (strcmp(expect, "ok") == 0)
 	{
@@ -69,11 +67,11 @@ static void
 test_compare(void **state)
 {
 	const struct data_case *c = *state;
-	const char *text = data_case_field(c, 0);
-	const char *value = data_case_field(c, 1);
-	bool		want = strcmp(data_case_field(c, 2), "true") == 0;
-	struct if_condition cond;
-	char		err[512];
+	const char			   *text = data_case_field(c, 0);
+	const char			   *value = data_case_field(c, 1);
+	bool					want = strcmp(data_case_field(c, 2), "true") == 0;
+	struct if_condition		cond;
+	char					err[512];
 
 	if (!if_condition_parse(text, &cond, err, sizeof(err)))
 		fail_msg("%s: \"%s\" refused: %s", c->name, text, err);
@@ -89,11 +87,11 @@ test_compare(void **state)
 int
 main(void)
 {
-	size_t		nparse;
-	size_t		ncompare;
+	size_t			  nparse;
+	size_t			  ncompare;
 	struct data_case *parse = data_cases_load(__FILE__, "parse.txt", &nparse);
 	struct data_case *compare = data_cases_load(__FILE__, "compare.txt", &ncompare);
 
 	return data_cases_run("parse.txt", parse, nparse, test_parse)
-		+ data_cases_run("compare.txt", compare, ncompare, test_compare);
+		   + data_cases_run("compare.txt", compare, ncompare, test_compare);
 }

@@ -15,12 +15,12 @@
 #include "milter.h"
 #include "milter_stage.h"
 
-int			LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void
 fuzz_apply(struct milter_message *m, const struct milter_reply *r, bool *first_chunk)
 {
-	bool		leadspc = (r->index & 1) != 0;	/* both spellings of the value */
+	bool leadspc = (r->index & 1) != 0; /* both spellings of the value */
 
 	switch (r->command)
 	{
@@ -53,28 +53,29 @@ fuzz_apply(struct milter_message *m, const struct milter_reply *r, bool *first_c
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static const char headers[] = "From: <a@example.org>\r\nSubject: one\r\n two\r\nno colon line\r\n"
-		"Subject: again\r\n";
-	const char *rcpt[] = {"a@example.org", "b@example.org"};
+	static const char	  headers[] = "From: <a@example.org>\r\nSubject: one\r\n two\r\nno colon line\r\n"
+									  "Subject: again\r\n";
+	const char			 *rcpt[] = {"a@example.org", "b@example.org"};
 	struct milter_message m;
-	const char *p = (const char *) data;
-	size_t		left = size;
-	bool		first_chunk = true;
-	struct buf	out = BUF_INIT;
+	const char			 *p = (const char *) data;
+	size_t				  left = size;
+	bool				  first_chunk = true;
+	struct buf			  out = BUF_INIT;
 
 	milter_message_init(&m, headers, sizeof(headers) - 1, "body\r\n", 6, "s@example.net", rcpt, 2);
 	for (;;)
 	{
-		char		command;
-		const char *payload;
-		size_t		payload_len;
-		size_t		consumed;
-		char		err[256];
+		char				command;
+		const char		   *payload;
+		size_t				payload_len;
+		size_t				consumed;
+		char				err[256];
 		struct milter_reply r;
 
 		/* small packets only: a fuzz input is small, and the limit is checked too */
 		if (milter_frame(p, left, 4096, &command, &payload, &payload_len, &consumed, err,
-						 sizeof(err)) != MILTER_FRAME_OK)
+						 sizeof(err))
+			!= MILTER_FRAME_OK)
 			break;
 		if (milter_parse_reply(command, payload, payload_len, &r, err, sizeof(err)))
 			fuzz_apply(&m, &r, &first_chunk);

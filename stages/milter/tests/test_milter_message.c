@@ -29,7 +29,7 @@ init(struct milter_message *m)
 static void
 assert_headers(const struct milter_message *m, const char *expected)
 {
-	struct buf	out = BUF_INIT;
+	struct buf out = BUF_INIT;
 
 	milter_message_headers(m, &out);
 	assert_string_equal(out.data ? out.data : "", expected);
@@ -52,7 +52,7 @@ test_untouched_round_trip(void **state)
 static void
 test_value_for_filter(void **state)
 {
-	char	   *v = milter_header_for_filter(" from a\r\n\tby b", false);
+	char *v = milter_header_for_filter(" from a\r\n\tby b", false);
 
 	assert_string_equal(v, "from a\n\tby b");
 	free(v);
@@ -76,7 +76,7 @@ test_header_edits(void **state)
 	milter_message_insert_header(&m, 1000, "X-Last", "end", false);
 	assert_true(m.headers_changed);
 	assert_headers(&m, "X-Top: lead\r\nReceived: from a\r\n\tby b\r\nX-Tag: 1\r\nx-tag: two\r\n"
-				   "X-Spam: yes\r\n\tscore 9\r\nX-Absent: added\r\nX-Last: end\r\n");
+					   "X-Spam: yes\r\n\tscore 9\r\nX-Absent: added\r\nX-Last: end\r\n");
 	milter_message_free(&m);
 }
 
