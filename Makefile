@@ -9,7 +9,7 @@
 #   make uninstall  remove what make install installed
 #   make run      start Pepsi on a private PostgreSQL cluster under ./run/
 #   make stop     stop it
-#   make check    build with -Werror, install, run every test suite
+#   make check    check the C layout, build with -Werror, install, run every test suite
 #   make sanitize the unit tests and the daemons' TAP tests against
 #                 programs built with ASan and UBSan (build/san/)
 #   make man      the man pages, from docs/*.[1-8].md (pandoc), in build/man/
@@ -223,6 +223,7 @@ deps:
 
 # Warnings are errors here, so everything is rebuilt with -Werror.
 check: deps
+	$(MAKE) format-check
 	$(MAKE) clean
 	$(MAKE) PEPSI_WERROR=-Werror all
 	$(MAKE) -C extension install
