@@ -30,8 +30,22 @@ mkdir -p "$scratch/regress-out" "$scratch/tap" "$scratch/san-tap" "$scratch/san-
 give_to_user "$scratch"
 chmod 755 "$scratch"
 
+# tap_failures LOG LABEL: every "not ok" and every dubious script of a
+# prove -v log, each with the file it came from.
+tap_failures() {
+    awk -v label="$2" '
+        /^t\/[^ ]*\.pl \.\./ { file = $1 }
+        /^[[:space:]]*not ok [0-9]+/ { sub(/^[[:space:]]*/, ""); print label " " file ": " $0 }
+        /Dubious|Parse errors|No subtests run|Bad plan/ { print label " " file ": " $0 }
+    ' "$1"
+}
+
 passed=0
 failed=0
+# What failed, one line each, repeated at the very end: CI keeps only the
+# tail of a long log, and the count alone does not say where to look.
+failures="$scratch/failures"
+: >"$failures"
 
 # Unit tests (cmocka): one result per test case.
 skip unit && units= || units=$(find "$top/$PEPSI_UNIT_DIR" -path '*/tests/test_*' -type f -perm -u+x ! -name '*.d' 2>/dev/null | sort)
@@ -44,8 +58,10 @@ for unit in $units; do
     bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | awk '{n += $1} END {if (NR) print n}')
     passed=$((passed + ${ok:-0}))
     failed=$((failed + ${bad:-0}))
+    grep -E '^\[  FAILED  \] [^0-9]' "$scratch/unit.log" | sed "s|^|unit ${unit#$top/build/}: |" >>"$failures"
     if [ -z "$ok" ] && [ -z "$bad" ]; then
         echo "unit test $unit ran no test"
+        echo "unit ${unit#$top/build/}: ran no test" >>"$failures"
         failed=$((failed + 1))
     fi
 done
@@ -67,12 +83,14 @@ if [ -n "$regress_tests" ]; then
     bad=$(grep -cE 'FAILED|failed \(ignored\)' "$scratch/regress.log")
     passed=$((passed + ok))
     failed=$((failed + bad))
+    grep -E 'FAILED|failed \(ignored\)' "$scratch/regress.log" | sed 's/^/pg_regress: /' >>"$failures"
     if [ -f "$scratch/regress-out/regression.diffs" ]; then
         echo "== regression.diffs"
         cat "$scratch/regress-out/regression.diffs"
     fi
     if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
         echo "pg_regress ran no test"
+        echo "pg_regress: ran no test" >>"$failures"
         failed=$((failed + 1))
     fi
 fi
@@ -92,6 +110,7 @@ if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     dubious=$(grep -cE 'Dubious|Parse errors|No subtests run|Bad plan' "$scratch/tap.log")
     passed=$((passed + ok))
     failed=$((failed + bad + dubious))
+    tap_failures "$scratch/tap.log" TAP >>"$failures"
     if [ "$bad" -gt 0 ] || [ "$dubious" -gt 0 ]; then
         for log in "$scratch"/tap/tmp_check/log/*.log; do
             [ -f "$log" ] || continue
@@ -125,11 +144,18 @@ if ! skip sanitize && [ -n "$SANITIZE_TAP" ] && [ -d "$scratch/san-bin" ]; then
     done
     passed=$((passed + ok))
     failed=$((failed + bad + dubious + $(echo "$reports" | grep -c .)))
+    tap_failures "$scratch/san-tap.log" "TAP (sanitized)" >>"$failures"
+    for report in $reports; do echo "sanitizer report: $(basename "$report")"; done >>"$failures"
     if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
         echo "TAP under sanitizers ran no test"
+        echo "TAP (sanitized): ran no test" >>"$failures"
         failed=$((failed + 1))
     fi
 fi
 
+if [ -s "$failures" ]; then
+    echo "== what failed"
+    cat "$failures"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
