@@ -25,6 +25,19 @@ maillog_orig_to(struct pepsi_ctx *ctx)
 	return strcasecmp(orcpt, rcpt) == 0 ? NULL : orcpt;
 }
 
+/*
+ * What the content filters said on the way here (state.milter.verdict,
+ * pepsi-stage-milter), or NULL: the line says it as Postfix's logs tie a
+ * milter's action to the queue id.
+ */
+static const char *
+maillog_milter_verdict(struct pepsi_ctx *ctx)
+{
+	json_t *milter = json_object_get(pepsi_state(ctx), "milter");
+
+	return json_is_object(milter) ? json_string_value(json_object_get(milter, "verdict")) : NULL;
+}
+
 /* What the next hop said, else the local reason. */
 static const char *
 maillog_reply(const struct delivery_report *r)
@@ -44,6 +57,7 @@ maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct deliver
 	double		in_stage = pepsi_pass_seconds(ctx) - r->connect_seconds - r->transfer_seconds;
 	const char *orig_to = maillog_orig_to(ctx);
 	const char *reply = maillog_reply(r);
+	const char *milter = maillog_milter_verdict(ctx);
 	const char *dsn = r->status ? r->status : (strcmp(status, "sent") == 0 ? "2.0.0" : "4.0.0");
 	json_t	   *fields;
 	struct buf	line = BUF_INIT;
@@ -63,15 +77,17 @@ maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct deliver
 			   note ? "; " : "", note ? note : "");
 	if (r->tls && *r->tls)
 		buf_printf(&line, ", tls=%s", r->tls);
+	if (milter)
+		buf_printf(&line, ", milter=%s", milter);
 
-	fields = json_pack("{s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?}",
+	fields = json_pack("{s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?, s:s?}",
 					   "queue_id", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, 0),
 					   "orig_to", orig_to, "relay", r->relay ? r->relay : "none",
 					   "delay", queued + in_stage + r->connect_seconds + r->transfer_seconds,
 					   "delays", "queue", queued, "stage", in_stage, "connection", r->connect_seconds,
 					   "transmission", r->transfer_seconds,
 					   "dsn", dsn, "status", status, "reply", reply, "note", note,
-					   "tls", r->tls && *r->tls ? r->tls : NULL);
+					   "tls", r->tls && *r->tls ? r->tls : NULL, "milter", milter);
 	/* The members, without the object's braces, for the JSON log line. */
 	members = json_dumps(fields, JSON_COMPACT | JSON_ENSURE_ASCII);
 	if (members && strlen(members) >= 2)

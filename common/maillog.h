@@ -5,13 +5,15 @@
  *   pepsi-stage-relay-to-smarthost[812]: 4711: to=<bob@example.net>,
  *     relay=mx.example.net[192.0.2.25]:25, delay=1.42,
  *     delays=0.91/0.02/0.31/0.18, dsn=2.0.0, status=sent (250 2.0.0 Ok),
- *     tls=TLSv1.3 TLS_AES_256_GCM_SHA384 verified
+ *     tls=TLSv1.3 TLS_AES_256_GCM_SHA384 verified, milter=accept
  *
  * (on one line).  delays= splits delay= as Postfix does: the message's age
  * when this stage's worker took it (time queued and in earlier stages),
  * this worker's own time before it reached the next hop, connecting
  * (greeting, EHLO, STARTTLS, AUTH; 0 for a reused session), and
- * transmission.  status= is sent, deferred, bounced or expired.  With
+ * transmission.  status= is sent, deferred, bounced or expired; milter=
+ * the verdict of pepsi-stage-milter (state.milter.verdict) when the
+ * message went through one.  With
  * [pepsi] LOG_FORMAT = json the same fields are members of the line's
  * JSON object; with [pepsi] MAIL_LOG = yes they are also a pepsi.mail_log
  * row (event "delivery"), written by the statement that commits the

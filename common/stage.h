@@ -135,6 +135,12 @@ int pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds);
 /* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
 int pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
 					 const int *keep_indices, size_t nkeep, json_t *clones);
+/*
+ * Hold the row at this stage until an operator releases it
+ * (pepsi.queue_release): paused with no retry time, as pepsi.queue_hold
+ * leaves a row.  For what must not go on without a person's decision.
+ */
+int pepsi_hold(struct pepsi_ctx *ctx, json_t *merge);
 int pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
 int pepsi_finish(struct pepsi_ctx *ctx);
 /* clones: borrowed (a reference is kept until the commit), may be NULL (none). */

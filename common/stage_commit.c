@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -104,7 +105,11 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 	int		   rc;
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
-	snprintf(retry, sizeof(retry), "%.3f", ctx->retry_seconds);
+	/* Infinity is a hold (pepsi_hold), which workqueue_commit takes in this spelling. */
+	if (isinf(ctx->retry_seconds))
+		snprintf(retry, sizeof(retry), "Infinity");
+	else
+		snprintf(retry, sizeof(retry), "%.3f", ctx->retry_seconds);
 	events = ctx->mail_log ? stage_json_text(ctx->mail_log) : NULL;
 	if (ctx->terminal == TERMINAL_PAUSE_WITH)
 	{
@@ -213,6 +218,8 @@ stage_batchable(const struct pepsi_ctx *ctx)
 		case TERMINAL_FINISH:
 			return true;
 		case TERMINAL_PAUSE:
+			/* a hold is not a retry time workqueue_commit_many takes */
+			return stage_at_stage(ctx) == NULL && !isinf(ctx->retry_seconds);
 		case TERMINAL_FAIL:
 			return stage_at_stage(ctx) == NULL;
 		default:

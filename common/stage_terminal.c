@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -77,6 +78,12 @@ pepsi_pause(struct pepsi_ctx *ctx, json_t *merge, double seconds)
 		return -1;
 	ctx->retry_seconds = seconds;
 	return 0;
+}
+
+int
+pepsi_hold(struct pepsi_ctx *ctx, json_t *merge)
+{
+	return pepsi_pause(ctx, merge, INFINITY);
 }
 
 /* The fan-out and clone paths do not carry content rewrites: refuse rather than drop them. */

@@ -78,10 +78,17 @@ sub scripted_records
 	return map { $json->decode($_) } grep { /\S/ } split /\n/, slurp($log);
 }
 
+my $sink = start_sink();
 my $conf = stage_config($node, 'milter.conf', <<"INI");
 [pepsi]
 HOSTNAME = mx.example.org
 MAIL_LOG = yes
+LOG = stderr
+
+[stage-filtered]
+PROGRAM = pepsi-stage-relay-to-smarthost
+SMARTHOST = 127.0.0.1:$sink->{port}
+TLS = none
 
 [stage-filter]
 PROGRAM = pepsi-stage-milter
@@ -247,8 +254,14 @@ my $accept = add_message(subject => 'accept');
 $r = run_ids($conf, $quarantine, $reject, $tempfail, $discard, $accept);
 is_deeply($r->{status}, [ '0', '0', '0', '0', '0' ], 'five verdicts through one worker') or diag $r->{stderr};
 $row = row_json($node, $quarantine);
-is($row->{status}, 'failed', 'quarantine holds the row for the operator');
+is($row->{status}, 'paused', 'quarantine holds the row for the operator');
+is($node->safe_psql('postgres', "SELECT timeout = 'infinity' FROM pepsi.workqueue WHERE id = $quarantine"),
+	't', '... on hold (no retry time), as pepsi.queue_hold leaves a row');
+is($row->{stage}, 'filter', '... at the milter stage');
 is($row->{state}{milter}{quarantine}, 'held by the scripted filter', '... with the reason');
+is($row->{state}{milter}{verdict}, 'quarantine', '... verdict quarantine');
+is($node->safe_psql('postgres', "SELECT held FROM pepsi.queue_summary WHERE stage = 'filter' AND status = 'paused'"),
+	'1', '... counted as held by pepsi.queue_summary');
 $row = row_json($node, $reject);
 is($row->{stage}, 'bounce', 'reject bounces (REJECT_ACTION bounce)');
 like($row->{state}{bounce}{diagnostic}, qr/554 5\.7\.1 rejected by the scripted filter/, '... with the filter\'s text');
@@ -263,8 +276,18 @@ is($node->safe_psql('postgres', "SELECT string_agg(detail ->> 'verdict', ' ' ORD
 	'quarantine reject tempfail discard', '... each verdict in pepsi.mail_log');
 is(row_json($node, $accept)->{stage}, 'filtered', 'accept lets it go on');
 
+# The verdict rides to the delivery log line of the stage that sends it.
+set_running($node, $accept);
+$r = run_worker(worker_cmd('pepsi-stage-relay-to-smarthost', $conf), "$accept\n");
+like($r->{status}[0] // '', qr/^0( |$)/, 'the accepted message is relayed') or diag $r->{stdout}, $r->{stderr};
+like($r->{stderr}, qr/: $accept: to=<rcpt\@example\.org>, relay=.*, status=sent \(.*\), milter=accept$/m,
+	'the delivery log line carries milter=accept');
+is($node->safe_psql('postgres', "SELECT detail ->> 'milter' FROM pepsi.mail_log WHERE workqueue_id = $accept AND event = 'delivery'"),
+	'accept', '... and so does its pepsi.mail_log row');
+
 # An operator releases the quarantined row: it goes on, unfiltered.
-$node->safe_psql('postgres', "SELECT pepsi.workqueue_resume(ARRAY[$quarantine]::bigint[])");
+is($node->safe_psql('postgres', "SELECT pepsi.queue_release(ARRAY[$quarantine]::bigint[])"), '1',
+	'pepsi.queue_release releases the quarantined row');
 set_running($node, $quarantine);
 my $count = () = scripted_records();
 $r = run_ids($conf, $quarantine);

@@ -168,6 +168,20 @@ arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name)
 	return seconds;
 }
 
+/*
+ * A pause's retry time, or +Infinity: a hold, as pepsi.queue_hold makes
+ * (paused with timeout 'infinity', until an operator releases it).  A
+ * stage holds a row it must not send on without a person's decision
+ * (a milter's quarantine).
+ */
+double
+arg_seconds_or_hold(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (!PG_ARGISNULL(argno) && isinf(PG_GETARG_FLOAT8(argno)) && PG_GETARG_FLOAT8(argno) > 0)
+		return PG_GETARG_FLOAT8(argno);
+	return arg_seconds(fcinfo, argno, name);
+}
+
 /* The elements of an int4[] with no NULLs, as a palloc'd C array. */
 int *
 array_to_ints(ArrayType *array, const char *name, int *count)

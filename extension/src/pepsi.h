@@ -48,6 +48,7 @@ extern void		  check_recipients(ArrayType *rcpt, const char *name);
 extern void		  check_address(const text *address, const char *name, int index);
 extern text		 *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
 extern double	  arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
+extern double	  arg_seconds_or_hold(FunctionCallInfo fcinfo, int argno, const char *name);
 extern int		 *array_to_ints(ArrayType *array, const char *name, int *count);
 extern void		  check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);
 extern void		  check_same_length(ArrayType *array, int expected, const char *name, const char *model);

@@ -110,7 +110,8 @@ transition_commit_sql(TransitionKind kind, int touched)
 		if (kind == TRANSITION_ADVANCE)
 			appendStringInfoString(&sql, "stage = $3, status = 'pending'");
 		else if (kind == TRANSITION_PAUSE)
-			appendStringInfoString(&sql, "status = 'paused', timeout = now() + $5 * interval '1 second'");
+			appendStringInfoString(&sql, "status = 'paused', timeout = CASE WHEN $5 = 'Infinity'::float8"
+										 " THEN 'infinity'::timestamptz ELSE now() + $5 * interval '1 second' END");
 		else
 			appendStringInfoString(&sql, "status = 'failed'");
 
@@ -160,7 +161,9 @@ transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
  *
  * Content arguments left NULL are not written.  at_stage is for a pause or
  * fail decided by a successor stage fused into the pass: the row stays
- * where that stage is, so its retry runs that stage again.  A body rewrite stores a new
+ * where that stage is, so its retry runs that stage again.  A pause with
+ * retry_seconds 'Infinity' puts the row on hold (timeout 'infinity', as
+ * pepsi.queue_hold does) until pepsi.queue_release.  A body rewrite stores a new
  * body for this row alone (copy-on-write: siblings keep the old one) and
  * releases the old body if this row was its last reference.  With finish
  * the row is deleted, so content arguments are moot and ignored.
@@ -206,7 +209,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 	}
 	if (kind == TRANSITION_PAUSE)
 	{
-		values[4] = Float8GetDatum(arg_seconds(fcinfo, 5, "retry_seconds"));
+		values[4] = Float8GetDatum(arg_seconds_or_hold(fcinfo, 5, "retry_seconds"));
 		nulls[4] = ' ';
 	}
 	if (kind != TRANSITION_FINISH)

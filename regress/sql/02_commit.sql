@@ -72,6 +72,18 @@ SELECT pg_temp.changed(:r, :'before');
 SELECT status, timeout <= now() AS due_now, state -> 'attempts' AS attempts
 FROM pepsi.workqueue WHERE id = :r;
 
+-- pause for ever: a hold, as pepsi.queue_hold leaves a row, until released.
+UPDATE pepsi.workqueue SET status = 'running', timeout = NULL WHERE id = :r;
+SELECT pepsi.workqueue_commit(:r, 'bounce', 'pause', merge_state => '{"held": "quarantine"}',
+                              retry_seconds => 'Infinity');
+SELECT stage, status, timeout = 'infinity' AS on_hold, state -> 'held' AS held
+FROM pepsi.workqueue WHERE id = :r;
+SELECT held FROM pepsi.queue_summary WHERE stage = 'bounce' AND status = 'paused';
+SELECT pepsi.workqueue_requeue_due(100) IS NOT NULL AS swept;
+SELECT status, timeout = 'infinity' AS still_on_hold FROM pepsi.workqueue WHERE id = :r;
+SELECT pepsi.queue_release(ARRAY[:r]::bigint[]) AS released;
+SELECT status, timeout FROM pepsi.workqueue WHERE id = :r;
+
 -- fail: stays at its stage for an operator.
 UPDATE pepsi.workqueue SET status = 'running', timeout = NULL WHERE id = :r;
 SELECT pg_temp.snapshot(:r) AS before \gset
@@ -223,7 +235,7 @@ SELECT pepsi.workqueue_commit(:e, 'filter', 'finish', retry_seconds => 0);
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause');
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => -1);
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 'NaN');
-SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 'Infinity');
+SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => '-Infinity');
 SELECT pepsi.workqueue_commit(:e, 'filter', 'pause', retry_seconds => 1e12);
 SELECT pepsi.workqueue_commit(:e, 'filter', 'advance', 'deliver', at_stage => 'deliver');
 SELECT pepsi.workqueue_commit(:e, 'filter', 'finish', at_stage => 'deliver');

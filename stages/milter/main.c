@@ -7,8 +7,8 @@
  * seeing it as the previous ones edited it.  The first filter to reject,
  * tempfail or discard decides; recipients a filter refused at RCPT are
  * split off (fan_out: a Retry group paused here for a 4xx, a bounce for a
- * 5xx); a quarantine holds the row (failed, with the reason) for the
- * operator.  Otherwise the edits are committed with the advance: the body
+ * 5xx); a quarantine holds the row (paused until released, as
+ * pepsi.queue_hold leaves it) with the reason, for the operator.  Otherwise the edits are committed with the advance: the body
  * copy-on-write by the runtime, so sibling rows keep theirs.  The verdict
  * goes to state.milter and to the log.
  *
@@ -444,15 +444,6 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 		return milter_tempfailed(ctx, o, out, "tempfail");
 	}
 	merge = milter_state(out, m->quarantine ? "quarantine" : "accept", 0);
-	if (m->quarantine)
-	{
-		json_object_set_new(json_object_get(merge, "milter"), "quarantine", json_string(m->quarantine));
-		log_info("row %lld: milter verdict quarantine (held for the operator): %s", pepsi_id(ctx),
-				 m->quarantine);
-		rc = pepsi_fail(ctx, merge);
-		json_decref(merge);
-		return rc;
-	}
 	if (m->headers_changed)
 	{
 		struct buf headers = BUF_INIT;
@@ -471,6 +462,16 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 		json_decref(merge);
 		log_info("row %lld: milter: the filters deleted every recipient", pepsi_id(ctx));
 		return pepsi_finish(ctx);
+	}
+	if (m->quarantine)
+	{
+		/* Postfix's hold queue: kept with the filters' edits until the operator releases it. */
+		json_object_set_new(json_object_get(merge, "milter"), "quarantine", json_string(m->quarantine));
+		log_info("row %lld: milter verdict quarantine (held for the operator): %s", pepsi_id(ctx),
+				 m->quarantine);
+		rc = pepsi_hold(ctx, merge);
+		json_decref(merge);
+		return rc;
 	}
 	pepsi_merge_state(ctx, merge);
 	json_decref(merge);

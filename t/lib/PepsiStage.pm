@@ -196,7 +196,7 @@ sub row_json
 		  . " 'state', state, 'rcpt_to', rcpt_to, 'mail_from', mail_from,"
 		  . " 'headers', encode(headers, 'escape'), 'body_id', body_id,"
 		  . " 'pending_seq', pending_seq,"
-		  . " 'due', extract(epoch FROM timeout - now()))::text"
+		  . " 'due', CASE WHEN isfinite(timeout) THEN extract(epoch FROM timeout - now()) END)::text"
 		  . " FROM pepsi.workqueue WHERE id = $id");
 
 	return $text eq '' ? undef : $json->decode($text);
