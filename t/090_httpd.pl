@@ -89,25 +89,9 @@ sub scrape
 	my $r = $http->get("$base/metrics");
 	is($r->{status}, 200, '/metrics answers 200');
 	like($r->{headers}{'content-type'}, qr{^text/plain; version=0\.0\.4}, '... in the text format 0.0.4');
-	open my $fh, '>', "$tmp/metrics.txt" or die;
-	print $fh $r->{content};
-	close $fh;
-	my $parsed = `python3 -c '
-import sys
-from prometheus_client.parser import text_string_to_metric_families
-for family in text_string_to_metric_families(open(sys.argv[1]).read()):
-    for s in family.samples:
-        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
-        print("%s|%s|%s|%s" % (family.type, s.name, labels, s.value))
-' $tmp/metrics.txt 2>&1`;
-	is($?, 0, 'the Prometheus parser accepts the whole exposition') or diag $parsed;
-	my %samples;
-	for (split /\n/, $parsed)
-	{
-		my ($type, $name, $labels, $value) = split /\|/;
-		$samples{"$name\{$labels\}"} = $value;
-	}
-	return %samples;
+	my ($ok, $samples) = prometheus_samples($r->{content});
+	ok($ok, 'the Prometheus parser accepts the whole exposition') or diag $samples;
+	return $ok ? %$samples : ();
 }
 my %m = scrape();
 my $summary = $node->safe_psql($db,

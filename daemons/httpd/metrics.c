@@ -6,7 +6,9 @@
  * dispatcher flushes; the queue gauges come from pepsi.queue_gauges(),
  * which counts live while that is cheap and serves the maintenance
  * worker's snapshot for a big queue (pepsi--0.1--0.2.sql says why), so a
- * scrape stays a few small reads however long the queue is.
+ * scrape stays a few small reads however long the queue is.  Ingress
+ * sessions come from pepsi.ingress_stats, which each running pepsi-ingress
+ * refreshes every few seconds; an instance silent for a minute is gone.
  */
 #include <stdio.h>
 #include <string.h>
@@ -90,7 +92,8 @@ metrics_respond(struct request *req)
 	static const char *const stage_status[] = {"stage", "status", NULL};
 	static const char *const stage_only[] = {"stage", NULL};
 	PGconn					*conn = httpd_db();
-	PGresult				*gauges, *stages, *deliveries, *dispatch, *dns;
+	static const char *const instance_only[] = {"instance", NULL};
+	PGresult				*gauges, *stages, *deliveries, *dispatch, *dns, *ingress;
 	struct buf				 out = BUF_INIT;
 	enum MHD_Result			 result;
 
@@ -113,8 +116,13 @@ metrics_respond(struct request *req)
 								   " FROM pepsi.dispatch_stats");
 	dns = metrics_query(conn, "SELECT count(*) AS addresses,"
 							  " count(*) FILTER (WHERE failures > 0) AS failing FROM pepsi.dns_address");
-	if (gauges == NULL || stages == NULL || deliveries == NULL || dispatch == NULL || dns == NULL)
+	ingress = metrics_query(conn, "SELECT instance, sessions, sessions_total, messages"
+								  " FROM pepsi.ingress_stats WHERE updated_at > now() - interval '1 minute'"
+								  " ORDER BY instance");
+	if (gauges == NULL || stages == NULL || deliveries == NULL || dispatch == NULL || dns == NULL
+		|| ingress == NULL)
 	{
+		PQclear(ingress);
 		PQclear(gauges);
 		PQclear(stages);
 		PQclear(deliveries);
@@ -168,11 +176,21 @@ metrics_respond(struct request *req)
 	metrics_column(&out, dns, "pepsi_dns_addresses_failing", "gauge",
 				   "Cached addresses whose last connection failed.", "failing", NULL);
 
+	metrics_column(&out, ingress, "pepsi_ingress_sessions", "gauge",
+				   "SMTP sessions open in each pepsi-ingress (as of its last report, at most 5 s old).",
+				   "sessions", instance_only);
+	metrics_column(&out, ingress, "pepsi_ingress_sessions_total", "counter",
+				   "SMTP sessions each pepsi-ingress accepted since it started.", "sessions_total",
+				   instance_only);
+	metrics_column(&out, ingress, "pepsi_ingress_messages_total", "counter",
+				   "Messages each pepsi-ingress stored since it started.", "messages", instance_only);
+
 	PQclear(gauges);
 	PQclear(stages);
 	PQclear(deliveries);
 	PQclear(dispatch);
 	PQclear(dns);
+	PQclear(ingress);
 	result = reply_bytes(req, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", out.data,
 						 out.len, true);
 	buf_free(&out);

@@ -23,6 +23,15 @@
 
 #define ADMIT_STATEMENT "pepsi_ingress_admit"
 #define ADMIT_SQL "SELECT pepsi.workqueue_add($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8)"
+/* With [pepsi] MAIL_LOG: the same, and the mail log's "received" row. */
+#define ADMIT_LOGGED_STATEMENT "pepsi_ingress_admit_logged"
+#define ADMIT_LOGGED_SQL \
+	"SELECT pepsi.workqueue_add_logged($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8, $9::jsonb)"
+#define ADMIT_REPORT_SQL "SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean)"
+/* The first connection also hears configuration changes (config_set, config_unset). */
+#define ADMIT_LISTEN_SQL "LISTEN pepsi_config_changed"
+/* Changes often come in bursts (a script setting several options): one reload for all. */
+#define ADMIT_CONFIG_CHANGED_DELAY 1.0
 #define ADMIT_BATCH_BYTES (16 * 1024 * 1024)
 #define ADMIT_BACKOFF_MIN 0.1
 #define ADMIT_BACKOFF_MAX 10.0
@@ -51,7 +60,8 @@ enum dbconn_work
 {
 	DBCONN_WORK_PREPARE,
 	DBCONN_WORK_ADMIT,
-	DBCONN_WORK_WAKE
+	DBCONN_WORK_WAKE,
+	DBCONN_WORK_REPORT
 };
 
 struct dbconn
@@ -85,6 +95,10 @@ static struct
 	size_t					   queued;
 	size_t					   in_flight;
 	ev_timer				   wake_timer;
+	ev_timer				   config_changed_timer;
+	char					   report[4][32]; /* the counters of the report waiting, as text */
+	const char				  *report_instance;
+	bool					   report_due;
 	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
 	bool					   kick_due;
 	bool					   wake_due;
@@ -250,6 +264,21 @@ dbconn_fail(struct dbconn *c, const char *why)
 		admit_fail_queue();
 }
 
+/*
+ * What the server says outside a query (a notice, or the FATAL it sends an
+ * idle session as it shuts down) goes to our log, not raw to stderr.
+ */
+static void
+dbconn_notice(void *arg, const char *message)
+{
+	const struct dbconn *c = arg;
+	size_t				 len = strlen(message);
+
+	while (len > 0 && message[len - 1] == '\n')
+		len--;
+	log_warnx("database connection %d: the server says: %.*s", c->index, (int) len, message);
+}
+
 static void
 dbconn_connect(struct dbconn *c)
 {
@@ -263,6 +292,7 @@ dbconn_connect(struct dbconn *c)
 		dbconn_fail(c, c->conn ? PQerrorMessage(c->conn) : "out of memory");
 		return;
 	}
+	PQsetNoticeProcessor(c->conn, dbconn_notice, c);
 	c->state = DBCONN_CONNECTING;
 	c->poll = PGRES_POLLING_WRITING;
 	dbconn_watch(c, EV_WRITE);
@@ -295,6 +325,20 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 	int				 lengths[8] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0};
 	static const int formats[8] = {0, 0, 1, 1, 0, 0, 0, 0};
 
+	if (e->log_detail)
+	{
+		const char *logged_values[9];
+		int			logged_lengths[9] = {0};
+		int			logged_formats[9] = {0};
+
+		memcpy(logged_values, values, sizeof(values));
+		memcpy(logged_lengths, lengths, sizeof(lengths));
+		memcpy(logged_formats, formats, sizeof(formats));
+		logged_values[8] = e->log_detail;
+		return PQsendQueryPrepared(c->conn, ADMIT_LOGGED_STATEMENT, 9, logged_values, logged_lengths,
+								   logged_formats, 0)
+			   == 1;
+	}
 	return PQsendQueryPrepared(c->conn, ADMIT_STATEMENT, 8, values, lengths, formats, 0) == 1;
 }
 
@@ -349,6 +393,29 @@ dbconn_start_wake(struct dbconn *c)
 }
 
 static void
+dbconn_start_report(struct dbconn *c)
+{
+	const char *values[5] = {admit.report_instance, admit.report[0], admit.report[1], admit.report[2],
+							 "false"};
+
+	admit.report_due = false;
+	if (PQsendQueryParams(c->conn, ADMIT_REPORT_SQL, 5, NULL, values, NULL, NULL, 0) != 1
+		|| !dbconn_send_sync(c, DBCONN_WORK_REPORT, 1))
+		dbconn_fail(c, PQerrorMessage(c->conn));
+}
+
+void
+admit_report(const struct admit_report *r)
+{
+	admit.report_instance = r->instance;
+	snprintf(admit.report[0], sizeof(admit.report[0]), "%llu", r->sessions);
+	snprintf(admit.report[1], sizeof(admit.report[1]), "%llu", r->sessions_total);
+	snprintf(admit.report[2], sizeof(admit.report[2]), "%llu", r->messages);
+	admit.report_due = true;
+	admit.kick_due = true;
+}
+
+static void
 admit_wake_later(void)
 {
 	if (!ev_is_active(&admit.wake_timer) && !admit.wake_due)
@@ -382,6 +449,8 @@ dbconn_finish_work(struct dbconn *c)
 			if (c->failed)
 				admit.wake_due = true;
 			break;
+		case DBCONN_WORK_REPORT:
+			break; /* a failure is logged above; the next report tries again */
 		case DBCONN_WORK_ADMIT:
 			if (!c->failed)
 			{
@@ -442,6 +511,24 @@ dbconn_result(struct dbconn *c, PGresult *res)
 	}
 }
 
+/* pepsi_config_changed: a reload a moment later, however many arrive meanwhile. */
+static void
+dbconn_notifications(struct dbconn *c)
+{
+	PGnotify *notify;
+
+	while ((notify = PQnotifies(c->conn)) != NULL)
+	{
+		if (strcmp(notify->relname, "pepsi_config_changed") == 0 && admit.options.config_changed
+			&& !ev_is_active(&admit.config_changed_timer) && !admit.shutting_down)
+		{
+			ev_timer_set(&admit.config_changed_timer, ADMIT_CONFIG_CHANGED_DELAY, 0);
+			ev_timer_start(admit.loop, &admit.config_changed_timer);
+		}
+		PQfreemem(notify);
+	}
+}
+
 /* Read whatever results have arrived; finish the work when the Sync is in. */
 static void
 dbconn_read_results(struct dbconn *c)
@@ -451,6 +538,7 @@ dbconn_read_results(struct dbconn *c)
 		dbconn_fail(c, PQerrorMessage(c->conn));
 		return;
 	}
+	dbconn_notifications(c);
 	while (!PQisBusy(c->conn))
 	{
 		PGresult *res = PQgetResult(c->conn);
@@ -498,7 +586,10 @@ dbconn_advance(struct dbconn *c, int revents)
 				dbconn_watch(c, EV_WRITE);
 			else if (PQsetnonblocking(c->conn, 1) != 0 || !PQenterPipelineMode(c->conn)
 					 || !PQsendPrepare(c->conn, ADMIT_STATEMENT, ADMIT_SQL, 0, NULL)
-					 || !dbconn_send_sync(c, DBCONN_WORK_PREPARE, 1))
+					 || !PQsendPrepare(c->conn, ADMIT_LOGGED_STATEMENT, ADMIT_LOGGED_SQL, 0, NULL)
+					 || (c->index == 0
+						 && !PQsendQueryParams(c->conn, ADMIT_LISTEN_SQL, 0, NULL, NULL, NULL, NULL, 0))
+					 || !dbconn_send_sync(c, DBCONN_WORK_PREPARE, c->index == 0 ? 3 : 2))
 				dbconn_fail(c, PQerrorMessage(c->conn));
 			break;
 		case DBCONN_PREPARING:
@@ -512,9 +603,11 @@ dbconn_advance(struct dbconn *c, int revents)
 				dbconn_read_results(c);
 			break;
 		case DBCONN_IDLE:
-			/* Nothing expected: a notice, or the server closing on us. */
+			/* Nothing expected: a notification, a notice, or the server closing on us. */
 			if (!PQconsumeInput(c->conn) || PQstatus(c->conn) != CONNECTION_OK)
 				dbconn_fail(c, PQerrorMessage(c->conn));
+			else
+				dbconn_notifications(c);
 			break;
 	}
 	if (c->state == DBCONN_IDLE)
@@ -561,6 +654,8 @@ admit_kick(void)
 				continue;
 			if (admit.wake_due)
 				dbconn_start_wake(c);
+			else if (admit.report_due)
+				dbconn_start_report(c);
 			else if (admit.queue_head)
 				dbconn_start_batch(c);
 		}
@@ -583,6 +678,12 @@ admit_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 static void
+admit_on_config_changed(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	admit.options.config_changed();
+}
+
+static void
 admit_on_wake(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	admit.wake_due = true;
@@ -597,6 +698,7 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	admit.options = *options;
 	admit.conns = xcalloc((size_t) options->connections, sizeof(*admit.conns));
 	ev_timer_init(&admit.wake_timer, admit_on_wake, 0, 0);
+	ev_timer_init(&admit.config_changed_timer, admit_on_config_changed, 0, 0);
 	ev_prepare_init(&admit.kick_watcher, admit_on_prepare);
 	ev_prepare_start(loop, &admit.kick_watcher);
 	for (int i = 0; i < options->connections; i++)
@@ -617,9 +719,11 @@ void
 admit_shutdown(void)
 {
 	bool wake = admit.wake_due || ev_is_active(&admit.wake_timer);
+	bool report_removed = false;
 
 	admit.shutting_down = true;
 	ev_timer_stop(admit.loop, &admit.wake_timer);
+	ev_timer_stop(admit.loop, &admit.config_changed_timer);
 	ev_prepare_stop(admit.loop, &admit.kick_watcher);
 	for (int i = 0; i < admit.options.connections; i++)
 	{
@@ -635,6 +739,16 @@ admit_shutdown(void)
 			{
 				PQclear(PQexec(c->conn, "SELECT pepsi.notify_workqueue()"));
 				wake = false;
+			}
+			/* The instance's statistics row goes with it. */
+			if (admit.report_instance && c->state == DBCONN_IDLE && !report_removed
+				&& (PQpipelineStatus(c->conn) == PQ_PIPELINE_OFF
+					|| (PQexitPipelineMode(c->conn) && PQsetnonblocking(c->conn, 0) == 0)))
+			{
+				const char *values[5] = {admit.report_instance, "0", "0", "0", "true"};
+
+				PQclear(PQexecParams(c->conn, ADMIT_REPORT_SQL, 5, NULL, values, NULL, NULL, 0));
+				report_removed = true;
 			}
 			PQfinish(c->conn);
 		}

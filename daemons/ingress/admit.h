@@ -28,6 +28,17 @@ struct admit_options
 	int			batch_size;	   /* [ingress] BATCH_SIZE */
 	const char *stage;		   /* [ingress] INIT_STAGE */
 	double		wake_interval; /* [ingress] DISPATCH_WAKE_INTERVAL, seconds */
+	/* pepsi_config_changed arrived (coalesced; called from the loop). */
+	void (*config_changed)(void);
+};
+
+/* The counters admit_report sends to pepsi.ingress_stats. */
+struct admit_report
+{
+	const char		  *instance; /* host:pid */
+	unsigned long long sessions;
+	unsigned long long sessions_total;
+	unsigned long long messages;
 };
 
 /* ok: committed, with its row id; otherwise the message was not stored. */
@@ -43,6 +54,11 @@ bool admit_available(void);
 struct admission *admit_submit(struct envelope *e, admit_done_fn done, void *arg);
 /* The session went away: the admission completes without telling anyone. */
 void admit_detach(struct admission *a);
+/*
+ * Send r to pepsi.ingress_report on the next idle connection (a report
+ * still waiting is replaced); admit_shutdown removes the instance's row.
+ */
+void admit_report(const struct admit_report *r);
 /* Admissions queued or in flight (shutdown waits for them). */
 size_t admit_pending(void);
 void   admit_shutdown(void);

@@ -256,5 +256,6 @@ envelope_free(struct envelope *e)
 	free(e->state);
 	free(e->client_ip);
 	free(e->auth_account);
+	free(e->log_detail);
 	memset(e, 0, sizeof(*e));
 }

@@ -41,6 +41,7 @@ struct envelope
 	char	  *state; /* {"origin": ..., "dsn": ...} as JSON */
 	char	  *client_ip;
 	char	  *auth_account; /* NULL unless authenticated */
+	char	  *log_detail;	 /* the mail log's "received" detail (JSON), or NULL: no mail log */
 };
 
 /* Build e from the transaction s; NULL, or the refusal to reply with. */

@@ -62,6 +62,9 @@ struct ingress
 	size_t				   memory_limit;	 /* [ingress] MAX_MESSAGE_MEMORY */
 	struct listener		  *listeners;
 	size_t				   sessions;
+	unsigned long long	   sessions_total; /* accepted since start */
+	unsigned long long	   messages_total; /* stored since start */
+	bool				   mail_log;	   /* [pepsi] MAIL_LOG: admissions become pepsi.mail_log rows */
 	bool				   stopping;
 };
 

@@ -39,6 +39,7 @@
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 #define LISTENER_ACCEPT_BACKOFF 1.0 /* seconds a listener rests when out of descriptors */
+#define INGRESS_REPORT_INTERVAL 5.0 /* seconds between reports to pepsi.ingress_stats */
 
 int pepsi_ingress_main(int argc, char **argv);
 
@@ -357,10 +358,29 @@ ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen)
 	return ok;
 }
 
+static const char *ingress_config_path;
+
 static void
 ingress_on_reload(struct ev_loop *loop, ev_signal *w, int revents)
 {
-	ingress_reload(w->data);
+	ingress_reload(ingress_config_path);
+}
+
+/* config_set or config_unset changed pepsi.config_override: as SIGHUP. */
+static void
+ingress_on_config_changed(void)
+{
+	log_info("the configuration changed in the database");
+	ingress_reload(ingress_config_path);
+}
+
+/* Every INGRESS_REPORT_INTERVAL: sessions and counters to pepsi.ingress_stats, for /metrics. */
+static void
+ingress_on_report(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct admit_report r = {w->data, ingress.sessions, ingress.sessions_total, ingress.messages_total};
+
+	admit_report(&r);
 }
 
 int
@@ -375,7 +395,9 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_signal			 sigterm,
 		sigint,
 		sighup;
-	int opt;
+	ev_timer report_timer;
+	char	*instance;
+	int		 opt;
 
 	log_init("pepsi-ingress", false);
 	while ((opt = getopt(argc, argv, "c:v")) != -1)
@@ -414,6 +436,8 @@ pepsi_ingress_main(int argc, char **argv)
 	admit_options.batch_size = (int) config_int(ingress.cfg, "ingress", "BATCH_SIZE");
 	admit_options.stage = config_text(ingress.cfg, "ingress", "INIT_STAGE");
 	admit_options.wake_interval = config_duration_ms(ingress.cfg, "ingress", "DISPATCH_WAKE_INTERVAL") / 1000.0;
+	admit_options.config_changed = ingress_on_config_changed;
+	ingress.mail_log = config_bool(ingress.cfg, "pepsi", "MAIL_LOG");
 
 	ingress.max_hops = (unsigned) config_int(ingress.cfg, "ingress", "MAX_HOPS");
 	ingress.memory_limit = (size_t) config_size(ingress.cfg, "ingress", "MAX_MESSAGE_MEMORY");
@@ -462,9 +486,13 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_signal_start(ingress.loop, &sigterm);
 	ev_signal_init(&sigint, ingress_on_signal, SIGINT);
 	ev_signal_start(ingress.loop, &sigint);
+	ingress_config_path = config_path;
 	ev_signal_init(&sighup, ingress_on_reload, SIGHUP);
-	sighup.data = (void *) (uintptr_t) config_path;
 	ev_signal_start(ingress.loop, &sighup);
+	instance = xasprintf("%s:%ld", ingress.hostname, (long) getpid());
+	ev_timer_init(&report_timer, ingress_on_report, 0, INGRESS_REPORT_INTERVAL);
+	report_timer.data = instance;
+	ev_timer_start(ingress.loop, &report_timer);
 	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
 			 nsections, nsections == 1 ? "" : "s", admit_options.connections,
 			 admit_options.connections == 1 ? "" : "s", admit_options.batch_size);
@@ -473,7 +501,9 @@ pepsi_ingress_main(int argc, char **argv)
 
 	ev_run(ingress.loop, 0);
 
+	ev_timer_stop(ingress.loop, &report_timer);
 	admit_shutdown();
+	free(instance);
 	verify_shutdown();
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);

@@ -7,7 +7,11 @@
  *     TLS it has (its SSL holds a reference to the old context);
  *   - each listener's limits (sizes, rates, timeouts, session counts);
  *   - [ingress] CREDENTIALS, MAX_HOPS and MAX_MESSAGE_MEMORY;
- *   - [pepsi] LOG and LOG_FORMAT.
+ *   - [pepsi] LOG, LOG_FORMAT and MAIL_LOG.
+ *
+ * A pepsi_config_changed notification (config_set or config_unset on
+ * pepsi.config_override) reloads the same way: the overlay's options that
+ * ingress reads are global ones among those above.
  *
  * Everything is read and checked before anything changes: a file that
  * does not parse, a key that cannot be read (after the privilege drop the
@@ -99,6 +103,7 @@ ingress_reload(const char *config_path)
 	struct credentials	   *credentials = NULL;
 	const char			   *credentials_path;
 	size_t					nlisteners = 0;
+	bool					mail_log = false;
 	long					max_hops = 0,
 		 memory_limit = 0;
 	char err[1024];
@@ -117,6 +122,7 @@ ingress_reload(const char *config_path)
 	if (ok)
 	{
 		max_hops = (long) config_int(cfg, "ingress", "MAX_HOPS");
+		mail_log = config_bool(cfg, "pepsi", "MAIL_LOG");
 		memory_limit = (long) config_size(cfg, "ingress", "MAX_MESSAGE_MEMORY");
 	}
 	if (ok && (credentials_path = config_get(cfg, "ingress", "CREDENTIALS")) != NULL)
@@ -168,6 +174,7 @@ ingress_reload(const char *config_path)
 	credentials_free(ingress.credentials);
 	ingress.credentials = credentials;
 	ingress.max_hops = (unsigned) max_hops;
+	ingress.mail_log = mail_log;
 	ingress.memory_limit = (size_t) memory_limit;
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		l->policy.memory_limit = ingress.memory_limit;

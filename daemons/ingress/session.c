@@ -299,6 +299,8 @@ session_admitted(void *arg, bool ok, long long id)
 
 	s->admission = NULL;
 	if (ok)
+		ingress.messages_total++;
+	if (ok)
 		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->ip,
 				 s->smtp.mail_from, s->smtp.nrcpt, s->smtp.message_size, id);
 	smtp_admit_done(&s->smtp, ok, id);
@@ -311,6 +313,30 @@ session_admitted(void *arg, bool ok, long long id)
 	/* Pipelined commands waited behind the reply: go on with them. */
 	if (session_flush(s) && session_read(s))
 		session_update(s);
+}
+
+/*
+ * The mail log's "received" row: what the "queued as" line says, and where
+ * the message came from (pepsi-queue log shows it first in a history).
+ */
+static char *
+session_log_detail(const struct session *s, const char *transaction_id)
+{
+	json_t *detail = json_pack("{s:s, s:I, s:I, s:s, s:s, s:s, s:b}", "from", s->smtp.mail_from,
+							   "nrcpt", (json_int_t) s->smtp.nrcpt, "size",
+							   (json_int_t) s->smtp.message_size, "client", s->ip, "listener",
+							   s->listener->name, "transaction", transaction_id, "tls", s->smtp.tls);
+	char   *text;
+
+	if (detail == NULL)
+		return NULL;
+	if (s->smtp.helo)
+		json_object_set_new(detail, "helo", json_string(s->smtp.helo));
+	if (s->smtp.auth_account)
+		json_object_set_new(detail, "auth", json_string(s->smtp.auth_account));
+	text = json_dumps(detail, JSON_COMPACT);
+	json_decref(detail);
+	return text;
 }
 
 /* Store the transaction (or refuse it); the findings of verify.c, if any, go with it. */
@@ -357,6 +383,8 @@ session_store(struct session *s)
 			smtp_admit_refused(&s->smtp, refusal);
 		return;
 	}
+	if (ingress.mail_log)
+		e.log_detail = session_log_detail(s, transaction_id);
 	/* The database has it now: the client's silence is not its fault. */
 	ev_timer_stop(ingress.loop, &s->timer);
 	s->admission = admit_submit(&e, session_admitted, s);
@@ -782,6 +810,7 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	client->sessions++;
 	l->sessions++;
 	ingress.sessions++;
+	ingress.sessions_total++;
 
 	s = xcalloc(1, sizeof(*s));
 	s->listener = l;

@@ -1023,3 +1023,74 @@ ON CONFLICT DO NOTHING;
 SELECT pepsi.grant_apply();
 
 -- end of option schema
+
+-- ===========================================================================
+-- Ingress in the statistics and the mail log
+--
+-- Each pepsi-ingress reports its open sessions and its counters every few
+-- seconds through ingress_report (one row per running instance, removed
+-- when it stops), so /metrics can show ingress sessions beside the queue.
+-- With [pepsi] MAIL_LOG = yes, ingress admits through
+-- workqueue_add_logged, which writes the "received" row of pepsi.mail_log
+-- in the statement that stores the message: the admission is in the log
+-- exactly when it is in the queue.  Both run as the owner, so the
+-- admission role still writes no table directly.
+-- ===========================================================================
+
+CREATE TABLE pepsi.ingress_stats (
+    instance        text PRIMARY KEY,
+    sessions        integer NOT NULL DEFAULT 0,
+    sessions_total  bigint NOT NULL DEFAULT 0,
+    messages        bigint NOT NULL DEFAULT 0,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE pepsi.ingress_stats IS
+    'One row per running pepsi-ingress (host:pid), refreshed every few seconds by pepsi.ingress_report';
+
+-- The instance's row as of now; with stopping, the row goes.  Rows of an
+-- instance that died without saying so are past their updated_at: readers
+-- ignore rows older than a minute, and each report removes those a day old.
+CREATE FUNCTION pepsi.ingress_report(
+    instance text, sessions integer, sessions_total bigint, messages bigint,
+    stopping boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF instance IS NULL OR instance !~ '^[[:print:]]{1,255}$' THEN
+        RAISE EXCEPTION 'instance must be 1 to 255 printable characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF sessions < 0 OR sessions_total < 0 OR messages < 0 THEN
+        RAISE EXCEPTION 'ingress counters cannot be negative'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF stopping THEN
+        DELETE FROM pepsi.ingress_stats s WHERE s.instance = ingress_report.instance;
+        RETURN;
+    END IF;
+    INSERT INTO pepsi.ingress_stats AS s (instance, sessions, sessions_total, messages)
+    VALUES (ingress_report.instance, ingress_report.sessions, ingress_report.sessions_total,
+            ingress_report.messages)
+    ON CONFLICT ON CONSTRAINT ingress_stats_pkey DO UPDATE
+        SET sessions = EXCLUDED.sessions, sessions_total = EXCLUDED.sessions_total,
+            messages = EXCLUDED.messages, updated_at = now();
+    DELETE FROM pepsi.ingress_stats s WHERE s.updated_at < now() - interval '1 day';
+END
+$$;
+
+-- workqueue_add, and the mail log's "received" row (detail: what the
+-- ingress log line says) in the same statement.
+CREATE FUNCTION pepsi.workqueue_add_logged(
+    mail_from text, rcpt_to text[], headers bytea, body bytea,
+    state jsonb, client_address inet, auth_account text, stage text, log_detail jsonb)
+RETURNS bigint AS 'MODULE_PATHNAME', 'workqueue_add_logged' LANGUAGE C CALLED ON NULL INPUT;
+
+INSERT INTO pepsi.grant_definer (name) VALUES ('ingress_report'), ('workqueue_add_logged');
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_ingress', 'function', 'ingress_report', '{EXECUTE}'),
+    ('pepsi_ingress', 'function', 'workqueue_add_logged', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'ingress_stats', '{SELECT}'),
+    ('pepsi_config', 'table', 'ingress_stats', '{SELECT}');
+SELECT pepsi.grant_apply();
+
+-- end of ingress in the statistics and the mail log

@@ -13,6 +13,7 @@
 #include "utils/builtins.h"
 
 PG_FUNCTION_INFO_V1(workqueue_add);
+PG_FUNCTION_INFO_V1(workqueue_add_logged);
 PG_FUNCTION_INFO_V1(workqueue_inject);
 
 static bytea *
@@ -40,15 +41,18 @@ admit_arg_state(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
- * workqueue_add(mail_from, rcpt_to, headers, body, state, client_address,
- *               auth_account, stage) returns the new row's id.
+ * The admission: the body and the row in one statement, and with
+ * log_detail the mail log's "received" row in the same transaction.
+ * Arguments 0 to 7 are workqueue_add's.
  */
-Datum
-workqueue_add(PG_FUNCTION_ARGS)
+static int64
+admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 {
 	static SPIPlanPtr plan;
+	static SPIPlanPtr log_plan;
 	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, BYTEAOID, BYTEAOID,
 									JSONBOID, INETOID, TEXTOID, TEXTOID};
+	static const Oid  log_argtypes[] = {INT8OID, JSONBOID};
 	Datum			  values[8];
 	char			  nulls[8] = "        ";
 	int64			  id;
@@ -73,8 +77,38 @@ workqueue_add(PG_FUNCTION_ARGS)
 						  8, argtypes),
 			   values, nulls, false, 0);
 	id = queue_result_int64(0, 1);
+	if (log_detail)
+	{
+		Datum log_values[2] = {Int64GetDatum(id), PointerGetDatum(log_detail)};
+
+		queue_exec(queue_plan(&log_plan,
+							  "INSERT INTO pepsi.mail_log (workqueue_id, event, detail)"
+							  " VALUES ($1, 'received', $2)",
+							  2, log_argtypes),
+				   log_values, NULL, false, 0);
+	}
 	SPI_finish();
-	PG_RETURN_INT64(id);
+	return id;
+}
+
+/*
+ * workqueue_add(mail_from, rcpt_to, headers, body, state, client_address,
+ *               auth_account, stage) returns the new row's id.
+ */
+Datum
+workqueue_add(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(admit_store(fcinfo, NULL));
+}
+
+/*
+ * workqueue_add_logged(..., stage, log_detail): workqueue_add, and with a
+ * log_detail object (NULL: none) the mail log's "received" row.
+ */
+Datum
+workqueue_add_logged(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(admit_store(fcinfo, arg_json_object_or_null(fcinfo, 8, "log_detail")));
 }
 
 /*

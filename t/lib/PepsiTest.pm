@@ -35,7 +35,34 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
+  prometheus_samples
 );
+
+# A /metrics exposition parsed by the Prometheus project's own parser
+# (python3-prometheus-client): (undef, the parser's complaint) when it
+# refuses the text, else (1, { "name{label=value,...}" => value }).
+sub prometheus_samples
+{
+	my ($text) = @_;
+	my ($out, $err) = ('', '');
+	my $parser = <<'PY';
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
+        print("%s|%s|%s|%s" % (family.type, s.name, labels, s.value))
+PY
+	IPC::Run::run([ 'python3', '-c', $parser ], '<', \$text, '>', \$out, '2>', \$err)
+	  or return (undef, $err);
+	my %samples;
+	for (split /\n/, $out)
+	{
+		my ($type, $name, $labels, $value) = split /\|/;
+		$samples{"$name\{$labels\}"} = $value;
+	}
+	return (1, \%samples);
+}
 
 # A started cluster.  preload => 1 puts pepsi in shared_preload_libraries;
 # conf => extra postgresql.conf lines.
