@@ -112,6 +112,64 @@ $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a pr
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 
+# ---- Privileged programs (spec 22.2, docs/architecture.md) ------------------
+# helpers/X builds pepsi-helper-X: a setuid-root helper, a standalone
+# program linked only to helpers/X/*.c and the few common/ files named in
+# HELPER_COMMON (libc only: no libpq, no jansson, no configuration loader).
+# A symlink to the multi-call binary could not carry its bit without
+# lending it to every program, so neither the helpers nor PRIVILEGED_STAGES
+# (the setgid stages that run them) are in the multi-call binary: those
+# stages are built standalone only, and never fused.  make install, as
+# root, creates each helper's group and installs the helper root:GROUP
+# mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
+# not as root, both without their bits, with a warning.
+HELPER_COMMON = log xalloc privilege
+helper_dirs = $(wildcard helpers/*/)
+HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
+PRIVILEGED_STAGES = pepsi-stage-dot-forward
+# Per helper: its stage and the group they share.
+PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
+PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
+
+define helper_rule
+$(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
+		$(patsubst %,$(B)/common/%.o,$(HELPER_COMMON))
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -o $$@ $$^
+endef
+$(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
+
+programs: $(addprefix $(B)/bin/,$(HELPERS))
+
+# The standalone rules above are made; from here on program_dirs (read by
+# the recipes of programs.h, the multi-call binary, install and uninstall
+# when they run) leaves the privileged stages out.
+program_dirs := $(filter-out $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/),$(program_dirs))
+
+# install_privileged HELPER STAGE GROUP
+define install_privileged
+	if [ "$$(id -u)" -eq 0 ]; then \
+		getent group $(3) >/dev/null || groupadd --system $(3); \
+		install -o root -g $(3) -m 4750 $(B)/bin/$(1) $(DESTDIR)$(PREFIX)/bin/$(1); \
+		install -o root -g $(3) -m 2755 $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/$(2); \
+	else \
+		install -m 755 $(B)/bin/$(1) $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/; \
+		echo "warning: not root: $(1) and $(2) installed without their setuid/setgid bits"; \
+	fi
+endef
+install-privileged: programs
+	install -d $(DESTDIR)$(PREFIX)/bin
+	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h)))
+	)
+install-programs: install-privileged
+
+uninstall-privileged:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(HELPERS) $(PRIVILEGED_STAGES))
+uninstall: uninstall-privileged
+
+.PHONY: install-privileged uninstall-privileged
+# ---- end of privileged programs -------------------------------------------
+
 # Unit tests (cmocka): one binary per test file, linked with the code of
 # its directory's parent (common/ or the stage, less its main.c) and
 # libpepsi.  scripts/check.sh runs every build/**/tests/test_* it finds.
@@ -254,7 +312,7 @@ sanitize: sanitize-build
 # C style: .clang-format (PostgreSQL's layout: tabs of 4, braces on their
 # own lines, the return type of a definition on its own line).
 CLANG_FORMAT ?= clang-format
-FORMAT_SOURCES = $(shell find common daemons stages cli programs extension/src t -name '*.[ch]' | sort)
+FORMAT_SOURCES = $(shell find common daemons stages cli programs helpers extension/src t -name '*.[ch]' | sort)
 
 format:
 	$(CLANG_FORMAT) -i $(FORMAT_SOURCES)

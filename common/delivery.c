@@ -142,8 +142,7 @@ delivery_report_json(const struct delivery_report *r)
 	return o;
 }
 
-/* state.bounce for the row's first recipient (one per row in a delivery stage). */
-static json_t *
+json_t *
 delivery_bounce_json(struct pepsi_ctx *ctx, const char *kind, const struct delivery_report *r)
 {
 	json_t *o = delivery_report_json(r);

@@ -57,6 +57,13 @@ int delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why);
 /* A permanent failure: to BOUNCE_STAGE with state.bounce. */
 int delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why);
 
+/*
+ * state.bounce for the row's first recipient (one per row in a delivery
+ * stage): kind "permanent", "delay" or "success", and the report.  For a
+ * stage that sends a failed part on to BOUNCE_STAGE as a sibling of its own.
+ */
+json_t *delivery_bounce_json(struct pepsi_ctx *ctx, const char *kind, const struct delivery_report *r);
+
 /* The NOTIFY of recipient index (state.dsn.rcpt), or NULL when none was given. */
 const char *delivery_notify(const struct pepsi_ctx *ctx, size_t index);
 /* Does a NOTIFY value (NULL: none given) ask for this kind: "SUCCESS", "DELAY", "FAILURE"? */

@@ -1,59 +1,119 @@
 /*
- * privilege.c: see privilege.h.  chroot is left out: libpq needs the
- * socket directory and /etc.
+ * privilege.c: see privilege.h.  chroot is left out: a daemon's libpq
+ * needs the socket directory and /etc, and a helper must reach the home
+ * directories it serves.
  */
 #include "privilege.h"
 
+#include <errno.h>
 #include <grp.h>
-#include <pwd.h>
-#include <sys/types.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "xalloc.h"
 
-void
-privilege_drop(const struct pepsi_config *cfg, const char *section)
+bool
+privilege_become(const char *user, uid_t uid, gid_t gid, const char *dir, char *err,
+				 size_t errlen)
 {
-	const char	  *user = config_get(cfg, section, "USER");
-	const char	  *group = config_get(cfg, section, "GROUP");
-	struct passwd *pw;
-	gid_t		   gid;
+	const char *where = dir ? dir : "/";
 
-	if (user == NULL)
-	{
-		if (geteuid() == 0)
-			fatalx("%s: refusing to run as root: set [%s] USER", cfg->path, section);
-		return;
-	}
-	if ((pw = getpwnam(user)) == NULL)
-		fatalx("%s: [%s] USER %s: no such user", cfg->path, section, user);
 	if (geteuid() != 0)
 	{
-		/* Started as that user already (make run, the tests): nothing to drop. */
-		if (pw->pw_uid != geteuid())
-			fatalx("%s: [%s] USER %s: only root can become another user",
-				   cfg->path, section, user);
-		return;
+		/* Already that user (make run, the tests, a helper without its bit): nothing to drop. */
+		if (getuid() != uid || geteuid() != uid)
+		{
+			snprintf(err, errlen, "only root can become uid %ld", (long) uid);
+			return false;
+		}
+		if (chdir(where) != 0)
+		{
+			snprintf(err, errlen, "chdir %s: %s", where, strerror(errno));
+			return false;
+		}
+		return true;
 	}
-	gid = pw->pw_gid;
-	if (group)
+	if (chdir(where) != 0)
 	{
-		struct group *gr = getgrnam(group);
-
-		if (gr == NULL)
-			fatalx("%s: [%s] GROUP %s: no such group", cfg->path, section, group);
-		gid = gr->gr_gid;
+		snprintf(err, errlen, "chdir %s: %s", where, strerror(errno));
+		return false;
 	}
-	if (chdir("/") != 0)
-		fatal("chdir /");
-	if (setgroups(1, &gid) != 0)
-		fatal("setgroups");
+	if ((user ? initgroups(user, gid) : setgroups(1, &gid)) != 0)
+	{
+		snprintf(err, errlen, "setting the groups of uid %ld: %s", (long) uid, strerror(errno));
+		return false;
+	}
 	if (setresgid(gid, gid, gid) != 0)
-		fatal("setresgid");
-	if (setresuid(pw->pw_uid, pw->pw_uid, pw->pw_uid) != 0)
-		fatal("setresuid");
+	{
+		snprintf(err, errlen, "setresgid %ld: %s", (long) gid, strerror(errno));
+		return false;
+	}
+	if (setresuid(uid, uid, uid) != 0)
+	{
+		snprintf(err, errlen, "setresuid %ld: %s", (long) uid, strerror(errno));
+		return false;
+	}
 	/* A process that could regain root would make the drop pointless. */
-	if (setuid(0) == 0)
-		fatalx("[%s] USER %s: could regain root after dropping privileges", section, user);
-	log_info("running as %s", user);
+	if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
+	{
+		snprintf(err, errlen, "could regain root after becoming uid %ld", (long) uid);
+		return false;
+	}
+	return true;
+}
+
+bool
+privilege_caller_in_group(gid_t gid)
+{
+	gid_t groups[NGROUPS_MAX];
+	int	  count;
+
+	if (getuid() == 0 || getgid() == gid || getegid() == gid)
+		return true;
+	if ((count = getgroups(NGROUPS_MAX, groups)) < 0)
+		return false;
+	for (int i = 0; i < count; i++)
+		if (groups[i] == gid)
+			return true;
+	return false;
+}
+
+bool
+privilege_own_group(gid_t *gid, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (stat("/proc/self/exe", &st) != 0)
+	{
+		snprintf(err, errlen, "cannot find my own executable: %s", strerror(errno));
+		return false;
+	}
+	*gid = st.st_gid;
+	return true;
+}
+
+char **
+privilege_clean_env(const char *const *pairs)
+{
+	size_t count = 0;
+	char **env;
+
+	while (pairs[2 * count])
+		count++;
+	env = xcalloc(count + 1, sizeof(char *));
+	for (size_t i = 0; i < count; i++)
+		env[i] = xasprintf("%s=%s", pairs[2 * i], pairs[2 * i + 1] ? pairs[2 * i + 1] : "");
+	return env;
+}
+
+void
+privilege_env_free(char **env)
+{
+	for (size_t i = 0; env && env[i]; i++)
+		free(env[i]);
+	free(env);
 }

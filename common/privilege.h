@@ -1,12 +1,24 @@
 /*
- * privilege.h: how a daemon started as root becomes its configured user
- * once its sockets are bound (pepsi-ingress, pepsi-httpd), in OpenSMTPD's
- * fixed order: chdir("/"), setgroups, setresgid, setresuid, each checked.
+ * privilege.h: giving up root, the one way every program does it, in
+ * OpenSMTPD's fixed order (chdir, setgroups, setresgid, setresuid), each
+ * step checked and the result verified.
+ *
+ * Two kinds of caller: a daemon started as root becomes its configured
+ * user once its sockets are bound (pepsi-ingress, pepsi-httpd:
+ * privilege_drop, privilege_config.c); a setuid-root helper (helpers/)
+ * checks that its caller is of the group it serves and becomes the user
+ * whose files it touches before it opens any of them (privilege_become).
+ * This file itself links nothing but libc and log.c, so that the helpers
+ * can use it without the configuration loader.
  */
 #ifndef PEPSI_PRIVILEGE_H
 #define PEPSI_PRIVILEGE_H
 
-#include "config.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct pepsi_config;
 
 /*
  * Become [section] USER (and GROUP, else the user's primary group).
@@ -16,5 +28,33 @@
  * run, the tests) keeps running as it is.
  */
 void privilege_drop(const struct pepsi_config *cfg, const char *section);
+
+/*
+ * Become uid:gid for good, with the user's supplementary groups (user
+ * may be NULL: gid alone), working directory dir ("/" when NULL).  False
+ * with err set when a step fails or root could be regained; the process
+ * must then stop.  A process that is not root and already is uid:gid
+ * only changes directory; any other non-root process fails.
+ */
+bool privilege_become(const char *user, uid_t uid, gid_t gid, const char *dir,
+					  char *err, size_t errlen);
+
+/*
+ * Is the real user of this process root, or is it (by its real, effective
+ * or supplementary groups) of group gid?  A setuid helper asks this of the
+ * group its own file belongs to (privilege_own_group), so that mode 4750
+ * and the check inside agree.
+ */
+bool privilege_caller_in_group(gid_t gid);
+/* The group of this process's executable file; false with err when unknown. */
+bool privilege_own_group(gid_t *gid, char *err, size_t errlen);
+
+/*
+ * A fresh environment for a program run on a user's behalf: nothing of
+ * ours, only what names = value pairs (NULL-terminated, alternating) say.
+ * Returns a NULL-terminated array for execve; free with privilege_env_free.
+ */
+char **privilege_clean_env(const char *const *pairs);
+void   privilege_env_free(char **env);
 
 #endif

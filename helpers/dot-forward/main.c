@@ -1,0 +1,448 @@
+/*
+ * pepsi-helper-dot-forward: reads a user's ~/.forward as that user, and
+ * runs the commands and writes the files it names as that user, for
+ * pepsi-stage-dot-forward (docs/pepsi-stage-dot-forward.8.md).
+ *
+ * Installed setuid root, mode 4750, in the group of its caller (the stage
+ * runs setgid to that group): only that group can run it, and it checks so
+ * again itself.  It is a standalone program linked to nothing but libc and
+ * three files of common/ (spec 22.2: a symlink to the multi-call binary
+ * could not carry the bit without lending it to every program).  It
+ * becomes the user before it opens any file of theirs, and does only what
+ * the user's own .forward says: a command or a file is run or written
+ * only if it is an entry of that .forward, read again for the purpose.
+ *
+ *   pepsi-helper-dot-forward read USER
+ *   pepsi-helper-dot-forward pipe USER SENDER RECIPIENT SECONDS COMMAND  < message
+ *   pepsi-helper-dot-forward file USER SENDER RECIPIENT PATH             < message
+ *
+ * The answer is on standard output.  read: "nouser", "none" (no
+ * .forward), "ignored REASON" (one that is not safe to use, as sendmail
+ * would ignore it), "temporary REASON", or "forward" followed by one line
+ * per entry ("address A", "local USER", "pipe COMMAND", "file PATH", "bad
+ * LINE REASON").  pipe and file: "ok", "temporary REASON" or "permanent
+ * REASON".  The message comes with LF line ends.  Logs go to standard
+ * error.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sysexits.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "forward_file.h"
+#include "log.h"
+#include "privilege.h"
+#include "xalloc.h"
+
+/* A larger .forward is not a list of addresses. */
+#define HELPER_MAX_FORWARD_SIZE 65536
+/* What a command's output may add to the reason of its failure. */
+#define HELPER_MAX_OUTPUT 400
+
+int main(int argc, char **argv);
+
+static void
+usage(void)
+{
+	fprintf(stderr, "usage: pepsi-helper-dot-forward read USER\n"
+					"       pepsi-helper-dot-forward pipe USER SENDER RECIPIENT SECONDS COMMAND\n"
+					"       pepsi-helper-dot-forward file USER SENDER RECIPIENT PATH\n");
+	exit(EX_USAGE);
+}
+
+/* A user name as useradd makes them; anything else never reaches getpwnam. */
+static bool
+helper_user_name_ok(const char *name)
+{
+	size_t len = strlen(name);
+
+	if (len == 0 || len > 32 || !(islower((unsigned char) name[0]) || name[0] == '_'))
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (!(islower((unsigned char) name[i]) || isdigit((unsigned char) name[i])
+			  || strchr("_.-", name[i])))
+			return false;
+	return true;
+}
+
+static bool
+helper_one_line(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char) *s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
+/*
+ * The .forward of pw, read as pw (the caller has become pw).  Returns the
+ * status word and sets *why or fills list.
+ */
+static const char *
+helper_read_forward(const struct passwd *pw, struct forward_list *list, char *why, size_t whylen)
+{
+	struct stat st;
+	char	   *path;
+	char	   *text;
+	int			fd;
+	ssize_t		n;
+	size_t		len = 0;
+
+	list->entries = NULL;
+	list->count = 0;
+	if (stat(pw->pw_dir, &st) != 0)
+	{
+		if (errno == ENOENT || errno == ENOTDIR)
+			return "none";
+		snprintf(why, whylen, "home directory %s: %s", pw->pw_dir, strerror(errno));
+		return errno == EACCES ? "ignored" : "temporary";
+	}
+	/* Someone else who can write the directory could put a .forward there. */
+	if ((st.st_uid != pw->pw_uid && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)))
+	{
+		snprintf(why, whylen, "home directory %s is %s", pw->pw_dir,
+				 st.st_uid != pw->pw_uid && st.st_uid != 0 ? "owned by another user"
+														   : "group- or world-writable");
+		return "ignored";
+	}
+	path = xasprintf("%s/.forward", pw->pw_dir);
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+	{
+		int saved = errno;
+
+		free(path);
+		if (saved == ENOENT || saved == ENOTDIR)
+			return "none";
+		snprintf(why, whylen, ".forward %s", saved == ELOOP ? "is a symbolic link" : strerror(saved));
+		return saved == ELOOP || saved == EACCES ? "ignored" : "temporary";
+	}
+	free(path);
+	if (fstat(fd, &st) != 0)
+	{
+		snprintf(why, whylen, "fstat .forward: %s", strerror(errno));
+		close(fd);
+		return "temporary";
+	}
+	if (!S_ISREG(st.st_mode))
+		snprintf(why, whylen, ".forward is not a regular file");
+	else if (st.st_uid != pw->pw_uid && st.st_uid != 0)
+		snprintf(why, whylen, ".forward is owned by uid %ld, not by %s", (long) st.st_uid, pw->pw_name);
+	else if (st.st_mode & (S_IWGRP | S_IWOTH))
+		snprintf(why, whylen, ".forward is group- or world-writable (mode %04o)",
+				 (unsigned) (st.st_mode & 07777));
+	else if (st.st_size > HELPER_MAX_FORWARD_SIZE)
+		snprintf(why, whylen, ".forward is larger than %d bytes", HELPER_MAX_FORWARD_SIZE);
+	else
+		why[0] = '\0';
+	if (why[0])
+	{
+		close(fd);
+		return "ignored";
+	}
+	text = xmalloc(HELPER_MAX_FORWARD_SIZE + 1);
+	while (len <= HELPER_MAX_FORWARD_SIZE
+		   && (n = read(fd, text + len, HELPER_MAX_FORWARD_SIZE + 1 - len)) != 0)
+	{
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+		{
+			snprintf(why, whylen, "reading .forward: %s", strerror(errno));
+			free(text);
+			close(fd);
+			return "temporary";
+		}
+		len += (size_t) n;
+	}
+	close(fd);
+	if (len > HELPER_MAX_FORWARD_SIZE)
+	{
+		snprintf(why, whylen, ".forward is larger than %d bytes", HELPER_MAX_FORWARD_SIZE);
+		free(text);
+		return "ignored";
+	}
+	forward_parse(text, len, list);
+	free(text);
+	return "forward";
+}
+
+/* Is value an entry of that kind in the list (the user asked for it)? */
+static bool
+helper_listed(const struct forward_list *list, enum forward_kind kind, const char *value)
+{
+	for (size_t i = 0; i < list->count; i++)
+		if (list->entries[i].kind == kind && strcmp(list->entries[i].value, value) == 0)
+			return true;
+	return false;
+}
+
+static volatile sig_atomic_t helper_timed_out;
+
+static void
+helper_on_alarm(int sig)
+{
+	helper_timed_out = 1;
+}
+
+/* Run command as pw (already become) with the message on our stdin. */
+static void
+helper_pipe(const struct passwd *pw, const char *sender, const char *recipient, long seconds,
+			const char *command)
+{
+	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
+								 "SHELL", "/bin/sh", "PATH", "/usr/bin:/bin", "SENDER", sender,
+								 "RECIPIENT", recipient, NULL};
+	struct sigaction  sa;
+	char			  output[HELPER_MAX_OUTPUT + 1];
+	size_t			  kept = 0;
+	int				  out[2];
+	int				  status;
+	pid_t			  pid;
+	char			  buf[4096];
+	ssize_t			  n;
+
+	if (pipe(out) != 0)
+	{
+		printf("temporary pipe: %s\n", strerror(errno));
+		return;
+	}
+	if ((pid = fork()) < 0)
+	{
+		printf("temporary fork: %s\n", strerror(errno));
+		return;
+	}
+	if (pid == 0)
+	{
+		char **env = privilege_clean_env(pairs);
+
+		setsid();
+		dup2(out[1], STDOUT_FILENO);
+		dup2(out[1], STDERR_FILENO);
+		close(out[0]);
+		close(out[1]);
+		if (chdir(pw->pw_dir) != 0 && chdir("/") != 0)
+			_exit(EX_TEMPFAIL);
+		execle("/bin/sh", "sh", "-c", command, (char *) NULL, env);
+		_exit(EX_OSERR);
+	}
+	close(out[1]);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = helper_on_alarm; /* no SA_RESTART: read and waitpid return EINTR */
+	sigaction(SIGALRM, &sa, NULL);
+	alarm((unsigned) seconds);
+	while ((n = read(out[0], buf, sizeof(buf))) != 0 && !helper_timed_out)
+	{
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			break;
+		for (ssize_t i = 0; i < n && kept < HELPER_MAX_OUTPUT; i++)
+			output[kept++] = (unsigned char) buf[i] < 0x20 || buf[i] == 0x7f ? ' ' : buf[i];
+	}
+	output[kept] = '\0';
+	while (kept > 0 && output[kept - 1] == ' ')
+		output[--kept] = '\0';
+	while (waitpid(pid, &status, 0) < 0)
+	{
+		if (errno != EINTR)
+		{
+			printf("temporary waitpid: %s\n", strerror(errno));
+			return;
+		}
+		if (helper_timed_out)
+			kill(-pid, SIGKILL);
+	}
+	alarm(0);
+	if (helper_timed_out)
+	{
+		kill(-pid, SIGKILL);
+		printf("temporary the command ran longer than %ld s and was killed\n", seconds);
+	}
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		printf("ok\n");
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == EX_TEMPFAIL)
+		printf("temporary the command exited with status 75 (EX_TEMPFAIL)%s%s\n",
+			   kept ? ": " : "", output);
+	else if (WIFEXITED(status))
+		printf("permanent the command exited with status %d%s%s\n", WEXITSTATUS(status),
+			   kept ? ": " : "", output);
+	else
+		printf("temporary the command was killed by signal %d\n", WTERMSIG(status));
+}
+
+/* Append the message on stdin to path as an mbox message (mboxrd quoting). */
+static void
+helper_file(const char *sender, const char *path)
+{
+	struct stat st;
+	FILE	   *in = stdin;
+	FILE	   *out;
+	char	   *line = NULL;
+	size_t		cap = 0;
+	ssize_t		n;
+	time_t		now = time(NULL);
+	char		date[64];
+	int			fd;
+	bool		ok = true;
+
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+	if (fd < 0)
+	{
+		printf("%s %s: %s\n", errno == ELOOP ? "permanent" : "temporary", path,
+			   errno == ELOOP ? "is a symbolic link" : strerror(errno));
+		return;
+	}
+	if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)))
+	{
+		printf("permanent %s is not a regular file\n", path);
+		close(fd);
+		return;
+	}
+	if (S_ISREG(st.st_mode) && flock(fd, LOCK_EX) != 0)
+	{
+		printf("temporary locking %s: %s\n", path, strerror(errno));
+		close(fd);
+		return;
+	}
+	if ((out = fdopen(fd, "a")) == NULL)
+	{
+		printf("temporary %s: %s\n", path, strerror(errno));
+		close(fd);
+		return;
+	}
+	strftime(date, sizeof(date), "%a %b %e %H:%M:%S %Y", gmtime(&now));
+	fprintf(out, "From %s %s\n", sender[0] ? sender : "MAILER-DAEMON", date);
+	while ((n = getline(&line, &cap, in)) > 0)
+	{
+		const char *p = line;
+
+		while (*p == '>')
+			p++;
+		if (strncmp(p, "From ", 5) == 0)
+			fputc('>', out);
+		fwrite(line, 1, (size_t) n, out);
+	}
+	free(line);
+	fputc('\n', out);
+	if (fflush(out) != 0 || (S_ISREG(st.st_mode) && fsync(fd) != 0))
+		ok = false;
+	if (!ok)
+	{
+		int saved = errno;
+
+		/* Nothing half-written: the file is cut back to where it was. */
+		if (S_ISREG(st.st_mode) && ftruncate(fd, st.st_size) != 0)
+			log_warn("%s: cannot cut back a partial message", path);
+		printf("temporary writing %s: %s\n", path, strerror(saved));
+	}
+	else
+		printf("ok\n");
+	fclose(out);
+}
+
+int
+main(int argc, char **argv)
+{
+	struct forward_list list;
+	struct passwd	   *pw;
+	const char		   *mode;
+	const char		   *status;
+	char				why[512];
+	char				err[256];
+
+	log_init("pepsi-helper-dot-forward", false);
+	if (argc < 3)
+		usage();
+	mode = argv[1];
+	if (!((strcmp(mode, "read") == 0 && argc == 3) || (strcmp(mode, "pipe") == 0 && argc == 7)
+		  || (strcmp(mode, "file") == 0 && argc == 6)))
+		usage();
+	/* Setuid: only the stage's group may ask (mode 4750 says so too). */
+	if (geteuid() == 0 && getuid() != 0)
+	{
+		gid_t group;
+
+		if (!privilege_own_group(&group, err, sizeof(err)))
+			fatalx("%s", err);
+		if (!privilege_caller_in_group(group))
+			fatalx("refused: uid %ld is not of group %ld, which this helper serves",
+				   (long) getuid(), (long) group);
+	}
+	if (!helper_user_name_ok(argv[2]))
+		fatalx("refused: \"%s\" is not a user name", argv[2]);
+	for (int i = 3; i < argc; i++)
+		if (!helper_one_line(argv[i]))
+			fatalx("refused: argument %d has a control character", i);
+	if ((pw = getpwnam(argv[2])) == NULL)
+	{
+		printf("nouser\n");
+		return 0;
+	}
+	if (strcmp(mode, "read") != 0 && pw->pw_uid == 0)
+	{
+		printf("permanent commands and files of a .forward are never run as root\n");
+		return 0;
+	}
+	/* From here on we are the user: nothing of theirs is opened as root. */
+	if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
+	{
+		if (geteuid() == 0)
+			fatalx("becoming %s: %s", pw->pw_name, err);
+		printf("temporary cannot act as %s: %s (is the helper setuid root?)\n", pw->pw_name, err);
+		return 0;
+	}
+	status = helper_read_forward(pw, &list, why, sizeof(why));
+	if (strcmp(mode, "read") == 0)
+	{
+		if (strcmp(status, "none") == 0)
+			printf("none\n");
+		else if (strcmp(status, "forward") != 0)
+			printf("%s %s\n", status, why);
+		else
+		{
+			printf("forward\n");
+			for (size_t i = 0; i < list.count; i++)
+			{
+				const struct forward_entry *e = &list.entries[i];
+
+				if (e->kind == FORWARD_BAD)
+					printf("bad %d %s\n", e->line, e->value);
+				else
+					printf("%s %s\n", forward_kind_name(e->kind), e->value);
+			}
+		}
+	}
+	else if (strcmp(status, "forward") != 0)
+		printf("permanent %s's .forward no longer holds it%s%s\n", pw->pw_name, why[0] ? ": " : "",
+			   why);
+	else if (strcmp(mode, "pipe") == 0)
+	{
+		char *end;
+		long  seconds = strtol(argv[5], &end, 10);
+
+		if (*end || seconds <= 0 || seconds > 86400)
+			fatalx("refused: \"%s\" is not a number of seconds", argv[5]);
+		if (!helper_listed(&list, FORWARD_PIPE, argv[6]))
+			printf("permanent the command is not in %s's .forward\n", pw->pw_name);
+		else
+			helper_pipe(pw, argv[3], argv[4], seconds, argv[6]);
+	}
+	else if (!helper_listed(&list, FORWARD_FILE, argv[5]))
+		printf("permanent the file is not in %s's .forward\n", pw->pw_name);
+	else
+		helper_file(argv[3], argv[5]);
+	forward_list_free(&list);
+	return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
