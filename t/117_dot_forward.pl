@@ -1,0 +1,210 @@
+# ~/.forward through pepsi-stage-dot-forward and its setuid-root helper,
+# installed as make install does (helper root:GROUP 4750, stage root:GROUP
+# 2755) with the dispatcher running as an unprivileged user, for real
+# system users: forwarding to another address (Delivered-To stamped),
+# "\user" keeping a local copy, a forwarding loop bounced with 5.4.6, a
+# .forward that is group-writable or owned by someone else ignored with a
+# log line, a command refused unless ALLOW_FORWARD_PIPES and, when allowed,
+# run as the owner with a clean environment; malformed lines, over-long
+# lines and control characters logged and skipped; the helper refuses a
+# caller outside its group.
+
+use strict;
+use warnings FATAL => 'all';
+
+use RootTest;
+
+use File::Basename qw(dirname);
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+
+my $node = delivery_node('dot_forward');
+my $shared = shared_dir();
+my $homes = "$shared/home";
+my $root = "$shared/maildir";
+my $sender = 'sender@local.test';
+my $group = 'pepsi-fwtest';
+my $helper = 'pepsi-helper-dot-forward';
+my $stage = 'pepsi-stage-dot-forward';
+my $bin = "$shared/bin";
+
+mkdir $homes;
+mkdir $root;
+add_system_group($group);
+install_privileged(dirname(pepsi_bin('pepsi-dispatch')), $bin, $group, $helper, $stage);
+my %user;
+for my $name (qw(pfwalice pfwbob pfwdave pfwerin pfwfrank pfwgina pfwhank pfwivy))
+{
+	add_system_user($name, $homes);
+	$user{$name} = [ (getpwnam($name))[ 2, 3 ] ];
+}
+make_mailbox($root, $_) for $sender, 'carol@local.test', map { "$_\@local.test" } keys %user;
+system('chown', '-R', cluster_user() . ':', $root) == 0 or die 'chown';
+
+# Write a .forward owned by $owner (default: the user) with $mode (0644).
+sub dot_forward
+{
+	my ($name, $text, %o) = @_;
+	my $path = "$homes/$name/.forward";
+	my $owner = $o{owner} // $name;
+
+	open my $fh, '>', $path or die "$path: $!";
+	print $fh $text;
+	close $fh;
+	chown((getpwnam($owner))[ 2, 3 ], $path);
+	chmod $o{mode} // 0644, $path;
+}
+
+sub config
+{
+	my (%o) = @_;
+
+	return delivery_config($node, maildir_root => $root,
+		path => "$shared/pepsi.conf",
+		extra => {
+			init => "LOCAL_STAGE = forward\n",
+			maildir => "CREATE_MAILBOXES = no\n",
+		},
+		pepsi => { LOCAL_DOMAINS => 'local.test' })
+	  . '';
+}
+
+sub write_graph
+{
+	my (%o) = @_;
+	my $path = config();
+	my $pipes = $o{pipes} ? 'yes' : 'no';
+
+	open my $fh, '>>', $path or die;
+	print $fh "[stage-forward]\nPROGRAM = $bin/$stage\nNEXT_STAGE = maildir\n"
+	  . "FORWARD_STAGE = init\nBOUNCE_STAGE = bounce\nLOCAL_DOMAINS = local.test\n"
+	  . "ALLOW_FORWARD_PIPES = $pipes\nALLOW_FORWARD_FILES = $pipes\n"
+	  . "RETRY_BASE = 1s\nRETRY_MAX = 2s\nCOMMAND_TIME_LIMIT = 20s\n";
+	close $fh;
+	chmod 0644, $path;
+	return $path;
+}
+
+my $log = "$shared/dispatch.log";
+my $d = start_dispatcher(write_graph(), log => $log,
+	program => [ as_cluster_user(pepsi_bin('pepsi-dispatch')) ]);
+
+sub deliver
+{
+	my ($to, %m) = @_;
+	my $id = inject($node, to => [$to], from => $m{from} // $sender,
+		headers => $m{headers} // "From: <$sender>\r\nTo: <$to>\r\nSubject: $m{subject}\r\n");
+	return $id;
+}
+
+sub settled { return poll_until(sub { queue_count($node) == 0 }, 60) }
+sub files { return scalar(maildir_files($root, $_[0])) }
+
+# 1. Forwarded to another address, with Delivered-To stamped.
+dot_forward('pfwalice', "# away\ncarol\@local.test\n");
+deliver('pfwalice@local.test', subject => 'one');
+ok(settled(), 'the forwarded message is delivered');
+is(files('carol@local.test'), 1, 'carol has it');
+is(files('pfwalice@local.test'), 0, 'alice has no copy');
+my ($carol) = maildir_files($root, 'carol@local.test');
+like(slurp($carol), qr/\AReturn-Path: <\Q$sender\E>\r\nDelivered-To: carol\@local.test\r\nDelivered-To: pfwalice\@local.test\r\nFrom:/,
+	'it carries Delivered-To: pfwalice above the original headers');
+
+# 2. "\user" keeps a local copy.
+dot_forward('pfwbob', "\\pfwbob, carol\@local.test\n");
+deliver('pfwbob@local.test', subject => 'two');
+ok(settled(), 'settled');
+is(files('pfwbob@local.test'), 1, 'bob keeps a copy');
+is(files('carol@local.test'), 2, 'and carol gets one');
+
+# 3. A loop: dave -> erin -> dave bounces with 5.4.6.
+dot_forward('pfwdave', "pfwerin\@local.test\n");
+dot_forward('pfwerin', "pfwdave\@local.test\n");
+deliver('pfwdave@local.test', subject => 'three');
+ok(settled(), 'the loop ends');
+is(files('pfwdave@local.test') + files('pfwerin@local.test'), 0, 'nothing delivered in the loop');
+my @dsns = maildir_files($root, $sender);
+is(scalar @dsns, 1, 'one bounce');
+my (undef, $rcpts) = dsn_fields(parse_dsn(slurp($dsns[-1])));
+is($rcpts->[0]{status}, '5.4.6', 'status 5.4.6');
+like($rcpts->[0]{'diagnostic-code'}, qr/forwarding loop for pfwdave\@local\.test/, 'the loop is named');
+
+# 4. Unsafe .forward files are ignored, with a log line.
+dot_forward('pfwfrank', "carol\@local.test\n", mode => 0664);
+deliver('pfwfrank@local.test', subject => 'four');
+dot_forward('pfwgina', "carol\@local.test\n", owner => 'pfwalice');
+deliver('pfwgina@local.test', subject => 'five');
+ok(settled(), 'settled');
+is(files('pfwfrank@local.test'), 1, 'a group-writable .forward is ignored: frank gets his mail');
+is(files('pfwgina@local.test'), 1, 'a .forward owned by another user is ignored');
+is(files('carol@local.test'), 2, 'neither forwarded');
+ok(file_shows($log, qr/<pfwfrank\@local\.test>: ~pfwfrank\/\.forward ignored: \.forward is group- or world-writable/),
+	'the group-writable one is logged');
+ok(file_shows($log, qr/<pfwgina\@local\.test>: ~pfwgina\/\.forward ignored: \.forward is owned by uid $user{pfwalice}[0], not by pfwgina/),
+	'the foreign-owned one is logged');
+
+# 5. A command is refused unless allowed: that entry bounces (5.7.1), the rest happens.
+dot_forward('pfwhank', "\\pfwhank\n\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n");
+deliver('pfwhank@local.test', subject => 'six');
+ok(settled(), 'settled');
+is(files('pfwhank@local.test'), 1, 'the local copy is delivered');
+ok(!-e "$homes/pfwhank/env.out", 'the command did not run');
+@dsns = maildir_files($root, $sender);
+is(scalar @dsns, 2, 'a bounce for the command');
+(undef, $rcpts) = dsn_fields(parse_dsn(slurp($dsns[-1])));
+is($rcpts->[0]{status}, '5.7.1', 'status 5.7.1');
+ok(file_shows($log, qr/refused: ALLOW_FORWARD_PIPES is off/), 'logged');
+
+# 6. Bad input: a malformed line, an over-long one, a control character: logged, skipped, no crash.
+dot_forward('pfwivy', "carol\@local.test\nbad <address\n" . ('x' x 5000) . "\@local.test\n"
+	  . "ctl\x01char\@local.test\n\"unterminated\n\\pfwivy\n");
+deliver('pfwivy@local.test', subject => 'seven');
+ok(settled(), 'settled');
+is(files('pfwivy@local.test'), 1, 'ivy keeps her copy');
+is(files('carol@local.test'), 3, 'carol gets the forward');
+my $text = slurp($log);
+like($text, qr/~pfwivy\/\.forward line 2 an address with a character it cannot have/, 'the malformed line is named');
+like($text, qr/~pfwivy\/\.forward line 3 a line longer than 4096 bytes/, 'the over-long line is named');
+like($text, qr/~pfwivy\/\.forward line 4 a control character/, 'the control character is named');
+like($text, qr/~pfwivy\/\.forward line 5 an unterminated double quote/, 'the open quote is named');
+
+# 7. Commands and files allowed: run as the owner, with a clean environment.
+stop_dispatcher($d);
+$d = start_dispatcher(write_graph(pipes => 1), log => $log,
+	program => [ as_cluster_user(pepsi_bin('pepsi-dispatch')) ]);
+dot_forward('pfwhank', "\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n"
+	  . "$homes/pfwhank/mbox\n");
+deliver('pfwhank@local.test', subject => 'eight');
+ok(settled(), 'settled');
+ok(-e "$homes/pfwhank/env.out", 'the command ran');
+is((stat "$homes/pfwhank/env.out")[4], $user{pfwhank}[0], 'as hank');
+my @env = split /\n/, slurp("$homes/pfwhank/env.out");
+my $uid = pop @env;
+is($uid, $user{pfwhank}[0], 'id -u says hank');
+my %env = map { /^([^=]+)=(.*)$/ ? ($1, $2) : () } @env;
+is_deeply([ sort grep { !/^(PWD|SHLVL|_)$/ } keys %env ],
+	[qw(HOME LOGNAME PATH RECIPIENT SENDER SHELL USER)], 'a clean environment');
+is($env{SENDER}, $sender, 'SENDER');
+is($env{HOME}, "$homes/pfwhank", 'HOME');
+like(slurp("$homes/pfwhank/msg.out"), qr/\AReturn-Path: <\Q$sender\E>\nDelivered-To: pfwhank\@local.test\nFrom:.*\nSubject: eight\n\nhello\n\z/s,
+	'the command read the message, LF line ends');
+like(slurp("$homes/pfwhank/mbox"), qr/\AFrom \Q$sender\E .*\nReturn-Path:.*Subject: eight\n\nhello\n\n\z/s,
+	'the file got it in mbox form');
+is((stat "$homes/pfwhank/mbox")[4], $user{pfwhank}[0], 'written as hank');
+is(files('pfwhank@local.test'), 1, 'no new mailbox copy (no \\pfwhank)');
+
+# 8. The helper refuses whoever is not of its group.
+my $out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$bin/$helper", 'read', 'pfwalice') ]} 2>&1`;
+isnt($? >> 8, 0, 'mode 4750: the cluster user cannot run the helper');
+system('cp', "$bin/$helper", "$shared/open-helper");
+chmod 04755, "$shared/open-helper";
+$out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$shared/open-helper", 'read', 'pfwalice') ]} 2>&1`;
+like($out, qr/refused: uid \d+ is not of group \d+/, 'and the helper itself refuses a caller outside its group');
+unlink "$shared/open-helper";
+
+stop_dispatcher($d);
+done_testing();
