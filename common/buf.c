@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "xalloc.h"
@@ -125,4 +126,23 @@ buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t e
 	fclose(f);
 	buf_append(b, "", 0); /* NUL-terminated even when empty */
 	return ok;
+}
+
+bool
+fd_write_all(int fd, const void *data, size_t len)
+{
+	const char *p = data;
+
+	while (len > 0)
+	{
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t) n;
+	}
+	return true;
 }

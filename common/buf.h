@@ -34,4 +34,7 @@ void buf_free(struct buf *b);
  */
 bool buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen);
 
+/* Write all of data to fd, retrying short writes and EINTR; false with errno set. */
+bool fd_write_all(int fd, const void *data, size_t len);
+
 #endif

@@ -86,23 +86,6 @@ forward_helper_path(struct pepsi_ctx *ctx)
 	return xasprintf("%s/%s", self, FORWARD_HELPER_NAME);
 }
 
-static bool
-forward_write_all(int fd, const char *data, size_t len)
-{
-	while (len > 0)
-	{
-		ssize_t n = write(fd, data, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return false;
-		data += n;
-		len -= (size_t) n;
-	}
-	return true;
-}
-
 /*
  * Run the helper with argv, input on its stdin; its answer in *answer.
  * False with err when it could not be run or did not answer.
@@ -152,7 +135,7 @@ forward_call_helper(const char *path, const char *const *argv, const struct buf 
 	/* A command that does not read its input closes the pipe: not our failure. */
 	sigaction(SIGPIPE, &ignore, &saved);
 	if (input && input->len > 0)
-		(void) forward_write_all(in[1], input->data, input->len);
+		(void) fd_write_all(in[1], input->data, input->len);
 	close(in[1]);
 	in[1] = -1;
 	sigaction(SIGPIPE, &saved, NULL);
