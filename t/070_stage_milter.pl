@@ -110,6 +110,12 @@ FINAL_TIMEOUT = 2s
 DEFAULT_ACTION = accept
 NEXT_STAGE = filtered
 
+[stage-filter-braces]
+PROGRAM = pepsi-stage-milter
+MILTERS = { inet:127.0.0.1:$dead_port, connect_timeout=2s, default_action=accept } { inet:127.0.0.1:$scripted, final_timeout = 1s }
+FINAL_TIMEOUT = 10m
+NEXT_STAGE = filtered
+
 [stage-filter-down]
 PROGRAM = pepsi-stage-milter
 MILTERS = inet:127.0.0.1:$dead_port
@@ -319,6 +325,21 @@ is($row->{stage}, 'filtered', 'DEFAULT_ACTION = accept: a down filter and a sile
 is_deeply([ map { $_->{verdict} } @{ $row->{state}{milter}{filters} } ], [ 'unavailable', 'unavailable' ],
 	'... both recorded as unavailable');
 
+# Per-filter settings (Postfix's braces): the first filter's own
+# default_action passes it over while down, the second's own final_timeout
+# (1s, not the stage's 10m) ends its silence, and the stage's
+# DEFAULT_ACTION (tempfail) applies to it.
+my $braces = add_message(subject => 'never-answer', stage => 'filter-braces');
+my $started = time;
+$r = run_ids($conf, $braces);
+is_deeply($r->{status}, ['0'], 'per-filter settings: success') or diag $r->{stderr};
+$row = row_json($node, $braces);
+is($row->{status}, 'paused', 'per-filter settings: the silent filter\'s final_timeout=1s applies');
+like($row->{state}{milter}{reply}, qr/timeout/, '... the reason says timeout');
+is_deeply([ map { $_->{verdict} } @{ $row->{state}{milter}{filters} } ], [ 'unavailable', 'unavailable' ],
+	'... the down filter passed over by its own default_action=accept');
+ok(time - $started < 60, '... well before the stage\'s FINAL_TIMEOUT');
+
 my $down = add_message(subject => 'hello', stage => 'filter-down');
 $r = run_ids($conf, $down);
 $row = row_json($node, $down);
@@ -375,5 +396,17 @@ INI
 $r = run_worker(worker_cmd('pepsi-stage-milter', $broken), '');
 isnt($r->{exit}, 0, 'a bad MILTERS is refused at start');
 like($r->{stderr}, qr/milter address "tcp:somewhere"/, '... naming it');
+$broken = stage_config($node, 'broken-braces.conf', <<"INI");
+[pepsi]
+LOG = stderr
+
+[stage-filter]
+PROGRAM = pepsi-stage-milter
+MILTERS = { inet:127.0.0.1:$scripted, command_timeout=soon }
+INI
+$r = run_worker(worker_cmd('pepsi-stage-milter', $broken), '');
+isnt($r->{exit}, 0, 'a bad per-filter setting is refused at start');
+like($r->{stderr}, qr/\[stage-filter\] MILTERS: command_timeout=soon for inet:127\.0\.0\.1:$scripted: /,
+	'... naming the section, the setting and the filter');
 
 done_testing();

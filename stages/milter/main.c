@@ -13,7 +13,9 @@
  * goes to state.milter and to the log.
  *
  * Options of its [stage-*] section (see pepsi-stage-milter(8)):
- *   MILTERS          inet:host:port, inet:[address]:port or unix:/path, in order
+ *   MILTERS          inet:host:port, inet:[address]:port or unix:/path, in order;
+ *                    { address, name=value, ... } gives one filter its own
+ *                    timeouts or DEFAULT_ACTION (milters.c)
  *   CONNECT_TIMEOUT (30s), COMMAND_TIMEOUT (30s), FINAL_TIMEOUT (5m)
  *   DEFAULT_ACTION   tempfail (default) | accept: when a filter cannot be asked
  *   REJECT_ACTION    bounce (default) | discard: what a 5xx does
@@ -62,7 +64,7 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
 {
 	memset(o, 0, sizeof(*o));
 	o->milters = config_get(cfg, section, "MILTERS");
-	if (o->milters == NULL || o->milters[strspn(o->milters, " \t,")] == '\0')
+	if (o->milters == NULL)
 	{
 		snprintf(err, errlen, "[%s] needs MILTERS (inet:host:port or unix:/path, in order)", section);
 		return false;
@@ -78,8 +80,12 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
 	return true;
 }
 
-/* The filters of this worker, kept open across messages, and the MILTERS they came from. */
+/*
+ * The filters of this worker, kept open across messages, with the
+ * settings of their braces, and the MILTERS they came from.
+ */
 static struct milter_filter **milter_filters;
+static struct milter_entry	 *milter_entries;
 static size_t				  milter_nfilters;
 static char					 *milter_filters_key;
 
@@ -89,41 +95,54 @@ milter_close_filters(void)
 	for (size_t i = 0; i < milter_nfilters; i++)
 		milter_filter_free(milter_filters[i]);
 	free(milter_filters);
+	milters_free(milter_entries, milter_nfilters);
 	milter_filters = NULL;
+	milter_entries = NULL;
 	milter_nfilters = 0;
 	free(milter_filters_key);
 	milter_filters_key = NULL;
 }
 
-/* Parse a MILTERS value into filters (or just check it, when out is NULL). */
+/* Parse a MILTERS value into filters (or just check it, when filters is NULL). */
 static bool
-milter_parse_list(const char *milters, struct milter_filter ***out, size_t *count, char *err,
-				  size_t errlen)
+milter_parse_list(const char *milters, struct milter_filter ***filters, struct milter_entry **entries,
+				  size_t *count, char *err, size_t errlen)
 {
-	char *copy = xstrdup(milters);
-	char *save = NULL;
-	bool  ok = true;
+	struct milter_entry *parsed;
+	size_t				 n;
 
-	*count = 0;
-	for (char *word = strtok_r(copy, " \t,", &save); word; word = strtok_r(NULL, " \t,", &save))
+	if (!milters_parse(milters, &parsed, &n, err, errlen))
+		return false;
+	for (size_t i = 0; i < n; i++)
 	{
-		struct milter_filter *f = milter_filter_new(word, err, errlen);
+		struct milter_filter *f = milter_filter_new(parsed[i].address, err, errlen);
 
 		if (f == NULL)
 		{
-			ok = false;
-			break;
+			for (size_t k = 0; filters && k < i; k++)
+				milter_filter_free((*filters)[k]);
+			if (filters)
+			{
+				free(*filters);
+				*filters = NULL;
+			}
+			milters_free(parsed, n);
+			return false;
 		}
-		if (out == NULL)
+		if (filters == NULL)
 		{
 			milter_filter_free(f);
 			continue;
 		}
-		*out = xrealloc(*out, (*count + 1) * sizeof(**out));
-		(*out)[(*count)++] = f;
+		*filters = xrealloc(*filters, (i + 1) * sizeof(**filters));
+		(*filters)[i] = f;
 	}
-	free(copy);
-	return ok;
+	if (entries)
+		*entries = parsed;
+	else
+		milters_free(parsed, n);
+	*count = n;
+	return true;
 }
 
 static bool
@@ -132,8 +151,42 @@ milter_check_config(const struct pepsi_config *cfg, const char *section, char *e
 	struct milter_options o;
 	size_t				  count;
 
-	return milter_read_options(cfg, section, &o, err, errlen)
-		   && milter_parse_list(o.milters, NULL, &count, err, errlen);
+	if (!milter_read_options(cfg, section, &o, err, errlen))
+		return false;
+	if (!milter_parse_list(o.milters, NULL, NULL, &count, err, errlen))
+	{
+		/* the section, as the configuration loader names the others */
+		char detail[512];
+
+		snprintf(detail, sizeof(detail), "[%s] %s", section, err);
+		snprintf(err, errlen, "%s", detail);
+		return false;
+	}
+	return true;
+}
+
+/* Filter i's timeouts: its braces' settings, else the stage's. */
+static struct milter_timeouts
+milter_timeouts_of(const struct milter_options *o, size_t i)
+{
+	const struct milter_entry *e = &milter_entries[i];
+	struct milter_timeouts	   t = o->timeouts;
+
+	if (e->connect_ms >= 0)
+		t.connect_ms = e->connect_ms;
+	if (e->command_ms >= 0)
+		t.command_ms = e->command_ms;
+	if (e->final_ms >= 0)
+		t.final_ms = e->final_ms;
+	return t;
+}
+
+static enum milter_default_action
+milter_default_action_of(const struct milter_options *o, size_t i)
+{
+	return milter_entries[i].default_action >= 0
+			   ? (enum milter_default_action) milter_entries[i].default_action
+			   : o->default_action;
 }
 
 /* Seconds until a tempfailed message is tried again: RETRY_BASE doubling to RETRY_MAX. */
@@ -163,17 +216,19 @@ milter_run_filters(const struct milter_options *o, struct milter_message *m,
 	out->filters = json_array();
 	for (size_t i = 0; i < milter_nfilters; i++)
 	{
-		char			   *reply = NULL;
-		enum milter_verdict v = milter_filter_run(milter_filters[i], m, source, &o->timeouts, &reply);
-		const char		   *name = milter_filter_name(milter_filters[i]);
+		char					  *reply = NULL;
+		struct milter_timeouts	   timeouts = milter_timeouts_of(o, i);
+		enum milter_default_action default_action = milter_default_action_of(o, i);
+		enum milter_verdict		   v = milter_filter_run(milter_filters[i], m, source, &timeouts, &reply);
+		const char				  *name = milter_filter_name(milter_filters[i]);
 
 		json_array_append_new(out->filters, json_pack("{s:s,s:s,s:s?}", "milter", name,
 													  "verdict", milter_verdict_name(v), "reply", reply));
 		if (v == MILTER_VERDICT_UNAVAILABLE)
 		{
 			log_warnx("row %s: milter %s unavailable (DEFAULT_ACTION %s): %s", source->queue_id, name,
-					  o->default_action == DEFAULT_ACCEPT ? "accept" : "tempfail", reply);
-			if (o->default_action == DEFAULT_ACCEPT)
+					  default_action == DEFAULT_ACCEPT ? "accept" : "tempfail", reply);
+			if (default_action == DEFAULT_ACCEPT)
 			{
 				free(reply);
 				continue;
@@ -500,7 +555,7 @@ milter_ensure_filters(const struct milter_options *o, char *err, size_t errlen)
 	if (milter_filters_key && strcmp(milter_filters_key, o->milters) == 0)
 		return true;
 	milter_close_filters();
-	if (!milter_parse_list(o->milters, &milter_filters, &milter_nfilters, err, errlen))
+	if (!milter_parse_list(o->milters, &milter_filters, &milter_entries, &milter_nfilters, err, errlen))
 	{
 		milter_close_filters();
 		return false;

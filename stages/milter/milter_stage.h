@@ -3,6 +3,8 @@
  *
  *   message.c  the message as the filters see and edit it: the header list,
  *              the body, the envelope and each recipient's fate
+ *   milters.c  the MILTERS option: the filters in order, each with the
+ *              settings of its braces ({ address, command_timeout=10s })
  *   filter.c   one filter: its persistent connection, the negotiation and
  *              the conversation about one message (common/milter.h speaks
  *              the packets)
@@ -113,6 +115,26 @@ struct milter_macro_source
 	const char *queue_id; /* i: the row's id */
 	json_t	   *origin;	  /* state.origin, or NULL (local submission) */
 };
+
+/* A filter of MILTERS and the settings its braces gave; -1: the stage's option decides. */
+struct milter_entry
+{
+	char	 *address;
+	long long connect_ms;
+	long long command_ms;
+	long long final_ms;
+	int		  default_action; /* the index among DEFAULT_ACTION's choices */
+};
+
+/*
+ * Parse a MILTERS value: addresses, or { address, name=value, ... } with
+ * the settings connect_timeout, command_timeout, final_timeout (Postfix's
+ * content_timeout) and default_action, checked as the stage options of
+ * those names.  False with a sentence naming the problem in err.
+ */
+bool milters_parse(const char *value, struct milter_entry **out, size_t *count, char *err,
+				   size_t errlen);
+void milters_free(struct milter_entry *entries, size_t count);
 
 struct milter_filter;
 
