@@ -17,6 +17,7 @@
 #include "db.h"
 #include "log.h"
 #include "maillog.h"
+#include "smtp_client.h"
 #include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
@@ -254,14 +255,35 @@ delivery_expired(struct pepsi_ctx *ctx, const struct delivery_report *why, long 
 	return rc;
 }
 
+/*
+ * The wait before attempt number attempts + 1: base, 2 base, 4 base ... up
+ * to RETRY_MAX, with 10% jitter so a backlog spreads out; the last try
+ * comes when the lifetime ends, not a whole backoff later.
+ */
+static double
+delivery_retry_delay(struct pepsi_ctx *ctx, long attempts, double age)
+{
+	double lifetime = pepsi_option_seconds(ctx, "MAX_LIFETIME");
+	double base = pepsi_option_seconds(ctx, "RETRY_BASE");
+	double cap = pepsi_option_seconds(ctx, "RETRY_MAX");
+	double delay = base * pow(2, attempts - 1 > 30 ? 30 : attempts - 1);
+
+	if (delay > cap)
+		delay = cap;
+	delay *= 0.9 + 0.2 * ((double) random() / RAND_MAX);
+	if (age >= 0 && age + delay > lifetime)
+		delay = lifetime - age + 0.5;
+	if (delay < 0.1)
+		delay = 0.1;
+	return delay;
+}
+
 int
 delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 {
 	json_t	   *state = pepsi_state(ctx);
 	long		attempts = (long) json_integer_value(json_object_get(state, "attempts")) + 1;
 	double		lifetime = pepsi_option_seconds(ctx, "MAX_LIFETIME");
-	double		base = pepsi_option_seconds(ctx, "RETRY_BASE");
-	double		cap = pepsi_option_seconds(ctx, "RETRY_MAX");
 	double		delay_dsn_after = pepsi_option_seconds(ctx, "DELAY_DSN_AFTER");
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
 	double		age = delivery_message_age(ctx);
@@ -275,16 +297,7 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 		free(last_error);
 		return delivery_expired(ctx, why, attempts, age);
 	}
-	/* base, 2 base, 4 base ... up to RETRY_MAX, with 10% jitter so a backlog spreads out. */
-	delay = base * pow(2, attempts - 1 > 30 ? 30 : attempts - 1);
-	if (delay > cap)
-		delay = cap;
-	delay *= 0.9 + 0.2 * ((double) random() / RAND_MAX);
-	/* The last try comes when the lifetime ends, not a whole backoff later. */
-	if (age >= 0 && age + delay > lifetime)
-		delay = lifetime - age + 0.5;
-	if (delay < 0.1)
-		delay = 0.1;
+	delay = delivery_retry_delay(ctx, attempts, age);
 
 	merge = json_pack("{s:I,s:s}", "attempts", (json_int_t) attempts, "last_error", last_error);
 	{
@@ -318,4 +331,190 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 	json_decref(merge);
 	free(last_error);
 	return rc;
+}
+
+int
+delivery_postponed(struct pepsi_ctx *ctx, const struct delivery_report *why, double seconds)
+{
+	double	lifetime = pepsi_option_seconds(ctx, "MAX_LIFETIME");
+	double	age = delivery_message_age(ctx);
+	long	waits = (long) json_integer_value(json_object_get(pepsi_state(ctx), "postponed")) + 1;
+	json_t *merge;
+	int		rc;
+
+	if (age >= 0 && age >= lifetime)
+		return delivery_expired(ctx, why, (long) json_integer_value(json_object_get(pepsi_state(ctx), "attempts")), age);
+	if (age >= 0 && age + seconds > lifetime)
+		seconds = lifetime - age + 0.5;
+	if (seconds < 0.1)
+		seconds = 0.1;
+	merge = json_pack("{s:I}", "postponed", (json_int_t) waits);
+	log_debug("row %lld postponed %.1fs: %s", pepsi_id(ctx), seconds, why->diagnostic ? why->diagnostic : "");
+	rc = pepsi_pause(ctx, merge, seconds);
+	json_decref(merge);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * A transaction with several recipients
+ * ------------------------------------------------------------------------- */
+
+/* The split-off group of one bounced recipient (index 0-based), or NULL when it is dropped. */
+static json_t *
+delivery_bounce_group(struct pepsi_ctx *ctx, size_t index, const struct delivery_report *why)
+{
+	const char *bounce_stage = pepsi_option_for(ctx, "BOUNCE_STAGE", pepsi_rcpt(ctx, index));
+	json_t	   *bounce = delivery_report_json(why);
+	char	   *last_error = delivery_last_error(why);
+	json_t	   *group;
+
+	json_object_set_new(bounce, "kind", json_string("permanent"));
+	delivery_set_string(bounce, "failed_recipient", pepsi_rcpt(ctx, index));
+	delivery_set_string(bounce, "notify", delivery_notify(ctx, index));
+	delivery_set_string(bounce, "orcpt", delivery_orcpt(ctx, index));
+	delivery_set_string(bounce, "envid", delivery_dsn_param(ctx, "envid"));
+	json_object_set_new(bounce, "at", json_integer((json_int_t) time(NULL)));
+	group = json_pack("{s:[i],s:{s:s,s:o}}", "rcpt_indices", (int) index + 1, "state", "last_error",
+					  last_error, "bounce", bounce);
+	if (bounce_stage)
+		json_object_set_new(group, "stage", json_string(bounce_stage));
+	else
+		json_object_set_new(group, "status", json_string("failed"));
+	free(last_error);
+	return group;
+}
+
+int
+delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes, const char *action,
+			  bool next_hop_notifies)
+{
+	size_t						   n = pepsi_rcpt_count(ctx);
+	size_t						   count[3] = {0, 0, 0};
+	enum delivery_class			   kept;
+	const struct delivery_outcome *first_kept = NULL;
+	const struct delivery_outcome *first_deferred = NULL;
+	int							  *keep = xcalloc(n + 1, sizeof(int));
+	size_t						   nkeep = 0;
+	json_t						  *groups = json_array();
+	json_t						  *deferred_indices = json_array();
+	bool						   null_sender = pepsi_mail_from(ctx)[0] == '\0';
+	int							   rc;
+
+	for (size_t i = 0; i < n; i++)
+		count[outcomes[i].class]++;
+	kept = count[DELIVERY_SENT] ? DELIVERY_SENT : count[DELIVERY_DEFERRED] ? DELIVERY_DEFERRED
+																		   : DELIVERY_BOUNCED;
+	for (size_t i = 0; i < n; i++)
+	{
+		const struct delivery_outcome *o = &outcomes[i];
+
+		if (o->class == kept && (kept != DELIVERY_BOUNCED || nkeep == 0))
+		{
+			keep[nkeep++] = (int) i + 1;
+			if (first_kept == NULL)
+				first_kept = o;
+			continue;
+		}
+		if (o->class == DELIVERY_DEFERRED)
+		{
+			json_array_append_new(deferred_indices, json_integer((json_int_t) i + 1));
+			if (first_deferred == NULL)
+				first_deferred = o;
+			continue;
+		}
+		/* Bounced beside others: its own row at BOUNCE_STAGE (none for the null sender). */
+		maillog_delivery_recipient(ctx, i, "bounced", &o->report,
+								   null_sender ? "from the null sender: dropped, a bounce is never bounced" : NULL);
+		if (!null_sender)
+			json_array_append_new(groups, delivery_bounce_group(ctx, i, &o->report));
+	}
+	if (json_array_size(deferred_indices) > 0)
+	{
+		long	attempts = (long) json_integer_value(json_object_get(pepsi_state(ctx), "attempts")) + 1;
+		double	delay = delivery_retry_delay(ctx, attempts, delivery_message_age(ctx));
+		char   *last_error = delivery_last_error(&first_deferred->report);
+		char	note[64];
+		size_t	k;
+		json_t *index;
+
+		snprintf(note, sizeof(note), "attempt %ld, next in %.0fs", attempts, delay);
+		json_array_foreach (deferred_indices, k, index)
+			maillog_delivery_recipient(ctx, (size_t) json_integer_value(index) - 1, "deferred",
+									   &outcomes[json_integer_value(index) - 1].report, note);
+		json_array_append_new(groups, json_pack("{s:O,s:s,s:f,s:{s:I,s:s}}", "rcpt_indices",
+												deferred_indices, "status", "retry", "retry_seconds",
+												delay, "state", "attempts", (json_int_t) attempts,
+												"last_error", last_error));
+		free(last_error);
+	}
+	json_decref(deferred_indices);
+	if (json_array_size(groups) > 0 || nkeep < n)
+	{
+		if (pepsi_fan_out(ctx, keep, nkeep, groups) < 0)
+		{
+			free(keep);
+			json_decref(groups);
+			return -1;
+		}
+	}
+	free(keep);
+	json_decref(groups);
+	switch (kept)
+	{
+		case DELIVERY_SENT:
+			rc = delivery_succeeded(ctx, action, &first_kept->report, next_hop_notifies);
+			break;
+		case DELIVERY_DEFERRED:
+			rc = delivery_deferred(ctx, &first_kept->report);
+			break;
+		default:
+			rc = delivery_bounced(ctx, &first_kept->report);
+			break;
+	}
+	return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * What an SMTP next hop said, as a report
+ * ------------------------------------------------------------------------- */
+
+void
+delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *reply,
+						  struct delivery_report *report, char *status, size_t status_len,
+						  struct buf *diagnostic)
+{
+	/* A 2xx left from the session's start decides nothing about a failed transaction. */
+	bool decides;
+
+	if (reply == NULL)
+		reply = &r->reply;
+	decides = reply->code > 0 && !(reply == &r->reply && r->outcome != SMTP_DELIVERED && reply->code / 100 == 2);
+	memset(report, 0, sizeof(*report));
+	if (reply->enhanced[0] && (decides || reply->code == 0))
+		snprintf(status, status_len, "%s", reply->enhanced);
+	else if (decides)
+		snprintf(status, status_len, "%d.0.0", reply->code / 100);
+	else if (r->phase == SMTP_PHASE_CONNECT)
+		snprintf(status, status_len, "4.4.1"); /* no answer from host */
+	else if (r->phase == SMTP_PHASE_STARTTLS || r->phase == SMTP_PHASE_AUTH)
+		snprintf(status, status_len, "4.7.0"); /* security */
+	else
+		snprintf(status, status_len, "4.4.2"); /* bad connection */
+	report->status = status;
+	buf_reset(diagnostic);
+	if (decides)
+	{
+		buf_printf(diagnostic, "smtp; %d %s", reply->code, reply->text.data ? reply->text.data : "");
+		report->smtp_code = reply->code;
+		report->reply_text = reply->text.data;
+	}
+	else
+		buf_printf(diagnostic, "X-Pepsi; %s", r->error[0] ? r->error : "no reply");
+	report->diagnostic = diagnostic->data;
+	report->remote_mta = r->remote_mta[0] ? r->remote_mta : NULL;
+	report->phase = smtp_phase_name(reply == &r->reply ? r->phase : SMTP_PHASE_RCPT);
+	report->relay = r->relay[0] ? r->relay : NULL;
+	report->tls = r->tls[0] ? r->tls : NULL;
+	report->connect_seconds = r->connect_seconds;
+	report->transfer_seconds = r->transfer_seconds;
 }

@@ -64,6 +64,49 @@ int delivery_bounced(struct pepsi_ctx *ctx, const struct delivery_report *why);
  */
 json_t *delivery_bounce_json(struct pepsi_ctx *ctx, const char *kind, const struct delivery_report *r);
 
+/*
+ * Not to be tried now, through no fault of the message (its destination
+ * is backing off, at its concurrency or rate limit): paused for seconds
+ * without counting an attempt; past MAX_LIFETIME it bounces as deferred
+ * mail does.
+ */
+int delivery_postponed(struct pepsi_ctx *ctx, const struct delivery_report *why, double seconds);
+
+/* How one recipient of a transaction fared. */
+enum delivery_class
+{
+	DELIVERY_SENT,
+	DELIVERY_DEFERRED,
+	DELIVERY_BOUNCED
+};
+struct delivery_outcome
+{
+	enum delivery_class class;
+	struct delivery_report report;
+};
+
+/*
+ * The outcomes of a transaction to all the row's recipients (outcomes[i]
+ * for recipient i), each as the functions above would conclude a row of
+ * its own: the row keeps the delivered recipients (else the deferred, else
+ * one bounced) and is concluded so; the deferred others are split off
+ * paused for their retry, each bounced other onto its own row at
+ * BOUNCE_STAGE with its state.bounce.  One log line per recipient.
+ */
+int delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes,
+				  const char *action, bool next_hop_notifies);
+
+struct smtp_result;
+struct smtp_reply;
+/*
+ * The report of an SMTP attempt (common/smtp_client.h): reply is the one
+ * that decided (a recipient's RCPT reply), NULL for the result's own.
+ * status and diagnostic hold the strings the report points to.
+ */
+void delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *reply,
+							   struct delivery_report *report, char *status, size_t status_len,
+							   struct buf *diagnostic);
+
 /* The NOTIFY of recipient index (state.dsn.rcpt), or NULL when none was given. */
 const char *delivery_notify(const struct pepsi_ctx *ctx, size_t index);
 /* Does a NOTIFY value (NULL: none given) ask for this kind: "SUCCESS", "DELAY", "FAILURE"? */

@@ -13,10 +13,10 @@
 
 /* The original recipient when an earlier stage rewrote it (ORCPT), else NULL. */
 static const char *
-maillog_orig_to(struct pepsi_ctx *ctx)
+maillog_orig_to(struct pepsi_ctx *ctx, size_t index)
 {
-	const char *orcpt = delivery_orcpt(ctx, 0);
-	const char *rcpt = pepsi_rcpt(ctx, 0);
+	const char *orcpt = delivery_orcpt(ctx, index);
+	const char *rcpt = pepsi_rcpt(ctx, index);
 
 	if (orcpt == NULL)
 		return NULL;
@@ -53,9 +53,17 @@ void
 maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
 				 const char *note)
 {
+	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+		maillog_delivery_recipient(ctx, i, status, r, note);
+}
+
+void
+maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *status,
+						   const struct delivery_report *r, const char *note)
+{
 	double		queued = pepsi_message_age(ctx);
 	double		in_stage = pepsi_pass_seconds(ctx) - r->connect_seconds - r->transfer_seconds;
-	const char *orig_to = maillog_orig_to(ctx);
+	const char *orig_to = maillog_orig_to(ctx, index);
 	const char *reply = maillog_reply(r);
 	const char *milter = maillog_milter_verdict(ctx);
 	const char *dsn = r->status ? r->status : (strcmp(status, "sent") == 0 ? "2.0.0" : "4.0.0");
@@ -67,7 +75,7 @@ maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct deliver
 		queued = 0;
 	if (in_stage < 0)
 		in_stage = 0;
-	buf_printf(&line, "%lld: to=<%s>", pepsi_id(ctx), pepsi_rcpt(ctx, 0));
+	buf_printf(&line, "%lld: to=<%s>", pepsi_id(ctx), pepsi_rcpt(ctx, index));
 	if (orig_to)
 		buf_printf(&line, ", orig_to=<%s>", orig_to);
 	buf_printf(&line, ", relay=%s, delay=%.2f, delays=%.2f/%.2f/%.2f/%.2f, dsn=%s, status=%s (%s%s%s)",
@@ -81,7 +89,7 @@ maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct deliver
 		buf_printf(&line, ", milter=%s", milter);
 
 	fields = json_pack("{s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?, s:s?}",
-					   "queue_id", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, 0),
+					   "queue_id", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, index),
 					   "orig_to", orig_to, "relay", r->relay ? r->relay : "none",
 					   "delay", queued + in_stage + r->connect_seconds + r->transfer_seconds,
 					   "delays", "queue", queued, "stage", in_stage, "connection", r->connect_seconds,

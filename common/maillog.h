@@ -25,8 +25,14 @@
 #include "delivery.h"
 #include "stage.h"
 
-/* note: a parenthesised remark after the reply ("attempt 3, next in 600s"), or NULL. */
+/*
+ * One line for each recipient of the row.  note: a parenthesised remark
+ * after the reply ("attempt 3, next in 600s"), or NULL.
+ */
 void maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
 					  const char *note);
+/* The line of recipient index alone (a transaction whose recipients fared differently). */
+void maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *status,
+								const struct delivery_report *r, const char *note);
 
 #endif

@@ -768,6 +768,7 @@ smtp_client_new(const struct smtp_client_options *options)
 
 	c->opt = *options;
 	c->opt.host = smtp_client_keep_option(c, options->host);
+	c->opt.address = smtp_client_keep_option(c, options->address);
 	c->opt.port = smtp_client_keep_option(c, options->port);
 	c->opt.tls_ca_file = smtp_client_keep_option(c, options->tls_ca_file);
 	c->opt.tls_name = smtp_client_keep_option(c, options->tls_name);

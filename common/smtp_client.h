@@ -33,8 +33,9 @@ enum smtp_tls_mode
 
 struct smtp_client_options
 {
-	const char		  *host; /* name or address of the server */
-	const char		  *port; /* default "25" */
+	const char		  *host;	/* name or address of the server */
+	const char		  *address; /* connect here instead of resolving host (an MX's address) */
+	const char		  *port;	/* default "25" */
 	enum smtp_tls_mode tls;
 	const char		  *tls_ca_file; /* trust anchors for VERIFY (default: the system's) */
 	const char		  *tls_name;	/* name the certificate must carry (default: host) */

@@ -48,7 +48,7 @@ struct smtp_client
 	long long last_used_ms;
 	bool	  need_rset;
 	char	  error[512]; /* the last I/O error */
-	char	 *owned[8];	  /* the copies of the option strings */
+	char	 *owned[12];  /* the copies of the option strings */
 	int		  nowned;
 };
 

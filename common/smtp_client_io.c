@@ -438,10 +438,10 @@ err:
 bool
 smtp_io_connect(struct smtp_client *c)
 {
-	struct addrinfo	 hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+	struct addrinfo	 hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = c->opt.address ? AI_NUMERICHOST : 0};
 	struct addrinfo *res = NULL;
 	const char		*port = c->opt.port ? c->opt.port : "25";
-	int				 rc = getaddrinfo(c->opt.host, port, &hints, &res);
+	int				 rc = getaddrinfo(c->opt.address ? c->opt.address : c->opt.host, port, &hints, &res);
 
 	if (rc != 0)
 	{

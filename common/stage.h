@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include <jansson.h>
+#include <libpq-fe.h>
 
 #include "buf.h"
 #include "config.h"
@@ -107,6 +108,12 @@ long long	pepsi_option_size(const struct pepsi_ctx *ctx, const char *option);	  
 /* ENUM: the index of the value among its choices ("a|b|c": 0, 1, 2). */
 int						   pepsi_option_enum(const struct pepsi_ctx *ctx, const char *option);
 const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
+/*
+ * The worker's database session, for a stage's calls of the extension's
+ * own functions (a relay's destination bookkeeping), in autocommit; never
+ * for the queue's rows, which only the terminals write.
+ */
+PGconn *pepsi_db(const struct pepsi_ctx *ctx);
 
 /*
  * Content setters (in memory; committed with the terminal).

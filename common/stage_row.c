@@ -138,6 +138,12 @@ pepsi_config(const struct pepsi_ctx *ctx)
 	return ctx->worker->cfg;
 }
 
+PGconn *
+pepsi_db(const struct pepsi_ctx *ctx)
+{
+	return ctx->worker->conn;
+}
+
 /*
  * The scope an override must have to apply to this row: its recipient's
  * address when it has one, the domain they all share when they share one,

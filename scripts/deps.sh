@@ -11,6 +11,8 @@ packages=(
     libssl-dev libev-dev libjansson-dev libinih-dev libcrypt-dev
     # DNS (libunbound), DKIM (libopendkim), DMARC (libopendmarc, libpsl)
     libunbound-dev libopendkim-dev libopendmarc-dev libpsl-dev
+    # IDNA domains for the internet relay (libidn2)
+    libidn2-dev
     # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev

@@ -85,7 +85,12 @@ conf="$run_dir/pepsi.conf"
 # The one mailbox of the demonstration: ingress refuses unknown local
 # recipients (LOCAL_RECIPIENTS = maildir) and relays only for this host.
 mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
-sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" "$top/docs/pepsi.conf.sample" >"$conf"
+# Remote mail goes to the smarthost stages, which hold it paused while no
+# SMARTHOST is set: a demonstration never sends mail to the internet.
+sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" \
+    -e "s|^NEXT_STAGE = internet$|NEXT_STAGE = smarthost|" \
+    -e "s|^NEXT_STAGE = dsn-internet$|NEXT_STAGE = dsn-smarthost|" \
+    "$top/docs/pepsi.conf.sample" >"$conf"
 
 # STARTTLS out of the box: a self-signed certificate made on the first
 # start (clients that verify will not trust it; swaks -tls does not check).

@@ -1094,3 +1094,270 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pepsi.grant_apply();
 
 -- end of ingress in the statistics and the mail log
+
+-- ===========================================================================
+-- Relay to the internet: the dns_address cache and per-destination
+-- scheduling (stages/relay-to-internet)
+--
+-- pepsi.dns_address holds the addresses of MX hosts with their TTL and
+-- connect health; every relay worker reads it before connecting and
+-- reports what it saw, so one worker's failure steers the others.
+-- pepsi.destination holds what belongs to a destination (a recipient
+-- domain) rather than to each message: the operator's limits, its
+-- consecutive connection failures and the backoff they started, and the
+-- concurrency window a refusing destination narrowed.  A worker holds one
+-- of the destination's concurrency slots (a session advisory lock, so a
+-- worker that dies frees it) while it delivers.
+-- ===========================================================================
+
+ALTER TABLE pepsi.dns_address ADD COLUMN next_retry timestamptz;
+COMMENT ON TABLE pepsi.dns_address IS
+    'MX-host addresses with their DNS expiry and connect health, maintained by pepsi-stage-relay-to-internet';
+
+CREATE TABLE pepsi.destination (
+    domain              text PRIMARY KEY CHECK (domain = lower(domain) AND domain <> ''),
+    concurrency_limit   integer CHECK (concurrency_limit BETWEEN 1 AND 10000),
+    messages_per_minute integer CHECK (messages_per_minute BETWEEN 1 AND 100000000),
+    failures            integer NOT NULL DEFAULT 0,
+    backoff_until       timestamptz,
+    last_error          text,
+    last_success        timestamptz,
+    window_limit        integer,
+    rate_tokens         double precision,
+    rate_updated        timestamptz
+);
+COMMENT ON TABLE pepsi.destination IS
+    'Per-destination limits (set with pepsi.destination_set_limits) and health, kept by pepsi-stage-relay-to-internet';
+
+-- The advisory-lock key of a destination's concurrency slot (the bigint
+-- form, which nothing else in Pepsi uses).
+CREATE FUNCTION pepsi.destination_slot_key(domain text, slot integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT (hashtext(lower(domain))::bigint << 32) | slot::bigint
+$$;
+
+-- The addresses of these MX hosts not past their TTL, with their health
+-- (retry_in: seconds before a failed address is tried again, 0 if now).
+CREATE FUNCTION pepsi.dns_address_current(hosts text[])
+RETURNS TABLE (host text, address text, failures integer, retry_in double precision)
+LANGUAGE sql STABLE STRICT AS $$
+    SELECT a.host, host(a.address), a.failures,
+           greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8
+    FROM pepsi.dns_address a
+    WHERE a.host = ANY (hosts) AND a.expires_at > now()
+    ORDER BY a.host, a.failures, a.address
+$$;
+
+-- A host's addresses as the DNS just gave them, valid for ttl_seconds:
+-- addresses it no longer has go, the health of those it kept stays.
+CREATE FUNCTION pepsi.dns_address_store(host text, addresses inet[], ttl_seconds integer)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF host IS NULL OR host = '' OR addresses IS NULL THEN
+        RAISE EXCEPTION 'dns_address_store needs a host and its addresses'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    DELETE FROM pepsi.dns_address a
+    WHERE a.host = dns_address_store.host AND a.address <> ALL (addresses);
+    INSERT INTO pepsi.dns_address AS a (host, address, expires_at)
+    SELECT dns_address_store.host, x, now() + make_interval(secs => greatest(coalesce(ttl_seconds, 0), 0))
+    FROM unnest(addresses) AS x
+    ON CONFLICT ON CONSTRAINT dns_address_pkey DO UPDATE SET expires_at = EXCLUDED.expires_at;
+END
+$$;
+
+-- May a worker deliver to domain now?  A slot (hold it until
+-- destination_end), or the seconds to wait and why: the destination is
+-- backing off, or at its concurrency or rate limit.
+CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d      pepsi.destination;
+    lim    integer;
+    tokens double precision;
+BEGIN
+    IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
+        RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    domain := lower(domain);
+    SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
+    IF FOUND AND d.backoff_until > now() THEN
+        wait_seconds := extract(epoch FROM d.backoff_until - now());
+        reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
+                         d.failures, coalesce(d.last_error, 'no connection'));
+        RETURN;
+    END IF;
+    lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
+    FOR i IN 0 .. lim - 1 LOOP
+        IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
+            slot := i;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF slot IS NULL THEN
+        wait_seconds := 1;
+        reason := format('%s is at its concurrency limit of %s', domain, lim);
+        RETURN;
+    END IF;
+    IF d.messages_per_minute IS NOT NULL THEN
+        -- A token bucket holding a second's worth (at least one message).
+        SELECT least(greatest(t.messages_per_minute / 60.0, 1),
+                     coalesce(t.rate_tokens, 1)
+                     + extract(epoch FROM now() - coalesce(t.rate_updated, now())) * t.messages_per_minute / 60.0)
+        INTO tokens
+        FROM pepsi.destination t WHERE t.domain = destination_begin.domain FOR UPDATE;
+        IF tokens < 1 THEN
+            UPDATE pepsi.destination t SET rate_tokens = tokens, rate_updated = now()
+            WHERE t.domain = destination_begin.domain;
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
+            slot := NULL;
+            wait_seconds := (1 - tokens) * 60.0 / d.messages_per_minute;
+            reason := format('%s is at its rate limit of %s messages a minute', domain, d.messages_per_minute);
+            RETURN;
+        END IF;
+        UPDATE pepsi.destination t SET rate_tokens = tokens - 1, rate_updated = now()
+        WHERE t.domain = destination_begin.domain;
+    END IF;
+END
+$$;
+
+-- The end of a delivery to domain: the slot is freed and what was seen
+-- recorded.  outcome: 'connected' (a host took the session), 'unreachable'
+-- (no address of any MX could be reached: the destination's consecutive
+-- failures grow, and from backoff_after on it backs off as a whole,
+-- backoff_base doubling up to backoff_max seconds), 'busy' (refused while
+-- other workers deliver to it: its concurrency window narrows to those).
+-- failed_hosts/failed_addresses are the addresses that did not answer,
+-- ok_host/ok_address the one that did.
+CREATE FUNCTION pepsi.destination_end(domain text, slot integer, outcome text, error text,
+    ok_host text, ok_address inet, failed_hosts text[], failed_addresses inet[],
+    backoff_after integer, backoff_base double precision, backoff_max double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    active integer;
+BEGIN
+    IF domain IS NULL OR outcome IS NULL OR outcome NOT IN ('connected', 'unreachable', 'busy') THEN
+        RAISE EXCEPTION 'destination_end needs a domain and an outcome of connected, unreachable or busy'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    domain := lower(domain);
+    IF slot IS NOT NULL THEN
+        PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
+    END IF;
+    IF cardinality(failed_addresses) > 0 THEN
+        UPDATE pepsi.dns_address a
+        SET failures = a.failures + 1, last_failure = now(),
+            next_retry = now() + make_interval(secs => least(60 * 2 ^ least(a.failures, 10), 3600))
+        FROM unnest(failed_hosts, failed_addresses) AS f (host, address)
+        WHERE a.host = f.host AND a.address = f.address;
+    END IF;
+    IF ok_address IS NOT NULL THEN
+        UPDATE pepsi.dns_address a
+        SET failures = 0, next_retry = NULL, last_success = now()
+        WHERE a.host = ok_host AND a.address = ok_address
+          AND (a.failures > 0 OR a.last_success IS NULL OR a.last_success < now() - interval '1 minute');
+    END IF;
+    IF outcome = 'connected' THEN
+        -- Written only when there is something to clear or widen, so a
+        -- healthy destination costs no write per message.
+        UPDATE pepsi.destination t
+        SET failures = 0, backoff_until = NULL, last_success = now(),
+            window_limit = CASE WHEN t.window_limit IS NULL THEN NULL
+                                WHEN random() * t.window_limit >= 1 THEN t.window_limit
+                                ELSE t.window_limit + 1 END
+        WHERE t.domain = destination_end.domain
+          AND (t.failures > 0 OR t.window_limit IS NOT NULL
+               OR t.last_success IS NULL OR t.last_success < now() - interval '1 minute');
+    ELSIF outcome = 'busy' THEN
+        SELECT count(*) INTO active FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid = ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid;
+        INSERT INTO pepsi.destination AS t (domain, window_limit, last_error)
+        VALUES (domain, greatest(active, 1), error)
+        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
+        SET window_limit = greatest(least(coalesce(t.window_limit, EXCLUDED.window_limit), EXCLUDED.window_limit), 1),
+            last_error = EXCLUDED.last_error;
+    ELSE
+        INSERT INTO pepsi.destination AS t (domain, failures, last_error, backoff_until)
+        VALUES (domain, 1, error,
+                CASE WHEN backoff_after <= 1
+                     THEN now() + make_interval(secs => least(backoff_base, backoff_max) * (0.9 + 0.2 * random())) END)
+        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
+        SET failures = t.failures + 1, last_error = EXCLUDED.last_error,
+            backoff_until = CASE WHEN t.failures + 1 >= backoff_after
+                THEN now() + make_interval(secs => least(backoff_base * 2 ^ least(t.failures + 1 - backoff_after, 20),
+                                                         backoff_max) * (0.9 + 0.2 * random()))
+                END;
+    END IF;
+END
+$$;
+
+-- The operator's limits for a destination (NULL: the default; both NULL
+-- drops the row's limits).  Audited in pepsi.event_log.
+CREATE FUNCTION pepsi.destination_set_limits(domain text, concurrency_limit integer,
+    messages_per_minute integer)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF domain IS NULL OR domain = '' OR domain <> lower(domain) OR domain ~ '[[:space:][:cntrl:]@]' THEN
+        RAISE EXCEPTION 'invalid destination domain "%"', domain
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Give the recipient domain in lower case, in its A-label (xn--) form if it is an IDN.';
+    END IF;
+    IF concurrency_limit IS NOT NULL AND concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'concurrency_limit must be between 1 and 10000, not %', concurrency_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF messages_per_minute IS NOT NULL AND messages_per_minute NOT BETWEEN 1 AND 100000000 THEN
+        RAISE EXCEPTION 'messages_per_minute must be between 1 and 100000000, not %', messages_per_minute
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL removes the rate limit.';
+    END IF;
+    INSERT INTO pepsi.destination AS t (domain, concurrency_limit, messages_per_minute)
+    VALUES (domain, concurrency_limit, messages_per_minute)
+    ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
+    SET concurrency_limit = EXCLUDED.concurrency_limit,
+        messages_per_minute = EXCLUDED.messages_per_minute,
+        rate_tokens = NULL, rate_updated = NULL;
+    INSERT INTO pepsi.event_log (action, detail)
+    VALUES ('destination_set_limits', jsonb_build_object('domain', domain,
+            'concurrency_limit', concurrency_limit, 'messages_per_minute', messages_per_minute));
+END
+$$;
+
+-- An operator's way to end a destination's backoff at once (after fixing it).
+CREATE FUNCTION pepsi.destination_reset(domain text)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    found_it boolean;
+BEGIN
+    UPDATE pepsi.destination t SET failures = 0, backoff_until = NULL, window_limit = NULL
+    WHERE t.domain = lower(destination_reset.domain);
+    found_it := FOUND;
+    INSERT INTO pepsi.event_log (action, detail)
+    VALUES ('destination_reset', jsonb_build_object('domain', lower(domain)));
+    RETURN found_it;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'table', 'destination', '{SELECT,INSERT,UPDATE,DELETE}'),
+    ('pepsi_config', 'table', 'destination', '{SELECT}'),
+    ('pepsi_monitor', 'table', 'destination', '{SELECT}'),
+    ('pepsi_config', 'table', 'dns_address', '{SELECT}'),
+    ('pepsi_monitor', 'table', 'dns_address', '{SELECT}'),
+    ('pepsi_stage', 'function', 'destination_slot_key', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'dns_address_current', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'dns_address_store', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'destination_begin', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'destination_end', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'destination_set_limits', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'destination_reset', '{EXECUTE}')
+ON CONFLICT DO NOTHING;
+INSERT INTO pepsi.grant_definer (name) VALUES ('destination_set_limits'), ('destination_reset');
+
+SELECT pepsi.grant_apply();
+
+-- end of relay to the internet

@@ -189,42 +189,6 @@ err:
 	return relay_client;
 }
 
-/* What the result says, as a delivery report (strings live in the buffers given). */
-static void
-relay_report(const struct smtp_result *r, struct delivery_report *report, char *status,
-			 size_t status_len, struct buf *diagnostic)
-{
-	const struct smtp_reply *reply = &r->reply;
-
-	memset(report, 0, sizeof(*report));
-	if (reply->enhanced[0])
-		snprintf(status, status_len, "%s", reply->enhanced);
-	else if (reply->code > 0)
-		snprintf(status, status_len, "%d.0.0", reply->code / 100);
-	else if (r->phase == SMTP_PHASE_CONNECT)
-		snprintf(status, status_len, "4.4.1"); /* no answer from host */
-	else if (r->phase == SMTP_PHASE_STARTTLS || r->phase == SMTP_PHASE_AUTH)
-		snprintf(status, status_len, "4.7.0"); /* security */
-	else
-		snprintf(status, status_len, "4.4.2"); /* bad connection */
-	report->status = status;
-	if (reply->code > 0)
-	{
-		buf_printf(diagnostic, "smtp; %d %s", reply->code, reply->text.data ? reply->text.data : "");
-		report->smtp_code = reply->code;
-		report->reply_text = reply->text.data;
-	}
-	else
-		buf_printf(diagnostic, "X-Pepsi; %s", r->error[0] ? r->error : "no reply");
-	report->diagnostic = diagnostic->data;
-	report->remote_mta = r->remote_mta[0] ? r->remote_mta : NULL;
-	report->phase = smtp_phase_name(r->phase);
-	report->relay = r->relay[0] ? r->relay : NULL;
-	report->tls = r->tls[0] ? r->tls : NULL;
-	report->connect_seconds = r->connect_seconds;
-	report->transfer_seconds = r->transfer_seconds;
-}
-
 static int
 relay_run(struct pepsi_ctx *ctx)
 {
@@ -287,7 +251,7 @@ relay_run(struct pepsi_ctx *ctx)
 	env.smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
 	smtp_client_send(client, &env, raw.data, raw.len, &result);
 
-	relay_report(&result, &report, status, sizeof(status), &diagnostic);
+	delivery_report_from_smtp(&result, NULL, &report, status, sizeof(status), &diagnostic);
 	switch (result.outcome)
 	{
 		case SMTP_DELIVERED:

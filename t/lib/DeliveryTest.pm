@@ -71,7 +71,8 @@ sub delivery_node
 # dsn-maildir / dsn-smarthost (which have no BOUNCE_STAGE: a DSN is never
 # bounced).  %o: maildir_root, smarthost (host:port or undef), extra
 # (hash of section => "OPTION = value\n..." appended), local_domains,
-# pepsi (hash of [pepsi] options beside HOSTNAME).
+# pepsi (hash of [pepsi] options beside HOSTNAME), internet (the MX hosts'
+# port: smarthost and dsn-smarthost are then pepsi-stage-relay-to-internet).
 sub delivery_config
 {
 	my ($node, %o) = @_;
@@ -80,6 +81,8 @@ sub delivery_config
 	my %extra = %{ $o{extra} // {} };
 	my $smarthost = defined $o{smarthost} ? "SMARTHOST = $o{smarthost}\n" : '';
 	my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
+	my $internet = "PROGRAM = pepsi-stage-relay-to-internet\nSMTP_PORT = "
+	  . ($o{internet} // 25) . "\nTIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\n$retry";
 	my %sections = (
 		init => "PROGRAM = pepsi-stage-route\nLOCAL_DOMAINS = $domains\n"
 		  . "LOCAL_STAGE = maildir\nREMOTE_STAGE = smarthost\n",
@@ -95,6 +98,12 @@ sub delivery_config
 		'dsn-smarthost' => "PROGRAM = pepsi-stage-relay-to-smarthost\n$smarthost"
 		  . "TLS = none\nTIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\n$retry",
 	);
+	if ($o{internet})
+	{
+		$sections{smarthost} = "$internet"
+		  . "BOUNCE_STAGE = bounce\nORIGINATE_SUCCESS_DSN = yes\n";
+		$sections{'dsn-smarthost'} = $internet;
+	}
 	my $stages = '';
 	for my $name (qw(init maildir smarthost bounce dsn-route dsn-maildir dsn-smarthost))
 	{
