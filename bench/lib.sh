@@ -47,15 +47,18 @@
 #                             what it takes (-c); stopped by bench_cleanup
 #   bench_sink_count          how many messages the sink has taken so far
 #   bench_require_programs P...  refuse to run unless build/bin has them
-#   bench_pepsi_start PORT STAGES
+#   bench_pepsi_start PORT STAGES [LISTENER]
 #                             pepsi-dispatch and pepsi-ingress (its smtp
-#                             listener on 127.0.0.1:PORT) on the cluster,
-#                             with the [stage-*] sections STAGES; the
+#                             listener on 127.0.0.1:PORT, with the extra
+#                             lines LISTENER in its section) on the cluster,
+#                             with the sections STAGES ([stage-*] and any
+#                             other, e.g. [dkim-key-*]); the
 #                             multi-call binary when it links (workers share
 #                             one text, stages fuse), else the standalone
 #                             programs ($BENCH_PEPSI_FLAVOUR says which).
 #                             Sets BENCH_INGRESS_PID and BENCH_DISPATCH_PID;
-#                             stopped by bench_cleanup
+#                             stopped by bench_cleanup or bench_pepsi_stop
+#   bench_pepsi_stop          stop them (to start again with other stages)
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -289,7 +292,7 @@ bench_sink_count() {
 }
 
 bench_pepsi_start() {
-    local port=$1 stages=$2 bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
+    local port=$1 stages=$2 listener=${3:-} bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
     if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-dispatch; then
         run="$bin/pepsi"
         BENCH_PEPSI_FLAVOUR="multi-call binary"
@@ -312,6 +315,7 @@ DISPATCH_WAKE_INTERVAL = 5ms
 ADDRESS = 127.0.0.1
 PORT = $port
 MAX_SESSIONS_PER_CLIENT = 0
+$listener
 $stages
 CONF
     ${run:-$bin/pepsi-dispatch} ${run:+pepsi-dispatch} -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
@@ -319,6 +323,12 @@ CONF
     ${run:-$bin/pepsi-ingress} ${run:+pepsi-ingress} -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
     BENCH_INGRESS_PID=$!
     bench_wait_port "$port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+bench_pepsi_stop() {
+    bench_stop_pid "$BENCH_INGRESS_PID"
+    bench_stop_pid "$BENCH_DISPATCH_PID"
+    BENCH_INGRESS_PID= BENCH_DISPATCH_PID=
 }
 
 bench_require_programs() {

@@ -43,40 +43,22 @@ sign_workers=${BENCH_SIGN_WORKERS:-$relay_workers}
 # compare, cost or both (default): the side-by-side runs, the cost runs.
 parts=${BENCH_PARTS:-both}
 bin="$bench_top/build/bin"
-out_dir="$bench_top/bench/out"
-mkdir -p "$out_dir"
-log="$out_dir/dkim-sign.log"
-: >"$log"
+log=$(bench_log dkim-sign)
 
 bench_postfix_install
 command -v /usr/sbin/opendkim >/dev/null || {
     echo "installing opendkim"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq opendkim >/dev/null
 }
-for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-dkim-sign \
-    pepsi-stage-relay-to-smarthost pepsi-keys; do
-    [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
-done
-if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-stage-dkim-sign; then
-    program() { echo "$bin/pepsi $1"; }
-else
-    program() { echo "$bin/$1"; }
-fi
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-dkim-sign \
+    pepsi-stage-relay-to-smarthost pepsi-keys
 
-sink_pid= ingress_pid= dispatch_pid= postfix_dir= opendkim_pid=
-
-stop_pid() {
-    local pid=$1
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
+postfix_dir= opendkim_pid=
 
 stop_sides() {
-    stop_pid "$ingress_pid"
-    stop_pid "$dispatch_pid"
-    stop_pid "$opendkim_pid"
-    ingress_pid= dispatch_pid= opendkim_pid=
+    bench_pepsi_stop
+    bench_stop_pid "$opendkim_pid"
+    opendkim_pid=
     if [ -n "$postfix_dir" ]; then
         bench_postfix_stop "$postfix_dir"
         postfix_dir=
@@ -85,29 +67,15 @@ stop_sides() {
 
 cleanup() {
     stop_sides
-    stop_pid "$sink_pid"
     bench_cleanup
 }
 
 bench_cluster_start "max_connections = 200"
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1: $2" >&2
-    return 1
-}
-
 sink_port=$(bench_free_port)
-sink_out="$BENCH_DIR/sink.out"
-/usr/sbin/smtp-sink -u "$PEPSI_USER" -c "127.0.0.1:$sink_port" 256 >"$sink_out" 2>&1 &
-sink_pid=$!
-wait_port "$sink_port" smtp-sink
+bench_sink_start "$sink_port"
 relay_to=$sink_port
-sink_count() { tail -c 200 "$sink_out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1; }
 
 # One key per algorithm, shared by both sides.
 keys="$BENCH_DIR/keys"
@@ -117,28 +85,13 @@ for a in $algorithms; do
 done
 chown -R opendkim: "$keys" 2>/dev/null || true
 
-# start_pepsi ALGORITHM SIGN(yes|no)
+# start_pepsi ALGORITHM SIGN(yes|no): bench/relay's graph, with the
+# signing stage between route and relay when SIGN is yes.
 start_pepsi() {
-    local algorithm=$1 sign=$2 conf="$BENCH_DIR/pepsi.conf" remote=smarthost
+    local algorithm=$1 sign=$2 remote=smarthost
     pepsi_port=$(bench_free_port)
     [ "$sign" = yes ] && remote=sign
-    cat >"$conf" <<CONF
-[pepsi]
-HOSTNAME = pepsi.bench.test
-[database]
-CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
-[dispatch]
-POLL_INTERVAL = 1s
-WORKER_IDLE_TIMEOUT = 60s
-[ingress]
-USER = $PEPSI_USER
-DISPATCH_WAKE_INTERVAL = 5ms
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $pepsi_port
-MAX_SESSIONS_PER_CLIENT = 0
-MAX_SIZE = 10485760
-[dkim-key-bench]
+    bench_pepsi_start "$pepsi_port" "[dkim-key-bench]
 DOMAIN = example.org
 SELECTOR = bench
 ALGORITHM = $algorithm
@@ -160,13 +113,7 @@ PROGRAM = pepsi-stage-relay-to-smarthost
 SMARTHOST = 127.0.0.1:$relay_to
 TLS = none
 PARALLELISM = $relay_workers
-QUEUE_LIMIT = 4
-CONF
-    $(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
-    dispatch_pid=$!
-    $(program pepsi-ingress) -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
-    ingress_pid=$!
-    wait_port "$pepsi_port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+QUEUE_LIMIT = 4" "MAX_SIZE = 10485760"
 }
 
 # start_postfix ALGORITHM: opendkim signing as Postfix's milter.
@@ -191,7 +138,7 @@ PidFile             $BENCH_DIR/opendkim.pid
 CONF
     /usr/sbin/opendkim -f -x "$BENCH_DIR/opendkim.conf" 2>>"$BENCH_DIR/opendkim.log" &
     opendkim_pid=$!
-    wait_port "$milter_port" "opendkim (see $BENCH_DIR/opendkim.log)"
+    bench_wait_port "$milter_port" "opendkim (see $BENCH_DIR/opendkim.log)"
     postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
     bench_postfix_start "$postfix_dir" "$postfix_port" "relayhost = [127.0.0.1]:$relay_to" \
         "smtpd_milters = inet:127.0.0.1:$milter_port" "milter_default_action = tempfail" \
@@ -201,18 +148,18 @@ CONF
 # measure PORT SIZE: prints msg/s from the first message sent to the last received.
 measure() {
     local port=$1 size=$2 base start end
-    base=$(sink_count)
+    base=$(bench_sink_count)
     base=${base:-0}
     start=$(date +%s.%N)
     /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l "$size" \
         -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
     for _ in $(seq 1 24000); do
-        [ "$(sink_count)" -ge $((base + messages)) ] && break
+        [ "$(bench_sink_count)" -ge $((base + messages)) ] && break
         sleep 0.05
     done
     end=$(date +%s.%N)
-    [ "$(sink_count)" -ge $((base + messages)) ] || {
-        echo "only $(( $(sink_count) - base )) of $messages reached smtp-sink" >&2
+    [ "$(bench_sink_count)" -ge $((base + messages)) ] || {
+        echo "only $(( $(bench_sink_count) - base )) of $messages reached smtp-sink" >&2
         return 1
     }
     awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
@@ -232,7 +179,7 @@ check_signed() {
     dump_port=$(bench_free_port)
     /usr/sbin/smtp-sink -u "$PEPSI_USER" -d "$dir/%M." "127.0.0.1:$dump_port" 16 >/dev/null 2>&1 &
     dump_pid=$!
-    wait_port "$dump_port" "the checking smtp-sink"
+    bench_wait_port "$dump_port" "the checking smtp-sink"
     relay_to=$dump_port
     start_pepsi "$algorithm" yes
     start_postfix "$algorithm"
@@ -243,7 +190,7 @@ check_signed() {
         sleep 0.1
     done
     stop_sides
-    stop_pid "$dump_pid"
+    bench_stop_pid "$dump_pid"
     relay_to=$sink_port
     n=$(grep -l "^DKIM-Signature: .*a=$algorithm" -r "$dir" | xargs -r grep -l "d=example.org" | wc -l)
     if [ "$n" -ne 2 ]; then
@@ -256,6 +203,7 @@ check_signed() {
 
 echo "bench/dkim-sign: smtp-source -s $sessions -m $messages, sizes: $sizes; algorithms: $algorithms;" \
     "$repeats runs each side, alternating"
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 summary=()
 [ "$parts" = cost ] && algorithms_compared= || algorithms_compared=$algorithms
 for algorithm in $algorithms_compared; do
@@ -305,7 +253,8 @@ if [ "$cost_runs" -gt 0 ]; then
 fi
 
 echo
-echo "medians of $repeats runs (min..max), $messages messages each:"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "medians of $repeats runs (min..max), $messages messages each, Pepsi as $BENCH_PEPSI_FLAVOUR:"
 [ ${#summary[@]} -eq 0 ] || printf '  %s\n' "${summary[@]}"
 echo "  target: pepsi/postfix+opendkim >= 2.00"
 [ "$cost_runs" -eq 0 ] || printf '  relay graph, 2 KB, %s: without signing %s msg/s (%s), with signing %s msg/s (%s): cost %s%% (target <= 25%%)\n' \
