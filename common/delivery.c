@@ -39,21 +39,18 @@ delivery_get_any_case(json_t *object, const char *key)
 }
 
 static json_t *
-delivery_dsn_rcpt(const struct pepsi_ctx *ctx, size_t index)
+delivery_dsn_rcpt_entry(json_t *rcpts, size_t count, size_t index)
 {
-	json_t *dsn = delivery_get_any_case(pepsi_state(ctx), "dsn");
-	json_t *rcpts = delivery_get_any_case(dsn, "rcpt");
-
 	/* The array runs parallel to rcpt_to; anything else is not to be trusted. */
-	if (!json_is_array(rcpts) || json_array_size(rcpts) != pepsi_rcpt_count(ctx))
+	if (!json_is_array(rcpts) || json_array_size(rcpts) != count)
 		return NULL;
 	return json_array_get(rcpts, index);
 }
 
 const char *
-delivery_notify(const struct pepsi_ctx *ctx, size_t index)
+delivery_notify_in(json_t *rcpts, size_t count, size_t index)
 {
-	json_t *notify = delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "notify");
+	json_t *notify = delivery_get_any_case(delivery_dsn_rcpt_entry(rcpts, count, index), "notify");
 
 	if (json_is_array(notify))
 		return NULL; /* written as an array?  not by ingress; treat as absent */
@@ -61,9 +58,27 @@ delivery_notify(const struct pepsi_ctx *ctx, size_t index)
 }
 
 const char *
+delivery_orcpt_in(json_t *rcpts, size_t count, size_t index)
+{
+	return json_string_value(delivery_get_any_case(delivery_dsn_rcpt_entry(rcpts, count, index), "orcpt"));
+}
+
+json_t *
+delivery_dsn_rcpts(const struct pepsi_ctx *ctx)
+{
+	return delivery_get_any_case(delivery_get_any_case(pepsi_state(ctx), "dsn"), "rcpt");
+}
+
+const char *
+delivery_notify(const struct pepsi_ctx *ctx, size_t index)
+{
+	return delivery_notify_in(delivery_dsn_rcpts(ctx), pepsi_rcpt_count(ctx), index);
+}
+
+const char *
 delivery_orcpt(const struct pepsi_ctx *ctx, size_t index)
 {
-	return json_string_value(delivery_get_any_case(delivery_dsn_rcpt(ctx, index), "orcpt"));
+	return delivery_orcpt_in(delivery_dsn_rcpts(ctx), pepsi_rcpt_count(ctx), index);
 }
 
 const char *

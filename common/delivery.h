@@ -114,6 +114,11 @@ bool delivery_notify_wants(const char *notify, const char *kind);
 /* state.dsn.<key> (ret, envid), any case, or NULL. */
 const char *delivery_dsn_param(const struct pepsi_ctx *ctx, const char *key);
 const char *delivery_orcpt(const struct pepsi_ctx *ctx, size_t index);
+/* The row's state.dsn.rcpt (borrowed), or NULL. */
+json_t *delivery_dsn_rcpts(const struct pepsi_ctx *ctx);
+/* NOTIFY and ORCPT of recipient index in a state.dsn.rcpt array of a row of count recipients. */
+const char *delivery_notify_in(json_t *rcpts, size_t count, size_t index);
+const char *delivery_orcpt_in(json_t *rcpts, size_t count, size_t index);
 
 /* The age of the message in seconds (from received_at, or state.created_at of a DSN), or -1. */
 double delivery_message_age(struct pepsi_ctx *ctx);

@@ -173,6 +173,14 @@ int pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *
  * A brand-new side message at stage (auto-reply, DSN).  state: borrowed, may
  * be NULL (the empty object); token may be NULL.
  */
+/*
+ * Call a function of the extension that answers with one JSON value (one
+ * row, one column), on the worker's session, outside the commit: for a
+ * stage that must read or take other rows.  The answer is the caller's to
+ * json_decref; NULL (and the message fails) on an error.
+ */
+json_t	 *pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams,
+						  const char *const *values);
 long long pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
 							const char *const *rcpt, size_t nrcpt, const char *headers,
 							size_t hlen, const char *body, size_t blen, json_t *state,

@@ -365,3 +365,20 @@ pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_fro
 	buf_free(&array);
 	return ctx->error ? -1 : id;
 }
+
+json_t *
+pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char *const *values)
+{
+	PGresult	*res = db_exec(ctx->worker->conn, sql, nparams, values);
+	json_t		*answer = NULL;
+	json_error_t jerr;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 1)
+		pepsi_error(ctx, "%s failed: %s", sql, db_error(res, ctx->worker->conn));
+	else if (PQgetisnull(res, 0, 0))
+		answer = json_null();
+	else if ((answer = json_loads(PQgetvalue(res, 0, 0), JSON_DECODE_ANY, &jerr)) == NULL)
+		pepsi_error(ctx, "%s: the answer is not JSON: %s", sql, jerr.text);
+	PQclear(res);
+	return answer;
+}

@@ -1361,3 +1361,163 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('destination_set_limits'), ('dest
 SELECT pepsi.grant_apply();
 
 -- end of relay to the internet
+
+-- ===========================================================================
+-- Backscatter caps: one DSN per message and kind, DSNs per sender per hour
+--
+-- The delivery stages work on one recipient per row, so the recipients of
+-- one message that fail together reach the bounce stage as separate rows.
+-- pepsi.bounce_gather() lets the bounce stage answer them with one DSN:
+-- the first row of a message whose siblings are still on their way waits
+-- a short window as the group's leader; siblings that arrive meanwhile
+-- wait behind it; when the leader runs again it takes every sibling
+-- waiting at its stage for the same kind of report into its own state
+-- (state.bounce_gathered) and deletes them, in one transaction, so a
+-- crash loses no report.  A recipient that fails later (after a retry)
+-- gets a DSN of its own, as RFC 3461 allows.  Siblings are the rows of
+-- one admission: same sender, arrival time and body.
+--
+-- pepsi.dsn_rate_take() counts the DSNs sent to one address per clock
+-- hour; past the limit the bounce stage drops the DSN, and each drop is
+-- recorded in pepsi.event_log.
+-- ===========================================================================
+
+-- Returns {"action": "wait", "seconds": s, "bounce_gather": {...}} (pause
+-- that long, merging bounce_gather into the state) or {"action": "report",
+-- "gathered": [{"rcpt_to": [...], "bounce": {...}, "delivery": {...},
+-- "dsn_rcpt": [...]}]}:
+-- the siblings this row now answers for, besides its own recipients.
+-- at_stage is the bounce stage running the row (the row may still be at
+-- the delivery stage in the database when the bounce stage runs fused).
+CREATE FUNCTION pepsi.bounce_gather(row_id bigint, at_stage text, window_seconds float8) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    me pepsi.workqueue;
+    report_kind text;
+    leader_until float8;
+    now_epoch float8 := extract(epoch FROM clock_timestamp());
+    gathered jsonb;
+BEGIN
+    SELECT * INTO me FROM pepsi.workqueue w WHERE w.id = row_id FOR UPDATE;
+    IF NOT FOUND OR me.status <> 'running' THEN
+        RAISE EXCEPTION 'row % is not running', row_id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Only the stage that holds a row may gather its siblings.';
+    END IF;
+    IF window_seconds IS NULL OR window_seconds < 0 OR window_seconds > 3600 THEN
+        RAISE EXCEPTION 'window_seconds must be between 0 and 3600'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    gathered := coalesce(me.state->'bounce_gathered', '[]');
+    IF me.body_id IS NULL OR me.mail_from = '' THEN
+        RETURN jsonb_build_object('action', 'report', 'gathered', gathered);
+    END IF;
+    report_kind := coalesce(me.state->'bounce'->>'kind', 'permanent');
+    -- One decision at a time per message: two siblings never both lead.
+    PERFORM pg_advisory_xact_lock(hashtextextended('pepsi.bounce_gather/' || me.body_id::text, 0));
+
+    IF me.state->'bounce_gather' IS NULL AND window_seconds > 0 THEN
+        SELECT max((w.state->'bounce_gather'->>'until')::float8) INTO leader_until
+        FROM pepsi.workqueue w
+        WHERE w.body_id = me.body_id AND w.id <> me.id
+          AND w.mail_from = me.mail_from AND w.received_at = me.received_at
+          AND coalesce(w.state->'bounce'->>'kind', 'permanent') = report_kind
+          AND w.state->'bounce_gather'->>'role' = 'leader'
+          AND w.status IN ('pending', 'paused', 'running');
+        IF leader_until > now_epoch THEN
+            me.state := me.state || jsonb_build_object('bounce_gather',
+                jsonb_build_object('role', 'follower', 'until', leader_until + 1));
+            UPDATE pepsi.workqueue w SET state = me.state WHERE w.id = me.id;
+            RETURN jsonb_build_object('action', 'wait', 'seconds', leader_until + 1 - now_epoch,
+                                      'bounce_gather', me.state->'bounce_gather');
+        END IF;
+        IF EXISTS (SELECT FROM pepsi.workqueue w
+                   WHERE w.body_id = me.body_id AND w.id <> me.id
+                     AND w.mail_from = me.mail_from AND w.received_at = me.received_at
+                     AND w.status IN ('pending', 'running')
+                     AND (w.stage <> at_stage OR w.state->'bounce_gather' IS NULL)) THEN
+            me.state := me.state || jsonb_build_object('bounce_gather',
+                jsonb_build_object('role', 'leader', 'until', now_epoch + window_seconds));
+            UPDATE pepsi.workqueue w SET state = me.state WHERE w.id = me.id;
+            RETURN jsonb_build_object('action', 'wait', 'seconds', window_seconds,
+                                      'bounce_gather', me.state->'bounce_gather');
+        END IF;
+    END IF;
+
+    WITH taken AS (
+        DELETE FROM pepsi.workqueue w
+        WHERE w.id IN (SELECT s.id FROM pepsi.workqueue s
+                       WHERE s.body_id = me.body_id AND s.id <> me.id AND s.stage = at_stage
+                         AND s.mail_from = me.mail_from AND s.received_at = me.received_at
+                         AND coalesce(s.state->'bounce'->>'kind', 'permanent') = report_kind
+                         AND s.status IN ('pending', 'paused')
+                       ORDER BY s.id
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING w.id, w.rcpt_to, w.state)
+    SELECT gathered || coalesce(jsonb_agg(x.entry ORDER BY x.id), '[]')
+    INTO gathered
+    FROM (SELECT t.id, jsonb_build_object('rcpt_to', to_jsonb(t.rcpt_to),
+                                          'bounce', coalesce(t.state->'bounce', '{}'),
+                                          'delivery', t.state->'delivery',
+                                          'dsn_rcpt', t.state->'dsn'->'rcpt') AS entry
+          FROM taken t
+          UNION ALL
+          SELECT t.id, e.entry FROM taken t,
+                 jsonb_array_elements(coalesce(t.state->'bounce_gathered', '[]')) AS e (entry)) x;
+    IF gathered <> coalesce(me.state->'bounce_gathered', '[]') THEN
+        UPDATE pepsi.workqueue w
+        SET state = w.state || jsonb_build_object('bounce_gathered', gathered)
+        WHERE w.id = me.id;
+    END IF;
+    RETURN jsonb_build_object('action', 'report', 'gathered', gathered);
+END
+$$;
+
+CREATE TABLE pepsi.dsn_rate (
+    sender  text PRIMARY KEY,
+    hour    timestamptz NOT NULL,
+    sent    integer NOT NULL
+);
+COMMENT ON TABLE pepsi.dsn_rate IS 'DSNs sent to each address in the current clock hour (pepsi.dsn_rate_take)';
+
+-- Count one DSN to sender; false (and an event_log entry) past per_hour.
+CREATE FUNCTION pepsi.dsn_rate_take(sender text, per_hour integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    hour_start timestamptz := date_trunc('hour', now());
+    counted integer;
+BEGIN
+    IF sender IS NULL OR sender = '' OR per_hour IS NULL OR per_hour < 1 THEN
+        RAISE EXCEPTION 'dsn_rate_take needs a sender and a limit of at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO pepsi.dsn_rate AS r (sender, hour, sent)
+    VALUES (lower(dsn_rate_take.sender), hour_start, 1)
+    ON CONFLICT ON CONSTRAINT dsn_rate_pkey DO UPDATE
+    SET hour = excluded.hour,
+        sent = CASE WHEN r.hour = excluded.hour THEN r.sent + 1 ELSE 1 END
+    RETURNING r.sent INTO counted;
+    -- The table keeps one row per address that got a DSN this hour.
+    IF random() < 0.01 THEN
+        DELETE FROM pepsi.dsn_rate r WHERE r.hour < hour_start;
+    END IF;
+    IF counted > per_hour THEN
+        PERFORM pepsi.event_log_write('dsn_rate_limited',
+            jsonb_build_object('sender', lower(dsn_rate_take.sender), 'limit', per_hour,
+                               'this_hour', counted));
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'bounce_gather', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'dsn_rate_take', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'dsn_rate', '{SELECT}'),
+    ('pepsi_config', 'table', 'dsn_rate', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('bounce_gather'), ('dsn_rate_take');
+
+SELECT pepsi.grant_apply();
+
+-- end of backscatter caps

@@ -75,11 +75,8 @@ arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const char *name)
  * Return-Path and Delivered-To a delivery writes).
  */
 void
-check_address(const text *address, const char *name, int index)
+check_address_chars(const char *p, int len, const char *name, int index)
 {
-	const char *p = VARDATA_ANY(address);
-	int			len = VARSIZE_ANY_EXHDR(address);
-
 	for (int i = 0; i < len; i++)
 		if ((unsigned char) p[i] < 0x20 || (unsigned char) p[i] == 0x7f)
 			ereport(ERROR,
@@ -90,6 +87,12 @@ check_address(const text *address, const char *name, int index)
 							   "character in an envelope address could forge SMTP commands or "
 							   "header lines.",
 							   (unsigned char) p[i], i + 1)));
+}
+
+void
+check_address(const text *address, const char *name, int index)
+{
+	check_address_chars(VARDATA_ANY(address), VARSIZE_ANY_EXHDR(address), name, index);
 }
 
 /* An envelope sender: required ("" is the null reverse-path), no control character. */

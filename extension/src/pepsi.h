@@ -46,12 +46,14 @@ extern Jsonb	 *arg_json_object_or_null(FunctionCallInfo fcinfo, int argno, const
 extern ArrayType *arg_recipients(FunctionCallInfo fcinfo, int argno, const char *name);
 extern void		  check_recipients(ArrayType *rcpt, const char *name);
 extern void		  check_address(const text *address, const char *name, int index);
-extern text		 *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
-extern double	  arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
-extern double	  arg_seconds_or_hold(FunctionCallInfo fcinfo, int argno, const char *name);
-extern int		 *array_to_ints(ArrayType *array, const char *name, int *count);
-extern void		  check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);
-extern void		  check_same_length(ArrayType *array, int expected, const char *name, const char *model);
+/* The same check on bytes (an address inside a JSON argument). */
+extern void	  check_address_chars(const char *p, int len, const char *name, int index);
+extern text	 *arg_address(FunctionCallInfo fcinfo, int argno, const char *name);
+extern double arg_seconds(FunctionCallInfo fcinfo, int argno, const char *name);
+extern double arg_seconds_or_hold(FunctionCallInfo fcinfo, int argno, const char *name);
+extern int	 *array_to_ints(ArrayType *array, const char *name, int *count);
+extern void	  check_indices(const int *indices, int count, int nrcpt, const char *name, bool *taken);
+extern void	  check_same_length(ArrayType *array, int expected, const char *name, const char *model);
 
 /* body.c */
 extern void	 body_release_if_unreferenced(int64 body_id);

@@ -113,6 +113,16 @@ spawn_check_indices(JsonbValue *value, const char *name, int element, int nrcpt,
 	check_indices(indices, count, nrcpt, where, local_taken);
 }
 
+/* A new address of a spawned row: never a control character (see check_address). */
+static void
+spawn_check_chars(JsonbValue *address, const char *name, int element, const char *key, int index)
+{
+	char *what = psprintf("%s[%d].%s", name, element, key);
+
+	check_address_chars(address->val.string.val, address->val.string.len, what, index);
+	pfree(what);
+}
+
 static void
 spawn_check_addresses(JsonbValue *value, const char *name, int element)
 {
@@ -137,6 +147,7 @@ spawn_check_addresses(JsonbValue *value, const char *name, int element)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s[%d].rcpt_to[%d] must be a non-empty string", name, element, i + 1)));
+		spawn_check_chars(address, name, element, "rcpt_to", i + 1);
 	}
 }
 
@@ -197,7 +208,10 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 		if ((v = spawn_get(object, "stage", &buffer)) != NULL)
 			spawn_string(v, name, n, "stage", false);
 		if ((v = spawn_get(object, "mail_from", &buffer)) != NULL)
+		{
 			spawn_string(v, name, n, "mail_from", true);
+			spawn_check_chars(v, name, n, "mail_from", 0);
+		}
 		if ((v = spawn_get(object, "state", &buffer)) != NULL
 			&& (v->type != jbvBinary || !JsonContainerIsObject(v->val.binary.data)))
 			ereport(ERROR,

@@ -120,6 +120,8 @@ SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_indices": []}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_to": []}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_to": "x@example.org"}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_to": [null]}]');
+SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_to": ["x@example.org", "y@example.org\r\nDATA"]}]');
+SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_to": ["x@example.org"], "mail_from": "a@example.org\u0007"}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_indices": [2], "status": "running"}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}', '[{"rcpt_indices": [2], "status": "retry"}]');
 SELECT pepsi.workqueue_split(:s, 'route', '{1}',

@@ -14,6 +14,12 @@
  * recipient whose NOTIFY does not ask for this kind gets nothing: either
  * way the row is finished with a log line.
  *
+ * One DSN answers every recipient of a message that failed together: the
+ * delivery stages fail one recipient per row, and pepsi.bounce_gather
+ * lets the first row wait GATHER_WINDOW for its siblings and then takes
+ * them in.  DSN_RATE_LIMIT caps the DSNs one address gets per hour, so
+ * forged senders cannot turn Pepsi into a backscatter source.
+ *
  * Options of its [stage-*] section:
  *   NEXT_STAGE          where the DSN goes (required: typically the router)
  *   RETURN_SIZE_LIMIT   a message larger than this (default 10M) is
@@ -97,55 +103,99 @@ bounce_kind(const char *kind, const char **notify_keyword, const char **action)
 	return DSN_FAILURE;
 }
 
-static int
-bounce_run(struct pepsi_ctx *ctx)
+/*
+ * The rows this DSN answers for: this one and the siblings bounce_gather
+ * took into it, each {rcpt_to, bounce, delivery, dsn_rcpt}.  NULL when the
+ * row should wait for its siblings first (it is then paused) or on error.
+ */
+static json_t *
+bounce_gather(struct pepsi_ctx *ctx, int *rc)
 {
-	json_t				 *state = pepsi_state(ctx);
-	json_t				 *bounce = json_object_get(state, "bounce");
-	json_t				 *delivery = json_object_get(state, "delivery");
-	const char			 *notify_keyword;
-	const char			 *default_action;
-	enum dsn_kind		  kind = bounce_kind(bounce_string(bounce, "kind"), &notify_keyword, &default_action);
-	json_t				 *source = kind == DSN_SUCCESS && json_is_object(delivery) ? delivery : bounce;
-	const char			 *sender = pepsi_mail_from(ctx);
-	const char			 *failed = bounce_string(bounce, "failed_recipient");
-	const char			 *ret = delivery_dsn_param(ctx, "ret");
-	const char			 *hostname = config_hostname(pepsi_config(ctx));
-	const struct buf	 *headers;
-	const struct buf	 *body;
+	char		id[32];
+	char		window[32];
+	const char *values[3] = {id, pepsi_stage_name(ctx), window};
+	json_t	   *answer;
+	json_t	   *rows;
+	json_t	   *own;
+	json_t	   *rcpts = json_array();
+	const char *action;
+
+	snprintf(id, sizeof(id), "%lld", pepsi_id(ctx));
+	snprintf(window, sizeof(window), "%.3f", pepsi_option_seconds(ctx, "GATHER_WINDOW"));
+	answer = pepsi_call_json(ctx, "SELECT pepsi.bounce_gather($1, $2, $3)", 3, values);
+	if (answer == NULL)
+	{
+		json_decref(rcpts);
+		*rc = -1;
+		return NULL;
+	}
+	action = json_string_value(json_object_get(answer, "action"));
+	if (action && strcmp(action, "wait") == 0)
+	{
+		double	seconds = json_number_value(json_object_get(answer, "seconds"));
+		json_t *merge = json_pack("{s:O}", "bounce_gather", json_object_get(answer, "bounce_gather"));
+
+		log_info("row %lld: waits %.1fs for the other recipients of its message, to send one DSN",
+				 pepsi_id(ctx), seconds);
+		*rc = pepsi_pause(ctx, merge, seconds > 0.1 ? seconds : 0.1);
+		json_decref(merge);
+		json_decref(answer);
+		json_decref(rcpts);
+		return NULL;
+	}
+	rows = json_object_get(answer, "gathered");
+	if (action == NULL || strcmp(action, "report") != 0 || !json_is_array(rows))
+	{
+		json_decref(answer);
+		json_decref(rcpts);
+		*rc = pepsi_error(ctx, "pepsi.bounce_gather gave an answer the bounce stage does not know");
+		return NULL;
+	}
+	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+		json_array_append_new(rcpts, json_string(pepsi_rcpt(ctx, i)));
+	own = json_pack("{s:o, s:O?, s:O?, s:O?}", "rcpt_to", rcpts,
+					"bounce", json_object_get(pepsi_state(ctx), "bounce"),
+					"delivery", json_object_get(pepsi_state(ctx), "delivery"),
+					"dsn_rcpt", delivery_dsn_rcpts(ctx));
+	json_incref(rows);
+	json_array_insert_new(rows, 0, own);
+	json_decref(answer);
+	return rows;
+}
+
+/* One DSN's recipient list, from every row it answers for. */
+struct bounce_recipients
+{
 	struct dsn_recipient *rcpts;
 	char				**diagnostics;
-	char				 *status_text;
-	size_t				  n = 0;
-	struct dsn_report	  report = {0};
-	struct buf			  new_headers = BUF_INIT;
-	struct buf			  new_body = BUF_INIT;
-	struct buf			  unique = BUF_INIT;
-	json_t				 *new_state;
-	const char			 *to[1];
+	char (*status_text)[16];
+	size_t n;
+};
 
-	if (sender[0] == '\0')
-	{
-		log_info("row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
-				 pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
-				 failed ? failed : pepsi_rcpt(ctx, 0));
-		return pepsi_finish(ctx);
-	}
-	if ((headers = pepsi_headers(ctx)) == NULL || (body = pepsi_body(ctx)) == NULL)
-		return -1;
+/* Add the recipients of one gathered row that asked for this kind of report. */
+static void
+bounce_add_row(struct pepsi_ctx *ctx, json_t *row, enum dsn_kind kind, const char *notify_keyword,
+			   const char *default_action, struct bounce_recipients *out)
+{
+	json_t	   *rcpt_to = json_object_get(row, "rcpt_to");
+	json_t	   *bounce = json_object_get(row, "bounce");
+	json_t	   *delivery = json_object_get(row, "delivery");
+	json_t	   *dsn_rcpt = json_object_get(row, "dsn_rcpt");
+	json_t	   *source = kind == DSN_SUCCESS && json_is_object(delivery) ? delivery : bounce;
+	const char *failed = bounce_string(bounce, "failed_recipient");
+	size_t		count = json_array_size(rcpt_to);
 
-	rcpts = xcalloc(pepsi_rcpt_count(ctx) + 1, sizeof(*rcpts));
-	diagnostics = xcalloc(pepsi_rcpt_count(ctx) + 1, sizeof(char *));
-	status_text = xcalloc(pepsi_rcpt_count(ctx) + 1, 16);
-	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+	for (size_t i = 0; i < count; i++)
 	{
-		const char			 *rcpt = pepsi_rcpt(ctx, i);
-		const char			 *notify = delivery_notify(ctx, i);
-		const char			 *orcpt = delivery_orcpt(ctx, i);
+		const char			 *rcpt = json_string_value(json_array_get(rcpt_to, i));
+		const char			 *notify = delivery_notify_in(dsn_rcpt, count, i);
+		const char			 *orcpt = delivery_orcpt_in(dsn_rcpt, count, i);
 		const char			 *status = bounce_string(source, "status");
-		struct dsn_recipient *r = &rcpts[n];
-		char				 *status_slot = status_text + 16 * n;
+		struct dsn_recipient *r = &out->rcpts[out->n];
+		char				 *status_slot = out->status_text[out->n];
 
+		if (rcpt == NULL)
+			continue;
 		/* A report about one recipient (the delivery stages) concerns only it. */
 		if (failed)
 		{
@@ -169,7 +219,7 @@ bounce_run(struct pepsi_ctx *ctx)
 						: default_action;
 		if (status == NULL)
 			status = bounce_string(source, "enhanced_status");
-		diagnostics[n] = bounce_diagnostic_code(bounce_string(source, "diagnostic"));
+		out->diagnostics[out->n] = bounce_diagnostic_code(bounce_string(source, "diagnostic"));
 		if (status == NULL && bounce_find_status(bounce_string(source, "diagnostic"), status_slot, 16))
 			status = status_slot;
 		if (status == NULL)
@@ -177,21 +227,100 @@ bounce_run(struct pepsi_ctx *ctx)
 																	   : "5.0.0";
 		r->status = status;
 		r->remote_mta = bounce_string(source, "remote_mta");
-		r->diagnostic_code = diagnostics[n];
+		r->diagnostic_code = out->diagnostics[out->n];
 		r->last_attempt = (time_t) json_integer_value(json_object_get(source, "at"));
 		r->will_retry_until = (time_t) json_integer_value(json_object_get(bounce, "will_retry_until"));
-		n++;
+		out->n++;
 	}
-	if (n == 0)
+}
+
+/* Past [stage] DSN_RATE_LIMIT for this address this hour?  (pepsi.dsn_rate_take logs the drop.) */
+static bool
+bounce_over_rate_limit(struct pepsi_ctx *ctx, const char *sender, bool *failed)
+{
+	char		limit[32];
+	const char *values[2] = {sender, limit};
+	json_t	   *answer;
+	bool		over;
+
+	snprintf(limit, sizeof(limit), "%lld", pepsi_option_int(ctx, "DSN_RATE_LIMIT"));
+	answer = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.dsn_rate_take($1, $2))", 2, values);
+	*failed = answer == NULL;
+	over = answer != NULL && json_is_false(answer);
+	json_decref(answer);
+	return over;
+}
+
+static int
+bounce_run(struct pepsi_ctx *ctx)
+{
+	json_t					*state = pepsi_state(ctx);
+	json_t					*bounce = json_object_get(state, "bounce");
+	const char				*notify_keyword;
+	const char				*default_action;
+	enum dsn_kind			 kind = bounce_kind(bounce_string(bounce, "kind"), &notify_keyword, &default_action);
+	const char				*sender = pepsi_mail_from(ctx);
+	const char				*failed = bounce_string(bounce, "failed_recipient");
+	const char				*ret = delivery_dsn_param(ctx, "ret");
+	const char				*hostname = config_hostname(pepsi_config(ctx));
+	const struct buf		*headers;
+	const struct buf		*body;
+	json_t					*rows;
+	size_t					 total = 0;
+	struct bounce_recipients list = {0};
+	struct dsn_report		 report = {0};
+	struct buf				 new_headers = BUF_INIT;
+	struct buf				 new_body = BUF_INIT;
+	struct buf				 unique = BUF_INIT;
+	json_t					*new_state;
+	const char				*to[1];
+	char					*sender_copy;
+	bool					 rate_failed;
+	int						 rc = 0;
+
+	if (sender[0] == '\0')
+	{
+		log_info("row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
+				 pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
+				 failed ? failed : pepsi_rcpt(ctx, 0));
+		return pepsi_finish(ctx);
+	}
+	if ((rows = bounce_gather(ctx, &rc)) == NULL)
+		return rc;
+	if ((headers = pepsi_headers(ctx)) == NULL || (body = pepsi_body(ctx)) == NULL)
+	{
+		json_decref(rows);
+		return -1;
+	}
+
+	for (size_t i = 0; i < json_array_size(rows); i++)
+		total += json_array_size(json_object_get(json_array_get(rows, i), "rcpt_to"));
+	list.rcpts = xcalloc(total + 1, sizeof(*list.rcpts));
+	list.diagnostics = xcalloc(total + 1, sizeof(char *));
+	list.status_text = xcalloc(total + 1, sizeof(*list.status_text));
+	for (size_t i = 0; i < json_array_size(rows); i++)
+		bounce_add_row(ctx, json_array_get(rows, i), kind, notify_keyword, default_action, &list);
+	sender_copy = xstrdup(sender);
+	if (list.n == 0)
 	{
 		log_info("row %lld: %s DSN to <%s> suppressed by NOTIFY; finished", pepsi_id(ctx),
 				 notify_keyword, sender);
-		for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
-			free(diagnostics[i]);
-		free(diagnostics);
-		free(status_text);
-		free(rcpts);
-		return pepsi_finish(ctx);
+		rc = pepsi_finish(ctx);
+		goto out;
+	}
+	if (bounce_over_rate_limit(ctx, sender, &rate_failed))
+	{
+		log_warnx("row %lld: %s DSN to <%s> about %zu recipient%s dropped: more than %lld DSNs to"
+				  " this address this hour (DSN_RATE_LIMIT)",
+				  pepsi_id(ctx), notify_keyword, sender, list.n, list.n == 1 ? "" : "s",
+				  pepsi_option_int(ctx, "DSN_RATE_LIMIT"));
+		rc = pepsi_finish(ctx);
+		goto out;
+	}
+	if (rate_failed)
+	{
+		rc = -1;
+		goto out;
 	}
 
 	buf_printf(&unique, "%lld", pepsi_id(ctx));
@@ -209,44 +338,49 @@ bounce_run(struct pepsi_ctx *ctx)
 	report.headers_len = headers->len;
 	report.body = body->data ? body->data : "";
 	report.body_len = body->len;
-	report.recipients = rcpts;
-	report.nrecipients = n;
+	report.recipients = list.rcpts;
+	report.nrecipients = list.n;
 	dsn_build(&report, &new_headers, &new_body);
 
 	log_info("row %lld: %s DSN to <%s> about %zu recipient%s (first <%s>: %s)", pepsi_id(ctx),
 			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
 																 : "success",
-			 sender, n,
-			 n == 1 ? "" : "s", rcpts[0].final_recipient, rcpts[0].status);
+			 sender, list.n, list.n == 1 ? "" : "s", list.rcpts[0].final_recipient,
+			 list.rcpts[0].status);
 	{
 		json_t *event = json_pack("{s:s, s:s, s:I, s:s, s:s}",
 								  "kind", kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
 																							  : "success",
-								  "to", sender, "recipients", (json_int_t) n,
-								  "final_recipient", rcpts[0].final_recipient, "status", rcpts[0].status);
+								  "to", sender, "recipients", (json_int_t) list.n,
+								  "final_recipient", list.rcpts[0].final_recipient,
+								  "status", list.rcpts[0].status);
 
 		pepsi_mail_log(ctx, "dsn", event);
 		json_decref(event);
 	}
-	to[0] = sender;
+	to[0] = sender_copy;
 	/* The DSN's own clock: MAX_LIFETIME of its delivery counts from now, not from the original. */
 	new_state = json_pack("{s:I}", "created_at", (json_int_t) report.now);
 	pepsi_set_headers(ctx, new_headers.data, new_headers.len);
 	pepsi_set_body(ctx, new_body.data, new_body.len);
-	pepsi_set_rcpt_to(ctx, to, 1); /* sender is ctx's mail_from: copy it before replacing */
+	pepsi_set_rcpt_to(ctx, to, 1);
 	pepsi_set_mail_from(ctx, "");
 	pepsi_set_state(ctx, new_state);
 	json_decref(new_state);
+	rc = pepsi_advance(ctx);
 
-	for (size_t i = 0; i < n; i++)
-		free(diagnostics[i]);
-	free(diagnostics);
-	free(status_text);
-	free(rcpts);
+out:
+	for (size_t i = 0; i < list.n; i++)
+		free(list.diagnostics[i]);
+	free(list.diagnostics);
+	free(list.status_text);
+	free(list.rcpts);
+	free(sender_copy);
 	buf_free(&new_headers);
 	buf_free(&new_body);
 	buf_free(&unique);
-	return pepsi_advance(ctx);
+	json_decref(rows);
+	return rc;
 }
 
 static bool

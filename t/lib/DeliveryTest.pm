@@ -91,7 +91,8 @@ sub delivery_config
 		smarthost => "PROGRAM = pepsi-stage-relay-to-smarthost\n$smarthost"
 		  . "TLS = none\nBOUNCE_STAGE = bounce\nORIGINATE_SUCCESS_DSN = yes\n"
 		  . "TIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\n$retry",
-		bounce => "PROGRAM = pepsi-stage-bounce\nNEXT_STAGE = dsn-route\n",
+		# A short wait for sibling failures keeps the tests' retry timings apart.
+		bounce => "PROGRAM = pepsi-stage-bounce\nNEXT_STAGE = dsn-route\nGATHER_WINDOW = 1s\n",
 		'dsn-route' => "PROGRAM = pepsi-stage-route\nLOCAL_DOMAINS = $domains\n"
 		  . "LOCAL_STAGE = dsn-maildir\nREMOTE_STAGE = dsn-smarthost\n",
 		'dsn-maildir' => "PROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = $root\n$retry",
