@@ -380,7 +380,11 @@ session_store(struct session *s)
 			smtp_admit_done(&s->smtp, false, 0);
 		}
 		else
+		{
+			/* A loop is the operator's to fix: say who keeps sending it. */
+			log_info("%s: from=<%s> refused: %s", s->ip, s->smtp.mail_from, refusal);
 			smtp_admit_refused(&s->smtp, refusal);
+		}
 		return;
 	}
 	if (ingress.mail_log)
