@@ -499,7 +499,8 @@ delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *
 						  struct buf *diagnostic)
 {
 	/* A 2xx left from the session's start decides nothing about a failed transaction. */
-	bool decides;
+	bool			decides;
+	enum smtp_phase phase;
 
 	if (reply == NULL)
 		reply = &r->reply;
@@ -527,9 +528,44 @@ delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *
 		buf_printf(diagnostic, "X-Pepsi; %s", r->error[0] ? r->error : "no reply");
 	report->diagnostic = diagnostic->data;
 	report->remote_mta = r->remote_mta[0] ? r->remote_mta : NULL;
-	report->phase = smtp_phase_name(reply == &r->reply ? r->phase : SMTP_PHASE_RCPT);
+	if (reply == &r->reply)
+		phase = r->phase;
+	else if (r->data_replies && reply >= r->data_replies && reply < r->data_replies + r->nrcpt)
+		phase = SMTP_PHASE_MESSAGE; /* LMTP: the recipient's reply after the message */
+	else
+		phase = SMTP_PHASE_RCPT;
+	report->phase = smtp_phase_name(phase);
 	report->relay = r->relay[0] ? r->relay : NULL;
 	report->tls = r->tls[0] ? r->tls : NULL;
 	report->connect_seconds = r->connect_seconds;
 	report->transfer_seconds = r->transfer_seconds;
+}
+
+/* ---------------------------------------------------------------------------
+ * The envelope of a row
+ * ------------------------------------------------------------------------- */
+
+void
+delivery_envelope(const struct pepsi_ctx *ctx, size_t n, const char **rcpt, const char **notify,
+				  const char **orcpt, struct smtp_envelope *env)
+{
+	json_t	   *origin = json_object_get(pepsi_state(ctx), "origin");
+	const char *body = json_string_value(json_object_get(origin, "body"));
+
+	for (size_t i = 0; i < n; i++)
+	{
+		rcpt[i] = pepsi_rcpt(ctx, i);
+		notify[i] = delivery_notify(ctx, i);
+		orcpt[i] = delivery_orcpt(ctx, i);
+	}
+	memset(env, 0, sizeof(*env));
+	env->mail_from = pepsi_mail_from(ctx);
+	env->rcpt = rcpt;
+	env->nrcpt = n;
+	env->notify = notify;
+	env->orcpt = orcpt;
+	env->ret = delivery_dsn_param(ctx, "ret");
+	env->envid = delivery_dsn_param(ctx, "envid");
+	env->body_8bit = body && strcasecmp(body, "8BITMIME") == 0;
+	env->smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
 }

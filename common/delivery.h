@@ -100,12 +100,23 @@ struct smtp_result;
 struct smtp_reply;
 /*
  * The report of an SMTP attempt (common/smtp_client.h): reply is the one
- * that decided (a recipient's RCPT reply), NULL for the result's own.
+ * that decided (a recipient's RCPT reply, or its LMTP reply after the
+ * message), NULL for the result's own.
  * status and diagnostic hold the strings the report points to.
  */
 void delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *reply,
 							   struct delivery_report *report, char *status, size_t status_len,
 							   struct buf *diagnostic);
+
+struct smtp_envelope;
+/*
+ * The SMTP envelope of the row's first n recipients: sender, recipients
+ * with their NOTIFY and ORCPT, RET and ENVID, and BODY/SMTPUTF8 as
+ * ingress recorded them.  rcpt, notify and orcpt are the caller's arrays
+ * of n; the strings are the row's.
+ */
+void delivery_envelope(const struct pepsi_ctx *ctx, size_t n, const char **rcpt,
+					   const char **notify, const char **orcpt, struct smtp_envelope *env);
 
 /* The NOTIFY of recipient index (state.dsn.rcpt), or NULL when none was given. */
 const char *delivery_notify(const struct pepsi_ctx *ctx, size_t index);

@@ -35,9 +35,63 @@
 #include "smtp_client_internal.h"
 #include "xalloc.h"
 
+/* When the options leave them at 0. */
+#define SMTP_DEFAULT_CONNECT_TIMEOUT_MS 30000
+#define SMTP_DEFAULT_COMMAND_TIMEOUT_MS 300000
+
 /* ---------------------------------------------------------------------------
  * Small helpers
  * ------------------------------------------------------------------------- */
+
+bool
+smtp_parse_destination(const char *value, const char *default_port, char **host, char **port)
+{
+	const char *colon;
+
+	if (value == NULL || *value == '\0')
+		return false;
+	if (value[0] == '/')
+	{
+		*host = xstrdup(value);
+		*port = NULL;
+		return true;
+	}
+	if (value[0] == '[')
+	{
+		const char *close = strchr(value, ']');
+
+		if (close == NULL || close == value + 1)
+			return false;
+		*host = xstrndup(value + 1, (size_t) (close - value - 1));
+		if (close[1] == ':' && close[2])
+			*port = xstrdup(close + 2);
+		else if (close[1] == '\0')
+			*port = xstrdup(default_port);
+		else
+		{
+			free(*host);
+			return false;
+		}
+	}
+	else
+	{
+		colon = strrchr(value, ':');
+		if (colon && strchr(value, ':') != colon)
+			colon = NULL; /* a bare IPv6 address */
+		if (colon && colon[1] == '\0')
+			return false;
+		*host = colon ? xstrndup(value, (size_t) (colon - value)) : xstrdup(value);
+		*port = xstrdup(colon ? colon + 1 : default_port);
+	}
+	for (const char *p = *port; *p; p++)
+		if (*p < '0' || *p > '9')
+		{
+			free(*host);
+			free(*port);
+			return false;
+		}
+	return true;
+}
 
 const char *
 smtp_phase_name(enum smtp_phase phase)
@@ -218,14 +272,15 @@ smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
 	const char *name = c->opt.helo_name ? c->opt.helo_name : "localhost";
 
 	res->phase = SMTP_PHASE_EHLO;
-	if (!smtp_io_command(c, &res->reply, "EHLO %s", name))
+	if (!smtp_io_command(c, &res->reply, "%s %s", c->opt.lmtp ? "LHLO" : "EHLO", name))
 		return false;
 	if (res->reply.code / 100 == 2)
 	{
 		smtp_parse_ehlo(c, &res->reply);
 		return true;
 	}
-	if (res->reply.code / 100 == 5)
+	/* LMTP has no HELO to fall back to (RFC 2033 4.1). */
+	if (res->reply.code / 100 == 5 && !c->opt.lmtp)
 	{
 		if (!smtp_io_command(c, &res->reply, "HELO %s", name))
 			return false;
@@ -494,6 +549,52 @@ smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, cons
 }
 
 /*
+ * LMTP (RFC 2033 4.2): after the message, one reply per recipient whose
+ * RCPT was accepted, in the order of the RCPTs.  res->reply becomes the
+ * first 2xx among them, else the first 4xx, else the first 5xx, so the
+ * transaction's outcome says whether anything was delivered.  Fewer
+ * replies than accepted recipients (the server closed, or went silent
+ * past the timeout) is an I/O error: which reply belongs to whom is then
+ * unknowable, so no recipient counts as delivered.
+ */
+static bool
+smtp_lmtp_data_replies(struct smtp_client *c, const struct smtp_envelope *env,
+					   struct smtp_result *res)
+{
+	const struct smtp_reply *deciding = NULL;
+	size_t					 expected = 0;
+	size_t					 got = 0;
+
+	for (size_t i = 0; i < env->nrcpt; i++)
+		if (res->rcpt_replies[i].code / 100 == 2)
+			expected++;
+	for (size_t i = 0; i < env->nrcpt; i++)
+	{
+		if (res->rcpt_replies[i].code / 100 != 2)
+			continue;
+		if (!smtp_io_read_reply(c, &res->data_replies[i]))
+		{
+			size_t n = strlen(c->error);
+
+			snprintf(c->error + n, sizeof(c->error) - n,
+					 " after %zu of the %zu replies LMTP owes for the message's accepted recipients",
+					 got, expected);
+			for (size_t j = 0; j < env->nrcpt; j++)
+				smtp_reply_reset(&res->data_replies[j]);
+			return false;
+		}
+		got++;
+	}
+	for (int class = 2; class <= 5 && deciding == NULL; class ++)
+		for (size_t i = 0; i < env->nrcpt && deciding == NULL; i++)
+			if (res->data_replies[i].code / 100 == class)
+				deciding = &res->data_replies[i];
+	if (deciding)
+		smtp_reply_copy(&res->reply, deciding);
+	return true;
+}
+
+/*
  * One transaction on a READY session.  Returns false on an I/O failure
  * (the session is then dropped and res says where).
  */
@@ -517,6 +618,8 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 			utf8 = true;
 	if (env->smtputf8 && c->has_smtputf8)
 		utf8 = true;
+	/* What opened the session (EHLO, AUTH) decides nothing about this message. */
+	smtp_reply_reset(&res->reply);
 	if (smtp_refuse_locally(c, env, raw, len, utf8, res))
 	{
 		buf_free(&mail.text);
@@ -615,7 +718,14 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 	}
 	smtp_dot_stuff(raw, len, &payload);
 	res->phase = SMTP_PHASE_MESSAGE;
-	if (!smtp_io_write(c, payload.data, payload.len) || !smtp_io_read_reply(c, &res->reply))
+	if (!smtp_io_write(c, payload.data, payload.len))
+		goto io_err;
+	if (c->opt.lmtp)
+	{
+		if (!smtp_lmtp_data_replies(c, env, res))
+			goto io_err;
+	}
+	else if (!smtp_io_read_reply(c, &res->reply))
 		goto io_err;
 	if (res->reply.code / 100 == 2)
 	{
@@ -684,6 +794,8 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 	smtp_reply_reset(&res->reply);
 	res->nrcpt = env->nrcpt;
 	res->rcpt_replies = xcalloc(env->nrcpt + 1, sizeof(struct smtp_reply));
+	if (c->opt.lmtp)
+		res->data_replies = xcalloc(env->nrcpt + 1, sizeof(struct smtp_reply));
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
 		long long started = smtp_io_now_ms();
@@ -721,7 +833,11 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 			break;
 		/* Start over on a new connection. */
 		for (size_t i = 0; i < env->nrcpt; i++)
+		{
 			smtp_reply_reset(&res->rcpt_replies[i]);
+			if (res->data_replies)
+				smtp_reply_reset(&res->data_replies[i]);
+		}
 		smtp_reply_reset(&res->reply);
 		res->error[0] = '\0';
 	}
@@ -730,7 +846,11 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 	/* Multi-line replies were kept line by line (for EHLO); callers get one line. */
 	smtp_reply_flatten(&res->reply);
 	for (size_t i = 0; i < env->nrcpt; i++)
+	{
 		smtp_reply_flatten(&res->rcpt_replies[i]);
+		if (res->data_replies)
+			smtp_reply_flatten(&res->data_replies[i]);
+	}
 }
 
 void
@@ -738,9 +858,15 @@ smtp_result_free(struct smtp_result *res)
 {
 	buf_free(&res->reply.text);
 	for (size_t i = 0; i < res->nrcpt; i++)
+	{
 		buf_free(&res->rcpt_replies[i].text);
+		if (res->data_replies)
+			buf_free(&res->data_replies[i].text);
+	}
 	free(res->rcpt_replies);
+	free(res->data_replies);
 	res->rcpt_replies = NULL;
+	res->data_replies = NULL;
 	res->nrcpt = 0;
 }
 
@@ -776,12 +902,39 @@ smtp_client_new(const struct smtp_client_options *options)
 	c->opt.auth_user = smtp_client_keep_option(c, options->auth_user);
 	c->opt.auth_password = smtp_client_keep_option(c, options->auth_password);
 	if (c->opt.connect_timeout_ms <= 0)
-		c->opt.connect_timeout_ms = 30000;
+		c->opt.connect_timeout_ms = SMTP_DEFAULT_CONNECT_TIMEOUT_MS;
 	if (c->opt.command_timeout_ms <= 0)
-		c->opt.command_timeout_ms = 300000;
+		c->opt.command_timeout_ms = SMTP_DEFAULT_COMMAND_TIMEOUT_MS;
 	c->fd = -1;
 	c->state = SMTP_DISCONNECTED;
 	return c;
+}
+
+static bool
+smtp_same_option(const char *a, const char *b)
+{
+	return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+struct smtp_client *
+smtp_client_reuse(struct smtp_client *current, const struct smtp_client_options *o)
+{
+	const struct smtp_client_options *had = current ? &current->opt : NULL;
+
+	if (had && smtp_same_option(had->host, o->host) && smtp_same_option(had->address, o->address)
+		&& smtp_same_option(had->port, o->port)
+		&& had->tls == o->tls && smtp_same_option(had->tls_ca_file, o->tls_ca_file)
+		&& smtp_same_option(had->tls_name, o->tls_name)
+		&& smtp_same_option(had->helo_name, o->helo_name)
+		&& smtp_same_option(had->auth_user, o->auth_user)
+		&& smtp_same_option(had->auth_password, o->auth_password)
+		&& had->connect_timeout_ms == (o->connect_timeout_ms > 0 ? o->connect_timeout_ms : SMTP_DEFAULT_CONNECT_TIMEOUT_MS)
+		&& had->command_timeout_ms == (o->command_timeout_ms > 0 ? o->command_timeout_ms : SMTP_DEFAULT_COMMAND_TIMEOUT_MS)
+		&& had->max_messages_per_connection == o->max_messages_per_connection
+		&& had->max_idle_ms == o->max_idle_ms && had->lmtp == o->lmtp)
+		return current;
+	smtp_client_free(current);
+	return smtp_client_new(o);
 }
 
 bool

@@ -13,6 +13,10 @@
  * PIPELINING (RFC 2920), SIZE (RFC 1870), 8BITMIME (RFC 6152), SMTPUTF8
  * (RFC 6531), DSN (RFC 3461: the parameters are passed on when the server
  * has it) and enhanced status codes (RFC 2034/3463).
+ *
+ * LMTP (RFC 2033) is the same client with options.lmtp: LHLO instead of
+ * EHLO, and after the message one reply per accepted recipient
+ * (result.data_replies).  A host that starts with "/" is a Unix socket.
  */
 #ifndef PEPSI_SMTP_CLIENT_H
 #define PEPSI_SMTP_CLIENT_H
@@ -33,7 +37,7 @@ enum smtp_tls_mode
 
 struct smtp_client_options
 {
-	const char		  *host;	/* name or address of the server */
+	const char		  *host;	/* name or address of the server, or the path of a Unix socket */
 	const char		  *address; /* connect here instead of resolving host (an MX's address) */
 	const char		  *port;	/* default "25" */
 	enum smtp_tls_mode tls;
@@ -46,6 +50,7 @@ struct smtp_client_options
 	int				   command_timeout_ms;			/* each reply, and each write of the message */
 	int				   max_messages_per_connection; /* then QUIT and reconnect */
 	int				   max_idle_ms;					/* a session idle longer is not reused */
+	bool			   lmtp;						/* speak LMTP (RFC 2033) */
 };
 
 /* Where in the session a reply came from (RFC 3464 "in reply to"). */
@@ -105,12 +110,25 @@ struct smtp_result
 	bool			  dsn_passed;		/* the server has DSN and took our parameters */
 	/* per recipient: the reply to its RCPT (code 0 if never sent) */
 	struct smtp_reply *rcpt_replies;
+	/*
+	 * LMTP only, per recipient: its reply after the message (code 0 when its
+	 * RCPT was refused, or the server gave fewer replies than it accepted
+	 * recipients, which is an I/O error: the outcome is then TEMPORARY).
+	 */
+	struct smtp_reply *data_replies;
 	size_t			   nrcpt;
 };
 
 struct smtp_client;
 
 struct smtp_client *smtp_client_new(const struct smtp_client_options *options);
+/*
+ * A worker's session across messages: current when it was made with the
+ * same options (compared field by field), else a new client, current
+ * being freed (its session QUIT).  current may be NULL.
+ */
+struct smtp_client *smtp_client_reuse(struct smtp_client			   *current,
+									  const struct smtp_client_options *options);
 void				smtp_client_free(struct smtp_client *c); /* QUITs an open session */
 /* Close the session now (QUIT when it is usable). */
 void smtp_client_close(struct smtp_client *c);
@@ -120,14 +138,20 @@ bool smtp_client_connected(const struct smtp_client *c);
  * Send one message (raw: headers, CRLF, body; CRLF or bare LF line ends)
  * to the envelope's recipients over the current session or a new one.
  * The outcome is DELIVERED only when the server accepted the message for
- * at least one recipient; per-recipient replies are in result.
+ * at least one recipient; per-recipient replies are in result (for LMTP
+ * the deciding one of each recipient is its data reply when it has one).
  */
 void smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env,
 					  const char *raw, size_t len, struct smtp_result *result);
 void smtp_result_free(struct smtp_result *result);
 
 const char *smtp_phase_name(enum smtp_phase phase); /* "RCPT TO", "end of DATA", ... */
-/* Parse "verify", "no-verify", "may", "none". */
+/*
+ * "host", "host:port", "[address]:port", "[address]" (default_port when
+ * none is given), or a path starting with "/" (a Unix socket: *port is
+ * NULL).  false when it is none of them.  The strings are the caller's.
+ */
+bool smtp_parse_destination(const char *value, const char *default_port, char **host, char **port);
 
 /* Helpers shared with tests and the DSN code. */
 bool smtp_reply_parse_line(const char *line, size_t len, int *code, bool *last,

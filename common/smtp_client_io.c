@@ -18,6 +18,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -427,12 +428,33 @@ smtp_connect_address(struct smtp_client *c, const struct addrinfo *ai, long long
 			goto err;
 		}
 	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (ai->ai_family != AF_UNIX)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	return true;
 err:
 	close(fd);
 	c->fd = -1;
 	return false;
+}
+
+/* A host that is a path: the Unix socket of a local server (LMTP, usually). */
+static bool
+smtp_connect_unix(struct smtp_client *c)
+{
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	struct addrinfo	   ai = {.ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM};
+
+	snprintf(c->peer, sizeof(c->peer), "unix:%s", c->opt.host);
+	if (strlen(c->opt.host) >= sizeof(sun.sun_path))
+	{
+		smtp_io_set_error(c, "the socket path %s is longer than %zu bytes", c->opt.host,
+						  sizeof(sun.sun_path) - 1);
+		return false;
+	}
+	memcpy(sun.sun_path, c->opt.host, strlen(c->opt.host) + 1);
+	ai.ai_addr = (struct sockaddr *) &sun;
+	ai.ai_addrlen = sizeof(sun);
+	return smtp_connect_address(c, &ai, smtp_io_now_ms() + c->opt.connect_timeout_ms);
 }
 
 bool
@@ -441,8 +463,11 @@ smtp_io_connect(struct smtp_client *c)
 	struct addrinfo	 hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = c->opt.address ? AI_NUMERICHOST : 0};
 	struct addrinfo *res = NULL;
 	const char		*port = c->opt.port ? c->opt.port : "25";
-	int				 rc = getaddrinfo(c->opt.address ? c->opt.address : c->opt.host, port, &hints, &res);
+	int				 rc;
 
+	if (c->opt.host[0] == '/')
+		return smtp_connect_unix(c);
+	rc = getaddrinfo(c->opt.address ? c->opt.address : c->opt.host, port, &hints, &res);
 	if (rc != 0)
 	{
 		smtp_io_set_error(c, "cannot resolve %s: %s", c->opt.host, gai_strerror(rc));

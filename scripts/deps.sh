@@ -25,6 +25,9 @@ packages=(
     # delivery tests and bench/relay: Postfix's smtp-sink and smtp-source
     # (and Postfix itself, the benchmark's peer), MIME-tools to parse DSNs
     postfix libmime-tools-perl
+    # pepsi-stage-relay-to-lmtp's tests and bench/local: a real Dovecot
+    # LMTP server (its quota plugin ships in dovecot-core)
+    dovecot-core dovecot-lmtpd
     # the tests' DNS server (t/lib/testdns.py)
     python3-dnslib
     # the SPF evaluator's test suite (RFC 7208, shipped by python3-spf), read with PyYAML

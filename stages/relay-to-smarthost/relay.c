@@ -39,49 +39,6 @@ int pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
 static struct smtp_client *relay_client;
 static char				  *relay_client_key;
 
-/* "host", "host:port", "[addr]:port", "[addr]" */
-static bool
-relay_parse_smarthost(const char *value, char **host, char **port)
-{
-	const char *colon;
-
-	if (value == NULL || *value == '\0')
-		return false;
-	if (value[0] == '[')
-	{
-		const char *close = strchr(value, ']');
-
-		if (close == NULL || close == value + 1)
-			return false;
-		*host = xstrndup(value + 1, (size_t) (close - value - 1));
-		if (close[1] == ':' && close[2])
-			*port = xstrdup(close + 2);
-		else if (close[1] == '\0')
-			*port = xstrdup("25");
-		else
-		{
-			free(*host);
-			return false;
-		}
-		return true;
-	}
-	colon = strrchr(value, ':');
-	if (colon && strchr(value, ':') != colon)
-		colon = NULL; /* a bare IPv6 address */
-	if (colon && colon[1] == '\0')
-		return false;
-	*host = colon ? xstrndup(value, (size_t) (colon - value)) : xstrdup(value);
-	*port = xstrdup(colon ? colon + 1 : "25");
-	for (const char *p = *port; *p; p++)
-		if (*p < '0' || *p > '9')
-		{
-			free(*host);
-			free(*port);
-			return false;
-		}
-	return true;
-}
-
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
 {
@@ -146,7 +103,7 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 		return relay_client;
 	}
 	relay_close_client();
-	if (!relay_parse_smarthost(smarthost, &host, &port))
+	if (smarthost[0] == '/' || !smtp_parse_destination(smarthost, "25", &host, &port))
 	{
 		snprintf(err, errlen, "SMARTHOST \"%s\" is not host, host:port or [address]:port", smarthost);
 		free(key);
@@ -194,13 +151,11 @@ relay_run(struct pepsi_ctx *ctx)
 {
 	const char			  *smarthost = pepsi_option(ctx, "SMARTHOST");
 	struct smtp_client	  *client;
-	struct smtp_envelope   env = {0};
+	struct smtp_envelope   env;
 	struct smtp_result	   result;
 	struct delivery_report report;
 	struct buf			   raw = BUF_INIT;
 	struct buf			   diagnostic = BUF_INIT;
-	json_t				  *origin = json_object_get(pepsi_state(ctx), "origin");
-	const char			  *body = json_string_value(json_object_get(origin, "body"));
 	const char			  *rcpt[1];
 	const char			  *notify[1];
 	const char			  *orcpt[1];
@@ -237,18 +192,7 @@ relay_run(struct pepsi_ctx *ctx)
 	if (!pepsi_raw_message(ctx, &raw))
 		return -1;
 
-	rcpt[0] = pepsi_rcpt(ctx, 0);
-	notify[0] = delivery_notify(ctx, 0);
-	orcpt[0] = delivery_orcpt(ctx, 0);
-	env.mail_from = pepsi_mail_from(ctx);
-	env.rcpt = rcpt;
-	env.nrcpt = 1;
-	env.notify = notify;
-	env.orcpt = orcpt;
-	env.ret = delivery_dsn_param(ctx, "ret");
-	env.envid = delivery_dsn_param(ctx, "envid");
-	env.body_8bit = body && strcasecmp(body, "8BITMIME") == 0;
-	env.smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
+	delivery_envelope(ctx, 1, rcpt, notify, orcpt, &env);
 	smtp_client_send(client, &env, raw.data, raw.len, &result);
 
 	delivery_report_from_smtp(&result, NULL, &report, status, sizeof(status), &diagnostic);
@@ -291,7 +235,7 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 
 	if (smarthost && *smarthost)
 	{
-		if (!relay_parse_smarthost(smarthost, &host, &port))
+		if (smarthost[0] == '/' || !smtp_parse_destination(smarthost, "25", &host, &port))
 		{
 			snprintf(err, errlen, "%s: [%s] SMARTHOST \"%s\" is not host, host:port or "
 								  "[address]:port",

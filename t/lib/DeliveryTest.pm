@@ -72,7 +72,9 @@ sub delivery_node
 # bounced).  %o: maildir_root, smarthost (host:port or undef), extra
 # (hash of section => "OPTION = value\n..." appended), local_domains,
 # pepsi (hash of [pepsi] options beside HOSTNAME), internet (the MX hosts'
-# port: smarthost and dsn-smarthost are then pepsi-stage-relay-to-internet).
+# port: smarthost and dsn-smarthost are then pepsi-stage-relay-to-internet),
+# more_stages (hash of further section name => its text: an lmtp stage,
+# say, which init's LOCAL_STAGE is pointed at through extra).
 sub delivery_config
 {
 	my ($node, %o) = @_;
@@ -119,6 +121,8 @@ sub delivery_config
 		}
 		$stages .= "[stage-$name]\n" . join('', map { "$last{$_}\n" } @order);
 	}
+	my %more = %{ $o{more_stages} // {} };
+	$stages .= "[stage-$_]\n$more{$_}" for sort keys %more;
 	return write_config($node,
 		pepsi => { HOSTNAME => 'mx.pepsi.test', %{ $o{pepsi} // {} } },
 		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },

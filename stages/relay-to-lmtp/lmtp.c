@@ -1,0 +1,227 @@
+/*
+ * pepsi-stage-relay-to-lmtp: hand local mail to an LMTP server (RFC 2033),
+ * such as Dovecot's, over a Unix socket or TCP.
+ *
+ * Unlike the SMTP relays, a row's recipients go in one transaction (up to
+ * MAX_RECIPIENTS; the rest are split off to a sibling first): LMTP answers
+ * once per recipient after the message, and those replies are mapped back
+ * with delivery_each (common/delivery.h): the delivered stay on the row,
+ * which finishes; the others are split off to pause with backoff (4xx) or
+ * to bounce (5xx).  The session is kept across messages
+ * (common/smtp_client.h in its LMTP mode), with PIPELINING when offered.
+ *
+ * Options of its [stage-*] section (besides delivery.h's):
+ *   SERVER             /path/of/socket, host, host:port or [address]:port
+ *                      (port 24); unset: mail is held paused, with a log line
+ *   HELO_NAME          the LHLO name (default [pepsi] HOSTNAME)
+ *   MAX_RECIPIENTS (50), CONNECT_TIMEOUT (30s), TIMEOUT (5m, each reply),
+ *   REUSE_MESSAGES (1000), REUSE_IDLE (60s)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "delivery.h"
+#include "log.h"
+#include "smtp_client.h"
+#include "stage.h"
+#include "xalloc.h"
+
+int pepsi_stage_relay_to_lmtp_main(int argc, char **argv);
+
+/* The session of this worker, kept across messages. */
+static struct smtp_client *lmtp_client;
+
+/* The client for the current settings: the open one if they have not changed. */
+static struct smtp_client *
+lmtp_client_for(struct pepsi_ctx *ctx, const char *server)
+{
+	struct smtp_client_options o = {0};
+	char					  *host = NULL;
+	char					  *port = NULL;
+
+	if (!smtp_parse_destination(server, "24", &host, &port))
+		return NULL;
+	o.host = host;
+	o.port = port;
+	o.tls = SMTP_TLS_NONE; /* a local server: a Unix socket or the loopback */
+	o.helo_name = pepsi_option(ctx, "HELO_NAME");
+	if (o.helo_name == NULL)
+		o.helo_name = config_hostname(pepsi_config(ctx));
+	o.connect_timeout_ms = (int) (pepsi_option_seconds(ctx, "CONNECT_TIMEOUT") * 1000);
+	o.command_timeout_ms = (int) (pepsi_option_seconds(ctx, "TIMEOUT") * 1000);
+	o.max_messages_per_connection = (int) pepsi_option_int(ctx, "REUSE_MESSAGES");
+	o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
+	o.lmtp = true;
+	lmtp_client = smtp_client_reuse(lmtp_client, &o);
+	free(host);
+	free(port);
+	return lmtp_client;
+}
+
+/* Mail held while the stage cannot reach any server: paused, with why. */
+static int
+lmtp_hold(struct pepsi_ctx *ctx, const char *why)
+{
+	struct delivery_report held = {.status = "4.3.5"};
+	char				  *diagnostic = xasprintf("X-Pepsi; %s", why);
+	int					   rc;
+
+	log_warnx("[stage-%s]: %s: row %lld is held paused", pepsi_stage_name(ctx), why, pepsi_id(ctx));
+	held.diagnostic = diagnostic;
+	rc = delivery_deferred(ctx, &held);
+	free(diagnostic);
+	return rc;
+}
+
+/*
+ * Recipient i's outcome: its reply after the message when it has one,
+ * else the refusal of its RCPT, else what ended the transaction (MAIL or
+ * DATA refused, a local refusal, a lost connection: never a success).
+ */
+static void
+lmtp_recipient_outcome(const struct smtp_result *r, size_t i, struct delivery_outcome *o,
+					   char *status, size_t status_len, struct buf *diagnostic)
+{
+	const struct smtp_reply *reply = NULL;
+
+	if (r->data_replies && r->data_replies[i].code > 0)
+		reply = &r->data_replies[i];
+	else if (r->rcpt_replies[i].code > 0 && r->rcpt_replies[i].code / 100 != 2)
+		reply = &r->rcpt_replies[i];
+	delivery_report_from_smtp(r, reply, &o->report, status, status_len, diagnostic);
+	if (reply == NULL)
+		o->class = r->outcome == SMTP_PERMANENT ? DELIVERY_BOUNCED : DELIVERY_DEFERRED;
+	else if (reply->code / 100 == 2)
+		o->class = DELIVERY_SENT;
+	else
+		o->class = reply->code / 100 == 5 ? DELIVERY_BOUNCED : DELIVERY_DEFERRED;
+}
+
+/* Recipients past MAX_RECIPIENTS go to a sibling row at this stage: their own transaction. */
+static int
+lmtp_limit_recipients(struct pepsi_ctx *ctx)
+{
+	size_t n = pepsi_rcpt_count(ctx);
+	size_t max = (size_t) pepsi_option_int(ctx, "MAX_RECIPIENTS");
+	int	  *rest;
+	int	   rc;
+
+	if (n <= max)
+		return 0;
+	rest = xcalloc(n - max, sizeof(int));
+	for (size_t i = max; i < n; i++)
+		rest[i - max] = (int) i + 1;
+	rc = pepsi_split_off_recipients(ctx, rest, n - max, pepsi_stage_name(ctx));
+	free(rest);
+	return rc < 0 ? -1 : 0;
+}
+
+static int
+lmtp_run(struct pepsi_ctx *ctx)
+{
+	const char				*server = pepsi_option(ctx, "SERVER");
+	struct smtp_client		*client;
+	struct smtp_envelope	 env;
+	struct smtp_result		 result;
+	struct buf				 raw = BUF_INIT;
+	size_t					 n;
+	const char			   **rcpt;
+	const char			   **notify;
+	const char			   **orcpt;
+	struct delivery_outcome *outcomes;
+	struct buf				*diagnostics;
+	char					*statuses;
+	int						 rc;
+
+	if (server == NULL || *server == '\0')
+		return lmtp_hold(ctx, "no SERVER is configured for LMTP delivery");
+	if ((client = lmtp_client_for(ctx, server)) == NULL)
+	{
+		char *why = xasprintf("SERVER \"%s\" is not a socket path, host, host:port or [address]:port",
+							  server);
+
+		rc = lmtp_hold(ctx, why);
+		free(why);
+		return rc;
+	}
+	if (lmtp_limit_recipients(ctx) < 0 || !pepsi_raw_message(ctx, &raw))
+		return -1;
+
+	n = pepsi_rcpt_count(ctx);
+	rcpt = xcalloc(n, sizeof(*rcpt));
+	notify = xcalloc(n, sizeof(*notify));
+	orcpt = xcalloc(n, sizeof(*orcpt));
+	delivery_envelope(ctx, n, rcpt, notify, orcpt, &env);
+	smtp_client_send(client, &env, raw.data, raw.len, &result);
+
+	outcomes = xcalloc(n, sizeof(*outcomes));
+	diagnostics = xcalloc(n, sizeof(*diagnostics));
+	statuses = xcalloc(n, 16);
+	for (size_t i = 0; i < n; i++)
+		lmtp_recipient_outcome(&result, i, &outcomes[i], statuses + 16 * i, 16, &diagnostics[i]);
+	/* The LMTP server is the final delivery: "delivered" (RFC 3464), success DSNs are ours. */
+	rc = delivery_each(ctx, outcomes, "delivered", false);
+
+	for (size_t i = 0; i < n; i++)
+		buf_free(&diagnostics[i]);
+	free(diagnostics);
+	free(statuses);
+	free(outcomes);
+	free(rcpt);
+	free(notify);
+	free(orcpt);
+	smtp_result_free(&result);
+	buf_free(&raw);
+	return rc;
+}
+
+/* A row with several recipients may be fanned out, which a fused pass cannot do. */
+static bool
+lmtp_can_fuse(struct pepsi_ctx *ctx)
+{
+	return pepsi_rcpt_count(ctx) <= 1;
+}
+
+/* What the schema cannot say alone: the form of SERVER. */
+static bool
+lmtp_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	const char *server = config_get(cfg, section, "SERVER");
+	char	   *host;
+	char	   *port;
+
+	if (server == NULL || *server == '\0')
+	{
+		log_warnx("%s: [%s] has no SERVER: local mail will be held paused", cfg->path, section);
+		return true;
+	}
+	if (!smtp_parse_destination(server, "24", &host, &port))
+	{
+		snprintf(err, errlen, "%s: [%s] SERVER \"%s\" is not a socket path, host, host:port or "
+							  "[address]:port",
+				 cfg->path, section, server);
+		return false;
+	}
+	free(host);
+	free(port);
+	return true;
+}
+
+const struct pepsi_stage pepsi_stage_relay_to_lmtp_stage = {
+	.program = "pepsi-stage-relay-to-lmtp",
+	.load = PEPSI_LOAD_FULL,
+	.run = lmtp_run,
+	.can_fuse = lmtp_can_fuse,
+	.check_config = lmtp_check_config,
+};
+
+int
+pepsi_stage_relay_to_lmtp_main(int argc, char **argv)
+{
+	int rc = pepsi_worker_main(&pepsi_stage_relay_to_lmtp_stage, argc, argv);
+
+	smtp_client_free(lmtp_client); /* QUIT the session the worker kept */
+	return rc;
+}
