@@ -250,6 +250,27 @@ is($row->{state}{bounce}{failed_recipient}, 'reject-gone@example.org', '... with
 is($row->{state}{bounce}{status}, '5.1.1', '... the filter\'s enhanced status');
 
 #
+# The steps are pipelined (every command written before the first reply
+# is read): a refusal at an early step still decides, what was written
+# after it is left unanswered, and the next message is filtered afresh.
+#
+my $early = add_message(subject => 'hello', from => 'reject-me@example.net');
+my $all_refused = add_message(subject => 'hello', rcpt => [ 'reject-a@example.org', 'reject-b@example.org' ]);
+my $next = add_message(subject => 'after an early refusal');
+$r = run_ids($conf, $early, $all_refused, $next);
+is_deeply($r->{status}, [ '0', '0', '0' ], 'early refusals: the worker goes on') or diag $r->{stderr};
+$row = row_json($node, $early);
+is($row->{stage}, 'bounce', 'a reject at MAIL decides though the rest was already written');
+like($row->{state}{bounce}{diagnostic}, qr/550 5\.7\.1 sender reject-me\@example\.net refused/,
+	'... with the filter\'s reply to MAIL');
+$row = row_json($node, $all_refused);
+is($row->{stage}, 'bounce', 'every recipient refused at RCPT: the message is rejected');
+like($row->{state}{bounce}{diagnostic}, qr/550 5\.1\.1 no such user reject-a/, '... with the first refusal');
+is(row_json($node, $next)->{stage}, 'filtered', 'the next message is filtered normally');
+my ($next_rec) = grep { $_->{macros}{i} eq $next } scripted_records();
+is($next_rec->{message_in_connection}, 1, '... on a fresh connection');
+
+#
 # Message-level verdicts.
 #
 my $quarantine = add_message(subject => 'quarantine');

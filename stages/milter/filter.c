@@ -5,6 +5,17 @@
  * once, and one function that walks a message through the protocol steps
  * the filter asked for.
  *
+ * The steps of a message are pipelined: every command up to end of
+ * message is written before the first reply is read, and the replies are
+ * then read in order, each checked against the step it answers.  A
+ * filter reads one command at a time (libmilter does), so it sees what
+ * Postfix would send; what changes is one round trip per message instead
+ * of one per step.  The first reply that is not "continue" decides as it
+ * would have when it came, the commands after it are left unanswered and
+ * the connection is closed.  A filter that may SKIP the rest of a body of
+ * several chunks gets the chunks one by one, so that none is sent after
+ * it said it wants no more.
+ *
  * Anything unexpected (a timeout, a malformed or oversize packet, a reply
  * out of order, an action the filter did not negotiate, a closed socket)
  * makes the filter unavailable for this message: the connection is closed
@@ -72,7 +83,22 @@ struct filter_session
 	size_t	   replies;		/* read so far */
 	bool	   completed;	/* through end of message: the connection can take another */
 	bool	   same_client; /* CONNECT and HELO were for this client already */
+	/* the steps written and not yet answered, oldest first */
+	struct pending_step *pending;
+	size_t				 npending;
+	size_t				 pending_cap;
 };
+
+/* A step whose reply is still to be read: what it was, for the checks and the messages. */
+struct pending_step
+{
+	const char *step;
+	bool		body;
+	ssize_t		rcpt; /* the recipient's index for RCPT, else -1 */
+};
+
+/* Written out once this much is waiting, so a large message is never held whole. */
+#define FILTER_SEND_THRESHOLD (256 * 1024)
 
 struct milter_filter *
 milter_filter_new(const char *address_text, char *err, size_t errlen)
@@ -250,6 +276,8 @@ filter_send(struct filter_session *s)
 				return false;
 			continue;
 		}
+		if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+			return session_fail(s, "the filter closed the connection (%s)", strerror(errno));
 		return session_fail(s, "cannot send: %s", n < 0 ? strerror(errno) : "connection closed");
 	}
 	buf_reset(&s->out);
@@ -305,6 +333,9 @@ filter_read_reply(struct filter_session *s, long timeout_ms, struct milter_reply
 		{
 			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
 				continue;
+			/* a filter that closes with commands unread resets the connection */
+			if (errno == ECONNRESET)
+				return session_fail(s, "the filter closed the connection (%s)", strerror(errno));
 			return session_fail(s, "cannot read: %s", strerror(errno));
 		}
 		buf_append(&f->in, buffer, (size_t) n);
@@ -483,66 +514,116 @@ session_set_reply(struct filter_session *s, const char *text)
 }
 
 /*
- * Send what is in s->out and, unless the filter negotiated no reply for
- * the step (no_reply), read the one reply a step before end of message
- * takes.  *verdict is set for STEP_DONE.
+ * A step is in s->out: unless the filter negotiated no reply for it
+ * (no_reply), its reply is awaited, after the replies before it
+ * (session_drain).  Nothing is read here; what is waiting is written out
+ * once it is large.
  */
 static enum step_outcome
-session_step(struct filter_session *s, const char *step, bool no_reply, bool body,
-			 enum milter_verdict *verdict)
+session_step(struct filter_session *s, const char *step, bool no_reply, bool body, ssize_t rcpt)
 {
-	struct milter_reply r;
-	size_t				consumed = 0;
-	enum step_outcome	outcome = STEP_CONTINUE;
+	if (!no_reply)
+	{
+		if (s->npending == s->pending_cap)
+		{
+			s->pending_cap = s->pending_cap ? 2 * s->pending_cap : 32;
+			s->pending = xrealloc(s->pending, s->pending_cap * sizeof(*s->pending));
+		}
+		s->pending[s->npending++] = (struct pending_step){.step = step, .body = body, .rcpt = rcpt};
+	}
+	if (s->out.len >= FILTER_SEND_THRESHOLD && !filter_send(s))
+		return STEP_ERROR;
+	return STEP_CONTINUE;
+}
 
-	if (!filter_send(s))
-		return STEP_ERROR;
-	if (no_reply)
-		return STEP_CONTINUE;
-	if (!filter_read_reply(s, s->timeouts->command_ms, &r, &consumed))
-		return STEP_ERROR;
-	switch (r.command)
+/*
+ * What one reply before end of message means for the step it answers.
+ * A refusal at RCPT refuses that recipient only (its fate is set here);
+ * any other reply but continue decides the message (STEP_DONE, *verdict).
+ */
+static enum step_outcome
+session_step_reply(struct filter_session *s, const struct pending_step *ps,
+				   const struct milter_reply *r, enum milter_verdict *verdict)
+{
+	enum milter_verdict v;
+
+	switch (r->command)
 	{
 		case MILTER_REPLY_CONTINUE:
-			break;
+			return STEP_CONTINUE;
 		case MILTER_REPLY_ACCEPT:
-			*verdict = MILTER_VERDICT_ACCEPT;
-			outcome = STEP_DONE;
+			v = MILTER_VERDICT_ACCEPT;
 			break;
 		case MILTER_REPLY_REJECT:
 			session_set_reply(s, "550 5.7.1 Command rejected");
-			*verdict = MILTER_VERDICT_REJECT;
-			outcome = STEP_DONE;
+			v = MILTER_VERDICT_REJECT;
 			break;
 		case MILTER_REPLY_TEMPFAIL:
 			session_set_reply(s, "451 4.7.1 Service unavailable - try again later");
-			*verdict = MILTER_VERDICT_TEMPFAIL;
-			outcome = STEP_DONE;
+			v = MILTER_VERDICT_TEMPFAIL;
 			break;
 		case MILTER_REPLY_REPLYCODE:
-			session_set_reply(s, r.text);
-			*verdict = r.code >= 500 ? MILTER_VERDICT_REJECT : MILTER_VERDICT_TEMPFAIL;
-			outcome = STEP_DONE;
+			session_set_reply(s, r->text);
+			v = r->code >= 500 ? MILTER_VERDICT_REJECT : MILTER_VERDICT_TEMPFAIL;
 			break;
 		case MILTER_REPLY_DISCARD:
-			*verdict = MILTER_VERDICT_DISCARD;
-			outcome = STEP_DONE;
+			v = MILTER_VERDICT_DISCARD;
 			break;
 		case MILTER_REPLY_SKIP:
-			if (!body || !(s->f->protocol & MILTER_PROTO_SKIP))
+			if (!ps->body || !(s->f->protocol & MILTER_PROTO_SKIP))
 			{
-				session_fail(s, "the filter answered %s with SKIP", step);
-				outcome = STEP_ERROR;
+				session_fail(s, "the filter answered %s with SKIP", ps->step);
+				return STEP_ERROR;
 			}
-			else
-				outcome = STEP_SKIP;
-			break;
+			return STEP_SKIP;
 		default:
-			session_fail(s, "the filter answered %s with %s, out of order", step,
-						 milter_reply_name(r.command));
-			outcome = STEP_ERROR;
+			session_fail(s, "the filter answered %s with %s, out of order", ps->step,
+						 milter_reply_name(r->command));
+			return STEP_ERROR;
 	}
-	buf_consume(&s->f->in, consumed);
+	if (ps->rcpt >= 0 && v != MILTER_VERDICT_ACCEPT && v != MILTER_VERDICT_DISCARD)
+	{
+		struct milter_rcpt *rcpt = &s->m->rcpt[ps->rcpt];
+
+		rcpt->fate = v == MILTER_VERDICT_REJECT ? MILTER_RCPT_REJECTED : MILTER_RCPT_TEMPFAILED;
+		rcpt->reply = s->reply;
+		s->reply = NULL;
+		rcpt->filter = xstrdup(s->f->name);
+		return STEP_CONTINUE;
+	}
+	if (ps->rcpt >= 0 && v == MILTER_VERDICT_ACCEPT)
+		return STEP_CONTINUE; /* accept at RCPT: this recipient is accepted */
+	/* Sendmail: a discard at RCPT drops the whole message */
+	*verdict = v;
+	return STEP_DONE;
+}
+
+/*
+ * Write what is waiting, then read the reply of every step awaiting one,
+ * in order.  STEP_CONTINUE when each let the message go on, STEP_SKIP
+ * when the last was a body chunk's SKIP, STEP_DONE (*verdict) at the
+ * first that decided, or STEP_ERROR.
+ */
+static enum step_outcome
+session_drain(struct filter_session *s, enum milter_verdict *verdict)
+{
+	enum step_outcome outcome = STEP_CONTINUE;
+
+	if (s->out.len && !filter_send(s))
+		return STEP_ERROR;
+	for (size_t i = 0; i < s->npending; i++)
+	{
+		struct milter_reply r;
+		size_t				consumed = 0;
+
+		if (!filter_read_reply(s, s->timeouts->command_ms, &r, &consumed))
+			return STEP_ERROR;
+		outcome = session_step_reply(s, &s->pending[i], &r, verdict);
+		buf_consume(&s->f->in, consumed);
+		if (outcome == STEP_ERROR || outcome == STEP_DONE)
+			return outcome;
+	}
+	s->npending = 0;
 	return outcome;
 }
 
@@ -643,10 +724,26 @@ session_apply_edits(struct filter_session *s)
 static enum step_outcome
 session_end_of_message(struct filter_session *s, enum milter_verdict *verdict)
 {
+	enum step_outcome o;
+	size_t			  accepted = 0;
+
 	session_macros(s, MILTER_MACROS_EOM, MILTER_CMD_EOM, NULL);
 	milter_encode(&s->out, MILTER_CMD_EOM, NULL, 0);
-	if (!filter_send(s))
-		return STEP_ERROR;
+	o = session_drain(s, verdict);
+	if (o == STEP_ERROR || o == STEP_DONE)
+		return o;
+	for (size_t i = 0; i < s->m->nrcpt; i++)
+		accepted += s->m->rcpt[i].fate == MILTER_RCPT_ACCEPTED;
+	if (accepted == 0)
+	{
+		/*
+		 * The filter refused every recipient: the message goes on as far
+		 * as it is concerned, its end-of-message replies unread (the
+		 * connection is closed, as after any verdict but continue).
+		 */
+		*verdict = MILTER_VERDICT_ACCEPT;
+		return STEP_DONE;
+	}
 	for (;;)
 	{
 		struct milter_reply r;
@@ -723,13 +820,14 @@ session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 {
 	uint32_t		  p = s->f->protocol;
 	bool			  leadspc = (p & MILTER_PROTO_HDR_LEADSPC) != 0;
+	bool			  stepwise;
 	enum step_outcome o;
 
 	if (!(p & MILTER_PROTO_NODATA))
 	{
 		session_macros(s, MILTER_MACROS_DATA, MILTER_CMD_DATA, NULL);
 		milter_encode(&s->out, MILTER_CMD_DATA, NULL, 0);
-		if ((o = session_step(s, "DATA", p & MILTER_PROTO_NR_DATA, false, verdict)) != STEP_CONTINUE)
+		if ((o = session_step(s, "DATA", p & MILTER_PROTO_NR_DATA, false, -1)) != STEP_CONTINUE)
 			return o;
 	}
 	if (!(p & MILTER_PROTO_NOHDRS))
@@ -746,26 +844,33 @@ session_headers_and_body(struct filter_session *s, enum milter_verdict *verdict)
 			strings[1] = value;
 			milter_encode_strings(&s->out, MILTER_CMD_HEADER, strings, 2);
 			free(value);
-			/* with no reply wanted, the headers go out together */
-			if ((p & MILTER_PROTO_NR_HDR) && i + 1 < s->m->nheaders && s->out.len < 65536)
-				continue;
-			if ((o = session_step(s, "HEADER", p & MILTER_PROTO_NR_HDR, false, verdict)) != STEP_CONTINUE)
+			if ((o = session_step(s, "HEADER", p & MILTER_PROTO_NR_HDR, false, -1)) != STEP_CONTINUE)
 				return o;
 		}
 	if (!(p & MILTER_PROTO_NOEOH))
 	{
 		session_macros(s, MILTER_MACROS_EOH, MILTER_CMD_EOH, NULL);
 		milter_encode(&s->out, MILTER_CMD_EOH, NULL, 0);
-		if ((o = session_step(s, "end of headers", p & MILTER_PROTO_NR_EOH, false, verdict)) != STEP_CONTINUE)
+		if ((o = session_step(s, "end of headers", p & MILTER_PROTO_NR_EOH, false, -1)) != STEP_CONTINUE)
 			return o;
 	}
+	/*
+	 * A filter that may SKIP the rest of a body of several chunks is asked
+	 * chunk by chunk (after the replies so far), so that no chunk follows
+	 * its SKIP; otherwise the chunks are pipelined with the rest.
+	 */
+	stepwise = (p & MILTER_PROTO_SKIP) && !(p & MILTER_PROTO_NR_BODY) && s->m->body.len > MILTER_CHUNK_SIZE;
 	if (!(p & MILTER_PROTO_NOBODY))
 		for (size_t at = 0; at < s->m->body.len; at += MILTER_CHUNK_SIZE)
 		{
 			size_t len = s->m->body.len - at < MILTER_CHUNK_SIZE ? s->m->body.len - at : MILTER_CHUNK_SIZE;
 
 			milter_encode(&s->out, MILTER_CMD_BODY, s->m->body.data + at, len);
-			o = session_step(s, "BODY", p & MILTER_PROTO_NR_BODY, true, verdict);
+			if ((o = session_step(s, "BODY", p & MILTER_PROTO_NR_BODY, true, -1)) != STEP_CONTINUE)
+				return o;
+			if (!stepwise)
+				continue;
+			o = session_drain(s, verdict);
 			if (o == STEP_SKIP)
 				break;
 			if (o != STEP_CONTINUE)
@@ -792,7 +897,7 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 		session_macros(s, MILTER_MACROS_CONNECT, MILTER_CMD_CONNECT, NULL);
 		milter_encode_connect(&s->out, hostname, ip, 0);
 		free(hostname);
-		if ((o = session_step(s, "CONNECT", p & MILTER_PROTO_NR_CONN, false, verdict)) != STEP_CONTINUE)
+		if ((o = session_step(s, "CONNECT", p & MILTER_PROTO_NR_CONN, false, -1)) != STEP_CONTINUE)
 			return o;
 	}
 	if (!(p & MILTER_PROTO_NOHELO) && !s->same_client)
@@ -801,7 +906,7 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 
 		session_macros(s, MILTER_MACROS_HELO, MILTER_CMD_HELO, NULL);
 		milter_encode_strings(&s->out, MILTER_CMD_HELO, strings, 1);
-		if ((o = session_step(s, "HELO", p & MILTER_PROTO_NR_HELO, false, verdict)) != STEP_CONTINUE)
+		if ((o = session_step(s, "HELO", p & MILTER_PROTO_NR_HELO, false, -1)) != STEP_CONTINUE)
 			return o;
 	}
 	if (!(p & MILTER_PROTO_NOMAIL))
@@ -817,45 +922,28 @@ session_run(struct filter_session *s, enum milter_verdict *verdict)
 		session_macros(s, MILTER_MACROS_MAIL, MILTER_CMD_MAIL, NULL);
 		milter_encode_strings(&s->out, MILTER_CMD_MAIL, strings, n);
 		free(mail);
-		if ((o = session_step(s, "MAIL", p & MILTER_PROTO_NR_MAIL, false, verdict)) != STEP_CONTINUE)
+		if ((o = session_step(s, "MAIL", p & MILTER_PROTO_NR_MAIL, false, -1)) != STEP_CONTINUE)
 			return o;
 	}
 	for (size_t i = 0; i < s->m->nrcpt; i++)
 	{
 		struct milter_rcpt *rcpt = &s->m->rcpt[i];
-		enum milter_verdict rcpt_verdict = MILTER_VERDICT_ACCEPT;
 		const char		   *strings[1];
 		char			   *address;
 
 		if (rcpt->fate != MILTER_RCPT_ACCEPTED)
 			continue; /* an earlier filter refused it */
+		accepted++;
 		if (p & MILTER_PROTO_NORCPT)
-		{
-			accepted++;
 			continue;
-		}
 		address = xasprintf("<%s>", rcpt->address);
 		strings[0] = address;
 		session_macros(s, MILTER_MACROS_RCPT, MILTER_CMD_RCPT, rcpt->address);
 		milter_encode_strings(&s->out, MILTER_CMD_RCPT, strings, 1);
 		free(address);
-		o = session_step(s, "RCPT", p & MILTER_PROTO_NR_RCPT, false, &rcpt_verdict);
-		if (o == STEP_ERROR)
+		/* its reply, read with the others, refuses this recipient or lets it be */
+		if ((o = session_step(s, "RCPT", p & MILTER_PROTO_NR_RCPT, false, (ssize_t) i)) != STEP_CONTINUE)
 			return o;
-		if (o == STEP_DONE && rcpt_verdict == MILTER_VERDICT_DISCARD)
-		{
-			*verdict = rcpt_verdict; /* Sendmail: a discard at RCPT drops the message */
-			return STEP_DONE;
-		}
-		if (o == STEP_DONE && (rcpt_verdict == MILTER_VERDICT_REJECT || rcpt_verdict == MILTER_VERDICT_TEMPFAIL))
-		{
-			rcpt->fate = rcpt_verdict == MILTER_VERDICT_REJECT ? MILTER_RCPT_REJECTED : MILTER_RCPT_TEMPFAILED;
-			rcpt->reply = s->reply;
-			s->reply = NULL;
-			rcpt->filter = xstrdup(s->f->name);
-			continue;
-		}
-		accepted++;
 	}
 	if (accepted == 0)
 	{
@@ -942,6 +1030,7 @@ milter_filter_run(struct milter_filter *f, struct milter_message *m,
 		log_debug("milter %s: the kept connection failed (%s); connecting again", f->name, s.err);
 		filter_close(f);
 		buf_reset(&s.out);
+		s.npending = 0;
 		s.err[0] = '\0';
 		o = filter_attempt(&s, &verdict);
 	}
@@ -957,6 +1046,7 @@ milter_filter_run(struct milter_filter *f, struct milter_message *m,
 		s.reply = NULL;
 	}
 	free(s.reply);
+	free(s.pending);
 	buf_free(&s.out);
 	buf_free(&s.edits);
 	return verdict;
