@@ -173,8 +173,9 @@ pools_inflight(void)
  * What to exec for PROGRAM: a path as given (only the file can give one:
  * config.c refuses a path from the database); else, when this is the
  * multi-call binary, this binary itself under the program's name (so the
- * workers can fuse stages); else the program beside this binary, Pepsi's
- * program directory.  Never a search of PATH: a name must not reach a
+ * workers can fuse stages), unless the program is a set-id file of its
+ * own beside it (a privileged stage, which must run as its own file);
+ * else the program beside this binary, Pepsi's program directory.  Never a search of PATH: a name must not reach a
  * program Pepsi did not install.  NULL if there is none.
  */
 static char *
@@ -187,17 +188,28 @@ worker_executable(const char *program, bool *as_self)
 	*as_self = false;
 	if (strchr(program, '/'))
 		return xstrdup(program);
-	if (dispatcher.self_multicall)
-	{
-		*as_self = true;
-		return xstrdup(dispatcher.self_exe);
-	}
 	dir = xstrdup(dispatcher.self_exe);
 	slash = strrchr(dir, '/');
 	if (slash)
 		*slash = '\0';
 	candidate = xasprintf("%s/%s", dir, program);
 	free(dir);
+	if (dispatcher.self_multicall)
+	{
+		struct stat st;
+
+		/*
+		 * A set-id program installed as a file of its own beside the
+		 * multi-call binary (a set-group-id stage: the bit lives on that
+		 * file, see make install-privileged) runs as that file, not as us.
+		 */
+		if (lstat(candidate, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID))
+			&& access(candidate, X_OK) == 0)
+			return candidate;
+		free(candidate);
+		*as_self = true;
+		return xstrdup(dispatcher.self_exe);
+	}
 	if (access(candidate, X_OK) == 0)
 		return candidate;
 	free(candidate);

@@ -1,66 +1,59 @@
 /*
  * pepsi-stage-relay-to-maildir: deliver local recipients into Maildirs.
  *
- * One recipient per row (a row with several is split first).  The mailbox
- * of recipient local@domain is MAILDIR_ROOT/local@domain (the whole
- * address, lower-cased, so two local domains never share a mailbox; with
- * MAILBOX = localpart it is MAILDIR_ROOT/local).  The message is written as
- * Return-Path and Delivered-To, then the stored headers, CRLF and the body
- * (line ends as stored: CRLF), into tmp/ under a name unique per the
- * Maildir specification, fsynced, renamed into new/, and new/ fsynced: once
- * the row is finished the message is on disk.
+ * One recipient per row (a row with several is split first).  The stage
+ * names the mailbox (MAILBOX: the whole address, lower-cased, so two local
+ * domains never share a mailbox, or its local part) and hands the message
+ * on a pipe to pepsi-helper-maildir-writer(8), which writes it as the
+ * mailbox's owner (common/maildir.c: Return-Path and Delivered-To, then the
+ * stored headers, CRLF and the body, into tmp/, fsynced, renamed into new/,
+ * new/ fsynced) and answers with one status line.  Installed, the helper is
+ * set-user-id root and this stage set-group-id to its caller group; in a
+ * development tree neither has a bit and the helper runs as this stage's
+ * user: the same pipe, the same code.
  *
  * Options of its [stage-*] section (besides common/delivery.h's):
- *   MAILDIR_ROOT       the directory of the mailboxes (default [pepsi]
- *                      MAILDIR_ROOT, where ingress looks recipients up)
- *   MAILBOX            address (default) | localpart
- *   CREATE_MAILBOXES   yes: a missing mailbox is created (tmp, new, cur);
- *                      no (default): it is a permanent failure, 5.1.1
- * Errors of the file system (a full disk, permissions) are temporary.
+ *   MAILDIR_ROOT           the directory of the virtual mailboxes (default
+ *                          [pepsi] MAILDIR_ROOT, where ingress looks
+ *                          recipients up); the helper reads it itself
+ *   MAILBOX                address (default) | localpart
+ *   CREATE_MAILBOXES       yes: a missing mailbox is created (tmp, new, cur);
+ *                          no (default): it is a permanent failure, 5.1.1
+ *   MAILDIR_WRITER         the helper (default: the one beside this program)
+ *   MAILDIR_WRITER_CONFIG  the file it reads (default: this stage's own)
+ *   OVER_QUOTA_STATUS      5.2.2 (bounce, default) or 4.2.2 (retry)
+ * A helper that dies, or a file-system error, is a temporary failure.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
-#include <sys/time.h>
-#include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "delivery.h"
 #include "log.h"
+#include "maildir.h"
 #include "stage.h"
 #include "xalloc.h"
 
 int pepsi_stage_relay_to_maildir_main(int argc, char **argv);
 
-static unsigned long maildir_deliveries; /* the Q of unique names */
+extern char **environ;
 
-/* The mailbox directory name for an address, or NULL when it cannot be one. */
-static char *
-maildir_mailbox_name(const char *address, bool localpart_only)
+#define MAILDIR_REPLY_MAX 2048
+
+/* What the helper answered: its status code and sentence, or why there was none. */
+struct maildir_reply
 {
-	const char *at = strrchr(address, '@');
-	size_t		len = localpart_only && at ? (size_t) (at - address) : strlen(address);
-	char	   *name;
-
-	if (len == 0 || len > 255 || address[0] == '.')
-		return NULL;
-	name = xstrndup(address, len);
-	for (char *p = name; *p; p++)
-	{
-		if (*p == '/' || (unsigned char) *p < 0x20 || *p == 0x7f)
-		{
-			free(name);
-			return NULL;
-		}
-		*p = (char) tolower((unsigned char) *p);
-	}
-	return name;
-}
+	char status[16];
+	char text[MAILDIR_REPLY_MAX];
+};
 
 static bool
 maildir_is_dir(const char *path)
@@ -70,21 +63,30 @@ maildir_is_dir(const char *path)
 	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static bool
-maildir_create(const char *mailbox)
+/*
+ * The helper to run: a path as given (only pepsi.conf can give one), else
+ * the program of that name beside this one, never a search of PATH.  Set
+ * group-id, only the one beside us: the group's right must not pass to a
+ * program the configuration names.
+ */
+static char *
+maildir_writer_path(const char *program)
 {
-	static const char *const subdirs[] = {"", "/tmp", "/new", "/cur"};
+	char	path[PATH_MAX];
+	ssize_t n;
+	char   *slash;
 
-	for (size_t i = 0; i < 4; i++)
-	{
-		char *path = xasprintf("%s%s", mailbox, subdirs[i]);
-		int	  rc = mkdir(path, 0700);
-
-		free(path);
-		if (rc != 0 && errno != EEXIST)
-			return false;
-	}
-	return true;
+	if (strchr(program, '/') && getegid() == getgid())
+		return xstrdup(program);
+	n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+	if (n <= 0)
+		return NULL;
+	path[n] = '\0';
+	slash = strrchr(path, '/');
+	if (slash)
+		*slash = '\0';
+	slash = strrchr(program, '/');
+	return xasprintf("%s/%s", path, slash ? slash + 1 : program);
 }
 
 static bool
@@ -104,96 +106,126 @@ maildir_write_all(int fd, const char *data, size_t len)
 	return true;
 }
 
-static bool
-maildir_fsync_dir(const char *path)
-{
-	int	 fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	bool ok;
-
-	if (fd < 0)
-		return false;
-	ok = fsync(fd) == 0;
-	close(fd);
-	return ok;
-}
-
 /*
- * The unique name of the Maildir specification: time, then M (usec), P
- * (pid) and Q (deliveries by this process) make it unique on this host,
- * then the host name with "/" and ":" escaped.
+ * Run the helper: the request and the message (headers, CRLF, body) down its standard input,
+ * its one line back from its standard output.  false (with a reply saying
+ * why) when it could not run or ended without answering.
  */
-static char *
-maildir_unique_name(void)
-{
-	struct timeval tv;
-	char		   host[256];
-	struct buf	   safe = BUF_INIT;
-	char		  *name;
-
-	gettimeofday(&tv, NULL);
-	if (gethostname(host, sizeof(host)) != 0)
-		snprintf(host, sizeof(host), "localhost");
-	host[sizeof(host) - 1] = '\0';
-	for (const char *p = host; *p; p++)
-	{
-		if (*p == '/')
-			buf_append_str(&safe, "\\057");
-		else if (*p == ':')
-			buf_append_str(&safe, "\\072");
-		else
-			buf_append_char(&safe, *p);
-	}
-	name = xasprintf("%lld.M%ldP%dQ%lu.%s", (long long) tv.tv_sec, (long) tv.tv_usec,
-					 (int) getpid(), ++maildir_deliveries, safe.data ? safe.data : "localhost");
-	buf_free(&safe);
-	return name;
-}
-
-/* Write the message into mailbox; false with errno set on a file-system error. */
 static bool
-maildir_deliver(const char *mailbox, const struct buf *prefix, const struct buf *headers,
-				const struct buf *body, char **delivered_as)
+maildir_run_writer(const char *writer, const char *config_path, const struct buf *request,
+				   const struct buf *headers, const struct buf *body, struct maildir_reply *reply)
 {
-	char *unique = maildir_unique_name();
-	char *tmp_path = xasprintf("%s/tmp/%s", mailbox, unique);
-	char *new_dir = xasprintf("%s/new", mailbox);
-	char *new_path = xasprintf("%s/new/%s", mailbox, unique);
-	int	  fd = -1;
-	int	  saved;
-	bool  ok = false;
+	posix_spawn_file_actions_t actions;
+	posix_spawnattr_t		   attr;
+	sigset_t				   defaults;
+	int						   to_writer[2] = {-1, -1};
+	int						   from_writer[2] = {-1, -1};
+	char					  *config_copy = xstrdup(config_path);
+	char					   program_name[] = "pepsi-helper-maildir-writer";
+	char					   config_flag[] = "-c";
+	char					  *argv[] = {program_name, config_flag, config_copy, NULL};
+	char					  *envp[] = {NULL};
+	char					   answer[MAILDIR_REPLY_MAX + 32];
+	size_t					   got = 0;
+	pid_t					   pid;
+	int						   status;
+	int						   rc;
+	char					  *space;
 
-	fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0)
-		goto done;
-	if (!maildir_write_all(fd, prefix->data, prefix->len)
-		|| !maildir_write_all(fd, headers->data, headers->len)
-		|| !maildir_write_all(fd, "\r\n", 2)
-		|| !maildir_write_all(fd, body->data ? body->data : "", body->len)
-		|| fsync(fd) != 0)
-		goto done;
-	if (close(fd) != 0)
+	signal(SIGPIPE, SIG_IGN); /* a helper that refuses early closes its input */
+	if (pipe2(to_writer, O_CLOEXEC) != 0 || pipe2(from_writer, O_CLOEXEC) != 0)
 	{
-		fd = -1;
-		goto done;
+		snprintf(reply->text, sizeof(reply->text), "pipe: %s", strerror(errno));
+		goto fail;
 	}
-	fd = -1;
-	if (rename(tmp_path, new_path) != 0 || !maildir_fsync_dir(new_dir))
-		goto done;
-	*delivered_as = new_path;
-	new_path = NULL;
-	ok = true;
-done:
-	saved = errno;
-	if (fd >= 0)
-		close(fd);
-	if (!ok)
-		unlink(tmp_path);
-	free(unique);
-	free(tmp_path);
-	free(new_dir);
-	free(new_path);
-	errno = saved;
-	return ok;
+	posix_spawn_file_actions_init(&actions);
+	posix_spawn_file_actions_adddup2(&actions, to_writer[0], 0);
+	posix_spawn_file_actions_adddup2(&actions, from_writer[1], 1);
+	posix_spawnattr_init(&attr);
+	sigemptyset(&defaults);
+	sigaddset(&defaults, SIGPIPE);
+	posix_spawnattr_setsigdefault(&attr, &defaults);
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+	rc = posix_spawn(&pid, writer, &actions, &attr, argv, envp);
+	free(config_copy);
+	config_copy = NULL;
+	posix_spawn_file_actions_destroy(&actions);
+	posix_spawnattr_destroy(&attr);
+	close(to_writer[0]);
+	close(from_writer[1]);
+	to_writer[0] = from_writer[1] = -1;
+	if (rc != 0)
+	{
+		snprintf(reply->text, sizeof(reply->text), "cannot run the maildir writer %s: %s", writer,
+				 strerror(rc));
+		goto fail;
+	}
+	/* A write the helper did not wait for (it refused) shows in its answer. */
+	if (maildir_write_all(to_writer[1], request->data, request->len)
+		&& maildir_write_all(to_writer[1], headers->data ? headers->data : "", headers->len)
+		&& maildir_write_all(to_writer[1], "\r\n", 2))
+		(void) maildir_write_all(to_writer[1], body->data ? body->data : "", body->len);
+	close(to_writer[1]);
+	to_writer[1] = -1;
+	for (;;)
+	{
+		ssize_t n = read(from_writer[0], answer + got, sizeof(answer) - 1 - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t) n;
+		if (got == sizeof(answer) - 1)
+			break;
+	}
+	answer[got] = '\0';
+	close(from_writer[0]);
+	from_writer[0] = -1;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+		{
+			status = -1;
+			break;
+		}
+	answer[strcspn(answer, "\r\n")] = '\0';
+	space = strchr(answer, ' ');
+	if (status != -1 && WIFSIGNALED(status))
+	{
+		snprintf(reply->text, sizeof(reply->text), "the maildir writer was killed by signal %d",
+				 WTERMSIG(status));
+		goto fail;
+	}
+	if (space == NULL || space - answer >= (long) sizeof(reply->status) || answer[1] != '.'
+		|| (answer[0] != '2' && answer[0] != '4' && answer[0] != '5'))
+	{
+		snprintf(reply->text, sizeof(reply->text), "the maildir writer gave no answer (exit status %d)",
+				 status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		goto fail;
+	}
+	*space = '\0';
+	memcpy(reply->status, answer, (size_t) (space - answer) + 1);
+	snprintf(reply->text, sizeof(reply->text), "%s", space + 1);
+	/* A success is only a success when the helper also exited so. */
+	if (answer[0] == '2' && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+	{
+		snprintf(reply->text, sizeof(reply->text), "the maildir writer said %s but exited with %d",
+				 reply->status, status);
+		goto fail;
+	}
+	return true;
+
+fail:
+	free(config_copy);
+	for (int i = 0; i < 2; i++)
+	{
+		if (to_writer[i] >= 0)
+			close(to_writer[i]);
+		if (from_writer[i] >= 0)
+			close(from_writer[i]);
+	}
+	snprintf(reply->status, sizeof(reply->status), "4.3.0");
+	return false;
 }
 
 /* The choices of MAILBOX (common/options.def), in order. */
@@ -210,23 +242,33 @@ maildir_root(const struct pepsi_config *cfg, const char *section_root)
 	return section_root ? section_root : config_text(cfg, "pepsi", "MAILDIR_ROOT");
 }
 
+/* The choices of OVER_QUOTA_STATUS (common/options.def), in order. */
+enum maildir_over_quota
+{
+	MAILDIR_OVER_QUOTA_BOUNCE,
+	MAILDIR_OVER_QUOTA_RETRY
+};
+
 static int
 maildir_run(struct pepsi_ctx *ctx)
 {
-	const char			  *root = maildir_root(pepsi_config(ctx), pepsi_option(ctx, "MAILDIR_ROOT"));
-	bool				   localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
-	bool				   create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
-	const struct buf	  *headers;
-	const struct buf	  *body;
-	const char			  *rcpt;
-	char				  *name = NULL;
-	char				  *mailbox = NULL;
-	char				  *delivered_as = NULL;
-	struct buf			   prefix = BUF_INIT;
-	struct buf			   diagnostic = BUF_INIT;
-	struct delivery_report report = {.relay = "local"};
-	int					   rc;
+	const struct pepsi_config *cfg = pepsi_config(ctx);
+	const char				  *root = maildir_root(cfg, pepsi_option(ctx, "MAILDIR_ROOT"));
+	bool					   localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
+	bool					   create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
+	const char				  *config_path = pepsi_option_text(ctx, "MAILDIR_WRITER_CONFIG");
+	const char				  *rcpt;
+	char					  *name = NULL;
+	char					  *writer = NULL;
+	struct buf				   request = BUF_INIT;
+	const struct buf		  *headers;
+	const struct buf		  *body;
+	struct buf				   diagnostic = BUF_INIT;
+	struct maildir_reply	   reply;
+	struct delivery_report	   report = {.relay = "local"};
+	int						   rc;
 
+	memset(&reply, 0, sizeof(reply));
 	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)
 		return -1;
 	if ((headers = pepsi_headers(ctx)) == NULL || (body = pepsi_body(ctx)) == NULL)
@@ -235,6 +277,7 @@ maildir_run(struct pepsi_ctx *ctx)
 	if (root == NULL)
 		return pepsi_error(ctx, "[stage-%s] has no MAILDIR_ROOT", pepsi_stage_name(ctx));
 
+	/* Never a path: "/", "..", control characters and over-long names stop here (and in the helper). */
 	if ((name = maildir_mailbox_name(rcpt, localpart)) == NULL)
 	{
 		buf_printf(&diagnostic, "X-Pepsi; <%s> cannot name a mailbox", rcpt);
@@ -243,53 +286,35 @@ maildir_run(struct pepsi_ctx *ctx)
 		rc = delivery_bounced(ctx, &report);
 		goto done;
 	}
-	mailbox = xasprintf("%s/%s", root, name);
-	errno = 0;
-	if (!maildir_is_dir(mailbox))
-	{
-		bool missing = errno == ENOENT || errno == ENOTDIR || errno == 0;
-
-		if (create && !maildir_create(mailbox))
-		{
-			buf_printf(&diagnostic, "X-Pepsi; cannot create the mailbox of <%s>: %s", rcpt,
-					   strerror(errno));
-			report.status = "4.2.0";
-			report.diagnostic = diagnostic.data;
-			rc = delivery_deferred(ctx, &report);
-			goto done;
-		}
-		if (!create && missing)
-		{
-			buf_printf(&diagnostic, "X-Pepsi; mailbox <%s> does not exist", rcpt);
-			report.status = "5.1.1";
-			report.diagnostic = diagnostic.data;
-			rc = delivery_bounced(ctx, &report);
-			goto done;
-		}
-	}
-
-	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", pepsi_mail_from(ctx), rcpt);
-	if (!maildir_deliver(mailbox, &prefix, headers, body, &delivered_as))
-	{
-		/* A full disk, permissions, I/O: the operator can fix it; retry. */
-		int saved = errno;
-
-		buf_printf(&diagnostic, "X-Pepsi; cannot write to mailbox %s: %s", mailbox, strerror(saved));
-		report.status = saved == ENOSPC || saved == EDQUOT ? "4.2.2" : "4.3.0";
-		report.diagnostic = diagnostic.data;
-		rc = delivery_deferred(ctx, &report);
-		goto done;
-	}
-	log_debug("row %lld: <%s> delivered to %s", pepsi_id(ctx), rcpt, delivered_as);
-	buf_printf(&diagnostic, "X-Pepsi; delivered to maildir");
-	report.status = "2.0.0";
+	if ((writer = maildir_writer_path(pepsi_option_text(ctx, "MAILDIR_WRITER"))) == NULL)
+		return pepsi_error(ctx, "cannot find my own executable");
+	buf_printf(&request, "section stage-%s\nrecipient %s\nsender %s\nmailbox %s\ncreate %s\nsize %zu\n\n",
+			   pepsi_stage_name(ctx), rcpt, pepsi_mail_from(ctx), name, create ? "yes" : "no",
+			   headers->len + 2 + body->len);
+	maildir_run_writer(writer, config_path ? config_path : cfg->path, &request, headers, body, &reply);
+	buf_printf(&diagnostic, "X-Pepsi; %s", reply.text);
+	report.status = reply.status;
 	report.diagnostic = diagnostic.data;
-	rc = delivery_succeeded(ctx, "delivered", &report, false);
+	if (reply.status[0] == '2')
+	{
+		log_debug("row %lld: <%s> %s", pepsi_id(ctx), rcpt, reply.text);
+		rc = delivery_succeeded(ctx, "delivered", &report, false);
+	}
+	else if (strcmp(reply.status, "5.2.2") == 0)
+	{
+		bool retry = pepsi_option_enum(ctx, "OVER_QUOTA_STATUS") == MAILDIR_OVER_QUOTA_RETRY;
+
+		report.status = retry ? "4.2.2" : "5.2.2";
+		rc = retry ? delivery_deferred(ctx, &report) : delivery_bounced(ctx, &report);
+	}
+	else if (reply.status[0] == '5')
+		rc = delivery_bounced(ctx, &report);
+	else
+		rc = delivery_deferred(ctx, &report); /* a full disk, permissions, a killed helper: retry */
 done:
 	free(name);
-	free(mailbox);
-	free(delivered_as);
-	buf_free(&prefix);
+	free(writer);
+	buf_free(&request);
 	buf_free(&diagnostic);
 	return rc;
 }

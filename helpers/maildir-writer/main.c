@@ -1,0 +1,594 @@
+/*
+ * pepsi-helper-maildir-writer: deliver one message into a Maildir as the
+ * mailbox's owner.  Installed set-user-id root and executable by one group
+ * (CALLER_GROUP), the group pepsi-stage-relay-to-maildir is set-group-id
+ * to; a standalone binary, never the multi-call one (the bit would reach
+ * every program).  Without the bit (make run, most tests) it runs as its
+ * caller, who then owns the mailboxes: the same code, nothing to drop.
+ *
+ * Its life, in order: a clean environment and no inherited descriptor;
+ * the configuration from a file only root (or, unprivileged, its caller)
+ * can write; the caller's group checked; the request read from standard
+ * input (bounded) and checked; the mailbox resolved inside the configured
+ * roots; then every id set to the owner's for good (setgroups, setresgid,
+ * setresuid, verified), and only then the Maildir is opened and the
+ * message copied from standard input (common/maildir.c).  One reply line
+ * on standard output: an enhanced status code and a sentence.
+ *
+ * The request (pepsi-helper-maildir-writer(8)): lines "key value", an
+ * empty line, then exactly size bytes of message:
+ *   section    the caller's [stage-<name>] (its MAILDIR_ROOT is the virtual root)
+ *   recipient  the envelope recipient (Delivered-To)
+ *   sender     the envelope sender (Return-Path), may be empty
+ *   mailbox    the virtual mailbox's directory name (one component)
+ *   create     yes: make a missing virtual mailbox
+ *   size       the message's size in bytes
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "config.h"
+#include "log.h"
+#include "maildir.h"
+#include "xalloc.h"
+
+#define WRITER_PROGRAM "pepsi-helper-maildir-writer"
+#define WRITER_STAGE_PROGRAM "pepsi-stage-relay-to-maildir"
+#define WRITER_SECTION "maildir-writer"
+#define WRITER_REQUEST_MAX 8192
+#define WRITER_USER_NAME_MAX 32
+#define WRITER_SUPPLEMENT_MAX 1024
+
+int main(int argc, char **argv);
+
+struct writer_request
+{
+	char  *section;
+	char  *recipient;
+	char  *sender;
+	char  *mailbox;
+	bool   create;
+	size_t size;
+	bool   have_size;
+};
+
+struct writer_target
+{
+	uid_t uid;
+	gid_t gid;
+	char *root; /* trusted directory the walk starts from */
+	char *name; /* the Maildir below it: "alice@example.org" or "alice/Maildir" */
+	bool  create;
+};
+
+/* One reply line and the end: everything the caller learns. */
+static void writer_reply_exit(const char *status, const char *fmt, ...)
+	__attribute__((noreturn, format(printf, 2, 3)));
+
+static void
+writer_reply_exit(const char *status, const char *fmt, ...)
+{
+	char	text[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	for (char *p = text; *p; p++)
+		if ((unsigned char) *p < 0x20)
+			*p = ' ';
+	if (status[0] != '2')
+		log_warnx("%s %s", status, text);
+	printf("%s %s\n", status, text);
+	fflush(stdout);
+	exit(status[0] == '2' ? 0 : 1);
+}
+
+/*
+ * Start-up hygiene: no environment, no descriptor but the three standard
+ * ones (which must be open), a private umask, SIGPIPE as usual.
+ */
+static void
+writer_sanitize_process(void)
+{
+	clearenv();
+	umask(077);
+	signal(SIGPIPE, SIG_DFL);
+	for (int fd = 0; fd <= 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0)
+		{
+			/* stdin and stdout are the protocol: without them there is no caller to answer. */
+			if (fd < 2)
+				_exit(2);
+			if (open("/dev/null", O_WRONLY) != fd)
+				_exit(2);
+		}
+	close_range(3, ~0U, 0);
+}
+
+/*
+ * Is path a file only trusted can change: every directory from / owned by
+ * root or trusted and writable by no one else (or root's and sticky, as
+ * /tmp), the file likewise, and no symbolic link anywhere?  The caller
+ * chooses which such file to read, never what it says.
+ */
+static bool
+writer_path_trusted(const char *path, uid_t trusted, char *why, size_t whylen)
+{
+	char	   *copy = xstrdup(path);
+	char	   *save = NULL;
+	char	   *component;
+	struct stat st;
+	int			fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	bool		ok = false;
+
+	if (path[0] != '/')
+	{
+		snprintf(why, whylen, "%s is not an absolute path", path);
+		goto done;
+	}
+	for (component = strtok_r(copy, "/", &save); fd >= 0; component = strtok_r(NULL, "/", &save))
+	{
+		bool last;
+		int	 next;
+
+		if (fstat(fd, &st) != 0)
+			break;
+		if (st.st_uid != 0 && st.st_uid != trusted)
+		{
+			snprintf(why, whylen, "%s: a directory on the way belongs to uid %ld", path,
+					 (long) st.st_uid);
+			goto done;
+		}
+		if (S_ISDIR(st.st_mode) && (st.st_mode & (S_IWGRP | S_IWOTH))
+			&& !((st.st_mode & S_ISVTX) && st.st_uid == 0))
+		{
+			snprintf(why, whylen, "%s: a directory on the way is writable by others", path);
+			goto done;
+		}
+		if (component == NULL)
+			break;
+		last = save == NULL || *save == '\0';
+		next = openat(fd, component, (last ? 0 : O_DIRECTORY) | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		close(fd);
+		fd = next;
+		if (fd < 0)
+		{
+			snprintf(why, whylen, "%s: %s", path, strerror(errno == ELOOP ? ELOOP : errno));
+			goto done;
+		}
+		if (last)
+		{
+			if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+			{
+				snprintf(why, whylen, "%s is not a regular file", path);
+				goto done;
+			}
+			if (st.st_uid != 0 && st.st_uid != trusted)
+			{
+				snprintf(why, whylen, "%s belongs to uid %ld, not to root", path, (long) st.st_uid);
+				goto done;
+			}
+			if (st.st_mode & (S_IWGRP | S_IWOTH))
+			{
+				snprintf(why, whylen, "%s is writable by others", path);
+				goto done;
+			}
+			ok = true;
+			break;
+		}
+	}
+	if (!ok && why[0] == '\0')
+		snprintf(why, whylen, "%s: %s", path, strerror(errno));
+done:
+	if (fd >= 0)
+		close(fd);
+	free(copy);
+	return ok;
+}
+
+/* Is the caller in group (real, effective or supplementary)? */
+static bool
+writer_caller_in_group(gid_t group)
+{
+	gid_t groups[WRITER_SUPPLEMENT_MAX];
+	int	  n;
+
+	if (getgid() == group || getegid() == group)
+		return true;
+	n = getgroups(WRITER_SUPPLEMENT_MAX, groups);
+	for (int i = 0; i < n; i++)
+		if (groups[i] == group)
+			return true;
+	return false;
+}
+
+/* A request value: printable, no CR, LF or other control character. */
+static bool
+writer_value_clean(const char *value)
+{
+	for (const unsigned char *p = (const unsigned char *) value; *p; p++)
+		if (*p < 0x20 || *p == 0x7f)
+			return false;
+	return true;
+}
+
+/* Read the request's lines up to the empty one, a byte at a time (the message follows). */
+static void
+writer_read_request(struct writer_request *req)
+{
+	char   line[WRITER_REQUEST_MAX];
+	size_t total = 0;
+	size_t len = 0;
+
+	memset(req, 0, sizeof(*req));
+	for (;;)
+	{
+		char	c;
+		ssize_t n = read(0, &c, 1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			writer_reply_exit("4.3.0", "the request ended before its empty line");
+		if (++total > WRITER_REQUEST_MAX)
+			writer_reply_exit("4.3.0", "the request is longer than %d bytes", WRITER_REQUEST_MAX);
+		if (c == '\0')
+			writer_reply_exit("5.1.3", "the request holds a NUL byte");
+		if (c != '\n')
+		{
+			line[len++] = c;
+			continue;
+		}
+		line[len] = '\0';
+		if (len == 0)
+			break;
+		{
+			char  *space = strchr(line, ' ');
+			char  *value = space ? space + 1 : line + len;
+			char **field = NULL;
+
+			if (space)
+				*space = '\0';
+			if (!writer_value_clean(value))
+				writer_reply_exit("5.1.3", "the request's %s holds a control character", line);
+			if (strcmp(line, "section") == 0)
+				field = &req->section;
+			else if (strcmp(line, "recipient") == 0)
+				field = &req->recipient;
+			else if (strcmp(line, "sender") == 0)
+				field = &req->sender;
+			else if (strcmp(line, "mailbox") == 0)
+				field = &req->mailbox;
+			else if (strcmp(line, "create") == 0)
+				req->create = strcmp(value, "yes") == 0;
+			else if (strcmp(line, "size") == 0)
+			{
+				char			  *end;
+				unsigned long long size;
+
+				errno = 0;
+				size = strtoull(value, &end, 10);
+				if (errno || end == value || *end || value[0] == '-')
+					writer_reply_exit("4.3.0", "the request's size is not a number");
+				req->size = (size_t) size;
+				req->have_size = true;
+			}
+			else
+				writer_reply_exit("4.3.0", "the request has an unknown line \"%.64s\"", line);
+			if (field)
+			{
+				free(*field);
+				*field = xstrdup(value);
+			}
+		}
+		len = 0;
+	}
+	if (req->section == NULL || req->recipient == NULL || !req->have_size)
+		writer_reply_exit("4.3.0", "the request lacks its section, recipient or size");
+	if (req->sender == NULL)
+		req->sender = xstrdup("");
+}
+
+/* Is dir (absolute, no "." or ".." component) one of the space/comma separated roots, or below one? */
+static char *
+writer_root_of(const char *dir, const char *roots)
+{
+	const char *p = roots ? roots : "";
+
+	if (dir[0] != '/' || strstr(dir, "/../") || strstr(dir, "/./") || strstr(dir, "//"))
+		return NULL;
+	while (*p)
+	{
+		size_t n;
+
+		p += strspn(p, ", \t");
+		n = strcspn(p, ", \t");
+		if (n == 0)
+			break;
+		while (n > 1 && p[n - 1] == '/')
+			n--;
+		if (p[0] == '/' && strncmp(dir, p, n) == 0 && dir[n] == '/' && dir[n + 1] != '\0')
+			return xstrndup(p, n);
+		p += n;
+	}
+	return NULL;
+}
+
+/* A user name that can be looked up: [a-z0-9._-], not starting with "-" or ".". */
+static bool
+writer_user_name_ok(const char *name)
+{
+	size_t len = strlen(name);
+
+	if (len == 0 || len > WRITER_USER_NAME_MAX || name[0] == '-' || name[0] == '.')
+		return false;
+	for (const char *p = name; *p; p++)
+		if (!(islower((unsigned char) *p) || isdigit((unsigned char) *p) || *p == '.' || *p == '_'
+			  || *p == '-'))
+			return false;
+	return true;
+}
+
+/* A relative path below a home: components that are names, none "." or "..". */
+static bool
+writer_relative_path_ok(const char *path)
+{
+	char *copy = xstrdup(path);
+	char *save = NULL;
+	bool  ok = path[0] != '/' && path[0] != '\0';
+
+	for (char *c = strtok_r(copy, "/", &save); ok && c; c = strtok_r(NULL, "/", &save))
+		ok = maildir_name_is_safe(c);
+	free(copy);
+	return ok;
+}
+
+/* The recipient's system account: ~/MAILDIR_PATH of a user whose home is in HOME_ROOTS. */
+static void
+writer_resolve_system(const struct pepsi_config *cfg, const struct writer_request *req,
+					  struct writer_target *t)
+{
+	const char	  *at = strrchr(req->recipient, '@');
+	size_t		   len = at ? (size_t) (at - req->recipient) : strlen(req->recipient);
+	const char	  *maildir_path = config_text(cfg, WRITER_SECTION, "MAILDIR_PATH");
+	long long	   min_uid = config_int(cfg, WRITER_SECTION, "MIN_UID");
+	char		   user[WRITER_USER_NAME_MAX + 1];
+	struct passwd *pw;
+
+	if (len == 0 || len > WRITER_USER_NAME_MAX)
+		writer_reply_exit("5.1.3", "<%s> cannot name a system user", req->recipient);
+	for (size_t i = 0; i < len; i++)
+		user[i] = (char) tolower((unsigned char) req->recipient[i]);
+	user[len] = '\0';
+	if (!writer_user_name_ok(user))
+		writer_reply_exit("5.1.3", "<%s> cannot name a system user", req->recipient);
+	if (!writer_relative_path_ok(maildir_path))
+		writer_reply_exit("4.3.5", "[%s] MAILDIR_PATH %s is not a relative path of names",
+						  WRITER_SECTION, maildir_path);
+	errno = 0;
+	if ((pw = getpwnam(user)) == NULL)
+		writer_reply_exit(errno ? "4.3.0" : "5.1.1", "mailbox <%s> does not exist: no user %s",
+						  req->recipient, user);
+	if ((long long) pw->pw_uid < min_uid || pw->pw_uid == 0)
+		writer_reply_exit("5.7.1", "delivery as %s (uid %ld) is refused: below [%s] MIN_UID %lld",
+						  user, (long) pw->pw_uid, WRITER_SECTION, min_uid);
+	t->root = writer_root_of(pw->pw_dir, config_text(cfg, WRITER_SECTION, "HOME_ROOTS"));
+	if (t->root == NULL)
+		writer_reply_exit("5.7.1", "delivery to %s's home %s is refused: not below [%s] HOME_ROOTS",
+						  user, pw->pw_dir, WRITER_SECTION);
+	t->name = xasprintf("%s/%s", pw->pw_dir + strlen(t->root) + 1, maildir_path);
+	t->uid = pw->pw_uid;
+	t->gid = pw->pw_gid;
+	t->create = true; /* the account exists: its Maildir is made on first delivery */
+}
+
+/* A virtual mailbox: <root>/<mailbox>, owned by VIRTUAL_USER (unprivileged: by the caller). */
+static void
+writer_resolve_virtual(const struct pepsi_config *cfg, const struct writer_request *req,
+					   bool privileged, struct writer_target *t)
+{
+	const char *root = config_text(cfg, req->section, "MAILDIR_ROOT");
+	const char *user = config_text(cfg, WRITER_SECTION, "VIRTUAL_USER");
+
+	if (root == NULL)
+		root = config_text(cfg, "pepsi", "MAILDIR_ROOT");
+	if (root == NULL || root[0] != '/')
+		writer_reply_exit("4.3.5", "[%s] has no MAILDIR_ROOT", req->section);
+	if (req->mailbox == NULL || !maildir_name_is_safe(req->mailbox))
+		writer_reply_exit("5.1.3", "<%s> cannot name a mailbox", req->recipient);
+	if (user)
+	{
+		struct passwd *pw = getpwnam(user);
+
+		if (pw == NULL)
+			writer_reply_exit("4.3.5", "[%s] VIRTUAL_USER %s: no such user", WRITER_SECTION, user);
+		t->uid = pw->pw_uid;
+		t->gid = pw->pw_gid;
+	}
+	else if (privileged)
+		writer_reply_exit("4.3.5", "[%s] VIRTUAL_USER is not set: whose are the virtual mailboxes?",
+						  WRITER_SECTION);
+	else
+	{
+		t->uid = getuid();
+		t->gid = getgid();
+	}
+	if (t->uid == 0)
+		writer_reply_exit("5.7.1", "delivery as root is refused: set [%s] VIRTUAL_USER to another user",
+						  WRITER_SECTION);
+	t->root = xstrdup(root);
+	t->name = xstrdup(req->mailbox);
+	t->create = req->create;
+}
+
+/*
+ * Become the mailbox's owner for good, in OpenSMTPD's order, and check
+ * that no id is left that could lead back: real, effective and saved
+ * user and group ids, supplementary groups.
+ */
+static void
+writer_become(const struct writer_target *t, bool privileged)
+{
+	uid_t ruid, euid, suid;
+	gid_t rgid, egid, sgid;
+	gid_t groups[WRITER_SUPPLEMENT_MAX];
+	int	  ngroups;
+
+	if (chdir("/") != 0)
+		writer_reply_exit("4.3.0", "chdir /: %s", strerror(errno));
+	if (privileged && setgroups(1, &t->gid) != 0)
+		writer_reply_exit("4.3.0", "setgroups: %s", strerror(errno));
+	if (setresgid(t->gid, t->gid, t->gid) != 0)
+		writer_reply_exit("4.3.0", "setresgid %ld: %s", (long) t->gid, strerror(errno));
+	if (setresuid(t->uid, t->uid, t->uid) != 0)
+		writer_reply_exit("4.3.0", "setresuid %ld: %s", (long) t->uid, strerror(errno));
+	if (getresuid(&ruid, &euid, &suid) != 0 || getresgid(&rgid, &egid, &sgid) != 0
+		|| ruid != t->uid || euid != t->uid || suid != t->uid || rgid != t->gid || egid != t->gid
+		|| sgid != t->gid)
+		writer_reply_exit("4.3.0", "the ids did not all change to %ld:%ld", (long) t->uid,
+						  (long) t->gid);
+	if (privileged)
+	{
+		ngroups = getgroups(WRITER_SUPPLEMENT_MAX, groups);
+		if (ngroups < 0 || ngroups > 1 || (ngroups == 1 && groups[0] != t->gid))
+			writer_reply_exit("4.3.0", "supplementary groups are left after setgroups");
+	}
+	if (setuid(0) == 0 || seteuid(0) == 0)
+		writer_reply_exit("4.3.0", "root could be regained after dropping privileges");
+}
+
+static void
+usage(void)
+{
+	fprintf(stderr, "usage: %s [-c CONFIG] < request\n"
+					"  CONFIG defaults to %s; it must be root's (see %s(8)).\n",
+			WRITER_PROGRAM, PEPSI_CONFIG_DEFAULT_PATH, WRITER_PROGRAM);
+}
+
+int
+main(int argc, char **argv)
+{
+	const char			 *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	bool				  privileged;
+	uid_t				  caller = getuid();
+	struct pepsi_config	 *cfg;
+	struct writer_request req;
+	struct writer_target  target = {0};
+	struct maildir		  md;
+	struct buf			  prefix = BUF_INIT;
+	const char			 *group_name;
+	const char			 *program;
+	long long			  max_size;
+	char				  why[1024] = "";
+	char				 *delivered = NULL;
+	enum maildir_status	  rc;
+	int					  opt;
+
+	writer_sanitize_process();
+	log_init(WRITER_PROGRAM, false);
+	while ((opt = getopt(argc, argv, "c:h")) != -1)
+		switch (opt)
+		{
+			case 'c':
+				config_path = optarg;
+				break;
+			case 'h':
+				usage();
+				return 0;
+			default:
+				usage();
+				return 2;
+		}
+	if (optind != argc)
+	{
+		usage();
+		return 2;
+	}
+	privileged = geteuid() == 0;
+
+	/* The configuration: root's (unprivileged, also the caller's, who can do no more than it). */
+	if (!writer_path_trusted(config_path, privileged ? 0 : caller, why, sizeof(why)))
+		writer_reply_exit("4.3.5", "refusing the configuration: %s", why);
+	if ((cfg = config_load(config_path, why, sizeof(why))) == NULL)
+		writer_reply_exit("4.3.5", "%s", why);
+
+	/* Only the caller group may have root deliver for it. */
+	group_name = config_text(cfg, WRITER_SECTION, "CALLER_GROUP");
+	if (privileged && caller != 0)
+	{
+		struct group *gr = group_name ? getgrnam(group_name) : NULL;
+
+		if (group_name == NULL)
+			writer_reply_exit("4.3.5", "[%s] CALLER_GROUP is not set: refusing every caller",
+							  WRITER_SECTION);
+		if (gr == NULL)
+			writer_reply_exit("4.3.5", "[%s] CALLER_GROUP %s: no such group", WRITER_SECTION,
+							  group_name);
+		if (!writer_caller_in_group(gr->gr_gid))
+			writer_reply_exit("4.3.5", "uid %ld is not in group %s: refused", (long) caller,
+							  group_name);
+	}
+
+	writer_read_request(&req);
+	program = config_text(cfg, req.section, "PROGRAM");
+	if (strncmp(req.section, "stage-", 6) != 0 || program == NULL
+		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, WRITER_STAGE_PROGRAM) != 0)
+		writer_reply_exit("4.3.5", "[%s] is not a section of %s", req.section, WRITER_STAGE_PROGRAM);
+	max_size = config_size(cfg, WRITER_SECTION, "MAX_MESSAGE_SIZE");
+	if (max_size > 0 && req.size > (unsigned long long) max_size)
+		writer_reply_exit("5.3.4", "the message has %zu bytes, more than [%s] MAX_MESSAGE_SIZE %lld",
+						  req.size, WRITER_SECTION, max_size);
+	if (strpbrk(req.recipient, "<>") || strpbrk(req.sender, "<>"))
+		writer_reply_exit("5.1.3", "an envelope address holds \"<\" or \">\"");
+	if (config_enum(cfg, WRITER_SECTION, "MAILBOXES") == 1)
+		writer_resolve_system(cfg, &req, &target);
+	else
+		writer_resolve_virtual(cfg, &req, privileged, &target);
+	if (!privileged && target.uid != caller)
+		writer_reply_exit("4.3.5", "only the set-user-id helper can deliver as uid %ld",
+						  (long) target.uid);
+
+	writer_become(&target, privileged);
+	/* From here on: the mailbox owner, nothing more. */
+
+	rc = maildir_open(target.root, target.name, target.uid, target.create, &md, why, sizeof(why));
+	if (rc == MAILDIR_NO_MAILBOX)
+		writer_reply_exit("5.1.1", "mailbox <%s> does not exist", req.recipient);
+	if (rc == MAILDIR_UNSAFE)
+		writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req.recipient, why);
+	if (rc != MAILDIR_DELIVERED)
+		writer_reply_exit("4.3.0", "cannot write to mailbox %s/%s: %s", target.root, target.name, why);
+	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req.sender, req.recipient);
+	rc = maildir_deliver(&md, prefix.data, prefix.len, 0, req.size,
+						 config_size(cfg, WRITER_SECTION, "QUOTA"), &delivered, why, sizeof(why));
+	switch (rc)
+	{
+		case MAILDIR_DELIVERED:
+			writer_reply_exit("2.0.0", "delivered to %s/%s/new/%s", target.root, target.name,
+							  delivered);
+		case MAILDIR_OVER_QUOTA:
+			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s", req.recipient, why);
+		case MAILDIR_SHORT_INPUT:
+			writer_reply_exit("4.3.0", "%s", why);
+		case MAILDIR_NO_MAILBOX:
+		case MAILDIR_UNSAFE:
+			writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req.recipient, why);
+		case MAILDIR_IO_ERROR:
+			break;
+	}
+	writer_reply_exit(errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
+					  "cannot write to mailbox %s/%s: %s", target.root, target.name, why);
+}
