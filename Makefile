@@ -66,7 +66,6 @@ TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/p
 # The unit tests need cmocka; a build for installation does not.
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
-
 .PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
 	deps check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
 	format format-check
@@ -128,15 +127,25 @@ HELPER_COMMON = log xalloc privilege
 helper_dirs = $(wildcard helpers/*/)
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
-# Per helper: its stage and the group they share.
+# Per helper: its stage and the group they share; the further common/
+# files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
+# links.
 PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
 PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
+# The Maildir writer reads pepsi.conf (config, options: libinih) and writes
+# with common/maildir.c.  Its stage stays in the multi-call binary too, so
+# that a development tree fuses its successors; installed, the set-group-id
+# file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
+PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
+PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
+HELPER_COMMON_pepsi-helper-maildir-writer = maildir buf config options
+HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 
 define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
-		$(patsubst %,$(B)/common/%.o,$(HELPER_COMMON))
+		$(patsubst %,$(B)/common/%.o,$(HELPER_COMMON) $(HELPER_COMMON_pepsi-helper-$(notdir $(1:/=))))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
 endef
 $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
@@ -157,11 +166,12 @@ define install_privileged
 		install -m 755 $(B)/bin/$(1) $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/; \
 		echo "warning: not root: $(1) and $(2) installed without their setuid/setgid bits"; \
 	fi
+
 endef
+# (The empty line ends each call's recipe line: one shell command per helper.)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin
-	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h)))
-	)
+	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h))))
 install-programs: install-privileged
 
 uninstall-privileged:
@@ -209,68 +219,6 @@ $(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
-# ---- privileged helpers (begin) --------------------------------------------
-# Standalone helpers: helpers/X builds pepsi-helper-X from helpers/X/*.c and
-# libpepsi.a, linked only to HELPER_LIBS (no libpq, no jansson), never into
-# the multi-call binary: a set-user-id bit on that one file would reach
-# every program (docs/architecture.md, "Privileged binaries").  Each helper
-# names its callers' group and its set-group-id stage:
-#   HELPER_GROUP_<helper>   the group whose members may run it (created by
-#                           make install when missing)
-#   HELPER_CALLER_<helper>  the stage that runs it, set-group-id to that group
-# make install (install-privileged) puts the helper in
-# $(PREFIX)/libexec/pepsi as root:GROUP 4750 and the stage's own
-# standalone build beside it as $(PEPSI_USER):GROUP 2550 (only the
-# dispatcher's user runs it, with the group's rights), and points the
-# stage's $(PREFIX)/bin name at that file instead of the multi-call
-# binary.  Not root (a DESTDIR staging install): the files without bits,
-# and a line saying what to set.  Without the bits the helper runs as its
-# caller, which is how make run and the tests use it.
-helper_dirs = $(wildcard helpers/*/)
-HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
-HELPER_LIBS = -linih
-PEPSI_USER ?= pepsi
-HELPER_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
-HELPER_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
-
-.PHONY: install-privileged uninstall-privileged
-
-programs: $(addprefix $(B)/bin/,$(HELPERS))
-
-define helper_rule
-$(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(call program_objs,$(1)) $(B)/libpepsi.a
-	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $(call program_objs,$(1)) $(B)/libpepsi.a $$(HELPER_LIBS)
-endef
-$(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
-
-install-privileged: programs
-	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
-	$(foreach h,$(HELPERS),$(call install_helper,$(h),$(HELPER_GROUP_$(h)),$(HELPER_CALLER_$(h))))
-
-# install_helper(helper, group, stage)
-define install_helper
-	@set -e; dir=$(DESTDIR)$(PREFIX)/libexec/pepsi; \
-	if [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then \
-		getent group $(2) >/dev/null || groupadd --system $(2); \
-		owner=$(PEPSI_USER); id -u $$owner >/dev/null 2>&1 || owner=root; \
-		install -o root -g $(2) -m 4750 $(B)/bin/$(1) $$dir/$(1); \
-		install -o $$owner -g $(2) -m 2550 $(B)/bin/$(3) $$dir/$(3); \
-		echo "installed $$dir/$(1) root:$(2) 4750 and $$dir/$(3) $$owner:$(2) 2550"; \
-	else \
-		install -m 755 $(B)/bin/$(1) $$dir/$(1); \
-		install -m 755 $(B)/bin/$(3) $$dir/$(3); \
-		echo "not root: set the bits as root: chown root:$(2) $$dir/$(1) && chmod 4750 $$dir/$(1);" \
-			"chown $(PEPSI_USER):$(2) $$dir/$(3) && chmod 2550 $$dir/$(3)"; \
-	fi; \
-	ln -sf ../libexec/pepsi/$(3) $(DESTDIR)$(PREFIX)/bin/$(3)
-
-endef
-
-uninstall-privileged:
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/libexec/pepsi/,$(HELPERS) $(foreach h,$(HELPERS),$(HELPER_CALLER_$(h))))
-# ---- privileged helpers (end) ----------------------------------------------
-
 # The headers each object and program read (see DEPFLAGS).
 -include $(wildcard $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
 
@@ -282,8 +230,8 @@ install: extension programs man
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(PROGRAMS); do ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
-	$(MAKE) install-privileged
+	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))),$(PROGRAMS)); do \
+		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
@@ -332,7 +280,7 @@ install-man: man
 		install -m 644 $$page $(DESTDIR)$(MANDIR)/man$$section/; \
 	done
 
-uninstall: uninstall-privileged
+uninstall:
 	$(MAKE) -C extension uninstall
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PROGRAMS))
 	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi

@@ -18,6 +18,7 @@
 
 #include "aliases.h"
 #include "log.h"
+#include "options.h"
 #include "xalloc.h"
 
 #define LOCAL_ALIASES_RECHECK_SECONDS 1
@@ -111,18 +112,13 @@ static bool
 local_sources_parse(struct local_resolver *r, const struct pepsi_config *cfg, char *err,
 					size_t errlen)
 {
-	const char *list = config_get(cfg, "pepsi", "LOCAL_RECIPIENTS");
-	const char *p = list ? list : "";
+	const char *cursor = config_get(cfg, "pepsi", "LOCAL_RECIPIENTS");
+	const char *p;
+	size_t		n;
 	char		origin[512];
 
-	while (*p)
+	while ((p = option_list_next(&cursor, &n)) != NULL)
 	{
-		size_t n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == 0)
-			break;
 		if (n == 7 && strncasecmp(p, "aliases", n) == 0)
 			r->sources |= LOCAL_SOURCE_ALIASES;
 		else if (n == 7 && strncasecmp(p, "maildir", n) == 0)
@@ -137,7 +133,6 @@ local_sources_parse(struct local_resolver *r, const struct pepsi_config *cfg, ch
 					 (int) (n > 64 ? 64 : n), p);
 			return false;
 		}
-		p += n;
 	}
 	return true;
 }

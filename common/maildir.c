@@ -339,28 +339,17 @@ static bool
 maildir_quota_rewrite(struct maildir *md, const char *limits, long long bytes, long long count,
 					  char *why, size_t whylen)
 {
-	char	   *tmp_name = xasprintf("maildirsize.%ld.%d", (long) time(NULL), (int) getpid());
-	struct buf	text = BUF_INIT;
-	int			fd;
-	bool		ok = false;
-	const char *p;
-	size_t		left;
+	char	  *tmp_name = xasprintf("maildirsize.%ld.%d", (long) time(NULL), (int) getpid());
+	struct buf text = BUF_INIT;
+	int		   fd;
+	bool	   ok = false;
 
 	buf_printf(&text, "%s\n%lld %lld\n", limits, bytes, count);
 	fd = openat(md->tmp_fd, tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		goto done;
-	for (p = text.data, left = text.len; left > 0;)
-	{
-		ssize_t n = write(fd, p, left);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			goto done;
-		p += n;
-		left -= (size_t) n;
-	}
+	if (!fd_write_all(fd, text.data, text.len))
+		goto done;
 	if (fsync(fd) != 0 || close(fd) != 0)
 	{
 		fd = -1;
@@ -499,23 +488,6 @@ maildir_unique_name(size_t size)
 	return name;
 }
 
-static bool
-maildir_write_all(int fd, const char *data, size_t len)
-{
-	while (len > 0)
-	{
-		ssize_t n = write(fd, data, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return false;
-		data += n;
-		len -= (size_t) n;
-	}
-	return true;
-}
-
 /* Copy exactly size bytes from in_fd; -1 with errno on a write error, 0 on a short input. */
 static int
 maildir_copy(int out_fd, int in_fd, size_t size)
@@ -534,7 +506,7 @@ maildir_copy(int out_fd, int in_fd, size_t size)
 			rc = 0;
 			break;
 		}
-		if (!maildir_write_all(out_fd, chunk, (size_t) n))
+		if (!fd_write_all(out_fd, chunk, (size_t) n))
 		{
 			rc = -1;
 			break;
@@ -576,7 +548,7 @@ maildir_deliver(struct maildir *md, const char *prefix, size_t prefix_len, int i
 		maildir_why(why, whylen, "cannot create a file in tmp/: %s", strerror(errno));
 		goto done;
 	}
-	if (!maildir_write_all(fd, prefix, prefix_len))
+	if (!fd_write_all(fd, prefix, prefix_len))
 	{
 		maildir_why(why, whylen, "cannot write: %s", strerror(errno));
 		goto unlink;

@@ -291,22 +291,33 @@ option_enum_index(const struct option_def *def, const char *value)
 	return -1;
 }
 
+const char *
+option_list_next(const char **cursor, size_t *len)
+{
+	const char *item;
+
+	if (*cursor == NULL)
+		return NULL;
+	*cursor += strspn(*cursor, ", \t");
+	*len = strcspn(*cursor, ", \t");
+	if (*len == 0)
+		return NULL;
+	item = *cursor;
+	*cursor += *len;
+	return item;
+}
+
 bool
 option_list_contains(const char *list, const char *item)
 {
 	size_t		len = strlen(item);
-	const char *p = list ? list : "";
+	const char *cursor = list;
+	const char *p;
+	size_t		n;
 
-	while (*p)
-	{
-		size_t n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n > 0 && n == len && strncasecmp(p, item, n) == 0)
+	while ((p = option_list_next(&cursor, &n)) != NULL)
+		if (n == len && strncasecmp(p, item, n) == 0)
 			return true;
-		p += n;
-	}
 	return false;
 }
 

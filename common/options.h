@@ -95,6 +95,12 @@ bool option_parse_duration_ms(const char *value, long long *out);
 bool option_parse_size(const char *value, long long *out);
 /* The index of value among def's choices (case-insensitive), or -1. */
 int option_enum_index(const struct option_def *def, const char *value);
+/*
+ * The next item of a comma/space separated list: its start (not
+ * terminated; *len bytes), or NULL at the end.  *cursor starts at the list
+ * (NULL: an empty one) and moves past each item.
+ */
+const char *option_list_next(const char **cursor, size_t *len);
 /* Is item one of the comma/space separated list (case-insensitive)? */
 bool option_list_contains(const char *list, const char *item);
 /* A domain name as Pepsi accepts one (ASCII, A-labels); false with why in problem. */

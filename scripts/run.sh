@@ -91,6 +91,12 @@ sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" \
     -e "s|^NEXT_STAGE = internet$|NEXT_STAGE = smarthost|" \
     -e "s|^NEXT_STAGE = dsn-internet$|NEXT_STAGE = dsn-smarthost|" \
     "$top/docs/pepsi.conf.sample" >"$conf"
+# As root the maildir helper (without its bit here) never writes as root:
+# the mailboxes are the unprivileged user's.
+if [ "$(id -u)" -eq 0 ]; then
+    sed -i "s|^#VIRTUAL_USER = vmail|VIRTUAL_USER = $PEPSI_USER|" "$conf"
+    give_to_user "$run_dir/maildir"
+fi
 
 # STARTTLS out of the box: a self-signed certificate made on the first
 # start (clients that verify will not trust it; swaks -tls does not check).

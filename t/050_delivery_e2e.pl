@@ -45,27 +45,7 @@ PORT = $port
 CONF
 
 my $ingress_log = "$tmp/ingress.log";
-sub start_ingress
-{
-	my $pid = fork;
-
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open STDIN, '<', '/dev/null';
-		open STDOUT, '>>', $ingress_log;
-		open STDERR, '>&', \*STDOUT;
-		exec pepsi_bin('pepsi-ingress'), '-c', $config or die "exec: $!";
-	}
-	poll_until(sub {
-		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
-		$s->close if $s;
-		return $s;
-	}, 20) or die "pepsi-ingress did not start:\n" . (slurp($ingress_log) // '');
-	return { pid => $pid };
-}
-
-my $ingress = start_ingress();
+my $ingress = start_ingress($config, $port, $ingress_log);
 my $d = start_dispatcher($config);
 
 sub swaks
@@ -171,7 +151,7 @@ while (@plan)
 	{
 		kill 'KILL', $ingress->{pid};
 		waitpid($ingress->{pid}, 0);
-		$ingress = start_ingress();
+		$ingress = start_ingress($config, $port, $ingress_log);
 		$killed{ingress}++;
 	}
 	shift @plan;

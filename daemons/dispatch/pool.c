@@ -174,10 +174,21 @@ pools_inflight(void)
  * config.c refuses a path from the database); else, when this is the
  * multi-call binary, this binary itself under the program's name (so the
  * workers can fuse stages), unless the program is a set-id file of its
- * own beside it (a privileged stage, which must run as its own file);
+ * own beside it or in $PREFIX/bin (a privileged stage, which must run as
+ * its own file);
  * else the program beside this binary, Pepsi's program directory.  Never a search of PATH: a name must not reach a
  * program Pepsi did not install.  NULL if there is none.
  */
+/* A regular, executable file with a set-user-id or set-group-id bit. */
+static bool
+worker_setid_file(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID))
+		   && access(path, X_OK) == 0;
+}
+
 static char *
 worker_executable(const char *program, bool *as_self)
 {
@@ -193,23 +204,35 @@ worker_executable(const char *program, bool *as_self)
 	if (slash)
 		*slash = '\0';
 	candidate = xasprintf("%s/%s", dir, program);
-	free(dir);
 	if (dispatcher.self_multicall)
 	{
-		struct stat st;
-
 		/*
-		 * A set-id program installed as a file of its own beside the
-		 * multi-call binary (a set-group-id stage: the bit lives on that
-		 * file, see make install-privileged) runs as that file, not as us.
+		 * A set-id program installed as a file of its own (a set-group-id
+		 * stage: the bit lives on that file, see make install-privileged),
+		 * beside this binary or in the bin/ that links to it
+		 * ($PREFIX/libexec/pepsi/../../bin), runs as that file, not as us.
 		 */
-		if (lstat(candidate, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID))
-			&& access(candidate, X_OK) == 0)
+		char *installed = xasprintf("%s/../../bin/%s", dir, program);
+
+		if (!worker_setid_file(candidate))
+		{
+			free(candidate);
+			candidate = installed;
+			installed = NULL;
+			if (!worker_setid_file(candidate))
+			{
+				free(candidate);
+				candidate = NULL;
+			}
+		}
+		free(installed);
+		free(dir);
+		if (candidate)
 			return candidate;
-		free(candidate);
 		*as_self = true;
 		return xstrdup(dispatcher.self_exe);
 	}
+	free(dir);
 	if (access(candidate, X_OK) == 0)
 		return candidate;
 	free(candidate);

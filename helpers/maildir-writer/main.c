@@ -42,6 +42,7 @@
 #include "config.h"
 #include "log.h"
 #include "maildir.h"
+#include "options.h"
 #include "xalloc.h"
 
 #define WRITER_PROGRAM "pepsi-helper-maildir-writer"
@@ -306,23 +307,18 @@ writer_read_request(struct writer_request *req)
 static char *
 writer_root_of(const char *dir, const char *roots)
 {
-	const char *p = roots ? roots : "";
+	const char *cursor = roots;
+	const char *p;
+	size_t		n;
 
 	if (dir[0] != '/' || strstr(dir, "/../") || strstr(dir, "/./") || strstr(dir, "//"))
 		return NULL;
-	while (*p)
+	while ((p = option_list_next(&cursor, &n)) != NULL)
 	{
-		size_t n;
-
-		p += strspn(p, ", \t");
-		n = strcspn(p, ", \t");
-		if (n == 0)
-			break;
 		while (n > 1 && p[n - 1] == '/')
 			n--;
 		if (p[0] == '/' && strncmp(dir, p, n) == 0 && dir[n] == '/' && dir[n + 1] != '\0')
 			return xstrndup(p, n);
-		p += n;
 	}
 	return NULL;
 }
@@ -519,8 +515,11 @@ main(int argc, char **argv)
 	}
 	privileged = geteuid() == 0;
 
-	/* The configuration: root's (unprivileged, also the caller's, who can do no more than it). */
-	if (!writer_path_trusted(config_path, privileged ? 0 : caller, why, sizeof(why)))
+	/*
+	 * The configuration: root's (unprivileged, also the caller's, who can
+	 * do no more than it); root calling needs no protection from itself.
+	 */
+	if (caller != 0 && !writer_path_trusted(config_path, privileged ? 0 : caller, why, sizeof(why)))
 		writer_reply_exit("4.3.5", "refusing the configuration: %s", why);
 	if ((cfg = config_load(config_path, why, sizeof(why))) == NULL)
 		writer_reply_exit("4.3.5", "%s", why);

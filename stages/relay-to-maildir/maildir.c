@@ -89,23 +89,6 @@ maildir_writer_path(const char *program)
 	return xasprintf("%s/%s", path, slash ? slash + 1 : program);
 }
 
-static bool
-maildir_write_all(int fd, const char *data, size_t len)
-{
-	while (len > 0)
-	{
-		ssize_t n = write(fd, data, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return false;
-		data += n;
-		len -= (size_t) n;
-	}
-	return true;
-}
-
 /*
  * Run the helper: the request and the message (headers, CRLF, body) down its standard input,
  * its one line back from its standard output.  false (with a reply saying
@@ -161,10 +144,10 @@ maildir_run_writer(const char *writer, const char *config_path, const struct buf
 		goto fail;
 	}
 	/* A write the helper did not wait for (it refused) shows in its answer. */
-	if (maildir_write_all(to_writer[1], request->data, request->len)
-		&& maildir_write_all(to_writer[1], headers->data ? headers->data : "", headers->len)
-		&& maildir_write_all(to_writer[1], "\r\n", 2))
-		(void) maildir_write_all(to_writer[1], body->data ? body->data : "", body->len);
+	if (fd_write_all(to_writer[1], request->data, request->len)
+		&& fd_write_all(to_writer[1], headers->data ? headers->data : "", headers->len)
+		&& fd_write_all(to_writer[1], "\r\n", 2))
+		(void) fd_write_all(to_writer[1], body->data ? body->data : "", body->len);
 	close(to_writer[1]);
 	to_writer[1] = -1;
 	for (;;)
@@ -297,7 +280,11 @@ maildir_run(struct pepsi_ctx *ctx)
 	report.diagnostic = diagnostic.data;
 	if (reply.status[0] == '2')
 	{
+		/* The file's name is for the debug log; the delivery log says where, not which file. */
 		log_debug("row %lld: <%s> %s", pepsi_id(ctx), rcpt, reply.text);
+		buf_reset(&diagnostic);
+		buf_printf(&diagnostic, "X-Pepsi; delivered to maildir");
+		report.diagnostic = diagnostic.data;
 		rc = delivery_succeeded(ctx, "delivered", &report, false);
 	}
 	else if (strcmp(reply.status, "5.2.2") == 0)

@@ -13,6 +13,7 @@ use Cwd qw(abs_path);
 use Exporter 'import';
 use File::Basename qw(dirname);
 use File::Path qw(make_path);
+use IO::Socket::INET;
 use MIME::Parser;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -23,7 +24,7 @@ use PepsiTest;
 
 our @EXPORT = qw(
   delivery_node delivery_config start_peer start_server start_sink stop_process inject
-  maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox
+  maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox start_ingress
 );
 
 my $db = 'postgres';
@@ -128,6 +129,29 @@ sub delivery_config
 		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },
 		stages => $stages,
 		($o{path} ? (path => $o{path}) : ()));
+}
+
+# Start pepsi-ingress -c $config, its output appended to $log, and wait
+# until it listens on $port; returns { pid }.
+sub start_ingress
+{
+	my ($config, $port, $log) = @_;
+	my $pid = fork;
+
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open STDIN, '<', '/dev/null';
+		open STDOUT, '>>', $log;
+		open STDERR, '>&', \*STDOUT;
+		exec pepsi_bin('pepsi-ingress'), '-c', $config or die "exec: $!";
+	}
+	PepsiTest::poll_until(sub {
+		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
+		$s->close if $s;
+		return $s;
+	}, 20) or die "pepsi-ingress did not start:\n" . (slurp($log) // '');
+	return { pid => $pid };
 }
 
 # Start t/bin/smtp-peer with @args; returns { pid, dir, port }.
