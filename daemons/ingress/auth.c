@@ -92,39 +92,54 @@ err:
 	return NULL;
 }
 
-bool
-credentials_check(const struct credentials *c, const char *user, const char *password)
+char *
+credentials_hash_for(const struct credentials *c, const char *user, bool *known)
 {
-	static struct crypt_data data;
-	const char				*hash = AUTH_DUMMY_HASH;
-	bool					 known = false;
-	const char				*result;
-	unsigned char			 diff = 0;
-	size_t					 len;
-
-	/*
-	 * SHA-crypt's work grows with the password's length, and AUTH runs on
-	 * the event loop: a long "password" is refused before any hashing.
-	 */
-	if (strlen(password) > AUTH_PASSWORD_MAX)
-		return false;
+	*known = false;
 	for (size_t i = 0; c && i < c->count; i++)
 		if (strcmp(c->entries[i].user, user) == 0)
 		{
-			hash = c->entries[i].hash;
-			known = true;
-			break;
+			*known = true;
+			return xstrdup(c->entries[i].hash);
 		}
-	result = crypt_r(password, hash, &data);
-	if (result == NULL || result[0] == '*')
+	return xstrdup(AUTH_DUMMY_HASH);
+}
+
+bool
+credentials_verify(const char *hash, const char *password)
+{
+	struct crypt_data *data;
+	const char		  *result;
+	unsigned char	   diff = 0;
+	size_t			   len = strlen(hash);
+	bool			   ok = false;
+
+	/* SHA-crypt's work grows with the password's length: a long one fails unhashed. */
+	if (strlen(password) > AUTH_PASSWORD_MAX)
 		return false;
-	len = strlen(hash);
-	if (strlen(result) != len)
-		return false;
-	for (size_t i = 0; i < len; i++)
-		diff |= (unsigned char) (result[i] ^ hash[i]);
-	explicit_bzero(&data, sizeof(data));
-	return known && diff == 0;
+	data = xcalloc(1, sizeof(*data)); /* some 32 KB: not for a thread's stack */
+	result = crypt_r(password, hash, data);
+	if (result != NULL && result[0] != '*' && strlen(result) == len)
+	{
+		for (size_t i = 0; i < len; i++)
+			diff |= (unsigned char) (result[i] ^ hash[i]);
+		ok = diff == 0;
+	}
+	explicit_bzero(data, sizeof(*data));
+	free(data);
+	return ok;
+}
+
+bool
+credentials_check(const struct credentials *c, const char *user, const char *password)
+{
+	bool  known;
+	char *hash = credentials_hash_for(c, user, &known);
+	bool  ok = credentials_verify(hash, password) && known;
+
+	explicit_bzero(hash, strlen(hash));
+	free(hash);
+	return ok;
 }
 
 void

@@ -15,6 +15,14 @@ struct credentials;
 struct credentials *credentials_load(const char *path, char *err, size_t errlen);
 /* The same work whether or not the user exists, so timing tells nothing. */
 bool credentials_check(const struct credentials *c, const char *user, const char *password);
-void credentials_free(struct credentials *c);
+/*
+ * The two halves of credentials_check, for auth_worker.c: the lookup on
+ * the event loop (a copy of the user's hash, or a dummy one with *known
+ * false), the hashing on a worker thread (thread-safe, touches nothing
+ * shared).
+ */
+char *credentials_hash_for(const struct credentials *c, const char *user, bool *known);
+bool  credentials_verify(const char *hash, const char *password);
+void  credentials_free(struct credentials *c);
 
 #endif

@@ -58,6 +58,7 @@ struct ingress
 	const char			  *local_domains;	 /* [pepsi] LOCAL_DOMAINS */
 	struct local_resolver *local_recipients; /* NULL: no recipient validation */
 	unsigned			   max_hops;		 /* [ingress] MAX_HOPS */
+	struct auth_throttle  *auth_throttle;	 /* [ingress] AUTH_FAILURE_* */
 	size_t				   memory_in_flight; /* octets of content the sessions hold */
 	size_t				   memory_limit;	 /* [ingress] MAX_MESSAGE_MEMORY */
 	struct listener		  *listeners;

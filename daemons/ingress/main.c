@@ -29,6 +29,7 @@
 #include <openssl/ssl.h>
 
 #include "admit.h"
+#include "auth_throttle.h"
 #include "db.h"
 #include "ingress.h"
 #include "log.h"
@@ -440,6 +441,9 @@ pepsi_ingress_main(int argc, char **argv)
 	ingress.mail_log = config_bool(ingress.cfg, "pepsi", "MAIL_LOG");
 
 	ingress.max_hops = (unsigned) config_int(ingress.cfg, "ingress", "MAX_HOPS");
+	ingress.auth_throttle = auth_throttle_new((unsigned) config_int(ingress.cfg, "ingress", "AUTH_FAILURE_LIMIT"),
+											  config_duration_ms(ingress.cfg, "ingress", "AUTH_FAILURE_WINDOW") / 1000.0,
+											  config_duration_ms(ingress.cfg, "ingress", "AUTH_FAILURE_DELAY") / 1000.0);
 	ingress.memory_limit = (size_t) config_size(ingress.cfg, "ingress", "MAX_MESSAGE_MEMORY");
 	ingress.local_domains = local_domains(ingress.cfg, NULL);
 	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
@@ -508,6 +512,7 @@ pepsi_ingress_main(int argc, char **argv)
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);
 	credentials_free(ingress.credentials);
+	auth_throttle_free(ingress.auth_throttle);
 	log_info("stopped");
 	return 0;
 }

@@ -29,6 +29,7 @@
 #include <openssl/ssl.h>
 
 #include "auth.h"
+#include "auth_throttle.h"
 #include "ingress.h"
 #include "log.h"
 #include "log_config.h"
@@ -105,7 +106,9 @@ ingress_reload(const char *config_path)
 	size_t					nlisteners = 0;
 	bool					mail_log = false;
 	long					max_hops = 0,
-		 memory_limit = 0;
+		 memory_limit = 0, auth_limit = 0;
+	double auth_window = 0,
+		   auth_delay = 0;
 	char err[1024];
 	bool ok;
 
@@ -122,6 +125,9 @@ ingress_reload(const char *config_path)
 	if (ok)
 	{
 		max_hops = (long) config_int(cfg, "ingress", "MAX_HOPS");
+		auth_limit = (long) config_int(cfg, "ingress", "AUTH_FAILURE_LIMIT");
+		auth_window = config_duration_ms(cfg, "ingress", "AUTH_FAILURE_WINDOW") / 1000.0;
+		auth_delay = config_duration_ms(cfg, "ingress", "AUTH_FAILURE_DELAY") / 1000.0;
 		mail_log = config_bool(cfg, "pepsi", "MAIL_LOG");
 		memory_limit = (long) config_size(cfg, "ingress", "MAX_MESSAGE_MEMORY");
 	}
@@ -174,6 +180,7 @@ ingress_reload(const char *config_path)
 	credentials_free(ingress.credentials);
 	ingress.credentials = credentials;
 	ingress.max_hops = (unsigned) max_hops;
+	auth_throttle_configure(ingress.auth_throttle, (unsigned) auth_limit, auth_window, auth_delay);
 	ingress.mail_log = mail_log;
 	ingress.memory_limit = (size_t) memory_limit;
 	for (struct listener *l = ingress.listeners; l; l = l->next)

@@ -20,6 +20,8 @@
 #include <openssl/err.h>
 
 #include "admit.h"
+#include "auth_throttle.h"
+#include "auth_worker.h"
 #include "envelope.h"
 #include "ingress.h"
 #include "log.h"
@@ -69,9 +71,12 @@ struct session
 	ev_tstamp			last_command;
 	struct buf			in; /* input not yet used: a partial line, or after an event */
 	struct admission   *admission;
-	struct verify	   *verify;	 /* message authentication; NULL when the listener has it off */
-	bool				trusted; /* the client is in TRUSTED_NETWORKS */
-	uint64_t			id_base; /* random: the Received ids of its transactions */
+	struct auth_job	   *auth_job;	/* a password being checked */
+	ev_timer			auth_delay; /* a failed AUTH's answer, held back */
+	bool				auth_close; /* ... and it closes the session (421) */
+	struct verify	   *verify;		/* message authentication; NULL when the listener has it off */
+	bool				trusted;	/* the client is in TRUSTED_NETWORKS */
+	uint64_t			id_base;	/* random: the Received ids of its transactions */
 	unsigned			transactions;
 	struct session	   *prev;
 	struct session	   *next;
@@ -136,6 +141,8 @@ session_close(struct session *s)
 	ev_timer_stop(ingress.loop, &s->guard);
 	if (s->admission)
 		admit_detach(s->admission);
+	auth_worker_cancel(s->auth_job);
+	ev_timer_stop(ingress.loop, &s->auth_delay);
 	verify_free(s->verify);
 	if (s->ssl)
 	{
@@ -407,6 +414,52 @@ session_verified(void *arg)
 		session_update(s);
 }
 
+/* Answer a failed AUTH once its delay has passed. */
+static void
+session_auth_answer_failure(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct session *s = w->data;
+	if (s->auth_close)
+	{
+		smtp_auth_refused(&s->smtp, NULL);
+		smtp_close(&s->smtp, "421 4.7.0 Too many failed authentications, closing connection");
+		s->closing = true;
+	}
+	else
+		smtp_auth_done(&s->smtp, false);
+	ev_timer_again(ingress.loop, &s->timer);
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+/* A worker thread has checked the password (auth_worker.c). */
+static void
+session_auth_checked(void *arg, bool ok)
+{
+	struct session *s = arg;
+	bool			close = false;
+	double			delay;
+
+	s->auth_job = NULL;
+	if (ok)
+	{
+		smtp_auth_done(&s->smtp, true);
+		log_info("%s: authenticated as %s", s->ip, s->smtp.auth_account);
+		ev_timer_again(ingress.loop, &s->timer);
+		/* Pipelined commands waited behind the reply: go on with them. */
+		if (session_flush(s) && session_read(s))
+			session_update(s);
+		return;
+	}
+	delay = auth_throttle_failed(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop), &close);
+	log_info("%s: authentication failed (%u from %s%s)", s->ip,
+			 auth_throttle_failures(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop)),
+			 s->client->ip, close ? ": closing, and refusing its AUTH for a while" : "");
+	s->auth_close = close;
+	ev_timer_set(&s->auth_delay, delay, 0.0);
+	ev_timer_start(ingress.loop, &s->auth_delay);
+}
+
 /* The content is in: authenticate it first where the listener says so. */
 static void
 session_admit(struct session *s)
@@ -443,13 +496,18 @@ session_process(struct session *s, const char *data, size_t len)
 			case SMTP_EVENT_NONE:
 				return used;
 			case SMTP_EVENT_AUTH:
-				smtp_auth_done(&s->smtp, credentials_check(ingress.credentials, s->smtp.auth_user,
-														   s->smtp.auth_password));
-				if (s->smtp.auth_account)
-					log_info("%s: authenticated as %s", s->ip, s->smtp.auth_account);
-				else
-					log_info("%s: authentication failed", s->ip);
-				continue;
+				if (auth_throttle_blocked(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop)))
+				{
+					log_info("%s: AUTH refused: too many failed authentications from %s", s->ip,
+							 s->client->ip);
+					smtp_auth_refused(&s->smtp, "454 4.7.0 Too many failed authentications from your"
+												" address, try again later");
+					continue;
+				}
+				/* Hashing takes milliseconds: a thread does it, the session waits. */
+				s->auth_job = auth_worker_submit(ingress.loop, ingress.credentials, s->smtp.auth_user,
+												 s->smtp.auth_password, session_auth_checked, s);
+				return used;
 			case SMTP_EVENT_MESSAGE:
 				session_admit(s);
 				if (s->smtp.event == SMTP_EVENT_NONE && s->smtp.state != SMTP_STATE_CLOSED)
@@ -834,6 +892,8 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->guard.data = s;
 	if (l->session_deadline > 0 || l->min_data_rate > 0)
 		ev_timer_start(ingress.loop, &s->guard);
+	ev_init(&s->auth_delay, session_auth_answer_failure);
+	s->auth_delay.data = s;
 	ev_init(&s->timer, session_on_timeout);
 	s->timer.repeat = l->idle_timeout;
 	s->timer.data = s;

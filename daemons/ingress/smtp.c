@@ -1239,6 +1239,17 @@ smtp_auth_done(struct smtp_session *s, bool ok)
 }
 
 void
+smtp_auth_refused(struct smtp_session *s, const char *reply)
+{
+	s->event = SMTP_EVENT_NONE;
+	s->state = SMTP_STATE_IDLE;
+	smtp_wipe(&s->auth_user);
+	smtp_wipe(&s->auth_password);
+	if (reply)
+		smtp_error(s, "%s", reply);
+}
+
+void
 smtp_admit_done(struct smtp_session *s, bool ok, long long id)
 {
 	s->event = SMTP_EVENT_NONE;

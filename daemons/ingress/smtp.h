@@ -195,6 +195,8 @@ size_t smtp_input(struct smtp_session *s, const char *data, size_t len);
 /* The host's answers to events. */
 void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
 void smtp_auth_done(struct smtp_session *s, bool ok);
+/* AUTH answered without a check (reply, e.g. 454), or with no reply before smtp_close. */
+void smtp_auth_refused(struct smtp_session *s, const char *reply);
 void smtp_admit_done(struct smtp_session *s, bool ok, long long id);
 /* The host refuses the content after all (reply: "554 5.6.0 ..."). */
 void smtp_admit_refused(struct smtp_session *s, const char *reply);

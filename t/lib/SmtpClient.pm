@@ -1,4 +1,4 @@
-# A scripted SMTP client for the TAP tests: one socket, bound to a chosen
+# A scripted SMTP client for the TAP tests: one socket (IPv4 or IPv6), bound to a chosen
 # local address when a test needs the server to see the client come from
 # 127.0.0.x (trusted or untrusted networks), commands sent one at a time or
 # pipelined, and each reply read whole (every line of a multi-line reply).
@@ -9,7 +9,7 @@ use strict;
 use warnings FATAL => 'all';
 
 use Exporter 'import';
-use IO::Socket::INET;
+use IO::Socket::IP;
 use IO::Socket::SSL;
 
 our @EXPORT_OK = qw(read_smtp_reply);
@@ -18,7 +18,7 @@ our @EXPORT_OK = qw(read_smtp_reply);
 sub new
 {
 	my ($class, $port, %opts) = @_;
-	my $socket = IO::Socket::INET->new(
+	my $socket = IO::Socket::IP->new(
 		PeerAddr => $opts{to} // '127.0.0.1',
 		PeerPort => $port,
 		LocalAddr => $opts{from} // '127.0.0.1',

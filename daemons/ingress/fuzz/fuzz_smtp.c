@@ -3,7 +3,8 @@
  * BDAT state machines and the envelope built from what they accept
  * (daemons/ingress/smtp.c, envelope.c), with relay control and recipient
  * validation (relay_control.c, common/local.c) answering RCPT when the
- * settings ask for them.  "make fuzz" runs it.
+ * settings ask for them, and AUTH answered through the failed-AUTH
+ * throttle (auth_throttle.c).  "make fuzz" runs it.
  *
  * Input: one byte of settings, then what a client sends.  The bytes are
  * fed in pieces of varying size, as reads from a socket would be, and the
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth_throttle.h"
 #include "config.h"
 #include "envelope.h"
 #include "local.h"
@@ -66,6 +68,50 @@ fuzz_relay_init(void)
 	config_free(cfg);
 }
 
+/*
+ * AUTH as session.c answers it, with the failed-AUTH throttle of
+ * auth_throttle.c keyed by one client and a clock that ticks per attempt
+ * (the window outlasts a run, so the counts only grow).
+ */
+#define FUZZ_AUTH_LIMIT 3
+
+static struct auth_throttle *fuzz_throttle;
+static double				 fuzz_clock;
+
+static void
+fuzz_auth(struct smtp_session *s)
+{
+	bool   close = false;
+	double delay;
+
+	fuzz_clock += 1.0;
+	if (auth_throttle_blocked(fuzz_throttle, "192.0.2.1", fuzz_clock))
+	{
+		smtp_auth_refused(s, "454 4.7.0 Too many failed authentications from your address");
+		return;
+	}
+	if (strcmp(s->auth_user, "alice") == 0 && strcmp(s->auth_password, "secret") == 0)
+	{
+		smtp_auth_done(s, true);
+		return;
+	}
+	/* Each failure waits longer, within DELAY..32 DELAY. */
+	delay = auth_throttle_failed(fuzz_throttle, "192.0.2.1", fuzz_clock, &close);
+	if (delay < 0.5 || delay > 0.5 * 32)
+		abort();
+	/* The invariant: the limit-th failure closes, and blocks from then on. */
+	if (close != (auth_throttle_failures(fuzz_throttle, "192.0.2.1", fuzz_clock) >= FUZZ_AUTH_LIMIT)
+		|| close != auth_throttle_blocked(fuzz_throttle, "192.0.2.1", fuzz_clock))
+		abort();
+	if (close)
+	{
+		smtp_auth_refused(s, NULL);
+		smtp_close(s, "421 4.7.0 Too many failed authentications, closing connection");
+	}
+	else
+		smtp_auth_done(s, false);
+}
+
 static void
 fuzz_answer(struct smtp_session *s, uint8_t settings)
 {
@@ -88,8 +134,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 			smtp_tls_started(s, &tls);
 			break;
 		case SMTP_EVENT_AUTH:
-			smtp_auth_done(s, strcmp(s->auth_user, "alice") == 0
-								  && strcmp(s->auth_password, "secret") == 0);
+			fuzz_auth(s);
 			break;
 		case SMTP_EVENT_MESSAGE:
 			if ((refusal = envelope_build(s, &origin, &e)) != NULL)
@@ -128,6 +173,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	settings = data[0];
+	/* Each input is a new client: the throttle starts empty. */
+	auth_throttle_free(fuzz_throttle);
+	fuzz_throttle = auth_throttle_new(FUZZ_AUTH_LIMIT, 1e9, 0.5);
+	fuzz_clock = 0;
 	policy.starttls = settings & FUZZ_STARTTLS;
 	policy.auth = settings & FUZZ_AUTH;
 	policy.auth_required = settings & FUZZ_AUTH_REQUIRED;
