@@ -57,6 +57,8 @@ int pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
 /* The row */
 long long	pepsi_id(const struct pepsi_ctx *ctx);
 const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
+/* "stage-" and the stage's name: its section, for the config_*_for getters of config.h. */
+const char *pepsi_section(const struct pepsi_ctx *ctx);
 const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 /* Seconds since the row's received_at (when the pass loaded it): MAX_LIFETIME. */
 double pepsi_message_age(const struct pepsi_ctx *ctx);
@@ -185,6 +187,26 @@ long long pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char
 							const char *const *rcpt, size_t nrcpt, const char *headers,
 							size_t hlen, const char *body, size_t blen, json_t *state,
 							const char *token);
+
+/*
+ * An automatic reply (RFC 3834, common/autoreply.h) from responder to
+ * recipient: enqueue_new, but only if responder sent recipient no reply
+ * in the last interval seconds, and recorded in the same statement
+ * (pepsi.autoreply_due), so two rows racing still send one.  mail_from is
+ * the reply's envelope sender (RFC 3834 3.3: the null sender).  Returns
+ * the new id, 0 when a reply went within the interval, or -1.
+ */
+long long pepsi_enqueue_autoreply(struct pepsi_ctx *ctx, const char *responder, double interval,
+								  const char *stage, const char *mail_from, const char *recipient,
+								  const char *headers, size_t hlen, const char *body, size_t blen,
+								  json_t *state, const char *token);
+
+/*
+ * The per-address settings of address (pepsi.settings, common/settings.h):
+ * a JSON object option -> value, a new reference; NULL (and the message
+ * fails) when they cannot be read.
+ */
+json_t *pepsi_address_settings(struct pepsi_ctx *ctx, const char *address);
 
 /* Fail the message with a reason (logged, and on the status line). */
 int pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -21,6 +21,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "settings.h"
 #include "stage_internal.h"
 #include "touched.h"
 #include "xalloc.h"
@@ -39,6 +40,12 @@ const char *
 pepsi_stage_name(const struct pepsi_ctx *ctx)
 {
 	return ctx->stage_name;
+}
+
+const char *
+pepsi_section(const struct pepsi_ctx *ctx)
+{
+	return ctx->section;
 }
 
 double
@@ -212,6 +219,17 @@ pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option)
 	struct stage_row_scope s = stage_row_scope(ctx);
 
 	return config_duration_ms_for(ctx->worker->cfg, ctx->section, option, s.domain, s.address) / 1000.0;
+}
+
+json_t *
+pepsi_address_settings(struct pepsi_ctx *ctx, const char *address)
+{
+	char	err[512];
+	json_t *settings = settings_for_address(ctx->worker->conn, address, err, sizeof(err));
+
+	if (settings == NULL)
+		pepsi_error(ctx, "%s", err);
+	return settings;
 }
 
 /* ---------------------------------------------------------------------------

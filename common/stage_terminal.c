@@ -325,16 +325,21 @@ pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *grou
 	return rc;
 }
 
-long long
-pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
-				  const char *const *rcpt, size_t nrcpt, const char *headers, size_t hlen,
-				  const char *body, size_t blen, json_t *state, const char *token)
+/*
+ * workqueue_inject through sql, whose $1..$7 are its arguments and $8..
+ * the extra ones; the id of its one row, 0 for none or NULL, -1 on error.
+ */
+static long long
+stage_inject(struct pepsi_ctx *ctx, const char *sql, const char *stage, const char *mail_from,
+			 const char *const *rcpt, size_t nrcpt, const char *headers, size_t hlen,
+			 const char *body, size_t blen, json_t *state, const char *token,
+			 const char *const *extra, int nextra)
 {
 	struct buf	array = BUF_INIT;
 	char	   *state_text = state ? stage_json_text(state) : xstrdup("{}");
-	const char *values[7];
-	int			lengths[7] = {0};
-	int			formats[7] = {0};
+	const char *values[9];
+	int			lengths[9] = {0};
+	int			formats[9] = {0};
 	PGresult   *res;
 	long long	id = 0;
 
@@ -353,12 +358,12 @@ pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_fro
 	formats[4] = 1;
 	values[5] = state_text;
 	values[6] = token;
-	res = PQexecParams(ctx->worker->conn,
-					   "SELECT pepsi.workqueue_inject($1, $2, $3, $4, $5, $6, $7)",
-					   7, NULL, values, lengths, formats, 0);
+	for (int i = 0; i < nextra && i < 2; i++)
+		values[7 + i] = extra[i];
+	res = PQexecParams(ctx->worker->conn, sql, 7 + nextra, NULL, values, lengths, formats, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		pepsi_error(ctx, "enqueue_new at stage %s failed: %s", stage, db_error(res, ctx->worker->conn));
-	else if (!PQgetisnull(res, 0, 0))
+	else if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
 		id = atoll(PQgetvalue(res, 0, 0));
 	PQclear(res);
 	free(state_text);
@@ -381,4 +386,30 @@ pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char 
 		pepsi_error(ctx, "%s: the answer is not JSON: %s", sql, jerr.text);
 	PQclear(res);
 	return answer;
+}
+
+long long
+pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
+				  const char *const *rcpt, size_t nrcpt, const char *headers, size_t hlen,
+				  const char *body, size_t blen, json_t *state, const char *token)
+{
+	return stage_inject(ctx, "SELECT pepsi.workqueue_inject($1, $2, $3, $4, $5, $6, $7)", stage,
+						mail_from, rcpt, nrcpt, headers, hlen, body, blen, state, token, NULL, 0);
+}
+
+long long
+pepsi_enqueue_autoreply(struct pepsi_ctx *ctx, const char *responder, double interval,
+						const char *stage, const char *mail_from, const char *recipient,
+						const char *headers, size_t hlen, const char *body, size_t blen,
+						json_t *state, const char *token)
+{
+	char		seconds[64];
+	const char *extra[2] = {responder, seconds};
+
+	snprintf(seconds, sizeof(seconds), "%.3f", interval);
+	return stage_inject(ctx,
+						"SELECT pepsi.workqueue_inject($1, $2, $3, $4, $5, $6, $7)"
+						" FROM pepsi.autoreply_due($8, ($3::text[])[1], $9 * interval '1 second') AS d (due)"
+						" WHERE d.due",
+						stage, mail_from, &recipient, 1, headers, hlen, body, blen, state, token, extra, 2);
 }

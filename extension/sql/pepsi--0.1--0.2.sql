@@ -1521,3 +1521,118 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('bounce_gather'), ('dsn_rate_take
 SELECT pepsi.grant_apply();
 
 -- end of backscatter caps
+
+-- ===========================================================================
+-- Vacation: RFC 3834 automatic replies (stages/vacation, common/autoreply.c)
+--
+-- An account's owner sets a vacation notice for their own address with
+-- pepsi.vacation_set: rows of the per-address settings (pepsi.settings:
+-- VACATION, VACATION_MESSAGE, VACATION_SUBJECT, VACATION_INTERVAL), each
+-- value checked, the change audited.  pepsi.autoreply_sent remembers when
+-- a responder last answered a sender, so that a sender gets at most one
+-- reply per interval; the stage checks and records it in the very
+-- statement that injects the reply (pepsi.autoreply_due), and the table
+-- is the owner's alone.
+-- ===========================================================================
+
+CREATE TABLE pepsi.autoreply_sent (
+    responder   text NOT NULL,
+    recipient   text NOT NULL,
+    sent_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (responder, recipient)
+);
+COMMENT ON TABLE pepsi.autoreply_sent IS
+    'When an automatic responder (a vacation notice) last answered a sender (RFC 3834: once per interval)';
+
+-- Is a reply from responder to recipient due (none within every)?  If so,
+-- it is recorded as sent now.  Concurrent callers for one pair: one wins.
+CREATE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF responder IS NULL OR recipient IS NULL OR every IS NULL THEN
+        RAISE EXCEPTION 'responder, recipient and every must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at)
+    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now())
+    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now()
+        WHERE s.sent_at <= now() - every;
+    RETURN FOUND;
+END
+$$;
+
+-- Set the vacation notice of address: message (its text), subject (NULL:
+-- "Auto: " and the original subject), every (one reply per sender in that
+-- time, RFC 3834's default of 7 days).  A new notice answers everyone
+-- afresh.  Audited in pepsi.event_log.
+CREATE FUNCTION pepsi.vacation_set(address text, message text, subject text DEFAULT NULL,
+                                   every interval DEFAULT '7 days') RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text := pepsi.virtual_mailbox_canonical(address);
+    seconds bigint;
+BEGIN
+    IF message IS NULL OR btrim(message) = '' THEN
+        RAISE EXCEPTION 'a vacation notice needs a message'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(message) > 10000 OR message ~ '[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]' THEN
+        RAISE EXCEPTION 'invalid vacation message'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A message is text of at most 10000 bytes: lines, tabs, no other control character.';
+    END IF;
+    IF subject IS NOT NULL AND (subject ~ '[[:cntrl:]]' OR length(subject) > 200) THEN
+        RAISE EXCEPTION 'invalid vacation subject'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A subject is one line of at most 200 characters.';
+    END IF;
+    IF every IS NULL OR every < interval '1 second' OR every > interval '365 days' THEN
+        RAISE EXCEPTION 'invalid vacation interval %', every
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'One reply per sender in at least a second and at most 365 days.';
+    END IF;
+    seconds := ceil(extract(epoch FROM every));
+    INSERT INTO pepsi.settings AS s (address, option, value)
+    VALUES (canonical, 'VACATION', 'yes'), (canonical, 'VACATION_MESSAGE', message),
+           (canonical, 'VACATION_INTERVAL', seconds || 's')
+    ON CONFLICT ON CONSTRAINT settings_pkey DO UPDATE SET value = excluded.value, updated_at = now();
+    IF subject IS NULL THEN
+        DELETE FROM pepsi.settings s WHERE s.address = canonical AND s.option = 'VACATION_SUBJECT';
+    ELSE
+        INSERT INTO pepsi.settings AS s (address, option, value)
+        VALUES (canonical, 'VACATION_SUBJECT', subject)
+        ON CONFLICT ON CONSTRAINT settings_pkey DO UPDATE SET value = excluded.value, updated_at = now();
+    END IF;
+    DELETE FROM pepsi.autoreply_sent a WHERE a.responder = canonical;
+    PERFORM pepsi.event_log_write('vacation_set',
+        jsonb_build_object('address', canonical, 'subject', subject, 'interval_seconds', seconds));
+END
+$$;
+
+-- End the vacation notice of address; false if there was none.  Audited.
+CREATE FUNCTION pepsi.vacation_unset(address text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    canonical text := pepsi.virtual_mailbox_canonical(address);
+    removed boolean;
+BEGIN
+    DELETE FROM pepsi.settings s
+    WHERE s.address = canonical
+      AND s.option IN ('VACATION', 'VACATION_MESSAGE', 'VACATION_SUBJECT', 'VACATION_INTERVAL');
+    removed := FOUND;
+    DELETE FROM pepsi.autoreply_sent a WHERE a.responder = canonical;
+    PERFORM pepsi.event_log_write('vacation_unset',
+        jsonb_build_object('address', canonical, 'removed', removed));
+    RETURN removed;
+END
+$$;
+
+INSERT INTO pepsi.grant_owner (name) VALUES ('autoreply_sent');
+INSERT INTO pepsi.grant_definer (name) VALUES ('autoreply_due'), ('vacation_set'), ('vacation_unset');
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'autoreply_due', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'vacation_set', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'vacation_unset', '{EXECUTE}');
+SELECT pepsi.grant_apply();
+
+-- end of vacation

@@ -208,12 +208,9 @@ forward_user_of(const char *address)
 static char *
 forward_candidate(struct pepsi_ctx *ctx, const char *recipient)
 {
-	char	   *section = xasprintf("stage-%s", pepsi_stage_name(ctx));
-	const char *domains = local_domains(pepsi_config(ctx), section);
-	bool		local = local_address_is_local(domains, recipient);
+	const char *domains = local_domains(pepsi_config(ctx), pepsi_section(ctx));
 
-	free(section);
-	return local ? forward_user_of(recipient) : NULL;
+	return local_address_is_local(domains, recipient) ? forward_user_of(recipient) : NULL;
 }
 
 /* Is address named by a Delivered-To field of headers? */
