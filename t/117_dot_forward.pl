@@ -27,7 +27,10 @@ my $shared = shared_dir();
 my $homes = "$shared/home";
 my $root = "$shared/maildir";
 my $sender = 'sender@local.test';
-my $group = 'pepsi-fwtest';
+# Names of this run's own (so that two runs at once never share a user).
+my $tag = $$ % 1000000;
+my %u = map { $_ => "fw$tag$_" } qw(alice bob dave erin frank gina hank ivy);
+my $group = "pepsi-fw$tag";
 my $helper = 'pepsi-helper-dot-forward';
 my $stage = 'pepsi-stage-dot-forward';
 my $bin = "$shared/bin";
@@ -37,7 +40,7 @@ mkdir $root;
 add_system_group($group);
 install_privileged(dirname(pepsi_bin('pepsi-dispatch')), $bin, $group, $helper, $stage);
 my %user;
-for my $name (qw(pfwalice pfwbob pfwdave pfwerin pfwfrank pfwgina pfwhank pfwivy))
+for my $name (values %u)
 {
 	add_system_user($name, $homes);
 	$user{$name} = [ (getpwnam($name))[ 2, 3 ] ];
@@ -105,54 +108,54 @@ sub settled { return poll_until(sub { queue_count($node) == 0 }, 60) }
 sub files { return scalar(maildir_files($root, $_[0])) }
 
 # 1. Forwarded to another address, with Delivered-To stamped.
-dot_forward('pfwalice', "# away\ncarol\@local.test\n");
-deliver('pfwalice@local.test', subject => 'one');
+dot_forward($u{alice}, "# away\ncarol\@local.test\n");
+deliver("$u{alice}\@local.test", subject => 'one');
 ok(settled(), 'the forwarded message is delivered');
 is(files('carol@local.test'), 1, 'carol has it');
-is(files('pfwalice@local.test'), 0, 'alice has no copy');
+is(files("$u{alice}\@local.test"), 0, 'alice has no copy');
 my ($carol) = maildir_files($root, 'carol@local.test');
-like(slurp($carol), qr/\AReturn-Path: <\Q$sender\E>\r\nDelivered-To: carol\@local.test\r\nDelivered-To: pfwalice\@local.test\r\nFrom:/,
-	'it carries Delivered-To: pfwalice above the original headers');
+like(slurp($carol), qr/\AReturn-Path: <\Q$sender\E>\r\nDelivered-To: carol\@local.test\r\nDelivered-To: $u{alice}\@local.test\r\nFrom:/,
+	'it carries Delivered-To: $u{alice} above the original headers');
 
 # 2. "\user" keeps a local copy.
-dot_forward('pfwbob', "\\pfwbob, carol\@local.test\n");
-deliver('pfwbob@local.test', subject => 'two');
+dot_forward($u{bob}, "\\$u{bob}, carol\@local.test\n");
+deliver("$u{bob}\@local.test", subject => 'two');
 ok(settled(), 'settled');
-is(files('pfwbob@local.test'), 1, 'bob keeps a copy');
+is(files("$u{bob}\@local.test"), 1, 'bob keeps a copy');
 is(files('carol@local.test'), 2, 'and carol gets one');
 
 # 3. A loop: dave -> erin -> dave bounces with 5.4.6.
-dot_forward('pfwdave', "pfwerin\@local.test\n");
-dot_forward('pfwerin', "pfwdave\@local.test\n");
-deliver('pfwdave@local.test', subject => 'three');
+dot_forward($u{dave}, "$u{erin}\@local.test\n");
+dot_forward($u{erin}, "$u{dave}\@local.test\n");
+deliver("$u{dave}\@local.test", subject => 'three');
 ok(settled(), 'the loop ends');
-is(files('pfwdave@local.test') + files('pfwerin@local.test'), 0, 'nothing delivered in the loop');
+is(files("$u{dave}\@local.test") + files("$u{erin}\@local.test"), 0, 'nothing delivered in the loop');
 my @dsns = maildir_files($root, $sender);
 is(scalar @dsns, 1, 'one bounce');
 my (undef, $rcpts) = dsn_fields(parse_dsn(slurp($dsns[-1])));
 is($rcpts->[0]{status}, '5.4.6', 'status 5.4.6');
-like($rcpts->[0]{'diagnostic-code'}, qr/forwarding loop for pfwdave\@local\.test/, 'the loop is named');
+like($rcpts->[0]{'diagnostic-code'}, qr/forwarding loop for $u{dave}\@local\.test/, 'the loop is named');
 
 # 4. Unsafe .forward files are ignored, with a log line.
-dot_forward('pfwfrank', "carol\@local.test\n", mode => 0664);
-deliver('pfwfrank@local.test', subject => 'four');
-dot_forward('pfwgina', "carol\@local.test\n", owner => 'pfwalice');
-deliver('pfwgina@local.test', subject => 'five');
+dot_forward($u{frank}, "carol\@local.test\n", mode => 0664);
+deliver("$u{frank}\@local.test", subject => 'four');
+dot_forward($u{gina}, "carol\@local.test\n", owner => $u{alice});
+deliver("$u{gina}\@local.test", subject => 'five');
 ok(settled(), 'settled');
-is(files('pfwfrank@local.test'), 1, 'a group-writable .forward is ignored: frank gets his mail');
-is(files('pfwgina@local.test'), 1, 'a .forward owned by another user is ignored');
+is(files("$u{frank}\@local.test"), 1, 'a group-writable .forward is ignored: frank gets his mail');
+is(files("$u{gina}\@local.test"), 1, 'a .forward owned by another user is ignored');
 is(files('carol@local.test'), 2, 'neither forwarded');
-ok(file_shows($log, qr/<pfwfrank\@local\.test>: ~pfwfrank\/\.forward ignored: \.forward is group- or world-writable/),
+ok(file_shows($log, qr/<$u{frank}\@local\.test>: ~$u{frank}\/\.forward ignored: \.forward is group- or world-writable/),
 	'the group-writable one is logged');
-ok(file_shows($log, qr/<pfwgina\@local\.test>: ~pfwgina\/\.forward ignored: \.forward is owned by uid $user{pfwalice}[0], not by pfwgina/),
+ok(file_shows($log, qr/<$u{gina}\@local\.test>: ~$u{gina}\/\.forward ignored: \.forward is owned by uid $user{$u{alice}}[0], not by $u{gina}/),
 	'the foreign-owned one is logged');
 
 # 5. A command is refused unless allowed: that entry bounces (5.7.1), the rest happens.
-dot_forward('pfwhank', "\\pfwhank\n\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n");
-deliver('pfwhank@local.test', subject => 'six');
+dot_forward($u{hank}, "\\$u{hank}\n\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n");
+deliver("$u{hank}\@local.test", subject => 'six');
 ok(settled(), 'settled');
-is(files('pfwhank@local.test'), 1, 'the local copy is delivered');
-ok(!-e "$homes/pfwhank/env.out", 'the command did not run');
+is(files("$u{hank}\@local.test"), 1, 'the local copy is delivered');
+ok(!-e "$homes/$u{hank}/env.out", 'the command did not run');
 @dsns = maildir_files($root, $sender);
 is(scalar @dsns, 2, 'a bounce for the command');
 (undef, $rcpts) = dsn_fields(parse_dsn(slurp($dsns[-1])));
@@ -160,49 +163,49 @@ is($rcpts->[0]{status}, '5.7.1', 'status 5.7.1');
 ok(file_shows($log, qr/refused: ALLOW_FORWARD_PIPES is off/), 'logged');
 
 # 6. Bad input: a malformed line, an over-long one, a control character: logged, skipped, no crash.
-dot_forward('pfwivy', "carol\@local.test\nbad <address\n" . ('x' x 5000) . "\@local.test\n"
-	  . "ctl\x01char\@local.test\n\"unterminated\n\\pfwivy\n");
-deliver('pfwivy@local.test', subject => 'seven');
+dot_forward($u{ivy}, "carol\@local.test\nbad <address\n" . ('x' x 5000) . "\@local.test\n"
+	  . "ctl\x01char\@local.test\n\"unterminated\n\\$u{ivy}\n");
+deliver("$u{ivy}\@local.test", subject => 'seven');
 ok(settled(), 'settled');
-is(files('pfwivy@local.test'), 1, 'ivy keeps her copy');
+is(files("$u{ivy}\@local.test"), 1, 'ivy keeps her copy');
 is(files('carol@local.test'), 3, 'carol gets the forward');
 my $text = slurp($log);
-like($text, qr/~pfwivy\/\.forward line 2 an address with a character it cannot have/, 'the malformed line is named');
-like($text, qr/~pfwivy\/\.forward line 3 a line longer than 4096 bytes/, 'the over-long line is named');
-like($text, qr/~pfwivy\/\.forward line 4 a control character/, 'the control character is named');
-like($text, qr/~pfwivy\/\.forward line 5 an unterminated double quote/, 'the open quote is named');
+like($text, qr/~$u{ivy}\/\.forward line 2 an address with a character it cannot have/, 'the malformed line is named');
+like($text, qr/~$u{ivy}\/\.forward line 3 a line longer than 4096 bytes/, 'the over-long line is named');
+like($text, qr/~$u{ivy}\/\.forward line 4 a control character/, 'the control character is named');
+like($text, qr/~$u{ivy}\/\.forward line 5 an unterminated double quote/, 'the open quote is named');
 
 # 7. Commands and files allowed: run as the owner, with a clean environment.
 stop_dispatcher($d);
 $d = start_dispatcher(write_graph(pipes => 1), log => $log,
 	program => [ as_cluster_user(pepsi_bin('pepsi-dispatch')) ]);
-dot_forward('pfwhank', "\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n"
-	  . "$homes/pfwhank/mbox\n");
-deliver('pfwhank@local.test', subject => 'eight');
+dot_forward($u{hank}, "\"|env > \$HOME/env.out; id -u >> \$HOME/env.out; cat > \$HOME/msg.out\"\n"
+	  . "$homes/$u{hank}/mbox\n");
+deliver("$u{hank}\@local.test", subject => 'eight');
 ok(settled(), 'settled');
-ok(-e "$homes/pfwhank/env.out", 'the command ran');
-is((stat "$homes/pfwhank/env.out")[4], $user{pfwhank}[0], 'as hank');
-my @env = split /\n/, slurp("$homes/pfwhank/env.out");
+ok(-e "$homes/$u{hank}/env.out", 'the command ran');
+is((stat "$homes/$u{hank}/env.out")[4], $user{$u{hank}}[0], 'as hank');
+my @env = split /\n/, slurp("$homes/$u{hank}/env.out");
 my $uid = pop @env;
-is($uid, $user{pfwhank}[0], 'id -u says hank');
+is($uid, $user{$u{hank}}[0], 'id -u says hank');
 my %env = map { /^([^=]+)=(.*)$/ ? ($1, $2) : () } @env;
 is_deeply([ sort grep { !/^(PWD|SHLVL|_)$/ } keys %env ],
 	[qw(HOME LOGNAME PATH RECIPIENT SENDER SHELL USER)], 'a clean environment');
 is($env{SENDER}, $sender, 'SENDER');
-is($env{HOME}, "$homes/pfwhank", 'HOME');
-like(slurp("$homes/pfwhank/msg.out"), qr/\AReturn-Path: <\Q$sender\E>\nDelivered-To: pfwhank\@local.test\nFrom:.*\nSubject: eight\n\nhello\n\z/s,
+is($env{HOME}, "$homes/$u{hank}", 'HOME');
+like(slurp("$homes/$u{hank}/msg.out"), qr/\AReturn-Path: <\Q$sender\E>\nDelivered-To: $u{hank}\@local.test\nFrom:.*\nSubject: eight\n\nhello\n\z/s,
 	'the command read the message, LF line ends');
-like(slurp("$homes/pfwhank/mbox"), qr/\AFrom \Q$sender\E .*\nReturn-Path:.*Subject: eight\n\nhello\n\n\z/s,
+like(slurp("$homes/$u{hank}/mbox"), qr/\AFrom \Q$sender\E .*\nReturn-Path:.*Subject: eight\n\nhello\n\n\z/s,
 	'the file got it in mbox form');
-is((stat "$homes/pfwhank/mbox")[4], $user{pfwhank}[0], 'written as hank');
-is(files('pfwhank@local.test'), 1, 'no new mailbox copy (no \\pfwhank)');
+is((stat "$homes/$u{hank}/mbox")[4], $user{$u{hank}}[0], 'written as hank');
+is(files("$u{hank}\@local.test"), 1, 'no new mailbox copy (no \\$u{hank})');
 
 # 8. The helper refuses whoever is not of its group.
-my $out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$bin/$helper", 'read', 'pfwalice') ]} 2>&1`;
+my $out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$bin/$helper", 'read', $u{alice}) ]} 2>&1`;
 isnt($? >> 8, 0, 'mode 4750: the cluster user cannot run the helper');
 system('cp', "$bin/$helper", "$shared/open-helper");
 chmod 04755, "$shared/open-helper";
-$out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$shared/open-helper", 'read', 'pfwalice') ]} 2>&1`;
+$out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$shared/open-helper", 'read', $u{alice}) ]} 2>&1`;
 like($out, qr/refused: uid \d+ is not of group \d+/, 'and the helper itself refuses a caller outside its group');
 unlink "$shared/open-helper";
 
