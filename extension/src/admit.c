@@ -10,6 +10,8 @@
 #include "pepsi.h"
 
 #include "catalog/pg_type.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 
 PG_FUNCTION_INFO_V1(workqueue_add);
@@ -41,6 +43,36 @@ admit_arg_state(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * The admission roles face the outside world (pepsi-ingress, pepsi-sendmail):
+ * they may start a message only where the pipeline starts
+ * (pepsi.admission_stage), never put it straight at a delivery stage past
+ * the checks.  The pipeline itself (pepsi_stage) and superusers may admit
+ * anywhere.  The caller is the role outside these SECURITY DEFINER
+ * functions.
+ */
+static void
+admit_check_stage(const text *stage)
+{
+	Oid	  caller = GetOuterUserId();
+	Oid	  pipeline = get_role_oid("pepsi_stage", true);
+	Oid	  admission = get_role_oid("pepsi_ingress", true);
+	char *wanted = text_to_cstring(stage);
+
+	if (superuser_arg(caller) || (OidIsValid(pipeline) && has_privs_of_role(caller, pipeline))
+		|| !OidIsValid(admission) || !has_privs_of_role(caller, admission))
+		return;
+	if (pepsi_admission_stage == NULL || strcmp(wanted, pepsi_admission_stage) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" may admit messages only at stage \"%s\", not \"%s\"",
+						GetUserNameFromId(caller, false),
+						pepsi_admission_stage ? pepsi_admission_stage : "", wanted),
+				 errdetail("Members of pepsi_ingress start a message where the pipeline starts (pepsi.admission_stage)."),
+				 errhint("If [ingress] INIT_STAGE is another stage, a superuser sets it: ALTER DATABASE ... SET pepsi.admission_stage = '%s'.",
+						 wanted)));
+}
+
+/*
  * The admission: the body and the row in one statement, and with
  * log_detail the mail log's "received" row in the same transaction.
  * Arguments 0 to 7 are workqueue_add's.
@@ -66,7 +98,11 @@ admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 	nulls[5] = PG_ARGISNULL(5) ? 'n' : ' ';
 	values[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
 	nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
+	/* The account becomes the sender_key and a header field: one line of text. */
+	if (!PG_ARGISNULL(6))
+		check_address((const text *) PG_GETARG_TEXT_PP(6), "auth_account", 0);
 	values[7] = PointerGetDatum(arg_stage(fcinfo, 7, "stage"));
+	admit_check_stage((const text *) DatumGetPointer(values[7]));
 
 	SPI_connect();
 	queue_exec(queue_plan(&plan,
@@ -128,6 +164,7 @@ workqueue_inject(PG_FUNCTION_ARGS)
 	bool			  inserted;
 
 	values[0] = PointerGetDatum(arg_stage(fcinfo, 0, "stage"));
+	admit_check_stage((const text *) DatumGetPointer(values[0]));
 	values[1] = PointerGetDatum(arg_address(fcinfo, 1, "mail_from"));
 	values[2] = PointerGetDatum(arg_recipients(fcinfo, 2, "rcpt_to"));
 	values[3] = PointerGetDatum(admit_arg_bytes(fcinfo, 3, "headers"));

@@ -17,6 +17,7 @@ int	  pepsi_maintenance_interval_ms = 1000;
 int	  pepsi_body_gc_interval_s = 60;
 int	  pepsi_mail_log_retention_s = 7 * 24 * 3600;
 char *pepsi_admin_account = NULL;
+char *pepsi_admission_stage = NULL;
 
 void _PG_init(void);
 
@@ -55,6 +56,16 @@ _PG_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
+	DefineCustomStringVariable("pepsi.admission_stage",
+							   "The one stage members of pepsi_ingress may admit messages at.",
+							   "pepsi-ingress and pepsi-sendmail face the outside world: they may put a message only where "
+							   "the pipeline starts, never straight at a delivery stage.  Set it where the superuser sets "
+							   "GUCs (ALTER DATABASE ... SET) when [ingress] INIT_STAGE is not \"init\".",
+							   &pepsi_admission_stage,
+							   "init",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
 #if PG_VERSION_NUM >= 150000
 	DefineCustomStringVariable("pepsi.admin_account",
 							   "The administrator pepsi-httpd acts for, recorded in pepsi.event_log.",
