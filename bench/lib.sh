@@ -59,6 +59,17 @@
 #                             Sets BENCH_INGRESS_PID and BENCH_DISPATCH_PID;
 #                             stopped by bench_cleanup or bench_pepsi_stop
 #   bench_pepsi_stop          stop them (to start again with other stages)
+#   bench_dovecot_start DIR   a private Dovecot in DIR (a new directory:
+#                             base_dir, Maildirs under DIR/mail/<user>,
+#                             static userdb) as the unprivileged user,
+#                             LMTP on the Unix socket DIR/run/lmtp (mode
+#                             0666, so Postfix's lmtp(8) reaches it too);
+#                             mail is fsynced (mail_fsync = always: durable).
+#                             Stopped and removed by bench_cleanup (or
+#                             bench_dovecot_stop DIR)
+#   bench_dovecot_stop DIR    stop that instance (DIR stays: bench_cleanup
+#                             removes it)
+#   bench_dovecot_delivered DIR   the messages in its Maildirs' new/
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -79,6 +90,7 @@ BENCH_DIR=
 BENCH_PORT=${BENCH_PORT:-5432}
 BENCH_DB=bench
 BENCH_POSTFIX_DIRS=()
+BENCH_DOVECOT_DIRS=()
 BENCH_SINK_PID=
 BENCH_INGRESS_PID=
 BENCH_DISPATCH_PID=
@@ -93,6 +105,11 @@ bench_cleanup() {
     for dir in ${BENCH_POSTFIX_DIRS[@]+"${BENCH_POSTFIX_DIRS[@]}"}; do
         bench_postfix_stop "$dir"
     done
+    for dir in ${BENCH_DOVECOT_DIRS[@]+"${BENCH_DOVECOT_DIRS[@]}"}; do
+        bench_dovecot_stop "$dir"
+        rm -rf "$dir"
+    done
+    BENCH_DOVECOT_DIRS=()
     [ -n "$BENCH_DIR" ] && [ -d "$BENCH_DIR" ] || return 0
     if [ -f "$BENCH_DIR/data/postmaster.pid" ]; then
         as_user "$PGBIN/pg_ctl" -D "$BENCH_DIR/data" -m immediate stop >/dev/null 2>&1 || true
@@ -359,4 +376,83 @@ bench_postfix_wait_deferred() {
         return 1
     fi
     echo "$deferred"
+}
+
+bench_dovecot_start() {
+    local dir=$1 user group uid gid
+    user=$PEPSI_USER
+    [ "$(id -u)" -eq 0 ] || user=$(id -un)
+    group=$(id -gn "$user") uid=$(id -u "$user") gid=$(id -g "$user")
+    mkdir -p "$dir/run" "$dir/mail" "$dir/state"
+    chmod 755 "$dir"
+    give_to_user "$dir"
+    BENCH_DOVECOT_DIRS+=("$dir")
+    cat >"$dir/dovecot.conf" <<CONF
+# A private Dovecot for the benchmarks (bench/lib.sh): LMTP only.
+base_dir = $dir/run
+state_dir = $dir/state
+log_path = $dir/dovecot.log
+instance_name = pepsi-bench-$$
+default_internal_user = $user
+default_internal_group = $group
+default_login_user = $user
+first_valid_uid = $uid
+last_valid_uid = $uid
+protocols = lmtp
+ssl = no
+listen = 127.0.0.1
+auth_username_format = %Ln
+mail_location = maildir:~/Maildir
+mail_fsync = always
+# LMTP needs only the userdb; auth refuses to start without a passdb.
+passdb {
+  driver = static
+  args = nopassword=y
+}
+userdb {
+  driver = static
+  args = uid=$uid gid=$gid home=$dir/mail/%n
+}
+service lmtp {
+  unix_listener lmtp {
+    mode = 0666
+  }
+}
+service auth {
+  user = $user
+}
+service auth-worker {
+  user = $user
+}
+service anvil {
+  chroot =
+}
+service stats {
+  chroot =
+}
+CONF
+    give_to_user "$dir/dovecot.conf"
+    as_user /usr/sbin/dovecot -c "$dir/dovecot.conf" || {
+        cat "$dir/dovecot.log" >&2
+        return 1
+    }
+    for _ in $(seq 1 100); do
+        [ -S "$dir/run/lmtp" ] && return 0
+        sleep 0.1
+    done
+    echo "dovecot did not come up (see $dir/dovecot.log)" >&2
+    return 1
+}
+
+bench_dovecot_stop() {
+    [ -f "$1/dovecot.conf" ] && [ -f "$1/run/master.pid" ] || return 0
+    as_user /usr/sbin/dovecot -c "$1/dovecot.conf" stop >/dev/null 2>&1 || true
+    for _ in $(seq 1 100); do
+        [ -f "$1/run/master.pid" ] || return 0
+        sleep 0.1
+    done
+}
+
+bench_dovecot_delivered() {
+    find "$1/mail" -path '*/new/*' -type f 2>/dev/null | wc -l
 }
