@@ -568,4 +568,5 @@ delivery_envelope(const struct pepsi_ctx *ctx, size_t n, const char **rcpt, cons
 	env->envid = delivery_dsn_param(ctx, "envid");
 	env->body_8bit = body && strcasecmp(body, "8BITMIME") == 0;
 	env->smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
+	env->requiretls = json_is_true(json_object_get(origin, "requiretls"));
 }

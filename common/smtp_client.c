@@ -32,7 +32,9 @@
 
 #include "log.h"
 #include "message.h"
+#include "mime_downgrade.h"
 #include "smtp_client_internal.h"
+#include "tls_policy.h"
 #include "xalloc.h"
 
 /* When the options leave them at 0. */
@@ -206,16 +208,25 @@ smtp_client_close(struct smtp_client *c)
 	smtp_io_drop(c);
 }
 
+/* What a server without EHLO (or before it answered) offers: nothing. */
+static void
+smtp_forget_extensions(struct smtp_client *c)
+{
+	c->esmtp = false;
+	c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
+	c->has_chunking = c->has_binarymime = c->has_requiretls = false;
+	c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
+	c->size_limit = 0;
+}
+
 /* The EHLO keywords we act on: one per line after the first (the server's name). */
 static void
 smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
 {
 	const char *line = strchr(r->text.data, '\n');
 
+	smtp_forget_extensions(c);
 	c->esmtp = true;
-	c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
-	c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
-	c->size_limit = 0;
 	while (line)
 	{
 		const char *end;
@@ -234,6 +245,12 @@ smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
 			c->has_8bitmime = true;
 		else if (strcasecmp(word, "SMTPUTF8") == 0)
 			c->has_smtputf8 = true;
+		else if (strcasecmp(word, "CHUNKING") == 0)
+			c->has_chunking = true;
+		else if (strcasecmp(word, "BINARYMIME") == 0)
+			c->has_binarymime = true;
+		else if (strcasecmp(word, "REQUIRETLS") == 0)
+			c->has_requiretls = true;
 		else if (strcasecmp(word, "DSN") == 0)
 			c->has_dsn = true;
 		else if (strcasecmp(word, "ENHANCEDSTATUSCODES") == 0)
@@ -286,10 +303,7 @@ smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
 			return false;
 		if (res->reply.code / 100 == 2)
 		{
-			c->esmtp = false;
-			c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
-			c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
-			c->size_limit = 0;
+			smtp_forget_extensions(c);
 			return true;
 		}
 	}
@@ -359,6 +373,74 @@ smtp_auth(struct smtp_client *c, struct smtp_result *res)
 	return ok && res->reply.code == 235;
 }
 
+/* Does this session have to have TLS, and does it want it when offered? */
+static void
+smtp_tls_wanted(const struct smtp_client *c, bool *want, bool *must)
+{
+	if (c->policy)
+	{
+		*want = true;
+		*must = tls_policy_requires_tls(c->policy);
+		return;
+	}
+	*want = c->opt.tls != SMTP_TLS_NONE;
+	*must = c->opt.tls == SMTP_TLS_VERIFY || c->opt.tls == SMTP_TLS_NO_VERIFY;
+}
+
+/* STARTTLS, the handshake and EHLO again, as the policy or the tls option says; false on failure. */
+static bool
+smtp_starttls(struct smtp_client *c, struct smtp_result *res)
+{
+	bool want;
+	bool must;
+	char reason[300];
+
+	smtp_tls_wanted(c, &want, &must);
+	c->tls_outcome[0] = c->tls_result[0] = '\0';
+	c->tls_verified = false;
+	if (!want || (!c->has_starttls && !must))
+	{
+		/* In clear: a policy still says so, for the log and TLSRPT. */
+		if (c->policy)
+			(void) tls_policy_check(c->policy, NULL, c->has_starttls, &c->tls_verified, c->tls_outcome,
+									sizeof(c->tls_outcome), c->tls_result, sizeof(c->tls_result),
+									reason, sizeof(reason));
+		return true;
+	}
+	res->phase = SMTP_PHASE_STARTTLS;
+	if (!c->has_starttls)
+	{
+		if (c->policy)
+		{
+			(void) tls_policy_check(c->policy, NULL, false, &c->tls_verified, c->tls_outcome,
+									sizeof(c->tls_outcome), c->tls_result, sizeof(c->tls_result),
+									reason, sizeof(reason));
+			smtp_io_set_error(c, "%s does not offer STARTTLS, which the %s policy requires", c->peer,
+							  tls_policy_name(c->policy));
+		}
+		else
+			smtp_io_set_error(c, "%s does not offer STARTTLS, which TLS = %s requires", c->peer,
+							  c->opt.tls == SMTP_TLS_VERIFY ? "verify" : "no-verify");
+		smtp_reply_reset(&res->reply);
+		return false;
+	}
+	if (!smtp_io_command(c, &res->reply, "STARTTLS") || res->reply.code != 220)
+		return false;
+	if (c->in.len > 0)
+	{
+		/* Anything sent before the handshake could be injected; refuse it. */
+		smtp_io_set_error(c, "%s sent data after its STARTTLS reply", c->peer);
+		smtp_reply_reset(&res->reply);
+		return false;
+	}
+	if (!smtp_io_tls_handshake(c, res))
+	{
+		smtp_reply_reset(&res->reply);
+		return false;
+	}
+	return smtp_ehlo(c, res);
+}
+
 /* From DISCONNECTED to READY; on failure res says why and the session is dropped. */
 static bool
 smtp_open(struct smtp_client *c, struct smtp_result *res)
@@ -382,33 +464,8 @@ smtp_open(struct smtp_client *c, struct smtp_result *res)
 	}
 	if (!smtp_ehlo(c, res))
 		goto err;
-	if (c->opt.tls != SMTP_TLS_NONE && (c->has_starttls || c->opt.tls != SMTP_TLS_MAY))
-	{
-		res->phase = SMTP_PHASE_STARTTLS;
-		if (!c->has_starttls)
-		{
-			smtp_io_set_error(c, "%s does not offer STARTTLS, which TLS = %s requires", c->peer,
-							  c->opt.tls == SMTP_TLS_VERIFY ? "verify" : "no-verify");
-			smtp_reply_reset(&res->reply);
-			goto err;
-		}
-		if (!smtp_io_command(c, &res->reply, "STARTTLS") || res->reply.code != 220)
-			goto err;
-		if (c->in.len > 0)
-		{
-			/* Anything sent before the handshake could be injected; refuse it. */
-			smtp_io_set_error(c, "%s sent data after its STARTTLS reply", c->peer);
-			smtp_reply_reset(&res->reply);
-			goto err;
-		}
-		if (!smtp_io_tls_handshake(c, res))
-		{
-			smtp_reply_reset(&res->reply);
-			goto err;
-		}
-		if (!smtp_ehlo(c, res))
-			goto err;
-	}
+	if (!smtp_starttls(c, res))
+		goto err;
 	if (c->opt.auth_user && !smtp_auth(c, res))
 		goto err;
 	c->state = SMTP_READY;
@@ -430,18 +487,34 @@ smtp_is_ascii(const char *s)
 	return !message_has_8bit(s, strlen(s));
 }
 
+/*
+ * What goes over the wire after DATA or BDAT: the message itself, or a
+ * converted copy (owned), and the BODY= it is declared with.
+ */
+struct smtp_payload
+{
+	const char *data;
+	size_t		len;
+	const char *body; /* "7BIT", "8BITMIME" or "BINARYMIME" */
+	bool		bdat;
+	bool		downgraded;
+	struct buf	owned;
+};
+
 /* Build "MAIL FROM:<...> params" into line. */
 static void
-smtp_mail_command(struct smtp_client *c, const struct smtp_envelope *env, size_t len, bool body8,
-				  bool utf8, struct buf *line)
+smtp_mail_command(struct smtp_client *c, const struct smtp_envelope *env,
+				  const struct smtp_payload *payload, bool utf8, struct buf *line)
 {
 	buf_printf(line, "MAIL FROM:<%s>", env->mail_from);
 	if (c->has_size)
-		buf_printf(line, " SIZE=%zu", len);
-	if (body8 && c->has_8bitmime)
-		buf_append_str(line, " BODY=8BITMIME");
+		buf_printf(line, " SIZE=%zu", payload->len);
+	if (strcmp(payload->body, "7BIT") != 0)
+		buf_printf(line, " BODY=%s", payload->body);
 	if (utf8)
 		buf_append_str(line, " SMTPUTF8");
+	if (env->requiretls)
+		buf_append_str(line, " REQUIRETLS");
 	if (c->has_dsn)
 	{
 		if (env->ret && (strcasecmp(env->ret, "FULL") == 0 || strcasecmp(env->ret, "HDRS") == 0))
@@ -492,60 +565,178 @@ smtp_class(const struct smtp_reply *r)
 	return r->code / 100 == 5 ? SMTP_PERMANENT : SMTP_TEMPORARY;
 }
 
-/* Refuse locally what the server cannot take; true when refused. */
-/* A NUL, or a CR not followed by LF: content only BDAT with BINARYMIME carries. */
+/* A refusal decided here, before MAIL FROM: true, with res set. */
 static bool
-smtp_has_binary(const char *raw, size_t len)
+smtp_refuse(struct smtp_result *res, const char *enhanced, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static bool
+smtp_refuse(struct smtp_result *res, const char *enhanced, const char *fmt, ...)
 {
-	if (memchr(raw, '\0', len) != NULL)
+	va_list ap;
+
+	res->outcome = SMTP_PERMANENT;
+	res->phase = SMTP_PHASE_MAIL;
+	/* The reply left from EHLO is not the reason. */
+	smtp_reply_reset(&res->reply);
+	va_start(ap, fmt);
+	vsnprintf(res->error, sizeof(res->error), fmt, ap);
+	va_end(ap);
+	snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "%s", enhanced);
+	return true;
+}
+
+/* The header section of raw (up to its empty line). */
+static size_t
+smtp_headers_length(const char *raw, size_t len)
+{
+	const char *end = memmem(raw, len, "\r\n\r\n", 4);
+
+	return end ? (size_t) (end - raw) + 2 : len;
+}
+
+/*
+ * Does the message need SMTPUTF8?  A non-ASCII address does; so do
+ * non-ASCII header fields of a message that came in as SMTPUTF8.  An
+ * SMTPUTF8 message that turned out all ASCII goes without it (RFC 6531
+ * 3.7.2 lets it).
+ */
+static bool
+smtp_needs_utf8(const struct smtp_envelope *env, const char *raw, size_t len)
+{
+	if (!smtp_is_ascii(env->mail_from))
 		return true;
-	for (const char *p = memchr(raw, '\r', len); p; p = memchr(p + 1, '\r', len - (size_t) (p + 1 - raw)))
-		if (p + 1 == raw + len || p[1] != '\n')
+	for (size_t i = 0; i < env->nrcpt; i++)
+		if (!smtp_is_ascii(env->rcpt[i]))
 			return true;
+	return env->smtputf8 && message_has_8bit(raw, smtp_headers_length(raw, len));
+}
+
+/*
+ * BDAT sends the octets as they are, so a text message's bare LF (a local
+ * submission's) becomes CRLF here, as smtp_dot_stuff does for DATA.
+ */
+static void
+smtp_bdat_line_ends(struct smtp_payload *p)
+{
+	const char *lf = p->bdat ? memchr(p->data, '\n', p->len) : NULL;
+	struct buf	copy = BUF_INIT;
+
+	while (lf && lf > p->data && lf[-1] == '\r')
+		lf = memchr(lf + 1, '\n', p->len - (size_t) (lf + 1 - p->data));
+	if (lf == NULL)
+		return;
+	buf_reserve(&copy, p->len + p->len / 32 + 2);
+	for (size_t i = 0; i < p->len; i++)
+	{
+		if (p->data[i] == '\n' && (i == 0 || p->data[i - 1] != '\r'))
+			buf_append_char(&copy, '\r');
+		buf_append_char(&copy, p->data[i]);
+	}
+	buf_free(&p->owned);
+	p->owned = copy;
+	p->data = copy.data;
+	p->len = copy.len;
+}
+
+/*
+ * Decide how the message goes to this server: BDAT when it offers
+ * CHUNKING; binary content only with BINARYMIME, else converted; 8-bit
+ * content only with 8BITMIME (or SMTPUTF8), else converted.  true when
+ * refused (res set).
+ */
+static bool
+smtp_prepare_payload(struct smtp_client *c, const char *raw, size_t len, bool utf8,
+					 struct smtp_payload *p, struct smtp_result *res)
+{
+	bool					   binary = mime_has_binary(raw, len);
+	bool					   eight = message_has_8bit(raw, len);
+	enum mime_downgrade_target target = MIME_TO_8BIT;
+	char					   why[256] = "";
+
+	p->data = raw;
+	p->len = len;
+	p->bdat = c->has_chunking;
+	p->body = binary ? "BINARYMIME" : eight ? "8BITMIME"
+											: "7BIT";
+	if (binary && c->has_chunking && c->has_binarymime)
+		return false;
+	if (!binary && (!eight || c->has_8bitmime || utf8))
+	{
+		smtp_bdat_line_ends(p);
+		return false;
+	}
+	if (!c->has_8bitmime && !utf8)
+		target = MIME_TO_7BIT;
+	switch (mime_downgrade(raw, len, target, &p->owned, why, sizeof(why)))
+	{
+		case MIME_DOWNGRADE_UNCHANGED:
+			break;
+		case MIME_DOWNGRADE_DONE:
+			p->data = p->owned.data;
+			p->len = p->owned.len;
+			p->downgraded = true;
+			break;
+		case MIME_DOWNGRADE_IMPOSSIBLE:
+			/*
+			 * DATA cannot carry a bare CR or a NUL unchanged (and a bare CR
+			 * is what SMTP smuggling hides a second message behind), nor a
+			 * server without 8BITMIME 8-bit octets: refused rather than sent
+			 * altered or raw.
+			 */
+			return smtp_refuse(res, "5.6.3", "the message holds %s content that %s cannot take "
+											 "(it has no %s) and that cannot be converted: %s",
+							   binary ? "binary" : "8-bit", c->peer, binary ? "BINARYMIME" : "8BITMIME", why);
+	}
+	p->body = message_has_8bit(p->data, p->len) ? "8BITMIME" : "7BIT";
+	smtp_bdat_line_ends(p);
 	return false;
 }
 
+/* Refuse locally what the server cannot take; true when refused. */
 static bool
-smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
-					size_t len, bool utf8, struct smtp_result *res)
+smtp_refuse_locally(struct smtp_client *c, const struct smtp_envelope *env, size_t len, bool utf8,
+					struct smtp_result *res)
 {
-	/*
-	 * DATA cannot carry a bare CR or a NUL unchanged (and a bare CR is what
-	 * SMTP smuggling hides a second message behind): bounced with 5.6.3
-	 * rather than sent altered or raw.
-	 */
-	if (smtp_has_binary(raw, len))
-	{
-		res->outcome = SMTP_PERMANENT;
-		res->phase = SMTP_PHASE_MAIL;
-		snprintf(res->error, sizeof(res->error), "the message holds binary content (a bare CR "
-												 "or a NUL) that cannot be sent to %s over DATA without changing it",
-				 c->peer);
-		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.3");
-		return true;
-	}
 	if (utf8 && !c->has_smtputf8)
-	{
-		res->outcome = SMTP_PERMANENT;
-		res->phase = SMTP_PHASE_MAIL;
-		snprintf(res->error, sizeof(res->error), "%s does not support SMTPUTF8, which a "
-												 "non-ASCII address needs",
-				 c->peer);
-		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.6.7");
-		return true;
-	}
+		return smtp_refuse(res, "5.6.7", "%s does not support SMTPUTF8, which the message needs "
+										 "(non-ASCII addresses or header fields)",
+						   c->peer);
+	/* RFC 8689 4.2.1: only over TLS whose peer was authenticated, to a server that promises to keep it. */
+	if (env->requiretls && (c->ssl == NULL || !c->tls_verified || !c->has_requiretls))
+		return smtp_refuse(res, "5.7.30", "the message requires TLS (REQUIRETLS) and %s %s", c->peer,
+						   c->ssl == NULL	  ? "offers no TLS"
+						   : !c->tls_verified ? "could not be authenticated"
+											  : "does not offer REQUIRETLS");
 	if (c->size_limit > 0 && len > c->size_limit)
-	{
-		res->outcome = SMTP_PERMANENT;
-		res->phase = SMTP_PHASE_MAIL;
-		snprintf(res->error, sizeof(res->error), "message of %zu bytes exceeds the limit of "
-												 "%lu bytes of %s",
-				 len, c->size_limit, c->peer);
-		snprintf(res->reply.enhanced, sizeof(res->reply.enhanced), "5.3.4");
-		return true;
-	}
-	(void) env;
+		return smtp_refuse(res, "5.3.4", "message of %zu bytes exceeds the limit of %lu bytes of %s",
+						   len, c->size_limit, c->peer);
 	return false;
+}
+
+/* The BDAT command and its chunk: the whole message, line ends as they are (RFC 3030 2). */
+static void
+smtp_bdat(const struct smtp_payload *p, struct buf *out)
+{
+	buf_printf(out, "BDAT %zu LAST\r\n", p->len);
+	buf_append(out, p->data, p->len);
+}
+
+/* Read the replies of MAIL and each RCPT; false on an I/O failure. */
+static bool
+smtp_read_envelope_replies(struct smtp_client *c, const struct smtp_envelope *env,
+						   struct smtp_reply *mail, struct smtp_result *res)
+{
+	res->phase = SMTP_PHASE_MAIL;
+	if (!smtp_io_read_reply(c, mail))
+		return false;
+	for (size_t i = 0; i < env->nrcpt; i++)
+	{
+		res->phase = SMTP_PHASE_RCPT;
+		if (!smtp_io_read_reply(c, &res->rcpt_replies[i]))
+			return false;
+	}
+	return true;
 }
 
 /*
@@ -594,6 +785,13 @@ smtp_lmtp_data_replies(struct smtp_client *c, const struct smtp_envelope *env,
 	return true;
 }
 
+/* The reply to the message: one, or with LMTP one per accepted recipient. */
+static bool
+smtp_read_final_replies(struct smtp_client *c, const struct smtp_envelope *env, struct smtp_result *res)
+{
+	return c->opt.lmtp ? smtp_lmtp_data_replies(c, env, res) : smtp_io_read_reply(c, &res->reply);
+}
+
 /*
  * One transaction on a READY session.  Returns false on an I/O failure
  * (the session is then dropped and res says where).
@@ -602,34 +800,35 @@ static bool
 smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
 				 size_t len, struct smtp_result *res)
 {
-	bool			  body8 = env->body_8bit || message_has_8bit(raw, len);
-	bool			  utf8 = !smtp_is_ascii(env->mail_from);
-	struct buf		  commands = BUF_INIT;
-	struct buf		  payload = BUF_INIT;
-	struct smtp_reply mail = {0};
-	struct smtp_reply data = {0};
-	size_t			  accepted = 0;
-	bool			  temporary_rcpt = false;
-	size_t			  first_bad = (size_t) -1;
-	bool			  ok = false;
+	bool				utf8 = smtp_needs_utf8(env, raw, len);
+	struct smtp_payload payload = {.owned = BUF_INIT};
+	struct buf			commands = BUF_INIT;
+	struct buf			wire = BUF_INIT;
+	struct smtp_reply	mail = {0};
+	struct smtp_reply	data = {0};
+	size_t				accepted = 0;
+	bool				temporary_rcpt = false;
+	bool				pipelined_bdat;
+	size_t				first_bad = (size_t) -1;
+	bool				ok = false;
 
-	for (size_t i = 0; i < env->nrcpt; i++)
-		if (!smtp_is_ascii(env->rcpt[i]))
-			utf8 = true;
-	if (env->smtputf8 && c->has_smtputf8)
-		utf8 = true;
 	/* What opened the session (EHLO, AUTH) decides nothing about this message. */
 	smtp_reply_reset(&res->reply);
-	if (smtp_refuse_locally(c, env, raw, len, utf8, res))
+	if (smtp_refuse_locally(c, env, len, utf8, res) || smtp_prepare_payload(c, raw, len, utf8, &payload, res))
 	{
-		buf_free(&mail.text);
+		buf_free(&payload.owned);
 		return true;
 	}
 	res->dsn_passed = c->has_dsn;
+	res->bdat = payload.bdat;
+	res->body_type = payload.body;
+	res->downgraded = payload.downgraded;
 	c->need_rset = true;
+	/* With PIPELINING, the chunk goes with the envelope: one round trip for the whole message. */
+	pipelined_bdat = payload.bdat && c->has_pipelining && !c->opt.lmtp;
 
-	/* MAIL, the RCPTs and DATA: one write when the server pipelines. */
-	smtp_mail_command(c, env, len, body8, utf8, &commands);
+	/* MAIL, the RCPTs and DATA (or BDAT): one write when the server pipelines. */
+	smtp_mail_command(c, env, &payload, utf8, &commands);
 	if (!c->has_pipelining)
 	{
 		res->phase = SMTP_PHASE_MAIL;
@@ -655,18 +854,17 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 	{
 		for (size_t i = 0; i < env->nrcpt; i++)
 			smtp_rcpt_command(c, env, i, &commands);
-		buf_append_str(&commands, "DATA\r\n");
+		/* BDAT waits for the RCPT replies when LMTP owes one reply per accepted recipient. */
+		if (pipelined_bdat)
+			smtp_bdat(&payload, &commands);
+		else if (!payload.bdat)
+			buf_append_str(&commands, "DATA\r\n");
 		res->phase = SMTP_PHASE_MAIL;
-		if (!smtp_io_write(c, commands.data, commands.len) || !smtp_io_read_reply(c, &mail))
+		if (!smtp_io_write(c, commands.data, commands.len)
+			|| !smtp_read_envelope_replies(c, env, &mail, res))
 			goto io_err;
-		for (size_t i = 0; i < env->nrcpt; i++)
-		{
-			res->phase = SMTP_PHASE_RCPT;
-			if (!smtp_io_read_reply(c, &res->rcpt_replies[i]))
-				goto io_err;
-		}
-		res->phase = SMTP_PHASE_DATA;
-		if (!smtp_io_read_reply(c, &data))
+		res->phase = pipelined_bdat ? SMTP_PHASE_MESSAGE : SMTP_PHASE_DATA;
+		if ((pipelined_bdat || !payload.bdat) && !smtp_io_read_reply(c, pipelined_bdat ? &res->reply : &data))
 			goto io_err;
 	}
 	for (size_t i = 0; i < env->nrcpt; i++)
@@ -704,29 +902,33 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 		ok = true;
 		goto done;
 	}
-	if (!c->has_pipelining)
+	if (payload.bdat && !pipelined_bdat)
 	{
-		res->phase = SMTP_PHASE_DATA;
-		if (!smtp_io_write(c, "DATA\r\n", 6) || !smtp_io_read_reply(c, &data))
+		smtp_bdat(&payload, &wire);
+		res->phase = SMTP_PHASE_MESSAGE;
+		if (!smtp_io_write(c, wire.data, wire.len) || !smtp_read_final_replies(c, env, res))
 			goto io_err;
 	}
-	if (data.code != 354)
+	else if (!payload.bdat)
 	{
-		smtp_result_set(res, smtp_class(&data), SMTP_PHASE_DATA, &data);
-		ok = true;
-		goto done;
+		if (!c->has_pipelining)
+		{
+			res->phase = SMTP_PHASE_DATA;
+			if (!smtp_io_write(c, "DATA\r\n", 6) || !smtp_io_read_reply(c, &data))
+				goto io_err;
+		}
+		if (data.code != 354)
+		{
+			smtp_result_set(res, smtp_class(&data), SMTP_PHASE_DATA, &data);
+			ok = true;
+			goto done;
+		}
+		smtp_dot_stuff(payload.data, payload.len, &wire);
+		res->phase = SMTP_PHASE_MESSAGE;
+		if (!smtp_io_write(c, wire.data, wire.len) || !smtp_read_final_replies(c, env, res))
+			goto io_err;
 	}
-	smtp_dot_stuff(raw, len, &payload);
 	res->phase = SMTP_PHASE_MESSAGE;
-	if (!smtp_io_write(c, payload.data, payload.len))
-		goto io_err;
-	if (c->opt.lmtp)
-	{
-		if (!smtp_lmtp_data_replies(c, env, res))
-			goto io_err;
-	}
-	else if (!smtp_io_read_reply(c, &res->reply))
-		goto io_err;
 	if (res->reply.code / 100 == 2)
 	{
 		res->outcome = SMTP_DELIVERED;
@@ -739,6 +941,7 @@ smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const c
 
 io_err:
 	res->outcome = SMTP_TEMPORARY;
+	smtp_reply_reset(&res->reply); /* what an earlier command said is not the reason */
 	snprintf(res->error, sizeof(res->error), "%s while sending %s", c->error,
 			 smtp_phase_name(res->phase));
 	smtp_io_drop(c);
@@ -746,7 +949,8 @@ done:
 	if (ok && (res->reply.code == 421 || mail.code == 421 || data.code == 421))
 		smtp_io_drop(c);
 	buf_free(&commands);
-	buf_free(&payload);
+	buf_free(&wire);
+	buf_free(&payload.owned);
 	buf_free(&mail.text);
 	buf_free(&data.text);
 	return ok;
@@ -809,6 +1013,8 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 		res->connect_seconds += (double) (smtp_io_now_ms() - started) / 1000.0;
 		snprintf(res->relay, sizeof(res->relay), "%s", c->peer);
 		snprintf(res->tls, sizeof(res->tls), "%s", c->ssl ? c->tls : "");
+		snprintf(res->tls_outcome, sizeof(res->tls_outcome), "%s", c->tls_outcome);
+		snprintf(res->tls_result, sizeof(res->tls_result), "%s", c->tls_result);
 		if (!opened)
 		{
 			res->outcome = SMTP_TEMPORARY;
@@ -941,6 +1147,19 @@ bool
 smtp_client_connected(const struct smtp_client *c)
 {
 	return c->state == SMTP_READY;
+}
+
+void
+smtp_client_set_tls_policy(struct smtp_client *c, const struct tls_policy *policy)
+{
+	if (policy == c->policy)
+		return;
+	/* A session and a TLS context made under another policy are not reused. */
+	smtp_client_close(c);
+	if (c->ssl_ctx)
+		SSL_CTX_free(c->ssl_ctx);
+	c->ssl_ctx = NULL;
+	c->policy = policy;
 }
 
 void

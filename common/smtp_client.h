@@ -12,7 +12,19 @@
  * store or a CA file by default), AUTH PLAIN and LOGIN (RFC 4954),
  * PIPELINING (RFC 2920), SIZE (RFC 1870), 8BITMIME (RFC 6152), SMTPUTF8
  * (RFC 6531), DSN (RFC 3461: the parameters are passed on when the server
- * has it) and enhanced status codes (RFC 2034/3463).
+ * has it), CHUNKING and BINARYMIME (RFC 3030: BDAT whenever the server
+ * offers CHUNKING), REQUIRETLS (RFC 8689) and enhanced status codes (RFC
+ * 2034/3463).
+ *
+ * Content the server cannot take is converted, never sent raw: 8-bit
+ * content to a server without 8BITMIME and binary content (a NUL, a bare
+ * CR) to one without BINARYMIME go through common/mime_downgrade.h; what
+ * cannot be converted is refused with 5.6.3, and a message that needs
+ * SMTPUTF8 with 5.6.7.
+ *
+ * A TLS policy (common/tls_policy.h: DANE, MTA-STS) set on the client
+ * decides STARTTLS and the peer's authentication instead of the tls
+ * option; the result says what TLS the delivery had (result.tls_outcome).
  *
  * LMTP (RFC 2033) is the same client with options.lmtp: LHLO instead of
  * EHLO, and after the message one reply per accepted recipient
@@ -25,6 +37,8 @@
 #include <stddef.h>
 
 #include "buf.h"
+
+struct tls_policy;
 
 /* In the order of the TLS option's choices (common/options.def): verify|no-verify|may|none. */
 enum smtp_tls_mode
@@ -87,8 +101,9 @@ struct smtp_envelope
 	const char		  *mail_from; /* "" for the null sender */
 	const char *const *rcpt;
 	size_t			   nrcpt;
-	bool			   body_8bit; /* BODY=8BITMIME wanted (the client also checks) */
-	bool			   smtputf8;  /* SMTPUTF8 wanted (the client also checks) */
+	bool			   body_8bit;  /* BODY=8BITMIME wanted (the client also checks) */
+	bool			   smtputf8;   /* SMTPUTF8 wanted (the client also checks) */
+	bool			   requiretls; /* RFC 8689: only over verified TLS to a server with REQUIRETLS */
 	/* RFC 3461, passed on when the server has DSN; any may be NULL. */
 	const char		  *ret;	   /* "FULL" or "HDRS" */
 	const char		  *envid;  /* decoded; xtext-encoded on the wire */
@@ -108,6 +123,18 @@ struct smtp_result
 	double			  connect_seconds;	/* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
 	double			  transfer_seconds; /* MAIL FROM to the end of DATA */
 	bool			  dsn_passed;		/* the server has DSN and took our parameters */
+	bool			  bdat;				/* the message went with BDAT (CHUNKING) */
+	const char		 *body_type;		/* BODY= sent: "7BIT", "8BITMIME", "BINARYMIME" */
+	bool			  downgraded;		/* converted for the server (mime_downgrade.h) */
+	/*
+	 * The TLS policy's outcome (common/tls_policy.h), for the log and
+	 * TLSRPT: "" without a policy, else e.g. "dane verified",
+	 * "sts enforce verified", "opportunistic unverified", or the failure
+	 * ("dane certificate-expired: ...").  tls_result is the RFC 8460
+	 * result type of a failure, "" when there was none.
+	 */
+	char tls_outcome[256];
+	char tls_result[48];
 	/* per recipient: the reply to its RCPT (code 0 if never sent) */
 	struct smtp_reply *rcpt_replies;
 	/*
@@ -133,6 +160,11 @@ void				smtp_client_free(struct smtp_client *c); /* QUITs an open session */
 /* Close the session now (QUIT when it is usable). */
 void smtp_client_close(struct smtp_client *c);
 bool smtp_client_connected(const struct smtp_client *c);
+/*
+ * Decide TLS by policy (NULL: by the tls option again).  The policy must
+ * outlive the session; a different one closes the open session.
+ */
+void smtp_client_set_tls_policy(struct smtp_client *c, const struct tls_policy *policy);
 
 /*
  * Send one message (raw: headers, CRLF, body; CRLF or bare LF line ends)

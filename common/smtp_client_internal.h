@@ -28,8 +28,12 @@ struct smtp_client
 	SSL_CTX					  *ssl_ctx;
 	SSL						  *ssl;
 	struct buf				   in;
-	char					   peer[300]; /* host[address]:port, for messages */
-	char					   tls[160];  /* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
+	char					   peer[300];	 /* host[address]:port, for messages */
+	char					   tls[160];	 /* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
+	bool					   tls_verified; /* the peer was authenticated (PKIX or DANE) */
+	const struct tls_policy	  *policy;		 /* NULL: opt.tls decides */
+	char					   tls_outcome[256];
+	char					   tls_result[48];
 	char					   remote_mta[256];
 	/* what EHLO said */
 	bool		  esmtp;
@@ -37,6 +41,9 @@ struct smtp_client
 	bool		  has_pipelining;
 	bool		  has_8bitmime;
 	bool		  has_smtputf8;
+	bool		  has_chunking;
+	bool		  has_binarymime;
+	bool		  has_requiretls;
 	bool		  has_dsn;
 	bool		  has_enhanced;
 	bool		  auth_plain;

@@ -29,6 +29,7 @@
 
 #include "log.h"
 #include "smtp_client_internal.h"
+#include "tls_policy.h"
 #include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
@@ -490,54 +491,86 @@ smtp_io_connect(struct smtp_client *c)
 	return false;
 }
 
+/*
+ * The TLS context of the session, made once: for a policy, DANE enabled
+ * and the WebPKI trust anchors loaded (tls_policy.h); else as the tls
+ * option says.
+ */
+static bool
+smtp_tls_context(struct smtp_client *c, bool verify)
+{
+	char err[256] = "";
+
+	if (c->ssl_ctx)
+		return true;
+	c->ssl_ctx = SSL_CTX_new(TLS_client_method());
+	if (c->ssl_ctx == NULL)
+	{
+		smtp_io_set_error(c, "cannot create a TLS context: %s", smtp_io_ssl_error());
+		return false;
+	}
+	SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION);
+	if (c->policy)
+	{
+		if (tls_policy_prepare_context(c->ssl_ctx, c->policy->ca_file, err, sizeof(err)))
+			return true;
+	}
+	else if (!verify)
+		return true;
+	else
+	{
+		SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
+		if (c->opt.tls_ca_file ? SSL_CTX_load_verify_locations(c->ssl_ctx, c->opt.tls_ca_file, NULL) == 1
+							   : SSL_CTX_set_default_verify_paths(c->ssl_ctx) == 1)
+			return true;
+		snprintf(err, sizeof(err), "cannot load the trust anchors%s%s: %s", c->opt.tls_ca_file ? " from " : "",
+				 c->opt.tls_ca_file ? c->opt.tls_ca_file : "", smtp_io_ssl_error());
+	}
+	smtp_io_set_error(c, "%s", err);
+	SSL_CTX_free(c->ssl_ctx);
+	c->ssl_ctx = NULL;
+	return false;
+}
+
 bool
 smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 {
 	const char	   *name = c->opt.tls_name ? c->opt.tls_name : c->opt.host;
 	long long		deadline = smtp_io_now_ms() + c->opt.command_timeout_ms;
-	bool			verify = c->opt.tls == SMTP_TLS_VERIFY;
+	bool			verify = c->policy == NULL && c->opt.tls == SMTP_TLS_VERIFY;
 	struct in6_addr addr6;
 	struct in_addr	addr4;
 	bool			is_ip = inet_pton(AF_INET, name, &addr4) == 1 || inet_pton(AF_INET6, name, &addr6) == 1;
+	char			err[256];
 
-	if (c->ssl_ctx == NULL)
-	{
-		c->ssl_ctx = SSL_CTX_new(TLS_client_method());
-		if (c->ssl_ctx == NULL)
-		{
-			smtp_io_set_error(c, "cannot create a TLS context: %s", smtp_io_ssl_error());
-			return false;
-		}
-		SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION);
-		if (verify)
-		{
-			SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
-			if (c->opt.tls_ca_file ? SSL_CTX_load_verify_locations(c->ssl_ctx, c->opt.tls_ca_file, NULL) != 1
-								   : SSL_CTX_set_default_verify_paths(c->ssl_ctx) != 1)
-			{
-				smtp_io_set_error(c, "cannot load the trust anchors%s%s: %s",
-								  c->opt.tls_ca_file ? " from " : "",
-								  c->opt.tls_ca_file ? c->opt.tls_ca_file : "", smtp_io_ssl_error());
-				SSL_CTX_free(c->ssl_ctx);
-				c->ssl_ctx = NULL;
-				return false;
-			}
-		}
-	}
+	c->tls_verified = false;
+	if (!smtp_tls_context(c, verify))
+		return false;
 	c->ssl = SSL_new(c->ssl_ctx);
 	if (c->ssl == NULL || SSL_set_fd(c->ssl, c->fd) != 1)
 	{
 		smtp_io_set_error(c, "cannot start TLS: %s", smtp_io_ssl_error());
 		return false;
 	}
-	if (!is_ip)
-		SSL_set_tlsext_host_name(c->ssl, name);
-	if (verify)
+	if (c->policy)
 	{
-		if (is_ip)
-			X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name);
-		else
-			SSL_set1_host(c->ssl, name);
+		if (!tls_policy_prepare(c->policy, c->ssl, err, sizeof(err)))
+		{
+			smtp_io_set_error(c, "TLS with %s: %s", c->peer, err);
+			return false;
+		}
+	}
+	else
+	{
+		if (!is_ip)
+			SSL_set_tlsext_host_name(c->ssl, name);
+		if (verify)
+		{
+			if (is_ip)
+				X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name);
+			else
+				SSL_set1_host(c->ssl, name);
+		}
 	}
 	for (;;)
 	{
@@ -561,12 +594,32 @@ smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res)
 								  c->peer, name, X509_verify_cert_error_string(vr));
 			else
 				smtp_io_set_error(c, "TLS with %s failed: %s", c->peer, smtp_io_ssl_error());
+			if (c->policy)
+			{
+				snprintf(c->tls_outcome, sizeof(c->tls_outcome), "%s handshake failed", tls_policy_name(c->policy));
+				snprintf(c->tls_result, sizeof(c->tls_result), "validation-failure");
+			}
 			return false;
 		}
 	}
 	res->phase = SMTP_PHASE_STARTTLS;
+	if (c->policy)
+	{
+		char reason[300];
+
+		if (!tls_policy_check(c->policy, c->ssl, true, &c->tls_verified, c->tls_outcome,
+							  sizeof(c->tls_outcome), c->tls_result, sizeof(c->tls_result), reason,
+							  sizeof(reason)))
+		{
+			smtp_io_set_error(c, "TLS with %s refused by the %s policy: %s", c->peer,
+							  tls_policy_name(c->policy), reason);
+			return false;
+		}
+	}
+	else
+		c->tls_verified = verify;
 	snprintf(c->tls, sizeof(c->tls), "%s %s %s", SSL_get_version(c->ssl), SSL_get_cipher_name(c->ssl),
-			 verify ? "verified" : "unverified");
+			 c->tls_verified ? "verified" : "unverified");
 	log_debug("TLS with %s: %s", c->peer, c->tls);
 	return true;
 }

@@ -16,6 +16,9 @@ packages=(
     # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev
+    # the relay's MTA-STS policies over HTTPS (libcurl); its DANE tests'
+    # DNSSEC-signed zone (ldnsutils) served by nsd
+    libcurl4-openssl-dev ldnsutils nsd
     # the fuzz targets: clang, and libFuzzer in its runtime package
     clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too

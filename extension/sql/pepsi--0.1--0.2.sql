@@ -1636,3 +1636,70 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pepsi.grant_apply();
 
 -- end of vacation
+
+-- ===========================================================================
+-- MTA-STS policy cache
+--
+-- The MTA-STS policies (RFC 8461) pepsi-stage-relay-to-internet fetched
+-- over HTTPS (common/mta_sts.c), one row per recipient domain, kept for the
+-- policy's max_age and shared by every relay worker.  Stages read and write
+-- it only through the two functions below; pepsi_monitor may read it.
+-- ===========================================================================
+
+CREATE TABLE pepsi.mta_sts_policy (
+    domain     text PRIMARY KEY,
+    policy_id  text NOT NULL,
+    mode       text NOT NULL,
+    policy     text NOT NULL,
+    max_age    integer NOT NULL,
+    fetched_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT mta_sts_policy_domain_form CHECK (domain = lower(domain) AND domain ~ '^[a-z0-9_.-]{1,253}$'),
+    CONSTRAINT mta_sts_policy_id_form CHECK (policy_id ~ '^[A-Za-z0-9]{1,32}$'),
+    CONSTRAINT mta_sts_policy_mode_form CHECK (mode IN ('enforce', 'testing', 'none')),
+    CONSTRAINT mta_sts_policy_size CHECK (octet_length(policy) <= 65536),
+    CONSTRAINT mta_sts_policy_max_age_range CHECK (max_age BETWEEN 0 AND 31557600)
+);
+COMMENT ON TABLE pepsi.mta_sts_policy IS
+    'MTA-STS policies (RFC 8461) fetched by the relay, each kept until expires_at; written through mta_sts_policy_put';
+
+-- The cached policy of a domain, if it has not expired.
+CREATE FUNCTION pepsi.mta_sts_policy_get(domain text)
+RETURNS TABLE (policy_id text, mode text, policy text, expires_at timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT p.policy_id, p.mode, p.policy, p.expires_at FROM pepsi.mta_sts_policy p
+    WHERE p.domain = lower(mta_sts_policy_get.domain) AND p.expires_at > now()
+$$;
+
+-- Store a freshly fetched policy for its max_age (replacing the one before).
+CREATE FUNCTION pepsi.mta_sts_policy_put(domain text, policy_id text, mode text, policy text,
+                                         max_age integer) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF domain IS NULL OR policy_id IS NULL OR mode IS NULL OR policy IS NULL OR max_age IS NULL THEN
+        RAISE EXCEPTION 'no argument of mta_sts_policy_put may be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_age < 0 OR max_age > 31557600 THEN
+        RAISE EXCEPTION 'max_age % is out of range', max_age
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'RFC 8461 section 3.2 allows 0 to 31557600 seconds.';
+    END IF;
+    INSERT INTO pepsi.mta_sts_policy AS p (domain, policy_id, mode, policy, max_age, fetched_at, expires_at)
+    VALUES (lower(domain), policy_id, mode, policy, max_age, now(), now() + make_interval(secs => max_age))
+    ON CONFLICT ON CONSTRAINT mta_sts_policy_pkey DO UPDATE
+        SET policy_id = EXCLUDED.policy_id, mode = EXCLUDED.mode, policy = EXCLUDED.policy,
+            max_age = EXCLUDED.max_age, fetched_at = EXCLUDED.fetched_at, expires_at = EXCLUDED.expires_at;
+    RETURN true;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'mta_sts_policy_get', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'mta_sts_policy_put', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'mta_sts_policy', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('mta_sts_policy_get'), ('mta_sts_policy_put');
+
+SELECT pepsi.grant_apply();
+
+-- end of MTA-STS policy cache
