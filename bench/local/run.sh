@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/local: local delivery, Pepsi against a stock Postfix, side by side
-# on this machine, both into the same private Dovecot (bench/lib.sh).
+# on this machine: into the same private Dovecot (lmtp), or into Maildirs
+# on the same disk (maildir).
 #
-#   bench/local/run.sh MODE      MODE: lmtp (default)
+#   bench/local/run.sh [MODE]    MODE: lmtp or maildir; none: both, in turn
 #
 # BENCH_MESSAGES messages (default 20000) of 2 KB to BENCH_USERS local users
 # (default 100, user<N>@local.bench.test, the same number each), sent by
@@ -17,6 +18,15 @@
 #                   fsynced as usual) whose local_transport is lmtp(8) to
 #                   the same socket, at its stock concurrency (20 sessions
 #                   to one destination)
+#   maildir pepsi:  ... init (route) -> relay-to-maildir (BENCH_LOCAL_WORKERS
+#                   workers) -> pepsi-helper-maildir-writer, a set-user-id
+#                   root copy here as make install has it, writing as the
+#                   mailboxes' owner (the unprivileged user); each file and
+#                   new/ fsynced, the row then finished in the same cluster
+#          postfix: the same stock Postfix whose virtual(8) delivers to
+#                   Maildirs of its own on the same disk, as the same owner
+#                   (virtual_uid_maps), at its stock concurrency; it fsyncs
+#                   each file (not new/)
 # Dovecot fsyncs every message it stores (mail_fsync = always): durable
 # on both sides.  The time runs from the first message sent to the last
 # one in a Maildir's new/.  Before each run Dovecot is restarted on empty
@@ -32,7 +42,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 
-mode=${1:-lmtp}
+# No mode: each in turn, each a run of its own.
+if [ $# -eq 0 ]; then
+    status=0
+    for m in lmtp maildir; do "$0" "$m" || status=1; done
+    exit $status
+fi
+mode=$1
 repeats=${BENCH_REPEATS:-5}
 sessions=${BENCH_SESSIONS:-20}
 messages=${BENCH_MESSAGES:-20000}
@@ -42,19 +58,25 @@ domain=local.bench.test
 log=$(bench_log "local-$mode")
 
 case $mode in
-    lmtp) ;;
+    lmtp | maildir) ;;
     *)
-        echo "usage: $0 [lmtp]" >&2
+        echo "usage: $0 [lmtp|maildir]" >&2
         exit 2
         ;;
 esac
 
 bench_postfix_install
-bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-lmtp
-[ -x /usr/sbin/dovecot ] && [ -x /usr/lib/dovecot/lmtp ] || {
-    echo "install dovecot-core and dovecot-lmtpd first (scripts/deps.sh)" >&2
-    exit 1
-}
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route
+if [ "$mode" = lmtp ]; then
+    bench_require_programs pepsi-stage-relay-to-lmtp
+    [ -x /usr/sbin/dovecot ] && [ -x /usr/lib/dovecot/lmtp ] || {
+        echo "install dovecot-core and dovecot-lmtpd first (scripts/deps.sh)" >&2
+        exit 1
+    }
+else
+    bench_require_programs pepsi-stage-relay-to-maildir pepsi-helper-maildir-writer
+    [ "$(id -u)" -eq 0 ] || { echo "the maildir mode runs as root (a set-user-id helper)" >&2; exit 1; }
+fi
 [ $((messages % users)) -eq 0 ] || { echo "BENCH_MESSAGES must be a multiple of BENCH_USERS" >&2; exit 2; }
 
 bench_cluster_start "max_connections = 200"
@@ -86,9 +108,73 @@ QUEUE_LIMIT = 4"
         "local_recipient_maps =" "local_transport = lmtp:unix:$socket"
 }
 
+# Maildirs user<N>@domain under $1 (virtual mailboxes of both sides), the
+# unprivileged user's.
+make_mailboxes() {
+    local root=$1 u
+    for ((u = 0; u < users; u++)); do
+        mkdir -p "$root/user$u@$domain/"{tmp,new,cur}
+    done
+    chown -R "$PEPSI_USER:" "$root"
+    chmod 700 "$root"
+}
+
+start_sides_maildir() {
+    local sbin="$BENCH_DIR/sbin" n
+    pepsi_maildir=$BENCH_DIR/pepsi-mail postfix_maildir=$postfix_dir/vmail
+    make_mailboxes "$pepsi_maildir"
+    # The helper as make install has it: root's, set-user-id.  The
+    # dispatcher runs as root here, so its caller-group check passes.
+    mkdir -p "$sbin"
+    install -o root -g root -m 4755 "$bench_top/build/bin/pepsi-helper-maildir-writer" "$sbin/"
+    bench_pepsi_start "$pepsi_port" "[maildir-writer]
+MAILBOXES = virtual
+VIRTUAL_USER = $PEPSI_USER
+[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = $domain
+LOCAL_STAGE = maildir
+REMOTE_STAGE = maildir
+PARALLELISM = 2
+QUEUE_LIMIT = 256
+[stage-maildir]
+PROGRAM = pepsi-stage-relay-to-maildir
+MAILDIR_ROOT = $pepsi_maildir
+MAILDIR_WRITER = $sbin/pepsi-helper-maildir-writer
+PARALLELISM = $workers
+QUEUE_LIMIT = 4"
+    for ((n = 0; n < users; n++)); do echo "user$n@$domain user$n@$domain/"; done >"$BENCH_DIR/vmailbox"
+    # Stock Postfix apart from where it lives (bench/lib.sh) and its virtual
+    # mailboxes: the same kind of Maildirs, the same owner.
+    bench_postfix_start "$postfix_dir" "$postfix_port" "virtual_mailbox_domains = $domain" \
+        "virtual_mailbox_base = $postfix_maildir" "virtual_mailbox_maps = texthash:$BENCH_DIR/vmailbox" \
+        "virtual_uid_maps = static:$(id -u "$PEPSI_USER")" "virtual_gid_maps = static:$(id -g "$PEPSI_USER")" \
+        "virtual_minimum_uid = 1"
+    make_mailboxes "$postfix_maildir"
+}
+
 # ---------------------------------------------------------------------------
 # Measuring
 # ---------------------------------------------------------------------------
+
+# fresh_mailboxes: every Maildir empty before a run.
+fresh_mailboxes() {
+    if [ "$mode" = lmtp ]; then
+        fresh_dovecot
+    else
+        find "$pepsi_maildir" "$postfix_maildir" -mindepth 3 -maxdepth 3 -type f -delete
+    fi
+}
+
+# delivered PORT: the messages in the new/ of that side's Maildirs.
+delivered() {
+    if [ "$mode" = lmtp ]; then
+        bench_dovecot_delivered "$dovecot_dir"
+    else
+        find "$([ "$1" = "$pepsi_port" ] && echo "$pepsi_maildir" || echo "$postfix_maildir")" \
+            -mindepth 3 -maxdepth 3 -path '*/new/*' -type f | wc -l
+    fi
+}
 
 # Empty Maildirs and a fresh Dovecot before each run, so no run inherits
 # the other side's mailboxes.
@@ -133,7 +219,7 @@ measure() {
     send "$port"
     sent=$(date +%s.%N)
     for _ in $(seq 1 6000); do
-        n=$(bench_dovecot_delivered "$dovecot_dir")
+        n=$(delivered "$port")
         [ "$n" -ge "$messages" ] && break
         sleep 0.1
     done
@@ -151,24 +237,25 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 min() { printf '%s\n' "$@" | sort -g | head -1; }
 max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
-fresh_dovecot
+[ "$mode" = lmtp ] && fresh_dovecot
 "start_sides_$mode"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench/local $mode: $messages messages of 2 KB to $users users over $sessions sessions," \
     "$repeats runs each side, alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $workers delivery workers;" \
-    "Postfix lmtp concurrency $(/usr/sbin/postconf -c "$postfix_dir/etc" -h lmtp_destination_concurrency_limit 2>/dev/null \
+    "Postfix $([ "$mode" = lmtp ] && echo lmtp || echo virtual) concurrency $(/usr/sbin/postconf -c "$postfix_dir/etc" -h \
+        "$([ "$mode" = lmtp ] && echo lmtp || echo virtual)_destination_concurrency_limit" 2>/dev/null \
         | sed "s/\$default_destination_concurrency_limit/$(/usr/sbin/postconf -c "$postfix_dir/etc" -h default_destination_concurrency_limit)/")"
 pepsi_rates=() postfix_rates=() ratios=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
-    fresh_dovecot
+    fresh_mailboxes
     sleep 1
     read -r rate accepted delivered < <(measure "$pepsi_port")
     left=$(pepsi_left)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
     pepsi_rates+=("$rate")
 
-    fresh_dovecot
+    [ "$mode" = lmtp ] && fresh_dovecot
     sync
     sleep 1
     read -r rate_pf accepted_pf delivered_pf < <(measure "$postfix_port")
@@ -181,11 +268,11 @@ for ((r = 1; r <= repeats; r++)); do
 done
 
 printf '%-34s %10s msg/s (runs %s .. %s)\n' \
-    "pepsi (ingress -> relay-to-lmtp)" "$(bench_median "${pepsi_rates[@]}")" \
+    "pepsi (ingress -> relay-to-$mode)" "$(bench_median "${pepsi_rates[@]}")" \
     "$(min "${pepsi_rates[@]}")" "$(max "${pepsi_rates[@]}")" \
-    "postfix (smtpd -> lmtp)" "$(bench_median "${postfix_rates[@]}")" \
+    "postfix (smtpd -> $([ "$mode" = lmtp ] && echo lmtp || echo virtual))" "$(bench_median "${postfix_rates[@]}")" \
     "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"
-printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 1.50)\n' \
-    "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+printf 'ratio pepsi/postfix (%s): median %s, runs %s .. %s (target: median >= 1.50)\n' \
+    "$mode" "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
 echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "${BENCH_KEEP_LOG:-0}" = 1 ] && cp "$BENCH_DIR/dispatch.log" "$bench_top/bench/out/local-$mode-dispatch.log"
