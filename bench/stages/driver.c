@@ -1,14 +1,17 @@
 /*
- * driver.c: the stand-in dispatcher of bench/stages.  It starts one worker
- * per stage, then loops: one pepsi.workqueue_claim for every stage (as
+ * driver.c: the stand-in dispatcher of bench/stages.  It starts the
+ * workers of every stage, then loops: one pepsi.workqueue_claim for every stage (as
  * the dispatcher claims on each wake), the claimed ids written to their
- * stage's worker, its status lines read back, until a claim finds nothing.
- * One worker works at a time, so the figures compare what a stage hop
- * costs, not how many cores the machine has.
+ * stage's workers, their status lines read back, until a claim finds
+ * nothing.
  *
- *   driver run  CONNINFO CONFIG PROGRAM QUEUE_LIMIT STAGE...
- *       prints "seconds messages hops fused_hops claims" on stdout; a
- *       non-zero status line is fatal
+ *   driver run  CONNINFO CONFIG PROGRAM QUEUE_LIMIT WORKERS STAGE...
+ *       WORKERS workers per stage, all working at once as the
+ *       dispatcher's pools do, each fed up to QUEUE_LIMIT ids per claim;
+ *       "serial" for one per stage, one working at a time (what a stage
+ *       hop costs, whatever the number of cores); prints "seconds
+ *       messages hops fused_hops claims" on stdout; a non-zero status
+ *       line is fatal
  *   driver rss  CONFIG PROGRAM ID
  *       starts PROGRAM worker, has it do row ID, prints its VmRSS and
  *       RssFile (kB) while it idles
@@ -18,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -99,16 +103,22 @@ fused_hops(const char *line)
 	return hops;
 }
 
-/* Send the worker its ids and read one status line per id. */
+/* Send the worker its ids: it starts on them while the others get theirs. */
+static void
+worker_send(struct worker *w)
+{
+	for (int i = 0; i < w->nids; i++)
+		fprintf(w->in, "%lld\n", w->ids[i]);
+	fflush(w->in);
+}
+
+/* Read one status line per id sent; returns the fused hops they report. */
 static long
-worker_round(struct worker *w)
+worker_collect(struct worker *w)
 {
 	char		line[4096];
 	long		fused = 0;
 
-	for (int i = 0; i < w->nids; i++)
-		fprintf(w->in, "%lld\n", w->ids[i]);
-	fflush(w->in);
 	for (int i = 0; i < w->nids; i++)
 	{
 		if (fgets(line, sizeof(line), w->out) == NULL)
@@ -119,6 +129,14 @@ worker_round(struct worker *w)
 	}
 	w->nids = 0;
 	return fused;
+}
+
+/* Send the worker its ids and read one status line per id. */
+static long
+worker_round(struct worker *w)
+{
+	worker_send(w);
+	return worker_collect(w);
 }
 
 static double
@@ -137,8 +155,11 @@ run(int argc, char **argv)
 	const char *config = argv[3];
 	const char *program = argv[4];
 	int			limit = atoi(argv[5]);
-	int			nstages = argc - 6;
-	struct worker *workers = calloc((size_t) nstages, sizeof(struct worker));
+	bool		serial = strcmp(argv[6], "serial") == 0;
+	int			per_stage = serial ? 1 : atoi(argv[6]);
+	int			nstages = argc - 7;
+	int			nworkers = nstages * per_stage;
+	struct worker *workers = calloc((size_t) (nworkers > 0 ? nworkers : 1), sizeof(struct worker));
 	char		stages[1024] = "{";
 	char		capacities[1024] = "{";
 	const char *values[2] = {stages, capacities};
@@ -151,17 +172,21 @@ run(int argc, char **argv)
 
 	if (PQstatus(conn) != CONNECTION_OK)
 		die("%s", PQerrorMessage(conn));
-	if (limit < 1 || nstages < 1)
-		die("%s", "usage: driver run CONNINFO CONFIG PROGRAM QUEUE_LIMIT STAGE...");
+	if (limit < 1 || per_stage < 1 || nstages < 1)
+		die("%s", "usage: driver run CONNINFO CONFIG PROGRAM QUEUE_LIMIT WORKERS STAGE...");
+	/* Worker s * per_stage + k is the k-th worker of stage s. */
+	for (int w = 0; w < nworkers; w++)
+	{
+		workers[w].stage = argv[7 + w / per_stage];
+		workers[w].ids = calloc((size_t) limit, sizeof(long long));
+		worker_start(&workers[w], program, config);
+	}
 	for (int s = 0; s < nstages; s++)
 	{
-		workers[s].stage = argv[6 + s];
-		workers[s].ids = calloc((size_t) limit, sizeof(long long));
-		worker_start(&workers[s], program, config);
 		snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s\"%s\"",
-				 s ? "," : "", argv[6 + s]);
+				 s ? "," : "", argv[7 + s]);
 		snprintf(capacities + strlen(capacities), sizeof(capacities) - strlen(capacities),
-				 "%s%d", s ? "," : "", limit);
+				 "%s%d", s ? "," : "", limit * per_stage);
 	}
 	strcat(stages, "}");
 	strcat(capacities, "}");
@@ -185,30 +210,44 @@ run(int argc, char **argv)
 			PQclear(res);
 			break;
 		}
+		/* Each stage's rows filled onto its workers in turn, QUEUE_LIMIT each. */
 		for (int r = 0; r < rows; r++)
 		{
 			const char *stage = PQgetvalue(res, r, 1);
 
 			for (int s = 0; s < nstages; s++)
-				if (strcmp(workers[s].stage, stage) == 0)
+				if (strcmp(argv[7 + s], stage) == 0)
 				{
-					workers[s].ids[workers[s].nids++] = atoll(PQgetvalue(res, r, 0));
+					struct worker *w = &workers[s * per_stage];
+
+					while (w->nids == limit)
+						w++;
+					w->ids[w->nids++] = atoll(PQgetvalue(res, r, 0));
 					if (s == 0)
 						messages++;
 				}
 		}
 		PQclear(res);
-		/* Each stage's worker in turn, in chain order. */
-		for (int s = 0; s < nstages; s++)
+		/*
+		 * Every worker gets its ids before any answer is read, so they work
+		 * at once, as the dispatcher's pools do (one at a time with one
+		 * worker per stage and WORKERS "serial").
+		 */
+		for (int w = 0; w < nworkers; w++)
 		{
-			hops += workers[s].nids;
-			fused += worker_round(&workers[s]);
+			hops += workers[w].nids;
+			worker_send(&workers[w]);
+			if (serial)
+				fused += worker_collect(&workers[w]);
 		}
+		if (!serial)
+			for (int w = 0; w < nworkers; w++)
+				fused += worker_collect(&workers[w]);
 	}
 	printf("%.3f %ld %ld %ld %ld\n", now_seconds() - started, messages, hops + fused, fused, claims);
 	fflush(stdout);
-	for (int s = 0; s < nstages; s++)
-		worker_stop(&workers[s]);
+	for (int w = 0; w < nworkers; w++)
+		worker_stop(&workers[w]);
 	PQfinish(conn);
 	return 0;
 }
@@ -243,11 +282,11 @@ int
 main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
-	if (argc >= 7 && strcmp(argv[1], "run") == 0)
+	if (argc >= 8 && strcmp(argv[1], "run") == 0)
 		return run(argc, argv);
 	if (argc == 5 && strcmp(argv[1], "rss") == 0)
 		return rss(argc, argv);
-	fprintf(stderr, "usage: driver run CONNINFO CONFIG PROGRAM QUEUE_LIMIT STAGE...\n"
+	fprintf(stderr, "usage: driver run CONNINFO CONFIG PROGRAM QUEUE_LIMIT WORKERS STAGE...\n"
 			"       driver rss CONFIG PROGRAM ID\n");
 	return 64;
 }

@@ -6,9 +6,13 @@
 # METADATA stages, s1 -> s2 -> s3 -> done (pepsi-stage-if with a condition
 # every message meets; "done" has no section, so the rows stop there), fed
 # by a small driver (driver.c) that claims with pepsi.workqueue_claim as the
-# dispatcher does, writes the ids to the stage's worker and reads the
-# status lines back, one worker working at a time.  Four modes, all with
-# the multi-call binary:
+# dispatcher does, writes the ids to the stages' workers and reads the
+# status lines back: BENCH_WORKERS workers per stage (2, one per core of
+# the machine the targets were set on), all working at once as the
+# dispatcher's pools do (Graphile Worker, below, runs 10 jobs at once);
+# BENCH_WORKERS=serial has one worker per stage and one working at a
+# time, which measures what a hop costs whatever the cores.  Four modes,
+# all with the multi-call binary:
 #
 #   per-message      ALLOW_FUSION = no, one id at a time (QUEUE_LIMIT 1)
 #   batched          ALLOW_FUSION = no, up to QUEUE_LIMIT ids at once
@@ -32,6 +36,7 @@
 # note, when node and npm are missing (scripts/deps.sh installs them).
 #
 # Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1),
+# BENCH_WORKERS (2 per stage, or serial),
 # BENCH_MODES (which modes, default all four, and graphile), BENCH_SETUP_SQL
 # (SQL run once after CREATE EXTENSION, to measure a variant of the schema).
 set -euo pipefail
@@ -41,6 +46,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 messages=${BENCH_MESSAGES:-100000}
 limit=${BENCH_QUEUE_LIMIT:-256}
+workers=${BENCH_WORKERS:-2}
 reps=${BENCH_REPS:-1}
 modes=${BENCH_MODES:-per-message batched fused batched+fused graphile}
 bin="$bench_top/build/bin"
@@ -143,7 +149,7 @@ run_mode() {
         *) echo "bench/stages: unknown mode $1" >&2; return 1 ;;
     esac
     load_queue "$messages"
-    "$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" s1 s2 s3
+    "$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" "$workers" s1 s2 s3
     local done
     done=$(bench_psql -At -c "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND status = 'pending'")
     [ "$done" -eq "$messages" ] || { echo "bench/stages: $1: $done of $messages messages reached the end" >&2; return 1; }
@@ -163,7 +169,7 @@ done
 base=$(bench_median ${rates[per-message]:-0})
 spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f..%.0f", lo, hi }'; }
 echo
-echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, median of $reps"
+echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, workers per stage $workers, median of $reps"
 [ -n "${BENCH_SETUP_SQL:-}" ] && echo "schema variant: $BENCH_SETUP_SQL"
 printf '%-15s %12s %10s %14s %12s  %s\n' mode messages/s ratio "stage hops/s" "fused hops" "spread (msg/s)"
 for mode in $modes; do
