@@ -7,9 +7,11 @@
  *
  *   driver run  CONNINFO CONFIG PROGRAM QUEUE_LIMIT WORKERS STAGE...
  *       WORKERS workers per stage, all working at once as the
- *       dispatcher's pools do, each fed up to QUEUE_LIMIT ids per claim;
- *       "serial" for one per stage, one working at a time (what a stage
- *       hop costs, whatever the number of cores); prints "seconds
+ *       dispatcher's pools do, each fed half its QUEUE_LIMIT per claim,
+ *       the next claim running while they work on them (so at most
+ *       QUEUE_LIMIT ids in flight, as the dispatcher keeps); "serial" for
+ *       one per stage, one working at a time and no claim meanwhile
+ *       (what a stage hop costs, whatever the number of cores); prints "seconds
  *       messages hops fused_hops claims" on stdout; a non-zero status
  *       line is fatal
  *   driver rss  CONFIG PROGRAM ID
@@ -41,6 +43,7 @@ struct worker
 	FILE	   *out;			/* its stdout */
 	long long  *ids;			/* claimed for it this round */
 	int			nids;
+	int			unanswered;		/* ids of the previous round not answered yet */
 };
 
 static void
@@ -112,14 +115,14 @@ worker_send(struct worker *w)
 	fflush(w->in);
 }
 
-/* Read one status line per id sent; returns the fused hops they report. */
+/* Read one status line for each of the n ids sent first; returns the fused hops they report. */
 static long
-worker_collect(struct worker *w)
+worker_collect(struct worker *w, int n)
 {
 	char		line[4096];
 	long		fused = 0;
 
-	for (int i = 0; i < w->nids; i++)
+	for (int i = 0; i < n; i++)
 	{
 		if (fgets(line, sizeof(line), w->out) == NULL)
 			die("worker of stage %s ended early", w->stage);
@@ -127,7 +130,6 @@ worker_collect(struct worker *w)
 			die("status line: %s", line);
 		fused += fused_hops(line);
 	}
-	w->nids = 0;
 	return fused;
 }
 
@@ -135,8 +137,11 @@ worker_collect(struct worker *w)
 static long
 worker_round(struct worker *w)
 {
+	int			n = w->nids;
+
 	worker_send(w);
-	return worker_collect(w);
+	w->nids = 0;
+	return worker_collect(w, n);
 }
 
 static double
@@ -158,6 +163,8 @@ run(int argc, char **argv)
 	bool		serial = strcmp(argv[6], "serial") == 0;
 	int			per_stage = serial ? 1 : atoi(argv[6]);
 	int			nstages = argc - 7;
+	/* Ids per worker per claim: two claims' worth are in flight at once. */
+	int			share = serial ? limit : (limit + 1) / 2;
 	int			nworkers = nstages * per_stage;
 	struct worker *workers = calloc((size_t) (nworkers > 0 ? nworkers : 1), sizeof(struct worker));
 	char		stages[1024] = "{";
@@ -186,7 +193,7 @@ run(int argc, char **argv)
 		snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s\"%s\"",
 				 s ? "," : "", argv[7 + s]);
 		snprintf(capacities + strlen(capacities), sizeof(capacities) - strlen(capacities),
-				 "%s%d", s ? "," : "", limit * per_stage);
+				 "%s%d", s ? "," : "", share * per_stage);
 	}
 	strcat(stages, "}");
 	strcat(capacities, "}");
@@ -200,17 +207,20 @@ run(int argc, char **argv)
 	{
 		PGresult   *res = PQexecPrepared(conn, "claim", 2, values, NULL, NULL, 0);
 		int			rows;
+		bool		waiting = false;
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 			die("claim: %s", PQerrorMessage(conn));
 		claims++;
 		rows = PQntuples(res);
-		if (rows == 0)
+		for (int w = 0; w < nworkers; w++)
+			waiting |= workers[w].unanswered > 0;
+		if (rows == 0 && !waiting)
 		{
 			PQclear(res);
 			break;
 		}
-		/* Each stage's rows filled onto its workers in turn, QUEUE_LIMIT each. */
+		/* Each stage's rows filled onto its workers in turn, a share each. */
 		for (int r = 0; r < rows; r++)
 		{
 			const char *stage = PQgetvalue(res, r, 1);
@@ -220,7 +230,7 @@ run(int argc, char **argv)
 				{
 					struct worker *w = &workers[s * per_stage];
 
-					while (w->nids == limit)
+					while (w->nids == share)
 						w++;
 					w->ids[w->nids++] = atoll(PQgetvalue(res, r, 0));
 					if (s == 0)
@@ -230,19 +240,26 @@ run(int argc, char **argv)
 		PQclear(res);
 		/*
 		 * Every worker gets its ids before any answer is read, so they work
-		 * at once, as the dispatcher's pools do (one at a time with one
-		 * worker per stage and WORKERS "serial").
+		 * at once; then the answers to the previous round are read, while
+		 * the workers go on with this one, and the next claim runs while
+		 * they do, as the dispatcher claims while its pools work.  With
+		 * WORKERS "serial", one worker at a time and no claim meanwhile.
 		 */
 		for (int w = 0; w < nworkers; w++)
 		{
-			hops += workers[w].nids;
-			worker_send(&workers[w]);
+			int			sent = workers[w].nids;
+
+			hops += sent;
 			if (serial)
-				fused += worker_collect(&workers[w]);
+			{
+				fused += worker_round(&workers[w]);
+				continue;
+			}
+			worker_send(&workers[w]);
+			workers[w].nids = 0;
+			fused += worker_collect(&workers[w], workers[w].unanswered);
+			workers[w].unanswered = sent;
 		}
-		if (!serial)
-			for (int w = 0; w < nworkers; w++)
-				fused += worker_collect(&workers[w]);
 	}
 	printf("%.3f %ld %ld %ld %ld\n", now_seconds() - started, messages, hops + fused, fused, claims);
 	fflush(stdout);

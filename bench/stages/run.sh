@@ -7,12 +7,14 @@
 # every message meets; "done" has no section, so the rows stop there), fed
 # by a small driver (driver.c) that claims with pepsi.workqueue_claim as the
 # dispatcher does, writes the ids to the stages' workers and reads the
-# status lines back: BENCH_WORKERS workers per stage (2, one per core of
-# the machine the targets were set on), all working at once as the
-# dispatcher's pools do (Graphile Worker, below, runs 10 jobs at once);
-# BENCH_WORKERS=serial has one worker per stage and one working at a
-# time, which measures what a hop costs whatever the cores.  Four modes,
-# all with the multi-call binary:
+# status lines back: BENCH_WORKERS workers per stage (2, PARALLELISM's
+# default), all working at once as the dispatcher's pools do, each given
+# half its QUEUE_LIMIT per claim and the next claim made while they work
+# (at most QUEUE_LIMIT ids in flight per worker, as the dispatcher keeps;
+# Graphile Worker, below, runs 10 jobs at once).  BENCH_WORKERS=serial has
+# one worker per stage, one working at a time and no claim meanwhile,
+# which measures what a hop costs whatever the cores.  Four modes, all
+# with the multi-call binary:
 #
 #   per-message      ALLOW_FUSION = no, one id at a time (QUEUE_LIMIT 1)
 #   batched          ALLOW_FUSION = no, up to QUEUE_LIMIT ids at once
