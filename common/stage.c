@@ -45,6 +45,12 @@ pepsi_registry_install(pepsi_registry_fn lookup)
 	stage_registry = lookup;
 }
 
+bool
+pepsi_registry_has(const char *program)
+{
+	return stage_registry != NULL && stage_registry(program) != NULL;
+}
+
 /* ---------------------------------------------------------------------------
  * Errors and small helpers
  * ------------------------------------------------------------------------- */

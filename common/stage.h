@@ -50,6 +50,8 @@ struct pepsi_stage
 /* The multi-call binary installs the registry fusion looks successors up in. */
 typedef const struct pepsi_stage *(*pepsi_registry_fn)(const char *program);
 void pepsi_registry_install(pepsi_registry_fn lookup);
+/* Is program a stage of this (multi-call) binary?  False when no registry is installed. */
+bool pepsi_registry_has(const char *program);
 
 /* "PROGRAM worker [-c CONFIG] [-v]": the worker loop.  Returns the exit code. */
 int pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);

@@ -120,6 +120,12 @@ if [ ! -f "$run_dir/dkim/example.org.pem" ]; then
     record=$("$bin/pepsi-keys" generate -a rsa-sha256 -o "$run_dir/dkim/example.org.pem")
     echo "DKIM key made: publish at pepsi._domainkey.example.org TXT \"$record\""
 fi
+# The SRS secret forwarded mail's senders are rewritten with.
+if [ ! -f "$run_dir/srs/secret" ]; then
+    mkdir -p "$run_dir/srs"
+    (umask 077 && head -c 24 /dev/urandom | base64 >"$run_dir/srs/secret")
+    give_to_user "$run_dir/srs"
+fi
 daemon() {
     # The multi-call binary when it is built (workers can then fuse stages).
     if [ -x "$bin/pepsi" ]; then echo "$bin/pepsi $1"; else echo "$bin/$1"; fi

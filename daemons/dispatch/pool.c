@@ -31,6 +31,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "stage.h"
 #include "xalloc.h"
 
 static void worker_close(struct pool_worker *w);
@@ -226,11 +227,22 @@ worker_executable(const char *program, bool *as_self)
 			}
 		}
 		free(installed);
-		free(dir);
 		if (candidate)
+		{
+			free(dir);
 			return candidate;
-		*as_self = true;
-		return xstrdup(dispatcher.self_exe);
+		}
+		/*
+		 * A stage this binary does not hold (one built standalone only, as
+		 * the privileged stages are, or a third party's) is the file beside.
+		 */
+		if (pepsi_registry_has(program))
+		{
+			free(dir);
+			*as_self = true;
+			return xstrdup(dispatcher.self_exe);
+		}
+		candidate = xasprintf("%s/%s", dir, program);
 	}
 	free(dir);
 	if (access(candidate, X_OK) == 0)

@@ -400,7 +400,9 @@ main(int argc, char **argv)
 	{
 		if (geteuid() == 0)
 			fatalx("becoming %s: %s", pw->pw_name, err);
-		printf("temporary cannot act as %s: %s (is the helper setuid root?)\n", pw->pw_name, err);
+		/* Without its bit (make run) only the caller's own .forward can be read. */
+		printf("%s cannot act as %s: %s (the helper is not set-user-id root)\n",
+			   strcmp(mode, "read") == 0 ? "ignored" : "permanent", pw->pw_name, err);
 		return 0;
 	}
 	status = helper_read_forward(pw, &list, why, sizeof(why));
