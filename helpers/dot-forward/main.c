@@ -254,6 +254,8 @@ helper_pipe(const struct passwd *pw, const char *sender, const char *recipient, 
 	output[kept] = '\0';
 	while (kept > 0 && output[kept - 1] == ' ')
 		output[--kept] = '\0';
+	if (helper_timed_out)
+		kill(-pid, SIGKILL);
 	while (waitpid(pid, &status, 0) < 0)
 	{
 		if (errno != EINTR)

@@ -1,0 +1,142 @@
+# pepsi-helper-dot-forward on its own, installed set-user-id root and run
+# by a member of its group, for real system users: it ignores a .forward
+# that is a symbolic link, a FIFO (without hanging), too large, or in a
+# home directory others may write; it runs a command or writes a file only
+# when the user's .forward lists it, never for root, as the user with the
+# user's groups only, killed at its time limit; a file is written in mbox
+# form without following a symbolic link; bad user names, control
+# characters and NUL bytes are refused with a clear message.
+
+use strict;
+use warnings FATAL => 'all';
+
+use RootTest;
+
+use File::Basename qw(dirname);
+use IPC::Run ();
+use POSIX qw(mkfifo);
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+
+my $shared = shared_dir();
+my $homes = "$shared/home";
+my $tag = $$ % 1000000;
+my $group = "pepsi-fh$tag";
+my $name = "fh${tag}user";
+my $helper = 'pepsi-helper-dot-forward';
+my $bin = "$shared/bin";
+
+mkdir $homes;
+my $gid = add_system_group($group);
+install_privileged(dirname(pepsi_bin('pepsi-dispatch')), $bin, $group, $helper,
+	'pepsi-stage-dot-forward');
+add_system_user($name, $homes);
+my ($uid, $ugid) = (getpwnam($name))[ 2, 3 ];
+my $home = "$homes/$name";
+
+# Run the helper as the cluster's user with the helper's group added (as
+# the set-group-id stage does); returns (exit code, stdout, stderr).
+sub helper
+{
+	my ($input, @args) = @_;
+	my ($out, $err) = ('', '');
+	my @cmd = ('setpriv', '--reuid=' . cluster_user(), '--regid=' . cluster_user(),
+		"--groups=$gid", '--', "$bin/$helper", @args);
+
+	IPC::Run::run(\@cmd, '<', \($input // ''), '>', \$out, '2>', \$err,
+		IPC::Run::timeout(60));
+	return ($? >> 8, $out, $err);
+}
+
+sub dot_forward
+{
+	my ($text) = @_;
+
+	unlink "$home/.forward";
+	open my $fh, '>', "$home/.forward" or die $!;
+	print $fh $text;
+	close $fh;
+	chown $uid, $ugid, "$home/.forward";
+	chmod 0644, "$home/.forward";
+}
+
+# Entries as the helper lists them.
+dot_forward("a\@remote.test,\\$name\n\"|cat > out\"\n/tmp/x\n");
+my ($rc, $out) = helper(undef, 'read', $name);
+is($rc, 0, 'read: exit 0');
+is($out, "forward\naddress a\@remote.test\nlocal $name\npipe cat > out\nfile /tmp/x\n", 'the entries');
+
+# Unsafe places are ignored.
+unlink "$home/.forward";
+symlink '/etc/passwd', "$home/.forward";
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "ignored .forward is a symbolic link\n", 'a symbolic link is not followed');
+unlink "$home/.forward";
+mkfifo("$home/.forward", 0644) or die "mkfifo: $!";
+chown $uid, $ugid, "$home/.forward";
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "ignored .forward is not a regular file\n", 'a FIFO is ignored, without waiting on it');
+unlink "$home/.forward";
+my $big = ('x' x 70) . "\@remote.test\n";
+dot_forward($big x 1000);
+($rc, $out) = helper(undef, 'read', $name);
+like($out, qr/^ignored \.forward is larger than 65536 bytes\n\z/, 'a large .forward is ignored');
+dot_forward("a\@remote.test\n");
+chmod 0777, $home;
+($rc, $out) = helper(undef, 'read', $name);
+like($out, qr/^ignored home directory \S+ is group- or world-writable\n\z/, 'a world-writable home is ignored');
+chmod 0755, $home;
+($rc, $out) = helper(undef, 'read', 'nosuchuser');
+is($out, "nouser\n", 'no such user');
+unlink "$home/.forward";
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "none\n", 'no .forward');
+
+# A NUL byte in a line: that line is bad, the others stand.
+dot_forward("a\@remote.test\nb\0c\@remote.test\n");
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "forward\naddress a\@remote.test\nbad 2 a NUL byte in the line\n", 'a NUL byte is a bad line');
+
+# Commands: only those listed, as the user, within the time limit.
+dot_forward("\"|id -u > $home/id.out; id -G >> $home/id.out; cat > $home/msg.out\"\n\"|sleep 30\"\n");
+($rc, $out) = helper("hello\n", 'pipe', $name, 's@remote.test', "$name\@local.test", '20',
+	'rm -rf /');
+is($out, "permanent the command is not in ${name}'s .forward\n", 'a command not in the .forward is refused');
+($rc, $out) = helper("hello\n", 'pipe', $name, 's@remote.test', "$name\@local.test", '20',
+	"id -u > $home/id.out; id -G >> $home/id.out; cat > $home/msg.out");
+is($out, "ok\n", 'a listed command runs');
+my @id = split /\n/, slurp("$home/id.out");
+is($id[0], $uid, 'as the user');
+is($id[1], $ugid, 'with the user\'s groups only (not root\'s, not the helper\'s)');
+is(slurp("$home/msg.out"), "hello\n", 'the message on its input');
+($rc, $out) = helper('', 'pipe', $name, 's@remote.test', "$name\@local.test", '1', 'sleep 30');
+like($out, qr/^temporary the command ran longer than 1 s and was killed/, 'killed at its time limit');
+($rc, $out) = helper('', 'pipe', 'root', 's@remote.test', 'root@local.test', '20', 'true');
+is($out, "permanent commands and files of a .forward are never run as root\n", 'never as root');
+
+# Files: mbox form, From_ quoted; a symbolic link is not followed.
+dot_forward("$home/mbox\n$home/link\n");
+($rc, $out) = helper("Subject: x\n\nFrom here\n>From there\n", 'file', $name, 's@remote.test',
+	"$name\@local.test", "$home/mbox");
+is($out, "ok\n", 'written');
+like(slurp("$home/mbox"), qr/\AFrom s\@remote\.test .+\nSubject: x\n\n>From here\n>>From there\n\n\z/,
+	'in mbox form, From_ lines quoted');
+is((stat "$home/mbox")[4], $uid, 'owned by the user');
+symlink '/etc/shadow', "$home/link";
+($rc, $out) = helper("x\n", 'file', $name, 's@remote.test', "$name\@local.test", "$home/link");
+is($out, "permanent $home/link: is a symbolic link\n", 'a symbolic link is not followed');
+
+# Bad requests.
+my $err;
+($rc, $out, $err) = helper(undef, 'read', '../etc');
+isnt($rc, 0, 'a user name with a path is refused');
+like($err, qr/refused: "\.\.\/etc" is not a user name/, 'and says so');
+($rc, $out, $err) = helper('', 'pipe', $name, "s\r\n\@remote.test", 'r@local.test', '20', 'true');
+like($err, qr/refused: argument 3 has a control character/, 'a control character is refused');
+($rc, $out, $err) = helper(undef, 'frobnicate', $name);
+isnt($rc, 0, 'an unknown mode is refused');
+
+done_testing();
