@@ -514,9 +514,8 @@ forward_conclude(struct pepsi_ctx *ctx, struct forward_plan *plan, const char *r
 			json_array_append_new(addresses, json_string(plan->locals[i]));
 		if (dsn)
 			json_object_set_new(state, "dsn", dsn);
-		json_array_append_new(groups, json_pack("{s:s,s:o,s:o}", "stage",
-												next_stage ? next_stage : pepsi_stage_name(ctx),
-												"rcpt_to", addresses, "state", state));
+		json_array_append_new(groups, json_pack("{s:s,s:o,s:o}", "stage", next_stage, "rcpt_to",
+												addresses, "state", state));
 	}
 	/* The siblings first: after the split the row itself becomes the forward or the local copy. */
 	if (json_array_size(groups) > 0)
@@ -690,11 +689,25 @@ forward_can_fuse(struct pepsi_ctx *ctx)
 	return false;
 }
 
+/* Untouched recipients and local copies must go somewhere else than back here. */
+static bool
+forward_check_config(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	if (config_get(cfg, section, "NEXT_STAGE") == NULL)
+	{
+		snprintf(err, errlen, "%s: [%s] needs NEXT_STAGE (where local copies and other recipients go)",
+				 cfg->path, section);
+		return false;
+	}
+	return true;
+}
+
 const struct pepsi_stage pepsi_stage_dot_forward_stage = {
 	.program = "pepsi-stage-dot-forward",
 	.load = PEPSI_LOAD_FULL,
 	.run = forward_run,
 	.can_fuse = forward_can_fuse,
+	.check_config = forward_check_config,
 };
 
 int
