@@ -142,6 +142,20 @@ delivery_set_string(json_t *object, const char *key, const char *value)
 }
 
 /* The report as JSON: the keys of state.bounce that describe the attempt. */
+/* The TLS of the attempt, for state (ready for TLSRPT, RFC 8460). */
+static json_t *
+delivery_tls_json(const struct delivery_report *r)
+{
+	json_t *o = json_object();
+
+	delivery_set_string(o, "outcome", r->tls_policy);
+	delivery_set_string(o, "result", r->tls_result);
+	delivery_set_string(o, "session", r->tls);
+	delivery_set_string(o, "relay", r->relay);
+	json_object_set_new(o, "at", json_integer((json_int_t) time(NULL)));
+	return o;
+}
+
 static json_t *
 delivery_report_json(const struct delivery_report *r)
 {
@@ -155,6 +169,8 @@ delivery_report_json(const struct delivery_report *r)
 		json_object_set_new(o, "smtp_code", json_integer(r->smtp_code));
 	delivery_set_string(o, "phase", r->phase);
 	delivery_set_string(o, "reply_text", r->reply_text);
+	if (r->tls_policy)
+		json_object_set_new(o, "tls", delivery_tls_json(r));
 	return o;
 }
 
@@ -315,6 +331,8 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 	delay = delivery_retry_delay(ctx, attempts, age);
 
 	merge = json_pack("{s:I,s:s}", "attempts", (json_int_t) attempts, "last_error", last_error);
+	if (why->tls_policy)
+		json_object_set_new(merge, "tls", delivery_tls_json(why));
 	{
 		char note[64];
 
@@ -537,6 +555,8 @@ delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *
 	report->phase = smtp_phase_name(phase);
 	report->relay = r->relay[0] ? r->relay : NULL;
 	report->tls = r->tls[0] ? r->tls : NULL;
+	report->tls_policy = r->tls_outcome[0] ? r->tls_outcome : NULL;
+	report->tls_result = r->tls_result[0] ? r->tls_result : NULL;
 	report->connect_seconds = r->connect_seconds;
 	report->transfer_seconds = r->transfer_seconds;
 }

@@ -39,8 +39,11 @@ struct delivery_report
 	const char *phase;		/* "RCPT TO", "end of DATA", ... or NULL */
 	const char *reply_text; /* the reply's text, or NULL */
 	/* for the delivery log line (maillog.h) */
-	const char *relay;			  /* "host[address]:port", "local", or NULL when none was reached */
-	const char *tls;			  /* the session's TLS, or NULL in clear */
+	const char *relay; /* "host[address]:port", "local", or NULL when none was reached */
+	const char *tls;   /* the session's TLS, or NULL in clear */
+	/* the TLS policy's outcome (tls_policy.h: "dane verified", ...) and its RFC 8460 result type, or NULL */
+	const char *tls_policy;
+	const char *tls_result;
 	double		connect_seconds;  /* reaching the next hop (0 when the session was reused) */
 	double		transfer_seconds; /* handing the message over */
 };

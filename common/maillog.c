@@ -85,6 +85,9 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 			   note ? "; " : "", note ? note : "");
 	if (r->tls && *r->tls)
 		buf_printf(&line, ", tls=%s", r->tls);
+	if (r->tls_policy)
+		buf_printf(&line, ", tls_policy=%s%s%s", r->tls_policy, r->tls_result ? "; " : "",
+				   r->tls_result ? r->tls_result : "");
 	if (milter)
 		buf_printf(&line, ", milter=%s", milter);
 
@@ -96,6 +99,8 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 					   "transmission", r->transfer_seconds,
 					   "dsn", dsn, "status", status, "reply", reply, "note", note,
 					   "tls", r->tls && *r->tls ? r->tls : NULL, "milter", milter);
+	if (r->tls_policy)
+		json_object_set_new(fields, "tls_policy", json_pack("{s:s, s:s?}", "outcome", r->tls_policy, "result", r->tls_result));
 	/* The members, without the object's braces, for the JSON log line. */
 	members = json_dumps(fields, JSON_COMPACT | JSON_ENSURE_ASCII);
 	if (members && strlen(members) >= 2)

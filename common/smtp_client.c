@@ -1152,14 +1152,25 @@ smtp_client_connected(const struct smtp_client *c)
 void
 smtp_client_set_tls_policy(struct smtp_client *c, const struct tls_policy *policy)
 {
-	if (policy == c->policy)
+	if (policy == NULL ? c->policy == NULL : c->policy != NULL && tls_policy_same(c->policy, policy))
 		return;
 	/* A session and a TLS context made under another policy are not reused. */
 	smtp_client_close(c);
 	if (c->ssl_ctx)
 		SSL_CTX_free(c->ssl_ctx);
 	c->ssl_ctx = NULL;
-	c->policy = policy;
+	if (c->policy_copy)
+	{
+		tls_policy_free(c->policy_copy);
+		free(c->policy_copy);
+		c->policy_copy = NULL;
+	}
+	if (policy)
+	{
+		c->policy_copy = xmalloc(sizeof(*c->policy_copy));
+		tls_policy_copy(c->policy_copy, policy);
+	}
+	c->policy = c->policy_copy;
 }
 
 void
@@ -1170,6 +1181,11 @@ smtp_client_free(struct smtp_client *c)
 	smtp_client_close(c);
 	if (c->ssl_ctx)
 		SSL_CTX_free(c->ssl_ctx);
+	if (c->policy_copy)
+	{
+		tls_policy_free(c->policy_copy);
+		free(c->policy_copy);
+	}
 	buf_free(&c->in);
 	for (int i = 0; i < c->nowned; i++)
 	{

@@ -161,8 +161,8 @@ void				smtp_client_free(struct smtp_client *c); /* QUITs an open session */
 void smtp_client_close(struct smtp_client *c);
 bool smtp_client_connected(const struct smtp_client *c);
 /*
- * Decide TLS by policy (NULL: by the tls option again).  The policy must
- * outlive the session; a different one closes the open session.
+ * Decide TLS by policy (NULL: by the tls option again).  The client keeps
+ * a copy; a policy that asks something else closes the open session.
  */
 void smtp_client_set_tls_policy(struct smtp_client *c, const struct tls_policy *policy);
 

@@ -31,7 +31,8 @@ struct smtp_client
 	char					   peer[300];	 /* host[address]:port, for messages */
 	char					   tls[160];	 /* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
 	bool					   tls_verified; /* the peer was authenticated (PKIX or DANE) */
-	const struct tls_policy	  *policy;		 /* NULL: opt.tls decides */
+	const struct tls_policy	  *policy;		 /* NULL: opt.tls decides; else policy_copy */
+	struct tls_policy		  *policy_copy;
 	char					   tls_outcome[256];
 	char					   tls_result[48];
 	char					   remote_mta[256];

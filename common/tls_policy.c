@@ -130,7 +130,7 @@ tls_policy_for_mx(const struct tls_policy_request *req, struct tls_policy *out)
 	out->kind = TLS_POLICY_OPPORTUNISTIC;
 	snprintf(out->mx_host, sizeof(out->mx_host), "%s", req->mx_host);
 	snprintf(out->domain, sizeof(out->domain), "%s", req->domain ? req->domain : "");
-	out->ca_file = req->sts_ca_file;
+	snprintf(out->ca_file, sizeof(out->ca_file), "%s", req->sts_ca_file ? req->sts_ca_file : "");
 	/* RFC 8689 5: the sender asked for delivery whatever the recipient's policy. */
 	if (req->tls_not_required)
 		return;
@@ -159,6 +159,34 @@ tls_policy_free(struct tls_policy *p)
 	free(p->tlsa);
 	p->tlsa = NULL;
 	p->ntlsa = 0;
+}
+
+void
+tls_policy_copy(struct tls_policy *to, const struct tls_policy *from)
+{
+	*to = *from;
+	to->tlsa = from->ntlsa ? xcalloc(from->ntlsa, sizeof(*to->tlsa)) : NULL;
+	for (size_t i = 0; i < from->ntlsa; i++)
+	{
+		to->tlsa[i] = from->tlsa[i];
+		to->tlsa[i].data = xmalloc(from->tlsa[i].len ? from->tlsa[i].len : 1);
+		memcpy(to->tlsa[i].data, from->tlsa[i].data, from->tlsa[i].len);
+	}
+}
+
+bool
+tls_policy_same(const struct tls_policy *a, const struct tls_policy *b)
+{
+	if (a->kind != b->kind || a->ntlsa != b->ntlsa || a->sts_mx_unlisted != b->sts_mx_unlisted
+		|| strcmp(a->mx_host, b->mx_host) != 0 || strcmp(a->ca_file, b->ca_file) != 0
+		|| strcmp(a->sts_id, b->sts_id) != 0)
+		return false;
+	for (size_t i = 0; i < a->ntlsa; i++)
+		if (a->tlsa[i].usage != b->tlsa[i].usage || a->tlsa[i].selector != b->tlsa[i].selector
+			|| a->tlsa[i].mtype != b->tlsa[i].mtype || a->tlsa[i].len != b->tlsa[i].len
+			|| memcmp(a->tlsa[i].data, b->tlsa[i].data, a->tlsa[i].len) != 0)
+			return false;
+	return true;
 }
 
 bool
@@ -197,6 +225,8 @@ tls_policy_prepare_context(SSL_CTX *ctx, const char *ca_file, char *err, size_t 
 		snprintf(err, errlen, "cannot enable DANE: %s", ERR_reason_error_string(ERR_get_error()));
 		return false;
 	}
+	if (ca_file && *ca_file == '\0')
+		ca_file = NULL;
 	if (ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL) != 1
 				: SSL_CTX_set_default_verify_paths(ctx) != 1)
 	{

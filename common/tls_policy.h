@@ -66,7 +66,7 @@ struct tls_policy
 	size_t					ntlsa;
 	char					sts_id[64];		 /* the MTA-STS policy id, "" without one */
 	bool					sts_mx_unlisted; /* testing: the policy does not list this MX */
-	const char			   *ca_file;		 /* WebPKI trust anchors for MTA-STS (NULL: the system's) */
+	char					ca_file[512];	 /* WebPKI trust anchors for MTA-STS ("": the system's) */
 	/*
 	 * Set when the host must not be used at all (a bogus TLSA answer, an
 	 * MX that an enforced MTA-STS policy does not list): the RFC 8460
@@ -92,6 +92,9 @@ struct tls_policy_request
 /* The policy for one MX host; out is cleared first (free it with tls_policy_free). */
 void tls_policy_for_mx(const struct tls_policy_request *req, struct tls_policy *out);
 void tls_policy_free(struct tls_policy *p);
+/* A deep copy (to, uninitialised, is freed with tls_policy_free); do two policies ask the same? */
+void tls_policy_copy(struct tls_policy *to, const struct tls_policy *from);
+bool tls_policy_same(const struct tls_policy *a, const struct tls_policy *b);
 
 /* Must the session have TLS (no delivery in clear)? */
 bool tls_policy_requires_tls(const struct tls_policy *p);

@@ -520,10 +520,11 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 			snprintf(at->error, sizeof(at->error), "%s", err);
 			continue;
 		}
-		internet_tls_policy_lookup(ctx, internet_resolver, domain, host, &policy);
+		internet_tls_policy_lookup(ctx, internet_resolver, domain, host, route->secure, &policy);
 		if (policy.refuse)
 		{
 			snprintf(at->error, sizeof(at->error), "%s", policy.reason);
+			internet_tls_policy_free(&policy);
 			destination_cached_free(&addresses);
 			continue;
 		}
@@ -542,6 +543,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 					at->loop = true;
 				snprintf(at->error, sizeof(at->error), "mail for %s loops back to myself (%s is %s)",
 						 domain, host, address->address);
+				internet_tls_policy_free(&policy);
 				destination_cached_free(&addresses);
 				return;
 			}
@@ -565,6 +567,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 			o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
 			internet_tls_policy_apply(&policy, &o);
 			client = internet_session_for(&o, pepsi_option_int(ctx, "SESSION_CACHE"));
+			internet_tls_policy_attach(&policy, client);
 			if (at->have_result)
 				smtp_result_free(&at->result);
 			smtp_client_send(client, env, raw->data, raw->len, &at->result);
@@ -589,6 +592,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 				db_array_append(&at->failed_addresses, address->address);
 			}
 		}
+		internet_tls_policy_free(&policy);
 		destination_cached_free(&addresses);
 	}
 	buf_append_str(&at->failed_hosts, "}");

@@ -135,6 +135,7 @@ mx_implicit(struct dns_resolver *resolver, const char *domain, struct mx_route *
 	{
 		route->status = MX_OK;
 		route->implicit = true;
+		route->secure = route->secure && a4.secure && (a6.status != DNS_OK || a6.secure);
 		route->hosts = xcalloc(1, sizeof(*route->hosts));
 		route->hosts[0].name = xstrdup(domain);
 		route->nhosts = 1;
@@ -175,6 +176,7 @@ mx_route_lookup(struct dns_resolver *resolver, const char *domain, const struct 
 		case DNS_OK:
 			break;
 	}
+	route->secure = answer.secure;
 	route->hosts = xcalloc(answer.count + 1, sizeof(*route->hosts));
 	for (size_t i = 0; i < answer.count; i++)
 	{

@@ -39,6 +39,7 @@ struct mx_route
 	enum mx_status	status;
 	char			reason[300]; /* for the DSN and the log when not MX_OK */
 	bool			implicit;	 /* the domain's own address (no MX records) */
+	bool			secure;		 /* the answer was DNSSEC-validated (DANE needs it, RFC 7672 2.2.1) */
 	struct mx_host *hosts;
 	size_t			nhosts;
 };

@@ -2,16 +2,97 @@
 #include "tls_policy_seam.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "header.h"
+#include "log.h"
+#include "mta_sts.h"
+
+/*
+ * The last domain's MTA-STS policy: the recipients of one message and the
+ * next messages to the same domain ask again within seconds, and the
+ * database cache (pepsi.mta_sts_policy) is what every worker shares.
+ */
+#define INTERNET_STS_REUSE_SECONDS 30
+
+static char					 sts_domain[256];
+static time_t				 sts_looked_up;
+static enum mta_sts_status	 sts_status;
+static struct mta_sts_policy sts_policy;
+
+static const struct mta_sts_policy *
+internet_sts_policy(struct pepsi_ctx *ctx, struct dns_resolver *resolver, const char *domain)
+{
+	struct mta_sts_options o = {
+		.resolver = resolver,
+		.db = pepsi_db(ctx),
+		.ca_file = pepsi_option(ctx, "TLS_CA_FILE"),
+		.https_port = (unsigned) pepsi_option_int(ctx, "MTA_STS_PORT"),
+		.timeout_ms = (long) (pepsi_option_seconds(ctx, "MTA_STS_TIMEOUT") * 1000),
+	};
+	char result[48];
+	char err[512];
+
+	if (strcasecmp(sts_domain, domain) != 0 || time(NULL) - sts_looked_up > INTERNET_STS_REUSE_SECONDS)
+	{
+		mta_sts_policy_free(&sts_policy);
+		sts_status = mta_sts_lookup(&o, domain, &sts_policy, result, sizeof(result), err, sizeof(err));
+		if (sts_status == MTA_STS_FAILED)
+			log_warnx("MTA-STS: %s (%s): delivered as without a policy", err, result);
+		snprintf(sts_domain, sizeof(sts_domain), "%s", domain);
+		sts_looked_up = time(NULL);
+	}
+	return sts_status == MTA_STS_FOUND ? &sts_policy : NULL;
+}
+
+/* "TLS-Required: No" (RFC 8689 5): the sender asks for delivery whatever the recipient's policy. */
+static bool
+internet_tls_not_required(struct pepsi_ctx *ctx)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	char			 *value = headers ? header_get(headers->data, headers->len, "TLS-Required") : NULL;
+	bool			  no = value && strcasecmp(value, "No") == 0;
+
+	free(value);
+	return no;
+}
 
 void
 internet_tls_policy_lookup(struct pepsi_ctx *ctx, struct dns_resolver *resolver, const char *domain,
-						   const char *mx_host, struct internet_tls_policy *policy)
+						   const char *mx_host, bool mx_secure, struct internet_tls_policy *policy)
 {
+	struct tls_policy_request req = {
+		.resolver = resolver,
+		.domain = domain,
+		.mx_host = mx_host,
+		.mx_secure = mx_secure && pepsi_option_bool(ctx, "DANE"),
+		.port = (unsigned) pepsi_option_int(ctx, "SMTP_PORT"),
+		.sts_ca_file = pepsi_option(ctx, "TLS_CA_FILE"),
+		.tls_not_required = internet_tls_not_required(ctx),
+	};
+
 	memset(policy, 0, sizeof(*policy));
-	policy->mode = SMTP_TLS_MAY;
-	policy->source = "opportunistic";
+	if (!req.tls_not_required && pepsi_option_bool(ctx, "MTA_STS"))
+		req.sts = internet_sts_policy(ctx, resolver, domain);
+	tls_policy_for_mx(&req, &policy->policy);
+	policy->source = tls_policy_name(&policy->policy);
+	policy->mode = tls_policy_requires_tls(&policy->policy) ? SMTP_TLS_VERIFY : SMTP_TLS_MAY;
 	snprintf(policy->name, sizeof(policy->name), "%s", mx_host);
+	if (policy->policy.refused[0])
+	{
+		policy->refuse = true;
+		snprintf(policy->reason, sizeof(policy->reason), "%.250s (%.40s)", policy->policy.refused,
+				 policy->policy.refused_result);
+	}
+}
+
+void
+internet_tls_policy_free(struct internet_tls_policy *policy)
+{
+	tls_policy_free(&policy->policy);
 }
 
 void
@@ -19,4 +100,10 @@ internet_tls_policy_apply(const struct internet_tls_policy *policy, struct smtp_
 {
 	options->tls = policy->mode;
 	options->tls_name = policy->name[0] ? policy->name : NULL;
+}
+
+void
+internet_tls_policy_attach(const struct internet_tls_policy *policy, struct smtp_client *client)
+{
+	smtp_client_set_tls_policy(client, &policy->policy);
 }

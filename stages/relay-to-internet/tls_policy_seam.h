@@ -4,11 +4,14 @@
  *
  * Two calls frame every connection: internet_tls_policy_lookup, before
  * connecting, for the recipient domain and the MX host (DANE, RFC 7672,
- * from the host's TLSA records; MTA-STS, RFC 8461, from the domain's
- * policy), and internet_tls_policy_apply, which puts the answer into the
- * SMTP client's options.  The policy modules of common/ plug in here;
- * without them the policy is opportunistic STARTTLS: used when offered,
- * the certificate not checked (RFC 7435), as other MTAs deliver today.
+ * from the host's TLSA records when the MX answer was DNSSEC-validated;
+ * MTA-STS, RFC 8461, from the domain's policy), and
+ * internet_tls_policy_apply, which hands the answer to the SMTP client
+ * (common/tls_policy.h decides STARTTLS and the peer's authentication and
+ * reports the outcome).  Without DANE or MTA-STS the policy is
+ * opportunistic STARTTLS: used when offered, the certificate not required
+ * (RFC 7435).  Options: DANE, MTA_STS, TLS_CA_FILE, MTA_STS_PORT,
+ * MTA_STS_TIMEOUT of the stage's section.
  */
 #ifndef PEPSI_INTERNET_TLS_POLICY_SEAM_H
 #define PEPSI_INTERNET_TLS_POLICY_SEAM_H
@@ -18,6 +21,7 @@
 #include "dns.h"
 #include "smtp_client.h"
 #include "stage.h"
+#include "tls_policy.h"
 
 struct internet_tls_policy
 {
@@ -26,14 +30,18 @@ struct internet_tls_policy
 	const char		  *source;		/* "opportunistic", "dane", "mta-sts": for the log */
 	bool			   refuse;		/* the policy forbids delivering to this host */
 	char			   reason[300]; /* why, when it refuses (for the DSN and the log) */
+	struct tls_policy  policy;		/* what the SMTP client enforces */
 };
 
-/* The policy for delivering mail for domain (A-label) to mx_host. */
+/* The policy for delivering mail for domain (A-label) to mx_host; free it with internet_tls_policy_free. */
 void internet_tls_policy_lookup(struct pepsi_ctx *ctx, struct dns_resolver *resolver,
-								const char *domain, const char *mx_host,
+								const char *domain, const char *mx_host, bool mx_secure,
 								struct internet_tls_policy *policy);
-/* Make the client options say what the policy asks. */
+void internet_tls_policy_free(struct internet_tls_policy *policy);
+/* Make the client options say what the policy asks (before the client is chosen). */
 void internet_tls_policy_apply(const struct internet_tls_policy *policy,
 							   struct smtp_client_options		*options);
+/* Give the policy to the client chosen for the connection. */
+void internet_tls_policy_attach(const struct internet_tls_policy *policy, struct smtp_client *client);
 
 #endif

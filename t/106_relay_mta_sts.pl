@@ -1,0 +1,153 @@
+# MTA-STS (RFC 8461) in pepsi-stage-relay-to-internet, on the simulated
+# internet of t/100: the test's DNS serves the domains' MX and _mta-sts
+# TXT records, an HTTPS server (t/bin/sts-https, a certificate of a test
+# CA that TLS_CA_FILE names) their policies, and scripted peers with
+# certificates of the same CA the MX hosts.
+#   enforce, the MX presenting a certificate for another name: deferred,
+#     nothing sent; testing, the same: delivered, the failure logged;
+#   enforce with the right certificate: delivered "sts enforce verified",
+#     the policy cached in pepsi.mta_sts_policy with its max_age;
+#   enforce whose mx does not list the MX host: deferred;
+#   a malformed policy, one over the size cap, a redirect: no policy (and
+#     the redirect not followed), delivered opportunistically.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+use TestDNS;
+
+my $node = delivery_node('relay_mta_sts');
+my $root = PostgreSQL::Test::Utils::tempdir();
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $sender = 'sender@local.test';
+make_mailbox($root, $sender);
+
+# A test CA and the certificates it signs.
+sub run { system(@_) == 0 or die "@_ failed" }
+run('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+	'-keyout', "$tmp/ca-key.pem", '-out', "$tmp/ca.pem", '-days', '2', '-subj', '/CN=Pepsi test CA',
+	'-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign');
+sub issue
+{
+	my ($name, @dns) = @_;
+	run('openssl', 'req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+		'-keyout', "$tmp/$name-key.pem", '-out', "$tmp/$name.csr", '-subj', "/CN=$dns[0]");
+	PostgreSQL::Test::Utils::append_to_file("$tmp/$name.ext",
+		'subjectAltName=' . join(',', map { "DNS:$_" } @dns) . "\n");
+	run('openssl', 'x509', '-req', '-in', "$tmp/$name.csr", '-CA', "$tmp/ca.pem", '-CAkey', "$tmp/ca-key.pem",
+		'-CAcreateserial', '-out', "$tmp/$name.pem", '-days', '2', '-extfile', "$tmp/$name.ext");
+}
+my @domains = qw(enforce testing good bad big redirect unlisted);
+issue('https', map { "mta-sts.$_.test" } @domains);
+issue('wrong', 'wrong.example');
+issue('right', 'mx.good.test', 'mx.unlisted.test');
+
+my $https = start_server('sts-https', sub {
+	my ($port, $dir) = @_;
+	return ("$ENV{PEPSI_TOP}/t/bin/sts-https", $dir, $port, "$tmp/https.pem", "$tmp/https-key.pem");
+});
+my $policies = $https->{dir};
+sub policy { PostgreSQL::Test::Utils::append_to_file("$policies/mta-sts.$_[0].test.$_[1]", $_[2]) }
+policy('enforce', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.enforce.test\r\nmax_age: 86400\r\n");
+policy('testing', 'txt', "version: STSv1\nmode: testing\nmx: *.testing.test\nmax_age: 600\n");
+policy('good', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.good.test\r\nmax_age: 86400\r\n");
+policy('unlisted', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.elsewhere.test\r\nmax_age: 86400\r\n");
+policy('bad', 'txt', "version: STSv1\r\nmode: sometimes\r\nmx: mx.bad.test\r\nmax_age: 86400\r\n");
+policy('big', 'big', 200000);
+policy('redirect', 'redirect', "https://mta-sts.good.test:$https->{port}/.well-known/mta-sts.txt");
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $wrong = start_peer('--address', '127.0.0.3', '--port', $port,
+	'--tls-cert', "$tmp/wrong.pem", '--tls-key', "$tmp/wrong-key.pem");
+my $right = start_peer('--address', '127.0.0.4', '--port', $port,
+	'--tls-cert', "$tmp/right.pem", '--tls-key', "$tmp/right-key.pem");
+
+my $zone = '';
+for my $d (@domains)
+{
+	my $address = $d eq 'good' || $d eq 'unlisted' ? '127.0.0.4' : '127.0.0.3';
+	$zone .= "$d.test. 300 IN MX 10 mx.$d.test.\n"
+	  . "mx.$d.test. 300 IN A $address\n"
+	  . "_mta-sts.$d.test. 300 IN TXT \"v=STSv1; id=${d}1\"\n"
+	  . "mta-sts.$d.test. 300 IN A 127.0.0.1\n";
+}
+my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
+$dns->zone($zone);
+
+my $config = delivery_config($node, maildir_root => $root, internet => $port,
+	pepsi => { DNS_FORWARDER => $dns->forwarder },
+	extra => { smarthost => "TLS_CA_FILE = $tmp/ca.pem\nMTA_STS_PORT = $https->{port}\n"
+		  . "MTA_STS_TIMEOUT = 10s\nRETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
+my $d = start_dispatcher($config);
+
+my %id;
+for my $domain (@domains)
+{
+	$id{$domain} = inject($node, to => ["user\@$domain.test"],
+		headers => "From: <$sender>\r\nTo: <user\@$domain.test>\r\nSubject: to $domain\r\n");
+}
+
+sub sent_to
+{
+	my ($peer, $domain) = @_;
+	return scalar grep { $_->{env} =~ /RCPT TO:<user\@\Q$domain\E\.test>/ } peer_messages($peer);
+}
+
+sub paused_error
+{
+	my ($id) = @_;
+	return poll_until(sub {
+		$node->safe_psql('postgres',
+			"SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $id AND status = 'paused'") });
+}
+
+# enforce, a certificate for another name: deferred, never sent.
+like(paused_error($id{enforce}), qr/sts enforce.*(hostname mismatch|certificate-host-mismatch)/,
+	'enforce with a wrong certificate name: deferred, and last_error says why');
+is($node->safe_psql('postgres', "SELECT state->'tls'->>'result' FROM pepsi.workqueue WHERE id = $id{enforce}"),
+	'certificate-host-mismatch', 'state.tls has the RFC 8460 result type');
+unlike(slurp("$wrong->{dir}/transcript"), qr/RCPT TO:<user\@enforce\.test>/, 'nothing was sent to it');
+
+# testing, the same certificate: delivered, the failure logged.
+ok(poll_until(sub { sent_to($wrong, 'testing') == 1 }), 'testing with a wrong certificate name: delivered');
+ok(poll_until(sub { dispatcher_log($d) =~ /to=<user\@testing\.test>.*status=sent.*tls_policy=sts testing failed: certificate-host-mismatch/ }),
+	'the delivery log line says the testing policy failed, and how');
+like(dispatcher_log($d), qr/MTA-STS testing policy of testing\.test: mx\.testing\.test: .*delivered anyway/,
+	'with a warning');
+
+# enforce, the right certificate.
+ok(poll_until(sub { sent_to($right, 'good') == 1 }), 'enforce with a valid certificate: delivered');
+ok(poll_until(sub { dispatcher_log($d) =~ /to=<user\@good\.test>.*status=sent.*tls_policy=sts enforce verified/ }),
+	'logged as sts enforce verified');
+is($node->safe_psql('postgres',
+		"SELECT policy_id || ' ' || mode || ' ' || max_age || ' ' || (expires_at > now() + interval '23 hours')"
+		  . " FROM pepsi.mta_sts_policy WHERE domain = 'good.test'"),
+	'good1 enforce 86400 true', 'the policy is cached with its id, mode and max_age');
+
+# enforce whose mx does not list the host.
+like(paused_error($id{unlisted}), qr/not among the mx of unlisted\.test's MTA-STS policy/,
+	'an MX host the enforced policy does not list: deferred');
+is(sent_to($right, 'unlisted'), 0, 'and not even connected for it');
+
+# No usable policy: delivered as without one.
+ok(poll_until(sub { sent_to($wrong, 'bad') == 1 }), 'a malformed policy: delivered without a policy');
+like(dispatcher_log($d), qr/MTA-STS policy of bad\.test: policy mode "sometimes"/, 'the malformed policy is logged');
+ok(poll_until(sub { sent_to($wrong, 'big') == 1 }), 'a policy over the size cap: delivered without a policy');
+like(dispatcher_log($d), qr/MTA-STS policy of big\.test: the policy at \S+ is larger than 65536 bytes/,
+	'the oversized policy is logged');
+ok(poll_until(sub { sent_to($wrong, 'redirect') == 1 }), 'a redirected policy: delivered without a policy');
+like(dispatcher_log($d), qr/MTA-STS policy of redirect\.test: .*HTTP status 301 \(a redirect/, 'the redirect is logged');
+my @requests = split /\n/, slurp("$policies/requests");
+is(scalar(grep { /^mta-sts\.good\.test / } @requests), 1, 'and not followed: good.test\'s policy was fetched once');
+is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.mta_sts_policy WHERE domain IN ('bad.test', 'big.test', 'redirect.test')"),
+	'0', 'nothing cached for them');
+
+stop_dispatcher($d);
+done_testing();
