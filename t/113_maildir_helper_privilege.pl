@@ -181,6 +181,19 @@ is($content, "Return-Path: <sender\@example.net>\r\nDelivered-To: $user{alice}\@
 	'Return-Path and Delivered-To, then the message');
 like($alice[0], qr{,S=\d+$}, 'the name carries its size (Maildir++)');
 
+# One helper serves request after request of one owner, never another's.
+{
+	my $two = request(to => "$user{alice}\@example.org") . request(to => "$user{alice}\@example.org");
+	my ($out) = deliver(raw => $two);
+	like($out, qr/^2\.0\.0 [^\n]*\n2\.0\.0 /, 'two requests for alice on one pipe: both delivered');
+	($out) = deliver(raw => request(to => "$user{alice}\@example.org") . request(to => "$user{bob}\@example.org"));
+	like($out, qr/^2\.0\.0 [^\n]*\nagain /, 'then bob\'s: refused, for a new helper to take');
+	is(scalar(new_files(maildir_of('alice'))) . ' ' . scalar(new_files(maildir_of('bob'))), '4 1',
+		'alice got three more, bob none from that helper');
+	unlink new_files(maildir_of('alice'));
+	ok(deliver(to => "$user{alice}\@example.org") =~ /^2\.0\.0/, 'alice starts again with one');
+}
+
 # Never root past start-up: stopped inside the message, the helper's ids are alice's.
 {
 	my $message = "Subject: slow\r\n\r\n" . ("x" x 1000) . "\r\n";

@@ -13,7 +13,9 @@
  * roots; then every id set to the owner's for good (setgroups, setresgid,
  * setresuid, verified), and only then the Maildir is opened and the
  * message copied from standard input (common/maildir.c).  One reply line
- * on standard output: an enhanced status code and a sentence.
+ * on standard output: an enhanced status code and a sentence.  Then the
+ * next request, as long as it is for the same owner (for another it
+ * answers "again" and the stage starts a new helper); any failure ends it.
  *
  * The request (pepsi-helper-maildir-writer(8)): lines "key value", an
  * empty line, then exactly size bytes of message:
@@ -74,27 +76,52 @@ struct writer_target
 	bool  create;
 };
 
-/* One reply line and the end: everything the caller learns. */
+/*
+ * One reply line per request: everything the caller learns.  After a
+ * delivery the helper waits for the next request; after anything else it
+ * ends, so that nothing of a refused request (its message) is ever read
+ * as the next one.
+ */
+static void writer_reply(const char *status, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
 static void writer_reply_exit(const char *status, const char *fmt, ...)
 	__attribute__((noreturn, format(printf, 2, 3)));
+static void writer_reply_delivered(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void
+writer_reply(const char *status, const char *fmt, va_list ap)
+{
+	char text[1024];
+
+	vsnprintf(text, sizeof(text), fmt, ap);
+	for (char *p = text; *p; p++)
+		if ((unsigned char) *p < 0x20)
+			*p = ' ';
+	if (status[0] == '4' || status[0] == '5')
+		log_warnx("%s %s", status, text);
+	printf("%s %s\n", status, text);
+	fflush(stdout);
+}
 
 static void
 writer_reply_exit(const char *status, const char *fmt, ...)
 {
-	char	text[1024];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
+	writer_reply(status, fmt, ap);
 	va_end(ap);
-	for (char *p = text; *p; p++)
-		if ((unsigned char) *p < 0x20)
-			*p = ' ';
-	if (status[0] != '2')
-		log_warnx("%s %s", status, text);
-	printf("%s %s\n", status, text);
-	fflush(stdout);
 	exit(status[0] == '2' ? 0 : 1);
+}
+
+static void
+writer_reply_delivered(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	writer_reply("2.0.0", fmt, ap);
+	va_end(ap);
 }
 
 /*
@@ -226,8 +253,12 @@ writer_value_clean(const char *value)
 	return true;
 }
 
-/* Read the request's lines up to the empty one, a byte at a time (the message follows). */
-static void
+/*
+ * Read the request's lines up to the empty one, a byte at a time (the
+ * message follows); false when the caller closed the pipe instead of
+ * sending one (it has no more).
+ */
+static bool
 writer_read_request(struct writer_request *req)
 {
 	char   line[WRITER_REQUEST_MAX];
@@ -242,6 +273,8 @@ writer_read_request(struct writer_request *req)
 
 		if (n < 0 && errno == EINTR)
 			continue;
+		if (n == 0 && total == 0)
+			return false;
 		if (n <= 0)
 			writer_reply_exit("4.3.0", "the request ended before its empty line");
 		if (++total > WRITER_REQUEST_MAX)
@@ -301,6 +334,16 @@ writer_read_request(struct writer_request *req)
 		writer_reply_exit("4.3.0", "the request lacks its section, recipient or size");
 	if (req->sender == NULL)
 		req->sender = xstrdup("");
+	return true;
+}
+
+static void
+writer_request_free(struct writer_request *req)
+{
+	free(req->section);
+	free(req->recipient);
+	free(req->sender);
+	free(req->mailbox);
 }
 
 /* Is dir (absolute, no "." or ".." component) one of the space/comma separated roots, or below one? */
@@ -466,6 +509,66 @@ writer_become(const struct writer_target *t, bool privileged)
 		writer_reply_exit("4.3.0", "root could be regained after dropping privileges");
 }
 
+/* What no request may ask, whoever the owner. */
+static void
+writer_check_request(const struct pepsi_config *cfg, const struct writer_request *req)
+{
+	const char *program = config_text(cfg, req->section, "PROGRAM");
+	long long	max_size = config_size(cfg, WRITER_SECTION, "MAX_MESSAGE_SIZE");
+
+	if (strncmp(req->section, "stage-", 6) != 0 || program == NULL
+		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, WRITER_STAGE_PROGRAM) != 0)
+		writer_reply_exit("4.3.5", "[%s] is not a section of %s", req->section, WRITER_STAGE_PROGRAM);
+	if (max_size > 0 && req->size > (unsigned long long) max_size)
+		writer_reply_exit("5.3.4", "the message has %zu bytes, more than [%s] MAX_MESSAGE_SIZE %lld",
+						  req->size, WRITER_SECTION, max_size);
+	if (strpbrk(req->recipient, "<>") || strpbrk(req->sender, "<>"))
+		writer_reply_exit("5.1.3", "an envelope address holds \"<\" or \">\"");
+}
+
+/* Open the Maildir and write the message: a reply, and the end unless it was delivered. */
+static void
+writer_deliver(const struct pepsi_config *cfg, const struct writer_request *req,
+			   const struct writer_target *target)
+{
+	struct maildir		md;
+	struct buf			prefix = BUF_INIT;
+	char				why[1024] = "";
+	char			   *delivered = NULL;
+	enum maildir_status rc;
+
+	rc = maildir_open(target->root, target->name, target->uid, target->create, &md, why, sizeof(why));
+	if (rc == MAILDIR_NO_MAILBOX)
+		writer_reply_exit("5.1.1", "mailbox <%s> does not exist", req->recipient);
+	if (rc == MAILDIR_UNSAFE)
+		writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req->recipient, why);
+	if (rc != MAILDIR_DELIVERED)
+		writer_reply_exit("4.3.0", "cannot write to mailbox %s/%s: %s", target->root, target->name, why);
+	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req->sender, req->recipient);
+	rc = maildir_deliver(&md, prefix.data, prefix.len, 0, req->size,
+						 config_size(cfg, WRITER_SECTION, "QUOTA"), &delivered, why, sizeof(why));
+	buf_free(&prefix);
+	maildir_close(&md);
+	switch (rc)
+	{
+		case MAILDIR_DELIVERED:
+			writer_reply_delivered("delivered to %s/%s/new/%s", target->root, target->name, delivered);
+			free(delivered);
+			return;
+		case MAILDIR_OVER_QUOTA:
+			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s", req->recipient, why);
+		case MAILDIR_SHORT_INPUT:
+			writer_reply_exit("4.3.0", "%s", why);
+		case MAILDIR_NO_MAILBOX:
+		case MAILDIR_UNSAFE:
+			writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req->recipient, why);
+		case MAILDIR_IO_ERROR:
+			break;
+	}
+	writer_reply_exit(errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
+					  "cannot write to mailbox %s/%s: %s", target->root, target->name, why);
+}
+
 static void
 usage(void)
 {
@@ -482,15 +585,11 @@ main(int argc, char **argv)
 	uid_t				  caller = getuid();
 	struct pepsi_config	 *cfg;
 	struct writer_request req;
-	struct writer_target  target = {0};
-	struct maildir		  md;
-	struct buf			  prefix = BUF_INIT;
 	const char			 *group_name;
-	const char			 *program;
-	long long			  max_size;
 	char				  why[1024] = "";
-	char				 *delivered = NULL;
-	enum maildir_status	  rc;
+	bool				  became = false;
+	uid_t				  owner_uid = 0;
+	gid_t				  owner_gid = 0;
 	int					  opt;
 
 	writer_sanitize_process();
@@ -541,53 +640,33 @@ main(int argc, char **argv)
 							  group_name);
 	}
 
-	writer_read_request(&req);
-	program = config_text(cfg, req.section, "PROGRAM");
-	if (strncmp(req.section, "stage-", 6) != 0 || program == NULL
-		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, WRITER_STAGE_PROGRAM) != 0)
-		writer_reply_exit("4.3.5", "[%s] is not a section of %s", req.section, WRITER_STAGE_PROGRAM);
-	max_size = config_size(cfg, WRITER_SECTION, "MAX_MESSAGE_SIZE");
-	if (max_size > 0 && req.size > (unsigned long long) max_size)
-		writer_reply_exit("5.3.4", "the message has %zu bytes, more than [%s] MAX_MESSAGE_SIZE %lld",
-						  req.size, WRITER_SECTION, max_size);
-	if (strpbrk(req.recipient, "<>") || strpbrk(req.sender, "<>"))
-		writer_reply_exit("5.1.3", "an envelope address holds \"<\" or \">\"");
-	if (config_enum(cfg, WRITER_SECTION, "MAILBOXES") == 1)
-		writer_resolve_system(cfg, &req, &target);
-	else
-		writer_resolve_virtual(cfg, &req, privileged, &target);
-	if (!privileged && target.uid != caller)
-		writer_reply_exit("4.3.5", "only the set-user-id helper can deliver as uid %ld",
-						  (long) target.uid);
-
-	writer_become(&target, privileged);
-	/* From here on: the mailbox owner, nothing more. */
-
-	rc = maildir_open(target.root, target.name, target.uid, target.create, &md, why, sizeof(why));
-	if (rc == MAILDIR_NO_MAILBOX)
-		writer_reply_exit("5.1.1", "mailbox <%s> does not exist", req.recipient);
-	if (rc == MAILDIR_UNSAFE)
-		writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req.recipient, why);
-	if (rc != MAILDIR_DELIVERED)
-		writer_reply_exit("4.3.0", "cannot write to mailbox %s/%s: %s", target.root, target.name, why);
-	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req.sender, req.recipient);
-	rc = maildir_deliver(&md, prefix.data, prefix.len, 0, req.size,
-						 config_size(cfg, WRITER_SECTION, "QUOTA"), &delivered, why, sizeof(why));
-	switch (rc)
+	/* One request after another, for as long as they are the same owner's. */
+	while (writer_read_request(&req))
 	{
-		case MAILDIR_DELIVERED:
-			writer_reply_exit("2.0.0", "delivered to %s/%s/new/%s", target.root, target.name,
-							  delivered);
-		case MAILDIR_OVER_QUOTA:
-			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s", req.recipient, why);
-		case MAILDIR_SHORT_INPUT:
-			writer_reply_exit("4.3.0", "%s", why);
-		case MAILDIR_NO_MAILBOX:
-		case MAILDIR_UNSAFE:
-			writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req.recipient, why);
-		case MAILDIR_IO_ERROR:
-			break;
+		struct writer_target target = {0};
+
+		writer_check_request(cfg, &req);
+		if (config_enum(cfg, WRITER_SECTION, "MAILBOXES") == 1)
+			writer_resolve_system(cfg, &req, &target);
+		else
+			writer_resolve_virtual(cfg, &req, privileged, &target);
+		if (!privileged && target.uid != caller)
+			writer_reply_exit("4.3.5", "only the set-user-id helper can deliver as uid %ld",
+							  (long) target.uid);
+		if (!became)
+		{
+			writer_become(&target, privileged);
+			/* From here on: the mailbox owner, nothing more. */
+			became = true;
+			owner_uid = target.uid;
+			owner_gid = target.gid;
+		}
+		else if (target.uid != owner_uid || target.gid != owner_gid)
+			writer_reply_exit("again", "another owner's mailbox: ask a new helper");
+		writer_deliver(cfg, &req, &target);
+		writer_request_free(&req);
+		free(target.root);
+		free(target.name);
 	}
-	writer_reply_exit(errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
-					  "cannot write to mailbox %s/%s: %s", target.root, target.name, why);
+	return 0;
 }

@@ -90,13 +90,46 @@ maildir_writer_path(const char *program)
 }
 
 /*
- * Run the helper: the request and the message (headers, CRLF, body) down its standard input,
- * its one line back from its standard output.  false (with a reply saying
- * why) when it could not run or ended without answering.
+ * The helper of this worker: one process serves request after request for
+ * as long as they are the same owner's (all of them, for virtual
+ * mailboxes), so a delivery costs no exec and no reading of the
+ * configuration.  It ends after anything but a delivery.
  */
+static struct
+{
+	pid_t pid; /* 0: none */
+	int	  to_fd;
+	int	  from_fd;
+	char *writer;
+	char *config_path;
+} maildir_writer = {.pid = 0, .to_fd = -1, .from_fd = -1};
+
+/* Close the pipes and reap the helper; its wait status, or -1. */
+static int
+maildir_writer_end(void)
+{
+	int status = -1;
+
+	if (maildir_writer.to_fd >= 0)
+		close(maildir_writer.to_fd);
+	if (maildir_writer.from_fd >= 0)
+		close(maildir_writer.from_fd);
+	while (maildir_writer.pid > 0 && waitpid(maildir_writer.pid, &status, 0) < 0)
+		if (errno != EINTR)
+		{
+			status = -1;
+			break;
+		}
+	free(maildir_writer.writer);
+	free(maildir_writer.config_path);
+	maildir_writer.pid = 0;
+	maildir_writer.to_fd = maildir_writer.from_fd = -1;
+	maildir_writer.writer = maildir_writer.config_path = NULL;
+	return status;
+}
+
 static bool
-maildir_run_writer(const char *writer, const char *config_path, const struct buf *request,
-				   const struct buf *headers, const struct buf *body, struct maildir_reply *reply)
+maildir_writer_start(const char *writer, const char *config_path, struct maildir_reply *reply)
 {
 	posix_spawn_file_actions_t actions;
 	posix_spawnattr_t		   attr;
@@ -108,18 +141,15 @@ maildir_run_writer(const char *writer, const char *config_path, const struct buf
 	char					   config_flag[] = "-c";
 	char					  *argv[] = {program_name, config_flag, config_copy, NULL};
 	char					  *envp[] = {NULL};
-	char					   answer[MAILDIR_REPLY_MAX + 32];
-	size_t					   got = 0;
 	pid_t					   pid;
-	int						   status;
 	int						   rc;
-	char					  *space;
 
 	signal(SIGPIPE, SIG_IGN); /* a helper that refuses early closes its input */
 	if (pipe2(to_writer, O_CLOEXEC) != 0 || pipe2(from_writer, O_CLOEXEC) != 0)
 	{
 		snprintf(reply->text, sizeof(reply->text), "pipe: %s", strerror(errno));
-		goto fail;
+		rc = -1;
+		goto done;
 	}
 	posix_spawn_file_actions_init(&actions);
 	posix_spawn_file_actions_adddup2(&actions, to_writer[0], 0);
@@ -130,83 +160,122 @@ maildir_run_writer(const char *writer, const char *config_path, const struct buf
 	posix_spawnattr_setsigdefault(&attr, &defaults);
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
 	rc = posix_spawn(&pid, writer, &actions, &attr, argv, envp);
-	free(config_copy);
-	config_copy = NULL;
 	posix_spawn_file_actions_destroy(&actions);
 	posix_spawnattr_destroy(&attr);
-	close(to_writer[0]);
-	close(from_writer[1]);
-	to_writer[0] = from_writer[1] = -1;
 	if (rc != 0)
-	{
 		snprintf(reply->text, sizeof(reply->text), "cannot run the maildir writer %s: %s", writer,
 				 strerror(rc));
-		goto fail;
-	}
-	/* A write the helper did not wait for (it refused) shows in its answer. */
-	if (fd_write_all(to_writer[1], request->data, request->len)
-		&& fd_write_all(to_writer[1], headers->data ? headers->data : "", headers->len)
-		&& fd_write_all(to_writer[1], "\r\n", 2))
-		(void) fd_write_all(to_writer[1], body->data ? body->data : "", body->len);
-	close(to_writer[1]);
-	to_writer[1] = -1;
-	for (;;)
+done:
+	free(config_copy);
+	if (rc != 0)
 	{
-		ssize_t n = read(from_writer[0], answer + got, sizeof(answer) - 1 - got);
+		for (int i = 0; i < 2; i++)
+		{
+			if (to_writer[i] >= 0)
+				close(to_writer[i]);
+			if (from_writer[i] >= 0)
+				close(from_writer[i]);
+		}
+		return false;
+	}
+	close(to_writer[0]);
+	close(from_writer[1]);
+	maildir_writer.pid = pid;
+	maildir_writer.to_fd = to_writer[1];
+	maildir_writer.from_fd = from_writer[0];
+	maildir_writer.writer = xstrdup(writer);
+	maildir_writer.config_path = xstrdup(config_path);
+	return true;
+}
+
+/* One line from the helper (without its newline); false at its end. */
+static bool
+maildir_writer_read_line(char *line, size_t size)
+{
+	size_t got = 0;
+
+	while (got + 1 < size)
+	{
+		ssize_t n = read(maildir_writer.from_fd, line + got, 1);
 
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			break;
-		got += (size_t) n;
-		if (got == sizeof(answer) - 1)
-			break;
-	}
-	answer[got] = '\0';
-	close(from_writer[0]);
-	from_writer[0] = -1;
-	while (waitpid(pid, &status, 0) < 0)
-		if (errno != EINTR)
+			return false;
+		if (line[got] == '\n')
 		{
-			status = -1;
-			break;
+			line[got] = '\0';
+			return true;
 		}
-	answer[strcspn(answer, "\r\n")] = '\0';
-	space = strchr(answer, ' ');
-	if (status != -1 && WIFSIGNALED(status))
-	{
-		snprintf(reply->text, sizeof(reply->text), "the maildir writer was killed by signal %d",
-				 WTERMSIG(status));
-		goto fail;
+		got++;
 	}
+	line[got] = '\0';
+	return true;
+}
+
+/*
+ * Have the helper deliver: the request and the message (headers, CRLF,
+ * body) down its standard input, its one line back.  false (with a reply
+ * saying why) when it could not run or ended without answering.
+ */
+static bool
+maildir_run_writer(const char *writer, const char *config_path, const struct buf *request,
+				   const struct buf *headers, const struct buf *body, struct maildir_reply *reply)
+{
+	char  answer[MAILDIR_REPLY_MAX + 32];
+	char *space;
+	int	  status;
+
+	/* A helper of another program or file is not ours to reuse. */
+	if (maildir_writer.pid > 0
+		&& (strcmp(maildir_writer.writer, writer) != 0 || strcmp(maildir_writer.config_path, config_path) != 0))
+		maildir_writer_end();
+	for (int attempt = 0; attempt < 2; attempt++)
+	{
+		if (maildir_writer.pid == 0 && !maildir_writer_start(writer, config_path, reply))
+			goto fail;
+		/* A write the helper did not wait for (it refused) shows in its answer. */
+		if (fd_write_all(maildir_writer.to_fd, request->data, request->len)
+			&& fd_write_all(maildir_writer.to_fd, headers->data ? headers->data : "", headers->len)
+			&& fd_write_all(maildir_writer.to_fd, "\r\n", 2))
+			(void) fd_write_all(maildir_writer.to_fd, body->data ? body->data : "", body->len);
+		if (!maildir_writer_read_line(answer, sizeof(answer)))
+		{
+			status = maildir_writer_end();
+			if (status != -1 && WIFSIGNALED(status))
+				snprintf(reply->text, sizeof(reply->text), "the maildir writer was killed by signal %d",
+						 WTERMSIG(status));
+			else
+				snprintf(reply->text, sizeof(reply->text),
+						 "the maildir writer gave no answer (exit status %d)",
+						 status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+			goto fail;
+		}
+		/* Another owner than the one the helper became: a new helper, once. */
+		if (strncmp(answer, "again ", 6) == 0)
+		{
+			maildir_writer_end();
+			continue;
+		}
+		break;
+	}
+	space = strchr(answer, ' ');
 	if (space == NULL || space - answer >= (long) sizeof(reply->status) || answer[1] != '.'
 		|| (answer[0] != '2' && answer[0] != '4' && answer[0] != '5'))
 	{
-		snprintf(reply->text, sizeof(reply->text), "the maildir writer gave no answer (exit status %d)",
-				 status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		snprintf(reply->text, sizeof(reply->text), "the maildir writer answered \"%.100s\"", answer);
+		maildir_writer_end();
 		goto fail;
 	}
 	*space = '\0';
 	memcpy(reply->status, answer, (size_t) (space - answer) + 1);
 	snprintf(reply->text, sizeof(reply->text), "%s", space + 1);
-	/* A success is only a success when the helper also exited so. */
-	if (answer[0] == '2' && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-	{
-		snprintf(reply->text, sizeof(reply->text), "the maildir writer said %s but exited with %d",
-				 reply->status, status);
-		goto fail;
-	}
+	/* Anything but a delivery ends the helper: reap it. */
+	if (answer[0] != '2')
+		maildir_writer_end();
 	return true;
 
 fail:
-	free(config_copy);
-	for (int i = 0; i < 2; i++)
-	{
-		if (to_writer[i] >= 0)
-			close(to_writer[i]);
-		if (from_writer[i] >= 0)
-			close(from_writer[i]);
-	}
 	snprintf(reply->status, sizeof(reply->status), "4.3.0");
 	return false;
 }
