@@ -205,10 +205,12 @@ like($alice[0], qr{,S=\d+$}, 'the name carries its size (Maildir++)');
 	for (1 .. 600)
 	{
 		$h->pump_nb;
+		# (The pid is setpriv's, then env's, then the helper's: each execs the next.)
 		if (open my $st, '<', "/proc/$pid/status")
 		{
-			%ids = map { /^(Uid|Gid|Groups):\s*(.*?)\s*$/ ? ($1 => $2) : () } <$st>;
-			last if ($ids{Uid} // '') =~ /^\d+\s+(\d+)/ && $1 != 0;
+			my @lines = <$st>;
+			%ids = map { /^(Name|Uid|Gid|Groups):\s*(.*?)\s*$/ ? ($1 => $2) : () } @lines;
+			last if ($ids{Name} // '') =~ /^pepsi-helper/ && ($ids{Uid} // '') =~ /^\d+\s+(\d+)/ && $1 != 0;
 		}
 		usleep(50_000);
 	}
