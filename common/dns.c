@@ -658,6 +658,12 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 	/* A thread, not a forked process: nothing to reap, and no second privilege set. */
 	if ((rc = ub_ctx_async(r->ub, 1)) != 0)
 		goto unbound_err;
+	/* Before the zones below: changing local zones finalizes the context, and a trust anchor comes after none. */
+	if (c->trust_anchor && (rc = ub_ctx_add_ta_file(r->ub, c->trust_anchor)) != 0)
+	{
+		snprintf(err, errlen, "[pepsi] DNS_TRUST_ANCHOR %s: %s", c->trust_anchor, ub_strerror(rc));
+		goto err;
+	}
 	if (c->forwarder)
 	{
 		/*
@@ -682,11 +688,6 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 	}
 	else if ((rc = ub_ctx_resolvconf(r->ub, NULL)) != 0)
 		goto unbound_err;
-	if (c->trust_anchor && (rc = ub_ctx_add_ta_file(r->ub, c->trust_anchor)) != 0)
-	{
-		snprintf(err, errlen, "[pepsi] DNS_TRUST_ANCHOR %s: %s", c->trust_anchor, ub_strerror(rc));
-		goto err;
-	}
 	if (loop)
 	{
 		r->cache = xcalloc(DNS_CACHE_BUCKETS, sizeof(*r->cache));

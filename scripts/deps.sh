@@ -17,8 +17,9 @@ packages=(
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev
     # the relay's MTA-STS policies over HTTPS (libcurl); its DANE tests'
-    # DNSSEC-signed zone (ldnsutils) served by nsd
-    libcurl4-openssl-dev ldnsutils nsd
+    # DNSSEC-signed zone (ldnsutils) served by nsd, and its certificates
+    # (one of them expired) made with python3-cryptography
+    libcurl4-openssl-dev ldnsutils nsd python3-cryptography
     # the fuzz targets: clang, and libFuzzer in its runtime package
     clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
