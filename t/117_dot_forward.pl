@@ -15,6 +15,7 @@ use warnings FATAL => 'all';
 use RootTest;
 
 use File::Basename qw(dirname);
+use Mail::SRS;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
@@ -83,13 +84,29 @@ sub write_graph
 	my $pipes = $o{pipes} ? 'yes' : 'no';
 
 	open my $fh, '>>', $path or die;
+	# Forwarded copies as in the sample graph: ARC-sealed, SRS-rewritten, routed again.
+	print $fh "[srs]\nDOMAIN = local.test\nSECRET_FILE = $shared/srs-secret\n"
+	  . "[dkim-key-arc]\nDOMAIN = local.test\nSELECTOR = arc\nKEY_FILE = $shared/arc.pem\n"
+	  . "[stage-forwarded]\nPROGRAM = pepsi-stage-arc-seal\nKEY = arc\nNEXT_STAGE = forwarded-srs\n"
+	  . "[stage-forwarded-srs]\nPROGRAM = pepsi-stage-srs\nNEXT_STAGE = init\n";
 	print $fh "[stage-forward]\nPROGRAM = $bin/$stage\nNEXT_STAGE = maildir\n"
-	  . "FORWARD_STAGE = init\nBOUNCE_STAGE = bounce\nLOCAL_DOMAINS = local.test\n"
+	  . "FORWARD_STAGE = forwarded\nBOUNCE_STAGE = bounce\nLOCAL_DOMAINS = local.test\n"
 	  . "ALLOW_FORWARD_PIPES = $pipes\nALLOW_FORWARD_FILES = $pipes\n"
 	  . "RETRY_BASE = 1s\nRETRY_MAX = 2s\nCOMMAND_TIME_LIMIT = 20s\n";
 	close $fh;
 	chmod 0644, $path;
 	return $path;
+}
+
+# The SRS secret and the ARC key, the dispatcher's user's own.
+{
+	open my $fh, '>', "$shared/srs-secret" or die;
+	print $fh "forward-secret\n";
+	close $fh;
+	system(pepsi_bin('pepsi-keys'), 'generate', '-a', 'rsa-sha256', '-o', "$shared/arc.pem") == 0
+	  or die 'pepsi-keys generate';
+	chown((getpwnam(cluster_user()))[ 2, 3 ], "$shared/srs-secret", "$shared/arc.pem");
+	chmod 0600, "$shared/srs-secret", "$shared/arc.pem";
 }
 
 my $log = "$shared/dispatch.log";
@@ -107,15 +124,22 @@ sub deliver
 sub settled { return poll_until(sub { queue_count($node) == 0 }, 60) }
 sub files { return scalar(maildir_files($root, $_[0])) }
 
-# 1. Forwarded to another address, with Delivered-To stamped.
+# 1. Forwarded to another address, with Delivered-To stamped, sealed
+# (ARC) and sent from an SRS address that reverses to the sender.
 dot_forward($u{alice}, "# away\ncarol\@local.test\n");
-deliver("$u{alice}\@local.test", subject => 'one');
+deliver("$u{alice}\@local.test", subject => 'one', from => 'someone@remote.test');
 ok(settled(), 'the forwarded message is delivered');
 is(files('carol@local.test'), 1, 'carol has it');
 is(files("$u{alice}\@local.test"), 0, 'alice has no copy');
 my ($carol) = maildir_files($root, 'carol@local.test');
-like(slurp($carol), qr/\AReturn-Path: <\Q$sender\E>\r\nDelivered-To: carol\@local.test\r\nDelivered-To: $u{alice}\@local.test\r\nFrom:/,
-	'it carries Delivered-To: $u{alice} above the original headers');
+my $copy = slurp($carol);
+like($copy, qr/\AReturn-Path: <(SRS0=[^>]+\@local\.test)>\r\nDelivered-To: carol\@local.test\r\n/,
+	'its sender is an SRS address');
+my ($srs) = $copy =~ /\AReturn-Path: <([^>]+)>/;
+is(Mail::SRS->new(Secret => ['forward-secret'])->reverse($srs), 'someone@remote.test',
+	'which Mail::SRS reverses to the original sender');
+like($copy, qr/^ARC-Seal: i=1; .*\r\nDelivered-To: $u{alice}\@local.test\r\nFrom:/ms,
+	'it is ARC-sealed, over Delivered-To: alice above the original headers');
 
 # 2. "\user" keeps a local copy.
 dot_forward($u{bob}, "\\$u{bob}, carol\@local.test\n");
