@@ -1,6 +1,7 @@
 # pepsi-stage-relay-to-lmtp against LMTP servers that break the protocol
 # (the scripted peer t/bin/smtp-peer --lmtp): fewer replies after the
-# message than accepted recipients, then a closed connection or silence; a
+# message (DATA or BDAT) than accepted recipients, then a closed
+# connection or silence; a
 # malformed reply; a reply far longer than any real one.  Which reply
 # belongs to which recipient is then unknowable, so the row waits paused
 # with the reason: never a guessed success, never a bounce.
@@ -34,6 +35,8 @@ my @cases = (
 		qr/closed the connection after 1 of the 2 replies LMTP owes/ ],
 	[ 'fewer replies, then silence', [ '--short-replies', 'silent' ],
 		qr/timed out talking to .* after 1 of the 2 replies LMTP owes/ ],
+	[ 'fewer replies after BDAT', [ '--chunking', '--short-replies', 'close' ],
+		qr/closed the connection after 1 of the 2 replies LMTP owes/ ],
 	[ 'a malformed reply', [ '--bad-data-reply', 'malformed' ],
 		qr/sent a malformed reply "OK, got it"/ ],
 	[ 'an over-long reply', [ '--bad-data-reply', 'overlong' ],

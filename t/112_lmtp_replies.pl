@@ -3,7 +3,7 @@
 # four recipients, of which one is refused at RCPT, one fails for good
 # after the message and one for a while, gives one delivery now, one on
 # a retry, and one DSN about the other two; several messages share one connection;
-# MAX_RECIPIENTS splits a row into transactions.
+# MAX_RECIPIENTS splits a row into transactions; BDAT when offered.
 
 use strict;
 use warnings FATAL => 'all';
@@ -68,6 +68,29 @@ ok(poll_until(sub { queue_count($node) == 0 && scalar(peer_messages($peer)) == 9
 my @counts = sort map { scalar(() = $_->{env} =~ /^RCPT/mg) } @messages[ 7, 8 ];
 is("@counts", '2 4', 'in transactions of four and two');
 is(scalar(dsns()), 1, 'no further DSN');
+is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+stop_process($peer);
+
+# A server offering CHUNKING gets BDAT, and still one reply per recipient.
+$peer = start_peer('--lmtp', '--chunking', '--data-rcpt', 'full@=552 5.2.2 <full@local.test>: over quota');
+$config = delivery_config($node, maildir_root => $root,
+	extra => { init => "LOCAL_STAGE = lmtp\n" },
+	more_stages => { lmtp => "PROGRAM = pepsi-stage-relay-to-lmtp\nSERVER = 127.0.0.1:$peer->{port}\n"
+		  . "BOUNCE_STAGE = bounce\nRETRY_BASE = 1s\nRETRY_MAX = 2s\nTIMEOUT = 10s\n" });
+$d = start_dispatcher($config);
+inject($node, to => [ 'alice@local.test', 'full@local.test' ], headers => "From: <$sender>\r\nSubject: chunked\r\n",
+	body => ".a leading dot stays as it is in BDAT\r\n");
+ok(poll_until(sub { queue_count($node) == 0 && scalar(dsns()) == 2 }), 'BDAT: the queue empties, one more DSN');
+$transcript = slurp("$peer->{dir}/transcript");
+like($transcript, qr/-> BDAT \d+ LAST/, 'the message went as BDAT ... LAST');
+unlike($transcript, qr/-> DATA/, 'not as DATA');
+@messages = peer_messages($peer);
+is(scalar @messages, 1, 'one message stored');
+like($messages[0]{env}, qr/^RCPT TO:<alice\@local\.test>$/m, 'for alice');
+like($messages[0]{data}, qr/^\.a leading dot stays/m, 'with its body unstuffed');
+(undef, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{'final-recipient'}, 'rfc822; full@local.test', 'the DSN is about full@');
+is($recipients->[0]{status}, '5.2.2', 'with the 552\'s 5.2.2');
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
 
 done_testing();
