@@ -26,6 +26,12 @@
  *   KEY_RETRY           a configured key that cannot be loaded pauses the
  *                       message this long (default 5m) for the operator to
  *                       mend the file: never sent unsigned meanwhile
+ *   DOWNGRADE_8BIT      yes: 8-bit content is converted to 7 bits
+ *                       (common/mime_downgrade.h) before it is signed, as
+ *                       RFC 6376 5.3 advises, so that a next hop without
+ *                       8BITMIME gets the signed bytes; no (default): signed
+ *                       as it is, and a relay that must convert it later
+ *                       breaks the signature (it cannot sign again)
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -39,6 +45,8 @@
 #include "auth/keys.h"
 #include "header.h"
 #include "log.h"
+#include "message.h"
+#include "mime_downgrade.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -57,6 +65,7 @@ struct sign_options
 	enum canon	body_canon;
 	bool		by_account;
 	bool		required;
+	bool		downgrade;
 	long		key_retry_ms;
 };
 
@@ -108,6 +117,7 @@ sign_read_options(const struct pepsi_config *cfg, const char *section, struct si
 		return false;
 	}
 	o->required = config_bool(cfg, section, "REQUIRE_SIGNATURE");
+	o->downgrade = config_bool(cfg, section, "DOWNGRADE_8BIT");
 	o->key_retry_ms = config_duration_ms(cfg, section, "KEY_RETRY");
 	return true;
 }
@@ -225,6 +235,41 @@ sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *r
 	return rc;
 }
 
+/*
+ * DOWNGRADE_8BIT: the message as a hop without 8BITMIME will get it, so
+ * that the signature covers those bytes.  A message that cannot be
+ * converted (8-bit header fields: SMTPUTF8) is signed as it is.
+ */
+static struct buf sign_converted_headers; /* kept for the next message: a worker signs many */
+static struct buf sign_converted_body;
+
+static void
+sign_downgrade(struct pepsi_ctx *ctx, const struct buf **headers, const struct buf **body)
+{
+	struct buf *converted_headers = &sign_converted_headers;
+	struct buf *converted_body = &sign_converted_body;
+	struct buf	raw = BUF_INIT;
+	struct buf	converted = BUF_INIT;
+	char		why[256];
+
+	buf_reset(converted_headers);
+	buf_reset(converted_body);
+	if (!mime_needs_downgrade((*body)->data ? (*body)->data : "", (*body)->len, MIME_TO_7BIT))
+		return;
+	message_join((*headers)->data, (*headers)->len, (*body)->data ? (*body)->data : "", (*body)->len, &raw);
+	if (mime_downgrade(raw.data, raw.len, MIME_TO_7BIT, &converted, why, sizeof(why)) == MIME_DOWNGRADE_DONE)
+	{
+		message_split(converted.data, converted.len, converted_headers, converted_body);
+		pepsi_set_body(ctx, converted_body->data ? converted_body->data : "", converted_body->len);
+		*headers = converted_headers;
+		*body = converted_body;
+	}
+	else
+		log_info("message %lld is signed with its 8-bit content: %s", pepsi_id(ctx), why);
+	buf_free(&raw);
+	buf_free(&converted);
+}
+
 static int
 sign_run(struct pepsi_ctx *ctx)
 {
@@ -248,6 +293,8 @@ sign_run(struct pepsi_ctx *ctx)
 		|| !sign_keyring_ready(pepsi_config(ctx), err, sizeof(err)))
 		return pepsi_error(ctx, "%s", err);
 
+	if (o.downgrade)
+		sign_downgrade(ctx, &headers, &body);
 	if (!header_fields_parse(headers->data, headers->len, SIGN_MAX_LINE, &fields, err, sizeof(err)))
 		return sign_unsigned(ctx, &o, err);
 	if (o.by_account)
