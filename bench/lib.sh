@@ -41,18 +41,32 @@
 #   bench_postfix_wait_deferred DIR N
 #                             wait (up to 2 minutes) until all N messages
 #                             sit in its deferred queue and no other; print N
-#   bench_wait_port PORT WHAT wait (10 s at most) until 127.0.0.1:PORT
-#                             takes a connection; else say WHAT did not
+#   bench_wait_port PORT WHAT [ADDRESS]
+#                             wait (10 s at most) until 127.0.0.1:PORT (or
+#                             ADDRESS:PORT) takes a connection; else say
+#                             WHAT did not
 #   bench_sink_start PORT     Postfix's smtp-sink on 127.0.0.1:PORT, counting
 #                             what it takes (-c); stopped by bench_cleanup
 #   bench_sink_count          how many messages the sink has taken so far
+#   bench_sink_start_at ADDRESS PORT OUT [ARG]...
+#                             another smtp-sink, on ADDRESS:PORT (an MX host
+#                             of a simulated internet), counting into OUT,
+#                             smtp-sink's ARGs (-w 1: slow) before the
+#                             address; stopped by bench_cleanup
+#   bench_sink_count_in OUT   how many messages that sink has taken
+#   bench_dns_start ADDRESS PORT ZONE
+#                             the tests' DNS server (t/lib/testdns.py) on
+#                             ADDRESS:PORT serving the master-file lines of
+#                             ZONE (re-read when it changes), as a recursive
+#                             server answers; stopped by bench_cleanup
 #   bench_require_programs P...  refuse to run unless build/bin has them
-#   bench_pepsi_start PORT STAGES [LISTENER]
+#   bench_pepsi_start PORT STAGES [LISTENER] [PEPSI]
 #                             pepsi-dispatch and pepsi-ingress (its smtp
 #                             listener on 127.0.0.1:PORT, with the extra
 #                             lines LISTENER in its section) on the cluster,
 #                             with the sections STAGES ([stage-*] and any
-#                             other, e.g. [dkim-key-*]); the
+#                             other, e.g. [dkim-key-*]), and the [pepsi]
+#                             lines PEPSI; the
 #                             multi-call binary when it links (workers share
 #                             one text, stages fuse), else the standalone
 #                             programs ($BENCH_PEPSI_FLAVOUR says which).
@@ -92,16 +106,22 @@ BENCH_DB=bench
 BENCH_POSTFIX_DIRS=()
 BENCH_DOVECOT_DIRS=()
 BENCH_SINK_PID=
+BENCH_SINK_PIDS=()
+BENCH_DNS_PID=
 BENCH_INGRESS_PID=
 BENCH_DISPATCH_PID=
 BENCH_PEPSI_FLAVOUR=
 
 bench_cleanup() {
-    local dir
+    local dir pid
     bench_stop_pid "$BENCH_INGRESS_PID"
     bench_stop_pid "$BENCH_DISPATCH_PID"
     bench_stop_pid "$BENCH_SINK_PID"
-    BENCH_INGRESS_PID= BENCH_DISPATCH_PID= BENCH_SINK_PID=
+    for pid in ${BENCH_SINK_PIDS[@]+"${BENCH_SINK_PIDS[@]}"}; do
+        bench_stop_pid "$pid"
+    done
+    bench_stop_pid "$BENCH_DNS_PID"
+    BENCH_INGRESS_PID= BENCH_DISPATCH_PID= BENCH_SINK_PID= BENCH_SINK_PIDS=() BENCH_DNS_PID=
     for dir in ${BENCH_POSTFIX_DIRS[@]+"${BENCH_POSTFIX_DIRS[@]}"}; do
         bench_postfix_stop "$dir"
     done
@@ -289,7 +309,7 @@ bench_postfix_stop() {
 bench_wait_port() {
     for _ in $(seq 1 100); do
         # In a subshell: a failed exec of a redirection must not end this shell.
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        (exec 3<>"/dev/tcp/${3:-127.0.0.1}/$1") 2>/dev/null && return 0
         sleep 0.1
     done
     echo "nothing listens on port $1: $2" >&2
@@ -305,11 +325,37 @@ bench_sink_start() {
 }
 
 bench_sink_count() {
-    tail -c 200 "$BENCH_DIR/sink.out" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1
+    bench_sink_count_in "$BENCH_DIR/sink.out"
+}
+
+bench_sink_start_at() {
+    local address=$1 port=$2 out=$3
+    shift 3
+    /usr/sbin/smtp-sink -u "$PEPSI_USER" -c "$@" "$address:$port" 256 >"$out" 2>&1 &
+    BENCH_SINK_PIDS+=($!)
+    bench_wait_port "$port" "smtp-sink on $address" "$address"
+}
+
+bench_sink_count_in() {
+    local n
+    n=$(tail -c 200 "$1" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1)
+    printf '%s\n' "${n:-0}"
+}
+
+bench_dns_start() {
+    local address=$1 port=$2 zone=$3 out="$BENCH_DIR/dns.out"
+    python3 "$bench_top/t/lib/testdns.py" "$zone" "$port" "$address" >"$out" 2>&1 &
+    BENCH_DNS_PID=$!
+    for _ in $(seq 1 100); do
+        grep -q ready "$out" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "the DNS server did not start: $(cat "$out")" >&2
+    return 1
 }
 
 bench_pepsi_start() {
-    local port=$1 stages=$2 listener=${3:-} bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
+    local port=$1 stages=$2 listener=${3:-} pepsi_lines=${4:-} bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
     if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-dispatch; then
         run="$bin/pepsi"
         BENCH_PEPSI_FLAVOUR="multi-call binary"
@@ -320,6 +366,7 @@ bench_pepsi_start() {
     cat >"$conf" <<CONF
 [pepsi]
 HOSTNAME = pepsi.bench.test
+$pepsi_lines
 [database]
 CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
 [dispatch]

@@ -523,6 +523,10 @@ delivery_report_from_smtp(const struct smtp_result *r, const struct smtp_reply *
 	if (reply == NULL)
 		reply = &r->reply;
 	decides = reply->code > 0 && !(reply == &r->reply && r->outcome != SMTP_DELIVERED && reply->code / 100 == 2);
+	/* A reply the session could not finish reading (too long, cut off) is not what decided. */
+	if (reply == &r->reply && r->outcome != SMTP_DELIVERED && r->error[0] && reply->code / 100 != 4
+		&& reply->code / 100 != 5)
+		decides = false;
 	memset(report, 0, sizeof(*report));
 	if (reply->enhanced[0] && (decides || reply->code == 0))
 		snprintf(status, status_len, "%s", reply->enhanced);

@@ -1018,7 +1018,8 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 		if (!opened)
 		{
 			res->outcome = SMTP_TEMPORARY;
-			if (res->reply.code == 0)
+			/* (a reply cut short, say too long, leaves its code but the error says why) */
+			if (res->reply.code == 0 || c->error[0])
 				snprintf(res->error, sizeof(res->error), "%s", c->error);
 			break;
 		}

@@ -1123,6 +1123,8 @@ CREATE TABLE pepsi.destination (
     last_error          text,
     last_success        timestamptz,
     window_limit        integer,
+    next_turn           timestamptz,
+    service_seconds     double precision,
     rate_tokens         double precision,
     rate_updated        timestamptz
 );
@@ -1197,7 +1199,15 @@ BEGIN
         END IF;
     END LOOP;
     IF slot IS NULL THEN
-        wait_seconds := 1;
+        -- A turn in the destination's virtual queue, spaced by how long a
+        -- delivery there takes per slot: the messages waiting for a busy
+        -- destination come back about when a slot frees, not all at once.
+        INSERT INTO pepsi.destination AS t (domain, next_turn)
+        VALUES (domain, now() + interval '1 second')
+        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
+        SET next_turn = greatest(t.next_turn, now())
+                        + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
+        RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
         reason := format('%s is at its concurrency limit of %s', domain, lim);
         RETURN;
     END IF;
@@ -1230,11 +1240,14 @@ $$;
 -- backoff_base doubling up to backoff_max seconds), 'busy' (refused while
 -- other workers deliver to it: its concurrency window narrows to those).
 -- failed_hosts/failed_addresses are the addresses that did not answer,
--- ok_host/ok_address the one that did.
+-- ok_host/ok_address the one that did; seconds, how long the delivery
+-- took (kept as the pace of a destination that has a queue of waiters).
+-- Returns whether the destination is contended.
 CREATE FUNCTION pepsi.destination_end(domain text, slot integer, outcome text, error text,
     ok_host text, ok_address inet, failed_hosts text[], failed_addresses inet[],
-    backoff_after integer, backoff_base double precision, backoff_max double precision)
-RETURNS void LANGUAGE plpgsql AS $$
+    backoff_after integer, backoff_base double precision, backoff_max double precision,
+    seconds double precision DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     active integer;
 BEGIN
@@ -1264,11 +1277,14 @@ BEGIN
         -- healthy destination costs no write per message.
         UPDATE pepsi.destination t
         SET failures = 0, backoff_until = NULL, last_success = now(),
+            service_seconds = CASE WHEN seconds IS NULL THEN t.service_seconds
+                                   ELSE coalesce(0.8 * t.service_seconds + 0.2 * seconds, seconds) END,
             window_limit = CASE WHEN t.window_limit IS NULL THEN NULL
-                                WHEN random() * t.window_limit >= 1 THEN t.window_limit
+                                WHEN random() * t.window_limit * 4 >= 1 THEN t.window_limit
                                 ELSE t.window_limit + 1 END
         WHERE t.domain = destination_end.domain
           AND (t.failures > 0 OR t.window_limit IS NOT NULL
+               OR t.next_turn > now() - interval '1 minute'
                OR t.last_success IS NULL OR t.last_success < now() - interval '1 minute');
     ELSIF outcome = 'busy' THEN
         SELECT count(*) INTO active FROM pg_locks l
@@ -1292,6 +1308,12 @@ BEGIN
                                                          backoff_max) * (0.9 + 0.2 * random()))
                 END;
     END IF;
+    -- Is the destination contended (its window narrowed, or messages
+    -- queued for a turn)?  Then the worker does not keep its session to
+    -- it open idle, holding a connection the destination counts.
+    RETURN EXISTS (SELECT 1 FROM pepsi.destination t
+                   WHERE t.domain = destination_end.domain
+                     AND (t.window_limit IS NOT NULL OR t.next_turn > now() - interval '10 seconds'));
 END
 $$;
 

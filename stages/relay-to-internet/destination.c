@@ -112,13 +112,14 @@ destination_begin(PGconn *conn, const char *domain, long long default_concurrenc
 
 bool
 destination_end(PGconn *conn, const char *domain, int slot, const struct destination_end *e,
-				char *err, size_t errlen)
+				bool *contended, char *err, size_t errlen)
 {
 	char		slot_text[16];
 	char		after[24];
 	char		base[32];
 	char		max[32];
-	const char *values[11];
+	char		seconds[32];
+	const char *values[12];
 	PGresult   *res;
 	bool		ok;
 
@@ -137,11 +138,14 @@ destination_end(PGconn *conn, const char *domain, int slot, const struct destina
 	values[8] = after;
 	values[9] = base;
 	values[10] = max;
+	snprintf(seconds, sizeof(seconds), "%.3f", e->seconds);
+	values[11] = seconds;
 	res = db_exec(conn,
 				  "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[], $8::inet[],"
-				  " $9, $10, $11)",
-				  11, values);
-	ok = destination_ok(res, conn, "pepsi.destination_end", err, errlen);
+				  " $9, $10, $11, $12)",
+				  12, values);
+	ok = destination_ok(res, conn, "pepsi.destination_end", err, errlen) && PQntuples(res) == 1;
+	*contended = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
 	return ok;
 }

@@ -52,8 +52,10 @@ struct destination_end
 	long long	backoff_after;
 	double		backoff_base;
 	double		backoff_max;
+	double		seconds; /* the delivery's duration */
 };
+/* *contended: the destination has more takers than connections (close the session). */
 bool destination_end(PGconn *conn, const char *domain, int slot, const struct destination_end *e,
-					 char *err, size_t errlen);
+					 bool *contended, char *err, size_t errlen);
 
 #endif

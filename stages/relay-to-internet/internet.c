@@ -113,6 +113,22 @@ internet_session_for(const struct smtp_client_options *o, long long cache_size)
 	return found.client;
 }
 
+/* Close and forget a session (its destination is contended: no idle session to it). */
+static void
+internet_session_close(const struct smtp_client *client)
+{
+	for (size_t i = 0; i < internet_nsessions; i++)
+		if (internet_sessions[i].client == client)
+		{
+			smtp_client_free(internet_sessions[i].client);
+			free(internet_sessions[i].key);
+			memmove(&internet_sessions[i], &internet_sessions[i + 1],
+					(internet_nsessions - i - 1) * sizeof(internet_sessions[0]));
+			internet_nsessions--;
+			return;
+		}
+}
+
 /* ---------------------------------------------------------------------------
  * What is this host: its name and the addresses it takes mail on
  * ------------------------------------------------------------------------- */
@@ -480,17 +496,19 @@ internet_host_failed(const struct smtp_result *r)
 
 struct internet_attempt
 {
-	struct smtp_result result;
-	bool			   have_result; /* a session was tried */
-	bool			   connected;	/* a host took a transaction */
-	bool			   refused;		/* some host refused or dropped us before a transaction */
-	bool			   loop;		/* the best MX host is this host (by address) */
-	char			   error[1200]; /* why no host could be reached */
-	char			   ok_host[256];
-	char			   ok_address[INET6_ADDRSTRLEN];
-	struct buf		   failed_hosts;
-	struct buf		   failed_addresses;
-	double			   retry_in; /* when nothing was tried: the soonest address retry */
+	struct smtp_result	result;
+	bool				have_result; /* a session was tried */
+	bool				connected;	 /* a host took a transaction */
+	bool				refused;	 /* some host refused or dropped us before a transaction */
+	bool				try_later;	 /* some host said 421 before a transaction: too busy now */
+	bool				loop;		 /* the best MX host is this host (by address) */
+	char				error[1200]; /* why no host could be reached */
+	char				ok_host[256];
+	char				ok_address[INET6_ADDRSTRLEN];
+	struct smtp_client *client; /* the session that reached it */
+	struct buf			failed_hosts;
+	struct buf			failed_addresses;
+	double				retry_in; /* when nothing was tried: the soonest address retry */
 };
 
 static void
@@ -576,12 +594,15 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 			if (!internet_host_failed(&at->result))
 			{
 				at->connected = true;
+				at->client = client;
 				snprintf(at->ok_host, sizeof(at->ok_host), "%s", host);
 				snprintf(at->ok_address, sizeof(at->ok_address), "%s", address->address);
 				break;
 			}
 			at->refused = true;
-			if (at->result.reply.code > 0)
+			if (at->result.reply.code == 421)
+				at->try_later = true;
+			if (at->result.reply.code >= 400 && !at->result.error[0])
 				snprintf(at->error, sizeof(at->error), "%s said %d %s", at->result.relay,
 						 at->result.reply.code, at->result.reply.text.data ? at->result.reply.text.data : "");
 			else
@@ -617,6 +638,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	char					err[512];
 	double					wait;
 	int						slot;
+	bool					contended = false;
 	int						rc;
 
 	if (!destination_begin(conn, domain, pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"), &slot, &wait,
@@ -632,8 +654,8 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 
 		free(notify);
 		free(orcpt);
-		/* Spread the waiting messages out, so they do not all come back at once. */
-		return delivery_postponed(ctx, &r, wait + 0.5 + 2.0 * ((double) random() / RAND_MAX) * (1 + wait / 10));
+		/* A little jitter, so that waiters given the same time do not come back at once. */
+		return delivery_postponed(ctx, &r, wait * (1.0 + 0.1 * ((double) random() / RAND_MAX)) + 0.05);
 	}
 	if (!pepsi_raw_message(ctx, &raw))
 	{
@@ -660,9 +682,13 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	memset(&at, 0, sizeof(at));
 	internet_try_hosts(ctx, domain, route, &env, &raw, &at);
 
-	/* A refusal while other workers deliver there is the destination's limit, not its death. */
-	end.outcome = at.connected ? "connected" : (at.refused && slot > 0) ? "busy"
-																		: "unreachable";
+	/*
+	 * A refusal while other workers deliver there (or a 421: "try later")
+	 * is the destination's limit, not its death.
+	 */
+	end.outcome = at.connected								   ? "connected"
+				  : (at.refused && (slot > 0 || at.try_later)) ? "busy"
+															   : "unreachable";
 	end.error = at.connected ? NULL : at.error;
 	end.ok_host = at.connected ? at.ok_host : NULL;
 	end.ok_address = at.connected ? at.ok_address : NULL;
@@ -671,9 +697,10 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	end.backoff_after = pepsi_option_int(ctx, "DESTINATION_BACKOFF_AFTER");
 	end.backoff_base = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_BASE");
 	end.backoff_max = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_MAX");
+	end.seconds = pepsi_pass_seconds(ctx);
 	if (at.loop)
 		end.outcome = "connected"; /* nothing is wrong with the destination */
-	if (!destination_end(conn, domain, slot, &end, err, sizeof(err)))
+	if (!destination_end(conn, domain, slot, &end, &contended, err, sizeof(err)))
 		rc = pepsi_error(ctx, "%s", err);
 	else if (at.loop)
 		rc = internet_refuse(ctx, DELIVERY_BOUNCED, "5.4.6", at.error);
@@ -691,7 +718,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 		char				  *diagnostic = xasprintf("X-Pepsi; %s (the destination is at its limit)", at.error);
 		struct delivery_report r = {.status = "4.4.5", .diagnostic = diagnostic};
 
-		rc = delivery_postponed(ctx, &r, 1.0 + 2.0 * ((double) random() / RAND_MAX));
+		rc = delivery_postponed(ctx, &r, 0.5 + 1.0 * ((double) random() / RAND_MAX));
 		free(diagnostic);
 	}
 	else if (at.have_result)
@@ -707,6 +734,8 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	else
 		rc = internet_refuse(ctx, DELIVERY_DEFERRED, "4.4.3",
 							 at.error[0] ? at.error : "no MX host of the domain has an address");
+	if (contended && at.client)
+		internet_session_close(at.client);
 	if (at.have_result)
 		smtp_result_free(&at.result);
 	buf_free(&at.failed_hosts);

@@ -23,7 +23,7 @@ use DispatchTest;
 use PepsiTest;
 
 our @EXPORT = qw(
-  delivery_node delivery_config start_peer start_server start_sink stop_process inject
+  delivery_node delivery_config start_peer start_server start_sink start_sink_on stop_process inject
   maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox start_ingress
 );
 
@@ -75,7 +75,8 @@ sub delivery_node
 # pepsi (hash of [pepsi] options beside HOSTNAME), internet (the MX hosts'
 # port: smarthost and dsn-smarthost are then pepsi-stage-relay-to-internet),
 # more_stages (hash of further section name => its text: an lmtp stage,
-# say, which init's LOCAL_STAGE is pointed at through extra).
+# say, which init's LOCAL_STAGE is pointed at through extra), sections
+# (text appended: [listener-*] sections, say).
 sub delivery_config
 {
 	my ($node, %o) = @_;
@@ -124,6 +125,7 @@ sub delivery_config
 	}
 	my %more = %{ $o{more_stages} // {} };
 	$stages .= "[stage-$_]\n$more{$_}" for sort keys %more;
+	$stages .= $o{sections} // '';
 	return write_config($node,
 		pepsi => { HOSTNAME => 'mx.pepsi.test', %{ $o{pepsi} // {} } },
 		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },
@@ -177,12 +179,13 @@ sub start_peer
 
 # A server on a free port: $command->($port, $dir) gives the command line;
 # its output goes to $dir/$name.log.  Returns { pid, dir, port } once a
-# connection to the port succeeds (within $seconds, 10 by default).
+# connection to the port succeeds (within $seconds, 10 by default).  $at
+# ("address:port") names where it listens instead of 127.0.0.1 and a free port.
 sub start_server
 {
-	my ($name, $command, $seconds) = @_;
+	my ($name, $command, $seconds, $at) = @_;
 	my $dir = PostgreSQL::Test::Utils::tempdir();
-	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my ($address, $port) = $at ? split(/:/, $at) : ('127.0.0.1', PostgreSQL::Test::Cluster::get_free_port());
 	my @cmd = $command->($port, $dir);
 	my $pid = fork;
 
@@ -195,7 +198,7 @@ sub start_server
 	}
 	poll_until(
 		sub {
-			my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
+			my $s = IO::Socket::INET->new(PeerAddr => "$address:$port", Timeout => 1);
 			$s->close if $s;
 			return $s;
 		},
@@ -215,6 +218,19 @@ sub start_sink
 			my ($port, $dir) = @_;
 			return ('/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "127.0.0.1:$port", '128');
 		});
+}
+
+# smtp-sink listening on $address:$port (an MX host of the simulated internet).
+sub start_sink_on
+{
+	my ($address, $port, @args) = @_;
+
+	return start_server('sink',
+		sub {
+			my (undef, $dir) = @_;
+			return ('/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "$address:$port", '128');
+		},
+		10, "$address:$port");
 }
 
 sub stop_process

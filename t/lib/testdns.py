@@ -11,7 +11,8 @@
 #
 # Names are absolute; a CNAME is followed within the zone.  A query for a
 # name with no record is NXDOMAIN, for a name with records of other types
-# only, an empty answer.  Usage: testdns.py ZONEFILE PORT
+# only, an empty answer.  Usage: testdns.py ZONEFILE PORT [ADDRESS]
+# (ADDRESS: where to listen, 127.0.0.1 by default; bench/ uses another).
 import os
 import socket
 import sys
@@ -122,11 +123,12 @@ class QuietLogger(DNSLogger):
 
 def main():
     zone, port = sys.argv[1], int(sys.argv[2])
+    address = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
     resolver = ZoneResolver(zone)
     logger = QuietLogger()
     servers = [
-        DNSServer(resolver, address="127.0.0.1", port=port, logger=logger, handler=Handler),
-        DNSServer(resolver, address="127.0.0.1", port=port, tcp=True, logger=logger, handler=Handler),
+        DNSServer(resolver, address=address, port=port, logger=logger, handler=Handler),
+        DNSServer(resolver, address=address, port=port, tcp=True, logger=logger, handler=Handler),
     ]
     for s in servers:
         s.start_thread()

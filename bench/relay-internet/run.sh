@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# bench/relay-internet: direct delivery to the internet, Pepsi against a
+# stock Postfix, side by side on this machine, on a simulated internet:
+# MESSAGES messages of 2 KB to DOMAINS domains (200) whose MX records
+# spread them over 20 MX hosts, each a Postfix smtp-sink on 127.0.0.10-29
+# port 25, all served by one DNS server on 127.0.0.99:53 (t/lib/testdns.py).
+#
+#   pepsi:   smtp-source -> pepsi-ingress -> init (route) ->
+#            relay-to-internet (MX lookup through DNS_FORWARDER = the DNS
+#            server, pepsi.dns_address, per-destination slots) -> the MX
+#            hosts; the queue a durable cluster (bench/lib.sh)
+#   postfix: smtp-source -> a private stock Postfix (queue files fsynced as
+#            usual) whose smtp client resolves MX records through the same
+#            DNS server: it runs chrooted in its queue directory, whose
+#            etc/resolv.conf names 127.0.0.99
+#
+# The senders: one smtp-source per domain (MESSAGES/DOMAINS messages over
+# one session each), SESSIONS of them at once.  The time runs from the
+# first message sent to the last one the MX hosts received.  The sides
+# alternate, BENCH_REPEATS times (default 5); each run's ratio is printed,
+# then the medians, the spread and the ratio pepsi/postfix (target >= 2).
+#
+# Then a slow destination: the same load, but one domain's MX is an
+# smtp-sink that waits a second before answering DATA (1 message a second
+# per connection).  BENCH_SLOW_REPEATS runs a side (default 3) measure the
+# other 199 domains' rate (until their last message arrived), printed
+# against the normal runs' median (target: a drop of at most 10%).  The
+# load average is printed before and after.
+#
+# Run as root (port 25 and 53 on loopback addresses; postfix).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-5}
+slow_repeats=${BENCH_SLOW_REPEATS:-3}
+sessions=${BENCH_SESSIONS:-20}
+messages=${BENCH_MESSAGES:-20000}
+domains=${BENCH_DOMAINS:-200}
+workers=${BENCH_RELAY_WORKERS:-40}
+per_domain=$((messages / domains))
+messages=$((per_domain * domains))
+dns_address=127.0.0.99
+log=$(bench_log relay-internet)
+
+[ "$(id -u)" = 0 ] || { echo "bench/relay-internet runs as root (ports 25 and 53)" >&2; exit 1; }
+bench_postfix_install
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-internet
+postfix_dir=
+
+cleanup() {
+    if [ -n "$postfix_dir" ]; then
+        bench_postfix_stop "$postfix_dir"
+    fi
+    bench_cleanup
+}
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+
+# The simulated internet: n<i>.bench.test for the normal runs, s<i> for
+# the slow ones, whose s0 has the slow MX host.
+zone="$BENCH_DIR/internet.zone"
+{
+    for ((h = 0; h < 20; h++)); do
+        echo "mx$h.bench.test. 3600 IN A 127.0.0.$((10 + h))"
+    done
+    echo "mxslow.bench.test. 3600 IN A 127.0.0.30"
+    for ((i = 0; i < domains; i++)); do
+        echo "n$i.bench.test. 3600 IN MX 10 mx$((i % 20)).bench.test."
+        if ((i == 0)); then
+            echo "s$i.bench.test. 3600 IN MX 10 mxslow.bench.test."
+        else
+            echo "s$i.bench.test. 3600 IN MX 10 mx$((i % 20)).bench.test."
+        fi
+    done
+} >"$zone"
+bench_dns_start "$dns_address" 53 "$zone"
+for ((h = 0; h < 20; h++)); do
+    bench_sink_start_at "127.0.0.$((10 + h))" 25 "$BENCH_DIR/sink$h.out"
+done
+bench_sink_start_at 127.0.0.30 25 "$BENCH_DIR/sinkslow.out" -w 1
+fast_count() {
+    local h n=0
+    for ((h = 0; h < 20; h++)); do
+        n=$((n + $(bench_sink_count_in "$BENCH_DIR/sink$h.out")))
+    done
+    echo "$n"
+}
+slow_count() { bench_sink_count_in "$BENCH_DIR/sinkslow.out"; }
+
+pepsi_port=$(bench_free_port)
+postfix_port=$(bench_free_port)
+bench_pepsi_start "$pepsi_port" "[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = pepsi.bench.test
+LOCAL_STAGE = internet
+REMOTE_STAGE = internet
+PARALLELISM = 2
+QUEUE_LIMIT = 256
+[stage-internet]
+PROGRAM = pepsi-stage-relay-to-internet
+PARALLELISM = $workers
+QUEUE_LIMIT = 2
+RETRY_BASE = 10s" "" "DNS_FORWARDER = $dns_address@53"
+
+# Stock Postfix, delivering by MX; its smtp client chrooted so that it
+# reads the queue directory's etc/resolv.conf.
+postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+bench_postfix_start "$postfix_dir" "$postfix_port"
+mkdir -p "$postfix_dir/spool/etc"
+echo "nameserver $dns_address" >"$postfix_dir/spool/etc/resolv.conf"
+printf 'hosts: files dns\n' >"$postfix_dir/spool/etc/nsswitch.conf"
+: >"$postfix_dir/spool/etc/hosts"
+cp /etc/services "$postfix_dir/spool/etc/services"
+postconf -c "$postfix_dir/etc" -F smtp/unix/chroot=y
+/usr/sbin/postfix -c "$postfix_dir/etc" reload >/dev/null 2>&1
+
+# send PORT PREFIX: every domain's messages, SESSIONS senders at once.
+send() {
+    local port=$1 prefix=$2
+    for ((i = 0; i < domains; i++)); do echo "$prefix$i.bench.test"; done |
+        xargs -P "$sessions" -I{} /usr/sbin/smtp-source -d -s 1 -m "$per_domain" -l 2048 \
+            -f sender@example.org -t rcpt@{} "127.0.0.1:$port" >>"$log" 2>&1
+}
+
+# measure PORT PREFIX: prints "rate other_rate" (msg/s): all messages, and
+# the messages of the domains whose MX is fast (all but s0).
+measure() {
+    local port=$1 prefix=$2 base_fast base_slow start fast_end end want_fast want_slow
+    base_fast=$(fast_count) base_slow=$(slow_count)
+    if [ "$prefix" = s ]; then
+        want_fast=$((messages - per_domain)) want_slow=$per_domain
+    else
+        want_fast=$messages want_slow=0
+    fi
+    start=$(date +%s.%N)
+    send "$port" "$prefix"
+    for _ in $(seq 1 24000); do
+        [ "$(fast_count)" -ge $((base_fast + want_fast)) ] && break
+        sleep 0.05
+    done
+    fast_end=$(date +%s.%N)
+    for _ in $(seq 1 12000); do
+        [ "$(slow_count)" -ge $((base_slow + want_slow)) ] && break
+        sleep 0.05
+    done
+    end=$(date +%s.%N)
+    if [ "$(fast_count)" -lt $((base_fast + want_fast)) ] || [ "$(slow_count)" -lt $((base_slow + want_slow)) ]; then
+        echo "only $(($(fast_count) - base_fast)) + $(($(slow_count) - base_slow)) of $messages were delivered" >&2
+        return 1
+    fi
+    awk -v n="$messages" -v f="$want_fast" -v a="$start" -v e="$end" -v m="$fast_end" 'BEGIN {
+        printf "%.1f %.1f\n", n / (e - a), f / (m - a) }'
+}
+
+pepsi_reset() {
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, pepsi.destination RESTART IDENTITY" \
+        -c CHECKPOINT >/dev/null
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+drop() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f%%", 100 * (1 - a / b) }'; }
+min() { printf '%s\n' "$@" | sort -g | head -1; }
+max() { printf '%s\n' "$@" | sort -g | tail -1; }
+
+echo "bench/relay-internet: $messages messages of 2 KB to $domains domains over 20 MX hosts," \
+    "$sessions sending sessions, $repeats runs each side alternating; Pepsi as $BENCH_PEPSI_FLAVOUR," \
+    "$workers relay workers"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+pepsi_rates=() postfix_rates=() ratios=()
+for ((r = 1; r <= repeats; r++)); do
+    pepsi_reset
+    sleep 1
+    read -r rate _ < <(measure "$pepsi_port" n)
+    pepsi_rates+=("$rate")
+    sync
+    read -r rate_pf _ < <(measure "$postfix_port" n)
+    postfix_rates+=("$rate_pf")
+    ratios+=("$(ratio "$rate" "$rate_pf")")
+    printf 'run %d: pepsi %s msg/s, postfix %s msg/s, ratio %s (load %s)\n' \
+        "$r" "$rate" "$rate_pf" "${ratios[-1]}" "$(cut -d' ' -f1 /proc/loadavg)"
+done
+pepsi_median=$(bench_median "${pepsi_rates[@]}")
+postfix_median=$(bench_median "${postfix_rates[@]}")
+printf '%-28s %8s msg/s (runs %s .. %s)\n' \
+    "pepsi (ingress -> MX)" "$pepsi_median" "$(min "${pepsi_rates[@]}")" "$(max "${pepsi_rates[@]}")" \
+    "postfix (smtpd -> MX)" "$postfix_median" "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"
+printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 2.00)\n' \
+    "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+
+pepsi_other=() postfix_other=()
+for ((r = 1; r <= slow_repeats; r++)); do
+    pepsi_reset
+    sleep 1
+    read -r _ other < <(measure "$pepsi_port" s)
+    pepsi_other+=("$other")
+    sync
+    read -r _ other_pf < <(measure "$postfix_port" s)
+    postfix_other+=("$other_pf")
+    printf 'slow run %d: the other %d domains: pepsi %s msg/s, postfix %s msg/s\n' \
+        "$r" $((domains - 1)) "$other" "$other_pf"
+done
+pepsi_other_median=$(bench_median "${pepsi_other[@]}")
+postfix_other_median=$(bench_median "${postfix_other[@]}")
+printf 'one destination slowed to 1 msg/s per connection: the other %d domains\n' $((domains - 1))
+printf '  pepsi   %8s msg/s (runs %s .. %s), %s below its normal median (target: <= 10%%)\n' \
+    "$pepsi_other_median" "$(min "${pepsi_other[@]}")" "$(max "${pepsi_other[@]}")" \
+    "$(drop "$pepsi_other_median" "$pepsi_median")"
+printf '  postfix %8s msg/s (runs %s .. %s), %s below its normal median\n' \
+    "$postfix_other_median" "$(min "${postfix_other[@]}")" "$(max "${postfix_other[@]}")" \
+    "$(drop "$postfix_other_median" "$postfix_median")"
+printf 'ratio pepsi/postfix with the slow destination: %s\n' "$(ratio "$pepsi_other_median" "$postfix_other_median")"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,133 @@
+# pepsi-stage-relay-to-internet's per-destination scheduling on a simulated
+# internet (TestDNS, peers on 127.0.0.x): a destination that takes only two
+# connections (t/bin/smtp-peer --max-sessions 2, slow) with 500 messages
+# queued for it and 500 for another domain (Postfix's smtp-sink): the other
+# domain drains first, the slow one gets all its mail without a retry
+# counted against any message; a dead destination backs off as a group
+# (pepsi.destination, pepsi.dns_address mark it) while other mail flows;
+# a relay worker killed mid-transaction loses nothing.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+use TestDNS;
+
+my $node = delivery_node('relay_internet_scheduling');
+my $root = PostgreSQL::Test::Utils::tempdir();
+my $sender = 'sender@local.test';
+make_mailbox($root, $sender);
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $limited = start_peer('--address', '127.0.0.6', '--port', $port, '--max-sessions', '2',
+	'--data-delay', '0.02');
+my $stalling = start_peer('--address', '127.0.0.8', '--port', $port, '--data-delay', '4');
+my $sink = start_sink_on('127.0.0.5', $port);
+my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
+$dns->zone(<<'EOF');
+fast.test.        300 IN MX 10 mx.fast.test.
+mx.fast.test.     300 IN A  127.0.0.5
+limited.test.     300 IN MX 10 mx.limited.test.
+mx.limited.test.  300 IN A  127.0.0.6
+dead.test.        300 IN MX 10 mx.dead.test.
+mx.dead.test.     300 IN A  127.0.0.7
+stall.test.       300 IN MX 10 mx.stall.test.
+mx.stall.test.    300 IN A  127.0.0.8
+EOF
+
+my $config = delivery_config($node, maildir_root => $root, internet => $port,
+	pepsi => { DNS_FORWARDER => $dns->forwarder },
+	dispatch => { CRASH_RETRY_DELAY => '1s', CRASH_LIMIT => 5 },
+	extra => { smarthost => "PARALLELISM = 8\nQUEUE_LIMIT = 1\nDESTINATION_BACKOFF_AFTER = 2\n"
+		  . "DESTINATION_BACKOFF_BASE = 10m\nRETRY_BASE = 10m\nRETRY_MAX = 1h\n" });
+my $d = start_dispatcher($config);
+
+sub sink_count { my @f = glob("$sink->{dir}/mail/*"); return scalar @f }
+sub limited_count { return scalar(() = peer_messages($limited)) }
+sub log_count
+{
+	my ($re) = @_;
+	return scalar(() = dispatcher_log($d) =~ /$re/g);
+}
+
+# 500 messages for each domain, interleaved, in one transaction.
+$node->safe_psql('postgres', q{
+	SELECT pepsi.workqueue_add('sender@local.test',
+		ARRAY['user' || i || CASE WHEN i % 2 = 0 THEN '@limited.test' ELSE '@fast.test' END],
+		convert_to('From: <sender@local.test>' || chr(13) || chr(10) || 'Subject: m' || i
+			|| chr(13) || chr(10), 'UTF8'),
+		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
+	FROM generate_series(1, 1000) AS i;
+	SELECT pepsi.notify_workqueue();});
+ok(poll_until(sub { sink_count() == 500 }, 600), 'the 500 messages for the fast domain were delivered');
+my $limited_then = limited_count();
+cmp_ok($limited_then, '<', 500,
+	"while the destination taking two connections still had mail queued ($limited_then of 500 delivered)");
+ok(poll_until(sub { limited_count() == 500 }, 900), 'then all 500 reached the two-connection destination');
+ok(poll_until(sub { queue_count($node) == 0 }, 120), 'and the queue is empty');
+is(log_count(qr/\@limited\.test>, [^\n]*status=deferred/), 0,
+	'its refusals of further connections counted no retry against any message');
+is(log_count(qr/status=(?:bounced|expired)/), 0, 'nothing bounced');
+my $refused = () = slurp("$limited->{dir}/transcript") =~ /refused: too many sessions/g;
+cmp_ok($refused, '<', 200, "the destination's window narrowed: $refused connections refused for 500 messages");
+
+# A dead destination: nothing listens at its MX's address.
+$node->safe_psql('postgres', q{
+	SELECT pepsi.workqueue_add('sender@local.test', ARRAY['user' || i || '@dead.test'],
+		convert_to('Subject: dead' || chr(13) || chr(10), 'UTF8'),
+		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
+	FROM generate_series(1, 30) AS i;
+	SELECT pepsi.notify_workqueue();});
+ok(poll_until(sub { $node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused'") == 30 },
+		120),
+	'the 30 messages for the dead destination are all paused');
+is($node->safe_psql('postgres',
+		"SELECT failures >= 2 AND backoff_until > now() + interval '5 minutes' FROM pepsi.destination WHERE domain = 'dead.test'"),
+	't', 'pepsi.destination: the destination backs off as a whole');
+is($node->safe_psql('postgres',
+		"SELECT failures > 0 AND next_retry > now() FROM pepsi.dns_address WHERE host = 'mx.dead.test'"),
+	't', 'pepsi.dns_address marks its address');
+my $tried = log_count(qr/\@dead\.test>, [^\n]*status=deferred/);
+cmp_ok($tried, '<=', 10, "only $tried deliveries tried it; the others wait with it");
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM pepsi.workqueue WHERE rcpt_to[1] LIKE '%\@dead.test' AND coalesce((state->>'attempts')::int, 0) = 0"),
+	30 - $tried, 'and no attempt is counted against those that waited');
+# Other mail flows past it.
+$node->safe_psql('postgres', q{
+	SELECT pepsi.workqueue_add('sender@local.test', ARRAY['after' || i || '@fast.test'],
+		convert_to('Subject: after' || chr(13) || chr(10), 'UTF8'),
+		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
+	FROM generate_series(1, 20) AS i;
+	SELECT pepsi.notify_workqueue();});
+ok(poll_until(sub { sink_count() == 520 }, 120), 'mail for another domain is delivered meanwhile');
+is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE rcpt_to[1] LIKE '%\@dead.test'"),
+	30, 'while the dead destination\'s mail waits');
+$node->safe_psql('postgres', "DELETE FROM pepsi.workqueue WHERE rcpt_to[1] LIKE '%\@dead.test'");
+
+# A relay worker killed in the middle of a transaction (the peer takes 4s
+# to answer the end of the message): the message is not lost.
+my $id = inject($node, to => ['victim@stall.test'],
+	headers => "From: <$sender>\r\nTo: <victim\@stall.test>\r\nSubject: victim\r\n");
+ok(poll_until(sub { (slurp("$stalling->{dir}/transcript") // '') =~ /-> DATA/ }, 60),
+	'the worker is in the middle of the transaction');
+my @workers = grep {
+	my $pid = $_;
+	(slurp("/proc/$pid/stat") // '') =~ /\)\s+\S\s+$d->{pid}\s/
+	  && (slurp("/proc/$pid/cmdline") // '') =~ /relay-to-internet/
+} map { m{/proc/(\d+)$} ? $1 : () } glob('/proc/[0-9]*');
+ok(scalar @workers >= 1, 'its worker process found');
+kill 'KILL', @workers;
+ok(poll_until(sub { queue_count($node) == 0 }, 120), 'after the kill, the message was delivered on a retry');
+my $copies = grep { $_->{data} =~ /Subject: victim/ } peer_messages($stalling);
+ok($copies >= 1 && $copies <= 2, "it arrived ($copies copies: at most the one in flight again)");
+is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')"),
+	0, 'no message failed');
+
+is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+done_testing();
