@@ -344,7 +344,7 @@ bench_sink_count_in() {
 
 bench_dns_start() {
     local address=$1 port=$2 zone=$3 out="$BENCH_DIR/dns.out"
-    python3 "$bench_top/t/lib/testdns.py" "$zone" "$port" "$address" >"$out" 2>&1 &
+    /usr/bin/python3 "$bench_top/t/lib/testdns.py" "$zone" "$port" "$address" >"$out" 2>&1 &
     BENCH_DNS_PID=$!
     for _ in $(seq 1 100); do
         grep -q ready "$out" 2>/dev/null && return 0
