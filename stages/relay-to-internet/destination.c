@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "buf.h"
 #include "db.h"
@@ -18,9 +19,9 @@ destination_ok(PGresult *res, PGconn *conn, const char *what, char *err, size_t 
 	return false;
 }
 
-bool
-destination_cached_addresses(PGconn *conn, const char *host, struct cached_host *out, char *err,
-							 size_t errlen)
+static bool
+destination_read_addresses(PGconn *conn, const char *host, struct cached_host *out, char *err,
+						   size_t errlen)
 {
 	struct buf	hosts = BUF_INIT;
 	const char *values[1];
@@ -53,6 +54,104 @@ destination_cached_addresses(PGconn *conn, const char *host, struct cached_host 
 	return ok;
 }
 
+/*
+ * What this worker read last, per host: a burst of messages to one host
+ * reads pepsi.dns_address once a second, not once a message.  What other
+ * workers write is seen within that second; what this worker writes drops
+ * the host's memo at once.
+ */
+#define DESTINATION_MEMO_HOSTS 64
+#define DESTINATION_MEMO_SECONDS 1.0
+
+struct destination_memo
+{
+	char			  *host;
+	double			   read_at;
+	struct cached_host addresses;
+};
+static struct destination_memo destination_memo[DESTINATION_MEMO_HOSTS];
+
+static double
+destination_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void
+destination_copy(const struct cached_host *from, struct cached_host *to)
+{
+	to->count = from->count;
+	to->addresses = xcalloc(from->count + 1, sizeof(*to->addresses));
+	for (size_t i = 0; i < from->count; i++)
+	{
+		to->addresses[i] = from->addresses[i];
+		to->addresses[i].address = xstrdup(from->addresses[i].address);
+	}
+}
+
+static struct destination_memo *
+destination_memo_slot(const char *host)
+{
+	struct destination_memo *oldest = &destination_memo[0];
+
+	for (size_t i = 0; i < DESTINATION_MEMO_HOSTS; i++)
+	{
+		if (destination_memo[i].host && strcmp(destination_memo[i].host, host) == 0)
+			return &destination_memo[i];
+		if (destination_memo[i].read_at < oldest->read_at)
+			oldest = &destination_memo[i];
+	}
+	free(oldest->host);
+	oldest->host = NULL;
+	destination_cached_free(&oldest->addresses);
+	return oldest;
+}
+
+void
+destination_forget(const char *host)
+{
+	for (size_t i = 0; i < DESTINATION_MEMO_HOSTS; i++)
+		if (destination_memo[i].host && strcmp(destination_memo[i].host, host) == 0)
+		{
+			free(destination_memo[i].host);
+			destination_memo[i].host = NULL;
+			destination_memo[i].read_at = 0;
+			destination_cached_free(&destination_memo[i].addresses);
+		}
+}
+
+bool
+destination_cached_addresses(PGconn *conn, const char *host, struct cached_host *out, char *err,
+							 size_t errlen)
+{
+	struct destination_memo *m = destination_memo_slot(host);
+	double					 now = destination_now();
+
+	if (m->host && now - m->read_at < DESTINATION_MEMO_SECONDS)
+	{
+		/* retry_in counts down as time passes */
+		destination_copy(&m->addresses, out);
+		for (size_t i = 0; i < out->count; i++)
+			out->addresses[i].retry_in -= now - m->read_at;
+		return true;
+	}
+	if (m->host)
+	{
+		free(m->host);
+		m->host = NULL;
+		destination_cached_free(&m->addresses);
+	}
+	if (!destination_read_addresses(conn, host, out, err, errlen))
+		return false;
+	m->host = xstrdup(host);
+	m->read_at = now;
+	destination_copy(out, &m->addresses);
+	return true;
+}
+
 void
 destination_cached_free(struct cached_host *h)
 {
@@ -80,6 +179,7 @@ destination_store_addresses(PGconn *conn, const char *host, char *const *address
 	values[0] = host;
 	values[1] = array.data;
 	values[2] = ttl_text;
+	destination_forget(host);
 	res = db_exec(conn, "SELECT pepsi.dns_address_store($1, $2::inet[], $3)", 3, values);
 	ok = destination_ok(res, conn, "pepsi.dns_address_store", err, errlen);
 	PQclear(res);

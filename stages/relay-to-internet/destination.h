@@ -26,10 +26,15 @@ struct cached_host
 	struct cached_address *addresses;
 };
 
-/* The current (not expired) addresses of host; false on a database error. */
+/*
+ * The current (not expired) addresses of host, as pepsi.dns_address had
+ * them at most a second ago; false on a database error.
+ */
 bool destination_cached_addresses(PGconn *conn, const char *host, struct cached_host *out,
 								  char *err, size_t errlen);
 void destination_cached_free(struct cached_host *h);
+/* Read host afresh next time (this worker saw it fail). */
+void destination_forget(const char *host);
 /* The host's addresses as the DNS just gave them, for ttl seconds. */
 bool destination_store_addresses(PGconn *conn, const char *host, char *const *addresses,
 								 size_t count, unsigned ttl, char *err, size_t errlen);

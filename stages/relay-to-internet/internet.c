@@ -609,6 +609,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 				snprintf(at->error, sizeof(at->error), "%s", at->result.error);
 			if (at->result.phase == SMTP_PHASE_CONNECT)
 			{
+				destination_forget(host);
 				db_array_append(&at->failed_hosts, host);
 				db_array_append(&at->failed_addresses, address->address);
 			}
