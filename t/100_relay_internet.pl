@@ -116,6 +116,15 @@ ok(poll_until(sub { scalar(grep { $_->{data} =~ /Subject: split/ } peer_messages
 my ($both) = grep { $_->{env} =~ /x\@three\.test/ } grep { $_->{data} =~ /Subject: split/ } peer_messages($peer);
 like($both->{env}, qr/z\@three\.test/, 'the two recipients of one domain shared theirs');
 
+# A bounce (null sender) to two recipients, one refused: delivered to the
+# other, the refused one dropped (a bounce is never bounced).
+inject($node, from => '', to => [ 'n1@three.test', 'gone@three.test' ],
+	headers => "From: <>\r\nTo: <n1\@three.test>\r\nSubject: null sender\r\n");
+ok(poll_until(sub { delivered_to(qr/RCPT TO:<n1\@three\.test>/) == 1 && queue_count($node) == 0 }),
+	'a null-sender message: delivered to one recipient, the refused one dropped');
+like(dispatcher_log($d), qr/to=<gone\@three\.test>, [^\n]*status=bounced \([^\n]*a bounce is never bounced/,
+	'with a log line for the dropped one');
+
 is(scalar(dsns()), 2, 'no other DSN');
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
 done_testing();
