@@ -484,14 +484,14 @@ delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes, co
 	if (json_array_size(groups) == 0 && nkeep < n)
 	{
 		/* Only dropped recipients (bounced, of a bounce): the row simply loses them. */
-		char **kept = xcalloc(nkeep + 1, sizeof(char *));
+		char **remaining = xcalloc(nkeep + 1, sizeof(char *));
 
 		for (size_t i = 0; i < nkeep; i++)
-			kept[i] = xstrdup(pepsi_rcpt(ctx, (size_t) keep[i] - 1));
-		pepsi_set_rcpt_to(ctx, (const char *const *) kept, nkeep);
+			remaining[i] = xstrdup(pepsi_rcpt(ctx, (size_t) keep[i] - 1));
+		pepsi_set_rcpt_to(ctx, (const char *const *) remaining, nkeep);
 		for (size_t i = 0; i < nkeep; i++)
-			free(kept[i]);
-		free(kept);
+			free(remaining[i]);
+		free(remaining);
 	}
 	else if (json_array_size(groups) > 0)
 	{
