@@ -4,14 +4,63 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "secret.h"
 
 #define DB_TRANSIENT_ATTEMPTS 5
 
 unsigned long db_transient_retries;
+
+/*
+ * A database password must not be readable by others: refuse a password
+ * file (passfile, PGPASSFILE) that is not the owner's alone, and a
+ * password written into CONNINFO of a configuration file that others can
+ * read.  libpq would only warn about the first and use the second.
+ */
+static bool
+db_check_credentials(const struct pepsi_config *cfg, const char *conninfo, char *err, size_t errlen)
+{
+	PQconninfoOption *options = PQconninfoParse(conninfo, NULL);
+	const char		 *passfile = getenv("PGPASSFILE");
+	bool			  password = false;
+	bool			  ok = true;
+	FILE			 *f;
+	char			  why[512];
+	struct stat		  st;
+
+	for (PQconninfoOption *o = options; o && o->keyword; o++)
+	{
+		if (strcmp(o->keyword, "passfile") == 0 && o->val && *o->val)
+			passfile = o->val;
+		if (strcmp(o->keyword, "password") == 0 && o->val && *o->val)
+			password = true;
+	}
+	if (passfile && *passfile && access(passfile, F_OK) == 0)
+	{
+		if ((f = secret_file_open(passfile, why, sizeof(why))) == NULL)
+		{
+			snprintf(err, errlen, "[database] password file %s", why);
+			ok = false;
+		}
+		else
+			fclose(f);
+	}
+	if (ok && password && cfg && cfg->path && stat(cfg->path, &st) == 0
+		&& (st.st_mode & (S_IRWXG | S_IRWXO)))
+	{
+		snprintf(err, errlen,
+				 "%s: [database] CONNINFO holds a password, and others may read the file (mode %04o);"
+				 " refused: chmod 600 %s, or keep the password in a passfile",
+				 cfg->path, (unsigned) (st.st_mode & 07777), cfg->path);
+		ok = false;
+	}
+	PQconninfoFree(options);
+	return ok;
+}
 
 PGconn *
 db_connect(const struct pepsi_config *cfg, const char *application_name, char *err, size_t errlen)
@@ -19,8 +68,11 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 	const char *conninfo = cfg ? config_get(cfg, "database", "CONNINFO") : NULL;
 	const char *keywords[] = {"dbname", "application_name", NULL};
 	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, application_name, NULL};
-	PGconn	   *conn = PQconnectdbParams(keywords, values, 1);
+	PGconn	   *conn;
 
+	if (!db_check_credentials(cfg, values[0], err, errlen))
+		return NULL;
+	conn = PQconnectdbParams(keywords, values, 1);
 	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
 	{
 		char  *message = conn ? PQerrorMessage(conn) : "out of memory";

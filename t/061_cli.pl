@@ -53,6 +53,7 @@ sub write_conf
 	  . "ADDRESS = 127.0.0.1\n"                            # 11
 	  . "PORT = 2525\n";                                   # 12
 	close $fh;
+	chmod 0600, $path;    # it holds a password: others may not read it
 	return;
 }
 write_conf($conf, 'operator');
