@@ -80,52 +80,15 @@ psql_admin -d pepsi -c "CREATE EXTENSION IF NOT EXISTS pepsi"
 # for it, but starting it now is harmless (it returns the running one).
 psql_admin -d pepsi -tAc "SELECT pepsi.start_maintenance()" >/dev/null
 
-# The system's configuration: the sample with this run's places filled in.
-conf="$run_dir/pepsi.conf"
-# The one mailbox of the demonstration: ingress refuses unknown local
-# recipients (LOCAL_RECIPIENTS = maildir) and relays only for this host.
-mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
-# Remote mail goes to the smarthost stages, which hold it paused while no
-# SMARTHOST is set: a demonstration never sends mail to the internet.
-sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" \
-    -e "s|^NEXT_STAGE = internet$|NEXT_STAGE = smarthost|" \
-    -e "s|^NEXT_STAGE = dsn-internet$|NEXT_STAGE = dsn-smarthost|" \
-    "$top/docs/pepsi.conf.sample" >"$conf"
-# As root the maildir helper (without its bit here) never writes as root:
-# the mailboxes are the unprivileged user's.
-if [ "$(id -u)" -eq 0 ]; then
-    sed -i "s|^#VIRTUAL_USER = vmail|VIRTUAL_USER = $PEPSI_USER|" "$conf"
-    give_to_user "$run_dir/maildir"
-fi
-
-# STARTTLS out of the box: a self-signed certificate made on the first
-# start (clients that verify will not trust it; swaks -tls does not check).
-tls="$run_dir/tls"
-if [ ! -f "$tls/cert.pem" ]; then
-    mkdir -p "$tls"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=localhost" \
-        -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
-        -keyout "$tls/key.pem" -out "$tls/cert.pem" >/dev/null 2>&1
-    chmod 600 "$tls/key.pem"
-    echo "TLS certificate made: $tls/cert.pem (self-signed)"
-fi
-sed -i -e "s|^#CERTIFICATE = /etc/pepsi/tls/fullchain.pem|CERTIFICATE = $tls/cert.pem|" \
-       -e "s|^#KEY = /etc/pepsi/tls/privkey.pem|KEY = $tls/key.pem|" "$conf"
-
+# The system's configuration: the sample with this run's places filled in
+# (scripts/lib.sh), and the one mailbox of the demonstration: ingress
+# refuses unknown local recipients (LOCAL_RECIPIENTS = maildir) and relays
+# only for this host.
 bin="$top/build/bin"
-# The DKIM key the sample graph signs outbound mail and DSNs with: made
-# once, its TXT record printed for whoever wants to publish it.
-if [ ! -f "$run_dir/dkim/example.org.pem" ]; then
-    mkdir -p "$run_dir/dkim"
-    record=$("$bin/pepsi-keys" generate -a rsa-sha256 -o "$run_dir/dkim/example.org.pem")
-    echo "DKIM key made: publish at pepsi._domainkey.example.org TXT \"$record\""
-fi
-# The SRS secret forwarded mail's senders are rewritten with.
-if [ ! -f "$run_dir/srs/secret" ]; then
-    mkdir -p "$run_dir/srs"
-    (umask 077 && head -c 24 /dev/urandom | base64 >"$run_dir/srs/secret")
-    give_to_user "$run_dir/srs"
-fi
+conf="$run_dir/pepsi.conf"
+run_config_make "$run_dir" "$port" "$bin"
+mkdir -p "$run_dir/maildir/you@example.org/"{tmp,new,cur}
+[ "$(id -u)" -ne 0 ] || give_to_user "$run_dir/maildir"
 daemon() {
     # The multi-call binary when it is built (workers can then fuse stages).
     if [ -x "$bin/pepsi" ]; then echo "$bin/pepsi $1"; else echo "$bin/$1"; fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/fairness: what a burst from one client does to the latency of light
 # senders, end to end through `make run`'s graph (docs/pepsi.conf.sample:
-# ingress -> init (route) -> maildir (relay-to-maildir)).
+# ingress -> init (route) -> forward -> vacation -> maildir).
 #
 # Ten light clients, each from its own loopback address (127.0.0.11-20),
 # send one message every 0.5 s; one heavy client (smtp-source, 20
@@ -27,7 +27,8 @@ bin="$bench_top/build/bin"
 log=$(bench_log fairness)
 
 bench_postfix_install
-for p in pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-maildir; do
+for p in pepsi-ingress pepsi-dispatch pepsi-keys pepsi-stage-route pepsi-stage-dot-forward \
+    pepsi-stage-vacation pepsi-stage-relay-to-maildir pepsi-helper-maildir-writer; do
     [ -x "$bin/$p" ] || { echo "build $p first (make programs)" >&2; exit 1; }
 done
 # As scripts/run.sh: the multi-call binary when it is built.
@@ -47,18 +48,20 @@ run_dir="$BENCH_DIR/run"
 maildir="$run_dir/maildir"
 mkdir -p "$run_dir"
 conf="$run_dir/pepsi.conf"
-# `make run`'s configuration, with this cluster, port and user.
-sed -e "s|@RUN_DIR@|$run_dir|g" \
-    -e "s|^CONNINFO = .*|CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres|" \
+# `make run`'s configuration (scripts/lib.sh), with this cluster, port and user.
+run_config_make "$run_dir" "$BENCH_PORT" "$bin" >/dev/null
+sed -i -e "s|^CONNINFO = .*|CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres|" \
     -e "s|^PORT = 2525|PORT = $port\nMAX_SESSIONS_PER_CLIENT = 0|" \
-    -e "s|^USER = pepsi|USER = $PEPSI_USER|" \
-    "$bench_top/docs/pepsi.conf.sample" >"$conf"
+    -e "s|^USER = pepsi|USER = $PEPSI_USER|" "$conf"
 grep -q "PORT = $port" "$conf" || { echo "docs/pepsi.conf.sample has no listener on 2525" >&2; exit 1; }
 
 reset_mailboxes() {
     rm -rf "$maildir"
     mkdir -p "$maildir"/{light,heavy}@example.org/{tmp,new,cur}
-    chmod -R a+rX "$run_dir"
+    # The maildir helper writes as the mailboxes' owner (VIRTUAL_USER, the
+    # unprivileged user as root); the run's keys and secret stay private.
+    chmod a+rx "$run_dir"
+    [ "$(id -u)" -ne 0 ] || give_to_user "$maildir"
 }
 reset_mailboxes
 $(program pepsi-dispatch) -c "$conf" 2>>"$BENCH_DIR/dispatch.log" &
