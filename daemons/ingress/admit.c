@@ -318,28 +318,16 @@ static bool
 dbconn_send_admission(struct dbconn *c, struct admission *a)
 {
 	const struct envelope *e = &a->envelope;
-	const char			  *values[8] = {
-				   e->mail_from, e->rcpt_array, e->headers.data ? e->headers.data : "",
-		   e->body.data ? e->body.data : "", e->state, e->client_ip, e->auth_account,
-				   admit.options.stage};
-	int				 lengths[8] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0};
-	static const int formats[8] = {0, 0, 1, 1, 0, 0, 0, 0};
+	/* The logged statement takes one more parameter, the mail log's detail. */
+	const char		*values[9] = {e->mail_from, e->rcpt_array, e->headers.data ? e->headers.data : "",
+							  e->body.data ? e->body.data : "", e->state, e->client_ip,
+								  e->auth_account, admit.options.stage, e->log_detail};
+	int				 lengths[9] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0, 0};
+	static const int formats[9] = {0, 0, 1, 1, 0, 0, 0, 0, 0};
 
-	if (e->log_detail)
-	{
-		const char *logged_values[9];
-		int			logged_lengths[9] = {0};
-		int			logged_formats[9] = {0};
-
-		memcpy(logged_values, values, sizeof(values));
-		memcpy(logged_lengths, lengths, sizeof(lengths));
-		memcpy(logged_formats, formats, sizeof(formats));
-		logged_values[8] = e->log_detail;
-		return PQsendQueryPrepared(c->conn, ADMIT_LOGGED_STATEMENT, 9, logged_values, logged_lengths,
-								   logged_formats, 0)
-			   == 1;
-	}
-	return PQsendQueryPrepared(c->conn, ADMIT_STATEMENT, 8, values, lengths, formats, 0) == 1;
+	return PQsendQueryPrepared(c->conn, e->log_detail ? ADMIT_LOGGED_STATEMENT : ADMIT_STATEMENT,
+							   e->log_detail ? 9 : 8, values, lengths, formats, 0)
+		   == 1;
 }
 
 /* Take queued admissions as one batch (one transaction). */

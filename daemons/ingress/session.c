@@ -306,10 +306,11 @@ session_admitted(void *arg, bool ok, long long id)
 
 	s->admission = NULL;
 	if (ok)
+	{
 		ingress.messages_total++;
-	if (ok)
 		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->ip,
 				 s->smtp.mail_from, s->smtp.nrcpt, s->smtp.message_size, id);
+	}
 	smtp_admit_done(&s->smtp, ok, id);
 	if (ingress.stopping)
 	{
