@@ -13,6 +13,7 @@
 
 #include <opendkim/dkim.h>
 
+#include "auth/pubkey_cache.h"
 #include "log.h"
 #include "xalloc.h"
 
@@ -58,6 +59,7 @@ dkim_verify_library(void)
 
 	if (dkim_verify_lib)
 		return dkim_verify_lib;
+	pubkey_cache_init(); /* libopendkim's key decoding, cached: pubkey_cache.h */
 	if ((dkim_verify_lib = dkim_init(NULL, NULL)) == NULL)
 		fatalx("libopendkim: cannot initialise");
 	dkim_options(dkim_verify_lib, DKIM_OP_SETOPT, DKIM_OPTS_FLAGS, &flags, sizeof(flags));
