@@ -134,9 +134,16 @@ sub deliver
 	my (%o) = @_;
 	my @cmd = ('setpriv', @{ $o{as} // \@as_stage }, @exec_as_ids, $o{helper} // $helper, '-c',
 		$o{config} // $system_conf);
-	my $in = $o{raw} // request(%o);
+	# The request comes from a file, not a pipe: a helper that refuses
+	# before reading (or cannot even be executed) then exits without a
+	# write of ours racing its exit into a broken pipe.
+	my $in_file = "$dir/request.in";
+	open my $in_fh, '>', $in_file or die "$in_file: $!";
+	print $in_fh ($o{raw} // request(%o));
+	close $in_fh or die "$in_file: $!";
+	chmod 0644, $in_file;
 	my ($out, $err) = ('', '');
-	run \@cmd, \$in, \$out, \$err;
+	run \@cmd, '<', $in_file, '>', \$out, '2>', \$err;
 	chomp $out;
 	return wantarray ? ($out, $?, $err) : $out;
 }
