@@ -4,8 +4,9 @@
  * One libev loop drives everything: the database connection (dbconn.c:
  * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
  * the stage worker pools (pool.c: processes, pipes, status lines, time
- * limits), the fair-share accounting (fair.c), the stage graph read
- * from the configuration (graph.c), and the watch that paused rows are
+ * limits; depth.c: how many ids a worker holds), the fair-share
+ * accounting (fair.c), the stage graph read from the configuration
+ * (graph.c), and the watch that paused rows are
  * requeued even when no maintenance worker runs (maintenance.c).  The
  * dispatcher never touches message content: it claims rows, hands their
  * ids to workers, and reads back one status line per id.
@@ -61,6 +62,18 @@ struct pool_stats
 
 struct pool;
 
+/* The batches a pool's workers answered lately, for its pipeline depth (depth.c). */
+#define DEPTH_WINDOW 32
+struct pool_depth
+{
+	int	   rows[DEPTH_WINDOW]; /* ids answered together */
+	double us[DEPTH_WINDOW];   /* from the first one's start to their answers */
+	int	   count;
+	int	   next;
+	int	   depth;  /* ids a worker may hold, before QUEUE_LIMIT */
+	double row_us; /* the marginal cost of a row the depth was sized by */
+};
+
 /*
  * What a worker does, advanced by worker_transition (pool.c).  Only a
  * running worker takes ids; the two killed states say what its exit means
@@ -105,6 +118,7 @@ struct pool
 	int					 nworkers;
 	double				 cooldown_until; /* spawning failed: hold off until then */
 	double				 row_cost_us;	 /* mean worker time per message, for the claim */
+	struct pool_depth	 depth;			 /* how many ids a worker may hold */
 	struct fair_account *fair;
 	struct pool_stats	 stats;			/* since the last flush */
 	bool				 removed;		/* gone from the configuration: drained, then freed */
@@ -148,6 +162,11 @@ bool graph_load(struct pepsi_config *cfg, struct stage_spec **specs, size_t *cou
 				char *err, size_t errlen);
 void graph_free(struct stage_spec *specs, size_t count);
 bool dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen);
+
+/* depth.c */
+void depth_init(struct pool_depth *depth);
+void depth_record_batch(struct pool_depth *depth, int rows, double us);
+int	 depth_limit(const struct pool_depth *depth, long queue_limit);
 
 /* fair.c */
 struct fair_account *fair_create(void);

@@ -47,27 +47,11 @@ pool_find(const char *stage)
 	return NULL;
 }
 
-/*
- * How deep a worker's pipeline may be, within QUEUE_LIMIT: no more than
- * PIPELINE_AHEAD_US of work at the stage's mean worker time per row, and
- * at least PIPELINE_MIN ids (the one being worked on, the next, and one to
- * cover the claim that refills it).  A light sender's row claimed a moment
- * after a burst filled the pipelines then waits about that long behind
- * the burst's rows, not a whole queue limit of them; a batching stage,
- * whose rows cost little each, still gets its queue limit for a batch.
- */
-#define PIPELINE_AHEAD_US 20000.0
-#define PIPELINE_MIN 3
-
+/* How many ids a worker may hold: its pool's depth (depth.c), within QUEUE_LIMIT. */
 static int
 pool_depth(const struct pool *pool)
 {
-	double cost = pool->row_cost_us > 1 ? pool->row_cost_us : 1;
-	double depth = ceil(PIPELINE_AHEAD_US / cost);
-
-	if (depth < PIPELINE_MIN)
-		depth = PIPELINE_MIN;
-	return depth < pool->spec.queue_limit ? (int) depth : (int) pool->spec.queue_limit;
+	return depth_limit(&pool->depth, pool->spec.queue_limit);
 }
 
 /* Whether a worker may take one more id at all: its queue limit and MAX_MESSAGES. */
@@ -670,6 +654,7 @@ worker_read(struct pool_worker *w)
 		double				   started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 		share_us = (now - started) * 1e6 / answers;
+		depth_record_batch(&w->pool->depth, answers, share_us * answers);
 	}
 	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
 	{
@@ -926,6 +911,7 @@ pools_configure(struct stage_spec *specs, size_t count)
 			p = xcalloc(1, sizeof(*p));
 			p->fair = fair_create();
 			p->row_cost_us = 1000;
+			depth_init(&p->depth);
 			p->next = dispatcher.pools;
 			dispatcher.pools = p;
 			p->spec.name = xstrdup(specs[i].name);
