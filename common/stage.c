@@ -13,7 +13,8 @@
  * loads them in one SELECT ... = ANY, runs each, and commits the plain
  * outcomes with one pepsi.workqueue_commit_many per outcome shape; any
  * other outcome is committed on its own.  Stages that load headers or the
- * body take one id at a time.
+ * body take one id at a time, or as many as their batch_max says (the
+ * same loading and committing), with their prepare called on the batch.
  */
 #include "stage.h"
 
@@ -435,6 +436,24 @@ stage_run_pass(struct pepsi_ctx *ctx)
 	}
 }
 
+/* The stage's prepare, on the rows that loaded. */
+static void
+stage_prepare(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
+{
+	struct pepsi_ctx **loaded;
+	size_t			   n = 0;
+
+	if (w->stage->prepare == NULL)
+		return;
+	loaded = xcalloc(count, sizeof(*loaded));
+	for (size_t i = 0; i < count; i++)
+		if (ctxs[i].error == NULL && ctxs[i].valid)
+			loaded[n++] = &ctxs[i];
+	if (n > 0)
+		w->stage->prepare(loaded, n);
+	free(loaded);
+}
+
 /* ---------------------------------------------------------------------------
  * The worker loop
  * ------------------------------------------------------------------------- */
@@ -512,7 +531,7 @@ stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 	size_t count = 0;
 
 	if (w->stage->load != PEPSI_LOAD_METADATA)
-		max = 1;
+		max = w->stage->batch_max > 1 && w->stage->batch_max < max ? w->stage->batch_max : 1;
 	while (!stage_next_line(w, line, sizeof(line)))
 	{
 		if (w->eof)
@@ -679,6 +698,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		if (PQstatus(w.conn) != CONNECTION_OK && !stage_reconnect(&w))
 			fatalx("lost the database connection: %s", PQerrorMessage(w.conn));
 		stage_load(&w, ctxs, count);
+		stage_prepare(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)
 			if (ctxs[i].error == NULL)
 				stage_run_pass(&ctxs[i]);

@@ -45,6 +45,20 @@ struct pepsi_stage
 	/* Optional: check the stage's own options in one of its sections, at start. */
 	bool (*check_config)(const struct pepsi_config *cfg, const char *section,
 						 char *err, size_t errlen);
+	/*
+	 * Optional, for a stage that loads headers or the body (a body-free
+	 * stage always takes what is waiting): the most ids it takes at once
+	 * of those already waiting on its input (0 or 1: one at a time).
+	 */
+	size_t batch_max;
+	/*
+	 * Optional: called with the batch's loaded rows before run is called
+	 * on each, so that a stage can do their work at once (a delivery
+	 * stage: one batch of files and one fsync of their directory, one
+	 * session); run then concludes each row as usual.  Only the rows that
+	 * loaded, each still at this stage; nothing is committed before run.
+	 */
+	void (*prepare)(struct pepsi_ctx *const *ctxs, size_t count);
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */
