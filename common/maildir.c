@@ -22,7 +22,6 @@
 
 /* Maildir++: a maildirsize longer than this is recalculated and rewritten. */
 #define MAILDIR_SIZE_FILE_MAX 5120
-#define MAILDIR_COPY_CHUNK 65536
 
 static unsigned long maildir_deliveries; /* the Q of unique names */
 static int			 maildir_errno;		 /* the errno of the last failure described */
@@ -439,13 +438,17 @@ maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_q
 }
 
 /* Record a delivery in maildirsize, as Maildir++ does: one appended line. */
-static void
-maildir_quota_add(struct maildir *md, size_t size)
+void
+maildir_quota_count(struct maildir *md, const struct maildir_file *file)
 {
 	char line[64];
-	int	 len = snprintf(line, sizeof(line), "%zu 1\n", size);
-	int	 fd = openat(md->mailbox_fd, "maildirsize", O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+	int	 len;
+	int	 fd;
 
+	if (!file->quota_kept)
+		return;
+	len = snprintf(line, sizeof(line), "%zu 1\n", file->size);
+	fd = openat(md->mailbox_fd, "maildirsize", O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	(void) !write(fd, line, (size_t) len);
@@ -459,79 +462,120 @@ maildir_quota_add(struct maildir *md, size_t size)
 /*
  * The unique name of the Maildir specification: time, then M (usec), P
  * (pid) and Q (deliveries by this process) make it unique on this host,
- * then the host name with "/" and ":" escaped, then Maildir++'s size.
+ * then the host name with "/" and ":" escaped (looked up once: a helper
+ * delivers message after message), then Maildir++'s size.
  */
 static char *
 maildir_unique_name(size_t size)
 {
+	static char	  *host;
 	struct timeval tv;
-	char		   host[256];
-	struct buf	   safe = BUF_INIT;
-	char		  *name;
 
-	gettimeofday(&tv, NULL);
-	if (gethostname(host, sizeof(host)) != 0)
-		snprintf(host, sizeof(host), "localhost");
-	host[sizeof(host) - 1] = '\0';
-	for (const char *p = host; *p; p++)
+	if (host == NULL)
 	{
-		if (*p == '/')
-			buf_append_str(&safe, "\\057");
-		else if (*p == ':')
-			buf_append_str(&safe, "\\072");
-		else
-			buf_append_char(&safe, *p);
+		char	   name[256];
+		struct buf safe = BUF_INIT;
+
+		if (gethostname(name, sizeof(name)) != 0)
+			snprintf(name, sizeof(name), "localhost");
+		name[sizeof(name) - 1] = '\0';
+		for (const char *p = name; *p; p++)
+		{
+			if (*p == '/')
+				buf_append_str(&safe, "\\057");
+			else if (*p == ':')
+				buf_append_str(&safe, "\\072");
+			else
+				buf_append_char(&safe, *p);
+		}
+		host = safe.data ? safe.data : xstrdup("localhost");
 	}
-	name = xasprintf("%lld.M%ldP%dQ%lu.%s,S=%zu", (long long) tv.tv_sec, (long) tv.tv_usec,
-					 (int) getpid(), ++maildir_deliveries, safe.data ? safe.data : "localhost", size);
-	buf_free(&safe);
-	return name;
+	gettimeofday(&tv, NULL);
+	return xasprintf("%lld.M%ldP%dQ%lu.%s,S=%zu", (long long) tv.tv_sec, (long) tv.tv_usec,
+					 (int) getpid(), ++maildir_deliveries, host, size);
 }
 
-/* Copy exactly size bytes from in_fd; -1 with errno on a write error, 0 on a short input. */
-static int
-maildir_copy(int out_fd, int in_fd, size_t size)
+int
+maildir_input_getc(struct maildir_input *in)
 {
-	char   *chunk = xmalloc(MAILDIR_COPY_CHUNK);
-	int		rc = 1;
-	ssize_t n;
-
-	while (size > 0)
+	while (in->start == in->end)
 	{
-		n = read(in_fd, chunk, size < MAILDIR_COPY_CHUNK ? size : MAILDIR_COPY_CHUNK);
+		ssize_t n = read(in->fd, in->data, sizeof(in->data));
+
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-		{
-			rc = 0;
-			break;
-		}
-		if (!fd_write_all(out_fd, chunk, (size_t) n))
-		{
-			rc = -1;
-			break;
-		}
-		size -= (size_t) n;
+			return -1;
+		in->start = 0;
+		in->end = (size_t) n;
 	}
-	free(chunk);
-	return rc;
+	return (unsigned char) in->data[in->start++];
+}
+
+/* Copy exactly size bytes of in, what was read ahead first; -1 with errno on a write error, 0 on a short input. */
+static int
+maildir_copy(int out_fd, struct maildir_input *in, size_t size)
+{
+	while (size > 0)
+	{
+		size_t take;
+
+		if (in->start == in->end)
+		{
+			ssize_t n = read(in->fd, in->data, sizeof(in->data));
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				return 0;
+			in->start = 0;
+			in->end = (size_t) n;
+		}
+		take = in->end - in->start < size ? in->end - in->start : size;
+		if (!fd_write_all(out_fd, in->data + in->start, take))
+			return -1;
+		in->start += take;
+		size -= take;
+	}
+	return 1;
+}
+
+static void
+maildir_file_reset(struct maildir_file *file)
+{
+	free(file->name);
+	file->name = NULL;
+	file->fd = -1;
+}
+
+void
+maildir_discard(struct maildir *md, struct maildir_file *file)
+{
+	if (file->fd >= 0)
+		close(file->fd);
+	if (file->name)
+		unlinkat(md->tmp_fd, file->name, 0);
+	maildir_file_reset(file);
 }
 
 enum maildir_status
-maildir_deliver(struct maildir *md, const char *prefix, size_t prefix_len, int in_fd, size_t size,
-				long long default_quota, char **delivered, char *why, size_t whylen)
+maildir_write(struct maildir *md, const char *prefix, size_t prefix_len, struct maildir_input *in,
+			  size_t size, long long default_quota, long long held_bytes, long long held_count,
+			  struct maildir_file *file, char *why, size_t whylen)
 {
 	struct maildir_quota quota;
 	size_t				 total = prefix_len + size;
-	char				*name = maildir_unique_name(total);
 	enum maildir_status	 rc = MAILDIR_IO_ERROR;
-	bool				 quota_kept;
-	int					 fd = -1;
 	int					 copied;
 
+	file->name = maildir_unique_name(total);
+	file->fd = -1;
+	file->size = total;
 	if (!maildir_quota_read(md, default_quota, &quota, why, whylen))
-		goto done;
-	quota_kept = quota.max_bytes > 0 || quota.max_count > 0;
+		goto fail;
+	file->quota_kept = quota.max_bytes > 0 || quota.max_count > 0;
+	quota.bytes += held_bytes;
+	quota.count += held_count;
 	if ((quota.max_bytes > 0 && quota.bytes + (long long) total > quota.max_bytes)
 		|| (quota.max_count > 0 && quota.count + 1 > quota.max_count))
 	{
@@ -540,20 +584,20 @@ maildir_deliver(struct maildir *md, const char *prefix, size_t prefix_len, int i
 					"this message has %zu bytes",
 					quota.bytes, quota.max_bytes, quota.count, quota.max_count, total);
 		rc = MAILDIR_OVER_QUOTA;
-		goto done;
+		goto fail;
 	}
-	fd = openat(md->tmp_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
+	file->fd = openat(md->tmp_fd, file->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (file->fd < 0)
 	{
 		maildir_why(why, whylen, "cannot create a file in tmp/: %s", strerror(errno));
-		goto done;
+		goto fail;
 	}
-	if (!fd_write_all(fd, prefix, prefix_len))
+	if (!fd_write_all(file->fd, prefix, prefix_len))
 	{
 		maildir_why(why, whylen, "cannot write: %s", strerror(errno));
-		goto unlink;
+		goto fail;
 	}
-	copied = maildir_copy(fd, in_fd, size);
+	copied = maildir_copy(file->fd, in, size);
 	if (copied <= 0)
 	{
 		if (copied == 0)
@@ -563,51 +607,61 @@ maildir_deliver(struct maildir *md, const char *prefix, size_t prefix_len, int i
 		}
 		else
 			maildir_why(why, whylen, "cannot write: %s", strerror(errno));
-		goto unlink;
+		goto fail;
 	}
-	if (fsync(fd) != 0)
-	{
-		maildir_why(why, whylen, "cannot fsync: %s", strerror(errno));
-		goto unlink;
-	}
-	if (close(fd) != 0)
-	{
-		fd = -1;
-		maildir_why(why, whylen, "cannot close: %s", strerror(errno));
-		goto unlink;
-	}
-	fd = -1;
-	/* Never over another file: the name is unique, and a clash is refused, not replaced. */
-	if (renameat2(md->tmp_fd, name, md->new_fd, name, RENAME_NOREPLACE) != 0)
-	{
-		maildir_why(why, whylen, "cannot move the message into new/: %s", strerror(errno));
-		goto unlink;
-	}
-	if (fsync(md->new_fd) != 0)
-	{
-		/* The file is in new/ already: it will be read; only its durability is in doubt. */
-		maildir_why(why, whylen, "cannot fsync new/: %s", strerror(errno));
-		goto done;
-	}
-	if (quota_kept)
-		maildir_quota_add(md, total);
-	if (delivered)
-	{
-		*delivered = name;
-		name = NULL;
-	}
-	rc = MAILDIR_DELIVERED;
-	goto done;
+	/* Start the write-out now: the fsync of maildir_publish then mostly waits for what is under way. */
+	(void) sync_file_range(file->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+	return MAILDIR_DELIVERED;
 
-unlink:
-	if (fd >= 0)
-		close(fd);
-	fd = -1;
-	unlinkat(md->tmp_fd, name, 0);
-done:
-	if (fd >= 0)
-		close(fd);
-	free(name);
+fail:
+	maildir_discard(md, file);
 	errno = maildir_errno; /* ENOSPC, EDQUOT: the caller tells a full disk apart */
 	return rc;
+}
+
+enum maildir_status
+maildir_publish(struct maildir *md, struct maildir_file *file, char **delivered, char *why,
+				size_t whylen)
+{
+	if (fsync(file->fd) != 0)
+	{
+		maildir_why(why, whylen, "cannot fsync: %s", strerror(errno));
+		goto fail;
+	}
+	if (close(file->fd) != 0)
+	{
+		file->fd = -1;
+		maildir_why(why, whylen, "cannot close: %s", strerror(errno));
+		goto fail;
+	}
+	file->fd = -1;
+	/* Never over another file: the name is unique, and a clash is refused, not replaced. */
+	if (renameat2(md->tmp_fd, file->name, md->new_fd, file->name, RENAME_NOREPLACE) != 0)
+	{
+		maildir_why(why, whylen, "cannot move the message into new/: %s", strerror(errno));
+		goto fail;
+	}
+	if (delivered)
+	{
+		*delivered = file->name;
+		file->name = NULL;
+	}
+	maildir_file_reset(file);
+	return MAILDIR_DELIVERED;
+
+fail:
+	maildir_discard(md, file);
+	errno = maildir_errno;
+	return MAILDIR_IO_ERROR;
+}
+
+enum maildir_status
+maildir_sync_new(struct maildir *md, char *why, size_t whylen)
+{
+	if (fsync(md->new_fd) == 0)
+		return MAILDIR_DELIVERED;
+	/* The file is in new/ already: it will be read; only its durability is in doubt. */
+	maildir_why(why, whylen, "cannot fsync new/: %s", strerror(errno));
+	errno = maildir_errno;
+	return MAILDIR_IO_ERROR;
 }

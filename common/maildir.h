@@ -60,17 +60,61 @@ enum maildir_status maildir_open(const char *root, const char *name, uid_t owner
 void				maildir_close(struct maildir *md);
 
 /*
- * Deliver: prefix (the Return-Path and Delivered-To lines), then exactly
- * size bytes read from in_fd, into tmp/ under a unique name; fsync the
- * file, rename it into new/ and fsync new/.  Quota first: a maildirsize
- * is honoured (Maildir++), and default_quota (bytes, 0: none) starts one
- * where there is none.  On success the file's name in new/ goes to
- * delivered (when not NULL, freed by the caller).  Nothing is left in new/
- * unless the whole message is there; tmp/ is cleaned on failure.
+ * The helper's standard input, read through a buffer: the request lines a
+ * byte at a time without a system call each, and the message after them
+ * from what was read ahead first.
  */
-enum maildir_status maildir_deliver(struct maildir *md, const char *prefix, size_t prefix_len,
-									int in_fd, size_t size, long long default_quota,
+#define MAILDIR_INPUT_BUFFER 65536
+struct maildir_input
+{
+	int	   fd;
+	size_t start; /* data[start .. end) is read ahead, not yet taken */
+	size_t end;
+	char   data[MAILDIR_INPUT_BUFFER];
+};
+/* The next byte, or -1 at the end of the input (or on an error). */
+int maildir_input_getc(struct maildir_input *in);
+
+/*
+ * A message written into tmp/ and not yet in new/: maildir_write makes it,
+ * maildir_publish moves it into new/ (or maildir_discard removes it).
+ */
+struct maildir_file
+{
+	char  *name;
+	int	   fd;
+	size_t size;
+	bool   quota_kept; /* a maildirsize to add the delivery to */
+};
+
+/*
+ * Write prefix (the Return-Path and Delivered-To lines), then exactly size
+ * bytes of in, into tmp/ under a unique name, and start writing it out to
+ * disk (no fsync yet: a batch's files then share the journal commit of
+ * the first one's).  Quota first: a maildirsize is honoured (Maildir++),
+ * and default_quota (bytes, 0: none) starts one where there is none;
+ * held_bytes and held_count are this Maildir's messages written but not
+ * yet published, counted as used.  On failure nothing is left in tmp/.
+ */
+enum maildir_status maildir_write(struct maildir *md, const char *prefix, size_t prefix_len,
+								  struct maildir_input *in, size_t size, long long default_quota,
+								  long long held_bytes, long long held_count,
+								  struct maildir_file *file, char *why, size_t whylen);
+/*
+ * fsync the file and rename it into new/ (never over another file); new/
+ * itself is not fsynced: maildir_sync_new, once for all the files of a
+ * batch, before any of them is reported delivered.  On success the file's
+ * name in new/ goes to delivered (when not NULL, freed by the caller); on
+ * failure the file is removed from tmp/.
+ */
+enum maildir_status maildir_publish(struct maildir *md, struct maildir_file *file,
 									char **delivered, char *why, size_t whylen);
+/* A written file not to be delivered after all: removed from tmp/. */
+void maildir_discard(struct maildir *md, struct maildir_file *file);
+/* fsync new/: what makes the renames into it durable. */
+enum maildir_status maildir_sync_new(struct maildir *md, char *why, size_t whylen);
+/* Record a published delivery in maildirsize (when the file's Maildir keeps one). */
+void maildir_quota_count(struct maildir *md, const struct maildir_file *file);
 
 /*
  * Maildir++ quota of an open Maildir: the limits of maildirsize (0 when

@@ -17,6 +17,17 @@
  * next request, as long as it is for the same owner (for another it
  * answers "again" and the stage starts a new helper); any failure ends it.
  *
+ * A batch: requests with "hold yes" are written into tmp/ and answered
+ * together with the next request without it.  Then each file is fsynced
+ * and renamed into new/, each new/ touched is fsynced once, and only then
+ * are the batch's replies written, in order: a "2.0.0" is never given for
+ * a message whose file or directory entry could still be lost, yet a
+ * batch of files shares its journal commits.  A failure ends the helper
+ * as before, after the batch's earlier messages are finished and
+ * answered; the caller sends the requests left unanswered to a new one.
+ * At the end of its input (the caller gone) a held batch is removed from
+ * tmp/ unanswered: its rows are still to be delivered.
+ *
  * The request (pepsi-helper-maildir-writer(8)): lines "key value", an
  * empty line, then exactly size bytes of message:
  *   section    the caller's [stage-<name>] (its MAILDIR_ROOT is the virtual root)
@@ -25,6 +36,7 @@
  *   mailbox    the virtual mailbox's directory name (one component)
  *   create     yes: make a missing virtual mailbox
  *   size       the message's size in bytes
+ *   hold       yes: answer it with the next request without hold (a batch)
  */
 #include <ctype.h>
 #include <errno.h>
@@ -53,6 +65,8 @@
 #define WRITER_REQUEST_MAX 8192
 #define WRITER_USER_NAME_MAX 32
 #define WRITER_SUPPLEMENT_MAX 1024
+/* The most messages held in one batch: their replies fit a pipe's buffer, their descriptors the limit. */
+#define WRITER_BATCH_MAX 64
 
 int main(int argc, char **argv);
 
@@ -65,6 +79,7 @@ struct writer_request
 	bool   create;
 	size_t size;
 	bool   have_size;
+	bool   hold;
 };
 
 struct writer_target
@@ -76,6 +91,25 @@ struct writer_target
 	bool  create;
 };
 
+/* A message of the batch: written into tmp/, to be published and answered with the others. */
+struct writer_held
+{
+	struct maildir		md;
+	struct maildir_file file;
+	dev_t				dev; /* the Maildir's, to count its held messages against its quota */
+	ino_t				ino;
+	char			   *recipient;
+	char			   *where; /* root/name, for the replies */
+};
+
+/* Standard input, buffered (common/maildir.h), and the batch held so far. */
+static struct maildir_input writer_in = {.fd = 0};
+static struct writer_held	writer_batch[WRITER_BATCH_MAX];
+static size_t				writer_batch_len;
+
+static void writer_finish_batch(void);
+static void writer_discard_batch(void);
+
 /*
  * One reply line per request: everything the caller learns.  After a
  * delivery the helper waits for the next request; after anything else it
@@ -86,7 +120,6 @@ static void writer_reply(const char *status, const char *fmt, va_list ap)
 	__attribute__((format(printf, 2, 0)));
 static void writer_reply_exit(const char *status, const char *fmt, ...)
 	__attribute__((noreturn, format(printf, 2, 3)));
-static void writer_reply_delivered(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static void
 writer_reply(const char *status, const char *fmt, va_list ap)
@@ -108,20 +141,12 @@ writer_reply_exit(const char *status, const char *fmt, ...)
 {
 	va_list ap;
 
+	/* The batch's earlier messages are good: finished and answered first, in order. */
+	writer_finish_batch();
 	va_start(ap, fmt);
 	writer_reply(status, fmt, ap);
 	va_end(ap);
 	exit(status[0] == '2' ? 0 : 1);
-}
-
-static void
-writer_reply_delivered(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	writer_reply("2.0.0", fmt, ap);
-	va_end(ap);
 }
 
 /*
@@ -268,22 +293,22 @@ writer_read_request(struct writer_request *req)
 	memset(req, 0, sizeof(*req));
 	for (;;)
 	{
-		char	c;
-		ssize_t n = read(0, &c, 1);
+		int c = maildir_input_getc(&writer_in);
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n == 0 && total == 0)
+		if (c < 0 && total == 0)
 			return false;
-		if (n <= 0)
+		if (c < 0)
+		{
+			writer_discard_batch(); /* the caller is gone: nothing it was not told of is kept */
 			writer_reply_exit("4.3.0", "the request ended before its empty line");
+		}
 		if (++total > WRITER_REQUEST_MAX)
 			writer_reply_exit("4.3.0", "the request is longer than %d bytes", WRITER_REQUEST_MAX);
 		if (c == '\0')
 			writer_reply_exit("5.1.3", "the request holds a NUL byte");
 		if (c != '\n')
 		{
-			line[len++] = c;
+			line[len++] = (char) c;
 			continue;
 		}
 		line[len] = '\0';
@@ -308,6 +333,8 @@ writer_read_request(struct writer_request *req)
 				field = &req->mailbox;
 			else if (strcmp(line, "create") == 0)
 				req->create = strcmp(value, "yes") == 0;
+			else if (strcmp(line, "hold") == 0)
+				req->hold = strcmp(value, "yes") == 0;
 			else if (strcmp(line, "size") == 0)
 			{
 				char			  *end;
@@ -450,12 +477,23 @@ writer_resolve_virtual(const struct pepsi_config *cfg, const struct writer_reque
 		writer_reply_exit("5.1.3", "<%s> cannot name a mailbox", req->recipient);
 	if (user)
 	{
-		struct passwd *pw = getpwnam(user);
+		/* Looked up once: every request of this helper names the same user (its configuration). */
+		static uid_t virtual_uid;
+		static gid_t virtual_gid;
+		static bool	 looked_up;
 
-		if (pw == NULL)
-			writer_reply_exit("4.3.5", "[%s] VIRTUAL_USER %s: no such user", WRITER_SECTION, user);
-		t->uid = pw->pw_uid;
-		t->gid = pw->pw_gid;
+		if (!looked_up)
+		{
+			struct passwd *pw = getpwnam(user);
+
+			if (pw == NULL)
+				writer_reply_exit("4.3.5", "[%s] VIRTUAL_USER %s: no such user", WRITER_SECTION, user);
+			virtual_uid = pw->pw_uid;
+			virtual_gid = pw->pw_gid;
+			looked_up = true;
+		}
+		t->uid = virtual_uid;
+		t->gid = virtual_gid;
 	}
 	else if (privileged)
 		writer_reply_exit("4.3.5", "[%s] VIRTUAL_USER is not set: whose are the virtual mailboxes?",
@@ -526,47 +564,166 @@ writer_check_request(const struct pepsi_config *cfg, const struct writer_request
 		writer_reply_exit("5.1.3", "an envelope address holds \"<\" or \">\"");
 }
 
-/* Open the Maildir and write the message: a reply, and the end unless it was delivered. */
+/*
+ * Open the Maildir and write the message into its tmp/, held for the end
+ * of the batch; anything else is a reply and the end.
+ */
 static void
-writer_deliver(const struct pepsi_config *cfg, const struct writer_request *req,
-			   const struct writer_target *target)
+writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
+			 const struct writer_target *target)
 {
-	struct maildir		md;
+	struct writer_held *held = &writer_batch[writer_batch_len];
 	struct buf			prefix = BUF_INIT;
 	char				why[1024] = "";
-	char			   *delivered = NULL;
+	long long			held_bytes = 0;
+	long long			held_count = 0;
+	struct stat			st;
 	enum maildir_status rc;
 
-	rc = maildir_open(target->root, target->name, target->uid, target->create, &md, why, sizeof(why));
+	rc = maildir_open(target->root, target->name, target->uid, target->create, &held->md, why,
+					  sizeof(why));
 	if (rc == MAILDIR_NO_MAILBOX)
 		writer_reply_exit("5.1.1", "mailbox <%s> does not exist", req->recipient);
 	if (rc == MAILDIR_UNSAFE)
 		writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req->recipient, why);
-	if (rc != MAILDIR_DELIVERED)
+	if (rc != MAILDIR_DELIVERED || fstat(held->md.mailbox_fd, &st) != 0)
+	{
+		if (rc == MAILDIR_DELIVERED)
+		{
+			snprintf(why, sizeof(why), "fstat: %s", strerror(errno));
+			maildir_close(&held->md);
+		}
 		writer_reply_exit("4.3.0", "cannot write to mailbox %s/%s: %s", target->root, target->name, why);
+	}
+	held->dev = st.st_dev;
+	held->ino = st.st_ino;
+	/* The batch's messages to this Maildir count against its quota before they are in new/. */
+	for (size_t i = 0; i < writer_batch_len; i++)
+		if (writer_batch[i].dev == held->dev && writer_batch[i].ino == held->ino)
+		{
+			held_bytes += (long long) writer_batch[i].file.size;
+			held_count++;
+		}
 	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req->sender, req->recipient);
-	rc = maildir_deliver(&md, prefix.data, prefix.len, 0, req->size,
-						 config_size(cfg, WRITER_SECTION, "QUOTA"), &delivered, why, sizeof(why));
+	rc = maildir_write(&held->md, prefix.data, prefix.len, &writer_in, req->size,
+					   config_size(cfg, WRITER_SECTION, "QUOTA"), held_bytes, held_count, &held->file,
+					   why, sizeof(why));
 	buf_free(&prefix);
-	maildir_close(&md);
+	if (rc == MAILDIR_DELIVERED)
+	{
+		held->recipient = xstrdup(req->recipient);
+		held->where = xasprintf("%s/%s", target->root, target->name);
+		writer_batch_len++;
+		return;
+	}
+	maildir_close(&held->md);
 	switch (rc)
 	{
-		case MAILDIR_DELIVERED:
-			writer_reply_delivered("delivered to %s/%s/new/%s", target->root, target->name, delivered);
-			free(delivered);
-			return;
 		case MAILDIR_OVER_QUOTA:
 			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s", req->recipient, why);
 		case MAILDIR_SHORT_INPUT:
+			writer_discard_batch(); /* the caller is gone: nothing it was not told of is kept */
 			writer_reply_exit("4.3.0", "%s", why);
 		case MAILDIR_NO_MAILBOX:
 		case MAILDIR_UNSAFE:
 			writer_reply_exit("4.2.0", "mailbox of <%s> refused: %s", req->recipient, why);
+		case MAILDIR_DELIVERED:
 		case MAILDIR_IO_ERROR:
 			break;
 	}
 	writer_reply_exit(errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
 					  "cannot write to mailbox %s/%s: %s", target->root, target->name, why);
+}
+
+static void
+writer_held_free(struct writer_held *held)
+{
+	maildir_close(&held->md);
+	free(held->recipient);
+	free(held->where);
+	memset(held, 0, sizeof(*held));
+}
+
+/*
+ * The batch's files into new/: each fsynced and renamed, then each new/
+ * fsynced once, then one reply each, in order.  A failure is that
+ * message's 4.x reply; the others are delivered all the same.
+ */
+static void
+writer_finish_batch(void)
+{
+	static bool finishing; /* a reply that ends the helper finishes the batch: not twice */
+	size_t		n = writer_batch_len;
+	char	  **delivered;
+	char	  **failed;
+	char		why[1024];
+
+	if (finishing || n == 0)
+		return;
+	finishing = true;
+	delivered = xcalloc(n, sizeof(*delivered));
+	failed = xcalloc(n, sizeof(*failed));
+	for (size_t i = 0; i < n; i++)
+		if (maildir_publish(&writer_batch[i].md, &writer_batch[i].file, &delivered[i], why, sizeof(why))
+			!= MAILDIR_DELIVERED)
+			failed[i] = xasprintf("%s cannot write to mailbox %s: %s",
+								  errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
+								  writer_batch[i].where, why);
+	for (size_t i = 0; i < n; i++)
+	{
+		bool synced = false;
+
+		if (failed[i])
+			continue;
+		for (size_t j = 0; j < i && !synced; j++)
+			synced = delivered[j] && writer_batch[j].dev == writer_batch[i].dev
+					 && writer_batch[j].ino == writer_batch[i].ino;
+		if (synced)
+			continue;
+		if (maildir_sync_new(&writer_batch[i].md, why, sizeof(why)) != MAILDIR_DELIVERED)
+			/* Every message of this Maildir: none is known durable. */
+			for (size_t j = i; j < n; j++)
+				if (!failed[j] && writer_batch[j].dev == writer_batch[i].dev
+					&& writer_batch[j].ino == writer_batch[i].ino)
+				{
+					failed[j] = xasprintf("4.3.0 cannot write to mailbox %s: %s", writer_batch[j].where, why);
+					free(delivered[j]);
+					delivered[j] = NULL;
+				}
+	}
+	for (size_t i = 0; i < n; i++)
+	{
+		if (failed[i] == NULL)
+			maildir_quota_count(&writer_batch[i].md, &writer_batch[i].file);
+		if (failed[i])
+		{
+			log_warnx("%s", failed[i]);
+			printf("%s\n", failed[i]);
+		}
+		else
+			printf("2.0.0 delivered to %s/new/%s\n", writer_batch[i].where, delivered[i]);
+		free(failed[i]);
+		free(delivered[i]);
+		free(writer_batch[i].file.name);
+		writer_held_free(&writer_batch[i]);
+	}
+	fflush(stdout);
+	free(failed);
+	free(delivered);
+	writer_batch_len = 0;
+	finishing = false;
+}
+
+/* The held batch removed from tmp/, unanswered. */
+static void
+writer_discard_batch(void)
+{
+	for (size_t i = 0; i < writer_batch_len; i++)
+	{
+		maildir_discard(&writer_batch[i].md, &writer_batch[i].file);
+		writer_held_free(&writer_batch[i]);
+	}
+	writer_batch_len = 0;
 }
 
 static void
@@ -663,10 +820,13 @@ main(int argc, char **argv)
 		}
 		else if (target.uid != owner_uid || target.gid != owner_gid)
 			writer_reply_exit("again", "another owner's mailbox: ask a new helper");
-		writer_deliver(cfg, &req, &target);
+		writer_write(cfg, &req, &target);
+		if (!req.hold || writer_batch_len == WRITER_BATCH_MAX)
+			writer_finish_batch();
 		writer_request_free(&req);
 		free(target.root);
 		free(target.name);
 	}
+	writer_discard_batch(); /* held, then no request to end the batch: the caller is gone */
 	return 0;
 }

@@ -12,6 +12,11 @@
  * development tree neither has a bit and the helper runs as this stage's
  * user: the same pipe, the same code.
  *
+ * The rows waiting for a worker come as a batch (batch_max): prepare hands
+ * them all to the helper, which writes every file, then fsyncs and
+ * publishes them and fsyncs each new/ once before it answers; run then
+ * concludes each row from its reply, and the rows commit after that.
+ *
  * Options of its [stage-*] section (besides common/delivery.h's):
  *   MAILDIR_ROOT           the directory of the virtual mailboxes (default
  *                          [pepsi] MAILDIR_ROOT, where ingress looks
@@ -47,6 +52,8 @@ int pepsi_stage_relay_to_maildir_main(int argc, char **argv);
 extern char **environ;
 
 #define MAILDIR_REPLY_MAX 2048
+/* The most rows delivered as one batch: the helper holds at most as many (WRITER_BATCH_MAX). */
+#define MAILDIR_BATCH_MAX 64
 
 /* What the helper answered: its status code and sentence, or why there was none. */
 struct maildir_reply
@@ -93,15 +100,19 @@ maildir_writer_path(const char *program)
  * The helper of this worker: one process serves request after request for
  * as long as they are the same owner's (all of them, for virtual
  * mailboxes), so a delivery costs no exec and no reading of the
- * configuration.  It ends after anything but a delivery.
+ * configuration.  It ends after anything but a delivery.  Its replies are
+ * read through a buffer, not a byte per system call.
  */
 static struct
 {
-	pid_t pid; /* 0: none */
-	int	  to_fd;
-	int	  from_fd;
-	char *writer;
-	char *config_path;
+	pid_t  pid; /* 0: none */
+	int	   to_fd;
+	int	   from_fd;
+	char  *writer;
+	char  *config_path;
+	char   input[4096];
+	size_t start; /* input[start .. end): read, not yet taken */
+	size_t end;
 } maildir_writer = {.pid = 0, .to_fd = -1, .from_fd = -1};
 
 /* Close the pipes and reap the helper; its wait status, or -1. */
@@ -125,6 +136,7 @@ maildir_writer_end(void)
 	maildir_writer.pid = 0;
 	maildir_writer.to_fd = maildir_writer.from_fd = -1;
 	maildir_writer.writer = maildir_writer.config_path = NULL;
+	maildir_writer.start = maildir_writer.end = 0;
 	return status;
 }
 
@@ -185,6 +197,7 @@ done:
 	maildir_writer.from_fd = from_writer[0];
 	maildir_writer.writer = xstrdup(writer);
 	maildir_writer.config_path = xstrdup(config_path);
+	maildir_writer.start = maildir_writer.end = 0;
 	return true;
 }
 
@@ -194,90 +207,188 @@ maildir_writer_read_line(char *line, size_t size)
 {
 	size_t got = 0;
 
-	while (got + 1 < size)
+	for (;;)
 	{
-		ssize_t n = read(maildir_writer.from_fd, line + got, 1);
+		char  *nl;
+		size_t take;
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return false;
-		if (line[got] == '\n')
+		if (maildir_writer.start == maildir_writer.end)
+		{
+			ssize_t n = read(maildir_writer.from_fd, maildir_writer.input, sizeof(maildir_writer.input));
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				return false;
+			maildir_writer.start = 0;
+			maildir_writer.end = (size_t) n;
+		}
+		nl = memchr(maildir_writer.input + maildir_writer.start, '\n',
+					maildir_writer.end - maildir_writer.start);
+		take = (nl ? (size_t) (nl - maildir_writer.input) : maildir_writer.end) - maildir_writer.start;
+		/* What does not fit the line is dropped: the reply is checked, never trusted to be short. */
+		if (got + take >= size)
+			take = got + 1 < size ? size - 1 - got : 0;
+		memcpy(line + got, maildir_writer.input + maildir_writer.start, take);
+		got += take;
+		maildir_writer.start = nl ? (size_t) (nl - maildir_writer.input) + 1 : maildir_writer.end;
+		if (nl)
 		{
 			line[got] = '\0';
 			return true;
 		}
-		got++;
 	}
-	line[got] = '\0';
-	return true;
+}
+
+/* One row of a batch for the helper: its request, and what the helper answered. */
+struct maildir_job
+{
+	struct pepsi_ctx	*ctx;
+	char				*name; /* the mailbox */
+	struct buf			 request;
+	bool				 answered;
+	struct maildir_reply reply;
+};
+
+/* Why the helper answered no more: its end, in a sentence, as every unanswered row's reply. */
+static void
+maildir_writer_lost(struct maildir_job *jobs, size_t n)
+{
+	int	 status = maildir_writer_end();
+	char text[256];
+
+	if (status != -1 && WIFSIGNALED(status))
+		snprintf(text, sizeof(text), "the maildir writer was killed by signal %d", WTERMSIG(status));
+	else
+		snprintf(text, sizeof(text), "the maildir writer gave no answer (exit status %d)",
+				 status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	for (size_t i = 0; i < n; i++)
+		if (!jobs[i].answered)
+		{
+			snprintf(jobs[i].reply.status, sizeof(jobs[i].reply.status), "4.3.0");
+			snprintf(jobs[i].reply.text, sizeof(jobs[i].reply.text), "%s", text);
+			jobs[i].answered = true;
+		}
+}
+
+/* Send the unanswered jobs' requests, each with its message, the batch's last without "hold". */
+static void
+maildir_writer_send(struct maildir_job *jobs, size_t n)
+{
+	struct buf head = BUF_INIT;
+	size_t	   last = n;
+
+	for (size_t i = 0; i < n; i++)
+		if (!jobs[i].answered)
+			last = i;
+	for (size_t i = 0; i < n; i++)
+	{
+		const struct buf *headers;
+		const struct buf *body;
+		bool			  sent;
+
+		if (jobs[i].answered)
+			continue;
+		headers = pepsi_headers(jobs[i].ctx);
+		body = pepsi_body(jobs[i].ctx);
+		/* The request, its end and the headers in one write; the body straight from the row. */
+		buf_append(&head, jobs[i].request.data, jobs[i].request.len);
+		buf_append_str(&head, i == last ? "\n" : "hold yes\n\n");
+		buf_append(&head, headers->data ? headers->data : "", headers->len);
+		buf_append_str(&head, "\r\n");
+		sent = fd_write_all(maildir_writer.to_fd, head.data, head.len)
+			   && fd_write_all(maildir_writer.to_fd, body->data ? body->data : "", body->len);
+		buf_reset(&head);
+		/* A write the helper did not wait for (it refused, and ended) shows in its answers. */
+		if (!sent)
+			break;
+	}
+	buf_free(&head);
 }
 
 /*
- * Have the helper deliver: the request and the message (headers, CRLF,
- * body) down its standard input, its one line back.  false (with a reply
- * saying why) when it could not run or ended without answering.
+ * Have the helper deliver the jobs (all of the same writer and
+ * configuration): every request and message down its standard input, the
+ * batch's replies back, in order.  A helper that ends after a refusal or
+ * an "again" (another owner) leaves the requests after it unanswered:
+ * they go to a new helper, for as long as each one answers some.  Every
+ * job has its reply at the end, a 4.3.0 when the helper could not run or
+ * ended without answering.
  */
-static bool
-maildir_run_writer(const char *writer, const char *config_path, const struct buf *request,
-				   const struct buf *headers, const struct buf *body, struct maildir_reply *reply)
+static void
+maildir_writer_deliver(struct maildir_job *jobs, size_t n, const char *writer, const char *config_path)
 {
-	char  answer[MAILDIR_REPLY_MAX + 32];
-	char *space;
-	int	  status;
+	struct maildir_reply cannot = {.status = ""};
 
 	/* A helper of another program or file is not ours to reuse. */
 	if (maildir_writer.pid > 0
 		&& (strcmp(maildir_writer.writer, writer) != 0 || strcmp(maildir_writer.config_path, config_path) != 0))
 		maildir_writer_end();
-	for (int attempt = 0; attempt < 2; attempt++)
+	for (;;)
 	{
-		if (maildir_writer.pid == 0 && !maildir_writer_start(writer, config_path, reply))
-			goto fail;
-		/* A write the helper did not wait for (it refused) shows in its answer. */
-		if (fd_write_all(maildir_writer.to_fd, request->data, request->len)
-			&& fd_write_all(maildir_writer.to_fd, headers->data ? headers->data : "", headers->len)
-			&& fd_write_all(maildir_writer.to_fd, "\r\n", 2))
-			(void) fd_write_all(maildir_writer.to_fd, body->data ? body->data : "", body->len);
-		if (!maildir_writer_read_line(answer, sizeof(answer)))
-		{
-			status = maildir_writer_end();
-			if (status != -1 && WIFSIGNALED(status))
-				snprintf(reply->text, sizeof(reply->text), "the maildir writer was killed by signal %d",
-						 WTERMSIG(status));
-			else
-				snprintf(reply->text, sizeof(reply->text),
-						 "the maildir writer gave no answer (exit status %d)",
-						 status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-			goto fail;
-		}
-		/* Another owner than the one the helper became: a new helper, once. */
-		if (strncmp(answer, "again ", 6) == 0)
-		{
-			maildir_writer_end();
-			continue;
-		}
-		break;
-	}
-	space = strchr(answer, ' ');
-	if (space == NULL || space - answer >= (long) sizeof(reply->status) || answer[1] != '.'
-		|| (answer[0] != '2' && answer[0] != '4' && answer[0] != '5'))
-	{
-		snprintf(reply->text, sizeof(reply->text), "the maildir writer answered \"%.100s\"", answer);
-		maildir_writer_end();
-		goto fail;
-	}
-	*space = '\0';
-	memcpy(reply->status, answer, (size_t) (space - answer) + 1);
-	snprintf(reply->text, sizeof(reply->text), "%s", space + 1);
-	/* Anything but a delivery ends the helper: reap it. */
-	if (answer[0] != '2')
-		maildir_writer_end();
-	return true;
+		size_t answered = 0;
+		size_t left = 0;
+		bool   ended = false;
 
-fail:
-	snprintf(reply->status, sizeof(reply->status), "4.3.0");
-	return false;
+		if (maildir_writer.pid == 0 && !maildir_writer_start(writer, config_path, &cannot))
+		{
+			for (size_t i = 0; i < n; i++)
+				if (!jobs[i].answered)
+				{
+					snprintf(jobs[i].reply.status, sizeof(jobs[i].reply.status), "4.3.0");
+					memcpy(jobs[i].reply.text, cannot.text, sizeof(jobs[i].reply.text));
+					jobs[i].answered = true;
+				}
+			return;
+		}
+		maildir_writer_send(jobs, n);
+		for (size_t i = 0; i < n && !ended; i++)
+		{
+			char  answer[MAILDIR_REPLY_MAX + 32];
+			char *space;
+
+			if (jobs[i].answered)
+				continue;
+			if (!maildir_writer_read_line(answer, sizeof(answer)))
+				break;
+			answered++;
+			/* Another owner than the one the helper became: a new helper for it and the rest. */
+			if (strncmp(answer, "again ", 6) == 0)
+			{
+				ended = true;
+				break;
+			}
+			space = strchr(answer, ' ');
+			jobs[i].answered = true;
+			if (space == NULL || space - answer >= (long) sizeof(jobs[i].reply.status) || answer[1] != '.'
+				|| (answer[0] != '2' && answer[0] != '4' && answer[0] != '5'))
+			{
+				snprintf(jobs[i].reply.status, sizeof(jobs[i].reply.status), "4.3.0");
+				snprintf(jobs[i].reply.text, sizeof(jobs[i].reply.text),
+						 "the maildir writer answered \"%.100s\"", answer);
+				ended = true;
+				continue;
+			}
+			*space = '\0';
+			memcpy(jobs[i].reply.status, answer, (size_t) (space - answer) + 1);
+			snprintf(jobs[i].reply.text, sizeof(jobs[i].reply.text), "%s", space + 1);
+			/* Anything but a delivery ends the helper. */
+			if (answer[0] != '2')
+				ended = true;
+		}
+		for (size_t i = 0; i < n; i++)
+			left += !jobs[i].answered;
+		if (left == 0 && !ended)
+			return;
+		if (answered == 0)
+		{
+			maildir_writer_lost(jobs, n); /* killed, or gone without a word: no second try now */
+			return;
+		}
+		maildir_writer_end();
+		if (left == 0)
+			return;
+	}
 }
 
 /* The choices of MAILBOX (common/options.def), in order. */
@@ -301,76 +412,181 @@ enum maildir_over_quota
 	MAILDIR_OVER_QUOTA_RETRY
 };
 
+/* The helper and the file it reads, for this row's section. */
+static void
+maildir_writer_for(struct pepsi_ctx *ctx, char **writer, const char **config_path)
+{
+	const char *config = pepsi_option_text(ctx, "MAILDIR_WRITER_CONFIG");
+
+	*writer = maildir_writer_path(pepsi_option_text(ctx, "MAILDIR_WRITER"));
+	*config_path = config ? config : pepsi_config(ctx)->path;
+}
+
+/* The request for a row of one recipient whose mailbox has a name (the helper's lines, without the empty one). */
+static void
+maildir_job_init(struct pepsi_ctx *ctx, char *name, struct maildir_job *job)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	const struct buf *body = pepsi_body(ctx);
+
+	memset(job, 0, sizeof(*job));
+	job->ctx = ctx;
+	job->name = name;
+	buf_printf(&job->request, "section stage-%s\nrecipient %s\nsender %s\nmailbox %s\ncreate %s\nsize %zu\n",
+			   pepsi_stage_name(ctx), pepsi_rcpt(ctx, 0), pepsi_mail_from(ctx), name,
+			   pepsi_option_bool(ctx, "CREATE_MAILBOXES") ? "yes" : "no",
+			   (headers ? headers->len : 0) + 2 + (body ? body->len : 0));
+}
+
+static void
+maildir_job_free(struct maildir_job *job)
+{
+	free(job->name);
+	buf_free(&job->request);
+}
+
+/* The batch the helper delivered before the passes (maildir_prepare); run concludes each row from it. */
+static struct maildir_job *maildir_batch;
+static size_t			   maildir_batch_len;
+
+static void
+maildir_batch_free(void)
+{
+	for (size_t i = 0; i < maildir_batch_len; i++)
+		maildir_job_free(&maildir_batch[i]);
+	free(maildir_batch);
+	maildir_batch = NULL;
+	maildir_batch_len = 0;
+}
+
+/*
+ * Deliver the batch's rows at once: one helper, their files written, then
+ * fsynced and renamed, their new/ fsynced once, before any row commits.
+ * The rows of one recipient and a mailbox name, of the first row's helper
+ * and configuration; run delivers any other alone.
+ */
+static void
+maildir_prepare(struct pepsi_ctx *const *ctxs, size_t count)
+{
+	char	   *writer = NULL;
+	const char *config_path = NULL;
+
+	maildir_batch_free();
+	maildir_batch = xcalloc(count, sizeof(*maildir_batch));
+	for (size_t i = 0; i < count; i++)
+	{
+		struct pepsi_ctx *ctx = ctxs[i];
+		const char		 *root = maildir_root(pepsi_config(ctx), pepsi_option(ctx, "MAILDIR_ROOT"));
+		char			 *name;
+		char			 *row_writer;
+		const char		 *row_config;
+
+		if (pepsi_rcpt_count(ctx) != 1 || root == NULL || pepsi_headers(ctx) == NULL
+			|| pepsi_body(ctx) == NULL)
+			continue;
+		if ((name = maildir_mailbox_name(pepsi_rcpt(ctx, 0), pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART)) == NULL)
+			continue;
+		maildir_writer_for(ctx, &row_writer, &row_config);
+		if (row_writer == NULL || (writer && (strcmp(row_writer, writer) != 0 || strcmp(row_config, config_path) != 0)))
+		{
+			free(row_writer);
+			free(name);
+			continue;
+		}
+		if (writer == NULL)
+		{
+			writer = row_writer;
+			config_path = row_config;
+		}
+		else
+			free(row_writer);
+		maildir_job_init(ctx, name, &maildir_batch[maildir_batch_len++]);
+	}
+	if (maildir_batch_len > 0)
+		maildir_writer_deliver(maildir_batch, maildir_batch_len, writer, config_path);
+	free(writer);
+}
+
 static int
 maildir_run(struct pepsi_ctx *ctx)
 {
 	const struct pepsi_config *cfg = pepsi_config(ctx);
 	const char				  *root = maildir_root(cfg, pepsi_option(ctx, "MAILDIR_ROOT"));
 	bool					   localpart = pepsi_option_enum(ctx, "MAILBOX") == MAILDIR_MAILBOX_LOCALPART;
-	bool					   create = pepsi_option_bool(ctx, "CREATE_MAILBOXES");
-	const char				  *config_path = pepsi_option_text(ctx, "MAILDIR_WRITER_CONFIG");
 	const char				  *rcpt;
 	char					  *name = NULL;
 	char					  *writer = NULL;
-	struct buf				   request = BUF_INIT;
-	const struct buf		  *headers;
-	const struct buf		  *body;
+	const char				  *config_path;
+	struct maildir_job		   alone;
+	struct maildir_job		  *job = NULL;
 	struct buf				   diagnostic = BUF_INIT;
-	struct maildir_reply	   reply;
+	struct maildir_reply	  *reply;
 	struct delivery_report	   report = {.relay = "local"};
 	int						   rc;
 
-	memset(&reply, 0, sizeof(reply));
 	if (pepsi_rcpt_count(ctx) > 1 && pepsi_split_to_one_per_row(ctx) < 0)
 		return -1;
-	if ((headers = pepsi_headers(ctx)) == NULL || (body = pepsi_body(ctx)) == NULL)
+	if (pepsi_headers(ctx) == NULL || pepsi_body(ctx) == NULL)
 		return -1;
 	rcpt = pepsi_rcpt(ctx, 0);
 	if (root == NULL)
 		return pepsi_error(ctx, "[stage-%s] has no MAILDIR_ROOT", pepsi_stage_name(ctx));
 
-	/* Never a path: "/", "..", control characters and over-long names stop here (and in the helper). */
-	if ((name = maildir_mailbox_name(rcpt, localpart)) == NULL)
+	for (size_t i = 0; i < maildir_batch_len && job == NULL; i++)
+		if (maildir_batch[i].ctx == ctx && maildir_batch[i].answered)
+		{
+			job = &maildir_batch[i];
+			job->ctx = NULL; /* this pass's reply: not again for a later hop of the same row */
+		}
+	if (job == NULL)
 	{
-		buf_printf(&diagnostic, "X-Pepsi; <%s> cannot name a mailbox", rcpt);
-		report.status = "5.1.3";
-		report.diagnostic = diagnostic.data;
-		rc = delivery_bounced(ctx, &report);
-		goto done;
+		/* Never a path: "/", "..", control characters and over-long names stop here (and in the helper). */
+		if ((name = maildir_mailbox_name(rcpt, localpart)) == NULL)
+		{
+			buf_printf(&diagnostic, "X-Pepsi; <%s> cannot name a mailbox", rcpt);
+			report.status = "5.1.3";
+			report.diagnostic = diagnostic.data;
+			rc = delivery_bounced(ctx, &report);
+			goto done;
+		}
+		maildir_writer_for(ctx, &writer, &config_path);
+		if (writer == NULL)
+		{
+			free(name);
+			return pepsi_error(ctx, "cannot find my own executable");
+		}
+		maildir_job_init(ctx, name, &alone);
+		maildir_writer_deliver(&alone, 1, writer, config_path);
+		job = &alone;
 	}
-	if ((writer = maildir_writer_path(pepsi_option_text(ctx, "MAILDIR_WRITER"))) == NULL)
-		return pepsi_error(ctx, "cannot find my own executable");
-	buf_printf(&request, "section stage-%s\nrecipient %s\nsender %s\nmailbox %s\ncreate %s\nsize %zu\n\n",
-			   pepsi_stage_name(ctx), rcpt, pepsi_mail_from(ctx), name, create ? "yes" : "no",
-			   headers->len + 2 + body->len);
-	maildir_run_writer(writer, config_path ? config_path : cfg->path, &request, headers, body, &reply);
-	buf_printf(&diagnostic, "X-Pepsi; %s", reply.text);
-	report.status = reply.status;
+	reply = &job->reply;
+	buf_printf(&diagnostic, "X-Pepsi; %s", reply->text);
+	report.status = reply->status;
 	report.diagnostic = diagnostic.data;
-	if (reply.status[0] == '2')
+	if (reply->status[0] == '2')
 	{
 		/* The file's name is for the debug log; the delivery log says where, not which file. */
-		log_debug("row %lld: <%s> %s", pepsi_id(ctx), rcpt, reply.text);
+		log_debug("row %lld: <%s> %s", pepsi_id(ctx), rcpt, reply->text);
 		buf_reset(&diagnostic);
 		buf_printf(&diagnostic, "X-Pepsi; delivered to maildir");
 		report.diagnostic = diagnostic.data;
 		rc = delivery_succeeded(ctx, "delivered", &report, false);
 	}
-	else if (strcmp(reply.status, "5.2.2") == 0)
+	else if (strcmp(reply->status, "5.2.2") == 0)
 	{
 		bool retry = pepsi_option_enum(ctx, "OVER_QUOTA_STATUS") == MAILDIR_OVER_QUOTA_RETRY;
 
 		report.status = retry ? "4.2.2" : "5.2.2";
 		rc = retry ? delivery_deferred(ctx, &report) : delivery_bounced(ctx, &report);
 	}
-	else if (reply.status[0] == '5')
+	else if (reply->status[0] == '5')
 		rc = delivery_bounced(ctx, &report);
 	else
 		rc = delivery_deferred(ctx, &report); /* a full disk, permissions, a killed helper: retry */
+	if (job == &alone)
+		maildir_job_free(&alone);
 done:
-	free(name);
 	free(writer);
-	buf_free(&request);
 	buf_free(&diagnostic);
 	return rc;
 }
@@ -408,6 +624,8 @@ const struct pepsi_stage pepsi_stage_relay_to_maildir_stage = {
 	.run = maildir_run,
 	.can_fuse = maildir_can_fuse,
 	.check_config = maildir_check_config,
+	.batch_max = MAILDIR_BATCH_MAX,
+	.prepare = maildir_prepare,
 };
 
 int
