@@ -30,6 +30,9 @@
 
 int pepsi_stage_relay_to_lmtp_main(int argc, char **argv);
 
+/* The most rows a worker takes at once (of those waiting): one load, one commit of their outcomes. */
+#define LMTP_BATCH_MAX 16
+
 /* The session of this worker, kept across messages. */
 static struct smtp_client *lmtp_client;
 
@@ -215,6 +218,8 @@ const struct pepsi_stage pepsi_stage_relay_to_lmtp_stage = {
 	.run = lmtp_run,
 	.can_fuse = lmtp_can_fuse,
 	.check_config = lmtp_check_config,
+	/* The rows waiting go through the session one after another, loaded and committed together. */
+	.batch_max = LMTP_BATCH_MAX,
 };
 
 int
