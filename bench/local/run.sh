@@ -11,7 +11,9 @@
 # one recipient a message:
 #   lmtp   pepsi:   pepsi-ingress -> pepsi-dispatch -> init (route) ->
 #                   relay-to-lmtp (BENCH_LOCAL_WORKERS workers, default 50,
-#                   each with its LMTP session) -> Dovecot's LMTP socket,
+#                   each with its LMTP session, taking up to
+#                   BENCH_LOCAL_QUEUE rows at once, default 64: one load
+#                   and one commit for them) -> Dovecot's LMTP socket,
 #                   the queue a durable cluster (fsync, synchronous_commit:
 #                   bench/lib.sh)
 #          postfix: a private stock Postfix (its own config and queue,
@@ -19,10 +21,13 @@
 #                   the same socket, at its stock concurrency (20 sessions
 #                   to one destination)
 #   maildir pepsi:  ... init (route) -> relay-to-maildir (BENCH_LOCAL_WORKERS
-#                   workers) -> pepsi-helper-maildir-writer, a set-user-id
-#                   root copy here as make install has it, writing as the
-#                   mailboxes' owner (the unprivileged user); each file and
-#                   new/ fsynced, the row then finished in the same cluster
+#                   workers, the rows waiting taken as a batch of up to
+#                   BENCH_LOCAL_QUEUE) -> pepsi-helper-maildir-writer, a
+#                   set-user-id root copy here as make install has it,
+#                   writing as the mailboxes' owner (the unprivileged user);
+#                   each file fsynced and each new/ of the batch fsynced
+#                   before the helper answers, the rows then finished in
+#                   the same cluster
 #          postfix: the same stock Postfix whose virtual(8) delivers to
 #                   Maildirs of its own on the same disk, as the same owner
 #                   (virtual_uid_maps), at its stock concurrency; it fsyncs
@@ -33,7 +38,9 @@
 # Maildirs.  The sides alternate, BENCH_REPEATS times (default 5); each
 # run's ratio is printed, then the medians in messages per second with the
 # ratio pepsi/postfix and the spread (target: median ratio >= 1.5), and
-# the load average before and after.
+# the load average before and after.  BENCH_PROFILE=1: the cluster keeps
+# pg_stat_statements, and after each Pepsi run the log gets its statements
+# (calls, mean and total ms) and the workers' load and commit counts.
 #
 # Needs: postfix, dovecot-core and dovecot-lmtpd (scripts/deps.sh),
 # pepsi-ingress, pepsi-dispatch and the stages built, the extension
@@ -54,6 +61,8 @@ sessions=${BENCH_SESSIONS:-20}
 messages=${BENCH_MESSAGES:-20000}
 users=${BENCH_USERS:-100}
 workers=${BENCH_LOCAL_WORKERS:-50}
+queue=${BENCH_LOCAL_QUEUE:-64}
+profile=${BENCH_PROFILE:-0}
 domain=local.bench.test
 log=$(bench_log "local-$mode")
 
@@ -79,7 +88,12 @@ else
 fi
 [ $((messages % users)) -eq 0 ] || { echo "BENCH_MESSAGES must be a multiple of BENCH_USERS" >&2; exit 2; }
 
-bench_cluster_start "max_connections = 200"
+if [ "$profile" = 1 ]; then
+    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200"
+fi
 dovecot_dir=$(mktemp -d /tmp/pepsi-bench-dovecot.XXXXXX)
 postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 pepsi_port=$(bench_free_port)
@@ -102,7 +116,7 @@ QUEUE_LIMIT = 256
 PROGRAM = pepsi-stage-relay-to-lmtp
 SERVER = $socket
 PARALLELISM = $workers
-QUEUE_LIMIT = 4"
+QUEUE_LIMIT = $queue"
     # Stock Postfix apart from where it lives (bench/lib.sh) and where local mail goes.
     bench_postfix_start "$postfix_dir" "$postfix_port" "mydestination = $domain" \
         "local_recipient_maps =" "local_transport = lmtp:unix:$socket"
@@ -142,7 +156,7 @@ PROGRAM = pepsi-stage-relay-to-maildir
 MAILDIR_ROOT = $pepsi_maildir
 MAILDIR_WRITER = $sbin/pepsi-helper-maildir-writer
 PARALLELISM = $workers
-QUEUE_LIMIT = 4"
+QUEUE_LIMIT = $queue"
     for ((n = 0; n < users; n++)); do echo "user$n@$domain user$n@$domain/"; done >"$BENCH_DIR/vmailbox"
     # Stock Postfix apart from where it lives (bench/lib.sh) and its virtual
     # mailboxes: the same kind of Maildirs, the same owner.
@@ -218,10 +232,12 @@ measure() {
     start=$(date +%s.%N)
     send "$port"
     sent=$(date +%s.%N)
+    # Counting walks every new/: twice a second until the last tenth, then
+    # ten times, so the count takes little of the machine being measured.
     for _ in $(seq 1 6000); do
         n=$(delivered "$port")
         [ "$n" -ge "$messages" ] && break
-        sleep 0.1
+        if [ $((n * 10)) -lt $((messages * 9)) ]; then sleep 0.5; else sleep 0.1; fi
     done
     end=$(date +%s.%N)
     [ "$n" -ge "$messages" ] || { echo "only $n of $messages reached the Maildirs" >&2; return 1; }
@@ -231,7 +247,18 @@ measure() {
         printf "%.1f %.2f %.2f\n", n / (b - a), s - a, b - a }'
 }
 
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_reset() {
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    [ "$profile" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+    return 0
+}
+# With BENCH_PROFILE=1: where the database time of the run went, into the log.
+pepsi_profile() {
+    [ "$profile" = 1 ] || return 0
+    bench_psql -c "SELECT calls, round(mean_exec_time::numeric, 3) AS mean_ms,
+            round(total_exec_time::numeric) AS total_ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+        FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15" >>"$log"
+}
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 min() { printf '%s\n' "$@" | sort -g | head -1; }
@@ -241,7 +268,7 @@ max() { printf '%s\n' "$@" | sort -g | tail -1; }
 "start_sides_$mode"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench/local $mode: $messages messages of 2 KB to $users users over $sessions sessions," \
-    "$repeats runs each side, alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $workers delivery workers;" \
+    "$repeats runs each side, alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $workers delivery workers of up to $queue rows each;" \
     "Postfix $([ "$mode" = lmtp ] && echo lmtp || echo virtual) concurrency $(/usr/sbin/postconf -c "$postfix_dir/etc" -h \
         "$([ "$mode" = lmtp ] && echo lmtp || echo virtual)_destination_concurrency_limit" 2>/dev/null \
         | sed "s/\$default_destination_concurrency_limit/$(/usr/sbin/postconf -c "$postfix_dir/etc" -h default_destination_concurrency_limit)/")"
@@ -251,6 +278,7 @@ for ((r = 1; r <= repeats; r++)); do
     fresh_mailboxes
     sleep 1
     read -r rate accepted delivered < <(measure "$pepsi_port")
+    pepsi_profile
     left=$(pepsi_left)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
     pepsi_rates+=("$rate")
