@@ -72,7 +72,18 @@
 #                             programs ($BENCH_PEPSI_FLAVOUR says which).
 #                             Sets BENCH_INGRESS_PID and BENCH_DISPATCH_PID;
 #                             stopped by bench_cleanup or bench_pepsi_stop
+#                             The configuration is $BENCH_DIR/pepsi.conf,
+#                             or $BENCH_PEPSI_CONF when set
 #   bench_pepsi_stop          stop them (to start again with other stages)
+#   bench_root_dir            make BENCH_ROOT_DIR, a directory under /tmp
+#                             that only root may write (a set-user-id
+#                             helper trusts a configuration only when root
+#                             owns its whole path); removed by bench_cleanup
+#   bench_dispatch_user       the [dispatch] USER line as root (the
+#                             unprivileged user: pepsi-dispatch refuses to
+#                             run stages as root), nothing otherwise; what
+#                             the stages read must be readable by that user
+#                             (give_to_user)
 #   bench_dovecot_start DIR   a private Dovecot in DIR (a new directory:
 #                             base_dir, Maildirs under DIR/mail/<user>,
 #                             static userdb) as the unprivileged user,
@@ -111,6 +122,8 @@ BENCH_DNS_PID=
 BENCH_INGRESS_PID=
 BENCH_DISPATCH_PID=
 BENCH_PEPSI_FLAVOUR=
+BENCH_PEPSI_CONF=
+BENCH_ROOT_DIR=
 
 bench_cleanup() {
     local dir pid
@@ -130,6 +143,8 @@ bench_cleanup() {
         rm -rf "$dir"
     done
     BENCH_DOVECOT_DIRS=()
+    [ -z "$BENCH_ROOT_DIR" ] || rm -rf "$BENCH_ROOT_DIR"
+    BENCH_ROOT_DIR=
     [ -n "$BENCH_DIR" ] && [ -d "$BENCH_DIR" ] || return 0
     if [ -f "$BENCH_DIR/data/postmaster.pid" ]; then
         as_user "$PGBIN/pg_ctl" -D "$BENCH_DIR/data" -m immediate stop >/dev/null 2>&1 || true
@@ -355,7 +370,7 @@ bench_dns_start() {
 }
 
 bench_pepsi_start() {
-    local port=$1 stages=$2 listener=${3:-} pepsi_lines=${4:-} bin="$bench_top/build/bin" conf="$BENCH_DIR/pepsi.conf" run
+    local port=$1 stages=$2 listener=${3:-} pepsi_lines=${4:-} bin="$bench_top/build/bin" conf=${BENCH_PEPSI_CONF:-$BENCH_DIR/pepsi.conf} run
     if [ -x "$bin/pepsi" ] && { "$bin/pepsi" 2>&1 || true; } | grep -q pepsi-dispatch; then
         run="$bin/pepsi"
         BENCH_PEPSI_FLAVOUR="multi-call binary"
@@ -372,6 +387,7 @@ CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
 [dispatch]
 POLL_INTERVAL = 1s
 WORKER_IDLE_TIMEOUT = 60s
+$(bench_dispatch_user)
 [ingress]
 USER = $PEPSI_USER
 DISPATCH_WAKE_INTERVAL = 5ms
@@ -387,6 +403,15 @@ CONF
     ${run:-$bin/pepsi-ingress} ${run:+pepsi-ingress} -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
     BENCH_INGRESS_PID=$!
     bench_wait_port "$port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+bench_root_dir() {
+    BENCH_ROOT_DIR=$(mktemp -d /tmp/pepsi-bench-root.XXXXXX)
+    chmod 755 "$BENCH_ROOT_DIR"
+}
+
+bench_dispatch_user() {
+    [ "$(id -u)" -ne 0 ] || echo "USER = $PEPSI_USER"
 }
 
 bench_pepsi_stop() {

@@ -4,10 +4,11 @@
  * step checked and the result verified.
  *
  * Two kinds of caller: a daemon started as root becomes its configured
- * user once its sockets are bound (pepsi-ingress, pepsi-httpd:
- * privilege_drop, privilege_config.c); a setuid-root helper (helpers/)
- * checks that its caller is of the group it serves and becomes the user
- * whose files it touches before it opens any of them (privilege_become).
+ * user once it holds what only root may open (pepsi-ingress, pepsi-httpd,
+ * pepsi-dispatch: privilege_drop, privilege_config.c); a setuid-root
+ * helper (helpers/) checks that its caller is of the group it serves and
+ * becomes the user whose files it touches before it opens any of them
+ * (privilege_become).
  * This file itself links nothing but libc and log.c, so that the helpers
  * can use it without the configuration loader.
  */
@@ -22,10 +23,10 @@ struct pepsi_config;
 
 /*
  * Become [section] USER (and GROUP, else the user's primary group).
- * Fatal when USER is unset and we are root (a daemon never runs as root),
- * when the user or group does not exist, or when a non-root process is
- * asked to become someone else; a process already running as USER (make
- * run, the tests) keeps running as it is.
+ * Fatal when USER is unset and we are root, or names root (a daemon never
+ * runs as root), when the user or group does not exist, or when a
+ * non-root process is asked to become someone else; a process already
+ * running as USER (make run, the tests) keeps running as it is.
  */
 void privilege_drop(const struct pepsi_config *cfg, const char *section);
 

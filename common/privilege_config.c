@@ -1,6 +1,7 @@
 /*
  * privilege_config.c: privilege_drop (privilege.h), the daemons' drop to
- * their configured [section] USER and GROUP.  Apart from privilege.c so
+ * their configured [section] USER and GROUP (pepsi-ingress, pepsi-httpd,
+ * pepsi-dispatch and so its stage workers).  Apart from privilege.c so
  * that the setuid helpers, which read no configuration, link without it.
  */
 #include <grp.h>
@@ -15,8 +16,8 @@
 void
 privilege_drop(const struct pepsi_config *cfg, const char *section)
 {
-	const char	  *user = config_get(cfg, section, "USER");
-	const char	  *group = config_get(cfg, section, "GROUP");
+	const char	  *user = config_text(cfg, section, "USER");
+	const char	  *group = config_text(cfg, section, "GROUP");
 	struct passwd *pw;
 	gid_t		   gid;
 	char		   err[256];
@@ -29,6 +30,9 @@ privilege_drop(const struct pepsi_config *cfg, const char *section)
 	}
 	if ((pw = getpwnam(user)) == NULL)
 		fatalx("%s: [%s] USER %s: no such user", cfg->path, section, user);
+	if (pw->pw_uid == 0)
+		fatalx("%s: [%s] USER %s: refusing to run as root: name an unprivileged user",
+			   cfg->path, section, user);
 	if (geteuid() != 0)
 	{
 		/* Started as that user already (make run, the tests): nothing to drop. */

@@ -32,17 +32,26 @@ give_to_user() {
     return 0
 }
 
-# run_config_make RUN_DIR PGPORT BIN: RUN_DIR/pepsi.conf, the system's
-# configuration as `make run` starts it (docs/pepsi.conf.sample with the
-# run's places filled in), and what that graph reads, each made once: a
-# self-signed certificate for STARTTLS, the DKIM key, the SRS secret.
-# Remote mail goes to the smarthost stages, which hold it paused while no
-# SMARTHOST is set: a demonstration never sends mail to the internet.
-# bench/fairness measures the same graph from the same function.
+# The system user the daemons run as ([dispatch], [ingress], [httpd]
+# USER): the unprivileged user as root, else whoever runs them.
+daemon_user() {
+    if [ "$(id -u)" -eq 0 ]; then echo "$PEPSI_USER"; else id -un; fi
+}
+
+# run_config_make RUN_DIR PGPORT BIN [PGHOST]: RUN_DIR/pepsi.conf, the
+# system's configuration as `make run` starts it (docs/pepsi.conf.sample
+# with the run's places filled in: the cluster at PGHOST, default
+# 127.0.0.1, and PGPORT; the daemons as daemon_user), and what that graph
+# reads, each made once: a self-signed certificate for STARTTLS, the DKIM
+# key, the SRS secret (the last two the daemons' user's: the stages read
+# them).  Remote mail goes to the smarthost stages, which hold it paused
+# while no SMARTHOST is set: a demonstration never sends mail to the
+# internet.  bench/fairness measures the same graph from the same function.
 run_config_make() {
-    local run_dir=$1 port=$2 bin=$3
+    local run_dir=$1 port=$2 bin=$3 host=${4:-127.0.0.1}
     local conf="$run_dir/pepsi.conf" tls="$run_dir/tls" record
-    sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" \
+    sed -e "s|@RUN_DIR@|$run_dir|g" -e "s|@PGPORT@|$port|g" -e "s|@PGHOST@|$host|g" \
+        -e "s|^USER = pepsi$|USER = $(daemon_user)|" \
         -e "s|^NEXT_STAGE = internet$|NEXT_STAGE = smarthost|" \
         -e "s|^NEXT_STAGE = dsn-internet$|NEXT_STAGE = dsn-smarthost|" \
         "$(dirname "${BASH_SOURCE[0]}")/../docs/pepsi.conf.sample" >"$conf"
@@ -73,6 +82,6 @@ run_config_make() {
     if [ ! -f "$run_dir/srs/secret" ]; then
         mkdir -p "$run_dir/srs"
         (umask 077 && head -c 24 /dev/urandom | base64 >"$run_dir/srs/secret")
-        give_to_user "$run_dir/srs"
     fi
+    give_to_user "$run_dir/dkim" "$run_dir/srs"
 }

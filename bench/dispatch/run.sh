@@ -90,6 +90,7 @@ POLL_INTERVAL = 1s
 WORKER_IDLE_TIMEOUT = 1h
 SPAWN_COOLDOWN = 1h
 STATS_INTERVAL = 1h
+$(bench_dispatch_user)
 
 [stage-s1]
 PROGRAM = pepsi-stage-if

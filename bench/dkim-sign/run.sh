@@ -81,13 +81,17 @@ sink_port=$(bench_free_port)
 bench_sink_start "$sink_port"
 relay_to=$sink_port
 
-# One key per algorithm, shared by both sides.
+# One key per algorithm, the same for both sides: each side's copy
+# readable by its signer alone (the dispatcher's user, opendkim).
 keys="$BENCH_DIR/keys"
+opendkim_keys="$BENCH_DIR/opendkim-keys"
 mkdir -p "$keys"
 for a in $algorithms; do
     "$bin/pepsi-keys" generate -a "$a" -o "$keys/$a.pem" >/dev/null
 done
-chown -R opendkim: "$keys" 2>/dev/null || true
+cp -a "$keys" "$opendkim_keys"
+give_to_user "$keys"
+chown -R opendkim: "$opendkim_keys" 2>/dev/null || true
 
 # start_pepsi ALGORITHM SIGN(yes|no): bench/relay's graph, with the
 # signing stage between route and relay when SIGN is yes.
@@ -129,7 +133,7 @@ start_postfix() {
 Mode                s
 Domain              example.org
 Selector            bench
-KeyFile             $keys/$algorithm.pem
+KeyFile             $opendkim_keys/$algorithm.pem
 SignatureAlgorithm  $algorithm
 Canonicalization    relaxed/relaxed
 OversignHeaders     From,To,Subject,Date

@@ -137,11 +137,16 @@ start_sides_maildir() {
     local sbin="$BENCH_DIR/sbin" n
     pepsi_maildir=$BENCH_DIR/pepsi-mail postfix_maildir=$postfix_dir/vmail
     make_mailboxes "$pepsi_maildir"
-    # The helper as make install has it: root's, set-user-id.  The
-    # dispatcher runs as root here, so its caller-group check passes.
+    # The helper as make install has it: root's, set-user-id.  The stages
+    # run as the unprivileged user ([dispatch] USER), whose group is the
+    # helper's caller group, and the helper reads a configuration only
+    # from a path root owns.
     mkdir -p "$sbin"
     install -o root -g root -m 4755 "$bench_top/build/bin/pepsi-helper-maildir-writer" "$sbin/"
+    bench_root_dir
+    BENCH_PEPSI_CONF=$BENCH_ROOT_DIR/pepsi.conf
     bench_pepsi_start "$pepsi_port" "[maildir-writer]
+CALLER_GROUP = $(id -gn "$PEPSI_USER")
 MAILBOXES = virtual
 VIRTUAL_USER = $PEPSI_USER
 [stage-init]

@@ -8,7 +8,8 @@
  * the statistics and exit 0; SIGHUP (like a config_changed notification)
  * re-reads the configuration and retires the workers so that their
  * replacements read it too.  A configuration whose stage graph is broken
- * is refused at start, and ignored (with a warning) on a reload.
+ * is refused at start, and ignored (with a warning) on a reload.  Started
+ * as root it runs as [dispatch] USER (privilege_drop), never as root.
  */
 #include <getopt.h>
 #include <limits.h>
@@ -22,6 +23,7 @@
 #include "dispatch.h"
 #include "log.h"
 #include "log_config.h"
+#include "privilege.h"
 #include "service.h"
 #include "xalloc.h"
 
@@ -200,6 +202,13 @@ pepsi_dispatch_main(int argc, char **argv)
 	dispatcher.self_exe = dispatch_self_exe();
 	base = strrchr(dispatcher.self_exe, '/');
 	dispatcher.self_multicall = strcmp(base ? base + 1 : dispatcher.self_exe, "pepsi") == 0;
+	/*
+	 * Stage workers parse mail and talk to the internet: started as root,
+	 * the dispatcher becomes [dispatch] USER before it connects or starts
+	 * one, and so do they.  What they read (this file on a reload, keys,
+	 * secrets, the database's password file) must be readable by USER.
+	 */
+	privilege_drop(dispatcher.cfg, "dispatch");
 	srandom((unsigned) (getpid() ^ time(NULL)));
 	signal(SIGPIPE, SIG_IGN);
 
