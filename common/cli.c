@@ -14,10 +14,12 @@
 #include "xalloc.h"
 
 PGconn *
-cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg, int *rc)
+cli_connect(const char *program, const char *config_path, enum cli_role role,
+			struct pepsi_config **cfg, int *rc)
 {
-	char	err[1024];
-	PGconn *conn;
+	const char *option = role == CLI_ROLE_MONITOR ? "MONITOR_CONNINFO" : "CONFIG_CONNINFO";
+	char		err[1024];
+	PGconn	   *conn;
 
 	if (config_path == NULL)
 		config_path = getenv("PEPSI_CONFIG");
@@ -29,7 +31,7 @@ cli_connect(const char *program, const char *config_path, struct pepsi_config **
 		*rc = CLI_EX_CONFIG;
 		return NULL;
 	}
-	if ((conn = db_connect(*cfg, program, err, sizeof(err))) == NULL)
+	if ((conn = db_connect_as(*cfg, "database", option, program, err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "%s: %s\n", program, err);
 		*rc = CLI_EX_TEMPFAIL;

@@ -21,9 +21,22 @@
 #define CLI_EX_NOPERM 77
 #define CLI_EX_CONFIG 78
 
-/* Load the configuration and connect; on failure print why and return NULL (*rc set). */
-PGconn *cli_connect(const char *program, const char *config_path, struct pepsi_config **cfg,
-					int *rc);
+/*
+ * The role a command connects as: a tool that only looks at aggregates as
+ * a member of pepsi_monitor ([database] MONITOR_CONNINFO), one that reads
+ * messages or changes anything as a member of pepsi_config
+ * ([database] CONFIG_CONNINFO); the database then enforces that a
+ * read-only command writes nothing.
+ */
+enum cli_role
+{
+	CLI_ROLE_MONITOR,
+	CLI_ROLE_CONFIG
+};
+
+/* Load the configuration and connect as role; on failure print why and return NULL (*rc set). */
+PGconn *cli_connect(const char *program, const char *config_path, enum cli_role role,
+					struct pepsi_config **cfg, int *rc);
 /* A workqueue id argument: a positive whole number that fits a bigint. */
 bool cli_parse_id(const char *text, long long *id);
 /*

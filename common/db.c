@@ -22,7 +22,8 @@ unsigned long db_transient_retries;
  * read.  libpq would only warn about the first and use the second.
  */
 static bool
-db_check_credentials(const struct pepsi_config *cfg, const char *conninfo, char *err, size_t errlen)
+db_check_credentials(const struct pepsi_config *cfg, const char *section, const char *option,
+					 const char *conninfo, char *err, size_t errlen)
 {
 	PQconninfoOption *options = PQconninfoParse(conninfo, NULL);
 	const char		 *passfile = getenv("PGPASSFILE");
@@ -43,7 +44,7 @@ db_check_credentials(const struct pepsi_config *cfg, const char *conninfo, char 
 	{
 		if ((f = secret_file_open(passfile, why, sizeof(why))) == NULL)
 		{
-			snprintf(err, errlen, "[database] password file %s", why);
+			snprintf(err, errlen, "[%s] %s: password file %s", section, option, why);
 			ok = false;
 		}
 		else
@@ -53,24 +54,43 @@ db_check_credentials(const struct pepsi_config *cfg, const char *conninfo, char 
 		&& (st.st_mode & (S_IRWXG | S_IRWXO)))
 	{
 		snprintf(err, errlen,
-				 "%s: [database] CONNINFO holds a password, and others may read the file (mode %04o);"
+				 "%s: [%s] %s holds a password, and others may read the file (mode %04o);"
 				 " refused: chmod 600 %s, or keep the password in a passfile",
-				 cfg->path, (unsigned) (st.st_mode & 07777), cfg->path);
+				 cfg->path, section, option, (unsigned) (st.st_mode & 07777), cfg->path);
 		ok = false;
 	}
 	PQconninfoFree(options);
 	return ok;
 }
 
+const char *
+db_conninfo(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	const char *conninfo = cfg ? config_text(cfg, section, option) : NULL;
+
+	if (conninfo == NULL && cfg)
+		conninfo = config_text(cfg, "database", "CONNINFO");
+	return conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO;
+}
+
 PGconn *
 db_connect(const struct pepsi_config *cfg, const char *application_name, char *err, size_t errlen)
 {
-	const char *conninfo = cfg ? config_get(cfg, "database", "CONNINFO") : NULL;
+	return db_connect_as(cfg, "database", "CONNINFO", application_name, err, errlen);
+}
+
+PGconn *
+db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
+			  const char *application_name, char *err, size_t errlen)
+{
 	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, application_name, NULL};
+	const char *values[] = {db_conninfo(cfg, section, option), application_name, NULL};
 	PGconn	   *conn;
 
-	if (!db_check_credentials(cfg, values[0], err, errlen))
+	/* The option that was used, for the messages. */
+	if (cfg == NULL || config_text(cfg, section, option) == NULL)
+		section = "database", option = "CONNINFO";
+	if (!db_check_credentials(cfg, section, option, values[0], err, errlen))
 		return NULL;
 	conn = PQconnectdbParams(keywords, values, 1);
 	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
@@ -78,7 +98,8 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 		char  *message = conn ? PQerrorMessage(conn) : "out of memory";
 		size_t n;
 
-		snprintf(err, errlen, "cannot connect to the database: %s", message);
+		snprintf(err, errlen, "cannot connect to the database as [%s] %s says: %s", section,
+				 option, message);
 		n = strlen(err);
 		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
 			err[--n] = '\0';

@@ -1,6 +1,6 @@
 /*
- * db.h: libpq helpers shared by the programs: connecting from
- * [database] CONNINFO, the configuration overlay, and statements that are
+ * db.h: libpq helpers shared by the programs: connecting as each
+ * program's role, the configuration overlay, and statements that are
  * retried when PostgreSQL reports a transient serialization failure or
  * deadlock (40001, 40P01).
  */
@@ -18,8 +18,22 @@
 /* Transient failures retried so far by this process (for statistics). */
 extern unsigned long db_transient_retries;
 
+/*
+ * Each program connects as a role of its own (least privilege): the
+ * pipeline from [database] CONNINFO, the others from their own option
+ * (db_conninfo: [ingress] CONNINFO, [database] MONITOR_CONNINFO, ...),
+ * which falls back to [database] CONNINFO, then PEPSI_DEFAULT_CONNINFO.
+ */
+const char *db_conninfo(const struct pepsi_config *cfg, const char *section, const char *option);
+/* db_connect_as for [database] CONNINFO. */
 PGconn *db_connect(const struct pepsi_config *cfg, const char *application_name,
 				   char *err, size_t errlen);
+/*
+ * Connect with [section] option (db_conninfo), after refusing a password
+ * file or a configuration holding a password that others may read.
+ */
+PGconn *db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
+					  const char *application_name, char *err, size_t errlen);
 /* Read pepsi.config_override into cfg; false with err if a row is refused. */
 bool db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
 

@@ -60,7 +60,7 @@ PostgreSQL::Test::Utils::append_to_file($passfile, "*:*:*:*:sekrit\n");
 chmod 0640, $passfile;
 ($rc, $err) = queue_list(conf('passfile.conf', "passfile=$passfile", 0644));
 isnt($rc, 0, 'a passfile its group may read: refused');
-like($err, qr/\[database\] password file \Q$passfile\E.*\(mode 0640\); refused: chmod 600/, 'with its mode and the fix');
+like($err, qr/\[database\] CONNINFO: password file \Q$passfile\E.*\(mode 0640\); refused: chmod 600/, 'with its mode and the fix');
 ($rc, $err) = queue_list(conf('passfile.conf', '', 0644), PGPASSFILE => $passfile);
 isnt($rc, 0, 'so is PGPASSFILE');
 like($err, qr/password file \Q$passfile\E/, 'named as well');

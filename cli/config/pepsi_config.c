@@ -199,15 +199,16 @@ config_change(PGconn *conn, const char *verb, const char *scope, const char *sec
 	return rc;
 }
 
-/* A file value as list shows it: a password in [database] CONNINFO is masked. */
+/* A file value as list shows it: a password in any CONNINFO is masked. */
 static char *
 config_shown_value(const struct config_entry *e)
 {
 	PQconninfoOption *options;
 	struct buf		  shown = BUF_INIT;
 	bool			  masked = false;
+	size_t			  option_len = strlen(e->option);
 
-	if (strcmp(e->section, "database") != 0 || strcmp(e->option, "CONNINFO") != 0
+	if (option_len < 8 || strcmp(e->option + option_len - 8, "CONNINFO") != 0
 		|| (options = PQconninfoParse(e->value, NULL)) == NULL)
 		return xstrdup(e->value);
 	for (PQconninfoOption *o = options; o->keyword; o++)
@@ -382,7 +383,7 @@ pepsi_config_main(int argc, char **argv)
 			return CLI_EX_DATAERR;
 		}
 	}
-	if ((conn = cli_connect("pepsi-config", config_path, &cfg, &rc)) == NULL)
+	if ((conn = cli_connect("pepsi-config", config_path, CLI_ROLE_CONFIG, &cfg, &rc)) == NULL)
 	{
 		free(section);
 		free(scope_copy);

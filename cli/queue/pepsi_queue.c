@@ -539,7 +539,13 @@ pepsi_queue_main(int argc, char **argv)
 	}
 	if (!queue_options_fit(command, &o, argc - optind))
 		return CLI_EX_USAGE;
-	if ((conn = cli_connect("pepsi-queue", o.config_path, &cfg, &rc)) == NULL)
+	/* The aggregates need no message: those two connect as a monitor. */
+	if ((conn = cli_connect("pepsi-queue", o.config_path,
+							strcmp(command, "shape") == 0 || strcmp(command, "summary") == 0
+								? CLI_ROLE_MONITOR
+								: CLI_ROLE_CONFIG,
+							&cfg, &rc))
+		== NULL)
 		return rc;
 
 	if (strcmp(command, "list") == 0)

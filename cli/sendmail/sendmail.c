@@ -344,7 +344,7 @@ pepsi_sendmail_main(int argc, char **argv)
 							  json_pack("{s:n,s:n}", "notify", "orcpt"));
 	state_text = json_dumps(state, JSON_COMPACT);
 
-	if ((conn = db_connect(cfg, "pepsi-sendmail", err, sizeof(err))) == NULL)
+	if ((conn = db_connect_as(cfg, "sendmail", "CONNINFO", "pepsi-sendmail", err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
 		return EX_TEMPFAIL;

@@ -234,7 +234,7 @@ pepsi_status_main(int argc, char **argv)
 		status_usage();
 		return CLI_EX_USAGE;
 	}
-	if ((conn = cli_connect("pepsi-status", config_path, &cfg, &rc)) == NULL)
+	if ((conn = cli_connect("pepsi-status", config_path, CLI_ROLE_MONITOR, &cfg, &rc)) == NULL)
 		return rc;
 	do
 	{

@@ -182,20 +182,9 @@ httpd_db(void)
 		PQfinish(httpd.conn);
 		httpd.conn = NULL;
 	}
-	if (config_get(httpd.cfg, "httpd", "CONNINFO"))
-	{
-		const char *keywords[] = {"dbname", "application_name", NULL};
-		const char *values[] = {config_get(httpd.cfg, "httpd", "CONNINFO"), "pepsi-httpd", NULL};
-
-		httpd.conn = PQconnectdbParams(keywords, values, 1);
-		if (PQstatus(httpd.conn) != CONNECTION_OK)
-		{
-			log_warnx("cannot connect to the database: %s", PQerrorMessage(httpd.conn));
-			PQfinish(httpd.conn);
-			httpd.conn = NULL;
-		}
-	}
-	else if ((httpd.conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err))) == NULL)
+	if ((httpd.conn = db_connect_as(httpd.cfg, "httpd", "CONNINFO", "pepsi-httpd", err,
+									sizeof(err)))
+		== NULL)
 		log_warnx("%s", err);
 	return httpd.conn;
 }
@@ -359,15 +348,16 @@ httpd_start(int listen_fd, const struct httpd_settings *set)
  */
 
 /*
- * The administrative commands connect as [database] CONNINFO says (a
- * member of pepsi_config), not as the server's own role: pepsi_httpd may
- * read the credentials but not write them.
+ * The administrative commands connect as [database] CONFIG_CONNINFO says
+ * (a member of pepsi_config), not as the server's own role: pepsi_httpd
+ * may read the credentials but not write them.
  */
 static PGconn *
 httpd_admin_connect(void)
 {
 	char	err[1024];
-	PGconn *conn = db_connect(httpd.cfg, "pepsi-httpd", err, sizeof(err));
+	PGconn *conn = db_connect_as(httpd.cfg, "database", "CONFIG_CONNINFO", "pepsi-httpd", err,
+								 sizeof(err));
 
 	if (conn == NULL)
 		log_warnx("%s", err);

@@ -282,9 +282,8 @@ dbconn_notice(void *arg, const char *message)
 static void
 dbconn_connect(struct dbconn *c)
 {
-	const char *conninfo = config_get(admit.cfg, "database", "CONNINFO");
 	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, "pepsi-ingress", NULL};
+	const char *values[] = {db_conninfo(admit.cfg, "ingress", "CONNINFO"), "pepsi-ingress", NULL};
 
 	c->conn = PQconnectStartParams(keywords, values, 1);
 	if (c->conn == NULL || PQstatus(c->conn) == CONNECTION_BAD)

@@ -60,9 +60,8 @@ refresh_fail(const char *why)
 static void
 refresh_connect(void)
 {
-	const char *conninfo = config_get(ingress.cfg, "database", "CONNINFO");
 	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO, "pepsi-ingress", NULL};
+	const char *values[] = {db_conninfo(ingress.cfg, "ingress", "CONNINFO"), "pepsi-ingress", NULL};
 
 	refresh.conn = PQconnectStartParams(keywords, values, 1);
 	if (refresh.conn == NULL || PQstatus(refresh.conn) == CONNECTION_BAD)

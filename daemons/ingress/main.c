@@ -346,7 +346,7 @@ ingress_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 bool
 ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	PGconn *conn = db_connect(cfg, "pepsi-ingress", err, errlen);
+	PGconn *conn = db_connect_as(cfg, "ingress", "CONNINFO", "pepsi-ingress", err, errlen);
 	bool	ok;
 
 	if (conn == NULL)
