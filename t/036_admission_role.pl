@@ -64,6 +64,46 @@ like($err, qr/may admit messages only at stage "init", not "smarthost"/, 'which 
 ($ret, $out, $err) = as('smtpd', "SELECT pepsi.config_set('global', 'ingress', 'INIT_STAGE', 'x')");
 like($err, qr/permission denied for function config_set/, 'nor write the configuration');
 
+# The account: one line, never empty, at most 255 octets, whoever calls.
+my $add_for = "SELECT pepsi.workqueue_add('a\@example.org', '{b\@example.org}', '\\x'::bytea, '\\x'::bytea,"
+  . " '{}', '192.0.2.99', %s, 'init')";
+($ret, $out, $err) = as('smtpd', sprintf($add_for, "''"));
+like($err, qr/auth_account must not be empty/, 'an empty auth_account is refused');
+($ret, $out, $err) = as('smtpd', sprintf($add_for, "repeat('a', 256)"));
+like($err, qr/auth_account is 256 octets long, more than 255/, 'so is one of 256 octets');
+($ret, $out, $err) = as('smtpd', sprintf($add_for, "repeat('a', 255)"));
+is($ret, 0, 'one of 255 is taken') or diag($err);
+
+# Which accounts an ingress role may claim: pepsi.admission_accounts, set
+# per login role by the superuser, out of the role's reach.  An MX ingress
+# (no AUTH offered) claims none; a submission ingress its own domain's.
+$node->safe_psql($db, q{
+CREATE ROLE smtpd_mx LOGIN IN ROLE pepsi_ingress;
+ALTER ROLE smtpd_mx SET pepsi.admission_accounts = '';
+CREATE ROLE smtpd_submission LOGIN IN ROLE pepsi_ingress;
+ALTER ROLE smtpd_submission SET pepsi.admission_accounts = '@example.org, postmaster';
+});
+($ret, $out, $err) = as('smtpd_mx', sprintf($add_for, "'alice\@example.org'"));
+like($err, qr/role "smtpd_mx" may not admit messages for account "alice\@example\.org"/,
+	'an ingress allowed no account cannot claim one') or diag($err);
+($ret, $out, $err) = as('smtpd_mx', sprintf($add_for, 'NULL'));
+is($ret, 0, 'it admits unauthenticated mail as before') or diag($err);
+($ret, $out, $err) = as('smtpd_mx',
+	"SET pepsi.admission_accounts = '*'; " . sprintf($add_for, "'alice\@example.org'"));
+like($err, qr/permission denied to set parameter "pepsi\.admission_accounts"/,
+	'nor allow itself more');
+like($err, qr/may not admit messages for account/, 'which stays refused');
+($ret, $out, $err) = as('smtpd_submission', sprintf($add_for, "'alice\@Example.ORG'"));
+is($ret, 0, 'a submission ingress claims an account of its domain (any case)') or diag($err);
+($ret, $out, $err) = as('smtpd_submission', sprintf($add_for, "'postmaster'"));
+is($ret, 0, 'and an account it names') or diag($err);
+($ret, $out, $err) = as('smtpd_submission', sprintf($add_for, "'mallory\@example.net'"));
+like($err, qr/may not admit messages for account "mallory\@example\.net"/,
+	'not one of another domain');
+($ret, $out, $err) = as('smtpd_submission', sprintf($add_for, "'eve\@evil-example.org'"));
+like($err, qr/may not admit messages for account/, 'nor one whose domain only ends the same');
+$node->safe_psql($db, "DELETE FROM pepsi.workqueue WHERE client_address = '192.0.2.99'");
+
 # A system whose pipeline starts elsewhere: the superuser says so.
 $node->safe_psql($db, "ALTER DATABASE $db SET pepsi.admission_stage = 'entry'");
 ($ret, $out, $err) = as('smtpd', sprintf($add, 'entry'));

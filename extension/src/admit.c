@@ -50,17 +50,28 @@ admit_arg_state(FunctionCallInfo fcinfo, int argno)
  * anywhere.  The caller is the role outside these SECURITY DEFINER
  * functions.
  */
+static bool
+admit_caller_restricted(void)
+{
+	Oid caller = GetOuterUserId();
+	Oid pipeline = get_role_oid("pepsi_stage", true);
+	Oid admission = get_role_oid("pepsi_ingress", true);
+
+	if (superuser_arg(caller) || (OidIsValid(pipeline) && has_privs_of_role(caller, pipeline))
+		|| !OidIsValid(admission) || !has_privs_of_role(caller, admission))
+		return false;
+	return true;
+}
+
 static void
 admit_check_stage(const text *stage)
 {
 	Oid	  caller = GetOuterUserId();
-	Oid	  pipeline = get_role_oid("pepsi_stage", true);
-	Oid	  admission = get_role_oid("pepsi_ingress", true);
-	char *wanted = text_to_cstring(stage);
+	char *wanted;
 
-	if (superuser_arg(caller) || (OidIsValid(pipeline) && has_privs_of_role(caller, pipeline))
-		|| !OidIsValid(admission) || !has_privs_of_role(caller, admission))
+	if (!admit_caller_restricted())
 		return;
+	wanted = text_to_cstring(stage);
 	if (pepsi_admission_stage == NULL || strcmp(wanted, pepsi_admission_stage) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -70,6 +81,84 @@ admit_check_stage(const text *stage)
 				 errdetail("Members of pepsi_ingress start a message where the pipeline starts (pepsi.admission_stage)."),
 				 errhint("If [ingress] INIT_STAGE is another stage, a superuser sets it: ALTER DATABASE ... SET pepsi.admission_stage = '%s'.",
 						 wanted)));
+}
+
+/* Does one item of pepsi.admission_accounts ("*", "@domain", an account) allow account? */
+static bool
+admit_account_item_allows(const char *item, size_t item_len, const char *account)
+{
+	size_t account_len = strlen(account);
+
+	if (item_len == 1 && item[0] == '*')
+		return true;
+	if (item[0] == '@')
+		return account_len > item_len
+			   && pg_strncasecmp(account + account_len - item_len, item, item_len) == 0;
+	return account_len == item_len && memcmp(account, item, item_len) == 0;
+}
+
+/*
+ * The authenticated account of an admitted message: its sender_key (whom
+ * the fair share charges, whose DSN budget is spent), the smtp.auth of
+ * its Authentication-Results, and the reason a relay or NOTIFY=SUCCESS was
+ * allowed.
+ *
+ * The threat: the admission role is the internet-facing process's.  The
+ * database never sees the SMTP AUTH exchange (the credentials are a file
+ * of ingress's), so it cannot tell which account a session proved; a
+ * compromised ingress holding the role can claim an account as it can
+ * write any header.  What is enforced here, whatever the caller:
+ *  - the account is one line of at most 255 octets (RFC 4616's limit for
+ *    an authentication identity), never empty: it becomes a header field
+ *    and a key, and "" would be an account nobody has;
+ *  - a member of pepsi_ingress may claim only the accounts that
+ *    pepsi.admission_accounts allows it, which a superuser sets per login
+ *    role and the role cannot change: an MX ingress that offers no AUTH is
+ *    given none (a compromise of port 25 then cannot pass mail off as a
+ *    user's), a submission ingress its own domains.
+ * The pipeline and superusers, which may admit anywhere, are not limited.
+ */
+#define ADMIT_ACCOUNT_MAX 255
+
+static void
+admit_check_account(const text *account_text)
+{
+	const char *list = pepsi_admission_accounts ? pepsi_admission_accounts : "";
+	char	   *account;
+	int			len = VARSIZE_ANY_EXHDR(account_text);
+
+	check_address(account_text, "auth_account", 0);
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("auth_account must not be empty"),
+				 errhint("Pass NULL for a session that did not authenticate.")));
+	if (len > ADMIT_ACCOUNT_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("auth_account is %d octets long, more than %d", len, ADMIT_ACCOUNT_MAX),
+				 errdetail("An authentication identity has at most 255 octets (RFC 4616).")));
+	if (!admit_caller_restricted())
+		return;
+	account = text_to_cstring(account_text);
+	for (const char *p = list; *p;)
+	{
+		size_t n;
+
+		while (*p == ',' || *p == ' ' || *p == '\t')
+			p++;
+		n = strcspn(p, ", \t");
+		if (n > 0 && admit_account_item_allows(p, n, account))
+			return;
+		p += n;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("role \"%s\" may not admit messages for account \"%s\"",
+					GetUserNameFromId(GetOuterUserId(), false), account),
+			 errdetail("pepsi.admission_accounts for this role is \"%s\".", list),
+			 errhint("A superuser allows it: ALTER ROLE ... SET pepsi.admission_accounts = '*', "
+					 "or a list of accounts and @domains.")));
 }
 
 /*
@@ -98,9 +187,8 @@ admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 	nulls[5] = PG_ARGISNULL(5) ? 'n' : ' ';
 	values[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
 	nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
-	/* The account becomes the sender_key and a header field: one line of text. */
 	if (!PG_ARGISNULL(6))
-		check_address((const text *) PG_GETARG_TEXT_PP(6), "auth_account", 0);
+		admit_check_account((const text *) PG_GETARG_TEXT_PP(6));
 	values[7] = PointerGetDatum(arg_stage(fcinfo, 7, "stage"));
 	admit_check_stage((const text *) DatumGetPointer(values[7]));
 

@@ -18,6 +18,7 @@ int	  pepsi_body_gc_interval_s = 60;
 int	  pepsi_mail_log_retention_s = 7 * 24 * 3600;
 char *pepsi_admin_account = NULL;
 char *pepsi_admission_stage = NULL;
+char *pepsi_admission_accounts = NULL;
 
 void _PG_init(void);
 
@@ -65,6 +66,17 @@ _PG_init(void)
 							   "init",
 							   PGC_SUSET,
 							   0,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("pepsi.admission_accounts",
+							   "The authenticated accounts members of pepsi_ingress may admit messages for.",
+							   "A list of accounts, @domain (every account of that domain) or * (any); empty: "
+							   "none.  A superuser sets it per login role (ALTER ROLE ... SET), so that an "
+							   "ingress that offers no AUTH (port 25) cannot claim an account even when "
+							   "compromised, and a submission ingress only its own domains'.",
+							   &pepsi_admission_accounts,
+							   "*",
+							   PGC_SUSET,
+							   GUC_LIST_INPUT,
 							   NULL, NULL, NULL);
 #if PG_VERSION_NUM >= 150000
 	DefineCustomStringVariable("pepsi.admin_account",

@@ -23,6 +23,7 @@ extern int	 pepsi_body_gc_interval_s;
 extern int	 pepsi_mail_log_retention_s;
 extern char *pepsi_admin_account;
 extern char *pepsi_admission_stage;
+extern char *pepsi_admission_accounts;
 
 /* The longest retry delay accepted (ten years), so now() + delay always fits. */
 #define PEPSI_MAX_RETRY_SECONDS 315360000
