@@ -79,6 +79,17 @@
 #                             that only root may write (a set-user-id
 #                             helper trusts a configuration only when root
 #                             owns its whole path); removed by bench_cleanup
+#   bench_ingress_start CONF [CONNECTIONS]
+#                             pepsi-ingress alone, from CONF (its stderr in
+#                             $BENCH_DIR/ingress-stderr.log); waits until its
+#                             CONNECTIONS (default 4) database connections
+#                             are ready.  Sets BENCH_INGRESS_PID; stopped by
+#                             bench_cleanup or bench_ingress_stop
+#   bench_ingress_stop        stop it
+#   bench_queue_rows          the rows of pepsi.workqueue
+#   bench_queue_empty         empty the queue and its bodies, and checkpoint
+#   bench_postfix_drop_held DIR
+#                             delete the messages an instance holds, sync
 #   bench_dispatch_user       the [dispatch] USER line as root (the
 #                             unprivileged user: pepsi-dispatch refuses to
 #                             run stages as root), nothing otherwise; what
@@ -403,6 +414,40 @@ CONF
     ${run:-$bin/pepsi-ingress} ${run:+pepsi-ingress} -c "$conf" 2>>"$BENCH_DIR/ingress.log" &
     BENCH_INGRESS_PID=$!
     bench_wait_port "$port" "pepsi-ingress (see $BENCH_DIR/ingress.log)"
+}
+
+bench_ingress_start() {
+    local conf=$1 connections=${2:-4} log="$BENCH_DIR/ingress-stderr.log" seen
+    bench_ingress_stop
+    # Only this start's lines count: a restart appends to the same log.
+    seen=$(cat "$log" 2>/dev/null | wc -l)
+    "$bench_top/build/bin/pepsi-ingress" -c "$conf" 2>>"$log" &
+    BENCH_INGRESS_PID=$!
+    for _ in $(seq 1 100); do
+        tail -n +$((seen + 1)) "$log" | grep -q "database connection $((connections - 1)) ready" && return 0
+        sleep 0.1
+    done
+    echo "pepsi-ingress did not come up:" >&2
+    tail -n 20 "$log" >&2
+    return 1
+}
+
+bench_ingress_stop() {
+    bench_stop_pid "$BENCH_INGRESS_PID"
+    BENCH_INGRESS_PID=
+}
+
+bench_queue_rows() {
+    bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"
+}
+
+bench_queue_empty() {
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+}
+
+bench_postfix_drop_held() {
+    /usr/sbin/postsuper -c "$1/etc" -d ALL hold >/dev/null 2>&1 || true
+    sync
 }
 
 bench_root_dir() {

@@ -36,13 +36,7 @@ log=$(bench_log ingress-policy)
 
 bench_postfix_install
 [ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
-ingress_pid=
-cleanup() {
-    bench_stop_pid "$ingress_pid"
-    bench_cleanup
-}
 bench_cluster_start "max_connections = 100"
-trap cleanup EXIT
 
 mix="$BENCH_DIR/smtp-mix"
 cc -O2 -o "$mix" "$here/smtp-mix.c"
@@ -67,14 +61,7 @@ PORT = $pepsi_port
 MAX_SESSIONS_PER_CLIENT = 0
 MAX_ERRORS = 1000000
 CONF
-"$ingress_bin" -c "$conf" 2>>"$BENCH_DIR/ingress-stderr.log" &
-ingress_pid=$!
-for _ in $(seq 1 100); do
-    grep -q "database connection 3 ready" "$BENCH_DIR/ingress-stderr.log" 2>/dev/null && break
-    sleep 0.1
-done
-grep -q "database connection 3 ready" "$BENCH_DIR/ingress-stderr.log" \
-    || { tail -n 20 "$BENCH_DIR/ingress-stderr.log" >&2; exit 1; }
+bench_ingress_start "$conf" 4
 
 postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 names=$(seq -s, -f 'u%g=ok' 1 "$mailboxes")
@@ -98,10 +85,10 @@ run() {
     awk -v t="$transactions" '{ printf "%.1f\n", t / $3 }' <<<"$out"
 }
 accepted=$((transactions - transactions / sessions * (sessions / 10)))
-pepsi_rows() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
-postfix_held() { find "$postfix_dir/spool/hold" -type f | wc -l; }
-postfix_reset() { /usr/sbin/postsuper -c "$postfix_dir/etc" -d ALL hold >/dev/null 2>&1 || true; sync; }
+pepsi_rows() { bench_queue_rows; }
+pepsi_reset() { bench_queue_empty; }
+postfix_held() { bench_postfix_count "$postfix_dir" hold; }
+postfix_reset() { bench_postfix_drop_held "$postfix_dir"; }
 
 echo "bench/ingress/policy: $sessions sessions, $transactions transactions of $size octets" \
     "(50% local, 10% unknown local, 40% relayed), $repeats runs each side, alternating"

@@ -38,23 +38,7 @@ log="$out_dir/ingress.log"
 bench_postfix_install
 [ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
 
-ingress_pid=
-
-stop_ingress() {
-    if [ -n "$ingress_pid" ]; then
-        kill -TERM "$ingress_pid" 2>/dev/null || true
-        wait "$ingress_pid" 2>/dev/null || true
-        ingress_pid=
-    fi
-}
-
-cleanup() {
-    stop_ingress
-    bench_cleanup
-}
-
 bench_cluster_start "max_connections = 100"
-trap cleanup EXIT
 
 pepsi_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
@@ -62,7 +46,6 @@ postfix_port=$(bench_free_port)
 # start_ingress CONNECTIONS BATCH: (re)start pepsi-ingress with that pool.
 start_ingress() {
     local connections=$1 batch=$2 conf="$BENCH_DIR/ingress.conf"
-    stop_ingress
     cat >"$conf" <<CONF
 [pepsi]
 HOSTNAME = bench.test
@@ -79,15 +62,7 @@ MAX_SESSIONS = $((idle_sessions + 100))
 MAX_SESSIONS_PER_CLIENT = 0
 IDLE_TIMEOUT = 10m
 CONF
-    "$ingress_bin" -c "$conf" 2>>"$BENCH_DIR/ingress-stderr.log" &
-    ingress_pid=$!
-    for _ in $(seq 1 100); do
-        grep -q "database connection $((connections - 1)) ready" "$BENCH_DIR/ingress-stderr.log" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "pepsi-ingress did not come up:" >&2
-    tail -n 20 "$BENCH_DIR/ingress-stderr.log" >&2
-    return 1
+    bench_ingress_start "$conf" "$connections"
 }
 
 # The private Postfix (bench/lib.sh): every accepted message is put on
@@ -110,10 +85,10 @@ send() {
     awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
 }
 
-pepsi_rows() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
-postfix_held() { find "$postfix_dir/spool/hold" -type f | wc -l; }
-postfix_reset() { /usr/sbin/postsuper -c "$postfix_dir/etc" -d ALL hold >/dev/null 2>&1 || true; sync; }
+pepsi_rows() { bench_queue_rows; }
+pepsi_reset() { bench_queue_empty; }
+postfix_held() { bench_postfix_count "$postfix_dir" hold; }
+postfix_reset() { bench_postfix_drop_held "$postfix_dir"; }
 
 start_postfix
 start_ingress 4 64
@@ -151,7 +126,7 @@ done
 
 echo
 start_ingress 4 64
-rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$ingress_pid/status"; }
+rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$BENCH_INGRESS_PID/status"; }
 # open_idle N: N idle sessions, held by a background client ($idle_pid).
 open_idle() {
     perl "$here/idle-sessions.pl" 127.0.0.1 "$pepsi_port" "$1" >"$BENCH_DIR/idle.out" 2>&1 &
@@ -180,5 +155,5 @@ printf 'idle sessions: %d open, VmRSS %d kB -> %d kB: %.1f KB per session (targe
     "$idle_sessions" "$before" "$after" "$(awk -v a="$before" -v b="$after" -v n="$idle_sessions" 'BEGIN { printf "%.1f", (b - a) / n }')"
 
 echo
-stop_ingress
+bench_ingress_stop
 "$here/policy.sh"
