@@ -520,6 +520,48 @@ stage_parse_id(const char *line, long long *id)
 	return *id > 0;
 }
 
+void
+pepsi_when_idle(struct pepsi_ctx *ctx, pepsi_idle_fn fn)
+{
+	struct stage_worker *w = ctx->worker;
+
+	for (size_t i = 0; i < w->nidle; i++)
+		if (w->idle[i] == fn)
+			return;
+	if (w->nidle == STAGE_IDLE_MAX)
+		fatalx("more than %d idle callbacks", STAGE_IDLE_MAX);
+	w->idle[w->nidle++] = fn;
+}
+
+/* Before blocking for input: the idle callbacks, until all let go or input came. */
+static void
+stage_idle(struct stage_worker *w)
+{
+	double started = stage_now_us();
+
+	while (w->nidle > 0 && !w->eof)
+	{
+		int			  wait = -1;
+		struct pollfd pfd = {.fd = 0, .events = POLLIN};
+
+		for (size_t i = 0; i < w->nidle;)
+		{
+			int ms = w->idle[i](w->conn, (stage_now_us() - started) / 1e6);
+
+			if (ms < 0)
+			{
+				w->idle[i] = w->idle[--w->nidle];
+				continue;
+			}
+			if (wait < 0 || ms < wait)
+				wait = ms;
+			i++;
+		}
+		if (w->nidle == 0 || poll(&pfd, 1, wait) != 0)
+			return;
+	}
+}
+
 /*
  * Gather the next batch: block for one line, then (for a metadata stage)
  * take every further line already waiting, without blocking.
@@ -536,6 +578,7 @@ stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 	{
 		if (w->eof)
 			return 0;
+		stage_idle(w);
 		stage_read_input(w, true);
 	}
 	do

@@ -134,6 +134,18 @@ const struct pepsi_config *pepsi_config(const struct pepsi_ctx *ctx);
 PGconn *pepsi_db(const struct pepsi_ctx *ctx);
 
 /*
+ * What the stage holds beyond its row for the next one (a relay's
+ * destination slot): fn is called once the worker has no row to work on
+ * (its input is empty), with the seconds idle so far (0 first), and again
+ * each time the milliseconds it returns pass with no input, until it
+ * returns -1 (let go: not called again until registered again).  It runs
+ * in whatever worker ran the stage, fused or not.  Registering fn again
+ * while it is registered changes nothing.
+ */
+typedef int (*pepsi_idle_fn)(PGconn *conn, double idle_seconds);
+void pepsi_when_idle(struct pepsi_ctx *ctx, pepsi_idle_fn fn);
+
+/*
  * Content setters (in memory; committed with the terminal).
  *
  * json_t ownership, here and below: every json_t argument is borrowed (the

@@ -16,6 +16,7 @@
 
 #define STAGE_BATCH_MAX 1024
 #define STAGE_FUSION_MAX_HOPS 32
+#define STAGE_IDLE_MAX 8
 
 
 enum terminal_kind
@@ -51,6 +52,8 @@ struct stage_worker
 	struct buf				  input;
 	bool					  eof;
 	struct buf				  scratch[SCRATCH_COUNT];
+	pepsi_idle_fn			  idle[STAGE_IDLE_MAX]; /* pepsi_when_idle */
+	size_t					  nidle;
 };
 
 struct pepsi_ctx
