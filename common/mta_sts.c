@@ -400,33 +400,39 @@ done:
  * The cache (pepsi.mta_sts_policy_get / _put) and the lookup
  * ------------------------------------------------------------------------- */
 
+/* A cached policy (pepsi.mta_sts_policy's id and body) as out; false when it does not parse. */
+static bool
+mta_sts_cache_parse(const char *domain, const char *id, const char *policy, struct mta_sts_policy *out)
+{
+	char err[256];
+
+	if (!mta_sts_parse(policy, strlen(policy), out, err, sizeof(err)))
+	{
+		log_warnx("MTA-STS cache of %s holds a policy that does not parse: %s", domain, err);
+		return false;
+	}
+	snprintf(out->id, sizeof(out->id), "%s", id);
+	return true;
+}
+
 /* The cached policy of domain, if it has not expired. */
 static bool
-mta_sts_cache_get(PGconn *db, const char *domain, struct mta_sts_policy *out)
+mta_sts_cache_get(const struct mta_sts_options *o, const char *domain, struct mta_sts_policy *out)
 {
 	const char *params[1] = {domain};
 	PGresult   *res;
 	bool		found = false;
-	char		err[256];
 
-	if (db == NULL)
+	if (o->cache_given)
+		return o->cached_id && o->cached_policy && mta_sts_cache_parse(domain, o->cached_id, o->cached_policy, out);
+	if (o->db == NULL)
 		return false;
-	res = PQexecParams(db, "SELECT policy_id, policy FROM pepsi.mta_sts_policy_get($1)", 1, NULL,
+	res = PQexecParams(o->db, "SELECT policy_id, policy FROM pepsi.mta_sts_policy_get($1)", 1, NULL,
 					   params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		log_warnx("MTA-STS cache of %s: %s", domain, PQerrorMessage(db));
+		log_warnx("MTA-STS cache of %s: %s", domain, PQerrorMessage(o->db));
 	else if (PQntuples(res) == 1)
-	{
-		const char *policy = PQgetvalue(res, 0, 1);
-
-		if (mta_sts_parse(policy, strlen(policy), out, err, sizeof(err)))
-		{
-			snprintf(out->id, sizeof(out->id), "%s", PQgetvalue(res, 0, 0));
-			found = true;
-		}
-		else
-			log_warnx("MTA-STS cache of %s holds a policy that does not parse: %s", domain, err);
-	}
+		found = mta_sts_cache_parse(domain, PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1), out);
 	PQclear(res);
 	return found;
 }
@@ -487,7 +493,7 @@ mta_sts_lookup(const struct mta_sts_options *o, const char *domain, struct mta_s
 	char				  id[33] = "";
 	bool				  announced = mta_sts_txt_id(o, domain, id, sizeof(id));
 	struct mta_sts_policy cached;
-	bool				  have_cached = mta_sts_cache_get(o->db, domain, &cached);
+	bool				  have_cached = mta_sts_cache_get(o, domain, &cached);
 	struct buf			  body = BUF_INIT;
 
 	memset(out, 0, sizeof(*out));

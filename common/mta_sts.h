@@ -60,6 +60,13 @@ struct mta_sts_options
 	const char			*ca_file;	 /* trust anchors for the HTTPS fetch (NULL: the system's) */
 	unsigned			 https_port; /* 443 (tests use another) */
 	long				 timeout_ms; /* of the whole fetch */
+	/*
+	 * The cache's answer for the domain, when the caller read it already
+	 * (in a round trip it made anyway): then db is only written to.
+	 */
+	bool		cache_given;
+	const char *cached_id; /* NULL: no policy cached */
+	const char *cached_policy;
 };
 
 /* The domain's policy: TXT, cache, fetch, store. */

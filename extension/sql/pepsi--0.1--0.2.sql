@@ -1171,8 +1171,23 @@ $$;
 -- May a worker deliver to domain now?  A slot (hold it until
 -- destination_end), or the seconds to wait and why: the destination is
 -- backing off, or at its concurrency or rate limit.
+--
+-- One call is all a healthy delivery asks of the database besides its
+-- row, so it also answers what the worker would otherwise ask apart:
+-- contended (the destination has more takers than connections), the
+-- current addresses of its MX hosts (hosts) as dns_address_current gives
+-- them, as a jsonb array of {host, address, failures, retry_in}, and the
+-- domain's cached MTA-STS policy (sts_policy_id, sts_policy).  And it ends
+-- the worker's previous delivery, which reached its destination and kept
+-- its slot (previous_*, as destination_end's 'connected' takes them):
+-- its slot is freed first, so that to the same domain this delivery
+-- takes it again and the session that holds the connection carries it.
 CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
-    OUT slot integer, OUT wait_seconds double precision, OUT reason text)
+    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
+    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
+    previous_seconds double precision DEFAULT NULL,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
 LANGUAGE plpgsql AS $$
 DECLARE
     d      pepsi.destination;
@@ -1184,7 +1199,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     domain := lower(domain);
+    IF previous_domain IS NOT NULL THEN
+        -- (Its slot is freed here and, to the same domain, most likely
+        -- taken again just below: any free slot will do.)
+        PERFORM pepsi.destination_end(previous_domain, previous_slot, 'connected', NULL,
+                                      previous_host, previous_address, NULL, NULL, 1, 1, 1,
+                                      previous_seconds);
+    END IF;
+    IF hosts IS NOT NULL THEN
+        SELECT jsonb_agg(jsonb_build_object('host', c.host, 'address', c.address,
+                                            'failures', c.failures, 'retry_in', c.retry_in))
+        INTO addresses FROM pepsi.dns_address_current(hosts) c;
+        SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
+        FROM pepsi.mta_sts_policy_get(domain) p;
+    END IF;
     SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
+    contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
     IF FOUND AND d.backoff_until > now() THEN
         wait_seconds := extract(epoch FROM d.backoff_until - now());
         reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
@@ -1209,6 +1239,7 @@ BEGIN
                         + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
         RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
         reason := format('%s is at its concurrency limit of %s', domain, lim);
+        contended := true;
         RETURN;
     END IF;
     IF d.messages_per_minute IS NOT NULL THEN

@@ -53,6 +53,27 @@ SELECT window_limit, last_error FROM pepsi.destination WHERE domain = 'busy.exam
 SELECT slot, reason FROM pepsi.destination_begin('busy.example', 20);
 SELECT pepsi.destination_end('busy.example', 0, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600);
 
+-- One call for a delivery: with the slot, the current addresses of the
+-- MX hosts (none for a host not cached), whether the destination is
+-- contended, and its cached MTA-STS policy (none here).
+SELECT b.slot, b.contended, b.sts_policy_id, a->>'host' AS host, a->>'address' AS address,
+       a->>'failures' AS failures
+FROM pepsi.destination_begin('keep.example', 20, '{mx1.example.net,none.example.net}') b
+LEFT JOIN LATERAL jsonb_array_elements(b.addresses) a ON true ORDER BY 5;
+-- It also ends the worker's previous delivery: to the same domain the
+-- slot carries over (still one held), to another it is freed first.
+SELECT slot, contended FROM pepsi.destination_begin('keep.example', 20, NULL,
+    'keep.example', 0, 'mx1.example.net', '192.0.2.2', 0.5);
+SELECT count(*) AS slots_held FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
+SELECT slot FROM pepsi.destination_begin('busy.example', 20, NULL,
+    'keep.example', 0, 'mx1.example.net', '192.0.2.2', 0.5);
+SELECT count(*) AS slots_held FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
+SELECT pepsi.destination_end('busy.example', 0, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600);
+SELECT count(*) AS slots_held FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
+
 -- The operator's limits: a concurrency of one, a rate of one a minute.
 SELECT pepsi.destination_set_limits('slow.example', 1, 1);
 SELECT slot FROM pepsi.destination_begin('slow.example', 20);

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "buf.h"
 #include "db.h"
 #include "xalloc.h"
@@ -110,6 +112,22 @@ destination_memo_slot(const char *host)
 	return oldest;
 }
 
+/* Keep what was just read of host as its memo. */
+static void
+destination_memo_store(const char *host, const struct cached_host *addresses, double now)
+{
+	struct destination_memo *m = destination_memo_slot(host);
+
+	if (m->host)
+	{
+		free(m->host);
+		destination_cached_free(&m->addresses);
+	}
+	m->host = xstrdup(host);
+	m->read_at = now;
+	destination_copy(addresses, &m->addresses);
+}
+
 void
 destination_forget(const char *host)
 {
@@ -146,9 +164,7 @@ destination_cached_addresses(PGconn *conn, const char *host, struct cached_host 
 	}
 	if (!destination_read_addresses(conn, host, out, err, errlen))
 		return false;
-	m->host = xstrdup(host);
-	m->read_at = now;
-	destination_copy(out, &m->addresses);
+	destination_memo_store(host, out, now);
 	return true;
 }
 
@@ -187,26 +203,164 @@ destination_store_addresses(PGconn *conn, const char *host, char *const *address
 	return ok;
 }
 
+/*
+ * The memos of hosts from destination_begin's answer: a jsonb array of
+ * {host, address, failures, retry_in}, each host's rows together.  A host
+ * with no row is remembered with none (it is resolved afresh).
+ */
+static void
+destination_memo_from_json(const char *text, const char *const *hosts, size_t nhosts)
+{
+	json_t *rows = text && *text ? json_loads(text, 0, NULL) : NULL;
+	double	now = destination_now();
+
+	for (size_t h = 0; h < nhosts; h++)
+	{
+		struct cached_host found = {0};
+		size_t			   i;
+		json_t			  *row;
+
+		json_array_foreach (rows, i, row)
+		{
+			const char *host = json_string_value(json_object_get(row, "host"));
+			const char *address = json_string_value(json_object_get(row, "address"));
+
+			if (host == NULL || address == NULL || strcmp(host, hosts[h]) != 0)
+				continue;
+			found.addresses = xrealloc(found.addresses, (found.count + 2) * sizeof(*found.addresses));
+			found.addresses[found.count].address = xstrdup(address);
+			found.addresses[found.count].failures = (int) json_integer_value(json_object_get(row, "failures"));
+			found.addresses[found.count].retry_in = json_number_value(json_object_get(row, "retry_in"));
+			found.count++;
+		}
+		destination_memo_store(hosts[h], &found, now);
+		destination_cached_free(&found);
+	}
+	json_decref(rows);
+}
+
+/* The delivery whose slot this worker kept (destination_keep), if any. */
+static struct
+{
+	char  *domain;
+	int	   slot;
+	char  *ok_host;
+	char  *ok_address;
+	double seconds;
+	bool   contended;
+} destination_kept;
+
+static void
+destination_kept_clear(void)
+{
+	free(destination_kept.domain);
+	free(destination_kept.ok_host);
+	free(destination_kept.ok_address);
+	memset(&destination_kept, 0, sizeof(destination_kept));
+}
+
+void
+destination_keep(const char *domain, int slot, const char *ok_host, const char *ok_address,
+				 double seconds, bool contended)
+{
+	destination_kept_clear();
+	destination_kept.domain = xstrdup(domain);
+	destination_kept.slot = slot;
+	destination_kept.ok_host = ok_host ? xstrdup(ok_host) : NULL;
+	destination_kept.ok_address = ok_address ? xstrdup(ok_address) : NULL;
+	destination_kept.seconds = seconds;
+	destination_kept.contended = contended;
+}
+
+const char *
+destination_kept_domain(bool *contended)
+{
+	*contended = destination_kept.contended;
+	return destination_kept.domain;
+}
+
 bool
-destination_begin(PGconn *conn, const char *domain, long long default_concurrency, int *slot,
-				  double *wait, char *reason, size_t reason_len, char *err, size_t errlen)
+destination_begin(PGconn *conn, const char *domain, long long default_concurrency,
+				  const char *const *hosts, size_t nhosts, struct destination_start *out, char *err,
+				  size_t errlen)
 {
 	char		concurrency[24];
-	const char *values[2] = {domain, concurrency};
+	char		slot_text[16];
+	char		seconds[32];
+	struct buf	host_array = BUF_INIT;
+	const char *values[8];
 	PGresult   *res;
 	bool		ok;
 
+	memset(out, 0, sizeof(*out));
+	out->slot = -1;
 	snprintf(concurrency, sizeof(concurrency), "%lld", default_concurrency);
-	res = db_exec(conn, "SELECT slot, wait_seconds, reason FROM pepsi.destination_begin($1, $2)", 2,
-				  values);
+	buf_append_str(&host_array, "{");
+	for (size_t i = 0; i < nhosts; i++)
+		db_array_append(&host_array, hosts[i]);
+	buf_append_str(&host_array, "}");
+	snprintf(slot_text, sizeof(slot_text), "%d", destination_kept.slot);
+	snprintf(seconds, sizeof(seconds), "%.3f", destination_kept.seconds);
+	values[0] = domain;
+	values[1] = concurrency;
+	values[2] = host_array.data;
+	values[3] = destination_kept.domain;
+	values[4] = destination_kept.domain && destination_kept.slot >= 0 ? slot_text : NULL;
+	values[5] = destination_kept.ok_host;
+	values[6] = destination_kept.ok_address;
+	values[7] = destination_kept.domain ? seconds : NULL;
+	res = db_exec(conn,
+				  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+				  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8)",
+				  8, values);
+	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
+	destination_kept_clear();
 	ok = destination_ok(res, conn, "pepsi.destination_begin", err, errlen) && PQntuples(res) == 1;
 	if (ok)
 	{
-		*slot = PQgetisnull(res, 0, 0) ? -1 : atoi(PQgetvalue(res, 0, 0));
-		*wait = PQgetisnull(res, 0, 1) ? 0 : atof(PQgetvalue(res, 0, 1));
-		snprintf(reason, reason_len, "%s", PQgetvalue(res, 0, 2));
+		out->slot = PQgetisnull(res, 0, 0) ? -1 : atoi(PQgetvalue(res, 0, 0));
+		out->wait = PQgetisnull(res, 0, 1) ? 0 : atof(PQgetvalue(res, 0, 1));
+		snprintf(out->reason, sizeof(out->reason), "%s", PQgetvalue(res, 0, 2));
+		out->contended = strcmp(PQgetvalue(res, 0, 3), "t") == 0;
+		destination_memo_from_json(PQgetisnull(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4), hosts, nhosts);
+		out->sts_cached = true;
+		if (!PQgetisnull(res, 0, 5) && !PQgetisnull(res, 0, 6))
+		{
+			out->sts_policy_id = xstrdup(PQgetvalue(res, 0, 5));
+			out->sts_policy = xstrdup(PQgetvalue(res, 0, 6));
+		}
 	}
 	PQclear(res);
+	buf_free(&host_array);
+	return ok;
+}
+
+void
+destination_start_free(struct destination_start *s)
+{
+	free(s->sts_policy_id);
+	free(s->sts_policy);
+	memset(s, 0, sizeof(*s));
+}
+
+bool
+destination_release(PGconn *conn, char *err, size_t errlen)
+{
+	struct destination_end e = {0};
+	bool				   contended;
+	bool				   ok;
+
+	if (destination_kept.domain == NULL)
+		return true;
+	e.outcome = "connected";
+	e.ok_host = destination_kept.ok_host;
+	e.ok_address = destination_kept.ok_address;
+	e.backoff_after = 1;
+	e.backoff_base = 1;
+	e.backoff_max = 1;
+	e.seconds = destination_kept.seconds;
+	ok = destination_end(conn, destination_kept.domain, destination_kept.slot, &e, &contended, err, errlen);
+	destination_kept_clear();
 	return ok;
 }
 
@@ -248,4 +402,14 @@ destination_end(PGconn *conn, const char *domain, int slot, const struct destina
 	*contended = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
 	return ok;
+}
+
+void
+destination_unlock(PGconn *conn, const char *domain, int slot)
+{
+	char		slot_text[16];
+	const char *values[2] = {domain, slot_text};
+
+	snprintf(slot_text, sizeof(slot_text), "%d", slot);
+	PQclear(db_exec(conn, "SELECT pg_advisory_unlock(pepsi.destination_slot_key(lower($1), $2))", 2, values));
 }

@@ -39,12 +39,44 @@ void destination_forget(const char *host);
 bool destination_store_addresses(PGconn *conn, const char *host, char *const *addresses,
 								 size_t count, unsigned ttl, char *err, size_t errlen);
 
+/* What destination_begin answers. */
+struct destination_start
+{
+	int	   slot;		  /* >= 0: deliver now, holding it; -1: wait */
+	double wait;		  /* then: seconds */
+	char   reason[512];	  /* and why */
+	bool   contended;	  /* more takers than connections: no idle session there */
+	bool   sts_cached;	  /* the database's MTA-STS cache was read for the domain: */
+	char  *sts_policy_id; /* its policy, or NULL when it has none */
+	char  *sts_policy;
+};
+
 /*
- * A concurrency slot of domain (*slot >= 0), or the wait (*slot = -1,
- * *wait seconds, reason) when it is backing off or at a limit.
+ * A concurrency slot of domain, or the wait when it is backing off or at
+ * a limit.  The same round trip refreshes the memos of hosts (the
+ * domain's MX hosts: destination_cached_addresses then reads none), reads
+ * the domain's cached MTA-STS policy, and ends the delivery whose slot
+ * this worker kept (its slot carried over when it is to the same domain).
  */
-bool destination_begin(PGconn *conn, const char *domain, long long default_concurrency, int *slot,
-					   double *wait, char *reason, size_t reason_len, char *err, size_t errlen);
+bool destination_begin(PGconn *conn, const char *domain, long long default_concurrency,
+					   const char *const *hosts, size_t nhosts, struct destination_start *out,
+					   char *err, size_t errlen);
+void destination_start_free(struct destination_start *s);
+
+/*
+ * A delivery that reached its destination keeps its slot, recorded as
+ * destination_end's 'connected' by the next destination_begin (or
+ * destination_release), which is the round trip the worker makes anyway;
+ * to the same domain, its session is then used again under that slot.
+ */
+void destination_keep(const char *domain, int slot, const char *ok_host, const char *ok_address,
+					  double seconds, bool contended);
+/* The domain whose slot is kept (NULL: none), and whether it was contended. */
+const char *destination_kept_domain(bool *contended);
+/* Free a slot with nothing recorded (the delivery could not start). */
+void destination_unlock(PGconn *conn, const char *domain, int slot);
+/* The worker has nothing to do: end the kept delivery now, freeing its slot. */
+bool destination_release(PGconn *conn, char *err, size_t errlen);
 
 struct destination_end
 {

@@ -50,6 +50,8 @@ struct internet_session
 };
 static struct internet_session internet_sessions[INTERNET_SESSIONS_MAX];
 static size_t				   internet_nsessions;
+/* The session of the delivery whose destination slot is kept (destination_keep), or NULL. */
+static struct smtp_client *internet_kept_client;
 
 static struct dns_resolver *internet_resolver;
 static struct mx_self		internet_self;
@@ -102,6 +104,8 @@ internet_session_for(const struct smtp_client_options *o, long long cache_size)
 		}
 	while (internet_nsessions >= limit)
 	{
+		if (internet_sessions[0].client == internet_kept_client)
+			internet_kept_client = NULL;
 		smtp_client_free(internet_sessions[0].client);
 		free(internet_sessions[0].key);
 		memmove(&internet_sessions[0], &internet_sessions[1], (internet_nsessions - 1) * sizeof(found));
@@ -117,6 +121,8 @@ internet_session_for(const struct smtp_client_options *o, long long cache_size)
 static void
 internet_session_close(const struct smtp_client *client)
 {
+	if (client == internet_kept_client)
+		internet_kept_client = NULL;
 	for (size_t i = 0; i < internet_nsessions; i++)
 		if (internet_sessions[i].client == client)
 		{
@@ -621,47 +627,101 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 	buf_append_str(&at->failed_addresses, "}");
 }
 
+/*
+ * destination_begin for domain, whose MX hosts are route's.  A session
+ * kept with the slot of a contended destination is closed when the slot
+ * goes (the destination counts an idle connection as a busy one); to the
+ * same domain, slot and session carry on.
+ */
+static bool
+internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route,
+						   struct destination_start *start, char *err, size_t errlen)
+{
+	const char		  **hosts = xcalloc(route->nhosts + 1, sizeof(char *));
+	bool				kept_contended;
+	const char		   *kept = destination_kept_domain(&kept_contended);
+	bool				same = kept && strcasecmp(kept, domain) == 0;
+	struct smtp_client *kept_client = internet_kept_client;
+	bool				ok;
+
+	for (size_t i = 0; i < route->nhosts; i++)
+		hosts[i] = route->hosts[i].name;
+	ok = destination_begin(pepsi_db(ctx), domain, pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"), hosts,
+						   route->nhosts, start, err, errlen);
+	free(hosts);
+	internet_kept_client = NULL;
+	if (kept_client && kept_contended && !(ok && same && start->slot >= 0))
+		internet_session_close(kept_client);
+	if (ok)
+		internet_tls_policy_sts_cached(domain, start->sts_policy_id, start->sts_policy);
+	return ok;
+}
+
+/* The worker has no row to work on: after a short grace, the kept slot goes. */
+#define INTERNET_KEEP_GRACE_MS 200
+
+static int
+internet_idle(PGconn *conn, double idle_seconds)
+{
+	bool		contended;
+	const char *kept = destination_kept_domain(&contended);
+	char		err[512];
+
+	if (kept == NULL)
+		return -1;
+	if (idle_seconds * 1000 < INTERNET_KEEP_GRACE_MS)
+		return INTERNET_KEEP_GRACE_MS - (int) (idle_seconds * 1000);
+	if (!destination_release(conn, err, sizeof(err)))
+		log_warnx("%s", err);
+	if (contended && internet_kept_client)
+		internet_session_close(internet_kept_client);
+	internet_kept_client = NULL;
+	return -1;
+}
+
 static int
 internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route)
 {
-	PGconn				   *conn = pepsi_db(ctx);
-	json_t				   *origin = json_object_get(pepsi_state(ctx), "origin");
-	const char			   *body = json_string_value(json_object_get(origin, "body"));
-	size_t					n = pepsi_rcpt_count(ctx);
-	char				  **rcpt;
-	const char			  **notify = xcalloc(n + 1, sizeof(char *));
-	const char			  **orcpt = xcalloc(n + 1, sizeof(char *));
-	struct smtp_envelope	env = {0};
-	struct internet_attempt at;
-	struct destination_end	end = {0};
-	struct buf				raw = BUF_INIT;
-	char					reason[512];
-	char					err[512];
-	double					wait;
-	int						slot;
-	bool					contended = false;
-	int						rc;
+	PGconn					*conn = pepsi_db(ctx);
+	json_t					*origin = json_object_get(pepsi_state(ctx), "origin");
+	const char				*body = json_string_value(json_object_get(origin, "body"));
+	size_t					 n = pepsi_rcpt_count(ctx);
+	char				   **rcpt;
+	const char			   **notify = xcalloc(n + 1, sizeof(char *));
+	const char			   **orcpt = xcalloc(n + 1, sizeof(char *));
+	struct smtp_envelope	 env = {0};
+	struct internet_attempt	 at;
+	struct destination_end	 end = {0};
+	struct buf				 raw = BUF_INIT;
+	char					 err[512];
+	struct destination_start start;
+	bool					 contended = false;
+	bool					 ended;
+	int						 rc;
 
-	if (!destination_begin(conn, domain, pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"), &slot, &wait,
-						   reason, sizeof(reason), err, sizeof(err)))
+	if (!internet_destination_begin(ctx, domain, route, &start, err, sizeof(err)))
 	{
 		free(notify);
 		free(orcpt);
 		return pepsi_error(ctx, "%s", err);
 	}
-	if (slot < 0)
+	if (start.slot < 0)
 	{
-		struct delivery_report r = {.status = "4.4.5", .diagnostic = reason};
+		struct delivery_report r = {.status = "4.4.5", .diagnostic = start.reason};
 
 		free(notify);
 		free(orcpt);
 		/* A little jitter, so that waiters given the same time do not come back at once. */
-		return delivery_postponed(ctx, &r, wait * (1.0 + 0.1 * ((double) random() / RAND_MAX)) + 0.05);
+		rc = delivery_postponed(ctx, &r, start.wait * (1.0 + 0.1 * ((double) random() / RAND_MAX)) + 0.05);
+		destination_start_free(&start);
+		return rc;
 	}
 	if (!pepsi_raw_message(ctx, &raw))
 	{
 		free(notify);
 		free(orcpt);
+		destination_unlock(conn, domain, start.slot);
+		destination_start_free(&start);
 		return -1;
 	}
 	rcpt = internet_wire_recipients(ctx, domain);
@@ -687,9 +747,9 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	 * A refusal while other workers deliver there (or a 421: "try later")
 	 * is the destination's limit, not its death.
 	 */
-	end.outcome = at.connected								   ? "connected"
-				  : (at.refused && (slot > 0 || at.try_later)) ? "busy"
-															   : "unreachable";
+	end.outcome = at.connected										 ? "connected"
+				  : (at.refused && (start.slot > 0 || at.try_later)) ? "busy"
+																	 : "unreachable";
 	end.error = at.connected ? NULL : at.error;
 	end.ok_host = at.connected ? at.ok_host : NULL;
 	end.ok_address = at.connected ? at.ok_address : NULL;
@@ -701,7 +761,21 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	end.seconds = pepsi_pass_seconds(ctx);
 	if (at.loop)
 		end.outcome = "connected"; /* nothing is wrong with the destination */
-	if (!destination_end(conn, domain, slot, &end, &contended, err, sizeof(err)))
+	if (strcmp(end.outcome, "connected") == 0 && at.failed_addresses.len <= 2)
+	{
+		/*
+		 * Recorded by the next begin (or when idle); the slot goes on with
+		 * the session.  (Addresses that failed on the way are recorded at
+		 * once, below, for the other workers to pass over.)
+		 */
+		destination_keep(domain, start.slot, end.ok_host, end.ok_address, end.seconds, start.contended);
+		internet_kept_client = at.client;
+		pepsi_when_idle(ctx, internet_idle);
+		ended = true;
+	}
+	else
+		ended = destination_end(conn, domain, start.slot, &end, &contended, err, sizeof(err));
+	if (!ended)
 		rc = pepsi_error(ctx, "%s", err);
 	else if (at.loop)
 		rc = internet_refuse(ctx, DELIVERY_BOUNCED, "5.4.6", at.error);
@@ -735,8 +809,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	else
 		rc = internet_refuse(ctx, DELIVERY_DEFERRED, "4.4.3",
 							 at.error[0] ? at.error : "no MX host of the domain has an address");
-	if (contended && at.client)
-		internet_session_close(at.client);
+	destination_start_free(&start);
 	if (at.have_result)
 		smtp_result_free(&at.result);
 	buf_free(&at.failed_hosts);

@@ -10,6 +10,7 @@
 #include "header.h"
 #include "log.h"
 #include "mta_sts.h"
+#include "xalloc.h"
 
 /*
  * The last domain's MTA-STS policy: the recipients of one message and the
@@ -23,6 +24,22 @@ static time_t				 sts_looked_up;
 static enum mta_sts_status	 sts_status;
 static struct mta_sts_policy sts_policy;
 
+/* The database cache's answer for one domain, given by the caller (NULL domain: none). */
+static char *sts_given_domain;
+static char *sts_given_id;
+static char *sts_given_policy;
+
+void
+internet_tls_policy_sts_cached(const char *domain, const char *policy_id, const char *policy)
+{
+	free(sts_given_domain);
+	free(sts_given_id);
+	free(sts_given_policy);
+	sts_given_domain = domain ? xstrdup(domain) : NULL;
+	sts_given_id = policy_id ? xstrdup(policy_id) : NULL;
+	sts_given_policy = policy ? xstrdup(policy) : NULL;
+}
+
 static const struct mta_sts_policy *
 internet_sts_policy(struct pepsi_ctx *ctx, struct dns_resolver *resolver, const char *domain)
 {
@@ -32,6 +49,9 @@ internet_sts_policy(struct pepsi_ctx *ctx, struct dns_resolver *resolver, const 
 		.ca_file = pepsi_option(ctx, "TLS_CA_FILE"),
 		.https_port = (unsigned) pepsi_option_int(ctx, "MTA_STS_PORT"),
 		.timeout_ms = (long) (pepsi_option_seconds(ctx, "MTA_STS_TIMEOUT") * 1000),
+		.cache_given = sts_given_domain && strcasecmp(sts_given_domain, domain) == 0,
+		.cached_id = sts_given_id,
+		.cached_policy = sts_given_policy,
 	};
 	char result[48];
 	char err[512];

@@ -38,6 +38,12 @@ void internet_tls_policy_lookup(struct pepsi_ctx *ctx, struct dns_resolver *reso
 								const char *domain, const char *mx_host, bool mx_secure,
 								struct internet_tls_policy *policy);
 void internet_tls_policy_free(struct internet_tls_policy *policy);
+/*
+ * What the database's MTA-STS cache holds for domain, read with the
+ * destination's slot (policy_id NULL: nothing): the next lookups for
+ * domain use it rather than read it again.
+ */
+void internet_tls_policy_sts_cached(const char *domain, const char *policy_id, const char *policy);
 /* Make the client options say what the policy asks (before the client is chosen). */
 void internet_tls_policy_apply(const struct internet_tls_policy *policy,
 							   struct smtp_client_options		*options);
