@@ -20,12 +20,16 @@
 # alternate, BENCH_REPEATS times (default 5); each run's ratio is printed,
 # then the medians, the spread and the ratio pepsi/postfix (target >= 2).
 #
-# Then a slow destination: the same load, but one domain's MX is an
+# And a slow destination: the same load, but one domain's MX is an
 # smtp-sink that waits a second before answering DATA (1 message a second
-# per connection).  BENCH_SLOW_REPEATS runs a side (default 3) measure the
-# other 199 domains' rate (until their last message arrived), printed
-# against the normal runs' median (target: a drop of at most 10%).  The
-# load average is printed before and after.
+# per connection).  The first BENCH_SLOW_REPEATS runs (default 3) are each
+# followed by such a run a side, which measures the other 199 domains'
+# rate (until their last message arrived); its drop is against the normal
+# run just before it, on a machine about as loaded (target: a median drop
+# of at most 10%).  The load average is printed before and after.
+#
+# BENCH_STATEMENTS=1 loads pg_stat_statements and prints, after each normal
+# Pepsi run, the statements each message cost (calls per message, mean ms).
 #
 # Run as root (port 25 and 53 on loopback addresses; postfix).
 set -euo pipefail
@@ -54,13 +58,22 @@ cleanup() {
     fi
     bench_cleanup
 }
-bench_cluster_start "max_connections = 200"
+if [ -n "${BENCH_STATEMENTS:-}" ]; then
+    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'" \
+        "pg_stat_statements.track = all"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200"
+fi
 trap cleanup EXIT
 
 # The simulated internet: n<i>.bench.test for the normal runs, s<i> for
 # the slow ones, whose s0 has the slow MX host.
 zone="$BENCH_DIR/internet.zone"
 {
+    # Its SOA makes negative answers (no MTA-STS TXT record) cacheable, as
+    # they are on the internet, for both sides.
+    echo "bench.test. 3600 IN SOA ns.bench.test. hostmaster.bench.test. 1 3600 600 86400 3600"
     for ((h = 0; h < 20; h++)); do
         echo "mx$h.bench.test. 3600 IN A 127.0.0.$((10 + h))"
     done
@@ -168,17 +181,42 @@ echo "bench/relay-internet: $messages messages of 2 KB to $domains domains over 
     "$workers relay workers"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 pepsi_rates=() postfix_rates=() ratios=()
+pepsi_other=() postfix_other=() pepsi_drops=() postfix_drops=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     sleep 1
+    [ -z "${BENCH_STATEMENTS:-}" ] || bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
     read -r rate _ < <(measure "$pepsi_port" n)
     pepsi_rates+=("$rate")
+    if [ -n "${BENCH_STATEMENTS:-}" ]; then
+        # What each message asked of the server: statements per message and their time.
+        bench_psql -c "SELECT round(calls::numeric / $messages, 2) AS per_message,
+                round(mean_exec_time::numeric, 3) AS ms, toplevel,
+                left(regexp_replace(query, '\s+', ' ', 'g'), 90) AS statement
+            FROM pg_stat_statements WHERE calls >= $messages / 10
+            ORDER BY toplevel DESC, calls DESC LIMIT 25"
+    fi
     sync
     read -r rate_pf _ < <(measure "$postfix_port" n)
     postfix_rates+=("$rate_pf")
     ratios+=("$(ratio "$rate" "$rate_pf")")
     printf 'run %d: pepsi %s msg/s, postfix %s msg/s, ratio %s (load %s)\n' \
         "$r" "$rate" "$rate_pf" "${ratios[-1]}" "$(cut -d' ' -f1 /proc/loadavg)"
+    ((r <= slow_repeats)) || continue
+    # The slow destination's run right after the normal one, so that the
+    # drop compares two runs under about the same load of the machine.
+    pepsi_reset
+    sleep 1
+    read -r _ other < <(measure "$pepsi_port" s)
+    pepsi_other+=("$other")
+    pepsi_drops+=("$(drop "$other" "$rate")")
+    sync
+    read -r _ other_pf < <(measure "$postfix_port" s)
+    postfix_other+=("$other_pf")
+    postfix_drops+=("$(drop "$other_pf" "$rate_pf")")
+    printf 'slow run %d: the other %d domains: pepsi %s msg/s (%s below run %d), postfix %s msg/s (%s below) (load %s)\n' \
+        "$r" $((domains - 1)) "$other" "${pepsi_drops[-1]}" "$r" "$other_pf" "${postfix_drops[-1]}" \
+        "$(cut -d' ' -f1 /proc/loadavg)"
 done
 pepsi_median=$(bench_median "${pepsi_rates[@]}")
 postfix_median=$(bench_median "${postfix_rates[@]}")
@@ -189,26 +227,15 @@ printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 2.00)\n
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
 
 [ "$slow_repeats" -gt 0 ] || { echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"; exit 0; }
-pepsi_other=() postfix_other=()
-for ((r = 1; r <= slow_repeats; r++)); do
-    pepsi_reset
-    sleep 1
-    read -r _ other < <(measure "$pepsi_port" s)
-    pepsi_other+=("$other")
-    sync
-    read -r _ other_pf < <(measure "$postfix_port" s)
-    postfix_other+=("$other_pf")
-    printf 'slow run %d: the other %d domains: pepsi %s msg/s, postfix %s msg/s\n' \
-        "$r" $((domains - 1)) "$other" "$other_pf"
-done
 pepsi_other_median=$(bench_median "${pepsi_other[@]}")
 postfix_other_median=$(bench_median "${postfix_other[@]}")
+pct() { printf '%s\n' "$@" | tr -d %; }
 printf 'one destination slowed to 1 msg/s per connection: the other %d domains\n' $((domains - 1))
-printf '  pepsi   %8s msg/s (runs %s .. %s), %s below its normal median (target: <= 10%%)\n' \
+printf '  pepsi   %8s msg/s (runs %s .. %s); drop from the run before: median %s%%, runs %s%% .. %s%% (target: <= 10%%)\n' \
     "$pepsi_other_median" "$(min "${pepsi_other[@]}")" "$(max "${pepsi_other[@]}")" \
-    "$(drop "$pepsi_other_median" "$pepsi_median")"
-printf '  postfix %8s msg/s (runs %s .. %s), %s below its normal median\n' \
+    "$(bench_median $(pct "${pepsi_drops[@]}"))" "$(min $(pct "${pepsi_drops[@]}"))" "$(max $(pct "${pepsi_drops[@]}"))"
+printf '  postfix %8s msg/s (runs %s .. %s); drop from the run before: median %s%%, runs %s%% .. %s%%\n' \
     "$postfix_other_median" "$(min "${postfix_other[@]}")" "$(max "${postfix_other[@]}")" \
-    "$(drop "$postfix_other_median" "$postfix_median")"
+    "$(bench_median $(pct "${postfix_drops[@]}"))" "$(min $(pct "${postfix_drops[@]}"))" "$(max $(pct "${postfix_drops[@]}"))"
 printf 'ratio pepsi/postfix with the slow destination: %s\n' "$(ratio "$pepsi_other_median" "$postfix_other_median")"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -11,7 +11,9 @@
 #
 # Names are absolute; a CNAME is followed within the zone.  A query for a
 # name with no record is NXDOMAIN, for a name with records of other types
-# only, an empty answer.  Usage: testdns.py ZONEFILE PORT [ADDRESS]
+# only, an empty answer; both carry the SOA record of the name's zone in
+# their authority section when the zone file has one, so that resolvers
+# cache them (RFC 2308), as they do on the internet.  Usage: testdns.py ZONEFILE PORT [ADDRESS]
 # (ADDRESS: where to listen, 127.0.0.1 by default; bench/ uses another).
 import os
 import socket
@@ -55,6 +57,15 @@ class ZoneResolver(BaseResolver):
             records.setdefault(key, []).append(rr)
         self.records, self.directives, self.stamp = records, directives, stamp
 
+    def soa_for(self, records, name):
+        """The SOA record of the closest enclosing zone of name, or None."""
+        labels = name.split(".")
+        for i in range(len(labels)):
+            for rr in records.get(".".join(labels[i:]), []):
+                if rr.rtype == QTYPE.SOA:
+                    return rr
+        return None
+
     def resolve(self, request, handler):
         with self.lock:
             self.load()
@@ -77,6 +88,9 @@ class ZoneResolver(BaseResolver):
             if rrs is None:
                 if name == qname:
                     reply.header.rcode = RCODE.NXDOMAIN
+                soa = self.soa_for(records, name)
+                if soa is not None:
+                    reply.add_auth(soa)
                 return reply
             matching = [rr for rr in rrs if rr.rtype == qtype or qtype == QTYPE.ANY]
             if matching:
@@ -85,6 +99,9 @@ class ZoneResolver(BaseResolver):
                 return reply
             cname = [rr for rr in rrs if rr.rtype == QTYPE.CNAME]
             if not cname:
+                soa = self.soa_for(records, name)
+                if soa is not None:
+                    reply.add_auth(soa)
                 return reply
             reply.add_answer(cname[0])
             name = str(cname[0].rdata.label).rstrip(".").lower()
