@@ -66,6 +66,43 @@ tls_policy_refuse(struct tls_policy *out, const char *result, const char *fmt, .
 	va_end(ap);
 }
 
+/*
+ * RFC 7672 2.2.2: DANE applies to an MX host whose address records are
+ * DNSSEC-secure too, not only its MX and TLSA records (a secure TLSA
+ * record beside an address an attacker can forge would protect nothing).
+ * 1: secure; 0: insecure, or no address (no DANE); -1: bogus (refused).
+ */
+static int
+tls_policy_addresses_secure(const struct tls_policy_request *req, struct tls_policy *out)
+{
+	static const enum dns_type types[2] = {DNS_TYPE_A, DNS_TYPE_AAAA};
+	bool					   secure = false;
+	bool					   insecure = false;
+
+	for (int t = 0; t < 2; t++)
+	{
+		struct dns_answer a;
+
+		dns_resolve_sync(req->resolver, req->mx_host, types[t], &a);
+		if (a.bogus)
+		{
+			tls_policy_refuse(out, "dnssec-invalid", "the address records of %s failed DNSSEC validation",
+							  req->mx_host);
+			dns_answer_free(&a);
+			return -1;
+		}
+		if (a.status == DNS_OK && a.count > 0)
+		{
+			if (a.secure)
+				secure = true;
+			else
+				insecure = true;
+		}
+		dns_answer_free(&a);
+	}
+	return secure && !insecure ? 1 : 0;
+}
+
 /* DANE for the host when its TLSA answer allows it; true when DANE decided (or refused). */
 static bool
 tls_policy_dane(const struct tls_policy_request *req, struct tls_policy *out)
@@ -73,7 +110,10 @@ tls_policy_dane(const struct tls_policy_request *req, struct tls_policy *out)
 	char			  name[300];
 	struct dns_answer a;
 	size_t			  usable = 0;
+	int				  addresses = tls_policy_addresses_secure(req, out);
 
+	if (addresses != 1)
+		return addresses < 0;
 	snprintf(name, sizeof(name), "_%u._tcp.%s", req->port ? req->port : 25, req->mx_host);
 	dns_resolve_sync(req->resolver, name, DNS_TYPE_TLSA, &a);
 	if (a.bogus)

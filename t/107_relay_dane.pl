@@ -8,7 +8,10 @@
 #   DANE-TA(2) naming the CA of an expired certificate: deferred, the
 #     reason saying it expired (certificate-expired in state.tls);
 #   only a TLSA record of an unknown usage: TLS without authentication;
-#   a peer without STARTTLS under DANE: deferred, nothing sent in clear.
+#   a peer without STARTTLS under DANE: deferred, nothing sent in clear;
+#   a secure MX and TLSA record (of another key) but an MX host whose
+#   address is not DNSSEC-secure (a CNAME into an unsigned zone): no DANE
+#   (RFC 7672 2.2.2), delivered as opportunistic TLS.
 
 use strict;
 use warnings FATAL => 'all';
@@ -59,9 +62,22 @@ _$port._tcp.mx.unknown IN TLSA 4 1 1 $hash{ee}
 clear IN MX 10 mx.clear
 mx.clear IN A 127.0.0.7
 _$port._tcp.mx.clear IN TLSA 3 1 1 $hash{ee}
+insecure IN MX 10 mx.insecure
+mx.insecure IN CNAME mx.plain.test.
+_$port._tcp.mx.insecure IN TLSA 3 1 1 $hash{other}
+EOF
+# An unsigned zone beside it (no trust anchor covers it: insecure).
+my $plain = <<"EOF";
+\$ORIGIN plain.test.
+\$TTL 300
+@ IN SOA ns.plain.test. hostmaster.plain.test. 1 3600 600 86400 300
+@ IN NS ns.plain.test.
+ns IN A 127.0.0.1
+mx IN A 127.0.0.5
 EOF
 my $zdir = PostgreSQL::Test::Utils::tempdir();
 PostgreSQL::Test::Utils::append_to_file("$zdir/dane.test.zone", $zone);
+PostgreSQL::Test::Utils::append_to_file("$zdir/plain.test.zone", $plain);
 my $key = `cd $zdir && ldns-keygen -a ECDSAP256SHA256 -k dane.test`;
 chomp $key;
 system("cd $zdir && ldns-signzone dane.test.zone $key") == 0 or die 'ldns-signzone failed';
@@ -84,6 +100,9 @@ remote-control:
 zone:
   name: dane.test
   zonefile: "$zdir/dane.test.zone.signed"
+zone:
+  name: plain.test
+  zonefile: "$zdir/plain.test.zone"
 EOF
 	return ('nsd', '-d', '-c', "$dir/nsd.conf");
 });
@@ -94,7 +113,7 @@ my $config = delivery_config($node, maildir_root => $root, internet => $port,
 my $d = start_dispatcher($config);
 
 my %id;
-for my $name (qw(match mismatch expired unknown clear))
+for my $name (qw(match mismatch expired unknown clear insecure))
 {
 	$id{$name} = inject($node, to => ["user\@$name.dane.test"],
 		headers => "From: <$sender>\r\nTo: <user\@$name.dane.test>\r\nSubject: to $name\r\n");
@@ -137,6 +156,11 @@ like(paused_state($id{clear}, 'last_error'), qr/does not offer STARTTLS, which t
 	'a DANE host without STARTTLS: deferred');
 is(paused_state($id{clear}, 'tls,result'), 'starttls-not-supported', 'state.tls: starttls-not-supported');
 unlike(slurp("$clear->{dir}/transcript"), qr/MAIL FROM/, 'nothing was sent in clear');
+
+ok(poll_until(sub { sent_to($good, 'insecure') == 1 }),
+	'a secure TLSA record but an insecure address of the MX host: delivered (no DANE)');
+ok(poll_until(sub { dispatcher_log($d) =~ /to=<user\@insecure\.dane\.test>.*status=sent.*tls_policy=opportunistic/ }),
+	'as opportunistic TLS (RFC 7672 2.2.2)');
 
 stop_dispatcher($d);
 done_testing();
