@@ -10,10 +10,26 @@ the maildir (written by relay-to-maildir, renamed into new/ unchanged).
 
 Prints one line: mode, the light messages' latency median and p99 (of the
 ones sent while the burst was in flight, when there is one), their count,
-the largest, and the burst's throughput in messages per second.
+the largest, and the burst's throughput in messages per second; then, for
+those same light messages, where their time went (medians, in seconds):
+
+  accept      the send, from its start to the 250 reply to DATA
+  admit       from the start of the send to the row's INSERT
+  STAGE.wait  pending at STAGE until a claim set it running (claim wait)
+  STAGE.run   from that claim to the commit that moved it on: the rows
+              ahead of it in its worker's pipeline, then its own pass
+              (its fused successors included) and commit
+  STAGE.svc   the stage's mean worker time per row over the run (all
+              senders), from pepsi.stage_stats: STAGE.run minus this is
+              about the wait in the pipeline
+  deliver     from the final commit to the maildir file's mtime
+
+The row times come from bench_trace, filled by a trigger on
+pepsi.workqueue for rows of senders other than the burst's (run.sh).
 """
 import argparse
 import os
+import shlex
 import smtplib
 import subprocess
 import sys
@@ -58,7 +74,7 @@ def light_client(index, args, stop, sent):
                 smtp = smtplib.SMTP("127.0.0.1", args.port, source_address=(source, 0), timeout=120)
                 smtp.ehlo("light%d.example.net" % index)
             smtp.sendmail("light%d@example.net" % index, [args.light_rcpt], body)
-            sent.append(at)
+            sent.append((at, time.time() - at))
         except (smtplib.SMTPException, OSError) as e:
             print("light client %d: %s" % (index, e), file=sys.stderr)
             smtp = None
@@ -71,7 +87,7 @@ def light_client(index, args, stop, sent):
 
 
 def latencies(mailbox):
-    """(sent, latency) of every light message delivered."""
+    """(sent, latency, mtime) of every light message delivered."""
     out = []
     for path in maildir_files(mailbox):
         with open(path, "rb") as f:
@@ -79,9 +95,79 @@ def latencies(mailbox):
         for line in head.split(b"\n"):
             if line.lower().startswith(b"x-bench-sent:"):
                 sent = float(line.split(b":", 1)[1])
-                out.append((sent, os.stat(path).st_mtime - sent))
+                mtime = os.stat(path).st_mtime
+                out.append((sent, mtime - sent, mtime))
                 break
     return out
+
+
+def psql(args, sql):
+    """Rows of one query, through the --psql command, as lists of strings."""
+    out = subprocess.run(shlex.split(args.psql) + ["-XAtq", "-F", "\t", "-c", sql],
+                         check=True, capture_output=True, text=True).stdout
+    return [line.split("\t") for line in out.splitlines() if line]
+
+
+def stage_totals(args):
+    """stage -> (messages, worker seconds) from pepsi.stage_stats."""
+    return {r[0]: (int(r[1]), float(r[2])) for r in psql(
+        args, "SELECT stage, messages, extract(epoch FROM processing_time)"
+              " FROM pepsi.stage_stats")}
+
+
+def wait_stats_flush(args, after, deadline):
+    """The dispatcher writes its statistics soon after the pipeline idles."""
+    while time.time() < deadline:
+        rows = psql(args, "SELECT coalesce(extract(epoch FROM max(updated_at)), 0)"
+                          " FROM pepsi.stage_stats")
+        if rows and float(rows[0][0]) >= after:
+            return
+        time.sleep(0.1)
+
+
+def breakdown(args, in_window, accepts, mtimes, totals_before):
+    """Medians of where the light messages' time went (see the file comment).
+    Messages are known by their send time, which their header carries to
+    the microsecond: the key that joins a file, its trace rows and its
+    accept time."""
+    events = {}
+    for row_id, stage, status, sent, at in psql(
+            args, "SELECT id, stage, status, coalesce(sent::text, ''), at"
+                  " FROM bench_trace ORDER BY id, at"):
+        events.setdefault(row_id, []).append((stage, status, round(float(sent), 6) if sent else None,
+                                              float(at)))
+    parts = {}
+    order = []
+
+    def add(key, value):
+        if key not in parts:
+            parts[key] = []
+            order.append(key)
+        parts[key].append(value)
+
+    for row_events in events.values():
+        sent = row_events[0][2]
+        if sent is None or not in_window(sent):
+            continue
+        if sent in accepts:
+            add("accept", accepts[sent])
+        add("admit", row_events[0][3] - sent)
+        for i, (stage, status, _, at) in enumerate(row_events):
+            if status != "running" or i == 0:
+                continue
+            add(stage + ".wait", at - row_events[i - 1][3])
+            if i + 1 < len(row_events):
+                add(stage + ".run", row_events[i + 1][3] - at)
+        if row_events[-1][1] == "deleted" and sent in mtimes:
+            add("deliver", mtimes[sent] - row_events[-1][3])
+    fields = ["%s=%.4f" % (k, percentile(parts[k], 0.5)) for k in order]
+    totals = stage_totals(args)
+    for stage in sorted({k.split(".")[0] for k in order if "." in k}):
+        before = totals_before.get(stage, (0, 0.0))
+        after = totals.get(stage, before)
+        if after[0] > before[0]:
+            fields.append("%s.svc=%.4f" % (stage, (after[1] - before[1]) / (after[0] - before[0])))
+    return " ".join(fields)
 
 
 def percentile(values, p):
@@ -94,7 +180,25 @@ def percentile(values, p):
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+def summary(lines):
+    """The median over runs of every key=value a run's line printed after
+    its first five fields, on one line: where the time went, typically."""
+    values = {}
+    order = []
+    for line in lines:
+        for field in line.split()[6:]:
+            key, _, value = field.partition("=")
+            if key not in values:
+                values[key] = []
+                order.append(key)
+            values[key].append(float(value))
+    return " ".join("%s=%.4f" % (k, percentile(values[k], 0.5)) for k in order)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "summary":
+        print(summary(sys.argv[2:]))
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["light", "burst", "both"])
     ap.add_argument("--port", type=int, required=True)
@@ -107,10 +211,13 @@ def main():
     ap.add_argument("--lead", type=float, default=2.0, help="light traffic before the burst")
     ap.add_argument("--light-rcpt", default="light@example.org")
     ap.add_argument("--heavy-rcpt", default="heavy@example.org")
+    ap.add_argument("--psql", help="psql command line for the benchmark's database"
+                                   " (to read bench_trace and pepsi.stage_stats)")
     args = ap.parse_args()
     light_box = os.path.join(args.maildir, args.light_rcpt)
     heavy_box = os.path.join(args.maildir, args.heavy_rcpt)
 
+    totals_before = stage_totals(args) if args.psql else {}
     stop = threading.Event()
     sent = []
     threads = []
@@ -142,17 +249,29 @@ def main():
         t.join()
 
     rate = args.burst / (burst_end - burst_start) if burst_start else float("nan")
+    def in_window(s):
+        return burst_start is None or burst_start <= s <= burst_end
+
     lat = []
+    parts = ""
     if threads:
         if not wait_count(light_box, len(sent), time.time() + 300):
             print("only %d of %d light messages arrived" % (len(maildir_files(light_box)), len(sent)),
                   file=sys.stderr)
             return 1
-        lat = [l for s, l in latencies(light_box)
-               if burst_start is None or burst_start <= s <= burst_end]
-    print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f" % (
+        delivered = latencies(light_box)
+        lat = [l for s, l, _ in delivered if in_window(s)]
+        delivered = [(round(s, 6), l, m) for s, l, m in delivered]
+        if args.psql:
+            # The statistics are written once the pipeline idles after its last delivery.
+            wait_stats_flush(args, max([m for _, _, m in delivered] + [burst_end or 0]),
+                             time.time() + 5)
+            parts = " " + breakdown(args, in_window,
+                                    {round(at, 6): accept for at, accept in sent},
+                                    {s: m for s, _, m in delivered}, totals_before)
+    print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s" % (
         args.mode, percentile(lat, 0.5), percentile(lat, 0.99), len(lat),
-        max(lat) if lat else float("nan"), rate))
+        max(lat) if lat else float("nan"), rate, parts))
     return 0
 
 

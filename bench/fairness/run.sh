@@ -17,6 +17,16 @@
 # in flight), their largest, and the burst's throughput with and without
 # them.  Targets: light median during the burst <= 2x alone, p99 < 2 s,
 # burst throughput with light clients within 10% of without.
+#
+# Where the light messages' time goes is printed beside (drive.py's file
+# comment says what each part is): a trigger records, for rows of senders
+# other than the burst's, when each became pending, was claimed, and moved
+# on, so the claim wait and the pipeline wait are told apart per stage.
+# The burst's own rows fire no trigger (its WHEN is false for them).
+#
+# Environment: BENCH_REPEATS (5), BENCH_BURST (20000).  One repeat takes
+# about 10 s of light traffic plus the burst twice; the full run prints
+# how long it took.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -55,6 +65,29 @@ sed -i -e "s|^CONNINFO = .*|CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$
     -e "s|^USER = pepsi|USER = $PEPSI_USER|" "$conf"
 grep -q "PORT = $port" "$conf" || { echo "docs/pepsi.conf.sample has no listener on 2525" >&2; exit 1; }
 
+# The light rows' trace (see above).
+bench_psql >/dev/null <<'SQL'
+CREATE TABLE bench_trace (id bigint, stage text, status text, sent float8, at float8);
+CREATE FUNCTION bench_trace() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO public.bench_trace VALUES (OLD.id, OLD.stage, 'deleted', NULL,
+            extract(epoch FROM clock_timestamp()));
+    ELSE
+        INSERT INTO public.bench_trace VALUES (NEW.id, NEW.stage, NEW.status::text,
+            CASE WHEN TG_OP = 'INSERT' THEN substring(encode(NEW.headers, 'escape')
+                FROM 'X-Bench-Sent: ([0-9.]+)')::float8 END,
+            extract(epoch FROM clock_timestamp()));
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_trace AFTER INSERT OR UPDATE ON pepsi.workqueue FOR EACH ROW
+    WHEN (NEW.sender_key <> 'ip:127.0.0.1') EXECUTE FUNCTION bench_trace();
+CREATE TRIGGER bench_trace_delete AFTER DELETE ON pepsi.workqueue FOR EACH ROW
+    WHEN (OLD.sender_key <> 'ip:127.0.0.1') EXECUTE FUNCTION bench_trace();
+SQL
+psql_command="$PGBIN/psql -h $BENCH_DIR -p $BENCH_PORT -U postgres -d $BENCH_DB"
+
 reset_mailboxes() {
     rm -rf "$maildir"
     mkdir -p "$maildir"/{light,heavy}@example.org/{tmp,new,cur}
@@ -75,16 +108,22 @@ done
 
 # run MODE: one run after a reset; prints drive.py's line.
 run() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, bench_trace RESTART IDENTITY" \
+        -c CHECKPOINT >/dev/null
     reset_mailboxes
-    python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" 2>>"$log" | tee -a "$log"
+    python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" \
+        --psql "$psql_command" 2>>"$log" | tee -a "$log"
 }
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench/fairness: 10 light clients (1 msg / 0.5 s each), a $burst-message burst;" \
     "$repeats repeats through docs/pepsi.conf.sample's graph"
+started=$(date +%s)
+alone_lines=() both_lines=()
 alone_med=() alone_p99=() both_med=() both_p99=() both_max=() rate_alone=() rate_both=()
 for ((r = 1; r <= repeats; r++)); do
+    repeat_started=$(date +%s)
     l=$(run light)
     b=$(run burst)
     m=$(run both)
@@ -92,9 +131,12 @@ for ((r = 1; r <= repeats; r++)); do
     rate_alone+=("$(field rate "$b")")
     both_med+=("$(field median "$m")") both_p99+=("$(field p99 "$m")") both_max+=("$(field max "$m")")
     rate_both+=("$(field rate "$m")")
+    alone_lines+=("$l") both_lines+=("$m")
     printf 'run %d: light alone median %s s; during the burst median %s s, p99 %s s, max %s s;' \
         "$r" "${alone_med[-1]}" "${both_med[-1]}" "${both_p99[-1]}" "${both_max[-1]}"
-    printf ' burst %s msg/s alone, %s msg/s with light clients\n' "${rate_alone[-1]}" "${rate_both[-1]}"
+    printf ' burst %s msg/s alone, %s msg/s with light clients; %d s\n' "${rate_alone[-1]}" \
+        "${rate_both[-1]}" "$(($(date +%s) - repeat_started))"
+    printf '  %s\n' "$l" "$m"
 done
 
 spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
@@ -113,3 +155,7 @@ printf '  light max latency during burst:    %8.3f s  (%s)\n' "$(bench_median "$
 printf '  burst throughput alone:            %8.1f msg/s (%s)\n' "$r_alone" "$(spread "${rate_alone[@]}")"
 printf '  burst throughput with light:       %8.1f msg/s (%s)  ratio %s (target >= 0.90)\n' \
     "$r_both" "$(spread "${rate_both[@]}")" "$(ratio "$r_both" "$r_alone")"
+echo "where the light messages' time went (s; medians of the runs' medians; see drive.py):"
+echo "  alone:        $(python3 "$here/drive.py" summary "${alone_lines[@]}")"
+echo "  during burst: $(python3 "$here/drive.py" summary "${both_lines[@]}")"
+echo "$repeats runs took $(($(date +%s) - started)) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
