@@ -1,7 +1,11 @@
 # pepsi-dispatch: a light sender never waits for a burst to drain.  One
 # client's burst of 4,000 messages is waiting and ten light senders admit
-# one message each every 0.2 s meanwhile; every light message must be done
-# within a few seconds of its admission, long before the burst is.
+# one message each every 0.2 s meanwhile, for as long as more than a
+# quarter of the burst is left; every light message must be done within a
+# few seconds of its admission, and before the burst is.  The burst cannot
+# drain faster than its workers sleep (4,000 x 2 ms over 2 workers), so
+# the light senders always have three seconds of it to compete with,
+# however fast the machine; on a slow one they stop at a count.
 #
 # The burst follows a queue reset that left the claim's sender cache
 # behind (TRUNCATE ... RESTART IDENTITY after a run that took
@@ -23,7 +27,7 @@ use PepsiTest;
 my $db = 'postgres';
 my $node = dispatch_node('dispatch_starvation');
 my $program = test_program('test-stage');
-my ($burst, $light_senders, $light_seconds, $bound) = (4000, 10, 6, 5);
+my ($burst, $light_senders, $light_most, $bound) = (4000, 10, 300, 5);
 
 my $config = write_config($node, stages => <<"EOF");
 [stage-slow]
@@ -43,31 +47,33 @@ $node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log 
 add_rows($node, $burst, stage => 'slow', sender => '10.0.0.1');
 
 # The light senders, round robin, one admission every 0.2 s / senders,
-# each with its wake-up, from one session; the time each was admitted, by
-# id.
+# each with its wake-up, from one session, while more than a quarter of
+# the burst is left; the time each was admitted, by id.
 my %admitted;
 my $session = $node->background_psql($db);
 my $start = time;
 my $sent = 0;
-while (time < $start + $light_seconds)
+my $burst_left = $burst;
+while ($sent < $light_most)
 {
 	my $at = time;
-	my ($id) = split /\n/, $session->query_safe(
+	my ($id, $left) = split /\n/, $session->query_safe(
 		"SELECT pepsi.workqueue_add('light\@example.org', ARRAY['rcpt\@example.net'],"
 		  . " 'Subject: light'::bytea, 'body'::bytea, '{}', '10.1.0."
 		  . (1 + $sent % $light_senders) . "', stage => 'slow');"
+		  . " SELECT count(*) FROM pepsi.workqueue WHERE sender_key = 'ip:10.0.0.1';"
 		  . ' SELECT pepsi.notify_workqueue();');
 
 	$admitted{$id} = $at;
 	$sent++;
+	$burst_left = $left;
+	last if $burst_left <= $burst / 4;
 	my $next = $start + $sent * 0.2 / $light_senders;
 	usleep(1_000_000 * ($next - time)) if $next > time;
 }
 $session->quit;
-my $burst_left = scalar_query($node,
-	"SELECT count(*) FROM pepsi.workqueue WHERE sender_key = 'ip:10.0.0.1'");
-cmp_ok($burst_left, '>', 0,
-	"the burst is still in flight when the last light message is admitted ($burst_left left)");
+note("$sent light messages admitted; $burst_left burst messages left after the last");
+cmp_ok($sent, '>=', 20, 'light messages were admitted while the burst was in flight');
 
 my $light = "sender <> 'ip:10.0.0.1'";
 ok( poll_until(sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE $light") == $sent },
@@ -85,6 +91,22 @@ for my $line (split /\n/,
 @waits = sort { $a <=> $b } @waits;
 note(sprintf('light messages: median wait %.3f s, longest %.3f s', $waits[@waits / 2], $waits[-1]));
 cmp_ok($waits[-1], '<=', $bound, "no light message waits more than $bound s");
+
+# Served in arrival order only, behind every burst row, the light messages
+# would be done after the whole burst: the last of them must not be.
+ok( poll_until(
+		sub {
+			scalar_query($node,
+				"SELECT count(*) FROM pepsi.workqueue WHERE sender_key = 'ip:10.0.0.1'") == 0;
+		},
+		120),
+	'the burst drains');
+my $burst_after = scalar_query(
+	$node, qq{
+	SELECT count(*) FROM test_log
+	WHERE NOT ($light) AND seq > (SELECT max(seq) FROM test_log WHERE $light)});
+cmp_ok($burst_after, '>', 0,
+	"burst messages were still waiting when the last light one was done ($burst_after after it)");
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher stops');
 
 done_testing();
