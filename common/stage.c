@@ -52,6 +52,14 @@ pepsi_registry_has(const char *program)
 	return stage_registry != NULL && stage_registry(program) != NULL;
 }
 
+bool
+pepsi_registry_one_at_a_time(const char *program)
+{
+	const struct pepsi_stage *stage = stage_registry ? stage_registry(program) : NULL;
+
+	return stage != NULL && stage->load != PEPSI_LOAD_METADATA && stage->batch_max <= 1;
+}
+
 /* ---------------------------------------------------------------------------
  * Errors and small helpers
  * ------------------------------------------------------------------------- */

@@ -66,6 +66,11 @@ typedef const struct pepsi_stage *(*pepsi_registry_fn)(const char *program);
 void pepsi_registry_install(pepsi_registry_fn lookup);
 /* Is program a stage of this (multi-call) binary?  False when no registry is installed. */
 bool pepsi_registry_has(const char *program);
+/*
+ * Is program a stage of this binary whose worker takes one id at a time
+ * (it loads headers or body, and has no batch_max)?  False when not known.
+ */
+bool pepsi_registry_one_at_a_time(const char *program);
 
 /* "PROGRAM worker [-c CONFIG] [-v]": the worker loop.  Returns the exit code. */
 int pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);

@@ -35,12 +35,13 @@ struct stage_spec
 	long  max_runtime_ms;
 };
 
-/* An id handed to a worker and not yet answered. */
+/* An id given to a worker and not yet answered. */
 struct inflight
 {
 	long long id;
 	char	 *sender;
-	double	  sent_at;
+	double	  sent_at;	  /* when it was written to the worker */
+	double	  sender_use; /* its sender's worker time when it was given (fair.c) */
 };
 
 struct fair_account;
@@ -87,6 +88,18 @@ enum worker_state
 	WORKER_KILLED_FOR_PROTOCOL /* SIGKILLed: wrote what is no status line; rest ignored */
 };
 
+/*
+ * How a pool's workers take their ids (pool.c, HAND_AHEAD): one per pass,
+ * or every one waiting as a batch.  Known from the stage registry for
+ * Pepsi's own stages; learnt from the answers for another program.
+ */
+enum pool_intake
+{
+	INTAKE_UNKNOWN, /* written HAND_AHEAD ids, until it answers that many at once */
+	INTAKE_ONE,		/* written HAND_AHEAD ids */
+	INTAKE_BATCH	/* written all its ids */
+};
+
 /* A stage worker process and the ids it holds. */
 struct pool_worker
 {
@@ -104,6 +117,7 @@ struct pool_worker
 	int					ring;
 	int					head;
 	int					count;
+	int					handed; /* of count, from head: written (or being written) to it */
 	long				handled;
 	double				last_done; /* when the previous answer came: the next one's start */
 	double				idle_since;
@@ -119,6 +133,7 @@ struct pool
 	double				 cooldown_until; /* spawning failed: hold off until then */
 	double				 row_cost_us;	 /* mean worker time per message, for the claim */
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
+	enum pool_intake	 intake;		 /* how its workers take ids: how many to write them */
 	struct fair_account *fair;
 	struct pool_stats	 stats;			/* since the last flush */
 	bool				 removed;		/* gone from the configuration: drained, then freed */
@@ -173,6 +188,8 @@ struct fair_account *fair_create(void);
 void				 fair_free(struct fair_account *account);
 void				 fair_charge(struct fair_account *account, const char *sender, double us, double now,
 								 double half_life);
+double				 fair_used(struct fair_account *account, const char *sender, double now,
+							   double half_life);
 /* Append (stage, sender, used) for every sender worth passing to the claim. */
 void fair_export(struct fair_account *account, const char *stage, double now,
 				 double half_life, double floor, struct buf *stages, struct buf *senders,

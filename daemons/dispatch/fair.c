@@ -97,6 +97,17 @@ fair_charge(struct fair_account *account, const char *sender, double us, double 
 	e->at = now;
 }
 
+/* A sender's worker time at the stage now, decayed; 0 for one never charged. */
+double
+fair_used(struct fair_account *account, const char *sender, double now, double half_life)
+{
+	for (struct fair_entry *e = account->buckets[fair_hash(sender, account->nbuckets)]; e;
+		 e = e->next)
+		if (strcmp(e->sender, sender) == 0)
+			return fair_decayed(e, now, half_life);
+	return 0;
+}
+
 /*
  * Export the senders whose decayed usage is above floor (smaller leads are
  * noise; such a sender is then treated as a newcomer, level with the

@@ -4,7 +4,10 @@
  * A pool grows on demand up to PARALLELISM workers ("PROGRAM worker" with
  * pipes on its stdin and stdout) and packs ids onto the fewest of them, up
  * to QUEUE_LIMIT in flight each, so a surplus worker goes idle and is
- * reaped after WORKER_IDLE_TIMEOUT.  Each status line answers the oldest
+ * reaped after WORKER_IDLE_TIMEOUT.  A worker that takes one id at a time
+ * is written only the next few of its ids; the rest wait here, where a
+ * light sender's row claimed later goes ahead of a heavier sender's.
+ * Each status line answers the oldest
  * id in flight: its worker time (from the later of its hand-over and the
  * previous answer, shared evenly by answers that arrive together, as a
  * batch does) is charged to its sender.  A worker that answers
@@ -53,6 +56,21 @@ pool_depth(const struct pool *pool)
 {
 	return depth_limit(&pool->depth, pool->spec.queue_limit);
 }
+
+/*
+ * How many of its ids a worker that takes one id per pass holds in its
+ * stdin: the one it works on and two more, so it never waits for us to
+ * write the next.  The rest of its pipeline stays in its ring here,
+ * claimed (so no claim round trip stands between two rows) but still in
+ * an order we choose: a row of a sender that has used less worker time
+ * than the senders of the rows not yet written goes ahead of them (CFS
+ * within the pipeline).  A light sender's row claimed a moment after a
+ * burst's then waits for about HAND_AHEAD rows, not a pipeline of them.
+ * A batching worker is written all of its ids: it takes what is waiting
+ * as one batch.  A program the stage registry does not know is taken to
+ * batch once it answers HAND_AHEAD ids at once.
+ */
+#define HAND_AHEAD 3
 
 /* Whether a worker may take one more id at all: its queue limit and MAX_MESSAGES. */
 static bool
@@ -387,14 +405,42 @@ worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents)
 }
 
 /*
- * Pack onto the busiest worker with room, so surplus workers go idle.  The
- * id is written by the next pools_flush.
+ * Write the worker the ids it should hold now (see HAND_AHEAD), in ring
+ * order, which is the order it will answer them in.
+ */
+static void
+worker_hand(struct pool_worker *w)
+{
+	int limit = w->pool->intake == INTAKE_BATCH ? w->count : HAND_AHEAD;
+
+	/* Stopping: what it was not written goes back to pending when it exits. */
+	if ((w->state != WORKER_RUNNING && w->state != WORKER_RETIRING) || dispatcher.shutting_down)
+		return;
+	for (; w->handed < w->count && w->handed < limit; w->handed++)
+	{
+		struct inflight *entry = &w->queue[(w->head + w->handed) % w->ring];
+
+		entry->sent_at = now_seconds();
+		buf_printf(&w->out, "%lld\n", entry->id);
+	}
+	if (w->out.len > 0 && !ev_is_active(&w->writer))
+		worker_flush(w);
+}
+
+/*
+ * Pack onto the busiest worker with room, so surplus workers go idle.  In
+ * its ring the id goes ahead of the ids not yet written whose senders
+ * had used more worker time (a sender's own rows keep their order).  It
+ * is written by the next pools_flush, or when its turn comes.
  */
 bool
 pool_assign(struct pool *pool, long long id, const char *sender)
 {
 	struct pool_worker *best = NULL;
 	struct inflight	   *slot;
+	double				now = now_seconds();
+	double				use = fair_used(pool->fair, sender, now, dispatcher.fair_half_life);
+	int					at;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
@@ -412,17 +458,24 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 				best = w;
 	if (dispatcher.shutting_down)
 		return false; /* claimed as we stopped: the caller puts it back */
-	if (best == NULL && pool->nworkers < pool->spec.parallelism
-		&& now_seconds() >= pool->cooldown_until)
+	if (best == NULL && pool->nworkers < pool->spec.parallelism && now >= pool->cooldown_until)
 		best = worker_spawn(pool);
 	if (best == NULL)
 		return false;
-	slot = &best->queue[(best->head + best->count) % best->ring];
+	for (at = best->count; at > best->handed; at--)
+	{
+		struct inflight *before = &best->queue[(best->head + at - 1) % best->ring];
+
+		if (before->sender_use <= use || strcmp(before->sender, sender) == 0)
+			break;
+		best->queue[(best->head + at) % best->ring] = *before;
+	}
+	slot = &best->queue[(best->head + at) % best->ring];
 	slot->id = id;
 	slot->sender = xstrdup(sender);
-	slot->sent_at = now_seconds();
+	slot->sender_use = use;
+	slot->sent_at = now;
 	best->count++;
-	buf_printf(&best->out, "%lld\n", id);
 	return true;
 }
 
@@ -436,8 +489,7 @@ pools_flush(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 		for (struct pool_worker *w = p->workers; w; w = w->next)
-			if (w->out.len > 0 && !ev_is_active(&w->writer))
-				worker_flush(w);
+			worker_hand(w);
 }
 
 /* ---------------------------------------------------------------------------
@@ -451,6 +503,8 @@ worker_pop(struct pool_worker *w)
 
 	w->head = (w->head + 1) % w->ring;
 	w->count--;
+	if (w->handed > 0)
+		w->handed--;
 	if (w->count == 0)
 		w->idle_since = now_seconds();
 	return entry;
@@ -552,7 +606,7 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 
 	if (w->state == WORKER_KILLED_FOR_PROTOCOL)
 		return; /* it is being killed; what it says no longer counts */
-	if (w->count == 0)
+	if (w->handed == 0)
 	{
 		log_warnx("stage %s: worker %d answered an id it was not given: \"%.80s\"; replacing it",
 				  pool->spec.name, (int) w->pid, line);
@@ -646,8 +700,8 @@ worker_read(struct pool_worker *w)
 	 */
 	for (const char *p = w->in.data; (p = memchr(p, '\n', w->in.len - (size_t) (p - w->in.data))) != NULL; p++)
 		answers++;
-	if (answers > w->count)
-		answers = w->count; /* the rest break the protocol */
+	if (answers > w->handed)
+		answers = w->handed; /* the rest break the protocol */
 	if (answers > 0)
 	{
 		const struct inflight *head = &w->queue[w->head];
@@ -655,6 +709,8 @@ worker_read(struct pool_worker *w)
 
 		share_us = (now - started) * 1e6 / answers;
 		depth_record_batch(&w->pool->depth, answers, share_us * answers);
+		if (answers >= HAND_AHEAD && w->pool->intake == INTAKE_UNKNOWN)
+			w->pool->intake = INTAKE_BATCH;
 	}
 	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
 	{
@@ -662,6 +718,7 @@ worker_read(struct pool_worker *w)
 		worker_on_line(w, w->in.data, now, share_us);
 		buf_consume(&w->in, (size_t) (nl - w->in.data) + 1);
 	}
+	worker_hand(w);
 	if (w->in.len > 65536 && w->state != WORKER_KILLED_FOR_PROTOCOL)
 	{
 		log_warnx("stage %s: worker %d wrote a line longer than 64 KB; replacing it",
@@ -889,6 +946,15 @@ pools_drop_removed(void)
 	}
 }
 
+/* How PROGRAM's workers take their ids, if the stage registry knows it. */
+static enum pool_intake
+pool_intake_of(const char *program)
+{
+	if (strchr(program, '/') != NULL || !pepsi_registry_has(program))
+		return INTAKE_UNKNOWN;
+	return pepsi_registry_one_at_a_time(program) ? INTAKE_ONE : INTAKE_BATCH;
+}
+
 /* Replace the pools' specs; workers of changed or removed stages retire. */
 void
 pools_configure(struct stage_spec *specs, size_t count)
@@ -917,6 +983,8 @@ pools_configure(struct stage_spec *specs, size_t count)
 			p->spec.name = xstrdup(specs[i].name);
 		}
 		p->spec.queue_limit = specs[i].queue_limit;
+		if (p->spec.program == NULL || strcmp(p->spec.program, specs[i].program) != 0)
+			p->intake = pool_intake_of(specs[i].program);
 		free(p->spec.program);
 		p->spec.program = xstrdup(specs[i].program);
 		p->spec.parallelism = specs[i].parallelism;
