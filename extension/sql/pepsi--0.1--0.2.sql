@@ -1207,9 +1207,12 @@ BEGIN
                                       previous_seconds);
     END IF;
     IF hosts IS NOT NULL THEN
-        SELECT jsonb_agg(jsonb_build_object('host', c.host, 'address', c.address,
-                                            'failures', c.failures, 'retry_in', c.retry_in))
-        INTO addresses FROM pepsi.dns_address_current(hosts) c;
+        -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
+        SELECT jsonb_agg(jsonb_build_object('host', a.host, 'address', host(a.address),
+                   'failures', a.failures,
+                   'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
+        INTO addresses FROM pepsi.dns_address a
+        WHERE a.host = ANY (hosts) AND a.expires_at > now();
         SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
         FROM pepsi.mta_sts_policy_get(domain) p;
     END IF;
@@ -1298,14 +1301,21 @@ BEGIN
         WHERE a.host = f.host AND a.address = f.address;
     END IF;
     IF ok_address IS NOT NULL THEN
+        -- Skipped while another worker is writing the same news: every
+        -- worker that reaches the host may be here at once, and none
+        -- should wait for another's commit to say it again.
         UPDATE pepsi.dns_address a
         SET failures = 0, next_retry = NULL, last_success = now()
-        WHERE a.host = ok_host AND a.address = ok_address
-          AND (a.failures > 0 OR a.last_success IS NULL OR a.last_success < now() - interval '1 minute');
+        WHERE (a.host, a.address) IN (
+            SELECT b.host, b.address FROM pepsi.dns_address b
+            WHERE b.host = ok_host AND b.address = ok_address
+              AND (b.failures > 0 OR b.last_success IS NULL OR b.last_success < now() - interval '1 minute')
+            FOR UPDATE SKIP LOCKED);
     END IF;
     IF outcome = 'connected' THEN
         -- Written only when there is something to clear or widen, so a
-        -- healthy destination costs no write per message.
+        -- healthy destination costs no write per message; and not while
+        -- another worker writes it (its news is the same).
         UPDATE pepsi.destination t
         SET failures = 0, backoff_until = NULL, last_success = now(),
             service_seconds = CASE WHEN seconds IS NULL THEN t.service_seconds
@@ -1313,10 +1323,13 @@ BEGIN
             window_limit = CASE WHEN t.window_limit IS NULL THEN NULL
                                 WHEN random() * t.window_limit * 4 >= 1 THEN t.window_limit
                                 ELSE t.window_limit + 1 END
-        WHERE t.domain = destination_end.domain
-          AND (t.failures > 0 OR t.window_limit IS NOT NULL
-               OR t.next_turn > now() - interval '1 minute'
-               OR t.last_success IS NULL OR t.last_success < now() - interval '1 minute');
+        WHERE t.domain IN (
+            SELECT u.domain FROM pepsi.destination u
+            WHERE u.domain = destination_end.domain
+              AND (u.failures > 0 OR u.window_limit IS NOT NULL
+                   OR u.next_turn > now() - interval '1 minute'
+                   OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute')
+            FOR UPDATE SKIP LOCKED);
     ELSIF outcome = 'busy' THEN
         SELECT count(*) INTO active FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
