@@ -138,34 +138,35 @@ smtp_xtext_encode(const char *in, struct buf *out)
 void
 smtp_dot_stuff(const char *raw, size_t len, struct buf *out)
 {
-	bool line_start = true;
-
+	/*
+	 * Line by line, each copied whole: the message is as long as it is
+	 * (a relay sends every octet of every message through here).  A line
+	 * ends at a CRLF, a bare LF or a bare CR (the last two sent as CRLF:
+	 * the wire has one line end, and a bare CR is what SMTP smuggling
+	 * hides a second message behind), or at the end of the message.
+	 */
 	buf_reserve(out, len + len / 64 + 8);
-	for (size_t i = 0; i < len; i++)
+	for (size_t pos = 0; pos < len;)
 	{
-		char ch = raw[i];
+		const char *lf = memchr(raw + pos, '\n', len - pos);
+		size_t		text_end = lf ? (size_t) (lf - raw) : len;
+		size_t		next = lf ? text_end + 1 : len;
+		const char *cr;
 
-		if (line_start && ch == '.')
+		if (lf && text_end > pos && raw[text_end - 1] == '\r')
+			text_end--;
+		cr = memchr(raw + pos, '\r', text_end - pos);
+		if (cr)
+		{
+			text_end = (size_t) (cr - raw);
+			next = text_end + 1;
+		}
+		if (raw[pos] == '.')
 			buf_append_char(out, '.');
-		line_start = false;
-		if (ch == '\r' && (i + 1 == len || raw[i + 1] != '\n'))
-		{
-			/* A bare CR is never sent: the next hop might take it for a line end. */
-			buf_append(out, "\r\n", 2);
-			line_start = true;
-			continue;
-		}
-		if (ch == '\n')
-		{
-			/* A bare LF becomes CRLF: the wire has one line end. */
-			if (i == 0 || raw[i - 1] != '\r')
-				buf_append_char(out, '\r');
-			line_start = true;
-		}
-		buf_append_char(out, ch);
-	}
-	if (!line_start)
+		buf_append(out, raw + pos, text_end - pos);
 		buf_append(out, "\r\n", 2);
+		pos = next;
+	}
 	buf_append(out, ".\r\n", 3);
 }
 

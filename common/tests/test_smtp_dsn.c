@@ -68,6 +68,66 @@ test_dot_stuffing(void **state)
 	check_stuffed("end\r", "end\r\n.\r\n");
 }
 
+/* The rule octet by octet (as smtp_dot_stuff once ran), for the line-at-a-time one to match. */
+static void
+reference_stuffed(const char *raw, size_t len, struct buf *out)
+{
+	bool line_start = true;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		char ch = raw[i];
+
+		if (line_start && ch == '.')
+			buf_append_char(out, '.');
+		line_start = false;
+		if (ch == '\r' && (i + 1 == len || raw[i + 1] != '\n'))
+		{
+			buf_append(out, "\r\n", 2);
+			line_start = true;
+			continue;
+		}
+		if (ch == '\n')
+		{
+			if (i == 0 || raw[i - 1] != '\r')
+				buf_append_char(out, '\r');
+			line_start = true;
+		}
+		buf_append_char(out, ch);
+	}
+	if (!line_start)
+		buf_append(out, "\r\n", 2);
+	buf_append(out, ".\r\n", 3);
+}
+
+static void
+test_dot_stuffing_random(void **state)
+{
+	static const char octets[] = "a.\r\n\r\n.";
+	unsigned		  seed = 5321;
+	struct buf		  raw = BUF_INIT;
+	struct buf		  want = BUF_INIT;
+	struct buf		  got = BUF_INIT;
+
+	for (int round = 0; round < 20000; round++)
+	{
+		size_t n = (size_t) (rand_r(&seed) % 48);
+
+		buf_reset(&raw);
+		buf_reset(&want);
+		buf_reset(&got);
+		for (size_t i = 0; i < n; i++)
+			buf_append_char(&raw, octets[rand_r(&seed) % (sizeof(octets) - 1)]);
+		reference_stuffed(raw.data ? raw.data : "", raw.len, &want);
+		smtp_dot_stuff(raw.data ? raw.data : "", raw.len, &got);
+		if (got.len != want.len || memcmp(got.data, want.data, got.len) != 0)
+			fail_msg("dot-stuffing %zu octets gave %zu octets, the rule %zu", raw.len, got.len, want.len);
+	}
+	buf_free(&raw);
+	buf_free(&want);
+	buf_free(&got);
+}
+
 static void
 test_xtext(void **state)
 {
@@ -225,6 +285,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_reply_lines),
 		cmocka_unit_test(test_dot_stuffing),
+		cmocka_unit_test(test_dot_stuffing_random),
 		cmocka_unit_test(test_xtext),
 		cmocka_unit_test(test_dsn_layout),
 		cmocka_unit_test(test_dsn_boundary_and_header_cap),
