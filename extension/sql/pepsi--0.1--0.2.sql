@@ -1769,3 +1769,30 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('mta_sts_policy_get'), ('mta_sts_
 SELECT pepsi.grant_apply();
 
 -- end of MTA-STS policy cache
+
+-- ===========================================================================
+-- Message bodies: lz4 compression
+--
+-- A body is written once (at admission, or when a stage rewrites it) and
+-- read whole by every stage that loads it (Load::Full: signing, sealing,
+-- every relay).  The server's default compression, pglz, is slow both
+-- ways: with 100 KB bodies it made the admission statement cost 1.44 ms
+-- of the backend's time per message against 0.26 ms with lz4, and a load
+-- 0.31 ms against 0.22 ms (pg_stat_statements over 2,000 messages of
+-- bench/dkim-sign).  lz4 compresses text about as well, and gives up
+-- quickly on what does not compress (attachments already encoded), which
+-- is then stored as it is.  Existing bodies keep their compression (both
+-- are read alike); a server built without lz4 keeps pglz.
+-- ===========================================================================
+
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE pepsi.workqueue_body ALTER COLUMN body SET COMPRESSION lz4';
+EXCEPTION WHEN feature_not_supported OR syntax_error THEN
+    RAISE NOTICE 'pepsi.workqueue_body.body keeps the server''s default compression: %', SQLERRM;
+END
+$$;
+
+SELECT pepsi.grant_apply();
+
+-- end of message bodies: lz4 compression
