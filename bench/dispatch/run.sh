@@ -208,7 +208,7 @@ run_direct() {
     pg0=$(postgres_ticks)
     start=$(now)
     cpu=$( { /usr/bin/time -f '%U %S' "$BENCH_DIR/driver" run "$conninfo" "$config" \
-        "$BENCH_DIR/bin/pepsi-stage-if" "$limit" s1 s2 s3 >/dev/null; } 2>&1 | tail -1)
+        "$BENCH_DIR/bin/pepsi-stage-if" "$limit" 1 s1 s2 s3 >/dev/null; } 2>&1 | tail -1)
     end=$(now)
     # The sessions' backends exit after their clients: once reaped, their
     # time is in the postmaster's cutime.
