@@ -417,10 +417,10 @@ CONF
 }
 
 bench_ingress_start() {
-    local conf=$1 connections=${2:-4} log="$BENCH_DIR/ingress-stderr.log" seen
+    local conf=$1 connections=${2:-4} log="$BENCH_DIR/ingress-stderr.log" seen=0
     bench_ingress_stop
     # Only this start's lines count: a restart appends to the same log.
-    seen=$(cat "$log" 2>/dev/null | wc -l)
+    [ ! -f "$log" ] || seen=$(wc -l <"$log")
     "$bench_top/build/bin/pepsi-ingress" -c "$conf" 2>>"$log" &
     BENCH_INGRESS_PID=$!
     for _ in $(seq 1 100); do
