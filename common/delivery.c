@@ -309,13 +309,63 @@ delivery_retry_delay(struct pepsi_ctx *ctx, long attempts, double age)
 	return delay;
 }
 
+/*
+ * Is a delay DSN (RFC 3464 action "delayed") owed for this row's deferred
+ * recipients: the message is DELAY_DSN_AFTER old, has a sender and a
+ * BOUNCE_STAGE, and none was sent for it yet?
+ */
+static bool
+delivery_delay_dsn_due(struct pepsi_ctx *ctx, double age)
+{
+	return pepsi_option(ctx, "BOUNCE_STAGE") != NULL && pepsi_mail_from(ctx)[0] != '\0'
+		   && !json_is_true(json_object_get(pepsi_state(ctx), "delay_sent")) && age >= 0
+		   && age >= pepsi_option_seconds(ctx, "DELAY_DSN_AFTER");
+}
+
+/*
+ * The 1-based indices of the recipients whose NOTIFY asks for DELAY, among
+ * candidates (a JSON array of 1-based indices; NULL: every recipient).
+ */
+static json_t *
+delivery_wanting_delay(struct pepsi_ctx *ctx, json_t *candidates)
+{
+	json_t *wanting = json_array();
+	size_t	n = candidates ? json_array_size(candidates) : pepsi_rcpt_count(ctx);
+
+	for (size_t k = 0; k < n; k++)
+	{
+		size_t index = candidates ? (size_t) json_integer_value(json_array_get(candidates, k)) : k + 1;
+
+		if (index >= 1 && delivery_notify_wants(delivery_notify(ctx, index - 1), "DELAY"))
+			json_array_append_new(wanting, json_integer((json_int_t) index));
+	}
+	return wanting;
+}
+
+/*
+ * state.bounce of a delay DSN about several recipients: the report without
+ * a failed_recipient, so that the bounce stage lists every recipient of
+ * its row, each with its own NOTIFY and ORCPT (state.dsn.rcpt).
+ */
+static json_t *
+delivery_delay_bounce_json(struct pepsi_ctx *ctx, const struct delivery_report *why, double retry_for)
+{
+	json_t *bounce = delivery_bounce_json(ctx, "delay", why);
+
+	json_object_del(bounce, "failed_recipient");
+	json_object_del(bounce, "notify");
+	json_object_del(bounce, "orcpt");
+	json_object_set_new(bounce, "will_retry_until",
+						json_integer((json_int_t) (time(NULL) + (time_t) (retry_for > 0 ? retry_for : 0))));
+	return bounce;
+}
+
 int
 delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 {
 	json_t	   *state = pepsi_state(ctx);
 	long		attempts = (long) json_integer_value(json_object_get(state, "attempts")) + 1;
 	double		lifetime = pepsi_option_seconds(ctx, "MAX_LIFETIME");
-	double		delay_dsn_after = pepsi_option_seconds(ctx, "DELAY_DSN_AFTER");
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
 	double		age = delivery_message_age(ctx);
 	double		delay;
@@ -339,25 +389,28 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 		snprintf(note, sizeof(note), "attempt %ld, next in %.0fs", attempts, delay);
 		maillog_delivery(ctx, "deferred", why, note);
 	}
-	if (bounce_stage && pepsi_mail_from(ctx)[0] != '\0'
-		&& !json_is_true(json_object_get(state, "delay_sent"))
-		&& delivery_notify_wants(delivery_notify(ctx, 0), "DELAY")
-		&& age >= 0 && age >= delay_dsn_after)
+	if (delivery_delay_dsn_due(ctx, age))
 	{
-		json_t *bounce = delivery_bounce_json(ctx, "delay", why);
-		char   *token = xasprintf("dsn-delay-%lld", pepsi_id(ctx));
-		json_t *clones;
+		json_t *indices = delivery_wanting_delay(ctx, NULL);
 
-		json_object_set_new(bounce, "will_retry_until",
-							json_integer((json_int_t) (time(NULL) + (time_t) (lifetime - age))));
-		clones = json_pack("[{s:s,s:s,s:[i],s:{s:o}}]", "token", token, "stage", bounce_stage,
-						   "rcpt_indices", 1, "state", "bounce", bounce);
-		json_object_set_new(merge, "delay_sent", json_true());
-		log_info("row %lld: <%s> delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
-				 pepsi_rcpt(ctx, 0), age / 60, pepsi_mail_from(ctx));
-		rc = pepsi_pause_with(ctx, merge, delay, NULL, 0, clones);
-		json_decref(clones);
-		free(token);
+		if (json_array_size(indices) > 0)
+		{
+			char   *token = xasprintf("dsn-delay-%lld", pepsi_id(ctx));
+			json_t *clones = json_pack("[{s:s,s:s,s:O,s:{s:o}}]", "token", token, "stage", bounce_stage,
+									   "rcpt_indices", indices, "state", "bounce",
+									   delivery_delay_bounce_json(ctx, why, lifetime - age));
+
+			json_object_set_new(merge, "delay_sent", json_true());
+			log_info("row %lld: <%s>%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
+					 pepsi_rcpt(ctx, 0), pepsi_rcpt_count(ctx) > 1 ? " and others" : "", age / 60,
+					 pepsi_mail_from(ctx));
+			rc = pepsi_pause_with(ctx, merge, delay, NULL, 0, clones);
+			json_decref(clones);
+			free(token);
+		}
+		else
+			rc = pepsi_pause(ctx, merge, delay);
+		json_decref(indices);
 	}
 	else
 		rc = pepsi_pause(ctx, merge, delay);
@@ -417,6 +470,63 @@ delivery_bounce_group(struct pepsi_ctx *ctx, size_t index, const struct delivery
 	return group;
 }
 
+/*
+ * The deferred recipients at indices leave the row for a retry of their
+ * own (retry_group): when a delay DSN is owed for them, it goes with them,
+ * as a group of its own at BOUNCE_STAGE carrying those who asked for it
+ * (with their DSN parameters), and the retry group remembers it was sent.
+ */
+static void
+delivery_split_delay_dsn(struct pepsi_ctx *ctx, json_t *indices, const struct delivery_report *why,
+						 json_t *retry_group, json_t *groups)
+{
+	double	age = delivery_message_age(ctx);
+	json_t *wanting;
+	json_t *rcpt_to;
+	json_t *dsn_rcpt;
+	json_t *dsn;
+	json_t *all_rcpt = delivery_dsn_rcpts(ctx);
+	size_t	k;
+	json_t *index;
+
+	if (!delivery_delay_dsn_due(ctx, age))
+		return;
+	wanting = delivery_wanting_delay(ctx, indices);
+	if (json_array_size(wanting) == 0)
+	{
+		json_decref(wanting);
+		return;
+	}
+	rcpt_to = json_array();
+	dsn_rcpt = json_array();
+	json_array_foreach (wanting, k, index)
+	{
+		size_t i = (size_t) json_integer_value(index) - 1;
+
+		json_array_append_new(rcpt_to, json_string(pepsi_rcpt(ctx, i)));
+		json_array_append(dsn_rcpt, delivery_dsn_rcpt_entry(all_rcpt, pepsi_rcpt_count(ctx), i));
+	}
+	/* A group of new addresses loses state.dsn.rcpt: it is given back for those it carries. */
+	dsn = json_deep_copy(delivery_get_any_case(pepsi_state(ctx), "dsn"));
+	if (!json_is_object(dsn))
+	{
+		json_decref(dsn);
+		dsn = json_object();
+	}
+	json_object_set_new(dsn, "rcpt", dsn_rcpt);
+	json_array_append_new(groups,
+						  json_pack("{s:o,s:s,s:{s:o,s:o}}", "rcpt_to", rcpt_to, "stage",
+									pepsi_option(ctx, "BOUNCE_STAGE"), "state", "bounce",
+									delivery_delay_bounce_json(ctx, why,
+															   pepsi_option_seconds(ctx, "MAX_LIFETIME") - age),
+									"dsn", dsn));
+	json_object_set_new(json_object_get(retry_group, "state"), "delay_sent", json_true());
+	log_info("row %lld: %zu recipient%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
+			 json_array_size(wanting), json_array_size(wanting) == 1 ? "" : "s", age / 60,
+			 pepsi_mail_from(ctx));
+	json_decref(wanting);
+}
+
 int
 delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes, const char *action,
 			  bool next_hop_notifies)
@@ -431,6 +541,7 @@ delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes, co
 	json_t						  *groups = json_array();
 	json_t						  *deferred_indices = json_array();
 	bool						   null_sender = pepsi_mail_from(ctx)[0] == '\0';
+	json_t						  *retry_group;
 	int							   rc;
 
 	for (size_t i = 0; i < n; i++)
@@ -474,10 +585,11 @@ delivery_each(struct pepsi_ctx *ctx, const struct delivery_outcome *outcomes, co
 		json_array_foreach (deferred_indices, k, index)
 			maillog_delivery_recipient(ctx, (size_t) json_integer_value(index) - 1, "deferred",
 									   &outcomes[json_integer_value(index) - 1].report, note);
-		json_array_append_new(groups, json_pack("{s:O,s:s,s:f,s:{s:I,s:s}}", "rcpt_indices",
-												deferred_indices, "status", "retry", "retry_seconds",
-												delay, "state", "attempts", (json_int_t) attempts,
-												"last_error", last_error));
+		retry_group = json_pack("{s:O,s:s,s:f,s:{s:I,s:s}}", "rcpt_indices", deferred_indices, "status",
+								"retry", "retry_seconds", delay, "state", "attempts", (json_int_t) attempts,
+								"last_error", last_error);
+		delivery_split_delay_dsn(ctx, deferred_indices, &first_deferred->report, retry_group, groups);
+		json_array_append_new(groups, retry_group);
 		free(last_error);
 	}
 	json_decref(deferred_indices);

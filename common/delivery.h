@@ -8,8 +8,10 @@
  *              when asked for and ORIGINATE_SUCCESS_DSN), else advance or finish;
  *   deferred   pause with exponential backoff (state.attempts,
  *              state.last_error), one delay DSN clone once the message is
- *              DELAY_DSN_AFTER old and NOTIFY asks for DELAY (state.delay_sent);
- *              past MAX_LIFETIME it bounces instead;
+ *              DELAY_DSN_AFTER old, about every recipient whose NOTIFY asks
+ *              for DELAY (state.delay_sent); past MAX_LIFETIME it bounces
+ *              instead.  Recipients deferred beside delivered ones and
+ *              split off for their retry (delivery_each) get theirs too;
  *   bounced    reroute to BOUNCE_STAGE with state.bounce; a message from
  *              the null sender is finished with a log line instead.
  *
