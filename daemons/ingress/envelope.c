@@ -157,6 +157,9 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 		return NULL; /* json_pack took the references either way */
 	}
 	json_object_set_new(state, "auth", auth);
+	/* RFC 8689: the relays send it on only over verified TLS (common/smtp_client.c). */
+	if (s->requiretls)
+		json_object_set_new(json_object_get(state, "origin"), "requiretls", json_true());
 	if (o->iprev)
 		json_object_set_new(json_object_get(state, "origin"), "iprev", json_deep_copy(o->iprev));
 	text = json_dumps(state, JSON_COMPACT);

@@ -2,7 +2,8 @@
  * smtp.c: see smtp.h.  RFC 5321 with the extensions pepsi-ingress offers:
  * PIPELINING (2920), SIZE (1870), 8BITMIME (6152), SMTPUTF8 (6531),
  * ENHANCEDSTATUSCODES (2034, 3463), DSN (3461), CHUNKING and BINARYMIME
- * (3030), STARTTLS (3207) and AUTH PLAIN/LOGIN (4954).
+ * (3030), STARTTLS (3207), REQUIRETLS (8689, under TLS only) and AUTH
+ * PLAIN/LOGIN (4954).
  *
  * Content ends only at CRLF "." CRLF.  Bare CR, bare LF and NUL taint a
  * message instead of ending a line, so no other line end a sender and a
@@ -129,6 +130,7 @@ smtp_reset_transaction(struct smtp_session *s)
 	s->rcpt = NULL;
 	s->nrcpt = 0;
 	s->smtputf8 = false;
+	s->requiretls = false;
 	s->body = SMTP_BODY_7BIT;
 	s->chunking = false;
 	s->chunk_failed = false;
@@ -248,6 +250,9 @@ smtp_cmd_helo(struct smtp_session *s, char *arg, bool esmtp)
 	smtp_reply(s, "250-DSN");
 	if (p->starttls && !s->tls)
 		smtp_reply(s, "250-STARTTLS");
+	/* RFC 8689 2: offered only where it can be used, on a TLS session. */
+	if (s->tls)
+		smtp_reply(s, "250-REQUIRETLS");
 	if (p->auth && s->tls && s->auth_account == NULL)
 		smtp_reply(s, "250-AUTH PLAIN LOGIN");
 	smtp_reply(s, "250 ENHANCEDSTATUSCODES");
@@ -300,6 +305,16 @@ smtp_mail_params(struct smtp_session *s, char *params)
 		}
 		else if (strcasecmp(key, "SMTPUTF8") == 0 && value == NULL && !s->smtputf8)
 			s->smtputf8 = true;
+		else if (strcasecmp(key, "REQUIRETLS") == 0 && value == NULL && !s->requiretls)
+		{
+			/* RFC 8689 4.1: the sender's demand means nothing on a session in clear. */
+			if (!s->tls)
+			{
+				smtp_error(s, "530 5.7.10 REQUIRETLS needs a TLS session: issue STARTTLS first");
+				return false;
+			}
+			s->requiretls = true;
+		}
 		else if (strcasecmp(key, "RET") == 0 && value && s->ret == NULL)
 		{
 			if (strcasecmp(value, "FULL") != 0 && strcasecmp(value, "HDRS") != 0)
@@ -315,7 +330,8 @@ smtp_mail_params(struct smtp_session *s, char *params)
 		else if (strcasecmp(key, "AUTH") == 0 && value && !seen_auth)
 			seen_auth = true; /* RFC 4954 5: accepted; we vouch only for our own AUTH */
 		else if (strcasecmp(key, "SIZE") == 0 || strcasecmp(key, "BODY") == 0
-				 || strcasecmp(key, "SMTPUTF8") == 0 || strcasecmp(key, "RET") == 0
+				 || strcasecmp(key, "SMTPUTF8") == 0 || strcasecmp(key, "REQUIRETLS") == 0
+				 || strcasecmp(key, "RET") == 0
 				 || strcasecmp(key, "ENVID") == 0 || strcasecmp(key, "AUTH") == 0)
 			goto syntax;
 		else

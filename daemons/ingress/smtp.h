@@ -163,6 +163,7 @@ struct smtp_session
 	/* The transaction */
 	char				  *mail_from;
 	bool				   smtputf8;
+	bool				   requiretls; /* RFC 8689: MAIL FROM ... REQUIRETLS, over TLS only */
 	enum smtp_body		   body;
 	char				  *ret; /* "FULL", "HDRS" or NULL */
 	char				  *envid;

@@ -739,6 +739,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	env.envid = delivery_dsn_param(ctx, "envid");
 	env.body_8bit = body && strcasecmp(body, "8BITMIME") == 0;
 	env.smtputf8 = json_is_true(json_object_get(origin, "smtputf8"));
+	env.requiretls = json_is_true(json_object_get(origin, "requiretls"));
 
 	memset(&at, 0, sizeof(at));
 	internet_try_hosts(ctx, domain, route, &env, &raw, &at);
