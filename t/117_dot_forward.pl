@@ -4,7 +4,8 @@
 # system users: forwarding to another address (Delivered-To stamped),
 # "\user" keeping a local copy, a forwarding loop bounced with 5.4.6, a
 # .forward that is group-writable or owned by someone else ignored with a
-# log line, a command refused unless ALLOW_FORWARD_PIPES and, when allowed,
+# log line, an :include: file read with the same checks, a command refused
+# unless ALLOW_FORWARD_PIPES and, when allowed,
 # run as the owner with a clean environment; malformed lines, over-long
 # lines and control characters logged and skipped; the helper refuses a
 # caller outside its group.
@@ -30,7 +31,7 @@ my $root = "$shared/maildir";
 my $sender = 'sender@local.test';
 # Names of this run's own (so that two runs at once never share a user).
 my $tag = $$ % 1000000;
-my %u = map { $_ => "fw$tag$_" } qw(alice bob dave erin frank gina hank ivy);
+my %u = map { $_ => "fw$tag$_" } qw(alice bob dave erin frank gina hank ivy jack);
 my $group = "pepsi-fw$tag";
 my $helper = 'pepsi-helper-dot-forward';
 my $stage = 'pepsi-stage-dot-forward';
@@ -198,6 +199,30 @@ like($text, qr/~$u{ivy}\/\.forward line 2 an address with a character it cannot 
 like($text, qr/~$u{ivy}\/\.forward line 3 a line longer than 4096 bytes/, 'the over-long line is named');
 like($text, qr/~$u{ivy}\/\.forward line 4 a control character/, 'the control character is named');
 like($text, qr/~$u{ivy}\/\.forward line 5 an unterminated double quote/, 'the open quote is named');
+
+# 6b. An :include: file: its entries as if they were in the .forward; an
+# unsafe one is skipped with a log line.
+{
+	my $list = "$homes/$u{jack}/list";
+	open my $fh, '>', $list or die "$list: $!";
+	print $fh "# the team\ncarol\@local.test\n\\$u{jack}\n";
+	close $fh;
+	chown @{ $user{$u{jack}} }, $list;
+	chmod 0644, $list;
+	open $fh, '>', "$list-open" or die;
+	print $fh "$u{frank}\@local.test\n";
+	close $fh;
+	chown @{ $user{$u{jack}} }, "$list-open";
+	chmod 0666, "$list-open";
+}
+dot_forward($u{jack}, ":include:$homes/$u{jack}/list\n:include:$homes/$u{jack}/list-open\n");
+deliver("$u{jack}\@local.test", subject => 'include');
+ok(settled(), 'settled');
+is(files('carol@local.test'), 4, 'an :include: file forwards to carol');
+is(files("$u{jack}\@local.test"), 1, 'and keeps jack\'s copy ("\\user" in it)');
+is(files("$u{frank}\@local.test"), 1, 'the world-writable :include: file is not used (frank has only his own)');
+ok(file_shows($log, qr/~$u{jack}\/\.forward line 2 :include:\S+list-open is group- or world-writable/),
+	'and that is logged');
 
 # 7. Commands and files allowed: run as the owner, with a clean environment.
 stop_dispatcher($d);

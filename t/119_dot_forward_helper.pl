@@ -4,8 +4,9 @@
 # home directory others may write; it runs a command or writes a file only
 # when the user's .forward lists it, never for root, as the user with the
 # user's groups only, killed at its time limit; a file is written in mbox
-# form without following a symbolic link; bad user names, control
-# characters and NUL bytes are refused with a clear message.
+# form without following a symbolic link; :include: files are read with
+# the same checks, nested at most 5 deep, loops cut; bad user names,
+# control characters and NUL bytes are refused with a clear message.
 
 use strict;
 use warnings FATAL => 'all';
@@ -134,6 +135,76 @@ is((stat "$home/mbox")[4], $uid, 'owned by the user');
 symlink '/etc/shadow', "$home/link";
 ($rc, $out) = helper('', 'file', $name, 's@remote.test', "$name\@local.test", "$home/link");
 is($out, "permanent $home/link: is a symbolic link\n", 'a symbolic link is not followed');
+
+# :include: files: their entries stand in place of the line, read as the
+# user with the checks a .forward gets, nested at most 5 deep, loops cut.
+my $inc = "$home/lists";
+mkdir $inc;
+chown $uid, $ugid, $inc;
+chmod 0755, $inc;
+sub user_file
+{
+	my ($path, $text, %o) = @_;
+
+	unlink $path;
+	open my $fh, '>', $path or die "$path: $!";
+	print $fh $text;
+	close $fh;
+	chown((defined $o{owner} ? ($o{owner}, $o{owner}) : ($uid, $ugid)), $path);
+	chmod $o{mode} // 0644, $path;
+}
+user_file("$inc/team", "b\@remote.test\n:include:$inc/more\n");
+user_file("$inc/more", "# more\nc\@remote.test, \"|cat > $home/inc.out\"\n");
+dot_forward("a\@remote.test\n:include:$inc/team\n\\$name\n");
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "forward\naddress a\@remote.test\naddress b\@remote.test\naddress c\@remote.test\n"
+	  . "pipe cat > $home/inc.out\nlocal $name\n",
+	':include: files, nested: their entries in place of the line');
+($rc, $out) = helper("hello\n", 'pipe', $name, 's@remote.test', "$name\@local.test", '20',
+	"cat > $home/inc.out");
+is($out, "ok\n", 'a command listed in an :include: file is the user\'s to run');
+is(slurp("$home/inc.out"), "hello\n", 'and it ran');
+
+user_file("$inc/loop1", ":include:$inc/loop2\n");
+user_file("$inc/loop2", "d\@remote.test\n:include:$inc/loop1\n");
+dot_forward(":include:$inc/loop1\n");
+($rc, $out) = helper(undef, 'read', $name);
+like($out, qr/\Aforward\naddress d\@remote\.test\nbad 1 [^\n]*:include:\Q$inc\E\/loop1 is an :include: loop[^\n]*\n\z/,
+	'an :include: loop is cut, with a bad entry naming it');
+dot_forward("a\@remote.test\n:include:$home/.forward\n");
+($rc, $out) = helper(undef, 'read', $name);
+like($out, qr/\Aforward\naddress a\@remote\.test\nbad 2 :include:\Q$home\E\/\.forward is an :include: loop/,
+	'a .forward including itself is a loop too');
+
+for my $n (1 .. 7)
+{
+	user_file("$inc/deep$n", "x$n\@remote.test\n:include:$inc/deep" . ($n + 1) . "\n");
+}
+dot_forward(":include:$inc/deep1\n");
+($rc, $out) = helper(undef, 'read', $name);
+like($out, qr/^address x5\@remote\.test$/m, 'five :include: files deep are read');
+unlike($out, qr/x6\@remote\.test/, 'the sixth is not');
+like($out, qr/^bad 1 [^\n]*:include:\Q$inc\E\/deep6 is more than 5 :include: files deep: ignored$/m,
+	'and a bad entry says why');
+
+user_file("$inc/writable", "e\@remote.test\n", mode => 0664);
+user_file("$inc/foreign", "f\@remote.test\n", owner => (getpwnam('nobody'))[2] // 65534);
+symlink "$inc/team", "$inc/link";
+mkdir "$home/open";
+chmod 0777, "$home/open";
+user_file("$home/open/list", "g\@remote.test\n");
+dot_forward(":include:$inc/writable\n:include:$inc/foreign\n:include:$inc/link\n"
+	  . ":include:$inc/missing\n:include:$home/open/list\n:include:relative\nh\@remote.test\n");
+($rc, $out) = helper(undef, 'read', $name);
+is($out, "forward\n"
+	  . "bad 1 :include:$inc/writable is group- or world-writable (mode 0664): ignored\n"
+	  . "bad 2 :include:$inc/foreign is owned by uid " . ((getpwnam('nobody'))[2] // 65534) . ", not by $name: ignored\n"
+	  . "bad 3 :include:$inc/link is a symbolic link: ignored\n"
+	  . "bad 4 :include:$inc/missing does not exist: ignored\n"
+	  . "bad 5 :include:$home/open/list: its directory $home/open is group- or world-writable: ignored\n"
+	  . "bad 6 :include: needs the absolute path of a file\n"
+	  . "address h\@remote.test\n",
+	'unsafe, missing and relative :include: files are bad entries; the rest stands');
 
 # Bad requests.
 my $err;

@@ -25,14 +25,16 @@ forward_kind_name(enum forward_kind kind)
 			return "pipe";
 		case FORWARD_FILE:
 			return "file";
+		case FORWARD_INCLUDE:
+			return "include";
 		case FORWARD_BAD:
 			break;
 	}
 	return "bad";
 }
 
-static void
-forward_add(struct forward_list *list, enum forward_kind kind, int line, char *value)
+void
+forward_list_append(struct forward_list *list, enum forward_kind kind, int line, char *value)
 {
 	if (list->count == FORWARD_MAX_ENTRIES)
 	{
@@ -55,7 +57,7 @@ forward_add(struct forward_list *list, enum forward_kind kind, int line, char *v
 static void
 forward_bad(struct forward_list *list, int line, const char *why)
 {
-	forward_add(list, FORWARD_BAD, line, xstrdup(why));
+	forward_list_append(list, FORWARD_BAD, line, xstrdup(why));
 }
 
 /* Is any byte of s[0..len) a control character (a tab is one, in an address)? */
@@ -122,7 +124,7 @@ forward_entry(struct forward_list *list, int line, const char *s, size_t len)
 		if (len == 0)
 			forward_bad(list, line, "a pipe without a command");
 		else
-			forward_add(list, FORWARD_PIPE, line, xstrndup(s, len));
+			forward_list_append(list, FORWARD_PIPE, line, xstrndup(s, len));
 		return;
 	}
 	if (s[0] == '/')
@@ -130,12 +132,20 @@ forward_entry(struct forward_list *list, int line, const char *s, size_t len)
 		if (memchr(s, '"', len))
 			forward_bad(list, line, "a file name with a quote");
 		else
-			forward_add(list, FORWARD_FILE, line, xstrndup(s, len));
+			forward_list_append(list, FORWARD_FILE, line, xstrndup(s, len));
 		return;
 	}
 	if (len >= 9 && strncasecmp(s, ":include:", 9) == 0)
 	{
-		forward_bad(list, line, ":include: is not supported in a .forward");
+		s += 9, len -= 9;
+		while (len > 0 && (*s == ' ' || *s == '\t'))
+			s++, len--;
+		if (len == 0 || s[0] != '/')
+			forward_bad(list, line, ":include: needs the absolute path of a file");
+		else if (memchr(s, '"', len))
+			forward_bad(list, line, "a file name with a quote");
+		else
+			forward_list_append(list, FORWARD_INCLUDE, line, xstrndup(s, len));
 		return;
 	}
 	if (s[0] == '\\')
@@ -144,7 +154,7 @@ forward_entry(struct forward_list *list, int line, const char *s, size_t len)
 		if ((problem = forward_address_problem(s, len)) != NULL)
 			forward_bad(list, line, problem);
 		else
-			forward_add(list, FORWARD_LOCAL, line, xstrndup(s, len));
+			forward_list_append(list, FORWARD_LOCAL, line, xstrndup(s, len));
 		return;
 	}
 	if (len >= 2 && s[0] == '<' && s[len - 1] == '>')
@@ -152,7 +162,7 @@ forward_entry(struct forward_list *list, int line, const char *s, size_t len)
 	if ((problem = forward_address_problem(s, len)) != NULL)
 		forward_bad(list, line, problem);
 	else
-		forward_add(list, FORWARD_ADDRESS, line, xstrndup(s, len));
+		forward_list_append(list, FORWARD_ADDRESS, line, xstrndup(s, len));
 }
 
 /* One line: its entries, split at commas outside double quotes. */

@@ -20,7 +20,7 @@
  * .forward), "ignored REASON" (one that is not safe to use, as sendmail
  * would ignore it), "temporary REASON", or "forward" followed by one line
  * per entry ("address A", "local USER", "pipe COMMAND", "file PATH", "bad
- * LINE REASON").  pipe and file: "ok", "temporary REASON" or "permanent
+ * LINE REASON"), the entries of ":include:" files in place of their lines.  pipe and file: "ok", "temporary REASON" or "permanent
  * REASON".  The message comes with LF line ends.  Logs go to standard
  * error.
  */
@@ -86,18 +86,248 @@ helper_one_line(const char *s)
 }
 
 /*
- * The .forward of pw, read as pw (the caller has become pw).  Returns the
- * status word and sets *why or fills list.
+ * Read the file at path (called what in reasons) as pw, with the checks a
+ * .forward gets: no symbolic link, a regular file of pw's or root's that
+ * no one else may write, at most HELPER_MAX_FORWARD_SIZE bytes.  Returns
+ * "forward" with *text (NUL-terminated), *len and *st, or the status word
+ * ("none", "ignored", "temporary") with why.
+ */
+static const char *
+helper_read_checked(const struct passwd *pw, const char *path, const char *what, struct stat *st,
+					char **text, size_t *len, char *why, size_t whylen)
+{
+	int		fd;
+	ssize_t n;
+
+	*text = NULL;
+	*len = 0;
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+	{
+		int saved = errno;
+
+		if (saved == ENOENT || saved == ENOTDIR)
+		{
+			snprintf(why, whylen, "%s does not exist", what);
+			return "none";
+		}
+		snprintf(why, whylen, "%s %s", what, saved == ELOOP ? "is a symbolic link" : strerror(saved));
+		return saved == ELOOP || saved == EACCES ? "ignored" : "temporary";
+	}
+	if (fstat(fd, st) != 0)
+	{
+		snprintf(why, whylen, "fstat %s: %s", what, strerror(errno));
+		close(fd);
+		return "temporary";
+	}
+	if (!S_ISREG(st->st_mode))
+		snprintf(why, whylen, "%s is not a regular file", what);
+	else if (st->st_uid != pw->pw_uid && st->st_uid != 0)
+		snprintf(why, whylen, "%s is owned by uid %ld, not by %s", what, (long) st->st_uid, pw->pw_name);
+	else if (st->st_mode & (S_IWGRP | S_IWOTH))
+		snprintf(why, whylen, "%s is group- or world-writable (mode %04o)", what,
+				 (unsigned) (st->st_mode & 07777));
+	else if (st->st_size > HELPER_MAX_FORWARD_SIZE)
+		snprintf(why, whylen, "%s is larger than %d bytes", what, HELPER_MAX_FORWARD_SIZE);
+	else
+		why[0] = '\0';
+	if (why[0])
+	{
+		close(fd);
+		return "ignored";
+	}
+	*text = xmalloc(HELPER_MAX_FORWARD_SIZE + 1);
+	while (*len <= HELPER_MAX_FORWARD_SIZE
+		   && (n = read(fd, *text + *len, HELPER_MAX_FORWARD_SIZE + 1 - *len)) != 0)
+	{
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+		{
+			snprintf(why, whylen, "reading %s: %s", what, strerror(errno));
+			free(*text);
+			*text = NULL;
+			close(fd);
+			return "temporary";
+		}
+		*len += (size_t) n;
+	}
+	close(fd);
+	if (*len > HELPER_MAX_FORWARD_SIZE)
+	{
+		snprintf(why, whylen, "%s is larger than %d bytes", what, HELPER_MAX_FORWARD_SIZE);
+		free(*text);
+		*text = NULL;
+		return "ignored";
+	}
+	(*text)[*len] = '\0';
+	return "forward";
+}
+
+/* The files being read, the .forward first: an :include: of one of them is a loop. */
+struct helper_include_chain
+{
+	dev_t dev[FORWARD_MAX_INCLUDE_DEPTH + 1];
+	ino_t ino[FORWARD_MAX_INCLUDE_DEPTH + 1];
+	int	  depth; /* files in the chain */
+};
+
+/*
+ * Is the directory of an :include: file one only pw or root can change
+ * (or sticky, as /tmp)?  Else someone else could put another file there.
+ */
+static bool
+helper_include_dir_safe(const struct passwd *pw, const char *path, char *why, size_t whylen)
+{
+	const char *slash = strrchr(path, '/');
+	char	   *dir = xstrndup(path, slash == path ? 1 : (size_t) (slash - path));
+	struct stat st;
+	bool		ok = false;
+
+	if (stat(dir, &st) != 0)
+		snprintf(why, whylen, "its directory %s: %s", dir, strerror(errno));
+	else if (st.st_uid != pw->pw_uid && st.st_uid != 0)
+		snprintf(why, whylen, "its directory %s is owned by another user", dir);
+	else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+		snprintf(why, whylen, "its directory %s is group- or world-writable", dir);
+	else
+		ok = true;
+	free(dir);
+	return ok;
+}
+
+static const char *helper_expand_includes(const struct passwd *pw, struct forward_list *list,
+										  struct helper_include_chain *chain, char *why, size_t whylen);
+
+/*
+ * The entries of the :include: file of entry e (line: of the .forward)
+ * added to out; false (why set) when it cannot be read now, which makes
+ * the whole .forward wait.  A file that is unsafe, missing, a loop or too
+ * deep is a bad entry: logged and skipped, as a bad line is.
+ */
+static bool
+helper_include(const struct passwd *pw, const struct forward_entry *e, int line,
+			   struct helper_include_chain *chain, struct forward_list *out, char *why, size_t whylen)
+{
+	struct forward_list included;
+	struct stat			st;
+	char				problem[512] = "";
+	char			   *text;
+	size_t				len;
+	const char		   *status;
+	char				dir_problem[400];
+	char			   *what = xasprintf(":include:%s", e->value);
+
+	if (chain->depth > FORWARD_MAX_INCLUDE_DEPTH)
+		snprintf(problem, sizeof(problem), "%s is more than %d :include: files deep", what,
+				 FORWARD_MAX_INCLUDE_DEPTH);
+	else if (!helper_include_dir_safe(pw, e->value, dir_problem, sizeof(dir_problem)))
+		snprintf(problem, sizeof(problem), "%s: %s", what, dir_problem);
+	if (problem[0])
+	{
+		forward_list_append(out, FORWARD_BAD, line, xasprintf("%s: ignored", problem));
+		free(what);
+		return true;
+	}
+	status = helper_read_checked(pw, e->value, what, &st, &text, &len, problem, sizeof(problem));
+	if (strcmp(status, "temporary") == 0)
+	{
+		snprintf(why, whylen, "%s", problem);
+		free(what);
+		return false;
+	}
+	if (strcmp(status, "forward") != 0)
+	{
+		forward_list_append(out, FORWARD_BAD, line, xasprintf("%s: ignored", problem));
+		free(what);
+		return true;
+	}
+	for (int i = 0; i < chain->depth; i++)
+		if (chain->dev[i] == st.st_dev && chain->ino[i] == st.st_ino)
+		{
+			forward_list_append(out, FORWARD_BAD, line,
+								xasprintf("%s is an :include: loop (it includes itself)", what));
+			free(text);
+			free(what);
+			return true;
+		}
+	forward_parse(text, len, &included);
+	free(text);
+	chain->dev[chain->depth] = st.st_dev;
+	chain->ino[chain->depth] = st.st_ino;
+	chain->depth++;
+	status = helper_expand_includes(pw, &included, chain, why, whylen);
+	chain->depth--;
+	if (strcmp(status, "forward") != 0)
+	{
+		forward_list_free(&included);
+		free(what);
+		return false;
+	}
+	/* Its entries stand for the :include: line; its bad lines say where they are. */
+	for (size_t i = 0; i < included.count; i++)
+	{
+		struct forward_entry *in = &included.entries[i];
+
+		if (in->kind == FORWARD_BAD)
+		{
+			forward_list_append(out, FORWARD_BAD, line,
+								in->line > 0 ? xasprintf("%s line %d %s", what, in->line, in->value)
+											 : xstrdup(in->value));
+			free(in->value);
+		}
+		else
+			forward_list_append(out, in->kind, line, in->value);
+		in->value = NULL;
+	}
+	forward_list_free(&included);
+	free(what);
+	return true;
+}
+
+/*
+ * Replace every :include: entry of list by the entries of its file, read
+ * as pw with a .forward's checks, FORWARD_MAX_INCLUDE_DEPTH deep at most.
+ * "forward", or "temporary" with why.
+ */
+static const char *
+helper_expand_includes(const struct passwd *pw, struct forward_list *list, struct helper_include_chain *chain,
+					   char *why, size_t whylen)
+{
+	struct forward_list out = {0};
+	bool				ok = true;
+
+	for (size_t i = 0; i < list->count; i++)
+	{
+		struct forward_entry *e = &list->entries[i];
+
+		if (e->kind != FORWARD_INCLUDE)
+		{
+			forward_list_append(&out, e->kind, e->line, e->value);
+			e->value = NULL;
+		}
+		else if (ok)
+			ok = helper_include(pw, e, e->line, chain, &out, why, whylen);
+	}
+	forward_list_free(list);
+	*list = out;
+	return ok ? "forward" : "temporary";
+}
+
+/*
+ * The .forward of pw, read as pw (the caller has become pw), its
+ * :include: files expanded.  Returns the status word and sets *why or
+ * fills list.
  */
 static const char *
 helper_read_forward(const struct passwd *pw, struct forward_list *list, char *why, size_t whylen)
 {
-	struct stat st;
-	char	   *path;
-	char	   *text;
-	int			fd;
-	ssize_t		n;
-	size_t		len = 0;
+	struct helper_include_chain chain = {0};
+	struct stat					st;
+	const char				   *status;
+	char					   *path;
+	char					   *text;
+	size_t						len;
 
 	list->entries = NULL;
 	list->count = 0;
@@ -117,65 +347,19 @@ helper_read_forward(const struct passwd *pw, struct forward_list *list, char *wh
 		return "ignored";
 	}
 	path = xasprintf("%s/.forward", pw->pw_dir);
-	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-	if (fd < 0)
-	{
-		int saved = errno;
-
-		free(path);
-		if (saved == ENOENT || saved == ENOTDIR)
-			return "none";
-		snprintf(why, whylen, ".forward %s", saved == ELOOP ? "is a symbolic link" : strerror(saved));
-		return saved == ELOOP || saved == EACCES ? "ignored" : "temporary";
-	}
+	status = helper_read_checked(pw, path, ".forward", &st, &text, &len, why, whylen);
 	free(path);
-	if (fstat(fd, &st) != 0)
-	{
-		snprintf(why, whylen, "fstat .forward: %s", strerror(errno));
-		close(fd);
-		return "temporary";
-	}
-	if (!S_ISREG(st.st_mode))
-		snprintf(why, whylen, ".forward is not a regular file");
-	else if (st.st_uid != pw->pw_uid && st.st_uid != 0)
-		snprintf(why, whylen, ".forward is owned by uid %ld, not by %s", (long) st.st_uid, pw->pw_name);
-	else if (st.st_mode & (S_IWGRP | S_IWOTH))
-		snprintf(why, whylen, ".forward is group- or world-writable (mode %04o)",
-				 (unsigned) (st.st_mode & 07777));
-	else if (st.st_size > HELPER_MAX_FORWARD_SIZE)
-		snprintf(why, whylen, ".forward is larger than %d bytes", HELPER_MAX_FORWARD_SIZE);
-	else
-		why[0] = '\0';
-	if (why[0])
-	{
-		close(fd);
-		return "ignored";
-	}
-	text = xmalloc(HELPER_MAX_FORWARD_SIZE + 1);
-	while (len <= HELPER_MAX_FORWARD_SIZE
-		   && (n = read(fd, text + len, HELPER_MAX_FORWARD_SIZE + 1 - len)) != 0)
-	{
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-		{
-			snprintf(why, whylen, "reading .forward: %s", strerror(errno));
-			free(text);
-			close(fd);
-			return "temporary";
-		}
-		len += (size_t) n;
-	}
-	close(fd);
-	if (len > HELPER_MAX_FORWARD_SIZE)
-	{
-		snprintf(why, whylen, ".forward is larger than %d bytes", HELPER_MAX_FORWARD_SIZE);
-		free(text);
-		return "ignored";
-	}
+	if (strcmp(status, "forward") != 0)
+		return status;
 	forward_parse(text, len, list);
 	free(text);
-	return "forward";
+	chain.dev[0] = st.st_dev;
+	chain.ino[0] = st.st_ino;
+	chain.depth = 1;
+	status = helper_expand_includes(pw, list, &chain, why, whylen);
+	if (strcmp(status, "forward") != 0)
+		forward_list_free(list);
+	return status;
 }
 
 /* Is value an entry of that kind in the list (the user asked for it)? */
