@@ -6,7 +6,8 @@
 # sender with Auto-Submitted: auto-replied, In-Reply-To and References,
 # delivered like any other; the message itself is delivered too.  An
 # administrator's per-address override (pepsi.config_set) works as well;
-# vacation_set refuses bad input; vacation_unset ends the replies.
+# vacation_set refuses bad input; vacation_unset ends the replies; the
+# maintenance worker prunes the record of replies past their interval.
 
 use strict;
 use warnings FATAL => 'all';
@@ -147,6 +148,22 @@ is(scalar(replies()), $before, 'no reply once unset');
 is($node->safe_psql('postgres',
 	"SELECT count(*) FROM pepsi.event_log WHERE action IN ('vacation_set', 'vacation_unset')"), '2',
 	'both audited');
+
+# The maintenance worker forgets whom a notice answered once the interval
+# has passed (pepsi.autoreply_prune), and only then.
+$node->append_conf('postgresql.conf', "pepsi.body_gc_interval = 1\n");
+$node->reload;
+$node->safe_psql('postgres', q{INSERT INTO pepsi.autoreply_sent (responder, recipient, sent_at, keep_until) VALUES
+	('zed@local.test', 'past@remote.test', now() - interval '2 days', now() - interval '1 day'),
+	('zed@local.test', 'current@remote.test', now(), now() + interval '1 day')});
+ok(poll_until(sub {
+		$node->safe_psql('postgres',
+			"SELECT count(*) FROM pepsi.autoreply_sent WHERE recipient = 'past\@remote.test'") == 0
+	}, 60),
+	'the maintenance worker pruned a reply record past its interval');
+is($node->safe_psql('postgres',
+	"SELECT count(*) FROM pepsi.autoreply_sent WHERE recipient = 'current\@remote.test'"), '1',
+	'and kept one within it');
 
 stop_dispatcher($d);
 done_testing();

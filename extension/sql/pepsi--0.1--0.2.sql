@@ -1796,3 +1796,64 @@ $$;
 SELECT pepsi.grant_apply();
 
 -- end of message bodies: lz4 compression
+
+-- ===========================================================================
+-- Vacation: pruning pepsi.autoreply_sent (extension/src/maint.c)
+--
+-- A row of pepsi.autoreply_sent only matters until its interval has passed:
+-- after that the next message from the sender gets a reply anyway.  The
+-- row now keeps that time (keep_until), and pepsi.autoreply_prune, which
+-- the maintenance worker calls with its other sweeps, deletes the rows
+-- past it, so the table holds the senders of one interval, not of ever.
+-- A row older than the upgrade has no keep_until: it goes once it is older
+-- than the longest interval vacation_set allows (365 days).
+-- ===========================================================================
+
+ALTER TABLE pepsi.autoreply_sent ADD COLUMN keep_until timestamptz;
+CREATE INDEX autoreply_sent_keep_until ON pepsi.autoreply_sent (keep_until);
+
+CREATE OR REPLACE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF responder IS NULL OR recipient IS NULL OR every IS NULL THEN
+        RAISE EXCEPTION 'responder, recipient and every must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at, keep_until)
+    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now(), now() + every)
+    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now(), keep_until = now() + every
+        WHERE s.sent_at <= now() - every;
+    RETURN FOUND;
+END
+$$;
+
+-- Delete at most batch rows of pepsi.autoreply_sent whose interval has
+-- passed; returns how many went.
+CREATE FUNCTION pepsi.autoreply_prune(batch integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    pruned integer;
+BEGIN
+    IF batch IS NULL OR batch < 1 THEN
+        RAISE EXCEPTION 'batch must be at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM pepsi.autoreply_sent a
+    WHERE (a.responder, a.recipient) IN
+          (SELECT o.responder, o.recipient FROM pepsi.autoreply_sent o
+           WHERE o.keep_until < now()
+              OR (o.keep_until IS NULL AND o.sent_at < now() - interval '365 days')
+           LIMIT batch
+           FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS pruned = ROW_COUNT;
+    RETURN pruned;
+END
+$$;
+
+INSERT INTO pepsi.grant_definer (name) VALUES ('autoreply_prune');
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_config', 'function', 'autoreply_prune', '{EXECUTE}');
+
+SELECT pepsi.grant_apply();
+
+-- end of pruning pepsi.autoreply_sent

@@ -3,7 +3,8 @@
  *
  * It puts paused rows back to pending when their retry time comes (and
  * wakes the dispatcher), sweeps bodies a release race left unreferenced,
- * and prunes pepsi.mail_log past its retention.  Like contrib's
+ * and prunes pepsi.mail_log past its retention and pepsi.autoreply_sent
+ * past each row's interval.  Like contrib's
  * autoprewarm it is registered at start-up when the library is preloaded
  * and started on demand by pepsi.start_maintenance() otherwise.  Each pass
  * is one short transaction; between passes it holds none, and it sleeps
@@ -137,6 +138,16 @@ maint_run_pass(TimestampTz *last_sweep)
 				elog(LOG, "pepsi maintenance: swept %.0f unreferenced message bodies", bodies);
 			if (pruned > 0)
 				elog(DEBUG1, "pepsi maintenance: pruned %.0f mail_log rows", pruned);
+			/* Vacation's memory of whom it answered, past each interval (not in 0.1). */
+			if (maint_scalar("SELECT (to_regprocedure('pepsi.autoreply_prune(integer)')"
+							 " IS NOT NULL)::int::float8",
+							 0)
+				> 0)
+			{
+				pruned = maint_scalar(psprintf("SELECT pepsi.autoreply_prune(%d)::float8", MAINT_BATCH), 0);
+				if (pruned > 0)
+					elog(DEBUG1, "pepsi maintenance: pruned %.0f autoreply_sent rows", pruned);
+			}
 			*last_sweep = now;
 		}
 

@@ -37,4 +37,28 @@ SELECT pepsi.vacation_unset('alice@example.org');
 SELECT pepsi.vacation_unset('alice@example.org');
 SELECT count(*) AS settings_left FROM pepsi.settings;
 
+-- Pruning (the maintenance worker calls pepsi.autoreply_prune): a row goes
+-- once its own interval has passed, not before; a row without keep_until
+-- (older than the column) once it is older than 365 days.
+SELECT pepsi.autoreply_due('dan@example.org', 'x@example.org', '1 hour') AS x,
+       pepsi.autoreply_due('dan@example.org', 'y@example.org', '1 day') AS y;
+SELECT recipient, keep_until - sent_at AS kept_for FROM pepsi.autoreply_sent
+WHERE responder = 'dan@example.org' ORDER BY recipient;
+SELECT pepsi.autoreply_prune() AS pruned_at_once;
+UPDATE pepsi.autoreply_sent SET sent_at = sent_at - interval '2 hours', keep_until = keep_until - interval '2 hours'
+WHERE responder = 'dan@example.org';
+INSERT INTO pepsi.autoreply_sent (responder, recipient, sent_at) VALUES
+    ('old@example.org', 'a@example.org', now() - interval '400 days'),
+    ('old@example.org', 'b@example.org', now() - interval '30 days');
+SELECT pepsi.autoreply_prune() AS pruned;
+SELECT responder, recipient FROM pepsi.autoreply_sent ORDER BY responder, recipient;
+-- A reply due again starts a new interval; a batch takes at most its size.
+SELECT pepsi.autoreply_due('dan@example.org', 'x@example.org', '1 hour') AS x_again;
+UPDATE pepsi.autoreply_sent SET keep_until = now() - interval '1 second' WHERE responder = 'dan@example.org';
+SELECT pepsi.autoreply_prune(1) AS first_batch;
+SELECT pepsi.autoreply_prune(1) AS second_batch;
+SELECT pepsi.autoreply_prune(1) AS nothing_left;
+SELECT pepsi.autoreply_prune(0);
+DELETE FROM pepsi.autoreply_sent;
+
 SELECT action, detail FROM pepsi.event_log WHERE id > :events_before ORDER BY id;
