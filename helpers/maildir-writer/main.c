@@ -30,7 +30,8 @@
  *
  * The request (pepsi-helper-maildir-writer(8)): lines "key value", an
  * empty line, then exactly size bytes of message:
- *   section    the caller's [stage-<name>] (its MAILDIR_ROOT is the virtual root)
+ *   section    the caller's [stage-<name>] (its MAILDIR_ROOT is the virtual
+ *              root, its MAILBOXES, when set, says system or virtual)
  *   recipient  the envelope recipient (Delivered-To)
  *   sender     the envelope sender (Return-Path), may be empty
  *   mailbox    the virtual mailbox's directory name (one component)
@@ -565,6 +566,25 @@ writer_check_request(const struct pepsi_config *cfg, const struct writer_request
 }
 
 /*
+ * Are the caller stage's mailboxes system users' (else virtual)?  Its own
+ * section's MAILBOXES, else [maildir-writer]'s: so one installation can
+ * have a stage for system accounts and another for virtual mailboxes.
+ * Both come from the helper's own file, never from the caller.
+ */
+static bool
+writer_system_mailboxes(const struct pepsi_config *cfg, const char *section)
+{
+	enum
+	{
+		WRITER_MAILBOXES_SYSTEM = 1 /* the index of "system" in "virtual|system" */
+	};
+
+	if (config_get(cfg, section, "MAILBOXES") != NULL)
+		return config_enum(cfg, section, "MAILBOXES") == WRITER_MAILBOXES_SYSTEM;
+	return config_enum(cfg, WRITER_SECTION, "MAILBOXES") == WRITER_MAILBOXES_SYSTEM;
+}
+
+/*
  * Open the Maildir and write the message into its tmp/, held for the end
  * of the batch; anything else is a reply and the end.
  */
@@ -803,7 +823,7 @@ main(int argc, char **argv)
 		struct writer_target target = {0};
 
 		writer_check_request(cfg, &req);
-		if (config_enum(cfg, WRITER_SECTION, "MAILBOXES") == 1)
+		if (writer_system_mailboxes(cfg, req.section))
 			writer_resolve_system(cfg, &req, &target);
 		else
 			writer_resolve_virtual(cfg, &req, privileged, &target);
