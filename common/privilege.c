@@ -96,6 +96,37 @@ privilege_own_group(gid_t *gid, char *err, size_t errlen)
 	return true;
 }
 
+/* A regular, executable file with a set-user-id or set-group-id bit. */
+static bool
+privilege_setid_file(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID))
+		   && access(path, X_OK) == 0;
+}
+
+char *
+privilege_setid_program(const char *program, const char *self_exe)
+{
+	const char *slash = strrchr(self_exe, '/');
+	int			dir_len = slash ? (int) (slash - self_exe) : 1;
+	const char *dir = slash ? self_exe : ".";
+	char	   *candidate;
+
+	if (strchr(program, '/'))
+		return privilege_setid_file(program) ? xstrdup(program) : NULL;
+	candidate = xasprintf("%.*s/%s", dir_len, dir, program);
+	if (privilege_setid_file(candidate))
+		return candidate;
+	free(candidate);
+	candidate = xasprintf("%.*s/../../bin/%s", dir_len, dir, program);
+	if (privilege_setid_file(candidate))
+		return candidate;
+	free(candidate);
+	return NULL;
+}
+
 char **
 privilege_clean_env(const char *const *pairs)
 {

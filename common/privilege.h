@@ -51,6 +51,16 @@ bool privilege_caller_in_group(gid_t gid);
 bool privilege_own_group(gid_t *gid, char *err, size_t errlen);
 
 /*
+ * The set-id file that runs PROGRAM, if there is one: PROGRAM itself when
+ * it is a path, else a file of that name beside self_exe (a multi-call
+ * binary) or in the bin/ that links to it (self_exe's ../../bin, as make
+ * install lays them out).  A privileged stage must run as that file,
+ * never inside another program, which lacks its bit.  NULL (none) or a
+ * path to free.
+ */
+char *privilege_setid_program(const char *program, const char *self_exe);
+
+/*
  * A fresh environment for a program run on a user's behalf: nothing of
  * ours, only what names = value pairs (NULL-terminated, alternating) say.
  * Returns a NULL-terminated array for execve; free with privilege_env_free.

@@ -34,6 +34,7 @@
 #include "db.h"
 #include "log.h"
 #include "log_config.h"
+#include "privilege.h"
 #include "stage_internal.h"
 #include "touched.h"
 #include "xalloc.h"
@@ -374,6 +375,45 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
  * Running a pass: the stage, then each fused successor
  * ------------------------------------------------------------------------- */
 
+/*
+ * Does pepsi-dispatch run program as a set-id file of its own (a
+ * privileged stage installed by make install-privileged)?  Then it must
+ * not run fused in this worker, which lacks its bit.  Asked once per
+ * program name: a worker does not outlive a change of its installation.
+ */
+static bool
+stage_runs_privileged(const char *program)
+{
+	static struct
+	{
+		char *program;
+		bool  privileged;
+	} memo[16];
+	static char self[4096];
+	char	   *setid;
+	size_t		i;
+
+	for (i = 0; i < sizeof(memo) / sizeof(memo[0]) && memo[i].program; i++)
+		if (strcmp(memo[i].program, program) == 0)
+			return memo[i].privileged;
+	if (self[0] == '\0')
+	{
+		ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+		if (n <= 0)
+			return true; /* cannot tell: run it apart */
+		self[n] = '\0';
+	}
+	setid = privilege_setid_program(program, self);
+	free(setid);
+	if (i < sizeof(memo) / sizeof(memo[0]))
+	{
+		memo[i].program = xstrdup(program);
+		memo[i].privileged = setid != NULL;
+	}
+	return setid != NULL;
+}
+
 /* Switch ctx to the stage it advances to if that can run in this pass. */
 static bool
 stage_fuse_successor(struct pepsi_ctx *ctx)
@@ -392,7 +432,7 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	section = xasprintf("stage-%s", ctx->target);
 	program = config_get(w->cfg, section, "PROGRAM");
 	next = program ? stage_registry(stage_basename(program)) : NULL;
-	if (next == NULL || next->load > ctx->loaded)
+	if (next == NULL || next->load > ctx->loaded || stage_runs_privileged(program))
 	{
 		free(section);
 		return false;

@@ -34,6 +34,7 @@
 
 #include "dispatch.h"
 #include "log.h"
+#include "privilege.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -182,16 +183,6 @@ pools_inflight(void)
  * else the program beside this binary, Pepsi's program directory.  Never a search of PATH: a name must not reach a
  * program Pepsi did not install.  NULL if there is none.
  */
-/* A regular, executable file with a set-user-id or set-group-id bit. */
-static bool
-worker_setid_file(const char *path)
-{
-	struct stat st;
-
-	return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID))
-		   && access(path, X_OK) == 0;
-}
-
 static char *
 worker_executable(const char *program, bool *as_self)
 {
@@ -206,7 +197,6 @@ worker_executable(const char *program, bool *as_self)
 	slash = strrchr(dir, '/');
 	if (slash)
 		*slash = '\0';
-	candidate = xasprintf("%s/%s", dir, program);
 	if (dispatcher.self_multicall)
 	{
 		/*
@@ -215,20 +205,7 @@ worker_executable(const char *program, bool *as_self)
 		 * beside this binary or in the bin/ that links to it
 		 * ($PREFIX/libexec/pepsi/../../bin), runs as that file, not as us.
 		 */
-		char *installed = xasprintf("%s/../../bin/%s", dir, program);
-
-		if (!worker_setid_file(candidate))
-		{
-			free(candidate);
-			candidate = installed;
-			installed = NULL;
-			if (!worker_setid_file(candidate))
-			{
-				free(candidate);
-				candidate = NULL;
-			}
-		}
-		free(installed);
+		candidate = privilege_setid_program(program, dispatcher.self_exe);
 		if (candidate)
 		{
 			free(dir);
@@ -244,8 +221,8 @@ worker_executable(const char *program, bool *as_self)
 			*as_self = true;
 			return xstrdup(dispatcher.self_exe);
 		}
-		candidate = xasprintf("%s/%s", dir, program);
 	}
+	candidate = xasprintf("%s/%s", dir, program);
 	free(dir);
 	if (access(candidate, X_OK) == 0)
 		return candidate;
