@@ -148,6 +148,8 @@ my $span = $times[-1] - $times[0];
 # $count - 1 seconds.  Generous, for a loaded machine.
 cmp_ok($span, '>=', ($count - 1) * 0.6,
 	sprintf('at 60 a minute, the %d arrived over %.1f s, no faster than the limit allows', $count, $span));
+my $early = grep { $_ - $times[0] < 2 } @times;
+cmp_ok($early, '<=', 4, "$early arrived in the first two seconds (about 2 at that rate)");
 is(scalar(() = dispatcher_log($d) =~ /\@rate\.test>, [^\n]*status=deferred/g), 0,
 	'no delivery was tried and deferred: the waits were the destination\'s');
 ok(poll_until(sub { queue_count($node) == 0 }, 60), 'the queue is empty');
