@@ -246,7 +246,7 @@ helper_include(const struct passwd *pw, const struct forward_entry *e, int line,
 		if (chain->dev[i] == st.st_dev && chain->ino[i] == st.st_ino)
 		{
 			forward_list_append(out, FORWARD_BAD, line,
-								xasprintf("%s is an :include: loop (it includes itself)", what));
+								xasprintf("%s is an :include: loop (that file is being read already)", what));
 			free(text);
 			free(what);
 			return true;
