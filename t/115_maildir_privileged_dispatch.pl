@@ -106,8 +106,11 @@ ok(poll_until(sub { queue_count($node) == 0 }, 120), 'the message left the queue
 sub delivered
 {
 	my ($maildir) = @_;
-	opendir my $dh, "$maildir/new" or return ();
-	my @files = map { "$maildir/new/$_" } grep { !/^\./ } readdir $dh;
+	my @files;
+
+	# An array, so that scalar(delivered(...)) is a count, 0 for no Maildir.
+	opendir my $dh, "$maildir/new" or return @files;
+	@files = map { "$maildir/new/$_" } grep { !/^\./ } readdir $dh;
 	closedir $dh;
 	return @files;
 }
