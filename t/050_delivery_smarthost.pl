@@ -158,7 +158,8 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE stat
 # An 8-bit body goes with BODY=8BITMIME, and every MAIL says its SIZE.
 inject($node, to => ['eight@remote.test'], body => "caf\xc3\xa9\r\n",
 	headers => "From: <$sender>\r\nSubject: eight\r\n");
-ok(poll_until(sub { grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer) }), 'an 8-bit message');
+ok(poll_until(sub { (grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer)) && queue_count($node) == 0 }),
+	'an 8-bit message');
 my ($eight) = grep { $_->{data} =~ /Subject: eight/ } peer_messages($peer);
 like($eight->{env}, qr/^MAIL FROM:<\Q$sender\E> SIZE=\d+ BODY=8BITMIME$/m, 'went with SIZE and BODY=8BITMIME');
 unlike($eight->{env}, qr/NOTIFY|ORCPT|RET=|ENVID/, 'and no DSN parameters to a server without DSN');
