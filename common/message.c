@@ -10,9 +10,11 @@ message_append_crlf(struct buf *out, const char *text, size_t len)
 	size_t start = 0;
 
 	buf_reserve(out, len);
-	for (size_t i = 0; i < len; i++)
+	for (const char *lf = memchr(text, '\n', len); lf; lf = memchr(lf + 1, '\n', len - (size_t) (lf + 1 - text)))
 	{
-		if (text[i] != '\n' || (i > 0 && text[i - 1] == '\r'))
+		size_t i = (size_t) (lf - text);
+
+		if (i > 0 && text[i - 1] == '\r')
 			continue;
 		buf_append(out, text + start, i - start);
 		buf_append(out, "\r\n", 2);
