@@ -22,6 +22,14 @@
 # memory of each side's processes together (Pepsi: ingress, the dispatcher
 # and its workers; Postfix: master and its children), as VmRSS and as PSS
 # (shared pages counted once).  PostgreSQL's own memory is printed beside Pepsi's.
+# Each side's CPU time per message (its process trees, cpu-time.pl; for
+# Pepsi PostgreSQL's included, split in the log into PostgreSQL, ingress,
+# the dispatcher and its workers) is printed with the ratio postfix/pepsi:
+# what the rates would be where CPU alone binds, and less noisy than the
+# rates on a loaded machine.  BENCH_STATEMENTS=1 logs pg_stat_statements
+# per message; BENCH_PERF=1 logs perf's CPU time by process name and keeps
+# the perf.data of each run beside the log (BENCH_PERF_GRAPH=1: with call
+# graphs).  The daemons' logs are kept beside it too.
 #
 # Needs: postfix (installed here with debconf "No configuration" when it
 # is missing), pepsi-ingress, pepsi-dispatch and the stages built, the
@@ -38,10 +46,16 @@ log=$(bench_log relay)
 
 bench_postfix_install
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
-postfix_dir= sampler_pid=
+postfix_dir= sampler_pid= perf_pid=
 
 cleanup() {
     bench_stop_pid "$sampler_pid"
+    bench_stop_pid "$perf_pid"
+    # The daemons' logs outlive the scratch directory, beside the run's log.
+    if [ -n "${BENCH_DIR:-}" ]; then
+        cp "$BENCH_DIR/dispatch.log" "${log%.log}-dispatch.log" 2>/dev/null || true
+        cp "$BENCH_DIR/ingress.log" "${log%.log}-ingress.log" 2>/dev/null || true
+    fi
     if [ -n "$postfix_dir" ]; then
         bench_postfix_stop "$postfix_dir"
     fi
@@ -122,6 +136,32 @@ measure() {
         split(p, f, /[ =]/); printf "%.1f %s %s %.2f %.2f\n", n / (b - a), f[2], f[4], s - a, b - a }'
 }
 
+# BENCH_PERF=1: where each side's CPU time goes, by process name (perf
+# record -a over each run; in the log as CPU milliseconds per message).
+# The machine's other load shows too: run it on a quiet machine.
+perf_start() {
+    [ "${BENCH_PERF:-0}" = 1 ] || return 0
+    perf record -a -F 499 ${BENCH_PERF_GRAPH:+-g} -o "$BENCH_DIR/perf.data" >/dev/null 2>&1 &
+    perf_pid=$!
+    sleep 1
+}
+perf_stop() {
+    [ -n "$perf_pid" ] || return 0
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+    perf_pid=
+    echo "$1: CPU ms per message by process (perf, all CPUs; swapper is idle time):" >>"$log"
+    perf report -i "$BENCH_DIR/perf.data" --sort comm --stdio -F sample,comm 2>/dev/null \
+        | awk -v n="$messages" '$1 ~ /^[0-9]+$/ { printf "  %8.3f  %s\n", $1 / 499 * 1000 / n, $2 }' \
+        | sort -rn | head -15 >>"$log"
+    # Kept for perf report -i (by process: --sort comm,pid; call graphs: BENCH_PERF_GRAPH=1).
+    mv "$BENCH_DIR/perf.data" "${log%.log}-perf-${1// /-}.data"
+}
+
+# CPU milliseconds used so far by each PID's process tree (cpu-time.pl).
+cpu_ms() { perl "$here/cpu-time.pl" "$@"; }
+per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }'; }
+
 postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
 postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
@@ -138,7 +178,7 @@ start_pepsi
 echo "bench/relay: smtp-source -s $sessions -m $messages -l 2048 -> relay -> smtp-sink," \
     "$repeats runs each side, alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $relay_workers relay workers"
 pepsi_rates=() postfix_rates=() pepsi_rss=() pepsi_pss=() postfix_rss=() postfix_pss=() pg_rss=() pg_pss=()
-ratios=() commits=()
+ratios=() commits=() cpus_pepsi=() cpus_pf=() cpu_ratios=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     sleep 1
@@ -147,7 +187,14 @@ for ((r = 1; r <= repeats; r++)); do
     # The cluster's memory is sampled by a second sampler over the same run.
     perl "$here/rss-sampler.pl" "$(postgres_pid)" >"$BENCH_DIR/pg-sampler.out" &
     pg_sampler=$!
+    perf_start
+    read -r pg_cpu0 ingress_cpu0 dispatch_cpu0 dispatcher_cpu0 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" "=$BENCH_DISPATCH_PID")
     read -r rate rss pss accepted relayed < <(measure "$pepsi_port" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID")
+    read -r pg_cpu1 ingress_cpu1 dispatch_cpu1 dispatcher_cpu1 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" "=$BENCH_DISPATCH_PID")
+    perf_stop "run $r pepsi"
+    cpu_pg=$(per_message $((pg_cpu1 - pg_cpu0)))
+    cpu_pepsi=$(per_message $((ingress_cpu1 - ingress_cpu0 + dispatch_cpu1 - dispatch_cpu0)))
+    cpu_split="ingress $(per_message $((ingress_cpu1 - ingress_cpu0))), dispatcher $(per_message $((dispatcher_cpu1 - dispatcher_cpu0))), workers $(per_message $((dispatch_cpu1 - dispatch_cpu0 - dispatcher_cpu1 + dispatcher_cpu0)))"
     bench_stop_pid "$pg_sampler"
     read -r prss ppss < <(sed 's/rss=\([0-9]*\) pss=\([0-9]*\).*/\1 \2/' "$BENCH_DIR/pg-sampler.out")
     sleep 11
@@ -158,7 +205,9 @@ for ((r = 1; r <= repeats; r++)); do
     if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
         echo "run $r: pepsi's statements, calls per message:" >>"$log"
         bench_psql -c "SELECT round(calls::numeric / $messages, 3) AS per_message,
-                              round(total_exec_time::numeric / calls, 3) AS mean_ms, left(query, 110) AS query
+                              round(total_exec_time::numeric / calls, 3) AS mean_ms,
+                              round(total_exec_time::numeric / $messages, 3) AS ms_per_message,
+                              left(query, 100) AS query
                        FROM pg_stat_statements WHERE calls > $messages / 100 ORDER BY calls DESC" >>"$log"
     fi
     left=$(pepsi_left)
@@ -167,7 +216,16 @@ for ((r = 1; r <= repeats; r++)); do
     commits+=("$per_message")
 
     sync
+    perf_start
+    read -r pf_cpu0 < <(cpu_ms "$(postfix_master)")
     read -r rate_pf rss_pf pss_pf accepted_pf relayed_pf < <(measure "$postfix_port" "$(postfix_master)")
+    read -r pf_cpu1 < <(cpu_ms "$(postfix_master)")
+    perf_stop "run $r postfix"
+    cpu_pf=$(per_message $((pf_cpu1 - pf_cpu0)))
+    cpu_pepsi_all=$(awk -v a="$cpu_pg" -v b="$cpu_pepsi" 'BEGIN { printf "%.3f", a + b }')
+    cpus_pepsi+=("$cpu_pepsi_all") cpus_pf+=("$cpu_pf") cpu_ratios+=("$(ratio "$cpu_pf" "$cpu_pepsi_all")")
+    printf 'run %d: CPU ms per message: pepsi %s (postgresql %s, %s), postfix %s\n' \
+        "$r" "$cpu_pepsi_all" "$cpu_pg" "$cpu_split" "$cpu_pf" >>"$log"
     postfix_rates+=("$rate_pf") postfix_rss+=("$rss_pf") postfix_pss+=("$pss_pf")
     ratios+=("$(ratio "$rate" "$rate_pf")")
     printf 'run %d: pepsi %s msg/s (all accepted after %s s, all relayed after %s s, %s commits/message),' \
@@ -185,6 +243,10 @@ printf '%-34s %10s msg/s (runs %s .. %s)\n' \
     "postfix (smtpd -> smtp)" "$postfix_median" "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"
 printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 2.50, every run >= 2.00)\n' \
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+printf 'CPU ms per message (the side'"'"'s processes, PostgreSQL included for Pepsi): pepsi %s, postfix %s,\n' \
+    "$(bench_median "${cpus_pepsi[@]}")" "$(bench_median "${cpus_pf[@]}")"
+printf '  postfix/pepsi median %s, runs %s .. %s (what the rates would be where CPU is all that binds)\n' \
+    "$(bench_median "${cpu_ratios[@]}")" "$(min "${cpu_ratios[@]}")" "$(max "${cpu_ratios[@]}")"
 printf 'pepsi database commits per message: median %s, runs %s .. %s (target <= 3)\n' \
     "$(bench_median "${commits[@]}")" "$(min "${commits[@]}")" "$(max "${commits[@]}")"
 kb_mb() { awk -v k="$1" 'BEGIN { printf "%.1f MB", k / 1024 }'; }
