@@ -110,7 +110,10 @@
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
 # The cluster is durable on purpose (fsync and synchronous_commit on, full
-# page writes on): commit latency is part of what a queue costs.  It has no
+# page writes on): commit latency is part of what a queue costs.  Autovacuum
+# is on with the server's defaults, as a user's cluster has it: a queue
+# table churns, and what vacuum costs it (and what it costs to go without)
+# is part of the measure.  It has no
 # TCP listener, only a socket in the scratch directory, so several can run
 # at once.  As root it belongs to the unprivileged user of scripts/lib.sh,
 # since initdb refuses root.
@@ -192,7 +195,9 @@ shared_buffers = 1536MB
 # run), so no run pays for one the other side did not.
 max_wal_size = 8GB
 checkpoint_timeout = 1h
-autovacuum = off
+# Autovacuum as users run it (the server's defaults): the extension sets
+# pepsi.workqueue's own thresholds, and a queue must do well with them.
+autovacuum = on
 log_min_messages = warning
 CONF
         printf '%s\n' "$@"

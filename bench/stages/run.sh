@@ -37,10 +37,17 @@
 # hops/s >= Graphile's jobs/s, batched+fused >= 2x.  Skipped, with a
 # note, when node and npm are missing (scripts/deps.sh installs them).
 #
-# Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1),
-# BENCH_WORKERS (2 per stage, or serial),
+# Each repetition prints its own ratios to Graphile's run of the same
+# repetition (the modes take turns, so a repetition's runs share the
+# machine's load), and the summary gives their median and range beside the
+# ratio of the medians, with the load average.
+#
+# Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1;
+# BENCH_REPEATS is taken too), BENCH_WORKERS (2 per stage, or serial),
 # BENCH_MODES (which modes, default all four, and graphile), BENCH_SETUP_SQL
-# (SQL run once after CREATE EXTENSION, to measure a variant of the schema).
+# (SQL run once after CREATE EXTENSION, to measure a variant of the schema),
+# BENCH_STATEMENTS=1 (pg_stat_statements over each Pepsi mode: calls and
+# server time per stage hop, by statement, on stderr).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
@@ -49,7 +56,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 messages=${BENCH_MESSAGES:-100000}
 limit=${BENCH_QUEUE_LIMIT:-256}
 workers=${BENCH_WORKERS:-2}
-reps=${BENCH_REPS:-1}
+reps=${BENCH_REPS:-${BENCH_REPEATS:-1}}
 modes=${BENCH_MODES:-per-message batched fused batched+fused graphile}
 bin="$bench_top/build/bin"
 
@@ -57,7 +64,13 @@ for program in pepsi pepsi-stage-if; do
     [ -x "$bin/$program" ] || { echo "bench/stages: $bin/$program is missing: run make" >&2; exit 1; }
 done
 
-bench_cluster_start
+if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
+    bench_cluster_start "shared_preload_libraries = 'pg_stat_statements'" \
+        "pg_stat_statements.track_utility = off" "pg_stat_statements.track = all"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start
+fi
 if [ -n "${BENCH_SETUP_SQL:-}" ]; then
     bench_psql -c "$BENCH_SETUP_SQL" >/dev/null
 fi
@@ -133,6 +146,19 @@ if [[ " $modes " == *" graphile "* ]] && ! graphile_ready; then
     modes=${modes/graphile/}
 fi
 
+# statements MODE HOPS: the statements of the run just made (nested ones
+# too: the queue functions' own), by server time, per stage hop.
+statements() {
+    echo "  $1: statements by server time (pg_stat_statements), per stage hop:"
+    bench_psql -c "SELECT round(calls::numeric / $2, 4) AS calls_per_hop,
+                          round((total_exec_time * 1000 / $2)::numeric, 2) AS us_per_hop,
+                          round((total_exec_time / calls)::numeric, 3) AS ms_per_call,
+                          round(rows::numeric / $2, 2) AS rows_per_hop,
+                          left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
+                   FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+                   ORDER BY total_exec_time DESC LIMIT 14"
+}
+
 # run_mode MODE: prints "seconds messages hops fused claims".
 run_mode() {
     local conf=$BENCH_DIR/unfused.conf queue=$limit
@@ -151,21 +177,40 @@ run_mode() {
         *) echo "bench/stages: unknown mode $1" >&2; return 1 ;;
     esac
     load_queue "$messages"
-    "$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" "$workers" s1 s2 s3
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+    local result
+    result=$("$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" "$workers" s1 s2 s3)
+    echo "$result"
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] && statements "$1" "$(awk '{ print $3 }' <<<"$result")" >&2
     local done
     done=$(bench_psql -At -c "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND status = 'pending'")
     [ "$done" -eq "$messages" ] || { echo "bench/stages: $1: $done of $messages messages reached the end" >&2; return 1; }
 }
 
-declare -A rates fused_hops
+# hops_ratio MODE_RATE GRAPHILE_RATE: a mode's stage hops/s over Graphile's jobs/s.
+hops_ratio() { awk -v a="$1" -v g="$2" 'BEGIN { printf "%.2f", a * 3 / g }'; }
+
+declare -A rates fused_hops run_ratios
 for ((r = 0; r < reps; r++)); do
+    declare -A this_run=()
     for mode in $modes; do
         result=$(run_mode "$mode")
         read -r seconds count hops fused claims <<<"$result"
         echo "  $mode: $count messages, $hops hops ($fused fused), $claims claims in $seconds s" >&2
-        rates[$mode]="${rates[$mode]:-} $(awk -v n="$count" -v s="$seconds" 'BEGIN { printf "%.1f", n / s }')"
+        this_run[$mode]=$(awk -v n="$count" -v s="$seconds" 'BEGIN { printf "%.1f", n / s }')
+        rates[$mode]="${rates[$mode]:-} ${this_run[$mode]}"
         fused_hops[$mode]=$fused
     done
+    if [ -n "${this_run[graphile]:-}" ]; then
+        line="  run $((r + 1)): graphile-worker ${this_run[graphile]} jobs/s"
+        for mode in batched batched+fused; do
+            [ -n "${this_run[$mode]:-}" ] || continue
+            ratio=$(hops_ratio "${this_run[$mode]}" "${this_run[graphile]}")
+            run_ratios[$mode]="${run_ratios[$mode]:-} $ratio"
+            line+=", $mode $(awk -v a="${this_run[$mode]}" 'BEGIN { printf "%.0f", a * 3 }') hops/s (${ratio}x)"
+        done
+        echo "$line (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    fi
 done
 
 base=$(bench_median ${rates[per-message]:-0})
@@ -173,6 +218,7 @@ spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } E
 echo
 echo "$messages messages through s1 -> s2 -> s3 (pepsi-stage-if), QUEUE_LIMIT $limit, workers per stage $workers, median of $reps"
 [ -n "${BENCH_SETUP_SQL:-}" ] && echo "schema variant: $BENCH_SETUP_SQL"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-15s %12s %10s %14s %12s  %s\n' mode messages/s ratio "stage hops/s" "fused hops" "spread (msg/s)"
 for mode in $modes; do
     [ "$mode" = graphile ] && continue
@@ -186,13 +232,15 @@ if [ -n "${rates[graphile]:-}" ]; then
     graphile=$(bench_median ${rates[graphile]})
     printf '%-15s %12.0f jobs/s (no-op jobs, batched mode; spread %s)\n' \
         "graphile-worker" "$graphile" "$(spread ${rates[graphile]})"
+    ratio_range() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
     for mode in batched batched+fused; do
         [ -n "${rates[$mode]:-}" ] || continue
-        printf '%-15s %14.0f hops/s = %.2fx graphile-worker jobs/s\n' "$mode" \
+        printf '%-15s %14.0f hops/s = %.2fx graphile-worker jobs/s; within a run: median %.2fx, runs %s\n' "$mode" \
             "$(awk -v a="$(bench_median ${rates[$mode]})" 'BEGIN { print a * 3 }')" \
-            "$(awk -v a="$(bench_median ${rates[$mode]})" -v g="$graphile" 'BEGIN { print a * 3 / g }')"
+            "$(hops_ratio "$(bench_median ${rates[$mode]})" "$graphile")" \
+            "$(bench_median ${run_ratios[$mode]})" "$(ratio_range ${run_ratios[$mode]})"
     done
-    echo "targets: batched >= 1x graphile-worker jobs/s, batched+fused >= 2x"
+    echo "targets: batched >= 1x graphile-worker jobs/s, batched+fused >= 2x, in every run"
 fi
 
 # Resident memory of an idle worker after one message: the multi-call
