@@ -8,6 +8,11 @@
  * operator and maintenance transitions (resume, requeue, orphan reset) are
  * here too, as is the trigger that sends a row that becomes pending to the
  * back of its stage's queue.
+ *
+ * Every statement here that makes a row pending draws its pending_seq
+ * itself (PENDING_SEQ_NEXT): the trigger then has nothing to do, and being
+ * an AFTER trigger (see workqueue_pending_seq_trigger) it costs the UPDATEs
+ * that do not need it nothing but its WHEN.
  */
 #include "pepsi.h"
 
@@ -44,6 +49,12 @@ typedef enum TransitionKind
 } TransitionKind;
 
 /* Columns a stage may have touched (bits shared with the stage runtime) key the plan cache. */
+
+/*
+ * The SET item that sends a row to the back of its stage's pending queue,
+ * for every statement that makes a row pending (see the file comment).
+ */
+#define PENDING_SEQ_NEXT "pending_seq = nextval('pepsi.pending_seq')"
 
 static TransitionKind
 transition_kind(Datum transition, const char **label)
@@ -108,7 +119,7 @@ transition_commit_sql(TransitionKind kind, int touched)
 	{
 		appendStringInfoString(&sql, "UPDATE pepsi.workqueue SET ");
 		if (kind == TRANSITION_ADVANCE)
-			appendStringInfoString(&sql, "stage = $3, status = 'pending'");
+			appendStringInfoString(&sql, "stage = $3, status = 'pending', " PENDING_SEQ_NEXT);
 		else if (kind == TRANSITION_PAUSE)
 			appendStringInfoString(&sql, "status = 'paused', timeout = CASE WHEN $5 = 'Infinity'::float8"
 										 " THEN 'infinity'::timestamptz ELSE now() + $5 * interval '1 second' END");
@@ -378,7 +389,7 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	static SPIPlanPtr		 plans[TRANSITION_KINDS];
 	static const char *const sql[TRANSITION_KINDS] = {
 		[TRANSITION_ADVANCE] =
-			"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending',"
+			"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending', " PENDING_SEQ_NEXT ","
 			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
 			" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
 			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
@@ -650,7 +661,7 @@ workqueue_resume(PG_FUNCTION_ARGS)
 				 errhint("Wait for the stage to finish with it, or stop the dispatcher first.")));
 	}
 	queue_exec(queue_plan(&resume_plan,
-						  "UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL"
+						  "UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, " PENDING_SEQ_NEXT
 						  " WHERE id = ANY ($1) AND status IN ('paused', 'failed', 'timeout')",
 						  1, argtypes),
 			   values, NULL, false, 0);
@@ -681,7 +692,7 @@ workqueue_requeue_due(PG_FUNCTION_ARGS)
 				 errmsg("max_rows must be positive, not %d", max_rows)));
 	SPI_connect();
 	queue_exec(queue_plan(&plan,
-						  "UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL"
+						  "UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL, " PENDING_SEQ_NEXT
 						  " FROM (SELECT id FROM pepsi.workqueue"
 						  "       WHERE status = 'paused' AND timeout <= now()"
 						  "       ORDER BY timeout LIMIT $1 FOR UPDATE SKIP LOCKED) due"
@@ -714,7 +725,8 @@ workqueue_reset_orphans(PG_FUNCTION_ARGS)
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
 	SPI_connect();
 	queue_exec(queue_plan(&plan,
-						  "UPDATE pepsi.workqueue SET status = 'pending' WHERE status = 'running'"
+						  "UPDATE pepsi.workqueue SET status = 'pending', " PENDING_SEQ_NEXT
+						  " WHERE status = 'running'"
 						  " AND ($1 IS NULL OR id <> ALL ($1))",
 						  1, argtypes),
 			   values, nulls, false, 0);
@@ -726,10 +738,20 @@ workqueue_reset_orphans(PG_FUNCTION_ARGS)
 }
 
 /*
- * BEFORE UPDATE ... FOR EACH ROW, WHEN the row becomes pending (from another
+ * FOR EACH ROW on UPDATE, WHEN the row becomes pending (from another
  * status, or at another stage): give it a fresh pending_seq, so it queues
  * behind the rows already waiting at that stage and the claim's sender
  * cache sees it as a new arrival.
+ *
+ * 0.1 fires it BEFORE UPDATE, and it sets NEW.pending_seq.  But any BEFORE
+ * ROW trigger on UPDATE makes PostgreSQL lock each row before updating it
+ * (one more WAL record and buffer write per row), whatever the trigger's
+ * WHEN says: every claim and every commit paid that.  From 0.2 the queue's
+ * transitions draw pending_seq in the statement that makes a row pending,
+ * and the trigger fires AFTER UPDATE only for a row that became pending
+ * without a new pending_seq (a DBA's UPDATE, a function that does not draw
+ * one), drawing it then in a second update of the row; that update leaves
+ * the row pending at the same stage, so it does not fire the trigger again.
  */
 Datum
 workqueue_pending_seq_trigger(PG_FUNCTION_ARGS)
@@ -741,9 +763,9 @@ workqueue_pending_seq_trigger(PG_FUNCTION_ARGS)
 	Datum		 value;
 	bool		 isnull = false;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event)
+	if (!CALLED_AS_TRIGGER(fcinfo) || TRIGGER_FIRED_INSTEAD(trigdata->tg_event)
 		|| !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-		elog(ERROR, "workqueue_pending_seq_trigger must fire BEFORE UPDATE FOR EACH ROW");
+		elog(ERROR, "workqueue_pending_seq_trigger must fire BEFORE or AFTER UPDATE FOR EACH ROW");
 
 	tupdesc = RelationGetDescr(trigdata->tg_relation);
 	attnum = SPI_fnumber(tupdesc, "pending_seq");
@@ -753,6 +775,23 @@ workqueue_pending_seq_trigger(PG_FUNCTION_ARGS)
 	if (!OidIsValid(sequence))
 		elog(ERROR, "sequence pepsi.pending_seq does not exist");
 	value = Int64GetDatum(nextval_internal(sequence, false));
-	return PointerGetDatum(heap_modify_tuple_by_cols(trigdata->tg_newtuple, tupdesc, 1,
-													 &attnum, &value, &isnull));
+	if (TRIGGER_FIRED_BEFORE(trigdata->tg_event))
+		return PointerGetDatum(heap_modify_tuple_by_cols(trigdata->tg_newtuple, tupdesc, 1,
+														 &attnum, &value, &isnull));
+	{
+		static SPIPlanPtr plan;
+		static const Oid  argtypes[] = {INT8OID, INT8OID};
+		Datum			  values[2];
+
+		values[0] = SPI_getbinval(trigdata->tg_newtuple, tupdesc, SPI_fnumber(tupdesc, "id"), &isnull);
+		if (isnull)
+			elog(ERROR, "pepsi.workqueue row without an id");
+		values[1] = value;
+		SPI_connect();
+		queue_exec(queue_plan(&plan, "UPDATE pepsi.workqueue SET pending_seq = $2 WHERE id = $1",
+							  2, argtypes),
+				   values, NULL, false, 0);
+		SPI_finish();
+	}
+	return PointerGetDatum(NULL);
 }
