@@ -23,6 +23,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,18 +129,24 @@ stage_json_string(struct buf *b, const char *s)
  * Loading
  * ------------------------------------------------------------------------- */
 
+/*
+ * The results come in binary: text columns as their bytes, the recipients
+ * as a text[] in PostgreSQL's binary array format (stage_text_array),
+ * which costs neither side a JSON conversion; the age is date_part's
+ * float8, as text (extract would compute a numeric).
+ */
 static const char *const stage_load_sql[] = {
 	[PEPSI_LOAD_METADATA] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text"
 		" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_HEADERS] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
 		" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_FULL] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" array_to_json(w.rcpt_to)::text, extract(epoch FROM now() - w.received_at)::text,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
 		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
 		" WHERE w.id = ANY ($1::int8[])",
 };
@@ -151,6 +158,57 @@ stage_value(PGresult *res, int row, int col)
 	return xstrndup(PQgetvalue(res, row, col), (size_t) PQgetlength(res, row, col));
 }
 
+/* A big-endian 32-bit integer of a binary value, advancing *p; false past end. */
+static bool
+stage_binary_uint32(const unsigned char **p, const unsigned char *end, uint32_t *value)
+{
+	if (end - *p < 4)
+		return false;
+	*value = (uint32_t) (*p)[0] << 24 | (uint32_t) (*p)[1] << 16 | (uint32_t) (*p)[2] << 8 | (*p)[3];
+	*p += 4;
+	return true;
+}
+
+/*
+ * The elements of a one-dimensional text[] without NULLs in PostgreSQL's
+ * binary array format (ndim, flags, element type, then size and lower
+ * bound per dimension, then length and bytes per element), as a
+ * NULL-terminated array of strings; NULL if the value is not one.
+ */
+static char **
+stage_text_array(const char *data, size_t len, size_t *count)
+{
+	const unsigned char *p = (const unsigned char *) data;
+	const unsigned char *end = p + len;
+	uint32_t			 ndim, flags, type, size = 0, lower;
+	char			   **elements;
+
+	if (!stage_binary_uint32(&p, end, &ndim) || !stage_binary_uint32(&p, end, &flags)
+		|| !stage_binary_uint32(&p, end, &type) || type != 25 /* text */ || ndim > 1
+		|| (ndim == 1 && (!stage_binary_uint32(&p, end, &size) || !stage_binary_uint32(&p, end, &lower)))
+		|| size > len / 4)
+		return NULL;
+	elements = xcalloc((size_t) size + 1, sizeof(char *));
+	for (uint32_t i = 0; i < size; i++)
+	{
+		uint32_t length;
+
+		/* A NULL element is length 0xffffffff: more than what is left. */
+		if (!stage_binary_uint32(&p, end, &length) || length > (size_t) (end - p)
+			|| memchr(p, '\0', length) != NULL)
+		{
+			for (uint32_t j = 0; j < i; j++)
+				free(elements[j]);
+			free(elements);
+			return NULL;
+		}
+		elements[i] = xstrndup((const char *) p, length);
+		p += length;
+	}
+	*count = size;
+	return elements;
+}
+
 /* Fill ctx from result row, checking the row is ours to run. */
 static void
 stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
@@ -158,12 +216,8 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 	struct stage_worker *w = ctx->worker;
 	char				*status = stage_value(res, row, 2);
 	json_error_t		 jerr;
-	json_t				*rcpt;
 	const char			*program;
 	char				*state_text;
-	char				*rcpt_text;
-	size_t				 i;
-	json_t				*value;
 
 	ctx->db_stage = stage_value(res, row, 1);
 	ctx->stage_name = xstrdup(ctx->db_stage);
@@ -197,14 +251,14 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 		ctx->state = json_object();
 	}
 	ctx->mail_from = stage_value(res, row, 4);
-	rcpt_text = stage_value(res, row, 5);
-	rcpt = json_loads(rcpt_text, 0, &jerr);
-	free(rcpt_text);
-	ctx->nrcpt = json_array_size(rcpt);
-	ctx->rcpt = xcalloc(ctx->nrcpt + 1, sizeof(char *));
-	json_array_foreach (rcpt, i, value)
-		ctx->rcpt[i] = xstrdup(json_string_value(value));
-	json_decref(rcpt);
+	ctx->rcpt = stage_text_array(PQgetvalue(res, row, 5), (size_t) PQgetlength(res, row, 5), &ctx->nrcpt);
+	if (ctx->rcpt == NULL)
+	{
+		ctx->nrcpt = 0;
+		ctx->rcpt = xcalloc(1, sizeof(char *));
+		pepsi_error(ctx, "row %lld: the recipients are not a text array", ctx->id);
+		return;
+	}
 	{
 		char *age = stage_value(res, row, 6);
 

@@ -40,6 +40,12 @@ CONDITION = rcpt_count > 1
 THEN_STAGE = many
 ELSE_STAGE = one
 
+[stage-exact]
+PROGRAM = pepsi-stage-if
+CONDITION = rcpt = ""odd, {x} y"\@example.org"
+THEN_STAGE = matched
+ELSE_STAGE = unmatched
+
 [stage-drop]
 PROGRAM = pepsi-stage-discard
 
@@ -148,6 +154,22 @@ for my $batch (1, 2)
 	is(row_json($node, $one)->{stage}, 'one', 'advance_to: ELSE_STAGE for one recipient');
 	is(row_json($node, $many)->{stage}, 'many', 'advance_to: THEN_STAGE for two, in the same batch');
 	is(row_json($node, $many)->{status}, 'pending', 'advance_to: the row is pending there');
+}
+
+#
+# The recipients reach the stage as they are in the row, whatever they
+# hold: quotes, a comma, braces, spaces (the load reads them as a binary
+# text[]).
+#
+{
+	my $odd = '"odd, {x} y"@example.org';
+	my $match = add_row($node, 'exact', rcpt => [ 'a@example.org', $odd ]);
+	my $near = add_row($node, 'exact', rcpt => [ '"odd, {x}"@example.org', 'odd@example.org' ]);
+	my $one = add_row($node, 'exact', rcpt => [$odd]);
+	run_ok('pepsi-stage-if', 'recipients as loaded', $match, $near, $one);
+	is(row_json($node, $match)->{stage}, 'matched', 'recipients: the quoted address, second of two');
+	is(row_json($node, $near)->{stage}, 'unmatched', 'recipients: addresses near it do not match');
+	is(row_json($node, $one)->{stage}, 'matched', 'recipients: the quoted address alone');
 }
 
 #
