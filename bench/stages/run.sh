@@ -227,8 +227,8 @@ printf '%-15s %12s %10s %14s %12s  %s\n' mode messages/s ratio "stage hops/s" "f
 for mode in $modes; do
     [ "$mode" = graphile ] && continue
     rate=$(bench_median ${rates[$mode]})
-    printf '%-15s %12.0f %9.1fx %14.0f %12s  %s\n' "$mode" "$rate" \
-        "$(awk -v a="$rate" -v b="$base" 'BEGIN { print (b > 0 ? a / b : 0) }')" \
+    printf '%-15s %12.0f %10s %14.0f %12s  %s\n' "$mode" "$rate" \
+        "$(awk -v a="$rate" -v b="$base" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "-" }')" \
         "$(awk -v a="$rate" 'BEGIN { print a * 3 }')" "${fused_hops[$mode]}" "$(spread ${rates[$mode]})"
 done
 echo "targets: batched+fused >= 10x per-message and >= 30000 stage hops/s"
