@@ -61,6 +61,17 @@ EOF
 		"$label: every light sender's messages are done");
 	is(stop_dispatcher($d, 'TERM'), 0, "$label: the dispatcher stops");
 
+	# The next run's dispatcher must find the one-dispatcher lock free:
+	# the server may end this one's session a moment after it exits.
+	ok( poll_until(
+			sub {
+				scalar_query($node,
+					"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+					  . ' AND classid = 1346720851 AND objid = 2') == 0;
+			},
+			60),
+		"$label: its session is gone, and the dispatcher lock with it");
+
 	# Completion positions: the order of the commits (test_log.seq).
 	my ($mean, $last, $heavy_before) = split /\|/,
 	  scalar_query(
