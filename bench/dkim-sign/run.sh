@@ -27,6 +27,12 @@
 # (20), BENCH_SIZES ("2048 102400"), BENCH_ALGORITHMS ("rsa-sha256
 # ed25519-sha256"), BENCH_RELAY_WORKERS (20), BENCH_SIGN_WORKERS (as many
 # as relay workers), BENCH_PARTS (compare, cost or both).
+#
+# Duration: the issue's full size (the defaults: 20,000 messages, 5 runs
+# each side, 4 cases, then 5 x 2 cost runs) is some 260,000 messages, about
+# 100 minutes on a loaded 2-core machine (Postfix+OpenDKIM with 100 KB
+# messages is the slowest part); the run prints what it took.  For a quick
+# look at the ratios: BENCH_MESSAGES=2000 (about a tenth of that).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -266,6 +272,7 @@ echo
 echo "pepsi.stage_stats over all runs (messages run at each stage, hops fused into its passes):"
 bench_psql -c "SELECT stage, messages, fused_hops FROM pepsi.stage_stats ORDER BY stage"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "took $SECONDS s"
 echo "medians of $repeats runs (min..max), $messages messages each, Pepsi as $BENCH_PEPSI_FLAVOUR:"
 [ ${#summary[@]} -eq 0 ] || printf '  %s\n' "${summary[@]}"
 echo "  target: pepsi/postfix+opendkim >= 2.00"
