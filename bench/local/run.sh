@@ -308,4 +308,7 @@ printf '%-34s %10s msg/s (runs %s .. %s)\n' \
 printf 'ratio pepsi/postfix (%s): median %s, runs %s .. %s (target: median >= 1.50)\n' \
     "$mode" "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
 echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
-[ "${BENCH_KEEP_LOG:-0}" = 1 ] && cp "$BENCH_DIR/dispatch.log" "$bench_top/bench/out/local-$mode-dispatch.log"
+# (An if, not "&&": as the last command, a false test would be the script's exit status.)
+if [ "${BENCH_KEEP_LOG:-0}" = 1 ]; then
+    cp "$BENCH_DIR/dispatch.log" "$bench_top/bench/out/local-$mode-dispatch.log"
+fi
