@@ -33,13 +33,35 @@ enum verify_iprev_step
 	VERIFY_IPREV_DONE
 };
 
+/*
+ * Within one session, a verdict is kept for the next transaction with the
+ * same HELO and sender (the SPF macros can use the local part, so the
+ * whole address), for this long: a client sending message after message
+ * from one address gets the same answer without evaluating the record
+ * again, while a record changed meanwhile is seen within seconds.  A
+ * temperror is never kept.
+ */
+#define VERIFY_SPF_MEMO_SECONDS 10.0
+
 struct verify_spf
 {
-	struct spf_check *check;
+	struct spf_check *check;   /* in flight, or done; NULL when answered from the memo */
+	bool			  started; /* this identity is being checked (by either means) */
 	bool			  done;
 	enum spf_result	  result;
 	char			 *reason;
 	char			 *explanation;
+};
+
+/* The last verdict for one identity in this session (VERIFY_SPF_MEMO_SECONDS). */
+struct verify_spf_memo
+{
+	char		   *sender;
+	char		   *helo;
+	ev_tstamp		at;
+	enum spf_result result;
+	char		   *reason;
+	char		   *explanation;
 };
 
 /* A key the ARC chain's signatures name, fetched before arc_verify runs. */
@@ -70,27 +92,29 @@ struct verify
 	char				  *iprev_name;
 
 	/* The transaction */
-	struct dns_budget	  mail_budget;	  /* SPF, from MAIL on */
-	struct dns_budget	  message_budget; /* DKIM and DMARC, from the end of DATA */
-	char				 *mail_from;
-	char				 *helo;
-	struct verify_spf	  spf_mail;
-	struct verify_spf	  spf_helo;
-	struct dkim_verify	 *dkim;
-	bool				  dkim_done;
-	struct dmarc_check	 *dmarc;
-	char				 *from_domain;
-	const char			 *from_problem;
-	bool				  dmarc_done;
-	struct verify_arc_key arc_keys[VERIFY_ARC_KEYS];
-	size_t				  arc_key_count;
-	size_t				  arc_pending;
-	bool				  arc_done;
-	struct arc_verdict	  arc;
-	char				 *arc_sealer; /* d= of the newest ARC-Seal */
-	const char			 *message;	  /* the content, while ARC waits for its keys */
-	size_t				  message_len;
-	size_t				  header_len;
+	struct dns_budget	   mail_budget;	   /* SPF, from MAIL on */
+	struct dns_budget	   message_budget; /* DKIM and DMARC, from the end of DATA */
+	char				  *mail_from;
+	char				  *helo;
+	struct verify_spf	   spf_mail;
+	struct verify_spf	   spf_helo;
+	struct verify_spf_memo spf_mail_memo; /* these two outlive the transaction */
+	struct verify_spf_memo spf_helo_memo;
+	struct dkim_verify	  *dkim;
+	bool				   dkim_done;
+	struct dmarc_check	  *dmarc;
+	char				  *from_domain;
+	const char			  *from_problem;
+	bool				   dmarc_done;
+	struct verify_arc_key  arc_keys[VERIFY_ARC_KEYS];
+	size_t				   arc_key_count;
+	size_t				   arc_pending;
+	bool				   arc_done;
+	struct arc_verdict	   arc;
+	char				  *arc_sealer; /* d= of the newest ARC-Seal */
+	const char			  *message;	   /* the content, while ARC waits for its keys */
+	size_t				   message_len;
+	size_t				   header_len;
 
 	/* The message waiting for all of them */
 	bool		   waiting;
@@ -165,8 +189,8 @@ verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 static bool
 verify_complete(const struct verify *v)
 {
-	return v->iprev_step == VERIFY_IPREV_DONE && (v->spf_mail.check == NULL || v->spf_mail.done)
-		   && (v->spf_helo.check == NULL || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
+	return v->iprev_step == VERIFY_IPREV_DONE && (!v->spf_mail.started || v->spf_mail.done)
+		   && (!v->spf_helo.started || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
 		   && (v->dmarc == NULL || v->dmarc_done) && v->arc_done;
 }
 
@@ -366,12 +390,24 @@ verify_transaction_clear(struct verify *v)
 	ev_timer_stop(verify_global.loop, &v->settle_timer);
 }
 
+static void
+verify_spf_memo_clear(struct verify_spf_memo *m)
+{
+	free(m->sender);
+	free(m->helo);
+	free(m->reason);
+	free(m->explanation);
+	memset(m, 0, sizeof(*m));
+}
+
 void
 verify_free(struct verify *v)
 {
 	if (v == NULL)
 		return;
 	verify_transaction_clear(v);
+	verify_spf_memo_clear(&v->spf_mail_memo);
+	verify_spf_memo_clear(&v->spf_helo_memo);
 	if (v->iprev_query)
 		dns_cancel(v->iprev_query);
 	for (size_t i = 0; i < v->iprev_count; i++)
@@ -383,8 +419,8 @@ verify_free(struct verify *v)
 }
 
 static void
-verify_spf_done(struct verify *v, struct verify_spf *s, const struct spf_verdict *verdict,
-				const char *identity)
+verify_spf_done(struct verify *v, struct verify_spf *s, struct verify_spf_memo *memo,
+				const char *sender, const struct spf_verdict *verdict, const char *identity)
 {
 	s->done = true;
 	s->result = verdict->result;
@@ -392,6 +428,16 @@ verify_spf_done(struct verify *v, struct verify_spf *s, const struct spf_verdict
 	s->explanation = verdict->explanation ? xstrdup(verdict->explanation) : NULL;
 	log_debug("%s: spf %s %s for %s (%s)", v->client_ip, identity, spf_result_name(s->result),
 			  verdict->domain, s->reason);
+	verify_spf_memo_clear(memo);
+	if (s->result != SPF_TEMPERROR)
+	{
+		memo->sender = xstrdup(sender);
+		memo->helo = xstrdup(v->helo);
+		memo->at = ev_now(verify_global.loop);
+		memo->result = s->result;
+		memo->reason = xstrdup(s->reason);
+		memo->explanation = s->explanation ? xstrdup(s->explanation) : NULL;
+	}
 	verify_settle(v);
 }
 
@@ -400,7 +446,7 @@ verify_on_spf_mail(void *arg, const struct spf_verdict *verdict)
 {
 	struct verify *v = arg;
 
-	verify_spf_done(v, &v->spf_mail, verdict, "mailfrom");
+	verify_spf_done(v, &v->spf_mail, &v->spf_mail_memo, v->mail_from, verdict, "mailfrom");
 }
 
 static void
@@ -408,7 +454,26 @@ verify_on_spf_helo(void *arg, const struct spf_verdict *verdict)
 {
 	struct verify *v = arg;
 
-	verify_spf_done(v, &v->spf_helo, verdict, "helo");
+	verify_spf_done(v, &v->spf_helo, &v->spf_helo_memo, v->helo, verdict, "helo");
+}
+
+/* Check one identity: from the session's memo when it holds this one, else anew. */
+static void
+verify_spf_begin(struct verify *v, struct verify_spf *s, const struct verify_spf_memo *memo,
+				 const char *sender, spf_done_fn done)
+{
+	s->started = true;
+	if (memo->sender && strcmp(memo->sender, sender) == 0 && strcmp(memo->helo, v->helo) == 0
+		&& ev_now(verify_global.loop) - memo->at < VERIFY_SPF_MEMO_SECONDS)
+	{
+		s->done = true;
+		s->result = memo->result;
+		s->reason = xstrdup(memo->reason);
+		s->explanation = memo->explanation ? xstrdup(memo->explanation) : NULL;
+		return;
+	}
+	s->check = spf_check_start(verify_global.resolver, &v->mail_budget, v->client_ip, sender,
+							   v->helo, v->hostname, done, v);
 }
 
 void
@@ -426,14 +491,10 @@ verify_mail(struct verify *v, const char *helo, const char *mail_from)
 	 * is one (a null sender's MAIL FROM identity is postmaster@helo: the
 	 * HELO check stands for it).
 	 */
-	if (helo && *helo)
-		v->spf_helo.check = spf_check_start(verify_global.resolver, &v->mail_budget,
-											v->client_ip, helo, helo, v->hostname,
-											verify_on_spf_helo, v);
+	if (*v->helo)
+		verify_spf_begin(v, &v->spf_helo, &v->spf_helo_memo, v->helo, verify_on_spf_helo);
 	if (*mail_from)
-		v->spf_mail.check = spf_check_start(verify_global.resolver, &v->mail_budget,
-											v->client_ip, mail_from, helo, v->hostname,
-											verify_on_spf_mail, v);
+		verify_spf_begin(v, &v->spf_mail, &v->spf_mail_memo, v->mail_from, verify_on_spf_mail);
 }
 
 /*
@@ -683,23 +744,23 @@ verify_conclude(struct verify *v)
 	json_object_set(auth, "iprev", v->iprev_state);
 
 	/* SPF: MAIL FROM, or for a null sender HELO standing for it. */
-	if (v->spf_mail.check)
+	if (v->spf_mail.started)
 	{
 		json_object_set_new(auth, "spf", verify_spf_state(&v->spf_mail, "smtp.mailfrom", v->mail_from));
 		spf_for_dmarc = v->spf_mail.result;
 		spf_domain = strrchr(v->mail_from, '@') ? strrchr(v->mail_from, '@') + 1 : v->mail_from;
 	}
-	if (v->spf_helo.check)
+	if (v->spf_helo.started)
 	{
-		json_object_set_new(auth, v->spf_mail.check ? "spf_helo" : "spf",
+		json_object_set_new(auth, v->spf_mail.started ? "spf_helo" : "spf",
 							verify_spf_state(&v->spf_helo, "smtp.helo", v->helo));
-		if (v->spf_mail.check == NULL)
+		if (!v->spf_mail.started)
 		{
 			spf_for_dmarc = v->spf_helo.result;
 			spf_domain = v->helo;
 		}
 	}
-	else if (v->spf_mail.check == NULL)
+	else if (!v->spf_mail.started)
 	{
 		helo_identity = xstrdup(v->helo && *v->helo ? v->helo : "unknown");
 		json_object_set_new(auth, "spf", auth_result("none", "smtp.helo", helo_identity));
@@ -775,7 +836,7 @@ verify_conclude(struct verify *v)
 	}
 	json_object_set_new(auth, "arc", verify_arc_state(v));
 
-	if (v->refusal == NULL && v->policy->spf_reject && v->spf_mail.check && v->spf_mail.done
+	if (v->refusal == NULL && v->policy->spf_reject && v->spf_mail.started && v->spf_mail.done
 		&& v->spf_mail.result == SPF_FAIL)
 		v->refusal = xasprintf("550 5.7.23 SPF validation failed for %s%s%s", spf_domain,
 							   v->spf_mail.explanation ? ": " : "",
