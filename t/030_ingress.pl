@@ -37,13 +37,7 @@ $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 # four listeners: smtp (STARTTLS, tight limits), submission, smtps, and one
 # with a short idle timeout and two sessions per client.
 #
-system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1',
-	'-nodes', '-keyout', "$tmp/key.pem", '-out', "$tmp/cert.pem", '-days', '2',
-	'-subj', '/CN=mx.test', '-loglevel', 'error') == 0
-  or system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt',
-	'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', "$tmp/key.pem", '-out',
-	"$tmp/cert.pem", '-days', '2', '-subj', '/CN=mx.test') == 0
-  or die 'openssl req failed';
+self_signed_certificate($tmp, 'mx.test');
 my $hash = `openssl passwd -6 -salt pepsitest 'correct horse'`;
 chomp $hash;
 # (setting up, not a test of openssl: the AUTH tests below use it)

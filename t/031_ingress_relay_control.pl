@@ -26,13 +26,7 @@ my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $node = pepsi_node('relay');
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
-system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1',
-	'-nodes', '-keyout', "$tmp/key.pem", '-out', "$tmp/cert.pem", '-days', '2',
-	'-subj', '/CN=mx.test', '-loglevel', 'error') == 0
-  or system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt',
-	'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', "$tmp/key.pem", '-out',
-	"$tmp/cert.pem", '-days', '2', '-subj', '/CN=mx.test') == 0
-  or die 'openssl req failed';
+self_signed_certificate($tmp, 'mx.test');
 my $hash = `openssl passwd -6 -salt pepsitest 'correct horse'`;
 chomp $hash;
 PostgreSQL::Test::Utils::append_to_file("$tmp/credentials", "alice:$hash\n");

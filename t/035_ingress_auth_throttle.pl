@@ -30,10 +30,7 @@ my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $node = pepsi_node('auth_throttle');
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
-system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1',
-	'-nodes', '-keyout', "$tmp/key.pem", '-out', "$tmp/cert.pem", '-days', '2',
-	'-subj', '/CN=mx.test') == 0
-  or die 'openssl req failed';
+self_signed_certificate($tmp, 'mx.test');
 my $alice = crypt('correct horse', '$6$pepsitest$');
 my $slow = crypt('slow horse', '$6$rounds=1000000$pepsislow$');
 PostgreSQL::Test::Utils::append_to_file("$tmp/credentials", "alice:$alice\nslow:$slow\n");

@@ -26,10 +26,7 @@ my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $node = pepsi_node('ingress_requiretls');
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
-system('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1',
-	'-nodes', '-keyout', "$tmp/key.pem", '-out', "$tmp/cert.pem", '-days', '2',
-	'-subj', '/CN=mx.test') == 0
-  or die 'openssl req failed';
+self_signed_certificate($tmp, 'mx.test');
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $conf = "$tmp/pepsi.conf";

@@ -35,7 +35,7 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
-  prometheus_samples
+  prometheus_samples self_signed_certificate
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -227,6 +227,22 @@ sub log_since
 	my ($node, $offset) = @_;
 
 	return PostgreSQL::Test::Utils::slurp_file($node->logfile, $offset);
+}
+
+# A throw-away P-256 certificate and key for CN=$cn, valid two days, as
+# "$dir/cert.pem" and "$dir/key.pem".  -loglevel quiets OpenSSL 3; an
+# older openssl without it is asked again without.
+sub self_signed_certificate
+{
+	my ($dir, $cn) = @_;
+	my @req = ('openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt',
+		'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', "$dir/key.pem",
+		'-out', "$dir/cert.pem", '-days', '2', '-subj', "/CN=$cn");
+
+	system(@req, '-loglevel', 'error') == 0
+	  or system(@req) == 0
+	  or die 'openssl req failed';
+	return;
 }
 
 1;
