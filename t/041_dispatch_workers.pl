@@ -77,15 +77,27 @@ sub alive
 }
 
 # A row that misbehaves, with two good rows admitted right behind it while
-# the worker is still busy with it (state.sleep_ms), so they queue behind
-# it on the same worker.
+# the worker is still busy with it, so they queue behind it on the same
+# worker.  The worker holds the bad row (state.wait_file) until both good
+# ones are claimed, that is written to it: on a loaded machine the claim
+# can take longer than any fixed delay.
+my $release_count = 0;
+
 sub misbehaving_row_and_two_behind
 {
 	my ($behaviour) = @_;
+	my $release = $node->basedir . '/release-' . ++$release_count;
 	my ($bad) = add_rows($node, 1, stage => 'w',
-		state => qq({"test": "$behaviour", "sleep_ms": 400}));
+		state => qq({"test": "$behaviour", "wait_file": "$release"}));
 	my @good = add_rows($node, 2, stage => 'w');
 
+	poll_until(sub {
+		scalar_query($node,
+			"SELECT count(*) FROM pepsi.workqueue WHERE id IN ($good[0], $good[1]) AND status = 'running'")
+		  == 2;
+	});
+	open(my $fh, '>', $release) or die "$release: $!";
+	close $fh;
 	return ($bad, @good);
 }
 
