@@ -95,17 +95,26 @@
 #                             run stages as root), nothing otherwise; what
 #                             the stages read must be readable by that user
 #                             (give_to_user)
-#   bench_dovecot_start DIR   a private Dovecot in DIR (a new directory:
+#   bench_dovecot_start DIR [PASSWD_FILE]
+#                             a private Dovecot in DIR (a new directory:
 #                             base_dir, Maildirs under DIR/mail/<user>,
 #                             static userdb) as the unprivileged user,
 #                             LMTP on the Unix socket DIR/run/lmtp (mode
 #                             0666, so Postfix's lmtp(8) reaches it too);
 #                             mail is fsynced (mail_fsync = always: durable).
+#                             With PASSWD_FILE (user:{SCHEME}hash lines,
+#                             readable by that user) its passdb, and SASL
+#                             for Postfix's smtpd (smtpd_sasl_type =
+#                             dovecot) on DIR/run/auth-client (mode 0666).
 #                             Stopped and removed by bench_cleanup (or
 #                             bench_dovecot_stop DIR)
 #   bench_dovecot_stop DIR    stop that instance (DIR stays: bench_cleanup
 #                             removes it)
 #   bench_dovecot_delivered DIR   the messages in its Maildirs' new/
+#   bench_tls_certificate DIR a self-signed certificate for 127.0.0.1,
+#                             DIR/cert.pem, and its key DIR/key.pem (mode
+#                             0600: read by the servers before they drop
+#                             privileges)
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -501,7 +510,7 @@ bench_postfix_wait_deferred() {
 }
 
 bench_dovecot_start() {
-    local dir=$1 user group uid gid
+    local dir=$1 passwd=${2:-} user group uid gid passdb sasl=
     user=$PEPSI_USER
     [ "$(id -u)" -eq 0 ] || user=$(id -un)
     group=$(id -gn "$user") uid=$(id -u "$user") gid=$(id -g "$user")
@@ -509,8 +518,19 @@ bench_dovecot_start() {
     chmod 755 "$dir"
     give_to_user "$dir"
     BENCH_DOVECOT_DIRS+=("$dir")
+    # LMTP needs only the userdb; auth refuses to start without a passdb.
+    passdb="driver = static
+  args = nopassword=y"
+    if [ -n "$passwd" ]; then
+        passdb="driver = passwd-file
+  args = $passwd"
+        sasl="unix_listener auth-client {
+    mode = 0666
+  }"
+    fi
     cat >"$dir/dovecot.conf" <<CONF
-# A private Dovecot for the benchmarks (bench/lib.sh): LMTP only.
+# A private Dovecot for the benchmarks (bench/lib.sh): LMTP, and SASL when
+# it has a passwd file.
 base_dir = $dir/run
 state_dir = $dir/state
 log_path = $dir/dovecot.log
@@ -526,10 +546,8 @@ listen = 127.0.0.1
 auth_username_format = %Ln
 mail_location = maildir:~/Maildir
 mail_fsync = always
-# LMTP needs only the userdb; auth refuses to start without a passdb.
 passdb {
-  driver = static
-  args = nopassword=y
+  $passdb
 }
 userdb {
   driver = static
@@ -542,6 +560,7 @@ service lmtp {
 }
 service auth {
   user = $user
+  $sasl
 }
 service auth-worker {
   user = $user
@@ -577,4 +596,11 @@ bench_dovecot_stop() {
 
 bench_dovecot_delivered() {
     find "$1/mail" -path '*/new/*' -type f 2>/dev/null | wc -l
+}
+
+bench_tls_certificate() {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=localhost" \
+        -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+        -keyout "$1/key.pem" -out "$1/cert.pem" >/dev/null 2>&1
+    chmod 600 "$1/key.pem"
 }

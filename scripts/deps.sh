@@ -58,7 +58,10 @@ packages=(
     # playwright-core from npm, below), curl for bench/metrics, and the
     # Prometheus parser its /metrics is checked with
     chromium curl python3-prometheus-client
-    # benchmarks: pgbench ships in postgresql-15
+    # benchmarks: pgbench ships in postgresql-15; bench/ingress/policy.sh
+    # makes its certificate and password hash with openssl, and gives
+    # Postfix SASL from Dovecot (dovecot-core, above)
+    openssl
 )
 
 missing=()
