@@ -15,7 +15,8 @@
 # Then the group-commit choices (BENCH_VARIANTS, "connections:batch" each,
 # one run each), and the resident memory of pepsi-ingress per idle session
 # with IDLE_SESSIONS sessions open (target: under 64 KB).  Last, policy.sh:
-# the same comparison with relay control and recipient validation on.
+# the same comparison with relay control and recipient validation on, the
+# relayed share sent by authenticated sessions (STARTTLS, AUTH PLAIN).
 #
 # Needs: postfix (installed here with debconf "No configuration" when it is
 # missing, so no system instance is set up), pepsi-ingress built, the
