@@ -38,7 +38,10 @@
 # Maildirs.  The sides alternate, BENCH_REPEATS times (default 5); each
 # run's ratio is printed, then the medians in messages per second with the
 # ratio pepsi/postfix and the spread (target: median ratio >= 1.5), and
-# the load average before and after.  BENCH_PROFILE=1: the cluster keeps
+# the load average before and after.  Each run also prints each side's CPU
+# time per message (its process trees, bench/relay/cpu-time.pl: Pepsi's
+# with PostgreSQL's, and in lmtp mode the Dovecot serving that side apart),
+# which says where the time goes when the rates are noisy.  BENCH_PROFILE=1: the cluster keeps
 # pg_stat_statements, and after each Pepsi run the log gets its statements
 # (calls, mean and total ms) and the workers' load and commit counts.
 #
@@ -252,6 +255,16 @@ measure() {
         printf "%.1f %.2f %.2f\n", n / (b - a), s - a, b - a }'
 }
 
+# CPU milliseconds used so far by each PID's process tree (bench/relay/cpu-time.pl).
+cpu_ms() { perl "$here/../relay/cpu-time.pl" "$@"; }
+per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }'; }
+postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
+postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
+# The Dovecot of this run (restarted before each), or none in maildir mode (0: no tree).
+dovecot_master() {
+    if [ "$mode" = lmtp ]; then head -1 "$dovecot_dir/run/master.pid"; else echo 0; fi
+}
+
 pepsi_reset() {
     bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
     [ "$profile" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
@@ -277,12 +290,19 @@ echo "bench/local $mode: $messages messages of 2 KB to $users users over $sessio
     "Postfix $([ "$mode" = lmtp ] && echo lmtp || echo virtual) concurrency $(/usr/sbin/postconf -c "$postfix_dir/etc" -h \
         "$([ "$mode" = lmtp ] && echo lmtp || echo virtual)_destination_concurrency_limit" 2>/dev/null \
         | sed "s/\$default_destination_concurrency_limit/$(/usr/sbin/postconf -c "$postfix_dir/etc" -h default_destination_concurrency_limit)/")"
+echo "measured: from the first message sent to the last one in a Maildir's new/; durable on both sides:" \
+    "Pepsi's queue fsynced (fsync, synchronous_commit), Postfix's queue files fsynced," \
+    "$([ "$mode" = lmtp ] && echo "one Dovecot for both (mail_fsync = always), restarted on empty Maildirs before each run" \
+        || echo "Pepsi's helper fsyncs each file and each new/, Postfix's virtual(8) each file")"
 pepsi_rates=() postfix_rates=() ratios=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     fresh_mailboxes
     sleep 1
+    read -r pg_cpu0 in_cpu0 di_cpu0 dc_cpu0 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" "$(dovecot_master)")
     read -r rate accepted delivered < <(measure "$pepsi_port")
+    read -r pg_cpu1 in_cpu1 di_cpu1 dc_cpu1 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" "$(dovecot_master)")
+    pepsi_cpu=$((in_cpu1 - in_cpu0 + di_cpu1 - di_cpu0))
     pepsi_profile
     left=$(pepsi_left)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
@@ -291,7 +311,13 @@ for ((r = 1; r <= repeats; r++)); do
     [ "$mode" = lmtp ] && fresh_dovecot
     sync
     sleep 1
+    read -r pf_cpu0 pf_dc_cpu0 < <(cpu_ms "$(postfix_master)" "$(dovecot_master)")
     read -r rate_pf accepted_pf delivered_pf < <(measure "$postfix_port")
+    read -r pf_cpu1 pf_dc_cpu1 < <(cpu_ms "$(postfix_master)" "$(dovecot_master)")
+    printf 'run %d: CPU ms per message: pepsi %s (postgresql %s, ingress and dispatch with its workers %s), postfix %s; dovecot for pepsi %s, for postfix %s\n' \
+        "$r" "$(per_message $((pg_cpu1 - pg_cpu0 + pepsi_cpu)))" "$(per_message $((pg_cpu1 - pg_cpu0)))" \
+        "$(per_message "$pepsi_cpu")" "$(per_message $((pf_cpu1 - pf_cpu0)))" \
+        "$(per_message $((dc_cpu1 - dc_cpu0)))" "$(per_message $((pf_dc_cpu1 - pf_dc_cpu0)))" | tee -a "$log"
     postfix_rates+=("$rate_pf")
     ratios+=("$(ratio "$rate" "$rate_pf")")
     printf 'run %d: pepsi %s msg/s (all accepted after %s s, delivered after %s s),' \
