@@ -81,6 +81,22 @@ SELECT pepsi.destination_end('slow.example', 0, 'connected', NULL, NULL, NULL, N
 SELECT slot, wait_seconds > 30 AS waits, reason FROM pepsi.destination_begin('slow.example', 20);
 SELECT action, detail FROM pepsi.event_log WHERE action LIKE 'destination%' ORDER BY id;
 
+-- A slow destination (its deliveries take slow_seconds or more) holds at
+-- most slow_limit slots: a slot above them, carried over from the
+-- worker's previous delivery there, is given up for one within them.
+INSERT INTO pepsi.destination (domain, service_seconds) VALUES ('pace.example', 2);
+SELECT pg_advisory_lock(pepsi.destination_slot_key('pace.example', 5));
+SELECT slot FROM pepsi.destination_begin('pace.example', 20, NULL,
+    'pace.example', 5, NULL, NULL, 2.5, 1.0, 2);
+SELECT count(*) AS slots_held FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
+-- Not slow by a higher measure: the slot it holds carries over.
+SELECT slot FROM pepsi.destination_begin('pace.example', 20, NULL,
+    'pace.example', 0, NULL, NULL, 2.5, 5.0, 2);
+SELECT count(*) AS slots_held FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
+SELECT pepsi.destination_end('pace.example', 0, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600);
+
 -- Refusals.
 SELECT pepsi.destination_set_limits('Slow.Example', 1, 1);
 SELECT pepsi.destination_set_limits('slow.example', 0, NULL);
@@ -88,3 +104,4 @@ SELECT pepsi.destination_set_limits('slow.example', NULL, -5);
 SELECT pepsi.destination_begin('', 20);
 SELECT pepsi.destination_begin('example.net', 0);
 SELECT pepsi.destination_end('example.net', NULL, 'gone', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600);
+SELECT pepsi.destination_begin('example.net', 20, NULL, NULL, NULL, NULL, NULL, NULL, 1.0, 0);

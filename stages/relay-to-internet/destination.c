@@ -280,21 +280,27 @@ destination_kept_domain(bool *contended)
 }
 
 bool
-destination_begin(PGconn *conn, const char *domain, long long default_concurrency,
+destination_begin(PGconn *conn, const char *domain, const struct destination_share *share,
 				  const char *const *hosts, size_t nhosts, struct destination_start *out, char *err,
 				  size_t errlen)
 {
 	char		concurrency[24];
 	char		slot_text[16];
 	char		seconds[32];
+	char		slow_seconds[32];
+	char		slow_limit[24];
+	char		handoff[32];
 	struct buf	host_array = BUF_INIT;
-	const char *values[8];
+	const char *values[11];
 	PGresult   *res;
 	bool		ok;
 
 	memset(out, 0, sizeof(*out));
 	out->slot = -1;
-	snprintf(concurrency, sizeof(concurrency), "%lld", default_concurrency);
+	snprintf(concurrency, sizeof(concurrency), "%lld", share->default_concurrency);
+	snprintf(slow_seconds, sizeof(slow_seconds), "%.3f", share->slow_seconds);
+	snprintf(slow_limit, sizeof(slow_limit), "%lld", share->slow_limit < 1 ? 1 : share->slow_limit);
+	snprintf(handoff, sizeof(handoff), "%.3f", share->handoff_seconds);
 	buf_append_str(&host_array, "{");
 	for (size_t i = 0; i < nhosts; i++)
 		db_array_append(&host_array, hosts[i]);
@@ -309,10 +315,14 @@ destination_begin(PGconn *conn, const char *domain, long long default_concurrenc
 	values[5] = destination_kept.ok_host;
 	values[6] = destination_kept.ok_address;
 	values[7] = destination_kept.domain ? seconds : NULL;
+	values[8] = share->slow_seconds > 0 ? slow_seconds : NULL;
+	values[9] = slow_limit;
+	values[10] = handoff;
 	res = db_exec(conn,
 				  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
-				  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8)",
-				  8, values);
+				  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+				  " $9, $10, $11)",
+				  11, values);
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
 	destination_kept_clear();
 	ok = destination_ok(res, conn, "pepsi.destination_begin", err, errlen) && PQntuples(res) == 1;

@@ -51,14 +51,25 @@ struct destination_start
 	char  *sts_policy;
 };
 
+/* How a worker's stage shares its workers among destinations (destination_begin). */
+struct destination_share
+{
+	long long default_concurrency; /* DESTINATION_CONCURRENCY */
+	double	  slow_seconds;		   /* a destination this slow (0: none is slow) ... */
+	long long slow_limit;		   /* ... gets at most this many slots */
+	double	  handoff_seconds;	   /* the longest wait in place for a slot (0: none) */
+};
+
 /*
  * A concurrency slot of domain, or the wait when it is backing off or at
- * a limit.  The same round trip refreshes the memos of hosts (the
- * domain's MX hosts: destination_cached_addresses then reads none), reads
- * the domain's cached MTA-STS policy, and ends the delivery whose slot
- * this worker kept (its slot carried over when it is to the same domain).
+ * a limit (at a limit whose next turn is near, it waits for a slot up to
+ * share->handoff_seconds).  The same round trip refreshes the memos of
+ * hosts (the domain's MX hosts: destination_cached_addresses then reads
+ * none), reads the domain's cached MTA-STS policy, and ends the delivery
+ * whose slot this worker kept (its slot carried over when it is to the
+ * same domain).
  */
-bool destination_begin(PGconn *conn, const char *domain, long long default_concurrency,
+bool destination_begin(PGconn *conn, const char *domain, const struct destination_share *share,
 					   const char *const *hosts, size_t nhosts, struct destination_start *out,
 					   char *err, size_t errlen);
 void destination_start_free(struct destination_start *s);

@@ -644,10 +644,27 @@ internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const stru
 	struct smtp_client *kept_client = internet_kept_client;
 	bool				ok;
 
+	struct destination_share share = {
+		.default_concurrency = pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"),
+		.slow_seconds = pepsi_option_seconds(ctx, "DESTINATION_SLOW"),
+		/* (rounded up: a slow destination keeps a slot of a small stage) */
+		.slow_limit = (pepsi_option_int(ctx, "PARALLELISM") * pepsi_option_int(ctx, "DESTINATION_SLOW_SHARE") + 99)
+					  / 100,
+		.handoff_seconds = pepsi_option_seconds(ctx, "DESTINATION_HANDOFF"),
+	};
+
+	/*
+	 * To another domain, the session goes before the slot: a waiter given
+	 * the slot at once must not find the destination's connections full.
+	 */
+	if (kept_client && kept_contended && !same)
+	{
+		internet_session_close(kept_client);
+		kept_client = NULL;
+	}
 	for (size_t i = 0; i < route->nhosts; i++)
 		hosts[i] = route->hosts[i].name;
-	ok = destination_begin(pepsi_db(ctx), domain, pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"), hosts,
-						   route->nhosts, start, err, errlen);
+	ok = destination_begin(pepsi_db(ctx), domain, &share, hosts, route->nhosts, start, err, errlen);
 	free(hosts);
 	internet_kept_client = NULL;
 	if (kept_client && kept_contended && !(ok && same && start->slot >= 0))
@@ -671,11 +688,12 @@ internet_idle(PGconn *conn, double idle_seconds)
 		return -1;
 	if (idle_seconds * 1000 < INTERNET_KEEP_GRACE_MS)
 		return INTERNET_KEEP_GRACE_MS - (int) (idle_seconds * 1000);
-	if (!destination_release(conn, err, sizeof(err)))
-		log_warnx("%s", err);
+	/* (The session first, as internet_destination_begin does.) */
 	if (contended && internet_kept_client)
 		internet_session_close(internet_kept_client);
 	internet_kept_client = NULL;
+	if (!destination_release(conn, err, sizeof(err)))
+		log_warnx("%s", err);
 	return -1;
 }
 
@@ -697,6 +715,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	struct destination_start start;
 	bool					 contended = false;
 	bool					 ended;
+	double					 begun_at;
 	int						 rc;
 
 	if (!internet_destination_begin(ctx, domain, route, &start, err, sizeof(err)))
@@ -705,6 +724,8 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 		free(orcpt);
 		return pepsi_error(ctx, "%s", err);
 	}
+	/* The destination's pace is its deliveries' time, not the wait for a slot. */
+	begun_at = pepsi_pass_seconds(ctx);
 	if (start.slot < 0)
 	{
 		struct delivery_report r = {.status = "4.4.5", .diagnostic = start.reason};
@@ -759,7 +780,7 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	end.backoff_after = pepsi_option_int(ctx, "DESTINATION_BACKOFF_AFTER");
 	end.backoff_base = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_BASE");
 	end.backoff_max = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_MAX");
-	end.seconds = pepsi_pass_seconds(ctx);
+	end.seconds = pepsi_pass_seconds(ctx) - begun_at;
 	if (at.loop)
 		end.outcome = "connected"; /* nothing is wrong with the destination */
 	if (strcmp(end.outcome, "connected") == 0 && at.failed_addresses.len <= 2)

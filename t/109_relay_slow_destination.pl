@@ -1,0 +1,86 @@
+# pepsi-stage-relay-to-internet: a slow destination's share of the stage's
+# workers.  A domain whose deliveries take DESTINATION_SLOW or longer on
+# average (its pepsi.destination pace) holds at most DESTINATION_SLOW_SHARE
+# percent of PARALLELISM at once, so that it cannot keep most workers
+# waiting on it while another domain has mail.  Here 8 workers, a share of
+# 25%: two of its concurrency slots held at once at most (sampled from
+# pg_locks while the slow MX host, t/bin/smtp-peer --data-delay 1, takes
+# its mail), whatever the default concurrency of 20 would let it have; the
+# fast domain's mail flows past it, and the slow domain gets all of its
+# own without a retry counted.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+use TestDNS;
+
+my $node = delivery_node('relay_slow_destination');
+my $root = PostgreSQL::Test::Utils::tempdir();
+my $sender = 'sender@local.test';
+make_mailbox($root, $sender);
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '1');
+my $sink = start_sink_on('127.0.0.5', $port);
+my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
+$dns->zone(<<'EOF');
+fast.test.        300 IN MX 10 mx.fast.test.
+mx.fast.test.     300 IN A  127.0.0.5
+slow.test.        300 IN MX 10 mx.slow.test.
+mx.slow.test.     300 IN A  127.0.0.9
+EOF
+
+my $config = delivery_config($node, maildir_root => $root, internet => $port,
+	pepsi => { DNS_FORWARDER => $dns->forwarder },
+	extra => { smarthost => "PARALLELISM = 8\nQUEUE_LIMIT = 1\nDESTINATION_SLOW = 800ms\n"
+		  . "DESTINATION_SLOW_SHARE = 25\nRETRY_BASE = 10m\n" });
+# What earlier deliveries taught: slow.test takes a second and a half.
+$node->safe_psql('postgres',
+	"INSERT INTO pepsi.destination (domain, service_seconds) VALUES ('slow.test', 1.5)");
+my $d = start_dispatcher($config);
+
+sub sink_count { my @f = glob("$sink->{dir}/mail/*"); return scalar @f }
+sub slow_count { return scalar(() = peer_messages($slow)) }
+
+# 12 messages for the slow domain among 60 for the fast one.
+$node->safe_psql('postgres', q{
+	SELECT pepsi.workqueue_add('sender@local.test',
+		ARRAY['user' || i || CASE WHEN i % 6 = 0 THEN '@slow.test' ELSE '@fast.test' END],
+		convert_to('From: <sender@local.test>' || chr(13) || chr(10) || 'Subject: m' || i
+			|| chr(13) || chr(10), 'UTF8'),
+		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
+	FROM generate_series(1, 72) AS i;
+	SELECT pepsi.notify_workqueue();});
+# The slow destination's slots held at once (session advisory locks, the
+# bigint form: objsubid 1), sampled until all its mail is through.
+my $most = 0;
+ok( poll_until(
+		sub {
+			my $held = $node->safe_psql('postgres', q{
+				SELECT count(*) FROM pg_locks
+				WHERE locktype = 'advisory' AND granted AND objsubid = 1
+				  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid});
+			$most = $held if $held > $most;
+			return slow_count() == 12;
+		},
+		300),
+	'the 12 messages for the slow domain were delivered');
+ok(poll_until(sub { sink_count() == 60 }, 120), 'and the 60 for the fast one');
+ok(poll_until(sub { queue_count($node) == 0 }, 120), 'the queue is empty');
+cmp_ok($most, '<=', 2, "the slow destination never held more than its share of 2 slots ($most at most)");
+cmp_ok($most, '>=', 1, 'and it did hold slots while sampled');
+my $dispatcher_log = dispatcher_log($d);
+is(scalar(() = $dispatcher_log =~ /status=(?:deferred|bounced|expired)/g), 0,
+	'no delivery was deferred or bounced');
+cmp_ok($node->safe_psql('postgres', "SELECT service_seconds FROM pepsi.destination WHERE domain = 'slow.test'"),
+	'>=', 0.8, "pepsi.destination keeps the slow destination's pace: its deliveries, not the waits for a slot");
+
+is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+done_testing();
