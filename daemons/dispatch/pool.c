@@ -405,7 +405,32 @@ worker_hand(struct pool_worker *w)
 }
 
 /*
- * Pack onto the busiest worker with room, so surplus workers go idle.  In
+ * A worker that takes one id at a time and has been on its current one
+ * far longer than the stage's rows take (a slow destination's delivery):
+ * an id given to it would wait for that one to end, so it is given one
+ * only when no other worker can take it (nor a new one be started).  A
+ * batching worker's pass is as long as its batch: never stalled so.
+ */
+#define STALL_FLOOR_SECONDS 0.25
+#define STALL_ROW_COSTS 4
+
+static bool
+worker_stalled(const struct pool_worker *w, double now)
+{
+	const struct inflight *head;
+	double				   started;
+	double				   limit = STALL_ROW_COSTS * w->pool->row_cost_us / 1e6;
+
+	if (w->pool->intake == INTAKE_BATCH || w->handed == 0)
+		return false;
+	head = &w->queue[w->head];
+	started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
+	return now - started > (limit > STALL_FLOOR_SECONDS ? limit : STALL_FLOOR_SECONDS);
+}
+
+/*
+ * Pack onto the busiest worker with room, so surplus workers go idle,
+ * passing over a stalled one (worker_stalled).  In
  * its ring the id goes ahead of the ids not yet written whose senders
  * had used more worker time (a sender's own rows keep their order).  It
  * is written by the next pools_flush, or when its turn comes.
@@ -420,7 +445,7 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	int					at;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count))
+		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count) && !worker_stalled(w, now))
 			best = w;
 
 	/*
@@ -431,12 +456,16 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	 */
 	if (best == NULL)
 		for (struct pool_worker *w = pool->workers; w; w = w->next)
-			if (worker_has_room(w) && (best == NULL || w->count < best->count))
+			if (worker_has_room(w) && (best == NULL || w->count < best->count) && !worker_stalled(w, now))
 				best = w;
 	if (dispatcher.shutting_down)
 		return false; /* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism && now >= pool->cooldown_until)
 		best = worker_spawn(pool);
+	if (best == NULL)
+		for (struct pool_worker *w = pool->workers; w; w = w->next)
+			if (worker_has_room(w) && (best == NULL || w->count < best->count))
+				best = w;
 	if (best == NULL)
 		return false;
 	for (at = best->count; at > best->handed; at--)
