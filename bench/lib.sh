@@ -54,6 +54,9 @@
 #                             smtp-sink's ARGs (-w 1: slow) before the
 #                             address; stopped by bench_cleanup
 #   bench_sink_count_in OUT   how many messages that sink has taken
+#   bench_sinks_count OUT...  how many messages those sinks have taken in
+#                             all (two processes however many sinks: cheap
+#                             enough to poll while a run is measured)
 #   bench_dns_start ADDRESS PORT ZONE
 #                             the tests' DNS server (t/lib/testdns.py) on
 #                             ADDRESS:PORT serving the master-file lines of
@@ -380,6 +383,13 @@ bench_sink_count_in() {
     local n
     n=$(tail -c 200 "$1" | tr '\r' '\n' | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1)
     printf '%s\n' "${n:-0}"
+}
+
+bench_sinks_count() {
+    tail -c 200 -- "$@" 2>/dev/null | awk 'BEGIN { RS = "[\r\n]" }
+        /^==> .* <==$/ { file = $0; next }
+        match($0, /mesg=[0-9]+/) { last[file] = substr($0, RSTART + 5, RLENGTH - 5) }
+        END { for (f in last) n += last[f]; print n + 0 }'
 }
 
 bench_dns_start() {

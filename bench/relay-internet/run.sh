@@ -92,14 +92,12 @@ for ((h = 0; h < 20; h++)); do
     bench_sink_start_at "127.0.0.$((10 + h))" 25 "$BENCH_DIR/sink$h.out"
 done
 bench_sink_start_at 127.0.0.30 25 "$BENCH_DIR/sinkslow.out" -w 1
-fast_count() {
-    local h n=0
-    for ((h = 0; h < 20; h++)); do
-        n=$((n + $(bench_sink_count_in "$BENCH_DIR/sink$h.out")))
-    done
-    echo "$n"
-}
-slow_count() { bench_sink_count_in "$BENCH_DIR/sinkslow.out"; }
+fast_sinks=()
+for ((h = 0; h < 20; h++)); do fast_sinks+=("$BENCH_DIR/sink$h.out"); done
+# (Two processes a count: polled every 50 ms while a run is measured, a
+# process per sink was a load of its own on the machine being measured.)
+fast_count() { bench_sinks_count "${fast_sinks[@]}"; }
+slow_count() { bench_sinks_count "$BENCH_DIR/sinkslow.out"; }
 
 pepsi_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
@@ -180,6 +178,7 @@ echo "bench/relay-internet: $messages messages of 2 KB to $domains domains over 
     "$sessions sending sessions, $repeats runs each side alternating; Pepsi as $BENCH_PEPSI_FLAVOUR," \
     "$workers relay workers"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_started=$(date +%s)
 pepsi_rates=() postfix_rates=() ratios=()
 pepsi_other=() postfix_other=() pepsi_drops=() postfix_drops=()
 for ((r = 1; r <= repeats; r++)); do
@@ -226,7 +225,8 @@ printf '%-28s %8s msg/s (runs %s .. %s)\n' \
 printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 2.00)\n' \
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
 
-[ "$slow_repeats" -gt 0 ] || { echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"; exit 0; }
+took() { echo "the benchmark took $(($(date +%s) - bench_started)) s"; }
+[ "$slow_repeats" -gt 0 ] || { echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"; took; exit 0; }
 pepsi_other_median=$(bench_median "${pepsi_other[@]}")
 postfix_other_median=$(bench_median "${postfix_other[@]}")
 pct() { printf '%s\n' "$@" | tr -d %; }
@@ -239,3 +239,4 @@ printf '  postfix %8s msg/s (runs %s .. %s); drop from the run before: median %s
     "$(bench_median $(pct "${postfix_drops[@]}"))" "$(min $(pct "${postfix_drops[@]}"))" "$(max $(pct "${postfix_drops[@]}"))"
 printf 'ratio pepsi/postfix with the slow destination: %s\n' "$(ratio "$pepsi_other_median" "$postfix_other_median")"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+took
