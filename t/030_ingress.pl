@@ -18,6 +18,7 @@ use MIME::Base64 qw(encode_base64);
 use Net::SMTP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use Socket qw(IPPROTO_TCP TCP_CORK);
 use Test::More;
 use Time::HiRes qw(time usleep);
 
@@ -299,6 +300,38 @@ like($row->{state}{origin}{tls}{version} // '', qr/^TLSv1\.[23]$/, 'STARTTLS: or
 ok(($row->{state}{origin}{tls}{bits} // 0) >= 128, 'STARTTLS: origin.tls.bits');
 like($row->{trace}, qr/with ESMTPS id \w+\r\n\t\(version=TLSv1\.[23] cipher=\S+ bits=\d+\)\r\n/,
 	'STARTTLS: Received carries the TLS parameters');
+
+# Pipelining under TLS: one record per command, the records of a group in
+# one TCP segment (corked), so that they reach ingress in one read: every
+# command is answered, none waits in OpenSSL's buffer for more input.
+{
+	my ($s) = connect_raw($port{smtp});
+	command($s, 'EHLO client.test');
+	like(command($s, 'STARTTLS'), qr/^220 /, 'TLS pipelining: STARTTLS');
+	ok(IO::Socket::SSL->start_SSL($s, SSL_verify_mode => SSL_VERIFY_NONE), 'TLS pipelining: TLS up')
+	  or diag($IO::Socket::SSL::SSL_ERROR);
+	command($s, 'EHLO client.test');
+	my $corked = sub {
+		my (@records) = @_;
+
+		setsockopt($s, IPPROTO_TCP, TCP_CORK, 1) or die "TCP_CORK: $!";
+		syswrite($s, $_) == length($_) or die "syswrite: $!" for @records;
+		setsockopt($s, IPPROTO_TCP, TCP_CORK, 0) or die "TCP_CORK: $!";
+	};
+	$corked->("MAIL FROM:<b\@example.org>\r\n", "RCPT TO:<a\@example.net>\r\n", "DATA\r\n");
+	like(read_reply($s, 10), qr/^250 2\.1\.0 /, 'TLS pipelining: MAIL answered');
+	like(read_reply($s, 10), qr/^250 2\.1\.5 /, 'TLS pipelining: RCPT answered');
+	like(read_reply($s, 10), qr/^354 /, 'TLS pipelining: DATA answered');
+	$corked->("Subject: tls pipelined\r\n\r\n", "body\r\n", ".\r\n", "NOOP\r\n");
+	my $queued = read_reply($s, 10);
+	like($queued, qr/^250 2\.0\.0 Ok: queued as \d+/, 'TLS pipelining: the message queued');
+	like(read_reply($s, 10), qr/^250 /, 'TLS pipelining: the command behind the message answered');
+	$id = $queued =~ /queued as (\d+)/ ? $1 : undef;
+	push @stored, $id if defined $id;
+	stored_as_sent($id, "Subject: tls pipelined\r\n\r\nbody\r\n", 'TLS pipelining');
+	command($s, 'QUIT');
+	close $s;
+}
 
 #
 # Submission: AUTH is refused before STARTTLS, needed after it.

@@ -119,6 +119,11 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 	SSL_CTX_set_mode(*ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE
 							   | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	SSL_CTX_set_options(*ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+	/*
+	 * A record in one read() rather than two (its header, then the rest),
+	 * and the records a client pipelined in that same read.
+	 */
+	SSL_CTX_set_read_ahead(*ctx, 1);
 	if (SSL_CTX_use_certificate_chain_file(*ctx, certificate) != 1
 		|| SSL_CTX_use_PrivateKey_file(*ctx, key, SSL_FILETYPE_PEM) != 1
 		|| SSL_CTX_check_private_key(*ctx) != 1)

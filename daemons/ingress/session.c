@@ -693,7 +693,14 @@ session_read(struct session *s)
 		session_count_content(s, (size_t) n);
 		session_input(s, session_read_buffer, (size_t) n);
 		if (s->io_state == SESSION_IO_PLAIN && (size_t) n < SESSION_READ_SIZE)
-			break; /* the socket is drained; TLS may hold more */
+			break; /* the socket is drained */
+		/*
+		 * Nothing buffered in OpenSSL: what is left, if anything, is in the
+		 * socket, and its watcher (level-triggered) wakes us for it.  Asking
+		 * again would cost a read() that fails with EAGAIN per command.
+		 */
+		if (s->io_state == SESSION_IO_TLS && !SSL_has_pending(s->ssl))
+			break;
 	}
 	if (!session_flush(s))
 		return false;
