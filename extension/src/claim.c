@@ -11,13 +11,15 @@
  * with pending rows never has idle capacity, whatever the sender cache
  * knows.
  *
- * Cost, per stage and claim of n rows from k distinct senders: reading the
- * rows that became pending since the previous claim (sendercache.c), an
- * in-memory pass over the waiting senders, one index range read for the
- * FIFO share (and one for the slots left over, when the stage is nearly
- * drained), one statement that reads each chosen sender's oldest rows
- * through the (stage, sender_key, pending_seq) index (k probes), and one
- * UPDATE of n rows.  None of it scans the queue or enumerates its senders,
+ * Cost, per stage and claim of n rows from k distinct senders: one index
+ * range read of the stage's n oldest pending rows (the window, which
+ * serves the FIFO share, the slots left over, and the fair picks of every
+ * sender whose next rows it holds), reading the rows that became pending
+ * since the previous claim beyond the window (sendercache.c), an
+ * in-memory pass over the waiting senders, one statement that reads the
+ * oldest rows of the chosen senders the window did not serve through the
+ * (stage, sender_key, pending_seq) index (a probe each), and one UPDATE
+ * of n rows.  None of it scans the queue or enumerates its senders,
  * so a claim costs about the same with a thousand pending rows or a
  * million; the occasional rebuild of the sender set (a skip scan, once per
  * 30 s or after a restart) is the one cost that grows with the number of
@@ -82,21 +84,40 @@ claim_choice_add(ClaimChoice *choice, int64 id)
 }
 
 /*
- * Choose up to slots more of the stage's oldest pending rows, charged to
- * their senders.  Used for the FIFO share, before the fair picks, and for
- * the slots the fair picks could not fill, after them: the rows chosen
- * already are among the oldest too, so as many more are read.  A row from
- * a sender the cache did not hold tells the cache it missed one
- * (sendercache.c).
+ * The stage's oldest pending rows, as many as the claim has slots: read
+ * once, before anything is chosen, they serve the FIFO share, the fair
+ * picks of every sender whose next rows are among them, and the slots
+ * left over, and they tell the sender cache every row it would otherwise
+ * read again as an arrival (sendercache.c).  When the read comes back
+ * short, the window holds every pending row of the stage: a sender with
+ * fewer rows in it than it is asked for has no more.
  */
+typedef struct ClaimWindow
+{
+	int64		*ids;
+	int64		*seqs;
+	char	   **senders;
+	SenderHead **heads; /* each row's sender, in the sender cache */
+	int			*next;	/* the next row of the same candidate, or -1 */
+	int			*first; /* per candidate: its first row, or -1 */
+	int			 count;
+	bool		 complete; /* every pending row of the stage is here */
+} ClaimWindow;
+
+/* Each row's sender in the cache, which learns the senders it missed. */
 static void
-claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *stage,
-				  int slots, double row_cost, ClaimChoice *choice)
+claim_window_find_senders(SenderCache *cache, ClaimWindow *window)
+{
+	for (int i = 0; i < window->count; i++)
+		window->heads[i] = sender_cache_found(cache, window->senders[i], window->seqs[i]);
+}
+
+static void
+claim_window_read(SenderCache *cache, const char *stage, int capacity, ClaimWindow *window)
 {
 	static SPIPlanPtr plan;
 	static const Oid  argtypes[] = {TEXTOID, INT4OID};
-	int				  wanted = Min(choice->count + slots, choice->capacity);
-	Datum			  values[2] = {CStringGetTextDatum(stage), Int32GetDatum(choice->count + slots)};
+	Datum			  values[2] = {CStringGetTextDatum(stage), Int32GetDatum(capacity)};
 
 	queue_exec(queue_plan(&plan,
 						  "SELECT id, sender_key, pending_seq FROM pepsi.workqueue"
@@ -104,60 +125,107 @@ claim_oldest_rows(SenderCache *cache, ClaimCandidate *candidates, const char *st
 						  " ORDER BY pending_seq LIMIT $2",
 						  2, argtypes),
 			   values, NULL, true, 0);
-	for (uint64 i = 0; i < SPI_processed && choice->count < wanted; i++)
+	window->count = (int) SPI_processed;
+	window->complete = window->count < capacity;
+	window->ids = palloc(sizeof(int64) * (window->count + 1));
+	window->seqs = palloc(sizeof(int64) * (window->count + 1));
+	window->senders = palloc(sizeof(char *) * (window->count + 1));
+	window->heads = palloc(sizeof(SenderHead *) * (window->count + 1));
+	window->next = palloc(sizeof(int) * (window->count + 1));
+	window->first = NULL;
+	for (int i = 0; i < window->count; i++)
 	{
-		char	   *sender = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
-		SenderHead *head;
+		window->ids[i] = queue_result_int64(i, 1);
+		window->seqs[i] = queue_result_int64(i, 3);
+		window->senders[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+	}
+	claim_window_find_senders(cache, window);
+}
 
-		if (!claim_choice_add(choice, queue_result_int64(i, 1)))
+/* Link each candidate's rows of the window, oldest first. */
+static void
+claim_window_link(ClaimWindow *window, int ncandidates)
+{
+	window->first = palloc(sizeof(int) * (ncandidates + 1));
+	for (int c = 0; c < ncandidates; c++)
+		window->first[c] = -1;
+	for (int i = window->count - 1; i >= 0; i--)
+	{
+		int c = window->heads[i]->candidate;
+
+		window->next[i] = c >= 0 ? window->first[c] : -1;
+		if (c >= 0)
+			window->first[c] = i;
+	}
+}
+
+/*
+ * Up to max of candidate c's rows in the window not chosen yet, oldest
+ * first, into rows; returns how many, and raises the sender's head_seq
+ * past them.
+ */
+static int
+claim_window_rows(ClaimWindow *window, ClaimCandidate *candidate, int c, ClaimChoice *choice,
+				  int64 *rows, int max)
+{
+	int n = 0;
+
+	for (int i = window->first[c]; i >= 0 && n < max; i = window->next[i])
+	{
+		bool chosen;
+
+		hash_search(choice->chosen, &window->ids[i], HASH_FIND, &chosen);
+		if (chosen)
 			continue;
-		head = sender_cache_found(cache, sender, queue_result_int64(i, 3));
-		if (head->candidate >= 0)
+		rows[n++] = window->ids[i];
+		if (window->seqs[i] >= candidate->head->head_seq)
+			candidate->head->head_seq = window->seqs[i] + 1;
+	}
+	return n;
+}
+
+/*
+ * Choose up to slots more of the window's rows, oldest first, charged to
+ * their senders.  Used for the FIFO share, before the fair picks, and for
+ * the slots the fair picks could not fill, after them.  The window always
+ * has enough: it holds as many rows as the claim has slots, or all there
+ * are.
+ */
+static void
+claim_oldest_rows(ClaimCandidate *candidates, ClaimWindow *window, int slots, double row_cost,
+				  ClaimChoice *choice)
+{
+	int wanted = Min(choice->count + slots, choice->capacity);
+
+	for (int i = 0; i < window->count && choice->count < wanted; i++)
+	{
+		int c = window->heads[i]->candidate;
+
+		if (!claim_choice_add(choice, window->ids[i]))
+			continue;
+		if (c >= 0)
 		{
-			candidates[head->candidate].vtime += row_cost;
-			candidates[head->candidate].taken++;
+			candidates[c].vtime += row_cost;
+			candidates[c].taken++;
 		}
 	}
 }
 
 /*
- * One round of fair picks: read, for every candidate asked for slots, its
- * oldest pending rows (asked + taken of them, since the ones this claim
- * already took are its oldest), and choose them in pick order.  A
- * candidate whose read came back short has nothing more waiting: it is
- * exhausted.  Returns whether the round made progress (chose a row or
- * exhausted a candidate), so a queue changing under the claim cannot make
- * it loop.
+ * Read the oldest pending rows of the senders given (up to their limits,
+ * counting the rows this claim chose already) into rows[i], those not
+ * chosen yet, with fetched[i] counting all of them; asked_index maps the
+ * n-th sender to its candidate.
  */
-static bool
-claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, int picks,
-				 const char *stage, ClaimChoice *choice)
+static void
+claim_read_senders(ClaimCandidate *candidates, const char *stage, Datum *senders, Datum *limits,
+				   const int *asked_index, int nasked, ClaimChoice *choice, int64 **rows,
+				   int *nrows, int *fetched)
 {
 	static SPIPlanPtr plan;
 	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
-	Datum			 *senders = palloc(sizeof(Datum) * (count + 1));
-	Datum			 *limits = palloc(sizeof(Datum) * (count + 1));
-	int				 *asked_index = palloc(sizeof(int) * (count + 1));
-	int64			**rows = palloc0(sizeof(int64 *) * (count + 1));
-	int				 *nrows = palloc0(sizeof(int) * (count + 1));
-	int				 *fetched = palloc0(sizeof(int) * (count + 1));
-	int				 *limit = palloc0(sizeof(int) * (count + 1));
-	int				 *used = palloc0(sizeof(int) * (count + 1));
-	int				  nasked = 0;
-	int				  chosen_before = choice->count;
-	bool			  exhausted_any = false;
 	Datum			  values[3];
 
-	for (int i = 0; i < count; i++)
-		if (candidates[i].asked > 0)
-		{
-			limit[i] = candidates[i].asked + candidates[i].taken;
-			senders[nasked] = CStringGetTextDatum(candidates[i].head->sender);
-			limits[nasked] = Int32GetDatum(limit[i]);
-			asked_index[nasked] = i;
-			rows[i] = palloc(sizeof(int64) * limit[i]);
-			nasked++;
-		}
 	values[0] = CStringGetTextDatum(stage);
 	values[1] = PointerGetDatum(construct_array(senders, nasked, TEXTOID, -1, false, TYPALIGN_INT));
 	values[2] = PointerGetDatum(construct_array(limits, nasked, INT4OID, 4, true, TYPALIGN_INT));
@@ -186,6 +254,57 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 		if (seq >= candidates[i].head->head_seq)
 			candidates[i].head->head_seq = seq + 1;
 	}
+}
+
+/*
+ * One round of fair picks: find, for every candidate asked for slots, its
+ * oldest pending rows not chosen yet, and choose them in pick order.  The
+ * window has them for a sender with as many rows in it (or for every
+ * sender, when it holds every pending row); the others' are read in one
+ * statement (asked + taken of them, since the ones this claim already
+ * took are its oldest).  A candidate found to have fewer rows than it was
+ * asked for has nothing more waiting: it is exhausted.  Returns whether
+ * the round made progress (chose a row or exhausted a candidate), so a
+ * queue changing under the claim cannot make it loop.
+ */
+static bool
+claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, int picks,
+				 const char *stage, ClaimWindow *window, ClaimChoice *choice)
+{
+	Datum  *senders = palloc(sizeof(Datum) * (count + 1));
+	Datum  *limits = palloc(sizeof(Datum) * (count + 1));
+	int	   *asked_index = palloc(sizeof(int) * (count + 1));
+	int64 **rows = palloc0(sizeof(int64 *) * (count + 1));
+	int	   *nrows = palloc0(sizeof(int) * (count + 1));
+	int	   *fetched = palloc0(sizeof(int) * (count + 1));
+	int	   *limit = palloc0(sizeof(int) * (count + 1));
+	int	   *used = palloc0(sizeof(int) * (count + 1));
+	int		nasked = 0;
+	int		chosen_before = choice->count;
+	bool	exhausted_any = false;
+
+	for (int i = 0; i < count; i++)
+		if (candidates[i].asked > 0)
+		{
+			limit[i] = candidates[i].asked + candidates[i].taken;
+			rows[i] = palloc(sizeof(int64) * limit[i]);
+			nrows[i] = claim_window_rows(window, &candidates[i], i, choice, rows[i],
+										 candidates[i].asked);
+			if (nrows[i] == candidates[i].asked || window->complete)
+			{
+				/* As if read: a short count means the sender has no more. */
+				fetched[i] = nrows[i] == candidates[i].asked ? limit[i] : nrows[i];
+				continue;
+			}
+			nrows[i] = 0;
+			senders[nasked] = CStringGetTextDatum(candidates[i].head->sender);
+			limits[nasked] = Int32GetDatum(limit[i]);
+			asked_index[nasked] = i;
+			nasked++;
+		}
+	if (nasked > 0)
+		claim_read_senders(candidates, stage, senders, limits, asked_index, nasked, choice, rows,
+						   nrows, fetched);
 
 	/* Hand the rows out in pick order, so equal senders interleave. */
 	for (int p = 0; p < picks; p++)
@@ -285,8 +404,20 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 	int			   *pick_order = palloc(sizeof(int) * (capacity + 1));
 	ClaimChoice		choice;
 	int				fifo_slots;
+	ClaimWindow		window;
+	bool			rebuilt = sender_cache_validate(cache);
 
-	sender_cache_refresh(cache);
+	/*
+	 * The window is read between the cache's check and its catch-up: the
+	 * catch-up need not read again what the window holds (every visible
+	 * pending row up to the window's last, or all of them), and the
+	 * senders of the window's rows are candidates of this very claim.
+	 */
+	claim_window_read(cache, stage, capacity, &window);
+	if (!rebuilt
+		&& sender_cache_catch_up(cache, window.count > 0 ? window.seqs[window.count - 1] - 1 : 0,
+								 window.complete))
+		claim_window_find_senders(cache, &window); /* rebuilt: the heads are new */
 	heads = sender_cache_heads(cache);
 	candidates = palloc(sizeof(ClaimCandidate) * (hash_get_num_entries(heads) + 1));
 	hash_seq_init(&scan, heads);
@@ -300,11 +431,12 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 		ncandidates++;
 	}
 	fairshare_start_vtimes(candidates, ncandidates, account);
+	claim_window_link(&window, ncandidates);
 
 	claim_choice_init(&choice, capacity);
 	fifo_slots = fairshare_fifo_slots(capacity, fifo_percent);
 	if (fifo_slots > 0)
-		claim_oldest_rows(cache, candidates, stage, fifo_slots, row_cost, &choice);
+		claim_oldest_rows(candidates, &window, fifo_slots, row_cost, &choice);
 
 	while (choice.count < capacity)
 	{
@@ -312,7 +444,8 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 									 row_cost, pick_order);
 
 		if (picks == 0
-			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, &choice))
+			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, &window,
+								 &choice))
 			break;
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -323,7 +456,7 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 	 * oldest rows, so no slot idles while the stage has pending rows.
 	 */
 	if (choice.count < capacity)
-		claim_oldest_rows(cache, candidates, stage, capacity - choice.count, row_cost, &choice);
+		claim_oldest_rows(candidates, &window, capacity - choice.count, row_cost, &choice);
 
 	/* Senders with nothing left waiting leave the cache (see sendercache.c). */
 	for (int i = 0; i < ncandidates; i++)

@@ -30,7 +30,8 @@ typedef struct SenderCache SenderCache;
 extern uint64 sender_key_hash(const char *sender, size_t len);
 
 extern SenderCache *sender_cache_for_stage(const char *stage);
-extern void			sender_cache_refresh(SenderCache *cache);
+extern bool			sender_cache_validate(SenderCache *cache);
+extern bool			sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all);
 extern HTAB		   *sender_cache_heads(SenderCache *cache);
 extern SenderHead  *sender_cache_lookup(SenderCache *cache, const char *sender);
 extern SenderHead  *sender_cache_note(SenderCache *cache, const char *sender, int64 seq);

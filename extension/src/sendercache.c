@@ -9,11 +9,14 @@
  * keeps, per stage, the set of senders seen waiting and a watermark on
  * pending_seq, which every row draws afresh when it becomes pending:
  *
- *   - Each claim first reads the rows that became pending since the
- *     watermark, oldest first, through the (stage, pending_seq) index, and
- *     adds their senders: a sender that appears between two claims is
- *     served from the very next claim.  The cost is proportional to the
- *     arrivals since the last claim, i.e. amortised O(1) per row.
+ *   - Each claim reads the rows that became pending since the watermark,
+ *     oldest first, through the (stage, pending_seq) index, and adds their
+ *     senders: a sender that appears between two claims is served from
+ *     the very next claim.  The cost is proportional to the arrivals since
+ *     the last claim, i.e. amortised O(1) per row.  The claim has read the
+ *     stage's oldest rows already (its window, claim.c), and this read
+ *     starts past them: when few rows wait, the window holds them all and
+ *     nothing is read twice.
  *   - A sender whose rows run out is found so when the claim asks it for
  *     rows and gets fewer; it is dropped then, at the cost of one index
  *     probe it was due anyway.
@@ -358,43 +361,56 @@ sender_cache_rebuild_reason(SenderCache *cache, Oid sequence, int64 high, Timest
 	return NULL;
 }
 
-/* Bring the cache up to date before a claim (see the file comment). */
-void
-sender_cache_refresh(SenderCache *cache)
+/*
+ * Before a claim: rebuild the cache if it can no longer be trusted (see
+ * the file comment).  Returns whether it did; if not, the claim reads its
+ * window of oldest rows and then calls sender_cache_catch_up.
+ */
+bool
+sender_cache_validate(SenderCache *cache)
 {
 	Oid			sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
 	int64		high = sender_cache_sequence_high();
-	TimestampTz now = GetCurrentTimestamp();
+	const char *reason = sender_cache_rebuild_reason(cache, sequence, high, GetCurrentTimestamp());
+
+	if (reason == NULL)
+		return false;
+	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s", cache->stage, reason);
+	sender_cache_rebuild(cache, sequence, high,
+						 !cache->built || cache->sequence != sequence || high < cache->watermark);
+	return true;
+}
+
+/*
+ * Add the senders of the rows that became pending since the last claim
+ * (or, once every SENDER_CACHE_RESCAN_MS, since the rescan's mark), the
+ * claim having read, in this snapshot, every pending row of the stage up
+ * to pending_seq read_through (every one of them if read_all) and noted
+ * their senders: the read starts past that.  Returns whether the cache
+ * had to be rebuilt instead (its heads are then new).
+ */
+bool
+sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all)
+{
 	Snapshot	snapshot = GetActiveSnapshot();
-	const char *reason = sender_cache_rebuild_reason(cache, sequence, high, now);
+	TimestampTz now = GetCurrentTimestamp();
+	int64		from = cache->watermark;
 
-	if (reason != NULL)
-	{
-		elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s",
-			 cache->stage, reason);
-		sender_cache_rebuild(cache, sequence, high,
-							 !cache->built || cache->sequence != sequence || high < cache->watermark);
-		return;
-	}
 	sender_cache_push_mark(cache, cache->watermark, snapshot->xmax);
-	if (TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
+	/* A claim that read every pending row made a rescan's read itself. */
+	if (read_all || TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
 	{
-		int64 from = sender_cache_rescan_from(cache);
-
+		from = sender_cache_rescan_from(cache);
 		cache->rescan_xmin = snapshot->xmin;
 		cache->rescanned_at = now;
-		if (!sender_cache_read_arrivals(cache, from))
-		{
-			elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": rescan too long",
-				 cache->stage);
-			sender_cache_rebuild(cache, sequence, high, false);
-		}
-		return;
 	}
-	if (!sender_cache_read_arrivals(cache, cache->watermark))
-	{
-		elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": too many arrivals",
-			 cache->stage);
-		sender_cache_rebuild(cache, sequence, high, false);
-	}
+	if (read_through > cache->watermark)
+		cache->watermark = read_through;
+	if (read_all || sender_cache_read_arrivals(cache, Max(from, read_through)))
+		return false;
+	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": too many arrivals",
+		 cache->stage);
+	sender_cache_rebuild(cache, get_relname_relid("pending_seq", get_namespace_oid("pepsi", false)),
+						 sender_cache_sequence_high(), false);
+	return true;
 }

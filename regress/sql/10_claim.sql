@@ -106,6 +106,27 @@ UPDATE pepsi.workqueue SET status = 'pending' WHERE stage = 'a';
 SELECT count(*) FROM pepsi.workqueue_claim('{a}', '{10}');
 DELETE FROM pepsi.workqueue;
 
+-- The claim reads the stage's oldest rows once (its window) and the
+-- arrivals past them.  A sender that appears behind more rows than the
+-- window holds is found by that read and served in the very next claim:
+-- with no FIFO share, only a fair pick can take its row.
+SELECT claim_admit('w', '192.0.2.1', 30);
+SELECT count(*) AS first_claim FROM pepsi.workqueue_claim('{w}', '{5}', fifo_percent => 0);
+SELECT claim_admit('w', '198.51.100.7', 1);
+SELECT sender_key, count(*) FROM pepsi.workqueue_claim('{w}', '{2}', fifo_percent => 0)
+GROUP BY 1 ORDER BY 1;
+-- When the window holds every pending row, a sender with fewer rows than
+-- its share has no more, and the others fill the slots; a sender that ran
+-- out and comes back is served again.
+DELETE FROM pepsi.workqueue;
+SELECT claim_admit('w', '192.0.2.1', 3), claim_admit('w', '198.51.100.7', 1);
+SELECT sender_key, count(*) FROM pepsi.workqueue_claim('{w}', '{10}', fifo_percent => 0)
+GROUP BY 1 ORDER BY 1;
+SELECT claim_admit('w', '198.51.100.7', 2);
+SELECT sender_key, count(*) FROM pepsi.workqueue_claim('{w}', '{10}', fifo_percent => 0)
+GROUP BY 1 ORDER BY 1;
+DELETE FROM pepsi.workqueue;
+
 -- Edge cases: zero capacity, unknown stage, empty queue.
 SELECT claim_admit('relay', '192.0.2.1', 3);
 SELECT count(*) AS zero_capacity FROM pepsi.workqueue_claim('{relay}', '{0}');
