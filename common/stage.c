@@ -215,9 +215,7 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 {
 	struct stage_worker *w = ctx->worker;
 	char				*status = stage_value(res, row, 2);
-	json_error_t		 jerr;
 	const char			*program;
-	char				*state_text;
 
 	ctx->db_stage = stage_value(res, row, 1);
 	ctx->stage_name = xstrdup(ctx->db_stage);
@@ -242,14 +240,8 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 					ctx->db_stage, program, w->stage->program);
 		return;
 	}
-	state_text = stage_value(res, row, 3);
-	ctx->state = json_loads(state_text, 0, &jerr);
-	free(state_text);
-	if (!json_is_object(ctx->state))
-	{
-		json_decref(ctx->state);
-		ctx->state = json_object();
-	}
+	/* Parsed only if the stage reads it (stage_state): many never do. */
+	ctx->state_text = stage_value(res, row, 3);
 	ctx->mail_from = stage_value(res, row, 4);
 	ctx->rcpt = stage_text_array(PQgetvalue(res, row, 5), (size_t) PQgetlength(res, row, 5), &ctx->nrcpt);
 	if (ctx->rcpt == NULL)
@@ -283,6 +275,7 @@ stage_ctx_free(struct pepsi_ctx *ctx)
 	for (size_t i = 0; i < ctx->nrcpt; i++)
 		free(ctx->rcpt[i]);
 	free(ctx->rcpt);
+	free(ctx->state_text);
 	json_decref(ctx->state);
 	json_decref(ctx->merge);
 	buf_free(&ctx->headers);

@@ -73,7 +73,8 @@ struct pepsi_ctx
 	json_t					 *mail_log;		  /* [{event, detail}] for pepsi.mail_log, or NULL */
 	const char				 *delivery;		  /* a delivery attempt's status= (a static string), or NULL */
 	char					 *delivery_stage; /* the stage that made it */
-	json_t					 *state;		  /* current view: database state with this pass's changes */
+	char					 *state_text;	  /* state as loaded, until something reads it (stage_state) */
+	json_t					 *state;		  /* current view: database state with this pass's changes; NULL until parsed */
 	json_t					 *merge;		  /* changes to merge at commit */
 	struct buf				  headers;
 	struct buf				  body;
@@ -96,6 +97,8 @@ struct pepsi_ctx
 
 /* stage.c */
 double stage_now_us(void);
+/* stage_row.c: ctx->state, parsed from the loaded text on first use. */
+json_t *stage_state(struct pepsi_ctx *ctx);
 /* Reconnect a lost database session (the rows it held are still running). */
 bool  stage_reconnect(struct stage_worker *w);
 char *stage_json_text(json_t *json);

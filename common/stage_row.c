@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,10 +97,40 @@ pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index)
 	return index < ctx->nrcpt ? ctx->rcpt[index] : NULL;
 }
 
+/*
+ * The row's state, parsed from the text the load read when first asked
+ * for: a stage that never reads it (most routing and many delivery
+ * stages) does not pay for the parse.  A state that is not a JSON object
+ * reads as an empty one.
+ */
+json_t *
+stage_state(struct pepsi_ctx *ctx)
+{
+	if (ctx->state == NULL)
+	{
+		json_error_t jerr;
+
+		ctx->state = ctx->state_text ? json_loads(ctx->state_text, 0, &jerr) : NULL;
+		if (!json_is_object(ctx->state))
+		{
+			json_decref(ctx->state);
+			ctx->state = json_object();
+		}
+		free(ctx->state_text);
+		ctx->state_text = NULL;
+	}
+	return ctx->state;
+}
+
 json_t *
 pepsi_state(const struct pepsi_ctx *ctx)
 {
-	return ctx->state;
+	/*
+	 * Parsing on first use changes no value the caller can see, so the
+	 * accessor stays const for the stages (through uintptr_t: the cast
+	 * drops the qualifier on purpose).
+	 */
+	return stage_state((struct pepsi_ctx *) (uintptr_t) ctx);
 }
 
 const struct buf *
@@ -284,7 +315,7 @@ pepsi_merge_state(struct pepsi_ctx *ctx, json_t *merge)
 {
 	if (merge == NULL || !json_is_object(merge))
 		return;
-	json_object_update(ctx->state, merge);
+	json_object_update(stage_state(ctx), merge);
 	json_object_update(ctx->merge, merge);
 }
 
@@ -292,6 +323,8 @@ void
 pepsi_set_state(struct pepsi_ctx *ctx, json_t *state)
 {
 	json_decref(ctx->state);
+	free(ctx->state_text);
+	ctx->state_text = NULL;
 	ctx->state = json_is_object(state) ? json_deep_copy(state) : json_object();
 	json_object_clear(ctx->merge);
 	ctx->touched |= TOUCHED_SET_STATE;

@@ -155,7 +155,7 @@ pepsi_complete_success(struct pepsi_ctx *ctx)
 {
 	bool		originate = pepsi_option_bool(ctx, "ORIGINATE_SUCCESS_DSN");
 	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
-	json_t	   *rcpts = json_object_get(json_object_get(ctx->state, "dsn"), "rcpt");
+	json_t	   *rcpts = json_object_get(json_object_get(stage_state(ctx), "dsn"), "rcpt");
 	bool		wanted = false;
 	size_t		i;
 	json_t	   *r;
