@@ -7,6 +7,13 @@
  * one recipient.  The SMTP session is kept open across messages (see
  * common/smtp_client.h); the outcomes are common/delivery.h's.
  *
+ * A worker takes the rows already waiting for it as one batch (up to
+ * RELAY_BATCH_MAX): they are loaded together, go through its session one
+ * after another, and their outcomes are committed together (the
+ * deliveries in one statement) before the worker answers for any of them.
+ * The smarthost's 250 may thus come before our commit: a crash in between
+ * leaves the rows running, to be retried (at least once, as any MTA).
+ *
  * Options of its [stage-*] section (besides delivery.h's):
  *   SMARTHOST          host, host:port, [address]:port (port 25 by default);
  *                      unset: remote mail is held paused, with a log line
@@ -34,6 +41,9 @@
 #include "xalloc.h"
 
 int pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
+
+/* The most rows a worker takes at once (of those waiting): one load, one commit of their outcomes. */
+#define RELAY_BATCH_MAX 16
 
 /* The session of this worker and the settings it was made with. */
 static struct smtp_client *relay_client;
@@ -267,6 +277,8 @@ const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {
 	.run = relay_run,
 	.can_fuse = relay_can_fuse,
 	.check_config = relay_check_config,
+	/* The rows waiting go through the session one after another, loaded and committed together. */
+	.batch_max = RELAY_BATCH_MAX,
 };
 
 int
