@@ -152,6 +152,34 @@ static const char *const stage_load_sql[] = {
 };
 static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_load_headers", "pepsi_load_full"};
 
+/*
+ * The columns a fused successor needs beyond what its pass loaded (stage.h
+ * late_load), for the rows of a batch that go on to it: the headers, or
+ * the headers and the body.  Binary results, as above.
+ */
+static const char *const stage_late_load_sql[] = {
+	[PEPSI_LOAD_METADATA] = NULL,
+	[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+	[PEPSI_LOAD_FULL] = "SELECT w.id::text, w.headers, b.body FROM pepsi.workqueue w"
+						" JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = ANY ($1::int8[])",
+};
+static const char *const stage_late_load_names[] = {NULL, "pepsi_late_load_headers", "pepsi_late_load_full"};
+
+/* Prepare the load statements on the worker's session (at start, and after a reconnect). */
+static bool
+stage_prepare_statements(PGconn *conn, char *err, size_t errlen)
+{
+	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
+	{
+		if (!db_prepare(conn, stage_load_names[load], stage_load_sql[load], err, errlen))
+			return false;
+		if (stage_late_load_sql[load]
+			&& !db_prepare(conn, stage_late_load_names[load], stage_late_load_sql[load], err, errlen))
+			return false;
+	}
+	return true;
+}
+
 static char *
 stage_value(PGresult *res, int row, int col)
 {
@@ -341,11 +369,8 @@ stage_reconnect(struct stage_worker *w)
 			break;
 		usleep(100000U * (attempt < 5 ? attempt + 1 : 5));
 	}
-	if (PQstatus(w->conn) != CONNECTION_OK)
+	if (PQstatus(w->conn) != CONNECTION_OK || !stage_prepare_statements(w->conn, err, sizeof(err)))
 		return false;
-	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
-		if (!db_prepare(w->conn, stage_load_names[load], stage_load_sql[load], err, sizeof(err)))
-			return false;
 	log_info("reconnected to the database");
 	return true;
 }
@@ -461,8 +486,20 @@ stage_runs_privileged(const char *program)
 	return setid != NULL;
 }
 
-/* Switch ctx to the stage it advances to if that can run in this pass. */
-static bool
+enum stage_fusion
+{
+	STAGE_NOT_FUSED,
+	STAGE_FUSED,
+	STAGE_FUSED_AFTER_LOAD /* the successor can run once its columns are loaded */
+};
+
+/*
+ * Switch ctx to the stage it advances to if that can run in this pass.  A
+ * successor that needs more columns than are loaded, and takes them late
+ * (stage.h late_load), is not switched to yet: ctx->late_load says what
+ * it needs, and the call after the late load switches.
+ */
+static enum stage_fusion
 stage_fuse_successor(struct pepsi_ctx *ctx)
 {
 	struct stage_worker		 *w = ctx->worker;
@@ -472,17 +509,19 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	char					 *old_name;
 	char					 *old_section;
 	const struct pepsi_stage *old_stage;
+	bool					  late;
 
 	if (!w->allow_fusion || stage_registry == NULL || ctx->terminal != TERMINAL_ADVANCE
 		|| ctx->split_done)
-		return false;
+		return STAGE_NOT_FUSED;
 	section = xasprintf("stage-%s", ctx->target);
 	program = config_get(w->cfg, section, "PROGRAM");
 	next = program ? stage_registry(stage_basename(program)) : NULL;
-	if (next == NULL || next->load > ctx->loaded || stage_runs_privileged(program))
+	late = next != NULL && next->load > ctx->loaded;
+	if (next == NULL || (late && !next->late_load) || stage_runs_privileged(program))
 	{
 		free(section);
-		return false;
+		return STAGE_NOT_FUSED;
 	}
 	old_name = ctx->stage_name;
 	old_section = ctx->section;
@@ -490,14 +529,20 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	ctx->stage_name = xstrdup(ctx->target);
 	ctx->section = section;
 	ctx->stage = next;
-	if (next->can_fuse && !next->can_fuse(ctx))
+	if (late || (next->can_fuse && !next->can_fuse(ctx)))
 	{
+		bool agreed = late && (next->can_fuse == NULL || next->can_fuse(ctx));
+
 		free(ctx->stage_name);
 		free(ctx->section);
 		ctx->stage_name = old_name;
 		ctx->section = old_section;
 		ctx->stage = old_stage;
-		return false;
+		if (!agreed)
+			return STAGE_NOT_FUSED;
+		ctx->late_load = next->load;
+		ctx->awaiting_load = true;
+		return STAGE_FUSED_AFTER_LOAD;
 	}
 	free(old_name);
 	free(old_section);
@@ -505,17 +550,22 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	ctx->terminals = 0;
 	free(ctx->target);
 	ctx->target = NULL;
-	return true;
+	return STAGE_FUSED;
 }
 
+/*
+ * Run the pass's stages from the one ctx is at; a pass that stopped for a
+ * late load goes on from there (its hops counted on).
+ */
 static void
 stage_run_pass(struct pepsi_ctx *ctx)
 {
-	for (int hop = 0; hop < STAGE_FUSION_MAX_HOPS; hop++)
+	for (int hop = ctx->hops; hop < STAGE_FUSION_MAX_HOPS; hop++)
 	{
 		double started = stage_now_us();
 		int	   rc = ctx->stage->run(ctx);
 
+		ctx->hops = hop + 1;
 		if (rc != 0 && ctx->error == NULL)
 			pepsi_error(ctx, "%s failed on row %lld", ctx->stage->program, ctx->id);
 		if (ctx->error == NULL && ctx->terminals == 0)
@@ -526,9 +576,99 @@ stage_run_pass(struct pepsi_ctx *ctx)
 			stage_json_string(&ctx->fused, ctx->stage_name);
 			buf_printf(&ctx->fused, ",\"us\":%lld}", (long long) (stage_now_us() - started));
 		}
-		if (ctx->error != NULL || !stage_fuse_successor(ctx))
+		if (ctx->error != NULL || stage_fuse_successor(ctx) != STAGE_FUSED)
 			return;
 	}
+}
+
+/*
+ * Load the columns the rows ctxs[0..count) wait for (their late_load: the
+ * most any of them needs) in one statement, keeping what the pass already
+ * changed in memory.  Returns false if the statement failed: the rows then
+ * go no further in this pass.
+ */
+static bool
+stage_late_load(struct stage_worker *w, struct pepsi_ctx **ctxs, size_t count)
+{
+	struct buf	   *ids = &w->scratch[SCRATCH_IDS];
+	enum pepsi_load level = PEPSI_LOAD_HEADERS;
+	const char	   *values[1];
+	PGresult	   *res;
+	bool			ok;
+
+	buf_append_char(ids, '{');
+	for (size_t i = 0; i < count; i++)
+	{
+		buf_printf(ids, "%s%lld", i ? "," : "", ctxs[i]->id);
+		if (ctxs[i]->late_load > level)
+			level = ctxs[i]->late_load;
+	}
+	buf_append_char(ids, '}');
+	values[0] = ids->data;
+	res = PQexecPrepared(w->conn, stage_late_load_names[level], 1, values, NULL, NULL, 1);
+	buf_reset(ids);
+	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+	if (!ok)
+		log_warnx("cannot load the columns of a fused successor (the rows advance instead): %s",
+				  db_error(res, w->conn));
+	for (int r = 0; ok && r < PQntuples(res); r++)
+	{
+		long long id = atoll(PQgetvalue(res, r, 0));
+
+		for (size_t i = 0; i < count; i++)
+		{
+			struct pepsi_ctx *ctx = ctxs[i];
+
+			if (ctx->id != id || ctx->loaded >= level)
+				continue;
+			if (ctx->loaded < PEPSI_LOAD_HEADERS && !(ctx->touched & TOUCHED_HEADERS))
+				buf_append(&ctx->headers, PQgetvalue(res, r, 1), (size_t) PQgetlength(res, r, 1));
+			if (level >= PEPSI_LOAD_FULL && !(ctx->touched & TOUCHED_BODY))
+				buf_append(&ctx->body, PQgetvalue(res, r, 2), (size_t) PQgetlength(res, r, 2));
+			ctx->loaded = level;
+		}
+	}
+	PQclear(res);
+	return ok;
+}
+
+/*
+ * The rows whose pass stopped for a successor that loads late: load their
+ * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
+ * passes.  Once the batch has run STAGE_LATE_FUSION_US, the rows left are
+ * committed as the plain advances they are, for the successor's own
+ * workers: a batch of a body-free stage may be long, and its rows are
+ * answered only when it ends.
+ */
+static void
+stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
+{
+	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
+	size_t			  next = 0;
+
+	for (;;)
+	{
+		size_t n = 0;
+
+		for (; next < count && n < STAGE_LATE_LOAD_MAX; next++)
+			if (ctxs[next].awaiting_load && ctxs[next].error == NULL)
+				group[n++] = &ctxs[next];
+		if (n == 0 || stage_now_us() - batch_started > STAGE_LATE_FUSION_US
+			|| !stage_late_load(w, group, n))
+			break;
+		for (size_t i = 0; i < n; i++)
+		{
+			group[i]->awaiting_load = false;
+			if (group[i]->loaded >= group[i]->late_load && stage_fuse_successor(group[i]) == STAGE_FUSED)
+				stage_run_pass(group[i]);
+			/* A body the pass did not change is not committed: let it go now. */
+			if (!(group[i]->touched & TOUCHED_BODY))
+				buf_free(&group[i]->body);
+		}
+		/* Rows that stopped again (a successor that needs still more) wait for the next batch. */
+	}
+	for (size_t i = 0; i < count; i++)
+		ctxs[i].awaiting_load = false;
 }
 
 /* The stage's prepare, on the rows that loaded. */
@@ -822,14 +962,14 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	w.allow_fusion = config_bool(w.cfg, "pepsi", "ALLOW_FUSION");
 	w.mail_log = config_bool(w.cfg, "pepsi", "MAIL_LOG");
 	stage_check_sections(&w);
-	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
-		if (!db_prepare(w.conn, stage_load_names[load], stage_load_sql[load], err, sizeof(err)))
-			fatalx("%s", err);
+	if (!stage_prepare_statements(w.conn, err, sizeof(err)))
+		fatalx("%s", err);
 
 	ctxs = xcalloc(STAGE_BATCH_MAX, sizeof(*ctxs));
 	for (;;)
 	{
 		size_t count = stage_next_batch(&w, ctxs, STAGE_BATCH_MAX);
+		double started = stage_now_us();
 
 		if (count == 0)
 			break;
@@ -840,6 +980,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		for (size_t i = 0; i < count; i++)
 			if (ctxs[i].error == NULL)
 				stage_run_pass(&ctxs[i]);
+		stage_late_fusion(&w, ctxs, count, started);
 		stage_commit_all(&w, ctxs, count);
 		stage_write_status(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)

@@ -59,6 +59,16 @@ struct pepsi_stage
 	 * loaded, each still at this stage; nothing is committed before run.
 	 */
 	void (*prepare)(struct pepsi_ctx *const *ctxs, size_t count);
+	/*
+	 * Optional: may this stage run fused after a predecessor that loaded
+	 * less (a body-free route before a relay)?  The columns it lacks are
+	 * then loaded in the same pass, one statement for the batch's rows
+	 * that go on to it, instead of the row being committed at the
+	 * predecessor, claimed again and loaded again (docs/architecture.md
+	 * 3.4).  Its can_fuse sees the row as loaded so far: the envelope and
+	 * state.  Its prepare is not called for such rows.
+	 */
+	bool late_load;
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */

@@ -17,6 +17,10 @@
 #define STAGE_BATCH_MAX 1024
 #define STAGE_FUSION_MAX_HOPS 32
 #define STAGE_IDLE_MAX 8
+/* Rows of a batch loaded by one late load statement (stage.h late_load): a relay batch's worth. */
+#define STAGE_LATE_LOAD_MAX 32
+/* A batch starts no more late-loaded passes after this long: the rest advance as plain outcomes. */
+#define STAGE_LATE_FUSION_US 1000000.0
 
 
 enum terminal_kind
@@ -90,6 +94,10 @@ struct pepsi_ctx
 	json_t			  *clones;
 	char			  *error;
 	struct buf		   fused; /* {"stage":s,"us":n},... of the successors run in this pass */
+	int				   hops;  /* stages run in this pass so far */
+	/* The successor it advances to needs more columns (stage.h late_load): this much. */
+	enum pepsi_load late_load;
+	bool			awaiting_load;
 	/* the input line, for the status */
 	bool valid;
 };

@@ -12,7 +12,9 @@
  * after another, and their outcomes are committed together (the
  * deliveries in one statement) before the worker answers for any of them.
  * The smarthost's 250 may thus come before our commit: a crash in between
- * leaves the rows running, to be retried (at least once, as any MTA).
+ * leaves the rows running, to be retried (at least once, as any MTA).  In
+ * the multi-call binary it also runs fused after a body-free stage (route)
+ * with its body loaded late in that pass (common/stage.h late_load).
  *
  * Options of its [stage-*] section (besides delivery.h's):
  *   SMARTHOST          host, host:port, [address]:port (port 25 by default);
@@ -143,6 +145,13 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 	o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
 	relay_client = smtp_client_new(&o);
 	relay_client_key = key;
+	{
+		/* Fused into another stage's worker, which does not end in our main: QUIT at exit there too. */
+		static bool at_exit;
+
+		if (!at_exit)
+			at_exit = atexit(relay_close_client) == 0;
+	}
 	key = NULL;
 err:
 	if (password)
@@ -279,6 +288,8 @@ const struct pepsi_stage pepsi_stage_relay_to_smarthost_stage = {
 	.check_config = relay_check_config,
 	/* The rows waiting go through the session one after another, loaded and committed together. */
 	.batch_max = RELAY_BATCH_MAX,
+	/* After route (body-free), in the same pass: its body loaded then, not a second claim. */
+	.late_load = true,
 };
 
 int
