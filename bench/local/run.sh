@@ -260,10 +260,13 @@ cpu_ms() { perl "$here/../relay/cpu-time.pl" "$@"; }
 per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }'; }
 postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
 postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
-# The Dovecot of this run (restarted before each), or none in maildir mode (0: no tree).
+# The Dovecot of this run (restarted before each); in maildir mode none: a
+# process that is never there (not 0, whose tree is the whole machine).
 dovecot_master() {
-    if [ "$mode" = lmtp ]; then head -1 "$dovecot_dir/run/master.pid"; else echo 0; fi
+    if [ "$mode" = lmtp ]; then head -1 "$dovecot_dir/run/master.pid"; else echo =-1; fi
 }
+
+dovecot_cpu=$([ "$mode" = lmtp ] && echo 1 || true)
 
 pepsi_reset() {
     bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
@@ -314,10 +317,10 @@ for ((r = 1; r <= repeats; r++)); do
     read -r pf_cpu0 pf_dc_cpu0 < <(cpu_ms "$(postfix_master)" "$(dovecot_master)")
     read -r rate_pf accepted_pf delivered_pf < <(measure "$postfix_port")
     read -r pf_cpu1 pf_dc_cpu1 < <(cpu_ms "$(postfix_master)" "$(dovecot_master)")
-    printf 'run %d: CPU ms per message: pepsi %s (postgresql %s, ingress and dispatch with its workers %s), postfix %s; dovecot for pepsi %s, for postfix %s\n' \
+    printf "run %d: CPU ms per message: pepsi %s (postgresql %s, ingress and dispatch with its workers %s), postfix %s${dovecot_cpu:+; dovecot for pepsi %s, for postfix %s}\\n" \
         "$r" "$(per_message $((pg_cpu1 - pg_cpu0 + pepsi_cpu)))" "$(per_message $((pg_cpu1 - pg_cpu0)))" \
         "$(per_message "$pepsi_cpu")" "$(per_message $((pf_cpu1 - pf_cpu0)))" \
-        "$(per_message $((dc_cpu1 - dc_cpu0)))" "$(per_message $((pf_dc_cpu1 - pf_dc_cpu0)))" | tee -a "$log"
+        ${dovecot_cpu:+"$(per_message $((dc_cpu1 - dc_cpu0)))" "$(per_message $((pf_dc_cpu1 - pf_dc_cpu0)))"} | tee -a "$log"
     postfix_rates+=("$rate_pf")
     ratios+=("$(ratio "$rate" "$rate_pf")")
     printf 'run %d: pepsi %s msg/s (all accepted after %s s, delivered after %s s),' \
