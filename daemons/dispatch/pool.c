@@ -428,6 +428,19 @@ worker_stalled(const struct pool_worker *w, double now)
 	return now - started > (limit > STALL_FLOOR_SECONDS ? limit : STALL_FLOOR_SECONDS);
 }
 
+/* The least loaded worker with room in its queue, passing over stalled ones if asked; or NULL. */
+static struct pool_worker *
+pool_least_loaded(struct pool *pool, double now, bool skip_stalled)
+{
+	struct pool_worker *best = NULL;
+
+	for (struct pool_worker *w = pool->workers; w; w = w->next)
+		if (worker_has_room(w) && (best == NULL || w->count < best->count)
+			&& !(skip_stalled && worker_stalled(w, now)))
+			best = w;
+	return best;
+}
+
 /*
  * Pack onto the busiest worker with room, so surplus workers go idle,
  * passing over a stalled one (worker_stalled).  In
@@ -455,17 +468,14 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	 * worker: putting it back would cost a write and a claim again.
 	 */
 	if (best == NULL)
-		for (struct pool_worker *w = pool->workers; w; w = w->next)
-			if (worker_has_room(w) && (best == NULL || w->count < best->count) && !worker_stalled(w, now))
-				best = w;
+		best = pool_least_loaded(pool, now, true);
 	if (dispatcher.shutting_down)
 		return false; /* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism && now >= pool->cooldown_until)
 		best = worker_spawn(pool);
+	/* Only a stalled worker has room: the id waits there rather than go back. */
 	if (best == NULL)
-		for (struct pool_worker *w = pool->workers; w; w = w->next)
-			if (worker_has_room(w) && (best == NULL || w->count < best->count))
-				best = w;
+		best = pool_least_loaded(pool, now, false);
 	if (best == NULL)
 		return false;
 	for (at = best->count; at > best->handed; at--)

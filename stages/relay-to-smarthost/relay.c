@@ -50,6 +50,7 @@ int pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
 /* The session of this worker and the settings it was made with. */
 static struct smtp_client *relay_client;
 static char				  *relay_client_key;
+static bool				   relay_close_at_exit; /* relay_close_client registered with atexit */
 
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
@@ -145,13 +146,9 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 	o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
 	relay_client = smtp_client_new(&o);
 	relay_client_key = key;
-	{
-		/* Fused into another stage's worker, which does not end in our main: QUIT at exit there too. */
-		static bool at_exit;
-
-		if (!at_exit)
-			at_exit = atexit(relay_close_client) == 0;
-	}
+	/* Fused into another stage's worker, which does not end in our main: QUIT at exit there too. */
+	if (!relay_close_at_exit)
+		relay_close_at_exit = atexit(relay_close_client) == 0;
 	key = NULL;
 err:
 	if (password)
