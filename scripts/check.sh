@@ -31,10 +31,12 @@ give_to_user "$scratch"
 chmod 755 "$scratch"
 
 # tap_failures LOG LABEL: every "not ok" and every dubious script of a
-# prove -v log, each with the file it came from.
+# prove -v log, each with the file it came from (prove's closing summary
+# names each failed file again, "t/x.pl (Wstat: ...", before its parse errors).
 tap_failures() {
     awk -v label="$2" '
         /^t\/[^ ]*\.pl \.\./ { file = $1 }
+        /^t\/[^ ]*\.pl +\(Wstat/ { file = $1 }
         /^[[:space:]]*not ok [0-9]+/ { sub(/^[[:space:]]*/, ""); print label " " file ": " $0 }
         /Dubious|Parse errors|No subtests run|Bad plan/ { print label " " file ": " $0 }
     ' "$1"

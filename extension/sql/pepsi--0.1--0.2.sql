@@ -552,8 +552,11 @@ BEGIN
        AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
         RETURN false;
     END IF;
-    -- ('PEPS', 2): the gauge refresh.
-    IF NOT pg_try_advisory_xact_lock(1346720851, 2) THEN
+    -- ('PEPS', 3): the gauge refresh.  (1 is the maintenance worker's
+    -- session lock and 2 the dispatcher's: sharing 2 made a dispatcher
+    -- starting during a refresh exit as if another were running, and no
+    -- refresh could run while a dispatcher held it.)
+    IF NOT pg_try_advisory_xact_lock(1346720851, 3) THEN
         RETURN false;
     END IF;
     DELETE FROM pepsi.queue_gauge;
@@ -2153,8 +2156,11 @@ BEGIN
        AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
         RETURN false;
     END IF;
-    -- ('PEPS', 2): the gauge refresh.
-    IF NOT pg_try_advisory_xact_lock(1346720851, 2) THEN
+    -- ('PEPS', 3): the gauge refresh.  (1 is the maintenance worker's
+    -- session lock and 2 the dispatcher's: sharing 2 made a dispatcher
+    -- starting during a refresh exit as if another were running, and no
+    -- refresh could run while a dispatcher held it.)
+    IF NOT pg_try_advisory_xact_lock(1346720851, 3) THEN
         RETURN false;
     END IF;
     DELETE FROM pepsi.queue_gauge;

@@ -16,6 +16,10 @@ use POSIX qw(WNOHANG);
 use PostgreSQL::Test::Utils;
 
 use PepsiTest;
+use Test::Builder;
+
+# Every dispatcher started, for the failure report in END.
+my @started;
 
 our @EXPORT = qw(
   dispatch_node write_config start_dispatcher stop_dispatcher dispatcher_exit
@@ -118,7 +122,27 @@ sub start_dispatcher
 		open STDERR, '>&', \*STDOUT or die "dup: $!";
 		exec @command, '-c', $config, '-v' or die "exec $command[0]: $!";
 	}
-	return { pid => $pid, log => $log, offset => -e $log ? -s $log : 0 };
+	my $d = { pid => $pid, log => $log, offset => -e $log ? -s $log : 0 };
+	push @started, $d;
+	return $d;
+}
+
+# When a test file fails, the end of each dispatcher's log (its workers
+# share it) is printed with the failure: the log is in a temporary
+# directory that is gone once the test exits, and a failure that only
+# happens on a loaded CI machine cannot be asked about afterwards.
+END
+{
+	my $builder = Test::Builder->new;
+	if (!$builder->is_passing)
+	{
+		for my $d (@started)
+		{
+			my @lines = split /\n/, dispatcher_log($d);
+			splice @lines, 0, @lines - 60 if @lines > 60;
+			$builder->diag("dispatcher $d->{pid}, the end of $d->{log}:\n" . join("\n", @lines));
+		}
+	}
 }
 
 # The exit status of a dispatcher that has exited (as $?), else undef;
