@@ -26,6 +26,16 @@ those same light messages, where their time went (medians, in seconds):
 
 The row times come from bench_trace, filled by a trigger on
 pepsi.workqueue for rows of senders other than the burst's (run.sh).
+
+And what the run cost the database, for all its messages (light and
+burst), from pg_stat_statements and pg_stat_database over the run:
+
+  claims/msg    the dispatcher's workqueue_claim calls per message
+  rows/claim    rows those claims returned, per claim
+  commits/msg   worker commits (workqueue_commit_many and workqueue_commit
+                calls) per message: a message makes one per hop not fused,
+                divided by the rows each commit carries
+  xact/msg      pg_stat_database.xact_commit per message
 """
 import argparse
 import os
@@ -46,11 +56,14 @@ def maildir_files(mailbox):
     return out
 
 
-def wait_count(mailbox, count, deadline):
+def wait_count(mailbox, count, deadline, interval=0.1):
+    """Listing a mailbox of the burst's size costs milliseconds of CPU
+    (and the GIL the light clients' threads need to send), so the burst's
+    is listed only every interval, and not while it is being sent."""
     while time.time() < deadline:
         if len(maildir_files(mailbox)) >= count:
             return True
-        time.sleep(0.1)
+        time.sleep(interval)
     return False
 
 
@@ -113,6 +126,30 @@ def stage_totals(args):
     return {r[0]: (int(r[1]), float(r[2])) for r in psql(
         args, "SELECT stage, messages, extract(epoch FROM processing_time)"
               " FROM pepsi.stage_stats")}
+
+
+def cost_start(args):
+    """Reset pg_stat_statements; return xact_commit so far."""
+    psql(args, "SELECT pg_stat_statements_reset()")
+    return int(psql(args, "SELECT xact_commit FROM pg_stat_database"
+                          " WHERE datname = current_database()")[0][0])
+
+
+def cost_fields(args, xact_before, messages):
+    """The run's database cost (see the file comment) as key=value fields."""
+    time.sleep(1.2)  # backends report xact_commit within a second of going idle
+    xact = int(psql(args, "SELECT xact_commit FROM pg_stat_database"
+                          " WHERE datname = current_database()")[0][0])
+    claims, claimed, commits = (float(v or 0) for v in psql(
+        args, "SELECT sum(calls) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
+              " sum(rows) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
+              " sum(calls) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\(')"
+              " FROM pg_stat_statements")[0])
+    out = ["claims/msg=%.3f" % (claims / messages), "rows/claim=%.2f" % (claimed / max(claims, 1))]
+    if commits:
+        out.append("commits/msg=%.3f" % (commits / messages))
+    out.append("xact/msg=%.2f" % ((xact - xact_before) / messages))
+    return " ".join(out)
 
 
 def wait_stats_flush(args, after, deadline):
@@ -218,6 +255,7 @@ def main():
     heavy_box = os.path.join(args.maildir, args.heavy_rcpt)
 
     totals_before = stage_totals(args) if args.psql else {}
+    xact_before = cost_start(args) if args.psql else 0
     stop = threading.Event()
     sent = []
     threads = []
@@ -236,11 +274,13 @@ def main():
             ["/usr/sbin/smtp-source", "-d", "-s", str(args.sessions), "-m", str(args.burst),
              "-l", "2048", "-f", "heavy@example.net", "-t", args.heavy_rcpt,
              "127.0.0.1:%d" % args.port], stdout=subprocess.DEVNULL)
-        if not wait_count(heavy_box, args.burst, burst_start + 600):
-            print("the burst did not arrive within 600 s", file=sys.stderr)
+        try:
+            source.wait(timeout=600)
+        except subprocess.TimeoutExpired:
             source.kill()
+        if not wait_count(heavy_box, args.burst, burst_start + 600, 0.25):
+            print("the burst did not arrive within 600 s", file=sys.stderr)
             return 1
-        source.wait()
         burst_end = max(os.stat(p).st_mtime for p in maildir_files(heavy_box))
     else:
         time.sleep(args.light_seconds)
@@ -254,6 +294,7 @@ def main():
 
     lat = []
     parts = ""
+    cost = ""
     if threads:
         if not wait_count(light_box, len(sent), time.time() + 300):
             print("only %d of %d light messages arrived" % (len(maildir_files(light_box)), len(sent)),
@@ -269,9 +310,11 @@ def main():
             parts = " " + breakdown(args, in_window,
                                     {round(at, 6): accept for at, accept in sent},
                                     {s: m for s, _, m in delivered}, totals_before)
-    print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s" % (
+    if args.psql:
+        cost = " " + cost_fields(args, xact_before, len(sent) + (args.burst if burst_start else 0))
+    print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s%s" % (
         args.mode, percentile(lat, 0.5), percentile(lat, 0.99), len(lat),
-        max(lat) if lat else float("nan"), rate, parts))
+        max(lat) if lat else float("nan"), rate, cost, parts))
     return 0
 
 

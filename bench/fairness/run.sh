@@ -12,6 +12,7 @@
 #   light:  the light clients alone for 10 s
 #   burst:  the burst alone
 #   both:   the light clients, and 2 s later the burst
+# (burst and both taking turns to go first, repeat by repeat)
 # and prints the medians over the repeats of: the light clients' median
 # and p99 latency alone and during the burst (messages sent while it was
 # in flight), their largest, and the burst's throughput with and without
@@ -23,6 +24,9 @@
 # other than the burst's, when each became pending, was claimed, and moved
 # on, so the claim wait and the pipeline wait are told apart per stage.
 # The burst's own rows fire no trigger (its WHEN is false for them).
+# And what each run cost the database per message (claims, rows per claim,
+# worker commits, transactions: pg_stat_statements and pg_stat_database),
+# so a change in throughput can be told from a change in work.
 #
 # Environment: BENCH_REPEATS (5), BENCH_BURST (20000).  One repeat takes
 # about 10 s of light traffic plus the burst twice; the full run prints
@@ -50,7 +54,7 @@ cleanup() {
     bench_stop_pid "$dispatch_pid"
     bench_cleanup
 }
-bench_cluster_start "max_connections = 200"
+bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'"
 trap cleanup EXIT
 
 port=$(bench_free_port)
@@ -67,6 +71,7 @@ grep -q "PORT = $port" "$conf" || { echo "docs/pepsi.conf.sample has no listener
 
 # The light rows' trace (see above).
 bench_psql >/dev/null <<'SQL'
+CREATE EXTENSION pg_stat_statements;
 CREATE TABLE bench_trace (id bigint, stage text, status text, sent float8, at float8);
 CREATE FUNCTION bench_trace() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -113,34 +118,47 @@ run() {
     reset_mailboxes
     python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" \
         --psql "$psql_command" 2>>"$log" | tee -a "$log"
+    # What outlives the reset, in case the runs drift.
+    bench_psql -At -c "SELECT '  tables: ' || string_agg(format('%s %s/%s', relname,
+        pg_size_pretty(pg_total_relation_size(relid)), n_live_tup + n_dead_tup), ', '
+        ORDER BY pg_total_relation_size(relid) DESC)
+        FROM (SELECT * FROM pg_stat_user_tables ORDER BY pg_total_relation_size(relid) DESC LIMIT 6) t" >>"$log"
 }
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench/fairness: 10 light clients (1 msg / 0.5 s each), a $burst-message burst;" \
     "$repeats repeats through docs/pepsi.conf.sample's graph"
 started=$(date +%s)
-alone_lines=() both_lines=()
+alone_lines=() burst_lines=() both_lines=()
 alone_med=() alone_p99=() both_med=() both_p99=() both_max=() rate_alone=() rate_both=()
 for ((r = 1; r <= repeats; r++)); do
     repeat_started=$(date +%s)
     l=$(run light)
-    b=$(run burst)
-    m=$(run both)
+    # The burst alone and with the light clients take turns going first,
+    # so a drift from run to run does not favour either side.
+    if ((r % 2)); then
+        b=$(run burst)
+        m=$(run both)
+    else
+        m=$(run both)
+        b=$(run burst)
+    fi
     alone_med+=("$(field median "$l")") alone_p99+=("$(field p99 "$l")")
     rate_alone+=("$(field rate "$b")")
     both_med+=("$(field median "$m")") both_p99+=("$(field p99 "$m")") both_max+=("$(field max "$m")")
     rate_both+=("$(field rate "$m")")
-    alone_lines+=("$l") both_lines+=("$m")
+    alone_lines+=("$l") burst_lines+=("$b") both_lines+=("$m")
     printf 'run %d: light alone median %s s; during the burst median %s s, p99 %s s, max %s s;' \
         "$r" "${alone_med[-1]}" "${both_med[-1]}" "${both_p99[-1]}" "${both_max[-1]}"
-    printf ' burst %s msg/s alone, %s msg/s with light clients; %d s\n' "${rate_alone[-1]}" \
-        "${rate_both[-1]}" "$(($(date +%s) - repeat_started))"
-    printf '  %s\n' "$l" "$m"
+    printf ' burst %s msg/s alone, %s msg/s with light clients (%s); %d s\n' "${rate_alone[-1]}" \
+        "${rate_both[-1]}" "$(ratio "${rate_both[-1]}" "${rate_alone[-1]}")" \
+        "$(($(date +%s) - repeat_started))"
+    printf '  %s\n' "$l" "$b" "$m"
 done
 
-spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 m_alone=$(bench_median "${alone_med[@]}")
 m_both=$(bench_median "${both_med[@]}")
 p_both=$(bench_median "${both_p99[@]}")
@@ -155,7 +173,9 @@ printf '  light max latency during burst:    %8.3f s  (%s)\n' "$(bench_median "$
 printf '  burst throughput alone:            %8.1f msg/s (%s)\n' "$r_alone" "$(spread "${rate_alone[@]}")"
 printf '  burst throughput with light:       %8.1f msg/s (%s)  ratio %s (target >= 0.90)\n' \
     "$r_both" "$(spread "${rate_both[@]}")" "$(ratio "$r_both" "$r_alone")"
-echo "where the light messages' time went (s; medians of the runs' medians; see drive.py):"
-echo "  alone:        $(python3 "$here/drive.py" summary "${alone_lines[@]}")"
+echo "the database's work per message, and where the light messages' time went"
+echo "(s; medians of the runs' medians; see drive.py):"
+echo "  light alone:  $(python3 "$here/drive.py" summary "${alone_lines[@]}")"
+echo "  burst alone:  $(python3 "$here/drive.py" summary "${burst_lines[@]}")"
 echo "  during burst: $(python3 "$here/drive.py" summary "${both_lines[@]}")"
 echo "$repeats runs took $(($(date +%s) - started)) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
