@@ -442,8 +442,32 @@ pool_least_loaded(struct pool *pool, double now, bool skip_stalled)
 }
 
 /*
+ * Whether any id w holds is of another sender that had used more worker
+ * time than use when it was given: an id of a lighter sender put there
+ * would wait for them.
+ */
+static bool
+worker_holds_heavier(const struct pool_worker *w, const char *sender, double use)
+{
+	for (int i = 0; i < w->count; i++)
+	{
+		const struct inflight *entry = &w->queue[(w->head + i) % w->ring];
+
+		if (entry->sender_use > use && strcmp(entry->sender, sender) != 0)
+			return true;
+	}
+	return false;
+}
+
+/*
  * Pack onto the busiest worker with room, so surplus workers go idle,
- * passing over a stalled one (worker_stalled).  In
+ * passing over a stalled one (worker_stalled).  But a row of a sender
+ * lighter than one whose rows that worker holds goes to the worker with
+ * the fewest ids, an idle one if there is: a batching worker runs what it
+ * was written as its next batch, so there the light row would wait for
+ * the batch in progress and then run in a batch of the heavy sender's
+ * depth, while a worker beside it idles (the heavy sender's rows keep
+ * packing).  In
  * its ring the id goes ahead of the ids not yet written whose senders
  * had used more worker time (a sender's own rows keep their order).  It
  * is written by the next pools_flush, or when its turn comes.
@@ -460,6 +484,10 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
 		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count) && !worker_stalled(w, now))
 			best = w;
+	if (best != NULL && best->count > 0 && worker_holds_heavier(best, sender, use))
+		for (struct pool_worker *w = pool->workers; w; w = w->next)
+			if (worker_slots(w) > 0 && w->count < best->count && !worker_stalled(w, now))
+				best = w;
 
 	/*
 	 * The claim was sized by the depth of its moment; answers since may

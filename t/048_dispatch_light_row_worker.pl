@@ -1,0 +1,77 @@
+# pepsi-dispatch: a light sender's row does not wait behind a heavy
+# sender's batch while another worker of the stage idles.  A batching
+# stage with two workers, both started by an earlier burst of the heavy
+# sender (which charges it worker time) and idle again; then three rows of
+# the heavy sender that hold their worker until a file exists, and a row
+# of a light sender.  Packing would put the light row on the busy worker,
+# behind the held batch; it must go to the idle one and be done while the
+# heavy rows are still held.  Without the light sender (the heavy rows
+# alone) packing stands: the held rows share one worker.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DispatchTest;
+use PepsiTest;
+
+my $db = 'postgres';
+my $node = dispatch_node('dispatch_light_row_worker');
+my $program = test_program('test-stage');
+my $gate = PostgreSQL::Test::Utils::tempdir() . '/gate';
+
+my $config = write_config($node, stages => <<"EOF");
+[stage-batch]
+PROGRAM = $program
+PARALLELISM = 2
+BATCH = yes
+SLEEP_MS = 5
+EOF
+my $d = start_dispatcher($config);
+
+# The earlier burst: more rows than one worker's queue limit, so both start.
+add_rows($node, 200, stage => 'batch', sender => '10.0.0.1');
+ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }),
+	'the earlier burst drains');
+my @workers = worker_pids($d, 'test-stage');
+is(scalar @workers, 2, 'both workers of the stage are running, idle');
+is(scalar_query($node, "SELECT count(DISTINCT pid) FROM test_log WHERE sender = 'ip:10.0.0.1'"),
+	2, 'the burst ran on both workers');
+
+# The heavy sender's held rows, then the light sender's row.
+my $held = qq({"wait_file": "$gate"});
+my @heavy = add_rows($node, 3, stage => 'batch', sender => '10.0.0.1', state => $held);
+ok( poll_until(
+		sub {
+			scalar_query($node,
+				"SELECT count(*) FROM pepsi.workqueue WHERE stage = 'batch' AND status = 'running'")
+			  == 3;
+		}),
+	'the heavy rows are running, held');
+my ($light) = add_rows($node, 1, stage => 'batch', sender => '10.9.0.1');
+ok( poll_until(
+		sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light") == 1 }, 60),
+	'the light row is done while the heavy batch is held');
+is( scalar_query($node,
+		'SELECT count(*) FROM pepsi.workqueue WHERE id IN (' . join(',', @heavy) . ')'),
+	3, 'the heavy rows are still held meanwhile');
+my $light_pid = scalar_query($node, "SELECT pid FROM test_log WHERE id = $light");
+ok((grep { $_ == $light_pid } @workers), 'the light row ran on one of the two workers');
+
+open my $fh, '>', $gate or die "cannot create $gate: $!";
+close $fh;
+ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }),
+	'the heavy rows go on once released');
+is( scalar_query($node,
+		'SELECT count(DISTINCT pid) FROM test_log WHERE id IN (' . join(',', @heavy) . ')'),
+	1, 'the heavy rows, alone, were packed onto one worker');
+isnt(
+	scalar_query($node,
+		'SELECT min(pid) FROM test_log WHERE id IN (' . join(',', @heavy) . ')'),
+	$light_pid, 'and the light row ran on the other');
+
+stop_dispatcher($d);
+done_testing();
