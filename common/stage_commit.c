@@ -205,12 +205,16 @@ stage_commit_one(struct pepsi_ctx *ctx)
 	return rc;
 }
 
-/* May this outcome ride in an arrayed commit? Plain transitions with at most a state merge. */
+/*
+ * May this outcome ride in an arrayed commit? Plain transitions with at
+ * most a state merge, and finishes whatever the pass changed: a finished
+ * row keeps none of it (a signed message relayed in the same pass).
+ */
 static bool
 stage_batchable(const struct pepsi_ctx *ctx)
 {
 	/* (mail_log events ride a statement of their own message's commit) */
-	if (ctx->error || ctx->touched != 0 || ctx->mail_log)
+	if (ctx->error || ctx->mail_log || (ctx->touched != 0 && ctx->terminal != TERMINAL_FINISH))
 		return false;
 	switch (ctx->terminal)
 	{
