@@ -89,6 +89,12 @@ NEXT_STAGE = signed
 PROGRAM = pepsi-stage-bounce
 NEXT_STAGE = sign
 
+[stage-route]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = local.test
+LOCAL_STAGE = signed
+REMOTE_STAGE = sign
+
 [stage-signed]
 PROGRAM = pepsi-stage-relay-to-smarthost
 SMARTHOST = 127.0.0.1:$peer->{port}
@@ -146,6 +152,7 @@ sub signature_count
 #
 # Dual signing, relaxed/relaxed: folded and duplicate fields, an 8-bit body.
 #
+my ($r, $bad);
 my $folded = add_message($node, 'sign',
 	headers => "Received: from a.example by b.example; Mon, 1 Dec 2026 10:00:00 +0000\r\n"
 	  . "Received: from c.example\r\n\tby d.example; Mon, 1 Dec 2026 10:00:01 +0000\r\n"
@@ -269,6 +276,54 @@ like($signed, qr/multipart\/report/, 'dsn: it is the DSN that was signed');
 verified('dsn', $signed, ['rsa']);
 
 #
+# A batch: the rows waiting for a signing worker are loaded with one
+# statement and committed with one (signed, they go on to the relay).
+#
+my @batch = map {
+	add_message($node, 'sign',
+		headers => "From: <b$_\@ed.example>\r\nTo: <y\@remote.test>\r\nSubject: batch $_\r\n$date",
+		body => "batch $_\r\n")
+} 1 .. 3;
+reset_statements($node);
+sign('batch', @batch);
+is(statement_calls($node, '%w.headers, b.body FROM pepsi.workqueue w JOIN%'), '1/3',
+	'batch: the three loaded with one statement');
+is((split m{/}, statement_calls($node, '%pepsi.workqueue_commit(%'))[0], 3,
+	'batch: each signed row commits its new header block');
+is(scalar(grep { signature_count(row_message($node, $_)) == 1 } @batch), 3, 'batch: all three signed');
+
+#
+# In the multi-call binary, fused after route (body-free) with the relay
+# after it: route's pass loads the rows' headers and bodies late, signs
+# and relays them, and the delivered rows are committed together (a
+# finished row keeps none of its new header block), each row claimed,
+# loaded and committed once.
+#
+my $delivered_before = scalar(peer_messages($peer));
+my @routed = map {
+	add_message($node, 'route',
+		headers => "From: <r$_\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: routed $_\r\n$date",
+		body => "routed $_\r\n")
+} 1 .. 3;
+reset_statements($node);
+$r = run_worker(unified_cmd('pepsi-stage-route', $conf), join('', map { "$_\n" } @routed));
+is($r->{exit}, 0, 'fused: the route worker ends with its input') or diag($r->{stderr});
+is_deeply([ map { my (undef, $report) = decode_status($_); join(' ', map { $_->{stage} } @{ $report->{fused} // [] }) }
+		@{ $r->{status} } ], [ ('sign signed') x 3 ], 'fused: signed and relayed in route\'s pass')
+  or diag(join("\n", @{ $r->{status} }));
+my @routed_out = (peer_messages($peer))[ $delivered_before .. $delivered_before + 2 ];
+is(scalar(grep { $_ && signature_count($_->{data}) == 2 } @routed_out), 3,
+	'fused: the peer received the three, each with both signatures');
+verified('fused, as delivered', $routed_out[0]{data}, [ 'rsa', 'ed25519' ]) if $routed_out[0];
+is(statement_calls($node, 'SELECT w.id::text, w.headers, b.body FROM%'), '1/3',
+	'fused: the headers and bodies loaded late, with one statement');
+is((split m{/}, statement_calls($node, '%pepsi.workqueue_commit_many(%'))[0], 1,
+	'fused: the three delivered rows committed with one statement');
+is(statement_calls($node, '%pepsi.workqueue_commit(%'), '0/0', 'fused: and none on its own');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE id IN (' . join(',', @routed) . ')'),
+	0, 'fused: the delivered rows are done');
+
+#
 # What cannot be signed.
 #
 sub outcome
@@ -320,9 +375,9 @@ for my $case ([ 'open.example', qr/key file \S+open\.pem is accessible to group 
 #
 # A configuration error stops the worker at start.
 #
-my $bad = stage_config($node, 'bad.conf', "$keys\n[stage-sign]\nPROGRAM = pepsi-stage-dkim-sign\n"
+$bad = stage_config($node, 'bad.conf', "$keys\n[stage-sign]\nPROGRAM = pepsi-stage-dkim-sign\n"
 	  . "NEXT_STAGE = signed\nKEYS = org-rsa nonesuch\n");
-my $r = run_worker(worker_cmd('pepsi-stage-dkim-sign', $bad), '');
+$r = run_worker(worker_cmd('pepsi-stage-dkim-sign', $bad), '');
 isnt($r->{exit}, 0, 'KEYS naming a missing section: the worker refuses to start');
 like($r->{stderr}, qr/KEYS names "nonesuch", which has no \[dkim-key-nonesuch\] section/, 'and says so');
 $bad = stage_config($node, 'bad2.conf', "[stage-sign]\nPROGRAM = pepsi-stage-dkim-sign\n"

@@ -53,6 +53,8 @@
 /* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
 #define SIGN_MAX_LINE 998
 #define SIGN_MAX_KEYS 16
+/* The most rows a signing worker takes at once of those waiting (as the relay's batch). */
+#define SIGN_BATCH_MAX 16
 
 int pepsi_stage_dkim_sign_main(int argc, char **argv);
 
@@ -418,6 +420,18 @@ const struct pepsi_stage pepsi_stage_dkim_sign_stage = {
 	.load = PEPSI_LOAD_FULL,
 	.run = sign_run,
 	.check_config = sign_check_config,
+	/*
+	 * The rows waiting are signed one after another and committed together
+	 * (with the relay fused after each, one statement for the batch's
+	 * outcomes), not claimed, loaded and committed one at a time.
+	 */
+	.batch_max = SIGN_BATCH_MAX,
+	/*
+	 * After route (body-free), in the same pass: the headers and body are
+	 * loaded then for the batch's rows that go on to be signed, instead of
+	 * each row being committed at route, claimed and loaded again.
+	 */
+	.late_load = true,
 };
 
 int
