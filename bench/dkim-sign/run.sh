@@ -23,6 +23,15 @@
 # relay) against the same graph with the signing stage added, 2 KB
 # messages, RSA-2048: the rate lost to signing (target: at most 25%).
 #
+# Each run also prints CPU milliseconds per message: each side's process
+# trees (Pepsi with its PostgreSQL; Postfix with OpenDKIM), and the
+# harness's (smtp-source and smtp-sink), which both sides share: when the
+# harness's share is small the rate measures the MTAs, not the client or
+# the sink.  For Pepsi also the WAL bytes per message.  CPU time per
+# message is what to compare on a loaded machine, where rates follow the
+# load.  BENCH_STATEMENTS=1 logs Pepsi's statements per message
+# (pg_stat_statements) of each run into bench/out/dkim-sign.log.
+#
 # Environment: BENCH_REPEATS (5), BENCH_MESSAGES (20000), BENCH_SESSIONS
 # (20), BENCH_SIZES ("2048 102400"), BENCH_ALGORITHMS ("rsa-sha256
 # ed25519-sha256"), BENCH_RELAY_WORKERS (20), BENCH_SIGN_WORKERS (as many
@@ -80,7 +89,15 @@ cleanup() {
 # messages churns the queue table through some 60,000 dead row versions,
 # and without ANALYZE the statements planned while it was empty keep
 # plans that scan it whole (measured: 110 msg/s against 500 with it on).
-bench_cluster_start "max_connections = 200" "autovacuum = on" "autovacuum_naptime = 1s"
+# BENCH_STATEMENTS=1: Pepsi's statements by calls and time per message
+# over each Pepsi run (pg_stat_statements, into the log).
+if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
+    bench_cluster_start "max_connections = 200" "autovacuum = on" "autovacuum_naptime = 1s" \
+        "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track_utility = off"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200" "autovacuum = on" "autovacuum_naptime = 1s"
+fi
 trap cleanup EXIT
 
 sink_port=$(bench_free_port)
@@ -159,13 +176,34 @@ CONF
         "message_size_limit = 10485760"
 }
 
-# measure PORT SIZE: prints msg/s from the first message sent to the last received.
+# CPU milliseconds used so far by each PID's process tree (bench/relay/cpu-time.pl).
+cpu_ms() { perl "$here/../relay/cpu-time.pl" "$@"; }
+postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
+postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
+# side_cpu SIDE: the CPU time so far of the processes of one side: Pepsi
+# with its PostgreSQL, or Postfix with OpenDKIM.
+side_cpu() {
+    if [ "$1" = pepsi ]; then
+        cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" | awk '{ print $1 + $2 + $3 }'
+    else
+        cpu_ms "$(postfix_master)" "$opendkim_pid" | awk '{ print $1 + $2 }'
+    fi
+}
+
+# measure SIDE PORT SIZE: prints msg/s from the first message sent to the
+# last received, then the CPU milliseconds per message of the side and of
+# the harness (smtp-source and smtp-sink), and for Pepsi the WAL bytes per
+# message.  The harness's share says whether it, and not the MTA, could be
+# the limit.
 measure() {
-    local port=$1 size=$2 base start end
+    local side=$1 port=$2 size=$3 base start end side0 side1 sink0 sink1 wal0 wal1=0 source_ms
     base=$(bench_sink_count)
     base=${base:-0}
+    side0=$(side_cpu "$side")
+    sink0=$(cpu_ms "=$BENCH_SINK_PID")
+    [ "$side" = pepsi ] && wal0=$(bench_psql -tA -c "SELECT pg_current_wal_insert_lsn() - '0/0'")
     start=$(date +%s.%N)
-    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l "$size" \
+    /usr/bin/time -f '%U %S' -o "$BENCH_DIR/source.time" /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l "$size" \
         -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
     for _ in $(seq 1 24000); do
         [ "$(bench_sink_count)" -ge $((base + messages)) ] && break
@@ -176,10 +214,29 @@ measure() {
         echo "only $(( $(bench_sink_count) - base )) of $messages reached smtp-sink" >&2
         return 1
     }
-    awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
+    side1=$(side_cpu "$side")
+    sink1=$(cpu_ms "=$BENCH_SINK_PID")
+    [ "$side" = pepsi ] && wal1=$(bench_psql -tA -c "SELECT pg_current_wal_insert_lsn() - '0/0' - $wal0")
+    source_ms=$(awk '{ printf "%.0f", ($1 + $2) * 1000 }' "$BENCH_DIR/source.time")
+    awk -v n="$messages" -v a="$start" -v b="$end" -v s="$((side1 - side0))" -v h="$((source_ms + sink1 - sink0))" \
+        -v w="$wal1" 'BEGIN { printf "%.1f %.2f %.2f %.0f\n", n / (b - a), s / n, h / n, w / n }'
 }
 
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_reset() {
+    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+    return 0
+}
+# With BENCH_STATEMENTS=1: the run's statements per message, into the log.
+statements() {
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] || return 0
+    bench_psql -c "SELECT round(calls::numeric / $messages, 3) AS per_message,
+                          round(total_exec_time::numeric / calls, 3) AS mean_ms,
+                          round(total_exec_time::numeric / $messages, 3) AS ms_per_message,
+                          round(wal_bytes::numeric / $messages) AS wal_per_message,
+                          left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
+                   FROM pg_stat_statements WHERE calls > $messages / 100 ORDER BY total_exec_time DESC" >>"$log"
+}
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
 spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s..%s", lo, hi }'; }
 
@@ -225,41 +282,50 @@ for algorithm in $algorithms_compared; do
     for size in $sizes; do
         start_pepsi "$algorithm" yes
         start_postfix "$algorithm"
-        pepsi_rates=() postfix_rates=()
+        pepsi_rates=() postfix_rates=() pepsi_cpus=() postfix_cpus=()
         for ((r = 1; r <= repeats; r++)); do
             pepsi_reset
-            rate=$(measure "$pepsi_port" "$size")
+            read -r rate cpu harness wal < <(measure pepsi "$pepsi_port" "$size")
+            statements
             left=$(pepsi_left)
             [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
             sync
-            rate_pf=$(measure "$postfix_port" "$size")
-            pepsi_rates+=("$rate") postfix_rates+=("$rate_pf")
-            printf '%s %6s B run %d: pepsi %s msg/s, postfix+opendkim %s msg/s\n' \
+            read -r rate_pf cpu_pf harness_pf _ < <(measure postfix "$postfix_port" "$size")
+            pepsi_rates+=("$rate") postfix_rates+=("$rate_pf") pepsi_cpus+=("$cpu") postfix_cpus+=("$cpu_pf")
+            printf '%s %6s B run %d: pepsi %s msg/s, postfix+opendkim %s msg/s;' \
                 "$algorithm" "$size" "$r" "$rate" "$rate_pf"
+            printf ' CPU ms/msg pepsi %s (harness %s, WAL %s B/msg), postfix+opendkim %s (harness %s)\n' \
+                "$cpu" "$harness" "$wal" "$cpu_pf" "$harness_pf"
         done
         stop_sides
         pm=$(bench_median "${pepsi_rates[@]}")
         fm=$(bench_median "${postfix_rates[@]}")
-        summary+=("$(printf '%-15s %7s B  pepsi %8s msg/s (%s)  postfix+opendkim %8s msg/s (%s)  ratio %s' \
+        summary+=("$(printf '%-15s %7s B  pepsi %8s msg/s (%s)  postfix+opendkim %8s msg/s (%s)  ratio %s;  CPU ms/msg %s vs %s' \
             "$algorithm" "$size" "$pm" "$(spread "${pepsi_rates[@]}")" "$fm" "$(spread "${postfix_rates[@]}")" \
-            "$(awk -v a="$pm" -v b="$fm" 'BEGIN { printf "%.2f", a / b }')")")
+            "$(awk -v a="$pm" -v b="$fm" 'BEGIN { printf "%.2f", a / b }')" \
+            "$(bench_median "${pepsi_cpus[@]}")" "$(bench_median "${postfix_cpus[@]}")")")
     done
 done
 
 # The signing stage's cost in bench/relay's graph (2 KB, the first algorithm).
 first_algorithm=${algorithms%% *}
-plain_rates=() signed_rates=()
+plain_rates=() signed_rates=() plain_cpus=() signed_cpus=()
 [ "$parts" = compare ] && cost_runs=0 || cost_runs=$repeats
 for ((r = 1; r <= cost_runs; r++)); do
     for sign in no yes; do
         start_pepsi "$first_algorithm" "$sign"
         pepsi_reset
-        rate=$(measure "$pepsi_port" 2048)
+        read -r rate cpu _ _ < <(measure pepsi "$pepsi_port" 2048)
+        statements
         stop_sides
-        if [ "$sign" = yes ]; then signed_rates+=("$rate"); else plain_rates+=("$rate"); fi
+        if [ "$sign" = yes ]; then
+            signed_rates+=("$rate") signed_cpus+=("$cpu")
+        else
+            plain_rates+=("$rate") plain_cpus+=("$cpu")
+        fi
     done
-    printf 'relay graph run %d: without signing %s msg/s, with signing %s msg/s\n' \
-        "$r" "${plain_rates[-1]}" "${signed_rates[-1]}"
+    printf 'relay graph run %d: without signing %s msg/s (%s CPU ms/msg), with signing %s msg/s (%s CPU ms/msg)\n' \
+        "$r" "${plain_rates[-1]}" "${plain_cpus[-1]}" "${signed_rates[-1]}" "${signed_cpus[-1]}"
 done
 if [ "$cost_runs" -gt 0 ]; then
     plain=$(bench_median "${plain_rates[@]}")
@@ -279,3 +345,5 @@ echo "  target: pepsi/postfix+opendkim >= 2.00"
 [ "$cost_runs" -eq 0 ] || printf '  relay graph, 2 KB, %s: without signing %s msg/s (%s), with signing %s msg/s (%s): cost %s%% (target <= 25%%)\n' \
     "$first_algorithm" "$plain" "$(spread "${plain_rates[@]}")" "$signed" "$(spread "${signed_rates[@]}")" \
     "$(awk -v a="$plain" -v b="$signed" 'BEGIN { printf "%.1f", 100 * (a - b) / a }')"
+[ "$cost_runs" -eq 0 ] || printf '  relay graph CPU ms/msg (Pepsi with PostgreSQL): without signing %s, with signing %s\n' \
+    "$(bench_median "${plain_cpus[@]}")" "$(bench_median "${signed_cpus[@]}")"
