@@ -27,14 +27,19 @@ those same light messages, where their time went (medians, in seconds):
 The row times come from bench_trace, filled by a trigger on
 pepsi.workqueue for rows of senders other than the burst's (run.sh).
 
+For the burst: burst.accept, from its start until smtp-source is done,
+and burst.drain, from then until its last message is in the maildir.
+
 And what the run cost the database, for all its messages (light and
 burst), from pg_stat_statements and pg_stat_database over the run:
 
   claims/msg    the dispatcher's workqueue_claim calls per message
   rows/claim    rows those claims returned, per claim
+  claim.ms      the server's time per claim (mean_exec_time)
   commits/msg   worker commits (workqueue_commit_many and workqueue_commit
                 calls) per message: a message makes one per hop not fused,
                 divided by the rows each commit carries
+  commit.ms     the server's time per worker commit
   xact/msg      pg_stat_database.xact_commit per message
 """
 import argparse
@@ -140,14 +145,18 @@ def cost_fields(args, xact_before, messages):
     time.sleep(1.2)  # backends report xact_commit within a second of going idle
     xact = int(psql(args, "SELECT xact_commit FROM pg_stat_database"
                           " WHERE datname = current_database()")[0][0])
-    claims, claimed, commits = (float(v or 0) for v in psql(
+    claims, claimed, claim_ms, commits, commit_ms = (float(v or 0) for v in psql(
         args, "SELECT sum(calls) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
               " sum(rows) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
-              " sum(calls) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\(')"
+              " sum(total_exec_time) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
+              " sum(calls) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\('),"
+              " sum(total_exec_time) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\(')"
               " FROM pg_stat_statements")[0])
-    out = ["claims/msg=%.3f" % (claims / messages), "rows/claim=%.2f" % (claimed / max(claims, 1))]
+    out = ["claims/msg=%.3f" % (claims / messages), "rows/claim=%.2f" % (claimed / max(claims, 1)),
+           "claim.ms=%.2f" % (claim_ms / max(claims, 1))]
     if commits:
         out.append("commits/msg=%.3f" % (commits / messages))
+        out.append("commit.ms=%.2f" % (commit_ms / commits))
     out.append("xact/msg=%.2f" % ((xact - xact_before) / messages))
     return " ".join(out)
 
@@ -278,6 +287,7 @@ def main():
             source.wait(timeout=600)
         except subprocess.TimeoutExpired:
             source.kill()
+        accepted = time.time()
         if not wait_count(heavy_box, args.burst, burst_start + 600, 0.25):
             print("the burst did not arrive within 600 s", file=sys.stderr)
             return 1
@@ -310,8 +320,10 @@ def main():
             parts = " " + breakdown(args, in_window,
                                     {round(at, 6): accept for at, accept in sent},
                                     {s: m for s, _, m in delivered}, totals_before)
+    if burst_start:
+        cost += " burst.accept=%.2f burst.drain=%.2f" % (accepted - burst_start, burst_end - accepted)
     if args.psql:
-        cost = " " + cost_fields(args, xact_before, len(sent) + (args.burst if burst_start else 0))
+        cost += " " + cost_fields(args, xact_before, len(sent) + (args.burst if burst_start else 0))
     print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s%s" % (
         args.mode, percentile(lat, 0.5), percentile(lat, 0.99), len(lat),
         max(lat) if lat else float("nan"), rate, cost, parts))
