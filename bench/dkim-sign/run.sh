@@ -34,14 +34,16 @@
 #
 # Environment: BENCH_REPEATS (5), BENCH_MESSAGES (20000), BENCH_SESSIONS
 # (20), BENCH_SIZES ("2048 102400"), BENCH_ALGORITHMS ("rsa-sha256
-# ed25519-sha256"), BENCH_RELAY_WORKERS (20), BENCH_SIGN_WORKERS (as many
-# as relay workers), BENCH_PARTS (compare, cost or both).
+# ed25519-sha256"), BENCH_RELAY_WORKERS (20), BENCH_SIGN_WORKERS and
+# BENCH_ROUTE_WORKERS (as many as relay workers), BENCH_ROUTE_QUEUE (16), BENCH_PARTS (compare, cost or both).
 #
 # Duration: the issue's full size (the defaults: 20,000 messages, 5 runs
-# each side, 4 cases, then 5 x 2 cost runs) is some 260,000 messages, about
-# 100 minutes on a loaded 2-core machine (Postfix+OpenDKIM with 100 KB
-# messages is the slowest part); the run prints what it took.  For a quick
-# look at the ratios: BENCH_MESSAGES=2000 (about a tenth of that).
+# each side, 4 cases, then 5 x 2 cost runs) is 1,000,000 messages, about
+# 100 minutes on a loaded 2-core machine, nearly all of it the measured
+# runs themselves (Postfix+OpenDKIM's at 100 KB the slowest: at 40-100
+# msg/s under load most of the time); the run prints what it took.  For a
+# quick look at the ratios: BENCH_MESSAGES=2000 (about a tenth of that);
+# one case: BENCH_SIZES=102400 BENCH_ALGORITHMS=rsa-sha256 BENCH_PARTS=compare.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -55,6 +57,15 @@ relay_workers=${BENCH_RELAY_WORKERS:-20}
 # The signing stage may be fused with the relay that follows it (both
 # Load::Full, one binary): it gets as many workers as the relay.
 sign_workers=${BENCH_SIGN_WORKERS:-$relay_workers}
+# Route is bench/relay's (2 workers of up to 256 rows): the signing stage
+# and the relay run fused in its pass (they load late, docs/architecture.md
+# 3.4), so on a loaded machine the rate of a slow case (RSA-2048, 100 KB)
+# follows what CPU its 2 workers get.  One run, load average ~30, 100 KB
+# RSA-2048: 63 msg/s with 2 x 256, 220 with 20 workers of 16 rows, the same
+# CPU per message; but 20 x 16 doubled the CPU per message at 2 KB (more,
+# smaller batches).  BENCH_ROUTE_WORKERS and BENCH_ROUTE_QUEUE change it.
+route_workers=${BENCH_ROUTE_WORKERS:-2}
+route_queue=${BENCH_ROUTE_QUEUE:-256}
 # compare, cost or both (default): the side-by-side runs, the cost runs.
 parts=${BENCH_PARTS:-both}
 bin="$bench_top/build/bin"
@@ -132,8 +143,8 @@ PROGRAM = pepsi-stage-route
 LOCAL_DOMAINS = pepsi.bench.test
 LOCAL_STAGE = smarthost
 REMOTE_STAGE = $remote
-PARALLELISM = 2
-QUEUE_LIMIT = 256
+PARALLELISM = $route_workers
+QUEUE_LIMIT = $route_queue
 [stage-sign]
 PROGRAM = pepsi-stage-dkim-sign
 NEXT_STAGE = smarthost

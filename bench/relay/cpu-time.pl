@@ -20,6 +20,8 @@ for my $pid (grep { /^\d+$/ } readdir $proc)
 	close $fh;
 	# After the command name (which may hold spaces): state, ppid, ... utime
 	# stime cutime cstime are fields 14 to 17 of the whole line.
+	# (a process that exited between readdir and the read has no line)
+	next if rindex($stat, ')') < 0;
 	my @f = split ' ', substr($stat, rindex($stat, ')') + 2);
 	next unless @f >= 15;
 	push @{ $children{ $f[1] } }, $pid;
