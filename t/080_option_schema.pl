@@ -36,7 +36,8 @@ sub samples
 	return ('on', ['maybe']) if $kind eq 'boolean';
 	return ($min, [ 'ten', ($max ne '' ? $max + 1 : ()), ($min > 0 ? $min - 1 : ()) ])
 	  if $kind eq 'integer';
-	return (($min > 0 ? "${min}ms" : '2s'), [ '5 parsecs', ($min > 0 ? ($min - 1) . 'ms' : ()) ])
+	return (($min > 0 ? "${min}ms" : '2s'),
+		[ '5 parsecs', ($min > 0 ? ($min - 1) . 'ms' : ()), ($max ne '' ? ($max + 1) . 'ms' : ()) ])
 	  if $kind eq 'duration';
 	return (($min > 0 ? $min : '1k'), [ '10 MB', ($max ne '' ? $max + 1 : ()) ]) if $kind eq 'size';
 	return ('next-stage', ['Next Stage']) if $kind eq 'stage';
