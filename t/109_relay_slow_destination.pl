@@ -7,7 +7,8 @@
 # pg_locks while the slow MX host, t/bin/smtp-peer --data-delay 1, takes
 # its mail), whatever the default concurrency of 20 would let it have; the
 # fast domain's mail flows past it, and the slow domain gets all of its
-# own without a retry counted.
+# own without a retry counted.  Then mail for the slow domain alone: with
+# no other mail waiting, the cap does not apply (more than 2 slots held).
 
 use strict;
 use warnings FATAL => 'all';
@@ -49,38 +50,67 @@ my $d = start_dispatcher($config);
 sub sink_count { my @f = glob("$sink->{dir}/mail/*"); return scalar @f }
 sub slow_count { return scalar(() = peer_messages($slow)) }
 
-# 12 messages for the slow domain among 60 for the fast one.
+# The slow destination's slots held now (session advisory locks, the
+# bigint form: objsubid 1).
+sub slow_slots_held
+{
+	return $node->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid});
+}
+
+# 12 messages for the slow domain among 300 for the fast one.
 $node->safe_psql('postgres', q{
 	SELECT pepsi.workqueue_add('sender@local.test',
-		ARRAY['user' || i || CASE WHEN i % 6 = 0 THEN '@slow.test' ELSE '@fast.test' END],
+		ARRAY['user' || i || CASE WHEN i % 26 = 0 THEN '@slow.test' ELSE '@fast.test' END],
 		convert_to('From: <sender@local.test>' || chr(13) || chr(10) || 'Subject: m' || i
 			|| chr(13) || chr(10), 'UTF8'),
 		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
-	FROM generate_series(1, 72) AS i;
+	FROM generate_series(1, 312) AS i;
 	SELECT pepsi.notify_workqueue();});
-# The slow destination's slots held at once (session advisory locks, the
-# bigint form: objsubid 1), sampled until all its mail is through.
+# The slow destination's slots held at once, sampled until all its mail is
+# through; counted
+# while the fast domain still had mail on its way (the cap's reason).
 my $most = 0;
 ok( poll_until(
 		sub {
-			my $held = $node->safe_psql('postgres', q{
-				SELECT count(*) FROM pg_locks
-				WHERE locktype = 'advisory' AND granted AND objsubid = 1
-				  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid});
-			$most = $held if $held > $most;
+			my $held = slow_slots_held();
+			$most = $held if $held > $most && sink_count() < 300;
 			return slow_count() == 12;
 		},
 		300),
 	'the 12 messages for the slow domain were delivered');
-ok(poll_until(sub { sink_count() == 60 }, 120), 'and the 60 for the fast one');
+ok(poll_until(sub { sink_count() == 300 }, 120), 'and the 300 for the fast one');
 ok(poll_until(sub { queue_count($node) == 0 }, 120), 'the queue is empty');
 cmp_ok($most, '<=', 2, "the slow destination never held more than its share of 2 slots ($most at most)");
-cmp_ok($most, '>=', 1, 'and it did hold slots while sampled');
+cmp_ok($most, '>=', 1, "and it did hold slots while the fast domain's mail went");
 my $dispatcher_log = dispatcher_log($d);
 is(scalar(() = $dispatcher_log =~ /status=(?:deferred|bounced|expired)/g), 0,
 	'no delivery was deferred or bounced');
 cmp_ok($node->safe_psql('postgres', "SELECT service_seconds FROM pepsi.destination WHERE domain = 'slow.test'"),
 	'>=', 0.8, "pepsi.destination keeps the slow destination's pace: its deliveries, not the waits for a slot");
+
+# The cap protects other mail: with none waiting, the slow domain may use
+# what its concurrency limit allows.  12 more messages, for it alone.
+$node->safe_psql('postgres', q{
+	SELECT pepsi.workqueue_add('sender@local.test', ARRAY['alone' || i || '@slow.test'],
+		convert_to('From: <sender@local.test>' || chr(13) || chr(10) || 'Subject: a' || i
+			|| chr(13) || chr(10), 'UTF8'),
+		convert_to('hello' || chr(13) || chr(10), 'UTF8'), '{}'::jsonb)
+	FROM generate_series(1, 12) AS i;
+	SELECT pepsi.notify_workqueue();});
+my $alone = 0;
+ok( poll_until(
+		sub {
+			my $held = slow_slots_held();
+			$alone = $held if $held > $alone;
+			return slow_count() == 24;
+		},
+		300),
+	'the 12 messages for the slow domain alone were delivered');
+cmp_ok($alone, '>', 2, "with no other mail waiting, it held more than its share of 2 slots ($alone at most)");
+ok(poll_until(sub { queue_count($node) == 0 }, 120), 'the queue is empty again');
 
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
 done_testing();

@@ -2176,3 +2176,191 @@ $$;
 SELECT pepsi.grant_apply();
 
 -- end of one index entry fewer per stage hop
+
+-- ===========================================================================
+-- Relay to the internet: a slow destination capped only while other mail
+-- waits, and the waiter ticket's key named
+--
+-- A slow destination's share of the workers (slow_limit) protects the
+-- other destinations' mail; when there is none, the slow destination may
+-- use what its concurrency limit allows.  destination_begin takes the
+-- stage (stage, NULL: only the other destinations' slots tell) to look
+-- at the first rows of it not yet done.  The waiter ticket's advisory key
+-- comes from pepsi.destination_waiter_key, as the slot's does from
+-- destination_slot_key.
+-- ===========================================================================
+
+-- The advisory-lock key of a waiter ticket of domain (destination_begin
+-- waiting in place for a slot), apart from the slots' keys.
+CREATE FUNCTION pepsi.destination_waiter_key(domain text, ticket integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT (hashtext(lower(domain) || ' waiting')::bigint << 32) | ticket::bigint
+$$;
+
+DROP FUNCTION pepsi.destination_begin(text, integer, text[], text, integer, text, inet,
+                                      double precision, double precision, integer, double precision);
+CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
+    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
+    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
+    previous_seconds double precision DEFAULT NULL,
+    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
+    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d       pepsi.destination;
+    lim     integer;
+    tokens  double precision;
+    carried integer;
+    slow    boolean;
+    waiter  integer;
+    saved   text;
+BEGIN
+    IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
+        RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF slow_limit IS NOT NULL AND slow_limit < 1 THEN
+        RAISE EXCEPTION 'slow_limit must be at least 1, not %', slow_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    domain := lower(domain);
+    IF previous_domain IS NOT NULL THEN
+        -- To the same domain the slot carries over (recorded, not freed);
+        -- to another it is freed first.
+        IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
+            carried := previous_slot;
+        END IF;
+        PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
+                                      'connected', NULL, previous_host, previous_address, NULL, NULL,
+                                      1, 1, 1, previous_seconds);
+    END IF;
+    IF hosts IS NOT NULL THEN
+        -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
+        SELECT jsonb_agg(jsonb_build_object('host', a.host, 'address', host(a.address),
+                   'failures', a.failures,
+                   'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
+        INTO addresses FROM pepsi.dns_address a
+        WHERE a.host = ANY (hosts) AND a.expires_at > now();
+        -- (mta_sts_policy_get's row, written out likewise.)
+        SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
+        FROM pepsi.mta_sts_policy p
+        WHERE p.domain = destination_begin.domain AND p.expires_at > now();
+    END IF;
+    SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
+    contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
+    IF FOUND AND d.backoff_until > now() THEN
+        IF carried IS NOT NULL THEN
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
+        END IF;
+        wait_seconds := extract(epoch FROM d.backoff_until - now());
+        reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
+                         d.failures, coalesce(d.last_error, 'no connection'));
+        RETURN;
+    END IF;
+    lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
+    slow := slow_seconds IS NOT NULL AND coalesce(d.service_seconds >= slow_seconds, false);
+    IF slow AND slow_limit IS NOT NULL AND slow_limit < lim THEN
+        -- Capped only while other mail waits: another destination holds a
+        -- slot or a waiter ticket (the bigint advisory keys), or among the
+        -- first rows of the stage not yet done is one for another domain.
+        IF EXISTS (SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND l.classid <> ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid
+                     AND l.classid <> ((pepsi.destination_waiter_key(domain, 0) >> 32) & 4294967295)::oid)
+           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
+                                     WHERE w.stage = destination_begin.stage AND w.status = 'pending'
+                                     LIMIT 64) p
+                      WHERE lower(split_part(p.rcpt, '@', 2)) <> domain)
+           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
+                                     WHERE w.stage = destination_begin.stage AND w.status = 'running'
+                                     LIMIT 64) r
+                      WHERE lower(split_part(r.rcpt, '@', 2)) <> domain) THEN
+            lim := slow_limit;
+        END IF;
+    END IF;
+    IF carried IS NOT NULL AND carried < lim THEN
+        slot := carried;
+    ELSE
+        IF carried IS NOT NULL THEN
+            -- The destination's limit came down below it.
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
+        END IF;
+        FOR i IN 0 .. lim - 1 LOOP
+            IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
+                slot := i;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF slot IS NULL THEN
+        -- A turn in the destination's virtual queue, spaced by how long a
+        -- delivery there takes per slot: the messages waiting for a busy
+        -- destination come back about when a slot frees, not all at once.
+        INSERT INTO pepsi.destination AS t (domain, next_turn)
+        VALUES (domain, now() + interval '1 second')
+        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
+        SET next_turn = greatest(t.next_turn, now())
+                        + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
+        RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
+        IF coalesce(handoff_seconds, 0) > 0 AND wait_seconds <= handoff_seconds AND NOT slow THEN
+            -- Its turn is near: wait here for slot k, holding waiter
+            -- ticket k (a key of its own, apart from the slots' count).
+            FOR k IN 0 .. lim - 1 LOOP
+                IF pg_try_advisory_lock(pepsi.destination_waiter_key(domain, k)) THEN
+                    waiter := k;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF waiter IS NOT NULL THEN
+                saved := current_setting('lock_timeout');
+                BEGIN
+                    PERFORM set_config('lock_timeout', ceil(handoff_seconds * 1000)::bigint || 'ms', true);
+                    PERFORM pg_advisory_lock(pepsi.destination_slot_key(domain, waiter));
+                    slot := waiter;
+                EXCEPTION WHEN lock_not_available THEN
+                    NULL;
+                END;
+                PERFORM set_config('lock_timeout', saved, true);
+                PERFORM pg_advisory_unlock(pepsi.destination_waiter_key(domain, waiter));
+            END IF;
+        END IF;
+        IF slot IS NULL THEN
+            reason := format('%s is at its concurrency limit of %s', domain, lim);
+            contended := true;
+            RETURN;
+        END IF;
+        wait_seconds := NULL;
+        contended := true;
+    END IF;
+    IF d.messages_per_minute IS NOT NULL THEN
+        -- A token bucket holding a second's worth (at least one message).
+        SELECT least(greatest(t.messages_per_minute / 60.0, 1),
+                     coalesce(t.rate_tokens, 1)
+                     + extract(epoch FROM now() - coalesce(t.rate_updated, now())) * t.messages_per_minute / 60.0)
+        INTO tokens
+        FROM pepsi.destination t WHERE t.domain = destination_begin.domain FOR UPDATE;
+        IF tokens < 1 THEN
+            UPDATE pepsi.destination t SET rate_tokens = tokens, rate_updated = now()
+            WHERE t.domain = destination_begin.domain;
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
+            slot := NULL;
+            wait_seconds := (1 - tokens) * 60.0 / d.messages_per_minute;
+            reason := format('%s is at its rate limit of %s messages a minute', domain, d.messages_per_minute);
+            RETURN;
+        END IF;
+        UPDATE pepsi.destination t SET rate_tokens = tokens - 1, rate_updated = now()
+        WHERE t.domain = destination_begin.domain;
+    END IF;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'destination_waiter_key', '{EXECUTE}')
+ON CONFLICT DO NOTHING;
+
+SELECT pepsi.grant_apply();
+
+-- end of a slow destination capped only while other mail waits

@@ -73,7 +73,7 @@ struct destination_memo
 };
 static struct destination_memo destination_memo[DESTINATION_MEMO_HOSTS];
 
-static double
+double
 destination_now(void)
 {
 	struct timespec ts;
@@ -291,7 +291,7 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	char		slow_limit[24];
 	char		handoff[32];
 	struct buf	host_array = BUF_INIT;
-	const char *values[11];
+	const char *values[12];
 	PGresult   *res;
 	bool		ok;
 
@@ -318,11 +318,12 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	values[8] = share->slow_seconds > 0 ? slow_seconds : NULL;
 	values[9] = slow_limit;
 	values[10] = handoff;
+	values[11] = share->stage;
 	res = db_exec(conn,
 				  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
 				  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-				  " $9, $10, $11)",
-				  11, values);
+				  " $9, $10, $11, $12)",
+				  12, values);
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
 	destination_kept_clear();
 	ok = destination_ok(res, conn, "pepsi.destination_begin", err, errlen) && PQntuples(res) == 1;

@@ -39,6 +39,9 @@ void destination_forget(const char *host);
 bool destination_store_addresses(PGconn *conn, const char *host, char *const *addresses,
 								 size_t count, unsigned ttl, char *err, size_t errlen);
 
+/* Seconds on the monotonic clock (the memos' ages). */
+double destination_now(void);
+
 /* What destination_begin answers. */
 struct destination_start
 {
@@ -54,16 +57,18 @@ struct destination_start
 /* How a worker's stage shares its workers among destinations (destination_begin). */
 struct destination_share
 {
-	long long default_concurrency; /* DESTINATION_CONCURRENCY */
-	double	  slow_seconds;		   /* a destination this slow (0: none is slow) ... */
-	long long slow_limit;		   /* ... gets at most this many slots */
-	double	  handoff_seconds;	   /* the longest wait in place for a slot (0: none) */
+	long long	default_concurrency; /* DESTINATION_CONCURRENCY */
+	double		slow_seconds;		 /* a destination this slow (0: none is slow) ... */
+	long long	slow_limit;			 /* ... gets at most this many slots */
+	double		handoff_seconds;	 /* the longest wait in place for a slot (0: none) */
+	const char *stage;				 /* its name: are other domains' rows waiting there? */
 };
 
 /*
  * A concurrency slot of domain, or the wait when it is backing off or at
  * a limit (at a limit whose next turn is near, it waits for a slot up to
- * share->handoff_seconds).  The same round trip refreshes the memos of
+ * share->handoff_seconds; a slow destination's limit is share->slow_limit
+ * while other domains' mail waits).  The same round trip refreshes the memos of
  * hosts (the domain's MX hosts: destination_cached_addresses then reads
  * none), reads the domain's cached MTA-STS policy, and ends the delivery
  * whose slot this worker kept (its slot carried over when it is to the

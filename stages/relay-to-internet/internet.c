@@ -14,6 +14,13 @@
  * seam (tls_policy_seam.h) before connecting.  Sessions are kept open
  * across messages, a few per worker, keyed by MX host and address.
  *
+ * It runs fused after route (body-free) in route's pass, its body loaded
+ * late (common/stage.h late_load): a message relayed costs one claim, one
+ * load and one commit, not two of each.  A domain this process saw to be
+ * slow (a delivery there took DESTINATION_SLOW) is not fused for a while:
+ * its rows go to this stage's own workers, so that a pass of route's,
+ * whose other rows wait for it, is never held by a slow destination.
+ *
  * Options: common/options.def, "pepsi-stage-relay-to-internet".
  */
 #include <arpa/inet.h>
@@ -53,6 +60,9 @@ static size_t				   internet_nsessions;
 /* The session of the delivery whose destination slot is kept (destination_keep), or NULL. */
 static struct smtp_client *internet_kept_client;
 
+/* internet_close_all registered with atexit: the worker that ran us may be another stage's. */
+static bool internet_close_at_exit;
+
 static struct dns_resolver *internet_resolver;
 static struct mx_self		internet_self;
 static bool					internet_self_loaded;
@@ -79,6 +89,7 @@ internet_close_all(void)
 		free(internet_sessions[i].key);
 	}
 	internet_nsessions = 0;
+	internet_kept_client = NULL;
 }
 
 /* The session for these options: an open one, or a new one (the oldest goes when full). */
@@ -111,6 +122,8 @@ internet_session_for(const struct smtp_client_options *o, long long cache_size)
 		memmove(&internet_sessions[0], &internet_sessions[1], (internet_nsessions - 1) * sizeof(found));
 		internet_nsessions--;
 	}
+	if (!internet_close_at_exit)
+		internet_close_at_exit = atexit(internet_close_all) == 0;
 	found.client = smtp_client_new(o);
 	found.key = key;
 	internet_sessions[internet_nsessions++] = found;
@@ -133,6 +146,58 @@ internet_session_close(const struct smtp_client *client)
 			internet_nsessions--;
 			return;
 		}
+}
+
+/* ---------------------------------------------------------------------------
+ * Destinations this process saw to be slow: not fused (see the top)
+ * ------------------------------------------------------------------------- */
+
+#define INTERNET_SLOW_DOMAINS 16
+#define INTERNET_SLOW_MEMO_SECONDS 60.0
+
+static struct
+{
+	char  *domain; /* in A-labels */
+	double seen_at;
+} internet_slow[INTERNET_SLOW_DOMAINS];
+
+/* A delivery to domain took seconds: remember it if that is slow (the oldest entry goes). */
+static void
+internet_slow_note(struct pepsi_ctx *ctx, const char *domain, double seconds)
+{
+	double slow = pepsi_option_seconds(ctx, "DESTINATION_SLOW");
+	size_t at = 0;
+
+	if (slow <= 0 || seconds < slow)
+		return;
+	for (size_t i = 0; i < INTERNET_SLOW_DOMAINS; i++)
+	{
+		if (internet_slow[i].domain && strcasecmp(internet_slow[i].domain, domain) == 0)
+		{
+			at = i;
+			break;
+		}
+		if (internet_slow[i].seen_at < internet_slow[at].seen_at)
+			at = i;
+	}
+	if (internet_slow[at].domain == NULL || strcasecmp(internet_slow[at].domain, domain) != 0)
+	{
+		free(internet_slow[at].domain);
+		internet_slow[at].domain = xstrdup(domain);
+	}
+	internet_slow[at].seen_at = destination_now();
+}
+
+static bool
+internet_slow_recently(const char *domain)
+{
+	double now = destination_now();
+
+	for (size_t i = 0; i < INTERNET_SLOW_DOMAINS; i++)
+		if (internet_slow[i].domain && now - internet_slow[i].seen_at < INTERNET_SLOW_MEMO_SECONDS
+			&& strcasecmp(internet_slow[i].domain, domain) == 0)
+			return true;
+	return false;
 }
 
 /* ---------------------------------------------------------------------------
@@ -651,6 +716,7 @@ internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const stru
 		.slow_limit = (pepsi_option_int(ctx, "PARALLELISM") * pepsi_option_int(ctx, "DESTINATION_SLOW_SHARE") + 99)
 					  / 100,
 		.handoff_seconds = pepsi_option_seconds(ctx, "DESTINATION_HANDOFF"),
+		.stage = pepsi_stage_name(ctx),
 	};
 
 	/*
@@ -783,6 +849,8 @@ internet_deliver(struct pepsi_ctx *ctx, const char *domain, const struct mx_rout
 	end.seconds = pepsi_pass_seconds(ctx) - begun_at;
 	if (at.loop)
 		end.outcome = "connected"; /* nothing is wrong with the destination */
+	if (at.connected)
+		internet_slow_note(ctx, domain, end.seconds);
 	if (strcmp(end.outcome, "connected") == 0 && at.failed_addresses.len <= 2)
 	{
 		/*
@@ -912,18 +980,26 @@ internet_run(struct pepsi_ctx *ctx)
 	return rc;
 }
 
-/* A row that must be split first (several destinations) cannot run fused. */
+/*
+ * A row that must be split first (several destinations) cannot run fused,
+ * nor one to a domain this process saw to be slow.
+ */
 static bool
 internet_can_fuse(struct pepsi_ctx *ctx)
 {
 	size_t n = pepsi_rcpt_count(ctx);
+	char  *domain;
+	bool   slow;
 
 	if ((long long) n > pepsi_option_int(ctx, "MAX_RECIPIENTS"))
 		return false;
 	for (size_t i = 1; i < n; i++)
 		if (strcasecmp(internet_domain_of(pepsi_rcpt(ctx, 0)), internet_domain_of(pepsi_rcpt(ctx, i))) != 0)
 			return false;
-	return true;
+	domain = mx_domain_to_ascii(internet_domain_of(pepsi_rcpt(ctx, 0)));
+	slow = domain && internet_slow_recently(domain);
+	free(domain);
+	return !slow;
 }
 
 const struct pepsi_stage pepsi_stage_relay_to_internet_stage = {
@@ -931,6 +1007,8 @@ const struct pepsi_stage pepsi_stage_relay_to_internet_stage = {
 	.load = PEPSI_LOAD_FULL,
 	.run = internet_run,
 	.can_fuse = internet_can_fuse,
+	/* After route (body-free), in the same pass: its body loaded then, not a second claim. */
+	.late_load = true,
 };
 
 int
@@ -938,7 +1016,7 @@ pepsi_stage_relay_to_internet_main(int argc, char **argv)
 {
 	int rc = pepsi_worker_main(&pepsi_stage_relay_to_internet_stage, argc, argv);
 
-	internet_close_all(); /* QUIT the sessions the worker kept */
+	internet_close_all(); /* QUIT the sessions the worker kept (and atexit finds none) */
 	if (internet_resolver)
 		dns_resolver_free(internet_resolver);
 	return rc;

@@ -1,0 +1,77 @@
+# pepsi-stage-relay-to-internet runs fused after route (body-free) in the
+# multi-call binary: route's pass loads the remote rows' bodies late and
+# delivers them to their MX hosts itself, so a row is claimed, loaded and
+# committed once.  A domain the process saw to be slow (a delivery there
+# took DESTINATION_SLOW) is not fused afterwards: its next row advances to
+# the relay stage's own workers, so that route's pass, whose other rows
+# wait for it, is not held by it again.  One route worker's batch of four:
+# fast.test, slow.test (its MX, t/bin/smtp-peer --data-delay 1, takes a
+# second), slow.test again, fast.test again.
+
+use strict;
+use warnings FATAL => 'all';
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use PepsiStage;
+use PepsiTest;
+use TestDNS;
+
+my $node = stage_node('internet_fusion');
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $fast = start_peer('--address', '127.0.0.5', '--port', $port);
+my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '1');
+my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
+$dns->zone(<<'EOF');
+fast.test.        300 IN MX 10 mx.fast.test.
+mx.fast.test.     300 IN A  127.0.0.5
+slow.test.        300 IN MX 10 mx.slow.test.
+mx.slow.test.     300 IN A  127.0.0.9
+EOF
+
+my $forwarder = $dns->forwarder;
+my $conf = stage_config($node, 'fusion.conf', <<"INI");
+[pepsi]
+HOSTNAME = pepsi.local.test
+DNS_FORWARDER = $forwarder
+
+[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = local.test
+LOCAL_STAGE = bounce
+REMOTE_STAGE = internet
+
+[stage-internet]
+PROGRAM = pepsi-stage-relay-to-internet
+SMTP_PORT = $port
+BOUNCE_STAGE = bounce
+TIMEOUT = 10s
+CONNECT_TIMEOUT = 5s
+RETRY_BASE = 1h
+DESTINATION_SLOW = 500ms
+
+[stage-bounce]
+PROGRAM = pepsi-stage-discard
+INI
+
+my @to = ('one@fast.test', 'one@slow.test', 'two@slow.test', 'two@fast.test');
+my @ids = map { add_row($node, 'init', rcpt => [$_]) } @to;
+my $r = run_worker(unified_cmd('pepsi-stage-route', $conf), join('', map { "$_\n" } @ids));
+is($r->{exit}, 0, 'the route worker ends with its input') or diag($r->{stderr});
+my @reports = map { my (undef, $report) = decode_status($_); $report } @{ $r->{status} };
+is_deeply([ map { $_ && $_->{fused} ? $_->{fused}[0]{stage} : 'none' } @reports ],
+	[qw(internet internet none internet)],
+	'the relay ran in route\'s pass, but not for the domain it had just seen to be slow');
+is_deeply([ map { $_ && $_->{delivery} ? $_->{delivery}{status} : 'none' } @reports ],
+	[qw(sent sent none sent)], 'the fused rows were delivered');
+is(scalar(peer_messages($fast)), 2, 'fast.test\'s MX host took its two');
+is(scalar(peer_messages($slow)), 1, 'slow.test\'s MX host took the first of its two');
+ok(!defined row_json($node, $ids[0]) && !defined row_json($node, $ids[1]) && !defined row_json($node, $ids[3]),
+	'the delivered rows are done, never at the relay stage\'s queue');
+is_deeply([ @{ row_json($node, $ids[2]) }{qw(stage status)} ], [ 'internet', 'pending' ],
+	'the second row for the slow domain advanced to the relay stage, for its own workers');
+
+done_testing();
