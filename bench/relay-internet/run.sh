@@ -28,6 +28,13 @@
 # run just before it, on a machine about as loaded (target: a median drop
 # of at most 10%).  The load average is printed before and after.
 #
+# Each normal run also prints each side's CPU time per message (its
+# process trees, bench/relay/cpu-time.pl: for Pepsi PostgreSQL, ingress and
+# the dispatcher with its workers; for Postfix its master and children;
+# the DNS server and the sinks, shared, in neither) and their ratio
+# postfix/pepsi: what the rates would be where CPU alone binds, and far
+# less noisy than the rates on a loaded machine.
+#
 # BENCH_STATEMENTS=1 loads pg_stat_statements and prints, after each normal
 # Pepsi run, the statements each message cost (calls per message, mean ms).
 #
@@ -165,6 +172,12 @@ measure() {
         printf "%.1f %.1f\n", n / (e - a), f / (m - a) }'
 }
 
+# CPU milliseconds used so far by each PID's process tree.
+cpu_ms() { perl "$here/../relay/cpu-time.pl" "$@"; }
+postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
+postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
+per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }'; }
+
 pepsi_reset() {
     bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, pepsi.destination RESTART IDENTITY" \
         -c CHECKPOINT >/dev/null
@@ -179,14 +192,19 @@ echo "bench/relay-internet: $messages messages of 2 KB to $domains domains over 
     "$workers relay workers"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench_started=$(date +%s)
-pepsi_rates=() postfix_rates=() ratios=()
+pepsi_rates=() postfix_rates=() ratios=() cpus_pepsi=() cpus_pf=() cpu_ratios=()
 pepsi_other=() postfix_other=() pepsi_drops=() postfix_drops=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     sleep 1
     [ -z "${BENCH_STATEMENTS:-}" ] || bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+    read -r pg0 ingress0 dispatch0 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID")
     read -r rate _ < <(measure "$pepsi_port" n)
+    read -r pg1 ingress1 dispatch1 < <(cpu_ms "$(postgres_pid)" "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID")
     pepsi_rates+=("$rate")
+    cpus_pepsi+=("$(per_message $((pg1 - pg0 + ingress1 - ingress0 + dispatch1 - dispatch0)))")
+    echo "run $r: pepsi CPU ms per message: postgresql $(per_message $((pg1 - pg0))), ingress" \
+        "$(per_message $((ingress1 - ingress0))), dispatcher and workers $(per_message $((dispatch1 - dispatch0)))" >>"$log"
     if [ -n "${BENCH_STATEMENTS:-}" ]; then
         # What each message asked of the server: statements per message and their time.
         bench_psql -c "SELECT round(calls::numeric / $messages, 2) AS per_message,
@@ -196,11 +214,16 @@ for ((r = 1; r <= repeats; r++)); do
             ORDER BY toplevel DESC, calls DESC LIMIT 25"
     fi
     sync
+    read -r pf0 < <(cpu_ms "$(postfix_master)")
     read -r rate_pf _ < <(measure "$postfix_port" n)
+    read -r pf1 < <(cpu_ms "$(postfix_master)")
     postfix_rates+=("$rate_pf")
+    cpus_pf+=("$(per_message $((pf1 - pf0)))")
+    cpu_ratios+=("$(ratio "${cpus_pf[-1]}" "${cpus_pepsi[-1]}")")
     ratios+=("$(ratio "$rate" "$rate_pf")")
-    printf 'run %d: pepsi %s msg/s, postfix %s msg/s, ratio %s (load %s)\n' \
-        "$r" "$rate" "$rate_pf" "${ratios[-1]}" "$(cut -d' ' -f1 /proc/loadavg)"
+    printf 'run %d: pepsi %s msg/s, postfix %s msg/s, ratio %s; CPU ms per message pepsi %s, postfix %s, postfix/pepsi %s (load %s)\n' \
+        "$r" "$rate" "$rate_pf" "${ratios[-1]}" "${cpus_pepsi[-1]}" "${cpus_pf[-1]}" "${cpu_ratios[-1]}" \
+        "$(cut -d' ' -f1 /proc/loadavg)"
     ((r <= slow_repeats)) || continue
     # The slow destination's run right after the normal one, so that the
     # drop compares two runs under about the same load of the machine.
@@ -224,6 +247,11 @@ printf '%-28s %8s msg/s (runs %s .. %s)\n' \
     "postfix (smtpd -> MX)" "$postfix_median" "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"
 printf 'ratio pepsi/postfix: median %s, runs %s .. %s (target: median >= 2.00)\n' \
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+printf 'CPU ms per message: pepsi %s (runs %s .. %s), postfix %s (runs %s .. %s);\n' \
+    "$(bench_median "${cpus_pepsi[@]}")" "$(min "${cpus_pepsi[@]}")" "$(max "${cpus_pepsi[@]}")" \
+    "$(bench_median "${cpus_pf[@]}")" "$(min "${cpus_pf[@]}")" "$(max "${cpus_pf[@]}")"
+printf '  postfix/pepsi median %s, runs %s .. %s (what the rates would be where CPU alone binds)\n' \
+    "$(bench_median "${cpu_ratios[@]}")" "$(min "${cpu_ratios[@]}")" "$(max "${cpu_ratios[@]}")"
 
 took() { echo "the benchmark took $(($(date +%s) - bench_started)) s"; }
 [ "$slow_repeats" -gt 0 ] || { echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"; took; exit 0; }
