@@ -99,9 +99,12 @@
 #                             the stages read must be readable by that user
 #                             (give_to_user)
 #   bench_dovecot_start DIR [PASSWD_FILE]
-#                             a private Dovecot in DIR (a new directory:
-#                             base_dir, Maildirs under DIR/mail/<user>,
-#                             static userdb) as the unprivileged user,
+#                             a private Dovecot in DIR (a new directory,
+#                             made if missing: under BENCH_DIR it goes with
+#                             the scratch directory even if the run ends
+#                             before Dovecot starts; base_dir, Maildirs
+#                             under DIR/mail/<user>, static userdb) as the
+#                             unprivileged user,
 #                             LMTP on the Unix socket DIR/run/lmtp (mode
 #                             0666, so Postfix's lmtp(8) reaches it too);
 #                             mail is fsynced (mail_fsync = always: durable).

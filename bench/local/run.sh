@@ -43,7 +43,10 @@
 # with PostgreSQL's, and in lmtp mode the Dovecot serving that side apart),
 # which says where the time goes when the rates are noisy.  BENCH_PROFILE=1: the cluster keeps
 # pg_stat_statements, and after each Pepsi run the log gets its statements
-# (calls, mean and total ms) and the workers' load and commit counts.
+# (calls, mean and total ms), those inside the queue's functions too, and
+# the queue tables' vacuum and analyze counts.  BENCH_LOCAL_PEPSI: lines
+# for Pepsi's [pepsi] section ("ALLOW_FUSION = no": each stage in its own
+# workers, to measure what fusing route into the delivery stage gives).
 #
 # Needs: postfix, dovecot-core and dovecot-lmtpd (scripts/deps.sh),
 # pepsi-ingress, pepsi-dispatch and the stages built, the extension
@@ -66,6 +69,7 @@ users=${BENCH_USERS:-100}
 workers=${BENCH_LOCAL_WORKERS:-50}
 queue=${BENCH_LOCAL_QUEUE:-64}
 profile=${BENCH_PROFILE:-0}
+pepsi_lines=${BENCH_LOCAL_PEPSI:-}
 domain=local.bench.test
 log=$(bench_log "local-$mode")
 
@@ -92,12 +96,16 @@ fi
 [ $((messages % users)) -eq 0 ] || { echo "BENCH_MESSAGES must be a multiple of BENCH_USERS" >&2; exit 2; }
 
 if [ "$profile" = 1 ]; then
-    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'"
+    # track = all: the statements inside the queue's functions too (the claim's reads, say).
+    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'" \
+        "pg_stat_statements.track = all"
     bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 else
     bench_cluster_start "max_connections = 200"
 fi
-dovecot_dir=$(mktemp -d /tmp/pepsi-bench-dovecot.XXXXXX)
+# Dovecot's directory (lmtp mode only) inside the cluster's scratch directory,
+# which bench_cleanup removes whether or not a Dovecot ever ran there.
+dovecot_dir=$BENCH_DIR/dovecot
 postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 pepsi_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
@@ -119,7 +127,7 @@ QUEUE_LIMIT = 256
 PROGRAM = pepsi-stage-relay-to-lmtp
 SERVER = $socket
 PARALLELISM = $workers
-QUEUE_LIMIT = $queue"
+QUEUE_LIMIT = $queue" "" "$pepsi_lines"
     # Stock Postfix apart from where it lives (bench/lib.sh) and where local mail goes.
     bench_postfix_start "$postfix_dir" "$postfix_port" "mydestination = $domain" \
         "local_recipient_maps =" "local_transport = lmtp:unix:$socket"
@@ -164,7 +172,7 @@ PROGRAM = pepsi-stage-relay-to-maildir
 MAILDIR_ROOT = $pepsi_maildir
 MAILDIR_WRITER = $sbin/pepsi-helper-maildir-writer
 PARALLELISM = $workers
-QUEUE_LIMIT = $queue"
+QUEUE_LIMIT = $queue" "" "$pepsi_lines"
     for ((n = 0; n < users; n++)); do echo "user$n@$domain user$n@$domain/"; done >"$BENCH_DIR/vmailbox"
     # Stock Postfix apart from where it lives (bench/lib.sh) and its virtual
     # mailboxes: the same kind of Maildirs, the same owner.
@@ -278,7 +286,9 @@ pepsi_profile() {
     [ "$profile" = 1 ] || return 0
     bench_psql -c "SELECT calls, round(mean_exec_time::numeric, 3) AS mean_ms,
             round(total_exec_time::numeric) AS total_ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
-        FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15" >>"$log"
+        FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25" >>"$log"
+    bench_psql -c "SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,
+            last_autoanalyze FROM pg_stat_user_tables WHERE relname LIKE 'workqueue%'" >>"$log"
 }
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
