@@ -28,11 +28,11 @@ my $conf = stage_config($node, 'relay.conf', <<"INI");
 [stage-init]
 PROGRAM = pepsi-stage-route
 LOCAL_DOMAINS = local.test
-LOCAL_STAGE = lmtp
+LOCAL_STAGE = maildir
 REMOTE_STAGE = smarthost
 
-[stage-lmtp]
-PROGRAM = pepsi-stage-relay-to-lmtp
+[stage-maildir]
+PROGRAM = pepsi-stage-relay-to-maildir
 
 [stage-smarthost]
 PROGRAM = pepsi-stage-relay-to-smarthost
@@ -126,7 +126,7 @@ $soft = row_json($node, $ids[1]);
 is_deeply([ @$soft{qw(stage status)} ], [ 'smarthost', 'paused' ],
 	'fused: the 451 pauses at the relay stage, as its own worker would');
 like($soft->{state}{last_error}, qr/451 4\.2\.0/, 'fused: with its reply');
-is_deeply([ @{ row_json($node, $ids[2]) }{qw(stage status)} ], [ 'lmtp', 'pending' ],
+is_deeply([ @{ row_json($node, $ids[2]) }{qw(stage status)} ], [ 'maildir', 'pending' ],
 	'fused: the local row advances to its stage (one that does not load late)');
 
 #

@@ -10,12 +10,16 @@
 # Postfix's smtp-source over BENCH_SESSIONS parallel sessions (default 20),
 # one recipient a message:
 #   lmtp   pepsi:   pepsi-ingress -> pepsi-dispatch -> init (route) ->
-#                   relay-to-lmtp (BENCH_LOCAL_WORKERS workers, default 50,
-#                   each with its LMTP session, taking up to
-#                   BENCH_LOCAL_QUEUE rows at once, default 64: one load
-#                   and one commit for them) -> Dovecot's LMTP socket,
-#                   the queue a durable cluster (fsync, synchronous_commit:
-#                   bench/lib.sh)
+#                   relay-to-lmtp, fused into route's pass (its body
+#                   loaded late: one claim, load and commit a message),
+#                   so route has the delivery's BENCH_LOCAL_WORKERS workers
+#                   (default 50, each with its LMTP session); rows route
+#                   does not get to within a second, and any with several
+#                   recipients, go on to relay-to-lmtp's own workers (as
+#                   many, taking up to BENCH_LOCAL_QUEUE rows at once,
+#                   default 64: one load and one commit for them) ->
+#                   Dovecot's LMTP socket, the queue a durable cluster
+#                   (fsync, synchronous_commit: bench/lib.sh)
 #          postfix: a private stock Postfix (its own config and queue,
 #                   fsynced as usual) whose local_transport is lmtp(8) to
 #                   the same socket, at its stock concurrency (20 sessions
@@ -121,7 +125,7 @@ PROGRAM = pepsi-stage-route
 LOCAL_DOMAINS = $domain
 LOCAL_STAGE = lmtp
 REMOTE_STAGE = lmtp
-PARALLELISM = 2
+PARALLELISM = $workers
 QUEUE_LIMIT = 256
 [stage-lmtp]
 PROGRAM = pepsi-stage-relay-to-lmtp

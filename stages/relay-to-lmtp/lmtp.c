@@ -9,6 +9,10 @@
  * which finishes; the others are split off to pause with backoff (4xx) or
  * to bounce (5xx).  The session is kept across messages
  * (common/smtp_client.h in its LMTP mode), with PIPELINING when offered.
+ * In the multi-call binary it also runs fused after a body-free stage
+ * (route) with its body loaded late in that pass (common/stage.h
+ * late_load): a local message is then claimed, loaded and committed once,
+ * not at route and again here.
  *
  * Options of its [stage-*] section (besides delivery.h's):
  *   SERVER             /path/of/socket, host, host:port or [address]:port
@@ -35,6 +39,15 @@ int pepsi_stage_relay_to_lmtp_main(int argc, char **argv);
 
 /* The session of this worker, kept across messages. */
 static struct smtp_client *lmtp_client;
+static bool				   lmtp_close_at_exit; /* lmtp_close_client registered with atexit */
+
+/* QUIT the session this worker kept. */
+static void
+lmtp_close_client(void)
+{
+	smtp_client_free(lmtp_client);
+	lmtp_client = NULL;
+}
 
 /* The client for the current settings: the open one if they have not changed. */
 static struct smtp_client *
@@ -58,6 +71,9 @@ lmtp_client_for(struct pepsi_ctx *ctx, const char *server)
 	o.max_idle_ms = (int) (pepsi_option_seconds(ctx, "REUSE_IDLE") * 1000);
 	o.lmtp = true;
 	lmtp_client = smtp_client_reuse(lmtp_client, &o);
+	/* Fused into another stage's worker, which does not end in our main: QUIT at exit there too. */
+	if (!lmtp_close_at_exit)
+		lmtp_close_at_exit = atexit(lmtp_close_client) == 0;
 	free(host);
 	free(port);
 	return lmtp_client;
@@ -220,6 +236,8 @@ const struct pepsi_stage pepsi_stage_relay_to_lmtp_stage = {
 	.check_config = lmtp_check_config,
 	/* The rows waiting go through the session one after another, loaded and committed together. */
 	.batch_max = LMTP_BATCH_MAX,
+	/* After route (body-free), in the same pass: its body loaded then, not a second claim. */
+	.late_load = true,
 };
 
 int
@@ -227,6 +245,6 @@ pepsi_stage_relay_to_lmtp_main(int argc, char **argv)
 {
 	int rc = pepsi_worker_main(&pepsi_stage_relay_to_lmtp_stage, argc, argv);
 
-	smtp_client_free(lmtp_client); /* QUIT the session the worker kept */
+	lmtp_close_client(); /* QUIT the session the worker kept */
 	return rc;
 }
