@@ -2187,7 +2187,8 @@ SELECT pepsi.grant_apply();
 -- stage (stage, NULL: only the other destinations' slots tell) to look
 -- at the first rows of it not yet done.  The waiter ticket's advisory key
 -- comes from pepsi.destination_waiter_key, as the slot's does from
--- destination_slot_key.
+-- destination_slot_key.  And the previous delivery a begin ends costs no
+-- call of destination_end when there is nothing to record.
 -- ===========================================================================
 
 -- The advisory-lock key of a waiter ticket of domain (destination_begin
@@ -2232,9 +2233,25 @@ BEGIN
         IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
             carried := previous_slot;
         END IF;
-        PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
-                                      'connected', NULL, previous_host, previous_address, NULL, NULL,
-                                      1, 1, 1, previous_seconds);
+        -- destination_end's 'connected' writes only when its destination
+        -- or address has news to record (at most once a minute when
+        -- healthy): otherwise only the slot is freed, here, sparing the
+        -- call its updates that would find nothing.
+        IF EXISTS (SELECT 1 FROM pepsi.destination u
+                   WHERE u.domain = lower(previous_domain)
+                     AND (u.failures > 0 OR u.window_limit IS NOT NULL
+                          OR u.next_turn > now() - interval '1 minute'
+                          OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute'))
+           OR EXISTS (SELECT 1 FROM pepsi.dns_address b
+                      WHERE b.host = previous_host AND b.address = previous_address
+                        AND (b.failures > 0 OR b.last_success IS NULL
+                             OR b.last_success < now() - interval '1 minute')) THEN
+            PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
+                                          'connected', NULL, previous_host, previous_address, NULL, NULL,
+                                          1, 1, 1, previous_seconds);
+        ELSIF carried IS NULL AND previous_slot IS NOT NULL THEN
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(previous_domain, previous_slot));
+        END IF;
     END IF;
     IF hosts IS NOT NULL THEN
         -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
