@@ -161,6 +161,12 @@ statements() {
                           left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
                    FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
                    ORDER BY total_exec_time DESC LIMIT 14"
+    echo "  $1: pepsi.workqueue's updates and index entries (pg_stat_*), per stage hop:"
+    bench_psql -c "SELECT round(n_tup_upd::numeric / $2, 2) AS updates_per_hop,
+                          round(n_tup_hot_upd::numeric / $2, 2) AS hot_per_hop,
+                          (SELECT round(sum(idx_tup_read)::numeric / $2, 2) FROM pg_stat_user_indexes i
+                           WHERE i.relid = t.relid) AS index_entries_read_per_hop
+                   FROM pg_stat_user_tables t WHERE relid = 'pepsi.workqueue'::regclass"
 }
 
 # run_mode MODE: prints "seconds messages hops fused claims".
@@ -181,7 +187,7 @@ run_mode() {
         *) echo "bench/stages: unknown mode $1" >&2; return 1 ;;
     esac
     load_queue "$messages"
-    [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset(), pg_stat_reset()" >/dev/null
     local result
     result=$("$BENCH_DIR/driver" run "$conninfo" "$conf" "$BENCH_DIR/bin/pepsi-stage-if" "$queue" "$workers" s1 s2 s3)
     echo "$result"

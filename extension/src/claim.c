@@ -90,7 +90,10 @@ claim_choice_add(ClaimChoice *choice, int64 id)
  * left over, and they tell the sender cache every row it would otherwise
  * read again as an arrival (sendercache.c).  When the read comes back
  * short, the window holds every pending row of the stage: a sender with
- * fewer rows in it than it is asked for has no more.
+ * fewer rows in it than it is asked for has no more.  The index it reads
+ * holds the stage's running rows too (index_status folds running into
+ * pending, so that claim_mark_running is a HOT update): status = 'pending'
+ * skips them, the rows in flight at the head of the stage.
  */
 typedef struct ClaimWindow
 {
@@ -115,15 +118,15 @@ claim_window_find_senders(SenderCache *cache, ClaimWindow *window)
 static void
 claim_window_read(SenderCache *cache, const char *stage, int capacity, ClaimWindow *window)
 {
-	static SPIPlanPtr plan;
+	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {TEXTOID, INT4OID};
 	Datum			  values[2] = {CStringGetTextDatum(stage), Int32GetDatum(capacity)};
 
-	queue_exec(queue_plan(&plan,
-						  "SELECT id, sender_key, pending_seq FROM pepsi.workqueue"
-						  " WHERE stage = $1 AND status = 'pending'"
-						  " ORDER BY pending_seq LIMIT $2",
-						  2, argtypes),
+#define CLAIM_WINDOW_SQL(pending)                             \
+	"SELECT id, sender_key, pending_seq FROM pepsi.workqueue" \
+	" WHERE stage = $1 AND " pending " ORDER BY pending_seq LIMIT $2"
+	queue_exec(queue_plan_pending(plans, CLAIM_WINDOW_SQL(QUEUE_PENDING),
+								  CLAIM_WINDOW_SQL(QUEUE_PENDING_0_1), 2, argtypes),
 			   values, NULL, true, 0);
 	window->count = (int) SPI_processed;
 	window->complete = window->count < capacity;
@@ -222,20 +225,21 @@ claim_read_senders(ClaimCandidate *candidates, const char *stage, Datum *senders
 				   const int *asked_index, int nasked, ClaimChoice *choice, int64 **rows,
 				   int *nrows, int *fetched)
 {
-	static SPIPlanPtr plan;
+	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
 	Datum			  values[3];
 
 	values[0] = CStringGetTextDatum(stage);
 	values[1] = PointerGetDatum(construct_array(senders, nasked, TEXTOID, -1, false, TYPALIGN_INT));
 	values[2] = PointerGetDatum(construct_array(limits, nasked, INT4OID, 4, true, TYPALIGN_INT));
-	queue_exec(queue_plan(&plan,
-						  "SELECT s.n::int4, w.id, w.pending_seq"
-						  " FROM unnest($2, $3) WITH ORDINALITY AS s(sender, lim, n)"
-						  " CROSS JOIN LATERAL (SELECT id, pending_seq FROM pepsi.workqueue"
-						  "   WHERE stage = $1 AND status = 'pending' AND sender_key = s.sender"
-						  "   ORDER BY pending_seq LIMIT s.lim) w",
-						  3, argtypes),
+#define CLAIM_SENDERS_SQL(pending)                                     \
+	"SELECT s.n::int4, w.id, w.pending_seq"                            \
+	" FROM unnest($2, $3) WITH ORDINALITY AS s(sender, lim, n)"        \
+	" CROSS JOIN LATERAL (SELECT id, pending_seq FROM pepsi.workqueue" \
+	"   WHERE stage = $1 AND " pending " AND sender_key = s.sender"    \
+	"   ORDER BY pending_seq LIMIT s.lim) w"
+	queue_exec(queue_plan_pending(plans, CLAIM_SENDERS_SQL(QUEUE_PENDING),
+								  CLAIM_SENDERS_SQL(QUEUE_PENDING_0_1), 3, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{

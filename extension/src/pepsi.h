@@ -39,6 +39,21 @@ extern void		  queue_report_row_state(int64 id, const char *expected_stage) pg_a
 extern void		  queue_notify_workqueue(void);
 extern int64	  queue_result_int64(int row, int col);
 
+/*
+ * The pending rows of pepsi.workqueue, as its pending indexes find them.
+ * From 0.2 on the indexes name index_status (status with running folded
+ * into pending, so that a claim changes no indexed column and is a HOT
+ * update), and the rows in flight they hold are skipped by status; 0.1's
+ * schema, which this library still serves until ALTER EXTENSION UPDATE,
+ * has status alone.  queue_plan_pending prepares the statement written
+ * with QUEUE_PENDING or with QUEUE_PENDING_0_1, whichever the installed
+ * schema has, each in its own slot.
+ */
+#define QUEUE_PENDING "index_status = 'pending' AND status = 'pending'"
+#define QUEUE_PENDING_0_1 "status = 'pending'"
+extern SPIPlanPtr queue_plan_pending(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1,
+									 int nargs, const Oid *argtypes);
+
 /* args.c: argument checks that raise a DBA-readable error */
 extern int64	  arg_int64(FunctionCallInfo fcinfo, int argno, const char *name);
 extern text		 *arg_text(FunctionCallInfo fcinfo, int argno, const char *name);

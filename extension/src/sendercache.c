@@ -266,23 +266,24 @@ static void
 sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high, bool sequence_reset)
 {
 	Snapshot		  snapshot = GetActiveSnapshot();
-	static SPIPlanPtr plan;
+	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {TEXTOID};
 	Datum			  values[1] = {CStringGetTextDatum(cache->stage)};
 
 	sender_cache_reset(cache);
-	queue_exec(queue_plan(&plan,
-						  "WITH RECURSIVE senders AS ("
-						  "  (SELECT sender_key, pending_seq FROM pepsi.workqueue"
-						  "   WHERE stage = $1 AND status = 'pending'"
-						  "   ORDER BY sender_key, pending_seq LIMIT 1)"
-						  "  UNION ALL"
-						  "  SELECT n.sender_key, n.pending_seq FROM senders s CROSS JOIN LATERAL"
-						  "  (SELECT sender_key, pending_seq FROM pepsi.workqueue"
-						  "   WHERE stage = $1 AND status = 'pending' AND sender_key > s.sender_key"
-						  "   ORDER BY sender_key, pending_seq LIMIT 1) n)"
-						  " SELECT sender_key, pending_seq FROM senders",
-						  1, argtypes),
+#define SENDER_CACHE_SENDERS_SQL(pending)                                    \
+	"WITH RECURSIVE senders AS ("                                            \
+	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                 \
+	"   WHERE stage = $1 AND " pending                                       \
+	"   ORDER BY sender_key, pending_seq LIMIT 1)"                           \
+	"  UNION ALL"                                                            \
+	"  SELECT n.sender_key, n.pending_seq FROM senders s CROSS JOIN LATERAL" \
+	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                 \
+	"   WHERE stage = $1 AND " pending " AND sender_key > s.sender_key"      \
+	"   ORDER BY sender_key, pending_seq LIMIT 1) n)"                        \
+	" SELECT sender_key, pending_seq FROM senders"
+	queue_exec(queue_plan_pending(plans, SENDER_CACHE_SENDERS_SQL(QUEUE_PENDING),
+								  SENDER_CACHE_SENDERS_SQL(QUEUE_PENDING_0_1), 1, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
@@ -311,20 +312,21 @@ sender_cache_rebuild(SenderCache *cache, Oid sequence, int64 high, bool sequence
 static bool
 sender_cache_read_arrivals(SenderCache *cache, int64 from)
 {
-	static SPIPlanPtr plan;
+	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {TEXTOID, INT8OID, INT4OID};
 	Datum			  values[3] = {CStringGetTextDatum(cache->stage), Int64GetDatum(from),
 								   Int32GetDatum(SENDER_CACHE_REFRESH_LIMIT + 1)};
 	int64			  rows = 0;
 	int64			  high = cache->watermark;
 
-	queue_exec(queue_plan(&plan,
-						  "SELECT sender_key, min(pending_seq), max(pending_seq), count(*) FROM"
-						  " (SELECT sender_key, pending_seq FROM pepsi.workqueue"
-						  "  WHERE stage = $1 AND status = 'pending' AND pending_seq > $2"
-						  "  ORDER BY pending_seq LIMIT $3) arrivals"
-						  " GROUP BY sender_key",
-						  3, argtypes),
+#define SENDER_CACHE_ARRIVALS_SQL(pending)                                 \
+	"SELECT sender_key, min(pending_seq), max(pending_seq), count(*) FROM" \
+	" (SELECT sender_key, pending_seq FROM pepsi.workqueue"                \
+	"  WHERE stage = $1 AND " pending " AND pending_seq > $2"              \
+	"  ORDER BY pending_seq LIMIT $3) arrivals"                            \
+	" GROUP BY sender_key"
+	queue_exec(queue_plan_pending(plans, SENDER_CACHE_ARRIVALS_SQL(QUEUE_PENDING),
+								  SENDER_CACHE_ARRIVALS_SQL(QUEUE_PENDING_0_1), 3, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 		rows += queue_result_int64(i, 4);

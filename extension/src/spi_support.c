@@ -8,9 +8,11 @@
  */
 #include "pepsi.h"
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 
 SPIPlanPtr
 queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
@@ -27,6 +29,18 @@ queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 		*slot = plan;
 	}
 	return *slot;
+}
+
+/* Two syscache lookups a call: the schema can change under a live backend. */
+SPIPlanPtr
+queue_plan_pending(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
+				   const Oid *argtypes)
+{
+	Oid queue = get_relname_relid("workqueue", get_namespace_oid("pepsi", false));
+
+	if (OidIsValid(queue) && get_attnum(queue, "index_status") != InvalidAttrNumber)
+		return queue_plan(&slots[0], sql, nargs, argtypes);
+	return queue_plan(&slots[1], sql_0_1, nargs, argtypes);
 }
 
 int

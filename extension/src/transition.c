@@ -715,7 +715,7 @@ workqueue_requeue_due(PG_FUNCTION_ARGS)
 Datum
 workqueue_reset_orphans(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plan;
+	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {INT8ARRAYOID};
 	Datum			  values[1];
 	char			  nulls[1] = {' '};
@@ -724,11 +724,13 @@ workqueue_reset_orphans(PG_FUNCTION_ARGS)
 	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
 	SPI_connect();
-	queue_exec(queue_plan(&plan,
-						  "UPDATE pepsi.workqueue SET status = 'pending', " PENDING_SEQ_NEXT
-						  " WHERE status = 'running'"
-						  " AND ($1 IS NULL OR id <> ALL ($1))",
-						  1, argtypes),
+	/* The running rows, through the pending index that holds them from 0.2 on. */
+#define RESET_ORPHANS_SQL(running)                                     \
+	"UPDATE pepsi.workqueue SET status = 'pending', " PENDING_SEQ_NEXT \
+	" WHERE " running " AND ($1 IS NULL OR id <> ALL ($1))"
+	queue_exec(queue_plan_pending(plans,
+								  RESET_ORPHANS_SQL("index_status = 'pending' AND status = 'running'"),
+								  RESET_ORPHANS_SQL("status = 'running'"), 1, argtypes),
 			   values, nulls, false, 0);
 	reset = SPI_processed;
 	if (reset > 0)

@@ -12,14 +12,15 @@ SELECT w.id, w.stage, w.status, w.state, w.timeout IS NOT NULL AS has_timeout,
        convert_from(b.body, 'UTF8') AS body
 FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id;
 
--- The columns of a row that differ from an earlier snapshot of it.
+-- The columns of a row that differ from an earlier snapshot of it (but
+-- index_status, which is status as the indexes read it, generated).
 CREATE FUNCTION pg_temp.snapshot(row_id bigint) RETURNS jsonb LANGUAGE sql
 AS $$ SELECT to_jsonb(w) FROM pepsi.workqueue w WHERE w.id = row_id $$;
 CREATE FUNCTION pg_temp.changed(row_id bigint, before jsonb) RETURNS text[] LANGUAGE sql
 AS $$
     SELECT coalesce(array_agg(b.key ORDER BY b.key), '{}')
     FROM jsonb_each(before) b JOIN jsonb_each(pg_temp.snapshot(row_id)) a USING (key)
-    WHERE a.value IS DISTINCT FROM b.value
+    WHERE a.value IS DISTINCT FROM b.value AND b.key <> 'index_status'
 $$;
 
 SELECT pepsi.workqueue_add('alice@example.org', '{bob@example.net,carol@example.net}',
