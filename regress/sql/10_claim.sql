@@ -153,5 +153,21 @@ SELECT * FROM pepsi.workqueue_claim('{relay}', '{1}', fifo_percent => 101);
 SELECT * FROM pepsi.workqueue_claim('{relay}', '{1}', fifo_percent => NULL);
 SELECT * FROM pepsi.workqueue_claim('{relay}', '{1}', row_costs => '{1,2}');
 
+-- A claim is a HOT update: it changes status alone, which no index names
+-- (they name index_status, status with running read as pending), so it
+-- adds no index entry.  The rows it leaves running stay in the pending
+-- indexes, yet are not claimed again, and count as running.
+SELECT claim_admit('hot', '192.0.2.7', 20);
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd AS upd_before, n_tup_hot_upd AS hot_before
+FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass \gset
+SELECT count(*) AS claimed FROM pepsi.workqueue_claim('{hot}', '{50}');
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd - :upd_before AS updates, n_tup_hot_upd - :hot_before AS hot_updates
+FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass;
+SELECT count(*) AS claimed_again FROM pepsi.workqueue_claim('{hot}', '{50}');
+SELECT status, messages FROM pepsi.queue_summary WHERE stage = 'hot';
+DELETE FROM pepsi.workqueue;
+
 DROP TABLE claim_account, claim_log;
 DROP FUNCTION claim_round, claim_admit;
