@@ -82,12 +82,17 @@ SELECT slot, wait_seconds > 30 AS waits, reason FROM pepsi.destination_begin('sl
 SELECT action, detail FROM pepsi.event_log WHERE action LIKE 'destination%' ORDER BY id;
 
 -- A slow destination (its deliveries take slow_seconds or more) holds at
--- most slow_limit slots: a slot above them, carried over from the
--- worker's previous delivery there, is given up for one within them.
+-- most slow_limit slots while other mail waits: a slot above them,
+-- carried over from the worker's previous delivery there, is given up for
+-- one within them.  With no other mail, the slot carries over.
 INSERT INTO pepsi.destination (domain, service_seconds) VALUES ('pace.example', 2);
 SELECT pg_advisory_lock(pepsi.destination_slot_key('pace.example', 5));
 SELECT slot FROM pepsi.destination_begin('pace.example', 20, NULL,
     'pace.example', 5, NULL, NULL, 2.5, 1.0, 2);
+SELECT pg_advisory_lock(pepsi.destination_slot_key('other.example', 0));
+SELECT slot FROM pepsi.destination_begin('pace.example', 20, NULL,
+    'pace.example', 5, NULL, NULL, 2.5, 1.0, 2);
+SELECT pg_advisory_unlock(pepsi.destination_slot_key('other.example', 0));
 SELECT count(*) AS slots_held FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
 -- Not slow by a higher measure: the slot it holds carries over.
