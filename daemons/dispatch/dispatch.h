@@ -190,6 +190,7 @@ void				 fair_charge(struct fair_account *account, const char *sender, double us
 								 double half_life);
 double				 fair_used(struct fair_account *account, const char *sender, double now,
 							   double half_life);
+bool				 fair_outweighs(double heavy_us, double light_us, double row_us);
 /* Append (stage, sender, used) for every sender worth passing to the claim. */
 void fair_export(struct fair_account *account, const char *stage, double now,
 				 double half_life, double floor, struct buf *stages, struct buf *senders,

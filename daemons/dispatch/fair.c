@@ -109,6 +109,20 @@ fair_used(struct fair_account *account, const char *sender, double now, double h
 }
 
 /*
+ * Whether a sender that had used heavy_us of worker time is far ahead of
+ * one that had used light_us: by more than twice, and by more than
+ * FAIR_OUTWEIGH_ROWS rows of the stage (row_us each), so that two light
+ * senders a message or two apart, or newcomers, are never told apart.
+ */
+#define FAIR_OUTWEIGH_ROWS 4
+
+bool
+fair_outweighs(double heavy_us, double light_us, double row_us)
+{
+	return heavy_us > 2 * light_us + FAIR_OUTWEIGH_ROWS * row_us;
+}
+
+/*
  * Export the senders whose decayed usage is above floor (smaller leads are
  * noise; such a sender is then treated as a newcomer, level with the
  * least-served), dropping the ones that decayed below it.

@@ -382,13 +382,43 @@ worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents)
 }
 
 /*
- * Write the worker the ids it should hold now (see HAND_AHEAD), in ring
- * order, which is the order it will answer them in.
+ * How many of its ids, from the oldest, a batching worker is written now:
+ * all of them, except that an id of a sender far ahead (fair_outweighs)
+ * of a sender whose id is before it and not answered yet waits until that
+ * one is answered.  The worker takes all that is written as one batch,
+ * so a light sender's row (put ahead of the heavier ids not written, see
+ * pool_assign) then runs in a batch without the heavy sender's, instead
+ * of waiting for a whole pipeline of them; the heavy rows wait for one
+ * short batch.  With one sender, or senders alike, all are written.
+ */
+static int
+worker_batch_limit(const struct pool_worker *w)
+{
+	const struct inflight *lightest = NULL;
+
+	for (int i = 0; i < w->count; i++)
+	{
+		const struct inflight *entry = &w->queue[(w->head + i) % w->ring];
+
+		if (i >= w->handed && lightest != NULL
+			&& fair_outweighs(entry->sender_use, lightest->sender_use, w->pool->row_cost_us)
+			&& strcmp(entry->sender, lightest->sender) != 0)
+			return i;
+		if (lightest == NULL || entry->sender_use < lightest->sender_use)
+			lightest = entry;
+	}
+	return w->count;
+}
+
+/*
+ * Write the worker the ids it should hold now (see HAND_AHEAD and
+ * worker_batch_limit), in ring order, which is the order it will answer
+ * them in.
  */
 static void
 worker_hand(struct pool_worker *w)
 {
-	int limit = w->pool->intake == INTAKE_BATCH ? w->count : HAND_AHEAD;
+	int limit = w->pool->intake == INTAKE_BATCH ? worker_batch_limit(w) : HAND_AHEAD;
 
 	/* Stopping: what it was not written goes back to pending when it exits. */
 	if ((w->state != WORKER_RUNNING && w->state != WORKER_RETIRING) || dispatcher.shutting_down)
@@ -442,9 +472,9 @@ pool_least_loaded(struct pool *pool, double now, bool skip_stalled)
 }
 
 /*
- * Whether any id w holds is of another sender that had used more worker
- * time than use when it was given: an id of a lighter sender put there
- * would wait for them.
+ * Whether any id w holds is of another sender far ahead of one that had
+ * used use of worker time (fair_outweighs): an id of that lighter sender
+ * put there would wait for them.
  */
 static bool
 worker_holds_heavier(const struct pool_worker *w, const char *sender, double use)
@@ -453,7 +483,8 @@ worker_holds_heavier(const struct pool_worker *w, const char *sender, double use
 	{
 		const struct inflight *entry = &w->queue[(w->head + i) % w->ring];
 
-		if (entry->sender_use > use && strcmp(entry->sender, sender) != 0)
+		if (fair_outweighs(entry->sender_use, use, w->pool->row_cost_us)
+			&& strcmp(entry->sender, sender) != 0)
 			return true;
 	}
 	return false;
