@@ -47,11 +47,8 @@ RETRY_BASE = 1h
 PROGRAM = pepsi-stage-discard
 INI
 
-my $load_full = '%w.headers, b.body FROM pepsi.workqueue w JOIN%';
-my $load_meta = '%w.received_at)::text FROM pepsi.workqueue w WHERE w.id = ANY%';
-my $late_full = 'SELECT w.id::text, w.headers, b.body FROM%';
-my $commit_one = '%pepsi.workqueue_commit(%';
-my $commit_many = '%pepsi.workqueue_commit_many(%';
+my ($load_full, $load_meta, $late_full, $commit_one, $commit_many) =
+  @QUEUE_STATEMENT{qw(load_full load_meta late_full commit_one commit_many)};
 
 # The SMTP sessions the peer served (each connection is its own process).
 sub sessions

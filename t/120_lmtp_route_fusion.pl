@@ -40,9 +40,7 @@ RETRY_BASE = 1h
 PROGRAM = pepsi-stage-discard
 INI
 
-my $load_meta = '%w.received_at)::text FROM pepsi.workqueue w WHERE w.id = ANY%';
-my $late_full = 'SELECT w.id::text, w.headers, b.body FROM%';
-my $commit_many = '%pepsi.workqueue_commit_many(%';
+my ($load_meta, $late_full, $commit_many) = @QUEUE_STATEMENT{qw(load_meta late_full commit_many)};
 
 # Each status line's fused stage and delivery status ('none' when absent).
 sub outcomes

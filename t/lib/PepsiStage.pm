@@ -21,7 +21,7 @@ use PepsiTest;
 our @EXPORT = qw(
   stage_node stage_config worker_cmd unified_cmd run_worker start_worker
   send_ids add_row set_running row_snapshot row_json rows_at
-  statement_calls reset_statements decode_status
+  statement_calls reset_statements decode_status %QUEUE_STATEMENT
 );
 
 my $json = JSON::PP->new->canonical;
@@ -218,6 +218,15 @@ sub reset_statements
 
 	$node->safe_psql('postgres', 'SELECT pg_stat_statements_reset()');
 }
+
+# LIKE patterns for statement_calls: the stage runtime's statements on the
+# queue (common/stage*.c), named once for every test that counts them.
+our %QUEUE_STATEMENT = (
+	load_full => '%w.headers, b.body FROM pepsi.workqueue w JOIN%',
+	load_meta => '%w.received_at)::text FROM pepsi.workqueue w WHERE w.id = ANY%',
+	late_full => 'SELECT w.id::text, w.headers, b.body FROM%',
+	commit_one => '%pepsi.workqueue_commit(%',
+	commit_many => '%pepsi.workqueue_commit_many(%');
 
 # Calls and rows of the statements whose text matches the LIKE $pattern
 # (summed), as "calls/rows".
