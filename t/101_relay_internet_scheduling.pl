@@ -30,16 +30,10 @@ my $limited = start_peer('--address', '127.0.0.6', '--port', $port, '--max-sessi
 my $stalling = start_peer('--address', '127.0.0.8', '--port', $port, '--data-delay', '4');
 my $sink = start_sink_on('127.0.0.5', $port);
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
-$dns->zone(<<'EOF');
-fast.test.        300 IN MX 10 mx.fast.test.
-mx.fast.test.     300 IN A  127.0.0.5
-limited.test.     300 IN MX 10 mx.limited.test.
-mx.limited.test.  300 IN A  127.0.0.6
-dead.test.        300 IN MX 10 mx.dead.test.
-mx.dead.test.     300 IN A  127.0.0.7
-stall.test.       300 IN MX 10 mx.stall.test.
-mx.stall.test.    300 IN A  127.0.0.8
-EOF
+$dns->zone(TestDNS::mx('fast.test', '127.0.0.5')
+	  . TestDNS::mx('limited.test', '127.0.0.6')
+	  . TestDNS::mx('dead.test', '127.0.0.7')
+	  . TestDNS::mx('stall.test', '127.0.0.8'));
 
 my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	pepsi => { DNS_FORWARDER => $dns->forwarder },

@@ -31,10 +31,7 @@ my $peer = start_peer('--address', '127.0.0.16', '--port', $port,
 	'--rcpt-first', 'busy|quiet@=2=451 4.2.1 mailbox busy, try later',
 	'--rcpt-first', 'late=1=452 4.2.2 mailbox full for now');
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
-$dns->zone(<<'EOF');
-delay.test.       300 IN MX 10 mx.delay.test.
-mx.delay.test.    300 IN A  127.0.0.16
-EOF
+$dns->zone(TestDNS::mx('delay.test', '127.0.0.16'));
 my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	pepsi => { DNS_FORWARDER => $dns->forwarder },
 	extra => { smarthost => "DELAY_DSN_AFTER = 0s\n" });

@@ -31,12 +31,7 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '1');
 my $sink = start_sink_on('127.0.0.5', $port);
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
-$dns->zone(<<'EOF');
-fast.test.        300 IN MX 10 mx.fast.test.
-mx.fast.test.     300 IN A  127.0.0.5
-slow.test.        300 IN MX 10 mx.slow.test.
-mx.slow.test.     300 IN A  127.0.0.9
-EOF
+$dns->zone(TestDNS::mx('fast.test', '127.0.0.5') . TestDNS::mx('slow.test', '127.0.0.9'));
 
 my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	pepsi => { DNS_FORWARDER => $dns->forwarder },

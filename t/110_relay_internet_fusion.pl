@@ -25,12 +25,7 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $fast = start_peer('--address', '127.0.0.5', '--port', $port);
 my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '1');
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
-$dns->zone(<<'EOF');
-fast.test.        300 IN MX 10 mx.fast.test.
-mx.fast.test.     300 IN A  127.0.0.5
-slow.test.        300 IN MX 10 mx.slow.test.
-mx.slow.test.     300 IN A  127.0.0.9
-EOF
+$dns->zone(TestDNS::mx('fast.test', '127.0.0.5') . TestDNS::mx('slow.test', '127.0.0.9'));
 
 my $forwarder = $dns->forwarder;
 my $conf = stage_config($node, 'fusion.conf', <<"INI");

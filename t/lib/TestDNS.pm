@@ -15,6 +15,8 @@
 #   ; garbage junk.example.test       (a reply that is no DNS message)
 #   EOF
 #   $dns->add(...);                           # appends records
+#   $dns->zone(TestDNS::mx('fast.test', '127.0.0.5')   # a domain whose one
+#     . TestDNS::mx('slow.test', '127.0.0.9'));        # MX host is mx.DOMAIN
 #   "[pepsi]\nDNS_FORWARDER = " . $dns->forwarder   # "127.0.0.1@PORT"
 #   $dns->port; $dns->stop;                   # stopped at exit anyway
 #
@@ -94,6 +96,15 @@ sub txt
 	@strings = ('') unless @strings;
 	s/(["\\])/\\$1/g for @strings;
 	return "$name " . ($ttl // 300) . ' IN TXT ' . join(' ', map { "\"$_\"" } @strings) . "\n";
+}
+
+# The two records of a domain served by one MX host, mx.$domain, at
+# $address: what most delivery tests need of the DNS.
+sub mx
+{
+	my ($domain, $address) = @_;
+
+	return "$domain. 300 IN MX 10 mx.$domain.\nmx.$domain. 300 IN A $address\n";
 }
 
 sub stop
