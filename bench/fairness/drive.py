@@ -241,9 +241,57 @@ def summary(lines):
     return " ".join("%s=%.4f" % (k, percentile(values[k], 0.5)) for k in order)
 
 
+def diagnose(path):
+    """One line from a run's samples (run.sh's sampler, sample.sql): the
+    longest anyone held back the xmin horizon and who, the queue table's
+    dead versions and vacuums, the rows running and pending, the claim's
+    worst second; then the likeliest cause of a slow claim among them: a
+    snapshot held for seconds keeps every dead version of a queue row
+    from being pruned or its index entry killed, so every claim's index
+    scan walks them all."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            v = line.rstrip("\n").split("\t")
+            if len(v) == 13:
+                try:
+                    rows.append([float(x) if i != 3 else x for i, x in enumerate(v)])
+                except ValueError:
+                    pass
+    if not rows:
+        return "no samples"
+    t, xmin_age, xact_s, holder, longest, dead, live, av, aa, running, pending, calls, total = range(13)
+    held = max(rows, key=lambda r: r[xact_s])
+    worst = (0.0, 0)
+    for a, b in zip(rows, rows[1:]):
+        if b[calls] > a[calls]:
+            worst = max(worst, ((b[total] - a[total]) / (b[calls] - a[calls]), int(b[calls] - a[calls])))
+    most_dead = max(r[dead] for r in rows)
+    most_running = max(r[running] for r in rows)
+    vacuums = rows[-1][av] - rows[0][av]
+    analyzes = rows[-1][aa] - rows[0][aa]
+    if held[xact_s] >= 5:
+        cause = "xmin held back %.0f s by %s" % (held[xact_s], held[holder])
+    elif most_running > 2000:
+        cause = "many rows held running (%d)" % most_running
+    else:
+        cause = "no xmin held >= 5 s, no pile of running rows: look at the dead versions and plans"
+    return ("%d samples; oldest xmin %d xids, held %.1f s by %s; longest transaction %.1f s;"
+            " workqueue dead <= %d, live <= %d,"
+            " autovacuum +%d, autoanalyze +%d; running <= %d, pending <= %d;"
+            " claim's worst second %.2f ms/call (%d calls); cause: %s" % (
+                len(rows), max(r[xmin_age] for r in rows), held[xact_s], held[holder],
+                max(r[longest] for r in rows), most_dead,
+                max(r[live] for r in rows), vacuums, analyzes, most_running,
+                max(r[pending] for r in rows), worst[0], worst[1], cause))
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "summary":
         print(summary(sys.argv[2:]))
+        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "diagnose":
+        print(diagnose(sys.argv[2]))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["light", "burst", "both"])

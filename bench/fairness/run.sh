@@ -27,6 +27,12 @@
 # And what each run cost the database per message (claims, rows per claim,
 # worker commits, transactions: pg_stat_statements and pg_stat_database),
 # so a change in throughput can be told from a change in work.
+# And, once a second through each run, what can make a claim slow
+# (sample.sql: who holds back the xmin horizon and for how long, the
+# queue table's dead versions and vacuums, rows running and pending, the
+# claim's server time), into bench/out/fairness.samples/REPEAT-MODE.tsv;
+# the log gets each run's summary, and a run whose claims cost more than
+# three times the median gets it printed with its likeliest cause.
 #
 # Environment: BENCH_REPEATS (5), BENCH_BURST (20000).  One repeat takes
 # about 10 s of light traffic plus the burst twice; the full run prints
@@ -39,6 +45,9 @@ repeats=${BENCH_REPEATS:-5}
 burst=${BENCH_BURST:-20000}
 bin="$bench_top/build/bin"
 log=$(bench_log fairness)
+samples_dir="${log%.log}.samples" # the sampler's, one file a run (sample.sql)
+rm -rf "$samples_dir"
+mkdir -p "$samples_dir"
 
 bench_postfix_install
 for p in pepsi-ingress pepsi-dispatch pepsi-keys pepsi-stage-route pepsi-stage-dot-forward \
@@ -50,6 +59,7 @@ if [ -x "$bin/pepsi" ]; then program() { echo "$bin/pepsi $1"; }; else program()
 
 ingress_pid= dispatch_pid=
 cleanup() {
+    sampler_stop
     bench_stop_pid "$ingress_pid"
     bench_stop_pid "$dispatch_pid"
     bench_cleanup
@@ -111,13 +121,38 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 
+# The sampler: sample.sql once a second through one psql session (idle
+# between samples, so it holds no snapshot), into FILE, for at most 15
+# minutes; sampler_stop ends it (within a second: psql then sees the end
+# of its input and writes out what it has).
+sampler_pid=
+sampler_start() {
+    rm -f "$BENCH_DIR/sampler.stop"
+    (for _ in $(seq 1 900); do
+        [ ! -e "$BENCH_DIR/sampler.stop" ] || break
+        cat "$here/sample.sql"
+        sleep 1
+    done | bench_psql -At -F $'\t' >"$1" 2>&1) &
+    sampler_pid=$!
+}
+sampler_stop() {
+    [ -n "$sampler_pid" ] || return 0
+    touch "$BENCH_DIR/sampler.stop"
+    wait "$sampler_pid" 2>/dev/null || true
+    sampler_pid=
+}
+
 # run MODE: one run after a reset; prints drive.py's line.
 run() {
     bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, bench_trace RESTART IDENTITY" \
         -c CHECKPOINT >/dev/null
     reset_mailboxes
+    local file="$samples_dir/$r-$1.tsv"
+    sampler_start "$file"
     python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" \
         --psql "$psql_command" 2>>"$log" | tee -a "$log"
+    sampler_stop
+    echo "  samples: $(python3 "$here/drive.py" diagnose "$file")" >>"$log"
     # What outlives the reset, in case the runs drift.
     bench_psql -At -c "SELECT '  tables: ' || string_agg(format('%s %s/%s', relname,
         pg_size_pretty(pg_total_relation_size(relid)), n_live_tup + n_dead_tup), ', '
@@ -132,7 +167,7 @@ echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench/fairness: 10 light clients (1 msg / 0.5 s each), a $burst-message burst;" \
     "$repeats repeats through docs/pepsi.conf.sample's graph"
 started=$(date +%s)
-alone_lines=() burst_lines=() both_lines=()
+alone_lines=() burst_lines=() both_lines=() claim_runs=()
 alone_med=() alone_p99=() both_med=() both_p99=() both_max=() rate_alone=() rate_both=()
 for ((r = 1; r <= repeats; r++)); do
     repeat_started=$(date +%s)
@@ -151,6 +186,7 @@ for ((r = 1; r <= repeats; r++)); do
     both_med+=("$(field median "$m")") both_p99+=("$(field p99 "$m")") both_max+=("$(field max "$m")")
     rate_both+=("$(field rate "$m")")
     alone_lines+=("$l") burst_lines+=("$b") both_lines+=("$m")
+    claim_runs+=("$r burst $(field claim.ms "$b")" "$r both $(field claim.ms "$m")")
     printf 'run %d: light alone median %s s; during the burst median %s s, p99 %s s, max %s s;' \
         "$r" "${alone_med[-1]}" "${both_med[-1]}" "${both_p99[-1]}" "${both_max[-1]}"
     printf ' burst %s msg/s alone, %s msg/s with light clients (%s); %d s\n' "${rate_alone[-1]}" \
@@ -178,4 +214,13 @@ echo "(s; medians of the runs' medians; see drive.py):"
 echo "  light alone:  $(python3 "$here/drive.py" summary "${alone_lines[@]}")"
 echo "  burst alone:  $(python3 "$here/drive.py" summary "${burst_lines[@]}")"
 echo "  during burst: $(python3 "$here/drive.py" summary "${both_lines[@]}")"
+# A run whose claims cost far more than the others': what the sampler saw.
+claim_median=$(bench_median $(printf '%s\n' "${claim_runs[@]}" | cut -d' ' -f3))
+for c in "${claim_runs[@]}"; do
+    read -r cr cmode cms <<<"$c"
+    if awk -v a="$cms" -v m="$claim_median" 'BEGIN { exit !(a > 3 * m && a > 2) }'; then
+        echo "run $cr $cmode: the claim cost $cms ms, $(ratio "$cms" "$claim_median")x the median" \
+            "($claim_median ms); $(python3 "$here/drive.py" diagnose "$samples_dir/$cr-$cmode.tsv")"
+    fi
+done
 echo "$repeats runs took $(($(date +%s) - started)) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
