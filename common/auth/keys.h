@@ -78,7 +78,11 @@ bool signing_key_ready(struct signing_key *key, char *err, size_t errlen);
 EVP_PKEY *keys_load_private(const char *path, enum sign_algorithm algorithm, char *err,
 							size_t errlen);
 
-/* Sign the SHA-256 hash of the canonical data; appends the base64 signature. */
+/*
+ * Sign the SHA-256 hash of the canonical data; appends the base64 signature.
+ * The key's signing context is set up at its first signature and kept (a
+ * reference on the key held with it) for the next ones of the thread.
+ */
 bool keys_sign_hash(EVP_PKEY *pkey, enum sign_algorithm algorithm,
 					const unsigned char hash[CANON_HASH_LEN], struct buf *b64);
 bool keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,

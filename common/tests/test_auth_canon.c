@@ -292,6 +292,73 @@ test_rfc8463_ed25519(void **unused)
 	EVP_PKEY_free(private);
 }
 
+/* Does b64 hold a signature of hash that key verifies? */
+static bool
+signature_verifies(EVP_PKEY *key, enum sign_algorithm algorithm, const unsigned char *hash,
+				   const struct buf *b64)
+{
+	unsigned char sig[1024];
+	long		  len = base64_decode(b64->data, b64->len, sig, sizeof(sig));
+
+	return len > 0 && keys_verify_hash(key, algorithm, hash, sig, (size_t) len);
+}
+
+/*
+ * keys_sign_hash keeps each key's signing context for its next signatures:
+ * every signature made through a kept context verifies, signing the same
+ * hash again gives the same signature (both algorithms are deterministic),
+ * and more keys than it keeps, made one after another where a freed key's
+ * memory may be reused, each sign with their own key, never another's.
+ */
+static void
+test_sign_context_kept(void **unused)
+{
+	const enum sign_algorithm algorithms[] = {SIGN_RSA_SHA256, SIGN_ED25519_SHA256};
+
+	for (size_t a = 0; a < 2; a++)
+	{
+		enum sign_algorithm algorithm = algorithms[a];
+		EVP_PKEY		   *first = keys_generate(algorithm, 2048);
+		unsigned char		hash[CANON_HASH_LEN] = {0};
+		struct buf			once = BUF_INIT, again = BUF_INIT;
+
+		assert_non_null(first);
+		for (int i = 0; i < 3; i++)
+		{
+			hash[0] = (unsigned char) i;
+			buf_reset(&once);
+			assert_true(keys_sign_hash(first, algorithm, hash, &once));
+			assert_true(signature_verifies(first, algorithm, hash, &once));
+		}
+		buf_reset(&again);
+		assert_true(keys_sign_hash(first, algorithm, hash, &again));
+		assert_string_equal(again.data, once.data);
+
+		for (int k = 0; k < 6; k++)
+		{
+			EVP_PKEY *key = keys_generate(algorithm, 2048);
+
+			assert_non_null(key);
+			for (int i = 0; i < 2; i++)
+			{
+				hash[1] = (unsigned char) i;
+				buf_reset(&again);
+				assert_true(keys_sign_hash(key, algorithm, hash, &again));
+				assert_true(signature_verifies(key, algorithm, hash, &again));
+				assert_false(signature_verifies(first, algorithm, hash, &again));
+			}
+			EVP_PKEY_free(key);
+		}
+		/* The first key, its context long since made room for others, still signs. */
+		buf_reset(&again);
+		assert_true(keys_sign_hash(first, algorithm, hash, &again));
+		assert_true(signature_verifies(first, algorithm, hash, &again));
+		EVP_PKEY_free(first);
+		buf_free(&once);
+		buf_free(&again);
+	}
+}
+
 static void
 test_rfc8463_rsa(void **unused)
 {
@@ -479,6 +546,7 @@ main(void)
 		cmocka_unit_test(test_body_hash_against_reference),
 		cmocka_unit_test(test_rfc8463_ed25519),
 		cmocka_unit_test(test_rfc8463_rsa),
+		cmocka_unit_test(test_sign_context_kept),
 		cmocka_unit_test(test_sign_field),
 		cmocka_unit_test(test_header_parse_refusals),
 		cmocka_unit_test(test_tag_list),
