@@ -124,6 +124,29 @@ sign_read_options(const struct pepsi_config *cfg, const char *section, struct si
 	return true;
 }
 
+/*
+ * The options of the section the worker runs, read once per configuration:
+ * read for every message they cost more than all of the signing but the
+ * private-key operation (each a lookup through the option schema).  None is
+ * scoped by domain or address, so one reading holds for every message.
+ */
+static struct sign_options		  sign_options;
+static const struct pepsi_config *sign_options_config;
+static char						  sign_options_section[256];
+
+static const struct sign_options *
+sign_options_ready(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+{
+	if (sign_options_config == cfg && strcmp(sign_options_section, section) == 0)
+		return &sign_options;
+	sign_options_config = NULL;
+	if (!sign_read_options(cfg, section, &sign_options, err, errlen))
+		return NULL;
+	snprintf(sign_options_section, sizeof(sign_options_section), "%s", section);
+	sign_options_config = cfg;
+	return &sign_options;
+}
+
 static bool
 sign_keyring_ready(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
@@ -275,31 +298,31 @@ sign_downgrade(struct pepsi_ctx *ctx, const struct buf **headers, const struct b
 static int
 sign_run(struct pepsi_ctx *ctx)
 {
-	char				 section[256];
-	char				 err[512];
-	struct sign_options	 o;
-	const struct buf	*headers = pepsi_headers(ctx);
-	const struct buf	*body = pepsi_body(ctx);
-	struct header_fields fields = {0};
-	struct signing_key	*keys[SIGN_MAX_KEYS];
-	size_t				 nkeys = 0;
-	char				*domain = NULL;
-	unsigned char		 body_hash[CANON_HASH_LEN];
-	struct buf			 out = BUF_INIT;
-	int					 rc;
+	char					   section[256];
+	char					   err[512];
+	const struct sign_options *o;
+	const struct buf		  *headers = pepsi_headers(ctx);
+	const struct buf		  *body = pepsi_body(ctx);
+	struct header_fields	   fields = {0};
+	struct signing_key		  *keys[SIGN_MAX_KEYS];
+	size_t					   nkeys = 0;
+	char					  *domain = NULL;
+	unsigned char			   body_hash[CANON_HASH_LEN];
+	struct buf				   out = BUF_INIT;
+	int						   rc;
 
 	if (headers == NULL || body == NULL)
 		return -1;
 	snprintf(section, sizeof(section), "stage-%s", pepsi_stage_name(ctx));
-	if (!sign_read_options(pepsi_config(ctx), section, &o, err, sizeof(err))
-		|| !sign_keyring_ready(pepsi_config(ctx), err, sizeof(err)))
+	o = sign_options_ready(pepsi_config(ctx), section, err, sizeof(err));
+	if (o == NULL || !sign_keyring_ready(pepsi_config(ctx), err, sizeof(err)))
 		return pepsi_error(ctx, "%s", err);
 
-	if (o.downgrade)
+	if (o->downgrade)
 		sign_downgrade(ctx, &headers, &body);
 	if (!header_fields_parse(headers->data, headers->len, SIGN_MAX_LINE, &fields, err, sizeof(err)))
-		return sign_unsigned(ctx, &o, err);
-	if (o.by_account)
+		return sign_unsigned(ctx, o, err);
+	if (o->by_account)
 		domain = sign_account_domain(ctx);
 	if (domain == NULL)
 	{
@@ -309,28 +332,28 @@ sign_run(struct pepsi_ctx *ctx)
 		if (domain == NULL)
 		{
 			header_fields_free(&fields);
-			return sign_unsigned(ctx, &o, from_err);
+			return sign_unsigned(ctx, o, from_err);
 		}
 	}
 	else if (header_fields_count(&fields, "From") == 0)
 	{
 		header_fields_free(&fields);
 		free(domain);
-		return sign_unsigned(ctx, &o, "the message has no From: field");
+		return sign_unsigned(ctx, o, "the message has no From: field");
 	}
 
 	for (size_t i = 0; i < sign_keyring.count && nkeys < SIGN_MAX_KEYS; i++)
 	{
 		struct signing_key *k = &sign_keyring.key[i];
 
-		if (strcmp(k->domain, domain) != 0 || !sign_key_selected(k, o.keys))
+		if (strcmp(k->domain, domain) != 0 || !sign_key_selected(k, o->keys))
 			continue;
 		if (!signing_key_ready(k, err, sizeof(err)))
 		{
 			json_t *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", err, "signed", 0);
 
 			log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
-			rc = pepsi_pause(ctx, merge, (double) o.key_retry_ms / 1000.0);
+			rc = pepsi_pause(ctx, merge, (double) o->key_retry_ms / 1000.0);
 			json_decref(merge);
 			header_fields_free(&fields);
 			free(domain);
@@ -343,10 +366,10 @@ sign_run(struct pepsi_ctx *ctx)
 		snprintf(err, sizeof(err), "no signing key for the domain %s", domain);
 		header_fields_free(&fields);
 		free(domain);
-		return sign_unsigned(ctx, &o, err);
+		return sign_unsigned(ctx, o, err);
 	}
 
-	canon_body_hash(o.body_canon, body->data, body->len, body_hash);
+	canon_body_hash(o->body_canon, body->data, body->len, body_hash);
 	for (size_t i = 0; i < nkeys; i++)
 	{
 		struct dkim_signer s = {
@@ -356,10 +379,10 @@ sign_run(struct pepsi_ctx *ctx)
 			.pkey = keys[i]->pkey,
 			.domain = keys[i]->domain,
 			.selector = keys[i]->selector,
-			.header_canon = o.header_canon,
-			.body_canon = o.body_canon,
-			.headers = o.headers,
-			.oversigned = o.oversigned,
+			.header_canon = o->header_canon,
+			.body_canon = o->body_canon,
+			.headers = o->headers,
+			.oversigned = o->oversigned,
 			.timestamp = time(NULL),
 		};
 
