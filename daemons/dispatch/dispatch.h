@@ -30,6 +30,7 @@ struct stage_spec
 	char *name; /* without "stage-" */
 	char *program;
 	long  parallelism;
+	bool  express; /* one more worker, for lighter senders only (pool.c) */
 	long  max_messages;
 	long  queue_limit;
 	long  max_runtime_ms;
@@ -122,6 +123,7 @@ struct pool_worker
 	double				last_done; /* when the previous answer came: the next one's start */
 	double				idle_since;
 	enum worker_state	state;
+	bool				express; /* beyond PARALLELISM: lighter senders' rows only */
 	struct pool_worker *next;
 };
 
@@ -129,7 +131,7 @@ struct pool
 {
 	struct stage_spec	 spec;
 	struct pool_worker	*workers;
-	int					 nworkers;
+	int					 nworkers;		 /* the express worker not counted */
 	double				 cooldown_until; /* spawning failed: hold off until then */
 	double				 row_cost_us;	 /* mean worker time per message, for the claim */
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
@@ -160,6 +162,7 @@ struct dispatcher
 	int	   crash_limit;		  /* attempts that end a worker before a row is isolated */
 	double crash_retry_delay; /* before the first retry; doubles per attempt */
 	bool   shutting_down;
+	bool   express_answered; /* since the last claim: light rows moved on (pool.c) */
 	/* global statistics since the last flush */
 	unsigned long stages_run;
 	unsigned long messages;

@@ -24,7 +24,7 @@ my @started;
 our @EXPORT = qw(
   dispatch_node write_config start_dispatcher stop_dispatcher dispatcher_exit
   dispatcher_log poll_until add_rows scalar_query worker_pids pepsi_bin
-  test_program real_stages
+  test_program real_stages light_row_past_held
 );
 
 # A pipeline of the stock stages: bounces (null sender) dropped, the rest
@@ -210,6 +210,37 @@ sub add_rows
 		  . " FROM generate_series(1, $count)");
 	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $opts{quiet};
 	return split /,/, $ids;
+}
+
+# At stage $stage (a batching test-stage), three rows of the heavy sender
+# 10.0.0.1 held until the file $gate exists, then a row of the light
+# sender 10.9.0.1, which must be done while they are still held (tests
+# named so).  Returns the light row's id and the held rows' ids.
+sub light_row_past_held
+{
+	my ($node, $stage, $gate) = @_;
+	my $held = qq({"wait_file": "$gate"});
+	my @heavy = add_rows($node, 3, stage => $stage, sender => '10.0.0.1', state => $held);
+
+	Test::More::ok(
+		poll_until(
+			sub {
+				scalar_query($node,
+					"SELECT count(*) FROM pepsi.workqueue WHERE stage = '$stage' AND status = 'running'"
+				) == 3;
+			}),
+		'the heavy rows are running, held');
+	my ($light) = add_rows($node, 1, stage => $stage, sender => '10.9.0.1');
+	Test::More::ok(
+		poll_until(
+			sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light") == 1 },
+			60),
+		'the light row is done while the heavy batch is held');
+	Test::More::is(
+		scalar_query($node,
+			'SELECT count(*) FROM pepsi.workqueue WHERE id IN (' . join(',', @heavy) . ')'),
+		3, 'the heavy rows are still held meanwhile');
+	return ($light, @heavy);
 }
 
 # The pids of the dispatcher's children whose command line mentions
