@@ -93,7 +93,10 @@ claim_choice_add(ClaimChoice *choice, int64 id)
  * fewer rows in it than it is asked for has no more.  The index it reads
  * holds the stage's running rows too (index_status folds running into
  * pending, so that claim_mark_running is a HOT update): status = 'pending'
- * skips them, the rows in flight at the head of the stage.
+ * skips them, the rows in flight at the head of the stage.  It starts at
+ * the stage's floor (sendercache.c): the entries below it are of rows
+ * that left the stage, which a snapshot held elsewhere can keep from
+ * being marked dead, and then every claim would visit them all again.
  */
 typedef struct ClaimWindow
 {
@@ -119,14 +122,16 @@ static void
 claim_window_read(SenderCache *cache, const char *stage, int capacity, ClaimWindow *window)
 {
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {TEXTOID, INT4OID};
-	Datum			  values[2] = {CStringGetTextDatum(stage), Int32GetDatum(capacity)};
+	static const Oid  argtypes[] = {TEXTOID, INT4OID, INT8OID};
+	Datum			  values[3] = {CStringGetTextDatum(stage), Int32GetDatum(capacity),
+								   Int64GetDatum(sender_cache_floor(cache))};
 
-#define CLAIM_WINDOW_SQL(pending)                             \
-	"SELECT id, sender_key, pending_seq FROM pepsi.workqueue" \
-	" WHERE stage = $1 AND " pending " ORDER BY pending_seq LIMIT $2"
+#define CLAIM_WINDOW_SQL(pending)                                                  \
+	"SELECT id, sender_key, pending_seq FROM pepsi.workqueue"                      \
+	" WHERE stage = $1 AND " pending " AND pending_seq >= $3 ORDER BY pending_seq" \
+	" LIMIT $2"
 	queue_exec(queue_plan_pending(plans, CLAIM_WINDOW_SQL(QUEUE_PENDING),
-								  CLAIM_WINDOW_SQL(QUEUE_PENDING_0_1), 2, argtypes),
+								  CLAIM_WINDOW_SQL(QUEUE_PENDING_0_1), 3, argtypes),
 			   values, NULL, true, 0);
 	window->count = (int) SPI_processed;
 	window->complete = window->count < capacity;
@@ -218,28 +223,29 @@ claim_oldest_rows(ClaimCandidate *candidates, ClaimWindow *window, int slots, do
  * Read the oldest pending rows of the senders given (up to their limits,
  * counting the rows this claim chose already) into rows[i], those not
  * chosen yet, with fetched[i] counting all of them; asked_index maps the
- * n-th sender to its candidate.
+ * n-th sender to its candidate.  From the stage's floor, as the window.
  */
 static void
-claim_read_senders(ClaimCandidate *candidates, const char *stage, Datum *senders, Datum *limits,
-				   const int *asked_index, int nasked, ClaimChoice *choice, int64 **rows,
-				   int *nrows, int *fetched)
+claim_read_senders(ClaimCandidate *candidates, const char *stage, int64 read_from, Datum *senders,
+				   Datum *limits, const int *asked_index, int nasked, ClaimChoice *choice,
+				   int64 **rows, int *nrows, int *fetched)
 {
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID};
-	Datum			  values[3];
+	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8OID};
+	Datum			  values[4];
 
 	values[0] = CStringGetTextDatum(stage);
 	values[1] = PointerGetDatum(construct_array(senders, nasked, TEXTOID, -1, false, TYPALIGN_INT));
 	values[2] = PointerGetDatum(construct_array(limits, nasked, INT4OID, 4, true, TYPALIGN_INT));
+	values[3] = Int64GetDatum(read_from);
 #define CLAIM_SENDERS_SQL(pending)                                     \
 	"SELECT s.n::int4, w.id, w.pending_seq"                            \
 	" FROM unnest($2, $3) WITH ORDINALITY AS s(sender, lim, n)"        \
 	" CROSS JOIN LATERAL (SELECT id, pending_seq FROM pepsi.workqueue" \
 	"   WHERE stage = $1 AND " pending " AND sender_key = s.sender"    \
-	"   ORDER BY pending_seq LIMIT s.lim) w"
+	"   AND pending_seq >= $4 ORDER BY pending_seq LIMIT s.lim) w"
 	queue_exec(queue_plan_pending(plans, CLAIM_SENDERS_SQL(QUEUE_PENDING),
-								  CLAIM_SENDERS_SQL(QUEUE_PENDING_0_1), 3, argtypes),
+								  CLAIM_SENDERS_SQL(QUEUE_PENDING_0_1), 4, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
@@ -273,7 +279,7 @@ claim_read_senders(ClaimCandidate *candidates, const char *stage, Datum *senders
  */
 static bool
 claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, int picks,
-				 const char *stage, ClaimWindow *window, ClaimChoice *choice)
+				 const char *stage, int64 read_from, ClaimWindow *window, ClaimChoice *choice)
 {
 	Datum  *senders = palloc(sizeof(Datum) * (count + 1));
 	Datum  *limits = palloc(sizeof(Datum) * (count + 1));
@@ -307,8 +313,8 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 			nasked++;
 		}
 	if (nasked > 0)
-		claim_read_senders(candidates, stage, senders, limits, asked_index, nasked, choice, rows,
-						   nrows, fetched);
+		claim_read_senders(candidates, stage, read_from, senders, limits, asked_index, nasked, choice,
+						   rows, nrows, fetched);
 
 	/* Hand the rows out in pick order, so equal senders interleave. */
 	for (int p = 0; p < picks; p++)
@@ -410,6 +416,7 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 	int				fifo_slots;
 	ClaimWindow		window;
 	bool			rebuilt = sender_cache_validate(cache);
+	int64			read_from;
 
 	/*
 	 * The window is read between the cache's check and its catch-up: the
@@ -422,6 +429,9 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 		&& sender_cache_catch_up(cache, window.count > 0 ? window.seqs[window.count - 1] - 1 : 0,
 								 window.complete))
 		claim_window_find_senders(cache, &window); /* rebuilt: the heads are new */
+	/* The senders' reads start where the window's did; later claims, past its oldest row. */
+	read_from = sender_cache_floor(cache);
+	sender_cache_set_floor(cache, window.count > 0 ? window.seqs[0] : PG_INT64_MAX);
 	heads = sender_cache_heads(cache);
 	candidates = palloc(sizeof(ClaimCandidate) * (hash_get_num_entries(heads) + 1));
 	hash_seq_init(&scan, heads);
@@ -448,8 +458,8 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 									 row_cost, pick_order);
 
 		if (picks == 0
-			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, &window,
-								 &choice))
+			|| !claim_fair_round(candidates, ncandidates, pick_order, picks, stage, read_from,
+								 &window, &choice))
 			break;
 		CHECK_FOR_INTERRUPTS();
 	}

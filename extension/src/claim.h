@@ -37,6 +37,8 @@ extern SenderHead  *sender_cache_lookup(SenderCache *cache, const char *sender);
 extern SenderHead  *sender_cache_note(SenderCache *cache, const char *sender, int64 seq);
 extern SenderHead  *sender_cache_found(SenderCache *cache, const char *sender, int64 seq);
 extern void			sender_cache_forget(SenderCache *cache, SenderHead *head);
+extern int64		sender_cache_floor(SenderCache *cache);
+extern void			sender_cache_set_floor(SenderCache *cache, int64 oldest_pending);
 
 /* One sender competing for a stage's slots in one claim. */
 typedef struct ClaimCandidate
