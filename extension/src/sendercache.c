@@ -72,9 +72,11 @@
  * the latest whose xmax is not past the snapshot's xmin).  A read-only
  * snapshot holds no xid, so it does not hold the floor back; only a
  * transaction that wrote and stays open does (and then the marks keep
- * its rows in reach, as before).  A rebuild, a reset sequence or a
- * truncated table start it from 0 again, so a pending_seq set by hand
- * below it is found within SENDER_CACHE_REBUILD_SECONDS.
+ * its rows in reach, as before).  A reset sequence, a truncated table and
+ * the periodic rebuild start it from 0 again (so a pending_seq set by hand
+ * below it is found within SENDER_CACHE_REBUILD_SECONDS); the other
+ * rebuilds keep it, and their skip scan passes the entries below it
+ * inside the index, without visiting the table.
  */
 #include "claim.h"
 
@@ -136,7 +138,6 @@ sender_cache_reset(SenderCache *cache)
 	cache->heads = hash_create("pepsi sender heads", 1024, &ctl,
 							   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	cache->built = false;
-	cache->floor = 0;
 }
 
 SenderCache *
@@ -294,27 +295,31 @@ sender_cache_rescan_from(SenderCache *cache)
  */
 static void
 sender_cache_rebuild(SenderCache *cache, Oid sequence, Oid filenode, int64 high,
-					 bool sequence_reset)
+					 bool sequence_reset, bool floor_reset)
 {
 	Snapshot		  snapshot = GetActiveSnapshot();
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {TEXTOID};
-	Datum			  values[1] = {CStringGetTextDatum(cache->stage)};
+	static const Oid  argtypes[] = {TEXTOID, INT8OID};
+	Datum			  values[2];
 
 	sender_cache_reset(cache);
-#define SENDER_CACHE_SENDERS_SQL(pending)                                    \
-	"WITH RECURSIVE senders AS ("                                            \
-	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                 \
-	"   WHERE stage = $1 AND " pending                                       \
-	"   ORDER BY sender_key, pending_seq LIMIT 1)"                           \
-	"  UNION ALL"                                                            \
-	"  SELECT n.sender_key, n.pending_seq FROM senders s CROSS JOIN LATERAL" \
-	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                 \
-	"   WHERE stage = $1 AND " pending " AND sender_key > s.sender_key"      \
-	"   ORDER BY sender_key, pending_seq LIMIT 1) n)"                        \
+	if (floor_reset)
+		cache->floor = 0;
+	values[0] = CStringGetTextDatum(cache->stage);
+	values[1] = Int64GetDatum(cache->floor);
+#define SENDER_CACHE_SENDERS_SQL(pending)                                           \
+	"WITH RECURSIVE senders AS ("                                                   \
+	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                        \
+	"   WHERE stage = $1 AND " pending " AND pending_seq >= $2"                     \
+	"   ORDER BY sender_key, pending_seq LIMIT 1)"                                  \
+	"  UNION ALL"                                                                   \
+	"  SELECT n.sender_key, n.pending_seq FROM senders s CROSS JOIN LATERAL"        \
+	"  (SELECT sender_key, pending_seq FROM pepsi.workqueue"                        \
+	"   WHERE stage = $1 AND " pending " AND pending_seq >= $2"                     \
+	"   AND sender_key > s.sender_key ORDER BY sender_key, pending_seq LIMIT 1) n)" \
 	" SELECT sender_key, pending_seq FROM senders"
 	queue_exec(queue_plan_pending(plans, SENDER_CACHE_SENDERS_SQL(QUEUE_PENDING),
-								  SENDER_CACHE_SENDERS_SQL(QUEUE_PENDING_0_1), 1, argtypes),
+								  SENDER_CACHE_SENDERS_SQL(QUEUE_PENDING_0_1), 2, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
@@ -411,13 +416,17 @@ sender_cache_validate(SenderCache *cache)
 	int64		high = sender_cache_sequence_high(&filenode);
 	const char *reason = sender_cache_rebuild_reason(cache, sequence, filenode, high,
 													 GetCurrentTimestamp());
+	bool		sequence_reset;
 
 	if (reason == NULL)
 		return false;
 	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s", cache->stage, reason);
-	sender_cache_rebuild(cache, sequence, filenode, high,
-						 !cache->built || cache->sequence != sequence || high < cache->watermark
-							 || cache->filenode != filenode);
+	sequence_reset = !cache->built || cache->sequence != sequence || high < cache->watermark
+					 || cache->filenode != filenode;
+	sender_cache_rebuild(cache, sequence, filenode, high, sequence_reset,
+						 sequence_reset
+							 || TimestampDifferenceExceeds(cache->built_at, GetCurrentTimestamp(),
+														   SENDER_CACHE_REBUILD_SECONDS * 1000));
 	return true;
 }
 
@@ -455,7 +464,7 @@ sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all)
 		int64 high = sender_cache_sequence_high(&filenode);
 
 		sender_cache_rebuild(cache, get_relname_relid("pending_seq", get_namespace_oid("pepsi", false)),
-							 filenode, high, false);
+							 filenode, high, false, false);
 	}
 	return true;
 }
