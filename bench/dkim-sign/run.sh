@@ -48,9 +48,18 @@
 # each side, 4 cases, then 5 x 3 cost runs: without signing, RSA, Ed25519) is 1,100,000 messages, about
 # 100 minutes on a loaded 2-core machine, nearly all of it the measured
 # runs themselves (Postfix+OpenDKIM's at 100 KB the slowest: at 40-100
-# msg/s under load most of the time); the run prints what it took.  For a
+# msg/s under load most of the time); the run prints what it took.  The
+# compare part alone (BENCH_PARTS=compare), 800,000 messages: at the rates
+# measured with the load average at 6-16 (Pepsi 300-600 msg/s at 100 KB,
+# 1,100-1,400 at 2 KB; Postfix+OpenDKIM 100-180 and 175-195) about 45
+# minutes of measured runs, two thirds of it Postfix's, plus about a
+# minute of start-up; less on a quiet machine.  For a
 # quick look at the ratios: BENCH_MESSAGES=2000 (about a tenth of that);
-# one case: BENCH_SIZES=102400 BENCH_ALGORITHMS=rsa-sha256 BENCH_PARTS=compare.
+# one case: BENCH_SIZES=102400 BENCH_ALGORITHMS=rsa-sha256 BENCH_PARTS=compare,
+# or any of them: BENCH_CASES="rsa-sha256/102400 ed25519-sha256/102400"
+# (shell patterns of ALGORITHM/SIZE: "*/102400" is both 100 KB cases).
+# Each case prints what it took, and the run what the issue's full size of
+# the cases it ran would take at its medians.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -246,6 +255,18 @@ measure() {
         -v w="$wal1" 'BEGIN { printf "%.1f %.2f %.2f %.0f\n", n / (b - a), s / n, h / n, w / n }'
 }
 
+# case_selected ALGORITHM SIZE: is the case ALGORITHM/SIZE one BENCH_CASES
+# names (shell patterns, e.g. "*/102400" or "rsa-sha256/2048"; default all)?
+case_selected() {
+    local pattern patterns
+    read -ra patterns <<<"${BENCH_CASES:-*}" # (split, but not globbed against files)
+    for pattern in "${patterns[@]}"; do
+        # shellcheck disable=SC2254
+        case "$1/$2" in $pattern) return 0 ;; esac
+    done
+    return 1
+}
+
 pepsi_reset() {
     bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
     [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
@@ -300,10 +321,19 @@ echo "bench/dkim-sign: smtp-source -s $sessions -m $messages, sizes: $sizes; alg
     "$repeats runs each side, alternating"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 summary=()
+# The issue's full size for the compare part, estimated from each case's
+# medians: 20,000 messages a run, 5 runs a side (seconds).
+full_compare_seconds=0
 [ "$parts" = cost ] && algorithms_compared= || algorithms_compared=$algorithms
 for algorithm in $algorithms_compared; do
-    check_signed "$algorithm"
+    case_sizes=
     for size in $sizes; do
+        ! case_selected "$algorithm" "$size" || case_sizes+=" $size"
+    done
+    [ -n "$case_sizes" ] || continue
+    check_signed "$algorithm"
+    for size in $case_sizes; do
+        case_started=$SECONDS
         start_pepsi "$algorithm" yes
         start_postfix "$algorithm"
         pepsi_rates=() postfix_rates=() pepsi_cpus=() postfix_cpus=()
@@ -324,10 +354,13 @@ for algorithm in $algorithms_compared; do
         stop_sides
         pm=$(bench_median "${pepsi_rates[@]}")
         fm=$(bench_median "${postfix_rates[@]}")
-        summary+=("$(printf '%-15s %7s B  pepsi %8s msg/s (%s)  postfix+opendkim %8s msg/s (%s)  ratio %s;  CPU ms/msg %s vs %s' \
+        summary+=("$(printf '%-15s %7s B  pepsi %8s msg/s (%s)  postfix+opendkim %8s msg/s (%s)  ratio %s;  CPU ms/msg %s vs %s;  %d s' \
             "$algorithm" "$size" "$pm" "$(spread "${pepsi_rates[@]}")" "$fm" "$(spread "${postfix_rates[@]}")" \
             "$(awk -v a="$pm" -v b="$fm" 'BEGIN { printf "%.2f", a / b }')" \
-            "$(bench_median "${pepsi_cpus[@]}")" "$(bench_median "${postfix_cpus[@]}")")")
+            "$(bench_median "${pepsi_cpus[@]}")" "$(bench_median "${postfix_cpus[@]}")" $((SECONDS - case_started)))")
+        echo "$algorithm $size B: the case took $((SECONDS - case_started)) s"
+        full_compare_seconds=$(awk -v t="$full_compare_seconds" -v a="$pm" -v b="$fm" \
+            'BEGIN { printf "%.0f", t + 5 * 20000 * (1 / a + 1 / b) }')
     done
 done
 
@@ -368,6 +401,8 @@ echo "pepsi.stage_stats over all runs (messages run at each stage, hops fused in
 bench_psql -c "SELECT stage, messages, fused_hops FROM pepsi.stage_stats ORDER BY stage"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "took $SECONDS s"
+[ "$full_compare_seconds" -eq 0 ] || echo "at these medians the issue's full size of these cases" \
+    "(BENCH_MESSAGES=20000 BENCH_REPEATS=5) would measure for about $((full_compare_seconds / 60)) min"
 echo "medians of $repeats runs (min..max), $messages messages each, Pepsi as $BENCH_PEPSI_FLAVOUR:"
 [ ${#summary[@]} -eq 0 ] || printf '  %s\n' "${summary[@]}"
 [ ${#summary[@]} -eq 0 ] || echo "  target: pepsi/postfix+opendkim >= 2.00"
