@@ -9,6 +9,16 @@
  * and started on demand by pepsi.start_maintenance() otherwise.  Each pass
  * is one short transaction; between passes it holds none, and it sleeps
  * until the earliest paused row is due or pepsi.maintenance_interval.
+ *
+ * It also tells the operator about the one thing outside Pepsi that makes
+ * the queue degrade: a transaction that holds back the xmin horizon (an
+ * idle session left in a transaction, a long report, a replication slot's
+ * standby).  While it lasts no dead version of a queue row can be removed:
+ * the table and its indexes grow by every row version the pipeline
+ * writes, and any read that has to pass them slows down (the claim's reads
+ * start past them, sendercache.c; a transaction that wrote holds even that
+ * floor back).  After pepsi.snapshot_warning the worker logs a warning
+ * naming its pid, once per transaction.
  */
 #include "pepsi.h"
 
@@ -98,6 +108,70 @@ maint_take_singleton_lock(void)
 }
 
 /*
+ * Warn once about the oldest transaction of this database (or a
+ * walsender's) that has held back the xmin horizon, or a transaction id,
+ * for pepsi.snapshot_warning or longer (see the file comment).
+ */
+static void
+maint_warn_held_horizon(void)
+{
+	static int		   warned_pid;
+	static TimestampTz warned_xact_start;
+	static SPIPlanPtr  plan;
+	static const Oid   argtypes[] = {INT4OID};
+	Datum			   values[1] = {Int32GetDatum(pepsi_snapshot_warning_s)};
+	bool			   isnull;
+	int				   pid;
+	TimestampTz		   xact_start;
+
+	if (pepsi_snapshot_warning_s <= 0)
+		return;
+	if (plan == NULL)
+	{
+		plan = SPI_prepare("SELECT a.pid, a.xact_start,"
+						   " coalesce(nullif(a.application_name, ''), a.backend_type),"
+						   " coalesce(a.state, ''),"
+						   " extract(epoch FROM clock_timestamp() - a.xact_start)::int4,"
+						   " left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 200),"
+						   " coalesce(a.usename::text, ''), coalesce(host(a.client_addr), 'local')"
+						   " FROM pg_stat_activity a"
+						   " WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)"
+						   " AND a.pid <> pg_backend_pid()"
+						   " AND (a.datname = current_database() OR a.backend_type = 'walsender')"
+						   " AND a.xact_start < clock_timestamp() - make_interval(secs => $1)"
+						   " ORDER BY a.xact_start LIMIT 1",
+						   1, (Oid *) argtypes);
+		if (plan == NULL)
+			elog(ERROR, "pepsi maintenance: could not prepare the held-horizon check");
+		SPI_keepplan(plan);
+	}
+	if (SPI_execute_plan(plan, values, NULL, true, 1) < 0)
+		elog(ERROR, "pepsi maintenance: could not run the held-horizon check");
+	if (SPI_processed == 0)
+		return;
+	pid = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	xact_start = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+												   &isnull));
+	if (pid == warned_pid && xact_start == warned_xact_start)
+		return;
+	warned_pid = pid;
+	warned_xact_start = xact_start;
+	ereport(WARNING,
+			(errmsg("pepsi maintenance: pid %d (%s, %s, user %s from %s) has held back the xmin horizon"
+					" for %s s: the queue's dead row versions cannot be removed while it lasts",
+					pid, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3),
+					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4),
+					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 7),
+					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 8),
+					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 5)),
+			 errdetail("Its last statement: %s", SPI_getvalue(SPI_tuptable->vals[0],
+															  SPI_tuptable->tupdesc, 6)),
+			 errhint("End that transaction (SELECT pg_terminate_backend(%d) if it was left open);"
+					 " meanwhile pepsi.workqueue and its indexes grow with every message.",
+					 pid)));
+}
+
+/*
  * One maintenance pass in its own transaction.  Returns how long to sleep
  * before the next one, in milliseconds.
  */
@@ -161,6 +235,8 @@ maint_run_pass(TimestampTz *last_sweep)
 						 0)
 			> 0)
 			maint_scalar("SELECT pepsi.queue_gauge_refresh()::int::float8", 0);
+
+		maint_warn_held_horizon();
 
 		/*
 		 * The next wake-up is the earliest row not yet due when this pass

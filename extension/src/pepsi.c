@@ -16,6 +16,7 @@ char *pepsi_database = NULL;
 int	  pepsi_maintenance_interval_ms = 1000;
 int	  pepsi_body_gc_interval_s = 60;
 int	  pepsi_mail_log_retention_s = 7 * 24 * 3600;
+int	  pepsi_snapshot_warning_s = 60;
 char *pepsi_admin_account = NULL;
 char *pepsi_admission_stage = NULL;
 char *pepsi_admission_accounts = NULL;
@@ -54,6 +55,14 @@ _PG_init(void)
 							NULL,
 							&pepsi_mail_log_retention_s,
 							7 * 24 * 3600, 60, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("pepsi.snapshot_warning",
+							"How long a transaction may hold back the xmin horizon before the maintenance worker warns, naming it (0: never).",
+							"While it lasts, the queue's dead row versions cannot be removed: its table and indexes grow.",
+							&pepsi_snapshot_warning_s,
+							60, 0, 24 * 3600,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
