@@ -36,7 +36,9 @@
 #
 # Environment: BENCH_REPEATS (5), BENCH_BURST (20000).  One repeat takes
 # about 10 s of light traffic plus the burst twice; the full run prints
-# how long it took.
+# how long it took.  BENCH_HOLD_SNAPSHOT=N holds a REPEATABLE READ snapshot
+# open for the first N seconds of each "both" run, as a report left open
+# would: what the queue must survive.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -149,8 +151,15 @@ run() {
     reset_mailboxes
     local file="$samples_dir/$r-$1.tsv"
     sampler_start "$file"
+    local holder=
+    if [ "$1" = both ] && [ -n "${BENCH_HOLD_SNAPSHOT:-}" ]; then
+        bench_psql -c "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pepsi.workqueue;
+            SELECT pg_sleep(${BENCH_HOLD_SNAPSHOT//[^0-9]/}); COMMIT" >/dev/null &
+        holder=$!
+    fi
     python3 "$here/drive.py" "$1" --port "$port" --maildir "$maildir" --burst "$burst" \
         --psql "$psql_command" 2>>"$log" | tee -a "$log"
+    [ -z "$holder" ] || wait "$holder"
     sampler_stop
     echo "  samples: $(python3 "$here/drive.py" diagnose "$file")" >>"$log"
     # What outlives the reset, in case the runs drift.
