@@ -3,8 +3,9 @@
 # head which no scan may mark dead while the snapshot lasts.  The claim's
 # reads start at the stage's floor (sendercache.c), so one claim walks the
 # rows in reach and not every row that passed through the stage since the
-# snapshot was taken; the count is taken from the indexes' own statistics
-# (entries returned to the scans), not from timings.
+# snapshot was taken (but for one claim every few seconds, which reads
+# from 0); the count is taken from the indexes' own statistics (entries
+# returned to the scans), not from timings.
 use strict;
 use warnings FATAL => 'all';
 
@@ -79,11 +80,20 @@ for (1 .. 14)
 }
 $node->safe_psql('postgres', admit_sql(20, '10.0.0.2'));
 
-# A fair claim: the window of the 50 oldest rows, and the senders' reads.
-my ($claimed, $walked) = claim_cost(50);
-like($claimed, qr/^ip:10\.0\.0\.1=\d+ ip:10\.0\.0\.2=\d+$/, 'the claim serves both senders');
-cmp_ok($walked, '<', 300,
-	"the claim walks the rows in reach, not the 1,400 dead versions behind it ($walked entries)");
+# Fair claims: the window of the oldest rows, and the senders' reads.  One
+# claim in SENDER_CACHE_FLOOR_RECHECK_MS (5 s) reads from 0 again, so of a
+# few claims in a row at most one walks the dead versions.
+my @walks;
+my $served = '';
+for (1 .. 4)
+{
+	my ($claimed, $walked) = claim_cost(10);
+	push @walks, $walked;
+	$served .= " $claimed";
+}
+like($served, qr/ip:10\.0\.0\.2=/, 'the claims serve the light sender too');
+cmp_ok(scalar(grep { $_ >= 300 } @walks), '<=', 1,
+	"the claims walk the rows in reach, not the 1,400 dead versions behind them each time (@walks entries)");
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL"
 		  . " AND query LIKE 'SELECT count(*) FROM pepsi.workqueue%'"),
@@ -92,11 +102,10 @@ is($node->safe_psql('postgres',
 # Every remaining row is still reached, in order, while the snapshot lasts.
 $node->safe_psql('postgres', "DELETE FROM pepsi.workqueue WHERE status = 'running'");
 my $left = $node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE status = 'pending'");
-($claimed, $walked) = claim_cost(1000);
+my ($claimed) = claim_cost(1000);
 my $total = 0;
 $total += $_ for $claimed =~ /=(\d+)/g;
 is($total, $left, 'a claim with room for all takes every pending row');
-cmp_ok($walked, '<', 2 * $left + 300, "and walks about as many entries ($walked)");
 
 $holder->query_safe('COMMIT');
 $holder->quit;

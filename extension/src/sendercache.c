@@ -73,10 +73,12 @@
  * snapshot holds no xid, so it does not hold the floor back; only a
  * transaction that wrote and stays open does (and then the marks keep
  * its rows in reach, as before).  A reset sequence, a truncated table and
- * the periodic rebuild start it from 0 again (so a pending_seq set by hand
- * below it is found within SENDER_CACHE_REBUILD_SECONDS); the other
- * rebuilds keep it, and their skip scan passes the entries below it
- * inside the index, without visiting the table.
+ * the periodic rebuild start it from 0 again, and so does one claim every
+ * SENDER_CACHE_FLOOR_RECHECK_MS (sender_cache_floor): a row below it (a
+ * pending_seq set by hand, or drawn long before its transaction got an
+ * xid) waits at most that long.  The other rebuilds keep it, and their
+ * skip scan passes the entries below it inside the index, without
+ * visiting the table.
  */
 #include "claim.h"
 
@@ -94,6 +96,7 @@
 #define SENDER_CACHE_RESCAN_MS 1000
 #define SENDER_CACHE_REBUILD_SECONDS 30
 #define SENDER_CACHE_MARKS 1024
+#define SENDER_CACHE_FLOOR_RECHECK_MS 5000
 
 /* Rows of transactions with an xid at or past xmax drew a pending_seq above watermark. */
 typedef struct SenderCacheMark
@@ -108,12 +111,13 @@ struct SenderCache
 	MemoryContext	context; /* holds heads; reset on rebuild */
 	HTAB		   *heads;	 /* uint64 hash -> SenderHead */
 	bool			built;
-	Oid				sequence;	 /* pepsi.pending_seq the watermark refers to */
-	Oid				filenode;	 /* pepsi.workqueue's: a TRUNCATE or a restore changes it */
-	int64			floor;		 /* no row of the stage is pending below this */
-	int64			watermark;	 /* rows pending with pending_seq <= this were read */
-	bool			missed_rows; /* a claim found a pending row the cache had missed */
-	TransactionId	rescan_xmin; /* the xmin of the last rescan's (or rebuild's) snapshot */
+	Oid				sequence;	   /* pepsi.pending_seq the watermark refers to */
+	Oid				filenode;	   /* pepsi.workqueue's: a TRUNCATE or a restore changes it */
+	int64			floor;		   /* no row of the stage is pending below this */
+	TimestampTz		floor_read_at; /* when a claim last read from 0 */
+	int64			watermark;	   /* rows pending with pending_seq <= this were read */
+	bool			missed_rows;   /* a claim found a pending row the cache had missed */
+	TransactionId	rescan_xmin;   /* the xmin of the last rescan's (or rebuild's) snapshot */
 	TimestampTz		rescanned_at;
 	SenderCacheMark marks[SENDER_CACHE_MARKS]; /* a ring, oldest at first_mark */
 	int				first_mark;
@@ -469,10 +473,25 @@ sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all)
 	return true;
 }
 
-/* Where reads of the stage's pending rows start (see the file comment). */
+/*
+ * Where reads of the stage's pending rows start (see the file comment):
+ * from 0 once every SENDER_CACHE_FLOOR_RECHECK_MS.  The marks assume a row
+ * draws its pending_seq within a claim's interval of its transaction
+ * getting an xid; a backend descheduled in between (on a machine loaded
+ * far beyond its cores) can commit a row below the floor, and that read
+ * finds it within seconds, at the cost of one walk over the stage's dead
+ * entries in that many seconds instead of one per claim.
+ */
 int64
 sender_cache_floor(SenderCache *cache)
 {
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (TimestampDifferenceExceeds(cache->floor_read_at, now, SENDER_CACHE_FLOOR_RECHECK_MS))
+	{
+		cache->floor = 0;
+		cache->floor_read_at = now;
+	}
 	return cache->floor;
 }
 
