@@ -80,6 +80,14 @@ sign_workers=${BENCH_SIGN_WORKERS:-$relay_workers}
 # RSA-2048: 63 msg/s with 2 x 256, 220 with 20 workers of 16 rows, the same
 # CPU per message; but 20 x 16 doubled the CPU per message at 2 KB (more,
 # smaller batches).  BENCH_ROUTE_WORKERS and BENCH_ROUTE_QUEUE change it.
+# Under load the 100 KB rate is bimodal: runs that keep up (300-600 msg/s,
+# 1.5-2.1 CPU ms/msg) and runs where route falls behind (50-100 msg/s,
+# 3.3-4 ms/msg: 100-180 rows in flight on its 1-2 workers, over 1,000
+# pending at init, the loads' statements 10-30 ms a call for want of CPU,
+# their plans index scans).  Letting route's pool grow to the relay's
+# PARALLELISM when it runs the relay fused (tried: 20 route workers, the
+# same backlog) cost 1.25-2.2x the CPU per message at 100 KB and 1.27x at
+# 2 KB without raising the rate, so the dispatcher does not do it.
 route_workers=${BENCH_ROUTE_WORKERS:-2}
 route_queue=${BENCH_ROUTE_QUEUE:-256}
 # compare, cost or both (default): the side-by-side runs, the cost runs.
