@@ -49,11 +49,13 @@
 # 100 minutes on a loaded 2-core machine, nearly all of it the measured
 # runs themselves (Postfix+OpenDKIM's at 100 KB the slowest: at 40-100
 # msg/s under load most of the time); the run prints what it took.  The
-# compare part alone (BENCH_PARTS=compare), 800,000 messages: at the rates
-# measured with the load average at 6-16 (Pepsi 300-600 msg/s at 100 KB,
-# 1,100-1,400 at 2 KB; Postfix+OpenDKIM 100-180 and 175-195) about 45
-# minutes of measured runs, two thirds of it Postfix's, plus about a
-# minute of start-up; less on a quiet machine.  For a
+# compare part alone (BENCH_PARTS=compare), 800,000 messages, at the
+# medians of 5 runs measured with the load average at 6-17 (100 KB: Pepsi
+# 194-254 msg/s, Postfix+OpenDKIM 102-115; 2 KB: Pepsi 400-1,100,
+# Postfix 110-195): about 46 minutes for the two 100 KB cases and 25 for
+# the 2 KB ones, two thirds of it Postfix's side, plus a minute of
+# start-up; on a quiet machine Postfix's rate, hence the time, is better.
+# For a
 # quick look at the ratios: BENCH_MESSAGES=2000 (about a tenth of that);
 # one case: BENCH_SIZES=102400 BENCH_ALGORITHMS=rsa-sha256 BENCH_PARTS=compare,
 # or any of them: BENCH_CASES="rsa-sha256/102400 ed25519-sha256/102400"
