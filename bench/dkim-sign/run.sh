@@ -378,6 +378,17 @@ done
 # graph without signing, then with the signing stage for each of ALGORITHMS,
 # one after the other (so that each pair shares the machine's load of the
 # moment); the load average at each run's start is printed with it.
+#
+# Signing runs inside route's pass; the signing stage's own workers take
+# only the rows a route pass leaves them when it has run for a second
+# (common/stage.c, stage_late_fusion), which happens under heavy load.  A
+# run that signed any message there says how many: on this shared machine
+# those were the slow runs (one loaded 5-run set, RSA-2048: 781, 1406, 128,
+# 184 and 0 messages signed outside route's pass at 363, 289, 514, 404 and
+# 666 msg/s), and with them PostgreSQL's CPU per message rose too (0.6-0.8
+# ms against 0.45); with 2 signing workers of 16 rows instead of 20 of 4
+# they still came (3,240 messages, 188 msg/s), so the count is a symptom
+# of slow passes more than their cause.
 cost_variants="none $algorithms"
 declare -A cost_rates=() cost_cpus=() cost_pepsi_cpus=()
 [ "$parts" = compare ] && cost_runs=0 || cost_runs=$repeats
@@ -396,10 +407,12 @@ for ((r = 1; r <= cost_runs; r++)); do
         # committed once more, and has its relay fused into the sign pass:
         # counted (from the dispatcher's totals, complete once it stopped).
         own=$(bench_psql -tA -c "SELECT coalesce(sum(fused_hops), 0) FROM pepsi.stage_stats WHERE stage = 'sign'")
-        [ "$variant" = none ] || [ "$own" -eq "${own_before:-0}" ] || line+=" $((own - ${own_before:-0})) signed outside route's pass;"
+        outside=$((own - ${own_before:-0}))
         own_before=$own
         cost_rates[$variant]+=" $rate" cost_cpus[$variant]+=" $cpu" cost_pepsi_cpus[$variant]+=" $pepsi_cpu"
-        line+=" $([ "$variant" = none ] && echo "without signing" || echo "$variant") $rate msg/s (CPU ms/msg $cpu, of it Pepsi's processes $pepsi_cpu; load $load);"
+        line+=" $([ "$variant" = none ] && echo "without signing" || echo "$variant") $rate msg/s (CPU ms/msg $cpu, of it Pepsi's processes $pepsi_cpu; load $load"
+        [ "$outside" -eq 0 ] || line+="; $outside signed outside route's pass"
+        line+=");"
     done
     echo "${line%;}"
 done
