@@ -570,7 +570,6 @@ claim_send(void)
 	values[4] = acct_used.data;
 	values[5] = fifo;
 	values[6] = costs.data;
-	dispatcher.express_answered = false;
 	sent = nstages > 0
 		   && PQsendQueryPrepared(db.conn, DBCONN_CLAIM_NAME, 7, values, NULL, NULL, 0) == 1;
 	if (nstages > 0 && !sent)
@@ -586,8 +585,7 @@ claim_send(void)
 
 /*
  * Whether the claim wanted should go now: a stage's workers idle with
- * work perhaps waiting, an express worker answered (its light rows wait
- * at their next stage), or it has waited DBCONN_CLAIM_COALESCE for the
+ * work perhaps waiting, or it has waited DBCONN_CLAIM_COALESCE for the
  * answers after the first that asked for it.  Otherwise the timer is set
  * for when it may.
  */
@@ -597,7 +595,7 @@ claim_due(void)
 	double now = now_seconds();
 	double wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
 
-	if (wait <= 0 || dispatcher.express_answered || pools_claim_urgent(now))
+	if (wait <= 0 || pools_claim_urgent(now))
 	{
 		ev_timer_stop(dispatcher.loop, &db.claim_timer);
 		return true;

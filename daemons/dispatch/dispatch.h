@@ -162,7 +162,6 @@ struct dispatcher
 	int	   crash_limit;		  /* attempts that end a worker before a row is isolated */
 	double crash_retry_delay; /* before the first retry; doubles per attempt */
 	bool   shutting_down;
-	bool   express_answered; /* since the last claim: light rows moved on (pool.c) */
 	/* global statistics since the last flush */
 	unsigned long stages_run;
 	unsigned long messages;

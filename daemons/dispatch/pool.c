@@ -27,8 +27,11 @@
  * sender's row then runs at once instead of after a pipeline or a batch
  * of them; the burst is bound by the CPUs, not by its workers, so the
  * extra process costs it little.  Its idleness never hurries the claim
- * (pools_claim_urgent), and the stage's claim always asks for its room,
- * so a light row is claimed in the next claim however full the others.
+ * (pools_claim_urgent), nor do its answers (under a burst the claims
+ * follow each other within DBCONN_CLAIM_COALESCE, and one more claim per
+ * light row would cost the burst more than it saves the light row), and
+ * the stage's claim always asks for its room, so a light row is claimed
+ * in the next claim however full the other workers are.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -866,14 +869,8 @@ worker_read(struct pool_worker *w)
 		double				   started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 		share_us = (now - started) * 1e6 / answers;
-		/*
-		 * The express worker's batches, a light row or two, say nothing of
-		 * the ordinary workers' pipelines; its answers mean light rows wait
-		 * at their next stage now: the claim goes at once for them.
-		 */
-		if (w->express)
-			dispatcher.express_answered = true;
-		else
+		/* The express worker's batches, a light row or two, say nothing of the ordinary pipelines. */
+		if (!w->express)
 			depth_record_batch(&w->pool->depth, answers, share_us * answers);
 		if (answers >= HAND_AHEAD && w->pool->intake == INTAKE_UNKNOWN)
 			w->pool->intake = INTAKE_BATCH;
