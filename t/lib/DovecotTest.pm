@@ -13,6 +13,7 @@ use File::Temp ();
 use IO::Socket::INET;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use Time::HiRes ();
 
 use PepsiTest;
 
@@ -139,13 +140,21 @@ sub stop_dovecot
 	$d->{pid} = 0;
 }
 
-# The messages delivered to user's INBOX (new/ and cur/), as text, oldest first.
+# The messages delivered to user's INBOX (new/ and cur/), as text, oldest
+# first.  Dovecot names a delivery SECONDS.MMICROSECONDSPPID.HOST, with the
+# microseconds not padded, so names compare as those two numbers: neither
+# a file's mtime (whole seconds) nor the names as strings order two
+# deliveries made in the same second.
 sub dovecot_messages
 {
 	my ($d, $user) = @_;
 	my @files = map { glob("$d->{dir}/mail/$user/Maildir/$_/*") } qw(new cur);
+	my %when = map {
+		my ($seconds, $micro) = m{/(\d+)\.M(\d+)P[^/]*$};
+		($_ => defined $micro ? $seconds * 1_000_000 + $micro : (Time::HiRes::stat($_))[9] * 1_000_000)
+	} @files;
 
-	return map { slurp_file($_) } sort { (stat $a)[9] <=> (stat $b)[9] || $a cmp $b } @files;
+	return map { slurp_file($_) } sort { $when{$a} <=> $when{$b} || $a cmp $b } @files;
 }
 
 1;
