@@ -71,10 +71,6 @@ struct sign_options
 	long		key_retry_ms;
 };
 
-/* The keyring of the configuration the worker runs with, built once. */
-static struct keyring			  sign_keyring;
-static const struct pepsi_config *sign_keyring_config;
-
 static bool
 sign_parse_canonicalization(const char *text, enum canon *header, enum canon *body)
 {
@@ -125,39 +121,44 @@ sign_read_options(const struct pepsi_config *cfg, const char *section, struct si
 }
 
 /*
- * The options of the section the worker runs, read once per configuration:
- * read for every message they cost more than all of the signing but the
- * private-key operation (each a lookup through the option schema).  None is
- * scoped by domain or address, so one reading holds for every message.
+ * What the worker signs with, kept per configuration: the keyring of the
+ * configuration and the options of the section it runs, both dropped and
+ * built again together when the configuration changes, so that neither can
+ * belong to another configuration than the other.  Read for every message
+ * the options would cost more than all of the signing but the private-key
+ * operation (each a lookup through the option schema); none is scoped by
+ * domain or address, so one reading holds for every message.  A worker
+ * that runs another signing section (fused after a stage whose rows go to
+ * several) reads that section's options again, and keeps the keyring.
  */
-static struct sign_options		  sign_options;
-static const struct pepsi_config *sign_options_config;
-static char						  sign_options_section[256];
+static struct
+{
+	const struct pepsi_config *config; /* NULL: nothing valid is kept */
+	struct keyring			   keyring;
+	char					   section[256]; /* "": the options are not read */
+	struct sign_options		   options;
+} sign_state;
 
 static const struct sign_options *
-sign_options_ready(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
+sign_state_ready(const struct pepsi_config *cfg, const char *section, char *err, size_t errlen)
 {
-	if (sign_options_config == cfg && strcmp(sign_options_section, section) == 0)
-		return &sign_options;
-	sign_options_config = NULL;
-	if (!sign_read_options(cfg, section, &sign_options, err, errlen))
-		return NULL;
-	snprintf(sign_options_section, sizeof(sign_options_section), "%s", section);
-	sign_options_config = cfg;
-	return &sign_options;
-}
-
-static bool
-sign_keyring_ready(const struct pepsi_config *cfg, char *err, size_t errlen)
-{
-	if (sign_keyring_config == cfg)
-		return true;
-	keyring_free(&sign_keyring);
-	sign_keyring_config = NULL;
-	if (!keyring_from_config(cfg, &sign_keyring, err, errlen))
-		return false;
-	sign_keyring_config = cfg;
-	return true;
+	if (sign_state.config != cfg)
+	{
+		sign_state.config = NULL;
+		sign_state.section[0] = '\0';
+		keyring_free(&sign_state.keyring);
+		if (!keyring_from_config(cfg, &sign_state.keyring, err, errlen))
+			return NULL;
+		sign_state.config = cfg;
+	}
+	if (strcmp(sign_state.section, section) != 0)
+	{
+		sign_state.section[0] = '\0';
+		if (!sign_read_options(cfg, section, &sign_state.options, err, errlen))
+			return NULL;
+		snprintf(sign_state.section, sizeof(sign_state.section), "%s", section);
+	}
+	return &sign_state.options;
 }
 
 /* Is key among the names of KEYS (or is KEYS unset)? */
@@ -314,8 +315,8 @@ sign_run(struct pepsi_ctx *ctx)
 	if (headers == NULL || body == NULL)
 		return -1;
 	snprintf(section, sizeof(section), "stage-%s", pepsi_stage_name(ctx));
-	o = sign_options_ready(pepsi_config(ctx), section, err, sizeof(err));
-	if (o == NULL || !sign_keyring_ready(pepsi_config(ctx), err, sizeof(err)))
+	o = sign_state_ready(pepsi_config(ctx), section, err, sizeof(err));
+	if (o == NULL)
 		return pepsi_error(ctx, "%s", err);
 
 	if (o->downgrade)
@@ -342,9 +343,9 @@ sign_run(struct pepsi_ctx *ctx)
 		return sign_unsigned(ctx, o, "the message has no From: field");
 	}
 
-	for (size_t i = 0; i < sign_keyring.count && nkeys < SIGN_MAX_KEYS; i++)
+	for (size_t i = 0; i < sign_state.keyring.count && nkeys < SIGN_MAX_KEYS; i++)
 	{
-		struct signing_key *k = &sign_keyring.key[i];
+		struct signing_key *k = &sign_state.keyring.key[i];
 
 		if (strcmp(k->domain, domain) != 0 || !sign_key_selected(k, o->keys))
 			continue;
