@@ -29,6 +29,27 @@
 # of Pepsi's own processes apart from PostgreSQL's, where signing's CPU is.
 # For the cost alone:  BENCH_PARTS=cost (a quick look: BENCH_MESSAGES=5000
 # BENCH_REPEATS=1; the issue's: BENCH_MESSAGES=20000 BENCH_REPEATS=5).
+# Each cost run also prints the share of the machine's CPU left idle
+# (/proc/stat): a signed run that leaves a core idle is bound by route's
+# two workers, where the signing runs, and not by the CPU.
+#
+# The cost's arithmetic (docs/pepsi-stage-dkim-sign.8.md, COST): quiet, at
+# 7ac6ad3, 20,000 messages, medians of 5 runs: 2,296.8 msg/s without
+# signing (1,805.9-2,674.3), 1,286.3 with RSA-2048 (44.0%), 2,152.8 with
+# Ed25519 (6.3%).  Without signing the graph uses 0.78 ms of CPU per
+# message, ~90% of the 2 cores; a cost of 25% (1,722 msg/s) allows 1.16 ms
+# per message with no core idle (1.04 ms at 90%), i.e. signing may add
+# 0.38 ms (0.26 ms).  The RSA-2048 private-key operation is 0.26 ms here
+# (openssl speed; OpenSSL 3.0's AVX-512 IFMA code, 2.2 times as slow
+# without it; blinding kept).  Signing adds 0.38 ms of CPU per message (load average
+# 6, 3 runs of 5,000: 0.86 ms without, 1.24 with RSA-2048; 0.32 of it in
+# Pepsi's processes, 0.06 in PostgreSQL): 31% if both runs
+# kept both cores busy.  perf of route's workers when signing: libcrypto
+# 57% of the samples, the kernel 19%, libc 15%, Jansson 4%, Pepsi 3.5%
+# (canonicalization and hashing under 1%).  So RSA-2048 cannot meet 25% on
+# 2 cores; Ed25519 (0.03 ms a signature) does.  At load average 30-41 the
+# cost was 64% (322.6 and 116.4 msg/s, 3 runs of 5,000), a third of the
+# messages signed outside route's pass.
 #
 # Each run also prints CPU milliseconds per message: each side's process
 # trees (Pepsi with its PostgreSQL; Postfix with OpenDKIM), and the
@@ -229,6 +250,9 @@ side_cpu() {
 
 # Pepsi's own processes (ingress, dispatcher, stages) without PostgreSQL.
 pepsi_own_cpu() { cpu_ms "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" | awk '{ print $1 + $2 }'; }
+# The machine's idle and total CPU time so far (/proc/stat, clock ticks):
+# the share left idle during a run says whether its rate was bound by CPU.
+machine_cpu() { awk '$1 == "cpu" { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
 
 # measure SIDE PORT SIZE: prints msg/s from the first message sent to the
 # last received, then the CPU milliseconds per message of the side and of
@@ -236,11 +260,12 @@ pepsi_own_cpu() { cpu_ms "$BENCH_INGRESS_PID" "$BENCH_DISPATCH_PID" | awk '{ pri
 # message.  The harness's share says whether it, and not the MTA, could be
 # the limit.
 measure() {
-    local side=$1 port=$2 size=$3 base start end side0 side1 sink0 sink1 wal0 wal1=0 source_ms pepsi0
+    local side=$1 port=$2 size=$3 base start end side0 side1 sink0 sink1 wal0 wal1=0 source_ms pepsi0 idle0 total0 idle1 total1
     base=$(bench_sink_count)
     base=${base:-0}
     side0=$(side_cpu "$side")
     [ "$side" = pepsi ] && pepsi0=$(pepsi_own_cpu)
+    read -r idle0 total0 < <(machine_cpu)
     sink0=$(cpu_ms "=$BENCH_SINK_PID")
     [ "$side" = pepsi ] && wal0=$(bench_psql -tA -c "SELECT pg_current_wal_insert_lsn() - '0/0'")
     start=$(date +%s.%N)
@@ -255,6 +280,9 @@ measure() {
         echo "only $(( $(bench_sink_count) - base )) of $messages reached smtp-sink" >&2
         return 1
     }
+    read -r idle1 total1 < <(machine_cpu)
+    awk -v i="$((idle1 - idle0))" -v t="$((total1 - total0))" 'BEGIN { printf "%.0f\n", t ? 100 * i / t : 0 }' \
+        >"$BENCH_DIR/measure.idle"
     side1=$(side_cpu "$side")
     [ "$side" = pepsi ] && awk -v a="$pepsi0" -v b="$(pepsi_own_cpu)" -v n="$messages" \
         'BEGIN { printf "%.2f\n", (b - a) / n }' >"$BENCH_DIR/measure.pepsi-own"
@@ -390,7 +418,7 @@ done
 # they still came (3,240 messages, 188 msg/s), so the count is a symptom
 # of slow passes more than their cause.
 cost_variants="none $algorithms"
-declare -A cost_rates=() cost_cpus=() cost_pepsi_cpus=()
+declare -A cost_rates=() cost_cpus=() cost_pepsi_cpus=() cost_idles=()
 [ "$parts" = compare ] && cost_runs=0 || cost_runs=$repeats
 for ((r = 1; r <= cost_runs; r++)); do
     line="relay graph run $r:"
@@ -400,6 +428,7 @@ for ((r = 1; r <= cost_runs; r++)); do
         load=$(cut -d' ' -f1 /proc/loadavg)
         read -r rate cpu _ _ < <(measure pepsi "$pepsi_port" 2048)
         pepsi_cpu=$(cat "$BENCH_DIR/measure.pepsi-own")
+        idle=$(cat "$BENCH_DIR/measure.idle")
         statements
         stop_sides
         # Signing runs inside route's pass (fused); a message signed by the
@@ -409,8 +438,8 @@ for ((r = 1; r <= cost_runs; r++)); do
         own=$(bench_psql -tA -c "SELECT coalesce(sum(fused_hops), 0) FROM pepsi.stage_stats WHERE stage = 'sign'")
         outside=$((own - ${own_before:-0}))
         own_before=$own
-        cost_rates[$variant]+=" $rate" cost_cpus[$variant]+=" $cpu" cost_pepsi_cpus[$variant]+=" $pepsi_cpu"
-        line+=" $([ "$variant" = none ] && echo "without signing" || echo "$variant") $rate msg/s (CPU ms/msg $cpu, of it Pepsi's processes $pepsi_cpu; load $load"
+        cost_rates[$variant]+=" $rate" cost_cpus[$variant]+=" $cpu" cost_pepsi_cpus[$variant]+=" $pepsi_cpu" cost_idles[$variant]+=" $idle"
+        line+=" $([ "$variant" = none ] && echo "without signing" || echo "$variant") $rate msg/s (CPU ms/msg $cpu, of it Pepsi's processes $pepsi_cpu; CPU idle $idle%; load $load"
         [ "$outside" -eq 0 ] || line+="; $outside signed outside route's pass"
         line+=");"
     done
@@ -433,14 +462,15 @@ if [ "$cost_runs" -gt 0 ]; then
     # shellcheck disable=SC2086 # the lists are space-separated numbers
     plain=$(bench_median ${cost_rates[none]})
     # shellcheck disable=SC2086
-    printf '  relay graph, 2 KB, without signing: %s msg/s (%s), CPU ms/msg %s (Pepsi processes %s, the rest PostgreSQL)\n' \
-        "$plain" "$(spread ${cost_rates[none]})" "$(bench_median ${cost_cpus[none]})" "$(bench_median ${cost_pepsi_cpus[none]})"
+    printf '  relay graph, 2 KB, without signing: %s msg/s (%s), CPU ms/msg %s (Pepsi processes %s, the rest PostgreSQL), CPU idle %s%%\n' \
+        "$plain" "$(spread ${cost_rates[none]})" "$(bench_median ${cost_cpus[none]})" "$(bench_median ${cost_pepsi_cpus[none]})" \
+        "$(bench_median ${cost_idles[none]})"
     for algorithm in $algorithms; do
         # shellcheck disable=SC2086
         signed=$(bench_median ${cost_rates[$algorithm]})
         # shellcheck disable=SC2086
-        printf '  relay graph, 2 KB, with %s signing: %s msg/s (%s), CPU ms/msg %s (Pepsi processes %s): cost %s%% (target <= 25%%)\n' \
+        printf '  relay graph, 2 KB, with %s signing: %s msg/s (%s), CPU ms/msg %s (Pepsi processes %s), CPU idle %s%%: cost %s%% (target <= 25%%)\n' \
             "$algorithm" "$signed" "$(spread ${cost_rates[$algorithm]})" "$(bench_median ${cost_cpus[$algorithm]})" \
-            "$(bench_median ${cost_pepsi_cpus[$algorithm]})" "$(awk -v a="$plain" -v b="$signed" 'BEGIN { printf "%.1f", 100 * (a - b) / a }')"
+            "$(bench_median ${cost_pepsi_cpus[$algorithm]})" "$(bench_median ${cost_idles[$algorithm]})" "$(awk -v a="$plain" -v b="$signed" 'BEGIN { printf "%.1f", 100 * (a - b) / a }')"
     done
 fi
