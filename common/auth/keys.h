@@ -49,6 +49,7 @@ struct signing_key
 	dev_t				dev;  /* the file it was loaded from, to notice a new one */
 	ino_t				ino;
 	time_t				mtime;
+	long long			checked_ms; /* when the file was last found unchanged (monotonic) */
 };
 
 struct keyring
@@ -70,8 +71,11 @@ struct signing_key *keyring_find(struct keyring *ring, const char *name);
 
 /*
  * Load (or reload, when its file changed) the private key; false with a
- * reason naming the file.  Cheap when nothing changed: one stat.
+ * reason naming the file.  A loaded key's file is looked at again at most
+ * once a second (KEYS_RECHECK_MS): a replaced or removed file is noticed
+ * within that second, without a stat for every message signed.
  */
+#define KEYS_RECHECK_MS 1000
 bool signing_key_ready(struct signing_key *key, char *err, size_t errlen);
 
 /* Read a PEM private key file, checking its mode and its type against algorithm. */
