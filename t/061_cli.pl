@@ -337,6 +337,7 @@ like($out, qr/^STAGE\s+MESSAGES\s+MEAN ms\s+KILLS\s+TIMEOUTS\s+CRASHES\s+FUSED\s
 	'status: a header');
 like($out, qr/^relay\s+40\s+500\.000\s+2\s+1\s+3\s+4\s+0\s+1\s+3\s+1\s+2\s+1$/m, 'status: a row per stage');
 like($out, qr/^dispatcher: 55 stage passes, 45 messages, 1 failed/m, 'status: the dispatcher\'s totals');
+unlike($out, qr/xmin horizon/, 'status: no alert while no transaction holds back the xmin horizon');
 
 ($rc, $out, $err) = tool_with($monitor_conf, 'status', '--json');
 is($rc, 0, 'status as pepsi_monitor: exit 0 (it reads the views, not the queue)') or diag($err);
@@ -358,6 +359,36 @@ is(eval { decode_json($out)->{stages}[2]{stage} } // '', 'relay', 'status as pep
 	$h->kill_kill;
 	sql("DELETE FROM pepsi.workqueue WHERE rcpt_to = '{olga\@example.net}'");
 }
+
+# A transaction holding back the xmin horizon past pepsi.snapshot_warning
+# (the maintenance worker's warning, extension/src/maint.c): the operator
+# is told who holds it and since when, not what it ran, which may be
+# another role's and not the operator's to read.
+$node->append_conf('postgresql.conf', "pepsi.snapshot_warning = 1\n");
+$node->reload;
+{
+	my $report = $node->background_psql($db, on_error_stop => 1);
+	my $report_pid = $report->query_safe('SELECT pg_backend_pid()');
+	$report->query_safe('SET application_name = report');
+	$report->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+	$report->query_safe("SELECT count(*) FROM pepsi.workqueue WHERE mail_from = 'secret-report'");
+	my $alert = qr/^ALERT: pid $report_pid \(report, idle in transaction, user \S+ from local\) has held back the xmin horizon since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \(\d+ s\)/m;
+	poll_until(sub { ($rc, $out, $err) = tool_with($monitor_conf, 'status'); $out =~ $alert });
+	is($rc, 0, 'status as pepsi_monitor with a transaction holding back the xmin horizon: exit 0') or diag($err);
+	like($out, $alert, 'status: an alert names who holds back the xmin horizon, and since when');
+	unlike($out, qr/secret-report/, 'status: not its statement');
+	($rc, $out, $err) = tool_with($monitor_conf, 'status', '--json');
+	my $alerts = eval { decode_json($out)->{alerts} } // [];
+	my @alerts = @$alerts;
+	is(scalar(grep { /^pid $report_pid \(report, .* has held back the xmin horizon since/ } @alerts), 1,
+		'status --json: the same alert');
+	$report->query_safe('COMMIT');
+	($rc, $out, $err) = tool_with($monitor_conf, 'status');
+	unlike($out, qr/xmin horizon/, 'status: no alert once the transaction ended');
+	$report->quit;
+}
+$node->append_conf('postgresql.conf', "pepsi.snapshot_warning = 60\n");
+$node->reload;
 
 #
 # pepsi-config

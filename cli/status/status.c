@@ -9,7 +9,11 @@
  * counts in the queue: pending, in flight (running), paused, failed,
  * timed out.  Then the dispatcher's totals (pepsi.dispatch_stats), and an
  * alert when in the last day the dispatcher isolated a message that kept
- * ending its worker (CRASH_LIMIT): a poison message, or a stage bug.
+ * ending its worker (CRASH_LIMIT): a poison message, or a stage bug; and
+ * one while a transaction has held back the xmin horizon for
+ * pepsi.snapshot_warning or longer (pepsi.held_horizon(), the condition the
+ * maintenance worker logs): no dead version of a queue row can be removed
+ * while it lasts.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -62,6 +66,12 @@ static const char status_global_sql[] =
 	"       last_crash_failure_at > now() - interval '1 day'"
 	" FROM pepsi.dispatch_stats";
 
+/* Who holds back the xmin horizon (pepsi--0.1--0.2.sql); not its statement. */
+static const char status_horizon_sql[] =
+	"SELECT pid, program, state, usename, client,"
+	"       to_char(xact_start, 'YYYY-MM-DD HH24:MI:SS TZ'), seconds"
+	" FROM pepsi.held_horizon()";
+
 /* The columns of status_global_sql: the integers, then the times. */
 #define GLOBAL_INTEGERS 6
 #define GLOBAL_COLUMNS 9
@@ -87,6 +97,20 @@ status_crash_alert(PGresult *global)
 					 PQgetvalue(global, 0, 5), PQgetvalue(global, 0, 8));
 }
 
+/* The operator alert, or NULL: a transaction holding back the xmin horizon. */
+static char *
+status_horizon_alert(PGresult *horizon)
+{
+	if (PQresultStatus(horizon) != PGRES_TUPLES_OK || PQntuples(horizon) != 1)
+		return NULL;
+	return xasprintf("pid %s (%s, %s, user %s from %s) has held back the xmin horizon since %s "
+					 "(%s s): the queue's dead row versions cannot be removed while it lasts; "
+					 "end that transaction",
+					 PQgetvalue(horizon, 0, 0), PQgetvalue(horizon, 0, 1), PQgetvalue(horizon, 0, 2),
+					 PQgetvalue(horizon, 0, 3), PQgetvalue(horizon, 0, 4), PQgetvalue(horizon, 0, 5),
+					 PQgetvalue(horizon, 0, 6));
+}
+
 static void
 status_usage(void)
 {
@@ -100,8 +124,11 @@ status_show(PGconn *conn, bool as_json)
 {
 	PGresult *stages = db_exec(conn, status_stages_sql, 0, NULL);
 	PGresult *global = db_exec(conn, status_global_sql, 0, NULL);
+	/* A database still at 0.1 has no pepsi.held_horizon(): no alert then. */
+	PGresult *horizon = db_exec(conn, status_horizon_sql, 0, NULL);
 	int		  rc = CLI_EX_OK;
 	char	 *alert = NULL;
+	char	 *horizon_alert = status_horizon_alert(horizon);
 
 	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
 		alert = status_crash_alert(global);
@@ -142,6 +169,8 @@ status_show(PGconn *conn, bool as_json)
 		json_object_set_new(out, "alerts", json_array());
 		if (alert)
 			json_array_append_new(json_object_get(out, "alerts"), json_string(alert));
+		if (horizon_alert)
+			json_array_append_new(json_object_get(out, "alerts"), json_string(horizon_alert));
 		json_dumpf(out, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
 		putchar('\n');
 		json_decref(out);
@@ -168,8 +197,12 @@ status_show(PGconn *conn, bool as_json)
 				   PQgetvalue(global, 0, 7));
 		if (alert)
 			printf("\nALERT: %s\n", alert);
+		if (horizon_alert)
+			printf("\nALERT: %s\n", horizon_alert);
 	}
 	free(alert);
+	free(horizon_alert);
+	PQclear(horizon);
 	PQclear(stages);
 	PQclear(global);
 	fflush(stdout);

@@ -2531,3 +2531,27 @@ ALTER FUNCTION pepsi.workqueue_claim(text[], integer[], text[], text[], double p
 SELECT pepsi.grant_apply();
 
 -- end of the claim's reads kept in order
+
+-- ===========================================================================
+-- pepsi-status names a transaction holding back the xmin horizon
+--
+-- The maintenance worker's warning (pepsi.snapshot_warning) goes to the
+-- server log, which only the DBA reads; an operator running pepsi-status
+-- sees the same condition there: who (pid, program, state, user, client),
+-- since when, for how long.  Not the statement, which may be another
+-- role's and hold what only that role may read.  The function runs as
+-- the owner so that pepsi_monitor sees other roles' sessions.
+-- ===========================================================================
+
+CREATE FUNCTION pepsi.held_horizon(
+    OUT pid integer, OUT program text, OUT state text, OUT usename text, OUT client text,
+    OUT xact_start timestamptz, OUT seconds integer)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'held_horizon' LANGUAGE C STRICT VOLATILE;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_monitor', 'function', 'held_horizon', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('held_horizon');
+
+SELECT pepsi.grant_apply();
+
+-- end of pepsi-status names a transaction holding back the xmin horizon

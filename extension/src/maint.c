@@ -25,6 +25,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -35,6 +36,7 @@
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 
 #define MAINT_WORKER_TYPE "pepsi maintenance"
 /* Advisory lock keys ('PEPS', 1): one maintenance worker per database. */
@@ -108,46 +110,60 @@ maint_take_singleton_lock(void)
 }
 
 /*
- * Warn once about the oldest transaction of this database (or a
- * walsender's) that has held back the xmin horizon, or a transaction id,
- * for pepsi.snapshot_warning or longer (see the file comment).
+ * The oldest transaction of this database (or a walsender's) that has held
+ * back the xmin horizon, or a transaction id, for pepsi.snapshot_warning or
+ * longer (see the file comment): runs the query and returns whether it
+ * found one, in SPI_tuptable's first row (in the caller's SPI connection).
+ * Its columns: pid, xact_start, program, state, seconds held, user,
+ * client, and last statement, its whitespace collapsed and cut to
+ * MAINT_STATEMENT_CHARS characters (the warning's; held_horizon() does not
+ * return it).
  */
-static void
-maint_warn_held_horizon(void)
+#define MAINT_STATEMENT_CHARS 200
+static bool
+maint_held_horizon(void)
 {
-	static int		   warned_pid;
-	static TimestampTz warned_xact_start;
-	static SPIPlanPtr  plan;
-	static const Oid   argtypes[] = {INT4OID};
-	Datum			   values[1] = {Int32GetDatum(pepsi_snapshot_warning_s)};
-	bool			   isnull;
-	int				   pid;
-	TimestampTz		   xact_start;
+	static SPIPlanPtr plan;
+	static const Oid  argtypes[] = {INT4OID};
+	Datum			  values[1] = {Int32GetDatum(pepsi_snapshot_warning_s)};
 
 	if (pepsi_snapshot_warning_s <= 0)
-		return;
+		return false;
 	if (plan == NULL)
 	{
 		plan = SPI_prepare("SELECT a.pid, a.xact_start,"
 						   " coalesce(nullif(a.application_name, ''), a.backend_type),"
 						   " coalesce(a.state, ''),"
 						   " extract(epoch FROM clock_timestamp() - a.xact_start)::int4,"
-						   " left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 200),"
-						   " coalesce(a.usename::text, ''), coalesce(host(a.client_addr), 'local')"
-						   " FROM pg_stat_activity a"
-						   " WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)"
-						   " AND a.pid <> pg_backend_pid()"
-						   " AND (a.datname = current_database() OR a.backend_type = 'walsender')"
-						   " AND a.xact_start < clock_timestamp() - make_interval(secs => $1)"
-						   " ORDER BY a.xact_start LIMIT 1",
+						   " coalesce(a.usename::text, ''), coalesce(host(a.client_addr), 'local'),"
+						   " left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), " CppAsString2(MAINT_STATEMENT_CHARS) ")"
+																																 " FROM pg_stat_activity a"
+																																 " WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)"
+																																 " AND a.pid <> pg_backend_pid()"
+																																 " AND (a.datname = current_database() OR a.backend_type = 'walsender')"
+																																 " AND a.xact_start < clock_timestamp() - make_interval(secs => $1)"
+																																 " ORDER BY a.xact_start LIMIT 1",
 						   1, (Oid *) argtypes);
 		if (plan == NULL)
-			elog(ERROR, "pepsi maintenance: could not prepare the held-horizon check");
+			elog(ERROR, "pepsi: could not prepare the held-horizon check");
 		SPI_keepplan(plan);
 	}
 	if (SPI_execute_plan(plan, values, NULL, true, 1) < 0)
-		elog(ERROR, "pepsi maintenance: could not run the held-horizon check");
-	if (SPI_processed == 0)
+		elog(ERROR, "pepsi: could not run the held-horizon check");
+	return SPI_processed > 0;
+}
+
+/* Warn once per transaction about the one maint_held_horizon finds. */
+static void
+maint_warn_held_horizon(void)
+{
+	static int		   warned_pid;
+	static TimestampTz warned_xact_start;
+	bool			   isnull;
+	int				   pid;
+	TimestampTz		   xact_start;
+
+	if (!maint_held_horizon())
 		return;
 	pid = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	xact_start = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
@@ -161,14 +177,49 @@ maint_warn_held_horizon(void)
 					" for %s s: the queue's dead row versions cannot be removed while it lasts",
 					pid, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3),
 					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4),
+					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6),
 					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 7),
-					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 8),
 					SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 5)),
 			 errdetail("Its last statement: %s", SPI_getvalue(SPI_tuptable->vals[0],
-															  SPI_tuptable->tupdesc, 6)),
+															  SPI_tuptable->tupdesc, 8)),
 			 errhint("End that transaction (SELECT pg_terminate_backend(%d) if it was left open);"
 					 " meanwhile pepsi.workqueue and its indexes grow with every message.",
 					 pid)));
+}
+
+PG_FUNCTION_INFO_V1(held_horizon);
+
+/*
+ * pepsi.held_horizon(): the transaction the worker would warn about, for
+ * pepsi-status: who (pid, program, state, user, client), since when, for
+ * how many seconds; no row when none (or pepsi.snapshot_warning is 0).
+ * Not its statement, which may be another role's and hold what that role
+ * alone may read: that goes only to the server log, as PostgreSQL's own
+ * statement logging does.
+ */
+Datum
+held_horizon(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	InitMaterializedSRF(fcinfo, 0);
+	SPI_connect();
+	if (maint_held_horizon())
+	{
+		HeapTuple	  row = SPI_tuptable->vals[0];
+		TupleDesc	  desc = SPI_tuptable->tupdesc;
+		Datum		  values[7];
+		bool		  nulls[7];
+		const int	  columns[7] = {1, 3, 4, 6, 7, 2, 5};
+		MemoryContext caller = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+
+		for (int i = 0; i < 7; i++)
+			values[i] = SPI_getbinval(row, desc, columns[i], &nulls[i]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		MemoryContextSwitchTo(caller);
+	}
+	SPI_finish();
+	return (Datum) 0;
 }
 
 /*
