@@ -633,6 +633,35 @@ stage_late_load(struct stage_worker *w, struct pepsi_ctx **ctxs, size_t count)
 }
 
 /*
+ * The rows of a late load that switched to a successor with a prepare
+ * (stage.h): its prepare on them, one call per successor, before their
+ * passes run, as its own worker would call it on its batch (a delivery
+ * stage: one batch of files, one fsync).
+ */
+static void
+stage_prepare_fused(struct pepsi_ctx **group, const bool *fused, size_t n)
+{
+	struct pepsi_ctx *same[STAGE_LATE_LOAD_MAX];
+	bool			  done[STAGE_LATE_LOAD_MAX] = {false};
+
+	for (size_t i = 0; i < n; i++)
+	{
+		const struct pepsi_stage *stage = group[i]->stage;
+		size_t					  m = 0;
+
+		if (!fused[i] || done[i] || stage->prepare == NULL)
+			continue;
+		for (size_t j = i; j < n; j++)
+			if (fused[j] && !done[j] && group[j]->stage == stage)
+			{
+				same[m++] = group[j];
+				done[j] = true;
+			}
+		stage->prepare(same, m);
+	}
+}
+
+/*
  * The rows whose pass stopped for a successor that loads late: load their
  * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
  * passes.  Once the batch has run STAGE_LATE_FUSION_US, the rows left are
@@ -644,6 +673,7 @@ static void
 stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
 {
 	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
+	bool			  fused[STAGE_LATE_LOAD_MAX];
 	size_t			  next = 0;
 
 	for (;;)
@@ -659,7 +689,13 @@ stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, 
 		for (size_t i = 0; i < n; i++)
 		{
 			group[i]->awaiting_load = false;
-			if (group[i]->loaded >= group[i]->late_load && stage_fuse_successor(group[i]) == STAGE_FUSED)
+			fused[i] = group[i]->loaded >= group[i]->late_load
+					   && stage_fuse_successor(group[i]) == STAGE_FUSED;
+		}
+		stage_prepare_fused(group, fused, n);
+		for (size_t i = 0; i < n; i++)
+		{
+			if (fused[i])
 				stage_run_pass(group[i]);
 			/* A body the pass did not change is not committed: let it go now. */
 			if (!(group[i]->touched & TOUCHED_BODY))

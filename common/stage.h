@@ -66,7 +66,8 @@ struct pepsi_stage
 	 * that go on to it, instead of the row being committed at the
 	 * predecessor, claimed again and loaded again (docs/architecture.md
 	 * 3.4).  Its can_fuse sees the row as loaded so far: the envelope and
-	 * state.  Its prepare is not called for such rows.
+	 * state.  Its prepare is called on the rows of each late load that
+	 * switched to it, before their passes go on.
 	 */
 	bool late_load;
 };
@@ -95,6 +96,8 @@ const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 double pepsi_message_age(const struct pepsi_ctx *ctx);
 /* Seconds since this pass loaded the row: the stage's own time so far. */
 double pepsi_pass_seconds(const struct pepsi_ctx *ctx);
+/* The columns this pass has loaded so far (a late_load successor's can_fuse: its predecessor's). */
+enum pepsi_load pepsi_loaded(const struct pepsi_ctx *ctx);
 /*
  * With [pepsi] MAIL_LOG on, a row of pepsi.mail_log (event, detail) written
  * by the very statement that commits this message's outcome (no round trip

@@ -61,6 +61,12 @@ pepsi_pass_seconds(const struct pepsi_ctx *ctx)
 	return (stage_now_us() - ctx->loaded_us) / 1e6;
 }
 
+enum pepsi_load
+pepsi_loaded(const struct pepsi_ctx *ctx)
+{
+	return ctx->loaded;
+}
+
 void
 pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status)
 {

@@ -57,16 +57,6 @@ sub sessions
 	return scalar keys %pids;
 }
 
-# Each status line's delivery status, or 'none'.
-sub deliveries
-{
-	my ($lines) = @_;
-	return map {
-		my (undef, $report) = decode_status($_);
-		$report && $report->{delivery} ? $report->{delivery}{status} : 'none'
-	} @$lines;
-}
-
 #
 # A batch of five at the relay stage, standalone worker: three delivered,
 # a 451, a 550, each row its own outcome.

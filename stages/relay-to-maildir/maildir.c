@@ -16,6 +16,9 @@
  * them all to the helper, which writes every file, then fsyncs and
  * publishes them and fsyncs each new/ once before it answers; run then
  * concludes each row from its reply, and the rows commit after that.
+ * In the multi-call binary the stage also runs fused after one that loaded
+ * less (late_load), vacation: the rows going on to it have their bodies
+ * loaded in that pass and are delivered as one batch the same way.
  *
  * Options of its [stage-*] section (besides common/delivery.h's):
  *   MAILDIR_ROOT           the directory of the virtual mailboxes (default
@@ -591,11 +594,17 @@ done:
 	return rc;
 }
 
-/* A row with several recipients is split, which a fused pass cannot do. */
+/*
+ * A row with several recipients is split, which a fused pass cannot do.
+ * Loaded late, only after a stage that loaded the headers (vacation, one
+ * batch of rows for a few mailboxes), not after a body-free route: its
+ * batches are long and its workers few, and the deliveries of a route
+ * to local mail would all go through them.
+ */
 static bool
 maildir_can_fuse(struct pepsi_ctx *ctx)
 {
-	return pepsi_rcpt_count(ctx) <= 1;
+	return pepsi_rcpt_count(ctx) <= 1 && pepsi_loaded(ctx) >= PEPSI_LOAD_HEADERS;
 }
 
 /* What the schema cannot say alone: that there is a MAILDIR_ROOT, and that it is a directory. */
@@ -626,6 +635,7 @@ const struct pepsi_stage pepsi_stage_relay_to_maildir_stage = {
 	.check_config = maildir_check_config,
 	.batch_max = MAILDIR_BATCH_MAX,
 	.prepare = maildir_prepare,
+	.late_load = true,
 };
 
 int

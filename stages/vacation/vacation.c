@@ -30,6 +30,13 @@
 
 int pepsi_stage_vacation_main(int argc, char **argv);
 
+/*
+ * The most rows a worker takes at once: their headers loaded with one
+ * statement, and the rows going on to a delivery fused after it (in the
+ * multi-call binary) delivered as one batch.
+ */
+#define VACATION_BATCH_MAX 64
+
 /* The owner's setting of option, else the section's option for address. */
 static const char *
 vacation_text(struct pepsi_ctx *ctx, json_t *settings, const char *option, const char *address)
@@ -157,6 +164,7 @@ const struct pepsi_stage pepsi_stage_vacation_stage = {
 	.program = "pepsi-stage-vacation",
 	.load = PEPSI_LOAD_HEADERS,
 	.run = vacation_run,
+	.batch_max = VACATION_BATCH_MAX,
 };
 
 int

@@ -21,7 +21,7 @@ use PepsiTest;
 our @EXPORT = qw(
   stage_node stage_config worker_cmd unified_cmd run_worker start_worker
   send_ids add_row set_running row_snapshot row_json rows_at
-  statement_calls reset_statements decode_status %QUEUE_STATEMENT
+  statement_calls reset_statements decode_status deliveries %QUEUE_STATEMENT
 );
 
 my $json = JSON::PP->new->canonical;
@@ -248,6 +248,16 @@ sub decode_status
 	  or return (undef, undef);
 
 	return ($code, defined $report ? $json->decode($report) : undef);
+}
+
+# Each status line's delivery outcome (its report's delivery status), or 'none'.
+sub deliveries
+{
+	my ($lines) = @_;
+	return map {
+		my (undef, $report) = decode_status($_);
+		$report && $report->{delivery} ? $report->{delivery}{status} : 'none'
+	} @$lines;
 }
 
 1;
