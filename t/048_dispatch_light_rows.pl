@@ -16,13 +16,6 @@
 # dispatcher learns that an unregistered program batches) would stay
 # full.  The light row runs in a batch of its own, is answered, and a
 # second light row is claimed while the heavy rows are still held.
-#
-# With EXPRESS_WORKER (pool.c: pool_express), one worker beyond
-# PARALLELISM: a heavy sender alone never starts it.  Its held rows fill
-# the one ordinary worker; a light sender's row runs on the express worker
-# while they are still held.  More of the heavy sender's rows, claimed
-# meanwhile, wait on the ordinary worker behind the held batch and never
-# run on the express one.
 
 use strict;
 use warnings FATAL => 'all';
@@ -124,64 +117,4 @@ ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') 
 	'one worker: all drain once the heavy rows are released');
 stop_dispatcher($d);
 
-# One ordinary worker and the express worker.
-$node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log');
-my $gate3 = PostgreSQL::Test::Utils::tempdir() . '/gate3';
-$config = write_config($node, stages => <<"EOF");
-[stage-batch]
-PROGRAM = $program
-PARALLELISM = 1
-EXPRESS_WORKER = yes
-BATCH = yes
-SLEEP_MS = 5
-EOF
-$d = start_dispatcher($config);
-
-# The heavy sender's earlier burst, which charges it worker time.
-add_rows($node, 200, stage => 'batch', sender => '10.0.0.1');
-ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }),
-	'the earlier burst drains');
-@workers = worker_pids($d, 'test-stage');
-is(scalar @workers, 1, 'one sender alone runs on the ordinary worker only');
-my ($ordinary) = @workers;
-
-# The heavy sender's held rows, then the light sender's row.
-($light, @heavy) = light_row_past_held($node, 'batch', $gate3);
-my $express = scalar_query($node, "SELECT pid FROM test_log WHERE id = $light");
-isnt($express, $ordinary, 'the light row ran on a worker of its own');
-is(scalar(worker_pids($d, 'test-stage')), 2, 'the stage has two workers, one beyond PARALLELISM');
-
-# More heavy rows while the batch is held: claimed, but kept off the express worker.
-my @more = add_rows($node, 10, stage => 'batch', sender => '10.0.0.1');
-ok( poll_until(
-		sub {
-			scalar_query($node,
-				'SELECT count(*) FROM pepsi.workqueue WHERE status = \'running\' AND id IN ('
-				  . join(',', @more) . ')') == 10;
-		},
-		60),
-	'the later heavy rows are all claimed');
-is( scalar_query($node, 'SELECT count(*) FROM test_log WHERE id IN (' . join(',', @more) . ')'),
-	0, 'none of them ran: they wait behind the held batch, not on the idle express worker');
-
-# A second light row still finds the express worker.
-($light2) = add_rows($node, 1, stage => 'batch', sender => '10.9.0.2');
-ok( poll_until(
-		sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light2") == 1 }, 60),
-	'a second light row is done while the heavy rows wait');
-is(scalar_query($node, "SELECT pid FROM test_log WHERE id = $light2"),
-	$express, 'on the express worker');
-
-open $fh, '>', $gate3 or die "cannot create $gate3: $!";
-close $fh;
-ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }),
-	'everything drains once the heavy rows are released');
-is( scalar_query($node,
-		"SELECT count(*) FROM test_log WHERE sender = 'ip:10.0.0.1' AND pid <> $ordinary"),
-	0, 'no row of the heavy sender ever ran on the express worker');
-is( scalar_query($node, 'SELECT count(DISTINCT id) FROM test_log'),
-	scalar_query($node, 'SELECT count(*) FROM test_log'),
-	'no row ran twice');
-
-stop_dispatcher($d);
 done_testing();

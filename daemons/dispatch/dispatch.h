@@ -30,7 +30,6 @@ struct stage_spec
 	char *name; /* without "stage-" */
 	char *program;
 	long  parallelism;
-	bool  express; /* one more worker, for lighter senders only (pool.c) */
 	long  max_messages;
 	long  queue_limit;
 	long  max_runtime_ms;
@@ -123,7 +122,6 @@ struct pool_worker
 	double				last_done; /* when the previous answer came: the next one's start */
 	double				idle_since;
 	enum worker_state	state;
-	bool				express; /* beyond PARALLELISM: lighter senders' rows only */
 	struct pool_worker *next;
 };
 
@@ -131,7 +129,7 @@ struct pool
 {
 	struct stage_spec	 spec;
 	struct pool_worker	*workers;
-	int					 nworkers;		 /* the express worker not counted */
+	int					 nworkers;
 	double				 cooldown_until; /* spawning failed: hold off until then */
 	double				 row_cost_us;	 /* mean worker time per message, for the claim */
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */

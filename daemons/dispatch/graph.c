@@ -155,7 +155,6 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 		}
 		specs[i].program = xstrdup(program);
 		specs[i].parallelism = config_int(cfg, section, "PARALLELISM");
-		specs[i].express = config_bool(cfg, section, "EXPRESS_WORKER");
 		specs[i].max_messages = config_int(cfg, section, "MAX_MESSAGES");
 		specs[i].queue_limit = config_int(cfg, section, "QUEUE_LIMIT");
 		specs[i].max_runtime_ms = config_duration_ms(cfg, section, "MAX_RUNTIME");

@@ -19,19 +19,6 @@
  * or timeout), so a poison message cannot keep a stage busy dying.  A worker is retired after MAX_MESSAGES.  A PROGRAM that cannot
  * be started, or that dies before reading its input, holds its stage off
  * for SPAWN_COOLDOWN and fails no row.
- *
- * With EXPRESS_WORKER, a stage has one worker beyond PARALLELISM that is
- * never given a row of the heaviest senders: only a row that would wait
- * behind a heavier sender's rows on every other worker (pool_express).
- * Under a burst every ordinary worker holds the burst's rows, and a light
- * sender's row then runs at once instead of after a pipeline or a batch
- * of them; the burst is bound by the CPUs, not by its workers, so the
- * extra process costs it little.  Its idleness never hurries the claim
- * (pools_claim_urgent), nor do its answers (under a burst the claims
- * follow each other within DBCONN_CLAIM_COALESCE, and one more claim per
- * light row would cost the burst more than it saves the light row), and
- * the stage's claim always asks for its room, so a light row is claimed
- * in the next claim however full the other workers are.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -86,9 +73,6 @@ pool_depth(const struct pool *pool)
  */
 #define HAND_AHEAD 3
 
-/* How many ids the express worker holds at most: light rows are few at a time. */
-#define EXPRESS_DEPTH HAND_AHEAD
-
 /* Whether a worker may take one more id at all: its queue limit and MAX_MESSAGES. */
 static bool
 worker_has_room(const struct pool_worker *w)
@@ -107,35 +91,18 @@ static int
 worker_slots(const struct pool_worker *w)
 {
 	long left = w->pool->spec.max_messages - w->handled - w->count;
-	int	 depth = w->express ? EXPRESS_DEPTH : pool_depth(w->pool);
-	int	 room = (depth < (int) w->pool->spec.queue_limit ? depth : (int) w->pool->spec.queue_limit)
-			   - w->count;
+	int	 depth = pool_depth(w->pool);
+	int	 room = (depth < w->ring ? depth : w->ring) - w->count;
 
 	if (w->state != WORKER_RUNNING || left <= 0 || room <= 0)
 		return 0;
 	return left < room ? (int) left : room;
 }
 
-/* How many more ids a worker's ring holds, within MAX_MESSAGES, beyond its slots. */
-static int
-worker_beyond_slots(const struct pool_worker *w)
-{
-	long left = w->pool->spec.max_messages - w->handled - w->count;
-	long room = w->ring - w->count;
-
-	if (w->state != WORKER_RUNNING || left <= 0 || room <= 0)
-		return 0;
-	return (int) (left < room ? left : room) - worker_slots(w);
-}
-
 /*
  * How many more ids the pool can take now.  While the stage is held off
  * after a failed start, no worker is spawned, but the workers it has keep
- * being fed.  The express worker's room counts as far as the other
- * workers could take in its stead what a claim brings that is no light
- * row: when none was pending, the claim brings the heavy sender's, which
- * the ordinary workers take beyond their depth (their rings hold
- * EXPRESS_DEPTH more for that), and ask that much less of the next claim.
+ * being fed.
  */
 int
 pool_capacity(const struct pool *pool, double now)
@@ -144,27 +111,14 @@ pool_capacity(const struct pool *pool, double now)
 	long per_worker = pool_depth(pool) < pool->spec.max_messages
 						  ? pool_depth(pool)
 						  : pool->spec.max_messages;
-	int	 express = -1; /* its room; -1: not started */
-	int	 beyond = 0;
 
 	if (pool->removed || dispatcher.shutting_down)
 		return 0;
 	for (const struct pool_worker *w = pool->workers; w; w = w->next)
-		if (w->express)
-			express = worker_slots(w);
-		else
-		{
-			capacity += worker_slots(w);
-			beyond += worker_beyond_slots(w);
-		}
+		capacity += worker_slots(w);
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
-	{
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
-		beyond += (int) (pool->spec.parallelism - pool->nworkers) * EXPRESS_DEPTH;
-	}
-	if (express < 0)
-		express = pool->spec.express && now >= pool->cooldown_until ? EXPRESS_DEPTH : 0;
-	return capacity + (express < beyond ? express : beyond);
+	return capacity;
 }
 
 /* Work may have come for every stage (a NOTIFY, the heartbeat). */
@@ -195,11 +149,10 @@ pools_claim_urgent(double now)
 	{
 		if (!p->may_have_work || pool_capacity(p, now) <= 0)
 			continue;
-		if (p->nworkers == 0)
+		if (p->workers == NULL)
 			return true;
-		/* The express worker idles by design: a light row waits for the next claim. */
 		for (const struct pool_worker *w = p->workers; w; w = w->next)
-			if (!w->express && w->count == 0 && worker_slots(w) > 0)
+			if (w->count == 0 && worker_slots(w) > 0)
 				return true;
 	}
 	return false;
@@ -282,7 +235,7 @@ static void worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents
 static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents);
 
 static struct pool_worker *
-worker_spawn(struct pool *pool, bool express)
+worker_spawn(struct pool *pool)
 {
 	int					in_pipe[2] = {-1, -1};
 	int					out_pipe[2] = {-1, -1};
@@ -354,11 +307,9 @@ worker_spawn(struct pool *pool, bool express)
 	w = xcalloc(1, sizeof(*w));
 	w->pool = pool;
 	w->pid = pid;
-	w->express = express;
 	w->to_child = in_pipe[1];
 	w->from_child = out_pipe[0];
-	/* Room beyond QUEUE_LIMIT for what a claim brought the express worker that was no light row. */
-	w->ring = (int) pool->spec.queue_limit + (pool->spec.express && !express ? EXPRESS_DEPTH : 0);
+	w->ring = (int) pool->spec.queue_limit;
 	w->queue = xcalloc((size_t) w->ring, sizeof(struct inflight));
 	w->idle_since = w->last_done = now_seconds();
 	fcntl(w->to_child, F_SETFL, O_NONBLOCK);
@@ -373,11 +324,10 @@ worker_spawn(struct pool *pool, bool express)
 	ev_child_start(dispatcher.loop, &w->child);
 	w->next = pool->workers;
 	pool->workers = w;
-	if (!express)
-		pool->nworkers++;
+	pool->nworkers++;
 	free(exe);
-	log_debug("stage %s: started %sworker %d (%d of %ld)", pool->spec.name,
-			  express ? "the express " : "", (int) pid, pool->nworkers, pool->spec.parallelism);
+	log_debug("stage %s: started worker %d (%d of %ld)", pool->spec.name, (int) pid,
+			  pool->nworkers, pool->spec.parallelism);
 	return w;
 
 err:
@@ -515,7 +465,7 @@ pool_least_loaded(struct pool *pool, double now, bool skip_stalled)
 	struct pool_worker *best = NULL;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (!w->express && worker_has_room(w) && (best == NULL || w->count < best->count)
+		if (worker_has_room(w) && (best == NULL || w->count < best->count)
 			&& !(skip_stalled && worker_stalled(w, now)))
 			best = w;
 	return best;
@@ -541,37 +491,6 @@ worker_holds_heavier(const struct pool_worker *w, const char *sender, double use
 }
 
 /*
- * The express worker, if the row should go there: its stage has one, and
- * on best (the ordinary worker it would go to, NULL if none has slots)
- * or, without best, on every ordinary worker, it would wait behind the
- * rows of a sender far heavier than its own (a new ordinary worker, which
- * would take it at once, is preferred).  NULL when the express worker is
- * full: the row then takes the ordinary way.
- */
-static struct pool_worker *
-pool_express(struct pool *pool, const struct pool_worker *best, const char *sender, double use,
-			 double now)
-{
-	struct pool_worker *express = NULL;
-
-	if (!pool->spec.express || (best != NULL && (best->count == 0 || !worker_holds_heavier(best, sender, use))))
-		return NULL;
-	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (w->express)
-			express = w;
-		else if (best == NULL && w->state == WORKER_RUNNING
-				 && (w->count == 0 || !worker_holds_heavier(w, sender, use)))
-			return NULL;
-	if (now < pool->cooldown_until)
-		return express != NULL && worker_slots(express) > 0 ? express : NULL;
-	if (best == NULL && pool->nworkers < pool->spec.parallelism)
-		return NULL;
-	if (express == NULL)
-		return worker_spawn(pool, true);
-	return worker_slots(express) > 0 ? express : NULL;
-}
-
-/*
  * Pack onto the busiest worker with room, so surplus workers go idle,
  * passing over a stalled one (worker_stalled).  But a row of a sender
  * lighter than one whose rows that worker holds goes to the worker with
@@ -592,19 +511,14 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	double				now = now_seconds();
 	double				use = fair_used(pool->fair, sender, now, dispatcher.fair_half_life);
 	int					at;
-	struct pool_worker *express;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (!w->express && worker_slots(w) > 0 && (best == NULL || w->count > best->count)
-			&& !worker_stalled(w, now))
+		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count) && !worker_stalled(w, now))
 			best = w;
 	if (best != NULL && best->count > 0 && worker_holds_heavier(best, sender, use))
 		for (struct pool_worker *w = pool->workers; w; w = w->next)
-			if (!w->express && worker_slots(w) > 0 && w->count < best->count
-				&& !worker_stalled(w, now))
+			if (worker_slots(w) > 0 && w->count < best->count && !worker_stalled(w, now))
 				best = w;
-	if (!dispatcher.shutting_down && (express = pool_express(pool, best, sender, use, now)) != NULL)
-		best = express;
 
 	/*
 	 * The claim was sized by the depth of its moment; answers since may
@@ -617,7 +531,7 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	if (dispatcher.shutting_down)
 		return false; /* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism && now >= pool->cooldown_until)
-		best = worker_spawn(pool, false);
+		best = worker_spawn(pool);
 	/* Only a stalled worker has room: the id waits there rather than go back. */
 	if (best == NULL)
 		best = pool_least_loaded(pool, now, false);
@@ -869,9 +783,7 @@ worker_read(struct pool_worker *w)
 		double				   started = head->sent_at > w->last_done ? head->sent_at : w->last_done;
 
 		share_us = (now - started) * 1e6 / answers;
-		/* The express worker's batches, a light row or two, say nothing of the ordinary pipelines. */
-		if (!w->express)
-			depth_record_batch(&w->pool->depth, answers, share_us * answers);
+		depth_record_batch(&w->pool->depth, answers, share_us * answers);
 		if (answers >= HAND_AHEAD && w->pool->intake == INTAKE_UNKNOWN)
 			w->pool->intake = INTAKE_BATCH;
 	}
@@ -1039,8 +951,7 @@ worker_close(struct pool_worker *w)
 			*link = w->next;
 			break;
 		}
-	if (!w->express)
-		pool->nworkers--;
+	pool->nworkers--;
 	buf_free(&w->in);
 	buf_free(&w->out);
 	free(w->queue);
@@ -1152,7 +1063,6 @@ pools_configure(struct stage_spec *specs, size_t count)
 		free(p->spec.program);
 		p->spec.program = xstrdup(specs[i].program);
 		p->spec.parallelism = specs[i].parallelism;
-		p->spec.express = specs[i].express;
 		p->spec.max_messages = specs[i].max_messages;
 		p->spec.max_runtime_ms = specs[i].max_runtime_ms;
 		p->cooldown_until = 0;
