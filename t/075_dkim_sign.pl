@@ -8,7 +8,8 @@
 # rows (all signed, still one body row).  Then what cannot be signed:
 # no From:, no key, an over-long line (failed under REQUIRE_SIGNATURE, else
 # sent on with the reason), and a key file that is missing, readable by
-# others or of the wrong type (paused with the reason, never sent unsigned).
+# others or of the wrong type (paused with the reason, never sent unsigned);
+# and a key file replaced under a running worker (signed with the new key).
 
 use strict;
 use warnings FATAL => 'all';
@@ -412,6 +413,40 @@ like($r->{stderr}, qr/CANONICALIZATION "loose\/simple" is not header\/body of si
 	like($out, qr/^\[dkim-key-open\] .*cannot be loaded: .*accessible to group or others/m,
 		'pepsi-keys check: a private key readable by others is refused');
 	$dns->stop;
+}
+
+#
+# A rotated key: the operator renames a new key file over the old one and
+# publishes its record.  A worker that keeps running looks at a loaded
+# key's file at most once a second (common/auth/keys.c), so a message it
+# signs a second after the rename carries the new key's signature.
+#
+{
+	my $worker = start_worker(worker_cmd('pepsi-stage-dkim-sign', $conf));
+	my $message = sub {
+		add_message($node, 'sign',
+			headers => "From: <x\@ed.example>\r\nTo: <y\@remote.test>\r\nSubject: rotation $_[0]\r\n$date",
+			body => "rotation\r\n");
+	};
+	my $before = $message->('before');
+	is_deeply([ send_ids($worker, "$before\n", 1) ], ['0'], 'rotation: the worker signs with the old key');
+	verified('rotation, old key', row_message($node, $before), ['ed25519']);
+
+	my ($new_path, $new_record) = make_key($dir, 'ed-only-next', 'ed25519-sha256');
+	my %old_zone = %zone;
+	rename($new_path, "$dir/ed-only.pem") or die "cannot rename $new_path: $!";
+	$zone{'e1._domainkey.ed.example'} = $new_record;
+	isnt($new_record, $old_zone{'e1._domainkey.ed.example'}, 'rotation: the new key is another key');
+	sleep 2;
+
+	my $after = $message->('after');
+	is_deeply([ send_ids($worker, "$after\n", 1) ], ['0'], 'rotation: the same worker signs after the rename');
+	my $signed_after = row_message($node, $after);
+	verified('rotation, new key', $signed_after, ['ed25519']);
+	is_deeply(verify_message(\%old_zone, $signed_after)->{'python-dkim'}, ['fail'],
+		'rotation: the old record no longer verifies it (the new key signed)');
+	$worker->{in} = '';
+	$worker->{harness}->finish;
 }
 
 stop_process($peer);
