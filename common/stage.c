@@ -661,6 +661,14 @@ stage_prepare_fused(struct pepsi_ctx **group, const bool *fused, size_t n)
 	}
 }
 
+/* A body the pass did not change is not committed: let it go now. */
+static void
+stage_late_body_done(struct pepsi_ctx *ctx)
+{
+	if (!(ctx->touched & TOUCHED_BODY))
+		buf_free(&ctx->body);
+}
+
 /*
  * The rows whose pass stopped for a successor that loads late: load their
  * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
@@ -673,7 +681,7 @@ static void
 stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
 {
 	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
-	bool			  fused[STAGE_LATE_LOAD_MAX];
+	bool			  deferred[STAGE_LATE_LOAD_MAX];
 	size_t			  next = 0;
 
 	for (;;)
@@ -686,21 +694,35 @@ stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, 
 		if (n == 0 || stage_now_us() - batch_started > STAGE_LATE_FUSION_US
 			|| !stage_late_load(w, group, n))
 			break;
+		/*
+		 * In order, each row's pass right after its successor took it: a
+		 * successor's can_fuse may rest on what the passes before learned
+		 * (relay-to-internet's: a domain just seen to be slow).  Only the
+		 * rows of a successor with a prepare wait for the others, to be
+		 * prepared as one batch (stage_prepare_fused), then run.
+		 */
 		for (size_t i = 0; i < n; i++)
 		{
 			group[i]->awaiting_load = false;
-			fused[i] = group[i]->loaded >= group[i]->late_load
-					   && stage_fuse_successor(group[i]) == STAGE_FUSED;
-		}
-		stage_prepare_fused(group, fused, n);
-		for (size_t i = 0; i < n; i++)
-		{
-			if (fused[i])
+			deferred[i] = false;
+			if (group[i]->loaded >= group[i]->late_load && stage_fuse_successor(group[i]) == STAGE_FUSED)
+			{
+				if (group[i]->stage->prepare != NULL)
+				{
+					deferred[i] = true;
+					continue;
+				}
 				stage_run_pass(group[i]);
-			/* A body the pass did not change is not committed: let it go now. */
-			if (!(group[i]->touched & TOUCHED_BODY))
-				buf_free(&group[i]->body);
+			}
+			stage_late_body_done(group[i]);
 		}
+		stage_prepare_fused(group, deferred, n);
+		for (size_t i = 0; i < n; i++)
+			if (deferred[i])
+			{
+				stage_run_pass(group[i]);
+				stage_late_body_done(group[i]);
+			}
 		/* Rows that stopped again (a successor that needs still more) wait for the next batch. */
 	}
 	for (size_t i = 0; i < count; i++)
