@@ -15,15 +15,6 @@ use Time::HiRes qw(usleep);
 my $node = pepsi_node('claim_cache');
 $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 
-# Admit $count rows at stage relay from $address in the given session.
-sub admit_sql
-{
-	my ($count, $address) = @_;
-
-	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
-	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
-}
-
 # One long-lived session, as the dispatcher's: its sender cache lives as
 # long as it does.
 my $claimer = $node->background_psql('postgres');

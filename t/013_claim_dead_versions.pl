@@ -18,14 +18,6 @@ use Test::More;
 my $node = pepsi_node('claim_dead_versions');
 $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 
-sub admit_sql
-{
-	my ($count, $address) = @_;
-
-	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
-	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
-}
-
 # The dispatcher's long-lived session.
 my $claimer = $node->background_psql('postgres');
 

@@ -24,14 +24,6 @@ use Test::More;
 my $node = pepsi_node('claim_plans');
 $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 
-sub admit_sql
-{
-	my ($count, $address) = @_;
-
-	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
-	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
-}
-
 # A burst and a few light senders at relay; 60% of the burst then moves
 # on to the later stages as the workers would send it (a new stage, a new
 # pending_seq, a new row version wherever the page has room), and

@@ -21,14 +21,6 @@ use Time::HiRes qw(time usleep);
 my $node = pepsi_node('claim_below_floor');
 $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 
-sub admit_sql
-{
-	my ($count, $address) = @_;
-
-	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
-	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
-}
-
 # The dispatcher's long-lived session; the rows it claims are finished at once.
 my $claimer = $node->background_psql('postgres');
 

@@ -35,7 +35,7 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
-  prometheus_samples self_signed_certificate
+  prometheus_samples self_signed_certificate admit_sql
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -119,6 +119,16 @@ sub wait_until
 	Test::More::diag("waited for \"$sql\" to return \"$expected\"; the last answer was \""
 		  . ($ret == 0 ? $out : $err) . '"');
 	return 0;
+}
+
+# The statement that admits $count rows at stage relay from client $address
+# (one sender, one recipient, empty message): the claim tests' senders.
+sub admit_sql
+{
+	my ($count, $address) = @_;
+
+	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
+	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
 }
 
 # The number of rows of the queue (in database $db, default postgres),
