@@ -41,6 +41,12 @@ burst), from pg_stat_statements and pg_stat_database over the run:
                 divided by the rows each commit carries
   commit.ms     the server's time per worker commit
   xact/msg      pg_stat_database.xact_commit per message
+
+And what it cost the machine: cpu.ms/msg, the CPU time every process
+used (/proc/stat, this driver included) from the start of the run to its
+last delivery, per message; a light message costs far more than one of
+the burst (it runs alone through every stage), so this tells the burst's
+loss to the light clients' own work from a loss to how they are served.
 """
 import argparse
 import os
@@ -117,6 +123,14 @@ def latencies(mailbox):
                 out.append((sent, mtime - sent, mtime))
                 break
     return out
+
+
+def cpu_seconds():
+    """CPU time used by the whole machine so far (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    ticks = sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def psql(args, sql):
@@ -313,6 +327,7 @@ def main():
 
     totals_before = stage_totals(args) if args.psql else {}
     xact_before = cost_start(args) if args.psql else 0
+    cpu_before = cpu_seconds()
     stop = threading.Event()
     sent = []
     threads = []
@@ -345,6 +360,9 @@ def main():
     stop.set()
     for t in threads:
         t.join()
+    if threads:
+        wait_count(light_box, len(sent), time.time() + 300)
+    cpu_used = cpu_seconds() - cpu_before
 
     rate = args.burst / (burst_end - burst_start) if burst_start else float("nan")
     def in_window(s):
@@ -370,8 +388,10 @@ def main():
                                     {s: m for s, _, m in delivered}, totals_before)
     if burst_start:
         cost += " burst.accept=%.2f burst.drain=%.2f" % (accepted - burst_start, burst_end - accepted)
+    messages = len(sent) + (args.burst if burst_start else 0)
     if args.psql:
-        cost += " " + cost_fields(args, xact_before, len(sent) + (args.burst if burst_start else 0))
+        cost += " " + cost_fields(args, xact_before, messages)
+    cost += " cpu.ms/msg=%.3f" % (cpu_used * 1000 / messages)
     print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s%s" % (
         args.mode, percentile(lat, 0.5), percentile(lat, 0.99), len(lat),
         max(lat) if lat else float("nan"), rate, cost, parts))
