@@ -4,6 +4,10 @@
 -- its transaction has run, its statement), the queue table's dead and
 -- live versions and vacuums, the rows running and pending, and the
 -- claim's calls and total server time so far (pg_stat_statements).
+-- The rows running and pending are the queue gauges' (pepsi.queue_gauge,
+-- which the maintenance worker refreshes every few seconds): counting the
+-- queue here read the whole table, dead versions and all, every second,
+-- 140 ms a sample under the burst, 7% of the machine in every run.
 SELECT extract(epoch FROM clock_timestamp())::numeric(16, 2),
        coalesce(h.xmin_age, 0),
        coalesce(h.xact_s, 0), coalesce(h.holder, '-'),
@@ -13,9 +17,9 @@ SELECT extract(epoch FROM clock_timestamp())::numeric(16, 2),
        q.running, q.pending,
        coalesce(s.calls, 0), coalesce(s.total_ms, 0)::numeric(14, 2)
 FROM pg_stat_user_tables t
-CROSS JOIN (SELECT count(*) FILTER (WHERE status = 'running') AS running,
-                   count(*) FILTER (WHERE status = 'pending') AS pending
-            FROM pepsi.workqueue) q
+CROSS JOIN (SELECT coalesce(sum(messages) FILTER (WHERE status = 'running'), 0) AS running,
+                   coalesce(sum(messages) FILTER (WHERE status = 'pending'), 0) AS pending
+            FROM pepsi.queue_gauge) q
 LEFT JOIN (SELECT sum(calls) AS calls, sum(total_exec_time) AS total_ms FROM pg_stat_statements
            WHERE query LIKE '%workqueue_claim(%') s ON true
 LEFT JOIN (SELECT age(a.backend_xmin) AS xmin_age,
