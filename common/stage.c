@@ -174,21 +174,23 @@ static const char *const stage_late_load_names[] = {NULL, "pepsi_late_load_heade
  * the body, a hash join over every body), and while the burst that
  * followed grew the table to thousands of pages every load of a few rows
  * read them all: in bench/fairness 3.4 ms and 1,650 buffers a load, a
- * third of the run's database time (t/024 shows the plan).  As the extension's claim and commit functions are
- * (pepsi--0.1--0.2.sql), the session is planned with sequential scans off,
- * which keeps every keyed read on its index whatever the table's size,
- * and without JIT, which the disabled cost of a table read whole (the
- * options overrides) would otherwise set compiling.  No statement of a
- * stage reads a table of the queue whole.
+ * third of the run's database time (t/024 shows the plan).  As the
+ * extension's claim and commit functions are (pepsi--0.1--0.2.sql), the
+ * session is planned with sequential scans off, which keeps every keyed
+ * read on its index whatever the table's size, and without JIT, which the
+ * disabled cost of a table read whole (the options overrides) would
+ * otherwise set compiling.  No statement of a stage reads a table of the
+ * queue whole.  One statement, so db_exec's retry of a transient error
+ * covers it.
  */
-#define STAGE_SESSION_SQL "SET enable_seqscan = off; SET jit = off"
+#define STAGE_SESSION_SQL "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)"
 
 /* Set up the worker's session and prepare its loads (at start, and after a reconnect). */
 static bool
 stage_prepare_statements(PGconn *conn, char *err, size_t errlen)
 {
-	PGresult *res = PQexec(conn, STAGE_SESSION_SQL);
-	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+	PGresult *res = db_exec(conn, STAGE_SESSION_SQL, 0, NULL);
+	bool	  ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 
 	if (!ok)
 		snprintf(err, errlen, "cannot set up the session: %s", db_error(res, conn));

@@ -365,8 +365,7 @@ def main():
     stop.set()
     for t in threads:
         t.join()
-    if threads:
-        wait_count(light_box, len(sent), time.time() + 300)
+    light_arrived = not threads or wait_count(light_box, len(sent), time.time() + 300)
     cpu_used = cpu_seconds() - cpu_before
     driver_used = time.process_time() - driver_before
 
@@ -378,7 +377,7 @@ def main():
     parts = ""
     cost = ""
     if threads:
-        if not wait_count(light_box, len(sent), time.time() + 300):
+        if not light_arrived:
             print("only %d of %d light messages arrived" % (len(maildir_files(light_box)), len(sent)),
                   file=sys.stderr)
             return 1
