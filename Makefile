@@ -56,6 +56,10 @@ program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
+# The set-group-id stages (see Privileged programs below), and their code.
+PRIVILEGED_STAGES = pepsi-stage-dot-forward
+privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
+PRIVILEGED_STAGE_OBJS = $(foreach d,$(privileged_stage_dirs),$(call program_objs,$(d)))
 
 UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tests/test_*.c \
                                              daemons/*/tests/test_*.c))
@@ -94,15 +98,19 @@ $(B)/libpepsi.a: $(COMMON_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-# The multi-call table: PROGRAM(ident, name) or STAGE(ident, name) per program.
-$(B)/programs.h: $(program_dirs) Makefile
+# The multi-call table: PROGRAM(ident, name) or STAGE(ident, name) per
+# program, and FUSED_STAGE(ident, name) per privileged stage (below): in
+# the stage registry, for the rows it passes on, but not a program of the
+# multi-call binary.
+$(B)/programs.h: $(program_dirs) $(privileged_stage_dirs) Makefile
 	@mkdir -p $(B)
-	@{ $(foreach d,$(program_dirs),echo '$(if $(findstring stages/,$(d)),STAGE,PROGRAM)($(call program_ident,$(d)), "$(call program_name,$(d))")';) } > $@.tmp
+	@{ $(foreach d,$(program_dirs),echo '$(if $(findstring stages/,$(d)),STAGE,PROGRAM)($(call program_ident,$(d)), "$(call program_name,$(d))")';) \
+	   $(foreach d,$(privileged_stage_dirs),echo 'FUSED_STAGE($(call program_ident,$(d)), "$(call program_name,$(d))")';) } > $@.tmp
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
-$(B)/bin/pepsi: $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(B)/libpepsi.a
+$(B)/bin/pepsi: $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
@@ -118,15 +126,17 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # HELPER_COMMON (libc only: no libpq, no jansson, no configuration loader).
 # A symlink to the multi-call binary could not carry its bit without
 # lending it to every program, so neither the helpers nor PRIVILEGED_STAGES
-# (the setgid stages that run them) are in the multi-call binary: those
-# stages are built standalone only, and never fused.  make install, as
+# (the setgid stages that run them) are programs of the multi-call binary:
+# those stages are built standalone.  Their code is linked into it all the
+# same, for the stage registry only (FUSED_STAGE), so that a row such a
+# stage would only pass on runs fused in its predecessor's worker, which
+# needs no privilege for it (stage.h fuses_passing_on).  make install, as
 # root, creates each helper's group and installs the helper root:GROUP
 # mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
 # not as root, both without their bits, with a warning.
 HELPER_COMMON = log xalloc privilege
 helper_dirs = $(wildcard helpers/*/)
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
-PRIVILEGED_STAGES = pepsi-stage-dot-forward
 # Per helper: its stage and the group they share; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
 # links.
@@ -154,7 +164,7 @@ programs: $(addprefix $(B)/bin/,$(HELPERS))
 # The standalone rules above are made; from here on program_dirs (read by
 # the recipes of programs.h, the multi-call binary, install and uninstall
 # when they run) leaves the privileged stages out.
-program_dirs := $(filter-out $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/),$(program_dirs))
+program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
 
 # install_privileged HELPER STAGE GROUP
 define install_privileged

@@ -16,5 +16,12 @@
 
 /* The settings of address (any case) as a JSON object option -> value (new reference); NULL with err. */
 json_t *settings_for_address(PGconn *conn, const char *address, char *err, size_t errlen);
+/*
+ * The settings of every address of addresses[0..count) with one statement:
+ * a JSON object address (as given) -> its settings (an empty object for
+ * one with none); a new reference, or NULL with err.
+ */
+json_t *settings_for_addresses(PGconn *conn, const char *const *addresses, size_t count, char *err,
+							   size_t errlen);
 
 #endif

@@ -538,6 +538,7 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	char					 *old_section;
 	const struct pepsi_stage *old_stage;
 	bool					  late;
+	bool					  passing_on;
 
 	if (!w->allow_fusion || stage_registry == NULL || ctx->terminal != TERMINAL_ADVANCE
 		|| ctx->split_done)
@@ -545,8 +546,10 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	section = xasprintf("stage-%s", ctx->target);
 	program = config_get(w->cfg, section, "PROGRAM");
 	next = program ? stage_registry(stage_basename(program)) : NULL;
-	late = next != NULL && next->load > ctx->loaded;
-	if (next == NULL || (late && !next->late_load) || stage_runs_privileged(program))
+	/* A row a fuses_passing_on stage accepts needs neither its columns nor its privileges. */
+	passing_on = next != NULL && next->fuses_passing_on && next->can_fuse != NULL;
+	late = next != NULL && next->load > ctx->loaded && !passing_on;
+	if (next == NULL || (late && !next->late_load) || (!passing_on && stage_runs_privileged(program)))
 	{
 		free(section);
 		return STAGE_NOT_FUSED;
@@ -698,30 +701,24 @@ stage_late_body_done(struct pepsi_ctx *ctx)
 }
 
 /*
- * The rows whose pass stopped for a successor that loads late: load their
- * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
- * passes.  Once the batch has run STAGE_LATE_FUSION_US, the rows left are
- * committed as the plain advances they are, for the successor's own
- * workers: a batch of a body-free stage may be long, and its rows are
- * answered only when it ends.
+ * One group of rows whose passes stopped for a successor that loads late:
+ * load their columns with one statement and go on with their passes, and
+ * again for the rows that stop once more (vacation after a route, then
+ * the maildir stage's bodies after vacation), until none waits.  Returns
+ * false once the batch has run STAGE_LATE_FUSION_US or a load failed: the
+ * rows still waiting then advance as they are.
  */
-static void
-stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
+static bool
+stage_late_fuse_group(struct stage_worker *w, struct pepsi_ctx **group, size_t n, double batch_started)
 {
-	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
-	bool			  deferred[STAGE_LATE_LOAD_MAX];
-	size_t			  next = 0;
+	bool deferred[STAGE_LATE_LOAD_MAX];
 
-	for (;;)
+	while (n > 0)
 	{
-		size_t n = 0;
+		size_t waiting = 0;
 
-		for (; next < count && n < STAGE_LATE_LOAD_MAX; next++)
-			if (ctxs[next].awaiting_load && ctxs[next].error == NULL)
-				group[n++] = &ctxs[next];
-		if (n == 0 || stage_now_us() - batch_started > STAGE_LATE_FUSION_US
-			|| !stage_late_load(w, group, n))
-			break;
+		if (stage_now_us() - batch_started > STAGE_LATE_FUSION_US || !stage_late_load(w, group, n))
+			return false;
 		/*
 		 * In order, each row's pass right after its successor took it: a
 		 * successor's can_fuse may rest on what the passes before learned
@@ -751,7 +748,38 @@ stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, 
 				stage_run_pass(group[i]);
 				stage_late_body_done(group[i]);
 			}
-		/* Rows that stopped again (a successor that needs still more) wait for the next batch. */
+		/* The rows that stopped again, for a successor that needs still more. */
+		for (size_t i = 0; i < n; i++)
+			if (group[i]->awaiting_load && group[i]->error == NULL)
+				group[waiting++] = group[i];
+		n = waiting;
+	}
+	return true;
+}
+
+/*
+ * The rows whose pass stopped for a successor that loads late: load their
+ * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
+ * passes (stage_late_fuse_group).  Once the batch has run
+ * STAGE_LATE_FUSION_US, the rows left are committed as the plain advances
+ * they are, for the successor's own workers: a batch of a body-free stage
+ * may be long, and its rows are answered only when it ends.
+ */
+static void
+stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
+{
+	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
+	size_t			  next = 0;
+
+	for (;;)
+	{
+		size_t n = 0;
+
+		for (; next < count && n < STAGE_LATE_LOAD_MAX; next++)
+			if (ctxs[next].awaiting_load && ctxs[next].error == NULL)
+				group[n++] = &ctxs[next];
+		if (n == 0 || !stage_late_fuse_group(w, group, n, batch_started))
+			break;
 	}
 	for (size_t i = 0; i < count; i++)
 		ctxs[i].awaiting_load = false;

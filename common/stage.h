@@ -70,6 +70,16 @@ struct pepsi_stage
 	 * switched to it, before their passes go on.
 	 */
 	bool late_load;
+	/*
+	 * Optional, with can_fuse: a row its can_fuse accepts is only passed
+	 * on, and needs nothing but the envelope and state, and none of the
+	 * set-id privileges the program may be installed with (dot-forward: a
+	 * row none of whose recipients may have a .forward).  Such a row runs
+	 * fused after any predecessor, without the columns of load, even in a
+	 * worker that lacks the program's set-id bit; the rows can_fuse
+	 * refuses are committed for the stage's own workers.
+	 */
+	bool fuses_passing_on;
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */
@@ -253,6 +263,13 @@ long long pepsi_enqueue_autoreply(struct pepsi_ctx *ctx, const char *responder, 
  * fails) when they cannot be read.
  */
 json_t *pepsi_address_settings(struct pepsi_ctx *ctx, const char *address);
+/*
+ * For a stage's prepare: read the settings of every recipient of the
+ * rows with one statement, which their pepsi_address_settings calls in
+ * this batch then answer from, instead of one round trip each.  If the
+ * statement fails, each reads its own as before.
+ */
+void pepsi_prefetch_address_settings(struct pepsi_ctx *const *ctxs, size_t count);
 
 /* Fail the message with a reason (logged, and on the status line). */
 int pepsi_error(struct pepsi_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -58,6 +58,9 @@ struct stage_worker
 	struct buf				  scratch[SCRATCH_COUNT];
 	pepsi_idle_fn			  idle[STAGE_IDLE_MAX]; /* pepsi_when_idle */
 	size_t					  nidle;
+	/* pepsi_prefetch_address_settings: address -> settings, for the rows of that generation */
+	json_t	*settings;
+	unsigned settings_generation;
 };
 
 struct pepsi_ctx
@@ -98,6 +101,7 @@ struct pepsi_ctx
 	/* The successor it advances to needs more columns (stage.h late_load): this much. */
 	enum pepsi_load late_load;
 	bool			awaiting_load;
+	unsigned		settings_generation; /* its recipients' settings were prefetched in it */
 	/* the input line, for the status */
 	bool valid;
 };

@@ -261,12 +261,53 @@ pepsi_option_seconds(const struct pepsi_ctx *ctx, const char *option)
 json_t *
 pepsi_address_settings(struct pepsi_ctx *ctx, const char *address)
 {
-	char	err[512];
-	json_t *settings = settings_for_address(ctx->worker->conn, address, err, sizeof(err));
+	struct stage_worker *w = ctx->worker;
+	char				 err[512];
+	json_t				*settings;
+
+	if (w->settings != NULL && ctx->settings_generation == w->settings_generation
+		&& (settings = json_object_get(w->settings, address)) != NULL)
+		return json_incref(settings);
+	settings = settings_for_address(w->conn, address, err, sizeof(err));
 
 	if (settings == NULL)
 		pepsi_error(ctx, "%s", err);
 	return settings;
+}
+
+void
+pepsi_prefetch_address_settings(struct pepsi_ctx *const *ctxs, size_t count)
+{
+	struct stage_worker *w;
+	const char		   **addresses;
+	size_t				 n = 0;
+	size_t				 total = 0;
+	char				 err[512];
+
+	if (count == 0)
+		return;
+	w = ctxs[0]->worker;
+	json_decref(w->settings);
+	w->settings = NULL;
+	/* A new generation: rows of an earlier batch no longer match it. */
+	w->settings_generation++;
+	for (size_t i = 0; i < count; i++)
+		total += ctxs[i]->nrcpt;
+	if (total == 0)
+		return;
+	addresses = xcalloc(total, sizeof(*addresses));
+	for (size_t i = 0; i < count; i++)
+		for (size_t j = 0; j < ctxs[i]->nrcpt; j++)
+			addresses[n++] = ctxs[i]->rcpt[j];
+	w->settings = settings_for_addresses(w->conn, addresses, n, err, sizeof(err));
+	free(addresses);
+	if (w->settings == NULL)
+	{
+		log_warnx("%s (each row reads its own)", err);
+		return;
+	}
+	for (size_t i = 0; i < count; i++)
+		ctxs[i]->settings_generation = w->settings_generation;
 }
 
 /* ---------------------------------------------------------------------------

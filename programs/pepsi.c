@@ -18,9 +18,11 @@
 #define STAGE(ident, name)                                               \
 	int								ident##_main(int argc, char **argv); \
 	extern const struct pepsi_stage ident##_stage;
+#define FUSED_STAGE(ident, name) extern const struct pepsi_stage ident##_stage;
 #include "programs.h"
 #undef PROGRAM
 #undef STAGE
+#undef FUSED_STAGE
 
 struct program
 {
@@ -32,9 +34,16 @@ struct program
 static const struct program programs[] = {
 #define PROGRAM(ident, name) {name, ident##_main, NULL},
 #define STAGE(ident, name) {name, ident##_main, &ident##_stage},
+/*
+ * A privileged stage (Makefile PRIVILEGED_STAGES): its code is here for
+ * fusion only.  It is no program of this binary, which must not be given
+ * its set-id bit: run as itself, it is its own standalone file.
+ */
+#define FUSED_STAGE(ident, name) {name, NULL, &ident##_stage},
 #include "programs.h"
 #undef PROGRAM
 #undef STAGE
+#undef FUSED_STAGE
 };
 
 #define NPROGRAMS (sizeof(programs) / sizeof(programs[0]))
@@ -54,7 +63,8 @@ usage(void)
 	fprintf(stderr, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
 					"programs:");
 	for (size_t i = 0; i < NPROGRAMS; i++)
-		fprintf(stderr, " %s", programs[i].name);
+		if (programs[i].main != NULL)
+			fprintf(stderr, " %s", programs[i].name);
 	fprintf(stderr, "\n");
 	return 64;
 }
@@ -75,7 +85,7 @@ main(int argc, char **argv)
 	}
 	pepsi_registry_install(registry_lookup);
 	for (size_t i = 0; i < NPROGRAMS; i++)
-		if (strcmp(programs[i].name, name) == 0)
+		if (programs[i].main != NULL && strcmp(programs[i].name, name) == 0)
 			return programs[i].main(argc, argv);
 	fprintf(stderr, "pepsi: no program named \"%s\"\n", name);
 	return usage();

@@ -595,6 +595,19 @@ forward_run(struct pepsi_ctx *ctx)
 	recipient = pepsi_rcpt(ctx, 0);
 	if ((user = forward_candidate(ctx, recipient)) == NULL)
 		return pepsi_advance(ctx);
+	if (pepsi_loaded(ctx) < PEPSI_LOAD_FULL)
+	{
+		/*
+		 * Fused as a row to pass on, but the user appeared between
+		 * forward_can_fuse and now (a passwd change): this pass has
+		 * neither the message nor the helper's group.  Retry soon, at
+		 * this stage, in one of its own workers.
+		 */
+		struct delivery_report report = {.status = "4.3.0", .relay = "local", .diagnostic = "X-Pepsi; the recipient became a local user: retried"};
+
+		free(user);
+		return delivery_deferred(ctx, &report);
+	}
 	if (pepsi_headers(ctx) == NULL || pepsi_body(ctx) == NULL)
 	{
 		free(user);
@@ -682,11 +695,27 @@ done:
 	return rc;
 }
 
-/* A row it may split, or whose outcome is a fan-out, cannot run fused: never fused. */
+/*
+ * A row none of whose recipients may have a .forward is only passed on:
+ * it runs fused after its predecessor (fuses_passing_on), with neither
+ * its body loaded nor the helper's group, which its pass never needs.  A
+ * row it may split, or whose outcome is a fan-out, is not fused: it is
+ * committed for this stage's own workers.
+ */
 static bool
 forward_can_fuse(struct pepsi_ctx *ctx)
 {
-	return false;
+	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+	{
+		char *user = forward_candidate(ctx, pepsi_rcpt(ctx, i));
+
+		if (user != NULL)
+		{
+			free(user);
+			return false;
+		}
+	}
+	return true;
 }
 
 /* Untouched recipients and local copies must go somewhere else than back here. */
@@ -708,6 +737,7 @@ const struct pepsi_stage pepsi_stage_dot_forward_stage = {
 	.run = forward_run,
 	.can_fuse = forward_can_fuse,
 	.check_config = forward_check_config,
+	.fuses_passing_on = true,
 };
 
 int
