@@ -514,6 +514,32 @@ stage_runs_privileged(const char *program)
 	return setid != NULL;
 }
 
+/*
+ * The columns to load late for a row going on to next (in section): its
+ * load, or more when its NEXT_STAGE is a stage that loads late too and
+ * needs more (vacation, then the maildir stage's bodies), so that the
+ * chain's columns come with one statement rather than one per stage.  A
+ * row that then does not go on so far has loaded what it did not need.
+ */
+static enum pepsi_load
+stage_late_load_level(const struct pepsi_config *cfg, const char *section, const struct pepsi_stage *next)
+{
+	const char				 *after = config_get(cfg, section, "NEXT_STAGE");
+	char					 *after_section;
+	const char				 *program;
+	const struct pepsi_stage *then;
+
+	if (after == NULL)
+		return next->load;
+	after_section = xasprintf("stage-%s", after);
+	program = config_get(cfg, after_section, "PROGRAM");
+	free(after_section);
+	then = program ? stage_registry(stage_basename(program)) : NULL;
+	return then != NULL && then->late_load && then->load > next->load && !stage_runs_privileged(program)
+			   ? then->load
+			   : next->load;
+}
+
 enum stage_fusion
 {
 	STAGE_NOT_FUSED,
@@ -525,10 +551,14 @@ enum stage_fusion
  * Switch ctx to the stage it advances to if that can run in this pass.  A
  * successor that needs more columns than are loaded, and takes them late
  * (stage.h late_load), is not switched to yet: ctx->late_load says what
- * it needs, and the call after the late load switches.
+ * it needs, and the call after the late load (at_rendezvous) switches.
+ * So is one that takes them late and has a prepare, with all it needs
+ * loaded: the batch's rows going on to it meet there, to be prepared
+ * together (a delivery stage: one batch of files, one fsync), rather than
+ * each run alone.
  */
 static enum stage_fusion
-stage_fuse_successor(struct pepsi_ctx *ctx)
+stage_fuse_successor(struct pepsi_ctx *ctx, bool at_rendezvous)
 {
 	struct stage_worker		 *w = ctx->worker;
 	char					 *section;
@@ -560,9 +590,15 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 	ctx->stage_name = xstrdup(ctx->target);
 	ctx->section = section;
 	ctx->stage = next;
+	if (!late && !at_rendezvous && next->late_load && next->prepare != NULL)
+		late = true; /* loaded, but met with the others (above) */
 	if (late || (next->can_fuse && !next->can_fuse(ctx)))
 	{
-		bool agreed = late && (next->can_fuse == NULL || next->can_fuse(ctx));
+		bool			agreed = late && (next->can_fuse == NULL || next->can_fuse(ctx));
+		enum pepsi_load level = agreed ? stage_late_load_level(w->cfg, ctx->section, next) : next->load;
+
+		if (level < ctx->loaded)
+			level = ctx->loaded;
 
 		free(ctx->stage_name);
 		free(ctx->section);
@@ -571,7 +607,7 @@ stage_fuse_successor(struct pepsi_ctx *ctx)
 		ctx->stage = old_stage;
 		if (!agreed)
 			return STAGE_NOT_FUSED;
-		ctx->late_load = next->load;
+		ctx->late_load = level;
 		ctx->awaiting_load = true;
 		return STAGE_FUSED_AFTER_LOAD;
 	}
@@ -607,7 +643,7 @@ stage_run_pass(struct pepsi_ctx *ctx)
 			stage_json_string(&ctx->fused, ctx->stage_name);
 			buf_printf(&ctx->fused, ",\"us\":%lld}", (long long) (stage_now_us() - started));
 		}
-		if (ctx->error != NULL || stage_fuse_successor(ctx) != STAGE_FUSED)
+		if (ctx->error != NULL || stage_fuse_successor(ctx, false) != STAGE_FUSED)
 			return;
 	}
 }
@@ -626,15 +662,24 @@ stage_late_load(struct stage_worker *w, struct pepsi_ctx **ctxs, size_t count)
 	const char	   *values[1];
 	PGresult	   *res;
 	bool			ok;
+	size_t			wanting = 0;
 
+	/* The rows that lack columns: those met for a prepare alone need no statement. */
 	buf_append_char(ids, '{');
 	for (size_t i = 0; i < count; i++)
 	{
-		buf_printf(ids, "%s%lld", i ? "," : "", ctxs[i]->id);
+		if (ctxs[i]->loaded >= ctxs[i]->late_load)
+			continue;
+		buf_printf(ids, "%s%lld", wanting++ ? "," : "", ctxs[i]->id);
 		if (ctxs[i]->late_load > level)
 			level = ctxs[i]->late_load;
 	}
 	buf_append_char(ids, '}');
+	if (wanting == 0)
+	{
+		buf_reset(ids);
+		return true;
+	}
 	values[0] = ids->data;
 	res = PQexecPrepared(w->conn, stage_late_load_names[level], 1, values, NULL, NULL, 1);
 	buf_reset(ids);
@@ -692,11 +737,14 @@ stage_prepare_fused(struct pepsi_ctx **group, const bool *fused, size_t n)
 	}
 }
 
-/* A body the pass did not change is not committed: let it go now. */
+/*
+ * A body the pass did not change is not committed: let it go once the
+ * pass is over (not when it stopped to meet a successor's batch).
+ */
 static void
 stage_late_body_done(struct pepsi_ctx *ctx)
 {
-	if (!(ctx->touched & TOUCHED_BODY))
+	if (!ctx->awaiting_load && !(ctx->touched & TOUCHED_BODY))
 		buf_free(&ctx->body);
 }
 
@@ -730,7 +778,7 @@ stage_late_fuse_group(struct stage_worker *w, struct pepsi_ctx **group, size_t n
 		{
 			group[i]->awaiting_load = false;
 			deferred[i] = false;
-			if (group[i]->loaded >= group[i]->late_load && stage_fuse_successor(group[i]) == STAGE_FUSED)
+			if (group[i]->loaded >= group[i]->late_load && stage_fuse_successor(group[i], true) == STAGE_FUSED)
 			{
 				if (group[i]->stage->prepare != NULL)
 				{

@@ -27,14 +27,7 @@ my $base = PostgreSQL::Test::Utils::tempdir();
 my $root = "$base/mail";
 mkdir $root or die "cannot create $root: $!";
 
-# The helper behind a copy of what it is sent: a batch's requests but its
-# last say "hold yes" (relay-to-maildir: maildir_writer_send).
-my $requests = "$base/requests";
-my $writer = "$base/writer";
-open my $fh, '>', $writer or die "cannot write $writer: $!";
-print $fh "#!/bin/sh\ntee -a '$requests' | exec '" . pepsi_bin('pepsi-helper-maildir-writer') . "' \"\$@\"\n";
-close $fh;
-chmod 0755, $writer or die "cannot chmod $writer: $!";
+my ($writer, $requests_held) = recording_maildir_writer($base);
 
 my $conf = stage_config($node, 'fusion.conf', <<"INI");
 [pepsi]
@@ -55,15 +48,6 @@ INI
 my %Q = %PepsiStage::QUEUE_STATEMENT;
 my $load_headers = '%received_at)::text, w.headers FROM pepsi.workqueue w WHERE w.id = ANY%';
 
-# How many requests the helper was sent, and how many of them said "hold yes".
-sub requests_held
-{
-	my $text = slurp($requests) // '';
-	my $sent = () = $text =~ /^recipient /mg;
-	my $held = () = $text =~ /^hold yes$/mg;
-	return "$sent/$held";
-}
-
 my @to = ('alice@local.test', 'bob@local.test', 'alice@local.test');
 my @ids = map { add_row($node, 'vacation', rcpt => [$_]) } @to;
 my $two = add_row($node, 'vacation', rcpt => [ 'carol@local.test', 'dave@local.test' ]);
@@ -79,7 +63,7 @@ is(scalar(maildir_files($root, 'alice@local.test')), 2, 'fused: alice has her tw
 is(scalar(maildir_files($root, 'bob@local.test')), 1, 'fused: bob has his');
 like(slurp((maildir_files($root, 'bob@local.test'))[0]), qr/Subject: test\r?\n.*\r?\n\r?\nHello\./s,
 	'fused: with the headers and the body, loaded late');
-is(requests_held(), '3/2', 'fused: the three delivered as one batch (the first two held for the third)');
+is($requests_held->(), '3/2', 'fused: the three delivered as one batch (the first two held for the third)');
 is(statement_calls($node, $load_headers), '1/4', 'fused: the batch\'s headers loaded with one statement');
 is(statement_calls($node, $Q{late_full}), '1/3', 'fused: the bodies of the rows going on, with one more');
 is((split m{/}, statement_calls($node, $Q{commit_many}))[0], 1, 'fused: the three deliveries committed together');

@@ -2,8 +2,9 @@
 # relay-to-maildir) runs as one pass of the route worker in the multi-call
 # binary: dot-forward passes on a row none of whose recipients may have a
 # .forward without loading it (stage.h fuses_passing_on), vacation loads
-# the headers late, and the maildir stage the bodies after it, each with
-# one statement for the batch, the deliveries committed together.  So a
+# late what it and the maildir stage after it need, with one statement for
+# the batch, and the maildir stage delivers the batch's rows together, the
+# deliveries committed together.  So a
 # local message is claimed, loaded and committed once from route to its
 # mailbox, and vacation reads the batch's recipients' settings with one
 # statement.  A recipient that is a system user (who may have a .forward)
@@ -30,6 +31,7 @@ my $node = stage_node('local_fusion');
 my $base = PostgreSQL::Test::Utils::tempdir();
 my $root = "$base/mail";
 mkdir $root or die "cannot create $root: $!";
+my ($writer, $requests_held) = recording_maildir_writer($base);
 
 my $conf = stage_config($node, 'fusion.conf', <<"INI");
 [pepsi]
@@ -56,6 +58,7 @@ VACATION = no
 [stage-maildir]
 PROGRAM = pepsi-stage-relay-to-maildir
 MAILDIR_ROOT = $root
+MAILDIR_WRITER = $writer
 CREATE_MAILBOXES = yes
 INI
 
@@ -98,12 +101,14 @@ is(scalar(maildir_files($root, 'pf-alice@local.test')), 2, 'fused: pf-alice has 
 is(scalar(maildir_files($root, 'pf-bob@local.test')), 1, 'fused: pf-bob has his');
 like(slurp((maildir_files($root, 'pf-bob@local.test'))[0]), qr/Subject: test\r?\n.*\r?\n\r?\nHello\./s,
 	'fused: with the headers and the body, loaded late');
+is($requests_held->(), '3/2', 'fused: the three delivered as one batch (the first two held for the third)');
 is(replies(), 1, 'fused: vacation ran in the pass, by pf-alice\'s own setting (one reply per interval)');
 is(join(' ', map { (split m{/}, statement_calls($node, $_))[0] } $settings_many, $settings_one), '1 0',
 	'fused: the recipients\' settings read with one statement for the batch');
 is(statement_calls($node, $Q{load_meta}), '1/4', 'fused: the batch loaded once, envelopes only');
-is(statement_calls($node, $late_headers), '1/3', 'fused: the headers of the rows going on to vacation, with one statement');
-is(statement_calls($node, $Q{late_full}), '1/3', 'fused: the bodies of the rows going on to the maildir, with one more');
+is(statement_calls($node, $Q{late_full}), '1/3',
+	'fused: the headers and bodies of the rows going on to vacation and the maildir, with one statement');
+is(statement_calls($node, $late_headers), '0/0', 'fused: none for the headers alone');
 is(statement_calls($node, $Q{load_full}), '1/3',
 	'fused: that was the one statement to load bodies (none for dot-forward, none for the row it keeps)');
 is(join(' ', map { (split m{/}, statement_calls($node, $Q{$_}))[0] } qw(commit_many commit_one)), '1 1',

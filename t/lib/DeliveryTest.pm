@@ -25,6 +25,7 @@ use PepsiTest;
 our @EXPORT = qw(
   delivery_node delivery_config start_peer start_server start_sink start_sink_on stop_process inject
   maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox start_ingress
+  recording_maildir_writer
 );
 
 my $db = 'postgres';
@@ -313,6 +314,29 @@ sub make_mailbox
 	my ($root, $address) = @_;
 
 	make_path(map { "$root/" . lc($address) . "/$_" } qw(tmp new cur));
+}
+
+# pepsi-helper-maildir-writer behind a copy of what it is sent, in $dir:
+# returns its path (for MAILDIR_WRITER) and a sub that says how many
+# requests it was sent and how many of them held the answer for more
+# ("sent/held": a batch's requests but its last say "hold yes",
+# relay-to-maildir's maildir_writer_send).
+sub recording_maildir_writer
+{
+	my ($dir) = @_;
+	my $requests = "$dir/requests";
+	my $writer = "$dir/writer";
+
+	open my $fh, '>', $writer or die "cannot write $writer: $!";
+	print $fh "#!/bin/sh\ntee -a '$requests' | exec '" . pepsi_bin('pepsi-helper-maildir-writer') . "' \"\$@\"\n";
+	close $fh;
+	chmod 0755, $writer or die "cannot chmod $writer: $!";
+	return ($writer, sub {
+		my $text = slurp($requests) // '';
+		my $sent = () = $text =~ /^recipient /mg;
+		my $held = () = $text =~ /^hold yes$/mg;
+		return "$sent/$held";
+	});
 }
 
 # The messages smtp-peer accepted: [{ data, env }], in order.
