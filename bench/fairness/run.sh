@@ -178,6 +178,7 @@ echo "bench/fairness: 10 light clients (1 msg / 0.5 s each), a $burst-message bu
 started=$(date +%s)
 alone_lines=() burst_lines=() both_lines=() claim_runs=()
 alone_med=() alone_p99=() both_med=() both_p99=() both_max=() rate_alone=() rate_both=()
+pair_latency=() pair_rate=() # each repeat's own ratios: its runs are minutes apart, not the whole run
 for ((r = 1; r <= repeats; r++)); do
     repeat_started=$(date +%s)
     l=$(run light)
@@ -194,6 +195,8 @@ for ((r = 1; r <= repeats; r++)); do
     rate_alone+=("$(field rate "$b")")
     both_med+=("$(field median "$m")") both_p99+=("$(field p99 "$m")") both_max+=("$(field max "$m")")
     rate_both+=("$(field rate "$m")")
+    pair_latency+=("$(ratio "${both_med[-1]}" "${alone_med[-1]}")")
+    pair_rate+=("$(ratio "${rate_both[-1]}" "${rate_alone[-1]}")")
     alone_lines+=("$l") burst_lines+=("$b") both_lines+=("$m")
     claim_runs+=("$r burst $(field claim.ms "$b")" "$r both $(field claim.ms "$m")")
     printf 'run %d: light alone median %s s; during the burst median %s s, p99 %s s, max %s s;' \
@@ -218,6 +221,11 @@ printf '  light max latency during burst:    %8.3f s  (%s)\n' "$(bench_median "$
 printf '  burst throughput alone:            %8.1f msg/s (%s)\n' "$r_alone" "$(spread "${rate_alone[@]}")"
 printf '  burst throughput with light:       %8.1f msg/s (%s)  ratio %s (target >= 0.90)\n' \
     "$r_both" "$(spread "${rate_both[@]}")" "$(ratio "$r_both" "$r_alone")"
+# The same ratios taken within each repeat, whose runs follow one another:
+# a machine that drifts from repeat to repeat moves both sides of these.
+printf '  per repeat: latency ratio median %s (%s), throughput ratio median %s (%s)\n' \
+    "$(bench_median "${pair_latency[@]}")" "$(spread "${pair_latency[@]}")" \
+    "$(bench_median "${pair_rate[@]}")" "$(spread "${pair_rate[@]}")"
 echo "the database's work per message, and where the light messages' time went"
 echo "(s; medians of the runs' medians; see drive.py):"
 echo "  light alone:  $(python3 "$here/drive.py" summary "${alone_lines[@]}")"
