@@ -67,7 +67,9 @@ struct pepsi_stage
 	 * predecessor, claimed again and loaded again (docs/architecture.md
 	 * 3.4).  Its can_fuse sees the row as loaded so far: the envelope and
 	 * state.  Its prepare is called on the rows of each late load that
-	 * switched to it, before their passes go on.
+	 * switched to it, before their passes go on; with a prepare, the rows
+	 * that reach it with nothing left to load meet there too, to be
+	 * prepared together rather than run one by one.
 	 */
 	bool late_load;
 	/*
