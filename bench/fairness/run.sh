@@ -6,8 +6,8 @@
 # Ten light clients, each from its own loopback address (127.0.0.11-20),
 # send one message every 0.5 s; one heavy client (smtp-source, 20
 # sessions from 127.0.0.1) sends a burst of 20,000 messages.  Latency is
-# from the start of a send to the message's file in the maildir
-# (drive.py).  Each repeat runs, after a queue reset (TRUNCATE ...
+# from the start of a send to the commit that delivered the message, its
+# file already in the maildir's new/ (drive.py).  Each repeat runs, after a queue reset (TRUNCATE ...
 # RESTART IDENTITY, as bench/relay does):
 #   light:  the light clients alone for 10 s
 #   burst:  the burst alone
