@@ -11,43 +11,16 @@
 json_t *
 settings_for_address(PGconn *conn, const char *address, char *err, size_t errlen)
 {
-	const char *values[1] = {address};
-	PGresult   *res = db_exec(conn, "SELECT option, value FROM pepsi.settings WHERE address = lower($1)",
-							  1, values);
-	json_t	   *settings;
+	json_t *all = settings_for_addresses(conn, &address, 1, err, errlen);
+	json_t *settings;
 
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		snprintf(err, errlen, "reading the settings of %s: %s", address, db_error(res, conn));
-		PQclear(res);
+	if (all == NULL)
 		return NULL;
-	}
-	settings = json_object();
-	for (int i = 0; i < PQntuples(res); i++)
-		json_object_set_new(settings, PQgetvalue(res, i, 0), json_string(PQgetvalue(res, i, 1)));
-	PQclear(res);
+	/* Every address asked for has its entry, an empty object for none. */
+	settings = json_object_get(all, address);
+	settings = settings ? json_incref(settings) : json_object();
+	json_decref(all);
 	return settings;
-}
-
-/* The addresses as a text[] literal: each element quoted, " and \ escaped. */
-static void
-settings_array_literal(struct buf *out, const char *const *addresses, size_t count)
-{
-	buf_append_char(out, '{');
-	for (size_t i = 0; i < count; i++)
-	{
-		if (i > 0)
-			buf_append_char(out, ',');
-		buf_append_char(out, '"');
-		for (const char *p = addresses[i]; *p; p++)
-		{
-			if (*p == '"' || *p == '\\')
-				buf_append_char(out, '\\');
-			buf_append_char(out, *p);
-		}
-		buf_append_char(out, '"');
-	}
-	buf_append_char(out, '}');
 }
 
 json_t *
@@ -58,7 +31,10 @@ settings_for_addresses(PGconn *conn, const char *const *addresses, size_t count,
 	PGresult   *res;
 	json_t	   *all = json_object();
 
-	settings_array_literal(&array, addresses, count);
+	buf_append_char(&array, '{');
+	for (size_t i = 0; i < count; i++)
+		db_array_append(&array, addresses[i]);
+	buf_append_char(&array, '}');
 	values[0] = array.data;
 	res = db_exec(conn,
 				  "SELECT a.address, s.option, s.value FROM unnest($1::text[]) AS a(address)"
@@ -67,7 +43,10 @@ settings_for_addresses(PGconn *conn, const char *const *addresses, size_t count,
 	buf_free(&array);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
-		snprintf(err, errlen, "reading the settings of %zu addresses: %s", count, db_error(res, conn));
+		if (count == 1)
+			snprintf(err, errlen, "reading the settings of %s: %s", addresses[0], db_error(res, conn));
+		else
+			snprintf(err, errlen, "reading the settings of %zu addresses: %s", count, db_error(res, conn));
 		PQclear(res);
 		json_decref(all);
 		return NULL;

@@ -514,6 +514,14 @@ stage_runs_privileged(const char *program)
 	return setid != NULL;
 }
 
+/* The stage [section] runs, if the registry has its PROGRAM (named in *program); else NULL. */
+static const struct pepsi_stage *
+stage_of_section(const struct pepsi_config *cfg, const char *section, const char **program)
+{
+	*program = config_get(cfg, section, "PROGRAM");
+	return *program ? stage_registry(stage_basename(*program)) : NULL;
+}
+
 /*
  * The columns to load late for a row going on to next (in section): its
  * load, or more when its NEXT_STAGE is a stage that loads late too and
@@ -532,9 +540,8 @@ stage_late_load_level(const struct pepsi_config *cfg, const char *section, const
 	if (after == NULL)
 		return next->load;
 	after_section = xasprintf("stage-%s", after);
-	program = config_get(cfg, after_section, "PROGRAM");
+	then = stage_of_section(cfg, after_section, &program);
 	free(after_section);
-	then = program ? stage_registry(stage_basename(program)) : NULL;
 	return then != NULL && then->late_load && then->load > next->load && !stage_runs_privileged(program)
 			   ? then->load
 			   : next->load;
@@ -574,8 +581,7 @@ stage_fuse_successor(struct pepsi_ctx *ctx, bool at_rendezvous)
 		|| ctx->split_done)
 		return STAGE_NOT_FUSED;
 	section = xasprintf("stage-%s", ctx->target);
-	program = config_get(w->cfg, section, "PROGRAM");
-	next = program ? stage_registry(stage_basename(program)) : NULL;
+	next = stage_of_section(w->cfg, section, &program);
 	/* A row a fuses_passing_on stage accepts needs neither its columns nor its privileges. */
 	passing_on = next != NULL && next->fuses_passing_on && next->can_fuse != NULL;
 	late = next != NULL && next->load > ctx->loaded && !passing_on;

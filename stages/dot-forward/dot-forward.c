@@ -213,6 +213,23 @@ forward_candidate(struct pepsi_ctx *ctx, const char *recipient)
 	return local_address_is_local(domains, recipient) ? forward_user_of(recipient) : NULL;
 }
 
+/* May any recipient of the row have a .forward? */
+static bool
+forward_any_candidate(struct pepsi_ctx *ctx)
+{
+	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+	{
+		char *user = forward_candidate(ctx, pepsi_rcpt(ctx, i));
+
+		if (user != NULL)
+		{
+			free(user);
+			return true;
+		}
+	}
+	return false;
+}
+
 /* Is address named by a Delivered-To field of headers? */
 static bool
 forward_delivered_to(const struct buf *headers, const char *address)
@@ -582,13 +599,8 @@ forward_run(struct pepsi_ctx *ctx)
 	if (pepsi_rcpt_count(ctx) > 1)
 	{
 		/* One row per recipient if any of them may have a .forward: each gets its own Delivered-To. */
-		for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
-			if ((user = forward_candidate(ctx, pepsi_rcpt(ctx, i))) != NULL)
-				break;
-		if (user == NULL)
+		if (!forward_any_candidate(ctx))
 			return pepsi_advance(ctx);
-		free(user);
-		user = NULL;
 		if (pepsi_split_to_one_per_row(ctx) < 0)
 			return -1;
 	}
@@ -705,17 +717,7 @@ done:
 static bool
 forward_can_fuse(struct pepsi_ctx *ctx)
 {
-	for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
-	{
-		char *user = forward_candidate(ctx, pepsi_rcpt(ctx, i));
-
-		if (user != NULL)
-		{
-			free(user);
-			return false;
-		}
-	}
-	return true;
+	return !forward_any_candidate(ctx);
 }
 
 /* Untouched recipients and local copies must go somewhere else than back here. */

@@ -160,19 +160,13 @@ vacation_run(struct pepsi_ctx *ctx)
 	return pepsi_advance(ctx);
 }
 
-/* The batch's recipients' own settings, with one statement instead of one each. */
-static void
-vacation_prepare(struct pepsi_ctx *const *ctxs, size_t count)
-{
-	pepsi_prefetch_address_settings(ctxs, count);
-}
-
 const struct pepsi_stage pepsi_stage_vacation_stage = {
 	.program = "pepsi-stage-vacation",
 	.load = PEPSI_LOAD_HEADERS,
 	.run = vacation_run,
 	.batch_max = VACATION_BATCH_MAX,
-	.prepare = vacation_prepare,
+	/* The batch's recipients' own settings, with one statement instead of one each. */
+	.prepare = pepsi_prefetch_address_settings,
 	/*
 	 * After a stage that loads less (route, then dot-forward passing the
 	 * row on), the headers are loaded in the same pass: a local message
