@@ -22,7 +22,9 @@
  *     probe it was due anyway.
  *   - A row draws its pending_seq before its transaction commits, so a
  *     slow transaction can make a row visible below the watermark, missed
- *     by the incremental reads.  Once every SENDER_CACHE_RESCAN_MS the
+ *     by the incremental reads.  At every claim when that reads back
+ *     little (SENDER_CACHE_RESCAN_EVERY_CLAIM_ROWS), and at least once
+ *     every SENDER_CACHE_RESCAN_MS, the
  *     refresh re-reads from far enough back to catch every such row
  *     committed since: each claim records a mark, the watermark it read
  *     from and its snapshot's xmax.  A transaction whose xid is at or past
@@ -94,6 +96,18 @@
 
 #define SENDER_CACHE_REFRESH_LIMIT 20000
 #define SENDER_CACHE_RESCAN_MS 1000
+/*
+ * A rescan that reads back no more than this many values of pending_seq
+ * is done at every claim, not once per SENDER_CACHE_RESCAN_MS: under a
+ * burst, ingress commits batches out of pending_seq order all the time,
+ * and a light sender's row drawn in one batch and committed after the
+ * next waited up to the whole interval (half a second on average, while
+ * the claims between served the burst).  With short transactions the
+ * read back is the rows of the last claim or two: tens of index entries.
+ * Only an open writing transaction makes it long, and then it is read at
+ * the interval again.
+ */
+#define SENDER_CACHE_RESCAN_EVERY_CLAIM_ROWS 2000
 #define SENDER_CACHE_REBUILD_SECONDS 30
 #define SENDER_CACHE_MARKS 1024
 #define SENDER_CACHE_FLOOR_RECHECK_MS 5000
@@ -271,21 +285,27 @@ sender_cache_push_mark(SenderCache *cache, int64 watermark, TransactionId xmax)
 	mark->xmax = xmax;
 }
 
-/*
- * Where the rescan must read from (see the file comment), dropping the
- * marks no later rescan will need: later rescans look for the latest mark
- * under a later xmin.
- */
-static int64
-sender_cache_rescan_from(SenderCache *cache)
+/* The mark a rescan reads from (see the file comment): one before the latest not past rescan_xmin. */
+static int
+sender_cache_rescan_mark(SenderCache *cache)
 {
 	int latest = -1;
-	int from;
 
 	for (int i = 0; i < cache->nmarks; i++)
 		if (TransactionIdPrecedesOrEquals(sender_cache_mark(cache, i)->xmax, cache->rescan_xmin))
 			latest = i;
-	from = Max(latest - 1, 0);
+	return Max(latest - 1, 0);
+}
+
+/*
+ * Where the rescan must read from, dropping the marks no later rescan
+ * will need: later rescans look for the latest mark under a later xmin.
+ */
+static int64
+sender_cache_rescan_from(SenderCache *cache)
+{
+	int from = sender_cache_rescan_mark(cache);
+
 	cache->first_mark = (cache->first_mark + from) % SENDER_CACHE_MARKS;
 	cache->nmarks -= from;
 	return sender_cache_mark(cache, 0)->watermark;
@@ -451,7 +471,9 @@ sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all)
 
 	sender_cache_push_mark(cache, cache->watermark, snapshot->xmax);
 	/* A claim that read every pending row made a rescan's read itself. */
-	if (read_all || TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS))
+	if (read_all || TimestampDifferenceExceeds(cache->rescanned_at, now, SENDER_CACHE_RESCAN_MS)
+		|| cache->watermark - sender_cache_mark(cache, sender_cache_rescan_mark(cache))->watermark
+			   <= SENDER_CACHE_RESCAN_EVERY_CLAIM_ROWS)
 	{
 		from = sender_cache_rescan_from(cache);
 		cache->rescan_xmin = snapshot->xmin;
