@@ -223,21 +223,30 @@ def breakdown(args, in_window, accepts, mtimes, totals_before):
             order.append(key)
         parts[key].append(value)
 
+    slowest = []
     for row_events in events.values():
         sent = row_events[0][2]
         if sent is None or not in_window(sent):
             continue
+        mine = []
         if sent in accepts:
-            add("accept", accepts[sent])
-        add("admit", row_events[0][3] - sent)
+            mine.append(("accept", accepts[sent]))
+        mine.append(("admit", row_events[0][3] - sent))
         for i, (stage, status, _, at) in enumerate(row_events):
             if status != "running" or i == 0:
                 continue
-            add(stage + ".wait", at - row_events[i - 1][3])
+            mine.append((stage + ".wait", at - row_events[i - 1][3]))
             if i + 1 < len(row_events):
-                add(stage + ".run", row_events[i + 1][3] - at)
+                mine.append((stage + ".run", row_events[i + 1][3] - at))
         if row_events[-1][1] == "deleted" and sent in mtimes:
-            add("deliver", mtimes[sent] - row_events[-1][3])
+            mine.append(("deliver", mtimes[sent] - row_events[-1][3]))
+        for key, value in mine:
+            add(key, value)
+        slowest.append((row_events[-1][3] - sent, sent, mine))
+    # The few slowest, part by part: an outlier's cause is not in the medians.
+    for total, sent, mine in sorted(slowest, reverse=True)[:3]:
+        print("  slowest light: %.4f s, sent at %.3f: %s" % (
+            total, sent, " ".join("%s=%.4f" % kv for kv in mine)), file=sys.stderr)
     fields = ["%s=%.4f" % (k, percentile(parts[k], 0.5)) for k in order]
     totals = stage_totals(args)
     for stage in sorted({k.split(".")[0] for k in order if "." in k}):
