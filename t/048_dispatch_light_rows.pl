@@ -15,7 +15,10 @@
 # the held rows and the worker (QUEUE_LIMIT 3, the fewest with which the
 # dispatcher learns that an unregistered program batches) would stay
 # full.  The light row runs in a batch of its own, is answered, and a
-# second light row is claimed while the heavy rows are still held.
+# second light row is claimed while the heavy rows are still held.  (This
+# is the path without the light lane, LIGHT_LANE = no, which
+# t/048_dispatch_light_lane.pl tests: with it the light row would run
+# beside the held batch.)
 
 use strict;
 use warnings FATAL => 'all';
@@ -79,6 +82,7 @@ PARALLELISM = 1
 QUEUE_LIMIT = 3
 BATCH = yes
 SLEEP_MS = 5
+LIGHT_LANE = no
 EOF
 $d = start_dispatcher($config);
 add_rows($node, 100, stage => 'batch', sender => '10.0.0.1');

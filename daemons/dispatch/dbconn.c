@@ -520,9 +520,12 @@ claim_done(PGresult *res)
 	pools_flush();
 }
 
-/* Build and send the claim, if any stage has room.  Returns whether sent. */
+/*
+ * Build and send the claim, if any stage has room (for lanes_only, room
+ * in a light lane: pools_claim_urgency).  Returns whether sent.
+ */
 static bool
-claim_send(void)
+claim_send(bool lanes_only)
 {
 	double		now = now_seconds();
 	struct buf	stages = BUF_INIT;
@@ -544,7 +547,7 @@ claim_send(void)
 	buf_append_char(&acct_used, '{');
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
-		int capacity = pool_capacity(p, now);
+		int capacity = lanes_only ? pool_lane_capacity(p, now) : pool_capacity(p, now);
 
 		p->claim_asked = capacity > 0 ? capacity : 0;
 		if (capacity <= 0)
@@ -572,6 +575,8 @@ claim_send(void)
 	values[6] = costs.data;
 	sent = nstages > 0
 		   && PQsendQueryPrepared(db.conn, DBCONN_CLAIM_NAME, 7, values, NULL, NULL, 0) == 1;
+	if (sent)
+		pools_claim_sent();
 	if (nstages > 0 && !sent)
 		log_warnx("cannot send the claim: %s", PQerrorMessage(db.conn));
 	buf_free(&stages);
@@ -586,26 +591,28 @@ claim_send(void)
 /*
  * Whether the claim wanted should go now: a stage's workers idle with
  * work perhaps waiting, or it has waited DBCONN_CLAIM_COALESCE for the
- * answers after the first that asked for it.  Otherwise the timer is set
+ * answers after the first that asked for it; or a claim for the light
+ * lanes only should (pools_claim_urgency).  Otherwise the timer is set
  * for when it may.
  */
-static bool
+static enum claim_urgency
 claim_due(void)
 {
-	double now = now_seconds();
-	double wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
+	double			   now = now_seconds();
+	double			   wait = db.claim_wanted_since + DBCONN_CLAIM_COALESCE - now;
+	enum claim_urgency urgency = wait <= 0 ? CLAIM_NOW : pools_claim_urgency(now);
 
-	if (wait <= 0 || pools_claim_urgent(now))
+	if (urgency == CLAIM_NOW)
 	{
 		ev_timer_stop(dispatcher.loop, &db.claim_timer);
-		return true;
+		return CLAIM_NOW;
 	}
 	if (!ev_is_active(&db.claim_timer))
 	{
 		ev_timer_set(&db.claim_timer, wait, 0);
 		ev_timer_start(dispatcher.loop, &db.claim_timer);
 	}
-	return false;
+	return urgency;
 }
 
 /*
@@ -622,7 +629,7 @@ dbconn_want_claim(bool new_work)
 	if (!db.claim_wanted)
 		db.claim_wanted_since = now_seconds();
 	db.claim_wanted = true;
-	if (db.state == DBCONN_IDLE && claim_due())
+	if (db.state == DBCONN_IDLE && claim_due() != CLAIM_LATER)
 		ev_idle_start(dispatcher.loop, &db.claim_idle);
 }
 
@@ -916,7 +923,8 @@ dbconn_poll_connect(void)
 static void
 dbconn_send_work(void)
 {
-	struct job *job = job_pop();
+	struct job		  *job = job_pop();
+	enum claim_urgency urgency;
 
 	if (job)
 	{
@@ -931,10 +939,11 @@ dbconn_send_work(void)
 		db.running_job = job;
 		dbconn_enter(DBCONN_RUNNING_JOB);
 	}
-	else if (db.claim_wanted && !dispatcher.shutting_down && claim_due())
+	else if (db.claim_wanted && !dispatcher.shutting_down && (urgency = claim_due()) != CLAIM_LATER)
 	{
-		db.claim_wanted = false;
-		if (!claim_send())
+		/* A claim for the lanes leaves the rest wanted, for its timer. */
+		db.claim_wanted = urgency == CLAIM_LANES;
+		if (!claim_send(urgency == CLAIM_LANES))
 			return;
 		dbconn_enter(DBCONN_CLAIMING);
 	}

@@ -33,6 +33,7 @@ struct stage_spec
 	long  max_messages;
 	long  queue_limit;
 	long  max_runtime_ms;
+	bool  light_lane; /* LIGHT_LANE (pool.c: the light lane) */
 };
 
 /* An id given to a worker and not yet answered. */
@@ -121,6 +122,7 @@ struct pool_worker
 	long				handled;
 	double				last_done; /* when the previous answer came: the next one's start */
 	double				idle_since;
+	bool				light_lane; /* the pool's light lane (pool.c), not one of PARALLELISM */
 	enum worker_state	state;
 	struct pool_worker *next;
 };
@@ -129,7 +131,8 @@ struct pool
 {
 	struct stage_spec	 spec;
 	struct pool_worker	*workers;
-	int					 nworkers;
+	int					 nworkers;		 /* of PARALLELISM: the light lane's is not counted */
+	struct pool_worker	*light_lane;	 /* its worker, when running (pool.c) */
 	double				 cooldown_until; /* spawning failed: hold off until then */
 	double				 row_cost_us;	 /* mean worker time per message, for the claim */
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
@@ -139,6 +142,7 @@ struct pool
 	bool				 removed;		/* gone from the configuration: drained, then freed */
 	int					 claim_asked;	/* rows the claim in flight asked for */
 	bool				 may_have_work; /* pending rows may wait: a claim came back full, or a NOTIFY */
+	bool				 woken;			/* a NOTIFY since the last claim: new rows, maybe a light sender's */
 	struct pool			*next;
 };
 
@@ -207,10 +211,18 @@ void		 pools_retire_all(void);
 void		 pools_stop_all(void);
 void		 pools_kill_all(void);
 void		 pools_may_have_work(void);
-bool		 pools_claim_urgent(double now);
-void		 pool_claimed(struct pool *pool, int rows);
-bool		 pools_all_stopped(void);
-size_t		 pools_inflight(void);
+void		 pools_claim_sent(void);
+enum claim_urgency
+{
+	CLAIM_LATER, /* coalesced with the answers to come */
+	CLAIM_NOW,
+	CLAIM_LANES /* at once, for the light lanes only; the rest later */
+};
+enum claim_urgency pools_claim_urgency(double now);
+int				   pool_lane_capacity(const struct pool *pool, double now);
+void			   pool_claimed(struct pool *pool, int rows);
+bool			   pools_all_stopped(void);
+size_t			   pools_inflight(void);
 
 /* dbconn.c */
 typedef void (*dbconn_result_fn)(PGresult *res, void *arg);

@@ -100,6 +100,39 @@ worker_slots(const struct pool_worker *w)
 }
 
 /*
+ * The light lane.  A batching worker runs what it was written as one
+ * batch, so a row of a light sender claimed while every worker is deep in
+ * a burst's batches waits for one of them to end (worker_batch_limit then
+ * gives it a batch of its own, which costs the burst a short batch, an
+ * extra commit and fsync, each time).  Instead a batching stage with
+ * LIGHT_LANE runs one worker beyond PARALLELISM that is written only rows
+ * of senders far lighter (fair_outweighs) than the ones every worker of
+ * the stage holds: the light row runs at once, beside the burst, whose
+ * batches go on whole.  The lane costs a process only while it is used:
+ * it is started for its first row and reaped when idle like any worker.
+ * The claim asks for one row more while the lane is free (pool_capacity);
+ * the fair pick gives that row to the lightest sender with pending rows,
+ * so it is the light row when there is one, and otherwise one of the
+ * burst's, which goes into a worker's pipeline, one row deeper.  One row
+ * at a time: a lane the light senders could fill would be a second pool.
+ */
+static bool
+light_lane_open(const struct pool *pool, double now)
+{
+	const struct pool_worker *lane = pool->light_lane;
+
+	if (!pool->spec.light_lane || pool->intake != INTAKE_BATCH || pool->removed
+		|| dispatcher.shutting_down || pool->nworkers < pool->spec.parallelism)
+		return false;
+	for (const struct pool_worker *w = pool->workers; w; w = w->next)
+		if (!w->light_lane && w->state == WORKER_RUNNING && w->count == 0)
+			return false; /* an idle worker takes it as soon */
+	if (lane == NULL)
+		return now >= pool->cooldown_until;
+	return lane->count == 0 && worker_slots(lane) > 0;
+}
+
+/*
  * How many more ids the pool can take now.  While the stage is held off
  * after a failed start, no worker is spawned, but the workers it has keep
  * being fed.
@@ -115,10 +148,11 @@ pool_capacity(const struct pool *pool, double now)
 	if (pool->removed || dispatcher.shutting_down)
 		return 0;
 	for (const struct pool_worker *w = pool->workers; w; w = w->next)
-		capacity += worker_slots(w);
+		if (!w->light_lane)
+			capacity += worker_slots(w);
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
-	return capacity;
+	return capacity + (light_lane_open(pool, now) ? 1 : 0);
 }
 
 /* Work may have come for every stage (a NOTIFY, the heartbeat). */
@@ -126,7 +160,15 @@ void
 pools_may_have_work(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		p->may_have_work = true;
+		p->may_have_work = p->woken = true;
+}
+
+/* A claim is going out: what woke the pools is answered by it. */
+void
+pools_claim_sent(void)
+{
+	for (struct pool *p = dispatcher.pools; p; p = p->next)
+		p->woken = false;
 }
 
 /* A claim that asked this pool for claim_asked rows got rows. */
@@ -139,23 +181,40 @@ pool_claimed(struct pool *pool, int rows)
 
 /*
  * Whether the claim should go at once rather than be coalesced with the
- * answers of the next few milliseconds: a stage that may have pending
- * rows has a worker with nothing to do, or room and no worker at all.
+ * answers of the next few milliseconds (CLAIM_NOW): a stage that may have
+ * pending rows has a worker with nothing to do, or room and no worker at
+ * all.  Or only a claim for the light lanes (CLAIM_LANES): a NOTIFY came
+ * (it may be a light sender's row) while a stage's lane is free.  That
+ * claim asks only for the lanes' rows (pool_lane_capacity): had it taken
+ * the slots the workers' answers freed meanwhile, it would hand each
+ * worker a row or two as its next batch, where the coalesced claim hands
+ * it a batch of the burst's.
  */
-bool
-pools_claim_urgent(double now)
+enum claim_urgency
+pools_claim_urgency(double now)
 {
+	enum claim_urgency urgency = CLAIM_LATER;
+
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
 		if (!p->may_have_work || pool_capacity(p, now) <= 0)
 			continue;
-		if (p->workers == NULL)
-			return true;
+		if (p->nworkers == 0)
+			return CLAIM_NOW;
 		for (const struct pool_worker *w = p->workers; w; w = w->next)
-			if (w->count == 0 && worker_slots(w) > 0)
-				return true;
+			if (!w->light_lane && w->count == 0 && worker_slots(w) > 0)
+				return CLAIM_NOW;
+		if (p->woken && light_lane_open(p, now))
+			urgency = CLAIM_LANES;
 	}
-	return false;
+	return urgency;
+}
+
+/* The rows a claim for the light lanes asks of pool (pools_claim_urgency). */
+int
+pool_lane_capacity(const struct pool *pool, double now)
+{
+	return light_lane_open(pool, now) ? 1 : 0;
 }
 
 size_t
@@ -234,8 +293,9 @@ static void worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents
 static void worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents);
 static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents);
 
+/* Start a worker of pool: one of its PARALLELISM, or its light lane's. */
 static struct pool_worker *
-worker_spawn(struct pool *pool)
+worker_spawn(struct pool *pool, bool light_lane)
 {
 	int					in_pipe[2] = {-1, -1};
 	int					out_pipe[2] = {-1, -1};
@@ -324,10 +384,13 @@ worker_spawn(struct pool *pool)
 	ev_child_start(dispatcher.loop, &w->child);
 	w->next = pool->workers;
 	pool->workers = w;
-	pool->nworkers++;
+	w->light_lane = light_lane;
+	if (!light_lane)
+		pool->nworkers++;
 	free(exe);
-	log_debug("stage %s: started worker %d (%d of %ld)", pool->spec.name, (int) pid,
-			  pool->nworkers, pool->spec.parallelism);
+	if (!light_lane)
+		log_debug("stage %s: started worker %d (%d of %ld)", pool->spec.name, (int) pid,
+				  pool->nworkers, pool->spec.parallelism);
 	return w;
 
 err:
@@ -465,7 +528,7 @@ pool_least_loaded(struct pool *pool, double now, bool skip_stalled)
 	struct pool_worker *best = NULL;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (worker_has_room(w) && (best == NULL || w->count < best->count)
+		if (!w->light_lane && worker_has_room(w) && (best == NULL || w->count < best->count)
 			&& !(skip_stalled && worker_stalled(w, now)))
 			best = w;
 	return best;
@@ -491,6 +554,25 @@ worker_holds_heavier(const struct pool_worker *w, const char *sender, double use
 }
 
 /*
+ * Whether a row of sender, which had used use of worker time, goes to
+ * the light lane: it is open, and every worker of the pool holds rows of
+ * a sender far heavier.  The lane is started here when not running.
+ */
+static struct pool_worker *
+light_lane_takes(struct pool *pool, const char *sender, double use, double now)
+{
+	if (!light_lane_open(pool, now))
+		return NULL;
+	for (struct pool_worker *w = pool->workers; w; w = w->next)
+		if (!w->light_lane && w->state == WORKER_RUNNING && !worker_holds_heavier(w, sender, use))
+			return NULL;
+	if (pool->light_lane == NULL && (pool->light_lane = worker_spawn(pool, true)) != NULL)
+		log_debug("stage %s: started the light lane, worker %d, for sender %s", pool->spec.name,
+				  (int) pool->light_lane->pid, sender);
+	return pool->light_lane;
+}
+
+/*
  * Pack onto the busiest worker with room, so surplus workers go idle,
  * passing over a stalled one (worker_stalled).  But a row of a sender
  * lighter than one whose rows that worker holds goes to the worker with
@@ -513,12 +595,21 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	int					at;
 
 	for (struct pool_worker *w = pool->workers; w; w = w->next)
-		if (worker_slots(w) > 0 && (best == NULL || w->count > best->count) && !worker_stalled(w, now))
+		if (!w->light_lane && worker_slots(w) > 0 && (best == NULL || w->count > best->count)
+			&& !worker_stalled(w, now))
 			best = w;
 	if (best != NULL && best->count > 0 && worker_holds_heavier(best, sender, use))
 		for (struct pool_worker *w = pool->workers; w; w = w->next)
-			if (worker_slots(w) > 0 && w->count < best->count && !worker_stalled(w, now))
+			if (!w->light_lane && worker_slots(w) > 0 && w->count < best->count
+				&& !worker_stalled(w, now))
 				best = w;
+	if (best == NULL || best->count > 0)
+	{
+		struct pool_worker *lane = light_lane_takes(pool, sender, use, now);
+
+		if (lane != NULL)
+			best = lane;
+	}
 
 	/*
 	 * The claim was sized by the depth of its moment; answers since may
@@ -531,7 +622,7 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	if (dispatcher.shutting_down)
 		return false; /* claimed as we stopped: the caller puts it back */
 	if (best == NULL && pool->nworkers < pool->spec.parallelism && now >= pool->cooldown_until)
-		best = worker_spawn(pool);
+		best = worker_spawn(pool, false);
 	/* Only a stalled worker has room: the id waits there rather than go back. */
 	if (best == NULL)
 		best = pool_least_loaded(pool, now, false);
@@ -951,7 +1042,10 @@ worker_close(struct pool_worker *w)
 			*link = w->next;
 			break;
 		}
-	pool->nworkers--;
+	if (w->light_lane)
+		pool->light_lane = NULL;
+	else
+		pool->nworkers--;
 	buf_free(&w->in);
 	buf_free(&w->out);
 	free(w->queue);
@@ -1065,6 +1159,7 @@ pools_configure(struct stage_spec *specs, size_t count)
 		p->spec.parallelism = specs[i].parallelism;
 		p->spec.max_messages = specs[i].max_messages;
 		p->spec.max_runtime_ms = specs[i].max_runtime_ms;
+		p->spec.light_lane = specs[i].light_lane;
 		p->cooldown_until = 0;
 		p->removed = false;
 	}

@@ -35,6 +35,23 @@
 #define ADMIT_BATCH_BYTES (16 * 1024 * 1024)
 #define ADMIT_BACKOFF_MIN 0.1
 #define ADMIT_BACKOFF_MAX 10.0
+/*
+ * The dispatcher is woken at most once per DISPATCH_WAKE_INTERVAL for
+ * the clients already admitted in the interval: the first commit after a
+ * quiet interval wakes it at once (a lone message must not wait the
+ * interval out), and the commits after it share one wake at the
+ * interval's end.  But a client's first admission in the interval waits
+ * for no other client's wake: a light sender's message during a burst
+ * wakes the dispatcher at once, where the fair claim takes it ahead of
+ * the burst, while the burst's own client wakes it about once per
+ * interval (admit_wake_new_client).  Clients are told apart by address or
+ * account; ADMIT_WAKE_CLIENTS of them are kept per interval, and the
+ * wakes new clients cause are at least 1/ADMIT_WAKE_SPLIT of the interval
+ * apart, so that many clients at once cost a bounded rate.
+ */
+#define ADMIT_WAKE_CLIENTS 16
+#define ADMIT_WAKE_SPLIT 10
+#define ADMIT_WAKE_CLIENT_MAX 64
 
 struct admission
 {
@@ -102,7 +119,12 @@ static struct
 	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
 	bool					   kick_due;
 	bool					   wake_due;
-	bool					   shutting_down;
+	double					   woken_at; /* when the last wake was sent */
+	/* The clients admitted since clients_since, less than an interval ago. */
+	char   woken_clients[ADMIT_WAKE_CLIENTS][ADMIT_WAKE_CLIENT_MAX];
+	size_t nwoken_clients;
+	double clients_since;
+	bool   shutting_down;
 } admit;
 
 static void dbconn_advance(struct dbconn *c, int revents);
@@ -372,6 +394,8 @@ static void
 dbconn_start_wake(struct dbconn *c)
 {
 	admit.wake_due = false;
+	admit.woken_at = ev_now(admit.loop);
+	ev_timer_stop(admit.loop, &admit.wake_timer);
 	if (PQsendQueryParams(c->conn, "SELECT pepsi.notify_workqueue()", 0, NULL, NULL, NULL,
 						  NULL, 0)
 			!= 1
@@ -402,12 +426,61 @@ admit_report(const struct admit_report *r)
 	admit.kick_due = true;
 }
 
-static void
-admit_wake_later(void)
+/*
+ * Whether the client of a, by address or account, is new: not admitted
+ * in this interval (which the first admission after the last one's end
+ * begins).  A client then wakes the dispatcher at once at most once per
+ * interval, however long it keeps sending.
+ */
+static bool
+admit_wake_new_client(const struct admission *a)
 {
-	if (!ev_is_active(&admit.wake_timer) && !admit.wake_due)
+	const char *client = a->envelope.auth_account ? a->envelope.auth_account
+												  : a->envelope.client_ip;
+	double		now = ev_now(admit.loop);
+
+	if (now - admit.clients_since >= admit.options.wake_interval)
 	{
-		ev_timer_set(&admit.wake_timer, admit.options.wake_interval, 0);
+		admit.nwoken_clients = 0;
+		admit.clients_since = now;
+	}
+	if (client == NULL)
+		client = "";
+	for (size_t i = 0; i < admit.nwoken_clients; i++)
+		if (strncmp(admit.woken_clients[i], client, ADMIT_WAKE_CLIENT_MAX - 1) == 0)
+			return false;
+	if (admit.nwoken_clients == ADMIT_WAKE_CLIENTS)
+		return false; /* many clients at once: the interval's wake serves them */
+	snprintf(admit.woken_clients[admit.nwoken_clients++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
+	return true;
+}
+
+/* A batch was committed: wake the dispatcher now, or at the interval's end (see ADMIT_WAKE_CLIENTS). */
+static void
+admit_wake_for(struct admission **batch, size_t count)
+{
+	double since = ev_now(admit.loop) - admit.woken_at;
+	double wait = admit.options.wake_interval - since;
+	bool   new_client = false;
+
+	for (size_t i = 0; i < count; i++)
+		new_client |= admit_wake_new_client(batch[i]);
+	if (admit.wake_due)
+		return;
+	if (new_client)
+		wait = admit.options.wake_interval / ADMIT_WAKE_SPLIT - since;
+	if (wait <= 0)
+	{
+		admit.wake_due = true;
+		admit.kick_due = true;
+		return;
+	}
+	/* A new client's wake comes sooner than the interval's end a timer may be set for. */
+	if (ev_is_active(&admit.wake_timer) && ev_timer_remaining(admit.loop, &admit.wake_timer) > wait)
+		ev_timer_stop(admit.loop, &admit.wake_timer);
+	if (!ev_is_active(&admit.wake_timer))
+	{
+		ev_timer_set(&admit.wake_timer, wait, 0);
 		ev_timer_start(admit.loop, &admit.wake_timer);
 	}
 }
@@ -441,11 +514,11 @@ dbconn_finish_work(struct dbconn *c)
 		case DBCONN_WORK_ADMIT:
 			if (!c->failed)
 			{
+				admit_wake_for(c->batch, c->nbatch);
 				for (size_t i = 0; i < c->nbatch; i++)
 					admit_complete(c->batch[i], true, c->batch[i]->id);
 				admit.in_flight -= c->nbatch;
 				c->nbatch = 0;
-				admit_wake_later();
 			}
 			else if (c->nbatch > 1 && !lost)
 			{
