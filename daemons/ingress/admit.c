@@ -40,11 +40,12 @@
  * the clients already admitted in the interval: the first commit after a
  * quiet interval wakes it at once (a lone message must not wait the
  * interval out), and the commits after it share one wake at the
- * interval's end.  But a client's first admission in the interval waits
- * for no other client's wake: a light sender's message during a burst
- * wakes the dispatcher at once, where the fair claim takes it ahead of
- * the burst, while the burst's own client wakes it about once per
- * interval (admit_wake_new_client).  Clients are told apart by address or
+ * interval's end.  But a client admitted neither in this interval nor in
+ * the one before waits for no other client's wake: a light sender's
+ * message during a burst wakes the dispatcher at once, where the fair
+ * claim takes it ahead of the burst, while the burst's own client, seen
+ * in every interval, adds no wake to the interval's
+ * (admit_wake_new_client).  Clients are told apart by address or
  * account; ADMIT_WAKE_CLIENTS of them are kept per interval, and the
  * wakes new clients cause are at least 1/ADMIT_WAKE_SPLIT of the interval
  * apart, so that many clients at once cost a bounded rate.
@@ -120,9 +121,12 @@ static struct
 	bool					   kick_due;
 	bool					   wake_due;
 	double					   woken_at; /* when the last wake was sent */
-	/* The clients admitted since clients_since, less than an interval ago. */
-	char   woken_clients[ADMIT_WAKE_CLIENTS][ADMIT_WAKE_CLIENT_MAX];
-	size_t nwoken_clients;
+	/*
+	 * The clients admitted in the interval that began at clients_since
+	 * ([0]) and in the one before it ([1]), if it was the one just before.
+	 */
+	char   wake_clients[2][ADMIT_WAKE_CLIENTS][ADMIT_WAKE_CLIENT_MAX];
+	size_t nwake_clients[2];
 	double clients_since;
 	bool   shutting_down;
 } admit;
@@ -426,11 +430,23 @@ admit_report(const struct admit_report *r)
 	admit.kick_due = true;
 }
 
+/* Whether client was admitted in this interval (0) or the one before (1). */
+static bool
+admit_wake_client_seen(int interval, const char *client)
+{
+	for (size_t i = 0; i < admit.nwake_clients[interval]; i++)
+		if (strncmp(admit.wake_clients[interval][i], client, ADMIT_WAKE_CLIENT_MAX - 1) == 0)
+			return true;
+	return false;
+}
+
 /*
- * Whether the client of a, by address or account, is new: not admitted
- * in this interval (which the first admission after the last one's end
- * begins).  A client then wakes the dispatcher at once at most once per
- * interval, however long it keeps sending.
+ * Whether the client of a, by address or account, is new: admitted
+ * neither in this interval nor in the one before.  The intervals here
+ * begin at the first admission after the last one's end.  A client that
+ * keeps sending is never new after its first admission (its wakes are
+ * the interval's), one that sends less often than every other interval
+ * always is.
  */
 static bool
 admit_wake_new_client(const struct admission *a)
@@ -438,21 +454,25 @@ admit_wake_new_client(const struct admission *a)
 	const char *client = a->envelope.auth_account ? a->envelope.auth_account
 												  : a->envelope.client_ip;
 	double		now = ev_now(admit.loop);
+	double		interval = admit.options.wake_interval;
 
-	if (now - admit.clients_since >= admit.options.wake_interval)
+	if (now - admit.clients_since >= interval)
 	{
-		admit.nwoken_clients = 0;
+		bool consecutive = now - admit.clients_since < 2 * interval;
+
+		memcpy(admit.wake_clients[1], admit.wake_clients[0], sizeof(admit.wake_clients[0]));
+		admit.nwake_clients[1] = consecutive ? admit.nwake_clients[0] : 0;
+		admit.nwake_clients[0] = 0;
 		admit.clients_since = now;
 	}
 	if (client == NULL)
 		client = "";
-	for (size_t i = 0; i < admit.nwoken_clients; i++)
-		if (strncmp(admit.woken_clients[i], client, ADMIT_WAKE_CLIENT_MAX - 1) == 0)
-			return false;
-	if (admit.nwoken_clients == ADMIT_WAKE_CLIENTS)
+	if (admit_wake_client_seen(0, client))
+		return false;
+	if (admit.nwake_clients[0] == ADMIT_WAKE_CLIENTS)
 		return false; /* many clients at once: the interval's wake serves them */
-	snprintf(admit.woken_clients[admit.nwoken_clients++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
-	return true;
+	snprintf(admit.wake_clients[0][admit.nwake_clients[0]++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
+	return !admit_wake_client_seen(1, client);
 }
 
 /* A batch was committed: wake the dispatcher now, or at the interval's end (see ADMIT_WAKE_CLIENTS). */
