@@ -24,12 +24,19 @@ printf $fh "[pepsi]\nHOSTNAME = host.example.org\n[database]\nCONNINFO = host=%s
   $node->host, $node->port;
 close $fh;
 
+# The message comes from a file, not a pipe: pepsi-sendmail refuses some
+# arguments before it reads its input, and IPC::Run writing the rest of
+# a piped input to a process that has exited died of EPIPE (exit 32).
 sub sendmail
 {
 	my ($input, @args) = @_;
 	my ($out, $err) = ('', '');
+	my $file = "$dir/stdin";
 
-	run([ $sendmail, '-C', $conf, @args ], '<', \$input, '>', \$out, '2>', \$err);
+	open my $in, '>', $file or die "$file: $!";
+	print $in $input;
+	close $in or die "$file: $!";
+	run([ $sendmail, '-C', $conf, @args ], '<', $file, '>', \$out, '2>', \$err);
 	return ($? >> 8, $err);
 }
 
