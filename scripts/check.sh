@@ -42,6 +42,21 @@ tap_failures() {
     ' "$1"
 }
 
+# The end of the own log of each test file of $1 (prove's output) that
+# exited with a status of its own ("Dubious"): whatever made it so (a
+# death after its last assertion, an END block's status) is said there,
+# and CI keeps only the tail of a long log.  $2: the tests' TESTDIR.
+dubious_logs() {
+    local file name log
+    for file in $(awk '/^t\/[^ ]*\.pl \.\./ { file = $1 } /Dubious/ { print file }' "$1"); do
+        name=$(basename "$file" .pl)
+        log="$2/tmp_check/log/regress_log_$name"
+        [ -f "$log" ] || continue
+        echo "  the end of $file's log:"
+        tail -n 15 "$log" | sed 's/^/    /'
+    done
+}
+
 passed=0
 failed=0
 # What failed, one line each, repeated at the very end: CI keeps only the
@@ -124,6 +139,7 @@ if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     passed=$((passed + ok))
     failed=$((failed + bad + dubious))
     tap_failures "$scratch/tap.log" TAP >>"$failures"
+    dubious_logs "$scratch/tap.log" "$scratch/tap" >>"$failures"
     if [ "$bad" -gt 0 ] || [ "$dubious" -gt 0 ]; then
         for log in "$scratch"/tap/tmp_check/log/*.log; do
             [ -f "$log" ] || continue
@@ -158,6 +174,7 @@ if ! skip sanitize && [ -n "$SANITIZE_TAP" ] && [ -d "$scratch/san-bin" ]; then
     passed=$((passed + ok))
     failed=$((failed + bad + dubious + $(echo "$reports" | grep -c .)))
     tap_failures "$scratch/san-tap.log" "TAP (sanitized)" >>"$failures"
+    dubious_logs "$scratch/san-tap.log" "$scratch/san-tap" >>"$failures"
     for report in $reports; do echo "sanitizer report: $(basename "$report")"; done >>"$failures"
     if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
         echo "TAP under sanitizers ran no test"
