@@ -59,7 +59,8 @@ struct admission
 	struct envelope	  envelope;
 	admit_done_fn	  done; /* NULL once detached */
 	void			 *arg;
-	bool			  alone; /* its batch failed: retry it in its own transaction */
+	bool			  alone;   /* its batch failed: retry it in its own transaction */
+	bool			  express; /* a new client's: ahead of the queue, in a batch of its own kind */
 	bool			  ok;
 	long long		  id;
 	struct admission *next;
@@ -133,6 +134,7 @@ static struct
 
 static void dbconn_advance(struct dbconn *c, int revents);
 static void admit_kick(void);
+static bool admit_client_is_new(const struct admission *a);
 
 /*
  * The queue
@@ -154,6 +156,34 @@ admit_enqueue(struct admission *a, bool front)
 		admit.queue_tail->next = a;
 		admit.queue_tail = a;
 	}
+	admit.queued++;
+}
+
+/*
+ * A new client's admission (admit_client_is_new) goes ahead of the others
+ * queued, after the new clients' already there, and into a batch of new
+ * clients' admissions only (dbconn_start_batch).  During a burst a light
+ * sender's message then neither waits for the burst's admissions queued
+ * before it nor commits with them: its batch is a small transaction.  It
+ * costs the burst one small commit per new client, and there are at most
+ * ADMIT_WAKE_CLIENTS new clients an interval.
+ */
+static void
+admit_enqueue_express(struct admission *a)
+{
+	struct admission *after = NULL;
+
+	for (struct admission *q = admit.queue_head; q != NULL && q->express; q = q->next)
+		after = q;
+	if (after == NULL)
+	{
+		admit_enqueue(a, true);
+		return;
+	}
+	a->next = after->next;
+	after->next = a;
+	if (admit.queue_tail == after)
+		admit.queue_tail = a;
 	admit.queued++;
 }
 
@@ -209,7 +239,11 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	memset(e, 0, sizeof(*e));
 	a->done = done;
 	a->arg = arg;
-	admit_enqueue(a, false);
+	a->express = admit_client_is_new(a);
+	if (a->express)
+		admit_enqueue_express(a);
+	else
+		admit_enqueue(a, false);
 	admit.kick_due = true;
 	return a;
 }
@@ -367,7 +401,8 @@ dbconn_start_batch(struct dbconn *c)
 	{
 		size_t size = a->envelope.headers.len + a->envelope.body.len;
 
-		if (c->nbatch > 0 && (a->alone || bytes + size > ADMIT_BATCH_BYTES))
+		if (c->nbatch > 0
+			&& (a->alone || bytes + size > ADMIT_BATCH_BYTES || a->express != c->batch[0]->express))
 			break;
 		admit_dequeue();
 		if (a->done == NULL)
@@ -448,11 +483,39 @@ admit_wake_client_seen(int interval, const char *client)
  * the interval's), one that sends less often than every other interval
  * always is.
  */
-static bool
-admit_wake_new_client(const struct admission *a)
+static const char *
+admit_client(const struct admission *a)
 {
 	const char *client = a->envelope.auth_account ? a->envelope.auth_account
 												  : a->envelope.client_ip;
+
+	return client ? client : "";
+}
+
+/*
+ * Whether a's client would be new (admit_wake_new_client) were it
+ * admitted now, without recording it: a client's admission is recorded
+ * when committed.  Past the table's ADMIT_WAKE_CLIENTS no client is new.
+ */
+static bool
+admit_client_is_new(const struct admission *a)
+{
+	const char *client = admit_client(a);
+	double		age = ev_now(admit.loop) - admit.clients_since;
+	double		interval = admit.options.wake_interval;
+
+	if (age >= 2 * interval)
+		return true; /* both intervals recorded have passed */
+	if (age >= interval)
+		return !admit_wake_client_seen(0, client); /* [0] is the interval before */
+	return admit.nwake_clients[0] < ADMIT_WAKE_CLIENTS && !admit_wake_client_seen(0, client)
+		   && !admit_wake_client_seen(1, client);
+}
+
+static bool
+admit_wake_new_client(const struct admission *a)
+{
+	const char *client = admit_client(a);
 	double		now = ev_now(admit.loop);
 	double		interval = admit.options.wake_interval;
 
@@ -465,8 +528,6 @@ admit_wake_new_client(const struct admission *a)
 		admit.nwake_clients[0] = 0;
 		admit.clients_since = now;
 	}
-	if (client == NULL)
-		client = "";
 	if (admit_wake_client_seen(0, client))
 		return false;
 	if (admit.nwake_clients[0] == ADMIT_WAKE_CLIENTS)

@@ -1,0 +1,111 @@
+# pepsi-ingress: a new client's message goes ahead of the admissions
+# queued, in a transaction of its own (admit.c, admit_enqueue_express).
+#
+# With one database connection, its first admission is held on a lock
+# (LOCK TABLE pepsi.workqueue), so the next ones queue in ingress.  A
+# client seen a moment before (127.0.0.1) queues two messages; then a new
+# client (127.0.0.2) queues one.  Once the lock is released, the new
+# client's row is inserted before the two queued ahead of it, and
+# committed in a transaction of its own; the other two share one.
+
+use strict;
+use warnings FATAL => 'all';
+
+use File::Basename qw(dirname);
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(sleep);
+
+use PepsiTest;
+
+my $db = 'postgres';
+my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $node = pepsi_node('ingress_express');
+$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $conf = "$tmp/pepsi.conf";
+# A long wake interval: the clients seen stay as they are for the test.
+PostgreSQL::Test::Utils::append_to_file($conf, <<"CONF");
+[pepsi]
+HOSTNAME = mx.test
+[database]
+CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
+[ingress]
+DISPATCH_WAKE_INTERVAL = 60s
+DATABASE_CONNECTIONS = 1
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+CONF
+my $log = "$tmp/ingress.log";
+my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
+ok(file_shows($log, qr/database connection 0 ready/), 'ingress starts and connects to the database');
+
+# swaks from $address, in the background: [harness, \stdout].
+sub start_send
+{
+	my ($address, $subject) = @_;
+	my $out = '';
+	my $run = IPC::Run::start(
+		[
+			'swaks', '--server', "127.0.0.1:$port", '--local-interface', $address,
+			'--ehlo', 'client.test', '--from', 'sender@example.net',
+			'--to', 'rcpt@example.org', '--header', "Subject: $subject"
+		],
+		'>', \$out, '2>', \$out);
+	return [ $run, \$out ];
+}
+
+sub accepted
+{
+	my ($send) = @_;
+	$send->[0]->finish;
+	return ${ $send->[1] } =~ /<[-~]  250 2\.0\.0 Ok: queued as \d+/;
+}
+
+ok(accepted(start_send('127.0.0.1', 'seen')), 'the first client sends a message');
+
+my ($lock_in, $lock_out) = ('', '');
+my $lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ],
+	'<', \$lock_in, '>', \$lock_out, '2>', \$lock_out);
+$lock_in .= "BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n";
+$lock->pump until $lock_out =~ /locked/;
+
+sub waiting_on_lock
+{
+	return $node->safe_psql($db,
+		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%'");
+}
+
+my $held = start_send('127.0.0.1', 'held');
+ok(poll_until(sub { waiting_on_lock() == 1 }, 30), 'its next admission waits on the lock');
+# The two queued in ingress (its one connection is busy), then the new
+# client's.  A second between them: each is in the queue before the next.
+my @queued = map { my $s = start_send('127.0.0.1', "queued$_"); sleep 1; $s } 1 .. 2;
+my $new = start_send('127.0.0.2', 'new');
+sleep 1;
+$lock_in .= "COMMIT;\n";
+$lock->finish;
+
+ok(accepted($held), 'the held message is accepted once the lock is gone');
+ok(accepted($_), 'a queued message is accepted') for @queued;
+ok(accepted($new), 'the new client\'s message is accepted');
+
+my %row = map { my ($subject, $id, $xmin) = split /\|/; ($subject => { id => $id, xmin => $xmin }) }
+  split /\n/, $node->safe_psql($db, q{
+	SELECT substring(convert_from(headers, 'UTF8') FROM 'Subject: (\w+)'), id, xmin
+	FROM pepsi.workqueue});
+is(scalar(keys %row), 5, 'five rows are queued');
+cmp_ok($row{new}{id}, '>', $row{held}{id}, 'the new client\'s row comes after the one that held the connection');
+cmp_ok($row{new}{id}, '<', $row{queued1}{id}, 'and before the first queued ahead of it');
+cmp_ok($row{new}{id}, '<', $row{queued2}{id}, 'and the second');
+isnt($row{new}{xmin}, $row{queued1}{xmin}, 'in a transaction of its own');
+is($row{queued1}{xmin}, $row{queued2}{xmin}, 'the two queued ones share one');
+
+$ingress->signal('TERM');
+$ingress->finish;
+done_testing();
