@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -377,6 +378,42 @@ stage_loaded_row_compare(const void *a, const void *b)
 }
 
 /*
+ * The worker's nice value goes on to its database session, where most of
+ * a row's CPU is spent: a bulk worker the dispatcher runs at BULK_NICE
+ * (daemons/dispatch/pool.c) must not keep a session that competes at full
+ * weight with the light lane's.  Checked before each batch, since the
+ * dispatcher may lower a running worker's priority (one getpriority call);
+ * pepsi.session_nice only ever raises the session's value.  A session
+ * that cannot take it (an extension not yet updated) is warned of once
+ * and used as it is.
+ */
+static void
+stage_session_priority(struct stage_worker *w)
+{
+	static bool warned;
+	char		value[16];
+	const char *values[1] = {value};
+	int			nice_value;
+	PGresult   *res;
+
+	errno = 0;
+	nice_value = getpriority(PRIO_PROCESS, 0);
+	if (errno != 0 || nice_value <= w->session_nice)
+		return;
+	snprintf(value, sizeof(value), "%d", nice_value);
+	res = PQexecParams(w->conn, "SELECT pepsi.session_nice($1::integer)", 1, NULL, values, NULL, NULL, 0);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK)
+		w->session_nice = nice_value;
+	else if (!warned)
+	{
+		log_warnx("cannot give the database session the worker's nice value %d: %s", nice_value,
+				  PQerrorMessage(w->conn));
+		warned = true;
+	}
+	PQclear(res);
+}
+
+/*
  * After a statement failed because the session is gone (the server
  * restarted, say): reconnect, for about ten seconds at most, and prepare
  * the load statements again.  The
@@ -399,6 +436,7 @@ stage_reconnect(struct stage_worker *w)
 	}
 	if (PQstatus(w->conn) != CONNECTION_OK || !stage_prepare_statements(w->conn, err, sizeof(err)))
 		return false;
+	w->session_nice = 0; /* a new session */
 	log_info("reconnected to the database");
 	return true;
 }
@@ -1143,6 +1181,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 			break;
 		if (PQstatus(w.conn) != CONNECTION_OK && !stage_reconnect(&w))
 			fatalx("lost the database connection: %s", PQerrorMessage(w.conn));
+		stage_session_priority(&w);
 		stage_load(&w, ctxs, count);
 		stage_prepare(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)

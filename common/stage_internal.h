@@ -52,7 +52,8 @@ struct stage_worker
 	struct pepsi_config		 *cfg;
 	PGconn					 *conn;
 	bool					  allow_fusion;
-	bool					  mail_log; /* [pepsi] MAIL_LOG: events ride the commits */
+	bool					  mail_log;		/* [pepsi] MAIL_LOG: events ride the commits */
+	int						  session_nice; /* the nice value last given to conn's session */
 	struct buf				  input;
 	bool					  eof;
 	struct buf				  scratch[SCRATCH_COUNT];

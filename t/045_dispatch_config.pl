@@ -77,6 +77,11 @@ my @cases = (
 		qr/:LINE: \[stage-init\] PARALLELISM = 0: PARALLELISM is a whole number from 1 to 1024\./
 	],
 	[
+		'BULK_NICE = 20',
+		"[stage-init]\nPROGRAM = pepsi-stage-discard\nBULK_NICE = 20\n",
+		qr/:LINE: \[stage-init\] BULK_NICE = 20: BULK_NICE is a whole number from 0 to 19\./
+	],
+	[
 		'no PROGRAM',
 		"[stage-init]\nNEXT_STAGE = init2\n[stage-init2]\nPROGRAM = pepsi-stage-discard\n",
 		qr/: \[stage-init\] has no PROGRAM/

@@ -2,7 +2,9 @@
 # stage whose every worker holds a heavy sender's rows runs a light
 # sender's row at once in one worker beyond PARALLELISM, instead of
 # after the batch in progress; the lane is never given the heavy
-# sender's rows; LIGHT_LANE = no turns it off.
+# sender's rows; the other workers and their database sessions run at
+# BULK_NICE (10) and the lane at the dispatcher's priority;
+# LIGHT_LANE = no turns it off, and the nice value with it.
 #
 # A batching stage with one worker (PARALLELISM = 1): an earlier burst of
 # the heavy sender charges it worker time and teaches the dispatcher that
@@ -53,6 +55,25 @@ sub release
 		'every row drains once the heavy rows are released');
 }
 
+# The nice value of process $pid (/proc/PID/stat, field 19).
+sub nice_of
+{
+	my ($pid) = @_;
+	open my $fh, '<', "/proc/$pid/stat" or die "cannot read /proc/$pid/stat: $!";
+	my $stat = <$fh>;
+	close $fh;
+	$stat =~ s/^.*\) //s;
+	return (split / /, $stat)[16];
+}
+
+# The nice values of the database sessions of program's workers, in order.
+sub session_nices
+{
+	my ($program) = @_;
+	return join ' ', sort { $a <=> $b } map { nice_of($_) } split /\n/,
+	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$program'");
+}
+
 sub pids_of
 {
 	my (@ids) = @_;
@@ -86,6 +107,8 @@ is(scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue WHERE id IN (' . jo
 my ($lane_pid) = pids_of($light);
 ok(!grep({ $_ == $lane_pid } @regular), 'the light row ran in a process beyond PARALLELISM');
 is(scalar(my @all = worker_pids($d, 'test-stage')), 2, 'the stage runs two processes: its worker and the lane');
+is(nice_of($regular[0]), 10, 'the worker runs at BULK_NICE, 10 by default');
+is(nice_of($lane_pid), nice_of($d->{pid}), 'the lane at the dispatcher\'s own priority');
 
 # More of the heavy sender's rows, and a second light row, while the batch is held.
 my @later = add_rows($node, 6, stage => 'batch', sender => '10.0.0.1');
@@ -119,8 +142,39 @@ sleep 2;
 is(scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light"),
 	0, 'LIGHT_LANE = no: it waits behind the held batch');
 is(scalar(my @one = worker_pids($d, 'test-stage')), 1, 'LIGHT_LANE = no: one process of the stage');
+is(nice_of($one[0]), nice_of($d->{pid}), 'LIGHT_LANE = no: the worker runs at the dispatcher\'s priority');
 release($gate);
 is(scalar(my @pids = pids_of(@heavy, $light)), 1, 'LIGHT_LANE = no: every row ran on the one worker');
 stop_dispatcher($d);
+
+# A stage of the real runtime (pepsi-stage-discard, a batching stage):
+# its worker passes its nice value on to its database session.
+$node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log');
+$d = start_dispatcher(write_config($node, stages => "[stage-drop]\nPROGRAM = pepsi-stage-discard\nPARALLELISM = 1\n"));
+add_rows($node, 5, stage => 'drop', sender => '10.0.0.1');
+ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }), 'the discard stage drains its rows');
+my ($discard) = worker_pids($d, 'pepsi-stage-discard');
+is(nice_of($discard), 10, 'a worker of the runtime runs at BULK_NICE');
+ok(poll_until(sub { session_nices('pepsi-stage-discard') eq '10' }, 10),
+	'and its database session at the same nice value')
+  or diag('the sessions\' nice values: ' . session_nices('pepsi-stage-discard'));
+stop_dispatcher($d);
+$d = start_dispatcher(write_config($node, stages => "[stage-drop]\nPROGRAM = pepsi-stage-discard\nPARALLELISM = 1\n"
+	  . "BULK_NICE = 0\n"));
+add_rows($node, 5, stage => 'drop', sender => '10.0.0.1');
+ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }), 'again with BULK_NICE = 0');
+($discard) = worker_pids($d, 'pepsi-stage-discard');
+is(nice_of($discard), nice_of($d->{pid}), 'BULK_NICE = 0: the worker runs at the dispatcher\'s priority');
+is(session_nices('pepsi-stage-discard'), '0', 'and its database session at the server\'s');
+stop_dispatcher($d);
+
+# pepsi.session_nice: the caller's own backend, raised only, within 0..19.
+is($node->safe_psql($db, 'SELECT pepsi.session_nice(5), pepsi.session_nice(2), pepsi.session_nice(0)'),
+	'5|5|5', 'pepsi.session_nice raises a session\'s nice value, and never lowers it');
+for my $bad (20, -1)
+{
+	my ($rc, $out, $err) = $node->psql($db, "SELECT pepsi.session_nice($bad)");
+	like($err, qr/nice value $bad is out of range/, "pepsi.session_nice($bad) is refused, naming the value");
+}
 
 done_testing();

@@ -34,6 +34,7 @@ struct stage_spec
 	long  queue_limit;
 	long  max_runtime_ms;
 	bool  light_lane; /* LIGHT_LANE (pool.c: the light lane) */
+	int	  bulk_nice;  /* BULK_NICE: the nice value of the workers not the lane */
 };
 
 /* An id given to a worker and not yet answered. */

@@ -158,6 +158,7 @@ graph_load(struct pepsi_config *cfg, struct stage_spec **out, size_t *out_count,
 		specs[i].max_messages = config_int(cfg, section, "MAX_MESSAGES");
 		specs[i].queue_limit = config_int(cfg, section, "QUEUE_LIMIT");
 		specs[i].light_lane = config_bool(cfg, section, "LIGHT_LANE");
+		specs[i].bulk_nice = (int) config_int(cfg, section, "BULK_NICE");
 		specs[i].max_runtime_ms = config_duration_ms(cfg, section, "MAX_RUNTIME");
 	}
 	/*

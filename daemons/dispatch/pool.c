@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -293,6 +294,30 @@ static void worker_on_readable(struct ev_loop *loop, ev_io *watcher, int revents
 static void worker_on_writable(struct ev_loop *loop, ev_io *watcher, int revents);
 static void worker_on_exit(struct ev_loop *loop, ev_child *watcher, int revents);
 
+/*
+ * The CPU for the light lane (BULK_NICE).  On a machine the burst keeps
+ * busy, the lane's row waits for a CPU at every hop: its worker, its
+ * database session and its helpers each queue behind the burst's runnable
+ * processes.  So the pool's other workers run at a higher nice value, and
+ * their database sessions with them (the stage runtime passes its own
+ * nice value on, pepsi.session_nice): the scheduler then runs the lane's
+ * processes first whenever they are ready.  With nothing else to run the
+ * bulk workers get every cycle, so a burst alone goes no slower.  pid is
+ * 0 in the child before exec, or a running worker's once the pool is
+ * found to batch.  Never lowers a worker's value (that would need
+ * privilege); a failure leaves the worker as it was.
+ */
+static void
+worker_lower_priority(pid_t pid, int bulk_nice)
+{
+	int current;
+
+	errno = 0;
+	current = getpriority(PRIO_PROCESS, (id_t) pid);
+	if (errno == 0 && current < bulk_nice)
+		(void) setpriority(PRIO_PROCESS, (id_t) pid, bulk_nice);
+}
+
 /* Start a worker of pool: one of its PARALLELISM, or its light lane's. */
 static struct pool_worker *
 worker_spawn(struct pool *pool, bool light_lane)
@@ -340,6 +365,8 @@ worker_spawn(struct pool *pool, bool light_lane)
 		argv[4] = NULL;
 		dup2(in_pipe[0], 0);
 		dup2(out_pipe[1], 1);
+		if (!light_lane && pool->intake == INTAKE_BATCH && pool->spec.light_lane)
+			worker_lower_priority(0, pool->spec.bulk_nice);
 		execv(exe, argv);
 		exec_errno = errno;
 		(void) !write(exec_pipe[1], &exec_errno, sizeof(exec_errno));
@@ -876,7 +903,13 @@ worker_read(struct pool_worker *w)
 		share_us = (now - started) * 1e6 / answers;
 		depth_record_batch(&w->pool->depth, answers, share_us * answers);
 		if (answers >= HAND_AHEAD && w->pool->intake == INTAKE_UNKNOWN)
+		{
 			w->pool->intake = INTAKE_BATCH;
+			/* Learnt now: its workers started at full priority. */
+			for (struct pool_worker *bulk = w->pool->workers; bulk != NULL; bulk = bulk->next)
+				if (!bulk->light_lane && w->pool->spec.light_lane)
+					worker_lower_priority(bulk->pid, w->pool->spec.bulk_nice);
+		}
 	}
 	while ((nl = memchr(w->in.data, '\n', w->in.len)) != NULL)
 	{
@@ -1160,6 +1193,7 @@ pools_configure(struct stage_spec *specs, size_t count)
 		p->spec.max_messages = specs[i].max_messages;
 		p->spec.max_runtime_ms = specs[i].max_runtime_ms;
 		p->spec.light_lane = specs[i].light_lane;
+		p->spec.bulk_nice = specs[i].bulk_nice;
 		p->cooldown_until = 0;
 		p->removed = false;
 	}

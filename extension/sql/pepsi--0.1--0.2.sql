@@ -2555,3 +2555,24 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('held_horizon');
 SELECT pepsi.grant_apply();
 
 -- end of pepsi-status names a transaction holding back the xmin horizon
+
+-- ===========================================================================
+-- A bulk worker's database session at the worker's own CPU priority
+--
+-- pepsi-dispatch runs a batching stage's workers other than its light lane
+-- at a higher nice value (BULK_NICE), so that on a busy machine the lane's
+-- processes get the CPU first.  Most of a row's CPU is spent in the
+-- worker's database session, which would keep the server's priority: the
+-- worker passes its nice value on with pepsi.session_nice.  It only raises
+-- the calling backend's own value (0 to 19), never another's, never lower.
+-- ===========================================================================
+
+CREATE FUNCTION pepsi.session_nice(nice integer) RETURNS integer
+    AS 'MODULE_PATHNAME', 'session_nice' LANGUAGE C STRICT VOLATILE;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'session_nice', '{EXECUTE}');
+
+SELECT pepsi.grant_apply();
+
+-- end of a bulk worker's database session at the worker's own CPU priority
