@@ -318,6 +318,13 @@ worker_lower_priority(pid_t pid, int bulk_nice)
 		(void) setpriority(PRIO_PROCESS, (id_t) pid, bulk_nice);
 }
 
+/* Whether a worker of pool (its lane's or not) runs at BULK_NICE: a batching pool's with a lane, but the lane. */
+static bool
+worker_is_bulk(const struct pool *pool, bool light_lane)
+{
+	return !light_lane && pool->intake == INTAKE_BATCH && pool->spec.light_lane;
+}
+
 /* Start a worker of pool: one of its PARALLELISM, or its light lane's. */
 static struct pool_worker *
 worker_spawn(struct pool *pool, bool light_lane)
@@ -365,7 +372,7 @@ worker_spawn(struct pool *pool, bool light_lane)
 		argv[4] = NULL;
 		dup2(in_pipe[0], 0);
 		dup2(out_pipe[1], 1);
-		if (!light_lane && pool->intake == INTAKE_BATCH && pool->spec.light_lane)
+		if (worker_is_bulk(pool, light_lane))
 			worker_lower_priority(0, pool->spec.bulk_nice);
 		execv(exe, argv);
 		exec_errno = errno;
@@ -907,7 +914,7 @@ worker_read(struct pool_worker *w)
 			w->pool->intake = INTAKE_BATCH;
 			/* Learnt now: its workers started at full priority. */
 			for (struct pool_worker *bulk = w->pool->workers; bulk != NULL; bulk = bulk->next)
-				if (!bulk->light_lane && w->pool->spec.light_lane)
+				if (worker_is_bulk(w->pool, bulk->light_lane))
 					worker_lower_priority(bulk->pid, w->pool->spec.bulk_nice);
 		}
 	}

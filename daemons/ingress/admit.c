@@ -475,14 +475,7 @@ admit_wake_client_seen(int interval, const char *client)
 	return false;
 }
 
-/*
- * Whether the client of a, by address or account, is new: admitted
- * neither in this interval nor in the one before.  The intervals here
- * begin at the first admission after the last one's end.  A client that
- * keeps sending is never new after its first admission (its wakes are
- * the interval's), one that sends less often than every other interval
- * always is.
- */
+/* The client of a, for the wakes and the queue: its account, else its address. */
 static const char *
 admit_client(const struct admission *a)
 {
@@ -493,9 +486,17 @@ admit_client(const struct admission *a)
 }
 
 /*
- * Whether a's client would be new (admit_wake_new_client) were it
- * admitted now, without recording it: a client's admission is recorded
- * when committed.  Past the table's ADMIT_WAKE_CLIENTS no client is new.
+ * Whether the client of a, by address or account, is new: admitted
+ * neither in this interval nor in the one before.  The intervals here
+ * begin at the first admission after the last one's end.  A client that
+ * keeps sending is never new after its first admission (its wakes are
+ * the interval's), one that sends less often than every other interval
+ * always is; past ADMIT_WAKE_CLIENTS clients in an interval, none is.
+ * Asked without recording anything when a message is submitted (a new
+ * client's goes ahead of the queue, admit_enqueue_express), and by
+ * admit_wake_new_client when its batch commits.  The tables turn over
+ * only when a client is recorded: until then an interval that has passed
+ * is read as it will be once they have.
  */
 static bool
 admit_client_is_new(const struct admission *a)
@@ -512,12 +513,14 @@ admit_client_is_new(const struct admission *a)
 		   && !admit_wake_client_seen(1, client);
 }
 
+/* a's batch committed: record its client in this interval, and say whether it was new. */
 static bool
 admit_wake_new_client(const struct admission *a)
 {
 	const char *client = admit_client(a);
 	double		now = ev_now(admit.loop);
 	double		interval = admit.options.wake_interval;
+	bool		new_client;
 
 	if (now - admit.clients_since >= interval)
 	{
@@ -528,12 +531,11 @@ admit_wake_new_client(const struct admission *a)
 		admit.nwake_clients[0] = 0;
 		admit.clients_since = now;
 	}
-	if (admit_wake_client_seen(0, client))
-		return false;
-	if (admit.nwake_clients[0] == ADMIT_WAKE_CLIENTS)
-		return false; /* many clients at once: the interval's wake serves them */
-	snprintf(admit.wake_clients[0][admit.nwake_clients[0]++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
-	return !admit_wake_client_seen(1, client);
+	new_client = admit_client_is_new(a);
+	/* Many clients at once: the interval's wake serves those past the table. */
+	if (admit.nwake_clients[0] < ADMIT_WAKE_CLIENTS && !admit_wake_client_seen(0, client))
+		snprintf(admit.wake_clients[0][admit.nwake_clients[0]++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
+	return new_client;
 }
 
 /* A batch was committed: wake the dispatcher now, or at the interval's end (see ADMIT_WAKE_CLIENTS). */
