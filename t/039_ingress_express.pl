@@ -11,6 +11,7 @@
 use strict;
 use warnings FATAL => 'all';
 
+use File::Basename qw(dirname);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -20,13 +21,28 @@ use Time::HiRes qw(sleep);
 use PepsiTest;
 
 my $db = 'postgres';
+my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $node = pepsi_node('ingress_express');
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $conf = "$tmp/pepsi.conf";
 # A long wake interval: the clients seen stay as they are for the test.
-my $ingress = start_ingress($node, $tmp, "DISPATCH_WAKE_INTERVAL = 60s\nDATABASE_CONNECTIONS = 1");
-my ($port, $log) = @$ingress{qw(port log)};
+PostgreSQL::Test::Utils::append_to_file($conf, <<"CONF");
+[pepsi]
+HOSTNAME = mx.test
+[database]
+CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
+[ingress]
+DISPATCH_WAKE_INTERVAL = 60s
+DATABASE_CONNECTIONS = 1
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+CONF
+my $log = "$tmp/ingress.log";
+my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
 ok(file_shows($log, qr/database connection 0 ready/), 'ingress starts and connects to the database');
 
 # swaks from $address, in the background: [harness, \stdout].
@@ -90,6 +106,6 @@ cmp_ok($row{new}{id}, '<', $row{queued2}{id}, 'and the second');
 isnt($row{new}{xmin}, $row{queued1}{xmin}, 'in a transaction of its own');
 is($row{queued1}{xmin}, $row{queued2}{xmin}, 'the two queued ones share one');
 
-$ingress->{run}->signal('TERM');
-$ingress->{run}->finish;
+$ingress->signal('TERM');
+$ingress->finish;
 done_testing();

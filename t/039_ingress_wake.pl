@@ -12,6 +12,7 @@
 use strict;
 use warnings FATAL => 'all';
 
+use File::Basename qw(dirname);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -22,12 +23,27 @@ use Time::Local qw(timegm);
 use PepsiTest;
 
 my $db = 'postgres';
+my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $node = pepsi_node('ingress_wake', conf => "log_statement = 'all'\nlog_timezone = 'UTC'\n");
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
-my $ingress = start_ingress($node, $tmp, "DISPATCH_WAKE_INTERVAL = 4s\nDATABASE_CONNECTIONS = 1");
-my ($port, $log) = @$ingress{qw(port log)};
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $conf = "$tmp/pepsi.conf";
+PostgreSQL::Test::Utils::append_to_file($conf, <<"CONF");
+[pepsi]
+HOSTNAME = mx.test
+[database]
+CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
+[ingress]
+DISPATCH_WAKE_INTERVAL = 4s
+DATABASE_CONNECTIONS = 1
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+CONF
+my $log = "$tmp/ingress.log";
+my $ingress = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
 ok(file_shows($log, qr/database connection 0 ready/), 'ingress starts and connects to the database');
 
 # Admissions and wakes in the server log from $offset on: [kind, epoch seconds].
@@ -90,6 +106,6 @@ is(scalar(grep { $_->[0] eq 'wake' } events_since($offset)),
 is($node->safe_psql($db, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'pending'"),
 	3, 'the three messages are queued');
 
-$ingress->{run}->signal('TERM');
-$ingress->{run}->finish;
+$ingress->signal('TERM');
+$ingress->finish;
 done_testing();

@@ -35,7 +35,7 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
-  prometheus_samples self_signed_certificate admit_sql start_ingress
+  prometheus_samples self_signed_certificate admit_sql
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -229,33 +229,6 @@ sub file_shows
 		$seconds);
 	Test::More::diag(PostgreSQL::Test::Utils::slurp_file($path)) if -e $path;
 	return 0;
-}
-
-# pepsi-ingress against $node's database postgres, listening on a free
-# port of 127.0.0.1, with $ingress the lines of its [ingress] section, its
-# output in a log in $dir.  Returns { run (the IPC::Run harness), port,
-# log }; the test waits for it to connect (file_shows on the log).
-sub start_ingress
-{
-	my ($node, $dir, $ingress) = @_;
-	my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../../build/bin') . '/pepsi-ingress';
-	my $port = PostgreSQL::Test::Cluster::get_free_port();
-	my $conf = "$dir/pepsi.conf";
-	my $log = "$dir/ingress.log";
-
-	PostgreSQL::Test::Utils::append_to_file($conf, <<"CONF");
-[pepsi]
-HOSTNAME = mx.test
-[database]
-CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=postgres
-[ingress]
-$ingress
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $port
-CONF
-	my $run = IPC::Run::start([ $bin, '-c', $conf ], '<', \undef, '>', $log, '2>', $log);
-	return { run => $run, port => $port, log => $log };
 }
 
 # The server log from byte $offset on.
