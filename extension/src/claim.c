@@ -420,8 +420,9 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 
 /* Claim up to capacity rows of one stage into out. */
 static void
-claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_percent,
-			double row_cost, Tuplestorestate *out, TupleDesc outdesc)
+claim_stage(const char *stage, int capacity, const SenderCacheSequence *sequence,
+			FairAccount *account, int fifo_percent, double row_cost, Tuplestorestate *out,
+			TupleDesc outdesc)
 {
 	SenderCache	   *cache = sender_cache_for_stage(stage);
 	HTAB		   *heads;
@@ -433,7 +434,7 @@ claim_stage(const char *stage, int capacity, FairAccount *account, int fifo_perc
 	ClaimChoice		choice;
 	int				fifo_slots;
 	ClaimWindow		window;
-	bool			rebuilt = sender_cache_validate(cache);
+	bool			rebuilt = sender_cache_validate(cache, sequence);
 	int64			read_from;
 
 	/*
@@ -555,22 +556,23 @@ claim_float_array(ArrayType *array, const char *name, int expected, const char *
 Datum
 workqueue_claim(PG_FUNCTION_ARGS)
 {
-	ReturnSetInfo	*rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TupleDesc		 outdesc;
-	Tuplestorestate *out;
-	MemoryContext	 per_query;
-	MemoryContext	 caller;
-	Datum			*stages;
-	Datum			*capacities;
-	bool			*capacity_nulls;
-	int				 nstages;
-	int				 ncapacities;
-	Datum			*account_stages = NULL;
-	Datum			*account_senders = NULL;
-	Datum			*account_used = NULL;
-	int				 naccount = 0;
-	int				 fifo_percent;
-	Datum			*row_costs = NULL;
+	ReturnSetInfo	   *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc			outdesc;
+	Tuplestorestate	   *out;
+	MemoryContext		per_query;
+	MemoryContext		caller;
+	Datum			   *stages;
+	Datum			   *capacities;
+	bool			   *capacity_nulls;
+	int					nstages;
+	int					ncapacities;
+	Datum			   *account_stages = NULL;
+	Datum			   *account_senders = NULL;
+	Datum			   *account_used = NULL;
+	int					naccount = 0;
+	int					fifo_percent;
+	Datum			   *row_costs = NULL;
+	SenderCacheSequence sequence;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo)
 		|| !(rsinfo->allowedModes & SFRM_Materialize))
@@ -644,6 +646,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(caller);
 
 	SPI_connect();
+	sender_cache_read_sequence(&sequence);
 	for (int i = 0; i < nstages; i++)
 	{
 		char		*stage = TextDatumGetCString(stages[i]);
@@ -653,7 +656,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 		if (capacity == 0)
 			continue;
 		account = fairshare_account(stage, account_stages, account_senders, account_used, naccount);
-		claim_stage(stage, capacity, account, fifo_percent,
+		claim_stage(stage, capacity, &sequence, account, fifo_percent,
 					row_costs ? DatumGetFloat8(row_costs[i]) : 1.0, out, outdesc);
 	}
 	SPI_finish();

@@ -29,8 +29,17 @@ typedef struct SenderCache SenderCache;
  */
 extern uint64 sender_key_hash(const char *sender, size_t len);
 
+/* What a sender cache is checked against before a claim (sendercache.c). */
+typedef struct SenderCacheSequence
+{
+	Oid	  sequence; /* pepsi.pending_seq */
+	Oid	  filenode; /* pepsi.workqueue's */
+	int64 high;		/* the last value drawn from the sequence, or 0 */
+} SenderCacheSequence;
+
 extern SenderCache *sender_cache_for_stage(const char *stage);
-extern bool			sender_cache_validate(SenderCache *cache);
+extern void			sender_cache_read_sequence(SenderCacheSequence *state);
+extern bool			sender_cache_validate(SenderCache *cache, const SenderCacheSequence *state);
 extern bool			sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all);
 extern HTAB		   *sender_cache_heads(SenderCache *cache);
 extern SenderHead  *sender_cache_lookup(SenderCache *cache, const char *sender);

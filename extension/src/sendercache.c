@@ -241,12 +241,16 @@ sender_cache_found(SenderCache *cache, const char *sender, int64 seq)
 }
 
 /*
- * The last value drawn from pepsi.pending_seq (not transactional: a bound);
- * 0 when none has been drawn since it was created or reset.  And, into
- * filenode, pepsi.workqueue's file node.
+ * The state of pepsi.pending_seq and pepsi.workqueue a cache is checked
+ * against (sender_cache_validate): the sequence's OID, the last value drawn
+ * from it (not transactional: a bound; 0 when none has been drawn since it
+ * was created or reset), and the table's file node.  Read once per claim,
+ * for all its stages: a claim names every stage with room, and reading it
+ * per stage was most of what a stage with nothing pending cost.  Read
+ * before any stage's rows, the value is a lower bound for all of them.
  */
-static int64
-sender_cache_sequence_high(Oid *filenode)
+void
+sender_cache_read_sequence(SenderCacheSequence *state)
 {
 	static SPIPlanPtr plan;
 	bool			  isnull;
@@ -259,8 +263,9 @@ sender_cache_sequence_high(Oid *filenode)
 						  0, NULL),
 			   NULL, NULL, true, 1);
 	node = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-	*filenode = isnull ? InvalidOid : DatumGetObjectId(node);
-	return queue_result_int64(0, 1);
+	state->filenode = isnull ? InvalidOid : DatumGetObjectId(node);
+	state->high = queue_result_int64(0, 1);
+	state->sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
 }
 
 static SenderCacheMark *
@@ -433,21 +438,18 @@ sender_cache_rebuild_reason(SenderCache *cache, Oid sequence, Oid filenode, int6
  * window of oldest rows and then calls sender_cache_catch_up.
  */
 bool
-sender_cache_validate(SenderCache *cache)
+sender_cache_validate(SenderCache *cache, const SenderCacheSequence *state)
 {
-	Oid			sequence = get_relname_relid("pending_seq", get_namespace_oid("pepsi", false));
-	Oid			filenode;
-	int64		high = sender_cache_sequence_high(&filenode);
-	const char *reason = sender_cache_rebuild_reason(cache, sequence, filenode, high,
-													 GetCurrentTimestamp());
+	const char *reason = sender_cache_rebuild_reason(cache, state->sequence, state->filenode,
+													 state->high, GetCurrentTimestamp());
 	bool		sequence_reset;
 
 	if (reason == NULL)
 		return false;
 	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s", cache->stage, reason);
-	sequence_reset = !cache->built || cache->sequence != sequence || high < cache->watermark
-					 || cache->filenode != filenode;
-	sender_cache_rebuild(cache, sequence, filenode, high, sequence_reset,
+	sequence_reset = !cache->built || cache->sequence != state->sequence
+					 || state->high < cache->watermark || cache->filenode != state->filenode;
+	sender_cache_rebuild(cache, state->sequence, state->filenode, state->high, sequence_reset,
 						 sequence_reset
 							 || TimestampDifferenceExceeds(cache->built_at, GetCurrentTimestamp(),
 														   SENDER_CACHE_REBUILD_SECONDS * 1000));
@@ -486,11 +488,10 @@ sender_cache_catch_up(SenderCache *cache, int64 read_through, bool read_all)
 	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": too many arrivals",
 		 cache->stage);
 	{
-		Oid	  filenode;
-		int64 high = sender_cache_sequence_high(&filenode);
+		SenderCacheSequence state;
 
-		sender_cache_rebuild(cache, get_relname_relid("pending_seq", get_namespace_oid("pepsi", false)),
-							 filenode, high, false, false);
+		sender_cache_read_sequence(&state);
+		sender_cache_rebuild(cache, state.sequence, state.filenode, state.high, false, false);
 	}
 	return true;
 }
