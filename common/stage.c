@@ -1045,6 +1045,36 @@ stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 	return count;
 }
 
+/*
+ * The status line's "queued": the stages at which this pass left rows
+ * pending, when the runtime knows them (stage_queued_known): its
+ * advance's target, or none.
+ * The dispatcher claims after a status line only at those stages and at
+ * the worker's own (daemons/dispatch/pool.c, pool_note_queued).  Rows the
+ * runtime cannot vouch for (a split or fan-out, clones, a function called
+ * through pepsi_call_json, anything written through pepsi_db) leave it
+ * out, and the dispatcher then claims at every stage, as it would for a
+ * worker not of this runtime.  Side messages (pepsi_enqueue_new) notify
+ * the dispatcher themselves.  Only a dispatcher that reads "queued" asks
+ * for it (STAGE_STATUS_QUEUED_ENV): a worker run by hand, or by another
+ * supervisor, writes the plain "0" the protocol began with.
+ */
+static bool
+stage_queued_known(const struct stage_worker *w, const struct pepsi_ctx *ctx)
+{
+	return w->report_queued && !ctx->split_done && ctx->clones == NULL && !ctx->queued_unknown
+		   && !w->db_handed_out;
+}
+
+static void
+stage_queued_at(const struct pepsi_ctx *ctx, struct buf *out)
+{
+	buf_append_str(out, "\"queued\":[");
+	if (ctx->terminal == TERMINAL_ADVANCE && ctx->target != NULL)
+		stage_json_string(out, ctx->target);
+	buf_append_str(out, "]");
+}
+
 static void
 stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
@@ -1064,27 +1094,38 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 			free(text);
 			json_decref(report);
 		}
-		else if (ctx->fused.len > 0 || ctx->delivery)
+		else
 		{
-			/* The dispatcher counts both in pepsi.stage_stats: no worker writes it. */
-			buf_append_str(out, "0 {");
+			/* "0", or "0 {...}" with whatever there is to report. */
+			const char *sep = "0 {";
+
+			/* The dispatcher counts fused and delivery in pepsi.stage_stats: no worker writes it. */
 			if (ctx->fused.len > 0)
 			{
+				buf_append_str(out, sep);
 				buf_append_str(out, "\"fused\":[");
 				buf_append(out, ctx->fused.data, ctx->fused.len);
-				buf_append_str(out, ctx->delivery ? "]," : "]");
+				buf_append_str(out, "]");
+				sep = ",";
 			}
 			if (ctx->delivery)
 			{
+				buf_append_str(out, sep);
 				buf_append_str(out, "\"delivery\":{\"stage\":");
 				stage_json_string(out, ctx->delivery_stage);
 				buf_printf(out, ",\"status\":\"%s\"}", ctx->delivery);
+				sep = ",";
 			}
-			buf_append_str(out, "}\n");
+			if (stage_queued_known(w, ctx))
+			{
+				buf_append_str(out, sep);
+				stage_queued_at(ctx, out);
+				sep = ",";
+			}
+			buf_append_str(out, strcmp(sep, "0 {") == 0 ? "0\n" : "}\n");
 		}
-		else
-			buf_append_str(out, "0\n");
 	}
+	w->db_handed_out = false;
 	for (size_t off = 0; off < out->len;)
 	{
 		ssize_t n = write(1, out->data + off, out->len - off);
@@ -1167,6 +1208,8 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		fatalx("%s", err);
 	w.allow_fusion = config_bool(w.cfg, "pepsi", "ALLOW_FUSION");
 	w.mail_log = config_bool(w.cfg, "pepsi", "MAIL_LOG");
+	w.report_queued = getenv(STAGE_STATUS_QUEUED_ENV) != NULL
+					  && strcmp(getenv(STAGE_STATUS_QUEUED_ENV), "1") == 0;
 	stage_check_sections(&w);
 	if (!stage_prepare_statements(w.conn, err, sizeof(err)))
 		fatalx("%s", err);

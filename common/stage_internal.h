@@ -52,13 +52,16 @@ struct stage_worker
 	struct pepsi_config		 *cfg;
 	PGconn					 *conn;
 	bool					  allow_fusion;
-	bool					  mail_log;		/* [pepsi] MAIL_LOG: events ride the commits */
-	int						  session_nice; /* the nice value last given to conn's session */
-	struct buf				  input;
-	bool					  eof;
-	struct buf				  scratch[SCRATCH_COUNT];
-	pepsi_idle_fn			  idle[STAGE_IDLE_MAX]; /* pepsi_when_idle */
-	size_t					  nidle;
+	bool					  mail_log;		 /* [pepsi] MAIL_LOG: events ride the commits */
+	int						  session_nice;	 /* the nice value last given to conn's session */
+	bool					  report_queued; /* the dispatcher reads "queued" (STAGE_STATUS_QUEUED_ENV) */
+	/* pepsi_db handed conn out in this batch: the stage may have queued rows anywhere */
+	bool		  db_handed_out;
+	struct buf	  input;
+	bool		  eof;
+	struct buf	  scratch[SCRATCH_COUNT];
+	pepsi_idle_fn idle[STAGE_IDLE_MAX]; /* pepsi_when_idle */
+	size_t		  nidle;
 	/* pepsi_prefetch_address_settings: address -> settings, for the rows of that generation */
 	json_t	*settings;
 	unsigned settings_generation;
@@ -88,6 +91,7 @@ struct pepsi_ctx
 	struct buf				  body;
 	unsigned				  touched;
 	bool					  split_done;
+	bool					  queued_unknown; /* a call may have queued rows at other stages */
 	/* the outcome */
 	enum terminal_kind terminal;
 	int				   terminals;

@@ -185,6 +185,8 @@ pepsi_config(const struct pepsi_ctx *ctx)
 PGconn *
 pepsi_db(const struct pepsi_ctx *ctx)
 {
+	/* What the stage writes through it is unknown to the status line (stage_queued_at). */
+	ctx->worker->db_handed_out = true;
 	return ctx->worker->conn;
 }
 

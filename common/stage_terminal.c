@@ -378,6 +378,8 @@ pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char 
 	json_t		*answer = NULL;
 	json_error_t jerr;
 
+	ctx->queued_unknown = true; /* any function: it may have queued rows (stage_queued_at) */
+
 	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 1)
 		pepsi_error(ctx, "%s failed: %s", sql, db_error(res, ctx->worker->conn));
 	else if (PQgetisnull(res, 0, 0))

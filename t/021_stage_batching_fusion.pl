@@ -287,4 +287,43 @@ is_deeply($unfused_row, $fused_row, 'the rows end the same with and without fusi
 	like($row->{state}{last_error}, qr/deeper than/, 'fused failure: with its reason');
 }
 
+#
+# Asked by the dispatcher (PEPSI_STATUS_QUEUED=1), the status line says
+# at which stages the pass left rows pending, so that the next claim names
+# only those (daemons/dispatch/pool.c): the stage it advanced to, none when
+# it finished, and nothing at all when it split the row (the runtime cannot
+# vouch for where the parts went).  Unasked, the lines above stay as the
+# protocol began.
+#
+{
+	local $ENV{PEPSI_STATUS_QUEUED} = '1';
+	my $conf_queued = stage_config($node, 'queued.conf',
+		"$chain\n[stage-z]\nPROGRAM = pepsi-stage-discard\n");
+
+	my $id = add_row($node, 'f1', rcpt => ['team@example.org'], state => \%state);
+	my $r = run_worker(unified_cmd('pepsi-stage-if', $conf_nofusion), "$id\n");
+	is($r->{status}[0], '0 {"queued":["f2"]}', 'queued: an advance names its stage');
+
+	$id = add_row($node, 'f1', rcpt => ['team@example.org'], state => \%state);
+	$r = run_worker(unified_cmd('pepsi-stage-if', $conf_queued), "$id\n");
+	my ($code, $report) = decode_status($r->{status}[0]);
+	is_deeply($report->{queued}, ['f-done'], 'queued: a fused pass names the stage its chain ended at');
+	is(scalar @{ $report->{fused} // [] }, 2, 'queued: beside its fused hops');
+
+	$id = add_row($node, 'z');
+	$r = run_worker(unified_cmd('pepsi-stage-discard', $conf_queued), "$id\n");
+	is($r->{status}[0], '0 {"queued":[]}', 'queued: a pass that finished the row names none');
+	is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE id = $id"),
+		0, 'queued: and the row is gone');
+
+	my $mixed = add_row($node, 'g-route', rcpt => [ 'a@example.org', 'x@remote.net' ]);
+	$r = run_worker(unified_cmd('pepsi-stage-route', $conf_queued), "$mixed\n");
+	($code, $report) = decode_status($r->{status}[0]);
+	is($code, 0, 'queued: a split row\'s pass succeeds');
+	ok(!exists $report->{queued}, 'queued: and says nothing of where its parts went')
+	  or diag $r->{status}[0];
+	is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.workqueue WHERE id >= $mixed"),
+		2, 'queued: the row was split in two');
+}
+
 done_testing();

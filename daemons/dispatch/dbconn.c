@@ -279,6 +279,14 @@ dbconn_recover(const char *stage, const struct inflight *rows, int count,
 	}
 	buf_append_char(&ids, '}');
 	buf_append_char(&stages, '}');
+	if (strcmp(status, "pending") == 0)
+	{
+		struct pool *pool = pool_find(stage);
+
+		/* The job goes before the next claim, which then finds them. */
+		if (pool != NULL)
+			pool_may_have_work(pool);
+	}
 	job_param(job, ids.data);
 	job_param(job, stages.data);
 	job_param(job, status);
@@ -547,7 +555,10 @@ claim_send(bool lanes_only)
 	buf_append_char(&acct_used, '{');
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
-		int capacity = lanes_only ? pool_lane_capacity(p, now) : pool_capacity(p, now);
+		/* Only the stages that may have pending rows (pool_may_have_work). */
+		int capacity = !p->may_have_work ? 0
+					   : lanes_only		 ? pool_lane_capacity(p, now)
+										 : pool_capacity(p, now);
 
 		p->claim_asked = capacity > 0 ? capacity : 0;
 		if (capacity <= 0)

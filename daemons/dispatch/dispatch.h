@@ -139,11 +139,12 @@ struct pool
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
 	enum pool_intake	 intake;		 /* how its workers take ids: how many to write them */
 	struct fair_account *fair;
-	struct pool_stats	 stats;			/* since the last flush */
-	bool				 removed;		/* gone from the configuration: drained, then freed */
-	int					 claim_asked;	/* rows the claim in flight asked for */
-	bool				 may_have_work; /* pending rows may wait: a claim came back full, or a NOTIFY */
-	bool				 woken;			/* a NOTIFY since the last claim: new rows, maybe a light sender's */
+	struct pool_stats	 stats;			   /* since the last flush */
+	bool				 removed;		   /* gone from the configuration: drained, then freed */
+	int					 claim_asked;	   /* rows the claim in flight asked for */
+	bool				 may_have_work;	   /* pending rows may wait: a claim came back full, a NOTIFY, a status line */
+	bool				 woken;			   /* a NOTIFY since the last claim: new rows, maybe a light sender's */
+	bool				 work_since_claim; /* may_have_work was set since the last claim went out */
 	struct pool			*next;
 };
 
@@ -212,6 +213,7 @@ void		 pools_retire_all(void);
 void		 pools_stop_all(void);
 void		 pools_kill_all(void);
 void		 pools_may_have_work(void);
+void		 pool_may_have_work(struct pool *pool);
 void		 pools_claim_sent(void);
 enum claim_urgency
 {

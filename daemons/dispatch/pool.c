@@ -156,12 +156,33 @@ pool_capacity(const struct pool *pool, double now)
 	return capacity + (light_lane_open(pool, now) ? 1 : 0);
 }
 
+/*
+ * Which stages a claim asks: only those that may have pending rows.  A
+ * stage may have them when a claim came back full from it, when a NOTIFY
+ * or the heartbeat came (every stage), when a status line said its pass
+ * left rows pending there (pool_note_queued), or when the dispatcher put
+ * rows of its back itself (dbconn_recover).  A claim that names a stage
+ * with nothing pending costs the database a read of that stage's oldest
+ * rows and its sender cache's check, for nothing; with fifteen stages in
+ * the graph and one busy, that was most of a claim after a light
+ * sender's message.  A signal that comes while a claim is in flight is
+ * kept: the claim may have read the stage before the rows committed.
+ */
+void
+pool_may_have_work(struct pool *pool)
+{
+	pool->may_have_work = pool->work_since_claim = true;
+}
+
 /* Work may have come for every stage (a NOTIFY, the heartbeat). */
 void
 pools_may_have_work(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-		p->may_have_work = p->woken = true;
+	{
+		pool_may_have_work(p);
+		p->woken = true;
+	}
 }
 
 /* A claim is going out: what woke the pools is answered by it. */
@@ -169,7 +190,11 @@ void
 pools_claim_sent(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
+	{
 		p->woken = false;
+		if (p->claim_asked > 0)
+			p->work_since_claim = false;
+	}
 }
 
 /* A claim that asked this pool for claim_asked rows got rows. */
@@ -177,7 +202,39 @@ void
 pool_claimed(struct pool *pool, int rows)
 {
 	if (pool->claim_asked > 0)
-		pool->may_have_work = rows >= pool->claim_asked;
+		pool->may_have_work = rows >= pool->claim_asked || pool->work_since_claim;
+}
+
+/*
+ * A worker of pool answered a row: where may its pass have left rows
+ * pending?  The runtime says, when asked to (STAGE_STATUS_QUEUED_ENV,
+ * set for every worker; common/stage.c: "queued", the stages it committed
+ * rows to, [] for none); the pool itself may have more, come from ingress
+ * since its last claim without a wake of their own.  A status line that
+ * does not say (a worker not of our runtime, a failure, a pass the
+ * runtime cannot vouch for) may have left them anywhere.
+ */
+static void
+pool_note_queued(struct pool *pool, json_t *report)
+{
+	json_t *queued = json_object_get(report, "queued");
+	size_t	i;
+	json_t *stage;
+
+	if (!json_is_array(queued))
+	{
+		for (struct pool *p = dispatcher.pools; p; p = p->next)
+			pool_may_have_work(p);
+		return;
+	}
+	pool_may_have_work(pool);
+	json_array_foreach (queued, i, stage)
+	{
+		struct pool *at = json_is_string(stage) ? pool_find(json_string_value(stage)) : NULL;
+
+		if (at != NULL)
+			pool_may_have_work(at);
+	}
 }
 
 /*
@@ -372,6 +429,8 @@ worker_spawn(struct pool *pool, bool light_lane)
 		argv[4] = NULL;
 		dup2(in_pipe[0], 0);
 		dup2(out_pipe[1], 1);
+		/* This dispatcher reads "queued" on the status lines (pool_note_queued). */
+		setenv(STAGE_STATUS_QUEUED_ENV, "1", 1);
 		if (worker_is_bulk(pool, light_lane))
 			worker_lower_priority(0, pool->spec.bulk_nice);
 		execv(exe, argv);
@@ -857,6 +916,7 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 		/* A worker that failed a message, or lost the protocol, is replaced. */
 		worker_transition(w, wellformed ? WORKER_RETIRING : WORKER_KILLED_FOR_PROTOCOL);
 	}
+	pool_note_queued(pool, ok ? report : NULL);
 	json_decref(report);
 	free(entry.sender);
 	if (w->handled + w->count >= pool->spec.max_messages || w->state == WORKER_RETIRING)
