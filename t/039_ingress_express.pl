@@ -23,7 +23,8 @@ use PepsiTest;
 my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $node = pepsi_node('ingress_express');
+my $node = pepsi_node('ingress_express',
+	conf => "log_statement = 'all'\nlog_line_prefix = '%m [%p] xid=%x '\n");
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
@@ -105,6 +106,20 @@ cmp_ok($row{new}{id}, '<', $row{queued1}{id}, 'and before the first queued ahead
 cmp_ok($row{new}{id}, '<', $row{queued2}{id}, 'and the second');
 isnt($row{new}{xmin}, $row{queued1}{xmin}, 'in a transaction of its own');
 is($row{queued1}{xmin}, $row{queued2}{xmin}, 'the two queued ones share one');
+
+# A new client's batch carries the dispatcher's wake in its own
+# transaction (dbconn_start_batch), unless the last wake was less than a
+# tenth of the interval ago: 6 s here.  The last was the new client's
+# above, up to 6 s after its commit (it came within 6 s of the first).
+sleep 12.5;
+my $offset = -s $node->logfile;
+ok(accepted(start_send('127.0.0.3', 'carried')), 'a third new client\'s message is accepted');
+my $xmin = $node->safe_psql($db,
+	q{SELECT xmin FROM pepsi.workqueue WHERE convert_from(headers, 'UTF8') LIKE '%Subject: carried%'});
+ok(poll_until(sub { log_since($node, $offset) =~ /xid=$xmin LOG:  execute <unnamed>: SELECT pepsi\.notify_workqueue\(\)/ },
+		10),
+	'its wake is in the transaction that inserted its row')
+  or diag("xmin $xmin:\n" . log_since($node, $offset));
 
 $ingress->signal('TERM');
 $ingress->finish;

@@ -27,6 +27,7 @@
 #define ADMIT_LOGGED_STATEMENT "pepsi_ingress_admit_logged"
 #define ADMIT_LOGGED_SQL \
 	"SELECT pepsi.workqueue_add_logged($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8, $9::jsonb)"
+#define ADMIT_WAKE_SQL "SELECT pepsi.notify_workqueue()"
 #define ADMIT_REPORT_SQL "SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean)"
 /* The first connection also hears configuration changes (config_set, config_unset). */
 #define ADMIT_LISTEN_SQL "LISTEN pepsi_config_changed"
@@ -97,9 +98,11 @@ struct dbconn
 	struct admission **batch;
 	size_t			   nbatch;
 	size_t			   items;
-	size_t			   next_item;  /* the item whose results come next; items = the Sync */
-	bool			   failed;	   /* a call or the commit failed */
-	int				   stray_ends; /* end-of-result markers after the last call */
+	size_t			   next_item;	 /* the item whose results come next; items = the Sync */
+	bool			   carries_wake; /* the batch's transaction also wakes the dispatcher */
+	double			   sent_at;		 /* when the pipeline in flight was sent */
+	bool			   failed;		 /* a call or the commit failed */
+	int				   stray_ends;	 /* end-of-result markers after the last call */
 	char			   error[512];
 };
 
@@ -121,7 +124,8 @@ static struct
 	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
 	bool					   kick_due;
 	bool					   wake_due;
-	double					   woken_at; /* when the last wake was sent */
+	double					   woken_at;		/* when the last wake was sent */
+	double					   wake_owed_since; /* the first commit no wake sent covers, or 0 */
 	/*
 	 * The clients admitted in the interval that began at clients_since
 	 * ([0]) and in the one before it ([1]), if it was the one just before.
@@ -364,6 +368,7 @@ dbconn_send_sync(struct dbconn *c, enum dbconn_work work, size_t items)
 	if (!PQpipelineSync(c->conn))
 		return false;
 	c->work = work;
+	c->sent_at = ev_now(admit.loop);
 	c->items = items;
 	c->next_item = 0;
 	c->failed = false;
@@ -425,7 +430,24 @@ dbconn_start_batch(struct dbconn *c)
 			dbconn_fail(c, PQerrorMessage(c->conn));
 			return;
 		}
-	if (!dbconn_send_sync(c, DBCONN_WORK_ADMIT, c->nbatch))
+	/*
+	 * A batch of new clients' messages would wake the dispatcher as soon
+	 * as it commits (admit_wake_for): the wake rides in its transaction
+	 * instead, so the dispatcher hears of the rows as they commit, not a
+	 * round trip later, and the wake costs no transaction of its own.
+	 * Unless the last wake was too recent (ADMIT_WAKE_SPLIT): the
+	 * timer's wake then serves them, as before.
+	 */
+	c->carries_wake = c->batch[0]->express
+					  && ev_now(admit.loop) - admit.woken_at
+							 >= admit.options.wake_interval / ADMIT_WAKE_SPLIT;
+	if (c->carries_wake
+		&& PQsendQueryParams(c->conn, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL, NULL, 0) != 1)
+	{
+		dbconn_fail(c, PQerrorMessage(c->conn));
+		return;
+	}
+	if (!dbconn_send_sync(c, DBCONN_WORK_ADMIT, c->nbatch + (c->carries_wake ? 1 : 0)))
 		dbconn_fail(c, PQerrorMessage(c->conn));
 }
 
@@ -434,10 +456,9 @@ dbconn_start_wake(struct dbconn *c)
 {
 	admit.wake_due = false;
 	admit.woken_at = ev_now(admit.loop);
+	admit.wake_owed_since = 0; /* it commits after every commit it is owed for */
 	ev_timer_stop(admit.loop, &admit.wake_timer);
-	if (PQsendQueryParams(c->conn, "SELECT pepsi.notify_workqueue()", 0, NULL, NULL, NULL,
-						  NULL, 0)
-			!= 1
+	if (PQsendQueryParams(c->conn, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL, NULL, 0) != 1
 		|| !dbconn_send_sync(c, DBCONN_WORK_WAKE, 1))
 		dbconn_fail(c, PQerrorMessage(c->conn));
 }
@@ -538,9 +559,13 @@ admit_wake_new_client(const struct admission *a)
 	return new_client;
 }
 
-/* A batch was committed: wake the dispatcher now, or at the interval's end (see ADMIT_WAKE_CLIENTS). */
+/*
+ * A batch was committed: wake the dispatcher now, or at the interval's
+ * end (see ADMIT_WAKE_CLIENTS); or it was, by the batch's own transaction
+ * (carried_wake, dbconn_start_batch).
+ */
 static void
-admit_wake_for(struct admission **batch, size_t count)
+admit_wake_for(struct admission **batch, size_t count, bool carried_wake)
 {
 	double since = ev_now(admit.loop) - admit.woken_at;
 	double wait = admit.options.wake_interval - since;
@@ -548,6 +573,13 @@ admit_wake_for(struct admission **batch, size_t count)
 
 	for (size_t i = 0; i < count; i++)
 		new_client |= admit_wake_new_client(batch[i]);
+	if (carried_wake)
+	{
+		admit.woken_at = ev_now(admit.loop);
+		return;
+	}
+	if (admit.wake_owed_since == 0)
+		admit.wake_owed_since = ev_now(admit.loop);
 	if (admit.wake_due)
 		return;
 	if (new_client)
@@ -566,6 +598,22 @@ admit_wake_for(struct admission **batch, size_t count)
 		ev_timer_set(&admit.wake_timer, wait, 0);
 		ev_timer_start(admit.loop, &admit.wake_timer);
 	}
+}
+
+/*
+ * A batch that carried a wake committed: the wake also covers the commits
+ * owed one that were seen before the batch was sent, which committed
+ * before it did, as a wake of its own would have.  A commit seen in the
+ * same loop iteration is not counted as before: it keeps its own wake.
+ */
+static void
+admit_wake_carried(double sent_at)
+{
+	if (admit.wake_owed_since == 0 || admit.wake_owed_since >= sent_at)
+		return;
+	admit.wake_owed_since = 0;
+	admit.wake_due = false;
+	ev_timer_stop(admit.loop, &admit.wake_timer);
 }
 
 /* The pipeline's results are all in: answer the sessions. */
@@ -590,14 +638,20 @@ dbconn_finish_work(struct dbconn *c)
 			break;
 		case DBCONN_WORK_WAKE:
 			if (c->failed)
+			{
 				admit.wake_due = true;
+				if (admit.wake_owed_since == 0)
+					admit.wake_owed_since = c->sent_at;
+			}
 			break;
 		case DBCONN_WORK_REPORT:
 			break; /* a failure is logged above; the next report tries again */
 		case DBCONN_WORK_ADMIT:
 			if (!c->failed)
 			{
-				admit_wake_for(c->batch, c->nbatch);
+				admit_wake_for(c->batch, c->nbatch, c->carries_wake);
+				if (c->carries_wake)
+					admit_wake_carried(c->sent_at);
 				for (size_t i = 0; i < c->nbatch; i++)
 					admit_complete(c->batch[i], true, c->batch[i]->id);
 				admit.in_flight -= c->nbatch;
@@ -644,7 +698,7 @@ dbconn_result(struct dbconn *c, PGresult *res)
 	}
 	if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK)
 	{
-		if (c->work == DBCONN_WORK_ADMIT && PQntuples(res) == 1)
+		if (c->work == DBCONN_WORK_ADMIT && c->next_item < c->nbatch && PQntuples(res) == 1)
 			c->batch[c->next_item]->id = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
 	}
 	else if (!c->failed)
@@ -880,7 +934,7 @@ admit_shutdown(void)
 			if (wake && c->state == DBCONN_IDLE && PQexitPipelineMode(c->conn)
 				&& PQsetnonblocking(c->conn, 0) == 0)
 			{
-				PQclear(PQexec(c->conn, "SELECT pepsi.notify_workqueue()"));
+				PQclear(PQexec(c->conn, ADMIT_WAKE_SQL));
 				wake = false;
 			}
 			/* The instance's statistics row goes with it. */
