@@ -56,7 +56,9 @@ loss to the light clients' own work from a loss to how they are served;
 and light.ms/msg, the part of it this driver used (its light clients'
 sending, and its polling of the mailboxes), per light message: on the
 machine the system runs on, the clients compete with it, as the burst's
-smtp-source does in both runs.
+smtp-source does in both runs.  And steal.s, the seconds of CPU the
+hypervisor gave to others over the run while this machine's had work:
+on a shared machine, what tells a run slowed from outside.
 """
 import argparse
 import os
@@ -144,11 +146,14 @@ def trace_delivered(args):
 
 
 def cpu_seconds():
-    """CPU time used by the whole machine so far (user, nice, system, irq, softirq)."""
+    """CPU time used by the whole machine so far (user, nice, system, irq,
+    softirq), and the time the hypervisor gave the machine's CPUs to
+    others while they had work (steal)."""
     with open("/proc/stat") as f:
         fields = f.readline().split()[1:]
     ticks = sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
-    return ticks / os.sysconf("SC_CLK_TCK")
+    steal = int(fields[7]) if len(fields) > 7 else 0
+    return ticks / os.sysconf("SC_CLK_TCK"), steal / os.sysconf("SC_CLK_TCK")
 
 
 def psql(args, sql):
@@ -389,7 +394,9 @@ def main():
     for t in threads:
         t.join()
     light_arrived = not threads or wait_count(light_box, len(sent), time.time() + 300)
-    cpu_used = cpu_seconds() - cpu_before
+    cpu_now = cpu_seconds()
+    cpu_used = cpu_now[0] - cpu_before[0]
+    steal = cpu_now[1] - cpu_before[1]
     driver_used = time.process_time() - driver_before
 
     rate = args.burst / (burst_end - burst_start) if burst_start else float("nan")
@@ -421,7 +428,7 @@ def main():
     messages = len(sent) + (args.burst if burst_start else 0)
     if args.psql:
         cost += " " + cost_fields(args, xact_before, messages)
-    cost += " cpu.ms/msg=%.3f" % (cpu_used * 1000 / messages)
+    cost += " cpu.ms/msg=%.3f steal.s=%.2f" % (cpu_used * 1000 / messages, steal)
     if sent:
         cost += " light.ms/msg=%.3f" % (driver_used * 1000 / len(sent))
     print("%s median=%.4f p99=%.4f n=%d max=%.4f rate=%.1f%s%s" % (
