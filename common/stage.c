@@ -1171,6 +1171,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 {
 	struct stage_worker w = {.stage = stage};
 	const char		   *config_path = getenv("PEPSI_CONFIG");
+	const char		   *report_queued;
 	char				err[1024];
 	struct pepsi_ctx   *ctxs;
 	int					opt;
@@ -1208,8 +1209,8 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		fatalx("%s", err);
 	w.allow_fusion = config_bool(w.cfg, "pepsi", "ALLOW_FUSION");
 	w.mail_log = config_bool(w.cfg, "pepsi", "MAIL_LOG");
-	w.report_queued = getenv(STAGE_STATUS_QUEUED_ENV) != NULL
-					  && strcmp(getenv(STAGE_STATUS_QUEUED_ENV), "1") == 0;
+	report_queued = getenv(STAGE_STATUS_QUEUED_ENV);
+	w.report_queued = report_queued != NULL && strcmp(report_queued, "1") == 0;
 	stage_check_sections(&w);
 	if (!stage_prepare_statements(w.conn, err, sizeof(err)))
 		fatalx("%s", err);

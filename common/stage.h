@@ -16,13 +16,6 @@
 #ifndef PEPSI_STAGE_H
 #define PEPSI_STAGE_H
 
-/*
- * Set to "1" in a worker's environment by a dispatcher that reads the
- * status line's "queued" (docs/pepsi-stage.7.md): the runtime then says
- * at which stages each pass left rows pending.
- */
-#define STAGE_STATUS_QUEUED_ENV "PEPSI_STATUS_QUEUED"
-
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -31,6 +24,13 @@
 
 #include "buf.h"
 #include "config.h"
+
+/*
+ * Set to "1" in a worker's environment by a dispatcher that reads the
+ * status line's "queued" (docs/pepsi-stage.7.md): the runtime then says
+ * at which stages each pass left rows pending.
+ */
+#define STAGE_STATUS_QUEUED_ENV "PEPSI_STATUS_QUEUED"
 
 enum pepsi_load
 {

@@ -560,22 +560,39 @@ admit_wake_new_client(const struct admission *a)
 }
 
 /*
- * A batch was committed: wake the dispatcher now, or at the interval's
- * end (see ADMIT_WAKE_CLIENTS); or it was, by the batch's own transaction
- * (carried_wake, dbconn_start_batch).
+ * A batch that carried a wake committed: the wake also covers the commits
+ * owed one that were seen before the batch was sent, which committed
+ * before it did, as a wake of its own would have.  A commit seen in the
+ * same loop iteration is not counted as before: it keeps its own wake.
  */
 static void
-admit_wake_for(struct admission **batch, size_t count, bool carried_wake)
+admit_wake_carried(double sent_at)
+{
+	if (admit.wake_owed_since == 0 || admit.wake_owed_since >= sent_at)
+		return;
+	admit.wake_owed_since = 0;
+	admit.wake_due = false;
+	ev_timer_stop(admit.loop, &admit.wake_timer);
+}
+
+/*
+ * c's batch was committed: wake the dispatcher now, or at the interval's
+ * end (see ADMIT_WAKE_CLIENTS); or it was, by the batch's own transaction
+ * (carries_wake, dbconn_start_batch).
+ */
+static void
+admit_wake_for(const struct dbconn *c)
 {
 	double since = ev_now(admit.loop) - admit.woken_at;
 	double wait = admit.options.wake_interval - since;
 	bool   new_client = false;
 
-	for (size_t i = 0; i < count; i++)
-		new_client |= admit_wake_new_client(batch[i]);
-	if (carried_wake)
+	for (size_t i = 0; i < c->nbatch; i++)
+		new_client |= admit_wake_new_client(c->batch[i]);
+	if (c->carries_wake)
 	{
 		admit.woken_at = ev_now(admit.loop);
+		admit_wake_carried(c->sent_at);
 		return;
 	}
 	if (admit.wake_owed_since == 0)
@@ -598,22 +615,6 @@ admit_wake_for(struct admission **batch, size_t count, bool carried_wake)
 		ev_timer_set(&admit.wake_timer, wait, 0);
 		ev_timer_start(admit.loop, &admit.wake_timer);
 	}
-}
-
-/*
- * A batch that carried a wake committed: the wake also covers the commits
- * owed one that were seen before the batch was sent, which committed
- * before it did, as a wake of its own would have.  A commit seen in the
- * same loop iteration is not counted as before: it keeps its own wake.
- */
-static void
-admit_wake_carried(double sent_at)
-{
-	if (admit.wake_owed_since == 0 || admit.wake_owed_since >= sent_at)
-		return;
-	admit.wake_owed_since = 0;
-	admit.wake_due = false;
-	ev_timer_stop(admit.loop, &admit.wake_timer);
 }
 
 /* The pipeline's results are all in: answer the sessions. */
@@ -649,9 +650,7 @@ dbconn_finish_work(struct dbconn *c)
 		case DBCONN_WORK_ADMIT:
 			if (!c->failed)
 			{
-				admit_wake_for(c->batch, c->nbatch, c->carries_wake);
-				if (c->carries_wake)
-					admit_wake_carried(c->sent_at);
+				admit_wake_for(c);
 				for (size_t i = 0; i < c->nbatch; i++)
 					admit_complete(c->batch[i], true, c->batch[i]->id);
 				admit.in_flight -= c->nbatch;
