@@ -93,6 +93,15 @@ EOF
 
 # The lane.
 my $gate = PostgreSQL::Test::Utils::tempdir() . '/gate';
+# Rows the dispatcher claimed and then put back to pending.
+$node->safe_psql(
+	$db, q{
+	CREATE TABLE put_back (id bigint);
+	CREATE FUNCTION put_back() RETURNS trigger LANGUAGE plpgsql
+		AS $$ BEGIN INSERT INTO put_back VALUES (NEW.id); RETURN NULL; END $$;
+	CREATE TRIGGER put_back AFTER UPDATE ON pepsi.workqueue FOR EACH ROW
+		WHEN (OLD.status = 'running' AND NEW.status = 'pending') EXECUTE FUNCTION put_back();
+});
 my $d = start_dispatcher(write_config($node, stages => $section));
 my @heavy = held_heavy_batch($gate);
 my @regular = worker_pids($d, 'test-stage');
@@ -123,6 +132,36 @@ my @heavy_pids = pids_of(@heavy, @later);
 ok(!grep({ $_ == $lane_pid } @heavy_pids), 'no heavy row ever ran in the lane')
   or diag("heavy rows ran in @heavy_pids, the lane is $lane_pid");
 like(dispatcher_log($d), qr/started the light lane/, 'the log says when the lane starts');
+stop_dispatcher($d);
+
+# The free lane's row of a claim after a NOTIFY, with the worker's queue
+# full, is the heavy sender's when no light row waits: it waits in the
+# dispatcher for the worker's next answer (the ring's spare id), instead
+# of going back to pending, to be claimed and put back again while the
+# queue stays full.  The heartbeat is a minute away: only NOTIFYs claim.
+$node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log, put_back');
+$gate = PostgreSQL::Test::Utils::tempdir() . '/gate';
+$d = start_dispatcher(write_config($node, stages => $section, dispatch => { POLL_INTERVAL => '60s' }));
+@heavy = held_heavy_batch($gate);
+my @queued;
+for my $n (4, 5)
+{
+	push @queued, add_rows($node, 1, stage => 'batch', sender => '10.0.0.1');
+	ok( poll_until(
+			sub {
+				scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+				  == $n;
+			}),
+		"queue full: heavy row $n is claimed");
+}
+sleep 1;
+is(scalar_query($node, 'SELECT count(*) FROM put_back'),
+	0, 'queue full: no claimed row went back to pending');
+is(scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'"),
+	5, 'queue full: the row beyond QUEUE_LIMIT stays claimed');
+release($gate);
+is(scalar_query($node, 'SELECT count(*) FROM test_log WHERE id IN (' . join(',', @queued) . ')'),
+	2, 'queue full: the waiting row was written to the worker once it answered, and ran');
 stop_dispatcher($d);
 
 # LIGHT_LANE = no: the light row waits for the held batch (a batch of its own after it).

@@ -111,11 +111,12 @@ worker_slots(const struct pool_worker *w)
  * the stage holds: the light row runs at once, beside the burst, whose
  * batches go on whole.  The lane costs a process only while it is used:
  * it is started for its first row and reaped when idle like any worker.
- * The claim asks for one row more while the lane is free (pool_capacity);
- * the fair pick gives that row to the lightest sender with pending rows,
- * so it is the light row when there is one, and otherwise one of the
- * burst's, which goes into a worker's pipeline, one row deeper.  One row
- * at a time: a lane the light senders could fill would be a second pool.
+ * The claim asks for one row more while the lane is free and a NOTIFY
+ * or the heartbeat has come since the last claim (pool_capacity); the fair pick gives that
+ * row to the lightest sender with pending rows, so it is the light row
+ * when there is one, and otherwise one of the burst's, which waits in a
+ * worker's ring, one row deeper (worker_spawn).  One row at a time: a
+ * lane the light senders could fill would be a second pool.
  */
 static bool
 light_lane_open(const struct pool *pool, double now)
@@ -136,7 +137,13 @@ light_lane_open(const struct pool *pool, double now)
 /*
  * How many more ids the pool can take now.  While the stage is held off
  * after a failed start, no worker is spawned, but the workers it has keep
- * being fed.
+ * being fed.  The free light lane adds one only after a NOTIFY or the
+ * heartbeat: a light sender's row comes with one (ingress wakes the
+ * dispatcher at once for a new client), and otherwise the fair pick
+ * brings it first among the slots of the claim an answer causes.  Asked
+ * after every answer, the lane's row was mostly the burst's, with every
+ * pipeline full, and went back to pending: one claim in eight during
+ * bench/fairness's burst with light senders.
  */
 int
 pool_capacity(const struct pool *pool, double now)
@@ -153,7 +160,7 @@ pool_capacity(const struct pool *pool, double now)
 			capacity += worker_slots(w);
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
-	return capacity + (light_lane_open(pool, now) ? 1 : 0);
+	return capacity + (pool->woken && light_lane_open(pool, now) ? 1 : 0);
 }
 
 /*
@@ -462,7 +469,16 @@ worker_spawn(struct pool *pool, bool light_lane)
 	w->pid = pid;
 	w->to_child = in_pipe[1];
 	w->from_child = out_pipe[0];
-	w->ring = (int) pool->spec.queue_limit;
+	/*
+	 * One id more than QUEUE_LIMIT, which is never written to the worker
+	 * (worker_hand): where a row waits that a claim brought beyond the
+	 * workers' slots, such as the one the free light lane adds to a claim
+	 * (pool_capacity) when the fair pick makes it a heavy sender's and
+	 * every pipeline is full.  It stays claimed here until the worker's
+	 * next answer, instead of going back to pending at the cost of a
+	 * transaction, a claim again and its place in the queue.
+	 */
+	w->ring = (int) pool->spec.queue_limit + 1;
 	w->queue = xcalloc((size_t) w->ring, sizeof(struct inflight));
 	w->idle_since = w->last_done = now_seconds();
 	fcntl(w->to_child, F_SETFL, O_NONBLOCK);
@@ -575,6 +591,9 @@ static void
 worker_hand(struct pool_worker *w)
 {
 	int limit = w->pool->intake == INTAKE_BATCH ? worker_batch_limit(w) : HAND_AHEAD;
+
+	if (limit > w->pool->spec.queue_limit)
+		limit = (int) w->pool->spec.queue_limit; /* the ring's spare id waits (worker_spawn) */
 
 	/* Stopping: what it was not written goes back to pending when it exits. */
 	if ((w->state != WORKER_RUNNING && w->state != WORKER_RETIRING) || dispatcher.shutting_down)
