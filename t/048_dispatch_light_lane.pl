@@ -164,6 +164,39 @@ is(scalar_query($node, 'SELECT count(*) FROM test_log WHERE id IN (' . join(',',
 	2, 'queue full: the waiting row was written to the worker once it answered, and ran');
 stop_dispatcher($d);
 
+# The lane's batches do not size the workers' pipelines: after forty
+# slow light rows through the lane (60 ms each, a batch of one), the
+# worker is still asked for a full queue of the heavy sender's rows, not
+# the three that a depth fitted on the lane's batches would give.
+$node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log, put_back');
+$node->safe_psql($db, "ALTER SYSTEM SET log_statement = 'all'");
+$node->safe_psql($db, 'SELECT pg_reload_conf()');
+$gate = PostgreSQL::Test::Utils::tempdir() . '/gate';
+$d = start_dispatcher(write_config($node, stages => $section =~ s/QUEUE_LIMIT = 4/QUEUE_LIMIT = 16/r,
+	dispatch => { POLL_INTERVAL => '60s' }));
+@heavy = held_heavy_batch($gate);
+for my $n (1 .. 40)
+{
+	my ($slow) = add_rows($node, 1, stage => 'batch', sender => "10.8.0.$n", state => '{"sleep_ms": 60}');
+	poll_until(sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $slow") == 1 }, 30)
+	  or last;
+}
+is(scalar_query($node, "SELECT count(*) FROM test_log WHERE id > $heavy[-1]"), 40,
+	'slow light rows: forty went through the lane while the worker was held');
+my @after = add_rows($node, 60, stage => 'batch', sender => '10.0.0.1', quiet => 1);
+my $log_offset = -s $node->logfile;
+release($gate);
+my @capacities;
+for my $line (split /\n/, PostgreSQL::Test::Utils::slurp_file($node->logfile, $log_offset))
+{
+	push @capacities, $1 if $line =~ /DETAIL:  parameters: \$1 = '\{batch\}', \$2 = '\{(\d+)\}'/;
+}
+cmp_ok((sort { $b <=> $a } @capacities)[0] // 0, '>=', 10,
+	"slow light rows: the worker is then asked for a full queue (claims asked: @capacities)");
+$node->safe_psql($db, "ALTER SYSTEM RESET log_statement");
+$node->safe_psql($db, 'SELECT pg_reload_conf()');
+stop_dispatcher($d);
+
 # LIGHT_LANE = no: the light row waits for the held batch (a batch of its own after it).
 $node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body, test_log');
 $gate = PostgreSQL::Test::Utils::tempdir() . '/gate';
