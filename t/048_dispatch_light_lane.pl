@@ -27,6 +27,12 @@ my $db = 'postgres';
 my $node = dispatch_node('dispatch_light_lane');
 my $program = test_program('test-stage');
 
+# How many rows are claimed (running).
+sub running_rows
+{
+	return scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'");
+}
+
 # The held batch of the heavy sender, after its earlier burst; returns its ids.
 sub held_heavy_batch
 {
@@ -37,12 +43,7 @@ sub held_heavy_batch
 		'the earlier burst drains');
 	my @heavy = add_rows($node, 3, stage => 'batch', sender => '10.0.0.1',
 		state => qq({"wait_file": "$gate"}));
-	ok( poll_until(
-			sub {
-				scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
-				  == 3;
-			}),
-		'the heavy rows are running, held');
+	ok(poll_until(sub { running_rows() == 3 }), 'the heavy rows are running, held');
 	return @heavy;
 }
 
@@ -147,18 +148,12 @@ my @queued;
 for my $n (4, 5)
 {
 	push @queued, add_rows($node, 1, stage => 'batch', sender => '10.0.0.1');
-	ok( poll_until(
-			sub {
-				scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
-				  == $n;
-			}),
-		"queue full: heavy row $n is claimed");
+	ok(poll_until(sub { running_rows() == $n }), "queue full: heavy row $n is claimed");
 }
 sleep 1;
 is(scalar_query($node, 'SELECT count(*) FROM put_back'),
 	0, 'queue full: no claimed row went back to pending');
-is(scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'"),
-	5, 'queue full: the row beyond QUEUE_LIMIT stays claimed');
+is(running_rows(), 5, 'queue full: the row beyond QUEUE_LIMIT stays claimed');
 release($gate);
 is(scalar_query($node, 'SELECT count(*) FROM test_log WHERE id IN (' . join(',', @queued) . ')'),
 	2, 'queue full: the waiting row was written to the worker once it answered, and ran');

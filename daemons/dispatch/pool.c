@@ -111,12 +111,13 @@ worker_slots(const struct pool_worker *w)
  * the stage holds: the light row runs at once, beside the burst, whose
  * batches go on whole.  The lane costs a process only while it is used:
  * it is started for its first row and reaped when idle like any worker.
- * The claim asks for one row more while the lane is free and a NOTIFY
- * or the heartbeat has come since the last claim (pool_capacity); the fair pick gives that
- * row to the lightest sender with pending rows, so it is the light row
- * when there is one, and otherwise one of the burst's, which waits in a
- * worker's ring, one row deeper (worker_spawn).  One row at a time: a
- * lane the light senders could fill would be a second pool.
+ * The claim asks for one row more while the lane is free and a NOTIFY or
+ * the heartbeat has come since the last claim (pool_lane_capacity); the
+ * fair pick gives that row to the lightest sender with pending rows, so
+ * it is the light row when there is one, and otherwise one of the
+ * burst's, which waits in a worker's ring, one row deeper (worker_spawn).
+ * One row at a time: a lane the light senders could fill would be a
+ * second pool.
  */
 static bool
 light_lane_open(const struct pool *pool, double now)
@@ -137,13 +138,7 @@ light_lane_open(const struct pool *pool, double now)
 /*
  * How many more ids the pool can take now.  While the stage is held off
  * after a failed start, no worker is spawned, but the workers it has keep
- * being fed.  The free light lane adds one only after a NOTIFY or the
- * heartbeat: a light sender's row comes with one (ingress wakes the
- * dispatcher at once for a new client), and otherwise the fair pick
- * brings it first among the slots of the claim an answer causes.  Asked
- * after every answer, the lane's row was mostly the burst's, with every
- * pipeline full, and went back to pending: one claim in eight during
- * bench/fairness's burst with light senders.
+ * being fed; and the free light lane's row (pool_lane_capacity).
  */
 int
 pool_capacity(const struct pool *pool, double now)
@@ -160,7 +155,7 @@ pool_capacity(const struct pool *pool, double now)
 			capacity += worker_slots(w);
 	if (now >= pool->cooldown_until && pool->nworkers < pool->spec.parallelism)
 		capacity += (int) (pool->spec.parallelism - pool->nworkers) * (int) per_worker;
-	return capacity + (pool->woken && light_lane_open(pool, now) ? 1 : 0);
+	return capacity + pool_lane_capacity(pool, now);
 }
 
 /*
@@ -269,17 +264,26 @@ pools_claim_urgency(double now)
 		for (const struct pool_worker *w = p->workers; w; w = w->next)
 			if (!w->light_lane && w->count == 0 && worker_slots(w) > 0)
 				return CLAIM_NOW;
-		if (p->woken && light_lane_open(p, now))
+		if (pool_lane_capacity(p, now) > 0)
 			urgency = CLAIM_LANES;
 	}
 	return urgency;
 }
 
-/* The rows a claim for the light lanes asks of pool (pools_claim_urgency). */
+/*
+ * The row a claim asks of pool for its free light lane, in any claim
+ * (pool_capacity) or in one for the lanes alone (pools_claim_urgency):
+ * only after a NOTIFY or the heartbeat.  A light sender's row comes with
+ * one (ingress wakes the dispatcher at once for a new client), and
+ * otherwise the fair pick brings it first among the slots of the claim an
+ * answer causes.  Asked after every answer, the lane's row was mostly the
+ * burst's, with every pipeline full, and went back to pending: one claim
+ * in eight during bench/fairness's burst with light senders.
+ */
 int
 pool_lane_capacity(const struct pool *pool, double now)
 {
-	return light_lane_open(pool, now) ? 1 : 0;
+	return pool->woken && light_lane_open(pool, now) ? 1 : 0;
 }
 
 size_t
