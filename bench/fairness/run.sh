@@ -118,13 +118,19 @@ psql_command="$PGBIN/psql -h $BENCH_DIR -p $BENCH_PORT -U postgres -d $BENCH_DB"
 # 0.49 ms of CPU, and 1.8-2.1 ms right after deleting 20,000 files.  With
 # an rm -rf before each run, each run paid that for the files of the runs
 # before it, more or less by how recently they went: CPU no mail server
-# spends on a burst, and noise between the runs a ratio compares.
-spent_mail=0
+# spends on a burst, and noise between the runs a ratio compares.  Each
+# run's mail gets a directory of its own from mktemp: run() is called in
+# a command substitution, where a counter would not outlive the call.
+# The mailboxes must be empty before a run: drive.py counts the files in
+# them, so a run over the last one's mail ends its burst early and mixes
+# in old messages' latencies.
 reset_mailboxes() {
     if [ -d "$maildir" ]; then
-        spent_mail=$((spent_mail + 1))
         mkdir -p "$BENCH_DIR/spent-mail"
-        mv "$maildir" "$BENCH_DIR/spent-mail/$spent_mail"
+        local spent
+        spent=$(mktemp -d "$BENCH_DIR/spent-mail/run.XXXXXX")
+        mv "$maildir" "$spent/maildir" ||
+            { echo "bench/fairness: cannot move the last run's mail aside" >&2; exit 1; }
     fi
     mkdir -p "$maildir"/{light,heavy}@example.org/{tmp,new,cur}
     # The maildir helper writes as the mailboxes' owner (VIRTUAL_USER, the
@@ -165,8 +171,17 @@ sampler_stop() {
 
 # run MODE: one run after a reset; prints drive.py's line.
 run() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, bench_trace RESTART IDENTITY" \
-        -c CHECKPOINT >/dev/null
+    # The reset can deadlock with a session that holds the bodies' table
+    # and then reads the queue (the maintenance worker's body GC does),
+    # the other order from TRUNCATE's: try again.
+    local attempt
+    for attempt in 1 2 3 4 5; do
+        bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, bench_trace RESTART IDENTITY" \
+            >/dev/null 2>>"$log" && break
+        ((attempt < 5)) || { echo "bench/fairness: cannot reset the queue" >&2; exit 1; }
+        sleep 1
+    done
+    bench_psql -c CHECKPOINT >/dev/null
     reset_mailboxes
     local file="$samples_dir/$r-$1.tsv"
     sampler_start "$file"
