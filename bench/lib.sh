@@ -90,7 +90,9 @@
 #                             bench_cleanup or bench_ingress_stop
 #   bench_ingress_stop        stop it
 #   bench_queue_rows          the rows of pepsi.workqueue
-#   bench_queue_empty         empty the queue and its bodies, and checkpoint
+#   bench_queue_empty [TABLE...]
+#                             empty the queue, its bodies and TABLEs (tried
+#                             again after a deadlock), and checkpoint
 #   bench_postfix_drop_held DIR
 #                             delete the messages an instance holds, sync
 #   bench_dispatch_user       the [dispatch] USER line as root (the
@@ -468,8 +470,19 @@ bench_queue_rows() {
     bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"
 }
 
+# The TRUNCATE can deadlock with a session that holds the bodies' table
+# and then reads the queue (the maintenance worker's body GC does), the
+# other order from TRUNCATE's: it is tried again, and a bench whose queue
+# cannot be emptied stops rather than measure over the last run's rows.
 bench_queue_empty() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    local tables="pepsi.workqueue, pepsi.workqueue_body" table attempt
+    for table in "$@"; do tables+=", $table"; done
+    for attempt in 1 2 3 4 5; do
+        bench_psql -c "TRUNCATE $tables RESTART IDENTITY" >/dev/null && break
+        ((attempt < 5)) || { echo "bench: cannot empty the queue ($tables)" >&2; exit 1; }
+        sleep 1
+    done
+    bench_psql -c CHECKPOINT >/dev/null
 }
 
 bench_postfix_drop_held() {

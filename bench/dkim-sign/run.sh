@@ -310,7 +310,7 @@ case_selected() {
 }
 
 pepsi_reset() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    bench_queue_empty
     [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
     return 0
 }

@@ -171,17 +171,7 @@ sampler_stop() {
 
 # run MODE: one run after a reset; prints drive.py's line.
 run() {
-    # The reset can deadlock with a session that holds the bodies' table
-    # and then reads the queue (the maintenance worker's body GC does),
-    # the other order from TRUNCATE's: try again.
-    local attempt
-    for attempt in 1 2 3 4 5; do
-        bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, bench_trace RESTART IDENTITY" \
-            >/dev/null 2>>"$log" && break
-        ((attempt < 5)) || { echo "bench/fairness: cannot reset the queue" >&2; exit 1; }
-        sleep 1
-    done
-    bench_psql -c CHECKPOINT >/dev/null
+    bench_queue_empty bench_trace 2>>"$log"
     reset_mailboxes
     local file="$samples_dir/$r-$1.tsv"
     sampler_start "$file"

@@ -267,7 +267,7 @@ send() {
     awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
 }
 
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_reset() { bench_queue_empty; }
 pepsi_rows() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
 # Rows whose every verdict passed.
 pepsi_passed() {

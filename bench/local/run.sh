@@ -281,7 +281,7 @@ dovecot_master() {
 dovecot_cpu=$([ "$mode" = lmtp ] && echo 1 || true)
 
 pepsi_reset() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null
+    bench_queue_empty
     [ "$profile" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
     return 0
 }

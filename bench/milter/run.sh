@@ -114,7 +114,7 @@ measure() {
     awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
 }
 
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_reset() { bench_queue_empty; }
 
 postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 bench_postfix_start "$postfix_dir" "$postfix_port" "relayhost = [127.0.0.1]:$sink_port" \

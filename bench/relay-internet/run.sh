@@ -179,10 +179,7 @@ postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
 postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
 per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }'; }
 
-pepsi_reset() {
-    bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body, pepsi.destination RESTART IDENTITY" \
-        -c CHECKPOINT >/dev/null
-}
+pepsi_reset() { bench_queue_empty pepsi.destination; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 drop() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f%%", 100 * (1 - a / b) }'; }
 min() { printf '%s\n' "$@" | sort -g | head -1; }

@@ -165,7 +165,7 @@ per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }
 postgres_pid() { head -1 "$BENCH_DIR/data/postmaster.pid"; }
 postfix_master() { head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' '; }
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
-pepsi_reset() { bench_psql -c "TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY" -c CHECKPOINT >/dev/null; }
+pepsi_reset() { bench_queue_empty; }
 # Transactions committed in the bench database so far.  A backend reports
 # its counts when it goes idle, at most once a second, and an idle one
 # within 10 s (PostgreSQL 15): read after that.
