@@ -211,10 +211,20 @@ pool_claimed(struct pool *pool, int rows)
  * A worker of pool answered a row: where may its pass have left rows
  * pending?  The runtime says, when asked to (STAGE_STATUS_QUEUED_ENV,
  * set for every worker; common/stage.c: "queued", the stages it committed
- * rows to, [] for none); the pool itself may have more, come from ingress
- * since its last claim without a wake of their own.  A status line that
- * does not say (a worker not of our runtime, a failure, a pass the
- * runtime cannot vouch for) may have left them anywhere.
+ * rows to, [] for none).  A status line that does not say (a worker not
+ * of our runtime, a failure, a pass the runtime cannot vouch for) may
+ * have left them anywhere.
+ *
+ * The pool itself is not marked: rows come to it from ingress, whose
+ * every commit is followed by a wake within DISPATCH_WAKE_INTERVAL
+ * (ingress's admit.c), from other stages' passes (their "queued"), or
+ * from a claim that came back full (pool_claimed keeps the pool marked).
+ * Marking it after every answer made a claim after each light sender's
+ * lone row that found nothing: half the claims of a light message, and
+ * CPU a busy machine takes from the burst.  What it bought was rows that
+ * ingress committed since the last claim taken a few milliseconds
+ * before the interval's wake: while a stage keeps up with a burst, its
+ * claims come back short and its next batch waits for that wake, bigger.
  */
 static void
 pool_note_queued(struct pool *pool, json_t *report)
@@ -229,7 +239,6 @@ pool_note_queued(struct pool *pool, json_t *report)
 			pool_may_have_work(p);
 		return;
 	}
-	pool_may_have_work(pool);
 	json_array_foreach (queued, i, stage)
 	{
 		struct pool *at = json_is_string(stage) ? pool_find(json_string_value(stage)) : NULL;
