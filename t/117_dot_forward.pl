@@ -31,7 +31,7 @@ my $root = "$shared/maildir";
 my $sender = 'sender@local.test';
 # Names of this run's own (so that two runs at once never share a user).
 my $tag = $$ % 1000000;
-my %u = map { $_ => "fw$tag$_" } qw(alice bob dave erin frank gina hank ivy jack);
+my %u = map { $_ => "fw$tag$_" } qw(alice bob dave erin frank gina hank ivy jack kim);
 my $group = "pepsi-fw$tag";
 my $helper = 'pepsi-helper-dot-forward';
 my $stage = 'pepsi-stage-dot-forward';
@@ -42,12 +42,12 @@ mkdir $root;
 add_system_group($group);
 install_privileged(dirname(pepsi_bin('pepsi-dispatch')), $bin, $group, $helper, $stage);
 my %user;
-for my $name (values %u)
+for my $name (grep { $_ ne $u{kim} } values %u) # kim comes later (9.)
 {
 	add_system_user($name, $homes);
 	$user{$name} = [ (getpwnam($name))[ 2, 3 ] ];
 }
-make_mailbox($root, $_) for $sender, 'carol@local.test', map { "$_\@local.test" } keys %user;
+make_mailbox($root, $_) for $sender, 'carol@local.test', map { "$_\@local.test" } keys %user, $u{kim};
 system('chown', '-R', cluster_user() . ':', $root) == 0 or die 'chown';
 
 # Write a .forward owned by $owner (default: the user) with $mode (0644).
@@ -257,6 +257,22 @@ chmod 04755, "$shared/open-helper";
 $out = `@{[ join ' ', map { "'$_'" } as_cluster_user("$shared/open-helper", 'read', $u{alice}) ]} 2>&1`;
 like($out, qr/refused: uid \d+ is not of group \d+/, 'and the helper itself refuses a caller outside its group');
 unlink "$shared/open-helper";
+
+# 9. A user added after a message to the name: the stage keeps its
+# getpwnam answer for a second (dot-forward.c), so a message to the new
+# user after that second is forwarded by the .forward, as one before the
+# user existed went to the mailbox.
+deliver("$u{kim}\@local.test", subject => 'before');
+ok(settled(), 'settled');
+is(files("$u{kim}\@local.test"), 1, 'no system user kim yet: the mailbox has the message');
+add_system_user($u{kim}, $homes);
+$user{ $u{kim} } = [ (getpwnam($u{kim}))[ 2, 3 ] ];
+dot_forward($u{kim}, "carol\@local.test\n");
+select(undef, undef, undef, 1.5);
+deliver("$u{kim}\@local.test", subject => 'after');
+ok(settled(), 'settled');
+is(files('carol@local.test'), 5, 'the new user\'s .forward is read a second later');
+is(files("$u{kim}\@local.test"), 1, 'and the mailbox has no second copy');
 
 stop_dispatcher($d);
 done_testing();
