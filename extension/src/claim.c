@@ -549,6 +549,67 @@ claim_float_array(ArrayType *array, const char *name, int expected, const char *
 }
 
 /*
+ * Which of the stages given a capacity have a pending row at all, read in
+ * one statement: pending[i] for stages[i].  A wake marks every stage the
+ * dispatcher runs (a NOTIFY does not say where its rows went), and make
+ * run's graph has fifteen, while a light sender's row waits at one; each
+ * stage's claim_stage costs two or three statements even when it finds
+ * nothing (the window, the cache's catch-up).  A stage found empty is
+ * skipped as one given no capacity is.  Each is read from its floor, as
+ * its window would be (a row below the floor is found by the floor's
+ * periodic reset, there as here), through a LATERAL probe of one row: the
+ * start of the window's own index range read, never a scan of the queue.
+ * A row committed after this read comes with a wake of its own, which
+ * brings the next claim.
+ */
+static bool *
+claim_stages_pending(Datum *stages, Datum *capacities, int nstages)
+{
+	static SPIPlanPtr plans[2];
+	static const Oid  argtypes[] = {TEXTARRAYOID, INT8ARRAYOID};
+	bool			 *pending = palloc0(sizeof(bool) * (nstages + 1));
+	int				 *asked = palloc(sizeof(int) * (nstages + 1));
+	Datum			 *names = palloc(sizeof(Datum) * (nstages + 1));
+	Datum			 *floors = palloc(sizeof(Datum) * (nstages + 1));
+	Datum			  values[2];
+	int				  nasked = 0;
+
+	for (int i = 0; i < nstages; i++)
+		if (DatumGetInt32(capacities[i]) > 0)
+		{
+			SenderCache *cache = sender_cache_for_stage(TextDatumGetCString(stages[i]));
+
+			names[nasked] = stages[i];
+			floors[nasked] = Int64GetDatum(sender_cache_floor(cache));
+			asked[nasked++] = i;
+		}
+	if (nasked <= 1) /* the stage's own window tells as cheaply */
+	{
+		for (int i = 0; i < nasked; i++)
+			pending[asked[i]] = true;
+		return pending;
+	}
+	values[0] = PointerGetDatum(construct_array(names, nasked, TEXTOID, -1, false, TYPALIGN_INT));
+	values[1] = PointerGetDatum(construct_array(floors, nasked, INT8OID, 8, true, TYPALIGN_DOUBLE));
+#define CLAIM_STAGES_PENDING_SQL(pending)                                            \
+	"SELECT u.n::int4 FROM unnest($1, $2) WITH ORDINALITY AS u(stage, floor, n),"    \
+	" LATERAL (SELECT 1 FROM pepsi.workqueue w WHERE w.stage = u.stage AND " pending \
+	" AND w.pending_seq >= u.floor ORDER BY w.pending_seq LIMIT 1) AS one"
+	queue_exec(queue_plan_pending(plans, CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING),
+								  CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING_0_1), 2, argtypes),
+			   values, NULL, true, 0);
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		bool isnull;
+		int	 n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (!isnull && n >= 1 && n <= nasked)
+			pending[asked[n - 1]] = true;
+	}
+	return pending;
+}
+
+/*
  * workqueue_claim(stages, capacities, account_stages, account_senders,
  *                 account_used, fifo_percent, row_costs)
  *   RETURNS TABLE (id, stage, sender_key)
@@ -573,6 +634,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 	int					fifo_percent;
 	Datum			   *row_costs = NULL;
 	SenderCacheSequence sequence;
+	bool			   *pending;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo)
 		|| !(rsinfo->allowedModes & SFRM_Materialize))
@@ -647,6 +709,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	sender_cache_read_sequence(&sequence);
+	pending = claim_stages_pending(stages, capacities, nstages);
 	for (int i = 0; i < nstages; i++)
 	{
 		char		*stage = TextDatumGetCString(stages[i]);
@@ -655,6 +718,12 @@ workqueue_claim(PG_FUNCTION_ARGS)
 
 		if (capacity == 0)
 			continue;
+		if (!pending[i])
+		{
+			/* As claim_stage leaves a window that found nothing. */
+			sender_cache_set_floor(sender_cache_for_stage(stage), PG_INT64_MAX);
+			continue;
+		}
 		account = fairshare_account(stage, account_stages, account_senders, account_used, naccount);
 		claim_stage(stage, capacity, &sequence, account, fifo_percent,
 					row_costs ? DatumGetFloat8(row_costs[i]) : 1.0, out, outdesc);
