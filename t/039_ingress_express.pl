@@ -1,12 +1,15 @@
-# pepsi-ingress: a new client's message goes ahead of the admissions
-# queued, in a transaction of its own (admit.c, admit_enqueue_express).
+# pepsi-ingress: a new client's message goes to the connection kept for
+# new clients, ahead of the admissions queued, in a transaction of its
+# own (admit.c); the pool's other sessions run at BULK_NICE, the new
+# clients' one at the server's priority.
 #
-# With one database connection, its first admission is held on a lock
-# (LOCK TABLE pepsi.workqueue), so the next ones queue in ingress.  A
-# client seen a moment before (127.0.0.1) queues two messages; then a new
-# client (127.0.0.2) queues one.  Once the lock is released, the new
-# client's row is inserted before the two queued ahead of it, and
-# committed in a transaction of its own; the other two share one.
+# With one pool connection, its first admission is held on a lock (LOCK
+# TABLE pepsi.workqueue), so the next ones queue in ingress.  A client
+# seen a moment before (127.0.0.1) queues two messages; then a new client
+# (127.0.0.2) sends one, which goes out at once on the other connection
+# and waits on the lock beside the held one.  Once the lock is released,
+# the new client's row is inserted before the two queued ahead of it,
+# and committed in a transaction of its own; the other two share one.
 
 use strict;
 use warnings FATAL => 'all';
@@ -82,13 +85,37 @@ sub waiting_on_lock
 		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%'");
 }
 
+# The nice value of process $pid (/proc/PID/stat, field 19).
+sub nice_of
+{
+	my ($pid) = @_;
+	open my $fh, '<', "/proc/$pid/stat" or die "cannot read /proc/$pid/stat: $!";
+	my $stat = <$fh>;
+	close $fh;
+	$stat =~ s/^.*\) //s;
+	return (split / /, $stat)[16];
+}
+
+# The nice values of the sessions of application $name, in order.
+sub session_nices
+{
+	my ($name) = @_;
+	return join ' ', sort { $a <=> $b } map { nice_of($_) } split /\n/,
+	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$name'");
+}
+
+is(session_nices('pepsi-ingress'), '10', 'the pool\'s session runs at BULK_NICE, 10 by default');
+is(session_nices('pepsi-ingress-express'), '0', 'the new clients\' session at the server\'s priority');
+
 my $held = start_send('127.0.0.1', 'held');
 ok(poll_until(sub { waiting_on_lock() == 1 }, 30), 'its next admission waits on the lock');
-# The two queued in ingress (its one connection is busy), then the new
-# client's.  A second between them: each is in the queue before the next.
+# The two queued in ingress (its one pool connection is busy), then the
+# new client's.  A second between them: each is in the queue before the next.
 my @queued = map { my $s = start_send('127.0.0.1', "queued$_"); sleep 1; $s } 1 .. 2;
+is(waiting_on_lock(), 1, 'the known client\'s next two wait in ingress, not on a connection of their own');
 my $new = start_send('127.0.0.2', 'new');
-sleep 1;
+ok(poll_until(sub { waiting_on_lock() == 2 }, 30),
+	'the new client\'s message goes out at once, on the new clients\' connection');
 $lock_in .= "COMMIT;\n";
 $lock->finish;
 
@@ -101,8 +128,7 @@ my %row = map { my ($subject, $id, $xmin) = split /\|/; ($subject => { id => $id
 	SELECT substring(convert_from(headers, 'UTF8') FROM 'Subject: (\w+)'), id, xmin
 	FROM pepsi.workqueue});
 is(scalar(keys %row), 5, 'five rows are queued');
-cmp_ok($row{new}{id}, '>', $row{held}{id}, 'the new client\'s row comes after the one that held the connection');
-cmp_ok($row{new}{id}, '<', $row{queued1}{id}, 'and before the first queued ahead of it');
+cmp_ok($row{new}{id}, '<', $row{queued1}{id}, 'the new client\'s row comes before the first queued ahead of it');
 cmp_ok($row{new}{id}, '<', $row{queued2}{id}, 'and the second');
 isnt($row{new}{xmin}, $row{queued1}{xmin}, 'in a transaction of its own');
 is($row{queued1}{xmin}, $row{queued2}{xmin}, 'the two queued ones share one');

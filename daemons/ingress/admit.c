@@ -28,6 +28,7 @@
 #define ADMIT_LOGGED_SQL \
 	"SELECT pepsi.workqueue_add_logged($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8, $9::jsonb)"
 #define ADMIT_WAKE_SQL "SELECT pepsi.notify_workqueue()"
+#define ADMIT_NICE_SQL "SELECT pepsi.session_nice($1::integer)"
 #define ADMIT_REPORT_SQL "SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean)"
 /* The first connection also hears configuration changes (config_set, config_unset). */
 #define ADMIT_LISTEN_SQL "LISTEN pepsi_config_changed"
@@ -67,6 +68,13 @@ struct admission
 	struct admission *next;
 };
 
+/* Admissions waiting for a connection, oldest first. */
+struct admit_queue
+{
+	struct admission *head;
+	struct admission *tail;
+};
+
 enum dbconn_state
 {
 	DBCONN_DOWN,	   /* waiting for the reconnect timer */
@@ -87,6 +95,7 @@ enum dbconn_work
 struct dbconn
 {
 	int						  index;
+	bool					  express; /* new clients' admissions and wakes only */
 	enum dbconn_state		  state;
 	PGconn					 *conn;
 	PostgresPollingStatusType poll;
@@ -112,8 +121,10 @@ static struct
 	const struct pepsi_config *cfg;
 	struct admit_options	   options;
 	struct dbconn			  *conns;
-	struct admission		  *queue_head;
-	struct admission		  *queue_tail;
+	int						   nconns;	  /* DATABASE_CONNECTIONS and the express one */
+	struct dbconn			  *express;	  /* the last of conns */
+	struct admit_queue		   queue;	  /* the known clients' admissions */
+	struct admit_queue		   new_queue; /* new clients' (express) */
 	size_t					   queued;
 	size_t					   in_flight;
 	ev_timer				   wake_timer;
@@ -144,63 +155,53 @@ static bool admit_client_is_new(const struct admission *a);
  * The queue
  */
 
-static void
-admit_enqueue(struct admission *a, bool front)
+/* The queue a's kind of admission waits in. */
+static struct admit_queue *
+admit_queue_of(const struct admission *a)
 {
-	a->next = NULL;
-	if (admit.queue_head == NULL)
-		admit.queue_head = admit.queue_tail = a;
-	else if (front)
-	{
-		a->next = admit.queue_head;
-		admit.queue_head = a;
-	}
-	else
-	{
-		admit.queue_tail->next = a;
-		admit.queue_tail = a;
-	}
-	admit.queued++;
+	return a->express ? &admit.new_queue : &admit.queue;
 }
 
 /*
- * A new client's admission (admit_client_is_new) goes ahead of the others
- * queued, after the new clients' already there, and into a batch of new
- * clients' admissions only (dbconn_start_batch).  During a burst a light
- * sender's message then neither waits for the burst's admissions queued
- * before it nor commits with them: its batch is a small transaction.  It
- * costs the burst one small commit per new client, and there are at most
- * ADMIT_WAKE_CLIENTS new clients an interval.
+ * A new client's admission (admit_client_is_new) waits in a queue of its
+ * own, served first by the express connection, and goes into a batch of
+ * new clients' admissions only (dbconn_start_batch).  During a burst a
+ * light sender's message then neither waits for the burst's admissions
+ * queued before it nor commits with them: its batch is a small
+ * transaction.  It costs the burst one small commit per new client, and
+ * there are at most ADMIT_WAKE_CLIENTS new clients an interval.
  */
 static void
-admit_enqueue_express(struct admission *a)
+admit_enqueue(struct admission *a, bool front)
 {
-	struct admission *after = NULL;
+	struct admit_queue *q = admit_queue_of(a);
 
-	for (struct admission *q = admit.queue_head; q != NULL && q->express; q = q->next)
-		after = q;
-	if (after == NULL)
+	a->next = NULL;
+	if (q->head == NULL)
+		q->head = q->tail = a;
+	else if (front)
 	{
-		admit_enqueue(a, true);
-		return;
+		a->next = q->head;
+		q->head = a;
 	}
-	a->next = after->next;
-	after->next = a;
-	if (admit.queue_tail == after)
-		admit.queue_tail = a;
+	else
+	{
+		q->tail->next = a;
+		q->tail = a;
+	}
 	admit.queued++;
 }
 
 static struct admission *
-admit_dequeue(void)
+admit_dequeue(struct admit_queue *q)
 {
-	struct admission *a = admit.queue_head;
+	struct admission *a = q->head;
 
 	if (a)
 	{
-		admit.queue_head = a->next;
-		if (admit.queue_head == NULL)
-			admit.queue_tail = NULL;
+		q->head = a->next;
+		if (q->head == NULL)
+			q->tail = NULL;
 		admit.queued--;
 	}
 	return a;
@@ -221,14 +222,14 @@ admit_fail_queue(void)
 {
 	struct admission *a;
 
-	while ((a = admit_dequeue()) != NULL)
+	while ((a = admit_dequeue(&admit.new_queue)) != NULL || (a = admit_dequeue(&admit.queue)) != NULL)
 		admit_complete(a, false, 0);
 }
 
 bool
 admit_available(void)
 {
-	for (int i = 0; i < admit.options.connections; i++)
+	for (int i = 0; i < admit.nconns; i++)
 		if (admit.conns[i].state != DBCONN_DOWN)
 			return true;
 	return false;
@@ -244,10 +245,7 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->done = done;
 	a->arg = arg;
 	a->express = admit_client_is_new(a);
-	if (a->express)
-		admit_enqueue_express(a);
-	else
-		admit_enqueue(a, false);
+	admit_enqueue(a, false);
 	admit.kick_due = true;
 	return a;
 }
@@ -347,7 +345,8 @@ static void
 dbconn_connect(struct dbconn *c)
 {
 	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {db_conninfo(admit.cfg, "ingress", "CONNINFO"), "pepsi-ingress", NULL};
+	const char *values[] = {db_conninfo(admit.cfg, "ingress", "CONNINFO"),
+							c->express ? "pepsi-ingress-express" : "pepsi-ingress", NULL};
 
 	c->conn = PQconnectStartParams(keywords, values, 1);
 	if (c->conn == NULL || PQstatus(c->conn) == CONNECTION_BAD)
@@ -394,22 +393,40 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 		   == 1;
 }
 
-/* Take queued admissions as one batch (one transaction). */
+/*
+ * The queue an idle connection c takes its next batch from, or NULL.  The
+ * express connection serves the new clients only; the others serve the
+ * known clients, and the new clients too when the express connection
+ * cannot take them now (busy, or not connected) and they have nothing
+ * else to do: while a burst keeps them busy, they never do.
+ */
+static struct admit_queue *
+dbconn_queue(const struct dbconn *c)
+{
+	if (c->express)
+		return admit.new_queue.head ? &admit.new_queue : NULL;
+	if (admit.queue.head)
+		return &admit.queue;
+	if (admit.new_queue.head && admit.express->state != DBCONN_IDLE)
+		return &admit.new_queue;
+	return NULL;
+}
+
+/* Take queued admissions of one kind as one batch (one transaction). */
 static void
-dbconn_start_batch(struct dbconn *c)
+dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
 {
 	size_t			  bytes = 0;
 	struct admission *a;
 
 	c->nbatch = 0;
-	while (c->nbatch < (size_t) admit.options.batch_size && (a = admit.queue_head) != NULL)
+	while (c->nbatch < (size_t) admit.options.batch_size && (a = q->head) != NULL)
 	{
 		size_t size = a->envelope.headers.len + a->envelope.body.len;
 
-		if (c->nbatch > 0
-			&& (a->alone || bytes + size > ADMIT_BATCH_BYTES || a->express != c->batch[0]->express))
+		if (c->nbatch > 0 && (a->alone || bytes + size > ADMIT_BATCH_BYTES))
 			break;
-		admit_dequeue();
+		admit_dequeue(q);
 		if (a->done == NULL)
 		{
 			/* Its client left before an answer: it need not be stored. */
@@ -514,7 +531,7 @@ admit_client(const struct admission *a)
  * the interval's), one that sends less often than every other interval
  * always is; past ADMIT_WAKE_CLIENTS clients in an interval, none is.
  * Asked without recording anything when a message is submitted (a new
- * client's goes ahead of the queue, admit_enqueue_express), and by
+ * client's waits in the new clients' queue, admit_enqueue), and by
  * admit_wake_new_client when its batch commits.  The tables turn over
  * only when a client is recorded: until then an interval that has passed
  * is read as it will be once they have.
@@ -631,11 +648,12 @@ dbconn_finish_work(struct dbconn *c)
 		case DBCONN_WORK_PREPARE:
 			if (c->failed)
 			{
-				dbconn_fail(c, "cannot prepare the admission statement");
+				dbconn_fail(c, "cannot prepare the admission statements or set the session's nice value");
 				return;
 			}
 			c->backoff = 0;
-			log_info("database connection %d ready", c->index);
+			log_info("database connection %d ready%s", c->index,
+					 c->express ? " (new clients' admissions)" : "");
 			break;
 		case DBCONN_WORK_WAKE:
 			if (c->failed)
@@ -762,6 +780,41 @@ dbconn_read_results(struct dbconn *c)
 	}
 }
 
+/*
+ * A new session: the statements, the first one's LISTEN, and a bulk
+ * connection's nice value (BULK_NICE, see the top of the file), in one
+ * pipeline.  A server that refuses the nice value (an extension older
+ * than the program) fails the connection with the server's words, as a
+ * failed PREPARE does: set BULK_NICE = 0 or update the extension.
+ */
+static bool
+dbconn_send_prepare(struct dbconn *c)
+{
+	size_t items = 2;
+	char   nice[16];
+
+	if (PQsetnonblocking(c->conn, 1) != 0 || !PQenterPipelineMode(c->conn)
+		|| !PQsendPrepare(c->conn, ADMIT_STATEMENT, ADMIT_SQL, 0, NULL)
+		|| !PQsendPrepare(c->conn, ADMIT_LOGGED_STATEMENT, ADMIT_LOGGED_SQL, 0, NULL))
+		return false;
+	if (c->index == 0)
+	{
+		if (!PQsendQueryParams(c->conn, ADMIT_LISTEN_SQL, 0, NULL, NULL, NULL, NULL, 0))
+			return false;
+		items++;
+	}
+	if (!c->express && admit.options.bulk_nice > 0)
+	{
+		const char *values[1] = {nice};
+
+		snprintf(nice, sizeof(nice), "%d", admit.options.bulk_nice);
+		if (!PQsendQueryParams(c->conn, ADMIT_NICE_SQL, 1, NULL, values, NULL, NULL, 0))
+			return false;
+		items++;
+	}
+	return dbconn_send_sync(c, DBCONN_WORK_PREPARE, items);
+}
+
 /* The one function that moves a connection along. */
 static void
 dbconn_advance(struct dbconn *c, int revents)
@@ -780,12 +833,7 @@ dbconn_advance(struct dbconn *c, int revents)
 				dbconn_watch(c, EV_READ);
 			else if (c->poll == PGRES_POLLING_WRITING)
 				dbconn_watch(c, EV_WRITE);
-			else if (PQsetnonblocking(c->conn, 1) != 0 || !PQenterPipelineMode(c->conn)
-					 || !PQsendPrepare(c->conn, ADMIT_STATEMENT, ADMIT_SQL, 0, NULL)
-					 || !PQsendPrepare(c->conn, ADMIT_LOGGED_STATEMENT, ADMIT_LOGGED_SQL, 0, NULL)
-					 || (c->index == 0
-						 && !PQsendQueryParams(c->conn, ADMIT_LISTEN_SQL, 0, NULL, NULL, NULL, NULL, 0))
-					 || !dbconn_send_sync(c, DBCONN_WORK_PREPARE, c->index == 0 ? 3 : 2))
+			else if (!dbconn_send_prepare(c))
 				dbconn_fail(c, PQerrorMessage(c->conn));
 			break;
 		case DBCONN_PREPARING:
@@ -842,18 +890,20 @@ admit_kick(void)
 	do
 	{
 		again = false;
-		for (int i = 0; i < admit.options.connections; i++)
+		/* The express connection, the last, takes what the others leave it. */
+		for (int i = 0; i < admit.nconns; i++)
 		{
-			struct dbconn *c = &admit.conns[i];
+			struct dbconn	   *c = &admit.conns[i];
+			struct admit_queue *q;
 
 			if (c->state != DBCONN_IDLE)
 				continue;
 			if (admit.wake_due)
 				dbconn_start_wake(c);
-			else if (admit.report_due)
+			else if (admit.report_due && !c->express)
 				dbconn_start_report(c);
-			else if (admit.queue_head)
-				dbconn_start_batch(c);
+			else if ((q = dbconn_queue(c)) != NULL)
+				dbconn_start_batch(c, q);
 		}
 	} while (again);
 	running = false;
@@ -892,12 +942,15 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	admit.loop = loop;
 	admit.cfg = cfg;
 	admit.options = *options;
-	admit.conns = xcalloc((size_t) options->connections, sizeof(*admit.conns));
+	admit.nconns = options->connections + 1;
+	admit.conns = xcalloc((size_t) admit.nconns, sizeof(*admit.conns));
+	admit.express = &admit.conns[options->connections];
+	admit.express->express = true;
 	ev_timer_init(&admit.wake_timer, admit_on_wake, 0, 0);
 	ev_timer_init(&admit.config_changed_timer, admit_on_config_changed, 0, 0);
 	ev_prepare_init(&admit.kick_watcher, admit_on_prepare);
 	ev_prepare_start(loop, &admit.kick_watcher);
-	for (int i = 0; i < options->connections; i++)
+	for (int i = 0; i < admit.nconns; i++)
 	{
 		struct dbconn *c = &admit.conns[i];
 
@@ -921,7 +974,7 @@ admit_shutdown(void)
 	ev_timer_stop(admit.loop, &admit.wake_timer);
 	ev_timer_stop(admit.loop, &admit.config_changed_timer);
 	ev_prepare_stop(admit.loop, &admit.kick_watcher);
-	for (int i = 0; i < admit.options.connections; i++)
+	for (int i = 0; i < admit.nconns; i++)
 	{
 		struct dbconn *c = &admit.conns[i];
 

@@ -2,7 +2,7 @@
  * admit.h: admission into the queue with group commit.
  *
  * A small pool of libpq connections in non-blocking pipeline mode, driven
- * by the event loop.  Messages that arrive while every connection is busy
+ * by the event loop, and one more for new clients' admissions (admit.c).  Messages that arrive while every connection is busy
  * wait, and the next connection to come free takes all of them (up to
  * BATCH_SIZE) as one pipeline: one pepsi.workqueue_add per message and a
  * single Sync, which is one implicit transaction, one commit and one WAL
@@ -28,6 +28,7 @@ struct admit_options
 	int			batch_size;	   /* [ingress] BATCH_SIZE */
 	const char *stage;		   /* [ingress] INIT_STAGE */
 	double		wake_interval; /* [ingress] DISPATCH_WAKE_INTERVAL, seconds */
+	int			bulk_nice;	   /* [ingress] BULK_NICE: the known clients' sessions' nice value */
 	/* pepsi_config_changed arrived (coalesced; called from the loop). */
 	void (*config_changed)(void);
 };

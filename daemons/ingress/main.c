@@ -442,6 +442,7 @@ pepsi_ingress_main(int argc, char **argv)
 	admit_options.batch_size = (int) config_int(ingress.cfg, "ingress", "BATCH_SIZE");
 	admit_options.stage = config_text(ingress.cfg, "ingress", "INIT_STAGE");
 	admit_options.wake_interval = config_duration_ms(ingress.cfg, "ingress", "DISPATCH_WAKE_INTERVAL") / 1000.0;
+	admit_options.bulk_nice = (int) config_int(ingress.cfg, "ingress", "BULK_NICE");
 	admit_options.config_changed = ingress_on_config_changed;
 	ingress.mail_log = config_bool(ingress.cfg, "pepsi", "MAIL_LOG");
 
@@ -502,7 +503,7 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_timer_init(&report_timer, ingress_on_report, 0, INGRESS_REPORT_INTERVAL);
 	report_timer.data = instance;
 	ev_timer_start(ingress.loop, &report_timer);
-	log_info("ready: %zu listener%s, %d database connection%s, batches of up to %d",
+	log_info("ready: %zu listener%s, %d database connection%s and one for new clients, batches of up to %d",
 			 nsections, nsections == 1 ? "" : "s", admit_options.connections,
 			 admit_options.connections == 1 ? "" : "s", admit_options.batch_size);
 	service_watchdog_start(ingress.loop);

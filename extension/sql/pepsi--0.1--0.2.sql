@@ -2570,8 +2570,12 @@ SELECT pepsi.grant_apply();
 CREATE FUNCTION pepsi.session_nice(nice integer) RETURNS integer
     AS 'MODULE_PATHNAME', 'session_nice' LANGUAGE C STRICT VOLATILE;
 
+-- pepsi-ingress does the same for the sessions that admit its known
+-- clients' messages (its BULK_NICE), keeping the new clients' at the
+-- server's priority.
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
-    ('pepsi_stage', 'function', 'session_nice', '{EXECUTE}');
+    ('pepsi_stage', 'function', 'session_nice', '{EXECUTE}'),
+    ('pepsi_ingress', 'function', 'session_nice', '{EXECUTE}');
 
 SELECT pepsi.grant_apply();
 
