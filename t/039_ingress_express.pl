@@ -85,27 +85,16 @@ sub waiting_on_lock
 		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%'");
 }
 
-# The nice value of process $pid (/proc/PID/stat, field 19).
-sub nice_of
+is(session_nices($node, $db, 'pepsi-ingress'), '10', 'the pool\'s session runs at BULK_NICE, 10 by default');
+is(session_nices($node, $db, 'pepsi-ingress-express'), '0', 'the new clients\' session at the server\'s priority');
+SKIP:
 {
-	my ($pid) = @_;
-	open my $fh, '<', "/proc/$pid/stat" or die "cannot read /proc/$pid/stat: $!";
-	my $stat = <$fh>;
-	close $fh;
-	$stat =~ s/^.*\) //s;
-	return (split / /, $stat)[16];
+	skip 'the kernel has no autogroups', 2 unless -e '/proc/self/autogroup';
+	# Each backend is a session of its own: its autogroup takes the value too.
+	ok(poll_until(sub { session_autogroup_nices($node, $db, 'pepsi-ingress') eq '10' }, 10),
+		'and the pool\'s session\'s autogroup');
+	is(session_autogroup_nices($node, $db, 'pepsi-ingress-express'), '0', 'the new clients\' not');
 }
-
-# The nice values of the sessions of application $name, in order.
-sub session_nices
-{
-	my ($name) = @_;
-	return join ' ', sort { $a <=> $b } map { nice_of($_) } split /\n/,
-	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$name'");
-}
-
-is(session_nices('pepsi-ingress'), '10', 'the pool\'s session runs at BULK_NICE, 10 by default');
-is(session_nices('pepsi-ingress-express'), '0', 'the new clients\' session at the server\'s priority');
 
 my $held = start_send('127.0.0.1', 'held');
 ok(poll_until(sub { waiting_on_lock() == 1 }, 30), 'its next admission waits on the lock');

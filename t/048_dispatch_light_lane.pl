@@ -52,38 +52,6 @@ sub release
 		'every row drains once the heavy rows are released');
 }
 
-# The nice value of process $pid (/proc/PID/stat, field 19).
-sub nice_of
-{
-	my ($pid) = @_;
-	open my $fh, '<', "/proc/$pid/stat" or die "cannot read /proc/$pid/stat: $!";
-	my $stat = <$fh>;
-	close $fh;
-	$stat =~ s/^.*\) //s;
-	return (split / /, $stat)[16];
-}
-
-# The nice values of the database sessions of program's workers, in order.
-sub session_nices
-{
-	my ($program) = @_;
-	return join ' ', sort { $a <=> $b } map { nice_of($_) } split /\n/,
-	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$program'");
-}
-
-# The autogroup nice values of the same sessions (sched(7); PostgreSQL
-# makes each backend the leader of a session, so each has its own group).
-sub session_autogroup_nices
-{
-	my ($program) = @_;
-	return join ' ', sort { $a <=> $b } map {
-		open my $fh, '<', "/proc/$_/autogroup" or die "cannot read /proc/$_/autogroup: $!";
-		my ($nice) = <$fh> =~ / nice (-?\d+)$/;
-		$nice
-	} split /\n/,
-	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$program'");
-}
-
 sub pids_of
 {
 	my (@ids) = @_;
@@ -268,15 +236,15 @@ add_rows($node, 5, stage => 'drop', sender => '10.0.0.1');
 ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }), 'the discard stage drains its rows');
 my ($discard) = worker_pids($d, 'pepsi-stage-discard');
 is(nice_of($discard), 10, 'a worker of the runtime runs at BULK_NICE');
-ok(poll_until(sub { session_nices('pepsi-stage-discard') eq '10' }, 10),
+ok(poll_until(sub { session_nices($node, $db, 'pepsi-stage-discard') eq '10' }, 10),
 	'and its database session at the same nice value')
-  or diag('the sessions\' nice values: ' . session_nices('pepsi-stage-discard'));
+  or diag('the sessions\' nice values: ' . session_nices($node, $db, 'pepsi-stage-discard'));
 SKIP:
 {
 	skip 'the kernel has no autogroups', 1 unless -e '/proc/self/autogroup';
 	# With autogroups a backend's nice value only weighs within its own
 	# session (extension/src/session.c): its group takes the value too.
-	is(session_autogroup_nices('pepsi-stage-discard'), '10', 'and the session\'s autogroup');
+	is(session_autogroup_nices($node, $db, 'pepsi-stage-discard'), '10', 'and the session\'s autogroup');
 }
 stop_dispatcher($d);
 $d = start_dispatcher(write_config($node, stages => "[stage-drop]\nPROGRAM = pepsi-stage-discard\nPARALLELISM = 1\n"
@@ -285,11 +253,11 @@ add_rows($node, 5, stage => 'drop', sender => '10.0.0.1');
 ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }), 'again with BULK_NICE = 0');
 ($discard) = worker_pids($d, 'pepsi-stage-discard');
 is(nice_of($discard), nice_of($d->{pid}), 'BULK_NICE = 0: the worker runs at the dispatcher\'s priority');
-is(session_nices('pepsi-stage-discard'), '0', 'and its database session at the server\'s');
+is(session_nices($node, $db, 'pepsi-stage-discard'), '0', 'and its database session at the server\'s');
 SKIP:
 {
 	skip 'the kernel has no autogroups', 1 unless -e '/proc/self/autogroup';
-	is(session_autogroup_nices('pepsi-stage-discard'), '0', 'and its autogroup at 0');
+	is(session_autogroup_nices($node, $db, 'pepsi-stage-discard'), '0', 'and its autogroup at 0');
 }
 stop_dispatcher($d);
 

@@ -35,7 +35,8 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
-  prometheus_samples self_signed_certificate admit_sql
+  prometheus_samples self_signed_certificate admit_sql nice_of session_nices
+  session_autogroup_nices
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -129,6 +130,45 @@ sub admit_sql
 
 	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
 	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
+}
+
+# The nice value of process $pid (/proc/PID/stat, field 19).
+sub nice_of
+{
+	my ($pid) = @_;
+	open my $fh, '<', "/proc/$pid/stat" or die "cannot read /proc/$pid/stat: $!";
+	my $stat = <$fh>;
+	close $fh;
+	$stat =~ s/^.*\) //s;
+	return (split / /, $stat)[16];
+}
+
+# The pids of the sessions of application $name in database $db.
+sub session_pids
+{
+	my ($node, $db, $name) = @_;
+	return split /\n/,
+	  $node->safe_psql($db, "SELECT pid FROM pg_stat_activity WHERE application_name = '$name'");
+}
+
+# The nice values of the sessions of application $name, in order.
+sub session_nices
+{
+	my ($node, $db, $name) = @_;
+	return join ' ', sort { $a <=> $b } map { nice_of($_) } session_pids($node, $db, $name);
+}
+
+# The autogroup nice values of the same sessions, in order (sched(7);
+# PostgreSQL makes each backend the leader of a session, so each has a
+# group of its own: extension/src/session.c).
+sub session_autogroup_nices
+{
+	my ($node, $db, $name) = @_;
+	return join ' ', sort { $a <=> $b } map {
+		open my $fh, '<', "/proc/$_/autogroup" or die "cannot read /proc/$_/autogroup: $!";
+		my ($nice) = <$fh> =~ / nice (-?\d+)$/;
+		$nice
+	} session_pids($node, $db, $name);
 }
 
 # The number of rows of the queue (in database $db, default postgres),
