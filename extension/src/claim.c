@@ -557,13 +557,15 @@ claim_float_array(ArrayType *array, const char *name, int expected, const char *
  * nothing (the window, the cache's catch-up).  A stage found empty is
  * skipped as one given no capacity is.  Each is read from its floor, as
  * its window would be (a row below the floor is found by the floor's
- * periodic reset, there as here), through a LATERAL probe of one row: the
+ * periodic reset, there as here), or from 0 when the queue's rows were
+ * renumbered (sender_cache_probe_floor), through a LATERAL probe of one row: the
  * start of the window's own index range read, never a scan of the queue.
  * A row committed after this read comes with a wake of its own, which
  * brings the next claim.
  */
 static bool *
-claim_stages_pending(Datum *stages, Datum *capacities, int nstages)
+claim_stages_pending(Datum *stages, Datum *capacities, int nstages,
+					 const SenderCacheSequence *sequence)
 {
 	static SPIPlanPtr plans[2];
 	static const Oid  argtypes[] = {TEXTARRAYOID, INT8ARRAYOID};
@@ -580,7 +582,7 @@ claim_stages_pending(Datum *stages, Datum *capacities, int nstages)
 			SenderCache *cache = sender_cache_for_stage(TextDatumGetCString(stages[i]));
 
 			names[nasked] = stages[i];
-			floors[nasked] = Int64GetDatum(sender_cache_floor(cache));
+			floors[nasked] = Int64GetDatum(sender_cache_probe_floor(cache, sequence));
 			asked[nasked++] = i;
 		}
 	if (nasked <= 1) /* the stage's own window tells as cheaply */
@@ -709,7 +711,7 @@ workqueue_claim(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	sender_cache_read_sequence(&sequence);
-	pending = claim_stages_pending(stages, capacities, nstages);
+	pending = claim_stages_pending(stages, capacities, nstages, &sequence);
 	for (int i = 0; i < nstages; i++)
 	{
 		char		*stage = TextDatumGetCString(stages[i]);

@@ -47,6 +47,7 @@ extern SenderHead  *sender_cache_note(SenderCache *cache, const char *sender, in
 extern SenderHead  *sender_cache_found(SenderCache *cache, const char *sender, int64 seq);
 extern void			sender_cache_forget(SenderCache *cache, SenderHead *head);
 extern int64		sender_cache_floor(SenderCache *cache);
+extern int64		sender_cache_probe_floor(SenderCache *cache, const SenderCacheSequence *state);
 extern void			sender_cache_set_floor(SenderCache *cache, int64 oldest_pending);
 
 /* One sender competing for a stage's slots in one claim. */

@@ -433,6 +433,19 @@ sender_cache_rebuild_reason(SenderCache *cache, Oid sequence, Oid filenode, int6
 }
 
 /*
+ * Whether the queue's rows were renumbered under the cache: the cache was
+ * never built, pepsi.pending_seq was re-created or went back below the
+ * watermark, or pepsi.workqueue was truncated.  The watermark, the marks
+ * and the floor then describe a numbering the new rows do not follow.
+ */
+static bool
+sender_cache_sequence_reset(const SenderCache *cache, const SenderCacheSequence *state)
+{
+	return !cache->built || cache->sequence != state->sequence || state->high < cache->watermark
+		   || cache->filenode != state->filenode;
+}
+
+/*
  * Before a claim: rebuild the cache if it can no longer be trusted (see
  * the file comment).  Returns whether it did; if not, the claim reads its
  * window of oldest rows and then calls sender_cache_catch_up.
@@ -447,8 +460,7 @@ sender_cache_validate(SenderCache *cache, const SenderCacheSequence *state)
 	if (reason == NULL)
 		return false;
 	elog(DEBUG1, "pepsi: rebuilding the sender cache of stage \"%s\": %s", cache->stage, reason);
-	sequence_reset = !cache->built || cache->sequence != state->sequence
-					 || state->high < cache->watermark || cache->filenode != state->filenode;
+	sequence_reset = sender_cache_sequence_reset(cache, state);
 	sender_cache_rebuild(cache, state->sequence, state->filenode, state->high, sequence_reset,
 						 sequence_reset
 							 || TimestampDifferenceExceeds(cache->built_at, GetCurrentTimestamp(),
@@ -516,6 +528,23 @@ sender_cache_floor(SenderCache *cache)
 		cache->floor_read_at = now;
 	}
 	return cache->floor;
+}
+
+/*
+ * Where a probe for any pending row of the stage starts, before the claim
+ * has validated the cache (claim.c's claim_stages_pending): the floor, or
+ * 0 when the rows were renumbered (sender_cache_sequence_reset).  After a
+ * TRUNCATE ... RESTART IDENTITY the floor is a value of the old numbering,
+ * above every new row: a probe from it would call the stage empty, its
+ * claim would never run to rebuild the cache, and the stage would be
+ * served only when the floor's periodic recheck came round.
+ */
+int64
+sender_cache_probe_floor(SenderCache *cache, const SenderCacheSequence *state)
+{
+	if (sender_cache_sequence_reset(cache, state))
+		return 0;
+	return sender_cache_floor(cache);
 }
 
 /*
