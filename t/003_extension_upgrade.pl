@@ -151,8 +151,10 @@ sub fill_queue
 # One line per object of schema pepsi with what defines it: columns (by
 # name: an upgrade appends a column a fresh install may place elsewhere),
 # constraints, indexes, triggers, functions, views, types, sequences, the
-# ACL of each, and the rows of the tables that are part of the schema
-# (config_option's option table) rather than data.
+# ACL of each, the rows of the tables that are part of the schema
+# (config_option's option table) rather than data, and the tables and
+# sequences pg_dump keeps the rows of (pg_extension_config_dump, with
+# their filters).
 my $describe = q{
 SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -193,6 +195,10 @@ SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     UNION ALL
     SELECT 'option ' || o::text FROM pepsi.config_option o
     UNION ALL
+    SELECT 'config_dump ' || c.oid::regclass || ' ' || quote_literal(c.condition)
+    FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS c(oid, condition)
+    WHERE e.extname = 'pepsi'
+    UNION ALL
     SELECT 'member ' || pg_describe_object(d.classid, d.objid, 0)
     FROM pg_depend d WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
       AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pepsi')
@@ -214,6 +220,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 query('fresh', 'CREATE EXTENSION pepsi');
 my $fresh = query('fresh', $describe);
 like($fresh, qr/^function workqueue_claim\(/m, 'the description lists the functions');
+like($fresh, qr/^config_dump workqueue ''$/m, 'and what pg_dump keeps the rows of');
 
 for my $from (@old_versions)
 {
@@ -388,6 +395,9 @@ for my $from (@old_versions)
 		'5s', "$from: config_set replaces a value set before the upgrade");
 	is(query($db, "SELECT pepsi.config_unset('global', 'dispatch', 'POLL_INTERVAL')"),
 		'2s', "$from: config_unset removes it");
+
+	is(query($db, 'SELECT version FROM pepsi.schema_version'),
+		$default_version, "$from: pepsi.schema_version says $default_version, which a restore checks");
 
 	# Every object the upgrade added belongs to the group roles the policy
 	# says, and nothing else changed hands.

@@ -2580,3 +2580,95 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pepsi.grant_apply();
 
 -- end of a bulk worker's database session at the worker's own CPU priority
+
+-- ===========================================================================
+-- Backups keep the mail
+--
+-- pg_dump leaves out the rows of an extension's tables unless the
+-- extension registers them with pg_extension_config_dump: without this a
+-- dump restored with pg_restore gave back an empty queue, no bodies, no
+-- administrators and no settings.  Every table that holds the
+-- installation's state is registered, whole or through a filter, and so is
+-- every sequence that numbers its rows, so that a restored sequence is
+-- past the ids and pending_seq values of the restored rows (the claim
+-- reads pending rows by pending_seq, extension/src/sendercache.c).
+--
+-- Not registered: what CREATE EXTENSION writes itself (the grant policy,
+-- the seeded singletons dispatch_stats and queue_gauge_refresh, whose
+-- counters start again), and what is only a cache of the moment:
+-- dns_address (looked up again), queue_gauge (recounted), ingress_stats
+-- (live processes), dsn_rate (this hour's DSN counts).  docs/backup.md
+-- says what a restore keeps.
+--
+-- pepsi.schema_version holds the version whose schema the rows are in.
+-- CREATE EXTENSION writes its row; a restore's COPY brings the dump's row,
+-- which the trigger drops when the versions agree and refuses, saying what
+-- to do, when they differ: the other rows would not fit this schema.
+-- Every later upgrade script updates the row.
+-- ===========================================================================
+
+CREATE TABLE pepsi.schema_version (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version     text NOT NULL
+);
+COMMENT ON TABLE pepsi.schema_version IS
+    'The pepsi version whose schema the data is in; a restore refuses a dump of another version';
+INSERT INTO pepsi.schema_version (version) VALUES ('0.2');
+
+CREATE FUNCTION pepsi.schema_version_restore() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    installed text := (SELECT extversion FROM pg_extension WHERE extname = 'pepsi');
+BEGIN
+    IF NEW.version IS DISTINCT FROM installed THEN
+        RAISE EXCEPTION 'this dump holds pepsi % data, and this database has pepsi %', NEW.version, installed
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The rows of a dump fit only the schema of the version they were dumped from.',
+                  HINT = format('Drop this database, create it again, run CREATE EXTENSION pepsi VERSION %L in it'
+                                ' (with the release that has that version installed), restore the dump into it,'
+                                ' then ALTER EXTENSION pepsi UPDATE.  See docs/backup.md.', NEW.version);
+    END IF;
+    -- CREATE EXTENSION wrote this row already.
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER schema_version_restore
+    BEFORE INSERT ON pepsi.schema_version
+    FOR EACH ROW EXECUTE FUNCTION pepsi.schema_version_restore();
+
+-- The queue: every row in every status, the bodies, and the numbering.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_body', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_body_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.pending_seq', '');
+-- The operator's configuration, the accounts and their credentials.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.config_override', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.settings', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.virtual_mailbox', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.admin_account', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.admin_session', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.api_token', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.api_token_id_seq', '');
+-- The logs and the statistics.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mail_log', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mail_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.event_log', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.event_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.stage_stats', '');
+-- What delivery remembers that must outlive a restore: the limits an
+-- operator set on a destination (its health comes along, and expires), the
+-- MTA-STS policies (RFC 8461: kept until they expire, or a downgrade
+-- attack gets through), and when each vacation notice was last sent (or a
+-- restore answers every sender again).
+SELECT pg_catalog.pg_extension_config_dump('pepsi.destination',
+    'WHERE concurrency_limit IS NOT NULL OR messages_per_minute IS NOT NULL');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mta_sts_policy', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.autoreply_sent', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.schema_version', '');
+
+INSERT INTO pepsi.grant_owner (name) VALUES ('schema_version'), ('schema_version_restore');
+
+SELECT pepsi.grant_apply();
+
+-- end of backups keep the mail
