@@ -14,9 +14,10 @@
 # script, and fail when one of them loses data or breaks a function.
 #
 # Last, the two ways to the default version must give the same schema:
-# CREATE EXTENSION pepsi (which runs the release script and then the
-# upgrade scripts, or a later full pepsi--V.sql once one is released) and
-# CREATE EXTENSION pepsi VERSION <old> followed by ALTER EXTENSION UPDATE.
+# CREATE EXTENSION pepsi (which runs the default version's full script,
+# pepsi--V.sql) and CREATE EXTENSION pepsi VERSION <old> followed by ALTER
+# EXTENSION UPDATE.  Compared in the catalogs: a pg_dump -s shows only
+# CREATE EXTENSION for the extension's members.
 
 use strict;
 use warnings FATAL => 'all';
@@ -151,8 +152,11 @@ sub fill_queue
 # One line per object of schema pepsi with what defines it: columns (by
 # name: an upgrade appends a column a fresh install may place elsewhere),
 # constraints, indexes, triggers, functions, views, types, sequences, the
-# ACL of each, and the rows of the tables that are part of the schema
-# (config_option's option table) rather than data.
+# ACL of each (its entries sorted: the order they were granted in means
+# nothing), the rows of the tables that are part of the schema
+# (config_option's option table) rather than data, and the tables and
+# sequences pg_dump keeps the rows of (pg_extension_config_dump, with
+# their filters).
 my $describe = q{
 SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -165,7 +169,8 @@ SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'v', 'p')
       AND a.attnum > 0 AND NOT a.attisdropped
     UNION ALL
-    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl::text, '')
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' '
+           || coalesce((SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(c.relacl) a), '')
            || coalesce(' ' || obj_description(c.oid, 'pg_class'), '')
     FROM pg_class c WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind <> 'i'
     UNION ALL
@@ -180,7 +185,7 @@ SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     WHERE c.relnamespace = 'pepsi'::regnamespace AND NOT t.tgisinternal
     UNION ALL
     SELECT 'function ' || p.oid::regprocedure || ' ' || md5(pg_get_functiondef(p.oid))
-           || ' ' || coalesce(p.proacl::text, '')
+           || ' ' || coalesce((SELECT string_agg(a::text, ',' ORDER BY a::text) FROM unnest(p.proacl) a), '')
     FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace AND p.prokind IN ('f', 'p')
     UNION ALL
     SELECT 'view ' || c.relname || ' ' || md5(pg_get_viewdef(c.oid))
@@ -192,6 +197,10 @@ SELECT string_agg(line, E'\n' ORDER BY line) FROM (
       AND NOT EXISTS (SELECT FROM pg_class c WHERE c.reltype = t.oid)
     UNION ALL
     SELECT 'option ' || o::text FROM pepsi.config_option o
+    UNION ALL
+    SELECT 'config_dump ' || c.oid::regclass || ' ' || quote_literal(c.condition)
+    FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS c(oid, condition)
+    WHERE e.extname = 'pepsi'
     UNION ALL
     SELECT 'member ' || pg_describe_object(d.classid, d.objid, 0)
     FROM pg_depend d WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
@@ -214,6 +223,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 query('fresh', 'CREATE EXTENSION pepsi');
 my $fresh = query('fresh', $describe);
 like($fresh, qr/^function workqueue_claim\(/m, 'the description lists the functions');
+like($fresh, qr/^config_dump workqueue ''$/m, 'and what pg_dump keeps the rows of');
 
 for my $from (@old_versions)
 {
@@ -388,6 +398,9 @@ for my $from (@old_versions)
 		'5s', "$from: config_set replaces a value set before the upgrade");
 	is(query($db, "SELECT pepsi.config_unset('global', 'dispatch', 'POLL_INTERVAL')"),
 		'2s', "$from: config_unset removes it");
+
+	is(query($db, 'SELECT version FROM pepsi.schema_version'),
+		$default_version, "$from: pepsi.schema_version says $default_version, which a restore checks");
 
 	# Every object the upgrade added belongs to the group roles the policy
 	# says, and nothing else changed hands.

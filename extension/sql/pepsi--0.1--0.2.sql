@@ -1,17 +1,17 @@
 /*
  * pepsi 0.1 -> 0.2: the schema changes made since 0.1 was released.
  *
- * CREATE EXTENSION pepsi installs pepsi--0.1.sql and then this script
- * (there is no pepsi--0.2.sql, so PostgreSQL chains them); an existing
- * 0.1 database reaches 0.2 with ALTER EXTENSION pepsi UPDATE.  Both paths
- * must end in the same schema, and t/ tests the upgrade with a filled queue
- * (see docs/upgrading.md for the scheme).
+ * An existing 0.1 database reaches 0.2 with ALTER EXTENSION pepsi UPDATE;
+ * CREATE EXTENSION pepsi installs pepsi--0.2.sql, the whole of 0.2.  Both
+ * paths must end in the same schema: t/003_extension_upgrade.pl compares
+ * their catalogs and tests the upgrade with a filled queue (see
+ * docs/upgrading.md for the scheme).
  *
- * pepsi--0.1.sql is released: it is never edited.  Each feature that
- * changes the schema appends its own block to the end of this file,
- * delimited by a header comment naming the feature and a closing
- * "-- end of <feature>" line, so changes from different branches merge
- * without touching each other.  Every statement must work on a database
+ * pepsi--0.1.sql is released: it is never edited.  Each feature of 0.2
+ * that changed the schema has its own block here, delimited by a header
+ * comment naming the feature and a closing "-- end of <feature>" line;
+ * each object is made (or changed) once, in its final form, in the block
+ * where it first appears.  Every statement must work on a database
  * whose queue holds rows (no NOT NULL column without a default, no
  * rewrite that drops data), since this runs on live installations.
  *
@@ -319,14 +319,6 @@ BEGIN
 END
 $$;
 
--- The options of relay control and recipient validation an override may
--- set (TRUSTED_NETWORKS, ALIASES_FILE and MAILDIR_ROOT are file-only).
-INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
-    ('pepsi', 'LOCAL_DOMAINS', 'text', NULL, NULL, true, 'The domains this system receives mail for (ingress and the route stages)'),
-    ('pepsi', 'LOCAL_RECIPIENTS', 'text', NULL, NULL, true, 'Where ingress checks that a local recipient exists: aliases, maildir, virtual'),
-    ('ingress', 'LOCAL_RECIPIENTS_REFRESH', 'duration', NULL, NULL, true, 'How often ingress reads pepsi.virtual_mailbox again'),
-    ('ingress', 'MAX_HOPS', 'integer', 0, 1000, true, 'Received (or Delivered-To) fields that make a message a loop (5.4.6)');
-
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_ingress', 'table', 'virtual_mailbox', '{SELECT}'),
     ('pepsi_stage', 'table', 'virtual_mailbox', '{SELECT}'),
@@ -561,10 +553,7 @@ BEGIN
     END IF;
     DELETE FROM pepsi.queue_gauge;
     INSERT INTO pepsi.queue_gauge
-    SELECT w.stage, w.status, count(*),
-           count(*) FILTER (WHERE w.status = 'paused' AND w.timeout = 'infinity'),
-           min(w.received_at)
-    FROM pepsi.workqueue w GROUP BY w.stage, w.status;
+    SELECT c.stage, c.status, c.messages, c.held, c.oldest_received_at FROM pepsi.queue_counts() c;
     UPDATE pepsi.queue_gauge_refresh
     SET refreshed_at = clock_timestamp(), duration = clock_timestamp() - started,
         counted = (SELECT coalesce(sum(g.messages), 0) FROM pepsi.queue_gauge g);
@@ -697,11 +686,6 @@ SELECT pepsi.grant_apply();
 ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_dns_file_only
     CHECK (NOT (section = 'pepsi' AND option IN ('DNS_FORWARDER', 'DNS_TRUST_ANCHOR'))) NOT VALID;
 
-INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
-    ('pepsi', 'DNS_TIMEOUT', 'duration', NULL, NULL, true, 'How long one DNS lookup may take'),
-    ('ingress', 'DNS_MESSAGE_BUDGET', 'duration', NULL, NULL, true, 'How long the DNS lookups of one message may take together'),
-    ('ingress', 'ARC_TRUSTED_SEALERS', 'text', NULL, NULL, true, 'Domains whose passing ARC chains override a DMARC fail');
-
 -- end of message authentication
 
 -- ===========================================================================
@@ -720,10 +704,6 @@ ALTER TABLE pepsi.dispatch_stats
     ADD COLUMN crash_retries bigint NOT NULL DEFAULT 0,
     ADD COLUMN crash_failures bigint NOT NULL DEFAULT 0,
     ADD COLUMN last_crash_failure_at timestamptz;
-
-INSERT INTO pepsi.config_option (section, option, kind, min_value, max_value, global_only, description) VALUES
-    ('dispatch', 'CRASH_LIMIT', 'integer', 1, 100, true, 'Attempts that end a worker before a row is isolated'),
-    ('dispatch', 'CRASH_RETRY_DELAY', 'duration', NULL, NULL, true, 'Wait before retrying a row whose worker died; doubles per attempt');
 
 -- The dispatcher's write when a worker died on a row: paused for a retry
 -- after retry_seconds, doubled per attempt, with the attempt counted in
@@ -1189,25 +1169,54 @@ CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer
     hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
     previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
     previous_seconds double precision DEFAULT NULL,
+    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
+    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
     OUT slot integer, OUT wait_seconds double precision, OUT reason text,
     OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    d      pepsi.destination;
-    lim    integer;
-    tokens double precision;
+    d       pepsi.destination;
+    lim     integer;
+    tokens  double precision;
+    carried integer;
+    slow    boolean;
+    waiter  integer;
+    saved   text;
 BEGIN
     IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
         RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF slow_limit IS NOT NULL AND slow_limit < 1 THEN
+        RAISE EXCEPTION 'slow_limit must be at least 1, not %', slow_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     domain := lower(domain);
     IF previous_domain IS NOT NULL THEN
-        -- (Its slot is freed here and, to the same domain, most likely
-        -- taken again just below: any free slot will do.)
-        PERFORM pepsi.destination_end(previous_domain, previous_slot, 'connected', NULL,
-                                      previous_host, previous_address, NULL, NULL, 1, 1, 1,
-                                      previous_seconds);
+        -- To the same domain the slot carries over (recorded, not freed);
+        -- to another it is freed first.
+        IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
+            carried := previous_slot;
+        END IF;
+        -- destination_end's 'connected' writes only when its destination
+        -- or address has news to record (at most once a minute when
+        -- healthy): otherwise only the slot is freed, here, sparing the
+        -- call its updates that would find nothing.
+        IF EXISTS (SELECT 1 FROM pepsi.destination u
+                   WHERE u.domain = lower(previous_domain)
+                     AND (u.failures > 0 OR u.window_limit IS NOT NULL
+                          OR u.next_turn > now() - interval '1 minute'
+                          OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute'))
+           OR EXISTS (SELECT 1 FROM pepsi.dns_address b
+                      WHERE b.host = previous_host AND b.address = previous_address
+                        AND (b.failures > 0 OR b.last_success IS NULL
+                             OR b.last_success < now() - interval '1 minute')) THEN
+            PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
+                                          'connected', NULL, previous_host, previous_address, NULL, NULL,
+                                          1, 1, 1, previous_seconds);
+        ELSIF carried IS NULL AND previous_slot IS NOT NULL THEN
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(previous_domain, previous_slot));
+        END IF;
     END IF;
     IF hosts IS NOT NULL THEN
         -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
@@ -1216,24 +1225,60 @@ BEGIN
                    'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
         INTO addresses FROM pepsi.dns_address a
         WHERE a.host = ANY (hosts) AND a.expires_at > now();
+        -- (mta_sts_policy_get's row, written out likewise.)
         SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
-        FROM pepsi.mta_sts_policy_get(domain) p;
+        FROM pepsi.mta_sts_policy p
+        WHERE p.domain = destination_begin.domain AND p.expires_at > now();
     END IF;
     SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
     contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
     IF FOUND AND d.backoff_until > now() THEN
+        IF carried IS NOT NULL THEN
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
+        END IF;
         wait_seconds := extract(epoch FROM d.backoff_until - now());
         reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
                          d.failures, coalesce(d.last_error, 'no connection'));
         RETURN;
     END IF;
     lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
-    FOR i IN 0 .. lim - 1 LOOP
-        IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
-            slot := i;
-            EXIT;
+    slow := slow_seconds IS NOT NULL AND coalesce(d.service_seconds >= slow_seconds, false);
+    IF slow AND slow_limit IS NOT NULL AND slow_limit < lim THEN
+        -- Capped only while other mail waits: another destination holds a
+        -- slot or a waiter ticket (the bigint advisory keys), or among the
+        -- first rows of the stage not yet done is one for another domain.
+        IF EXISTS (SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND l.classid <> ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid
+                     AND l.classid <> ((pepsi.destination_waiter_key(domain, 0) >> 32) & 4294967295)::oid)
+           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
+                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
+                                       AND w.status = 'pending'
+                                     LIMIT 64) p
+                      WHERE lower(split_part(p.rcpt, '@', 2)) <> domain)
+           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
+                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
+                                       AND w.status = 'running'
+                                     LIMIT 64) r
+                      WHERE lower(split_part(r.rcpt, '@', 2)) <> domain) THEN
+            lim := slow_limit;
         END IF;
-    END LOOP;
+    END IF;
+    IF carried IS NOT NULL AND carried < lim THEN
+        slot := carried;
+    ELSE
+        IF carried IS NOT NULL THEN
+            -- The destination's limit came down below it.
+            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
+        END IF;
+        FOR i IN 0 .. lim - 1 LOOP
+            IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
+                slot := i;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
     IF slot IS NULL THEN
         -- A turn in the destination's virtual queue, spaced by how long a
         -- delivery there takes per slot: the messages waiting for a busy
@@ -1244,9 +1289,35 @@ BEGIN
         SET next_turn = greatest(t.next_turn, now())
                         + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
         RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
-        reason := format('%s is at its concurrency limit of %s', domain, lim);
+        IF coalesce(handoff_seconds, 0) > 0 AND wait_seconds <= handoff_seconds AND NOT slow THEN
+            -- Its turn is near: wait here for slot k, holding waiter
+            -- ticket k (a key of its own, apart from the slots' count).
+            FOR k IN 0 .. lim - 1 LOOP
+                IF pg_try_advisory_lock(pepsi.destination_waiter_key(domain, k)) THEN
+                    waiter := k;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF waiter IS NOT NULL THEN
+                saved := current_setting('lock_timeout');
+                BEGIN
+                    PERFORM set_config('lock_timeout', ceil(handoff_seconds * 1000)::bigint || 'ms', true);
+                    PERFORM pg_advisory_lock(pepsi.destination_slot_key(domain, waiter));
+                    slot := waiter;
+                EXCEPTION WHEN lock_not_available THEN
+                    NULL;
+                END;
+                PERFORM set_config('lock_timeout', saved, true);
+                PERFORM pg_advisory_unlock(pepsi.destination_waiter_key(domain, waiter));
+            END IF;
+        END IF;
+        IF slot IS NULL THEN
+            reason := format('%s is at its concurrency limit of %s', domain, lim);
+            contended := true;
+            RETURN;
+        END IF;
+        wait_seconds := NULL;
         contended := true;
-        RETURN;
     END IF;
     IF d.messages_per_minute IS NOT NULL THEN
         -- A token bucket holding a second's worth (at least one message).
@@ -1608,8 +1679,10 @@ CREATE TABLE pepsi.autoreply_sent (
     responder   text NOT NULL,
     recipient   text NOT NULL,
     sent_at     timestamptz NOT NULL DEFAULT now(),
+    keep_until  timestamptz,
     PRIMARY KEY (responder, recipient)
 );
+CREATE INDEX autoreply_sent_keep_until ON pepsi.autoreply_sent (keep_until);
 COMMENT ON TABLE pepsi.autoreply_sent IS
     'When an automatic responder (a vacation notice) last answered a sender (RFC 3834: once per interval)';
 
@@ -1622,9 +1695,9 @@ BEGIN
         RAISE EXCEPTION 'responder, recipient and every must not be null'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at)
-    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now())
-    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now()
+    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at, keep_until)
+    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now(), now() + every)
+    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now(), keep_until = now() + every
         WHERE s.sent_at <= now() - every;
     RETURN FOUND;
 END
@@ -1808,27 +1881,9 @@ SELECT pepsi.grant_apply();
 -- row now keeps that time (keep_until), and pepsi.autoreply_prune, which
 -- the maintenance worker calls with its other sweeps, deletes the rows
 -- past it, so the table holds the senders of one interval, not of ever.
--- A row older than the upgrade has no keep_until: it goes once it is older
--- than the longest interval vacation_set allows (365 days).
+-- (A row without keep_until goes once it is older than the longest
+-- interval vacation_set allows, 365 days.)
 -- ===========================================================================
-
-ALTER TABLE pepsi.autoreply_sent ADD COLUMN keep_until timestamptz;
-CREATE INDEX autoreply_sent_keep_until ON pepsi.autoreply_sent (keep_until);
-
-CREATE OR REPLACE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
-BEGIN
-    IF responder IS NULL OR recipient IS NULL OR every IS NULL THEN
-        RAISE EXCEPTION 'responder, recipient and every must not be null'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at, keep_until)
-    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now(), now() + every)
-    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now(), keep_until = now() + every
-        WHERE s.sent_at <= now() - every;
-    RETURN FOUND;
-END
-$$;
 
 -- Delete at most batch rows of pepsi.autoreply_sent whose interval has
 -- passed; returns how many went.
@@ -1940,148 +1995,7 @@ SELECT pepsi.grant_apply();
 -- and only mta_sts_policy_put writes them.
 -- ===========================================================================
 
-DROP FUNCTION pepsi.destination_begin(text, integer, text[], text, integer, text, inet,
-                                      double precision);
-CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
-    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
-    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
-    previous_seconds double precision DEFAULT NULL,
-    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
-    handoff_seconds double precision DEFAULT NULL,
-    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
-    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    d       pepsi.destination;
-    lim     integer;
-    tokens  double precision;
-    carried integer;
-    slow    boolean;
-    waiter  integer;
-    saved   text;
-BEGIN
-    IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
-        RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF slow_limit IS NOT NULL AND slow_limit < 1 THEN
-        RAISE EXCEPTION 'slow_limit must be at least 1, not %', slow_limit
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    domain := lower(domain);
-    IF previous_domain IS NOT NULL THEN
-        -- To the same domain the slot carries over (recorded, not freed);
-        -- to another it is freed first.
-        IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
-            carried := previous_slot;
-        END IF;
-        PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
-                                      'connected', NULL, previous_host, previous_address, NULL, NULL,
-                                      1, 1, 1, previous_seconds);
-    END IF;
-    IF hosts IS NOT NULL THEN
-        -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
-        SELECT jsonb_agg(jsonb_build_object('host', a.host, 'address', host(a.address),
-                   'failures', a.failures,
-                   'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
-        INTO addresses FROM pepsi.dns_address a
-        WHERE a.host = ANY (hosts) AND a.expires_at > now();
-        -- (mta_sts_policy_get's row, written out likewise.)
-        SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
-        FROM pepsi.mta_sts_policy p
-        WHERE p.domain = destination_begin.domain AND p.expires_at > now();
-    END IF;
-    SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
-    contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
-    IF FOUND AND d.backoff_until > now() THEN
-        IF carried IS NOT NULL THEN
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        wait_seconds := extract(epoch FROM d.backoff_until - now());
-        reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
-                         d.failures, coalesce(d.last_error, 'no connection'));
-        RETURN;
-    END IF;
-    lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
-    slow := slow_seconds IS NOT NULL AND coalesce(d.service_seconds >= slow_seconds, false);
-    IF slow AND slow_limit IS NOT NULL THEN
-        lim := least(lim, slow_limit);
-    END IF;
-    IF carried IS NOT NULL AND carried < lim THEN
-        slot := carried;
-    ELSE
-        IF carried IS NOT NULL THEN
-            -- The destination's limit came down below it.
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        FOR i IN 0 .. lim - 1 LOOP
-            IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
-                slot := i;
-                EXIT;
-            END IF;
-        END LOOP;
-    END IF;
-    IF slot IS NULL THEN
-        -- A turn in the destination's virtual queue, spaced by how long a
-        -- delivery there takes per slot: the messages waiting for a busy
-        -- destination come back about when a slot frees, not all at once.
-        INSERT INTO pepsi.destination AS t (domain, next_turn)
-        VALUES (domain, now() + interval '1 second')
-        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
-        SET next_turn = greatest(t.next_turn, now())
-                        + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
-        RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
-        IF coalesce(handoff_seconds, 0) > 0 AND wait_seconds <= handoff_seconds AND NOT slow THEN
-            -- Its turn is near: wait here for slot k, holding waiter
-            -- ticket k (a key of its own, apart from the slots' count).
-            FOR k IN 0 .. lim - 1 LOOP
-                IF pg_try_advisory_lock((hashtext(domain || ' waiting')::bigint << 32) | k::bigint) THEN
-                    waiter := k;
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF waiter IS NOT NULL THEN
-                saved := current_setting('lock_timeout');
-                BEGIN
-                    PERFORM set_config('lock_timeout', ceil(handoff_seconds * 1000)::bigint || 'ms', true);
-                    PERFORM pg_advisory_lock(pepsi.destination_slot_key(domain, waiter));
-                    slot := waiter;
-                EXCEPTION WHEN lock_not_available THEN
-                    NULL;
-                END;
-                PERFORM set_config('lock_timeout', saved, true);
-                PERFORM pg_advisory_unlock((hashtext(domain || ' waiting')::bigint << 32) | waiter::bigint);
-            END IF;
-        END IF;
-        IF slot IS NULL THEN
-            reason := format('%s is at its concurrency limit of %s', domain, lim);
-            contended := true;
-            RETURN;
-        END IF;
-        wait_seconds := NULL;
-        contended := true;
-    END IF;
-    IF d.messages_per_minute IS NOT NULL THEN
-        -- A token bucket holding a second's worth (at least one message).
-        SELECT least(greatest(t.messages_per_minute / 60.0, 1),
-                     coalesce(t.rate_tokens, 1)
-                     + extract(epoch FROM now() - coalesce(t.rate_updated, now())) * t.messages_per_minute / 60.0)
-        INTO tokens
-        FROM pepsi.destination t WHERE t.domain = destination_begin.domain FOR UPDATE;
-        IF tokens < 1 THEN
-            UPDATE pepsi.destination t SET rate_tokens = tokens, rate_updated = now()
-            WHERE t.domain = destination_begin.domain;
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
-            slot := NULL;
-            wait_seconds := (1 - tokens) * 60.0 / d.messages_per_minute;
-            reason := format('%s is at its rate limit of %s messages a minute', domain, d.messages_per_minute);
-            RETURN;
-        END IF;
-        UPDATE pepsi.destination t SET rate_tokens = tokens - 1, rate_updated = now()
-        WHERE t.domain = destination_begin.domain;
-    END IF;
-END
-$$;
+
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_stage', 'table', 'mta_sts_policy', '{SELECT}')
@@ -2107,73 +2021,9 @@ SELECT pepsi.grant_apply();
 -- bench/stages had index insertion at a third of the server's samples.
 -- ===========================================================================
 
-DROP INDEX pepsi.workqueue_stage_status;
-CREATE INDEX workqueue_stage_status ON pepsi.workqueue (stage, status) INCLUDE (received_at, timeout)
-    WHERE status <> 'pending';
-DROP INDEX pepsi.workqueue_pending_fifo;
-CREATE INDEX workqueue_pending_fifo ON pepsi.workqueue (stage, pending_seq)
-    INCLUDE (sender_key, id, received_at) WHERE status = 'pending';
-
--- Rows by stage and status, the held ones among them and the oldest
--- arrival: pending rows through workqueue_pending_fifo, the others through
--- workqueue_stage_status (each condition matches its index's predicate).
-CREATE FUNCTION pepsi.queue_counts()
-RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
-               oldest_received_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-    SELECT w.stage, 'pending'::pepsi.status, count(*), 0::bigint, min(w.received_at)
-    FROM pepsi.workqueue w WHERE w.status = 'pending'
-    GROUP BY w.stage
-    UNION ALL
-    SELECT w.stage, w.status, count(*),
-           count(*) FILTER (WHERE w.status = 'paused' AND w.timeout = 'infinity'),
-           min(w.received_at)
-    FROM pepsi.workqueue w WHERE w.status <> 'pending'
-    GROUP BY w.stage, w.status
-$$;
-INSERT INTO pepsi.grant_definer VALUES ('queue_counts') ON CONFLICT DO NOTHING;
-INSERT INTO pepsi.grant_owner VALUES ('queue_counts') ON CONFLICT DO NOTHING;
-
-CREATE OR REPLACE FUNCTION pepsi.queue_summary_rows()
-RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint, oldest_age interval)
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-    SELECT c.stage, c.status, c.messages, c.held, now() - c.oldest_received_at
-    FROM pepsi.queue_counts() c
-$$;
-
-CREATE OR REPLACE FUNCTION pepsi.queue_gauge_refresh(force boolean DEFAULT false,
-                                                     min_period interval DEFAULT '1 second')
-RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-DECLARE
-    last record;
-    started timestamptz := clock_timestamp();
-BEGIN
-    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF NOT force AND last.refreshed_at IS NOT NULL
-       AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
-        RETURN false;
-    END IF;
-    -- ('PEPS', 3): the gauge refresh.  (1 is the maintenance worker's
-    -- session lock and 2 the dispatcher's: sharing 2 made a dispatcher
-    -- starting during a refresh exit as if another were running, and no
-    -- refresh could run while a dispatcher held it.)
-    IF NOT pg_try_advisory_xact_lock(1346720851, 3) THEN
-        RETURN false;
-    END IF;
-    DELETE FROM pepsi.queue_gauge;
-    INSERT INTO pepsi.queue_gauge
-    SELECT c.stage, c.status, c.messages, c.held, c.oldest_received_at FROM pepsi.queue_counts() c;
-    UPDATE pepsi.queue_gauge_refresh
-    SET refreshed_at = clock_timestamp(), duration = clock_timestamp() - started,
-        counted = (SELECT coalesce(sum(g.messages), 0) FROM pepsi.queue_gauge g);
-    RETURN true;
-END
-$$;
-
-SELECT pepsi.grant_apply();
+-- (The indexes, pepsi.queue_counts and pepsi.queue_summary_rows are made
+-- in their final form by the block "a claim that is a HOT update" below,
+-- which changes them again.)
 
 -- end of one index entry fewer per stage hop
 
@@ -2198,183 +2048,7 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT (hashtext(lower(domain) || ' waiting')::bigint << 32) | ticket::bigint
 $$;
 
-DROP FUNCTION pepsi.destination_begin(text, integer, text[], text, integer, text, inet,
-                                      double precision, double precision, integer, double precision);
-CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
-    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
-    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
-    previous_seconds double precision DEFAULT NULL,
-    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
-    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
-    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
-    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    d       pepsi.destination;
-    lim     integer;
-    tokens  double precision;
-    carried integer;
-    slow    boolean;
-    waiter  integer;
-    saved   text;
-BEGIN
-    IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
-        RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF slow_limit IS NOT NULL AND slow_limit < 1 THEN
-        RAISE EXCEPTION 'slow_limit must be at least 1, not %', slow_limit
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    domain := lower(domain);
-    IF previous_domain IS NOT NULL THEN
-        -- To the same domain the slot carries over (recorded, not freed);
-        -- to another it is freed first.
-        IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
-            carried := previous_slot;
-        END IF;
-        -- destination_end's 'connected' writes only when its destination
-        -- or address has news to record (at most once a minute when
-        -- healthy): otherwise only the slot is freed, here, sparing the
-        -- call its updates that would find nothing.
-        IF EXISTS (SELECT 1 FROM pepsi.destination u
-                   WHERE u.domain = lower(previous_domain)
-                     AND (u.failures > 0 OR u.window_limit IS NOT NULL
-                          OR u.next_turn > now() - interval '1 minute'
-                          OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute'))
-           OR EXISTS (SELECT 1 FROM pepsi.dns_address b
-                      WHERE b.host = previous_host AND b.address = previous_address
-                        AND (b.failures > 0 OR b.last_success IS NULL
-                             OR b.last_success < now() - interval '1 minute')) THEN
-            PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
-                                          'connected', NULL, previous_host, previous_address, NULL, NULL,
-                                          1, 1, 1, previous_seconds);
-        ELSIF carried IS NULL AND previous_slot IS NOT NULL THEN
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(previous_domain, previous_slot));
-        END IF;
-    END IF;
-    IF hosts IS NOT NULL THEN
-        -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
-        SELECT jsonb_agg(jsonb_build_object('host', a.host, 'address', host(a.address),
-                   'failures', a.failures,
-                   'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
-        INTO addresses FROM pepsi.dns_address a
-        WHERE a.host = ANY (hosts) AND a.expires_at > now();
-        -- (mta_sts_policy_get's row, written out likewise.)
-        SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
-        FROM pepsi.mta_sts_policy p
-        WHERE p.domain = destination_begin.domain AND p.expires_at > now();
-    END IF;
-    SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
-    contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
-    IF FOUND AND d.backoff_until > now() THEN
-        IF carried IS NOT NULL THEN
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        wait_seconds := extract(epoch FROM d.backoff_until - now());
-        reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
-                         d.failures, coalesce(d.last_error, 'no connection'));
-        RETURN;
-    END IF;
-    lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
-    slow := slow_seconds IS NOT NULL AND coalesce(d.service_seconds >= slow_seconds, false);
-    IF slow AND slow_limit IS NOT NULL AND slow_limit < lim THEN
-        -- Capped only while other mail waits: another destination holds a
-        -- slot or a waiter ticket (the bigint advisory keys), or among the
-        -- first rows of the stage not yet done is one for another domain.
-        IF EXISTS (SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                     AND l.classid <> ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid
-                     AND l.classid <> ((pepsi.destination_waiter_key(domain, 0) >> 32) & 4294967295)::oid)
-           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
-                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
-                                       AND w.status = 'pending'
-                                     LIMIT 64) p
-                      WHERE lower(split_part(p.rcpt, '@', 2)) <> domain)
-           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
-                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
-                                       AND w.status = 'running'
-                                     LIMIT 64) r
-                      WHERE lower(split_part(r.rcpt, '@', 2)) <> domain) THEN
-            lim := slow_limit;
-        END IF;
-    END IF;
-    IF carried IS NOT NULL AND carried < lim THEN
-        slot := carried;
-    ELSE
-        IF carried IS NOT NULL THEN
-            -- The destination's limit came down below it.
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        FOR i IN 0 .. lim - 1 LOOP
-            IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
-                slot := i;
-                EXIT;
-            END IF;
-        END LOOP;
-    END IF;
-    IF slot IS NULL THEN
-        -- A turn in the destination's virtual queue, spaced by how long a
-        -- delivery there takes per slot: the messages waiting for a busy
-        -- destination come back about when a slot frees, not all at once.
-        INSERT INTO pepsi.destination AS t (domain, next_turn)
-        VALUES (domain, now() + interval '1 second')
-        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
-        SET next_turn = greatest(t.next_turn, now())
-                        + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
-        RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
-        IF coalesce(handoff_seconds, 0) > 0 AND wait_seconds <= handoff_seconds AND NOT slow THEN
-            -- Its turn is near: wait here for slot k, holding waiter
-            -- ticket k (a key of its own, apart from the slots' count).
-            FOR k IN 0 .. lim - 1 LOOP
-                IF pg_try_advisory_lock(pepsi.destination_waiter_key(domain, k)) THEN
-                    waiter := k;
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF waiter IS NOT NULL THEN
-                saved := current_setting('lock_timeout');
-                BEGIN
-                    PERFORM set_config('lock_timeout', ceil(handoff_seconds * 1000)::bigint || 'ms', true);
-                    PERFORM pg_advisory_lock(pepsi.destination_slot_key(domain, waiter));
-                    slot := waiter;
-                EXCEPTION WHEN lock_not_available THEN
-                    NULL;
-                END;
-                PERFORM set_config('lock_timeout', saved, true);
-                PERFORM pg_advisory_unlock(pepsi.destination_waiter_key(domain, waiter));
-            END IF;
-        END IF;
-        IF slot IS NULL THEN
-            reason := format('%s is at its concurrency limit of %s', domain, lim);
-            contended := true;
-            RETURN;
-        END IF;
-        wait_seconds := NULL;
-        contended := true;
-    END IF;
-    IF d.messages_per_minute IS NOT NULL THEN
-        -- A token bucket holding a second's worth (at least one message).
-        SELECT least(greatest(t.messages_per_minute / 60.0, 1),
-                     coalesce(t.rate_tokens, 1)
-                     + extract(epoch FROM now() - coalesce(t.rate_updated, now())) * t.messages_per_minute / 60.0)
-        INTO tokens
-        FROM pepsi.destination t WHERE t.domain = destination_begin.domain FOR UPDATE;
-        IF tokens < 1 THEN
-            UPDATE pepsi.destination t SET rate_tokens = tokens, rate_updated = now()
-            WHERE t.domain = destination_begin.domain;
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
-            slot := NULL;
-            wait_seconds := (1 - tokens) * 60.0 / d.messages_per_minute;
-            reason := format('%s is at its rate limit of %s messages a minute', domain, d.messages_per_minute);
-            RETURN;
-        END IF;
-        UPDATE pepsi.destination t SET rate_tokens = tokens - 1, rate_updated = now()
-        WHERE t.domain = destination_begin.domain;
-    END IF;
-END
-$$;
+
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_stage', 'function', 'destination_waiter_key', '{EXECUTE}')
@@ -2408,7 +2082,7 @@ SELECT pepsi.grant_apply();
 
 ALTER FUNCTION pepsi.workqueue_claim(text[], integer[], text[], text[], double precision[], integer,
                                      double precision[])
-    SET enable_seqscan = off SET jit = off;
+    SET enable_seqscan = off SET jit = off SET enable_bitmapscan = off SET enable_sort = off;
 ALTER FUNCTION pepsi.workqueue_commit(bigint, text, pepsi.transition, text, jsonb, double precision,
                                       bytea, bytea, text, text[], jsonb, text)
     SET enable_seqscan = off SET jit = off;
@@ -2474,9 +2148,11 @@ CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE timeout IS 
 
 ALTER TABLE pepsi.workqueue SET (fillfactor = 50);
 
--- Pending and running rows through workqueue_pending_fifo, the others
--- through workqueue_stage_status.
-CREATE OR REPLACE FUNCTION pepsi.queue_counts()
+-- Rows by stage and status, the held ones among them and the oldest
+-- arrival: pending and running rows through workqueue_pending_fifo, the
+-- others through workqueue_stage_status (each condition matches its
+-- index's predicate).
+CREATE FUNCTION pepsi.queue_counts()
 RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
                oldest_received_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -2491,6 +2167,17 @@ SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
     FROM pepsi.workqueue w WHERE w.index_status <> 'pending'
     GROUP BY w.stage, w.index_status
 $$;
+INSERT INTO pepsi.grant_definer VALUES ('queue_counts') ON CONFLICT DO NOTHING;
+INSERT INTO pepsi.grant_owner VALUES ('queue_counts') ON CONFLICT DO NOTHING;
+
+CREATE OR REPLACE FUNCTION pepsi.queue_summary_rows()
+RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint, oldest_age interval)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+    SELECT c.stage, c.status, c.messages, c.held, now() - c.oldest_received_at
+    FROM pepsi.queue_counts() c
+$$;
+
 
 SELECT pepsi.grant_apply();
 
@@ -2524,11 +2211,8 @@ SELECT pepsi.grant_apply();
 -- change cannot turn it into a read of every pending row.
 -- ===========================================================================
 
-ALTER FUNCTION pepsi.workqueue_claim(text[], integer[], text[], text[], double precision[], integer,
-                                     double precision[])
-    SET enable_bitmapscan = off SET enable_sort = off;
-
-SELECT pepsi.grant_apply();
+-- (Set with the claim's other settings, in the block "the queue's
+-- statements planned for a queue of any size" above.)
 
 -- end of the claim's reads kept in order
 
@@ -2580,3 +2264,95 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pepsi.grant_apply();
 
 -- end of a bulk worker's database session at the worker's own CPU priority
+
+-- ===========================================================================
+-- Backups keep the mail
+--
+-- pg_dump leaves out the rows of an extension's tables unless the
+-- extension registers them with pg_extension_config_dump: without this a
+-- dump restored with pg_restore gave back an empty queue, no bodies, no
+-- administrators and no settings.  Every table that holds the
+-- installation's state is registered, whole or through a filter, and so is
+-- every sequence that numbers its rows, so that a restored sequence is
+-- past the ids and pending_seq values of the restored rows (the claim
+-- reads pending rows by pending_seq, extension/src/sendercache.c).
+--
+-- Not registered: what CREATE EXTENSION writes itself (the grant policy,
+-- the seeded singletons dispatch_stats and queue_gauge_refresh, whose
+-- counters start again), and what is only a cache of the moment:
+-- dns_address (looked up again), queue_gauge (recounted), ingress_stats
+-- (live processes), dsn_rate (this hour's DSN counts).  docs/backup.md
+-- says what a restore keeps.
+--
+-- pepsi.schema_version holds the version whose schema the rows are in.
+-- CREATE EXTENSION writes its row; a restore's COPY brings the dump's row,
+-- which the trigger drops when the versions agree and refuses, saying what
+-- to do, when they differ: the other rows would not fit this schema.
+-- Every later upgrade script updates the row.
+-- ===========================================================================
+
+CREATE TABLE pepsi.schema_version (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version     text NOT NULL
+);
+COMMENT ON TABLE pepsi.schema_version IS
+    'The pepsi version whose schema the data is in; a restore refuses a dump of another version';
+INSERT INTO pepsi.schema_version (version) VALUES ('0.2');
+
+CREATE FUNCTION pepsi.schema_version_restore() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    installed text := (SELECT extversion FROM pg_extension WHERE extname = 'pepsi');
+BEGIN
+    IF NEW.version IS DISTINCT FROM installed THEN
+        RAISE EXCEPTION 'this dump holds pepsi % data, and this database has pepsi %', NEW.version, installed
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The rows of a dump fit only the schema of the version they were dumped from.',
+                  HINT = format('Drop this database, create it again, run CREATE EXTENSION pepsi VERSION %L in it'
+                                ' (with the release that has that version installed), restore the dump into it,'
+                                ' then ALTER EXTENSION pepsi UPDATE.  See docs/backup.md.', NEW.version);
+    END IF;
+    -- CREATE EXTENSION wrote this row already.
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER schema_version_restore
+    BEFORE INSERT ON pepsi.schema_version
+    FOR EACH ROW EXECUTE FUNCTION pepsi.schema_version_restore();
+
+-- The queue: every row in every status, the bodies, and the numbering.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_body', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.workqueue_body_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.pending_seq', '');
+-- The operator's configuration, the accounts and their credentials.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.config_override', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.settings', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.virtual_mailbox', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.admin_account', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.admin_session', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.api_token', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.api_token_id_seq', '');
+-- The logs and the statistics.
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mail_log', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mail_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.event_log', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.event_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.stage_stats', '');
+-- What delivery remembers that must outlive a restore: the limits an
+-- operator set on a destination (its health comes along, and expires), the
+-- MTA-STS policies (RFC 8461: kept until they expire, or a downgrade
+-- attack gets through), and when each vacation notice was last sent (or a
+-- restore answers every sender again).
+SELECT pg_catalog.pg_extension_config_dump('pepsi.destination',
+    'WHERE concurrency_limit IS NOT NULL OR messages_per_minute IS NOT NULL');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.mta_sts_policy', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.autoreply_sent', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.schema_version', '');
+
+INSERT INTO pepsi.grant_owner (name) VALUES ('schema_version'), ('schema_version_restore');
+
+SELECT pepsi.grant_apply();
+
+-- end of backups keep the mail
