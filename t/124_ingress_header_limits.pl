@@ -63,13 +63,13 @@ PostgreSQL::Test::Utils::append_to_file($conf, <<"CONF");
 HOSTNAME = mx.test
 LOCAL_DOMAINS = example.org
 DNS_FORWARDER = @{[ $dns->forwarder ]}
-DNS_TIMEOUT = 5s
+DNS_TIMEOUT = 2s
 [database]
 CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
 [ingress]
 DISPATCH_WAKE_INTERVAL = 20ms
 DATABASE_CONNECTIONS = 1
-DNS_MESSAGE_BUDGET = 5s
+DNS_MESSAGE_BUDGET = 3s
 [listener-mx]
 ADDRESS = 127.0.0.1
 PORT = $port{mx}

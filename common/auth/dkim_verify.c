@@ -7,6 +7,7 @@
 #include "auth/dkim_verify.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@ struct dkim_verify
 	struct dns_resolver			*resolver;
 	dkim_verify_done_fn			 done;
 	void						*arg;
-	char						*message;
+	const char					*message; /* the caller's, not a copy */
 	size_t						 len;
 	struct dkim_key				 keys[DKIM_VERIFY_MAX_SIGNATURES];
 	size_t						 nkeys;
@@ -44,7 +45,8 @@ struct dkim_verify
 	size_t						 nresults;
 	/*
 	 * The signature fields libopendkim is not given (judged already, or
-	 * beyond DKIM_VERIFY_MAX_SIGNATURES): offsets in the message, in order.
+	 * beyond DKIM_VERIFY_MAX_SIGNATURES): offsets in the message, in
+	 * order; it reads the message in pieces around them.
 	 */
 	struct
 	{
@@ -324,7 +326,9 @@ dkim_leave_out(struct dkim_verify *d, size_t start, size_t end)
  * more than CANON_MAX_SIGNED_FIELDS fields, malformed) and one beyond
  * DKIM_VERIFY_MAX_SIGNATURES are left out of what libopendkim reads, so
  * it spends nothing on them (its header selection costs the product of
- * h='s names and the header's fields).
+ * h='s names and the header's fields).  A signature that signs such a
+ * field (h= naming dkim-signature) then fails: only a sender making both
+ * loses by it.
  */
 static void
 dkim_take_signature(void *arg, const char *msg, size_t start, size_t end)
@@ -508,7 +512,18 @@ dkim_verify_run(struct dkim_verify *d)
 		return;
 	}
 	dkim_set_user_context(dkim, d);
-	status = dkim_chunk(dkim, (unsigned char *) d->message, d->len);
+	/* The message in pieces, around the signatures left out. */
+	status = DKIM_STAT_OK;
+	for (size_t i = 0, from = 0; i <= d->nleft_out && status == DKIM_STAT_OK; i++)
+	{
+		size_t to = i < d->nleft_out ? d->left_out[i].start : d->len;
+
+		if (to > from)
+			/* libopendkim only reads it; its prototype says otherwise. */
+			status = dkim_chunk(dkim, (unsigned char *) (uintptr_t) (d->message + from), to - from);
+		if (i < d->nleft_out)
+			from = d->left_out[i].end;
+	}
 	if (status == DKIM_STAT_OK)
 		status = dkim_chunk(dkim, NULL, 0);
 	if (status == DKIM_STAT_OK)
@@ -549,27 +564,14 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 {
 	struct dkim_verify *d = xcalloc(1, sizeof(*d));
 
-	size_t from = 0;
-
 	d->resolver = r;
 	d->done = done;
 	d->arg = arg;
 	ev_timer_init(&d->finish_timer, dkim_verify_on_finish, 0, 0);
 	d->finish_timer.data = d;
+	d->message = message;
+	d->len = len;
 	dkim_each_signature(message, len, dkim_take_signature, d);
-	/* libopendkim's copy, without the signatures left out. */
-	d->message = xmalloc(len + 1);
-	for (size_t i = 0; i < d->nleft_out; i++)
-	{
-		memcpy(d->message + d->len, message + from, d->left_out[i].start - from);
-		d->len += d->left_out[i].start - from;
-		from = d->left_out[i].end;
-	}
-	memcpy(d->message + d->len, message + from, len - from);
-	d->len += len - from;
-	d->message[d->len] = '\0';
-	free(d->left_out);
-	d->left_out = NULL;
 	for (size_t i = 0; i < d->nkeys; i++)
 	{
 		struct dkim_key *k = &d->keys[i];
@@ -612,6 +614,6 @@ dkim_verify_free(struct dkim_verify *d)
 		free(d->results[i].b);
 		free(d->results[i].reason);
 	}
-	free(d->message);
+	free(d->left_out);
 	free(d);
 }

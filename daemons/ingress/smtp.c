@@ -102,6 +102,12 @@ smtp_message_release(struct smtp_session *s)
 	s->memory_counted = 0;
 }
 
+void
+smtp_message_handed_over(struct smtp_session *s)
+{
+	buf_free(&s->message);
+}
+
 /* Is the memory for messages in flight used up? */
 static bool
 smtp_memory_exhausted(const struct smtp_session *s)

@@ -202,6 +202,13 @@ void smtp_greet(struct smtp_session *s);
  * rest must be thrown away instead.
  */
 size_t smtp_input(struct smtp_session *s, const char *data, size_t len);
+/*
+ * The host has made its own copy of the content (the envelope, before
+ * SMTP_EVENT_MESSAGE is answered): the receive buffer is freed, and its
+ * share of the memory in flight stays counted for that copy until the
+ * transaction ends.
+ */
+void smtp_message_handed_over(struct smtp_session *s);
 /* The host's answers to events. */
 void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
 void smtp_auth_done(struct smtp_session *s, bool ok);
