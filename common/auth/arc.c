@@ -152,6 +152,11 @@ arc_signature_parse(const struct header_field *f, struct arc_signature *s, char 
 	long			  n;
 
 	memset(s, 0, sizeof(*s));
+	if (f->len > CANON_MAX_SIGNATURE_FIELD)
+	{
+		snprintf(why, whylen, "the field is too long (over %d octets)", CANON_MAX_SIGNATURE_FIELD);
+		return false;
+	}
 	if (!tag_list_parse(value, len, s->tags, ARC_MAX_TAGS, &s->count))
 	{
 		snprintf(why, whylen, "a malformed tag list");
@@ -199,10 +204,33 @@ arc_check_hash(const struct arc_signature *s, const unsigned char hash[CANON_HAS
 	return ok;
 }
 
+/*
+ * The body's hash under each canonicalization, made once per chain: every
+ * ARC-Message-Signature of up to 50 covers the same body.
+ */
+struct arc_body
+{
+	const char	 *text;
+	size_t		  len;
+	bool		  hashed[2];
+	unsigned char hash[2][CANON_HASH_LEN];
+};
+
+static const unsigned char *
+arc_body_hash(struct arc_body *b, enum canon c)
+{
+	if (!b->hashed[c])
+	{
+		canon_body_hash(c, b->text, b->len, b->hash[c]);
+		b->hashed[c] = true;
+	}
+	return b->hash[c];
+}
+
 /* Does the ARC-Message-Signature verify (body hash and header hash)? */
 static bool
-arc_check_ams(struct header_fields *fields, const struct header_field *ams, const char *body,
-			  size_t blen, arc_key_lookup lookup, void *arg, char *why, size_t whylen)
+arc_check_ams(struct header_fields *fields, const struct header_field *ams, struct arc_body *body,
+			  arc_key_lookup lookup, void *arg, char *why, size_t whylen)
 {
 	struct arc_signature s;
 	const struct tag	*c, *bh;
@@ -233,13 +261,17 @@ arc_check_ams(struct header_fields *fields, const struct header_field *ams, cons
 		snprintf(why, whylen, "bh= or h= missing or malformed");
 		goto out;
 	}
+	if (canon_names_count(h, strlen(h)) > CANON_MAX_SIGNED_FIELDS)
+	{
+		snprintf(why, whylen, "h= names more than %d fields", CANON_MAX_SIGNED_FIELDS);
+		goto out;
+	}
 	if (strcasestr(h, "arc-seal"))
 	{
 		snprintf(why, whylen, "h= signs ARC-Seal");
 		goto out;
 	}
-	canon_body_hash(bc, body, blen, hash);
-	if (memcmp(hash, want, CANON_HASH_LEN) != 0)
+	if (memcmp(arc_body_hash(body, bc), want, CANON_HASH_LEN) != 0)
 	{
 		snprintf(why, whylen, "the body hash does not match (the body changed)");
 		goto out;
@@ -351,6 +383,7 @@ arc_verify(const char *headers, size_t hlen, const char *body, size_t blen,
 {
 	struct header_fields fields;
 	struct arc_chain	 chain;
+	struct arc_body		 b = {.text = body, .len = blen};
 	char				 why[160];
 	int					 n;
 
@@ -387,7 +420,7 @@ arc_verify(const char *headers, size_t hlen, const char *body, size_t blen,
 		}
 		free(cv);
 	}
-	if (!arc_check_ams(&fields, chain.set[n].ams, body, blen, lookup, arg, why, sizeof(why)))
+	if (!arc_check_ams(&fields, chain.set[n].ams, &b, lookup, arg, why, sizeof(why)))
 	{
 		snprintf(out->reason, sizeof(out->reason), "ARC-Message-Signature i=%d: %s", n, why);
 		goto done;
@@ -395,7 +428,7 @@ arc_verify(const char *headers, size_t hlen, const char *body, size_t blen,
 	out->oldest_pass = n;
 	for (int i = n - 1; i >= 1; i--)
 	{
-		if (!arc_check_ams(&fields, chain.set[i].ams, body, blen, lookup, arg, why, sizeof(why)))
+		if (!arc_check_ams(&fields, chain.set[i].ams, &b, lookup, arg, why, sizeof(why)))
 			break;
 		out->oldest_pass = i;
 	}

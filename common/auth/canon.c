@@ -500,39 +500,119 @@ canon_hash_fields(enum canon c, const struct header_field *const *list, size_t n
 	buf_free(&stripped);
 }
 
+size_t
+canon_names_count(const char *names, size_t len)
+{
+	size_t n = 1;
+	bool   blank = true;
+
+	for (size_t i = 0; i < len; i++)
+		if (names[i] == ':')
+			n++;
+		else if (!isspace((unsigned char) names[i]))
+			blank = false;
+	return blank && n == 1 ? 0 : n;
+}
+
+/* A field's name and position, for the index canon_header_hash sorts. */
+struct canon_name_entry
+{
+	const char *name;
+	size_t		len;
+	size_t		index;
+};
+
+static int
+canon_name_compare(const char *a, size_t alen, const char *b, size_t blen)
+{
+	int c = strncasecmp(a, b, alen < blen ? alen : blen);
+
+	if (c != 0)
+		return c;
+	return alen < blen ? -1 : alen > blen;
+}
+
+/* By name without case, then the last instance first. */
+static int
+canon_entry_order(const void *x, const void *y)
+{
+	const struct canon_name_entry *a = x;
+	const struct canon_name_entry *b = y;
+	int							   c = canon_name_compare(a->name, a->len, b->name, b->len);
+
+	if (c != 0)
+		return c;
+	return a->index < b->index ? 1 : a->index > b->index ? -1
+														 : 0;
+}
+
 void
 canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 				  const char *signature, size_t signature_len, unsigned char hash[CANON_HASH_LEN])
 {
-	const struct header_field **list = xcalloc(fields->count + 1, sizeof(*list));
+	size_t						count = fields->count;
+	const struct header_field **list = xcalloc(count + 1, sizeof(*list));
+	struct canon_name_entry	   *index = xcalloc(count + 1, sizeof(*index));
+	size_t					   *cursor = xcalloc(count + 1, sizeof(*cursor));
 	size_t						n = 0;
 
+	/*
+	 * Each name's instances sit together, the last first; a group's first
+	 * entry keeps where the next instance not yet taken may be.
+	 */
+	for (size_t i = 0; i < count; i++)
+		index[i] = (struct canon_name_entry){fields->field[i].start, fields->field[i].name_len, i};
+	qsort(index, count, sizeof(*index), canon_entry_order);
+	for (size_t i = 0; i < count; i++)
+		cursor[i] = i;
 	for (const char *p = names; *p;)
 	{
 		size_t		len = strcspn(p, ":");
 		const char *name = p;
 		size_t		name_len = len;
+		size_t		lo = 0,
+			   hi = count;
 
 		while (name_len > 0 && isspace((unsigned char) *name))
 			name++, name_len--;
 		while (name_len > 0 && isspace((unsigned char) name[name_len - 1]))
 			name_len--;
-		for (size_t i = fields->count; i-- > 0;)
+		/* The group's first entry: the first not before the name. */
+		while (lo < hi)
 		{
-			struct header_field *f = &fields->field[i];
+			size_t mid = lo + (hi - lo) / 2;
 
-			if (!f->used && header_field_named(f, name, name_len))
+			if (canon_name_compare(index[mid].name, index[mid].len, name, name_len) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (name_len > 0 && lo < count
+			&& canon_name_compare(index[lo].name, index[lo].len, name, name_len) == 0)
+		{
+			size_t k = cursor[lo];
+
+			/* Instances taken before (the signature itself, for one) are passed over. */
+			while (k < count && fields->field[index[k].index].used
+				   && canon_name_compare(index[k].name, index[k].len, name, name_len) == 0)
+				k++;
+			if (k < count && canon_name_compare(index[k].name, index[k].len, name, name_len) == 0)
 			{
+				struct header_field *f = &fields->field[index[k].index];
+
 				f->used = true;
 				list[n++] = f;
-				break;
+				k++;
 			}
+			cursor[lo] = k;
 		}
 		p += len;
 		if (*p == ':')
 			p++;
 	}
 	canon_hash_fields(c, list, n, signature, signature_len, hash);
+	free(cursor);
+	free(index);
 	free(list);
 }
 

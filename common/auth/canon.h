@@ -28,6 +28,16 @@
 
 #define CANON_HASH_LEN 32 /* SHA-256, the only hash RFC 8301 allows */
 
+/*
+ * What a verifier takes of a DKIM-Signature, ARC-Message-Signature or
+ * ARC-Seal: a longer field, or an h= naming more fields, fails
+ * verification without being hashed.  128 names is more than any signer
+ * uses (oversigning included); 16 KiB is four times a DKIM-Signature with
+ * 128 long names and an RSA-4096 b=.
+ */
+#define CANON_MAX_SIGNED_FIELDS 128
+#define CANON_MAX_SIGNATURE_FIELD 16384
+
 enum canon
 {
 	CANON_SIMPLE,
@@ -73,12 +83,17 @@ void canon_header(enum canon c, const char *field, size_t len, struct buf *out);
 void canon_body_hash(enum canon c, const char *body, size_t len,
 					 unsigned char hash[CANON_HASH_LEN]);
 
+/* The count of names in an h= value (colon-separated; empty: none). */
+size_t canon_names_count(const char *names, size_t len);
+
 /*
  * The header hash of RFC 6376 3.7: the fields the colon-separated names
  * select, each name taking the last instance not yet taken (a name with
  * none left, an oversigned one, contributes nothing), then the signature
  * field itself in canonical form without its final CRLF and with the value
- * of its b= tag removed.  Leaves the used flags set on fields.
+ * of its b= tag removed.  Leaves the used flags set on fields.  The fields
+ * are indexed by name once (sorted), so the cost grows with the header's
+ * size and the names' count, not with their product.
  */
 void canon_header_hash(enum canon c, struct header_fields *fields, const char *names,
 					   const char *signature, size_t signature_len,

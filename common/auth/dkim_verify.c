@@ -7,18 +7,17 @@
 #include "auth/dkim_verify.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <opendkim/dkim.h>
 
+#include "auth/canon.h"
 #include "auth/pubkey_cache.h"
 #include "log.h"
 #include "xalloc.h"
-
-/* A DKIM-Signature longer than this is refused before anything else. */
-#define DKIM_VERIFY_FIELD_MAX 16384
 
 struct dkim_key
 {
@@ -36,7 +35,7 @@ struct dkim_verify
 	struct dns_resolver			*resolver;
 	dkim_verify_done_fn			 done;
 	void						*arg;
-	char						*message;
+	const char					*message; /* the caller's, not a copy */
 	size_t						 len;
 	struct dkim_key				 keys[DKIM_VERIFY_MAX_SIGNATURES];
 	size_t						 nkeys;
@@ -44,6 +43,17 @@ struct dkim_verify
 	ev_timer					 finish_timer;
 	struct dkim_signature_result results[DKIM_VERIFY_MAX_SIGNATURES];
 	size_t						 nresults;
+	/*
+	 * The signature fields libopendkim is not given (judged already, or
+	 * beyond DKIM_VERIFY_MAX_SIGNATURES): offsets in the message, in
+	 * order; it reads the message in pieces around them.
+	 */
+	struct
+	{
+		size_t start,
+			end;
+	} * left_out;
+	size_t nleft_out;
 };
 
 static DKIM_LIB *dkim_verify_lib;
@@ -248,9 +258,12 @@ dkim_on_key(void *arg, const struct dns_answer *a)
  * Verification
  */
 
-/* Each DKIM-Signature field of the header block, unfolded value, to each(arg, value, len). */
+/*
+ * Each DKIM-Signature field of the header block to each(arg, msg, start,
+ * end): the field runs from start to end, its line end included.
+ */
 static void
-dkim_each_signature(const char *msg, size_t len, void (*each)(void *, const char *, size_t),
+dkim_each_signature(const char *msg, size_t len, void (*each)(void *, const char *, size_t, size_t),
 					void *arg)
 {
 	size_t pos = 0;
@@ -268,37 +281,84 @@ dkim_each_signature(const char *msg, size_t len, void (*each)(void *, const char
 				break;
 		pos = end < len ? end + 1 : len;
 		if (end - start > 15 && strncasecmp(msg + start, "DKIM-Signature:", 15) == 0)
-			each(arg, msg + start + 15, end - start - 15);
+			each(arg, msg, start, pos);
 	}
 }
 
 static void
-dkim_take_signature(void *arg, const char *value, size_t len)
+dkim_result(struct dkim_signature_result *r, const char *result, const char *reason)
+{
+	r->result = result;
+	free(r->reason);
+	r->reason = reason ? xstrdup(reason) : NULL;
+}
+
+/* A signature's tags: ours, and the count of names its h= has. */
+struct dkim_signature_scan
+{
+	struct dkim_signature_result *r;
+	size_t						  h_names;
+};
+
+static void
+dkim_signature_scan_tag(void *arg, const char *tag, size_t taglen, const char *value,
+						size_t valuelen)
+{
+	struct dkim_signature_scan *scan = arg;
+
+	if (taglen == 1 && tag[0] == 'h')
+		scan->h_names = canon_names_count(value, valuelen);
+	dkim_signature_tag(scan->r, tag, taglen, value, valuelen);
+}
+
+/* Keep the field [start, end) from libopendkim. */
+static void
+dkim_leave_out(struct dkim_verify *d, size_t start, size_t end)
+{
+	d->left_out = xrealloc(d->left_out, (d->nleft_out + 1) * sizeof(*d->left_out));
+	d->left_out[d->nleft_out].start = start;
+	d->left_out[d->nleft_out].end = end;
+	d->nleft_out++;
+}
+
+/*
+ * One DKIM-Signature field.  A signature judged here (too long, h= naming
+ * more than CANON_MAX_SIGNED_FIELDS fields, malformed) and one beyond
+ * DKIM_VERIFY_MAX_SIGNATURES are left out of what libopendkim reads, so
+ * it spends nothing on them (its header selection costs the product of
+ * h='s names and the header's fields).  A signature that signs such a
+ * field (h= naming dkim-signature) then fails: only a sender making both
+ * loses by it.
+ */
+static void
+dkim_take_signature(void *arg, const char *msg, size_t start, size_t end)
 {
 	struct dkim_verify			 *d = arg;
 	struct dkim_signature_result *r;
+	struct dkim_signature_scan	  scan;
+	const char					 *value = msg + start + 15;
+	size_t						  len = end - start - 15;
 
 	if (d->nresults >= DKIM_VERIFY_MAX_SIGNATURES)
+	{
+		dkim_leave_out(d, start, end);
 		return;
+	}
 	r = &d->results[d->nresults++];
 	memset(r, 0, sizeof(*r));
-	if (len > DKIM_VERIFY_FIELD_MAX)
+	scan = (struct dkim_signature_scan){.r = r};
+	if (end - start > CANON_MAX_SIGNATURE_FIELD)
+		dkim_result(r, "permerror", "signature field too long (over 16384 octets)");
+	else if (!dkim_tag_list_parse(value, len, dkim_signature_scan_tag, &scan))
+		dkim_result(r, "permerror", "malformed signature");
+	else if (scan.h_names > CANON_MAX_SIGNED_FIELDS)
+		dkim_result(r, "permerror", "h= names more than 128 fields");
+	else if (r->domain == NULL || r->selector == NULL || !dkim_name_valid(r->domain)
+			 || !dkim_name_valid(r->selector))
+		dkim_result(r, "permerror", "no valid d= or s=");
+	if (r->result)
 	{
-		r->result = "permerror";
-		r->reason = xstrdup("signature field too long");
-		return;
-	}
-	if (!dkim_tag_list_parse(value, len, dkim_signature_tag, r))
-	{
-		r->result = "permerror";
-		r->reason = xstrdup("malformed signature");
-		return;
-	}
-	if (r->domain == NULL || r->selector == NULL || !dkim_name_valid(r->domain)
-		|| !dkim_name_valid(r->selector))
-	{
-		r->result = "permerror";
-		r->reason = xstrdup("no valid d= or s=");
+		dkim_leave_out(d, start, end);
 		return;
 	}
 	if (dkim_find_key(d, r->domain, r->selector) == NULL)
@@ -309,14 +369,6 @@ dkim_take_signature(void *arg, const char *value, size_t len)
 		k->domain = xstrdup(r->domain);
 		k->selector = xstrdup(r->selector);
 	}
-}
-
-static void
-dkim_result(struct dkim_signature_result *r, const char *result, const char *reason)
-{
-	r->result = result;
-	free(r->reason);
-	r->reason = reason ? xstrdup(reason) : NULL;
 }
 
 static void
@@ -460,7 +512,18 @@ dkim_verify_run(struct dkim_verify *d)
 		return;
 	}
 	dkim_set_user_context(dkim, d);
-	status = dkim_chunk(dkim, (unsigned char *) d->message, d->len);
+	/* The message in pieces, around the signatures left out. */
+	status = DKIM_STAT_OK;
+	for (size_t i = 0, from = 0; i <= d->nleft_out && status == DKIM_STAT_OK; i++)
+	{
+		size_t to = i < d->nleft_out ? d->left_out[i].start : d->len;
+
+		if (to > from)
+			/* libopendkim only reads it; its prototype says otherwise. */
+			status = dkim_chunk(dkim, (unsigned char *) (uintptr_t) (d->message + from), to - from);
+		if (i < d->nleft_out)
+			from = d->left_out[i].end;
+	}
 	if (status == DKIM_STAT_OK)
 		status = dkim_chunk(dkim, NULL, 0);
 	if (status == DKIM_STAT_OK)
@@ -504,12 +567,10 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 	d->resolver = r;
 	d->done = done;
 	d->arg = arg;
-	d->message = xmalloc(len + 1);
-	memcpy(d->message, message, len);
-	d->message[len] = '\0';
-	d->len = len;
 	ev_timer_init(&d->finish_timer, dkim_verify_on_finish, 0, 0);
 	d->finish_timer.data = d;
+	d->message = message;
+	d->len = len;
 	dkim_each_signature(message, len, dkim_take_signature, d);
 	for (size_t i = 0; i < d->nkeys; i++)
 	{
@@ -553,6 +614,6 @@ dkim_verify_free(struct dkim_verify *d)
 		free(d->results[i].b);
 		free(d->results[i].reason);
 	}
-	free(d->message);
+	free(d->left_out);
 	free(d);
 }

@@ -40,7 +40,9 @@ typedef void (*dkim_verify_done_fn)(void *arg);
 
 /*
  * Verify message (headers CRLF body, as received); done is called from the
- * loop once every signature has a result.  budget may be NULL.
+ * loop once every signature has a result.  budget may be NULL.  The
+ * message is read where it is, not copied: it must stay as it is until
+ * done is called or dkim_verify_free.
  */
 struct dkim_verify *dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget,
 									  const char *message, size_t len,

@@ -537,6 +537,149 @@ test_key_refusals(void **unused)
 	EVP_PKEY_free(small);
 }
 
+/* RFC 6376 5.4.2, as canon_header_hash did it first: for each name, a scan from the last field. */
+static size_t
+reference_selection(struct header_fields *fields, const char *names, const struct header_field **list)
+{
+	size_t n = 0;
+
+	for (const char *p = names; *p;)
+	{
+		size_t		len = strcspn(p, ":");
+		const char *name = p;
+		size_t		name_len = len;
+
+		while (name_len > 0 && (*name == ' ' || *name == '\t' || *name == '\r' || *name == '\n'))
+			name++, name_len--;
+		while (name_len > 0 && strchr(" \t\r\n", name[name_len - 1]))
+			name_len--;
+		for (size_t i = fields->count; i-- > 0;)
+			if (!fields->field[i].used && name_len > 0 && header_field_named(&fields->field[i], name, name_len))
+			{
+				fields->field[i].used = true;
+				list[n++] = &fields->field[i];
+				break;
+			}
+		p += len;
+		if (*p == ':')
+			p++;
+	}
+	return n;
+}
+
+/*
+ * The indexed selection picks what the scan picks: names repeated, of
+ * another case, oversigned, absent, empty, with whitespace; fields taken
+ * before the call passed over.
+ */
+static void
+test_header_selection_against_reference(void **unused)
+{
+	static const char *const names[] = {"From", "to", "Subject", "X-A", "x-a ", "Received", "X-B"};
+	uint32_t				 seed = 12345;
+
+	for (int round = 0; round < 2000; round++)
+	{
+		struct buf					headers = BUF_INIT;
+		struct buf					h = BUF_INIT;
+		struct header_fields		fields;
+		const struct header_field **list;
+		char						err[128];
+		unsigned char				got[CANON_HASH_LEN], want[CANON_HASH_LEN];
+		size_t						nfields, nnames, n;
+		size_t						pre = SIZE_MAX;
+
+		seed = seed * 1103515245 + 12345;
+		nfields = 1 + (seed >> 16) % 12;
+		for (size_t i = 0; i < nfields; i++)
+		{
+			seed = seed * 1103515245 + 12345;
+			buf_printf(&headers, "%s: value %d\r\n", names[(seed >> 16) % 7], round);
+		}
+		seed = seed * 1103515245 + 12345;
+		nnames = (seed >> 16) % 16;
+		for (size_t i = 0; i < nnames; i++)
+		{
+			static const char *const h_names[] = {"from", "TO", " subject", "x-a", "X-A\r\n ", "received", "absent", "", "x-b"};
+
+			seed = seed * 1103515245 + 12345;
+			buf_printf(&h, "%s%s", i ? ":" : "", h_names[(seed >> 16) % 9]);
+		}
+		assert_true(header_fields_parse(headers.data, headers.len, 0, &fields, err, sizeof(err)));
+		seed = seed * 1103515245 + 12345;
+		if ((seed >> 16) % 2)
+			pre = (seed >> 17) % fields.count;
+		list = calloc(fields.count + 1, sizeof(*list));
+		if (pre != SIZE_MAX)
+			fields.field[pre].used = true;
+		n = reference_selection(&fields, h.data ? h.data : "", list);
+		canon_hash_fields(CANON_RELAXED, list, n, fields.field[0].start, fields.field[0].len, want);
+		header_fields_reset(&fields);
+		if (pre != SIZE_MAX)
+			fields.field[pre].used = true;
+		canon_header_hash(CANON_RELAXED, &fields, h.data ? h.data : "", fields.field[0].start,
+						  fields.field[0].len, got);
+		assert_memory_equal(got, want, CANON_HASH_LEN);
+		/* The used flags end the same: every selected field, and the one taken before. */
+		for (size_t i = 0; i < fields.count; i++)
+		{
+			bool selected = i == pre;
+
+			for (size_t k = 0; k < n; k++)
+				selected |= list[k] == &fields.field[i];
+			assert_int_equal(fields.field[i].used, selected);
+		}
+		free(list);
+		header_fields_free(&fields);
+		buf_free(&headers);
+		buf_free(&h);
+	}
+}
+
+/*
+ * 100,000 fields and an h= naming each of them, the last first: the
+ * selection is made through the index (a scan per name would compare
+ * 5 * 10^9 names), and in h='s order.
+ */
+static void
+test_header_selection_many(void **unused)
+{
+	const size_t				count = 100000;
+	struct buf					headers = BUF_INIT;
+	struct buf					h = BUF_INIT;
+	struct header_fields		fields;
+	const struct header_field **list = calloc(count, sizeof(*list));
+	char						err[128];
+	unsigned char				got[CANON_HASH_LEN], want[CANON_HASH_LEN];
+
+	for (size_t i = 0; i < count; i++)
+		buf_printf(&headers, "X-Field-%06zu: v\r\n", i);
+	for (size_t i = count; i-- > 0;)
+		buf_printf(&h, "%sx-field-%06zu", i == count - 1 ? "" : ":", i);
+	assert_true(header_fields_parse(headers.data, headers.len, 0, &fields, err, sizeof(err)));
+	assert_int_equal(fields.count, count);
+	assert_int_equal(canon_names_count(h.data, h.len), count);
+	for (size_t i = 0; i < count; i++)
+		list[i] = &fields.field[count - 1 - i];
+	canon_hash_fields(CANON_SIMPLE, list, count, "Sig: b=", 7, want);
+	canon_header_hash(CANON_SIMPLE, &fields, h.data, "Sig: b=", 7, got);
+	assert_memory_equal(got, want, CANON_HASH_LEN);
+	free(list);
+	header_fields_free(&fields);
+	buf_free(&headers);
+	buf_free(&h);
+}
+
+static void
+test_names_count(void **unused)
+{
+	assert_int_equal(canon_names_count("", 0), 0);
+	assert_int_equal(canon_names_count(" \r\n ", 4), 0);
+	assert_int_equal(canon_names_count("from", 4), 1);
+	assert_int_equal(canon_names_count("from : to :\r\n subject", 22), 3);
+	assert_int_equal(canon_names_count("a::b", 4), 3);
+}
+
 int
 main(void)
 {
@@ -551,6 +694,9 @@ main(void)
 		cmocka_unit_test(test_header_parse_refusals),
 		cmocka_unit_test(test_tag_list),
 		cmocka_unit_test(test_key_refusals),
+		cmocka_unit_test(test_header_selection_against_reference),
+		cmocka_unit_test(test_header_selection_many),
+		cmocka_unit_test(test_names_count),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -80,6 +80,8 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	l->policy.max_size = (size_t) config_size(cfg, section, "MAX_SIZE");
 	l->policy.max_recipients = (size_t) config_int(cfg, section, "MAX_RECIPIENTS");
 	l->policy.max_line_length = (size_t) config_int(cfg, section, "MAX_LINE_LENGTH");
+	l->policy.max_header_fields = (size_t) config_int(cfg, section, "MAX_HEADER_FIELDS");
+	l->policy.max_header_size = (size_t) config_size(cfg, section, "MAX_HEADER_SIZE");
 	l->policy.max_errors = (unsigned) config_int(cfg, section, "MAX_ERRORS");
 	l->policy.command_rate = (unsigned) config_int(cfg, section, "COMMAND_RATE");
 	l->idle_timeout = config_duration_ms(cfg, section, "IDLE_TIMEOUT") / 1000.0;

@@ -168,6 +168,8 @@ ingress_reload(const char *config_path)
 		l->policy.max_size = n->policy.max_size;
 		l->policy.max_recipients = n->policy.max_recipients;
 		l->policy.max_line_length = n->policy.max_line_length;
+		l->policy.max_header_fields = n->policy.max_header_fields;
+		l->policy.max_header_size = n->policy.max_header_size;
 		l->policy.max_errors = n->policy.max_errors;
 		l->policy.command_rate = n->policy.command_rate;
 		l->idle_timeout = n->idle_timeout;

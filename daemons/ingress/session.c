@@ -397,6 +397,8 @@ session_store(struct session *s)
 	}
 	if (ingress.mail_log)
 		e.log_detail = session_log_detail(s, transaction_id);
+	/* The envelope has the content now: one copy in memory, not two. */
+	smtp_message_handed_over(&s->smtp);
 	/* The database has it now: the client's silence is not its fault. */
 	ev_timer_stop(ingress.loop, &s->timer);
 	s->admission = admit_submit(&e, session_admitted, s);

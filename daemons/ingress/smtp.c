@@ -102,6 +102,12 @@ smtp_message_release(struct smtp_session *s)
 	s->memory_counted = 0;
 }
 
+void
+smtp_message_handed_over(struct smtp_session *s)
+{
+	buf_free(&s->message);
+}
+
 /* Is the memory for messages in flight used up? */
 static bool
 smtp_memory_exhausted(const struct smtp_session *s)
@@ -139,6 +145,10 @@ smtp_reset_transaction(struct smtp_session *s)
 	s->taint = SMTP_TAINT_NONE;
 	s->scan = SMTP_SCAN_LINE_START;
 	s->line_length = 0;
+	s->header_done = false;
+	s->header_in_line = false;
+	s->header_fields = 0;
+	s->header_size = 0;
 	s->bdat_remaining = 0;
 	s->bdat_last = false;
 	s->bdat_reply = NULL;
@@ -947,11 +957,57 @@ smtp_taint(struct smtp_session *s, enum smtp_taint taint)
 		s->taint = taint;
 }
 
+/*
+ * Count the header section's fields and octets as its content arrives (the
+ * octets kept, DATA's dot-stuffing undone), up to the empty line that ends
+ * it: a message over MAX_HEADER_FIELDS or MAX_HEADER_SIZE is refused once
+ * its end arrives, and nothing past the limit is kept meanwhile.  Every
+ * later step that reads the header (verification, the envelope, the
+ * stages) so has a bounded number of fields to look at.
+ */
+static void
+smtp_count_header(struct smtp_session *s, const char *data, size_t len)
+{
+	const struct smtp_policy *p = s->policy;
+	size_t					  pos = 0;
+
+	while (pos < len && !s->header_done)
+	{
+		const char *nl;
+		size_t		end;
+
+		if (!s->header_in_line)
+		{
+			/* A line starts: the empty one ends the section, one without WSP starts a field. */
+			if (data[pos] == '\r' || data[pos] == '\n')
+			{
+				s->header_done = true;
+				break;
+			}
+			if (data[pos] != ' ' && data[pos] != '\t')
+				s->header_fields++;
+			s->header_in_line = true;
+		}
+		nl = memchr(data + pos, '\n', len - pos);
+		end = nl ? (size_t) (nl - data) + 1 : len;
+		s->header_size += end - pos;
+		if (nl)
+			s->header_in_line = false;
+		pos = end;
+	}
+	if (p->max_header_fields > 0 && s->header_fields > p->max_header_fields)
+		smtp_taint(s, SMTP_TAINT_HEADER_FIELDS);
+	if (p->max_header_size > 0 && s->header_size > p->max_header_size)
+		smtp_taint(s, SMTP_TAINT_HEADER_SIZE);
+}
+
 /* Keep content octets, unless the message is already refused. */
 static void
 smtp_keep_content(struct smtp_session *s, const char *data, size_t len)
 {
 	s->message_size += len;
+	if (!s->header_done && s->taint == SMTP_TAINT_NONE)
+		smtp_count_header(s, data, len);
 	if (s->message_size > s->policy->max_size)
 		smtp_taint(s, SMTP_TAINT_SIZE);
 	if (s->policy->memory_in_flight
@@ -993,6 +1049,16 @@ smtp_content_refused(struct smtp_session *s)
 			break;
 		case SMTP_TAINT_MEMORY:
 			smtp_reply(s, SMTP_MEMORY_REPLY); /* ours, not the client's error */
+			break;
+		case SMTP_TAINT_HEADER_FIELDS:
+			smtp_error(s, "552 5.3.4 Message refused: the header section has more than %zu fields "
+						  "(MAX_HEADER_FIELDS)",
+					   s->policy->max_header_fields);
+			break;
+		case SMTP_TAINT_HEADER_SIZE:
+			smtp_error(s, "552 5.3.4 Message refused: the header section is longer than %zu octets "
+						  "(MAX_HEADER_SIZE)",
+					   s->policy->max_header_size);
 			break;
 		case SMTP_TAINT_NONE:
 			break;

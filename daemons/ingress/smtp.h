@@ -39,12 +39,14 @@ struct smtp_policy
 	const char *hostname; /* banner, EHLO, Received */
 	size_t		max_size; /* octets of message content */
 	size_t		max_recipients;
-	size_t		max_line_length; /* octets of a text line, CRLF excluded */
-	unsigned	max_errors;		 /* error replies before 421 */
-	unsigned	command_rate;	 /* commands per second on average; 0: no limit */
-	bool		starttls;		 /* a certificate is configured */
-	bool		auth;			 /* credentials are configured */
-	bool		auth_required;	 /* submission and smtps: MAIL needs AUTH */
+	size_t		max_line_length;   /* octets of a text line, CRLF excluded */
+	size_t		max_header_fields; /* fields of the header section; 0: no limit */
+	size_t		max_header_size;   /* octets of the header section; 0: no limit */
+	unsigned	max_errors;		   /* error replies before 421 */
+	unsigned	command_rate;	   /* commands per second on average; 0: no limit */
+	bool		starttls;		   /* a certificate is configured */
+	bool		auth;			   /* credentials are configured */
+	bool		auth_required;	   /* submission and smtps: MAIL needs AUTH */
 	/* Told of each MAIL accepted (message authentication starts there); may be NULL. */
 	void (*mail_accepted)(const struct smtp_session *s);
 	/*
@@ -103,7 +105,9 @@ enum smtp_taint
 	SMTP_TAINT_BARE_LF,
 	SMTP_TAINT_BARE_CR,
 	SMTP_TAINT_NUL,
-	SMTP_TAINT_MEMORY /* every session's content together is over the limit */
+	SMTP_TAINT_MEMORY, /* every session's content together is over the limit */
+	SMTP_TAINT_HEADER_FIELDS,
+	SMTP_TAINT_HEADER_SIZE
 };
 
 /* Where the DATA scanner is within a line. */
@@ -177,9 +181,14 @@ struct smtp_session
 	enum smtp_taint		   taint;
 	enum smtp_scan		   scan;
 	size_t				   line_length;
-	size_t				   bdat_remaining;
-	bool				   bdat_last;
-	const char			  *bdat_reply; /* the refusal owed when the chunk is read */
+	/* The header section, counted as it arrives (up to its empty line) */
+	bool		header_done;
+	bool		header_in_line; /* inside a line of it, not at its start */
+	size_t		header_fields;
+	size_t		header_size;
+	size_t		bdat_remaining;
+	bool		bdat_last;
+	const char *bdat_reply; /* the refusal owed when the chunk is read */
 };
 
 void smtp_init(struct smtp_session *s, const struct smtp_policy *policy);
@@ -193,6 +202,13 @@ void smtp_greet(struct smtp_session *s);
  * rest must be thrown away instead.
  */
 size_t smtp_input(struct smtp_session *s, const char *data, size_t len);
+/*
+ * The host has made its own copy of the content (the envelope, before
+ * SMTP_EVENT_MESSAGE is answered): the receive buffer is freed, and its
+ * share of the memory in flight stays counted for that copy until the
+ * transaction ends.
+ */
+void smtp_message_handed_over(struct smtp_session *s);
 /* The host's answers to events. */
 void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
 void smtp_auth_done(struct smtp_session *s, bool ok);

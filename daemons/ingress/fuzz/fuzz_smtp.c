@@ -161,6 +161,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		.max_size = 1 << 20,
 		.max_recipients = 100,
 		.max_line_length = 998,
+		.max_header_fields = 1000,
+		.max_header_size = 1 << 16,
 		.max_errors = 1000,
 		.command_rate = 0,
 	};
@@ -190,6 +192,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		policy.max_size = 300;
 		policy.max_recipients = 2;
 		policy.max_line_length = 40;
+		policy.max_header_fields = 4;
+		policy.max_header_size = 120;
 		policy.max_errors = 20;
 	}
 	rng = settings * 2654435761u + (uint32_t) size;
