@@ -21,12 +21,12 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 
 #include "admit.h"
@@ -36,6 +36,7 @@
 #include "log.h"
 #include "log_config.h"
 #include "privilege.h"
+#include "secret.h"
 #include "service.h"
 #include "xalloc.h"
 
@@ -86,40 +87,18 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 }
 
 /*
- * The key is read again at every reload, by then as [ingress] USER: it
- * must be readable by that user (its own, or root's with the user's
- * group, mode 0640), which pepsi_ingress_main checks right after the
- * privilege drop.  A privileged parent holding the keys (OpenSMTPD's
- * other way) would keep a root process beside the network one for the
- * sake of one file; a key the daemon may read, checked here so it is
- * never anyone else's, keeps pepsi-ingress one unprivileged process.
- */
-static bool
-listener_key_private(const char *section, const char *key, char *err, size_t errlen)
-{
-	struct stat st;
-
-	if (stat(key, &st) != 0)
-	{
-		snprintf(err, errlen, "[%s] KEY %s: %s", section, key, strerror(errno));
-		return false;
-	}
-	if (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO))
-	{
-		snprintf(err, errlen,
-				 "[%s] KEY %s has mode %04o: a private key may be read by its owner and its "
-				 "group only (0640 at most)",
-				 section, key, (unsigned) (st.st_mode & 07777));
-		return false;
-	}
-	return true;
-}
-
-/*
  * The TLS context of [section] from cfg: *ctx NULL when it has no
  * CERTIFICATE (plain smtp); false with err when the pair is incomplete,
  * unreadable or does not match, or the mode needs TLS and has none.
  * (Also what a reload reads, so nothing here is fatal.)
+ *
+ * The key is read again at every reload, by then as [ingress] USER: it
+ * must be readable by that user (its own, or root's with the user's
+ * group, mode 0640), which pepsi_ingress_main checks right after the
+ * privilege drop, and by no one else (secret_key_open).  A privileged
+ * parent holding the keys (OpenSMTPD's other way) would keep a root
+ * process beside the network one for the sake of one file; a key the
+ * daemon may read keeps pepsi-ingress one unprivileged process.
  */
 bool
 listener_tls_load(const struct pepsi_config *cfg, const char *section, enum listener_mode mode,
@@ -127,7 +106,9 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 {
 	const char *certificate = config_get(cfg, section, "CERTIFICATE");
 	const char *key = config_get(cfg, section, "KEY");
-	char		reason[256] = "";
+	char		reason[512] = "";
+	EVP_PKEY   *private_key = NULL;
+	FILE	   *key_file;
 
 	*ctx = NULL;
 	if (certificate == NULL && key == NULL)
@@ -143,8 +124,13 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 		snprintf(err, errlen, "%s: [%s] needs both CERTIFICATE and KEY", cfg->path, section);
 		return false;
 	}
-	if (!listener_key_private(section, key, err, errlen))
+	if ((key_file = secret_key_open(key, reason, sizeof(reason))) == NULL)
+	{
+		snprintf(err, errlen, "[%s] KEY %s", section, reason);
 		return false;
+	}
+	private_key = PEM_read_PrivateKey(key_file, NULL, NULL, NULL);
+	fclose(key_file);
 	if ((*ctx = SSL_CTX_new(TLS_server_method())) == NULL)
 		goto err;
 	SSL_CTX_set_min_proto_version(*ctx, TLS1_2_VERSION);
@@ -158,9 +144,10 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 	 */
 	SSL_CTX_set_read_ahead(*ctx, 1);
 	if (SSL_CTX_use_certificate_chain_file(*ctx, certificate) != 1
-		|| SSL_CTX_use_PrivateKey_file(*ctx, key, SSL_FILETYPE_PEM) != 1
+		|| private_key == NULL || SSL_CTX_use_PrivateKey(*ctx, private_key) != 1
 		|| SSL_CTX_check_private_key(*ctx) != 1)
 		goto err;
+	EVP_PKEY_free(private_key); /* the context holds its own reference */
 	SSL_CTX_set_session_id_context(*ctx, (const unsigned char *) section, (unsigned) strlen(section));
 	return true;
 
@@ -169,6 +156,7 @@ err:
 	ERR_clear_error();
 	snprintf(err, errlen, "[%s] cannot load CERTIFICATE %s / KEY %s: %s", section, certificate, key,
 			 reason);
+	EVP_PKEY_free(private_key);
 	SSL_CTX_free(*ctx);
 	*ctx = NULL;
 	return false;
