@@ -389,6 +389,15 @@ kill 'HUP', $httpd->{pid};
 ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: .*live\.key: a private key others may access.*0644/),
 	'a key others may read is refused, with its mode');
 chmod 0600, "$tmp/live.key";
+write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/live.key\nSERVER_NAMES = admin.example\n");
+my $moved = PostgreSQL::Test::Utils::slurp_file($conf);
+$moved =~ s/^PORT = \d+$/'PORT = ' . ($port + 1)/me or die 'no PORT line';
+open my $fh, '>', $conf or die;
+print $fh $moved;
+close $fh;
+kill 'HUP', $httpd->{pid};
+ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: \[httpd\] PORT changed .*only a restart/),
+	'a new PORT refuses the reload, saying a restart applies it');
 ($cn) = peer_cn();
 is($cn, 'second', 'the old settings keep serving');
 stop_dispatcher($httpd);

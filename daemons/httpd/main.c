@@ -12,8 +12,9 @@
  * drop privileges; start serving; connect to the database.  SIGHUP
  * re-reads the file: the certificate, the session lifetime, the server
  * names and the metrics' authentication change without dropping a
- * connection; a bad new file is refused with the reason and the old
- * settings stay.  The key is read again then, as [httpd] USER: it must be
+ * connection; a bad new file, or one that changes what only a restart
+ * applies (where it listens, its user, its database), is refused with the
+ * reason and the old settings stay.  The key is read again then, as [httpd] USER: it must be
  * readable by that user (its own, or root's with its group, mode 0640;
  * checked after the privilege drop) and no one else (secret_key_open).
  */
@@ -33,6 +34,7 @@
 #include "httpd.h"
 #include "log.h"
 #include "log_config.h"
+#include "options.h"
 #include "privilege.h"
 #include "secret.h"
 #include "service.h"
@@ -476,6 +478,55 @@ httpd_config_load(const char *path)
 }
 
 /*
+ * The options of [httpd] a reload applies ([pepsi] HOSTNAME, a default
+ * server name, is read at each request too).  Every other one of [httpd],
+ * the database it connects to and [pepsi] LOG and LOG_FORMAT are read at
+ * start only: a reload that changes one is refused, naming it, rather
+ * than answering "reloaded" while ignoring it.
+ */
+static const char *const httpd_reload_applies[] = {"CERTIFICATE", "KEY", "SESSION_LIFETIME",
+												   "METRICS_AUTH", "SERVER_NAMES"};
+
+static bool
+httpd_restart_options_unchanged(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	static const char *const pepsi_read_at_start[] = {"LOG", "LOG_FORMAT"};
+	char					 origin[512];
+
+	for (size_t i = 0; i < option_count; i++)
+	{
+		const struct option_def *def = &option_table[i];
+		bool					 applied = false;
+
+		if (strcmp(def->where, "httpd") != 0)
+			continue;
+		for (size_t j = 0; j < sizeof(httpd_reload_applies) / sizeof(httpd_reload_applies[0]); j++)
+			applied |= strcmp(def->name, httpd_reload_applies[j]) == 0;
+		if (!applied && config_option_changed(httpd.cfg, cfg, "httpd", def->name))
+		{
+			snprintf(err, errlen, "[httpd] %s changed (%s): only a restart of pepsi-httpd applies it",
+					 def->name, config_origin(cfg, "httpd", def->name, origin, sizeof(origin)));
+			return false;
+		}
+	}
+	for (size_t i = 0; i < sizeof(pepsi_read_at_start) / sizeof(pepsi_read_at_start[0]); i++)
+		if (config_option_changed(httpd.cfg, cfg, "pepsi", pepsi_read_at_start[i]))
+		{
+			snprintf(err, errlen, "[pepsi] %s changed: only a restart of pepsi-httpd applies it",
+					 pepsi_read_at_start[i]);
+			return false;
+		}
+	/* (Its own CONNINFO was compared above; this is the default it falls back to.) */
+	if (strcmp(db_conninfo(httpd.cfg, "httpd", "CONNINFO"), db_conninfo(cfg, "httpd", "CONNINFO")) != 0)
+	{
+		snprintf(err, errlen,
+				 "[database] CONNINFO changed: only a restart of pepsi-httpd applies it");
+		return false;
+	}
+	return true;
+}
+
+/*
  * SIGHUP: read the file again.  A new certificate needs a new server on
  * the same socket: the old one stops accepting (MHD_quiesce_daemon), the
  * new one starts, and the old one is stopped once its connections are
@@ -498,9 +549,12 @@ httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 		service_reloaded();
 		return daemon;
 	}
-	if (httpd_load_settings(cfg, &set, err, sizeof(err)) && httpd.tls != (set.certificate != NULL))
+	if (httpd_load_settings(cfg, &set, err, sizeof(err))
+		&& (httpd.tls != (set.certificate != NULL)
+			|| !httpd_restart_options_unchanged(cfg, err, sizeof(err))))
 	{
-		snprintf(err, sizeof(err), "switching TLS on or off needs a restart");
+		if (httpd.tls != (set.certificate != NULL))
+			snprintf(err, sizeof(err), "switching TLS on or off needs a restart");
 		httpd_settings_free(&set);
 		set.session_lifetime_s = 0;
 	}

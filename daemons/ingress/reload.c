@@ -133,29 +133,17 @@ reload_restart_only(const struct option_def *def)
 						 sizeof(reload_own_sections) / sizeof(reload_own_sections[0]), def->where);
 }
 
-/* The value in force, unset being its default (so "unset" and "= default" are the same). */
-static const char *
-reload_value(const struct pepsi_config *cfg, const char *section, const struct option_def *def)
-{
-	const char *value = config_get(cfg, section, def->name);
-
-	return value ? value : def->default_value;
-}
-
 static bool
 reload_same(const struct pepsi_config *cfg, const char *section, const struct option_def *def,
 			char *err, size_t errlen)
 {
-	const char *before = reload_value(ingress.cfg, section, def);
-	const char *after = reload_value(cfg, section, def);
-	char		origin[512];
+	char origin[512];
 
-	if ((before == NULL && after == NULL) || (before && after && strcmp(before, after) == 0))
+	if (!config_option_changed(ingress.cfg, cfg, section, def->name))
 		return true;
 	/* The values stay out of the log: a CONNINFO may hold a password. */
 	snprintf(err, errlen, "[%s] %s changed (%s): only a restart of pepsi-ingress applies it",
-			 section, def->name,
-			 after ? config_origin(cfg, section, def->name, origin, sizeof(origin)) : "now unset");
+			 section, def->name, config_origin(cfg, section, def->name, origin, sizeof(origin)));
 	return false;
 }
 
