@@ -291,6 +291,8 @@ sub login_from
 $node->safe_psql($db, 'REVOKE pepsi_httpd FROM web');
 my @statuses = map { login_from('127.0.0.6', 'admin', "guess $_")->{status} } 1 .. 6;
 is("@statuses", '503 503 503 503 503 503', 'a database failure during login answers 503, not 401');
+is($http->get("$base/api/summary", { headers => \%bearer })->{status}, 503,
+	'... and while checking a token, 503, not 401');
 $node->safe_psql($db, 'GRANT pepsi_httpd TO web');
 is(login_from('127.0.0.6', 'admin', 'correct horse battery')->{status}, 200,
 	'... and was not counted as a failed login');

@@ -49,6 +49,7 @@ struct principal
 	enum principal_kind kind;
 	char				name[128]; /* "token:<name>" or the account's name */
 	char				csrf[65];  /* the session's CSRF token (hex), sessions only */
+	bool				unknown;   /* NONE because the database could not say: 503, not 401 */
 };
 
 /* One request as the handlers see it. */

@@ -233,6 +233,8 @@ httpd_dispatch(struct request *req)
 		if (httpd.metrics_need_token)
 		{
 			principal_identify(req, &who);
+			if (who.unknown)
+				return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 			if (who.kind == PRINCIPAL_NONE)
 				return reply_error(req, MHD_HTTP_UNAUTHORIZED, "a bearer token is required");
 		}
@@ -252,6 +254,8 @@ httpd_dispatch(struct request *req)
 	}
 
 	principal_identify(req, &who);
+	if (who.unknown)
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 	if (who.kind == PRINCIPAL_NONE)
 		return reply_error(req, MHD_HTTP_UNAUTHORIZED,
 						   "log in, or send an API token as Authorization: Bearer");

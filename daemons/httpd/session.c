@@ -144,9 +144,12 @@ principal_identify(struct request *req, struct principal *who)
 		const char *token = authorization + 7;
 
 		digest_literal(token, strlen(token), digest);
-		if (lookup_one("SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL",
-					   1, values, name, sizeof(name))
-			== LOOKUP_FOUND)
+		enum lookup_result found = lookup_one(
+			"SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL", 1,
+			values, name, sizeof(name));
+
+		who->unknown = found == LOOKUP_FAILED;
+		if (found == LOOKUP_FOUND)
 		{
 			who->kind = PRINCIPAL_TOKEN;
 			snprintf(who->name, sizeof(who->name), "token:%s", name);
@@ -156,12 +159,15 @@ principal_identify(struct request *req, struct principal *who)
 	}
 	if (cookie && strlen(cookie) < 128)
 	{
+		enum lookup_result found;
+
 		digest_literal(cookie, strlen(cookie), digest);
-		if (lookup_one("SELECT s.account FROM pepsi.admin_session s"
-					   " JOIN pepsi.admin_account a ON a.name = s.account"
-					   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
-					   1, values, who->name, sizeof(who->name))
-			== LOOKUP_FOUND)
+		found = lookup_one("SELECT s.account FROM pepsi.admin_session s"
+						   " JOIN pepsi.admin_account a ON a.name = s.account"
+						   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
+						   1, values, who->name, sizeof(who->name));
+		who->unknown = found == LOOKUP_FAILED;
+		if (found == LOOKUP_FOUND)
 		{
 			who->kind = PRINCIPAL_SESSION;
 			session_csrf(cookie, who->csrf);
