@@ -187,6 +187,12 @@ write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
 like(reload(), qr/reload refused: .*live\.key.*0644/, 'a key others may read is refused, with its mode');
 chmod 0640, "$tmp/live.key";
 like(reload(), qr/reloaded/, 'mode 0640 is accepted');
+
+# What ingress does not read does not stop its reload.
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net',
+	extra => "[dispatch]\nPOLL_INTERVAL = 7s\n[database]\nMONITOR_CONNINFO = dbname=elsewhere\n");
+like(reload(), qr/reloaded/, "another program's options do not refuse ingress's reload");
 is(ehlo_size(), 40000, 'and the new limits are in force');
 
 # Refused reloads keep the old settings.

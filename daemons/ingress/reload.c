@@ -11,7 +11,7 @@
  *   - [pepsi] LOCAL_DOMAINS, LOG, LOG_FORMAT and MAIL_LOG.
  *
  * Every other option ingress reads is read once, at start (reload_applies
- * and reload_pepsi_read say which): a reload whose file or overlay changes
+ * and reload_shared_read say which): a reload whose file or overlay changes
  * one is refused, naming it and saying a restart applies it, rather than
  * answering "reloaded" while ignoring it.  So is a new listener.
  *
@@ -35,6 +35,7 @@
 
 #include "auth.h"
 #include "auth_throttle.h"
+#include "db.h"
 #include "ingress.h"
 #include "log.h"
 #include "log_config.h"
@@ -52,8 +53,8 @@ struct listener_reload
 };
 
 /*
- * The options of ingress's own sections ([database], [ingress],
- * [listener-<name>], [srs]) that a reload applies; every other one of
+ * The options of ingress's own sections ([ingress], [listener-<name>],
+ * [srs]) that a reload applies; every other one of
  * those sections needs a restart.  Deny by default, so that an option
  * added later is never silently ignored by a reload.
  */
@@ -91,46 +92,47 @@ static const struct
 /*
  * [pepsi] is every program's: of its options, ingress reads these (the
  * others are none of its business, and changing them does not stop its
- * reload).  Those not in reload_applies need a restart.
+ * reload).  Those not in reload_applies need a restart.  Of [database],
+ * it reads CONNINFO when [ingress] CONNINFO is unset (compared below).
  */
-static const char *const reload_pepsi_read[] = {
-	"HOSTNAME",
-	"LOCAL_DOMAINS",
-	"LOCAL_RECIPIENTS",
-	"ALIASES_FILE",
-	"MAILDIR_ROOT",
-	"DNS_FORWARDER",
-	"DNS_TRUST_ANCHOR",
-	"DNS_TIMEOUT",
-	"LOG",
-	"LOG_FORMAT",
-	"MAIL_LOG",
+static const struct
+{
+	const char *where;
+	const char *name;
+} reload_shared_read[] = {
+	{"pepsi", "HOSTNAME"},
+	{"pepsi", "LOCAL_DOMAINS"},
+	{"pepsi", "LOCAL_RECIPIENTS"},
+	{"pepsi", "ALIASES_FILE"},
+	{"pepsi", "MAILDIR_ROOT"},
+	{"pepsi", "DNS_FORWARDER"},
+	{"pepsi", "DNS_TRUST_ANCHOR"},
+	{"pepsi", "DNS_TIMEOUT"},
+	{"pepsi", "LOG"},
+	{"pepsi", "LOG_FORMAT"},
+	{"pepsi", "MAIL_LOG"},
 };
 
-static const char *const reload_own_sections[] = {"database", "ingress", "listener-*", "srs"};
+static const char *const reload_own_sections[] = {"ingress", "listener-*", "srs"};
 
-static bool
-reload_listed(const char *const *names, size_t count, const char *name)
-{
-	for (size_t i = 0; i < count; i++)
-		if (strcmp(names[i], name) == 0)
-			return true;
-	return false;
-}
+#define RELOAD_COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
 /* Does ingress read def at start only? */
 static bool
 reload_restart_only(const struct option_def *def)
 {
-	for (size_t i = 0; i < sizeof(reload_applies) / sizeof(reload_applies[0]); i++)
+	for (size_t i = 0; i < RELOAD_COUNT(reload_applies); i++)
 		if (strcmp(reload_applies[i].where, def->where) == 0
 			&& strcmp(reload_applies[i].name, def->name) == 0)
 			return false;
-	if (strcmp(def->where, "pepsi") == 0)
-		return reload_listed(reload_pepsi_read,
-							 sizeof(reload_pepsi_read) / sizeof(reload_pepsi_read[0]), def->name);
-	return reload_listed(reload_own_sections,
-						 sizeof(reload_own_sections) / sizeof(reload_own_sections[0]), def->where);
+	for (size_t i = 0; i < RELOAD_COUNT(reload_shared_read); i++)
+		if (strcmp(reload_shared_read[i].where, def->where) == 0
+			&& strcmp(reload_shared_read[i].name, def->name) == 0)
+			return true;
+	for (size_t i = 0; i < RELOAD_COUNT(reload_own_sections); i++)
+		if (strcmp(reload_own_sections[i], def->where) == 0)
+			return true;
+	return false;
 }
 
 static bool
@@ -172,6 +174,12 @@ reload_restart_options_unchanged(const struct pepsi_config *cfg, char *err, size
 			if (!same)
 				return false;
 		}
+	}
+	if (strcmp(db_conninfo(ingress.cfg, "ingress", "CONNINFO"), db_conninfo(cfg, "ingress", "CONNINFO"))
+		!= 0)
+	{
+		snprintf(err, errlen, "[database] CONNINFO changed: only a restart of pepsi-ingress applies it");
+		return false;
 	}
 	return true;
 }
