@@ -96,35 +96,43 @@ buf_free(struct buf *b)
 }
 
 bool
-buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen)
+buf_append_stream(struct buf *b, FILE *f, const char *name, size_t max, char *err, size_t errlen)
 {
-	FILE  *f = fopen(path, "r");
 	char   chunk[4096];
 	size_t n, read_so_far = 0;
-	bool   ok = true;
+
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+	{
+		if ((read_so_far += n) > max)
+		{
+			snprintf(err, errlen, "%s: larger than %zu bytes", name, max);
+			buf_append(b, "", 0);
+			return false;
+		}
+		buf_append(b, chunk, n);
+	}
+	buf_append(b, "", 0); /* NUL-terminated even when empty */
+	if (ferror(f))
+	{
+		snprintf(err, errlen, "%s: %s", name, strerror(errno));
+		return false;
+	}
+	return true;
+}
+
+bool
+buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	bool  ok;
 
 	if (f == NULL)
 	{
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return false;
 	}
-	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-	{
-		if ((read_so_far += n) > max)
-		{
-			snprintf(err, errlen, "%s: larger than %zu bytes", path, max);
-			ok = false;
-			break;
-		}
-		buf_append(b, chunk, n);
-	}
-	if (ok && ferror(f))
-	{
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		ok = false;
-	}
+	ok = buf_append_stream(b, f, path, max, err, errlen);
 	fclose(f);
-	buf_append(b, "", 0); /* NUL-terminated even when empty */
 	return ok;
 }
 

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 struct buf
 {
@@ -33,6 +34,9 @@ void buf_free(struct buf *b);
  * refused); false with err naming the file and the reason.
  */
 bool buf_append_file(struct buf *b, const char *path, size_t max, char *err, size_t errlen);
+/* The same from an open stream (a secret_key_open file, say); name is for err. */
+bool buf_append_stream(struct buf *b, FILE *f, const char *name, size_t max, char *err,
+					   size_t errlen);
 
 /* Write all of data to fd, retrying short writes and EINTR; false with errno set. */
 bool fd_write_all(int fd, const void *data, size_t len);

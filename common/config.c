@@ -641,6 +641,24 @@ config_origin(const struct pepsi_config *cfg, const char *section, const char *o
 	return out;
 }
 
+bool
+config_option_changed(const struct pepsi_config *before, const struct pepsi_config *after,
+					  const char *section, const char *option)
+{
+	const struct option_def *def = config_option_def(after, section, option);
+	const char				*was = config_get(before, section, option);
+	const char				*is = config_get(after, section, option);
+
+	if (def && def->default_value)
+	{
+		was = was ? was : def->default_value;
+		is = is ? is : def->default_value;
+	}
+	if (was == NULL || is == NULL)
+		return was != is;
+	return strcmp(was, is) != 0;
+}
+
 /*
  * The typed getters.  Every value was checked against the schema when it
  * was loaded, so a getter only parses; what it cannot parse, or an option

@@ -71,6 +71,14 @@ const char *config_origin(const struct pepsi_config *cfg, const char *section, c
 						  char *out, size_t outlen);
 
 /*
+ * Does option's value in section differ between two loads of the
+ * configuration (unset and set to its default being the same)?  A
+ * daemon's reload refuses to ignore a change it cannot apply.
+ */
+bool config_option_changed(const struct pepsi_config *before, const struct pepsi_config *after,
+						   const char *section, const char *option);
+
+/*
  * Typed getters.  Every option read through them has its line in
  * common/options.def, which gives its type, default and range; the value
  * was checked against it when loaded (the file by config_load, each

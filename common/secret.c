@@ -7,12 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-FILE *
-secret_file_open(const char *path, char *err, size_t errlen)
+/* The file open for reading, if no permission in forbidden is set; else NULL with err. */
+static FILE *
+secret_open(const char *path, int flags, mode_t forbidden, const char *what, const char *fix,
+			char *err, size_t errlen)
 {
 	struct stat st;
 	FILE	   *f;
-	int			fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int			fd = open(path, O_RDONLY | O_CLOEXEC | flags);
 
 	if (fd < 0)
 	{
@@ -29,11 +31,10 @@ secret_file_open(const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: not a regular file", path);
 		goto err;
 	}
-	if (st.st_mode & (S_IRWXG | S_IRWXO))
+	if (st.st_mode & forbidden)
 	{
-		snprintf(err, errlen, "%s: holds credentials but its group or others may access it "
-							  "(mode %04o); refused: chmod 600 %s",
-				 path, (unsigned) (st.st_mode & 07777), path);
+		snprintf(err, errlen, "%s: %s (mode %04o); refused: %s %s", path, what,
+				 (unsigned) (st.st_mode & 07777), fix, path);
 		goto err;
 	}
 	if ((f = fdopen(fd, "r")) == NULL)
@@ -46,4 +47,20 @@ secret_file_open(const char *path, char *err, size_t errlen)
 err:
 	close(fd);
 	return NULL;
+}
+
+FILE *
+secret_file_open(const char *path, char *err, size_t errlen)
+{
+	return secret_open(path, O_NOFOLLOW, S_IRWXG | S_IRWXO,
+					   "holds credentials but its group or others may access it", "chmod 600",
+					   err, errlen);
+}
+
+FILE *
+secret_key_open(const char *path, char *err, size_t errlen)
+{
+	return secret_open(path, 0, S_IWGRP | S_IXGRP | S_IRWXO,
+					   "a private key others may access, or its group change", "chmod 640", err,
+					   errlen);
 }

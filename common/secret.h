@@ -15,4 +15,13 @@
 /* The file open for reading; NULL with the reason in err ("PATH: ..."). */
 FILE *secret_file_open(const char *path, char *err, size_t errlen);
 
+/*
+ * A TLS private key, the same way but for two things.  Its group may
+ * read it: a daemon reads its key again at each reload, by then as its
+ * own user, so the key is that user's or root's with the user's group
+ * (mode 0640), rather than root's alone.  A symbolic link is followed:
+ * certbot's live/ directory is made of them.
+ */
+FILE *secret_key_open(const char *path, char *err, size_t errlen);
+
 #endif

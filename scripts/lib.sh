@@ -66,8 +66,16 @@ run_config_make() {
         openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=localhost" \
             -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
             -keyout "$tls/key.pem" -out "$tls/cert.pem" >/dev/null 2>&1
-        chmod 600 "$tls/key.pem"
         echo "TLS certificate made: $tls/cert.pem (self-signed)"
+    fi
+    # pepsi-ingress reads the key again at each reload, by then as the
+    # daemons' user, and refuses one others may read: as root it is root's
+    # with the daemons' group, mode 0640 (a key made by an older run too).
+    if [ "$(id -u)" -eq 0 ]; then
+        chown "root:$(id -gn "$PEPSI_USER")" "$tls/key.pem"
+        chmod 640 "$tls/key.pem"
+    else
+        chmod 600 "$tls/key.pem"
     fi
     sed -i -e "s|^#CERTIFICATE = /etc/pepsi/tls/fullchain.pem|CERTIFICATE = $tls/cert.pem|" \
            -e "s|^#KEY = /etc/pepsi/tls/privkey.pem|KEY = $tls/key.pem|" "$conf"

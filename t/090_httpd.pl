@@ -4,6 +4,10 @@
 # sessions: login, CSRF, cross-site), actions recorded in event_log with the
 # administrator's name, bad requests of every kind answered 4xx with JSON,
 # and SIGHUP: a new certificate for new connections, a bad file refused.
+# Host must name the server (DNS rebinding): [httpd] SERVER_NAMES, or the
+# address the connection came in on, else 421.  Failed logins are
+# throttled per client and per account; a database failure during login
+# answers 503 and is not counted as a failed login.
 
 use strict;
 use warnings FATAL => 'all';
@@ -252,7 +256,47 @@ is($r->{status}, 200, 'logout');
 $r = $http->get("$base/api/session", { headers => \%browser });
 is($r->{status}, 401, 'the cookie is worthless afterwards');
 
+# Host must name this server: a page whose name was rebound to 127.0.0.1
+# sends its own name.  (HTTP::Tiny will not send another Host: a raw request.)
+sub status_with_host
+{
+	my ($host, $path, $socket) = @_;
+	$socket //= IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die;
+	print $socket "GET " . ($path // '/api/summary') . " HTTP/1.1\r\nHost: $host\r\n"
+	  . "Authorization: Bearer $token\r\nConnection: close\r\n\r\n";
+	my $reply = join '', <$socket>;
+	my ($status) = $reply =~ m{^HTTP/1\.[01] (\d+)};
+	return wantarray ? ($status // 0, $reply) : $status // 0;
+}
+is(status_with_host("127.0.0.1:$port"), 200, 'Host: the address the connection came in on');
+is(status_with_host("localhost:$port"), 200, 'Host: localhost');
+is(status_with_host('localhost.'), 200, 'Host: localhost. (the root\'s dot), without a port');
+my ($host_status, $host_reply) = status_with_host("rebound.evil.example:$port");
+is($host_status, 421, 'Host: a name that is not ours gets 421');
+like($host_reply, qr/rebound\.evil\.example.*SERVER_NAMES/, '... naming the Host and the option');
+is(status_with_host("rebound.evil.example:$port", '/metrics'), 421, '... on /metrics too');
+is(status_with_host("127.0.0.2:$port"), 421, 'Host: another address gets 421');
+is(status_with_host("[::1]:$port"), 421, '... as does ::1 on an IPv4 connection');
+
 # Failed logins are throttled per client address.
+sub login_from
+{
+	my ($address, $name, $password) = @_;
+	my $client = HTTP::Tiny->new(timeout => 10, local_address => $address);
+	return $client->post("$base/api/login", { headers => { 'Content-Type' => 'application/json' },
+		content => encode_json({ name => $name, password => $password }) });
+}
+
+# A database that fails during login: 503, and no failure counted.
+$node->safe_psql($db, 'REVOKE pepsi_httpd FROM web');
+my @statuses = map { login_from('127.0.0.6', 'admin', "guess $_")->{status} } 1 .. 6;
+is("@statuses", '503 503 503 503 503 503', 'a database failure during login answers 503, not 401');
+is($http->get("$base/api/summary", { headers => \%bearer })->{status}, 503,
+	'... and while checking a token, 503, not 401');
+$node->safe_psql($db, 'GRANT pepsi_httpd TO web');
+is(login_from('127.0.0.6', 'admin', 'correct horse battery')->{status}, 200,
+	'... and was not counted as a failed login');
+
 for (1 .. 5)
 {
 	$http->post("$base/api/login", { headers => { 'Content-Type' => 'application/json' },
@@ -261,6 +305,18 @@ for (1 .. 5)
 $r = $http->post("$base/api/login", { headers => { 'Content-Type' => 'application/json' },
 	content => encode_json({ name => 'admin', password => 'correct horse battery' }) });
 is($r->{status}, 429, 'after five failures even the right password must wait');
+like(json_of($r)->{error}, qr/from 127\.0\.0\.1/, '... saying from where');
+is(login_from('127.0.0.2', 'admin', 'correct horse battery')->{status}, 200,
+	'another client is not held back by them');
+
+# ... and per account: ten failures from clients none of which is blocked.
+@statuses = map { my $client = $_; map { login_from($client, 'admin', "guess $_")->{status} } 1 .. 4 }
+  '127.0.0.3', '127.0.0.4';
+push @statuses, map { login_from('127.0.0.5', 'admin', "guess $_")->{status} } 1 .. 2;
+is("@statuses", join(' ', ('401') x 10), 'ten failures for one account from three clients');
+$r = login_from('127.0.0.7', 'admin', 'correct horse battery');
+is($r->{status}, 429, 'then the account waits, even from a new client with the right password');
+like(json_of($r)->{error}, qr/for this account/, '... saying so');
 
 stop_dispatcher($httpd);
 
@@ -278,9 +334,19 @@ make_cert('second');
 copy("$tmp/first.crt", "$tmp/live.crt");
 copy("$tmp/first.key", "$tmp/live.key");
 chmod 0600, "$tmp/live.key";
-write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/live.key\n");
+write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/live.key\nSERVER_NAMES = admin.example\n");
 $httpd = start_dispatcher($conf, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd-tls.log");
 ok(file_shows("$tmp/httpd-tls.log", qr/ready \(TLS\)/), 'pepsi-httpd starts with TLS');
+sub tls_socket
+{
+	my $socket = IO::Socket::SSL->new(PeerAddr => "127.0.0.1:$port", SSL_verify_mode => SSL_VERIFY_NONE)
+	  or die "TLS connection: $!";
+	return $socket;
+}
+is(status_with_host('admin.example', undef, tls_socket()), 200, 'Host: a name of SERVER_NAMES');
+is(status_with_host('ADMIN.example:443', undef, tls_socket()), 200, '... in any case, with a port');
+is(status_with_host('localhost', undef, tls_socket()), 421, 'localhost is not one once SERVER_NAMES is set');
+is(status_with_host("127.0.0.1:$port", undef, tls_socket()), 200, 'the address still is');
 
 sub peer_cn
 {
@@ -319,6 +385,21 @@ ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: .*SESSION_LIFETIME/), 'a 
 write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/missing.key\n");
 kill 'HUP', $httpd->{pid};
 ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: .*missing\.key/), 'a missing key is refused, naming the file');
+chmod 0644, "$tmp/live.key";
+write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/live.key\n");
+kill 'HUP', $httpd->{pid};
+ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: .*live\.key: a private key others may access.*0644/),
+	'a key others may read is refused, with its mode');
+chmod 0600, "$tmp/live.key";
+write_conf($conf, "CERTIFICATE = $tmp/live.crt\nKEY = $tmp/live.key\nSERVER_NAMES = admin.example\n");
+my $moved = PostgreSQL::Test::Utils::slurp_file($conf);
+$moved =~ s/^PORT = \d+$/'PORT = ' . ($port + 1)/me or die 'no PORT line';
+open my $fh, '>', $conf or die;
+print $fh $moved;
+close $fh;
+kill 'HUP', $httpd->{pid};
+ok(file_shows("$tmp/httpd-tls.log", qr/reload refused: \[httpd\] PORT changed .*only a restart/),
+	'a new PORT refuses the reload, saying a restart applies it');
 ($cn) = peer_cn();
 is($cn, 'second', 'the old settings keep serving');
 stop_dispatcher($httpd);

@@ -1,8 +1,10 @@
 # pepsi-ingress reloads on SIGHUP without dropping a session: a new TLS
 # session sees the new certificate while a session opened before finishes
-# its transaction (its message is stored); new limits and credentials are
-# in force for new sessions; a bad file, a missing key or a vanished
-# listener are refused with the reason, and the old settings keep serving.
+# its transaction (its message is stored); new limits, credentials,
+# TRUSTED_NETWORKS and LOCAL_DOMAINS are in force for new sessions; a bad
+# file, a missing key, a key others may read, a vanished or a new listener
+# and an option that only a restart applies are refused with the reason
+# (naming the option), and the old settings keep serving.
 
 use strict;
 use warnings FATAL => 'all';
@@ -50,9 +52,10 @@ sub write_conf
 {
 	my (%o) = @_;
 	open my $fh, '>', $conf or die;
-	print $fh "[pepsi]\nHOSTNAME = mx.test\nLOCAL_DOMAINS = example.org\n"
+	print $fh "[pepsi]\nHOSTNAME = mx.test\nLOCAL_DOMAINS = " . ($o{local_domains} // 'example.org') . "\n"
 	  . "[database]\nCONNINFO = host=" . $node->host . ' port=' . $node->port . " dbname=$db\n"
 	  . "[ingress]\nCREDENTIALS = $tmp/credentials\nDISPATCH_WAKE_INTERVAL = 20ms\n"
+	  . ($o{ingress} // '')
 	  . "[listener-smtp]\nADDRESS = 127.0.0.1\nPORT = $port\n"
 	  . "CERTIFICATE = $tmp/live.crt\nKEY = " . ($o{key} // "$tmp/live.key") . "\n"
 	  . 'MAX_SIZE = ' . ($o{max_size} // 100000) . "\n" . ($o{extra} // '');
@@ -92,8 +95,7 @@ copy("$tmp/second.crt", "$tmp/live.crt");
 copy("$tmp/second.key", "$tmp/live.key");
 credentials('alice', 'second secret');
 write_conf(max_size => 50000);
-kill 'HUP', $ingress->{pid};
-ok(file_shows("$tmp/ingress.log", qr/reloaded .*in force for new sessions/), 'SIGHUP reloads');
+like(reload(), qr/reloaded .*in force for new sessions/, 'SIGHUP reloads');
 
 my ($new, $new_cn) = tls_session();
 is($new_cn, 'second', 'a new TLS session sees the new certificate');
@@ -117,28 +119,100 @@ sub auth_plain
 like(auth_plain('second secret'), qr/^235/, 'the new password is in force');
 like(auth_plain('first secret'), qr/^535/, 'the old one is not');
 
+# SIGHUP, then what the log says about it: "reloaded ..." or "reload refused: ...".
+sub reload
+{
+	my $offset = -s "$tmp/ingress.log";
+	my $said = '';
+	kill 'HUP', $ingress->{pid};
+	poll_until(
+		sub {
+			$said = PostgreSQL::Test::Utils::slurp_file("$tmp/ingress.log", $offset);
+			$said =~ /reloaded|reload refused/;
+		});
+	return $said;
+}
+sub rcpt_reply
+{
+	my ($address) = @_;
+	my $c = SmtpClient->new($port);
+	$c->command('EHLO client.test');
+	$c->command('MAIL FROM:<a@example.com>');
+	my $reply = $c->command("RCPT TO:<$address>");
+	$c->close;
+	return $reply;
+}
+
+# TRUSTED_NETWORKS and LOCAL_DOMAINS take effect: 127.0.0.1 (loopback,
+# trusted by default) may relay until its network is removed; example.net
+# becomes local.
+like(rcpt_reply('someone@elsewhere.example'), qr/^250/, 'loopback may relay by default');
+like(rcpt_reply('someone@example.net'), qr/^250/, '... to example.net too');
+write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n");
+like(reload(), qr/reloaded/, 'a new TRUSTED_NETWORKS reloads');
+like(rcpt_reply('someone@elsewhere.example'), qr/^554 5\.7\.1/,
+	'relay from the removed network is refused after SIGHUP');
+like(rcpt_reply('someone@example.net'), qr/^554 5\.7\.1/, '... example.net is not local yet');
+write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net');
+like(reload(), qr/reloaded/, 'a new LOCAL_DOMAINS reloads');
+like(rcpt_reply('someone@example.net'), qr/^250/, 'example.net is local after SIGHUP');
+write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24, nonsense\n",
+	local_domains => 'example.org example.net');
+like(reload(), qr/reload refused: .*TRUSTED_NETWORKS.*nonsense/, 'a bad TRUSTED_NETWORKS is refused, naming it');
+like(rcpt_reply('someone@elsewhere.example'), qr/^554 5\.7\.1/, '... and the last good one stays');
+
+# An option a reload cannot apply refuses it, naming the option, and
+# nothing of that file is applied (MAX_SIZE here).
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\nDATABASE_CONNECTIONS = 2\n",
+	local_domains => 'example.org example.net');
+like(reload(), qr/reload refused: \[ingress\] DATABASE_CONNECTIONS changed .*restart/,
+	'a changed DATABASE_CONNECTIONS refuses the reload, saying a restart applies it');
+is(ehlo_size(), 50000, '... and the old limits stay');
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net', extra => "MESSAGE_AUTHENTICATION = yes\n");
+like(reload(), qr/reload refused: \[listener-smtp\] MESSAGE_AUTHENTICATION changed .*restart/,
+	"a listener's option a reload cannot apply is named too");
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net',
+	extra => "[listener-more]\nADDRESS = 127.0.0.1\nPORT = 1\n");
+like(reload(), qr/reload refused: \[listener-more\] is new: .*restart/, 'a new listener refuses the reload');
+is(ehlo_size(), 50000, '... and the old limits stay');
+
+# The key is read again at each reload by the daemon's user: one that
+# others may read is refused, naming its mode.
+chmod 0644, "$tmp/live.key";
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net');
+like(reload(), qr/reload refused: .*live\.key.*0644/, 'a key others may read is refused, with its mode');
+chmod 0640, "$tmp/live.key";
+like(reload(), qr/reloaded/, 'mode 0640 is accepted');
+
+# What ingress does not read does not stop its reload.
+write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net',
+	extra => "[dispatch]\nPOLL_INTERVAL = 7s\n[database]\nMONITOR_CONNINFO = dbname=elsewhere\n");
+like(reload(), qr/reloaded/, "another program's options do not refuse ingress's reload");
+is(ehlo_size(), 40000, 'and the new limits are in force');
+
 # Refused reloads keep the old settings.
 open my $bad, '>', $conf or die;
 print $bad "[listener-smtp\nPORT = 1\n";
 close $bad;
-kill 'HUP', $ingress->{pid};
-ok(file_shows("$tmp/ingress.log", qr/reload refused: .*pepsi\.conf:1/), 'a file that does not parse is refused, with its line');
+like(reload(), qr/reload refused: .*pepsi\.conf:1/, 'a file that does not parse is refused, with its line');
 write_conf(key => "$tmp/missing.key");
-kill 'HUP', $ingress->{pid};
-ok(file_shows("$tmp/ingress.log", qr/reload refused: .*missing\.key/), 'a missing key is refused, naming it');
+like(reload(), qr/reload refused: .*missing\.key/, 'a missing key is refused, naming it');
 write_conf(extra => "MAX_RECIPIENTS = many\n");
-kill 'HUP', $ingress->{pid};
-ok(file_shows("$tmp/ingress.log", qr/reload refused: .*MAX_RECIPIENTS/), 'a bad limit is refused, naming it');
+like(reload(), qr/reload refused: .*MAX_RECIPIENTS/, 'a bad limit is refused, naming it');
 open $bad, '>', $conf or die;
 print $bad "[database]\nCONNINFO = host=" . $node->host . ' port=' . $node->port . " dbname=$db\n"
   . "[listener-other]\nADDRESS = 127.0.0.1\nPORT = 1\n";
 close $bad;
-kill 'HUP', $ingress->{pid};
-ok(file_shows("$tmp/ingress.log", qr/reload refused: \[listener-smtp\] is gone/), 'a vanished listener is refused');
+like(reload(), qr/reload refused: \[listener-smtp\] is gone/, 'a vanished listener is refused');
 ($new, $new_cn) = tls_session();
 is($new_cn, 'second', 'the last good certificate keeps serving');
 $new->close;
-is(ehlo_size(), 50000, 'and the last good limits');
+is(ehlo_size(), 40000, 'and the last good limits');
 
 stop_dispatcher($ingress);
 done_testing();

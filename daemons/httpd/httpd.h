@@ -19,6 +19,7 @@
 #include <microhttpd.h>
 
 #include "buf.h"
+#include "client_key.h"
 #include "config.h"
 
 /* Request bodies larger than this get 413: the API takes small JSON. */
@@ -31,6 +32,7 @@ struct httpd
 	long				 session_lifetime_s;
 	bool				 tls;				 /* cookies get Secure */
 	bool				 metrics_need_token; /* [httpd] METRICS_AUTH */
+	char				*server_names;		 /* [httpd] SERVER_NAMES; NULL: the default */
 };
 extern struct httpd httpd;
 
@@ -47,17 +49,20 @@ struct principal
 	enum principal_kind kind;
 	char				name[128]; /* "token:<name>" or the account's name */
 	char				csrf[65];  /* the session's CSRF token (hex), sessions only */
+	bool				unknown;   /* NONE because the database could not say: 503, not 401 */
 };
 
 /* One request as the handlers see it. */
 struct request
 {
-	struct MHD_Connection *connection;
-	const char			  *method;
-	const char			  *path;
-	struct buf			   body;
-	bool				   body_too_large;
-	char				   client[64]; /* the peer's address, for throttling and logs */
+	struct MHD_Connection  *connection;
+	const char			   *method;
+	const char			   *path;
+	struct buf				body;
+	bool					body_too_large;
+	char					client[64];					 /* the peer's address, for logs */
+	char					client_key[CLIENT_KEY_SIZE]; /* its address or /64, for throttling */
+	struct sockaddr_storage local;						 /* the address it came in on */
 };
 
 /* Replies: each queues the response and returns MHD's result. */
@@ -69,6 +74,9 @@ enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *co
 							const void *data, size_t len, bool copy);
 /* Add the headers every response carries (no sniffing, no framing, CSP). */
 void reply_add_security_headers(struct MHD_Response *response);
+
+/* host.c: does Host name this server?  false with the header, printable, in shown. */
+bool httpd_host_allowed(const struct request *req, char *shown, size_t shownlen);
 
 /* The database connection, reconnected when it was lost. */
 PGconn *httpd_db(void);

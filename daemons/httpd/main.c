@@ -10,9 +10,13 @@
  * listeners, where it listens, its certificate and its database role are
  * never taken from the database); read the certificate and key; bind;
  * drop privileges; start serving; connect to the database.  SIGHUP
- * re-reads the file: the certificate, the session lifetime and the
- * metrics' authentication change without dropping a connection; a bad new
- * file is refused with the reason and the old settings stay.
+ * re-reads the file: the certificate, the session lifetime, the server
+ * names and the metrics' authentication change without dropping a
+ * connection; a bad new file, or one that changes what only a restart
+ * applies (where it listens, its user, its database), is refused with the
+ * reason and the old settings stay.  The key is read again then, as [httpd] USER: it must be
+ * readable by that user (its own, or root's with its group, mode 0640;
+ * checked after the privilege drop) and no one else (secret_key_open).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,7 +34,9 @@
 #include "httpd.h"
 #include "log.h"
 #include "log_config.h"
+#include "options.h"
 #include "privilege.h"
+#include "secret.h"
 #include "service.h"
 #include "xalloc.h"
 
@@ -51,6 +57,7 @@ struct httpd_settings
 	bool  metrics_need_token;
 	char *certificate;
 	char *key;
+	char *server_names;
 };
 
 /*
@@ -69,14 +76,23 @@ httpd_usage(void)
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
-/* A PEM file, as a string; NULL with err. */
+/* A PEM file, as a string; NULL with err.  A key is checked as secret_key_open does. */
 static char *
-httpd_read_file(const char *path, char *err, size_t errlen)
+httpd_read_pem(const char *path, bool key, char *err, size_t errlen)
 {
 	struct buf content = BUF_INIT;
+	FILE	  *f = NULL;
+	bool	   ok;
 
-	if (!buf_append_file(&content, path, 1024 * 1024, err, errlen))
+	if (key && (f = secret_key_open(path, err, errlen)) == NULL)
+		return NULL;
+	ok = key ? buf_append_stream(&content, f, path, 1024 * 1024, err, errlen)
+			 : buf_append_file(&content, path, 1024 * 1024, err, errlen);
+	if (f)
+		fclose(f);
+	if (!ok)
 	{
+		explicit_bzero(content.data, content.len);
 		buf_free(&content);
 		return NULL;
 	}
@@ -99,9 +115,9 @@ httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *
 	}
 	if (certificate)
 	{
-		if ((set->certificate = httpd_read_file(certificate, err, errlen)) == NULL)
+		if ((set->certificate = httpd_read_pem(certificate, false, err, errlen)) == NULL)
 			return false;
-		if ((set->key = httpd_read_file(key, err, errlen)) == NULL)
+		if ((set->key = httpd_read_pem(key, true, err, errlen)) == NULL)
 		{
 			free(set->certificate);
 			set->certificate = NULL;
@@ -110,15 +126,21 @@ httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *
 	}
 	set->session_lifetime_s = config_duration_ms(cfg, "httpd", "SESSION_LIFETIME") / 1000;
 	set->metrics_need_token = config_bool(cfg, "httpd", "METRICS_AUTH");
+	if (config_text(cfg, "httpd", "SERVER_NAMES"))
+		set->server_names = xstrdup(config_text(cfg, "httpd", "SERVER_NAMES"));
 	return true;
 }
 
+/* The server names move into httpd; the rest is copied. */
 static void
-httpd_apply_settings(const struct httpd_settings *set)
+httpd_apply_settings(struct httpd_settings *set)
 {
 	httpd.session_lifetime_s = set->session_lifetime_s;
 	httpd.metrics_need_token = set->metrics_need_token;
 	httpd.tls = set->certificate != NULL;
+	free(httpd.server_names);
+	httpd.server_names = set->server_names;
+	set->server_names = NULL;
 }
 
 /* The key is wiped: it is a secret. */
@@ -131,7 +153,8 @@ httpd_settings_free(struct httpd_settings *set)
 		free(set->key);
 	}
 	free(set->certificate);
-	set->key = set->certificate = NULL;
+	free(set->server_names);
+	set->key = set->certificate = set->server_names = NULL;
 }
 
 static int
@@ -198,7 +221,11 @@ httpd_dispatch(struct request *req)
 {
 	struct principal who;
 	const char		*why;
+	char			 host[128];
 
+	if (!httpd_host_allowed(req, host, sizeof(host)))
+		return reply_error(req, MHD_HTTP_MISDIRECTED_REQUEST,
+						   "Host \"%s\" is not a name of this server ([httpd] SERVER_NAMES)", host);
 	if (strcmp(req->path, "/metrics") == 0)
 	{
 		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
@@ -206,6 +233,8 @@ httpd_dispatch(struct request *req)
 		if (httpd.metrics_need_token)
 		{
 			principal_identify(req, &who);
+			if (who.unknown)
+				return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 			if (who.kind == PRINCIPAL_NONE)
 				return reply_error(req, MHD_HTTP_UNAUTHORIZED, "a bearer token is required");
 		}
@@ -225,6 +254,8 @@ httpd_dispatch(struct request *req)
 	}
 
 	principal_identify(req, &who);
+	if (who.unknown)
+		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 	if (who.kind == PRINCIPAL_NONE)
 		return reply_error(req, MHD_HTTP_UNAUTHORIZED,
 						   "log in, or send an API token as Authorization: Bearer");
@@ -257,10 +288,21 @@ httpd_access(void *cls, struct MHD_Connection *connection, const char *url, cons
 		req->connection = connection;
 		info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
 		if (info && info->client_addr)
+		{
 			getnameinfo(info->client_addr,
 						info->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 																 : sizeof(struct sockaddr_in),
 						req->client, sizeof(req->client), NULL, 0, NI_NUMERICHOST);
+			client_key(info->client_addr, req->client_key, sizeof(req->client_key));
+		}
+		info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+		if (info)
+		{
+			socklen_t len = sizeof(req->local);
+
+			if (getsockname(info->connect_fd, (struct sockaddr *) &req->local, &len) != 0)
+				req->local.ss_family = AF_UNSPEC;
+		}
 		*con_cls = req;
 		return MHD_YES;
 	}
@@ -440,6 +482,55 @@ httpd_config_load(const char *path)
 }
 
 /*
+ * The options of [httpd] a reload applies ([pepsi] HOSTNAME, a default
+ * server name, is read at each request too).  Every other one of [httpd],
+ * the database it connects to and [pepsi] LOG and LOG_FORMAT are read at
+ * start only: a reload that changes one is refused, naming it, rather
+ * than answering "reloaded" while ignoring it.
+ */
+static const char *const httpd_reload_applies[] = {"CERTIFICATE", "KEY", "SESSION_LIFETIME",
+												   "METRICS_AUTH", "SERVER_NAMES"};
+
+static bool
+httpd_restart_options_unchanged(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	static const char *const pepsi_read_at_start[] = {"LOG", "LOG_FORMAT"};
+	char					 origin[512];
+
+	for (size_t i = 0; i < option_count; i++)
+	{
+		const struct option_def *def = &option_table[i];
+		bool					 applied = false;
+
+		if (strcmp(def->where, "httpd") != 0)
+			continue;
+		for (size_t j = 0; j < sizeof(httpd_reload_applies) / sizeof(httpd_reload_applies[0]); j++)
+			applied |= strcmp(def->name, httpd_reload_applies[j]) == 0;
+		if (!applied && config_option_changed(httpd.cfg, cfg, "httpd", def->name))
+		{
+			snprintf(err, errlen, "[httpd] %s changed (%s): only a restart of pepsi-httpd applies it",
+					 def->name, config_origin(cfg, "httpd", def->name, origin, sizeof(origin)));
+			return false;
+		}
+	}
+	for (size_t i = 0; i < sizeof(pepsi_read_at_start) / sizeof(pepsi_read_at_start[0]); i++)
+		if (config_option_changed(httpd.cfg, cfg, "pepsi", pepsi_read_at_start[i]))
+		{
+			snprintf(err, errlen, "[pepsi] %s changed: only a restart of pepsi-httpd applies it",
+					 pepsi_read_at_start[i]);
+			return false;
+		}
+	/* (Its own CONNINFO was compared above; this is the default it falls back to.) */
+	if (strcmp(db_conninfo(httpd.cfg, "httpd", "CONNINFO"), db_conninfo(cfg, "httpd", "CONNINFO")) != 0)
+	{
+		snprintf(err, errlen,
+				 "[database] CONNINFO changed: only a restart of pepsi-httpd applies it");
+		return false;
+	}
+	return true;
+}
+
+/*
  * SIGHUP: read the file again.  A new certificate needs a new server on
  * the same socket: the old one stops accepting (MHD_quiesce_daemon), the
  * new one starts, and the old one is stopped once its connections are
@@ -462,9 +553,12 @@ httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 		service_reloaded();
 		return daemon;
 	}
-	if (httpd_load_settings(cfg, &set, err, sizeof(err)) && httpd.tls != (set.certificate != NULL))
+	if (httpd_load_settings(cfg, &set, err, sizeof(err))
+		&& (httpd.tls != (set.certificate != NULL)
+			|| !httpd_restart_options_unchanged(cfg, err, sizeof(err))))
 	{
-		snprintf(err, sizeof(err), "switching TLS on or off needs a restart");
+		if (httpd.tls != (set.certificate != NULL))
+			snprintf(err, sizeof(err), "switching TLS on or off needs a restart");
 		httpd_settings_free(&set);
 		set.session_lifetime_s = 0;
 	}
@@ -553,6 +647,11 @@ pepsi_httpd_main(int argc, char **argv)
 	httpd_apply_settings(&set);
 	listen_fd = httpd_bind(httpd.cfg);
 	privilege_drop(httpd.cfg, "httpd");
+	/* Root read the key; a reload will read it as this user. */
+	if (config_get(httpd.cfg, "httpd", "KEY") && access(config_get(httpd.cfg, "httpd", "KEY"), R_OK) != 0)
+		fatal("[httpd] KEY %s cannot be read as [httpd] USER, so no reload could load it: make it "
+			  "that user's, or give it the user's group with mode 0640",
+			  config_get(httpd.cfg, "httpd", "KEY"));
 
 	/* The signals are taken by sigtimedwait below, in this thread only. */
 	sigemptyset(&signals);
@@ -596,5 +695,6 @@ pepsi_httpd_main(int argc, char **argv)
 	if (httpd.conn)
 		PQfinish(httpd.conn);
 	config_free(httpd.cfg);
+	free(httpd.server_names);
 	return 0;
 }

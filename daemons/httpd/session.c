@@ -14,6 +14,10 @@
  * which another origin cannot read) and, when the browser says where the
  * request comes from (Origin, Sec-Fetch-Site), only from this origin.  A
  * bearer token is never sent by a browser on its own and needs neither.
+ *
+ * Password guessing is slowed per client (an IPv4 address, an IPv6 /64)
+ * and per account name.  A login the database cannot check answers 503
+ * and counts as nothing: an outage must not lock administrators out.
  */
 #include <string.h>
 #include <time.h>
@@ -40,10 +44,15 @@
 #define PASSWORD_HASH_BYTES 32
 /* Passwords longer than this are refused before hashing (a cheap DoS otherwise). */
 #define PASSWORD_MAX_LENGTH 256
-/* Failed logins per client address before it must wait LOGIN_WINDOW. */
-#define LOGIN_MAX_FAILURES 5
+/*
+ * Failed logins before a client (an IPv4 address or an IPv6 /64) or an
+ * account name (from anywhere: many clients guessing one password) must
+ * wait LOGIN_WINDOW seconds from its first failure.
+ */
+#define LOGIN_MAX_CLIENT_FAILURES 5
+#define LOGIN_MAX_ACCOUNT_FAILURES 10
 #define LOGIN_WINDOW 600
-#define LOGIN_CLIENTS_TRACKED 128
+#define LOGIN_TRACKED 128
 
 static void
 hex_encode(const unsigned char *in, size_t len, char *out)
@@ -88,24 +97,36 @@ header(struct request *req, const char *name)
 	return MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, name);
 }
 
-/* A one-row, one-column query's value (copied into out), or false. */
-static bool
+enum lookup_result
+{
+	LOOKUP_FOUND,
+	LOOKUP_NONE,
+	LOOKUP_FAILED /* the database did not answer: nothing is known */
+};
+
+/* A one-row, one-column query's value, copied into out when found. */
+static enum lookup_result
 lookup_one(const char *sql, int nparams, const char *const *values, char *out, size_t outlen)
 {
-	PGconn	 *conn = httpd_db();
-	PGresult *res;
-	bool	  found;
+	PGconn			  *conn = httpd_db();
+	PGresult		  *res;
+	enum lookup_result result = LOOKUP_NONE;
 
 	if (conn == NULL)
-		return false;
+		return LOOKUP_FAILED;
 	res = db_exec(conn, sql, nparams, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
 		log_warnx("authentication: %s", db_error(res, conn));
-	found = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
-	if (found)
+		result = LOOKUP_FAILED;
+	}
+	else if (PQntuples(res) == 1)
+	{
 		snprintf(out, outlen, "%s", PQgetvalue(res, 0, 0));
+		result = LOOKUP_FOUND;
+	}
 	PQclear(res);
-	return found;
+	return result;
 }
 
 void
@@ -123,8 +144,12 @@ principal_identify(struct request *req, struct principal *who)
 		const char *token = authorization + 7;
 
 		digest_literal(token, strlen(token), digest);
-		if (lookup_one("SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL",
-					   1, values, name, sizeof(name)))
+		enum lookup_result found = lookup_one(
+			"SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL", 1,
+			values, name, sizeof(name));
+
+		who->unknown = found == LOOKUP_FAILED;
+		if (found == LOOKUP_FOUND)
 		{
 			who->kind = PRINCIPAL_TOKEN;
 			snprintf(who->name, sizeof(who->name), "token:%s", name);
@@ -134,11 +159,15 @@ principal_identify(struct request *req, struct principal *who)
 	}
 	if (cookie && strlen(cookie) < 128)
 	{
+		enum lookup_result found;
+
 		digest_literal(cookie, strlen(cookie), digest);
-		if (lookup_one("SELECT s.account FROM pepsi.admin_session s"
-					   " JOIN pepsi.admin_account a ON a.name = s.account"
-					   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
-					   1, values, who->name, sizeof(who->name)))
+		found = lookup_one("SELECT s.account FROM pepsi.admin_session s"
+						   " JOIN pepsi.admin_account a ON a.name = s.account"
+						   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
+						   1, values, who->name, sizeof(who->name));
+		who->unknown = found == LOOKUP_FAILED;
+		if (found == LOOKUP_FOUND)
 		{
 			who->kind = PRINCIPAL_SESSION;
 			session_csrf(cookie, who->csrf);
@@ -216,40 +245,72 @@ password_hash(const char *password)
 }
 
 /*
- * Failed logins are counted per client address in a small table; the
- * oldest entry makes room.  In memory only: a restart forgives.
+ * Failed logins are counted in two small tables, by client and by account
+ * name; the entry whose first failure is oldest makes room.  In memory
+ * only: a restart forgives.  (pepsi-ingress counts failed AUTH the same
+ * way in its auth_throttle.c, with delays an SMTP session can wait out; a
+ * browser's login gets its answer at once.)
  */
 struct login_failures
 {
-	char   client[64];
+	char   key[80]; /* a client_key or an account name (at most 64 bytes) */
 	int	   count;
 	time_t first;
 };
-static struct login_failures login_failures[LOGIN_CLIENTS_TRACKED];
+static struct login_failures login_by_client[LOGIN_TRACKED];
+static struct login_failures login_by_account[LOGIN_TRACKED];
 
+/* The entry of key in table (a new one when create), or NULL. */
 static struct login_failures *
-login_failures_of(const char *client, bool create)
+login_failures_of(struct login_failures *table, const char *key, bool create)
 {
-	struct login_failures *oldest = &login_failures[0];
+	struct login_failures *oldest = &table[0];
 	time_t				   now = time(NULL);
 
-	for (size_t i = 0; i < LOGIN_CLIENTS_TRACKED; i++)
+	for (size_t i = 0; i < LOGIN_TRACKED; i++)
 	{
-		struct login_failures *f = &login_failures[i];
+		struct login_failures *f = &table[i];
 
-		if (f->client[0] && now - f->first > LOGIN_WINDOW)
-			f->client[0] = '\0';
-		if (f->client[0] && strcmp(f->client, client) == 0)
+		if (f->key[0] && now - f->first > LOGIN_WINDOW)
+			f->key[0] = '\0';
+		if (f->key[0] && strcmp(f->key, key) == 0)
 			return f;
-		if (f->client[0] == '\0' || f->first < oldest->first)
+		if (f->key[0] == '\0' || f->first < oldest->first)
 			oldest = f;
 	}
 	if (!create)
 		return NULL;
-	snprintf(oldest->client, sizeof(oldest->client), "%s", client);
+	snprintf(oldest->key, sizeof(oldest->key), "%s", key);
 	oldest->count = 0;
 	oldest->first = now;
 	return oldest;
+}
+
+static bool
+login_blocked(struct login_failures *table, const char *key, int limit)
+{
+	struct login_failures *f = login_failures_of(table, key, false);
+
+	return f && f->count >= limit;
+}
+
+static void
+login_failed(const char *client, const char *account)
+{
+	login_failures_of(login_by_client, client, true)->count++;
+	login_failures_of(login_by_account, account, true)->count++;
+}
+
+/* A login that succeeded forgives both its client's failures and its account's. */
+static void
+login_forgive(const char *client, const char *account)
+{
+	struct login_failures *f;
+
+	if ((f = login_failures_of(login_by_client, client, false)) != NULL)
+		f->key[0] = '\0';
+	if ((f = login_failures_of(login_by_account, account, false)) != NULL)
+		f->key[0] = '\0';
 }
 
 static enum MHD_Result
@@ -277,29 +338,29 @@ session_set_cookie(struct request *req, unsigned status, json_t *body, const cha
 enum MHD_Result
 session_login(struct request *req)
 {
-	const char			  *content_type = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
-	struct login_failures *failures = login_failures_of(req->client, false);
-	static char			  *dummy_hash;
-	json_error_t		   error;
-	json_t				  *body;
-	const char			  *name = NULL, *password = NULL;
-	char				   stored[256] = "";
-	unsigned char		   secret_bytes[SESSION_SECRET_BYTES];
-	char				   secret[2 * SESSION_SECRET_BYTES + 1];
-	char				   digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
-	char				   lifetime[32];
-	char				   csrf[65];
-	bool				   known, verified;
-	PGresult			  *res;
+	const char		  *content_type = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+	static char		  *dummy_hash;
+	json_error_t	   error;
+	json_t			  *body;
+	const char		  *name = NULL, *password = NULL;
+	char			   stored[256] = "";
+	unsigned char	   secret_bytes[SESSION_SECRET_BYTES];
+	char			   secret[2 * SESSION_SECRET_BYTES + 1];
+	char			   digest[2 + 2 * SHA256_DIGEST_LENGTH + 1];
+	char			   lifetime[32];
+	char			   csrf[65];
+	enum lookup_result known;
+	bool			   verified;
+	PGresult		  *res;
 
 	if (request_cross_site(req))
 		return reply_error(req, MHD_HTTP_FORBIDDEN, "cross-site request refused");
 	/* A form of another site cannot send this type without asking first. */
 	if (content_type == NULL || strncasecmp(content_type, "application/json", 16) != 0)
 		return reply_error(req, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "send the credentials as application/json");
-	if (failures && failures->count >= LOGIN_MAX_FAILURES)
+	if (login_blocked(login_by_client, req->client_key, LOGIN_MAX_CLIENT_FAILURES))
 		return reply_error(req, MHD_HTTP_TOO_MANY_REQUESTS,
-						   "too many failed logins from %s: wait ten minutes", req->client);
+						   "too many failed logins from %s: wait ten minutes", req->client_key);
 	if ((body = json_loadb(req->body.data, req->body.len, 0, &error)) == NULL)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "bad JSON: %s", error.text);
 	if (json_unpack(body, "{s:s, s:s}", "name", &name, "password", &password) != 0)
@@ -312,22 +373,31 @@ session_login(struct request *req)
 		json_decref(body);
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "name or password too long");
 	}
-	if (httpd_db() == NULL)
+	/* Counted for any name, known or not: the answer tells nothing of which. */
+	if (login_blocked(login_by_account, name, LOGIN_MAX_ACCOUNT_FAILURES))
+	{
+		json_decref(body);
+		return reply_error(req, MHD_HTTP_TOO_MANY_REQUESTS,
+						   "too many failed logins for this account: wait ten minutes");
+	}
+	known = lookup_one("SELECT password_hash FROM pepsi.admin_account WHERE name = $1 AND NOT disabled",
+					   1, &name, stored, sizeof(stored));
+	/* Not a wrong password, and not counted as one: nothing was checked. */
+	if (known == LOOKUP_FAILED)
 	{
 		json_decref(body);
 		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
 	}
-	known = lookup_one("SELECT password_hash FROM pepsi.admin_account WHERE name = $1 AND NOT disabled",
-					   1, &name, stored, sizeof(stored));
 	/* An unknown name costs what a wrong password costs: no user probing. */
-	if (!known && dummy_hash == NULL)
+	if (known == LOOKUP_NONE && dummy_hash == NULL)
 		dummy_hash = password_hash("no such account");
-	verified = argon2id_verify(known ? stored : dummy_hash, password, strlen(password)) == ARGON2_OK
-			   && known;
+	verified = argon2id_verify(known == LOOKUP_FOUND ? stored : dummy_hash, password,
+							   strlen(password))
+				   == ARGON2_OK
+			   && known == LOOKUP_FOUND;
 	if (!verified)
 	{
-		failures = login_failures_of(req->client, true);
-		failures->count++;
+		login_failed(req->client_key, name);
 		log_info("failed login for \"%s\" from %s", name, req->client);
 		json_decref(body);
 		return reply_error(req, MHD_HTTP_UNAUTHORIZED, "wrong name or password");
@@ -358,8 +428,7 @@ session_login(struct request *req)
 		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the session could not be stored");
 	}
 	PQclear(res);
-	if (failures)
-		failures->count = 0;
+	login_forgive(req->client_key, name);
 	log_info("%s logged in from %s", name, req->client);
 	session_csrf(secret, csrf);
 	{

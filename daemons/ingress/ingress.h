@@ -55,7 +55,7 @@ struct ingress
 	const char			  *hostname;
 	const char			  *authserv_id;
 	struct credentials	  *credentials;
-	const char			  *local_domains;	 /* [pepsi] LOCAL_DOMAINS */
+	char				  *local_domains;	 /* [pepsi] LOCAL_DOMAINS, replaced on reload */
 	struct local_resolver *local_recipients; /* NULL: no recipient validation */
 	unsigned			   max_hops;		 /* [ingress] MAX_HOPS */
 	struct auth_throttle  *auth_throttle;	 /* [ingress] AUTH_FAILURE_* */
@@ -85,6 +85,8 @@ bool listener_tls_load(const struct pepsi_config *cfg, const char *section,
 					   enum listener_mode mode, SSL_CTX **ctx, char *err, size_t errlen);
 bool listener_limits_apply(const struct pepsi_config *cfg, const char *section,
 						   struct listener *l, char *err, size_t errlen);
+bool listener_trusted_networks_load(const struct pepsi_config *cfg, const char *section,
+									struct trusted_networks *out, char *err, size_t errlen);
 bool ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen);
 
 /* reload.c: SIGHUP. */

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 
 #include "admit.h"
@@ -35,6 +36,7 @@
 #include "log.h"
 #include "log_config.h"
 #include "privilege.h"
+#include "secret.h"
 #include "service.h"
 #include "xalloc.h"
 
@@ -61,12 +63,6 @@ ingress_usage(void)
  */
 
 /*
- * The TLS context of [section] from cfg: *ctx NULL when it has no
- * CERTIFICATE (plain smtp); false with err when the pair is incomplete,
- * unreadable or does not match, or the mode needs TLS and has none.
- * (Also what a reload reads, so nothing here is fatal.)
- */
-/*
  * The limits of [section] from cfg, set in l (the listener being opened,
  * or a running one on reload: a session started before keeps reading
  * them).  All are read before any is set: false with err, and l as it
@@ -92,13 +88,29 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	return true;
 }
 
+/*
+ * The TLS context of [section] from cfg: *ctx NULL when it has no
+ * CERTIFICATE (plain smtp); false with err when the pair is incomplete,
+ * unreadable or does not match, or the mode needs TLS and has none.
+ * (Also what a reload reads, so nothing here is fatal.)
+ *
+ * The key is read again at every reload, by then as [ingress] USER: it
+ * must be readable by that user (its own, or root's with the user's
+ * group, mode 0640), which pepsi_ingress_main checks right after the
+ * privilege drop, and by no one else (secret_key_open).  A privileged
+ * parent holding the keys (OpenSMTPD's other way) would keep a root
+ * process beside the network one for the sake of one file; a key the
+ * daemon may read keeps pepsi-ingress one unprivileged process.
+ */
 bool
 listener_tls_load(const struct pepsi_config *cfg, const char *section, enum listener_mode mode,
 				  SSL_CTX **ctx, char *err, size_t errlen)
 {
 	const char *certificate = config_get(cfg, section, "CERTIFICATE");
 	const char *key = config_get(cfg, section, "KEY");
-	char		reason[256] = "";
+	char		reason[512] = "";
+	EVP_PKEY   *private_key = NULL;
+	FILE	   *key_file;
 
 	*ctx = NULL;
 	if (certificate == NULL && key == NULL)
@@ -114,6 +126,13 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 		snprintf(err, errlen, "%s: [%s] needs both CERTIFICATE and KEY", cfg->path, section);
 		return false;
 	}
+	if ((key_file = secret_key_open(key, reason, sizeof(reason))) == NULL)
+	{
+		snprintf(err, errlen, "[%s] KEY %s", section, reason);
+		return false;
+	}
+	private_key = PEM_read_PrivateKey(key_file, NULL, NULL, NULL);
+	fclose(key_file);
 	if ((*ctx = SSL_CTX_new(TLS_server_method())) == NULL)
 		goto err;
 	SSL_CTX_set_min_proto_version(*ctx, TLS1_2_VERSION);
@@ -127,9 +146,10 @@ listener_tls_load(const struct pepsi_config *cfg, const char *section, enum list
 	 */
 	SSL_CTX_set_read_ahead(*ctx, 1);
 	if (SSL_CTX_use_certificate_chain_file(*ctx, certificate) != 1
-		|| SSL_CTX_use_PrivateKey_file(*ctx, key, SSL_FILETYPE_PEM) != 1
+		|| private_key == NULL || SSL_CTX_use_PrivateKey(*ctx, private_key) != 1
 		|| SSL_CTX_check_private_key(*ctx) != 1)
 		goto err;
+	EVP_PKEY_free(private_key); /* the context holds its own reference */
 	SSL_CTX_set_session_id_context(*ctx, (const unsigned char *) section, (unsigned) strlen(section));
 	return true;
 
@@ -138,6 +158,7 @@ err:
 	ERR_clear_error();
 	snprintf(err, errlen, "[%s] cannot load CERTIFICATE %s / KEY %s: %s", section, certificate, key,
 			 reason);
+	EVP_PKEY_free(private_key);
 	SSL_CTX_free(*ctx);
 	*ctx = NULL;
 	return false;
@@ -213,25 +234,27 @@ err:
 }
 
 /* The listener's own TRUSTED_NETWORKS, else [ingress]'s, else loopback only. */
-static void
-listener_trusted_networks(struct listener *l, const char *section)
+bool
+listener_trusted_networks_load(const struct pepsi_config *cfg, const char *section,
+							   struct trusted_networks *out, char *err, size_t errlen)
 {
 	const char *where = section;
-	const char *list = config_get(ingress.cfg, section, "TRUSTED_NETWORKS");
+	const char *list = config_get(cfg, section, "TRUSTED_NETWORKS");
 	char		reason[512];
 	char		origin[512];
 
 	if (list == NULL)
 	{
 		where = "ingress";
-		list = config_get(ingress.cfg, "ingress", "TRUSTED_NETWORKS");
+		list = config_get(cfg, "ingress", "TRUSTED_NETWORKS");
 	}
 	if (list == NULL)
 		list = RELAY_DEFAULT_TRUSTED_NETWORKS;
-	if (!trusted_networks_parse(list, &l->trusted, reason, sizeof(reason)))
-		fatalx("%s: [%s] TRUSTED_NETWORKS: %s",
-			   config_origin(ingress.cfg, where, "TRUSTED_NETWORKS", origin, sizeof(origin)),
-			   where, reason);
+	if (trusted_networks_parse(list, out, reason, sizeof(reason)))
+		return true;
+	snprintf(err, errlen, "%s: [%s] TRUSTED_NETWORKS: %s",
+			 config_origin(cfg, where, "TRUSTED_NETWORKS", origin, sizeof(origin)), where, reason);
+	return false;
 }
 
 static struct listener *
@@ -243,36 +266,24 @@ listener_open(const char *section)
 	/* enum listener_mode is in the order of MODE's choices (common/options.def). */
 	static const long default_ports[] = {[LISTENER_SMTP] = 25, [LISTENER_SUBMISSION] = 587, [LISTENER_SMTPS] = 465};
 	long			  port;
+	char			  err[1024];
 
 	l->name = xstrdup(section + strlen("listener-"));
 	l->mode = (enum listener_mode) config_enum(ingress.cfg, section, "MODE");
 	port = config_get(ingress.cfg, section, "PORT") ? (long) config_int(ingress.cfg, section, "PORT")
 													: default_ports[l->mode];
-	{
-		char err[1024];
-
-		if (!listener_tls_load(ingress.cfg, section, l->mode, &l->tls, err, sizeof(err)))
-			fatalx("%s", err);
-	}
+	if (!listener_tls_load(ingress.cfg, section, l->mode, &l->tls, err, sizeof(err))
+		|| !listener_limits_apply(ingress.cfg, section, l, err, sizeof(err))
+		|| !listener_trusted_networks_load(ingress.cfg, section, &l->trusted, err, sizeof(err)))
+		fatalx("%s", err);
 	l->policy.hostname = ingress.hostname;
-	{
-		char err[1024];
-
-		if (!listener_limits_apply(ingress.cfg, section, l, err, sizeof(err)))
-			fatalx("%s", err);
-	}
-	listener_trusted_networks(l, section);
 	l->policy.rcpt_check = session_rcpt_check;
 	l->policy.memory_in_flight = &ingress.memory_in_flight;
 	l->policy.memory_limit = ingress.memory_limit;
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
-	{
-		char err[1024];
-
-		if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
-			fatalx("%s", err);
-	}
+	if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
+		fatalx("%s", err);
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
 	l->policy.auth = ingress.credentials != NULL;
 	l->policy.auth_required = l->mode != LISTENER_SMTP;
@@ -286,6 +297,27 @@ listener_open(const char *section)
 	l->backoff.data = l;
 	log_info("listener %s: %s on %s port %ld", l->name, mode, address ? address : "*", port);
 	return l;
+}
+
+/*
+ * After the privilege drop: a key this user cannot read would load now
+ * (root read it) and fail at every reload, which is found out here
+ * rather than at the first SIGHUP (listener_key_private).
+ */
+static void
+ingress_check_keys_readable(void)
+{
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+	{
+		char	   *section = xasprintf("listener-%s", l->name);
+		const char *key = config_get(ingress.cfg, section, "KEY");
+
+		if (key && access(key, R_OK) != 0)
+			fatal("[%s] KEY %s cannot be read as [ingress] USER, so no reload could load it: "
+				  "make it that user's, or give it the user's group with mode 0640",
+				  section, key);
+		free(section);
+	}
 }
 
 /* A thousand sessions need more descriptors than the usual soft limit. */
@@ -453,7 +485,7 @@ pepsi_ingress_main(int argc, char **argv)
 											  config_duration_ms(ingress.cfg, "ingress", "AUTH_FAILURE_WINDOW") / 1000.0,
 											  config_duration_ms(ingress.cfg, "ingress", "AUTH_FAILURE_DELAY") / 1000.0);
 	ingress.memory_limit = (size_t) config_size(ingress.cfg, "ingress", "MAX_MESSAGE_MEMORY");
-	ingress.local_domains = local_domains(ingress.cfg, NULL);
+	ingress.local_domains = xstrdup(local_domains(ingress.cfg, NULL));
 	if ((ingress.local_recipients = local_resolver_new(ingress.cfg, err, sizeof(err))) == NULL)
 		fatalx("%s", err);
 	if (!local_resolver_validates(ingress.local_recipients))
@@ -486,6 +518,7 @@ pepsi_ingress_main(int argc, char **argv)
 	}
 	ingress_raise_fd_limit();
 	privilege_drop(ingress.cfg, "ingress");
+	ingress_check_keys_readable();
 
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
@@ -520,6 +553,9 @@ pepsi_ingress_main(int argc, char **argv)
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);
 	credentials_free(ingress.credentials);
+	free(ingress.local_domains);
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+		trusted_networks_free(&l->trusted);
 	auth_throttle_free(ingress.auth_throttle);
 	log_info("stopped");
 	return 0;

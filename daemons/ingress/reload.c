@@ -5,22 +5,27 @@
  *   - each listener's CERTIFICATE and KEY: a STARTTLS or an smtps
  *     connection after the reload gets the new pair; a session keeps the
  *     TLS it has (its SSL holds a reference to the old context);
- *   - each listener's limits (sizes, rates, timeouts, session counts);
- *   - [ingress] CREDENTIALS, MAX_HOPS and MAX_MESSAGE_MEMORY;
- *   - [pepsi] LOG, LOG_FORMAT and MAIL_LOG.
+ *   - each listener's limits (sizes, rates, timeouts, session counts) and
+ *     TRUSTED_NETWORKS (its own or [ingress]'s), for new sessions;
+ *   - [ingress] CREDENTIALS, MAX_HOPS, MAX_MESSAGE_MEMORY, AUTH_FAILURE_*;
+ *   - [pepsi] LOCAL_DOMAINS, LOG, LOG_FORMAT and MAIL_LOG.
+ *
+ * Every other option ingress reads is read once, at start (reload_applies
+ * and reload_shared_read say which): a reload whose file or overlay changes
+ * one is refused, naming it and saying a restart applies it, rather than
+ * answering "reloaded" while ignoring it.  So is a new listener.
  *
  * A pepsi_config_changed notification (config_set or config_unset on
- * pepsi.config_override) reloads the same way: the overlay's options that
- * ingress reads are global ones among those above.
+ * pepsi.config_override) reloads the same way.
  *
  * Everything is read and checked before anything changes: a file that
  * does not parse, a key that cannot be read (after the privilege drop the
- * files must be readable by [ingress] USER), a bad limit or a listener
- * that disappeared refuse the whole reload with the reason in the log, and
- * the old settings stay.  Addresses, ports, modes and new listeners need a
- * restart (a new listener is named in the log).  The rest of the running
- * configuration (ingress.cfg, which sessions point into) stays as it was
- * read at start, and the new file is freed once its values are copied.
+ * files must be readable by [ingress] USER, and no one else's), a bad
+ * limit or network, a listener that disappeared or appeared, or a changed
+ * restart-only option refuse the whole reload with the reason in the log,
+ * and the old settings stay.  The running configuration (ingress.cfg)
+ * stays as it was read at start, which is what the restart-only options
+ * are compared with; the new file is freed once its values are copied.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,19 +35,154 @@
 
 #include "auth.h"
 #include "auth_throttle.h"
+#include "db.h"
 #include "ingress.h"
 #include "log.h"
 #include "log_config.h"
+#include "options.h"
 #include "service.h"
 #include "xalloc.h"
 
 /* What a reload will set in one running listener. */
 struct listener_reload
 {
-	struct listener *listener;
-	SSL_CTX			*tls;
-	struct listener	 limits; /* only the fields listener_limits_apply sets */
+	struct listener		   *listener;
+	SSL_CTX				   *tls;
+	struct listener			limits; /* only the fields listener_limits_apply sets */
+	struct trusted_networks trusted;
 };
+
+/*
+ * The options of ingress's own sections ([ingress], [listener-<name>],
+ * [srs]) that a reload applies; every other one of
+ * those sections needs a restart.  Deny by default, so that an option
+ * added later is never silently ignored by a reload.
+ */
+static const struct
+{
+	const char *where; /* as in common/options.def */
+	const char *name;
+} reload_applies[] = {
+	{"listener-*", "CERTIFICATE"},
+	{"listener-*", "KEY"},
+	{"listener-*", "MAX_SIZE"},
+	{"listener-*", "MAX_RECIPIENTS"},
+	{"listener-*", "MAX_LINE_LENGTH"},
+	{"listener-*", "MAX_ERRORS"},
+	{"listener-*", "COMMAND_RATE"},
+	{"listener-*", "IDLE_TIMEOUT"},
+	{"listener-*", "SESSION_DEADLINE"},
+	{"listener-*", "MIN_DATA_RATE"},
+	{"listener-*", "MAX_SESSIONS"},
+	{"listener-*", "MAX_SESSIONS_PER_CLIENT"},
+	{"listener-*", "TRUSTED_NETWORKS"},
+	{"ingress", "CREDENTIALS"},
+	{"ingress", "MAX_HOPS"},
+	{"ingress", "MAX_MESSAGE_MEMORY"},
+	{"ingress", "AUTH_FAILURE_LIMIT"},
+	{"ingress", "AUTH_FAILURE_WINDOW"},
+	{"ingress", "AUTH_FAILURE_DELAY"},
+	{"ingress", "TRUSTED_NETWORKS"},
+	{"pepsi", "LOCAL_DOMAINS"},
+	{"pepsi", "LOG"},
+	{"pepsi", "LOG_FORMAT"},
+	{"pepsi", "MAIL_LOG"},
+};
+
+/*
+ * [pepsi] is every program's: of its options, ingress reads these (the
+ * others are none of its business, and changing them does not stop its
+ * reload).  Those not in reload_applies need a restart.  Of [database],
+ * it reads CONNINFO when [ingress] CONNINFO is unset (compared below).
+ */
+static const struct
+{
+	const char *where;
+	const char *name;
+} reload_shared_read[] = {
+	{"pepsi", "HOSTNAME"},
+	{"pepsi", "LOCAL_DOMAINS"},
+	{"pepsi", "LOCAL_RECIPIENTS"},
+	{"pepsi", "ALIASES_FILE"},
+	{"pepsi", "MAILDIR_ROOT"},
+	{"pepsi", "DNS_FORWARDER"},
+	{"pepsi", "DNS_TRUST_ANCHOR"},
+	{"pepsi", "DNS_TIMEOUT"},
+	{"pepsi", "LOG"},
+	{"pepsi", "LOG_FORMAT"},
+	{"pepsi", "MAIL_LOG"},
+};
+
+static const char *const reload_own_sections[] = {"ingress", "listener-*", "srs"};
+
+#define RELOAD_COUNT(array) (sizeof(array) / sizeof((array)[0]))
+
+/* Does ingress read def at start only? */
+static bool
+reload_restart_only(const struct option_def *def)
+{
+	for (size_t i = 0; i < RELOAD_COUNT(reload_applies); i++)
+		if (strcmp(reload_applies[i].where, def->where) == 0
+			&& strcmp(reload_applies[i].name, def->name) == 0)
+			return false;
+	for (size_t i = 0; i < RELOAD_COUNT(reload_shared_read); i++)
+		if (strcmp(reload_shared_read[i].where, def->where) == 0
+			&& strcmp(reload_shared_read[i].name, def->name) == 0)
+			return true;
+	for (size_t i = 0; i < RELOAD_COUNT(reload_own_sections); i++)
+		if (strcmp(reload_own_sections[i], def->where) == 0)
+			return true;
+	return false;
+}
+
+static bool
+reload_same(const struct pepsi_config *cfg, const char *section, const struct option_def *def,
+			char *err, size_t errlen)
+{
+	char origin[512];
+
+	if (!config_option_changed(ingress.cfg, cfg, section, def->name))
+		return true;
+	/* The values stay out of the log: a CONNINFO may hold a password. */
+	snprintf(err, errlen, "[%s] %s changed (%s): only a restart of pepsi-ingress applies it",
+			 section, def->name, config_origin(cfg, section, def->name, origin, sizeof(origin)));
+	return false;
+}
+
+/* False with err naming the first option the new cfg changes that only a restart applies. */
+static bool
+reload_restart_options_unchanged(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < option_count; i++)
+	{
+		const struct option_def *def = &option_table[i];
+
+		if (!reload_restart_only(def))
+			continue;
+		if (strcmp(def->where, "listener-*") != 0)
+		{
+			if (!reload_same(cfg, def->where, def, err, errlen))
+				return false;
+			continue;
+		}
+		for (struct listener *l = ingress.listeners; l; l = l->next)
+		{
+			char *section = xasprintf("listener-%s", l->name);
+			bool  same = reload_same(cfg, section, def, err, errlen);
+
+			free(section);
+			if (!same)
+				return false;
+		}
+	}
+	if (strcmp(db_conninfo(ingress.cfg, "ingress", "CONNINFO"), db_conninfo(cfg, "ingress", "CONNINFO"))
+		!= 0)
+	{
+		snprintf(err, errlen, "[database] CONNINFO changed: only a restart of pepsi-ingress applies it");
+		return false;
+	}
+	return true;
+}
 
 static bool
 reload_has_section(const char *const *sections, size_t nsections, const char *section)
@@ -78,7 +218,8 @@ reload_listeners(struct pepsi_config *cfg, struct listener_reload *staged, char 
 		else if (listener_tls_load(cfg, section, l->mode, &staged[n].tls, err, errlen))
 		{
 			staged[n].limits = *l;
-			ok = listener_limits_apply(cfg, section, &staged[n].limits, err, errlen);
+			ok = listener_limits_apply(cfg, section, &staged[n].limits, err, errlen)
+				 && listener_trusted_networks_load(cfg, section, &staged[n].trusted, err, errlen);
 		}
 		free(section);
 		if (!ok)
@@ -91,9 +232,23 @@ reload_listeners(struct pepsi_config *cfg, struct listener_reload *staged, char 
 		for (struct listener *l = ingress.listeners; l; l = l->next)
 			running |= strcmp(sections[i] + strlen("listener-"), l->name) == 0;
 		if (!running)
-			log_warnx("reload: [%s] is new: it listens after a restart", sections[i]);
+		{
+			snprintf(err, errlen, "[%s] is new: adding a listener needs a restart", sections[i]);
+			return false;
+		}
 	}
 	return true;
+}
+
+static void
+reload_staged_free(struct listener_reload *staged, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+	{
+		SSL_CTX_free(staged[i].tls);
+		trusted_networks_free(&staged[i].trusted);
+	}
+	free(staged);
 }
 
 void
@@ -121,7 +276,8 @@ ingress_reload(const char *config_path)
 	staged = xcalloc(nlisteners + 1, sizeof(*staged));
 	cfg = config_load(config_path, err, sizeof(err));
 	ok = cfg != NULL && ingress_load_overrides_into(cfg, err, sizeof(err))
-		 && reload_listeners(cfg, staged, err, sizeof(err));
+		 && reload_listeners(cfg, staged, err, sizeof(err))
+		 && reload_restart_options_unchanged(cfg, err, sizeof(err));
 	if (ok)
 	{
 		max_hops = (long) config_int(cfg, "ingress", "MAX_HOPS");
@@ -148,11 +304,9 @@ ingress_reload(const char *config_path)
 	if (!ok)
 	{
 		log_warnx("reload refused: %s; the old configuration stays", err);
-		for (size_t i = 0; i < nlisteners; i++)
-			SSL_CTX_free(staged[i].tls);
+		reload_staged_free(staged, nlisteners);
 		credentials_free(credentials);
 		config_free(cfg);
-		free(staged);
 		service_reloaded();
 		return;
 	}
@@ -164,6 +318,11 @@ ingress_reload(const char *config_path)
 
 		SSL_CTX_free(l->tls);
 		l->tls = staged[i].tls;
+		staged[i].tls = NULL;
+		/* A session reads l->trusted only when it starts (session_accept). */
+		trusted_networks_free(&l->trusted);
+		l->trusted = staged[i].trusted;
+		staged[i].trusted = (struct trusted_networks){0};
 		l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
 		l->policy.max_size = n->policy.max_size;
 		l->policy.max_recipients = n->policy.max_recipients;
@@ -187,8 +346,13 @@ ingress_reload(const char *config_path)
 	ingress.memory_limit = (size_t) memory_limit;
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		l->policy.memory_limit = ingress.memory_limit;
+	/* Sessions read it at each RCPT, through ingress.local_domains: none keeps the old one. */
+	free(ingress.local_domains);
+	ingress.local_domains = xstrdup(local_domains(cfg, NULL));
 	config_free(cfg);
-	free(staged);
-	log_info("reloaded %s: certificates, credentials and limits in force for new sessions", config_path);
+	reload_staged_free(staged, nlisteners);
+	log_info("reloaded %s: certificates, credentials, limits, trusted networks and local domains "
+			 "in force for new sessions",
+			 config_path);
 	service_reloaded();
 }
