@@ -19,6 +19,7 @@
 
 /* The [stage-*] sections the routes are drawn from: more is not a mail graph. */
 #define ROUTE_STAGES_MAX 256
+#define ROUTE_EDGES_MAX 1024
 
 struct route_graph
 {
@@ -26,6 +27,7 @@ struct route_graph
 	uint32_t	self[ROUTE_STAGES_MAX];		/* the unskippable program it runs, as a bit */
 	uint32_t	reach[ROUTE_STAGES_MAX];	/* such programs on some path from it */
 	uint32_t	must[ROUTE_STAGES_MAX];		/* such programs on every path from it */
+	uint32_t	onward[ROUTE_STAGES_MAX];	/* such programs on some path from its successors */
 	size_t		count;
 };
 
@@ -71,7 +73,10 @@ route_file_value(const struct pepsi_config *cfg, const char *section, const char
 static void
 route_graph_build(const struct pepsi_config *cfg, struct route_graph *g)
 {
-	bool changed = true;
+	int	   from[ROUTE_EDGES_MAX];
+	int	   to[ROUTE_EDGES_MAX];
+	size_t edges = 0;
+	bool   changed = true;
 
 	g->count = config_sections(cfg, "stage-", g->sections, ROUTE_STAGES_MAX);
 	for (size_t i = 0; i < g->count; i++)
@@ -80,25 +85,28 @@ route_graph_build(const struct pepsi_config *cfg, struct route_graph *g)
 		int			bit = program ? option_unskippable_index(program, NULL) : -1;
 
 		g->self[i] = bit >= 0 ? (uint32_t) 1 << bit : 0;
-		g->reach[i] = g->self[i];
+		g->reach[i] = g->must[i] = g->self[i];
 	}
+	/* The file's routes, once: from a stage to another (-1: one the file has not, anywhere). */
+	for (size_t k = 0; k < cfg->count && edges < ROUTE_EDGES_MAX; k++)
+		if (route_is_edge(cfg, &cfg->entries[k])
+			&& (from[edges] = route_find(g, cfg->entries[k].section + 6)) >= 0)
+			to[edges++] = route_find(g, cfg->entries[k].value);
 	/* Some path: what any successor reaches. */
 	for (size_t pass = 0; changed && pass <= g->count; pass++)
 	{
 		changed = false;
-		for (size_t k = 0; k < cfg->count; k++)
-		{
-			const struct config_entry *e = &cfg->entries[k];
-			int						   from;
-			int						   to;
-
-			if (!route_is_edge(cfg, e) || (from = route_find(g, e->section + 6)) < 0
-				|| (to = route_find(g, e->value)) < 0 || (g->reach[from] | g->reach[to]) == g->reach[from])
-				continue;
-			g->reach[from] |= g->reach[to];
-			changed = true;
-		}
+		for (size_t e = 0; e < edges; e++)
+			if (to[e] >= 0 && (g->reach[from[e]] | g->reach[to[e]]) != g->reach[from[e]])
+			{
+				g->reach[from[e]] |= g->reach[to[e]];
+				changed = true;
+			}
 	}
+	for (size_t i = 0; i < g->count; i++)
+		g->onward[i] = 0;
+	for (size_t e = 0; e < edges; e++)
+		g->onward[from[e]] |= to[e] >= 0 ? g->reach[to[e]] : 0;
 	/* Every path: what all successors pass, from "all it reaches" down. */
 	for (size_t i = 0; i < g->count; i++)
 		g->must[i] = g->reach[i];
@@ -112,17 +120,12 @@ route_graph_build(const struct pepsi_config *cfg, struct route_graph *g)
 			bool	 any = false;
 			uint32_t must;
 
-			for (size_t k = 0; k < cfg->count; k++)
-			{
-				const struct config_entry *e = &cfg->entries[k];
-				int						   to;
-
-				if (strcmp(e->section, g->sections[i]) != 0 || !route_is_edge(cfg, e))
-					continue;
-				to = route_find(g, e->value);
-				all &= to >= 0 ? g->must[to] : 0; /* a stage the file has not: anywhere */
-				any = true;
-			}
+			for (size_t e = 0; e < edges; e++)
+				if (from[e] == (int) i)
+				{
+					all &= to[e] >= 0 ? g->must[to[e]] : 0;
+					any = true;
+				}
 			must = g->self[i] | (any ? all : 0);
 			if (must != g->must[i])
 			{
@@ -165,12 +168,22 @@ config_route_refusal(const struct pepsi_config *cfg, const char *section, const 
 			: !(strlen(option) > 6 && strcmp(option + strlen(option) - 6, "_STAGE") == 0))
 		return NULL;
 	file_value = route_file_value(cfg, section, option);
-	if (file_value == NULL || strcmp(file_value, value) == 0)
+	if (file_value && strcmp(file_value, value) == 0)
 		return NULL;
 	route_graph_build(cfg, &g);
-	from = route_find(&g, file_value);
 	to = route_find(&g, value);
-	needed = from >= 0 ? g.reach[from] : 0;
+	if (file_value)
+	{
+		from = route_find(&g, file_value);
+		needed = from >= 0 ? g.reach[from] : 0;
+	}
+	else
+	{
+		/* Unset in the file (REMOTE_STAGE is NEXT_STAGE...): whatever the stage leads to. */
+		from = strncmp(section, "stage-", 6) == 0 ? route_find(&g, section + 6) : -1;
+		needed = from >= 0 ? g.onward[from] : 0;
+		file_value = "(unset)";
+	}
 	passed = to >= 0 ? g.must[to] : 0;
 	if ((needed & ~passed) == 0)
 		return NULL;

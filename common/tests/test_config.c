@@ -594,6 +594,12 @@ test_overlay_unskippable_stages(void **state)
 								"(pepsi-stage-milter)"));
 	assert_false(config_add_override(cfg, "global", "stage-filter", "PROGRAM", "pepsi-stage-route", err, sizeof(err)));
 	assert_non_null(strstr(err, "[stage-filter] runs pepsi-stage-milter in the file"));
+	/* Unset in the file, it is whatever the stage's other routes are. */
+	assert_false(config_add_override(cfg, "address:a@evil.example", "stage-sign", "BOUNCE_STAGE", "internet", err,
+									 sizeof(err)));
+	assert_false(config_add_override(cfg, "address:a@evil.example", "stage-filter", "BOUNCE_STAGE", "internet",
+									 err, sizeof(err)));
+	assert_non_null(strstr(err, "[stage-sign]"));
 	/* Another signing stage, or the same route, will do. */
 	assert_true(config_add_override(cfg, "domain:b.example", "stage-route", "REMOTE_STAGE", "other-sign", err,
 									sizeof(err)));
