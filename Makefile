@@ -123,7 +123,8 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # ---- Privileged programs (spec 22.2, docs/architecture.md) ------------------
 # helpers/X builds pepsi-helper-X: a setuid-root helper, a standalone
 # program linked only to helpers/X/*.c and the few common/ files named in
-# HELPER_COMMON (libc only: no libpq, no jansson, no configuration loader).
+# HELPER_COMMON (libc only: no libpq, no jansson), with the configuration
+# loader for those that read root's pepsi.conf (HELPER_COMMON_<helper>).
 # A symlink to the multi-call binary could not carry its bit without
 # lending it to every program, so neither the helpers nor PRIVILEGED_STAGES
 # (the setgid stages that run them) are programs of the multi-call binary:
@@ -148,8 +149,12 @@ PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
 PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
-HELPER_COMMON_pepsi-helper-maildir-writer = maildir buf config options
+HELPER_COMMON_pepsi-helper-maildir-writer = maildir buf config config_route options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
+# The .forward helper reads ALLOW_FORWARD_PIPES and ALLOW_FORWARD_FILES from
+# root's pepsi.conf itself.
+HELPER_COMMON_pepsi-helper-dot-forward = config config_route options
+HELPER_LIBS_pepsi-helper-dot-forward = -linih
 
 define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
@@ -160,6 +165,16 @@ endef
 $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
 programs: $(addprefix $(B)/bin/,$(HELPERS))
+
+# The set-id programs make install installs (the helpers' callers): the one
+# list, which the code gets as PEPSI_SETID_PROGRAMS (common/privilege.c):
+# pepsi-dispatch runs no other set-id file it finds.
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h)))
+$(B)/setid_programs.h: Makefile
+	@mkdir -p $(B)
+	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(B)/common/privilege.o: | $(B)/setid_programs.h
 
 # The standalone rules above are made; from here on program_dirs (read by
 # the recipes of programs.h, the multi-call binary, install and uninstall

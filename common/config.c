@@ -498,6 +498,12 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 why);
 		return false;
 	}
+	if (config_route_refusal(cfg, section, option, value, why, sizeof(why)))
+	{
+		snprintf(err, errlen, "override %s [%s] %s = %.200s refused: %s", scope, section, option, value,
+				 why);
+		return false;
+	}
 	config_append(cfg, scope, section, option, value, 0);
 	return true;
 }

@@ -54,6 +54,15 @@ bool config_option_known(const char *section, const char *option);
 bool config_section_overridable(const char *section);
 bool config_section_known(const char *section);
 
+/*
+ * Would the override section's option = value (a STAGE option, or a
+ * stage's PROGRAM) route mail around a stage of a program options.def
+ * calls UNSKIPPABLE, by the file's routes (config_route.c)?  The refusal
+ * in why, returned; NULL when it would not.
+ */
+const char *config_route_refusal(const struct pepsi_config *cfg, const char *section, const char *option,
+								 const char *value, char *why, size_t whylen);
+
 /* Add an override (from pepsi.config_override); false with err if it is refused. */
 bool config_add_override(struct pepsi_config *cfg, const char *scope, const char *section,
 						 const char *option, const char *value, char *err, size_t errlen);

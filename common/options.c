@@ -18,14 +18,45 @@
 
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description) \
 	{where, name, OPTION_##type, OPTION_SCOPE_##scope, default_value, min, max, choices, description},
+#define UNSKIPPABLE(program, why)
 
 const struct option_def option_table[] = {
 #include "options.def"
 };
 
 #undef OPTION
+#undef UNSKIPPABLE
 
 const size_t option_count = sizeof(option_table) / sizeof(option_table[0]);
+
+#define OPTION(where, name, type, scope, default_value, min, max, choices, description)
+#define UNSKIPPABLE(program, why) {program, why},
+
+static const struct
+{
+	const char *program;
+	const char *why;
+} option_unskippable_table[] = {
+#include "options.def"
+};
+
+#undef OPTION
+#undef UNSKIPPABLE
+
+int
+option_unskippable_index(const char *program, const char **why)
+{
+	const char *name = option_program_name(program);
+
+	for (size_t i = 0; name && i < sizeof(option_unskippable_table) / sizeof(option_unskippable_table[0]); i++)
+		if (strcmp(name, option_unskippable_table[i].program) == 0)
+		{
+			if (why)
+				*why = option_unskippable_table[i].why;
+			return (int) i;
+		}
+	return -1;
+}
 
 const char *
 option_type_name(enum option_type type)

@@ -63,6 +63,12 @@ const char *option_scope_name(enum option_scope scope);
 
 /* The program a [stage-*] section's PROGRAM names: its last path component. */
 const char *option_program_name(const char *program);
+/*
+ * Is program (a name or a path) one an override never routes mail around
+ * (options.def UNSKIPPABLE)?  Its index among those (below 32), why in
+ * *why (may be NULL); -1 if not.
+ */
+int option_unskippable_index(const char *program, const char **why);
 /* Does the schema declare options of this stage program (so any other is refused)? */
 bool option_program_declared(const char *program);
 /* Is a section of this name known ([pepsi], [listener-x], [stage-x], ...)? */

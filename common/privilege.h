@@ -31,6 +31,14 @@ struct pepsi_config;
 void privilege_drop(const struct pepsi_config *cfg, const char *section);
 
 /*
+ * config_load for a program that may run set-id: then (privilege_running_setid)
+ * only a file root alone can change is read (privilege_path_trusted), so
+ * that no caller hands the program a configuration of its own.  NULL with
+ * err as config_load.
+ */
+struct pepsi_config *privilege_config_load(const char *path, char *err, size_t errlen);
+
+/*
  * Become uid:gid for good, with the user's supplementary groups (user
  * may be NULL: gid alone), working directory dir ("/" when NULL).  False
  * with err set when a step fails or root could be regained; the process
@@ -52,13 +60,56 @@ bool privilege_own_group(gid_t *gid, char *err, size_t errlen);
 
 /*
  * The set-id file that runs PROGRAM, if there is one: PROGRAM itself when
- * it is a path, else a file of that name beside self_exe (a multi-call
- * binary) or in the bin/ that links to it (self_exe's ../../bin, as make
- * install lays them out).  A privileged stage must run as that file,
- * never inside another program, which lacks its bit.  NULL (none) or a
- * path to free.
+ * it is a path, else, when PROGRAM is one of the set-id programs Pepsi
+ * installs (PEPSI_SETID_PROGRAMS, the Makefile's list), a file of that
+ * name beside self_exe (a multi-call binary) or in the bin/ that links to
+ * it (self_exe's ../../bin, as make install lays them out).  A privileged
+ * stage must run as that file, never inside another program, which lacks
+ * its bit; any other set-id file found there is not Pepsi's to run.  NULL
+ * (none) or a path to free.
  */
 char *privilege_setid_program(const char *program, const char *self_exe);
+/* Is path a regular, executable file with a set-user-id or set-group-id bit? */
+bool privilege_setid_file(const char *path);
+/* Is name (a program name, no path) one of the set-id programs Pepsi installs? */
+bool privilege_is_setid_program(const char *name);
+
+/*
+ * A set-id program's first step: was it started set-user-id or
+ * set-group-id (the kernel's AT_SECURE)?  Then its extra group is put
+ * aside as the saved group id, the effective one becoming the caller's
+ * again: nothing the caller names is opened with it.  Only
+ * privilege_exec_setid raises it again, in the child that executes the
+ * program's own helper.  Returns whether the process runs set-id.
+ */
+bool privilege_setid_start(void);
+/* Was this process started set-id (privilege_setid_start's answer)? */
+bool privilege_running_setid(void);
+/*
+ * Raise (true) or lower (false) the saved extra group as the effective
+ * one, around the execution of the program's own helper; nothing when
+ * not set-id.  False with err when it cannot.
+ */
+bool privilege_exec_group(bool raise, char *err, size_t errlen);
+
+/*
+ * Is path a file only trusted (or root) can change: every directory from
+ * / owned by root or trusted and writable by no one else (or root's and
+ * sticky, as /tmp), the file likewise, and no symbolic link anywhere?
+ * The caller of a set-id program chooses which such file it reads, never
+ * what it says.  False with a sentence naming the path in why.
+ */
+bool privilege_path_trusted(const char *path, uid_t trusted, char *why, size_t whylen);
+
+/*
+ * A set-id helper's start-up hygiene: no environment, no inherited
+ * descriptor but the three standard ones (0 and 1 must be open: they are
+ * the protocol; 2 is /dev/null when closed), umask 077, every signal's
+ * default action, and resource limits that are the program's, not the
+ * caller's (no core file; the caller's lowered file size, CPU, memory and
+ * descriptor limits raised back).  _exit(2) when stdin or stdout is closed.
+ */
+void privilege_sanitize_process(void);
 
 /*
  * A fresh environment for a program run on a user's behalf: nothing of

@@ -1,11 +1,13 @@
 /*
  * privilege_config.c: privilege_drop (privilege.h), the daemons' drop to
  * their configured [section] USER and GROUP (pepsi-ingress, pepsi-httpd,
- * pepsi-dispatch and so its stage workers).  Apart from privilege.c so
- * that the setuid helpers, which read no configuration, link without it.
+ * pepsi-dispatch and so its stage workers), and privilege_config_load, the
+ * set-id programs' reading of root's configuration only.  Apart from
+ * privilege.c so that the setuid helpers link without libpq.
  */
 #include <grp.h>
 #include <pwd.h>
+#include <stdio.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -54,4 +56,19 @@ privilege_drop(const struct pepsi_config *cfg, const char *section)
 	if (!privilege_become(NULL, pw->pw_uid, gid, "/", err, sizeof(err)))
 		fatalx("[%s] USER %s: %s", section, user, err);
 	log_info("running as %s", user);
+}
+
+struct pepsi_config *
+privilege_config_load(const char *path, char *err, size_t errlen)
+{
+	char why[1024];
+
+	if (privilege_running_setid() && !privilege_path_trusted(path, 0, why, sizeof(why)))
+	{
+		snprintf(err, errlen,
+				 "refusing the configuration %s: %s (running set-id, only a file of root's is read)",
+				 path, why);
+		return NULL;
+	}
+	return config_load(path, err, errlen);
 }

@@ -1176,6 +1176,8 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	struct pepsi_ctx   *ctxs;
 	int					opt;
 
+	/* Installed set-group-id (dot-forward, relay-to-maildir): the group is for its helper only. */
+	privilege_setid_start();
 	log_init(stage->program, false);
 	if (argc < 2 || strcmp(argv[1], "worker") != 0)
 	{
@@ -1200,7 +1202,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	signal(SIGPIPE, SIG_IGN);
 
-	if ((w.cfg = config_load(config_path, err, sizeof(err))) == NULL
+	if ((w.cfg = privilege_config_load(config_path, err, sizeof(err))) == NULL
 		|| !log_configure(w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 	if ((w.conn = db_connect(w.cfg, stage->program, err, sizeof(err))) == NULL)

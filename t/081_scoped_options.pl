@@ -2,7 +2,9 @@
 # MAX_LIFETIME bounces a message to that domain sooner while one to
 # another domain keeps retrying, and ORIGINATE_SUCCESS_DSN = on (a boolean
 # the start-up check always accepted) originates the success DSN at run
-# time too.
+# time too.  Where mail goes and who may relay are the file's: a
+# config_set of MILTERS (a filter may add recipients), DANE, MTA_STS,
+# ARC_TRUSTED_SEALERS or LOCAL_DOMAINS is refused, naming the option.
 
 use strict;
 use warnings FATAL => 'all';
@@ -74,5 +76,22 @@ ok(poll_until(sub { scalar(dsns()) == 2 && queue_count($node) == 0 }),
 is($recipients->[0]{action}, 'delivered', 'Action: delivered');
 is(scalar(maildir_files($root, 'user@local.test')), 1, 'the message itself is in the mailbox');
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
+#
+# The file's alone: the SQL guard (options.def, compiled into the extension) refuses them.
+#
+for my $case ([ 'stage-filter', 'MILTERS', 'inet:192.0.2.1:11332' ], [ 'stage-internet', 'DANE', 'no' ],
+	[ 'stage-internet', 'MTA_STS', 'no' ], [ 'ingress', 'ARC_TRUSTED_SEALERS', 'evil.example' ],
+	[ 'pepsi', 'LOCAL_DOMAINS', 'evil.example' ], [ 'stage-route', 'LOCAL_DOMAINS', 'evil.example' ])
+{
+	my ($section, $option, $value) = @$case;
+	my ($rc, $out, $err) = $node->psql('postgres',
+		"SELECT pepsi.config_set('global', '$section', '$option', '$value')");
+	isnt($rc, 0, "config_set of [$section] $option is refused");
+	like($err, qr/option \Q$option\E of \[\Q$section\E\] cannot be overridden/, '... naming the option');
+}
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM pepsi.config_override WHERE option IN ('MILTERS', 'DANE', 'MTA_STS', "
+		  . "'ARC_TRUSTED_SEALERS', 'LOCAL_DOMAINS')"), '0', 'and nothing of them is stored');
 
 done_testing();

@@ -54,14 +54,46 @@ for my $template (@units)
 	my $text = PostgreSQL::Test::Utils::slurp_file($unit);
 	like($text, qr/^Type=notify$/m, '... is Type=notify (sd_notify once ready)');
 	like($text, qr/^WatchdogSec=/m, '... with a watchdog');
-	like($text, qr/^User=pepsi$/m, '... runs as pepsi');
+	if (basename($unit) eq 'pepsi-dispatch.service')
+	{
+		unlike($text, qr/^User=/m, '... started as root: it becomes [dispatch] USER itself');
+	}
+	else
+	{
+		like($text, qr/^User=pepsi$/m, '... runs as pepsi');
+	}
 	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
+}
+
+# The settings that set no_new_privs as NoNewPrivileges=yes does, for a
+# unit without CAP_SYS_ADMIN (User= set): systemd.exec(5), "NoNewPrivileges=yes
+# is implied".  With it no set-id program gains its bits.
+my @implies_no_new_privileges = qw(PrivateDevices ProtectKernelTunables ProtectKernelModules
+  ProtectKernelLogs ProtectClock ProtectHostname RestrictAddressFamilies RestrictNamespaces
+  LockPersonality MemoryDenyWriteExecute RestrictRealtime RestrictSUIDSGID SystemCallFilter
+  SystemCallArchitectures SystemCallLog DynamicUser);
+sub sets_no_new_privileges
+{
+	my ($text) = @_;
+	my %set = map { /^(\w+)=(.*)$/ ? ($1 => $2) : () } split /\n/, $text;
+	my @why;
+
+	push @why, 'NoNewPrivileges=yes' if ($set{NoNewPrivileges} // 'no') =~ /^(yes|true|on|1)$/;
+	push @why, 'RestrictSUIDSGID=yes' if ($set{RestrictSUIDSGID} // 'no') =~ /^(yes|true|on|1)$/;
+	if (defined $set{User} && $set{User} ne 'root')
+	{
+		push @why, map { "$_= with User=" } grep { defined $set{$_} && $set{$_} !~ /^(no|false|off|0|)$/ }
+		  @implies_no_new_privileges;
+	}
+	return @why;
 }
 my $ingress = PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-ingress.service");
 like($ingress, qr/^CapabilityBoundingSet=CAP_NET_BIND_SERVICE$/m, 'ingress keeps only the right to bind port 25');
 like($ingress, qr/^NoNewPrivileges=yes$/m, 'ingress can never gain privileges');
-unlike(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-dispatch.service"), qr/^NoNewPrivileges=yes/m,
-	'the dispatcher may run the setuid delivery helpers');
+my @why = sets_no_new_privileges(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-dispatch.service"));
+is("@why", '', 'the dispatcher may run the set-id delivery stages and helpers: nothing sets no_new_privs');
+is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'LockPersonality= with User=',
+	'(a setting that implies it under User= is seen)');
 
 my $broken = install_unit($units[0], sub { my $t = shift; $t =~ s/^Restart=.*$/Restart=sometimes/m; $t });
 my ($rc, $said) = verify($broken);

@@ -70,8 +70,9 @@ is(sprintf('%o %d:%d', $hst[2] & 07777, $hst[4], $hst[5]), "4750 0:$gid",
 is(sprintf('%o %d:%d', $sst[2] & 07777, $sst[4], $sst[5]), "2755 0:$gid",
 	'the stage is set-group-id to that group');
 
-# The helper's file: root's, in directories only root may write, naming
-# each stage's kind of mailboxes.
+# The helper's file, and the stages' (a set-group-id stage reads only
+# root's): root's, in directories only root may write, naming each
+# stage's kind of mailboxes.
 my $etc = File::Temp::tempdir('pepsi-mw-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 chmod 0755, $etc;
 my $writer_conf = "$etc/pepsi.conf";
@@ -85,7 +86,7 @@ chmod 0644, $writer_conf;
 # sys.test goes to the system users' stage, everything else to the virtual one.
 my $writer = "MAILDIR_WRITER = $helper\nMAILDIR_WRITER_CONFIG = $writer_conf\n";
 my $config = delivery_config($node, maildir_root => $root, local_domains => 'sys.test',
-	path => "$shared/pepsi.conf",
+	path => "$etc/dispatch.conf",
 	extra => {
 		init => "LOCAL_STAGE = maildir\nREMOTE_STAGE = vmaildir\n",
 		maildir => "PROGRAM = $stage\n$writer",

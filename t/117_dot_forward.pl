@@ -16,6 +16,7 @@ use warnings FATAL => 'all';
 use RootTest;
 
 use File::Basename qw(dirname);
+use File::Temp ();
 use Mail::SRS;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -26,6 +27,10 @@ use PepsiTest;
 
 my $node = delivery_node('dot_forward');
 my $shared = shared_dir();
+# The stages' configuration: a set-group-id stage reads only a file root
+# alone can change, in directories only root may write.
+my $etc = File::Temp::tempdir('pepsi-df-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $etc;
 my $homes = "$shared/home";
 my $root = "$shared/maildir";
 my $sender = 'sender@local.test';
@@ -69,7 +74,7 @@ sub config
 	my (%o) = @_;
 
 	return delivery_config($node, maildir_root => $root,
-		path => "$shared/pepsi.conf",
+		path => "$etc/pepsi.conf",
 		extra => {
 			init => "LOCAL_STAGE = forward\n",
 			maildir => "CREATE_MAILBOXES = no\n",

@@ -14,6 +14,7 @@ use warnings FATAL => 'all';
 use RootTest;
 
 use File::Basename qw(dirname);
+use File::Temp ();
 use IPC::Run ();
 use POSIX qw(mkfifo);
 use PostgreSQL::Test::Utils;
@@ -38,12 +39,28 @@ add_system_user($name, $homes);
 my ($uid, $ugid) = (getpwnam($name))[ 2, 3 ];
 my $home = "$homes/$name";
 
+# The stage's section in root's file: commands and files allowed in one,
+# not in the other.  The helper reads it itself.
+my $etc = File::Temp::tempdir('pepsi-fh-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $etc;
+my $conf = "$etc/pepsi.conf";
+open my $conf_fh, '>', $conf or die "$conf: $!";
+print $conf_fh "[stage-forward]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = maildir\n"
+  . "ALLOW_FORWARD_PIPES = yes\nALLOW_FORWARD_FILES = yes\n"
+  . "[stage-strict]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = maildir\n"
+  . "[stage-maildir]\nPROGRAM = pepsi-stage-relay-to-maildir\n";
+close $conf_fh;
+chmod 0644, $conf;
+my @allowed = ('-c', $conf, '-s', 'stage-forward');
+
 # Run the helper as the cluster's user with the helper's group added (as
 # the set-group-id stage does); returns (exit code, stdout, stderr).
+# pipe and file get @allowed first, unless the call gives its own options.
 sub helper
 {
 	my ($input, @args) = @_;
 	my ($out, $err) = ('', '');
+	@args = (@allowed, @args) if @args && $args[0] =~ /^(pipe|file)$/;
 	my @cmd = ('setpriv', '--reuid=' . cluster_user(), '--regid=' . cluster_user(),
 		"--groups=$gid", '--', "$bin/$helper", @args);
 
@@ -206,6 +223,63 @@ is($out, "forward\n"
 	  . "address h\@remote.test\n",
 	'unsafe, missing and relative :include: files are bad entries; the rest stands');
 
+# Commands and files are the stage's to allow, in root's file: the helper
+# reads the permission itself, and refuses a file its caller could write.
+dot_forward("\"|touch $home/ran\"\n$home/mbox\n");
+($rc, $out) = helper('', '-c', $conf, '-s', 'stage-strict', 'pipe', $name, 's@remote.test',
+	"$name\@local.test", '20', "touch $home/ran");
+is($out, "permanent mail to commands is not allowed here: ALLOW_FORWARD_PIPES is off in [stage-strict] of $conf\n",
+	'a command the section does not allow is refused, naming ALLOW_FORWARD_PIPES');
+ok(!-e "$home/ran", 'and not run');
+($rc, $out) = helper('', '-c', $conf, '-s', 'stage-strict', 'file', $name, 's@remote.test',
+	"$name\@local.test", "$home/mbox");
+like($out, qr/^permanent mail to files is not allowed here: ALLOW_FORWARD_FILES is off in \[stage-strict\]/,
+	'a file likewise, naming ALLOW_FORWARD_FILES');
+($rc, $out) = helper('', '-c', $conf, '-s', 'stage-maildir', 'pipe', $name, 's@remote.test',
+	"$name\@local.test", '20', "touch $home/ran");
+like($out, qr/^permanent \Q$conf\E: \[stage-maildir\] is not a section of pepsi-stage-dot-forward \(for ALLOW_FORWARD_PIPES\)/,
+	'another program\'s section is refused');
+($rc, $out) = helper('', '-c', $conf, 'pipe', $name, 's@remote.test', "$name\@local.test", '20',
+	"touch $home/ran");
+like($out, qr/^permanent .*is not a section of pepsi-stage-dot-forward/, 'so is no section at all');
+my $mine = "$shared/mine";
+mkdir $mine;
+chown((getpwnam(cluster_user()))[ 2, 3 ], $mine);
+my $evil = "$mine/evil.conf";
+open my $evil_fh, '>', $evil or die "$evil: $!";
+print $evil_fh "[stage-forward]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = x\nALLOW_FORWARD_PIPES = yes\n";
+close $evil_fh;
+chown((getpwnam(cluster_user()))[ 2, 3 ], $evil);
+($rc, $out) = helper('', '-c', $evil, '-s', 'stage-forward', 'pipe', $name, 's@remote.test',
+	"$name\@local.test", '20', "touch $home/ran");
+like($out, qr/^permanent refusing the configuration for ALLOW_FORWARD_PIPES: \Q$mine\E.* belongs to uid \d+/,
+	'a configuration the caller owns is refused, naming the option it was read for');
+ok(!-e "$home/ran", 'and the command is not run');
+
+# Nothing of the caller's reaches the command: its environment, its open
+# descriptors, its umask, its lowered limits (a soft one here: raising a
+# hard one back needs CAP_SYS_RESOURCE, which a container may lack).
+dot_forward("\"|env > $home/env.out; ls /proc/self/fd > $home/fd.out; umask > $home/umask.out; "
+	  . "head -c 100000 /dev/zero > $home/big.out\"\n");
+{
+	local $ENV{PEPSI_CALLER_SECRET} = 'leaked';
+	my ($out_env, $err_env) = ('', '');
+	my $in_file = "$shared/helper.in";
+	open my $in_fh, '>', $in_file or die "$in_file: $!";
+	close $in_fh;
+	IPC::Run::run([ 'prlimit', '--fsize=4096:unlimited', '--', 'sh', '-c', 'umask 000; exec 7</etc/hostname; exec "$@"', 'sh',
+			'setpriv', '--reuid=' . cluster_user(), '--regid=' . cluster_user(), "--groups=$gid", '--',
+			"$bin/$helper", @allowed, 'pipe', $name, 's@remote.test', "$name\@local.test", '20',
+			"env > $home/env.out; ls /proc/self/fd > $home/fd.out; umask > $home/umask.out; "
+			  . "head -c 100000 /dev/zero > $home/big.out" ],
+		'<', $in_file, '>', \$out_env, '2>', \$err_env, IPC::Run::timeout(60));
+	is($out_env, "ok\n", 'a command run for a caller with its own environment, descriptor, umask and limit');
+}
+unlike(slurp("$home/env.out"), qr/PEPSI_CALLER_SECRET/, 'the caller\'s environment does not reach it');
+unlike(slurp("$home/fd.out"), qr/^7$/m, 'nor its descriptor');
+is(slurp("$home/umask.out"), "0077\n", 'nor its umask');
+is(-s "$home/big.out", 100000, 'nor its file size limit');
+
 # Bad requests.
 my $err;
 ($rc, $out, $err) = helper(undef, 'read', '../etc');
@@ -215,5 +289,41 @@ like($err, qr/refused: "\.\.\/etc" is not a user name/, 'and says so');
 like($err, qr/refused: argument 3 has a control character/, 'a control character is refused');
 ($rc, $out, $err) = helper(undef, 'frobnicate', $name);
 isnt($rc, 0, 'an unknown mode is refused');
+
+# The set-group-id stage trusts nothing its caller gives it: a local user's
+# configuration (-c or PEPSI_CONFIG) is refused before it is read, so no
+# HELPER of theirs runs with the helper's group; and the group is not used
+# to read a file the caller names.
+sub stage_as_user
+{
+	my (%o) = @_;
+	my ($out_stage, $err_stage) = ('', '');
+	local $ENV{PEPSI_CONFIG} = $o{env} if $o{env};
+
+	IPC::Run::run([ 'setpriv', '--reuid=' . cluster_user(), '--regid=' . cluster_user(), '--init-groups', '--',
+			"$bin/pepsi-stage-dot-forward", 'worker', $o{config} ? ('-c', $o{config}) : () ],
+		'<', \'', '>', \$out_stage, '2>', \$err_stage, IPC::Run::timeout(60));
+	return ($? >> 8, $err_stage);
+}
+open $evil_fh, '>', $evil or die "$evil: $!";
+print $evil_fh "[database]\nCONNINFO = dbname=none host=/nonexistent\n"
+  . "[stage-forward]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = x\nHELPER = /bin/sh\n";
+close $evil_fh;
+($rc, $err) = stage_as_user(config => $evil);
+isnt($rc, 0, 'the set-group-id stage refuses a local user\'s -c ~/evil.conf');
+like($err, qr/refusing the configuration \Q$evil\E: .*belongs to uid \d+.*only a file of root's is read/,
+	'and says why, naming the file');
+($rc, $err) = stage_as_user(env => $evil);
+like($err, qr/refusing the configuration \Q$evil\E/, 'PEPSI_CONFIG likewise');
+my $group_only = "$etc/group-only.conf";
+open my $group_fh, '>', $group_only or die "$group_only: $!";
+print $group_fh "[database]\nCONNINFO = secret\n";
+close $group_fh;
+chown 0, $gid, $group_only;
+chmod 0640, $group_only;
+($rc, $err) = stage_as_user(config => $group_only);
+isnt($rc, 0, 'a file only the stage\'s group may read is not read for its caller');
+like($err, qr/\Q$group_only\E.*Permission denied/, 'permission denied: the group is the helper\'s only');
+unlike($err, qr/secret/, 'nothing of it shows');
 
 done_testing();

@@ -533,6 +533,84 @@ test_overlay_refusals(void **state)
 	config_free(cfg);
 }
 
+/* Where mail goes and whom relaying trusts are the file's: no override sets them, and each refusal names the option. */
+static void
+test_overlay_file_only_routes(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[stage-filter]\nPROGRAM = pepsi-stage-milter\nMILTERS = inet:127.0.0.1:11332\n"
+										"[stage-internet]\nPROGRAM = pepsi-stage-relay-to-internet\n"
+										"[stage-route]\nPROGRAM = pepsi-stage-route\n"
+										"[stage-srs]\nPROGRAM = pepsi-stage-srs\n"
+										"[stage-forward]\nPROGRAM = pepsi-stage-dot-forward\n");
+	const char *const	 refused[][3] = {
+		   {"stage-filter", "MILTERS", "inet:192.0.2.1:11332"},
+		   {"stage-internet", "DANE", "no"},
+		   {"stage-internet", "MTA_STS", "no"},
+		   {"ingress", "ARC_TRUSTED_SEALERS", "evil.example"},
+		   {"pepsi", "LOCAL_DOMAINS", "evil.example"},
+		   {"stage-route", "LOCAL_DOMAINS", "evil.example"},
+		   {"stage-srs", "LOCAL_DOMAINS", "evil.example"},
+		   {"stage-forward", "LOCAL_DOMAINS", "evil.example"},
+	   };
+
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+	{
+		char expected[128];
+
+		assert_false(config_add_override(cfg, "global", refused[i][0], refused[i][1], refused[i][2], err, sizeof(err)));
+		snprintf(expected, sizeof(expected), "%s is read from pepsi.conf only", refused[i][1]);
+		assert_non_null(strstr(err, expected));
+	}
+	assert_string_equal(config_get(cfg, "stage-filter", "MILTERS"), "inet:127.0.0.1:11332");
+	config_free(cfg);
+}
+
+/* No override routes mail around a milter or the signer (options.def UNSKIPPABLE). */
+static void
+test_overlay_unskippable_stages(void **state)
+{
+	struct pepsi_config *cfg = parse_ok("[dispatch]\nINIT_STAGE = filter\n"
+										"[stage-filter]\nPROGRAM = pepsi-stage-milter\nMILTERS = inet:127.0.0.1:11332\n"
+										"NEXT_STAGE = route\n"
+										"[stage-route]\nPROGRAM = pepsi-stage-route\nLOCAL_STAGE = maildir\n"
+										"REMOTE_STAGE = sign\nBOUNCE_STAGE = bounce\n"
+										"[stage-sign]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = internet\n"
+										"[stage-other-sign]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = smarthost\n"
+										"[stage-internet]\nPROGRAM = pepsi-stage-relay-to-internet\nBOUNCE_STAGE = bounce\n"
+										"[stage-smarthost]\nPROGRAM = pepsi-stage-relay-to-smarthost\n"
+										"[stage-maildir]\nPROGRAM = pepsi-stage-relay-to-maildir\n"
+										"[stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT_STAGE = route\n");
+
+	/* Past the signer, per address or for everyone. */
+	assert_false(config_add_override(cfg, "address:a@evil.example", "stage-route", "REMOTE_STAGE", "internet",
+									 err, sizeof(err)));
+	assert_non_null(strstr(err, "REMOTE_STAGE = internet refused: mail to stage internet could skip [stage-sign] "
+								"(pepsi-stage-dkim-sign)"));
+	assert_false(config_add_override(cfg, "global", "stage-route", "REMOTE_STAGE", "smarthost", err, sizeof(err)));
+	assert_non_null(strstr(err, "[stage-sign]"));
+	/* Past the milter: at the start, or by the milter stage's own program. */
+	assert_false(config_add_override(cfg, "global", "dispatch", "INIT_STAGE", "route", err, sizeof(err)));
+	assert_non_null(strstr(err, "INIT_STAGE = route refused: mail to stage route could skip [stage-filter] "
+								"(pepsi-stage-milter)"));
+	assert_false(config_add_override(cfg, "global", "stage-filter", "PROGRAM", "pepsi-stage-route", err, sizeof(err)));
+	assert_non_null(strstr(err, "[stage-filter] runs pepsi-stage-milter in the file"));
+	/* Unset in the file, it is whatever the stage's other routes are. */
+	assert_false(config_add_override(cfg, "address:a@evil.example", "stage-sign", "BOUNCE_STAGE", "internet", err,
+									 sizeof(err)));
+	assert_false(config_add_override(cfg, "address:a@evil.example", "stage-filter", "BOUNCE_STAGE", "internet",
+									 err, sizeof(err)));
+	assert_non_null(strstr(err, "[stage-sign]"));
+	/* Another signing stage, or the same route, will do. */
+	assert_true(config_add_override(cfg, "domain:b.example", "stage-route", "REMOTE_STAGE", "other-sign", err,
+									sizeof(err)));
+	assert_true(config_add_override(cfg, "address:c@b.example", "stage-route", "REMOTE_STAGE", "sign", err, sizeof(err)));
+	/* A stage whose route has no such stage may go anywhere. */
+	assert_true(config_add_override(cfg, "address:c@b.example", "stage-route", "LOCAL_STAGE", "internet", err,
+									sizeof(err)));
+	assert_string_equal(config_get_for(cfg, "stage-route", "REMOTE_STAGE", NULL, "a@evil.example"), "sign");
+	config_free(cfg);
+}
+
 int
 main(void)
 {
@@ -558,6 +636,8 @@ main(void)
 		cmocka_unit_test(test_overlay_precedence),
 		cmocka_unit_test(test_overlay_adds),
 		cmocka_unit_test(test_overlay_refusals),
+		cmocka_unit_test(test_overlay_file_only_routes),
+		cmocka_unit_test(test_overlay_unskippable_stages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

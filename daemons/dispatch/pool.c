@@ -340,7 +340,9 @@ worker_executable(const char *program, bool *as_self)
 		 * A set-id program installed as a file of its own (a set-group-id
 		 * stage: the bit lives on that file, see make install-privileged),
 		 * beside this binary or in the bin/ that links to it
-		 * ($PREFIX/libexec/pepsi/../../bin), runs as that file, not as us.
+		 * ($PREFIX/libexec/pepsi/../../bin), runs as that file, not as us;
+		 * only those make install installs (PEPSI_SETID_PROGRAMS), never
+		 * another set-id file of that name.
 		 */
 		candidate = privilege_setid_program(program, dispatcher.self_exe);
 		if (candidate)
@@ -361,7 +363,9 @@ worker_executable(const char *program, bool *as_self)
 	}
 	candidate = xasprintf("%s/%s", dir, program);
 	free(dir);
-	if (access(candidate, X_OK) == 0)
+	if (privilege_setid_file(candidate) && !privilege_is_setid_program(program))
+		log_warnx("%s is set-id but not a set-id program Pepsi installs: not run", candidate);
+	else if (access(candidate, X_OK) == 0)
 		return candidate;
 	free(candidate);
 	return NULL;

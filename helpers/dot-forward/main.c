@@ -13,8 +13,16 @@
  * only if it is an entry of that .forward, read again for the purpose.
  *
  *   pepsi-helper-dot-forward read USER
- *   pepsi-helper-dot-forward pipe USER SENDER RECIPIENT SECONDS COMMAND  < message
- *   pepsi-helper-dot-forward file USER SENDER RECIPIENT PATH             < message
+ *   pepsi-helper-dot-forward -c CONFIG -s SECTION pipe USER SENDER RECIPIENT SECONDS COMMAND  < message
+ *   pepsi-helper-dot-forward -c CONFIG -s SECTION file USER SENDER RECIPIENT PATH             < message
+ *
+ * A command or a file also needs the stage's own permission, read by the
+ * helper itself: ALLOW_FORWARD_PIPES or ALLOW_FORWARD_FILES of SECTION, a
+ * [stage-*] of pepsi-stage-dot-forward in CONFIG (default
+ * /etc/pepsi/pepsi.conf), a file only root can change (without the bit:
+ * root or the caller).  It starts with nothing of its caller's: no
+ * environment, no descriptor but the standard ones, its own umask,
+ * signal actions and resource limits (privilege_sanitize_process).
  *
  * The answer is on standard output.  read: "nouser", "none" (no
  * .forward), "ignored REASON" (one that is not safe to use, as sendmail
@@ -40,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "forward_file.h"
 #include "log.h"
 #include "privilege.h"
@@ -56,8 +65,10 @@ static void
 usage(void)
 {
 	fprintf(stderr, "usage: pepsi-helper-dot-forward read USER\n"
-					"       pepsi-helper-dot-forward pipe USER SENDER RECIPIENT SECONDS COMMAND\n"
-					"       pepsi-helper-dot-forward file USER SENDER RECIPIENT PATH\n");
+					"       pepsi-helper-dot-forward [-c CONFIG] -s SECTION pipe USER SENDER RECIPIENT SECONDS COMMAND\n"
+					"       pepsi-helper-dot-forward [-c CONFIG] -s SECTION file USER SENDER RECIPIENT PATH\n"
+					"  CONFIG defaults to %s; it must be root's.\n",
+			PEPSI_CONFIG_DEFAULT_PATH);
 	exit(EX_USAGE);
 }
 
@@ -538,6 +549,49 @@ helper_file(const char *sender, const char *path)
 	fclose(out);
 }
 
+/*
+ * May the stage run commands (pipe) or write files?  Its section in the
+ * configuration says so, read here from a file the caller cannot have
+ * written: the stage's own check is not the only one.  NULL when it may,
+ * else the refusal, naming the option.
+ */
+static const char *
+helper_refusal(const char *config_path, const char *section, bool pipe)
+{
+	static char			 refusal[1024];
+	const char			*option = pipe ? "ALLOW_FORWARD_PIPES" : "ALLOW_FORWARD_FILES";
+	struct pepsi_config *cfg;
+	const char			*program;
+	char				 why[768] = "";
+	bool				 allowed;
+
+	if (getuid() != 0 && !privilege_path_trusted(config_path, geteuid() == 0 ? 0 : getuid(), why, sizeof(why)))
+	{
+		snprintf(refusal, sizeof(refusal), "refusing the configuration for %s: %s", option, why);
+		return refusal;
+	}
+	if ((cfg = config_load(config_path, why, sizeof(why))) == NULL)
+	{
+		snprintf(refusal, sizeof(refusal), "%s (reading %s)", why, option);
+		return refusal;
+	}
+	program = section ? config_get(cfg, section, "PROGRAM") : NULL;
+	if (section == NULL || strncmp(section, "stage-", 6) != 0 || program == NULL
+		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-dot-forward") != 0)
+	{
+		snprintf(refusal, sizeof(refusal), "%s: [%s] is not a section of pepsi-stage-dot-forward (for %s)",
+				 config_path, section ? section : "", option);
+		config_free(cfg);
+		return refusal;
+	}
+	allowed = config_bool(cfg, section, option);
+	if (!allowed)
+		snprintf(refusal, sizeof(refusal), "mail to %s is not allowed here: %s is off in [%s] of %s",
+				 pipe ? "commands" : "files", option, section, config_path);
+	config_free(cfg);
+	return allowed ? NULL : refusal;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -545,10 +599,30 @@ main(int argc, char **argv)
 	struct passwd	   *pw;
 	const char		   *mode;
 	const char		   *status;
+	const char		   *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	const char		   *section = NULL;
+	const char		   *refusal;
 	char				why[512];
 	char				err[256];
+	int					opt;
 
+	privilege_sanitize_process();
 	log_init("pepsi-helper-dot-forward", false);
+	/* "+": the options come first; a command or an address that starts with "-" is an operand. */
+	while ((opt = getopt(argc, argv, "+c:s:")) != -1)
+		switch (opt)
+		{
+			case 'c':
+				config_path = optarg;
+				break;
+			case 's':
+				section = optarg;
+				break;
+			default:
+				usage();
+		}
+	argc -= optind - 1;
+	argv += optind - 1;
 	if (argc < 3)
 		usage();
 	mode = argv[1];
@@ -579,6 +653,13 @@ main(int argc, char **argv)
 	if (strcmp(mode, "read") != 0 && pw->pw_uid == 0)
 	{
 		printf("permanent commands and files of a .forward are never run as root\n");
+		return 0;
+	}
+	/* Read as root, before becoming the user: the file is root's. */
+	if (strcmp(mode, "read") != 0
+		&& (refusal = helper_refusal(config_path, section, strcmp(mode, "pipe") == 0)) != NULL)
+	{
+		printf("permanent %s\n", refusal);
 		return 0;
 	}
 	/* From here on we are the user: nothing of theirs is opened as root. */

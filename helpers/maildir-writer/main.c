@@ -44,7 +44,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +57,7 @@
 #include "log.h"
 #include "maildir.h"
 #include "options.h"
+#include "privilege.h"
 #include "xalloc.h"
 
 #define WRITER_PROGRAM "pepsi-helper-maildir-writer"
@@ -148,125 +148,6 @@ writer_reply_exit(const char *status, const char *fmt, ...)
 	writer_reply(status, fmt, ap);
 	va_end(ap);
 	exit(status[0] == '2' ? 0 : 1);
-}
-
-/*
- * Start-up hygiene: no environment, no descriptor but the three standard
- * ones (which must be open), a private umask, SIGPIPE as usual.
- */
-static void
-writer_sanitize_process(void)
-{
-	clearenv();
-	umask(077);
-	signal(SIGPIPE, SIG_DFL);
-	for (int fd = 0; fd <= 2; fd++)
-		if (fcntl(fd, F_GETFD) < 0)
-		{
-			/* stdin and stdout are the protocol: without them there is no caller to answer. */
-			if (fd < 2)
-				_exit(2);
-			if (open("/dev/null", O_WRONLY) != fd)
-				_exit(2);
-		}
-	close_range(3, ~0U, 0);
-}
-
-/*
- * Is path a file only trusted can change: every directory from / owned by
- * root or trusted and writable by no one else (or root's and sticky, as
- * /tmp), the file likewise, and no symbolic link anywhere?  The caller
- * chooses which such file to read, never what it says.
- */
-static bool
-writer_path_trusted(const char *path, uid_t trusted, char *why, size_t whylen)
-{
-	char	   *copy = xstrdup(path);
-	char	   *save = NULL;
-	char	   *component;
-	struct stat st;
-	int			fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	bool		ok = false;
-
-	if (path[0] != '/')
-	{
-		snprintf(why, whylen, "%s is not an absolute path", path);
-		goto done;
-	}
-	for (component = strtok_r(copy, "/", &save); fd >= 0; component = strtok_r(NULL, "/", &save))
-	{
-		bool last;
-		int	 next;
-
-		if (fstat(fd, &st) != 0)
-			break;
-		if (st.st_uid != 0 && st.st_uid != trusted)
-		{
-			snprintf(why, whylen, "%s: a directory on the way belongs to uid %ld", path,
-					 (long) st.st_uid);
-			goto done;
-		}
-		if (S_ISDIR(st.st_mode) && (st.st_mode & (S_IWGRP | S_IWOTH))
-			&& !((st.st_mode & S_ISVTX) && st.st_uid == 0))
-		{
-			snprintf(why, whylen, "%s: a directory on the way is writable by others", path);
-			goto done;
-		}
-		if (component == NULL)
-			break;
-		last = save == NULL || *save == '\0';
-		next = openat(fd, component, (last ? 0 : O_DIRECTORY) | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		close(fd);
-		fd = next;
-		if (fd < 0)
-		{
-			snprintf(why, whylen, "%s: %s", path, strerror(errno == ELOOP ? ELOOP : errno));
-			goto done;
-		}
-		if (last)
-		{
-			if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-			{
-				snprintf(why, whylen, "%s is not a regular file", path);
-				goto done;
-			}
-			if (st.st_uid != 0 && st.st_uid != trusted)
-			{
-				snprintf(why, whylen, "%s belongs to uid %ld, not to root", path, (long) st.st_uid);
-				goto done;
-			}
-			if (st.st_mode & (S_IWGRP | S_IWOTH))
-			{
-				snprintf(why, whylen, "%s is writable by others", path);
-				goto done;
-			}
-			ok = true;
-			break;
-		}
-	}
-	if (!ok && why[0] == '\0')
-		snprintf(why, whylen, "%s: %s", path, strerror(errno));
-done:
-	if (fd >= 0)
-		close(fd);
-	free(copy);
-	return ok;
-}
-
-/* Is the caller in group (real, effective or supplementary)? */
-static bool
-writer_caller_in_group(gid_t group)
-{
-	gid_t groups[WRITER_SUPPLEMENT_MAX];
-	int	  n;
-
-	if (getgid() == group || getegid() == group)
-		return true;
-	n = getgroups(WRITER_SUPPLEMENT_MAX, groups);
-	for (int i = 0; i < n; i++)
-		if (groups[i] == group)
-			return true;
-	return false;
 }
 
 /* A request value: printable, no CR, LF or other control character. */
@@ -769,7 +650,7 @@ main(int argc, char **argv)
 	gid_t				  owner_gid = 0;
 	int					  opt;
 
-	writer_sanitize_process();
+	privilege_sanitize_process();
 	log_init(WRITER_PROGRAM, false);
 	while ((opt = getopt(argc, argv, "c:h")) != -1)
 		switch (opt)
@@ -795,7 +676,7 @@ main(int argc, char **argv)
 	 * The configuration: root's (unprivileged, also the caller's, who can
 	 * do no more than it); root calling needs no protection from itself.
 	 */
-	if (caller != 0 && !writer_path_trusted(config_path, privileged ? 0 : caller, why, sizeof(why)))
+	if (caller != 0 && !privilege_path_trusted(config_path, privileged ? 0 : caller, why, sizeof(why)))
 		writer_reply_exit("4.3.5", "refusing the configuration: %s", why);
 	if ((cfg = config_load(config_path, why, sizeof(why))) == NULL)
 		writer_reply_exit("4.3.5", "%s", why);
@@ -812,7 +693,7 @@ main(int argc, char **argv)
 		if (gr == NULL)
 			writer_reply_exit("4.3.5", "[%s] CALLER_GROUP %s: no such group", WRITER_SECTION,
 							  group_name);
-		if (!writer_caller_in_group(gr->gr_gid))
+		if (!privilege_caller_in_group(gr->gr_gid))
 			writer_reply_exit("4.3.5", "uid %ld is not in group %s: refused", (long) caller,
 							  group_name);
 	}

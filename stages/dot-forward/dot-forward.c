@@ -44,6 +44,7 @@
 #include "header.h"
 #include "local.h"
 #include "log.h"
+#include "privilege.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -67,7 +68,11 @@ struct forward_plan
 	size_t		delivered; /* commands and files delivered */
 };
 
-/* The helper: HELPER, else beside this program (where make install puts both). */
+/*
+ * The helper: HELPER, else beside this program (where make install puts
+ * both).  Set-group-id, always the one beside it: the group's right must
+ * not pass to a program the configuration names.
+ */
 static char *
 forward_helper_path(struct pepsi_ctx *ctx)
 {
@@ -76,7 +81,7 @@ forward_helper_path(struct pepsi_ctx *ctx)
 	ssize_t		n;
 	char	   *slash;
 
-	if (configured)
+	if (configured && !privilege_running_setid())
 		return xstrdup(configured);
 	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (n <= 0)
@@ -126,6 +131,12 @@ forward_call_helper(const char *path, const char *const *argv, const struct buf 
 			copy[i] = xstrdup(argv[i]);
 		dup2(in[0], STDIN_FILENO);
 		dup2(out[1], STDOUT_FILENO);
+		/* Set-group-id: the group taken up for this execution of the helper only. */
+		if (!privilege_exec_group(true, err, errlen))
+		{
+			fprintf(stderr, "%s: %s\n", log_progname(), err);
+			_exit(127);
+		}
 		execv(path, copy);
 		fprintf(stderr, "%s: cannot run %s: %s\n", log_progname(), path, strerror(errno));
 		_exit(127);
@@ -378,12 +389,16 @@ forward_deliver_entry(struct pepsi_ctx *ctx, struct forward_plan *plan, const ch
 	char		err[512];
 	struct buf	answer = BUF_INIT;
 	char	   *entry = xasprintf("%s %s", kind, target);
-	const char *argv[8];
+	const char *argv[12];
 	size_t		n = 0;
 
 	snprintf(seconds, sizeof(seconds), "%lld",
 			 (long long) (pepsi_option_seconds(ctx, "COMMAND_TIME_LIMIT") + 0.999));
 	argv[n++] = FORWARD_HELPER_NAME;
+	argv[n++] = "-c";
+	argv[n++] = pepsi_config(ctx)->path;
+	argv[n++] = "-s";
+	argv[n++] = pepsi_section(ctx);
 	argv[n++] = kind;
 	argv[n++] = user;
 	argv[n++] = pepsi_mail_from(ctx);

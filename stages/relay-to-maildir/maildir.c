@@ -27,7 +27,8 @@
  *   MAILBOX                address (default) | localpart
  *   CREATE_MAILBOXES       yes: a missing mailbox is created (tmp, new, cur);
  *                          no (default): it is a permanent failure, 5.1.1
- *   MAILDIR_WRITER         the helper (default: the one beside this program)
+ *   MAILDIR_WRITER         the helper (default, and always when this stage
+ *                          runs set-group-id: the one beside this program)
  *   MAILDIR_WRITER_CONFIG  the file it reads (default: this stage's own)
  *   OVER_QUOTA_STATUS      5.2.2 (bounce, default) or 4.2.2 (retry)
  * A helper that dies, or a file-system error, is a temporary failure.
@@ -47,6 +48,7 @@
 #include "delivery.h"
 #include "log.h"
 #include "maildir.h"
+#include "privilege.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -76,8 +78,8 @@ maildir_is_dir(const char *path)
 /*
  * The helper to run: a path as given (only pepsi.conf can give one), else
  * the program of that name beside this one, never a search of PATH.  Set
- * group-id, only the one beside us: the group's right must not pass to a
- * program the configuration names.
+ * group-id, only pepsi-helper-maildir-writer beside us, whatever the
+ * configuration says: the group's right must not pass to another program.
  */
 static char *
 maildir_writer_path(const char *program)
@@ -86,7 +88,9 @@ maildir_writer_path(const char *program)
 	ssize_t n;
 	char   *slash;
 
-	if (strchr(program, '/') && getegid() == getgid())
+	if (privilege_running_setid())
+		program = "pepsi-helper-maildir-writer";
+	else if (strchr(program, '/'))
 		return xstrdup(program);
 	n = readlink("/proc/self/exe", path, sizeof(path) - 1);
 	if (n <= 0)
@@ -174,12 +178,20 @@ maildir_writer_start(const char *writer, const char *config_path, struct maildir
 	sigaddset(&defaults, SIGPIPE);
 	posix_spawnattr_setsigdefault(&attr, &defaults);
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-	rc = posix_spawn(&pid, writer, &actions, &attr, argv, envp);
+	/* Set-group-id: the group taken up for this one execution, then set aside again. */
+	if (!privilege_exec_group(true, reply->text, sizeof(reply->text)))
+		rc = EPERM;
+	else
+	{
+		rc = posix_spawn(&pid, writer, &actions, &attr, argv, envp);
+		if (!privilege_exec_group(false, reply->text, sizeof(reply->text)))
+			fatalx("%s", reply->text);
+		if (rc != 0)
+			snprintf(reply->text, sizeof(reply->text), "cannot run the maildir writer %s: %s", writer,
+					 strerror(rc));
+	}
 	posix_spawn_file_actions_destroy(&actions);
 	posix_spawnattr_destroy(&attr);
-	if (rc != 0)
-		snprintf(reply->text, sizeof(reply->text), "cannot run the maildir writer %s: %s", writer,
-				 strerror(rc));
 done:
 	free(config_copy);
 	if (rc != 0)

@@ -189,9 +189,9 @@ relay_run(struct pepsi_ctx *ctx)
 		};
 
 		log_warnx("[stage-%s] has no SMARTHOST: row %lld to <%s> is held paused; set SMARTHOST "
-				  "(pepsi.conf or pepsi.config_set) to deliver remote mail",
-				  pepsi_stage_name(ctx),
-				  pepsi_id(ctx), pepsi_rcpt(ctx, 0));
+				  "in [stage-%s] of %s (read from the file only) to deliver remote mail",
+				  pepsi_stage_name(ctx), pepsi_id(ctx), pepsi_rcpt(ctx, 0), pepsi_stage_name(ctx),
+				  pepsi_config(ctx)->path);
 		return delivery_deferred(ctx, &held);
 	}
 	if ((client = relay_client_for(ctx, smarthost, err, sizeof(err))) == NULL)
