@@ -271,6 +271,13 @@ is_deeply([ @$row{qw(stage status)} ], [ 'signed', 'pending' ],
 is($row->{state}{dkim_sign}{error},
 	'state.origin.trust is "untrusted" and inbound DMARC did not pass for local.test', 'state.dkim_sign says why');
 
+($row, $message) = sign_row('sign-required',
+	{ origin => $outsider, auth => { dmarc => { %$dmarc_pass, 'header.from' => 'nokey.test' } } },
+	headers => "From: <a\@nokey.test>\r\nTo: <x\@remote.test>\r\nSubject: s\r\n");
+is_deeply([ @$row{qw(stage status)}, $row->{state}{dkim_sign}{error} ],
+	[ 'signed', 'pending', 'no signing key for the domain nokey.test' ],
+	'untrusted, DMARC pass for a domain we hold no key for: goes on under REQUIRE_SIGNATURE, the reason kept');
+
 ($row, $message) = sign_row('sign', { origin => $outsider, auth => { dmarc => { %$dmarc_pass, result => 'fail',
 				override => 'arc' } } });
 is_deeply(signatures($message), [], 'untrusted, DMARC fail overridden by a trusted ARC sealer: not signed');

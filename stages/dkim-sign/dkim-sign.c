@@ -284,7 +284,7 @@ sign_not_ours(struct pepsi_ctx *ctx, const char *from_domain, const char *from_e
 
 /*
  * A message that cannot be signed: failed when a signature is required
- * (and may_fail: an outsider's message is not ours to sign, and goes on
+ * and may_fail (an outsider's message is not ours to sign, and goes on
  * whatever REQUIRE_SIGNATURE says), else sent on unsigned.  Either way the
  * reason is in state.dkim_sign.
  */
@@ -359,6 +359,8 @@ sign_run(struct pepsi_ctx *ctx)
 	unsigned char			   body_hash[CANON_HASH_LEN];
 	struct buf				   out = BUF_INIT;
 	int						   rc;
+	/* An outsider's message is never failed for want of a signature: it is not ours to sign. */
+	const bool trusted = origin_trusted(pepsi_state(ctx));
 
 	if (headers == NULL || body == NULL)
 		return -1;
@@ -370,7 +372,7 @@ sign_run(struct pepsi_ctx *ctx)
 	if (o->downgrade)
 		sign_downgrade(ctx, &headers, &body);
 	if (!header_fields_parse(headers->data, headers->len, SIGN_MAX_LINE, &fields, err, sizeof(err)))
-		return sign_unsigned(ctx, o, err, origin_trusted(pepsi_state(ctx)));
+		return sign_unsigned(ctx, o, err, trusted);
 	{
 		char		from_err[256];
 		char	   *from_domain = sign_from_domain(&fields, from_err, sizeof(from_err));
@@ -398,7 +400,7 @@ sign_run(struct pepsi_ctx *ctx)
 			why = from_err;
 		if (why)
 		{
-			rc = sign_unsigned(ctx, o, why, origin_trusted(pepsi_state(ctx)));
+			rc = sign_unsigned(ctx, o, why, trusted);
 			header_fields_free(&fields);
 			free(from_domain);
 			return rc;
@@ -430,7 +432,7 @@ sign_run(struct pepsi_ctx *ctx)
 		snprintf(err, sizeof(err), "no signing key for the domain %s", domain);
 		header_fields_free(&fields);
 		free(domain);
-		return sign_unsigned(ctx, o, err, true);
+		return sign_unsigned(ctx, o, err, trusted);
 	}
 
 	canon_body_hash(o->body_canon, body->data, body->len, body_hash);
