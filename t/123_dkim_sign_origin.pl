@@ -5,7 +5,9 @@
 # address, ARC-sealed, SRS-rewritten, routed again, signed, relayed to a
 # real SMTP peer): an outsider's forged From: of a domain we hold a key
 # for arrives unsigned, as python3-dkim's dkim.verify sees it, while the
-# same message from a client of TRUSTED_NETWORKS is signed and verifies.
+# same message from a client of TRUSTED_NETWORKS is signed and verifies,
+# and an outsider's message that local.test itself signed (inbound DMARC
+# pass, checked by ingress against a private DNS) is signed again.
 # Then at the stage: a forwarded outsider's message is signed only when
 # its inbound DMARC passed for that very From: domain; an authenticated
 # account, local submission and Pepsi's own DSNs and vacation replies are
@@ -29,6 +31,7 @@ use PepsiStage;
 use PepsiTest;
 use SignTest;
 use SmtpClient;
+use TestDNS;
 
 my $node = delivery_node('dkim_sign_origin');
 my $dir = PostgreSQL::Test::Utils::tempdir();
@@ -80,6 +83,12 @@ sub signatures
 #
 my $peer = start_peer();
 my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $auth_port = PostgreSQL::Test::Cluster::get_free_port();
+# The listener that checks DMARC: local.test publishes p=reject and the key
+# we sign with (a server of the domain elsewhere signs with it too).
+my $dns = TestDNS->new($dir);
+$dns->zone("_dmarc.local.test. 300 IN TXT \"v=DMARC1; p=reject\"\n"
+	  . TestDNS::txt('s1._domainkey.local.test.', $record));
 my $aliases = "$dir/aliases";
 PostgreSQL::Test::Utils::append_to_file($aliases, "boss: boss\@remote.test\n");
 PostgreSQL::Test::Utils::append_to_file("$dir/srs-secret", "origin-secret\n");
@@ -87,7 +96,7 @@ chmod 0600, "$dir/srs-secret";
 my $sink = "PROGRAM = pepsi-stage-relay-to-smarthost\nSMARTHOST = 127.0.0.1:$peer->{port}\nTLS = none\n"
   . "TIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\nRETRY_BASE = 1s\nRETRY_MAX = 2s\n";
 my $conf = write_config($node,
-	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'local.test' },
+	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'local.test', DNS_FORWARDER => $dns->forwarder },
 	dispatch => { WORKER_IDLE_TIMEOUT => '30s' },
 	stages => <<"INI");
 [ingress]
@@ -96,6 +105,12 @@ DISPATCH_WAKE_INTERVAL = 20ms
 ADDRESS = 127.0.0.1
 PORT = $port
 TRUSTED_NETWORKS = 127.0.0.1/32
+[listener-auth]
+ADDRESS = 127.0.0.1
+PORT = $auth_port
+TRUSTED_NETWORKS = 127.0.0.1/32
+MESSAGE_AUTHENTICATION = on
+DMARC_POLICY = report
 $keys
 [srs]
 DOMAIN = local.test
@@ -130,18 +145,25 @@ INI
 my $ingress = start_ingress($conf, $port, "$dir/ingress.log");
 my $d = start_dispatcher($conf);
 
+sub message
+{
+	my ($subject) = @_;
+
+	return "From: The CEO <ceo\@local.test>\r\nTo: <boss\@local.test>\r\nSubject: $subject\r\n"
+	  . "Date: Sun, 6 Dec 2026 10:00:00 +0000\r\nMessage-ID: <$subject\@local.test>\r\n\r\n"
+	  . "Please wire the money.\r\n";
+}
+
 # One message through ingress from $client; returns the reply and the row id.
 sub send_from
 {
 	my ($client, $subject, %o) = @_;
-	my $c = SmtpClient->new($port, from => $client);
+	my $c = SmtpClient->new($o{port} // $port, from => $client);
 	$c->command('EHLO client.test');
 	$c->command('MAIL FROM:<ceo@local.test>' . ($o{mail_params} // ''));
 	$c->command('RCPT TO:<boss@local.test>' . ($o{rcpt_params} // ''));
 	$c->command('DATA');
-	$c->send("From: The CEO <ceo\@local.test>\r\nTo: <boss\@local.test>\r\nSubject: $subject\r\n"
-		  . "Date: Sun, 6 Dec 2026 10:00:00 +0000\r\nMessage-ID: <$subject\@local.test>\r\n\r\n"
-		  . "Please wire the money.\r\n.\r\n");
+	$c->send(($o{message} // message($subject)) . ".\r\n");
 	my $reply = $c->reply(30);
 	$c->command('QUIT');
 	$c->close;
@@ -187,8 +209,27 @@ is_deeply(signatures($injected), [], 'is not signed either');
 ok(file_shows($d->{log}, qr/message $injected_id goes on unsigned: state\.origin\.trust is "untrusted"/),
 	'the reason names state.origin.trust');
 
+# An outsider's message that local.test's own key signed (python3-dkim):
+# inbound DMARC passes for local.test, so the forwarded copy is signed too.
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ '/usr/bin/python3', '-c',
+			'import sys, dkim; m = sys.stdin.buffer.read(); '
+			  . 'sys.stdout.buffer.write(dkim.sign(m, b"s1", b"local.test", open(sys.argv[1], "rb").read(), '
+			  . 'include_headers=[b"from", b"to", b"subject", b"date"]) + m)', $key ],
+		'<', \message('aligned'), '>', \$out, '2>', \$err) or die "python3-dkim: $err";
+	($reply) = send_from('127.0.0.2', 'aligned', port => $auth_port, message => $out);
+	like($reply, qr/^250 /, 'an outsider sends a message local.test signed, to the listener checking DMARC');
+	my $aligned = received('aligned');
+	is_deeply(signatures($aligned), [ 'local.test', 'local.test' ],
+		'DMARC passed for local.test: the forwarded copy carries our signature beside the original')
+	  or diag(dispatcher_log($d));
+	is(dkim_verify($aligned), 'True', 'python3-dkim: dkim.verify passes it');
+}
+
 stop_dispatcher($d);
 stop_process($ingress);
+$dns->stop;
 
 #
 # At the stage: rows as ingress, pepsi-sendmail and Pepsi's stages write
