@@ -1243,6 +1243,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	for (int i = 0; i < SCRATCH_COUNT; i++)
 		buf_free(&w.scratch[i]);
 	buf_free(&w.input);
+	json_decref(w.settings); /* pepsi_prefetch_address_settings' last batch */
 	PQfinish(w.conn);
 	config_free(w.cfg);
 	return 0;

@@ -222,8 +222,8 @@ is($row->{client_address}, '127.0.0.1', 'plain: client_address');
 is($json->encode($row->{state}{origin}),
 	$json->encode({ client_ip => '127.0.0.1', helo => 'client.test', esmtp => JSON::PP::true,
 		smtputf8 => JSON::PP::false, body => '7BIT', tls => undef, listener => 'smtp',
-		auth => undef, authserv_id => 'auth.test' }),
-	'plain: state.origin');
+		auth => undef, authserv_id => 'auth.test', trust => 'trusted-network' }),
+	'plain: state.origin (a loopback client is in the default TRUSTED_NETWORKS)');
 is($json->encode($row->{state}{dsn}),
 	$json->encode({ ret => undef, envid => undef, rcpt => [ { notify => undef, orcpt => undef } ] }),
 	'plain: state.dsn has one entry per recipient');
@@ -367,6 +367,7 @@ ok(defined $id, 'submission: AUTH PLAIN after STARTTLS, queued') or diag($out);
 push @stored, $id;
 $row = stored_as_sent($id, "Subject: submitted\r\n\r\nby alice\r\n", 'submission');
 is($row->{state}{origin}{auth}, 'alice', 'submission: origin.auth');
+is($row->{state}{origin}{trust}, 'authenticated', 'submission: origin.trust');
 is($row->{auth_account}, 'alice', 'submission: auth_account');
 is($row->{state}{origin}{listener}, 'submission', 'submission: origin.listener');
 like($row->{trace}, qr/with ESMTPSA id/, 'submission: Received says ESMTPSA');

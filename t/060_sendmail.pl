@@ -68,6 +68,8 @@ is(last_row(), 'submit|alice@example.org|bob@example.net',
 is(last_message(), $crlf, 'the message is stored intact (CRLF line ends)');
 like($node->safe_psql('postgres', 'SELECT state FROM pepsi.workqueue ORDER BY id DESC LIMIT 1'),
 	qr/"local": true/, 'state.origin says it came from a local program');
+is($node->safe_psql('postgres', "SELECT state->'origin'->>'trust' FROM pepsi.workqueue ORDER BY id DESC LIMIT 1"),
+	'local', 'state.origin.trust is local: local submission is inside the trust boundary (signed)');
 
 # -t: To, Cc and Bcc, Bcc removed from the stored message.
 ($rc, $err) = sendmail("To: a\@example.org, \"Doe, J\" <j\@example.org>\nCc: c\@example.org\n"

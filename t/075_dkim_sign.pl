@@ -27,6 +27,18 @@ use SignTest;
 use TestDNS;
 
 my $node = stage_node('dkim_sign');
+
+# A message from a client of TRUSTED_NETWORKS, as pepsi-ingress writes
+# state.origin.trust: the signer signs only mail from inside the trust
+# boundary (t/123_dkim_sign_origin.pl tests the others).
+sub add_trusted
+{
+	my ($node, $stage, %m) = @_;
+
+	$m{state} //= {};
+	$m{state}{origin}{trust} //= 'trusted-network';
+	return add_message($node, $stage, %m);
+}
 my $dir = PostgreSQL::Test::Utils::tempdir();
 my %zone;
 
@@ -154,7 +166,7 @@ sub signature_count
 # Dual signing, relaxed/relaxed: folded and duplicate fields, an 8-bit body.
 #
 my ($r, $bad);
-my $folded = add_message($node, 'sign',
+my $folded = add_trusted($node, 'sign',
 	headers => "Received: from a.example by b.example; Mon, 1 Dec 2026 10:00:00 +0000\r\n"
 	  . "Received: from c.example\r\n\tby d.example; Mon, 1 Dec 2026 10:00:01 +0000\r\n"
 	  . "From: \"Alice  Example\" <alice\@Example.ORG>\r\n"
@@ -191,7 +203,7 @@ verified('relaxed, as delivered', $delivered->{data}, [ 'rsa', 'ed25519' ]) if $
 # simple/simple, RSA-3072, an SMTPUTF8 message (UTF-8 in the address and
 # the fields).
 #
-my $utf8 = add_message($node, 'sign-simple', from => "j\xc3\xb6s\xc3\xa9\@simple.example",
+my $utf8 = add_trusted($node, 'sign-simple', from => "j\xc3\xb6s\xc3\xa9\@simple.example",
 	headers => "From: J\xc3\xb6s\xc3\xa9 <j\xc3\xb6s\xc3\xa9\@simple.example>\r\n"
 	  . "To: <\xe7\x94\xa8\xe6\x88\xb7\@remote.test>\r\n"
 	  . "Subject: \xe2\x98\x95 caf\xc3\xa9\r\n"
@@ -210,7 +222,7 @@ my $date = "Date: Mon, 1 Dec 2026 10:00:04 +0000\r\n";
 #
 # Ed25519 alone.
 #
-my $ed = add_message($node, 'sign',
+my $ed = add_trusted($node, 'sign',
 	headers => "From: <x\@ed.example>\r\nTo: <y\@remote.test>\r\nSubject: ed\r\n$date", body => "ed25519\r\n");
 sign('ed25519', $ed);
 $signed = row_message($node, $ed);
@@ -220,12 +232,13 @@ verified('ed25519', $signed, ['ed25519']);
 
 #
 # SIGNING_DOMAIN = account: d= is the authenticated account's domain, even
-# for a From: of another domain; without an account, the From: domain.
+# for a From: of another domain; without an account, not signed (never
+# with the From: domain).
 #
-my $account = add_message($node, 'sign-account', state => { origin => { auth => 'x@ed.example' } },
+my $account = add_trusted($node, 'sign-account', state => { origin => { trust => 'authenticated', auth => 'x@ed.example' } },
 	headers => "From: <someone\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: acct\r\n$date",
 	body => "by account\r\n");
-my $no_account = add_message($node, 'sign-account',
+my $no_account = add_trusted($node, 'sign-account',
 	headers => "From: <someone\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: acct\r\n$date",
 	body => "no account\r\n");
 sign('account', $account, $no_account);
@@ -233,13 +246,15 @@ $signed = row_message($node, $account);
 like($signed, qr/^DKIM-Signature: v=1; a=ed25519-sha256; c=relaxed\/relaxed; d=ed\.example;/,
 	'account: d= is the authenticated account\'s domain');
 verified('account', $signed, ['ed25519']);
-like(row_message($node, $no_account), qr/^DKIM-Signature: v=1; a=rsa-sha256; c=relaxed\/relaxed; d=example\.org;/,
-	'account: without an authenticated account, the From: domain');
+unlike(row_message($node, $no_account), qr/^DKIM-Signature:/m,
+	'account: without an authenticated account, not signed with the From: domain');
+is(row_json($node, $no_account)->{state}{dkim_sign}{error},
+	'SIGNING_DOMAIN = account and the message has no authenticated account', 'account: the reason names the option');
 
 #
 # A body shared by three split rows: each row signed, still one body row.
 #
-my $shared = add_message($node, 'sign', rcpt => [ map { "r$_\@remote.test" } 1 .. 3 ],
+my $shared = add_trusted($node, 'sign', rcpt => [ map { "r$_\@remote.test" } 1 .. 3 ],
 	headers => "From: <team\@example.org>\r\nTo: <all\@remote.test>\r\nSubject: three\r\n$date",
 	body => "one body for three rows\r\n");
 $node->safe_psql('postgres', "SELECT pepsi.workqueue_split_one_per_row($shared, 'sign')");
@@ -281,7 +296,7 @@ verified('dsn', $signed, ['rsa']);
 # statement and committed with one (signed, they go on to the relay).
 #
 my @batch = map {
-	add_message($node, 'sign',
+	add_trusted($node, 'sign',
 		headers => "From: <b$_\@ed.example>\r\nTo: <y\@remote.test>\r\nSubject: batch $_\r\n$date",
 		body => "batch $_\r\n")
 } 1 .. 3;
@@ -302,7 +317,7 @@ is(scalar(grep { signature_count(row_message($node, $_)) == 1 } @batch), 3, 'bat
 #
 my $delivered_before = scalar(peer_messages($peer));
 my @routed = map {
-	add_message($node, 'route',
+	add_trusted($node, 'route',
 		headers => "From: <r$_\@example.org>\r\nTo: <y\@remote.test>\r\nSubject: routed $_\r\n$date",
 		body => "routed $_\r\n")
 } 1 .. 3;
@@ -330,7 +345,7 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue WHERE id I
 sub outcome
 {
 	my ($stage, $headers) = @_;
-	my $id = add_message($node, $stage, headers => $headers, body => "x\r\n");
+	my $id = add_trusted($node, $stage, headers => $headers, body => "x\r\n");
 	my $before = row_message($node, $id);
 	my $r = run_worker(worker_cmd('pepsi-stage-dkim-sign', $conf), "$id\n");
 	my $after = row_json($node, $id);
@@ -424,7 +439,7 @@ like($r->{stderr}, qr/CANONICALIZATION "loose\/simple" is not header\/body of si
 {
 	my $worker = start_worker(worker_cmd('pepsi-stage-dkim-sign', $conf));
 	my $message = sub {
-		add_message($node, 'sign',
+		add_trusted($node, 'sign',
 			headers => "From: <x\@ed.example>\r\nTo: <y\@remote.test>\r\nSubject: rotation $_[0]\r\n$date",
 			body => "rotation\r\n");
 	};

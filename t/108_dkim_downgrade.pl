@@ -57,7 +57,8 @@ my $body = "Gr\xc3\xbc\xc3\x9fe aus K\xc3\xb6ln,\r\nsch\xc3\xb6ne Gr\xc3\xbc\xc3
 sub message
 {
 	my ($stage, $subject) = @_;
-	return add_message($node, $stage,
+	# A trusted client's message (state.origin.trust): the signer signs it.
+	return add_message($node, $stage, state => { origin => { trust => 'trusted-network' } },
 		headers => "From: <alice\@example.org>\r\nTo: <bob\@remote.test>\r\nSubject: $subject\r\n"
 		  . "Date: Tue, 1 Dec 2026 10:00:00 +0000\r\nMessage-ID: <$subject\@example.org>\r\n"
 		  . "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n"

@@ -31,6 +31,7 @@
 #include "header.h"
 #include "log.h"
 #include "message.h"
+#include "origin.h"
 #include "xalloc.h"
 
 #define EX_OK 0
@@ -337,8 +338,10 @@ pepsi_sendmail_main(int argc, char **argv)
 	for (size_t k = 0; k < o.nrcpt; k++)
 		db_array_append(&rcpt_array, o.rcpt[k]);
 	buf_append_char(&rcpt_array, '}');
-	state = json_pack("{s:{s:b,s:s,s:s},s:{s:n,s:n,s:o}}", "origin", "local", 1, "user", login,
-					  "program", "pepsi-sendmail", "dsn", "ret", "envid", "rcpt", json_array());
+	/* Local submission is inside the trust boundary (common/origin.h). */
+	state = json_pack("{s:{s:s,s:b,s:s,s:s},s:{s:n,s:n,s:o}}", "origin", "trust", ORIGIN_TRUST_LOCAL,
+					  "local", 1, "user", login, "program", "pepsi-sendmail", "dsn", "ret", "envid",
+					  "rcpt", json_array());
 	for (size_t k = 0; k < o.nrcpt; k++)
 		json_array_append_new(json_object_get(json_object_get(state, "dsn"), "rcpt"),
 							  json_pack("{s:n,s:n}", "notify", "orcpt"));

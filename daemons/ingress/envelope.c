@@ -14,6 +14,7 @@
 #include "header.h"
 #include "log.h"
 #include "message.h"
+#include "origin.h"
 #include "xalloc.h"
 
 static void
@@ -87,13 +88,27 @@ envelope_rcpt_array(const struct smtp_session *s)
 }
 
 /*
+ * state.origin.trust (common/origin.h), decided here only, from what
+ * ingress alone knows: the account the session authenticated as, or the
+ * client's address in TRUSTED_NETWORKS.  Nothing the client sends (a
+ * parameter, a header field) can say it.
+ */
+static const char *
+envelope_trust(const struct smtp_session *s, const struct envelope_origin *o)
+{
+	if (s->auth_account)
+		return ORIGIN_TRUST_AUTHENTICATED;
+	return o->trusted_network ? ORIGIN_TRUST_TRUSTED_NETWORK : ORIGIN_TRUST_UNTRUSTED;
+}
+
+/*
  * NOTIFY as it is kept: SUCCESS only for a client that authenticated or is
  * trusted.  Anyone else could otherwise have us mail a success DSN to a
  * forged sender for every recipient: a reflector (backscatter).  A NOTIFY
  * left with nothing but SUCCESS becomes FAILURE, the default (RFC 3461 4.1).
  */
 static json_t *
-envelope_notify(const char *notify, const struct envelope_origin *o)
+envelope_notify(const char *notify, const char *trust)
 {
 	struct buf	kept = BUF_INIT;
 	const char *p = notify;
@@ -101,7 +116,7 @@ envelope_notify(const char *notify, const struct envelope_origin *o)
 
 	if (notify == NULL)
 		return json_null();
-	if (o->success_dsn_allowed || strstr(notify, "SUCCESS") == NULL)
+	if (strcmp(trust, ORIGIN_TRUST_UNTRUSTED) != 0 || strstr(notify, "SUCCESS") == NULL)
 		return json_string(notify);
 	while (*p)
 	{
@@ -123,21 +138,23 @@ envelope_notify(const char *notify, const struct envelope_origin *o)
 static char *
 envelope_state(const struct smtp_session *s, const struct envelope_origin *o, json_t *auth)
 {
-	json_t *tls = json_null();
-	json_t *rcpt = json_array();
-	json_t *state;
-	char   *text;
+	const char *trust = envelope_trust(s, o);
+	json_t	   *tls = json_null();
+	json_t	   *rcpt = json_array();
+	json_t	   *state;
+	char	   *text;
 
 	if (s->tls)
 		tls = json_pack("{s:s, s:s, s:i}", "version", s->tls_info.version,
 						"cipher", s->tls_info.cipher, "bits", s->tls_info.bits);
 	for (size_t i = 0; i < s->nrcpt; i++)
 		json_array_append_new(rcpt, json_pack("{s:o, s:s?}", "notify",
-											  envelope_notify(s->rcpt[i].notify, o),
+											  envelope_notify(s->rcpt[i].notify, trust),
 											  "orcpt", s->rcpt[i].orcpt));
-	state = json_pack("{s:{s:s, s:s?, s:b, s:b, s:s, s:o, s:s, s:s?, s:s},"
+	state = json_pack("{s:{s:s, s:s, s:s?, s:b, s:b, s:s, s:o, s:s, s:s?, s:s},"
 					  " s:{s:s?, s:s?, s:o}}",
 					  "origin",
+					  "trust", trust,
 					  "client_ip", o->client_ip,
 					  "helo", s->helo,
 					  "esmtp", s->esmtp,

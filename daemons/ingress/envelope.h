@@ -23,9 +23,9 @@ struct envelope_origin
 	const char	 *listener; /* the [listener-<name>] name */
 	const char	 *hostname; /* "by" in Received */
 	const char	 *authserv_id;
-	const char	 *transaction_id;	   /* "id" in Received, and the logs */
-	bool		  success_dsn_allowed; /* NOTIFY=SUCCESS kept: authenticated or trusted */
-	unsigned	  max_hops;			   /* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
+	const char	 *transaction_id;  /* "id" in Received, and the logs */
+	bool		  trusted_network; /* the client is in TRUSTED_NETWORKS */
+	unsigned	  max_hops;		   /* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
 	time_t		  now;
 	const char	 *client_name; /* forward-confirmed (iprev) name, or NULL */
 	const json_t *auth;		   /* state.auth, from which Authentication-Results is written */

@@ -366,7 +366,7 @@ session_store(struct session *s)
 	origin.authserv_id = ingress.authserv_id;
 	origin.transaction_id = transaction_id;
 	origin.max_hops = ingress.max_hops;
-	origin.success_dsn_allowed = s->trusted || s->smtp.auth_account != NULL;
+	origin.trusted_network = s->trusted;
 	origin.now = time(NULL);
 	if (s->verify)
 		verify_findings(s->verify, &findings);

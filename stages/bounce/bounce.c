@@ -35,6 +35,7 @@
 #include "delivery.h"
 #include "dsn.h"
 #include "log.h"
+#include "origin.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -359,8 +360,13 @@ bounce_run(struct pepsi_ctx *ctx)
 		json_decref(event);
 	}
 	to[0] = sender_copy;
-	/* The DSN's own clock: MAX_LIFETIME of its delivery counts from now, not from the original. */
-	new_state = json_pack("{s:I}", "created_at", (json_int_t) report.now);
+	/*
+	 * The DSN's own clock: MAX_LIFETIME of its delivery counts from now, not
+	 * from the original.  It is Pepsi's own message, whoever sent the
+	 * original: its origin is trusted and it is signed (common/origin.h).
+	 */
+	new_state = json_pack("{s:I, s:o}", "created_at", (json_int_t) report.now, "origin",
+						  origin_generated("pepsi-stage-bounce"));
 	pepsi_set_headers(ctx, new_headers.data, new_headers.len);
 	pepsi_set_body(ctx, new_body.data, new_body.len);
 	pepsi_set_rcpt_to(ctx, to, 1);

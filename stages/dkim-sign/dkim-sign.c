@@ -3,9 +3,17 @@
  * and/or Ed25519 (RFC 8463: a domain with keys of both kinds gets both
  * signatures), over common/auth's one canonicalization.
  *
+ * Only mail from inside the trust boundary is signed (state.origin.trust,
+ * common/origin.h: an authenticated session, a trusted network, local
+ * submission, or Pepsi's own DSNs and replies), and an outsider's
+ * (forwarded) message only when its inbound DMARC passed for that very
+ * From: domain: anything else goes on unsigned, whatever
+ * REQUIRE_SIGNATURE says, with the reason in state.dkim_sign.
+ *
  * The signing domain (d=) is the domain of the From: address, or with
  * SIGNING_DOMAIN = account the domain of the authenticated account
- * (state.origin.auth) when it has one.  Every [dkim-key-*] section (or
+ * (state.origin.auth), never From:'s (but for Pepsi's own messages, whose
+ * From: it wrote).  Every [dkim-key-*] section (or
  * those KEYS names) whose DOMAIN is that domain signs.  Only the header
  * block is written: the body is shared by the message's split rows and
  * stays one body row.
@@ -17,7 +25,7 @@
  *   HEADERS             colon-separated names to sign (default: DKIM_DEFAULT_HEADERS
  *                       in common/auth/dkim_sign.h)
  *   OVERSIGN            names signed once more than present (default from:to:subject:date)
- *   SIGNING_DOMAIN      from (default) or account
+ *   SIGNING_DOMAIN      from (default) or account (no account: not signed)
  *   REQUIRE_SIGNATURE   yes: a message that cannot be signed (no key for its
  *                       domain, no From:, a malformed or over-long header) is
  *                       failed with the reason in state.dkim_sign, never sent
@@ -47,6 +55,7 @@
 #include "log.h"
 #include "message.h"
 #include "mime_downgrade.h"
+#include "origin.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -236,17 +245,56 @@ sign_account_domain(struct pepsi_ctx *ctx)
 	return domain;
 }
 
+/* Did inbound DMARC (state.auth.dmarc, pepsi-ingress's verdict) pass for domain? */
+static bool
+sign_dmarc_passed(struct pepsi_ctx *ctx, const char *domain)
+{
+	json_t	   *dmarc = json_object_get(json_object_get(pepsi_state(ctx), "auth"), "dmarc");
+	const char *result = json_string_value(json_object_get(dmarc, "result"));
+	const char *from = json_string_value(json_object_get(dmarc, "header.from"));
+
+	return result && from && strcmp(result, "pass") == 0 && strcasecmp(from, domain) == 0;
+}
+
 /*
- * A message that cannot be signed: failed when a signature is required,
- * else sent on unsigned.  Either way the reason is in state.dkim_sign.
+ * Whose mail this is, the one predicate of what may be signed: mail from
+ * inside the trust boundary (state.origin.trust, common/origin.h), or an
+ * outsider's (forwarded) message whose inbound DMARC passed for that very
+ * From: domain, which its own signature then vouches for again.  Anything
+ * else would lend our domains' names to a forged From:.  NULL: it may be
+ * signed; else why not, in reason.
+ */
+static const char *
+sign_not_ours(struct pepsi_ctx *ctx, const char *from_domain, const char *from_err, char *reason,
+			  size_t reasonlen)
+{
+	const char *trust = origin_trust(pepsi_state(ctx));
+
+	if (origin_trusted(pepsi_state(ctx)))
+		return NULL;
+	if (from_domain && sign_dmarc_passed(ctx, from_domain))
+		return NULL;
+	if (from_domain)
+		snprintf(reason, reasonlen, "state.origin.trust is \"%s\" and inbound DMARC did not pass for %s",
+				 trust ? trust : "(none)", from_domain);
+	else
+		snprintf(reason, reasonlen, "state.origin.trust is \"%s\" and %s", trust ? trust : "(none)", from_err);
+	return reason;
+}
+
+/*
+ * A message that cannot be signed: failed when a signature is required
+ * and may_fail (an outsider's message is not ours to sign, and goes on
+ * whatever REQUIRE_SIGNATURE says), else sent on unsigned.  Either way the
+ * reason is in state.dkim_sign.
  */
 static int
-sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *reason)
+sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *reason, bool may_fail)
 {
 	json_t *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", reason, "signed", 0);
 	int		rc;
 
-	if (o->required)
+	if (o->required && may_fail)
 	{
 		log_warnx("message %lld not signed and REQUIRE_SIGNATURE is set: %s", pepsi_id(ctx), reason);
 		rc = pepsi_fail(ctx, merge);
@@ -311,6 +359,8 @@ sign_run(struct pepsi_ctx *ctx)
 	unsigned char			   body_hash[CANON_HASH_LEN];
 	struct buf				   out = BUF_INIT;
 	int						   rc;
+	/* An outsider's message is never failed for want of a signature: it is not ours to sign. */
+	const bool trusted = origin_trusted(pepsi_state(ctx));
 
 	if (headers == NULL || body == NULL)
 		return -1;
@@ -322,25 +372,40 @@ sign_run(struct pepsi_ctx *ctx)
 	if (o->downgrade)
 		sign_downgrade(ctx, &headers, &body);
 	if (!header_fields_parse(headers->data, headers->len, SIGN_MAX_LINE, &fields, err, sizeof(err)))
-		return sign_unsigned(ctx, o, err);
-	if (o->by_account)
-		domain = sign_account_domain(ctx);
-	if (domain == NULL)
+		return sign_unsigned(ctx, o, err, trusted);
 	{
-		char from_err[256];
+		char		from_err[256];
+		char	   *from_domain = sign_from_domain(&fields, from_err, sizeof(from_err));
+		const char *why = sign_not_ours(ctx, from_domain, from_err, err, sizeof(err));
+		const char *trust = origin_trust(pepsi_state(ctx));
 
-		domain = sign_from_domain(&fields, from_err, sizeof(from_err));
-		if (domain == NULL)
+		if (why == NULL && o->by_account)
 		{
-			header_fields_free(&fields);
-			return sign_unsigned(ctx, o, from_err);
+			/*
+			 * The account's domain, never From:'s, but for Pepsi's own
+			 * messages (DSNs, vacation replies), which have no account
+			 * and whose From: Pepsi wrote.
+			 */
+			if (trust == NULL || strcmp(trust, ORIGIN_TRUST_PEPSI) != 0)
+			{
+				free(from_domain);
+				from_domain = trust && strcmp(trust, ORIGIN_TRUST_AUTHENTICATED) == 0 ? sign_account_domain(ctx) : NULL;
+				if (from_domain == NULL)
+					why = "SIGNING_DOMAIN = account and the message has no authenticated account";
+				else if (header_fields_count(&fields, "From") == 0)
+					why = "the message has no From: field";
+			}
 		}
-	}
-	else if (header_fields_count(&fields, "From") == 0)
-	{
-		header_fields_free(&fields);
-		free(domain);
-		return sign_unsigned(ctx, o, "the message has no From: field");
+		else if (why == NULL && from_domain == NULL)
+			why = from_err;
+		if (why)
+		{
+			rc = sign_unsigned(ctx, o, why, trusted);
+			header_fields_free(&fields);
+			free(from_domain);
+			return rc;
+		}
+		domain = from_domain;
 	}
 
 	for (size_t i = 0; i < sign_state.keyring.count && nkeys < SIGN_MAX_KEYS; i++)
@@ -367,7 +432,7 @@ sign_run(struct pepsi_ctx *ctx)
 		snprintf(err, sizeof(err), "no signing key for the domain %s", domain);
 		header_fields_free(&fields);
 		free(domain);
-		return sign_unsigned(ctx, o, err);
+		return sign_unsigned(ctx, o, err, trusted);
 	}
 
 	canon_body_hash(o->body_canon, body->data, body->len, body_hash);

@@ -25,6 +25,7 @@
 #include "autoreply.h"
 #include "log.h"
 #include "options.h"
+#include "origin.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -95,6 +96,7 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 	char		why[256];
 	char		unique[64];
 	char	   *token;
+	json_t	   *reply_state;
 	long long	id;
 	int			rc = 0;
 
@@ -127,10 +129,13 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 		autoreply_build(&reply, headers->data, headers->len, &reply_headers, &reply_body);
 	}
 	token = xasprintf("vacation-%s", unique);
+	/* Pepsi's own message, to be signed like the recipient's own mail (common/origin.h). */
+	reply_state = json_pack("{s:o}", "origin", origin_generated("pepsi-stage-vacation"));
 	id = pepsi_enqueue_autoreply(ctx, recipient, vacation_interval(ctx, settings, recipient),
 								 reply_stage ? reply_stage : "init", "", sender,
 								 reply_headers.data, reply_headers.len, reply_body.data,
-								 reply_body.len, NULL, token);
+								 reply_body.len, reply_state, token);
+	json_decref(reply_state);
 	free(token);
 	if (id < 0)
 		rc = -1;

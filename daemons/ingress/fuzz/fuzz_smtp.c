@@ -123,7 +123,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 		.authserv_id = "auth.test",
 		.transaction_id = "0123456789ABCDEF",
 		.max_hops = 5,
-		.success_dsn_allowed = false,
+		.trusted_network = false,
 	};
 	struct smtp_tls_info tls = {"TLSv1.3", "TLS_AES_256_GCM_SHA384", 256};
 	const char			*refusal;
