@@ -8,7 +8,10 @@
  * -t the recipients are taken from the To, Cc and Bcc headers (added to
  * any on the command line) and Bcc is removed.  Without -i a line with a
  * single dot ends the message.  Missing From, Date and Message-ID headers
- * are added.  Exit codes are sysexits(3): 0 admitted, 64 usage, 65 bad
+ * are added; an Authentication-Results that claims our authserv-id is
+ * removed (RFC 8601 5: only ingress may say what we checked).  The -f
+ * sender is a mailbox (local@domain) or <> for none.  Exit codes are
+ * sysexits(3): 0 admitted, 64 usage, 65 bad
  * message, 75 the queue is unreachable (try again), 78 bad configuration.
  * Other sendmail options (-oXXX, -bm, -v, -N, -R, -V, -B) are accepted and
  * ignored, as mail programs pass them freely.
@@ -31,6 +34,7 @@
 #include "header.h"
 #include "log.h"
 #include "message.h"
+#include "smtp_address.h"
 #include "xalloc.h"
 
 #define EX_OK 0
@@ -46,6 +50,7 @@ struct sendmail_options
 	bool		from_headers; /* -t */
 	bool		ignore_dots;  /* -i, -oi */
 	const char *sender;		  /* -f */
+	char	   *bracketed;	  /* -f <sender>, its brackets taken off */
 	const char *full_name;	  /* -F */
 	const char *config_path;  /* -C */
 	char	  **rcpt;
@@ -86,6 +91,30 @@ sendmail_one_line(const char *what, const char *value)
 			return false;
 		}
 	return true;
+}
+
+/*
+ * The -f sender: a mailbox, bare or in angle brackets, or "" or "<>" for
+ * the null sender; o->sender becomes the bare mailbox.  What the queue
+ * would take but no SMTP server downstream would is refused here.
+ */
+static bool
+sendmail_sender_valid(struct sendmail_options *o)
+{
+	size_t len = strlen(o->sender);
+
+	if (len >= 2 && o->sender[0] == '<' && o->sender[len - 1] == '>')
+	{
+		o->bracketed = xstrndup(o->sender + 1, len - 2);
+		o->sender = o->bracketed;
+	}
+	if (o->sender[0] == '\0' || smtp_mailbox_valid(o->sender, true))
+		return true;
+	fprintf(stderr,
+			"pepsi-sendmail: the sender (-f) \"%s\" is not an address: local@domain of at most "
+			"%d octets (RFC 5321 4.1.2), or <> for none; refused\n",
+			o->sender, SMTP_PATH_MAX);
+	return false;
 }
 
 static int
@@ -180,6 +209,8 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 	if ((o->sender && !sendmail_one_line("the sender (-f)", o->sender))
 		|| (o->full_name && !sendmail_one_line("the full name (-F)", o->full_name)))
 		return EX_USAGE;
+	if (o->sender && !sendmail_sender_valid(o))
+		return EX_USAGE;
 	return EX_OK;
 }
 
@@ -257,8 +288,6 @@ pepsi_sendmail_main(int argc, char **argv)
 	hostname = config_hostname(cfg);
 	stage = config_text(cfg, "sendmail", "INIT_STAGE");
 	sender = o.sender ? xstrdup(o.sender) : xasprintf("%s@%s", login, hostname);
-	if (strcmp(sender, "<>") == 0)
-		sender[0] = '\0';
 
 	sendmail_read(o.ignore_dots, &raw);
 	message_split(raw.data ? raw.data : "", raw.len, &headers, &body);
@@ -291,6 +320,20 @@ pepsi_sendmail_main(int argc, char **argv)
 		buf_free(&headers);
 		headers = without_bcc;
 		buf_free(&values);
+	}
+	{
+		/* Only ingress says what we checked (RFC 8601 5): a claim of our authserv-id goes. */
+		struct buf kept = BUF_INIT;
+
+		if (header_remove_results_of(headers.data ? headers.data : "", headers.len,
+									 config_authserv_id(cfg), &kept)
+			> 0)
+		{
+			buf_free(&headers);
+			headers = kept;
+		}
+		else
+			buf_free(&kept);
 	}
 	for (size_t k = 0; k < o.nrcpt; k++)
 		if (!sendmail_one_line("a recipient", o.rcpt[k]))
@@ -379,6 +422,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	buf_free(&rcpt_array);
 	free(login);
 	free(sender);
+	free(o.bracketed);
 	config_free(cfg);
 	return rc;
 }

@@ -15,11 +15,11 @@
 #include <stddef.h>
 
 #include "buf.h"
+#include "smtp_address.h"
 
 /* RFC 5321 4.5.3.1.4 says 512; extensions (AUTH, DSN, SMTPUTF8) need more. */
 #define SMTP_COMMAND_MAX 4096
 #define SMTP_HELO_MAX 255
-#define SMTP_PATH_MAX 256
 #define SMTP_ENVID_MAX 100
 
 struct smtp_session;
