@@ -129,8 +129,8 @@ srs_hash(const char *secret, const char *a, const char *b, const char *c, char o
 
 /*
  * Does hash (any case, as a mail system may smash it) match one of the
- * secrets?  At least HASH_LENGTH characters, compared in constant time: how far a
- * guess matched must not show in how long the answer took.
+ * secrets?  At least HASH_LENGTH characters, compared in constant time:
+ * how far a guess matched must not show in how long the answer took.
  */
 static bool
 srs_hash_valid(const struct srs *srs, const char *hash, const char *a, const char *b, const char *c)
@@ -267,7 +267,7 @@ srs_inner_valid(const struct srs *srs, const char *hop, const char *inner, time_
 {
 	char *copy = xstrdup(inner + 1);
 	char *f[4];
-	bool  valid = strchr("=+-", inner[0]) && srs_split(copy, f, 4) && *f[0] && *f[2] && *f[3]
+	bool  valid = inner[0] && strchr("=+-", inner[0]) && srs_split(copy, f, 4) && *f[0] && *f[2] && *f[3]
 				 && strspn(f[0], srs_base64) == strlen(f[0]) && srs_timestamp_valid(srs, f[1], now)
 				 && (strcasecmp(hop, srs->domain) != 0
 					 || srs_hash_valid(srs, f[0], f[1], f[2], f[3]));
