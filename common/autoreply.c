@@ -69,10 +69,7 @@ autoreply_addressed_to(const char *headers, size_t hlen, const char *address)
 		buf_reset(&values);
 		header_get_all(headers, hlen, fields[i], &values);
 		if (values.len > 0)
-		{
-			buf_append_char(&values, '\0');
 			header_addresses(values.data, &list, &n);
-		}
 	}
 	for (size_t i = 0; i < n; i++)
 	{

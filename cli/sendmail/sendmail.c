@@ -194,6 +194,11 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 		size_t n = 0;
 
 		header_addresses(argv[i], &list, &n);
+		o->rcpt = xrealloc(o->rcpt, (o->nrcpt + n + 1) * sizeof(char *));
+		if (n > 0)
+			memcpy(o->rcpt + o->nrcpt, list, n * sizeof(char *));
+		o->nrcpt += n;
+		free(list);
 		if (n == 0)
 		{
 			fprintf(stderr, "pepsi-sendmail: \"%s\" is not an address\n", argv[i]);
@@ -201,10 +206,6 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 		}
 		if (!sendmail_one_line("a recipient", argv[i]))
 			return EX_USAGE;
-		o->rcpt = xrealloc(o->rcpt, (o->nrcpt + n) * sizeof(char *));
-		memcpy(o->rcpt + o->nrcpt, list, n * sizeof(char *));
-		o->nrcpt += n;
-		free(list);
 	}
 	if ((o->sender && !sendmail_one_line("the sender (-f)", o->sender))
 		|| (o->full_name && !sendmail_one_line("the full name (-F)", o->full_name)))
@@ -256,17 +257,17 @@ pepsi_sendmail_main(int argc, char **argv)
 	const char			   *hostname;
 	const char			   *stage;
 	char					err[1024];
-	struct pepsi_config	   *cfg;
+	struct pepsi_config	   *cfg = NULL;
 	struct buf				raw = BUF_INIT;
 	struct buf				headers = BUF_INIT;
 	struct buf				body = BUF_INIT;
 	struct buf				added = BUF_INIT;
 	struct buf				rcpt_array = BUF_INIT;
 	char				   *login = sendmail_login();
-	char				   *sender;
-	json_t				   *state;
-	char				   *state_text;
-	PGconn				   *conn;
+	char				   *sender = NULL;
+	json_t				   *state = NULL;
+	char				   *state_text = NULL;
+	PGconn				   *conn = NULL;
 	PGresult			   *res;
 	int						rc;
 
@@ -274,7 +275,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((rc = sendmail_parse(argc, argv, &o)) != EX_OK)
 	{
 		sendmail_usage();
-		return rc;
+		goto out;
 	}
 	if (o.config_path == NULL)
 		o.config_path = getenv("PEPSI_CONFIG");
@@ -283,7 +284,8 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((cfg = config_load(o.config_path, err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
-		return EX_CONFIG;
+		rc = EX_CONFIG;
+		goto out;
 	}
 	hostname = config_hostname(cfg);
 	stage = config_text(cfg, "sendmail", "INIT_STAGE");
@@ -294,7 +296,8 @@ pepsi_sendmail_main(int argc, char **argv)
 	if (headers.len == 0 && body.len == 0)
 	{
 		fprintf(stderr, "pepsi-sendmail: the message is empty\n");
-		return EX_DATAERR;
+		rc = EX_DATAERR;
+		goto out;
 	}
 
 	if (o.from_headers)
@@ -337,12 +340,16 @@ pepsi_sendmail_main(int argc, char **argv)
 	}
 	for (size_t k = 0; k < o.nrcpt; k++)
 		if (!sendmail_one_line("a recipient", o.rcpt[k]))
-			return EX_DATAERR;
+		{
+			rc = EX_DATAERR;
+			goto out;
+		}
 	if (o.nrcpt == 0)
 	{
 		fprintf(stderr, "pepsi-sendmail: no recipients%s\n",
 				o.from_headers ? " (none on the command line, none in To, Cc or Bcc)" : "");
-		return EX_USAGE;
+		rc = EX_USAGE;
+		goto out;
 	}
 
 	/* Headers a message must have, added in front. */
@@ -390,7 +397,8 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((conn = db_connect_as(cfg, "sendmail", "CONNINFO", "pepsi-sendmail", err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
-		return EX_TEMPFAIL;
+		rc = EX_TEMPFAIL;
+		goto out;
 	}
 	{
 		const char *values[6] = {stage, sender, rcpt_array.data, added.data ? added.data : "",
@@ -412,7 +420,9 @@ pepsi_sendmail_main(int argc, char **argv)
 		rc = EX_OK;
 	}
 	PQclear(res);
-	PQfinish(conn);
+out:
+	if (conn)
+		PQfinish(conn);
 	json_decref(state);
 	free(state_text);
 	buf_free(&raw);
@@ -423,6 +433,10 @@ pepsi_sendmail_main(int argc, char **argv)
 	free(login);
 	free(sender);
 	free(o.bracketed);
-	config_free(cfg);
+	for (size_t k = 0; k < o.nrcpt; k++)
+		free(o.rcpt[k]);
+	free(o.rcpt);
+	if (cfg)
+		config_free(cfg);
 	return rc;
 }
