@@ -380,6 +380,7 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c dae
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
                      common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
                      common/aliases.c common/config.c common/options.c common/header.c common/auth/results.c \
+                     common/smtp_address.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \

@@ -50,6 +50,37 @@ autoreply_system_sender(const char *sender)
 		   || (len >= 6 && strncasecmp(sender + len - 6, "-owner", 6) == 0);
 }
 
+/*
+ * Is address named in a recipient field (RFC 3834 2: a personal
+ * responder answers only mail explicitly written to the recipient, not a
+ * list's copy, an alias's expansion or a forward)?  Any case.
+ */
+static bool
+autoreply_addressed_to(const char *headers, size_t hlen, const char *address)
+{
+	static const char *const fields[] = {"To", "Cc", "Bcc", "Resent-To", "Resent-Cc", "Resent-Bcc"};
+	struct buf				 values = BUF_INIT;
+	char				   **list = NULL;
+	size_t					 n = 0;
+	bool					 found = false;
+
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+	{
+		buf_reset(&values);
+		header_get_all(headers, hlen, fields[i], &values);
+		if (values.len > 0)
+			header_addresses(values.data, &list, &n);
+	}
+	for (size_t i = 0; i < n; i++)
+	{
+		found = found || strcasecmp(list[i], address) == 0;
+		free(list[i]);
+	}
+	free(list);
+	buf_free(&values);
+	return found;
+}
+
 bool
 autoreply_refused(const char *headers, size_t hlen, const char *sender, const char *responder,
 				  char *why, size_t whylen)
@@ -114,6 +145,11 @@ autoreply_refused(const char *headers, size_t hlen, const char *sender, const ch
 			snprintf(why, whylen, "X-Auto-Response-Suppress");
 			return true;
 		}
+	}
+	if (!autoreply_addressed_to(headers, hlen, responder))
+	{
+		snprintf(why, whylen, "<%s> is not in To or Cc (RFC 3834 2)", responder);
+		return true;
 	}
 	return false;
 }

@@ -17,7 +17,9 @@
  * 3.1.1): the null sender, the responder's own address, list and system
  * senders (owner-*, *-request, MAILER-DAEMON, ...), Auto-Submitted other
  * than "no", Precedence bulk/list/junk, a mailing list's List-* fields,
- * X-Auto-Response-Suppress.  False when one may; else true with why.
+ * X-Auto-Response-Suppress, and a message whose To, Cc (Bcc, Resent-*)
+ * do not name the responder (a list's copy, an alias's expansion).  False
+ * when one may; else true with why.
  */
 bool autoreply_refused(const char *headers, size_t hlen, const char *sender,
 					   const char *responder, char *why, size_t whylen);

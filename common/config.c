@@ -839,6 +839,14 @@ config_hostname(const struct pepsi_config *cfg)
 	return system_name;
 }
 
+const char *
+config_authserv_id(const struct pepsi_config *cfg)
+{
+	const char *configured = config_text(cfg, "ingress", "AUTHSERV_ID");
+
+	return configured ? configured : config_hostname(cfg);
+}
+
 size_t
 config_sections(const struct pepsi_config *cfg, const char *prefix, const char **names, size_t max)
 {

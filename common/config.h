@@ -124,6 +124,8 @@ bool config_list_contains(const char *list, const char *item);
 
 /* [pepsi] HOSTNAME, else the system's host name, else "localhost". */
 const char *config_hostname(const struct pepsi_config *cfg);
+/* The authserv-id of our Authentication-Results: [ingress] AUTHSERV_ID, else config_hostname. */
+const char *config_authserv_id(const struct pepsi_config *cfg);
 
 /* The schema's definition of an option of section (a stage's with its PROGRAM), or NULL. */
 const struct option_def *config_option_def(const struct pepsi_config *cfg, const char *section,

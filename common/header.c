@@ -27,12 +27,28 @@ header_field_end(const char *h, size_t len, size_t start)
 	}
 }
 
-static bool
-header_field_is(const char *field, size_t flen, const char *name)
+/*
+ * Where the value of a field named name starts (after its colon), or 0
+ * when the field has another name.  White space may come before the
+ * colon (RFC 5322 4.5, obs-optional): a reader that took "Bcc :" or
+ * "Authentication-Results :" for another field would keep it.
+ */
+static size_t
+header_field_value(const char *field, size_t flen, const char *name)
 {
 	size_t n = strlen(name);
 
-	return flen > n && strncasecmp(field, name, n) == 0 && field[n] == ':';
+	if (flen <= n || strncasecmp(field, name, n) != 0)
+		return 0;
+	while (n < flen && (field[n] == ' ' || field[n] == '\t'))
+		n++;
+	return n < flen && field[n] == ':' ? n + 1 : 0;
+}
+
+static bool
+header_field_is(const char *field, size_t flen, const char *name)
+{
+	return header_field_value(field, flen, name) > 0;
 }
 
 static void
@@ -53,9 +69,11 @@ header_get_all(const char *headers, size_t len, const char *name, struct buf *ou
 	{
 		size_t end = header_field_end(headers, len, start);
 
-		if (header_field_is(headers + start, end - start, name))
+		size_t value = header_field_value(headers + start, end - start, name);
+
+		if (value > 0)
 		{
-			size_t vstart = start + strlen(name) + 1;
+			size_t vstart = start + value;
 
 			if (out->len > 0)
 				buf_append_str(out, ", ");
@@ -72,10 +90,12 @@ header_get(const char *headers, size_t len, const char *name)
 	{
 		size_t end = header_field_end(headers, len, start);
 
-		if (header_field_is(headers + start, end - start, name))
+		size_t field_value = header_field_value(headers + start, end - start, name);
+
+		if (field_value > 0)
 		{
 			struct buf out = BUF_INIT;
-			size_t	   vstart = start + strlen(name) + 1;
+			size_t	   vstart = start + field_value;
 			char	  *value;
 			char	  *p;
 
@@ -121,15 +141,17 @@ header_count(const char *headers, size_t len, const char *name)
 }
 
 /*
- * The authserv-id of an Authentication-Results value: the first token
- * after white space, line folds and comments (RFC 8601 2.2, CFWS allowed).
+ * The authserv-id of an Authentication-Results value: the first token or
+ * quoted-string after white space, line folds and comments (RFC 8601 2.2:
+ * CFWS allowed, authserv-id = value, RFC 2045's token / quoted-string).
  */
 static bool
 header_authserv_id_is(const char *value, size_t len, const char *authserv_id)
 {
-	size_t i = 0;
-	size_t n = strlen(authserv_id);
-	int	   comment = 0;
+	size_t	   i = 0;
+	int		   comment = 0;
+	struct buf id = BUF_INIT;
+	bool	   is;
 
 	for (; i < len; i++)
 	{
@@ -149,26 +171,43 @@ header_authserv_id_is(const char *value, size_t len, const char *authserv_id)
 		else if (!isspace((unsigned char) c))
 			break;
 	}
-	if (len - i < n || strncasecmp(value + i, authserv_id, n) != 0)
-		return false;
-	/* The whole token: what follows ends it (a version, a ";", a comment). */
-	return i + n == len || isspace((unsigned char) value[i + n]) || value[i + n] == ';'
-		   || value[i + n] == '(';
+	if (i < len && value[i] == '"')
+	{
+		/* The quoted-string's content, its quoted-pairs undone. */
+		for (i++; i < len && value[i] != '"'; i++)
+		{
+			if (value[i] == '\\' && i + 1 < len)
+				i++;
+			if (value[i] != '\r' && value[i] != '\n')
+				buf_append_char(&id, value[i]);
+		}
+		if (i >= len)
+		{
+			buf_free(&id);
+			return false;
+		}
+	}
+	else
+		/* The whole token: what follows ends it (a version, a ";", a comment). */
+		for (; i < len && !isspace((unsigned char) value[i]) && value[i] != ';' && value[i] != '(';
+			 i++)
+			buf_append_char(&id, value[i]);
+	is = id.len == strlen(authserv_id) && id.len > 0 && strncasecmp(id.data, authserv_id, id.len) == 0;
+	buf_free(&id);
+	return is;
 }
 
 size_t
 header_remove_results_of(const char *headers, size_t len, const char *authserv_id, struct buf *out)
 {
-	static const char name[] = "Authentication-Results";
-	size_t			  removed = 0;
+	size_t removed = 0;
 
 	for (size_t start = 0; start < len;)
 	{
 		size_t end = header_field_end(headers, len, start);
-		size_t value = start + sizeof(name);
+		size_t value = header_field_value(headers + start, end - start, "Authentication-Results");
 
-		if (header_field_is(headers + start, end - start, name)
-			&& header_authserv_id_is(headers + value, end - value, authserv_id))
+		if (value > 0 && header_authserv_id_is(headers + start + value, end - start - value, authserv_id))
 			removed++;
 		else
 			buf_append(out, headers + start, end - start);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
@@ -22,6 +23,7 @@
 #define SRS_TICKS 1024 /* two base32 characters of days */
 
 static const char srs_base32[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+static const char srs_base64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /* Read the secrets: one per line, blank lines and #comments skipped. */
 static bool
@@ -125,23 +127,33 @@ srs_hash(const char *secret, const char *a, const char *b, const char *c, char o
 	buf_free(&data);
 }
 
-/* Does hash (any case, as a mail system may smash it) match one of the secrets? */
+/*
+ * Does hash (any case, as a mail system may smash it) match one of the
+ * secrets?  At least HASH_LENGTH characters, compared in constant time:
+ * how far a guess matched must not show in how long the answer took.
+ */
 static bool
 srs_hash_valid(const struct srs *srs, const char *hash, const char *a, const char *b, const char *c)
 {
 	size_t len = strlen(hash);
+	char   given[32];
+	bool   valid = false;
 
 	if (len < srs->hash_length || len > 27)
 		return false;
+	for (size_t i = 0; i < len; i++)
+		given[i] = (char) tolower((unsigned char) hash[i]);
 	for (size_t i = 0; i < srs->nsecrets; i++)
 	{
 		char want[32];
 
 		srs_hash(srs->secrets[i], a, b, c, want);
-		if (strncasecmp(want, hash, len) == 0)
-			return true;
+		for (size_t k = 0; k < len; k++)
+			want[k] = (char) tolower((unsigned char) want[k]);
+		valid |= CRYPTO_memcmp(want, given, len) == 0;
+		explicit_bzero(want, sizeof(want));
 	}
-	return false;
+	return valid;
 }
 
 static unsigned
@@ -244,6 +256,26 @@ srs_split(char *s, char **fields, int n)
 	return true;
 }
 
+/*
+ * The SRS0 part inside an SRS1 address (its separator, hash, timestamp,
+ * host, user): well-formed and within MAX_AGE, as far as another
+ * forwarder's address can be checked; when that forwarder is us (the
+ * first hop is our SRS domain), its hash must verify too.
+ */
+static bool
+srs_inner_valid(const struct srs *srs, const char *hop, const char *inner, time_t now)
+{
+	char *copy = xstrdup(inner + 1);
+	char *f[4];
+	bool  valid = inner[0] && strchr("=+-", inner[0]) && srs_split(copy, f, 4) && *f[0] && *f[2] && *f[3]
+				 && strspn(f[0], srs_base64) == strlen(f[0]) && srs_timestamp_valid(srs, f[1], now)
+				 && (strcasecmp(hop, srs->domain) != 0
+					 || srs_hash_valid(srs, f[0], f[1], f[2], f[3]));
+
+	free(copy);
+	return valid;
+}
+
 enum srs_result
 srs_reverse(const struct srs *srs, const char *address, time_t now, char *out, size_t outlen)
 {
@@ -265,6 +297,8 @@ srs_reverse(const struct srs *srs, const char *address, time_t now, char *out, s
 		{
 			if (!srs_hash_valid(srs, f[0], f[1], f[2], ""))
 				r = SRS_BAD_HASH;
+			else if (!srs_inner_valid(srs, f[1], f[2], now))
+				r = SRS_MALFORMED;
 			else if ((size_t) snprintf(out, outlen, "SRS0%s@%s", f[2], f[1]) < outlen)
 				r = SRS_REVERSED;
 		}

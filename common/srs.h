@@ -10,15 +10,20 @@
  * by the first secret, of the lower-cased fields (TT, host, user for SRS0;
  * host, rest for SRS1); any secret of the list verifies, so a new secret
  * can be put first while the old ones still reverse the mail in flight.
- * TT is the day (time / 86400, modulo 1024) in two base32 characters;
- * an SRS0 address is valid for MAX_AGE days.
+ * Hashes compare without case (a mail system may smash it), so a character
+ * is worth about 5 bits: HASH_LENGTH is 8 at least (about 40 bits), and a
+ * hash is compared in constant time.  TT is the day (time / 86400, modulo
+ * 1024) in two base32 characters; an SRS0 address is valid for MAX_AGE
+ * days.  An SRS1 address reverses only when the SRS0 part inside it checks
+ * as far as we can check another forwarder's address: its form and its
+ * age, and its hash too when its first hop is our own SRS domain.
  *
  * The [srs] section of pepsi.conf, file only (the secrets must not come
  * from the database):
  *   DOMAIN        the domain of the rewritten addresses (mail to it is ours)
  *   SECRET_FILE   one secret per line, the first used to sign; mode 0600/0400
  *   MAX_AGE       days an address stays valid (default 21, as libsrs2)
- *   HASH_LENGTH   characters of hash (default 4)
+ *   HASH_LENGTH   characters of hash (default and minimum 8)
  *   SEPARATOR     the character after SRS0/SRS1: = (default), + or -
  */
 #ifndef PEPSI_SRS_H
@@ -30,6 +35,8 @@
 
 #include "config.h"
 
+/* The fewest characters of hash an address may have (options.def's minimum for HASH_LENGTH). */
+#define SRS_MIN_HASH_LENGTH 8
 
 struct srs
 {

@@ -12,6 +12,7 @@
 use strict;
 use warnings FATAL => 'all';
 
+use FindBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -28,6 +29,24 @@ is( $node->safe_psql(
 		  . " FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
 	'pepsi_config:false pepsi_httpd:false pepsi_ingress:false pepsi_monitor:false pepsi_stage:false',
 	'CREATE EXTENSION creates the five group roles, none able to log in');
+
+# docs/pepsi-admin.7.md's roles table says what the policy grants: a row
+# per group role, and each row names every table and view its role may use.
+{
+	my $doc = slurp_file(($ENV{PEPSI_TOP} // "$FindBin::Bin/..") . "/docs/pepsi-admin.7.md");
+	my %row = map { /^\| `(pepsi_\w+)` \|/ ? ($1 => $_) : () } split /\n/, $doc;
+	my $roles = $node->safe_psql($db, 'SELECT string_agg(name, \' \' ORDER BY name) FROM pepsi.grant_role');
+	is(join(' ', sort keys %row), $roles, 'pepsi-admin(7): the roles table has a row for each group role');
+	my $count = scalar(my @names = split / /, $roles);
+	like($doc, qr/creates \Q@{[ (qw(zero one two three four five six seven eight nine))[$count] ]}\E group roles/,
+		'and says how many there are');
+	for my $grant (split /\n/, $node->safe_psql($db,
+		"SELECT role || ' ' || object_name FROM pepsi.grant_policy() WHERE object_kind IN ('table', 'view') ORDER BY 1"))
+	{
+		my ($role, $object) = split / /, $grant;
+		like($row{$role} // '', qr/`\Q$object\E`/, "pepsi-admin(7): $role\'s row names $object");
+	}
+}
 
 # One login role per group, and one in none.
 $node->safe_psql(

@@ -278,18 +278,23 @@ $queued = send_message("Authentication-Results: mx.test; spf=pass smtp.mailfrom=
 	  . "Authentication-Results: (forged) MX.Test 1;\r\n\tdkim=pass header.d=example.org\r\n"
 	  . "Authentication-Results: other.example; dkim=fail\r\n"
 	  . "Authentication-Results: mx.test.evil.example; dmarc=pass\r\n"
+	  . "Authentication-Results : mx.test; arc=pass smtp.spaced=before-colon\r\n"
+	  . "Authentication-Results: \"mx.test\"; dkim=pass header.quoted=id\r\n"
+	  . "Authentication-Results:\t(c) \"MX.T\\est\" 1; dmarc=pass header.quoted=escaped\r\n"
 	  . "Subject: trust me\r\n\r\nbody\r\n");
 ($id) = $queued =~ /queued as (\d+)/;
 ok(defined $id, 'a message with Authentication-Results fields is queued') or diag($queued);
 my $headers = stored_headers($id);
 my @results = $headers =~ /^Authentication-Results:[^\r]*/mg;
-is(scalar(@results), 3, 'the two claiming our authserv-id are gone, ours was added');
+is(scalar(@results), 3, 'the five claiming our authserv-id are gone, ours was added');
 like($results[0], qr/^Authentication-Results: mx\.test;/, 'ours comes first');
 like($headers, qr/^Authentication-Results: other\.example; dkim=fail\r$/m,
 	"another server's is kept");
 like($headers, qr/^Authentication-Results: mx\.test\.evil\.example; dmarc=pass\r$/m,
 	'so is one whose authserv-id only starts like ours');
 unlike($headers, qr/spf=pass smtp\.mailfrom=ceo|\(forged\)/, 'nothing of the forged ones is left');
+unlike($headers, qr/before-colon/, 'nor of one with a space before its colon (RFC 5322 obs-optional)');
+unlike($headers, qr/header\.quoted/, 'nor of those whose authserv-id is a quoted-string (RFC 8601 2.2)');
 like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id [0-9A-F]{16}\r$/m,
 	'the Received id is sixteen hex digits');
 

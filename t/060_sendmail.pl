@@ -1,7 +1,9 @@
 # pepsi-sendmail: the sendmail(8) interface, run as a real process against
 # a real cluster.  A message given on stdin must reach the queue intact
 # (plus the headers sendmail adds when missing), -t must take To/Cc/Bcc and
-# strip Bcc, -f sets the envelope sender, and bad use gets sysexits codes.
+# strip Bcc, -f sets the envelope sender (a mailbox or <>), an
+# Authentication-Results claiming our authserv-id is removed however it is
+# spelled, and bad use gets sysexits codes.
 use strict;
 use warnings FATAL => 'all';
 
@@ -61,6 +63,7 @@ my $message = "From: Alice <alice\@example.org>\nTo: bob\@example.net\n"
   . "Date: Mon, 30 Nov 2026 10:00:00 +0000\nMessage-ID: <m1\@example.org>\n"
   . "Subject: hello\n\nfirst line\n\n.leading dot\nlast line\n";
 my ($rc, $err) = sendmail($message, '-i', '-f', 'alice@example.org', 'bob@example.net');
+my $stored;
 is($rc, 0, 'a message is queued') or diag($err);
 is(last_row(), 'submit|alice@example.org|bob@example.net',
 	'at INIT_STAGE, with the -f sender and the recipient given');
@@ -80,10 +83,29 @@ is(last_row(), 'submit|s@example.org|a@example.org,j@example.org,c@example.org,h
 unlike(last_message(), qr/^Bcc:/mi, 'the Bcc header is removed');
 like(last_message(), qr/^Cc: c\@example.org\r$/m, 'Cc stays');
 
+# Only ingress says what we checked: a claim of our authserv-id (HOSTNAME
+# here) goes, with a space before its colon or the id quoted too.
+($rc, $err) = sendmail("From: s\@example.org\nAuthentication-Results: host.example.org; dkim=pass plain=1\n"
+	  . "Authentication-Results : host.example.org; dkim=pass spaced=1\n"
+	  . "Authentication-Results: \"Host.Example.Org\"; dmarc=pass quoted=1\n"
+	  . "Authentication-Results: other.example; spf=fail kept=1\nSubject: ar\n\nbody\n", 'x@example.org');
+is($rc, 0, 'a message with Authentication-Results is queued') or diag($err);
+$stored = last_message();
+unlike($stored, qr/plain=1|spaced=1|quoted=1/, 'the three claiming our authserv-id are removed');
+like($stored, qr/^Authentication-Results: other\.example; spf=fail kept=1\r$/m, "another server's stays");
+
+# -f is a mailbox, in angle brackets or not, or <> for none.
+($rc, $err) = sendmail("Subject: x\n\nx\n", '-f', '<alice@example.org>', 'b@example.org');
+is($rc, 0, '-f <alice@example.org> is taken') or diag($err);
+is(last_row(), 'submit|alice@example.org|b@example.org', 'without its angle brackets');
+($rc, $err) = sendmail("Subject: x\n\nx\n", '-f', '<>', 'b@example.org');
+is($rc, 0, '-f <> is taken') or diag($err);
+is(last_row(), 'submit||b@example.org', 'as the null sender');
+
 # Missing headers are added; without -i a lone dot ends the message.
 ($rc, $err) = sendmail("Subject: bare\n\nbefore\n.\nafter\n", 'x@example.org');
 is($rc, 0, 'a message without From, Date or Message-ID is queued') or diag($err);
-my $stored = last_message();
+$stored = last_message();
 like($stored, qr/^From: \S+\@host\.example\.org\r$/m, 'From is added from the user and HOSTNAME');
 like($stored, qr/^Date: /m, 'Date is added');
 like($stored, qr/^Message-ID: <[^>]+\@host\.example\.org>\r$/m, 'Message-ID is added');
@@ -109,6 +131,14 @@ like($err, qr/the sender \(-f\) has a control character \(0x0d\); refused/, 'and
 ($rc, $err) = sendmail("Subject: x\n\nx\n", '-F', "Alice\r\nBcc: victim\@example.net", 'b@example.org');
 is($rc, 64, 'CR LF in -F is a usage error');
 like($err, qr/the full name \(-F\) has a control character/, 'and says where');
+for my $bad ('alice', 'alice@', '@example.org', 'a@b@example.org', 'a b@example.org', 'a@exa mple.org',
+	'<a@example.org', 'x' x 250 . '@example.org')
+{
+	($rc, $err) = sendmail("Subject: x\n\nx\n", '-f', $bad, 'b@example.org');
+	is($rc, 64, "-f '" . substr($bad, 0, 20) . "' is a usage error");
+	like($err, qr/the sender \(-f\) "[^"]*" is not an address: local\@domain of at most 256 octets/,
+		'naming the option and the limit');
+}
 ($rc, $err) = sendmail("Subject: x\n\nx\n", "b\@example.org\x1b[2J");
 is($rc, 64, 'an escape sequence in a recipient is refused');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM pepsi.workqueue'), $rows,

@@ -4,7 +4,8 @@
 # automatic message (Auto-Submitted), the null sender, a list or system
 # sender or the address itself; the reply is a new message from the null
 # sender with Auto-Submitted: auto-replied, In-Reply-To and References,
-# delivered like any other; the message itself is delivered too.  An
+# delivered like any other, and only to mail that names the recipient in
+# To or Cc (RFC 3834 2); the message itself is delivered too.  An
 # administrator's per-address override (pepsi.config_set) works as well;
 # vacation_set refuses bad input; vacation_unset ends the replies; the
 # maintenance worker prunes the record of replies past their interval.
@@ -45,7 +46,7 @@ sub send_to
 	my ($to, %m) = @_;
 	my $from = $m{from} // 'friend@local.test';
 	$n++;
-	my $headers = "From: <$from>\r\nTo: <$to>\r\nSubject: hello $n\r\n"
+	my $headers = "From: <$from>\r\nTo: " . ($m{to_header} // "<$to>") . "\r\nSubject: hello $n\r\n"
 	  . "Message-ID: <m$n\@local.test>\r\n" . ($m{headers} // '');
 	inject($node, from => $from, to => [$to], headers => $headers);
 }
@@ -120,6 +121,19 @@ like($log, qr/no vacation reply: the responder's own address/, 'oneself logged')
 send_to('alice@local.test', headers => "Auto-Submitted: no\r\n");
 ok(settled(), 'settled');
 is(scalar(replies()), $before + 1, 'Auto-Submitted: no is answered');
+
+# RFC 3834 2: only mail written to the recipient, in To or Cc, not a
+# list's copy or an alias's expansion that names someone else.
+$node->safe_psql('postgres', 'DELETE FROM pepsi.autoreply_sent');
+$before = scalar(replies());
+send_to('alice@local.test', to_header => 'Team <team@local.test>, undisclosed-recipients:;');
+ok(settled(), 'settled');
+is(scalar(replies()), $before, 'no reply when alice is in neither To nor Cc');
+ok(file_shows($d->{log}, qr/<alice\@local\.test>: no vacation reply: <alice\@local\.test> is not in To or Cc \(RFC 3834 2\)/),
+	'logged');
+send_to('alice@local.test', to_header => '<team@local.test>', headers => "Cc: \"Alice\" <Alice\@Local.Test>\r\n");
+ok(settled(), 'settled');
+is(scalar(replies()), $before + 1, 'in Cc, in any case: answered');
 
 # The administrator's per-address override for bob.
 send_to('bob@local.test');

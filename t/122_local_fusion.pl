@@ -88,7 +88,7 @@ my $settings_one = '%FROM pepsi.settings WHERE address = lower($1)%';
 my $settings_many = '%unnest($1::text[]) AS a(address) JOIN pepsi.settings%';
 
 my @to = ('pf-alice@local.test', 'pf-bob@local.test', 'pf-alice@local.test');
-my @ids = map { add_row($node, 'init', rcpt => [$_]) } @to;
+my @ids = map { add_row($node, 'init', rcpt => [$_], extra_headers => "To: <$_>\r\n") } @to;
 my $system = add_row($node, 'init', rcpt => ["$system_user\@local.test"]);
 reset_statements($node);
 my $r = run_worker(unified_cmd('pepsi-stage-route', $conf), join('', map { "$_\n" } @ids, $system));

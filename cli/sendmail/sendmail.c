@@ -8,7 +8,10 @@
  * -t the recipients are taken from the To, Cc and Bcc headers (added to
  * any on the command line) and Bcc is removed.  Without -i a line with a
  * single dot ends the message.  Missing From, Date and Message-ID headers
- * are added.  Exit codes are sysexits(3): 0 admitted, 64 usage, 65 bad
+ * are added; an Authentication-Results that claims our authserv-id is
+ * removed (RFC 8601 5: only ingress may say what we checked).  The -f
+ * sender is a mailbox (local@domain) or <> for none.  Exit codes are
+ * sysexits(3): 0 admitted, 64 usage, 65 bad
  * message, 75 the queue is unreachable (try again), 78 bad configuration.
  * Other sendmail options (-oXXX, -bm, -v, -N, -R, -V, -B) are accepted and
  * ignored, as mail programs pass them freely.
@@ -32,6 +35,7 @@
 #include "log.h"
 #include "message.h"
 #include "origin.h"
+#include "smtp_address.h"
 #include "xalloc.h"
 
 #define EX_OK 0
@@ -47,6 +51,7 @@ struct sendmail_options
 	bool		from_headers; /* -t */
 	bool		ignore_dots;  /* -i, -oi */
 	const char *sender;		  /* -f */
+	char	   *bracketed;	  /* -f <sender>, its brackets taken off */
 	const char *full_name;	  /* -F */
 	const char *config_path;  /* -C */
 	char	  **rcpt;
@@ -87,6 +92,30 @@ sendmail_one_line(const char *what, const char *value)
 			return false;
 		}
 	return true;
+}
+
+/*
+ * The -f sender: a mailbox, bare or in angle brackets, or "" or "<>" for
+ * the null sender; o->sender becomes the bare mailbox.  What the queue
+ * would take but no SMTP server downstream would is refused here.
+ */
+static bool
+sendmail_sender_valid(struct sendmail_options *o)
+{
+	size_t len = strlen(o->sender);
+
+	if (len >= 2 && o->sender[0] == '<' && o->sender[len - 1] == '>')
+	{
+		o->bracketed = xstrndup(o->sender + 1, len - 2);
+		o->sender = o->bracketed;
+	}
+	if (o->sender[0] == '\0' || smtp_mailbox_valid(o->sender, true))
+		return true;
+	fprintf(stderr,
+			"pepsi-sendmail: the sender (-f) \"%s\" is not an address: local@domain of at most "
+			"%d octets (RFC 5321 4.1.2), or <> for none; refused\n",
+			o->sender, SMTP_PATH_MAX);
+	return false;
 }
 
 static int
@@ -166,6 +195,11 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 		size_t n = 0;
 
 		header_addresses(argv[i], &list, &n);
+		o->rcpt = xrealloc(o->rcpt, (o->nrcpt + n + 1) * sizeof(char *));
+		if (n > 0)
+			memcpy(o->rcpt + o->nrcpt, list, n * sizeof(char *));
+		o->nrcpt += n;
+		free(list);
 		if (n == 0)
 		{
 			fprintf(stderr, "pepsi-sendmail: \"%s\" is not an address\n", argv[i]);
@@ -173,13 +207,11 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 		}
 		if (!sendmail_one_line("a recipient", argv[i]))
 			return EX_USAGE;
-		o->rcpt = xrealloc(o->rcpt, (o->nrcpt + n) * sizeof(char *));
-		memcpy(o->rcpt + o->nrcpt, list, n * sizeof(char *));
-		o->nrcpt += n;
-		free(list);
 	}
 	if ((o->sender && !sendmail_one_line("the sender (-f)", o->sender))
 		|| (o->full_name && !sendmail_one_line("the full name (-F)", o->full_name)))
+		return EX_USAGE;
+	if (o->sender && !sendmail_sender_valid(o))
 		return EX_USAGE;
 	return EX_OK;
 }
@@ -226,17 +258,17 @@ pepsi_sendmail_main(int argc, char **argv)
 	const char			   *hostname;
 	const char			   *stage;
 	char					err[1024];
-	struct pepsi_config	   *cfg;
+	struct pepsi_config	   *cfg = NULL;
 	struct buf				raw = BUF_INIT;
 	struct buf				headers = BUF_INIT;
 	struct buf				body = BUF_INIT;
 	struct buf				added = BUF_INIT;
 	struct buf				rcpt_array = BUF_INIT;
 	char				   *login = sendmail_login();
-	char				   *sender;
-	json_t				   *state;
-	char				   *state_text;
-	PGconn				   *conn;
+	char				   *sender = NULL;
+	json_t				   *state = NULL;
+	char				   *state_text = NULL;
+	PGconn				   *conn = NULL;
 	PGresult			   *res;
 	int						rc;
 
@@ -244,7 +276,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((rc = sendmail_parse(argc, argv, &o)) != EX_OK)
 	{
 		sendmail_usage();
-		return rc;
+		goto out;
 	}
 	if (o.config_path == NULL)
 		o.config_path = getenv("PEPSI_CONFIG");
@@ -253,20 +285,20 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((cfg = config_load(o.config_path, err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
-		return EX_CONFIG;
+		rc = EX_CONFIG;
+		goto out;
 	}
 	hostname = config_hostname(cfg);
 	stage = config_text(cfg, "sendmail", "INIT_STAGE");
 	sender = o.sender ? xstrdup(o.sender) : xasprintf("%s@%s", login, hostname);
-	if (strcmp(sender, "<>") == 0)
-		sender[0] = '\0';
 
 	sendmail_read(o.ignore_dots, &raw);
 	message_split(raw.data ? raw.data : "", raw.len, &headers, &body);
 	if (headers.len == 0 && body.len == 0)
 	{
 		fprintf(stderr, "pepsi-sendmail: the message is empty\n");
-		return EX_DATAERR;
+		rc = EX_DATAERR;
+		goto out;
 	}
 
 	if (o.from_headers)
@@ -293,14 +325,32 @@ pepsi_sendmail_main(int argc, char **argv)
 		headers = without_bcc;
 		buf_free(&values);
 	}
+	{
+		/* Only ingress says what we checked (RFC 8601 5): a claim of our authserv-id goes. */
+		struct buf kept = BUF_INIT;
+
+		if (header_remove_results_of(headers.data ? headers.data : "", headers.len,
+									 config_authserv_id(cfg), &kept)
+			> 0)
+		{
+			buf_free(&headers);
+			headers = kept;
+		}
+		else
+			buf_free(&kept);
+	}
 	for (size_t k = 0; k < o.nrcpt; k++)
 		if (!sendmail_one_line("a recipient", o.rcpt[k]))
-			return EX_DATAERR;
+		{
+			rc = EX_DATAERR;
+			goto out;
+		}
 	if (o.nrcpt == 0)
 	{
 		fprintf(stderr, "pepsi-sendmail: no recipients%s\n",
 				o.from_headers ? " (none on the command line, none in To, Cc or Bcc)" : "");
-		return EX_USAGE;
+		rc = EX_USAGE;
+		goto out;
 	}
 
 	/* Headers a message must have, added in front. */
@@ -350,7 +400,8 @@ pepsi_sendmail_main(int argc, char **argv)
 	if ((conn = db_connect_as(cfg, "sendmail", "CONNINFO", "pepsi-sendmail", err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
-		return EX_TEMPFAIL;
+		rc = EX_TEMPFAIL;
+		goto out;
 	}
 	{
 		const char *values[6] = {stage, sender, rcpt_array.data, added.data ? added.data : "",
@@ -372,7 +423,9 @@ pepsi_sendmail_main(int argc, char **argv)
 		rc = EX_OK;
 	}
 	PQclear(res);
-	PQfinish(conn);
+out:
+	if (conn)
+		PQfinish(conn);
 	json_decref(state);
 	free(state_text);
 	buf_free(&raw);
@@ -382,6 +435,11 @@ pepsi_sendmail_main(int argc, char **argv)
 	buf_free(&rcpt_array);
 	free(login);
 	free(sender);
-	config_free(cfg);
+	free(o.bracketed);
+	for (size_t k = 0; k < o.nrcpt; k++)
+		free(o.rcpt[k]);
+	free(o.rcpt);
+	if (cfg)
+		config_free(cfg);
 	return rc;
 }

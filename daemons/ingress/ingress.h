@@ -77,8 +77,10 @@ void local_refresh_stop(void);
 
 /* srs_rcpt.c: the SRS reverse path ([srs]), smtp_policy.srs_reverse when enabled. */
 bool srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
-bool srs_rcpt_enabled(void);
-int	 srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
+/* [ingress] SRS_FAILURE_LIMIT and SRS_FAILURE_WINDOW, at start and on reload. */
+void				  srs_rcpt_configure(const struct pepsi_config *cfg);
+bool				  srs_rcpt_enabled(void);
+enum smtp_srs_verdict srs_rcpt_reverse(const struct smtp_session *s, char *address, size_t size);
 
 /* main.c: what a listener reads from its section, at start and on reload. */
 bool listener_tls_load(const struct pepsi_config *cfg, const char *section,
@@ -96,6 +98,8 @@ void ingress_reload(const char *config_path);
 void session_accept(struct listener *l, int fd, const struct sockaddr *addr);
 /* policy.rcpt_check of every listener: relay control and recipient validation. */
 enum smtp_rcpt_verdict session_rcpt_check(const struct smtp_session *smtp, const char *address);
+/* What a session's client is counted as: its IPv4 address, or its IPv6 /64. */
+const char *session_client_of(const struct smtp_session *smtp);
 /* policy.mail_accepted of every listener: SPF starts. */
 void session_mail_accepted(const struct smtp_session *smtp);
 /* Stop: 421 to every session not waiting for the database. */

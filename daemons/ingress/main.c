@@ -469,9 +469,7 @@ pepsi_ingress_main(int argc, char **argv)
 		fatalx("%s", err);
 
 	ingress.hostname = config_hostname(ingress.cfg);
-	ingress.authserv_id = config_text(ingress.cfg, "ingress", "AUTHSERV_ID");
-	if (ingress.authserv_id == NULL)
-		ingress.authserv_id = ingress.hostname;
+	ingress.authserv_id = config_authserv_id(ingress.cfg);
 	admit_options.connections = (int) config_int(ingress.cfg, "ingress", "DATABASE_CONNECTIONS");
 	admit_options.batch_size = (int) config_int(ingress.cfg, "ingress", "BATCH_SIZE");
 	admit_options.stage = config_text(ingress.cfg, "ingress", "INIT_STAGE");

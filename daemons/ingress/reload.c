@@ -342,6 +342,7 @@ ingress_reload(const char *config_path)
 	ingress.credentials = credentials;
 	ingress.max_hops = (unsigned) max_hops;
 	auth_throttle_configure(ingress.auth_throttle, (unsigned) auth_limit, auth_window, auth_delay);
+	srs_rcpt_configure(cfg);
 	ingress.mail_log = mail_log;
 	ingress.memory_limit = (size_t) memory_limit;
 	for (struct listener *l = ingress.listeners; l; l = l->next)

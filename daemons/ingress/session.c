@@ -834,6 +834,14 @@ session_client_ip(const struct sockaddr *addr, char *ip, size_t iplen)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *) addr)->sin_addr, ip, (socklen_t) iplen);
 }
 
+const char *
+session_client_of(const struct smtp_session *smtp)
+{
+	const struct session *s = smtp->host;
+
+	return s->client->ip;
+}
+
 enum smtp_rcpt_verdict
 session_rcpt_check(const struct smtp_session *smtp, const char *address)
 {

@@ -489,6 +489,38 @@ smtp_rcpt_allowed(struct smtp_session *s, const char *address)
 	return false;
 }
 
+/* Does the SRS verdict let the recipient through?  Replies and returns false if not. */
+static bool
+smtp_srs_allowed(struct smtp_session *s, enum smtp_srs_verdict verdict, const char *address)
+{
+	switch (verdict)
+	{
+		case SMTP_SRS_NONE:
+		case SMTP_SRS_REVERSED:
+			return true;
+		case SMTP_SRS_NOT_BOUNCE:
+			smtp_error(s, "550 5.7.1 <%.256s>: Recipient address rejected: an SRS address takes "
+						  "only bounces (MAIL FROM:<>)",
+					   address);
+			return false;
+		case SMTP_SRS_INVALID:
+			smtp_error(s, "550 5.1.1 <%.256s>: Recipient address rejected: invalid or expired SRS "
+						  "address",
+					   address);
+			return false;
+		case SMTP_SRS_TOO_MANY:
+			smtp_close(s, "421 4.7.0 Too many invalid SRS addresses, closing connection");
+			return false;
+		case SMTP_SRS_THROTTLED:
+			/* Not the client's error now: a bounce it holds may be good, later. */
+			smtp_reply(s, "450 4.7.1 <%.256s>: Too many invalid SRS addresses from your address, "
+						  "try again later",
+					   address);
+			return false;
+	}
+	return false;
+}
+
 static void
 smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 {
@@ -498,7 +530,7 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 	char				  *key;
 	char				  *value;
 	struct smtp_recipient *r;
-	int					   srs;
+	enum smtp_srs_verdict  srs;
 
 	if (s->state != SMTP_STATE_MAIL && s->state != SMTP_STATE_RCPT)
 	{
@@ -567,20 +599,16 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 			smtp_error(s, "501 5.1.3 Bad recipient address syntax");
 		goto out;
 	}
-	srs = s->policy->srs_reverse ? s->policy->srs_reverse(s, path, sizeof(path)) : 0;
-	if (srs < 0)
-	{
-		smtp_error(s, "550 5.1.1 <%.256s>: Recipient address rejected: invalid or expired SRS address",
-				   path);
+	srs = s->policy->srs_reverse ? s->policy->srs_reverse(s, path, sizeof(path)) : SMTP_SRS_NONE;
+	if (!smtp_srs_allowed(s, srs, path))
 		goto out;
-	}
 	if (smtp_rcpt_duplicate(s, path))
 	{
 		/* Stored once: a list that names someone twice delivers once. */
 		smtp_reply(s, "250 2.1.5 Recipient ok (duplicate, delivered once)");
 		goto out;
 	}
-	if (srs == 0 && s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
+	if (srs == SMTP_SRS_NONE && s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
 		goto out;
 	if (s->nrcpt >= s->policy->max_recipients)
 	{

@@ -15,11 +15,11 @@
 #include <stddef.h>
 
 #include "buf.h"
+#include "smtp_address.h"
 
 /* RFC 5321 4.5.3.1.4 says 512; extensions (AUTH, DSN, SMTPUTF8) need more. */
 #define SMTP_COMMAND_MAX 4096
 #define SMTP_HELO_MAX 255
-#define SMTP_PATH_MAX 256
 #define SMTP_ENVID_MAX 100
 
 struct smtp_session;
@@ -31,6 +31,17 @@ enum smtp_rcpt_verdict
 	SMTP_RCPT_RELAY_DENIED, /* 554 5.7.1: not ours, and the client may not relay */
 	SMTP_RCPT_UNKNOWN_USER, /* 550 5.1.1: ours, but no such recipient */
 	SMTP_RCPT_UNVERIFIED	/* 451 4.3.0: ours, but it cannot be checked now */
+};
+
+/* The host's verdict on a recipient in the SRS domain (srs_rcpt.c). */
+enum smtp_srs_verdict
+{
+	SMTP_SRS_NONE,		 /* not an SRS address of ours: rcpt_check decides */
+	SMTP_SRS_REVERSED,	 /* rewritten in place to the original sender, taken without rcpt_check */
+	SMTP_SRS_NOT_BOUNCE, /* 550 5.7.1: only the null sender may write to it */
+	SMTP_SRS_INVALID,	 /* 550 5.1.1: a bad hash, expired or malformed */
+	SMTP_SRS_TOO_MANY,	 /* 421 4.7.0 and close: this invalid one reached the client's limit */
+	SMTP_SRS_THROTTLED	 /* 450 4.7.1: the client is over its limit, nothing checked */
 };
 
 /* What a listener allows; shared by its sessions, never changed by them. */
@@ -58,13 +69,8 @@ struct smtp_policy
 	size_t	memory_limit;
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
 	enum smtp_rcpt_verdict (*rcpt_check)(const struct smtp_session *s, const char *address);
-	/*
-	 * Optional, asked first: the SRS reverse path (srs_rcpt.c).  1: one of
-	 * our SRS addresses, now rewritten in place to the original sender and
-	 * taken without rcpt_check (a bounce relayed back to it); 0: not SRS;
-	 * -1: an invalid or expired SRS address, refused with 550 5.1.1.
-	 */
-	int (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
+	/* Optional, asked first: the SRS reverse path, a bounce relayed back to its sender. */
+	enum smtp_srs_verdict (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
 };
 
 enum smtp_state

@@ -9,16 +9,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Is s[0..len) well-formed UTF-8 (no overlong forms, surrogates or > U+10FFFF)? */
-bool smtp_utf8_valid(const char *s, size_t len);
-/* An RFC 5321 Mailbox (local@domain); utf8 allows RFC 6531 U-labels and local parts. */
-bool smtp_mailbox_valid(const char *mailbox, bool utf8);
+#include "smtp_address.h" /* the mailbox syntax, shared with pepsi-sendmail */
+
 /* Base64 into out; returns the decoded length, or -1 if malformed or too long for out. */
 long smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen);
-/* An atext octet of RFC 5322 (any octet above 127 with utf8). */
-bool smtp_atext(unsigned char c, bool utf8);
-/* A domain or an address literal, RFC 5321 4.1.2 (U-labels with SMTPUTF8). */
-bool smtp_domain_valid(const char *d, size_t len, bool utf8);
 /* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 bool smtp_xtext_decode(char *s, bool utf8);
 /*

@@ -142,14 +142,15 @@ sub send_ids
 }
 
 # A message at $stage, set running as the dispatcher's claim would.
-# Options: from, rcpt => [...], state => {...}, running (default 1).
+# Options: from, rcpt => [...], state => {...}, extra_headers (after Subject and
+# From), running (default 1).
 sub add_row
 {
 	my ($node, $stage, %opt) = @_;
 	my $from = $opt{from} // 'sender@example.net';
 	my $rcpt = join(',', map { quote_literal($_) } @{ $opt{rcpt} // ['rcpt@example.org'] });
 	my $state = quote_literal($json->encode($opt{state} // {}));
-	my $headers = quote_literal("Subject: test\r\nFrom: <$from>\r\n");
+	my $headers = quote_literal("Subject: test\r\nFrom: <$from>\r\n" . ($opt{extra_headers} // ''));
 	my $id = $node->safe_psql('postgres',
 		    'SELECT pepsi.workqueue_add(' . quote_literal($from)
 		  . ", ARRAY[$rcpt], convert_to($headers, 'UTF8'),"

@@ -54,7 +54,7 @@ fuzz_srs(const char *address)
 		  .secrets = secrets,
 		  .nsecrets = 1,
 		  .max_age = 21,
-		  .hash_length = 4,
+		  .hash_length = SRS_MIN_HASH_LENGTH,
 		  .separator = '=',
 	  };
 	char out[512];
