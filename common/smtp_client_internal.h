@@ -1,8 +1,9 @@
 /*
- * smtp_client_internal.h: what the SMTP client's two files share (not for
+ * smtp_client_internal.h: what the SMTP client's files share (not for
  * its callers): the client structure and the I/O layer of
- * smtp_client_io.c (sockets, deadlines, TLS) that the protocol layer in
- * smtp_client.c (EHLO, AUTH, the transaction) is written on.
+ * smtp_client_io.c (sockets, deadlines, TLS) that the protocol layer is
+ * written on: the session in smtp_client.c (EHLO, STARTTLS, AUTH, reuse)
+ * and the transaction in smtp_transaction.c.
  */
 #ifndef PEPSI_SMTP_CLIENT_INTERNAL_H
 #define PEPSI_SMTP_CLIENT_INTERNAL_H
@@ -82,5 +83,10 @@ void smtp_io_drop(struct smtp_client *c);
 bool smtp_io_connect(struct smtp_client *c);
 /* The TLS handshake after STARTTLS, verifying the peer if the options say so. */
 bool smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res);
+
+/* smtp_transaction.c */
+/* One transaction on a READY session; false on an I/O failure (the session dropped, res says where). */
+bool smtp_transaction(struct smtp_client *c, const struct smtp_envelope *env, const char *raw,
+					  size_t len, struct smtp_result *res);
 
 #endif

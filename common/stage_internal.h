@@ -1,10 +1,11 @@
 /*
  * stage_internal.h: what the stage runtime's files share (not for stages).
  *
- * The runtime is split along its sections: stage.c (the worker loop,
- * loading and running a pass), stage_row.c (accessors and content setters),
- * stage_terminal.c (terminals and fan-out), stage_commit.c (batching and
- * committing).  Stages see only stage.h.
+ * The runtime is split along its sections: stage.c (the worker loop and
+ * loading), stage_fusion.c (running a pass and its fused successors),
+ * stage_row.c (accessors and content setters), stage_terminal.c
+ * (terminals and fan-out), stage_commit.c (batching and committing).
+ * Stages see only stage.h.
  */
 #ifndef PEPSI_STAGE_INTERNAL_H
 #define PEPSI_STAGE_INTERNAL_H
@@ -113,7 +114,10 @@ struct pepsi_ctx
 
 
 /* stage.c */
-double stage_now_us(void);
+double		stage_now_us(void);
+const char *stage_basename(const char *path);
+/* The names of the prepared late loads (stage_fusion.c), per pepsi_load. */
+extern const char *const stage_late_load_names[];
 /* stage_row.c: ctx->state, parsed from the loaded text on first use. */
 json_t *stage_state(struct pepsi_ctx *ctx);
 /* Reconnect a lost database session (the rows it held are still running). */
@@ -124,6 +128,10 @@ void  stage_json_string(struct buf *b, const char *s);
 /* stage_terminal.c */
 void stage_int_array(struct buf *b, const int *values, size_t count);
 int	 stage_terminal(struct pepsi_ctx *ctx, enum terminal_kind kind);
+
+/* stage_fusion.c: a row's pass, its fused successors, then theirs after a late load. */
+void stage_run_pass(struct pepsi_ctx *ctx);
+void stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started);
 
 /* stage_commit.c */
 void stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
