@@ -37,6 +37,7 @@
 #include "db.h"
 #include "log.h"
 #include "log_config.h"
+#include "privilege.h"
 #include "stage_internal.h"
 #include "touched.h"
 #include "xalloc.h"
