@@ -78,7 +78,7 @@ struct pool_depth
 };
 
 /*
- * What a worker does, advanced by worker_transition (pool.c).  Only a
+ * What a worker does, advanced by worker_transition (worker.c).  Only a
  * running worker takes ids; the two killed states say what its exit means
  * for the row it was working on.
  */
