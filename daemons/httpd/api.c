@@ -9,6 +9,12 @@
  * value is reformatted here.  An action runs in a transaction that names
  * the administrator (pepsi.admin_account), so that pepsi.event_log records
  * who acted, not only that pepsi-httpd did.
+ *
+ * A viewer (an account's or a token's role) may read, not act: every
+ * action goes through api_act, which refuses it with 403.  The database
+ * refuses it as well (pepsi.admin_role_check, from the event log write
+ * every action makes), so a route added without api_act cannot let a
+ * viewer change anything either.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +94,13 @@ api_act(struct request *req, const struct principal *who, const char *sql, int n
 	PGresult   *res;
 	const char *account[1] = {who->name};
 
+	if (who->viewer)
+	{
+		*result = reply_error(req, MHD_HTTP_FORBIDDEN, "%s \"%s\" is a viewer: it may read, not act",
+							  who->kind == PRINCIPAL_TOKEN ? "API token" : "account",
+							  who->kind == PRINCIPAL_TOKEN ? who->name + 6 : who->name);
+		return NULL;
+	}
 	if (conn == NULL)
 	{
 		*result = reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");

@@ -50,6 +50,7 @@ struct principal
 	char				name[128]; /* "token:<name>" or the account's name */
 	char				csrf[65];  /* the session's CSRF token (hex), sessions only */
 	bool				unknown;   /* NONE because the database could not say: 503, not 401 */
+	bool				viewer;	   /* the role "viewer": may read, not act (api.c) */
 };
 
 /* One request as the handlers see it. */

@@ -2,9 +2,12 @@
  * pepsi-httpd: the administrative web server (httpd.h).
  *
  *   pepsi-httpd [-c CONFIG] [-v]          serve
- *   pepsi-httpd [-c CONFIG] passwd NAME   set an administrator's password
- *                                         (read from standard input)
- *   pepsi-httpd [-c CONFIG] token NAME    create an API token, printed once
+ *   pepsi-httpd [-c CONFIG] passwd NAME [ROLE]  set an administrator's password
+ *                                         (read from standard input), and role
+ *   pepsi-httpd [-c CONFIG] token NAME [ROLE]   create an API token, printed once
+ *
+ * ROLE is admin (every action) or viewer (reads only); a new account or
+ * token without one is an admin, an existing account keeps its role.
  *
  * Start-up, in this order: read [httpd] (the file only: like the SMTP
  * listeners, where it listens, its certificate and its database role are
@@ -70,9 +73,10 @@ static pthread_mutex_t httpd_serving = PTHREAD_MUTEX_INITIALIZER;
 static void
 httpd_usage(void)
 {
-	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
+	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME [ROLE] | token NAME [ROLE]]\n"
 					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
-					"  passwd NAME reads the new password from standard input.\n",
+					"  passwd NAME reads the new password from standard input.\n"
+					"  ROLE is admin (the default for a new one) or viewer (may read, not act).\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -406,17 +410,30 @@ httpd_admin_connect(void)
 	return conn;
 }
 
+/* A role named on the command line: NULL (and a message) unless known. */
+static bool
+httpd_role_valid(const char *command, const char *role)
+{
+	if (role == NULL || strcmp(role, "admin") == 0 || strcmp(role, "viewer") == 0)
+		return true;
+	log_warnx("%s: the role must be \"admin\" or \"viewer\", not \"%s\"", command, role);
+	return false;
+}
+
+/* role NULL: a new account is an admin, an existing one keeps its role. */
 static int
-httpd_passwd(const char *name)
+httpd_passwd(const char *name, const char *role)
 {
 	char		line[1024];
 	char	   *hash;
-	const char *values[2];
+	const char *values[3];
 	PGconn	   *conn;
 	PGresult   *res;
 	size_t		n;
 	int			rc = 0;
 
+	if (!httpd_role_valid("passwd", role))
+		return 64;
 	if (fgets(line, sizeof(line), stdin) == NULL)
 		fatalx("passwd: no password on standard input");
 	n = strcspn(line, "\r\n");
@@ -431,7 +448,9 @@ httpd_passwd(const char *name)
 		return 75;
 	values[0] = name;
 	values[1] = hash;
-	res = db_exec(conn, "SELECT pepsi.admin_account_set($1, $2)", 2, values);
+	values[2] = role;
+	res = role ? db_exec(conn, "SELECT pepsi.admin_account_set($1, $2, $3)", 3, values)
+			   : db_exec(conn, "SELECT pepsi.admin_account_set($1, $2)", 2, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		log_warnx("passwd: %s", db_error(res, conn));
@@ -444,16 +463,19 @@ httpd_passwd(const char *name)
 }
 
 static int
-httpd_token(const char *name)
+httpd_token(const char *name, const char *role)
 {
-	const char *values[1] = {name};
+	const char *values[2] = {name, role};
 	PGconn	   *conn;
 	PGresult   *res;
 	int			rc = 0;
 
+	if (!httpd_role_valid("token", role))
+		return 64;
 	if ((conn = httpd_admin_connect()) == NULL)
 		return 75;
-	res = db_exec(conn, "SELECT pepsi.api_token_create($1)", 1, values);
+	res = role ? db_exec(conn, "SELECT pepsi.api_token_create($1, $2)", 2, values)
+			   : db_exec(conn, "SELECT pepsi.api_token_create($1)", 1, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		log_warnx("token: %s", db_error(res, conn));
@@ -627,10 +649,10 @@ pepsi_httpd_main(int argc, char **argv)
 	if (!log_configure(httpd.cfg, err, sizeof(err)))
 		fatalx("%s", err);
 
-	if (argc == 2 && strcmp(argv[0], "passwd") == 0)
-		rc = httpd_passwd(argv[1]);
-	else if (argc == 2 && strcmp(argv[0], "token") == 0)
-		rc = httpd_token(argv[1]);
+	if ((argc == 2 || argc == 3) && strcmp(argv[0], "passwd") == 0)
+		rc = httpd_passwd(argv[1], argc == 3 ? argv[2] : NULL);
+	else if ((argc == 2 || argc == 3) && strcmp(argv[0], "token") == 0)
+		rc = httpd_token(argv[1], argc == 3 ? argv[2] : NULL);
 	else if (argc != 0)
 	{
 		httpd_usage();

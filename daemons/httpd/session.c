@@ -104,9 +104,13 @@ enum lookup_result
 	LOOKUP_FAILED /* the database did not answer: nothing is known */
 };
 
-/* A one-row, one-column query's value, copied into out when found. */
+/*
+ * A one-row query's first value, copied into out when found; with viewer,
+ * whether its second value (a role) is "viewer".
+ */
 static enum lookup_result
-lookup_one(const char *sql, int nparams, const char *const *values, char *out, size_t outlen)
+lookup_one(const char *sql, int nparams, const char *const *values, char *out, size_t outlen,
+		   bool *viewer)
 {
 	PGconn			  *conn = httpd_db();
 	PGresult		  *res;
@@ -123,6 +127,8 @@ lookup_one(const char *sql, int nparams, const char *const *values, char *out, s
 	else if (PQntuples(res) == 1)
 	{
 		snprintf(out, outlen, "%s", PQgetvalue(res, 0, 0));
+		if (viewer)
+			*viewer = strcmp(PQgetvalue(res, 0, 1), "admin") != 0;
 		result = LOOKUP_FOUND;
 	}
 	PQclear(res);
@@ -145,8 +151,8 @@ principal_identify(struct request *req, struct principal *who)
 
 		digest_literal(token, strlen(token), digest);
 		enum lookup_result found = lookup_one(
-			"SELECT name FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL", 1,
-			values, name, sizeof(name));
+			"SELECT name, role FROM pepsi.api_token WHERE digest = $1::bytea AND revoked_at IS NULL",
+			1, values, name, sizeof(name), &who->viewer);
 
 		who->unknown = found == LOOKUP_FAILED;
 		if (found == LOOKUP_FOUND)
@@ -162,10 +168,10 @@ principal_identify(struct request *req, struct principal *who)
 		enum lookup_result found;
 
 		digest_literal(cookie, strlen(cookie), digest);
-		found = lookup_one("SELECT s.account FROM pepsi.admin_session s"
+		found = lookup_one("SELECT s.account, a.role FROM pepsi.admin_session s"
 						   " JOIN pepsi.admin_account a ON a.name = s.account"
 						   " WHERE s.digest = $1::bytea AND s.expires_at > now() AND NOT a.disabled",
-						   1, values, who->name, sizeof(who->name));
+						   1, values, who->name, sizeof(who->name), &who->viewer);
 		who->unknown = found == LOOKUP_FAILED;
 		if (found == LOOKUP_FOUND)
 		{
@@ -381,7 +387,7 @@ session_login(struct request *req)
 						   "too many failed logins for this account: wait ten minutes");
 	}
 	known = lookup_one("SELECT password_hash FROM pepsi.admin_account WHERE name = $1 AND NOT disabled",
-					   1, &name, stored, sizeof(stored));
+					   1, &name, stored, sizeof(stored), NULL);
 	/* Not a wrong password, and not counted as one: nothing was checked. */
 	if (known == LOOKUP_FAILED)
 	{
@@ -461,8 +467,9 @@ session_logout(struct request *req, const struct principal *who)
 enum MHD_Result
 session_describe(struct request *req, const struct principal *who)
 {
-	json_t *reply = json_pack("{ssss}", "account", who->name, "kind",
-							  who->kind == PRINCIPAL_TOKEN ? "token" : "session");
+	json_t *reply = json_pack("{ssssss}", "account", who->name, "kind",
+							  who->kind == PRINCIPAL_TOKEN ? "token" : "session", "role",
+							  who->viewer ? "viewer" : "admin");
 
 	if (who->kind == PRINCIPAL_SESSION)
 		json_object_set_new(reply, "csrf", json_string(who->csrf));

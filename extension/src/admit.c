@@ -238,15 +238,25 @@ workqueue_add_logged(PG_FUNCTION_ARGS)
 /*
  * workqueue_inject(stage, mail_from, rcpt_to, headers, body, state, token)
  * returns the new row's id, or NULL when a live row already carries token.
+ *
+ * state.origin.trust (common/origin.h) says whether pepsi-stage-dkim-sign
+ * may sign the message, so an admission role does not choose it: for a
+ * caller admit_caller_restricted() names (pepsi_ingress without
+ * pepsi_stage: pepsi-sendmail, or whoever holds its login), it becomes
+ * "local", whatever was passed, and the rest of state.origin is kept.  The
+ * pipeline's own mail (DSNs, vacation replies: pepsi_stage) keeps the
+ * "pepsi" it says.  The caller is GetOuterUserId(), the role outside this
+ * SECURITY DEFINER function (session_user, or the role SET ROLE chose):
+ * current_user here is the extension's owner.
  */
 Datum
 workqueue_inject(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr insert_plan;
 	static const Oid  argtypes[] = {TEXTOID, TEXTOID, TEXTARRAYOID, BYTEAOID,
-									JSONBOID, INT8OID, TEXTOID};
-	Datum			  values[7];
-	char			  nulls[7] = "       ";
+									JSONBOID, INT8OID, TEXTOID, BOOLOID};
+	Datum			  values[8];
+	char			  nulls[8] = "        ";
 	int64			  body_id;
 	int64			  id = 0;
 	bool			  inserted;
@@ -259,6 +269,7 @@ workqueue_inject(PG_FUNCTION_ARGS)
 	values[4] = PointerGetDatum(admit_arg_state(fcinfo, 5));
 	values[6] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
 	nulls[6] = PG_ARGISNULL(6) ? 'n' : ' ';
+	values[7] = BoolGetDatum(admit_caller_restricted());
 	if (!PG_ARGISNULL(6) && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(6)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -271,10 +282,14 @@ workqueue_inject(PG_FUNCTION_ARGS)
 	queue_exec(queue_plan(&insert_plan,
 						  "INSERT INTO pepsi.workqueue"
 						  " (stage, mail_from, rcpt_to, headers, state, body_id, clone_token)"
-						  " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+						  " VALUES ($1, $2, $3, $4,"
+						  " CASE WHEN $8 THEN $5 || jsonb_build_object('origin',"
+						  " CASE WHEN jsonb_typeof($5->'origin') = 'object' THEN $5->'origin' ELSE '{}' END"
+						  " || '{\"trust\": \"local\"}') ELSE $5 END,"
+						  " $6, $7)"
 						  " ON CONFLICT (clone_token) WHERE clone_token IS NOT NULL"
 						  " DO NOTHING RETURNING id",
-						  7, argtypes),
+						  8, argtypes),
 			   values, nulls, false, 0);
 	inserted = SPI_processed > 0;
 	if (inserted)

@@ -116,6 +116,30 @@ SELECT pepsi.workqueue_inject('sendmail', 'root@localhost', '{admin@example.org}
 SELECT pepsi.workqueue_inject('sendmail', 'root@localhost', '{admin@example.org}', 'h', 'cron') IS NOT NULL AS made;
 SELECT stage, state, clone_token IS NULL AS no_token, sender_key FROM queue WHERE stage = 'sendmail';
 
+-- state.origin.trust is not the admission roles' to choose: a member of
+-- pepsi_ingress (pepsi-sendmail's login) that claims "pepsi", mail Pepsi
+-- made itself and signs, gets "local", the rest of its origin kept; a
+-- state without an origin gets one.  The pipeline (pepsi_stage) keeps
+-- what it says.
+SELECT current_setting('pepsi.admission_stage') AS admission_stage \gset
+CREATE ROLE regress_admit_sendmail NOLOGIN IN ROLE pepsi_ingress;
+CREATE ROLE regress_admit_stage NOLOGIN IN ROLE pepsi_stage;
+SET ROLE regress_admit_sendmail;
+SELECT pepsi.workqueue_inject(:'admission_stage', 'root@localhost', '{admin@example.org}', 'h', 'b',
+                              '{"origin": {"trust": "pepsi", "program": "forged"}, "x": 1}') AS claimed \gset
+SELECT pepsi.workqueue_inject(:'admission_stage', 'root@localhost', '{admin@example.org}', 'h', 'b',
+                              '{"origin": "pepsi"}') AS claimed_text \gset
+SELECT pepsi.workqueue_inject(:'admission_stage', 'root@localhost', '{admin@example.org}', 'h', 'b') AS plain \gset
+SET ROLE regress_admit_stage;
+SELECT pepsi.workqueue_inject('autoreply', 'bob@example.net', '{alice@example.org}', 'h', 'b',
+                              '{"origin": {"trust": "pepsi", "program": "pepsi-stage-autoreply"}}') AS generated \gset
+RESET ROLE;
+SELECT id = :claimed AS claimed, id = :generated AS generated, state
+FROM pepsi.workqueue WHERE id IN (:claimed, :claimed_text, :plain, :generated) ORDER BY id;
+DELETE FROM pepsi.workqueue WHERE id IN (:claimed, :claimed_text, :plain, :generated);
+DROP ROLE regress_admit_sendmail;
+DROP ROLE regress_admit_stage;
+
 -- Errors name the argument; nothing is written.
 SELECT count(*) AS rows_before FROM pepsi.workqueue \gset
 SELECT pepsi.workqueue_inject(NULL, 'a@example.org', '{b@example.net}', 'h', 'b');

@@ -412,6 +412,42 @@ SELECT scope, section, option, value FROM pepsi.config_override ORDER BY scope, 
 SELECT * FROM events WHERE action LIKE 'config%';
 
 -- ---------------------------------------------------------------------------
+-- pepsi-httpd viewers: an account or token with the role 'viewer' may read,
+-- not act.  pepsi-httpd names whom it acts for in pepsi.admin_account; an
+-- action for a viewer fails (insufficient_privilege) and changes nothing.
+-- ---------------------------------------------------------------------------
+
+SELECT pepsi.admin_account_set('regress-viewer', '$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA', 'viewer');
+SELECT pepsi.api_token_create('regress-viewer', 'viewer') IS NOT NULL AS token_made;
+SELECT pepsi.api_token_create('regress-admin') IS NOT NULL AS token_made;
+SELECT name, role FROM pepsi.api_token WHERE name LIKE 'regress-%' ORDER BY name;
+SELECT format('%s %s', status, timeout) AS row_before FROM pepsi.workqueue WHERE id = :running \gset
+BEGIN;
+SELECT set_config('pepsi.admin_account', 'regress-viewer', true) IS NOT NULL AS acting;
+SELECT pepsi.queue_release(ARRAY[:running]);
+ROLLBACK;
+BEGIN;
+SELECT set_config('pepsi.admin_account', 'token:regress-viewer', true) IS NOT NULL AS acting;
+SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '7s');
+ROLLBACK;
+SELECT format('%s %s', status, timeout) = :'row_before' AS unchanged FROM pepsi.workqueue WHERE id = :running;
+SELECT count(*) AS overrides FROM pepsi.config_override;
+-- A new password without a role keeps the account's role; a role is
+-- admin or viewer; an admin acts.
+SELECT pepsi.admin_account_set('regress-viewer', '$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA');
+SELECT role FROM pepsi.admin_account WHERE name = 'regress-viewer';
+SELECT pepsi.admin_account_set('regress-viewer', '$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA', 'root');
+SELECT pepsi.api_token_create('regress-other', NULL);
+SELECT pepsi.admin_account_set('regress-viewer', '$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA', 'admin');
+BEGIN;
+SELECT set_config('pepsi.admin_account', 'regress-viewer', true) IS NOT NULL AS acting;
+SELECT pepsi.queue_release(ARRAY[:running]) AS released;
+SELECT principal FROM pepsi.event_log WHERE id = (SELECT max(id) FROM pepsi.event_log);
+ROLLBACK;
+DELETE FROM pepsi.admin_account WHERE name = 'regress-viewer';
+DELETE FROM pepsi.api_token WHERE name LIKE 'regress-%';
+
+-- ---------------------------------------------------------------------------
 -- Leave the queue and the overlay empty.
 -- ---------------------------------------------------------------------------
 
