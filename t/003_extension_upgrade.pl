@@ -235,6 +235,13 @@ for my $from (@old_versions)
 		$from, "$from: installed");
 
 	my %q = fill_queue($db);
+	# pepsi-httpd's credentials, made with the calls older programs use.
+	my $has_accounts = query($db, "SELECT to_regclass('pepsi.admin_account') IS NOT NULL") eq 't';
+	if ($has_accounts)
+	{
+		query($db, "SELECT pepsi.admin_account_set('old-admin', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
+		query($db, "SELECT pepsi.api_token_create('old-token')");
+	}
 	my %before;
 	$before{$_} = [ table_rows($db, $_) ] for @data_tables;
 	my $max_id = query($db, 'SELECT max(id) FROM pepsi.workqueue');
@@ -402,6 +409,23 @@ for my $from (@old_versions)
 	is(query($db, 'SELECT version FROM pepsi.schema_version'),
 		$default_version, "$from: pepsi.schema_version says $default_version, which a restore checks");
 
+	# pepsi-httpd's accounts and tokens keep the rights they had (0.3 gave
+	# them a role), and both the old calls and the ones with a role work.
+	if ($has_accounts)
+	{
+		is(query($db, "SELECT (SELECT role FROM pepsi.admin_account WHERE name = 'old-admin')"
+			  . " || ' ' || (SELECT role FROM pepsi.api_token WHERE name = 'old-token')"),
+			'admin admin', "$from: an account and a token made before the upgrade are admins");
+		query($db, "SELECT pepsi.admin_account_set('old-admin', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
+		query($db, "SELECT pepsi.api_token_create('new-token')");
+		query($db, "SELECT pepsi.api_token_create('new-viewer', 'viewer')");
+		query($db, "SELECT pepsi.admin_account_set('new-viewer', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA', 'viewer')");
+		is(query($db, "SELECT string_agg(name || '=' || role, ' ' ORDER BY name) FROM"
+			  . " (SELECT name, role FROM pepsi.admin_account UNION ALL SELECT name, role FROM pepsi.api_token) c"),
+			'new-token=admin new-viewer=viewer new-viewer=viewer old-admin=admin old-token=admin',
+			"$from: the old calls make admins, the new ones the role they name");
+	}
+
 	# Every object the upgrade added belongs to the group roles the policy
 	# says, and nothing else changed hands.
 	is(query($db, "SELECT count(*) FROM pepsi.grant_verify()"),
@@ -418,6 +442,26 @@ for my $from (@old_versions)
 	my $upgraded = query($db, $describe);
 	ok($upgraded eq $fresh, "$from: the updated schema is the one CREATE EXTENSION pepsi makes")
 	  or diag(join "\n", diff_lines($fresh, $upgraded));
+}
+
+# One version at a time (0.1 -> 0.2 -> 0.3 ...), as an installation that
+# updated at every release went: each step reaches its version, and the
+# last the schema CREATE EXTENSION pepsi makes.
+if (@old_versions > 1)
+{
+	my @path = (@old_versions, $default_version);
+	$node->safe_psql('postgres', 'CREATE DATABASE upgrade_stepwise');
+	query('upgrade_stepwise', "CREATE EXTENSION pepsi VERSION '$path[0]'");
+	for my $to (@path[ 1 .. $#path ])
+	{
+		query('upgrade_stepwise', "ALTER EXTENSION pepsi UPDATE TO '$to'");
+		is(query('upgrade_stepwise', "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"
+			  . " UNION ALL SELECT version FROM pepsi.schema_version"),
+			"$to\n$to", "stepwise: UPDATE TO '$to' reaches $to, and schema_version says so");
+	}
+	my $stepwise = query('upgrade_stepwise', $describe);
+	ok($stepwise eq $fresh, "stepwise: @path ends in the schema CREATE EXTENSION pepsi makes")
+	  or diag(join "\n", diff_lines($fresh, $stepwise));
 }
 
 $node->stop;
