@@ -16,6 +16,12 @@
  * them all to the helper, which writes every file, then fsyncs and
  * publishes them and fsyncs each new/ once before it answers; run then
  * concludes each row from its reply, and the rows commit after that.
+ * Each file's name in new/ is stable, from the row (maildir_job_init), so
+ * a worker killed after the helper published a batch and before the rows
+ * committed does not have the retry deliver them twice: the helper finds
+ * the name in new/ at its rename, and for a row a crash sent back
+ * (pepsi_crash_retry) also in cur/ before it writes (the man page says
+ * what is not covered).
  * In the multi-call binary the stage also runs fused after one that loaded
  * less (late_load), vacation: the rows going on to it have their bodies
  * loaded in that pass and are delivered as one batch the same way.
