@@ -6,6 +6,7 @@
 #                 multi-call binary in $(PREFIX)/libexec/pepsi, one
 #                 symlink per program in $(PREFIX)/bin and the man pages
 #                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
+#                 (SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq, newaliases too)
 #   make uninstall  remove what make install installed
 #   make run      start Pepsi on a private PostgreSQL cluster under ./run/
 #   make stop     stop it
@@ -108,9 +109,10 @@ $(B)/programs.h: $(program_dirs) $(privileged_stage_dirs) Makefile
 	   $(foreach d,$(privileged_stage_dirs),echo 'FUSED_STAGE($(call program_ident,$(d)), "$(call program_name,$(d))")';) } > $@.tmp
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
-$(B)/bin/pepsi: $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a
+# programs/names.c: the names sendmail, mailq and newaliases (install SENDMAIL_LINKS).
+$(B)/bin/pepsi: $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
@@ -251,6 +253,25 @@ install: extension programs man
 	$(MAKE) -C extension install
 	$(MAKE) install-programs install-man
 	$(MAKE) install-systemd
+	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
+
+# make install SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq and
+# newaliases as links to the multi-call binary (programs/names.c), for
+# cron, PHP, logwatch.  A file there that is not such a link (another
+# MTA's) is never replaced: the install stops and says so.
+SENDMAIL_NAMES = sendmail mailq newaliases
+install-sendmail-links: install-programs
+	install -d $(DESTDIR)$(PREFIX)/sbin
+	for n in $(SENDMAIL_NAMES); do \
+		l=$(DESTDIR)$(PREFIX)/sbin/$$n; \
+		if [ -e "$$l" ] || [ -L "$$l" ]; then \
+			[ "$$(readlink "$$l")" = ../libexec/pepsi/pepsi ] && continue; \
+			echo "$$l exists and is not a link to Pepsi: left alone; move it away and run make install-sendmail-links" >&2; \
+			exit 1; \
+		fi; \
+		ln -s ../libexec/pepsi/pepsi "$$l" || exit 1; \
+	done
+.PHONY: install-sendmail-links
 
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
@@ -308,6 +329,8 @@ install-man: man
 uninstall:
 	$(MAKE) -C extension uninstall
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PROGRAMS))
+	for n in $(SENDMAIL_NAMES); do l=$(DESTDIR)$(PREFIX)/sbin/$$n; \
+		[ "$$(readlink "$$l")" = ../libexec/pepsi/pepsi ] && rm -f "$$l"; done; true
 	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
 	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))

@@ -459,17 +459,11 @@ maildir_quota_count(struct maildir *md, const struct maildir_file *file)
  * Delivery
  */
 
-/*
- * The unique name of the Maildir specification: time, then M (usec), P
- * (pid) and Q (deliveries by this process) make it unique on this host,
- * then the host name with "/" and ":" escaped (looked up once: a helper
- * delivers message after message), then Maildir++'s size.
- */
-static char *
-maildir_unique_name(size_t size)
+/* The host name with "/" and ":" escaped, as the names carry it (looked up once: a helper delivers message after message). */
+static const char *
+maildir_host(void)
 {
-	static char	  *host;
-	struct timeval tv;
+	static char *host;
 
 	if (host == NULL)
 	{
@@ -490,9 +484,71 @@ maildir_unique_name(size_t size)
 		}
 		host = safe.data ? safe.data : xstrdup("localhost");
 	}
+	return host;
+}
+
+/*
+ * The unique name of the Maildir specification: time, then M (usec), P
+ * (pid) and Q (deliveries by this process) make it unique on this host,
+ * then the host name, then Maildir++'s size.
+ */
+static char *
+maildir_unique_name(size_t size)
+{
+	struct timeval tv;
+
 	gettimeofday(&tv, NULL);
 	return xasprintf("%lld.M%ldP%dQ%lu.%s,S=%zu", (long long) tv.tv_sec, (long) tv.tv_usec,
-					 (int) getpid(), ++maildir_deliveries, host, size);
+					 (int) getpid(), ++maildir_deliveries, maildir_host(), size);
+}
+
+bool
+maildir_stable_is_safe(const char *stable)
+{
+	const char *p = stable;
+
+	if (strlen(stable) > MAILDIR_STABLE_MAX || !isdigit((unsigned char) *p))
+		return false;
+	while (isdigit((unsigned char) *p))
+		p++;
+	if (*p++ != '.' || *p == '\0')
+		return false;
+	for (; *p; p++)
+		if (!isalnum((unsigned char) *p) && *p != '_')
+			return false;
+	return true;
+}
+
+/* The name in dir of stable's message ("<stable>." starts it), or NULL. */
+static char *
+maildir_find_in(int mailbox_fd, const char *dir_name, const char *stable)
+{
+	size_t		   len = strlen(stable);
+	int			   fd = openat(mailbox_fd, dir_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR			  *dir;
+	struct dirent *de;
+	char		  *found = NULL;
+
+	if (fd < 0 || (dir = fdopendir(fd)) == NULL)
+	{
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	while (found == NULL && (de = readdir(dir)) != NULL)
+		if (strncmp(de->d_name, stable, len) == 0 && de->d_name[len] == '.')
+			found = xasprintf("%s/%s", dir_name, de->d_name);
+	closedir(dir);
+	return found;
+}
+
+bool
+maildir_find(struct maildir *md, const char *stable, char **found)
+{
+	*found = maildir_find_in(md->mailbox_fd, "new", stable);
+	if (*found == NULL)
+		*found = maildir_find_in(md->mailbox_fd, "cur", stable);
+	return *found != NULL;
 }
 
 int
@@ -512,7 +568,10 @@ maildir_input_getc(struct maildir_input *in)
 	return (unsigned char) in->data[in->start++];
 }
 
-/* Copy exactly size bytes of in, what was read ahead first; -1 with errno on a write error, 0 on a short input. */
+/*
+ * Copy exactly size bytes of in, what was read ahead first (out_fd -1:
+ * drop them); -1 with errno on a write error, 0 on a short input.
+ */
 static int
 maildir_copy(int out_fd, struct maildir_input *in, size_t size)
 {
@@ -532,7 +591,7 @@ maildir_copy(int out_fd, struct maildir_input *in, size_t size)
 			in->end = (size_t) n;
 		}
 		take = in->end - in->start < size ? in->end - in->start : size;
-		if (!fd_write_all(out_fd, in->data + in->start, take))
+		if (out_fd >= 0 && !fd_write_all(out_fd, in->data + in->start, take))
 			return -1;
 		in->start += take;
 		size -= take;
@@ -540,11 +599,18 @@ maildir_copy(int out_fd, struct maildir_input *in, size_t size)
 	return 1;
 }
 
+bool
+maildir_skip(struct maildir_input *in, size_t size)
+{
+	return maildir_copy(-1, in, size) == 1;
+}
+
 static void
 maildir_file_reset(struct maildir_file *file)
 {
 	free(file->name);
-	file->name = NULL;
+	free(file->final);
+	file->name = file->final = NULL;
 	file->fd = -1;
 }
 
@@ -559,9 +625,9 @@ maildir_discard(struct maildir *md, struct maildir_file *file)
 }
 
 enum maildir_status
-maildir_write(struct maildir *md, const char *prefix, size_t prefix_len, struct maildir_input *in,
-			  size_t size, long long default_quota, long long held_bytes, long long held_count,
-			  struct maildir_file *file, char *why, size_t whylen)
+maildir_write(struct maildir *md, const char *stable, const char *prefix, size_t prefix_len,
+			  struct maildir_input *in, size_t size, long long default_quota, long long held_bytes,
+			  long long held_count, struct maildir_file *file, char *why, size_t whylen)
 {
 	struct maildir_quota quota;
 	size_t				 total = prefix_len + size;
@@ -569,8 +635,10 @@ maildir_write(struct maildir *md, const char *prefix, size_t prefix_len, struct 
 	int					 copied;
 
 	file->name = maildir_unique_name(total);
+	file->final = stable ? xasprintf("%s.%s,S=%zu", stable, maildir_host(), total) : NULL;
 	file->fd = -1;
 	file->size = total;
+	file->already = false;
 	if (!maildir_quota_read(md, default_quota, &quota, why, whylen))
 		goto fail;
 	file->quota_kept = quota.max_bytes > 0 || quota.max_count > 0;
@@ -635,16 +703,36 @@ maildir_publish(struct maildir *md, struct maildir_file *file, char **delivered,
 		goto fail;
 	}
 	file->fd = -1;
-	/* Never over another file: the name is unique, and a clash is refused, not replaced. */
-	if (renameat2(md->tmp_fd, file->name, md->new_fd, file->name, RENAME_NOREPLACE) != 0)
+	/*
+	 * Never over another file: the name is unique, and a clash is refused,
+	 * not replaced.  A stable name that is there already is this message,
+	 * delivered by an attempt that died before it could say so: not twice.
+	 */
+	if (renameat2(md->tmp_fd, file->name, md->new_fd, file->final ? file->final : file->name,
+				  RENAME_NOREPLACE)
+		!= 0)
 	{
-		maildir_why(why, whylen, "cannot move the message into new/: %s", strerror(errno));
-		goto fail;
+		if (errno != EEXIST || file->final == NULL)
+		{
+			maildir_why(why, whylen, "cannot move the message into new/: %s", strerror(errno));
+			goto fail;
+		}
+		unlinkat(md->tmp_fd, file->name, 0);
+		file->already = true;
+		file->quota_kept = false; /* counted when it was delivered */
 	}
 	if (delivered)
 	{
-		*delivered = file->name;
-		file->name = NULL;
+		if (file->final)
+		{
+			*delivered = file->final;
+			file->final = NULL;
+		}
+		else
+		{
+			*delivered = file->name;
+			file->name = NULL;
+		}
 	}
 	maildir_file_reset(file);
 	return MAILDIR_DELIVERED;

@@ -81,27 +81,54 @@ int maildir_input_getc(struct maildir_input *in);
  */
 struct maildir_file
 {
-	char  *name;
+	char  *name;  /* in tmp/ */
+	char  *final; /* in new/, when the message has a stable name; else name */
 	int	   fd;
 	size_t size;
 	bool   quota_kept; /* a maildirsize to add the delivery to */
+	bool   already;	   /* maildir_publish found its stable name in new/: not delivered twice */
 };
 
 /*
+ * A message's stable name: "<seconds>.<unique part>" (MAILDIR_STABLE_MAX
+ * bytes at most), the same on every attempt to deliver it, so that an
+ * attempt after a crash can find what an earlier one delivered.  The
+ * caller makes it (relay-to-maildir: the row's received time, id and
+ * recipient); this checks its form: digits, a dot, then letters, digits
+ * and "_" only.
+ */
+#define MAILDIR_STABLE_MAX 96
+bool maildir_stable_is_safe(const char *stable);
+
+/*
+ * Is a message of this stable name in new/ or cur/ already (in cur/ with
+ * the ":2," flags a reader added, or a host name since changed)?  Its
+ * "new/NAME" or "cur/NAME" in found (freed by the caller).  Reads both
+ * directories: for an attempt after a crash only, never the normal path.
+ */
+bool maildir_find(struct maildir *md, const char *stable, char **found);
+/* Read and drop size bytes of in (a message not written after all); false when it ends first. */
+bool maildir_skip(struct maildir_input *in, size_t size);
+
+/*
  * Write prefix (the Return-Path and Delivered-To lines), then exactly size
- * bytes of in, into tmp/ under a unique name, and start writing it out to
+ * bytes of in, into tmp/ under a unique name (to be published under
+ * stable's "<stable>.<host>,S=<size>" when stable is not NULL), and start writing it out to
  * disk (no fsync yet: a batch's files then share the journal commit of
  * the first one's).  Quota first: a maildirsize is honoured (Maildir++),
  * and default_quota (bytes, 0: none) starts one where there is none;
  * held_bytes and held_count are this Maildir's messages written but not
  * yet published, counted as used.  On failure nothing is left in tmp/.
  */
-enum maildir_status maildir_write(struct maildir *md, const char *prefix, size_t prefix_len,
-								  struct maildir_input *in, size_t size, long long default_quota,
+enum maildir_status maildir_write(struct maildir *md, const char *stable, const char *prefix,
+								  size_t prefix_len, struct maildir_input *in, size_t size,
+								  long long default_quota,
 								  long long held_bytes, long long held_count,
 								  struct maildir_file *file, char *why, size_t whylen);
 /*
- * fsync the file and rename it into new/ (never over another file); new/
+ * fsync the file and rename it into new/ (never over another file: a
+ * stable name already there is this message delivered before, and the
+ * file is removed from tmp/ with already set); new/
  * itself is not fsynced: maildir_sync_new, once for all the files of a
  * batch, before any of them is reported delivered.  On success the file's
  * name in new/ goes to delivered (when not NULL, freed by the caller); on

@@ -113,20 +113,25 @@ stage_json_string(struct buf *b, const char *s)
  * The results come in binary: text columns as their bytes, the recipients
  * as a text[] in PostgreSQL's binary array format (stage_text_array),
  * which costs neither side a JSON conversion; the age is date_part's
- * float8, as text (extract would compute a numeric).
+ * float8, as text (extract would compute a numeric), the received time
+ * its microseconds since the epoch (a stable name for what the row
+ * delivered: pepsi_received_us).
  */
 static const char *const stage_load_sql[] = {
 	[PEPSI_LOAD_METADATA] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
 		" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_HEADERS] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
 		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
 		" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_FULL] =
 		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
 		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
 		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
 		" WHERE w.id = ANY ($1::int8[])",
 };
@@ -293,11 +298,14 @@ stage_ctx_from_row(struct pepsi_ctx *ctx, PGresult *res, int row)
 		ctx->age_seconds = atof(age);
 		ctx->loaded_us = stage_now_us();
 		free(age);
+		age = stage_value(res, row, 7);
+		ctx->received_us = atoll(age);
+		free(age);
 	}
 	if (w->stage->load >= PEPSI_LOAD_HEADERS)
-		buf_append(&ctx->headers, PQgetvalue(res, row, 7), (size_t) PQgetlength(res, row, 7));
+		buf_append(&ctx->headers, PQgetvalue(res, row, 8), (size_t) PQgetlength(res, row, 8));
 	if (w->stage->load >= PEPSI_LOAD_FULL)
-		buf_append(&ctx->body, PQgetvalue(res, row, 8), (size_t) PQgetlength(res, row, 8));
+		buf_append(&ctx->body, PQgetvalue(res, row, 9), (size_t) PQgetlength(res, row, 9));
 	ctx->valid = true;
 }
 

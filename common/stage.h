@@ -113,6 +113,17 @@ const char *pepsi_section(const struct pepsi_ctx *ctx);
 const char *pepsi_mail_from(const struct pepsi_ctx *ctx);
 /* Seconds since the row's received_at (when the pass loaded it): MAX_LIFETIME. */
 double pepsi_message_age(const struct pepsi_ctx *ctx);
+/* The row's received_at in microseconds since the epoch: the same on every pass. */
+long long pepsi_received_us(const struct pepsi_ctx *ctx);
+/*
+ * Was this pass sent back by a crash: did a worker die on the row at the
+ * stage it is at (state.crash.stage, extension/src/crash.c), so that what
+ * that worker did before it died (a file written, say) may be done
+ * already?  Not for the rows queued behind it that it never started, nor
+ * for those the dispatcher's start-up puts back (workqueue_reset_orphans
+ * marks nothing).
+ */
+bool pepsi_crash_retry(const struct pepsi_ctx *ctx);
 /* Seconds since this pass loaded the row: the stage's own time so far. */
 double pepsi_pass_seconds(const struct pepsi_ctx *ctx);
 /* The columns this pass has loaded so far (a late_load successor's can_fuse: its predecessor's). */

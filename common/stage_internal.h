@@ -81,6 +81,7 @@ struct pepsi_ctx
 	char					**rcpt;
 	size_t					  nrcpt;
 	double					  age_seconds;	  /* now - received_at, when loaded */
+	long long				  received_us;	  /* received_at, microseconds since the epoch */
 	double					  loaded_us;	  /* when it was loaded (stage_now_us) */
 	json_t					 *mail_log;		  /* [{event, detail}] for pepsi.mail_log, or NULL */
 	const char				 *delivery;		  /* a delivery attempt's status= (a static string), or NULL */

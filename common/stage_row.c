@@ -55,6 +55,21 @@ pepsi_message_age(const struct pepsi_ctx *ctx)
 	return ctx->age_seconds;
 }
 
+long long
+pepsi_received_us(const struct pepsi_ctx *ctx)
+{
+	return ctx->received_us;
+}
+
+bool
+pepsi_crash_retry(const struct pepsi_ctx *ctx)
+{
+	json_t	   *crash = json_object_get(pepsi_state(ctx), "crash");
+	const char *stage = json_string_value(json_object_get(crash, "stage"));
+
+	return stage != NULL && strcmp(stage, ctx->db_stage) == 0;
+}
+
 double
 pepsi_pass_seconds(const struct pepsi_ctx *ctx)
 {

@@ -24,6 +24,9 @@
 #undef STAGE
 #undef FUSED_STAGE
 
+/* sendmail, mailq and newaliases: programs/names.c. */
+int pepsi_sendmail_names_main(int argc, char **argv);
+
 struct program
 {
 	const char *name;
@@ -65,7 +68,7 @@ usage(void)
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL)
 			fprintf(stderr, " %s", programs[i].name);
-	fprintf(stderr, "\n");
+	fprintf(stderr, " sendmail mailq newaliases\n");
 	return 64;
 }
 
@@ -87,6 +90,9 @@ main(int argc, char **argv)
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL && strcmp(programs[i].name, name) == 0)
 			return programs[i].main(argc, argv);
+	/* The names mail programs call (a /usr/sbin/sendmail symlink): argv[0] tells them apart. */
+	if (strcmp(name, "sendmail") == 0 || strcmp(name, "mailq") == 0 || strcmp(name, "newaliases") == 0)
+		return pepsi_sendmail_names_main(argc, argv);
 	fprintf(stderr, "pepsi: no program named \"%s\"\n", name);
 	return usage();
 }

@@ -29,7 +29,14 @@ make_mailbox($root, $_) for qw(alice@local.test bob@local.test full@local.test);
 open my $fh, '>', "$root/full\@local.test/maildirsize" or die;
 print $fh "2C\n0 0\n";
 close $fh;
-my $config = delivery_config($node, maildir_root => $root);
+# The helper behind a wrapper that counts its starts.
+my $starts = "$base/starts";
+my $counting = "$base/writer";
+open $fh, '>', $counting or die "cannot write $counting: $!";
+print $fh "#!/bin/sh\necho \$\$ >> '$starts'\nexec '" . pepsi_bin('pepsi-helper-maildir-writer') . "' \"\$@\"\n";
+close $fh;
+chmod 0755, $counting or die "cannot chmod $counting: $!";
+my $config = delivery_config($node, maildir_root => $root, extra => { maildir => "MAILDIR_WRITER = $counting\n" });
 
 # Rows set running at the maildir stage, as a claim leaves them, handed to one worker at once.
 sub run_worker
@@ -49,12 +56,14 @@ sub tmp_files
 	return scalar grep { !/^\./ } readdir $dh;
 }
 
-# The helper's pid, from the unique names of the files it wrote (P<pid>).
-sub writer_pids
+# How many helpers were started since the last call.
+my $started = 0;
+sub writer_starts
 {
-	my %pids = map { /\.M\d+P(\d+)Q/ ? ($1 => 1) : () } map { maildir_files($root, $_) } @_;
-	my @pids = sort keys %pids;
-	return @pids;
+	my $all = () = (slurp($starts) // '') =~ /^\d+$/mg;
+	my $new = $all - $started;
+	$started = $all;
+	return $new;
 }
 
 my ($status, $lines, $err, @ids) = run_worker(('alice@local.test', 'bob@local.test') x 3);
@@ -64,7 +73,7 @@ is(scalar(grep { /^0/ } @$lines), 6, 'each row concluded') or diag($err);
 is(scalar(maildir_files($root, 'alice@local.test')), 3, 'alice has her three messages in new/');
 is(scalar(maildir_files($root, 'bob@local.test')), 3, 'bob his three');
 is(tmp_files('alice@local.test') + tmp_files('bob@local.test'), 0, 'nothing is left in tmp/');
-is(scalar(writer_pids('alice@local.test', 'bob@local.test')), 1, 'one helper wrote them all');
+is(writer_starts(), 1, 'one helper wrote them all');
 is(queue_count($node, "stage = 'maildir'"), 0, 'no row is left at the stage');
 
 # Quota across a batch: two messages fit; the batch's own count against the third.
@@ -79,7 +88,8 @@ is(queue_count($node, "stage = 'bounce' AND id = ANY ('{$ids[3],$ids[5]}')"), 2,
 like($node->safe_psql('postgres', "SELECT state->>'last_error' FROM pepsi.workqueue WHERE id = $ids[3]"),
 	qr/over quota/, 'as over quota');
 is(tmp_files('full@local.test'), 0, 'nothing of theirs in tmp/');
-is(scalar(writer_pids('full@local.test')), 1, 'the two that fit: one helper');
+# alice, full, full, full refused; bob, full refused; alice.
+is(writer_starts(), 3, 'the two that fit: one helper, with the first; a new one after each refusal');
 
 # The helper itself: replies after the batch's last request, a held batch abandoned leaves nothing.
 my $writer = pepsi_bin('pepsi-helper-maildir-writer');

@@ -38,6 +38,12 @@
  *   create     yes: make a missing virtual mailbox
  *   size       the message's size in bytes
  *   hold       yes: answer it with the next request without hold (a batch)
+ *   stable     the message's stable name ("<seconds>.<unique part>",
+ *              common/maildir.h): its file in new/ is named after it, and
+ *              one of that name there already is this message, not
+ *              delivered twice ("2.0.0 already delivered to ...")
+ *   lookup     yes: an attempt after a crash: look for the stable name in
+ *              new/ and cur/ first, and write nothing if it is there
  */
 #include <ctype.h>
 #include <errno.h>
@@ -81,6 +87,8 @@ struct writer_request
 	size_t size;
 	bool   have_size;
 	bool   hold;
+	char  *stable;
+	bool   lookup;
 };
 
 struct writer_target
@@ -101,6 +109,7 @@ struct writer_held
 	ino_t				ino;
 	char			   *recipient;
 	char			   *where; /* root/name, for the replies */
+	char			   *found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
 };
 
 /* Standard input, buffered (common/maildir.h), and the batch held so far. */
@@ -110,6 +119,7 @@ static size_t				writer_batch_len;
 
 static void writer_finish_batch(void);
 static void writer_discard_batch(void);
+static void writer_held_free(struct writer_held *held);
 
 /*
  * One reply line per request: everything the caller learns.  After a
@@ -217,6 +227,10 @@ writer_read_request(struct writer_request *req)
 				req->create = strcmp(value, "yes") == 0;
 			else if (strcmp(line, "hold") == 0)
 				req->hold = strcmp(value, "yes") == 0;
+			else if (strcmp(line, "stable") == 0)
+				field = &req->stable;
+			else if (strcmp(line, "lookup") == 0)
+				req->lookup = strcmp(value, "yes") == 0;
 			else if (strcmp(line, "size") == 0)
 			{
 				char			  *end;
@@ -241,6 +255,8 @@ writer_read_request(struct writer_request *req)
 	}
 	if (req->section == NULL || req->recipient == NULL || !req->have_size)
 		writer_reply_exit("4.3.0", "the request lacks its section, recipient or size");
+	if (req->stable && !maildir_stable_is_safe(req->stable))
+		writer_reply_exit("4.3.0", "the request's stable name is not digits, a dot and a unique part");
 	if (req->sender == NULL)
 		req->sender = xstrdup("");
 	return true;
@@ -253,6 +269,7 @@ writer_request_free(struct writer_request *req)
 	free(req->recipient);
 	free(req->sender);
 	free(req->mailbox);
+	free(req->stable);
 }
 
 /* Is dir (absolute, no "." or ".." component) one of the space/comma separated roots, or below one? */
@@ -498,6 +515,21 @@ writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
 	}
 	held->dev = st.st_dev;
 	held->ino = st.st_ino;
+	/* After a crash: delivered already by the attempt that died?  Then answered as delivered. */
+	if (req->stable && req->lookup && maildir_find(&held->md, req->stable, &held->found))
+	{
+		if (!maildir_skip(&writer_in, req->size))
+		{
+			writer_held_free(held);
+			writer_discard_batch(); /* the caller is gone: nothing it was not told of is kept */
+			writer_reply_exit("4.3.0", "the message ended before its %zu bytes", req->size);
+		}
+		held->file.fd = -1;
+		held->recipient = xstrdup(req->recipient);
+		held->where = xasprintf("%s/%s", target->root, target->name);
+		writer_batch_len++;
+		return;
+	}
 	/* The batch's messages to this Maildir count against its quota before they are in new/. */
 	for (size_t i = 0; i < writer_batch_len; i++)
 		if (writer_batch[i].dev == held->dev && writer_batch[i].ino == held->ino)
@@ -506,7 +538,7 @@ writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
 			held_count++;
 		}
 	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req->sender, req->recipient);
-	rc = maildir_write(&held->md, prefix.data, prefix.len, &writer_in, req->size,
+	rc = maildir_write(&held->md, req->stable, prefix.data, prefix.len, &writer_in, req->size,
 					   config_size(cfg, WRITER_SECTION, "QUOTA"), held_bytes, held_count, &held->file,
 					   why, sizeof(why));
 	buf_free(&prefix);
@@ -542,6 +574,7 @@ writer_held_free(struct writer_held *held)
 	maildir_close(&held->md);
 	free(held->recipient);
 	free(held->where);
+	free(held->found);
 	memset(held, 0, sizeof(*held));
 }
 
@@ -565,8 +598,10 @@ writer_finish_batch(void)
 	delivered = xcalloc(n, sizeof(*delivered));
 	failed = xcalloc(n, sizeof(*failed));
 	for (size_t i = 0; i < n; i++)
-		if (maildir_publish(&writer_batch[i].md, &writer_batch[i].file, &delivered[i], why, sizeof(why))
-			!= MAILDIR_DELIVERED)
+		if (writer_batch[i].found)
+			delivered[i] = xstrdup(writer_batch[i].found);
+		else if (maildir_publish(&writer_batch[i].md, &writer_batch[i].file, &delivered[i], why, sizeof(why))
+				 != MAILDIR_DELIVERED)
 			failed[i] = xasprintf("%s cannot write to mailbox %s: %s",
 								  errno == ENOSPC || errno == EDQUOT ? "4.2.2" : "4.3.0",
 								  writer_batch[i].where, why);
@@ -601,8 +636,11 @@ writer_finish_batch(void)
 			log_warnx("%s", failed[i]);
 			printf("%s\n", failed[i]);
 		}
+		else if (writer_batch[i].found)
+			printf("2.0.0 already delivered to %s/%s\n", writer_batch[i].where, delivered[i]);
 		else
-			printf("2.0.0 delivered to %s/new/%s\n", writer_batch[i].where, delivered[i]);
+			printf("2.0.0 %sdelivered to %s/new/%s\n", writer_batch[i].file.already ? "already " : "",
+				   writer_batch[i].where, delivered[i]);
 		free(failed[i]);
 		free(delivered[i]);
 		free(writer_batch[i].file.name);

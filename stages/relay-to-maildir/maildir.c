@@ -16,6 +16,12 @@
  * them all to the helper, which writes every file, then fsyncs and
  * publishes them and fsyncs each new/ once before it answers; run then
  * concludes each row from its reply, and the rows commit after that.
+ * Each file's name in new/ is stable, from the row (maildir_job_init), so
+ * a worker killed after the helper published a batch and before the rows
+ * committed does not have the retry deliver them twice: the helper finds
+ * the name in new/ at its rename, and for a row a crash sent back
+ * (pepsi_crash_retry) also in cur/ before it writes (the man page says
+ * what is not covered).
  * In the multi-call binary the stage also runs fused after one that loaded
  * less (late_load), vacation: the rows going on to it have their bodies
  * loaded in that pass and are delivered as one batch the same way.
@@ -437,20 +443,32 @@ maildir_writer_for(struct pepsi_ctx *ctx, char **writer, const char **config_pat
 	*config_path = config ? config : pepsi_config(ctx)->path;
 }
 
-/* The request for a row of one recipient whose mailbox has a name (the helper's lines, without the empty one). */
+/*
+ * The request for a row of one recipient whose mailbox has a name (the
+ * helper's lines, without the empty one).  Its stable name: the row's
+ * received time (seconds, then M and the microseconds), then K, the row's
+ * id and the recipient's index, the same on every attempt (the time
+ * keeps it unique when a restored or renumbered queue reuses an id).  A
+ * file of that name in new/ is this delivery made already; after a crash
+ * (pepsi_crash_retry) the helper also looks in new/ and cur/ first.
+ */
 static void
 maildir_job_init(struct pepsi_ctx *ctx, char *name, struct maildir_job *job)
 {
 	const struct buf *headers = pepsi_headers(ctx);
 	const struct buf *body = pepsi_body(ctx);
+	long long		  received = pepsi_received_us(ctx);
 
 	memset(job, 0, sizeof(*job));
 	job->ctx = ctx;
 	job->name = name;
-	buf_printf(&job->request, "section stage-%s\nrecipient %s\nsender %s\nmailbox %s\ncreate %s\nsize %zu\n",
+	buf_printf(&job->request,
+			   "section stage-%s\nrecipient %s\nsender %s\nmailbox %s\ncreate %s\nsize %zu\n"
+			   "stable %lld.M%06lldK%lld_0\n%s",
 			   pepsi_stage_name(ctx), pepsi_rcpt(ctx, 0), pepsi_mail_from(ctx), name,
 			   pepsi_option_bool(ctx, "CREATE_MAILBOXES") ? "yes" : "no",
-			   (headers ? headers->len : 0) + 2 + (body ? body->len : 0));
+			   (headers ? headers->len : 0) + 2 + (body ? body->len : 0), received / 1000000,
+			   received % 1000000, pepsi_id(ctx), pepsi_crash_retry(ctx) ? "lookup yes\n" : "");
 }
 
 static void
