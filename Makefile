@@ -302,14 +302,13 @@ deps:
 	@scripts/deps.sh
 
 # Warnings are errors here, so everything is rebuilt with -Werror, once,
-# the builds two jobs at a time (CHECK_JOBS).  The fuzz targets replay
+# the builds (and the layout's check) two jobs at a time (CHECK_JOBS).  The fuzz targets replay
 # their corpora (fuzz-replay); bench/fuzz/run.sh fuzzes.  PEPSI_NO_SKIP:
 # a test file that skips fails (scripts/check.sh).
 CHECK_JOBS ?= 2
 check: deps
-	$(MAKE) format-check
 	$(MAKE) clean
-	$(MAKE) -j$(CHECK_JOBS) PEPSI_WERROR=-Werror all fuzz-targets sanitize-build man
+	$(MAKE) -j$(CHECK_JOBS) PEPSI_WERROR=-Werror format-check all fuzz-targets sanitize-build man
 	$(MAKE) -C extension install
 	$(MAKE) fuzz-replay
 	$(MAKE) man-check

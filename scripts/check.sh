@@ -65,30 +65,43 @@ skipped=0
 failures="$scratch/failures"
 : >"$failures"
 
-# Unit tests (cmocka): one result per test case.
+# Unit tests (cmocka): one result per test case.  They and pg_regress
+# run in the background, beside the TAP files' parallel pass (below), and
+# are reported first once done.
 skip unit && units= || units=$(find "$top/$PEPSI_UNIT_DIR" -path '*/tests/test_*' -type f -perm -u+x ! -name '*.d' 2>/dev/null | sort)
-for unit in $units; do
-    echo "== unit: ${unit#$top/build/}"
-    "$unit" >"$scratch/unit.log" 2>&1
-    cat "$scratch/unit.log"
-    # A binary may run several groups (the data-driven ones run one per data file).
-    ok=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | awk '{n += $1} END {if (NR) print n}')
-    bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$scratch/unit.log" | awk '{n += $1} END {if (NR) print n}')
-    passed=$((passed + ${ok:-0}))
-    failed=$((failed + ${bad:-0}))
-    grep -E '^\[  FAILED  \] [^0-9]' "$scratch/unit.log" | sed "s|^|unit ${unit#$top/build/}: |" >>"$failures"
-    if [ -z "$ok" ] && [ -z "$bad" ]; then
-        echo "unit test $unit ran no test"
-        echo "unit ${unit#$top/build/}: ran no test" >>"$failures"
-        failed=$((failed + 1))
-    fi
-done
+mkdir -p "$scratch/unit-out"
+run_units() {
+    local unit i=0
+    for unit in $units; do
+        i=$((i + 1))
+        "$unit" >"$scratch/unit-out/$i.log" 2>&1
+    done
+}
+report_units() {
+    local unit i=0 log ok bad
+    for unit in $units; do
+        i=$((i + 1))
+        log="$scratch/unit-out/$i.log"
+        echo "== unit: ${unit#$top/build/}"
+        cat "$log"
+        # A binary may run several groups (the data-driven ones run one per data file).
+        ok=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{n += $1} END {if (NR) print n}')
+        bad=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{n += $1} END {if (NR) print n}')
+        passed=$((passed + ${ok:-0}))
+        failed=$((failed + ${bad:-0}))
+        grep -E '^\[  FAILED  \] [^0-9]' "$log" | sed "s|^|unit ${unit#$top/build/}: |" >>"$failures"
+        if [ -z "$ok" ] && [ -z "$bad" ]; then
+            echo "unit test $unit ran no test"
+            echo "unit ${unit#$top/build/}: ran no test" >>"$failures"
+            failed=$((failed + 1))
+        fi
+    done
+}
 
 # pg_regress: one result per test file.
 regress_tests=
 skip regress || regress_tests=$(cd "$scratch/regress/sql" && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort)
-if [ -n "$regress_tests" ]; then
-    echo "== pg_regress"
+run_regress() {
     as_user "$PG_REGRESS" \
         --temp-instance="$scratch/regress-instance" \
         --bindir="$PGBIN" \
@@ -96,6 +109,11 @@ if [ -n "$regress_tests" ]; then
         --outputdir="$scratch/regress-out" \
         --dbname=pepsi_regress \
         $regress_tests >"$scratch/regress.log" 2>&1
+}
+report_regress() {
+    local ok bad
+    [ -n "$regress_tests" ] || return 0
+    echo "== pg_regress"
     cat "$scratch/regress.log"
     ok=$(grep -cE '^(ok|test) .* ok( |$)|\.\.\. ok' "$scratch/regress.log")
     bad=$(grep -cE 'FAILED|failed \(ignored\)' "$scratch/regress.log")
@@ -111,7 +129,14 @@ if [ -n "$regress_tests" ]; then
         echo "pg_regress: ran no test" >>"$failures"
         failed=$((failed + 1))
     fi
-fi
+}
+
+# Seconds since the start, for the log.
+started=$(date +%s)
+elapsed() { echo "$(($(date +%s) - started)) s"; }
+background=()
+[ -n "$units" ] && { run_units & background+=($!); }
+[ -n "$regress_tests" ] && { run_regress & background+=($!); }
 
 # TAP: one result per assertion.  Each file runs once: the daemons' files
 # of $SANITIZE_TAP against the programs built with ASan and UBSan
@@ -178,7 +203,6 @@ tap_count() {
     fi
 }
 
-tap_sets=()
 if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     all_taps=$(cd "$scratch" && for f in ${PEPSI_TAP:-t/*.pl}; do
         if [ -d "$f" ]; then ls "$f"/*.pl; else echo "$f"; fi; done | sort)
@@ -223,8 +247,20 @@ if [ -n "$all_taps" ]; then
         else parallel+="user $scratch/bin $f"$'\n'
         fi
     done
+    echo "== TAP: $(echo -n "$parallel" | grep -c .) files $TAP_JOBS at a time ($(elapsed))"
     (cd "$scratch" && printf '%s' "$parallel" | xargs -r -P "$TAP_JOBS" -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
+    # The serial pass with nothing of ours beside it.
+    [ ${#background[@]} -gt 0 ] && wait "${background[@]}"
+    background=()
+    echo "== TAP: $(echo -n "$serial$root_serial" | grep -c .) files one at a time ($(elapsed))"
     (cd "$scratch" && printf '%s' "$serial$root_serial" | xargs -r -P 1 -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
+    echo "== TAP: done ($(elapsed))"
+fi
+[ ${#background[@]} -gt 0 ] && wait "${background[@]}"
+report_units
+report_regress
+
+if [ -n "$all_taps" ]; then
     # The logs in the files' order, the sanitized ones apart.
     : >"$scratch/tap.log"
     : >"$scratch/san-tap.log"
