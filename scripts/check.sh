@@ -156,13 +156,14 @@ background=()
 #   t/039_ingress_wake.pl       a wake-up within its interval
 #   t/041_dispatch_workers.pl   MAX_RUNTIME and SPAWN_COOLDOWN, in seconds
 #   t/046_dispatch_fair.pl      the shares of rows senders get
+#   t/047_dispatch_queue_reset.pl  drain times before and after a reset
 #   t/048_dispatch_light_lane.pl, t/048_dispatch_light_rows.pl,
 #   t/048_dispatch_no_starvation.pl  light rows' latency past heavy ones
 #   t/070_dns.pl                a resolver's timeout, in seconds
 #   t/103_relay_internet_addresses.pl  a delivery rate per second
 TAP_SERIAL=${TAP_SERIAL-t/016_claim_below_floor.pl t/032_ingress_limits.pl
     t/039_ingress_express.pl t/039_ingress_wake.pl t/041_dispatch_workers.pl
-    t/046_dispatch_fair.pl t/048_dispatch_light_lane.pl t/048_dispatch_light_rows.pl
+    t/046_dispatch_fair.pl t/047_dispatch_queue_reset.pl t/048_dispatch_light_lane.pl t/048_dispatch_light_rows.pl
     t/048_dispatch_no_starvation.pl t/070_dns.pl t/103_relay_internet_addresses.pl}
 TAP_JOBS=${TAP_JOBS:-2}
 # in_list FILE LIST: whether FILE is a word of LIST.
