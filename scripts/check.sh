@@ -166,6 +166,13 @@ TAP_SERIAL=${TAP_SERIAL-t/016_claim_below_floor.pl t/032_ingress_limits.pl
     t/046_dispatch_fair.pl t/047_dispatch_queue_reset.pl t/048_dispatch_light_lane.pl t/048_dispatch_light_rows.pl
     t/048_dispatch_no_starvation.pl t/070_dns.pl t/103_relay_internet_addresses.pl}
 TAP_JOBS=${TAP_JOBS:-2}
+# The longest files of the parallel pass, started first so that it does
+# not end on one of them alone (the longest first; the log ends with each
+# file's time).
+TAP_FIRST=${TAP_FIRST-t/061_cli.pl t/071_stage_milter_filters.pl t/021_stage_batching_fusion.pl
+    t/010_roles.pl t/020_stage_runtime.pl t/001_maintenance.pl t/002_body_concurrency.pl
+    t/070_stage_milter.pl t/024_stage_load_plans.pl t/044_dispatch_postgres_restart.pl
+    t/050_delivery_smarthost.pl t/003_extension_upgrade.pl}
 # in_list FILE LIST: whether FILE is a word of LIST.
 in_list() { case " $(echo $2) " in *" $1 "*) return 0 ;; esac; return 1; }
 # PEPSI_NO_SKIP (set by make check): every file must run, and a file that
@@ -241,7 +248,8 @@ if [ -n "$all_taps" ]; then
     # One line per file, "WHO BIN FILE", for scripts/tap-file.sh.
     # The root files last: the port reservations they leave are root's.
     parallel= serial= root_serial=
-    for f in $all_taps; do
+    for f in $(for f in $TAP_FIRST; do in_list "$f" "$all_taps" && echo "$f"; done
+               for f in $all_taps; do in_list "$f" "$TAP_FIRST" || echo "$f"; done); do
         if in_list "$f" "$root_taps"; then root_serial+="self $scratch/bin $f"$'\n'
         elif in_list "$f" "$TAP_SERIAL"; then serial+="user $scratch/bin $f"$'\n'
         elif sanitized "$f"; then parallel+="user $scratch/san-bin $f"$'\n'
