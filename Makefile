@@ -72,7 +72,7 @@ TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/p
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
 .PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
-	deps check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
+	deps check run stop bench fuzz fuzz-targets fuzz-replay clean unit-tests sanitize sanitize-build man man-check \
 	format format-check
 
 all: extension programs test-programs $(if $(HAVE_CMOCKA),unit-tests)
@@ -339,31 +339,34 @@ uninstall:
 deps:
 	@scripts/deps.sh
 
-# Warnings are errors here, so everything is rebuilt with -Werror.
+# Warnings are errors here, so everything is rebuilt with -Werror, once,
+# the builds (and the layout's check) two jobs at a time (CHECK_JOBS).  The fuzz targets replay
+# their corpora (fuzz-replay); bench/fuzz/run.sh fuzzes.  PEPSI_NO_SKIP:
+# a test file that skips fails (scripts/check.sh).
+CHECK_JOBS ?= 2
 check: deps
-	$(MAKE) format-check
 	$(MAKE) clean
-	$(MAKE) PEPSI_WERROR=-Werror all
+	$(MAKE) -j$(CHECK_JOBS) PEPSI_WERROR=-Werror format-check all fuzz-targets sanitize-build man
 	$(MAKE) -C extension install
-	$(MAKE) fuzz FUZZ_TIME=10
-	$(MAKE) sanitize-build
+	$(MAKE) fuzz-replay
 	$(MAKE) man-check
-	scripts/check.sh
+	PEPSI_NO_SKIP=1 scripts/check.sh
 
 unit-tests: $(UNIT_TESTS)
 
 # The unit tests and the programs again, built with AddressSanitizer and
 # UBSan into build/san/.  scripts/check.sh runs every unit test binary
-# under build/, and the TAP tests of $(SANITIZE_TAP) a second time against
-# build/san/bin; any sanitizer report fails them.  make check runs both;
-# make sanitize only these.
+# under build/, and the daemons' TAP tests of $(SANITIZE_TAP) against
+# build/san/bin instead of build/bin (but for those of its TAP_SERIAL,
+# about time, which run against the optimised build); any sanitizer report
+# fails them.  make check runs both; make sanitize only these.
 SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
-		programs test-programs unit-tests
+		programs unit-tests
 
 sanitize: sanitize-build
 	$(MAKE) -C extension install
@@ -420,7 +423,17 @@ $(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/milter.c stages/m
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
 
-fuzz: $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth $(B)/fuzz/fuzz_milter
+FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth $(B)/fuzz/fuzz_milter
+fuzz-targets: $(FUZZ_TARGETS)
+
+# Every input of the corpora once (-runs=0: no new ones), as make check
+# does: a parser change that crashes on a known input fails here.
+fuzz-replay: $(FUZZ_TARGETS)
+	$(B)/fuzz/fuzz_smtp -runs=0 -max_len=4096 daemons/ingress/fuzz/corpus
+	$(B)/fuzz/fuzz_auth -runs=0 -max_len=4096 common/auth/fuzz/corpus
+	$(B)/fuzz/fuzz_milter -runs=0 -max_len=4096 stages/milter/fuzz/corpus
+
+fuzz: $(FUZZ_TARGETS)
 	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter
 	$(B)/fuzz/fuzz_smtp -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-smtp daemons/ingress/fuzz/corpus

@@ -23,7 +23,7 @@ my $messages = 5000;
 
 # Admit $count rows from ten senders in one transaction, wake the
 # dispatcher, and return the seconds until the queue is empty (undef if it
-# is not within 120 s).
+# is not within 300 s: a deadline for a broken dispatcher, not a measure).
 sub drain_seconds
 {
 	my ($count) = @_;
@@ -38,7 +38,7 @@ sub drain_seconds
 	});
 	return undef
 	  unless poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 },
-		120);
+		300);
 	return time - $start;
 }
 
@@ -71,7 +71,7 @@ $node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART ID
 my $one = drain_seconds(1);
 ok(defined $one, 'a single message drains after a second reset');
 note(sprintf('a single message after the second reset: %.2f s', $one // -1));
-cmp_ok($one // 120, '<', 3, 'it is claimed at once at every stage, not after a floor recheck');
+cmp_ok($one // 300, '<', 3, 'it is claimed at once at every stage, not after a floor recheck');
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher stops');
 
 done_testing();

@@ -153,7 +153,7 @@ sub start_ingress
 		my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
 		$s->close if $s;
 		return $s;
-	}, 20) or die "pepsi-ingress did not start:\n" . (slurp($log) // '');
+	}, 60) or die "pepsi-ingress did not start:\n" . (slurp($log) // '');
 	return { pid => $pid };
 }
 
@@ -171,7 +171,7 @@ sub start_peer
 		open STDERR, '>&', \*STDOUT;
 		exec $^X, "$bin/smtp-peer", '--dir', $dir, @args or die "exec: $!";
 	}
-	poll_until(sub { -e "$dir/port" }, 10) or die "smtp-peer did not start";
+	poll_until(sub { -e "$dir/port" }, 60) or die "smtp-peer did not start";
 	my $port = slurp("$dir/port");
 	chomp $port;
 	push @started, { pid => $pid, dir => $dir, port => $port };
@@ -180,7 +180,8 @@ sub start_peer
 
 # A server on a free port: $command->($port, $dir) gives the command line;
 # its output goes to $dir/$name.log.  Returns { pid, dir, port } once a
-# connection to the port succeeds (within $seconds, 10 by default).  $at
+# connection to the port succeeds (within $seconds, 60 by default: a
+# deadline for a server that cannot start, not a measure).  $at
 # ("address:port") names where it listens instead of 127.0.0.1 and a free port.
 sub start_server
 {
@@ -203,7 +204,7 @@ sub start_server
 			$s->close if $s;
 			return $s;
 		},
-		$seconds // 10) or die "$name did not start";
+		$seconds // 60) or die "$name did not start";
 	push @started, { pid => $pid, dir => $dir, port => $port };
 	return $started[-1];
 }
@@ -231,7 +232,7 @@ sub start_sink_on
 			my (undef, $dir) = @_;
 			return ('/usr/sbin/smtp-sink', '-d', "$dir/mail/%M.", @args, "$address:$port", '128');
 		},
-		10, "$address:$port");
+		60, "$address:$port");
 }
 
 sub stop_process

@@ -162,7 +162,7 @@ sub dispatcher_exit
 	return $d->{status};
 }
 
-# Signal the dispatcher and wait up to $seconds (default 30) for it to exit.
+# Signal the dispatcher and wait up to $seconds (default 60) for it to exit.
 # Returns its exit status, or undef if it did not exit (it is then killed).
 sub stop_dispatcher
 {
@@ -170,7 +170,7 @@ sub stop_dispatcher
 
 	return $d->{status} if defined $d->{status};
 	kill $signal // 'TERM', $d->{pid};
-	my $status = dispatcher_exit($d, $seconds // 30);
+	my $status = dispatcher_exit($d, $seconds // 60);
 	if (!defined $status)
 	{
 		kill 'KILL', $d->{pid};

@@ -126,7 +126,7 @@ sub restart_dovecot
 			$s->close if $s;
 			return $s;
 		},
-		30) or die "dovecot did not start: " . (-e "$dir/dovecot.out" ? slurp_file("$dir/dovecot.out") : '');
+		60) or die "dovecot did not start: " . (-e "$dir/dovecot.out" ? slurp_file("$dir/dovecot.out") : '');
 	return $d;
 }
 

@@ -48,7 +48,7 @@ sub new
 	$self->{run} =
 	  IPC::Run::start([ '/usr/bin/python3', $script, $self->{zone}, $self->{port} ],
 		'<', \undef, '>', \$out, '2>', "$dir/testdns.log");
-	for (1 .. 200)
+	for (1 .. 1200)
 	{
 		$self->{run}->pump_nb;
 		last if $out =~ /ready/;
