@@ -23,6 +23,7 @@
 #include "pepsi.h"
 
 #include "access/xact.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "funcapi.h"
@@ -32,6 +33,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
@@ -223,6 +225,26 @@ held_horizon(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Is the extension installed, and held so that it stays so until this
+ * pass's transaction ends?  Without the lock, a DROP EXTENSION committed
+ * between the look and the first call would make the call fail and the
+ * worker exit.  DROP takes the extension's object lock exclusively
+ * (AcquireDeletionLock), so a shared one waits for it or holds it off;
+ * once granted, the look is made again, with the invalidations that the
+ * lock's acquisition read.
+ */
+static bool
+maint_extension_held(void)
+{
+	Oid extension = get_extension_oid("pepsi", true);
+
+	if (!OidIsValid(extension))
+		return false;
+	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
+	return get_extension_oid("pepsi", true) == extension;
+}
+
+/*
  * One maintenance pass in its own transaction.  Returns how long to sleep
  * before the next one, in milliseconds.
  */
@@ -238,7 +260,7 @@ maint_run_pass(TimestampTz *last_sweep)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, MAINT_WORKER_TYPE);
 
-	if (OidIsValid(get_extension_oid("pepsi", true)))
+	if (maint_extension_held())
 	{
 		double requeued;
 		double due_in_ms;
