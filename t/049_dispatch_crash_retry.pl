@@ -57,13 +57,20 @@ sub concluded
 # SIGKILL the worker holding a row: the row is paused for a retry with the
 # attempt counted, then retried and concluded by a new worker.
 #
-my ($held) = add_rows($node, 1, stage => 'w', state => '{"sleep_ms": 1500}');
+# The row is held until $gate exists, made only after the kill: however
+# slow the machine, the worker cannot conclude it first, and its retry
+# can conclude it.
+my $gate = PostgreSQL::Test::Utils::tempdir() . '/sigkill-gate';
+my ($held) = add_rows($node, 1, stage => 'w', state => qq({"wait_file": "$gate"}));
 ok(poll_until(sub { row($held) =~ /^running/ && worker_pids($d, 'test-stage') }),
 	'a worker holds the row') or diag(dispatcher_log($d));
-usleep(500_000);    # it has read the id and sleeps on it
 my ($victim) = worker_pids($d, 'test-stage');
 my $offset = -s $d->{log};
 kill 'KILL', $victim;
+ok(poll_until(sub { row($held) !~ /^running/ }), 'SIGKILL: the row is no longer running');
+open(my $gate_fh, '>', $gate) or die "$gate: $!";
+close $gate_fh;
+chmod 0644, $gate;
 ok(poll_until(sub { row($held) =~ /^paused/ || concluded($held) }), 'SIGKILL: the row is paused');
 like(
 	scalar_query($node,
