@@ -71,7 +71,7 @@ TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/p
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
 .PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
-	deps check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
+	deps deps-run check run stop bench fuzz clean unit-tests sanitize sanitize-build man man-check \
 	format format-check
 
 all: extension programs test-programs $(if $(HAVE_CMOCKA),unit-tests)
@@ -314,7 +314,12 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
 
 deps:
-	@scripts/deps.sh
+	@scripts/deps.sh check
+
+# What running needs only: no test peer (Postfix, Dovecot, rspamd, nsd,
+# OpenDKIM, Chromium, npm) is installed or started by make run.
+deps-run:
+	@scripts/deps.sh run
 
 # Warnings are errors here, so everything is rebuilt with -Werror.
 check: deps
@@ -357,10 +362,11 @@ format:
 format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SOURCES)
 
-run: deps all
+run: deps-run all
 	$(MAKE) -C extension install
 	scripts/run.sh start
 
+# Stops everything make run started (its pid files), from any terminal.
 stop:
 	scripts/run.sh stop
 
