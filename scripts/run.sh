@@ -67,6 +67,15 @@ if [ -f "$conf" ]; then
     smtp_port=$(run_conf_value "$conf" listener-smtp PORT)
     http_port=$(run_conf_value "$conf" httpd PORT)
 fi
+# A variable given for a run made before changes nothing: say so.
+for setting in "PEPSI_PGPORT $port the cluster's port in $data/postgresql.conf" \
+    "PEPSI_SMTP_PORT $smtp_port PORT in [listener-smtp] of $conf" \
+    "PEPSI_HTTP_PORT $http_port PORT in [httpd] of $conf"; do
+    read -r var value where <<<"$setting"
+    if [ -n "${!var:-}" ] && [ "${!var}" != "$value" ]; then
+        echo "run.sh: $var=${!var} ignored: this run was made with $value ($where)" >&2
+    fi
+done
 taken=0
 run_as_cluster "$PGBIN/pg_ctl" -D "$data" status >/dev/null 2>&1 \
     || run_port_free "$port" "the cluster" "PEPSI_PGPORT" "port in $data/postgresql.conf and every CONNINFO in $conf" || taken=1

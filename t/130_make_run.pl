@@ -14,7 +14,6 @@ use lib "$FindBin::RealBin/lib";
 use RootTest;
 use File::Path qw(remove_tree);
 use IO::Socket::INET;
-use File::Temp ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
@@ -30,7 +29,7 @@ for my $port (5433, 2525, 8025)
 
 # The checkout: a copy of what make run uses, in a home directory of a user
 # of its own (an ordinary user: not root, not the daemons').
-my $homes = File::Temp::tempdir('pepsi-homes-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+my $homes = PostgreSQL::Test::Utils::tempdir();
 my @owner = add_system_user('pepsi-clone', $homes);
 my $checkout = "$homes/pepsi-clone/pepsi";
 mkdir $checkout or die "$checkout: $!";
@@ -82,19 +81,26 @@ sub stop_run
 	}
 }
 
-# Processes of the run: what runs a program of its bin/ or the cluster's.
-sub leftovers
+# Processes of the run: what runs a program of its bin/ or the cluster's
+# (or, @_ given, anything from the checkout or the run's directory).
+sub leftover_pids
 {
-	return '' unless defined $run_dir;
+	my (@places) = @_ ? @_ : ("$run_dir/bin/", "$run_dir/pg");
 	my @left;
 	for my $proc (glob '/proc/[0-9]*')
 	{
 		my $exe = readlink "$proc/exe" // next;
 		my $cmd = do { local $/; open my $fh, '<', "$proc/cmdline" or next; <$fh> } // '';
 		$cmd =~ s/\0/ /g;
-		push @left, "$proc: $cmd" if index($exe, "$run_dir/bin/") == 0 || index($cmd, "$run_dir/pg") >= 0;
+		push @left, $proc =~ s{^/proc/}{}r if grep { index("$exe $cmd", $_) >= 0 } @places;
 	}
-	return join "\n", @left;
+	return @left;
+}
+
+sub leftovers
+{
+	return '' unless defined $run_dir;
+	return join "\n", map { "$_: " . (slurp_file("/proc/$_/cmdline") =~ s/\0/ /gr) } leftover_pids();
 }
 
 END
@@ -104,8 +110,11 @@ END
 	{
 		stop_run();
 	}
-	# The run's directory root made elsewhere for this checkout.
 	$run_dir //= readlink "$checkout/run";
+	# Whatever a failed stop left behind.
+	my @left = leftover_pids($checkout, defined $run_dir ? ($run_dir) : ());
+	kill 'KILL', @left if @left;
+	# The run's directory root made elsewhere for this checkout.
 	remove_tree($run_dir) if defined $run_dir && $run_dir =~ m{^/var/lib/pepsi-run/};
 	$? = $status;
 }
@@ -123,8 +132,8 @@ for my $path ($run_dir, "$run_dir/bin", "$run_dir/bin/pepsi-dispatch", $conf)
 	ok(@st && $st[4] == 0 && !($st[2] & 022), "$path is root's, writable by nobody else");
 }
 my @pg = stat "$run_dir/pg/data";
-is(scalar getpwuid($pg[4]), 'pepsi-pg', 'the cluster is its own user\'s');
-my $dispatch_pid = slurp_file("$run_dir/pids/pepsi-dispatch.pid");
+is(scalar(getpwuid($pg[4] // 0)), 'pepsi-pg', 'the cluster is its own user\'s');
+my $dispatch_pid = -e "$run_dir/pids/pepsi-dispatch.pid" ? slurp_file("$run_dir/pids/pepsi-dispatch.pid") : "0";
 chomp $dispatch_pid;
 # (It drops root once started.)
 my $uid = -1;
@@ -161,6 +170,18 @@ my $again = `bash $checkout/scripts/run.sh start 2>&1`;
 like($again, qr/running already/, 'a second start while running refuses');
 stop_run();
 is(leftovers(), '', 'the second make stop leaves no process either');
+# A daemon that ends stops the whole run, saying which.
+ok(start_run(), 'run.sh starts a third time') or diag(slurp_file($log));
+my $ingress_pid = slurp_file("$run_dir/pids/pepsi-ingress.pid");
+chomp $ingress_pid;
+kill 'KILL', $ingress_pid;
+my $ended = time + 60;
+while (time < $ended && waitpid($run_pid, 1) != $run_pid) { sleep 0.1 }
+ok(time < $ended, 'run.sh ends when pepsi-ingress does');
+$run_pid = undef;
+like(slurp_file($log), qr/pepsi-ingress ended .*stopping everything/, 'and says why');
+is(leftovers(), '', 'and leaves no process');
+
 my $squatter = IO::Socket::INET->new(LocalAddr => '127.0.0.1:2525', Listen => 1, ReuseAddr => 1)
   or die "listen 2525: $!";
 my $taken = `bash $checkout/scripts/run.sh start 2>&1`;
