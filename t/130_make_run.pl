@@ -140,6 +140,7 @@ my $uid = -1;
 my $until = time + 30;
 while (time < $until)
 {
+	last unless $dispatch_pid > 0 && -r "/proc/$dispatch_pid/status";
 	($uid) = slurp_file("/proc/$dispatch_pid/status") =~ /^Uid:\s+\d+\s+(\d+)/m;
 	last if $uid != 0;
 	sleep 0.1;
