@@ -72,7 +72,8 @@ run_give_daemons() {
 
 # run_path_trusted PATH: whether PATH and every directory on the way to it
 # are root's and writable by nobody else (a root-owned sticky directory,
-# /tmp, excepted), as the set-id programs check (privilege_path_trusted).
+# /tmp, excepted), as the set-id programs check (privilege_path_trusted),
+# and open to the cluster's and the daemons' users (not under /root, say).
 run_path_trusted() {
     local path=$1 at=/ part owner mode
     local -a parts
@@ -85,11 +86,13 @@ run_path_trusted() {
         if [ $((8#$mode & 8#022)) -ne 0 ] && { [ ! -d "$at" ] || [ $((8#$mode & 8#1000)) -eq 0 ]; }; then
             return 1
         fi
+        [ ! -d "$at" ] || [ $((8#$mode & 8#001)) -ne 0 ] || return 1
     done
 }
 
 # run_dir_choose TOP: the run's directory, made if missing.  TOP/run; as
-# root, one of root's alone, so TOP/run when the way to TOP is root's, else
+# root, one of root's alone, so TOP/run when the way to TOP is root's (and
+# open to the other users), else
 # /var/lib/pepsi-run/<hash of TOP>, which TOP/run then links to.
 run_dir_choose() {
     local top=$1 dir="$1/run" elsewhere
@@ -115,9 +118,9 @@ run_dir_choose() {
         ln -sfn "$elsewhere" "$dir"
     fi
     if [ "$(readlink "$dir")" = "$elsewhere" ]; then
-        echo "run.sh: the way to $top is not root's alone: the run lives in $elsewhere ($dir links to it)" >&2
+        echo "run.sh: the way to $top is not root's alone (or not open to $PEPSI_USER): the run lives in $elsewhere ($dir links to it)" >&2
     else
-        echo "run.sh: the way to $top is not root's alone: the run lives in $elsewhere ($dir is in the way of a link to it)" >&2
+        echo "run.sh: the way to $top is not root's alone (or not open to $PEPSI_USER): the run lives in $elsewhere ($dir is in the way of a link to it)" >&2
     fi
     echo "$elsewhere"
 }
