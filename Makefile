@@ -7,8 +7,9 @@
 #                 symlink per program in $(PREFIX)/bin and the man pages
 #                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
 #   make uninstall  remove what make install installed
-#   make run      start Pepsi on a private PostgreSQL cluster under ./run/
-#   make stop     stop it
+#   make run      install what running needs and start Pepsi on a private
+#                 PostgreSQL cluster under ./run/
+#   make stop     stop everything make run started (its pid files in ./run/pids/)
 #   make check    check the C layout, build with -Werror, install, run every test suite
 #   make sanitize the unit tests and the daemons' TAP tests against
 #                 programs built with ASan and UBSan (build/san/)
