@@ -8,8 +8,9 @@
 #                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
 #                 (SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq, newaliases too)
 #   make uninstall  remove what make install installed
-#   make run      start Pepsi on a private PostgreSQL cluster under ./run/
-#   make stop     stop it
+#   make run      install what running needs and start Pepsi on a private
+#                 PostgreSQL cluster under ./run/
+#   make stop     stop everything make run started (its pid files in ./run/pids/)
 #   make check    check the C layout, build with -Werror, install, run every test suite
 #   make sanitize the unit tests and the daemons' TAP tests against
 #                 programs built with ASan and UBSan (build/san/)
@@ -72,7 +73,7 @@ TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/p
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
 .PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
-	deps check run stop bench fuzz fuzz-targets fuzz-replay clean unit-tests sanitize sanitize-build man man-check \
+	deps deps-run check run stop bench fuzz fuzz-targets fuzz-replay clean unit-tests sanitize sanitize-build man man-check \
 	format format-check
 
 all: extension programs test-programs $(if $(HAVE_CMOCKA),unit-tests)
@@ -337,7 +338,12 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
 
 deps:
-	@scripts/deps.sh
+	@scripts/deps.sh check
+
+# What running needs only: no test peer (Postfix, Dovecot, rspamd, nsd,
+# OpenDKIM, Chromium, npm) is installed or started by make run.
+deps-run:
+	@scripts/deps.sh run
 
 # Warnings are errors here, so everything is rebuilt with -Werror, once,
 # the builds (and the layout's check) two jobs at a time (CHECK_JOBS).  The fuzz targets replay
@@ -383,10 +389,11 @@ format:
 format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SOURCES)
 
-run: deps all
+run: deps-run all
 	$(MAKE) -C extension install
 	scripts/run.sh start
 
+# Stops everything make run started (its pid files), from any terminal.
 stop:
 	scripts/run.sh stop
 

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# Install the Debian packages Pepsi needs to build, run and test, when they
-# are missing.  Idempotent and quiet when everything is present; called by
-# "make run", "make check" and CI.
+# Install the Debian packages Pepsi needs, when they are missing.
+# Idempotent and quiet when everything is present.
+#   deps.sh run     what building and running need ("make run"): no test
+#                   peer, so the host's MTA is never replaced and no
+#                   service is started that Pepsi does not use
+#   deps.sh check   that and what testing and benchmarking need ("make
+#                   check", CI): the default
 set -euo pipefail
 
-packages=(
+set_name=${1:-check}
+case "$set_name" in
+run | check) ;;
+*)
+    echo "usage: deps.sh [run|check]" >&2
+    exit 2
+    ;;
+esac
+
+run_packages=(
     # build
     gcc make pkg-config
     postgresql-15 postgresql-server-dev-15 libpq-dev
@@ -16,10 +29,20 @@ packages=(
     # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev
-    # the relay's MTA-STS policies over HTTPS (libcurl); its DANE tests'
-    # DNSSEC-signed zone (ldnsutils) served by nsd, and its certificates
-    # (one of them expired) made with python3-cryptography
-    libcurl4-openssl-dev ldnsutils nsd python3-cryptography
+    # the relay's MTA-STS policies over HTTPS (libcurl)
+    libcurl4-openssl-dev
+    # the public suffix list libpsl reads for DMARC's organizational domain
+    publicsuffix
+    # scripts/run.sh: its certificate and passwords (openssl), its users
+    # (runuser, setpriv), and a client to send the first message with
+    openssl util-linux swaks
+)
+# Test peers and tools, for make check only.
+check_packages=(
+    # the relay's DANE tests: a DNSSEC-signed zone (ldnsutils) served by
+    # nsd, and its certificates (one of them expired) made with
+    # python3-cryptography
+    ldnsutils nsd python3-cryptography
     # the fuzz targets: clang, and libFuzzer in its runtime package
     clang libclang-rt-dev
     # tests: pg_regress ships in postgresql-server-dev-15, the TAP modules too
@@ -48,8 +71,6 @@ packages=(
     rspamd opendkim python3-milter
     # the ingress tests: Ed25519 keys for python3-dkim, Net::DNS for Mail::DKIM
     python3-nacl libnet-dns-perl
-    # the public suffix list libpsl reads for DMARC's organizational domain
-    publicsuffix
     # the man pages: pandoc converts docs/*.[1-8].md, man(1) checks them
     pandoc man-db
     # make format, make format-check
@@ -64,6 +85,9 @@ packages=(
     openssl
 )
 
+packages=("${run_packages[@]}")
+[ "$set_name" = run ] || packages+=("${check_packages[@]}")
+
 missing=()
 for pkg in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
@@ -73,7 +97,7 @@ done
 # bench/stages's peer, Graphile Worker, comes from npm: Debian's nodejs and
 # npm, unless a node and an npm are installed already (Debian's npm
 # package conflicts with a NodeSource nodejs, which bundles its own npm).
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+if [ "$set_name" = check ] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
     missing+=(nodejs npm)
 fi
 
@@ -84,6 +108,7 @@ fi
 playwright_core=1.65.1
 install_playwright_core() {
     local root
+    [ "$set_name" = check ] || return 0
     command -v npm >/dev/null || return 0
     root=$(npm root -g 2>/dev/null)
     [ -f "$root/playwright-core/package.json" ] \
