@@ -13,6 +13,32 @@
 #include "log.h"
 #include "xalloc.h"
 
+#ifndef PEPSI_VERSION
+#error "the Makefile defines PEPSI_VERSION (META.json's version)"
+#endif
+
+const char *
+pepsi_version(void)
+{
+	return PEPSI_VERSION;
+}
+
+bool
+cli_version_option(const char *program, int argc, char **argv)
+{
+	if (argc < 2 || strcmp(argv[1], "--version") != 0)
+		return false;
+	printf("%s (Pepsi) %s\n", program, PEPSI_VERSION);
+	fflush(stdout);
+	return true;
+}
+
+bool
+cli_is_help(const char *arg)
+{
+	return strcmp(arg, "--help") == 0;
+}
+
 PGconn *
 cli_connect(const char *program, const char *config_path, enum cli_role role,
 			struct pepsi_config **cfg, int *rc)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "stage.h"
 
 #define PROGRAM(ident, name) int ident##_main(int argc, char **argv);
@@ -57,16 +58,17 @@ registry_lookup(const char *program)
 	return NULL;
 }
 
+/* The usage on out; 0 when asked for (--help, on stdout), else 64. */
 static int
-usage(void)
+usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
-					"programs:");
+	fprintf(out, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
+				 "programs:");
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL)
-			fprintf(stderr, " %s", programs[i].name);
-	fprintf(stderr, "\n");
-	return 64;
+			fprintf(out, " %s", programs[i].name);
+	fprintf(out, "\n");
+	return out == stdout ? 0 : 64;
 }
 
 int
@@ -77,8 +79,12 @@ main(int argc, char **argv)
 	name = name ? name + 1 : (argc > 0 ? argv[0] : "pepsi");
 	if (strcmp(name, "pepsi") == 0)
 	{
+		if (cli_version_option("pepsi", argc, argv))
+			return 0;
+		if (argc >= 2 && cli_is_help(argv[1]))
+			return usage(stdout);
 		if (argc < 2)
-			return usage();
+			return usage(stderr);
 		argv++;
 		argc--;
 		name = argv[0];
@@ -86,7 +92,12 @@ main(int argc, char **argv)
 	pepsi_registry_install(registry_lookup);
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL && strcmp(programs[i].name, name) == 0)
+		{
+			/* every program's --version, in one place (cli.h) */
+			if (cli_version_option(name, argc, argv))
+				return 0;
 			return programs[i].main(argc, argv);
+		}
 	fprintf(stderr, "pepsi: no program named \"%s\"\n", name);
-	return usage();
+	return usage(stderr);
 }

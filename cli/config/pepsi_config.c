@@ -31,9 +31,9 @@
 int pepsi_config_main(int argc, char **argv);
 
 static void
-config_usage(void)
+config_usage(FILE *out)
 {
-	fprintf(stderr,
+	fprintf(out,
 			"usage: pepsi-config [-C CONFIG] [--json] COMMAND ...\n"
 			"  get SECTION OPTION [--scope SCOPE]   the value in force and where it comes from\n"
 			"  set SECTION OPTION VALUE [--scope SCOPE]\n"
@@ -330,15 +330,15 @@ pepsi_config_main(int argc, char **argv)
 				as_json = true;
 				break;
 			case 'h':
-				config_usage();
+				config_usage(stdout);
 				return CLI_EX_OK;
 			default:
-				config_usage();
+				config_usage(stderr);
 				return CLI_EX_USAGE;
 		}
 	if (optind >= argc)
 	{
-		config_usage();
+		config_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	command = argv[optind++];
@@ -360,7 +360,7 @@ pepsi_config_main(int argc, char **argv)
 		|| (strcmp(command, "unset") == 0 && nargs != 2) || (strcmp(command, "list") == 0 && nargs != 0))
 	{
 		fprintf(stderr, "pepsi-config: wrong number of arguments for %s\n", command);
-		config_usage();
+		config_usage(stderr);
 		free(scope_copy);
 		return CLI_EX_USAGE;
 	}
@@ -368,7 +368,7 @@ pepsi_config_main(int argc, char **argv)
 		&& strcmp(command, "list") != 0)
 	{
 		fprintf(stderr, "pepsi-config: unknown command \"%s\"\n", command);
-		config_usage();
+		config_usage(stderr);
 		free(scope_copy);
 		return CLI_EX_USAGE;
 	}

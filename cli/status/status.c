@@ -112,9 +112,9 @@ status_horizon_alert(PGresult *horizon)
 }
 
 static void
-status_usage(void)
+status_usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
+	fprintf(out, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
 					"  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
 					"  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
 }
@@ -255,16 +255,16 @@ pepsi_status_main(int argc, char **argv)
 				}
 				break;
 			case 'h':
-				status_usage();
+				status_usage(stdout);
 				return CLI_EX_OK;
 			default:
-				status_usage();
+				status_usage(stderr);
 				return CLI_EX_USAGE;
 		}
 	if (optind < argc)
 	{
 		fprintf(stderr, "pepsi-status: unexpected argument \"%s\"\n", argv[optind]);
-		status_usage();
+		status_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	if ((conn = cli_connect("pepsi-status", config_path, CLI_ROLE_MONITOR, &cfg, &rc)) == NULL)

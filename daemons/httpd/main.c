@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
@@ -68,9 +69,9 @@ struct httpd_settings
 static pthread_mutex_t httpd_serving = PTHREAD_MUTEX_INITIALIZER;
 
 static void
-httpd_usage(void)
+httpd_usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
+	fprintf(out, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
 					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
 					"  passwd NAME reads the new password from standard input.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
@@ -606,6 +607,11 @@ pepsi_httpd_main(int argc, char **argv)
 	double				  watchdog;
 
 	log_init("pepsi-httpd", false);
+	if (argc >= 2 && cli_is_help(argv[1]))
+	{
+		httpd_usage(stdout);
+		return 0;
+	}
 	while ((ch = getopt(argc, argv, "c:vh")) != -1)
 		switch (ch)
 		{
@@ -616,7 +622,7 @@ pepsi_httpd_main(int argc, char **argv)
 				verbose++;
 				break;
 			default:
-				httpd_usage();
+				httpd_usage(ch == 'h' ? stdout : stderr);
 				return ch == 'h' ? 0 : 64;
 		}
 	log_setverbose(verbose);
@@ -633,7 +639,7 @@ pepsi_httpd_main(int argc, char **argv)
 		rc = httpd_token(argv[1]);
 	else if (argc != 0)
 	{
-		httpd_usage();
+		httpd_usage(stderr);
 		rc = 64;
 	}
 	if (argc != 0)
