@@ -48,6 +48,8 @@ bool cli_version_option(const char *program, int argc, char **argv);
 /* Whether arg asks for the usage (--help). */
 bool cli_is_help(const char *arg);
 
+/* The configuration file: given (-C), else $PEPSI_CONFIG, else the default. */
+const char *cli_config_path(const char *given);
 /* Load the configuration and connect as role; on failure print why and return NULL (*rc set). */
 PGconn *cli_connect(const char *program, const char *config_path, enum cli_role role,
 					struct pepsi_config **cfg, int *rc);

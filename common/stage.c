@@ -755,8 +755,8 @@ static void
 stage_usage(const struct pepsi_stage *stage, FILE *out)
 {
 	fprintf(out, "usage: %s worker [-c CONFIG] [-v]\n"
-					"  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+				 "  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			stage->program, PEPSI_CONFIG_DEFAULT_PATH);
 }
 

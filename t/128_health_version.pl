@@ -88,6 +88,10 @@ like($out, qr/\Q$tmp\E\/check\.conf: OK/, '... and says so');
 isnt($rc, 0, 'pepsi-config check refuses a bad duration');
 like($err, qr/check\.conf:5: \[dispatch\] POLL_INTERVAL = banana: POLL_INTERVAL is a duration/,
 	'... naming the file, line, option and rule');
+($rc, $out, $err) = config_check("[stage-init]\nPROGRAM = pepsi-stage-discard\nPARALLELISM = 5000\n");
+is($rc, 78, 'pepsi-config check refuses a value out of range, exit status EX_CONFIG');
+like($err, qr/check\.conf:3: \[stage-init\] PARALLELISM = 5000: PARALLELISM is a whole number from 1 to 1024/,
+	'... naming the file, line, option and range');
 ($rc, $out, $err) = config_check("[dispatch]\nNO_SUCH_OPTION = 1\n");
 isnt($rc, 0, 'pepsi-config check refuses an unknown option');
 like($err, qr/check\.conf:2: \[dispatch\] has no option NO_SUCH_OPTION/, '... naming file, line and option');
@@ -113,24 +117,42 @@ my $base = "http://127.0.0.1:$port";
 
 my $r = $http->get("$base/healthz");
 is($r->{status}, 503, '/healthz without a dispatcher answers 503');
-like($r->{content}, qr/dispatcher/i, '... saying the dispatcher is not running');
+like($r->{content}, qr/dispatch/i, '... saying the dispatcher is not running') or diag $r->{content};
 my $metrics = $http->get("$base/metrics")->{content};
 my ($parsed, $samples) = prometheus_samples($metrics);
 ok($parsed, '/metrics parses') or diag $samples;
-is($samples->{'pepsi_up{}'}, '0', 'pepsi_up is 0 without a dispatcher');
-is($samples->{"pepsi_build_info{version=$version}"}, '1', 'pepsi_build_info carries the version')
+is($samples->{'pepsi_up{}'} // 'none', '0.0', 'pepsi_up is 0 without a dispatcher') or diag $metrics;
+is($samples->{"pepsi_build_info{version=$version}"} // 'none', '1.0', 'pepsi_build_info carries the version')
   or diag explain $samples;
 
 my $dispatcher = start_dispatcher($conf, log => "$tmp/dispatch.log");
 ok(poll_until(sub { $http->get("$base/healthz")->{status} == 200 }),
 	'/healthz answers 200 once the dispatcher runs');
 ($parsed, $samples) = prometheus_samples($http->get("$base/metrics")->{content});
-is($samples->{'pepsi_up{}'}, '1', 'pepsi_up is 1');
+is($samples->{'pepsi_up{}'} // 'none', '1.0', 'pepsi_up is 1');
 
 # pepsi-status: no alert, exit 0; an alert, exit 1.
 ($rc, $out, $err) = run_program(pepsi_bin('pepsi-status'), '-C', $conf);
 is($rc, 0, 'pepsi-status without an alert exits 0') or diag $err;
 unlike($out, qr/ALERT/, '... and prints none');
+unlike($out, qr/WARNING/, '... nor a warning: the stages need fewer connections than max_connections');
+# Stage workers beyond max_connections (40 in this cluster, 3 reserved): a
+# warning naming the options, and exit status 0 (a warning is no alert).
+my $crowded = "$tmp/crowded.conf";
+{
+	my $text = PostgreSQL::Test::Utils::slurp_file($conf);
+	$text =~ s/^\[stage-drop\]\n/[stage-drop]\nPARALLELISM = 30\n/m or die 'no [stage-drop]';
+	$text .= "[listener-smtp]\nADDRESS = 127.0.0.1\nPORT = 2525\n";
+	open my $fh, '>', $crowded or die "$crowded: $!";
+	print $fh $text;
+	close $fh;
+}
+($rc, $out, $err) = run_program(pepsi_bin('pepsi-status'), '-C', $crowded);
+is($rc, 0, 'pepsi-status with too many connections configured exits 0') or diag $err;
+like($out, qr/^WARNING: the configuration may open 45 database connections at once \(37 stage workers.*pepsi-ingress 6.*pepsi-httpd 1\), more than the 37 the server leaves to ordinary roles: raise max_connections \(now 40\)/m,
+	'... warning that they exceed max_connections, with the count and the options') or diag $out;
+($rc, $out, $err) = run_program(pepsi_bin('pepsi-status'), '-C', $crowded, '--json');
+like($out, qr/"warnings": \[\s*"the configuration may open 45/, '... in JSON too');
 $node->safe_psql('postgres',
 	'UPDATE pepsi.dispatch_stats SET crash_failures = 1, last_crash_failure_at = now()');
 ($rc, $out, $err) = run_program(pepsi_bin('pepsi-status'), '-C', $conf);
@@ -145,7 +167,7 @@ $r = $http->get("$base/healthz");
 is($r->{status}, 503, '/healthz with the database stopped answers 503');
 like($r->{content}, qr/database/, '... saying the database does not answer');
 ($parsed, $samples) = prometheus_samples($http->get("$base/metrics")->{content});
-is($samples->{'pepsi_up{}'}, '0', 'pepsi_up is 0 with the database stopped') or diag explain $samples;
+is($samples->{'pepsi_up{}'} // 'none', '0.0', 'pepsi_up is 0 with the database stopped') or diag explain $samples;
 $node->start;
 ok(poll_until(sub { $http->get("$base/healthz")->{status} == 200 }, 60),
 	'/healthz answers 200 again once the database and the dispatcher are back');

@@ -63,7 +63,7 @@ static void
 sendmail_usage(FILE *out)
 {
 	fprintf(out, "usage: pepsi-sendmail [-t] [-i] [-f sender] [-F full name] [-C config] "
-					"[recipient ...] < message\n");
+				 "[recipient ...] < message\n");
 }
 
 /* Options that take a value, attached (-fx) or as the next word (-f x). */

@@ -153,7 +153,7 @@ static void
 usage(FILE *out)
 {
 	fprintf(out, "usage: pepsi-dispatch [-c CONFIG] [-v]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 

@@ -72,8 +72,8 @@ static void
 httpd_usage(FILE *out)
 {
 	fprintf(out, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME | token NAME]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
-					"  passwd NAME reads the new password from standard input.\n",
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
+				 "  passwd NAME reads the new password from standard input.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -227,6 +227,13 @@ httpd_dispatch(struct request *req)
 	if (!httpd_host_allowed(req, host, sizeof(host)))
 		return reply_error(req, MHD_HTTP_MISDIRECTED_REQUEST,
 						   "Host \"%s\" is not a name of this server ([httpd] SERVER_NAMES)", host);
+	/* Unauthenticated, like a load balancer's probe: it says only up or down, and why. */
+	if (strcmp(req->path, "/healthz") == 0)
+	{
+		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
+			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/healthz takes GET");
+		return healthz_respond(req);
+	}
 	if (strcmp(req->path, "/metrics") == 0)
 	{
 		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)

@@ -55,7 +55,7 @@ static void
 ingress_usage(FILE *out)
 {
 	fprintf(out, "usage: pepsi-ingress [-c CONFIG] [-v]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
