@@ -93,6 +93,12 @@ $(B)/%.o: %.c | $(B)/programs.h
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
 $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/*)
 
+# The version every program's --version prints and /metrics reports
+# (pepsi_build_info): META.json's, compiled into cli.o only.
+PEPSI_VERSION := $(shell sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' META.json | head -n 1)
+$(B)/common/cli.o: PEPSI_CFLAGS += -DPEPSI_VERSION='"$(PEPSI_VERSION)"'
+$(B)/common/cli.o: META.json
+
 # The option schema is compiled into options.o (and the extension's config_schema.o).
 $(B)/common/options.o: common/options.def
 
@@ -119,6 +125,7 @@ define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
+		-DPROGRAM_NAME='"$(call program_name,$(1))"' \
 		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))

@@ -13,6 +13,40 @@
 #include "log.h"
 #include "xalloc.h"
 
+#ifndef PEPSI_VERSION
+#error "the Makefile defines PEPSI_VERSION (META.json's version)"
+#endif
+
+const char *
+pepsi_version(void)
+{
+	return PEPSI_VERSION;
+}
+
+bool
+cli_version_option(const char *program, int argc, char **argv)
+{
+	if (argc < 2 || strcmp(argv[1], "--version") != 0)
+		return false;
+	printf("%s (Pepsi) %s\n", program, PEPSI_VERSION);
+	fflush(stdout);
+	return true;
+}
+
+bool
+cli_is_help(const char *arg)
+{
+	return strcmp(arg, "--help") == 0;
+}
+
+const char *
+cli_config_path(const char *given)
+{
+	if (given == NULL)
+		given = getenv("PEPSI_CONFIG");
+	return given ? given : PEPSI_CONFIG_DEFAULT_PATH;
+}
+
 PGconn *
 cli_connect(const char *program, const char *config_path, enum cli_role role,
 			struct pepsi_config **cfg, int *rc)
@@ -21,10 +55,7 @@ cli_connect(const char *program, const char *config_path, enum cli_role role,
 	char		err[1024];
 	PGconn	   *conn;
 
-	if (config_path == NULL)
-		config_path = getenv("PEPSI_CONFIG");
-	if (config_path == NULL)
-		config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	config_path = cli_config_path(config_path);
 	if ((*cfg = config_load(config_path, err, sizeof(err))) == NULL)
 	{
 		fprintf(stderr, "%s: %s\n", program, err);

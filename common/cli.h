@@ -34,6 +34,22 @@ enum cli_role
 	CLI_ROLE_CONFIG
 };
 
+/* Pepsi's version (META.json), as --version prints it and /metrics reports it. */
+const char *pepsi_version(void);
+/*
+ * The options every program takes, handled once for all of them by the
+ * multi-call main and the standalone one, before the program's own: with
+ * --version as its first argument, print "PROGRAM (Pepsi) VERSION" on
+ * standard output and return true (the program then exits 0).  --help is
+ * each program's own (its usage on standard output, exit status 0;
+ * cli_is_help), since only it knows its usage.
+ */
+bool cli_version_option(const char *program, int argc, char **argv);
+/* Whether arg asks for the usage (--help). */
+bool cli_is_help(const char *arg);
+
+/* The configuration file: given (-C), else $PEPSI_CONFIG, else the default. */
+const char *cli_config_path(const char *given);
 /* Load the configuration and connect as role; on failure print why and return NULL (*rc set). */
 PGconn *cli_connect(const char *program, const char *config_path, enum cli_role role,
 					struct pepsi_config **cfg, int *rc);

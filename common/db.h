@@ -14,6 +14,15 @@
 #include "config.h"
 
 #define PEPSI_DEFAULT_CONNINFO "dbname=pepsi"
+/*
+ * The advisory lock one pepsi-dispatch per database holds while it runs
+ * (pg_try_advisory_lock(class, key), daemons/dispatch/dbconn.c): whoever
+ * sees it granted in pg_locks knows a dispatcher is connected (/healthz).
+ * The class is 'PEPS'; keys 1 and 3 are the maintenance worker's and the
+ * queue gauges' refresh.
+ */
+#define PEPSI_LOCK_CLASS "1346720851"
+#define PEPSI_LOCK_DISPATCH "2"
 
 /* Transient failures retried so far by this process (for statistics). */
 extern unsigned long db_transient_retries;

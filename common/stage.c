@@ -34,6 +34,7 @@
 
 #include <libpq-fe.h>
 
+#include "cli.h"
 #include "db.h"
 #include "log.h"
 #include "log_config.h"
@@ -759,11 +760,11 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 }
 
 static void
-stage_usage(const struct pepsi_stage *stage)
+stage_usage(const struct pepsi_stage *stage, FILE *out)
 {
-	fprintf(stderr, "usage: %s worker [-c CONFIG] [-v]\n"
-					"  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+	fprintf(out, "usage: %s worker [-c CONFIG] [-v]\n"
+				 "  Reads workqueue ids from stdin, one per line; writes one status line each.\n"
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			stage->program, PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -798,9 +799,14 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	/* Installed set-group-id (dot-forward, relay-to-maildir): the group is for its helper only. */
 	privilege_setid_start();
 	log_init(stage->program, false);
+	if (argc >= 2 && cli_is_help(argv[1]))
+	{
+		stage_usage(stage, stdout);
+		return 0;
+	}
 	if (argc < 2 || strcmp(argv[1], "worker") != 0)
 	{
-		stage_usage(stage);
+		stage_usage(stage, stderr);
 		return 64;
 	}
 	optind = 2;
@@ -814,7 +820,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 				log_setverbose(log_getverbose() + 1);
 				break;
 			default:
-				stage_usage(stage);
+				stage_usage(stage, stderr);
 				return 64;
 		}
 	if (config_path == NULL)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "stage.h"
 
 #define PROGRAM(ident, name) int ident##_main(int argc, char **argv);
@@ -60,16 +61,17 @@ registry_lookup(const char *program)
 	return NULL;
 }
 
+/* The usage on out; 0 when asked for (--help, on stdout), else 64. */
 static int
-usage(void)
+usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
-					"programs:");
+	fprintf(out, "usage: pepsi PROGRAM [ARGS...], or run it through a symlink named PROGRAM\n"
+				 "programs:");
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL)
-			fprintf(stderr, " %s", programs[i].name);
-	fprintf(stderr, " sendmail mailq newaliases\n");
-	return 64;
+			fprintf(out, " %s", programs[i].name);
+	fprintf(out, " sendmail mailq newaliases\n");
+	return out == stdout ? 0 : 64;
 }
 
 int
@@ -80,8 +82,12 @@ main(int argc, char **argv)
 	name = name ? name + 1 : (argc > 0 ? argv[0] : "pepsi");
 	if (strcmp(name, "pepsi") == 0)
 	{
+		if (cli_version_option("pepsi", argc, argv))
+			return 0;
+		if (argc >= 2 && cli_is_help(argv[1]))
+			return usage(stdout);
 		if (argc < 2)
-			return usage();
+			return usage(stderr);
 		argv++;
 		argc--;
 		name = argv[0];
@@ -89,10 +95,15 @@ main(int argc, char **argv)
 	pepsi_registry_install(registry_lookup);
 	for (size_t i = 0; i < NPROGRAMS; i++)
 		if (programs[i].main != NULL && strcmp(programs[i].name, name) == 0)
+		{
+			/* every program's --version, in one place (cli.h) */
+			if (cli_version_option(name, argc, argv))
+				return 0;
 			return programs[i].main(argc, argv);
+		}
 	/* The names mail programs call (a /usr/sbin/sendmail symlink): argv[0] tells them apart. */
 	if (strcmp(name, "sendmail") == 0 || strcmp(name, "mailq") == 0 || strcmp(name, "newaliases") == 0)
 		return pepsi_sendmail_names_main(argc, argv);
 	fprintf(stderr, "pepsi: no program named \"%s\"\n", name);
-	return usage();
+	return usage(stderr);
 }

@@ -374,10 +374,12 @@ $node->reload;
 	$report->query_safe("SELECT count(*) FROM pepsi.workqueue WHERE mail_from = 'secret-report'");
 	my $alert = qr/^ALERT: pid $report_pid \(report, idle in transaction, user \S+ from local\) has held back the xmin horizon since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \(\d+ s\)/m;
 	poll_until(sub { ($rc, $out, $err) = tool_with($monitor_conf, 'status'); $out =~ $alert });
-	is($rc, 0, 'status as pepsi_monitor with a transaction holding back the xmin horizon: exit 0') or diag($err);
+	is($rc, 1, 'status as pepsi_monitor with a transaction holding back the xmin horizon: exit 1 (an ALERT)')
+	  or diag($err);
 	like($out, $alert, 'status: an alert names who holds back the xmin horizon, and since when');
 	unlike($out, qr/secret-report/, 'status: not its statement');
 	($rc, $out, $err) = tool_with($monitor_conf, 'status', '--json');
+	is($rc, 1, 'status --json: exit 1 too');
 	my $alerts = eval { decode_json($out)->{alerts} } // [];
 	my @alerts = @$alerts;
 	is(scalar(grep { /^pid $report_pid \(report, .* has held back the xmin horizon since/ } @alerts), 1,
@@ -385,6 +387,7 @@ $node->reload;
 	$report->query_safe('COMMIT');
 	($rc, $out, $err) = tool_with($monitor_conf, 'status');
 	unlike($out, qr/xmin horizon/, 'status: no alert once the transaction ended');
+	is($rc, 0, '... and exit 0 again');
 	$report->quit;
 }
 $node->append_conf('postgresql.conf', "pepsi.snapshot_warning = 60\n");

@@ -54,6 +54,8 @@ for my $template (@units)
 	my $text = PostgreSQL::Test::Utils::slurp_file($unit);
 	like($text, qr/^Type=notify$/m, '... is Type=notify (sd_notify once ready)');
 	like($text, qr/^WatchdogSec=/m, '... with a watchdog');
+	# Each of the three reads its file again on SIGHUP: systemctl reload.
+	like($text, qr/^ExecReload=\/bin\/kill -HUP \$MAINPID$/m, '... reloads with SIGHUP');
 	if (basename($unit) eq 'pepsi-dispatch.service')
 	{
 		unlike($text, qr/^User=/m, '... started as root: it becomes [dispatch] USER itself');

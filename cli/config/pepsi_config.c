@@ -12,6 +12,13 @@
  * replaces its workers so they read the new value.  [database] and
  * [listener-*] are never overridden: they are only read from the file.
  * get prints the value a component would use and where it comes from.
+ *
+ *   pepsi-config [-C config] check [FILE]
+ *
+ * check reads FILE (by default the configuration file) as every program
+ * reads it, and connects nowhere and starts nothing, like postfix check: a
+ * mistake is named with its file, line, option and the rule it breaks
+ * (config_load), and the exit status is EX_CONFIG.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -31,14 +38,15 @@
 int pepsi_config_main(int argc, char **argv);
 
 static void
-config_usage(void)
+config_usage(FILE *out)
 {
-	fprintf(stderr,
+	fprintf(out,
 			"usage: pepsi-config [-C CONFIG] [--json] COMMAND ...\n"
 			"  get SECTION OPTION [--scope SCOPE]   the value in force and where it comes from\n"
 			"  set SECTION OPTION VALUE [--scope SCOPE]\n"
 			"  unset SECTION OPTION [--scope SCOPE]\n"
 			"  list [--scope SCOPE]                 the file's values and the overrides\n"
+			"  check [FILE]                         check a configuration file; connects nowhere\n"
 			"  SCOPE: global (default), domain:<domain>, address:<address>;\n"
 			"  --domain D and --address A are short for --scope domain:D and address:A\n");
 }
@@ -285,6 +293,29 @@ config_list(PGconn *conn, struct pepsi_config *cfg, const char *scope, bool as_j
 	return rc;
 }
 
+/* pepsi-config check [FILE]: the file as config_load reads it; nothing more. */
+static int
+config_check_command(const char *path)
+{
+	struct pepsi_config *cfg;
+	char				 err[1024];
+
+	if (path == NULL)
+	{
+		fprintf(stderr, "pepsi-config: check takes one file at most\n");
+		config_usage(stderr);
+		return CLI_EX_USAGE;
+	}
+	if ((cfg = config_load(path, err, sizeof(err))) == NULL)
+	{
+		fprintf(stderr, "pepsi-config: %s\n", err);
+		return CLI_EX_CONFIG;
+	}
+	config_free(cfg);
+	printf("%s: OK\n", path);
+	return CLI_EX_OK;
+}
+
 int
 pepsi_config_main(int argc, char **argv)
 {
@@ -330,19 +361,22 @@ pepsi_config_main(int argc, char **argv)
 				as_json = true;
 				break;
 			case 'h':
-				config_usage();
+				config_usage(stdout);
 				return CLI_EX_OK;
 			default:
-				config_usage();
+				config_usage(stderr);
 				return CLI_EX_USAGE;
 		}
 	if (optind >= argc)
 	{
-		config_usage();
+		config_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	command = argv[optind++];
 	nargs = argc - optind;
+	if (strcmp(command, "check") == 0)
+		return config_check_command(nargs > 1 ? NULL : nargs == 1 ? argv[optind]
+																  : cli_config_path(config_path));
 	/* --domain D and --address A are --scope domain:D and --scope address:A */
 	if ((scope != NULL) + (domain != NULL) + (address != NULL) > 1)
 	{
@@ -360,7 +394,7 @@ pepsi_config_main(int argc, char **argv)
 		|| (strcmp(command, "unset") == 0 && nargs != 2) || (strcmp(command, "list") == 0 && nargs != 0))
 	{
 		fprintf(stderr, "pepsi-config: wrong number of arguments for %s\n", command);
-		config_usage();
+		config_usage(stderr);
 		free(scope_copy);
 		return CLI_EX_USAGE;
 	}
@@ -368,7 +402,7 @@ pepsi_config_main(int argc, char **argv)
 		&& strcmp(command, "list") != 0)
 	{
 		fprintf(stderr, "pepsi-config: unknown command \"%s\"\n", command);
-		config_usage();
+		config_usage(stderr);
 		free(scope_copy);
 		return CLI_EX_USAGE;
 	}

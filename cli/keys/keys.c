@@ -35,14 +35,14 @@
 int pepsi_keys_main(int argc, char **argv);
 
 static int
-keys_usage(void)
+keys_usage(FILE *out)
 {
-	fprintf(stderr,
+	fprintf(out,
 			"usage: pepsi-keys generate -a rsa-sha256|ed25519-sha256 [-b BITS] -o KEYFILE\n"
 			"       pepsi-keys record -a rsa-sha256|ed25519-sha256 KEYFILE\n"
 			"       pepsi-keys show [-c CONFIG]\n"
 			"       pepsi-keys check [-c CONFIG]\n");
-	return CLI_EX_USAGE;
+	return out == stdout ? CLI_EX_OK : CLI_EX_USAGE;
 }
 
 /* Print the TXT record of pkey; frees pkey. */
@@ -235,7 +235,9 @@ pepsi_keys_main(int argc, char **argv)
 
 	log_init("pepsi-keys", false);
 	if (command == NULL)
-		return keys_usage();
+		return keys_usage(stderr);
+	if (cli_is_help(command))
+		return keys_usage(stdout);
 	optind = 2;
 	while ((c = getopt(argc, argv, "a:b:o:c:")) != -1)
 	{
@@ -254,7 +256,7 @@ pepsi_keys_main(int argc, char **argv)
 				config_path = optarg;
 				break;
 			default:
-				return keys_usage();
+				return keys_usage(stderr);
 		}
 	}
 	if (algorithm_name && !sign_algorithm_parse(algorithm_name, strlen(algorithm_name), &algorithm))
@@ -270,5 +272,5 @@ pepsi_keys_main(int argc, char **argv)
 		return keys_show_command(config_path);
 	if (strcmp(command, "check") == 0 && optind == argc)
 		return keys_check_command(config_path);
-	return keys_usage();
+	return keys_usage(stderr);
 }

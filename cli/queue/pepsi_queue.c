@@ -45,9 +45,9 @@ struct queue_options
 };
 
 static void
-queue_usage(void)
+queue_usage(FILE *out)
 {
-	fprintf(stderr,
+	fprintf(out,
 			"usage: pepsi-queue [-C CONFIG] [--json] COMMAND ...\n"
 			"  list [--limit N] [--stage S] [--status S]   the queue, oldest first (like mailq)\n"
 			"  show ID [--body]                            one message: envelope, state, headers\n"
@@ -498,15 +498,15 @@ pepsi_queue_main(int argc, char **argv)
 					return CLI_EX_USAGE;
 				break;
 			case 'h':
-				queue_usage();
+				queue_usage(stdout);
 				return CLI_EX_OK;
 			default:
-				queue_usage();
+				queue_usage(stderr);
 				return CLI_EX_USAGE;
 		}
 	if (optind >= argc)
 	{
-		queue_usage();
+		queue_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	command = argv[optind++];
@@ -517,7 +517,7 @@ pepsi_queue_main(int argc, char **argv)
 		&& strcmp(command, "log") != 0)
 	{
 		fprintf(stderr, "pepsi-queue: unknown command \"%s\"\n", command);
-		queue_usage();
+		queue_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	if (strcmp(command, "show") == 0 && argc - optind != 1)

@@ -29,6 +29,7 @@
 #include <libpq-fe.h>
 
 #include "buf.h"
+#include "cli.h"
 #include "config.h"
 #include "db.h"
 #include "header.h"
@@ -59,10 +60,10 @@ struct sendmail_options
 };
 
 static void
-sendmail_usage(void)
+sendmail_usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-sendmail [-t] [-i] [-f sender] [-F full name] [-C config] "
-					"[recipient ...] < message\n");
+	fprintf(out, "usage: pepsi-sendmail [-t] [-i] [-f sender] [-F full name] [-C config] "
+				 "[recipient ...] < message\n");
 }
 
 /* Options that take a value, attached (-fx) or as the next word (-f x). */
@@ -132,9 +133,9 @@ sendmail_parse(int argc, char **argv, struct sendmail_options *o)
 			i++;
 			break;
 		}
-		if (strcmp(arg, "--help") == 0)
+		if (cli_is_help(arg))
 		{
-			sendmail_usage();
+			sendmail_usage(stdout);
 			exit(EX_OK);
 		}
 		switch (arg[1])
@@ -275,7 +276,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	log_init("pepsi-sendmail", false);
 	if ((rc = sendmail_parse(argc, argv, &o)) != EX_OK)
 	{
-		sendmail_usage();
+		sendmail_usage(stderr);
 		goto out;
 	}
 	if (o.config_path == NULL)

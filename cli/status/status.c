@@ -14,6 +14,13 @@
  * pepsi.snapshot_warning or longer (pepsi.held_horizon(), the condition the
  * maintenance worker logs): no dead version of a queue row can be removed
  * while it lasts.
+ *
+ * The exit status is 1 when an ALERT is printed (in JSON too: "alerts"),
+ * so that a cron job or a monitoring check can act on it; 0 otherwise.
+ * A WARNING does not change it: one when the connections the
+ * configuration may open at once (the stage workers, pepsi-ingress,
+ * pepsi-httpd, the dispatcher) are more than the server's max_connections
+ * leaves to ordinary roles.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -111,16 +118,65 @@ status_horizon_alert(PGresult *horizon)
 					 PQgetvalue(horizon, 0, 6));
 }
 
-static void
-status_usage(void)
+/* The exit status when an ALERT was printed. */
+#define STATUS_EX_ALERT 1
+
+/* What the server leaves to roles that are not superusers. */
+static const char status_connections_sql[] =
+	"SELECT current_setting('max_connections')::int"
+	"       - current_setting('superuser_reserved_connections')::int"
+	"       - coalesce(current_setting('reserved_connections', true)::int, 0),"
+	"       current_setting('max_connections')";
+
+/*
+ * The warning, or NULL: the configuration may open more connections at
+ * once than max_connections allows.  Each stage worker holds one (up to
+ * PARALLELISM, and one more with LIGHT_LANE), the dispatcher one,
+ * pepsi-ingress DATABASE_CONNECTIONS, its express connection and the one
+ * that refreshes LOCAL_DOMAINS (when a [listener-*] is configured),
+ * pepsi-httpd one (when [httpd] is).
+ */
+static char *
+status_connections_warning(PGconn *conn, const struct pepsi_config *cfg)
 {
-	fprintf(stderr, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
-					"  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
-					"  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
+	const char *sections[1024];
+	size_t		n = config_sections(cfg, "stage-", sections, 1024);
+	long long	workers = 0, ingress = 0, httpd = 0, need;
+	PGresult   *res;
+	char	   *warning = NULL;
+
+	for (size_t i = 0; i < n; i++)
+		workers += config_int(cfg, sections[i], "PARALLELISM")
+				   + (config_bool(cfg, sections[i], "LIGHT_LANE") ? 1 : 0);
+	if (config_sections(cfg, "listener-", sections, 1) > 0)
+		ingress = config_int(cfg, "ingress", "DATABASE_CONNECTIONS") + 2;
+	if (config_sections(cfg, "httpd", sections, 1) > 0)
+		httpd = 1;
+	need = workers + 1 + ingress + httpd;
+	res = db_exec(conn, status_connections_sql, 0, NULL);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1
+		&& need > atoll(PQgetvalue(res, 0, 0)))
+		warning = xasprintf("the configuration may open %lld database connections at once (%lld "
+							"stage workers: [stage-*] PARALLELISM and LIGHT_LANE; pepsi-dispatch 1; "
+							"pepsi-ingress %lld: [ingress] DATABASE_CONNECTIONS + 2; pepsi-httpd "
+							"%lld), more than the %s the server leaves to ordinary roles: raise "
+							"max_connections (now %s) or lower PARALLELISM",
+							need, workers, ingress, httpd, PQgetvalue(res, 0, 0),
+							PQgetvalue(res, 0, 1));
+	PQclear(res);
+	return warning;
+}
+
+static void
+status_usage(FILE *out)
+{
+	fprintf(out, "usage: pepsi-status [-C CONFIG] [--json] [--watch [SECONDS]]\n"
+				 "  per stage: messages, mean worker time, kills, timeouts, crashes, fused hops\n"
+				 "  (pepsi.stage_stats) and the live counts of the queue (pepsi.queue_summary)\n");
 }
 
 static int
-status_show(PGconn *conn, bool as_json)
+status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 {
 	PGresult *stages = db_exec(conn, status_stages_sql, 0, NULL);
 	PGresult *global = db_exec(conn, status_global_sql, 0, NULL);
@@ -129,6 +185,7 @@ status_show(PGconn *conn, bool as_json)
 	int		  rc = CLI_EX_OK;
 	char	 *alert = NULL;
 	char	 *horizon_alert = status_horizon_alert(horizon);
+	char	 *warning = status_connections_warning(conn, cfg);
 
 	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
 		alert = status_crash_alert(global);
@@ -171,6 +228,9 @@ status_show(PGconn *conn, bool as_json)
 			json_array_append_new(json_object_get(out, "alerts"), json_string(alert));
 		if (horizon_alert)
 			json_array_append_new(json_object_get(out, "alerts"), json_string(horizon_alert));
+		json_object_set_new(out, "warnings", json_array());
+		if (warning)
+			json_array_append_new(json_object_get(out, "warnings"), json_string(warning));
 		json_dumpf(out, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
 		putchar('\n');
 		json_decref(out);
@@ -199,7 +259,12 @@ status_show(PGconn *conn, bool as_json)
 			printf("\nALERT: %s\n", alert);
 		if (horizon_alert)
 			printf("\nALERT: %s\n", horizon_alert);
+		if (warning)
+			printf("\nWARNING: %s\n", warning);
 	}
+	if (rc == CLI_EX_OK && (alert || horizon_alert))
+		rc = STATUS_EX_ALERT;
+	free(warning);
 	free(alert);
 	free(horizon_alert);
 	PQclear(horizon);
@@ -255,16 +320,16 @@ pepsi_status_main(int argc, char **argv)
 				}
 				break;
 			case 'h':
-				status_usage();
+				status_usage(stdout);
 				return CLI_EX_OK;
 			default:
-				status_usage();
+				status_usage(stderr);
 				return CLI_EX_USAGE;
 		}
 	if (optind < argc)
 	{
 		fprintf(stderr, "pepsi-status: unexpected argument \"%s\"\n", argv[optind]);
-		status_usage();
+		status_usage(stderr);
 		return CLI_EX_USAGE;
 	}
 	if ((conn = cli_connect("pepsi-status", config_path, CLI_ROLE_MONITOR, &cfg, &rc)) == NULL)
@@ -273,14 +338,14 @@ pepsi_status_main(int argc, char **argv)
 	{
 		if (watch > 0 && !as_json)
 			printf("\033[H\033[2J");
-		rc = status_show(conn, as_json);
-		if (watch > 0 && rc == CLI_EX_OK)
+		rc = status_show(conn, cfg, as_json);
+		if (watch > 0 && (rc == CLI_EX_OK || rc == STATUS_EX_ALERT))
 		{
 			struct timespec pause = {(time_t) watch, (long) ((watch - (double) (time_t) watch) * 1e9)};
 
 			nanosleep(&pause, NULL);
 		}
-	} while (watch > 0 && rc == CLI_EX_OK);
+	} while (watch > 0 && (rc == CLI_EX_OK || rc == STATUS_EX_ALERT));
 	PQfinish(conn);
 	config_free(cfg);
 	return rc;

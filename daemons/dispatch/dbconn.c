@@ -34,11 +34,11 @@
 #define DBCONN_BACKOFF_BASE 0.1
 #define DBCONN_BACKOFF_CAP 30.0
 /*
- * Advisory lock keys ('PEPS', 2): one dispatcher per database.  The other
- * keys of ('PEPS', n) are the maintenance worker's (1, maint.c) and the
- * queue gauges' refresh (3, pepsi--0.1--0.2.sql).
+ * Advisory lock keys ('PEPS', 2): one dispatcher per database (db.h).  The
+ * other keys of ('PEPS', n) are the maintenance worker's (1, maint.c) and
+ * the queue gauges' refresh (3, pepsi--0.1--0.2.sql).
  */
-#define DBCONN_LOCK_SQL "SELECT pg_try_advisory_lock(1346720851, 2)"
+#define DBCONN_LOCK_SQL "SELECT pg_try_advisory_lock(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH ")"
 /*
  * The dispatcher's own commits do not wait for the WAL flush: none of its
  * writes needs to outlive a crash of the server.  A claim lost with it

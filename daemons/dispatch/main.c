@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "dispatch.h"
 #include "log.h"
 #include "log_config.h"
@@ -149,10 +150,10 @@ dispatch_self_exe(void)
 }
 
 static void
-usage(void)
+usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-dispatch [-c CONFIG] [-v]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+	fprintf(out, "usage: pepsi-dispatch [-c CONFIG] [-v]\n"
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -166,11 +167,16 @@ pepsi_dispatch_main(int argc, char **argv)
 	int			opt;
 
 	log_init("pepsi-dispatch", false);
+	if (argc >= 2 && cli_is_help(argv[1]))
+	{
+		usage(stdout);
+		return 0;
+	}
 	while ((opt = getopt(argc, argv, "c:vh")) != -1)
 		switch (opt)
 		{
 			case 'h':
-				usage();
+				usage(stdout);
 				return 0;
 			case 'c':
 				config_path = optarg;
@@ -179,7 +185,7 @@ pepsi_dispatch_main(int argc, char **argv)
 				log_setverbose(log_getverbose() + 1);
 				break;
 			default:
-				usage();
+				usage(stderr);
 				return 64;
 		}
 	if (config_path == NULL)

@@ -95,6 +95,8 @@ char *password_hash(const char *password);
 
 /* metrics.c: GET /metrics. */
 enum MHD_Result metrics_respond(struct request *req);
+/* GET /healthz: 200 when the database answers and a dispatcher runs, else 503 and why. */
+enum MHD_Result healthz_respond(struct request *req);
 
 /* api.c: every /api/ route but the session's. */
 enum MHD_Result api_route(struct request *req, const struct principal *who);

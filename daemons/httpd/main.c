@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
@@ -71,12 +72,12 @@ struct httpd_settings
 static pthread_mutex_t httpd_serving = PTHREAD_MUTEX_INITIALIZER;
 
 static void
-httpd_usage(void)
+httpd_usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME [ROLE] | token NAME [ROLE]]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
-					"  passwd NAME reads the new password from standard input.\n"
-					"  ROLE is admin (the default for a new one) or viewer (may read, not act).\n",
+	fprintf(out, "usage: pepsi-httpd [-c CONFIG] [-v] [passwd NAME [ROLE] | token NAME [ROLE]]\n"
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n"
+				 "  passwd NAME reads the new password from standard input.\n"
+				 "  ROLE is admin (the default for a new one) or viewer (may read, not act).\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -230,6 +231,13 @@ httpd_dispatch(struct request *req)
 	if (!httpd_host_allowed(req, host, sizeof(host)))
 		return reply_error(req, MHD_HTTP_MISDIRECTED_REQUEST,
 						   "Host \"%s\" is not a name of this server ([httpd] SERVER_NAMES)", host);
+	/* Unauthenticated, like a load balancer's probe: it says only up or down, and why. */
+	if (strcmp(req->path, "/healthz") == 0)
+	{
+		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
+			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/healthz takes GET");
+		return healthz_respond(req);
+	}
 	if (strcmp(req->path, "/metrics") == 0)
 	{
 		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
@@ -628,6 +636,11 @@ pepsi_httpd_main(int argc, char **argv)
 	double				  watchdog;
 
 	log_init("pepsi-httpd", false);
+	if (argc >= 2 && cli_is_help(argv[1]))
+	{
+		httpd_usage(stdout);
+		return 0;
+	}
 	while ((ch = getopt(argc, argv, "c:vh")) != -1)
 		switch (ch)
 		{
@@ -638,7 +651,7 @@ pepsi_httpd_main(int argc, char **argv)
 				verbose++;
 				break;
 			default:
-				httpd_usage();
+				httpd_usage(ch == 'h' ? stdout : stderr);
 				return ch == 'h' ? 0 : 64;
 		}
 	log_setverbose(verbose);
@@ -655,7 +668,7 @@ pepsi_httpd_main(int argc, char **argv)
 		rc = httpd_token(argv[1], argc == 3 ? argv[2] : NULL);
 	else if (argc != 0)
 	{
-		httpd_usage();
+		httpd_usage(stderr);
 		rc = 64;
 	}
 	if (argc != 0)

@@ -9,10 +9,19 @@
  * scrape stays a few small reads however long the queue is.  Ingress
  * sessions come from pepsi.ingress_stats, which each running pepsi-ingress
  * refreshes every few seconds; an instance silent for a minute is gone.
+ *
+ * GET /healthz is here too: what pepsi_up says, for a load balancer or
+ * systemd's and Kubernetes' probes.  Healthy is: the database answers,
+ * and a pepsi-dispatch is connected to it, which it knows from the
+ * advisory lock the dispatcher holds while it runs (db.h): pg_locks is
+ * readable by every role, so pepsi_httpd needs no further privilege.  A
+ * dispatcher that is connected but stuck is its watchdog's business
+ * (WatchdogSec= in its unit).
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "db.h"
 #include "httpd.h"
 #include "log.h"
@@ -86,19 +95,99 @@ metrics_query(PGconn *conn, const char *sql)
 	return res;
 }
 
+/* Whether a dispatcher holds its lock in this database (db.h). */
+static const char health_sql[] = "SELECT EXISTS (SELECT FROM pg_locks"
+								 " WHERE locktype = 'advisory' AND granted"
+								 " AND database = (SELECT oid FROM pg_database"
+								 " WHERE datname = current_database())"
+								 " AND classid = " PEPSI_LOCK_CLASS " AND objid = " PEPSI_LOCK_DISPATCH
+								 " AND objsubid = 2)";
+
+/*
+ * Healthy (true), or false with why: the database does not answer, or no
+ * dispatcher is connected to it.
+ */
+static bool
+health_check(char *why, size_t whylen)
+{
+	PGconn	 *conn = httpd_db();
+	PGresult *res;
+	bool	  healthy = false;
+
+	if (conn == NULL)
+	{
+		snprintf(why, whylen, "the database is not answering");
+		return false;
+	}
+	res = db_exec(conn, health_sql, 0, NULL);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+		snprintf(why, whylen, "the database is not answering: %s", db_error(res, conn));
+	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+		snprintf(why, whylen, "no pepsi-dispatch is connected to the database");
+	else
+		healthy = true;
+	PQclear(res);
+	return healthy;
+}
+
+enum MHD_Result
+healthz_respond(struct request *req)
+{
+	char why[1024];
+	char body[1100];
+	int	 len;
+
+	if (health_check(why, sizeof(why)))
+		return reply_bytes(req, MHD_HTTP_OK, "text/plain; charset=utf-8", "ok\n", 3, false);
+	/* Not reply_error: a probe that polls an outage every few seconds would flood the log. */
+	log_debug("/healthz: %s", why);
+	len = snprintf(body, sizeof(body), "%s\n", why);
+	return reply_bytes(req, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", body,
+					   (size_t) len, true);
+}
+
+/* pepsi_up and pepsi_build_info: the families a scrape has even when the database is down. */
+static void
+metrics_health(struct buf *out, bool healthy)
+{
+	metrics_family(out, "pepsi_up", "gauge",
+				   "1 when the database answers and a pepsi-dispatch is connected (/healthz), else 0.");
+	buf_printf(out, "pepsi_up %d\n", healthy ? 1 : 0);
+	metrics_family(out, "pepsi_build_info", "gauge", "Always 1, labelled with the version of Pepsi.");
+	buf_append_str(out, "pepsi_build_info{version=");
+	metrics_label(out, pepsi_version());
+	buf_append_str(out, "} 1\n");
+}
+
+/* A scrape with the database down: pepsi_up 0, so the outage is a value, not a failed scrape. */
+static enum MHD_Result
+metrics_down(struct request *req)
+{
+	struct buf		out = BUF_INIT;
+	enum MHD_Result result;
+
+	metrics_health(&out, false);
+	result = reply_bytes(req, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", out.data,
+						 out.len, true);
+	buf_free(&out);
+	return result;
+}
+
 enum MHD_Result
 metrics_respond(struct request *req)
 {
 	static const char *const stage_status[] = {"stage", "status", NULL};
 	static const char *const stage_only[] = {"stage", NULL};
-	PGconn					*conn = httpd_db();
 	static const char *const instance_only[] = {"instance", NULL};
+	char					 why[1024];
+	bool					 healthy = health_check(why, sizeof(why));
+	PGconn					*conn = httpd_db();
 	PGresult				*gauges, *stages, *deliveries, *dispatch, *dns, *ingress;
 	struct buf				 out = BUF_INIT;
 	enum MHD_Result			 result;
 
-	if (conn == NULL)
-		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the database is not answering");
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+		return metrics_down(req);
 	gauges = metrics_query(conn, "SELECT stage, status::text AS status, messages, held,"
 								 " round(oldest_age_seconds::numeric, 3) AS oldest_age,"
 								 " round(extract(epoch FROM now() - as_of), 3) AS snapshot_age"
@@ -128,8 +217,12 @@ metrics_respond(struct request *req)
 		PQclear(deliveries);
 		PQclear(dispatch);
 		PQclear(dns);
+		if (PQstatus(conn) != CONNECTION_OK)
+			return metrics_down(req);
 		return reply_error(req, MHD_HTTP_SERVICE_UNAVAILABLE, "the statistics could not be read");
 	}
+
+	metrics_health(&out, healthy);
 
 	metrics_column(&out, gauges, "pepsi_queue_messages", "gauge",
 				   "Messages in the queue by stage and status.", "messages", stage_status);

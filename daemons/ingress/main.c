@@ -31,6 +31,7 @@
 
 #include "admit.h"
 #include "auth_throttle.h"
+#include "cli.h"
 #include "db.h"
 #include "ingress.h"
 #include "log.h"
@@ -51,10 +52,10 @@ struct ingress ingress;
 static ev_timer ingress_grace_timer;
 
 static void
-ingress_usage(void)
+ingress_usage(FILE *out)
 {
-	fprintf(stderr, "usage: pepsi-ingress [-c CONFIG] [-v]\n"
-					"  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
+	fprintf(out, "usage: pepsi-ingress [-c CONFIG] [-v]\n"
+				 "  CONFIG defaults to $PEPSI_CONFIG, then %s.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
@@ -440,6 +441,11 @@ pepsi_ingress_main(int argc, char **argv)
 	int		 opt;
 
 	log_init("pepsi-ingress", false);
+	if (argc >= 2 && cli_is_help(argv[1]))
+	{
+		ingress_usage(stdout);
+		return 0;
+	}
 	while ((opt = getopt(argc, argv, "c:v")) != -1)
 		switch (opt)
 		{
@@ -450,12 +456,12 @@ pepsi_ingress_main(int argc, char **argv)
 				log_setverbose(log_getverbose() + 1);
 				break;
 			default:
-				ingress_usage();
+				ingress_usage(stderr);
 				return 64;
 		}
 	if (optind != argc)
 	{
-		ingress_usage();
+		ingress_usage(stderr);
 		return 64;
 	}
 	if (config_path == NULL)
