@@ -420,14 +420,14 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c dae
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
                      common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
                      common/aliases.c common/config.c common/options.c common/header.c common/auth/results.c \
-                     common/smtp_address.c common/config_route.c \
+                     common/smtp_address.c common/base64.c common/config_route.c \
                      $(wildcard daemons/ingress/*.h common/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
-		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson
+		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson -lcrypto
 
-$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c \
-                     common/buf.c common/log.c common/xalloc.c common/config.c common/config_route.c common/options.c \
+$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c common/base64.c common/config_route.c \
+                     common/buf.c common/log.c common/xalloc.c common/config.c common/options.c \
                      $(wildcard common/*.h common/auth/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)

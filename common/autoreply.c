@@ -10,8 +10,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include <openssl/evp.h>
-
+#include "base64.h"
 #include "dsn.h"
 #include "header.h"
 #include "xalloc.h"
@@ -179,11 +178,9 @@ autoreply_subject(const char *subject, struct buf *headers)
 		buf_append(headers, clean.data ? clean.data : "", clean.len);
 	else
 	{
-		unsigned char *encoded = xmalloc(4 * (clean.len / 3 + 1) + 1);
-
-		EVP_EncodeBlock(encoded, (const unsigned char *) clean.data, (int) clean.len);
-		buf_printf(headers, "=?UTF-8?B?%s?=", encoded);
-		free(encoded);
+		buf_append_str(headers, "=?UTF-8?B?");
+		base64_append(headers, clean.data, clean.len);
+		buf_append_str(headers, "?=");
 	}
 	buf_append_str(headers, "\r\n");
 	buf_free(&clean);

@@ -7,8 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include <openssl/evp.h>
-
+#include "base64.h"
 #include "header.h"
 #include "message.h"
 #include "xalloc.h"
@@ -97,9 +96,7 @@ mime_encode_base64(const char *in, size_t len, struct buf *out)
 	{
 		size_t n = len - i < 57 ? len - i : 57;
 
-		buf_reserve(out, 80);
-		out->len += (size_t) EVP_EncodeBlock((unsigned char *) out->data + out->len,
-											 (const unsigned char *) in + i, (int) n);
+		base64_append(out, in + i, n);
 		buf_append(out, "\r\n", 2);
 	}
 }

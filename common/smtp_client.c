@@ -27,10 +27,10 @@
 #include <unistd.h>
 
 #include <openssl/err.h>
-#include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "base64.h"
 #include "log.h"
 #include "smtp_client_internal.h"
 #include "tls_policy.h"
@@ -254,17 +254,6 @@ smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
 	return false;
 }
 
-static void
-smtp_base64(const char *in, size_t len, struct buf *out)
-{
-	size_t cap = 4 * ((len + 2) / 3) + 1;
-
-	buf_reserve(out, cap);
-	out->len += (size_t) EVP_EncodeBlock((unsigned char *) out->data + out->len,
-										 (const unsigned char *) in, (int) len);
-	out->data[out->len] = '\0';
-}
-
 static bool
 smtp_auth(struct smtp_client *c, struct smtp_result *res)
 {
@@ -288,7 +277,7 @@ smtp_auth(struct smtp_client *c, struct smtp_result *res)
 		buf_append_str(&plain, user);
 		buf_append_char(&plain, '\0');
 		buf_append_str(&plain, pass);
-		smtp_base64(plain.data, plain.len, &token);
+		base64_append(&token, plain.data, plain.len);
 		ok = smtp_io_command(c, &res->reply, "AUTH PLAIN %s", token.data);
 	}
 	else if (c->auth_login)
@@ -296,12 +285,12 @@ smtp_auth(struct smtp_client *c, struct smtp_result *res)
 		ok = smtp_io_command(c, &res->reply, "AUTH LOGIN");
 		if (ok && res->reply.code == 334)
 		{
-			smtp_base64(user, strlen(user), &token);
+			base64_append(&token, user, strlen(user));
 			ok = smtp_io_command(c, &res->reply, "%s", token.data);
 			if (ok && res->reply.code == 334)
 			{
 				buf_reset(&token);
-				smtp_base64(pass, strlen(pass), &token);
+				base64_append(&token, pass, strlen(pass));
 				ok = smtp_io_command(c, &res->reply, "%s", token.data);
 			}
 		}

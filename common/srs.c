@@ -15,6 +15,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "base64.h"
 #include "buf.h"
 #include "log.h"
 #include "xalloc.h"
@@ -115,15 +116,16 @@ srs_hash(const char *secret, const char *a, const char *b, const char *c, char o
 	struct buf	  data = BUF_INIT;
 	unsigned char mac[EVP_MAX_MD_SIZE];
 	unsigned	  maclen = 0;
-	unsigned char b64[64];
+	struct buf	  b64 = BUF_INIT;
 
 	for (const char *const *part = (const char *const[]){a, b, c, NULL}; *part; part++)
 		for (const char *p = *part; *p; p++)
 			buf_append_char(&data, (char) tolower((unsigned char) *p));
 	HMAC(EVP_sha1(), secret, (int) strlen(secret), (unsigned char *) data.data, data.len, mac, &maclen);
-	EVP_EncodeBlock(b64, mac, (int) maclen);
-	memcpy(out, b64, 27);
+	base64_append(&b64, mac, maclen);
+	memcpy(out, b64.data, 27);
 	out[27] = '\0';
+	buf_free(&b64);
 	buf_free(&data);
 }
 

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "auth/dkim_sign.h"
+#include "base64.h"
 #include "log.h"
 #include "xalloc.h"
 
@@ -170,7 +171,7 @@ arc_signature_parse(const struct header_field *f, struct arc_signature *s, char 
 		snprintf(why, whylen, "no a= of rsa-sha256 or ed25519-sha256");
 	else if (!b || !s->domain || !*s->domain || !s->selector || !*s->selector)
 		snprintf(why, whylen, "b=, d= or s= missing");
-	else if ((n = base64_decode(b->value, b->value_len, s->sig, sizeof(s->sig))) <= 0)
+	else if ((n = base64_decode(b->value, b->value_len, s->sig, sizeof(s->sig), BASE64_FOLDED)) <= 0)
 		snprintf(why, whylen, "b= is not base64");
 	else
 	{
@@ -256,7 +257,7 @@ arc_check_ams(struct header_fields *fields, const struct header_field *ams, stru
 			goto out;
 		}
 	}
-	if (!bh || !h || base64_decode(bh->value, bh->value_len, want, sizeof(want)) != CANON_HASH_LEN)
+	if (!bh || !h || base64_decode(bh->value, bh->value_len, want, sizeof(want), BASE64_FOLDED) != CANON_HASH_LEN)
 	{
 		snprintf(why, whylen, "bh= or h= missing or malformed");
 		goto out;

@@ -129,9 +129,4 @@ const struct tag *tag_find(const struct tag *tags, size_t count, const char *nam
 /* A tag's value as a new string (NULL if absent). */
 char *tag_strdup(const struct tag *tags, size_t count, const char *name);
 
-/* Base64, as the b= and bh= tags and the p= of a key record carry it. */
-void base64_append(struct buf *out, const unsigned char *data, size_t len);
-/* Decode base64 ignoring folding whitespace; -1 if malformed or over outlen. */
-long base64_decode(const char *in, size_t len, unsigned char *out, size_t outlen);
-
 #endif

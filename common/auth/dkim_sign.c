@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base64.h"
 #include "log.h"
 
 #define DKIM_FOLD_COLUMN 76

@@ -17,6 +17,7 @@
 #include <openssl/rsa.h>
 #include <openssl/x509.h>
 
+#include "base64.h"
 #include "log.h"
 #include "xalloc.h"
 
@@ -473,7 +474,7 @@ keys_parse_record(const char *record, size_t len, enum sign_algorithm algorithm,
 		snprintf(err, errlen, p ? "the key record is revoked (empty p=)" : "the key record has no p=");
 		return NULL;
 	}
-	rawlen = base64_decode(p->value, p->value_len, raw, sizeof(raw));
+	rawlen = base64_decode(p->value, p->value_len, raw, sizeof(raw), BASE64_FOLDED);
 	if (rawlen <= 0)
 	{
 		snprintf(err, errlen, "the key record's p= is not base64");

@@ -24,6 +24,7 @@
 #include "xalloc.h"
 
 static void spf_advance(struct spf_check *c);
+static void spf_term_next(struct spf_check *c, bool matched);
 static bool spf_expand_explanation(struct spf_check *c);
 
 const char *
@@ -379,13 +380,21 @@ spf_frame_result(struct spf_check *c, enum spf_result result, const char *why)
 	f->domain = NULL;
 	spf_record_free(&f->record);
 	c->depth--;
-	f = spf_frame(c);
 	if (result == SPF_NONE)
 	{
 		spf_conclude(c, SPF_PERMERROR, "include:%s has no SPF record", c->target ? c->target : "");
 		return;
 	}
-	if (result == SPF_PASS)
+	spf_term_next(c, result == SPF_PASS);
+}
+
+/* The current term's result if it matched, else the next term. */
+static void
+spf_term_next(struct spf_check *c, bool matched)
+{
+	struct spf_frame *f = spf_frame(c);
+
+	if (matched)
 	{
 		const struct spf_term *t = &f->record.terms[f->next];
 
@@ -400,18 +409,8 @@ spf_frame_result(struct spf_check *c, enum spf_result result, const char *why)
 static void
 spf_term_done(struct spf_check *c, bool matched)
 {
-	struct spf_frame *f = spf_frame(c);
-
 	spf_clear_names(c);
-	if (matched)
-	{
-		const struct spf_term *t = &f->record.terms[f->next];
-
-		spf_frame_result(c, t->qualifier, t->text);
-		return;
-	}
-	f->next++;
-	spf_advance(c);
+	spf_term_next(c, matched);
 }
 
 /* Walk the current frame's terms until one needs the DNS or the result is known. */

@@ -25,6 +25,7 @@
 #include "auth/canon.h"
 #include "auth/dkim_sign.h"
 #include "auth/keys.h"
+#include "base64.h"
 #include "buf.h"
 
 /* RFC 6376 3.4.6. */
@@ -260,7 +261,7 @@ rfc8463_check(const char *signature, const char *record, enum sign_algorithm alg
 	pub = keys_parse_record(record, strlen(record), algorithm, err, sizeof(err));
 	assert_non_null(pub);
 	signature_b(signature, &want);
-	siglen = base64_decode(want.data, want.len, sig, sizeof(sig));
+	siglen = base64_decode(want.data, want.len, sig, sizeof(sig), BASE64_FOLDED);
 	assert_true(siglen > 0);
 	assert_true(keys_verify_hash(pub, algorithm, hash, sig, (size_t) siglen));
 	/* One octet of the hash changed: the same signature no longer verifies. */
@@ -285,7 +286,7 @@ test_rfc8463_ed25519(void **unused)
 	unsigned char seed[32];
 	EVP_PKEY *private;
 
-	assert_int_equal(base64_decode(rfc8463_ed25519_seed, strlen(rfc8463_ed25519_seed), seed, sizeof(seed)), 32);
+	assert_int_equal(base64_decode(rfc8463_ed25519_seed, strlen(rfc8463_ed25519_seed), seed, sizeof(seed), BASE64_FOLDED), 32);
 	private = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed, sizeof(seed));
 	assert_non_null(private);
 	rfc8463_check(rfc8463_ed25519_signature, rfc8463_ed25519_record, SIGN_ED25519_SHA256, private);
@@ -298,7 +299,7 @@ signature_verifies(EVP_PKEY *key, enum sign_algorithm algorithm, const unsigned 
 				   const struct buf *b64)
 {
 	unsigned char sig[1024];
-	long		  len = base64_decode(b64->data, b64->len, sig, sizeof(sig));
+	long		  len = base64_decode(b64->data, b64->len, sig, sizeof(sig), BASE64_FOLDED);
 
 	return len > 0 && keys_verify_hash(key, algorithm, hash, sig, (size_t) len);
 }
@@ -426,7 +427,7 @@ test_sign_field(void **unused)
 
 		fields.field[0].used = true;
 		canon_header_hash(CANON_RELAXED, &fields, hv, fields.field[0].start, fields.field[0].len, hash);
-		siglen = base64_decode(bt->value, bt->value_len, sig, sizeof(sig));
+		siglen = base64_decode(bt->value, bt->value_len, sig, sizeof(sig), BASE64_FOLDED);
 		assert_int_equal(siglen, 64);
 		assert_true(keys_verify_hash(key, SIGN_ED25519_SHA256, hash, sig, (size_t) siglen));
 		free(hv);

@@ -22,6 +22,7 @@
 #include "admit.h"
 #include "auth_throttle.h"
 #include "auth_worker.h"
+#include "client_key.h"
 #include "envelope.h"
 #include "ingress.h"
 #include "log.h"
@@ -799,24 +800,6 @@ session_refuse(int fd, const char *reply)
 	close(fd);
 }
 
-/* The key of the client's accounting: its IPv4 address, or its IPv6 /64. */
-static void
-session_client_key(const struct sockaddr *addr, const char *ip, char *key, size_t keylen)
-{
-	if (addr->sa_family == AF_INET6
-		&& !IN6_IS_ADDR_V4MAPPED(&((const struct sockaddr_in6 *) addr)->sin6_addr))
-	{
-		struct in6_addr prefix = ((const struct sockaddr_in6 *) addr)->sin6_addr;
-		char			text[INET6_ADDRSTRLEN];
-
-		memset(prefix.s6_addr + 8, 0, 8);
-		inet_ntop(AF_INET6, &prefix, text, sizeof(text));
-		snprintf(key, keylen, "%s/64", text);
-	}
-	else
-		snprintf(key, keylen, "%s", ip);
-}
-
 static void
 session_client_ip(const struct sockaddr *addr, char *ip, size_t iplen)
 {
@@ -866,7 +849,7 @@ void
 session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 {
 	char			ip[INET6_ADDRSTRLEN];
-	char			key[INET6_ADDRSTRLEN + 4];
+	char			key[CLIENT_KEY_SIZE];
 	struct client  *client;
 	struct session *s;
 
@@ -877,7 +860,7 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 		session_refuse(fd, "421 4.7.0 Too many sessions, try again later\r\n");
 		return;
 	}
-	session_client_key(addr, ip, key, sizeof(key));
+	client_key(addr, key, sizeof(key));
 	client = client_get(key);
 	if (l->max_sessions_per_client && client->sessions >= l->max_sessions_per_client)
 	{

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base64.h"
 #include "log.h"
 #include "message.h"
 #include "xalloc.h"
@@ -740,7 +741,7 @@ static void
 smtp_auth_plain(struct smtp_session *s, const char *response)
 {
 	char  decoded[1024];
-	long  n = smtp_base64_decode(response, strlen(response), decoded, sizeof(decoded) - 1);
+	long  n = base64_decode(response, strlen(response), (unsigned char *) decoded, sizeof(decoded) - 1, BASE64_STRICT);
 	char *user;
 	char *password;
 
@@ -790,7 +791,7 @@ smtp_auth_response(struct smtp_session *s, const char *line)
 		smtp_auth_plain(s, strcmp(line, "=") == 0 ? "" : line);
 		return;
 	}
-	n = smtp_base64_decode(line, strlen(line), decoded, sizeof(decoded) - 1);
+	n = base64_decode(line, strlen(line), (unsigned char *) decoded, sizeof(decoded) - 1, BASE64_STRICT);
 	if (n < 0 || memchr(decoded, '\0', (size_t) n) != NULL)
 	{
 		explicit_bzero(decoded, sizeof(decoded));

@@ -1,7 +1,7 @@
 /*
  * smtp_syntax.c: the syntax of what an SMTP client sends (RFC 5321 4.1.2
- * paths and mailboxes, RFC 3461 xtext, RFC 4648 base64 for AUTH, UTF-8 for
- * SMTPUTF8).  Pure functions of their input: the state machine in smtp.c
+ * paths and mailboxes, RFC 3461 xtext, UTF-8 for SMTPUTF8; AUTH's base64
+ * is common/base64.c's strict mode).  Pure functions of their input: the state machine in smtp.c
  * calls them, the unit tests in tests/ feed them vectors.
  */
 #include "smtp_syntax.h"
@@ -13,48 +13,6 @@
 
 #include "smtp.h"
 #include "smtp_address.h"
-
-long
-smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen)
-{
-	static const char alphabet[] =
-		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	uint32_t acc = 0;
-	size_t	 n = 0;
-	size_t	 pad = 0;
-
-	if (len % 4 != 0)
-		return -1;
-	for (size_t i = 0; i < len; i++)
-	{
-		const char *p;
-
-		if (in[i] == '=')
-		{
-			if (i + 2 < len || ++pad > 2)
-				return -1;
-			acc <<= 6;
-		}
-		else
-		{
-			if (pad || in[i] == '\0' || (p = strchr(alphabet, in[i])) == NULL)
-				return -1;
-			acc = (acc << 6) | (uint32_t) (p - alphabet);
-		}
-		if (i % 4 == 3)
-		{
-			unsigned char bytes[3] = {acc >> 16, (acc >> 8) & 0xff, acc & 0xff};
-			size_t		  take = 3 - (i + 1 == len ? pad : 0);
-
-			if (n + take > outlen)
-				return -1;
-			memcpy(out + n, bytes, take);
-			n += take;
-			acc = 0;
-		}
-	}
-	return (long) n;
-}
 
 /* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 bool

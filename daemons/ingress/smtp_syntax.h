@@ -11,8 +11,6 @@
 
 #include "smtp_address.h" /* the mailbox syntax, shared with pepsi-sendmail */
 
-/* Base64 into out; returns the decoded length, or -1 if malformed or too long for out. */
-long smtp_base64_decode(const char *in, size_t len, char *out, size_t outlen);
 /* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 bool smtp_xtext_decode(char *s, bool utf8);
 /*
