@@ -12,7 +12,9 @@
  * the 64 KiB cut), then NUL-separated fields: the original sender, ENVID,
  * final recipient, ORCPT, remote MTA, diagnostic code, the original header
  * block, its body.  The ORCPT's address type is made an atom first, as
- * ingress checks it (daemons/ingress/smtp.c).  The report's header block
+ * ingress checks it (daemons/ingress/smtp.c), and the final recipient and
+ * the remote MTA lose their line ends, as an envelope address and a host
+ * name have none.  The report's header block
  * and its message/delivery-status part must be lines of fields ending in
  * CRLF: a line end coming through from a value is a bug, and abort()
  * makes libFuzzer keep the input.
@@ -88,6 +90,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			field[i] = "";
 			flen[i] = 0;
 		}
+	/* an envelope address and a host name hold no line end (ingress, DNS) */
+	for (int f = 2; f <= 4; f += 2)
+		for (char *p = (char *) field[f]; *p; p++)
+			if (*p == '\r' || *p == '\n')
+				*p = 'x';
 	/* the ORCPT's address type, as ingress lets it through: an atom */
 	if (strchr(field[3], ';'))
 		for (char *p = (char *) field[3]; *p != ';'; p++)
