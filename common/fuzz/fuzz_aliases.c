@@ -3,7 +3,8 @@
  * recursive expansion (common/aliases.c).  "make fuzz" runs it.
  *
  * Input: a first line, the address to expand (its domain one of
- * example.org and localhost, or none), then the text of an aliases file.
+ * example.org and localhost, or none; postmaster when the line is empty),
+ * then the text of an aliases file.
  * An expansion that succeeds must give addresses, each once: a
  * duplicate or an empty one is a bug, and abort() makes libFuzzer keep
  * the input.
@@ -50,7 +51,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (nl)
 	{
 		*nl = '\0';
-		address = text;
+		if (text[0] != '\0') /* a recipient is never empty */
+			address = text;
 	}
 	table = aliases_parse(nl ? nl + 1 : text, "fuzz", err, sizeof(err));
 	if (table)
