@@ -437,7 +437,71 @@ $(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/milter.c stages/m
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
 
-FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp $(B)/fuzz/fuzz_auth $(B)/fuzz/fuzz_milter
+$(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp_client.c common/smtp_client_io.c \
+                            common/smtp_transaction.c common/mime_downgrade.c common/tls_policy.c common/message.c common/header.c \
+                            common/dns.c common/mta_sts.c common/config.c common/config_route.c common/options.c \
+                            common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS) -lpthread
+
+$(B)/fuzz/fuzz_canon: common/auth/fuzz/fuzz_canon.c common/auth/canon.c common/base64.c common/buf.c common/log.c \
+                      common/xalloc.c $(wildcard common/*.h common/auth/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+$(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/mime_downgrade.c common/message.c common/header.c common/base64.c common/buf.c common/log.c \
+                     common/xalloc.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+$(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/dsn.c common/smtp_client.c common/smtp_client_io.c \
+                    common/smtp_transaction.c common/mime_downgrade.c common/tls_policy.c common/message.c \
+                    common/dns.c common/mta_sts.c common/config.c common/config_route.c common/options.c \
+                    common/header.c common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+$(B)/fuzz/fuzz_forward: helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c \
+                        common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard helpers/dot-forward/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ihelpers/dot-forward -o $@ $(filter %.c,$^) $(LDLIBS)
+
+$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/aliases.c common/local.c common/config.c common/config_route.c \
+                        common/options.c common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config.c common/config_route.c common/options.c \
+                       common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+
+# (fuzz_api.c includes api.c, for its static functions)
+$(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base64.c common/buf.c common/log.c common/xalloc.c \
+                    daemons/httpd/api.c $(wildcard daemons/httpd/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/httpd -I$(PG_INCLUDEDIR) -o $@ \
+		$(filter-out daemons/httpd/api.c,$(filter %.c,$^)) $(LDLIBS)
+
+# (fuzz_dns.c includes dns.c, for its static functions)
+$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/tls_policy.c common/mta_sts.c common/config.c \
+                    common/config_route.c common/options.c common/base64.c common/buf.c common/log.c common/xalloc.c \
+                    common/dns.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter-out common/dns.c,$(filter %.c,$^)) $(LDLIBS)
+
+FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
+               $(B)/fuzz/fuzz_auth \
+               $(B)/fuzz/fuzz_milter \
+               $(B)/fuzz/fuzz_smtp_client \
+               $(B)/fuzz/fuzz_canon \
+               $(B)/fuzz/fuzz_mime \
+               $(B)/fuzz/fuzz_dsn \
+               $(B)/fuzz/fuzz_forward \
+               $(B)/fuzz/fuzz_aliases \
+               $(B)/fuzz/fuzz_config \
+               $(B)/fuzz/fuzz_api \
+               $(B)/fuzz/fuzz_dns
 fuzz-targets: $(FUZZ_TARGETS)
 
 # Every input of the corpora once (-runs=0: no new ones), as make check
@@ -446,15 +510,42 @@ fuzz-replay: $(FUZZ_TARGETS)
 	$(B)/fuzz/fuzz_smtp -runs=0 -max_len=4096 daemons/ingress/fuzz/corpus
 	$(B)/fuzz/fuzz_auth -runs=0 -max_len=4096 common/auth/fuzz/corpus
 	$(B)/fuzz/fuzz_milter -runs=0 -max_len=4096 stages/milter/fuzz/corpus
+	$(B)/fuzz/fuzz_smtp_client -runs=0 -max_len=4096 common/fuzz/corpus/smtp-client
+	$(B)/fuzz/fuzz_canon -runs=0 -max_len=4096 common/auth/fuzz/corpus-canon
+	$(B)/fuzz/fuzz_mime -runs=0 -max_len=4096 common/fuzz/corpus/mime
+	$(B)/fuzz/fuzz_dsn -runs=0 -max_len=4096 common/fuzz/corpus/dsn
+	$(B)/fuzz/fuzz_forward -runs=0 -max_len=4096 helpers/dot-forward/fuzz/corpus
+	$(B)/fuzz/fuzz_aliases -runs=0 -max_len=4096 common/fuzz/corpus/aliases
+	$(B)/fuzz/fuzz_config -runs=0 -max_len=4096 common/fuzz/corpus/config
+	$(B)/fuzz/fuzz_api -runs=0 -max_len=4096 daemons/httpd/fuzz/corpus
+	$(B)/fuzz/fuzz_dns -runs=0 -max_len=4096 common/fuzz/corpus/dns
 
 fuzz: $(FUZZ_TARGETS)
-	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter
+	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter $(B)/fuzz/corpus-smtp-client $(B)/fuzz/corpus-canon $(B)/fuzz/corpus-mime $(B)/fuzz/corpus-dsn $(B)/fuzz/corpus-forward $(B)/fuzz/corpus-aliases $(B)/fuzz/corpus-config $(B)/fuzz/corpus-api $(B)/fuzz/corpus-dns
 	$(B)/fuzz/fuzz_smtp -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-smtp daemons/ingress/fuzz/corpus
 	$(B)/fuzz/fuzz_auth -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-auth common/auth/fuzz/corpus
 	$(B)/fuzz/fuzz_milter -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-milter stages/milter/fuzz/corpus
+	$(B)/fuzz/fuzz_smtp_client -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-smtp-client common/fuzz/corpus/smtp-client
+	$(B)/fuzz/fuzz_canon -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-canon common/auth/fuzz/corpus-canon
+	$(B)/fuzz/fuzz_mime -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-mime common/fuzz/corpus/mime
+	$(B)/fuzz/fuzz_dsn -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-dsn common/fuzz/corpus/dsn
+	$(B)/fuzz/fuzz_forward -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-forward helpers/dot-forward/fuzz/corpus
+	$(B)/fuzz/fuzz_aliases -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-aliases common/fuzz/corpus/aliases
+	$(B)/fuzz/fuzz_config -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-config common/fuzz/corpus/config
+	$(B)/fuzz/fuzz_api -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-api daemons/httpd/fuzz/corpus
+	$(B)/fuzz/fuzz_dns -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
+		$(B)/fuzz/corpus-dns common/fuzz/corpus/dns
 
 clean:
 	$(MAKE) -C extension clean

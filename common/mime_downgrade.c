@@ -262,6 +262,25 @@ mime_line_end(const char *s, size_t len, size_t from)
 	return nl ? (size_t) (nl - s) + 1 : len;
 }
 
+/*
+ * A delimiter line: kept as it is when it fits, else the delimiter alone.
+ * What follows the boundary on its line is padding, not content (RFC 2046
+ * 5.1.1): an 8-bit octet, a NUL or a bare CR there is dropped.
+ */
+static void
+mime_append_delimiter(struct mime_walk *w, const char *line, size_t len, size_t dlen, bool closing,
+					  struct buf *out)
+{
+	if (!mime_unfit(line, len, w->target))
+	{
+		buf_append(out, line, len);
+		return;
+	}
+	buf_append(out, line, dlen + (closing ? 2 : 0));
+	buf_append(out, "\r\n", 2);
+	w->changed = true;
+}
+
 /* A multipart body: each part walked, the delimiters kept, an unfit preamble or epilogue dropped. */
 static bool
 mime_walk_multipart(struct mime_walk *w, const char *b, size_t len, const char *boundary, int depth,
@@ -285,7 +304,7 @@ mime_walk_multipart(struct mime_walk *w, const char *b, size_t len, const char *
 		size_t part_end;
 		bool   next_closing;
 
-		buf_append(out, b + at, line_end - at);
+		mime_append_delimiter(w, b + at, line_end - at, dlen, closing, out);
 		if (closing)
 		{
 			if (mime_unfit(b + line_end, len - line_end, w->target))

@@ -1,0 +1,40 @@
+/*
+ * fuzz_mime.c: libFuzzer target for the MIME downgrade
+ * (common/mime_downgrade.c), which walks the structure of whatever message
+ * a client sent (boundaries, nested message/rfc822, transfer encodings)
+ * before the relay client re-encodes it for a hop without 8BITMIME or
+ * BINARYMIME.  "make fuzz" runs it.
+ *
+ * Input: one byte choosing the target (even: 7-bit, odd: 8-bit), then the
+ * message, header block and body.  A converted message must need no
+ * further downgrade for the same target: anything else is a bug, and
+ * abort() makes libFuzzer keep the input.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "mime_downgrade.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	enum mime_downgrade_target target;
+	const char				  *raw = (const char *) data + 1;
+	size_t					   len;
+	struct buf				   out = BUF_INIT;
+	char					   why[256];
+
+	if (size < 1)
+		return 0;
+	target = data[0] % 2 ? MIME_TO_8BIT : MIME_TO_7BIT;
+	len = size - 1;
+	mime_has_binary(raw, len);
+	mime_needs_downgrade(raw, len, target);
+	if (mime_downgrade(raw, len, target, &out, why, sizeof(why)) == MIME_DOWNGRADE_DONE
+		&& mime_needs_downgrade(out.data, out.len, target))
+		abort();
+	buf_free(&out);
+	return 0;
+}
