@@ -60,10 +60,15 @@ sub concluded
 # The row is held until $gate exists, made only after the kill: however
 # slow the machine, the worker cannot conclude it first, and its retry
 # can conclude it.
-my $gate = PostgreSQL::Test::Utils::tempdir() . '/sigkill-gate';
-my ($held) = add_rows($node, 1, stage => 'w', state => qq({"wait_file": "$gate"}));
-ok(poll_until(sub { row($held) =~ /^running/ && worker_pids($d, 'test-stage') }),
-	'a worker holds the row') or diag(dispatcher_log($d));
+# The worker is killed once it has read the row ($started), not merely
+# been handed it: a worker killed before reading its input puts its rows
+# back to pending, uncounted.
+my $gate_dir = PostgreSQL::Test::Utils::tempdir();
+my ($gate, $started) = ("$gate_dir/sigkill-gate", "$gate_dir/sigkill-started");
+my ($held) = add_rows($node, 1, stage => 'w',
+	state => qq({"wait_file": "$gate", "started_file": "$started"}));
+ok(poll_until(sub { -e $started && row($held) =~ /^running/ && worker_pids($d, 'test-stage') }),
+	'a worker holds the row and has read it') or diag(dispatcher_log($d));
 my ($victim) = worker_pids($d, 'test-stage');
 my $offset = -s $d->{log};
 kill 'KILL', $victim;

@@ -36,7 +36,7 @@ is(scalar @files, 1, 'one file in alice\'s new/');
 is(slurp($files[0]),
 	"Return-Path: <$sender>\r\nDelivered-To: alice\@local.test\r\n$headers\r\n$body",
 	'it is Return-Path, Delivered-To, the headers, CRLF and the body');
-like($files[0], qr{/new/\d+\.M\d+P\d+Q\d+\.[^/]+$}, 'named time.MusecPpidQn.host');
+like($files[0], qr{/new/\d+\.M\d{6}K\d+_0\.[^/]+,S=\d+$}, 'named time.MusecKrow_0.host,S=size, the same on every attempt');
 opendir my $tmp_dir, "$root/alice\@local.test/tmp";
 is(scalar(grep { !/^\./ } readdir $tmp_dir), 0, 'nothing is left in tmp/');
 closedir $tmp_dir;
