@@ -3,8 +3,9 @@
  *
  * It puts paused rows back to pending when their retry time comes (and
  * wakes the dispatcher), sweeps bodies a release race left unreferenced,
- * and prunes pepsi.mail_log past its retention and pepsi.autoreply_sent
- * past each row's interval.  Like contrib's
+ * prunes pepsi.mail_log past its retention and pepsi.autoreply_sent
+ * past each row's interval, and keeps the web page's history of the last
+ * day, a row a minute (pepsi.stats_minute).  Like contrib's
  * autoprewarm it is registered at start-up when the library is preloaded
  * and started on demand by pepsi.start_maintenance() otherwise.  Each pass
  * is one short transaction; between passes it holds none, and it sleeps
@@ -245,6 +246,24 @@ maint_extension_held(void)
 }
 
 /*
+ * Once a minute, the row of pepsi.stats_minute that the web page's charts
+ * read (pepsi--0.3--0.4.sql): the first pass of each minute stores it.  A
+ * database before 0.4 has no such function.
+ */
+static void
+maint_roll_stats(TimestampTz now)
+{
+	static TimestampTz rolled_minute = -1;
+	TimestampTz		   minute = now - now % USECS_PER_MINUTE;
+
+	if (minute == rolled_minute)
+		return;
+	if (maint_scalar("SELECT (to_regprocedure('pepsi.stats_minute_roll()') IS NOT NULL)::int::float8", 0) > 0)
+		maint_scalar("SELECT pepsi.stats_minute_roll()::int::float8", 0);
+	rolled_minute = minute;
+}
+
+/*
  * One maintenance pass in its own transaction.  Returns how long to sleep
  * before the next one, in milliseconds.
  */
@@ -309,6 +328,7 @@ maint_run_pass(TimestampTz *last_sweep)
 			> 0)
 			maint_scalar("SELECT pepsi.queue_gauge_refresh()::int::float8", 0);
 
+		maint_roll_stats(now);
 		maint_warn_held_horizon();
 
 		/*
