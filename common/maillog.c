@@ -111,7 +111,7 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 	else
 		log_info("%s", line.data);
 	pepsi_mail_log(ctx, "delivery", fields);
-	pepsi_report_delivery(ctx, status);
+	pepsi_report_delivery(ctx, status, queued + in_stage + r->connect_seconds + r->transfer_seconds);
 	free(members);
 	json_decref(fields);
 	buf_free(&line);

@@ -733,7 +733,7 @@ stage_write_status(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 				buf_append_str(out, sep);
 				buf_append_str(out, "\"delivery\":{\"stage\":");
 				stage_json_string(out, ctx->delivery_stage);
-				buf_printf(out, ",\"status\":\"%s\"}", ctx->delivery);
+				buf_printf(out, ",\"status\":\"%s\",\"delay\":%.3f}", ctx->delivery, ctx->delivery_delay);
 				sep = ",";
 			}
 			if (stage_queued_known(w, ctx))

@@ -136,10 +136,11 @@ enum pepsi_load pepsi_loaded(const struct pepsi_ctx *ctx);
 void pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail);
 /*
  * A delivery attempt's outcome ("sent", "deferred", "bounced", "expired":
- * a string that outlives the pass), reported on the worker's status line
- * and counted by the dispatcher in pepsi.stage_stats for /metrics.
+ * a string that outlives the pass) and its delay since the message was
+ * received, reported on the worker's status line and counted by the
+ * dispatcher in pepsi.stage_stats and pepsi.stage_histogram for /metrics.
  */
-void		pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status);
+void		pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status, double delay_seconds);
 size_t		pepsi_rcpt_count(const struct pepsi_ctx *ctx);
 const char *pepsi_rcpt(const struct pepsi_ctx *ctx, size_t index);
 /* The row's state object: borrowed from the context, never NULL, read only. */

@@ -86,6 +86,7 @@ struct pepsi_ctx
 	json_t					 *mail_log;		  /* [{event, detail}] for pepsi.mail_log, or NULL */
 	const char				 *delivery;		  /* a delivery attempt's status= (a static string), or NULL */
 	char					 *delivery_stage; /* the stage that made it */
+	double					  delivery_delay; /* and its delay since receipt, in seconds */
 	char					 *state_text;	  /* state as loaded, until something reads it (stage_state) */
 	json_t					 *state;		  /* current view: database state with this pass's changes; NULL until parsed */
 	json_t					 *merge;		  /* changes to merge at commit */

@@ -83,9 +83,10 @@ pepsi_loaded(const struct pepsi_ctx *ctx)
 }
 
 void
-pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status)
+pepsi_report_delivery(struct pepsi_ctx *ctx, const char *status, double delay_seconds)
 {
 	ctx->delivery = status;
+	ctx->delivery_delay = delay_seconds;
 	free(ctx->delivery_stage);
 	ctx->delivery_stage = xstrdup(ctx->stage_name);
 }

@@ -347,10 +347,31 @@ dbconn_crashed(const char *stage, const struct inflight *row, const char *reason
 static void
 stats_done(struct job *job, PGresult *res)
 {
-	if (res && PQresultStatus(res) == PGRES_COMMAND_OK)
+	if (res && (PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK))
 		return;
 	if (res)
 		log_warnx("cannot flush statistics: %s", db_error(res, db.conn));
+}
+
+/*
+ * The histograms, in a statement of their own: a database whose schema
+ * predates them refuses it, and the counters still go.
+ */
+static void
+dbconn_flush_histograms(json_t *histograms)
+{
+	struct job *job;
+	char	   *text;
+
+	if (json_array_size(histograms) > 0)
+	{
+		job = job_new("SELECT pepsi.stage_histogram_add($1::jsonb)", stats_done);
+		text = json_dumps(histograms, JSON_COMPACT);
+		job_param(job, text);
+		free(text);
+		job_push(job, false);
+	}
+	json_decref(histograms);
 }
 
 /*
@@ -362,12 +383,15 @@ void
 dbconn_flush_stats(bool final)
 {
 	json_t	   *rows = json_array();
+	json_t	   *histograms = json_array();
 	struct job *job;
 	char	   *text;
 	char		number[4][32];
 
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
+		histogram_rows(histograms, p->spec.name, &p->stats);
+		memset(p->stats.histograms, 0, sizeof(p->stats.histograms));
 		if (p->stats.messages == 0 && p->stats.kills == 0 && p->stats.crashes == 0
 			&& p->stats.fused_hops == 0 && p->stats.timeouts == 0)
 			continue;
@@ -386,6 +410,7 @@ dbconn_flush_stats(bool final)
 		memset(&p->stats, 0, sizeof(p->stats));
 	}
 	dispatcher.last_flush = now_seconds();
+	dbconn_flush_histograms(histograms);
 	if (json_array_size(rows) == 0 && dispatcher.stages_run == 0 && dispatcher.messages_failed == 0
 		&& db_transient_retries == 0 && !final)
 	{

@@ -52,16 +52,35 @@ struct fair_account;
 #define DELIVERY_STATUSES 4
 extern const char *const delivery_statuses[DELIVERY_STATUSES];
 
+/* The histograms each pool keeps between flushes (histogram.c). */
+enum histogram_kind
+{
+	HISTOGRAM_RUN,			  /* worker time per message */
+	HISTOGRAM_DELIVERY_DELAY, /* receipt to a sent delivery */
+	HISTOGRAMS
+};
+#define HISTOGRAM_BOUNDS 15
+struct histogram
+{
+	unsigned long buckets[HISTOGRAM_BOUNDS + 1];
+	double		  sum;
+	unsigned long count;
+};
+
 struct pool_stats
 {
-	unsigned long messages;
-	double		  processing_us;
-	unsigned long kills;
-	unsigned long timeouts;
-	unsigned long crashes;
-	unsigned long fused_hops;
-	unsigned long deliveries[DELIVERY_STATUSES]; /* by delivery_statuses[] */
+	unsigned long	 messages;
+	double			 processing_us;
+	unsigned long	 kills;
+	unsigned long	 timeouts;
+	unsigned long	 crashes;
+	unsigned long	 fused_hops;
+	unsigned long	 deliveries[DELIVERY_STATUSES]; /* by delivery_statuses[] */
+	struct histogram histograms[HISTOGRAMS];
 };
+
+void histogram_observe(struct pool_stats *stats, enum histogram_kind kind, double seconds);
+void histogram_rows(json_t *rows, const char *stage, const struct pool_stats *stats);
 
 struct pool;
 

@@ -85,11 +85,15 @@ pool_fold_delivery(struct pool *pool, json_t *report)
 	const char	*status = json_string_value(json_object_get(delivery, "status"));
 	struct pool *at = stage ? pool_find(stage) : NULL;
 
+	json_t *delay = json_object_get(delivery, "delay");
+
 	if (status == NULL)
 		return;
 	for (int i = 0; i < DELIVERY_STATUSES; i++)
 		if (strcmp(status, delivery_statuses[i]) == 0)
 			(at ? at : pool)->stats.deliveries[i]++;
+	if (strcmp(status, "sent") == 0 && json_is_number(delay))
+		histogram_observe(&(at ? at : pool)->stats, HISTOGRAM_DELIVERY_DELAY, json_number_value(delay));
 }
 
 /*
@@ -116,6 +120,7 @@ pool_fold_fused(struct pool *pool, json_t *report)
 		{
 			fused->stats.messages++;
 			fused->stats.processing_us += us;
+			histogram_observe(&fused->stats, HISTOGRAM_RUN, us / 1e6);
 			fused_us += us;
 		}
 	}
@@ -161,10 +166,12 @@ worker_on_line(struct pool_worker *w, const char *line, double now, double us)
 		double fused_us = pool_fold_fused(pool, report);
 
 		pool->stats.processing_us -= fused_us < us ? fused_us : us;
+		histogram_observe(&pool->stats, HISTOGRAM_RUN, (us - (fused_us < us ? fused_us : us)) / 1e6);
 		pool_fold_delivery(pool, report);
 	}
 	else
 	{
+		histogram_observe(&pool->stats, HISTOGRAM_RUN, us / 1e6);
 		const char *error = json_string_value(json_object_get(report, "error"));
 		char	   *reason = wellformed
 								 ? xasprintf("stage %s: %s", pool->spec.name, error ? error : line)

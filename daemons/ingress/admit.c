@@ -29,7 +29,8 @@
 	"SELECT pepsi.workqueue_add_logged($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8, $9::jsonb)"
 #define ADMIT_WAKE_SQL "SELECT pepsi.notify_workqueue()"
 #define ADMIT_NICE_SQL "SELECT pepsi.session_nice($1::integer)"
-#define ADMIT_REPORT_SQL "SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean)"
+#define ADMIT_REPORT_SQL \
+	"SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean, $6::jsonb)"
 /* The first connection also hears configuration changes (config_set, config_unset). */
 #define ADMIT_LISTEN_SQL "LISTEN pepsi_config_changed"
 /* Changes often come in bursts (a script setting several options): one reload for all. */
@@ -129,7 +130,8 @@ static struct
 	size_t					   in_flight;
 	ev_timer				   wake_timer;
 	ev_timer				   config_changed_timer;
-	char					   report[4][32]; /* the counters of the report waiting, as text */
+	char					   report[4][32];	/* the counters of the report waiting, as text */
+	char					  *report_refusals; /* JSON */
 	const char				  *report_instance;
 	bool					   report_due;
 	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
@@ -483,11 +485,11 @@ dbconn_start_wake(struct dbconn *c)
 static void
 dbconn_start_report(struct dbconn *c)
 {
-	const char *values[5] = {admit.report_instance, admit.report[0], admit.report[1], admit.report[2],
-							 "false"};
+	const char *values[6] = {admit.report_instance, admit.report[0], admit.report[1], admit.report[2],
+							 "false", admit.report_refusals};
 
 	admit.report_due = false;
-	if (PQsendQueryParams(c->conn, ADMIT_REPORT_SQL, 5, NULL, values, NULL, NULL, 0) != 1
+	if (PQsendQueryParams(c->conn, ADMIT_REPORT_SQL, 6, NULL, values, NULL, NULL, 0) != 1
 		|| !dbconn_send_sync(c, DBCONN_WORK_REPORT, 1))
 		dbconn_fail(c, PQerrorMessage(c->conn));
 }
@@ -499,6 +501,8 @@ admit_report(const struct admit_report *r)
 	snprintf(admit.report[0], sizeof(admit.report[0]), "%llu", r->sessions);
 	snprintf(admit.report[1], sizeof(admit.report[1]), "%llu", r->sessions_total);
 	snprintf(admit.report[2], sizeof(admit.report[2]), "%llu", r->messages);
+	free(admit.report_refusals);
+	admit.report_refusals = r->refusals ? xstrdup(r->refusals) : NULL;
 	admit.report_due = true;
 	admit.kick_due = true;
 }
@@ -994,9 +998,9 @@ admit_shutdown(void)
 				&& (PQpipelineStatus(c->conn) == PQ_PIPELINE_OFF
 					|| (PQexitPipelineMode(c->conn) && PQsetnonblocking(c->conn, 0) == 0)))
 			{
-				const char *values[5] = {admit.report_instance, "0", "0", "0", "true"};
+				const char *values[6] = {admit.report_instance, "0", "0", "0", "true", NULL};
 
-				PQclear(PQexecParams(c->conn, ADMIT_REPORT_SQL, 5, NULL, values, NULL, NULL, 0));
+				PQclear(PQexecParams(c->conn, ADMIT_REPORT_SQL, 6, NULL, values, NULL, NULL, 0));
 				report_removed = true;
 			}
 			PQfinish(c->conn);

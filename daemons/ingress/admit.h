@@ -40,6 +40,7 @@ struct admit_report
 	unsigned long long sessions;
 	unsigned long long sessions_total;
 	unsigned long long messages;
+	const char		  *refusals; /* smtp_refusals_json() */
 };
 
 /* ok: committed, with its row id; otherwise the message was not stored. */

@@ -419,9 +419,12 @@ ingress_on_config_changed(void)
 static void
 ingress_on_report(struct ev_loop *loop, ev_timer *w, int revents)
 {
-	struct admit_report r = {w->data, ingress.sessions, ingress.sessions_total, ingress.messages_total};
+	char			   *refusals = smtp_refusals_json();
+	struct admit_report r = {w->data, ingress.sessions, ingress.sessions_total, ingress.messages_total,
+							 refusals};
 
 	admit_report(&r);
+	free(refusals);
 }
 
 int

@@ -797,6 +797,7 @@ session_refuse(int fd, const char *reply)
 	ssize_t n = write(fd, reply, strlen(reply));
 
 	(void) n;
+	smtp_count_refusal(reply);
 	close(fd);
 }
 

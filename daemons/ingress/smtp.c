@@ -28,6 +28,30 @@
 #include "message.h"
 #include "xalloc.h"
 
+/* Refusals sent since start, by code: [0] is 400. */
+static unsigned long long smtp_refusals[200];
+
+void
+smtp_count_refusal(const char *reply)
+{
+	if ((reply[0] == '4' || reply[0] == '5') && isdigit((unsigned char) reply[1])
+		&& isdigit((unsigned char) reply[2]) && reply[3] != '-')
+		smtp_refusals[(reply[0] - '4') * 100 + (reply[1] - '0') * 10 + (reply[2] - '0')]++;
+}
+
+char *
+smtp_refusals_json(void)
+{
+	struct buf json = BUF_INIT;
+
+	buf_append_char(&json, '{');
+	for (int i = 0; i < 200; i++)
+		if (smtp_refusals[i] > 0)
+			buf_printf(&json, "%s\"%d\":%llu", json.len > 1 ? "," : "", 400 + i, smtp_refusals[i]);
+	buf_append_char(&json, '}');
+	return json.data;
+}
+
 void
 smtp_reply(struct smtp_session *s, const char *fmt, ...)
 {
@@ -44,6 +68,7 @@ smtp_reply(struct smtp_session *s, const char *fmt, ...)
 		n = sizeof(line) - 1;
 	buf_append(&s->out, line, (size_t) n);
 	buf_append(&s->out, "\r\n", 2);
+	smtp_count_refusal(line);
 }
 
 /* An error reply the client caused: counted, and too many end the session. */

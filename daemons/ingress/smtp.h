@@ -224,7 +224,14 @@ void smtp_admit_done(struct smtp_session *s, bool ok, long long id);
 /* The host refuses the content after all (reply: "554 5.6.0 ..."). */
 void smtp_admit_refused(struct smtp_session *s, const char *reply);
 /* The idle timeout or shutdown: a 421 and close. */
-void		smtp_close(struct smtp_session *s, const char *reply);
+void smtp_close(struct smtp_session *s, const char *reply);
+/*
+ * Refusals: every 4xx and 5xx reply's last line is counted by its code
+ * (smtp_reply, and the session limits' replies before a session exists),
+ * since the process started; pepsi.ingress_report takes them as JSON.
+ */
+void		smtp_count_refusal(const char *reply);
+char	   *smtp_refusals_json(void); /* {"550": 3, ...}, malloc'd */
 const char *smtp_body_name(enum smtp_body body);
 /* The RFC 3848 "with" keyword for Received: ESMTPSA, UTF8SMTPS... */
 const char *smtp_protocol_name(const struct smtp_session *s);
