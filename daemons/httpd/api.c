@@ -59,8 +59,7 @@ api_db_error(struct request *req, PGresult *res, PGconn *conn)
 	return reply_error(req, status, "%s", message);
 }
 
-/* A query whose one row and column is JSON text: that text, as the reply. */
-static enum MHD_Result
+enum MHD_Result
 api_json_query(struct request *req, const char *sql, int nparams, const char *const *values,
 			   bool not_found_on_null)
 {
@@ -262,20 +261,32 @@ api_queue_message(struct request *req, const char *id_text)
 
 	if (*id_text == '\0' || *end != '\0' || id <= 0)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "\"%.40s\" is not a message id", id_text);
-	/* Headers may hold any bytes: base64, decoded by the page as UTF-8. */
-	return api_json_query(req, "SELECT row_to_json(m) FROM (SELECT id, stage, status, held, received_at,"
-							   " retry_at, mail_from, rcpt_to, sender_key, state,"
-							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size"
-							   " FROM pepsi.queue_message($1::int8)) m",
+	/*
+	 * Headers may hold any bytes: base64, decoded by the page as UTF-8.  A
+	 * message no longer queued (delivered, bounced, deleted) that
+	 * pepsi.mail_log remembers is its history alone, "gone".
+	 */
+	return api_json_query(req, "SELECT coalesce((SELECT row_to_json(m) FROM (SELECT id, stage, status, held,"
+							   " received_at, retry_at, mail_from, rcpt_to, sender_key, state,"
+							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size,"
+							   " (SELECT json_agg(l ORDER BY l.id) FROM pepsi.mail_log_read($1::int8) l) AS log"
+							   " FROM pepsi.queue_message($1::int8)) m),"
+							   " (SELECT json_build_object('id', $1::int8, 'gone', true, 'log', json_agg(l ORDER BY l.id))"
+							   " FROM pepsi.mail_log_read($1::int8) l HAVING count(*) > 0))",
 						  1, values, true);
 }
 
 enum MHD_Result
 api_route(struct request *req, const struct principal *who)
 {
-	const char *path = req->path + 5; /* after "/api/" */
-	bool		get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-	bool		post = strcmp(req->method, "POST") == 0;
+	const char	   *path = req->path + 5; /* after "/api/" */
+	bool			get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+	bool			post = strcmp(req->method, "POST") == 0;
+	bool			handled;
+	enum MHD_Result result = views_route(req, who, &handled);
+
+	if (handled)
+		return result;
 
 	/*
 	 * The summary is /metrics' gauges (live for a small queue, else the

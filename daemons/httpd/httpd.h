@@ -100,6 +100,15 @@ enum MHD_Result healthz_respond(struct request *req);
 
 /* api.c: every /api/ route but the session's. */
 enum MHD_Result api_route(struct request *req, const struct principal *who);
+/*
+ * A query whose one row and column is JSON text: that text, as the reply
+ * (none: 404 when not_found_on_null, else []).
+ */
+enum MHD_Result api_json_query(struct request *req, const char *sql, int nparams,
+							   const char *const *values, bool not_found_on_null);
+
+/* views.c: the page's views besides the queue (reads only); handled false for another path. */
+enum MHD_Result views_route(struct request *req, const struct principal *who, bool *handled);
 
 /* www.c: the web page's static files. */
 enum MHD_Result www_respond(struct request *req);

@@ -9,6 +9,10 @@
  * scrape stays a few small reads however long the queue is.  Ingress
  * sessions come from pepsi.ingress_stats, which each running pepsi-ingress
  * refreshes every few seconds; an instance silent for a minute is gone.
+ * The histograms of stage run time and delivery delay are the
+ * dispatcher's (pepsi.stage_histogram), the refusals by code and the
+ * messages received ingress's, summed over its restarts by
+ * pepsi.ingress_report (pepsi.smtp_refusal, pepsi.ingress_total).
  *
  * GET /healthz is here too: what pepsi_up says, for a load balancer or
  * systemd's and Kubernetes' probes.  Healthy is: the database answers,
@@ -95,6 +99,57 @@ metrics_query(PGconn *conn, const char *sql)
 	return res;
 }
 
+/*
+ * The histograms of pepsi.stage_histogram, one family per metric, a
+ * series per stage: res has metric, stage, le (text, "+Inf" last), the
+ * cumulative count at le, sum and count, ordered by metric, stage and le.
+ */
+static void
+metrics_histograms(struct buf *out, PGresult *res)
+{
+	static const struct
+	{
+		const char *metric;
+		const char *name;
+		const char *help;
+	} families[] = {
+		{"run_seconds", "pepsi_stage_run_seconds",
+		 "Worker time a stage spent on each message (its part of a fused pass)."},
+		{"delivery_delay_seconds", "pepsi_delivery_delay_seconds",
+		 "Time from receipt to a sent delivery, by the stage that delivered."},
+	};
+
+	for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++)
+	{
+		metrics_family(out, families[f].name, "histogram", families[f].help);
+		for (int row = 0; row < PQntuples(res); row++)
+		{
+			const char *stage = PQgetvalue(res, row, 1);
+			const char *le = PQgetvalue(res, row, 2);
+
+			if (strcmp(PQgetvalue(res, row, 0), families[f].metric) != 0)
+				continue;
+			buf_printf(out, "%s_bucket{stage=", families[f].name);
+			metrics_label(out, stage);
+			buf_printf(out, ",le=\"%s\"} %s\n", le, PQgetvalue(res, row, 3));
+			if (strcmp(le, "+Inf") != 0)
+				continue;
+			buf_printf(out, "%s_sum{stage=", families[f].name);
+			metrics_label(out, stage);
+			buf_printf(out, "} %s\n%s_count{stage=", PQgetvalue(res, row, 4), families[f].name);
+			metrics_label(out, stage);
+			buf_printf(out, "} %s\n", PQgetvalue(res, row, 5));
+		}
+	}
+}
+
+static const char histogram_sql[] = "SELECT h.metric, h.stage,"
+									" CASE WHEN u.le = 'Infinity' THEN '+Inf' ELSE u.le::text END,"
+									" sum(u.n) OVER (PARTITION BY h.metric, h.stage ORDER BY u.i),"
+									" h.sum, h.count FROM pepsi.stage_histogram h,"
+									" unnest(h.le || 'Infinity'::float8, h.buckets) WITH ORDINALITY AS u (le, n, i)"
+									" ORDER BY h.metric, h.stage, u.i";
+
 /* Whether a dispatcher holds its lock in this database (db.h). */
 static const char health_sql[] = "SELECT EXISTS (SELECT FROM pg_locks"
 								 " WHERE locktype = 'advisory' AND granted"
@@ -179,10 +234,12 @@ metrics_respond(struct request *req)
 	static const char *const stage_status[] = {"stage", "status", NULL};
 	static const char *const stage_only[] = {"stage", NULL};
 	static const char *const instance_only[] = {"instance", NULL};
+	static const char *const code_only[] = {"code", NULL};
 	char					 why[1024];
 	bool					 healthy = health_check(why, sizeof(why));
 	PGconn					*conn = httpd_db();
 	PGresult				*gauges, *stages, *deliveries, *dispatch, *dns, *ingress;
+	PGresult				*histograms, *refusals, *received;
 	struct buf				 out = BUF_INIT;
 	enum MHD_Result			 result;
 
@@ -208,9 +265,16 @@ metrics_respond(struct request *req)
 	ingress = metrics_query(conn, "SELECT instance, sessions, sessions_total, messages"
 								  " FROM pepsi.ingress_stats WHERE updated_at > now() - interval '1 minute'"
 								  " ORDER BY instance");
+	/* (Of schema 0.4: a database not yet updated scrapes without them.) */
+	histograms = metrics_query(conn, histogram_sql);
+	refusals = metrics_query(conn, "SELECT code::text AS code, refusals FROM pepsi.smtp_refusal ORDER BY code");
+	received = metrics_query(conn, "SELECT messages FROM pepsi.ingress_total");
 	if (gauges == NULL || stages == NULL || deliveries == NULL || dispatch == NULL || dns == NULL
 		|| ingress == NULL)
 	{
+		PQclear(histograms);
+		PQclear(refusals);
+		PQclear(received);
 		PQclear(ingress);
 		PQclear(gauges);
 		PQclear(stages);
@@ -278,6 +342,18 @@ metrics_respond(struct request *req)
 	metrics_column(&out, ingress, "pepsi_ingress_messages_total", "counter",
 				   "Messages each pepsi-ingress stored since it started.", "messages", instance_only);
 
+	if (received)
+		metrics_column(&out, received, "pepsi_messages_received_total", "counter",
+					   "Messages every pepsi-ingress stored, over its restarts.", "messages", NULL);
+	if (refusals)
+		metrics_column(&out, refusals, "pepsi_smtp_refusals_total", "counter",
+					   "SMTP replies pepsi-ingress refused with (4xx and 5xx), by code.", "refusals", code_only);
+	if (histograms)
+		metrics_histograms(&out, histograms);
+
+	PQclear(histograms);
+	PQclear(refusals);
+	PQclear(received);
 	PQclear(gauges);
 	PQclear(stages);
 	PQclear(deliveries);

@@ -29,6 +29,14 @@ httpd_db(void)
 	return NULL;
 }
 
+/* (views.c's routes take no body.) */
+enum MHD_Result
+views_route(struct request *req, const struct principal *who, bool *handled)
+{
+	*handled = false;
+	return MHD_NO;
+}
+
 const char *
 db_error(const PGresult *res, PGconn *conn)
 {
