@@ -91,7 +91,7 @@ $(B)/%.o: %.c | $(B)/programs.h
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
 
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
-$(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/*)
+$(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/* daemons/httpd/www/vendor/*)
 
 # The version every program's --version prints and /metrics reports
 # (pepsi_build_info): META.json's, compiled into cli.o only.

@@ -23,6 +23,10 @@
 WWW_FILE(httpd_www_index_html, "daemons/httpd/www/index.html");
 WWW_FILE(httpd_www_app_js, "daemons/httpd/www/app.js");
 WWW_FILE(httpd_www_style_css, "daemons/httpd/www/style.css");
+/* The chart library, from npm (www/vendor/README.md says which and its license). */
+WWW_FILE(httpd_www_uplot_js, "daemons/httpd/www/vendor/uPlot.iife.min.js");
+WWW_FILE(httpd_www_uplot_css, "daemons/httpd/www/vendor/uPlot.min.css");
+WWW_FILE(httpd_www_uplot_license, "daemons/httpd/www/vendor/uPlot.LICENSE");
 
 static const struct www_file
 {
@@ -35,6 +39,10 @@ static const struct www_file
 	{"/index.html", "text/html; charset=utf-8", httpd_www_index_html, httpd_www_index_html_end},
 	{"/app.js", "text/javascript; charset=utf-8", httpd_www_app_js, httpd_www_app_js_end},
 	{"/style.css", "text/css; charset=utf-8", httpd_www_style_css, httpd_www_style_css_end},
+	{"/vendor/uPlot.js", "text/javascript; charset=utf-8", httpd_www_uplot_js, httpd_www_uplot_js_end},
+	{"/vendor/uPlot.css", "text/css; charset=utf-8", httpd_www_uplot_css, httpd_www_uplot_css_end},
+	{"/vendor/uPlot.LICENSE", "text/plain; charset=utf-8", httpd_www_uplot_license,
+	 httpd_www_uplot_license_end},
 };
 
 enum MHD_Result
