@@ -3443,7 +3443,7 @@ $$;
 -- Traffic per step over the last span, the minute in progress included:
 -- each row is the step starting at "at", with what was received, sent,
 -- deferred, bounced, expired and refused in it, and the queue's messages
--- per stage at its start.
+-- per stage at its end (now, for the step in progress).
 CREATE FUNCTION pepsi.stats_history(span interval DEFAULT '1 hour', step interval DEFAULT '1 minute')
 RETURNS TABLE (at timestamptz, received bigint, sent bigint, deferred bigint, bounced bigint,
                expired bigint, refused bigint, queue jsonb)
@@ -3472,13 +3472,13 @@ BEGIN
                greatest(p.bounced - lag(p.bounced) OVER w, 0) AS bounced,
                greatest(p.expired - lag(p.expired) OVER w, 0) AS expired,
                greatest(p.refused - lag(p.refused) OVER w, 0) AS refused,
-               lag(p.queue) OVER w AS queue
+               p.queue
         FROM points p WINDOW w AS (ORDER BY p.at)
     )
     SELECT date_bin(step, d.at, timestamptz '2000-01-01 00:00:00+00') AS bin,
            sum(d.received)::bigint, sum(d.sent)::bigint, sum(d.deferred)::bigint,
            sum(d.bounced)::bigint, sum(d.expired)::bigint, sum(d.refused)::bigint,
-           (array_agg(d.queue ORDER BY d.at))[1]
+           (array_agg(d.queue ORDER BY d.at DESC))[1]
     FROM deltas d
     WHERE d.at IS NOT NULL AND d.at >= date_bin(step, now() - span, timestamptz '2000-01-01 00:00:00+00')
     GROUP BY bin ORDER BY bin;
@@ -3543,22 +3543,27 @@ END
 $$;
 
 -- The destinations the page shows: those with mail waiting to be retried
--- or a delivery failure remembered, with their last error and the TLS
--- policy the relay holds for them (MTA-STS).  Reads the queue's paused
--- rows, on demand.
+-- or a delivery failure remembered, with their last error (the
+-- destination's, else the newest waiting message's) and the TLS policy the
+-- relay holds for them (MTA-STS).  Reads the queue's paused rows, on
+-- demand.
 CREATE FUNCTION pepsi.destination_overview(max_rows integer DEFAULT 100)
 RETURNS TABLE (domain text, deferred bigint, failures integer, backoff_until timestamptz,
                last_error text, last_success timestamptz, concurrency_limit integer,
                messages_per_minute integer, tls_policy text, tls_policy_expires_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     WITH waiting AS (
-        SELECT pepsi.recipient_domain(unnest(w.rcpt_to)) AS domain
+        SELECT pepsi.recipient_domain(unnest(w.rcpt_to)) AS domain, w.id,
+               coalesce(w.state ->> 'last_error', w.state ->> 'dispatch_error') AS last_error
         FROM pepsi.workqueue w WHERE w.status = 'paused' AND w.timeout < 'infinity'
     ), counted AS (
-        SELECT c.domain, count(*) AS deferred FROM waiting c GROUP BY c.domain
+        SELECT c.domain, count(*) AS deferred,
+               (array_agg(c.last_error ORDER BY c.id DESC) FILTER (WHERE c.last_error IS NOT NULL))[1]
+                   AS last_error
+        FROM waiting c GROUP BY c.domain
     )
     SELECT coalesce(c.domain, d.domain), coalesce(c.deferred, 0), coalesce(d.failures, 0),
-           d.backoff_until, d.last_error, d.last_success, d.concurrency_limit, d.messages_per_minute,
+           d.backoff_until, coalesce(d.last_error, c.last_error), d.last_success, d.concurrency_limit, d.messages_per_minute,
            p.mode, p.expires_at
     FROM counted c
     FULL JOIN (SELECT * FROM pepsi.destination x
