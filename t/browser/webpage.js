@@ -1,7 +1,7 @@
 // Drives pepsi-httpd's web page in a real browser (Debian's headless
 // Chromium, through playwright-core), as an administrator would: log in,
 // find a queued message, hold it, release it, and watch the pipeline's
-// counts follow.  Called by t/073_httpd_browser.pl:
+// counts follow.  Called by t/093_httpd_browser.pl:
 //
 //   node webpage.js BASE_URL NAME PASSWORD MESSAGE_ID SCREENSHOT
 //
@@ -40,6 +40,11 @@ async function step(what, action) {
     if (m.type() === "error" && !/^Failed to load resource/.test(m.text())) errors.push(m.text());
   });
   const row = () => page.locator(`#queue tbody tr[data-id="${messageId}"]`);
+  // Each view has its address (#overview, #queue, #message/ID...).
+  const show = async (view) => {
+    await page.evaluate((v) => { location.hash = v; }, view);
+    await page.locator("#view-" + view).waitFor({ state: "visible", timeout: 10000 });
+  };
   const held = (stage) => page.locator(`#pipeline tbody tr[data-stage="${stage}"] td.held`);
   try {
     await step("the page asks for a login", async () => {
@@ -61,17 +66,20 @@ async function step(what, action) {
     });
     let stage;
     await step("the queued message is listed", async () => {
+      await show("queue");
       await row().waitFor({ timeout: 15000 });
       stage = await row().locator("td").nth(2).textContent();
       const status = await row().locator("td.status").textContent();
       if (status !== "pending") throw new Error("status " + status);
     });
     await step("the pipeline shows its stage with nothing held", async () => {
+      await show("overview");
       await page.locator(`#pipeline tbody tr[data-stage="${stage}"]`).waitFor({ timeout: 10000 });
       const count = await held(stage).textContent();
       if (count !== "0") throw new Error("held " + count);
     });
     await step("hold", async () => {
+      await show("queue");
       await row().locator("input[type=checkbox]").check();
       await page.click('#queue-actions button[data-action="hold"]');
       await page.locator("#action-result", { hasText: "hold: 1 of 1" }).waitFor({ timeout: 10000 });
@@ -79,25 +87,29 @@ async function step(what, action) {
         .waitFor({ timeout: 10000 });
     });
     await step("the pipeline's held count follows", async () => {
+      await show("overview");
       await page.waitForFunction((s) => {
         const cellHeld = document.querySelector(`#pipeline tbody tr[data-stage="${s}"] td.held`);
         return cellHeld && cellHeld.textContent === "1";
       }, stage, { timeout: 10000 });
     });
     await step("release", async () => {
+      await show("queue");
       await row().locator("input[type=checkbox]").check();
       await page.click('#queue-actions button[data-action="release"]');
       await page.locator("#action-result", { hasText: "release: 1 of 1" }).waitFor({ timeout: 10000 });
       await page.locator(`#queue tbody tr[data-id="${messageId}"] td.status`, { hasText: "pending" })
         .waitFor({ timeout: 10000 });
+      await show("overview");
       await page.waitForFunction((s) => {
         const cellHeld = document.querySelector(`#pipeline tbody tr[data-stage="${s}"] td.held`);
         return cellHeld && cellHeld.textContent === "0";
       }, stage, { timeout: 10000 });
     });
     await step("the message's details open", async () => {
+      await show("queue");
       await row().locator("a").click();
-      await page.locator("#message-detail", { hasText: "Subject: browser test" }).waitFor({ timeout: 10000 });
+      await page.locator("#message-headers", { hasText: "Subject: browser test" }).waitFor({ timeout: 10000 });
     });
     await step("no script error", async () => {
       if (errors.length) throw new Error(errors.join("; "));
