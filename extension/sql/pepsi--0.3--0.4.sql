@@ -94,11 +94,12 @@ LANGUAGE sql SET search_path = pg_catalog, pepsi, pg_temp AS $$
             le = EXCLUDED.le, updated_at = now()
 $$;
 
--- The totals now: what a row of pepsi.stats_minute holds.
+-- The totals now: what a row of pepsi.stats_minute holds.  As the owner:
+-- the queue's depth is the gauges' snapshot, which no group role reads.
 CREATE FUNCTION pepsi.stats_totals(
     OUT received bigint, OUT sent bigint, OUT deferred bigint, OUT bounced bigint, OUT expired bigint,
     OUT refused bigint, OUT delivery_delay bigint[], OUT queue jsonb)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT (SELECT coalesce(sum(i.messages), 0)::bigint FROM pepsi.ingress_total i),
            coalesce(sum(s.deliveries_sent), 0)::bigint, coalesce(sum(s.deliveries_deferred), 0)::bigint,
            coalesce(sum(s.deliveries_bounced), 0)::bigint, coalesce(sum(s.deliveries_expired), 0)::bigint,
@@ -297,7 +298,7 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_httpd', 'function', 'destination_overview', '{EXECUTE}'),
     ('pepsi_httpd', 'function', 'mail_log_read', '{EXECUTE}');
 INSERT INTO pepsi.grant_definer (name) VALUES
-    ('stage_histogram_add'), ('destination_overview'), ('mail_log_read');
+    ('stage_histogram_add'), ('stats_totals'), ('destination_overview'), ('mail_log_read');
 INSERT INTO pepsi.grant_owner (name) VALUES ('stats_minute_roll');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.stage_histogram', '');

@@ -137,7 +137,7 @@ async function show(page, hash, section) {
       if (markup !== 0) throw new Error("the hostile header became " + markup + " element(s)");
       await page.locator("#message-state", { hasText: "last_error" }).waitFor({ timeout: T });
       await page.locator("#message-log td.event", { hasText: "delivery" }).first().waitFor({ timeout: T });
-      await page.locator("#message-log td.detail", { hasText: '"status":"deferred"' }).first()
+      await page.locator("#message-log td.detail", { hasText: "status=deferred (451 " }).first()
         .waitFor({ timeout: T });
     });
     await step("the message page's actions: hold, then release", async () => {
@@ -217,6 +217,7 @@ async function show(page, hash, section) {
     });
     await shot("viewer-message");
   } catch (e) {
+    if (errors.length) console.log("# script errors: " + errors.join("; "));
     await shot("failure").catch(() => {});
     await browser.close();
     process.exit(1);

@@ -392,7 +392,7 @@ async function refreshMessage() {
     const row = document.createElement("tr");
     cell(row, when(l.at));
     cell(row, l.event, "event");
-    cell(row, JSON.stringify(l.detail), "detail");
+    cell(row, l.event === "delivery" ? deliveryLine(l.detail || {}) : JSON.stringify(l.detail), "detail");
     log.appendChild(row);
   }
   $("message-log-empty").hidden = (m.log || []).length > 0;
