@@ -10,9 +10,10 @@
 #            it waits at the init stage, as ingress and the graph made
 #            it), then copied MESSAGES - 1 times in SQL, each copy with a
 #            body of its own (one recipient per message: nothing to share)
-#   postfix: a private stock Postfix instance (bench/lib.sh) with
-#            defer_transports = smtp, filled through its smtpd with
-#            smtp-source; every message sits in its deferred queue
+#   postfix: one message sent to a private stock Postfix instance
+#            (bench/lib.sh) with defer_transports = smtp, so that it sits
+#            in the deferred queue, then its queue file copied MESSAGES - 1
+#            times under new queue ids, the instance stopped
 # Each run, the sides alternating, BENCH_REPEATS times (default 5):
 #   pepsi:   pg_dump -Fc of the queue's database (timed, its size), then,
 #            timed from here: createdb and pg_restore --single-transaction
@@ -107,12 +108,44 @@ QUEUE_LIMIT = 4"
 # ---- The queues, filled once (not timed) ----------------------------------
 echo "bench/backup: $messages messages of 2 KB, $repeats runs each side, alternating" | tee -a "$log"
 fill_start=$(now)
+# Postfix: one message through its smtpd into the deferred queue
+# (defer_transports = smtp), then, the instance stopped, copies of its
+# queue file under new queue ids, as Pepsi's row is copied below.  The
+# copies' names follow no inode: postfix start renames them (postsuper),
+# as it renames every file of a restored queue.
 postfix_src=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 bench_postfix_start "$postfix_src" "$postfix_port" "defer_transports = smtp" \
     "relayhost = [127.0.0.1]:$sink_port"
-/usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
-    -f sender@example.org -t rcpt@example.net "127.0.0.1:$postfix_port" >"$BENCH_DIR/fill.out" 2>&1 &
-fill_pid=$!
+/usr/sbin/smtp-source -s 1 -m 1 -l 2048 -f sender@example.org -t rcpt@example.net \
+    "127.0.0.1:$postfix_port" >>"$log" 2>&1
+bench_postfix_wait_deferred "$postfix_src" 1 >/dev/null
+/usr/sbin/postfix -c "$postfix_src/etc" stop >/dev/null 2>&1
+for ((i = 0; i < 300; i++)); do
+    /usr/sbin/postfix -c "$postfix_src/etc" status >/dev/null 2>&1 || break
+    sleep 0.1
+done
+python3 - "$postfix_src/spool/deferred" "$messages" <<'PY'
+import glob, os, sys
+deferred, n = sys.argv[1], int(sys.argv[2])
+(seed,) = glob.glob(os.path.join(deferred, "*", "*"))
+st = os.stat(seed)
+dir_st = os.stat(os.path.dirname(seed))
+data = open(seed, "rb").read()
+for i in range(1, n):
+    name = "%012X" % (0xF00000000000 + i)
+    path = os.path.join(deferred, name[0], name)
+    if not os.path.isdir(os.path.dirname(path)):
+        os.mkdir(os.path.dirname(path), dir_st.st_mode & 0o7777)
+        os.chown(os.path.dirname(path), dir_st.st_uid, dir_st.st_gid)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st.st_mode & 0o7777)
+    os.write(fd, data)
+    os.fchown(fd, st.st_uid, st.st_gid)
+    os.close(fd)
+PY
+sync
+deferred=$(bench_postfix_count "$postfix_src" deferred)
+[ "$deferred" -eq "$messages" ] || { echo "postfix holds $deferred of $messages" >&2; exit 1; }
+echo "postfix: $deferred messages deferred, spool $(du -sh "$postfix_src/spool" | cut -f1)" | tee -a "$log"
 
 # Pepsi: one message through ingress (the dispatcher is not running: it
 # stays pending at init), then copies of it with bodies of their own.
@@ -145,27 +178,7 @@ SQL
 rows=$(bench_queue_rows)
 [ "$rows" -eq "$messages" ] || { echo "Pepsi's queue has $rows rows, not $messages" >&2; exit 1; }
 echo "pepsi: $rows rows pending at init, database $(bench_psql -tA -c \
-    "SELECT pg_size_pretty(pg_database_size(current_database()))")" | tee -a "$log"
-
-wait "$fill_pid" || { cat "$BENCH_DIR/fill.out" >&2; exit 1; }
-cat "$BENCH_DIR/fill.out" >>"$log"
-for ((i = 0; i < 7200; i++)); do
-    deferred=$(bench_postfix_count "$postfix_src" deferred)
-    if [ "$deferred" -ge "$messages" ] \
-        && [ $(($(bench_postfix_count "$postfix_src" incoming) + $(bench_postfix_count "$postfix_src" active) \
-                + $(bench_postfix_count "$postfix_src" maildrop))) -eq 0 ]; then
-        break
-    fi
-    sleep 1
-done
-[ "$deferred" -eq "$messages" ] || { echo "postfix deferred $deferred of $messages" >&2; exit 1; }
-/usr/sbin/postfix -c "$postfix_src/etc" stop >/dev/null 2>&1
-for ((i = 0; i < 300; i++)); do
-    /usr/sbin/postfix -c "$postfix_src/etc" status >/dev/null 2>&1 || break
-    sleep 0.1
-done
-sync
-echo "postfix: $deferred messages deferred, spool $(du -sh "$postfix_src/spool" | cut -f1);" \
+    "SELECT pg_size_pretty(pg_database_size(current_database()))");" \
     "both queues filled in $(since "$fill_start") s" | tee -a "$log"
 
 # ---- The runs -------------------------------------------------------------
@@ -245,7 +258,7 @@ postfix_restore() {
     start=$(now)
     tar -C "$postfix_dst" --warning=no-timestamp -xpf "$BENCH_DIR/postfix-spool.tar"
     # Started first: postsuper logs through the instance's postlogd.
-    /usr/sbin/postfix -c "$postfix_dst/etc" start >/dev/null 2>&1
+    /usr/sbin/postfix -c "$postfix_dst/etc" start >>"$log" 2>&1
     /usr/sbin/postsuper -c "$postfix_dst/etc" -r ALL >>"$log" 2>&1
     restored=$(since "$start")
     wait_sink $((base + messages))
