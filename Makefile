@@ -15,6 +15,7 @@
 #   make sanitize the unit tests and the daemons' TAP tests against
 #                 programs built with ASan and UBSan (build/san/)
 #   make man      the man pages, from docs/*.[1-8].md (pandoc), in build/man/
+#   make options-page  rewrite pepsi.conf(5)'s option reference from common/options.def
 #   make format   reformat the C sources with clang-format (.clang-format)
 #   make format-check  fail if clang-format would change a C source
 #   make bench    run the benchmarks in bench/
@@ -74,7 +75,7 @@ HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
 
 .PHONY: all programs test-programs extension install install-programs install-man install-systemd uninstall \
 	deps deps-run check run stop bench fuzz fuzz-targets fuzz-replay clean unit-tests sanitize sanitize-build man man-check \
-	format format-check
+	format format-check options-page options-page-check
 
 all: extension programs test-programs $(if $(HAVE_CMOCKA),unit-tests)
 
@@ -310,15 +311,40 @@ PANDOC ?= pandoc
 
 man: $(MAN_PAGES)
 
+PANDOC_MAN = $(PANDOC) --standalone --from markdown-smart --to man --shift-heading-level-by=-1 \
+	-M hyphenate=false -M footer=Pepsi -M header="Pepsi Manual"
+
 $(B)/man/%: docs/%.md
 	@mkdir -p $(dir $@)
-	$(PANDOC) --standalone --from markdown-smart --to man --shift-heading-level-by=-1 \
-		-M hyphenate=false -M footer=Pepsi -M header="Pepsi Manual" \
-		-M date="$$(git log -1 --format=%cs -- $< 2>/dev/null)" -o $@ $<
+	$(PANDOC_MAN) -M date="$$(git log -1 --format=%cs -- $< 2>/dev/null)" -o $@ $<
+
+# pepsi.conf(5)'s option reference is made from common/options.def
+# (scripts/options-page.c), and the man page from what it makes, so the
+# installed page cannot drift; options-page-check (make check) fails when
+# the committed docs/pepsi.conf.5.md differs, make options-page rewrites it.
+$(B)/options-page: scripts/options-page.c common/options.c common/options.h common/options.def
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ scripts/options-page.c common/options.c
+
+$(B)/pepsi.conf.5.md: docs/pepsi.conf.5.md $(B)/options-page
+	$(B)/options-page <docs/pepsi.conf.5.md >$@.tmp && mv $@.tmp $@
+
+$(B)/man/pepsi.conf.5: $(B)/pepsi.conf.5.md
+	@mkdir -p $(dir $@)
+	$(PANDOC_MAN) -M date="$$(git log -1 --format=%cs -- docs/pepsi.conf.5.md common/options.def 2>/dev/null)" -o $@ $<
+
+options-page: $(B)/pepsi.conf.5.md
+	cp $(B)/pepsi.conf.5.md docs/pepsi.conf.5.md
+
+options-page-check: $(B)/pepsi.conf.5.md
+	@diff -u docs/pepsi.conf.5.md $(B)/pepsi.conf.5.md >/dev/null || { \
+		diff -u docs/pepsi.conf.5.md $(B)/pepsi.conf.5.md | head -40; \
+		echo "docs/pepsi.conf.5.md differs from common/options.def: run make options-page"; exit 1; }
+	@echo "docs/pepsi.conf.5.md: as common/options.def makes it"
 
 # Every page renders with man(1), with no undefined macro, bad escape or
 # unknown character (tables too wide for 80 columns are only layout).
-man-check: man
+man-check: man options-page-check
 	@for page in $(MAN_PAGES); do \
 		problems=$$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings=mac,escape,input,char,font,syntax \
 				-l $$page 2>&1 >/dev/null \
@@ -388,7 +414,7 @@ sanitize: sanitize-build
 # C style: .clang-format (PostgreSQL's layout: tabs of 4, braces on their
 # own lines, the return type of a definition on its own line).
 CLANG_FORMAT ?= clang-format
-FORMAT_SOURCES = $(shell find common daemons stages cli programs helpers extension/src t -name '*.[ch]' | sort)
+FORMAT_SOURCES = $(shell find common daemons stages cli programs helpers extension/src t scripts -name '*.[ch]' | sort)
 
 format:
 	$(CLANG_FORMAT) -i $(FORMAT_SOURCES)

@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# bench/backup: backing up a full queue and restoring it until the last
+# restored message is delivered, Pepsi against a stock Postfix, side by
+# side on this machine, both into the same Postfix smtp-sink.
+#
+# The queue: MESSAGES messages (BENCH_MESSAGES, default 1,000,000) of
+# 2 KB, one remote recipient each, every one sent by smtp-source -l 2048
+# or a copy of what it sent:
+#   pepsi:   one message sent to pepsi-ingress (no dispatcher running, so
+#            it waits at the init stage, as ingress and the graph made
+#            it), then copied MESSAGES - 1 times in SQL, each copy with a
+#            body of its own (one recipient per message: nothing to share)
+#   postfix: one message sent to a private stock Postfix instance
+#            (bench/lib.sh) with defer_transports = smtp, so that it sits
+#            in the deferred queue, then its queue file copied MESSAGES - 1
+#            times under new queue ids, the instance stopped
+# Each run, the sides alternating, BENCH_REPEATS times (default 5):
+#   pepsi:   pg_dump -Fc of the queue's database (timed, its size), then,
+#            timed from here: createdb and pg_restore --single-transaction
+#            into a fresh cluster (initdb'd before the clock starts, with
+#            the same postgresql.conf), pepsi-dispatch and pepsi-ingress
+#            started on it (init: pepsi-stage-route, then
+#            pepsi-stage-relay-to-smarthost to the sink), until smtp-sink
+#            has the last message (docs/backup.md's procedure)
+#   postfix: tar of the stopped instance's queue directory (timed, its
+#            size), then, timed from here: tar extracted into a fresh
+#            instance's queue directory (its configuration made before the
+#            clock starts: relayhost = the sink, no defer_transports),
+#            postfix start, postsuper -r ALL, until smtp-sink has the last
+#            message
+# Printed per run, then the medians and spread: backup time and size,
+# restore time (to restored), restore to last delivered, and the ratio
+# postfix/pepsi of the last (target: at least 1.00: Pepsi no slower).
+# pg_dump syncs its output; the tar is synced (sync FILE) before its clock
+# stops.  pg_dump -Fc compresses (zlib), tar does not; smtp-source's
+# bodies compress well, so the dump's size is smaller than real mail's.
+#
+# Needs: postfix (installed here with debconf "No configuration" when it
+# is missing), pepsi-ingress, pepsi-dispatch and the stages built, the
+# extension installed; free space in /tmp for two copies of the queue
+# (about 5 GB each at 1,000,000 messages).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+messages=${BENCH_MESSAGES:-1000000}
+repeats=${BENCH_REPEATS:-5}
+sessions=${BENCH_SESSIONS:-20}
+relay_workers=${BENCH_RELAY_WORKERS:-20}
+log=$(bench_log backup)
+
+bench_postfix_install
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
+postfix_src= postfix_dst= restore_data=
+
+cleanup() {
+    if [ -n "${BENCH_DIR:-}" ]; then
+        cp "$BENCH_DIR/dispatch.log" "${log%.log}-dispatch.log" 2>/dev/null || true
+    fi
+    bench_pepsi_stop
+    if [ -n "$restore_data" ] && [ -f "$restore_data/postmaster.pid" ]; then
+        as_user "$PGBIN/pg_ctl" -D "$restore_data" -m immediate stop >/dev/null 2>&1 || true
+    fi
+    [ -z "$postfix_src" ] || bench_postfix_stop "$postfix_src"
+    [ -z "$postfix_dst" ] || bench_postfix_stop "$postfix_dst"
+    bench_cleanup
+}
+
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+source_data=$BENCH_DIR/data
+restore_data=$BENCH_DIR/restore-data
+
+sink_port=$(bench_free_port)
+pepsi_port=$(bench_free_port)
+postfix_port=$(bench_free_port)
+bench_sink_start "$sink_port"
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+mb() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+# Polls until the sink has taken WANT messages, for at most a second per
+# 50 messages and 10 minutes more; fails with what it has.
+wait_sink() {
+    local want=$1 i limit=$((6000 + messages / 10))
+    for ((i = 0; i < limit; i++)); do
+        [ "$(bench_sink_count)" -ge "$want" ] && return 0
+        sleep 0.2
+    done
+    echo "smtp-sink has $(bench_sink_count) of $want messages" >&2
+    return 1
+}
+
+stages="[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = pepsi.bench.test
+LOCAL_STAGE = smarthost
+REMOTE_STAGE = smarthost
+PARALLELISM = 2
+QUEUE_LIMIT = 256
+[stage-smarthost]
+PROGRAM = pepsi-stage-relay-to-smarthost
+SMARTHOST = 127.0.0.1:$sink_port
+TLS = none
+PARALLELISM = $relay_workers
+QUEUE_LIMIT = 4"
+
+# ---- The queues, filled once (not timed) ----------------------------------
+echo "bench/backup: $messages messages of 2 KB, $repeats runs each side, alternating" | tee -a "$log"
+fill_start=$(now)
+# Postfix: one message through its smtpd into the deferred queue
+# (defer_transports = smtp), then, the instance stopped, copies of its
+# queue file under new queue ids, as Pepsi's row is copied below.  The
+# copies' names follow no inode: postfix start renames them (postsuper),
+# as it renames every file of a restored queue.
+postfix_src=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+bench_postfix_start "$postfix_src" "$postfix_port" "defer_transports = smtp" \
+    "relayhost = [127.0.0.1]:$sink_port"
+/usr/sbin/smtp-source -s 1 -m 1 -l 2048 -f sender@example.org -t rcpt@example.net \
+    "127.0.0.1:$postfix_port" >>"$log" 2>&1
+bench_postfix_wait_deferred "$postfix_src" 1 >/dev/null
+/usr/sbin/postfix -c "$postfix_src/etc" stop >/dev/null 2>&1
+for ((i = 0; i < 300; i++)); do
+    /usr/sbin/postfix -c "$postfix_src/etc" status >/dev/null 2>&1 || break
+    sleep 0.1
+done
+python3 - "$postfix_src/spool/deferred" "$messages" <<'PY'
+import glob, os, sys
+deferred, n = sys.argv[1], int(sys.argv[2])
+(seed,) = glob.glob(os.path.join(deferred, "*", "*"))
+st = os.stat(seed)
+dir_st = os.stat(os.path.dirname(seed))
+data = open(seed, "rb").read()
+for i in range(1, n):
+    name = "%012X" % (0xF00000000000 + i)
+    path = os.path.join(deferred, name[0], name)
+    if not os.path.isdir(os.path.dirname(path)):
+        os.mkdir(os.path.dirname(path), dir_st.st_mode & 0o7777)
+        os.chown(os.path.dirname(path), dir_st.st_uid, dir_st.st_gid)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st.st_mode & 0o7777)
+    os.write(fd, data)
+    os.fchown(fd, st.st_uid, st.st_gid)
+    os.close(fd)
+PY
+sync
+deferred=$(bench_postfix_count "$postfix_src" deferred)
+[ "$deferred" -eq "$messages" ] || { echo "postfix holds $deferred of $messages" >&2; exit 1; }
+echo "postfix: $deferred messages deferred, spool $(du -sh "$postfix_src/spool" | cut -f1)" | tee -a "$log"
+
+# Pepsi: one message through ingress (the dispatcher is not running: it
+# stays pending at init), then copies of it with bodies of their own.
+bench_pepsi_start "$pepsi_port" "$stages"
+bench_stop_pid "$BENCH_DISPATCH_PID"
+BENCH_DISPATCH_PID=
+/usr/sbin/smtp-source -s 1 -m 1 -l 2048 -f sender@example.org -t rcpt@example.net \
+    "127.0.0.1:$pepsi_port" >>"$log" 2>&1
+bench_pepsi_stop
+[ "$(bench_queue_rows)" -eq 1 ] || { echo "the seed message is not in Pepsi's queue" >&2; exit 1; }
+bench_psql -v n="$messages" >/dev/null <<'SQL'
+CREATE TEMP TABLE seed AS SELECT * FROM pepsi.workqueue;
+CREATE TEMP TABLE copies AS
+SELECT id FROM pepsi.workqueue_body WHERE false;
+WITH bodies AS (
+    INSERT INTO pepsi.workqueue_body (body)
+    SELECT b.body FROM pepsi.workqueue_body b, generate_series(2, :n)
+    WHERE b.id = (SELECT body_id FROM seed)
+    RETURNING id)
+INSERT INTO copies SELECT id FROM bodies;
+INSERT INTO pepsi.workqueue (stage, status, state, received_at, mail_from, rcpt_to,
+                             headers, body_id, client_address, auth_account)
+SELECT s.stage, s.status, s.state, s.received_at, s.mail_from, s.rcpt_to,
+       s.headers, c.id, s.client_address, s.auth_account
+FROM seed s CROSS JOIN copies c ORDER BY c.id;
+VACUUM ANALYZE pepsi.workqueue;
+VACUUM ANALYZE pepsi.workqueue_body;
+CHECKPOINT;
+SQL
+rows=$(bench_queue_rows)
+[ "$rows" -eq "$messages" ] || { echo "Pepsi's queue has $rows rows, not $messages" >&2; exit 1; }
+echo "pepsi: $rows rows pending at init, database $(bench_psql -tA -c \
+    "SELECT pg_size_pretty(pg_database_size(current_database()))");" \
+    "both queues filled in $(since "$fill_start") s" | tee -a "$log"
+
+# ---- The runs -------------------------------------------------------------
+# Each step sets took (s) and size (MB), or restored and delivered (s from
+# the start of the restore).
+pepsi_dump() {
+    local start
+    start=$(now)
+    as_user "$PGBIN/pg_dump" -Fc -h "$BENCH_DIR" -p "$BENCH_PORT" -U postgres \
+        -f "$BENCH_DIR/pepsi.dump" "$BENCH_DB"
+    took=$(since "$start") size=$(mb "$BENCH_DIR/pepsi.dump")
+}
+
+# A fresh cluster in place of the source one, on the same socket, with the
+# same configuration; the source is stopped meanwhile (one cluster's
+# shared_buffers at a time).
+fresh_cluster() {
+    as_user "$PGBIN/pg_ctl" -D "$source_data" -m fast -w stop >/dev/null
+    rm -rf "$restore_data"
+    as_user "$PGBIN/initdb" -D "$restore_data" -U postgres --auth=trust \
+        --no-instructions -E UTF8 --locale=C >"$BENCH_DIR/initdb-restore.log" 2>&1
+    as_user cp "$source_data/postgresql.conf" "$restore_data/postgresql.conf"
+    as_user "$PGBIN/pg_ctl" -D "$restore_data" -l "$BENCH_DIR/postgresql-restore.log" -w start >/dev/null
+}
+
+source_cluster() {
+    as_user "$PGBIN/pg_ctl" -D "$restore_data" -m fast -w stop >/dev/null
+    rm -rf "$restore_data"
+    as_user "$PGBIN/pg_ctl" -D "$source_data" -l "$BENCH_DIR/postgresql.log" -w start >/dev/null
+}
+
+pepsi_restore() {
+    local base start left
+    base=$(bench_sink_count)
+    fresh_cluster
+    sync
+    start=$(now)
+    as_user "$PGBIN/createdb" -h "$BENCH_DIR" -p "$BENCH_PORT" -U postgres "$BENCH_DB"
+    as_user "$PGBIN/pg_restore" --single-transaction -h "$BENCH_DIR" -p "$BENCH_PORT" -U postgres \
+        -d "$BENCH_DB" "$BENCH_DIR/pepsi.dump"
+    restored=$(since "$start")
+    bench_pepsi_start "$pepsi_port" "$stages"
+    wait_sink $((base + messages))
+    delivered=$(since "$start")
+    bench_pepsi_stop
+    left=$(bench_queue_rows)
+    [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's restored queue" >&2
+    source_cluster
+}
+
+postfix_backup() {
+    local start
+    start=$(now)
+    tar -C "$postfix_src" --warning=no-file-ignored -cf "$BENCH_DIR/postfix-spool.tar" spool
+    sync "$BENCH_DIR/postfix-spool.tar"
+    took=$(since "$start") size=$(mb "$BENCH_DIR/postfix-spool.tar")
+}
+
+postfix_restore() {
+    local base start i
+    base=$(bench_sink_count)
+    # The fresh instance: its configuration, and a first start that makes
+    # its own queue directory, which the backup then replaces.
+    postfix_dst=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+    bench_postfix_start "$postfix_dst" "$postfix_port" "relayhost = [127.0.0.1]:$sink_port" >/dev/null
+    /usr/sbin/postfix -c "$postfix_dst/etc" stop >/dev/null 2>&1
+    for ((i = 0; i < 300; i++)); do
+        /usr/sbin/postfix -c "$postfix_dst/etc" status >/dev/null 2>&1 || break
+        sleep 0.1
+    done
+    rm -rf "$postfix_dst/spool"
+    # postsuper writes the log file itself when it runs as part of
+    # postfix start (renaming the restored queue files to their new
+    # inode numbers), as the mail owner.
+    chown postfix: "$postfix_dst/maillog"
+    sync
+    start=$(now)
+    tar -C "$postfix_dst" --warning=no-timestamp -xpf "$BENCH_DIR/postfix-spool.tar"
+    # Started first: postsuper logs through the instance's postlogd.
+    /usr/sbin/postfix -c "$postfix_dst/etc" start >>"$log" 2>&1
+    /usr/sbin/postsuper -c "$postfix_dst/etc" -r ALL >>"$log" 2>&1
+    restored=$(since "$start")
+    wait_sink $((base + messages))
+    delivered=$(since "$start")
+    bench_postfix_stop "$postfix_dst"
+    postfix_dst=
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+min() { printf '%s\n' "$@" | sort -g | head -1; }
+max() { printf '%s\n' "$@" | sort -g | tail -1; }
+p_dump=() p_size=() p_restored=() p_delivered=() f_tar=() f_size=() f_restored=() f_delivered=() ratios=()
+for ((r = 1; r <= repeats; r++)); do
+    load=$(cut -d' ' -f1-3 /proc/loadavg)
+    pepsi_dump
+    dump=$took dump_size=$size
+    pepsi_restore
+    p_dump+=("$dump") p_size+=("$dump_size") p_restored+=("$restored") p_delivered+=("$delivered")
+    postfix_backup
+    tar_s=$took tar_size=$size
+    postfix_restore
+    restored_pf=$restored delivered_pf=$delivered
+    restored=${p_restored[-1]} delivered=${p_delivered[-1]}
+    f_tar+=("$tar_s") f_size+=("$tar_size") f_restored+=("$restored_pf") f_delivered+=("$delivered_pf")
+    ratios+=("$(ratio "$delivered_pf" "$delivered")")
+    printf 'run %d (load %s): pepsi dump %s s %s MB, restored %s s, delivered %s s;' \
+        "$r" "$load" "$dump" "$dump_size" "$restored" "$delivered" | tee -a "$log"
+    printf ' postfix tar %s s %s MB, restored %s s, delivered %s s; ratio %s\n' \
+        "$tar_s" "$tar_size" "$restored_pf" "$delivered_pf" "${ratios[-1]}" | tee -a "$log"
+done
+
+row() { # label values...
+    local label=$1
+    shift
+    printf '  %-44s %8s (runs %s .. %s)\n' "$label" "$(bench_median "$@")" "$(min "$@")" "$(max "$@")"
+}
+{
+    echo "medians of $repeats runs, $messages messages:"
+    row "pepsi backup: pg_dump -Fc, s" "${p_dump[@]}"
+    row "pepsi backup size, MB" "${p_size[@]}"
+    row "postfix backup: tar of the spool, s" "${f_tar[@]}"
+    row "postfix backup size, MB" "${f_size[@]}"
+    row "pepsi restore: createdb + pg_restore, s" "${p_restored[@]}"
+    row "postfix restore: tar -x + postsuper -r ALL, s" "${f_restored[@]}"
+    row "pepsi restore to last delivered, s" "${p_delivered[@]}"
+    row "postfix restore to last delivered, s" "${f_delivered[@]}"
+    printf 'ratio postfix/pepsi (restore to last delivered): median %s, runs %s .. %s (target >= 1.00)\n' \
+        "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+} | tee -a "$log"
