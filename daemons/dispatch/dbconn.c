@@ -62,7 +62,7 @@
  */
 #define DBCONN_CLAIM_COALESCE 0.005
 #define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
-#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
+#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key, claim_token FROM pepsi.workqueue_claim_tokens(" \
 						 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
 
 enum dbconn_state
@@ -515,7 +515,7 @@ claim_done(PGresult *res)
 		struct pool	   *pool = pool_find(stage);
 		struct inflight row = {.id = id};
 
-		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 2)))
+		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 3), PQgetvalue(res, i, 2)))
 			continue;
 
 		/*
