@@ -524,7 +524,8 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	tokens = palloc0(sizeof(pg_uuid_t *) * count);
 	values[5] = (Datum) 0;
 	nulls[5] = 'n';
-	if ((array = transition_batch_array(fcinfo, 6, "claim_tokens", count, false, false)) != NULL)
+	if (PG_NARGS() > 6
+		&& (array = transition_batch_array(fcinfo, 6, "claim_tokens", count, false, false)) != NULL)
 	{
 		Datum *elements;
 		bool  *element_nulls;
