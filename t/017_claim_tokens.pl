@@ -122,13 +122,26 @@ refused('a batch with one wrong token',
 	"SELECT pepsi.workqueue_commit_many(ARRAY[$mine, $theirs], ARRAY['relay', 'relay'], 'finish',"
 	  . " NULL, NULL, NULL, ARRAY['$token{$mine}', '$wrong']::uuid[])",
 	qr/claim token for workqueue row $theirs does not match/);
+
+# Nor can it put another worker's row back to be claimed again: the
+# recovery of running rows is for the session holding the dispatcher's
+# lock, as pepsi-dispatch does.
+refused('an orphan reset', 'SELECT pepsi.workqueue_reset_orphans()',
+	qr/workqueue_reset_orphans is for the dispatcher's session only/);
+refused('a recovery', "SELECT pepsi.workqueue_recover(ARRAY[$theirs], ARRAY['relay'], 'pending')",
+	qr/workqueue_recover is for the dispatcher's session only/);
+refused('a crash report', "SELECT pepsi.workqueue_crashed($theirs, 'relay', 'killed', 3, 10)",
+	qr/workqueue_crashed is for the dispatcher's session only/);
 is(row_of($theirs), $theirs_before, 'the refused calls changed nothing');
+($ret, my $out, my $err) = as_worker("SELECT pg_try_advisory_lock(1346720851, 2);"
+	  . " SELECT pepsi.workqueue_reset_orphans(ARRAY[$mine, $theirs])");
+is($ret, 0, 'holding the dispatcher\'s lock, a pepsi_stage member may reset orphans') or diag($err);
 is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.workqueue'), 2, 'and made no rows');
 my ($sqlstate) = (as_worker("\\set VERBOSITY verbose\nSELECT pepsi.workqueue_commit($theirs, 'relay', 'finish', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '$wrong')"))[2] =~ /ERROR:  (\w{5}):/;
 is($sqlstate, '42501', 'the refusal is insufficient_privilege');
 
 # The right token works, once.
-($ret, undef, my $err) = as_worker(
+($ret, undef, $err) = as_worker(
 	"SELECT pepsi.workqueue_commit($mine, 'relay', 'pause', NULL, NULL, 60, NULL, NULL, NULL, NULL, NULL, NULL, '$token{$mine}')");
 is($ret, 0, 'the worker handed the row commits it with its token') or diag($err);
 is($node->safe_psql($db, "SELECT status FROM pepsi.workqueue WHERE id = $mine"), 'paused', 'and it is paused');

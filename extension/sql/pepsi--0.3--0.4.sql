@@ -101,6 +101,54 @@ INSERT INTO pepsi.grant_definer (name) VALUES
 UPDATE pepsi.grant_rule SET privileges = '{SELECT}'
 WHERE role = 'pepsi_stage' AND object_kind = 'table'
   AND object_name IN ('destination', 'dns_address', 'workqueue', 'workqueue_body');
+
+-- The recovery of running rows (workqueue_crashed, workqueue_recover,
+-- workqueue_reset_orphans) refuses a session without the one-dispatcher
+-- advisory lock, unless a superuser calls it: a stage worker, a member of
+-- the same role, must not put another worker's row back to be claimed.
+CREATE FUNCTION pepsi.dispatcher_check(what text) RETURNS void
+    AS 'MODULE_PATHNAME', 'dispatcher_check' LANGUAGE C;
+INSERT INTO pepsi.grant_owner (name) VALUES ('dispatcher_check');
+
+CREATE OR REPLACE FUNCTION pepsi.workqueue_recover(
+    ids bigint[], expected_stages text[], new_status pepsi.status, reason text DEFAULT NULL)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    changed bigint[];
+BEGIN
+    IF ids IS NULL OR expected_stages IS NULL OR new_status IS NULL THEN
+        RAISE EXCEPTION 'ids, expected_stages and new_status must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM pepsi.dispatcher_check('workqueue_recover');
+    IF cardinality(ids) <> cardinality(expected_stages) THEN
+        RAISE EXCEPTION 'expected_stages has % elements but ids has %',
+            cardinality(expected_stages), cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The arrays are parallel: element i of each describes the same row.';
+    END IF;
+    IF new_status NOT IN ('pending', 'failed', 'timeout') THEN
+        RAISE EXCEPTION 'a recovered row goes to pending, failed or timeout, not %', new_status
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Paused rows come from a stage''s own pause.';
+    END IF;
+    IF new_status <> 'pending' AND (reason IS NULL OR reason = '') THEN
+        RAISE EXCEPTION 'a row forced to % needs a reason', new_status
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'The reason is recorded in state.dispatch_error for the operator.';
+    END IF;
+    WITH recovered AS (
+        UPDATE pepsi.workqueue w
+        SET status = new_status,
+            state = CASE WHEN new_status = 'pending' THEN w.state
+                         ELSE w.state || jsonb_build_object('dispatch_error', reason) END
+        FROM unnest(ids, expected_stages) AS u(id, stage)
+        WHERE w.id = u.id AND w.stage = u.stage AND w.status = 'running'
+        RETURNING w.id)
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO changed FROM recovered;
+    RETURN changed;
+END;
+$$;
 SELECT pepsi.grant_apply();
 -- end of claim tokens
 

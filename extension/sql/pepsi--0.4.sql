@@ -395,6 +395,7 @@ BEGIN
         RAISE EXCEPTION 'ids, expected_stages and new_status must not be null'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM pepsi.dispatcher_check('workqueue_recover');
     IF cardinality(ids) <> cardinality(expected_stages) THEN
         RAISE EXCEPTION 'expected_stages has % elements but ids has %',
             cardinality(expected_stages), cardinality(ids)
@@ -3378,6 +3379,14 @@ INSERT INTO pepsi.grant_definer (name) VALUES
     ('workqueue_split'),
     ('workqueue_split_off'),
     ('workqueue_split_one_per_row');
+
+-- The recovery of running rows (workqueue_crashed, workqueue_recover,
+-- workqueue_reset_orphans) refuses a session without the one-dispatcher
+-- advisory lock, unless a superuser calls it: a stage worker, a member of
+-- the same role, must not put another worker's row back to be claimed.
+CREATE FUNCTION pepsi.dispatcher_check(what text) RETURNS void
+    AS 'MODULE_PATHNAME', 'dispatcher_check' LANGUAGE C;
+INSERT INTO pepsi.grant_owner (name) VALUES ('dispatcher_check');
 -- end of claim tokens
 
 -- ===========================================================================

@@ -61,6 +61,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 				 errmsg("final_status must be failed or timeout, not \"%s\"", final),
 				 errdetail("A row that keeps killing its worker is isolated in one of those two.")));
 
+	queue_check_dispatcher("workqueue_crashed");
 	values[0] = Int64GetDatum(id);
 	values[1] = PointerGetDatum(expected_stage);
 	values[2] = PointerGetDatum(reason);

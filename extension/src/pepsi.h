@@ -52,7 +52,12 @@ extern int64 queue_result_int64(int row, int col);
  * digest of the uuid param (NULL for NULL).
  */
 #define QUEUE_TOKEN_DIGEST(param) "sha256(uuid_send(" param "))"
-extern bool		  queue_has_claim_digest(void);
+extern bool queue_has_claim_digest(void);
+
+/* The dispatcher's one-per-database advisory lock (common/db.h's PEPSI_LOCK_*). */
+#define PEPSI_LOCK_CLASS_ID 1346720851u
+#define PEPSI_LOCK_DISPATCH_ID 2u
+extern void		  queue_check_dispatcher(const char *what);
 extern pg_uuid_t *arg_claim_token(FunctionCallInfo fcinfo, int argno);
 
 /*

@@ -11,6 +11,8 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/uuid.h"
@@ -199,6 +201,45 @@ queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token)
 	if (SPI_processed == 0)
 		queue_report_row_state(id, expected_stage, token);
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * The recovery of running rows (workqueue_crashed, workqueue_recover,
+ * workqueue_reset_orphans) is the dispatcher's: it alone knows which
+ * worker died on which row.  A stage worker, a member of the same role,
+ * must not put another worker's row back to be claimed again, so these
+ * refuse a session that does not hold the one-dispatcher advisory lock
+ * (pg_try_advisory_lock(PEPSI_LOCK_CLASS, PEPSI_LOCK_DISPATCH), common/db.h,
+ * which pepsi-dispatch takes before anything else).  A superuser (the
+ * caller outside the SECURITY DEFINER function) may: a DBA recovering by
+ * hand.
+ */
+void
+queue_check_dispatcher(const char *what)
+{
+	LOCKTAG tag;
+
+	if (superuser_arg(GetOuterUserId()))
+		return;
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, PEPSI_LOCK_CLASS_ID, PEPSI_LOCK_DISPATCH_ID, 2);
+	if (!LockHeldByMe(&tag, ExclusiveLock))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s is for the dispatcher's session only", what),
+				 errdetail("It changes rows other workers hold; this session does not hold the"
+						   " dispatcher's lock (pg_try_advisory_lock(%u, %u))."
+						   " A stage worker changes only the rows it was handed, with their claim tokens.",
+						   PEPSI_LOCK_CLASS_ID, PEPSI_LOCK_DISPATCH_ID)));
+}
+
+PG_FUNCTION_INFO_V1(dispatcher_check);
+
+/* dispatcher_check(what): queue_check_dispatcher for the PL/pgSQL functions. */
+Datum
+dispatcher_check(PG_FUNCTION_ARGS)
+{
+	queue_check_dispatcher(PG_ARGISNULL(0) ? "this function" : text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	PG_RETURN_VOID();
 }
 
 /* Wake the dispatcher; delivered at commit, and only once per transaction. */

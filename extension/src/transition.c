@@ -779,6 +779,7 @@ workqueue_reset_orphans(PG_FUNCTION_ARGS)
 	char			  nulls[1] = {' '};
 	uint64			  reset;
 
+	queue_check_dispatcher("workqueue_reset_orphans");
 	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
 	SPI_connect();
