@@ -155,6 +155,14 @@ $node->safe_psql($db, 'SELECT pepsi.workqueue_reset_orphans()');
 ($ret, $claimed) = as_worker(
 	"SELECT claim_token FROM pepsi.workqueue_claim_tokens(ARRAY['relay'], ARRAY[10]) WHERE id = $theirs");
 isnt($claimed, $token{$theirs}, 'a reclaimed row gets a new token');
+($ret, my $recovered, $err) = as_worker("SELECT pg_try_advisory_lock(1346720851, 2);"
+	  . " SELECT cardinality(pepsi.workqueue_recover(ARRAY[$theirs], ARRAY['relay'], 'failed', 'worker failed',"
+	  . " ARRAY['$token{$theirs}']::uuid[]));"
+	  . " SELECT pepsi.workqueue_crashed($theirs, 'relay', 'killed', 3, 10, 'failed', '$token{$theirs}') IS NULL");
+is($recovered, "t\n0\nt",
+	'the dispatcher\'s recovery of the stale worker\'s failure or crash leaves the reclaimed row alone')
+  or diag($err);
+is($node->safe_psql($db, "SELECT status FROM pepsi.workqueue WHERE id = $theirs"), 'running', 'it is still running');
 refused('a commit with the stale token',
 	"SELECT pepsi.workqueue_commit_many(ARRAY[$theirs], ARRAY['relay'], 'finish', NULL, NULL, NULL,"
 	  . " ARRAY['$token{$theirs}']::uuid[])",

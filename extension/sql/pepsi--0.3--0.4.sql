@@ -113,6 +113,24 @@ INSERT INTO pepsi.grant_owner (name) VALUES ('dispatcher_check');
 CREATE OR REPLACE FUNCTION pepsi.workqueue_recover(
     ids bigint[], expected_stages text[], new_status pepsi.status, reason text DEFAULT NULL)
 RETURNS bigint[] LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pepsi.workqueue_recover(ids, expected_stages, new_status, reason, NULL::uuid[]);
+END;
+$$;
+
+-- The dispatcher's recovery of the rows it handed out names their claim
+-- tokens, so that it leaves alone a row claimed again since (a row an
+-- operator paused and the claim took again, say): the overloads of
+-- workqueue_crashed and workqueue_recover taking them.  claim_tokens NULL:
+-- no check (workqueue_recover of the programs before 0.4).
+CREATE FUNCTION pepsi.workqueue_crashed(
+    id bigint, expected_stage text, reason text, crash_limit integer,
+    retry_seconds double precision, final_status text, claim_token uuid)
+RETURNS text AS 'MODULE_PATHNAME', 'workqueue_crashed' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE FUNCTION pepsi.workqueue_recover(
+    ids bigint[], expected_stages text[], new_status pepsi.status, reason text, claim_tokens uuid[])
+RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
     changed bigint[];
 BEGIN
@@ -126,6 +144,12 @@ BEGIN
             cardinality(expected_stages), cardinality(ids)
             USING ERRCODE = 'invalid_parameter_value',
                   DETAIL = 'The arrays are parallel: element i of each describes the same row.';
+    END IF;
+    IF cardinality(claim_tokens) <> cardinality(ids) THEN
+        RAISE EXCEPTION 'claim_tokens has % elements but ids has %',
+            cardinality(claim_tokens), cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The arrays are parallel: element i is the claim token of row i.';
     END IF;
     IF new_status NOT IN ('pending', 'failed', 'timeout') THEN
         RAISE EXCEPTION 'a recovered row goes to pending, failed or timeout, not %', new_status
@@ -142,8 +166,9 @@ BEGIN
         SET status = new_status,
             state = CASE WHEN new_status = 'pending' THEN w.state
                          ELSE w.state || jsonb_build_object('dispatch_error', reason) END
-        FROM unnest(ids, expected_stages) AS u(id, stage)
+        FROM unnest(ids, expected_stages, claim_tokens) AS u(id, stage, token)
         WHERE w.id = u.id AND w.stage = u.stage AND w.status = 'running'
+          AND (claim_tokens IS NULL OR w.claim_digest IS NOT DISTINCT FROM sha256(uuid_send(u.token)))
         RETURNING w.id)
     SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO changed FROM recovered;
     RETURN changed;

@@ -388,40 +388,8 @@ RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C CALLE
 CREATE FUNCTION pepsi.workqueue_recover(
     ids bigint[], expected_stages text[], new_status pepsi.status, reason text DEFAULT NULL)
 RETURNS bigint[] LANGUAGE plpgsql AS $$
-DECLARE
-    changed bigint[];
 BEGIN
-    IF ids IS NULL OR expected_stages IS NULL OR new_status IS NULL THEN
-        RAISE EXCEPTION 'ids, expected_stages and new_status must not be null'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    PERFORM pepsi.dispatcher_check('workqueue_recover');
-    IF cardinality(ids) <> cardinality(expected_stages) THEN
-        RAISE EXCEPTION 'expected_stages has % elements but ids has %',
-            cardinality(expected_stages), cardinality(ids)
-            USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = 'The arrays are parallel: element i of each describes the same row.';
-    END IF;
-    IF new_status NOT IN ('pending', 'failed', 'timeout') THEN
-        RAISE EXCEPTION 'a recovered row goes to pending, failed or timeout, not %', new_status
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Paused rows come from a stage''s own pause.';
-    END IF;
-    IF new_status <> 'pending' AND (reason IS NULL OR reason = '') THEN
-        RAISE EXCEPTION 'a row forced to % needs a reason', new_status
-            USING ERRCODE = 'null_value_not_allowed',
-                  DETAIL = 'The reason is recorded in state.dispatch_error for the operator.';
-    END IF;
-    WITH recovered AS (
-        UPDATE pepsi.workqueue w
-        SET status = new_status,
-            state = CASE WHEN new_status = 'pending' THEN w.state
-                         ELSE w.state || jsonb_build_object('dispatch_error', reason) END
-        FROM unnest(ids, expected_stages) AS u(id, stage)
-        WHERE w.id = u.id AND w.stage = u.stage AND w.status = 'running'
-        RETURNING w.id)
-    SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO changed FROM recovered;
-    RETURN changed;
+    RETURN pepsi.workqueue_recover(ids, expected_stages, new_status, reason, NULL::uuid[]);
 END;
 $$;
 
@@ -3387,6 +3355,63 @@ INSERT INTO pepsi.grant_definer (name) VALUES
 CREATE FUNCTION pepsi.dispatcher_check(what text) RETURNS void
     AS 'MODULE_PATHNAME', 'dispatcher_check' LANGUAGE C;
 INSERT INTO pepsi.grant_owner (name) VALUES ('dispatcher_check');
+
+-- The dispatcher's recovery of the rows it handed out names their claim
+-- tokens, so that it leaves alone a row claimed again since (a row an
+-- operator paused and the claim took again, say): the overloads of
+-- workqueue_crashed and workqueue_recover taking them.  claim_tokens NULL:
+-- no check (workqueue_recover of the programs before 0.4).
+CREATE FUNCTION pepsi.workqueue_crashed(
+    id bigint, expected_stage text, reason text, crash_limit integer,
+    retry_seconds double precision, final_status text, claim_token uuid)
+RETURNS text AS 'MODULE_PATHNAME', 'workqueue_crashed' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE FUNCTION pepsi.workqueue_recover(
+    ids bigint[], expected_stages text[], new_status pepsi.status, reason text, claim_tokens uuid[])
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    changed bigint[];
+BEGIN
+    IF ids IS NULL OR expected_stages IS NULL OR new_status IS NULL THEN
+        RAISE EXCEPTION 'ids, expected_stages and new_status must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM pepsi.dispatcher_check('workqueue_recover');
+    IF cardinality(ids) <> cardinality(expected_stages) THEN
+        RAISE EXCEPTION 'expected_stages has % elements but ids has %',
+            cardinality(expected_stages), cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The arrays are parallel: element i of each describes the same row.';
+    END IF;
+    IF cardinality(claim_tokens) <> cardinality(ids) THEN
+        RAISE EXCEPTION 'claim_tokens has % elements but ids has %',
+            cardinality(claim_tokens), cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The arrays are parallel: element i is the claim token of row i.';
+    END IF;
+    IF new_status NOT IN ('pending', 'failed', 'timeout') THEN
+        RAISE EXCEPTION 'a recovered row goes to pending, failed or timeout, not %', new_status
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Paused rows come from a stage''s own pause.';
+    END IF;
+    IF new_status <> 'pending' AND (reason IS NULL OR reason = '') THEN
+        RAISE EXCEPTION 'a row forced to % needs a reason', new_status
+            USING ERRCODE = 'null_value_not_allowed',
+                  DETAIL = 'The reason is recorded in state.dispatch_error for the operator.';
+    END IF;
+    WITH recovered AS (
+        UPDATE pepsi.workqueue w
+        SET status = new_status,
+            state = CASE WHEN new_status = 'pending' THEN w.state
+                         ELSE w.state || jsonb_build_object('dispatch_error', reason) END
+        FROM unnest(ids, expected_stages, claim_tokens) AS u(id, stage, token)
+        WHERE w.id = u.id AND w.stage = u.stage AND w.status = 'running'
+          AND (claim_tokens IS NULL OR w.claim_digest IS NOT DISTINCT FROM sha256(uuid_send(u.token)))
+        RETURNING w.id)
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO changed FROM recovered;
+    RETURN changed;
+END;
+$$;
 -- end of claim tokens
 
 -- ===========================================================================
