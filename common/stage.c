@@ -564,19 +564,45 @@ stage_next_line(struct stage_worker *w, char *line, size_t size)
 	return true;
 }
 
+/*
+ * An input line: the row id, then (from a dispatcher of 0.4 on) a space
+ * and the row's claim token, a uuid, which every call that changes the row
+ * names.  A bare id (a worker run by hand) leaves token empty.
+ */
 static bool
-stage_parse_id(const char *line, long long *id)
+stage_parse_id(const char *line, long long *id, char token[37])
 {
-	char  *end;
-	size_t len = strlen(line);
+	char	   *end;
+	size_t		len = strlen(line);
+	const char *space = memchr(line, ' ', len);
+	size_t		idlen;
 
 	while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == ' '))
 		len--;
-	if (len == 0 || len > 19)
+	idlen = space && (size_t) (space - line) < len ? (size_t) (space - line) : len;
+	token[0] = '\0';
+	if (idlen == 0 || idlen > 19)
 		return false;
-	for (size_t i = 0; i < len; i++)
+	for (size_t i = 0; i < idlen; i++)
 		if (line[i] < '0' || line[i] > '9')
 			return false;
+	if (idlen < len)
+	{
+		size_t tlen = len - idlen - 1;
+
+		if (tlen != 36)
+			return false;
+		for (size_t i = 0; i < tlen; i++)
+		{
+			char c = line[idlen + 1 + i];
+
+			if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+				  || (c == '-' && (i == 8 || i == 13 || i == 18 || i == 23))))
+				return false;
+		}
+		memcpy(token, line + idlen + 1, tlen);
+		token[tlen] = '\0';
+	}
 	*id = strtoll(line, &end, 10);
 	return *id > 0;
 }
@@ -651,7 +677,7 @@ stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 		ctx->stage = w->stage;
 		ctx->loaded = w->stage->load;
 		ctx->merge = json_object();
-		if (!stage_parse_id(line, &ctx->id))
+		if (!stage_parse_id(line, &ctx->id, ctx->token))
 			pepsi_error(ctx, "malformed id line \"%.64s\"", line);
 		if (count == max)
 			break;

@@ -88,6 +88,12 @@ stage_with_mail_log(const char *statement, const char *events, int events_param)
 					 events_param, statement);
 }
 
+const char *
+stage_claim_token(const struct pepsi_ctx *ctx)
+{
+	return ctx->token[0] ? ctx->token : NULL;
+}
+
 /* Commit one message's outcome with one extension call. */
 static int
 stage_commit_attempt(struct pepsi_ctx *ctx)
@@ -113,7 +119,8 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 	events = ctx->mail_log ? stage_json_text(ctx->mail_log) : NULL;
 	if (ctx->terminal == TERMINAL_PAUSE_WITH)
 	{
-		const char *values[8] = {id, ctx->db_stage, retry, merge, NULL, NULL, stage_at_stage(ctx), events};
+		const char *values[9] = {id, ctx->db_stage, retry, merge, NULL, NULL, stage_at_stage(ctx),
+								 stage_claim_token(ctx), events};
 
 		if (ctx->nkeep > 0)
 		{
@@ -121,24 +128,24 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 			values[4] = array.data;
 		}
 		values[5] = clones = ctx->clones ? stage_json_text(ctx->clones) : NULL;
-		sql = stage_with_mail_log("SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5, $6, $7)", events, 8);
-		res = db_exec(conn, sql, events ? 8 : 7, values);
+		sql = stage_with_mail_log("SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5, $6, $7, $8::uuid)", events, 9);
+		res = db_exec(conn, sql, events ? 9 : 8, values);
 	}
 	else if (ctx->terminal == TERMINAL_FINISH_WITH)
 	{
-		const char *values[4] = {id, ctx->db_stage, NULL, events};
+		const char *values[5] = {id, ctx->db_stage, NULL, stage_claim_token(ctx), events};
 
 		values[2] = clones = stage_json_text(ctx->clones);
-		sql = stage_with_mail_log("SELECT pepsi.workqueue_finish_with_clones($1, $2, $3)", events, 4);
-		res = db_exec(conn, sql, events ? 4 : 3, values);
+		sql = stage_with_mail_log("SELECT pepsi.workqueue_finish_with_clones($1, $2, $3, $4::uuid)", events, 5);
+		res = db_exec(conn, sql, events ? 5 : 4, values);
 	}
 	else
 	{
-		const char *values[13];
-		int			lengths[13] = {0};
-		int			formats[13] = {0};
+		const char *values[14];
+		int			lengths[14] = {0};
+		int			formats[14] = {0};
 		bool		finish = ctx->terminal == TERMINAL_FINISH;
-		int			nparams = events ? 13 : 12;
+		int			nparams = events ? 14 : 13;
 
 		values[0] = id;
 		values[1] = ctx->db_stage;
@@ -164,10 +171,11 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 		}
 		values[10] = finish ? NULL : state;
 		values[11] = ctx->terminal == TERMINAL_ADVANCE || finish ? NULL : stage_at_stage(ctx);
-		values[12] = events;
+		values[12] = stage_claim_token(ctx);
+		values[13] = events;
 		sql = stage_with_mail_log("SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7, $8,"
-								  " $9, $10, $11, $12)",
-								  events, 13);
+								  " $9, $10, $11, $12, $13::uuid)",
+								  events, 14);
 		res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
 		if (db_error_is_transient(res))
 		{
@@ -240,8 +248,9 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 	struct buf *targets = &w->scratch[SCRATCH_TARGETS];
 	struct buf *merges = &w->scratch[SCRATCH_MERGES];
 	struct buf *retries = &w->scratch[SCRATCH_RETRIES];
+	struct buf *tokens = &w->scratch[SCRATCH_TOKENS];
 	size_t		members = 0;
-	const char *values[6];
+	const char *values[7];
 	PGresult   *res;
 
 	buf_append_char(ids, '{');
@@ -249,6 +258,7 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 	buf_append_char(targets, '{');
 	buf_append_char(merges, '{');
 	buf_append_char(retries, '{');
+	buf_append_char(tokens, '{');
 	for (size_t i = 0; i < count; i++)
 	{
 		struct pepsi_ctx *ctx = &ctxs[i];
@@ -263,6 +273,7 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 		db_array_append(merges, merge);
 		free(merge);
 		buf_printf(retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
+		buf_printf(tokens, "%s%s", members ? "," : "", ctx->token[0] ? ctx->token : "NULL");
 		members++;
 	}
 	buf_append_char(ids, '}');
@@ -270,6 +281,7 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 	buf_append_char(targets, '}');
 	buf_append_char(merges, '}');
 	buf_append_char(retries, '}');
+	buf_append_char(tokens, '}');
 
 	if (members == 1)
 	{
@@ -286,7 +298,9 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 		values[3] = kind == TERMINAL_ADVANCE ? targets->data : NULL;
 		values[4] = kind == TERMINAL_FINISH ? NULL : merges->data;
 		values[5] = kind == TERMINAL_PAUSE ? retries->data : NULL;
-		res = db_exec(w->conn, "SELECT pepsi.workqueue_commit_many($1, $2, $3, $4, $5, $6)", 6, values);
+		values[6] = tokens->data;
+		res = db_exec(w->conn, "SELECT pepsi.workqueue_commit_many($1, $2, $3, $4, $5, $6, $7::uuid[])",
+					  7, values);
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
 			/* One row refused spoils the statement: commit them one by one to find it. */
@@ -302,6 +316,7 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 	buf_reset(targets);
 	buf_reset(merges);
 	buf_reset(retries);
+	buf_reset(tokens);
 }
 
 void

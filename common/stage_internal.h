@@ -43,6 +43,7 @@ enum scratch
 	SCRATCH_TARGETS,
 	SCRATCH_MERGES,
 	SCRATCH_RETRIES,
+	SCRATCH_TOKENS,
 	SCRATCH_STATUS,
 	SCRATCH_COUNT
 };
@@ -73,6 +74,7 @@ struct pepsi_ctx
 	struct stage_worker		 *worker;
 	const struct pepsi_stage *stage; /* running now (a successor, when fused) */
 	long long				  id;
+	char					  token[37];  /* the claim token written after the id, or "" */
 	char					 *db_stage;	  /* where the row is in the database */
 	char					 *stage_name; /* the stage running now */
 	char					 *section;	  /* "stage-" stage_name */
@@ -138,5 +140,8 @@ void stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t co
 /* stage_commit.c */
 void stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
 int	 stage_check_result(struct pepsi_ctx *ctx, PGresult *res, const char *what);
+
+/* The row's claim token as a query parameter: NULL when the worker was handed a bare id. */
+const char *stage_claim_token(const struct pepsi_ctx *ctx);
 
 #endif

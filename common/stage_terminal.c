@@ -277,7 +277,7 @@ pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t cou
 {
 	struct buf	array = BUF_INIT;
 	char		id[32];
-	const char *values[4];
+	const char *values[5];
 	int			rc;
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
@@ -286,8 +286,9 @@ pepsi_split_off_recipients(struct pepsi_ctx *ctx, const int *indices, size_t cou
 	values[1] = ctx->db_stage;
 	values[2] = array.data;
 	values[3] = target_stage;
-	rc = stage_fan_out_call(ctx, "SELECT 1 FROM pepsi.workqueue_split_off($1, $2, $3, $4)",
-							4, values, "split_off_recipients");
+	values[4] = stage_claim_token(ctx);
+	rc = stage_fan_out_call(ctx, "SELECT 1 FROM pepsi.workqueue_split_off($1, $2, $3, $4, $5::uuid)",
+							5, values, "split_off_recipients");
 	buf_free(&array);
 	return rc;
 }
@@ -296,11 +297,12 @@ int
 pepsi_split_to_one_per_row(struct pepsi_ctx *ctx)
 {
 	char		id[32];
-	const char *values[2] = {id, ctx->db_stage};
+	const char *values[3] = {id, ctx->db_stage, stage_claim_token(ctx)};
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
-	return stage_fan_out_call(ctx, "SELECT coalesce(cardinality(pepsi.workqueue_split_one_per_row($1, $2)), 0)",
-							  2, values, "split_to_one_per_row");
+	return stage_fan_out_call(ctx,
+							  "SELECT coalesce(cardinality(pepsi.workqueue_split_one_per_row($1, $2, $3::uuid)), 0)",
+							  3, values, "split_to_one_per_row");
 }
 
 int
@@ -309,7 +311,7 @@ pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *grou
 	struct buf	array = BUF_INIT;
 	char		id[32];
 	char	   *groups_text = stage_json_text(groups);
-	const char *values[4];
+	const char *values[5];
 	int			rc;
 
 	snprintf(id, sizeof(id), "%lld", ctx->id);
@@ -318,8 +320,9 @@ pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *grou
 	values[1] = ctx->db_stage;
 	values[2] = array.data;
 	values[3] = groups_text;
-	rc = stage_fan_out_call(ctx, "SELECT coalesce(cardinality(pepsi.workqueue_split($1, $2, $3, $4)), 0)",
-							4, values, "fan_out");
+	values[4] = stage_claim_token(ctx);
+	rc = stage_fan_out_call(ctx, "SELECT coalesce(cardinality(pepsi.workqueue_split($1, $2, $3, $4, $5::uuid)), 0)",
+							5, values, "fan_out");
 	free(groups_text);
 	buf_free(&array);
 	return rc;

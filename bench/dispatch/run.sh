@@ -197,7 +197,7 @@ wait_drained() {
 claim_stats() {
     sleep 1
     bench_psql -At -F ' ' -c "SELECT coalesce(sum(calls), 0), coalesce(round(sum(total_time)::numeric, 1), 0)
-        FROM pg_stat_user_functions WHERE funcname = 'workqueue_claim'"
+        FROM pg_stat_user_functions WHERE funcname IN ('workqueue_claim', 'workqueue_claim_tokens')"
 }
 
 # run_direct: prints "seconds cpu_driver_and_workers cpu_postgres claims claim_ms".

@@ -183,9 +183,9 @@ def cost_fields(args, xact_before, messages):
     xact = int(psql(args, "SELECT xact_commit FROM pg_stat_database"
                           " WHERE datname = current_database()")[0][0])
     claims, claimed, claim_ms, commits, commit_ms = (float(v or 0) for v in psql(
-        args, "SELECT sum(calls) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
-              " sum(rows) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
-              " sum(total_exec_time) FILTER (WHERE query LIKE '%workqueue_claim(%'),"
+        args, "SELECT sum(calls) FILTER (WHERE query ~ 'workqueue_claim(_tokens)?\\('),"
+              " sum(rows) FILTER (WHERE query ~ 'workqueue_claim(_tokens)?\\('),"
+              " sum(total_exec_time) FILTER (WHERE query ~ 'workqueue_claim(_tokens)?\\('),"
               " sum(calls) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\('),"
               " sum(total_exec_time) FILTER (WHERE query ~ 'workqueue_commit(_many)?\\(')"
               " FROM pg_stat_statements")[0])

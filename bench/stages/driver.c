@@ -1,7 +1,7 @@
 /*
  * driver.c: the stand-in dispatcher of bench/stages.  It starts the
- * workers of every stage, then loops: one pepsi.workqueue_claim for every stage (as
- * the dispatcher claims on each wake), the claimed ids written to their
+ * workers of every stage, then loops: one pepsi.workqueue_claim_tokens for every stage (as
+ * the dispatcher claims on each wake), the claimed ids and their tokens written to their
  * stage's workers, their status lines read back, until a claim finds
  * nothing.
  *
@@ -42,6 +42,7 @@ struct worker
 	FILE	   *in;				/* its stdin */
 	FILE	   *out;			/* its stdout */
 	long long  *ids;			/* claimed for it this round */
+	char	  (*tokens)[37];	/* their claim tokens, written after the ids */
 	int			nids;
 	int			unanswered;		/* ids of the previous round not answered yet */
 };
@@ -111,7 +112,7 @@ static void
 worker_send(struct worker *w)
 {
 	for (int i = 0; i < w->nids; i++)
-		fprintf(w->in, "%lld\n", w->ids[i]);
+		fprintf(w->in, "%lld %s\n", w->ids[i], w->tokens[i]);
 	fflush(w->in);
 }
 
@@ -186,6 +187,7 @@ run(int argc, char **argv)
 	{
 		workers[w].stage = argv[7 + w / per_stage];
 		workers[w].ids = calloc((size_t) limit, sizeof(long long));
+		workers[w].tokens = calloc((size_t) limit, sizeof(*workers[w].tokens));
 		worker_start(&workers[w], program, config);
 	}
 	for (int s = 0; s < nstages; s++)
@@ -198,7 +200,8 @@ run(int argc, char **argv)
 	strcat(stages, "}");
 	strcat(capacities, "}");
 	if (PQresultStatus(PQprepare(conn, "claim",
-								 "SELECT id, stage FROM pepsi.workqueue_claim($1::text[], $2::int[])",
+								 "SELECT id, stage, claim_token"
+								 " FROM pepsi.workqueue_claim_tokens($1::text[], $2::int[])",
 								 2, NULL)) != PGRES_COMMAND_OK)
 		die("%s", PQerrorMessage(conn));
 
@@ -232,6 +235,7 @@ run(int argc, char **argv)
 
 					while (w->nids == share)
 						w++;
+					snprintf(w->tokens[w->nids], sizeof(w->tokens[w->nids]), "%s", PQgetvalue(res, r, 2));
 					w->ids[w->nids++] = atoll(PQgetvalue(res, r, 0));
 					if (s == 0)
 						messages++;

@@ -5,7 +5,7 @@
 # BENCH_MESSAGES messages (100,000) go through a chain of three no-op
 # METADATA stages, s1 -> s2 -> s3 -> done (pepsi-stage-if with a condition
 # every message meets; "done" has no section, so the rows stop there), fed
-# by a small driver (driver.c) that claims with pepsi.workqueue_claim as the
+# by a small driver (driver.c) that claims with pepsi.workqueue_claim_tokens as the
 # dispatcher does, writes the ids to the stages' workers and reads the
 # status lines back: BENCH_WORKERS workers per stage (2, PARALLELISM's
 # default), all working at once as the dispatcher's pools do, each given

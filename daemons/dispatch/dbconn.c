@@ -62,7 +62,7 @@
  */
 #define DBCONN_CLAIM_COALESCE 0.005
 #define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
-#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
+#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key, claim_token FROM pepsi.workqueue_claim_tokens(" \
 						 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
 
 enum dbconn_state
@@ -263,22 +263,27 @@ void
 dbconn_recover(const char *stage, const struct inflight *rows, int count,
 			   const char *status, const char *reason)
 {
+	/* Each row under the claim token it was handed out with: not one claimed again since. */
 	struct job *job = job_new("SELECT pepsi.workqueue_recover($1::int8[], $2::text[],"
-							  " $3::pepsi.status, $4)",
+							  " $3::pepsi.status, $4, $5::uuid[])",
 							  job_log_failure);
 	struct buf	ids = BUF_INIT;
 	struct buf	stages = BUF_INIT;
+	struct buf	tokens = BUF_INIT;
 
 	buf_append_char(&ids, '{');
 	buf_append_char(&stages, '{');
+	buf_append_char(&tokens, '{');
 	for (int i = 0; i < count; i++)
 	{
 		buf_printf(&ids, "%s%lld", i ? "," : "", rows[i].id);
 		buf_printf(&job->recovering, "%s%lld", i ? "," : "", rows[i].id);
 		db_array_append(&stages, stage);
+		buf_printf(&tokens, "%s%s", i ? "," : "", rows[i].token[0] ? rows[i].token : "NULL");
 	}
 	buf_append_char(&ids, '}');
 	buf_append_char(&stages, '}');
+	buf_append_char(&tokens, '}');
 	if (strcmp(status, "pending") == 0)
 	{
 		struct pool *pool = pool_find(stage);
@@ -291,8 +296,10 @@ dbconn_recover(const char *stage, const struct inflight *rows, int count,
 	job_param(job, stages.data);
 	job_param(job, status);
 	job_param(job, reason);
+	job_param(job, tokens.data);
 	buf_free(&ids);
 	buf_free(&stages);
+	buf_free(&tokens);
 	job_push(job, false);
 }
 
@@ -328,7 +335,7 @@ void
 dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
 			   const char *final_status)
 {
-	struct job *job = job_new("SELECT pepsi.workqueue_crashed($1, $2, $3, $4, $5, $6)", crashed_done);
+	struct job *job = job_new("SELECT pepsi.workqueue_crashed($1, $2, $3, $4, $5, $6, $7::uuid)", crashed_done);
 	char		number[32];
 
 	snprintf(number, sizeof(number), "%lld", row->id);
@@ -341,6 +348,7 @@ dbconn_crashed(const char *stage, const struct inflight *row, const char *reason
 	snprintf(number, sizeof(number), "%.3f", dispatcher.crash_retry_delay);
 	job_param(job, number);
 	job_param(job, final_status);
+	job_param(job, row->token[0] ? row->token : NULL);
 	job_push(job, false);
 }
 
@@ -540,7 +548,9 @@ claim_done(PGresult *res)
 		struct pool	   *pool = pool_find(stage);
 		struct inflight row = {.id = id};
 
-		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 2)))
+		snprintf(row.token, sizeof(row.token), "%s", PQgetvalue(res, i, 3));
+
+		if (pool && pool_assign(pool, id, PQgetvalue(res, i, 3), PQgetvalue(res, i, 2)))
 			continue;
 
 		/*
@@ -1159,6 +1169,8 @@ dbconn_finish(void)
 				for (int i = 0; PQresultStatus(res) == PGRES_TUPLES_OK && i < PQntuples(res); i++)
 				{
 					struct inflight row = {.id = atoll(PQgetvalue(res, i, 0))};
+
+					snprintf(row.token, sizeof(row.token), "%s", PQgetvalue(res, i, 3));
 
 					dbconn_recover(PQgetvalue(res, i, 1), &row, 1, "pending", NULL);
 				}

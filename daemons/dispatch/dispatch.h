@@ -41,6 +41,7 @@ struct stage_spec
 struct inflight
 {
 	long long id;
+	char	  token[37]; /* its claim token (pepsi.workqueue_claim_tokens), written after the id */
 	char	 *sender;
 	double	  sent_at;	  /* when it was written to the worker */
 	double	  sender_use; /* its sender's worker time when it was given (fair.c) */
@@ -224,7 +225,7 @@ void fair_export(struct fair_account *account, const char *stage, double now,
 /* pool.c */
 struct pool *pool_find(const char *stage);
 int			 pool_capacity(const struct pool *pool, double now);
-bool		 pool_assign(struct pool *pool, long long id, const char *sender);
+bool		 pool_assign(struct pool *pool, long long id, const char *token, const char *sender);
 void		 pools_flush(void);
 void		 pools_configure(struct stage_spec *specs, size_t count);
 void		 pools_housekeeping(double now);

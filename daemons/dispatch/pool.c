@@ -606,7 +606,8 @@ worker_hand(struct pool_worker *w)
 		struct inflight *entry = &w->queue[(w->head + w->handed) % w->ring];
 
 		entry->sent_at = now_seconds();
-		buf_printf(&w->out, "%lld\n", entry->id);
+		/* the claim token after the id: the row's transitions must name it */
+		buf_printf(&w->out, "%lld %s\n", entry->id, entry->token);
 	}
 	if (w->out.len > 0 && !ev_is_active(&w->writer))
 		worker_flush(w);
@@ -701,7 +702,7 @@ light_lane_takes(struct pool *pool, const char *sender, double use, double now)
  * is written by the next pools_flush, or when its turn comes.
  */
 bool
-pool_assign(struct pool *pool, long long id, const char *sender)
+pool_assign(struct pool *pool, long long id, const char *token, const char *sender)
 {
 	struct pool_worker *best = NULL;
 	struct inflight	   *slot;
@@ -753,6 +754,7 @@ pool_assign(struct pool *pool, long long id, const char *sender)
 	}
 	slot = &best->queue[(best->head + at) % best->ring];
 	slot->id = id;
+	snprintf(slot->token, sizeof(slot->token), "%s", token);
 	slot->sender = xstrdup(sender);
 	slot->sender_use = use;
 	slot->sent_at = now;

@@ -30,6 +30,17 @@
  * final UPDATE re-checks each row is still pending (READ COMMITTED
  * re-evaluates the qualification on the latest version), so a row is
  * handed out at most once; the loser just returns fewer rows.
+ *
+ * workqueue_claim_tokens (0.4 on) is the same claim returning a fourth
+ * column, each row's claim token: a random uuid that the row's transitions
+ * must name (spi_support.c, QUEUE_TOKEN_DIGEST).  The row keeps only its
+ * SHA-256 digest, so a stage that reads rows learns no token.  Tokens are
+ * derived from one 16-byte random secret per claim and the row id (the
+ * first 16 bytes of SHA-256(secret || id)), so that the UPDATE sets every
+ * row's digest and returns its token without a join; the secret is never
+ * stored.  workqueue_claim, for the dispatchers before 0.4, claims without
+ * a token (a NULL digest), and only the transitions without one match
+ * those rows.
  */
 #include "claim.h"
 
@@ -40,8 +51,12 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
+#include "utils/uuid.h"
 
 PG_FUNCTION_INFO_V1(workqueue_claim);
+
+/* A row's token from the claim's secret ($3, bytea) and its id. */
+#define CLAIM_TOKEN_SQL "substring(sha256($3 || int8send(id)) for 16)"
 
 /* The rows chosen for one stage, in the order they are handed out. */
 typedef struct ClaimChoice
@@ -365,28 +380,55 @@ static void
 claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 				   TupleDesc outdesc)
 {
-	static SPIPlanPtr plan;
-	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTOID};
+	static SPIPlanPtr plans[3];
+	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTOID, BYTEAOID};
 	Datum			 *ids = palloc(sizeof(Datum) * (choice->count + 1));
-	Datum			  values[2];
+	Datum			  values[3];
+	char			  nulls[3] = "  n";
+	bool			  tokens = outdesc->natts >= 4;
+	bool			  has_digest = queue_has_claim_digest();
 	HASHCTL			  ctl;
 	HTAB			 *claimed;
 	typedef struct ClaimedRow
 	{
-		int64 id;
-		char *sender;
+		int64	  id;
+		char	 *sender;
+		pg_uuid_t token;
 	} ClaimedRow;
 
 	for (int i = 0; i < choice->count; i++)
 		ids[i] = Int64GetDatum(choice->ids[i]);
 	values[0] = PointerGetDatum(construct_array(ids, choice->count, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = CStringGetTextDatum(stage);
-	queue_exec(queue_plan(&plan,
-						  "UPDATE pepsi.workqueue SET status = 'running'"
-						  " WHERE id = ANY ($1) AND (status = 'pending' AND stage = $2) IS TRUE"
-						  " RETURNING id, sender_key",
-						  2, argtypes),
-			   values, NULL, false, 0);
+	if (tokens)
+	{
+		bytea *secret = palloc(VARHDRSZ + UUID_LEN);
+
+		SET_VARSIZE(secret, VARHDRSZ + UUID_LEN);
+		if (!pg_strong_random(VARDATA(secret), UUID_LEN))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate random claim tokens")));
+		values[2] = PointerGetDatum(secret);
+		nulls[2] = ' ';
+	}
+	if (tokens && !has_digest)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("this schema has no claim tokens"),
+				 errhint("Run ALTER EXTENSION pepsi UPDATE.")));
+#define CLAIM_MARK_SQL(set)                             \
+	"UPDATE pepsi.workqueue SET status = 'running'" set \
+	" WHERE id = ANY ($1) AND (status = 'pending' AND stage = $2) IS TRUE"
+	queue_exec(tokens		? queue_plan(&plans[0],
+										 CLAIM_MARK_SQL(", claim_digest = sha256(" CLAIM_TOKEN_SQL ")") " RETURNING id, sender_key, " CLAIM_TOKEN_SQL,
+										 3, argtypes)
+			   : has_digest ? queue_plan(&plans[1],
+										 CLAIM_MARK_SQL(", claim_digest = NULL") " RETURNING id, sender_key",
+										 3, argtypes)
+							: queue_plan(&plans[2], CLAIM_MARK_SQL("") " RETURNING id, sender_key",
+										 3, argtypes),
+			   values, nulls, false, 0);
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(int64);
@@ -400,20 +442,32 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 		ClaimedRow *row = hash_search(claimed, &id, HASH_ENTER, NULL);
 
 		row->sender = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
+		if (tokens)
+		{
+			bool   isnull;
+			bytea *token = DatumGetByteaPP(SPI_getbinval(SPI_tuptable->vals[r],
+														 SPI_tuptable->tupdesc, 3, &isnull));
+
+			if (isnull || VARSIZE_ANY_EXHDR(token) != UUID_LEN)
+				elog(ERROR, "claim token of row %lld is not %d bytes", (long long) id, UUID_LEN);
+			memcpy(row->token.data, VARDATA_ANY(token), UUID_LEN);
+		}
 	}
 
 	/* Return them in the order chosen: the FIFO share first, then fair order. */
 	for (int i = 0; i < choice->count; i++)
 	{
 		ClaimedRow *row = hash_search(claimed, &choice->ids[i], HASH_FIND, NULL);
-		Datum		outvalues[3];
-		bool		outnulls[3] = {false, false, false};
+		Datum		outvalues[4];
+		bool		outnulls[4] = {false, false, false, false};
 
 		if (row == NULL)
 			continue;
 		outvalues[0] = Int64GetDatum(row->id);
 		outvalues[1] = CStringGetTextDatum(stage);
 		outvalues[2] = CStringGetTextDatum(row->sender);
+		if (tokens)
+			outvalues[3] = UUIDPGetDatum(&row->token);
 		tuplestore_putvalues(out, outdesc, outvalues, outnulls);
 	}
 }

@@ -20,18 +20,19 @@ PG_FUNCTION_INFO_V1(workqueue_crashed);
 
 /*
  * workqueue_crashed(id, expected_stage, reason, crash_limit, retry_seconds,
- * final_status): returns the row's new status ('paused', or final_status
+ * final_status [, claim_token]): returns the row's new status ('paused', or final_status
  * once the limit is reached), or NULL when the row is no longer running at
- * expected_stage: the worker committed it before it died, and that
- * outcome stands.
+ * expected_stage (under claim_token, when given): the worker committed it
+ * before it died, and that outcome stands, or the row was claimed again
+ * since.
  */
 Datum
 workqueue_crashed(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr update_plan;
+	static SPIPlanPtr update_plans[2];
 	static SPIPlanPtr isolate_plan;
 	static SPIPlanPtr retry_plan;
-	static const Oid  update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID};
+	static const Oid  update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID, UUIDOID};
 	static const Oid  isolate_types[] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TEXTOID};
 	int64			  id = arg_int64(fcinfo, 0, "id");
 	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
@@ -40,7 +41,8 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	double			  retry_seconds = arg_seconds(fcinfo, 4, "retry_seconds");
 	text			 *final_status = arg_text(fcinfo, 5, "final_status");
 	char			 *final = text_to_cstring(final_status);
-	Datum			  values[6];
+	pg_uuid_t		 *token = arg_claim_token(fcinfo, 6);
+	Datum			  values[7];
 	bool			  paused;
 	int32			  attempts;
 	bool			  isnull;
@@ -61,12 +63,19 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 				 errmsg("final_status must be failed or timeout, not \"%s\"", final),
 				 errdetail("A row that keeps killing its worker is isolated in one of those two.")));
 
+	queue_check_dispatcher("workqueue_crashed");
 	values[0] = Int64GetDatum(id);
 	values[1] = PointerGetDatum(expected_stage);
 	values[2] = PointerGetDatum(reason);
 	values[3] = Int32GetDatum(crash_limit);
 	values[4] = Float8GetDatum(retry_seconds);
 	values[5] = PointerGetDatum(final_status);
+	values[6] = PointerGetDatum(token);
+	if (token != NULL && !queue_has_claim_digest())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("this schema has no claim tokens"),
+				 errhint("Run ALTER EXTENSION pepsi UPDATE.")));
 
 	SPI_connect();
 
@@ -75,27 +84,35 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	 * stage (a crash at an earlier stage says nothing about this one), and
 	 * the backoff doubles with each, capped like any retry delay.
 	 */
-	queue_exec(queue_plan(&update_plan,
-						  "WITH r AS ("
-						  "  SELECT w.id, 1 + CASE WHEN w.state->'crash'->>'stage' = $2"
-						  "    THEN coalesce((w.state->'crash'->>'attempts')::int, 0) ELSE 0 END"
-						  "    AS attempts"
-						  "  FROM pepsi.workqueue w"
-						  "  WHERE w.id = $1 AND w.stage = $2 AND w.status = 'running' FOR UPDATE)"
-						  " UPDATE pepsi.workqueue w SET"
-						  "  status = CASE WHEN r.attempts >= $4 THEN $6::pepsi.status"
-						  "    ELSE 'paused' END,"
-						  "  timeout = CASE WHEN r.attempts >= $4 THEN NULL"
-						  "    ELSE now() + least($5 * 2 ^ least(r.attempts - 1, 60), " CppAsString2(PEPSI_MAX_RETRY_SECONDS) ") * interval '1 second' END,"
-																															  "  state = w.state || jsonb_build_object('crash', jsonb_build_object("
-																															  "    'stage', $2, 'attempts', r.attempts, 'limit', $4, 'reason', $3,"
-																															  "    'at', now()))"
-																															  "    || CASE WHEN r.attempts >= $4"
-																															  "       THEN jsonb_build_object('dispatch_error', $3) ELSE '{}' END"
-																															  " FROM r WHERE w.id = r.id"
-																															  " RETURNING w.status::text, r.attempts",
-						  6, update_types),
-			   values, NULL, false, 0);
+#define CRASHED_SQL(token_guard)                                                                        \
+	"WITH r AS ("                                                                                       \
+	"  SELECT w.id, 1 + CASE WHEN w.state->'crash'->>'stage' = $2"                                      \
+	"    THEN coalesce((w.state->'crash'->>'attempts')::int, 0) ELSE 0 END"                             \
+	"    AS attempts"                                                                                   \
+	"  FROM pepsi.workqueue w"                                                                          \
+	"  WHERE w.id = $1 AND w.stage = $2 AND w.status = 'running'" token_guard " FOR UPDATE)"            \
+	" UPDATE pepsi.workqueue w SET"                                                                     \
+	"  status = CASE WHEN r.attempts >= $4 THEN $6::pepsi.status"                                       \
+	"    ELSE 'paused' END,"                                                                            \
+	"  timeout = CASE WHEN r.attempts >= $4 THEN NULL"                                                  \
+	"    ELSE now() + least($5 * 2 ^ least(r.attempts - 1, 60), " CppAsString2(                         \
+		PEPSI_MAX_RETRY_SECONDS) ") * interval '1 second' END,"                                         \
+								 "  state = w.state || jsonb_build_object('crash', jsonb_build_object(" \
+								 "    'stage', $2, 'attempts', r.attempts, 'limit', $4, 'reason', $3,"  \
+								 "    'at', now()))"                                                    \
+								 "    || CASE WHEN r.attempts >= $4"                                    \
+								 "       THEN jsonb_build_object('dispatch_error', $3) ELSE '{}' END"   \
+								 " FROM r WHERE w.id = r.id"                                            \
+								 " RETURNING w.status::text, r.attempts"
+	/* With a claim token, only the claim the dispatcher handed out: not the row claimed again since. */
+	if (token != NULL)
+		queue_exec(queue_plan(&update_plans[0],
+							  CRASHED_SQL(" AND w.claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$7")),
+							  7, update_types),
+				   values, NULL, false, 0);
+	else
+		queue_exec(queue_plan(&update_plans[1], CRASHED_SQL(""), 7, update_types), values, "      n",
+				   false, 0);
 	if (SPI_processed == 0)
 	{
 		SPI_finish();

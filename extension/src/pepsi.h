@@ -15,6 +15,7 @@
 #include "fmgr.h"
 #include "utils/array.h"
 #include "utils/jsonb.h"
+#include "utils/uuid.h"
 
 /* GUCs (pepsi.c) */
 extern char *pepsi_database;
@@ -35,10 +36,29 @@ extern char *pepsi_admission_accounts;
 /* spi_support.c: prepared plans kept for the life of the backend */
 extern SPIPlanPtr queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
 extern int		  queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
-extern int		  queue_lock_running_row(int64 id, const char *expected_stage);
-extern void		  queue_report_row_state(int64 id, const char *expected_stage) pg_attribute_noreturn();
-extern void		  queue_notify_workqueue(void);
-extern int64	  queue_result_int64(int row, int col);
+extern int		  queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token);
+extern void		  queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
+	pg_attribute_noreturn();
+extern void	 queue_notify_workqueue(void);
+extern int64 queue_result_int64(int row, int col);
+
+/*
+ * Claim tokens (0.4 on): the claim stamps each row it makes running with
+ * a fresh random token, returns it, and keeps only its digest in
+ * workqueue.claim_digest, so that reading the row does not reveal it.
+ * Every transition a worker makes names the token; a row claimed without
+ * one (workqueue_claim, for programs older than 0.4) has a NULL digest and
+ * is matched only by a call without one.  QUEUE_TOKEN_DIGEST(param) is the
+ * digest of the uuid param (NULL for NULL).
+ */
+#define QUEUE_TOKEN_DIGEST(param) "sha256(uuid_send(" param "))"
+extern bool queue_has_claim_digest(void);
+
+/* The dispatcher's one-per-database advisory lock (common/db.h's PEPSI_LOCK_*). */
+#define PEPSI_LOCK_CLASS_ID 1346720851u
+#define PEPSI_LOCK_DISPATCH_ID 2u
+extern void		  queue_check_dispatcher(const char *what);
+extern pg_uuid_t *arg_claim_token(FunctionCallInfo fcinfo, int argno);
 
 /*
  * The pending rows of pepsi.workqueue, as its pending indexes find them.

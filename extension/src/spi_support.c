@@ -11,8 +11,11 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/uuid.h"
 
 SPIPlanPtr
 queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
@@ -66,23 +69,69 @@ queue_result_int64(int row, int col)
 }
 
 /*
- * Raise the error that says why row id is not running at expected_stage.
- * Called after a guarded UPDATE or DELETE touched nothing, so the cost of
- * the diagnosis is paid only on the error path.
+ * Does the installed schema have workqueue.claim_digest (0.4 on)?  Two
+ * syscache lookups a call, as queue_plan_pending: the schema can change
+ * under a live backend, and this library still serves 0.1 to 0.3, whose
+ * rows have no claim token and whose statements must not name one.
+ */
+bool
+queue_has_claim_digest(void)
+{
+	Oid queue = get_relname_relid("workqueue", get_namespace_oid("pepsi", false));
+
+	return OidIsValid(queue) && get_attnum(queue, "claim_digest") != InvalidAttrNumber;
+}
+
+/*
+ * The claim token argument argno of a transition: NULL when the caller
+ * gave none (the overloads without one, or a worker handed a bare id).
+ * The statements compare "claim_digest IS NOT DISTINCT FROM
+ * QUEUE_TOKEN_DIGEST(param)", so no token matches only a row claimed
+ * without one.
+ */
+pg_uuid_t *
+arg_claim_token(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return NULL;
+	return PG_GETARG_UUID_P(argno);
+}
+
+/*
+ * Raise the error that says why row id is not running at expected_stage
+ * under claim token (NULL: none).  Called after a guarded UPDATE or DELETE
+ * touched nothing, so the cost of the diagnosis is paid only on the error
+ * path.  The row's digest is compared here, never shown.
  */
 void
-queue_report_row_state(int64 id, const char *expected_stage)
+queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
 {
-	static SPIPlanPtr plan;
-	static const Oid  argtypes[] = {INT8OID};
-	Datum			  values[1] = {Int64GetDatum(id)};
+	static SPIPlanPtr plans[2];
+	static const Oid  argtypes[] = {INT8OID, UUIDOID};
+	Datum			  values[2] = {Int64GetDatum(id), PointerGetDatum(token)};
+	char			  nulls[2] = {' ', token ? ' ' : 'n'};
+	bool			  tokens = queue_has_claim_digest();
+	bool			  isnull;
 	char			 *status;
 	char			 *stage;
 
-	queue_exec(queue_plan(&plan,
-						  "SELECT status::text, stage FROM pepsi.workqueue WHERE id = $1",
-						  1, argtypes),
-			   values, NULL, true, 1);
+	queue_exec(tokens ? queue_plan(&plans[0],
+								   "SELECT status::text, stage,"
+								   " claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$2") ","
+																								  " claim_digest IS NULL"
+																								  " FROM pepsi.workqueue WHERE id = $1",
+								   2, argtypes)
+					  : queue_plan(&plans[1],
+								   "SELECT status::text, stage, true, true FROM pepsi.workqueue"
+								   " WHERE id = $1 AND $2 IS NULL",
+								   2, argtypes),
+			   values, nulls, true, 1);
+	if (SPI_processed == 0 && !tokens && token != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("claim token for workqueue row %lld does not match", (long long) id),
+				 errdetail("This schema issues no claim tokens; nothing was changed."),
+				 errhint("Run ALTER EXTENSION pepsi UPDATE.")));
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_NO_DATA_FOUND),
@@ -103,31 +152,94 @@ queue_report_row_state(int64 id, const char *expected_stage)
 				 errmsg("workqueue row %lld is at stage \"%s\", not \"%s\"",
 						(long long) id, stage, expected_stage),
 				 errdetail("The caller's view of the row is stale: another stage owns it now.")));
+	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull)))
+	{
+		if (token == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("workqueue row %lld needs its claim token", (long long) id),
+					 errdetail("Its claim returned a token, and only the worker it was handed to may change the row; nothing was changed."),
+					 errhint("Pass the token the dispatcher wrote after the id (the claim_token argument).")));
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("claim token for workqueue row %lld does not match", (long long) id),
+				 errdetail(DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4, &isnull))
+							   ? "The row was claimed without a token; nothing was changed."
+							   : "The row was claimed again since this token was issued, or the token is not the one its claim returned; nothing was changed.")));
+	}
 	elog(ERROR, "workqueue row %lld is running at stage \"%s\" but was not updated",
 		 (long long) id, stage);
 }
 
 /*
- * Lock row id, check it is running at expected_stage, and return how many
- * recipients it has.  For the functions that make several statements' worth
- * of change to one row (pause with clones, splits).
+ * Lock row id, check it is running at expected_stage under claim token
+ * (NULL: none), and return how many recipients it has.  For the functions
+ * that make several statements' worth of change to one row (pause with
+ * clones, splits).
  */
 int
-queue_lock_running_row(int64 id, const char *expected_stage)
+queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token)
 {
-	static SPIPlanPtr plan;
-	static const Oid  argtypes[] = {INT8OID, TEXTOID};
-	Datum			  values[2] = {Int64GetDatum(id), CStringGetTextDatum(expected_stage)};
+	static SPIPlanPtr plans[2];
+	static const Oid  argtypes[] = {INT8OID, TEXTOID, UUIDOID};
+	Datum			  values[3] = {Int64GetDatum(id), CStringGetTextDatum(expected_stage),
+								   PointerGetDatum(token)};
+	char			  nulls[3] = {' ', ' ', token ? ' ' : 'n'};
 	bool			  isnull;
 
-	queue_exec(queue_plan(&plan,
-						  "SELECT cardinality(rcpt_to) FROM pepsi.workqueue"
-						  " WHERE id = $1 AND status = 'running' AND stage = $2 FOR UPDATE",
-						  2, argtypes),
-			   values, NULL, false, 1);
+	queue_exec(queue_has_claim_digest()
+				   ? queue_plan(&plans[0],
+								"SELECT cardinality(rcpt_to) FROM pepsi.workqueue"
+								" WHERE id = $1 AND status = 'running' AND stage = $2"
+								" AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
+								3, argtypes)
+				   : queue_plan(&plans[1],
+								"SELECT cardinality(rcpt_to) FROM pepsi.workqueue"
+								" WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",
+								3, argtypes),
+			   values, nulls, false, 1);
 	if (SPI_processed == 0)
-		queue_report_row_state(id, expected_stage);
+		queue_report_row_state(id, expected_stage, token);
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * The recovery of running rows (workqueue_crashed, workqueue_recover,
+ * workqueue_reset_orphans) is the dispatcher's: it alone knows which
+ * worker died on which row.  A stage worker, a member of the same role,
+ * must not put another worker's row back to be claimed again, so these
+ * refuse a session that does not hold the one-dispatcher advisory lock
+ * (pg_try_advisory_lock(PEPSI_LOCK_CLASS, PEPSI_LOCK_DISPATCH), common/db.h,
+ * which pepsi-dispatch takes before anything else).  A superuser (the
+ * caller outside the SECURITY DEFINER function) may: a DBA recovering by
+ * hand.
+ */
+void
+queue_check_dispatcher(const char *what)
+{
+	LOCKTAG tag;
+
+	if (superuser_arg(GetOuterUserId()))
+		return;
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, PEPSI_LOCK_CLASS_ID, PEPSI_LOCK_DISPATCH_ID, 2);
+	if (!LockHeldByMe(&tag, ExclusiveLock))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s is for the dispatcher's session only", what),
+				 errdetail("It changes rows other workers hold; this session does not hold the"
+						   " dispatcher's lock (pg_try_advisory_lock(%u, %u))."
+						   " A stage worker changes only the rows it was handed, with their claim tokens.",
+						   PEPSI_LOCK_CLASS_ID, PEPSI_LOCK_DISPATCH_ID)));
+}
+
+PG_FUNCTION_INFO_V1(dispatcher_check);
+
+/* dispatcher_check(what): queue_check_dispatcher for the PL/pgSQL functions. */
+Datum
+dispatcher_check(PG_FUNCTION_ARGS)
+{
+	queue_check_dispatcher(PG_ARGISNULL(0) ? "this function" : text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	PG_RETURN_VOID();
 }
 
 /* Wake the dispatcher; delivered at commit, and only once per transaction. */

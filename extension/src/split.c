@@ -411,9 +411,9 @@ split_check_keep(ArrayType *keep, int nrcpt, bool *taken)
 }
 
 static ArrayType *
-split_rows(int64 id, const char *expected_stage, ArrayType *keep, Jsonb *groups)
+split_rows(int64 id, const char *expected_stage, ArrayType *keep, Jsonb *groups, pg_uuid_t *token)
 {
-	int		   nrcpt = queue_lock_running_row(id, expected_stage);
+	int		   nrcpt = queue_lock_running_row(id, expected_stage, token);
 	bool	  *taken = palloc0(sizeof(bool) * (nrcpt + 1));
 	ArrayType *ids;
 
@@ -468,7 +468,7 @@ workqueue_split(PG_FUNCTION_ARGS)
 	groups = PG_GETARG_JSONB_P(3);
 
 	SPI_connect();
-	ids = split_rows(id, expected_stage, keep, groups);
+	ids = split_rows(id, expected_stage, keep, groups, arg_claim_token(fcinfo, 4));
 	ids = (ArrayType *) SPI_datumTransfer(PointerGetDatum(ids), false, -1);
 	SPI_finish();
 	PG_RETURN_ARRAYTYPE_P(ids);
@@ -509,7 +509,7 @@ workqueue_split_off(PG_FUNCTION_ARGS)
 		check_stage_name(PG_GETARG_TEXT_PP(3), "target_stage");
 
 	SPI_connect();
-	nrcpt = queue_lock_running_row(id, expected_stage);
+	nrcpt = queue_lock_running_row(id, expected_stage, arg_claim_token(fcinfo, 4));
 	taken = palloc0(sizeof(bool) * (nrcpt + 1));
 	check_indices(indices, nmoving, nrcpt, "rcpt_indices", taken);
 	keep = palloc(sizeof(int) * (nrcpt + 1));
@@ -566,7 +566,7 @@ workqueue_split_one_per_row(PG_FUNCTION_ARGS)
 	ArrayType	  *ids;
 
 	SPI_connect();
-	nrcpt = queue_lock_running_row(id, expected_stage);
+	nrcpt = queue_lock_running_row(id, expected_stage, arg_claim_token(fcinfo, 2));
 	if (nrcpt == 1)
 		ids = construct_empty_array(INT8OID);
 	else

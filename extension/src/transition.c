@@ -106,7 +106,7 @@ transition_check_extras(TransitionKind kind, const char *label, bool has_target,
 
 /* Build the guarded single-row statement for one outcome and column set. */
 static char *
-transition_commit_sql(TransitionKind kind, int touched)
+transition_commit_sql(TransitionKind kind, int touched, bool tokens)
 {
 	StringInfoData sql;
 
@@ -144,31 +144,41 @@ transition_commit_sql(TransitionKind kind, int touched)
 			appendStringInfoString(&sql, ", stage = $11");
 	}
 	appendStringInfoString(&sql, " WHERE id = $1 AND status = 'running' AND stage = $2");
+	if (tokens)
+		appendStringInfoString(&sql, " AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$12"));
 	return sql.data;
 }
 
 /* For a body rewrite: lock the row (checking it) and return its current body. */
 static int64
-transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
+transition_lock_for_body_rewrite(Datum id, Datum expected_stage, pg_uuid_t *token)
 {
-	static SPIPlanPtr plan;
-	static const Oid  argtypes[] = {INT8OID, TEXTOID};
-	Datum			  values[2] = {id, expected_stage};
+	static SPIPlanPtr plans[2];
+	static const Oid  argtypes[] = {INT8OID, TEXTOID, UUIDOID};
+	Datum			  values[3] = {id, expected_stage, PointerGetDatum(token)};
+	char			  nulls[3] = {' ', ' ', token ? ' ' : 'n'};
 
-	queue_exec(queue_plan(&plan,
-						  "SELECT body_id FROM pepsi.workqueue"
-						  " WHERE id = $1 AND status = 'running' AND stage = $2 FOR UPDATE",
-						  2, argtypes),
-			   values, NULL, false, 1);
+	queue_exec(queue_has_claim_digest()
+				   ? queue_plan(&plans[0],
+								"SELECT body_id FROM pepsi.workqueue"
+								" WHERE id = $1 AND status = 'running' AND stage = $2"
+								" AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
+								3, argtypes)
+				   : queue_plan(&plans[1],
+								"SELECT body_id FROM pepsi.workqueue"
+								" WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",
+								3, argtypes),
+			   values, nulls, false, 1);
 	if (SPI_processed == 0)
-		queue_report_row_state(DatumGetInt64(id), TextDatumGetCString(expected_stage));
+		queue_report_row_state(DatumGetInt64(id), TextDatumGetCString(expected_stage), token);
 	return queue_result_int64(0, 1);
 }
 
 /*
  * workqueue_commit(id, expected_stage, transition, target_stage,
  *                  merge_state, retry_seconds, set_headers, set_body,
- *                  set_mail_from, set_rcpt_to, set_state, at_stage)
+ *                  set_mail_from, set_rcpt_to, set_state, at_stage
+ *                  [, claim_token])
  *
  * Content arguments left NULL are not written.  at_stage is for a pause or
  * fail decided by a successor stage fused into the pass: the row stays
@@ -178,15 +188,20 @@ transition_lock_for_body_rewrite(Datum id, Datum expected_stage)
  * body for this row alone (copy-on-write: siblings keep the old one) and
  * releases the old body if this row was its last reference.  With finish
  * the row is deleted, so content arguments are moot and ignored.
+ * claim_token is the token the claim returned with the row (the overload
+ * without it, and a NULL token, match only a row claimed without one).
  */
 Datum
 workqueue_commit(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plans[TRANSITION_KINDS][TOUCHED_COMBINATIONS];
-	static const Oid  argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID,
-									BYTEAOID, INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID};
-	Datum			  values[11];
-	char			  nulls[11] = "           ";
+	static SPIPlanPtr plans[2][TRANSITION_KINDS][TOUCHED_COMBINATIONS];
+	static const Oid  argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID, BYTEAOID,
+									INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID, UUIDOID};
+	Datum			  values[12];
+	char			  nulls[12] = "            ";
+	pg_uuid_t		 *token = arg_claim_token(fcinfo, 12);
+	bool			  tokens = queue_has_claim_digest();
+	SPIPlanPtr		 *plan;
 	const char		 *label;
 	TransitionKind	  kind;
 	int				  touched = 0;
@@ -202,6 +217,8 @@ workqueue_commit(PG_FUNCTION_ARGS)
 	values[1] = PointerGetDatum(expected_stage);
 	nulls[2] = nulls[3] = nulls[4] = nulls[5] = nulls[6] = nulls[7] = nulls[8] = nulls[9] = 'n';
 	nulls[10] = 'n';
+	values[11] = PointerGetDatum(token);
+	nulls[11] = token ? ' ' : 'n';
 	if (!PG_ARGISNULL(11))
 	{
 		if (kind != TRANSITION_PAUSE && kind != TRANSITION_FAIL)
@@ -262,15 +279,18 @@ workqueue_commit(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (touched & TOUCHED_BODY)
 	{
-		old_body_id = transition_lock_for_body_rewrite(values[0], values[1]);
+		old_body_id = transition_lock_for_body_rewrite(values[0], values[1], token);
 		values[6] = Int64GetDatum(body_store(PG_GETARG_BYTEA_PP(7)));
 		nulls[6] = ' ';
 	}
-	if (plans[kind][touched] == NULL)
-		queue_plan(&plans[kind][touched], transition_commit_sql(kind, touched), 11, argtypes);
-	queue_exec(plans[kind][touched], values, nulls, false, 0);
+	plan = &plans[tokens ? 0 : 1][kind][touched];
+	if (*plan == NULL)
+		queue_plan(plan, transition_commit_sql(kind, touched, tokens), 12, argtypes);
+	if (!tokens && token != NULL)
+		queue_report_row_state(id, text_to_cstring(expected_stage), token);
+	queue_exec(*plan, values, nulls, false, 0);
 	if (SPI_processed == 0)
-		queue_report_row_state(id, text_to_cstring(expected_stage));
+		queue_report_row_state(id, text_to_cstring(expected_stage), token);
 	if (touched & TOUCHED_BODY)
 		body_release_if_unreferenced(old_body_id);
 	SPI_finish();
@@ -279,7 +299,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 
 /* Raise the error for the first id of a batch that was not committed. */
 static void
-transition_report_batch(Datum *ids, Datum *stages, int count)
+transition_report_batch(Datum *ids, Datum *stages, pg_uuid_t **tokens, int count)
 {
 	int64 *committed = palloc(sizeof(int64) * (SPI_processed + 1));
 	uint64 ncommitted = SPI_processed;
@@ -293,7 +313,7 @@ transition_report_batch(Datum *ids, Datum *stages, int count)
 		for (uint64 j = 0; j < ncommitted && !found; j++)
 			found = committed[j] == DatumGetInt64(ids[i]);
 		if (!found)
-			queue_report_row_state(DatumGetInt64(ids[i]), TextDatumGetCString(stages[i]));
+			queue_report_row_state(DatumGetInt64(ids[i]), TextDatumGetCString(stages[i]), tokens[i]);
 	}
 	elog(ERROR, "batch commit touched fewer rows than it was given");
 }
@@ -372,7 +392,7 @@ transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int
 
 /*
  * workqueue_commit_many(ids, expected_stages, transition, target_stages,
- *                       merge_states, retry_seconds)
+ *                       merge_states, retry_seconds [, claim_tokens])
  *
  * One statement for the whole batch; per-row targets, merges and retry
  * times ride in parallel arrays, so divergent branches of the same outcome
@@ -381,37 +401,51 @@ transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int
  * (stage, status) index, whose statistics see almost no running rows, and
  * rescanned the unnest once per indexed row (92 ms instead of 7 for 256
  * rows); hidden in an expression, the rows are reached by primary key.  All or nothing: if any row is not running at its
- * expected stage the call fails and no row changes.
+ * expected stage under its claim token (claim_tokens, parallel to ids) the
+ * call fails and no row changes.
  */
 Datum
 workqueue_commit_many(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr		 plans[TRANSITION_KINDS];
-	static const char *const sql[TRANSITION_KINDS] = {
-		[TRANSITION_ADVANCE] =
-			"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending', " PENDING_SEQ_NEXT ","
-			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-			" FROM unnest($1, $2, $3, $4) AS u(id, expected, target, merge)"
-			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
-		[TRANSITION_PAUSE] =
-			"UPDATE pepsi.workqueue w SET status = 'paused',"
-			" timeout = now() + u.retry * interval '1 second',"
-			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-			" FROM unnest($1, $2, $4, $5) AS u(id, expected, merge, retry)"
-			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
-		[TRANSITION_FAIL] =
-			"UPDATE pepsi.workqueue w SET status = 'failed',"
-			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"
-			" FROM unnest($1, $2, $4) AS u(id, expected, merge)"
-			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
-		[TRANSITION_FINISH] =
-			"DELETE FROM pepsi.workqueue w USING unnest($1, $2) AS u(id, expected)"
-			" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id",
+	/*
+	 * [0]: with the claim token guard (0.4 on), u.token from $6; [1]: the
+	 * schema before claim tokens.
+	 */
+#define COMMIT_MANY_GUARD_TOKEN                                                           \
+	" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected"               \
+	" AND w.claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("u.token") ") IS TRUE" \
+																			  " RETURNING w.id"
+#define COMMIT_MANY_GUARD \
+	" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id"
+#define COMMIT_MANY_SQL(guard, token_arg, token_col)                                                          \
+	{                                                                                                         \
+		[TRANSITION_ADVANCE] =                                                                                \
+			"UPDATE pepsi.workqueue w SET stage = u.target, status = 'pending', " PENDING_SEQ_NEXT ","        \
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"                     \
+			" FROM unnest($1, $2, $3, $4" token_arg ") AS u(id, expected, target, merge" token_col ")" guard, \
+		[TRANSITION_PAUSE] =                                                                                  \
+			"UPDATE pepsi.workqueue w SET status = 'paused',"                                                 \
+			" timeout = now() + u.retry * interval '1 second',"                                               \
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"                     \
+			" FROM unnest($1, $2, $4, $5" token_arg ") AS u(id, expected, merge, retry" token_col ")" guard,  \
+		[TRANSITION_FAIL] =                                                                                   \
+			"UPDATE pepsi.workqueue w SET status = 'failed',"                                                 \
+			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"                     \
+			" FROM unnest($1, $2, $4" token_arg ") AS u(id, expected, merge" token_col ")" guard,             \
+		[TRANSITION_FINISH] = "DELETE FROM pepsi.workqueue w USING unnest($1, $2" token_arg                   \
+							  ") AS u(id, expected" token_col ")" guard,                                      \
+	}
+	static SPIPlanPtr		 plans[2][TRANSITION_KINDS];
+	static const char *const sql[2][TRANSITION_KINDS] = {
+		COMMIT_MANY_SQL(COMMIT_MANY_GUARD_TOKEN, ", $6", ", token"),
+		COMMIT_MANY_SQL(COMMIT_MANY_GUARD, "", ""),
 	};
 	static const Oid argtypes[] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
-								   JSONBARRAYOID, FLOAT8ARRAYOID};
-	Datum			 values[5];
-	char			 nulls[5] = "     ";
+								   JSONBARRAYOID, FLOAT8ARRAYOID, UUIDARRAYOID};
+	Datum			 values[6];
+	char			 nulls[6] = "      ";
+	pg_uuid_t	   **tokens;
+	bool			 has_digest = queue_has_claim_digest();
 	const char		*label;
 	TransitionKind	 kind;
 	Datum			*ids;
@@ -487,10 +521,32 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 		nulls[4] = ' ';
 	}
 
+	tokens = palloc0(sizeof(pg_uuid_t *) * count);
+	values[5] = (Datum) 0;
+	nulls[5] = 'n';
+	if (PG_NARGS() > 6
+		&& (array = transition_batch_array(fcinfo, 6, "claim_tokens", count, false, false)) != NULL)
+	{
+		Datum *elements;
+		bool  *element_nulls;
+		int	   n;
+
+		deconstruct_array(array, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &elements, &element_nulls, &n);
+		for (int i = 0; i < n; i++)
+			tokens[i] = element_nulls[i] ? NULL : DatumGetUUIDP(elements[i]);
+		values[5] = PointerGetDatum(array);
+		nulls[5] = ' ';
+	}
+
 	SPI_connect();
-	queue_exec(queue_plan(&plans[kind], sql[kind], 5, argtypes), values, nulls, false, 0);
+	if (!has_digest && nulls[5] == ' ')
+		for (int i = 0; i < count; i++)
+			if (tokens[i] != NULL)
+				queue_report_row_state(DatumGetInt64(ids[i]), TextDatumGetCString(stages[i]), tokens[i]);
+	queue_exec(queue_plan(&plans[has_digest ? 0 : 1][kind], sql[has_digest ? 0 : 1][kind], 6, argtypes),
+			   values, nulls, false, 0);
 	if (SPI_processed != (uint64) count)
-		transition_report_batch(ids, stages, count);
+		transition_report_batch(ids, stages, tokens, count);
 	SPI_finish();
 	PG_RETURN_INT32(count);
 }
@@ -521,8 +577,8 @@ transition_arg_clones(FunctionCallInfo fcinfo, int argno, bool required)
 
 /*
  * workqueue_pause(id, expected_stage, retry_seconds, merge_state,
- *                 keep_indices, clones, at_stage) returns the ids of the
- *                 clones made.
+ *                 keep_indices, clones, at_stage [, claim_token]) returns
+ *                 the ids of the clones made.
  *
  * Clones are spawned from the row as it was (their rcpt_indices count in
  * the full recipient list), then the row is reduced to keep_indices and
@@ -540,13 +596,14 @@ workqueue_pause(PG_FUNCTION_ARGS)
 	ArrayType		 *keep = PG_ARGISNULL(4) ? NULL : PG_GETARG_ARRAYTYPE_P(4);
 	Jsonb			 *clones = transition_arg_clones(fcinfo, 5, false);
 	text			 *at_stage = PG_ARGISNULL(6) ? NULL : arg_stage(fcinfo, 6, "at_stage");
+	pg_uuid_t		 *token = arg_claim_token(fcinfo, 7);
 	Datum			  values[4];
 	char			  nulls[4] = "    ";
 	ArrayType		 *clone_ids;
 	int				  nrcpt;
 
 	SPI_connect();
-	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
+	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage), token);
 	if (keep != NULL)
 	{
 		bool *taken = palloc0(sizeof(bool) * (nrcpt + 1));
@@ -587,7 +644,7 @@ workqueue_pause(PG_FUNCTION_ARGS)
 }
 
 /*
- * workqueue_finish_with_clones(id, expected_stage, clones): the clones are
+ * workqueue_finish_with_clones(id, expected_stage, clones [, claim_token]): the clones are
  * inserted before the row is deleted, so the row's body is still referenced
  * when the release trigger looks at it.
  */
@@ -599,12 +656,13 @@ workqueue_finish_with_clones(PG_FUNCTION_ARGS)
 	int64			  id = arg_int64(fcinfo, 0, "id");
 	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
 	Jsonb			 *clones = transition_arg_clones(fcinfo, 2, true);
+	pg_uuid_t		 *token = arg_claim_token(fcinfo, 3);
 	Datum			  values[1] = {Int64GetDatum(id)};
 	ArrayType		 *clone_ids;
 	int				  nrcpt;
 
 	SPI_connect();
-	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage));
+	nrcpt = queue_lock_running_row(id, text_to_cstring(expected_stage), token);
 	spawn_validate(clones, SPAWN_CLONES, nrcpt, NULL, "clones");
 	clone_ids = spawn_rows(id, clones, SPAWN_CLONES);
 	queue_exec(queue_plan(&plan, "DELETE FROM pepsi.workqueue WHERE id = $1", 1, argtypes),
@@ -721,6 +779,7 @@ workqueue_reset_orphans(PG_FUNCTION_ARGS)
 	char			  nulls[1] = {' '};
 	uint64			  reset;
 
+	queue_check_dispatcher("workqueue_reset_orphans");
 	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
 	SPI_connect();
