@@ -258,9 +258,12 @@ CREATE TABLE pepsi.mail_log (
     at              timestamptz NOT NULL DEFAULT now(),
     workqueue_id    bigint,
     event           text NOT NULL,
-    detail          jsonb NOT NULL DEFAULT '{}'
+    detail          jsonb NOT NULL DEFAULT '{}',
+    queue_id        text
 );
 CREATE INDEX mail_log_at ON pepsi.mail_log (at);
+COMMENT ON COLUMN pepsi.mail_log.queue_id IS
+    'The message''s queue id (state.queue_id of its rows); workqueue_id is the row';
 COMMENT ON TABLE pepsi.mail_log IS
     'Opt-in per-message log ([pepsi] MAIL_LOG); pruned past pepsi.mail_log_retention by the maintenance worker';
 
@@ -3323,3 +3326,11 @@ BEGIN
     END IF;
 END
 $$;
+
+-- ===========================================================================
+-- One queue id (common/queue_id.h): the message's name from ingress on,
+-- carried by every row split from it in state.queue_id; pepsi.mail_log's
+-- queue_id column (above) finds a message's events across its rows.
+-- ===========================================================================
+CREATE INDEX mail_log_queue_id ON pepsi.mail_log (queue_id);
+-- end of one queue id

@@ -35,7 +35,9 @@
 #include "delivery.h"
 #include "dsn.h"
 #include "log.h"
+#include "maillog.h"
 #include "origin.h"
+#include "queue_id.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -271,6 +273,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	struct bounce_recipients list = {0};
 	struct dsn_report		 report = {0};
 	struct buf				 new_headers = BUF_INIT;
+	char					 dsn_queue_id[QUEUE_ID_LEN + 1];
 	struct buf				 new_body = BUF_INIT;
 	struct buf				 unique = BUF_INIT;
 	json_t					*new_state;
@@ -343,7 +346,12 @@ bounce_run(struct pepsi_ctx *ctx)
 	report.nrecipients = list.n;
 	dsn_build(&report, &new_headers, &new_body);
 
-	log_info("row %lld: %s DSN to <%s> about %zu recipient%s (first <%s>: %s)", pepsi_id(ctx),
+	/* The DSN is a new message: a queue id of its own, logged as Postfix's bounce daemon does. */
+	pepsi_new_queue_id(ctx, dsn_queue_id);
+	log_info("%s: sender %s notification: %s (row %lld: %s DSN to <%s> about %zu recipient%s, first <%s>: %s)",
+			 pepsi_queue_id(ctx), kind == DSN_FAILURE ? "non-delivery" : kind == DSN_DELAY ? "delay"
+																						   : "delivery status",
+			 dsn_queue_id, pepsi_id(ctx),
 			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
 																 : "success",
 			 sender, list.n, list.n == 1 ? "" : "s", list.rcpts[0].final_recipient,
@@ -365,8 +373,8 @@ bounce_run(struct pepsi_ctx *ctx)
 	 * from the original.  It is Pepsi's own message, whoever sent the
 	 * original: its origin is trusted and it is signed (common/origin.h).
 	 */
-	new_state = json_pack("{s:I, s:o}", "created_at", (json_int_t) report.now, "origin",
-						  origin_generated("pepsi-stage-bounce"));
+	new_state = json_pack("{s:I, s:o, s:s}", "created_at", (json_int_t) report.now, "origin",
+						  origin_generated("pepsi-stage-bounce"), "queue_id", dsn_queue_id);
 	pepsi_set_headers(ctx, new_headers.data, new_headers.len);
 	pepsi_set_body(ctx, new_body.data, new_body.len);
 	pepsi_set_rcpt_to(ctx, to, 1);
@@ -374,6 +382,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	pepsi_set_state(ctx, new_state);
 	json_decref(new_state);
 	rc = pepsi_advance(ctx);
+	maillog_queued(dsn_queue_id, "", new_headers.len + new_body.len + 2, 1, pepsi_id(ctx));
 
 out:
 	for (size_t i = 0; i < list.n; i++)
