@@ -60,6 +60,14 @@ sub send_message
 	return $out =~ /<[-~]  250 2\.0\.0 Ok: queued as (\S+)/ ? $1 : undef;
 }
 
+sub pepsi_queue
+{
+	my ($config, @args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ pepsi_bin('pepsi-queue'), '-C', $config, @args ], '>', \$out, '2>', \$err);
+	return ($? >> 8, $out . $err);
+}
+
 sub queue_ids_in
 {
 	my ($log, $rcpt) = @_;
@@ -72,7 +80,7 @@ sub queue_ids_in
 my $sink = start_sink('-c');
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $config = with_listener(delivery_config($node, maildir_root => $root,
-	smarthost => "127.0.0.1:$sink->{port}", pepsi => { SYSLOG_NAME => $syslog_name }), $port);
+	smarthost => "127.0.0.1:$sink->{port}", pepsi => { SYSLOG_NAME => $syslog_name, MAIL_LOG => 'yes' }), $port);
 my $ingress = start_ingress($config, $port, "$tmp/ingress-1.log");
 my $d = start_dispatcher($config, log => "$tmp/dispatch-1.log");
 
@@ -100,6 +108,11 @@ like($erin // '', qr/^\Q$syslog_name\E\/smtp\[\d+\]: \Q$split\E: to=<erin\@remot
 my ($alice_row) = slurp("$tmp/dispatch-1.log") =~ /\Q$split\E: to=<alice\@local\.test>.*, row=(\d+)$/m;
 my ($erin_row) = ($erin // '') =~ /, row=(\d+)$/;
 ok(defined $alice_row && defined $erin_row && $alice_row != $erin_row, '... and its own row id');
+my ($rc, $out) = pepsi_queue($config, 'log', $split);
+is($rc, 0, 'pepsi-queue log QUEUE-ID');
+is(join(' ', sort map { /^\S+ \S+\s+\Q$split\E\s+(\d+)\s+delivery\s+sent\s+(\S+)/ ? "$1:$2" : () } split /\n/, $out),
+	join(' ', sort ("$alice_row:alice\@local.test", "$erin_row:erin\@remote.test")),
+	'... shows the deliveries of both rows of the split message, each with its row id');
 like(slurp("$tmp/ingress-1.log"), qr/^\Q$syslog_name\E\/smtpd\[\d+\]: \Q$two\E: client=unknown\[127\.0\.0\.1\]$/m,
 	'ingress logs client= under the smtpd tag');
 like(slurp("$tmp/ingress-1.log"),
@@ -114,7 +127,7 @@ my $peer = start_peer('--rcpt', 'slow@=451 4.3.0 try again later',
 	'--rcpt', 'gone@=550 5.1.1 <gone@remote.test>: no such user');
 $port = PostgreSQL::Test::Cluster::get_free_port();
 $config = with_listener(delivery_config($node, maildir_root => $root,
-	smarthost => "127.0.0.1:$peer->{port}", pepsi => { SYSLOG_NAME => $syslog_name },
+	smarthost => "127.0.0.1:$peer->{port}", pepsi => { SYSLOG_NAME => $syslog_name, MAIL_LOG => 'yes' },
 	extra => { init => "LOCAL_STAGE = lmtp\n", smarthost => "RETRY_BASE = 1h\nRETRY_MAX = 1h\n" },
 	more_stages => { lmtp => "PROGRAM = pepsi-stage-relay-to-lmtp\nSERVER = $dovecot->{socket}\n"
 		  . "BOUNCE_STAGE = bounce\nTIMEOUT = 10s\n" }), $port);
@@ -128,6 +141,9 @@ ok(poll_until(sub { scalar(dovecot_messages($dovecot, 'bob')) == 1 }), 'Dovecot 
 ok(poll_until(sub { scalar(maildir_files($root, 'sender@local.test')) == 1 }), 'the DSN reached the sender');
 ok(poll_until(sub { scalar(queue_ids_in("$tmp/dispatch-2.log", 'slow@remote.test')) == 1 }),
 	'the deferral is logged');
+my $slow = $node->safe_psql('postgres', "SELECT state ->> 'queue_id' FROM pepsi.workqueue");
+($rc, $out) = pepsi_queue($config, 'list');
+like($out, qr/^\d+\s+\Q$slow\E\s+.*slow\@remote\.test/m, 'pepsi-queue list shows the deferred message\'s queue id');
 stop_dispatcher($d);
 stop_process($ingress);
 stop_process($peer);

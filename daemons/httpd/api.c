@@ -263,7 +263,8 @@ api_queue_message(struct request *req, const char *id_text)
 	if (*id_text == '\0' || *end != '\0' || id <= 0)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "\"%.40s\" is not a message id", id_text);
 	/* Headers may hold any bytes: base64, decoded by the page as UTF-8. */
-	return api_json_query(req, "SELECT row_to_json(m) FROM (SELECT id, stage, status, held, received_at,"
+	return api_json_query(req, "SELECT row_to_json(m) FROM (SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id,"
+							   " stage, status, held, received_at,"
 							   " retry_at, mail_from, rcpt_to, sender_key, state,"
 							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size"
 							   " FROM pepsi.queue_message($1::int8)) m",

@@ -2205,11 +2205,12 @@ $$;
 CREATE FUNCTION pepsi.queue_list(stage text DEFAULT NULL, status pepsi.status DEFAULT NULL,
                                  search text DEFAULT NULL, max_rows integer DEFAULT 100,
                                  before_id bigint DEFAULT NULL)
-RETURNS TABLE (id bigint, stage text, status pepsi.status, held boolean, received_at timestamptz,
-               age_seconds double precision, retry_at timestamptz, mail_from text, rcpt_to text[],
-               size bigint, last_error text)
+RETURNS TABLE (id bigint, queue_id text, stage text, status pepsi.status, held boolean,
+               received_at timestamptz, age_seconds double precision, retry_at timestamptz,
+               mail_from text, rcpt_to text[], size bigint, last_error text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT w.id, w.stage, w.status, w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
+    SELECT w.id, coalesce(w.state ->> 'queue_id', w.id::text), w.stage, w.status,
+           w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
            extract(epoch FROM now() - w.received_at)::double precision,
            CASE WHEN w.timeout < 'infinity' THEN w.timeout END,
            w.mail_from, w.rcpt_to, length(w.headers) + 2 + length(b.body),
