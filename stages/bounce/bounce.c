@@ -138,8 +138,8 @@ bounce_gather(struct pepsi_ctx *ctx, int *rc)
 		double	seconds = json_number_value(json_object_get(answer, "seconds"));
 		json_t *merge = json_pack("{s:O}", "bounce_gather", json_object_get(answer, "bounce_gather"));
 
-		log_info("row %lld: waits %.1fs for the other recipients of its message, to send one DSN",
-				 pepsi_id(ctx), seconds);
+		log_info("%s: row %lld: waits %.1fs for the other recipients of its message, to send one DSN",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), seconds);
 		*rc = pepsi_pause(ctx, merge, seconds > 0.1 ? seconds : 0.1);
 		json_decref(merge);
 		json_decref(answer);
@@ -211,7 +211,7 @@ bounce_add_row(struct pepsi_ctx *ctx, json_t *row, enum dsn_kind kind, const cha
 		}
 		if (!delivery_notify_wants(notify, notify_keyword))
 		{
-			log_info("row %lld: <%s> asked for no %s DSN (NOTIFY=%s)", pepsi_id(ctx), rcpt,
+			log_info("%s: row %lld: <%s> asked for no %s DSN (NOTIFY=%s)", pepsi_queue_id(ctx), pepsi_id(ctx), rcpt,
 					 notify_keyword, notify ? notify : "(none)");
 			continue;
 		}
@@ -284,8 +284,8 @@ bounce_run(struct pepsi_ctx *ctx)
 
 	if (sender[0] == '\0')
 	{
-		log_info("row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
-				 pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
+		log_info("%s: row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
 				 failed ? failed : pepsi_rcpt(ctx, 0));
 		return pepsi_finish(ctx);
 	}
@@ -307,16 +307,16 @@ bounce_run(struct pepsi_ctx *ctx)
 	sender_copy = xstrdup(sender);
 	if (list.n == 0)
 	{
-		log_info("row %lld: %s DSN to <%s> suppressed by NOTIFY; finished", pepsi_id(ctx),
+		log_info("%s: row %lld: %s DSN to <%s> suppressed by NOTIFY; finished", pepsi_queue_id(ctx), pepsi_id(ctx),
 				 notify_keyword, sender);
 		rc = pepsi_finish(ctx);
 		goto out;
 	}
 	if (bounce_over_rate_limit(ctx, sender, &rate_failed))
 	{
-		log_warnx("row %lld: %s DSN to <%s> about %zu recipient%s dropped: more than %lld DSNs to"
+		log_warnx("%s: row %lld: %s DSN to <%s> about %zu recipient%s dropped: more than %lld DSNs to"
 				  " this address this hour (DSN_RATE_LIMIT)",
-				  pepsi_id(ctx), notify_keyword, sender, list.n, list.n == 1 ? "" : "s",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), notify_keyword, sender, list.n, list.n == 1 ? "" : "s",
 				  pepsi_option_int(ctx, "DSN_RATE_LIMIT"));
 		rc = pepsi_finish(ctx);
 		goto out;
