@@ -295,8 +295,9 @@ like($headers, qr/^Authentication-Results: mx\.test\.evil\.example; dmarc=pass\r
 unlike($headers, qr/spf=pass smtp\.mailfrom=ceo|\(forged\)/, 'nothing of the forged ones is left');
 unlike($headers, qr/before-colon/, 'nor of one with a space before its colon (RFC 5322 obs-optional)');
 unlike($headers, qr/header\.quoted/, 'nor of those whose authserv-id is a quoted-string (RFC 8601 2.2)');
-like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id [0-9A-F]{16}\r$/m,
-	'the Received id is sixteen hex digits');
+like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id ([0-9B-DF-HJ-NP-TV-Zb-df-hj-np-tv-z]{15})\r$/m,
+	'the Received id is a queue id: fifteen of the digits and consonants of Postfix\'s long queue ids');
+is(($headers =~ /with ESMTP id (\w+)/)[0], ($queued =~ /queued as (\w+)/)[0], '... the one the 250 reply named');
 
 my $loop = join('', map { "Received: from hop$_.example by hop$_.example; Tue, 1 Dec 2026 00:00:00 +0000\r\n" } 1 .. 50);
 $before = rows();
