@@ -215,9 +215,9 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 	if (o->as_json)
 	{
 		json_t *object = json_object();
-		json_t *state = json_loads(PQgetvalue(res, 0, 11), 0, NULL);
+		json_t *state = json_loads(PQgetvalue(res, 0, PQfnumber(res, "state")), 0, NULL);
 
-		for (int c = 0; c < 11; c++)
+		for (int c = 0; c < PQfnumber(res, "state"); c++)
 		{
 			const char *name = PQfname(res, c);
 
@@ -263,8 +263,10 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	else
 	{
+		const char *pretty = PQgetvalue(res, 0, PQfnumber(res, "state_pretty"));
+
 		/* What a sender wrote is shown, never obeyed by the terminal. */
-		for (int c = 0; c < 11; c++)
+		for (int c = 0; c < PQfnumber(res, "state"); c++)
 		{
 			const char *value = PQgetisnull(res, 0, c) ? "" : PQgetvalue(res, 0, c);
 
@@ -273,7 +275,7 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 			putchar('\n');
 		}
 		fputs("state\n", stdout);
-		cli_write_escaped(PQgetvalue(res, 0, 12), strlen(PQgetvalue(res, 0, 12)), stdout);
+		cli_write_escaped(pretty, strlen(pretty), stdout);
 		fputs("\nheaders\n", stdout);
 		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	}
