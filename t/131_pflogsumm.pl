@@ -162,7 +162,8 @@ for my $log (map { "$tmp/$_.log" } qw(ingress-1 dispatch-1 ingress-2 dispatch-2)
 	$syslog .= join('', map { "$prefix$_\n" } split /\n/, slurp($log));
 }
 PostgreSQL::Test::Utils::append_to_file("$tmp/maillog", $syslog);
-my ($out, $err) = ('', '');
+my $err = '';
+$out = '';
 IPC::Run::run([ $pflogsumm, "--syslog-name=$syslog_name", "$tmp/maillog" ], '>', \$out, '2>', \$err);
 is($? >> 8, 0, 'pflogsumm reads the log') or diag $err;
 my %count = map { /^\s*(\d+)\s+(received|delivered|deferred|bounced)\b/ ? ($2 => $1) : () } split /\n/, $out;
