@@ -401,7 +401,7 @@ delivery_deferred(struct pepsi_ctx *ctx, const struct delivery_report *why)
 									   delivery_delay_bounce_json(ctx, why, lifetime - age));
 
 			json_object_set_new(merge, "delay_sent", json_true());
-			log_info("row %lld: <%s>%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
+			log_info("%s: row %lld: <%s>%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_queue_id(ctx), pepsi_id(ctx),
 					 pepsi_rcpt(ctx, 0), pepsi_rcpt_count(ctx) > 1 ? " and others" : "", age / 60,
 					 pepsi_mail_from(ctx));
 			rc = pepsi_pause_with(ctx, merge, delay, NULL, 0, clones);
@@ -435,7 +435,7 @@ delivery_postponed(struct pepsi_ctx *ctx, const struct delivery_report *why, dou
 	if (seconds < 0.1)
 		seconds = 0.1;
 	merge = json_pack("{s:I}", "postponed", (json_int_t) waits);
-	log_debug("row %lld postponed %.1fs: %s", pepsi_id(ctx), seconds, why->diagnostic ? why->diagnostic : "");
+	log_debug("%s: row %lld postponed %.1fs: %s", pepsi_queue_id(ctx), pepsi_id(ctx), seconds, why->diagnostic ? why->diagnostic : "");
 	rc = pepsi_pause(ctx, merge, seconds);
 	json_decref(merge);
 	return rc;
@@ -521,7 +521,7 @@ delivery_split_delay_dsn(struct pepsi_ctx *ctx, json_t *indices, const struct de
 															   pepsi_option_seconds(ctx, "MAX_LIFETIME") - age),
 									"dsn", dsn));
 	json_object_set_new(json_object_get(retry_group, "state"), "delay_sent", json_true());
-	log_info("row %lld: %zu recipient%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_id(ctx),
+	log_info("%s: row %lld: %zu recipient%s delayed for %.0f minutes; a delay DSN goes to <%s>", pepsi_queue_id(ctx), pepsi_id(ctx),
 			 json_array_size(wanting), json_array_size(wanting) == 1 ? "" : "s", age / 60,
 			 pepsi_mail_from(ctx));
 	json_decref(wanting);

@@ -16,6 +16,7 @@ log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 	const char				*from_env = getenv("PEPSI_LOG");
 	int						 where = -1;
 	bool					 use_syslog;
+	const char				*syslog_name;
 
 	if (from_env && *from_env)
 	{
@@ -35,6 +36,14 @@ log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 		use_syslog = !isatty(STDERR_FILENO) && getenv("JOURNAL_STREAM") == NULL;
 	else
 		use_syslog = where == 2;
+	syslog_name = config_text(cfg, "pepsi", "SYSLOG_NAME");
+	if (syslog_name && !log_set_syslog_name(syslog_name))
+	{
+		snprintf(err, errlen,
+				 "[pepsi] SYSLOG_NAME = %s: SYSLOG_NAME is 1 to 64 letters, digits, '.', '_' or '-'",
+				 syslog_name);
+		return false;
+	}
 	log_set_destination(use_syslog);
 	log_set_json(config_enum(cfg, "pepsi", "LOG_FORMAT") == 1);
 	return true;

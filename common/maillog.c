@@ -50,6 +50,17 @@ maillog_reply(const struct delivery_report *r)
 }
 
 void
+maillog_queued(const char *queue_id, const char *mail_from, size_t size, size_t nrcpt, long long row_id)
+{
+	struct buf line = BUF_INIT;
+
+	buf_printf(&line, "%s: from=<%s>, size=%zu, nrcpt=%zu (queue active, row %lld)", queue_id, mail_from,
+			   size, nrcpt, row_id);
+	log_as("qmgr", LOG_INFO, NULL, line.data);
+	buf_free(&line);
+}
+
+void
 maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
 				 const char *note)
 {
@@ -67,6 +78,8 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 	const char *reply = maillog_reply(r);
 	const char *milter = maillog_milter_verdict(ctx);
 	const char *dsn = r->status ? r->status : (strcmp(status, "sent") == 0 ? "2.0.0" : "4.0.0");
+	/* The delivering stage's service (smtp, lmtp, local), also when it ran fused into another's worker. */
+	const char *service = log_service_of(pepsi_program(ctx));
 	json_t	   *fields;
 	struct buf	line = BUF_INIT;
 	char	   *members;
@@ -75,7 +88,7 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 		queued = 0;
 	if (in_stage < 0)
 		in_stage = 0;
-	buf_printf(&line, "%lld: to=<%s>", pepsi_id(ctx), pepsi_rcpt(ctx, index));
+	buf_printf(&line, "%s: to=<%s>", pepsi_queue_id(ctx), pepsi_rcpt(ctx, index));
 	if (orig_to)
 		buf_printf(&line, ", orig_to=<%s>", orig_to);
 	buf_printf(&line, ", relay=%s, delay=%.2f, delays=%.2f/%.2f/%.2f/%.2f, dsn=%s, status=%s (%s%s%s)",
@@ -90,9 +103,10 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 				   r->tls_result ? r->tls_result : "");
 	if (milter)
 		buf_printf(&line, ", milter=%s", milter);
+	buf_printf(&line, ", row=%lld", pepsi_id(ctx));
 
-	fields = json_pack("{s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?, s:s?}",
-					   "queue_id", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, index),
+	fields = json_pack("{s:s, s:I, s:s, s:s?, s:s, s:f, s:{s:f, s:f, s:f, s:f}, s:s, s:s, s:s, s:s?, s:s?, s:s?}",
+					   "queue_id", pepsi_queue_id(ctx), "row", (json_int_t) pepsi_id(ctx), "to", pepsi_rcpt(ctx, index),
 					   "orig_to", orig_to, "relay", r->relay ? r->relay : "none",
 					   "delay", queued + in_stage + r->connect_seconds + r->transfer_seconds,
 					   "delays", "queue", queued, "stage", in_stage, "connection", r->connect_seconds,
@@ -106,10 +120,10 @@ maillog_delivery_recipient(struct pepsi_ctx *ctx, size_t index, const char *stat
 	if (members && strlen(members) >= 2)
 	{
 		members[strlen(members) - 1] = '\0';
-		log_structured(LOG_INFO, members + 1, line.data);
+		log_as(service, LOG_INFO, members + 1, line.data);
 	}
 	else
-		log_info("%s", line.data);
+		log_as(service, LOG_INFO, NULL, line.data);
 	pepsi_mail_log(ctx, "delivery", fields);
 	pepsi_report_delivery(ctx, status, queued + in_stage + r->connect_seconds + r->transfer_seconds);
 	free(members);

@@ -26,6 +26,15 @@
 #include "stage.h"
 
 /*
+ * The line Postfix's qmgr writes when a message enters the queue, under
+ * the qmgr tag, by whoever queued it (ingress, a stage making a DSN or a
+ * reply, pepsi-sendmail):
+ *   4Yj3Rb0Wg1p9000: from=<a@example.org>, size=912, nrcpt=2 (queue active, row 17)
+ */
+void maillog_queued(const char *queue_id, const char *mail_from, size_t size, size_t nrcpt,
+					long long row_id);
+
+/*
  * One line for each recipient of the row.  note: a parenthesised remark
  * after the reply ("attempt 3, next in 600s"), or NULL.
  */

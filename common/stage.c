@@ -39,6 +39,7 @@
 #include "log.h"
 #include "log_config.h"
 #include "privilege.h"
+#include "queue_id.h"
 #include "stage_internal.h"
 #include "touched.h"
 #include "xalloc.h"
@@ -862,6 +863,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		fatalx("%s", err);
 	w.allow_fusion = config_bool(w.cfg, "pepsi", "ALLOW_FUSION");
 	w.mail_log = config_bool(w.cfg, "pepsi", "MAIL_LOG");
+	w.queue_id_host = queue_id_host(w.cfg);
 	report_queued = getenv(STAGE_STATUS_QUEUED_ENV);
 	w.report_queued = report_queued != NULL && strcmp(report_queued, "1") == 0;
 	stage_check_sections(&w);

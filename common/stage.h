@@ -106,7 +106,17 @@ bool pepsi_registry_one_at_a_time(const char *program);
 int pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv);
 
 /* The row */
-long long	pepsi_id(const struct pepsi_ctx *ctx);
+long long pepsi_id(const struct pepsi_ctx *ctx);
+/*
+ * The message's queue id (common/queue_id.h): state.queue_id, shared by
+ * every row split from the message; the row id in decimal for a row made
+ * without one.  Valid until the row's state changes.
+ */
+const char *pepsi_queue_id(struct pepsi_ctx *ctx);
+/* A new queue id, for a new message this stage makes of the row (a DSN); out has QUEUE_ID_LEN + 1 bytes. */
+void pepsi_new_queue_id(struct pepsi_ctx *ctx, char *out);
+/* The program of the stage running now (a successor's, when fused): whose service logs its lines. */
+const char *pepsi_program(const struct pepsi_ctx *ctx);
 const char *pepsi_stage_name(const struct pepsi_ctx *ctx);
 /* "stage-" and the stage's name: its section, for the config_*_for getters of config.h. */
 const char *pepsi_section(const struct pepsi_ctx *ctx);

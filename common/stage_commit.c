@@ -82,8 +82,8 @@ stage_with_mail_log(const char *statement, const char *events, int events_param)
 {
 	if (events == NULL)
 		return xstrdup(statement);
-	return xasprintf("WITH logged AS (INSERT INTO pepsi.mail_log (workqueue_id, event, detail)"
-					 " SELECT $1::bigint, e ->> 'event', e -> 'detail'"
+	return xasprintf("WITH logged AS (INSERT INTO pepsi.mail_log (workqueue_id, queue_id, event, detail)"
+					 " SELECT $1::bigint, e ->> 'queue_id', e ->> 'event', e -> 'detail'"
 					 " FROM jsonb_array_elements($%d::jsonb) AS e) %s",
 					 events_param, statement);
 }

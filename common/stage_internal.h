@@ -55,6 +55,7 @@ struct stage_worker
 	PGconn					 *conn;
 	bool					  allow_fusion;
 	bool					  mail_log;		 /* [pepsi] MAIL_LOG: events ride the commits */
+	unsigned				  queue_id_host; /* [pepsi] HOST_ID, for the queue ids of new messages */
 	int						  session_nice;	 /* the nice value last given to conn's session */
 	bool					  report_queued; /* the dispatcher reads "queued" (STAGE_STATUS_QUEUED_ENV) */
 	/* pepsi_db handed conn out in this batch: the stage may have queued rows anywhere */
@@ -74,10 +75,11 @@ struct pepsi_ctx
 	struct stage_worker		 *worker;
 	const struct pepsi_stage *stage; /* running now (a successor, when fused) */
 	long long				  id;
-	char					  token[37];  /* the claim token written after the id, or "" */
-	char					 *db_stage;	  /* where the row is in the database */
-	char					 *stage_name; /* the stage running now */
-	char					 *section;	  /* "stage-" stage_name */
+	char					  token[37];	/* the claim token written after the id, or "" */
+	char					 *db_stage;		/* where the row is in the database */
+	char					 *stage_name;	/* the stage running now */
+	char					 *section;		/* "stage-" stage_name */
+	char					  queue_id[32]; /* pepsi_queue_id's, for a row without state.queue_id */
 	enum pepsi_load			  loaded;
 	char					 *mail_from;
 	char					**rcpt;
@@ -130,6 +132,7 @@ char *stage_json_text(json_t *json);
 void  stage_json_string(struct buf *b, const char *s);
 
 /* stage_terminal.c */
+
 void stage_int_array(struct buf *b, const int *values, size_t count);
 int	 stage_terminal(struct pepsi_ctx *ctx, enum terminal_kind kind);
 

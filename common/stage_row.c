@@ -22,6 +22,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "queue_id.h"
 #include "settings.h"
 #include "stage_internal.h"
 #include "touched.h"
@@ -35,6 +36,24 @@ long long
 pepsi_id(const struct pepsi_ctx *ctx)
 {
 	return ctx->id;
+}
+
+const char *
+pepsi_queue_id(struct pepsi_ctx *ctx)
+{
+	return queue_id_of(stage_state(ctx), ctx->id, ctx->queue_id, sizeof(ctx->queue_id));
+}
+
+void
+pepsi_new_queue_id(struct pepsi_ctx *ctx, char *out)
+{
+	queue_id_make(ctx->worker->queue_id_host, out);
+}
+
+const char *
+pepsi_program(const struct pepsi_ctx *ctx)
+{
+	return ctx->stage->program;
 }
 
 const char *
@@ -98,7 +117,9 @@ pepsi_mail_log(struct pepsi_ctx *ctx, const char *event, json_t *detail)
 		return;
 	if (ctx->mail_log == NULL)
 		ctx->mail_log = json_array();
-	json_array_append_new(ctx->mail_log, json_pack("{s:s, s:O}", "event", event, "detail", detail));
+	json_array_append_new(ctx->mail_log,
+						  json_pack("{s:s, s:O, s:s?}", "event", event, "detail", detail, "queue_id",
+									json_string_value(json_object_get(stage_state(ctx), "queue_id"))));
 }
 
 const char *

@@ -21,6 +21,8 @@
 
 #include "db.h"
 #include "log.h"
+#include "maillog.h"
+#include "queue_id.h"
 #include "stage_internal.h"
 #include "touched.h"
 #include "xalloc.h"
@@ -339,13 +341,25 @@ stage_inject(struct pepsi_ctx *ctx, const char *sql, const char *stage, const ch
 			 const char *const *extra, int nextra)
 {
 	struct buf	array = BUF_INIT;
-	char	   *state_text = state ? stage_json_text(state) : xstrdup("{}");
+	json_t	   *with_id = state ? json_copy(state) : json_object();
+	char		queue_id[QUEUE_ID_LEN + 1];
+	char	   *state_text;
 	const char *values[9];
 	int			lengths[9] = {0};
 	int			formats[9] = {0};
 	PGresult   *res;
 	long long	id = 0;
 
+	/* A new message: a queue id of its own, unless the caller gave one. */
+	if (json_string_value(json_object_get(with_id, "queue_id")) == NULL)
+	{
+		pepsi_new_queue_id(ctx, queue_id);
+		json_object_set_new(with_id, "queue_id", json_string(queue_id));
+	}
+	else
+		snprintf(queue_id, sizeof(queue_id), "%s", json_string_value(json_object_get(with_id, "queue_id")));
+	state_text = stage_json_text(with_id);
+	json_decref(with_id);
 	buf_append_char(&array, '{');
 	for (size_t i = 0; i < nrcpt; i++)
 		db_array_append(&array, rcpt[i]);
@@ -367,7 +381,10 @@ stage_inject(struct pepsi_ctx *ctx, const char *sql, const char *stage, const ch
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		pepsi_error(ctx, "enqueue_new at stage %s failed: %s", stage, db_error(res, ctx->worker->conn));
 	else if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+	{
 		id = atoll(PQgetvalue(res, 0, 0));
+		maillog_queued(queue_id, mail_from, hlen + blen + 2, nrcpt, id);
+	}
 	PQclear(res);
 	free(state_text);
 	buf_free(&array);

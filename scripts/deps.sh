@@ -73,6 +73,8 @@ check_packages=(
     python3-nacl libnet-dns-perl
     # the man pages: pandoc converts docs/*.[1-8].md, man(1) checks them
     pandoc man-db
+    # the log read by Postfix's log summary (t/131_pflogsumm.pl)
+    pflogsumm
     # make format, make format-check
     clang-format
     # pepsi-httpd's page tested in a browser: Debian's Chromium (driven by

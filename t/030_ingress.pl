@@ -117,7 +117,7 @@ sub queued_id
 {
 	my ($transcript) = @_;
 
-	return $transcript =~ /<[-~]  250 2\.0\.0 Ok: queued as (\d+)/ ? $1 : undef;
+	return $transcript =~ /<[-~]  (250 2\.0\.0 Ok: queued as [0-9A-Za-z]+)/ ? queued_row($node, $1) : undef;
 }
 
 sub message_file
@@ -273,14 +273,14 @@ unlike($row->{trace}, qr/\tfor </, 'pipelining: Received names no recipient when
 	like($replies, qr/^250 2\.1\.0.*^250 2\.1\.5.*^354 /ms, 'pipelined MAIL, RCPT, DATA');
 	print $s "Subject: first\r\n\r\none\r\n.\r\nMAIL FROM:<p2\@example.org>\r\nRCPT TO:<a\@example.net>\r\nDATA\r\n";
 	$replies = join '', map { read_reply($s) } 1 .. 4;
-	like($replies, qr/^250 2\.0\.0 Ok: queued as (\d+)\r\n250 2\.1\.0.*\r\n250 2\.1\.5.*\r\n354 /s,
+	like($replies, qr/^250 2\.0\.0 Ok: queued as ([0-9A-Za-z]+)\r\n250 2\.1\.0.*\r\n250 2\.1\.5.*\r\n354 /s,
 		'commands pipelined after the content are answered after its commit, in order');
-	my ($first) = $replies =~ /queued as (\d+)/;
+	my $first = queued_row($node, $replies);
 	push @stored, $first;
 	print $s "Subject: second\r\n\r\ntwo\r\n.\r\nQUIT\r\n";
 	$replies = read_reply($s) . read_reply($s);
-	like($replies, qr/^250 2\.0\.0 Ok: queued as (\d+)\r\n221 /, 'the second message and QUIT');
-	my ($second) = $replies =~ /queued as (\d+)/;
+	like($replies, qr/^250 2\.0\.0 Ok: queued as ([0-9A-Za-z]+)\r\n221 /, 'the second message and QUIT');
+	my $second = queued_row($node, $replies);
 	push @stored, $second;
 	stored_as_sent($first, "Subject: first\r\n\r\none\r\n", 'pipelined first');
 	stored_as_sent($second, "Subject: second\r\n\r\ntwo\r\n", 'pipelined second');
@@ -324,9 +324,9 @@ like($row->{trace}, qr/with ESMTPS id \w+\r\n\t\(version=TLSv1\.[23] cipher=\S+ 
 	like(read_reply($s, 10), qr/^354 /, 'TLS pipelining: DATA answered');
 	$corked->("Subject: tls pipelined\r\n\r\n", "body\r\n", ".\r\n", "NOOP\r\n");
 	my $queued = read_reply($s, 10);
-	like($queued, qr/^250 2\.0\.0 Ok: queued as \d+/, 'TLS pipelining: the message queued');
+	like($queued, qr/^250 2\.0\.0 Ok: queued as [0-9A-Za-z]+/, 'TLS pipelining: the message queued');
 	like(read_reply($s, 10), qr/^250 /, 'TLS pipelining: the command behind the message answered');
-	$id = $queued =~ /queued as (\d+)/ ? $1 : undef;
+	$id = queued_row($node, $queued);
 	push @stored, $id if defined $id;
 	stored_as_sent($id, "Subject: tls pipelined\r\n\r\nbody\r\n", 'TLS pipelining');
 	command($s, 'QUIT');
@@ -411,8 +411,8 @@ sub net_smtp
 	ok($smtp->to('a@example.net'), 'BDAT: RCPT');
 	ok($smtp->bdat($part1), 'BDAT: first chunk');
 	ok($smtp->bdatlast($part2), 'BDAT: last chunk');
-	like($smtp->message, qr/queued as \d+/, 'BDAT: queued');
-	my ($bdat_id) = $smtp->message =~ /queued as (\d+)/;
+	like($smtp->message, qr/queued as [0-9A-Za-z]+/, 'BDAT: queued');
+	my $bdat_id = queued_row($node, $smtp->message);
 	push @stored, $bdat_id;
 	$row = stored_as_sent($bdat_id, $part1 . $part2, 'BDAT');
 	is($row->{state}{origin}{body}, 'BINARYMIME', 'BDAT: origin.body');
@@ -427,7 +427,7 @@ sub net_smtp
 	$smtp->command('BDAT', length($text) - 20, 'LAST');
 	$smtp->rawdatasend(substr($text, 20));
 	is($smtp->response, 2, 'BDAT text: last chunk accepted');
-	my ($chunk_id) = $smtp->message =~ /queued as (\d+)/;
+	my $chunk_id = queued_row($node, $smtp->message);
 	push @stored, $chunk_id;
 	stored_as_sent($chunk_id, $text, 'BDAT text');
 
@@ -449,7 +449,7 @@ sub net_smtp
 	ok($smtp->mail('b@example.org', Bits => '8'), '8BITMIME: MAIL BODY=8BITMIME');
 	ok($smtp->to('a@example.net'), '8BITMIME: RCPT');
 	ok($smtp->data($text), '8BITMIME: DATA');
-	my ($eight) = $smtp->message =~ /queued as (\d+)/;
+	my $eight = queued_row($node, $smtp->message);
 	push @stored, $eight;
 	$row = stored_as_sent($eight, $text, '8BITMIME');
 	is($row->{state}{origin}{body}, '8BITMIME', '8BITMIME: origin.body');
@@ -460,7 +460,7 @@ sub net_smtp
 	is($smtp->command('MAIL', "FROM:<$from> SMTPUTF8 BODY=8BITMIME")->response, 2, 'SMTPUTF8: MAIL');
 	ok($smtp->to($to), 'SMTPUTF8: RCPT with a UTF-8 address');
 	ok($smtp->data("Subject: utf8\r\n\r\nhi\r\n"), 'SMTPUTF8: DATA');
-	my ($utf8) = $smtp->message =~ /queued as (\d+)/;
+	my $utf8 = queued_row($node, $smtp->message);
 	push @stored, $utf8;
 	$row = stored_as_sent($utf8, "Subject: utf8\r\n\r\nhi\r\n", 'SMTPUTF8');
 	utf8::decode($from);
@@ -477,7 +477,7 @@ sub net_smtp
 	ok($smtp->recipient('c@example.net', { Notify => ['NEVER'] }), 'DSN: RCPT NOTIFY=NEVER');
 	ok($smtp->recipient('d@example.net'), 'DSN: RCPT without parameters');
 	ok($smtp->data("Subject: dsn\r\n\r\nx\r\n"), 'DSN: DATA');
-	my ($dsn) = $smtp->message =~ /queued as (\d+)/;
+	my $dsn = queued_row($node, $smtp->message);
 	push @stored, $dsn;
 	$row = row($dsn);
 	is($json->encode($row->{state}{dsn}),

@@ -146,7 +146,7 @@ $c->close;
 
 ($c, $reply) = transaction($port{smtp}, '127.0.0.1', 'friend@gmail.example');
 like($reply, qr/^250 2\.1\.5/, 'a client in TRUSTED_NETWORKS may relay');
-like(send_data($c), qr/^250 2\.0\.0 Ok: queued as \d+/, 'and its message is queued');
+like(send_data($c), qr/^250 2\.0\.0 Ok: queued as [0-9A-Za-z]+/, 'and its message is queued');
 $c->close;
 
 ($c, $reply) = transaction($port{open}, '127.0.0.2', 'friend@gmail.example');
@@ -189,8 +189,8 @@ like($replies[5], qr/^250 /, 'an alias name exists');
 like($replies[6], qr/^250 /, 'a mailbox is found whatever the case of the address');
 like($replies[7], qr/^550 5\.1\.1/, 'an address that would step out of the maildir root names no mailbox');
 my $queued = send_data($c);
-like($queued, qr/^250 2\.0\.0 Ok: queued as (\d+)/, 'the message for the valid ones is queued');
-my ($id) = $queued =~ /queued as (\d+)/;
+like($queued, qr/^250 2\.0\.0 Ok: queued as ([0-9A-Za-z]+)/, 'the message for the valid ones is queued');
+my $id = queued_row($node, $queued);
 is(recipients_of($id),
 	'alice@example.org postmaster@example.org Abuse@Lists.Example.org postmaster team@example.org CAROL@EXAMPLE.ORG',
 	'only the valid recipients are stored');
@@ -241,7 +241,7 @@ $c->command('MAIL FROM:<sender@sender.example>');
 is(scalar(grep { /^250 / } @replies), 1000, '1,000 duplicate RCPTs are each answered 250');
 like($replies[1], qr/duplicate/, 'the repeats say they are duplicates');
 $queued = send_data($c);
-($id) = $queued =~ /queued as (\d+)/;
+$id = queued_row($node, $queued);
 ok(defined $id, 'the message is queued') or diag($queued);
 is(recipients_of($id), 'alice@EXAMPLE.org', 'stored with the recipient once');
 $c->close;
@@ -282,7 +282,7 @@ $queued = send_message("Authentication-Results: mx.test; spf=pass smtp.mailfrom=
 	  . "Authentication-Results: \"mx.test\"; dkim=pass header.quoted=id\r\n"
 	  . "Authentication-Results:\t(c) \"MX.T\\est\" 1; dmarc=pass header.quoted=escaped\r\n"
 	  . "Subject: trust me\r\n\r\nbody\r\n");
-($id) = $queued =~ /queued as (\d+)/;
+$id = queued_row($node, $queued);
 ok(defined $id, 'a message with Authentication-Results fields is queued') or diag($queued);
 my $headers = stored_headers($id);
 my @results = $headers =~ /^Authentication-Results:[^\r]*/mg;
@@ -295,8 +295,9 @@ like($headers, qr/^Authentication-Results: mx\.test\.evil\.example; dmarc=pass\r
 unlike($headers, qr/spf=pass smtp\.mailfrom=ceo|\(forged\)/, 'nothing of the forged ones is left');
 unlike($headers, qr/before-colon/, 'nor of one with a space before its colon (RFC 5322 obs-optional)');
 unlike($headers, qr/header\.quoted/, 'nor of those whose authserv-id is a quoted-string (RFC 8601 2.2)');
-like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id [0-9A-F]{16}\r$/m,
-	'the Received id is sixteen hex digits');
+like($headers, qr/^Received: from client\.test \(\[127\.0\.0\.1\]\)\r\n\tby mx\.test \(Pepsi\) with ESMTP id ([0-9B-DF-HJ-NP-TV-Zb-df-hj-np-tv-z]{15})\r$/m,
+	'the Received id is a queue id: fifteen of the digits and consonants of Postfix\'s long queue ids');
+is(($headers =~ /with ESMTP id (\w+)/)[0], ($queued =~ /queued as (\w+)/)[0], '... the one the 250 reply named');
 
 my $loop = join('', map { "Received: from hop$_.example by hop$_.example; Tue, 1 Dec 2026 00:00:00 +0000\r\n" } 1 .. 50);
 $before = rows();
@@ -318,7 +319,7 @@ sub stored_notify
 	$c->command('EHLO client.test');
 	$c->command('MAIL FROM:<victim@forged.example>');
 	$c->command("RCPT TO:<alice\@example.org> NOTIFY=$_") for @params;
-	my ($qid) = send_data($c) =~ /queued as (\d+)/;
+	my $qid = queued_row($node, send_data($c));
 	$c->close;
 	return $node->safe_psql($db,
 		"SELECT string_agg(coalesce(r->>'notify', 'null'), ' ') FROM pepsi.workqueue,"

@@ -68,7 +68,7 @@ sub accepted
 {
 	my ($send) = @_;
 	$send->[0]->finish;
-	return ${ $send->[1] } =~ /<[-~]  250 2\.0\.0 Ok: queued as \d+/;
+	return ${ $send->[1] } =~ /<[-~]  250 2\.0\.0 Ok: queued as [0-9A-Za-z]+/;
 }
 
 ok(accepted(start_send('127.0.0.1', 'seen')), 'the first client sends a message');

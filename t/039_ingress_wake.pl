@@ -73,7 +73,7 @@ sub send_from
 			'--to', 'rcpt@example.org', '--header', "Subject: $subject"
 		],
 		'>', \$out, '2>', \$err);
-	return $out =~ /<[-~]  250 2\.0\.0 Ok: queued as \d+/;
+	return $out =~ /<[-~]  250 2\.0\.0 Ok: queued as [0-9A-Za-z]+/;
 }
 
 my $offset = -s $node->logfile;

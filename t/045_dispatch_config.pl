@@ -108,7 +108,7 @@ for my $case (@cases)
 	$message =~ s/LINE/$line/ if defined $line;
 
 	ok($status =~ /^\d+$/ && $status != 0, "$name: refused, with a non-zero status");
-	like($log, qr/^pepsi-dispatch\[\d+\]: \Q$path\E$message$/m, "$name: the message says where and why");
+	like($log, qr/^pepsi\/dispatch\[\d+\]: \Q$path\E$message$/m, "$name: the message says where and why");
 	unlike($log, qr/connected to the database|started worker/,
 		"$name: refused before touching the database");
 }

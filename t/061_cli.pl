@@ -190,7 +190,7 @@ sub json_out
 my ($rc, $out, $err) = tool('queue', 'list');
 is($rc, 0, 'list: exit 0') or diag($err);
 my @lines = split /\n/, $out;
-like($lines[0], qr/^ID\s+AGE\s+SIZE\s+SENDER\s+RECIPIENTS\s+STAGE\s+STATUS\s+LAST_ERROR$/,
+like($lines[0], qr/^ID\s+QUEUE_ID\s+AGE\s+SIZE\s+SENDER\s+RECIPIENTS\s+STAGE\s+STATUS\s+LAST_ERROR$/,
 	'list: a header like mailq\'s columns');
 is(scalar(@lines), 1 + @all, 'list: one line per row');
 is(join(',', map { /^(\d+)/ ? $1 : 'x' } @lines[ 1 .. $#lines ]), join(',', @all),
@@ -222,11 +222,11 @@ is(scalar(@$list), scalar(@all), 'list --json: every row');
 is_deeply(
 	$list->[0],
 	{
-		id => $pending1 + 0, age_seconds => $list->[0]{age_seconds}, size => $size1,
+		id => $pending1 + 0, queue_id => "$pending1", age_seconds => $list->[0]{age_seconds}, size => $size1,
 		sender => 'alice@example.org', recipients => [ 'bob@example.net', 'bea@example.net' ],
 		stage => 'init', status => 'pending', last_error => undef
 	},
-	'list --json: a row as an object, recipients as an array');
+	'list --json: a row as an object, recipients as an array; a row admitted without a queue id goes by its id');
 ok($list->[0]{age_seconds} >= 120 && $list->[0]{age_seconds} < 600, 'list --json: age in seconds');
 is((grep { $_->{id} == $bounce } @$list)[0]{last_error}, "line one\nline two",
 	'list --json: the error as it is');

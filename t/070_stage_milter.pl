@@ -307,7 +307,7 @@ is(row_json($node, $accept)->{stage}, 'filtered', 'accept lets it go on');
 set_running($node, $accept);
 $r = run_worker(worker_cmd('pepsi-stage-relay-to-smarthost', $conf), "$accept\n");
 like($r->{status}[0] // '', qr/^0( |$)/, 'the accepted message is relayed') or diag $r->{stdout}, $r->{stderr};
-like($r->{stderr}, qr/: $accept: to=<rcpt\@example\.org>, relay=.*, status=sent \(.*\), milter=accept$/m,
+like($r->{stderr}, qr/: $accept: to=<rcpt\@example\.org>, relay=.*, status=sent \(.*\), milter=accept, row=$accept$/m,
 	'the delivery log line carries milter=accept');
 is($node->safe_psql('postgres', "SELECT detail ->> 'milter' FROM pepsi.mail_log WHERE workqueue_id = $accept AND event = 'delivery'"),
 	'accept', '... and so does its pepsi.mail_log row');

@@ -211,10 +211,11 @@ sub send_message
 	my $reply = $c->reply(30);
 	$c->close;
 	my $row;
-	if ($reply =~ /^250 2\.0\.0 Ok: queued as (\d+)/)
+	if ($reply =~ /^250 2\.0\.0 Ok: queued as ([0-9A-Za-z]+)/)
 	{
-		push @stored, $1;
-		$row = row($1);
+		my $id = queued_row($node, $reply);
+		push @stored, $id;
+		$row = row($id);
 	}
 	return ($reply, $row);
 }
@@ -484,7 +485,7 @@ my $slow_reply = $slow->reply(30);
 is($others, 10, 'ten sessions were served while one waited for its DNS');
 like($slow_reply, qr/^250 /, 'the session whose DNS never answered: its message is taken');
 $slow->close;
-my ($slow_id) = $slow_reply =~ /queued as (\d+)/;
+my $slow_id = queued_row($node, $slow_reply);
 push @stored, $slow_id;
 is(row($slow_id)->{state}{auth}{spf}{result}, 'temperror', '... with spf=temperror');
 

@@ -135,20 +135,20 @@ like($reply, qr/^554 5\.7\.1/, 'this client may not relay to other domains');
 
 my ($ok, $data) = rcpt($ours->forward('erin@far.example', $srs_domain));
 like($ok, qr/^250 2\.1\.5/, 'a Mail::SRS SRS0 address of our domain is taken at RCPT');
-my ($id) = $data =~ /queued as (\d+)/;
+my $id = queued_row($node, $data);
 ok($id, 'and the bounce is queued');
 is($node->safe_psql($db, "SELECT array_to_string(rcpt_to, ',') FROM pepsi.workqueue WHERE id = " . ($id // 0)),
 	'erin@far.example', 'its recipient is the original sender');
 
 ($ok, $data) = rcpt($old_only->forward('frank@far.example', $srs_domain));
 like($ok, qr/^250/, 'an address signed with the older secret still reverses');
-($id) = $data =~ /queued as (\d+)/;
+$id = queued_row($node, $data);
 is($node->safe_psql($db, "SELECT rcpt_to[1] FROM pepsi.workqueue WHERE id = " . ($id // 0)),
 	'frank@far.example', 'to its original sender');
 
 my $ours_srs1 = $ours->forward($stranger->forward('gina@orig.example', 'hop1.example'), $srs_domain);
 ($ok, $data) = rcpt($ours_srs1);
-($id) = $data =~ /queued as (\d+)/;
+$id = queued_row($node, $data);
 like($node->safe_psql($db, "SELECT rcpt_to[1] FROM pepsi.workqueue WHERE id = " . ($id // 0)),
 	qr/^SRS0=[^@]+=orig\.example=gina\@hop1\.example$/, 'an SRS1 address goes back to the first forwarder');
 

@@ -126,9 +126,15 @@ is(scalar @{ json_of($r) }, 3, 'the summary lists init/pending, init/paused and 
 
 $r = $http->get("$base/api/queue?stage=relay", { headers => \%bearer });
 is_deeply([ sort map { $_->{id} } @{ json_of($r) } ], [ sort @later ], 'the queue filtered by stage');
+is_deeply([ sort map { $_->{queue_id} } @{ json_of($r) } ], [ sort @later ],
+	'... each with its queue id (a row admitted without one: its row id)');
+$node->safe_psql($db, "UPDATE pepsi.workqueue SET state = state || '{\"queue_id\": \"4Yj3Rb0Wg1p9000\"}' WHERE id = $init[1]");
 $r = $http->get("$base/api/queue/$init[1]", { headers => \%bearer });
 is(json_of($r)->{mail_from}, 'sender@example.org', 'one message');
+is(json_of($r)->{queue_id}, '4Yj3Rb0Wg1p9000', '... with its queue id');
 is(MIME::Base64::decode_base64(json_of($r)->{headers_base64}), 'Subject: test', '... with its headers');
+$r = $http->get("$base/api/queue?stage=init", { headers => \%bearer });
+is((grep { $_->{id} == $init[1] } @{ json_of($r) })[0]{queue_id}, '4Yj3Rb0Wg1p9000', '... in the list too');
 $r = $http->get("$base/api/queue/999999", { headers => \%bearer });
 is($r->{status}, 404, 'an unknown message: 404');
 $r = $http->get("$base/api/queue?status=lost", { headers => \%bearer });

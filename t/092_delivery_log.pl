@@ -47,25 +47,25 @@ stop_process($sink);
 
 my @far = lines_for("$tmp/dispatch.log", 'far@remote.test');
 is(scalar @far, 1, 'exactly one line for the remote delivery') or diag explain \@far;
-like($far[0], qr/^pepsi-stage-relay-to-smarthost\[\d+\]: \d+: to=<far\@remote\.test>, relay=127\.0\.0\.1\[127\.0\.0\.1\]:$sink->{port}, /,
-	'... naming the program, the row, the recipient and relay=host[address]:port');
+like($far[0], qr/^pepsi\/smtp\[\d+\]: \d+: to=<far\@remote\.test>, relay=127\.0\.0\.1\[127\.0\.0\.1\]:$sink->{port}, /,
+	'... tagged as Postfix\'s smtp, naming the message (a row admitted without a queue id: by its row id), the recipient and relay=host[address]:port');
 like($far[0], qr/, delay=(\d+\.\d\d), delays=(\d+\.\d\d)\/(\d+\.\d\d)\/(\d+\.\d\d)\/(\d+\.\d\d), /,
 	'... delay= and its four parts');
 my ($delay, @parts) = $far[0] =~ /delay=([\d.]+), delays=([\d.]+)\/([\d.]+)\/([\d.]+)\/([\d.]+)/;
 my $sum = 0;
 $sum += $_ for @parts;
 ok(abs($sum - $delay) < 0.05, "... which add up ($sum against $delay)");
-like($far[0], qr/, dsn=2\.0\.0, status=sent \(250 2\.0\.0 Ok[^)]*\)$/,
+like($far[0], qr/, dsn=2\.0\.0, status=sent \(250 2\.0\.0 Ok[^)]*\), row=$sent$/,
 	'... dsn=2.0.0, status=sent and the server\'s reply');
 my @here = lines_for("$tmp/dispatch.log", 'here@local.test');
 is(scalar @here, 1, 'one line for the local delivery');
-like($here[0], qr/relay=local, .* dsn=2\.0\.0, status=sent \(delivered to maildir\)$/, '... relay=local');
+like($here[0], qr/^pepsi\/local\[\d+\]: $local: to=<here\@local\.test>, relay=local, .* dsn=2\.0\.0, status=sent \(delivered to maildir\), row=$local$/, '... relay=local, tagged as Postfix\'s local');
 
 # The same events in pepsi.mail_log, written with the commit.
 my $rows = $node->safe_psql('postgres',
 	"SELECT workqueue_id || ' ' || (detail ->> 'status') || ' ' || (detail ->> 'relay') || ' ' || (detail ->> 'dsn')"
 	  . " FROM pepsi.mail_log WHERE event = 'delivery' ORDER BY id");
-my @expected = map { my ($id, $relay, $dsn, $status) = /: (\d+): to=<[^>]+>, relay=(\S+), .*dsn=(\S+), status=(\w+)/;
+my @expected = map { my ($relay, $dsn, $status, $id) = /: \d+: to=<[^>]+>, relay=(\S+), .*dsn=(\S+), status=(\w+).*, row=(\d+)$/;
 	"$id $status $relay $dsn" } (@far, @here);
 is_deeply([ sort split /\n/, $rows ], [ sort @expected ], 'pepsi.mail_log holds one row per line, matching it');
 my ($rc, $out, $err) = queue_log_of($config, $sent);
@@ -97,14 +97,14 @@ stop_dispatcher($d);
 stop_process($peer);
 my @slow = lines_for("$tmp/peer.log", 'slow@remote.test');
 is(scalar @slow, 2, 'two attempts, two lines');
-like($slow[0], qr/, dsn=4\.3\.0, status=deferred \(451 4\.3\.0 try again later; attempt 1, next in \d+s\)$/,
+like($slow[0], qr/, dsn=4\.3\.0, status=deferred \(451 4\.3\.0 try again later; attempt 1, next in \d+s\), row=$slow$/,
 	'the first: status=deferred with the reply and when it is tried again');
 like($slow[1], qr/, status=sent \(/, 'the second: status=sent');
 my @gone = lines_for("$tmp/peer.log", 'gone@remote.test');
 is(scalar @gone, 1, 'one line for the refused recipient');
-like($gone[0], qr/, dsn=5\.1\.1, status=bounced \(550 5\.1\.1 <gone\@remote\.test>: no such user\)$/,
+like($gone[0], qr/, dsn=5\.1\.1, status=bounced \(550 5\.1\.1 <gone\@remote\.test>: no such user\), row=$gone$/,
 	'... status=bounced with the reply');
-like(slurp("$tmp/peer.log"), qr/pepsi-stage-bounce\[\d+\]: row $gone: \w+ DSN to <sender\@local\.test>/,
+like(slurp("$tmp/peer.log"), qr/pepsi\/bounce\[\d+\]: $gone: sender non-delivery notification: \w+ \(row $gone: \w+ DSN to <sender\@local\.test>/,
 	'the bounce stage logs the DSN it makes');
 is($node->safe_psql('postgres',
 	"SELECT string_agg(detail ->> 'status', ' ' ORDER BY id) FROM pepsi.mail_log WHERE workqueue_id = $slow"),
@@ -136,6 +136,7 @@ is($event->{to}, 'json@remote.test', '... to');
 like($event->{relay}, qr/^127\.0\.0\.1\[127\.0\.0\.1\]:\d+$/, '... relay');
 is(ref $event->{delays}, 'HASH', '... and the delays by name');
 is($event->{program}, 'pepsi-stage-relay-to-smarthost', '... and the program');
+is($event->{tag}, 'pepsi/smtp', '... and its tag');
 my @other = grep { !/^\{/ } split /\n/, slurp("$tmp/json.log");
 is(scalar @other, 0, 'every line of the log is JSON') or diag explain \@other;
 

@@ -69,13 +69,18 @@ my @open = map { SmtpClient->new($smtp_port) } 1 .. 2;
 $_->command('EHLO client.test') for @open;
 ok(poll_until(sub { stats() eq "$instance 2 2 0" }), 'two open sessions are reported in pepsi.ingress_stats')
   or diag stats();
-like(send_message($open[0]), qr/^250/, 'a message is accepted');
+my $reply = send_message($open[0]);
+like($reply, qr/^250/, 'a message is accepted');
+my ($queue_id) = $reply =~ /queued as (\w+)/;
 my $id = $node->safe_psql($db, 'SELECT max(id) FROM pepsi.workqueue');
-ok(file_shows("$tmp/ingress.log", qr/from=<alice\@example\.net> nrcpt=2 size=\d+ queued as $id/),
-	'its admission is logged with the row id');
+ok(file_shows("$tmp/ingress.log", qr/^pepsi\/smtpd\[\d+\]: \Q$queue_id\E: client=unknown\[127\.0\.0\.1\]$/m),
+	'its admission is logged as Postfix\'s smtpd does, by the queue id of the reply');
+ok(file_shows("$tmp/ingress.log",
+		qr/^pepsi\/qmgr\[\d+\]: \Q$queue_id\E: from=<alice\@example\.net>, size=\d+, nrcpt=2 \(queue active, row $id\)$/m),
+	'... and as its qmgr does, with the row id');
 is($node->safe_psql($db,
 		"SELECT event || ' ' || (detail->>'from') || ' ' || (detail->>'nrcpt') || ' ' || (detail->>'listener')"
-	  . " || ' ' || (detail->>'helo') || ' ' || (detail->>'client') FROM pepsi.mail_log WHERE workqueue_id = $id"),
+	  . " || ' ' || (detail->>'helo') || ' ' || (detail->>'client') FROM pepsi.mail_log WHERE workqueue_id = $id AND queue_id = '$queue_id'"),
 	'received alice@example.net 2 smtp client.test 127.0.0.1',
 	'MAIL_LOG = yes: one "received" row of pepsi.mail_log, the same facts as the log line');
 ok(poll_until(sub { stats() eq "$instance 2 2 1" }), 'the message is counted') or diag stats();

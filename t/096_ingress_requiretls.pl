@@ -68,8 +68,8 @@ sub send_message
 	like($c->command('RCPT TO:<a@example.net>'), qr/^250 /, "$subject: RCPT accepted");
 	like($c->command('DATA'), qr/^354 /, "$subject: DATA");
 	my $reply = $c->command("Subject: $subject\r\n\r\nhello\r\n.");
-	like($reply, qr/^250 2\.0\.0 Ok: queued as \d+/, "$subject: queued");
-	return $reply =~ /queued as (\d+)/ ? $1 : -1;
+	like($reply, qr/^250 2\.0\.0 Ok: queued as [0-9A-Za-z]+/, "$subject: queued");
+	return queued_row($node, $reply) // -1;
 }
 
 # In clear: not offered, and refused.
@@ -117,7 +117,7 @@ sub send_message
 	IPC::Run::run([ 'swaks', '--server', '127.0.0.1', '--port', $port, '--ehlo', 'client.test', '-tls',
 			'--from', 'b@example.org', '--to', 'a@example.net' ],
 		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
-	my ($id) = "$out$err" =~ /<[-~]  250 2\.0\.0 Ok: queued as (\d+)/;
+	my $id = "$out$err" =~ /<[-~]  (250 2\.0\.0 Ok: queued as [0-9A-Za-z]+)/ ? queued_row($node, $1) : undef;
 	ok(defined $id, 'swaks -tls: queued') or diag("$out$err");
 	like("$out$err", qr/<~  250-REQUIRETLS/, 'swaks saw REQUIRETLS offered under TLS');
 	is(requiretls_of($id // 0), 'absent', 'a message sent without REQUIRETLS does not carry it');

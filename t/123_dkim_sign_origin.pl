@@ -167,7 +167,7 @@ sub send_from
 	my $reply = $c->reply(30);
 	$c->command('QUIT');
 	$c->close;
-	my ($id) = $reply =~ /queued as (\d+)/;
+	my $id = queued_row($node, $reply);
 	return ($reply, $id);
 }
 

@@ -216,7 +216,8 @@ sub send_auth
 	my $reply = $c->command($message . ".");
 
 	$c->close;
-	return ($reply, $reply =~ /queued as (\d+)/ ? row_auth($1) : undef);
+	my $id = queued_row($node, $reply);
+	return ($reply, defined $id ? row_auth($id) : undef);
 }
 
 sub signed
@@ -279,7 +280,7 @@ my $served = time - $sent;
 ok(!IO::Select->new($bomb->{socket})->can_read(0), "before the h= bomb is answered (${served}s)");
 $reply = $bomb->reply(60);
 like($reply, qr/^250 /, 'the h= bomb is taken');
-$auth = $reply =~ /queued as (\d+)/ ? row_auth($1) : {};
+$auth = defined queued_row($node, $reply) ? row_auth(queued_row($node, $reply)) : {};
 is($auth->{dkim}[0]{result}, 'permerror', 'its DKIM-Signature fails verification');
 like($auth->{dkim}[0]{reason} // '', qr/too long|more than 128/, '... as too long');
 is($auth->{arc}{result}, 'fail', 'its ARC chain fails');

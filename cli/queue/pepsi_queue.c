@@ -55,7 +55,7 @@ queue_usage(FILE *out)
 			"  bounce ID...|SELECTOR [--reason TEXT] [--bounce-stage S]\n"
 			"  shape                                       recipient domains by age (like qshape)\n"
 			"  summary                                     stages by status\n"
-			"  log ID|ADDRESS                              a message's history (pepsi.mail_log,\n"
+			"  log ID|QUEUE_ID|ADDRESS                     a message's history (pepsi.mail_log,\n"
 			"                                              with [pepsi] MAIL_LOG = yes)\n"
 			"  SELECTOR: --all-failed | --all-paused | --all, narrowed by --stage S\n");
 }
@@ -137,7 +137,8 @@ queue_list(PGconn *conn, const struct queue_options *o)
 	int			rc = CLI_EX_OK;
 
 	snprintf(limit, sizeof(limit), "%ld", o->limit);
-	res = db_exec(conn, o->as_json ? "SELECT w.id, extract(epoch FROM now() - w.received_at)::bigint AS age_seconds,"
+	res = db_exec(conn, o->as_json ? "SELECT w.id, coalesce(w.state ->> 'queue_id', w.id::text) AS queue_id,"
+									 " extract(epoch FROM now() - w.received_at)::bigint AS age_seconds,"
 									 " octet_length(w.headers) + 2 + octet_length(b.body) AS size, w.mail_from AS sender,"
 									 " array_to_json(w.rcpt_to) AS recipients, w.stage, w.status::text AS status,"
 									 " coalesce(w.state->>'last_error', w.state->>'dispatch_error') AS last_error"
@@ -145,7 +146,8 @@ queue_list(PGconn *conn, const struct queue_options *o)
 									 " WHERE ($2::text IS NULL OR w.stage = $2)"
 									 "   AND ($3::text IS NULL OR w.status = $3::pepsi.status)"
 									 " ORDER BY w.id LIMIT $1"
-								   : "SELECT w.id, justify_interval(date_trunc('second', now() - w.received_at))::text AS age,"
+								   : "SELECT w.id, coalesce(w.state ->> 'queue_id', w.id::text) AS queue_id,"
+									 " justify_interval(date_trunc('second', now() - w.received_at))::text AS age,"
 									 " octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
 									 " CASE w.mail_from WHEN '' THEN '<>' ELSE w.mail_from END AS sender,"
 									 " array_to_string(w.rcpt_to, ', ') AS recipients, w.stage, w.status::text AS status,"
@@ -169,7 +171,8 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 	int			format = 1;
 
 	snprintf(idtext, sizeof(idtext), "%lld", id);
-	res = db_exec(conn, "SELECT w.id, w.stage, w.status::text AS status, w.received_at::text AS received_at,"
+	res = db_exec(conn, "SELECT w.id, coalesce(w.state ->> 'queue_id', w.id::text) AS queue_id, w.stage,"
+						" w.status::text AS status, w.received_at::text AS received_at,"
 						" w.timeout::text AS timeout, w.mail_from, array_to_json(w.rcpt_to) AS rcpt_to,"
 						" w.sender_key, host(w.client_address) AS client_address, w.auth_account,"
 						" octet_length(w.headers) + 2 + octet_length(b.body) AS size,"
@@ -212,9 +215,9 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 	if (o->as_json)
 	{
 		json_t *object = json_object();
-		json_t *state = json_loads(PQgetvalue(res, 0, 11), 0, NULL);
+		json_t *state = json_loads(PQgetvalue(res, 0, PQfnumber(res, "state")), 0, NULL);
 
-		for (int c = 0; c < 11; c++)
+		for (int c = 0; c < PQfnumber(res, "state"); c++)
 		{
 			const char *name = PQfname(res, c);
 
@@ -260,8 +263,10 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	else
 	{
+		const char *pretty = PQgetvalue(res, 0, PQfnumber(res, "state_pretty"));
+
 		/* What a sender wrote is shown, never obeyed by the terminal. */
-		for (int c = 0; c < 11; c++)
+		for (int c = 0; c < PQfnumber(res, "state"); c++)
 		{
 			const char *value = PQgetisnull(res, 0, c) ? "" : PQgetvalue(res, 0, c);
 
@@ -270,7 +275,7 @@ queue_show(PGconn *conn, long long id, const struct queue_options *o)
 			putchar('\n');
 		}
 		fputs("state\n", stdout);
-		cli_write_escaped(PQgetvalue(res, 0, 12), strlen(PQgetvalue(res, 0, 12)), stdout);
+		cli_write_escaped(pretty, strlen(pretty), stdout);
 		fputs("\nheaders\n", stdout);
 		cli_write_escaped(PQgetvalue(raw, 0, 0), (size_t) PQgetlength(raw, 0, 0), stdout);
 	}
@@ -379,8 +384,9 @@ queue_act(PGconn *conn, const char *action, int argc, char **argv, const struct 
 }
 
 /*
- * The mail log of one row (by id), or of an address: the deliveries to it
- * and the messages from it, newest last.  Needs [pepsi] MAIL_LOG = yes.
+ * The mail log of one row (by id), of a message (by queue id: every row
+ * split from it), or of an address: the deliveries to it and the messages
+ * from it, newest last.  Needs [pepsi] MAIL_LOG = yes.
  */
 static int
 queue_log(PGconn *conn, const char *what, const struct queue_options *o)
@@ -390,12 +396,17 @@ queue_log(PGconn *conn, const char *what, const struct queue_options *o)
 	PGresult   *res;
 
 	if (cli_parse_id(what, &id))
-		res = db_exec(conn, "SELECT l.at, l.workqueue_id AS id, l.event, l.detail ->> 'status' AS status,"
+		res = db_exec(conn, "SELECT l.at, l.queue_id, l.workqueue_id AS id, l.event, l.detail ->> 'status' AS status,"
 							" l.detail ->> 'to' AS to, l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
 							" FROM pepsi.mail_log l WHERE l.workqueue_id = $1::bigint ORDER BY l.id",
 					  1, values);
+	else if (strchr(what, '@') == NULL)
+		res = db_exec(conn, "SELECT l.at, l.queue_id, l.workqueue_id AS id, l.event, l.detail ->> 'status' AS status,"
+							" l.detail ->> 'to' AS to, l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
+							" FROM pepsi.mail_log l WHERE l.queue_id = $1 ORDER BY l.id",
+					  1, values);
 	else
-		res = db_exec(conn, "SELECT * FROM (SELECT l.id AS seq, l.at, l.workqueue_id AS id, l.event,"
+		res = db_exec(conn, "SELECT * FROM (SELECT l.id AS seq, l.at, l.queue_id, l.workqueue_id AS id, l.event,"
 							" l.detail ->> 'status' AS status, l.detail ->> 'to' AS to,"
 							" l.detail ->> 'relay' AS relay, l.detail ->> 'reply' AS reply"
 							" FROM pepsi.mail_log l"
@@ -527,7 +538,7 @@ pepsi_queue_main(int argc, char **argv)
 	}
 	if (strcmp(command, "log") == 0 && argc - optind != 1)
 	{
-		fprintf(stderr, "pepsi-queue: log takes one message id or one address\n");
+		fprintf(stderr, "pepsi-queue: log takes one message id, one queue id or one address\n");
 		return CLI_EX_USAGE;
 	}
 	if ((strcmp(command, "list") == 0 || strcmp(command, "shape") == 0

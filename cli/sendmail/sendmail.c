@@ -36,6 +36,7 @@
 #include "log.h"
 #include "message.h"
 #include "origin.h"
+#include "queue_id.h"
 #include "smtp_address.h"
 #include "xalloc.h"
 
@@ -269,6 +270,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	char				   *sender = NULL;
 	json_t				   *state = NULL;
 	char				   *state_text = NULL;
+	char					queue_id[QUEUE_ID_LEN + 1];
 	PGconn				   *conn = NULL;
 	PGresult			   *res;
 	int						rc;
@@ -396,6 +398,9 @@ pepsi_sendmail_main(int argc, char **argv)
 	for (size_t k = 0; k < o.nrcpt; k++)
 		json_array_append_new(json_object_get(json_object_get(state, "dsn"), "rcpt"),
 							  json_pack("{s:n,s:n}", "notify", "orcpt"));
+	/* The message's one name from here on (common/queue_id.h). */
+	queue_id_make(queue_id_host(cfg), queue_id);
+	json_object_set_new(state, "queue_id", json_string(queue_id));
 	state_text = json_dumps(state, JSON_COMPACT);
 
 	if ((conn = db_connect_as(cfg, "sendmail", "CONNINFO", "pepsi-sendmail", err, sizeof(err))) == NULL)
@@ -420,7 +425,7 @@ pepsi_sendmail_main(int argc, char **argv)
 	}
 	else
 	{
-		log_debug("queued as %s", PQgetvalue(res, 0, 0));
+		log_debug("queued as %s (row %s)", queue_id, PQgetvalue(res, 0, 0));
 		rc = EX_OK;
 	}
 	PQclear(res);

@@ -266,7 +266,7 @@ api_queue_message(struct request *req, const char *id_text)
 	 * message no longer queued (delivered, bounced, deleted) that
 	 * pepsi.mail_log remembers is its history alone, "gone".
 	 */
-	return api_json_query(req, "SELECT coalesce((SELECT row_to_json(m) FROM (SELECT id, stage, status, held,"
+	return api_json_query(req, "SELECT coalesce((SELECT row_to_json(m) FROM (SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id, stage, status, held,"
 							   " received_at, retry_at, mail_from, rcpt_to, sender_key, state,"
 							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size,"
 							   " (SELECT json_agg(l ORDER BY l.id) FROM pepsi.mail_log_read($1::int8) l) AS log"

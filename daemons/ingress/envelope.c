@@ -28,7 +28,7 @@ envelope_received(const struct smtp_session *s, const struct envelope_origin *o,
 	buf_printf(h, "Received: from %s (%s%s[%s])\r\n\tby %s (Pepsi) with %s id %s",
 			   s->helo ? s->helo : "unknown", o->client_name ? o->client_name : "",
 			   o->client_name ? " " : "", o->client_ip, o->hostname,
-			   smtp_protocol_name(s), o->transaction_id);
+			   smtp_protocol_name(s), o->queue_id);
 	if (s->tls)
 		buf_printf(h, "\r\n\t(version=%s cipher=%s bits=%d)",
 				   s->tls_info.version, s->tls_info.cipher, s->tls_info.bits);
@@ -174,6 +174,7 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 		return NULL; /* json_pack took the references either way */
 	}
 	json_object_set_new(state, "auth", auth);
+	json_object_set_new(state, "queue_id", json_string(o->queue_id));
 	/* RFC 8689: the relays send it on only over verified TLS (common/smtp_client.c). */
 	if (s->requiretls)
 		json_object_set_new(json_object_get(state, "origin"), "requiretls", json_true());

@@ -23,7 +23,7 @@ struct envelope_origin
 	const char	 *listener; /* the [listener-<name>] name */
 	const char	 *hostname; /* "by" in Received */
 	const char	 *authserv_id;
-	const char	 *transaction_id;  /* "id" in Received, and the logs */
+	const char	 *queue_id;		   /* "id" in Received, state.queue_id (common/queue_id.h) */
 	bool		  trusted_network; /* the client is in TRUSTED_NETWORKS */
 	unsigned	  max_hops;		   /* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
 	time_t		  now;

@@ -53,6 +53,7 @@ struct ingress
 	struct ev_loop		  *loop;
 	struct pepsi_config	  *cfg;
 	const char			  *hostname;
+	unsigned			   queue_id_host; /* [pepsi] HOST_ID (common/queue_id.h) */
 	const char			  *authserv_id;
 	struct credentials	  *credentials;
 	char				  *local_domains;	 /* [pepsi] LOCAL_DOMAINS, replaced on reload */

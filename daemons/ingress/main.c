@@ -37,6 +37,7 @@
 #include "log.h"
 #include "log_config.h"
 #include "privilege.h"
+#include "queue_id.h"
 #include "secret.h"
 #include "service.h"
 #include "xalloc.h"
@@ -478,6 +479,7 @@ pepsi_ingress_main(int argc, char **argv)
 		fatalx("%s", err);
 
 	ingress.hostname = config_hostname(ingress.cfg);
+	ingress.queue_id_host = queue_id_host(ingress.cfg);
 	ingress.authserv_id = config_authserv_id(ingress.cfg);
 	admit_options.connections = (int) config_int(ingress.cfg, "ingress", "DATABASE_CONNECTIONS");
 	admit_options.batch_size = (int) config_int(ingress.cfg, "ingress", "BATCH_SIZE");

@@ -26,6 +26,8 @@
 #include "envelope.h"
 #include "ingress.h"
 #include "log.h"
+#include "maillog.h"
+#include "queue_id.h"
 #include "xalloc.h"
 
 #define SESSION_READ_SIZE 65536
@@ -72,13 +74,13 @@ struct session
 	ev_tstamp			last_command;
 	struct buf			in; /* input not yet used: a partial line, or after an event */
 	struct admission   *admission;
-	struct auth_job	   *auth_job;	/* a password being checked */
-	ev_timer			auth_delay; /* a failed AUTH's answer, held back */
-	bool				auth_close; /* ... and it closes the session (421) */
-	struct verify	   *verify;		/* message authentication; NULL when the listener has it off */
-	bool				trusted;	/* the client is in TRUSTED_NETWORKS */
-	uint64_t			id_base;	/* random: the Received ids of its transactions */
-	unsigned			transactions;
+	struct auth_job	   *auth_job;					/* a password being checked */
+	ev_timer			auth_delay;					/* a failed AUTH's answer, held back */
+	bool				auth_close;					/* ... and it closes the session (421) */
+	struct verify	   *verify;						/* message authentication; NULL when the listener has it off */
+	bool				trusted;					/* the client is in TRUSTED_NETWORKS */
+	char				queue_id[QUEUE_ID_LEN + 1]; /* of the message being admitted */
+	char				client_name[256];			/* its client's verified name, or "" */
 	struct session	   *prev;
 	struct session	   *next;
 };
@@ -300,6 +302,25 @@ session_start_tls(struct session *s)
  * The protocol's events
  */
 
+/*
+ * The message is in the queue: the lines Postfix's smtpd and qmgr write
+ * for it (client=, then from=, size=, nrcpt=), which log tools count as
+ * received, written only now that it is committed.
+ */
+static void
+session_log_received(const struct session *s, long long row_id)
+{
+	struct buf line = BUF_INIT;
+
+	buf_printf(&line, "%s: client=%s[%s]", s->queue_id,
+			   s->client_name[0] ? s->client_name : "unknown", s->ip);
+	if (s->smtp.auth_account)
+		buf_printf(&line, ", sasl_username=%s", s->smtp.auth_account);
+	log_info("%s", line.data);
+	buf_free(&line);
+	maillog_queued(s->queue_id, s->smtp.mail_from, s->smtp.message_size, s->smtp.nrcpt, row_id);
+}
+
 static void
 session_admitted(void *arg, bool ok, long long id)
 {
@@ -309,10 +330,12 @@ session_admitted(void *arg, bool ok, long long id)
 	if (ok)
 	{
 		ingress.messages_total++;
-		log_info("%s: from=<%s> nrcpt=%zu size=%zu queued as %lld", s->ip,
-				 s->smtp.mail_from, s->smtp.nrcpt, s->smtp.message_size, id);
+		session_log_received(s, id);
 	}
-	smtp_admit_done(&s->smtp, ok, id);
+	else
+		log_warnx("%s: from=<%s> not queued: the database did not take it", s->queue_id,
+				  s->smtp.mail_from);
+	smtp_admit_done(&s->smtp, ok, s->queue_id);
 	if (ingress.stopping)
 	{
 		smtp_close(&s->smtp, "421 4.3.2 Service shutting down");
@@ -329,12 +352,12 @@ session_admitted(void *arg, bool ok, long long id)
  * the message came from (pepsi-queue log shows it first in a history).
  */
 static char *
-session_log_detail(const struct session *s, const char *transaction_id)
+session_log_detail(const struct session *s)
 {
-	json_t *detail = json_pack("{s:s, s:I, s:I, s:s, s:s, s:s, s:b}", "from", s->smtp.mail_from,
+	json_t *detail = json_pack("{s:s, s:I, s:I, s:s, s:s, s:b}", "from", s->smtp.mail_from,
 							   "nrcpt", (json_int_t) s->smtp.nrcpt, "size",
 							   (json_int_t) s->smtp.message_size, "client", s->ip, "listener",
-							   s->listener->name, "transaction", transaction_id, "tls", s->smtp.tls);
+							   s->listener->name, "tls", s->smtp.tls);
 	char   *text;
 
 	if (detail == NULL)
@@ -355,28 +378,27 @@ session_store(struct session *s)
 	struct envelope		   e;
 	struct envelope_origin origin;
 	struct verify_findings findings = {0};
-	char				   transaction_id[32];
 	const char			  *refusal;
 
-	/* Random per session, counting per transaction: it tells nothing of memory. */
-	snprintf(transaction_id, sizeof(transaction_id), "%016llX",
-			 (unsigned long long) (s->id_base + ++s->transactions));
+	/* The message's name from here on, before its row exists (common/queue_id.h). */
+	queue_id_make(ingress.queue_id_host, s->queue_id);
 	origin.client_ip = s->ip;
 	origin.listener = s->listener->name;
 	origin.hostname = ingress.hostname;
 	origin.authserv_id = ingress.authserv_id;
-	origin.transaction_id = transaction_id;
+	origin.queue_id = s->queue_id;
 	origin.max_hops = ingress.max_hops;
 	origin.trusted_network = s->trusted;
 	origin.now = time(NULL);
 	if (s->verify)
 		verify_findings(s->verify, &findings);
 	origin.client_name = findings.client_name;
+	snprintf(s->client_name, sizeof(s->client_name), "%s", findings.client_name ? findings.client_name : "");
 	origin.auth = findings.auth;
 	origin.iprev = findings.iprev;
 	if (findings.refusal)
 	{
-		log_info("%s: from=<%s> refused: %s", s->ip, s->smtp.mail_from, findings.refusal);
+		log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, findings.refusal);
 		smtp_admit_refused(&s->smtp, findings.refusal);
 		return;
 	}
@@ -384,20 +406,20 @@ session_store(struct session *s)
 	{
 		if (refusal == NULL)
 		{
-			log_warnx("%s: no database connection, message refused for now", s->ip);
+			log_warnx("%s: %s: no database connection, message refused for now", s->queue_id, s->ip);
 			envelope_free(&e);
-			smtp_admit_done(&s->smtp, false, 0);
+			smtp_admit_done(&s->smtp, false, NULL);
 		}
 		else
 		{
 			/* A loop is the operator's to fix: say who keeps sending it. */
-			log_info("%s: from=<%s> refused: %s", s->ip, s->smtp.mail_from, refusal);
+			log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, refusal);
 			smtp_admit_refused(&s->smtp, refusal);
 		}
 		return;
 	}
 	if (ingress.mail_log)
-		e.log_detail = session_log_detail(s, transaction_id);
+		e.log_detail = session_log_detail(s);
 	/* The envelope has the content now: one copy in memory, not two. */
 	smtp_message_handed_over(&s->smtp);
 	/* The database has it now: the client's silence is not its fault. */
@@ -884,8 +906,6 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
 	s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
-	if (getrandom(&s->id_base, sizeof(s->id_base), 0) != sizeof(s->id_base))
-		s->id_base = ((uint64_t) time(NULL) << 20) ^ (uint64_t) ingress.sessions;
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;

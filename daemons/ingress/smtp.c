@@ -1037,12 +1037,12 @@ smtp_auth_refused(struct smtp_session *s, const char *reply)
 }
 
 void
-smtp_admit_done(struct smtp_session *s, bool ok, long long id)
+smtp_admit_done(struct smtp_session *s, bool ok, const char *queue_id)
 {
 	s->event = SMTP_EVENT_NONE;
 	s->state = SMTP_STATE_IDLE;
 	if (ok)
-		smtp_reply(s, "250 2.0.0 Ok: queued as %lld", id);
+		smtp_reply(s, "250 2.0.0 Ok: queued as %s", queue_id);
 	else
 		smtp_reply(s, "451 4.3.0 Queue temporarily unavailable, try again later");
 	smtp_reset_transaction(s);

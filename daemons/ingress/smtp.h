@@ -220,7 +220,7 @@ void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
 void smtp_auth_done(struct smtp_session *s, bool ok);
 /* AUTH answered without a check (reply, e.g. 454), or with no reply before smtp_close. */
 void smtp_auth_refused(struct smtp_session *s, const char *reply);
-void smtp_admit_done(struct smtp_session *s, bool ok, long long id);
+void smtp_admit_done(struct smtp_session *s, bool ok, const char *queue_id);
 /* The host refuses the content after all (reply: "554 5.6.0 ..."). */
 void smtp_admit_refused(struct smtp_session *s, const char *reply);
 /* The idle timeout or shutdown: a 421 and close. */

@@ -261,9 +261,12 @@ CREATE TABLE pepsi.mail_log (
     at              timestamptz NOT NULL DEFAULT now(),
     workqueue_id    bigint,
     event           text NOT NULL,
-    detail          jsonb NOT NULL DEFAULT '{}'
+    detail          jsonb NOT NULL DEFAULT '{}',
+    queue_id        text
 );
 CREATE INDEX mail_log_at ON pepsi.mail_log (at);
+COMMENT ON COLUMN pepsi.mail_log.queue_id IS
+    'The message''s queue id (state.queue_id of its rows); workqueue_id is the row';
 COMMENT ON TABLE pepsi.mail_log IS
     'Opt-in per-message log ([pepsi] MAIL_LOG); pruned past pepsi.mail_log_retention by the maintenance worker';
 
@@ -2174,11 +2177,12 @@ $$;
 CREATE FUNCTION pepsi.queue_list(stage text DEFAULT NULL, status pepsi.status DEFAULT NULL,
                                  search text DEFAULT NULL, max_rows integer DEFAULT 100,
                                  before_id bigint DEFAULT NULL)
-RETURNS TABLE (id bigint, stage text, status pepsi.status, held boolean, received_at timestamptz,
-               age_seconds double precision, retry_at timestamptz, mail_from text, rcpt_to text[],
-               size bigint, last_error text)
+RETURNS TABLE (id bigint, queue_id text, stage text, status pepsi.status, held boolean,
+               received_at timestamptz, age_seconds double precision, retry_at timestamptz,
+               mail_from text, rcpt_to text[], size bigint, last_error text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT w.id, w.stage, w.status, w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
+    SELECT w.id, coalesce(w.state ->> 'queue_id', w.id::text), w.stage, w.status,
+           w.status = 'paused' AND w.timeout = 'infinity', w.received_at,
            extract(epoch FROM now() - w.received_at)::double precision,
            CASE WHEN w.timeout < 'infinity' THEN w.timeout END,
            w.mail_from, w.rcpt_to, length(w.headers) + 2 + length(b.body),
@@ -3766,3 +3770,11 @@ BEGIN
     END IF;
 END
 $$;
+
+-- ===========================================================================
+-- One queue id (common/queue_id.h): the message's name from ingress on,
+-- carried by every row split from it in state.queue_id; pepsi.mail_log's
+-- queue_id column (above) finds a message's events across its rows.
+-- ===========================================================================
+CREATE INDEX mail_log_queue_id ON pepsi.mail_log (queue_id);
+-- end of one queue id

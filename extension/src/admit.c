@@ -173,7 +173,7 @@ admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 	static SPIPlanPtr log_plan;
 	static const Oid  argtypes[] = {TEXTOID, TEXTARRAYOID, BYTEAOID, BYTEAOID,
 									JSONBOID, INETOID, TEXTOID, TEXTOID};
-	static const Oid  log_argtypes[] = {INT8OID, JSONBOID};
+	static const Oid  log_argtypes[] = {INT8OID, JSONBOID, JSONBOID};
 	Datum			  values[8];
 	char			  nulls[8] = "        ";
 	int64			  id;
@@ -203,12 +203,12 @@ admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 	id = queue_result_int64(0, 1);
 	if (log_detail)
 	{
-		Datum log_values[2] = {Int64GetDatum(id), PointerGetDatum(log_detail)};
+		Datum log_values[3] = {Int64GetDatum(id), PointerGetDatum(log_detail), values[4]};
 
 		queue_exec(queue_plan(&log_plan,
-							  "INSERT INTO pepsi.mail_log (workqueue_id, event, detail)"
-							  " VALUES ($1, 'received', $2)",
-							  2, log_argtypes),
+							  "INSERT INTO pepsi.mail_log (workqueue_id, event, detail, queue_id)"
+							  " VALUES ($1, 'received', $2, $3 ->> 'queue_id')",
+							  3, log_argtypes),
 				   log_values, NULL, false, 0);
 	}
 	SPI_finish();

@@ -35,7 +35,9 @@
 #include "delivery.h"
 #include "dsn.h"
 #include "log.h"
+#include "maillog.h"
 #include "origin.h"
+#include "queue_id.h"
 #include "stage.h"
 #include "xalloc.h"
 
@@ -136,8 +138,8 @@ bounce_gather(struct pepsi_ctx *ctx, int *rc)
 		double	seconds = json_number_value(json_object_get(answer, "seconds"));
 		json_t *merge = json_pack("{s:O}", "bounce_gather", json_object_get(answer, "bounce_gather"));
 
-		log_info("row %lld: waits %.1fs for the other recipients of its message, to send one DSN",
-				 pepsi_id(ctx), seconds);
+		log_info("%s: row %lld: waits %.1fs for the other recipients of its message, to send one DSN",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), seconds);
 		*rc = pepsi_pause(ctx, merge, seconds > 0.1 ? seconds : 0.1);
 		json_decref(merge);
 		json_decref(answer);
@@ -209,7 +211,7 @@ bounce_add_row(struct pepsi_ctx *ctx, json_t *row, enum dsn_kind kind, const cha
 		}
 		if (!delivery_notify_wants(notify, notify_keyword))
 		{
-			log_info("row %lld: <%s> asked for no %s DSN (NOTIFY=%s)", pepsi_id(ctx), rcpt,
+			log_info("%s: row %lld: <%s> asked for no %s DSN (NOTIFY=%s)", pepsi_queue_id(ctx), pepsi_id(ctx), rcpt,
 					 notify_keyword, notify ? notify : "(none)");
 			continue;
 		}
@@ -271,6 +273,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	struct bounce_recipients list = {0};
 	struct dsn_report		 report = {0};
 	struct buf				 new_headers = BUF_INIT;
+	char					 dsn_queue_id[QUEUE_ID_LEN + 1];
 	struct buf				 new_body = BUF_INIT;
 	struct buf				 unique = BUF_INIT;
 	json_t					*new_state;
@@ -281,8 +284,8 @@ bounce_run(struct pepsi_ctx *ctx)
 
 	if (sender[0] == '\0')
 	{
-		log_info("row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
-				 pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
+		log_info("%s: row %lld: no %s DSN for a message from the null sender (to <%s>); finished",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), bounce_string(bounce, "kind") ? bounce_string(bounce, "kind") : "permanent",
 				 failed ? failed : pepsi_rcpt(ctx, 0));
 		return pepsi_finish(ctx);
 	}
@@ -304,16 +307,16 @@ bounce_run(struct pepsi_ctx *ctx)
 	sender_copy = xstrdup(sender);
 	if (list.n == 0)
 	{
-		log_info("row %lld: %s DSN to <%s> suppressed by NOTIFY; finished", pepsi_id(ctx),
+		log_info("%s: row %lld: %s DSN to <%s> suppressed by NOTIFY; finished", pepsi_queue_id(ctx), pepsi_id(ctx),
 				 notify_keyword, sender);
 		rc = pepsi_finish(ctx);
 		goto out;
 	}
 	if (bounce_over_rate_limit(ctx, sender, &rate_failed))
 	{
-		log_warnx("row %lld: %s DSN to <%s> about %zu recipient%s dropped: more than %lld DSNs to"
+		log_warnx("%s: row %lld: %s DSN to <%s> about %zu recipient%s dropped: more than %lld DSNs to"
 				  " this address this hour (DSN_RATE_LIMIT)",
-				  pepsi_id(ctx), notify_keyword, sender, list.n, list.n == 1 ? "" : "s",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), notify_keyword, sender, list.n, list.n == 1 ? "" : "s",
 				  pepsi_option_int(ctx, "DSN_RATE_LIMIT"));
 		rc = pepsi_finish(ctx);
 		goto out;
@@ -343,7 +346,12 @@ bounce_run(struct pepsi_ctx *ctx)
 	report.nrecipients = list.n;
 	dsn_build(&report, &new_headers, &new_body);
 
-	log_info("row %lld: %s DSN to <%s> about %zu recipient%s (first <%s>: %s)", pepsi_id(ctx),
+	/* The DSN is a new message: a queue id of its own, logged as Postfix's bounce daemon does. */
+	pepsi_new_queue_id(ctx, dsn_queue_id);
+	log_info("%s: sender %s notification: %s (row %lld: %s DSN to <%s> about %zu recipient%s, first <%s>: %s)",
+			 pepsi_queue_id(ctx), kind == DSN_FAILURE ? "non-delivery" : kind == DSN_DELAY ? "delay"
+																						   : "delivery status",
+			 dsn_queue_id, pepsi_id(ctx),
 			 kind == DSN_FAILURE ? "failure" : kind == DSN_DELAY ? "delay"
 																 : "success",
 			 sender, list.n, list.n == 1 ? "" : "s", list.rcpts[0].final_recipient,
@@ -365,8 +373,8 @@ bounce_run(struct pepsi_ctx *ctx)
 	 * from the original.  It is Pepsi's own message, whoever sent the
 	 * original: its origin is trusted and it is signed (common/origin.h).
 	 */
-	new_state = json_pack("{s:I, s:o}", "created_at", (json_int_t) report.now, "origin",
-						  origin_generated("pepsi-stage-bounce"));
+	new_state = json_pack("{s:I, s:o, s:s}", "created_at", (json_int_t) report.now, "origin",
+						  origin_generated("pepsi-stage-bounce"), "queue_id", dsn_queue_id);
 	pepsi_set_headers(ctx, new_headers.data, new_headers.len);
 	pepsi_set_body(ctx, new_body.data, new_body.len);
 	pepsi_set_rcpt_to(ctx, to, 1);
@@ -374,6 +382,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	pepsi_set_state(ctx, new_state);
 	json_decref(new_state);
 	rc = pepsi_advance(ctx);
+	maillog_queued(dsn_queue_id, "", new_headers.len + new_body.len + 2, 1, pepsi_id(ctx));
 
 out:
 	for (size_t i = 0; i < list.n; i++)

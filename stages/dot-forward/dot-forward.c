@@ -415,7 +415,7 @@ forward_deliver_entry(struct pepsi_ctx *ctx, struct forward_plan *plan, const ch
 	}
 	else if (strncmp(answer.data, "ok", 2) == 0)
 	{
-		log_info("row %lld: <%s>: delivered to %s %s as %s", pepsi_id(ctx), recipient,
+		log_info("%s: row %lld: <%s>: delivered to %s %s as %s", pepsi_queue_id(ctx), pepsi_id(ctx), recipient,
 				 kind, target, user);
 		json_array_append_new(plan->done, json_string(entry));
 		plan->delivered++;
@@ -429,7 +429,7 @@ forward_deliver_entry(struct pepsi_ctx *ctx, struct forward_plan *plan, const ch
 		why = why ? why + 1 : answer.data;
 		if ((nl = strchr(why, '\n')) != NULL)
 			*nl = '\0';
-		log_warnx("row %lld: <%s>: %s %s: %s", pepsi_id(ctx), recipient, kind, target, why);
+		log_warnx("%s: row %lld: <%s>: %s %s: %s", pepsi_queue_id(ctx), pepsi_id(ctx), recipient, kind, target, why);
 		if (temporary)
 		{
 			if (plan->deferred.len)
@@ -472,7 +472,7 @@ forward_plan_entries(struct pepsi_ctx *ctx, struct forward_plan *plan, const cha
 		*value++ = '\0';
 		if (strcmp(line, "bad") == 0)
 		{
-			log_warnx("row %lld: <%s>: ~%s/.forward line %s (entry skipped)", pepsi_id(ctx),
+			log_warnx("%s: row %lld: <%s>: ~%s/.forward line %s (entry skipped)", pepsi_queue_id(ctx), pepsi_id(ctx),
 					  recipient, user, value);
 			continue;
 		}
@@ -499,7 +499,7 @@ forward_plan_entries(struct pepsi_ctx *ctx, struct forward_plan *plan, const cha
 				plan->delivered++;
 			else if (!pepsi_option_bool(ctx, pipe ? "ALLOW_FORWARD_PIPES" : "ALLOW_FORWARD_FILES"))
 			{
-				log_warnx("row %lld: <%s>: ~%s/.forward: %s %s refused: %s is off", pepsi_id(ctx),
+				log_warnx("%s: row %lld: <%s>: ~%s/.forward: %s %s refused: %s is off", pepsi_queue_id(ctx), pepsi_id(ctx),
 						  recipient, user, pipe ? "command" : "file", value,
 						  pipe ? "ALLOW_FORWARD_PIPES" : "ALLOW_FORWARD_FILES");
 				forward_refuse(plan, "5.7.1",
@@ -570,8 +570,8 @@ forward_conclude(struct pepsi_ctx *ctx, struct forward_plan *plan, const char *r
 		else
 		{
 			/* Not advanced: the recipient's mail went where the .forward said, not to the mailbox. */
-			log_info("row %lld: <%s> delivered by .forward (%zu command(s) or file(s))",
-					 pepsi_id(ctx), recipient, plan->delivered);
+			log_info("%s: row %lld: <%s> delivered by .forward (%zu command(s) or file(s))",
+					 pepsi_queue_id(ctx), pepsi_id(ctx), recipient, plan->delivered);
 			rc = pepsi_finish(ctx);
 		}
 		goto done;
@@ -623,7 +623,7 @@ forward_conclude(struct pepsi_ctx *ctx, struct forward_plan *plan, const char *r
 		pepsi_set_state(ctx, state);
 		json_decref(state);
 		buf_free(&stamped);
-		log_info("row %lld: <%s> forwarded by .forward to %zu address(es)", pepsi_id(ctx), recipient,
+		log_info("%s: row %lld: <%s> forwarded by .forward to %zu address(es)", pepsi_queue_id(ctx), pepsi_id(ctx), recipient,
 				 plan->nforwards);
 		rc = forward_stage ? pepsi_advance_to(ctx, forward_stage) : pepsi_advance(ctx);
 	}
@@ -696,7 +696,7 @@ forward_run(struct pepsi_ctx *ctx)
 		struct buf			   diagnostic = BUF_INIT;
 		struct delivery_report report = {.status = "4.3.0", .relay = "local"};
 
-		log_warnx("row %lld: <%s>: cannot read ~%s/.forward: %s", pepsi_id(ctx), recipient, user, err);
+		log_warnx("%s: row %lld: <%s>: cannot read ~%s/.forward: %s", pepsi_queue_id(ctx), pepsi_id(ctx), recipient, user, err);
 		buf_printf(&diagnostic, "X-Pepsi; cannot read the .forward of %s: %s", user, err);
 		report.diagnostic = diagnostic.data;
 		rc = delivery_deferred(ctx, &report);
@@ -710,7 +710,7 @@ forward_run(struct pepsi_ctx *ctx)
 		if (nl)
 			*nl = '\0';
 		if (strncmp(answer.data, "ignored ", 8) == 0)
-			log_warnx("row %lld: <%s>: ~%s/.forward ignored: %s", pepsi_id(ctx), recipient, user,
+			log_warnx("%s: row %lld: <%s>: ~%s/.forward ignored: %s", pepsi_queue_id(ctx), pepsi_id(ctx), recipient, user,
 					  answer.data + 8);
 		else if (strncmp(answer.data, "temporary ", 10) == 0)
 		{
@@ -732,8 +732,8 @@ forward_run(struct pepsi_ctx *ctx)
 		struct buf			   diagnostic = BUF_INIT;
 		struct delivery_report report = {.status = "5.4.6", .relay = "local"};
 
-		log_warnx("row %lld: <%s>: mail forwarding loop (Delivered-To: %s already present)",
-				  pepsi_id(ctx), recipient, recipient);
+		log_warnx("%s: row %lld: <%s>: mail forwarding loop (Delivered-To: %s already present)",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), recipient, recipient);
 		buf_printf(&diagnostic, "X-Pepsi; mail forwarding loop for %s", recipient);
 		report.diagnostic = diagnostic.data;
 		rc = delivery_bounced(ctx, &report);

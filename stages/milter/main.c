@@ -304,7 +304,7 @@ milter_rejected(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 
 	if (o->reject_action == REJECT_DISCARD || bounce_stage == NULL || pepsi_mail_from(ctx)[0] == '\0')
 	{
-		log_info("row %lld: milter verdict reject by %s, dropped%s: %s", pepsi_id(ctx), out->filter,
+		log_info("%s: row %lld: milter verdict reject by %s, dropped%s: %s", pepsi_queue_id(ctx), pepsi_id(ctx), out->filter,
 				 o->reject_action == REJECT_DISCARD ? " (REJECT_ACTION discard)"
 				 : pepsi_mail_from(ctx)[0] == '\0'	? " (null sender)"
 													: " (no BOUNCE_STAGE)",
@@ -312,7 +312,7 @@ milter_rejected(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 		json_decref(merge);
 		return pepsi_finish(ctx);
 	}
-	log_info("row %lld: milter verdict reject by %s, bounced: %s", pepsi_id(ctx), out->filter, out->reply);
+	log_info("%s: row %lld: milter verdict reject by %s, bounced: %s", pepsi_queue_id(ctx), pepsi_id(ctx), out->filter, out->reply);
 	json_object_set_new(merge, "bounce", milter_bounce_json(out->reply, out->filter, NULL));
 	rc = pepsi_reroute(ctx, bounce_stage, merge);
 	json_decref(merge);
@@ -328,7 +328,7 @@ milter_tempfailed(struct pepsi_ctx *ctx, const struct milter_options *o, struct 
 	json_t *merge = milter_state(out, verdict, attempts);
 	int		rc;
 
-	log_info("row %lld: milter verdict %s by %s (attempt %ld, again in %.0fs): %s", pepsi_id(ctx),
+	log_info("%s: row %lld: milter verdict %s by %s (attempt %ld, again in %.0fs): %s", pepsi_queue_id(ctx), pepsi_id(ctx),
 			 verdict, out->filter, attempts, seconds, out->reply);
 	rc = pepsi_pause(ctx, merge, seconds);
 	json_decref(merge);
@@ -370,7 +370,7 @@ milter_split_refused(struct pepsi_ctx *ctx, const struct milter_options *o, stru
 							  "status", "retry", "retry_seconds", milter_backoff(o, attempts),
 							  "state", "milter", "verdict", "tempfail", "reply", r->reply,
 							  "milter", r->filter, "attempts", (int) attempts);
-			log_info("row %lld: milter tempfail for <%s> by %s: %s", pepsi_id(ctx), r->address,
+			log_info("%s: row %lld: milter tempfail for <%s> by %s: %s", pepsi_queue_id(ctx), pepsi_id(ctx), r->address,
 					 r->filter, r->reply);
 		}
 		else if (bounce_stage && pepsi_mail_from(ctx)[0] != '\0' && o->reject_action == REJECT_BOUNCE)
@@ -379,13 +379,13 @@ milter_split_refused(struct pepsi_ctx *ctx, const struct milter_options *o, stru
 							  "stage", bounce_stage, "state",
 							  "bounce", milter_bounce_json(r->reply, r->filter, r->address),
 							  "milter", "verdict", "reject", "reply", r->reply, "milter", r->filter);
-			log_info("row %lld: milter reject for <%s> by %s, bounced: %s", pepsi_id(ctx), r->address,
+			log_info("%s: row %lld: milter reject for <%s> by %s, bounced: %s", pepsi_queue_id(ctx), pepsi_id(ctx), r->address,
 					 r->filter, r->reply);
 		}
 		else
 		{
 			/* Nobody to tell: the recipient is dropped, as its 5xx says. */
-			log_info("row %lld: milter reject for <%s> by %s, dropped: %s", pepsi_id(ctx),
+			log_info("%s: row %lld: milter reject for <%s> by %s, dropped: %s", pepsi_queue_id(ctx), pepsi_id(ctx),
 					 r->address, r->filter, r->reply);
 			continue;
 		}
@@ -515,14 +515,14 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 	if (pepsi_rcpt_count(ctx) == 0)
 	{
 		json_decref(merge);
-		log_info("row %lld: milter: the filters deleted every recipient", pepsi_id(ctx));
+		log_info("%s: row %lld: milter: the filters deleted every recipient", pepsi_queue_id(ctx), pepsi_id(ctx));
 		return pepsi_finish(ctx);
 	}
 	if (m->quarantine)
 	{
 		/* Postfix's hold queue: kept with the filters' edits until the operator releases it. */
 		json_object_set_new(json_object_get(merge, "milter"), "quarantine", json_string(m->quarantine));
-		log_info("row %lld: milter verdict quarantine (held for the operator): %s", pepsi_id(ctx),
+		log_info("%s: row %lld: milter verdict quarantine (held for the operator): %s", pepsi_queue_id(ctx), pepsi_id(ctx),
 				 m->quarantine);
 		rc = pepsi_hold(ctx, merge);
 		json_decref(merge);
@@ -530,7 +530,7 @@ milter_accepted(struct pepsi_ctx *ctx, const struct milter_options *o, struct mi
 	}
 	pepsi_merge_state(ctx, merge);
 	json_decref(merge);
-	log_info("row %lld: milter verdict accept%s%s%s%s", pepsi_id(ctx),
+	log_info("%s: row %lld: milter verdict accept%s%s%s%s", pepsi_queue_id(ctx), pepsi_id(ctx),
 			 m->headers_changed ? " (headers edited)" : "", m->body_changed ? " (body replaced)" : "",
 			 m->mail_from_changed ? " (sender changed)" : "",
 			 m->nadded || m->ndeleted ? " (recipients changed)" : "");
@@ -589,7 +589,7 @@ milter_run(struct pepsi_ctx *ctx)
 	/* A quarantined row the operator released goes on without being filtered again. */
 	if (json_is_string(json_object_get(previous, "quarantine")))
 	{
-		log_info("row %lld: released from quarantine; not filtered again", pepsi_id(ctx));
+		log_info("%s: row %lld: released from quarantine; not filtered again", pepsi_queue_id(ctx), pepsi_id(ctx));
 		return pepsi_advance(ctx);
 	}
 	headers = pepsi_headers(ctx);
@@ -621,7 +621,7 @@ milter_run(struct pepsi_ctx *ctx)
 			{
 				json_t *merge = milter_state(&out, "discard", 0);
 
-				log_info("row %lld: milter verdict discard by %s", pepsi_id(ctx), out.filter);
+				log_info("%s: row %lld: milter verdict discard by %s", pepsi_queue_id(ctx), pepsi_id(ctx), out.filter);
 				json_decref(merge);
 				rc = pepsi_finish(ctx);
 			}

@@ -599,7 +599,7 @@ maildir_run(struct pepsi_ctx *ctx)
 	if (reply->status[0] == '2')
 	{
 		/* The file's name is for the debug log; the delivery log says where, not which file. */
-		log_debug("row %lld: <%s> %s", pepsi_id(ctx), rcpt, reply->text);
+		log_debug("%s: row %lld: <%s> %s", pepsi_queue_id(ctx), pepsi_id(ctx), rcpt, reply->text);
 		buf_reset(&diagnostic);
 		buf_printf(&diagnostic, "X-Pepsi; delivered to maildir");
 		report.diagnostic = diagnostic.data;

@@ -59,8 +59,8 @@ vacation_on(struct pepsi_ctx *ctx, json_t *settings, const char *address)
 	{
 		if (option_parse_bool(json_string_value(own), &on))
 			return on;
-		log_warnx("row %lld: <%s>: the setting VACATION = \"%s\" is not yes or no: ignored",
-				  pepsi_id(ctx), address, json_string_value(own));
+		log_warnx("%s: row %lld: <%s>: the setting VACATION = \"%s\" is not yes or no: ignored",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), address, json_string_value(own));
 	}
 	return config_bool_for(pepsi_config(ctx), pepsi_section(ctx), "VACATION", NULL, address);
 }
@@ -75,8 +75,8 @@ vacation_interval(struct pepsi_ctx *ctx, json_t *settings, const char *address)
 	{
 		if (option_parse_duration_ms(json_string_value(own), &ms) && ms >= 1000)
 			return ms / 1000.0;
-		log_warnx("row %lld: <%s>: the setting VACATION_INTERVAL = \"%s\" is not a duration of a second or more: ignored",
-				  pepsi_id(ctx), address, json_string_value(own));
+		log_warnx("%s: row %lld: <%s>: the setting VACATION_INTERVAL = \"%s\" is not a duration of a second or more: ignored",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), address, json_string_value(own));
 	}
 	return config_duration_ms_for(pepsi_config(ctx), pepsi_section(ctx), "VACATION_INTERVAL", NULL,
 								  address)
@@ -106,7 +106,7 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 		goto done;
 	if (autoreply_refused(headers->data, headers->len, sender, recipient, why, sizeof(why)))
 	{
-		log_info("row %lld: <%s>: no vacation reply: %s", pepsi_id(ctx), recipient, why);
+		log_info("%s: row %lld: <%s>: no vacation reply: %s", pepsi_queue_id(ctx), pepsi_id(ctx), recipient, why);
 		goto done;
 	}
 	{
@@ -121,8 +121,8 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 
 		if (reply.text == NULL)
 		{
-			log_warnx("row %lld: <%s>: VACATION is on but there is no VACATION_MESSAGE: no reply",
-					  pepsi_id(ctx), recipient);
+			log_warnx("%s: row %lld: <%s>: VACATION is on but there is no VACATION_MESSAGE: no reply",
+					  pepsi_queue_id(ctx), pepsi_id(ctx), recipient);
 			goto done;
 		}
 		snprintf(unique, sizeof(unique), "%lld.%zu", pepsi_id(ctx), index + 1);
@@ -140,11 +140,11 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 	if (id < 0)
 		rc = -1;
 	else if (id > 0)
-		log_info("row %lld: <%s>: vacation reply to <%s> (row %lld)", pepsi_id(ctx), recipient,
+		log_info("%s: row %lld: <%s>: vacation reply to <%s> (row %lld)", pepsi_queue_id(ctx), pepsi_id(ctx), recipient,
 				 sender, id);
 	else
-		log_info("row %lld: <%s>: <%s> already had a vacation reply within VACATION_INTERVAL",
-				 pepsi_id(ctx), recipient, sender);
+		log_info("%s: row %lld: <%s>: <%s> already had a vacation reply within VACATION_INTERVAL",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), recipient, sender);
 done:
 	json_decref(settings);
 	buf_free(&reply_headers);

@@ -36,7 +36,7 @@ our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
   prometheus_samples self_signed_certificate admit_sql nice_of session_nices
-  session_autogroup_nices
+  session_autogroup_nices queued_row
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -155,6 +155,20 @@ sub admit_sql
 
 	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
 	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
+}
+
+# The row of the message ingress answered with $reply ("250 2.0.0 Ok:
+# queued as QUEUE-ID"): its queue id is the row's state.queue_id
+# (common/queue_id.h), or the mail log's for a row already gone.  undef
+# when the reply queued nothing.
+sub queued_row
+{
+	my ($node, $reply) = @_;
+	my ($queue_id) = ($reply // '') =~ /queued as ([0-9A-Za-z]+)/ or return undef;
+	my $row = $node->safe_psql('postgres',
+		"SELECT coalesce((SELECT id FROM pepsi.workqueue WHERE state ->> 'queue_id' = '$queue_id'),"
+		  . " (SELECT workqueue_id FROM pepsi.mail_log WHERE queue_id = '$queue_id' ORDER BY id LIMIT 1))");
+	return $row eq '' ? undef : $row;
 }
 
 # The nice value of process $pid (/proc/PID/stat, field 19).

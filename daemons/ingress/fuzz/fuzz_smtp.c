@@ -121,7 +121,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 		.listener = "fuzz",
 		.hostname = "mx.test",
 		.authserv_id = "auth.test",
-		.transaction_id = "0123456789ABCDEF",
+		.queue_id = "4Yj3Rb0Wg1p9000",
 		.max_hops = 5,
 		.trusted_network = false,
 	};
@@ -146,7 +146,7 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 			if (s->body != SMTP_BODY_BINARYMIME && e.body.len > s->message.len)
 				abort();
 			envelope_free(&e);
-			smtp_admit_done(s, !(settings & FUZZ_DATABASE_DOWN), 42);
+			smtp_admit_done(s, !(settings & FUZZ_DATABASE_DOWN), "4Yj3Rb0Wg1p9000");
 			break;
 		default:
 			break;
