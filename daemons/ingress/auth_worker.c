@@ -1,8 +1,8 @@
 /*
  * auth_worker.c: see auth_worker.h.  Jobs go to the threads through one
  * queue under a mutex and come back through another; the threads are
- * started on the first AUTH, after privileges were dropped, and live as
- * long as the process.
+ * started on the first job (an AUTH, a message to verify), after
+ * privileges were dropped, and live as long as the process.
  */
 #include "auth_worker.h"
 
@@ -14,17 +14,22 @@
 #include "log.h"
 #include "xalloc.h"
 
-/* Two hashing threads: the machine's other cores serve the database and the stages. */
+/* Two threads: the machine's other cores serve the database and the stages. */
 #define AUTH_WORKER_THREADS 2
 
 struct auth_job
 {
-	char			*hash;
-	char			*password;
-	bool			 known;
-	bool			 ok;
+	/* A password check (work is NULL) */
+	char		 *hash;
+	char		 *password;
+	bool		  known;
+	bool		  ok;
+	auth_job_done password_done;
+	/* Any other work */
+	auth_work_fn	 work;
+	auth_work_fn	 done;
+	auth_work_fn	 release;	/* abandoned: instead of done */
 	bool			 cancelled; /* read and written on the loop only */
-	auth_job_done	 done;
 	void			*arg;
 	struct auth_job *next;
 };
@@ -41,7 +46,8 @@ static bool				 auth_worker_started;
 static void
 auth_job_free(struct auth_job *job)
 {
-	explicit_bzero(job->hash, strlen(job->hash));
+	if (job->hash)
+		explicit_bzero(job->hash, strlen(job->hash));
 	free(job->hash);
 	if (job->password)
 	{
@@ -68,10 +74,15 @@ auth_worker_thread(void *unused)
 			auth_worker_todo_tail = &auth_worker_todo;
 		pthread_mutex_unlock(&auth_worker_lock);
 
-		job->ok = credentials_verify(job->hash, job->password) && job->known;
-		explicit_bzero(job->password, strlen(job->password));
-		free(job->password);
-		job->password = NULL;
+		if (job->work)
+			job->work(job->arg);
+		else
+		{
+			job->ok = credentials_verify(job->hash, job->password) && job->known;
+			explicit_bzero(job->password, strlen(job->password));
+			free(job->password);
+			job->password = NULL;
+		}
 
 		pthread_mutex_lock(&auth_worker_lock);
 		job->next = auth_worker_done;
@@ -109,8 +120,12 @@ auth_worker_on_done(struct ev_loop *loop, ev_async *w, int revents)
 		struct auth_job *job = reversed;
 
 		reversed = job->next;
-		if (!job->cancelled)
-			job->done(job->arg, job->ok);
+		if (job->release)
+			job->release(job->arg);
+		else if (!job->cancelled && job->work)
+			job->done(job->arg);
+		else if (!job->cancelled)
+			job->password_done(job->arg, job->ok);
 		auth_job_free(job);
 	}
 }
@@ -141,24 +156,47 @@ auth_worker_start(struct ev_loop *loop)
 	auth_worker_started = true;
 }
 
-struct auth_job *
-auth_worker_submit(struct ev_loop *loop, const struct credentials *c, const char *user,
-				   const char *password, auth_job_done done, void *arg)
+static struct auth_job *
+auth_worker_queue(struct ev_loop *loop, struct auth_job *job)
 {
-	struct auth_job *job = xcalloc(1, sizeof(*job));
-
 	if (!auth_worker_started)
 		auth_worker_start(loop);
-	job->hash = credentials_hash_for(c, user, &job->known);
-	job->password = xstrdup(password);
-	job->done = done;
-	job->arg = arg;
 	pthread_mutex_lock(&auth_worker_lock);
 	*auth_worker_todo_tail = job;
 	auth_worker_todo_tail = &job->next;
 	pthread_cond_signal(&auth_worker_wake);
 	pthread_mutex_unlock(&auth_worker_lock);
 	return job;
+}
+
+struct auth_job *
+auth_worker_submit(struct ev_loop *loop, const struct credentials *c, const char *user,
+				   const char *password, auth_job_done done, void *arg)
+{
+	struct auth_job *job = xcalloc(1, sizeof(*job));
+
+	job->hash = credentials_hash_for(c, user, &job->known);
+	job->password = xstrdup(password);
+	job->password_done = done;
+	job->arg = arg;
+	return auth_worker_queue(loop, job);
+}
+
+struct auth_job *
+auth_worker_run(struct ev_loop *loop, auth_work_fn work, auth_work_fn done, void *arg)
+{
+	struct auth_job *job = xcalloc(1, sizeof(*job));
+
+	job->work = work;
+	job->done = done;
+	job->arg = arg;
+	return auth_worker_queue(loop, job);
+}
+
+void
+auth_worker_abandon(struct auth_job *job, auth_work_fn release)
+{
+	job->release = release;
 }
 
 void
