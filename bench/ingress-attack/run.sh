@@ -95,6 +95,7 @@ DNS_FORWARDER = 127.0.0.1@$dns_port
 CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
 [ingress]
 USER = $PEPSI_USER
+${BENCH_INGRESS_EXTRA:-}
 [listener-smtp]
 ADDRESS = 127.0.0.1
 PORT = $port
@@ -109,12 +110,21 @@ bench_ingress_start "$work/pepsi.conf"
 ingress_cpu() {
     awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$BENCH_INGRESS_PID/stat"
 }
+# CPU seconds the cluster's processes alive now have used.
+db_cpu() {
+    local postmaster
+    postmaster=$(head -1 "$BENCH_DIR/data/postmaster.pid")
+    awk -v hz="$(getconf CLK_TCK)" '{ t += $14 + $15 } END { printf "%.2f", t / hz }' \
+        "/proc/$postmaster/stat" $(pgrep -P "$postmaster" | sed 's|.*|/proc/&/stat|')
+}
 run() {
-    local with=$1 sessions=${2:-$normal} line before
+    local with=$1 sessions=${2:-$normal} line before db_before
     bench_queue_empty
     before=$(ingress_cpu)
+    db_before=$(db_cpu)
     line=$(/usr/bin/python3 "$here/load.py" "$port" "$seconds" "$sessions" "$with" "$work/normal.eml" "$work/attack.eml")
     line="$line ingress_cpu=$(awk -v a="$before" -v b="$(ingress_cpu)" 'BEGIN { printf "%.2f", b - a }')"
+    line="$line db_cpu=$(awk -v a="$db_before" -v b="$(db_cpu)" 'BEGIN { printf "%.2f", b - a }')"
     echo "attackers=$with $line" >>"$log"
     echo "$line"
 }

@@ -33,13 +33,26 @@ struct auth_job *auth_worker_submit(struct ev_loop *loop, const struct credentia
 void auth_worker_cancel(struct auth_job *job);
 
 /*
- * Any other work: work(arg) runs on a worker thread, then done(arg) on
- * loop (never from within this call).  What work reads and writes must be
- * left alone by the loop until done.
+ * Two lanes: light work (passwords, ordinary messages) on two threads,
+ * heavy work (a message of SMTP_HEAVY_MESSAGE octets or more) on a third,
+ * at a lower priority.  A client sending the biggest messages the limits
+ * allow, in a loop, then keeps one thread busy, not all of them, and the
+ * other sessions' messages never wait behind its own.
+ */
+enum auth_lane
+{
+	AUTH_LANE_LIGHT,
+	AUTH_LANE_HEAVY
+};
+
+/*
+ * Any other work: work(arg) runs on a worker thread of lane, then done(arg)
+ * on loop (never from within this call).  What work reads and writes must
+ * be left alone by the loop until done.
  */
 typedef void (*auth_work_fn)(void *arg);
-struct auth_job *auth_worker_run(struct ev_loop *loop, auth_work_fn work, auth_work_fn done,
-								 void *arg);
+struct auth_job *auth_worker_run(struct ev_loop *loop, enum auth_lane lane, auth_work_fn work,
+								 auth_work_fn done, void *arg);
 /*
  * The owner of such a job went away while work may still be running:
  * done is never called; release(arg) is, on the loop, once work is over,

@@ -634,6 +634,12 @@ verify_arc_scan(struct verify *v)
 	v->arc_key_count = n;
 }
 
+static enum auth_lane
+verify_lane(const struct verify *v)
+{
+	return v->message_len >= SMTP_HEAVY_MESSAGE ? AUTH_LANE_HEAVY : AUTH_LANE_LIGHT;
+}
+
 /* On a worker: what the message's signatures and From need fetched. */
 static void
 verify_scan(void *arg)
@@ -682,7 +688,7 @@ static void
 verify_keys_settle(struct verify *v)
 {
 	if (v->dkim_keys_in && v->arc_pending == 0)
-		v->job = auth_worker_run(verify_global.loop, verify_check, verify_on_checked, v);
+		v->job = auth_worker_run(verify_global.loop, verify_lane(v), verify_check, verify_on_checked, v);
 }
 
 static void
@@ -744,7 +750,7 @@ verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn do
 	v->message_len = s->message.len;
 	v->message_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
 	v->message_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
-	v->job = auth_worker_run(verify_global.loop, verify_scan, verify_on_scanned, v);
+	v->job = auth_worker_run(verify_global.loop, verify_lane(v), verify_scan, verify_on_scanned, v);
 }
 
 static json_t *

@@ -2,8 +2,8 @@
  * test_auth_worker.c: the worker threads of auth_worker.c on a real libev
  * loop: work runs on a thread other than the loop's and its done on the
  * loop, after the call that queued it; a job abandoned while its work runs
- * calls release instead of done, only once the work is over; a password
- * check still answers.
+ * calls release instead of done, only once the work is over; a heavy job
+ * holds up no light one; a password check still answers.
  */
 #include <pthread.h>
 #include <semaphore.h>
@@ -97,7 +97,7 @@ test_work_off_the_loop(void **state)
 	struct probe p = {0};
 
 	(void) state;
-	assert_non_null(auth_worker_run(loop, probe_work, probe_done, &p));
+	assert_non_null(auth_worker_run(loop, AUTH_LANE_LIGHT, probe_work, probe_done, &p));
 	assert_int_equal(p.dones, 0); /* never from within the call */
 	run_loop();
 	assert_int_equal(p.works, 1);
@@ -114,7 +114,7 @@ test_abandoned_while_working(void **state)
 
 	(void) state;
 	sem_init(&p.go, 0, 0);
-	job = auth_worker_run(loop, probe_work, probe_done, &p);
+	job = auth_worker_run(loop, AUTH_LANE_LIGHT, probe_work, probe_done, &p);
 	/* The owner goes while the work has not finished: release, not done, and only after it. */
 	auth_worker_abandon(job, probe_release);
 	assert_int_equal(p.releases, 0);
@@ -125,6 +125,27 @@ test_abandoned_while_working(void **state)
 	assert_int_equal(p.releases, 1);
 	assert_true(pthread_equal(p.done_thread, loop_thread));
 	sem_destroy(&p.go);
+}
+
+/* A heavy job that does not finish holds up no light one. */
+static void
+test_heavy_lane_apart(void **state)
+{
+	struct probe heavy = {.hold = true};
+	struct probe light = {0};
+
+	(void) state;
+	sem_init(&heavy.go, 0, 0);
+	assert_non_null(auth_worker_run(loop, AUTH_LANE_HEAVY, probe_work, probe_done, &heavy));
+	assert_non_null(auth_worker_run(loop, AUTH_LANE_LIGHT, probe_work, probe_done, &light));
+	run_loop();
+	assert_int_equal(light.dones, 1);
+	assert_int_equal(heavy.works, 0);
+	sem_post(&heavy.go);
+	run_loop();
+	assert_int_equal(heavy.dones, 1);
+	assert_false(pthread_equal(heavy.work_thread, light.work_thread));
+	sem_destroy(&heavy.go);
 }
 
 static void
@@ -146,6 +167,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_work_off_the_loop),
 		cmocka_unit_test(test_abandoned_while_working),
+		cmocka_unit_test(test_heavy_lane_apart),
 		cmocka_unit_test(test_password_check),
 	};
 
