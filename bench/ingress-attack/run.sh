@@ -22,7 +22,10 @@
 # BENCH_REPEATS (5) times; prints the medians and spreads, and for each
 # side the ratios the target is set on: the normal sessions' p99 latency
 # with the attackers over without (target <= 2) and their throughput with
-# over without (target >= 0.8).  BENCH_PEER=none leaves Postfix out.
+# over without (target >= 0.8).  BENCH_PEER=none leaves Postfix out;
+# BENCH_INGRESS_BEFORE=PATH adds a side "pepsi-before", another
+# pepsi-ingress binary (an older build) on the same cluster and settings,
+# to compare a change in the same runs.
 #
 # Both sides ask the same DNS server (t/lib/testdns.py): the whole
 # benchmark runs in a private network and mount namespace (unshare; hence
@@ -134,6 +137,7 @@ open(sys.argv[3], "wb").write(s + m)' "$work/plain.eml" "$work/dkim.pem" "$work/
 # pepsi-ingress
 #
 port=$(bench_free_port)
+before_port=$(bench_free_port)
 cat >"$work/pepsi.conf" <<CONF
 [pepsi]
 HOSTNAME = pepsi.bench.test
@@ -150,12 +154,21 @@ MAX_SESSIONS_PER_CLIENT = 0
 MESSAGE_AUTHENTICATION = on
 DMARC_POLICY = report
 CONF
+if [ -n "${BENCH_INGRESS_BEFORE:-}" ]; then
+    sed "s/^PORT = $port\$/PORT = $before_port/" "$work/pepsi.conf" >"$work/pepsi-before.conf"
+    "$BENCH_INGRESS_BEFORE" -c "$work/pepsi-before.conf" 2>>"$work/ingress-before.log" &
+    before_pid=$!
+    pids+=("$before_pid")
+    for _ in $(seq 1 100); do
+        grep -q "database connection 3 ready" "$work/ingress-before.log" && break
+        sleep 0.1
+    done
+fi
 bench_ingress_start "$work/pepsi.conf"
 
-
-# CPU seconds pepsi-ingress has used (user and system).
+# CPU seconds a pepsi-ingress (PID) has used (user and system).
 ingress_cpu() {
-    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$BENCH_INGRESS_PID/stat"
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
 }
 # CPU seconds the cluster's processes alive now have used.
 db_cpu() {
@@ -209,19 +222,20 @@ fi
 
 # run SIDE ATTACKERS [NORMAL]: one run against pepsi or postfix; prints load.py's line.
 run() {
-    local side=$1 with=$2 sessions=${3:-$normal} line before db_before target
-    if [ "$side" = pepsi ]; then
+    local side=$1 with=$2 sessions=${3:-$normal} line before db_before target pid
+    if [ "$side" != postfix ]; then
         bench_queue_empty
-        before=$(ingress_cpu)
+        pid=$BENCH_INGRESS_PID target=$port
+        [ "$side" = pepsi ] || pid=$before_pid target=$before_port
+        before=$(ingress_cpu "$pid")
         db_before=$(db_cpu)
-        target=$port
     else
         bench_postfix_drop_held "$postfix_dir"
         target=$postfix_port
     fi
     line=$(/usr/bin/python3 "$here/load.py" "$target" "$seconds" "$sessions" "$with" "$work/normal.eml" "$work/attack.eml")
-    if [ "$side" = pepsi ]; then
-        line="$line ingress_cpu=$(awk -v a="$before" -v b="$(ingress_cpu)" 'BEGIN { printf "%.2f", b - a }')"
+    if [ "$side" != postfix ]; then
+        line="$line ingress_cpu=$(awk -v a="$before" -v b="$(ingress_cpu "$pid")" 'BEGIN { printf "%.2f", b - a }')"
         line="$line db_cpu=$(awk -v a="$db_before" -v b="$(db_cpu)" 'BEGIN { printf "%.2f", b - a }')"
     fi
     echo "$side attackers=$with $line load=$(cut -d' ' -f1 /proc/loadavg)" >>"$log"
@@ -237,6 +251,7 @@ echo "bench/ingress-attack: $normal normal sessions (2 KB signed messages), $att
     "($(wc -c <"$work/attack.eml") octets: 1000 fields, 50 DKIM + 50 ARC sets, h= of 128, MIME depth $mime_depth)," \
     "${seconds}s per run, $repeats runs each, alternating; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 sides=(pepsi)
+[ -z "${BENCH_INGRESS_BEFORE:-}" ] || sides+=(pepsi-before)
 [ "$peer" = none ] || sides+=(postfix)
 declare -A rates p99s
 pepsi_base_cpu=() pepsi_att_cpu=()
@@ -246,12 +261,14 @@ for ((r = 1; r <= repeats; r++)); do
         att=$(run "$side" "$attackers")
         rates[$side,0]+=" $(field rate "$base")" p99s[$side,0]+=" $(field p99 "$base")"
         rates[$side,1]+=" $(field rate "$att")" p99s[$side,1]+=" $(field p99 "$att")"
-        if [ "$side" = pepsi ]; then
-            pepsi_base_cpu+=("$(field ingress_cpu "$base")") pepsi_att_cpu+=("$(field ingress_cpu "$att")")
+        if [ "$side" != postfix ]; then
+            if [ "$side" = pepsi ]; then
+                pepsi_base_cpu+=("$(field ingress_cpu "$base")") pepsi_att_cpu+=("$(field ingress_cpu "$att")")
+            fi
             [ "$(field refused "$base")" = 0 ] && [ "$(field refused "$att")" = 0 ] \
                 || { echo "normal messages were refused by pepsi (see $log)" >&2; exit 1; }
         fi
-        printf 'run %d %-7s: alone %s msg/s p99 %s ms; beside the attackers %s msg/s p99 %s ms (attack messages %s: %s; normal refused %s/%s; load %s/%s)\n' \
+        printf 'run %d %-12s: alone %s msg/s p99 %s ms; beside the attackers %s msg/s p99 %s ms (attack messages %s: %s; normal refused %s/%s; load %s/%s)\n' \
             "$r" "$side" "$(field rate "$base")" "$(field p99 "$base")" "$(field rate "$att")" "$(field p99 "$att")" \
             "$(field attack "$att")" "$(field attack_replies "$att")" "$(field refused "$base")" "$(field refused "$att")" \
             "$(field load "$base")" "$(field load "$att")"
