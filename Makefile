@@ -227,11 +227,15 @@ $(B)/common/tests/%: common/tests/%.c $(B)/libpepsi.a
 # stages/X/tests/test_Y.c -> stages/X/ (the same spelling as program_dirs,
 # so its objects are the very targets the programs are built from), less
 # its main.o.  A daemon's files share its main's globals, so
-# daemons/X/tests/test_Y.c links only daemons/X/Y.o, the file it tests.
+# daemons/X/tests/test_Y.c links only daemons/X/Y.o, the file it tests, and
+# what test_extra_test_Y names of its neighbours.
 test_program_dir = $(patsubst %/tests/,%/,$(dir $(1)))
 test_objs = $(if $(findstring daemons/,$(1)),\
-	$(B)/$(call test_program_dir,$(1))$(patsubst test_%.c,%.o,$(notdir $(1))),\
+	$(B)/$(call test_program_dir,$(1))$(patsubst test_%.c,%.o,$(notdir $(1))) \
+	$(test_extra_$(basename $(notdir $(1)))),\
 	$(filter-out %/main.o,$(call program_objs,$(call test_program_dir,$(1)))))
+# auth_worker.c hands the password checks to auth.c.
+test_extra_test_auth_worker = $(B)/daemons/ingress/auth.o
 define program_test_rule
 $(B)/$(1:.c=): $(1) $(call test_objs,$(1)) $(B)/libpepsi.a
 	@mkdir -p $$(dir $$@)

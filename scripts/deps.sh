@@ -81,6 +81,9 @@ check_packages=(
     # playwright-core from npm, below), curl for bench/metrics, and the
     # Prometheus parser its /metrics is checked with
     chromium curl python3-prometheus-client
+    # bench/ingress-attack's and bench/ingress-auth's peer: Postfix (above)
+    # with OpenDKIM (above) and OpenDMARC
+    opendmarc
     # benchmarks: pgbench ships in postgresql-15; bench/ingress/policy.sh
     # makes its certificate and password hash with openssl, and gives
     # Postfix SASL from Dovecot (dovecot-core, above)

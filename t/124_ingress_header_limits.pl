@@ -222,9 +222,9 @@ sub send_auth
 
 sub signed
 {
-	my ($names) = @_;
+	my ($names, $body) = @_;
 	my $message = "From: <a\@signed.test>\r\nTo: <alice\@example.org>\r\nSubject: signed\r\n"
-	  . fields($names - 3, 'X-Signed') . "\r\nHello.\r\n";
+	  . fields($names - 3, 'X-Signed') . "\r\n" . ($body // "Hello.\r\n");
 
 	return run_ok(
 		[
@@ -287,6 +287,24 @@ is($auth->{arc}{result}, 'fail', 'its ARC chain fails');
 like($auth->{arc}{reason} // '', qr/too long|more than 128/, '... as too long');
 $bomb->close;
 is(rows(), $before + 2, 'both messages are stored');
+
+#
+# A heavy message (64 KiB or more) is checked on a worker thread of its
+# own: its signature passes there as a light one's does.  A client that
+# leaves while its heavy message is being checked takes nothing down.
+#
+my $heavy = signed(128, ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.\r\n" x 2000));
+cmp_ok(length($heavy), '>', 65536, 'a signed message over 64 KiB');
+($reply, $auth) = send_auth($port{auth}, 'a@signed.test', $heavy);
+like($reply, qr/^250 /, 'it is taken');
+is($auth->{dkim}[0]{result}, 'pass', '... and its DKIM-Signature passes');
+for my $i (1 .. 5)
+{
+	my $gone = begin_data($port{auth}, 'a@signed.test');
+	$gone->send($heavy . ".\r\n");
+	$gone->close;
+}
+like(normal_transaction($port{auth}), qr/^250 /, 'after five clients left during their heavy messages\' checks, a message is taken');
 
 $ingress->signal('TERM');
 $ingress->finish;

@@ -34,6 +34,9 @@ async def command(reader, writer, line):
     return await reply(reader)
 
 
+waits = []
+
+
 async def session(port, message, deadline, latencies, replies, sender):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     await reply(reader)
@@ -47,7 +50,10 @@ async def session(port, message, deadline, latencies, replies, sender):
             continue
         writer.write(message)
         await writer.drain()
+        sent = time.monotonic()
         final = await reply(reader)
+        if latencies is not None and final.startswith(b"250"):
+            waits.append(time.monotonic() - sent)
         replies[final[:3].decode()] += 1
         if latencies is not None and final.startswith(b"250"):
             latencies.append(time.monotonic() - start)
@@ -79,11 +85,13 @@ async def main():
     def pct(p):
         return 1000 * latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else float("nan")
 
-    print("normal=%d rate=%.1f p50=%.2f p99=%.2f refused=%d attack=%d attack_replies=%s" % (
+    waits.sort()
+    print("normal=%d rate=%.1f p50=%.2f p99=%.2f dot_p50=%.2f refused=%d attack=%d attack_replies=%s load_cpu=%.2f" % (
         len(latencies), len(latencies) / elapsed, pct(0.50), pct(0.99),
+        1000 * waits[len(waits) // 2] if waits else float("nan"),
         sum(n for code, n in normal_replies.items() if code != "250"),
         sum(attack_replies.values()),
-        ",".join("%s:%d" % kv for kv in sorted(attack_replies.items())) or "-"))
+        ",".join("%s:%d" % kv for kv in sorted(attack_replies.items())) or "-", time.process_time()))
 
 
 asyncio.run(main())

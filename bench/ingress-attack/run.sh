@@ -13,13 +13,26 @@
 # applies there).  pepsi-ingress has MESSAGE_AUTHENTICATION on (iprev,
 # SPF, DKIM, DMARC, ARC) against the tests' DNS server.
 #
-# Without and with the attackers, alternately, BENCH_REPEATS (5) times;
-# prints the medians, and the ratios the target is set on: the normal
-# sessions' p99 latency with the attackers over without (target <= 2) and
-# their throughput with over without (target >= 0.8).
+# Beside it, the peer: a private Postfix with the OpenDKIM and OpenDMARC
+# milters (Debian's packages, stock apart from where they listen and what
+# they trust; OpenDMARC checks SPF itself), every message held (HOLD) as
+# in bench/ingress-auth, under the same attack.
 #
-# Not measured here: Postfix with OpenDKIM and OpenDMARC under the same
-# attack (bench/ingress-auth runs that stack; this one does not yet).
+# Without and with the attackers, alternately, pepsi then postfix,
+# BENCH_REPEATS (5) times; prints the medians and spreads, and for each
+# side the ratios the target is set on: the normal sessions' p99 latency
+# with the attackers over without (target <= 2) and their throughput with
+# over without (target >= 0.8).  BENCH_PEER=none leaves Postfix out;
+# BENCH_INGRESS_BEFORE=PATH adds a side "pepsi-before", another
+# pepsi-ingress binary (an older build) on the same cluster and settings,
+# to compare a change in the same runs.
+#
+# Both sides ask the same DNS server (t/lib/testdns.py): the whole
+# benchmark runs in a private network and mount namespace (unshare; hence
+# root), whose loopback has the server on 10.53.0.1:53 and whose
+# /etc/resolv.conf points there (OpenDMARC and Postfix resolve through the
+# system resolver; OpenDKIM's libunbound will not forward to a 127/8
+# address); the host's network and resolver are not touched.
 #
 # The load generator is one Python process (load.py): on a small machine
 # it may bound the normal sessions' rate itself, the same with and without
@@ -29,6 +42,12 @@
 # loop's share from the rest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+
+if [ -z "${BENCH_IN_NAMESPACE:-}" ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "bench/ingress-attack runs as root (it unshares a network namespace)" >&2; exit 1; }
+    exec unshare --net --mount --propagation private env BENCH_IN_NAMESPACE=1 "$0" "$@"
+fi
+
 . "$here/../lib.sh"
 
 repeats=${BENCH_REPEATS:-5}
@@ -36,6 +55,7 @@ seconds=${BENCH_SECONDS:-20}
 normal=${BENCH_SESSIONS:-20}
 attackers=${BENCH_ATTACKERS:-4}
 mime_depth=${BENCH_MIME_DEPTH:-100}
+peer=${BENCH_PEER:-postfix}
 ingress_bin="$bench_top/build/bin/pepsi-ingress"
 out_dir="$bench_top/bench/out"
 mkdir -p "$out_dir"
@@ -43,10 +63,41 @@ log="$out_dir/ingress-attack.log"
 : >"$log"
 [ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
 
+# The namespace: loopback up, 10.53.0.1 for the DNS server, ports below
+# 1024 for anyone, a resolv.conf of its own.
+dns=10.53.0.1
+ip link set lo up
+ip addr add "$dns/32" dev lo
+sysctl -qw net.ipv4.ip_unprivileged_port_start=0
+ensure_unprivileged_user
+resolv=$(mktemp /tmp/pepsi-bench-resolv.XXXXXX)
+echo "nameserver $dns" >"$resolv"
+chmod 644 "$resolv"
+mount --bind "$resolv" /etc/resolv.conf
+
+[ "$peer" = none ] || bench_postfix_install
 bench_cluster_start "max_connections = 100"
 work="$BENCH_DIR/attack"
 mkdir -p "$work"
 chmod 755 "$work"
+
+pids=()
+# A daemon started through as_user is runuser's child: stop the child too.
+stop_all() {
+    local pid
+    for pid in ${pids[@]+"${pids[@]}"}; do
+        pkill -TERM -P "$pid" 2>/dev/null || true
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    pids=()
+}
+cleanup() {
+    stop_all
+    bench_cleanup
+    rm -f "$resolv"
+}
+trap cleanup EXIT
 
 #
 # Keys, zone, messages
@@ -66,8 +117,7 @@ key() { printf '%s 300 IN TXT "v=DKIM1; k=rsa; " "p=%s" "%s"\n' "$1" "${public:0
     key arc._domainkey.evil.bench.example.
     for s in 0 1 2 3 4 5 6 7; do key "sel$s._domainkey.evil.bench.example."; done
 } >"$work/zone"
-dns_port=$(bench_free_port)
-bench_dns_start 127.0.0.1 "$dns_port" "$work/zone"
+bench_dns_start "$dns" 53 "$work/zone"
 
 body_line="Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt."
 {
@@ -87,14 +137,16 @@ open(sys.argv[3], "wb").write(s + m)' "$work/plain.eml" "$work/dkim.pem" "$work/
 # pepsi-ingress
 #
 port=$(bench_free_port)
+before_port=$(bench_free_port)
 cat >"$work/pepsi.conf" <<CONF
 [pepsi]
 HOSTNAME = pepsi.bench.test
-DNS_FORWARDER = 127.0.0.1@$dns_port
+DNS_FORWARDER = $dns@53
 [database]
 CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
 [ingress]
 USER = $PEPSI_USER
+${BENCH_INGRESS_EXTRA:-}
 [listener-smtp]
 ADDRESS = 127.0.0.1
 PORT = $port
@@ -102,53 +154,145 @@ MAX_SESSIONS_PER_CLIENT = 0
 MESSAGE_AUTHENTICATION = on
 DMARC_POLICY = report
 CONF
+if [ -n "${BENCH_INGRESS_BEFORE:-}" ]; then
+    sed "s/^PORT = $port\$/PORT = $before_port/" "$work/pepsi.conf" >"$work/pepsi-before.conf"
+    "$BENCH_INGRESS_BEFORE" -c "$work/pepsi-before.conf" 2>>"$work/ingress-before.log" &
+    before_pid=$!
+    pids+=("$before_pid")
+    for _ in $(seq 1 100); do
+        grep -q "database connection 3 ready" "$work/ingress-before.log" && break
+        sleep 0.1
+    done
+fi
 bench_ingress_start "$work/pepsi.conf"
 
-
-# CPU seconds pepsi-ingress has used (user and system).
+# CPU seconds a pepsi-ingress (PID) has used (user and system).
 ingress_cpu() {
-    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$BENCH_INGRESS_PID/stat"
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
 }
+# CPU seconds the cluster's processes alive now have used.
+db_cpu() {
+    local postmaster
+    postmaster=$(head -1 "$BENCH_DIR/data/postmaster.pid")
+    awk -v hz="$(getconf CLK_TCK)" '{ t += $14 + $15 } END { printf "%.2f", t / hz }' \
+        "/proc/$postmaster/stat" $(pgrep -P "$postmaster" | sed 's|.*|/proc/&/stat|')
+}
+# Postfix with OpenDKIM and OpenDMARC
+if [ "$peer" != none ]; then
+    dkim_port=$(bench_free_port)
+    dmarc_port=$(bench_free_port)
+    postfix_port=$(bench_free_port)
+    # Both filters skip loopback clients by default; the benchmark's come from there.
+    echo 192.0.2.255 >"$work/ignore-hosts"
+    cat >"$work/opendkim.conf" <<CONF
+Mode                v
+Socket              inet:$dkim_port@127.0.0.1
+Background          no
+PidFile             $work/opendkim.pid
+AuthservID          postfix.bench.test
+Nameservers         $dns
+InternalHosts       $work/ignore-hosts
+Syslog              no
+CONF
+    cat >"$work/opendmarc.conf" <<CONF
+Socket              inet:$dmarc_port@127.0.0.1
+Background          false
+PidFile             $work/opendmarc.pid
+AuthservID          postfix.bench.test
+TrustedAuthservIDs  postfix.bench.test
+PublicSuffixList    /usr/share/publicsuffix/public_suffix_list.dat
+SPFIgnoreResults    true
+SPFSelfValidate     true
+IgnoreHosts         $work/ignore-hosts
+Syslog              false
+CONF
+    give_to_user "$work"
+    as_user /usr/sbin/opendkim -f -x "$work/opendkim.conf" 2>>"$work/opendkim.log" &
+    pids+=($!)
+    as_user /usr/sbin/opendmarc -f -c "$work/opendmarc.conf" 2>>"$work/opendmarc.log" &
+    pids+=($!)
+    bench_wait_port "$dkim_port" "opendkim (see $work/opendkim.log)"
+    bench_wait_port "$dmarc_port" "opendmarc (see $work/opendmarc.log)"
+    postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+    bench_postfix_start "$postfix_dir" "$postfix_port" \
+        "smtpd_milters = inet:127.0.0.1:$dkim_port, inet:127.0.0.1:$dmarc_port" \
+        "milter_default_action = tempfail" \
+        "smtpd_end_of_data_restrictions = check_client_access static:HOLD"
+fi
+
+# run SIDE ATTACKERS [NORMAL]: one run against pepsi or postfix; prints load.py's line.
 run() {
-    local with=$1 sessions=${2:-$normal} line before
-    bench_queue_empty
-    before=$(ingress_cpu)
-    line=$(/usr/bin/python3 "$here/load.py" "$port" "$seconds" "$sessions" "$with" "$work/normal.eml" "$work/attack.eml")
-    line="$line ingress_cpu=$(awk -v a="$before" -v b="$(ingress_cpu)" 'BEGIN { printf "%.2f", b - a }')"
-    echo "attackers=$with $line" >>"$log"
-    echo "$line"
+    local side=$1 with=$2 sessions=${3:-$normal} line before db_before target pid
+    if [ "$side" != postfix ]; then
+        bench_queue_empty
+        pid=$BENCH_INGRESS_PID target=$port
+        [ "$side" = pepsi ] || pid=$before_pid target=$before_port
+        before=$(ingress_cpu "$pid")
+        db_before=$(db_cpu)
+    else
+        bench_postfix_drop_held "$postfix_dir"
+        target=$postfix_port
+    fi
+    line=$(/usr/bin/python3 "$here/load.py" "$target" "$seconds" "$sessions" "$with" "$work/normal.eml" "$work/attack.eml")
+    if [ "$side" != postfix ]; then
+        line="$line ingress_cpu=$(awk -v a="$before" -v b="$(ingress_cpu "$pid")" 'BEGIN { printf "%.2f", b - a }')"
+        line="$line db_cpu=$(awk -v a="$db_before" -v b="$(db_cpu)" 'BEGIN { printf "%.2f", b - a }')"
+    fi
+    echo "$side attackers=$with $line load=$(cut -d' ' -f1 /proc/loadavg)" >>"$log"
+    echo "$line load=$(cut -d' ' -f1 /proc/loadavg)"
 }
 field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
 
-# One attacker alone: what its messages cost.
-echo "one attacker alone: $(run 1 0)"
+# One attacker alone: what its messages cost each side.
+echo "one attacker alone, pepsi: $(run pepsi 1 0)"
+[ "$peer" = none ] || echo "one attacker alone, postfix: $(run postfix 1 0)"
 
 echo "bench/ingress-attack: $normal normal sessions (2 KB signed messages), $attackers attacker sessions" \
     "($(wc -c <"$work/attack.eml") octets: 1000 fields, 50 DKIM + 50 ARC sets, h= of 128, MIME depth $mime_depth)," \
-    "${seconds}s per run, $repeats runs each, alternating"
-base_rate=() base_p99=() att_rate=() att_p99=() base_cpu=() att_cpu=()
+    "${seconds}s per run, $repeats runs each, alternating; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+sides=(pepsi)
+[ -z "${BENCH_INGRESS_BEFORE:-}" ] || sides+=(pepsi-before)
+[ "$peer" = none ] || sides+=(postfix)
+declare -A rates p99s
+pepsi_base_cpu=() pepsi_att_cpu=()
 for ((r = 1; r <= repeats; r++)); do
-    base=$(run 0)
-    att=$(run "$attackers")
-    base_rate+=("$(field rate "$base")") base_p99+=("$(field p99 "$base")")
-    att_rate+=("$(field rate "$att")") att_p99+=("$(field p99 "$att")")
-    base_cpu+=("$(field ingress_cpu "$base")") att_cpu+=("$(field ingress_cpu "$att")")
-    printf 'run %d: alone %s msg/s p99 %s ms; beside the attackers %s msg/s p99 %s ms (attack messages %s: %s)\n' \
-        "$r" "${base_rate[-1]}" "${base_p99[-1]}" "${att_rate[-1]}" "${att_p99[-1]}" \
-        "$(field attack "$att")" "$(field attack_replies "$att")"
-    [ "$(field refused "$base")" = 0 ] && [ "$(field refused "$att")" = 0 ] \
-        || { echo "normal messages were refused (see $log)" >&2; exit 1; }
+    for side in "${sides[@]}"; do
+        base=$(run "$side" 0)
+        att=$(run "$side" "$attackers")
+        rates[$side,0]+=" $(field rate "$base")" p99s[$side,0]+=" $(field p99 "$base")"
+        rates[$side,1]+=" $(field rate "$att")" p99s[$side,1]+=" $(field p99 "$att")"
+        if [ "$side" != postfix ]; then
+            if [ "$side" = pepsi ]; then
+                pepsi_base_cpu+=("$(field ingress_cpu "$base")") pepsi_att_cpu+=("$(field ingress_cpu "$att")")
+            fi
+            [ "$(field refused "$base")" = 0 ] && [ "$(field refused "$att")" = 0 ] \
+                || { echo "normal messages were refused by pepsi (see $log)" >&2; exit 1; }
+        fi
+        printf 'run %d %-12s: alone %s msg/s p99 %s ms; beside the attackers %s msg/s p99 %s ms (attack messages %s: %s; normal refused %s/%s; load %s/%s)\n' \
+            "$r" "$side" "$(field rate "$base")" "$(field p99 "$base")" "$(field rate "$att")" "$(field p99 "$att")" \
+            "$(field attack "$att")" "$(field attack_replies "$att")" "$(field refused "$base")" "$(field refused "$att")" \
+            "$(field load "$base")" "$(field load "$att")"
+    done
 done
 
-br=$(bench_median "${base_rate[@]}")
-bp=$(bench_median "${base_p99[@]}")
-ar=$(bench_median "${att_rate[@]}")
-ap=$(bench_median "${att_p99[@]}")
-printf '%-36s %9s msg/s, p99 %8s ms\n' "normal sessions alone" "$br" "$bp" \
-    "normal sessions beside the attackers" "$ar" "$ap"
+# min-max of the numbers given
+spread() { printf '%s\n' "$@" | sort -g | sed -n '1p;$p' | paste -sd- -; }
+for side in "${sides[@]}"; do
+    read -ra br <<<"${rates[$side,0]}"
+    read -ra bp <<<"${p99s[$side,0]}"
+    read -ra ar <<<"${rates[$side,1]}"
+    read -ra ap <<<"${p99s[$side,1]}"
+    mbr=$(bench_median "${br[@]}") mbp=$(bench_median "${bp[@]}")
+    mar=$(bench_median "${ar[@]}") map=$(bench_median "${ap[@]}")
+    echo "$side:"
+    printf '  %-36s %9s msg/s (%s), p99 %8s ms (%s)\n' "normal sessions alone" "$mbr" "$(spread "${br[@]}")" \
+        "$mbp" "$(spread "${bp[@]}")" \
+        "normal sessions beside the attackers" "$mar" "$(spread "${ar[@]}")" "$map" "$(spread "${ap[@]}")"
+    printf '  p99 latency with/without attackers: %s (target <= 2.00)\n' \
+        "$(awk -v a="$map" -v b="$mbp" 'BEGIN { printf "%.2f", a / b }')"
+    printf '  throughput with/without attackers: %s (target >= 0.80)\n' \
+        "$(awk -v a="$mar" -v b="$mbr" 'BEGIN { printf "%.2f", a / b }')"
+done
 printf "pepsi-ingress's CPU per %ss run: %s s alone, %s s beside the attackers (medians)\n" \
-    "$seconds" "$(bench_median "${base_cpu[@]}")" "$(bench_median "${att_cpu[@]}")"
-printf 'p99 latency with/without attackers: %s (target <= 2.00)\n' \
-    "$(awk -v a="$ap" -v b="$bp" 'BEGIN { printf "%.2f", a / b }')"
-printf 'throughput with/without attackers: %s (target >= 0.80)\n' \
-    "$(awk -v a="$ar" -v b="$br" 'BEGIN { printf "%.2f", a / b }')"
+    "$seconds" "$(bench_median "${pepsi_base_cpu[@]}")" "$(bench_median "${pepsi_att_cpu[@]}")"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,12 +1,15 @@
 /*
- * dkim_verify.c: see dkim_verify.h.  Two phases per message: the key
- * lookups (one per distinct <s>._domainkey.<d>, all at once on the loop),
- * then libopendkim over the whole message with every key at hand.
- * libopendkim's handle is made once per process (dkim_verify_library).
+ * dkim_verify.c: see dkim_verify.h.  Three steps per message: the
+ * signatures read, the key lookups (one per distinct <s>._domainkey.<d>,
+ * all at once on the loop), then libopendkim over the whole message with
+ * every key at hand.  libopendkim's handle is made once per process
+ * (dkim_verify_library, under a lock: the first check may come from any
+ * thread); libopendkim itself is thread-safe, one DKIM handle per message.
  */
 #include "auth/dkim_verify.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,24 +59,29 @@ struct dkim_verify
 	size_t nleft_out;
 };
 
-static DKIM_LIB *dkim_verify_lib;
+static DKIM_LIB		 *dkim_verify_lib;
+static pthread_once_t dkim_verify_once = PTHREAD_ONCE_INIT;
 
 static DKIM_CBSTAT dkim_verify_key_lookup(DKIM *dkim, DKIM_SIGINFO *sig, unsigned char *buf,
 										  size_t buflen);
 
-/* libopendkim, set up once: our key lookup instead of its own resolver. */
-static DKIM_LIB *
-dkim_verify_library(void)
+static void
+dkim_verify_library_init(void)
 {
 	unsigned int flags = DKIM_LIBFLAGS_BADSIGHANDLES;
 
-	if (dkim_verify_lib)
-		return dkim_verify_lib;
 	pubkey_cache_init(); /* libopendkim's key decoding, cached: pubkey_cache.h */
 	if ((dkim_verify_lib = dkim_init(NULL, NULL)) == NULL)
 		fatalx("libopendkim: cannot initialise");
 	dkim_options(dkim_verify_lib, DKIM_OP_SETOPT, DKIM_OPTS_FLAGS, &flags, sizeof(flags));
 	dkim_set_key_lookup(dkim_verify_lib, dkim_verify_key_lookup);
+}
+
+/* libopendkim, set up once: our key lookup instead of its own resolver. */
+static DKIM_LIB *
+dkim_verify_library(void)
+{
+	pthread_once(&dkim_verify_once, dkim_verify_library_init);
 	return dkim_verify_lib;
 }
 
@@ -488,8 +496,8 @@ dkim_match(struct dkim_verify *d, DKIM_SIGINFO *sig, bool *used)
 	return found;
 }
 
-static void
-dkim_verify_run(struct dkim_verify *d)
+void
+dkim_verify_check(struct dkim_verify *d)
 {
 	DKIM_STAT	   status;
 	DKIM		  *dkim;
@@ -554,24 +562,29 @@ dkim_verify_on_finish(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct dkim_verify *d = w->data;
 
-	dkim_verify_run(d);
 	d->done(d->arg);
 }
 
 struct dkim_verify *
-dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char *message,
-				  size_t len, dkim_verify_done_fn done, void *arg)
+dkim_verify_new(const char *message, size_t len)
 {
 	struct dkim_verify *d = xcalloc(1, sizeof(*d));
 
-	d->resolver = r;
-	d->done = done;
-	d->arg = arg;
 	ev_timer_init(&d->finish_timer, dkim_verify_on_finish, 0, 0);
 	d->finish_timer.data = d;
 	d->message = message;
 	d->len = len;
 	dkim_each_signature(message, len, dkim_take_signature, d);
+	return d;
+}
+
+void
+dkim_verify_lookup(struct dkim_verify *d, struct dns_resolver *r, struct dns_budget *budget,
+				   dkim_verify_done_fn done, void *arg)
+{
+	d->resolver = r;
+	d->done = done;
+	d->arg = arg;
 	for (size_t i = 0; i < d->nkeys; i++)
 	{
 		struct dkim_key *k = &d->keys[i];
@@ -583,7 +596,6 @@ dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget, const char 
 	}
 	if (d->pending == 0)
 		ev_timer_start(dns_resolver_loop(r), &d->finish_timer);
-	return d;
 }
 
 size_t
@@ -596,7 +608,8 @@ dkim_verify_results(const struct dkim_verify *d, const struct dkim_signature_res
 void
 dkim_verify_free(struct dkim_verify *d)
 {
-	ev_timer_stop(dns_resolver_loop(d->resolver), &d->finish_timer);
+	if (d->resolver)
+		ev_timer_stop(dns_resolver_loop(d->resolver), &d->finish_timer);
 	for (size_t i = 0; i < d->nkeys; i++)
 	{
 		if (d->keys[i].query)

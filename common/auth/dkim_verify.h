@@ -39,14 +39,19 @@ struct dkim_verify;
 typedef void (*dkim_verify_done_fn)(void *arg);
 
 /*
- * Verify message (headers CRLF body, as received); done is called from the
- * loop once every signature has a result.  budget may be NULL.  The
- * message is read where it is, not copied: it must stay as it is until
- * done is called or dkim_verify_free.
+ * Three steps, so that a daemon can do the CPU-bound ones off its loop.
+ * dkim_verify_new reads message's signatures (on any thread: it touches
+ * no resolver); dkim_verify_lookup fetches the keys they name, on the
+ * resolver's loop, and calls done from the loop once every key is
+ * answered (never from within the call); dkim_verify_check then runs
+ * libopendkim over the message, on any thread, while nothing else touches
+ * d.  The message is read where it is, not copied: it must stay as it is
+ * until dkim_verify_free.
  */
-struct dkim_verify *dkim_verify_start(struct dns_resolver *r, struct dns_budget *budget,
-									  const char *message, size_t len,
-									  dkim_verify_done_fn done, void *arg);
+struct dkim_verify *dkim_verify_new(const char *message, size_t len);
+void				dkim_verify_lookup(struct dkim_verify *d, struct dns_resolver *r,
+									   struct dns_budget *budget, dkim_verify_done_fn done, void *arg);
+void				dkim_verify_check(struct dkim_verify *d);
 /* The results, one per signature (at most DKIM_VERIFY_MAX_SIGNATURES). */
 size_t dkim_verify_results(const struct dkim_verify			   *d,
 						   const struct dkim_signature_result **out);

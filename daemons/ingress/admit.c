@@ -64,6 +64,7 @@ struct admission
 	void			 *arg;
 	bool			  alone;   /* its batch failed: retry it in its own transaction */
 	bool			  express; /* a new client's: ahead of the queue, in a batch of its own kind */
+	bool			  heavy;   /* SMTP_HEAVY_MESSAGE octets or more: the first connection's lane */
 	bool			  ok;
 	long long		  id;
 	struct admission *next;
@@ -122,10 +123,11 @@ static struct
 	const struct pepsi_config *cfg;
 	struct admit_options	   options;
 	struct dbconn			  *conns;
-	int						   nconns;	  /* DATABASE_CONNECTIONS and the express one */
-	struct dbconn			  *express;	  /* the last of conns */
-	struct admit_queue		   queue;	  /* the known clients' admissions */
-	struct admit_queue		   new_queue; /* new clients' (express) */
+	int						   nconns;		/* DATABASE_CONNECTIONS and the express one */
+	struct dbconn			  *express;		/* the last of conns */
+	struct admit_queue		   queue;		/* the known clients' admissions */
+	struct admit_queue		   new_queue;	/* new clients' (express) */
+	struct admit_queue		   heavy_queue; /* the known clients' heavy admissions */
 	size_t					   queued;
 	size_t					   in_flight;
 	ev_timer				   wake_timer;
@@ -161,7 +163,8 @@ static bool admit_client_is_new(const struct admission *a);
 static struct admit_queue *
 admit_queue_of(const struct admission *a)
 {
-	return a->express ? &admit.new_queue : &admit.queue;
+	return a->express ? &admit.new_queue : a->heavy ? &admit.heavy_queue
+													: &admit.queue;
 }
 
 /*
@@ -224,7 +227,8 @@ admit_fail_queue(void)
 {
 	struct admission *a;
 
-	while ((a = admit_dequeue(&admit.new_queue)) != NULL || (a = admit_dequeue(&admit.queue)) != NULL)
+	while ((a = admit_dequeue(&admit.new_queue)) != NULL || (a = admit_dequeue(&admit.queue)) != NULL
+		   || (a = admit_dequeue(&admit.heavy_queue)) != NULL)
 		admit_complete(a, false, 0);
 }
 
@@ -247,6 +251,7 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->done = done;
 	a->arg = arg;
 	a->express = admit_client_is_new(a);
+	a->heavy = a->envelope.headers.len + a->envelope.body.len >= SMTP_HEAVY_MESSAGE;
 	admit_enqueue(a, false);
 	admit.kick_due = true;
 	return a;
@@ -407,6 +412,15 @@ dbconn_queue(const struct dbconn *c)
 {
 	if (c->express)
 		return admit.new_queue.head ? &admit.new_queue : NULL;
+	/*
+	 * Heavy admissions go to the first connection, first, and to the
+	 * others only while it is down: they never share a batch with light
+	 * ones nor take more than one connection from them, so the light
+	 * ones' transactions stay small and quick beside a client storing
+	 * the biggest messages it may, in a loop.
+	 */
+	if (admit.heavy_queue.head && (c->index == 0 || admit.conns[0].state == DBCONN_DOWN))
+		return &admit.heavy_queue;
 	if (admit.queue.head)
 		return &admit.queue;
 	if (admit.new_queue.head && admit.express->state != DBCONN_IDLE)

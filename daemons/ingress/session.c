@@ -146,7 +146,7 @@ session_close(struct session *s)
 		admit_detach(s->admission);
 	auth_worker_cancel(s->auth_job);
 	ev_timer_stop(ingress.loop, &s->auth_delay);
-	verify_free(s->verify);
+	verify_free(s->verify, &s->smtp.message);
 	if (s->ssl)
 	{
 		SSL_set_quiet_shutdown(s->ssl, 1);

@@ -44,6 +44,15 @@ enum smtp_srs_verdict
 	SMTP_SRS_THROTTLED	 /* 450 4.7.1: the client is over its limit, nothing checked */
 };
 
+/*
+ * A message of this many octets or more is heavy: its checks (verify.c,
+ * on auth_worker.h's heavy lane) and its admission (admit.c, on one
+ * connection's lane) are kept apart from the others', so that a client
+ * sending the biggest messages the limits allow slows its own sessions
+ * first, not everyone's.
+ */
+#define SMTP_HEAVY_MESSAGE (64 * 1024)
+
 /* What a listener allows; shared by its sessions, never changed by them. */
 struct smtp_policy
 {

@@ -4,6 +4,13 @@
  * message is complete (verify_settle).  Nothing here blocks: a check that
  * never hears from the DNS ends by its lookup timeout or the message's
  * budget, with a temperror, and the message is still taken.
+ *
+ * What reads the message itself runs on the worker threads
+ * (auth_worker.h), never on the loop: a header section at the limits with
+ * dozens of signatures takes milliseconds to read and hash.  A message
+ * goes there twice: to find what its signatures need (verify_scan), and,
+ * once the keys are in, to check them (verify_check).  While a job is out
+ * (v->job), the loop leaves the fields it writes alone.
  */
 #include "verify.h"
 
@@ -17,6 +24,7 @@
 #include "auth/dmarc.h"
 #include "auth/results.h"
 #include "auth/spf.h"
+#include "auth_worker.h"
 #include "dns.h"
 #include "log.h"
 #include "xalloc.h"
@@ -112,9 +120,12 @@ struct verify
 	bool				   arc_done;
 	struct arc_verdict	   arc;
 	char				  *arc_sealer; /* d= of the newest ARC-Seal */
-	const char			  *message;	   /* the content, while ARC waits for its keys */
+	bool				   dkim_keys_in;
+	const char			  *message; /* the content, until the signatures are checked */
 	size_t				   message_len;
 	size_t				   header_len;
+	struct auth_job		  *job;		 /* on a worker thread (auth_worker.h) */
+	struct buf			   orphaned; /* the session's content, taken over when it went first */
 
 	/* The message waiting for all of them */
 	bool		   waiting;
@@ -189,7 +200,7 @@ verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 static bool
 verify_complete(const struct verify *v)
 {
-	return v->iprev_step == VERIFY_IPREV_DONE && (!v->spf_mail.started || v->spf_mail.done)
+	return v->job == NULL && v->iprev_step == VERIFY_IPREV_DONE && (!v->spf_mail.started || v->spf_mail.done)
 		   && (!v->spf_helo.started || v->spf_helo.done) && (v->dkim == NULL || v->dkim_done)
 		   && (v->dmarc == NULL || v->dmarc_done) && v->arc_done;
 }
@@ -369,7 +380,7 @@ verify_transaction_clear(struct verify *v)
 	if (v->dkim)
 		dkim_verify_free(v->dkim);
 	v->dkim = NULL;
-	v->dkim_done = false;
+	v->dkim_done = v->dkim_keys_in = false;
 	if (v->dmarc)
 		dmarc_check_free(v->dmarc);
 	v->dmarc = NULL;
@@ -400,11 +411,9 @@ verify_spf_memo_clear(struct verify_spf_memo *m)
 	memset(m, 0, sizeof(*m));
 }
 
-void
-verify_free(struct verify *v)
+static void
+verify_destroy(struct verify *v)
 {
-	if (v == NULL)
-		return;
 	verify_transaction_clear(v);
 	verify_spf_memo_clear(&v->spf_mail_memo);
 	verify_spf_memo_clear(&v->spf_helo_memo);
@@ -415,7 +424,48 @@ verify_free(struct verify *v)
 	free(v->iprev_name);
 	free(v->client_ip);
 	free(v->hostname);
+	buf_free(&v->orphaned);
 	free(v);
+}
+
+/* The worker an abandoned struct verify waited for is done with it. */
+static void
+verify_release(void *arg)
+{
+	struct verify *v = arg;
+
+	v->job = NULL;
+	verify_destroy(v);
+}
+
+void
+verify_free(struct verify *v, struct buf *message)
+{
+	if (v == NULL)
+		return;
+	if (v->job == NULL)
+	{
+		verify_destroy(v);
+		return;
+	}
+	/*
+	 * A worker still reads the content: it and v go when it is done.  What
+	 * runs on the loop stops now (no lookup is in flight for the message
+	 * while a worker has it, only the session's iprev and SPF, and DMARC).
+	 */
+	v->orphaned = *message;
+	*message = (struct buf) BUF_INIT;
+	v->waiting = false;
+	ev_timer_stop(verify_global.loop, &v->settle_timer);
+	if (v->iprev_query)
+		dns_cancel(v->iprev_query);
+	v->iprev_query = NULL;
+	verify_spf_clear(&v->spf_mail);
+	verify_spf_clear(&v->spf_helo);
+	if (v->dmarc)
+		dmarc_check_free(v->dmarc);
+	v->dmarc = NULL;
+	auth_worker_abandon(v->job, verify_release);
 }
 
 static void
@@ -502,15 +552,6 @@ verify_mail(struct verify *v, const char *helo, const char *mail_from)
  */
 
 static void
-verify_on_dkim(void *arg)
-{
-	struct verify *v = arg;
-
-	v->dkim_done = true;
-	verify_settle(v);
-}
-
-static void
 verify_on_dmarc(void *arg)
 {
 	struct verify *v = arg;
@@ -521,7 +562,7 @@ verify_on_dmarc(void *arg)
 
 /*
  * ARC (RFC 8617), over common/auth/arc.c: the keys its signatures name are
- * fetched here on the loop, then the chain is validated in one go.
+ * fetched on the loop, then the chain is validated in one go.
  */
 static EVP_PKEY *
 verify_arc_key_lookup(void *arg, const char *domain, const char *selector,
@@ -547,11 +588,81 @@ verify_arc_key_lookup(void *arg, const char *domain, const char *selector,
 }
 
 static void
-verify_arc_run(struct verify *v)
+verify_arc_sealer_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t len)
 {
-	const char *body = v->message + v->header_len;
-	size_t		blen = v->message_len - v->header_len;
+	char **sealer = arg;
 
+	if (taglen == 1 && tag[0] == 'd' && len > 0 && len < 254)
+	{
+		free(*sealer);
+		*sealer = xstrndup(value, len);
+		for (char *p = *sealer; *p; p++)
+			*p = (char) tolower((unsigned char) *p);
+	}
+}
+
+/* On a worker: the ARC chain's sealer and the keys it names (their queries are the loop's). */
+static void
+verify_arc_scan(struct verify *v)
+{
+	struct header_fields fields;
+	struct arc_chain	 chain;
+	struct arc_key_ref	 refs[VERIFY_ARC_KEYS];
+	char				 err[160];
+	size_t				 n;
+
+	/* A header section that does not parse: arc_verify says why, for a message with a chain. */
+	if (!header_fields_parse(v->message, v->header_len, 0, &fields, err, sizeof(err)))
+		return;
+	arc_chain_parse(&fields, &chain);
+	if (chain.count > 0 && chain.set[chain.count].seal)
+	{
+		const struct header_field *seal = chain.set[chain.count].seal;
+		const char				  *colon = memchr(seal->start, ':', seal->len);
+
+		if (colon)
+			dkim_tag_list_parse(colon + 1, (size_t) (seal->start + seal->len - colon - 1),
+								verify_arc_sealer_tag, &v->arc_sealer);
+	}
+	n = chain.count > 0 && !chain.malformed ? arc_required_keys(&chain, refs, VERIFY_ARC_KEYS) : 0;
+	header_fields_free(&fields);
+	for (size_t i = 0; i < n; i++)
+	{
+		v->arc_keys[i].owner = v;
+		v->arc_keys[i].ref = refs[i];
+	}
+	v->arc_key_count = n;
+}
+
+static enum auth_lane
+verify_lane(const struct verify *v)
+{
+	return v->message_len >= SMTP_HEAVY_MESSAGE ? AUTH_LANE_HEAVY : AUTH_LANE_LIGHT;
+}
+
+/* On a worker: what the message's signatures and From need fetched. */
+static void
+verify_scan(void *arg)
+{
+	struct verify *v = arg;
+	const char	  *blank = memmem(v->message, v->message_len, "\r\n\r\n", 4);
+
+	v->header_len = blank ? (size_t) (blank - v->message) + 2 : v->message_len;
+	v->dkim = dkim_verify_new(v->message, v->message_len);
+	verify_arc_scan(v);
+	if (v->policy->dmarc != VERIFY_DMARC_OFF)
+		v->from_domain = dmarc_from_domain(v->message, v->header_len, &v->from_problem);
+}
+
+/* On a worker, every key in: the DKIM signatures and the ARC chain checked. */
+static void
+verify_check(void *arg)
+{
+	struct verify *v = arg;
+	const char	  *body = v->message + v->header_len;
+	size_t		   blen = v->message_len - v->header_len;
+
+	dkim_verify_check(v->dkim);
 	/* The body starts after the empty line that ends the header block. */
 	if (blen >= 2 && body[0] == '\r' && body[1] == '\n')
 	{
@@ -559,9 +670,34 @@ verify_arc_run(struct verify *v)
 		blen -= 2;
 	}
 	arc_verify(v->message, v->header_len, body, blen, verify_arc_key_lookup, v, &v->arc);
-	v->arc_done = true;
+}
+
+static void
+verify_on_checked(void *arg)
+{
+	struct verify *v = arg;
+
+	v->job = NULL;
+	v->dkim_done = v->arc_done = true;
 	v->message = NULL;
 	verify_settle(v);
+}
+
+/* A key is in: once all are, the signatures go to a worker. */
+static void
+verify_keys_settle(struct verify *v)
+{
+	if (v->dkim_keys_in && v->arc_pending == 0)
+		v->job = auth_worker_run(verify_global.loop, verify_lane(v), verify_check, verify_on_checked, v);
+}
+
+static void
+verify_on_dkim_keys(void *arg)
+{
+	struct verify *v = arg;
+
+	v->dkim_keys_in = true;
+	verify_keys_settle(v);
 }
 
 static void
@@ -576,98 +712,45 @@ verify_on_arc_key(void *arg, const struct dns_answer *a)
 		if (a->records[i].type == DNS_TYPE_TXT
 			&& memchr(a->records[i].text, '\0', a->records[i].len) == NULL)
 			k->record = xstrdup(a->records[i].text);
-	if (--v->arc_pending == 0)
-		verify_arc_run(v);
+	v->arc_pending--;
+	verify_keys_settle(v);
 }
 
+/* Back from verify_scan: fetch what it found needed. */
 static void
-verify_arc_sealer_tag(void *arg, const char *tag, size_t taglen, const char *value, size_t len)
+verify_on_scanned(void *arg)
 {
-	char **sealer = arg;
+	struct verify *v = arg;
 
-	if (taglen == 1 && tag[0] == 'd' && len > 0 && len < 254)
-	{
-		free(*sealer);
-		*sealer = xstrndup(value, len);
-		for (char *p = *sealer; *p; p++)
-			*p = (char) tolower((unsigned char) *p);
-	}
-}
-
-static void
-verify_arc_start(struct verify *v, const char *raw, size_t len, size_t header_len)
-{
-	struct header_fields fields;
-	struct arc_chain	 chain;
-	struct arc_key_ref	 refs[VERIFY_ARC_KEYS];
-	char				 err[160];
-	size_t				 n;
-
-	v->message = raw;
-	v->message_len = len;
-	v->header_len = header_len;
-	if (!header_fields_parse(raw, header_len, 0, &fields, err, sizeof(err)))
-	{
-		/* arc_verify says why, for a message that has a chain at all. */
-		verify_arc_run(v);
-		return;
-	}
-	arc_chain_parse(&fields, &chain);
-	if (chain.count > 0 && chain.set[chain.count].seal)
-	{
-		const struct header_field *seal = chain.set[chain.count].seal;
-		const char				  *colon = memchr(seal->start, ':', seal->len);
-
-		if (colon)
-			dkim_tag_list_parse(colon + 1, (size_t) (seal->start + seal->len - colon - 1),
-								verify_arc_sealer_tag, &v->arc_sealer);
-	}
-	n = chain.count > 0 && !chain.malformed ? arc_required_keys(&chain, refs, VERIFY_ARC_KEYS) : 0;
-	header_fields_free(&fields);
-	if (n == 0)
-	{
-		verify_arc_run(v);
-		return;
-	}
-	v->arc_key_count = n;
-	v->arc_pending = n;
-	for (size_t i = 0; i < n; i++)
+	v->job = NULL;
+	v->arc_pending = v->arc_key_count;
+	for (size_t i = 0; i < v->arc_key_count; i++)
 	{
 		struct verify_arc_key *k = &v->arc_keys[i];
-		char				  *name = xasprintf("%s._domainkey.%s", refs[i].selector, refs[i].domain);
+		char				  *name = xasprintf("%s._domainkey.%s", k->ref.selector, k->ref.domain);
 
-		k->owner = v;
-		k->ref = refs[i];
 		k->query = dns_resolve(verify_global.resolver, name, DNS_TYPE_TXT, &v->message_budget,
 							   verify_on_arc_key, k);
 		free(name);
 	}
+	if (v->from_domain)
+		v->dmarc = dmarc_check_start(verify_global.resolver, &v->message_budget, v->from_domain,
+									 verify_on_dmarc, v);
+	/* Its done comes from the loop, later: after the ARC lookups are all started. */
+	dkim_verify_lookup(v->dkim, verify_global.resolver, &v->message_budget, verify_on_dkim_keys, v);
 }
 
 void
 verify_message(struct verify *v, const struct smtp_session *s, verify_done_fn done, void *arg)
 {
-	const char *raw = s->message.data ? s->message.data : "";
-	const char *blank = memmem(raw, s->message.len, "\r\n\r\n", 4);
-	size_t		header_len = blank ? (size_t) (blank - raw) + 2 : s->message.len;
-
 	v->done = done;
 	v->arg = arg;
 	v->waiting = true;
+	v->message = s->message.data ? s->message.data : "";
+	v->message_len = s->message.len;
 	v->message_budget.deadline = ev_now(verify_global.loop) + verify_global.budget;
 	v->message_budget.lookups_left = VERIFY_BUDGET_LOOKUPS;
-	v->dkim = dkim_verify_start(verify_global.resolver, &v->message_budget, raw, s->message.len,
-								verify_on_dkim, v);
-	verify_arc_start(v, raw, s->message.len, header_len);
-	if (v->policy->dmarc != VERIFY_DMARC_OFF)
-	{
-		v->from_domain = dmarc_from_domain(raw, header_len, &v->from_problem);
-		if (v->from_domain)
-			v->dmarc = dmarc_check_start(verify_global.resolver, &v->message_budget,
-										 v->from_domain, verify_on_dmarc, v);
-	}
-	/* Always answered from the loop, even when nothing is left to wait for. */
-	ev_timer_start(verify_global.loop, &v->settle_timer);
+	v->job = auth_worker_run(verify_global.loop, verify_lane(v), verify_scan, verify_on_scanned, v);
 }
 
 static json_t *

@@ -5,7 +5,9 @@
  * through common/dns.h, so a session whose DNS is slow delays nobody
  * else.  What it finds becomes state.auth and the Authentication-Results
  * header (common/auth/results.h); what the listener's policy refuses
- * becomes the reply after DATA.
+ * becomes the reply after DATA.  What reads the message (signatures
+ * parsed, canonicalised, hashed, checked) runs on the worker threads of
+ * auth_worker.h: the loop only starts lookups and gathers verdicts.
  *
  * Options, read here and nowhere else: per listener MESSAGE_AUTHENTICATION
  * (on|off, off by default), SPF_FAIL (tag|reject), DMARC_POLICY
@@ -49,8 +51,12 @@ struct verify;
 /* A session's checks start with its connection (iprev); NULL when the listener has them off. */
 struct verify *verify_session_start(const struct verify_policy *policy, const char *client_ip,
 									const char *hostname);
-/* Cancels every lookup of the session. */
-void verify_free(struct verify *v);
+/*
+ * Cancels every lookup of the session.  message is the session's content:
+ * if a worker thread is still reading it, it is taken (left empty) and
+ * freed with v once the worker is done.
+ */
+void verify_free(struct verify *v, struct buf *message);
 /* MAIL accepted: SPF for this transaction (the previous one's is dropped). */
 void verify_mail(struct verify *v, const char *helo, const char *mail_from);
 
