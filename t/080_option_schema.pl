@@ -18,13 +18,16 @@ use PepsiStage;
 
 my $node = stage_node('option_schema');
 
-sub sql_error
-{
-	my ($sql) = @_;
-	my ($stdout, $stderr) = ('', '');
+# The checks of the database side, each a statement and what its stderr
+# must be, run in one psql session (psql_each_stderr) and asserted in order.
+my @checks;
 
-	$node->psql('postgres', $sql, stdout => \$stdout, stderr => \$stderr);
-	return $stderr;
+sub expect_error
+{
+	my ($sql, $check, $pattern, $name) = @_;
+
+	push @checks, [ $sql, $check, $pattern, $name ];
+	return;
 }
 
 # A value each kind accepts, and values it refuses.
@@ -93,16 +96,16 @@ for my $o (@options)
 	next if $o->{option} eq 'PROGRAM';
 	if ($o->{scope} eq 'file')
 	{
-		like(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')"),
-			qr/cannot be overridden/, "$name: file only, no override");
+		expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')",
+			'like', qr/cannot be overridden/, "$name: file only, no override");
 		next;
 	}
-	is(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')"), '',
-		"$name: config_set accepts \"$valid\"");
+	expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')",
+		'is', '', "$name: config_set accepts \"$valid\"");
 	for my $bad (@$invalid)
 	{
-		like(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$bad')"),
-			qr/invalid value "\Q$bad\E" for $o->{option}/, "$name: config_set refuses \"$bad\"");
+		expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$bad')",
+			'like', qr/invalid value "\Q$bad\E" for $o->{option}/, "$name: config_set refuses \"$bad\"");
 	}
 	my %allowed = (
 		global => [ 'global' ],
@@ -111,17 +114,24 @@ for my $o (@options)
 	my %scope = (domain => 'domain:example.org', address => 'address:a@example.org');
 	for my $kind ('domain', 'address')
 	{
-		my $error = sql_error(
-			"SELECT pepsi.config_validate('$scope{$kind}', '$section', '$o->{option}', '$valid')");
+		my $sql = "SELECT pepsi.config_validate('$scope{$kind}', '$section', '$o->{option}', '$valid')";
 		if (grep { $_ eq $kind } @{ $allowed{ $o->{scope} } })
 		{
-			is($error, '', "$name: the $kind scope is allowed");
+			expect_error($sql, 'is', '', "$name: the $kind scope is allowed");
 		}
 		else
 		{
-			like($error, qr/takes the global/, "$name: the $kind scope is refused");
+			expect_error($sql, 'like', qr/takes the global/, "$name: the $kind scope is refused");
 		}
 	}
+}
+
+my @errors = psql_each_stderr($node, 'postgres', [ map { $_->[0] } @checks ]);
+for my $i (0 .. $#checks)
+{
+	my (undef, $check, $pattern, $name) = @{ $checks[$i] };
+	if ($check eq 'is') { is($errors[$i], $pattern, $name); }
+	else { like($errors[$i], $pattern, $name); }
 }
 
 # The programs' side: pepsi.conf with every valid value, and every override
