@@ -36,7 +36,7 @@ our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
   prometheus_samples self_signed_certificate admit_sql nice_of session_nices
-  session_autogroup_nices psql_each_stderr
+  session_autogroup_nices psql_each_stderr sql_session
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -155,6 +155,30 @@ sub admit_sql
 
 	return "SELECT count(pepsi.workqueue_add('s\@example.org', '{r\@example.net}', '', '', '{}',"
 	  . " '$address'::inet, NULL, 'relay')) FROM generate_series(1, $count)";
+}
+
+# A function that runs a statement in one psql session kept open (a
+# BackgroundPsql), as $node->safe_psql would in a session of its own: each
+# statement its own transaction, its output without the last newline, an
+# error fatal.  A test of many small statements saves a psql start and a
+# connection per statement.  The session's timer runs per statement; the
+# session ends with the test, or with the server.
+sub sql_session
+{
+	my ($node, $db) = @_;
+	my $session = $node->background_psql($db, on_error_stop => 0);
+
+	$session->set_query_timer_restart;
+	return sub {
+		my ($sql) = @_;
+
+		$session->{stderr} = '';
+		my $out = $session->query($sql);
+		die "statement failed: $sql\n$session->{stderr}"
+		  if $session->{stderr} =~ /^(?:psql:.*?)?(?:ERROR|FATAL|PANIC):/m;
+		Test::More::note("stderr of \"$sql\": $session->{stderr}") if $session->{stderr} ne '';
+		return $out;
+	};
 }
 
 # Run the statements of @$statements in one psql session (each its own
