@@ -12,6 +12,7 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 
 use PepsiTest;
 use PepsiStage;
@@ -153,7 +154,36 @@ my $loaded = probe('every-option.conf', $conf);
 is($loaded->{exit}, 0, 'the programs accept every valid value, in the file and as overrides')
   or diag($loaded->{stderr});
 
-# ... and refuse every invalid one, naming it.
+# ... and refuse every invalid one, naming it.  The probes are separate
+# processes reading separate files: four run at once (most of a probe's
+# time is its start and its connection), and are asserted in order.
+sub probe_all
+{
+	my (@texts) = @_;
+	my (@results, @running);
+	my $next = 0;
+
+	while ($next < @texts || @running)
+	{
+		while (@running < 4 && $next < @texts)
+		{
+			my $job = { index => $next, out => '', err => '' };
+			$job->{harness} = IPC::Run::start(
+				worker_cmd('pepsi-test-probe', stage_config($node, "bad-$next.conf", $texts[$next])),
+				'<', \'', '>', \$job->{out}, '2>', \$job->{err},
+				IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+			push @running, $job;
+			$next++;
+		}
+		my $job = shift @running;
+		$job->{harness}->finish;
+		$results[ $job->{index} ] =
+		  { exit => $job->{harness}->full_result(0) >> 8, stderr => $job->{err} };
+	}
+	return @results;
+}
+
+my @bad;
 for my $o (@options)
 {
 	next if $o->{option} eq 'PROGRAM';
@@ -163,10 +193,16 @@ for my $o (@options)
 	for my $bad (@$invalid)
 	{
 		next if $o->{kind} eq 'program';	# a path is a program in the file
-		my $r = probe('bad.conf', "[$section]\n$program$o->{option} = $bad\n");
-		ok($r->{exit} != 0 && $r->{stderr} =~ /\[\Q$section\E\] $o->{option} = \Q$bad\E: /,
-			"[$section] $o->{option}: the file's \"$bad\" is refused too") or diag($r->{stderr});
+		push @bad, [ $section, $o->{option}, $bad, "[$section]\n$program$o->{option} = $bad\n" ];
 	}
+}
+my @refused = probe_all(map { $_->[3] } @bad);
+for my $i (0 .. $#bad)
+{
+	my ($section, $option, $bad) = @{ $bad[$i] };
+	my $r = $refused[$i];
+	ok($r->{exit} != 0 && $r->{stderr} =~ /\[\Q$section\E\] $option = \Q$bad\E: /,
+		"[$section] $option: the file's \"$bad\" is refused too") or diag($r->{stderr});
 }
 
 # An override written past config_set (by a superuser) at a scope the
