@@ -169,9 +169,9 @@ TAP_JOBS=${TAP_JOBS:-2}
 # The longest files of the parallel pass, started first so that it does
 # not end on one of them alone (the longest first; the log ends with each
 # file's time).
-TAP_FIRST=${TAP_FIRST-t/080_option_schema.pl t/061_cli.pl t/072_ingress_auth.pl
-    t/075_dkim_sign.pl t/071_stage_milter_filters.pl t/021_stage_batching_fusion.pl
-    t/101_relay_internet_scheduling.pl t/010_roles.pl t/020_stage_runtime.pl
+TAP_FIRST=${TAP_FIRST-t/101_relay_internet_scheduling.pl t/075_dkim_sign.pl
+    t/071_stage_milter_filters.pl t/021_stage_batching_fusion.pl t/072_ingress_auth.pl
+    t/080_option_schema.pl t/061_cli.pl t/010_roles.pl t/020_stage_runtime.pl
     t/001_maintenance.pl t/002_body_concurrency.pl t/070_stage_milter.pl
     t/024_stage_load_plans.pl t/044_dispatch_postgres_restart.pl
     t/050_delivery_smarthost.pl t/003_extension_upgrade.pl t/077_arc_seal.pl}

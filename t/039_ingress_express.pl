@@ -99,8 +99,23 @@ SKIP:
 my $held = start_send('127.0.0.1', 'held');
 ok(poll_until(sub { waiting_on_lock() == 1 }, 30), 'its next admission waits on the lock');
 # The two queued in ingress (its one pool connection is busy), then the
-# new client's.  A second between them: each is in the queue before the next.
-my @queued = map { my $s = start_send('127.0.0.1', "queued$_"); sleep 1; $s } 1 .. 2;
+# new client's.  Each is sent to its end (swaks has written the final
+# dot, and waits for the reply that the held admission delays) before the
+# next starts, so each is in the queue before the next.
+sub sent_to_the_end
+{
+	my ($send) = @_;
+	return poll_until(
+		sub {
+			$send->[0]->pump_nb;
+			return ${ $send->[1] } =~ /^ -> \.\r?$/m;
+		});
+}
+my @queued = map {
+	my $s = start_send('127.0.0.1', "queued$_");
+	ok(sent_to_the_end($s), "queued$_ is sent and waits for its reply");
+	$s
+} 1 .. 2;
 is(waiting_on_lock(), 1, 'the known client\'s next two wait in ingress, not on a connection of their own');
 my $new = start_send('127.0.0.2', 'new');
 ok(poll_until(sub { waiting_on_lock() == 2 }, 30),

@@ -72,7 +72,9 @@ sub tool_with
 }
 sub tool { return tool_with($conf, @_); }
 
-sub sql { return $node->safe_psql($db, shift); }
+# One psql session for the test's own statements (PepsiTest's sql_session).
+my $session = sql_session($node, $db);
+sub sql { return $session->(shift); }
 sub lit { my $s = shift; $s =~ s/'/''/g; return "'$s'"; }
 
 #

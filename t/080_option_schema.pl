@@ -12,19 +12,23 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 
 use PepsiTest;
 use PepsiStage;
 
 my $node = stage_node('option_schema');
 
-sub sql_error
-{
-	my ($sql) = @_;
-	my ($stdout, $stderr) = ('', '');
+# The checks of the database side, each a statement and what its stderr
+# must be, run in one psql session (psql_each_stderr) and asserted in order.
+my @checks;
 
-	$node->psql('postgres', $sql, stdout => \$stdout, stderr => \$stderr);
-	return $stderr;
+sub expect_error
+{
+	my ($sql, $check, $pattern, $name) = @_;
+
+	push @checks, [ $sql, $check, $pattern, $name ];
+	return;
 }
 
 # A value each kind accepts, and values it refuses.
@@ -93,16 +97,16 @@ for my $o (@options)
 	next if $o->{option} eq 'PROGRAM';
 	if ($o->{scope} eq 'file')
 	{
-		like(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')"),
-			qr/cannot be overridden/, "$name: file only, no override");
+		expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')",
+			'like', qr/cannot be overridden/, "$name: file only, no override");
 		next;
 	}
-	is(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')"), '',
-		"$name: config_set accepts \"$valid\"");
+	expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$valid')",
+		'is', '', "$name: config_set accepts \"$valid\"");
 	for my $bad (@$invalid)
 	{
-		like(sql_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$bad')"),
-			qr/invalid value "\Q$bad\E" for $o->{option}/, "$name: config_set refuses \"$bad\"");
+		expect_error("SELECT pepsi.config_set('global', '$section', '$o->{option}', '$bad')",
+			'like', qr/invalid value "\Q$bad\E" for $o->{option}/, "$name: config_set refuses \"$bad\"");
 	}
 	my %allowed = (
 		global => [ 'global' ],
@@ -111,17 +115,24 @@ for my $o (@options)
 	my %scope = (domain => 'domain:example.org', address => 'address:a@example.org');
 	for my $kind ('domain', 'address')
 	{
-		my $error = sql_error(
-			"SELECT pepsi.config_validate('$scope{$kind}', '$section', '$o->{option}', '$valid')");
+		my $sql = "SELECT pepsi.config_validate('$scope{$kind}', '$section', '$o->{option}', '$valid')";
 		if (grep { $_ eq $kind } @{ $allowed{ $o->{scope} } })
 		{
-			is($error, '', "$name: the $kind scope is allowed");
+			expect_error($sql, 'is', '', "$name: the $kind scope is allowed");
 		}
 		else
 		{
-			like($error, qr/takes the global/, "$name: the $kind scope is refused");
+			expect_error($sql, 'like', qr/takes the global/, "$name: the $kind scope is refused");
 		}
 	}
+}
+
+my @errors = psql_each_stderr($node, 'postgres', [ map { $_->[0] } @checks ]);
+for my $i (0 .. $#checks)
+{
+	my (undef, $check, $pattern, $name) = @{ $checks[$i] };
+	if ($check eq 'is') { is($errors[$i], $pattern, $name); }
+	else { like($errors[$i], $pattern, $name); }
 }
 
 # The programs' side: pepsi.conf with every valid value, and every override
@@ -143,7 +154,36 @@ my $loaded = probe('every-option.conf', $conf);
 is($loaded->{exit}, 0, 'the programs accept every valid value, in the file and as overrides')
   or diag($loaded->{stderr});
 
-# ... and refuse every invalid one, naming it.
+# ... and refuse every invalid one, naming it.  The probes are separate
+# processes reading separate files: four run at once (most of a probe's
+# time is its start and its connection), and are asserted in order.
+sub probe_all
+{
+	my (@texts) = @_;
+	my (@results, @running);
+	my $next = 0;
+
+	while ($next < @texts || @running)
+	{
+		while (@running < 4 && $next < @texts)
+		{
+			my $job = { index => $next, out => '', err => '' };
+			$job->{harness} = IPC::Run::start(
+				worker_cmd('pepsi-test-probe', stage_config($node, "bad-$next.conf", $texts[$next])),
+				'<', \'', '>', \$job->{out}, '2>', \$job->{err},
+				IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+			push @running, $job;
+			$next++;
+		}
+		my $job = shift @running;
+		$job->{harness}->finish;
+		$results[ $job->{index} ] =
+		  { exit => $job->{harness}->full_result(0) >> 8, stderr => $job->{err} };
+	}
+	return @results;
+}
+
+my @bad;
 for my $o (@options)
 {
 	next if $o->{option} eq 'PROGRAM';
@@ -153,10 +193,16 @@ for my $o (@options)
 	for my $bad (@$invalid)
 	{
 		next if $o->{kind} eq 'program';	# a path is a program in the file
-		my $r = probe('bad.conf', "[$section]\n$program$o->{option} = $bad\n");
-		ok($r->{exit} != 0 && $r->{stderr} =~ /\[\Q$section\E\] $o->{option} = \Q$bad\E: /,
-			"[$section] $o->{option}: the file's \"$bad\" is refused too") or diag($r->{stderr});
+		push @bad, [ $section, $o->{option}, $bad, "[$section]\n$program$o->{option} = $bad\n" ];
 	}
+}
+my @refused = probe_all(map { $_->[3] } @bad);
+for my $i (0 .. $#bad)
+{
+	my ($section, $option, $bad) = @{ $bad[$i] };
+	my $r = $refused[$i];
+	ok($r->{exit} != 0 && $r->{stderr} =~ /\[\Q$section\E\] $option = \Q$bad\E: /,
+		"[$section] $option: the file's \"$bad\" is refused too") or diag($r->{stderr});
 }
 
 # An override written past config_set (by a superuser) at a scope the

@@ -64,7 +64,7 @@ sub dkim_verify
 	close $fh;
 	IPC::Run::run([ "$here/bin/dns-sandbox", "$tmp/zone.json", '/usr/bin/python3', '-c',
 			'import sys, dkim; print(dkim.verify(open(sys.argv[1], "rb").read()))', "$tmp/message.eml" ],
-		'>', \$out, '2>', \$err, IPC::Run::timeout(120));
+		'>', \$out, '2>', \$err, IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 	chomp $out;
 	return $out eq '' ? "no verdict: $err" : $out;
 }

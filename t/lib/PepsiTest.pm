@@ -36,7 +36,7 @@ our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
   prometheus_samples self_signed_certificate admit_sql nice_of session_nices
-  session_autogroup_nices queued_row
+  session_autogroup_nices queued_row psql_each_stderr sql_session
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -169,6 +169,64 @@ sub queued_row
 		"SELECT coalesce((SELECT id FROM pepsi.workqueue WHERE state ->> 'queue_id' = '$queue_id'),"
 		  . " (SELECT workqueue_id FROM pepsi.mail_log WHERE queue_id = '$queue_id' ORDER BY id LIMIT 1))");
 	return $row eq '' ? undef : $row;
+}
+
+# A function that runs a statement in one psql session kept open (a
+# BackgroundPsql), as $node->safe_psql would in a session of its own: each
+# statement its own transaction, its output without the last newline, an
+# error fatal.  A test of many small statements saves a psql start and a
+# connection per statement.  The session's timer runs per statement; the
+# session ends with the test, or with the server.
+sub sql_session
+{
+	my ($node, $db) = @_;
+	my $session = $node->background_psql($db, on_error_stop => 0);
+
+	$session->set_query_timer_restart;
+	return sub {
+		my ($sql) = @_;
+
+		$session->{stderr} = '';
+		my $out = $session->query($sql);
+		die "statement failed: $sql\n$session->{stderr}"
+		  if $session->{stderr} =~ /^(?:psql:.*?)?(?:ERROR|FATAL|PANIC):/m;
+		Test::More::note("stderr of \"$sql\": $session->{stderr}") if $session->{stderr} ne '';
+		return $out;
+	};
+}
+
+# Run the statements of @$statements in one psql session (each its own
+# transaction, as separate psql calls would run them, and an error in one
+# does not stop the next) and return what each wrote to stderr (its error,
+# its notices), in order: one session instead of one per statement.  psql's
+# \warn writes a marker to the same stderr between statements.
+sub psql_each_stderr
+{
+	my ($node, $db, $statements) = @_;
+	my $marker = '==pepsi-statement-' . int(rand(1e9)) . '==';
+	my ($stdout, $stderr) = ('', '');
+	my $script = '';
+
+	for my $i (0 .. $#$statements)
+	{
+		die "psql_each_stderr: statement $i holds a newline\n"
+		  if $statements->[$i] =~ /\n/;
+		$script .= "\\warn $marker $i\n$statements->[$i];\n";
+	}
+	$script .= "\\warn $marker end\n";
+	$node->psql($db, $script, stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
+	# psql's own call (PostgreSQL::Test::Cluster) chomps its stderr.
+	$stderr .= "\n";
+	my @parts = split /^\Q$marker\E (?:\d+|end)\n/m, $stderr, -1;
+	die "psql_each_stderr: expected "
+	  . (@$statements + 2)
+	  . " parts of psql's stderr, got "
+	  . scalar(@parts)
+	  . ":\n$stderr"
+	  unless @parts == @$statements + 2 && $parts[0] eq '' && $parts[-1] eq '';
+	# As that call would have returned each statement's.
+	chomp @parts;
+	return @parts[ 1 .. $#parts - 1 ];
 }
 
 # The nice value of process $pid (/proc/PID/stat, field 19).

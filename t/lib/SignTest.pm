@@ -81,7 +81,8 @@ sub verify_message
 	print $fh $message;
 	close $fh;
 	IPC::Run::run([ "$here/../bin/dns-sandbox", "$dir/zone.json", "$here/../bin/dkim-verifiers",
-		"$dir/message.eml" ], '>', \$out, '2>', \$err, IPC::Run::timeout(120));
+		"$dir/message.eml" ], '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 	for my $line (split /\n/, $out)
 	{
 		if ($line =~ /^(python-dkim|mail-dkim) (\d+) (.*)$/) { $verdict{$1}[$2] = $3 }
