@@ -2,7 +2,8 @@
  * dispatch.h: pepsi-dispatch, the single coordinator (docs/architecture.md 4).
  *
  * One libev loop drives everything: the database connection (dbconn.c:
- * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
+ * LISTEN and its jobs; claim.c: the claim; dbwrites.c: the dispatcher's own
+ * recovery writes, statistics),
  * the stage worker pools (pool.c: processes, pipes, status lines, time
  * limits; depth.c: how many ids a worker holds), the fair-share
  * accounting (fair.c), the stage graph read from the configuration
@@ -227,19 +228,55 @@ void			   pool_claimed(struct pool *pool, int rows);
 bool			   pools_all_stopped(void);
 size_t			   pools_inflight(void);
 
-/* dbconn.c */
+/* dbconn.c: the connection, its set-up, and its queue of statements (jobs) */
 typedef void (*dbconn_result_fn)(PGresult *res, void *arg);
 
-void dbconn_start(void);
-void dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
+/* A statement queued to run on the connection in turn (dbconn.c, dbwrites.c). */
+struct job
+{
+	char *sql;
+	int	  nparams;
+	char *params[8];
+	void (*done)(struct job *job, PGresult *res);
+	dbconn_result_fn submitted; /* a statement of another part (dbconn_submit) */
+	void			*submitted_arg;
+	struct buf		 recovering; /* a recovery write: its ids, comma-separated */
+	struct job		*next;
+};
+
+#define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
+#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key FROM pepsi.workqueue_claim(" \
+						 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
+#define DBCONN_OVERRIDES_SQL "SELECT scope, section, option, value FROM pepsi.config_override" \
+							 " ORDER BY scope, section, option"
+
+void		dbconn_start(void);
+void		dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
+void		dbconn_finish(void);
+bool		dbconn_idle(void);
+PGconn	   *dbconn_pq(void);
+void		dbconn_send_work(void);
+bool		dbconn_send_claim(int nparams, const char *const *values);
+struct job *job_new(const char *sql, void (*done)(struct job *, PGresult *));
+void		job_param(struct job *job, const char *value);
+void		job_push(struct job *job, bool front);
+
+/* claim.c */
 void dbconn_want_claim(bool new_work);
+void claim_init(void);
+void claim_send_if_due(void);
+void claim_done(PGresult *res);
+void claim_after_connect(void);
+void claim_connection_lost(void);
+
+/* dbwrites.c */
 void dbconn_recover(const char *stage, const struct inflight *rows, int count,
 					const char *status, const char *reason);
 void dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
 					const char *final_status);
 void dbconn_reload_config(void);
 void dbconn_flush_stats(bool final);
-void dbconn_finish(void);
+void dbconn_apply_overrides(PGresult *res, bool starting);
 
 /* maintenance.c */
 void maintenance_watch(double now);
