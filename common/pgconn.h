@@ -68,8 +68,8 @@ struct pgconn_options
 	const char				  *section;
 	const char				  *option;
 	const char				  *application_name;
-	const char				  *name;	 /* how the log lines name the connection */
-	bool					   pipeline; /* libpq pipeline mode: sends go out at pgconn_sync */
+	const char				  *name;		/* how the log lines name the connection */
+	bool					   pipeline;	/* libpq pipeline mode: sends go out at pgconn_sync */
 	double					   backoff_min; /* seconds; 0.1 when 0 */
 	double					   backoff_max; /* seconds; 30 when 0 */
 	void					  *arg;			/* the owner's, for pgconn_arg */

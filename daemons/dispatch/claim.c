@@ -112,9 +112,9 @@ claim_send(bool lanes_only)
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
 		/* Only the stages that may have pending rows (pool_may_have_work). */
-		int capacity = !p->may_have_work ? 0
-					   : lanes_only		 ? pool_lane_capacity(p, now)
-										 : pool_capacity(p, now);
+		int capacity = p->work == POOL_DRAINED ? 0
+					   : lanes_only			   ? pool_lane_capacity(p, now)
+											   : pool_capacity(p, now);
 
 		p->claim_asked = capacity > 0 ? capacity : 0;
 		if (capacity <= 0)

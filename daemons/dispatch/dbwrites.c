@@ -251,4 +251,3 @@ dbconn_reload_config(void)
 {
 	job_push(job_new(DBCONN_OVERRIDES_SQL, reload_done), false);
 }
-

@@ -103,6 +103,19 @@ enum pool_intake
 	INTAKE_BATCH	/* written all its ids */
 };
 
+/*
+ * Whether a pool's stage may have pending rows, for the claim (pool.c:
+ * pool_may_have_work).  Each state implies those before it; a claim going
+ * out and its answer move a pool back down.
+ */
+enum pool_work
+{
+	POOL_DRAINED,		/* the last claim came back short: nothing known to wait */
+	POOL_MAY_HAVE_WORK, /* a claim came back full */
+	POOL_SIGNALLED,		/* rows came since the last claim went out (a status line, a recovery) */
+	POOL_WOKEN			/* ... and a NOTIFY or the heartbeat: maybe a light sender's, for the lane */
+};
+
 /* A stage worker process and the ids it holds. */
 struct pool_worker
 {
@@ -140,12 +153,10 @@ struct pool
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
 	enum pool_intake	 intake;		 /* how its workers take ids: how many to write them */
 	struct fair_account *fair;
-	struct pool_stats	 stats;			   /* since the last flush */
-	bool				 removed;		   /* gone from the configuration: drained, then freed */
-	int					 claim_asked;	   /* rows the claim in flight asked for */
-	bool				 may_have_work;	   /* pending rows may wait: a claim came back full, a NOTIFY, a status line */
-	bool				 woken;			   /* a NOTIFY since the last claim: new rows, maybe a light sender's */
-	bool				 work_since_claim; /* may_have_work was set since the last claim went out */
+	struct pool_stats	 stats;		  /* since the last flush */
+	bool				 removed;	  /* gone from the configuration: drained, then freed */
+	int					 claim_asked; /* rows the claim in flight asked for */
+	enum pool_work		 work;		  /* whether pending rows may wait for it (pool.c) */
 	struct pool			*next;
 };
 

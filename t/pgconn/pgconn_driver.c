@@ -118,9 +118,9 @@ main(int argc, char **argv)
 		.application_name = "pepsi-test-pgconn",
 		.name = "test connection",
 	};
-	struct ev_loop		 *loop = EV_DEFAULT;
-	struct pepsi_config	 *cfg;
-	char				  err[1024];
+	struct ev_loop		*loop = EV_DEFAULT;
+	struct pepsi_config *cfg;
+	char				 err[1024];
 
 	if (argc != 4)
 	{
