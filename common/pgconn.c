@@ -155,10 +155,12 @@ pgconn_drop(struct pgconn *c, const char *why)
 		return;
 	/* why may be PQerrorMessage's, freed with the connection: copy it first. */
 	snprintf(reason, sizeof(reason), "%s", why && *why ? why : "connection lost");
-	for (char *p = reason; *p; p++)
-		if (*p == '\n')
-			*p = ' ';
-	len = strlen(reason);
+	/* libpq's messages run over lines (newline, tab): one line, one space each. */
+	len = 0;
+	for (const char *p = reason; *p; p++)
+		if (!(*p == '\n' || *p == '\t' || *p == ' ') || (len > 0 && reason[len - 1] != ' '))
+			reason[len++] = *p == '\n' || *p == '\t' ? ' ' : *p;
+	reason[len] = '\0';
 	while (len > 0 && reason[len - 1] == ' ')
 		reason[--len] = '\0';
 	pgconn_watch(c, 0);
