@@ -68,7 +68,8 @@ UNIT_TESTS = $(patsubst %.c,$(B)/%,$(wildcard common/tests/test_*.c stages/*/tes
                                              daemons/*/tests/test_*.c))
 # Data-driven tests find their data/ beside their source from anywhere.
 TEST_CFLAGS = -DPEPSI_SOURCE_TOP='"$(CURDIR)"'
-TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite
+TEST_PROGRAMS = $(B)/bin/pepsi-test-probe $(B)/bin/pepsi-test-resolve $(B)/bin/pepsi-test-spf-suite \
+                $(B)/bin/pepsi-test-pgconn
 
 # The unit tests need cmocka; a build for installation does not.
 HAVE_CMOCKA := $(shell pkg-config --exists cmocka 2>/dev/null && echo yes)
@@ -259,6 +260,11 @@ $(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
+# common/pgconn.c driven from the command line (t/pgconn/), likewise.
+$(B)/bin/pepsi-test-pgconn: t/pgconn/pgconn_driver.c $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
+
 # The headers each object and program read (see DEPFLAGS).
 -include $(wildcard $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
 
@@ -410,7 +416,7 @@ export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
-		programs unit-tests
+		programs test-programs unit-tests
 
 sanitize: sanitize-build
 	$(MAKE) -C extension install

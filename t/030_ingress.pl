@@ -653,7 +653,7 @@ is($node->safe_psql($db, 'SELECT string_agg(id::text, \',\' ORDER BY id) FROM pe
 # (The server's own "FATAL: the database system is starting up", relayed
 # on a reconnect attempt, and the FATAL it sends an idle connection as it
 # stops, are not ingress's.)
-unlike(join('', grep { !/database connection \d+: (?:connection to server|the server says)/ } split /^/, slurp_file($log)),
+unlike(join('', grep { !/database connection \d+: (?:cannot connect to the database|lost the database connection|the server says)/ } split /^/, slurp_file($log)),
 	qr/(?:AddressSanitizer|runtime error|Segmentation|fatal)/i,
 	'and logged nothing fatal');
 

@@ -2,7 +2,8 @@
  * dispatch.h: pepsi-dispatch, the single coordinator (docs/architecture.md 4).
  *
  * One libev loop drives everything: the database connection (dbconn.c:
- * LISTEN, the claim, the dispatcher's own recovery writes, statistics),
+ * LISTEN and its jobs; claim.c: the claim; dbwrites.c: the dispatcher's own
+ * recovery writes, statistics),
  * the stage worker pools (pool.c: processes, pipes, status lines, time
  * limits; depth.c: how many ids a worker holds), the fair-share
  * accounting (fair.c), the stage graph read from the configuration
@@ -122,6 +123,19 @@ enum pool_intake
 	INTAKE_BATCH	/* written all its ids */
 };
 
+/*
+ * Whether a pool's stage may have pending rows, for the claim (pool.c:
+ * pool_may_have_work).  Each state implies those before it; a claim going
+ * out and its answer move a pool back down.
+ */
+enum pool_work
+{
+	POOL_DRAINED,		/* the last claim came back short: nothing known to wait */
+	POOL_MAY_HAVE_WORK, /* a claim came back full */
+	POOL_SIGNALLED,		/* rows came since the last claim went out (a status line, a recovery) */
+	POOL_WOKEN			/* ... and a NOTIFY or the heartbeat: maybe a light sender's, for the lane */
+};
+
 /* A stage worker process and the ids it holds. */
 struct pool_worker
 {
@@ -159,12 +173,10 @@ struct pool
 	struct pool_depth	 depth;			 /* how many ids a worker may hold */
 	enum pool_intake	 intake;		 /* how its workers take ids: how many to write them */
 	struct fair_account *fair;
-	struct pool_stats	 stats;			   /* since the last flush */
-	bool				 removed;		   /* gone from the configuration: drained, then freed */
-	int					 claim_asked;	   /* rows the claim in flight asked for */
-	bool				 may_have_work;	   /* pending rows may wait: a claim came back full, a NOTIFY, a status line */
-	bool				 woken;			   /* a NOTIFY since the last claim: new rows, maybe a light sender's */
-	bool				 work_since_claim; /* may_have_work was set since the last claim went out */
+	struct pool_stats	 stats;		  /* since the last flush */
+	bool				 removed;	  /* gone from the configuration: drained, then freed */
+	int					 claim_asked; /* rows the claim in flight asked for */
+	enum pool_work		 work;		  /* whether pending rows may wait for it (pool.c) */
 	struct pool			*next;
 };
 
@@ -247,19 +259,55 @@ void			   pool_claimed(struct pool *pool, int rows);
 bool			   pools_all_stopped(void);
 size_t			   pools_inflight(void);
 
-/* dbconn.c */
+/* dbconn.c: the connection, its set-up, and its queue of statements (jobs) */
 typedef void (*dbconn_result_fn)(PGresult *res, void *arg);
 
-void dbconn_start(void);
-void dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
+/* A statement queued to run on the connection in turn (dbconn.c, dbwrites.c). */
+struct job
+{
+	char *sql;
+	int	  nparams;
+	char *params[8];
+	void (*done)(struct job *job, PGresult *res);
+	dbconn_result_fn submitted; /* a statement of another part (dbconn_submit) */
+	void			*submitted_arg;
+	struct buf		 recovering; /* a recovery write: its ids, comma-separated */
+	struct job		*next;
+};
+
+#define DBCONN_CLAIM_NAME "pepsi_dispatch_claim"
+#define DBCONN_CLAIM_SQL "SELECT id, stage, sender_key, claim_token FROM pepsi.workqueue_claim_tokens(" \
+						 "$1::text[], $2::int[], $3::text[], $4::text[], $5::float8[], $6::int, $7::float8[])"
+#define DBCONN_OVERRIDES_SQL "SELECT scope, section, option, value FROM pepsi.config_override" \
+							 " ORDER BY scope, section, option"
+
+void		dbconn_start(void);
+void		dbconn_submit(const char *sql, dbconn_result_fn done, void *arg);
+void		dbconn_finish(void);
+bool		dbconn_idle(void);
+PGconn	   *dbconn_pq(void);
+void		dbconn_send_work(void);
+bool		dbconn_send_claim(int nparams, const char *const *values);
+struct job *job_new(const char *sql, void (*done)(struct job *, PGresult *));
+void		job_param(struct job *job, const char *value);
+void		job_push(struct job *job, bool front);
+
+/* claim.c */
 void dbconn_want_claim(bool new_work);
+void claim_init(void);
+void claim_send_if_due(void);
+void claim_done(PGresult *res);
+void claim_after_connect(void);
+void claim_connection_lost(void);
+
+/* dbwrites.c */
 void dbconn_recover(const char *stage, const struct inflight *rows, int count,
 					const char *status, const char *reason);
 void dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
 					const char *final_status);
 void dbconn_reload_config(void);
 void dbconn_flush_stats(bool final);
-void dbconn_finish(void);
+void dbconn_apply_overrides(PGresult *res, bool starting);
 
 /* maintenance.c */
 void maintenance_watch(double now);

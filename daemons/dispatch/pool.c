@@ -161,7 +161,8 @@ pool_capacity(const struct pool *pool, double now)
 void
 pool_may_have_work(struct pool *pool)
 {
-	pool->may_have_work = pool->work_since_claim = true;
+	if (pool->work < POOL_SIGNALLED)
+		pool->work = POOL_SIGNALLED;
 }
 
 /* Work may have come for every stage (a NOTIFY, the heartbeat). */
@@ -169,10 +170,7 @@ void
 pools_may_have_work(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
-	{
-		pool_may_have_work(p);
-		p->woken = true;
-	}
+		p->work = POOL_WOKEN;
 }
 
 /* A claim is going out: what woke the pools is answered by it. */
@@ -181,9 +179,10 @@ pools_claim_sent(void)
 {
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
-		p->woken = false;
-		if (p->claim_asked > 0)
-			p->work_since_claim = false;
+		if (p->work == POOL_WOKEN)
+			p->work = POOL_SIGNALLED;
+		if (p->work == POOL_SIGNALLED && p->claim_asked > 0)
+			p->work = POOL_MAY_HAVE_WORK;
 	}
 }
 
@@ -191,8 +190,10 @@ pools_claim_sent(void)
 void
 pool_claimed(struct pool *pool, int rows)
 {
-	if (pool->claim_asked > 0)
-		pool->may_have_work = rows >= pool->claim_asked || pool->work_since_claim;
+	/* Rows signalled since the claim went out stay signalled: it may have missed them. */
+	if (pool->claim_asked <= 0 || pool->work >= POOL_SIGNALLED)
+		return;
+	pool->work = rows >= pool->claim_asked ? POOL_MAY_HAVE_WORK : POOL_DRAINED;
 }
 
 /*
@@ -254,7 +255,7 @@ pools_claim_urgency(double now)
 
 	for (struct pool *p = dispatcher.pools; p; p = p->next)
 	{
-		if (!p->may_have_work || pool_capacity(p, now) <= 0)
+		if (p->work == POOL_DRAINED || pool_capacity(p, now) <= 0)
 			continue;
 		if (p->nworkers == 0)
 			return CLAIM_NOW;
@@ -280,7 +281,7 @@ pools_claim_urgency(double now)
 int
 pool_lane_capacity(const struct pool *pool, double now)
 {
-	return pool->woken && light_lane_open(pool, now) ? 1 : 0;
+	return pool->work == POOL_WOKEN && light_lane_open(pool, now) ? 1 : 0;
 }
 
 size_t

@@ -1,7 +1,7 @@
 /*
- * admit.c: see admit.h.  Each connection is an explicit state machine
- * advanced by dbconn_advance, as pg_cron drives its libpq tasks; the pool
- * hands queued admissions to whichever connection is idle (admit_kick).
+ * admit.c: see admit.h.  Each connection is common/pgconn.c's machine in
+ * pipeline mode; the pool hands queued admissions to whichever connection
+ * is idle (admit_kick).
  *
  * Why pipelines rather than many connections: under fsync every commit
  * costs a WAL flush, and a pipeline of N calls with one Sync commits all N
@@ -19,6 +19,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "pgconn.h"
 #include "xalloc.h"
 
 #define ADMIT_STATEMENT "pepsi_ingress_admit"
@@ -77,15 +78,6 @@ struct admit_queue
 	struct admission *tail;
 };
 
-enum dbconn_state
-{
-	DBCONN_DOWN,	   /* waiting for the reconnect timer */
-	DBCONN_CONNECTING, /* PQconnectPoll until CONNECTION_OK */
-	DBCONN_PREPARING,  /* the admission statement is being prepared */
-	DBCONN_IDLE,
-	DBCONN_BUSY /* a batch or a wake is in flight */
-};
-
 enum dbconn_work
 {
 	DBCONN_WORK_PREPARE,
@@ -96,24 +88,16 @@ enum dbconn_work
 
 struct dbconn
 {
-	int						  index;
-	bool					  express; /* new clients' admissions and wakes only */
-	enum dbconn_state		  state;
-	PGconn					 *conn;
-	PostgresPollingStatusType poll;
-	ev_io					  io;
-	ev_timer				  retry;
-	double					  backoff;
-	/* The pipeline in flight: items are the batch's calls (or one), then the Sync. */
+	int			   index;
+	bool		   express; /* new clients' admissions and wakes only */
+	struct pgconn *pg;
+	/* The pipeline in flight: the batch's calls (or one), then the Sync. */
 	enum dbconn_work   work;
 	struct admission **batch;
 	size_t			   nbatch;
-	size_t			   items;
-	size_t			   next_item;	 /* the item whose results come next; items = the Sync */
 	bool			   carries_wake; /* the batch's transaction also wakes the dispatcher */
 	double			   sent_at;		 /* when the pipeline in flight was sent */
 	bool			   failed;		 /* a call or the commit failed */
-	int				   stray_ends;	 /* end-of-result markers after the last call */
 	char			   error[512];
 };
 
@@ -151,7 +135,6 @@ static struct
 	bool   shutting_down;
 } admit;
 
-static void dbconn_advance(struct dbconn *c, int revents);
 static void admit_kick(void);
 static bool admit_client_is_new(const struct admission *a);
 
@@ -236,7 +219,8 @@ bool
 admit_available(void)
 {
 	for (int i = 0; i < admit.nconns; i++)
-		if (admit.conns[i].state != DBCONN_DOWN)
+		if (admit.conns[i].pg && pgconn_state(admit.conns[i].pg) != PGCONN_DOWN
+			&& pgconn_state(admit.conns[i].pg) != PGCONN_CLOSED)
 			return true;
 	return false;
 }
@@ -273,43 +257,12 @@ admit_pending(void)
  * One connection
  */
 
+/* The connection is lost (pgconn logged why): fail what it carried. */
 static void
-dbconn_watch(struct dbconn *c, int events)
+dbconn_on_lost(struct pgconn *pg, const char *reason)
 {
-	int fd = c->conn ? PQsocket(c->conn) : -1;
+	struct dbconn *c = pgconn_arg(pg);
 
-	if (ev_is_active(&c->io) && (c->io.fd != fd || (c->io.events & (EV_READ | EV_WRITE)) != events))
-		ev_io_stop(admit.loop, &c->io);
-	if (fd < 0 || events == 0)
-		return;
-	if (!ev_is_active(&c->io))
-	{
-		ev_io_set(&c->io, fd, events);
-		ev_io_start(admit.loop, &c->io);
-	}
-}
-
-/* Send what libpq has buffered; watch for writability if it could not. */
-static bool
-dbconn_flush(struct dbconn *c)
-{
-	int rc = PQflush(c->conn);
-
-	if (rc < 0)
-		return false;
-	dbconn_watch(c, EV_READ | (rc == 1 ? EV_WRITE : 0));
-	return true;
-}
-
-/* The connection is lost: fail what it carried and retry later. */
-static void
-dbconn_fail(struct dbconn *c, const char *why)
-{
-	log_warnx("database connection %d: %s", c->index, why);
-	dbconn_watch(c, 0);
-	if (c->conn)
-		PQfinish(c->conn);
-	c->conn = NULL;
 	for (size_t i = 0; i < c->nbatch; i++)
 	{
 		/* Sent but not known to be committed: the client must retry. */
@@ -317,71 +270,21 @@ dbconn_fail(struct dbconn *c, const char *why)
 		admit.in_flight--;
 	}
 	c->nbatch = 0;
-	c->state = DBCONN_DOWN;
-	/* Decorrelated jitter: between the minimum and three times the last wait. */
-	c->backoff = ADMIT_BACKOFF_MIN + (c->backoff * 3 - ADMIT_BACKOFF_MIN) * (random() / (double) RAND_MAX);
-	if (c->backoff > ADMIT_BACKOFF_MAX)
-		c->backoff = ADMIT_BACKOFF_MAX;
-	if (c->backoff < ADMIT_BACKOFF_MIN)
-		c->backoff = ADMIT_BACKOFF_MIN;
-	if (!admit.shutting_down)
-	{
-		ev_timer_set(&c->retry, c->backoff, 0);
-		ev_timer_start(admit.loop, &c->retry);
-	}
+	if (admit.shutting_down)
+		pgconn_close(pg);
 	if (!admit_available())
 		admit_fail_queue();
 }
 
-/*
- * What the server says outside a query (a notice, or the FATAL it sends an
- * idle session as it shuts down) goes to our log, not raw to stderr.
- */
-static void
-dbconn_notice(void *arg, const char *message)
-{
-	const struct dbconn *c = arg;
-	size_t				 len = strlen(message);
-
-	while (len > 0 && message[len - 1] == '\n')
-		len--;
-	log_warnx("database connection %d: the server says: %.*s", c->index, (int) len, message);
-}
-
-static void
-dbconn_connect(struct dbconn *c)
-{
-	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {db_conninfo(admit.cfg, "ingress", "CONNINFO"),
-							c->express ? "pepsi-ingress-express" : "pepsi-ingress", NULL};
-
-	c->conn = PQconnectStartParams(keywords, values, 1);
-	if (c->conn == NULL || PQstatus(c->conn) == CONNECTION_BAD)
-	{
-		dbconn_fail(c, c->conn ? PQerrorMessage(c->conn) : "out of memory");
-		return;
-	}
-	PQsetNoticeProcessor(c->conn, dbconn_notice, c);
-	c->state = DBCONN_CONNECTING;
-	c->poll = PGRES_POLLING_WRITING;
-	dbconn_watch(c, EV_WRITE);
-}
-
 /* Start a pipeline: the calls are queued by the caller, then this Sync. */
 static bool
-dbconn_send_sync(struct dbconn *c, enum dbconn_work work, size_t items)
+dbconn_send_sync(struct dbconn *c, enum dbconn_work work)
 {
-	if (!PQpipelineSync(c->conn))
-		return false;
 	c->work = work;
 	c->sent_at = ev_now(admit.loop);
-	c->items = items;
-	c->next_item = 0;
 	c->failed = false;
-	c->stray_ends = 0;
 	c->error[0] = '\0';
-	c->state = work == DBCONN_WORK_PREPARE ? DBCONN_PREPARING : DBCONN_BUSY;
-	return dbconn_flush(c);
+	return pgconn_sync(c->pg);
 }
 
 static bool
@@ -395,9 +298,8 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 	int				 lengths[9] = {0, 0, (int) e->headers.len, (int) e->body.len, 0, 0, 0, 0, 0};
 	static const int formats[9] = {0, 0, 1, 1, 0, 0, 0, 0, 0};
 
-	return PQsendQueryPrepared(c->conn, e->log_detail ? ADMIT_LOGGED_STATEMENT : ADMIT_STATEMENT,
-							   e->log_detail ? 9 : 8, values, lengths, formats, 0)
-		   == 1;
+	return pgconn_send_prepared(c->pg, e->log_detail ? ADMIT_LOGGED_STATEMENT : ADMIT_STATEMENT,
+								e->log_detail ? 9 : 8, values, lengths, formats);
 }
 
 /*
@@ -419,11 +321,11 @@ dbconn_queue(const struct dbconn *c)
 	 * ones' transactions stay small and quick beside a client storing
 	 * the biggest messages it may, in a loop.
 	 */
-	if (admit.heavy_queue.head && (c->index == 0 || admit.conns[0].state == DBCONN_DOWN))
+	if (admit.heavy_queue.head && (c->index == 0 || pgconn_state(admit.conns[0].pg) == PGCONN_DOWN))
 		return &admit.heavy_queue;
 	if (admit.queue.head)
 		return &admit.queue;
-	if (admit.new_queue.head && admit.express->state != DBCONN_IDLE)
+	if (admit.new_queue.head && pgconn_state(admit.express->pg) != PGCONN_IDLE)
 		return &admit.new_queue;
 	return NULL;
 }
@@ -457,12 +359,10 @@ dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
 	}
 	if (c->nbatch == 0)
 		return;
+	/* A call that cannot be sent drops the connection, whose lost handler fails the batch. */
 	for (size_t i = 0; i < c->nbatch; i++)
 		if (!dbconn_send_admission(c, c->batch[i]))
-		{
-			dbconn_fail(c, PQerrorMessage(c->conn));
 			return;
-		}
 	/*
 	 * A batch of new clients' messages would wake the dispatcher as soon
 	 * as it commits (admit_wake_for): the wake rides in its transaction
@@ -474,14 +374,9 @@ dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
 	c->carries_wake = c->batch[0]->express
 					  && ev_now(admit.loop) - admit.woken_at
 							 >= admit.options.wake_interval / ADMIT_WAKE_SPLIT;
-	if (c->carries_wake
-		&& PQsendQueryParams(c->conn, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL, NULL, 0) != 1)
-	{
-		dbconn_fail(c, PQerrorMessage(c->conn));
+	if (c->carries_wake && !pgconn_send(c->pg, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL))
 		return;
-	}
-	if (!dbconn_send_sync(c, DBCONN_WORK_ADMIT, c->nbatch + (c->carries_wake ? 1 : 0)))
-		dbconn_fail(c, PQerrorMessage(c->conn));
+	dbconn_send_sync(c, DBCONN_WORK_ADMIT);
 }
 
 static void
@@ -491,9 +386,8 @@ dbconn_start_wake(struct dbconn *c)
 	admit.woken_at = ev_now(admit.loop);
 	admit.wake_owed_since = 0; /* it commits after every commit it is owed for */
 	ev_timer_stop(admit.loop, &admit.wake_timer);
-	if (PQsendQueryParams(c->conn, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL, NULL, 0) != 1
-		|| !dbconn_send_sync(c, DBCONN_WORK_WAKE, 1))
-		dbconn_fail(c, PQerrorMessage(c->conn));
+	if (pgconn_send(c->pg, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL))
+		dbconn_send_sync(c, DBCONN_WORK_WAKE);
 }
 
 static void
@@ -503,9 +397,8 @@ dbconn_start_report(struct dbconn *c)
 							 "false", admit.report_refusals};
 
 	admit.report_due = false;
-	if (PQsendQueryParams(c->conn, ADMIT_REPORT_SQL, 6, NULL, values, NULL, NULL, 0) != 1
-		|| !dbconn_send_sync(c, DBCONN_WORK_REPORT, 1))
-		dbconn_fail(c, PQerrorMessage(c->conn));
+	if (pgconn_send(c->pg, ADMIT_REPORT_SQL, 6, values, NULL, NULL))
+		dbconn_send_sync(c, DBCONN_WORK_REPORT);
 }
 
 void
@@ -654,11 +547,10 @@ admit_wake_for(const struct dbconn *c)
 
 /* The pipeline's results are all in: answer the sessions. */
 static void
-dbconn_finish_work(struct dbconn *c)
+dbconn_on_done(struct pgconn *pg)
 {
-	bool lost = PQstatus(c->conn) != CONNECTION_OK;
+	struct dbconn *c = pgconn_arg(pg);
 
-	c->state = DBCONN_IDLE;
 	if (c->failed)
 		log_warnx("database connection %d: %s", c->index, c->error);
 	switch (c->work)
@@ -666,10 +558,9 @@ dbconn_finish_work(struct dbconn *c)
 		case DBCONN_WORK_PREPARE:
 			if (c->failed)
 			{
-				dbconn_fail(c, "cannot prepare the admission statements or set the session's nice value");
+				pgconn_reset(pg, "cannot prepare the admission statements or set the session's nice value");
 				return;
 			}
-			c->backoff = 0;
 			log_info("database connection %d ready%s", c->index,
 					 c->express ? " (new clients' admissions)" : "");
 			break;
@@ -689,10 +580,8 @@ dbconn_finish_work(struct dbconn *c)
 				admit_wake_for(c);
 				for (size_t i = 0; i < c->nbatch; i++)
 					admit_complete(c->batch[i], true, c->batch[i]->id);
-				admit.in_flight -= c->nbatch;
-				c->nbatch = 0;
 			}
-			else if (c->nbatch > 1 && !lost)
+			else if (c->nbatch > 1)
 			{
 				/* One bad call sank the batch: each goes again on its own. */
 				for (size_t i = c->nbatch; i-- > 0;)
@@ -700,101 +589,43 @@ dbconn_finish_work(struct dbconn *c)
 					c->batch[i]->alone = true;
 					admit_enqueue(c->batch[i], true);
 				}
-				admit.in_flight -= c->nbatch;
-				c->nbatch = 0;
 			}
-			else if (!lost)
-			{
+			else
 				admit_complete(c->batch[0], false, 0);
-				admit.in_flight--;
-				c->nbatch = 0;
-			}
+			admit.in_flight -= c->nbatch;
+			c->nbatch = 0;
 			break;
 	}
-	if (lost)
-		dbconn_fail(c, "connection lost");
 }
 
-/* One result of the pipeline in flight. */
+/* One call's result (item: its place in the pipeline; past the calls, the commit). */
 static void
-dbconn_result(struct dbconn *c, PGresult *res)
+dbconn_on_result(struct pgconn *pg, int item, PGresult *res)
 {
+	struct dbconn *c = pgconn_arg(pg);
 	ExecStatusType status = PQresultStatus(res);
 
-	if (c->next_item == c->items)
-	{
-		if (status != PGRES_PIPELINE_SYNC && !c->failed)
-		{
-			/* The commit itself failed. */
-			c->failed = true;
-			snprintf(c->error, sizeof(c->error), "%s", db_error(res, c->conn));
-		}
-		return;
-	}
 	if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK)
 	{
-		if (c->work == DBCONN_WORK_ADMIT && c->next_item < c->nbatch && PQntuples(res) == 1)
-			c->batch[c->next_item]->id = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		if (c->work == DBCONN_WORK_ADMIT && (size_t) item < c->nbatch && PQntuples(res) == 1)
+			c->batch[item]->id = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
 	}
 	else if (!c->failed)
 	{
 		c->failed = true;
-		snprintf(c->error, sizeof(c->error), "%s", db_error(res, c->conn));
+		snprintf(c->error, sizeof(c->error), "%s", db_error(res, pgconn_conn(pg)));
 	}
 }
 
 /* pepsi_config_changed: a reload a moment later, however many arrive meanwhile. */
 static void
-dbconn_notifications(struct dbconn *c)
+dbconn_on_notify(struct pgconn *pg, const PGnotify *notify)
 {
-	PGnotify *notify;
-
-	while ((notify = PQnotifies(c->conn)) != NULL)
+	if (strcmp(notify->relname, "pepsi_config_changed") == 0 && admit.options.config_changed
+		&& !ev_is_active(&admit.config_changed_timer) && !admit.shutting_down)
 	{
-		if (strcmp(notify->relname, "pepsi_config_changed") == 0 && admit.options.config_changed
-			&& !ev_is_active(&admit.config_changed_timer) && !admit.shutting_down)
-		{
-			ev_timer_set(&admit.config_changed_timer, ADMIT_CONFIG_CHANGED_DELAY, 0);
-			ev_timer_start(admit.loop, &admit.config_changed_timer);
-		}
-		PQfreemem(notify);
-	}
-}
-
-/* Read whatever results have arrived; finish the work when the Sync is in. */
-static void
-dbconn_read_results(struct dbconn *c)
-{
-	if (!PQconsumeInput(c->conn))
-	{
-		dbconn_fail(c, PQerrorMessage(c->conn));
-		return;
-	}
-	dbconn_notifications(c);
-	while (!PQisBusy(c->conn))
-	{
-		PGresult *res = PQgetResult(c->conn);
-
-		if (res == NULL)
-		{
-			/* The end of one call's results (or of a failed commit's). */
-			if (c->next_item >= c->items && ++c->stray_ends > 1)
-			{
-				dbconn_fail(c, "protocol confusion in the pipeline");
-				return;
-			}
-			if (c->next_item < c->items)
-				c->next_item++;
-			continue;
-		}
-		dbconn_result(c, res);
-		if (PQresultStatus(res) == PGRES_PIPELINE_SYNC)
-		{
-			PQclear(res);
-			dbconn_finish_work(c);
-			return;
-		}
-		PQclear(res);
+		ev_timer_set(&admit.config_changed_timer, ADMIT_CONFIG_CHANGED_DELAY, 0);
+		ev_timer_start(admit.loop, &admit.config_changed_timer);
 	}
 }
 
@@ -805,87 +636,32 @@ dbconn_read_results(struct dbconn *c)
  * than the program) fails the connection with the server's words, as a
  * failed PREPARE does: set BULK_NICE = 0 or update the extension.
  */
-static bool
-dbconn_send_prepare(struct dbconn *c)
+static void
+dbconn_on_setup(struct pgconn *pg)
 {
-	size_t items = 2;
-	char   nice[16];
+	struct dbconn *c = pgconn_arg(pg);
+	char		   nice[16];
 
-	if (PQsetnonblocking(c->conn, 1) != 0 || !PQenterPipelineMode(c->conn)
-		|| !PQsendPrepare(c->conn, ADMIT_STATEMENT, ADMIT_SQL, 0, NULL)
-		|| !PQsendPrepare(c->conn, ADMIT_LOGGED_STATEMENT, ADMIT_LOGGED_SQL, 0, NULL))
-		return false;
-	if (c->index == 0)
-	{
-		if (!PQsendQueryParams(c->conn, ADMIT_LISTEN_SQL, 0, NULL, NULL, NULL, NULL, 0))
-			return false;
-		items++;
-	}
+	if (!pgconn_send_prepare(pg, ADMIT_STATEMENT, ADMIT_SQL, 0)
+		|| !pgconn_send_prepare(pg, ADMIT_LOGGED_STATEMENT, ADMIT_LOGGED_SQL, 0))
+		return;
+	if (c->index == 0 && !pgconn_send(pg, ADMIT_LISTEN_SQL, 0, NULL, NULL, NULL))
+		return;
 	if (!c->express && admit.options.bulk_nice > 0)
 	{
 		const char *values[1] = {nice};
 
 		snprintf(nice, sizeof(nice), "%d", admit.options.bulk_nice);
-		if (!PQsendQueryParams(c->conn, ADMIT_NICE_SQL, 1, NULL, values, NULL, NULL, 0))
-			return false;
-		items++;
+		if (!pgconn_send(pg, ADMIT_NICE_SQL, 1, values, NULL, NULL))
+			return;
 	}
-	return dbconn_send_sync(c, DBCONN_WORK_PREPARE, items);
-}
-
-/* The one function that moves a connection along. */
-static void
-dbconn_advance(struct dbconn *c, int revents)
-{
-	switch (c->state)
-	{
-		case DBCONN_DOWN:
-			if (!admit.shutting_down)
-				dbconn_connect(c);
-			break;
-		case DBCONN_CONNECTING:
-			c->poll = PQconnectPoll(c->conn);
-			if (c->poll == PGRES_POLLING_FAILED)
-				dbconn_fail(c, PQerrorMessage(c->conn));
-			else if (c->poll == PGRES_POLLING_READING)
-				dbconn_watch(c, EV_READ);
-			else if (c->poll == PGRES_POLLING_WRITING)
-				dbconn_watch(c, EV_WRITE);
-			else if (!dbconn_send_prepare(c))
-				dbconn_fail(c, PQerrorMessage(c->conn));
-			break;
-		case DBCONN_PREPARING:
-		case DBCONN_BUSY:
-			if ((revents & EV_WRITE) && !dbconn_flush(c))
-			{
-				dbconn_fail(c, PQerrorMessage(c->conn));
-				break;
-			}
-			if (revents & EV_READ)
-				dbconn_read_results(c);
-			break;
-		case DBCONN_IDLE:
-			/* Nothing expected: a notification, a notice, or the server closing on us. */
-			if (!PQconsumeInput(c->conn) || PQstatus(c->conn) != CONNECTION_OK)
-				dbconn_fail(c, PQerrorMessage(c->conn));
-			else
-				dbconn_notifications(c);
-			break;
-	}
-	if (c->state == DBCONN_IDLE)
-		admit_kick();
+	dbconn_send_sync(c, DBCONN_WORK_PREPARE);
 }
 
 static void
-dbconn_on_io(struct ev_loop *loop, ev_io *w, int revents)
+dbconn_on_ready(struct pgconn *pg)
 {
-	dbconn_advance(w->data, revents);
-}
-
-static void
-dbconn_on_retry(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	dbconn_advance(w->data, 0);
+	admit_kick();
 }
 
 /*
@@ -914,7 +690,7 @@ admit_kick(void)
 			struct dbconn	   *c = &admit.conns[i];
 			struct admit_queue *q;
 
-			if (c->state != DBCONN_IDLE)
+			if (pgconn_state(c->pg) != PGCONN_IDLE)
 				continue;
 			if (admit.wake_due)
 				dbconn_start_wake(c);
@@ -970,15 +746,32 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	ev_prepare_start(loop, &admit.kick_watcher);
 	for (int i = 0; i < admit.nconns; i++)
 	{
-		struct dbconn *c = &admit.conns[i];
+		static const struct pgconn_handlers handlers = {
+			.setup = dbconn_on_setup,
+			.result = dbconn_on_result,
+			.done = dbconn_on_done,
+			.ready = dbconn_on_ready,
+			.notify = dbconn_on_notify,
+			.lost = dbconn_on_lost,
+		};
+		struct dbconn		 *c = &admit.conns[i];
+		char				  name[64];
+		struct pgconn_options pg = {
+			.cfg = cfg,
+			.section = "ingress",
+			.option = "CONNINFO",
+			.application_name = c->express ? "pepsi-ingress-express" : "pepsi-ingress",
+			.name = name,
+			.pipeline = true,
+			.backoff_min = ADMIT_BACKOFF_MIN,
+			.backoff_max = ADMIT_BACKOFF_MAX,
+			.arg = c,
+		};
 
+		snprintf(name, sizeof(name), "database connection %d", i);
 		c->index = i;
 		c->batch = xcalloc((size_t) options->batch_size, sizeof(*c->batch));
-		ev_init(&c->io, dbconn_on_io);
-		c->io.data = c;
-		ev_init(&c->retry, dbconn_on_retry);
-		c->retry.data = c;
-		dbconn_connect(c);
+		c->pg = pgconn_start(loop, &pg, &handlers);
 	}
 }
 
@@ -995,30 +788,28 @@ admit_shutdown(void)
 	for (int i = 0; i < admit.nconns; i++)
 	{
 		struct dbconn *c = &admit.conns[i];
+		/* Only an idle connection: what is in flight on the others is abandoned. */
+		PGconn *conn = pgconn_state(c->pg) == PGCONN_IDLE ? pgconn_detach(c->pg) : NULL;
 
-		ev_timer_stop(admit.loop, &c->retry);
-		dbconn_watch(c, 0);
-		if (c->conn)
+		if (conn)
 		{
 			/* Rows committed in the last interval still deserve their wake. */
-			if (wake && c->state == DBCONN_IDLE && PQexitPipelineMode(c->conn)
-				&& PQsetnonblocking(c->conn, 0) == 0)
+			if (wake)
 			{
-				PQclear(PQexec(c->conn, ADMIT_WAKE_SQL));
+				PQclear(PQexec(conn, ADMIT_WAKE_SQL));
 				wake = false;
 			}
 			/* The instance's statistics row goes with it. */
-			if (admit.report_instance && c->state == DBCONN_IDLE && !report_removed
-				&& (PQpipelineStatus(c->conn) == PQ_PIPELINE_OFF
-					|| (PQexitPipelineMode(c->conn) && PQsetnonblocking(c->conn, 0) == 0)))
+			if (admit.report_instance && !report_removed)
 			{
 				const char *values[6] = {admit.report_instance, "0", "0", "0", "true", NULL};
 
-				PQclear(PQexecParams(c->conn, ADMIT_REPORT_SQL, 6, NULL, values, NULL, NULL, 0));
+				PQclear(PQexecParams(conn, ADMIT_REPORT_SQL, 6, NULL, values, NULL, NULL, 0));
 				report_removed = true;
 			}
-			PQfinish(c->conn);
+			PQfinish(conn);
 		}
+		pgconn_free(c->pg);
 		free(c->batch);
 	}
 	free(admit.conns);
