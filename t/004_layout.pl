@@ -31,7 +31,7 @@ my %waiting_to_be_split = (
 	'stages/relay-to-internet/internet.c' => 1023,);
 
 # Where the C code is, for the limits.
-my @c_roots = qw(common daemons stages cli helpers programs extension/src);
+my @c_roots = qw(common daemons stages cli helpers programs extension/src scripts);
 
 sub slurp
 {
