@@ -2140,33 +2140,8 @@ INSERT INTO pepsi.queue_gauge_refresh DEFAULT VALUES;
 -- Returns whether it counted.
 CREATE FUNCTION pepsi.queue_gauge_refresh(force boolean DEFAULT false,
                                           min_period interval DEFAULT '1 second')
-RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-DECLARE
-    last record;
-    started timestamptz := clock_timestamp();
-BEGIN
-    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF NOT force AND last.refreshed_at IS NOT NULL
-       AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
-        RETURN false;
-    END IF;
-    -- ('PEPS', 3): the gauge refresh.  (1 is the maintenance worker's
-    -- session lock and 2 the dispatcher's: sharing 2 made a dispatcher
-    -- starting during a refresh exit as if another were running, and no
-    -- refresh could run while a dispatcher held it.)
-    IF NOT pg_try_advisory_xact_lock(1346720851, 3) THEN
-        RETURN false;
-    END IF;
-    DELETE FROM pepsi.queue_gauge;
-    INSERT INTO pepsi.queue_gauge
-    SELECT c.stage, c.status, c.messages, c.held, c.oldest_received_at FROM pepsi.queue_counts() c;
-    UPDATE pepsi.queue_gauge_refresh
-    SET refreshed_at = clock_timestamp(), duration = clock_timestamp() - started,
-        counted = (SELECT coalesce(sum(g.messages), 0) FROM pepsi.queue_gauge g);
-    RETURN true;
-END
-$$;
+RETURNS boolean AS 'MODULE_PATHNAME', 'queue_gauge_refresh'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off;
 
 -- The gauges for a scrape: recounted first when a count is cheap (the
 -- last one found under 20,000 messages, a few milliseconds of index-only
@@ -2175,21 +2150,15 @@ $$;
 CREATE FUNCTION pepsi.queue_gauges()
 RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
                oldest_age_seconds double precision, as_of timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-DECLARE
-    last record;
-BEGIN
-    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF last.refreshed_at IS NULL OR last.counted < 20000
-       OR clock_timestamp() - last.refreshed_at > interval '1 minute' THEN
-        PERFORM pepsi.queue_gauge_refresh(true);
-        SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    END IF;
-    RETURN QUERY
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+    SELECT pepsi.queue_gauge_refresh(true)
+    WHERE coalesce((SELECT r.refreshed_at IS NULL OR r.counted < 20000
+                           OR clock_timestamp() - r.refreshed_at > interval '1 minute'
+                    FROM pepsi.queue_gauge_refresh r), true);
     SELECT g.stage, g.status, g.messages, g.held,
-           extract(epoch FROM now() - g.oldest_received_at)::double precision, last.refreshed_at
+           extract(epoch FROM now() - g.oldest_received_at)::double precision,
+           (SELECT r.refreshed_at FROM pepsi.queue_gauge_refresh r)
     FROM pepsi.queue_gauge g ORDER BY g.stage, g.status;
-END
 $$;
 
 -- ---------------------------------------------------------------------------
@@ -2334,29 +2303,7 @@ COMMENT ON TABLE pepsi.ingress_stats IS
 CREATE FUNCTION pepsi.ingress_report(
     instance text, sessions integer, sessions_total bigint, messages bigint,
     stopping boolean DEFAULT false)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF instance IS NULL OR instance !~ '^[[:print:]]{1,255}$' THEN
-        RAISE EXCEPTION 'instance must be 1 to 255 printable characters'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF sessions < 0 OR sessions_total < 0 OR messages < 0 THEN
-        RAISE EXCEPTION 'ingress counters cannot be negative'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF stopping THEN
-        DELETE FROM pepsi.ingress_stats s WHERE s.instance = ingress_report.instance;
-        RETURN;
-    END IF;
-    INSERT INTO pepsi.ingress_stats AS s (instance, sessions, sessions_total, messages)
-    VALUES (ingress_report.instance, ingress_report.sessions, ingress_report.sessions_total,
-            ingress_report.messages)
-    ON CONFLICT ON CONSTRAINT ingress_stats_pkey DO UPDATE
-        SET sessions = EXCLUDED.sessions, sessions_total = EXCLUDED.sessions_total,
-            messages = EXCLUDED.messages, updated_at = now();
-    DELETE FROM pepsi.ingress_stats s WHERE s.updated_at < now() - interval '1 day';
-END
-$$;
+RETURNS void AS 'MODULE_PATHNAME', 'ingress_report' LANGUAGE C;
 
 -- workqueue_add, and the mail log's "received" row (detail: what the
 -- ingress log line says) in the same statement.
@@ -2889,34 +2836,8 @@ COMMENT ON TABLE pepsi.dsn_rate IS 'DSNs sent to each address in the current clo
 
 -- Count one DSN to sender; false (and an event_log entry) past per_hour.
 CREATE FUNCTION pepsi.dsn_rate_take(sender text, per_hour integer) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-DECLARE
-    hour_start timestamptz := date_trunc('hour', now());
-    counted integer;
-BEGIN
-    IF sender IS NULL OR sender = '' OR per_hour IS NULL OR per_hour < 1 THEN
-        RAISE EXCEPTION 'dsn_rate_take needs a sender and a limit of at least 1'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    INSERT INTO pepsi.dsn_rate AS r (sender, hour, sent)
-    VALUES (lower(dsn_rate_take.sender), hour_start, 1)
-    ON CONFLICT ON CONSTRAINT dsn_rate_pkey DO UPDATE
-    SET hour = excluded.hour,
-        sent = CASE WHEN r.hour = excluded.hour THEN r.sent + 1 ELSE 1 END
-    RETURNING r.sent INTO counted;
-    -- The table keeps one row per address that got a DSN this hour.
-    IF random() < 0.01 THEN
-        DELETE FROM pepsi.dsn_rate r WHERE r.hour < hour_start;
-    END IF;
-    IF counted > per_hour THEN
-        PERFORM pepsi.event_log_write('dsn_rate_limited',
-            jsonb_build_object('sender', lower(dsn_rate_take.sender), 'limit', per_hour,
-                               'this_hour', counted));
-        RETURN false;
-    END IF;
-    RETURN true;
-END
-$$;
+AS 'MODULE_PATHNAME', 'dsn_rate_take'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp;
 
 -- end of backscatter caps
 
@@ -2947,19 +2868,8 @@ COMMENT ON TABLE pepsi.autoreply_sent IS
 -- Is a reply from responder to recipient due (none within every)?  If so,
 -- it is recorded as sent now.  Concurrent callers for one pair: one wins.
 CREATE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
-BEGIN
-    IF responder IS NULL OR recipient IS NULL OR every IS NULL THEN
-        RAISE EXCEPTION 'responder, recipient and every must not be null'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at, keep_until)
-    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now(), now() + every)
-    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now(), keep_until = now() + every
-        WHERE s.sent_at <= now() - every;
-    RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'autoreply_due'
+LANGUAGE C SET search_path = pg_catalog, pepsi, pg_temp;
 
 -- Set the vacation notice of address: message (its text), subject (NULL:
 -- "Auto: " and the original subject), every (one reply per sender in that
