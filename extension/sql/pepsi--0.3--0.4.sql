@@ -12,9 +12,10 @@
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.4'" to load this file. \quit
 
 -- ---------------------------------------------------------------------------
--- Per-message functions in C (extension/src/reply_limits.c, gauges.c,
--- ingress_stats.c)
+-- Per-message functions in C (extension/src/destination.c,
+-- reply_limits.c, gauges.c, ingress_stats.c)
 --
+-- pepsi.destination_begin (a relay-to-internet worker's every delivery),
 -- pepsi.dsn_rate_take (a bounce stage's every DSN), pepsi.autoreply_due
 -- (a vacation stage's every reply), pepsi.queue_gauge_refresh (every
 -- maintenance pass) and pepsi.ingress_report (every ingress, every few
@@ -54,6 +55,16 @@ CREATE OR REPLACE FUNCTION pepsi.ingress_report(
     instance text, sessions integer, sessions_total bigint, messages bigint,
     stopping boolean DEFAULT false)
 RETURNS void AS 'MODULE_PATHNAME', 'ingress_report' LANGUAGE C;
+
+CREATE OR REPLACE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
+    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
+    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
+    previous_seconds double precision DEFAULT NULL,
+    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
+    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
+AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
 
 SELECT pepsi.grant_apply();
 
