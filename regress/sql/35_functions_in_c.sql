@@ -85,5 +85,6 @@ DELETE FROM pepsi.ingress_stats;
 -- The per-message functions are C, not PL/pgSQL.
 SELECT p.proname, l.lanname, p.prosecdef FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 WHERE p.pronamespace = 'pepsi'::regnamespace
-  AND p.proname IN ('dsn_rate_take', 'autoreply_due', 'queue_gauge_refresh', 'queue_gauges', 'ingress_report')
+  AND p.proname IN ('dsn_rate_take', 'autoreply_due', 'queue_gauge_refresh', 'queue_gauges', 'ingress_report',
+                    'destination_begin')
 ORDER BY p.proname;
