@@ -11,7 +11,7 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.4'" to load this file. \quit
 
--- ===========================================================================
+-- ====================================================================
 -- pepsi-httpd's web page: history, histograms, SMTP refusals
 --
 -- The page's charts read a small history the maintenance worker keeps,
@@ -576,5 +576,60 @@ $$;
 
 SELECT pepsi.grant_apply();
 -- end of one queue id
+=======
+-- ---------------------------------------------------------------------------
+-- Per-message functions in C (extension/src/destination.c,
+-- reply_limits.c, gauges.c)
+--
+-- pepsi.destination_begin (a relay-to-internet worker's every delivery),
+-- pepsi.dsn_rate_take (a bounce stage's every DSN), pepsi.autoreply_due
+-- (a vacation stage's every reply), pepsi.queue_gauge_refresh (every
+-- maintenance pass) leave PL/pgSQL for C, with the same signatures,
+-- answers and errors; pepsi.queue_gauges becomes plain SQL.
+-- (pepsi.ingress_report, once every few seconds per ingress, stays
+-- PL/pgSQL: the web page's block above gives it its refusals.)  CREATE OR REPLACE resets
+-- what grant_apply() set on a definer function, so the block ends with it.
+-- ---------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION pepsi.queue_gauge_refresh(force boolean DEFAULT false,
+                                                     min_period interval DEFAULT '1 second')
+RETURNS boolean AS 'MODULE_PATHNAME', 'queue_gauge_refresh'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off;
+
+CREATE OR REPLACE FUNCTION pepsi.queue_gauges()
+RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
+               oldest_age_seconds double precision, as_of timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+    SELECT pepsi.queue_gauge_refresh(true)
+    WHERE coalesce((SELECT r.refreshed_at IS NULL OR r.counted < 20000
+                           OR clock_timestamp() - r.refreshed_at > interval '1 minute'
+                    FROM pepsi.queue_gauge_refresh r), true);
+    SELECT g.stage, g.status, g.messages, g.held,
+           extract(epoch FROM now() - g.oldest_received_at)::double precision,
+           (SELECT r.refreshed_at FROM pepsi.queue_gauge_refresh r)
+    FROM pepsi.queue_gauge g ORDER BY g.stage, g.status;
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.dsn_rate_take(sender text, per_hour integer) RETURNS boolean
+AS 'MODULE_PATHNAME', 'dsn_rate_take'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp;
+
+CREATE OR REPLACE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
+AS 'MODULE_PATHNAME', 'autoreply_due'
+LANGUAGE C SET search_path = pg_catalog, pepsi, pg_temp;
+
+CREATE OR REPLACE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
+    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
+    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
+    previous_seconds double precision DEFAULT NULL,
+    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
+    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
+AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
+
+SELECT pepsi.grant_apply();
+
+-- end of per-message functions in C
 
 UPDATE pepsi.schema_version SET version = '0.4';

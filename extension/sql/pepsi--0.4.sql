@@ -2115,33 +2115,8 @@ INSERT INTO pepsi.queue_gauge_refresh DEFAULT VALUES;
 -- Returns whether it counted.
 CREATE FUNCTION pepsi.queue_gauge_refresh(force boolean DEFAULT false,
                                           min_period interval DEFAULT '1 second')
-RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-DECLARE
-    last record;
-    started timestamptz := clock_timestamp();
-BEGIN
-    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF NOT force AND last.refreshed_at IS NOT NULL
-       AND clock_timestamp() - last.refreshed_at < greatest(min_period, last.duration * 20) THEN
-        RETURN false;
-    END IF;
-    -- ('PEPS', 3): the gauge refresh.  (1 is the maintenance worker's
-    -- session lock and 2 the dispatcher's: sharing 2 made a dispatcher
-    -- starting during a refresh exit as if another were running, and no
-    -- refresh could run while a dispatcher held it.)
-    IF NOT pg_try_advisory_xact_lock(1346720851, 3) THEN
-        RETURN false;
-    END IF;
-    DELETE FROM pepsi.queue_gauge;
-    INSERT INTO pepsi.queue_gauge
-    SELECT c.stage, c.status, c.messages, c.held, c.oldest_received_at FROM pepsi.queue_counts() c;
-    UPDATE pepsi.queue_gauge_refresh
-    SET refreshed_at = clock_timestamp(), duration = clock_timestamp() - started,
-        counted = (SELECT coalesce(sum(g.messages), 0) FROM pepsi.queue_gauge g);
-    RETURN true;
-END
-$$;
+RETURNS boolean AS 'MODULE_PATHNAME', 'queue_gauge_refresh'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off;
 
 -- The gauges for a scrape: recounted first when a count is cheap (the
 -- last one found under 20,000 messages, a few milliseconds of index-only
@@ -2150,21 +2125,15 @@ $$;
 CREATE FUNCTION pepsi.queue_gauges()
 RETURNS TABLE (stage text, status pepsi.status, messages bigint, held bigint,
                oldest_age_seconds double precision, as_of timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
-DECLARE
-    last record;
-BEGIN
-    SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    IF last.refreshed_at IS NULL OR last.counted < 20000
-       OR clock_timestamp() - last.refreshed_at > interval '1 minute' THEN
-        PERFORM pepsi.queue_gauge_refresh(true);
-        SELECT * INTO last FROM pepsi.queue_gauge_refresh;
-    END IF;
-    RETURN QUERY
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+    SELECT pepsi.queue_gauge_refresh(true)
+    WHERE coalesce((SELECT r.refreshed_at IS NULL OR r.counted < 20000
+                           OR clock_timestamp() - r.refreshed_at > interval '1 minute'
+                    FROM pepsi.queue_gauge_refresh r), true);
     SELECT g.stage, g.status, g.messages, g.held,
-           extract(epoch FROM now() - g.oldest_received_at)::double precision, last.refreshed_at
+           extract(epoch FROM now() - g.oldest_received_at)::double precision,
+           (SELECT r.refreshed_at FROM pepsi.queue_gauge_refresh r)
     FROM pepsi.queue_gauge g ORDER BY g.stage, g.status;
-END
 $$;
 
 -- ---------------------------------------------------------------------------
@@ -2461,173 +2430,7 @@ CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer
     handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
     OUT slot integer, OUT wait_seconds double precision, OUT reason text,
     OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    d       pepsi.destination;
-    lim     integer;
-    tokens  double precision;
-    carried integer;
-    slow    boolean;
-    waiter  integer;
-    saved   text;
-BEGIN
-    IF domain IS NULL OR domain = '' OR coalesce(default_concurrency, 0) < 1 THEN
-        RAISE EXCEPTION 'destination_begin needs a domain and a concurrency of at least 1'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF slow_limit IS NOT NULL AND slow_limit < 1 THEN
-        RAISE EXCEPTION 'slow_limit must be at least 1, not %', slow_limit
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    domain := lower(domain);
-    IF previous_domain IS NOT NULL THEN
-        -- To the same domain the slot carries over (recorded, not freed);
-        -- to another it is freed first.
-        IF lower(previous_domain) = domain AND previous_slot IS NOT NULL THEN
-            carried := previous_slot;
-        END IF;
-        -- destination_end's 'connected' writes only when its destination
-        -- or address has news to record (at most once a minute when
-        -- healthy): otherwise only the slot is freed, here, sparing the
-        -- call its updates that would find nothing.
-        IF EXISTS (SELECT 1 FROM pepsi.destination u
-                   WHERE u.domain = lower(previous_domain)
-                     AND (u.failures > 0 OR u.window_limit IS NOT NULL
-                          OR u.next_turn > now() - interval '1 minute'
-                          OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute'))
-           OR EXISTS (SELECT 1 FROM pepsi.dns_address b
-                      WHERE b.host = previous_host AND b.address = previous_address
-                        AND (b.failures > 0 OR b.last_success IS NULL
-                             OR b.last_success < now() - interval '1 minute')) THEN
-            PERFORM pepsi.destination_end(previous_domain, CASE WHEN carried IS NULL THEN previous_slot END,
-                                          'connected', NULL, previous_host, previous_address, NULL, NULL,
-                                          1, 1, 1, previous_seconds);
-        ELSIF carried IS NULL AND previous_slot IS NOT NULL THEN
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(previous_domain, previous_slot));
-        END IF;
-    END IF;
-    IF hosts IS NOT NULL THEN
-        -- (dns_address_current's rows, written out: a plan PL/pgSQL keeps.)
-        SELECT jsonb_agg(jsonb_build_object('host', a.host, 'address', host(a.address),
-                   'failures', a.failures,
-                   'retry_in', greatest(0, coalesce(extract(epoch FROM a.next_retry - now()), 0))::float8))
-        INTO addresses FROM pepsi.dns_address a
-        WHERE a.host = ANY (hosts) AND a.expires_at > now();
-        -- (mta_sts_policy_get's row, written out likewise.)
-        SELECT p.policy_id, p.policy INTO sts_policy_id, sts_policy
-        FROM pepsi.mta_sts_policy p
-        WHERE p.domain = destination_begin.domain AND p.expires_at > now();
-    END IF;
-    SELECT * INTO d FROM pepsi.destination t WHERE t.domain = destination_begin.domain;
-    contended := FOUND AND coalesce(d.window_limit IS NOT NULL OR d.next_turn > now() - interval '10 seconds', false);
-    IF FOUND AND d.backoff_until > now() THEN
-        IF carried IS NOT NULL THEN
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        wait_seconds := extract(epoch FROM d.backoff_until - now());
-        reason := format('%s is backing off after %s failed connection attempts (%s)', domain,
-                         d.failures, coalesce(d.last_error, 'no connection'));
-        RETURN;
-    END IF;
-    lim := least(coalesce(d.concurrency_limit, default_concurrency), coalesce(d.window_limit, 2147483647));
-    slow := slow_seconds IS NOT NULL AND coalesce(d.service_seconds >= slow_seconds, false);
-    IF slow AND slow_limit IS NOT NULL AND slow_limit < lim THEN
-        -- Capped only while other mail waits: another destination holds a
-        -- slot or a waiter ticket (the bigint advisory keys), or among the
-        -- first rows of the stage not yet done is one for another domain.
-        IF EXISTS (SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                     AND l.classid <> ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid
-                     AND l.classid <> ((pepsi.destination_waiter_key(domain, 0) >> 32) & 4294967295)::oid)
-           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
-                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
-                                       AND w.status = 'pending'
-                                     LIMIT 64) p
-                      WHERE lower(split_part(p.rcpt, '@', 2)) <> domain)
-           OR EXISTS (SELECT 1 FROM (SELECT w.rcpt_to[1] AS rcpt FROM pepsi.workqueue w
-                                     WHERE w.stage = destination_begin.stage AND w.index_status = 'pending'
-                                       AND w.status = 'running'
-                                     LIMIT 64) r
-                      WHERE lower(split_part(r.rcpt, '@', 2)) <> domain) THEN
-            lim := slow_limit;
-        END IF;
-    END IF;
-    IF carried IS NOT NULL AND carried < lim THEN
-        slot := carried;
-    ELSE
-        IF carried IS NOT NULL THEN
-            -- The destination's limit came down below it.
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, carried));
-        END IF;
-        FOR i IN 0 .. lim - 1 LOOP
-            IF pg_try_advisory_lock(pepsi.destination_slot_key(domain, i)) THEN
-                slot := i;
-                EXIT;
-            END IF;
-        END LOOP;
-    END IF;
-    IF slot IS NULL THEN
-        -- A turn in the destination's virtual queue, spaced by how long a
-        -- delivery there takes per slot: the messages waiting for a busy
-        -- destination come back about when a slot frees, not all at once.
-        INSERT INTO pepsi.destination AS t (domain, next_turn)
-        VALUES (domain, now() + interval '1 second')
-        ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
-        SET next_turn = greatest(t.next_turn, now())
-                        + make_interval(secs => least(coalesce(t.service_seconds, 1), 60) / lim)
-        RETURNING least(extract(epoch FROM t.next_turn - now()), 300) INTO wait_seconds;
-        IF coalesce(handoff_seconds, 0) > 0 AND wait_seconds <= handoff_seconds AND NOT slow THEN
-            -- Its turn is near: wait here for slot k, holding waiter
-            -- ticket k (a key of its own, apart from the slots' count).
-            FOR k IN 0 .. lim - 1 LOOP
-                IF pg_try_advisory_lock(pepsi.destination_waiter_key(domain, k)) THEN
-                    waiter := k;
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF waiter IS NOT NULL THEN
-                saved := current_setting('lock_timeout');
-                BEGIN
-                    PERFORM set_config('lock_timeout', ceil(handoff_seconds * 1000)::bigint || 'ms', true);
-                    PERFORM pg_advisory_lock(pepsi.destination_slot_key(domain, waiter));
-                    slot := waiter;
-                EXCEPTION WHEN lock_not_available THEN
-                    NULL;
-                END;
-                PERFORM set_config('lock_timeout', saved, true);
-                PERFORM pg_advisory_unlock(pepsi.destination_waiter_key(domain, waiter));
-            END IF;
-        END IF;
-        IF slot IS NULL THEN
-            reason := format('%s is at its concurrency limit of %s', domain, lim);
-            contended := true;
-            RETURN;
-        END IF;
-        wait_seconds := NULL;
-        contended := true;
-    END IF;
-    IF d.messages_per_minute IS NOT NULL THEN
-        -- A token bucket holding a second's worth (at least one message).
-        SELECT least(greatest(t.messages_per_minute / 60.0, 1),
-                     coalesce(t.rate_tokens, 1)
-                     + extract(epoch FROM now() - coalesce(t.rate_updated, now())) * t.messages_per_minute / 60.0)
-        INTO tokens
-        FROM pepsi.destination t WHERE t.domain = destination_begin.domain FOR UPDATE;
-        IF tokens < 1 THEN
-            UPDATE pepsi.destination t SET rate_tokens = tokens, rate_updated = now()
-            WHERE t.domain = destination_begin.domain;
-            PERFORM pg_advisory_unlock(pepsi.destination_slot_key(domain, slot));
-            slot := NULL;
-            wait_seconds := (1 - tokens) * 60.0 / d.messages_per_minute;
-            reason := format('%s is at its rate limit of %s messages a minute', domain, d.messages_per_minute);
-            RETURN;
-        END IF;
-        UPDATE pepsi.destination t SET rate_tokens = tokens - 1, rate_updated = now()
-        WHERE t.domain = destination_begin.domain;
-    END IF;
-END
-$$;
+AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
 
 -- The end of a delivery to domain: the slot is freed and what was seen
 -- recorded.  outcome: 'connected' (a host took the session), 'unreachable'
@@ -2892,34 +2695,8 @@ COMMENT ON TABLE pepsi.dsn_rate IS 'DSNs sent to each address in the current clo
 
 -- Count one DSN to sender; false (and an event_log entry) past per_hour.
 CREATE FUNCTION pepsi.dsn_rate_take(sender text, per_hour integer) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-DECLARE
-    hour_start timestamptz := date_trunc('hour', now());
-    counted integer;
-BEGIN
-    IF sender IS NULL OR sender = '' OR per_hour IS NULL OR per_hour < 1 THEN
-        RAISE EXCEPTION 'dsn_rate_take needs a sender and a limit of at least 1'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    INSERT INTO pepsi.dsn_rate AS r (sender, hour, sent)
-    VALUES (lower(dsn_rate_take.sender), hour_start, 1)
-    ON CONFLICT ON CONSTRAINT dsn_rate_pkey DO UPDATE
-    SET hour = excluded.hour,
-        sent = CASE WHEN r.hour = excluded.hour THEN r.sent + 1 ELSE 1 END
-    RETURNING r.sent INTO counted;
-    -- The table keeps one row per address that got a DSN this hour.
-    IF random() < 0.01 THEN
-        DELETE FROM pepsi.dsn_rate r WHERE r.hour < hour_start;
-    END IF;
-    IF counted > per_hour THEN
-        PERFORM pepsi.event_log_write('dsn_rate_limited',
-            jsonb_build_object('sender', lower(dsn_rate_take.sender), 'limit', per_hour,
-                               'this_hour', counted));
-        RETURN false;
-    END IF;
-    RETURN true;
-END
-$$;
+AS 'MODULE_PATHNAME', 'dsn_rate_take'
+LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp;
 
 -- end of backscatter caps
 
@@ -2950,19 +2727,8 @@ COMMENT ON TABLE pepsi.autoreply_sent IS
 -- Is a reply from responder to recipient due (none within every)?  If so,
 -- it is recorded as sent now.  Concurrent callers for one pair: one wins.
 CREATE FUNCTION pepsi.autoreply_due(responder text, recipient text, every interval) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
-BEGIN
-    IF responder IS NULL OR recipient IS NULL OR every IS NULL THEN
-        RAISE EXCEPTION 'responder, recipient and every must not be null'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    INSERT INTO pepsi.autoreply_sent AS s (responder, recipient, sent_at, keep_until)
-    VALUES (lower(autoreply_due.responder), lower(autoreply_due.recipient), now(), now() + every)
-    ON CONFLICT ON CONSTRAINT autoreply_sent_pkey DO UPDATE SET sent_at = now(), keep_until = now() + every
-        WHERE s.sent_at <= now() - every;
-    RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'autoreply_due'
+LANGUAGE C SET search_path = pg_catalog, pepsi, pg_temp;
 
 -- Set the vacation notice of address: message (its text), subject (NULL:
 -- "Auto: " and the original subject), every (one reply per sender in that
