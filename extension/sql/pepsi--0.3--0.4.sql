@@ -11,7 +11,7 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.4'" to load this file. \quit
 
--- ====================================================================
+-- ===========================================================================
 -- pepsi-httpd's web page: history, histograms, SMTP refusals
 --
 -- The page's charts read a small history the maintenance worker keeps,
@@ -576,7 +576,6 @@ $$;
 
 SELECT pepsi.grant_apply();
 -- end of one queue id
-=======
 -- ---------------------------------------------------------------------------
 -- Per-message functions in C (extension/src/destination.c,
 -- reply_limits.c, gauges.c)
