@@ -15,7 +15,7 @@
 #   make sanitize the unit tests and the daemons' TAP tests against
 #                 programs built with ASan and UBSan (build/san/)
 #   make man      the man pages, from docs/*.[1-8].md (pandoc), in build/man/
-#   make options-page  rewrite pepsi.conf(5)'s option reference from common/options.def
+#   make options-page  rewrite pepsi.conf(5)'s option reference from schema/options.def
 #   make format   reformat the C sources with clang-format (.clang-format)
 #   make format-check  fail if clang-format would change a C source
 #   make bench    run the benchmarks in bench/
@@ -40,7 +40,7 @@ WARNINGS = -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes -Wshadow \
            -Wpointer-arith -Wcast-qual -Wsign-compare -Wno-unused-parameter
 # -I$(B): the generated headers (programs.h) of this build directory only,
 # so that a second build (B=build/san) never picks up the first one's.
-PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -I$(B) \
+PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ischema -I$(B) \
                -I$(PG_INCLUDEDIR) -D_GNU_SOURCE
 # Every compiler command also writes the headers it read (-MMD) into a .d
 # file beside its output, included below, so that a changed header rebuilds
@@ -51,7 +51,10 @@ DEPFLAGS = -MMD -MP -MF $@.d -MT $@
 LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lcurl -lssl -lcrypto -lcrypt -lm
 
 B = build
-COMMON_OBJS = $(patsubst common/%.c,$(B)/common/%.o,$(wildcard common/*.c common/auth/*.c))
+# common/ is grouped in subfolders (docs/architecture.md names each);
+# schema/ holds what the extension compiles too (the option schema).
+COMMON_GROUPS = auth base config delivery dns local message process runtime smtp
+COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix /*.c,$(COMMON_GROUPS))) schema/*.c))
 
 program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
 program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
@@ -98,11 +101,11 @@ $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/* daemons/httpd/www/vendo
 # The version every program's --version prints and /metrics reports
 # (pepsi_build_info): META.json's, compiled into cli.o only.
 PEPSI_VERSION := $(shell sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' META.json | head -n 1)
-$(B)/common/cli.o: PEPSI_CFLAGS += -DPEPSI_VERSION='"$(PEPSI_VERSION)"'
-$(B)/common/cli.o: META.json
+$(B)/common/process/cli.o: PEPSI_CFLAGS += -DPEPSI_VERSION='"$(PEPSI_VERSION)"'
+$(B)/common/process/cli.o: META.json
 
 # The option schema is compiled into options.o (and the extension's config_schema.o).
-$(B)/common/options.o: common/options.def
+$(B)/schema/options.o: schema/options.def
 
 $(B)/libpepsi.a: $(COMMON_OBJS)
 	rm -f $@
@@ -147,7 +150,7 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # root, creates each helper's group and installs the helper root:GROUP
 # mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
 # not as root, both without their bits, with a warning.
-HELPER_COMMON = log xalloc privilege
+HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
 helper_dirs = $(wildcard helpers/*/)
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 # Per helper: its stage and the group they share; the further common/
@@ -156,21 +159,22 @@ HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
 PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
 # The Maildir writer reads pepsi.conf (config, options: libinih) and writes
-# with common/maildir.c.  Its stage stays in the multi-call binary too, so
+# with common/delivery/maildir.c.  Its stage stays in the multi-call binary too, so
 # that a development tree fuses its successors; installed, the set-group-id
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
 PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
-HELPER_COMMON_pepsi-helper-maildir-writer = maildir buf config config_route options
+HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config \
+                                            common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 # The .forward helper reads ALLOW_FORWARD_PIPES and ALLOW_FORWARD_FILES from
 # root's pepsi.conf itself.
-HELPER_COMMON_pepsi-helper-dot-forward = config config_route options
+HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-dot-forward = -linih
 
 define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
-		$(patsubst %,$(B)/common/%.o,$(HELPER_COMMON) $(HELPER_COMMON_pepsi-helper-$(notdir $(1:/=))))
+		$(patsubst %,$(B)/%.o,$(HELPER_COMMON) $(HELPER_COMMON_pepsi-helper-$(notdir $(1:/=))))
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
 endef
@@ -179,14 +183,14 @@ $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 programs: $(addprefix $(B)/bin/,$(HELPERS))
 
 # The set-id programs make install installs (the helpers' callers): the one
-# list, which the code gets as PEPSI_SETID_PROGRAMS (common/privilege.c):
+# list, which the code gets as PEPSI_SETID_PROGRAMS (common/process/privilege.c):
 # pepsi-dispatch runs no other set-id file it finds.
 SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h)))
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
-$(B)/common/privilege.o: | $(B)/setid_programs.h
+$(B)/common/process/privilege.o: | $(B)/setid_programs.h
 
 # The standalone rules above are made; from here on program_dirs (read by
 # the recipes of programs.h, the multi-call binary, install and uninstall
@@ -260,7 +264,7 @@ $(B)/bin/pepsi-test-spf-suite: t/spf/spf_suite.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
 
-# common/pgconn.c driven from the command line (t/pgconn/), likewise.
+# common/runtime/pgconn.c driven from the command line (t/pgconn/), likewise.
 $(B)/bin/pepsi-test-pgconn: t/pgconn/pgconn_driver.c $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -o $@ $< $(B)/libpepsi.a $(LDLIBS)
@@ -328,20 +332,20 @@ $(B)/man/%: docs/%.md
 	@mkdir -p $(dir $@)
 	$(PANDOC_MAN) -M date="$$(git log -1 --format=%cs -- $< 2>/dev/null)" -o $@ $<
 
-# pepsi.conf(5)'s option reference is made from common/options.def
+# pepsi.conf(5)'s option reference is made from schema/options.def
 # (scripts/options-page.c), and the man page from what it makes, so the
 # installed page cannot drift; options-page-check (make check) fails when
 # the committed docs/pepsi.conf.5.md differs, make options-page rewrites it.
-$(B)/options-page: scripts/options-page.c common/options.c common/options.h common/options.def
+$(B)/options-page: scripts/options-page.c schema/options.c schema/options.h schema/options.def
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ scripts/options-page.c common/options.c
+	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) -o $@ scripts/options-page.c schema/options.c
 
 $(B)/pepsi.conf.5.md: docs/pepsi.conf.5.md $(B)/options-page
 	$(B)/options-page <docs/pepsi.conf.5.md >$@.tmp && mv $@.tmp $@
 
 $(B)/man/pepsi.conf.5: $(B)/pepsi.conf.5.md
 	@mkdir -p $(dir $@)
-	$(PANDOC_MAN) -M date="$$(git log -1 --format=%cs -- docs/pepsi.conf.5.md common/options.def 2>/dev/null)" -o $@ $<
+	$(PANDOC_MAN) -M date="$$(git log -1 --format=%cs -- docs/pepsi.conf.5.md schema/options.def 2>/dev/null)" -o $@ $<
 
 options-page: $(B)/pepsi.conf.5.md
 	cp $(B)/pepsi.conf.5.md docs/pepsi.conf.5.md
@@ -349,8 +353,8 @@ options-page: $(B)/pepsi.conf.5.md
 options-page-check: $(B)/pepsi.conf.5.md
 	@diff -u docs/pepsi.conf.5.md $(B)/pepsi.conf.5.md >/dev/null || { \
 		diff -u docs/pepsi.conf.5.md $(B)/pepsi.conf.5.md | head -40; \
-		echo "docs/pepsi.conf.5.md differs from common/options.def: run make options-page"; exit 1; }
-	@echo "docs/pepsi.conf.5.md: as common/options.def makes it"
+		echo "docs/pepsi.conf.5.md differs from schema/options.def: run make options-page"; exit 1; }
+	@echo "docs/pepsi.conf.5.md: as schema/options.def makes it"
 
 # Every page renders with man(1), with no undefined macro, bad escape or
 # unknown character (tables too wide for 80 columns, and a table cell too
@@ -425,7 +429,7 @@ sanitize: sanitize-build
 # C style: .clang-format (PostgreSQL's layout: tabs of 4, braces on their
 # own lines, the return type of a definition on its own line).
 CLANG_FORMAT ?= clang-format
-FORMAT_SOURCES = $(shell find common daemons stages cli programs helpers extension/src t scripts -name '*.[ch]' | sort)
+FORMAT_SOURCES = $(shell find common schema daemons stages cli programs helpers extension/src t scripts -name '*.[ch]' | sort)
 
 format:
 	$(CLANG_FORMAT) -i $(FORMAT_SOURCES)
@@ -451,81 +455,81 @@ bench: deps all
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -std=gnu11 -D_GNU_SOURCE -Icommon
+              -std=gnu11 -D_GNU_SOURCE -Icommon -Ischema
 
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c daemons/ingress/smtp_syntax.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
-                     common/buf.c common/log.c common/xalloc.c common/message.c common/local.c \
-                     common/aliases.c common/config.c common/options.c common/header.c common/auth/results.c \
-                     common/smtp_address.c common/base64.c common/config_route.c \
-                     $(wildcard daemons/ingress/*.h common/*.h)
+                     common/base/buf.c common/base/log.c common/base/xalloc.c common/message/message.c common/local/local.c \
+                     common/local/aliases.c common/config/config.c schema/options.c common/message/header.c common/auth/results.c \
+                     common/smtp/smtp_address.c common/base/base64.c common/config/config_route.c \
+                     $(wildcard daemons/ingress/*.h common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
 		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson -lcrypto
 
-$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns.c common/srs.c common/base64.c common/config_route.c \
-                     common/buf.c common/log.c common/xalloc.c common/config.c common/options.c \
-                     $(wildcard common/*.h common/auth/*.h)
+$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c common/message/srs.c common/base/base64.c common/config/config_route.c \
+                     common/base/buf.c common/base/log.c common/base/xalloc.c common/config/config.c schema/options.c \
+                     $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/milter.c stages/milter/message.c \
-                       common/buf.c common/log.c common/xalloc.c $(wildcard stages/milter/*.h common/*.h)
+$(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
+                       common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard stages/milter/*.h common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
 
-$(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp_client.c common/smtp_client_io.c \
-                            common/smtp_transaction.c common/mime_downgrade.c common/tls_policy.c common/message.c common/header.c \
-                            common/dns.c common/mta_sts.c common/config.c common/config_route.c common/options.c \
-                            common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
+                            common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c common/message/header.c \
+                            common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
+                            common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS) -lpthread
 
-$(B)/fuzz/fuzz_canon: common/auth/fuzz/fuzz_canon.c common/auth/canon.c common/base64.c common/buf.c common/log.c \
-                      common/xalloc.c $(wildcard common/*.h common/auth/*.h)
+$(B)/fuzz/fuzz_canon: common/auth/fuzz/fuzz_canon.c common/auth/canon.c common/base/base64.c common/base/buf.c common/base/log.c \
+                      common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/mime_downgrade.c common/message.c common/header.c common/base64.c common/buf.c common/log.c \
-                     common/xalloc.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/message/mime_downgrade.c common/message/message.c common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c \
+                     common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/dsn.c common/smtp_client.c common/smtp_client_io.c \
-                    common/smtp_transaction.c common/mime_downgrade.c common/tls_policy.c common/message.c \
-                    common/dns.c common/mta_sts.c common/config.c common/config_route.c common/options.c \
-                    common/header.c common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/message/dsn.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
+                    common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c \
+                    common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
+                    common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
 
 $(B)/fuzz/fuzz_forward: helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c \
-                        common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard helpers/dot-forward/*.h common/*.h)
+                        common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard helpers/dot-forward/*.h common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ihelpers/dot-forward -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/aliases.c common/local.c common/config.c common/config_route.c \
-                        common/options.c common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c common/config/config.c common/config/config_route.c \
+                        schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config.c common/config_route.c common/options.c \
-                       common/base64.c common/buf.c common/log.c common/xalloc.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config/config.c common/config/config_route.c schema/options.c \
+                       common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 
 # (fuzz_api.c includes api.c, for its static functions)
-$(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base64.c common/buf.c common/log.c common/xalloc.c \
-                    daemons/httpd/api.c $(wildcard daemons/httpd/*.h common/*.h)
+$(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
+                    daemons/httpd/api.c $(wildcard daemons/httpd/*.h common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/httpd -I$(PG_INCLUDEDIR) -o $@ \
 		$(filter-out daemons/httpd/api.c,$(filter %.c,$^)) $(LDLIBS)
 
 # (fuzz_dns.c includes dns.c, for its static functions)
-$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/tls_policy.c common/mta_sts.c common/config.c \
-                    common/config_route.c common/options.c common/base64.c common/buf.c common/log.c common/xalloc.c \
-                    common/dns.c $(wildcard common/*.h)
+$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/config/config.c \
+                    common/config/config_route.c schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
+                    common/dns/dns.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter-out common/dns.c,$(filter %.c,$^)) $(LDLIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter-out common/dns/dns.c,$(filter %.c,$^)) $(LDLIBS)
 
 FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
                $(B)/fuzz/fuzz_auth \

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "aliases.h"
-#include "config.h"
-#include "xalloc.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "local/aliases.h"
 
 #define EX_DATAERR 65
 #define EX_CONFIG 78

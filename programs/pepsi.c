@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "stage.h"
+#include "process/cli.h"
+#include "runtime/stage.h"
 
 #define PROGRAM(ident, name) int ident##_main(int argc, char **argv);
 #define STAGE(ident, name)                                               \

@@ -5,7 +5,7 @@
  * inert here (docs/architecture.md 3.4).  --version is answered here, as
  * the multi-call main answers it (cli.h).
  */
-#include "cli.h"
+#include "process/cli.h"
 
 int PROGRAM_MAIN(int argc, char **argv);
 

@@ -1,6 +1,6 @@
 /*
  * options-page.c: the option reference of pepsi.conf(5), made from
- * common/options.def, so that the page cannot drift from what the programs
+ * schema/options.def, so that the page cannot drift from what the programs
  * and the extension check.
  *
  *   options-page < docs/pepsi.conf.5.md > page

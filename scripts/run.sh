@@ -5,7 +5,7 @@
 # the checkout is not root's alone (a home directory), one of root's under
 # /var/lib/pepsi-run/ that ./run/ links to: the set-id stages and the
 # Maildir helper read only a configuration nobody but root can change
-# (common/privilege.c privilege_path_trusted).  As root three parties are
+# (common/process/privilege.c privilege_path_trusted).  As root three parties are
 # kept apart: root owns the programs (run/bin) and the configuration
 # (run/pepsi.conf), the cluster runs as its own user ($PEPSI_RUN_CLUSTER_USER,
 # pepsi-pg) in run/pg/, and the daemons as $PEPSI_USER (pepsi), which owns

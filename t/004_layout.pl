@@ -31,7 +31,7 @@ my %waiting_to_be_split = (
 	'stages/relay-to-internet/internet.c' => 1023,);
 
 # Where the C code is, for the limits.
-my @c_roots = qw(common daemons stages cli helpers programs extension/src scripts);
+my @c_roots = qw(common schema daemons stages cli helpers programs extension/src scripts);
 
 sub slurp
 {
@@ -97,7 +97,7 @@ foreach my $path (@directories, @extension_files)
 # quoted bare name of a C source is one somewhere in the code.  (Globs and
 # placeholders, `stages/*/tests/`, `daemons/X` or `pepsi--A--B.sql`, are
 # not names.)
-my $tree_dirs = qr{^(?:common|daemons|stages|helpers|cli|programs|extension|dist|bench|docs|regress|scripts|t)/};
+my $tree_dirs = qr{^(?:common|schema|daemons|stages|helpers|cli|programs|extension|dist|bench|docs|regress|scripts|t)/};
 my %code_names = map { basename($_) => 1 }
   map { tree($_, sub { -f $_[0] }) } @c_roots, 'extension';
 my @stale;

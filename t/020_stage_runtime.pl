@@ -1,4 +1,4 @@
-# The stage runtime (common/stage.c) as a worker process: ids on stdin,
+# The stage runtime (common/runtime/stage.c) as a worker process: ids on stdin,
 # status lines on stdout, one extension call per outcome.  Every terminal's
 # effect on the row, alone and in a batch; what the worker refuses (a
 # stage reading more than its load, no terminal or two, a row of another

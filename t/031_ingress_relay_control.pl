@@ -1,5 +1,5 @@
 # Relay control and recipient validation at RCPT time (pepsi-ingress with
-# common/local.c), against real clients bound to several loopback source
+# common/local/local.c), against real clients bound to several loopback source
 # addresses: 127.0.0.1 stands for a trusted network, 127.0.0.2 and
 # 127.0.0.3 for the internet.  Every refusal is checked on the wire (code,
 # enhanced code) and in the queue (nothing stored).
@@ -198,7 +198,7 @@ $c->close;
 ok(wait_for_log(qr/unknown local recipient <bob\@example\.org> refused/), 'the unknown recipient is logged');
 
 # The aliases file is read again when it changes (its mtime, looked at
-# once a second at most, common/local.c): polled with a bound, each
+# once a second at most, common/local/local.c): polled with a bound, each
 # attempt a transaction of its own.
 PostgreSQL::Test::Utils::append_to_file("$tmp/aliases", "bob: alice\n");
 utime(time + 2, time + 2, "$tmp/aliases");

@@ -2,7 +2,7 @@
 # (passfile in CONNINFO, or PGPASSFILE) with group or other permissions is
 # refused with a clear error, and so is a CONNINFO that holds a password in
 # a pepsi.conf others can read.  libpq alone would warn about the first and
-# use the second.  Checked through pepsi-queue (common/db.c, which every
+# use the second.  Checked through pepsi-queue (common/runtime/db.c, which every
 # program connects with).
 
 use strict;

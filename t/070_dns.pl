@@ -1,4 +1,4 @@
-# The resolver layer (common/dns.c) against the tests' DNS server
+# The resolver layer (common/dns/dns.c) against the tests' DNS server
 # (t/lib/TestDNS.pm): every record type Pepsi asks for, NXDOMAIN and
 # NODATA, CNAME chains, a TXT record of many strings and too big for UDP,
 # a server that never answers (the per-lookup timeout, and the other

@@ -1,7 +1,7 @@
 # The option schema is one: every option pepsi.config_option lists (the
-# extension's copy of common/options.def) is accepted by pepsi.config_set
+# extension's copy of schema/options.def) is accepted by pepsi.config_set
 # with a valid value and refused with an invalid one, at the scopes its
-# line allows and no other; and the programs (common/config.c, here through
+# line allows and no other; and the programs (common/config/config.c, here through
 # a stage worker loading pepsi.conf and the overrides) accept and refuse
 # exactly the same.  An option added to one side only, or checked
 # differently by the two, fails here.

@@ -1,5 +1,5 @@
 # pepsi-stage-relay-to-lmtp runs fused after route in the multi-call
-# binary, its body loaded late (common/stage.h late_load): route's pass
+# binary, its body loaded late (common/runtime/stage.h late_load): route's pass
 # loads the envelopes of its batch, then the bodies of the rows going to
 # LMTP in one more statement, and delivers them over one LMTP session to a
 # real Dovecot, so a local message is claimed, loaded and committed once.

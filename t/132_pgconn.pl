@@ -1,4 +1,4 @@
-# common/pgconn.c, the daemons' one database connection, against a real
+# common/runtime/pgconn.c, the daemons' one database connection, against a real
 # cluster through t/pgconn/'s driver: it connects and runs its set-up (a
 # LISTEN, a notice the log gets), then queries, plain and in pipeline mode;
 # a session the server terminates and a server that stops are each one log

@@ -413,7 +413,7 @@ done
 #
 # Signing runs inside route's pass; the signing stage's own workers take
 # only the rows a route pass leaves them when it has run for a second
-# (common/stage.c, stage_late_fusion), which happens under heavy load.  A
+# (common/runtime/stage.c, stage_late_fusion), which happens under heavy load.  A
 # run that signed any message there says how many: on this shared machine
 # those were the slow runs (one loaded 5-run set, RSA-2048: 781, 1406, 128,
 # 184 and 0 messages signed outside route's pass at 363, 289, 514, 404 and

@@ -27,10 +27,10 @@
 #include <openssl/pem.h>
 
 #include "auth/keys.h"
-#include "cli.h"
-#include "config.h"
-#include "dns.h"
-#include "log.h"
+#include "base/log.h"
+#include "config/config.h"
+#include "dns/dns.h"
+#include "process/cli.h"
 
 int pepsi_keys_main(int argc, char **argv);
 

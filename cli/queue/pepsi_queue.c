@@ -22,11 +22,11 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
-#include "buf.h"
-#include "cli.h"
-#include "db.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "process/cli.h"
+#include "runtime/db.h"
 
 int pepsi_queue_main(int argc, char **argv);
 

@@ -28,17 +28,17 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
-#include "buf.h"
-#include "cli.h"
-#include "config.h"
-#include "db.h"
-#include "header.h"
-#include "log.h"
-#include "message.h"
-#include "origin.h"
-#include "queue_id.h"
-#include "smtp_address.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "message/header.h"
+#include "message/message.h"
+#include "message/origin.h"
+#include "message/queue_id.h"
+#include "process/cli.h"
+#include "runtime/db.h"
+#include "smtp/smtp_address.h"
 
 #define EX_OK 0
 #define EX_USAGE 64
@@ -391,14 +391,14 @@ pepsi_sendmail_main(int argc, char **argv)
 	for (size_t k = 0; k < o.nrcpt; k++)
 		db_array_append(&rcpt_array, o.rcpt[k]);
 	buf_append_char(&rcpt_array, '}');
-	/* Local submission is inside the trust boundary (common/origin.h). */
+	/* Local submission is inside the trust boundary (common/message/origin.h). */
 	state = json_pack("{s:{s:s,s:b,s:s,s:s},s:{s:n,s:n,s:o}}", "origin", "trust", ORIGIN_TRUST_LOCAL,
 					  "local", 1, "user", login, "program", "pepsi-sendmail", "dsn", "ret", "envid",
 					  "rcpt", json_array());
 	for (size_t k = 0; k < o.nrcpt; k++)
 		json_array_append_new(json_object_get(json_object_get(state, "dsn"), "rcpt"),
 							  json_pack("{s:n,s:n}", "notify", "orcpt"));
-	/* The message's one name from here on (common/queue_id.h). */
+	/* The message's one name from here on (common/message/queue_id.h). */
 	queue_id_make(queue_id_host(cfg), queue_id);
 	json_object_set_new(state, "queue_id", json_string(queue_id));
 	state_text = json_dumps(state, JSON_COMPACT);

@@ -31,11 +31,11 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
-#include "cli.h"
-#include "config.h"
-#include "db.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "process/cli.h"
+#include "runtime/db.h"
 
 int pepsi_status_main(int argc, char **argv);
 

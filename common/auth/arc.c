@@ -8,9 +8,9 @@
 #include <strings.h>
 
 #include "auth/dkim_sign.h"
-#include "base64.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/base64.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 #define ARC_MAX_TAGS 32
 #define ARC_AMS_DEFAULT_HEADERS DKIM_DEFAULT_HEADERS ":dkim-signature"

@@ -22,7 +22,7 @@
 
 #include "auth/canon.h"
 #include "auth/keys.h"
-#include "buf.h"
+#include "base/buf.h"
 
 #define ARC_MAX_INSTANCES 50 /* RFC 8617 4.2.1 */
 

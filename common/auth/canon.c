@@ -10,8 +10,8 @@
 
 #include <openssl/evp.h>
 
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 /* SHA-256 through EVP: OpenSSL 3 deprecates the SHA256_* calls. */
 static EVP_MD_CTX *

@@ -24,7 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "buf.h"
+#include "base/buf.h"
 
 #define CANON_HASH_LEN 32 /* SHA-256, the only hash RFC 8301 allows */
 

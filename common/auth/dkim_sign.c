@@ -6,8 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "base64.h"
-#include "log.h"
+#include "base/base64.h"
+#include "base/log.h"
 
 #define DKIM_FOLD_COLUMN 76
 

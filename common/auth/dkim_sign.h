@@ -12,7 +12,7 @@
 
 #include "auth/canon.h"
 #include "auth/keys.h"
-#include "buf.h"
+#include "base/buf.h"
 
 /*
  * The default header list (the fields a DKIM signature covers when

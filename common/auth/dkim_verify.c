@@ -19,8 +19,8 @@
 
 #include "auth/canon.h"
 #include "auth/pubkey_cache.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 struct dkim_key
 {

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dns.h"
+#include "dns/dns.h"
 
 /* The most signatures of one message that are checked; the rest are ignored. */
 #define DKIM_VERIFY_MAX_SIGNATURES 8

@@ -11,8 +11,8 @@
 
 #include <libpsl.h>
 
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 enum dmarc_step
 {

@@ -19,7 +19,7 @@
 
 #include "auth/dkim_verify.h"
 #include "auth/spf.h"
-#include "dns.h"
+#include "dns/dns.h"
 
 enum dmarc_disposition
 {

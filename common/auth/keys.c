@@ -17,9 +17,9 @@
 #include <openssl/rsa.h>
 #include <openssl/x509.h>
 
-#include "base64.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/base64.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 bool
 sign_algorithm_parse(const char *text, size_t len, enum sign_algorithm *out)

@@ -25,8 +25,8 @@
 #include <openssl/evp.h>
 
 #include "auth/canon.h"
-#include "buf.h"
-#include "config.h"
+#include "base/buf.h"
+#include "config/config.h"
 
 #define KEYS_SECTION_PREFIX "dkim-key-"
 #define KEYS_RSA_MIN_BITS 2048

@@ -14,7 +14,7 @@
 #include <openssl/evp.h>
 #include <openssl/x509.h>
 
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 struct pubkey_cache_entry
 {

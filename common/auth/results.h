@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "buf.h"
+#include "base/buf.h"
 
 /* Append "Authentication-Results: id;\r\n\t...\r\n" for auth to h. */
 void auth_results_header(struct buf *h, const char *authserv_id, const json_t *auth);

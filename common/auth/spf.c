@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "auth/spf_internal.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 static void spf_advance(struct spf_check *c);
 static void spf_term_next(struct spf_check *c, bool matched);

@@ -1,7 +1,7 @@
 /*
  * spf.h: the Sender Policy Framework (RFC 7208): check_host() for one
  * identity (MAIL FROM, or HELO as postmaster@helo), evaluated as a state
- * machine over the asynchronous resolver (common/dns.h), so pepsi-ingress
+ * machine over the asynchronous resolver (common/dns/dns.h), so pepsi-ingress
  * checks the SPF of many sessions at once on one event loop.
  *
  * Why not a library: Debian's libspf2 resolves through its own blocking
@@ -15,7 +15,7 @@
 
 #include <stdbool.h>
 
-#include "dns.h"
+#include "dns/dns.h"
 
 enum spf_result
 {

@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "auth/spf_internal.h"
-#include "buf.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/xalloc.h"
 
 static void
 spf_url_escape(struct buf *out, const char *s, size_t len)

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "auth/spf_internal.h"
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 /*
  * RFC 7208 7.1 toplabel: alphanumerics with at least one letter, or

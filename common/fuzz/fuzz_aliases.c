@@ -1,6 +1,6 @@
 /*
  * fuzz_aliases.c: libFuzzer target for the aliases(5) reader and its
- * recursive expansion (common/aliases.c).  "make fuzz" runs it.
+ * recursive expansion (common/local/aliases.c).  "make fuzz" runs it.
  *
  * Input: a first line, the address to expand (its domain one of
  * example.org and localhost, or none; postmaster when the line is empty),
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "aliases.h"
-#include "xalloc.h"
+#include "base/xalloc.h"
+#include "local/aliases.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_config.c: libFuzzer target for the configuration reader
- * (common/config.c from a buffer, config_parse_string: the same checks as
+ * (common/config/config.c from a buffer, config_parse_string: the same checks as
  * config_load without the file) and for the overrides the database holds,
  * which the httpd API and pepsi-config let an administrator write
  * (config_add_override).  "make fuzz" runs it.
@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "base/xalloc.h"
+#include "config/config.h"
 #include "options.h"
-#include "xalloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,11 +1,11 @@
 /*
  * fuzz_dns.c: libFuzzer target for the decoding of DNS answers
- * (common/dns.c): what libunbound hands over (struct ub_result: rcode,
+ * (common/dns/dns.c): what libunbound hands over (struct ub_result: rcode,
  * DNSSEC flags, TTL and each record's rdata in wire format) becomes a
  * struct dns_answer, TXT character-strings joined, MX, PTR and CNAME names
  * decoded, A and AAAA of the wrong length dropped; the answer is kept in
  * the resolver's cache and copied out of it; a TLSA record's rdata is read
- * for DANE (common/tls_policy.c).  The lookup itself needs libunbound and
+ * for DANE (common/smtp/tls_policy.c).  The lookup itself needs libunbound and
  * a network: this target includes dns.c to reach its static functions and
  * builds the ub_result libunbound would.  "make fuzz" runs it.
  *
@@ -15,9 +15,9 @@
  * from the cache must equal the answer: anything else is a bug, and
  * abort() makes libFuzzer keep the input.
  */
-#include "../dns.c"
+#include "../dns/dns.c"
 
-#include "tls_policy.h"
+#include "smtp/tls_policy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

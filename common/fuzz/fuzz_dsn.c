@@ -1,6 +1,6 @@
 /*
  * fuzz_dsn.c: libFuzzer target for the delivery status notifications
- * (common/dsn.c).  Pepsi parses no DSN it receives (a bounce arriving is
+ * (common/message/dsn.c).  Pepsi parses no DSN it receives (a bounce arriving is
  * mail like any other); what dsn.c reads is the original message it
  * returns (headers cut at a whole field past DSN_RETURNED_HEADERS_MAX, a
  * boundary that must not occur in it) and the per-recipient values that
@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsn.h"
-#include "xalloc.h"
+#include "base/xalloc.h"
+#include "message/dsn.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_mime.c: libFuzzer target for the MIME downgrade
- * (common/mime_downgrade.c), which walks the structure of whatever message
+ * (common/message/mime_downgrade.c), which walks the structure of whatever message
  * a client sent (boundaries, nested message/rfc822, transfer encodings)
  * before the relay client re-encodes it for a hop without 8BITMIME or
  * BINARYMIME.  "make fuzz" runs it.
@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "mime_downgrade.h"
+#include "message/mime_downgrade.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_smtp_client.c: libFuzzer target for what the relay stages' SMTP
- * and LMTP client (common/smtp_client.c, smtp_client_io.c,
+ * and LMTP client (common/smtp/smtp_client.c, smtp_client_io.c,
  * smtp_transaction.c) reads from the server: the greeting, multi-line
  * replies and their enhanced status codes, the EHLO keywords (SIZE, AUTH,
  * CHUNKING, ...), the 334 challenges of AUTH, the replies to a pipelined
@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "smtp_client.h"
+#include "smtp/smtp_client.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

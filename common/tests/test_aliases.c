@@ -16,8 +16,8 @@
 
 #include "tests/expect_error.h"
 
-#include "aliases.h"
-#include "buf.h"
+#include "base/buf.h"
+#include "local/aliases.h"
 
 #define DOMAINS "example.org, lists.example.org"
 

@@ -25,8 +25,8 @@
 #include "auth/canon.h"
 #include "auth/dkim_sign.h"
 #include "auth/keys.h"
-#include "base64.h"
-#include "buf.h"
+#include "base/base64.h"
+#include "base/buf.h"
 
 /* RFC 6376 3.4.6. */
 static const char rfc6376_headers[] = "A: X\r\nB : Y\t\r\n\tZ  \r\n";

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "base64.h"
+#include "base/base64.h"
 
 static const char *const rfc4648[][2] = {
 	{"", ""},

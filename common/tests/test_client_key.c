@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "client_key.h"
+#include "smtp/client_key.h"
 
 static const char *
 key_of(const char *address)

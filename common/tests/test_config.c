@@ -17,7 +17,7 @@
 
 #include "tests/expect_error.h"
 
-#include "config.h"
+#include "config/config.h"
 
 static char err[1024];
 
@@ -512,7 +512,7 @@ test_overlay_refusals(void **state)
 	assert_false(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "../x", err, sizeof(err)));
 	assert_true(config_add_override(cfg, "global", "stage-relay", "PROGRAM", "pepsi-stage-relay-to-smarthost",
 									err, sizeof(err)));
-	/* A declared option is file-only by its scope in common/options.def ... */
+	/* A declared option is file-only by its scope in schema/options.def ... */
 	assert_false(config_add_override(cfg, "global", "stage-relay", "SMARTHOST", "evil.example", err, sizeof(err)));
 	assert_non_null(strstr(err, "SMARTHOST is read from pepsi.conf only"));
 	/* ... a third-party program's by its name. */

@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "buf.h"
-#include "header.h"
+#include "base/buf.h"
+#include "message/header.h"
 
 /* Whether the one field headers holds is dropped as a claim of mx.test. */
 static bool

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "buf.h"
-#include "message.h"
+#include "base/buf.h"
+#include "message/message.h"
 
 struct split
 {

@@ -1,5 +1,5 @@
 /*
- * test_milter.c: the milter protocol's packets (common/milter.c): the
+ * test_milter.c: the milter protocol's packets (common/message/milter.c): the
  * encoders byte for byte against what libmilter reads, the framing at its
  * edges (partial, empty, oversize), every reply the parser takes and the
  * malformed ones it refuses, and the filter addresses of MILTERS.
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "milter.h"
+#include "message/milter.h"
 
 static void
 assert_bytes(const struct buf *b, const char *expected, size_t len)

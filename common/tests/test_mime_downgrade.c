@@ -1,5 +1,5 @@
 /*
- * test_mime_downgrade.c: what the MIME downgrade (common/mime_downgrade.c)
+ * test_mime_downgrade.c: what the MIME downgrade (common/message/mime_downgrade.c)
  * makes of a multipart message must fit the hop it was made for: the
  * parts re-encoded, and what follows a boundary on its delimiter line
  * (padding, or text after the closing delimiter) dropped when the hop
@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "buf.h"
-#include "mime_downgrade.h"
+#include "base/buf.h"
+#include "message/mime_downgrade.h"
 
 #define MULTIPART_HEAD                             \
 	"From: a@example.org\r\nMIME-Version: 1.0\r\n" \

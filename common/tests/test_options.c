@@ -1,5 +1,5 @@
 /*
- * test_options.c: the option schema itself (common/options.def): every
+ * test_options.c: the option schema itself (schema/options.def): every
  * line is reachable and consistent, and every default passes its own
  * line's check, so a program never reads a default it would refuse.
  */

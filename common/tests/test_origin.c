@@ -13,7 +13,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "origin.h"
+#include "message/origin.h"
 
 static bool
 trusted(const char *text)

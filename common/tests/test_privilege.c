@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "privilege.h"
+#include "process/privilege.h"
 
 int main(void);
 

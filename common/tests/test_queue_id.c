@@ -1,8 +1,8 @@
 /*
- * test_queue_id.c: queue ids (common/queue_id.h) are Postfix-shaped (the
+ * test_queue_id.c: queue ids (common/message/queue_id.h) are Postfix-shaped (the
  * 52 symbols of its long ids, so that pflogsumm's \w+ takes them), sort by
  * time, differ between hosts and between calls, and a row without one
- * goes by its row id; and the log tags' services (common/log.h).
+ * goes by its row id; and the log tags' services (common/base/log.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "log.h"
-#include "queue_id.h"
+#include "base/log.h"
+#include "message/queue_id.h"
 
 #define MANY 20000
 

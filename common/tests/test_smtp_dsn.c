@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "dsn.h"
-#include "smtp_client.h"
+#include "message/dsn.h"
+#include "smtp/smtp_client.h"
 
 static void
 test_reply_lines(void **state)

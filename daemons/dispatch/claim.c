@@ -12,9 +12,9 @@
 
 #include <libpq-fe.h>
 
-#include "db.h"
+#include "base/log.h"
 #include "dispatch.h"
-#include "log.h"
+#include "runtime/db.h"
 
 /*
  * How long the claim a worker's answer asks for may wait for the answers

@@ -1,7 +1,7 @@
 /*
  * dbconn.c: the dispatcher's one database connection and what it runs.
  *
- * The connection itself is common/pgconn.c's machine.  Here are its jobs:
+ * The connection itself is common/runtime/pgconn.c's machine.  Here are its jobs:
  * after connecting, a short chain of set-up statements, each its own step:
  * the one-dispatcher lock, LISTEN on pepsi_workqueue (work to claim) and
  * pepsi_config_changed (reload), the claim prepared, orphaned rows reset,
@@ -21,11 +21,11 @@
 
 #include <libpq-fe.h>
 
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "dispatch.h"
-#include "log.h"
-#include "pgconn.h"
-#include "xalloc.h"
+#include "runtime/db.h"
+#include "runtime/pgconn.h"
 
 /*
  * Advisory lock keys ('PEPS', 2): one dispatcher per database (db.h).  The

@@ -12,9 +12,9 @@
 
 #include <libpq-fe.h>
 
-#include "db.h"
+#include "base/log.h"
 #include "dispatch.h"
-#include "log.h"
+#include "runtime/db.h"
 
 static void
 job_log_failure(struct job *job, PGresult *res)

@@ -22,8 +22,8 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
-#include "buf.h"
-#include "config.h"
+#include "base/buf.h"
+#include "config/config.h"
 
 /* One [stage-*] section, as the dispatcher uses it. */
 struct stage_spec
@@ -50,7 +50,7 @@ struct inflight
 
 struct fair_account;
 
-/* The status= of a delivery attempt, as the workers report them (common/maillog.h). */
+/* The status= of a delivery attempt, as the workers report them (common/delivery/maillog.h). */
 #define DELIVERY_STATUSES 4
 extern const char *const delivery_statuses[DELIVERY_STATUSES];
 

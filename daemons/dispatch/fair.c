@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "dispatch.h"
-#include "log.h"
-#include "xalloc.h"
+#include "runtime/db.h"
 
 struct fair_entry
 {

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "dispatch.h"
-#include "log.h"
-#include "xalloc.h"
 
 #define GRAPH_MAX_STAGES 256
 
@@ -250,7 +250,7 @@ graph_free(struct stage_spec *specs, size_t count)
 bool
 dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	/* Checked against common/options.def when the configuration was loaded. */
+	/* Checked against schema/options.def when the configuration was loaded. */
 	dispatcher.poll_interval = config_duration_ms(cfg, "dispatch", "POLL_INTERVAL") / 1000.0;
 	dispatcher.fair_half_life = config_duration_ms(cfg, "dispatch", "FAIR_HALF_LIFE") / 1000.0;
 	dispatcher.fair_fifo_percent = (int) config_int(cfg, "dispatch", "FAIR_FIFO_PERCENT");

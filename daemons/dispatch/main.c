@@ -20,13 +20,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/log_config.h"
 #include "dispatch.h"
-#include "log.h"
-#include "log_config.h"
-#include "privilege.h"
-#include "service.h"
-#include "xalloc.h"
+#include "process/cli.h"
+#include "process/privilege.h"
+#include "process/service.h"
 
 #define DISPATCH_HOUSEKEEPING_INTERVAL 0.1
 #define DISPATCH_STOP_GRACE 10.0

@@ -12,9 +12,9 @@
  */
 #include <stdlib.h>
 
-#include "db.h"
+#include "base/log.h"
 #include "dispatch.h"
-#include "log.h"
+#include "runtime/db.h"
 
 #define MAINTENANCE_CHECK_INTERVAL 10.0
 #define MAINTENANCE_REQUEUE_INTERVAL 1.0

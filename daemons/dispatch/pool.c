@@ -37,12 +37,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "dispatch.h"
-#include "log.h"
 #include "pool_internal.h"
-#include "privilege.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "process/privilege.h"
+#include "runtime/stage.h"
 
 static void pools_drop_removed(void);
 
@@ -199,7 +199,7 @@ pool_claimed(struct pool *pool, int rows)
 /*
  * A worker of pool answered a row: where may its pass have left rows
  * pending?  The runtime says, when asked to (STAGE_STATUS_QUEUED_ENV,
- * set for every worker; common/stage.c: "queued", the stages it committed
+ * set for every worker; common/runtime/stage.c: "queued", the stages it committed
  * rows to, [] for none).  A status line that does not say (a worker not
  * of our runtime, a failure, a pass the runtime cannot vouch for) may
  * have left them anywhere.

@@ -17,10 +17,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "dispatch.h"
-#include "log.h"
 #include "pool_internal.h"
-#include "xalloc.h"
 
 /* ---------------------------------------------------------------------------
  * Answers

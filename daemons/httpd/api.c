@@ -19,10 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "httpd.h"
-#include "log.h"
-#include "xalloc.h"
+#include "runtime/db.h"
 
 /* The most ids one action takes: a bigger selection is a job for SQL. */
 #define API_MAX_IDS 10000

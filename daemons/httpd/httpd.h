@@ -18,9 +18,9 @@
 #include <libpq-fe.h>
 #include <microhttpd.h>
 
-#include "buf.h"
-#include "client_key.h"
-#include "config.h"
+#include "base/buf.h"
+#include "config/config.h"
+#include "smtp/client_key.h"
 
 /* Request bodies larger than this get 413: the API takes small JSON. */
 #define HTTPD_MAX_BODY (64 * 1024)

@@ -33,16 +33,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/log_config.h"
 #include "httpd.h"
-#include "log.h"
-#include "log_config.h"
 #include "options.h"
-#include "privilege.h"
-#include "secret.h"
-#include "service.h"
-#include "xalloc.h"
+#include "process/cli.h"
+#include "process/privilege.h"
+#include "process/secret.h"
+#include "process/service.h"
+#include "runtime/db.h"
 
 /* Request headers past this much memory get 431. */
 #define HTTPD_MAX_HEADER_MEMORY (32 * 1024)

@@ -25,10 +25,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "db.h"
+#include "base/log.h"
 #include "httpd.h"
-#include "log.h"
+#include "process/cli.h"
+#include "runtime/db.h"
 
 /* A label value with \, " and newline escaped, as the format wants. */
 static void

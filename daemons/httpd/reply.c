@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "httpd.h"
-#include "log.h"
 
 void
 reply_add_security_headers(struct MHD_Response *response)

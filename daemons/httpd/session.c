@@ -29,10 +29,10 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "httpd.h"
-#include "log.h"
-#include "xalloc.h"
+#include "runtime/db.h"
 
 #define SESSION_COOKIE "pepsi_session"
 #define SESSION_SECRET_BYTES 32

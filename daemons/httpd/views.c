@@ -11,9 +11,9 @@
  */
 #include <string.h>
 
-#include "db.h"
+#include "base/log.h"
 #include "httpd.h"
-#include "log.h"
+#include "runtime/db.h"
 
 /*
  * A value shown on the page: a connection string that holds a password

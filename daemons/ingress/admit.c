@@ -1,5 +1,5 @@
 /*
- * admit.c: see admit.h.  Each connection is common/pgconn.c's machine in
+ * admit.c: see admit.h.  Each connection is common/runtime/pgconn.c's machine in
  * pipeline mode; the pool hands queued admissions to whichever connection
  * is idle (admit_kick).
  *
@@ -17,10 +17,10 @@
 
 #include <libpq-fe.h>
 
-#include "db.h"
-#include "log.h"
-#include "pgconn.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "runtime/db.h"
+#include "runtime/pgconn.h"
 
 #define ADMIT_STATEMENT "pepsi_ingress_admit"
 #define ADMIT_SQL "SELECT pepsi.workqueue_add($1, $2::text[], $3, $4, $5::jsonb, $6::inet, $7, $8)"

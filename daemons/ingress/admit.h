@@ -19,7 +19,7 @@
 
 #include <ev.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "envelope.h"
 
 struct admit_options

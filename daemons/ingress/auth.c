@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "secret.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "process/secret.h"
 
 /* The longest password checked (octets); longer ones fail unhashed. */
 #define AUTH_PASSWORD_MAX 256

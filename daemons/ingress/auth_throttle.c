@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 #define AUTH_THROTTLE_BUCKETS 4096
 #define AUTH_THROTTLE_MAX_CLIENTS 100000

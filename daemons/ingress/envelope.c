@@ -11,11 +11,11 @@
 #include <jansson.h>
 
 #include "auth/results.h"
-#include "header.h"
-#include "log.h"
-#include "message.h"
-#include "origin.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/header.h"
+#include "message/message.h"
+#include "message/origin.h"
 
 static void
 envelope_received(const struct smtp_session *s, const struct envelope_origin *o, struct buf *h)
@@ -88,7 +88,7 @@ envelope_rcpt_array(const struct smtp_session *s)
 }
 
 /*
- * state.origin.trust (common/origin.h), decided here only, from what
+ * state.origin.trust (common/message/origin.h), decided here only, from what
  * ingress alone knows: the account the session authenticated as, or the
  * client's address in TRUSTED_NETWORKS.  Nothing the client sends (a
  * parameter, a header field) can say it.
@@ -175,7 +175,7 @@ envelope_state(const struct smtp_session *s, const struct envelope_origin *o, js
 	}
 	json_object_set_new(state, "auth", auth);
 	json_object_set_new(state, "queue_id", json_string(o->queue_id));
-	/* RFC 8689: the relays send it on only over verified TLS (common/smtp_client.c). */
+	/* RFC 8689: the relays send it on only over verified TLS (common/smtp/smtp_client.c). */
 	if (s->requiretls)
 		json_object_set_new(json_object_get(state, "origin"), "requiretls", json_true());
 	if (o->iprev)

@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "buf.h"
+#include "base/buf.h"
 #include "smtp.h"
 
 /* What the host knows about the session that the protocol does not. */
@@ -23,7 +23,7 @@ struct envelope_origin
 	const char	 *listener; /* the [listener-<name>] name */
 	const char	 *hostname; /* "by" in Received */
 	const char	 *authserv_id;
-	const char	 *queue_id;		   /* "id" in Received, state.queue_id (common/queue_id.h) */
+	const char	 *queue_id;		   /* "id" in Received, state.queue_id (common/message/queue_id.h) */
 	bool		  trusted_network; /* the client is in TRUSTED_NETWORKS */
 	unsigned	  max_hops;		   /* [ingress] MAX_HOPS: Received fields that mean a loop; 0: no limit */
 	time_t		  now;

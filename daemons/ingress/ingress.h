@@ -15,8 +15,8 @@
 #include <openssl/ssl.h>
 
 #include "auth.h"
-#include "config.h"
-#include "local.h"
+#include "config/config.h"
+#include "local/local.h"
 #include "relay_control.h"
 #include "smtp.h"
 #include "verify.h"
@@ -53,7 +53,7 @@ struct ingress
 	struct ev_loop		  *loop;
 	struct pepsi_config	  *cfg;
 	const char			  *hostname;
-	unsigned			   queue_id_host; /* [pepsi] HOST_ID (common/queue_id.h) */
+	unsigned			   queue_id_host; /* [pepsi] HOST_ID (common/message/queue_id.h) */
 	const char			  *authserv_id;
 	struct credentials	  *credentials;
 	char				  *local_domains;	 /* [pepsi] LOCAL_DOMAINS, replaced on reload */

@@ -1,6 +1,6 @@
 /*
  * local_refresh.c: keeps the virtual mailboxes of ingress's local-recipient
- * resolver current.  A connection of its own (common/pgconn.c, driven by
+ * resolver current.  A connection of its own (common/runtime/pgconn.c, driven by
  * the event loop) reads pepsi.virtual_mailbox at start, after every
  * reconnect, and every LOCAL_RECIPIENTS_REFRESH; a session never waits for
  * it.  Until the first read succeeds, recipients only that table could
@@ -11,9 +11,9 @@
 
 #include <libpq-fe.h>
 
+#include "base/log.h"
 #include "ingress.h"
-#include "log.h"
-#include "pgconn.h"
+#include "runtime/pgconn.h"
 
 static struct
 {

@@ -31,16 +31,16 @@
 
 #include "admit.h"
 #include "auth_throttle.h"
-#include "cli.h"
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/log_config.h"
 #include "ingress.h"
-#include "log.h"
-#include "log_config.h"
-#include "privilege.h"
-#include "queue_id.h"
-#include "secret.h"
-#include "service.h"
-#include "xalloc.h"
+#include "message/queue_id.h"
+#include "process/cli.h"
+#include "process/privilege.h"
+#include "process/secret.h"
+#include "process/service.h"
+#include "runtime/db.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 #define LISTENER_ACCEPT_BACKOFF 1.0 /* seconds a listener rests when out of descriptors */
@@ -74,7 +74,7 @@ bool
 listener_limits_apply(const struct pepsi_config *cfg, const char *section, struct listener *l,
 					  char *err, size_t errlen)
 {
-	/* Checked against common/options.def when cfg was loaded: nothing to refuse here. */
+	/* Checked against schema/options.def when cfg was loaded: nothing to refuse here. */
 	l->policy.max_size = (size_t) config_size(cfg, section, "MAX_SIZE");
 	l->policy.max_recipients = (size_t) config_int(cfg, section, "MAX_RECIPIENTS");
 	l->policy.max_line_length = (size_t) config_int(cfg, section, "MAX_LINE_LENGTH");
@@ -265,7 +265,7 @@ listener_open(const char *section)
 	struct listener *l = xcalloc(1, sizeof(*l));
 	const char		*mode = config_text(ingress.cfg, section, "MODE");
 	const char		*address = config_get(ingress.cfg, section, "ADDRESS");
-	/* enum listener_mode is in the order of MODE's choices (common/options.def). */
+	/* enum listener_mode is in the order of MODE's choices (schema/options.def). */
 	static const long default_ports[] = {[LISTENER_SMTP] = 25, [LISTENER_SUBMISSION] = 587, [LISTENER_SMTPS] = 465};
 	long			  port;
 	char			  err[1024];

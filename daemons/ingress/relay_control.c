@@ -11,8 +11,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 
 static bool
 network_parse(const char *text, struct network *n, char *err, size_t errlen)

@@ -1,7 +1,7 @@
 /*
  * relay_control.h: who may send mail where, decided at RCPT time
  * (RFC 5321 3.6.2, 7.1).  Mail to a local domain ([pepsi] LOCAL_DOMAINS)
- * is for us, and is taken when the recipient exists (common/local.c);
+ * is for us, and is taken when the recipient exists (common/local/local.c);
  * mail to any other domain is relayed, which only an authenticated session
  * or a client in TRUSTED_NETWORKS ([ingress], or its listener's own) may
  * ask for.  Pure, like smtp.c: the fuzz target runs it too.
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
-#include "local.h"
+#include "local/local.h"
 #include "smtp.h"
 
 /* The default of [ingress] TRUSTED_NETWORKS: this host only. */

@@ -35,13 +35,13 @@
 
 #include "auth.h"
 #include "auth_throttle.h"
-#include "db.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/log_config.h"
 #include "ingress.h"
-#include "log.h"
-#include "log_config.h"
 #include "options.h"
-#include "service.h"
-#include "xalloc.h"
+#include "process/service.h"
+#include "runtime/db.h"
 
 /* What a reload will set in one running listener. */
 struct listener_reload
@@ -60,7 +60,7 @@ struct listener_reload
  */
 static const struct
 {
-	const char *where; /* as in common/options.def */
+	const char *where; /* as in schema/options.def */
 	const char *name;
 } reload_applies[] = {
 	{"listener-*", "CERTIFICATE"},

@@ -22,13 +22,13 @@
 #include "admit.h"
 #include "auth_throttle.h"
 #include "auth_worker.h"
-#include "client_key.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/maillog.h"
 #include "envelope.h"
 #include "ingress.h"
-#include "log.h"
-#include "maillog.h"
-#include "queue_id.h"
-#include "xalloc.h"
+#include "message/queue_id.h"
+#include "smtp/client_key.h"
 
 #define SESSION_READ_SIZE 65536
 #define SESSION_OUT_HIGH_WATER 65536 /* stop reading a client that does not read */
@@ -380,7 +380,7 @@ session_store(struct session *s)
 	struct verify_findings findings = {0};
 	const char			  *refusal;
 
-	/* The message's name from here on, before its row exists (common/queue_id.h). */
+	/* The message's name from here on, before its row exists (common/message/queue_id.h). */
 	queue_id_make(ingress.queue_id_host, s->queue_id);
 	origin.client_ip = s->ip;
 	origin.listener = s->listener->name;

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "base64.h"
-#include "log.h"
-#include "message.h"
-#include "xalloc.h"
+#include "base/base64.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/message.h"
 
 /* Refusals sent since start, by code: [0] is 400. */
 static unsigned long long smtp_refusals[200];

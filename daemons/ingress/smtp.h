@@ -14,8 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "buf.h"
-#include "smtp_address.h"
+#include "base/buf.h"
+#include "smtp/smtp_address.h"
 
 /* RFC 5321 4.5.3.1.4 says 512; extensions (AUTH, DSN, SMTPUTF8) need more. */
 #define SMTP_COMMAND_MAX 4096

@@ -20,10 +20,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "base64.h"
-#include "log.h"
-#include "message.h"
-#include "xalloc.h"
+#include "base/base64.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/message.h"
 
 /*
  * Content

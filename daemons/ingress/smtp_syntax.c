@@ -1,7 +1,7 @@
 /*
  * smtp_syntax.c: the syntax of what an SMTP client sends (RFC 5321 4.1.2
  * paths and mailboxes, RFC 3461 xtext, UTF-8 for SMTPUTF8; AUTH's base64
- * is common/base64.c's strict mode).  Pure functions of their input: the state machine in smtp.c
+ * is common/base/base64.c's strict mode).  Pure functions of their input: the state machine in smtp.c
  * calls them, the unit tests in tests/ feed them vectors.
  */
 #include "smtp_syntax.h"
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "smtp.h"
-#include "smtp_address.h"
+#include "smtp/smtp_address.h"
 
 /* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 bool

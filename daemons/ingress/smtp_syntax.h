@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "smtp_address.h" /* the mailbox syntax, shared with pepsi-sendmail */
+#include "smtp/smtp_address.h" /* the mailbox syntax, shared with pepsi-sendmail */
 
 /* RFC 3461 xtext, decoded in place; false if malformed or a control character. */
 bool smtp_xtext_decode(char *s, bool utf8);

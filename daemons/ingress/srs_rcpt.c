@@ -14,9 +14,9 @@
 #include <time.h>
 
 #include "auth_throttle.h"
+#include "base/log.h"
 #include "ingress.h"
-#include "log.h"
-#include "srs.h"
+#include "message/srs.h"
 
 static struct srs			 srs_rcpt_engine;
 static struct auth_throttle *srs_rcpt_failures;

@@ -25,9 +25,9 @@
 #include "auth/results.h"
 #include "auth/spf.h"
 #include "auth_worker.h"
-#include "dns.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "dns/dns.h"
 
 /* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
 #define VERIFY_BUDGET_LOOKUPS 300
@@ -186,7 +186,7 @@ verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 					   struct verify_policy *out, char *err, size_t errlen)
 {
 	memset(out, 0, sizeof(*out));
-	/* The choices are in the order of common/options.def: tag|reject, off|report|enforce. */
+	/* The choices are in the order of schema/options.def: tag|reject, off|report|enforce. */
 	out->enabled = config_bool(cfg, section, "MESSAGE_AUTHENTICATION");
 	out->spf_reject = config_enum(cfg, section, "SPF_FAIL") == 1;
 	out->dmarc = (enum verify_dmarc_mode) config_enum(cfg, section, "DMARC_POLICY");

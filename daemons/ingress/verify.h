@@ -2,7 +2,7 @@
  * verify.h: message authentication in pepsi-ingress: iprev from the
  * connection on, SPF (MAIL FROM and HELO identities) from MAIL on, DKIM,
  * ARC and DMARC once the content is in, every lookup on the event loop
- * through common/dns.h, so a session whose DNS is slow delays nobody
+ * through common/dns/dns.h, so a session whose DNS is slow delays nobody
  * else.  What it finds becomes state.auth and the Authentication-Results
  * header (common/auth/results.h); what the listener's policy refuses
  * becomes the reply after DATA.  What reads the message (signatures
@@ -22,7 +22,7 @@
 #include <ev.h>
 #include <jansson.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "smtp.h"
 
 enum verify_dmarc_mode

@@ -238,7 +238,7 @@ SELECT pepsi.grant_apply();
 -- Local recipients: virtual mailboxes
 --
 -- The addresses of local domains that exist without a maildir or an alias
--- of their own (common/local.c, source "virtual").  pepsi-ingress reads
+-- of their own (common/local/local.c, source "virtual").  pepsi-ingress reads
 -- the table to refuse unknown local recipients at RCPT time (550 5.1.1);
 -- the pipeline may read it; only pepsi_config changes it, and only through
 -- the audited functions below, never by writing the table.
@@ -338,7 +338,7 @@ SELECT pepsi.grant_apply();
 -- An override of pepsi.conf is one line of text; PROGRAM is a program's
 -- name (the dispatcher runs it from Pepsi's own program directory, never
 -- a path); the options that name a path, where mail goes or how the next
--- hop is authenticated are read from the file only (common/config.c
+-- hop is authenticated are read from the file only (common/config/config.c
 -- refuses the same rows whatever the database holds).  The constraints are
 -- NOT VALID so that the update succeeds on a database holding such a row;
 -- the programs refuse it.
@@ -680,7 +680,7 @@ SELECT pepsi.grant_apply();
 -- Message authentication at ingress (iprev, SPF, DKIM, DMARC, ARC) and the
 -- resolver it asks.  Where DNS answers come from (DNS_FORWARDER) and which
 -- DNSSEC answers are trusted (DNS_TRUST_ANCHOR) decide every verdict: they
--- are read from the file only (common/config.c refuses them too).
+-- are read from the file only (common/config/config.c refuses them too).
 -- ===========================================================================
 
 ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_dns_file_only
@@ -770,7 +770,7 @@ CREATE UNIQUE INDEX workqueue_clone_token_key ON pepsi.workqueue (clone_token)
 -- The mail log's history of one message
 --
 -- With [pepsi] MAIL_LOG = yes a delivery stage writes a pepsi.mail_log row
--- per attempt in the statement that commits it (common/maillog.c);
+-- per attempt in the statement that commits it (common/delivery/maillog.c);
 -- pepsi-queue log <id> reads a row's history by its id.
 -- ===========================================================================
 
@@ -796,11 +796,11 @@ ALTER TABLE pepsi.stage_stats
 -- end of deliveries by status
 
 -- ===========================================================================
--- Option schema: common/options.def is the one list of options
+-- Option schema: schema/options.def is the one list of options
 --
--- 0.1 kept the options twice: in common/config.c and, copied by hand, in
--- the rows of pepsi.config_option.  Both now come from common/options.def:
--- the programs compile it into their table (common/options.c), and this
+-- 0.1 kept the options twice: in common/config/config.c and, copied by hand, in
+-- the rows of pepsi.config_option.  Both now come from schema/options.def:
+-- the programs compile it into their table (schema/options.c), and this
 -- module compiles the same file and the same value checks
 -- (extension/src/config_schema.c).  pepsi.config_option becomes a view of
 -- that table, and pepsi.config_validate checks a value with the programs'
@@ -831,7 +831,7 @@ CREATE VIEW pepsi.config_option AS
            s.program, s.scope, s.default_value, s.choices
     FROM pepsi.config_option_schema() AS s;
 COMMENT ON VIEW pepsi.config_option IS
-    'Every option of pepsi.conf (common/options.def): kind, range (ms for a duration, bytes for a size), default, and the most specific scope it may be set at';
+    'Every option of pepsi.conf (schema/options.def): kind, range (ms for a duration, bytes for a size), default, and the most specific scope it may be set at';
 
 -- As in 0.1, with the option, its scope and its value checked against the
 -- schema: a stage program's option is found by the section's PROGRAM
@@ -1663,7 +1663,7 @@ SELECT pepsi.grant_apply();
 -- end of backscatter caps
 
 -- ===========================================================================
--- Vacation: RFC 3834 automatic replies (stages/vacation, common/autoreply.c)
+-- Vacation: RFC 3834 automatic replies (stages/vacation, common/message/autoreply.c)
 --
 -- An account's owner sets a vacation notice for their own address with
 -- pepsi.vacation_set: rows of the per-address settings (pepsi.settings:
@@ -1783,7 +1783,7 @@ SELECT pepsi.grant_apply();
 -- MTA-STS policy cache
 --
 -- The MTA-STS policies (RFC 8461) pepsi-stage-relay-to-internet fetched
--- over HTTPS (common/mta_sts.c), one row per recipient domain, kept for the
+-- over HTTPS (common/smtp/mta_sts.c), one row per recipient domain, kept for the
 -- policy's max_age and shared by every relay worker.  Stages read and write
 -- it only through the two functions below; pepsi_monitor may read it.
 -- ===========================================================================

@@ -821,15 +821,15 @@ $$;
 -- run with the caller's rights: only pepsi_config may write the table.
 -- ---------------------------------------------------------------------------
 
--- What the overlay knows of the options, after common/config.c's schema:
+-- What the overlay knows of the options, after common/config/config.c's schema:
 -- the sections named here without a wildcard ([pepsi], [dispatch],
 -- [ingress], [sendmail]) have exactly these options; a stage section
 -- ("stage-*") has these and its program's own, checked for their form (an
 -- option ending in _STAGE names a stage, as the dispatcher reads it); no
 -- other section can be overridden.  kind says how a value is checked (as
--- common/config.c reads it); global_only marks what a process reads once
+-- common/config/config.c reads it); global_only marks what a process reads once
 -- rather than per message, for which a domain or address override could
--- never apply.  An option added to common/config.c is added here too.
+-- never apply.  An option added to common/config/config.c is added here too.
 CREATE TABLE pepsi.config_option (
     section     text NOT NULL CHECK (section ~ '^[a-z][a-z0-9_-]*(\*)?$'),
     option      text NOT NULL CHECK (option ~ '^[A-Z][A-Z0-9_]*$'),
@@ -1161,7 +1161,7 @@ $$;
 -- The override set at exactly this scope, or NULL.  The names are checked
 -- as config_set checks them, so a mistyped one is an error, not a NULL.
 -- (Which value wins for a message is the reader's business: address, then
--- domain, then global, then pepsi.conf; see common/config.h.)
+-- domain, then global, then pepsi.conf; see common/config/config.h.)
 CREATE FUNCTION pepsi.config_get(scope text, section text, option text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE

@@ -536,7 +536,7 @@ SELECT pepsi.grant_apply();
 -- end of claim tokens
 
 -- ---------------------------------------------------------------------------
--- One queue id (common/queue_id.h): the message's name from ingress on,
+-- One queue id (common/message/queue_id.h): the message's name from ingress on,
 -- carried by every row split from it in state.queue_id, and the column of
 -- pepsi.mail_log that finds a message's events across its rows.
 -- ---------------------------------------------------------------------------

@@ -913,8 +913,8 @@ $$;
 -- run with the caller's rights: only pepsi_config may write the table.
 -- ---------------------------------------------------------------------------
 
--- What the overlay knows of the options: common/options.def, the one list
--- the programs compile too (common/options.c), compiled into this module
+-- What the overlay knows of the options: schema/options.def, the one list
+-- the programs compile too (schema/options.c), compiled into this module
 -- with the same value checks (extension/src/config_schema.c).  A stage
 -- program's own options carry its name in program.
 CREATE FUNCTION pepsi.config_option_schema(
@@ -937,7 +937,7 @@ CREATE VIEW pepsi.config_option AS
            s.program, s.scope, s.default_value, s.choices
     FROM pepsi.config_option_schema() AS s;
 COMMENT ON VIEW pepsi.config_option IS
-    'Every option of pepsi.conf (common/options.def): kind, range (ms for a duration, bytes for a size), default, and the most specific scope it may be set at';
+    'Every option of pepsi.conf (schema/options.def): kind, range (ms for a duration, bytes for a size), default, and the most specific scope it may be set at';
 
 -- Why d is not a domain name Pepsi accepts, as a sentence; NULL if it is one.
 CREATE FUNCTION pepsi.config_domain_problem(d text) RETURNS text
@@ -1243,7 +1243,7 @@ $$;
 -- The override set at exactly this scope, or NULL.  The names are checked
 -- as config_set checks them, so a mistyped one is an error, not a NULL.
 -- (Which value wins for a message is the reader's business: address, then
--- domain, then global, then pepsi.conf; see common/config.h.)
+-- domain, then global, then pepsi.conf; see common/config/config.h.)
 CREATE FUNCTION pepsi.config_get(scope text, section text, option text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -1814,7 +1814,7 @@ $$;
 -- Local recipients: virtual mailboxes
 --
 -- The addresses of local domains that exist without a maildir or an alias
--- of their own (common/local.c, source "virtual").  pepsi-ingress reads
+-- of their own (common/local/local.c, source "virtual").  pepsi-ingress reads
 -- the table to refuse unknown local recipients at RCPT time (550 5.1.1);
 -- the pipeline may read it; only pepsi_config changes it, and only through
 -- the audited functions below, never by writing the table.
@@ -1903,7 +1903,7 @@ $$;
 -- An override of pepsi.conf is one line of text; PROGRAM is a program's
 -- name (the dispatcher runs it from Pepsi's own program directory, never
 -- a path); the options that name a path, where mail goes or how the next
--- hop is authenticated are read from the file only (common/config.c
+-- hop is authenticated are read from the file only (common/config/config.c
 -- refuses the same rows whatever the database holds).  The constraints are
 -- NOT VALID so that the update succeeds on a database holding such a row;
 -- the programs refuse it.
@@ -2190,7 +2190,7 @@ ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_httpd_file_only
 -- Message authentication at ingress (iprev, SPF, DKIM, DMARC, ARC) and the
 -- resolver it asks.  Where DNS answers come from (DNS_FORWARDER) and which
 -- DNSSEC answers are trusted (DNS_TRUST_ANCHOR) decide every verdict: they
--- are read from the file only (common/config.c refuses them too).
+-- are read from the file only (common/config/config.c refuses them too).
 -- ===========================================================================
 
 ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_dns_file_only
@@ -2241,7 +2241,7 @@ RETURNS integer AS 'MODULE_PATHNAME', 'maintenance_pid' LANGUAGE C STRICT VOLATI
 -- The mail log's history of one message
 --
 -- With [pepsi] MAIL_LOG = yes a delivery stage writes a pepsi.mail_log row
--- per attempt in the statement that commits it (common/maillog.c);
+-- per attempt in the statement that commits it (common/delivery/maillog.c);
 -- pepsi-queue log <id> reads a row's history by its id.
 -- ===========================================================================
 
@@ -2701,7 +2701,7 @@ LANGUAGE C SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp;
 -- end of backscatter caps
 
 -- ===========================================================================
--- Vacation: RFC 3834 automatic replies (stages/vacation, common/autoreply.c)
+-- Vacation: RFC 3834 automatic replies (stages/vacation, common/message/autoreply.c)
 --
 -- An account's owner sets a vacation notice for their own address with
 -- pepsi.vacation_set: rows of the per-address settings (pepsi.settings:
@@ -2802,7 +2802,7 @@ $$;
 -- MTA-STS policy cache
 --
 -- The MTA-STS policies (RFC 8461) pepsi-stage-relay-to-internet fetched
--- over HTTPS (common/mta_sts.c), one row per recipient domain, kept for the
+-- over HTTPS (common/smtp/mta_sts.c), one row per recipient domain, kept for the
 -- policy's max_age and shared by every relay worker.  Stages read and write
 -- it only through the two functions below; pepsi_monitor may read it.
 -- ===========================================================================
@@ -3538,7 +3538,7 @@ END
 $$;
 
 -- ===========================================================================
--- One queue id (common/queue_id.h): the message's name from ingress on,
+-- One queue id (common/message/queue_id.h): the message's name from ingress on,
 -- carried by every row split from it in state.queue_id; pepsi.mail_log's
 -- queue_id column (above) finds a message's events across its rows.
 -- ===========================================================================

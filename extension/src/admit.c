@@ -239,7 +239,7 @@ workqueue_add_logged(PG_FUNCTION_ARGS)
  * workqueue_inject(stage, mail_from, rcpt_to, headers, body, state, token)
  * returns the new row's id, or NULL when a live row already carries token.
  *
- * state.origin.trust (common/origin.h) says whether pepsi-stage-dkim-sign
+ * state.origin.trust (common/message/origin.h) says whether pepsi-stage-dkim-sign
  * may sign the message, so an admission role does not choose it: for a
  * caller admit_caller_restricted() names (pepsi_ingress without
  * pepsi_stage: pepsi-sendmail, or whoever holds its login), it becomes

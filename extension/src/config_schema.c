@@ -1,7 +1,7 @@
 /*
  * config_schema.c: the option schema in the database.
  *
- * The options are declared once, in common/options.def; common/options.c
+ * The options are declared once, in schema/options.def; schema/options.c
  * turns them into a table and checks values against it.  That file is
  * compiled into this module too (included below), so that
  * pepsi.config_option (a view of pepsi.config_option_schema()) lists
@@ -14,7 +14,7 @@
 #include "utils/builtins.h"
 
 /* The programs' table and checks: plain C, no allocation, no logging. */
-#include "../../common/options.c"
+#include "../../schema/options.c"
 
 PG_FUNCTION_INFO_V1(config_option_schema);
 PG_FUNCTION_INFO_V1(config_value_problem);

@@ -54,7 +54,7 @@ extern int64 queue_result_int64(int row, int col);
 #define QUEUE_TOKEN_DIGEST(param) "sha256(uuid_send(" param "))"
 extern bool queue_has_claim_digest(void);
 
-/* The dispatcher's one-per-database advisory lock (common/db.h's PEPSI_LOCK_*). */
+/* The dispatcher's one-per-database advisory lock (common/runtime/db.h's PEPSI_LOCK_*). */
 #define PEPSI_LOCK_CLASS_ID 1346720851u
 #define PEPSI_LOCK_DISPATCH_ID 2u
 extern void		  queue_check_dispatcher(const char *what);

@@ -209,7 +209,7 @@ queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token)
  * worker died on which row.  A stage worker, a member of the same role,
  * must not put another worker's row back to be claimed again, so these
  * refuse a session that does not hold the one-dispatcher advisory lock
- * (pg_try_advisory_lock(PEPSI_LOCK_CLASS, PEPSI_LOCK_DISPATCH), common/db.h,
+ * (pg_try_advisory_lock(PEPSI_LOCK_CLASS, PEPSI_LOCK_DISPATCH), common/runtime/db.h,
  * which pepsi-dispatch takes before anything else).  A superuser (the
  * caller outside the SECURITY DEFINER function) may: a DBA recovering by
  * hand.

@@ -27,7 +27,7 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
-#include "../../common/touched.h"
+#include "../../schema/touched.h"
 
 PG_FUNCTION_INFO_V1(workqueue_commit);
 PG_FUNCTION_INFO_V1(workqueue_commit_many);

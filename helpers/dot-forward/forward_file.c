@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 const char *
 forward_kind_name(enum forward_kind kind)

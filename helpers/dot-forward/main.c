@@ -48,11 +48,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
 #include "forward_file.h"
-#include "log.h"
-#include "privilege.h"
-#include "xalloc.h"
+#include "process/privilege.h"
 
 /* A larger .forward is not a list of addresses. */
 #define HELPER_MAX_FORWARD_SIZE 65536

@@ -12,7 +12,7 @@
  * input (bounded) and checked; the mailbox resolved inside the configured
  * roots; then every id set to the owner's for good (setgroups, setresgid,
  * setresuid, verified), and only then the Maildir is opened and the
- * message copied from standard input (common/maildir.c).  One reply line
+ * message copied from standard input (common/delivery/maildir.c).  One reply line
  * on standard output: an enhanced status code and a sentence.  Then the
  * next request, as long as it is for the same owner (for another it
  * answers "again" and the stage starts a new helper); any failure ends it.
@@ -39,7 +39,7 @@
  *   size       the message's size in bytes
  *   hold       yes: answer it with the next request without hold (a batch)
  *   stable     the message's stable name ("<seconds>.<unique part>",
- *              common/maildir.h): its file in new/ is named after it, and
+ *              common/delivery/maildir.h): its file in new/ is named after it, and
  *              one of that name there already is this message, not
  *              delivered twice ("2.0.0 already delivered to ...")
  *   lookup     yes: an attempt after a crash: look for the stable name in
@@ -58,13 +58,13 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "config.h"
-#include "log.h"
-#include "maildir.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "delivery/maildir.h"
 #include "options.h"
-#include "privilege.h"
-#include "xalloc.h"
+#include "process/privilege.h"
 
 #define WRITER_PROGRAM "pepsi-helper-maildir-writer"
 #define WRITER_STAGE_PROGRAM "pepsi-stage-relay-to-maildir"
@@ -112,7 +112,7 @@ struct writer_held
 	char			   *found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
 };
 
-/* Standard input, buffered (common/maildir.h), and the batch held so far. */
+/* Standard input, buffered (common/delivery/maildir.h), and the batch held so far. */
 static struct maildir_input writer_in = {.fd = 0};
 static struct writer_held	writer_batch[WRITER_BATCH_MAX];
 static size_t				writer_batch_len;

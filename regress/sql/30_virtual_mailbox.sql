@@ -1,5 +1,5 @@
 --
--- The virtual mailboxes of the local-recipient resolver (common/local.c,
+-- The virtual mailboxes of the local-recipient resolver (common/local/local.c,
 -- LOCAL_RECIPIENTS = virtual): pepsi.virtual_mailbox_add and _remove, their
 -- refusals, the canonical form they store, and the audit row each writes.
 --

@@ -2,7 +2,7 @@
 -- The database cannot run code or redirect mail: the options read from
 -- pepsi.conf only, PROGRAM as a program's name, one line per value, refused
 -- by pepsi.config_set and, for a direct write (here by the owner), by the
--- table's trigger and constraints.  common/config.c refuses the same rows.
+-- table's trigger and constraints.  common/config/config.c refuses the same rows.
 --
 \set SHOW_CONTEXT never
 

@@ -14,10 +14,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "aliases.h"
-#include "log.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "local/aliases.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_aliases_main(int argc, char **argv);
 

@@ -30,9 +30,9 @@
 #include "auth/canon.h"
 #include "auth/keys.h"
 #include "auth/results.h"
-#include "dns.h"
-#include "log.h"
-#include "stage.h"
+#include "base/log.h"
+#include "dns/dns.h"
+#include "runtime/stage.h"
 
 
 int pepsi_stage_arc_seal_main(int argc, char **argv);

@@ -32,14 +32,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "delivery.h"
-#include "dsn.h"
-#include "log.h"
-#include "maillog.h"
-#include "origin.h"
-#include "queue_id.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/delivery.h"
+#include "delivery/maillog.h"
+#include "message/dsn.h"
+#include "message/origin.h"
+#include "message/queue_id.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_bounce_main(int argc, char **argv);
 
@@ -371,7 +371,7 @@ bounce_run(struct pepsi_ctx *ctx)
 	/*
 	 * The DSN's own clock: MAX_LIFETIME of its delivery counts from now, not
 	 * from the original.  It is Pepsi's own message, whoever sent the
-	 * original: its origin is trusted and it is signed (common/origin.h).
+	 * original: its origin is trusted and it is signed (common/message/origin.h).
 	 */
 	new_state = json_pack("{s:I, s:o, s:s}", "created_at", (json_int_t) report.now, "origin",
 						  origin_generated("pepsi-stage-bounce"), "queue_id", dsn_queue_id);

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "stage.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_discard_main(int argc, char **argv);
 

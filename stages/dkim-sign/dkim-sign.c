@@ -4,7 +4,7 @@
  * signatures), over common/auth's one canonicalization.
  *
  * Only mail from inside the trust boundary is signed (state.origin.trust,
- * common/origin.h: an authenticated session, a trusted network, local
+ * common/message/origin.h: an authenticated session, a trusted network, local
  * submission, or Pepsi's own DSNs and replies), and an outsider's
  * (forwarded) message only when its inbound DMARC passed for that very
  * From: domain: anything else goes on unsigned, whatever
@@ -35,7 +35,7 @@
  *                       message this long (default 5m) for the operator to
  *                       mend the file: never sent unsigned meanwhile
  *   DOWNGRADE_8BIT      yes: 8-bit content is converted to 7 bits
- *                       (common/mime_downgrade.h) before it is signed, as
+ *                       (common/message/mime_downgrade.h) before it is signed, as
  *                       RFC 6376 5.3 advises, so that a next hop without
  *                       8BITMIME gets the signed bytes; no (default): signed
  *                       as it is, and a relay that must convert it later
@@ -51,13 +51,13 @@
 #include "auth/canon.h"
 #include "auth/dkim_sign.h"
 #include "auth/keys.h"
-#include "header.h"
-#include "log.h"
-#include "message.h"
-#include "mime_downgrade.h"
-#include "origin.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/header.h"
+#include "message/message.h"
+#include "message/mime_downgrade.h"
+#include "message/origin.h"
+#include "runtime/stage.h"
 
 /* RFC 5322 2.1.1: a line of a message must not exceed 998 octets. */
 #define SIGN_MAX_LINE 998
@@ -116,7 +116,7 @@ sign_read_options(const struct pepsi_config *cfg, const char *section, struct si
 				 cfg->path, section, canon);
 		return false;
 	}
-	/* SIGNING_DOMAIN's choices are from|account (common/options.def). */
+	/* SIGNING_DOMAIN's choices are from|account (schema/options.def). */
 	o->by_account = config_enum(cfg, section, "SIGNING_DOMAIN") == 1;
 	if (!strstr(o->headers, "from") && !strstr(o->headers, "From") && !strstr(o->headers, "FROM"))
 	{
@@ -258,7 +258,7 @@ sign_dmarc_passed(struct pepsi_ctx *ctx, const char *domain)
 
 /*
  * Whose mail this is, the one predicate of what may be signed: mail from
- * inside the trust boundary (state.origin.trust, common/origin.h), or an
+ * inside the trust boundary (state.origin.trust, common/message/origin.h), or an
  * outsider's (forwarded) message whose inbound DMARC passed for that very
  * From: domain, which its own signature then vouches for again.  Anything
  * else would lend our domains' names to a forged From:.  NULL: it may be

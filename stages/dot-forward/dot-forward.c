@@ -40,13 +40,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "delivery.h"
-#include "header.h"
-#include "local.h"
-#include "log.h"
-#include "privilege.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/delivery.h"
+#include "local/local.h"
+#include "message/header.h"
+#include "process/privilege.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_dot_forward_main(int argc, char **argv);
 

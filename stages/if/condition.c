@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 void
 if_condition_free(struct if_condition *c)

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "runtime/stage.h"
 
 #include "condition.h"
 

@@ -38,9 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "milter_stage.h"
-#include "xalloc.h"
 
 /* What one filter may ask at one end of message: the edits are held in memory. */
 #define FILTER_MAX_EDITS 10000

@@ -28,10 +28,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "milter_stage.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_milter_main(int argc, char **argv);
 
@@ -74,7 +74,7 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
 	o->timeouts.final_ms = config_duration_ms(cfg, section, "FINAL_TIMEOUT");
 	o->retry_base_ms = config_duration_ms(cfg, section, "RETRY_BASE");
 	o->retry_max_ms = config_duration_ms(cfg, section, "RETRY_MAX");
-	/* The enums' values are in the order of their choices in common/options.def. */
+	/* The enums' values are in the order of their choices in schema/options.def. */
 	o->default_action = (enum milter_default_action) config_enum(cfg, section, "DEFAULT_ACTION");
 	o->reject_action = (enum milter_reject_action) config_enum(cfg, section, "REJECT_ACTION");
 	return true;

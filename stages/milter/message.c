@@ -10,9 +10,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
+#include "base/log.h"
+#include "base/xalloc.h"
 #include "milter_stage.h"
-#include "xalloc.h"
 
 static void
 message_append_header(struct milter_message *m, char *name, char *value)

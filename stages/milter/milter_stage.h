@@ -6,7 +6,7 @@
  *   milters.c  the MILTERS option: the filters in order, each with the
  *              settings of its braces ({ address, command_timeout=10s })
  *   filter.c   one filter: its persistent connection, the negotiation and
- *              the conversation about one message (common/milter.h speaks
+ *              the conversation about one message (common/message/milter.h speaks
  *              the packets)
  *   main.c     the stage: options, the filters in order, the verdict and
  *              the terminal that records it
@@ -20,8 +20,8 @@
 
 #include <jansson.h>
 
-#include "buf.h"
-#include "milter.h"
+#include "base/buf.h"
+#include "message/milter.h"
 
 struct milter_header
 {
@@ -138,7 +138,7 @@ void milters_free(struct milter_entry *entries, size_t count);
 
 struct milter_filter;
 
-/* A filter at address (common/milter.h's forms); connected on first use. */
+/* A filter at address (common/message/milter.h's forms); connected on first use. */
 struct milter_filter *milter_filter_new(const char *address_text, char *err, size_t errlen);
 void				  milter_filter_free(struct milter_filter *f);
 const char			 *milter_filter_name(const struct milter_filter *f);

@@ -8,7 +8,7 @@
  *
  * A setting is the stage option of the same name in lower case (Postfix's
  * content_timeout is FINAL_TIMEOUT), and its value is checked and read by
- * the option schema (common/options.def) like the option's own, so that a
+ * the option schema (schema/options.def) like the option's own, so that a
  * value is valid in braces exactly when it is valid for the stage.
  */
 #include <ctype.h>
@@ -17,9 +17,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/xalloc.h"
 #include "milter_stage.h"
 #include "options.h"
-#include "xalloc.h"
 
 /* The settings a filter's braces may hold, and the stage options they stand for. */
 static const struct

@@ -8,9 +8,9 @@
 
 #include <jansson.h>
 
-#include "buf.h"
-#include "db.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/xalloc.h"
+#include "runtime/db.h"
 
 static bool
 destination_ok(PGresult *res, PGconn *conn, const char *what, char *err, size_t errlen)

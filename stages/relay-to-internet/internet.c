@@ -5,7 +5,7 @@
  * A row's recipients are first split by domain (and into transactions of
  * at most MAX_RECIPIENTS): each row then goes to one destination, in one
  * transaction whose per-recipient replies are mapped back with split
- * (common/delivery.h, delivery_each).  Where it goes is mx.h's; which
+ * (common/delivery/delivery.h, delivery_each).  Where it goes is mx.h's; which
  * address of which MX host is tried is read from pepsi.dns_address, and
  * whether the destination may be tried now (its concurrency slots, rate
  * limit and backoff) from pepsi.destination (destination.h), so that a
@@ -15,13 +15,13 @@
  * across messages, a few per worker, keyed by MX host and address.
  *
  * It runs fused after route (body-free) in route's pass, its body loaded
- * late (common/stage.h late_load): a message relayed costs one claim, one
+ * late (common/runtime/stage.h late_load): a message relayed costs one claim, one
  * load and one commit, not two of each.  A domain this process saw to be
  * slow (a delivery there took DESTINATION_SLOW) is not fused for a while:
  * its rows go to this stage's own workers, so that a pass of route's,
  * whose other rows wait for it, is never held by a slow destination.
  *
- * Options: common/options.def, "pepsi-stage-relay-to-internet".
+ * Options: schema/options.def, "pepsi-stage-relay-to-internet".
  */
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -32,18 +32,18 @@
 #include <strings.h>
 #include <time.h>
 
-#include "buf.h"
-#include "config.h"
-#include "db.h"
-#include "delivery.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "delivery/delivery.h"
 #include "destination.h"
-#include "dns.h"
-#include "log.h"
+#include "dns/dns.h"
 #include "mx.h"
-#include "smtp_client.h"
-#include "stage.h"
+#include "runtime/db.h"
+#include "runtime/stage.h"
+#include "smtp/smtp_client.h"
 #include "tls_policy_seam.h"
-#include "xalloc.h"
 
 int pepsi_stage_relay_to_internet_main(int argc, char **argv);
 

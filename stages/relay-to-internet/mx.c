@@ -10,7 +10,7 @@
 
 #include <idn2.h>
 
-#include "xalloc.h"
+#include "base/xalloc.h"
 
 char *
 mx_domain_to_ascii(const char *domain)

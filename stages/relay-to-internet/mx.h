@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "dns.h"
+#include "dns/dns.h"
 
 enum mx_status
 {

@@ -7,10 +7,10 @@
 #include <strings.h>
 #include <time.h>
 
-#include "header.h"
-#include "log.h"
-#include "mta_sts.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/header.h"
+#include "smtp/mta_sts.h"
 
 /*
  * The last domain's MTA-STS policy: the recipients of one message and the

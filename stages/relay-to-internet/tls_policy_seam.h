@@ -7,7 +7,7 @@
  * from the host's TLSA records when the MX answer was DNSSEC-validated;
  * MTA-STS, RFC 8461, from the domain's policy), and
  * internet_tls_policy_apply, which hands the answer to the SMTP client
- * (common/tls_policy.h decides STARTTLS and the peer's authentication and
+ * (common/smtp/tls_policy.h decides STARTTLS and the peer's authentication and
  * reports the outcome).  Without DANE or MTA-STS the policy is
  * opportunistic STARTTLS: used when offered, the certificate not required
  * (RFC 7435).  Options: DANE, MTA_STS, TLS_CA_FILE, MTA_STS_PORT,
@@ -18,10 +18,10 @@
 
 #include <stdbool.h>
 
-#include "dns.h"
-#include "smtp_client.h"
-#include "stage.h"
-#include "tls_policy.h"
+#include "dns/dns.h"
+#include "runtime/stage.h"
+#include "smtp/smtp_client.h"
+#include "smtp/tls_policy.h"
 
 struct internet_tls_policy
 {

@@ -5,12 +5,12 @@
  * Unlike the SMTP relays, a row's recipients go in one transaction (up to
  * MAX_RECIPIENTS; the rest are split off to a sibling first): LMTP answers
  * once per recipient after the message, and those replies are mapped back
- * with delivery_each (common/delivery.h): the delivered stay on the row,
+ * with delivery_each (common/delivery/delivery.h): the delivered stay on the row,
  * which finishes; the others are split off to pause with backoff (4xx) or
  * to bounce (5xx).  The session is kept across messages
- * (common/smtp_client.h in its LMTP mode), with PIPELINING when offered.
+ * (common/smtp/smtp_client.h in its LMTP mode), with PIPELINING when offered.
  * In the multi-call binary it also runs fused after a body-free stage
- * (route) with its body loaded late in that pass (common/stage.h
+ * (route) with its body loaded late in that pass (common/runtime/stage.h
  * late_load): a local message is then claimed, loaded and committed once,
  * not at route and again here.
  *
@@ -26,11 +26,11 @@
 #include <string.h>
 #include <strings.h>
 
-#include "delivery.h"
-#include "log.h"
-#include "smtp_client.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/delivery.h"
+#include "runtime/stage.h"
+#include "smtp/smtp_client.h"
 
 int pepsi_stage_relay_to_lmtp_main(int argc, char **argv);
 

@@ -5,7 +5,7 @@
  * names the mailbox (MAILBOX: the whole address, lower-cased, so two local
  * domains never share a mailbox, or its local part) and hands the message
  * on a pipe to pepsi-helper-maildir-writer(8), which writes it as the
- * mailbox's owner (common/maildir.c: Return-Path and Delivered-To, then the
+ * mailbox's owner (common/delivery/maildir.c: Return-Path and Delivered-To, then the
  * stored headers, CRLF and the body, into tmp/, fsynced, renamed into new/,
  * new/ fsynced) and answers with one status line.  Installed, the helper is
  * set-user-id root and this stage set-group-id to its caller group; in a
@@ -26,7 +26,7 @@
  * less (late_load), vacation: the rows going on to it have their bodies
  * loaded in that pass and are delivered as one batch the same way.
  *
- * Options of its [stage-*] section (besides common/delivery.h's):
+ * Options of its [stage-*] section (besides common/delivery/delivery.h's):
  *   MAILDIR_ROOT           the directory of the virtual mailboxes (default
  *                          [pepsi] MAILDIR_ROOT, where ingress looks
  *                          recipients up); the helper reads it itself
@@ -51,12 +51,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "delivery.h"
-#include "log.h"
-#include "maildir.h"
-#include "privilege.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/delivery.h"
+#include "delivery/maildir.h"
+#include "process/privilege.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_relay_to_maildir_main(int argc, char **argv);
 
@@ -412,7 +412,7 @@ maildir_writer_deliver(struct maildir_job *jobs, size_t n, const char *writer, c
 	}
 }
 
-/* The choices of MAILBOX (common/options.def), in order. */
+/* The choices of MAILBOX (schema/options.def), in order. */
 enum maildir_mailbox
 {
 	MAILDIR_MAILBOX_ADDRESS,
@@ -426,7 +426,7 @@ maildir_root(const struct pepsi_config *cfg, const char *section_root)
 	return section_root ? section_root : config_text(cfg, "pepsi", "MAILDIR_ROOT");
 }
 
-/* The choices of OVER_QUOTA_STATUS (common/options.def), in order. */
+/* The choices of OVER_QUOTA_STATUS (schema/options.def), in order. */
 enum maildir_over_quota
 {
 	MAILDIR_OVER_QUOTA_BOUNCE,

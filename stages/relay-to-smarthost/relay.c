@@ -5,7 +5,7 @@
  * One envelope recipient per attempt: a row with several is split first
  * (split_to_one_per_row), so every outcome, retry time and DSN concerns
  * one recipient.  The SMTP session is kept open across messages (see
- * common/smtp_client.h); the outcomes are common/delivery.h's.
+ * common/smtp/smtp_client.h); the outcomes are common/delivery/delivery.h's.
  *
  * A worker takes the rows already waiting for it as one batch (up to
  * RELAY_BATCH_MAX): they are loaded together, go through its session one
@@ -14,7 +14,7 @@
  * The smarthost's 250 may thus come before our commit: a crash in between
  * leaves the rows running, to be retried (at least once, as any MTA).  In
  * the multi-call binary it also runs fused after a body-free stage (route)
- * with its body loaded late in that pass (common/stage.h late_load).
+ * with its body loaded late in that pass (common/runtime/stage.h late_load).
  *
  * Options of its [stage-*] section (besides delivery.h's):
  *   SMARTHOST          host, host:port, [address]:port (port 25 by default);
@@ -35,12 +35,12 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "delivery.h"
-#include "log.h"
-#include "secret.h"
-#include "smtp_client.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "delivery/delivery.h"
+#include "process/secret.h"
+#include "runtime/stage.h"
+#include "smtp/smtp_client.h"
 
 int pepsi_stage_relay_to_smarthost_main(int argc, char **argv);
 

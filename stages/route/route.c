@@ -14,10 +14,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "local.h"
-#include "log.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "local/local.h"
+#include "runtime/stage.h"
 
 #define ROUTE_MAX_DOMAINS 256
 

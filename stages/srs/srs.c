@@ -1,7 +1,7 @@
 /*
  * pepsi-stage-srs: the Sender Rewriting Scheme for forwarded mail.  A
  * message whose envelope sender is in a domain that is not ours is sent on
- * from an address of the [srs] DOMAIN (common/srs.h), so that SPF at the
+ * from an address of the [srs] DOMAIN (common/message/srs.h), so that SPF at the
  * next hop judges us, not the original sender's domain, and a bounce comes
  * back to us: pepsi-ingress reverses the address at RCPT and relays the
  * bounce to the original sender.
@@ -19,9 +19,9 @@
 #include <strings.h>
 #include <time.h>
 
-#include "log.h"
-#include "srs.h"
-#include "stage.h"
+#include "base/log.h"
+#include "message/srs.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_srs_main(int argc, char **argv);
 

@@ -7,7 +7,7 @@
  * pepsi.autoreply_sent), never when the message is from the null sender,
  * a list or system address or the recipient itself, is automatic
  * (Auto-Submitted), bulk (Precedence) or a list's (List-*): the rules are
- * common/autoreply.c's.  The reply is a new message from the null sender
+ * common/message/autoreply.c's.  The reply is a new message from the null sender
  * (RFC 3834 3.3), injected at REPLY_STAGE, where it is signed and
  * delivered like any other.  The message itself always goes on to
  * NEXT_STAGE.
@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autoreply.h"
-#include "log.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/autoreply.h"
+#include "message/origin.h"
 #include "options.h"
-#include "origin.h"
-#include "stage.h"
-#include "xalloc.h"
+#include "runtime/stage.h"
 
 int pepsi_stage_vacation_main(int argc, char **argv);
 
@@ -129,7 +129,7 @@ vacation_reply(struct pepsi_ctx *ctx, const struct buf *headers, size_t index)
 		autoreply_build(&reply, headers->data, headers->len, &reply_headers, &reply_body);
 	}
 	token = xasprintf("vacation-%s", unique);
-	/* Pepsi's own message, to be signed like the recipient's own mail (common/origin.h). */
+	/* Pepsi's own message, to be signed like the recipient's own mail (common/message/origin.h). */
 	reply_state = json_pack("{s:o}", "origin", origin_generated("pepsi-stage-vacation"));
 	id = pepsi_enqueue_autoreply(ctx, recipient, vacation_interval(ctx, settings, recipient),
 								 reply_stage ? reply_stage : "init", "", sender,

@@ -1,5 +1,5 @@
 /*
- * pepsi-test-resolve: the resolver layer (common/dns.c) driven from the
+ * pepsi-test-resolve: the resolver layer (common/dns/dns.c) driven from the
  * command line, for the TAP tests: each argument TYPE:NAME is looked up,
  * all at once on one event loop (or one after the other with -s, the
  * blocking form), and the answers printed one line each, in argument
@@ -14,10 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "dns.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "dns/dns.h"
 
 struct lookup
 {

@@ -1,4 +1,4 @@
-# Helpers for the TAP tests of the stage runtime (common/stage.c): a cluster
+# Helpers for the TAP tests of the stage runtime (common/runtime/stage.c): a cluster
 # that counts statements (pg_stat_statements), configuration files that
 # point the workers at it, queue rows set running as the dispatcher's claim
 # would, and real worker processes from $PEPSI_BIN fed ids on stdin.

@@ -159,7 +159,7 @@ sub admit_sql
 
 # The row of the message ingress answered with $reply ("250 2.0.0 Ok:
 # queued as QUEUE-ID"): its queue id is the row's state.queue_id
-# (common/queue_id.h), or the mail log's for a row already gone.  undef
+# (common/message/queue_id.h), or the mail log's for a row already gone.  undef
 # when the reply queued nothing.
 sub queued_row
 {

@@ -1,5 +1,5 @@
 /*
- * pgconn_driver.c: common/pgconn.c driven from a TAP test (t/132_pgconn.pl),
+ * pgconn_driver.c: common/runtime/pgconn.c driven from a TAP test (t/132_pgconn.pl),
  * against a real cluster.  Usage: pepsi-test-pgconn CONF plain|pipeline
  * BACKOFF_MAX.  It connects with [database] CONNINFO of CONF, LISTENs on
  * pgconn_test and raises a notice in its set-up, then every 0.2 s asks the
@@ -14,9 +14,9 @@
 #include <ev.h>
 #include <libpq-fe.h>
 
-#include "config.h"
-#include "log.h"
-#include "pgconn.h"
+#include "base/log.h"
+#include "config/config.h"
+#include "runtime/pgconn.h"
 
 #define DRIVER_SETUP_SQL "LISTEN pgconn_test"
 #define DRIVER_NOTICE_SQL "DO $$BEGIN RAISE NOTICE 'hello from the set-up'; END$$"

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "stage.h"
+#include "base/buf.h"
+#include "runtime/stage.h"
 
 static int
 probe_fan_out(struct pepsi_ctx *ctx, json_t *merge)

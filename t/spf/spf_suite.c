@@ -17,10 +17,10 @@
 #include <jansson.h>
 
 #include "auth/spf.h"
-#include "buf.h"
-#include "dns.h"
-#include "log.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "dns/dns.h"
 
 #define SUITE_LOOKUP_TIMEOUT 0.05
 

@@ -7,7 +7,7 @@
  * 1, an SPF macro-string in a domain-spec; 2, in an explanation; 3, a
  * DKIM tag-list (a DKIM-Signature or a key record); 4, a DMARC record;
  * 5, a header block, for the From domain DMARC reads; 6, an address for
- * the SRS reverse path (common/srs.c); 7, a header block and body whose
+ * the SRS reverse path (common/message/srs.c); 7, a header block and body whose
  * ARC sets are read and validated (common/auth/arc.c, no key found).
  */
 #include <stdint.h>
@@ -18,9 +18,9 @@
 #include "auth/dkim_verify.h"
 #include "auth/dmarc.h"
 #include "auth/spf.h"
-#include "log.h"
-#include "srs.h"
-#include "xalloc.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "message/srs.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

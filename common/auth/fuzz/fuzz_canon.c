@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "auth/canon.h"
-#include "buf.h"
-#include "xalloc.h"
+#include "base/buf.h"
+#include "base/xalloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

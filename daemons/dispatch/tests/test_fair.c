@@ -17,7 +17,7 @@
 
 #include "tests/data_cases.h"
 
-#include "buf.h"
+#include "base/buf.h"
 #include "dispatch.h"
 
 static void

@@ -15,7 +15,7 @@
 
 #include "tests/data_cases.h"
 
-#include "buf.h"
+#include "base/buf.h"
 #include "dispatch.h"
 
 /* graph.c reads and sets the dispatcher's options; main.c is not linked. */

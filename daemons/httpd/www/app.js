@@ -423,7 +423,7 @@ async function refreshDestinations() {
   $("destinations-empty").hidden = rows.length > 0;
 }
 
-// A delivery's mail_log detail as the delivery log line says it (common/maillog.c).
+// A delivery's mail_log detail as the delivery log line says it (common/delivery/maillog.c).
 function deliveryLine(d) {
   let line = "to=<" + (d.to || "") + ">";
   if (d.orig_to) line += ", orig_to=<" + d.orig_to + ">";

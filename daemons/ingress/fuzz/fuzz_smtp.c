@@ -2,7 +2,7 @@
  * fuzz_smtp.c: libFuzzer target for the SMTP command parser, the DATA and
  * BDAT state machines and the envelope built from what they accept
  * (daemons/ingress/smtp.c, envelope.c), with relay control and recipient
- * validation (relay_control.c, common/local.c) answering RCPT when the
+ * validation (relay_control.c, common/local/local.c) answering RCPT when the
  * settings ask for them, and AUTH answered through the failed-AUTH
  * throttle (auth_throttle.c).  "make fuzz" runs it.
  *
@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "auth_throttle.h"
-#include "config.h"
+#include "config/config.h"
 #include "envelope.h"
-#include "local.h"
+#include "local/local.h"
 #include "relay_control.h"
 #include "smtp.h"
 

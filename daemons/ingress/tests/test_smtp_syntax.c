@@ -1,7 +1,7 @@
 /*
  * test_smtp_syntax.c: the validators and decoders of smtp_syntax.c against
  * the vectors in data/ (one case per line): mailboxes with and without
- * SMTPUTF8, UTF-8 well-formedness, and the base64 of AUTH (common/base64.c
+ * SMTPUTF8, UTF-8 well-formedness, and the base64 of AUTH (common/base/base64.c
  * read strictly, as smtp.c reads an AUTH response).
  */
 #include <setjmp.h>
@@ -16,7 +16,7 @@
 
 #include "tests/data_cases.h"
 
-#include "base64.h"
+#include "base/base64.h"
 #include "smtp_syntax.h"
 
 static bool

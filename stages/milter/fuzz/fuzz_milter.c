@@ -1,6 +1,6 @@
 /*
  * fuzz_milter.c: libFuzzer target for what a milter filter sends back: the
- * packet framing and reply parser (common/milter.c) and the edits
+ * packet framing and reply parser (common/message/milter.c) and the edits
  * pepsi-stage-milter applies to a message from the replies that pass
  * (stages/milter/message.c).  "make fuzz" runs it.
  *
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "milter.h"
+#include "message/milter.h"
 #include "milter_stage.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

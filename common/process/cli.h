@@ -1,0 +1,85 @@
+/*
+ * cli.h: what the operator tools share: finding the configuration and
+ * the database, parsing ids, and printing a result as an aligned table or
+ * as JSON.
+ */
+#ifndef PEPSI_CLI_H
+#define PEPSI_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include <libpq-fe.h>
+
+#include "config/config.h"
+
+/* sysexits(3) */
+#define CLI_EX_OK 0
+#define CLI_EX_USAGE 64
+#define CLI_EX_DATAERR 65
+#define CLI_EX_TEMPFAIL 75
+#define CLI_EX_NOPERM 77
+#define CLI_EX_CONFIG 78
+
+/*
+ * The role a command connects as: a tool that only looks at aggregates as
+ * a member of pepsi_monitor ([database] MONITOR_CONNINFO), one that reads
+ * messages or changes anything as a member of pepsi_config
+ * ([database] CONFIG_CONNINFO); the database then enforces that a
+ * read-only command writes nothing.
+ */
+enum cli_role
+{
+	CLI_ROLE_MONITOR,
+	CLI_ROLE_CONFIG
+};
+
+/* Pepsi's version (META.json), as --version prints it and /metrics reports it. */
+const char *pepsi_version(void);
+/*
+ * The options every program takes, handled once for all of them by the
+ * multi-call main and the standalone one, before the program's own: with
+ * --version as its first argument, print "PROGRAM (Pepsi) VERSION" on
+ * standard output and return true (the program then exits 0).  --help is
+ * each program's own (its usage on standard output, exit status 0;
+ * cli_is_help), since only it knows its usage.
+ */
+bool cli_version_option(const char *program, int argc, char **argv);
+/* Whether arg asks for the usage (--help). */
+bool cli_is_help(const char *arg);
+
+/* The configuration file: given (-C), else $PEPSI_CONFIG, else the default. */
+const char *cli_config_path(const char *given);
+/* Load the configuration and connect as role; on failure print why and return NULL (*rc set). */
+PGconn *cli_connect(const char *program, const char *config_path, enum cli_role role,
+					struct pepsi_config **cfg, int *rc);
+/* A workqueue id argument: a positive whole number that fits a bigint. */
+bool cli_parse_id(const char *text, long long *id);
+/*
+ * Print rows: aligned columns with a header, or a JSON array of objects.
+ * In the table a line break, tab or other control character in a value is
+ * shown escaped ("\n", "\t", "\x01"), so that one row stays one line.
+ */
+void cli_print(PGresult *res, bool as_json);
+/*
+ * Write message text for a terminal: control characters that could move
+ * the cursor, retitle the window or rewrite what is shown (ESC sequences,
+ * a lone CR, C1 controls) come out as \xHH; TAB and CRLF stay.
+ */
+void cli_write_escaped(const char *data, size_t len, FILE *out);
+/* Print the server's error for res, prefixed with the program name. */
+void cli_db_error(const char *program, PGresult *res, PGconn *conn);
+/*
+ * The exit status for a statement that failed: EX_TEMPFAIL when the
+ * connection failed or the server asks for a retry (a serialization
+ * failure, a deadlock, a shutdown), EX_NOPERM when the role lacks the
+ * privilege, else EX_DATAERR (the database refused what it was given).
+ */
+int cli_db_exit_code(PGresult *res, PGconn *conn);
+/*
+ * Print a query's rows (cli_print), or its error (cli_db_error); clears res
+ * and returns the exit code.
+ */
+int cli_show_result(const char *program, PGresult *res, PGconn *conn, bool as_json);
+
+#endif

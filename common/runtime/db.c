@@ -1,0 +1,234 @@
+/* db.c: see db.h. */
+#include "runtime/db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "process/secret.h"
+
+#define DB_TRANSIENT_ATTEMPTS 5
+
+unsigned long db_transient_retries;
+
+/*
+ * A database password must not be readable by others: refuse a password
+ * file (passfile, PGPASSFILE) that is not the owner's alone, and a
+ * password written into CONNINFO of a configuration file that others can
+ * read.  libpq would only warn about the first and use the second.
+ */
+static bool
+db_check_credentials(const struct pepsi_config *cfg, const char *section, const char *option,
+					 const char *conninfo, char *err, size_t errlen)
+{
+	PQconninfoOption *options = PQconninfoParse(conninfo, NULL);
+	const char		 *passfile = getenv("PGPASSFILE");
+	bool			  password = false;
+	bool			  ok = true;
+	FILE			 *f;
+	char			  why[512];
+	struct stat		  st;
+
+	for (PQconninfoOption *o = options; o && o->keyword; o++)
+	{
+		if (strcmp(o->keyword, "passfile") == 0 && o->val && *o->val)
+			passfile = o->val;
+		if (strcmp(o->keyword, "password") == 0 && o->val && *o->val)
+			password = true;
+	}
+	if (passfile && *passfile && access(passfile, F_OK) == 0)
+	{
+		if ((f = secret_file_open(passfile, why, sizeof(why))) == NULL)
+		{
+			snprintf(err, errlen, "[%s] %s: password file %s", section, option, why);
+			ok = false;
+		}
+		else
+			fclose(f);
+	}
+	if (ok && password && cfg && cfg->path && stat(cfg->path, &st) == 0
+		&& (st.st_mode & (S_IRWXG | S_IRWXO)))
+	{
+		snprintf(err, errlen,
+				 "%s: [%s] %s holds a password, and others may read the file (mode %04o);"
+				 " refused: chmod 600 %s, or keep the password in a passfile",
+				 cfg->path, section, option, (unsigned) (st.st_mode & 07777), cfg->path);
+		ok = false;
+	}
+	PQconninfoFree(options);
+	return ok;
+}
+
+const char *
+db_conninfo(const struct pepsi_config *cfg, const char *section, const char *option)
+{
+	const char *conninfo = cfg ? config_text(cfg, section, option) : NULL;
+
+	if (conninfo == NULL && cfg)
+		conninfo = config_text(cfg, "database", "CONNINFO");
+	return conninfo ? conninfo : PEPSI_DEFAULT_CONNINFO;
+}
+
+PGconn *
+db_connect(const struct pepsi_config *cfg, const char *application_name, char *err, size_t errlen)
+{
+	return db_connect_as(cfg, "database", "CONNINFO", application_name, err, errlen);
+}
+
+PGconn *
+db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
+			  const char *application_name, char *err, size_t errlen)
+{
+	const char *keywords[] = {"dbname", "application_name", NULL};
+	const char *values[] = {db_conninfo(cfg, section, option), application_name, NULL};
+	PGconn	   *conn;
+
+	/* The option that was used, for the messages. */
+	if (cfg == NULL || config_text(cfg, section, option) == NULL)
+		section = "database", option = "CONNINFO";
+	if (!db_check_credentials(cfg, section, option, values[0], err, errlen))
+		return NULL;
+	conn = PQconnectdbParams(keywords, values, 1);
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	{
+		char  *message = conn ? PQerrorMessage(conn) : "out of memory";
+		size_t n;
+
+		snprintf(err, errlen, "cannot connect to the database as [%s] %s says: %s", section,
+				 option, message);
+		n = strlen(err);
+		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
+			err[--n] = '\0';
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
+bool
+db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	PGresult *res = db_exec(conn, "SELECT scope, section, option, value FROM pepsi.config_override"
+								  " ORDER BY scope, section, option",
+							0, NULL);
+	bool	  ok = true;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		snprintf(err, errlen, "cannot read pepsi.config_override: %s", db_error(res, conn));
+		PQclear(res);
+		return false;
+	}
+	for (int i = 0; i < PQntuples(res) && ok; i++)
+		ok = config_add_override(cfg, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+								 PQgetvalue(res, i, 2), PQgetvalue(res, i, 3), err, errlen);
+	PQclear(res);
+	return ok;
+}
+
+bool
+db_error_is_transient(const PGresult *res)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return state && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
+}
+
+/* Sleep a random 1..(10 << attempt) ms, so retrying sessions do not collide again. */
+static void
+db_backoff(int attempt)
+{
+	long			max_us = 10000L << attempt;
+	struct timespec ts;
+
+	ts.tv_sec = 0;
+	ts.tv_nsec = (1000 + random() % max_us) * 1000L;
+	nanosleep(&ts, NULL);
+}
+
+static PGresult *
+db_retry(PGconn *conn, const char *sql, const char *name, int nparams, const char *const *values,
+		 const int *lengths, const int *formats)
+{
+	for (int attempt = 1;; attempt++)
+	{
+		PGresult *res = name
+							? PQexecPrepared(conn, name, nparams, values, lengths, formats, 0)
+							: PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
+
+		if (!db_error_is_transient(res) || attempt == DB_TRANSIENT_ATTEMPTS
+			|| PQtransactionStatus(conn) != PQTRANS_IDLE)
+			return res;
+		PQclear(res);
+		db_transient_retries++;
+		db_backoff(attempt);
+	}
+}
+
+PGresult *
+db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values)
+{
+	return db_retry(conn, sql, NULL, nparams, values, NULL, NULL);
+}
+
+PGresult *
+db_exec_prepared(PGconn *conn, const char *name, int nparams, const char *const *values,
+				 const int *lengths, const int *formats)
+{
+	return db_retry(conn, NULL, name, nparams, values, lengths, formats);
+}
+
+bool
+db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen)
+{
+	PGresult *res = PQprepare(conn, name, sql, 0, NULL);
+	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+	if (!ok)
+		snprintf(err, errlen, "cannot prepare %s: %s", name, db_error(res, conn));
+	PQclear(res);
+	return ok;
+}
+
+const char *
+db_error(const PGresult *res, PGconn *conn)
+{
+	static char message[1024];
+	const char *text = res ? PQresultErrorMessage(res) : NULL;
+	size_t		n;
+
+	if (text == NULL || *text == '\0')
+		text = PQerrorMessage(conn);
+	snprintf(message, sizeof(message), "%s", text);
+	for (char *p = message; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	n = strlen(message);
+	while (n > 0 && message[n - 1] == ' ')
+		message[--n] = '\0';
+	return message;
+}
+
+void
+db_array_append(struct buf *array, const char *element)
+{
+	if (array->len > 0 && array->data[array->len - 1] != '{')
+		buf_append_char(array, ',');
+	if (element == NULL)
+	{
+		buf_append_str(array, "NULL");
+		return;
+	}
+	buf_append_char(array, '"');
+	for (; *element; element++)
+	{
+		if (*element == '"' || *element == '\\')
+			buf_append_char(array, '\\');
+		buf_append_char(array, *element);
+	}
+	buf_append_char(array, '"');
+}

@@ -1,0 +1,66 @@
+/*
+ * db.h: libpq helpers shared by the programs: connecting as each
+ * program's role, the configuration overlay, and statements that are
+ * retried when PostgreSQL reports a transient serialization failure or
+ * deadlock (40001, 40P01).
+ */
+#ifndef PEPSI_DB_H
+#define PEPSI_DB_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+#include "base/buf.h"
+#include "config/config.h"
+
+#define PEPSI_DEFAULT_CONNINFO "dbname=pepsi"
+/*
+ * The advisory lock one pepsi-dispatch per database holds while it runs
+ * (pg_try_advisory_lock(class, key), daemons/dispatch/dbconn.c): whoever
+ * sees it granted in pg_locks knows a dispatcher is connected (/healthz).
+ * The class is 'PEPS'; keys 1 and 3 are the maintenance worker's and the
+ * queue gauges' refresh.
+ */
+#define PEPSI_LOCK_CLASS "1346720851"
+#define PEPSI_LOCK_DISPATCH "2"
+
+/* Transient failures retried so far by this process (for statistics). */
+extern unsigned long db_transient_retries;
+
+/*
+ * Each program connects as a role of its own (least privilege): the
+ * pipeline from [database] CONNINFO, the others from their own option
+ * (db_conninfo: [ingress] CONNINFO, [database] MONITOR_CONNINFO, ...),
+ * which falls back to [database] CONNINFO, then PEPSI_DEFAULT_CONNINFO.
+ */
+const char *db_conninfo(const struct pepsi_config *cfg, const char *section, const char *option);
+/* db_connect_as for [database] CONNINFO. */
+PGconn *db_connect(const struct pepsi_config *cfg, const char *application_name,
+				   char *err, size_t errlen);
+/*
+ * Connect with [section] option (db_conninfo), after refusing a password
+ * file or a configuration holding a password that others may read.
+ */
+PGconn *db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
+					  const char *application_name, char *err, size_t errlen);
+/* Read pepsi.config_override into cfg; false with err if a row is refused. */
+bool db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
+
+bool db_error_is_transient(const PGresult *res);
+/* PQexecParams with text parameters, retried on transient failure. */
+PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values);
+/* PQexecPrepared, the same way. */
+PGresult *db_exec_prepared(PGconn *conn, const char *name, int nparams,
+						   const char *const *values, const int *lengths, const int *formats);
+bool	  db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
+/*
+ * Build a PostgreSQL array literal for a text parameter: start with "{",
+ * append elements (NULL for a SQL NULL; quoted and escaped otherwise), end
+ * with "}".
+ */
+void db_array_append(struct buf *array, const char *element);
+
+/* The error of a failed result, one line, for logs. */
+const char *db_error(const PGresult *res, PGconn *conn);
+
+#endif
