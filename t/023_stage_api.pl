@@ -143,7 +143,9 @@ sub run_ok
 		't',
 		'enqueue_new: and the body given, stored as a body of its own');
 	isnt($reply->{body_id}, $row->{body_id}, 'enqueue_new: not the row\'s body');
-	is_deeply($reply->{state}, { probe => 'reply' }, 'enqueue_new: with the state given');
+	my %state = %{ $reply->{state} };
+	like(delete $state{queue_id} // '', qr/^[0-9A-Za-z]{15}$/, 'enqueue_new: a new message, with a queue id of its own');
+	is_deeply(\%state, { probe => 'reply' }, 'enqueue_new: with the state given');
 }
 
 #

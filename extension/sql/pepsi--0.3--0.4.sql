@@ -302,7 +302,6 @@ INSERT INTO pepsi.grant_definer (name) VALUES
 INSERT INTO pepsi.grant_owner (name) VALUES ('stats_minute_roll');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.stage_histogram', '');
-SELECT pg_catalog.pg_extension_config_dump('pepsi.ingress_total', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.smtp_refusal', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.stats_minute', '');
 

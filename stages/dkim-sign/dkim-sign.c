@@ -296,12 +296,12 @@ sign_unsigned(struct pepsi_ctx *ctx, const struct sign_options *o, const char *r
 
 	if (o->required && may_fail)
 	{
-		log_warnx("message %lld not signed and REQUIRE_SIGNATURE is set: %s", pepsi_id(ctx), reason);
+		log_warnx("%s: row %lld: not signed and REQUIRE_SIGNATURE is set: %s", pepsi_queue_id(ctx), pepsi_id(ctx), reason);
 		rc = pepsi_fail(ctx, merge);
 	}
 	else
 	{
-		log_info("message %lld goes on unsigned: %s", pepsi_id(ctx), reason);
+		log_info("%s: row %lld: goes on unsigned: %s", pepsi_queue_id(ctx), pepsi_id(ctx), reason);
 		pepsi_merge_state(ctx, merge);
 		rc = pepsi_advance(ctx);
 	}
@@ -339,7 +339,7 @@ sign_downgrade(struct pepsi_ctx *ctx, const struct buf **headers, const struct b
 		*body = converted_body;
 	}
 	else
-		log_info("message %lld is signed with its 8-bit content: %s", pepsi_id(ctx), why);
+		log_info("%s: row %lld: signed with its 8-bit content: %s", pepsi_queue_id(ctx), pepsi_id(ctx), why);
 	buf_free(&raw);
 	buf_free(&converted);
 }
@@ -418,7 +418,7 @@ sign_run(struct pepsi_ctx *ctx)
 		{
 			json_t *merge = json_pack("{s:{s:s, s:b}}", "dkim_sign", "error", err, "signed", 0);
 
-			log_warnx("message %lld paused: %s", pepsi_id(ctx), err);
+			log_warnx("%s: row %lld: paused: %s", pepsi_queue_id(ctx), pepsi_id(ctx), err);
 			rc = pepsi_pause(ctx, merge, (double) o->key_retry_ms / 1000.0);
 			json_decref(merge);
 			header_fields_free(&fields);
