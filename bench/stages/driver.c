@@ -111,8 +111,12 @@ fused_hops(const char *line)
 static void
 worker_send(struct worker *w)
 {
+	/* A bare id for a row set running by hand (rss: no claim, so no token). */
 	for (int i = 0; i < w->nids; i++)
-		fprintf(w->in, "%lld %s\n", w->ids[i], w->tokens[i]);
+		if (w->tokens)
+			fprintf(w->in, "%lld %s\n", w->ids[i], w->tokens[i]);
+		else
+			fprintf(w->in, "%lld\n", w->ids[i]);
 	fflush(w->in);
 }
 
