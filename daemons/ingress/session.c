@@ -29,6 +29,7 @@
 #include "ingress.h"
 #include "message/queue_id.h"
 #include "smtp/client_key.h"
+#include "smtp/reject_log.h"
 
 #define SESSION_READ_SIZE 65536
 #define SESSION_OUT_HIGH_WATER 65536 /* stop reading a client that does not read */
@@ -848,6 +849,37 @@ session_client_of(const struct smtp_session *smtp)
 	return s->client->ip;
 }
 
+/*
+ * A refused recipient, in the line Postfix's smtpd writes for it
+ * (common/smtp/reject_log.h), with the reply smtp.c sends for the verdict.
+ */
+static void
+session_log_rcpt_reject(const struct session *s, const struct smtp_session *smtp, const char *address,
+						enum smtp_rcpt_verdict verdict)
+{
+	char			  reply[700];
+	struct reject_log line = {
+		.command = "RCPT",
+		.client_name = s->client_name,
+		.client_ip = s->ip,
+		.reply = reply,
+		.mail_from = smtp->mail_from,
+		.rcpt_to = address,
+		.esmtp = smtp->esmtp,
+		.helo = smtp->helo,
+	};
+
+	if (verdict == SMTP_RCPT_RELAY_DENIED)
+		snprintf(reply, sizeof(reply),
+				 "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to domains this "
+				 "server receives mail for)",
+				 address);
+	else
+		snprintf(reply, sizeof(reply), "550 5.1.1 <%.256s>: Recipient address rejected: no such user here",
+				 address);
+	reject_log(&line);
+}
+
 enum smtp_rcpt_verdict
 session_rcpt_check(const struct smtp_session *smtp, const char *address)
 {
@@ -860,11 +892,8 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 	 };
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
 
-	if (verdict == SMTP_RCPT_RELAY_DENIED)
-		log_info("%s: relay to <%s> refused (not authenticated, not a trusted network)",
-				 s->ip, address);
-	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
-		log_info("%s: unknown local recipient <%s> refused", s->ip, address);
+	if (verdict == SMTP_RCPT_RELAY_DENIED || verdict == SMTP_RCPT_UNKNOWN_USER)
+		session_log_rcpt_reject(s, smtp, address, verdict);
 	return verdict;
 }
 
