@@ -49,6 +49,12 @@ bool internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const
 int	 internet_idle(PGconn *conn, double idle_seconds);
 void internet_slow_note(struct pepsi_ctx *ctx, const char *domain, double seconds);
 bool internet_slow_recently(const char *domain);
+/*
+ * Has this worker recorded this TLS result (policy NULL: none to record)
+ * for domain in pepsi.destination?  internet_tls_note: it has now.
+ */
+bool internet_tls_recorded(const char *domain, const char *policy, const char *outcome);
+void internet_tls_note(const char *domain, const char *policy, const char *outcome);
 
 /* addresses.c */
 void internet_self_load(struct pepsi_ctx *ctx);

@@ -137,3 +137,55 @@ internet_idle(PGconn *conn, double idle_seconds)
 		log_warnx("%s", err);
 	return -1;
 }
+
+/* ---------------------------------------------------------------------------
+ * The TLS results this worker recorded in pepsi.destination (the oldest goes)
+ * ------------------------------------------------------------------------- */
+
+#define INTERNET_TLS_MEMO 32
+
+static struct
+{
+	char *domain;
+	char *policy;
+	char *outcome;
+} internet_tls_memo[INTERNET_TLS_MEMO];
+static size_t internet_tls_next;
+
+static bool
+internet_same(const char *a, const char *b)
+{
+	return a == NULL ? b == NULL : b != NULL && strcmp(a, b) == 0;
+}
+
+bool
+internet_tls_recorded(const char *domain, const char *policy, const char *outcome)
+{
+	if (policy == NULL)
+		return true;
+	for (size_t i = 0; i < INTERNET_TLS_MEMO; i++)
+		if (internet_tls_memo[i].domain && strcasecmp(internet_tls_memo[i].domain, domain) == 0)
+			return internet_same(internet_tls_memo[i].policy, policy)
+				   && internet_same(internet_tls_memo[i].outcome, outcome);
+	return false;
+}
+
+void
+internet_tls_note(const char *domain, const char *policy, const char *outcome)
+{
+	size_t at = internet_tls_next;
+
+	if (policy == NULL)
+		return;
+	for (size_t i = 0; i < INTERNET_TLS_MEMO; i++)
+		if (internet_tls_memo[i].domain && strcasecmp(internet_tls_memo[i].domain, domain) == 0)
+			at = i;
+	if (at == internet_tls_next)
+		internet_tls_next = (internet_tls_next + 1) % INTERNET_TLS_MEMO;
+	free(internet_tls_memo[at].domain);
+	free(internet_tls_memo[at].policy);
+	free(internet_tls_memo[at].outcome);
+	internet_tls_memo[at].domain = xstrdup(domain);
+	internet_tls_memo[at].policy = xstrdup(policy);
+	internet_tls_memo[at].outcome = outcome ? xstrdup(outcome) : NULL;
+}

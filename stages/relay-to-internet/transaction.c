@@ -71,8 +71,27 @@ struct internet_attempt
 	struct smtp_client *client; /* the session that reached it */
 	struct buf			failed_hosts;
 	struct buf			failed_addresses;
-	double				retry_in; /* when nothing was tried: the soonest address retry */
+	double				retry_in;		  /* when nothing was tried: the soonest address retry */
+	const char		   *tls_policy;		  /* the TLS policy of the last host tried (tls_policy_name) */
+	char				tls_outcome[300]; /* what it gave; "" when nothing is known */
 };
+
+/* The TLS policy of the host tried last and what it gave, for pepsi.destination. */
+static void
+internet_attempt_note_tls(struct internet_attempt *at, const struct internet_tls_policy *policy)
+{
+	const struct smtp_result *r = &at->result;
+
+	at->tls_policy = policy->source;
+	if (policy->refuse)
+		snprintf(at->tls_outcome, sizeof(at->tls_outcome), "%s", policy->reason);
+	else if (r->tls_outcome[0])
+		snprintf(at->tls_outcome, sizeof(at->tls_outcome), "%s", r->tls_outcome);
+	else if (!internet_host_failed(r))
+		snprintf(at->tls_outcome, sizeof(at->tls_outcome), "%s", r->tls[0] ? r->tls : "no TLS");
+	else
+		at->tls_outcome[0] = '\0';
+}
 
 static void
 internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route,
@@ -104,6 +123,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 		internet_tls_policy_lookup(ctx, internet_resolver, domain, host, route->secure, &policy);
 		if (policy.refuse)
 		{
+			internet_attempt_note_tls(at, &policy);
 			snprintf(at->error, sizeof(at->error), "%s", policy.reason);
 			internet_tls_policy_free(&policy);
 			destination_cached_free(&addresses);
@@ -153,6 +173,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 				smtp_result_free(&at->result);
 			smtp_client_send(client, env, raw->data, raw->len, &at->result);
 			at->have_result = true;
+			internet_attempt_note_tls(at, &policy);
 			attempts_left--;
 			if (!internet_host_failed(&at->result))
 			{
@@ -261,12 +282,22 @@ internet_record_attempt(struct pepsi_ctx *ctx, const char *domain, const struct 
 	end.backoff_base = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_BASE");
 	end.backoff_max = pepsi_option_seconds(ctx, "DESTINATION_BACKOFF_MAX");
 	end.seconds = seconds;
+	if (at->tls_policy && at->tls_outcome[0])
+	{
+		end.tls_policy = at->tls_policy;
+		end.tls_outcome = at->tls_outcome;
+	}
 	if (at->loop)
 		end.outcome = "connected"; /* nothing is wrong with the destination */
 	if (at->connected)
 		internet_slow_note(ctx, domain, end.seconds);
 	*outcome = end.outcome;
-	if (strcmp(end.outcome, "connected") == 0 && at->failed_addresses.len <= 2)
+	/*
+	 * A TLS result this worker has not recorded for the domain is written
+	 * now, with the outcome; the same result again rides on the kept slot.
+	 */
+	if (strcmp(end.outcome, "connected") == 0 && at->failed_addresses.len <= 2
+		&& internet_tls_recorded(domain, end.tls_policy, end.tls_outcome))
 	{
 		/*
 		 * Recorded by the next begin (or when idle); the slot goes on with
@@ -278,7 +309,10 @@ internet_record_attempt(struct pepsi_ctx *ctx, const char *domain, const struct 
 		pepsi_when_idle(ctx, internet_idle);
 		return true;
 	}
-	return destination_end(pepsi_db(ctx), domain, start->slot, &end, &contended, err, errlen);
+	if (!destination_end(pepsi_db(ctx), domain, start->slot, &end, &contended, err, errlen))
+		return false;
+	internet_tls_note(domain, end.tls_policy, end.tls_outcome);
+	return true;
 }
 
 /* Each recipient's outcome of the attempt, whose destination outcome was outcome. */
