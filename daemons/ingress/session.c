@@ -304,6 +304,29 @@ session_start_tls(struct session *s)
  */
 
 /*
+ * A message refused once its content was read (a DMARC or SPF policy, a
+ * loop), in the line Postfix's smtpd writes for an end-of-data refusal
+ * (common/smtp/reject_log.h), with the reply sent.
+ */
+static void
+session_log_message_reject(const struct session *s, const char *reply)
+{
+	struct reject_log line = {
+		.command = "END-OF-MESSAGE",
+		.queue_id = s->queue_id,
+		.client_name = s->client_name,
+		.client_ip = s->ip,
+		.reply = reply,
+		.mail_from = s->smtp.mail_from,
+		.rcpt_to = s->smtp.nrcpt > 0 ? s->smtp.rcpt[0].address : NULL,
+		.esmtp = s->smtp.esmtp,
+		.helo = s->smtp.helo,
+	};
+
+	reject_log(&line);
+}
+
+/*
  * The message is in the queue: the lines Postfix's smtpd and qmgr write
  * for it (client=, then from=, size=, nrcpt=), which log tools count as
  * received, written only now that it is committed.
@@ -399,7 +422,7 @@ session_store(struct session *s)
 	origin.iprev = findings.iprev;
 	if (findings.refusal)
 	{
-		log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, findings.refusal);
+		session_log_message_reject(s, findings.refusal);
 		smtp_admit_refused(&s->smtp, findings.refusal);
 		return;
 	}
@@ -414,7 +437,7 @@ session_store(struct session *s)
 		else
 		{
 			/* A loop is the operator's to fix: say who keeps sending it. */
-			log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, refusal);
+			session_log_message_reject(s, refusal);
 			smtp_admit_refused(&s->smtp, refusal);
 		}
 		return;
