@@ -304,21 +304,21 @@ session_start_tls(struct session *s)
  */
 
 /*
- * A message refused once its content was read (a DMARC or SPF policy, a
- * loop), in the line Postfix's smtpd writes for an end-of-data refusal
- * (common/smtp/reject_log.h), with the reply sent.
+ * A refusal in the line Postfix's smtpd writes for it (common/smtp/reject_log.h):
+ * a recipient's (RCPT, NOQUEUE), or the message's once its content was read
+ * (END-OF-MESSAGE, under its queue id: a DMARC or SPF policy, a loop).
  */
 static void
-session_log_message_reject(const struct session *s, const char *reply)
+session_log_reject(const struct session *s, const char *command, const char *reply, const char *rcpt)
 {
 	struct reject_log line = {
-		.command = "END-OF-MESSAGE",
-		.queue_id = s->queue_id,
+		.command = command,
+		.queue_id = strcmp(command, "RCPT") != 0 ? s->queue_id : NULL,
 		.client_name = s->client_name,
 		.client_ip = s->ip,
 		.reply = reply,
 		.mail_from = s->smtp.mail_from,
-		.rcpt_to = s->smtp.nrcpt > 0 ? s->smtp.rcpt[0].address : NULL,
+		.rcpt_to = rcpt,
 		.esmtp = s->smtp.esmtp,
 		.helo = s->smtp.helo,
 	};
@@ -422,7 +422,7 @@ session_store(struct session *s)
 	origin.iprev = findings.iprev;
 	if (findings.refusal)
 	{
-		session_log_message_reject(s, findings.refusal);
+		session_log_reject(s, "END-OF-MESSAGE", findings.refusal, s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL);
 		smtp_admit_refused(&s->smtp, findings.refusal);
 		return;
 	}
@@ -437,7 +437,7 @@ session_store(struct session *s)
 		else
 		{
 			/* A loop is the operator's to fix: say who keeps sending it. */
-			session_log_message_reject(s, refusal);
+			session_log_reject(s, "END-OF-MESSAGE", refusal, s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL);
 			smtp_admit_refused(&s->smtp, refusal);
 		}
 		return;
@@ -872,37 +872,6 @@ session_client_of(const struct smtp_session *smtp)
 	return s->client->ip;
 }
 
-/*
- * A refused recipient, in the line Postfix's smtpd writes for it
- * (common/smtp/reject_log.h), with the reply smtp.c sends for the verdict.
- */
-static void
-session_log_rcpt_reject(const struct session *s, const struct smtp_session *smtp, const char *address,
-						enum smtp_rcpt_verdict verdict)
-{
-	char			  reply[700];
-	struct reject_log line = {
-		.command = "RCPT",
-		.client_name = s->client_name,
-		.client_ip = s->ip,
-		.reply = reply,
-		.mail_from = smtp->mail_from,
-		.rcpt_to = address,
-		.esmtp = smtp->esmtp,
-		.helo = smtp->helo,
-	};
-
-	if (verdict == SMTP_RCPT_RELAY_DENIED)
-		snprintf(reply, sizeof(reply),
-				 "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to domains this "
-				 "server receives mail for)",
-				 address);
-	else
-		snprintf(reply, sizeof(reply), "550 5.1.1 <%.256s>: Recipient address rejected: no such user here",
-				 address);
-	reject_log(&line);
-}
-
 enum smtp_rcpt_verdict
 session_rcpt_check(const struct smtp_session *smtp, const char *address)
 {
@@ -914,9 +883,17 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 		 .authenticated = smtp->auth_account != NULL,
 	 };
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
+	char				   reply[700];
 
+	/* (The replies smtp.c sends for these verdicts.) */
+	if (verdict == SMTP_RCPT_RELAY_DENIED)
+		snprintf(reply, sizeof(reply), "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to "
+									   "domains this server receives mail for)",
+				 address);
+	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
+		snprintf(reply, sizeof(reply), "550 5.1.1 <%.256s>: Recipient address rejected: no such user here", address);
 	if (verdict == SMTP_RCPT_RELAY_DENIED || verdict == SMTP_RCPT_UNKNOWN_USER)
-		session_log_rcpt_reject(s, smtp, address, verdict);
+		session_log_reject(s, "RCPT", reply, address);
 	return verdict;
 }
 
