@@ -2367,10 +2367,19 @@ CREATE TABLE pepsi.destination (
     next_turn           timestamptz,
     service_seconds     double precision,
     rate_tokens         double precision,
-    rate_updated        timestamptz
+    rate_updated        timestamptz,
+    tls_policy          text,
+    tls_outcome         text,
+    tls_at              timestamptz
 );
 COMMENT ON TABLE pepsi.destination IS
     'Per-destination limits (set with pepsi.destination_set_limits) and health, kept by pepsi-stage-relay-to-internet';
+COMMENT ON COLUMN pepsi.destination.tls_policy IS
+    'The TLS policy the last delivery here was made under: dane, dane-encrypt, sts enforce, sts testing or opportunistic';
+COMMENT ON COLUMN pepsi.destination.tls_outcome IS
+    'What that policy gave: e.g. "dane verified (usage 3)", "opportunistic unverified", or why it failed';
+COMMENT ON COLUMN pepsi.destination.tls_at IS
+    'When tls_policy and tls_outcome were last written (only a change is written)';
 
 -- The advisory-lock key of a destination's concurrency slot (the bigint
 -- form, which nothing else in Pepsi uses).
@@ -2441,12 +2450,14 @@ AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
 -- other workers deliver to it: its concurrency window narrows to those).
 -- failed_hosts/failed_addresses are the addresses that did not answer,
 -- ok_host/ok_address the one that did; seconds, how long the delivery
--- took (kept as the pace of a destination that has a queue of waiters).
+-- took (kept as the pace of a destination that has a queue of waiters);
+-- tls_policy and tls_outcome, the TLS policy the delivery was made under
+-- and what it gave (NULL: not known), written only when they change.
 -- Returns whether the destination is contended.
 CREATE FUNCTION pepsi.destination_end(domain text, slot integer, outcome text, error text,
     ok_host text, ok_address inet, failed_hosts text[], failed_addresses inet[],
     backoff_after integer, backoff_base double precision, backoff_max double precision,
-    seconds double precision DEFAULT NULL)
+    seconds double precision DEFAULT NULL, tls_policy text DEFAULT NULL, tls_outcome text DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     active integer;
@@ -2488,31 +2499,54 @@ BEGIN
                                    ELSE coalesce(0.8 * t.service_seconds + 0.2 * seconds, seconds) END,
             window_limit = CASE WHEN t.window_limit IS NULL THEN NULL
                                 WHEN random() * t.window_limit * 4 >= 1 THEN t.window_limit
-                                ELSE t.window_limit + 1 END
+                                ELSE t.window_limit + 1 END,
+            tls_policy = coalesce(destination_end.tls_policy, t.tls_policy),
+            tls_outcome = CASE WHEN destination_end.tls_policy IS NULL THEN t.tls_outcome
+                               ELSE destination_end.tls_outcome END,
+            tls_at = CASE WHEN destination_end.tls_policy IS NULL THEN t.tls_at ELSE now() END
         WHERE t.domain IN (
             SELECT u.domain FROM pepsi.destination u
             WHERE u.domain = destination_end.domain
               AND (u.failures > 0 OR u.window_limit IS NOT NULL
                    OR u.next_turn > now() - interval '1 minute'
-                   OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute')
+                   OR u.last_success IS NULL OR u.last_success < now() - interval '1 minute'
+                   OR (destination_end.tls_policy IS NOT NULL
+                       AND (u.tls_policy IS DISTINCT FROM destination_end.tls_policy
+                            OR u.tls_outcome IS DISTINCT FROM destination_end.tls_outcome)))
             FOR UPDATE SKIP LOCKED);
+        -- A healthy destination has no row until it has a TLS result to keep.
+        IF NOT FOUND AND destination_end.tls_policy IS NOT NULL THEN
+            INSERT INTO pepsi.destination AS t (domain, last_success, tls_policy, tls_outcome, tls_at)
+            VALUES (domain, now(), destination_end.tls_policy, destination_end.tls_outcome, now())
+            ON CONFLICT ON CONSTRAINT destination_pkey DO NOTHING;
+        END IF;
     ELSIF outcome = 'busy' THEN
         SELECT count(*) INTO active FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND l.classid = ((pepsi.destination_slot_key(domain, 0) >> 32) & 4294967295)::oid;
-        INSERT INTO pepsi.destination AS t (domain, window_limit, last_error)
-        VALUES (domain, greatest(active, 1), error)
+        INSERT INTO pepsi.destination AS t (domain, window_limit, last_error, tls_policy, tls_outcome, tls_at)
+        VALUES (domain, greatest(active, 1), error, destination_end.tls_policy, destination_end.tls_outcome,
+                CASE WHEN destination_end.tls_policy IS NOT NULL THEN now() END)
         ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
         SET window_limit = greatest(least(coalesce(t.window_limit, EXCLUDED.window_limit), EXCLUDED.window_limit), 1),
-            last_error = EXCLUDED.last_error;
+            last_error = EXCLUDED.last_error,
+            tls_policy = coalesce(EXCLUDED.tls_policy, t.tls_policy),
+            tls_outcome = CASE WHEN EXCLUDED.tls_policy IS NULL THEN t.tls_outcome ELSE EXCLUDED.tls_outcome END,
+            tls_at = coalesce(EXCLUDED.tls_at, t.tls_at);
     ELSE
-        INSERT INTO pepsi.destination AS t (domain, failures, last_error, backoff_until)
+        INSERT INTO pepsi.destination AS t (domain, failures, last_error, backoff_until, tls_policy, tls_outcome,
+                                            tls_at)
         VALUES (domain, 1, error,
                 CASE WHEN backoff_after <= 1
-                     THEN now() + make_interval(secs => least(backoff_base, backoff_max) * (0.9 + 0.2 * random())) END)
+                     THEN now() + make_interval(secs => least(backoff_base, backoff_max) * (0.9 + 0.2 * random())) END,
+                destination_end.tls_policy, destination_end.tls_outcome,
+                CASE WHEN destination_end.tls_policy IS NOT NULL THEN now() END)
         ON CONFLICT ON CONSTRAINT destination_pkey DO UPDATE
         SET failures = t.failures + 1, last_error = EXCLUDED.last_error,
+            tls_policy = coalesce(EXCLUDED.tls_policy, t.tls_policy),
+            tls_outcome = CASE WHEN EXCLUDED.tls_policy IS NULL THEN t.tls_outcome ELSE EXCLUDED.tls_outcome END,
+            tls_at = coalesce(EXCLUDED.tls_at, t.tls_at),
             backoff_until = CASE WHEN t.failures + 1 >= backoff_after
                 THEN now() + make_interval(secs => least(backoff_base * 2 ^ least(t.failures + 1 - backoff_after, 20),
                                                          backoff_max) * (0.9 + 0.2 * random()))
@@ -3286,15 +3320,17 @@ BEGIN
 END
 $$;
 
--- The destinations the page shows: those with mail waiting to be retried
--- or a delivery failure remembered, with their last error (the
--- destination's, else the newest waiting message's) and the TLS policy the
--- relay holds for them (MTA-STS).  Reads the queue's paused rows, on
--- demand.
+-- The destinations the page shows: those with mail waiting to be retried,
+-- a delivery failure remembered or a TLS result recorded, with their last
+-- error (the destination's, else the newest waiting message's), the TLS
+-- policy of their last delivery and what it gave (else the MTA-STS policy
+-- the relay holds for them, as "sts <mode>").  Reads the queue's paused
+-- rows, on demand.
 CREATE FUNCTION pepsi.destination_overview(max_rows integer DEFAULT 100)
 RETURNS TABLE (domain text, deferred bigint, failures integer, backoff_until timestamptz,
                last_error text, last_success timestamptz, concurrency_limit integer,
-               messages_per_minute integer, tls_policy text, tls_policy_expires_at timestamptz)
+               messages_per_minute integer, tls_policy text, tls_policy_expires_at timestamptz,
+               tls_outcome text, tls_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     WITH waiting AS (
         SELECT pepsi.recipient_domain(unnest(w.rcpt_to)) AS domain, w.id,
@@ -3308,10 +3344,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_tem
     )
     SELECT coalesce(c.domain, d.domain), coalesce(c.deferred, 0), coalesce(d.failures, 0),
            d.backoff_until, coalesce(d.last_error, c.last_error), d.last_success, d.concurrency_limit, d.messages_per_minute,
-           p.mode, p.expires_at
+           coalesce(d.tls_policy, 'sts ' || p.mode), p.expires_at, d.tls_outcome, d.tls_at
     FROM counted c
     FULL JOIN (SELECT * FROM pepsi.destination x
-               WHERE x.failures > 0 OR x.backoff_until > now() OR x.last_error IS NOT NULL) d
+               WHERE x.failures > 0 OR x.backoff_until > now() OR x.last_error IS NOT NULL
+                  OR x.tls_policy IS NOT NULL) d
            ON d.domain = c.domain
     LEFT JOIN pepsi.mta_sts_policy p ON p.domain = coalesce(c.domain, d.domain) AND p.expires_at > now()
     ORDER BY coalesce(c.deferred, 0) DESC, coalesce(d.failures, 0) DESC, 1
