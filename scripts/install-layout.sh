@@ -15,8 +15,8 @@
 #       PREFIX=/usr ... SETID=no, as debian/rules), then what its postinst
 #       does to it (DPKG_ROOT=ROOT): the accounts and the privileged
 #       programs' bits
-#   install-layout.sh make-install DIR ACCOUNTS
-#       make install DESTDIR=DIR (PREFIX /usr/local) as root, as on a host
+#   install-layout.sh make-install DIR ACCOUNTS [TARGET [VARIABLE=VALUE...]]
+#       make install (or TARGET) DESTDIR=DIR (PREFIX /usr/local) as root, as on a host
 #       whose accounts are ACCOUNTS/etc/passwd and group: they stand in for
 #       the host's in a private mount namespace, so the host's are never
 #       changed and its own accounts do not matter
@@ -74,35 +74,41 @@ image)
     run_postinst "$root"
     ;;
 make-install)
-    dir=$2 accounts=$3
+    dir=$2 accounts=$3 target=${4:-install}
+    shift $(($# < 4 ? $# : 4))
     unshare --mount --propagation private bash -c '
         set -e
         mount --bind "$1/etc/passwd" /etc/passwd
         mount --bind "$1/etc/group" /etc/group
-        make -C "$2" --no-print-directory install DESTDIR="$3"' \
-        make-install "$accounts" "$top" "$dir" >"$dir.log" 2>&1 ||
+        make -C "$2" --no-print-directory "$4" DESTDIR="$3" "${@:5}"' \
+        make-install "$accounts" "$top" "$dir" "$target" "$@" >"$dir.log" 2>&1 ||
         { tail -n 30 "$dir.log" >&2; exit 1; }
     ;;
 manifest)
     dir=$2 accounts=$3 list=${4:-}
-    if [ -n "$list" ]; then cat "$list"; else (cd "$dir" && find . \( -type f -o -type l \) | sed 's|^\.||'); fi |
-        while read -r path; do
-            p="$dir$path"
-            if [ -L "$p" ]; then
-                echo "$path l $(readlink "$p")"
-            elif [ -f "$p" ]; then
-                read -r mode uid gid < <(stat -c '%a %u %g' "$p")
-                owner=$(awk -F: -v id="$uid" '$3 == id { print $1; exit }' "$accounts/etc/passwd")
-                group=$(awk -F: -v id="$gid" '$3 == id { print $1; exit }' "$accounts/etc/group")
-                echo "$path f $(printf '%04o' "0$mode") ${owner:-$uid} ${group:-$gid}"
-            fi
-        done |
+    # One find for them all (its %U and %G are numbers when the host has
+    # no such account), then the names of ACCOUNTS.
+    (cd "$dir" && if [ -n "$list" ]; then sed 's|^|.|' "$list"; else find . \( -type f -o -type l \); fi |
+        { xargs -r -d '\n' sh -c 'exec find "$@" -maxdepth 0 -printf "%p\t%y\t%m\t%U\t%G\t%l\n"' find || true; }) |
+        awk -F '\t' -v passwd="$accounts/etc/passwd" -v group="$accounts/etc/group" '
+            BEGIN {
+                FS = ":"
+                while ((getline line < passwd) > 0) { split(line, f, ":"); user[f[3]] = f[1] }
+                while ((getline line < group) > 0) { split(line, f, ":"); grp[f[3]] = f[1] }
+                FS = "\t"
+            }
+            {
+                path = substr($1, 2)
+                if ($2 == "l") { print path " l " $6; next }
+                if ($2 != "f") next
+                printf "%s f %04d %s %s\n", path, $3, ($4 in user) ? user[$4] : $4, ($5 in grp) ? grp[$5] : $5
+            }' |
         sed -e 's|^/usr/local/|/usr/|' -e 's|^/lib/systemd/|/usr/lib/systemd/|' \
             -e 's|^\(/usr/share/man/[^ ]*\)\.gz |\1 |' |
-        sort
+        LC_ALL=C sort
     ;;
 *)
-    echo "usage: install-layout.sh base ROOT | accounts ROOT | image ROOT | make-install DIR ACCOUNTS | manifest DIR ACCOUNTS [LIST]" >&2
+    echo "usage: install-layout.sh base ROOT | accounts ROOT | image ROOT | make-install DIR ACCOUNTS [TARGET [VARIABLE=VALUE...]] | manifest DIR ACCOUNTS [LIST]" >&2
     exit 2
     ;;
 esac
