@@ -204,14 +204,16 @@ program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
 # The owner, group and mode of each privileged program: the table of
 # debian/pepsi.postinst (the one list of what is set, which the package's
 # postinst applies), "NAME OWNER GROUP MODE" per line.  make install sets
-# them as root: on a real install (no DESTDIR) it first makes the accounts
-# of dist/sysusers.d/pepsi.conf; a staged one (DESTDIR) makes none on this
-# host, and installs a program whose owner or group this host lacks without
-# its bit, saying so.  Not as root, or with SETID=no (the package's build:
+# them as root: make install on a real install (no DESTDIR) first makes
+# the accounts of dist/sysusers.d/pepsi.conf; a staged one (DESTDIR) makes
+# none on this host; a program whose owner or group this host lacks is
+# installed without its bit, saying so.  Not as root, or with SETID=no (the package's build:
 # its postinst sets them), every one is installed 0755 without a bit.  A
 # helper or set-id stage the table lacks, or a line naming a program not
-# built, stops the install.
+# built, stops the install.  PRIVILEGED_GROUP_<helper>=GROUP on the command
+# line gives that helper and its stage another group (the tests' own).
 PRIVILEGED_TABLE = debian/pepsi.postinst
+privileged_group_overrides = $(foreach h,$(HELPERS),$(if $(PRIVILEGED_GROUP_$(h)),$(h)=$(PRIVILEGED_GROUP_$(h)) $(PRIVILEGED_CALLER_$(h))=$(PRIVILEGED_GROUP_$(h))))
 privileged_rows = sed -n '/^\# BEGIN PRIVILEGED/,/^\# END PRIVILEGED/s/^\(pepsi-[a-z-]*\)  *\([a-z][a-z-]*\)  *\([a-z][a-z-]*\)  *\([0-7]\{4\}\)$$/\1 \2 \3 \4/p' $(PRIVILEGED_TABLE)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin
@@ -219,9 +221,9 @@ install-privileged: programs
 		$(privileged_rows) | grep -q "^$$p " || { \
 			echo "$$p is built but not in $(PRIVILEGED_TABLE)'s table of privileged programs" >&2; exit 1; }; \
 	done
-	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	@$(privileged_rows) | while read -r name owner group mode; do \
 		[ -f $(B)/bin/$$name ] || { echo "$(PRIVILEGED_TABLE) names $$name, which is not built" >&2; exit 1; }; \
+		for o in $(privileged_group_overrides); do case $$o in $$name=*) group=$${o#*=};; esac; done; \
 		if [ "$(SETID)" = no ]; then \
 			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
 		elif [ "$$(id -u)" -ne 0 ]; then \
@@ -238,7 +240,8 @@ install-privileged: programs
 install-programs: install-privileged
 
 # The accounts of dist/sysusers.d/pepsi.conf, on this host (make install
-# as root, no DESTDIR): by systemd-sysusers, else by groupadd and useradd.
+# as root, no DESTDIR; not make install-privileged alone): by
+# systemd-sysusers, else by groupadd and useradd.
 install-accounts-create:
 	if command -v systemd-sysusers >/dev/null; then \
 		systemd-sysusers dist/sysusers.d/pepsi.conf; \
@@ -314,6 +317,7 @@ $(B)/bin/pepsi-test-pgconn: t/pgconn/pgconn_driver.c $(B)/libpepsi.a
 install: extension programs man
 	$(MAKE) -C extension install
 	chmod 644 $(DESTDIR)$(shell $(PG_CONFIG) --pkglibdir)/pepsi.so
+	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	$(MAKE) install-programs install-man
 	$(MAKE) install-systemd install-accounts install-config
 	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
