@@ -239,6 +239,10 @@ install-privileged: programs
 	done
 install-programs: install-privileged
 
+# The table's lines, for scripts/deb.sh.
+privileged-table:
+	@$(privileged_rows)
+
 # The accounts of dist/sysusers.d/pepsi.conf, on this host (make install
 # as root, no DESTDIR; not make install-privileged alone): by
 # systemd-sysusers, else by groupadd and useradd.
@@ -259,7 +263,7 @@ uninstall-privileged:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(HELPERS) $(PRIVILEGED_STAGES))
 uninstall: uninstall-privileged
 
-.PHONY: install-privileged uninstall-privileged install-accounts-create
+.PHONY: install-privileged uninstall-privileged install-accounts-create privileged-table
 # ---- end of privileged programs -------------------------------------------
 
 # Unit tests (cmocka): one binary per test file, linked with the code of

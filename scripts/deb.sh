@@ -40,14 +40,14 @@ build() {
     echo "deb: built $(cd "$dir" && ls ./*.deb | sed 's|^\./||' | tr '\n' ' ')"
 }
 
-# The table's lines, "NAME OWNER GROUP MODE" (as the Makefile reads it).
+# debian/pepsi.postinst's table, "NAME OWNER GROUP MODE" per line, as the
+# Makefile reads it.
 privileged_rows() {
-    sed -n '/^# BEGIN PRIVILEGED/,/^# END PRIVILEGED/s/^\(pepsi-[a-z-]*\)  *\([a-z][a-z-]*\)  *\([a-z][a-z-]*\)  *\([0-7]\{4\}\)$/\1 \2 \3 \4/p' \
-        "$top/debian/pepsi.postinst"
+    make -s --no-print-directory -C "$top" privileged-table
 }
 
 check() {
-    local failures=0 scratch root lint
+    local failures=0 root lint
     [ "$(id -u)" -eq 0 ] || { echo "deb-check: needs root (owners and modes)" >&2; exit 1; }
     if [ "${DEB_REUSE:-}" = 1 ] && ls "$dir"/pepsi_*.deb >/dev/null 2>&1; then
         echo "deb: checking the packages already in $dir (DEB_REUSE=1)"
