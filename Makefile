@@ -7,7 +7,13 @@
 #                 symlink per program in $(PREFIX)/bin and the man pages
 #                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
 #                 (SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq, newaliases too)
-#   make uninstall  remove what make install installed
+#                 (and $(PREFIX)/lib/sysusers.d, tmpfiles.d, /etc/pepsi/pepsi.conf
+#                 when absent; as root the accounts and the privileged
+#                 programs' bits of debian/pepsi.postinst's table)
+#   make uninstall  remove what make install installed (pepsi.conf stays)
+#   make deb      the Debian packages (dpkg-buildpackage), in build/deb/
+#   make deb-check  make deb, lintian, an install into a scratch root, and
+#                 the package's files and modes against make install's
 #   make run      install what running needs and start Pepsi on a private
 #                 PostgreSQL cluster under ./run/
 #   make stop     stop everything make run started (its pid files in ./run/pids/)
@@ -93,7 +99,7 @@ test-programs: $(TEST_PROGRAMS)
 # (programs.h is order-only: the .d files name the objects that include it.)
 $(B)/%.o: %.c | $(B)/programs.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
 
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
 $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/* daemons/httpd/www/vendor/*)
@@ -124,12 +130,12 @@ $(B)/programs.h: $(program_dirs) $(privileged_stage_dirs) Makefile
 # programs/names.c: the names sendmail, mailq and newaliases (install SENDMAIL_LINKS).
 $(B)/bin/pepsi: $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
+	$$(CC) $$(CPPFLAGS) $$(CFLAGS) $$(LDFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
 		-DPROGRAM_NAME='"$(call program_name,$(1))"' \
 		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
 endef
@@ -146,24 +152,22 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # those stages are built standalone.  Their code is linked into it all the
 # same, for the stage registry only (FUSED_STAGE), so that a row such a
 # stage would only pass on runs fused in its predecessor's worker, which
-# needs no privilege for it (stage.h fuses_passing_on).  make install, as
-# root, creates each helper's group and installs the helper root:GROUP
-# mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
-# not as root, both without their bits, with a warning.
+# needs no privilege for it (stage.h fuses_passing_on).  Their owners,
+# groups and modes (the helper root:GROUP 4750, so only its stage can run
+# it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
+# which make install reads too (install-privileged, below).
 HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
 helper_dirs = $(wildcard helpers/*/)
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
-# Per helper: its stage and the group they share; the further common/
+# Per helper: its stage; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
 # links.
 PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
-PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
 # The Maildir writer reads pepsi.conf (config, options: libinih) and writes
 # with common/delivery/maildir.c.  Its stage stays in the multi-call binary too, so
 # that a development tree fuses its successors; installed, the set-group-id
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
-PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
 HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config \
                                             common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
@@ -176,7 +180,7 @@ define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
 		$(patsubst %,$(B)/%.o,$(HELPER_COMMON) $(HELPER_COMMON_pepsi-helper-$(notdir $(1:/=))))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
+	$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
 endef
 $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
@@ -197,29 +201,69 @@ $(B)/common/process/privilege.o: | $(B)/setid_programs.h
 # when they run) leaves the privileged stages out.
 program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
 
-# install_privileged HELPER STAGE GROUP
-define install_privileged
-	if [ "$$(id -u)" -eq 0 ]; then \
-		getent group $(3) >/dev/null || groupadd --system $(3); \
-		install -o root -g $(3) -m 4750 $(B)/bin/$(1) $(DESTDIR)$(PREFIX)/bin/$(1); \
-		install -o root -g $(3) -m 2755 $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/$(2); \
-	else \
-		install -m 755 $(B)/bin/$(1) $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/; \
-		echo "warning: not root: $(1) and $(2) installed without their setuid/setgid bits"; \
-	fi
-
-endef
-# (The empty line ends each call's recipe line: one shell command per helper.)
+# The owner, group and mode of each privileged program: the table of
+# debian/pepsi.postinst (the one list of what is set, which the package's
+# postinst applies), "NAME OWNER GROUP MODE" per line.  make install sets
+# them as root: make install on a real install (no DESTDIR) first makes
+# the accounts of dist/sysusers.d/pepsi.conf; a staged one (DESTDIR) makes
+# none on this host; a program whose owner or group this host lacks is
+# installed without its bit, saying so.  Not as root, or with SETID=no (the package's build:
+# its postinst sets them), every one is installed 0755 without a bit.  A
+# helper or set-id stage the table lacks, or a line naming a program not
+# built, stops the install.  PRIVILEGED_GROUP_<helper>=GROUP on the command
+# line gives that helper and its stage another group (the tests' own).
+PRIVILEGED_TABLE = debian/pepsi.postinst
+privileged_group_overrides = $(foreach h,$(HELPERS),$(if $(PRIVILEGED_GROUP_$(h)),$(h)=$(PRIVILEGED_GROUP_$(h)) $(PRIVILEGED_CALLER_$(h))=$(PRIVILEGED_GROUP_$(h))))
+privileged_rows = sed -n '/^\# BEGIN PRIVILEGED/,/^\# END PRIVILEGED/s/^\(pepsi-[a-z-]*\)  *\([a-z][a-z-]*\)  *\([a-z][a-z-]*\)  *\([0-7]\{4\}\)$$/\1 \2 \3 \4/p' $(PRIVILEGED_TABLE)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin
-	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h))))
+	@for p in $(HELPERS) $(SETID_PROGRAMS); do \
+		$(privileged_rows) | grep -q "^$$p " || { \
+			echo "$$p is built but not in $(PRIVILEGED_TABLE)'s table of privileged programs" >&2; exit 1; }; \
+	done
+	@$(privileged_rows) | while read -r name owner group mode; do \
+		[ -f $(B)/bin/$$name ] || { echo "$(PRIVILEGED_TABLE) names $$name, which is not built" >&2; exit 1; }; \
+		for o in $(privileged_group_overrides); do case $$o in $$name=*) group=$${o#*=};; esac; done; \
+		if [ "$(SETID)" = no ]; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+		elif [ "$$(id -u)" -ne 0 ]; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+			echo "warning: not root: $$name installed without its bit ($$owner:$$group $$mode)"; \
+		elif ! getent passwd $$owner >/dev/null || ! getent group $$group >/dev/null; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+			echo "warning: no user $$owner or group $$group on this host: $$name installed without its bit ($$owner:$$group $$mode)"; \
+		else \
+			echo "install -o $$owner -g $$group -m $$mode $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name"; \
+			install -o $$owner -g $$group -m $$mode $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+		fi; \
+	done
 install-programs: install-privileged
+
+# The table's lines, for scripts/deb.sh.
+privileged-table:
+	@$(privileged_rows)
+
+# The accounts of dist/sysusers.d/pepsi.conf, on this host (make install
+# as root, no DESTDIR; not make install-privileged alone): by
+# systemd-sysusers, else by groupadd and useradd.
+install-accounts-create:
+	if command -v systemd-sysusers >/dev/null; then \
+		systemd-sysusers dist/sysusers.d/pepsi.conf; \
+	else \
+		grep -E '^[ug] ' dist/sysusers.d/pepsi.conf | while read -r kind name rest; do \
+			getent group $$name >/dev/null || groupadd --system $$name || exit 1; \
+			[ $$kind = g ] || getent passwd $$name >/dev/null || \
+				useradd --system --gid $$name --no-create-home \
+					--home-dir "$$(echo "$$rest" | awk '{ print $$(NF - 1) }')" \
+					--shell /usr/sbin/nologin $$name || exit 1; \
+		done; \
+	fi
 
 uninstall-privileged:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(HELPERS) $(PRIVILEGED_STAGES))
 uninstall: uninstall-privileged
 
-.PHONY: install-privileged uninstall-privileged
+.PHONY: install-privileged uninstall-privileged install-accounts-create privileged-table
 # ---- end of privileged programs -------------------------------------------
 
 # Unit tests (cmocka): one binary per test file, linked with the code of
@@ -272,10 +316,14 @@ $(B)/bin/pepsi-test-pgconn: t/pgconn/pgconn_driver.c $(B)/libpepsi.a
 # The headers each object and program read (see DEPFLAGS).
 -include $(wildcard $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
 
+# (The extension's module is installed 0644 as a Debian package has it:
+# PGXS installs it executable.)
 install: extension programs man
 	$(MAKE) -C extension install
+	chmod 644 $(DESTDIR)$(shell $(PG_CONFIG) --pkglibdir)/pepsi.so
+	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	$(MAKE) install-programs install-man
-	$(MAKE) install-systemd
+	$(MAKE) install-systemd install-accounts install-config
 	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
 
 # make install SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq and
@@ -314,6 +362,33 @@ install-systemd:
 			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
 	done
+
+# The system accounts and directories (dist/sysusers.d, dist/tmpfiles.d),
+# for systemd-sysusers and systemd-tmpfiles on an installation without the
+# Debian package (whose postinst reads the same sysusers.d file).
+SYSUSERS_DIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
+install-accounts:
+	install -d $(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(TMPFILES_DIR)
+	install -m 644 dist/sysusers.d/pepsi.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf
+	install -m 644 dist/tmpfiles.d/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
+
+# $(SYSCONFDIR)/pepsi/pepsi.conf from docs/pepsi.conf.sample, with the
+# Debian cluster's socket and port and /var/lib/pepsi for its files: a
+# starting point to edit (or for pepsi-setup init to replace).  An existing
+# one is never replaced.  The package ships the same file, a conffile.
+install-config:
+	install -d $(DESTDIR)$(SYSCONFDIR)/pepsi
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf ]; then \
+		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf exists: left as it is"; \
+	else \
+		sed -e 's|@PGHOST@|/var/run/postgresql|g' -e 's|@PGPORT@|5432|g' -e 's|@RUN_DIR@|/var/lib/pepsi|g' \
+			docs/pepsi.conf.sample >$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
+		chmod 644 $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
+		mv $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf && \
+		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from docs/pepsi.conf.sample"; \
+	fi
+.PHONY: install-accounts install-config
 
 # Man pages: docs/NAME.SECTION.md, the one format of docs/, converted by
 # pandoc; the page's first heading, "NAME(SECTION)", is its title.
@@ -384,9 +459,25 @@ uninstall:
 	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
 	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
+	rm -f $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
 deps:
 	@scripts/deps.sh check
+
+# The Debian packages (debian/): dpkg-buildpackage from a copy of the tree,
+# the packages in build/deb/.  deb-check (as root) builds them, runs
+# lintian, installs them into a scratch root (dpkg --root) and checks the
+# privileged programs' bits against debian/pepsi.postinst's table and the
+# packages' files and modes against make install's (scripts/deb.sh).
+DEB_DIR = $(B)/deb
+deb:
+	@scripts/deps.sh deb
+	scripts/deb.sh build $(DEB_DIR)
+
+deb-check:
+	@scripts/deps.sh deb
+	scripts/deb.sh check $(DEB_DIR)
+.PHONY: deb deb-check
 
 # What running needs only: no test peer (Postfix, Dovecot, rspamd, nsd,
 # OpenDKIM, Chromium, npm) is installed or started by make run.

@@ -6,13 +6,15 @@
 #                   service is started that Pepsi does not use
 #   deps.sh check   that and what testing and benchmarking need ("make
 #                   check", CI): the default
+#   deps.sh deb     what building the Debian packages needs ("make deb",
+#                   "make deb-check"): "run"'s, and the packaging tools
 set -euo pipefail
 
 set_name=${1:-check}
 case "$set_name" in
-run | check) ;;
+run | check | deb) ;;
 *)
-    echo "usage: deps.sh [run|check]" >&2
+    echo "usage: deps.sh [run|check|deb]" >&2
     exit 2
     ;;
 esac
@@ -90,8 +92,18 @@ check_packages=(
     openssl
 )
 
+# The Debian packages (make deb, make deb-check): dpkg-buildpackage and
+# debhelper, lintian, fakeroot, and pandoc for the man pages (debian/control's
+# Build-Depends are "run"'s and these).
+deb_packages=(
+    dpkg-dev debhelper lintian fakeroot pandoc
+)
+
 packages=("${run_packages[@]}")
-[ "$set_name" = run ] || packages+=("${check_packages[@]}")
+case "$set_name" in
+check) packages+=("${check_packages[@]}") ;;
+deb) packages+=("${deb_packages[@]}") ;;
+esac
 
 missing=()
 for pkg in "${packages[@]}"; do
