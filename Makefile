@@ -158,14 +158,19 @@ $(B)/bin/pepsi-detect-language: $(B)/bin/pepsi-stage-detect-language
 
 programs: $(addprefix $(B)/bin/,$(LANGUAGE_PROGRAMS))
 
+# The file goes beside the shared binary, where pepsi-dispatch looks for a
+# stage it does not hold (daemons/dispatch/pool.c), with a $(PREFIX)/bin
+# symlink per name.
 install-language: programs
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 $(B)/bin/pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/bin/pepsi-stage-detect-language
-	ln -sf pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/bin/pepsi-detect-language
+	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(B)/bin/pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi-stage-detect-language
+	for p in $(LANGUAGE_PROGRAMS); do \
+		ln -sf ../libexec/pepsi/pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/bin/$$p; done
 install-programs: install-language
 
 uninstall-language:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(LANGUAGE_PROGRAMS))
+	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi-stage-detect-language
 uninstall: uninstall-language
 
 .PHONY: install-language uninstall-language

@@ -145,14 +145,26 @@ block_tag(struct pepsi_ctx *ctx, const char *language)
 	return pepsi_advance(ctx);
 }
 
+static int block_language_decide(struct pepsi_ctx *ctx, const char *language);
+
 static int
 block_language_run(struct pepsi_ctx *ctx)
 {
-	json_t	   *primary = json_object_get(json_object_get(pepsi_state(ctx), "language"), "primary");
-	const char *language = json_is_string(primary) ? json_string_value(primary) : NULL;
-	size_t		count = pepsi_rcpt_count(ctx);
-	int		   *decisions;
-	int			rc;
+	json_t *primary = json_object_get(json_object_get(pepsi_state(ctx), "language"), "primary");
+	/* A copy: a split gives the row a new state. */
+	char *language = json_is_string(primary) ? xstrdup(json_string_value(primary)) : NULL;
+	int	  rc = block_language_decide(ctx, language);
+
+	free(language);
+	return rc;
+}
+
+static int
+block_language_decide(struct pepsi_ctx *ctx, const char *language)
+{
+	size_t count = pepsi_rcpt_count(ctx);
+	int	  *decisions;
+	int	   rc;
 
 	/* Held here before, and released by the operator: it goes on. */
 	if (json_is_object(json_object_get(pepsi_state(ctx), "language_block")))
