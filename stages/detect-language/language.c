@@ -110,6 +110,14 @@ language_detector_open(const char *conffile, const char *languages, char *err, s
 		slash[1] = '\0';
 	else
 		strcpy(directory, "./");
+	/* Said here, with the reason and the option, rather than by the library on stderr. */
+	if (access(conffile, R_OK) != 0)
+	{
+		snprintf(err, errlen, "cannot read the language models' list %s: %s (LANGUAGE_MODELS; Debian: libexttextcat-data)",
+				 conffile, strerror(errno));
+		free(directory);
+		return NULL;
+	}
 	if (languages != NULL && *languages != '\0'
 		&& (filtered = language_filtered_conf(conffile, languages, err, errlen)) == NULL)
 	{
