@@ -281,8 +281,12 @@ language_verdict_json(const struct language_verdict *verdict)
 	for (size_t i = 0; i < verdict->ncandidates; i++)
 		json_array_append_new(candidates, json_pack("{s:s,s:f}", "language", verdict->candidates[i].tag, "confidence",
 													language_round(verdict->candidates[i].confidence)));
-	return json_pack("{s:s,s:f,s:o}", "primary", verdict->primary, "confidence", language_round(verdict->confidence),
-					 "candidates", candidates);
+	json_t *j = json_pack("{s:s,s:f,s:o}", "primary", verdict->primary, "confidence",
+						  language_round(verdict->confidence), "candidates", candidates);
+
+	if (verdict->why)
+		json_object_set_new(j, "reason", json_string(verdict->why));
+	return j;
 }
 
 void

@@ -66,7 +66,10 @@ void language_detect(struct language_detector *detector, const char *text, size_
 void language_detect_message(struct language_detector *detector, const char *raw, size_t len,
 							 const struct language_limits *limits, struct language_verdict *verdict);
 
-/* {"primary": "de", "confidence": 0.93, "candidates": [{"language": "de", "confidence": 0.93}, ...]} */
+/*
+ * {"primary": "de", "confidence": 0.93, "candidates": [{"language": "de", "confidence": 0.93}, ...]},
+ * and for und its "reason".
+ */
 json_t *language_verdict_json(const struct language_verdict *verdict);
 /* "de; confidence=0.93; candidates=de:0.93,nl:0.07" (the X-Pepsi-Language value), appended to out. */
 void language_verdict_text(const struct language_verdict *verdict, struct buf *out);
