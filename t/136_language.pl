@@ -1,13 +1,14 @@
 # pepsi-stage-detect-language and pepsi-stage-block-language under
-# pepsi-dispatch, with real workers, into Maildirs: texts in ten
-# languages, twenty each, taken from the translations Debian ships (the
-# message catalogs under /usr/share/locale, t/bin/catalog-texts), sent as
-# 8-bit UTF-8, quoted-printable, base64, in a legacy charset and as
+# pepsi-dispatch, with real workers: texts in ten languages, twenty each,
+# taken from the translations Debian ships (the message catalogs under
+# /usr/share/locale, t/bin/catalog-texts), sent as 8-bit UTF-8,
+# quoted-printable, base64, in a legacy charset and as
 # multipart/alternative, are told apart at least 18 times in 20; the
 # verdict is in X-Pepsi-Language (a forged one is replaced) and in
-# state.language.  A recipient's owner blocks languages in pepsi.settings:
-# refused (the sender gets a DSN, another recipient of the same message
-# still gets it), held (and delivered once released) or tagged.  A text
+# state.language.  Then, delivered into Maildirs: a recipient's owner
+# blocks languages in pepsi.settings, and such mail is refused (the sender
+# gets a DSN, another recipient of the same message still gets it), held
+# (and delivered once released) or tagged.  A text
 # too short or undecidable is "und" and never blocked, even when listed.
 # pepsi-detect-language(1) is the same file under another name.
 
@@ -53,18 +54,21 @@ sub text_of
 my $node = delivery_node('language');
 my $root = PostgreSQL::Test::Utils::tempdir();
 make_mailbox($root, $_) for qw(reader@local.test blocker@local.test holder@local.test tagger@local.test
-  sender@local.test);
+  sender@local.test corpus@local.test);
 
 # The owners' own settings.
 $node->safe_psql('postgres', q{INSERT INTO pepsi.settings (address, option, value) VALUES
 	('blocker@local.test', 'BLOCK_LANGUAGES', 'fr, und'),
 	('holder@local.test', 'BLOCK_LANGUAGES', 'de'), ('holder@local.test', 'BLOCK_ACTION', 'hold'),
-	('tagger@local.test', 'BLOCK_LANGUAGES', 'es pt'), ('tagger@local.test', 'BLOCK_ACTION', 'tag')});
+	('tagger@local.test', 'BLOCK_LANGUAGES', 'es pt'), ('tagger@local.test', 'BLOCK_ACTION', 'tag'),
+	('corpus@local.test', 'BLOCK_LANGUAGES', 'de fr es pt nl sv pl cs fi ru'),
+	('corpus@local.test', 'BLOCK_ACTION', 'hold')});
 
 my $config = delivery_config($node, maildir_root => $root,
 	extra => { init => "LOCAL_STAGE = detect\n" },
 	more_stages => {
 		detect => "PROGRAM = pepsi-stage-detect-language\nNEXT_STAGE = block\n",
+		corpus => "PROGRAM = pepsi-stage-detect-language\nNEXT_STAGE = block\n",
 		block => "PROGRAM = pepsi-stage-block-language\nNEXT_STAGE = maildir\nBOUNCE_STAGE = bounce\n",
 	});
 my $d = start_dispatcher($config);
@@ -126,7 +130,11 @@ sub send_text
 		  . ("the attachment is in English and is not read " x 20) . "\r\n--outer--\r\n";
 	}
 	# inject() passes text; the octets go through as they are.
-	return inject($node, from => $from, to => $to, headers => $headers, body => $body, quiet => $m{quiet});
+	return inject($node, from => $from, to => $to, headers => $headers, body => $body) unless $m{stage};
+	# Or the statement that adds it at that stage.
+	for ($headers, $body) { $_ = DeliveryTest::escape($_ =~ s/'/''/gr) }
+	return "SELECT pepsi.workqueue_add('$from', ARRAY['$to->[0]'], convert_to(E'$headers', 'UTF8'),"
+	  . " convert_to(E'$body', 'UTF8'), '{}'::jsonb, stage => '$m{stage}');\n";
 }
 sub settled { return poll_until(sub { queue_count($node) == 0 }, 180) }
 sub language_header
@@ -137,22 +145,35 @@ sub language_header
 }
 sub header_count { my ($text, $name) = @_; my @all = $text =~ /^\Q$name\E:/mgi; return scalar @all }
 
-# Ten languages, twenty texts each, through the queue.
+# Ten languages, twenty texts each, through the queue: added at
+# [stage-corpus] (detect-language) together, for an address that holds
+# mail in any of the ten (so that the held rows' headers and state can be
+# read), which a wrong verdict delivers to its mailbox instead.
 my @shapes = qw(utf8 qp base64 legacy multipart);
+my $corpus = '';
 for my $lang (@languages)
 {
 	for my $i (1 .. $per_language)
 	{
-		send_text(text_of($lang, $i), lang => $lang, shape => $shapes[ $i % @shapes ], subject => "text $lang-$i",
-			quiet => 1, headers => $i == 1 ? "X-Pepsi-Language: en; confidence=1.00\r\n" : '');
+		$corpus .= send_text(text_of($lang, $i), lang => $lang, shape => $shapes[ $i % @shapes ],
+			subject => "text $lang-$i", stage => 'corpus', to => ['corpus@local.test'],
+			headers => $i == 1 ? "X-Pepsi-Language: en; confidence=1.00\r\n" : '');
 	}
 }
-$node->safe_psql('postgres', 'SELECT pepsi.notify_workqueue()');
-ok(settled(), 'every message delivered') or diag(scalar(maildir_files($root, 'reader@local.test')) . ' delivered');
-my (%right, %wrong, $forged_kept, $one_header);
-for my $file (maildir_files($root, 'reader@local.test'))
+$node->safe_psql('postgres', "BEGIN;\n${corpus}COMMIT;\nSELECT pepsi.notify_workqueue();");
+my $total = @languages * $per_language;
+my $held_sql = "FROM pepsi.workqueue WHERE stage = 'block' AND status = 'paused' AND rcpt_to = '{corpus\@local.test}'";
+ok(poll_until(sub { $node->safe_psql('postgres', "SELECT count(*) $held_sql") + maildir_files($root, 'corpus@local.test') == $total },
+		180),
+	"all $total messages detected, and held or delivered");
+my $parked = decode_json($node->safe_psql('postgres',
+	"SELECT coalesce(json_agg(json_build_object('headers', convert_from(headers, 'UTF8'), 'state', state)), '[]') $held_sql"));
+# A wrong verdict was delivered: its headers are in the file (its state is gone).
+push @$parked, map { { headers => slurp($_) =~ s/\r\n\r\n.*//sr . "\r\n", delivered => 1 } } maildir_files($root, 'corpus@local.test');
+my (%right, %wrong, $forged_kept, $one_header, $state_agrees);
+for my $row (@$parked)
 {
-	my $text = slurp($file);
+	my $text = $row->{headers};
 	my ($lang, $i) = $text =~ /^Subject: text (\w+)-(\d+)\r\n/m or next;
 	my $verdict = language_header($text) // '';
 	my ($primary) = $verdict =~ /^([\w-]+);/;
@@ -164,6 +185,7 @@ for my $file (maildir_files($root, 'reader@local.test'))
 	{
 		push @{ $wrong{$lang} }, "$lang-$i ($shapes[$i % @shapes]): $verdict";
 	}
+	$state_agrees++ if $row->{delivered} || ($row->{state}{language}{primary} // '') eq ($primary // 'none');
 	if ($i == 1)
 	{
 		$forged_kept++ if $text =~ /^X-Pepsi-Language: en; confidence=1\.00\r\n/m;
@@ -175,11 +197,13 @@ for my $lang (@languages)
 	cmp_ok($right{$lang} // 0, '>=', 18, "$lang: right on at least 18 of $per_language")
 	  or diag(join "\n", @{ $wrong{$lang} // [] });
 }
+is($state_agrees // 0, $total, 'state.language.primary is the header\'s, for every message');
 ok(!$forged_kept, 'an X-Pepsi-Language the message came with is not kept');
 is($one_header // 0, scalar @languages, 'each message has one X-Pepsi-Language, ours');
-like(language_header(slurp((maildir_files($root, 'reader@local.test'))[0]) // ''),
+like(language_header($parked->[0]{headers} // '') // '',
 	qr/^[\w-]+; confidence=[01]\.\d\d; candidates=[\w-]+:[01]\.\d\d(?:,[\w-]+:[01]\.\d\d)*$/,
 	'the header names the primary, its confidence and the candidates');
+$node->safe_psql('postgres', "DELETE $held_sql");
 
 # Refused: the sender gets a DSN, the blocker nothing, another recipient the message.
 my $french = text_of('fr', 3);
@@ -235,9 +259,9 @@ my $cli = pepsi_bin('pepsi-detect-language');
 ok(-l $cli, 'pepsi-detect-language is a link to the stage\'s file');
 my ($out) = run_command([ $cli, '-t', sprintf('%s/de-02.txt', $texts_dir) ]);
 like($out, qr/^de; confidence=/, 'pepsi-detect-language -t FILE');
-IPC::Run::run([ $cli, '--json', '-' ], '<', \slurp((maildir_files($root, 'reader@local.test'))[0]), '>', \$out);
+IPC::Run::run([ $cli, '--json', '-' ], '<', \slurp((maildir_files($root, 'holder@local.test'))[0]), '>', \$out);
 my $json = eval { decode_json($out) } // {};
-ok(defined $json->{primary} && ref $json->{candidates} eq 'ARRAY', 'a message on standard input, --json');
+is($json->{primary}, 'de', 'a message on standard input, --json');
 my ($bad_out, $bad_err) = run_command([ $cli, '-t', "$texts_dir/missing.txt" ]);
 like($bad_err, qr{missing\.txt}, 'an unreadable file is named');
 
