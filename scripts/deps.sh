@@ -33,6 +33,8 @@ run_packages=(
     libmicrohttpd-dev libargon2-dev libsystemd-dev
     # the relay's MTA-STS policies over HTTPS (libcurl)
     libcurl4-openssl-dev
+    # pepsi-stage-detect-language: libexttextcat and its language models
+    libexttextcat-dev libexttextcat-data
     # the public suffix list libpsl reads for DMARC's organizational domain
     publicsuffix
     # scripts/run.sh: its certificate and passwords (openssl), its users
@@ -77,6 +79,10 @@ check_packages=(
     pandoc man-db
     # the log read by Postfix's log summary (t/131_pflogsumm.pl)
     pflogsumm
+    # the language tests' texts (t/136_language.pl, bench/language): the
+    # translations of coreutils, tar, dpkg and apt, read from their
+    # message catalogs with msgunfmt (gettext)
+    gettext coreutils tar dpkg apt
     # make format, make format-check
     clang-format
     # pepsi-httpd's page tested in a browser: Debian's Chromium (driven by
