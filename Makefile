@@ -304,12 +304,13 @@ install-programs: programs
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
-# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service").
+# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service"),
+# and pepsi-failure-bouncer.timer if wanted.
 SYSCONFDIR ?= /etc
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)
-	for u in dist/systemd/*.service.in; do \
+	for u in dist/systemd/*.service.in dist/systemd/*.timer.in; do \
 		sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' $$u \
 			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
@@ -383,7 +384,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
 	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))
-	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in dist/systemd/*.timer.in))))
 
 deps:
 	@scripts/deps.sh check
