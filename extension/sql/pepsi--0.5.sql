@@ -3617,7 +3617,9 @@ CREATE FUNCTION pepsi.schedule_functions(OUT name text, OUT arguments text, OUT 
 RETURNS SETOF record LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     VALUES ('failure_bounce',
             'older_than (interval, required), policy ("bounce" or "delete"), bounce_stage, max_rows',
-            'Bounce (or delete) failed and timed-out rows older than older_than: pepsi-failure-bouncer(8)')
+            'Bounce (or delete) failed and timed-out rows older than older_than: pepsi-failure-bouncer(8)'),
+           ('dmarc_aggregate_prune', 'older_than (interval, required, an hour or more)',
+            'Delete the DMARC verdicts counted more than older_than ago: pepsi-dmarc-report(8)')
 $$;
 
 -- Check a call's arguments as the call would read them; raise naming the
@@ -3665,6 +3667,22 @@ BEGIN
         END;
         PERFORM pepsi.failure_bounce_check(older_than, coalesce(arguments ->> 'policy', 'bounce'),
                                            coalesce(arguments ->> 'bounce_stage', 'bounce'), max_rows);
+    ELSIF function_name = 'dmarc_aggregate_prune' THEN
+        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k WHERE k <> 'older_than';
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'dmarc_aggregate_prune takes no argument %', unknown
+                USING ERRCODE = 'invalid_parameter_value', DETAIL = 'Its argument: older_than.';
+        END IF;
+        BEGIN
+            older_than := (arguments ->> 'older_than')::interval;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+            RAISE EXCEPTION 'dmarc_aggregate_prune''s older_than is not an interval: "%"', arguments ->> 'older_than'
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+        IF older_than IS NULL OR older_than < interval '1 hour' THEN
+            RAISE EXCEPTION 'dmarc_aggregate_prune needs older_than, an hour or more'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
 END
 $$;
@@ -3687,6 +3705,8 @@ BEGIN
                                       coalesce(arguments ->> 'bounce_stage', 'bounce'),
                                       coalesce((arguments ->> 'max_rows')::integer, 1000)) f;
             RETURN format('%s bounced, %s deleted', bounced, deleted);
+        WHEN 'dmarc_aggregate_prune' THEN
+            RETURN format('%s rows pruned', pepsi.dmarc_aggregate_prune((arguments ->> 'older_than')::interval));
     END CASE;
 END
 $$;
@@ -3952,3 +3972,101 @@ SELECT pg_catalog.pg_extension_config_dump('pepsi.schedule', '');
 SELECT pepsi.grant_apply();
 
 -- end of one timer and the failure bouncer
+
+-- ===========================================================================
+-- DMARC aggregate reports (RFC 7489 7.2): the verdicts pepsi-ingress
+-- counts, for pepsi-dmarc-report(8)
+-- ===========================================================================
+
+-- One row per hour and per what a report's <record> shows: the domain whose
+-- policy applied (where the _dmarc record was found), the header From
+-- domain, the client's address, the envelope's (MAIL FROM or HELO)
+-- domain, the disposition applied, DMARC's aligned DKIM and SPF results,
+-- and the DKIM signature and SPF check reported with them; messages counts
+-- the messages.  pepsi-ingress counts in memory and adds its counts with
+-- pepsi.dmarc_tally() in the transaction of its periodic report
+-- (pepsi.ingress_report, every few seconds): no round trip per message.
+CREATE TABLE pepsi.dmarc_aggregate (
+    period          timestamptz NOT NULL CHECK (period = date_trunc('hour', period)),
+    policy_domain   text NOT NULL,
+    header_from     text NOT NULL,
+    source_ip       inet NOT NULL,
+    envelope_from   text NOT NULL DEFAULT '',
+    disposition     text NOT NULL CHECK (disposition IN ('none', 'quarantine', 'reject')),
+    dkim            text NOT NULL CHECK (dkim IN ('pass', 'fail')),
+    spf             text NOT NULL CHECK (spf IN ('pass', 'fail')),
+    dkim_domain     text NOT NULL DEFAULT '',
+    dkim_selector   text NOT NULL DEFAULT '',
+    dkim_result     text NOT NULL DEFAULT '',
+    spf_scope       text NOT NULL DEFAULT 'mfrom' CHECK (spf_scope IN ('mfrom', 'helo')),
+    spf_result      text NOT NULL DEFAULT 'none',
+    messages        bigint NOT NULL CHECK (messages > 0),
+    PRIMARY KEY (policy_domain, period, header_from, source_ip, envelope_from, disposition, dkim, spf,
+                 dkim_domain, dkim_selector, dkim_result, spf_scope, spf_result)
+);
+CREATE INDEX dmarc_aggregate_period ON pepsi.dmarc_aggregate (period);
+COMMENT ON TABLE pepsi.dmarc_aggregate IS
+    'DMARC verdicts per hour and report record, counted by pepsi-ingress for pepsi-dmarc-report';
+
+-- Add a batch of counts (pepsi-ingress): a JSON array of objects with the
+-- columns above (count for messages), at most 100000; the hour is now's.
+CREATE FUNCTION pepsi.dmarc_tally(counts jsonb) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    added integer;
+BEGIN
+    IF counts IS NULL OR jsonb_typeof(counts) <> 'array' THEN
+        RAISE EXCEPTION 'counts must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_array_length(counts) > 100000 THEN
+        RAISE EXCEPTION 'at most 100000 records in one call, not %', jsonb_array_length(counts)
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    INSERT INTO pepsi.dmarc_aggregate AS a (period, policy_domain, header_from, source_ip, envelope_from,
+        disposition, dkim, spf, dkim_domain, dkim_selector, dkim_result, spf_scope, spf_result, messages)
+    SELECT date_trunc('hour', now()), lower(r.policy_domain), lower(r.header_from), r.source_ip,
+           lower(coalesce(r.envelope_from, '')), r.disposition, r.dkim, r.spf,
+           lower(coalesce(r.dkim_domain, '')), coalesce(r.dkim_selector, ''), coalesce(r.dkim_result, ''),
+           coalesce(nullif(r.spf_scope, ''), 'mfrom'), coalesce(nullif(r.spf_result, ''), 'none'),
+           sum(r.count)
+    FROM jsonb_to_recordset(counts) AS r(policy_domain text, header_from text, source_ip inet,
+        envelope_from text, disposition text, dkim text, spf text, dkim_domain text, dkim_selector text,
+        dkim_result text, spf_scope text, spf_result text, count bigint)
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+    ON CONFLICT (policy_domain, period, header_from, source_ip, envelope_from, disposition, dkim, spf,
+                 dkim_domain, dkim_selector, dkim_result, spf_scope, spf_result)
+    DO UPDATE SET messages = a.messages + excluded.messages;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added;
+END
+$$;
+
+-- The rows of past reports go (a pepsi.schedule row may call it:
+-- dmarc_aggregate_prune on the allow-list).  Returns how many went.
+CREATE FUNCTION pepsi.dmarc_aggregate_prune(older_than interval) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    pruned bigint;
+BEGIN
+    IF older_than IS NULL OR older_than < interval '1 hour' THEN
+        RAISE EXCEPTION 'older_than must be an hour or more, not %', coalesce(older_than::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM pepsi.dmarc_aggregate a WHERE a.period < now() - older_than;
+    GET DIAGNOSTICS pruned = ROW_COUNT;
+    RETURN pruned;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_ingress', 'function', 'dmarc_tally', '{EXECUTE}'),
+    ('pepsi_config', 'table', 'dmarc_aggregate', '{SELECT}'),
+    ('pepsi_config', 'function', 'dmarc_aggregate_prune', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'dmarc_aggregate', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('dmarc_tally'), ('dmarc_aggregate_prune');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.dmarc_aggregate', '');
+
+SELECT pepsi.grant_apply();
+
+-- end of DMARC aggregate reports
