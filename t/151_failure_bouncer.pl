@@ -29,14 +29,7 @@ make_mailbox($root, $_) for $sender, $other;
 # operator's connection and [failure-bouncer].
 my $config = delivery_config($node, maildir_root => $root,
 	sections => "[failure-bouncer]\nMAX_AGE = 1h\n");
-my $tool_config = "$config.tool";
-{
-	open my $fh, '>', $tool_config or die "$tool_config: $!";
-	print $fh slurp($config)
-	  . sprintf("[database]\nCONFIG_CONNINFO = host=%s port=%d dbname=%s user=operator\n",
-		$node->host, $node->port, $db);
-	close $fh;
-}
+my $tool_config = operator_config($node, $config, 'operator');
 
 sub sql { return $node->safe_psql($db, shift); }
 

@@ -527,12 +527,38 @@ BEGIN
 END
 $$;
 
+-- pepsi-dmarc-report's message into the queue (pepsi_config): a new row at
+-- stage, to the one rua address, marked as Pepsi's own mail (state.origin,
+-- so pepsi-stage-dkim-sign signs it), through pepsi.workqueue_inject with
+-- the token dmarc-report:<report id>:<rua>, so a report is queued once for
+-- each of its destinations however often the tool runs.  Logged in
+-- pepsi.event_log.  Returns the row's id, or NULL when it was queued
+-- already.
+CREATE FUNCTION pepsi.dmarc_report_inject(stage text, mail_from text, rua text, headers bytea, body bytea,
+    policy_domain text, report_id text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    queued bigint;
+BEGIN
+    IF report_id IS NULL OR report_id = '' OR policy_domain IS NULL OR policy_domain = '' THEN
+        RAISE EXCEPTION 'a report needs its report_id and policy_domain' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    queued := pepsi.workqueue_inject(stage, mail_from, ARRAY[rua], headers, body,
+        jsonb_build_object('origin', jsonb_build_object('trust', 'pepsi', 'program', 'pepsi-dmarc-report')),
+        format('dmarc-report:%s:%s', report_id, lower(rua)));
+    PERFORM pepsi.event_log_write('dmarc_report_sent',
+        jsonb_build_object('domain', policy_domain, 'rua', rua, 'report_id', report_id, 'row', queued));
+    RETURN queued;
+END
+$$;
+
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_ingress', 'function', 'dmarc_tally', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'dmarc_report_inject', '{EXECUTE}'),
     ('pepsi_config', 'table', 'dmarc_aggregate', '{SELECT}'),
     ('pepsi_config', 'function', 'dmarc_aggregate_prune', '{EXECUTE}'),
     ('pepsi_monitor', 'table', 'dmarc_aggregate', '{SELECT}');
-INSERT INTO pepsi.grant_definer (name) VALUES ('dmarc_tally'), ('dmarc_aggregate_prune');
+INSERT INTO pepsi.grant_definer (name) VALUES ('dmarc_tally'), ('dmarc_aggregate_prune'), ('dmarc_report_inject');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.dmarc_aggregate', '');
 
