@@ -54,7 +54,7 @@ PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ischema -I$(B) \
 DEPFLAGS = -MMD -MP -MF $@.d -MT $@
 # libunbound runs its thread on libevent, and libev exports libevent's names too
 # (event_set...): libevent must come first so libunbound binds to the real one.
-LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lcurl -lssl -lcrypto -lcrypt -lm
+LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lcurl -lssl -lcrypto -lcrypt -lz -lm
 
 B = build
 # common/ is grouped in subfolders (docs/architecture.md names each);
@@ -393,12 +393,13 @@ install-programs: programs
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
-# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service").
+# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service"),
+# and pepsi-failure-bouncer.timer if wanted.
 SYSCONFDIR ?= /etc
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)
-	for u in dist/systemd/*.service.in; do \
+	for u in dist/systemd/*.service.in dist/systemd/*.timer.in; do \
 		sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' $$u \
 			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
@@ -499,7 +500,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
 	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))
-	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in dist/systemd/*.timer.in))))
 	rm -f $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
 deps:

@@ -31,8 +31,9 @@ run_packages=(
     # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev
-    # the relay's MTA-STS policies over HTTPS (libcurl)
-    libcurl4-openssl-dev
+    # the relay's MTA-STS policies over HTTPS (libcurl); pepsi-dmarc-report's
+    # gzip (zlib)
+    libcurl4-openssl-dev zlib1g-dev
     # pepsi-stage-detect-language: libexttextcat and its language models
     libexttextcat-dev libexttextcat-data
     # the public suffix list libpsl reads for DMARC's organizational domain
@@ -61,6 +62,8 @@ check_packages=(
     dovecot-core dovecot-lmtpd
     # the tests' DNS server (t/lib/testdns.py)
     python3-dnslib
+    # xmllint, which validates the DMARC aggregate reports against their schema
+    libxml2-utils
     # the SPF evaluator's test suite (RFC 7208, shipped by python3-spf), read with PyYAML
     python3-spf python3-yaml
     # DKIM/ARC signing tests: independent verifiers (python3-dkim,

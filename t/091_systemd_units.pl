@@ -19,8 +19,9 @@ plan skip_all => 'systemd-analyze is not installed' unless -x $analyze;
 my $top = $ENV{PEPSI_TOP} // dirname(__FILE__) . '/..';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $bindir = dirname(pepsi_bin('pepsi-ingress'));
-my @units = glob("$top/dist/systemd/*.service.in");
-is(scalar @units, 3, 'three units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
+# The daemons' units, and the failure bouncer's (a oneshot its timer starts).
+my @units = grep { !/pepsi-failure-bouncer/ } glob("$top/dist/systemd/*.service.in");
+is(scalar @units, 3, 'three daemon units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
 
 # What make install does to them (install-systemd), into a test directory.
 sub install_unit
@@ -66,6 +67,22 @@ for my $template (@units)
 	}
 	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
 }
+
+# pepsi-failure-bouncer: a oneshot service and the timer that starts it
+# (the timer is verified with its service beside it, as installed).
+my $bouncer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.service.in");
+my $timer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.timer.in");
+for my $unit ($bouncer, $timer)
+{
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+}
+my $bouncer_text = PostgreSQL::Test::Utils::slurp_file($bouncer);
+like($bouncer_text, qr/^Type=oneshot$/m, 'the failure bouncer is a oneshot');
+like($bouncer_text, qr/^User=pepsi$/m, '... runs as pepsi');
+like($bouncer_text, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
+like(PostgreSQL::Test::Utils::slurp_file($timer), qr/^OnCalendar=/m, 'its timer runs it on a calendar');
 
 # The settings that set no_new_privs as NoNewPrivileges=yes does, for a
 # unit without CAP_SYS_ADMIN (User= set): systemd.exec(5), "NoNewPrivileges=yes
