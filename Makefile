@@ -21,7 +21,8 @@
 #   make bench    run the benchmarks in bench/
 #
 # Programs are found by directory: daemons/X builds pepsi-X, stages/X
-# builds pepsi-stage-X, cli/X builds pepsi-X.  Each defines
+# builds pepsi-stage-X, cli/X builds pepsi-X, and the unprivileged
+# helpers/X pepsi-helper-X.  Each defines
 # <name>_main (dashes as underscores); a stage also defines <name>_stage.
 # Every program is built standalone (build/bin/) and linked into the
 # multi-call binary build/bin/pepsi.
@@ -56,8 +57,12 @@ B = build
 COMMON_GROUPS = auth base config delivery dns local message process runtime smtp
 COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix /*.c,$(COMMON_GROUPS))) schema/*.c))
 
-program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
-program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
+# The helpers a timer runs, with no permission bit of their own (libpq,
+# libcurl, jansson as any program), are programs of the multi-call binary
+# too, named pepsi-helper-X; the set-id helpers are not (Privileged programs).
+UNPRIVILEGED_HELPER_DIRS = helpers/token-refresh/
+program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/) $(UNPRIVILEGED_HELPER_DIRS)
+program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),$(if $(findstring helpers/,$(1)),pepsi-helper-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=))))
 program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
@@ -151,7 +156,7 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
 # not as root, both without their bits, with a warning.
 HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
-helper_dirs = $(wildcard helpers/*/)
+helper_dirs = $(filter-out $(UNPRIVILEGED_HELPER_DIRS),$(wildcard helpers/*/))
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 # Per helper: its stage and the group they share; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
@@ -182,10 +187,20 @@ $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
 programs: $(addprefix $(B)/bin/,$(HELPERS))
 
-# The set-id programs make install installs (the helpers' callers): the one
-# list, which the code gets as PEPSI_SETID_PROGRAMS (common/process/privilege.c):
-# pepsi-dispatch runs no other set-id file it finds.
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h)))
+# Set-group-id stages that run no helper: their group's files are what
+# they read.  relay-to-smarthost reads the OAuth access tokens of group
+# pepsi-token (spec: the setgid pepsi-stage-relay-to-smarthost), which
+# pepsi-helper-token-refresh writes.  It stays in the multi-call binary,
+# where a password-authenticated smarthost runs fused after route; with a
+# token it never fuses (its can_fuse), so its rows reach this file.
+SETGID_STAGES = pepsi-stage-relay-to-smarthost
+SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
+
+# The set-id programs make install installs (the helpers' callers and the
+# set-group-id stages): the one list, which the code gets as
+# PEPSI_SETID_PROGRAMS (common/process/privilege.c): pepsi-dispatch runs
+# no other set-id file it finds.
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -209,10 +224,23 @@ define install_privileged
 	fi
 
 endef
+# install_setgid_stage STAGE GROUP
+define install_setgid_stage
+	if [ "$$(id -u)" -eq 0 ]; then \
+		getent group $(2) >/dev/null || groupadd --system $(2); \
+		rm -f $(DESTDIR)$(PREFIX)/bin/$(1); \
+		install -o root -g $(2) -m 2755 $(B)/bin/$(1) $(DESTDIR)$(PREFIX)/bin/$(1); \
+	else \
+		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$(1); \
+		echo "warning: not root: $(1) installed as a link to the multi-call binary, without its setgid $(2) bit"; \
+	fi
+
+endef
 # (The empty line ends each call's recipe line: one shell command per helper.)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin
 	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h))))
+	$(foreach s,$(SETGID_STAGES),$(call install_setgid_stage,$(s),$(SETGID_GROUP_$(s))))
 install-programs: install-privileged
 
 uninstall-privileged:
@@ -299,7 +327,7 @@ install-sendmail-links: install-programs
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))),$(PROGRAMS)); do \
+	for p in $(filter-out $(SETID_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
 
 # The service units (dist/systemd), with this installation's paths; then
@@ -309,7 +337,7 @@ SYSCONFDIR ?= /etc
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)
-	for u in dist/systemd/*.service.in; do \
+	for u in dist/systemd/*.service.in dist/systemd/*.timer.in; do \
 		sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' $$u \
 			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \

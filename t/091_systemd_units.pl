@@ -19,8 +19,9 @@ plan skip_all => 'systemd-analyze is not installed' unless -x $analyze;
 my $top = $ENV{PEPSI_TOP} // dirname(__FILE__) . '/..';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $bindir = dirname(pepsi_bin('pepsi-ingress'));
-my @units = glob("$top/dist/systemd/*.service.in");
-is(scalar @units, 3, 'three units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
+# The daemons' units; the oneshot helpers' service and timer are checked below.
+my @units = grep { !/token-refresh/ } glob("$top/dist/systemd/*.service.in");
+is(scalar @units, 3, 'three daemon units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
 
 # What make install does to them (install-systemd), into a test directory.
 sub install_unit
@@ -96,6 +97,22 @@ my @why = sets_no_new_privileges(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi
 is("@why", '', 'the dispatcher may run the set-id delivery stages and helpers: nothing sets no_new_privs');
 is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'LockPersonality= with User=',
 	'(a setting that implies it under User= is seen)');
+
+# pepsi-helper-token-refresh: a oneshot service its timer starts.
+my @timers = glob("$top/dist/systemd/*.timer.in");
+is(scalar @timers, 1, 'one timer: pepsi-token-refresh');
+for my $template ("$top/dist/systemd/pepsi-token-refresh.service.in", @timers)
+{
+	my $unit = install_unit($template);
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+}
+my $refresh = PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-token-refresh.service");
+like($refresh, qr/^Type=oneshot$/m, 'the token refresh is a oneshot');
+like($refresh, qr/^NoNewPrivileges=yes$/m, '... that can never gain privileges');
+like(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-token-refresh.timer"), qr/^OnUnitActiveSec=5min$/m,
+	'... started every five minutes by its timer');
 
 my $broken = install_unit($units[0], sub { my $t = shift; $t =~ s/^Restart=.*$/Restart=sometimes/m; $t });
 my ($rc, $said) = verify($broken);
