@@ -27,7 +27,8 @@
 #   make bench    run the benchmarks in bench/
 #
 # Programs are found by directory: daemons/X builds pepsi-X, stages/X
-# builds pepsi-stage-X, cli/X builds pepsi-X.  Each defines
+# builds pepsi-stage-X, cli/X builds pepsi-X, and the unprivileged
+# helpers/X pepsi-helper-X.  Each defines
 # <name>_main (dashes as underscores); a stage also defines <name>_stage.
 # Every program is built standalone (build/bin/) and linked into the
 # multi-call binary build/bin/pepsi.
@@ -65,8 +66,13 @@ COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix
 # A directory of SEPARATE_PROGRAM_DIRS builds a multi-call binary of its own
 # (below), not a program of the shared one.
 SEPARATE_PROGRAM_DIRS = stages/detect-language/
-program_dirs = $(filter-out $(SEPARATE_PROGRAM_DIRS),$(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/))
-program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
+# The helpers a timer runs, with no permission bit of their own (libpq,
+# libcurl, jansson as any program), are programs of the multi-call binary
+# too, named pepsi-helper-X; the set-id helpers are not (Privileged programs).
+UNPRIVILEGED_HELPER_DIRS = helpers/token-refresh/
+program_dirs = $(filter-out $(SEPARATE_PROGRAM_DIRS),$(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)) \
+               $(UNPRIVILEGED_HELPER_DIRS)
+program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),$(if $(findstring helpers/,$(1)),pepsi-helper-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=))))
 program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
@@ -198,7 +204,7 @@ uninstall: uninstall-language
 # it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
 # which make install reads too (install-privileged, below).
 HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
-helper_dirs = $(wildcard helpers/*/)
+helper_dirs = $(filter-out $(UNPRIVILEGED_HELPER_DIRS),$(wildcard helpers/*/))
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 # Per helper: its stage; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
@@ -227,10 +233,20 @@ $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
 programs: $(addprefix $(B)/bin/,$(HELPERS))
 
-# The set-id programs make install installs (the helpers' callers): the one
-# list, which the code gets as PEPSI_SETID_PROGRAMS (common/process/privilege.c):
-# pepsi-dispatch runs no other set-id file it finds.
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h)))
+# Set-group-id stages that run no helper: their group's files are what
+# they read.  relay-to-smarthost reads the OAuth access tokens of group
+# pepsi-token (spec: the setgid pepsi-stage-relay-to-smarthost), which
+# pepsi-helper-token-refresh writes.  It stays in the multi-call binary,
+# where a password-authenticated smarthost runs fused after route; with a
+# token it never fuses (its can_fuse), so its rows reach this file.
+SETGID_STAGES = pepsi-stage-relay-to-smarthost
+SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
+
+# The set-id programs make install installs (the helpers' callers and the
+# set-group-id stages): the one list, which the code gets as
+# PEPSI_SETID_PROGRAMS (common/process/privilege.c): pepsi-dispatch runs
+# no other set-id file it finds.
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -388,7 +404,7 @@ install-sendmail-links: install-programs
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))),$(PROGRAMS)); do \
+	for p in $(filter-out $(SETID_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
 
 # The service units (dist/systemd), with this installation's paths; then
