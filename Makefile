@@ -418,9 +418,19 @@ SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
+# Only the programs those tests run are linked (the objects are all
+# compiled, for the multi-call binary): the daemons, the stages their
+# configurations name (t/lib/DispatchTest.pm, t/lib/DeliveryTest.pm), the
+# helpers and the test stage.  A sanitized test that runs another program
+# names it here.
+SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
+                    pepsi-stage-discard pepsi-stage-if pepsi-stage-route pepsi-stage-bounce \
+                    pepsi-stage-relay-to-internet pepsi-stage-relay-to-maildir pepsi-stage-relay-to-smarthost \
+                    $(HELPERS) pepsi-test-probe
+
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
-		programs test-programs unit-tests
+		$(addprefix $(SANITIZE_B)/bin/,$(SANITIZE_PROGRAMS)) unit-tests
 
 sanitize: sanitize-build
 	$(MAKE) -C extension install
