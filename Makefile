@@ -567,9 +567,19 @@ SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
+# Only the programs those tests run are linked (the objects are all
+# compiled, for the multi-call binary): the daemons, the stages their
+# configurations name (t/lib/DispatchTest.pm, t/lib/DeliveryTest.pm), the
+# helpers and the test stage.  A sanitized test that runs another program
+# names it here.
+SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
+                    pepsi-stage-discard pepsi-stage-if pepsi-stage-route pepsi-stage-bounce \
+                    pepsi-stage-relay-to-internet pepsi-stage-relay-to-maildir pepsi-stage-relay-to-smarthost \
+                    $(HELPERS) pepsi-test-probe
+
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
-		programs test-programs unit-tests
+		$(addprefix $(SANITIZE_B)/bin/,$(SANITIZE_PROGRAMS)) unit-tests
 
 sanitize: sanitize-build
 	$(MAKE) -C extension install
@@ -606,79 +616,70 @@ FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -std=gnu11 -D_GNU_SOURCE -Icommon -Ischema
 
-$(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c daemons/ingress/smtp_syntax.c \
-                     daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
-                     common/base/buf.c common/base/log.c common/base/xalloc.c common/message/message.c common/local/local.c \
-                     common/local/aliases.c common/config/config.c schema/options.c common/message/header.c common/auth/results.c \
-                     common/smtp/smtp_address.c common/base/base64.c common/config/config_route.c \
-                     $(wildcard daemons/ingress/*.h common/*/*.h schema/*.h)
+# Each source is compiled once, into $(B)/fuzz/obj/, and the objects are
+# shared by the targets that link it (common/ is in most of them).  A
+# harness in X/fuzz/ includes X's headers.
+$(B)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
-		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson -lcrypto
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -I$(dir $<) -I$(patsubst %/fuzz/,%,$(dir $<)) -I$(PG_INCLUDEDIR) -c -o $@ $<
+fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
+FUZZ_BASE = common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c
+FUZZ_CONFIG = common/config/config.c common/config/config_route.c schema/options.c
+FUZZ_SMTP_CLIENT = common/smtp/smtp_client.c common/smtp/smtp_client_io.c common/smtp/smtp_transaction.c \
+                   common/smtp/smtp_auth.c common/message/mime_downgrade.c common/message/mime.c \
+                   common/smtp/tls_policy.c common/message/message.c \
+                   common/message/header.c common/dns/dns.c common/smtp/mta_sts.c
+# (the link: libFuzzer's main and the sanitizers' runtimes)
+fuzz_link = $(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS) -lpthread
 
-$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c common/message/srs.c common/base/base64.c common/config/config_route.c \
-                     common/base/buf.c common/base/log.c common/base/xalloc.c common/config/config.c schema/options.c \
-                     $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_smtp: $(call fuzz_objs,daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c \
+                     daemons/ingress/smtp_syntax.c daemons/ingress/envelope.c daemons/ingress/relay_control.c \
+                     daemons/ingress/auth_throttle.c common/message/message.c common/local/local.c common/local/aliases.c \
+                     common/message/header.c common/auth/results.c common/smtp/smtp_address.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
-                       common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard stages/milter/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
+$(B)/fuzz/fuzz_auth: $(call fuzz_objs,common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c \
+                     common/message/srs.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
-                            common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/message/mime.c common/smtp/tls_policy.c common/message/message.c common/message/header.c \
-                            common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
-                            common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS) -lpthread
+$(B)/fuzz/fuzz_milter: $(call fuzz_objs,stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
+                       common/base/buf.c common/base/log.c common/base/xalloc.c)
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_canon: common/auth/fuzz/fuzz_canon.c common/auth/canon.c common/base/base64.c common/base/buf.c common/base/log.c \
-                      common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_smtp_client: $(call fuzz_objs,common/fuzz/fuzz_smtp_client.c $(FUZZ_SMTP_CLIENT) $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/message/mime_downgrade.c common/message/mime.c common/message/message.c common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c \
-                     common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_canon: $(call fuzz_objs,common/auth/fuzz/fuzz_canon.c common/auth/canon.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/message/dsn.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
-                    common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/message/mime.c common/smtp/tls_policy.c common/message/message.c \
-                    common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
-                    common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_mime: $(call fuzz_objs,common/fuzz/fuzz_mime.c common/message/mime_downgrade.c common/message/mime.c common/message/message.c \
+                     common/message/header.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_forward: helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c \
-                        common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard helpers/dot-forward/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ihelpers/dot-forward -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_dsn: $(call fuzz_objs,common/fuzz/fuzz_dsn.c common/message/dsn.c $(FUZZ_SMTP_CLIENT) $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c common/config/config.c common/config/config_route.c \
-                        schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_forward: $(call fuzz_objs,helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config/config.c common/config/config_route.c schema/options.c \
-                       common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_aliases: $(call fuzz_objs,common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c \
+                        $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
+
+$(B)/fuzz/fuzz_config: $(call fuzz_objs,common/fuzz/fuzz_config.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
 # (fuzz_api.c includes api.c, for its static functions)
-$(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
-                    daemons/httpd/api.c $(wildcard daemons/httpd/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/httpd -I$(PG_INCLUDEDIR) -o $@ \
-		$(filter-out daemons/httpd/api.c,$(filter %.c,$^)) $(LDLIBS)
+$(B)/fuzz/fuzz_api: $(call fuzz_objs,daemons/httpd/fuzz/fuzz_api.c $(FUZZ_BASE))
+	$(fuzz_link)
 
 # (fuzz_dns.c includes dns.c, for its static functions)
-$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/config/config.c \
-                    common/config/config_route.c schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
-                    common/dns/dns.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter-out common/dns/dns.c,$(filter %.c,$^)) $(LDLIBS)
+$(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c \
+                    $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
+
+# The headers (and, for fuzz_api and fuzz_dns, the .c) each fuzz object read.
+-include $(wildcard $(B)/fuzz/obj/*/*.d $(B)/fuzz/obj/*/*/*.d $(B)/fuzz/obj/*/*/*/*.d)
 
 FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
                $(B)/fuzz/fuzz_auth \
