@@ -53,7 +53,7 @@ LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl 
 B = build
 # common/ is grouped in subfolders (docs/architecture.md names each);
 # schema/ holds what the extension compiles too (the option schema).
-COMMON_GROUPS = auth base config delivery dns local message process runtime smtp
+COMMON_GROUPS = auth base config delivery dns local message process runtime setup smtp
 COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix /*.c,$(COMMON_GROUPS))) schema/*.c))
 
 program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
@@ -62,6 +62,10 @@ program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
+# Programs kept out of the multi-call binary (spec 22.2): pepsi-setup's
+# one-off provisioning code would otherwise sit in every process's binary.
+STANDALONE_PROGRAMS = pepsi-setup
+standalone_dirs = cli/setup/
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
@@ -195,7 +199,7 @@ $(B)/common/process/privilege.o: | $(B)/setid_programs.h
 # The standalone rules above are made; from here on program_dirs (read by
 # the recipes of programs.h, the multi-call binary, install and uninstall
 # when they run) leaves the privileged stages out.
-program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
+program_dirs := $(filter-out $(privileged_stage_dirs) $(standalone_dirs),$(program_dirs))
 
 # install_privileged HELPER STAGE GROUP
 define install_privileged
@@ -299,8 +303,9 @@ install-sendmail-links: install-programs
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))),$(PROGRAMS)); do \
+	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(STANDALONE_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
+	install -m 755 $(addprefix $(B)/bin/,$(STANDALONE_PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
