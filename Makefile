@@ -168,12 +168,12 @@ PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
 PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
-HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config \
+HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config common/config/config_secrets \
                                             common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 # The .forward helper reads ALLOW_FORWARD_PIPES and ALLOW_FORWARD_FILES from
 # root's pepsi.conf itself.
-HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_route schema/options
+HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_secrets common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-dot-forward = -linih
 
 define helper_rule
@@ -465,7 +465,7 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c daemons/ingress/smtp_syntax.c \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
                      common/base/buf.c common/base/log.c common/base/xalloc.c common/message/message.c common/local/local.c \
-                     common/local/aliases.c common/config/config.c schema/options.c common/message/header.c common/auth/results.c \
+                     common/local/aliases.c common/config/config.c common/config/config_secrets.c schema/options.c common/message/header.c common/auth/results.c \
                      common/smtp/smtp_address.c common/base/base64.c common/config/config_route.c \
                      $(wildcard daemons/ingress/*.h common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
@@ -473,7 +473,7 @@ $(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c dae
 		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson -lcrypto
 
 $(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c common/message/srs.c common/base/base64.c common/config/config_route.c \
-                     common/base/buf.c common/base/log.c common/base/xalloc.c common/config/config.c schema/options.c \
+                     common/base/buf.c common/base/log.c common/base/xalloc.c common/config/config.c common/config/config_secrets.c schema/options.c \
                      $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
@@ -485,7 +485,7 @@ $(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/message/milter.c 
 
 $(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
                             common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c common/message/header.c \
-                            common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
+                            common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_secrets.c common/config/config_route.c schema/options.c \
                             common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS) -lpthread
@@ -502,7 +502,7 @@ $(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/message/mime_downgrade.c com
 
 $(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/message/dsn.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
                     common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c \
-                    common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
+                    common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_secrets.c common/config/config_route.c schema/options.c \
                     common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
@@ -512,12 +512,12 @@ $(B)/fuzz/fuzz_forward: helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forw
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ihelpers/dot-forward -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c common/config/config.c common/config/config_route.c \
+$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c common/config/config.c common/config/config_secrets.c common/config/config_route.c \
                         schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
 
-$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config/config.c common/config/config_route.c schema/options.c \
+$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config/config.c common/config/config_secrets.c common/config/config_route.c schema/options.c \
                        common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
@@ -530,7 +530,7 @@ $(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base/base64.c common/ba
 		$(filter-out daemons/httpd/api.c,$(filter %.c,$^)) $(LDLIBS)
 
 # (fuzz_dns.c includes dns.c, for its static functions)
-$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/config/config.c \
+$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/config/config.c common/config/config_secrets.c \
                     common/config/config_route.c schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
                     common/dns/dns.c $(wildcard common/*/*.h schema/*.h)
 	@mkdir -p $(dir $@)
