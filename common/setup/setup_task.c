@@ -122,7 +122,14 @@ setup_domain_valid(const char *name, char *why, size_t whylen)
 		snprintf(why, whylen, "\"%s\" is not a domain (a domain has a dot: example.org)", name);
 		return false;
 	}
-	return option_domain_check(name, strlen(name), why, whylen);
+	{
+		char problem[512];
+
+		if (option_domain_check(name, strlen(name), problem, sizeof(problem)))
+			return true;
+		snprintf(why, whylen, "\"%.200s\" is not a domain: %s", name, problem);
+		return false;
+	}
 }
 
 static bool
