@@ -14,8 +14,8 @@
  * reads: config_load includes the fragments secrets.d/<name>.conf beside
  * the file, in name order, each owned by root (or by the account loading
  * it, which gains nothing by writing its own secrets) and readable by the
- * one group that needs it, mode 0640 at most.  A fragment this process may
- * not read is another account's and is skipped; one that is not owned or
+ * one group that needs it, mode 0640 at most.  A fragment (or a directory)
+ * this process may not read is another account's and is skipped; one that is not owned or
  * protected so is refused with its path and the reason.  A fragment holds
  * secret options only, and a secret option in pepsi.conf is refused.
  */

@@ -142,6 +142,11 @@ config_read_secrets(struct config_parse *p)
 		return false;
 	}
 	n = scandir(dir, &names, config_fragment_name_filter, config_fragment_name_compare);
+	if (n < 0 && errno == EACCES)
+	{
+		free(dir);
+		return true; /* a directory of mode 0750: none of its fragments is this account's */
+	}
 	if (n < 0)
 	{
 		snprintf(p->err, p->errlen, "%s: %s", dir, strerror(errno));

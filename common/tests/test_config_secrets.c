@@ -212,6 +212,13 @@ test_unreadable_fragment_skipped(void **state)
 	assert_null(config_text(cfg, "srs", "SECRET"));
 	assert_int_equal(cfg->fragment_count, 0);
 	config_free(cfg);
+	/* So is a directory this account may not read (root:GROUP, mode 0750). */
+	write_file(fragment("other.conf"), "[srs]\nSECRET = s\n", 0600);
+	assert_int_equal(chmod(secrets, 0300), 0);
+	cfg = load_ok();
+	assert_int_equal(cfg->fragment_count, 0);
+	config_free(cfg);
+	assert_int_equal(chmod(secrets, 0755), 0);
 }
 
 int
