@@ -201,6 +201,17 @@ $node->safe_psql($db, 'ALTER TABLE pepsi.setup_task DROP CONSTRAINT setup_task_k
 my $unknown_id = as_operator("INSERT INTO pepsi.setup_task (kind, params) VALUES ('format_disk', '{}') RETURNING id");
 my $extra_id = as_operator("INSERT INTO pepsi.setup_task (kind, params) VALUES ('pg_hba_line', "
 	. "'{\"type\": \"local\", \"database\": \"postgres\", \"user\": \"x\", \"method\": \"peer\", \"shell\": \"rm\"}') RETURNING id");
+# A certificate for the host is installed; one for another name is not.
+my ($good_tls, $other_tls) = (PostgreSQL::Test::Utils::tempdir(), PostgreSQL::Test::Utils::tempdir());
+self_signed_certificate($good_tls, 'mx.pepsi.test');
+self_signed_certificate($other_tls, 'other.test');
+my $certificate = sub {
+	my ($dir) = @_;
+	return as_operator("INSERT INTO pepsi.setup_task (kind, params) VALUES ('certificate', "
+		. "'{\"host\": \"mx.pepsi.test\", \"certificate\": \"$dir/cert.pem\", \"key\": \"$dir/key.pem\"}') RETURNING id");
+};
+my $cert_id = $certificate->($good_tls);
+my $wrong_cert_id = $certificate->($other_tls);
 my $row = sub {
 	my ($id) = @_;
 	return $node->safe_psql($db, "SELECT status || ': ' || coalesce(string_agg(l.line, ' | ' ORDER BY l.id), '') "
@@ -216,6 +227,12 @@ like($row->($unknown_id), qr/^refused: refused: unknown kind format_disk \(this 
 	'a row of an unknown kind is refused, with the reason logged');
 like($row->($extra_id), qr/^refused: refused: pg_hba_line takes no parameter "shell"/,
 	'a row with a parameter its kind does not take is refused, with the reason logged');
+
+like($row->($cert_id), qr/^done: .*tls\/fullchain\.pem: written/, 'a certificate for the host is installed');
+is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$good_tls/cert.pem"), 'as it was given');
+is(sprintf('%04o', (stat "$root/etc/pepsi/tls/privkey.pem")[2] & 07777), '0640', 'its key of mode 0640');
+like($row->($wrong_cert_id), qr/^failed: failed: the certificate \S+ is not for mx\.pepsi\.test$/,
+	'a certificate for another name is not, and the log says why');
 
 #
 # A manual GRANT and REVOKE: apply puts the policy back and verifies it.

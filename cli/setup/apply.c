@@ -21,7 +21,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/pem.h>
 #include <openssl/rand.h>
+#include <openssl/x509v3.h>
 
 #include "auth/keys.h"
 #include "base/base64.h"
@@ -453,6 +455,91 @@ setup_reload(struct setup_ctx *ctx, const json_t *params)
 	return SETUP_DONE;
 }
 
+/* Why a certificate and key may not be installed for host, or NULL (*cert and *key read). */
+static const char *
+setup_certificate_refusal(const json_t *params, X509 **cert, EVP_PKEY **key, char *why, size_t whylen)
+{
+	const char *host = setup_param(params, "host");
+	FILE	   *f;
+
+	if ((f = fopen(setup_param(params, "certificate"), "r")) != NULL)
+	{
+		*cert = PEM_read_X509(f, NULL, NULL, NULL);
+		fclose(f);
+	}
+	if ((f = fopen(setup_param(params, "key"), "r")) != NULL)
+	{
+		*key = PEM_read_PrivateKey(f, NULL, NULL, NULL);
+		fclose(f);
+	}
+	if (*cert == NULL)
+		snprintf(why, whylen, "%s is not a readable PEM certificate", setup_param(params, "certificate"));
+	else if (*key == NULL)
+		snprintf(why, whylen, "%s is not a readable PEM private key", setup_param(params, "key"));
+	else if (X509_check_private_key(*cert, *key) != 1)
+		snprintf(why, whylen, "the key %s is not the certificate's", setup_param(params, "key"));
+	else if (X509_check_host(*cert, host, strlen(host), 0, NULL) != 1)
+		snprintf(why, whylen, "the certificate %s is not for %s", setup_param(params, "certificate"), host);
+	else if (X509_cmp_current_time(X509_get0_notAfter(*cert)) <= 0)
+		snprintf(why, whylen, "the certificate %s has expired", setup_param(params, "certificate"));
+	else
+		return NULL;
+	return why;
+}
+
+/*
+ * A given certificate and key for the host, checked (the key is the
+ * certificate's, the certificate names the host and has not expired) and
+ * installed as tls/fullchain.pem and tls/privkey.pem, the key readable by
+ * the group that runs ingress.  Obtaining one (certbot) is not done here.
+ */
+static enum setup_outcome
+setup_certificate(struct setup_ctx *ctx, const json_t *params)
+{
+	X509			  *cert = NULL;
+	EVP_PKEY		  *key = NULL;
+	char			   why[1024];
+	struct buf		   chain = BUF_INIT;
+	struct buf		   secret = BUF_INIT;
+	char			  *chain_path = setup_path(ctx, "tls/fullchain.pem");
+	char			  *key_path = setup_path(ctx, "tls/privkey.pem");
+	uid_t			   uid;
+	gid_t			   gid;
+	enum setup_outcome outcome = SETUP_FAILED;
+
+	if (setup_certificate_refusal(params, &cert, &key, why, sizeof(why)))
+		setup_say(ctx, "failed: %s", why);
+	else if (!buf_append_file(&chain, setup_param(params, "certificate"), 1 << 20, why, sizeof(why))
+			 || !buf_append_file(&secret, setup_param(params, "key"), 1 << 20, why, sizeof(why)))
+		setup_say(ctx, "failed: %s", why);
+	else if (setup_owner(ctx, NULL, setup_param(params, "group"), &uid, &gid))
+	{
+		enum setup_outcome first;
+		enum setup_outcome second;
+
+		buf_append_char(&chain, '\0');
+		buf_append_char(&secret, '\0');
+		first = setup_write_file(ctx, chain_path, chain.data, 0644, ctx->as_root ? 0 : uid, ctx->as_root ? 0 : gid);
+		second = first == SETUP_FAILED ? SETUP_FAILED
+									   : setup_write_file(ctx, key_path, secret.data, 0640, ctx->as_root ? 0 : uid, gid);
+		if (first == SETUP_FAILED || second == SETUP_FAILED)
+			outcome = SETUP_FAILED;
+		else
+			outcome = first == SETUP_DONE || second == SETUP_DONE ? SETUP_DONE : SETUP_UNCHANGED;
+		if (outcome != SETUP_FAILED)
+			setup_say(ctx, "[listener-smtp] CERTIFICATE = %s and KEY = %s", chain_path, key_path);
+	}
+	if (secret.data)
+		explicit_bzero(secret.data, secret.len);
+	buf_free(&secret);
+	buf_free(&chain);
+	X509_free(cert);
+	EVP_PKEY_free(key);
+	free(chain_path);
+	free(key_path);
+	return outcome;
+}
+
 enum setup_outcome
 setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *params)
 {
@@ -492,9 +579,7 @@ setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *para
 				return rc == 0 ? SETUP_PRINTED : SETUP_FAILED;
 			}
 		case SETUP_CERTIFICATE:
-			setup_say(ctx, "failed: this pepsi-setup does not install certificates yet: set [listener-smtp] "
-						   "CERTIFICATE and KEY in pepsi.conf");
-			return SETUP_FAILED;
+			return setup_certificate(ctx, params);
 		case SETUP_ADMIN_ACCOUNT:
 			setup_say(ctx, "failed: this pepsi-setup does not make administrator accounts yet: pepsi-httpd "
 						   "passwd %s",
