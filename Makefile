@@ -60,7 +60,7 @@ LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl 
 B = build
 # common/ is grouped in subfolders (docs/architecture.md names each);
 # schema/ holds what the extension compiles too (the option schema).
-COMMON_GROUPS = auth base config delivery dns local message process runtime smtp
+COMMON_GROUPS = auth base config delivery dns local message process runtime setup smtp
 COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix /*.c,$(COMMON_GROUPS))) schema/*.c))
 
 # A directory of SEPARATE_PROGRAM_DIRS builds a multi-call binary of its own
@@ -77,6 +77,10 @@ program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
+# Programs kept out of the multi-call binary (spec 22.2): pepsi-setup's
+# one-off provisioning code would otherwise sit in every process's binary.
+STANDALONE_PROGRAMS = pepsi-setup
+standalone_dirs = cli/setup/
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
@@ -215,12 +219,12 @@ PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
 # that a development tree fuses its successors; installed, the set-group-id
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
-HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config \
+HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config common/config/config_secrets \
                                             common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 # The .forward helper reads ALLOW_FORWARD_PIPES and ALLOW_FORWARD_FILES from
 # root's pepsi.conf itself.
-HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_route schema/options
+HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_secrets common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-dot-forward = -linih
 
 define helper_rule
@@ -256,7 +260,7 @@ $(B)/common/process/privilege.o: | $(B)/setid_programs.h
 # The standalone rules above are made; from here on program_dirs (read by
 # the recipes of programs.h, the multi-call binary, install and uninstall
 # when they run) leaves the privileged stages out.
-program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
+program_dirs := $(filter-out $(privileged_stage_dirs) $(standalone_dirs),$(program_dirs))
 
 # The owner, group and mode of each privileged program: the table of
 # debian/pepsi.postinst (the one list of what is set, which the package's
@@ -404,8 +408,9 @@ install-sendmail-links: install-programs
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(filter-out $(SETID_PROGRAMS),$(PROGRAMS)); do \
+	for p in $(filter-out $(SETID_PROGRAMS) $(STANDALONE_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
+	install -m 755 $(addprefix $(B)/bin/,$(STANDALONE_PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
@@ -624,7 +629,7 @@ $(B)/fuzz/obj/%.o: %.c
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -I$(dir $<) -I$(patsubst %/fuzz/,%,$(dir $<)) -I$(PG_INCLUDEDIR) -c -o $@ $<
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
 FUZZ_BASE = common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c
-FUZZ_CONFIG = common/config/config.c common/config/config_route.c schema/options.c
+FUZZ_CONFIG = common/config/config.c common/config/config_secrets.c common/config/config_route.c schema/options.c
 FUZZ_SMTP_CLIENT = common/smtp/smtp_client.c common/smtp/smtp_client_io.c common/smtp/smtp_transaction.c \
                    common/smtp/smtp_auth.c common/message/mime_downgrade.c common/message/mime.c \
                    common/smtp/tls_policy.c common/message/message.c \

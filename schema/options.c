@@ -19,6 +19,7 @@
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description) \
 	{where, name, OPTION_##type, OPTION_SCOPE_##scope, default_value, min, max, choices, description},
 #define UNSKIPPABLE(program, why)
+#define SECRET(where, name)
 
 const struct option_def option_table[] = {
 #include "options.def"
@@ -26,11 +27,13 @@ const struct option_def option_table[] = {
 
 #undef OPTION
 #undef UNSKIPPABLE
+#undef SECRET
 
 const size_t option_count = sizeof(option_table) / sizeof(option_table[0]);
 
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description)
 #define UNSKIPPABLE(program, why) {program, why},
+#define SECRET(where, name)
 
 static const struct
 {
@@ -42,6 +45,32 @@ static const struct
 
 #undef OPTION
 #undef UNSKIPPABLE
+#undef SECRET
+
+#define OPTION(where, name, type, scope, default_value, min, max, choices, description)
+#define UNSKIPPABLE(program, why)
+#define SECRET(where, name) {where, name},
+
+static const struct
+{
+	const char *where;
+	const char *name;
+} option_secret_table[] = {
+#include "options.def"
+};
+
+#undef OPTION
+#undef UNSKIPPABLE
+#undef SECRET
+
+bool
+option_is_secret(const struct option_def *def)
+{
+	for (size_t i = 0; def && i < sizeof(option_secret_table) / sizeof(option_secret_table[0]); i++)
+		if (strcmp(def->where, option_secret_table[i].where) == 0 && strcmp(def->name, option_secret_table[i].name) == 0)
+			return true;
+	return false;
+}
 
 int
 option_unskippable_index(const char *program, const char **why)

@@ -70,6 +70,8 @@ const char *option_program_name(const char *program);
  * *why (may be NULL); -1 if not.
  */
 int option_unskippable_index(const char *program, const char **why);
+/* Does def hold a secret (options.def SECRET), read only from secrets.d? */
+bool option_is_secret(const struct option_def *def);
 /* Does the schema declare options of this stage program (so any other is refused)? */
 bool option_program_declared(const char *program);
 /* Is a section of this name known ([pepsi], [listener-x], [stage-x], ...)? */

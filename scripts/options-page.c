@@ -24,6 +24,7 @@
 
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description)
 #define UNSKIPPABLE(program, why) {program, why},
+#define SECRET(where, name)
 
 static const struct
 {
@@ -35,6 +36,7 @@ static const struct
 
 #undef OPTION
 #undef UNSKIPPABLE
+#undef SECRET
 
 /* Text of options.def as Markdown: every character pandoc could read as markup escaped. */
 static void

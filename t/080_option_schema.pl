@@ -12,6 +12,7 @@ use warnings FATAL => 'all';
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use File::Basename ();
 use IPC::Run;
 
 use PepsiTest;
@@ -85,15 +86,31 @@ for my $program (sort keys %programs)
 		"SELECT pepsi.config_set('global', '$programs{$program}', 'PROGRAM', '$program')");
 }
 
+# The secret options (schema/options.def SECRET) are read only from a
+# secrets.d fragment beside the file, never from the file itself.
+my %secret;
+{
+	my $def = ($ENV{PEPSI_TOP} // File::Basename::dirname(__FILE__) . '/..') . '/schema/options.def';
+	open my $fh, '<', $def or die "cannot read $def: $!";
+	while (<$fh>)
+	{
+		$secret{"$1/$2"} = 1 if /^SECRET\("([^"]+)", "([^"]+)"\)/;
+	}
+	close $fh;
+}
+ok(scalar(keys %secret) > 0, 'options.def marks secret options');
+
 # The database side.
-my %file;
+my (%file, %fragment);
 for my $o (@options)
 {
 	my $section = $section_of{"$o->{section}/$o->{program}/$o->{option}"};
 	my $name = "[$section] $o->{option}";
 	my ($valid, $invalid) = samples($o);
 
-	push @{ $file{$section} }, "$o->{option} = $valid"
+	my $where = $o->{program} ne '' ? $o->{program} : $o->{section};
+	my $into = $secret{"$where/$o->{option}"} ? \%fragment : \%file;
+	push @{ $into->{$section} }, "$o->{option} = $valid"
 	  unless $o->{option} eq 'PROGRAM' || $section eq 'database';
 	next if $o->{option} eq 'PROGRAM';
 	if ($o->{scope} eq 'file')
@@ -151,6 +168,11 @@ for my $section (sort keys %file)
 	my ($program) = grep { $programs{$_} eq $section } keys %programs;
 	$conf .= "[$section]\n" . ($program ? "PROGRAM = $program\n" : '') . join("\n", @{ $file{$section} }) . "\n";
 }
+my $secrets = PepsiStage::tmp() . '/secrets.d';
+mkdir $secrets, 0755 or die "mkdir $secrets: $!";
+my $fragment = join('', map { "[$_]\n" . join("\n", @{ $fragment{$_} }) . "\n" } sort keys %fragment);
+PostgreSQL::Test::Utils::append_to_file("$secrets/all.conf", $fragment);
+chmod 0640, "$secrets/all.conf" or die "chmod: $!";
 my $loaded = probe('every-option.conf', $conf);
 is($loaded->{exit}, 0, 'the programs accept every valid value, in the file and as overrides')
   or diag($loaded->{stderr});

@@ -62,8 +62,7 @@ static int
 keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 {
 	EVP_PKEY *pkey;
-	int		  fd;
-	FILE	 *f;
+	char	  err[512];
 
 	if (algorithm == SIGN_RSA_SHA256 && (bits < KEYS_RSA_MIN_BITS || bits > KEYS_RSA_MAX_BITS))
 	{
@@ -77,18 +76,9 @@ keys_generate_command(enum sign_algorithm algorithm, int bits, const char *out)
 		fprintf(stderr, "pepsi-keys: key generation failed\n");
 		return CLI_EX_DATAERR;
 	}
-	/* O_EXCL: a key in use is never overwritten by accident. */
-	fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0 || (f = fdopen(fd, "w")) == NULL)
+	if (!keys_write_private(out, pkey, err, sizeof(err)))
 	{
-		fprintf(stderr, "pepsi-keys: cannot create %s: %s\n", out, strerror(errno));
-		EVP_PKEY_free(pkey);
-		return CLI_EX_CONFIG;
-	}
-	if (!PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL) || fclose(f) != 0)
-	{
-		fprintf(stderr, "pepsi-keys: cannot write %s\n", out);
-		unlink(out);
+		fprintf(stderr, "pepsi-keys: %s\n", err);
 		EVP_PKEY_free(pkey);
 		return CLI_EX_CONFIG;
 	}
@@ -152,37 +142,11 @@ keys_show_command(const char *config_path)
 static bool
 keys_check_one(struct dns_resolver *resolver, struct signing_key *k)
 {
-	char			  name[512];
-	char			  err[512] = "no TXT record";
-	struct dns_answer answer;
-	bool			  ok = false;
+	char name[512];
+	char verdict[512];
+	bool ok = keys_check_published(resolver, k, name, sizeof(name), verdict, sizeof(verdict));
 
-	snprintf(name, sizeof(name), "%s._domainkey.%s", k->selector, k->domain);
-	if (!signing_key_ready(k, err, sizeof(err)))
-	{
-		printf("[%s] %s: the private key cannot be loaded: %s\n", k->section, name, err);
-		return false;
-	}
-	dns_resolve_sync(resolver, name, DNS_TYPE_TXT, &answer);
-	if (answer.status != DNS_OK)
-		snprintf(err, sizeof(err), "%s", answer.status == DNS_NXDOMAIN ? "no such name" : answer.status == DNS_TIMEOUT ? "the lookup timed out"
-																													   : "the lookup failed");
-	for (size_t i = 0; answer.status == DNS_OK && i < answer.count && !ok; i++)
-	{
-		EVP_PKEY *pub;
-
-		if (answer.records[i].type != DNS_TYPE_TXT || answer.records[i].text == NULL)
-			continue;
-		pub = keys_parse_record(answer.records[i].text, answer.records[i].len, k->algorithm,
-								err, sizeof(err));
-		if (pub && keys_same_public(pub, k->pkey))
-			ok = true;
-		else if (pub)
-			snprintf(err, sizeof(err), "the published key is not the private key's");
-		EVP_PKEY_free(pub);
-	}
-	dns_answer_free(&answer);
-	printf("[%s] %s: %s\n", k->section, name, ok ? "ok" : err);
+	printf("[%s] %s: %s\n", k->section, name, verdict);
 	return ok;
 }
 

@@ -20,6 +20,7 @@
 #include "base/base64.h"
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "dns/dns.h"
 
 bool
 sign_algorithm_parse(const char *text, size_t len, enum sign_algorithm *out)
@@ -512,4 +513,69 @@ bool
 keys_same_public(EVP_PKEY *a, EVP_PKEY *b)
 {
 	return EVP_PKEY_eq(a, b) == 1;
+}
+
+bool
+keys_write_private(const char *path, EVP_PKEY *pkey, char *err, size_t errlen)
+{
+	int	  fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	FILE *f;
+
+	if (fd < 0 || (f = fdopen(fd, "w")) == NULL)
+	{
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		if (fd >= 0)
+		{
+			close(fd);
+			unlink(path);
+		}
+		return false;
+	}
+	if (!PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL) || fclose(f) != 0)
+	{
+		snprintf(err, errlen, "cannot write %s", path);
+		unlink(path);
+		return false;
+	}
+	return true;
+}
+
+bool
+keys_check_published(struct dns_resolver *resolver, struct signing_key *k, char *name, size_t namelen,
+					 char *verdict, size_t verdictlen)
+{
+	struct dns_answer answer;
+	bool			  ok = false;
+
+	snprintf(name, namelen, "%s._domainkey.%s", k->selector, k->domain);
+	snprintf(verdict, verdictlen, "no TXT record");
+	if (!signing_key_ready(k, verdict, verdictlen))
+	{
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", verdict);
+		snprintf(verdict, verdictlen, "the private key cannot be loaded: %s", why);
+		return false;
+	}
+	dns_resolve_sync(resolver, name, DNS_TYPE_TXT, &answer);
+	if (answer.status != DNS_OK)
+		snprintf(verdict, verdictlen, "%s", answer.status == DNS_NXDOMAIN ? "no such name" : answer.status == DNS_TIMEOUT ? "the lookup timed out"
+																														  : "the lookup failed");
+	for (size_t i = 0; answer.status == DNS_OK && i < answer.count && !ok; i++)
+	{
+		EVP_PKEY *pub;
+
+		if (answer.records[i].type != DNS_TYPE_TXT || answer.records[i].text == NULL)
+			continue;
+		pub = keys_parse_record(answer.records[i].text, answer.records[i].len, k->algorithm, verdict, verdictlen);
+		if (pub && keys_same_public(pub, k->pkey))
+			ok = true;
+		else if (pub)
+			snprintf(verdict, verdictlen, "the published key is not the private key's");
+		EVP_PKEY_free(pub);
+	}
+	dns_answer_free(&answer);
+	if (ok)
+		snprintf(verdict, verdictlen, "ok");
+	return ok;
 }

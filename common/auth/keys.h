@@ -95,6 +95,12 @@ bool keys_verify_hash(EVP_PKEY *pub, enum sign_algorithm algorithm,
 
 /* A new key pair: RSA of bits, or Ed25519 (bits ignored). */
 EVP_PKEY *keys_generate(enum sign_algorithm algorithm, int bits);
+/*
+ * Write a new private key to path (PEM, mode 0600), never over an existing
+ * file (O_EXCL: a key in use is not overwritten by accident); false with
+ * the reason, and nothing left behind.
+ */
+bool keys_write_private(const char *path, EVP_PKEY *pkey, char *err, size_t errlen);
 /* The TXT record to publish: "v=DKIM1; k=rsa; p=..." */
 void keys_public_record(EVP_PKEY *pkey, enum sign_algorithm algorithm, struct buf *out);
 /*
@@ -106,5 +112,14 @@ EVP_PKEY *keys_parse_record(const char *record, size_t len, enum sign_algorithm 
 							char *err, size_t errlen);
 /* Do two keys hold the same public key? */
 bool keys_same_public(EVP_PKEY *a, EVP_PKEY *b);
+
+struct dns_resolver;
+/*
+ * Is key's published record (SELECTOR._domainkey.DOMAIN, in name) its
+ * public key?  The verdict in verdict: "ok", or what is wrong (the private
+ * key cannot be loaded, no record, a malformed or revoked one, another key).
+ */
+bool keys_check_published(struct dns_resolver *resolver, struct signing_key *key, char *name,
+						  size_t namelen, char *verdict, size_t verdictlen);
 
 #endif

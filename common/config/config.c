@@ -6,19 +6,23 @@
 #include "config/config.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ini.h>
 
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "config/config_internal.h"
 #include "options.h"
 
 /*
@@ -179,27 +183,6 @@ config_option_refusal(const struct pepsi_config *cfg, const char *section, const
 	return out;
 }
 
-/*
- * Parsing state: libinih reads line by line through config_read_line.
- * libinih goes on after a refused line, so only the first refusal is kept
- * (with its own line number); the reader takes whole lines itself, since
- * libinih's fixed buffer would otherwise cut a long line in two and parse
- * its tail as a line of its own.
- */
-struct config_parse
-{
-	struct pepsi_config *cfg;
-	FILE				*file;		  /* or */
-	const char			*text;		  /* the rest of a string */
-	char				*line_buffer; /* getline's, for the file */
-	size_t				 line_capacity;
-	int					 line;
-	bool				 indented; /* the current line starts with white space */
-	char				*err;
-	size_t				 errlen;
-	bool				 failed;
-	int					 error_line;
-};
 
 static void config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -216,7 +199,7 @@ config_parse_error(struct config_parse *p, int line, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
-	snprintf(p->err, p->errlen, "%s:%d: %s", p->cfg->path, line, reason);
+	snprintf(p->err, p->errlen, "%s:%d: %s", p->name, line, reason);
 	p->failed = true;
 	p->error_line = line;
 }
@@ -265,7 +248,7 @@ config_read_line(char *str, int num, void *stream)
 
 static void
 config_append(struct pepsi_config *cfg, const char *scope, const char *section,
-			  const char *option, const char *value, int line)
+			  const char *option, const char *value, int line, const char *file)
 {
 	struct config_entry *e;
 
@@ -280,6 +263,7 @@ config_append(struct pepsi_config *cfg, const char *scope, const char *section,
 	e->option = xstrdup(option);
 	e->value = xstrdup(value);
 	e->line = line;
+	e->file = file;
 }
 
 /*
@@ -296,7 +280,8 @@ config_continue_value(struct config_parse *p, const char *section, const char *o
 	if (!p->indented || p->cfg->count == 0)
 		return false;
 	last = &p->cfg->entries[p->cfg->count - 1];
-	if (last->scope || strcmp(last->section, section) != 0 || strcmp(last->option, option) != 0)
+	if (last->scope || last->file != p->fragment || strcmp(last->section, section) != 0
+		|| strcmp(last->option, option) != 0)
 		return false;
 	joined = xasprintf("%s%s%s", last->value, *last->value && *value ? " " : "", value);
 	free(last->value);
@@ -345,11 +330,16 @@ config_handle(void *user, const char *section, const char *option, const char *v
 		if (strcmp(cfg->entries[i].section, section) == 0
 			&& strcmp(cfg->entries[i].option, option) == 0)
 		{
-			config_parse_error(p, p->line, "[%s] %s is set twice (first at line %d)",
-							   section, option, cfg->entries[i].line);
+			if (cfg->entries[i].file == p->fragment)
+				config_parse_error(p, p->line, "[%s] %s is set twice (first at line %d)", section,
+								   option, cfg->entries[i].line);
+			else
+				config_parse_error(p, p->line, "[%s] %s is set twice (first at %s:%d)", section,
+								   option, cfg->entries[i].file ? cfg->entries[i].file : cfg->path,
+								   cfg->entries[i].line);
 			return 0;
 		}
-	config_append(cfg, NULL, section, option, value, p->line);
+	config_append(cfg, NULL, section, option, value, p->line, p->fragment);
 	return 1;
 }
 
@@ -370,32 +360,70 @@ config_check_file(struct config_parse *p)
 		const struct option_def	  *def;
 		char					   why[512];
 
+		p->name = e->file ? e->file : cfg->path;
 		if (!config_option_allowed(cfg, e->section, e->option, &def))
 			config_parse_error(p, e->line, "%s", config_option_refusal(cfg, e->section, e->option, why, sizeof(why)));
+		else if (e->file == NULL && option_is_secret(def))
+		{
+			char *dir = config_secrets_dir(cfg->path);
+
+			config_parse_error(p, e->line, "[%s] %s is a secret: set it in a fragment of %s "
+										   "(owned by root, mode 0640 at most), never in the file "
+										   "every program reads",
+							   e->section, e->option, dir);
+			free(dir);
+		}
+		else if (e->file && !option_is_secret(def))
+			config_parse_error(p, e->line, "[%s] %s is not a secret: a secrets.d fragment holds "
+										   "only secrets (schema/options.def SECRET); set it in %s",
+							   e->section, e->option, cfg->path);
+		/* A secret's value is never repeated in a message. */
 		else if (def && !option_value_check(def, e->value, false, why, sizeof(why)))
-			config_parse_error(p, e->line, "[%s] %s = %s: %s", e->section, e->option, e->value, why);
+			config_parse_error(p, e->line, "[%s] %s = %s: %s", e->section, e->option,
+							   option_is_secret(def) ? "(secret)" : e->value, why);
 	}
 }
 
-static struct pepsi_config *
-config_parse(struct config_parse *p, const char *name)
+/* Read one file or string into p->cfg; false when refused (p->err says why). */
+bool
+config_read(struct config_parse *p)
 {
 	int rc;
 
-	p->cfg = xcalloc(1, sizeof(*p->cfg));
-	p->cfg->path = xstrdup(name);
-	p->cfg->index = xcalloc(1, sizeof(*p->cfg->index));
+	p->line = 0;
+	p->indented = false;
 	rc = ini_parse_stream(config_read_line, p, config_handle, p);
+	if (p->line_buffer)
+		explicit_bzero(p->line_buffer, p->line_capacity); /* a fragment's secrets */
 	free(p->line_buffer);
+	p->line_buffer = NULL;
+	p->line_capacity = 0;
 	/* rc is the first line libinih refused, be it ours or a line it could not parse. */
 	if (rc > 0 && (!p->failed || rc < p->error_line))
 	{
 		p->failed = false;
 		config_parse_error(p, rc, "malformed line (expected [section] or OPTION = value)");
 	}
-	if (rc == 0 && !p->failed)
+	return rc == 0 && !p->failed;
+}
+
+static struct pepsi_config *
+config_new(const char *name)
+{
+	struct pepsi_config *cfg = xcalloc(1, sizeof(*cfg));
+
+	cfg->path = xstrdup(name);
+	cfg->index = xcalloc(1, sizeof(*cfg->index));
+	return cfg;
+}
+
+/* Check what was read whole; cfg, or NULL (freed) with the refusal in p->err. */
+static struct pepsi_config *
+config_finish(struct config_parse *p, bool read)
+{
+	if (read)
 		config_check_file(p);
-	if (rc != 0 || p->failed)
+	if (!read || p->failed)
 	{
 		config_free(p->cfg);
 		return NULL;
@@ -403,11 +431,19 @@ config_parse(struct config_parse *p, const char *name)
 	return p->cfg;
 }
 
+static struct pepsi_config *
+config_parse(struct config_parse *p, const char *name)
+{
+	p->cfg = config_new(name);
+	p->name = p->cfg->path;
+	return config_finish(p, config_read(p));
+}
+
 struct pepsi_config *
 config_load(const char *path, char *err, size_t errlen)
 {
-	struct config_parse	 p = {0};
-	struct pepsi_config *cfg;
+	struct config_parse p = {0};
+	bool				read;
 
 	p.file = fopen(path, "r");
 	p.err = err;
@@ -417,9 +453,14 @@ config_load(const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return NULL;
 	}
-	cfg = config_parse(&p, path);
+	p.cfg = config_new(path);
+	p.name = p.cfg->path;
+	read = config_read(&p);
 	fclose(p.file);
-	return cfg;
+	p.file = NULL;
+	if (read)
+		read = config_read_secrets(&p);
+	return config_finish(&p, read);
 }
 
 struct pepsi_config *
@@ -443,9 +484,14 @@ config_free(struct pepsi_config *cfg)
 		free(cfg->entries[i].scope);
 		free(cfg->entries[i].section);
 		free(cfg->entries[i].option);
+		if (cfg->entries[i].file)
+			explicit_bzero(cfg->entries[i].value, strlen(cfg->entries[i].value));
 		free(cfg->entries[i].value);
 	}
 	free(cfg->entries);
+	for (size_t i = 0; i < cfg->fragment_count; i++)
+		free(cfg->fragments[i]);
+	free(cfg->fragments);
 	free(cfg->path);
 	if (cfg->index)
 		free(cfg->index->order);
@@ -504,7 +550,7 @@ config_add_override(struct pepsi_config *cfg, const char *scope, const char *sec
 				 why);
 		return false;
 	}
-	config_append(cfg, scope, section, option, value, 0);
+	config_append(cfg, scope, section, option, value, 0, NULL);
 	return true;
 }
 
@@ -643,7 +689,7 @@ config_origin(const struct pepsi_config *cfg, const char *section, const char *o
 	else if (e->scope)
 		snprintf(out, outlen, "override %s", e->scope);
 	else
-		snprintf(out, outlen, "%s:%d", cfg->path, e->line);
+		snprintf(out, outlen, "%s:%d", e->file ? e->file : cfg->path, e->line);
 	return out;
 }
 

@@ -8,6 +8,16 @@
  * applies to every section except [database] and [listener-*], which must
  * be known before a database connection exists and which a compromised
  * database must not move.
+ *
+ * The secrets (schema/options.def SECRET: passwords, the SRS secret,
+ * tokens) are never in pepsi.conf, which every program and every operator
+ * reads: config_load includes the fragments secrets.d/<name>.conf beside
+ * the file, in name order, each owned by root (or by the account loading
+ * it, which gains nothing by writing its own secrets) and readable by the
+ * one group that needs it, mode 0640 at most.  A fragment (or a directory)
+ * this process may not read is another account's and is skipped; one that is not owned or
+ * protected so is refused with its path and the reason.  A fragment holds
+ * secret options only, and a secret option in pepsi.conf is refused.
  */
 #ifndef PEPSI_CONFIG_H
 #define PEPSI_CONFIG_H
@@ -21,11 +31,12 @@ struct option_def;
 
 struct config_entry
 {
-	char *scope; /* NULL for the file, else global / domain:d / address:a */
-	char *section;
-	char *option;
-	char *value;
-	int	  line; /* in the file; 0 for an override */
+	char	   *scope; /* NULL for the file, else global / domain:d / address:a */
+	char	   *section;
+	char	   *option;
+	char	   *value;
+	int			line; /* in the file; 0 for an override */
+	const char *file; /* NULL: pepsi.conf (path); else the secrets.d fragment's path */
 };
 
 struct config_index;
@@ -36,8 +47,13 @@ struct pepsi_config
 	struct config_entry *entries;
 	size_t				 count;
 	size_t				 capacity;
-	struct config_index *index; /* lookups by section and option (config.c) */
+	struct config_index *index;		/* lookups by section and option (config.c) */
+	char			   **fragments; /* the secrets.d fragments read, in order */
+	size_t				 fragment_count;
 };
+
+/* The secrets.d directory beside a configuration file path (allocated). */
+char *config_secrets_dir(const char *path);
 
 /* Load and check path; NULL with a message in err (file:line: reason) on failure. */
 struct pepsi_config *config_load(const char *path, char *err, size_t errlen);

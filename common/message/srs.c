@@ -49,7 +49,6 @@ srs_read_secrets(const char *path, struct srs *srs, char *err, size_t errlen)
 		return false;
 	}
 	f = fdopen(fd, "r");
-	srs->secrets = xcalloc(SRS_MAX_SECRETS, sizeof(char *));
 	while (f && fgets(line, sizeof(line), f) && srs->nsecrets < SRS_MAX_SECRETS)
 	{
 		size_t len = strcspn(line, "\r\n");
@@ -75,19 +74,25 @@ srs_from_config(const struct pepsi_config *cfg, struct srs *srs, char *err, size
 {
 	const char *domain = config_text(cfg, "srs", "DOMAIN");
 	const char *secrets = config_text(cfg, "srs", "SECRET_FILE");
+	const char *secret = config_text(cfg, "srs", "SECRET"); /* from secrets.d */
 
 	memset(srs, 0, sizeof(*srs));
-	if (domain == NULL && secrets == NULL)
+	if (domain == NULL && secrets == NULL && secret == NULL)
 		return true;
-	if (domain == NULL || secrets == NULL)
+	if (domain == NULL || (secrets == NULL && secret == NULL))
 	{
-		snprintf(err, errlen, "%s: [srs] needs both DOMAIN and SECRET_FILE", cfg->path);
+		snprintf(err, errlen, "%s: [srs] needs both DOMAIN and SECRET (in secrets.d) or SECRET_FILE",
+				 cfg->path);
 		return false;
 	}
+	srs->secrets = xcalloc(SRS_MAX_SECRETS, sizeof(char *));
+	/* SECRET signs; SECRET_FILE's then only verify (older secrets being retired). */
+	if (secret)
+		srs->secrets[srs->nsecrets++] = xstrdup(secret);
 	srs->max_age = (unsigned) config_int(cfg, "srs", "MAX_AGE");
 	srs->hash_length = (unsigned) config_int(cfg, "srs", "HASH_LENGTH");
 	srs->separator = config_text(cfg, "srs", "SEPARATOR")[0];
-	if (!srs_read_secrets(secrets, srs, err, errlen))
+	if (secrets && !srs_read_secrets(secrets, srs, err, errlen))
 	{
 		srs_free(srs);
 		return false;

@@ -21,7 +21,9 @@
  * The [srs] section of pepsi.conf, file only (the secrets must not come
  * from the database):
  *   DOMAIN        the domain of the rewritten addresses (mail to it is ours)
- *   SECRET_FILE   one secret per line, the first used to sign; mode 0600/0400
+ *   SECRET        the signing secret, from a secrets.d fragment (config.h)
+ *   SECRET_FILE   one secret per line, the first used to sign unless SECRET
+ *                 is set (then they only verify); mode 0600/0400
  *   MAX_AGE       days an address stays valid (default 21, as libsrs2)
  *   HASH_LENGTH   characters of hash (default and minimum 8)
  *   SEPARATOR     the character after SRS0/SRS1: = (default), + or -

@@ -36,7 +36,7 @@
  *   TLS                verify (default) | no-verify | may | none
  *   TLS_CA_FILE        trust anchors for verify (default: the system's)
  *   TLS_NAME           the name the certificate must carry (default: the host)
- *   AUTH_USER, AUTH_PASSWORD_FILE   AUTH PLAIN/LOGIN (never in the clear
+ *   AUTH_USER, AUTH_PASSWORD (secrets.d) or AUTH_PASSWORD_FILE   AUTH PLAIN/LOGIN (never in the clear
  *                      unless TLS = none)
  *   AUTH_MECHANISM     password (default) | xoauth2 | oauthbearer: with
  *                      OAuth, AUTH_TOKEN_FILE's access token instead of
@@ -214,12 +214,15 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 	}
 	else if (pepsi_option(ctx, "AUTH_USER"))
 	{
-		if (password_file == NULL)
+		if (pepsi_option(ctx, "AUTH_PASSWORD"))
+			password = xstrdup(pepsi_option(ctx, "AUTH_PASSWORD"));
+		else if (password_file == NULL)
 		{
-			snprintf(err, errlen, "AUTH_USER is set but AUTH_PASSWORD_FILE is not");
+			snprintf(err, errlen, "AUTH_USER is set but neither AUTH_PASSWORD (secrets.d) nor "
+								  "AUTH_PASSWORD_FILE is");
 			goto err;
 		}
-		if ((password = relay_read_password(password_file, err, errlen)) == NULL)
+		else if ((password = relay_read_password(password_file, err, errlen)) == NULL)
 			goto err;
 	}
 	o.host = host;
@@ -370,10 +373,10 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 					 cfg->path, section, config_get(cfg, section, "AUTH_MECHANISM"));
 			return false;
 		}
-		if (password_file)
+		if (password_file || config_get(cfg, section, "AUTH_PASSWORD"))
 		{
-			snprintf(err, errlen, "%s: [%s] has both AUTH_PASSWORD_FILE and AUTH_MECHANISM %s: "
-								  "choose one",
+			snprintf(err, errlen, "%s: [%s] has both a password (AUTH_PASSWORD_FILE or AUTH_PASSWORD) "
+								  "and AUTH_MECHANISM %s: choose one",
 					 cfg->path, section, config_get(cfg, section, "AUTH_MECHANISM"));
 			return false;
 		}
@@ -386,9 +389,13 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 				 cfg->path, section);
 		return false;
 	}
+	if (user && config_get(cfg, section, "AUTH_PASSWORD"))
+		return true;
 	if (user && password_file == NULL)
 	{
-		snprintf(err, errlen, "%s: [%s] has AUTH_USER but no AUTH_PASSWORD_FILE", cfg->path, section);
+		snprintf(err, errlen, "%s: [%s] has AUTH_USER but neither AUTH_PASSWORD (secrets.d) nor "
+							  "AUTH_PASSWORD_FILE",
+				 cfg->path, section);
 		return false;
 	}
 	if (user && access(password_file, R_OK) != 0)

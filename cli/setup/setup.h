@@ -1,0 +1,51 @@
+/*
+ * setup.h: pepsi-setup's parts: the applier of setup tasks (apply.c), which
+ * init runs on its own plan and apply on the rows of pepsi.setup_task, and
+ * the DNS records (dns.c).
+ */
+#ifndef PEPSI_CLI_SETUP_H
+#define PEPSI_CLI_SETUP_H
+
+#include <stdbool.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "config/config.h"
+#include "setup/setup_task.h"
+
+#define SETUP_EX_UNAVAILABLE 69 /* sysexits: the database or a port */
+
+enum setup_outcome
+{
+	SETUP_DONE,		 /* something changed */
+	SETUP_UNCHANGED, /* it already was so */
+	SETUP_PRINTED,	 /* for the DBA or the DNS: nothing of ours to change */
+	SETUP_FAILED
+};
+
+struct setup_ctx
+{
+	const char *root; /* "" or --root DIR */
+	bool		as_root;
+	PGconn	   *db;		 /* the extension owner's connection */
+	long long	task_id; /* > 0: the lines go to pepsi.setup_task_log too */
+};
+
+/* A line of the task being applied: standard output, and its log row. */
+void setup_say(struct setup_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Apply one task whose params setup_task_check accepted. */
+enum setup_outcome setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *params);
+
+/* pepsi-setup apply: the grants, then every pending row.  An exit status. */
+int setup_drain(struct setup_ctx *ctx);
+
+/* pepsi.grant_apply(), then grant_verify() must be empty. */
+enum setup_outcome setup_grants(struct setup_ctx *ctx);
+
+/* pepsi-setup dns and check on a loaded configuration: exit statuses. */
+int setup_dns_print(const struct pepsi_config *cfg);
+int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain);
+
+#endif
