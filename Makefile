@@ -457,7 +457,7 @@ FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -std=gnu11 -D_GNU_SOURCE -Icommon -Ischema
 
-$(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c daemons/ingress/smtp_syntax.c \
+$(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c $(wildcard daemons/ingress/smtp*.c) \
                      daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
                      common/base/buf.c common/base/log.c common/base/xalloc.c common/message/message.c common/local/local.c \
                      common/local/aliases.c common/config/config.c schema/options.c common/message/header.c common/auth/results.c \
