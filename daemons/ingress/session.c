@@ -503,6 +503,12 @@ session_mail_accepted(const struct smtp_session *smtp)
 {
 	struct session *s = smtp->host;
 
+	/* An authenticated user's mail is ours too: not checked (unless the listener says so). */
+	if (s->verify && smtp->auth_account && !s->listener->verify.trusted_too)
+	{
+		verify_free(s->verify, &s->smtp.message);
+		s->verify = NULL;
+	}
 	verify_mail(s->verify, smtp->helo, smtp->mail_from);
 }
 
@@ -905,8 +911,10 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->fd = fd;
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
-	s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
+	/* Our own mail waits for no DNS (as Postfix's permit_mynetworks before the policy service). */
+	if (!s->trusted || l->verify.trusted_too)
+		s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;
 	s->started = ev_now(ingress.loop);
