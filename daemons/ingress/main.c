@@ -41,6 +41,7 @@
 #include "process/secret.h"
 #include "process/service.h"
 #include "runtime/db.h"
+#include "screen.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 #define LISTENER_ACCEPT_BACKOFF 1.0 /* seconds a listener rests when out of descriptors */
@@ -87,6 +88,7 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	l->min_data_rate = (double) config_int(cfg, section, "MIN_DATA_RATE");
 	l->max_sessions = (size_t) config_int(cfg, section, "MAX_SESSIONS");
 	l->max_sessions_per_client = (size_t) config_int(cfg, section, "MAX_SESSIONS_PER_CLIENT");
+	l->pregreet_wait = config_duration_ms(cfg, section, "PREGREET_WAIT") / 1000.0;
 	return true;
 }
 
@@ -284,6 +286,7 @@ listener_open(const char *section)
 	l->policy.memory_limit = ingress.memory_limit;
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
+	l->policy.screen = l->mode == LISTENER_SMTP ? session_screen_verdict : NULL;
 	if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
 		fatalx("%s", err);
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
@@ -532,6 +535,8 @@ pepsi_ingress_main(int argc, char **argv)
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
 	verify_init(ingress.loop, ingress.cfg);
+	if (!screen_configure(ingress.cfg, verify_resolver(), err, sizeof(err)))
+		fatalx("%s: %s", ingress.cfg->path, err);
 	if (local_resolver_uses_virtual(ingress.local_recipients))
 		local_refresh_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
@@ -558,6 +563,7 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_timer_stop(ingress.loop, &report_timer);
 	admit_shutdown();
 	free(instance);
+	screen_shutdown();
 	verify_shutdown();
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);

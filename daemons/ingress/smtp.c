@@ -188,6 +188,7 @@ smtp_free(struct smtp_session *s)
 {
 	smtp_reset_transaction(s);
 	free(s->helo);
+	free(s->screen_held);
 	free(s->auth_account);
 	smtp_wipe(&s->auth_user);
 	smtp_wipe(&s->auth_password);

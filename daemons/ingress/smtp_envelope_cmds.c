@@ -326,6 +326,49 @@ smtp_srs_allowed(struct smtp_session *s, enum smtp_srs_verdict verdict, const ch
 	return false;
 }
 
+/*
+ * The host's connection-level verdict (policy->screen), until it passes:
+ * false when the recipient is refused, or held until the verdict is in.
+ */
+static bool
+smtp_screen_allows(struct smtp_session *s, const char *arg)
+{
+	char reply[512];
+
+	if (s->policy->screen == NULL || s->screen_passed)
+		return true;
+	switch (s->policy->screen(s, reply, sizeof(reply)))
+	{
+		case SMTP_SCREEN_PASS:
+			s->screen_passed = true;
+			return true;
+		case SMTP_SCREEN_REFUSE:
+			smtp_reply(s, "%s", reply);
+			return false;
+		case SMTP_SCREEN_WAIT:
+			free(s->screen_held);
+			s->screen_held = xstrdup(arg);
+			s->screen_resume = s->state;
+			s->state = SMTP_STATE_WAIT;
+			s->event = SMTP_EVENT_SCREEN;
+			return false;
+	}
+	return false;
+}
+
+void
+smtp_screen_done(struct smtp_session *s)
+{
+	char *arg = s->screen_held;
+
+	s->screen_held = NULL;
+	s->event = SMTP_EVENT_NONE;
+	s->state = s->screen_resume;
+	if (arg)
+		smtp_cmd_rcpt(s, arg);
+	free(arg);
+}
+
 void
 smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 {
@@ -342,6 +385,8 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 		smtp_error(s, "503 5.5.1 Need MAIL before RCPT");
 		return;
 	}
+	if (!smtp_screen_allows(s, arg))
+		return;
 	if (strncasecmp(arg, "TO:", 3) != 0 || !smtp_parse_path((arg += 3, &arg), path, sizeof(path))
 		|| (*arg && *arg != ' '))
 	{

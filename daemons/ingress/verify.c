@@ -175,6 +175,12 @@ verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 	dns_config_free(&dc);
 }
 
+struct dns_resolver *
+verify_resolver(void)
+{
+	return verify_global.resolver;
+}
+
 void
 verify_shutdown(void)
 {

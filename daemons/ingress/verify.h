@@ -46,6 +46,8 @@ struct verify_policy
 /* Process-wide: the resolver and [ingress] options.  Exits on a bad option. */
 void verify_init(struct ev_loop *loop, const struct pepsi_config *cfg);
 void verify_shutdown(void);
+/* The resolver (common/dns/dns.h) the process's DNS checks share, with its circuit breaker. */
+struct dns_resolver *verify_resolver(void);
 /* A listener's options; false with err (naming the option) for a bad value. */
 bool verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 							struct verify_policy *out, char *err, size_t errlen);
