@@ -43,6 +43,10 @@ struct listener
 	double					session_deadline; /* seconds a session may last at most; 0: no limit */
 	double					min_data_rate;	  /* octets per second of message content; 0: no limit */
 	double					pregreet_wait;	  /* PREGREET_WAIT, seconds; 0: no pre-greeting test */
+	bool					greylist;		  /* GREYLIST */
+	double					greylist_delay;	  /* GREYLIST_DELAY, GREYLIST_EXPIRE, GREYLIST_AUTO_WHITELIST: seconds */
+	double					greylist_expire;
+	double					greylist_auto_whitelist;
 	size_t					max_sessions;
 	size_t					max_sessions_per_client;
 	size_t					sessions;
@@ -107,6 +111,14 @@ void session_mail_accepted(const struct smtp_session *smtp);
 /* session_screen.c: policy.screen of the listeners of MODE smtp (screen.h). */
 enum smtp_screen_verdict session_screen_verdict(const struct smtp_session *smtp, char *reply,
 												size_t size);
+/* Greylisting (session_screen.c): the triplet asked of pepsi.greylist_check. */
+enum smtp_screen_verdict session_greylist(const struct smtp_session *smtp, const char *address,
+										  char *reply, size_t size);
+/* session_account.c: policy.rcpt_gate (greylisting, send limits) and policy.mail_gate. */
+enum smtp_screen_verdict session_rcpt_gate(const struct smtp_session *smtp, const char *address,
+										   char *reply, size_t size);
+enum smtp_screen_verdict session_mail_gate(const struct smtp_session *smtp, const char *address,
+										   char *reply, size_t size);
 /* Stop: 421 to every session not waiting for the database. */
 void session_shutdown_all(void);
 

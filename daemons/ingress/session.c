@@ -96,6 +96,7 @@ session_close(struct session *s)
 	ev_timer_stop(ingress.loop, &s->auth_delay);
 	verify_free(s->verify, &s->smtp.message);
 	session_screen_stop(s);
+	session_account_stop(s);
 	if (s->ssl)
 	{
 		SSL_set_quiet_shutdown(s->ssl, 1);
@@ -439,6 +440,13 @@ session_auth_checked(void *arg, bool ok)
 static void
 session_admit(struct session *s)
 {
+	const char *refusal = session_from_refusal(s);
+
+	if (refusal)
+	{
+		smtp_admit_refused(&s->smtp, refusal);
+		return;
+	}
 	if (s->verify == NULL)
 	{
 		session_store(s);

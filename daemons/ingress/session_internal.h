@@ -60,14 +60,26 @@ struct session
 	ev_tstamp			last_command;
 	struct buf			in; /* input not yet used: a partial line, or after an event */
 	struct admission   *admission;
-	struct auth_job	   *auth_job;					/* a password being checked */
-	ev_timer			auth_delay;					/* a failed AUTH's answer, held back */
-	bool				auth_close;					/* ... and it closes the session (421) */
-	struct verify	   *verify;						/* message authentication; NULL when the listener has it off */
-	bool				trusted;					/* the client is in TRUSTED_NETWORKS */
-	struct screen	   *screen;						/* DNSBL and pre-greeting verdict; NULL: not screened */
-	ev_timer			pregreet;					/* the banner held back (PREGREET_WAIT) */
-	bool				greet_pending;				/* ... and not sent yet */
+	struct auth_job	   *auth_job;		   /* a password being checked */
+	ev_timer			auth_delay;		   /* a failed AUTH's answer, held back */
+	bool				auth_close;		   /* ... and it closes the session (421) */
+	struct verify	   *verify;			   /* message authentication; NULL when the listener has it off */
+	bool				trusted;		   /* the client is in TRUSTED_NETWORKS */
+	struct screen	   *screen;			   /* DNSBL and pre-greeting verdict; NULL: not screened */
+	ev_timer			pregreet;		   /* the banner held back (PREGREET_WAIT) */
+	bool				greet_pending;	   /* ... and not sent yet */
+	struct db_query	   *greylist_query;	   /* pepsi.greylist_check in flight */
+	char			   *greylist_address;  /* the recipient it was asked about */
+	bool				greylist_answered; /* ... and its answer is in: */
+	bool				greylist_pass;
+	struct db_query	   *login_query; /* the account's addresses (sender_login.h) being read */
+	bool				logins_loaded;
+	char			  **logins; /* ... and what they are */
+	size_t				nlogins;
+	struct db_query	   *quota_query; /* pepsi.send_count_take in flight */
+	char			   *quota_address;
+	bool				quota_answered;
+	bool				quota_pass;
 	char				queue_id[QUEUE_ID_LEN + 1]; /* of the message being admitted */
 	char				client_name[256];			/* its client's verified name, or "" */
 	struct session	   *prev;
@@ -84,6 +96,9 @@ void session_screen_start(struct session *s, const struct sockaddr *addr);
 /* Input before the banner: true when it was a talker's, and the session is closing. */
 bool session_screen_early_talk(struct session *s);
 void session_screen_stop(struct session *s);
+/* session_account.c */
+const char *session_from_refusal(struct session *s);
+void		session_account_stop(struct session *s);
 /* SMTP_EVENT_SCREEN: the held RCPT is answered once the verdict is in. */
 void session_screen_wait(struct session *s);
 

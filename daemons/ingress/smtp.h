@@ -93,6 +93,16 @@ struct smtp_policy
 	 * answered once the host calls smtp_screen_done.
 	 */
 	enum smtp_screen_verdict (*screen)(const struct smtp_session *s, char *reply, size_t size);
+	/*
+	 * Optional, asked for each recipient that passed every other check
+	 * (greylisting): as screen, but for this recipient; after a WAIT the
+	 * RCPT is given again and the host answers from what it learnt.
+	 */
+	enum smtp_screen_verdict (*rcpt_gate)(const struct smtp_session *s, const char *address,
+										  char *reply, size_t size);
+	/* Optional, asked for an authenticated session's sender at MAIL (not <>), as rcpt_gate. */
+	enum smtp_screen_verdict (*mail_gate)(const struct smtp_session *s, const char *address,
+										  char *reply, size_t size);
 	/* Optional, asked first: the SRS reverse path, a bounce relayed back to its sender. */
 	enum smtp_srs_verdict (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
 };
@@ -180,12 +190,13 @@ struct smtp_session
 	struct smtp_tls_info tls_info;
 	char				*auth_account; /* after a successful AUTH */
 	unsigned			 errors;
-	bool				 discarding_line; /* skipping the rest of an over-long command */
-	double				 rate_tokens;	  /* command rate bucket */
-	double				 rate_elapsed;	  /* seconds since the last input; added by the host */
-	bool				 screen_passed;	  /* policy->screen said pass */
-	char				*screen_held;	  /* the RCPT argument waiting for its verdict */
-	enum smtp_state		 screen_resume;	  /* the state it was given in */
+	bool				 discarding_line;  /* skipping the rest of an over-long command */
+	double				 rate_tokens;	   /* command rate bucket */
+	double				 rate_elapsed;	   /* seconds since the last input; added by the host */
+	bool				 screen_passed;	   /* policy->screen said pass */
+	char				*screen_held;	   /* the MAIL or RCPT argument waiting for its verdict */
+	bool				 screen_held_mail; /* ... MAIL's */
+	enum smtp_state		 screen_resume;	   /* the state it was given in */
 
 	/* AUTH in progress */
 	enum

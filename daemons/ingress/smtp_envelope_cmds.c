@@ -18,6 +18,8 @@
 #include "base/xalloc.h"
 #include "message/message.h"
 
+static void smtp_hold(struct smtp_session *s, bool mail, const char *arg);
+
 static bool
 smtp_helo_valid(const char *arg)
 {
@@ -162,8 +164,30 @@ syntax:
 	return false;
 }
 
-void
-smtp_cmd_mail(struct smtp_session *s, char *arg)
+/* The sender's gate (policy->mail_gate, an authenticated session's); false when refused or held. */
+static bool
+smtp_mail_gate_allows(struct smtp_session *s, const char *address, const char *original)
+{
+	char reply[512];
+
+	if (s->policy->mail_gate == NULL || s->auth_account == NULL || address[0] == '\0')
+		return true;
+	switch (s->policy->mail_gate(s, address, reply, sizeof(reply)))
+	{
+		case SMTP_SCREEN_PASS:
+			return true;
+		case SMTP_SCREEN_REFUSE:
+			smtp_error(s, "%s", reply);
+			return false;
+		case SMTP_SCREEN_WAIT:
+			smtp_hold(s, true, original);
+			return false;
+	}
+	return false;
+}
+
+static void
+smtp_mail(struct smtp_session *s, char *arg, const char *original)
 {
 	char path[SMTP_PATH_MAX + 2];
 
@@ -205,11 +229,27 @@ smtp_cmd_mail(struct smtp_session *s, char *arg)
 		smtp_reset_transaction(s);
 		return;
 	}
+	if (!smtp_mail_gate_allows(s, path, original))
+	{
+		if (s->state != SMTP_STATE_WAIT)
+			smtp_reset_transaction(s);
+		return;
+	}
 	s->mail_from = xstrdup(path);
 	s->state = SMTP_STATE_MAIL;
 	if (s->policy->mail_accepted)
 		s->policy->mail_accepted(s);
 	smtp_reply(s, "250 2.1.0 Sender ok");
+}
+
+void
+smtp_cmd_mail(struct smtp_session *s, char *arg)
+{
+	/* Parsing cuts arg up: a sender held for the host is given again whole. */
+	char *original = s->policy->mail_gate ? xstrdup(arg) : NULL;
+
+	smtp_mail(s, arg, original ? original : arg);
+	free(original);
 }
 
 /* NOTIFY=NEVER or a list of SUCCESS, FAILURE, DELAY, upper-cased. */
@@ -326,6 +366,18 @@ smtp_srs_allowed(struct smtp_session *s, enum smtp_srs_verdict verdict, const ch
 	return false;
 }
 
+/* The MAIL or RCPT waits for the host: given again by smtp_screen_done. */
+static void
+smtp_hold(struct smtp_session *s, bool mail, const char *arg)
+{
+	free(s->screen_held);
+	s->screen_held = xstrdup(arg);
+	s->screen_held_mail = mail;
+	s->screen_resume = s->state;
+	s->state = SMTP_STATE_WAIT;
+	s->event = SMTP_EVENT_SCREEN;
+}
+
 /*
  * The host's connection-level verdict (policy->screen), until it passes:
  * false when the recipient is refused, or held until the verdict is in.
@@ -346,11 +398,29 @@ smtp_screen_allows(struct smtp_session *s, const char *arg)
 			smtp_reply(s, "%s", reply);
 			return false;
 		case SMTP_SCREEN_WAIT:
-			free(s->screen_held);
-			s->screen_held = xstrdup(arg);
-			s->screen_resume = s->state;
-			s->state = SMTP_STATE_WAIT;
-			s->event = SMTP_EVENT_SCREEN;
+			smtp_hold(s, false, arg);
+			return false;
+	}
+	return false;
+}
+
+/* The recipient's gate (policy->rcpt_gate); false when refused or held. */
+static bool
+smtp_rcpt_gate_allows(struct smtp_session *s, const char *address, const char *original)
+{
+	char reply[512];
+
+	if (s->policy->rcpt_gate == NULL)
+		return true;
+	switch (s->policy->rcpt_gate(s, address, reply, sizeof(reply)))
+	{
+		case SMTP_SCREEN_PASS:
+			return true;
+		case SMTP_SCREEN_REFUSE:
+			smtp_reply(s, "%s", reply);
+			return false;
+		case SMTP_SCREEN_WAIT:
+			smtp_hold(s, false, original);
 			return false;
 	}
 	return false;
@@ -364,13 +434,15 @@ smtp_screen_done(struct smtp_session *s)
 	s->screen_held = NULL;
 	s->event = SMTP_EVENT_NONE;
 	s->state = s->screen_resume;
-	if (arg)
+	if (arg && s->screen_held_mail)
+		smtp_cmd_mail(s, arg);
+	else if (arg)
 		smtp_cmd_rcpt(s, arg);
 	free(arg);
 }
 
-void
-smtp_cmd_rcpt(struct smtp_session *s, char *arg)
+static void
+smtp_rcpt(struct smtp_session *s, char *arg, const char *original)
 {
 	char				   path[SMTP_PATH_MAX + 2];
 	char				  *notify = NULL;
@@ -460,6 +532,8 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 	}
 	if (srs == SMTP_SRS_NONE && s->policy->rcpt_check && !smtp_rcpt_allowed(s, path))
 		goto out;
+	if (!smtp_rcpt_gate_allows(s, path, original))
+		goto out;
 	if (s->nrcpt >= s->policy->max_recipients)
 	{
 		/* RFC 5321 4.5.3.1.10: 452, and not counted as an error. */
@@ -478,6 +552,16 @@ smtp_cmd_rcpt(struct smtp_session *s, char *arg)
 out:
 	free(notify);
 	free(orcpt);
+}
+
+void
+smtp_cmd_rcpt(struct smtp_session *s, char *arg)
+{
+	/* Parsing cuts arg up: a recipient held for the host is given again whole. */
+	char *original = s->policy->rcpt_gate ? xstrdup(arg) : NULL;
+
+	smtp_rcpt(s, arg, original ? original : arg);
+	free(original);
 }
 
 
