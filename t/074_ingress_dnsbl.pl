@@ -5,7 +5,8 @@
 # outside the site's filter and a list that never answers are no listing;
 # a trusted client is not screened; a client that talks before the banner
 # (PREGREET_WAIT) is refused, and its verdict, like a DNSBL verdict, is
-# kept for its next session.
+# kept for its next session, in pepsi.screen_verdict too, where a verdict
+# another ingress host kept is applied as well.
 
 use strict;
 use warnings FATAL => 'all';
@@ -40,6 +41,7 @@ $dns->zone(<<'ZONE');
 8.0.0.127.bl.test. 300 IN A 127.0.0.2
 9.0.0.127.bl.test. 300 IN A 127.0.0.2
 ; silent 6.0.0.127.slowbl.test
+; silent 10.0.0.127.slowbl.test
 ZONE
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
@@ -144,6 +146,16 @@ like($r->{rcpt}, qr/^550 5\.5\.1 Protocol error: client \[127\.0\.0\.8\] talked 
 $r = try_client('127.0.0.9');
 like($r->{banner}, qr/^220 /, 'a client that waits for the banner gets it');
 like($r->{rcpt}, qr/^550 5\.7\.1 .*blocked using bl\.test/, '... and its DNSBL verdict still applies');
+
+# The verdicts are kept in the database, for every host that shares it.
+ok(wait_until($node, $db, "SELECT verdict || ' ' || coalesce(list, '-') FROM pepsi.screen_verdict WHERE client = '127.0.0.2'",
+	'listed bl.test'), 'a DNSBL verdict is kept in pepsi.screen_verdict');
+ok(wait_until($node, $db, "SELECT verdict FROM pepsi.screen_verdict WHERE client = '127.0.0.8'", 'pregreet'),
+	'... and so is a talker\'s');
+# Another host's verdict (127.0.0.10's lookups never end: the table answers first).
+$node->safe_psql($db, "INSERT INTO pepsi.screen_verdict VALUES ('127.0.0.10', 'listed', 'other.test', now() + interval '1 hour')");
+$r = try_client('127.0.0.10');
+like($r->{rcpt}, qr/^550 5\.7\.1 .*blocked using other\.test/, 'a verdict another host kept there is applied here');
 
 $ingress->signal('TERM');
 $ingress->finish;

@@ -134,6 +134,12 @@ db_query_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 	db.conn = pgconn_start(loop, &options, &handlers);
 }
 
+bool
+db_query_available(void)
+{
+	return db.conn != NULL;
+}
+
 void
 db_query_shutdown(void)
 {

@@ -23,6 +23,8 @@ struct db_query;
 
 void db_query_init(struct ev_loop *loop, const struct pepsi_config *cfg);
 void db_query_shutdown(void);
+/* Was db_query_init called (does some check of this process use the database)? */
+bool db_query_available(void);
 /* Run sql with text parameters (copied); fn(arg, ...) later, from the loop. */
 struct db_query *db_query_send(const char *sql, int nparams, const char *const *values,
 							   db_query_fn fn, void *arg);

@@ -453,7 +453,8 @@ ingress_session_checks_start(void)
 	/* A connection of its own, only where sessions ask the database. */
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		if (l->greylist || sender_login_uses_sql() || sender_login_limit_messages() > 0
-			|| sender_login_limit_recipients() > 0)
+			|| sender_login_limit_recipients() > 0
+			|| (l->mode == LISTENER_SMTP && (screen_enabled() || l->pregreet_wait > 0)))
 		{
 			db_query_init(ingress.loop, ingress.cfg);
 			break;

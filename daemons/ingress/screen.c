@@ -1,8 +1,10 @@
 /*
  * screen.c: see screen.h.  The DNSBL lookups of one client run on the
  * event loop with the resolver message authentication uses (and its
- * circuit breaker); their verdicts are kept in a table of this process,
- * per client address, for DNSBL_TTL.
+ * circuit breaker); their verdicts are kept per client address for
+ * DNSBL_TTL, in this process and in pepsi.screen_verdict, which every
+ * ingress host sharing the database reads (asked while the lookups run:
+ * a verdict found there ends them).
  */
 #include "screen.h"
 
@@ -15,6 +17,7 @@
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "db_query.h"
 
 struct screen_site
 {
@@ -69,6 +72,7 @@ struct screen
 	bool				  from_cache; /* the verdict was kept from an earlier session */
 	screen_done_fn		  done;
 	void				 *arg;
+	struct db_query		 *kept;	  /* the verdict kept in pepsi.screen_verdict, being read */
 	ev_timer			  notify; /* done, from the loop */
 };
 
@@ -310,6 +314,25 @@ screen_cache_find(const char *ip)
 	return NULL;
 }
 
+static const char *const screen_kept_names[] = {"", "pass", "allowed", "listed", "pregreet"};
+
+/* Into pepsi.screen_verdict too, for the other hosts and the next start. */
+static void
+screen_keep(const char *ip, enum screen_verdict verdict, const char *list)
+{
+	char		ttl[32];
+	const char *values[4];
+
+	if (!db_query_available() || verdict == SCREEN_PENDING || screen_global.ttl <= 0)
+		return;
+	snprintf(ttl, sizeof(ttl), "%.3f seconds", screen_global.ttl);
+	values[0] = ip;
+	values[1] = screen_kept_names[verdict];
+	values[2] = list;
+	values[3] = ttl;
+	db_query_send("SELECT pepsi.screen_verdict_put($1, $2, $3, $4::interval)", 4, values, NULL, NULL);
+}
+
 static void
 screen_cache_store(const char *ip, enum screen_verdict verdict, const char *list)
 {
@@ -336,6 +359,7 @@ screen_pregreet(const char *client_ip)
 {
 	log_info("%s: screen verdict: PREGREET (talked before the greeting)", client_ip);
 	screen_cache_store(client_ip, SCREEN_PREGREET, NULL);
+	screen_keep(client_ip, SCREEN_PREGREET, NULL);
 }
 
 /*
@@ -367,7 +391,12 @@ screen_conclude(struct screen *sc)
 	/* A talker's verdict stands until it expires. */
 	cached = screen_cache_find(sc->ip);
 	if (cached == NULL || cached->verdict != SCREEN_PREGREET)
+	{
 		screen_cache_store(sc->ip, sc->verdict, sc->verdict == SCREEN_LISTED ? sc->list : NULL);
+		screen_keep(sc->ip, sc->verdict, sc->verdict == SCREEN_LISTED ? sc->list : NULL);
+	}
+	db_query_cancel(sc->kept);
+	sc->kept = NULL;
 	if (sc->done)
 		sc->done(sc->arg);
 }
@@ -402,6 +431,43 @@ screen_on_answer(void *arg, const struct dns_answer *a)
 	}
 	if (--sc->pending == 0)
 		screen_conclude(sc);
+}
+
+/* pepsi.screen_verdict answered: a verdict kept there (by any host) ends the lookups. */
+static void
+screen_on_kept(void *arg, const PGresult *res)
+{
+	struct screen *sc = arg;
+	const char	  *name;
+
+	sc->kept = NULL;
+	if (sc->verdict != SCREEN_PENDING)
+		return;
+	name = res && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0) ? PQgetvalue(res, 0, 0) : NULL;
+	for (int v = SCREEN_PASS; name && v <= SCREEN_PREGREET; v++)
+		if (strcmp(name, screen_kept_names[v]) == 0)
+		{
+			sc->verdict = (enum screen_verdict) v;
+			free(sc->list);
+			sc->list = PQgetisnull(res, 0, 1) ? NULL : xstrdup(PQgetvalue(res, 0, 1));
+			screen_cache_store(sc->ip, sc->verdict, sc->list);
+			for (size_t i = 0; i < sc->nlookups; i++)
+				if (sc->lookups[i].query)
+				{
+					dns_cancel(sc->lookups[i].query);
+					sc->lookups[i].query = NULL;
+				}
+			if (sc->done)
+				sc->done(sc->arg);
+			return;
+		}
+	/* Nothing kept: the lookups decide; without lists, it passes. */
+	if (sc->nlookups == 0)
+	{
+		sc->verdict = SCREEN_PASS;
+		if (sc->done)
+			sc->done(sc->arg);
+	}
 }
 
 /* "4.3.2.1" (or the IPv6 nibbles) of ip, then ".list". */
@@ -446,12 +512,20 @@ screen_start(const char *client_ip)
 		sc->from_cache = true;
 		return sc;
 	}
+	sc->verdict = SCREEN_PENDING;
+	if (db_query_available())
+	{
+		const char *values[1] = {client_ip};
+
+		sc->kept = db_query_send("SELECT verdict, list FROM pepsi.screen_verdict_get($1)", 1, values,
+								 screen_on_kept, sc);
+	}
 	if (screen_global.count == 0)
 	{
-		sc->verdict = SCREEN_PASS;
+		if (sc->kept == NULL)
+			sc->verdict = SCREEN_PASS;
 		return sc;
 	}
-	sc->verdict = SCREEN_PENDING;
 	sc->lookups = xcalloc(screen_global.count, sizeof(*sc->lookups));
 	sc->nlookups = screen_global.count;
 	sc->pending = screen_global.count;
@@ -498,6 +572,7 @@ screen_free(struct screen *sc)
 	if (sc == NULL)
 		return;
 	ev_timer_stop(screen_global.loop, &sc->notify);
+	db_query_cancel(sc->kept);
 	if (sc->lookups)
 		for (size_t i = 0; i < sc->nlookups; i++)
 			if (sc->lookups[i].query)

@@ -5,8 +5,9 @@
  * the client connects, on the event loop through common/dns/dns.h, and
  * the pre-greeting test (a client that talks before the banner,
  * PREGREET_WAIT per listener, in session.c).  A verdict is kept per client
- * address for DNSBL_TTL, so the client's next sessions ask nothing, and
- * logged once.  A listener of MODE smtp applies it at RCPT (550 5.7.1
+ * address for DNSBL_TTL, in the process and in pepsi.screen_verdict (so
+ * that every ingress host sharing the database knows it), so the client's
+ * next sessions ask nothing, and logged once.  A listener of MODE smtp applies it at RCPT (550 5.7.1
  * naming the list), so a client that authenticated first, or a trusted
  * one, never meets it.
  *

@@ -3674,3 +3674,47 @@ SELECT pg_catalog.pg_extension_config_dump('pepsi.sender_login', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.send_count', '');
 SELECT pepsi.grant_apply();
 -- end of senders bound to their login
+
+-- ===========================================================================
+-- Connection-level verdicts (pepsi-ingress, [ingress] DNSBL_SITES and a
+-- listener's PREGREET_WAIT): a client's verdict (its DNSBL score's, or the
+-- pre-greeting test's) kept per address until it expires, so that its next
+-- sessions, on any ingress host sharing the database, are not tested again.
+-- ===========================================================================
+CREATE TABLE pepsi.screen_verdict (
+    client text PRIMARY KEY,
+    verdict text NOT NULL CHECK (verdict IN ('pass', 'allowed', 'listed', 'pregreet')),
+    list text,
+    expires timestamptz NOT NULL
+);
+
+-- The client's verdict, if one is kept and has not expired.
+CREATE FUNCTION pepsi.screen_verdict_get(client text, OUT verdict text, OUT list text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT v.verdict, v.list FROM pepsi.screen_verdict v
+    WHERE v.client = screen_verdict_get.client AND v.expires > now()
+$$;
+
+-- Keep a verdict for ttl; a pre-greeting verdict is not overwritten by a
+-- DNSBL one before it expires.  Expired rows of other clients go too.
+CREATE FUNCTION pepsi.screen_verdict_put(client text, verdict text, list text, ttl interval)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    DELETE FROM pepsi.screen_verdict v WHERE v.expires <= now();
+    INSERT INTO pepsi.screen_verdict AS v (client, verdict, list, expires)
+    VALUES (screen_verdict_put.client, screen_verdict_put.verdict, screen_verdict_put.list,
+            now() + screen_verdict_put.ttl)
+    ON CONFLICT ON CONSTRAINT screen_verdict_pkey DO UPDATE
+        SET verdict = EXCLUDED.verdict, list = EXCLUDED.list, expires = EXCLUDED.expires
+        WHERE v.verdict <> 'pregreet' OR EXCLUDED.verdict = 'pregreet';
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_ingress', 'function', 'screen_verdict_get', '{EXECUTE}'),
+    ('pepsi_ingress', 'function', 'screen_verdict_put', '{EXECUTE}'),
+    ('pepsi_config', 'table', 'screen_verdict', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('screen_verdict_get'), ('screen_verdict_put');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.screen_verdict', '');
+SELECT pepsi.grant_apply();
+-- end of connection-level verdicts
