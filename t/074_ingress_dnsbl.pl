@@ -147,6 +147,29 @@ $r = try_client('127.0.0.9');
 like($r->{banner}, qr/^220 /, 'a client that waits for the banner gets it');
 like($r->{rcpt}, qr/^550 5\.7\.1 .*blocked using bl\.test/, '... and its DNSBL verdict still applies');
 
+# Postscreen's after-220 tests: commands sent without waiting where
+# PIPELINING was not offered (HELO, not EHLO), and a bare LF.
+my $piper = SmtpClient->new($port, from => '127.0.0.11');
+$piper->send("HELO client.test\r\nMAIL FROM:<a\@sender.test>\r\n");
+$piper->reply;
+like($piper->reply, qr/^250 /, 'a client pipelining after HELO: its MAIL is answered');
+like($piper->command('RCPT TO:<user@local.test>'),
+	qr/^550 5\.5\.1 Protocol error: client \[127\.0\.0\.11\] sent commands without waiting/,
+	'... but its recipients refused');
+$piper->close;
+ok(file_shows($log, qr/127\.0\.0\.11: screen verdict: PIPELINING/), '... with a logged verdict');
+my $lf = SmtpClient->new($port, from => '127.0.0.12');
+$lf->send("EHLO client.test\n");
+like($lf->reply, qr/^500 5\.5\.2 Bare LF/, 'a command ending in a bare LF: 500');
+$lf->command('EHLO client.test');
+$lf->command('MAIL FROM:<a@sender.test>');
+like($lf->command('RCPT TO:<user@local.test>'),
+	qr/^550 5\.5\.1 Protocol error: client \[127\.0\.0\.12\] ended a command with a bare LF/,
+	'... and the client\'s recipients refused');
+$lf->close;
+$r = try_client('127.0.0.12');
+like($r->{rcpt}, qr/^550 5\.5\.1 /, '... in its next session too');
+
 # The verdicts are kept in the database, for every host that shares it.
 ok(wait_until($node, $db, "SELECT verdict || ' ' || coalesce(list, '-') FROM pepsi.screen_verdict WHERE client = '127.0.0.2'",
 	'listed bl.test'), 'a DNSBL verdict is kept in pepsi.screen_verdict');

@@ -111,6 +111,8 @@ void session_mail_accepted(const struct smtp_session *smtp);
 /* session_screen.c: policy.screen of the listeners of MODE smtp (screen.h). */
 enum smtp_screen_verdict session_screen_verdict(const struct smtp_session *smtp, char *reply,
 												size_t size);
+/* policy.violation of the listeners of MODE smtp: the client's verdict (screen.h). */
+void session_screen_violation(const struct smtp_session *smtp, enum smtp_violation v);
 /* Greylisting (session_screen.c): the triplet asked of pepsi.greylist_check. */
 enum smtp_screen_verdict session_greylist(const struct smtp_session *smtp, const char *address,
 										  char *reply, size_t size);

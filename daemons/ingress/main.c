@@ -293,6 +293,7 @@ listener_open(const char *section)
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
 	l->policy.screen = l->mode == LISTENER_SMTP ? session_screen_verdict : NULL;
+	l->policy.violation = l->mode == LISTENER_SMTP ? session_screen_violation : NULL;
 	l->policy.rcpt_gate = l->greylist || sender_login_limit_messages() > 0
 								  || sender_login_limit_recipients() > 0
 							  ? session_rcpt_gate

@@ -314,7 +314,8 @@ screen_cache_find(const char *ip)
 	return NULL;
 }
 
-static const char *const screen_kept_names[] = {"", "pass", "allowed", "listed", "pregreet"};
+static const char *const screen_kept_names[] = {"", "pass", "allowed", "listed",
+												"pregreet", "pipelining", "bare newline"};
 
 /* Into pepsi.screen_verdict too, for the other hosts and the next start. */
 static void
@@ -362,6 +363,25 @@ screen_pregreet(const char *client_ip)
 	screen_keep(client_ip, SCREEN_PREGREET, NULL);
 }
 
+void
+screen_violation(struct screen *sc, enum screen_verdict verdict)
+{
+	if (sc->verdict == verdict)
+		return;
+	log_info("%s: screen verdict: %s", sc->ip, verdict == SCREEN_PIPELINING ? "PIPELINING (commands sent without waiting, PIPELINING not offered)" : "BARE NEWLINE (a command ended with a bare LF)");
+	for (size_t i = 0; i < sc->nlookups; i++)
+		if (sc->lookups[i].query)
+		{
+			dns_cancel(sc->lookups[i].query);
+			sc->lookups[i].query = NULL;
+		}
+	db_query_cancel(sc->kept);
+	sc->kept = NULL;
+	sc->verdict = verdict;
+	screen_cache_store(sc->ip, verdict, NULL);
+	screen_keep(sc->ip, verdict, NULL);
+}
+
 /*
  * A client's lookups
  */
@@ -370,7 +390,7 @@ static const char *
 screen_verdict_name(enum screen_verdict v)
 {
 	static const char *const names[] = {"pending", "pass", "allowed (DNSWL)", "listed (DNSBL)",
-										"PREGREET"};
+										"PREGREET", "PIPELINING", "BARE NEWLINE"};
 
 	return names[v];
 }
@@ -444,7 +464,7 @@ screen_on_kept(void *arg, const PGresult *res)
 	if (sc->verdict != SCREEN_PENDING)
 		return;
 	name = res && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0) ? PQgetvalue(res, 0, 0) : NULL;
-	for (int v = SCREEN_PASS; name && v <= SCREEN_PREGREET; v++)
+	for (int v = SCREEN_PASS; name && v <= SCREEN_BARE_NEWLINE; v++)
 		if (strcmp(name, screen_kept_names[v]) == 0)
 		{
 			sc->verdict = (enum screen_verdict) v;

@@ -4,7 +4,9 @@
  * postscreen_dnsbl_sites syntax, weighted, DNSBL_THRESHOLD), started when
  * the client connects, on the event loop through common/dns/dns.h, and
  * the pre-greeting test (a client that talks before the banner,
- * PREGREET_WAIT per listener, in session.c).  A verdict is kept per client
+ * PREGREET_WAIT per listener, in session.c) and postscreen's after-220
+ * tests (commands pipelined where PIPELINING was not offered, a bare LF
+ * ending a command).  A verdict is kept per client
  * address for DNSBL_TTL, in the process and in pepsi.screen_verdict (so
  * that every ingress host sharing the database knows it), so the client's
  * next sessions ask nothing, and logged once.  A listener of MODE smtp applies it at RCPT (550 5.7.1
@@ -27,11 +29,13 @@
 
 enum screen_verdict
 {
-	SCREEN_PENDING, /* lookups still out */
-	SCREEN_PASS,	/* below the threshold */
-	SCREEN_ALLOWED, /* at or below DNSBL_ALLOWLIST_THRESHOLD: a DNSWL-listed client */
-	SCREEN_LISTED,	/* at or above DNSBL_THRESHOLD */
-	SCREEN_PREGREET /* talked before the greeting */
+	SCREEN_PENDING,		/* lookups still out */
+	SCREEN_PASS,		/* below the threshold */
+	SCREEN_ALLOWED,		/* at or below DNSBL_ALLOWLIST_THRESHOLD: a DNSWL-listed client */
+	SCREEN_LISTED,		/* at or above DNSBL_THRESHOLD */
+	SCREEN_PREGREET,	/* talked before the greeting */
+	SCREEN_PIPELINING,	/* sent commands without waiting, PIPELINING not offered */
+	SCREEN_BARE_NEWLINE /* ended a command with a bare LF */
 };
 
 /* [ingress] DNSBL_*; false with err naming the option for a bad value (nothing changed then). */
@@ -55,6 +59,8 @@ void screen_wait(struct screen *sc, screen_done_fn done, void *arg);
 void screen_free(struct screen *sc);
 /* The client talked before the greeting: remembered as its verdict. */
 void screen_pregreet(const char *client_ip);
+/* A protocol violation (SCREEN_PIPELINING, SCREEN_BARE_NEWLINE): the session's verdict and the client's. */
+void screen_violation(struct screen *sc, enum screen_verdict verdict);
 
 /* Parse DNSBL_SITES (exposed for the unit test); false with err. */
 struct screen_site;

@@ -91,11 +91,28 @@ session_screen_verdict(const struct smtp_session *smtp, char *reply, size_t size
 			snprintf(reply, size, "550 5.5.1 Protocol error: client [%s] talked before the greeting",
 					 s->ip);
 			return SMTP_SCREEN_REFUSE;
+		case SCREEN_PIPELINING:
+		case SCREEN_BARE_NEWLINE:
+			snprintf(reply, size, "550 5.5.1 Protocol error: client [%s] %s", s->ip,
+					 screen_verdict(s->screen, &list) == SCREEN_PIPELINING
+						 ? "sent commands without waiting (PIPELINING was not offered)"
+						 : "ended a command with a bare LF");
+			return SMTP_SCREEN_REFUSE;
 		case SCREEN_PASS:
 		case SCREEN_ALLOWED:
 			break;
 	}
 	return SMTP_SCREEN_PASS;
+}
+
+void
+session_screen_violation(const struct smtp_session *smtp, enum smtp_violation v)
+{
+	struct session *s = smtp->host;
+
+	if (s->screen && smtp->auth_account == NULL)
+		screen_violation(s->screen, v == SMTP_VIOLATION_PIPELINING ? SCREEN_PIPELINING
+																   : SCREEN_BARE_NEWLINE);
 }
 
 static void

@@ -33,6 +33,13 @@ enum smtp_rcpt_verdict
 	SMTP_RCPT_UNVERIFIED	/* 451 4.3.0: ours, but it cannot be checked now */
 };
 
+/* What a client did that a well-behaved one does not (postscreen's after-220 tests). */
+enum smtp_violation
+{
+	SMTP_VIOLATION_PIPELINING,	/* commands sent before PIPELINING was offered, without waiting */
+	SMTP_VIOLATION_BARE_NEWLINE /* a command line ending in a bare LF */
+};
+
 /* The host's connection-level verdict (screen.h), asked at RCPT. */
 enum smtp_screen_verdict
 {
@@ -100,6 +107,8 @@ struct smtp_policy
 	 */
 	enum smtp_screen_verdict (*rcpt_gate)(const struct smtp_session *s, const char *address,
 										  char *reply, size_t size);
+	/* Optional: told of each protocol violation (screen.h keeps it as the client's verdict). */
+	void (*violation)(const struct smtp_session *s, enum smtp_violation v);
 	/* Optional, asked for an authenticated session's sender at MAIL (not <>), as rcpt_gate. */
 	enum smtp_screen_verdict (*mail_gate)(const struct smtp_session *s, const char *address,
 										  char *reply, size_t size);

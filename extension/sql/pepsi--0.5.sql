@@ -3677,13 +3677,14 @@ SELECT pepsi.grant_apply();
 
 -- ===========================================================================
 -- Connection-level verdicts (pepsi-ingress, [ingress] DNSBL_SITES and a
--- listener's PREGREET_WAIT): a client's verdict (its DNSBL score's, or the
--- pre-greeting test's) kept per address until it expires, so that its next
+-- listener's PREGREET_WAIT): a client's verdict (its DNSBL score's, the
+-- pre-greeting test's, a protocol violation's) kept per address until it expires, so that its next
 -- sessions, on any ingress host sharing the database, are not tested again.
 -- ===========================================================================
 CREATE TABLE pepsi.screen_verdict (
     client text PRIMARY KEY,
-    verdict text NOT NULL CHECK (verdict IN ('pass', 'allowed', 'listed', 'pregreet')),
+    verdict text NOT NULL CHECK (verdict IN ('pass', 'allowed', 'listed', 'pregreet', 'pipelining',
+                                             'bare newline')),
     list text,
     expires timestamptz NOT NULL
 );
