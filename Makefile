@@ -7,7 +7,13 @@
 #                 symlink per program in $(PREFIX)/bin and the man pages
 #                 in $(PREFIX)/share/man; needs neither cmocka nor the tests
 #                 (SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq, newaliases too)
-#   make uninstall  remove what make install installed
+#                 (and $(PREFIX)/lib/sysusers.d, tmpfiles.d, /etc/pepsi/pepsi.conf
+#                 when absent; as root the accounts and the privileged
+#                 programs' bits of debian/pepsi.postinst's table)
+#   make uninstall  remove what make install installed (pepsi.conf stays)
+#   make deb      the Debian packages (dpkg-buildpackage), in build/deb/
+#   make deb-check  make deb, lintian, an install into a scratch root, and
+#                 the package's files and modes against make install's
 #   make run      install what running needs and start Pepsi on a private
 #                 PostgreSQL cluster under ./run/
 #   make stop     stop everything make run started (its pid files in ./run/pids/)
@@ -21,7 +27,8 @@
 #   make bench    run the benchmarks in bench/
 #
 # Programs are found by directory: daemons/X builds pepsi-X, stages/X
-# builds pepsi-stage-X, cli/X builds pepsi-X.  Each defines
+# builds pepsi-stage-X, cli/X builds pepsi-X, and the unprivileged
+# helpers/X pepsi-helper-X.  Each defines
 # <name>_main (dashes as underscores); a stage also defines <name>_stage.
 # Every program is built standalone (build/bin/) and linked into the
 # multi-call binary build/bin/pepsi.
@@ -48,7 +55,7 @@ PEPSI_CFLAGS = -std=gnu11 $(WARNINGS) $(PEPSI_WERROR) -Icommon -Ischema -I$(B) \
 DEPFLAGS = -MMD -MP -MF $@.d -MT $@
 # libunbound runs its thread on libevent, and libev exports libevent's names too
 # (event_set...): libevent must come first so libunbound binds to the real one.
-LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lcurl -lssl -lcrypto -lcrypt -lm
+LDLIBS = -L$(PG_LIBDIR) -lpq -ljansson -linih -lunbound -lidn2 -lopendkim -lpsl -Wl,--push-state,--no-as-needed -l:libevent-2.1.so.7 -Wl,--pop-state -lev -lmicrohttpd -largon2 -lsystemd -lcurl -lssl -lcrypto -lcrypt -lz -lm
 
 B = build
 # common/ is grouped in subfolders (docs/architecture.md names each);
@@ -56,8 +63,16 @@ B = build
 COMMON_GROUPS = auth base config delivery dns local message process runtime smtp
 COMMON_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard $(addprefix common/,$(addsuffix /*.c,$(COMMON_GROUPS))) schema/*.c))
 
-program_dirs = $(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)
-program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=)))
+# A directory of SEPARATE_PROGRAM_DIRS builds a multi-call binary of its own
+# (below), not a program of the shared one.
+SEPARATE_PROGRAM_DIRS = stages/detect-language/
+# The helpers a timer runs, with no permission bit of their own (libpq,
+# libcurl, jansson as any program), are programs of the multi-call binary
+# too, named pepsi-helper-X; the set-id helpers are not (Privileged programs).
+UNPRIVILEGED_HELPER_DIRS = helpers/token-refresh/
+program_dirs = $(filter-out $(SEPARATE_PROGRAM_DIRS),$(wildcard daemons/*/) $(wildcard stages/*/) $(wildcard cli/*/)) \
+               $(UNPRIVILEGED_HELPER_DIRS)
+program_name = $(if $(findstring stages/,$(1)),pepsi-stage-$(notdir $(1:/=)),$(if $(findstring helpers/,$(1)),pepsi-helper-$(notdir $(1:/=)),pepsi-$(notdir $(1:/=))))
 program_ident = $(subst -,_,$(call program_name,$(1)))
 PROGRAMS = $(foreach d,$(program_dirs),$(call program_name,$(d)))
 program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
@@ -93,7 +108,7 @@ test-programs: $(TEST_PROGRAMS)
 # (programs.h is order-only: the .d files name the objects that include it.)
 $(B)/%.o: %.c | $(B)/programs.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PEPSI_CFLAGS) $(DEPFLAGS) -I$(dir $<) -c -o $@ $<
 
 # pepsi-httpd's page is built into it (.incbin): rebuild when it changes.
 $(B)/daemons/httpd/www.o: $(wildcard daemons/httpd/www/* daemons/httpd/www/vendor/*)
@@ -124,16 +139,54 @@ $(B)/programs.h: $(program_dirs) $(privileged_stage_dirs) Makefile
 # programs/names.c: the names sendmail, mailq and newaliases (install SENDMAIL_LINKS).
 $(B)/bin/pepsi: $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
 $(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
+	$$(CC) $$(CPPFLAGS) $$(CFLAGS) $$(LDFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
 		-DPROGRAM_NAME='"$(call program_name,$(1))"' \
 		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
+
+# ---- pepsi-stage-detect-language: a multi-call binary of its own ------------
+# It links libexttextcat and its models, which nothing else uses, so it is
+# kept out of the shared binary (spec 22.2): one file answering to
+# pepsi-stage-detect-language and pepsi-detect-language (a symlink to it),
+# by stages/detect-language/main.c.
+LANGUAGE_PROGRAMS = pepsi-stage-detect-language pepsi-detect-language
+LANGUAGE_OBJS = $(call program_objs,stages/detect-language/)
+LANGUAGE_CFLAGS := $(shell pkg-config --cflags libexttextcat 2>/dev/null || echo -I/usr/include/libexttextcat)
+LANGUAGE_LIBS := $(shell pkg-config --libs libexttextcat 2>/dev/null || echo -lexttextcat-2.0)
+$(LANGUAGE_OBJS): PEPSI_CFLAGS += $(LANGUAGE_CFLAGS)
+
+$(B)/bin/pepsi-stage-detect-language: $(LANGUAGE_OBJS) $(B)/libpepsi.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(LANGUAGE_OBJS) $(B)/libpepsi.a $(LANGUAGE_LIBS) $(LDLIBS)
+
+$(B)/bin/pepsi-detect-language: $(B)/bin/pepsi-stage-detect-language
+	ln -sf pepsi-stage-detect-language $@
+
+programs: $(addprefix $(B)/bin/,$(LANGUAGE_PROGRAMS))
+
+# The file goes beside the shared binary, where pepsi-dispatch looks for a
+# stage it does not hold (daemons/dispatch/pool.c), with a $(PREFIX)/bin
+# symlink per name.
+install-language: programs
+	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(B)/bin/pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi-stage-detect-language
+	for p in $(LANGUAGE_PROGRAMS); do \
+		ln -sf ../libexec/pepsi/pepsi-stage-detect-language $(DESTDIR)$(PREFIX)/bin/$$p; done
+install-programs: install-language
+
+uninstall-language:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(LANGUAGE_PROGRAMS))
+	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi-stage-detect-language
+uninstall: uninstall-language
+
+.PHONY: install-language uninstall-language
+# ---- end of pepsi-stage-detect-language ------------------------------------
 
 # ---- Privileged programs (spec 22.2, docs/architecture.md) ------------------
 # helpers/X builds pepsi-helper-X: a setuid-root helper, a standalone
@@ -146,24 +199,22 @@ $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 # those stages are built standalone.  Their code is linked into it all the
 # same, for the stage registry only (FUSED_STAGE), so that a row such a
 # stage would only pass on runs fused in its predecessor's worker, which
-# needs no privilege for it (stage.h fuses_passing_on).  make install, as
-# root, creates each helper's group and installs the helper root:GROUP
-# mode 4750 (only its stage can run it) and the stage root:GROUP mode 2755;
-# not as root, both without their bits, with a warning.
+# needs no privilege for it (stage.h fuses_passing_on).  Their owners,
+# groups and modes (the helper root:GROUP 4750, so only its stage can run
+# it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
+# which make install reads too (install-privileged, below).
 HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
-helper_dirs = $(wildcard helpers/*/)
+helper_dirs = $(filter-out $(UNPRIVILEGED_HELPER_DIRS),$(wildcard helpers/*/))
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
-# Per helper: its stage and the group they share; the further common/
+# Per helper: its stage; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
 # links.
 PRIVILEGED_CALLER_pepsi-helper-dot-forward = pepsi-stage-dot-forward
-PRIVILEGED_GROUP_pepsi-helper-dot-forward = pepsi-forward
 # The Maildir writer reads pepsi.conf (config, options: libinih) and writes
 # with common/delivery/maildir.c.  Its stage stays in the multi-call binary too, so
 # that a development tree fuses its successors; installed, the set-group-id
 # file is the one pepsi-dispatch runs (daemons/dispatch/pool.c).
 PRIVILEGED_CALLER_pepsi-helper-maildir-writer = pepsi-stage-relay-to-maildir
-PRIVILEGED_GROUP_pepsi-helper-maildir-writer = pepsi-maildir
 HELPER_COMMON_pepsi-helper-maildir-writer = common/delivery/maildir common/base/buf common/config/config \
                                             common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-maildir-writer = -linih
@@ -176,16 +227,26 @@ define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \
 		$(patsubst %,$(B)/%.o,$(HELPER_COMMON) $(HELPER_COMMON_pepsi-helper-$(notdir $(1:/=))))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
+	$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
 endef
 $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
 
 programs: $(addprefix $(B)/bin/,$(HELPERS))
 
-# The set-id programs make install installs (the helpers' callers): the one
-# list, which the code gets as PEPSI_SETID_PROGRAMS (common/process/privilege.c):
-# pepsi-dispatch runs no other set-id file it finds.
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h)))
+# Set-group-id stages that run no helper: their group's files are what
+# they read.  relay-to-smarthost reads the OAuth access tokens of group
+# pepsi-token (spec: the setgid pepsi-stage-relay-to-smarthost), which
+# pepsi-helper-token-refresh writes.  It stays in the multi-call binary,
+# where a password-authenticated smarthost runs fused after route; with a
+# token it never fuses (its can_fuse), so its rows reach this file.
+SETGID_STAGES = pepsi-stage-relay-to-smarthost
+SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
+
+# The set-id programs make install installs (the helpers' callers and the
+# set-group-id stages): the one list, which the code gets as
+# PEPSI_SETID_PROGRAMS (common/process/privilege.c): pepsi-dispatch runs
+# no other set-id file it finds.
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -197,29 +258,69 @@ $(B)/common/process/privilege.o: | $(B)/setid_programs.h
 # when they run) leaves the privileged stages out.
 program_dirs := $(filter-out $(privileged_stage_dirs),$(program_dirs))
 
-# install_privileged HELPER STAGE GROUP
-define install_privileged
-	if [ "$$(id -u)" -eq 0 ]; then \
-		getent group $(3) >/dev/null || groupadd --system $(3); \
-		install -o root -g $(3) -m 4750 $(B)/bin/$(1) $(DESTDIR)$(PREFIX)/bin/$(1); \
-		install -o root -g $(3) -m 2755 $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/$(2); \
-	else \
-		install -m 755 $(B)/bin/$(1) $(B)/bin/$(2) $(DESTDIR)$(PREFIX)/bin/; \
-		echo "warning: not root: $(1) and $(2) installed without their setuid/setgid bits"; \
-	fi
-
-endef
-# (The empty line ends each call's recipe line: one shell command per helper.)
+# The owner, group and mode of each privileged program: the table of
+# debian/pepsi.postinst (the one list of what is set, which the package's
+# postinst applies), "NAME OWNER GROUP MODE" per line.  make install sets
+# them as root: make install on a real install (no DESTDIR) first makes
+# the accounts of dist/sysusers.d/pepsi.conf; a staged one (DESTDIR) makes
+# none on this host; a program whose owner or group this host lacks is
+# installed without its bit, saying so.  Not as root, or with SETID=no (the package's build:
+# its postinst sets them), every one is installed 0755 without a bit.  A
+# helper or set-id stage the table lacks, or a line naming a program not
+# built, stops the install.  PRIVILEGED_GROUP_<helper>=GROUP on the command
+# line gives that helper and its stage another group (the tests' own).
+PRIVILEGED_TABLE = debian/pepsi.postinst
+privileged_group_overrides = $(foreach h,$(HELPERS),$(if $(PRIVILEGED_GROUP_$(h)),$(h)=$(PRIVILEGED_GROUP_$(h)) $(PRIVILEGED_CALLER_$(h))=$(PRIVILEGED_GROUP_$(h))))
+privileged_rows = sed -n '/^\# BEGIN PRIVILEGED/,/^\# END PRIVILEGED/s/^\(pepsi-[a-z-]*\)  *\([a-z][a-z-]*\)  *\([a-z][a-z-]*\)  *\([0-7]\{4\}\)$$/\1 \2 \3 \4/p' $(PRIVILEGED_TABLE)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin
-	$(foreach h,$(HELPERS),$(call install_privileged,$(h),$(PRIVILEGED_CALLER_$(h)),$(PRIVILEGED_GROUP_$(h))))
+	@for p in $(HELPERS) $(SETID_PROGRAMS); do \
+		$(privileged_rows) | grep -q "^$$p " || { \
+			echo "$$p is built but not in $(PRIVILEGED_TABLE)'s table of privileged programs" >&2; exit 1; }; \
+	done
+	@$(privileged_rows) | while read -r name owner group mode; do \
+		[ -f $(B)/bin/$$name ] || { echo "$(PRIVILEGED_TABLE) names $$name, which is not built" >&2; exit 1; }; \
+		for o in $(privileged_group_overrides); do case $$o in $$name=*) group=$${o#*=};; esac; done; \
+		if [ "$(SETID)" = no ]; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+		elif [ "$$(id -u)" -ne 0 ]; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+			echo "warning: not root: $$name installed without its bit ($$owner:$$group $$mode)"; \
+		elif ! getent passwd $$owner >/dev/null || ! getent group $$group >/dev/null; then \
+			install -m 755 $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+			echo "warning: no user $$owner or group $$group on this host: $$name installed without its bit ($$owner:$$group $$mode)"; \
+		else \
+			echo "install -o $$owner -g $$group -m $$mode $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name"; \
+			install -o $$owner -g $$group -m $$mode $(B)/bin/$$name $(DESTDIR)$(PREFIX)/bin/$$name || exit 1; \
+		fi; \
+	done
 install-programs: install-privileged
+
+# The table's lines, for scripts/deb.sh.
+privileged-table:
+	@$(privileged_rows)
+
+# The accounts of dist/sysusers.d/pepsi.conf, on this host (make install
+# as root, no DESTDIR; not make install-privileged alone): by
+# systemd-sysusers, else by groupadd and useradd.
+install-accounts-create:
+	if command -v systemd-sysusers >/dev/null; then \
+		systemd-sysusers dist/sysusers.d/pepsi.conf; \
+	else \
+		grep -E '^[ug] ' dist/sysusers.d/pepsi.conf | while read -r kind name rest; do \
+			getent group $$name >/dev/null || groupadd --system $$name || exit 1; \
+			[ $$kind = g ] || getent passwd $$name >/dev/null || \
+				useradd --system --gid $$name --no-create-home \
+					--home-dir "$$(echo "$$rest" | awk '{ print $$(NF - 1) }')" \
+					--shell /usr/sbin/nologin $$name || exit 1; \
+		done; \
+	fi
 
 uninstall-privileged:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(HELPERS) $(PRIVILEGED_STAGES))
 uninstall: uninstall-privileged
 
-.PHONY: install-privileged uninstall-privileged
+.PHONY: install-privileged uninstall-privileged install-accounts-create privileged-table
 # ---- end of privileged programs -------------------------------------------
 
 # Unit tests (cmocka): one binary per test file, linked with the code of
@@ -272,10 +373,14 @@ $(B)/bin/pepsi-test-pgconn: t/pgconn/pgconn_driver.c $(B)/libpepsi.a
 # The headers each object and program read (see DEPFLAGS).
 -include $(wildcard $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
 
+# (The extension's module is installed 0644 as a Debian package has it:
+# PGXS installs it executable.)
 install: extension programs man
 	$(MAKE) -C extension install
+	chmod 644 $(DESTDIR)$(shell $(PG_CONFIG) --pkglibdir)/pepsi.so
+	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	$(MAKE) install-programs install-man
-	$(MAKE) install-systemd
+	$(MAKE) install-systemd install-accounts install-config
 	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
 
 # make install SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq and
@@ -299,21 +404,49 @@ install-sendmail-links: install-programs
 install-programs: programs
 	install -d $(DESTDIR)$(PREFIX)/libexec/pepsi $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
-	for p in $(filter-out $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))),$(PROGRAMS)); do \
+	for p in $(filter-out $(SETID_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
-# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service").
+# pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service"),
+# and pepsi-failure-bouncer.timer if wanted.
 SYSCONFDIR ?= /etc
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)
-	for u in dist/systemd/*.service.in; do \
+	for u in dist/systemd/*.service.in dist/systemd/*.timer.in; do \
 		sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' $$u \
 			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) && \
 		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename $$u .in) || exit 1; \
 	done
+
+# The system accounts and directories (dist/sysusers.d, dist/tmpfiles.d),
+# for systemd-sysusers and systemd-tmpfiles on an installation without the
+# Debian package (whose postinst reads the same sysusers.d file).
+SYSUSERS_DIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
+install-accounts:
+	install -d $(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(TMPFILES_DIR)
+	install -m 644 dist/sysusers.d/pepsi.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf
+	install -m 644 dist/tmpfiles.d/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
+
+# $(SYSCONFDIR)/pepsi/pepsi.conf from docs/pepsi.conf.sample, with the
+# Debian cluster's socket and port and /var/lib/pepsi for its files: a
+# starting point to edit (or for pepsi-setup init to replace).  An existing
+# one is never replaced.  The package ships the same file, a conffile.
+install-config:
+	install -d $(DESTDIR)$(SYSCONFDIR)/pepsi
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf ]; then \
+		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf exists: left as it is"; \
+	else \
+		sed -e 's|@PGHOST@|/var/run/postgresql|g' -e 's|@PGPORT@|5432|g' -e 's|@RUN_DIR@|/var/lib/pepsi|g' \
+			docs/pepsi.conf.sample >$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
+		chmod 644 $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
+		mv $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf && \
+		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from docs/pepsi.conf.sample"; \
+	fi
+.PHONY: install-accounts install-config
 
 # Man pages: docs/NAME.SECTION.md, the one format of docs/, converted by
 # pandoc; the page's first heading, "NAME(SECTION)", is its title.
@@ -383,10 +516,26 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	-rmdir $(DESTDIR)$(PREFIX)/libexec/pepsi
 	rm -f $(foreach page,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man$(call man_section,$(page))/$(notdir $(page)))
-	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in))))
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(basename $(wildcard dist/systemd/*.service.in dist/systemd/*.timer.in))))
+	rm -f $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
 deps:
 	@scripts/deps.sh check
+
+# The Debian packages (debian/): dpkg-buildpackage from a copy of the tree,
+# the packages in build/deb/.  deb-check (as root) builds them, runs
+# lintian, installs them into a scratch root (dpkg --root) and checks the
+# privileged programs' bits against debian/pepsi.postinst's table and the
+# packages' files and modes against make install's (scripts/deb.sh).
+DEB_DIR = $(B)/deb
+deb:
+	@scripts/deps.sh deb
+	scripts/deb.sh build $(DEB_DIR)
+
+deb-check:
+	@scripts/deps.sh deb
+	scripts/deb.sh check $(DEB_DIR)
+.PHONY: deb deb-check
 
 # What running needs only: no test peer (Postfix, Dovecot, rspamd, nsd,
 # OpenDKIM, Chromium, npm) is installed or started by make run.
@@ -418,9 +567,19 @@ SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 export SANITIZE_TAP ?= $(wildcard t/03?_ingress*.pl t/04?_dispatch*.pl)
 
+# Only the programs those tests run are linked (the objects are all
+# compiled, for the multi-call binary): the daemons, the stages their
+# configurations name (t/lib/DispatchTest.pm, t/lib/DeliveryTest.pm), the
+# helpers and the test stage.  A sanitized test that runs another program
+# names it here.
+SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
+                    pepsi-stage-discard pepsi-stage-if pepsi-stage-route pepsi-stage-bounce \
+                    pepsi-stage-relay-to-internet pepsi-stage-relay-to-maildir pepsi-stage-relay-to-smarthost \
+                    $(HELPERS) pepsi-test-probe
+
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
-		programs test-programs unit-tests
+		$(addprefix $(SANITIZE_B)/bin/,$(SANITIZE_PROGRAMS)) unit-tests
 
 sanitize: sanitize-build
 	$(MAKE) -C extension install
@@ -457,79 +616,70 @@ FUZZ_TIME ?= 60
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -std=gnu11 -D_GNU_SOURCE -Icommon -Ischema
 
-$(B)/fuzz/fuzz_smtp: daemons/ingress/fuzz/fuzz_smtp.c $(wildcard daemons/ingress/smtp*.c) \
-                     daemons/ingress/envelope.c daemons/ingress/relay_control.c daemons/ingress/auth_throttle.c \
-                     common/base/buf.c common/base/log.c common/base/xalloc.c common/message/message.c common/local/local.c \
-                     common/local/aliases.c common/config/config.c schema/options.c common/message/header.c common/auth/results.c \
-                     common/smtp/smtp_address.c common/base/base64.c common/config/config_route.c \
-                     $(wildcard daemons/ingress/*.h common/*/*.h schema/*.h)
+# Each source is compiled once, into $(B)/fuzz/obj/, and the objects are
+# shared by the targets that link it (common/ is in most of them).  A
+# harness in X/fuzz/ includes X's headers.
+$(B)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/ingress -I$(PG_INCLUDEDIR) \
-		-o $@ $(filter %.c,$^) -L$(PG_LIBDIR) -lpq -linih -ljansson -lcrypto
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -I$(dir $<) -I$(patsubst %/fuzz/,%,$(dir $<)) -I$(PG_INCLUDEDIR) -c -o $@ $<
+fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
+FUZZ_BASE = common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c
+FUZZ_CONFIG = common/config/config.c common/config/config_route.c schema/options.c
+FUZZ_SMTP_CLIENT = common/smtp/smtp_client.c common/smtp/smtp_client_io.c common/smtp/smtp_transaction.c \
+                   common/smtp/smtp_auth.c common/message/mime_downgrade.c common/message/mime.c \
+                   common/smtp/tls_policy.c common/message/message.c \
+                   common/message/header.c common/dns/dns.c common/smtp/mta_sts.c
+# (the link: libFuzzer's main and the sanitizers' runtimes)
+fuzz_link = $(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS) -lpthread
 
-$(B)/fuzz/fuzz_auth: common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c common/message/srs.c common/base/base64.c common/config/config_route.c \
-                     common/base/buf.c common/base/log.c common/base/xalloc.c common/config/config.c schema/options.c \
-                     $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_smtp: $(call fuzz_objs,daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_envelope_cmds.c daemons/ingress/smtp_session_cmds.c daemons/ingress/smtp_content.c \
+                     daemons/ingress/smtp_syntax.c daemons/ingress/envelope.c daemons/ingress/relay_control.c \
+                     daemons/ingress/auth_throttle.c common/message/message.c common/local/local.c common/local/aliases.c \
+                     common/message/header.c common/auth/results.c common/smtp/smtp_address.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_milter: stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
-                       common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard stages/milter/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Istages/milter -o $@ $(filter %.c,$^) -ljansson
+$(B)/fuzz/fuzz_auth: $(call fuzz_objs,common/auth/fuzz/fuzz_auth.c $(wildcard common/auth/*.c) common/dns/dns.c \
+                     common/message/srs.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_smtp_client: common/fuzz/fuzz_smtp_client.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
-                            common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c common/message/header.c \
-                            common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
-                            common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS) -lpthread
+$(B)/fuzz/fuzz_milter: $(call fuzz_objs,stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
+                       common/base/buf.c common/base/log.c common/base/xalloc.c)
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_canon: common/auth/fuzz/fuzz_canon.c common/auth/canon.c common/base/base64.c common/base/buf.c common/base/log.c \
-                      common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_smtp_client: $(call fuzz_objs,common/fuzz/fuzz_smtp_client.c $(FUZZ_SMTP_CLIENT) $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_mime: common/fuzz/fuzz_mime.c common/message/mime_downgrade.c common/message/message.c common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c \
-                     common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_canon: $(call fuzz_objs,common/auth/fuzz/fuzz_canon.c common/auth/canon.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_dsn: common/fuzz/fuzz_dsn.c common/message/dsn.c common/smtp/smtp_client.c common/smtp/smtp_client_io.c \
-                    common/smtp/smtp_transaction.c common/message/mime_downgrade.c common/smtp/tls_policy.c common/message/message.c \
-                    common/dns/dns.c common/smtp/mta_sts.c common/config/config.c common/config/config_route.c schema/options.c \
-                    common/message/header.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_mime: $(call fuzz_objs,common/fuzz/fuzz_mime.c common/message/mime_downgrade.c common/message/mime.c common/message/message.c \
+                     common/message/header.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_forward: helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c \
-                        common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard helpers/dot-forward/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Ihelpers/dot-forward -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_dsn: $(call fuzz_objs,common/fuzz/fuzz_dsn.c common/message/dsn.c $(FUZZ_SMTP_CLIENT) $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_aliases: common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c common/config/config.c common/config/config_route.c \
-                        schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_forward: $(call fuzz_objs,helpers/dot-forward/fuzz/fuzz_forward.c helpers/dot-forward/forward_file.c $(FUZZ_BASE))
+	$(fuzz_link)
 
-$(B)/fuzz/fuzz_config: common/fuzz/fuzz_config.c common/config/config.c common/config/config_route.c schema/options.c \
-                       common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+$(B)/fuzz/fuzz_aliases: $(call fuzz_objs,common/fuzz/fuzz_aliases.c common/local/aliases.c common/local/local.c \
+                        $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
+
+$(B)/fuzz/fuzz_config: $(call fuzz_objs,common/fuzz/fuzz_config.c $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
 
 # (fuzz_api.c includes api.c, for its static functions)
-$(B)/fuzz/fuzz_api: daemons/httpd/fuzz/fuzz_api.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
-                    daemons/httpd/api.c $(wildcard daemons/httpd/*.h common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Idaemons/httpd -I$(PG_INCLUDEDIR) -o $@ \
-		$(filter-out daemons/httpd/api.c,$(filter %.c,$^)) $(LDLIBS)
+$(B)/fuzz/fuzz_api: $(call fuzz_objs,daemons/httpd/fuzz/fuzz_api.c $(FUZZ_BASE))
+	$(fuzz_link)
 
 # (fuzz_dns.c includes dns.c, for its static functions)
-$(B)/fuzz/fuzz_dns: common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/config/config.c \
-                    common/config/config_route.c schema/options.c common/base/base64.c common/base/buf.c common/base/log.c common/base/xalloc.c \
-                    common/dns/dns.c $(wildcard common/*/*.h schema/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -I$(PG_INCLUDEDIR) -o $@ $(filter-out common/dns/dns.c,$(filter %.c,$^)) $(LDLIBS)
+$(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c \
+                    $(FUZZ_BASE) $(FUZZ_CONFIG))
+	$(fuzz_link)
+
+# The headers (and, for fuzz_api and fuzz_dns, the .c) each fuzz object read.
+-include $(wildcard $(B)/fuzz/obj/*/*.d $(B)/fuzz/obj/*/*/*.d $(B)/fuzz/obj/*/*/*/*.d)
 
 FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
                $(B)/fuzz/fuzz_auth \

@@ -119,6 +119,30 @@
 #   bench_dovecot_stop DIR    stop that instance (DIR stays: bench_cleanup
 #                             removes it)
 #   bench_dovecot_delivered DIR   the messages in its Maildirs' new/
+#   bench_private_network DNS_ADDRESS COMMAND...
+#                             run the rest of the benchmark in a private
+#                             network and mount namespace (unshare; root
+#                             only): re-executes COMMAND ("$0" "$@") there
+#                             unless already in it, then brings loopback
+#                             up with DNS_ADDRESS on it too, lets anyone
+#                             bind ports below 1024, and points
+#                             /etc/resolv.conf (bind-mounted, the host's
+#                             untouched) at DNS_ADDRESS
+#   bench_daemon LOG COMMAND...
+#                             start COMMAND in the background, its stderr
+#                             appended to LOG; stopped by bench_cleanup (or
+#                             bench_daemons_stop), with the child of an
+#                             as_user COMMAND (runuser's) too
+#   bench_daemons_stop        stop what bench_daemon started
+#   bench_opendkim_start DIR PORT DNS_ADDRESS
+#                             Debian's OpenDKIM verifying, as a milter on
+#                             127.0.0.1:PORT, resolving through
+#                             DNS_ADDRESS, as the unprivileged user; its
+#                             configuration and log in DIR
+#   bench_opendmarc_start DIR PORT [opendmarc.conf line]...
+#                             Debian's OpenDMARC the same way, with the
+#                             extra lines after the common ones
+#                             (both filters check loopback clients too)
 #   bench_tls_certificate DIR a self-signed certificate for 127.0.0.1,
 #                             DIR/cert.pem, and its key DIR/key.pem (mode
 #                             0600: read by the servers before they drop
@@ -155,9 +179,12 @@ BENCH_DISPATCH_PID=
 BENCH_PEPSI_FLAVOUR=
 BENCH_PEPSI_CONF=
 BENCH_ROOT_DIR=
+BENCH_DAEMON_PIDS=()
+BENCH_RESOLV=
 
 bench_cleanup() {
     local dir pid
+    bench_daemons_stop
     bench_stop_pid "$BENCH_INGRESS_PID"
     bench_stop_pid "$BENCH_DISPATCH_PID"
     bench_stop_pid "$BENCH_SINK_PID"
@@ -176,6 +203,8 @@ bench_cleanup() {
     BENCH_DOVECOT_DIRS=()
     [ -z "$BENCH_ROOT_DIR" ] || rm -rf "$BENCH_ROOT_DIR"
     BENCH_ROOT_DIR=
+    [ -z "$BENCH_RESOLV" ] || rm -f "$BENCH_RESOLV"
+    BENCH_RESOLV=
     [ -n "$BENCH_DIR" ] && [ -d "$BENCH_DIR" ] || return 0
     if [ -f "$BENCH_DIR/data/postmaster.pid" ]; then
         as_user "$PGBIN/pg_ctl" -D "$BENCH_DIR/data" -m immediate stop >/dev/null 2>&1 || true
@@ -629,4 +658,86 @@ bench_tls_certificate() {
         -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
         -keyout "$1/key.pem" -out "$1/cert.pem" >/dev/null 2>&1
     chmod 600 "$1/key.pem"
+}
+
+bench_private_network() {
+    local address=$1
+    shift
+    if [ -z "${BENCH_IN_NAMESPACE:-}" ]; then
+        [ "$(id -u)" -eq 0 ] || {
+            echo "bench/$(basename "$(dirname "$1")") runs as root (it unshares a network namespace)" >&2
+            exit 1
+        }
+        exec unshare --net --mount --propagation private env BENCH_IN_NAMESPACE=1 "$@"
+    fi
+    ip link set lo up
+    ip addr add "$address/32" dev lo
+    sysctl -qw net.ipv4.ip_unprivileged_port_start=0
+    ensure_unprivileged_user
+    BENCH_RESOLV=$(mktemp /tmp/pepsi-bench-resolv.XXXXXX)
+    echo "nameserver $address" >"$BENCH_RESOLV"
+    chmod 644 "$BENCH_RESOLV"
+    mount --bind "$BENCH_RESOLV" /etc/resolv.conf
+}
+
+bench_daemon() {
+    local log=$1
+    shift
+    "$@" 2>>"$log" &
+    BENCH_DAEMON_PIDS+=($!)
+}
+
+bench_daemons_stop() {
+    local pid
+    for pid in ${BENCH_DAEMON_PIDS[@]+"${BENCH_DAEMON_PIDS[@]}"}; do
+        pkill -TERM -P "$pid" 2>/dev/null || true
+        bench_stop_pid "$pid"
+    done
+    BENCH_DAEMON_PIDS=()
+}
+
+# The filters skip loopback clients by default; the benchmarks' come from
+# there, so the hosts they skip are one no client has.
+bench_milter_ignore_hosts() {
+    echo 192.0.2.255 >"$1/ignore-hosts"
+}
+
+bench_opendkim_start() {
+    local dir=$1 port=$2 dns=$3
+    bench_milter_ignore_hosts "$dir"
+    cat >"$dir/opendkim.conf" <<CONF
+Mode                v
+Socket              inet:$port@127.0.0.1
+Background          no
+PidFile             $dir/opendkim.pid
+AuthservID          postfix.bench.test
+Nameservers         $dns
+InternalHosts       $dir/ignore-hosts
+Syslog              no
+CONF
+    give_to_user "$dir"
+    bench_daemon "$dir/opendkim.log" as_user /usr/sbin/opendkim -f -x "$dir/opendkim.conf"
+    bench_wait_port "$port" "opendkim (see $dir/opendkim.log)"
+}
+
+bench_opendmarc_start() {
+    local dir=$1 port=$2
+    shift 2
+    bench_milter_ignore_hosts "$dir"
+    {
+        cat <<CONF
+Socket              inet:$port@127.0.0.1
+Background          false
+PidFile             $dir/opendmarc.pid
+AuthservID          postfix.bench.test
+TrustedAuthservIDs  postfix.bench.test
+PublicSuffixList    /usr/share/publicsuffix/public_suffix_list.dat
+IgnoreHosts         $dir/ignore-hosts
+Syslog              false
+CONF
+        printf '%s\n' "$@"
+    } >"$dir/opendmarc.conf"
+    give_to_user "$dir"
+    bench_daemon "$dir/opendmarc.log" as_user /usr/sbin/opendmarc -f -c "$dir/opendmarc.conf"
+    bench_wait_port "$port" "opendmarc (see $dir/opendmarc.log)"
 }

@@ -87,6 +87,8 @@ option_type_name(enum option_type type)
 			return "path";
 		case OPTION_ENUM:
 			return "enum";
+		case OPTION_NAME:
+			return "name";
 	}
 	return "text";
 }
@@ -485,6 +487,17 @@ option_stage_name_valid(const char *value)
 	return value[0] != '\0' && value[strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789_-")] == '\0';
 }
 
+/* A name: min to max (by def) letters, digits, ".", "_" and "-". */
+static bool
+option_name_valid(const struct option_def *def, const char *value)
+{
+	size_t len = strlen(value);
+
+	if (value[strspn(value, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")] != '\0')
+		return false;
+	return len > 0 && (long long) len >= def->min && (def->max == 0 || (long long) len <= def->max);
+}
+
 static bool
 option_program_valid(const char *value, bool from_database)
 {
@@ -565,6 +578,11 @@ option_value_check(const struct option_def *def, const char *value, bool from_da
 			if (value[0] != '/')
 				snprintf(problem, problem_len, "%s is the absolute path of a file or directory.",
 						 def->name);
+			break;
+		case OPTION_NAME:
+			if (!option_name_valid(def, value))
+				snprintf(problem, problem_len, "%s is a name: %lld to %lld letters, digits, \".\", \"_\" or \"-\".",
+						 def->name, def->min > 0 ? def->min : 1, def->max);
 			break;
 		case OPTION_ENUM:
 			if (option_enum_index(def, value) < 0)

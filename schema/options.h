@@ -28,7 +28,8 @@ enum option_type
 	OPTION_DOMAIN_LIST,
 	OPTION_ADDRESS_LIST,
 	OPTION_PATH,
-	OPTION_ENUM
+	OPTION_ENUM,
+	OPTION_NAME /* min to max letters, digits, ".", "_" and "-": a name other programs see (a log tag) */
 };
 
 /* The most specific place an option may be set; each includes those before it. */
@@ -47,7 +48,7 @@ struct option_def
 	enum option_type  type;
 	enum option_scope scope;
 	const char		 *default_value; /* as written in pepsi.conf; NULL: none */
-	long long		  min;			 /* INT, DURATION (ms), SIZE (bytes); 0 and 0: unbounded */
+	long long		  min;			 /* INT, DURATION (ms), SIZE (bytes), NAME (its length); 0 and 0: unbounded */
 	long long		  max;
 	const char		 *choices; /* ENUM: "a|b|c" */
 	const char		 *description;

@@ -6,13 +6,15 @@
 #                   service is started that Pepsi does not use
 #   deps.sh check   that and what testing and benchmarking need ("make
 #                   check", CI): the default
+#   deps.sh deb     what building the Debian packages needs ("make deb",
+#                   "make deb-check"): "run"'s, and the packaging tools
 set -euo pipefail
 
 set_name=${1:-check}
 case "$set_name" in
-run | check) ;;
+run | check | deb) ;;
 *)
-    echo "usage: deps.sh [run|check]" >&2
+    echo "usage: deps.sh [run|check|deb]" >&2
     exit 2
     ;;
 esac
@@ -29,8 +31,11 @@ run_packages=(
     # pepsi-httpd: HTTP (libmicrohttpd), passwords (libargon2), systemd's
     # sd_notify for every daemon (libsystemd)
     libmicrohttpd-dev libargon2-dev libsystemd-dev
-    # the relay's MTA-STS policies over HTTPS (libcurl)
-    libcurl4-openssl-dev
+    # the relay's MTA-STS policies over HTTPS (libcurl); pepsi-dmarc-report's
+    # gzip (zlib)
+    libcurl4-openssl-dev zlib1g-dev
+    # pepsi-stage-detect-language: libexttextcat and its language models
+    libexttextcat-dev libexttextcat-data
     # the public suffix list libpsl reads for DMARC's organizational domain
     publicsuffix
     # scripts/run.sh: its certificate and passwords (openssl), its users
@@ -57,6 +62,8 @@ check_packages=(
     dovecot-core dovecot-lmtpd
     # the tests' DNS server (t/lib/testdns.py)
     python3-dnslib
+    # xmllint, which validates the DMARC aggregate reports against their schema
+    libxml2-utils
     # the SPF evaluator's test suite (RFC 7208, shipped by python3-spf), read with PyYAML
     python3-spf python3-yaml
     # DKIM/ARC signing tests: independent verifiers (python3-dkim,
@@ -75,6 +82,10 @@ check_packages=(
     pandoc man-db
     # the log read by Postfix's log summary (t/131_pflogsumm.pl)
     pflogsumm
+    # the language tests' texts (t/136_language.pl, bench/language): the
+    # translations of coreutils, tar, dpkg and apt, read from their
+    # message catalogs with msgunfmt (gettext)
+    gettext coreutils tar dpkg apt
     # make format, make format-check
     clang-format
     # pepsi-httpd's page tested in a browser: Debian's Chromium (driven by
@@ -90,8 +101,18 @@ check_packages=(
     openssl
 )
 
+# The Debian packages (make deb, make deb-check): dpkg-buildpackage and
+# debhelper, lintian, fakeroot, and pandoc for the man pages (debian/control's
+# Build-Depends are "run"'s and these).
+deb_packages=(
+    dpkg-dev debhelper lintian fakeroot pandoc
+)
+
 packages=("${run_packages[@]}")
-[ "$set_name" = run ] || packages+=("${check_packages[@]}")
+case "$set_name" in
+check) packages+=("${check_packages[@]}") ;;
+deb) packages+=("${deb_packages[@]}") ;;
+esac
 
 missing=()
 for pkg in "${packages[@]}"; do

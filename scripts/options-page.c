@@ -122,6 +122,8 @@ type_text(enum option_type type)
 			return "absolute path";
 		case OPTION_ENUM:
 			return "one of";
+		case OPTION_NAME:
+			return "name";
 	}
 	return "?";
 }
@@ -205,6 +207,8 @@ put_option(const struct option_def *o)
 			put_bound(o, o->min);
 		}
 	}
+	if (o->type == OPTION_NAME)
+		printf(", %lld to %lld letters, digits, `.`, `_` or `-`", o->min > 0 ? o->min : 1, o->max);
 	printf(".  Default: ");
 	if (o->default_value)
 		printf("`%s`", o->default_value);

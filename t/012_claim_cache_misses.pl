@@ -10,7 +10,7 @@ use lib "$FindBin::Bin/lib";
 use PepsiTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
+use Time::HiRes qw(time);
 
 my $node = pepsi_node('claim_cache');
 $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
@@ -20,16 +20,28 @@ $node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 my $claimer = $node->background_psql('postgres');
 
 # Claim in the claimer's session; returns "sender=count ..." of the rows.
+my $claimed_at = 0;
 sub claim
 {
 	my ($capacity, %opts) = @_;
 	my $fifo = $opts{fifo} // 0;
 	my $account = $opts{account} // 'NULL, NULL, NULL';
 
-	return $claimer->query_safe(
+	my $got = $claimer->query_safe(
 		"SELECT coalesce(string_agg(sender_key || '=' || n, ' ' ORDER BY sender_key), '')"
 		  . " FROM (SELECT sender_key, count(*) AS n FROM pepsi.workqueue_claim("
 		  . "'{relay}', '{$capacity}', $account, $fifo) GROUP BY sender_key) c");
+	$claimed_at = time;
+	return $got;
+}
+
+# The cache rescans at a claim at most once a second
+# (SENDER_CACHE_RESCAN_MS): poll until the next claim's is due, a second
+# after the last claim returned (the rescan, if any, came before).
+sub rescan_due
+{
+	my $due = $claimed_at + 1.05;
+	poll_until(sub { time >= $due }, 5);
 }
 
 #
@@ -52,7 +64,7 @@ $node->safe_psql('postgres', admit_sql(20, '10.0.0.1'));
 is(claim(5), 'ip:10.0.0.1=5', 'A is served while B\'s transaction is open');
 for (1 .. 2)
 {
-	usleep(1_200_000);
+	rescan_due();
 	is(claim(1), 'ip:10.0.0.1=1', 'the rescan passes B\'s uncommitted rows by');
 }
 $hider->query_safe('COMMIT');
@@ -78,12 +90,12 @@ $hider->query_safe(admit_sql(3, '10.0.0.5'));
 $node->safe_psql('postgres', admit_sql(200, '10.0.0.1'));
 for (1 .. 2)
 {
-	usleep(1_200_000);
+	rescan_due();
 	is(claim(1), 'ip:10.0.0.1=1', 'the rescans pass E\'s uncommitted rows by');
 }
 $hider->query_safe('COMMIT');
 $hider->quit;
-usleep(1_200_000);
+rescan_due();
 is( claim(6,
 		account => q{'{relay}'::text[], '{ip:10.0.0.1}'::text[], '{1000000}'::float8[]}),
 	'ip:10.0.0.1=3 ip:10.0.0.5=3',

@@ -69,7 +69,7 @@ is($node->safe_psql('postgres', "SELECT pending_seq = $low AND $low < (SELECT la
 
 # Claims keep coming, as the dispatcher's do, until B's row is taken.
 my $waited;
-while (time() - $committed < 12)
+while (time() - $committed < 25)
 {
 	$node->safe_psql('postgres', admit_sql(2, '10.0.0.1'));
 	if (claim() =~ /10\.0\.0\.2/)
@@ -81,8 +81,10 @@ while (time() - $committed < 12)
 }
 ok(defined $waited, 'B\'s row, committed below the floor, is claimed');
 # The read from 0 comes at most 5 s after the previous one; a loaded
-# machine's claims may come late, but the periodic rebuild is 30 s off.
-cmp_ok($waited // 99, '<', 10, sprintf('within seconds of its commit (%.1f s)', $waited // -1));
+# machine's claims may come late, but the periodic rebuild is 30 s off:
+# before it, the recheck found the row.  (How soon: bench/timing.)
+cmp_ok($waited // 99, '<', 25, sprintf('before the periodic rebuild (%.1f s after its commit)', $waited // -1));
+note(sprintf('timing claim_below_floor_seconds %.3f', $waited)) if defined $waited;
 
 $holder->quit;
 $claimer->quit;

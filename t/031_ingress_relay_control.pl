@@ -137,8 +137,8 @@ like($reply, qr/^554 5\.7\.1 <victim\@gmail\.example>: Relay access denied/,
 like($c->command('DATA'), qr/^554 5\.5\.1 No valid recipients/, 'DATA after it: no valid recipients');
 $c->close;
 is(rows(), $before, 'nothing stored for the refused transaction');
-ok(wait_for_log(qr/127\.0\.0\.2: relay to <victim\@gmail\.example> refused/),
-	'the refusal is logged with the client address');
+ok(wait_for_log(qr/NOQUEUE: reject: RCPT from unknown\[127\.0\.0\.2\]: 554 5\.7\.1 <victim\@gmail\.example>: Relay access denied .*; from=<[^>]*> to=<victim\@gmail\.example> proto=ESMTP helo=<[^>]+>$/m),
+	'the refusal is logged with the client address, as Postfix\'s smtpd logs it');
 
 ($c, $reply) = transaction($port{smtp}, '127.0.0.2', 'victim@example.org.evil.example');
 like($reply, qr/^554 5\.7\.1/, 'a domain that only starts like a local one is not local');
@@ -195,7 +195,8 @@ is(recipients_of($id),
 	'alice@example.org postmaster@example.org Abuse@Lists.Example.org postmaster team@example.org CAROL@EXAMPLE.ORG',
 	'only the valid recipients are stored');
 $c->close;
-ok(wait_for_log(qr/unknown local recipient <bob\@example\.org> refused/), 'the unknown recipient is logged');
+ok(wait_for_log(qr/NOQUEUE: reject: RCPT from unknown\[[^\]]+\]: 550 5\.1\.1 <bob\@example\.org>: Recipient address rejected: no such user here; from=<[^>]*> to=<bob\@example\.org> proto=ESMTP/),
+	'the unknown recipient is logged');
 
 # The aliases file is read again when it changes (its mtime, looked at
 # once a second at most, common/local/local.c): polled with a bound, each

@@ -72,7 +72,7 @@ is($recipients->[0]{status}, '5.4.6', 'Status 5.4.6: routing loop detected');
 like($recipients->[0]{'diagnostic-code'}, qr/^smtp; 554 5\.4\.6 .*too many hops/,
 	'Diagnostic-Code: the refusal by ingress');
 my $ingress_said = slurp($ingress_log) // '';
-like($ingress_said, qr/127\.0\.0\.1: from=<alice\@local\.test> refused: 554 5\.4\.6 /,
+like($ingress_said, qr/: reject: END-OF-MESSAGE from [^\s\[]+\[127\.0\.0\.1\]: 554 5\.4\.6 .*; from=<alice\@local\.test> /,
 	'ingress logged the refusal with the client and the sender');
 my $received = () = slurp($dsns[0]) =~ /^Received: from /mg;
 ok($received >= $max_hops, "the returned message carries the $max_hops Received fields that stopped it")

@@ -19,7 +19,7 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(time);
 
 use PepsiTest;
 
@@ -139,9 +139,13 @@ is($row{queued1}{xmin}, $row{queued2}{xmin}, 'the two queued ones share one');
 
 # A new client's batch carries the dispatcher's wake in its own
 # transaction (dbconn_start_batch), unless the last wake was less than a
-# tenth of the interval ago: 6 s here.  The last was the new client's
-# above, up to 6 s after its commit (it came within 6 s of the first).
-sleep 12.5;
+# tenth of the interval ago: 6 s here.  Wait until the last wake the
+# server logged (the new client's above, or a later one) is that old, and
+# a second more.
+my @wakes = PostgreSQL::Test::Utils::slurp_file($node->logfile)
+  =~ /^(\S+ \S+ \S+) \[\d+\] xid=\d+ LOG:  execute <unnamed>: SELECT pepsi\.notify_workqueue\(\)/mg;
+my $last_wake = @wakes ? $node->safe_psql($db, "SELECT extract(epoch FROM '$wakes[-1]'::timestamptz)") : time;
+poll_until(sub { time > $last_wake + 7 }, 20);
 my $offset = -s $node->logfile;
 ok(accepted(start_send('127.0.0.3', 'carried')), 'a third new client\'s message is accepted');
 my $xmin = $node->safe_psql($db,

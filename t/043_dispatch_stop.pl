@@ -57,7 +57,9 @@ sub live_workers
 #
 # SIGTERM with rows in flight at every stage.
 #
-my @ids = add_rows($node, $rows, stage => 'a');
+# (One queue id for all: as the rows split from one message share it.)
+my $queue_id = '4jj2pl2f02qx002';
+my @ids = add_rows($node, $rows, stage => 'a', state => qq({"queue_id": "$queue_id"}));
 my $range = "id BETWEEN $ids[0] AND $ids[-1]";
 my $d = start_dispatcher($config);
 ok( poll_until(
@@ -112,8 +114,10 @@ ok(running() > 0, 'kill -9: rows are left running');
 $d = start_dispatcher($config);
 ok(poll_until(sub { count_of("pepsi.workqueue WHERE $range") == 0 }, 60),
 	'after a restart every row goes through to the end');
-like(dispatcher_log($d), qr/put \d+ orphaned running rows back to pending/,
-	'the restarted dispatcher put the orphaned rows back to pending');
+my ($orphans) = dispatcher_log($d) =~ /put \d+ orphaned running rows back to pending: (.*)$/m;
+ok($orphans, 'the restarted dispatcher put the orphaned rows back to pending');
+like($orphans // '', qr/^$queue_id \(row \d+\)(, $queue_id \(row \d+\))*(, \.\.\.)?$/,
+	'... naming each by its queue id and its row');
 is( count_of(
 		"(SELECT id FROM test_log WHERE $range GROUP BY id"
 		  . " HAVING count(DISTINCT stage) = 3) p"),

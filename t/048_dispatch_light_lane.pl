@@ -127,7 +127,8 @@ for my $n (4, 5)
 	push @queued, add_rows($node, 1, stage => 'batch', sender => '10.0.0.1');
 	ok(poll_until(sub { queue_count($node, "status = 'running'") == $n }), "queue full: heavy row $n is claimed");
 }
-sleep 1;
+# (A row put back would show within the second polled for.)
+poll_until(sub { scalar_query($node, 'SELECT count(*) FROM put_back') > 0 }, 1);
 is(scalar_query($node, 'SELECT count(*) FROM put_back'),
 	0, 'queue full: no claimed row went back to pending');
 is(queue_count($node, "status = 'running'"), 5, 'queue full: the row beyond QUEUE_LIMIT stays claimed');
@@ -219,7 +220,8 @@ ok( poll_until(
 		},
 		30),
 	'LIGHT_LANE = no: the light row is claimed');
-sleep 2;
+# (Run beside the held batch, it would show within the 2 s polled for.)
+poll_until(sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light") > 0 }, 2);
 is(scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light"),
 	0, 'LIGHT_LANE = no: it waits behind the held batch');
 is(scalar(my @one = worker_pids($d, 'test-stage')), 1, 'LIGHT_LANE = no: one process of the stage');

@@ -65,23 +65,32 @@ sub concluded
 # back to pending, uncounted.
 my $gate_dir = PostgreSQL::Test::Utils::tempdir();
 my ($gate, $started) = ("$gate_dir/sigkill-gate", "$gate_dir/sigkill-started");
+# (Its queue id, as ingress gives one, names it in the dispatcher's log.)
+my $held_queue_id = '4jj2pl2f02qx001';
 my ($held) = add_rows($node, 1, stage => 'w',
-	state => qq({"wait_file": "$gate", "started_file": "$started"}));
+	state => qq({"wait_file": "$gate", "started_file": "$started", "queue_id": "$held_queue_id"}));
 ok(poll_until(sub { -e $started && row($held) =~ /^running/ && worker_pids($d, 'test-stage') }),
 	'a worker holds the row and has read it') or diag(dispatcher_log($d));
 my ($victim) = worker_pids($d, 'test-stage');
 my $offset = -s $d->{log};
 kill 'KILL', $victim;
-ok(poll_until(sub { row($held) !~ /^running/ }), 'SIGKILL: the row is no longer running');
+# The pause lasts CRASH_RETRY_DELAY, after which the retry holds the row
+# running again until the gate opens: what the crash left is read then,
+# in state.crash, which stays until the row is concluded.
+my $crash = '';
+ok( poll_until(
+		sub {
+			$crash = scalar_query($node,
+				    "SELECT coalesce(state->'crash'->>'attempts' || ': ' || (state->'crash'->>'reason'), '')"
+				  . " FROM pepsi.workqueue WHERE id = $held");
+			$crash ne '';
+		}),
+	'SIGKILL: the row is no longer running');
 open(my $gate_fh, '>', $gate) or die "$gate: $!";
 close $gate_fh;
 chmod 0644, $gate;
 ok(poll_until(sub { row($held) =~ /^paused/ || concluded($held) }), 'SIGKILL: the row is paused');
-like(
-	scalar_query($node,
-		    "SELECT state->'crash'->>'attempts' || ': ' || (state->'crash'->>'reason')"
-		  . " FROM pepsi.workqueue WHERE id = $held"),
-	qr/^1: stage w: worker killed by signal 9 while processing the row$/,
+like($crash, qr/^1: stage w: worker killed by signal 9 while processing the row$/,
 	'SIGKILL: the attempt is counted in state.crash, with the reason');
 ok(poll_until(sub { concluded($held) }), 'SIGKILL: the row is retried and concluded');
 is(row($held), 'gone', 'SIGKILL: and finished, not failed');
@@ -89,8 +98,8 @@ isnt(scalar_query($node, "SELECT pid FROM test_log WHERE id = $held"),
 	$victim, 'SIGKILL: by another worker than the one that died');
 like(
 	substr(dispatcher_log($d), $offset),
-	qr/row $held paused for a retry: stage w: worker killed by signal 9/,
-	'SIGKILL: the retry is logged');
+	qr/: \Q$held_queue_id\E: row $held paused for a retry: stage w: worker killed by signal 9/,
+	'SIGKILL: the retry is logged, with the queue id beside the row');
 
 #
 # A poison message: every worker that takes it crashes.  It is tried
@@ -115,8 +124,8 @@ is(scalar(() = substr(dispatcher_log($d), $offset) =~ /row $poison paused for a 
 	$crash_limit - 1, 'poison: retried CRASH_LIMIT - 1 times');
 like(
 	substr(dispatcher_log($d), $offset),
-	qr/row $poison isolated as failed after $crash_limit attempts that ended its worker \(CRASH_LIMIT\): stage w: worker killed by signal 11/,
-	'poison: a warning when it is isolated');
+	qr/: $poison: row $poison isolated as failed after $crash_limit attempts that ended its worker \(CRASH_LIMIT\): stage w: worker killed by signal 11/,
+	'poison: a warning when it is isolated (a row made without a queue id is named by its row id)');
 is( scalar_query($node,
 		    "SELECT (detail->>'attempts') || ' ' || (detail->>'stage') FROM pepsi.event_log"
 		  . " WHERE action = 'crash_limit' AND (detail->>'id')::bigint = $poison"),

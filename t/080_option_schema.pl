@@ -51,9 +51,7 @@ sub samples
 	return ('a@example.org b@example.net', ['no-at-sign']) if $kind eq 'address_list';
 	return ('/tmp/anything', ['relative/path']) if $kind eq 'path';
 	return ((split /\|/, $o->{choices})[-1], ['not-a-choice']) if $kind eq 'enum';
-	# SYSLOG_NAME is text to the schema, a log tag's name to the programs
-	# (letters, digits, '.', '_', '-'), which refuse the space of the sample.
-	return ('pepsi-test', []) if $kind eq 'text' && $o->{option} eq 'SYSLOG_NAME';
+	return ('pepsi-test.2_x', [ 'pepsi test', 'pepsi/mx', 'x' x ($max + 1) ]) if $kind eq 'name';
 	return ('some text', []) if $kind eq 'text';
 	die "no samples for kind $kind";
 }

@@ -19,8 +19,10 @@ plan skip_all => 'systemd-analyze is not installed' unless -x $analyze;
 my $top = $ENV{PEPSI_TOP} // dirname(__FILE__) . '/..';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $bindir = dirname(pepsi_bin('pepsi-ingress'));
-my @units = glob("$top/dist/systemd/*.service.in");
-is(scalar @units, 3, 'three units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
+# The daemons' units; the oneshots their timers start (the failure
+# bouncer's, the token refresh's) are checked below.
+my @units = grep { !/pepsi-failure-bouncer|token-refresh/ } glob("$top/dist/systemd/*.service.in");
+is(scalar @units, 3, 'three daemon units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
 
 # What make install does to them (install-systemd), into a test directory.
 sub install_unit
@@ -67,6 +69,22 @@ for my $template (@units)
 	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
 }
 
+# pepsi-failure-bouncer: a oneshot service and the timer that starts it
+# (the timer is verified with its service beside it, as installed).
+my $bouncer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.service.in");
+my $timer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.timer.in");
+for my $unit ($bouncer, $timer)
+{
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+}
+my $bouncer_text = PostgreSQL::Test::Utils::slurp_file($bouncer);
+like($bouncer_text, qr/^Type=oneshot$/m, 'the failure bouncer is a oneshot');
+like($bouncer_text, qr/^User=pepsi$/m, '... runs as pepsi');
+like($bouncer_text, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
+like(PostgreSQL::Test::Utils::slurp_file($timer), qr/^OnCalendar=/m, 'its timer runs it on a calendar');
+
 # The settings that set no_new_privs as NoNewPrivileges=yes does, for a
 # unit without CAP_SYS_ADMIN (User= set): systemd.exec(5), "NoNewPrivileges=yes
 # is implied".  With it no set-id program gains its bits.
@@ -96,6 +114,22 @@ my @why = sets_no_new_privileges(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi
 is("@why", '', 'the dispatcher may run the set-id delivery stages and helpers: nothing sets no_new_privs');
 is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'LockPersonality= with User=',
 	'(a setting that implies it under User= is seen)');
+
+# pepsi-helper-token-refresh: a oneshot service its timer starts.
+my @timers = glob("$top/dist/systemd/*.timer.in");
+is(scalar @timers, 2, 'two timers: the failure bouncer\'s and pepsi-token-refresh');
+for my $template (map { "$top/dist/systemd/pepsi-token-refresh.$_.in" } qw(service timer))
+{
+	my $unit = install_unit($template);
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+}
+my $refresh = PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-token-refresh.service");
+like($refresh, qr/^Type=oneshot$/m, 'the token refresh is a oneshot');
+like($refresh, qr/^NoNewPrivileges=yes$/m, '... that can never gain privileges');
+like(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-token-refresh.timer"), qr/^OnUnitActiveSec=5min$/m,
+	'... started every five minutes by its timer');
 
 my $broken = install_unit($units[0], sub { my $t = shift; $t =~ s/^Restart=.*$/Restart=sometimes/m; $t });
 my ($rc, $said) = verify($broken);

@@ -12,6 +12,8 @@
 #   a secure MX and TLSA record (of another key) but an MX host whose
 #   address is not DNSSEC-secure (a CNAME into an unsigned zone): no DANE
 #   (RFC 7672 2.2.2), delivered as opportunistic TLS.
+# The web page's destinations view shows each domain's TLS policy and
+# its last outcome, as the relay recorded them.
 
 use strict;
 use warnings FATAL => 'all';
@@ -162,5 +164,28 @@ ok(poll_until(sub { sent_to($good, 'insecure') == 1 }),
 ok(poll_until(sub { dispatcher_log($d) =~ /to=<user\@insecure\.dane\.test>.*status=sent.*tls_policy=opportunistic/ }),
 	'as opportunistic TLS (RFC 7672 2.2.2)');
 
+# The web page's destinations view (pepsi.destination_overview, what
+# /api/destinations returns) shows each destination's TLS policy and what
+# it gave, recorded by the relay with the delivery's outcome.
+sub destination_tls
+{
+	my ($name, $pattern) = @_;
+	my $found = '';
+	poll_until(sub {
+		$found = $node->safe_psql('postgres',
+			"SELECT tls_policy || ' | ' || coalesce(tls_outcome, '') FROM pepsi.destination_overview()"
+			  . " WHERE domain = '$name.dane.test'");
+		$found =~ $pattern;
+	});
+	return $found;
+}
+like(destination_tls('match', qr/^dane \| dane verified/), qr/^dane \| dane verified \(usage 3\)$/,
+	'the destinations view: a domain delivered to with DANE shows DANE, verified');
+like(destination_tls('mismatch', qr/^dane \| ./), qr/^dane \| (?!dane verified).+/,
+	'... one whose TLSA record names another key: DANE, and what failed');
+like(destination_tls('unknown', qr/^dane-encrypt/), qr/^dane-encrypt \| \S/,
+	'... only a TLSA record of an unknown usage: DANE, encryption only');
+like(destination_tls('insecure', qr/^opportunistic/), qr/^opportunistic \| \S/,
+	'... an insecure address of the MX host: opportunistic');
 stop_dispatcher($d);
 done_testing();

@@ -30,13 +30,14 @@ plan skip_all => 'pflogsumm is not installed (scripts/deps.sh check installs it)
 my $node = delivery_node('pflogsumm');
 my $root = PostgreSQL::Test::Utils::tempdir();
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-make_mailbox($root, $_) for qw(alice@local.test sender@local.test);
+make_mailbox($root, $_) for qw(alice@local.test sender@local.test frank@local.test);
 my $syslog_name = 'pepsi-mx';
 
 # The ingress listener of a configuration.
+# With $untrusted, a second listener where 127.0.0.1 may not relay.
 sub with_listener
 {
-	my ($config, $port) = @_;
+	my ($config, $port, $untrusted) = @_;
 	PostgreSQL::Test::Utils::append_to_file($config, <<"CONF");
 [ingress]
 AUTHSERV_ID = mx.pepsi.test
@@ -45,6 +46,9 @@ DISPATCH_WAKE_INTERVAL = 10ms
 ADDRESS = 127.0.0.1
 PORT = $port
 CONF
+	PostgreSQL::Test::Utils::append_to_file($config,
+		"[listener-untrusted]\nADDRESS = 127.0.0.1\nPORT = $untrusted\nTRUSTED_NETWORKS = 127.0.0.2\n")
+	  if $untrusted;
 	return $config;
 }
 
@@ -58,6 +62,19 @@ sub send_message
 			'--to', join(',', @to), '--header', 'Subject: mix' ],
 		'<', \undef, '>', \$out, '2>&1', IPC::Run::timeout(60));
 	return $out =~ /<[-~]  250 2\.0\.0 Ok: queued as (\S+)/ ? $1 : undef;
+}
+
+# pepsi-sendmail, as a local program (cron, a web application) runs it: its
+# exit status and its stderr (PEPSI_LOG=stderr puts its log lines there).
+sub local_submission
+{
+	my ($config, $log, @args) = @_;
+	my $input = "$tmp/local-submission";
+	PostgreSQL::Test::Utils::append_to_file($input, "Subject: from cron\n\nthe nightly report\n");
+	my $out = '';
+	IPC::Run::run([ pepsi_bin('pepsi-sendmail'), '-C', $config, '-i', @args ], '<', $input,
+		'>', \$out, '2>>', $log, IPC::Run::timeout(60));
+	return $? >> 8;
 }
 
 sub pepsi_queue
@@ -79,8 +96,10 @@ sub queue_ids_in
 #
 my $sink = start_sink('-c');
 my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $untrusted = PostgreSQL::Test::Cluster::get_free_port();
 my $config = with_listener(delivery_config($node, maildir_root => $root,
-	smarthost => "127.0.0.1:$sink->{port}", pepsi => { SYSLOG_NAME => $syslog_name, MAIL_LOG => 'yes' }), $port);
+	smarthost => "127.0.0.1:$sink->{port}", pepsi => { SYSLOG_NAME => $syslog_name, MAIL_LOG => 'yes' }),
+	$port, $untrusted);
 my $ingress = start_ingress($config, $port, "$tmp/ingress-1.log");
 my $d = start_dispatcher($config, log => "$tmp/dispatch-1.log");
 
@@ -89,6 +108,10 @@ like($local // '', qr/^[0-9B-DF-HJ-NP-TV-Zb-df-hj-np-tv-z]{15}$/,
 	'the 250 reply names a queue id shaped as Postfix\'s long ones');
 my $two = send_message($port, 'someone@remote.test', 'carol@remote.test', 'dave@remote.test');
 my $split = send_message($port, 'someone@remote.test', 'alice@local.test', 'erin@remote.test');
+ok(!send_message($untrusted, 'spammer@remote.test', 'victim@remote.test'),
+	'a client that may not relay is refused at RCPT');
+is(local_submission($config, "$tmp/sendmail-1.log", '-f', 'cron@local.test', 'frank@local.test'), 0,
+	'a local program hands a message to pepsi-sendmail');
 ok(poll_until(sub { queue_count($node) == 0 }), 'phase 1: every message delivered');
 stop_dispatcher($d);
 stop_process($ingress);
@@ -113,8 +136,16 @@ is($rc, 0, 'pepsi-queue log QUEUE-ID');
 is(join(' ', sort map { /^\S+ \S+\s+\Q$split\E\s+(\d+)\s+delivery\s+sent\s+(\S+)/ ? "$1:$2" : () } split /\n/, $out),
 	join(' ', sort ("$alice_row:alice\@local.test", "$erin_row:erin\@remote.test")),
 	'... shows the deliveries of both rows of the split message, each with its row id');
+my ($picked_up) = slurp("$tmp/sendmail-1.log") =~ /^\Q$syslog_name\E\/pickup\[\d+\]: (\S+): uid=\d+ from=<cron\@local\.test>$/m;
+ok($picked_up, 'pepsi-sendmail logs uid= and from= under the pickup tag, as Postfix\'s pickup does')
+	or diag slurp("$tmp/sendmail-1.log");
+is_deeply([ queue_ids_in("$tmp/dispatch-1.log", 'frank@local.test') ], [ $picked_up // 'none' ],
+	'... naming the queue id its delivery line names');
 like(slurp("$tmp/ingress-1.log"), qr/^\Q$syslog_name\E\/smtpd\[\d+\]: \Q$two\E: client=unknown\[127\.0\.0\.1\]$/m,
 	'ingress logs client= under the smtpd tag');
+like(slurp("$tmp/ingress-1.log"),
+	qr/^\Q$syslog_name\E\/smtpd\[\d+\]: NOQUEUE: reject: RCPT from unknown\[127\.0\.0\.1\]: 554 5\.7\.1 <victim\@remote\.test>: Relay access denied .*; from=<spammer\@remote\.test> to=<victim\@remote\.test> proto=ESMTP helo=<client\.test>$/m,
+	'the refusal is logged as Postfix\'s smtpd logs it (NOQUEUE: reject:)');
 like(slurp("$tmp/ingress-1.log"),
 	qr/^\Q$syslog_name\E\/qmgr\[\d+\]: \Q$two\E: from=<someone\@remote\.test>, size=\d+, nrcpt=2 \(queue active, row \d+\)$/m,
 	'... and from=, size=, nrcpt= under the qmgr tag');
@@ -157,7 +188,7 @@ like(slurp("$tmp/dispatch-2.log"), qr/^\Q$syslog_name\E\/bounce\[\d+\]: \Q$gone\
 #
 my $prefix = POSIX::strftime('%b %e %H:%M:%S', localtime) . ' mx ';
 my $syslog = '';
-for my $log (map { "$tmp/$_.log" } qw(ingress-1 dispatch-1 ingress-2 dispatch-2))
+for my $log (map { "$tmp/$_.log" } qw(ingress-1 sendmail-1 dispatch-1 ingress-2 dispatch-2))
 {
 	$syslog .= join('', map { "$prefix$_\n" } split /\n/, slurp($log));
 }
@@ -166,13 +197,18 @@ my $err = '';
 $out = '';
 IPC::Run::run([ $pflogsumm, "--syslog-name=$syslog_name", "$tmp/maillog" ], '>', \$out, '2>', \$err);
 is($? >> 8, 0, 'pflogsumm reads the log') or diag $err;
-my %count = map { /^\s*(\d+)\s+(received|delivered|deferred|bounced)\b/ ? ($2 => $1) : () } split /\n/, $out;
-# Received: the six sent with swaks (the DSN is made, not received, as in
-# Postfix).  Delivered, one count per recipient: alice, carol, dave,
-# alice and erin of the split message, bob over LMTP, and the DSN to
+my %count = map { /^\s*(\d+)\s+(received|delivered|deferred|bounced|rejected)\b/ ? ($2 => $1) : () } split /\n/, $out;
+# Received: the six sent with swaks and the one handed to pepsi-sendmail
+# (the DSN is made, not received, as in Postfix).  Delivered, one count
+# per recipient: alice, carol, dave, alice and erin of the split message,
+# frank's from pepsi-sendmail, bob over LMTP, and the DSN to
 # sender@local.test.
-is_deeply(\%count, { received => 6, delivered => 7, deferred => 1, bounced => 1 },
-	'pflogsumm counts 6 received, 7 delivered, 1 deferred, 1 bounced') or diag $out;
+# Rejected: the relay refused at RCPT.
+is_deeply(\%count, { received => 7, delivered => 8, deferred => 1, bounced => 1, rejected => 1 },
+	'pflogsumm counts 7 received (one by pickup), 8 delivered, 1 deferred, 1 bounced, 1 rejected')
+  or diag $out;
+like($out, qr/message reject detail\n-+\n\s+RCPT\n\s+Relay access denied .*\(total: 1\)\n\s+1\s+127\.0\.0\.1/,
+	'... and its reject report names the command, the reason and the client') or diag $out;
 
 #
 # A bad SYSLOG_NAME is refused, naming the option.

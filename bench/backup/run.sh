@@ -113,6 +113,12 @@ fill_start=$(now)
 # queue file under new queue ids, as Pepsi's row is copied below.  The
 # copies' names follow no inode: postfix start renames them (postsuper),
 # as it renames every file of a restored queue.
+# Each step's time goes to the log (fill: ...), so a slow fill says where.
+step_start=$(now)
+step() { # label: the time since the previous step
+    echo "fill: $1 $(since "$step_start") s" >>"$log"
+    step_start=$(now)
+}
 postfix_src=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 bench_postfix_start "$postfix_src" "$postfix_port" "defer_transports = smtp" \
     "relayhost = [127.0.0.1]:$sink_port"
@@ -124,6 +130,7 @@ for ((i = 0; i < 300; i++)); do
     /usr/sbin/postfix -c "$postfix_src/etc" status >/dev/null 2>&1 || break
     sleep 0.1
 done
+step "postfix: the seed message deferred, the instance stopped"
 python3 - "$postfix_src/spool/deferred" "$messages" <<'PY'
 import glob, os, sys
 deferred, n = sys.argv[1], int(sys.argv[2])
@@ -143,6 +150,7 @@ for i in range(1, n):
     os.close(fd)
 PY
 sync
+step "postfix: $((messages - 1)) copies of its queue file"
 deferred=$(bench_postfix_count "$postfix_src" deferred)
 [ "$deferred" -eq "$messages" ] || { echo "postfix holds $deferred of $messages" >&2; exit 1; }
 echo "postfix: $deferred messages deferred, spool $(du -sh "$postfix_src/spool" | cut -f1)" | tee -a "$log"
@@ -156,7 +164,10 @@ BENCH_DISPATCH_PID=
     "127.0.0.1:$pepsi_port" >>"$log" 2>&1
 bench_pepsi_stop
 [ "$(bench_queue_rows)" -eq 1 ] || { echo "the seed message is not in Pepsi's queue" >&2; exit 1; }
-bench_psql -v n="$messages" >/dev/null <<'SQL'
+step "pepsi: cluster, extension and the seed message through ingress"
+# (psql's \timing: each statement's time, in the order below.)
+bench_psql -v n="$messages" <<'SQL' | awk '/^Time:/ { print "fill: pepsi statement " ++n ": " $2 " ms" }' >>"$log"
+\timing on
 CREATE TEMP TABLE seed AS SELECT * FROM pepsi.workqueue;
 CREATE TEMP TABLE copies AS
 SELECT id FROM pepsi.workqueue_body WHERE false;
@@ -175,6 +186,7 @@ VACUUM ANALYZE pepsi.workqueue;
 VACUUM ANALYZE pepsi.workqueue_body;
 CHECKPOINT;
 SQL
+step "pepsi: $((messages - 1)) copies in SQL (statements: seed, copies, bodies, rows, vacuum x2, checkpoint)"
 rows=$(bench_queue_rows)
 [ "$rows" -eq "$messages" ] || { echo "Pepsi's queue has $rows rows, not $messages" >&2; exit 1; }
 echo "pepsi: $rows rows pending at init, database $(bench_psql -tA -c \
@@ -223,6 +235,7 @@ pepsi_restore() {
     bench_pepsi_start "$pepsi_port" "$stages"
     wait_sink $((base + messages))
     delivered=$(since "$start")
+    echo "pepsi: restored in $restored s, the last message delivered at $delivered s" >>"$log"
     bench_pepsi_stop
     left=$(bench_queue_rows)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's restored queue" >&2
@@ -261,8 +274,10 @@ postfix_restore() {
     /usr/sbin/postfix -c "$postfix_dst/etc" start >>"$log" 2>&1
     /usr/sbin/postsuper -c "$postfix_dst/etc" -r ALL >>"$log" 2>&1
     restored=$(since "$start")
+    echo "postfix: restored (tar -x, postfix start, postsuper -r ALL) in $restored s" >>"$log"
     wait_sink $((base + messages))
     delivered=$(since "$start")
+    echo "postfix: the last message delivered at $delivered s" >>"$log"
     bench_postfix_stop "$postfix_dst"
     postfix_dst=
 }

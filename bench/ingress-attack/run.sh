@@ -43,12 +43,10 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-if [ -z "${BENCH_IN_NAMESPACE:-}" ]; then
-    [ "$(id -u)" -eq 0 ] || { echo "bench/ingress-attack runs as root (it unshares a network namespace)" >&2; exit 1; }
-    exec unshare --net --mount --propagation private env BENCH_IN_NAMESPACE=1 "$0" "$@"
-fi
-
 . "$here/../lib.sh"
+# The namespace, with 10.53.0.1 for the DNS server.
+dns=10.53.0.1
+bench_private_network "$dns" "$0" "$@"
 
 repeats=${BENCH_REPEATS:-5}
 seconds=${BENCH_SECONDS:-20}
@@ -63,41 +61,11 @@ log="$out_dir/ingress-attack.log"
 : >"$log"
 [ -x "$ingress_bin" ] || { echo "build pepsi-ingress first (make programs)" >&2; exit 1; }
 
-# The namespace: loopback up, 10.53.0.1 for the DNS server, ports below
-# 1024 for anyone, a resolv.conf of its own.
-dns=10.53.0.1
-ip link set lo up
-ip addr add "$dns/32" dev lo
-sysctl -qw net.ipv4.ip_unprivileged_port_start=0
-ensure_unprivileged_user
-resolv=$(mktemp /tmp/pepsi-bench-resolv.XXXXXX)
-echo "nameserver $dns" >"$resolv"
-chmod 644 "$resolv"
-mount --bind "$resolv" /etc/resolv.conf
-
 [ "$peer" = none ] || bench_postfix_install
 bench_cluster_start "max_connections = 100"
 work="$BENCH_DIR/attack"
 mkdir -p "$work"
 chmod 755 "$work"
-
-pids=()
-# A daemon started through as_user is runuser's child: stop the child too.
-stop_all() {
-    local pid
-    for pid in ${pids[@]+"${pids[@]}"}; do
-        pkill -TERM -P "$pid" 2>/dev/null || true
-        kill -TERM "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    pids=()
-}
-cleanup() {
-    stop_all
-    bench_cleanup
-    rm -f "$resolv"
-}
-trap cleanup EXIT
 
 #
 # Keys, zone, messages
@@ -156,9 +124,8 @@ DMARC_POLICY = report
 CONF
 if [ -n "${BENCH_INGRESS_BEFORE:-}" ]; then
     sed "s/^PORT = $port\$/PORT = $before_port/" "$work/pepsi.conf" >"$work/pepsi-before.conf"
-    "$BENCH_INGRESS_BEFORE" -c "$work/pepsi-before.conf" 2>>"$work/ingress-before.log" &
-    before_pid=$!
-    pids+=("$before_pid")
+    bench_daemon "$work/ingress-before.log" "$BENCH_INGRESS_BEFORE" -c "$work/pepsi-before.conf"
+    before_pid=${BENCH_DAEMON_PIDS[-1]}
     for _ in $(seq 1 100); do
         grep -q "database connection 3 ready" "$work/ingress-before.log" && break
         sleep 0.1
@@ -182,37 +149,8 @@ if [ "$peer" != none ]; then
     dkim_port=$(bench_free_port)
     dmarc_port=$(bench_free_port)
     postfix_port=$(bench_free_port)
-    # Both filters skip loopback clients by default; the benchmark's come from there.
-    echo 192.0.2.255 >"$work/ignore-hosts"
-    cat >"$work/opendkim.conf" <<CONF
-Mode                v
-Socket              inet:$dkim_port@127.0.0.1
-Background          no
-PidFile             $work/opendkim.pid
-AuthservID          postfix.bench.test
-Nameservers         $dns
-InternalHosts       $work/ignore-hosts
-Syslog              no
-CONF
-    cat >"$work/opendmarc.conf" <<CONF
-Socket              inet:$dmarc_port@127.0.0.1
-Background          false
-PidFile             $work/opendmarc.pid
-AuthservID          postfix.bench.test
-TrustedAuthservIDs  postfix.bench.test
-PublicSuffixList    /usr/share/publicsuffix/public_suffix_list.dat
-SPFIgnoreResults    true
-SPFSelfValidate     true
-IgnoreHosts         $work/ignore-hosts
-Syslog              false
-CONF
-    give_to_user "$work"
-    as_user /usr/sbin/opendkim -f -x "$work/opendkim.conf" 2>>"$work/opendkim.log" &
-    pids+=($!)
-    as_user /usr/sbin/opendmarc -f -c "$work/opendmarc.conf" 2>>"$work/opendmarc.log" &
-    pids+=($!)
-    bench_wait_port "$dkim_port" "opendkim (see $work/opendkim.log)"
-    bench_wait_port "$dmarc_port" "opendmarc (see $work/opendmarc.log)"
+    bench_opendkim_start "$work" "$dkim_port" "$dns"
+    bench_opendmarc_start "$work" "$dmarc_port" "SPFIgnoreResults    true" "SPFSelfValidate     true"
     postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
     bench_postfix_start "$postfix_dir" "$postfix_port" \
         "smtpd_milters = inet:127.0.0.1:$dkim_port, inet:127.0.0.1:$dmarc_port" \

@@ -25,12 +25,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-if [ -z "${BENCH_IN_NAMESPACE:-}" ]; then
-    [ "$(id -u)" -eq 0 ] || { echo "bench/ingress-auth runs as root (it unshares a network namespace)" >&2; exit 1; }
-    exec unshare --net --mount --propagation private env BENCH_IN_NAMESPACE=1 "$0" "$@"
-fi
-
 . "$here/../lib.sh"
+# The namespace, with 10.53.0.1 for the DNS server (not a 127/8 address:
+# OpenDKIM's libunbound would refuse to forward there).
+dns=10.53.0.1
+bench_private_network "$dns" "$0" "$@"
 
 repeats=${BENCH_REPEATS:-5}
 sessions=${BENCH_SESSIONS:-20}
@@ -45,52 +44,11 @@ log="$out_dir/ingress-auth.log"
 [ $((sessions % domains)) -eq 0 ] && [ $((messages % domains)) -eq 0 ] \
     || { echo "SESSIONS and MESSAGES must be multiples of DOMAINS" >&2; exit 1; }
 
-# The namespace: loopback up, with 10.53.0.1 for the DNS server (not a
-# 127/8 address: OpenDKIM's libunbound would refuse to forward there),
-# ports below 1024 for the unprivileged user (a per-namespace setting), and
-# a resolv.conf of its own.
-dns=10.53.0.1
-ip link set lo up
-ip addr add "$dns/32" dev lo
-sysctl -qw net.ipv4.ip_unprivileged_port_start=0
-ensure_unprivileged_user
-resolv=$(mktemp /tmp/pepsi-bench-resolv.XXXXXX)
-echo "nameserver $dns" >"$resolv"
-chmod 644 "$resolv"
-mount --bind "$resolv" /etc/resolv.conf
-
 bench_postfix_install
 bench_cluster_start "max_connections = 100"
 work="$BENCH_DIR/auth"
 mkdir -p "$work"
 chmod 755 "$work"
-
-pids=()
-# A daemon started through as_user is runuser's child: stop the child too.
-stop_all() {
-    local pid
-    for pid in ${pids[@]+"${pids[@]}"}; do
-        pkill -TERM -P "$pid" 2>/dev/null || true
-        kill -TERM "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    pids=()
-}
-cleanup() {
-    stop_all
-    bench_cleanup
-    rm -f "$resolv"
-}
-trap cleanup EXIT
-
-wait_port() {
-    for _ in $(seq 1 150); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1: $2" >&2
-    return 1
-}
 
 #
 # Keys, messages and zones.  The domains are under example. rather than
@@ -150,8 +108,7 @@ remote-control:
     control-enable: no
 CONF
 give_to_user "$work"
-as_user /usr/sbin/unbound -c "$work/unbound.conf" &
-pids+=($!)
+bench_daemon "$work/unbound-stderr.log" as_user /usr/sbin/unbound -c "$work/unbound.conf"
 for _ in $(seq 1 100); do
     drill @"$dns" TXT d1.bench.example 2>/dev/null | grep -q "v=spf1" && break
     sleep 0.1
@@ -181,9 +138,7 @@ ADDRESS = 127.0.0.1
 PORT = $pepsi_off
 MAX_SESSIONS_PER_CLIENT = 0
 CONF
-"$ingress_bin" -c "$work/pepsi.conf" 2>>"$work/ingress.log" &
-pids+=($!)
-wait_port "$pepsi_on" "pepsi-ingress (see $work/ingress.log)"
+bench_ingress_start "$work/pepsi.conf"
 
 #
 # Postfix with OpenDKIM, OpenDMARC and policyd-spf
@@ -191,31 +146,6 @@ wait_port "$pepsi_on" "pepsi-ingress (see $work/ingress.log)"
 dkim_port=$(bench_free_port)
 dmarc_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
-cat >"$work/opendkim.conf" <<CONF
-Mode                v
-Socket              inet:$dkim_port@127.0.0.1
-Background          no
-PidFile             $work/opendkim.pid
-AuthservID          postfix.bench.test
-Nameservers         $dns
-InternalHosts       $work/ignore-hosts
-Syslog              no
-CONF
-# Both filters skip loopback clients by default; the benchmark's come from there.
-echo 192.0.2.255 >"$work/ignore-hosts"
-cat >"$work/opendmarc.conf" <<CONF
-Socket              inet:$dmarc_port@127.0.0.1
-Background          false
-PidFile             $work/opendmarc.pid
-AuthservID          postfix.bench.test
-TrustedAuthservIDs  postfix.bench.test
-PublicSuffixList    /usr/share/publicsuffix/public_suffix_list.dat
-SPFIgnoreResults    false
-SPFSelfValidate     false
-IgnoreHosts         $work/ignore-hosts
-RejectFailures      true
-Syslog              false
-CONF
 cat >"$work/policyd-spf.conf" <<CONF
 debugLevel = 0
 TestOnly = 1
@@ -225,13 +155,9 @@ PermError_reject = False
 TempError_Defer = False
 skip_addresses = 192.0.2.255/32
 CONF
-give_to_user "$work"
-as_user /usr/sbin/opendkim -f -x "$work/opendkim.conf" 2>>"$work/opendkim.log" &
-pids+=($!)
-as_user /usr/sbin/opendmarc -f -c "$work/opendmarc.conf" 2>>"$work/opendmarc.log" &
-pids+=($!)
-wait_port "$dkim_port" "opendkim (see $work/opendkim.log)"
-wait_port "$dmarc_port" "opendmarc (see $work/opendmarc.log)"
+bench_opendkim_start "$work" "$dkim_port" "$dns"
+bench_opendmarc_start "$work" "$dmarc_port" "SPFIgnoreResults    false" "SPFSelfValidate     false" \
+    "RejectFailures      true"
 
 postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 bench_postfix_start "$postfix_dir" "$postfix_port" \

@@ -32,6 +32,8 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
+#include "config/log_config.h"
+#include "delivery/maillog.h"
 #include "message/header.h"
 #include "message/message.h"
 #include "message/origin.h"
@@ -253,6 +255,24 @@ sendmail_has_header(const struct buf *headers, const char *name)
 	return has;
 }
 
+/*
+ * Where the pickup line goes ([pepsi] LOG): with LOG = auto, the mail
+ * log even on a terminal, as Postfix's pickup writes it; sendmail's
+ * stderr is its caller's (cron mails it, a web application shows it),
+ * so only errors go there.
+ */
+static bool
+sendmail_log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	const char *from_env = getenv("PEPSI_LOG");
+
+	if (!log_configure(cfg, err, errlen))
+		return false;
+	if ((from_env == NULL || *from_env == '\0') && config_enum(cfg, "pepsi", "LOG") == 0)
+		log_set_destination(true);
+	return true;
+}
+
 int
 pepsi_sendmail_main(int argc, char **argv)
 {
@@ -286,6 +306,12 @@ pepsi_sendmail_main(int argc, char **argv)
 	if (o.config_path == NULL)
 		o.config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	if ((cfg = config_load(o.config_path, err, sizeof(err))) == NULL)
+	{
+		fprintf(stderr, "pepsi-sendmail: %s\n", err);
+		rc = EX_CONFIG;
+		goto out;
+	}
+	if (!sendmail_log_configure(cfg, err, sizeof(err)))
 	{
 		fprintf(stderr, "pepsi-sendmail: %s\n", err);
 		rc = EX_CONFIG;
@@ -425,7 +451,9 @@ pepsi_sendmail_main(int argc, char **argv)
 	}
 	else
 	{
-		log_debug("queued as %s (row %s)", queue_id, PQgetvalue(res, 0, 0));
+		/* The lines Postfix's pickup and qmgr write for a local submission. */
+		maillog_pickup(queue_id, (unsigned long) getuid(), sender);
+		maillog_queued(queue_id, sender, added.len + body.len + 2, o.nrcpt, atoll(PQgetvalue(res, 0, 0)));
 		rc = EX_OK;
 	}
 	PQclear(res);

@@ -440,20 +440,22 @@ dmarc_check_evaluate(struct dmarc_check *c, enum spf_result spf, const char *spf
 	policy = c->at_organization && strcmp(c->from_domain, c->org_domain) != 0 ? c->record.sp
 																			  : c->record.p;
 	out->policy = dmarc_disposition_name(policy);
+	out->policy_domain = c->at_organization ? c->org_domain : c->from_domain;
+	out->dkim_reported = nsigs > 0 ? 0 : -1;
 	if (spf == SPF_PASS && spf_domain
 		&& dmarc_aligned(spf_domain, c->from_domain, c->org_domain, c->record.strict_spf))
-	{
-		aligned = true;
-		out->reason = "SPF aligned";
-	}
-	for (size_t i = 0; i < nsigs && !aligned; i++)
+		out->spf_aligned = true;
+	for (size_t i = 0; i < nsigs && !out->dkim_aligned; i++)
 		if (sigs[i].result && strcmp(sigs[i].result, "pass") == 0 && sigs[i].domain
 			&& dmarc_aligned(sigs[i].domain, c->from_domain, c->org_domain,
 							 c->record.strict_dkim))
 		{
-			aligned = true;
-			out->reason = "DKIM aligned";
+			out->dkim_aligned = true;
+			out->dkim_reported = (int) i;
 		}
+	aligned = out->spf_aligned || out->dkim_aligned;
+	if (aligned)
+		out->reason = out->spf_aligned ? "SPF aligned" : "DKIM aligned";
 	if (aligned)
 	{
 		out->result = "pass";

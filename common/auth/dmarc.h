@@ -44,6 +44,11 @@ struct dmarc_verdict
 	const char			  *policy;		/* the applicable p or sp: none quarantine reject */
 	enum dmarc_disposition disposition; /* what the policy asks for this message (pct applied) */
 	const char			  *reason;
+	/* Each mechanism on its own, for aggregate reports (RFC 7489 7.2): */
+	const char *policy_domain; /* where the record was found: from_domain or its organization's */
+	bool		spf_aligned;   /* SPF passed for a domain aligned with from_domain */
+	bool		dkim_aligned;  /* a signature of an aligned domain passed */
+	int			dkim_reported; /* the signature to report: the aligned one, else the first; -1: none */
 };
 
 struct dmarc_check;

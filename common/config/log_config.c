@@ -37,13 +37,9 @@ log_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 	else
 		use_syslog = where == 2;
 	syslog_name = config_text(cfg, "pepsi", "SYSLOG_NAME");
+	/* The option schema (a NAME of 1 to 64 characters) checked it as pepsi.conf was loaded. */
 	if (syslog_name && !log_set_syslog_name(syslog_name))
-	{
-		snprintf(err, errlen,
-				 "[pepsi] SYSLOG_NAME = %s: SYSLOG_NAME is 1 to 64 letters, digits, '.', '_' or '-'",
-				 syslog_name);
-		return false;
-	}
+		fatalx("[pepsi] SYSLOG_NAME = %s: passed the option schema, not the log's check", syslog_name);
 	log_set_destination(use_syslog);
 	log_set_json(config_enum(cfg, "pepsi", "LOG_FORMAT") == 1);
 	return true;

@@ -61,6 +61,16 @@ maillog_queued(const char *queue_id, const char *mail_from, size_t size, size_t 
 }
 
 void
+maillog_pickup(const char *queue_id, unsigned long uid, const char *mail_from)
+{
+	struct buf line = BUF_INIT;
+
+	buf_printf(&line, "%s: uid=%lu from=<%s>", queue_id, uid, mail_from);
+	log_as("pickup", LOG_INFO, NULL, line.data);
+	buf_free(&line);
+}
+
+void
 maillog_delivery(struct pepsi_ctx *ctx, const char *status, const struct delivery_report *r,
 				 const char *note)
 {

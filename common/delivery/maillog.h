@@ -33,6 +33,12 @@
  */
 void maillog_queued(const char *queue_id, const char *mail_from, size_t size, size_t nrcpt,
 					long long row_id);
+/*
+ * The line Postfix's pickup writes for a message a local program handed
+ * to sendmail, under the pickup tag (pflogsumm counts it as received):
+ *   4Yj3Rb0Wg1p9000: uid=1000 from=<alice@example.org>
+ */
+void maillog_pickup(const char *queue_id, unsigned long uid, const char *mail_from);
 
 /*
  * One line for each recipient of the row.  note: a parenthesised remark

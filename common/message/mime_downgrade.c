@@ -11,9 +11,8 @@
 #include "base/xalloc.h"
 #include "message/header.h"
 #include "message/message.h"
+#include "message/mime.h"
 
-/* Hostile input nests multiparts without end; real mail stays far below. */
-#define MIME_MAX_DEPTH 32
 /* RFC 2045 6.7 (5): encoded lines of at most 76 characters. */
 #define MIME_LINE_MAX 76
 
@@ -113,97 +112,6 @@ struct mime_walk
 	bool					   changed;
 };
 
-/* Where the header block of an entity ends (after the last header's line end) and its body begins. */
-static void
-mime_split(const char *s, size_t len, size_t *headers_len, size_t *body_start)
-{
-	if (len >= 2 && s[0] == '\r' && s[1] == '\n')
-	{
-		*headers_len = 0;
-		*body_start = 2;
-		return;
-	}
-	if (len >= 1 && s[0] == '\n')
-	{
-		*headers_len = 0;
-		*body_start = 1;
-		return;
-	}
-	for (size_t i = 0; i + 1 < len; i++)
-	{
-		if (s[i] != '\n')
-			continue;
-		if (s[i + 1] == '\n')
-		{
-			*headers_len = i + 1;
-			*body_start = i + 2;
-			return;
-		}
-		if (s[i + 1] == '\r' && i + 2 < len && s[i + 2] == '\n')
-		{
-			*headers_len = i + 1;
-			*body_start = i + 3;
-			return;
-		}
-	}
-	*headers_len = len;
-	*body_start = len;
-}
-
-/* The media type of a Content-Type value, lower case ("text/plain" when absent). */
-static void
-mime_media_type(const char *content_type, char *out, size_t outlen)
-{
-	size_t n = 0;
-
-	if (content_type)
-	{
-		const char *p = content_type + strspn(content_type, " \t");
-
-		while (p[n] && p[n] != ';' && p[n] != ' ' && p[n] != '\t' && p[n] != '(' && n + 1 < outlen)
-		{
-			out[n] = (char) tolower((unsigned char) p[n]);
-			n++;
-		}
-	}
-	out[n] = '\0';
-	if (n == 0 || strchr(out, '/') == NULL)
-		snprintf(out, outlen, "text/plain");
-}
-
-/* The boundary parameter of a Content-Type value (quoted or not), or NULL (free it). */
-static char *
-mime_boundary(const char *content_type)
-{
-	const char *p = content_type;
-
-	while ((p = strchr(p, ';')) != NULL)
-	{
-		p++;
-		p += strspn(p, " \t\r\n");
-		if (strncasecmp(p, "boundary", 8) != 0)
-			continue;
-		p += 8;
-		p += strspn(p, " \t");
-		if (*p != '=')
-			continue;
-		p++;
-		p += strspn(p, " \t");
-		if (*p == '"')
-		{
-			const char *end = strchr(p + 1, '"');
-
-			return end && end > p + 1 && end - p - 1 <= 70 ? xstrndup(p + 1, (size_t) (end - p - 1)) : NULL;
-		}
-		{
-			size_t n = strcspn(p, " \t;()<>@,:\\\"/[]?=");
-
-			return n > 0 && n <= 70 ? xstrndup(p, n) : NULL;
-		}
-	}
-	return NULL;
-}
-
 /* The headers with Content-Transfer-Encoding replaced by encoding (and MIME-Version added at the top). */
 static void
 mime_rewrite_headers(const char *h, size_t hlen, const char *encoding, bool top, struct buf *out)
@@ -219,48 +127,6 @@ mime_rewrite_headers(const char *h, size_t hlen, const char *encoding, bool top,
 
 static bool mime_walk_entity(struct mime_walk *w, const char *s, size_t len, int depth, bool top,
 							 struct buf *out);
-
-/* Is there a delimiter line for boundary d (dlen) at s[i]? Sets *closing for "--d--". */
-static bool
-mime_delimiter_at(const char *s, size_t len, size_t i, const char *d, size_t dlen, bool *closing)
-{
-	const char *after;
-
-	if ((i > 0 && s[i - 1] != '\n') || i + dlen > len || memcmp(s + i, d, dlen) != 0)
-		return false;
-	after = s + i + dlen;
-	*closing = (size_t) (after - s) + 2 <= len && after[0] == '-' && after[1] == '-';
-	if (*closing)
-		return true;
-	return after == s + len || *after == '\r' || *after == '\n' || *after == ' ' || *after == '\t';
-}
-
-/* The next delimiter line at or after from; len when there is none. */
-static size_t
-mime_next_delimiter(const char *s, size_t len, size_t from, const char *d, size_t dlen, bool *closing)
-{
-	for (size_t i = from; i + dlen <= len;)
-	{
-		const char *hit = memmem(s + i, len - i, d, dlen);
-
-		if (hit == NULL)
-			break;
-		i = (size_t) (hit - s);
-		if (mime_delimiter_at(s, len, i, d, dlen, closing))
-			return i;
-		i++;
-	}
-	*closing = false;
-	return len;
-}
-
-static size_t
-mime_line_end(const char *s, size_t len, size_t from)
-{
-	const char *nl = memchr(s + from, '\n', len - from);
-
-	return nl ? (size_t) (nl - s) + 1 : len;
-}
 
 /*
  * A delimiter line: kept as it is when it fits, else the delimiter alone.
@@ -355,7 +221,7 @@ mime_walk_entity(struct mime_walk *w, const char *s, size_t len, int depth, bool
 		buf_append(out, s, len);
 		return true;
 	}
-	mime_split(s, len, &hlen, &body_start);
+	mime_entity_split(s, len, &hlen, &body_start);
 	if (mime_unfit(s, hlen, w->target))
 	{
 		snprintf(w->why, w->whylen, "%s",

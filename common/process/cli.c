@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -45,6 +46,32 @@ cli_config_path(const char *given)
 	if (given == NULL)
 		given = getenv("PEPSI_CONFIG");
 	return given ? given : PEPSI_CONFIG_DEFAULT_PATH;
+}
+
+bool
+cli_daemon_options(int argc, char **argv, const char **config_path, bool *help)
+{
+	int opt;
+
+	*config_path = NULL;
+	*help = false;
+	while ((opt = getopt(argc, argv, "c:vh")) != -1)
+		switch (opt)
+		{
+			case 'c':
+				*config_path = optarg;
+				break;
+			case 'v':
+				log_setverbose(log_getverbose() + 1);
+				break;
+			case 'h':
+				*help = true;
+				return true;
+			default:
+				return false;
+		}
+	*config_path = cli_config_path(*config_path);
+	return true;
 }
 
 PGconn *

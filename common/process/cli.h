@@ -1,7 +1,7 @@
 /*
  * cli.h: what the operator tools share: finding the configuration and
  * the database, parsing ids, and printing a result as an aligned table or
- * as JSON.
+ * as JSON; and the options every daemon and stage worker takes.
  */
 #ifndef PEPSI_CLI_H
 #define PEPSI_CLI_H
@@ -47,6 +47,16 @@ const char *pepsi_version(void);
 bool cli_version_option(const char *program, int argc, char **argv);
 /* Whether arg asks for the usage (--help). */
 bool cli_is_help(const char *arg);
+
+/*
+ * The options of a daemon or a stage worker, from argv[optind] on (the
+ * caller sets optind): -c CONFIG, -v (each once more verbose) and -h.
+ * *config_path: CONFIG, else $PEPSI_CONFIG, else the default.  False for
+ * an option it does not take; *help for -h.  Either way the caller prints
+ * its usage (on standard output and exit 0 for -h, else standard error
+ * and exit 64).
+ */
+bool cli_daemon_options(int argc, char **argv, const char **config_path, bool *help);
 
 /* The configuration file: given (-C), else $PEPSI_CONFIG, else the default. */
 const char *cli_config_path(const char *given);

@@ -64,3 +64,11 @@ secret_key_open(const char *path, char *err, size_t errlen)
 					   "a private key others may access, or its group change", "chmod 640", err,
 					   errlen);
 }
+
+FILE *
+secret_group_file_open(const char *path, char *err, size_t errlen)
+{
+	return secret_open(path, O_NOFOLLOW, S_IWGRP | S_IXGRP | S_IRWXO,
+					   "holds credentials but others may access it, or its group change", "chmod 640",
+					   err, errlen);
+}

@@ -24,4 +24,12 @@ FILE *secret_file_open(const char *path, char *err, size_t errlen);
  */
 FILE *secret_key_open(const char *path, char *err, size_t errlen);
 
+/*
+ * A credential one group reads and one program writes: an OAuth access
+ * token, root:pepsi-token mode 0640, which pepsi-helper-token-refresh
+ * replaces and the set-group-id relay-to-smarthost reads.  Others may not
+ * read it, the group may not change it, and a symbolic link is refused.
+ */
+FILE *secret_group_file_open(const char *path, char *err, size_t errlen);
+
 #endif

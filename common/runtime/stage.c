@@ -817,11 +817,11 @@ int
 pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 {
 	struct stage_worker w = {.stage = stage};
-	const char		   *config_path = getenv("PEPSI_CONFIG");
+	const char		   *config_path;
 	const char		   *report_queued;
 	char				err[1024];
 	struct pepsi_ctx   *ctxs;
-	int					opt;
+	bool				help;
 
 	/* Installed set-group-id (dot-forward, relay-to-maildir): the group is for its helper only. */
 	privilege_setid_start();
@@ -837,21 +837,11 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		return 64;
 	}
 	optind = 2;
-	while ((opt = getopt(argc, argv, "c:v")) != -1)
-		switch (opt)
-		{
-			case 'c':
-				config_path = optarg;
-				break;
-			case 'v':
-				log_setverbose(log_getverbose() + 1);
-				break;
-			default:
-				stage_usage(stage, stderr);
-				return 64;
-		}
-	if (config_path == NULL)
-		config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	if (!cli_daemon_options(argc, argv, &config_path, &help) || help)
+	{
+		stage_usage(stage, help ? stdout : stderr);
+		return help ? 0 : 64;
+	}
 	signal(SIGPIPE, SIG_IGN);
 
 	if ((w.cfg = privilege_config_load(config_path, err, sizeof(err))) == NULL

@@ -159,7 +159,8 @@ smtp_forget_extensions(struct smtp_client *c)
 	c->esmtp = false;
 	c->has_starttls = c->has_pipelining = c->has_8bitmime = c->has_smtputf8 = false;
 	c->has_chunking = c->has_binarymime = c->has_requiretls = false;
-	c->has_dsn = c->has_enhanced = c->auth_plain = c->auth_login = c->has_size = false;
+	c->has_dsn = c->has_enhanced = c->has_size = false;
+	c->auth_plain = c->auth_login = c->auth_xoauth2 = c->auth_oauthbearer = false;
 	c->size_limit = 0;
 }
 
@@ -206,7 +207,7 @@ smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
 		}
 		else if (strcasecmp(word, "AUTH") == 0)
 		{
-			/* "AUTH PLAIN LOGIN" (or the old "AUTH=PLAIN LOGIN") */
+			/* "AUTH PLAIN LOGIN XOAUTH2" (or the old "AUTH=PLAIN LOGIN") */
 			const char *q = line + n;
 			const char *stop = end ? end : q + strlen(q);
 
@@ -216,10 +217,7 @@ smtp_parse_ehlo(struct smtp_client *c, const struct smtp_reply *r)
 
 				q += strspn(q, " =");
 				m = strcspn(q, " \n");
-				if (m == 5 && strncasecmp(q, "PLAIN", 5) == 0)
-					c->auth_plain = true;
-				else if (m == 5 && strncasecmp(q, "LOGIN", 5) == 0)
-					c->auth_login = true;
+				smtp_auth_offered(c, q, m);
 				q += m;
 			}
 		}
@@ -252,58 +250,6 @@ smtp_ehlo(struct smtp_client *c, struct smtp_result *res)
 		}
 	}
 	return false;
-}
-
-static bool
-smtp_auth(struct smtp_client *c, struct smtp_result *res)
-{
-	const char *user = c->opt.auth_user;
-	const char *pass = c->opt.auth_password ? c->opt.auth_password : "";
-	struct buf	token = BUF_INIT;
-	struct buf	plain = BUF_INIT;
-	bool		ok = false;
-
-	res->phase = SMTP_PHASE_AUTH;
-	if (c->ssl == NULL && c->opt.tls != SMTP_TLS_NONE)
-	{
-		smtp_io_set_error(c, "%s offered no STARTTLS; credentials are not sent in the clear "
-							 "(TLS = none allows it)",
-						  c->peer);
-		return false;
-	}
-	if (c->auth_plain)
-	{
-		buf_append_char(&plain, '\0');
-		buf_append_str(&plain, user);
-		buf_append_char(&plain, '\0');
-		buf_append_str(&plain, pass);
-		base64_append(&token, plain.data, plain.len);
-		ok = smtp_io_command(c, &res->reply, "AUTH PLAIN %s", token.data);
-	}
-	else if (c->auth_login)
-	{
-		ok = smtp_io_command(c, &res->reply, "AUTH LOGIN");
-		if (ok && res->reply.code == 334)
-		{
-			base64_append(&token, user, strlen(user));
-			ok = smtp_io_command(c, &res->reply, "%s", token.data);
-			if (ok && res->reply.code == 334)
-			{
-				buf_reset(&token);
-				base64_append(&token, pass, strlen(pass));
-				ok = smtp_io_command(c, &res->reply, "%s", token.data);
-			}
-		}
-	}
-	else
-		smtp_io_set_error(c, "%s offers neither AUTH PLAIN nor AUTH LOGIN", c->peer);
-	if (plain.data)
-		OPENSSL_cleanse(plain.data, plain.len);
-	if (token.data)
-		OPENSSL_cleanse(token.data, token.len);
-	buf_free(&plain);
-	buf_free(&token);
-	return ok && res->reply.code == 235;
 }
 
 /* Does this session have to have TLS, and does it want it when offered? */
@@ -590,6 +536,7 @@ smtp_client_reuse(struct smtp_client *current, const struct smtp_client_options 
 		&& smtp_same_option(had->helo_name, o->helo_name)
 		&& smtp_same_option(had->auth_user, o->auth_user)
 		&& smtp_same_option(had->auth_password, o->auth_password)
+		&& had->auth_mechanism == o->auth_mechanism
 		&& had->connect_timeout_ms == (o->connect_timeout_ms > 0 ? o->connect_timeout_ms : SMTP_DEFAULT_CONNECT_TIMEOUT_MS)
 		&& had->command_timeout_ms == (o->command_timeout_ms > 0 ? o->command_timeout_ms : SMTP_DEFAULT_COMMAND_TIMEOUT_MS)
 		&& had->max_messages_per_connection == o->max_messages_per_connection

@@ -9,7 +9,8 @@
  * messages pays the greeting, EHLO, STARTTLS and AUTH once.
  *
  * Extensions: STARTTLS (RFC 3207; certificate verified against the system
- * store or a CA file by default), AUTH PLAIN and LOGIN (RFC 4954),
+ * store or a CA file by default), AUTH PLAIN and LOGIN (RFC 4954) or an
+ * OAuth 2.0 token (XOAUTH2, OAUTHBEARER: RFC 7628; smtp_auth.c),
  * PIPELINING (RFC 2920), SIZE (RFC 1870), 8BITMIME (RFC 6152), SMTPUTF8
  * (RFC 6531), DSN (RFC 3461: the parameters are passed on when the server
  * has it), CHUNKING and BINARYMIME (RFC 3030: BDAT whenever the server
@@ -49,22 +50,36 @@ enum smtp_tls_mode
 	SMTP_TLS_NONE		/* never */
 };
 
+/*
+ * How AUTH proves who we are (schema/options.def AUTH_MECHANISM, in this
+ * order): a password (PLAIN, else LOGIN, whichever the server offers), or
+ * an OAuth 2.0 access token in auth_password, as XOAUTH2 (Google's and
+ * Microsoft's SASL mechanism) or OAUTHBEARER (RFC 7628).
+ */
+enum smtp_auth_mechanism
+{
+	SMTP_AUTH_PASSWORD,
+	SMTP_AUTH_XOAUTH2,
+	SMTP_AUTH_OAUTHBEARER
+};
+
 struct smtp_client_options
 {
-	const char		  *host;	/* name or address of the server, or the path of a Unix socket */
-	const char		  *address; /* connect here instead of resolving host (an MX's address) */
-	const char		  *port;	/* default "25" */
-	enum smtp_tls_mode tls;
-	const char		  *tls_ca_file; /* trust anchors for VERIFY (default: the system's) */
-	const char		  *tls_name;	/* name the certificate must carry (default: host) */
-	const char		  *helo_name;	/* our name in EHLO/HELO */
-	const char		  *auth_user;	/* NULL: no AUTH */
-	const char		  *auth_password;
-	int				   connect_timeout_ms;
-	int				   command_timeout_ms;			/* each reply, and each write of the message */
-	int				   max_messages_per_connection; /* then QUIT and reconnect */
-	int				   max_idle_ms;					/* a session idle longer is not reused */
-	bool			   lmtp;						/* speak LMTP (RFC 2033) */
+	const char				*host;	  /* name or address of the server, or the path of a Unix socket */
+	const char				*address; /* connect here instead of resolving host (an MX's address) */
+	const char				*port;	  /* default "25" */
+	enum smtp_tls_mode		 tls;
+	const char				*tls_ca_file;	/* trust anchors for VERIFY (default: the system's) */
+	const char				*tls_name;		/* name the certificate must carry (default: host) */
+	const char				*helo_name;		/* our name in EHLO/HELO */
+	const char				*auth_user;		/* NULL: no AUTH */
+	const char				*auth_password; /* the password, or the access token for OAuth */
+	enum smtp_auth_mechanism auth_mechanism;
+	int						 connect_timeout_ms;
+	int						 command_timeout_ms;		  /* each reply, and each write of the message */
+	int						 max_messages_per_connection; /* then QUIT and reconnect */
+	int						 max_idle_ms;				  /* a session idle longer is not reused */
+	bool					 lmtp;						  /* speak LMTP (RFC 2033) */
 };
 
 /* Where in the session a reply came from (RFC 3464 "in reply to"). */

@@ -2,8 +2,8 @@
  * smtp_client_internal.h: what the SMTP client's files share (not for
  * its callers): the client structure and the I/O layer of
  * smtp_client_io.c (sockets, deadlines, TLS) that the protocol layer is
- * written on: the session in smtp_client.c (EHLO, STARTTLS, AUTH, reuse)
- * and the transaction in smtp_transaction.c.
+ * written on: the session in smtp_client.c (EHLO, STARTTLS, reuse), its
+ * authentication in smtp_auth.c and the transaction in smtp_transaction.c.
  */
 #ifndef PEPSI_SMTP_CLIENT_INTERNAL_H
 #define PEPSI_SMTP_CLIENT_INTERNAL_H
@@ -50,6 +50,8 @@ struct smtp_client
 	bool		  has_enhanced;
 	bool		  auth_plain;
 	bool		  auth_login;
+	bool		  auth_xoauth2;
+	bool		  auth_oauthbearer;
 	bool		  has_size;
 	unsigned long size_limit; /* 0: none announced */
 	/* reuse */
@@ -83,6 +85,12 @@ void smtp_io_drop(struct smtp_client *c);
 bool smtp_io_connect(struct smtp_client *c);
 /* The TLS handshake after STARTTLS, verifying the peer if the options say so. */
 bool smtp_io_tls_handshake(struct smtp_client *c, struct smtp_result *res);
+
+/* smtp_auth.c */
+/* Note a mechanism the EHLO reply's AUTH line names (name: m bytes, not terminated). */
+void smtp_auth_offered(struct smtp_client *c, const char *name, size_t m);
+/* AUTH with the options' credentials and mechanism, after STARTTLS; false (res says why) otherwise. */
+bool smtp_auth(struct smtp_client *c, struct smtp_result *res);
 
 /* smtp_transaction.c */
 /* One transaction on a READY session; false on an I/O failure (the session dropped, res says where). */

@@ -46,6 +46,20 @@
 #define DBCONN_LISTEN_SQL "SET synchronous_commit = off;"                         \
 						  " LISTEN pepsi_workqueue; LISTEN pepsi_config_changed;" \
 						  " UPDATE pepsi.dispatch_stats SET started_at = now()"
+/*
+ * Running rows no worker of ours holds go back to pending; the log names
+ * the first few by queue id and row (read in the statement's snapshot,
+ * through the index that holds running rows, as the reset's own scan).
+ */
+#define DBCONN_ORPHANS_NAMED 20
+#define DBCONN_RESET_ORPHANS_SQL                                                             \
+	"WITH orphan AS MATERIALIZED ("                                                          \
+	"  SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id FROM pepsi.workqueue" \
+	"  WHERE index_status = 'pending' AND status = 'running'"                                \
+	"    AND ($1::int8[] IS NULL OR id <> ALL ($1::int8[]))"                                 \
+	"  ORDER BY id LIMIT 20)" /* DBCONN_ORPHANS_NAMED */                                     \
+	" SELECT pepsi.workqueue_reset_orphans($1::int8[]),"                                     \
+	"  (SELECT string_agg(queue_id || ' (row ' || id || ')', ', ' ORDER BY id) FROM orphan)"
 #define DBCONN_BACKOFF_MIN 0.1
 #define DBCONN_BACKOFF_MAX 30.0
 
@@ -285,8 +299,7 @@ dbconn_send_setup(enum dbconn_step next)
 
 				dbconn_inflight_ids(&ids);
 				values[0] = ids.data;
-				pgconn_send(db.conn, "SELECT pepsi.workqueue_reset_orphans($1::int8[])", 1, values,
-							NULL, NULL);
+				pgconn_send(db.conn, DBCONN_RESET_ORPHANS_SQL, 1, values, NULL, NULL);
 				buf_free(&ids);
 				break;
 			}
@@ -336,7 +349,9 @@ dbconn_setup_result(PGresult *res)
 				return false;
 			}
 			if (atoi(PQgetvalue(res, 0, 0)) > 0)
-				log_info("put %s orphaned running rows back to pending", PQgetvalue(res, 0, 0));
+				log_info("put %s orphaned running rows back to pending: %s%s", PQgetvalue(res, 0, 0),
+						 PQgetvalue(res, 0, 1),
+						 atoi(PQgetvalue(res, 0, 0)) > DBCONN_ORPHANS_NAMED ? ", ..." : "");
 			return true;
 		case DBCONN_LOADING_OVERRIDES:
 			dbconn_apply_overrides(res, true);

@@ -75,6 +75,7 @@ static void
 crashed_done(struct job *job, PGresult *res)
 {
 	const char *outcome;
+	const char *queue_id;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -84,12 +85,13 @@ crashed_done(struct job *job, PGresult *res)
 	if (PQgetisnull(res, 0, 0))
 		return; /* its worker committed it before it died */
 	outcome = PQgetvalue(res, 0, 0);
+	queue_id = PQgetvalue(res, 0, 1);
 	if (strcmp(outcome, "paused") == 0)
-		log_info("row %s paused for a retry: %s", job->params[0], job->params[2]);
+		log_info("%s: row %s paused for a retry: %s", queue_id, job->params[0], job->params[2]);
 	else
 	{
-		log_warnx("row %s isolated as %s after %s attempts that ended its worker (CRASH_LIMIT): %s",
-				  job->params[0], outcome, job->params[3], job->params[2]);
+		log_warnx("%s: row %s isolated as %s after %s attempts that ended its worker (CRASH_LIMIT): %s",
+				  queue_id, job->params[0], outcome, job->params[3], job->params[2]);
 		dispatcher.messages_failed++;
 	}
 }
@@ -103,7 +105,11 @@ void
 dbconn_crashed(const char *stage, const struct inflight *row, const char *reason,
 			   const char *final_status)
 {
-	struct job *job = job_new("SELECT pepsi.workqueue_crashed($1, $2, $3, $4, $5, $6, $7::uuid)", crashed_done);
+	/* With the row's queue id for the log, read in the statement's snapshot (before the change). */
+	struct job *job = job_new("SELECT pepsi.workqueue_crashed($1, $2, $3, $4, $5, $6, $7::uuid),"
+							  " (SELECT coalesce(state ->> 'queue_id', id::text) FROM pepsi.workqueue"
+							  "   WHERE id = $1)",
+							  crashed_done);
 	char		number[32];
 
 	snprintf(number, sizeof(number), "%lld", row->id);

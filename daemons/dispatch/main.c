@@ -160,11 +160,11 @@ usage(FILE *out)
 int
 pepsi_dispatch_main(int argc, char **argv)
 {
-	const char *config_path = getenv("PEPSI_CONFIG");
+	const char *config_path;
 	char		err[1024];
 	char		resolved[PATH_MAX];
 	const char *base;
-	int			opt;
+	bool		help;
 
 	log_init("pepsi-dispatch", false);
 	if (argc >= 2 && cli_is_help(argv[1]))
@@ -172,24 +172,11 @@ pepsi_dispatch_main(int argc, char **argv)
 		usage(stdout);
 		return 0;
 	}
-	while ((opt = getopt(argc, argv, "c:vh")) != -1)
-		switch (opt)
-		{
-			case 'h':
-				usage(stdout);
-				return 0;
-			case 'c':
-				config_path = optarg;
-				break;
-			case 'v':
-				log_setverbose(log_getverbose() + 1);
-				break;
-			default:
-				usage(stderr);
-				return 64;
-		}
-	if (config_path == NULL)
-		config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	if (!cli_daemon_options(argc, argv, &config_path, &help) || help)
+	{
+		usage(help ? stdout : stderr);
+		return help ? 0 : 64;
+	}
 	/* Workers get the same file, whatever their working directory. */
 	dispatcher.config_path = xstrdup(realpath(config_path, resolved) ? resolved : config_path);
 	if ((dispatcher.cfg = config_load(dispatcher.config_path, err, sizeof(err))) == NULL

@@ -627,11 +627,12 @@ httpd_reload(const char *path, struct MHD_Daemon *daemon, int listen_fd)
 int
 pepsi_httpd_main(int argc, char **argv)
 {
-	const char			 *path = getenv("PEPSI_CONFIG");
+	const char			 *path;
 	struct httpd_settings set;
 	struct MHD_Daemon	 *daemon;
 	char				  err[1024];
-	int					  ch, verbose = 0, listen_fd, rc = 0;
+	int					  listen_fd, rc = 0;
+	bool				  help;
 	sigset_t			  signals;
 	double				  watchdog;
 
@@ -641,23 +642,14 @@ pepsi_httpd_main(int argc, char **argv)
 		httpd_usage(stdout);
 		return 0;
 	}
-	while ((ch = getopt(argc, argv, "c:vh")) != -1)
-		switch (ch)
-		{
-			case 'c':
-				path = optarg;
-				break;
-			case 'v':
-				verbose++;
-				break;
-			default:
-				httpd_usage(ch == 'h' ? stdout : stderr);
-				return ch == 'h' ? 0 : 64;
-		}
-	log_setverbose(verbose);
+	if (!cli_daemon_options(argc, argv, &path, &help) || help)
+	{
+		httpd_usage(help ? stdout : stderr);
+		return help ? 0 : 64;
+	}
 	argc -= optind;
 	argv += optind;
-	if ((httpd.cfg = httpd_config_load(path ? path : PEPSI_CONFIG_DEFAULT_PATH)) == NULL)
+	if ((httpd.cfg = httpd_config_load(path)) == NULL)
 		return 78;
 	if (!log_configure(httpd.cfg, err, sizeof(err)))
 		fatalx("%s", err);

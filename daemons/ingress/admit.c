@@ -19,6 +19,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "dmarc_tally.h"
 #include "runtime/db.h"
 #include "runtime/pgconn.h"
 
@@ -32,6 +33,8 @@
 #define ADMIT_NICE_SQL "SELECT pepsi.session_nice($1::integer)"
 #define ADMIT_REPORT_SQL \
 	"SELECT pepsi.ingress_report($1, $2::integer, $3::bigint, $4::bigint, $5::boolean, $6::jsonb)"
+/* The DMARC verdicts counted since the last report, in its transaction (dmarc_tally.c). */
+#define ADMIT_DMARC_SQL "SELECT pepsi.dmarc_tally($1::jsonb)"
 /* The first connection also hears configuration changes (config_set, config_unset). */
 #define ADMIT_LISTEN_SQL "LISTEN pepsi_config_changed"
 /* Changes often come in bursts (a script setting several options): one reload for all. */
@@ -396,9 +399,13 @@ dbconn_start_report(struct dbconn *c)
 	const char *values[6] = {admit.report_instance, admit.report[0], admit.report[1], admit.report[2],
 							 "false", admit.report_refusals};
 
+	char *dmarc = dmarc_tally_take();
+
 	admit.report_due = false;
-	if (pgconn_send(c->pg, ADMIT_REPORT_SQL, 6, values, NULL, NULL))
+	if (pgconn_send(c->pg, ADMIT_REPORT_SQL, 6, values, NULL, NULL)
+		&& (dmarc == NULL || pgconn_send(c->pg, ADMIT_DMARC_SQL, 1, (const char *const *) &dmarc, NULL, NULL)))
 		dbconn_send_sync(c, DBCONN_WORK_REPORT);
+	free(dmarc);
 }
 
 void

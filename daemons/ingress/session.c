@@ -30,6 +30,7 @@
 #include "message/queue_id.h"
 #include "session_internal.h"
 #include "smtp/client_key.h"
+#include "smtp/reject_log.h"
 
 #define SESSION_READ_SIZE 65536
 #define SESSION_OUT_HIGH_WATER 65536 /* stop reading a client that does not read */
@@ -253,6 +254,29 @@ session_start_tls(struct session *s)
  */
 
 /*
+ * A refusal in the line Postfix's smtpd writes for it (common/smtp/reject_log.h):
+ * a recipient's (RCPT, NOQUEUE), or the message's once its content was read
+ * (END-OF-MESSAGE, under its queue id: a DMARC or SPF policy, a loop).
+ */
+static void
+session_log_reject(const struct session *s, const char *command, const char *reply, const char *rcpt)
+{
+	struct reject_log line = {
+		.command = command,
+		.queue_id = strcmp(command, "RCPT") != 0 ? s->queue_id : NULL,
+		.client_name = s->client_name,
+		.client_ip = s->ip,
+		.reply = reply,
+		.mail_from = s->smtp.mail_from,
+		.rcpt_to = rcpt,
+		.esmtp = s->smtp.esmtp,
+		.helo = s->smtp.helo,
+	};
+
+	reject_log(&line);
+}
+
+/*
  * The message is in the queue: the lines Postfix's smtpd and qmgr write
  * for it (client=, then from=, size=, nrcpt=), which log tools count as
  * received, written only now that it is committed.
@@ -348,7 +372,7 @@ session_store(struct session *s)
 	origin.iprev = findings.iprev;
 	if (findings.refusal)
 	{
-		log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, findings.refusal);
+		session_log_reject(s, "END-OF-MESSAGE", findings.refusal, s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL);
 		smtp_admit_refused(&s->smtp, findings.refusal);
 		return;
 	}
@@ -363,7 +387,7 @@ session_store(struct session *s)
 		else
 		{
 			/* A loop is the operator's to fix: say who keeps sending it. */
-			log_info("%s: %s: from=<%s> refused: %s", s->queue_id, s->ip, s->smtp.mail_from, refusal);
+			session_log_reject(s, "END-OF-MESSAGE", refusal, s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL);
 			smtp_admit_refused(&s->smtp, refusal);
 		}
 		return;
@@ -827,12 +851,17 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 		 .authenticated = smtp->auth_account != NULL,
 	 };
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
+	char				   reply[700];
 
+	/* (The replies smtp.c sends for these verdicts.) */
 	if (verdict == SMTP_RCPT_RELAY_DENIED)
-		log_info("%s: relay to <%s> refused (not authenticated, not a trusted network)",
-				 s->ip, address);
+		snprintf(reply, sizeof(reply), "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to "
+									   "domains this server receives mail for)",
+				 address);
 	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
-		log_info("%s: unknown local recipient <%s> refused", s->ip, address);
+		snprintf(reply, sizeof(reply), "550 5.1.1 <%.256s>: Recipient address rejected: no such user here", address);
+	if (verdict == SMTP_RCPT_RELAY_DENIED || verdict == SMTP_RCPT_UNKNOWN_USER)
+		session_log_reject(s, "RCPT", reply, address);
 	return verdict;
 }
 

@@ -27,6 +27,7 @@
 #include "auth_worker.h"
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "dmarc_tally.h"
 #include "dns/dns.h"
 
 /* Lookups of one message: SPF's worst case is 10 terms x 10 names, twice. */
@@ -916,6 +917,8 @@ verify_conclude(struct verify *v)
 									   d.from_domain);
 			log_info("%s: dmarc %s for %s (policy %s, action %s)", v->client_ip, d.result,
 					 d.from_domain, d.policy ? d.policy : "-", action);
+			dmarc_tally_add(&d, action, v->client_ip, spf_domain, v->spf_mail.started ? "mfrom" : "helo",
+							spf_for_dmarc, sigs, nsigs);
 		}
 		else
 		{

@@ -22,8 +22,8 @@ PG_FUNCTION_INFO_V1(config_value_problem);
 /*
  * One row per line of options.def: section ("stage-*" for a stage
  * program's option, with program set), option, kind, scope, default,
- * range (milliseconds for a duration, bytes for a size), choices and
- * description.
+ * range (milliseconds for a duration, bytes for a size, characters for a
+ * name), choices and description.
  */
 Datum
 config_option_schema(PG_FUNCTION_ARGS)
@@ -36,7 +36,7 @@ config_option_schema(PG_FUNCTION_ARGS)
 		const struct option_def *def = &option_table[i];
 		bool					 program = strncmp(def->where, "pepsi-", 6) == 0;
 		bool					 numeric = def->type == OPTION_INT || def->type == OPTION_DURATION
-					   || def->type == OPTION_SIZE;
+					   || def->type == OPTION_SIZE || def->type == OPTION_NAME;
 		Datum values[10];
 		bool  nulls[10] = {false};
 

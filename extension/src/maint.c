@@ -5,7 +5,9 @@
  * wakes the dispatcher), sweeps bodies a release race left unreferenced,
  * prunes pepsi.mail_log past its retention and pepsi.autoreply_sent
  * past each row's interval, and keeps the web page's history of the last
- * day, a row a minute (pepsi.stats_minute).  Like contrib's
+ * day, a row a minute (pepsi.stats_minute).  It is also the project's one
+ * timer: the rows of pepsi.schedule that are due (pepsi--0.5.sql, "One
+ * timer") run in its pass, and it wakes for the earliest.  Like contrib's
  * autoprewarm it is registered at start-up when the library is preloaded
  * and started on demand by pepsi.start_maintenance() otherwise.  Each pass
  * is one short transaction; between passes it holds none, and it sleeps
@@ -47,6 +49,8 @@
 #define MAINT_LOCK_KEY2 1
 /* Rows requeued or log rows pruned per transaction. */
 #define MAINT_BATCH 10000
+/* Schedules run per pass (each is a call or an inject). */
+#define MAINT_SCHEDULE_BATCH 100
 
 PG_FUNCTION_INFO_V1(start_maintenance);
 PG_FUNCTION_INFO_V1(maintenance_pid);
@@ -264,6 +268,32 @@ maint_roll_stats(TimestampTz now)
 }
 
 /*
+ * The schedules that are due (pepsi.schedule_run_due: each in a
+ * subtransaction, so one that fails is recorded and the rest run); returns
+ * how many milliseconds until the next one is due, or if_none.  As for
+ * paused rows, one that was due when the pass began and is still due is
+ * one another session holds locked: it waits for the next pass.  A
+ * database before 0.5 has no schedule.
+ */
+static double
+maint_run_schedules(double if_none)
+{
+	double ran;
+
+	if (maint_scalar("SELECT (to_regprocedure('pepsi.schedule_run_due(integer)') IS NOT NULL)::int::float8", 0)
+		<= 0)
+		return if_none;
+	ran = maint_scalar(psprintf("SELECT pepsi.schedule_run_due(%d)::float8", MAINT_SCHEDULE_BATCH), 0);
+	if (ran > 0)
+		elog(DEBUG1, "pepsi maintenance: ran %.0f schedules", ran);
+	if (ran >= MAINT_SCHEDULE_BATCH)
+		return 0;
+	return maint_scalar("SELECT extract(epoch FROM min(next_run) - clock_timestamp())::float8 * 1000"
+						" FROM pepsi.schedule WHERE next_run > now() AND next_run < 'infinity'",
+						if_none);
+}
+
+/*
  * One maintenance pass in its own transaction.  Returns how long to sleep
  * before the next one, in milliseconds.
  */
@@ -283,6 +313,7 @@ maint_run_pass(TimestampTz *last_sweep)
 	{
 		double requeued;
 		double due_in_ms;
+		double schedule_in_ms;
 
 		requeued = maint_scalar(psprintf("SELECT pepsi.workqueue_requeue_due(%d)::float8",
 										 MAINT_BATCH),
@@ -330,6 +361,7 @@ maint_run_pass(TimestampTz *last_sweep)
 
 		maint_roll_stats(now);
 		maint_warn_held_horizon();
+		schedule_in_ms = maint_run_schedules((double) pepsi_maintenance_interval_ms);
 
 		/*
 		 * The next wake-up is the earliest row not yet due when this pass
@@ -347,6 +379,8 @@ maint_run_pass(TimestampTz *last_sweep)
 								 (double) pepsi_maintenance_interval_ms);
 		if (requeued >= MAINT_BATCH)
 			due_in_ms = 0;
+		if (schedule_in_ms < due_in_ms)
+			due_in_ms = schedule_in_ms;
 		if (due_in_ms < sleep_ms)
 			sleep_ms = due_in_ms < 1 ? 1 : (long) due_in_ms + 1;
 	}

@@ -37,7 +37,15 @@ extern char *pepsi_admission_accounts;
 extern SPIPlanPtr queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
 extern int		  queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
 extern int		  queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token);
-extern void		  queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
+/*
+ * Lock the running row id claimed at expected_stage (a text Datum) with
+ * token FOR UPDATE, as queue_lock_running_row, and leave the value of
+ * column (an expression over the row) in SPI_tuptable; plans are the
+ * caller's, one per column.
+ */
+extern void queue_lock_running_row_column(SPIPlanPtr plans[2], const char *column, int64 id,
+										  Datum expected_stage, pg_uuid_t *token);
+extern void queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
 	pg_attribute_noreturn();
 extern void	 queue_notify_workqueue(void);
 extern int64 queue_result_int64(int row, int col);

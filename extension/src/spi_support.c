@@ -171,6 +171,34 @@ queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
 		 (long long) id, stage);
 }
 
+void
+queue_lock_running_row_column(SPIPlanPtr plans[2], const char *column, int64 id, Datum expected_stage,
+							  pg_uuid_t *token)
+{
+	static const Oid argtypes[] = {INT8OID, TEXTOID, UUIDOID};
+	Datum			 values[3] = {Int64GetDatum(id), expected_stage, PointerGetDatum(token)};
+	char			 nulls[3] = {' ', ' ', token ? ' ' : 'n'};
+	bool			 digest = queue_has_claim_digest();
+	SPIPlanPtr		*slot = &plans[digest ? 0 : 1];
+
+	if (*slot == NULL)
+	{
+		char *sql = digest ? psprintf("SELECT %s FROM pepsi.workqueue"
+									  " WHERE id = $1 AND status = 'running' AND stage = $2"
+									  " AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
+									  column)
+						   : psprintf("SELECT %s FROM pepsi.workqueue"
+									  " WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",
+									  column);
+
+		queue_plan(slot, sql, 3, argtypes);
+		pfree(sql);
+	}
+	queue_exec(*slot, values, nulls, false, 1);
+	if (SPI_processed == 0)
+		queue_report_row_state(id, TextDatumGetCString(expected_stage), token);
+}
+
 /*
  * Lock row id, check it is running at expected_stage under claim token
  * (NULL: none), and return how many recipients it has.  For the functions
@@ -181,25 +209,9 @@ int
 queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token)
 {
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {INT8OID, TEXTOID, UUIDOID};
-	Datum			  values[3] = {Int64GetDatum(id), CStringGetTextDatum(expected_stage),
-								   PointerGetDatum(token)};
-	char			  nulls[3] = {' ', ' ', token ? ' ' : 'n'};
 	bool			  isnull;
 
-	queue_exec(queue_has_claim_digest()
-				   ? queue_plan(&plans[0],
-								"SELECT cardinality(rcpt_to) FROM pepsi.workqueue"
-								" WHERE id = $1 AND status = 'running' AND stage = $2"
-								" AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
-								3, argtypes)
-				   : queue_plan(&plans[1],
-								"SELECT cardinality(rcpt_to) FROM pepsi.workqueue"
-								" WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",
-								3, argtypes),
-			   values, nulls, false, 1);
-	if (SPI_processed == 0)
-		queue_report_row_state(id, expected_stage, token);
+	queue_lock_running_row_column(plans, "cardinality(rcpt_to)", id, CStringGetTextDatum(expected_stage), token);
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 }
 

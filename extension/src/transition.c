@@ -154,23 +154,8 @@ static int64
 transition_lock_for_body_rewrite(Datum id, Datum expected_stage, pg_uuid_t *token)
 {
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {INT8OID, TEXTOID, UUIDOID};
-	Datum			  values[3] = {id, expected_stage, PointerGetDatum(token)};
-	char			  nulls[3] = {' ', ' ', token ? ' ' : 'n'};
 
-	queue_exec(queue_has_claim_digest()
-				   ? queue_plan(&plans[0],
-								"SELECT body_id FROM pepsi.workqueue"
-								" WHERE id = $1 AND status = 'running' AND stage = $2"
-								" AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
-								3, argtypes)
-				   : queue_plan(&plans[1],
-								"SELECT body_id FROM pepsi.workqueue"
-								" WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",
-								3, argtypes),
-			   values, nulls, false, 1);
-	if (SPI_processed == 0)
-		queue_report_row_state(DatumGetInt64(id), TextDatumGetCString(expected_stage), token);
+	queue_lock_running_row_column(plans, "body_id", DatumGetInt64(id), expected_stage, token);
 	return queue_result_int64(0, 1);
 }
 
@@ -390,6 +375,89 @@ transition_batch_array(FunctionCallInfo fcinfo, int argno, const char *name, int
 	return array;
 }
 
+/* A workqueue_commit_many argument array for $(i + 1), or NULL. */
+static void
+commit_many_set(Datum *values, char *nulls, int i, ArrayType *array)
+{
+	values[i] = array ? PointerGetDatum(array) : (Datum) 0;
+	nulls[i] = array ? ' ' : 'n';
+}
+
+/* target_stages, for an advance: each a stage name. */
+static ArrayType *
+commit_many_targets(FunctionCallInfo fcinfo, int count)
+{
+	ArrayType *array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
+	Datum	  *targets;
+	int		   ntargets;
+
+	/* Whatever its lower bound, element i of the array goes with ids[i]. */
+	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &targets, NULL, &ntargets);
+	for (int i = 0; i < ntargets; i++)
+		check_stage_name(DatumGetTextPP(targets[i]), psprintf("target_stages[%d]", i + 1));
+	return array;
+}
+
+/* merge_states: each a JSON object or NULL; NULL when not given. */
+static ArrayType *
+commit_many_merges(FunctionCallInfo fcinfo, int count)
+{
+	ArrayType *array = transition_batch_array(fcinfo, 4, "merge_states", count, false, false);
+	Datum	  *merges;
+	bool	  *merge_nulls;
+	int		   n;
+
+	if (array == NULL)
+		return NULL;
+	deconstruct_array(array, JSONBOID, -1, false, TYPALIGN_INT, &merges, &merge_nulls, &n);
+	for (int i = 0; i < n; i++)
+		if (!merge_nulls[i] && !JB_ROOT_IS_OBJECT(DatumGetJsonbP(merges[i])))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("merge_states[%d] must be a JSON object", i + 1)));
+	return array;
+}
+
+/* retry_seconds, for a pause: each within 0 to PEPSI_MAX_RETRY_SECONDS. */
+static ArrayType *
+commit_many_retries(FunctionCallInfo fcinfo, int count)
+{
+	ArrayType *array = transition_batch_array(fcinfo, 5, "retry_seconds", count, true, true);
+	Datum	  *retries;
+	int		   n;
+
+	deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &retries, NULL, &n);
+	for (int i = 0; i < n; i++)
+	{
+		double seconds = DatumGetFloat8(retries[i]);
+
+		if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("retry_seconds[%d] must be between 0 and %d seconds, not %g",
+							i + 1, PEPSI_MAX_RETRY_SECONDS, seconds)));
+	}
+	return array;
+}
+
+/* claim_tokens (the 0.4 signature), each in tokens[i]; NULL when not given. */
+static ArrayType *
+commit_many_tokens(FunctionCallInfo fcinfo, int count, pg_uuid_t **tokens)
+{
+	ArrayType *array;
+	Datum	  *elements;
+	bool	  *element_nulls;
+	int		   n;
+
+	if (PG_NARGS() <= 6
+		|| (array = transition_batch_array(fcinfo, 6, "claim_tokens", count, false, false)) == NULL)
+		return NULL;
+	deconstruct_array(array, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &elements, &element_nulls, &n);
+	for (int i = 0; i < n; i++)
+		tokens[i] = element_nulls[i] ? NULL : DatumGetUUIDP(elements[i]);
+	return array;
+}
+
 /*
  * workqueue_commit_many(ids, expected_stages, transition, target_stages,
  *                       merge_states, retry_seconds [, claim_tokens])
@@ -466,77 +534,12 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 
 	values[0] = PG_GETARG_DATUM(0);
 	values[1] = PointerGetDatum(array);
-	values[2] = (Datum) 0;
-	nulls[2] = 'n';
-	if (kind == TRANSITION_ADVANCE)
-	{
-		Datum *targets;
-		int	   ntargets;
-
-		array = transition_batch_array(fcinfo, 3, "target_stages", count, true, true);
-		/* Whatever its lower bound, element i of the array goes with ids[i]. */
-		deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &targets, NULL, &ntargets);
-		for (int i = 0; i < ntargets; i++)
-			check_stage_name(DatumGetTextPP(targets[i]), psprintf("target_stages[%d]", i + 1));
-		values[2] = PointerGetDatum(array);
-		nulls[2] = ' ';
-	}
-	values[3] = (Datum) 0;
-	nulls[3] = 'n';
-	if ((array = transition_batch_array(fcinfo, 4, "merge_states", count, false, false)) != NULL)
-	{
-		Datum *merges;
-		bool  *merge_nulls;
-		int	   n;
-
-		deconstruct_array(array, JSONBOID, -1, false, TYPALIGN_INT, &merges, &merge_nulls, &n);
-		for (int i = 0; i < n; i++)
-			if (!merge_nulls[i] && !JB_ROOT_IS_OBJECT(DatumGetJsonbP(merges[i])))
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("merge_states[%d] must be a JSON object", i + 1)));
-		values[3] = PointerGetDatum(array);
-		nulls[3] = ' ';
-	}
-	values[4] = (Datum) 0;
-	nulls[4] = 'n';
-	if (kind == TRANSITION_PAUSE)
-	{
-		Datum *retries;
-		int	   n;
-
-		array = transition_batch_array(fcinfo, 5, "retry_seconds", count, true, true);
-		deconstruct_array(array, FLOAT8OID, 8, true, TYPALIGN_DOUBLE, &retries, NULL, &n);
-		for (int i = 0; i < n; i++)
-		{
-			double seconds = DatumGetFloat8(retries[i]);
-
-			if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("retry_seconds[%d] must be between 0 and %d seconds, not %g",
-								i + 1, PEPSI_MAX_RETRY_SECONDS, seconds)));
-		}
-		values[4] = PointerGetDatum(array);
-		nulls[4] = ' ';
-	}
-
+	commit_many_set(values, nulls, 2,
+					kind == TRANSITION_ADVANCE ? commit_many_targets(fcinfo, count) : NULL);
+	commit_many_set(values, nulls, 3, commit_many_merges(fcinfo, count));
+	commit_many_set(values, nulls, 4, kind == TRANSITION_PAUSE ? commit_many_retries(fcinfo, count) : NULL);
 	tokens = palloc0(sizeof(pg_uuid_t *) * count);
-	values[5] = (Datum) 0;
-	nulls[5] = 'n';
-	if (PG_NARGS() > 6
-		&& (array = transition_batch_array(fcinfo, 6, "claim_tokens", count, false, false)) != NULL)
-	{
-		Datum *elements;
-		bool  *element_nulls;
-		int	   n;
-
-		deconstruct_array(array, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &elements, &element_nulls, &n);
-		for (int i = 0; i < n; i++)
-			tokens[i] = element_nulls[i] ? NULL : DatumGetUUIDP(elements[i]);
-		values[5] = PointerGetDatum(array);
-		nulls[5] = ' ';
-	}
+	commit_many_set(values, nulls, 5, commit_many_tokens(fcinfo, count, tokens));
 
 	SPI_connect();
 	if (!has_digest && nulls[5] == ' ')

@@ -102,6 +102,21 @@ SELECT count(*) AS slots_held FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid();
 SELECT pepsi.destination_end('pace.example', 0, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600);
 
+-- A delivery's TLS result: written with its outcome (a healthy destination
+-- gets a row for it), again only when it changed.
+SELECT pepsi.destination_end('tls.example', NULL, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600,
+    0.1, 'dane', 'dane verified (usage 3)');
+SELECT tls_policy, tls_outcome, tls_at IS NOT NULL AS written FROM pepsi.destination WHERE domain = 'tls.example';
+UPDATE pepsi.destination SET tls_at = '2000-01-01 00:00:00+00' WHERE domain = 'tls.example';
+SELECT pepsi.destination_end('tls.example', NULL, 'connected', NULL, NULL, NULL, NULL, NULL, 3, 60, 3600,
+    0.1, 'dane', 'dane verified (usage 3)');
+SELECT tls_at = '2000-01-01 00:00:00+00' AS not_written_again FROM pepsi.destination WHERE domain = 'tls.example';
+SELECT pepsi.destination_end('tls.example', NULL, 'unreachable', 'certificate mismatch', NULL, NULL, NULL, NULL,
+    3, 60, 3600, NULL, 'dane', 'dane failed: validation-failure');
+SELECT failures, tls_policy, tls_outcome, tls_at > '2000-01-01 00:00:00+00' AS written
+FROM pepsi.destination WHERE domain = 'tls.example';
+SELECT domain, tls_policy, tls_outcome FROM pepsi.destination_overview() WHERE domain = 'tls.example';
+
 -- Refusals.
 SELECT pepsi.destination_set_limits('Slow.Example', 1, 1);
 SELECT pepsi.destination_set_limits('slow.example', 0, NULL);

@@ -84,7 +84,7 @@ milter_read_options(const struct pepsi_config *cfg, const char *section, struct 
  * The filters of this worker, kept open across messages, with the
  * settings of their braces, and the MILTERS they came from.
  */
-static struct milter_filter **milter_filters;
+static struct milter_client **milter_filters;
 static struct milter_entry	 *milter_entries;
 static size_t				  milter_nfilters;
 static char					 *milter_filters_key;
@@ -93,7 +93,7 @@ static void
 milter_close_filters(void)
 {
 	for (size_t i = 0; i < milter_nfilters; i++)
-		milter_filter_free(milter_filters[i]);
+		milter_client_free(milter_filters[i]);
 	free(milter_filters);
 	milters_free(milter_entries, milter_nfilters);
 	milter_filters = NULL;
@@ -105,7 +105,7 @@ milter_close_filters(void)
 
 /* Parse a MILTERS value into filters (or just check it, when filters is NULL). */
 static bool
-milter_parse_list(const char *milters, struct milter_filter ***filters, struct milter_entry **entries,
+milter_parse_list(const char *milters, struct milter_client ***filters, struct milter_entry **entries,
 				  size_t *count, char *err, size_t errlen)
 {
 	struct milter_entry *parsed;
@@ -115,12 +115,12 @@ milter_parse_list(const char *milters, struct milter_filter ***filters, struct m
 		return false;
 	for (size_t i = 0; i < n; i++)
 	{
-		struct milter_filter *f = milter_filter_new(parsed[i].address, err, errlen);
+		struct milter_client *f = milter_client_new(parsed[i].address, err, errlen);
 
 		if (f == NULL)
 		{
 			for (size_t k = 0; filters && k < i; k++)
-				milter_filter_free((*filters)[k]);
+				milter_client_free((*filters)[k]);
 			if (filters)
 			{
 				free(*filters);
@@ -131,7 +131,7 @@ milter_parse_list(const char *milters, struct milter_filter ***filters, struct m
 		}
 		if (filters == NULL)
 		{
-			milter_filter_free(f);
+			milter_client_free(f);
 			continue;
 		}
 		*filters = xrealloc(*filters, (i + 1) * sizeof(**filters));
@@ -220,7 +220,7 @@ milter_run_filters(const struct milter_options *o, struct milter_message *m,
 		struct milter_timeouts	   timeouts = milter_timeouts_of(o, i);
 		enum milter_default_action default_action = milter_default_action_of(o, i);
 		enum milter_verdict		   v = milter_filter_run(milter_filters[i], m, source, &timeouts, &reply);
-		const char				  *name = milter_filter_name(milter_filters[i]);
+		const char				  *name = milter_client_name(milter_filters[i]);
 
 		json_array_append_new(out->filters, json_pack("{s:s,s:s,s:s?}", "milter", name,
 													  "verdict", milter_verdict_name(v), "reply", reply));

@@ -271,22 +271,3 @@ milter_message_delete_rcpt(struct milter_message *m, const char *address)
 	m->deleted = xrealloc(m->deleted, (m->ndeleted + 1) * sizeof(char *));
 	m->deleted[m->ndeleted++] = milter_bare_address(address);
 }
-
-const char *
-milter_verdict_name(enum milter_verdict verdict)
-{
-	switch (verdict)
-	{
-		case MILTER_VERDICT_ACCEPT:
-			return "accept";
-		case MILTER_VERDICT_REJECT:
-			return "reject";
-		case MILTER_VERDICT_TEMPFAIL:
-			return "tempfail";
-		case MILTER_VERDICT_DISCARD:
-			return "discard";
-		case MILTER_VERDICT_UNAVAILABLE:
-			return "unavailable";
-	}
-	return "?";
-}

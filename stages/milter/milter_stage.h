@@ -5,9 +5,10 @@
  *              the body, the envelope and each recipient's fate
  *   milters.c  the MILTERS option: the filters in order, each with the
  *              settings of its braces ({ address, command_timeout=10s })
- *   filter.c   one filter: its persistent connection, the negotiation and
- *              the conversation about one message (common/message/milter.h speaks
- *              the packets)
+ *   filter.c   one filter shown one message: the row walked through the
+ *              protocol steps of common/message/milter_client.h (the
+ *              connection, the negotiation, the replies), the macros
+ *              from state.origin, the edits applied
  *   main.c     the stage: options, the filters in order, the verdict and
  *              the terminal that records it
  */
@@ -22,6 +23,7 @@
 
 #include "base/buf.h"
 #include "message/milter.h"
+#include "message/milter_client.h"
 
 struct milter_header
 {
@@ -90,24 +92,6 @@ void milter_message_delete_rcpt(struct milter_message *m, const char *address);
 /* An address as the row stores it: the angle brackets a filter may send taken off. */
 char *milter_bare_address(const char *address);
 
-enum milter_verdict
-{
-	MILTER_VERDICT_ACCEPT = 0, /* accept or continue: the message goes on */
-	MILTER_VERDICT_REJECT,
-	MILTER_VERDICT_TEMPFAIL,
-	MILTER_VERDICT_DISCARD,
-	MILTER_VERDICT_UNAVAILABLE /* the filter could not be asked: DEFAULT_ACTION decides */
-};
-
-const char *milter_verdict_name(enum milter_verdict verdict);
-
-struct milter_timeouts
-{
-	long connect_ms;
-	long command_ms;
-	long final_ms; /* end of message: the filter scans the content */
-};
-
 /* What the filter's macros are made of: from state.origin and the envelope. */
 struct milter_macro_source
 {
@@ -136,13 +120,6 @@ bool milters_parse(const char *value, struct milter_entry **out, size_t *count, 
 				   size_t errlen);
 void milters_free(struct milter_entry *entries, size_t count);
 
-struct milter_filter;
-
-/* A filter at address (common/message/milter.h's forms); connected on first use. */
-struct milter_filter *milter_filter_new(const char *address_text, char *err, size_t errlen);
-void				  milter_filter_free(struct milter_filter *f);
-const char			 *milter_filter_name(const struct milter_filter *f);
-
 /*
  * Show the message to the filter and apply its edits to m.  Returns the
  * verdict; reply holds the filter's reply text (for reject and tempfail)
@@ -151,7 +128,7 @@ const char			 *milter_filter_name(const struct milter_filter *f);
  * filter's end-of-message edits are applied only once its final reply
  * lets the message go on; recipients it refused at RCPT stay refused.
  */
-enum milter_verdict milter_filter_run(struct milter_filter *f, struct milter_message *m,
+enum milter_verdict milter_filter_run(struct milter_client *c, struct milter_message *m,
 									  const struct milter_macro_source *macros,
 									  const struct milter_timeouts *timeouts, char **reply);
 

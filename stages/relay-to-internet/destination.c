@@ -384,7 +384,7 @@ destination_end(PGconn *conn, const char *domain, int slot, const struct destina
 	char		base[32];
 	char		max[32];
 	char		seconds[32];
-	const char *values[12];
+	const char *values[14];
 	PGresult   *res;
 	bool		ok;
 
@@ -405,10 +405,15 @@ destination_end(PGconn *conn, const char *domain, int slot, const struct destina
 	values[10] = max;
 	snprintf(seconds, sizeof(seconds), "%.3f", e->seconds);
 	values[11] = seconds;
+	values[12] = e->tls_policy;
+	values[13] = e->tls_outcome;
+	/* (The TLS result only when there is one: the call stays the one a 0.4 schema takes.) */
 	res = db_exec(conn,
-				  "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[], $8::inet[],"
-				  " $9, $10, $11, $12)",
-				  12, values);
+				  e->tls_policy ? "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
+								  " $8::inet[], $9, $10, $11, $12, $13, $14)"
+								: "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
+								  " $8::inet[], $9, $10, $11, $12)",
+				  e->tls_policy ? 14 : 12, values);
 	ok = destination_ok(res, conn, "pepsi.destination_end", err, errlen) && PQntuples(res) == 1;
 	*contended = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);

@@ -106,6 +106,9 @@ struct destination_end
 	double		backoff_base;
 	double		backoff_max;
 	double		seconds; /* the delivery's duration */
+	/* The TLS policy the delivery was made under and what it gave (NULL: nothing to record). */
+	const char *tls_policy;
+	const char *tls_outcome;
 };
 /* *contended: the destination has more takers than connections (close the session). */
 bool destination_end(PGconn *conn, const char *domain, int slot, const struct destination_end *e,

@@ -16,6 +16,20 @@
  * the multi-call binary it also runs fused after a body-free stage (route)
  * with its body loaded late in that pass (common/runtime/stage.h late_load).
  *
+ * OAuth 2.0 (XOAUTH2, OAUTHBEARER).  The access token is a file of the
+ * pepsi-token group (root:pepsi-token, 0640) that
+ * pepsi-helper-token-refresh replaces before the token expires; make
+ * install makes this program's own file set-group-id pepsi-token, so
+ * only it (and not every stage of the multi-call binary) can read the
+ * tokens.  With AUTH_MECHANISM set to a token the stage therefore never
+ * runs fused in another stage's worker (which lacks the group): relay_can_fuse
+ * says no, the row is committed to this stage, and pepsi-dispatch runs the
+ * set-group-id file.  The token is read when a session opens, and the
+ * session is kept only while the file is the same one (inode, size,
+ * mtime): a refreshed token is used from the next connection on, and a
+ * token the server refuses defers the message (4.7.0 with the server's
+ * reason) until the file changes.
+ *
  * Options of its [stage-*] section (besides delivery.h's):
  *   SMARTHOST          host, host:port, [address]:port (port 25 by default);
  *                      unset: remote mail is held paused, with a log line
@@ -24,6 +38,9 @@
  *   TLS_NAME           the name the certificate must carry (default: the host)
  *   AUTH_USER, AUTH_PASSWORD_FILE   AUTH PLAIN/LOGIN (never in the clear
  *                      unless TLS = none)
+ *   AUTH_MECHANISM     password (default) | xoauth2 | oauthbearer: with
+ *                      OAuth, AUTH_TOKEN_FILE's access token instead of
+ *                      a password (common/smtp/smtp_auth.c)
  *   HELO_NAME          (default [pepsi] HOSTNAME)
  *   CONNECT_TIMEOUT (30s), TIMEOUT (5m, each reply), REUSE_MESSAGES (1000),
  *   REUSE_IDLE (60s: an older idle session is closed rather than reused)
@@ -33,11 +50,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "delivery/delivery.h"
+#include "process/privilege.h"
 #include "process/secret.h"
 #include "runtime/stage.h"
 #include "smtp/smtp_client.h"
@@ -52,30 +71,85 @@ static struct smtp_client *relay_client;
 static char				  *relay_client_key;
 static bool				   relay_close_at_exit; /* relay_close_client registered with atexit */
 
+/* The first line of a credential file (a password or an access token), or NULL with err. */
+static char *
+relay_read_first_line(FILE *f)
+{
+	char   line[8192]; /* access tokens (JWTs) run to a few kilobytes */
+	size_t n;
+	char  *value;
+
+	if (fgets(line, sizeof(line), f) == NULL)
+		line[0] = '\0';
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	line[n] = '\0';
+	value = xstrdup(line);
+	explicit_bzero(line, sizeof(line));
+	return value;
+}
+
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
 {
-	char   why[256];
-	FILE  *f = secret_file_open(path, why, sizeof(why));
-	char   line[1024];
-	size_t n;
+	char  why[256];
+	FILE *f = secret_file_open(path, why, sizeof(why));
 
 	if (f == NULL)
 	{
 		snprintf(err, errlen, "cannot read AUTH_PASSWORD_FILE %s", why);
 		return NULL;
 	}
-	if (fgets(line, sizeof(line), f) == NULL)
-		line[0] = '\0';
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = '\0';
-	{
-		char *password = xstrdup(line);
+	return relay_read_first_line(f);
+}
 
-		explicit_bzero(line, sizeof(line));
-		return password;
+/* The access token of AUTH_TOKEN_FILE; NULL with err if unreadable or empty. */
+static char *
+relay_read_token(const char *path, char *err, size_t errlen)
+{
+	char  why[256];
+	FILE *f;
+	char *token;
+
+	/*
+	 * Installed set-group-id pepsi-token, the group is set aside at start
+	 * (privilege_setid_start) and taken up for this open only: nothing
+	 * else the worker opens is opened with it.
+	 */
+	if (!privilege_exec_group(true, err, errlen))
+		return NULL;
+	f = secret_group_file_open(path, why, sizeof(why));
+	if (!privilege_exec_group(false, why, sizeof(why)))
+		fatalx("[relay-to-smarthost] %s", why);
+	if (f == NULL)
+	{
+		snprintf(err, errlen, "cannot read AUTH_TOKEN_FILE %s (is pepsi-helper-token-refresh run, "
+							  "and this program set-group-id pepsi-token?)",
+				 why);
+		return NULL;
 	}
+	token = relay_read_first_line(f);
+	if (*token == '\0')
+	{
+		snprintf(err, errlen, "AUTH_TOKEN_FILE %s holds no token", path);
+		free(token);
+		return NULL;
+	}
+	return token;
+}
+
+/* Which file the token is now: a refresh replaces it (rename), so the session key changes. */
+static void
+relay_token_identity(const char *path, char *out, size_t outlen)
+{
+	struct stat st;
+
+	if (path == NULL || stat(path, &st) != 0)
+		snprintf(out, outlen, "-");
+	else
+		snprintf(out, outlen, "%llu:%llu:%lld:%lld.%09ld", (unsigned long long) st.st_dev,
+				 (unsigned long long) st.st_ino, (long long) st.st_size, (long long) st.st_mtim.tv_sec,
+				 st.st_mtim.tv_nsec);
 }
 
 static void
@@ -93,7 +167,10 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 {
 	struct smtp_client_options o = {0};
 	const char				  *password_file = pepsi_option(ctx, "AUTH_PASSWORD_FILE");
+	const char				  *token_file = pepsi_option(ctx, "AUTH_TOKEN_FILE");
+	enum smtp_auth_mechanism   mechanism = (enum smtp_auth_mechanism) pepsi_option_enum(ctx, "AUTH_MECHANISM");
 	const char				  *helo_name = pepsi_option(ctx, "HELO_NAME");
+	char					   token_identity[128];
 	char					  *host = NULL;
 	char					  *port = NULL;
 	char					  *password = NULL;
@@ -101,7 +178,9 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 
 	if (helo_name == NULL)
 		helo_name = config_hostname(pepsi_config(ctx));
-	key = xasprintf("%s|%d|%s|%s|%s|%s|%s|%lld|%.3f|%.3f|%s|%.3f", smarthost,
+	relay_token_identity(mechanism == SMTP_AUTH_PASSWORD ? NULL : token_file, token_identity,
+						 sizeof(token_identity));
+	key = xasprintf("%s|%d|%s|%s|%s|%s|%s|%lld|%.3f|%.3f|%s|%.3f|%d|%s", smarthost,
 					pepsi_option_enum(ctx, "TLS"),
 					pepsi_option(ctx, "TLS_CA_FILE") ? pepsi_option(ctx, "TLS_CA_FILE") : "",
 					pepsi_option(ctx, "TLS_NAME") ? pepsi_option(ctx, "TLS_NAME") : "",
@@ -109,7 +188,7 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 					password_file ? password_file : "", helo_name,
 					pepsi_option_int(ctx, "REUSE_MESSAGES"), pepsi_option_seconds(ctx, "CONNECT_TIMEOUT"),
 					pepsi_option_seconds(ctx, "TIMEOUT"), pepsi_stage_name(ctx),
-					pepsi_option_seconds(ctx, "REUSE_IDLE"));
+					pepsi_option_seconds(ctx, "REUSE_IDLE"), (int) mechanism, token_identity);
 	if (relay_client && strcmp(key, relay_client_key) == 0)
 	{
 		free(key);
@@ -123,7 +202,17 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 		return NULL;
 	}
 	o.tls = (enum smtp_tls_mode) pepsi_option_enum(ctx, "TLS");
-	if (pepsi_option(ctx, "AUTH_USER"))
+	if (pepsi_option(ctx, "AUTH_USER") && mechanism != SMTP_AUTH_PASSWORD)
+	{
+		if (token_file == NULL)
+		{
+			snprintf(err, errlen, "AUTH_MECHANISM is a token but AUTH_TOKEN_FILE is not set");
+			goto err;
+		}
+		if ((password = relay_read_token(token_file, err, errlen)) == NULL)
+			goto err;
+	}
+	else if (pepsi_option(ctx, "AUTH_USER"))
 	{
 		if (password_file == NULL)
 		{
@@ -140,6 +229,7 @@ relay_client_for(struct pepsi_ctx *ctx, const char *smarthost, char *err, size_t
 	o.helo_name = helo_name;
 	o.auth_user = pepsi_option(ctx, "AUTH_USER");
 	o.auth_password = password;
+	o.auth_mechanism = mechanism;
 	o.connect_timeout_ms = (int) (pepsi_option_seconds(ctx, "CONNECT_TIMEOUT") * 1000);
 	o.command_timeout_ms = (int) (pepsi_option_seconds(ctx, "TIMEOUT") * 1000);
 	o.max_messages_per_connection = (int) pepsi_option_int(ctx, "REUSE_MESSAGES");
@@ -232,11 +322,15 @@ relay_run(struct pepsi_ctx *ctx)
 	return rc;
 }
 
-/* A row with several recipients is split, which a fused pass cannot do. */
+/*
+ * A row with several recipients is split, which a fused pass cannot do;
+ * and with an OAuth token the pass must be this program's own
+ * set-group-id file, the only one that can read the token.
+ */
 static bool
 relay_can_fuse(struct pepsi_ctx *ctx)
 {
-	return pepsi_rcpt_count(ctx) <= 1;
+	return pepsi_rcpt_count(ctx) <= 1 && pepsi_option_enum(ctx, "AUTH_MECHANISM") == SMTP_AUTH_PASSWORD;
 }
 
 /* What the schema cannot say alone: the form of SMARTHOST, and AUTH's file. */
@@ -263,6 +357,35 @@ relay_check_config(const struct pepsi_config *cfg, const char *section, char *er
 	}
 	else
 		log_warnx("%s: [%s] has no SMARTHOST: remote mail will be held paused", cfg->path, section);
+	if (config_enum(cfg, section, "AUTH_MECHANISM") != SMTP_AUTH_PASSWORD)
+	{
+		/*
+		 * The token file is not opened here: a token not yet fetched at
+		 * start is no configuration error (pepsi-helper-token-refresh may
+		 * run later); a delivery without one defers with the reason.
+		 */
+		if (user == NULL || config_get(cfg, section, "AUTH_TOKEN_FILE") == NULL)
+		{
+			snprintf(err, errlen, "%s: [%s] AUTH_MECHANISM %s needs AUTH_USER and AUTH_TOKEN_FILE",
+					 cfg->path, section, config_get(cfg, section, "AUTH_MECHANISM"));
+			return false;
+		}
+		if (password_file)
+		{
+			snprintf(err, errlen, "%s: [%s] has both AUTH_PASSWORD_FILE and AUTH_MECHANISM %s: "
+								  "choose one",
+					 cfg->path, section, config_get(cfg, section, "AUTH_MECHANISM"));
+			return false;
+		}
+		return true;
+	}
+	if (config_get(cfg, section, "AUTH_TOKEN_FILE"))
+	{
+		snprintf(err, errlen, "%s: [%s] has AUTH_TOKEN_FILE but AUTH_MECHANISM is password "
+							  "(set xoauth2 or oauthbearer)",
+				 cfg->path, section);
+		return false;
+	}
 	if (user && password_file == NULL)
 	{
 		snprintf(err, errlen, "%s: [%s] has AUTH_USER but no AUTH_PASSWORD_FILE", cfg->path, section);

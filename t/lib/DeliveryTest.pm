@@ -25,7 +25,7 @@ use PepsiTest;
 our @EXPORT = qw(
   delivery_node delivery_config start_peer start_server start_sink start_sink_on stop_process inject
   maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox start_ingress
-  recording_maildir_writer
+  recording_maildir_writer operator_config
 );
 
 my $db = 'postgres';
@@ -132,6 +132,22 @@ sub delivery_config
 		dispatch => { WORKER_IDLE_TIMEOUT => '30s', %{ $o{dispatch} // {} } },
 		stages => $stages,
 		($o{path} ? (path => $o{path}) : ()));
+}
+
+# The pipeline's configuration $config with [database] CONFIG_CONNINFO
+# naming the login role $user (a member of pepsi_config), for an operator
+# tool beside the pipeline; returns the new file's path.
+sub operator_config
+{
+	my ($node, $config, $user) = @_;
+	my $path = "$config.$user";
+
+	open my $fh, '>', $path or die "$path: $!";
+	print $fh slurp($config)
+	  . sprintf("[database]\nCONFIG_CONNINFO = host=%s port=%d dbname=%s user=%s\n",
+		$node->host, $node->port, $db, $user);
+	close $fh;
+	return $path;
 }
 
 # Start pepsi-ingress -c $config, its output appended to $log, and wait

@@ -400,6 +400,17 @@ async function refreshMessage() {
 
 /* ---- Destinations, the delivery log, the configuration ---- */
 
+// The TLS policy of a destination's last delivery and what it gave, else the MTA-STS policy held for it.
+const TLS_POLICY_NAMES = {
+  "dane": "DANE", "dane-encrypt": "DANE (encryption only)", "sts enforce": "MTA-STS enforce",
+  "sts testing": "MTA-STS testing", "sts none": "MTA-STS none", "opportunistic": "opportunistic",
+};
+function tlsPolicyText(d) {
+  if (!d.tls_policy) return "none known (opportunistic)";
+  const name = TLS_POLICY_NAMES[d.tls_policy] || d.tls_policy;
+  return d.tls_outcome ? name + ": " + d.tls_outcome : name;
+}
+
 async function refreshDestinations() {
   const rows = (await api("GET", "/api/destinations")) || [];
   const tbody = $("destinations").querySelector("tbody");
@@ -417,7 +428,7 @@ async function refreshDestinations() {
     if (d.concurrency_limit) limits.push(d.concurrency_limit + " at once");
     if (d.messages_per_minute) limits.push(d.messages_per_minute + "/min");
     cell(row, limits.join(", "));
-    cell(row, d.tls_policy ? "MTA-STS " + d.tls_policy : "none known (opportunistic)", "tls-policy");
+    cell(row, tlsPolicyText(d), "tls-policy");
     tbody.appendChild(row);
   }
   $("destinations-empty").hidden = rows.length > 0;

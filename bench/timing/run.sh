@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/timing: how soon things happen that the TAP tests only order.
+#
+# A TAP test asserts what must come before what (a row claimed before the
+# sender cache's periodic rebuild, a wake before the end of its interval),
+# which load cannot fail; how soon it comes is measured here.  Each file
+# of $BENCH_TIMING_TAP notes its measures as "# timing NAME SECONDS"; this
+# runs them $BENCH_REPEATS times (scripts/check.sh, the TAP files alone)
+# and prints each measure's median, its spread (min..max) and the bound a
+# quiet machine meets, which the tests asserted before they left time
+# here:
+#   claim_below_floor_seconds       t/016: a row committed below the claim's
+#                                   floor is claimed within 10 s (the floor
+#                                   is re-read from 0 every 5 s)
+#   ingress_wake_lone_seconds       t/039_ingress_wake: a lone message
+#   ingress_wake_new_client_seconds wakes the dispatcher within 1.5 s of its
+#                                   admission (as does a new client's), not
+#                                   at the end of DISPATCH_WAKE_INTERVAL
+# The machine's load average is printed with them: on a loaded machine
+# the medians say little.  Reports, does not judge (bench/run-all.sh).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+
+repeats=${BENCH_REPEATS:-5}
+files=${BENCH_TIMING_TAP:-t/016_claim_below_floor.pl t/039_ingress_wake.pl}
+out_dir="$top/bench/out"
+mkdir -p "$out_dir"
+log="$out_dir/timing.log"
+: >"$log"
+
+declare -A bound=(
+    [claim_below_floor_seconds]=10
+    [ingress_wake_lone_seconds]=1.5
+    [ingress_wake_new_client_seconds]=1.5
+)
+
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+for i in $(seq 1 "$repeats"); do
+    echo "run $i of $repeats"
+    if ! PEPSI_TAP="$files" PEPSI_SKIP="unit regress sanitize" "$top/scripts/check.sh" >"$out_dir/timing-run.log" 2>&1; then
+        cat "$out_dir/timing-run.log" >&2
+        echo "bench/timing: run $i failed (its tests above)" >&2
+        exit 1
+    fi
+    grep -oE '^# timing [a-z_]+ [0-9.]+' "$out_dir/timing-run.log" | cut -d' ' -f3- >>"$log"
+done
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+printf '%-34s %8s %18s %8s\n' measure median 'spread (min..max)' bound
+for name in $(cut -d' ' -f1 "$log" | sort -u); do
+    awk -v name="$name" '$1 == name { print $2 }' "$log" | sort -n | awk -v name="$name" -v bound="${bound[$name]:-?}" '
+        { v[++n] = $1 }
+        END {
+            median = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+            printf "%-34s %8.3f %8.3f..%-8.3f %8s\n", name, median, v[1], v[n], bound
+        }'
+done

@@ -1,0 +1,697 @@
+/*
+ * pepsi-dmarc-report: send DMARC aggregate reports (RFC 7489 7.2).
+ *
+ *   pepsi-dmarc-report [-C config] [--day YYYY-MM-DD | --begin EPOCH --end EPOCH]
+ *                      [--domain DOMAIN] [--dry-run]
+ *
+ * For the period (by default yesterday, UTC), and each domain whose policy
+ * applied to messages pepsi-ingress received (pepsi.dmarc_aggregate,
+ * dmarc_tally.c), it reads the domain's DMARC record again, builds the
+ * XML feedback (docs/dmarc-aggregate.xsd, RFC 7489 appendix C), compresses
+ * it with gzip and queues it as a message to each of the record's rua
+ * addresses (pepsi.dmarc_report_inject, marked as Pepsi's own mail, once
+ * per report and address).  A rua that is not a mailto: URI with one
+ * address is refused, and one whose domain is outside the policy domain's
+ * organization is used only when that domain authorises it (RFC 7489 7.1:
+ * a "v=DMARC1" TXT record at <policy domain>._report._dmarc.<rua domain>);
+ * each refusal is logged with its reason.  Run daily (a systemd timer, or
+ * a pepsi.schedule row injecting at a stage that runs it).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+#include <zlib.h>
+
+#include "auth/dmarc.h"
+#include "base/base64.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "config/log_config.h"
+#include "dns/dns.h"
+#include "process/cli.h"
+#include "runtime/db.h"
+
+int pepsi_dmarc_report_main(int argc, char **argv);
+
+#define DR_PROGRAM "pepsi-dmarc-report"
+#define DR_SECTION "dmarc-report"
+#define DR_MAX_RUA 8
+
+struct dr_context
+{
+	PGconn				*conn;
+	struct dns_resolver *resolver;
+	const char			*hostname;
+	const char			*org_name;
+	const char			*sender;
+	const char			*stage;
+	long long			 begin;
+	long long			 end;
+	bool				 dry_run;
+	int					 sent;
+	int					 refused;
+};
+
+static void
+dr_usage(FILE *out)
+{
+	fprintf(out, "usage: " DR_PROGRAM " [-C CONFIG] [--day YYYY-MM-DD | --begin EPOCH --end EPOCH]\n"
+				 "       [--domain DOMAIN] [--dry-run]\n"
+				 "  send the DMARC aggregate reports of a period (default: yesterday, UTC)\n");
+}
+
+static void
+dr_xml_text(struct buf *b, const char *s)
+{
+	for (; *s; s++)
+		switch (*s)
+		{
+			case '&':
+				buf_append_str(b, "&amp;");
+				break;
+			case '<':
+				buf_append_str(b, "&lt;");
+				break;
+			case '>':
+				buf_append_str(b, "&gt;");
+				break;
+			case '"':
+				buf_append_str(b, "&quot;");
+				break;
+			default:
+				if ((unsigned char) *s >= 0x20 || *s == '\t')
+					buf_append_char(b, *s);
+		}
+}
+
+static void
+dr_xml_element(struct buf *b, const char *indent, const char *name, const char *value)
+{
+	buf_printf(b, "%s<%s>", indent, name);
+	dr_xml_text(b, value);
+	buf_printf(b, "</%s>\n", name);
+}
+
+/* The first TXT record at name that starts with prefix, or NULL (*status says why). */
+static char *
+dr_txt(struct dns_resolver *r, const char *name, const char *prefix, enum dns_status *status)
+{
+	struct dns_answer a;
+	char			 *found = NULL;
+
+	dns_resolve_sync(r, name, DNS_TYPE_TXT, &a);
+	*status = a.status;
+	for (size_t i = 0; a.status == DNS_OK && i < a.count && !found; i++)
+		if (a.records[i].type == DNS_TYPE_TXT && a.records[i].text
+			&& strlen(a.records[i].text) == a.records[i].len
+			&& strncmp(a.records[i].text, prefix, strlen(prefix)) == 0)
+			found = xstrdup(a.records[i].text);
+	dns_answer_free(&a);
+	return found;
+}
+
+/* The value of tag in a DMARC record (RFC 7489 6.4), trimmed, or NULL. */
+static char *
+dr_tag(const char *record, const char *tag)
+{
+	const char *p = record;
+	size_t		taglen = strlen(tag);
+
+	while (*p)
+	{
+		const char *end = strchr(p, ';');
+		const char *stop = end ? end : p + strlen(p);
+
+		while (p < stop && isspace((unsigned char) *p))
+			p++;
+		if ((size_t) (stop - p) > taglen && strncasecmp(p, tag, taglen) == 0)
+		{
+			const char *v = p + taglen;
+
+			while (v < stop && isspace((unsigned char) *v))
+				v++;
+			if (v < stop && *v == '=')
+			{
+				const char *vend = stop;
+
+				v++;
+				while (v < vend && isspace((unsigned char) *v))
+					v++;
+				while (vend > v && isspace((unsigned char) vend[-1]))
+					vend--;
+				return xstrndup(v, (size_t) (vend - v));
+			}
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	return NULL;
+}
+
+/*
+ * One rua URI (RFC 7489 6.2, 6.4): "mailto:" and one address, with an
+ * optional "!size" limit.  The address into out; false with why.
+ */
+static bool
+dr_parse_rua(const char *uri, char *out, size_t outlen, const char **why)
+{
+	const char *addr;
+	const char *bang;
+	const char *at;
+	size_t		len;
+
+	if (strncasecmp(uri, "mailto:", 7) != 0)
+	{
+		*why = "not a mailto: URI (Pepsi sends reports by mail only)";
+		return false;
+	}
+	addr = uri + 7;
+	bang = strchr(addr, '!');
+	len = bang ? (size_t) (bang - addr) : strlen(addr);
+	if (bang)
+	{
+		const char *s = bang + 1;
+
+		if (!isdigit((unsigned char) *s))
+		{
+			*why = "the size limit after \"!\" is not a number";
+			return false;
+		}
+		while (isdigit((unsigned char) *s))
+			s++;
+		if (*s && (strchr("kmgt", *s) == NULL || s[1] != '\0'))
+		{
+			*why = "the size limit after \"!\" is not a number with k, m, g or t";
+			return false;
+		}
+	}
+	at = memchr(addr, '@', len);
+	if (len == 0 || at == NULL || at == addr || at == addr + len - 1 || memchr(at + 1, '@', addr + len - at - 1))
+	{
+		*why = "not one address (local@domain)";
+		return false;
+	}
+	for (const char *p = addr; p < addr + len; p++)
+		if (!isgraph((unsigned char) *p) || strchr("<>()[]\\,;:\"%", *p))
+		{
+			*why = "the address holds a character no address may (or a %-escape)";
+			return false;
+		}
+	for (const char *p = at + 1; p < addr + len; p++)
+		if (!isalnum((unsigned char) *p) && *p != '-' && *p != '.')
+		{
+			*why = "the address's domain is not a host name";
+			return false;
+		}
+	if (len >= outlen)
+	{
+		*why = "the address is too long";
+		return false;
+	}
+	memcpy(out, addr, len);
+	out[len] = '\0';
+	for (char *p = strchr(out, '@'); p && *p; p++)
+		*p = (char) tolower((unsigned char) *p);
+	return true;
+}
+
+/*
+ * RFC 7489 7.1: may reports for policy_domain go to rua_domain?  Yes when
+ * both have the same organizational domain; otherwise rua_domain must
+ * publish "v=DMARC1" at <policy_domain>._report._dmarc.<rua_domain>.
+ */
+static bool
+dr_rua_authorised(struct dr_context *ctx, const char *policy_domain, const char *rua_domain, char *why,
+				  size_t whylen)
+{
+	char		   *org_policy = dmarc_organizational_domain(policy_domain);
+	char		   *org_rua = dmarc_organizational_domain(rua_domain);
+	bool			same = org_policy && org_rua && strcasecmp(org_policy, org_rua) == 0;
+	char			name[600];
+	char		   *record;
+	enum dns_status status;
+
+	free(org_policy);
+	free(org_rua);
+	if (same)
+		return true;
+	snprintf(name, sizeof(name), "%s._report._dmarc.%s", policy_domain, rua_domain);
+	record = dr_txt(ctx->resolver, name, "v=DMARC1", &status);
+	if (record)
+	{
+		free(record);
+		return true;
+	}
+	snprintf(why, whylen, "%s is outside %s and does not authorise its reports: %s at %s",
+			 rua_domain, policy_domain,
+			 status == DNS_OK || status == DNS_NXDOMAIN ? "no \"v=DMARC1\" TXT record"
+			 : status == DNS_TIMEOUT					? "the lookup timed out for"
+														: "the lookup failed for",
+			 name);
+	return false;
+}
+
+/* The <feedback> document for one domain, or false when it has no rows. */
+static bool
+dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, const char *report_id,
+			 struct buf *xml)
+{
+	char		begin[24];
+	char		end[24];
+	const char *values[3] = {domain, begin, end};
+	PGresult   *res;
+	char	   *p = dr_tag(record, "p");
+	char	   *sp = dr_tag(record, "sp");
+	char	   *adkim = dr_tag(record, "adkim");
+	char	   *aspf = dr_tag(record, "aspf");
+	char	   *pct = dr_tag(record, "pct");
+	char	   *fo = dr_tag(record, "fo");
+	int			n;
+
+	snprintf(begin, sizeof(begin), "%lld", ctx->begin);
+	snprintf(end, sizeof(end), "%lld", ctx->end);
+	res = db_exec(ctx->conn,
+				  "SELECT host(source_ip), sum(messages)::text, disposition, dkim, spf, envelope_from, header_from,"
+				  " dkim_domain, dkim_selector, dkim_result, spf_scope, spf_result"
+				  " FROM pepsi.dmarc_aggregate"
+				  " WHERE policy_domain = $1 AND period >= to_timestamp($2::bigint) AND period < to_timestamp($3::bigint)"
+				  " GROUP BY source_ip, disposition, dkim, spf, envelope_from, header_from, dkim_domain,"
+				  " dkim_selector, dkim_result, spf_scope, spf_result"
+				  " ORDER BY source_ip, header_from, disposition, dkim, spf, envelope_from, dkim_domain",
+				  3, values);
+	n = PQresultStatus(res) == PGRES_TUPLES_OK ? PQntuples(res) : -1;
+	if (n < 0)
+		cli_db_error(DR_PROGRAM, res, ctx->conn);
+	if (n > 0)
+	{
+		const char *const policies[] = {"none", "quarantine", "reject"};
+		const char		 *p_ok = "none";
+		const char		 *sp_ok;
+
+		for (int i = 0; i < 3; i++)
+			if (p && strcasecmp(p, policies[i]) == 0)
+				p_ok = policies[i];
+		sp_ok = p_ok;
+		for (int i = 0; i < 3; i++)
+			if (sp && strcasecmp(sp, policies[i]) == 0)
+				sp_ok = policies[i];
+		buf_append_str(xml, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<feedback>\n  <version>1.0</version>\n"
+							"  <report_metadata>\n");
+		dr_xml_element(xml, "    ", "org_name", ctx->org_name);
+		dr_xml_element(xml, "    ", "email", ctx->sender);
+		dr_xml_element(xml, "    ", "report_id", report_id);
+		buf_printf(xml, "    <date_range>\n      <begin>%lld</begin>\n      <end>%lld</end>\n    </date_range>\n",
+				   ctx->begin, ctx->end - 1);
+		buf_append_str(xml, "  </report_metadata>\n  <policy_published>\n");
+		dr_xml_element(xml, "    ", "domain", domain);
+		dr_xml_element(xml, "    ", "adkim", adkim && strcasecmp(adkim, "s") == 0 ? "s" : "r");
+		dr_xml_element(xml, "    ", "aspf", aspf && strcasecmp(aspf, "s") == 0 ? "s" : "r");
+		dr_xml_element(xml, "    ", "p", p_ok);
+		dr_xml_element(xml, "    ", "sp", sp_ok);
+		buf_printf(xml, "    <pct>%d</pct>\n", pct ? atoi(pct) : 100);
+		dr_xml_element(xml, "    ", "fo", fo ? fo : "0");
+		buf_append_str(xml, "  </policy_published>\n");
+		for (int i = 0; i < n; i++)
+		{
+			buf_append_str(xml, "  <record>\n    <row>\n");
+			dr_xml_element(xml, "      ", "source_ip", PQgetvalue(res, i, 0));
+			dr_xml_element(xml, "      ", "count", PQgetvalue(res, i, 1));
+			buf_append_str(xml, "      <policy_evaluated>\n");
+			dr_xml_element(xml, "        ", "disposition", PQgetvalue(res, i, 2));
+			dr_xml_element(xml, "        ", "dkim", PQgetvalue(res, i, 3));
+			dr_xml_element(xml, "        ", "spf", PQgetvalue(res, i, 4));
+			buf_append_str(xml, "      </policy_evaluated>\n    </row>\n    <identifiers>\n");
+			dr_xml_element(xml, "      ", "envelope_from", PQgetvalue(res, i, 5));
+			dr_xml_element(xml, "      ", "header_from", PQgetvalue(res, i, 6));
+			buf_append_str(xml, "    </identifiers>\n    <auth_results>\n");
+			if (*PQgetvalue(res, i, 7))
+			{
+				buf_append_str(xml, "      <dkim>\n");
+				dr_xml_element(xml, "        ", "domain", PQgetvalue(res, i, 7));
+				if (*PQgetvalue(res, i, 8))
+					dr_xml_element(xml, "        ", "selector", PQgetvalue(res, i, 8));
+				dr_xml_element(xml, "        ", "result", *PQgetvalue(res, i, 9) ? PQgetvalue(res, i, 9) : "none");
+				buf_append_str(xml, "      </dkim>\n");
+			}
+			buf_append_str(xml, "      <spf>\n");
+			dr_xml_element(xml, "        ", "domain", PQgetvalue(res, i, 5));
+			dr_xml_element(xml, "        ", "scope", PQgetvalue(res, i, 10));
+			dr_xml_element(xml, "        ", "result", PQgetvalue(res, i, 11));
+			buf_append_str(xml, "      </spf>\n    </auth_results>\n  </record>\n");
+		}
+		buf_append_str(xml, "</feedback>\n");
+	}
+	PQclear(res);
+	free(p);
+	free(sp);
+	free(adkim);
+	free(aspf);
+	free(pct);
+	free(fo);
+	return n > 0;
+}
+
+/* gzip (RFC 1952) of data into out; false if zlib fails. */
+static bool
+dr_gzip(const char *data, size_t len, struct buf *out)
+{
+	z_stream z;
+	int		 rc;
+
+	memset(&z, 0, sizeof(z));
+	if (deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+		return false;
+	buf_reserve(out, deflateBound(&z, (uLong) len));
+	z.next_in = (Bytef *) (uintptr_t) data;
+	z.avail_in = (uInt) len;
+	z.next_out = (Bytef *) out->data + out->len;
+	z.avail_out = (uInt) deflateBound(&z, (uLong) len);
+	rc = deflate(&z, Z_FINISH);
+	if (rc == Z_STREAM_END)
+		out->len += z.total_out;
+	deflateEnd(&z);
+	return rc == Z_STREAM_END;
+}
+
+/* Queue the report to one rua address. */
+static void
+dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char *report_id,
+		const struct buf *gz)
+{
+	struct buf	headers = BUF_INIT;
+	struct buf	body = BUF_INIT;
+	struct buf	b64 = BUF_INIT;
+	char		date[64];
+	char		filename[700];
+	time_t		now = time(NULL);
+	struct tm	tm;
+	char		hlen[24];
+	char		blen[24];
+	const char *values[7];
+	int			lengths[7] = {0};
+	int			formats[7] = {0};
+	PGresult   *res;
+
+	gmtime_r(&now, &tm);
+	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
+	/* RFC 7489 7.2.1.1: receiver!policy-domain!begin!end.xml.gz */
+	snprintf(filename, sizeof(filename), "%s!%s!%lld!%lld.xml.gz", ctx->hostname, domain, ctx->begin,
+			 ctx->end - 1);
+	buf_printf(&headers,
+			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
+			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n"
+			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n"
+			   "Content-Type: application/gzip; name=\"%s\"\r\n"
+			   "Content-Disposition: attachment; filename=\"%s\"\r\n"
+			   "Content-Transfer-Encoding: base64\r\n",
+			   ctx->sender, rua, date, domain, ctx->org_name, report_id, report_id, (long long) now,
+			   ctx->hostname, filename, filename);
+	base64_append(&b64, gz->data, gz->len);
+	for (size_t i = 0; i < b64.len; i += 76)
+	{
+		buf_append(&body, b64.data + i, b64.len - i < 76 ? b64.len - i : 76);
+		buf_append_str(&body, "\r\n");
+	}
+	snprintf(hlen, sizeof(hlen), "%zu", headers.len);
+	snprintf(blen, sizeof(blen), "%zu", body.len);
+	values[0] = ctx->stage;
+	values[1] = ctx->sender;
+	values[2] = rua;
+	values[3] = headers.data;
+	values[4] = body.data;
+	values[5] = domain;
+	values[6] = report_id;
+	lengths[3] = (int) headers.len;
+	lengths[4] = (int) body.len;
+	formats[3] = 1;
+	formats[4] = 1;
+	if (ctx->dry_run)
+		printf("%s: would send report %s to <%s> (%zu octets gzipped)\n", domain, report_id, rua, gz->len);
+	else
+	{
+		res = PQexecParams(ctx->conn,
+						   "SELECT coalesce(pepsi.dmarc_report_inject($1, $2, $3, $4, $5, $6, $7)::text, '')",
+						   7, NULL, values, lengths, formats, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			log_warnx("%s: report %s to <%s> not queued: %s", domain, report_id, rua,
+					  PQresultErrorMessage(res));
+			ctx->refused++;
+		}
+		else if (*PQgetvalue(res, 0, 0) == '\0')
+			log_info("%s: report %s to <%s> was queued already", domain, report_id, rua);
+		else
+		{
+			log_info("%s: report %s to <%s> queued as row %s", domain, report_id, rua, PQgetvalue(res, 0, 0));
+			ctx->sent++;
+		}
+		PQclear(res);
+	}
+	buf_free(&headers);
+	buf_free(&body);
+	buf_free(&b64);
+}
+
+/* One domain's report: its record, its rua, the XML, and each destination. */
+static void
+dr_domain(struct dr_context *ctx, const char *domain)
+{
+	char			name[600];
+	enum dns_status status;
+	char		   *record;
+	char		   *rua;
+	char			report_id[700];
+	struct buf		xml = BUF_INIT;
+	struct buf		gz = BUF_INIT;
+	char		   *uri;
+	char		   *save = NULL;
+	int				nuri = 0;
+
+	snprintf(name, sizeof(name), "_dmarc.%s", domain);
+	record = dr_txt(ctx->resolver, name, "v=DMARC1", &status);
+	if (record == NULL)
+	{
+		log_info("%s: no report: %s at %s now", domain,
+				 status == DNS_OK || status == DNS_NXDOMAIN ? "no DMARC record" : "the lookup failed", name);
+		return;
+	}
+	rua = dr_tag(record, "rua");
+	if (rua == NULL || *rua == '\0')
+	{
+		log_info("%s: no report: its DMARC record asks for none (no rua)", domain);
+		free(rua);
+		free(record);
+		return;
+	}
+	snprintf(report_id, sizeof(report_id), "%s.%lld.%lld", domain, ctx->begin, ctx->end);
+	if (!dr_build_xml(ctx, domain, record, report_id, &xml))
+	{
+		free(rua);
+		free(record);
+		buf_free(&xml);
+		return;
+	}
+	if (!dr_gzip(xml.data, xml.len, &gz))
+	{
+		log_warnx("%s: the report could not be compressed", domain);
+		ctx->refused++;
+	}
+	else
+		for (uri = strtok_r(rua, ",", &save); uri; uri = strtok_r(NULL, ",", &save))
+		{
+			char		address[320];
+			char		why[900];
+			const char *bad;
+
+			while (isspace((unsigned char) *uri))
+				uri++;
+			for (size_t l = strlen(uri); l > 0 && isspace((unsigned char) uri[l - 1]); l--)
+				uri[l - 1] = '\0';
+			if (++nuri > DR_MAX_RUA)
+			{
+				log_warnx("%s: rua \"%s\" refused: more than %d destinations", domain, uri, DR_MAX_RUA);
+				ctx->refused++;
+				continue;
+			}
+			if (!dr_parse_rua(uri, address, sizeof(address), &bad))
+			{
+				log_warnx("%s: rua \"%s\" refused: %s", domain, uri, bad);
+				ctx->refused++;
+				continue;
+			}
+			if (!dr_rua_authorised(ctx, domain, strchr(address, '@') + 1, why, sizeof(why)))
+			{
+				log_warnx("%s: rua \"%s\" refused: %s", domain, uri, why);
+				ctx->refused++;
+				continue;
+			}
+			dr_send(ctx, domain, address, report_id, &gz);
+		}
+	buf_free(&xml);
+	buf_free(&gz);
+	free(rua);
+	free(record);
+}
+
+/* --day YYYY-MM-DD: that UTC day's first second, or -1. */
+static long long
+dr_parse_day(const char *text)
+{
+	struct tm tm;
+	char	 *end;
+
+	memset(&tm, 0, sizeof(tm));
+	end = strptime(text, "%Y-%m-%d", &tm);
+	if (end == NULL || *end)
+		return -1;
+	return (long long) timegm(&tm);
+}
+
+static bool
+dr_parse_epoch(const char *text, long long *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoll(text, &end, 10);
+	return *text && !*end && errno == 0 && *out >= 0;
+}
+
+int
+pepsi_dmarc_report_main(int argc, char **argv)
+{
+	static const struct option long_options[] = {
+		{"config", required_argument, NULL, 'C'}, {"day", required_argument, NULL, 'd'}, {"begin", required_argument, NULL, 'b'}, {"end", required_argument, NULL, 'e'}, {"domain", required_argument, NULL, 'D'}, {"dry-run", no_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+	struct dr_context	 ctx = {.begin = -1, .end = -1};
+	struct pepsi_config *cfg = NULL;
+	const char			*config_path = NULL;
+	const char			*only = NULL;
+	struct dns_config	 dns;
+	char				 err[512];
+	char				*sender = NULL;
+	PGresult			*res;
+	int					 opt;
+	int					 rc = CLI_EX_OK;
+
+	log_init(DR_PROGRAM, false);
+	while ((opt = getopt_long(argc, argv, "C:h", long_options, NULL)) != -1)
+		switch (opt)
+		{
+			case 'C':
+				config_path = optarg;
+				break;
+			case 'd':
+				if ((ctx.begin = dr_parse_day(optarg)) < 0)
+				{
+					fprintf(stderr, DR_PROGRAM ": --day takes a date, YYYY-MM-DD, not \"%s\"\n", optarg);
+					return CLI_EX_USAGE;
+				}
+				ctx.end = ctx.begin + 86400;
+				break;
+			case 'b':
+			case 'e':
+				if (!dr_parse_epoch(optarg, opt == 'b' ? &ctx.begin : &ctx.end))
+				{
+					fprintf(stderr, DR_PROGRAM ": --%s takes seconds since the epoch, not \"%s\"\n",
+							opt == 'b' ? "begin" : "end", optarg);
+					return CLI_EX_USAGE;
+				}
+				break;
+			case 'D':
+				only = optarg;
+				break;
+			case 'n':
+				ctx.dry_run = true;
+				break;
+			case 'h':
+				dr_usage(stdout);
+				return CLI_EX_OK;
+			default:
+				dr_usage(stderr);
+				return CLI_EX_USAGE;
+		}
+	if (optind < argc)
+	{
+		fprintf(stderr, DR_PROGRAM ": takes no argument, not \"%s\"\n", argv[optind]);
+		return CLI_EX_USAGE;
+	}
+	if (ctx.begin < 0 && ctx.end < 0)
+	{
+		long long today = (long long) time(NULL) / 86400 * 86400;
+
+		ctx.begin = today - 86400;
+		ctx.end = today;
+	}
+	if (ctx.begin < 0 || ctx.end <= ctx.begin)
+	{
+		fprintf(stderr, DR_PROGRAM ": the period needs --begin before --end (or --day)\n");
+		return CLI_EX_USAGE;
+	}
+	if ((ctx.conn = cli_connect(DR_PROGRAM, config_path, CLI_ROLE_CONFIG, &cfg, &rc)) == NULL)
+		return rc;
+	if (!log_configure(cfg, err, sizeof(err)) || !dns_config_load(cfg, &dns, err, sizeof(err)))
+	{
+		fprintf(stderr, DR_PROGRAM ": %s\n", err);
+		PQfinish(ctx.conn);
+		config_free(cfg);
+		return CLI_EX_CONFIG;
+	}
+	ctx.resolver = dns_resolver_new(NULL, &dns, err, sizeof(err));
+	dns_config_free(&dns);
+	if (ctx.resolver == NULL)
+	{
+		fprintf(stderr, DR_PROGRAM ": %s\n", err);
+		PQfinish(ctx.conn);
+		config_free(cfg);
+		return CLI_EX_CONFIG;
+	}
+	ctx.hostname = config_hostname(cfg);
+	ctx.org_name = config_text(cfg, DR_SECTION, "ORG_NAME") ? config_text(cfg, DR_SECTION, "ORG_NAME") : ctx.hostname;
+	ctx.sender = config_text(cfg, DR_SECTION, "SENDER");
+	if (ctx.sender == NULL)
+		ctx.sender = sender = xasprintf("dmarc-reports@%s", ctx.hostname);
+	ctx.stage = config_text(cfg, DR_SECTION, "STAGE");
+
+	{
+		char		begin[24];
+		char		end[24];
+		const char *values[3] = {begin, end, only};
+
+		snprintf(begin, sizeof(begin), "%lld", ctx.begin);
+		snprintf(end, sizeof(end), "%lld", ctx.end);
+		res = db_exec(ctx.conn,
+					  "SELECT DISTINCT policy_domain FROM pepsi.dmarc_aggregate"
+					  " WHERE period >= to_timestamp($1::bigint) AND period < to_timestamp($2::bigint)"
+					  " AND ($3::text IS NULL OR policy_domain = lower($3)) ORDER BY 1",
+					  3, values);
+	}
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		rc = cli_db_exit_code(res, ctx.conn);
+		cli_db_error(DR_PROGRAM, res, ctx.conn);
+	}
+	else
+	{
+		for (int i = 0; i < PQntuples(res); i++)
+			dr_domain(&ctx, PQgetvalue(res, i, 0));
+		printf("%s%d reports queued, %d destinations refused\n", ctx.dry_run ? "dry run: " : "", ctx.sent,
+			   ctx.refused);
+	}
+	PQclear(res);
+	dns_resolver_free(ctx.resolver);
+	PQfinish(ctx.conn);
+	free(sender);
+	config_free(cfg);
+	return rc;
+}
