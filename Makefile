@@ -637,7 +637,7 @@ FUZZ_SMTP_CLIENT = common/smtp/smtp_client.c common/smtp/smtp_client_io.c common
 # (the link: libFuzzer's main and the sanitizers' runtimes)
 fuzz_link = $(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS) -lpthread
 
-$(B)/fuzz/fuzz_smtp: $(call fuzz_objs,daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_content.c \
+$(B)/fuzz/fuzz_smtp: $(call fuzz_objs,daemons/ingress/fuzz/fuzz_smtp.c daemons/ingress/smtp.c daemons/ingress/smtp_envelope_cmds.c daemons/ingress/smtp_session_cmds.c daemons/ingress/smtp_content.c \
                      daemons/ingress/smtp_syntax.c daemons/ingress/envelope.c daemons/ingress/relay_control.c \
                      daemons/ingress/auth_throttle.c common/message/message.c common/local/local.c common/local/aliases.c \
                      common/message/header.c common/auth/results.c common/smtp/smtp_address.c $(FUZZ_BASE) $(FUZZ_CONFIG))

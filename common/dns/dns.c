@@ -46,13 +46,21 @@ struct dns_resolver
 	size_t					 in_flight;
 	struct dns_cache_entry **cache; /* DNS_CACHE_BUCKETS chains; NULL for a backend */
 	size_t					 cache_count;
+	/* The circuit breaker (dns_resolver_breaker) */
+	double			  probe_interval; /* 0: no breaker */
+	bool			  breaker_open;	  /* lookups answered DNS_TEMPFAIL at once */
+	ev_tstamp		  last_answer;	  /* when the resolver last answered (OK or NXDOMAIN) */
+	ev_timer		  probe_timer;
+	struct dns_query *probe;
 };
 
 struct dns_query
 {
 	struct dns_resolver *resolver;
 	int					 async_id;
-	bool				 started; /* false: refused (bad name, spent budget), answered by the timer */
+	bool				 started;	   /* false: refused (bad name, spent budget), answered by the timer */
+	bool				 full_timeout; /* waits the whole DNS_TIMEOUT (no budget cut it short) */
+	ev_tstamp			 started_at;
 	enum dns_status		 refusal; /* the answer then */
 	ev_timer			 timer;
 	dns_callback		 cb;
@@ -387,6 +395,69 @@ dns_answer_from_unbound(struct dns_answer *a, int err, struct ub_result *result)
  * Lookups
  */
 
+/*
+ * The circuit breaker: when a lookup waits out its whole timeout and the
+ * resolver answered nothing at all meanwhile, the resolver is taken to be
+ * down, and lookups are answered DNS_TEMPFAIL at once (the cache still
+ * answers) until a probe of the root is answered.  Without it, a daemon
+ * whose resolver stopped answering spent DNS_TIMEOUT on every message.
+ */
+
+static void dns_on_probe_timer(struct ev_loop *loop, ev_timer *w, int revents);
+
+static void
+dns_breaker_answered(struct dns_resolver *r)
+{
+	r->last_answer = ev_now(r->loop);
+	if (!r->breaker_open)
+		return;
+	r->breaker_open = false;
+	ev_timer_stop(r->loop, &r->probe_timer);
+	log_info("dns: the resolver answers again: lookups go to it again");
+}
+
+static void
+dns_breaker_timed_out(struct dns_resolver *r, const struct dns_query *q)
+{
+	if (r->probe_interval <= 0 || r->breaker_open || !q->full_timeout
+		|| r->last_answer >= q->started_at)
+		return;
+	r->breaker_open = true;
+	log_warnx("dns: the resolver answered nothing for %.1fs: lookups are answered temperror at "
+			  "once until it answers a probe (every %.1fs)",
+			  r->timeout, r->probe_interval);
+	ev_timer_set(&r->probe_timer, r->probe_interval, 0);
+	ev_timer_start(r->loop, &r->probe_timer);
+}
+
+static void
+dns_on_probe_answer(void *arg, const struct dns_answer *a)
+{
+	struct dns_resolver *r = arg;
+
+	r->probe = NULL;
+	/* An answer closed the breaker already (dns_query_finish); else probe again. */
+	if (r->breaker_open)
+	{
+		ev_timer_set(&r->probe_timer, r->probe_interval, 0);
+		ev_timer_start(r->loop, &r->probe_timer);
+	}
+}
+
+void
+dns_resolver_breaker(struct dns_resolver *r, double probe_interval)
+{
+	r->probe_interval = probe_interval;
+	ev_timer_init(&r->probe_timer, dns_on_probe_timer, probe_interval, 0);
+	r->probe_timer.data = r;
+}
+
+bool
+dns_resolver_down(const struct dns_resolver *r)
+{
+	return r->breaker_open;
+}
+
 /* a is the callee's to take apart (the blocking form keeps its records). */
 static void
 dns_query_finish(struct dns_query *q, struct dns_answer *a)
@@ -402,6 +473,8 @@ dns_query_finish(struct dns_query *q, struct dns_answer *a)
 		return;
 	}
 	ev_timer_stop(r->loop, &q->timer);
+	if (q->started && (a->status == DNS_OK || a->status == DNS_NXDOMAIN))
+		dns_breaker_answered(r);
 	if (q->cache_key)
 		dns_cache_store(r, q->cache_key, a);
 	q->cb(q->arg, a);
@@ -450,6 +523,8 @@ dns_on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 	}
 	memset(&a, 0, sizeof(a));
 	a.status = q->started ? DNS_TIMEOUT : q->refusal;
+	if (q->started)
+		dns_breaker_timed_out(q->resolver, q);
 	if (q->started && q->resolver->ub)
 		ub_cancel(q->resolver->ub, q->async_id);
 	else if (q->started)
@@ -505,9 +580,31 @@ dns_name_valid(const char *name)
 	return true;
 }
 
+static struct dns_query *dns_lookup(struct dns_resolver *r, const char *name, enum dns_type type,
+									struct dns_budget *budget, dns_callback cb, void *arg,
+									bool probe);
+
 struct dns_query *
 dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 			struct dns_budget *budget, dns_callback cb, void *arg)
+{
+	return dns_lookup(r, name, type, budget, cb, arg, false);
+}
+
+/* The root's NS: any resolver that works answers it, from its cache mostly. */
+static void
+dns_on_probe_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct dns_resolver *r = w->data;
+
+	if (r->probe == NULL)
+		r->probe = dns_lookup(r, ".", DNS_TYPE_NS, NULL, dns_on_probe_answer, r, true);
+}
+
+/* probe: past the breaker and the cache. */
+static struct dns_query *
+dns_lookup(struct dns_resolver *r, const char *name, enum dns_type type,
+		   struct dns_budget *budget, dns_callback cb, void *arg, bool probe)
 {
 	struct dns_query *q = xcalloc(1, sizeof(*q));
 	double			  timeout = r->timeout;
@@ -538,7 +635,7 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 		refused = true;
 		q->refusal = DNS_NXDOMAIN;
 	}
-	if (!refused && r->cache)
+	if (!refused && r->cache && !probe)
 	{
 		struct dns_cache_entry *hit;
 
@@ -552,9 +649,18 @@ dns_resolve(struct dns_resolver *r, const char *name, enum dns_type type,
 			refused = true; /* not asked: answered by the timer below */
 		}
 	}
+	if (!refused && r->breaker_open && !probe)
+	{
+		refused = true;
+		q->refusal = DNS_TEMPFAIL;
+		free(q->cache_key);
+		q->cache_key = NULL;
+	}
 	/* A refused (or cached) lookup is answered from the loop all the same: no reentry. */
 	ev_timer_init(&q->timer, dns_on_timeout, refused ? 0 : timeout, 0);
 	q->timer.data = q;
+	q->full_timeout = timeout >= r->timeout;
+	q->started_at = ev_now(r->loop);
 	r->in_flight++;
 	if (!refused && !dns_start(q, name, type))
 	{
@@ -728,6 +834,10 @@ dns_resolver_free(struct dns_resolver *r)
 {
 	if (r == NULL)
 		return;
+	if (r->probe)
+		dns_cancel(r->probe);
+	if (r->loop && r->probe_interval > 0)
+		ev_timer_stop(r->loop, &r->probe_timer);
 	if (r->ub)
 	{
 		if (r->loop)

@@ -31,6 +31,7 @@
 enum dns_type
 {
 	DNS_TYPE_A = 1,
+	DNS_TYPE_NS = 2,
 	DNS_TYPE_CNAME = 5,
 	DNS_TYPE_PTR = 12,
 	DNS_TYPE_MX = 15,
@@ -120,6 +121,15 @@ struct dns_query *dns_resolve(struct dns_resolver *r, const char *name, enum dns
 							  struct dns_budget *budget, dns_callback cb, void *arg);
 /* cb will not be called. */
 void dns_cancel(struct dns_query *q);
+/*
+ * The circuit breaker, for a daemon's resolver: when a lookup waits out
+ * its whole timeout and the resolver answered nothing meanwhile, lookups
+ * not in the cache are answered DNS_TEMPFAIL at once, and the root's NS
+ * asked every probe_interval seconds, until the resolver answers again.
+ */
+void dns_resolver_breaker(struct dns_resolver *r, double probe_interval);
+/* Is the breaker open (the resolver taken to be down)? */
+bool dns_resolver_down(const struct dns_resolver *r);
 /* Lookups started and not yet answered. */
 size_t dns_in_flight(const struct dns_resolver *r);
 

@@ -42,6 +42,11 @@ struct listener
 	double					idle_timeout;	  /* seconds */
 	double					session_deadline; /* seconds a session may last at most; 0: no limit */
 	double					min_data_rate;	  /* octets per second of message content; 0: no limit */
+	double					pregreet_wait;	  /* PREGREET_WAIT, seconds; 0: no pre-greeting test */
+	bool					greylist;		  /* GREYLIST */
+	double					greylist_delay;	  /* GREYLIST_DELAY, GREYLIST_EXPIRE, GREYLIST_AUTO_WHITELIST: seconds */
+	double					greylist_expire;
+	double					greylist_auto_whitelist;
 	size_t					max_sessions;
 	size_t					max_sessions_per_client;
 	size_t					sessions;
@@ -103,6 +108,19 @@ enum smtp_rcpt_verdict session_rcpt_check(const struct smtp_session *smtp, const
 const char *session_client_of(const struct smtp_session *smtp);
 /* policy.mail_accepted of every listener: SPF starts. */
 void session_mail_accepted(const struct smtp_session *smtp);
+/* session_screen.c: policy.screen of the listeners of MODE smtp (screen.h). */
+enum smtp_screen_verdict session_screen_verdict(const struct smtp_session *smtp, char *reply,
+												size_t size);
+/* policy.violation of the listeners of MODE smtp: the client's verdict (screen.h). */
+void session_screen_violation(const struct smtp_session *smtp, enum smtp_violation v);
+/* Greylisting (session_screen.c): the triplet asked of pepsi.greylist_check. */
+enum smtp_screen_verdict session_greylist(const struct smtp_session *smtp, const char *address,
+										  char *reply, size_t size);
+/* session_account.c: policy.rcpt_gate (greylisting, send limits) and policy.mail_gate. */
+enum smtp_screen_verdict session_rcpt_gate(const struct smtp_session *smtp, const char *address,
+										   char *reply, size_t size);
+enum smtp_screen_verdict session_mail_gate(const struct smtp_session *smtp, const char *address,
+										   char *reply, size_t size);
 /* Stop: 421 to every session not waiting for the database. */
 void session_shutdown_all(void);
 

@@ -34,6 +34,7 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/log_config.h"
+#include "db_query.h"
 #include "ingress.h"
 #include "message/queue_id.h"
 #include "process/cli.h"
@@ -41,6 +42,8 @@
 #include "process/secret.h"
 #include "process/service.h"
 #include "runtime/db.h"
+#include "screen.h"
+#include "sender_login.h"
 
 #define INGRESS_SHUTDOWN_GRACE 10.0
 #define LISTENER_ACCEPT_BACKOFF 1.0 /* seconds a listener rests when out of descriptors */
@@ -87,6 +90,11 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	l->min_data_rate = (double) config_int(cfg, section, "MIN_DATA_RATE");
 	l->max_sessions = (size_t) config_int(cfg, section, "MAX_SESSIONS");
 	l->max_sessions_per_client = (size_t) config_int(cfg, section, "MAX_SESSIONS_PER_CLIENT");
+	l->pregreet_wait = config_duration_ms(cfg, section, "PREGREET_WAIT") / 1000.0;
+	l->greylist = config_bool(cfg, section, "GREYLIST");
+	l->greylist_delay = config_duration_ms(cfg, section, "GREYLIST_DELAY") / 1000.0;
+	l->greylist_expire = config_duration_ms(cfg, section, "GREYLIST_EXPIRE") / 1000.0;
+	l->greylist_auto_whitelist = config_duration_ms(cfg, section, "GREYLIST_AUTO_WHITELIST") / 1000.0;
 	return true;
 }
 
@@ -284,6 +292,13 @@ listener_open(const char *section)
 	l->policy.memory_limit = ingress.memory_limit;
 	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
 	l->policy.mail_accepted = session_mail_accepted;
+	l->policy.screen = l->mode == LISTENER_SMTP ? session_screen_verdict : NULL;
+	l->policy.violation = l->mode == LISTENER_SMTP ? session_screen_violation : NULL;
+	l->policy.rcpt_gate = l->greylist || sender_login_limit_messages() > 0
+								  || sender_login_limit_recipients() > 0
+							  ? session_rcpt_gate
+							  : NULL;
+	l->policy.mail_gate = sender_login_enabled() ? session_mail_gate : NULL;
 	if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
 		fatalx("%s", err);
 	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
@@ -428,6 +443,25 @@ ingress_on_report(struct ev_loop *loop, ev_timer *w, int revents)
 	free(refusals);
 }
 
+/* The checks sessions make beyond the protocol: DNSBL (screen.h), and the database's (db_query.h). */
+static void
+ingress_session_checks_start(void)
+{
+	char err[1024];
+
+	if (!screen_configure(ingress.cfg, verify_resolver(), err, sizeof(err)))
+		fatalx("%s: %s", ingress.cfg->path, err);
+	/* A connection of its own, only where sessions ask the database. */
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+		if (l->greylist || sender_login_uses_sql() || sender_login_limit_messages() > 0
+			|| sender_login_limit_recipients() > 0
+			|| (l->mode == LISTENER_SMTP && (screen_enabled() || l->pregreet_wait > 0)))
+		{
+			db_query_init(ingress.loop, ingress.cfg);
+			break;
+		}
+}
+
 int
 pepsi_ingress_main(int argc, char **argv)
 {
@@ -518,6 +552,8 @@ pepsi_ingress_main(int argc, char **argv)
 	nsections = config_sections(ingress.cfg, "listener-", sections, 256);
 	if (nsections == 0)
 		fatalx("%s: no [listener-<name>] section: nothing to listen on", ingress.cfg->path);
+	if (!sender_login_configure(ingress.cfg, err, sizeof(err)))
+		fatalx("%s: %s", ingress.cfg->path, err);
 	for (size_t i = 0; i < nsections; i++)
 	{
 		struct listener *l = listener_open(sections[i]);
@@ -532,6 +568,7 @@ pepsi_ingress_main(int argc, char **argv)
 	ingress.loop = EV_DEFAULT;
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
 	verify_init(ingress.loop, ingress.cfg);
+	ingress_session_checks_start();
 	if (local_resolver_uses_virtual(ingress.local_recipients))
 		local_refresh_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
@@ -558,6 +595,9 @@ pepsi_ingress_main(int argc, char **argv)
 	ev_timer_stop(ingress.loop, &report_timer);
 	admit_shutdown();
 	free(instance);
+	screen_shutdown();
+	db_query_shutdown();
+	sender_login_shutdown();
 	verify_shutdown();
 	local_refresh_stop();
 	local_resolver_free(ingress.local_recipients);

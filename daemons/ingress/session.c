@@ -28,6 +28,7 @@
 #include "envelope.h"
 #include "ingress.h"
 #include "message/queue_id.h"
+#include "session_internal.h"
 #include "smtp/client_key.h"
 #include "smtp/reject_log.h"
 
@@ -35,63 +36,10 @@
 #define SESSION_OUT_HIGH_WATER 65536 /* stop reading a client that does not read */
 #define SESSION_CLIENT_BUCKETS 1024
 
-enum session_io
-{
-	SESSION_IO_PLAIN,
-	SESSION_IO_HANDSHAKE, /* TLS being negotiated */
-	SESSION_IO_TLS
-};
-
-/*
- * Sessions per client, for MAX_SESSIONS_PER_CLIENT.  An IPv4 client is its
- * address; an IPv6 client its /64, which one host or customer commonly
- * holds whole: counting single addresses would give it 2^64 allowances.
- */
-struct client
-{
-	char		   ip[INET6_ADDRSTRLEN + 4]; /* the address, or the /64 */
-	size_t		   sessions;
-	struct client *next;
-};
-
-struct session
-{
-	struct smtp_session smtp;
-	struct listener	   *listener;
-	struct client	   *client;
-	char				ip[INET6_ADDRSTRLEN]; /* the client's address */
-	int					fd;
-	SSL				   *ssl;
-	enum session_io		io_state;
-	int					tls_events;		  /* what the TLS library waits for */
-	bool				starttls_pending; /* handshake once the 220 is out */
-	bool				closing;		  /* close once the output is written */
-	ev_io				io;
-	ev_timer			timer;
-	ev_timer			guard; /* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
-	ev_tstamp			started;
-	ev_tstamp			content_started; /* when DATA or the first BDAT began; 0 outside */
-	size_t				content_octets;	 /* octets read since */
-	ev_tstamp			last_command;
-	struct buf			in; /* input not yet used: a partial line, or after an event */
-	struct admission   *admission;
-	struct auth_job	   *auth_job;					/* a password being checked */
-	ev_timer			auth_delay;					/* a failed AUTH's answer, held back */
-	bool				auth_close;					/* ... and it closes the session (421) */
-	struct verify	   *verify;						/* message authentication; NULL when the listener has it off */
-	bool				trusted;					/* the client is in TRUSTED_NETWORKS */
-	char				queue_id[QUEUE_ID_LEN + 1]; /* of the message being admitted */
-	char				client_name[256];			/* its client's verified name, or "" */
-	struct session	   *prev;
-	struct session	   *next;
-};
-
 static struct session *session_list;
 static struct client  *client_buckets[SESSION_CLIENT_BUCKETS];
 static char			   session_read_buffer[SESSION_READ_SIZE];
 
-static bool session_read(struct session *s);
-static bool session_update(struct session *s);
 
 /*
  * Clients
@@ -148,6 +96,8 @@ session_close(struct session *s)
 	auth_worker_cancel(s->auth_job);
 	ev_timer_stop(ingress.loop, &s->auth_delay);
 	verify_free(s->verify, &s->smtp.message);
+	session_screen_stop(s);
+	session_account_stop(s);
 	if (s->ssl)
 	{
 		SSL_set_quiet_shutdown(s->ssl, 1);
@@ -187,7 +137,7 @@ session_tls_log(struct session *s, const char *what)
 }
 
 /* Write the replies; false if the session had to be closed. */
-static bool
+bool
 session_flush(struct session *s)
 {
 	struct buf *out = &s->smtp.out;
@@ -514,6 +464,13 @@ session_auth_checked(void *arg, bool ok)
 static void
 session_admit(struct session *s)
 {
+	const char *refusal = session_from_refusal(s);
+
+	if (refusal)
+	{
+		smtp_admit_refused(&s->smtp, refusal);
+		return;
+	}
 	if (s->verify == NULL)
 	{
 		session_store(s);
@@ -527,6 +484,12 @@ session_mail_accepted(const struct smtp_session *smtp)
 {
 	struct session *s = smtp->host;
 
+	/* An authenticated user's mail is ours too: not checked (unless the listener says so). */
+	if (s->verify && smtp->auth_account && !s->listener->verify.trusted_too)
+	{
+		verify_free(s->verify, &s->smtp.message);
+		s->verify = NULL;
+	}
 	verify_mail(s->verify, smtp->helo, smtp->mail_from);
 }
 
@@ -570,6 +533,9 @@ session_process(struct session *s, const char *data, size_t len)
 			case SMTP_EVENT_CLOSE:
 				s->closing = true;
 				return len;
+			case SMTP_EVENT_SCREEN:
+				session_screen_wait(s);
+				return used;
 		}
 	}
 }
@@ -577,6 +543,8 @@ session_process(struct session *s, const char *data, size_t len)
 static void
 session_input(struct session *s, const char *data, size_t len)
 {
+	if (session_screen_early_talk(s))
+		return;
 	if (s->in.len == 0)
 	{
 		size_t used = session_process(s, data, len);
@@ -684,7 +652,7 @@ session_on_guard(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Read what is there; false if the session was closed. */
-static bool
+bool
 session_read(struct session *s)
 {
 	/* Input left over from before an event goes first. */
@@ -759,7 +727,7 @@ session_read(struct session *s)
 }
 
 /* Watch for what the session waits for, or close it; false if closed. */
-static bool
+bool
 session_update(struct session *s)
 {
 	int events = 0;
@@ -934,8 +902,10 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	s->fd = fd;
 	smtp_init(&s->smtp, &l->policy);
 	s->smtp.host = s;
-	s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
 	s->trusted = trusted_networks_contain(&l->trusted, addr);
+	/* Our own mail waits for no DNS (as Postfix's permit_mynetworks before the policy service). */
+	if (!s->trusted || l->verify.trusted_too)
+		s->verify = verify_session_start(&l->verify, ip, ingress.hostname);
 	ev_io_init(&s->io, session_on_io, fd, 0);
 	s->io.data = s;
 	s->started = ev_now(ingress.loop);
@@ -955,12 +925,14 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 		session_list->prev = s;
 	session_list = s;
 
+	session_screen_start(s, addr);
 	if (l->mode == LISTENER_SMTPS)
 	{
 		session_start_tls(s);
 		return;
 	}
-	smtp_greet(&s->smtp);
+	if (!s->greet_pending)
+		smtp_greet(&s->smtp);
 	if (session_flush(s))
 		session_update(s);
 }

@@ -33,6 +33,21 @@ enum smtp_rcpt_verdict
 	SMTP_RCPT_UNVERIFIED	/* 451 4.3.0: ours, but it cannot be checked now */
 };
 
+/* What a client did that a well-behaved one does not (postscreen's after-220 tests). */
+enum smtp_violation
+{
+	SMTP_VIOLATION_PIPELINING,	/* commands sent before PIPELINING was offered, without waiting */
+	SMTP_VIOLATION_BARE_NEWLINE /* a command line ending in a bare LF */
+};
+
+/* The host's connection-level verdict (screen.h), asked at RCPT. */
+enum smtp_screen_verdict
+{
+	SMTP_SCREEN_PASS,	/* go on; not asked again this session */
+	SMTP_SCREEN_REFUSE, /* the recipient refused with the host's reply */
+	SMTP_SCREEN_WAIT	/* not in yet: SMTP_EVENT_SCREEN */
+};
+
 /* The host's verdict on a recipient in the SRS domain (srs_rcpt.c). */
 enum smtp_srs_verdict
 {
@@ -78,6 +93,25 @@ struct smtp_policy
 	size_t	memory_limit;
 	/* Asked for each syntactically valid recipient; NULL accepts all. */
 	enum smtp_rcpt_verdict (*rcpt_check)(const struct smtp_session *s, const char *address);
+	/*
+	 * Optional, asked at RCPT until it passes (screen.h): the client's
+	 * connection-level verdict.  SMTP_SCREEN_REFUSE with the reply in
+	 * reply; SMTP_SCREEN_WAIT raises SMTP_EVENT_SCREEN, and the RCPT is
+	 * answered once the host calls smtp_screen_done.
+	 */
+	enum smtp_screen_verdict (*screen)(const struct smtp_session *s, char *reply, size_t size);
+	/*
+	 * Optional, asked for each recipient that passed every other check
+	 * (greylisting): as screen, but for this recipient; after a WAIT the
+	 * RCPT is given again and the host answers from what it learnt.
+	 */
+	enum smtp_screen_verdict (*rcpt_gate)(const struct smtp_session *s, const char *address,
+										  char *reply, size_t size);
+	/* Optional: told of each protocol violation (screen.h keeps it as the client's verdict). */
+	void (*violation)(const struct smtp_session *s, enum smtp_violation v);
+	/* Optional, asked for an authenticated session's sender at MAIL (not <>), as rcpt_gate. */
+	enum smtp_screen_verdict (*mail_gate)(const struct smtp_session *s, const char *address,
+										  char *reply, size_t size);
 	/* Optional, asked first: the SRS reverse path, a bounce relayed back to its sender. */
 	enum smtp_srs_verdict (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
 };
@@ -101,7 +135,8 @@ enum smtp_event
 	SMTP_EVENT_STARTTLS, /* flush the 220, discard unread input, handshake */
 	SMTP_EVENT_AUTH,	 /* check auth_user/auth_password: smtp_auth_done */
 	SMTP_EVENT_MESSAGE,	 /* admit the transaction: smtp_admit_done */
-	SMTP_EVENT_CLOSE	 /* flush the output and close */
+	SMTP_EVENT_CLOSE,	 /* flush the output and close */
+	SMTP_EVENT_SCREEN	 /* the client's verdict is not in yet: smtp_screen_done */
 };
 
 enum smtp_body
@@ -164,9 +199,13 @@ struct smtp_session
 	struct smtp_tls_info tls_info;
 	char				*auth_account; /* after a successful AUTH */
 	unsigned			 errors;
-	bool				 discarding_line; /* skipping the rest of an over-long command */
-	double				 rate_tokens;	  /* command rate bucket */
-	double				 rate_elapsed;	  /* seconds since the last input; added by the host */
+	bool				 discarding_line;  /* skipping the rest of an over-long command */
+	double				 rate_tokens;	   /* command rate bucket */
+	double				 rate_elapsed;	   /* seconds since the last input; added by the host */
+	bool				 screen_passed;	   /* policy->screen said pass */
+	char				*screen_held;	   /* the MAIL or RCPT argument waiting for its verdict */
+	bool				 screen_held_mail; /* ... MAIL's */
+	enum smtp_state		 screen_resume;	   /* the state it was given in */
 
 	/* AUTH in progress */
 	enum
@@ -226,6 +265,8 @@ size_t smtp_input(struct smtp_session *s, const char *data, size_t len);
 void smtp_message_handed_over(struct smtp_session *s);
 /* The host's answers to events. */
 void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
+/* SMTP_EVENT_SCREEN answered: the held RCPT is answered now. */
+void smtp_screen_done(struct smtp_session *s);
 void smtp_auth_done(struct smtp_session *s, bool ok);
 /* AUTH answered without a check (reply, e.g. 454), or with no reply before smtp_close. */
 void smtp_auth_refused(struct smtp_session *s, const char *reply);

@@ -379,11 +379,16 @@ smtp_input(struct smtp_session *s, const char *data, size_t len)
 		}
 		if (n == 0 || start[n - 1] != '\r')
 		{
+			if (s->policy->violation)
+				s->policy->violation(s, SMTP_VIOLATION_BARE_NEWLINE);
 			smtp_error(s, "500 5.5.2 Bare LF in command (lines must end with CRLF)");
 			continue;
 		}
 		memcpy(line, start, n - 1);
 		line[n - 1] = '\0';
+		/* More commands behind this one before PIPELINING was offered: they did not wait for its reply. */
+		if (!s->esmtp && used < len && s->policy->violation && s->state != SMTP_STATE_AUTH)
+			s->policy->violation(s, SMTP_VIOLATION_PIPELINING);
 		smtp_input_line(s, line, n - 1);
 		explicit_bzero(line, n);
 	}

@@ -170,7 +170,16 @@ verify_init(struct ev_loop *loop, const struct pepsi_config *cfg)
 	}
 	if ((verify_global.resolver = dns_resolver_new(loop, &dc, err, sizeof(err))) == NULL)
 		fatalx("DNS resolver: %s", err);
+	if (config_duration_ms(cfg, "ingress", "DNS_PROBE_INTERVAL") > 0)
+		dns_resolver_breaker(verify_global.resolver,
+							 config_duration_ms(cfg, "ingress", "DNS_PROBE_INTERVAL") / 1000.0);
 	dns_config_free(&dc);
+}
+
+struct dns_resolver *
+verify_resolver(void)
+{
+	return verify_global.resolver;
 }
 
 void
@@ -189,6 +198,7 @@ verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 	memset(out, 0, sizeof(*out));
 	/* The choices are in the order of schema/options.def: tag|reject, off|report|enforce. */
 	out->enabled = config_bool(cfg, section, "MESSAGE_AUTHENTICATION");
+	out->trusted_too = config_bool(cfg, section, "TRUSTED_MESSAGE_AUTHENTICATION");
 	out->spf_reject = config_enum(cfg, section, "SPF_FAIL") == 1;
 	out->dmarc = (enum verify_dmarc_mode) config_enum(cfg, section, "DMARC_POLICY");
 	return true;

@@ -10,9 +10,12 @@
  * auth_worker.h: the loop only starts lookups and gathers verdicts.
  *
  * Options, read here and nowhere else: per listener MESSAGE_AUTHENTICATION
- * (on|off, off by default), SPF_FAIL (tag|reject), DMARC_POLICY
- * (report|enforce|off); in [ingress] DNS_MESSAGE_BUDGET, the time the
- * lookups of one message may take together, and ARC_TRUSTED_SEALERS.
+ * (on|off, off by default), TRUSTED_MESSAGE_AUTHENTICATION (whether mail
+ * from TRUSTED_NETWORKS and authenticated sessions is checked too: not by
+ * default), SPF_FAIL (tag|reject), DMARC_POLICY (report|enforce|off); in
+ * [ingress] DNS_MESSAGE_BUDGET, the time the lookups of one message may
+ * take together, DNS_PROBE_INTERVAL (the resolver's circuit breaker,
+ * common/dns/dns.h) and ARC_TRUSTED_SEALERS.
  */
 #ifndef PEPSI_INGRESS_VERIFY_H
 #define PEPSI_INGRESS_VERIFY_H
@@ -34,14 +37,17 @@ enum verify_dmarc_mode
 
 struct verify_policy
 {
-	bool				   enabled;	   /* MESSAGE_AUTHENTICATION */
-	bool				   spf_reject; /* SPF_FAIL = reject */
-	enum verify_dmarc_mode dmarc;	   /* DMARC_POLICY */
+	bool				   enabled;		/* MESSAGE_AUTHENTICATION */
+	bool				   trusted_too; /* TRUSTED_MESSAGE_AUTHENTICATION: also trusted and authenticated mail */
+	bool				   spf_reject;	/* SPF_FAIL = reject */
+	enum verify_dmarc_mode dmarc;		/* DMARC_POLICY */
 };
 
 /* Process-wide: the resolver and [ingress] options.  Exits on a bad option. */
 void verify_init(struct ev_loop *loop, const struct pepsi_config *cfg);
 void verify_shutdown(void);
+/* The resolver (common/dns/dns.h) the process's DNS checks share, with its circuit breaker. */
+struct dns_resolver *verify_resolver(void);
 /* A listener's options; false with err (naming the option) for a bad value. */
 bool verify_listener_policy(const struct pepsi_config *cfg, const char *section,
 							struct verify_policy *out, char *err, size_t errlen);

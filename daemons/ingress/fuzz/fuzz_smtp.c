@@ -136,6 +136,9 @@ fuzz_answer(struct smtp_session *s, uint8_t settings)
 		case SMTP_EVENT_AUTH:
 			fuzz_auth(s);
 			break;
+		case SMTP_EVENT_SCREEN:
+			smtp_screen_done(s);
+			break;
 		case SMTP_EVENT_MESSAGE:
 			if ((refusal = envelope_build(s, &origin, &e)) != NULL)
 			{
