@@ -216,7 +216,7 @@ like($out, qr/message reject detail\n-+\n\s+RCPT\n\s+Relay access denied .*\(tot
 $config = delivery_config($node, maildir_root => $root, pepsi => { SYSLOG_NAME => 'pepsi/mx' });
 $d = start_dispatcher($config, log => "$tmp/bad.log");
 isnt(dispatcher_exit($d, 20), 0, 'a SYSLOG_NAME with a "/" stops the dispatcher');
-like(slurp("$tmp/bad.log"), qr/\[pepsi\] SYSLOG_NAME = pepsi\/mx: SYSLOG_NAME is 1 to 64 letters, digits/,
+like(slurp("$tmp/bad.log"), qr/\[pepsi\] SYSLOG_NAME = pepsi\/mx: SYSLOG_NAME is a name: 1 to 64 letters, digits/,
 	'... saying which option and why');
 
 done_testing();
