@@ -64,13 +64,18 @@ setup_port_valid(const char *text)
 static bool
 setup_destination_valid(const char *value, const char *prefix, char *why, size_t whylen)
 {
-	const char *host = value + strlen(prefix);
-	const char *colon = strrchr(host, ':');
+	const char *host;
+	const char *colon;
 	char		name[256];
 	char		problem[256];
 	size_t		len;
 
-	if (strncmp(value, prefix, strlen(prefix)) != 0 || colon == NULL || !setup_port_valid(colon + 1))
+	/* The prefix first: a value shorter than it has no host to look at. */
+	if (strncmp(value, prefix, strlen(prefix)) != 0)
+		goto bad;
+	host = value + strlen(prefix);
+	colon = strrchr(host, ':');
+	if (colon == NULL || !setup_port_valid(colon + 1))
 		goto bad;
 	len = (size_t) (colon - host);
 	if (len == 0 || len >= sizeof(name))
