@@ -167,7 +167,7 @@ $(LANGUAGE_OBJS): PEPSI_CFLAGS += $(LANGUAGE_CFLAGS)
 
 $(B)/bin/pepsi-stage-detect-language: $(LANGUAGE_OBJS) $(B)/libpepsi.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(LANGUAGE_OBJS) $(B)/libpepsi.a $(LANGUAGE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(LANGUAGE_OBJS) $(B)/libpepsi.a $(LANGUAGE_LIBS) $(LDLIBS)
 
 $(B)/bin/pepsi-detect-language: $(B)/bin/pepsi-stage-detect-language
 	ln -sf pepsi-stage-detect-language $@
