@@ -257,6 +257,24 @@ is(rows(), $before, 'and not stored');
 like(transaction('rspamd', subject => 'lunch on friday', body => "Shall we meet for lunch at noon?\r\n"),
 	qr/^250 /, 'rspamd: a clean message is taken');
 
+#
+# A reload (SIGHUP) gives a listener its MILTERS, for new transactions,
+# and a MILTERS that does not parse is refused, naming it.
+#
+my $text = slurp($conf);
+(my $broken = $text) =~ s/(\[listener-plain\]\n)/$1MILTERS = { inet:127.0.0.1:$scripted, final_timeout=soon }\n/;
+write_file($conf, $broken);
+$ingress->signal('HUP');
+ok(file_shows($log, qr/reload refused: .*\[listener-plain\] MILTERS: final_timeout=soon for inet:127\.0\.0\.1:$scripted: /),
+	'a reload with a MILTERS that does not parse is refused, naming the setting');
+like(transaction('plain', subject => 'please reject'), qr/^250 /, '... and the listener goes on without filters');
+(my $reloaded = $text) =~ s/(\[listener-plain\]\n)/$1MILTERS = inet:127.0.0.1:$scripted\n/;
+write_file($conf, $reloaded);
+$ingress->signal('HUP');
+ok(file_shows($log, qr/reloaded .*pepsi\.conf/), 'a reload giving a listener MILTERS is taken');
+like(transaction('plain', subject => 'please reject'), qr/^554 5\.7\.1 rejected by the scripted filter/,
+	'... and its filter answers the next transaction');
+
 kill 'TERM', $rspamd_pid;
 waitpid($rspamd_pid, 0);
 $ingress->signal('TERM');
