@@ -108,7 +108,8 @@ tr_build(struct tr_context *ctx, const char *domain, const char *report_id)
 				  "SELECT policy_type, policy_string, mx_host, result_type, receiving_mx_hostname, receiving_ip,"
 				  " sending_mta_ip, sum(sessions)::text"
 				  " FROM pepsi.tls_aggregate WHERE policy_domain = $1 AND day = $2::date"
-				  " GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4 <> '', 4, 5, 6, 7",
+				  " GROUP BY 1, 2, 3, 4, 5, 6, 7"
+				  " ORDER BY policy_type, policy_string, mx_host, result_type <> '', 4, 5, 6, 7",
 				  2, values);
 	n = PQresultStatus(res) == PGRES_TUPLES_OK ? PQntuples(res) : -1;
 	if (n < 0)
