@@ -51,7 +51,7 @@ sub issue
 	openssl('x509', '-req', '-in', "$tmp/$name.csr", '-CA', "$tmp/ca.pem", '-CAkey', "$tmp/ca-key.pem",
 		'-CAcreateserial', '-out', "$tmp/$name.pem", '-days', '2', '-extfile', "$tmp/$name.ext");
 }
-issue('https', 'mta-sts.good.test', 'mta-sts.testing.test', 'reports.test');
+issue('https', 'mta-sts.good.test', 'mta-sts.testing.test', 'mta-sts.notls.test', 'reports.test');
 issue('wrong', 'wrong.example');
 issue('right', 'mx.good.test', 'mx.plain.test');
 
@@ -64,12 +64,15 @@ PostgreSQL::Test::Utils::append_to_file("$web/mta-sts.good.test.txt",
 	"version: STSv1\r\nmode: enforce\r\nmx: mx.good.test\r\nmax_age: 86400\r\n");
 PostgreSQL::Test::Utils::append_to_file("$web/mta-sts.testing.test.txt",
 	"version: STSv1\nmode: testing\nmx: *.testing.test\nmax_age: 600\n");
+PostgreSQL::Test::Utils::append_to_file("$web/mta-sts.notls.test.txt",
+	"version: STSv1\nmode: testing\nmx: mx.notls.test\nmax_age: 600\n");
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $wrong = start_peer('--address', '127.0.0.3', '--port', $port,
 	'--tls-cert', "$tmp/wrong.pem", '--tls-key', "$tmp/wrong-key.pem");
 my $right = start_peer('--address', '127.0.0.4', '--port', $port,
 	'--tls-cert', "$tmp/right.pem", '--tls-key', "$tmp/right-key.pem");
+my $clear = start_peer('--address', '127.0.0.5', '--port', $port);
 
 my $post_url = "https://reports.test:$https->{port}/tlsrpt";
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
@@ -84,6 +87,10 @@ mx.testing.test. 300 IN A 127.0.0.3
 _mta-sts.testing.test. 300 IN TXT "v=STSv1; id=testing1"
 mta-sts.testing.test. 300 IN A 127.0.0.1
 _smtp._tls.testing.test. 300 IN TXT "v=TLSRPTv1; rua=mailto:tlsrpt\@reports.local"
+notls.test. 300 IN MX 10 mx.notls.test.
+mx.notls.test. 300 IN A 127.0.0.5
+_mta-sts.notls.test. 300 IN TXT "v=STSv1; id=notls1"
+mta-sts.notls.test. 300 IN A 127.0.0.1
 plain.test. 300 IN MX 10 mx.plain.test.
 mx.plain.test. 300 IN A 127.0.0.4
 _smtp._tls.plain.test. 300 IN TXT "v=TLSRPTv1; rua=http://reports.test:$https->{port}/tlsrpt, mailto:x\@y\@reports.local, ftp://reports.test/"
@@ -103,8 +110,9 @@ my $d = start_dispatcher($config);
 
 # Two messages to good.test (enforce, the right certificate), one to
 # testing.test (testing, a certificate for another name: delivered, a
-# failure), one to plain.test (no policy).  One message per session.
-for my $to (qw(good.test good.test testing.test plain.test))
+# failure), one to notls.test (testing, no STARTTLS: delivered in clear,
+# a failure), one to plain.test (no policy).  One message per session.
+for my $to (qw(good.test good.test testing.test notls.test plain.test))
 {
 	inject($node, to => ["user\@$to"], headers => "From: <$sender>\r\nTo: <user\@$to>\r\nSubject: to $to\r\n");
 }
@@ -114,14 +122,16 @@ sub sent_to
 	return scalar grep { $_->{env} =~ /RCPT TO:<user\@\Q$domain\E>/ } peer_messages($peer);
 }
 ok(poll_until(sub { sent_to($right, 'good.test') == 2 && sent_to($wrong, 'testing.test') == 1
-			&& sent_to($right, 'plain.test') == 1 }), 'the four messages are delivered');
+			&& sent_to($right, 'plain.test') == 1 && sent_to($clear, 'notls.test') == 1 }),
+	'the five messages are delivered');
 
 # The counts reach pepsi.tls_aggregate once the worker is idle, batched.
 my $counts_sql = "SELECT string_agg(format('%s %s %s %s %s %s', policy_domain, policy_type,"
   . " coalesce(nullif(result_type, ''), 'ok'), coalesce(nullif(receiving_mx_hostname, ''), '-'),"
   . " coalesce(nullif(receiving_ip, ''), '-'), sessions), '; ' ORDER BY policy_domain, result_type)"
   . " FROM pepsi.tls_aggregate";
-my $expected = 'good.test sts ok - - 2; plain.test no-policy-found ok - - 1; '
+my $expected = 'good.test sts ok - - 2; notls.test sts starttls-not-supported mx.notls.test 127.0.0.5 1; '
+  . 'plain.test no-policy-found ok - - 1; '
   . 'testing.test sts certificate-host-mismatch mx.testing.test 127.0.0.3 1';
 ok(poll_until(sub { sql($counts_sql) eq $expected }, 30), 'the TLS sessions are counted per domain, policy and result')
   or diag sql($counts_sql);
@@ -278,7 +288,7 @@ is(sql("SELECT string_agg(name || ': ' || last_outcome, ', ' ORDER BY name) FROM
 	'grey: ok: 2 rows pruned, sends: ok: 1 rows pruned, tls: ok: 1 rows pruned, verdicts: ok: 1 rows pruned',
 	'each prune ran from its schedule row');
 is(sql("SELECT count(*) FROM pepsi.tls_aggregate WHERE policy_domain = 'old.test'"), '0', 'the old TLS counts went');
-is(sql("SELECT count(*) FROM pepsi.tls_aggregate"), '4', 'today\'s stayed');
+is(sql("SELECT count(*) FROM pepsi.tls_aggregate"), '5', 'today\'s stayed');
 is(sql("SELECT string_agg(sender, ' ') FROM pepsi.greylist"), 'a@new.test', 'the stale greylist triplet went');
 is(sql("SELECT string_agg(client, ' ') FROM pepsi.greylist_client"), '192.0.2.2', 'the ended auto-whitelisting went');
 is(sql("SELECT count(*) FROM pepsi.send_count WHERE hour = date_trunc('hour', now())"), '1', 'this hour\'s send count stayed');
