@@ -6,8 +6,9 @@
 # reports, gzip-compressed, and sends each to the rua of the domain's
 # _smtp._tls record: a mailto: as a multipart/report message that reaches
 # the rua mailbox through the pipeline, an https: as a POST to the test's
-# HTTPS server.  A malformed rua, an http: rua and a record without rua
-# are each logged with the reason, and get nothing.  Then the prune
+# HTTPS server.  A malformed rua, an http: rua, a record without rua and
+# an https: server answering 503 are each logged with the reason, and get
+# nothing.  Then the prune
 # functions, called by a pepsi.schedule row, delete old rows only.
 
 use strict;
@@ -252,6 +253,14 @@ $gz = slurp("$web/post-1");
 ok(gunzip(\$gz => \$json), 'the POSTed report gunzips');
 $r = check_report($json, 'good.test by https');
 is($r->{'report-id'}, "good.test.$begin\@mx.pepsi.test", 'the same report as the mailed one');
+
+# An https: destination that answers with an error: refused, the status logged.
+PostgreSQL::Test::Utils::append_to_file("$web/post-status", "503");
+($rc, $out, $err) = tlsrpt_tool('--day', $today, '--domain', 'good.test');
+is($rc, 0, 'a run whose POST fails still succeeds');
+like($err, qr{good\.test: rua "\Q$post_url\E" refused: the server answered HTTP status 503}, 'the status is logged');
+is(sql("SELECT count(*) FROM pepsi.event_log WHERE action = 'tlsrpt_sent' AND detail ->> 'rua' = '$post_url'"), '1',
+	'and it is not recorded as sent');
 
 # Bad options.
 ($rc, $out, $err) = tlsrpt_tool('--day', 'yesterday');

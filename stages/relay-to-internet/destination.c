@@ -334,6 +334,17 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 							   " $9, $10, $11, $12)",
 				  tls_counts ? 13 : 12, values);
 	free(tls_counts);
+	if (tls_sent && internet_tls_tally_refused(res))
+	{
+		/* An extension older than 0.6: the same call without the counts. */
+		tls_sent = false;
+		PQclear(res);
+		res = db_exec(conn,
+					  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+					  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+					  " $9, $10, $11, $12)",
+					  12, values);
+	}
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
 	destination_kept_clear();
 	ok = destination_ok(res, conn, "pepsi.destination_begin", err, errlen) && PQntuples(res) == 1;

@@ -33,6 +33,7 @@ static struct
 	size_t	  used;
 	time_t	  first; /* when the oldest count was made */
 	bool	  overflow_logged;
+	bool	  refused; /* the extension has no pepsi.tls_tally: count nothing */
 } tally;
 
 static void
@@ -52,7 +53,7 @@ internet_tls_tally_add(const char *domain, const struct internet_tls_policy *pol
 	bool	   failed = result_type && result_type[0];
 	size_t	   i;
 
-	if (sessions <= 0 || policy->report_type == NULL)
+	if (sessions <= 0 || policy->report_type == NULL || tally.refused)
 		return;
 	tally_field(&key, domain);
 	tally_field(&key, policy->report_type);
@@ -123,6 +124,20 @@ internet_tls_tally_clear(void)
 	tally.overflow_logged = false;
 }
 
+bool
+internet_tls_tally_refused(const PGresult *res)
+{
+	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+	if (PQresultStatus(res) != PGRES_FATAL_ERROR || state == NULL || strcmp(state, "42883") != 0)
+		return false;
+	log_warnx("TLS reports: the database has no pepsi.tls_tally (an extension older than 0.6): the TLS "
+			  "sessions are not counted; ALTER EXTENSION pepsi UPDATE adds it");
+	tally.refused = true;
+	internet_tls_tally_clear();
+	return true;
+}
+
 int
 internet_tls_tally_idle(PGconn *conn, double idle_seconds)
 {
@@ -139,7 +154,7 @@ internet_tls_tally_idle(PGconn *conn, double idle_seconds)
 	res = db_exec(conn, "SELECT pepsi.tls_tally($1::jsonb)", 1, values);
 	if (PQresultStatus(res) == PGRES_TUPLES_OK)
 		internet_tls_tally_clear();
-	else
+	else if (!internet_tls_tally_refused(res))
 		log_warnx("TLS reports: the session counts could not be added (kept for the next try): %s",
 				  PQresultErrorMessage(res));
 	PQclear(res);

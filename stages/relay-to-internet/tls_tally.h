@@ -33,6 +33,12 @@ void internet_tls_tally_add(const char *domain, const struct internet_tls_policy
  */
 char *internet_tls_tally_due(bool now);
 void  internet_tls_tally_clear(void);
+/*
+ * Did res (of a call with the counts) fail because the extension has no
+ * pepsi.tls_tally (older than 0.6)?  Then, logged once, this worker
+ * counts no more sessions.
+ */
+bool internet_tls_tally_refused(const PGresult *res);
 /* The idle callback (pepsi_when_idle): add the counts after a second idle. */
 int internet_tls_tally_idle(PGconn *conn, double idle_seconds);
 
