@@ -13,7 +13,8 @@
 #   address is not DNSSEC-secure (a CNAME into an unsigned zone): no DANE
 #   (RFC 7672 2.2.2), delivered as opportunistic TLS.
 # The web page's destinations view shows each domain's TLS policy and
-# its last outcome, as the relay recorded them.
+# its last outcome, as the relay recorded them; pepsi.tls_aggregate counts
+# the sessions for TLS reports.
 
 use strict;
 use warnings FATAL => 'all';
@@ -187,5 +188,20 @@ like(destination_tls('unknown', qr/^dane-encrypt/), qr/^dane-encrypt \| \S/,
 	'... only a TLSA record of an unknown usage: DANE, encryption only');
 like(destination_tls('insecure', qr/^opportunistic/), qr/^opportunistic \| \S/,
 	'... an insecure address of the MX host: opportunistic');
+
+# TLS reports (RFC 8460): each session is counted under the tlsa policy
+# with its records, a failure with its result type (pepsi.tls_aggregate,
+# for pepsi-tlsrpt).
+my $tls_sql = "SELECT string_agg(format('%s %s %s %s', policy_domain, policy_type,"
+  . " coalesce(nullif(result_type, ''), 'ok'), policy_string), '; ' ORDER BY policy_domain)"
+  . " FROM pepsi.tls_aggregate WHERE policy_domain IN ('match.dane.test', 'mismatch.dane.test',"
+  . " 'expired.dane.test', 'clear.dane.test')";
+my $tls_want = lc("clear.dane.test tlsa starttls-not-supported 3 1 1 $hash{ee}; "
+	  . "expired.dane.test tlsa certificate-expired 2 0 1 $hash{ta}; "
+	  . "match.dane.test tlsa ok 3 1 1 $hash{ee}; mismatch.dane.test tlsa validation-failure 3 1 1 $hash{other}");
+my $tls_got = '';
+ok(poll_until(sub { $tls_got = lc($node->safe_psql('postgres', $tls_sql)); $tls_got eq $tls_want }, 30),
+	'the TLS sessions are counted under the tlsa policy, the failures with their result types')
+  or diag $tls_got;
 stop_dispatcher($d);
 done_testing();

@@ -28,16 +28,15 @@
 #include <unistd.h>
 
 #include <libpq-fe.h>
-#include <zlib.h>
 
 #include "auth/dmarc.h"
-#include "base/base64.h"
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
 #include "config/log_config.h"
 #include "dns/dns.h"
+#include "message/report.h"
 #include "process/cli.h"
 #include "runtime/db.h"
 
@@ -100,63 +99,6 @@ dr_xml_element(struct buf *b, const char *indent, const char *name, const char *
 	buf_printf(b, "%s<%s>", indent, name);
 	dr_xml_text(b, value);
 	buf_printf(b, "</%s>\n", name);
-}
-
-/* The first TXT record at name that starts with prefix, or NULL (*status says why). */
-static char *
-dr_txt(struct dns_resolver *r, const char *name, const char *prefix, enum dns_status *status)
-{
-	struct dns_answer a;
-	char			 *found = NULL;
-
-	dns_resolve_sync(r, name, DNS_TYPE_TXT, &a);
-	*status = a.status;
-	for (size_t i = 0; a.status == DNS_OK && i < a.count && !found; i++)
-		if (a.records[i].type == DNS_TYPE_TXT && a.records[i].text
-			&& strlen(a.records[i].text) == a.records[i].len
-			&& strncmp(a.records[i].text, prefix, strlen(prefix)) == 0)
-			found = xstrdup(a.records[i].text);
-	dns_answer_free(&a);
-	return found;
-}
-
-/* The value of tag in a DMARC record (RFC 7489 6.4), trimmed, or NULL. */
-static char *
-dr_tag(const char *record, const char *tag)
-{
-	const char *p = record;
-	size_t		taglen = strlen(tag);
-
-	while (*p)
-	{
-		const char *end = strchr(p, ';');
-		const char *stop = end ? end : p + strlen(p);
-
-		while (p < stop && isspace((unsigned char) *p))
-			p++;
-		if ((size_t) (stop - p) > taglen && strncasecmp(p, tag, taglen) == 0)
-		{
-			const char *v = p + taglen;
-
-			while (v < stop && isspace((unsigned char) *v))
-				v++;
-			if (v < stop && *v == '=')
-			{
-				const char *vend = stop;
-
-				v++;
-				while (v < vend && isspace((unsigned char) *v))
-					v++;
-				while (vend > v && isspace((unsigned char) vend[-1]))
-					vend--;
-				return xstrndup(v, (size_t) (vend - v));
-			}
-		}
-		if (!end)
-			break;
-		p = end + 1;
-	}
-	return NULL;
 }
 
 /*
@@ -247,7 +189,7 @@ dr_rua_authorised(struct dr_context *ctx, const char *policy_domain, const char 
 	if (same)
 		return true;
 	snprintf(name, sizeof(name), "%s._report._dmarc.%s", policy_domain, rua_domain);
-	record = dr_txt(ctx->resolver, name, "v=DMARC1", &status);
+	record = report_txt(ctx->resolver, name, "v=DMARC1", &status);
 	if (record)
 	{
 		free(record);
@@ -271,12 +213,12 @@ dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, con
 	char		end[24];
 	const char *values[3] = {domain, begin, end};
 	PGresult   *res;
-	char	   *p = dr_tag(record, "p");
-	char	   *sp = dr_tag(record, "sp");
-	char	   *adkim = dr_tag(record, "adkim");
-	char	   *aspf = dr_tag(record, "aspf");
-	char	   *pct = dr_tag(record, "pct");
-	char	   *fo = dr_tag(record, "fo");
+	char	   *p = report_tag(record, "p");
+	char	   *sp = report_tag(record, "sp");
+	char	   *adkim = report_tag(record, "adkim");
+	char	   *aspf = report_tag(record, "aspf");
+	char	   *pct = report_tag(record, "pct");
+	char	   *fo = report_tag(record, "fo");
 	int			n;
 
 	snprintf(begin, sizeof(begin), "%lld", ctx->begin);
@@ -362,28 +304,6 @@ dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, con
 	return n > 0;
 }
 
-/* gzip (RFC 1952) of data into out; false if zlib fails. */
-static bool
-dr_gzip(const char *data, size_t len, struct buf *out)
-{
-	z_stream z;
-	int		 rc;
-
-	memset(&z, 0, sizeof(z));
-	if (deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-		return false;
-	buf_reserve(out, deflateBound(&z, (uLong) len));
-	z.next_in = (Bytef *) (uintptr_t) data;
-	z.avail_in = (uInt) len;
-	z.next_out = (Bytef *) out->data + out->len;
-	z.avail_out = (uInt) deflateBound(&z, (uLong) len);
-	rc = deflate(&z, Z_FINISH);
-	if (rc == Z_STREAM_END)
-		out->len += z.total_out;
-	deflateEnd(&z);
-	return rc == Z_STREAM_END;
-}
-
 /* Queue the report to one rua address. */
 static void
 dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char *report_id,
@@ -391,7 +311,6 @@ dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char 
 {
 	struct buf	headers = BUF_INIT;
 	struct buf	body = BUF_INIT;
-	struct buf	b64 = BUF_INIT;
 	char		date[64];
 	char		filename[700];
 	time_t		now = time(NULL);
@@ -417,12 +336,7 @@ dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char 
 			   "Content-Transfer-Encoding: base64\r\n",
 			   ctx->sender, rua, date, domain, ctx->org_name, report_id, report_id, (long long) now,
 			   ctx->hostname, filename, filename);
-	base64_append(&b64, gz->data, gz->len);
-	for (size_t i = 0; i < b64.len; i += 76)
-	{
-		buf_append(&body, b64.data + i, b64.len - i < 76 ? b64.len - i : 76);
-		buf_append_str(&body, "\r\n");
-	}
+	report_base64_lines(&body, gz->data, gz->len);
 	snprintf(hlen, sizeof(hlen), "%zu", headers.len);
 	snprintf(blen, sizeof(blen), "%zu", body.len);
 	values[0] = ctx->stage;
@@ -460,7 +374,6 @@ dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char 
 	}
 	buf_free(&headers);
 	buf_free(&body);
-	buf_free(&b64);
 }
 
 /* One domain's report: its record, its rua, the XML, and each destination. */
@@ -479,14 +392,14 @@ dr_domain(struct dr_context *ctx, const char *domain)
 	int				nuri = 0;
 
 	snprintf(name, sizeof(name), "_dmarc.%s", domain);
-	record = dr_txt(ctx->resolver, name, "v=DMARC1", &status);
+	record = report_txt(ctx->resolver, name, "v=DMARC1", &status);
 	if (record == NULL)
 	{
 		log_info("%s: no report: %s at %s now", domain,
 				 status == DNS_OK || status == DNS_NXDOMAIN ? "no DMARC record" : "the lookup failed", name);
 		return;
 	}
-	rua = dr_tag(record, "rua");
+	rua = report_tag(record, "rua");
 	if (rua == NULL || *rua == '\0')
 	{
 		log_info("%s: no report: its DMARC record asks for none (no rua)", domain);
@@ -502,7 +415,7 @@ dr_domain(struct dr_context *ctx, const char *domain)
 		buf_free(&xml);
 		return;
 	}
-	if (!dr_gzip(xml.data, xml.len, &gz))
+	if (!report_gzip(xml.data, xml.len, &gz))
 	{
 		log_warnx("%s: the report could not be compressed", domain);
 		ctx->refused++;
@@ -544,20 +457,6 @@ dr_domain(struct dr_context *ctx, const char *domain)
 	free(record);
 }
 
-/* --day YYYY-MM-DD: that UTC day's first second, or -1. */
-static long long
-dr_parse_day(const char *text)
-{
-	struct tm tm;
-	char	 *end;
-
-	memset(&tm, 0, sizeof(tm));
-	end = strptime(text, "%Y-%m-%d", &tm);
-	if (end == NULL || *end)
-		return -1;
-	return (long long) timegm(&tm);
-}
-
 static bool
 dr_parse_epoch(const char *text, long long *out)
 {
@@ -592,7 +491,7 @@ pepsi_dmarc_report_main(int argc, char **argv)
 				config_path = optarg;
 				break;
 			case 'd':
-				if ((ctx.begin = dr_parse_day(optarg)) < 0)
+				if ((ctx.begin = report_parse_day(optarg)) < 0)
 				{
 					fprintf(stderr, DR_PROGRAM ": --day takes a date, YYYY-MM-DD, not \"%s\"\n", optarg);
 					return CLI_EX_USAGE;

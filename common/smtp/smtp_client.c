@@ -410,6 +410,7 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 
 		smtp_check_reuse(c);
 		reused = c->state == SMTP_READY;
+		res->sessions_opened += !reused;
 		opened = reused || smtp_open(c, res);
 		res->connect_seconds += (double) (smtp_io_now_ms() - started) / 1000.0;
 		snprintf(res->relay, sizeof(res->relay), "%s", c->peer);

@@ -150,6 +150,8 @@ struct smtp_result
 	 */
 	char tls_outcome[256];
 	char tls_result[48];
+	/* Sessions this send opened (0: it used one already open), for TLSRPT's session counts. */
+	int sessions_opened;
 	/* per recipient: the reply to its RCPT (code 0 if never sent) */
 	struct smtp_reply *rcpt_replies;
 	/*

@@ -102,6 +102,7 @@ struct dbconn
 	double			   sent_at;		 /* when the pipeline in flight was sent */
 	bool			   failed;		 /* a call or the commit failed */
 	char			   error[512];
+	char			  *dmarc; /* the report's DMARC counts (dmarc_tally_take), given back if it fails */
 };
 
 static struct
@@ -404,7 +405,12 @@ dbconn_start_report(struct dbconn *c)
 	admit.report_due = false;
 	if (pgconn_send(c->pg, ADMIT_REPORT_SQL, 6, values, NULL, NULL)
 		&& (dmarc == NULL || pgconn_send(c->pg, ADMIT_DMARC_SQL, 1, (const char *const *) &dmarc, NULL, NULL)))
+	{
+		c->dmarc = dmarc;
 		dbconn_send_sync(c, DBCONN_WORK_REPORT);
+		return;
+	}
+	dmarc_tally_return(dmarc);
 	free(dmarc);
 }
 
@@ -580,7 +586,12 @@ dbconn_on_done(struct pgconn *pg)
 			}
 			break;
 		case DBCONN_WORK_REPORT:
-			break; /* a failure is logged above; the next report tries again */
+			/* A failure is logged above; the next report tries again, with these counts. */
+			if (c->failed)
+				dmarc_tally_return(c->dmarc);
+			free(c->dmarc);
+			c->dmarc = NULL;
+			break;
 		case DBCONN_WORK_ADMIT:
 			if (!c->failed)
 			{

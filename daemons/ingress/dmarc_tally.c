@@ -8,9 +8,8 @@
  * transaction.  Ingress runs verify in its one event loop, so there is no
  * lock.  At most DMARC_TALLY_MAX distinct records are kept between two
  * reports; past that a verdict is not counted, and that is logged once
- * per report interval.  A report that fails (the database away) loses its
- * counts: an aggregate report is a statistic, the mail itself is not
- * touched.
+ * per report interval.  A report that fails (the database away) gives its
+ * counts back (dmarc_tally_return), for the next report.
  */
 #include "dmarc_tally.h"
 
@@ -55,6 +54,8 @@ tally_hash(const char *key)
 	return h;
 }
 
+static void tally_count(const char *key, unsigned long long count);
+
 /* A field of the key: no separator inside, NULL as empty. */
 static void
 tally_field(struct buf *key, const char *value)
@@ -72,7 +73,6 @@ dmarc_tally_add(const struct dmarc_verdict *d, const char *action, const char *c
 {
 	const struct dkim_signature_result *sig = NULL;
 	struct buf							key = BUF_INIT;
-	uint64_t							slot;
 
 	if (d->result == NULL || (strcmp(d->result, "pass") != 0 && strcmp(d->result, "fail") != 0))
 		return; /* no policy (none), or not known (temperror): nothing to report to */
@@ -91,14 +91,22 @@ dmarc_tally_add(const struct dmarc_verdict *d, const char *action, const char *c
 	tally_field(&key, spf_scope);
 	tally_field(&key, spf_result_name(spf));
 	buf_append(&key, "", 1);
+	tally_count(key.data, 1);
+	buf_free(&key);
+}
 
-	slot = tally_hash(key.data) % DMARC_TALLY_SLOTS;
-	while (tally.slots[slot].key && strcmp(tally.slots[slot].key, key.data) != 0)
+/* Add count to the record of key. */
+static void
+tally_count(const char *key, unsigned long long count)
+{
+	uint64_t slot = tally_hash(key) % DMARC_TALLY_SLOTS;
+
+
+	while (tally.slots[slot].key && strcmp(tally.slots[slot].key, key) != 0)
 		slot = (slot + 1) % DMARC_TALLY_SLOTS;
 	if (tally.slots[slot].key)
 	{
-		tally.slots[slot].count++;
-		buf_free(&key);
+		tally.slots[slot].count += count;
 		return;
 	}
 	if (tally.used >= DMARC_TALLY_MAX)
@@ -108,13 +116,33 @@ dmarc_tally_add(const struct dmarc_verdict *d, const char *action, const char *c
 					  " the verdicts past them are not counted",
 					  DMARC_TALLY_MAX);
 		tally.overflow_logged = true;
-		buf_free(&key);
 		return;
 	}
-	tally.slots[slot].key = xstrdup(key.data);
-	tally.slots[slot].count = 1;
+	tally.slots[slot].key = xstrdup(key);
+	tally.slots[slot].count = count;
 	tally.used++;
-	buf_free(&key);
+}
+
+void
+dmarc_tally_return(const char *counts)
+{
+	json_t *rows = counts ? json_loads(counts, 0, NULL) : NULL;
+	size_t	i;
+	json_t *row;
+
+	json_array_foreach (rows, i, row)
+	{
+		struct buf key = BUF_INIT;
+		json_int_t count = json_integer_value(json_object_get(row, "count"));
+
+		for (int f = 0; f < DMARC_TALLY_FIELDS; f++)
+			tally_field(&key, json_string_value(json_object_get(row, tally_names[f])));
+		buf_append(&key, "", 1);
+		if (count > 0)
+			tally_count(key.data, (unsigned long long) count);
+		buf_free(&key);
+	}
+	json_decref(rows);
 }
 
 char *

@@ -26,5 +26,7 @@ void dmarc_tally_add(const struct dmarc_verdict *d, const char *action, const ch
  * takes, and forget them; NULL when there is none.  The caller frees it.
  */
 char *dmarc_tally_take(void);
+/* Add back what dmarc_tally_take gave, when the report that carried it failed. */
+void dmarc_tally_return(const char *counts);
 
 #endif

@@ -11,6 +11,7 @@
 #include "base/buf.h"
 #include "base/xalloc.h"
 #include "runtime/db.h"
+#include "tls_tally.h"
 
 static bool
 destination_ok(PGresult *res, PGconn *conn, const char *what, char *err, size_t errlen)
@@ -291,7 +292,9 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	char		slow_limit[24];
 	char		handoff[32];
 	struct buf	host_array = BUF_INIT;
-	const char *values[12];
+	const char *values[13];
+	char	   *tls_counts = internet_tls_tally_due(false);
+	bool		tls_sent = tls_counts != NULL;
 	PGresult   *res;
 	bool		ok;
 
@@ -319,16 +322,36 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	values[9] = slow_limit;
 	values[10] = handoff;
 	values[11] = share->stage;
+	values[12] = tls_counts;
+	/* (The TLS session counts ride along when they are due: tls_tally.h.) */
 	res = db_exec(conn,
-				  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
-				  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-				  " $9, $10, $11, $12)",
-				  12, values);
+				  tls_counts ? "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
+							   " pepsi.tls_tally($13::jsonb)"
+							   " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+							   " $9, $10, $11, $12)"
+							 : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+							   " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+							   " $9, $10, $11, $12)",
+				  tls_counts ? 13 : 12, values);
+	free(tls_counts);
+	if (tls_sent && internet_tls_tally_refused(res))
+	{
+		/* An extension older than 0.6: the same call without the counts. */
+		tls_sent = false;
+		PQclear(res);
+		res = db_exec(conn,
+					  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+					  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+					  " $9, $10, $11, $12)",
+					  12, values);
+	}
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
 	destination_kept_clear();
 	ok = destination_ok(res, conn, "pepsi.destination_begin", err, errlen) && PQntuples(res) == 1;
 	if (ok)
 	{
+		if (tls_sent)
+			internet_tls_tally_clear();
 		out->slot = PQgetisnull(res, 0, 0) ? -1 : atoi(PQgetvalue(res, 0, 0));
 		out->wait = PQgetisnull(res, 0, 1) ? 0 : atof(PQgetvalue(res, 0, 1));
 		snprintf(out->reason, sizeof(out->reason), "%s", PQgetvalue(res, 0, 2));

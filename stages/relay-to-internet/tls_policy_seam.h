@@ -31,6 +31,16 @@ struct internet_tls_policy
 	bool			   refuse;		/* the policy forbids delivering to this host */
 	char			   reason[300]; /* why, when it refuses (for the DSN and the log) */
 	struct tls_policy  policy;		/* what the SMTP client enforces */
+	/*
+	 * The policy as a TLS report (RFC 8460 4.3) shows it: its type ("sts",
+	 * "tlsa", "no-policy-found"), its text and MX patterns (lines joined by
+	 * newlines), and, when the domain's MTA-STS policy could not be had,
+	 * that failure's result type ("": none).
+	 */
+	const char *report_type;
+	char	   *report_strings;
+	char	   *report_mx;
+	char		report_failure[48];
 };
 
 /* The policy for delivering mail for domain (A-label) to mx_host; free it with internet_tls_policy_free. */

@@ -18,6 +18,7 @@
 #include "internet.h"
 #include "runtime/db.h"
 #include "tls_policy_seam.h"
+#include "tls_tally.h"
 
 /* ---------------------------------------------------------------------------
  * The delivery
@@ -93,6 +94,24 @@ internet_attempt_note_tls(struct internet_attempt *at, const struct internet_tls
 		at->tls_outcome[0] = '\0';
 }
 
+/*
+ * Count the sessions the send opened for TLS reports: a session whose TLS
+ * the policy judged (tls_outcome) succeeded, or failed with tls_result;
+ * one that ended before (no connection, no greeting) had no TLS to
+ * report.  A failure of the domain's MTA-STS policy counts every session.
+ */
+static void
+internet_tally_session(struct pepsi_ctx *ctx, const char *domain, const struct internet_tls_policy *policy,
+					   const char *host, const char *address, const struct smtp_result *r)
+{
+	const char *result = policy->report_failure[0] ? policy->report_failure : r->tls_result;
+
+	if (r->sessions_opened == 0 || r->tls_outcome[0] == '\0')
+		return;
+	internet_tls_tally_add(domain, policy, result, host, address, r->sessions_opened);
+	pepsi_when_idle(ctx, internet_tls_tally_idle);
+}
+
 static void
 internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route,
 				   const struct smtp_envelope *env, const struct buf *raw, struct internet_attempt *at)
@@ -123,6 +142,10 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 		internet_tls_policy_lookup(ctx, internet_resolver, domain, host, route->secure, &policy);
 		if (policy.refuse)
 		{
+			/* No session, but one the policy failed (RFC 8460 4.3.2). */
+			internet_tls_tally_add(domain, &policy, policy.policy.refused_result, host,
+								   addresses.count ? addresses.addresses[0].address : "", 1);
+			pepsi_when_idle(ctx, internet_tls_tally_idle);
 			internet_attempt_note_tls(at, &policy);
 			snprintf(at->error, sizeof(at->error), "%s", policy.reason);
 			internet_tls_policy_free(&policy);
@@ -174,6 +197,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 			smtp_client_send(client, env, raw->data, raw->len, &at->result);
 			at->have_result = true;
 			internet_attempt_note_tls(at, &policy);
+			internet_tally_session(ctx, domain, &policy, host, address->address, &at->result);
 			attempts_left--;
 			if (!internet_host_failed(&at->result))
 			{

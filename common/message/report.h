@@ -1,0 +1,27 @@
+/*
+ * report.h: what the aggregate report programs share
+ * (pepsi-dmarc-report(8), RFC 7489 7.2; pepsi-tlsrpt(8), RFC 8460): the
+ * policy record in the DNS and its tags, the report's gzip and its
+ * base64 lines in the message, and the --day option.
+ */
+#ifndef PEPSI_MESSAGE_REPORT_H
+#define PEPSI_MESSAGE_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/buf.h"
+#include "dns/dns.h"
+
+/* The first TXT record at name that starts with prefix, or NULL (*status says why). */
+char *report_txt(struct dns_resolver *r, const char *name, const char *prefix, enum dns_status *status);
+/* The value of tag in a "tag=value; ..." record (RFC 7489 6.4, RFC 8460 3), trimmed, or NULL. */
+char *report_tag(const char *record, const char *tag);
+/* gzip (RFC 1952) of data appended to out; false if zlib fails. */
+bool report_gzip(const char *data, size_t len, struct buf *out);
+/* data in base64, in lines of 76 characters ended by CRLF, appended to out. */
+void report_base64_lines(struct buf *out, const void *data, size_t len);
+/* --day YYYY-MM-DD: that UTC day's first second, or -1. */
+long long report_parse_day(const char *text);
+
+#endif
