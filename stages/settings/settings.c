@@ -16,7 +16,8 @@
  * with every reason and nothing is recorded.  Changes are not applied at
  * once: they are recorded (pepsi.settings_request_create) and the owner
  * gets a single-use token, valid for TOKEN_LIFETIME; a reply carrying it
- * (confirm TOKEN, in the text or the Subject) applies them
+ * (confirm TOKEN in the text, or in the Subject of a reply, whose text
+ * is then not read) applies them
  * (pepsi.settings_request_confirm) and is answered with the settings in
  * force, as show is.  The answers are RFC 3834 auto-replies from the
  * settings address, from the null sender, injected at REPLY_STAGE.
@@ -68,10 +69,10 @@ settings_is_command_address(const char *address, const char *local_part)
 static char *
 settings_from_address(const struct buf *headers)
 {
-	char   *from = header_get(headers->data, headers->len, "From");
-	char  **list = NULL;
-	size_t	count = 0;
-	char   *owner = NULL;
+	char  *from = header_get(headers->data, headers->len, "From");
+	char **list = NULL;
+	size_t count = 0;
+	char  *owner = NULL;
 
 	if (from != NULL)
 		header_addresses(from, &list, &count);
@@ -168,13 +169,13 @@ settings_subject_token(const struct buf *headers, struct settings_command *c)
 static void
 settings_parse(struct pepsi_ctx *ctx, const struct buf *body, struct settings_command *c)
 {
-	long long	max_commands = pepsi_option_int(ctx, "MAX_COMMANDS");
-	char	   *text = xstrndup(body->data, body->len);
-	char	   *save = NULL;
-	size_t		line = 0;
-	struct buf	multi = BUF_INIT;
-	char	   *multi_option = NULL;
-	size_t		multi_line = 0;
+	long long  max_commands = pepsi_option_int(ctx, "MAX_COMMANDS");
+	char	  *text = xstrndup(body->data, body->len);
+	char	  *save = NULL;
+	size_t	   line = 0;
+	struct buf multi = BUF_INIT;
+	char	  *multi_option = NULL;
+	size_t	   multi_line = 0;
 
 	for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save))
 	{
@@ -269,9 +270,9 @@ settings_in_force(struct pepsi_ctx *ctx, const char *owner, struct buf *out)
 {
 	const char *values[1] = {owner};
 	json_t	   *rows = pepsi_call_json(ctx,
-										   "SELECT coalesce(jsonb_object_agg(option, jsonb_build_array(value, source)),"
+									   "SELECT coalesce(jsonb_object_agg(option, jsonb_build_array(value, source)),"
 										   " '{}') FROM pepsi.settings_resolved($1)",
-										   1, values);
+									   1, values);
 	const char *name;
 
 	if (rows == NULL)
@@ -362,8 +363,10 @@ settings_handle(struct pepsi_ctx *ctx, const char *responder)
 	{
 		log_info("%s: row %lld: <%s>: a command from <%s> (%s)", pepsi_queue_id(ctx), pepsi_id(ctx), responder,
 				 owner, proof);
+		/* A reply to the confirmation is one, whatever its text says (a greeting, the quote). */
 		settings_subject_token(headers, &c);
-		settings_parse(ctx, body, &c);
+		if (c.token == NULL)
+			settings_parse(ctx, body, &c);
 		if (c.problems.len > 0)
 		{
 			subject = "Settings: not changed";
@@ -413,7 +416,7 @@ settings_handle(struct pepsi_ctx *ctx, const char *responder)
 				char *token_subject = xasprintf("Settings: confirm %s", json_string_value(answer));
 
 				buf_append_str(&text, "You asked for these changes:\n\n");
-				json_object_foreach(c.changes, option, value)
+				json_object_foreach (c.changes, option, value)
 				{
 					if (json_is_null(value))
 						buf_printf(&text, "  unset %s\n", option);
@@ -421,8 +424,8 @@ settings_handle(struct pepsi_ctx *ctx, const char *responder)
 						buf_printf(&text, "  set %s %s\n", option, json_string_value(value));
 				}
 				buf_printf(&text, "\nThey apply when you reply to this message, or send this line to %s:\n\n"
-								  "confirm %s\n\nThe token works once, for %s.\n",
-						   responder, json_string_value(answer), pepsi_option_text(ctx, "TOKEN_LIFETIME"));
+								  "confirm %s\n\nThe token works once, for %.0f minutes.\n",
+						   responder, json_string_value(answer), pepsi_option_seconds(ctx, "TOKEN_LIFETIME") / 60);
 				ok = settings_reply(ctx, responder, owner, token_subject, text.data);
 				free(token_subject);
 				buf_reset(&text);
