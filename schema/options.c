@@ -20,6 +20,7 @@
 	{where, name, OPTION_##type, OPTION_SCOPE_##scope, default_value, min, max, choices, description},
 #define UNSKIPPABLE(program, why)
 #define SECRET(where, name)
+#define OWNER(where, name, lines)
 
 const struct option_def option_table[] = {
 #include "options.def"
@@ -28,12 +29,14 @@ const struct option_def option_table[] = {
 #undef OPTION
 #undef UNSKIPPABLE
 #undef SECRET
+#undef OWNER
 
 const size_t option_count = sizeof(option_table) / sizeof(option_table[0]);
 
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description)
 #define UNSKIPPABLE(program, why) {program, why},
 #define SECRET(where, name)
+#define OWNER(where, name, lines)
 
 static const struct
 {
@@ -46,10 +49,12 @@ static const struct
 #undef OPTION
 #undef UNSKIPPABLE
 #undef SECRET
+#undef OWNER
 
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description)
 #define UNSKIPPABLE(program, why)
 #define SECRET(where, name) {where, name},
+#define OWNER(where, name, lines)
 
 static const struct
 {
@@ -62,6 +67,78 @@ static const struct
 #undef OPTION
 #undef UNSKIPPABLE
 #undef SECRET
+#undef OWNER
+
+#define OPTION(where, name, type, scope, default_value, min, max, choices, description)
+#define UNSKIPPABLE(program, why)
+#define SECRET(where, name)
+#define OWNER(where, name, lines) {where, name, lines},
+
+static const struct
+{
+	const char *where;
+	const char *name;
+	int			lines;
+} option_owner_table[] = {
+#include "options.def"
+};
+
+#undef OPTION
+#undef UNSKIPPABLE
+#undef SECRET
+#undef OWNER
+
+const struct option_def *
+option_owner_find(const char *name, bool *lines)
+{
+	for (size_t i = 0; name && i < sizeof(option_owner_table) / sizeof(option_owner_table[0]); i++)
+		if (strcmp(name, option_owner_table[i].name) == 0)
+			for (size_t j = 0; j < option_count; j++)
+				if (strcmp(option_table[j].where, option_owner_table[i].where) == 0
+					&& strcmp(option_table[j].name, name) == 0 && option_table[j].scope == OPTION_SCOPE_ADDRESS)
+				{
+					if (lines)
+						*lines = option_owner_table[i].lines != 0;
+					return &option_table[j];
+				}
+	return NULL;
+}
+
+const char *
+option_owner_name(size_t index)
+{
+	return index < sizeof(option_owner_table) / sizeof(option_owner_table[0]) ? option_owner_table[index].name
+																			  : NULL;
+}
+
+bool
+option_owner_value_check(const char *name, const char *value, char *problem, size_t problem_len)
+{
+	bool					 lines = false;
+	const struct option_def *def = option_owner_find(name, &lines);
+
+	if (def == NULL)
+	{
+		snprintf(problem, problem_len, "%s is not an option an address's owner may set", name);
+		return false;
+	}
+	if (value == NULL)
+		return true;
+	if (strlen(value) > OPTION_OWNER_VALUE_MAX)
+	{
+		snprintf(problem, problem_len, "the value of %s is longer than %d bytes", name, OPTION_OWNER_VALUE_MAX);
+		return false;
+	}
+	if (!lines)
+		return option_value_check(def, value, true, problem, problem_len);
+	for (const char *p = value; *p; p++)
+		if (iscntrl((unsigned char) *p) && *p != '\n' && *p != '\r' && *p != '\t')
+		{
+			snprintf(problem, problem_len, "%s is text: lines and tabs, no other control character", name);
+			return false;
+		}
+	return true;
+}
 
 bool
 option_is_secret(const struct option_def *def)

@@ -70,6 +70,17 @@ const char *option_program_name(const char *program);
  * *why (may be NULL); -1 if not.
  */
 int option_unskippable_index(const char *program, const char **why);
+/*
+ * The owner's options (options.def OWNER): the longest value an owner may
+ * set (the vacation notice's text's bound); the option of that name an
+ * owner may set (with *lines true for a text of several lines), or NULL;
+ * the index'th such option's name, or NULL past the last; and whether
+ * value (NULL: removing it) is one an owner may set, else false with why.
+ */
+#define OPTION_OWNER_VALUE_MAX 10000
+const struct option_def *option_owner_find(const char *name, bool *lines);
+const char				*option_owner_name(size_t index);
+bool					 option_owner_value_check(const char *name, const char *value, char *problem, size_t problem_len);
 /* Does def hold a secret (options.def SECRET), read only from secrets.d? */
 bool option_is_secret(const struct option_def *def);
 /* Does the schema declare options of this stage program (so any other is refused)? */

@@ -25,6 +25,7 @@
 #define OPTION(where, name, type, scope, default_value, min, max, choices, description)
 #define UNSKIPPABLE(program, why) {program, why},
 #define SECRET(where, name)
+#define OWNER(where, name, lines)
 
 static const struct
 {
@@ -37,6 +38,7 @@ static const struct
 #undef OPTION
 #undef UNSKIPPABLE
 #undef SECRET
+#undef OWNER
 
 /* Text of options.def as Markdown: every character pandoc could read as markup escaped. */
 static void

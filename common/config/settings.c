@@ -4,8 +4,10 @@
 #include "config/settings.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "base/buf.h"
+#include "options.h"
 #include "runtime/db.h"
 
 json_t *
@@ -36,9 +38,12 @@ settings_for_addresses(PGconn *conn, const char *const *addresses, size_t count,
 		db_array_append(&array, addresses[i]);
 	buf_append_char(&array, '}');
 	values[0] = array.data;
+	/* The domain's rows first, so that the address's own replace them below. */
 	res = db_exec(conn,
 				  "SELECT a.address, s.option, s.value FROM unnest($1::text[]) AS a(address)"
-				  " JOIN pepsi.settings s ON s.address = lower(a.address)",
+				  " JOIN pepsi.settings s ON s.address = lower(a.address)"
+				  " OR s.address = regexp_replace(lower(a.address), '^.*@', '@')"
+				  " ORDER BY s.address LIKE '@%' DESC",
 				  1, values);
 	buf_free(&array);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -59,4 +64,26 @@ settings_for_addresses(PGconn *conn, const char *const *addresses, size_t count,
 							json_string(PQgetvalue(res, i, 2)));
 	PQclear(res);
 	return all;
+}
+
+const char *
+settings_owner_value(const json_t *settings, const char *option)
+{
+	const json_t *own = json_object_get(settings, option);
+
+	if (!json_is_string(own) || option_owner_find(option, NULL) == NULL)
+		return NULL;
+	return json_string_value(own);
+}
+
+const char *
+settings_text_for(const struct pepsi_config *cfg, const char *section, const json_t *settings, const char *option,
+				  const char *address)
+{
+	const char *own = settings_owner_value(settings, option);
+	const char *at = strrchr(address, '@');
+
+	if (own != NULL)
+		return own;
+	return config_text_for(cfg, section, option, at ? at + 1 : NULL, address);
 }

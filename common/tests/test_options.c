@@ -86,6 +86,38 @@ test_scope_check(void **state)
 	assert_false(option_program_declared("someone-elses-stage"));
 }
 
+/* What an owner may set (options.def OWNER): every mark names an ADDRESS option; values checked. */
+static void
+test_owner_options(void **state)
+{
+	char		problem[512];
+	const char *name;
+	bool		lines = true;
+	char		big[OPTION_OWNER_VALUE_MAX + 2];
+
+	(void) state;
+	for (size_t i = 0; (name = option_owner_name(i)) != NULL; i++)
+		assert_non_null(option_owner_find(name, NULL));
+	assert_non_null(option_owner_find("VACATION_SUBJECT", &lines));
+	assert_false(lines);
+	assert_non_null(option_owner_find("VACATION_MESSAGE", &lines));
+	assert_true(lines);
+	assert_null(option_owner_find("QUEUE_LIMIT", NULL));
+	assert_true(option_owner_value_check("VACATION", "yes", problem, sizeof(problem)));
+	assert_true(option_owner_value_check("VACATION", NULL, problem, sizeof(problem)));
+	assert_false(option_owner_value_check("VACATION", "maybe", problem, sizeof(problem)));
+	assert_false(option_owner_value_check("QUEUE_LIMIT", "5", problem, sizeof(problem)));
+	assert_string_equal(problem, "QUEUE_LIMIT is not an option an address's owner may set");
+	assert_true(option_owner_value_check("VACATION_MESSAGE", "Away.\r\n\tBack soon.", problem, sizeof(problem)));
+	assert_false(option_owner_value_check("VACATION_MESSAGE", "Away\x1b[2J", problem, sizeof(problem)));
+	assert_false(option_owner_value_check("VACATION_SUBJECT", "two\nlines", problem, sizeof(problem)));
+	assert_false(option_owner_value_check("BLOCK_ACTION", "shred", problem, sizeof(problem)));
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	assert_false(option_owner_value_check("VACATION_MESSAGE", big, problem, sizeof(problem)));
+	assert_non_null(strstr(problem, "longer than 10000 bytes"));
+}
+
 int
 main(void)
 {
@@ -93,6 +125,7 @@ main(void)
 		cmocka_unit_test(test_defaults_pass_their_check),
 		cmocka_unit_test(test_every_line_is_found),
 		cmocka_unit_test(test_scope_check),
+		cmocka_unit_test(test_owner_options),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

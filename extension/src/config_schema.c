@@ -85,3 +85,26 @@ config_value_problem(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(cstring_to_text(problem));
 }
+
+PG_FUNCTION_INFO_V1(settings_option_problem);
+
+/*
+ * Why an address's owner may not set option to value (a sentence), or
+ * NULL when they may (schema/options.def OWNER and the value's check);
+ * a NULL value asks about removing it, which only needs the option.
+ */
+Datum
+settings_option_problem(PG_FUNCTION_ARGS)
+{
+	char *option;
+	char *value;
+	char  problem[512];
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_TEXT_P(cstring_to_text("an option name is required"));
+	option = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	value = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	if (option_owner_value_check(option, value, problem, sizeof(problem)))
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(problem));
+}

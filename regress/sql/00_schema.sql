@@ -154,6 +154,8 @@ UNLISTEN pepsi_config_changed;
 -- ---------------------------------------------------------------------------
 
 INSERT INTO pepsi.settings (address, option, value) VALUES ('bob@example.org', 'VACATION', 'on');
+-- a domain's row, for its addresses that set none
+INSERT INTO pepsi.settings (address, option, value) VALUES ('@example.org', 'VACATION', 'on');
 \set VERBOSITY terse
 INSERT INTO pepsi.settings (address, option, value) VALUES ('bob', 'VACATION', 'on');
 INSERT INTO pepsi.settings (address, option, value) VALUES ('bob@ex@ample.org', 'VACATION', 'on');

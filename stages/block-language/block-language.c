@@ -26,6 +26,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "config/settings.h"
 #include "message/header.h"
 #include "options.h"
 #include "runtime/stage.h"
@@ -46,16 +47,11 @@ static const char *const block_action_names[] = {"refuse", "hold", "tag"};
 /* The most rows a worker takes at once: their recipients' settings read with one statement. */
 #define BLOCK_LANGUAGE_BATCH_MAX 64
 
-/* What the owner set for option, else the section's value for address. */
+/* What the owner set for option, else the section's value for address (common/config/settings.h). */
 static const char *
 block_setting(struct pepsi_ctx *ctx, json_t *settings, const char *option, const char *address)
 {
-	json_t	   *own = json_object_get(settings, option);
-	const char *at = strrchr(address, '@');
-
-	if (json_is_string(own))
-		return json_string_value(own);
-	return config_text_for(pepsi_config(ctx), pepsi_section(ctx), option, at ? at + 1 : NULL, address);
+	return settings_text_for(pepsi_config(ctx), pepsi_section(ctx), settings, option, address);
 }
 
 /* The decision for recipient index on a message in language; -2 when the settings cannot be read. */

@@ -24,6 +24,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "config/settings.h"
 #include "message/autoreply.h"
 #include "message/origin.h"
 #include "options.h"
@@ -38,29 +39,25 @@ int pepsi_stage_vacation_main(int argc, char **argv);
  */
 #define VACATION_BATCH_MAX 64
 
-/* The owner's setting of option, else the section's option for address. */
+/* The owner's setting of option, else the section's option for address (common/config/settings.h). */
 static const char *
 vacation_text(struct pepsi_ctx *ctx, json_t *settings, const char *option, const char *address)
 {
-	json_t *own = json_object_get(settings, option);
-
-	if (json_is_string(own))
-		return json_string_value(own);
-	return config_text_for(pepsi_config(ctx), pepsi_section(ctx), option, NULL, address);
+	return settings_text_for(pepsi_config(ctx), pepsi_section(ctx), settings, option, address);
 }
 
 static bool
 vacation_on(struct pepsi_ctx *ctx, json_t *settings, const char *address)
 {
-	json_t *own = json_object_get(settings, "VACATION");
-	bool	on;
+	const char *own = settings_owner_value(settings, "VACATION");
+	bool		on;
 
-	if (json_is_string(own))
+	if (own != NULL)
 	{
-		if (option_parse_bool(json_string_value(own), &on))
+		if (option_parse_bool(own, &on))
 			return on;
 		log_warnx("%s: row %lld: <%s>: the setting VACATION = \"%s\" is not yes or no: ignored",
-				  pepsi_queue_id(ctx), pepsi_id(ctx), address, json_string_value(own));
+				  pepsi_queue_id(ctx), pepsi_id(ctx), address, own);
 	}
 	return config_bool_for(pepsi_config(ctx), pepsi_section(ctx), "VACATION", NULL, address);
 }
@@ -68,15 +65,15 @@ vacation_on(struct pepsi_ctx *ctx, json_t *settings, const char *address)
 static double
 vacation_interval(struct pepsi_ctx *ctx, json_t *settings, const char *address)
 {
-	json_t	 *own = json_object_get(settings, "VACATION_INTERVAL");
-	long long ms;
+	const char *own = settings_owner_value(settings, "VACATION_INTERVAL");
+	long long	ms;
 
-	if (json_is_string(own))
+	if (own != NULL)
 	{
-		if (option_parse_duration_ms(json_string_value(own), &ms) && ms >= 1000)
+		if (option_parse_duration_ms(own, &ms) && ms >= 1000)
 			return ms / 1000.0;
 		log_warnx("%s: row %lld: <%s>: the setting VACATION_INTERVAL = \"%s\" is not a duration of a second or more: ignored",
-				  pepsi_queue_id(ctx), pepsi_id(ctx), address, json_string_value(own));
+				  pepsi_queue_id(ctx), pepsi_id(ctx), address, own);
 	}
 	return config_duration_ms_for(pepsi_config(ctx), pepsi_section(ctx), "VACATION_INTERVAL", NULL,
 								  address)
