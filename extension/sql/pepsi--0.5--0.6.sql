@@ -184,6 +184,150 @@ BEGIN
     DELETE FROM pepsi.screen_verdict v WHERE v.expires <= now();
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'tls_tally', '{EXECUTE}'),
+    ('pepsi_config', 'table', 'tls_aggregate', '{SELECT}'),
+    ('pepsi_config', 'function', 'tls_aggregate_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'tlsrpt_inject', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'tlsrpt_posted', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'greylist_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'send_count_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'screen_verdict_prune', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'tls_aggregate', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('tls_tally'), ('tls_aggregate_prune'), ('tlsrpt_inject'),
+    ('tlsrpt_posted'), ('greylist_prune'), ('send_count_prune'), ('screen_verdict_prune');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.tls_aggregate', '');
+
+SELECT pepsi.grant_apply();
+
+-- The schedule's allow-list gains the prune functions above.
+CREATE OR REPLACE FUNCTION pepsi.schedule_functions(OUT name text, OUT arguments text, OUT description text)
+RETURNS SETOF record LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    VALUES ('failure_bounce',
+            'older_than (interval, required), policy ("bounce" or "delete"), bounce_stage, max_rows',
+            'Bounce (or delete) failed and timed-out rows older than older_than: pepsi-failure-bouncer(8)'),
+           ('dmarc_aggregate_prune', 'older_than (interval, required, an hour or more)',
+            'Delete the DMARC verdicts counted more than older_than ago: pepsi-dmarc-report(8)'),
+           ('tls_aggregate_prune', 'older_than (interval, required, a day or more)',
+            'Delete the TLS sessions counted more than older_than ago: pepsi-tlsrpt(8)'),
+           ('greylist_prune', 'older_than (interval, required, an hour or more)',
+            'Delete the greylisting triplets not seen for older_than, and ended auto-whitelistings'),
+           ('send_count_prune', 'older_than (interval, required, an hour or more)',
+            'Delete the hours of per-account send counts older than older_than'),
+           ('screen_verdict_prune', '(none)',
+            'Delete the expired connection-level verdicts (DNSBL, pre-greeting)')
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.schedule_check_call(function_name text, arguments jsonb) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    unknown text;
+    older_than interval;
+    max_rows integer;
+BEGIN
+    IF function_name IS NULL OR NOT EXISTS (SELECT FROM pepsi.schedule_functions() f
+                                             WHERE f.name = function_name) THEN
+        RAISE EXCEPTION 'a schedule may not call "%"', function_name
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('The functions a schedule may call: %s.',
+                                  (SELECT string_agg(f.name, ', ') FROM pepsi.schedule_functions() f)),
+                  HINT = 'For other work at a time, inject a row at the stage that does it (stage => ...).';
+    END IF;
+    IF function_name = 'failure_bounce' THEN
+        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k
+        WHERE k NOT IN ('older_than', 'policy', 'bounce_stage', 'max_rows');
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'failure_bounce takes no argument %', unknown
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'Its arguments: older_than, policy, bounce_stage, max_rows.';
+        END IF;
+        IF arguments ->> 'older_than' IS NULL THEN
+            RAISE EXCEPTION 'failure_bounce needs the argument older_than'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'arguments => ''{"older_than": "5 days"}''';
+        END IF;
+        BEGIN
+            older_than := (arguments ->> 'older_than')::interval;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+            RAISE EXCEPTION 'failure_bounce''s older_than is not an interval: "%"', arguments ->> 'older_than'
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'For example "5 days" or "12 hours".';
+        END;
+        BEGIN
+            max_rows := coalesce((arguments ->> 'max_rows')::integer, 1000);
+        EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+            RAISE EXCEPTION 'failure_bounce''s max_rows is not a whole number: "%"', arguments ->> 'max_rows'
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+        PERFORM pepsi.failure_bounce_check(older_than, coalesce(arguments ->> 'policy', 'bounce'),
+                                           coalesce(arguments ->> 'bounce_stage', 'bounce'), max_rows);
+    ELSIF function_name IN ('dmarc_aggregate_prune', 'tls_aggregate_prune', 'greylist_prune', 'send_count_prune') THEN
+        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k WHERE k <> 'older_than';
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION '% takes no argument %', function_name, unknown
+                USING ERRCODE = 'invalid_parameter_value', DETAIL = 'Its argument: older_than.';
+        END IF;
+        BEGIN
+            older_than := (arguments ->> 'older_than')::interval;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+            RAISE EXCEPTION '%''s older_than is not an interval: "%"', function_name, arguments ->> 'older_than'
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+        IF function_name = 'tls_aggregate_prune' AND (older_than IS NULL OR older_than < interval '1 day') THEN
+            RAISE EXCEPTION 'tls_aggregate_prune needs older_than, a day or more'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF older_than IS NULL OR older_than < interval '1 hour' THEN
+            RAISE EXCEPTION '% needs older_than, an hour or more', function_name
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    ELSIF function_name = 'screen_verdict_prune' THEN
+        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k;
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'screen_verdict_prune takes no argument %', unknown
+                USING ERRCODE = 'invalid_parameter_value', DETAIL = 'It takes no arguments.';
+        END IF;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.schedule_call(function_name text, arguments jsonb) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    bounced bigint;
+    deleted bigint;
+BEGIN
+    PERFORM pepsi.schedule_check_call(function_name, arguments);
+    CASE function_name
+        WHEN 'failure_bounce' THEN
+            SELECT count(*) FILTER (WHERE f.action = 'bounced'),
+                   count(*) FILTER (WHERE f.action <> 'bounced')
+            INTO bounced, deleted
+            FROM pepsi.failure_bounce((arguments ->> 'older_than')::interval,
+                                      coalesce(arguments ->> 'policy', 'bounce'),
+                                      coalesce(arguments ->> 'bounce_stage', 'bounce'),
+                                      coalesce((arguments ->> 'max_rows')::integer, 1000)) f;
+            RETURN format('%s bounced, %s deleted', bounced, deleted);
+        WHEN 'dmarc_aggregate_prune' THEN
+            RETURN format('%s rows pruned', pepsi.dmarc_aggregate_prune((arguments ->> 'older_than')::interval));
+        WHEN 'tls_aggregate_prune' THEN
+            RETURN format('%s rows pruned', pepsi.tls_aggregate_prune((arguments ->> 'older_than')::interval));
+        WHEN 'greylist_prune' THEN
+            RETURN format('%s rows pruned', pepsi.greylist_prune((arguments ->> 'older_than')::interval));
+        WHEN 'send_count_prune' THEN
+            RETURN format('%s rows pruned', pepsi.send_count_prune((arguments ->> 'older_than')::interval));
+        WHEN 'screen_verdict_prune' THEN
+            RETURN format('%s rows pruned', pepsi.screen_verdict_prune());
+    END CASE;
+END
+$$;
+
+-- end of TLS reports and pruning
+
+-- ===========================================================================
 -- Owner settings: domain rows, pepsi-settings and settings by e-mail
 --
 -- pepsi.settings holds a domain's rows too, written '@example.org': what
@@ -376,144 +520,6 @@ END
 $$;
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
-    ('pepsi_stage', 'function', 'tls_tally', '{EXECUTE}'),
-    ('pepsi_config', 'table', 'tls_aggregate', '{SELECT}'),
-    ('pepsi_config', 'function', 'tls_aggregate_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'tlsrpt_inject', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'tlsrpt_posted', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'greylist_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'send_count_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'screen_verdict_prune', '{EXECUTE}'),
-    ('pepsi_monitor', 'table', 'tls_aggregate', '{SELECT}');
-INSERT INTO pepsi.grant_definer (name) VALUES ('tls_tally'), ('tls_aggregate_prune'), ('tlsrpt_inject'),
-    ('tlsrpt_posted'), ('greylist_prune'), ('send_count_prune'), ('screen_verdict_prune');
-
-SELECT pg_catalog.pg_extension_config_dump('pepsi.tls_aggregate', '');
-
-SELECT pepsi.grant_apply();
-
--- The schedule's allow-list gains the prune functions above.
-CREATE OR REPLACE FUNCTION pepsi.schedule_functions(OUT name text, OUT arguments text, OUT description text)
-RETURNS SETOF record LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    VALUES ('failure_bounce',
-            'older_than (interval, required), policy ("bounce" or "delete"), bounce_stage, max_rows',
-            'Bounce (or delete) failed and timed-out rows older than older_than: pepsi-failure-bouncer(8)'),
-           ('dmarc_aggregate_prune', 'older_than (interval, required, an hour or more)',
-            'Delete the DMARC verdicts counted more than older_than ago: pepsi-dmarc-report(8)'),
-           ('tls_aggregate_prune', 'older_than (interval, required, a day or more)',
-            'Delete the TLS sessions counted more than older_than ago: pepsi-tlsrpt(8)'),
-           ('greylist_prune', 'older_than (interval, required, an hour or more)',
-            'Delete the greylisting triplets not seen for older_than, and ended auto-whitelistings'),
-           ('send_count_prune', 'older_than (interval, required, an hour or more)',
-            'Delete the hours of per-account send counts older than older_than'),
-           ('screen_verdict_prune', '(none)',
-            'Delete the expired connection-level verdicts (DNSBL, pre-greeting)')
-$$;
-
-CREATE OR REPLACE FUNCTION pepsi.schedule_check_call(function_name text, arguments jsonb) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
-DECLARE
-    unknown text;
-    older_than interval;
-    max_rows integer;
-BEGIN
-    IF function_name IS NULL OR NOT EXISTS (SELECT FROM pepsi.schedule_functions() f
-                                             WHERE f.name = function_name) THEN
-        RAISE EXCEPTION 'a schedule may not call "%"', function_name
-            USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = format('The functions a schedule may call: %s.',
-                                  (SELECT string_agg(f.name, ', ') FROM pepsi.schedule_functions() f)),
-                  HINT = 'For other work at a time, inject a row at the stage that does it (stage => ...).';
-    END IF;
-    IF function_name = 'failure_bounce' THEN
-        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k
-        WHERE k NOT IN ('older_than', 'policy', 'bounce_stage', 'max_rows');
-        IF unknown IS NOT NULL THEN
-            RAISE EXCEPTION 'failure_bounce takes no argument %', unknown
-                USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'Its arguments: older_than, policy, bounce_stage, max_rows.';
-        END IF;
-        IF arguments ->> 'older_than' IS NULL THEN
-            RAISE EXCEPTION 'failure_bounce needs the argument older_than'
-                USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'arguments => ''{"older_than": "5 days"}''';
-        END IF;
-        BEGIN
-            older_than := (arguments ->> 'older_than')::interval;
-        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
-            RAISE EXCEPTION 'failure_bounce''s older_than is not an interval: "%"', arguments ->> 'older_than'
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'For example "5 days" or "12 hours".';
-        END;
-        BEGIN
-            max_rows := coalesce((arguments ->> 'max_rows')::integer, 1000);
-        EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
-            RAISE EXCEPTION 'failure_bounce''s max_rows is not a whole number: "%"', arguments ->> 'max_rows'
-                USING ERRCODE = 'invalid_parameter_value';
-        END;
-        PERFORM pepsi.failure_bounce_check(older_than, coalesce(arguments ->> 'policy', 'bounce'),
-                                           coalesce(arguments ->> 'bounce_stage', 'bounce'), max_rows);
-    ELSIF function_name IN ('dmarc_aggregate_prune', 'tls_aggregate_prune', 'greylist_prune', 'send_count_prune') THEN
-        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k WHERE k <> 'older_than';
-        IF unknown IS NOT NULL THEN
-            RAISE EXCEPTION '% takes no argument %', function_name, unknown
-                USING ERRCODE = 'invalid_parameter_value', DETAIL = 'Its argument: older_than.';
-        END IF;
-        BEGIN
-            older_than := (arguments ->> 'older_than')::interval;
-        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
-            RAISE EXCEPTION '%''s older_than is not an interval: "%"', function_name, arguments ->> 'older_than'
-                USING ERRCODE = 'invalid_parameter_value';
-        END;
-        IF function_name = 'tls_aggregate_prune' AND (older_than IS NULL OR older_than < interval '1 day') THEN
-            RAISE EXCEPTION 'tls_aggregate_prune needs older_than, a day or more'
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF older_than IS NULL OR older_than < interval '1 hour' THEN
-            RAISE EXCEPTION '% needs older_than, an hour or more', function_name
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    ELSIF function_name = 'screen_verdict_prune' THEN
-        SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k;
-        IF unknown IS NOT NULL THEN
-            RAISE EXCEPTION 'screen_verdict_prune takes no argument %', unknown
-                USING ERRCODE = 'invalid_parameter_value', DETAIL = 'It takes no arguments.';
-        END IF;
-    END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pepsi.schedule_call(function_name text, arguments jsonb) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
-DECLARE
-    bounced bigint;
-    deleted bigint;
-BEGIN
-    PERFORM pepsi.schedule_check_call(function_name, arguments);
-    CASE function_name
-        WHEN 'failure_bounce' THEN
-            SELECT count(*) FILTER (WHERE f.action = 'bounced'),
-                   count(*) FILTER (WHERE f.action <> 'bounced')
-            INTO bounced, deleted
-            FROM pepsi.failure_bounce((arguments ->> 'older_than')::interval,
-                                      coalesce(arguments ->> 'policy', 'bounce'),
-                                      coalesce(arguments ->> 'bounce_stage', 'bounce'),
-                                      coalesce((arguments ->> 'max_rows')::integer, 1000)) f;
-            RETURN format('%s bounced, %s deleted', bounced, deleted);
-        WHEN 'dmarc_aggregate_prune' THEN
-            RETURN format('%s rows pruned', pepsi.dmarc_aggregate_prune((arguments ->> 'older_than')::interval));
-        WHEN 'tls_aggregate_prune' THEN
-            RETURN format('%s rows pruned', pepsi.tls_aggregate_prune((arguments ->> 'older_than')::interval));
-        WHEN 'greylist_prune' THEN
-            RETURN format('%s rows pruned', pepsi.greylist_prune((arguments ->> 'older_than')::interval));
-        WHEN 'send_count_prune' THEN
-            RETURN format('%s rows pruned', pepsi.send_count_prune((arguments ->> 'older_than')::interval));
-        WHEN 'screen_verdict_prune' THEN
-            RETURN format('%s rows pruned', pepsi.screen_verdict_prune());
-    END CASE;
-END
-$$;
-
--- end of TLS reports and pruning
     ('pepsi_config', 'function', 'settings_option_problem', '{EXECUTE}'),
     ('pepsi_config', 'function', 'settings_key', '{EXECUTE}'),
     ('pepsi_config', 'function', 'settings_set', '{EXECUTE}'),

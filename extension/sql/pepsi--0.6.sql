@@ -4571,6 +4571,29 @@ BEGIN
     DELETE FROM pepsi.screen_verdict v WHERE v.expires <= now();
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'tls_tally', '{EXECUTE}'),
+    ('pepsi_config', 'table', 'tls_aggregate', '{SELECT}'),
+    ('pepsi_config', 'function', 'tls_aggregate_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'tlsrpt_inject', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'tlsrpt_posted', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'greylist_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'send_count_prune', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'screen_verdict_prune', '{EXECUTE}'),
+    ('pepsi_monitor', 'table', 'tls_aggregate', '{SELECT}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('tls_tally'), ('tls_aggregate_prune'), ('tlsrpt_inject'),
+    ('tlsrpt_posted'), ('greylist_prune'), ('send_count_prune'), ('screen_verdict_prune');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.tls_aggregate', '');
+
+SELECT pepsi.grant_apply();
+
+-- end of TLS reports and pruning
+
+-- ===========================================================================
 -- Owner settings: domain rows, pepsi-settings and settings by e-mail
 --
 -- pepsi.settings holds a domain's rows too, written '@example.org': what
@@ -4758,23 +4781,6 @@ END
 $$;
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
-    ('pepsi_stage', 'function', 'tls_tally', '{EXECUTE}'),
-    ('pepsi_config', 'table', 'tls_aggregate', '{SELECT}'),
-    ('pepsi_config', 'function', 'tls_aggregate_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'tlsrpt_inject', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'tlsrpt_posted', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'greylist_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'send_count_prune', '{EXECUTE}'),
-    ('pepsi_config', 'function', 'screen_verdict_prune', '{EXECUTE}'),
-    ('pepsi_monitor', 'table', 'tls_aggregate', '{SELECT}');
-INSERT INTO pepsi.grant_definer (name) VALUES ('tls_tally'), ('tls_aggregate_prune'), ('tlsrpt_inject'),
-    ('tlsrpt_posted'), ('greylist_prune'), ('send_count_prune'), ('screen_verdict_prune');
-
-SELECT pg_catalog.pg_extension_config_dump('pepsi.tls_aggregate', '');
-
-SELECT pepsi.grant_apply();
-
--- end of TLS reports and pruning
     ('pepsi_config', 'function', 'settings_option_problem', '{EXECUTE}'),
     ('pepsi_config', 'function', 'settings_key', '{EXECUTE}'),
     ('pepsi_config', 'function', 'settings_set', '{EXECUTE}'),
