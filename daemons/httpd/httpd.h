@@ -112,5 +112,10 @@ enum MHD_Result views_route(struct request *req, const struct principal *who, bo
 
 /* www.c: the web page's static files. */
 enum MHD_Result www_respond(struct request *req);
+/* One of them, whatever the request's path (404 if none). */
+enum MHD_Result www_respond_path(struct request *req, const char *path);
+
+/* setup_web.c: /setup, /api/setup and /api/setup/log, the first-run setup page. */
+enum MHD_Result setup_web_route(struct request *req);
 
 #endif
