@@ -26,7 +26,7 @@
 
 #define SETUP_LINK_FILE_MAX 8192
 
-static void
+void
 setup_link_hex(const unsigned char *in, size_t len, char *out)
 {
 	static const char digits[] = "0123456789abcdef";

@@ -35,6 +35,9 @@ enum setup_link_result
 	SETUP_LINK_ERROR, /* the file cannot be read or deleted: err */
 };
 
+/* len bytes as 2 * len hex digits and a NUL. */
+void setup_link_hex(const unsigned char *in, size_t len, char *out);
+
 /* Take the link of token, once. */
 enum setup_link_result setup_link_take(const char *path, const char *token, char **root, bool *as_root,
 									   char *err, size_t errlen);

@@ -51,19 +51,6 @@ static struct
 	json_t		 *tasks; /* the ids enqueued; NULL until the answers are */
 } setup_session;
 
-static void
-setup_hex(const unsigned char *in, size_t len, char *out)
-{
-	static const char digits[] = "0123456789abcdef";
-
-	for (size_t i = 0; i < len; i++)
-	{
-		out[2 * i] = digits[in[i] >> 4];
-		out[2 * i + 1] = digits[in[i] & 15];
-	}
-	out[2 * len] = '\0';
-}
-
 static enum MHD_Result
 setup_text(struct request *req, unsigned status, const char *message)
 {
@@ -140,10 +127,10 @@ setup_take_link(struct request *req, const char *token)
 		return setup_text(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "no randomness\n");
 	}
 	setup_session_end();
-	setup_hex(secret_bytes, sizeof(secret_bytes), secret);
+	setup_link_hex(secret_bytes, sizeof(secret_bytes), secret);
 	explicit_bzero(secret_bytes, sizeof(secret_bytes));
 	SHA256((const unsigned char *) secret, strlen(secret), setup_session.cookie_digest);
-	setup_hex(csrf_bytes, sizeof(csrf_bytes), setup_session.csrf);
+	setup_link_hex(csrf_bytes, sizeof(csrf_bytes), setup_session.csrf);
 	setup_session.active = true;
 	setup_session.expires = time(NULL) + httpd.session_lifetime_s;
 	setup_session.root = root;
@@ -354,8 +341,11 @@ setup_web_route(struct request *req)
 
 		if (!get)
 			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "/setup takes GET");
-		if (token)
+		/* (Not a HEAD: that would use the link up and show nothing.) */
+		if (token && strcmp(req->method, "GET") == 0)
 			return setup_take_link(req, token);
+		if (token)
+			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "the setup link takes GET");
 		if (!setup_session_valid(req))
 			return setup_text(req, MHD_HTTP_FORBIDDEN,
 							  "No setup session: open the link pepsi-setup init --web printed.\n");
