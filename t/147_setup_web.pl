@@ -156,7 +156,7 @@ is($node->safe_psql($db, "SELECT count(*) FROM pepsi.setup_task WHERE params::te
 is($rc, 0, 'pepsi-setup apply carries the tasks out') or diag "$out\n$err";
 eval { $browser->finish; 1 } or diag "the browser script: $@";
 my @steps = split /\n/, PostgreSQL::Test::Utils::slurp_file($steps_file);
-for my $expected ('the link opens the interview', 'a change without the CSRF token is refused',
+for my $expected ('the link, followed from another site, opens the interview', 'a change without the CSRF token is refused',
 	'a domain that is not one is shown with its reason', 'the answers enqueue the tasks',
 	'the log lines of pepsi-setup apply appear', 'the link is refused a second time', 'no script error',
 	'nothing loaded from elsewhere')

@@ -4,7 +4,7 @@
  *
  *   GET /setup?token=T    takes the one-time link of pepsi-setup init --web
  *                         (common/setup/setup_link.h) and answers with a
- *                         setup session's cookie and a redirect to /setup
+ *                         setup session's cookie and the page
  *   GET /setup            the page (www/setup.html, www/setup.js)
  *   GET /api/setup        the interview's questions (common/setup/setup_model.h)
  *                         and the session's CSRF token
@@ -20,6 +20,7 @@
  * --web makes a new link.  Changes need the session's X-CSRF-Token and a
  * same-origin request, as the administrators' sessions do (session.c).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +90,34 @@ setup_session_valid(struct request *req)
 	return CRYPTO_memcmp(digest, setup_session.cookie_digest, sizeof(digest)) == 0;
 }
 
-/* GET /setup?token=T: take the link, start the session, and send the browser to /setup. */
+/*
+ * The page, with the session's cookie when it starts.  (Not a redirect:
+ * a link followed from another site would not send a SameSite=Strict
+ * cookie along it.  The page's script takes the token out of the address
+ * bar.)
+ */
+static enum MHD_Result
+setup_page(struct request *req, const char *cookie)
+{
+	const char			*html;
+	size_t				 len;
+	struct MHD_Response *response;
+	enum MHD_Result		 result;
+
+	www_setup_page(&html, &len);
+	response = MHD_create_response_from_buffer(len, (void *) (uintptr_t) html, MHD_RESPMEM_PERSISTENT);
+	if (response == NULL)
+		return MHD_NO;
+	if (cookie)
+		MHD_add_response_header(response, MHD_HTTP_HEADER_SET_COOKIE, cookie);
+	MHD_add_response_header(response, "Content-Type", "text/html; charset=utf-8");
+	reply_add_security_headers(response);
+	result = MHD_queue_response(req->connection, MHD_HTTP_OK, response);
+	MHD_destroy_response(response);
+	return result;
+}
+
+/* GET /setup?token=T: take the link, start the session, and serve the page. */
 static enum MHD_Result
 setup_take_link(struct request *req, const char *token)
 {
@@ -101,7 +129,6 @@ setup_take_link(struct request *req, const char *token)
 	char				   err[512] = "";
 	char				  *root;
 	bool				   as_root;
-	struct MHD_Response	  *response;
 	enum MHD_Result		   result;
 	enum setup_link_result taken = setup_link_take(path, token, &root, &as_root, err, sizeof(err));
 
@@ -137,19 +164,11 @@ setup_take_link(struct request *req, const char *token)
 	setup_session.as_root = as_root;
 	log_info("the setup link was used from %s: a setup session starts", req->client);
 
-	response = MHD_create_response_from_buffer(0, (void *) "", MHD_RESPMEM_PERSISTENT);
-	if (response == NULL)
-		return MHD_NO;
 	snprintf(cookie, sizeof(cookie), "%s=%s; Path=/; Max-Age=%ld; HttpOnly; SameSite=Strict%s", SETUP_COOKIE,
 			 secret, httpd.session_lifetime_s, httpd.tls ? "; Secure" : "");
 	explicit_bzero(secret, sizeof(secret));
-	MHD_add_response_header(response, MHD_HTTP_HEADER_SET_COOKIE, cookie);
+	result = setup_page(req, cookie);
 	explicit_bzero(cookie, sizeof(cookie));
-	/* The token leaves the address bar (and the history) at once. */
-	MHD_add_response_header(response, MHD_HTTP_HEADER_LOCATION, "/setup");
-	reply_add_security_headers(response);
-	result = MHD_queue_response(req->connection, MHD_HTTP_SEE_OTHER, response);
-	MHD_destroy_response(response);
 	return result;
 }
 
@@ -349,7 +368,7 @@ setup_web_route(struct request *req)
 		if (!setup_session_valid(req))
 			return setup_text(req, MHD_HTTP_FORBIDDEN,
 							  "No setup session: open the link pepsi-setup init --web printed.\n");
-		return www_respond_path(req, "/setup.html");
+		return setup_page(req, NULL);
 	}
 	if (req->body_too_large)
 		return reply_error(req, MHD_HTTP_CONTENT_TOO_LARGE, "the request body is larger than %d bytes",

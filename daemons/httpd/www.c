@@ -50,16 +50,13 @@ static const struct www_file
 };
 
 enum MHD_Result
-www_respond_path(struct request *req, const char *path)
+www_respond(struct request *req)
 {
-	if (strcmp(path, "/setup.html") == 0)
-		return reply_bytes(req, MHD_HTTP_OK, "text/html; charset=utf-8", httpd_www_setup_html,
-						   (size_t) (httpd_www_setup_html_end - httpd_www_setup_html), false);
 	for (size_t i = 0; i < sizeof(www_files) / sizeof(www_files[0]); i++)
 	{
 		const struct www_file *f = &www_files[i];
 
-		if (strcmp(path, f->path) != 0)
+		if (strcmp(req->path, f->path) != 0)
 			continue;
 		if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0)
 			return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s takes GET", f->path);
@@ -69,8 +66,9 @@ www_respond_path(struct request *req, const char *path)
 	return reply_error(req, MHD_HTTP_NOT_FOUND, "no such page");
 }
 
-enum MHD_Result
-www_respond(struct request *req)
+void
+www_setup_page(const char **html, size_t *len)
 {
-	return www_respond_path(req, req->path);
+	*html = httpd_www_setup_html;
+	*len = (size_t) (httpd_www_setup_html_end - httpd_www_setup_html);
 }

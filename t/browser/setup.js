@@ -1,6 +1,7 @@
 // Drives pepsi-httpd's first-run setup page in a real browser (Debian's
 // headless Chromium, through playwright-core) for t/147_setup_web.pl: the
-// one-time link opens the interview (and leaves the address bar), a
+// one-time link, followed from a page of another site, opens the
+// interview (and leaves the address bar), a
 // change without the CSRF token is refused, a domain that is not one is
 // shown with its reason, the answers enqueue the tasks, and once the test
 // runs pepsi-setup apply their log lines appear on the page; the same
@@ -52,8 +53,11 @@ async function fill(page, values) {
   page.on("request", (r) => { if (!r.url().startsWith(base)) outside.push(r.url()); });
   const shot = (p, name) => p.screenshot({ path: shots + "/" + name + ".png", fullPage: true });
   try {
-    await step("the link opens the interview", async () => {
-      await page.goto(link);
+    await step("the link, followed from another site, opens the interview", async () => {
+      // (A page of no origin links to it, as a mail or a chat would: the
+      // session's SameSite=Strict cookie must hold all the same.)
+      await page.setContent(`<a id="link" href="${link}">the setup link</a>`);
+      await page.click("#link");
       await page.locator("#interview-view").waitFor({ state: "visible", timeout: T });
       await page.locator("#q-domains").waitFor({ timeout: T });
       if (new URL(page.url()).search !== "") throw new Error("the token stays in the address: " + page.url());

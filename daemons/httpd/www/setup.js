@@ -139,5 +139,7 @@ async function start() {
   else buildForm(state.questions);
 }
 
+// The token is used up: out of the address bar and the history.
+if (location.search) history.replaceState(null, "", "/setup");
 $("interview").addEventListener("submit", submit);
 start();
