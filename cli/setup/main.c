@@ -7,6 +7,9 @@
  *       and the SMTP port before it changes anything; then applies the
  *       plan through the same task kinds apply runs, and prints the
  *       pg_hba.conf / pg_ident.conf lines for the DBA
+ *   pepsi-setup init --web [--lifetime DURATION] [-c CONFIG] [--root DIR]
+ *       the same interview in pepsi-httpd's setup page instead: a one-time
+ *       link to it (web.c); the page enqueues the plan for apply
  *   pepsi-setup apply [-c CONFIG] [--root DIR]
  *       the grants, re-applied and verified, then every pending row of
  *       pepsi.setup_task
@@ -40,7 +43,8 @@ setup_usage(FILE *out)
 	fprintf(out, "usage: pepsi-setup init [--non-interactive] [--root DIR]");
 	for (int i = 0; i < SETUP_Q_COUNT; i++)
 		fprintf(out, " [--%s VALUE]", setup_questions[i].name);
-	fprintf(out, "\n       pepsi-setup apply [-c CONFIG] [--root DIR]\n"
+	fprintf(out, "\n       pepsi-setup init --web [--lifetime DURATION] [-c CONFIG] [--root DIR]"
+				 "\n       pepsi-setup apply [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup upgrade [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup dns [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup check [-c CONFIG] [--root DIR]\n");
@@ -416,6 +420,9 @@ pepsi_setup_main(int argc, char **argv)
 	if (strcmp(root, "/") == 0)
 		root = "";
 	ctx.root = root;
+	for (int a = 2; strcmp(command, "init") == 0 && a < first; a++)
+		if (strcmp(argv[a], "--web") == 0)
+			return setup_init_web(first - 2, argv + 2, root, config_path);
 	if (strcmp(command, "init") == 0)
 		return setup_init(first - 2, argv + 2, root);
 	if (first > 2)

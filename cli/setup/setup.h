@@ -44,6 +44,9 @@ int setup_drain(struct setup_ctx *ctx);
 /* pepsi.grant_apply(), then grant_verify() must be empty. */
 enum setup_outcome setup_grants(struct setup_ctx *ctx);
 
+/* pepsi-setup init --web (web.c): the one-time link to pepsi-httpd's setup page.  An exit status. */
+int setup_init_web(int argc, char **argv, const char *root, const char *config_path);
+
 /* pepsi-setup dns and check on a loaded configuration: exit statuses. */
 int setup_dns_print(const struct pepsi_config *cfg);
 int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain);

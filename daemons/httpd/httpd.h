@@ -112,5 +112,10 @@ enum MHD_Result views_route(struct request *req, const struct principal *who, bo
 
 /* www.c: the web page's static files. */
 enum MHD_Result www_respond(struct request *req);
+/* The setup page (www/setup.html), which only setup_web.c serves. */
+void www_setup_page(const char **html, size_t *len);
+
+/* setup_web.c: /setup, /api/setup and /api/setup/log, the first-run setup page. */
+enum MHD_Result setup_web_route(struct request *req);
 
 #endif

@@ -23,6 +23,8 @@
 WWW_FILE(httpd_www_index_html, "daemons/httpd/www/index.html");
 WWW_FILE(httpd_www_app_js, "daemons/httpd/www/app.js");
 WWW_FILE(httpd_www_style_css, "daemons/httpd/www/style.css");
+WWW_FILE(httpd_www_setup_html, "daemons/httpd/www/setup.html");
+WWW_FILE(httpd_www_setup_js, "daemons/httpd/www/setup.js");
 /* The chart library, from npm (www/vendor/README.md says which and its license). */
 WWW_FILE(httpd_www_uplot_js, "daemons/httpd/www/vendor/uPlot.iife.min.js");
 WWW_FILE(httpd_www_uplot_css, "daemons/httpd/www/vendor/uPlot.min.css");
@@ -39,6 +41,8 @@ static const struct www_file
 	{"/index.html", "text/html; charset=utf-8", httpd_www_index_html, httpd_www_index_html_end},
 	{"/app.js", "text/javascript; charset=utf-8", httpd_www_app_js, httpd_www_app_js_end},
 	{"/style.css", "text/css; charset=utf-8", httpd_www_style_css, httpd_www_style_css_end},
+	/* (The setup page itself is served at /setup, to its session only: setup_web.c.) */
+	{"/setup.js", "text/javascript; charset=utf-8", httpd_www_setup_js, httpd_www_setup_js_end},
 	{"/vendor/uPlot.js", "text/javascript; charset=utf-8", httpd_www_uplot_js, httpd_www_uplot_js_end},
 	{"/vendor/uPlot.css", "text/css; charset=utf-8", httpd_www_uplot_css, httpd_www_uplot_css_end},
 	{"/vendor/uPlot.LICENSE", "text/plain; charset=utf-8", httpd_www_uplot_license,
@@ -60,4 +64,11 @@ www_respond(struct request *req)
 						   false);
 	}
 	return reply_error(req, MHD_HTTP_NOT_FOUND, "no such page");
+}
+
+void
+www_setup_page(const char **html, size_t *len)
+{
+	*html = httpd_www_setup_html;
+	*len = (size_t) (httpd_www_setup_html_end - httpd_www_setup_html);
 }
