@@ -101,29 +101,21 @@ token_usage(FILE *out)
 static char *
 token_read_secret(const char *option, const char *path, char *err, size_t errlen)
 {
-	char   why[256];
-	FILE  *f = secret_file_open(path, why, sizeof(why));
-	char   line[TOKEN_MAX + 2];
-	size_t n;
-	char  *value;
+	char  why[256];
+	FILE *f = secret_file_open(path, why, sizeof(why));
+	char *value;
 
-	if (f == NULL)
+	if (f == NULL || (value = secret_file_first_line(f, path, why, sizeof(why))) == NULL)
 	{
 		snprintf(err, errlen, "%s %s", option, why);
 		return NULL;
 	}
-	if (fgets(line, sizeof(line), f) == NULL)
-		line[0] = '\0';
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = '\0';
-	if (n == 0)
+	if (*value == '\0')
 	{
 		snprintf(err, errlen, "%s %s is empty", option, path);
+		free(value);
 		return NULL;
 	}
-	value = xstrdup(line);
-	OPENSSL_cleanse(line, sizeof(line));
 	return value;
 }
 
