@@ -59,6 +59,7 @@
 #include "config/log_config.h"
 #include "process/cli.h"
 #include "process/secret.h"
+#include "smtp/smtp_client.h"
 
 int pepsi_helper_token_refresh_main(int argc, char **argv);
 
@@ -452,17 +453,15 @@ out:
 	return rc;
 }
 
-/* Whether [section] is a relay-to-smarthost stage with a token. */
+/* Whether [section] is a relay-to-smarthost stage with a token: the stage's own reading of AUTH_MECHANISM. */
 static bool
 token_stage_uses_oauth(const struct pepsi_config *cfg, const char *section)
 {
 	const char *program = config_get(cfg, section, "PROGRAM");
-	const char *mechanism;
 
 	if (program == NULL || strcmp(program, TOKEN_STAGE_PROGRAM) != 0)
 		return false;
-	mechanism = config_get(cfg, section, "AUTH_MECHANISM");
-	return mechanism && strcmp(mechanism, "password") != 0;
+	return config_enum(cfg, section, "AUTH_MECHANISM") != SMTP_AUTH_PASSWORD;
 }
 
 int
