@@ -152,6 +152,9 @@ BEGIN
     LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r.login) THEN
             EXECUTE format('CREATE ROLE %I LOGIN IN ROLE %I', r.login, r.member_of);
+        ELSIF NOT (SELECT rolcanlogin FROM pg_roles WHERE rolname = r.login) THEN
+            -- pepsi_dispatch: the extension's group role, which the dispatcher logs in as.
+            EXECUTE format('ALTER ROLE %I LOGIN', r.login);
         END IF;
     END LOOP;
 END

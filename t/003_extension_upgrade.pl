@@ -52,16 +52,14 @@ sub table_rows
 
 	$columns //= [
 		split /\n/,
-		$node->safe_psql(
+		query(
 			$db,
 			"SELECT quote_ident(attname) FROM pg_attribute"
 			  . " WHERE attrelid = 'pepsi.$table'::regclass AND attnum > 0"
 			  . " AND NOT attisdropped ORDER BY attnum")
 	];
 	my $list = join ', ', @$columns;
-	my @rows = split /\n/,
-	  $node->safe_psql($db,
-		"SELECT row($list)::text FROM pepsi.$table t ORDER BY 1");
+	my @rows = split /\n/, query($db, "SELECT row($list)::text FROM pepsi.$table t ORDER BY 1");
 	return ($columns, \@rows);
 }
 
@@ -72,7 +70,7 @@ sub add
 	my $array = join ',', map { "'$_'" } @$rcpts;
 
 	$client = $client ? "'$client'" : 'NULL';
-	return $node->safe_psql($db,
+	return query($db,
 		    "SELECT pepsi.workqueue_add('sender\@example.org', ARRAY[$array],"
 		  . " 'Subject: upgrade'::bytea, convert_to('$body', 'UTF8'),"
 		  . " '{\"dsn\": {\"ret\": \"hdrs\"}}', $client, NULL, '$stage')");
@@ -84,12 +82,34 @@ sub claim
 {
 	my ($db, $stage) = @_;
 
-	return $node->safe_psql($db,
+	return query($db,
 		    "SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '')"
 		  . " FROM pepsi.workqueue_claim(ARRAY['$stage'], ARRAY[100])");
 }
 
-sub query { my ($db, $sql) = @_; return $node->safe_psql($db, $sql); }
+# One psql session per database, kept open: a psql start per query made
+# this file spend most of its time starting processes.  A query that fails
+# dies with its error, as safe_psql does; notices are not errors.
+my %session;
+
+sub query
+{
+	my ($db, $sql) = @_;
+	my $session = $session{$db} //= $node->background_psql($db, on_error_stop => 0);
+	my $output = $session->query($sql);
+	my $stderr = $session->{stderr};
+
+	$session->{stderr} = '';
+	die "query failed in $db: $stderr\nquery: $sql" if $stderr =~ /^(?:psql:.*)?(?:ERROR|FATAL|PANIC):/m;
+	return $output;
+}
+
+sub quit_sessions
+{
+	$_->quit for values %session;
+	%session = ();
+	return;
+}
 
 # What the upgrade must not change and what later steps refer to, by
 # name: row ids and body ids.
@@ -219,7 +239,7 @@ sub diff_lines
 		(map { "+ $_" } grep { !$f{$_} } sort keys %u));
 }
 
-$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+query('postgres', 'CREATE DATABASE fresh');
 query('fresh', 'CREATE EXTENSION pepsi');
 my $fresh = query('fresh', $describe);
 like($fresh, qr/^function workqueue_claim\(/m, 'the description lists the functions');
@@ -229,7 +249,7 @@ for my $from (@old_versions)
 {
 	my $db = "upgrade_from_" . ($from =~ s/\W/_/gr);
 
-	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	query('postgres', "CREATE DATABASE $db");
 	query($db, "CREATE EXTENSION pepsi VERSION '$from'");
 	is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
 		$from, "$from: installed");
@@ -431,7 +451,7 @@ for my $from (@old_versions)
 	is(query($db, "SELECT count(*) FROM pepsi.grant_verify()"),
 		0, "$from: the grants match the policy after the upgrade")
 	  or diag(query($db, 'SELECT * FROM pepsi.grant_verify()'));
-	$node->safe_psql($db, "CREATE ROLE monitor_$db LOGIN IN ROLE pepsi_monitor");
+	query($db, "CREATE ROLE monitor_$db LOGIN IN ROLE pepsi_monitor");
 	my ($ret, $out, $err) = $node->psql($db, 'SELECT count(*) > 0 FROM pepsi.queue_summary',
 		extra_params => [ '-U', "monitor_$db" ]);
 	is($ret . $out, '0t', "$from: pepsi_monitor reads the queue views");
@@ -450,7 +470,7 @@ for my $from (@old_versions)
 if (@old_versions > 1)
 {
 	my @path = (@old_versions, $default_version);
-	$node->safe_psql('postgres', 'CREATE DATABASE upgrade_stepwise');
+	query('postgres', 'CREATE DATABASE upgrade_stepwise');
 	query('upgrade_stepwise', "CREATE EXTENSION pepsi VERSION '$path[0]'");
 	for my $to (@path[ 1 .. $#path ])
 	{
@@ -464,5 +484,6 @@ if (@old_versions > 1)
 	  or diag(join "\n", diff_lines($fresh, $stepwise));
 }
 
+quit_sessions();
 $node->stop;
 done_testing();

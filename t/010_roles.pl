@@ -27,8 +27,11 @@ is( $node->safe_psql(
 		$db,
 		"SELECT string_agg(rolname || ':' || rolcanlogin, ' ' ORDER BY rolname)"
 		  . " FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'pepsi_config:false pepsi_httpd:false pepsi_ingress:false pepsi_monitor:false pepsi_stage:false',
-	'CREATE EXTENSION creates the five group roles, none able to log in');
+	'pepsi_config:false pepsi_dispatch:false pepsi_httpd:false pepsi_ingress:false pepsi_monitor:false'
+	  . ' pepsi_stage:false',
+	'CREATE EXTENSION creates the six group roles, none able to log in');
+is($node->safe_psql($db, "SELECT pg_has_role('pepsi_dispatch', 'pepsi_stage', 'MEMBER')"),
+	't', 'pepsi_dispatch is a member of pepsi_stage');
 
 # docs/pepsi-admin.7.md's roles table says what the policy grants: a row
 # per group role, and each row names every table and view its role may use.
@@ -52,6 +55,7 @@ is( $node->safe_psql(
 $node->safe_psql(
 	$db, q{
 CREATE ROLE relay LOGIN IN ROLE pepsi_stage;
+CREATE ROLE dispatcher LOGIN IN ROLE pepsi_dispatch;
 CREATE ROLE smtpd LOGIN IN ROLE pepsi_ingress;
 CREATE ROLE admin LOGIN IN ROLE pepsi_config;
 CREATE ROLE grafana LOGIN IN ROLE pepsi_monitor;
@@ -114,10 +118,24 @@ is(may('relay', 'read the queue', 'SELECT count(*) FROM pepsi.workqueue'),
 	'2', 'the stage sees every row');
 may('relay', 'commit a running row',
 	"SELECT pepsi.workqueue_commit($running, 'init', 'advance', 'relay')");
-is( may('relay', 'claim',
+# Claiming, and recovering the rows a dead worker held, are the
+# dispatcher's (pepsi_dispatch): a stage's role may not, not even holding
+# the dispatcher's advisory lock while no dispatcher runs.
+may_not('relay', 'claim (the dispatcher claims)',
+	"SELECT id FROM pepsi.workqueue_claim(ARRAY['relay'], ARRAY[10])");
+may_not('relay', 'claim with tokens',
+	"SELECT id FROM pepsi.workqueue_claim_tokens(ARRAY['relay'], ARRAY[10])");
+may_not('relay', "reset orphans with the dispatcher's lock taken",
+	"SELECT pg_advisory_lock(1346720851, 2); SELECT pepsi.workqueue_reset_orphans()");
+may_not('relay', "recover a row with the dispatcher's lock taken",
+	"SELECT pg_advisory_lock(1346720851, 2);"
+	  . " SELECT pepsi.workqueue_recover(ARRAY[$running], ARRAY['relay'], 'pending', NULL, ARRAY[NULL::uuid])");
+is( may('dispatcher', 'claim',
 		"SELECT id FROM pepsi.workqueue_claim(ARRAY['relay'], ARRAY[10])"),
 	$running,
-	'the claim hands the stage the advanced row');
+	'the claim hands the dispatcher the advanced row');
+is(may('dispatcher', 'read the queue, as pepsi_stage', 'SELECT count(*) FROM pepsi.workqueue'),
+	'2', 'the dispatcher has pepsi_stage\'s rights too');
 my $body = superuser("SELECT body_id FROM pepsi.workqueue WHERE id = $running");
 may('relay', 'finish a row', "SELECT pepsi.workqueue_commit($running, 'relay', 'finish')");
 is(superuser("SELECT count(*) FROM pepsi.workqueue_body WHERE id = $body"),
@@ -351,7 +369,7 @@ superuser('CREATE DATABASE second');
 $node->safe_psql('second', 'CREATE EXTENSION pepsi');
 is( $node->safe_psql('second',
 		"SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'5',
+	'6',
 	'CREATE EXTENSION in a second database finds the roles and keeps them');
 is($node->safe_psql('second', 'SELECT count(*) FROM pepsi.apply_grants()'),
 	'0', 'and grants them there too');
@@ -362,7 +380,7 @@ is($ret, 0, 'grafana reads the views of the second database') or diag($err);
 
 superuser('DROP EXTENSION pepsi');
 is(superuser("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'5', 'DROP EXTENSION leaves the roles');
+	'6', 'DROP EXTENSION leaves the roles');
 superuser('CREATE EXTENSION pepsi');
 is(superuser('SELECT count(*) FROM pepsi.apply_grants()'), '0',
 	'a re-created extension grants the surviving roles again');

@@ -6,7 +6,9 @@
 # with an error that says so and changes nothing; the token the claim
 # returned works, once; a row claimed again gets a new token, and the old
 # one is refused.  The claim keeps only the token's digest, so reading
-# the row does not reveal it.
+# the row does not reveal it.  Claiming and recovering rows are the
+# dispatcher's (pepsi_dispatch): the stage's role may do neither, even
+# holding the dispatcher's lock.
 
 use strict;
 use warnings FATAL => 'all';
@@ -21,12 +23,20 @@ my $db = 'postgres';
 my $node = pepsi_node('claim_tokens');
 $node->safe_psql($db, 'CREATE EXTENSION pepsi');
 $node->safe_psql($db, 'CREATE ROLE worker LOGIN IN ROLE pepsi_stage');
+$node->safe_psql($db, 'CREATE ROLE dispatcher LOGIN IN ROLE pepsi_dispatch');
 
 # Run $sql as the pepsi_stage member; returns (exit code, stdout, stderr).
 sub as_worker
 {
 	my ($sql) = @_;
 	return $node->psql($db, $sql, extra_params => [ '-U', 'worker' ]);
+}
+
+# Run $sql as the pepsi_dispatch member (pepsi-dispatch's role).
+sub as_dispatcher
+{
+	my ($sql) = @_;
+	return $node->psql($db, $sql, extra_params => [ '-U', 'dispatcher' ]);
 }
 
 sub refused
@@ -48,17 +58,21 @@ sub row_of
 		  . " FROM pepsi.workqueue WHERE id = $id");
 }
 
-# Two rows pending at relay, claimed by the dispatcher (a pepsi_stage
+# Two rows pending at relay, claimed by the dispatcher (a pepsi_dispatch
 # member) for two workers: each gets its own token.
 my @ids = map {
 	$node->safe_psql($db,
 		"SELECT pepsi.workqueue_add('s\@example.org', '{r$_\@example.net,q$_\@example.net}',"
 		  . " 'h', 'b', stage => 'relay')")
 } 1 .. 2;
-my ($ret, $claimed) = as_worker(
+refused('a claim', "SELECT id FROM pepsi.workqueue_claim_tokens(ARRAY['relay'], ARRAY[10])",
+	qr/permission denied for function workqueue_claim_tokens/);
+refused('a claim without tokens', "SELECT id FROM pepsi.workqueue_claim(ARRAY['relay'], ARRAY[10])",
+	qr/permission denied for function workqueue_claim/);
+my ($ret, $claimed) = as_dispatcher(
 	"SELECT id || ' ' || claim_token FROM pepsi.workqueue_claim_tokens(ARRAY['relay'], ARRAY[10])"
 	  . " ORDER BY id");
-is($ret, 0, 'pepsi_stage member may claim with tokens');
+is($ret, 0, 'pepsi_dispatch member may claim with tokens');
 my %token = map { split / / } split /\n/, $claimed;
 is(join(',', sort keys %token), join(',', @ids), 'the claim returns both rows');
 like($token{ $ids[0] }, qr/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/,
@@ -124,18 +138,25 @@ refused('a batch with one wrong token',
 	qr/claim token for workqueue row $theirs does not match/);
 
 # Nor can it put another worker's row back to be claimed again: the
-# recovery of running rows is for the session holding the dispatcher's
-# lock, as pepsi-dispatch does.
+# recovery of running rows is pepsi_dispatch's, and for the session
+# holding the dispatcher's lock, as pepsi-dispatch does.
 refused('an orphan reset', 'SELECT pepsi.workqueue_reset_orphans()',
-	qr/workqueue_reset_orphans is for the dispatcher's session only/);
+	qr/permission denied for function workqueue_reset_orphans/);
 refused('a recovery', "SELECT pepsi.workqueue_recover(ARRAY[$theirs], ARRAY['relay'], 'pending')",
-	qr/workqueue_recover is for the dispatcher's session only/);
+	qr/permission denied for function workqueue_recover/);
 refused('a crash report', "SELECT pepsi.workqueue_crashed($theirs, 'relay', 'killed', 3, 10)",
-	qr/workqueue_crashed is for the dispatcher's session only/);
+	qr/permission denied for function workqueue_crashed/);
+refused("an orphan reset holding the dispatcher's lock (no dispatcher running)",
+	"SELECT pg_try_advisory_lock(1346720851, 2); SELECT pepsi.workqueue_reset_orphans()",
+	qr/permission denied for function workqueue_reset_orphans/);
+($ret, my $out, my $err) = as_dispatcher('SELECT pepsi.workqueue_reset_orphans()');
+ok($ret != 0 && $err =~ /workqueue_reset_orphans is for the dispatcher's session only/,
+	'pepsi_dispatch member without the dispatcher\'s lock: an orphan reset is refused')
+  or diag($err);
 is(row_of($theirs), $theirs_before, 'the refused calls changed nothing');
-($ret, my $out, my $err) = as_worker("SELECT pg_try_advisory_lock(1346720851, 2);"
+($ret, $out, $err) = as_dispatcher("SELECT pg_try_advisory_lock(1346720851, 2);"
 	  . " SELECT pepsi.workqueue_reset_orphans(ARRAY[$mine, $theirs])");
-is($ret, 0, 'holding the dispatcher\'s lock, a pepsi_stage member may reset orphans') or diag($err);
+is($ret, 0, 'holding the dispatcher\'s lock, a pepsi_dispatch member may reset orphans') or diag($err);
 is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.workqueue'), 2, 'and made no rows');
 my ($sqlstate) = (as_worker("\\set VERBOSITY verbose\nSELECT pepsi.workqueue_commit($theirs, 'relay', 'finish', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '$wrong')"))[2] =~ /ERROR:  (\w{5}):/;
 is($sqlstate, '42501', 'the refusal is insufficient_privilege');
@@ -152,10 +173,10 @@ refused('the same commit again', "SELECT pepsi.workqueue_commit($mine, 'relay', 
 # A row claimed again (the dispatcher's orphan reset after a crash) gets a
 # new token; the stale worker's is refused.
 $node->safe_psql($db, 'SELECT pepsi.workqueue_reset_orphans()');
-($ret, $claimed) = as_worker(
+($ret, $claimed) = as_dispatcher(
 	"SELECT claim_token FROM pepsi.workqueue_claim_tokens(ARRAY['relay'], ARRAY[10]) WHERE id = $theirs");
 isnt($claimed, $token{$theirs}, 'a reclaimed row gets a new token');
-($ret, my $recovered, $err) = as_worker("SELECT pg_try_advisory_lock(1346720851, 2);"
+($ret, my $recovered, $err) = as_dispatcher("SELECT pg_try_advisory_lock(1346720851, 2);"
 	  . " SELECT cardinality(pepsi.workqueue_recover(ARRAY[$theirs], ARRAY['relay'], 'failed', 'worker failed',"
 	  . " ARRAY['$token{$theirs}']::uuid[]));"
 	  . " SELECT pepsi.workqueue_crashed($theirs, 'relay', 'killed', 3, 10, 'failed', '$token{$theirs}') IS NULL");
@@ -176,7 +197,7 @@ is($node->safe_psql($db, "SELECT count(*) FROM pepsi.workqueue WHERE id = $their
 # A row claimed by the claim of older dispatchers has no token, and the
 # overloads of older programs (no token) change it: the upgrade path.
 $node->safe_psql($db, "SELECT pepsi.workqueue_resume(ARRAY[$mine])");
-($ret, $claimed) = as_worker("SELECT id FROM pepsi.workqueue_claim(ARRAY['relay'], ARRAY[10])");
+($ret, $claimed) = as_dispatcher("SELECT id FROM pepsi.workqueue_claim(ARRAY['relay'], ARRAY[10])");
 is($claimed, $mine, 'the tokenless claim still claims');
 refused('a token on a row claimed without one',
 	"SELECT pepsi.workqueue_commit($mine, 'relay', 'finish', NULL, NULL, NULL, NULL, NULL, NULL, NULL,"

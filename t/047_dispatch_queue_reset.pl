@@ -3,8 +3,10 @@
 # has read, so the rows admitted next are invisible to its incremental
 # read.  The claim must still use every free slot (what the fair picks
 # cannot fill goes to the oldest rows) and the cache must rebuild at once,
-# so 5,000 messages drain about as fast after the reset as before it,
-# rather than trickling through the FIFO share until the periodic rebuild.
+# so 5,000 messages drain after the reset, and a lone message goes through
+# every stage.  How fast (about as fast as before the reset, rather than
+# trickling through the FIFO share until the periodic rebuild; the lone
+# message at once) is measured by bench/timing.
 
 use strict;
 use warnings FATAL => 'all';
@@ -57,12 +59,10 @@ ok(defined $before, "$messages messages drain before the reset");
 $node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY');
 my $after = drain_seconds($messages);
 ok(defined $after, "$messages messages drain after TRUNCATE ... RESTART IDENTITY");
-note(sprintf('drain before the reset %.2f s, after it %.2f s', $before // -1, $after // -1));
-
-# Generous, for a loaded machine: a claim that leaves slots idle crawls
-# until the cache's periodic rebuild, some 20 s after the reset here.
-cmp_ok($after, '<=', 2 * $before + 2,
-	'the drain after the reset is about as fast as before it');
+# About as fast after the reset as before it (bench/timing): a claim that
+# leaves slots idle crawls until the cache's periodic rebuild, some 20 s
+# after the reset here.
+note(sprintf('timing reset_drain_after_over_before %.3f', ($after // 300) / ($before || 1)));
 
 # One message after another reset, timed alone: a claim that probes the
 # stages for pending rows from a floor of the old numbering calls each
@@ -70,8 +70,8 @@ cmp_ok($after, '<=', 2 * $before + 2,
 $node->safe_psql($db, 'TRUNCATE pepsi.workqueue, pepsi.workqueue_body RESTART IDENTITY');
 my $one = drain_seconds(1);
 ok(defined $one, 'a single message drains after a second reset');
-note(sprintf('a single message after the second reset: %.2f s', $one // -1));
-cmp_ok($one // 300, '<', 3, 'it is claimed at once at every stage, not after a floor recheck');
+# Claimed at once at every stage, not after a floor recheck (bench/timing).
+note(sprintf('timing reset_single_message_seconds %.3f', $one // 300));
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher stops');
 
 done_testing();

@@ -1,8 +1,8 @@
 # pepsi-dispatch: a light sender never waits for a burst to drain.  One
 # client's burst of 4,000 messages is waiting and ten light senders admit
 # one message each every 0.2 s meanwhile, for as long as more than a
-# quarter of the burst is left; every light message must be done within a
-# few seconds of its admission, and before the burst is.  The burst cannot
+# quarter of the burst is left; every light message must be done before
+# the burst is (and within a few seconds of its admission: bench/timing).  The burst cannot
 # drain faster than its workers sleep (4,000 x 2 ms over 2 workers), so
 # the light senders always have three seconds of it to compete with,
 # however fast the machine; on a slow one they stop at a count.
@@ -27,7 +27,7 @@ use PepsiTest;
 my $db = 'postgres';
 my $node = dispatch_node('dispatch_starvation');
 my $program = test_program('test-stage');
-my ($burst, $light_senders, $light_most, $bound) = (4000, 10, 300, 5);
+my ($burst, $light_senders, $light_most) = (4000, 10, 300);
 
 my $config = write_config($node, stages => <<"EOF");
 [stage-slow]
@@ -90,7 +90,8 @@ for my $line (split /\n/,
 }
 @waits = sort { $a <=> $b } @waits;
 note(sprintf('light messages: median wait %.3f s, longest %.3f s', $waits[@waits / 2], $waits[-1]));
-cmp_ok($waits[-1], '<=', $bound, "no light message waits more than $bound s");
+# No light message waits more than a few seconds: bench/timing.
+note(sprintf('timing light_longest_wait_seconds %.3f', $waits[-1]));
 
 # Served in arrival order only, behind every burst row, the light messages
 # would be done after the whole burst: the last of them must not be.

@@ -1,7 +1,7 @@
 # pepsi-dispatch when no maintenance worker serves the database (no
 # shared_preload_libraries): paused rows must not wait for ever.  As a role
 # allowed to, it starts the worker, again after a PostgreSQL restart; as a
-# role that may not (pepsi_stage), it requeues the due rows itself and
+# role that may not (pepsi_dispatch), it requeues the due rows itself and
 # tells the DBA how to fix it.  Either way a paused row is retried across
 # a restart.
 
@@ -63,13 +63,13 @@ is(scalar(() = dispatcher_log($d) =~ /started one \(pid \d+\)/g), 2,
 is(stop_dispatcher($d, 'TERM'), 0, 'the dispatcher stops');
 
 #
-# A role that may not (a member of pepsi_stage only): the dispatcher
+# A role that may not (a member of pepsi_dispatch only): the dispatcher
 # requeues the due rows itself.
 #
 # (test_log is in the schema named for the user that made it, if any.)
 my $schema = scalar_query($node, "SELECT relnamespace::regnamespace FROM pg_class WHERE relname = 'test_log'");
 $node->safe_psql($db,
-	    'CREATE ROLE dispatcher LOGIN IN ROLE pepsi_stage;'
+	    'CREATE ROLE dispatcher LOGIN IN ROLE pepsi_dispatch;'
 	  . " ALTER ROLE dispatcher SET search_path = $schema, public;"
 	  . " GRANT USAGE ON SCHEMA $schema TO dispatcher;"
 	  . " GRANT SELECT, INSERT ON $schema.test_log TO dispatcher;"

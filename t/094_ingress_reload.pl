@@ -1,10 +1,11 @@
 # pepsi-ingress reloads on SIGHUP without dropping a session: a new TLS
 # session sees the new certificate while a session opened before finishes
 # its transaction (its message is stored); new limits, credentials,
-# TRUSTED_NETWORKS and LOCAL_DOMAINS are in force for new sessions; a bad
-# file, a missing key, a key others may read, a vanished or a new listener
-# and an option that only a restart applies are refused with the reason
-# (naming the option), and the old settings keep serving.
+# TRUSTED_NETWORKS, LOCAL_DOMAINS and greylisting are in force for new
+# sessions; a bad file, a missing key, a key others may read, a vanished or
+# a new listener and an option that only a restart applies (the port, the
+# database connections) are refused with the reason (naming the option),
+# and the old settings keep serving.
 
 use strict;
 use warnings FATAL => 'all';
@@ -56,7 +57,7 @@ sub write_conf
 	  . "[database]\nCONNINFO = host=" . $node->host . ' port=' . $node->port . " dbname=$db\n"
 	  . "[ingress]\nCREDENTIALS = $tmp/credentials\nDISPATCH_WAKE_INTERVAL = 20ms\n"
 	  . ($o{ingress} // '')
-	  . "[listener-smtp]\nADDRESS = 127.0.0.1\nPORT = $port\n"
+	  . "[listener-smtp]\nADDRESS = 127.0.0.1\nPORT = " . ($o{port} // $port) . "\n"
 	  . "CERTIFICATE = $tmp/live.crt\nKEY = " . ($o{key} // "$tmp/live.key") . "\n"
 	  . 'MAX_SIZE = ' . ($o{max_size} // 100000) . "\n" . ($o{extra} // '');
 	close $fh;
@@ -157,6 +158,20 @@ write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
 	local_domains => 'example.org example.net');
 like(reload(), qr/reloaded/, 'a new LOCAL_DOMAINS reloads');
 like(rcpt_reply('someone@example.net'), qr/^250/, 'example.net is local after SIGHUP');
+
+# Greylisting turned on by a reload greets a new triplet with 451 at once,
+# and turned off lets it through: the whole listener section is applied.
+write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net', extra => "GREYLIST = yes\n");
+like(reload(), qr/reloaded/, 'GREYLIST = yes reloads');
+like(rcpt_reply('greylisted@example.net'), qr/^451 4\.7\.1 .*Greylisted/,
+	'a new triplet is greylisted after SIGHUP, without a restart');
+is($node->safe_psql($db, "SELECT recipient FROM pepsi.greylist"), 'greylisted@example.net',
+	'... its triplet recorded');
+write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
+	local_domains => 'example.org example.net');
+like(reload(), qr/reloaded/, 'GREYLIST back to no reloads');
+like(rcpt_reply('greylisted@example.net'), qr/^250/, '... and the triplet is let through at once');
 write_conf(max_size => 50000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24, nonsense\n",
 	local_domains => 'example.org example.net');
 like(reload(), qr/reload refused: .*TRUSTED_NETWORKS.*nonsense/, 'a bad TRUSTED_NETWORKS is refused, naming it');
@@ -170,9 +185,10 @@ like(reload(), qr/reload refused: \[ingress\] DATABASE_CONNECTIONS changed .*res
 	'a changed DATABASE_CONNECTIONS refuses the reload, saying a restart applies it');
 is(ehlo_size(), 50000, '... and the old limits stay');
 write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
-	local_domains => 'example.org example.net', extra => "MESSAGE_AUTHENTICATION = yes\n");
-like(reload(), qr/reload refused: \[listener-smtp\] MESSAGE_AUTHENTICATION changed .*restart/,
-	"a listener's option a reload cannot apply is named too");
+	local_domains => 'example.org example.net', port => $port + 1);
+like(reload(), qr/reload refused: \[listener-smtp\] PORT changed .*restart/,
+	"a listener's option a reload cannot apply (its port) is named too");
+is(ehlo_size(), 50000, '... and the old limits stay');
 write_conf(max_size => 40000, ingress => "TRUSTED_NETWORKS = 192.0.2.0/24\n",
 	local_domains => 'example.org example.net',
 	extra => "[listener-more]\nADDRESS = 127.0.0.1\nPORT = 1\n");

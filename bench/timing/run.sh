@@ -16,6 +16,20 @@
 #   ingress_wake_new_client_seconds wakes the dispatcher within 1.5 s of its
 #                                   admission (as does a new client's), not
 #                                   at the end of DISPATCH_WAKE_INTERVAL
+#   hang_timeout_seconds            t/041: a hung worker's row times out
+#                                   after MAX_RUNTIME (1.5 s), not before
+#   missing_program_cooldowns_per_attempt, exits_at_start_cooldowns_per_attempt
+#                                   t/041: attempts to start a missing or
+#                                   failing PROGRAM are SPAWN_COOLDOWN apart
+#                                   (0.9 at least), not a tight loop
+#   reset_drain_after_over_before   t/047: 5,000 messages drain after a
+#                                   queue reset within 2x (+2 s) the time
+#                                   before it
+#   reset_single_message_seconds    t/047: a lone message after a reset goes
+#                                   through every stage within 3 s
+#   light_longest_wait_seconds      t/048_dispatch_no_starvation: no light
+#                                   sender's message waits more than 5 s
+#                                   behind a burst
 # The machine's load average is printed with them: on a loaded machine
 # the medians say little.  Reports, does not judge (bench/run-all.sh).
 set -euo pipefail
@@ -23,7 +37,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 
 repeats=${BENCH_REPEATS:-5}
-files=${BENCH_TIMING_TAP:-t/016_claim_below_floor.pl t/039_ingress_wake.pl}
+files=${BENCH_TIMING_TAP:-t/016_claim_below_floor.pl t/039_ingress_wake.pl t/041_dispatch_workers.pl t/047_dispatch_queue_reset.pl t/048_dispatch_no_starvation.pl}
 out_dir="$top/bench/out"
 mkdir -p "$out_dir"
 log="$out_dir/timing.log"
@@ -33,6 +47,12 @@ declare -A bound=(
     [claim_below_floor_seconds]=10
     [ingress_wake_lone_seconds]=1.5
     [ingress_wake_new_client_seconds]=1.5
+    [hang_timeout_seconds]='>=1.5'
+    [missing_program_cooldowns_per_attempt]='>=0.9'
+    [exits_at_start_cooldowns_per_attempt]='>=0.9'
+    [reset_drain_after_over_before]='<=2+'
+    [reset_single_message_seconds]='<3'
+    [light_longest_wait_seconds]=5
 )
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,8 +1,11 @@
 /* secret.c: see secret.h. */
 #include "process/secret.h"
 
+#include "base/xalloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -71,4 +74,26 @@ secret_group_file_open(const char *path, char *err, size_t errlen)
 	return secret_open(path, O_NOFOLLOW, S_IWGRP | S_IXGRP | S_IRWXO,
 					   "holds credentials but others may access it, or its group change", "chmod 640",
 					   err, errlen);
+}
+
+char *
+secret_file_first_line(FILE *f, const char *path, char *err, size_t errlen)
+{
+	char   line[SECRET_LINE_MAX + 2]; /* the line, its end, the NUL */
+	size_t n;
+	bool   whole;
+	char  *value = NULL;
+
+	if (fgets(line, sizeof(line), f) == NULL)
+		line[0] = '\0';
+	n = strcspn(line, "\r\n");
+	whole = line[n] != '\0' || n <= SECRET_LINE_MAX;
+	fclose(f);
+	line[n] = '\0';
+	if (!whole)
+		snprintf(err, errlen, "%s: first line longer than %d bytes", path, SECRET_LINE_MAX);
+	else
+		value = xstrdup(line);
+	explicit_bzero(line, sizeof(line));
+	return value;
 }

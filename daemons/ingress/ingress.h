@@ -97,7 +97,13 @@ bool listener_limits_apply(const struct pepsi_config *cfg, const char *section,
 						   struct listener *l, char *err, size_t errlen);
 bool listener_trusted_networks_load(const struct pepsi_config *cfg, const char *section,
 									struct trusted_networks *out, char *err, size_t errlen);
+bool listener_configure(const struct pepsi_config *cfg, const char *section, bool auth,
+						struct listener *l, char *err, size_t errlen);
+void listener_gates_set(struct listener *l);
+void listener_settings_free(struct listener *l);
 bool ingress_load_overrides_into(struct pepsi_config *cfg, char *err, size_t errlen);
+/* Whether sessions need the database connection of db_query.h (at start, and after a reload). */
+bool ingress_session_checks_use_db(void);
 
 /* reload.c: SIGHUP. */
 void ingress_reload(const char *config_path);

@@ -97,7 +97,7 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	l->greylist_delay = config_duration_ms(cfg, section, "GREYLIST_DELAY") / 1000.0;
 	l->greylist_expire = config_duration_ms(cfg, section, "GREYLIST_EXPIRE") / 1000.0;
 	l->greylist_auto_whitelist = config_duration_ms(cfg, section, "GREYLIST_AUTO_WHITELIST") / 1000.0;
-	/* l may be a copy of a running listener (a reload): its list is the running one's, not ours to free. */
+	/* l is fresh (start) or a reload's staged copy: no list of its own yet. */
 	l->milters = (struct milter_gate_list){0};
 	if (!milter_gate_list_load(config_get(cfg, section, "MILTERS"), &l->milters, problem, sizeof(problem)))
 	{
@@ -276,6 +276,65 @@ listener_trusted_networks_load(const struct pepsi_config *cfg, const char *secti
 	return false;
 }
 
+/*
+ * Everything [section] of cfg sets in a listener but its socket (ADDRESS,
+ * PORT) and MODE, which l has: at start, and on reload into a copy that
+ * replaces the running listener's settings as a whole (reload.c).  auth:
+ * [ingress] CREDENTIALS are loaded.  False with err when a value is bad;
+ * what was loaded into l is then freed by the caller (listener_settings_free).
+ */
+bool
+listener_configure(const struct pepsi_config *cfg, const char *section, bool auth,
+				   struct listener *l, char *err, size_t errlen)
+{
+	if (!listener_tls_load(cfg, section, l->mode, &l->tls, err, errlen)
+		|| !listener_limits_apply(cfg, section, l, err, errlen)
+		|| !listener_trusted_networks_load(cfg, section, &l->trusted, err, errlen)
+		|| !verify_listener_policy(cfg, section, &l->verify, err, errlen))
+		return false;
+	l->policy.hostname = ingress.hostname;
+	l->policy.rcpt_check = session_rcpt_check;
+	l->policy.memory_in_flight = &ingress.memory_in_flight;
+	l->policy.memory_limit = ingress.memory_limit;
+	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
+	l->policy.mail_accepted = session_mail_accepted;
+	l->policy.screen = l->mode == LISTENER_SMTP ? session_screen_verdict : NULL;
+	l->policy.violation = l->mode == LISTENER_SMTP ? session_screen_violation : NULL;
+	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
+	l->policy.auth = auth;
+	l->policy.auth_required = l->mode != LISTENER_SMTP;
+	if (l->policy.auth_required && !l->policy.auth)
+	{
+		snprintf(err, errlen, "%s: [%s] MODE = %s needs [ingress] CREDENTIALS", cfg->path, section,
+				 l->mode == LISTENER_SMTPS ? "smtps" : "submission");
+		return false;
+	}
+	listener_gates_set(l);
+	return true;
+}
+
+/* The hooks that depend on [ingress]'s sender login settings as well (sender_login.h). */
+void
+listener_gates_set(struct listener *l)
+{
+	l->policy.rcpt_gate = l->greylist || sender_login_limit_messages() > 0
+								  || sender_login_limit_recipients() > 0
+							  ? session_rcpt_gate
+							  : NULL;
+	l->policy.mail_gate = sender_login_enabled() ? session_mail_gate : NULL;
+}
+
+/* What listener_configure allocated. */
+void
+listener_settings_free(struct listener *l)
+{
+	SSL_CTX_free(l->tls);
+	l->tls = NULL;
+	trusted_networks_free(&l->trusted);
+	/* A transaction in flight copied what it uses (milter_gate_start). */
+	milter_gate_list_free(&l->milters);
+}
+
 static struct listener *
 listener_open(const char *section)
 {
@@ -291,31 +350,8 @@ listener_open(const char *section)
 	l->mode = (enum listener_mode) config_enum(ingress.cfg, section, "MODE");
 	port = config_get(ingress.cfg, section, "PORT") ? (long) config_int(ingress.cfg, section, "PORT")
 													: default_ports[l->mode];
-	if (!listener_tls_load(ingress.cfg, section, l->mode, &l->tls, err, sizeof(err))
-		|| !listener_limits_apply(ingress.cfg, section, l, err, sizeof(err))
-		|| !listener_trusted_networks_load(ingress.cfg, section, &l->trusted, err, sizeof(err)))
+	if (!listener_configure(ingress.cfg, section, ingress.credentials != NULL, l, err, sizeof(err)))
 		fatalx("%s", err);
-	l->policy.hostname = ingress.hostname;
-	l->policy.rcpt_check = session_rcpt_check;
-	l->policy.memory_in_flight = &ingress.memory_in_flight;
-	l->policy.memory_limit = ingress.memory_limit;
-	l->policy.srs_reverse = srs_rcpt_enabled() ? srs_rcpt_reverse : NULL;
-	l->policy.mail_accepted = session_mail_accepted;
-	l->policy.screen = l->mode == LISTENER_SMTP ? session_screen_verdict : NULL;
-	l->policy.violation = l->mode == LISTENER_SMTP ? session_screen_violation : NULL;
-	l->policy.rcpt_gate = l->greylist || sender_login_limit_messages() > 0
-								  || sender_login_limit_recipients() > 0
-							  ? session_rcpt_gate
-							  : NULL;
-	l->policy.mail_gate = sender_login_enabled() ? session_mail_gate : NULL;
-	if (!verify_listener_policy(ingress.cfg, section, &l->verify, err, sizeof(err)))
-		fatalx("%s", err);
-	l->policy.starttls = l->tls != NULL && l->mode != LISTENER_SMTPS;
-	l->policy.auth = ingress.credentials != NULL;
-	l->policy.auth_required = l->mode != LISTENER_SMTP;
-	if (l->policy.auth_required && !l->policy.auth)
-		fatalx("%s: [%s] MODE = %s needs [ingress] CREDENTIALS", ingress.cfg->path, section,
-			   mode);
 	l->fd = listener_bind(section, address ? address : "*", port);
 	ev_io_init(&l->io, listener_on_accept, l->fd, EV_READ);
 	l->io.data = l;
@@ -452,6 +488,18 @@ ingress_on_report(struct ev_loop *loop, ev_timer *w, int revents)
 	free(refusals);
 }
 
+/* Whether sessions ask the database anything (greylisting, sender logins, DNSBL verdicts kept). */
+bool
+ingress_session_checks_use_db(void)
+{
+	for (struct listener *l = ingress.listeners; l; l = l->next)
+		if (l->greylist || sender_login_uses_sql() || sender_login_limit_messages() > 0
+			|| sender_login_limit_recipients() > 0
+			|| (l->mode == LISTENER_SMTP && (screen_enabled() || l->pregreet_wait > 0)))
+			return true;
+	return false;
+}
+
 /* The checks sessions make beyond the protocol: DNSBL (screen.h), and the database's (db_query.h). */
 static void
 ingress_session_checks_start(void)
@@ -461,14 +509,8 @@ ingress_session_checks_start(void)
 	if (!screen_configure(ingress.cfg, verify_resolver(), err, sizeof(err)))
 		fatalx("%s: %s", ingress.cfg->path, err);
 	/* A connection of its own, only where sessions ask the database. */
-	for (struct listener *l = ingress.listeners; l; l = l->next)
-		if (l->greylist || sender_login_uses_sql() || sender_login_limit_messages() > 0
-			|| sender_login_limit_recipients() > 0
-			|| (l->mode == LISTENER_SMTP && (screen_enabled() || l->pregreet_wait > 0)))
-		{
-			db_query_init(ingress.loop, ingress.cfg);
-			break;
-		}
+	if (ingress_session_checks_use_db())
+		db_query_init(ingress.loop, ingress.cfg);
 }
 
 int
@@ -613,7 +655,7 @@ pepsi_ingress_main(int argc, char **argv)
 	credentials_free(ingress.credentials);
 	free(ingress.local_domains);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
-		trusted_networks_free(&l->trusted);
+		listener_settings_free(l);
 	auth_throttle_free(ingress.auth_throttle);
 	log_info("stopped");
 	return 0;

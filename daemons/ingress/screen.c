@@ -41,16 +41,25 @@ struct screen_cached
 
 static struct
 {
-	struct ev_loop		 *loop;
-	struct dns_resolver	 *resolver;
-	struct screen_site	 *sites;
-	size_t				  count;
-	int					  threshold;	   /* DNSBL_THRESHOLD */
-	int					  allow_threshold; /* DNSBL_ALLOWLIST_THRESHOLD; 0: none */
-	double				  ttl;			   /* DNSBL_TTL, seconds */
-	struct screen_cached *cache[SCREEN_CACHE_BUCKETS];
-	size_t				  cached;
+	struct ev_loop		  *loop;
+	struct dns_resolver	  *resolver;
+	struct screen_site	  *sites;
+	size_t				   count;
+	int					   threshold;		/* DNSBL_THRESHOLD */
+	int					   allow_threshold; /* DNSBL_ALLOWLIST_THRESHOLD; 0: none */
+	double				   ttl;				/* DNSBL_TTL, seconds */
+	struct screen_cached  *cache[SCREEN_CACHE_BUCKETS];
+	size_t				   cached;
+	struct screen_retired *retired; /* lists replaced by a reload, which screens started before may read */
 } screen_global;
+
+/* The sites a reload replaced: kept until shutdown (a few per reload), as lookups may still answer for them. */
+struct screen_retired
+{
+	struct screen_site	  *sites;
+	size_t				   count;
+	struct screen_retired *next;
+};
 
 struct screen_lookup
 {
@@ -61,19 +70,20 @@ struct screen_lookup
 
 struct screen
 {
-	char				  ip[64];
-	enum screen_verdict	  verdict;
-	char				 *list;
-	int					  score;
-	int					  list_weight; /* of list */
-	size_t				  pending;
-	struct screen_lookup *lookups;
-	size_t				  nlookups;
-	bool				  from_cache; /* the verdict was kept from an earlier session */
-	screen_done_fn		  done;
-	void				 *arg;
-	struct db_query		 *kept;	  /* the verdict kept in pepsi.screen_verdict, being read */
-	ev_timer			  notify; /* done, from the loop */
+	char					  ip[64];
+	enum screen_verdict		  verdict;
+	char					 *list;
+	int						  score;
+	int						  list_weight; /* of list */
+	size_t					  pending;
+	const struct screen_site *sites; /* the lists in force when it started */
+	struct screen_lookup	 *lookups;
+	size_t					  nlookups;
+	bool					  from_cache; /* the verdict was kept from an earlier session */
+	screen_done_fn			  done;
+	void					 *arg;
+	struct db_query			 *kept;	  /* the verdict kept in pepsi.screen_verdict, being read */
+	ev_timer				  notify; /* done, from the loop */
 };
 
 /*
@@ -230,6 +240,8 @@ screen_site_matches(const struct screen_site *sites, size_t i, const unsigned ch
  * Options
  */
 
+static void screen_cache_clear(void);
+
 bool
 screen_configure(const struct pepsi_config *cfg, struct dns_resolver *resolver, char *err,
 				 size_t errlen)
@@ -237,10 +249,20 @@ screen_configure(const struct pepsi_config *cfg, struct dns_resolver *resolver, 
 	struct screen_site *sites;
 	size_t				count;
 
+	struct screen_retired *retired;
+
 	if (!screen_sites_parse(config_text(cfg, "ingress", "DNSBL_SITES"), &sites, &count, err,
 							errlen))
 		return false;
-	screen_sites_free(screen_global.sites, screen_global.count);
+	if (screen_global.sites)
+	{
+		retired = xmalloc(sizeof(*retired));
+		*retired = (struct screen_retired){screen_global.sites, screen_global.count,
+										   screen_global.retired};
+		screen_global.retired = retired;
+	}
+	/* The verdicts kept here were reached with the old lists and thresholds. */
+	screen_cache_clear();
 	screen_global.sites = sites;
 	screen_global.count = count;
 	screen_global.loop = dns_resolver_loop(resolver);
@@ -267,8 +289,8 @@ screen_hash(const char *ip)
 	return h % SCREEN_CACHE_BUCKETS;
 }
 
-void
-screen_shutdown(void)
+static void
+screen_cache_clear(void)
 {
 	for (size_t b = 0; b < SCREEN_CACHE_BUCKETS; b++)
 		while (screen_global.cache[b])
@@ -280,9 +302,36 @@ screen_shutdown(void)
 			free(c);
 		}
 	screen_global.cached = 0;
+}
+
+void
+screen_shutdown(void)
+{
+	screen_cache_clear();
 	screen_sites_free(screen_global.sites, screen_global.count);
 	screen_global.sites = NULL;
 	screen_global.count = 0;
+	while (screen_global.retired)
+	{
+		struct screen_retired *r = screen_global.retired;
+
+		screen_global.retired = r->next;
+		screen_sites_free(r->sites, r->count);
+		free(r);
+	}
+}
+
+bool
+screen_check(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	struct screen_site *sites;
+	size_t				count;
+
+	if (!screen_sites_parse(config_text(cfg, "ingress", "DNSBL_SITES"), &sites, &count, err,
+							errlen))
+		return false;
+	screen_sites_free(sites, count);
+	return true;
 }
 
 /*
@@ -434,18 +483,18 @@ screen_on_answer(void *arg, const struct dns_answer *a)
 	if (a->status == DNS_OK)
 		for (size_t i = 0; i < a->count && !listed; i++)
 			if (a->records[i].type == DNS_TYPE_A && a->records[i].rdata_len == 4)
-				listed = screen_site_matches(screen_global.sites, l->site, a->records[i].rdata,
+				listed = screen_site_matches(sc->sites, l->site, a->records[i].rdata,
 											 &weight);
 	if (a->status == DNS_TIMEOUT || a->status == DNS_TEMPFAIL)
 		log_info("%s: DNSBL %s did not answer: counted as not listed", sc->ip,
-				 screen_global.sites[l->site].domain);
+				 sc->sites[l->site].domain);
 	if (listed)
 	{
 		sc->score += weight;
 		if (weight > sc->list_weight)
 		{
 			free(sc->list);
-			sc->list = xstrdup(screen_global.sites[l->site].domain);
+			sc->list = xstrdup(sc->sites[l->site].domain);
 			sc->list_weight = weight;
 		}
 	}
@@ -546,6 +595,7 @@ screen_start(const char *client_ip)
 			sc->verdict = SCREEN_PASS;
 		return sc;
 	}
+	sc->sites = screen_global.sites;
 	sc->lookups = xcalloc(screen_global.count, sizeof(*sc->lookups));
 	sc->nlookups = screen_global.count;
 	sc->pending = screen_global.count;

@@ -38,9 +38,14 @@ enum screen_verdict
 	SCREEN_BARE_NEWLINE /* ended a command with a bare LF */
 };
 
-/* [ingress] DNSBL_*; false with err naming the option for a bad value (nothing changed then). */
+/*
+ * [ingress] DNSBL_*, at start and on reload (the verdicts kept in this
+ * process are forgotten); false with err naming the option for a bad value
+ * (nothing changed then).  screen_check: would it be accepted?
+ */
 bool screen_configure(const struct pepsi_config *cfg, struct dns_resolver *resolver, char *err,
 					  size_t errlen);
+bool screen_check(const struct pepsi_config *cfg, char *err, size_t errlen);
 /* Are any lists configured? */
 bool screen_enabled(void);
 void screen_shutdown(void);

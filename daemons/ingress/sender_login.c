@@ -1,6 +1,6 @@
 /*
- * sender_login.c: see sender_login.h.  The file is read once at start into
- * a list this process keeps; the database's entries are the session's.
+ * sender_login.c: see sender_login.h.  The file is read at start (and at
+ * each reload) into a list this process keeps; the database's entries are the session's.
  */
 #include "sender_login.h"
 
@@ -19,7 +19,7 @@ struct sender_login_entry
 	char *account;
 };
 
-static struct
+struct sender_logins
 {
 	bool					   enabled;
 	bool					   sql;
@@ -27,7 +27,9 @@ static struct
 	size_t					   count;
 	long					   limit_messages;
 	long					   limit_recipients;
-} logins;
+};
+
+static struct sender_logins logins;
 
 static char *
 sender_login_lower(const char *s)
@@ -82,14 +84,29 @@ sender_login_read_file(const char *path, char *err, size_t errlen)
 	return true;
 }
 
+static void
+sender_login_free(struct sender_logins *list)
+{
+	for (size_t i = 0; i < list->count; i++)
+	{
+		free(list->entries[i].address);
+		free(list->entries[i].account);
+	}
+	free(list->entries);
+	memset(list, 0, sizeof(*list));
+}
+
 bool
 sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	const char *maps = config_text(cfg, "ingress", "SENDER_LOGIN_MAPS");
-	char	   *copy = xstrdup(maps ? maps : "");
-	char	   *save = NULL;
-	bool		ok = true;
+	const char			*maps = config_text(cfg, "ingress", "SENDER_LOGIN_MAPS");
+	char				*copy = xstrdup(maps ? maps : "");
+	char				*save = NULL;
+	bool				 ok = true;
+	struct sender_logins old = logins;
 
+	/* Read into an empty list: on reload the old one stays if the new one is refused. */
+	memset(&logins, 0, sizeof(logins));
 	logins.limit_messages = (long) config_int(cfg, "ingress", "SEND_LIMIT_MESSAGES");
 	logins.limit_recipients = (long) config_int(cfg, "ingress", "SEND_LIMIT_RECIPIENTS");
 	for (char *t = strtok_r(copy, ", \t", &save); t && ok; t = strtok_r(NULL, ", \t", &save))
@@ -109,19 +126,20 @@ sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 		}
 	}
 	free(copy);
+	if (!ok)
+	{
+		sender_login_free(&logins);
+		logins = old;
+	}
+	else
+		sender_login_free(&old);
 	return ok;
 }
 
 void
 sender_login_shutdown(void)
 {
-	for (size_t i = 0; i < logins.count; i++)
-	{
-		free(logins.entries[i].address);
-		free(logins.entries[i].account);
-	}
-	free(logins.entries);
-	memset(&logins, 0, sizeof(logins));
+	sender_login_free(&logins);
 }
 
 bool

@@ -17,7 +17,7 @@
 
 #include "config/config.h"
 
-/* At start; false with err naming the option or the file's line. */
+/* At start and on reload; false with err naming the option or the file's line, the old settings kept. */
 bool sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen);
 void sender_login_shutdown(void);
 /* Is any source configured (the addresses are checked)? */

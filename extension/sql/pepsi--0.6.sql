@@ -457,6 +457,10 @@ AS 'MODULE_PATHNAME', 'workqueue_claim' LANGUAGE C CALLED ON NULL INPUT VOLATILE
 -- database, a re-creation) find them and leave them as they are, and DROP
 -- EXTENSION leaves them behind.  They cannot log in; login roles are made
 -- members of them (CREATE ROLE relay LOGIN IN ROLE pepsi_stage).
+-- pepsi_dispatch is a member of pepsi_stage (grant_membership) that alone
+-- claims rows and recovers those of a worker that died: a stage worker's
+-- role cannot claim, nor stand in for the dispatcher while none runs.
+-- make run and pepsi-setup let it log in itself, as pepsi-dispatch's role.
 -- ---------------------------------------------------------------------------
 
 CREATE TABLE pepsi.grant_role (
@@ -468,7 +472,8 @@ INSERT INTO pepsi.grant_role VALUES
     ('pepsi_ingress', 'Pepsi: admission only (pepsi-ingress, pepsi-sendmail): EXECUTE on pepsi.workqueue_add and workqueue_inject'),
     ('pepsi_config', 'Pepsi: administration: writes pepsi.config_override, acts on the queue'),
     ('pepsi_monitor', 'Pepsi: read-only monitoring: the queue views and statistics'),
-    ('pepsi_httpd', 'Pepsi: pepsi-httpd: metrics, queue views and operator functions, administrative credentials');
+    ('pepsi_httpd', 'Pepsi: pepsi-httpd: metrics, queue views and operator functions, administrative credentials'),
+    ('pepsi_dispatch', 'Pepsi: the dispatcher (pepsi-dispatch): pepsi_stage, and claims and recovers rows');
 
 -- The group roles pepsi.grant_role names that the cluster lacks.  Roles
 -- belong to the cluster: a role that exists already is left as it is.
@@ -1451,16 +1456,16 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_stage', 'function', 'session_nice', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'state_for_recipients', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_body_gc', '{EXECUTE}'),
-    ('pepsi_stage', 'function', 'workqueue_claim', '{EXECUTE}'),
+    ('pepsi_dispatch', 'function', 'workqueue_claim', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_commit', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_commit_many', '{EXECUTE}'),
-    ('pepsi_stage', 'function', 'workqueue_crashed', '{EXECUTE}'),
+    ('pepsi_dispatch', 'function', 'workqueue_crashed', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_finish_with_clones', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_inject', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_pause', '{EXECUTE}'),
-    ('pepsi_stage', 'function', 'workqueue_recover', '{EXECUTE}'),
+    ('pepsi_dispatch', 'function', 'workqueue_recover', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_requeue_due', '{EXECUTE}'),
-    ('pepsi_stage', 'function', 'workqueue_reset_orphans', '{EXECUTE}'),
+    ('pepsi_dispatch', 'function', 'workqueue_reset_orphans', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_resume', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_split', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'workqueue_split_off', '{EXECUTE}'),
@@ -1527,7 +1532,7 @@ INSERT INTO pepsi.grant_owner (name) VALUES
     ('schema_version'),
     ('schema_version_restore'),
     ('start_maintenance');
-INSERT INTO pepsi.grant_membership VALUES ('pepsi_httpd', 'pepsi_monitor');
+INSERT INTO pepsi.grant_membership VALUES ('pepsi_httpd', 'pepsi_monitor'), ('pepsi_dispatch', 'pepsi_stage');
 
 -- The policy as 0.1's functions gave it (grant_expected, grant_verify and
 -- apply_grants read it through them).
@@ -3457,9 +3462,10 @@ CREATE FUNCTION pepsi.workqueue_split_one_per_row(id bigint, expected_stage text
 RETURNS bigint[] AS 'MODULE_PATHNAME', 'workqueue_split_one_per_row' LANGUAGE C CALLED ON NULL INPUT;
 
 -- pepsi_stage changes the queue, the bodies, the DNS address cache and the
--- destination table only through the functions, which run as the owner.
+-- destination table only through the functions, which run as the owner;
+-- the claim is the dispatcher's (pepsi_dispatch).
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
-    ('pepsi_stage', 'function', 'workqueue_claim_tokens', '{EXECUTE}');
+    ('pepsi_dispatch', 'function', 'workqueue_claim_tokens', '{EXECUTE}');
 INSERT INTO pepsi.grant_definer (name) VALUES
     ('destination_begin'),
     ('destination_end'),

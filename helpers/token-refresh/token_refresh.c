@@ -59,6 +59,7 @@
 #include "config/log_config.h"
 #include "process/cli.h"
 #include "process/secret.h"
+#include "smtp/smtp_client.h"
 
 int pepsi_helper_token_refresh_main(int argc, char **argv);
 
@@ -101,29 +102,21 @@ token_usage(FILE *out)
 static char *
 token_read_secret(const char *option, const char *path, char *err, size_t errlen)
 {
-	char   why[256];
-	FILE  *f = secret_file_open(path, why, sizeof(why));
-	char   line[TOKEN_MAX + 2];
-	size_t n;
-	char  *value;
+	char  why[256];
+	FILE *f = secret_file_open(path, why, sizeof(why));
+	char *value;
 
-	if (f == NULL)
+	if (f == NULL || (value = secret_file_first_line(f, path, why, sizeof(why))) == NULL)
 	{
 		snprintf(err, errlen, "%s %s", option, why);
 		return NULL;
 	}
-	if (fgets(line, sizeof(line), f) == NULL)
-		line[0] = '\0';
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = '\0';
-	if (n == 0)
+	if (*value == '\0')
 	{
 		snprintf(err, errlen, "%s %s is empty", option, path);
+		free(value);
 		return NULL;
 	}
-	value = xstrdup(line);
-	OPENSSL_cleanse(line, sizeof(line));
 	return value;
 }
 
@@ -460,17 +453,15 @@ out:
 	return rc;
 }
 
-/* Whether [section] is a relay-to-smarthost stage with a token. */
+/* Whether [section] is a relay-to-smarthost stage with a token: the stage's own reading of AUTH_MECHANISM. */
 static bool
 token_stage_uses_oauth(const struct pepsi_config *cfg, const char *section)
 {
 	const char *program = config_get(cfg, section, "PROGRAM");
-	const char *mechanism;
 
 	if (program == NULL || strcmp(program, TOKEN_STAGE_PROGRAM) != 0)
 		return false;
-	mechanism = config_get(cfg, section, "AUTH_MECHANISM");
-	return mechanism && strcmp(mechanism, "password") != 0;
+	return config_enum(cfg, section, "AUTH_MECHANISM") != SMTP_AUTH_PASSWORD;
 }
 
 int

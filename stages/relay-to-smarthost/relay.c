@@ -71,36 +71,21 @@ static struct smtp_client *relay_client;
 static char				  *relay_client_key;
 static bool				   relay_close_at_exit; /* relay_close_client registered with atexit */
 
-/* The first line of a credential file (a password or an access token), or NULL with err. */
-static char *
-relay_read_first_line(FILE *f)
-{
-	char   line[8192]; /* access tokens (JWTs) run to a few kilobytes */
-	size_t n;
-	char  *value;
-
-	if (fgets(line, sizeof(line), f) == NULL)
-		line[0] = '\0';
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = '\0';
-	value = xstrdup(line);
-	explicit_bzero(line, sizeof(line));
-	return value;
-}
-
 static char *
 relay_read_password(const char *path, char *err, size_t errlen)
 {
 	char  why[256];
 	FILE *f = secret_file_open(path, why, sizeof(why));
+	char *password;
 
 	if (f == NULL)
 	{
 		snprintf(err, errlen, "cannot read AUTH_PASSWORD_FILE %s", why);
 		return NULL;
 	}
-	return relay_read_first_line(f);
+	if ((password = secret_file_first_line(f, path, why, sizeof(why))) == NULL)
+		snprintf(err, errlen, "AUTH_PASSWORD_FILE %s", why);
+	return password;
 }
 
 /* The access token of AUTH_TOKEN_FILE; NULL with err if unreadable or empty. */
@@ -128,7 +113,11 @@ relay_read_token(const char *path, char *err, size_t errlen)
 				 why);
 		return NULL;
 	}
-	token = relay_read_first_line(f);
+	if ((token = secret_file_first_line(f, path, why, sizeof(why))) == NULL)
+	{
+		snprintf(err, errlen, "AUTH_TOKEN_FILE %s", why);
+		return NULL;
+	}
 	if (*token == '\0')
 	{
 		snprintf(err, errlen, "AUTH_TOKEN_FILE %s holds no token", path);
