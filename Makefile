@@ -647,7 +647,7 @@ $(B)/fuzz/fuzz_auth: $(call fuzz_objs,common/auth/fuzz/fuzz_auth.c $(wildcard co
                      common/message/srs.c $(FUZZ_BASE) $(FUZZ_CONFIG))
 	$(fuzz_link)
 
-$(B)/fuzz/fuzz_milter: $(call fuzz_objs,stages/milter/fuzz/fuzz_milter.c common/message/milter.c stages/milter/message.c \
+$(B)/fuzz/fuzz_milter: $(call fuzz_objs,stages/milter/fuzz/fuzz_milter.c common/message/milter.c common/message/milter_message.c \
                        common/base/buf.c common/base/log.c common/base/xalloc.c)
 	$(fuzz_link)
 

@@ -11,7 +11,8 @@ reject_log(const struct reject_log *r)
 {
 	struct buf line = BUF_INIT;
 
-	buf_printf(&line, "%s: reject: %s from %s[%s]: %s;", r->queue_id ? r->queue_id : "NOQUEUE", r->command,
+	buf_printf(&line, "%s: %s: %s from %s[%s]: %s;", r->queue_id ? r->queue_id : "NOQUEUE",
+			   r->action ? r->action : "reject", r->command,
 			   r->client_name && r->client_name[0] ? r->client_name : "unknown", r->client_ip, r->reply);
 	if (r->mail_from)
 		buf_printf(&line, " from=<%s>", r->mail_from);

@@ -26,6 +26,7 @@ struct reject_log
 	const char *rcpt_to;   /* NULL: none */
 	bool		esmtp;	   /* EHLO (proto=ESMTP) rather than HELO (SMTP) */
 	const char *helo;	   /* NULL: no greeting yet */
+	const char *action;	   /* NULL: "reject"; "milter-reject", "milter-discard" as Postfix writes a filter's */
 };
 
 void reject_log(const struct reject_log *r);

@@ -17,6 +17,7 @@
 #include "auth.h"
 #include "config/config.h"
 #include "local/local.h"
+#include "milter_gate.h"
 #include "relay_control.h"
 #include "smtp.h"
 #include "verify.h"
@@ -49,6 +50,7 @@ struct listener
 	double					greylist_auto_whitelist;
 	size_t					max_sessions;
 	size_t					max_sessions_per_client;
+	struct milter_gate_list milters; /* MILTERS: before-queue filters, none when empty */
 	size_t					sessions;
 	struct listener		   *next;
 };

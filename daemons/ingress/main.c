@@ -77,7 +77,9 @@ bool
 listener_limits_apply(const struct pepsi_config *cfg, const char *section, struct listener *l,
 					  char *err, size_t errlen)
 {
-	/* Checked against schema/options.def when cfg was loaded: nothing to refuse here. */
+	char problem[512];
+
+	/* Checked against schema/options.def when cfg was loaded; MILTERS's braces are checked here. */
 	l->policy.max_size = (size_t) config_size(cfg, section, "MAX_SIZE");
 	l->policy.max_recipients = (size_t) config_int(cfg, section, "MAX_RECIPIENTS");
 	l->policy.max_line_length = (size_t) config_int(cfg, section, "MAX_LINE_LENGTH");
@@ -95,6 +97,13 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 	l->greylist_delay = config_duration_ms(cfg, section, "GREYLIST_DELAY") / 1000.0;
 	l->greylist_expire = config_duration_ms(cfg, section, "GREYLIST_EXPIRE") / 1000.0;
 	l->greylist_auto_whitelist = config_duration_ms(cfg, section, "GREYLIST_AUTO_WHITELIST") / 1000.0;
+	/* l may be a copy of a running listener (a reload): its list is the running one's, not ours to free. */
+	l->milters = (struct milter_gate_list){0};
+	if (!milter_gate_list_load(config_get(cfg, section, "MILTERS"), &l->milters, problem, sizeof(problem)))
+	{
+		snprintf(err, errlen, "%s: [%s] %s", cfg->path, section, problem);
+		return false;
+	}
 	return true;
 }
 

@@ -78,6 +78,7 @@ static const struct
 	{"listener-*", "MAX_SESSIONS"},
 	{"listener-*", "MAX_SESSIONS_PER_CLIENT"},
 	{"listener-*", "TRUSTED_NETWORKS"},
+	{"listener-*", "MILTERS"},
 	{"ingress", "CREDENTIALS"},
 	{"ingress", "MAX_HOPS"},
 	{"ingress", "MAX_MESSAGE_MEMORY"},
@@ -251,6 +252,9 @@ reload_staged_free(struct listener_reload *staged, size_t count)
 	{
 		SSL_CTX_free(staged[i].tls);
 		trusted_networks_free(&staged[i].trusted);
+		/* MILTERS read for a reload that did not take it (a transaction copies what it uses) */
+		if (staged[i].listener && staged[i].limits.milters.entries != staged[i].listener->milters.entries)
+			milter_gate_list_free(&staged[i].limits.milters);
 	}
 	free(staged);
 }
@@ -340,6 +344,8 @@ ingress_reload(const char *config_path)
 		l->min_data_rate = n->min_data_rate;
 		l->max_sessions = n->max_sessions;
 		l->max_sessions_per_client = n->max_sessions_per_client;
+		milter_gate_list_free(&l->milters);
+		l->milters = n->milters;
 		l->policy.auth = credentials != NULL;
 	}
 	credentials_free(ingress.credentials);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +95,9 @@ session_close(struct session *s)
 	if (s->admission)
 		admit_detach(s->admission);
 	auth_worker_cancel(s->auth_job);
+	milter_gate_cancel(s->milter_job);
+	free(s->quarantine);
+	free(s->quarantine_filter);
 	ev_timer_stop(ingress.loop, &s->auth_delay);
 	verify_free(s->verify, &s->smtp.message);
 	session_screen_stop(s);
@@ -345,6 +349,33 @@ session_log_detail(const struct session *s)
 	return text;
 }
 
+/*
+ * A milter's quarantine: state.milter says so as pepsi-stage-milter's
+ * does (so the stage, after the queue, lets the released row go on
+ * unfiltered), and pepsi.workqueue_add stores such a row held.
+ */
+static void
+session_quarantine_state(struct session *s, struct envelope *e)
+{
+	json_t *state = json_loads(e->state, 0, NULL);
+
+	if (state == NULL)
+		fatalx("%s: the envelope's state is not JSON", s->queue_id);
+	json_object_set_new(state, "milter",
+						json_pack("{s:s, s:s, s:s, s:s}", "verdict", "quarantine", "quarantine",
+								  s->quarantine, "filter", s->quarantine_filter ? s->quarantine_filter : "",
+								  "where", "ingress"));
+	free(e->state);
+	e->state = json_dumps(state, JSON_COMPACT);
+	json_decref(state);
+	log_info("%s: milter-hold: END-OF-MESSAGE from %s[%s]: %s (by %s); from=<%s>", s->queue_id,
+			 s->client_name[0] ? s->client_name : "unknown", s->ip, s->quarantine,
+			 s->quarantine_filter ? s->quarantine_filter : "?", s->smtp.mail_from);
+	free(s->quarantine);
+	free(s->quarantine_filter);
+	s->quarantine = s->quarantine_filter = NULL;
+}
+
 /* Store the transaction (or refuse it); the findings of verify.c, if any, go with it. */
 static void
 session_store(struct session *s)
@@ -355,7 +386,9 @@ session_store(struct session *s)
 	const char			  *refusal;
 
 	/* The message's name from here on, before its row exists (common/message/queue_id.h). */
-	queue_id_make(ingress.queue_id_host, s->queue_id);
+	if (!s->queue_id_made)
+		queue_id_make(ingress.queue_id_host, s->queue_id);
+	s->queue_id_made = false;
 	origin.client_ip = s->ip;
 	origin.listener = s->listener->name;
 	origin.hostname = ingress.hostname;
@@ -392,6 +425,8 @@ session_store(struct session *s)
 		}
 		return;
 	}
+	if (s->quarantine)
+		session_quarantine_state(s, &e);
 	if (ingress.mail_log)
 		e.log_detail = session_log_detail(s);
 	/* The envelope has the content now: one copy in memory, not two. */
@@ -460,7 +495,144 @@ session_auth_checked(void *arg, bool ok)
 	ev_timer_start(ingress.loop, &s->auth_delay);
 }
 
-/* The content is in: authenticate it first where the listener says so. */
+/* The filters let it through: authenticate it where the listener says so, and store it. */
+static void
+session_admit_content(struct session *s)
+{
+	if (s->verify == NULL)
+	{
+		session_store(s);
+		return;
+	}
+	verify_message(s->verify, &s->smtp, session_verified, s);
+}
+
+/* The recipients a milter left: the kept ones keep their NOTIFY and ORCPT, the added have none. */
+static void
+session_milter_recipients(struct session *s, struct milter_gate_result *r)
+{
+	struct smtp_recipient *kept = xcalloc(r->nrcpt + 1, sizeof(*kept));
+
+	for (size_t i = 0; i < r->nrcpt; i++)
+	{
+		for (size_t j = 0; j < s->smtp.nrcpt && kept[i].address == NULL; j++)
+			if (s->smtp.rcpt[j].address && strcasecmp(s->smtp.rcpt[j].address, r->rcpt[i]) == 0)
+			{
+				kept[i] = s->smtp.rcpt[j];
+				s->smtp.rcpt[j] = (struct smtp_recipient){0};
+			}
+		if (kept[i].address == NULL)
+			kept[i].address = xstrdup(r->rcpt[i]);
+	}
+	for (size_t j = 0; j < s->smtp.nrcpt; j++)
+	{
+		free(s->smtp.rcpt[j].address);
+		free(s->smtp.rcpt[j].notify);
+		free(s->smtp.rcpt[j].orcpt);
+	}
+	free(s->smtp.rcpt);
+	s->smtp.rcpt = kept;
+	s->smtp.nrcpt = r->nrcpt;
+}
+
+/* The milters' edits, applied to the transaction before it is stored. */
+static void
+session_milter_apply(struct session *s, struct milter_gate_result *r)
+{
+	if (r->content_changed)
+	{
+		size_t *in_flight = s->smtp.policy->memory_in_flight;
+
+		buf_free(&s->smtp.message);
+		s->smtp.message = r->content;
+		r->content = (struct buf) BUF_INIT;
+		if (in_flight)
+		{
+			*in_flight -= s->smtp.memory_counted;
+			*in_flight += s->smtp.message.len;
+			s->smtp.memory_counted = s->smtp.message.len;
+		}
+	}
+	if (r->mail_from)
+	{
+		free(s->smtp.mail_from);
+		s->smtp.mail_from = r->mail_from;
+		r->mail_from = NULL;
+	}
+	if (r->rcpt)
+		session_milter_recipients(s, r);
+	if (r->quarantine)
+	{
+		free(s->quarantine);
+		free(s->quarantine_filter);
+		s->quarantine = r->quarantine;
+		s->quarantine_filter = r->filter;
+		r->quarantine = r->filter = NULL;
+	}
+	if (r->log)
+		log_info("%s: milter: %s", s->queue_id, r->log);
+}
+
+/* A refusal or a discard, in the line Postfix's smtpd writes for a milter's. */
+static void
+session_milter_log(const struct session *s, const char *action, const char *reply)
+{
+	struct reject_log line = {
+		.command = "END-OF-MESSAGE",
+		.queue_id = s->queue_id,
+		.client_name = s->client_name,
+		.client_ip = s->ip,
+		.reply = reply,
+		.mail_from = s->smtp.mail_from,
+		.rcpt_to = s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL,
+		.esmtp = s->smtp.esmtp,
+		.helo = s->smtp.helo,
+		.action = action,
+	};
+
+	reject_log(&line);
+}
+
+/* The listener's MILTERS decided (milter_gate.c): answer in the session, or go on to store. */
+static void
+session_milter_done(void *arg, struct milter_gate_result *r)
+{
+	struct session *s = arg;
+
+	s->milter_job = NULL;
+	ev_timer_again(ingress.loop, &s->timer);
+	switch (r->outcome)
+	{
+		case MILTER_GATE_REFUSE:
+			session_milter_log(s, "milter-reject", r->reply);
+			s->queue_id_made = false;
+			smtp_admit_refused(&s->smtp, r->reply);
+			break;
+		case MILTER_GATE_DISCARD:
+			session_milter_log(s, "milter-discard", "milter triggers DISCARD action");
+			s->queue_id_made = false;
+			smtp_admit_done(&s->smtp, true, s->queue_id);
+			break;
+		case MILTER_GATE_STORE:
+			session_milter_apply(s, r);
+			if (s->smtp.nrcpt == 0)
+			{
+				/* Every recipient deleted: nothing to deliver, as a discard. */
+				session_milter_log(s, "milter-discard", "the milters deleted every recipient");
+				s->queue_id_made = false;
+				smtp_admit_done(&s->smtp, true, s->queue_id);
+				break;
+			}
+			session_admit_content(s);
+			break;
+	}
+	if (s->smtp.event != SMTP_EVENT_NONE)
+		return; /* verification or the database has it now */
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+/* The content is in: the listener's milters first, then authentication and the queue. */
 static void
 session_admit(struct session *s)
 {
@@ -471,12 +643,21 @@ session_admit(struct session *s)
 		smtp_admit_refused(&s->smtp, refusal);
 		return;
 	}
-	if (s->verify == NULL)
+	if (s->listener->milters.count > 0)
 	{
-		session_store(s);
+		struct milter_gate_client client = {
+			.ip = s->ip, .listener = s->listener->name, .hostname = ingress.hostname, .queue_id = s->queue_id};
+
+		/* The message's name from here on: the milters' i macro, then its row's. */
+		queue_id_make(ingress.queue_id_host, s->queue_id);
+		s->queue_id_made = true;
+		/* The filters have it now: the client's silence is not its fault (bounded by their timeouts). */
+		ev_timer_stop(ingress.loop, &s->timer);
+		s->milter_job = milter_gate_start(ingress.loop, &s->listener->milters, &s->smtp, &client,
+										  session_milter_done, s);
 		return;
 	}
-	verify_message(s->verify, &s->smtp, session_verified, s);
+	session_admit_content(s);
 }
 
 void

@@ -163,7 +163,10 @@ admit_check_account(const text *account_text)
 
 /*
  * The admission: the body and the row in one statement, and with
- * log_detail the mail log's "received" row in the same transaction.
+ * log_detail the mail log's "received" row in the same transaction.  A
+ * row a before-queue milter quarantined (state.milter.verdict, written by
+ * pepsi-ingress) is stored held, as pepsi.queue_hold leaves a row: no
+ * worker sees it before the operator releases it.
  * Arguments 0 to 7 are workqueue_add's.
  */
 static int64
@@ -196,8 +199,13 @@ admit_store(FunctionCallInfo fcinfo, Jsonb *log_detail)
 	queue_exec(queue_plan(&plan,
 						  "WITH body AS (INSERT INTO pepsi.workqueue_body (body) VALUES ($4) RETURNING id)"
 						  " INSERT INTO pepsi.workqueue"
-						  " (stage, state, mail_from, rcpt_to, headers, body_id, client_address, auth_account)"
-						  " SELECT $8, $5, $1, $2, $3, body.id, $6, $7 FROM body RETURNING id",
+						  " (stage, state, mail_from, rcpt_to, headers, body_id, client_address, auth_account,"
+						  " status, timeout)"
+						  " SELECT $8, $5, $1, $2, $3, body.id, $6, $7,"
+						  " CASE WHEN q.held THEN 'paused'::pepsi.status ELSE 'pending'::pepsi.status END,"
+						  " CASE WHEN q.held THEN 'infinity'::timestamptz END"
+						  " FROM body, (SELECT coalesce($5 -> 'milter' ->> 'verdict' = 'quarantine', false) AS held) q"
+						  " RETURNING id",
 						  8, argtypes),
 			   values, nulls, false, 0);
 	id = queue_result_int64(0, 1);

@@ -15,7 +15,7 @@
  * Options of its [stage-*] section (see pepsi-stage-milter(8)):
  *   MILTERS          inet:host:port, inet:[address]:port or unix:/path, in order;
  *                    { address, name=value, ... } gives one filter its own
- *                    timeouts or DEFAULT_ACTION (milters.c)
+ *                    timeouts or DEFAULT_ACTION (common/message/milter_list.c)
  *   CONNECT_TIMEOUT (30s), COMMAND_TIMEOUT (30s), FINAL_TIMEOUT (5m)
  *   DEFAULT_ACTION   tempfail (default) | accept: when a filter cannot be asked
  *   REJECT_ACTION    bounce (default) | discard: what a 5xx does

@@ -2,7 +2,7 @@
  * fuzz_milter.c: libFuzzer target for what a milter filter sends back: the
  * packet framing and reply parser (common/message/milter.c) and the edits
  * pepsi-stage-milter applies to a message from the replies that pass
- * (stages/milter/message.c).  "make fuzz" runs it.
+ * (common/message/milter_message.c).  "make fuzz" runs it.
  *
  * Input: what a filter writes on its socket, cut into packets as the stage
  * cuts it; each reply that parses is applied as an end-of-message edit to

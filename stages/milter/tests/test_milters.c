@@ -1,5 +1,5 @@
 /*
- * test_milters.c: the MILTERS option (milters.c): plain addresses, the
+ * test_milters.c: the MILTERS option (common/message/milter_list.c): plain addresses, the
  * Postfix-style braces with per-filter settings read through the option
  * schema, and a clear error for each malformed value.
  */

@@ -1,5 +1,5 @@
 /*
- * message.c: the message as pepsi-stage-milter's filters see and edit it.
+ * milter_message.c: the message as the filters of a MILTERS list see and edit it.
  *
  * The header block is kept as a list so that the filters' header edits
  * (by position, by the nth occurrence of a name) apply the way Sendmail
@@ -12,7 +12,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
-#include "milter_stage.h"
+#include "message/milter_filter.h"
 
 static void
 message_append_header(struct milter_message *m, char *name, char *value)

@@ -1,5 +1,5 @@
 /*
- * milters.c: the MILTERS option of pepsi-stage-milter, the filters in
+ * milter_list.c: the MILTERS option (pepsi-stage-milter's and a listener's), the filters in
  * order and, Postfix style, the settings of each filter that differ from
  * the stage's:
  *
@@ -18,7 +18,7 @@
 #include <strings.h>
 
 #include "base/xalloc.h"
-#include "milter_stage.h"
+#include "message/milter_filter.h"
 #include "options.h"
 
 /* The settings a filter's braces may hold, and the stage options they stand for. */

@@ -1,5 +1,5 @@
 /*
- * filter.c: one filter of pepsi-stage-milter shown one queued message:
+ * milter_filter.c: one filter shown one message (pepsi-stage-milter's queued one, pepsi-ingress's in the session):
  * the row's envelope, header list and body walked through the protocol
  * steps of common/message/milter_client.c, the macros made of the row's
  * state.origin (what ingress recorded of its SMTP session), recipients
@@ -13,7 +13,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
-#include "milter_stage.h"
+#include "message/milter_filter.h"
 
 /* One message shown to one filter. */
 struct filter_walk
