@@ -32,8 +32,11 @@
 #                             a private, stock Postfix instance in DIR (a
 #                             new directory: its own etc/, spool/, data/,
 #                             maillog), its smtpd on 127.0.0.1:PORT, the
-#                             extra main.cf lines after the common ones;
-#                             waits for the smtpd to answer.  Stopped and
+#                             extra main.cf lines after the common ones
+#                             (a line setting a common parameter again
+#                             overrides it); with BENCH_POSTFIX_POSTSCREEN=1
+#                             postscreen on that port, handing over to
+#                             smtpd; waits for it to answer.  Stopped and
 #                             removed by bench_cleanup (or
 #                             bench_postfix_stop DIR)
 #   bench_postfix_stop DIR    stop that instance and remove DIR
@@ -143,6 +146,12 @@
 #                             Debian's OpenDMARC the same way, with the
 #                             extra lines after the common ones
 #                             (both filters check loopback clients too)
+#   bench_noop_milter_start PORT
+#                             bench/milter/noop-milter.c (a C milter that
+#                             asks for every step and answers CONTINUE)
+#                             built and started on 127.0.0.1:PORT;
+#                             stopped by bench_cleanup
+#   bench_noop_milter_count   how many messages it has seen so far
 #   bench_tls_certificate DIR a self-signed certificate for 127.0.0.1,
 #                             DIR/cert.pem, and its key DIR/key.pem (mode
 #                             0600: read by the servers before they drop
@@ -174,6 +183,7 @@ BENCH_DOVECOT_DIRS=()
 BENCH_SINK_PID=
 BENCH_SINK_PIDS=()
 BENCH_DNS_PID=
+BENCH_MILTER_PID=
 BENCH_INGRESS_PID=
 BENCH_DISPATCH_PID=
 BENCH_PEPSI_FLAVOUR=
@@ -192,7 +202,8 @@ bench_cleanup() {
         bench_stop_pid "$pid"
     done
     bench_stop_pid "$BENCH_DNS_PID"
-    BENCH_INGRESS_PID= BENCH_DISPATCH_PID= BENCH_SINK_PID= BENCH_SINK_PIDS=() BENCH_DNS_PID=
+    bench_stop_pid "$BENCH_MILTER_PID"
+    BENCH_INGRESS_PID= BENCH_DISPATCH_PID= BENCH_SINK_PID= BENCH_SINK_PIDS=() BENCH_DNS_PID= BENCH_MILTER_PID=
     for dir in ${BENCH_POSTFIX_DIRS[@]+"${BENCH_POSTFIX_DIRS[@]}"}; do
         bench_postfix_stop "$dir"
     done
@@ -330,8 +341,14 @@ bench_postfix_start() {
     chown postfix: "$dir/data"
     BENCH_POSTFIX_DIRS+=("$dir")
     # The stock master.cf: its smtpd on our loopback port, and no chroot
-    # (Debian's init script would have to furnish one in our queue).
-    awk -v listen="127.0.0.1:$port" '
+    # (Debian's init script would have to furnish one in our queue).  With
+    # BENCH_POSTFIX_POSTSCREEN=1, postscreen on that port instead, as
+    # master.cf's comments enable it (postscreen, smtpd pass, dnsblog,
+    # tlsproxy).
+    awk -v listen="127.0.0.1:$port" -v postscreen="${BENCH_POSTFIX_POSTSCREEN:-}" '
+        postscreen && /^smtp +inet .* smtpd$/ { $0 = "#" $0 }
+        postscreen && /^#smtp +inet .* postscreen$/ { sub(/^#/, "") }
+        postscreen && /^#(smtpd +pass|dnsblog +unix|tlsproxy +unix) / { sub(/^#/, "") }
         /^smtp +inet / { $1 = listen }
         /^[a-z0-9]/ && NF >= 8 && $5 == "y" { $5 = "n" }
         { print }' /usr/share/postfix/master.cf.dist >"$dir/etc/master.cf"
@@ -436,6 +453,25 @@ bench_dns_start() {
     done
     echo "the DNS server did not start: $(cat "$out")" >&2
     return 1
+}
+
+bench_noop_milter_start() {
+    cc -O2 -o "$BENCH_DIR/noop-milter" "$bench_top/bench/milter/noop-milter.c" -lpthread
+    "$BENCH_DIR/noop-milter" "$1" >"$BENCH_DIR/milter.out" 2>&1 &
+    BENCH_MILTER_PID=$!
+    bench_wait_port "$1" noop-milter
+}
+
+# It prints its count on SIGUSR1: wait (a second at most) for the new line.
+bench_noop_milter_count() {
+    local before
+    before=$(grep -c '^messages ' "$BENCH_DIR/milter.out" || true)
+    kill -USR1 "$BENCH_MILTER_PID"
+    for _ in $(seq 1 100); do
+        [ "$(grep -c '^messages ' "$BENCH_DIR/milter.out" || true)" -gt "$before" ] && break
+        sleep 0.01
+    done
+    sed -n 's/^messages //p' "$BENCH_DIR/milter.out" | tail -1
 }
 
 bench_pepsi_start() {

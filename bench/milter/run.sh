@@ -37,39 +37,21 @@ log=$(bench_log milter)
 bench_postfix_install
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-milter pepsi-stage-relay-to-smarthost
 
-milter_pid= postfix_dir=
-
-cleanup() {
-    bench_stop_pid "$milter_pid"
-    bench_cleanup
-}
+postfix_dir=
 
 # Autovacuum on, as any cluster a postmaster runs has it: a run of 20,000
 # messages churns the queue table through some 60,000 dead row versions,
 # and without ANALYZE the statements planned while it was empty keep
 # plans that scan it whole (measured: 110 msg/s against 500 with it on).
 bench_cluster_start "max_connections = 200" "autovacuum = on" "autovacuum_naptime = 1s"
-trap cleanup EXIT
 
 sink_port=$(bench_free_port)
 milter_port=$(bench_free_port)
 pepsi_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
 
-cc -O2 -o "$BENCH_DIR/noop-milter" "$here/noop-milter.c" -lpthread
-"$BENCH_DIR/noop-milter" "$milter_port" >"$BENCH_DIR/milter.out" 2>&1 &
-milter_pid=$!
-bench_wait_port "$milter_port" noop-milter
-milter_count() {
-    local before
-    before=$(grep -c '^messages ' "$BENCH_DIR/milter.out" || true)
-    kill -USR1 "$milter_pid"
-    for _ in $(seq 1 100); do
-        [ "$(grep -c '^messages ' "$BENCH_DIR/milter.out" || true)" -gt "$before" ] && break
-        sleep 0.01
-    done
-    sed -n 's/^messages //p' "$BENCH_DIR/milter.out" | tail -1
-}
+bench_noop_milter_start "$milter_port"
+milter_count() { bench_noop_milter_count; }
 bench_sink_start "$sink_port"
 
 start_pepsi() {
