@@ -9,7 +9,9 @@
 # pepsi.setup_task: written_by is the inserting role whatever the row says;
 # pepsi-setup apply carries out a row of pepsi_config's, refuses one written
 # by another role, one of a kind it does not know and one with a parameter
-# the kind does not take, logging why in setup_task_log; and after a manual
+# the kind does not take, logging why in setup_task_log; a certificate
+# task installs the certificate and points pepsi.conf at it (ingress,
+# reloaded, offers STARTTLS with it); and after a manual
 # GRANT and REVOKE, apply restores the grant policy and verifies it.
 
 use strict;
@@ -233,6 +235,18 @@ is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$good_tls/cert.pem"), 'as 
 is(sprintf('%04o', (stat "$root/etc/pepsi/tls/privkey.pem")[2] & 07777), '0640', 'its key of mode 0640');
 like($row->($wrong_cert_id), qr/^failed: failed: the certificate \S+ is not for mx\.pepsi\.test$/,
 	'a certificate for another name is not, and the log says why');
+like(slurp($config), qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = /m,
+	'pepsi.conf\'s [listener-smtp] names the installed certificate');
+# Ingress, reloaded, offers STARTTLS with it.
+my $reloads = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded /g;
+kill 'HUP', $ingress->{pid};
+ok(poll_until(sub { my $n = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded /g; $n > $reloads }),
+	'ingress reloads') or diag(slurp("$tmp/ingress.log"));
+($swaks_rc, $transcript) = swaks('--tls', '--from', 'sender@local.test', '--to', 'alice@local.test',
+	'--header', 'Subject: over TLS');
+is($swaks_rc, 0, 'and accepts a message over STARTTLS') or diag($transcript);
+like($transcript, qr/TLS started/, 'with the certificate pepsi-setup installed');
+ok(poll_until(sub { scalar(maildir_files($maildir, 'alice@local.test')) == 2 }), 'the message lands in the Maildir');
 
 #
 # A manual GRANT and REVOKE: apply puts the policy back and verifies it.

@@ -14,6 +14,9 @@
  *       ALTER EXTENSION pepsi UPDATE, then the grants
  *   pepsi-setup dns [-c CONFIG]      the records to publish
  *   pepsi-setup check [-c CONFIG]    the same, looked up through the resolver
+ *   pepsi-setup certificate [-c CONFIG] [--root DIR] [--hostname HOST]
+ *       [--certificate FILE --key FILE | --webroot DIR | --standalone]
+ *       ingress's certificate: given, or obtained with certbot
  *
  * Every step is idempotent: run again, it changes nothing and says so.
  */
@@ -43,7 +46,10 @@ setup_usage(FILE *out)
 	fprintf(out, "\n       pepsi-setup apply [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup upgrade [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup dns [-c CONFIG] [--root DIR]\n"
-				 "       pepsi-setup check [-c CONFIG] [--root DIR]\n");
+				 "       pepsi-setup check [-c CONFIG] [--root DIR]\n"
+				 "       pepsi-setup certificate [-c CONFIG] [--root DIR] [--hostname HOST]\n"
+				 "           [--certificate FILE --key FILE | [--certbot PATH] [--email ADDRESS]\n"
+				 "            (--webroot DIR | --standalone [--http-01-port PORT])]\n");
 	return out == stdout ? CLI_EX_OK : CLI_EX_USAGE;
 }
 
@@ -83,7 +89,7 @@ setup_interview(struct setup_answers *answers)
 }
 
 /* Is the SMTP port free?  One in use stops init before it changes anything. */
-static bool
+bool
 setup_port_free(const char *address, const char *port, char *why, size_t whylen)
 {
 	struct sockaddr_storage ss = {0};
@@ -117,8 +123,7 @@ setup_port_free(const char *address, const char *port, char *why, size_t whylen)
 	/* EACCES (a port below 1024, not as root) says nothing about who holds it. */
 	if (bind(fd, (struct sockaddr *) &ss, len) != 0 && errno == EADDRINUSE)
 	{
-		snprintf(why, whylen, "port %s on %s is in use (another MTA? stop it, or choose --smtp-port)", port,
-				 address);
+		snprintf(why, whylen, "port %s on %s is in use", port, address);
 		free_port = false;
 	}
 	close(fd);
@@ -256,7 +261,7 @@ setup_init(int argc, char **argv, const char *root)
 		&& !setup_port_free(setup_answer_value(&answers, SETUP_Q_LISTEN),
 							setup_answer_value(&answers, SETUP_Q_SMTP_PORT), why, sizeof(why)))
 	{
-		fprintf(stderr, "pepsi-setup init: %s; nothing changed\n", why);
+		fprintf(stderr, "pepsi-setup init: %s (another MTA? stop it, or choose --smtp-port); nothing changed\n", why);
 		setup_answers_free(&answers);
 		return SETUP_EX_UNAVAILABLE;
 	}
@@ -418,13 +423,13 @@ pepsi_setup_main(int argc, char **argv)
 	ctx.root = root;
 	if (strcmp(command, "init") == 0)
 		return setup_init(first - 2, argv + 2, root);
-	if (first > 2)
+	if (first > 2 && strcmp(command, "certificate") != 0)
 	{
 		fprintf(stderr, "pepsi-setup %s: unexpected %s\n", command, argv[2]);
 		return setup_usage(stderr);
 	}
 	if (strcmp(command, "apply") != 0 && strcmp(command, "upgrade") != 0 && strcmp(command, "dns") != 0
-		&& strcmp(command, "check") != 0)
+		&& strcmp(command, "check") != 0 && strcmp(command, "certificate") != 0)
 		return setup_usage(stderr);
 	if (config_path == NULL)
 	{
@@ -439,7 +444,9 @@ pepsi_setup_main(int argc, char **argv)
 		fprintf(stderr, "pepsi-setup: %s\n", err);
 		return CLI_EX_CONFIG;
 	}
-	if (strcmp(command, "dns") == 0)
+	if (strcmp(command, "certificate") == 0)
+		rc = setup_certificate_command(&ctx, cfg, first - 2, argv + 2);
+	else if (strcmp(command, "dns") == 0)
 		rc = setup_dns_print(cfg);
 	else if (strcmp(command, "check") == 0)
 		rc = setup_dns_check(cfg, NULL);

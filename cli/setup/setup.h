@@ -48,4 +48,10 @@ enum setup_outcome setup_grants(struct setup_ctx *ctx);
 int setup_dns_print(const struct pepsi_config *cfg);
 int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain);
 
+/* pepsi-setup certificate (certificate.c): an exit status. */
+int setup_certificate_command(struct setup_ctx *ctx, const struct pepsi_config *cfg, int argc, char **argv);
+
+/* Is the port free on address?  false with why when another process holds it. */
+bool setup_port_free(const char *address, const char *port, char *why, size_t whylen);
+
 #endif
