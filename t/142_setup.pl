@@ -11,7 +11,9 @@
 # by another role, one of a kind it does not know and one with a parameter
 # the kind does not take, logging why in setup_task_log; a certificate
 # task installs the certificate and points pepsi.conf at it (ingress,
-# reloaded, offers STARTTLS with it); and after a manual
+# reloaded, offers STARTTLS with it); admin_account makes pepsi-httpd
+# administrators that log in, the password from a root-only file, made
+# when none is given, never in the row; and after a manual
 # GRANT and REVOKE, apply restores the grant policy and verifies it.
 
 use strict;
@@ -19,7 +21,9 @@ use warnings FATAL => 'all';
 
 use Digest::SHA qw(sha256_hex);
 use File::Find;
+use HTTP::Tiny;
 use IO::Socket::INET;
+use JSON::PP;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -247,6 +251,76 @@ ok(poll_until(sub { my $n = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded 
 is($swaks_rc, 0, 'and accepts a message over STARTTLS') or diag($transcript);
 like($transcript, qr/TLS started/, 'with the certificate pepsi-setup installed');
 ok(poll_until(sub { scalar(maildir_files($maildir, 'alice@local.test')) == 2 }), 'the message lands in the Maildir');
+
+#
+# admin_account: a pepsi-httpd administrator, its password from a file
+# root's alone (made when not given), never a parameter; pepsi-httpd logs
+# it in.
+#
+my $admin_task = sub {
+	my ($params) = @_;
+	return as_operator("INSERT INTO pepsi.setup_task (kind, params) VALUES ('admin_account', '$params') RETURNING id");
+};
+my $given = "$tmp/helpdesk.password";
+open(my $pw, '>', $given) or die "$given: $!";
+print $pw "correct horse battery\n";
+close $pw;
+chmod 0600, $given;
+my $loose = "$tmp/loose.password";
+open($pw, '>', $loose) or die "$loose: $!";
+print $pw "readable by all\n";
+close $pw;
+chmod 0644, $loose;
+my $made_id = $admin_task->('{"name": "postmaster"}');
+my $given_id = $admin_task->("{\"name\": \"helpdesk\", \"role\": \"viewer\", \"password_file\": \"$given\"}");
+my $loose_id = $admin_task->("{\"name\": \"loose\", \"password_file\": \"$loose\"}");
+my $clear_id = $admin_task->('{"name": "clear", "password": "in the row"}');
+($rc, $out, $err) = run_setup('apply', '--root', $root);
+is($rc, 65, 'apply reports the admin_account rows it refused or failed') or diag("$out\n$err");
+my $made = "$root/etc/pepsi/admin/postmaster.password";
+like($row->($made_id), qr/^done: .*the password of postmaster is in \Q$made\E.*administrator postmaster: created/,
+	'an administrator without a password file is created');
+is(sprintf('%04o', (stat $made)[2] & 07777), '0600', 'its new password in a file of mode 0600');
+my ($made_password) = slurp($made) =~ /^(\S{24})\n\z/;
+ok(defined $made_password, 'holding a password of 24 characters');
+like($row->($given_id), qr/^done: administrator helpdesk: created, role viewer, its password from \Q$given\E$/,
+	'an administrator with a password file is created');
+like($row->($loose_id), qr/^failed: failed: \Q$loose\E: .*(mode|read)/,
+	'a password file others may read is refused, and the log says why');
+like($row->($clear_id), qr/^refused: refused: admin_account takes no parameter "password"/,
+	'a password in the row itself is refused');
+is($node->safe_psql($db, "SELECT string_agg(name || ' ' || role, ',' ORDER BY name) FROM pepsi.admin_account"),
+	'helpdesk viewer,postmaster admin', 'the accounts and their roles');
+unlike($node->safe_psql($db, 'SELECT string_agg(params::text, \' \') FROM pepsi.setup_task'), qr/correct horse|\Q$made_password\E/,
+	'no password is in a task row');
+my $hashes = $node->safe_psql($db, 'SELECT string_agg(password_hash, \',\' ORDER BY name) FROM pepsi.admin_account');
+$admin_task->('{"name": "postmaster"}');
+$admin_task->("{\"name\": \"helpdesk\", \"role\": \"viewer\", \"password_file\": \"$given\"}");
+($rc, $out, $err) = run_setup('apply', '--root', $root);
+is($rc, 0, 'applying the same accounts again succeeds') or diag("$out\n$err");
+like($out, qr/administrator postmaster: as \S+ says already.*administrator helpdesk: as \S+ says already/s,
+	'and changes nothing');
+is($node->safe_psql($db, 'SELECT string_agg(password_hash, \',\' ORDER BY name) FROM pepsi.admin_account'), $hashes,
+	'not even a hash');
+
+my $httpd_port = PostgreSQL::Test::Cluster::get_free_port();
+my $httpd_conf = "$tmp/httpd.conf";
+open(my $hc, '>', $httpd_conf) or die "$httpd_conf: $!";
+print $hc "[database]\nCONNINFO = $conninfo user=pepsi_web\n[httpd]\nADDRESS = 127.0.0.1\nPORT = $httpd_port\n"
+  . "CONNINFO = $conninfo user=pepsi_web\n";
+close $hc;
+my $httpd = start_dispatcher($httpd_conf, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
+ok(file_shows("$tmp/httpd.log", qr/ready/), 'pepsi-httpd starts');
+my $http = HTTP::Tiny->new(timeout => 10, max_redirect => 0);
+my $login = sub {
+	my ($name, $password) = @_;
+	return $http->post("http://127.0.0.1:$httpd_port/api/login", { headers => { 'Content-Type' => 'application/json' },
+		content => JSON::PP::encode_json({ name => $name, password => $password }) })->{status};
+};
+is($login->('postmaster', $made_password), 200, 'pepsi-httpd logs the made administrator in with the made password');
+is($login->('helpdesk', 'correct horse battery'), 200, 'and the other with the given one');
+is($login->('helpdesk', 'wrong horse battery'), 401, 'not with another');
+stop_dispatcher($httpd);
 
 #
 # A manual GRANT and REVOKE: apply puts the policy back and verifies it.

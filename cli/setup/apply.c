@@ -26,9 +26,11 @@
 #include <openssl/x509v3.h>
 
 #include "auth/keys.h"
+#include "auth/password.h"
 #include "base/base64.h"
 #include "base/buf.h"
 #include "base/xalloc.h"
+#include "process/secret.h"
 #include "setup.h"
 #include "setup/setup_model.h"
 
@@ -648,6 +650,134 @@ setup_certificate(struct setup_ctx *ctx, const json_t *params)
 	return outcome;
 }
 
+/* The first line of a password file, root's alone (secret_file_open); NULL (said) when it is not one. */
+static char *
+setup_password_read(struct setup_ctx *ctx, const char *path)
+{
+	char	err[512];
+	FILE   *f = secret_file_open(path, err, sizeof(err));
+	char   *line = NULL;
+	size_t	capacity = 0;
+	ssize_t n;
+
+	if (f == NULL)
+	{
+		setup_say(ctx, "failed: %s", err);
+		return NULL;
+	}
+	n = getline(&line, &capacity, f);
+	fclose(f);
+	if (n > 0)
+		line[strcspn(line, "\r\n")] = '\0';
+	if (n <= 0 || strlen(line) < 8 || strlen(line) > 256)
+	{
+		setup_say(ctx, "failed: %s: the password on its first line must have 8 to 256 characters", path);
+		if (line)
+			explicit_bzero(line, capacity);
+		free(line);
+		return NULL;
+	}
+	return line;
+}
+
+/* A new password, written to path (root's alone, mode 0600): 24 characters of 144 random bits. */
+static enum setup_outcome
+setup_password_make(struct setup_ctx *ctx, const char *path)
+{
+	unsigned char	   random[18];
+	struct buf		   password = BUF_INIT;
+	enum setup_outcome outcome;
+
+	if (RAND_bytes(random, sizeof(random)) != 1)
+	{
+		setup_say(ctx, "failed: no random bytes for the password");
+		return SETUP_FAILED;
+	}
+	base64_append(&password, random, sizeof(random));
+	explicit_bzero(random, sizeof(random));
+	for (size_t i = 0; i < password.len; i++)
+		if (password.data[i] == '/' || password.data[i] == '+')
+			password.data[i] = password.data[i] == '/' ? '_' : '-';
+	buf_append_char(&password, '\n');
+	buf_append_char(&password, '\0');
+	outcome = setup_write_file(ctx, path, password.data, 0600, ctx->as_root ? 0 : geteuid(),
+							   ctx->as_root ? 0 : getegid());
+	explicit_bzero(password.data, password.len);
+	buf_free(&password);
+	return outcome;
+}
+
+/*
+ * A pepsi-httpd administrator (pepsi.admin_account_set, as pepsi-httpd
+ * passwd), its password the first line of password_file, or of
+ * /etc/pepsi/admin/NAME.password, made with a new random password when it
+ * does not exist.  The password never is a parameter: a task row is
+ * readable by the configuration role.  Unchanged when the account's hash
+ * already verifies the password and its role is the one asked; to reset
+ * a password, change the file (or remove the made one) and apply again.
+ */
+static enum setup_outcome
+setup_admin_account(struct setup_ctx *ctx, const json_t *params)
+{
+	const char		  *name = setup_param(params, "name");
+	const char		  *role = setup_param(params, "role");
+	char			  *relative = xasprintf("admin/%s.password", name);
+	char			  *path = setup_param(params, "password_file") ? xstrdup(setup_param(params, "password_file"))
+																   : setup_path(ctx, relative);
+	char			  *password = NULL;
+	char			  *hash = NULL;
+	const char		  *values[3] = {name, NULL, role};
+	PGresult		  *res;
+	bool			   exists = false;
+	enum setup_outcome outcome = SETUP_FAILED;
+
+	free(relative);
+	if (setup_param(params, "password_file") == NULL && access(path, F_OK) != 0)
+	{
+		if (setup_password_make(ctx, path) == SETUP_FAILED)
+			goto out;
+		setup_say(ctx, "the password of %s is in %s (root's alone)", name, path);
+	}
+	if ((password = setup_password_read(ctx, path)) == NULL)
+		goto out;
+	if ((res = setup_query(ctx, "SELECT password_hash, role, disabled FROM pepsi.admin_account WHERE name = $1", 1,
+						   values))
+		== NULL)
+		goto out;
+	exists = PQntuples(res) == 1;
+	if (exists && strcmp(PQgetvalue(res, 0, 2), "f") == 0 && password_verify(PQgetvalue(res, 0, 0), password)
+		&& (role == NULL || strcmp(PQgetvalue(res, 0, 1), role) == 0))
+	{
+		PQclear(res);
+		setup_say(ctx, "administrator %s: as %s says already", name, path);
+		outcome = SETUP_UNCHANGED;
+		goto out;
+	}
+	PQclear(res);
+	if ((hash = password_hash(password)) == NULL)
+	{
+		setup_say(ctx, "failed: Argon2id hashing failed");
+		goto out;
+	}
+	values[1] = hash;
+	res = setup_query(ctx,
+					  role ? "SELECT pepsi.admin_account_set($1, $2, $3)" : "SELECT pepsi.admin_account_set($1, $2)",
+					  role ? 3 : 2, values);
+	if (res == NULL)
+		goto out;
+	PQclear(res);
+	setup_say(ctx, "administrator %s: %s%s%s, its password from %s", name, exists ? "password set" : "created",
+			  role ? ", role " : "", role ? role : "", path);
+	outcome = SETUP_DONE;
+out:
+	if (password)
+		explicit_bzero(password, strlen(password));
+	free(password);
+	free(hash);
+	free(path);
+	return outcome;
+}
+
 enum setup_outcome
 setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *params)
 {
@@ -689,10 +819,7 @@ setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *para
 		case SETUP_CERTIFICATE:
 			return setup_certificate(ctx, params);
 		case SETUP_ADMIN_ACCOUNT:
-			setup_say(ctx, "failed: this pepsi-setup does not make administrator accounts yet: pepsi-httpd "
-						   "passwd %s",
-					  setup_param(params, "name"));
-			return SETUP_FAILED;
+			return setup_admin_account(ctx, params);
 		case SETUP_KIND_COUNT:
 			break;
 	}

@@ -29,7 +29,7 @@ enum setup_kind
 	SETUP_SRS_SECRET,	 /* the SRS signing secret in secrets.d, made once */
 	SETUP_CERTIFICATE,	 /* a TLS certificate and key for ingress */
 	SETUP_RELOAD,		 /* reload a daemon */
-	SETUP_ADMIN_ACCOUNT, /* a web administrator */
+	SETUP_ADMIN_ACCOUNT, /* a web administrator, its password from a root-only file */
 	SETUP_DNS_CHECK,	 /* check a domain's published records */
 	SETUP_KIND_COUNT
 };
