@@ -126,7 +126,7 @@ is($node->safe_psql($db, $no_extension), '0', 'nor created in the cluster');
 ($rc, $out, $err) = init_with();
 is($rc, 0, 'pepsi-setup init succeeds') or diag("$out\n$err");
 like($out, qr/extension pepsi: created/, 'it creates the extension');
-like($out, qr/pg_hba\.conf: local\s+pepsi\s+pepsi_dispatch\s+peer map=pepsi/, 'and prints the pg_hba lines');
+like($out, qr/pg_hba\.conf: local\s+postgres\s+pepsi_dispatch\s+peer map=pepsi/, 'and prints the pg_hba lines');
 my $config = "$root/etc/pepsi/pepsi.conf";
 ok(-f $config, 'pepsi.conf is written under --root');
 my $srs = "$root/etc/pepsi/secrets.d/srs.conf";
