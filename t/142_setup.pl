@@ -11,19 +11,13 @@
 # by another role, one of a kind it does not know and one with a parameter
 # the kind does not take, logging why in setup_task_log; a certificate
 # task installs the certificate and points pepsi.conf at it (ingress,
-# reloaded, offers STARTTLS with it); admin_account makes pepsi-httpd
-# administrators that log in, the password from a root-only file, made
-# when none is given, never in the row; and after a manual
+# reloaded, offers STARTTLS with it); and after a manual
 # GRANT and REVOKE, apply restores the grant policy and verifies it.
 
 use strict;
 use warnings FATAL => 'all';
 
-use Digest::SHA qw(sha256_hex);
-use File::Find;
-use HTTP::Tiny;
 use IO::Socket::INET;
-use JSON::PP;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -32,6 +26,7 @@ use Test::More;
 use DeliveryTest;
 use DispatchTest;
 use PepsiTest;
+use SetupTest;
 
 my $setup = pepsi_bin('pepsi-setup');
 die "pepsi-setup is not built: $setup\n" unless -x $setup;
@@ -49,16 +44,6 @@ my @answers = ('--domains', 'local.test', '--hostname', 'mx.pepsi.test', '--conn
 	'--delivery', 'maildir', '--relay', "smarthost:127.0.0.1:$peer->{port}", '--smarthost-tls', 'none',
 	'--listen', '127.0.0.1', '--smtp-port', $smtp_port);
 
-sub run_setup
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-
-	IPC::Run::run([ $setup, @args ], '<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
-	return ($? >> 8, $out, $err);
-}
-
 sub init_with
 {
 	my (%change) = @_;
@@ -69,19 +54,6 @@ sub init_with
 		$args[ $i + 1 ] = $change{ $args[$i] } if exists $change{ $args[$i] };
 	}
 	return run_setup('init', '--non-interactive', '--root', $root, @args);
-}
-
-# Every file under the root with its mode and hash: what a second run must leave alone.
-sub tree_state
-{
-	my %state;
-
-	find({ no_chdir => 1, wanted => sub {
-		return if -d $_;
-		my @st = lstat $_;
-		$state{$_} = sprintf('%04o %s', $st[2] & 07777, sha256_hex(slurp($_) // ''));
-	} }, $root);
-	return join("\n", map { "$_ $state{$_}" } sort keys %state);
 }
 
 # The roles, their memberships and every ACL of the schema.
@@ -102,7 +74,7 @@ sub catalog_state
 #
 # Bad input: each stops with the reason, and nothing is changed.
 #
-my $empty = tree_state();
+my $empty = tree_state($root);
 my $no_extension = "SELECT count(*) FROM pg_extension WHERE extname = 'pepsi'";
 my ($rc, $out, $err) = init_with('--domains' => 'not_a_domain');
 isnt($rc, 0, 'a domain that is not a domain: init stops');
@@ -117,7 +89,7 @@ my $taken = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, List
 isnt($rc, 0, 'an occupied SMTP port: init stops');
 like($err, qr/port \d+ on 127\.0\.0\.1 is in use.*nothing changed/, 'and says why');
 close $taken;
-is(tree_state(), $empty, 'nothing was written under the root');
+is(tree_state($root), $empty, 'nothing was written under the root');
 is($node->safe_psql($db, $no_extension), '0', 'nor created in the cluster');
 
 #
@@ -172,29 +144,19 @@ ok(poll_until(sub { queue_count($node) == 0 }), 'nothing is left in the queue');
 #
 # A second init changes nothing.
 #
-my $files = tree_state();
+my $files = tree_state($root);
 my $catalog = catalog_state();
 ($rc, $out, $err) = init_with();
 is($rc, 0, 'a second init succeeds') or diag("$out\n$err");
 like($out, qr/nothing changed: the host already is as the answers say/, 'and says it changed nothing');
-is(tree_state(), $files, 'every file is as it was (content and mode)');
+is(tree_state($root), $files, 'every file is as it was (content and mode)');
 is(catalog_state(), $catalog, 'and the roles, memberships and grants');
 
 #
 # pepsi.setup_task and pepsi-setup apply.
 #
 my $operator = sprintf('host=%s port=%d dbname=%s user=pepsi_operator', $node->host, $node->port, $db);
-sub as_operator
-{
-	my ($sql) = @_;
-	my ($stdout, $stderr) = ('', '');
-
-	IPC::Run::run([ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $operator, '-c', $sql ],
-		'>', \$stdout, '2>', \$stderr, IPC::Run::timeout(60));
-	die "psql as pepsi_operator: $stderr" if $?;
-	chomp $stdout;
-	return $stdout;
-}
+sub as_operator { return as_role($operator, $_[0]); }
 my $hba = '{"type": "local", "database": "postgres", "user": "someone", "method": "peer"}';
 my $good = as_operator("INSERT INTO pepsi.setup_task (kind, params, written_by, status) "
 	. "VALUES ('pg_hba_line', '$hba', 'postgres', 'done') RETURNING id || ' ' || written_by || ' ' || status");
@@ -218,11 +180,7 @@ my $certificate = sub {
 };
 my $cert_id = $certificate->($good_tls);
 my $wrong_cert_id = $certificate->($other_tls);
-my $row = sub {
-	my ($id) = @_;
-	return $node->safe_psql($db, "SELECT status || ': ' || coalesce(string_agg(l.line, ' | ' ORDER BY l.id), '') "
-		. "FROM pepsi.setup_task t LEFT JOIN pepsi.setup_task_log l ON l.task_id = t.id WHERE t.id = $id GROUP BY t.status");
-};
+my $row = sub { return task_row($node, $db, $_[0]); };
 
 ($rc, $out, $err) = run_setup('apply', '--root', $root);
 is($rc, 65, 'apply reports the rows it refused') or diag("$out\n$err");
@@ -251,76 +209,6 @@ ok(poll_until(sub { my $n = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded 
 is($swaks_rc, 0, 'and accepts a message over STARTTLS') or diag($transcript);
 like($transcript, qr/TLS started/, 'with the certificate pepsi-setup installed');
 ok(poll_until(sub { scalar(maildir_files($maildir, 'alice@local.test')) == 2 }), 'the message lands in the Maildir');
-
-#
-# admin_account: a pepsi-httpd administrator, its password from a file
-# root's alone (made when not given), never a parameter; pepsi-httpd logs
-# it in.
-#
-my $admin_task = sub {
-	my ($params) = @_;
-	return as_operator("INSERT INTO pepsi.setup_task (kind, params) VALUES ('admin_account', '$params') RETURNING id");
-};
-my $given = "$tmp/helpdesk.password";
-open(my $pw, '>', $given) or die "$given: $!";
-print $pw "correct horse battery\n";
-close $pw;
-chmod 0600, $given;
-my $loose = "$tmp/loose.password";
-open($pw, '>', $loose) or die "$loose: $!";
-print $pw "readable by all\n";
-close $pw;
-chmod 0644, $loose;
-my $made_id = $admin_task->('{"name": "postmaster"}');
-my $given_id = $admin_task->("{\"name\": \"helpdesk\", \"role\": \"viewer\", \"password_file\": \"$given\"}");
-my $loose_id = $admin_task->("{\"name\": \"loose\", \"password_file\": \"$loose\"}");
-my $clear_id = $admin_task->('{"name": "clear", "password": "in the row"}');
-($rc, $out, $err) = run_setup('apply', '--root', $root);
-is($rc, 65, 'apply reports the admin_account rows it refused or failed') or diag("$out\n$err");
-my $made = "$root/etc/pepsi/admin/postmaster.password";
-like($row->($made_id), qr/^done: .*the password of postmaster is in \Q$made\E.*administrator postmaster: created/,
-	'an administrator without a password file is created');
-is(sprintf('%04o', (stat $made)[2] & 07777), '0600', 'its new password in a file of mode 0600');
-my ($made_password) = slurp($made) =~ /^(\S{24})\n\z/;
-ok(defined $made_password, 'holding a password of 24 characters');
-like($row->($given_id), qr/^done: administrator helpdesk: created, role viewer, its password from \Q$given\E$/,
-	'an administrator with a password file is created');
-like($row->($loose_id), qr/^failed: failed: \Q$loose\E: .*(mode|read)/,
-	'a password file others may read is refused, and the log says why');
-like($row->($clear_id), qr/^refused: refused: admin_account takes no parameter "password"/,
-	'a password in the row itself is refused');
-is($node->safe_psql($db, "SELECT string_agg(name || ' ' || role, ',' ORDER BY name) FROM pepsi.admin_account"),
-	'helpdesk viewer,postmaster admin', 'the accounts and their roles');
-unlike($node->safe_psql($db, 'SELECT string_agg(params::text, \' \') FROM pepsi.setup_task'), qr/correct horse|\Q$made_password\E/,
-	'no password is in a task row');
-my $hashes = $node->safe_psql($db, 'SELECT string_agg(password_hash, \',\' ORDER BY name) FROM pepsi.admin_account');
-$admin_task->('{"name": "postmaster"}');
-$admin_task->("{\"name\": \"helpdesk\", \"role\": \"viewer\", \"password_file\": \"$given\"}");
-($rc, $out, $err) = run_setup('apply', '--root', $root);
-is($rc, 0, 'applying the same accounts again succeeds') or diag("$out\n$err");
-like($out, qr/administrator postmaster: as \S+ says already.*administrator helpdesk: as \S+ says already/s,
-	'and changes nothing');
-is($node->safe_psql($db, 'SELECT string_agg(password_hash, \',\' ORDER BY name) FROM pepsi.admin_account'), $hashes,
-	'not even a hash');
-
-my $httpd_port = PostgreSQL::Test::Cluster::get_free_port();
-my $httpd_conf = "$tmp/httpd.conf";
-open(my $hc, '>', $httpd_conf) or die "$httpd_conf: $!";
-print $hc "[database]\nCONNINFO = $conninfo user=pepsi_web\n[httpd]\nADDRESS = 127.0.0.1\nPORT = $httpd_port\n"
-  . "CONNINFO = $conninfo user=pepsi_web\n";
-close $hc;
-my $httpd = start_dispatcher($httpd_conf, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
-ok(file_shows("$tmp/httpd.log", qr/ready/), 'pepsi-httpd starts');
-my $http = HTTP::Tiny->new(timeout => 10, max_redirect => 0);
-my $login = sub {
-	my ($name, $password) = @_;
-	return $http->post("http://127.0.0.1:$httpd_port/api/login", { headers => { 'Content-Type' => 'application/json' },
-		content => JSON::PP::encode_json({ name => $name, password => $password }) })->{status};
-};
-is($login->('postmaster', $made_password), 200, 'pepsi-httpd logs the made administrator in with the made password');
-is($login->('helpdesk', 'correct horse battery'), 200, 'and the other with the given one');
-is($login->('helpdesk', 'wrong horse battery'), 401, 'not with another');
-stop_dispatcher($httpd);
 
 #
 # A manual GRANT and REVOKE: apply puts the policy back and verifies it.

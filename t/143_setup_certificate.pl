@@ -14,9 +14,7 @@ use strict;
 use warnings FATAL => 'all';
 
 use Cwd qw(abs_path);
-use Digest::SHA qw(sha256_hex);
 use File::Basename qw(dirname);
-use File::Find;
 use IO::Socket::INET;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -25,6 +23,7 @@ use Test::More;
 
 use DeliveryTest;
 use PepsiTest;
+use SetupTest;
 
 my $setup = pepsi_bin('pepsi-setup');
 my $standin = dirname(abs_path(__FILE__)) . '/bin/certbot-standin';
@@ -48,7 +47,7 @@ my $without = "$tmp/without";
 mkdir $without;
 symlink('/usr/bin/openssl', "$without/openssl") or die "symlink: $!";
 
-sub run_setup
+sub certificate
 {
 	my ($path, @args) = @_;
 	my ($out, $err) = ('', '');
@@ -59,21 +58,9 @@ sub run_setup
 	return ($? >> 8, $out, $err);
 }
 
-sub tree_state
-{
-	my %state;
-
-	find({ no_chdir => 1, wanted => sub {
-		my @st = lstat $_;
-		$state{$_} = -d _ ? sprintf('dir %04o', $st[2] & 07777)
-		  : sprintf('%04o %s', $st[2] & 07777, sha256_hex(slurp($_) // ''));
-	} }, $root);
-	return join("\n", map { "$_ $state{$_}" } sort keys %state);
-}
-
 my $webroot = "$tmp/www";
 mkdir $webroot;
-my $before = tree_state();
+my $before = tree_state($root);
 
 #
 # Bad input: the reason, and nothing changed.
@@ -81,32 +68,32 @@ my $before = tree_state();
 local $ENV{PATH} = '/usr/bin:/bin';
 SKIP: {
 	skip 'a real certbot is installed on this host', 2 if -x '/usr/bin/certbot';
-	my ($rc, $out, $err) = run_setup($without, '--webroot', $webroot);
+	my ($rc, $out, $err) = certificate($without, '--webroot', $webroot);
 	is($rc, 69, 'without certbot on PATH: certificate stops');
 	like($err, qr/certbot is not installed \(apt install certbot, or --certbot PATH\).*nothing changed/, 'and says why');
 }
-my ($rc, $out, $err) = run_setup($with_certbot);
+my ($rc, $out, $err) = certificate($with_certbot);
 is($rc, 64, 'no --webroot nor --standalone: certificate stops');
 like($err, qr/certbot needs one of --webroot DIR .* or --standalone/, 'and says which options');
 my $taken = IO::Socket::INET->new(LocalAddr => '0.0.0.0', LocalPort => 0, Listen => 1, ReuseAddr => 1) or die "listen: $!";
-($rc, $out, $err) = run_setup($with_certbot, '--standalone', '--http-01-port', $taken->sockport);
+($rc, $out, $err) = certificate($with_certbot, '--standalone', '--http-01-port', $taken->sockport);
 is($rc, 69, 'an occupied --http-01-port: certificate stops');
 like($err, qr/--standalone: port \d+ on 0\.0\.0\.0 is in use/, 'and says why');
 close $taken;
 my $other = PostgreSQL::Test::Utils::tempdir();
 self_signed_certificate($other, 'other.test');
-($rc, $out, $err) = run_setup($with_certbot, '--certificate', "$other/cert.pem", '--key', "$other/key.pem");
+($rc, $out, $err) = certificate($with_certbot, '--certificate', "$other/cert.pem", '--key', "$other/key.pem");
 is($rc, 65, 'a certificate for another name: certificate stops');
 like($out, qr/failed: the certificate \S+ is not for mx\.pepsi\.test/, 'and says why');
-($rc, $out, $err) = run_setup($with_certbot, '--hostname', 'not_a_host', '--webroot', $webroot);
+($rc, $out, $err) = certificate($with_certbot, '--hostname', 'not_a_host', '--webroot', $webroot);
 is($rc, 64, 'a host name that is not a domain: certificate stops');
 like($err, qr/--hostname: "not_a_host" is not a domain/, 'and says why');
-is(tree_state(), $before, 'none of them changed a byte under the root');
+is(tree_state($root), $before, 'none of them changed a byte under the root');
 
 #
 # certbot --webroot, found on PATH.
 #
-($rc, $out, $err) = run_setup($with_certbot, '--webroot', $webroot, '--email', 'postmaster@local.test');
+($rc, $out, $err) = certificate($with_certbot, '--webroot', $webroot, '--email', 'postmaster@local.test');
 is($rc, 0, 'certificate with certbot --webroot succeeds') or diag("$out\n$err");
 my @calls = split /^--\n/m, slurp("$root/var/log/letsencrypt/certbot-standin.args");
 is(scalar(@calls), 1, 'certbot ran once');
@@ -132,12 +119,12 @@ like($conf, qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/ful
 	'pepsi.conf\'s [listener-smtp] names them, the rest as it was');
 like($conf, qr/^# as pepsi-setup init writes it, in short\n/, 'its comment kept');
 
-my $after = tree_state();
-($rc, $out, $err) = run_setup($with_certbot, '--certificate', "$root/etc/pepsi/tls/fullchain.pem", '--key',
+my $after = tree_state($root);
+($rc, $out, $err) = certificate($with_certbot, '--certificate', "$root/etc/pepsi/tls/fullchain.pem", '--key',
 	"$root/etc/pepsi/tls/privkey.pem");
 is($rc, 0, 'installing the same certificate again succeeds') or diag("$out\n$err");
 like($out, qr/nothing changed: the certificate is installed already/, 'and changes nothing');
-is(tree_state(), $after, 'not a byte');
+is(tree_state($root), $after, 'not a byte');
 
 #
 # Renewal: certbot runs the hook on a renewed lineage.
@@ -160,7 +147,7 @@ is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$renewed/fullchain.pem"), 
 # certbot --standalone, by --certbot.
 #
 my $port = PostgreSQL::Test::Cluster::get_free_port();
-($rc, $out, $err) = run_setup($without, '--certbot', $standin, '--standalone', '--http-01-port', $port);
+($rc, $out, $err) = certificate($without, '--certbot', $standin, '--standalone', '--http-01-port', $port);
 is($rc, 0, 'certificate with certbot --standalone succeeds') or diag("$out\n$err");
 @calls = split /^--\n/m, slurp("$root/var/log/letsencrypt/certbot-standin.args");
 @argv = split /\n/, $calls[-1];

@@ -12,8 +12,6 @@
 use strict;
 use warnings FATAL => 'all';
 
-use Digest::SHA qw(sha256_hex);
-use File::Find;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -21,6 +19,7 @@ use Test::More;
 
 use DeliveryTest;
 use PepsiTest;
+use SetupTest;
 
 my $setup = pepsi_bin('pepsi-setup');
 my $db = 'postgres';
@@ -42,17 +41,6 @@ sub init
 		'--listen', '127.0.0.1', '--smtp-port', $smtp_port, @extra ], '<', \undef, '>', \$out, '2>', \$err,
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 	return ($? >> 8, $out, $err);
-}
-
-sub tree_state
-{
-	my %state;
-
-	find({ no_chdir => 1, wanted => sub {
-		my @st = lstat $_;
-		$state{$_} = -d _ ? 'dir' : sprintf('%04o %s', $st[2] & 07777, sha256_hex(slurp($_) // ''));
-	} }, $root);
-	return join("\n", map { "$_ $state{$_}" } sort keys %state);
 }
 
 # Can this account log in as pepsi_dispatch through the Unix socket?  The error if not.
@@ -83,7 +71,7 @@ is(socket_login(), 'in', 'the cluster\'s own rules still let this account in as 
 #
 # Bad input: nothing changed.
 #
-my $tree = tree_state();
+my $tree = tree_state($root);
 SKIP: {
 	skip 'root may write a read-only file', 3 if $> == 0;
 	chmod 0444, $hba;
@@ -104,7 +92,7 @@ like($err, qr/pg_ident\.conf: its "# BEGIN pepsi-setup" line has no "# END pepsi
 	'and says why');
 is(slurp($ident), $broken, 'pg_ident.conf unchanged');
 is(slurp($hba), $hba_before, 'pg_hba.conf unchanged');
-is(tree_state(), $tree, 'nothing changed under the root');
+is(tree_state($root), $tree, 'nothing changed under the root');
 open($fh, '>', $ident) or die "$ident: $!";
 print $fh $ident_before;
 close $fh;
