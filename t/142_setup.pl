@@ -1,5 +1,7 @@
 # pepsi-setup init --non-interactive against a fresh cluster (the
-# extension's files installed, the extension not created), under --root:
+# extension's files installed, the extension not created), under --root
+# with the package's pepsi.conf (a conffile, which init leaves alone: its
+# settings are the drop-in pepsi.conf.d/setup.conf):
 # pepsi-ingress and pepsi-dispatch start from what it wrote and deliver
 # one message to a Maildir and one to a scripted smarthost (t/bin/smtp-peer),
 # signed with the DKIM key it made.  A second init changes nothing (the
@@ -74,6 +76,13 @@ sub catalog_state
 #
 # Bad input: each stops with the reason, and nothing is changed.
 #
+# The package's pepsi.conf, a conffile: init never rewrites it.
+my $conffile = "# the package's pepsi.conf\n";
+mkdir "$root/etc";
+mkdir "$root/etc/pepsi";
+open(my $cf, '>', "$root/etc/pepsi/pepsi.conf") or die;
+print $cf $conffile;
+close $cf;
 my $empty = tree_state($root);
 my $no_extension = "SELECT count(*) FROM pg_extension WHERE extname = 'pepsi'";
 my ($rc, $out, $err) = init_with('--domains' => 'not_a_domain');
@@ -100,11 +109,14 @@ is($rc, 0, 'pepsi-setup init succeeds') or diag("$out\n$err");
 like($out, qr/extension pepsi: created/, 'it creates the extension');
 like($out, qr/pg_hba\.conf: local\s+postgres\s+pepsi_dispatch\s+peer map=pepsi/, 'and prints the pg_hba lines');
 my $config = "$root/etc/pepsi/pepsi.conf";
-ok(-f $config, 'pepsi.conf is written under --root');
+my $dropin = "$root/etc/pepsi/pepsi.conf.d/setup.conf";
+is(slurp($config), $conffile, 'pepsi.conf, the package\'s conffile, is left as it was');
+like(slurp($dropin), qr/^\[database\]\nCONNINFO = /m, 'init\'s settings are the drop-in pepsi.conf.d/setup.conf');
+is(sprintf('%04o', (stat $dropin)[2] & 07777), '0644', 'of mode 0644');
 my $srs = "$root/etc/pepsi/secrets.d/srs.conf";
 is(sprintf('%04o', (stat $srs)[2] & 07777), '0640', 'the SRS secret is a secrets.d fragment of mode 0640');
 like(slurp($srs), qr/^\[srs\]\nSECRET = \S{40,}\n\z/, 'holding [srs] SECRET');
-unlike(slurp($config), qr/SECRET =/, 'which pepsi.conf does not');
+unlike(slurp($dropin), qr/SECRET =/, 'which the drop-in does not');
 is($node->safe_psql($db, "SELECT count(*) FROM pg_roles r WHERE r.rolname IN "
 	. "('pepsi_dispatch', 'pepsi_smtpd', 'pepsi_web', 'pepsi_viewer', 'pepsi_operator') AND r.rolcanlogin"),
 	'5', 'the five login roles exist');
@@ -197,8 +209,9 @@ is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$good_tls/cert.pem"), 'as 
 is(sprintf('%04o', (stat "$root/etc/pepsi/tls/privkey.pem")[2] & 07777), '0640', 'its key of mode 0640');
 like($row->($wrong_cert_id), qr/^failed: failed: the certificate \S+ is not for mx\.pepsi\.test$/,
 	'a certificate for another name is not, and the log says why');
-like(slurp($config), qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = /m,
-	'pepsi.conf\'s [listener-smtp] names the installed certificate');
+like(slurp("$root/etc/pepsi/pepsi.conf.d/certificate.conf"), qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = /m,
+	'the drop-in certificate.conf points [listener-smtp] at the installed certificate');
+is(slurp($config), $conffile, 'pepsi.conf still as it was');
 # Ingress, reloaded, offers STARTTLS with it.
 my $reloads = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded /g;
 kill 'HUP', $ingress->{pid};

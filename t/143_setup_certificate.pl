@@ -3,8 +3,8 @@
 # writes its own, the deploy hook run as certbot runs it).  Found on PATH,
 # it is run as certonly --webroot or --standalone for the configured host
 # name with a deploy hook that installs the lineage and reloads ingress;
-# the live/ files are installed as tls/ (the key mode 0640) and pepsi.conf's
-# [listener-smtp] names them; a second run changes nothing; the recorded
+# the live/ files are installed as tls/ (the key mode 0640) and the drop-in
+# pepsi.conf.d/certificate.conf points [listener-smtp] at them; a second run changes nothing; the recorded
 # hook run on a renewed lineage installs the new certificate.  A given
 # certificate is installed the same way.  Bad input stops before any
 # change, the tree byte-identical: no certbot, no authenticator, an
@@ -34,9 +34,10 @@ my $config = "$root/etc/pepsi/pepsi.conf";
 
 mkdir "$root/etc";
 mkdir "$root/etc/pepsi";
-open(my $fh, '>', $config) or die "$config: $!";
-print $fh "# as pepsi-setup init writes it, in short\n[pepsi]\nHOSTNAME = $host\nLOCAL_DOMAINS = local.test\n\n"
+my $conffile = "# as pepsi-setup init leaves it, in short\n[pepsi]\nHOSTNAME = $host\nLOCAL_DOMAINS = local.test\n\n"
   . "[listener-smtp]\nADDRESS = 127.0.0.1\nPORT = 2525\n\n[srs]\nDOMAIN = local.test\n";
+open(my $fh, '>', $config) or die "$config: $!";
+print $fh $conffile;
 close $fh;
 
 # PATH with certbot (the stand-in) first, or without any.
@@ -114,10 +115,9 @@ my $live = "$root/etc/letsencrypt/live/$host";
 is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$live/fullchain.pem"), 'the live certificate is installed');
 is(slurp("$root/etc/pepsi/tls/privkey.pem"), slurp("$live/privkey.pem"), 'and its key');
 is(sprintf('%04o', (stat "$root/etc/pepsi/tls/privkey.pem")[2] & 07777), '0640', 'the key of mode 0640');
-my $conf = slurp($config);
-like($conf, qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = \Q$root\E\/etc\/pepsi\/tls\/privkey\.pem\nADDRESS = 127\.0\.0\.1\nPORT = 2525\n/m,
-	'pepsi.conf\'s [listener-smtp] names them, the rest as it was');
-like($conf, qr/^# as pepsi-setup init writes it, in short\n/, 'its comment kept');
+is(slurp($config), $conffile, 'pepsi.conf is left as it was');
+like(slurp("$root/etc/pepsi/pepsi.conf.d/certificate.conf"), qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = \Q$root\E\/etc\/pepsi\/tls\/privkey\.pem\n\z/m,
+	'the drop-in certificate.conf points [listener-smtp] at them');
 
 my $after = tree_state($root);
 ($rc, $out, $err) = certificate($with_certbot, '--certificate', "$root/etc/pepsi/tls/fullchain.pem", '--key',

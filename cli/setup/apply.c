@@ -184,15 +184,44 @@ setup_path(struct setup_ctx *ctx, const char *relative)
 	return xasprintf("%s/etc/pepsi/%s", ctx->root, relative);
 }
 
+/*
+ * A drop-in of pepsi.conf.d, root's, mode 0644.  pepsi.conf itself is the
+ * package's conffile and is never rewritten: it is made (a comment) only
+ * when there is none, since the drop-ins are read beside it.
+ */
+static enum setup_outcome
+setup_dropin(struct setup_ctx *ctx, const char *name, const char *content)
+{
+	char			  *conf = setup_path(ctx, "pepsi.conf");
+	char			  *relative = xasprintf("pepsi.conf.d/%s", name);
+	char			  *path = setup_path(ctx, relative);
+	uid_t			   uid = ctx->as_root ? 0 : geteuid();
+	gid_t			   gid = ctx->as_root ? 0 : getegid();
+	enum setup_outcome outcome = SETUP_UNCHANGED;
+
+	if (access(conf, F_OK) != 0)
+		outcome = setup_write_file(ctx, conf,
+								   "# Pepsi's configuration: pepsi-setup writes its settings in pepsi.conf.d/,\n"
+								   "# read after this file; pepsi.conf(5) says what may be set here.\n",
+								   0644, uid, gid);
+	if (outcome != SETUP_FAILED)
+	{
+		enum setup_outcome written = setup_write_file(ctx, path, content, 0644, uid, gid);
+
+		outcome = written == SETUP_UNCHANGED ? outcome : written;
+	}
+	free(conf);
+	free(relative);
+	free(path);
+	return outcome;
+}
+
 static enum setup_outcome
 setup_config_file(struct setup_ctx *ctx, const json_t *params)
 {
-	char			  *path = setup_path(ctx, setup_param(params, "name"));
-	enum setup_outcome outcome = setup_write_file(ctx, path, setup_param(params, "content"), 0644,
-												  ctx->as_root ? 0 : geteuid(), ctx->as_root ? 0 : getegid());
+	const char *name = setup_param(params, "name");
 
-	free(path);
-	return outcome;
+	return setup_dropin(ctx, name + strlen("pepsi.conf.d/"), setup_param(params, "content"));
 }
 
 /* A secrets.d fragment: root's (or ours), readable by the one group, mode 0640. */
@@ -661,115 +690,13 @@ setup_certificate_refusal(const json_t *params, X509 **cert, EVP_PKEY **key, cha
 	return why;
 }
 
-/* Does line set option ("OPTION =", spaces allowed)? */
-static bool
-setup_line_sets(const char *line, size_t len, const char *option)
-{
-	size_t n = strlen(option);
-
-	while (len && (*line == ' ' || *line == '\t'))
-		line++, len--;
-	if (len <= n || strncmp(line, option, n) != 0)
-		return false;
-	for (line += n, len -= n; len && (*line == ' ' || *line == '\t'); line++, len--)
-		;
-	return len && *line == '=';
-}
-
-/*
- * text with [section] OPTION = value for each of the n pairs: a line that
- * sets the option is replaced, a missing one is added under the section's
- * header, a missing section at the end.  Comments and the other lines
- * are kept as they were.
- */
-static char *
-setup_config_with(const char *text, const char *section, const char *const pairs[][2], int n)
-{
-	struct buf	b = BUF_INIT;
-	char	   *header = xasprintf("[%s]", section);
-	bool		here = false;
-	bool		found = false;
-	bool		set[8] = {false};
-	const char *line;
-
-	for (line = text; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] == '\n'))
-		if (line[0] == '[')
-			here = strncmp(line, header, strlen(header)) == 0;
-		else if (here)
-			for (int i = 0; i < n; i++)
-				set[i] = set[i] || setup_line_sets(line, strcspn(line, "\n"), pairs[i][0]);
-	here = false;
-	for (line = text; *line;)
-	{
-		size_t len = strcspn(line, "\n");
-		bool   replaced = false;
-
-		if (line[0] == '[')
-			here = strncmp(line, header, strlen(header)) == 0;
-		for (int i = 0; here && line[0] != '[' && i < n && !replaced; i++)
-			if (setup_line_sets(line, len, pairs[i][0]))
-			{
-				buf_printf(&b, "%s = %s\n", pairs[i][0], pairs[i][1]);
-				replaced = true;
-			}
-		if (!replaced)
-			buf_printf(&b, "%.*s\n", (int) len, line);
-		if (here && line[0] == '[')
-		{
-			found = true;
-			for (int i = 0; i < n; i++)
-				if (!set[i])
-					buf_printf(&b, "%s = %s\n", pairs[i][0], pairs[i][1]);
-		}
-		line += len + (line[len] == '\n');
-	}
-	if (!found)
-	{
-		buf_printf(&b, "\n%s\n", header);
-		for (int i = 0; i < n; i++)
-			buf_printf(&b, "%s = %s\n", pairs[i][0], pairs[i][1]);
-	}
-	free(header);
-	buf_append_char(&b, '\0');
-	return b.data;
-}
-
-/* pepsi.conf with [section] set as the pairs say (at most 8), unless it already is so. */
-static enum setup_outcome
-setup_config_options(struct setup_ctx *ctx, const char *section, const char *const pairs[][2], int n)
-{
-	char				*path = setup_path(ctx, "pepsi.conf");
-	struct buf			 text = BUF_INIT;
-	char				 err[1024];
-	char				*changed = NULL;
-	struct pepsi_config *cfg = NULL;
-	enum setup_outcome	 outcome = SETUP_FAILED;
-
-	if (!buf_append_file(&text, path, 1 << 20, err, sizeof(err)))
-		setup_say(ctx, "failed: %s (pepsi-setup init writes it)", err);
-	else
-	{
-		buf_append_char(&text, '\0');
-		changed = setup_config_with(text.data, section, pairs, n);
-		if ((cfg = config_parse_string(changed, path, err, sizeof(err))) == NULL)
-			setup_say(ctx, "failed: %s would not load so: %s", path, err);
-		else
-			outcome = setup_write_file(ctx, path, changed, 0644, ctx->as_root ? 0 : geteuid(),
-									   ctx->as_root ? 0 : getegid());
-	}
-	config_free(cfg);
-	free(changed);
-	buf_free(&text);
-	free(path);
-	return outcome;
-}
-
 /*
  * A given certificate and key for the host, checked (the key is the
  * certificate's, the certificate names the host and has not expired) and
  * installed as tls/fullchain.pem and tls/privkey.pem, the key readable by
  * the group that runs ingress (which reads them again on a reload, after
- * it dropped root), and pepsi.conf's [listener-smtp] pointed at them.
+ * it dropped root), and [listener-smtp] pointed at them by the drop-in
+ * pepsi.conf.d/certificate.conf.
  * pepsi-setup certificate obtains one with certbot first (certificate.c).
  */
 static enum setup_outcome
@@ -793,7 +720,9 @@ setup_certificate(struct setup_ctx *ctx, const json_t *params)
 		setup_say(ctx, "failed: %s", why);
 	else if (setup_owner(ctx, NULL, setup_param(params, "group"), &uid, &gid))
 	{
-		const char *const  pairs[2][2] = {{"CERTIFICATE", chain_path}, {"KEY", key_path}};
+		char			  *dropin = xasprintf("# Written by pepsi-setup certificate.\n[listener-smtp]\n"
+														   "CERTIFICATE = %s\nKEY = %s\n",
+											  chain_path, key_path);
 		enum setup_outcome first;
 		enum setup_outcome second;
 		enum setup_outcome third;
@@ -803,7 +732,8 @@ setup_certificate(struct setup_ctx *ctx, const json_t *params)
 		first = setup_write_file(ctx, chain_path, chain.data, 0644, ctx->as_root ? 0 : uid, ctx->as_root ? 0 : gid);
 		second = first == SETUP_FAILED ? SETUP_FAILED
 									   : setup_write_file(ctx, key_path, secret.data, 0640, ctx->as_root ? 0 : uid, gid);
-		third = second == SETUP_FAILED ? SETUP_FAILED : setup_config_options(ctx, "listener-smtp", pairs, 2);
+		third = second == SETUP_FAILED ? SETUP_FAILED : setup_dropin(ctx, "certificate.conf", dropin);
+		free(dropin);
 
 		if (first == SETUP_FAILED || second == SETUP_FAILED || third == SETUP_FAILED)
 			outcome = SETUP_FAILED;

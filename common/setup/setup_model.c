@@ -300,7 +300,8 @@ setup_config_text(const struct setup_answers *answers, const struct setup_layout
 	size_t		len;
 
 	buf_printf(&b, "# Written by pepsi-setup init from its answers; running it again with the same\n"
-				   "# answers changes nothing.  The secrets are in secrets.d/, never here.\n\n");
+				   "# answers changes nothing.  It is read after pepsi.conf, whose options it\n"
+				   "# replaces; the secrets are in secrets.d/, never here.\n\n");
 	buf_printf(&b, "[pepsi]\nHOSTNAME = %s\nLOCAL_DOMAINS = %s\n\n", setup_answer_value(answers, SETUP_Q_HOSTNAME),
 			   domains);
 	buf_printf(&b,
@@ -408,7 +409,7 @@ setup_plan(const struct setup_answers *answers, const struct setup_layout *layou
 	}
 	text = setup_config_text(answers, layout);
 	json_array_append_new(plan, setup_task_new(SETUP_CONFIG_FILE,
-											   json_pack("{s:s, s:s}", "name", "pepsi.conf", "content", text)));
+											   json_pack("{s:s, s:s}", "name", "pepsi.conf.d/setup.conf", "content", text)));
 	free(text);
 	database = setup_conninfo_database(setup_answer_value(answers, SETUP_Q_CONNINFO));
 	for (int i = 0; setup_login_roles[i][0]; i++)

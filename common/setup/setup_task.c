@@ -37,7 +37,7 @@ static const struct
 	struct setup_param params[SETUP_MAX_PARAMS];
 } setup_kinds[SETUP_KIND_COUNT] = {
 	[SETUP_CONFIG_FILE] = {"config_file",
-						   {{"name", PARAM_ENUM, true, "pepsi.conf"}, {"content", PARAM_CONFIG, true, NULL}}},
+						   {{"name", PARAM_ENUM, true, "pepsi.conf.d/setup.conf"}, {"content", PARAM_CONFIG, true, NULL}}},
 	[SETUP_SECRET] = {"secret",
 					  {{"name", PARAM_NAME, true, NULL},
 					   {"group", PARAM_NAME, true, NULL},

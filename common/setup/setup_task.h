@@ -20,7 +20,7 @@
 
 enum setup_kind
 {
-	SETUP_CONFIG_FILE,	 /* /etc/pepsi/pepsi.conf */
+	SETUP_CONFIG_FILE,	 /* /etc/pepsi/pepsi.conf.d/setup.conf (pepsi.conf is the package's) */
 	SETUP_SECRET,		 /* a secrets.d fragment holding one secret option */
 	SETUP_DATABASE_ROLE, /* a login role, member of one group role */
 	SETUP_GRANT_POLICY,	 /* pepsi.grant_apply(), then grant_verify() must be empty */
