@@ -914,7 +914,7 @@ setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *para
 					setup_say(ctx, "failed: %s", err);
 					return SETUP_FAILED;
 				}
-				rc = setup_dns_check(cfg, setup_param(params, "domain"));
+				rc = setup_dns_check(cfg, setup_param(params, "domain"), ctx);
 				config_free(cfg);
 				return rc == 0 ? SETUP_PRINTED : SETUP_FAILED;
 			}

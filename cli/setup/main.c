@@ -509,7 +509,7 @@ pepsi_setup_main(int argc, char **argv)
 	else if (strcmp(command, "dns") == 0)
 		rc = setup_dns_print(cfg);
 	else if (strcmp(command, "check") == 0)
-		rc = setup_dns_check(cfg, NULL);
+		rc = setup_dns_check(cfg, NULL, NULL);
 	else if ((ctx.db = setup_admin_connect(cfg, &rc)) != NULL)
 	{
 		rc = strcmp(command, "apply") == 0 ? setup_drain(&ctx) : setup_upgrade(&ctx);

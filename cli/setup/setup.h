@@ -47,7 +47,8 @@ enum setup_outcome setup_grants(struct setup_ctx *ctx);
 
 /* pepsi-setup dns and check on a loaded configuration: exit statuses. */
 int setup_dns_print(const struct pepsi_config *cfg);
-int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain);
+/* check's lines go to ctx's task (and its log) when ctx is not NULL. */
+int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain, struct setup_ctx *ctx);
 
 /* A pg_hba_line task's line, as pg_hba.conf has it (allocated). */
 char *setup_pg_hba_text(const json_t *params);
