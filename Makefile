@@ -437,20 +437,20 @@ install-accounts:
 	install -m 644 dist/sysusers.d/pepsi.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf
 	install -m 644 dist/tmpfiles.d/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
-# $(SYSCONFDIR)/pepsi/pepsi.conf from docs/pepsi.conf.sample, with the
-# Debian cluster's socket and port and /var/lib/pepsi for its files: a
-# starting point to edit (or for pepsi-setup init to replace).  An existing
-# one is never replaced.  The package ships the same file, a conffile.
+# $(SYSCONFDIR)/pepsi/pepsi.conf: dist/pepsi.conf, a short file that says
+# where the settings are (pepsi-setup init writes them to the drop-in
+# pepsi.conf.d/setup.conf, so that this file, the package's conffile, is
+# never rewritten).  An existing one is never replaced.  The package ships
+# the same file.  docs/pepsi.conf.sample is the commented whole, for a host
+# set up by hand.
 install-config:
 	install -d $(DESTDIR)$(SYSCONFDIR)/pepsi
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf ]; then \
 		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf exists: left as it is"; \
 	else \
-		sed -e 's|@PGHOST@|/var/run/postgresql|g' -e 's|@PGPORT@|5432|g' -e 's|@RUN_DIR@|/var/lib/pepsi|g' \
-			docs/pepsi.conf.sample >$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
-		chmod 644 $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
+		install -m 644 dist/pepsi.conf $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp && \
 		mv $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf.tmp $(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf && \
-		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from docs/pepsi.conf.sample"; \
+		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from dist/pepsi.conf"; \
 	fi
 .PHONY: install-accounts install-config
 

@@ -1,5 +1,7 @@
 # pepsi-setup init --non-interactive against a fresh cluster (the
-# extension's files installed, the extension not created), under --root:
+# extension's files installed, the extension not created), under --root
+# with the package's pepsi.conf (a conffile, which init leaves alone: its
+# settings are the drop-in pepsi.conf.d/setup.conf):
 # pepsi-ingress and pepsi-dispatch start from what it wrote and deliver
 # one message to a Maildir and one to a scripted smarthost (t/bin/smtp-peer),
 # signed with the DKIM key it made.  A second init changes nothing (the
@@ -9,14 +11,14 @@
 # pepsi.setup_task: written_by is the inserting role whatever the row says;
 # pepsi-setup apply carries out a row of pepsi_config's, refuses one written
 # by another role, one of a kind it does not know and one with a parameter
-# the kind does not take, logging why in setup_task_log; and after a manual
+# the kind does not take, logging why in setup_task_log; a certificate
+# task installs the certificate and points pepsi.conf at it (ingress,
+# reloaded, offers STARTTLS with it); and after a manual
 # GRANT and REVOKE, apply restores the grant policy and verifies it.
 
 use strict;
 use warnings FATAL => 'all';
 
-use Digest::SHA qw(sha256_hex);
-use File::Find;
 use IO::Socket::INET;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -26,6 +28,7 @@ use Test::More;
 use DeliveryTest;
 use DispatchTest;
 use PepsiTest;
+use SetupTest;
 
 my $setup = pepsi_bin('pepsi-setup');
 die "pepsi-setup is not built: $setup\n" unless -x $setup;
@@ -43,16 +46,6 @@ my @answers = ('--domains', 'local.test', '--hostname', 'mx.pepsi.test', '--conn
 	'--delivery', 'maildir', '--relay', "smarthost:127.0.0.1:$peer->{port}", '--smarthost-tls', 'none',
 	'--listen', '127.0.0.1', '--smtp-port', $smtp_port);
 
-sub run_setup
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-
-	IPC::Run::run([ $setup, @args ], '<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
-	return ($? >> 8, $out, $err);
-}
-
 sub init_with
 {
 	my (%change) = @_;
@@ -63,19 +56,6 @@ sub init_with
 		$args[ $i + 1 ] = $change{ $args[$i] } if exists $change{ $args[$i] };
 	}
 	return run_setup('init', '--non-interactive', '--root', $root, @args);
-}
-
-# Every file under the root with its mode and hash: what a second run must leave alone.
-sub tree_state
-{
-	my %state;
-
-	find({ no_chdir => 1, wanted => sub {
-		return if -d $_;
-		my @st = lstat $_;
-		$state{$_} = sprintf('%04o %s', $st[2] & 07777, sha256_hex(slurp($_) // ''));
-	} }, $root);
-	return join("\n", map { "$_ $state{$_}" } sort keys %state);
 }
 
 # The roles, their memberships and every ACL of the schema.
@@ -96,7 +76,14 @@ sub catalog_state
 #
 # Bad input: each stops with the reason, and nothing is changed.
 #
-my $empty = tree_state();
+# The package's pepsi.conf, a conffile: init never rewrites it.
+my $conffile = "# the package's pepsi.conf\n";
+mkdir "$root/etc";
+mkdir "$root/etc/pepsi";
+open(my $cf, '>', "$root/etc/pepsi/pepsi.conf") or die;
+print $cf $conffile;
+close $cf;
+my $empty = tree_state($root);
 my $no_extension = "SELECT count(*) FROM pg_extension WHERE extname = 'pepsi'";
 my ($rc, $out, $err) = init_with('--domains' => 'not_a_domain');
 isnt($rc, 0, 'a domain that is not a domain: init stops');
@@ -111,7 +98,7 @@ my $taken = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, List
 isnt($rc, 0, 'an occupied SMTP port: init stops');
 like($err, qr/port \d+ on 127\.0\.0\.1 is in use.*nothing changed/, 'and says why');
 close $taken;
-is(tree_state(), $empty, 'nothing was written under the root');
+is(tree_state($root), $empty, 'nothing was written under the root');
 is($node->safe_psql($db, $no_extension), '0', 'nor created in the cluster');
 
 #
@@ -120,13 +107,16 @@ is($node->safe_psql($db, $no_extension), '0', 'nor created in the cluster');
 ($rc, $out, $err) = init_with();
 is($rc, 0, 'pepsi-setup init succeeds') or diag("$out\n$err");
 like($out, qr/extension pepsi: created/, 'it creates the extension');
-like($out, qr/pg_hba\.conf: local\s+pepsi\s+pepsi_dispatch\s+peer map=pepsi/, 'and prints the pg_hba lines');
+like($out, qr/pg_hba\.conf: local\s+postgres\s+pepsi_dispatch\s+peer map=pepsi/, 'and prints the pg_hba lines');
 my $config = "$root/etc/pepsi/pepsi.conf";
-ok(-f $config, 'pepsi.conf is written under --root');
+my $dropin = "$root/etc/pepsi/pepsi.conf.d/setup.conf";
+is(slurp($config), $conffile, 'pepsi.conf, the package\'s conffile, is left as it was');
+like(slurp($dropin), qr/^\[database\]\nCONNINFO = /m, 'init\'s settings are the drop-in pepsi.conf.d/setup.conf');
+is(sprintf('%04o', (stat $dropin)[2] & 07777), '0644', 'of mode 0644');
 my $srs = "$root/etc/pepsi/secrets.d/srs.conf";
 is(sprintf('%04o', (stat $srs)[2] & 07777), '0640', 'the SRS secret is a secrets.d fragment of mode 0640');
 like(slurp($srs), qr/^\[srs\]\nSECRET = \S{40,}\n\z/, 'holding [srs] SECRET');
-unlike(slurp($config), qr/SECRET =/, 'which pepsi.conf does not');
+unlike(slurp($dropin), qr/SECRET =/, 'which the drop-in does not');
 is($node->safe_psql($db, "SELECT count(*) FROM pg_roles r WHERE r.rolname IN "
 	. "('pepsi_dispatch', 'pepsi_smtpd', 'pepsi_web', 'pepsi_viewer', 'pepsi_operator') AND r.rolcanlogin"),
 	'5', 'the five login roles exist');
@@ -166,29 +156,19 @@ ok(poll_until(sub { queue_count($node) == 0 }), 'nothing is left in the queue');
 #
 # A second init changes nothing.
 #
-my $files = tree_state();
+my $files = tree_state($root);
 my $catalog = catalog_state();
 ($rc, $out, $err) = init_with();
 is($rc, 0, 'a second init succeeds') or diag("$out\n$err");
 like($out, qr/nothing changed: the host already is as the answers say/, 'and says it changed nothing');
-is(tree_state(), $files, 'every file is as it was (content and mode)');
+is(tree_state($root), $files, 'every file is as it was (content and mode)');
 is(catalog_state(), $catalog, 'and the roles, memberships and grants');
 
 #
 # pepsi.setup_task and pepsi-setup apply.
 #
 my $operator = sprintf('host=%s port=%d dbname=%s user=pepsi_operator', $node->host, $node->port, $db);
-sub as_operator
-{
-	my ($sql) = @_;
-	my ($stdout, $stderr) = ('', '');
-
-	IPC::Run::run([ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $operator, '-c', $sql ],
-		'>', \$stdout, '2>', \$stderr, IPC::Run::timeout(60));
-	die "psql as pepsi_operator: $stderr" if $?;
-	chomp $stdout;
-	return $stdout;
-}
+sub as_operator { return as_role($operator, $_[0]); }
 my $hba = '{"type": "local", "database": "postgres", "user": "someone", "method": "peer"}';
 my $good = as_operator("INSERT INTO pepsi.setup_task (kind, params, written_by, status) "
 	. "VALUES ('pg_hba_line', '$hba', 'postgres', 'done') RETURNING id || ' ' || written_by || ' ' || status");
@@ -212,11 +192,7 @@ my $certificate = sub {
 };
 my $cert_id = $certificate->($good_tls);
 my $wrong_cert_id = $certificate->($other_tls);
-my $row = sub {
-	my ($id) = @_;
-	return $node->safe_psql($db, "SELECT status || ': ' || coalesce(string_agg(l.line, ' | ' ORDER BY l.id), '') "
-		. "FROM pepsi.setup_task t LEFT JOIN pepsi.setup_task_log l ON l.task_id = t.id WHERE t.id = $id GROUP BY t.status");
-};
+my $row = sub { return task_row($node, $db, $_[0]); };
 
 ($rc, $out, $err) = run_setup('apply', '--root', $root);
 is($rc, 65, 'apply reports the rows it refused') or diag("$out\n$err");
@@ -233,6 +209,19 @@ is(slurp("$root/etc/pepsi/tls/fullchain.pem"), slurp("$good_tls/cert.pem"), 'as 
 is(sprintf('%04o', (stat "$root/etc/pepsi/tls/privkey.pem")[2] & 07777), '0640', 'its key of mode 0640');
 like($row->($wrong_cert_id), qr/^failed: failed: the certificate \S+ is not for mx\.pepsi\.test$/,
 	'a certificate for another name is not, and the log says why');
+like(slurp("$root/etc/pepsi/pepsi.conf.d/certificate.conf"), qr/^\[listener-smtp\]\nCERTIFICATE = \Q$root\E\/etc\/pepsi\/tls\/fullchain\.pem\nKEY = /m,
+	'the drop-in certificate.conf points [listener-smtp] at the installed certificate');
+is(slurp($config), $conffile, 'pepsi.conf still as it was');
+# Ingress, reloaded, offers STARTTLS with it.
+my $reloads = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded /g;
+kill 'HUP', $ingress->{pid};
+ok(poll_until(sub { my $n = () = (slurp("$tmp/ingress.log") // '') =~ /reloaded /g; $n > $reloads }),
+	'ingress reloads') or diag(slurp("$tmp/ingress.log"));
+($swaks_rc, $transcript) = swaks('--tls', '--from', 'sender@local.test', '--to', 'alice@local.test',
+	'--header', 'Subject: over TLS');
+is($swaks_rc, 0, 'and accepts a message over STARTTLS') or diag($transcript);
+like($transcript, qr/TLS started/, 'with the certificate pepsi-setup installed');
+ok(poll_until(sub { scalar(maildir_files($maildir, 'alice@local.test')) == 2 }), 'the message lands in the Maildir');
 
 #
 # A manual GRANT and REVOKE: apply puts the policy back and verifies it.

@@ -26,9 +26,11 @@
 #include <openssl/x509v3.h>
 
 #include "auth/keys.h"
+#include "auth/password.h"
 #include "base/base64.h"
 #include "base/buf.h"
 #include "base/xalloc.h"
+#include "process/secret.h"
 #include "setup.h"
 #include "setup/setup_model.h"
 
@@ -182,15 +184,44 @@ setup_path(struct setup_ctx *ctx, const char *relative)
 	return xasprintf("%s/etc/pepsi/%s", ctx->root, relative);
 }
 
+/*
+ * A drop-in of pepsi.conf.d, root's, mode 0644.  pepsi.conf itself is the
+ * package's conffile and is never rewritten: it is made (a comment) only
+ * when there is none, since the drop-ins are read beside it.
+ */
+static enum setup_outcome
+setup_dropin(struct setup_ctx *ctx, const char *name, const char *content)
+{
+	char			  *conf = setup_path(ctx, "pepsi.conf");
+	char			  *relative = xasprintf("pepsi.conf.d/%s", name);
+	char			  *path = setup_path(ctx, relative);
+	uid_t			   uid = ctx->as_root ? 0 : geteuid();
+	gid_t			   gid = ctx->as_root ? 0 : getegid();
+	enum setup_outcome outcome = SETUP_UNCHANGED;
+
+	if (access(conf, F_OK) != 0)
+		outcome = setup_write_file(ctx, conf,
+								   "# Pepsi's configuration: pepsi-setup writes its settings in pepsi.conf.d/,\n"
+								   "# read after this file; pepsi.conf(5) says what may be set here.\n",
+								   0644, uid, gid);
+	if (outcome != SETUP_FAILED)
+	{
+		enum setup_outcome written = setup_write_file(ctx, path, content, 0644, uid, gid);
+
+		outcome = written == SETUP_UNCHANGED ? outcome : written;
+	}
+	free(conf);
+	free(relative);
+	free(path);
+	return outcome;
+}
+
 static enum setup_outcome
 setup_config_file(struct setup_ctx *ctx, const json_t *params)
 {
-	char			  *path = setup_path(ctx, setup_param(params, "name"));
-	enum setup_outcome outcome = setup_write_file(ctx, path, setup_param(params, "content"), 0644,
-												  ctx->as_root ? 0 : geteuid(), ctx->as_root ? 0 : getegid());
+	const char *name = setup_param(params, "name");
 
-	free(path);
-	return outcome;
+	return setup_dropin(ctx, name + strlen("pepsi.conf.d/"), setup_param(params, "content"));
 }
 
 /* A secrets.d fragment: root's (or ours), readable by the one group, mode 0640. */
@@ -416,16 +447,188 @@ setup_grants(struct setup_ctx *ctx)
 	return SETUP_DONE;
 }
 
-static enum setup_outcome
-setup_pg_hba_line(struct setup_ctx *ctx, const json_t *params)
+char *
+setup_pg_hba_text(const json_t *params)
 {
 	const char *address = setup_param(params, "address");
 	const char *map = setup_param(params, "map");
 
-	setup_say(ctx, "pg_hba.conf: %-7s %-8s %-16s %s%s%s%s%s", setup_param(params, "type"),
-			  setup_param(params, "database"), setup_param(params, "user"), address ? address : "",
-			  address ? " " : "", setup_param(params, "method"), map ? " map=" : "", map ? map : "");
+	return xasprintf("%-7s %-8s %-16s %s%s%s%s%s", setup_param(params, "type"), setup_param(params, "database"),
+					 setup_param(params, "user"), address ? address : "", address ? " " : "",
+					 setup_param(params, "method"), map ? " map=" : "", map ? map : "");
+}
+
+static enum setup_outcome
+setup_pg_hba_line(struct setup_ctx *ctx, const json_t *params)
+{
+	char *line = setup_pg_hba_text(params);
+
+	setup_say(ctx, "pg_hba.conf: %s", line);
+	free(line);
 	return SETUP_PRINTED;
+}
+
+#define SETUP_BLOCK_BEGIN "# BEGIN pepsi-setup"
+#define SETUP_BLOCK_END "# END pepsi-setup\n"
+
+/*
+ * text with pepsi-setup's block (lines between the two markers) set to
+ * lines: replaced where it is, else put first (pg_hba.conf: the first
+ * matching line wins) or last.  NULL with why when the block is broken.
+ */
+static char *
+setup_with_block(const char *text, const char *lines, bool first, char *why, size_t whylen)
+{
+	const char *begin = strstr(text, SETUP_BLOCK_BEGIN);
+	const char *end = begin ? strstr(begin, SETUP_BLOCK_END) : NULL;
+	char	   *block = xasprintf(SETUP_BLOCK_BEGIN ": kept by pepsi-setup init --apply-pg-hba, which "
+														  "replaces what is edited here\n%s" SETUP_BLOCK_END,
+								  lines);
+	char	   *result;
+
+	if (begin && (end == NULL || (begin != text && begin[-1] != '\n')))
+	{
+		snprintf(why, whylen, "its \"%s\" line has no \"%.*s\" line after it (mend the block by hand)",
+				 SETUP_BLOCK_BEGIN, (int) strlen(SETUP_BLOCK_END) - 1, SETUP_BLOCK_END);
+		free(block);
+		return NULL;
+	}
+	if (begin)
+		result = xasprintf("%.*s%s%s", (int) (begin - text), text, block, end + strlen(SETUP_BLOCK_END));
+	else if (first)
+		result = xasprintf("%s%s", block, text);
+	else
+		result = xasprintf("%s%s%s", text, text[0] && text[strlen(text) - 1] != '\n' ? "\n" : "", block);
+	free(block);
+	return result;
+}
+
+/* The rules of pg_hba_file_rules and pg_ident_file_mappings that the server cannot parse. */
+static int
+setup_hba_errors(struct setup_ctx *ctx)
+{
+	PGresult *res = setup_query(ctx,
+								"SELECT 'pg_hba.conf line ' || line_number || ': ' || error FROM pg_hba_file_rules "
+								"WHERE error IS NOT NULL UNION ALL "
+								"SELECT 'pg_ident.conf line ' || line_number || ': ' || error "
+								"FROM pg_ident_file_mappings WHERE error IS NOT NULL",
+								0, NULL);
+	int		  n;
+
+	if (res == NULL)
+		return -1;
+	n = PQntuples(res);
+	for (int i = 0; i < n; i++)
+		setup_say(ctx, "the server cannot parse %s", PQgetvalue(res, i, 0));
+	PQclear(res);
+	return n;
+}
+
+bool
+setup_hba_prepare(struct setup_ctx *ctx, struct setup_hba *hba, const char *hba_lines, const char *ident_lines,
+				  char *why, size_t whylen)
+{
+	PGresult   *res = PQexec(ctx->db, "SELECT current_setting('hba_file'), current_setting('ident_file'), "
+										"pg_read_file(current_setting('hba_file')), "
+										"pg_read_file(current_setting('ident_file'))");
+	const char *names[2] = {"pg_hba.conf", "pg_ident.conf"};
+	const char *lines[2] = {hba_lines, ident_lines};
+
+	memset(hba, 0, sizeof(*hba));
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+	{
+		snprintf(why, whylen, "the server does not show its pg_hba.conf (the conninfo's role must be a superuser): %s",
+				 PQresultErrorMessage(res));
+		PQclear(res);
+		return false;
+	}
+	for (int i = 0; i < 2; i++)
+	{
+		const char *server_text = PQgetvalue(res, 0, 2 + i);
+		struct buf	text = BUF_INIT;
+		char		err[512];
+
+		hba->path[i] = xstrdup(PQgetvalue(res, 0, i));
+		if (lstat(hba->path[i], &hba->st[i]) != 0 || !S_ISREG(hba->st[i].st_mode) || access(hba->path[i], W_OK) != 0
+			|| !buf_append_file(&text, hba->path[i], 16 << 20, err, sizeof(err)))
+		{
+			snprintf(why, whylen, "the cluster's %s, %s, is not a file this host can write (%s): the cluster "
+								  "is not local; give the lines printed to its DBA instead",
+					 names[i], hba->path[i], strerror(errno));
+			buf_free(&text);
+			PQclear(res);
+			return false;
+		}
+		buf_append_char(&text, '\0');
+		if (strcmp(text.data, server_text) != 0)
+		{
+			snprintf(why, whylen, "%s on this host is not the file the cluster reads (another host's "
+								  "cluster?): give the lines printed to its DBA instead",
+					 hba->path[i]);
+			buf_free(&text);
+			PQclear(res);
+			return false;
+		}
+		hba->before[i] = text.data;
+		if ((hba->after[i] = setup_with_block(text.data, lines[i], i == 0, err, sizeof(err))) == NULL)
+		{
+			snprintf(why, whylen, "%s: %s", hba->path[i], err);
+			PQclear(res);
+			return false;
+		}
+	}
+	PQclear(res);
+	return true;
+}
+
+enum setup_outcome
+setup_hba_apply(struct setup_ctx *ctx, struct setup_hba *hba)
+{
+	enum setup_outcome outcome = SETUP_UNCHANGED;
+	int				   errors;
+	PGresult		  *res;
+
+	for (int i = 0; i < 2; i++)
+		switch (setup_write_file(ctx, hba->path[i], hba->after[i], hba->st[i].st_mode & 07777, hba->st[i].st_uid,
+								 hba->st[i].st_gid))
+		{
+			case SETUP_FAILED:
+				outcome = SETUP_FAILED;
+				break;
+			case SETUP_DONE:
+				if (outcome != SETUP_FAILED)
+					outcome = SETUP_DONE;
+				break;
+			default:
+				break;
+		}
+	if (outcome == SETUP_UNCHANGED)
+		return outcome;
+	errors = outcome == SETUP_FAILED ? 0 : setup_hba_errors(ctx);
+	if (outcome == SETUP_FAILED || errors != 0)
+	{
+		for (int i = 0; i < 2; i++)
+			setup_write_file(ctx, hba->path[i], hba->before[i], hba->st[i].st_mode & 07777, hba->st[i].st_uid,
+							 hba->st[i].st_gid);
+		setup_say(ctx, "failed: pg_hba.conf and pg_ident.conf put back as they were, the cluster not reloaded");
+		return SETUP_FAILED;
+	}
+	if ((res = setup_query(ctx, "SELECT pg_reload_conf()", 0, NULL)) == NULL)
+		return SETUP_FAILED;
+	PQclear(res);
+	setup_say(ctx, "the cluster reloaded (pg_reload_conf())");
+	return SETUP_DONE;
+}
+
+void
+setup_hba_free(struct setup_hba *hba)
+{
+	for (int i = 0; i < 2; i++)
+	{
+		free(hba->path[i]);
+		free(hba->before[i]);
+		free(hba->after[i]);
+	}
 }
 
 /* systemctl reload of a daemon; under --root nothing runs. */
@@ -491,7 +694,10 @@ setup_certificate_refusal(const json_t *params, X509 **cert, EVP_PKEY **key, cha
  * A given certificate and key for the host, checked (the key is the
  * certificate's, the certificate names the host and has not expired) and
  * installed as tls/fullchain.pem and tls/privkey.pem, the key readable by
- * the group that runs ingress.  Obtaining one (certbot) is not done here.
+ * the group that runs ingress (which reads them again on a reload, after
+ * it dropped root), and [listener-smtp] pointed at them by the drop-in
+ * pepsi.conf.d/certificate.conf.
+ * pepsi-setup certificate obtains one with certbot first (certificate.c).
  */
 static enum setup_outcome
 setup_certificate(struct setup_ctx *ctx, const json_t *params)
@@ -514,20 +720,26 @@ setup_certificate(struct setup_ctx *ctx, const json_t *params)
 		setup_say(ctx, "failed: %s", why);
 	else if (setup_owner(ctx, NULL, setup_param(params, "group"), &uid, &gid))
 	{
+		char			  *dropin = xasprintf("# Written by pepsi-setup certificate.\n[listener-smtp]\n"
+														   "CERTIFICATE = %s\nKEY = %s\n",
+											  chain_path, key_path);
 		enum setup_outcome first;
 		enum setup_outcome second;
+		enum setup_outcome third;
 
 		buf_append_char(&chain, '\0');
 		buf_append_char(&secret, '\0');
 		first = setup_write_file(ctx, chain_path, chain.data, 0644, ctx->as_root ? 0 : uid, ctx->as_root ? 0 : gid);
 		second = first == SETUP_FAILED ? SETUP_FAILED
 									   : setup_write_file(ctx, key_path, secret.data, 0640, ctx->as_root ? 0 : uid, gid);
-		if (first == SETUP_FAILED || second == SETUP_FAILED)
+		third = second == SETUP_FAILED ? SETUP_FAILED : setup_dropin(ctx, "certificate.conf", dropin);
+		free(dropin);
+
+		if (first == SETUP_FAILED || second == SETUP_FAILED || third == SETUP_FAILED)
 			outcome = SETUP_FAILED;
 		else
-			outcome = first == SETUP_DONE || second == SETUP_DONE ? SETUP_DONE : SETUP_UNCHANGED;
-		if (outcome != SETUP_FAILED)
-			setup_say(ctx, "[listener-smtp] CERTIFICATE = %s and KEY = %s", chain_path, key_path);
+			outcome = first == SETUP_DONE || second == SETUP_DONE || third == SETUP_DONE ? SETUP_DONE
+																						 : SETUP_UNCHANGED;
 	}
 	if (secret.data)
 		explicit_bzero(secret.data, secret.len);
@@ -537,6 +749,134 @@ setup_certificate(struct setup_ctx *ctx, const json_t *params)
 	EVP_PKEY_free(key);
 	free(chain_path);
 	free(key_path);
+	return outcome;
+}
+
+/* The first line of a password file, root's alone (secret_file_open); NULL (said) when it is not one. */
+static char *
+setup_password_read(struct setup_ctx *ctx, const char *path)
+{
+	char	err[512];
+	FILE   *f = secret_file_open(path, err, sizeof(err));
+	char   *line = NULL;
+	size_t	capacity = 0;
+	ssize_t n;
+
+	if (f == NULL)
+	{
+		setup_say(ctx, "failed: %s", err);
+		return NULL;
+	}
+	n = getline(&line, &capacity, f);
+	fclose(f);
+	if (n > 0)
+		line[strcspn(line, "\r\n")] = '\0';
+	if (n <= 0 || strlen(line) < 8 || strlen(line) > 256)
+	{
+		setup_say(ctx, "failed: %s: the password on its first line must have 8 to 256 characters", path);
+		if (line)
+			explicit_bzero(line, capacity);
+		free(line);
+		return NULL;
+	}
+	return line;
+}
+
+/* A new password, written to path (root's alone, mode 0600): 24 characters of 144 random bits. */
+static enum setup_outcome
+setup_password_make(struct setup_ctx *ctx, const char *path)
+{
+	unsigned char	   random[18];
+	struct buf		   password = BUF_INIT;
+	enum setup_outcome outcome;
+
+	if (RAND_bytes(random, sizeof(random)) != 1)
+	{
+		setup_say(ctx, "failed: no random bytes for the password");
+		return SETUP_FAILED;
+	}
+	base64_append(&password, random, sizeof(random));
+	explicit_bzero(random, sizeof(random));
+	for (size_t i = 0; i < password.len; i++)
+		if (password.data[i] == '/' || password.data[i] == '+')
+			password.data[i] = password.data[i] == '/' ? '_' : '-';
+	buf_append_char(&password, '\n');
+	buf_append_char(&password, '\0');
+	outcome = setup_write_file(ctx, path, password.data, 0600, ctx->as_root ? 0 : geteuid(),
+							   ctx->as_root ? 0 : getegid());
+	explicit_bzero(password.data, password.len);
+	buf_free(&password);
+	return outcome;
+}
+
+/*
+ * A pepsi-httpd administrator (pepsi.admin_account_set, as pepsi-httpd
+ * passwd), its password the first line of password_file, or of
+ * /etc/pepsi/admin/NAME.password, made with a new random password when it
+ * does not exist.  The password never is a parameter: a task row is
+ * readable by the configuration role.  Unchanged when the account's hash
+ * already verifies the password and its role is the one asked; to reset
+ * a password, change the file (or remove the made one) and apply again.
+ */
+static enum setup_outcome
+setup_admin_account(struct setup_ctx *ctx, const json_t *params)
+{
+	const char		  *name = setup_param(params, "name");
+	const char		  *role = setup_param(params, "role");
+	char			  *relative = xasprintf("admin/%s.password", name);
+	char			  *path = setup_param(params, "password_file") ? xstrdup(setup_param(params, "password_file"))
+																   : setup_path(ctx, relative);
+	char			  *password = NULL;
+	char			  *hash = NULL;
+	const char		  *values[3] = {name, NULL, role};
+	PGresult		  *res;
+	bool			   exists = false;
+	enum setup_outcome outcome = SETUP_FAILED;
+
+	free(relative);
+	if (setup_param(params, "password_file") == NULL && access(path, F_OK) != 0)
+	{
+		if (setup_password_make(ctx, path) == SETUP_FAILED)
+			goto out;
+		setup_say(ctx, "the password of %s is in %s (root's alone)", name, path);
+	}
+	if ((password = setup_password_read(ctx, path)) == NULL)
+		goto out;
+	if ((res = setup_query(ctx, "SELECT password_hash, role, disabled FROM pepsi.admin_account WHERE name = $1", 1,
+						   values))
+		== NULL)
+		goto out;
+	exists = PQntuples(res) == 1;
+	if (exists && strcmp(PQgetvalue(res, 0, 2), "f") == 0 && password_verify(PQgetvalue(res, 0, 0), password)
+		&& (role == NULL || strcmp(PQgetvalue(res, 0, 1), role) == 0))
+	{
+		PQclear(res);
+		setup_say(ctx, "administrator %s: as %s says already", name, path);
+		outcome = SETUP_UNCHANGED;
+		goto out;
+	}
+	PQclear(res);
+	if ((hash = password_hash(password)) == NULL)
+	{
+		setup_say(ctx, "failed: Argon2id hashing failed");
+		goto out;
+	}
+	values[1] = hash;
+	res = setup_query(ctx,
+					  role ? "SELECT pepsi.admin_account_set($1, $2, $3)" : "SELECT pepsi.admin_account_set($1, $2)",
+					  role ? 3 : 2, values);
+	if (res == NULL)
+		goto out;
+	PQclear(res);
+	setup_say(ctx, "administrator %s: %s%s%s, its password from %s", name, exists ? "password set" : "created",
+			  role ? ", role " : "", role ? role : "", path);
+	outcome = SETUP_DONE;
+out:
+	if (password)
+		explicit_bzero(password, strlen(password));
+	free(password);
+	free(hash);
+	free(path);
 	return outcome;
 }
 
@@ -574,17 +914,14 @@ setup_apply_task(struct setup_ctx *ctx, enum setup_kind kind, const json_t *para
 					setup_say(ctx, "failed: %s", err);
 					return SETUP_FAILED;
 				}
-				rc = setup_dns_check(cfg, setup_param(params, "domain"));
+				rc = setup_dns_check(cfg, setup_param(params, "domain"), ctx);
 				config_free(cfg);
 				return rc == 0 ? SETUP_PRINTED : SETUP_FAILED;
 			}
 		case SETUP_CERTIFICATE:
 			return setup_certificate(ctx, params);
 		case SETUP_ADMIN_ACCOUNT:
-			setup_say(ctx, "failed: this pepsi-setup does not make administrator accounts yet: pepsi-httpd "
-						   "passwd %s",
-					  setup_param(params, "name"));
-			return SETUP_FAILED;
+			return setup_admin_account(ctx, params);
 		case SETUP_KIND_COUNT:
 			break;
 	}

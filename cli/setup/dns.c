@@ -6,6 +6,7 @@
  * (common/dns, [pepsi] DNS_*) and says, one line per record, whether it is
  * there as it should be.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,8 +146,24 @@ setup_check_mx(struct dns_resolver *resolver, const char *domain, const char *ho
 	return ok;
 }
 
+/* A line of check: standard output, or the task's (its log too) when ctx is given. */
+static void __attribute__((format(printf, 2, 3)))
+setup_check_line(struct setup_ctx *ctx, const char *fmt, ...)
+{
+	char	line[2048];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (ctx)
+		setup_say(ctx, "%s", line);
+	else
+		printf("%s\n", line);
+}
+
 int
-setup_dns_check(const struct pepsi_config *cfg, const char *only_domain)
+setup_dns_check(const struct pepsi_config *cfg, const char *only_domain, struct setup_ctx *ctx)
 {
 	const char			*host = config_hostname(cfg);
 	const char			*cursor = config_text(cfg, "pepsi", "LOCAL_DOMAINS");
@@ -184,14 +201,14 @@ setup_dns_check(const struct pepsi_config *cfg, const char *only_domain)
 		}
 		if (!setup_check_mx(resolver, domain, host, verdict, sizeof(verdict)))
 			rc = 65;
-		printf("%s MX: %s\n", domain, verdict);
+		setup_check_line(ctx, "%s MX: %s", domain, verdict);
 		for (size_t i = 0; i < SETUP_TXT_COUNT; i++)
 		{
 			char *name = setup_txt_name(i, domain);
 
 			if (!setup_check_txt(resolver, name, setup_txt_records[i].prefix, verdict, sizeof(verdict)))
 				rc = 65;
-			printf("%s TXT %s: %s\n", name, setup_txt_records[i].prefix, verdict);
+			setup_check_line(ctx, "%s TXT %s: %s", name, setup_txt_records[i].prefix, verdict);
 			free(name);
 		}
 		for (size_t k = 0; k < ring.count; k++)
@@ -202,7 +219,7 @@ setup_dns_check(const struct pepsi_config *cfg, const char *only_domain)
 				continue;
 			if (!keys_check_published(resolver, &ring.key[k], name, sizeof(name), verdict, sizeof(verdict)))
 				rc = 65;
-			printf("%s TXT DKIM: %s\n", name, verdict);
+			setup_check_line(ctx, "%s TXT DKIM: %s", name, verdict);
 		}
 		free(domain);
 	}

@@ -1,12 +1,14 @@
 /*
  * pepsi-setup: from an installed package to a running mail server, as root.
  *
- *   pepsi-setup init [--non-interactive] [--root DIR] [--QUESTION VALUE]...
+ *   pepsi-setup init [--non-interactive] [--apply-pg-hba] [--root DIR] [--QUESTION VALUE]...
  *       the interview (common/setup/setup_model.h): asks on a terminal, or
  *       takes every answer as an option; checks the answers, the cluster
  *       and the SMTP port before it changes anything; then applies the
  *       plan through the same task kinds apply runs, and prints the
- *       pg_hba.conf / pg_ident.conf lines for the DBA
+ *       pg_hba.conf / pg_ident.conf lines for the DBA (or, with
+ *       --apply-pg-hba and a local cluster, keeps them in a marked block
+ *       of its files and reloads it)
  *   pepsi-setup init --web [--lifetime DURATION] [-c CONFIG] [--root DIR]
  *       the same interview in pepsi-httpd's setup page instead: a one-time
  *       link to it (web.c); the page enqueues the plan for apply
@@ -17,6 +19,9 @@
  *       ALTER EXTENSION pepsi UPDATE, then the grants
  *   pepsi-setup dns [-c CONFIG]      the records to publish
  *   pepsi-setup check [-c CONFIG]    the same, looked up through the resolver
+ *   pepsi-setup certificate [-c CONFIG] [--root DIR] [--hostname HOST]
+ *       [--certificate FILE --key FILE | --webroot DIR | --standalone]
+ *       ingress's certificate: given, or obtained with certbot
  *
  * Every step is idempotent: run again, it changes nothing and says so.
  */
@@ -30,6 +35,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "base/xalloc.h"
 #include "process/cli.h"
 #include "setup.h"
@@ -40,14 +46,17 @@ int pepsi_setup_main(int argc, char **argv);
 static int
 setup_usage(FILE *out)
 {
-	fprintf(out, "usage: pepsi-setup init [--non-interactive] [--root DIR]");
+	fprintf(out, "usage: pepsi-setup init [--non-interactive] [--apply-pg-hba] [--root DIR]");
 	for (int i = 0; i < SETUP_Q_COUNT; i++)
 		fprintf(out, " [--%s VALUE]", setup_questions[i].name);
 	fprintf(out, "\n       pepsi-setup init --web [--lifetime DURATION] [-c CONFIG] [--root DIR]"
 				 "\n       pepsi-setup apply [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup upgrade [-c CONFIG] [--root DIR]\n"
 				 "       pepsi-setup dns [-c CONFIG] [--root DIR]\n"
-				 "       pepsi-setup check [-c CONFIG] [--root DIR]\n");
+				 "       pepsi-setup check [-c CONFIG] [--root DIR]\n"
+				 "       pepsi-setup certificate [-c CONFIG] [--root DIR] [--hostname HOST]\n"
+				 "           [--certificate FILE --key FILE | [--certbot PATH] [--email ADDRESS]\n"
+				 "            (--webroot DIR | --standalone [--http-01-port PORT])]\n");
 	return out == stdout ? CLI_EX_OK : CLI_EX_USAGE;
 }
 
@@ -87,7 +96,7 @@ setup_interview(struct setup_answers *answers)
 }
 
 /* Is the SMTP port free?  One in use stops init before it changes anything. */
-static bool
+bool
 setup_port_free(const char *address, const char *port, char *why, size_t whylen)
 {
 	struct sockaddr_storage ss = {0};
@@ -121,8 +130,7 @@ setup_port_free(const char *address, const char *port, char *why, size_t whylen)
 	/* EACCES (a port below 1024, not as root) says nothing about who holds it. */
 	if (bind(fd, (struct sockaddr *) &ss, len) != 0 && errno == EADDRINUSE)
 	{
-		snprintf(why, whylen, "port %s on %s is in use (another MTA? stop it, or choose --smtp-port)", port,
-				 address);
+		snprintf(why, whylen, "port %s on %s is in use", port, address);
 		free_port = false;
 	}
 	close(fd);
@@ -207,6 +215,10 @@ setup_init(int argc, char **argv, const char *root)
 	struct setup_layout	 layout = {root, geteuid() == 0};
 	struct setup_ctx	 ctx = {root, geteuid() == 0, NULL, 0};
 	bool				 interactive = isatty(STDIN_FILENO);
+	bool				 apply_hba = false;
+	struct setup_hba	 hba = {0};
+	struct buf			 hba_lines = BUF_INIT;
+	char				*ident_lines;
 	char				 why[1024];
 	json_t				*plan;
 	size_t				 i;
@@ -223,6 +235,11 @@ setup_init(int argc, char **argv, const char *root)
 		if (strcmp(arg, "--non-interactive") == 0)
 		{
 			interactive = false;
+			continue;
+		}
+		if (strcmp(arg, "--apply-pg-hba") == 0)
+		{
+			apply_hba = true;
 			continue;
 		}
 		if (strncmp(arg, "--", 2) != 0 || (q = setup_question_find(arg + 2)) < 0 || a + 1 >= argc)
@@ -260,7 +277,7 @@ setup_init(int argc, char **argv, const char *root)
 		&& !setup_port_free(setup_answer_value(&answers, SETUP_Q_LISTEN),
 							setup_answer_value(&answers, SETUP_Q_SMTP_PORT), why, sizeof(why)))
 	{
-		fprintf(stderr, "pepsi-setup init: %s; nothing changed\n", why);
+		fprintf(stderr, "pepsi-setup init: %s (another MTA? stop it, or choose --smtp-port); nothing changed\n", why);
 		setup_answers_free(&answers);
 		return SETUP_EX_UNAVAILABLE;
 	}
@@ -284,6 +301,34 @@ setup_init(int argc, char **argv, const char *root)
 			setup_answers_free(&answers);
 			return CLI_EX_DATAERR;
 		}
+	}
+
+	{
+		const char *user = setup_answer_value(&answers, SETUP_Q_USER);
+
+		ident_lines = xasprintf("pepsi  %s  pepsi_dispatch\npepsi  %s  pepsi_smtpd\npepsi  %s  pepsi_web\n"
+								"pepsi  %s  pepsi_viewer\npepsi  root  pepsi_operator\n",
+								user, user, user, user);
+	}
+	json_array_foreach (plan, i, task)
+		if (strcmp(json_string_value(json_object_get(task, "kind")), "pg_hba_line") == 0)
+		{
+			char *line = setup_pg_hba_text(json_object_get(task, "params"));
+
+			buf_printf(&hba_lines, "%s\n", line);
+			free(line);
+		}
+	buf_append_char(&hba_lines, '\0');
+	if (apply_hba && !setup_hba_prepare(&ctx, &hba, hba_lines.data, ident_lines, why, sizeof(why)))
+	{
+		fprintf(stderr, "pepsi-setup init: --apply-pg-hba: %s; nothing changed\n", why);
+		setup_hba_free(&hba);
+		buf_free(&hba_lines);
+		free(ident_lines);
+		json_decref(plan);
+		PQfinish(ctx.db);
+		setup_answers_free(&answers);
+		return SETUP_EX_UNAVAILABLE;
 	}
 
 	printf("database:\n");
@@ -319,11 +364,30 @@ setup_init(int argc, char **argv, const char *root)
 			break;
 	}
 	if (failures == 0)
-		printf("pg_ident.conf (map pepsi: the system accounts that may log in as each role):\n"
-			   "  pepsi  %s  pepsi_dispatch\n  pepsi  %s  pepsi_smtpd\n  pepsi  %s  pepsi_web\n"
-			   "  pepsi  %s  pepsi_viewer\n  pepsi  root  pepsi_operator\n",
-			   setup_answer_value(&answers, SETUP_Q_USER), setup_answer_value(&answers, SETUP_Q_USER),
-			   setup_answer_value(&answers, SETUP_Q_USER), setup_answer_value(&answers, SETUP_Q_USER));
+	{
+		printf("pg_ident.conf (map pepsi: the system accounts that may log in as each role):\n");
+		for (const char *line = ident_lines; *line; line += strcspn(line, "\n") + 1)
+			printf("  %.*s\n", (int) strcspn(line, "\n"), line);
+	}
+	if (failures == 0 && apply_hba)
+	{
+		printf("pg_hba.conf and pg_ident.conf (--apply-pg-hba):\n");
+		switch (setup_hba_apply(&ctx, &hba))
+		{
+			case SETUP_DONE:
+				changes++;
+				break;
+			case SETUP_FAILED:
+				failures++;
+				break;
+			default:
+				printf("  their pepsi-setup block: as the answers say already\n");
+				break;
+		}
+	}
+	setup_hba_free(&hba);
+	buf_free(&hba_lines);
+	free(ident_lines);
 	json_decref(plan);
 	PQfinish(ctx.db);
 	setup_answers_free(&answers);
@@ -336,9 +400,10 @@ setup_init(int argc, char **argv, const char *root)
 	if (changes == 0)
 		printf("pepsi-setup init: nothing changed: the host already is as the answers say\n");
 	else
-		printf("pepsi-setup init: %d change%s; next: add the lines above to pg_hba.conf and pg_ident.conf, "
-			   "publish the records of pepsi-setup dns, and start pepsi-dispatch and pepsi-ingress\n",
-			   changes, changes == 1 ? "" : "s");
+		printf("pepsi-setup init: %d change%s; next: %spublish the records of pepsi-setup dns, and start "
+			   "pepsi-dispatch and pepsi-ingress\n",
+			   changes, changes == 1 ? "" : "s",
+			   apply_hba ? "" : "add the lines above to pg_hba.conf and pg_ident.conf (or run init with --apply-pg-hba), ");
 	return CLI_EX_OK;
 }
 
@@ -425,13 +490,13 @@ pepsi_setup_main(int argc, char **argv)
 			return setup_init_web(first - 2, argv + 2, root, config_path);
 	if (strcmp(command, "init") == 0)
 		return setup_init(first - 2, argv + 2, root);
-	if (first > 2)
+	if (first > 2 && strcmp(command, "certificate") != 0)
 	{
 		fprintf(stderr, "pepsi-setup %s: unexpected %s\n", command, argv[2]);
 		return setup_usage(stderr);
 	}
 	if (strcmp(command, "apply") != 0 && strcmp(command, "upgrade") != 0 && strcmp(command, "dns") != 0
-		&& strcmp(command, "check") != 0)
+		&& strcmp(command, "check") != 0 && strcmp(command, "certificate") != 0)
 		return setup_usage(stderr);
 	if (config_path == NULL)
 	{
@@ -446,10 +511,12 @@ pepsi_setup_main(int argc, char **argv)
 		fprintf(stderr, "pepsi-setup: %s\n", err);
 		return CLI_EX_CONFIG;
 	}
-	if (strcmp(command, "dns") == 0)
+	if (strcmp(command, "certificate") == 0)
+		rc = setup_certificate_command(&ctx, cfg, first - 2, argv + 2);
+	else if (strcmp(command, "dns") == 0)
 		rc = setup_dns_print(cfg);
 	else if (strcmp(command, "check") == 0)
-		rc = setup_dns_check(cfg, NULL);
+		rc = setup_dns_check(cfg, NULL, NULL);
 	else if ((ctx.db = setup_admin_connect(cfg, &rc)) != NULL)
 	{
 		rc = strcmp(command, "apply") == 0 ? setup_drain(&ctx) : setup_upgrade(&ctx);

@@ -7,6 +7,7 @@
 #define PEPSI_CLI_SETUP_H
 
 #include <stdbool.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -49,6 +50,39 @@ int setup_init_web(int argc, char **argv, const char *root, const char *config_p
 
 /* pepsi-setup dns and check on a loaded configuration: exit statuses. */
 int setup_dns_print(const struct pepsi_config *cfg);
-int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain);
+/* check's lines go to ctx's task (and its log) when ctx is not NULL. */
+int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain, struct setup_ctx *ctx);
+
+/* A pg_hba_line task's line, as pg_hba.conf has it (allocated). */
+char *setup_pg_hba_text(const json_t *params);
+
+/*
+ * init --apply-pg-hba: pepsi-setup's block of lines in the cluster's
+ * pg_hba.conf (first, since the first matching line wins) and
+ * pg_ident.conf, between "# BEGIN pepsi-setup" and "# END pepsi-setup".
+ * prepare checks, before init changes anything, that the cluster is
+ * local (the files the server reads, as pg_read_file shows them, are the
+ * ones here, and writable) and the block whole; apply writes them, has the
+ * server parse them (pg_hba_file_rules), puts them back if it cannot,
+ * and reloads the cluster.
+ */
+struct setup_hba
+{
+	char	   *path[2]; /* pg_hba.conf, pg_ident.conf */
+	struct stat st[2];
+	char	   *before[2];
+	char	   *after[2];
+};
+
+bool			   setup_hba_prepare(struct setup_ctx *ctx, struct setup_hba *hba, const char *hba_lines, const char *ident_lines,
+									 char *why, size_t whylen);
+enum setup_outcome setup_hba_apply(struct setup_ctx *ctx, struct setup_hba *hba);
+void			   setup_hba_free(struct setup_hba *hba);
+
+/* pepsi-setup certificate (certificate.c): an exit status. */
+int setup_certificate_command(struct setup_ctx *ctx, const struct pepsi_config *cfg, int argc, char **argv);
+
+/* Is the port free on address?  false with why when another process holds it. */
+bool setup_port_free(const char *address, const char *port, char *why, size_t whylen);
 
 #endif

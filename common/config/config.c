@@ -258,6 +258,7 @@ config_append(struct pepsi_config *cfg, const char *scope, const char *section,
 		cfg->entries = xrealloc(cfg->entries, cfg->capacity * sizeof(*cfg->entries));
 	}
 	e = &cfg->entries[cfg->count++];
+	e->dropin = false;
 	e->scope = scope ? xstrdup(scope) : NULL;
 	e->section = xstrdup(section);
 	e->option = xstrdup(option);
@@ -330,6 +331,18 @@ config_handle(void *user, const char *section, const char *option, const char *v
 		if (strcmp(cfg->entries[i].section, section) == 0
 			&& strcmp(cfg->entries[i].option, option) == 0)
 		{
+			struct config_entry *e = &cfg->entries[i];
+
+			if (p->dropin && e->file != p->fragment && (e->file == NULL || e->dropin))
+			{
+				/* A drop-in replaces what pepsi.conf or an earlier drop-in says. */
+				free(e->value);
+				e->value = xstrdup(value);
+				e->line = p->line;
+				e->file = p->fragment;
+				e->dropin = true;
+				return 1;
+			}
 			if (cfg->entries[i].file == p->fragment)
 				config_parse_error(p, p->line, "[%s] %s is set twice (first at line %d)", section,
 								   option, cfg->entries[i].line);
@@ -340,6 +353,7 @@ config_handle(void *user, const char *section, const char *option, const char *v
 			return 0;
 		}
 	config_append(cfg, NULL, section, option, value, p->line, p->fragment);
+	cfg->entries[cfg->count - 1].dropin = p->dropin;
 	return 1;
 }
 
@@ -363,7 +377,7 @@ config_check_file(struct config_parse *p)
 		p->name = e->file ? e->file : cfg->path;
 		if (!config_option_allowed(cfg, e->section, e->option, &def))
 			config_parse_error(p, e->line, "%s", config_option_refusal(cfg, e->section, e->option, why, sizeof(why)));
-		else if (e->file == NULL && option_is_secret(def))
+		else if ((e->file == NULL || e->dropin) && option_is_secret(def))
 		{
 			char *dir = config_secrets_dir(cfg->path);
 
@@ -373,7 +387,7 @@ config_check_file(struct config_parse *p)
 							   e->section, e->option, dir);
 			free(dir);
 		}
-		else if (e->file && !option_is_secret(def))
+		else if (e->file && !e->dropin && !option_is_secret(def))
 			config_parse_error(p, e->line, "[%s] %s is not a secret: a secrets.d fragment holds "
 										   "only secrets (schema/options.def SECRET); set it in %s",
 							   e->section, e->option, cfg->path);
@@ -459,7 +473,7 @@ config_load(const char *path, char *err, size_t errlen)
 	fclose(p.file);
 	p.file = NULL;
 	if (read)
-		read = config_read_secrets(&p);
+		read = config_read_dropins(&p) && config_read_secrets(&p);
 	return config_finish(&p, read);
 }
 

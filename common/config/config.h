@@ -18,6 +18,13 @@
  * this process may not read is another account's and is skipped; one that is not owned or
  * protected so is refused with its path and the reason.  A fragment holds
  * secret options only, and a secret option in pepsi.conf is refused.
+ *
+ * Between the two, config_load includes the drop-ins pepsi.conf.d/NAME.conf
+ * (the file's path and ".d"), in name order, under the same ownership
+ * checks except that others may read them (mode 0644 at most): the
+ * settings pepsi-setup writes, so that pepsi.conf, the package's conffile,
+ * is never rewritten.  A drop-in's option replaces the one pepsi.conf or
+ * an earlier drop-in sets; it holds no secret.
  */
 #ifndef PEPSI_CONFIG_H
 #define PEPSI_CONFIG_H
@@ -35,8 +42,9 @@ struct config_entry
 	char	   *section;
 	char	   *option;
 	char	   *value;
-	int			line; /* in the file; 0 for an override */
-	const char *file; /* NULL: pepsi.conf (path); else the secrets.d fragment's path */
+	int			line;	/* in the file; 0 for an override */
+	const char *file;	/* NULL: pepsi.conf (path); else the pepsi.conf.d or secrets.d fragment's path */
+	bool		dropin; /* file is a pepsi.conf.d fragment */
 };
 
 struct config_index;
@@ -48,12 +56,14 @@ struct pepsi_config
 	size_t				 count;
 	size_t				 capacity;
 	struct config_index *index;		/* lookups by section and option (config.c) */
-	char			   **fragments; /* the secrets.d fragments read, in order */
+	char			   **fragments; /* the pepsi.conf.d, then secrets.d, fragments read, in order */
 	size_t				 fragment_count;
 };
 
 /* The secrets.d directory beside a configuration file path (allocated). */
 char *config_secrets_dir(const char *path);
+/* The drop-in directory of a configuration file path: PATH.d (allocated). */
+char *config_dropin_dir(const char *path);
 
 /* Load and check path; NULL with a message in err (file:line: reason) on failure. */
 struct pepsi_config *config_load(const char *path, char *err, size_t errlen);

@@ -1,6 +1,7 @@
 /*
  * config_internal.h: what config.c shares with config_secrets.c, which
- * reads the secrets.d fragments into the configuration being loaded.
+ * reads the pepsi.conf.d and secrets.d fragments into the configuration
+ * being loaded.
  */
 #ifndef PEPSI_CONFIG_INTERNAL_H
 #define PEPSI_CONFIG_INTERNAL_H
@@ -22,6 +23,7 @@ struct config_parse
 	struct pepsi_config *cfg;
 	const char			*name;		  /* the file read, for messages */
 	const char			*fragment;	  /* NULL: pepsi.conf; else the fragment's path (in cfg) */
+	bool				 dropin;	  /* the fragment is one of pepsi.conf.d, not of secrets.d */
 	FILE				*file;		  /* or */
 	const char			*text;		  /* the rest of a string */
 	char				*line_buffer; /* getline's, for the file */
@@ -38,5 +40,7 @@ struct config_parse
 bool config_read(struct config_parse *p);
 /* The fragments of secrets.d beside p->cfg's file, in name order; none when it does not exist. */
 bool config_read_secrets(struct config_parse *p);
+/* The same of the drop-in directory (pepsi.conf.d), whose fragments others may read. */
+bool config_read_dropins(struct config_parse *p);
 
 #endif

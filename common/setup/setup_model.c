@@ -300,7 +300,8 @@ setup_config_text(const struct setup_answers *answers, const struct setup_layout
 	size_t		len;
 
 	buf_printf(&b, "# Written by pepsi-setup init from its answers; running it again with the same\n"
-				   "# answers changes nothing.  The secrets are in secrets.d/, never here.\n\n");
+				   "# answers changes nothing.  It is read after pepsi.conf, whose options it\n"
+				   "# replaces; the secrets are in secrets.d/, never here.\n\n");
 	buf_printf(&b, "[pepsi]\nHOSTNAME = %s\nLOCAL_DOMAINS = %s\n\n", setup_answer_value(answers, SETUP_Q_HOSTNAME),
 			   domains);
 	buf_printf(&b,
@@ -357,6 +358,29 @@ setup_config_text(const struct setup_answers *answers, const struct setup_layout
 	return setup_buf_string(&b);
 }
 
+/* The database the conninfo names (libpq's default: the user's name), for pg_hba.conf; allocated. */
+static char *
+setup_conninfo_database(const char *conninfo)
+{
+	PQconninfoOption *options = PQconninfoParse(conninfo, NULL);
+	char			 *database = NULL;
+	char			 *user = NULL;
+
+	for (PQconninfoOption *o = options; o && o->keyword; o++)
+		if (o->val && o->val[0] && strcmp(o->keyword, "dbname") == 0)
+			database = xstrdup(o->val);
+		else if (o->val && o->val[0] && strcmp(o->keyword, "user") == 0)
+			user = xstrdup(o->val);
+	PQconninfoFree(options);
+	if (database == NULL || !setup_name_valid(database))
+	{
+		free(database);
+		database = user && setup_name_valid(user) ? xstrdup(user) : xstrdup("pepsi");
+	}
+	free(user);
+	return database;
+}
+
 json_t *
 setup_plan(const struct setup_answers *answers, const struct setup_layout *layout)
 {
@@ -366,6 +390,7 @@ setup_plan(const struct setup_answers *answers, const struct setup_layout *layou
 	const char *item;
 	size_t		len;
 	char	   *text;
+	char	   *database;
 
 	for (int i = 0; setup_login_roles[i][0]; i++)
 		json_array_append_new(plan, setup_task_new(SETUP_DATABASE_ROLE,
@@ -384,12 +409,14 @@ setup_plan(const struct setup_answers *answers, const struct setup_layout *layou
 	}
 	text = setup_config_text(answers, layout);
 	json_array_append_new(plan, setup_task_new(SETUP_CONFIG_FILE,
-											   json_pack("{s:s, s:s}", "name", "pepsi.conf", "content", text)));
+											   json_pack("{s:s, s:s}", "name", "pepsi.conf.d/setup.conf", "content", text)));
 	free(text);
+	database = setup_conninfo_database(setup_answer_value(answers, SETUP_Q_CONNINFO));
 	for (int i = 0; setup_login_roles[i][0]; i++)
 		json_array_append_new(plan, setup_task_new(SETUP_PG_HBA_LINE,
 												   json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "local",
-															 "database", "pepsi", "user", setup_login_roles[i][0],
+															 "database", database, "user", setup_login_roles[i][0],
 															 "method", "peer", "map", "pepsi")));
+	free(database);
 	return plan;
 }

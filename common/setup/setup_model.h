@@ -72,7 +72,7 @@ char *setup_dkim_key_path(const struct setup_layout *layout, const char *domain,
 char *setup_config_path(const struct setup_layout *layout);
 /* The mailboxes' directory for delivery = maildir (allocated). */
 char *setup_maildir_root(const struct setup_layout *layout);
-/* pepsi.conf as the answers make it (allocated). */
+/* The configuration as the answers make it, for pepsi.conf.d/setup.conf (allocated). */
 char *setup_config_text(const struct setup_answers *answers, const struct setup_layout *layout);
 
 /* The plan: a JSON array of tasks {"kind", "params"}, each of which setup_task_check accepts. */

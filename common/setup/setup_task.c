@@ -37,7 +37,7 @@ static const struct
 	struct setup_param params[SETUP_MAX_PARAMS];
 } setup_kinds[SETUP_KIND_COUNT] = {
 	[SETUP_CONFIG_FILE] = {"config_file",
-						   {{"name", PARAM_ENUM, true, "pepsi.conf"}, {"content", PARAM_CONFIG, true, NULL}}},
+						   {{"name", PARAM_ENUM, true, "pepsi.conf.d/setup.conf"}, {"content", PARAM_CONFIG, true, NULL}}},
 	[SETUP_SECRET] = {"secret",
 					  {{"name", PARAM_NAME, true, NULL},
 					   {"group", PARAM_NAME, true, NULL},
@@ -68,7 +68,10 @@ static const struct
 							{"key", PARAM_PATH, true, NULL},
 							{"group", PARAM_NAME, false, NULL}}},
 	[SETUP_RELOAD] = {"reload", {{"service", PARAM_ENUM, true, "ingress|dispatch|httpd"}}},
-	[SETUP_ADMIN_ACCOUNT] = {"admin_account", {{"name", PARAM_NAME, true, NULL}}},
+	[SETUP_ADMIN_ACCOUNT] = {"admin_account",
+							 {{"name", PARAM_NAME, true, NULL},
+							  {"role", PARAM_ENUM, false, "admin|viewer"},
+							  {"password_file", PARAM_PATH, false, NULL}}},
 	[SETUP_DNS_CHECK] = {"dns_check", {{"domain", PARAM_DOMAIN, true, NULL}}},
 };
 

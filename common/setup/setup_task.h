@@ -20,7 +20,7 @@
 
 enum setup_kind
 {
-	SETUP_CONFIG_FILE,	 /* /etc/pepsi/pepsi.conf */
+	SETUP_CONFIG_FILE,	 /* /etc/pepsi/pepsi.conf.d/setup.conf (pepsi.conf is the package's) */
 	SETUP_SECRET,		 /* a secrets.d fragment holding one secret option */
 	SETUP_DATABASE_ROLE, /* a login role, member of one group role */
 	SETUP_GRANT_POLICY,	 /* pepsi.grant_apply(), then grant_verify() must be empty */
@@ -29,7 +29,7 @@ enum setup_kind
 	SETUP_SRS_SECRET,	 /* the SRS signing secret in secrets.d, made once */
 	SETUP_CERTIFICATE,	 /* a TLS certificate and key for ingress */
 	SETUP_RELOAD,		 /* reload a daemon */
-	SETUP_ADMIN_ACCOUNT, /* a web administrator */
+	SETUP_ADMIN_ACCOUNT, /* a web administrator, its password from a root-only file */
 	SETUP_DNS_CHECK,	 /* check a domain's published records */
 	SETUP_KIND_COUNT
 };

@@ -2,7 +2,8 @@
  * test_config_secrets.c: the secrets.d fragments config_load includes
  * beside pepsi.conf (config.h): read in name order, refused with the
  * fragment and the reason when not owned or protected as they must be,
- * holding secrets only, and a secret refused in pepsi.conf itself.
+ * holding secrets only, and a secret refused in pepsi.conf itself; and
+ * the drop-ins of pepsi.conf.d, which replace the file's options.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -221,6 +222,42 @@ test_unreadable_fragment_skipped(void **state)
 	assert_int_equal(chmod(secrets, 0755), 0);
 }
 
+/* pepsi.conf.d: drop-ins read after the file, replacing its options, readable by all, holding no secret. */
+static void
+test_dropins(void **state)
+{
+	char				 dropins[160];
+	char				 path[256];
+	char				 want[300];
+	struct pepsi_config *cfg;
+
+	snprintf(dropins, sizeof(dropins), "%s/pepsi.conf.d", dir);
+	assert_int_equal(mkdir(dropins, 0755), 0);
+	snprintf(path, sizeof(path), "%s/a.conf", dropins);
+	write_file(path, "[srs]\nDOMAIN = a.example\nMAX_AGE = 7\n", 0644);
+	snprintf(path, sizeof(path), "%s/b.conf", dropins);
+	write_file(path, "[srs]\nDOMAIN = b.example\n", 0644);
+	cfg = load_ok();
+	assert_string_equal(config_get(cfg, "srs", "DOMAIN"), "b.example");
+	assert_string_equal(config_get(cfg, "srs", "MAX_AGE"), "7");
+	assert_string_equal(config_get(cfg, "stage-relay", "AUTH_USER"), "relay");
+	config_free(cfg);
+
+	snprintf(want, sizeof(want), "%s: refused: ", path);
+	write_file(path, "[srs]\nDOMAIN = b.example\n", 0664);
+	load_refused(want, "mode 0664 gives more than 0644");
+	write_file(path, "[srs]\nSECRET = not here\n", 0644);
+	snprintf(want, sizeof(want), "%s:2: ", path);
+	load_refused(want, "[srs] SECRET is a secret: set it in a fragment of");
+	write_file(path, "[srs]\nDOMAIN = b.example\nDOMAIN = c.example\n", 0644);
+	snprintf(want, sizeof(want), "%s:3: ", path);
+	load_refused(want, "set twice");
+	assert_int_equal(chmod(dropins, 0775), 0);
+	snprintf(want, sizeof(want), "%s: refused: ", dropins);
+	load_refused(want, "it must be a directory owned by root that only root may write");
+	assert_int_equal(chmod(dropins, 0755), 0);
+}
+
 int
 main(void)
 {
@@ -232,6 +269,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_fragment_mode_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_directory_mode_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unreadable_fragment_skipped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dropins, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -143,7 +143,10 @@ test_task_params_strict(void **state)
 	task_refused(SETUP_DATABASE_ROLE, "{\"name\": \"x\", \"member_of\": \"postgres\"}", "is not one of");
 	task_refused(SETUP_DATABASE_ROLE, "{\"name\": \"x; DROP\", \"member_of\": \"pepsi_stage\"}", "is not a name");
 	task_refused(SETUP_CONFIG_FILE, "{\"name\": \"../shadow\", \"content\": \"\"}", "is not one of");
-	task_refused(SETUP_CONFIG_FILE, "{\"name\": \"pepsi.conf\", \"content\": \"[nowhere]\\nX = 1\\n\"}",
+	/* pepsi.conf is the package's conffile: a task may not name it. */
+	task_refused(SETUP_CONFIG_FILE, "{\"name\": \"pepsi.conf\", \"content\": \"[pepsi]\\nHOSTNAME = a.example\\n\"}",
+				 "is not one of pepsi.conf.d/setup.conf");
+	task_refused(SETUP_CONFIG_FILE, "{\"name\": \"pepsi.conf.d/setup.conf\", \"content\": \"[nowhere]\\nX = 1\\n\"}",
 				 "does not load");
 	task_refused(SETUP_SECRET,
 				 "{\"name\": \"a\", \"group\": \"pepsi\", \"section\": \"srs\", \"option\": \"MAX_AGE\", "

@@ -90,8 +90,6 @@ bool			principal_may_change(struct request *req, const struct principal *who,
 enum MHD_Result session_login(struct request *req);
 enum MHD_Result session_logout(struct request *req, const struct principal *who);
 enum MHD_Result session_describe(struct request *req, const struct principal *who);
-/* pepsi-httpd passwd: an Argon2id encoded hash of password (NULL on failure). */
-char *password_hash(const char *password);
 
 /* metrics.c: GET /metrics. */
 enum MHD_Result metrics_respond(struct request *req);

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth/password.h"
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/log_config.h"

@@ -29,6 +29,7 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
+#include "auth/password.h"
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "httpd.h"
@@ -36,12 +37,6 @@
 
 #define SESSION_COOKIE "pepsi_session"
 #define SESSION_SECRET_BYTES 32
-/* Argon2id as OWASP recommends it: 19 MiB, two passes, one lane. */
-#define PASSWORD_T_COST 2
-#define PASSWORD_M_COST (19 * 1024)
-#define PASSWORD_PARALLELISM 1
-#define PASSWORD_SALT_BYTES 16
-#define PASSWORD_HASH_BYTES 32
 /* Passwords longer than this are refused before hashing (a cheap DoS otherwise). */
 #define PASSWORD_MAX_LENGTH 256
 /*
@@ -224,30 +219,6 @@ principal_may_change(struct request *req, const struct principal *who, const cha
 		return false;
 	}
 	return true;
-}
-
-/*
- * Passwords
- */
-
-char *
-password_hash(const char *password)
-{
-	unsigned char salt[PASSWORD_SALT_BYTES];
-	size_t		  len = argon2_encodedlen(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM,
-										  PASSWORD_SALT_BYTES, PASSWORD_HASH_BYTES, Argon2_id);
-	char		 *encoded = xmalloc(len);
-
-	if (RAND_bytes(salt, sizeof(salt)) != 1
-		|| argon2id_hash_encoded(PASSWORD_T_COST, PASSWORD_M_COST, PASSWORD_PARALLELISM, password,
-								 strlen(password), salt, sizeof(salt), PASSWORD_HASH_BYTES, encoded,
-								 len)
-			   != ARGON2_OK)
-	{
-		free(encoded);
-		return NULL;
-	}
-	return encoded;
 }
 
 /*
