@@ -8,12 +8,17 @@
 # or a copy of what it sent:
 #   pepsi:   one message sent to pepsi-ingress (no dispatcher running, so
 #            it waits at the init stage, as ingress and the graph made
-#            it), then copied MESSAGES - 1 times in SQL, each copy with a
+#            it), then MESSAGES - 1 copies admitted server-side by
+#            pepsi.workqueue_add, ingress's own admission, each with a
 #            body of its own (one recipient per message: nothing to share)
 #   postfix: one message sent to a private stock Postfix instance
-#            (bench/lib.sh) with defer_transports = smtp, so that it sits
-#            in the deferred queue, then its queue file copied MESSAGES - 1
-#            times under new queue ids, the instance stopped
+#            (bench/lib.sh) with defer_transports = smtp, deferred, then
+#            put on hold (postsuper -h), its queue file copied MESSAGES - 1
+#            times under new queue ids, renamed to their inodes by postfix
+#            start and counted by postqueue -p, the instance stopped
+# The fill is not timed (its steps' times go to the log); at 1,000,000 it
+# takes about half an hour on a loaded 2-core machine, most of it
+# Postfix's renames and Pepsi's admissions.
 # Each run, the sides alternating, BENCH_REPEATS times (default 5):
 #   pepsi:   pg_dump -Fc of the queue's database (timed, its size), then,
 #            timed from here: createdb and pg_restore --single-transaction
