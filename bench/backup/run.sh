@@ -8,12 +8,17 @@
 # or a copy of what it sent:
 #   pepsi:   one message sent to pepsi-ingress (no dispatcher running, so
 #            it waits at the init stage, as ingress and the graph made
-#            it), then copied MESSAGES - 1 times in SQL, each copy with a
+#            it), then MESSAGES - 1 copies admitted server-side by
+#            pepsi.workqueue_add, ingress's own admission, each with a
 #            body of its own (one recipient per message: nothing to share)
 #   postfix: one message sent to a private stock Postfix instance
-#            (bench/lib.sh) with defer_transports = smtp, so that it sits
-#            in the deferred queue, then its queue file copied MESSAGES - 1
-#            times under new queue ids, the instance stopped
+#            (bench/lib.sh) with defer_transports = smtp, deferred, then
+#            put on hold (postsuper -h), its queue file copied MESSAGES - 1
+#            times under new queue ids, renamed to their inodes by postfix
+#            start and counted by postqueue -p, the instance stopped
+# The fill is not timed (its steps' times go to the log); at 1,000,000 it
+# takes about half an hour on a loaded 2-core machine, most of it
+# Postfix's renames and Pepsi's admissions.
 # Each run, the sides alternating, BENCH_REPEATS times (default 5):
 #   pepsi:   pg_dump -Fc of the queue's database (timed, its size), then,
 #            timed from here: createdb and pg_restore --single-transaction
@@ -109,15 +114,27 @@ QUEUE_LIMIT = 4"
 echo "bench/backup: $messages messages of 2 KB, $repeats runs each side, alternating" | tee -a "$log"
 fill_start=$(now)
 # Postfix: one message through its smtpd into the deferred queue
-# (defer_transports = smtp), then, the instance stopped, copies of its
-# queue file under new queue ids, as Pepsi's row is copied below.  The
-# copies' names follow no inode: postfix start renames them (postsuper),
-# as it renames every file of a restored queue.
+# (defer_transports = smtp), put on hold (postsuper -h: the queue manager
+# leaves held mail alone, so the instance can run to count the copies),
+# then, the instance stopped, copies of that queue file under new queue
+# ids.  The copies' names follow no inode: postfix start renames them
+# (postsuper), as it renames every file of a restored queue.  Then
+# postqueue -p must list them all: Postfix takes the copies as its own.
 # Each step's time goes to the log (fill: ...), so a slow fill says where.
 step_start=$(now)
 step() { # label: the time since the previous step
     echo "fill: $1 $(since "$step_start") s" >>"$log"
     step_start=$(now)
+}
+postfix_stop_wait() { # DIR: stop the instance, wait until it has stopped
+    local i
+    /usr/sbin/postfix -c "$1/etc" stop >/dev/null 2>&1
+    for ((i = 0; i < 600; i++)); do
+        /usr/sbin/postfix -c "$1/etc" status >/dev/null 2>&1 || return 0
+        sleep 0.1
+    done
+    echo "postfix in $1 did not stop" >&2
+    return 1
 }
 postfix_src=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
 bench_postfix_start "$postfix_src" "$postfix_port" "defer_transports = smtp" \
@@ -125,25 +142,20 @@ bench_postfix_start "$postfix_src" "$postfix_port" "defer_transports = smtp" \
 /usr/sbin/smtp-source -s 1 -m 1 -l 2048 -f sender@example.org -t rcpt@example.net \
     "127.0.0.1:$postfix_port" >>"$log" 2>&1
 bench_postfix_wait_deferred "$postfix_src" 1 >/dev/null
-/usr/sbin/postfix -c "$postfix_src/etc" stop >/dev/null 2>&1
-for ((i = 0; i < 300; i++)); do
-    /usr/sbin/postfix -c "$postfix_src/etc" status >/dev/null 2>&1 || break
-    sleep 0.1
-done
-step "postfix: the seed message deferred, the instance stopped"
-python3 - "$postfix_src/spool/deferred" "$messages" <<'PY'
+/usr/sbin/postsuper -c "$postfix_src/etc" -h ALL >>"$log" 2>&1
+postfix_stop_wait "$postfix_src"
+[ "$(bench_postfix_count "$postfix_src" hold)" -eq 1 ] || { echo "postfix holds no seed message" >&2; exit 1; }
+step "postfix: the seed message deferred and held, the instance stopped"
+python3 - "$postfix_src/spool/hold" "$messages" <<'PY'
 import glob, os, sys
-deferred, n = sys.argv[1], int(sys.argv[2])
-(seed,) = glob.glob(os.path.join(deferred, "*", "*"))
+hold, n = sys.argv[1], int(sys.argv[2])
+(seed,) = glob.glob(os.path.join(hold, "**", "*"), recursive=True)
+seed_dir = os.path.dirname(seed)
 st = os.stat(seed)
-dir_st = os.stat(os.path.dirname(seed))
 data = open(seed, "rb").read()
 for i in range(1, n):
-    name = "%012X" % (0xF00000000000 + i)
-    path = os.path.join(deferred, name[0], name)
-    if not os.path.isdir(os.path.dirname(path)):
-        os.mkdir(os.path.dirname(path), dir_st.st_mode & 0o7777)
-        os.chown(os.path.dirname(path), dir_st.st_uid, dir_st.st_gid)
+    # A short queue id's shape (hexadecimal); postsuper renames it.
+    path = os.path.join(seed_dir, "%012X" % (0xF00000000000 + i))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st.st_mode & 0o7777)
     os.write(fd, data)
     os.fchown(fd, st.st_uid, st.st_gid)
@@ -151,12 +163,23 @@ for i in range(1, n):
 PY
 sync
 step "postfix: $((messages - 1)) copies of its queue file"
-deferred=$(bench_postfix_count "$postfix_src" deferred)
-[ "$deferred" -eq "$messages" ] || { echo "postfix holds $deferred of $messages" >&2; exit 1; }
-echo "postfix: $deferred messages deferred, spool $(du -sh "$postfix_src/spool" | cut -f1)" | tee -a "$log"
+# postfix start runs postsuper, which renames the copies to their inodes
+# and writes the log file itself, as the mail owner.
+chown postfix: "$postfix_src/maillog"
+/usr/sbin/postfix -c "$postfix_src/etc" start >>"$log" 2>&1
+listed=$(/usr/sbin/postqueue -c "$postfix_src/etc" -p | awk '/^-- .* in [0-9]+ Requests?\.$/ { print $(NF - 1) }')
+postfix_stop_wait "$postfix_src"
+[ "${listed:-0}" -eq "$messages" ] || { echo "postqueue -p lists ${listed:-0} of $messages messages" >&2; exit 1; }
+step "postfix: postfix start (postsuper renames the copies), postqueue -p lists $listed"
+echo "postfix: $listed messages held, spool $(du -sh "$postfix_src/spool" | cut -f1)" | tee -a "$log"
 
 # Pepsi: one message through ingress (the dispatcher is not running: it
-# stays pending at init), then copies of it with bodies of their own.
+# stays pending at init), then copies of it admitted server-side by the
+# extension's own admission, pepsi.workqueue_add, as ingress admits
+# (each its row and its body, as the graph makes them: one recipient per
+# message, so no body is shared), in statements of 100,000.  A copy has
+# no queue_id of its own in its state (it is named by its row id, as a
+# row admitted in SQL is).
 bench_pepsi_start "$pepsi_port" "$stages"
 bench_stop_pid "$BENCH_DISPATCH_PID"
 BENCH_DISPATCH_PID=
@@ -165,28 +188,18 @@ BENCH_DISPATCH_PID=
 bench_pepsi_stop
 [ "$(bench_queue_rows)" -eq 1 ] || { echo "the seed message is not in Pepsi's queue" >&2; exit 1; }
 step "pepsi: cluster, extension and the seed message through ingress"
-# (psql's \timing: each statement's time, in the order below.)
-bench_psql -v n="$messages" <<'SQL' | awk '/^Time:/ { print "fill: pepsi statement " ++n ": " $2 " ms" }' >>"$log"
-\timing on
-CREATE TEMP TABLE seed AS SELECT * FROM pepsi.workqueue;
-CREATE TEMP TABLE copies AS
-SELECT id FROM pepsi.workqueue_body WHERE false;
-WITH bodies AS (
-    INSERT INTO pepsi.workqueue_body (body)
-    SELECT b.body FROM pepsi.workqueue_body b, generate_series(2, :n)
-    WHERE b.id = (SELECT body_id FROM seed)
-    RETURNING id)
-INSERT INTO copies SELECT id FROM bodies;
-INSERT INTO pepsi.workqueue (stage, status, state, received_at, mail_from, rcpt_to,
-                             headers, body_id, client_address, auth_account)
-SELECT s.stage, s.status, s.state, s.received_at, s.mail_from, s.rcpt_to,
-       s.headers, c.id, s.client_address, s.auth_account
-FROM seed s CROSS JOIN copies c ORDER BY c.id;
-VACUUM ANALYZE pepsi.workqueue;
-VACUUM ANALYZE pepsi.workqueue_body;
-CHECKPOINT;
-SQL
-step "pepsi: $((messages - 1)) copies in SQL (statements: seed, copies, bodies, rows, vacuum x2, checkpoint)"
+bench_psql -c "CREATE TABLE bench_seed AS SELECT w.mail_from, w.rcpt_to, w.headers, b.body,
+                   w.state - 'queue_id' AS state, w.client_address, w.auth_account, w.stage
+               FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id" >/dev/null
+for ((from = 2; from <= messages; from += 100000)); do
+    to=$((from + 99999 < messages ? from + 99999 : messages))
+    bench_psql -c "SELECT count(pepsi.workqueue_add(mail_from, rcpt_to, headers, body, state,
+                                                   client_address, auth_account, stage))
+                   FROM bench_seed, generate_series($from, $to)" >/dev/null
+done
+bench_psql -c "DROP TABLE bench_seed" -c "VACUUM ANALYZE pepsi.workqueue" \
+    -c "VACUUM ANALYZE pepsi.workqueue_body" -c CHECKPOINT >/dev/null
+step "pepsi: $((messages - 1)) copies admitted by pepsi.workqueue_add, vacuum, checkpoint"
 rows=$(bench_queue_rows)
 [ "$rows" -eq "$messages" ] || { echo "Pepsi's queue has $rows rows, not $messages" >&2; exit 1; }
 echo "pepsi: $rows rows pending at init, database $(bench_psql -tA -c \
@@ -251,17 +264,13 @@ postfix_backup() {
 }
 
 postfix_restore() {
-    local base start i
+    local base start
     base=$(bench_sink_count)
     # The fresh instance: its configuration, and a first start that makes
     # its own queue directory, which the backup then replaces.
     postfix_dst=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
     bench_postfix_start "$postfix_dst" "$postfix_port" "relayhost = [127.0.0.1]:$sink_port" >/dev/null
-    /usr/sbin/postfix -c "$postfix_dst/etc" stop >/dev/null 2>&1
-    for ((i = 0; i < 300; i++)); do
-        /usr/sbin/postfix -c "$postfix_dst/etc" status >/dev/null 2>&1 || break
-        sleep 0.1
-    done
+    postfix_stop_wait "$postfix_dst"
     rm -rf "$postfix_dst/spool"
     # postsuper writes the log file itself when it runs as part of
     # postfix start (renaming the restored queue files to their new
