@@ -179,8 +179,10 @@ is( $node->safe_psql($db,
 	'0', 'every task is done');
 cmp_ok($node->safe_psql($db, 'SELECT count(*) FROM pepsi.setup_task_log'), '>=', $enqueued,
 	'each logged its lines');
-my $written = PostgreSQL::Test::Utils::slurp_file("$root/etc/pepsi/pepsi.conf");
-like($written, qr/^LOCAL_DOMAINS = web\.test$/m, "apply wrote the answers' pepsi.conf under --root");
+# The answers go to the drop-in pepsi.conf.d/setup.conf: pepsi.conf is the
+# package's conffile, which setup never rewrites (pepsi-setup(8)).
+my $written = PostgreSQL::Test::Utils::slurp_file("$root/etc/pepsi/pepsi.conf.d/setup.conf");
+like($written, qr/^LOCAL_DOMAINS = web\.test$/m, "apply wrote the answers' drop-in setup.conf under --root");
 like($written, qr/^HOSTNAME = mx\.web\.test$/m, 'with the host name');
 like($written, qr/^PORT = $smtp_port$/m, 'and the SMTP port');
 ok(-s "$root/etc/pepsi/dkim/pepsi.web.test.pem", "and the domain's DKIM key");
