@@ -65,7 +65,7 @@ setup_say(struct setup_ctx *ctx, const char *fmt, ...)
 	}
 }
 
-static const char *
+const char *
 setup_param(const json_t *params, const char *name)
 {
 	return json_string_value(json_object_get(params, name));
@@ -148,7 +148,7 @@ setup_file_is(const char *path, const char *content, mode_t mode, uid_t uid, gid
 }
 
 /* Write path whole (a temporary file renamed over it), unless it already is so. */
-static enum setup_outcome
+enum setup_outcome
 setup_write_file(struct setup_ctx *ctx, const char *path, const char *content, mode_t mode, uid_t uid,
 				 gid_t gid)
 {
@@ -345,7 +345,7 @@ failed:
 }
 
 /* A query of the owner's connection; false (said) when it fails. */
-static PGresult *
+PGresult *
 setup_query(struct setup_ctx *ctx, const char *sql, int n, const char *const *values)
 {
 	PGresult *res = PQexecParams(ctx->db, sql, n, NULL, values, NULL, NULL, 0);
@@ -445,190 +445,6 @@ setup_grants(struct setup_ctx *ctx)
 	}
 	setup_say(ctx, "grants: %d difference%s from the policy undone, verified", before, before == 1 ? "" : "s");
 	return SETUP_DONE;
-}
-
-char *
-setup_pg_hba_text(const json_t *params)
-{
-	const char *address = setup_param(params, "address");
-	const char *map = setup_param(params, "map");
-
-	return xasprintf("%-7s %-8s %-16s %s%s%s%s%s", setup_param(params, "type"), setup_param(params, "database"),
-					 setup_param(params, "user"), address ? address : "", address ? " " : "",
-					 setup_param(params, "method"), map ? " map=" : "", map ? map : "");
-}
-
-static enum setup_outcome
-setup_pg_hba_line(struct setup_ctx *ctx, const json_t *params)
-{
-	char *line = setup_pg_hba_text(params);
-
-	setup_say(ctx, "pg_hba.conf: %s", line);
-	free(line);
-	return SETUP_PRINTED;
-}
-
-#define SETUP_BLOCK_BEGIN "# BEGIN pepsi-setup"
-#define SETUP_BLOCK_END "# END pepsi-setup\n"
-
-/*
- * text with pepsi-setup's block (lines between the two markers) set to
- * lines: replaced where it is, else put first (pg_hba.conf: the first
- * matching line wins) or last.  NULL with why when the block is broken.
- */
-static char *
-setup_with_block(const char *text, const char *lines, bool first, char *why, size_t whylen)
-{
-	const char *begin = strstr(text, SETUP_BLOCK_BEGIN);
-	const char *end = begin ? strstr(begin, SETUP_BLOCK_END) : NULL;
-	char	   *block = xasprintf(SETUP_BLOCK_BEGIN ": kept by pepsi-setup init --apply-pg-hba, which "
-														  "replaces what is edited here\n%s" SETUP_BLOCK_END,
-								  lines);
-	char	   *result;
-
-	if (begin && (end == NULL || (begin != text && begin[-1] != '\n')))
-	{
-		snprintf(why, whylen, "its \"%s\" line has no \"%.*s\" line after it (mend the block by hand)",
-				 SETUP_BLOCK_BEGIN, (int) strlen(SETUP_BLOCK_END) - 1, SETUP_BLOCK_END);
-		free(block);
-		return NULL;
-	}
-	if (begin)
-		result = xasprintf("%.*s%s%s", (int) (begin - text), text, block, end + strlen(SETUP_BLOCK_END));
-	else if (first)
-		result = xasprintf("%s%s", block, text);
-	else
-		result = xasprintf("%s%s%s", text, text[0] && text[strlen(text) - 1] != '\n' ? "\n" : "", block);
-	free(block);
-	return result;
-}
-
-/* The rules of pg_hba_file_rules and pg_ident_file_mappings that the server cannot parse. */
-static int
-setup_hba_errors(struct setup_ctx *ctx)
-{
-	PGresult *res = setup_query(ctx,
-								"SELECT 'pg_hba.conf line ' || line_number || ': ' || error FROM pg_hba_file_rules "
-								"WHERE error IS NOT NULL UNION ALL "
-								"SELECT 'pg_ident.conf line ' || line_number || ': ' || error "
-								"FROM pg_ident_file_mappings WHERE error IS NOT NULL",
-								0, NULL);
-	int		  n;
-
-	if (res == NULL)
-		return -1;
-	n = PQntuples(res);
-	for (int i = 0; i < n; i++)
-		setup_say(ctx, "the server cannot parse %s", PQgetvalue(res, i, 0));
-	PQclear(res);
-	return n;
-}
-
-bool
-setup_hba_prepare(struct setup_ctx *ctx, struct setup_hba *hba, const char *hba_lines, const char *ident_lines,
-				  char *why, size_t whylen)
-{
-	PGresult   *res = PQexec(ctx->db, "SELECT current_setting('hba_file'), current_setting('ident_file'), "
-										"pg_read_file(current_setting('hba_file')), "
-										"pg_read_file(current_setting('ident_file'))");
-	const char *names[2] = {"pg_hba.conf", "pg_ident.conf"};
-	const char *lines[2] = {hba_lines, ident_lines};
-
-	memset(hba, 0, sizeof(*hba));
-	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
-	{
-		snprintf(why, whylen, "the server does not show its pg_hba.conf (the conninfo's role must be a superuser): %s",
-				 PQresultErrorMessage(res));
-		PQclear(res);
-		return false;
-	}
-	for (int i = 0; i < 2; i++)
-	{
-		const char *server_text = PQgetvalue(res, 0, 2 + i);
-		struct buf	text = BUF_INIT;
-		char		err[512];
-
-		hba->path[i] = xstrdup(PQgetvalue(res, 0, i));
-		if (lstat(hba->path[i], &hba->st[i]) != 0 || !S_ISREG(hba->st[i].st_mode) || access(hba->path[i], W_OK) != 0
-			|| !buf_append_file(&text, hba->path[i], 16 << 20, err, sizeof(err)))
-		{
-			snprintf(why, whylen, "the cluster's %s, %s, is not a file this host can write (%s): the cluster "
-								  "is not local; give the lines printed to its DBA instead",
-					 names[i], hba->path[i], strerror(errno));
-			buf_free(&text);
-			PQclear(res);
-			return false;
-		}
-		buf_append_char(&text, '\0');
-		if (strcmp(text.data, server_text) != 0)
-		{
-			snprintf(why, whylen, "%s on this host is not the file the cluster reads (another host's "
-								  "cluster?): give the lines printed to its DBA instead",
-					 hba->path[i]);
-			buf_free(&text);
-			PQclear(res);
-			return false;
-		}
-		hba->before[i] = text.data;
-		if ((hba->after[i] = setup_with_block(text.data, lines[i], i == 0, err, sizeof(err))) == NULL)
-		{
-			snprintf(why, whylen, "%s: %s", hba->path[i], err);
-			PQclear(res);
-			return false;
-		}
-	}
-	PQclear(res);
-	return true;
-}
-
-enum setup_outcome
-setup_hba_apply(struct setup_ctx *ctx, struct setup_hba *hba)
-{
-	enum setup_outcome outcome = SETUP_UNCHANGED;
-	int				   errors;
-	PGresult		  *res;
-
-	for (int i = 0; i < 2; i++)
-		switch (setup_write_file(ctx, hba->path[i], hba->after[i], hba->st[i].st_mode & 07777, hba->st[i].st_uid,
-								 hba->st[i].st_gid))
-		{
-			case SETUP_FAILED:
-				outcome = SETUP_FAILED;
-				break;
-			case SETUP_DONE:
-				if (outcome != SETUP_FAILED)
-					outcome = SETUP_DONE;
-				break;
-			default:
-				break;
-		}
-	if (outcome == SETUP_UNCHANGED)
-		return outcome;
-	errors = outcome == SETUP_FAILED ? 0 : setup_hba_errors(ctx);
-	if (outcome == SETUP_FAILED || errors != 0)
-	{
-		for (int i = 0; i < 2; i++)
-			setup_write_file(ctx, hba->path[i], hba->before[i], hba->st[i].st_mode & 07777, hba->st[i].st_uid,
-							 hba->st[i].st_gid);
-		setup_say(ctx, "failed: pg_hba.conf and pg_ident.conf put back as they were, the cluster not reloaded");
-		return SETUP_FAILED;
-	}
-	if ((res = setup_query(ctx, "SELECT pg_reload_conf()", 0, NULL)) == NULL)
-		return SETUP_FAILED;
-	PQclear(res);
-	setup_say(ctx, "the cluster reloaded (pg_reload_conf())");
-	return SETUP_DONE;
-}
-
-void
-setup_hba_free(struct setup_hba *hba)
-{
-	for (int i = 0; i < 2; i++)
-	{
-		free(hba->path[i]);
-		free(hba->before[i]);
-		free(hba->after[i]);
-	}
 }
 
 /* systemctl reload of a daemon; under --root nothing runs. */

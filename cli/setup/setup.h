@@ -53,8 +53,18 @@ int setup_dns_print(const struct pepsi_config *cfg);
 /* check's lines go to ctx's task (and its log) when ctx is not NULL. */
 int setup_dns_check(const struct pepsi_config *cfg, const char *only_domain, struct setup_ctx *ctx);
 
-/* A pg_hba_line task's line, as pg_hba.conf has it (allocated). */
+/* A task's parameter, or NULL (apply.c). */
+const char *setup_param(const json_t *params, const char *name);
+/* Write path whole (a temporary file renamed over it) with this mode and owner, unless it already is so. */
+enum setup_outcome setup_write_file(struct setup_ctx *ctx, const char *path, const char *content, mode_t mode, uid_t uid,
+									gid_t gid);
+/* A query of the owner's connection; NULL (said) when it fails. */
+PGresult *setup_query(struct setup_ctx *ctx, const char *sql, int n, const char *const *values);
+
+/* A pg_hba_line task's line, as pg_hba.conf has it (allocated; pg_hba.c). */
 char *setup_pg_hba_text(const json_t *params);
+/* The pg_hba_line task: the line said, for the DBA. */
+enum setup_outcome setup_pg_hba_line(struct setup_ctx *ctx, const json_t *params);
 
 /*
  * init --apply-pg-hba: pepsi-setup's block of lines in the cluster's
