@@ -13,7 +13,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -449,54 +448,8 @@ session_verified(void *arg)
 		session_update(s);
 }
 
-/* Answer a failed AUTH once its delay has passed. */
-static void
-session_auth_answer_failure(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	struct session *s = w->data;
-	if (s->auth_close)
-	{
-		smtp_auth_refused(&s->smtp, NULL);
-		smtp_close(&s->smtp, "421 4.7.0 Too many failed authentications, closing connection");
-		s->closing = true;
-	}
-	else
-		smtp_auth_done(&s->smtp, false);
-	ev_timer_again(ingress.loop, &s->timer);
-	if (session_flush(s) && session_read(s))
-		session_update(s);
-}
-
-/* A worker thread has checked the password (auth_worker.c). */
-static void
-session_auth_checked(void *arg, bool ok)
-{
-	struct session *s = arg;
-	bool			close = false;
-	double			delay;
-
-	s->auth_job = NULL;
-	if (ok)
-	{
-		smtp_auth_done(&s->smtp, true);
-		log_info("%s: authenticated as %s", s->ip, s->smtp.auth_account);
-		ev_timer_again(ingress.loop, &s->timer);
-		/* Pipelined commands waited behind the reply: go on with them. */
-		if (session_flush(s) && session_read(s))
-			session_update(s);
-		return;
-	}
-	delay = auth_throttle_failed(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop), &close);
-	log_info("%s: authentication failed (%u from %s%s)", s->ip,
-			 auth_throttle_failures(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop)),
-			 s->client->ip, close ? ": closing, and refusing its AUTH for a while" : "");
-	s->auth_close = close;
-	ev_timer_set(&s->auth_delay, delay, 0.0);
-	ev_timer_start(ingress.loop, &s->auth_delay);
-}
-
 /* The filters let it through: authenticate it where the listener says so, and store it. */
-static void
+void
 session_admit_content(struct session *s)
 {
 	if (s->verify == NULL)
@@ -505,131 +458,6 @@ session_admit_content(struct session *s)
 		return;
 	}
 	verify_message(s->verify, &s->smtp, session_verified, s);
-}
-
-/* The recipients a milter left: the kept ones keep their NOTIFY and ORCPT, the added have none. */
-static void
-session_milter_recipients(struct session *s, struct milter_gate_result *r)
-{
-	struct smtp_recipient *kept = xcalloc(r->nrcpt + 1, sizeof(*kept));
-
-	for (size_t i = 0; i < r->nrcpt; i++)
-	{
-		for (size_t j = 0; j < s->smtp.nrcpt && kept[i].address == NULL; j++)
-			if (s->smtp.rcpt[j].address && strcasecmp(s->smtp.rcpt[j].address, r->rcpt[i]) == 0)
-			{
-				kept[i] = s->smtp.rcpt[j];
-				s->smtp.rcpt[j] = (struct smtp_recipient){0};
-			}
-		if (kept[i].address == NULL)
-			kept[i].address = xstrdup(r->rcpt[i]);
-	}
-	for (size_t j = 0; j < s->smtp.nrcpt; j++)
-	{
-		free(s->smtp.rcpt[j].address);
-		free(s->smtp.rcpt[j].notify);
-		free(s->smtp.rcpt[j].orcpt);
-	}
-	free(s->smtp.rcpt);
-	s->smtp.rcpt = kept;
-	s->smtp.nrcpt = r->nrcpt;
-}
-
-/* The milters' edits, applied to the transaction before it is stored. */
-static void
-session_milter_apply(struct session *s, struct milter_gate_result *r)
-{
-	if (r->content_changed)
-	{
-		size_t *in_flight = s->smtp.policy->memory_in_flight;
-
-		buf_free(&s->smtp.message);
-		s->smtp.message = r->content;
-		r->content = (struct buf) BUF_INIT;
-		if (in_flight)
-		{
-			*in_flight -= s->smtp.memory_counted;
-			*in_flight += s->smtp.message.len;
-			s->smtp.memory_counted = s->smtp.message.len;
-		}
-	}
-	if (r->mail_from)
-	{
-		free(s->smtp.mail_from);
-		s->smtp.mail_from = r->mail_from;
-		r->mail_from = NULL;
-	}
-	if (r->rcpt)
-		session_milter_recipients(s, r);
-	if (r->quarantine)
-	{
-		free(s->quarantine);
-		free(s->quarantine_filter);
-		s->quarantine = r->quarantine;
-		s->quarantine_filter = r->filter;
-		r->quarantine = r->filter = NULL;
-	}
-	if (r->log)
-		log_info("%s: milter: %s", s->queue_id, r->log);
-}
-
-/* A refusal or a discard, in the line Postfix's smtpd writes for a milter's. */
-static void
-session_milter_log(const struct session *s, const char *action, const char *reply)
-{
-	struct reject_log line = {
-		.command = "END-OF-MESSAGE",
-		.queue_id = s->queue_id,
-		.client_name = s->client_name,
-		.client_ip = s->ip,
-		.reply = reply,
-		.mail_from = s->smtp.mail_from,
-		.rcpt_to = s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL,
-		.esmtp = s->smtp.esmtp,
-		.helo = s->smtp.helo,
-		.action = action,
-	};
-
-	reject_log(&line);
-}
-
-/* The listener's MILTERS decided (milter_gate.c): answer in the session, or go on to store. */
-static void
-session_milter_done(void *arg, struct milter_gate_result *r)
-{
-	struct session *s = arg;
-
-	s->milter_job = NULL;
-	ev_timer_again(ingress.loop, &s->timer);
-	switch (r->outcome)
-	{
-		case MILTER_GATE_REFUSE:
-			session_milter_log(s, "milter-reject", r->reply);
-			s->queue_id_made = false;
-			smtp_admit_refused(&s->smtp, r->reply);
-			break;
-		case MILTER_GATE_DISCARD:
-			session_milter_log(s, "milter-discard", "milter triggers DISCARD action");
-			s->queue_id_made = false;
-			smtp_admit_done(&s->smtp, true, s->queue_id);
-			break;
-		case MILTER_GATE_STORE:
-			session_milter_apply(s, r);
-			if (s->smtp.nrcpt == 0)
-			{
-				/* Every recipient deleted: nothing to deliver, as a discard. */
-				session_milter_log(s, "milter-discard", "the milters deleted every recipient");
-				s->queue_id_made = false;
-				smtp_admit_done(&s->smtp, true, s->queue_id);
-				break;
-			}
-			session_admit_content(s);
-			break;
-	}
-	if (s->smtp.event != SMTP_EVENT_NONE)
-		return; /* verification or the database has it now */
-	if (session_flush(s) && session_read(s))
-		session_update(s);
 }
 
 /* The content is in: the listener's milters first, then authentication and the queue. */
@@ -645,16 +473,7 @@ session_admit(struct session *s)
 	}
 	if (s->listener->milters.count > 0)
 	{
-		struct milter_gate_client client = {
-			.ip = s->ip, .listener = s->listener->name, .hostname = ingress.hostname, .queue_id = s->queue_id};
-
-		/* The message's name from here on: the milters' i macro, then its row's. */
-		queue_id_make(ingress.queue_id_host, s->queue_id);
-		s->queue_id_made = true;
-		/* The filters have it now: the client's silence is not its fault (bounded by their timeouts). */
-		ev_timer_stop(ingress.loop, &s->timer);
-		s->milter_job = milter_gate_start(ingress.loop, &s->listener->milters, &s->smtp, &client,
-										  session_milter_done, s);
+		session_milter_start(s);
 		return;
 	}
 	session_admit_content(s);

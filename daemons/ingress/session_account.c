@@ -5,12 +5,15 @@
  * the account's hourly limits in the database (450 4.7.1 past them).  The
  * account's addresses in the database are asked once per session, at its
  * first MAIL; with the database down the limits let mail through and the
- * sql source knows no address (the file's still count).
+ * sql source knows no address (the file's still count).  Also the answer
+ * to AUTH once a worker thread has checked the password (auth_worker.c):
+ * at once when it is right, after the failure's delay when it is not.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth_throttle.h"
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "db_query.h"
@@ -181,4 +184,50 @@ session_account_stop(struct session *s)
 	free(s->logins);
 	s->logins = NULL;
 	s->nlogins = 0;
+}
+
+/* Answer a failed AUTH once its delay has passed. */
+void
+session_auth_answer_failure(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct session *s = w->data;
+	if (s->auth_close)
+	{
+		smtp_auth_refused(&s->smtp, NULL);
+		smtp_close(&s->smtp, "421 4.7.0 Too many failed authentications, closing connection");
+		s->closing = true;
+	}
+	else
+		smtp_auth_done(&s->smtp, false);
+	ev_timer_again(ingress.loop, &s->timer);
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+/* A worker thread has checked the password (auth_worker.c). */
+void
+session_auth_checked(void *arg, bool ok)
+{
+	struct session *s = arg;
+	bool			close = false;
+	double			delay;
+
+	s->auth_job = NULL;
+	if (ok)
+	{
+		smtp_auth_done(&s->smtp, true);
+		log_info("%s: authenticated as %s", s->ip, s->smtp.auth_account);
+		ev_timer_again(ingress.loop, &s->timer);
+		/* Pipelined commands waited behind the reply: go on with them. */
+		if (session_flush(s) && session_read(s))
+			session_update(s);
+		return;
+	}
+	delay = auth_throttle_failed(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop), &close);
+	log_info("%s: authentication failed (%u from %s%s)", s->ip,
+			 auth_throttle_failures(ingress.auth_throttle, s->client->ip, ev_now(ingress.loop)),
+			 s->client->ip, close ? ": closing, and refusing its AUTH for a while" : "");
+	s->auth_close = close;
+	ev_timer_set(&s->auth_delay, delay, 0.0);
+	ev_timer_start(ingress.loop, &s->auth_delay);
 }

@@ -103,7 +103,14 @@ void session_screen_stop(struct session *s);
 /* session_account.c */
 const char *session_from_refusal(struct session *s);
 void		session_account_stop(struct session *s);
+/* AUTH: a worker thread checked the password; the auth_delay timer answers a failure. */
+void session_auth_checked(void *arg, bool ok);
+void session_auth_answer_failure(struct ev_loop *loop, ev_timer *w, int revents);
 /* SMTP_EVENT_SCREEN: the held RCPT is answered once the verdict is in. */
 void session_screen_wait(struct session *s);
+/* session.c: the content passed the milters (or there are none): authenticate and store it. */
+void session_admit_content(struct session *s);
+/* session_milter.c: show the transaction to the listener's MILTERS, which answer it. */
+void session_milter_start(struct session *s);
 
 #endif
