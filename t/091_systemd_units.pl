@@ -19,9 +19,10 @@ plan skip_all => 'systemd-analyze is not installed' unless -x $analyze;
 my $top = $ENV{PEPSI_TOP} // dirname(__FILE__) . '/..';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $bindir = dirname(pepsi_bin('pepsi-ingress'));
-# The daemons' units; the oneshots their timers start (the failure
-# bouncer's, the token refresh's) are checked below.
-my @units = grep { !/pepsi-failure-bouncer|token-refresh/ } glob("$top/dist/systemd/*.service.in");
+# The daemons' units: every service without a timer.  The oneshots their
+# timers start (the failure bouncer's, the two report programs', the token
+# refresh's) are checked below.
+my @units = grep { (my $timer = $_) =~ s/\.service\.in$/.timer.in/; !-e $timer } glob("$top/dist/systemd/*.service.in");
 is(scalar @units, 3, 'three daemon units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
 
 # What make install does to them (install-systemd), into a test directory.
@@ -69,21 +70,25 @@ for my $template (@units)
 	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
 }
 
-# pepsi-failure-bouncer: a oneshot service and the timer that starts it
-# (the timer is verified with its service beside it, as installed).
-my $bouncer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.service.in");
-my $timer = install_unit("$top/dist/systemd/pepsi-failure-bouncer.timer.in");
-for my $unit ($bouncer, $timer)
+# pepsi-failure-bouncer, pepsi-dmarc-report and pepsi-tlsrpt: each a
+# oneshot service and the timer that starts it on a calendar (the timer is
+# verified with its service beside it, as installed).
+for my $program (qw(pepsi-failure-bouncer pepsi-dmarc-report pepsi-tlsrpt))
 {
-	my ($rc, $said) = verify($unit);
-	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
-	is($said, '', '... without a warning') or diag $said;
+	my $service = install_unit("$top/dist/systemd/$program.service.in");
+	my $timer = install_unit("$top/dist/systemd/$program.timer.in");
+	for my $unit ($service, $timer)
+	{
+		my ($rc, $said) = verify($unit);
+		is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+		is($said, '', '... without a warning') or diag $said;
+	}
+	my $text = PostgreSQL::Test::Utils::slurp_file($service);
+	like($text, qr/^Type=oneshot$/m, "$program is a oneshot");
+	like($text, qr/^User=pepsi$/m, '... runs as pepsi');
+	like($text, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
+	like(PostgreSQL::Test::Utils::slurp_file($timer), qr/^OnCalendar=/m, '... its timer runs it on a calendar');
 }
-my $bouncer_text = PostgreSQL::Test::Utils::slurp_file($bouncer);
-like($bouncer_text, qr/^Type=oneshot$/m, 'the failure bouncer is a oneshot');
-like($bouncer_text, qr/^User=pepsi$/m, '... runs as pepsi');
-like($bouncer_text, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
-like(PostgreSQL::Test::Utils::slurp_file($timer), qr/^OnCalendar=/m, 'its timer runs it on a calendar');
 
 # The settings that set no_new_privs as NoNewPrivileges=yes does, for a
 # unit without CAP_SYS_ADMIN (User= set): systemd.exec(5), "NoNewPrivileges=yes
@@ -117,7 +122,9 @@ is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'Lock
 
 # pepsi-helper-token-refresh: a oneshot service its timer starts.
 my @timers = glob("$top/dist/systemd/*.timer.in");
-is(scalar @timers, 2, 'two timers: the failure bouncer\'s and pepsi-token-refresh');
+is( join(' ', map { basename($_, '.timer.in') } sort @timers),
+	'pepsi-dmarc-report pepsi-failure-bouncer pepsi-tlsrpt pepsi-token-refresh',
+	'four timers: the failure bouncer\'s, the two reports\' and pepsi-token-refresh');
 for my $template (map { "$top/dist/systemd/pepsi-token-refresh.$_.in" } qw(service timer))
 {
 	my $unit = install_unit($template);
