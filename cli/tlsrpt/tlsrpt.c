@@ -36,7 +36,6 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
-#include "config/log_config.h"
 #include "dns/dns.h"
 #include "message/report.h"
 #include "process/cli.h"
@@ -543,8 +542,6 @@ pepsi_tlsrpt_main(int argc, char **argv)
 	struct pepsi_config *cfg = NULL;
 	const char			*config_path = NULL;
 	const char			*only = NULL;
-	struct dns_config	 dns;
-	char				 err[512];
 	char				*sender = NULL;
 	PGresult			*res;
 	int					 opt;
@@ -591,24 +588,8 @@ pepsi_tlsrpt_main(int argc, char **argv)
 		gmtime_r(&t, &tm);
 		strftime(ctx.day, sizeof(ctx.day), "%Y-%m-%d", &tm);
 	}
-	if ((ctx.conn = cli_connect(TR_PROGRAM, config_path, CLI_ROLE_CONFIG, &cfg, &rc)) == NULL)
+	if ((ctx.conn = report_open(TR_PROGRAM, config_path, &cfg, &ctx.resolver, &rc)) == NULL)
 		return rc;
-	if (!log_configure(cfg, err, sizeof(err)) || !dns_config_load(cfg, &dns, err, sizeof(err)))
-	{
-		fprintf(stderr, TR_PROGRAM ": %s\n", err);
-		PQfinish(ctx.conn);
-		config_free(cfg);
-		return CLI_EX_CONFIG;
-	}
-	ctx.resolver = dns_resolver_new(NULL, &dns, err, sizeof(err));
-	dns_config_free(&dns);
-	if (ctx.resolver == NULL)
-	{
-		fprintf(stderr, TR_PROGRAM ": %s\n", err);
-		PQfinish(ctx.conn);
-		config_free(cfg);
-		return CLI_EX_CONFIG;
-	}
 	ctx.hostname = config_hostname(cfg);
 	ctx.org_name = config_text(cfg, TR_SECTION, "ORG_NAME") ? config_text(cfg, TR_SECTION, "ORG_NAME") : ctx.hostname;
 	ctx.sender = config_text(cfg, TR_SECTION, "SENDER");

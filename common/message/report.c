@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -12,6 +13,8 @@
 
 #include "base/base64.h"
 #include "base/xalloc.h"
+#include "config/log_config.h"
+#include "process/cli.h"
 
 char *
 report_txt(struct dns_resolver *r, const char *name, const char *prefix, enum dns_status *status)
@@ -114,4 +117,30 @@ report_parse_day(const char *text)
 	if (end == NULL || *end)
 		return -1;
 	return (long long) timegm(&tm);
+}
+
+PGconn *
+report_open(const char *program, const char *config_path, struct pepsi_config **cfg,
+			struct dns_resolver **resolver, int *rc)
+{
+	PGconn			 *conn = cli_connect(program, config_path, CLI_ROLE_CONFIG, cfg, rc);
+	struct dns_config dns;
+	char			  err[512];
+
+	if (conn == NULL)
+		return NULL;
+	*resolver = NULL;
+	if (log_configure(*cfg, err, sizeof(err)) && dns_config_load(*cfg, &dns, err, sizeof(err)))
+	{
+		*resolver = dns_resolver_new(NULL, &dns, err, sizeof(err));
+		dns_config_free(&dns);
+	}
+	if (*resolver != NULL)
+		return conn;
+	fprintf(stderr, "%s: %s\n", program, err);
+	PQfinish(conn);
+	config_free(*cfg);
+	*cfg = NULL;
+	*rc = CLI_EX_CONFIG;
+	return NULL;
 }

@@ -2,7 +2,8 @@
  * report.h: what the aggregate report programs share
  * (pepsi-dmarc-report(8), RFC 7489 7.2; pepsi-tlsrpt(8), RFC 8460): the
  * policy record in the DNS and its tags, the report's gzip and its
- * base64 lines in the message, and the --day option.
+ * base64 lines in the message, the --day option, and their start: the
+ * configuration, the connection, the log and the resolver.
  */
 #ifndef PEPSI_MESSAGE_REPORT_H
 #define PEPSI_MESSAGE_REPORT_H
@@ -10,7 +11,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <libpq-fe.h>
+
 #include "base/buf.h"
+#include "config/config.h"
 #include "dns/dns.h"
 
 /* The first TXT record at name that starts with prefix, or NULL (*status says why). */
@@ -23,5 +27,14 @@ bool report_gzip(const char *data, size_t len, struct buf *out);
 void report_base64_lines(struct buf *out, const void *data, size_t len);
 /* --day YYYY-MM-DD: that UTC day's first second, or -1. */
 long long report_parse_day(const char *text);
+/*
+ * A report program's start: config_path loaded into *cfg and a connection
+ * as a member of pepsi_config (cli_connect), the log configured, and
+ * *resolver made from the configuration's DNS settings.  NULL when one of
+ * them fails: the reason printed after program, nothing left open, *rc
+ * the exit status.
+ */
+PGconn *report_open(const char *program, const char *config_path, struct pepsi_config **cfg,
+					struct dns_resolver **resolver, int *rc);
 
 #endif
