@@ -262,6 +262,7 @@ ingress_reload(const char *config_path)
 	struct pepsi_config	   *cfg;
 	struct listener_reload *staged;
 	struct credentials	   *credentials = NULL;
+	struct sender_logins   *logins = NULL;
 	const char			   *credentials_path;
 	size_t					nlisteners = 0;
 	char					err[1024];
@@ -282,13 +283,18 @@ ingress_reload(const char *config_path)
 		if (!ok)
 			log_warnx("reload: [ingress] CREDENTIALS %s cannot be read", credentials_path);
 	}
-	/* The last of these change the process's settings, each only if it accepts the new ones. */
+	/*
+	 * Everything is read and checked before anything changes; log_configure,
+	 * the only step that puts its settings in force as it accepts them, is
+	 * the last that can refuse, so a refused reload changes nothing.
+	 */
 	ok = ok && reload_listeners(cfg, credentials != NULL, staged, err, sizeof(err))
-		 && reload_restart_options_unchanged(cfg, err, sizeof(err)) && screen_check(cfg, err, sizeof(err)) && log_configure(cfg, err, sizeof(err))
-		 && sender_login_configure(cfg, err, sizeof(err));
+		 && reload_restart_options_unchanged(cfg, err, sizeof(err)) && screen_check(cfg, err, sizeof(err))
+		 && (logins = sender_login_load(cfg, err, sizeof(err))) != NULL && log_configure(cfg, err, sizeof(err));
 	if (!ok)
 	{
 		log_warnx("reload refused: %s; the old configuration stays", err);
+		sender_login_discard(logins);
 		reload_staged_free(staged, nlisteners);
 		credentials_free(credentials);
 		config_free(cfg);
@@ -296,6 +302,7 @@ ingress_reload(const char *config_path)
 		return;
 	}
 
+	sender_login_install(logins);
 	if (!screen_configure(cfg, verify_resolver(), err, sizeof(err)))
 		fatalx("reload: %s", err); /* screen_check accepted it */
 	credentials_free(ingress.credentials);

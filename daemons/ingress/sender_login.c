@@ -42,7 +42,7 @@ sender_login_lower(const char *s)
 }
 
 static bool
-sender_login_read_file(const char *path, char *err, size_t errlen)
+sender_login_read_file(struct sender_logins *into, const char *path, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "r");
 	char  line[4096];
@@ -74,10 +74,10 @@ sender_login_read_file(const char *path, char *err, size_t errlen)
 		}
 		for (char *a = strtok_r(accounts, ",", &save); a; a = strtok_r(NULL, ",", &save))
 		{
-			logins.entries = xrealloc(logins.entries, (logins.count + 1) * sizeof(*logins.entries));
-			logins.entries[logins.count].address = sender_login_lower(address);
-			logins.entries[logins.count].account = xstrdup(a);
-			logins.count++;
+			into->entries = xrealloc(into->entries, (into->count + 1) * sizeof(*into->entries));
+			into->entries[into->count].address = sender_login_lower(address);
+			into->entries[into->count].account = xstrdup(a);
+			into->count++;
 		}
 	}
 	fclose(f);
@@ -96,26 +96,24 @@ sender_login_free(struct sender_logins *list)
 	memset(list, 0, sizeof(*list));
 }
 
-bool
-sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
+struct sender_logins *
+sender_login_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 {
-	const char			*maps = config_text(cfg, "ingress", "SENDER_LOGIN_MAPS");
-	char				*copy = xstrdup(maps ? maps : "");
-	char				*save = NULL;
-	bool				 ok = true;
-	struct sender_logins old = logins;
+	const char			 *maps = config_text(cfg, "ingress", "SENDER_LOGIN_MAPS");
+	char				 *copy = xstrdup(maps ? maps : "");
+	char				 *save = NULL;
+	bool				  ok = true;
+	struct sender_logins *next = xcalloc(1, sizeof(*next));
 
-	/* Read into an empty list: on reload the old one stays if the new one is refused. */
-	memset(&logins, 0, sizeof(logins));
-	logins.limit_messages = (long) config_int(cfg, "ingress", "SEND_LIMIT_MESSAGES");
-	logins.limit_recipients = (long) config_int(cfg, "ingress", "SEND_LIMIT_RECIPIENTS");
+	next->limit_messages = (long) config_int(cfg, "ingress", "SEND_LIMIT_MESSAGES");
+	next->limit_recipients = (long) config_int(cfg, "ingress", "SEND_LIMIT_RECIPIENTS");
 	for (char *t = strtok_r(copy, ", \t", &save); t && ok; t = strtok_r(NULL, ", \t", &save))
 	{
-		logins.enabled = true;
+		next->enabled = true;
 		if (strcmp(t, "sql") == 0)
-			logins.sql = true;
+			next->sql = true;
 		else if (strncmp(t, "file:/", 6) == 0)
-			ok = sender_login_read_file(t + 5, err, errlen);
+			ok = sender_login_read_file(next, t + 5, err, errlen);
 		else
 		{
 			snprintf(err, errlen,
@@ -128,12 +126,38 @@ sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
 	free(copy);
 	if (!ok)
 	{
-		sender_login_free(&logins);
-		logins = old;
+		sender_login_discard(next);
+		return NULL;
 	}
-	else
-		sender_login_free(&old);
-	return ok;
+	return next;
+}
+
+void
+sender_login_discard(struct sender_logins *next)
+{
+	if (next == NULL)
+		return;
+	sender_login_free(next);
+	free(next);
+}
+
+void
+sender_login_install(struct sender_logins *next)
+{
+	sender_login_free(&logins);
+	logins = *next;
+	free(next);
+}
+
+bool
+sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen)
+{
+	struct sender_logins *next = sender_login_load(cfg, err, errlen);
+
+	if (next == NULL)
+		return false;
+	sender_login_install(next);
+	return true;
 }
 
 void

@@ -17,9 +17,19 @@
 
 #include "config/config.h"
 
-/* At start and on reload; false with err naming the option or the file's line, the old settings kept. */
+/* At start: load and install; false with err naming the option or the file's line. */
 bool sender_login_configure(const struct pepsi_config *cfg, char *err, size_t errlen);
-void sender_login_shutdown(void);
+/*
+ * On reload, in two steps so that a refused reload changes nothing: load
+ * reads the settings without using them (NULL with err when refused);
+ * install puts a loaded list in force (and frees the old); discard frees
+ * one that is not to be installed.
+ */
+struct sender_logins;
+struct sender_logins *sender_login_load(const struct pepsi_config *cfg, char *err, size_t errlen);
+void				  sender_login_install(struct sender_logins *next);
+void				  sender_login_discard(struct sender_logins *next);
+void				  sender_login_shutdown(void);
 /* Is any source configured (the addresses are checked)? */
 bool sender_login_enabled(void);
 /* Is the "sql" source among them? */
