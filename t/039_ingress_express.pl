@@ -1,7 +1,8 @@
 # pepsi-ingress: a new client's message goes to the connection kept for
 # new clients, ahead of the admissions queued, in a transaction of its
-# own (admit.c); the pool's other sessions run at BULK_NICE, the new
-# clients' one at the server's priority.
+# own (admit.c); with BULK_NICE the pool's other sessions run at that nice
+# value, the new clients' one at the server's priority.  While the new
+# clients' connection stores, the others start no batch.
 #
 # With one pool connection, its first admission is held on a lock (LOCK
 # TABLE pepsi.workqueue), so the next ones queue in ingress.  A client
@@ -42,6 +43,7 @@ CONNINFO = host=@{[ $node->host ]} port=@{[ $node->port ]} dbname=$db
 [ingress]
 DISPATCH_WAKE_INTERVAL = 60s
 DATABASE_CONNECTIONS = 1
+BULK_NICE = 10
 [listener-smtp]
 ADDRESS = 127.0.0.1
 PORT = $port
@@ -86,7 +88,7 @@ sub waiting_on_lock
 		"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%'");
 }
 
-is(session_nices($node, $db, 'pepsi-ingress'), '10', 'the pool\'s session runs at BULK_NICE, 10 by default');
+is(session_nices($node, $db, 'pepsi-ingress'), '10', 'the pool\'s session runs at BULK_NICE');
 is(session_nices($node, $db, 'pepsi-ingress-express'), '0', 'the new clients\' session at the server\'s priority');
 SKIP:
 {
@@ -163,6 +165,31 @@ ok(poll_until(sub { log_since($node, $offset) =~ /xid=$xmin LOG:  execute <unnam
 		10),
 	'its wake is in the transaction that inserted its row')
   or diag("xmin $xmin:\n" . log_since($node, $offset));
+
+# While the new clients' connection stores, the pool's others start no
+# batch: a known client's message waits in ingress until the new client's
+# transaction is done, and is stored after it.  The table is locked again:
+# a new client's message waits on the lock on its connection; the known
+# client's, sent to its end, must not go out on the idle pool connection.
+$lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ],
+	'<', \$lock_in, '>', \$lock_out, '2>', \$lock_out);
+($lock_in, $lock_out) = ("BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n", '');
+$lock->pump until $lock_out =~ /locked/;
+my $first = start_send('127.0.0.4', 'first');
+ok(poll_until(sub { waiting_on_lock() == 1 }, 30), 'a new client\'s message waits on the lock');
+my $after = start_send('127.0.0.1', 'after');
+ok(sent_to_the_end($after), 'a known client\'s message is sent and waits for its reply');
+# Absence can only be seen for a while: two seconds of polls.
+ok(!poll_until(sub { waiting_on_lock() > 1 }, 2), 'and is not sent to the database while the new client\'s is stored');
+$lock_in .= "COMMIT;\n";
+$lock->finish;
+ok(accepted($first), 'the new client\'s message is accepted');
+ok(accepted($after), 'then the known client\'s');
+my %late = map { my ($subject, $id) = split /\|/; ($subject => $id) }
+  split /\n/, $node->safe_psql($db, q{
+	SELECT substring(convert_from(headers, 'UTF8') FROM 'Subject: (\w+)'), id
+	FROM pepsi.workqueue WHERE convert_from(headers, 'UTF8') ~ 'Subject: (first|after)'});
+cmp_ok($late{first}, '<', $late{after}, 'stored in that order');
 
 $ingress->signal('TERM');
 $ingress->finish;

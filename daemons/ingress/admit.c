@@ -307,17 +307,42 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 }
 
 /*
+ * Whether the express connection is storing new clients' messages now.
+ * While it is, the other connections start no batch (dbconn_queue): the
+ * batches already in flight finish, and the light sender's small
+ * transaction then has the database's CPU and WAL flush to itself rather
+ * than sharing them with the burst's next batches.  This is how the pool
+ * ranks a light sender's message ahead of a burst: by the order of
+ * Pepsi's own work, which costs nothing against the host's other
+ * processes.  A nice value on the bulk sessions (BULK_NICE) ranks them
+ * against every other process on the machine as well (the kernel's
+ * autogroups weigh each backend's session against all the others, see
+ * extension/src/session.c): on a host with other work it gave the
+ * burst's admissions a tenth of a CPU's share, so it is off by default.
+ * The pause costs the burst at most one small commit's time per new
+ * client, and at most ADMIT_WAKE_CLIENTS clients an interval are new.
+ */
+static bool
+admit_express_storing(void)
+{
+	return pgconn_state(admit.express->pg) == PGCONN_BUSY && admit.express->work == DBCONN_WORK_ADMIT;
+}
+
+/*
  * The queue an idle connection c takes its next batch from, or NULL.  The
  * express connection serves the new clients only; the others serve the
  * known clients, and the new clients too when the express connection
  * cannot take them now (busy, or not connected) and they have nothing
- * else to do: while a burst keeps them busy, they never do.
+ * else to do: while a burst keeps them busy, they never do.  Nothing
+ * while the express connection stores (admit_express_storing).
  */
 static struct admit_queue *
 dbconn_queue(const struct dbconn *c)
 {
 	if (c->express)
 		return admit.new_queue.head ? &admit.new_queue : NULL;
+	if (admit_express_storing())
+		return NULL;
 	/*
 	 * Heavy admissions go to the first connection, first, and to the
 	 * others only while it is down: they never share a batch with light
@@ -702,10 +727,16 @@ admit_kick(void)
 	do
 	{
 		again = false;
-		/* The express connection, the last, takes what the others leave it. */
+		/*
+		 * The express connection, the last, takes what the others leave
+		 * it; but when new clients' messages wait it goes first, so that
+		 * the others then wait for it (admit_express_storing).
+		 */
+		int first = admit.new_queue.head ? admit.nconns - 1 : 0;
+
 		for (int i = 0; i < admit.nconns; i++)
 		{
-			struct dbconn	   *c = &admit.conns[i];
+			struct dbconn	   *c = &admit.conns[(first + i) % admit.nconns];
 			struct admit_queue *q;
 
 			if (pgconn_state(c->pg) != PGCONN_IDLE)
