@@ -127,13 +127,15 @@ ok(poll_until(sub { sent_to($right, 'good.test') == 2 && sent_to($wrong, 'testin
 	'the five messages are delivered');
 
 # The counts reach pepsi.tls_aggregate once the worker is idle, batched.
-my $counts_sql = "SELECT string_agg(format('%s %s %s %s %s %s', policy_domain, policy_type,"
+# A failure names our sending address too: the relay connects from the
+# loopback route's source, 127.0.0.1.
+my $counts_sql = "SELECT string_agg(format('%s %s %s %s %s %s %s', policy_domain, policy_type,"
   . " coalesce(nullif(result_type, ''), 'ok'), coalesce(nullif(receiving_mx_hostname, ''), '-'),"
-  . " coalesce(nullif(receiving_ip, ''), '-'), sessions), '; ' ORDER BY policy_domain, result_type)"
-  . " FROM pepsi.tls_aggregate";
-my $expected = 'good.test sts ok - - 2; notls.test sts starttls-not-supported mx.notls.test 127.0.0.5 1; '
-  . 'plain.test no-policy-found ok - - 1; '
-  . 'testing.test sts certificate-host-mismatch mx.testing.test 127.0.0.3 1';
+  . " coalesce(nullif(receiving_ip, ''), '-'), coalesce(nullif(sending_mta_ip, ''), '-'), sessions),"
+  . " '; ' ORDER BY policy_domain, result_type) FROM pepsi.tls_aggregate";
+my $expected = 'good.test sts ok - - - 2; notls.test sts starttls-not-supported mx.notls.test 127.0.0.5 127.0.0.1 1; '
+  . 'plain.test no-policy-found ok - - - 1; '
+  . 'testing.test sts certificate-host-mismatch mx.testing.test 127.0.0.3 127.0.0.1 1';
 ok(poll_until(sub { sql($counts_sql) eq $expected }, 30), 'the TLS sessions are counted per domain, policy and result')
   or diag sql($counts_sql);
 is(sql("SELECT policy_string || ' | ' || mx_host FROM pepsi.tls_aggregate WHERE policy_domain = 'good.test'"),
@@ -239,7 +241,8 @@ $r = check_report($json, 'testing.test by mail');
 is_deeply($r->{policies}[0]{summary}, { 'total-successful-session-count' => 0, 'total-failure-session-count' => 1 },
 	'testing.test: one failed session');
 is_deeply($r->{policies}[0]{'failure-details'}, [ { 'result-type' => 'certificate-host-mismatch',
-			'receiving-mx-hostname' => 'mx.testing.test', 'receiving-ip' => '127.0.0.3', 'failed-session-count' => 1 } ],
+			'receiving-mx-hostname' => 'mx.testing.test', 'receiving-ip' => '127.0.0.3',
+			'sending-mta-ip' => '127.0.0.1', 'failed-session-count' => 1 } ],
 	'with its failure details');
 is_deeply($r->{policies}[0]{policy}{'mx-host'}, ['*.testing.test'], 'and the policy\'s mx pattern');
 

@@ -414,6 +414,7 @@ smtp_client_send(struct smtp_client *c, const struct smtp_envelope *env, const c
 		opened = reused || smtp_open(c, res);
 		res->connect_seconds += (double) (smtp_io_now_ms() - started) / 1000.0;
 		snprintf(res->relay, sizeof(res->relay), "%s", c->peer);
+		snprintf(res->local_address, sizeof(res->local_address), "%s", c->local_address);
 		snprintf(res->tls, sizeof(res->tls), "%s", c->ssl ? c->tls : "");
 		snprintf(res->tls_outcome, sizeof(res->tls_outcome), "%s", c->tls_outcome);
 		snprintf(res->tls_result, sizeof(res->tls_result), "%s", c->tls_result);

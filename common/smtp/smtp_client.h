@@ -129,18 +129,19 @@ struct smtp_envelope
 struct smtp_result
 {
 	enum smtp_outcome outcome;
-	enum smtp_phase	  phase;			/* where the deciding reply came from */
-	struct smtp_reply reply;			/* the deciding reply (code 0: none; see error) */
-	char			  error[1024];		/* local reason when there is no reply */
-	char			  remote_mta[256];	/* the server's name (greeting), else the host */
-	char			  relay[300];		/* host[address]:port of the session used, "" if none */
-	char			  tls[160];			/* its TLS ("TLSv1.3 <cipher> verified"), "" in clear */
-	double			  connect_seconds;	/* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
-	double			  transfer_seconds; /* MAIL FROM to the end of DATA */
-	bool			  dsn_passed;		/* the server has DSN and took our parameters */
-	bool			  bdat;				/* the message went with BDAT (CHUNKING) */
-	const char		 *body_type;		/* BODY= sent: "7BIT", "8BITMIME", "BINARYMIME" */
-	bool			  downgraded;		/* converted for the server (mime_downgrade.h) */
+	enum smtp_phase	  phase;			 /* where the deciding reply came from */
+	struct smtp_reply reply;			 /* the deciding reply (code 0: none; see error) */
+	char			  error[1024];		 /* local reason when there is no reply */
+	char			  remote_mta[256];	 /* the server's name (greeting), else the host */
+	char			  relay[300];		 /* host[address]:port of the session used, "" if none */
+	char			  local_address[64]; /* the address the session was sent from, "" if none or a Unix socket */
+	char			  tls[160];			 /* its TLS ("TLSv1.3 <cipher> verified"), "" in clear */
+	double			  connect_seconds;	 /* connecting, greeting, EHLO, STARTTLS, AUTH (0 when reused) */
+	double			  transfer_seconds;	 /* MAIL FROM to the end of DATA */
+	bool			  dsn_passed;		 /* the server has DSN and took our parameters */
+	bool			  bdat;				 /* the message went with BDAT (CHUNKING) */
+	const char		 *body_type;		 /* BODY= sent: "7BIT", "8BITMIME", "BINARYMIME" */
+	bool			  downgraded;		 /* converted for the server (mime_downgrade.h) */
 	/*
 	 * The TLS policy's outcome (common/smtp/tls_policy.h), for the log and
 	 * TLSRPT: "" without a policy, else e.g. "dane verified",

@@ -29,10 +29,11 @@ struct smtp_client
 	SSL_CTX					  *ssl_ctx;
 	SSL						  *ssl;
 	struct buf				   in;
-	char					   peer[300];	 /* host[address]:port, for messages */
-	char					   tls[160];	 /* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
-	bool					   tls_verified; /* the peer was authenticated (PKIX or DANE) */
-	const struct tls_policy	  *policy;		 /* NULL: opt.tls decides; else policy_copy */
+	char					   peer[300];		  /* host[address]:port, for messages */
+	char					   local_address[64]; /* our end of the connection (getsockname), "" for a Unix socket */
+	char					   tls[160];		  /* "TLSv1.3 TLS_AES_256_GCM_SHA384 verified", or "" in clear */
+	bool					   tls_verified;	  /* the peer was authenticated (PKIX or DANE) */
+	const struct tls_policy	  *policy;			  /* NULL: opt.tls decides; else policy_copy */
 	struct tls_policy		  *policy_copy;
 	char					   tls_outcome[256];
 	char					   tls_result[48];

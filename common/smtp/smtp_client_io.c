@@ -429,8 +429,20 @@ smtp_connect_address(struct smtp_client *c, const struct addrinfo *ai, long long
 			goto err;
 		}
 	}
+	c->local_address[0] = '\0';
 	if (ai->ai_family != AF_UNIX)
+	{
+		struct sockaddr_storage local;
+		socklen_t				local_len = sizeof(local);
+
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		/* The address we sent from, for TLS reports' sending-mta-ip (RFC 8460 4.3); best effort. */
+		if (getsockname(fd, (struct sockaddr *) &local, &local_len) != 0
+			|| getnameinfo((struct sockaddr *) &local, local_len, c->local_address, sizeof(c->local_address),
+						   NULL, 0, NI_NUMERICHOST)
+				   != 0)
+			c->local_address[0] = '\0';
+	}
 	return true;
 err:
 	close(fd);

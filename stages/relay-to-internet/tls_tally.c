@@ -20,11 +20,11 @@
 #include "tls_policy_seam.h"
 
 #define TLS_TALLY_MAX 1024
-#define TLS_TALLY_FIELDS 7
+#define TLS_TALLY_FIELDS 8
 
 static const char *const tally_names[TLS_TALLY_FIELDS] = {
 	"policy_domain", "policy_type", "policy_string", "mx_host", "result_type", "receiving_mx_hostname",
-	"receiving_ip"};
+	"receiving_ip", "sending_mta_ip"};
 
 static struct
 {
@@ -47,7 +47,8 @@ tally_field(struct buf *key, const char *value)
 
 void
 internet_tls_tally_add(const char *domain, const struct internet_tls_policy *policy,
-					   const char *result_type, const char *mx_host, const char *address, int sessions)
+					   const char *result_type, const char *mx_host, const char *address,
+					   const char *local_address, int sessions)
 {
 	struct buf key = BUF_INIT;
 	bool	   failed = result_type && result_type[0];
@@ -62,6 +63,7 @@ internet_tls_tally_add(const char *domain, const struct internet_tls_policy *pol
 	tally_field(&key, failed ? result_type : "");
 	tally_field(&key, failed ? mx_host : "");
 	tally_field(&key, failed ? address : "");
+	tally_field(&key, failed ? local_address : "");
 	buf_append(&key, "", 1);
 	for (i = 0; i < tally.used && strcmp(tally.keys[i], key.data) != 0; i++)
 		;

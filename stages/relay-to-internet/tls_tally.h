@@ -20,11 +20,11 @@ struct internet_tls_policy;
 /*
  * Count sessions under policy for domain: result_type "" for successful
  * ones, else the RFC 8460 result type, with the MX host and the address
- * that failed.
+ * that failed, and local_address, ours ("" when no connection was made).
  */
 void internet_tls_tally_add(const char *domain, const struct internet_tls_policy *policy,
 							const char *result_type, const char *mx_host, const char *address,
-							int sessions);
+							const char *local_address, int sessions);
 /*
  * The counts as the JSON array pepsi.tls_tally() takes, when there are
  * some and (unless now) they are TLS_TALLY_SECONDS old; else NULL.  The

@@ -108,7 +108,7 @@ internet_tally_session(struct pepsi_ctx *ctx, const char *domain, const struct i
 
 	if (r->sessions_opened == 0 || r->tls_outcome[0] == '\0')
 		return;
-	internet_tls_tally_add(domain, policy, result, host, address, r->sessions_opened);
+	internet_tls_tally_add(domain, policy, result, host, address, r->local_address, r->sessions_opened);
 	pepsi_when_idle(ctx, internet_tls_tally_idle);
 }
 
@@ -144,7 +144,7 @@ internet_try_hosts(struct pepsi_ctx *ctx, const char *domain, const struct mx_ro
 		{
 			/* No session, but one the policy failed (RFC 8460 4.3.2). */
 			internet_tls_tally_add(domain, &policy, policy.policy.refused_result, host,
-								   addresses.count ? addresses.addresses[0].address : "", 1);
+								   addresses.count ? addresses.addresses[0].address : "", "", 1);
 			pepsi_when_idle(ctx, internet_tls_tally_idle);
 			internet_attempt_note_tls(at, &policy);
 			snprintf(at->error, sizeof(at->error), "%s", policy.reason);
