@@ -377,18 +377,19 @@ dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char 
 
 /* One domain's report: its record, its rua, the XML, and each destination. */
 static void
-dr_domain(struct dr_context *ctx, const char *domain)
+dr_each_domain(void *arg, const char *domain)
 {
-	char			name[600];
-	enum dns_status status;
-	char		   *record;
-	char		   *rua;
-	char			report_id[700];
-	struct buf		xml = BUF_INIT;
-	struct buf		gz = BUF_INIT;
-	char		   *uri;
-	char		   *save = NULL;
-	int				nuri = 0;
+	struct dr_context *ctx = arg;
+	char			   name[600];
+	enum dns_status	   status;
+	char			  *record;
+	char			  *rua;
+	char			   report_id[700];
+	struct buf		   xml = BUF_INIT;
+	struct buf		   gz = BUF_INIT;
+	char			  *uri;
+	char			  *save = NULL;
+	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_dmarc.%s", domain);
 	record = report_txt(ctx->resolver, name, "v=DMARC1", &status);
@@ -476,7 +477,6 @@ pepsi_dmarc_report_main(int argc, char **argv)
 	const char			*config_path = NULL;
 	const char			*only = NULL;
 	char				*sender = NULL;
-	PGresult			*res;
 	int					 opt;
 	int					 rc = CLI_EX_OK;
 
@@ -537,7 +537,7 @@ pepsi_dmarc_report_main(int argc, char **argv)
 	if ((ctx.conn = report_open(DR_PROGRAM, config_path, &cfg, &ctx.resolver, &rc)) == NULL)
 		return rc;
 	ctx.hostname = config_hostname(cfg);
-	ctx.org_name = config_text(cfg, DR_SECTION, "ORG_NAME") ? config_text(cfg, DR_SECTION, "ORG_NAME") : ctx.hostname;
+	ctx.org_name = report_org_name(cfg, DR_SECTION);
 	ctx.sender = config_text(cfg, DR_SECTION, "SENDER");
 	if (ctx.sender == NULL)
 		ctx.sender = sender = xasprintf("dmarc-reports@%s", ctx.hostname);
@@ -550,28 +550,16 @@ pepsi_dmarc_report_main(int argc, char **argv)
 
 		snprintf(begin, sizeof(begin), "%lld", ctx.begin);
 		snprintf(end, sizeof(end), "%lld", ctx.end);
-		res = db_exec(ctx.conn,
-					  "SELECT DISTINCT policy_domain FROM pepsi.dmarc_aggregate"
-					  " WHERE period >= to_timestamp($1::bigint) AND period < to_timestamp($2::bigint)"
-					  " AND ($3::text IS NULL OR policy_domain = lower($3)) ORDER BY 1",
-					  3, values);
+		rc = report_each_domain(DR_PROGRAM, ctx.conn,
+								"SELECT DISTINCT policy_domain FROM pepsi.dmarc_aggregate"
+								" WHERE period >= to_timestamp($1::bigint) AND period < to_timestamp($2::bigint)"
+								" AND ($3::text IS NULL OR policy_domain = lower($3)) ORDER BY 1",
+								3, values, dr_each_domain, &ctx);
 	}
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		rc = cli_db_exit_code(res, ctx.conn);
-		cli_db_error(DR_PROGRAM, res, ctx.conn);
-	}
-	else
-	{
-		for (int i = 0; i < PQntuples(res); i++)
-			dr_domain(&ctx, PQgetvalue(res, i, 0));
+	if (rc == CLI_EX_OK)
 		printf("%s%d reports queued, %d destinations refused\n", ctx.dry_run ? "dry run: " : "", ctx.sent,
 			   ctx.refused);
-	}
-	PQclear(res);
-	dns_resolver_free(ctx.resolver);
-	PQfinish(ctx.conn);
+	report_close(ctx.conn, cfg, ctx.resolver);
 	free(sender);
-	config_free(cfg);
 	return rc;
 }

@@ -437,19 +437,20 @@ done:
 
 /* One domain's report: its record, its rua, the JSON, and each destination. */
 static void
-tr_domain(struct tr_context *ctx, const char *domain)
+tr_each_domain(void *arg, const char *domain)
 {
-	char			name[600];
-	enum dns_status status;
-	char		   *record;
-	char		   *rua;
-	char			report_id[700];
-	json_t		   *report;
-	char		   *json;
-	struct buf		gz = BUF_INIT;
-	char		   *uri;
-	char		   *save = NULL;
-	int				nuri = 0;
+	struct tr_context *ctx = arg;
+	char			   name[600];
+	enum dns_status	   status;
+	char			  *record;
+	char			  *rua;
+	char			   report_id[700];
+	json_t			  *report;
+	char			  *json;
+	struct buf		   gz = BUF_INIT;
+	char			  *uri;
+	char			  *save = NULL;
+	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_smtp._tls.%s", domain);
 	record = report_txt(ctx->resolver, name, "v=TLSRPTv1", &status);
@@ -543,7 +544,6 @@ pepsi_tlsrpt_main(int argc, char **argv)
 	const char			*config_path = NULL;
 	const char			*only = NULL;
 	char				*sender = NULL;
-	PGresult			*res;
 	int					 opt;
 	int					 rc = CLI_EX_OK;
 
@@ -591,7 +591,7 @@ pepsi_tlsrpt_main(int argc, char **argv)
 	if ((ctx.conn = report_open(TR_PROGRAM, config_path, &cfg, &ctx.resolver, &rc)) == NULL)
 		return rc;
 	ctx.hostname = config_hostname(cfg);
-	ctx.org_name = config_text(cfg, TR_SECTION, "ORG_NAME") ? config_text(cfg, TR_SECTION, "ORG_NAME") : ctx.hostname;
+	ctx.org_name = report_org_name(cfg, TR_SECTION);
 	ctx.sender = config_text(cfg, TR_SECTION, "SENDER");
 	if (ctx.sender == NULL)
 		ctx.sender = sender = xasprintf("tlsrpt-noreply@%s", ctx.hostname);
@@ -602,27 +602,15 @@ pepsi_tlsrpt_main(int argc, char **argv)
 	{
 		const char *values[2] = {ctx.day, only};
 
-		res = db_exec(ctx.conn,
-					  "SELECT DISTINCT policy_domain FROM pepsi.tls_aggregate"
-					  " WHERE day = $1::date AND ($2::text IS NULL OR policy_domain = lower($2)) ORDER BY 1",
-					  2, values);
+		rc = report_each_domain(TR_PROGRAM, ctx.conn,
+								"SELECT DISTINCT policy_domain FROM pepsi.tls_aggregate"
+								" WHERE day = $1::date AND ($2::text IS NULL OR policy_domain = lower($2)) ORDER BY 1",
+								2, values, tr_each_domain, &ctx);
 	}
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		rc = cli_db_exit_code(res, ctx.conn);
-		cli_db_error(TR_PROGRAM, res, ctx.conn);
-	}
-	else
-	{
-		for (int i = 0; i < PQntuples(res); i++)
-			tr_domain(&ctx, PQgetvalue(res, i, 0));
+	if (rc == CLI_EX_OK)
 		printf("%s%d reports sent, %d destinations refused\n", ctx.dry_run ? "dry run: " : "", ctx.sent,
 			   ctx.refused);
-	}
-	PQclear(res);
-	dns_resolver_free(ctx.resolver);
-	PQfinish(ctx.conn);
+	report_close(ctx.conn, cfg, ctx.resolver);
 	free(sender);
-	config_free(cfg);
 	return rc;
 }

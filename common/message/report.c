@@ -15,6 +15,7 @@
 #include "base/xalloc.h"
 #include "config/log_config.h"
 #include "process/cli.h"
+#include "runtime/db.h"
 
 char *
 report_txt(struct dns_resolver *r, const char *name, const char *prefix, enum dns_status *status)
@@ -143,4 +144,39 @@ report_open(const char *program, const char *config_path, struct pepsi_config **
 	*cfg = NULL;
 	*rc = CLI_EX_CONFIG;
 	return NULL;
+}
+
+void
+report_close(PGconn *conn, struct pepsi_config *cfg, struct dns_resolver *resolver)
+{
+	dns_resolver_free(resolver);
+	PQfinish(conn);
+	config_free(cfg);
+}
+
+const char *
+report_org_name(const struct pepsi_config *cfg, const char *section)
+{
+	const char *name = config_text(cfg, section, "ORG_NAME");
+
+	return name ? name : config_hostname(cfg);
+}
+
+int
+report_each_domain(const char *program, PGconn *conn, const char *sql, int nvalues,
+				   const char *const *values, void (*each_domain)(void *arg, const char *domain), void *arg)
+{
+	PGresult *res = db_exec(conn, sql, nvalues, values);
+	int		  rc = CLI_EX_OK;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		rc = cli_db_exit_code(res, conn);
+		cli_db_error(program, res, conn);
+	}
+	else
+		for (int i = 0; i < PQntuples(res); i++)
+			each_domain(arg, PQgetvalue(res, i, 0));
+	PQclear(res);
+	return rc;
 }

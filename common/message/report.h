@@ -36,5 +36,18 @@ long long report_parse_day(const char *text);
  */
 PGconn *report_open(const char *program, const char *config_path, struct pepsi_config **cfg,
 					struct dns_resolver **resolver, int *rc);
+/* What report_open made, closed. */
+void report_close(PGconn *conn, struct pepsi_config *cfg, struct dns_resolver *resolver);
+/* [section] ORG_NAME, the reporting organisation's name: the host name when it is not set. */
+const char *report_org_name(const struct pepsi_config *cfg, const char *section);
+/*
+ * Run sql (its first column: the policy domains that have something to
+ * report) and call each_domain(arg, domain) for each row, in order.  The
+ * exit status: CLI_EX_OK, or the query's failure's (printed after
+ * program, each_domain not called).
+ */
+int report_each_domain(const char *program, PGconn *conn, const char *sql, int nvalues,
+					   const char *const *values, void (*each_domain)(void *arg, const char *domain),
+					   void				 *arg);
 
 #endif
