@@ -218,9 +218,9 @@ setup_init(int argc, char **argv, const char *root)
 	bool				 apply_hba = false;
 	struct setup_hba	 hba = {0};
 	struct buf			 hba_lines = BUF_INIT;
-	char				*ident_lines;
+	char				*ident_lines = NULL;
 	char				 why[1024];
-	json_t				*plan;
+	json_t				*plan = NULL;
 	size_t				 i;
 	json_t				*task;
 	int					 changes = 0;
@@ -245,47 +245,47 @@ setup_init(int argc, char **argv, const char *root)
 		if (strncmp(arg, "--", 2) != 0 || (q = setup_question_find(arg + 2)) < 0 || a + 1 >= argc)
 		{
 			fprintf(stderr, "pepsi-setup init: unknown option or missing value: %s\n", arg);
-			return setup_usage(stderr);
+			rc = setup_usage(stderr);
+			goto done;
 		}
 		if (!setup_answer(&answers, q, argv[++a], why, sizeof(why)))
 		{
 			fprintf(stderr, "pepsi-setup init: --%s: %s; nothing changed\n", setup_questions[q].name, why);
-			setup_answers_free(&answers);
-			return CLI_EX_USAGE;
+			rc = CLI_EX_USAGE;
+			goto done;
 		}
 	}
 	if (interactive && !setup_interview(&answers))
 	{
 		fprintf(stderr, "pepsi-setup init: no answer; nothing changed\n");
-		setup_answers_free(&answers);
-		return CLI_EX_USAGE;
+		rc = CLI_EX_USAGE;
+		goto done;
 	}
 	if (!setup_answers_complete(&answers, why, sizeof(why)))
 	{
 		fprintf(stderr, "pepsi-setup init: %s; nothing changed\n", why);
-		setup_answers_free(&answers);
-		return CLI_EX_USAGE;
+		rc = CLI_EX_USAGE;
+		goto done;
 	}
 	/* Every check that can stop init comes before the first change. */
 	if (root[0] && access(root, W_OK) != 0)
 	{
 		fprintf(stderr, "pepsi-setup init: --root %s: %s; nothing changed\n", root, strerror(errno));
-		setup_answers_free(&answers);
-		return CLI_EX_USAGE;
+		rc = CLI_EX_USAGE;
+		goto done;
 	}
 	if (!setup_port_ours(&layout, setup_answer_value(&answers, SETUP_Q_SMTP_PORT))
 		&& !setup_port_free(setup_answer_value(&answers, SETUP_Q_LISTEN),
 							setup_answer_value(&answers, SETUP_Q_SMTP_PORT), why, sizeof(why)))
 	{
 		fprintf(stderr, "pepsi-setup init: %s (another MTA? stop it, or choose --smtp-port); nothing changed\n", why);
-		setup_answers_free(&answers);
-		return SETUP_EX_UNAVAILABLE;
+		rc = SETUP_EX_UNAVAILABLE;
+		goto done;
 	}
 	if ((ctx.db = setup_connect_owner(setup_answer_value(&answers, SETUP_Q_CONNINFO), true, &rc)) == NULL)
 	{
 		fprintf(stderr, "pepsi-setup init: nothing changed\n");
-		setup_answers_free(&answers);
-		return rc;
+		goto done;
 	}
 	plan = setup_plan(&answers, &layout);
 	json_array_foreach (plan, i, task)
@@ -296,10 +296,8 @@ setup_init(int argc, char **argv, const char *root)
 			|| !setup_task_check(kind, json_object_get(task, "params"), why, sizeof(why)))
 		{
 			fprintf(stderr, "pepsi-setup init: the plan's task %zu is refused: %s; nothing changed\n", i + 1, why);
-			json_decref(plan);
-			PQfinish(ctx.db);
-			setup_answers_free(&answers);
-			return CLI_EX_DATAERR;
+			rc = CLI_EX_DATAERR;
+			goto done;
 		}
 	}
 
@@ -322,13 +320,8 @@ setup_init(int argc, char **argv, const char *root)
 	if (apply_hba && !setup_hba_prepare(&ctx, &hba, hba_lines.data, ident_lines, why, sizeof(why)))
 	{
 		fprintf(stderr, "pepsi-setup init: --apply-pg-hba: %s; nothing changed\n", why);
-		setup_hba_free(&hba);
-		buf_free(&hba_lines);
-		free(ident_lines);
-		json_decref(plan);
-		PQfinish(ctx.db);
-		setup_answers_free(&answers);
-		return SETUP_EX_UNAVAILABLE;
+		rc = SETUP_EX_UNAVAILABLE;
+		goto done;
 	}
 
 	printf("database:\n");
@@ -385,17 +378,12 @@ setup_init(int argc, char **argv, const char *root)
 				break;
 		}
 	}
-	setup_hba_free(&hba);
-	buf_free(&hba_lines);
-	free(ident_lines);
-	json_decref(plan);
-	PQfinish(ctx.db);
-	setup_answers_free(&answers);
 	if (failures)
 	{
 		fprintf(stderr, "pepsi-setup init: stopped at the failure above (%d change%s made before it)\n", changes,
 				changes == 1 ? "" : "s");
-		return CLI_EX_CONFIG;
+		rc = CLI_EX_CONFIG;
+		goto done;
 	}
 	if (changes == 0)
 		printf("pepsi-setup init: nothing changed: the host already is as the answers say\n");
@@ -404,7 +392,16 @@ setup_init(int argc, char **argv, const char *root)
 			   "pepsi-dispatch and pepsi-ingress\n",
 			   changes, changes == 1 ? "" : "s",
 			   apply_hba ? "" : "add the lines above to pg_hba.conf and pg_ident.conf (or run init with --apply-pg-hba), ");
-	return CLI_EX_OK;
+	rc = CLI_EX_OK;
+done:
+	/* One way out: each of these is safe on what was never made. */
+	setup_hba_free(&hba);
+	buf_free(&hba_lines);
+	free(ident_lines);
+	json_decref(plan);
+	PQfinish(ctx.db);
+	setup_answers_free(&answers);
+	return rc;
 }
 
 /* The configuration and the owner's connection of apply and upgrade. */
