@@ -86,13 +86,17 @@ my $scripted = start_server('scripted-milter',
 # The filter the hanging listeners ask, apart: another instance of the scripted filter.
 my $hanger = start_server('scripted-milter',
 	sub { ('/usr/bin/python3', "$here/bin/scripted-milter", $_[0], "$tmp/hanger.jsonl") })->{port};
+# A third instance refuses every client at CONNECT.
+my $gatekeeper = start_server('scripted-milter',
+	sub { ('/usr/bin/python3', "$here/bin/scripted-milter", $_[0], "$tmp/gatekeeper.jsonl", 'reject-connect') })
+  ->{port};
 my $bad = start_server('bad-milter',
 	sub { ('/usr/bin/python3', "$here/bin/bad-milter", $_[0], "$tmp/bad.log", 'malformed') })->{port};
 my $closing = start_server('bad-milter',
 	sub { ('/usr/bin/python3', "$here/bin/bad-milter", $_[0], "$tmp/closing.log", 'close-mid') })->{port};
 
 my %port = map { $_ => PostgreSQL::Test::Cluster::get_free_port() }
-  qw(mx plain hang_accept hang_tempfail garbage_accept garbage_tempfail closing rspamd);
+  qw(mx plain connect_reject hang_accept hang_tempfail garbage_accept garbage_tempfail closing rspamd);
 my $conf = "$tmp/pepsi.conf";
 my $listener = sub {
 	my ($name, $milters) = @_;
@@ -111,6 +115,7 @@ TRUSTED_NETWORKS = 127.0.0.0/8
 CONF
 	  . $listener->('mx', "inet:127.0.0.1:$scripted")
 	  . $listener->('plain')
+	  . $listener->('connect_reject', "inet:127.0.0.1:$gatekeeper")
 	  . $listener->('hang_accept', "{ inet:127.0.0.1:$hanger, final_timeout=4s, default_action=accept }")
 	  . $listener->('hang_tempfail', "{ inet:127.0.0.1:$hanger, final_timeout = 4s }")
 	  . $listener->('garbage_accept', "{ inet:127.0.0.1:$bad, default_action=accept }")
@@ -181,6 +186,40 @@ ok(file_shows($log, qr/milter-reject: END-OF-MESSAGE from unknown\[127\.0\.0\.1\
 like(transaction('mx', subject => 'hello', rcpt => [ 'reject-bob@example.org' ]),
 	qr/^550 5\.1\.1 no such user reject-bob\@example\.org/, 'a recipient refused at RCPT: its reply');
 is(rows(), $before, 'and nothing is stored');
+
+#
+# Each step answered at its own SMTP step, as Postfix's smtpd_milters:
+# a sender refused at MAIL, one recipient refused at its RCPT while the
+# other is taken and stored, a client refused at CONNECT at its first
+# command.
+#
+{
+	my $c = SmtpClient->new($port{mx});
+	$c->command('EHLO client.test');
+	like($c->command('MAIL FROM:<reject-early@client.test>'),
+		qr/^550 5\.7\.1 sender reject-early\@client\.test refused by the scripted filter/,
+		'a filter rejecting the sender: answered to MAIL, before DATA');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^503 /, '... and no transaction was started');
+	like($c->command('MAIL FROM:<sender@client.test>'), qr/^250 /, 'another sender in the session is taken');
+	like($c->command('RCPT TO:<reject-dave@example.org>'), qr/^550 5\.1\.1 no such user reject-dave\@example\.org/,
+		'a filter rejecting one recipient: answered to its RCPT');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^250 /, '... another recipient is taken');
+	like($c->command('DATA'), qr/^354 /, '... and the transaction goes on to DATA');
+	$c->send("From: <sender\@client.test>\r\nTo: <alice\@example.org>\r\nSubject: steps\r\n\r\nHi.\r\n.\r\n");
+	my $stored = $c->reply(30);
+	like($stored, qr/^250 /, '... and its message is taken');
+	$c->command('QUIT');
+	$c->close;
+	my $r = row_of($stored);
+	is_deeply($r ? $r->{rcpt_to} : undef, ['alice@example.org'], 'stored for the taken recipient only')
+	  or diag $stored;
+
+	$c = SmtpClient->new($port{connect_reject});
+	like($c->command('EHLO client.test'), qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect by the scripted filter/,
+		'a filter rejecting at CONNECT: answered to the first command');
+	like($c->command('MAIL FROM:<sender@client.test>'), qr/^550 5\.7\.1 /, '... and to every command after it');
+	$c->close;
+}
 
 #
 # Edits and quarantine reach the stored row.
