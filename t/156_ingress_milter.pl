@@ -143,26 +143,32 @@ sub row_of
 	return $row ? $json->decode($row) : undef;
 }
 
-# A transaction up to its content, not yet ended.
+# A transaction up to its content, not yet ended; or the first refusal
+# of MAIL, RCPT or DATA, the filters answering each at its step.
 sub open_data
 {
 	my ($name, %m) = @_;
 	my $c = SmtpClient->new($port{$name});
 
 	$c->command('EHLO client.test');
-	$c->command('MAIL FROM:<' . ($m{from} // 'sender@client.test') . '>');
-	$c->command("RCPT TO:<$_>") for @{ $m{rcpt} // ['alice@example.org'] };
-	$c->command('DATA');
+	for my $command ('MAIL FROM:<' . ($m{from} // 'sender@client.test') . '>',
+		(map { "RCPT TO:<$_>" } @{ $m{rcpt} // ['alice@example.org'] }), 'DATA')
+	{
+		my $reply = $c->command($command);
+		next if $reply =~ /^[23]/;
+		$c->{refused} = $reply;
+		return $c;
+	}
 	$c->send("From: <sender\@client.test>\r\nTo: <alice\@example.org>\r\nSubject: $m{subject}\r\n"
 		  . "X-Remove: going\r\n\r\n" . ($m{body} // "Hello.\r\n") . ".\r\n");
 	return $c;
 }
 
-# A whole transaction; the reply to its content.
+# A whole transaction; the reply to its content, or the refusal before it.
 sub transaction
 {
 	my $c = open_data(@_);
-	my $reply = $c->reply(30);
+	my $reply = $c->{refused} // $c->reply(30);
 
 	$c->close;
 	return $reply;
@@ -190,8 +196,9 @@ is(rows(), $before, 'and nothing is stored');
 #
 # Each step answered at its own SMTP step, as Postfix's smtpd_milters:
 # a sender refused at MAIL, one recipient refused at its RCPT while the
-# other is taken and stored, a client refused at CONNECT at its first
-# command.
+# other is taken and stored, a client refused at CONNECT answered at its
+# MAIL (Postfix answers HELO and EHLO with 250 whatever a filter said at
+# CONNECT or HELO, but for 421, and the filter's reply to every MAIL).
 #
 {
 	my $c = SmtpClient->new($port{mx});
@@ -215,9 +222,13 @@ is(rows(), $before, 'and nothing is stored');
 	  or diag $stored;
 
 	$c = SmtpClient->new($port{connect_reject});
-	like($c->command('EHLO client.test'), qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect by the scripted filter/,
-		'a filter rejecting at CONNECT: answered to the first command');
-	like($c->command('MAIL FROM:<sender@client.test>'), qr/^550 5\.7\.1 /, '... and to every command after it');
+	like($c->command('EHLO client.test'), qr/^250[ -]/, 'a filter rejecting at CONNECT: EHLO still 250, as Postfix');
+	like($c->command('MAIL FROM:<sender@client.test>'),
+		qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect by the scripted filter/,
+		'... and its refusal answered to MAIL');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^503 /, '... so no transaction starts');
+	like($c->command('MAIL FROM:<other@client.test>'), qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect/,
+		'... and to every MAIL after it');
 	$c->close;
 }
 
