@@ -220,6 +220,13 @@ is(rows(), $before, 'and nothing is stored');
 	my $r = row_of($stored);
 	is_deeply($r ? $r->{rcpt_to} : undef, ['alice@example.org'], 'stored for the taken recipient only')
 	  or diag $stored;
+	# The filter's record of the message (written at its end of message).
+	my ($seen) = grep { ($_->{subject} // '') eq 'steps' } map { $json->decode($_) } split /\n/,
+	  slurp($scripted_log);
+	is_deeply($seen ? $seen->{rcpts} : undef, ['alice@example.org'],
+		'the filter was told of the message for the taken recipient');
+	is($seen ? $seen->{message_in_connection} : undef, 2,
+		'one filter connection for the session: the refused MAIL, SMFIC_ABORT, then this transaction');
 
 	$c = SmtpClient->new($port{connect_reject});
 	like($c->command('EHLO client.test'), qr/^250[ -]/, 'a filter rejecting at CONNECT: EHLO still 250, as Postfix');
