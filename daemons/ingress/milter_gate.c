@@ -269,7 +269,7 @@ gate_step_envelope(struct milter_gate *g, struct gate_step *step, const struct m
 		g->mail_from = xstrdup(step->text);
 		g->discard = false;
 		for (size_t i = 0; i < g->count; i++)
-			g->filters[i].transaction_done = false;
+			g->filters[i].transaction_done = g->filters[i].heard_mail = false;
 	}
 	step->result.outcome = MILTER_GATE_STORE;
 	if (g->discard)
@@ -314,6 +314,7 @@ gate_step_envelope(struct milter_gate *g, struct gate_step *step, const struct m
 			}
 			continue;
 		}
+		f->heard_mail |= mail;
 		if (o == MILTER_STEP_CONTINUE)
 		{
 			free(reply);
@@ -453,7 +454,8 @@ gate_step_message(struct milter_gate *g, struct gate_step *step, const struct mi
 			buf_free(&log);
 			return;
 		}
-		if (f->state != GATE_FILTER_ASKED || f->transaction_done || f->session == NULL)
+		/* a filter that did not hear this MAIL (its listener gained MILTERS since) hears no DATA */
+		if (f->state != GATE_FILTER_ASKED || f->transaction_done || f->session == NULL || !f->heard_mail)
 			continue;
 		o = milter_filter_session_message(f->session, macros, &step->m, &v, &reply);
 		if (o == MILTER_STEP_ERROR)

@@ -28,6 +28,7 @@ struct gate_filter
 	enum gate_filter_state		  state;
 	char						 *refusal;
 	bool						  transaction_done; /* accepted this transaction at MAIL or RCPT */
+	bool						  heard_mail;		/* this transaction's MAIL went to it */
 };
 
 enum gate_step_kind
