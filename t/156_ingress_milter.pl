@@ -86,13 +86,17 @@ my $scripted = start_server('scripted-milter',
 # The filter the hanging listeners ask, apart: another instance of the scripted filter.
 my $hanger = start_server('scripted-milter',
 	sub { ('/usr/bin/python3', "$here/bin/scripted-milter", $_[0], "$tmp/hanger.jsonl") })->{port};
+# A third instance refuses every client at CONNECT.
+my $gatekeeper = start_server('scripted-milter',
+	sub { ('/usr/bin/python3', "$here/bin/scripted-milter", $_[0], "$tmp/gatekeeper.jsonl", 'reject-connect') })
+  ->{port};
 my $bad = start_server('bad-milter',
 	sub { ('/usr/bin/python3', "$here/bin/bad-milter", $_[0], "$tmp/bad.log", 'malformed') })->{port};
 my $closing = start_server('bad-milter',
 	sub { ('/usr/bin/python3', "$here/bin/bad-milter", $_[0], "$tmp/closing.log", 'close-mid') })->{port};
 
 my %port = map { $_ => PostgreSQL::Test::Cluster::get_free_port() }
-  qw(mx plain hang_accept hang_tempfail garbage_accept garbage_tempfail closing rspamd);
+  qw(mx plain connect_reject hang_accept hang_tempfail garbage_accept garbage_tempfail closing rspamd);
 my $conf = "$tmp/pepsi.conf";
 my $listener = sub {
 	my ($name, $milters) = @_;
@@ -111,6 +115,7 @@ TRUSTED_NETWORKS = 127.0.0.0/8
 CONF
 	  . $listener->('mx', "inet:127.0.0.1:$scripted")
 	  . $listener->('plain')
+	  . $listener->('connect_reject', "inet:127.0.0.1:$gatekeeper")
 	  . $listener->('hang_accept', "{ inet:127.0.0.1:$hanger, final_timeout=4s, default_action=accept }")
 	  . $listener->('hang_tempfail', "{ inet:127.0.0.1:$hanger, final_timeout = 4s }")
 	  . $listener->('garbage_accept', "{ inet:127.0.0.1:$bad, default_action=accept }")
@@ -138,26 +143,32 @@ sub row_of
 	return $row ? $json->decode($row) : undef;
 }
 
-# A transaction up to its content, not yet ended.
+# A transaction up to its content, not yet ended; or the first refusal
+# of MAIL, RCPT or DATA, the filters answering each at its step.
 sub open_data
 {
 	my ($name, %m) = @_;
 	my $c = SmtpClient->new($port{$name});
 
 	$c->command('EHLO client.test');
-	$c->command('MAIL FROM:<' . ($m{from} // 'sender@client.test') . '>');
-	$c->command("RCPT TO:<$_>") for @{ $m{rcpt} // ['alice@example.org'] };
-	$c->command('DATA');
+	for my $command ('MAIL FROM:<' . ($m{from} // 'sender@client.test') . '>',
+		(map { "RCPT TO:<$_>" } @{ $m{rcpt} // ['alice@example.org'] }), 'DATA')
+	{
+		my $reply = $c->command($command);
+		next if $reply =~ /^[23]/;
+		$c->{refused} = $reply;
+		return $c;
+	}
 	$c->send("From: <sender\@client.test>\r\nTo: <alice\@example.org>\r\nSubject: $m{subject}\r\n"
 		  . "X-Remove: going\r\n\r\n" . ($m{body} // "Hello.\r\n") . ".\r\n");
 	return $c;
 }
 
-# A whole transaction; the reply to its content.
+# A whole transaction; the reply to its content, or the refusal before it.
 sub transaction
 {
 	my $c = open_data(@_);
-	my $reply = $c->reply(30);
+	my $reply = $c->{refused} // $c->reply(30);
 
 	$c->close;
 	return $reply;
@@ -181,6 +192,52 @@ ok(file_shows($log, qr/milter-reject: END-OF-MESSAGE from unknown\[127\.0\.0\.1\
 like(transaction('mx', subject => 'hello', rcpt => [ 'reject-bob@example.org' ]),
 	qr/^550 5\.1\.1 no such user reject-bob\@example\.org/, 'a recipient refused at RCPT: its reply');
 is(rows(), $before, 'and nothing is stored');
+
+#
+# Each step answered at its own SMTP step, as Postfix's smtpd_milters:
+# a sender refused at MAIL, one recipient refused at its RCPT while the
+# other is taken and stored, a client refused at CONNECT answered at its
+# MAIL (Postfix answers HELO and EHLO with 250 whatever a filter said at
+# CONNECT or HELO, but for 421, and the filter's reply to every MAIL).
+#
+{
+	my $c = SmtpClient->new($port{mx});
+	$c->command('EHLO client.test');
+	like($c->command('MAIL FROM:<reject-early@client.test>'),
+		qr/^550 5\.7\.1 sender reject-early\@client\.test refused by the scripted filter/,
+		'a filter rejecting the sender: answered to MAIL, before DATA');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^503 /, '... and no transaction was started');
+	like($c->command('MAIL FROM:<sender@client.test>'), qr/^250 /, 'another sender in the session is taken');
+	like($c->command('RCPT TO:<reject-dave@example.org>'), qr/^550 5\.1\.1 no such user reject-dave\@example\.org/,
+		'a filter rejecting one recipient: answered to its RCPT');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^250 /, '... another recipient is taken');
+	like($c->command('DATA'), qr/^354 /, '... and the transaction goes on to DATA');
+	$c->send("From: <sender\@client.test>\r\nTo: <alice\@example.org>\r\nSubject: steps\r\n\r\nHi.\r\n.\r\n");
+	my $stored = $c->reply(30);
+	like($stored, qr/^250 /, '... and its message is taken');
+	$c->command('QUIT');
+	$c->close;
+	my $r = row_of($stored);
+	is_deeply($r ? $r->{rcpt_to} : undef, ['alice@example.org'], 'stored for the taken recipient only')
+	  or diag $stored;
+	# The filter's record of the message (written at its end of message).
+	my ($seen) = grep { ($_->{subject} // '') eq 'steps' } map { $json->decode($_) } split /\n/,
+	  slurp($scripted_log);
+	is_deeply($seen ? $seen->{rcpts} : undef, ['alice@example.org'],
+		'the filter was told of the message for the taken recipient');
+	is($seen ? $seen->{message_in_connection} : undef, 2,
+		'one filter connection for the session: the refused MAIL, SMFIC_ABORT, then this transaction');
+
+	$c = SmtpClient->new($port{connect_reject});
+	like($c->command('EHLO client.test'), qr/^250[ -]/, 'a filter rejecting at CONNECT: EHLO still 250, as Postfix');
+	like($c->command('MAIL FROM:<sender@client.test>'),
+		qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect by the scripted filter/,
+		'... and its refusal answered to MAIL');
+	like($c->command('RCPT TO:<alice@example.org>'), qr/^503 /, '... so no transaction starts');
+	like($c->command('MAIL FROM:<other@client.test>'), qr/^550 5\.7\.1 client 127\.0\.0\.1 refused at connect/,
+		'... and to every MAIL after it');
+	$c->close;
+}
 
 #
 # Edits and quarantine reach the stored row.

@@ -556,7 +556,12 @@ session_drain(struct milter_session *s, enum milter_verdict *verdict)
 		outcome = session_step_reply(s, &s->pending[i], &r, verdict);
 		buf_consume(&s->client->in, consumed);
 		if (outcome == MILTER_STEP_ERROR || outcome == MILTER_STEP_DONE)
+		{
+			/* what is left are the steps written after the decision, unanswered */
+			memmove(s->pending, s->pending + i + 1, (s->npending - i - 1) * sizeof(*s->pending));
+			s->npending -= i + 1;
 			return outcome;
+		}
 	}
 	s->npending = 0;
 	return outcome;
@@ -874,6 +879,19 @@ milter_session_begin(struct milter_session *s, const char *client_key)
 	free(f->session_key);
 	f->session_key = xstrdup(client_key);
 	return MILTER_STEP_CONTINUE;
+}
+
+void
+milter_session_next_transaction(struct milter_session *s, bool tell_filter)
+{
+	if (tell_filter)
+		milter_encode(&s->out, MILTER_CMD_ABORT, NULL, 0);
+	free(s->reply);
+	s->reply = NULL;
+	buf_reset(&s->edits);
+	s->nedits = 0;
+	s->completed = false;
+	s->npending = 0;
 }
 
 void

@@ -162,6 +162,14 @@ enum milter_step milter_session_final_reply(struct milter_session *s, enum milte
 bool milter_session_next_edit(const struct milter_session *s, size_t *at, struct milter_reply *edit);
 
 /*
+ * The transaction is over, for a caller holding one conversation per SMTP
+ * session: what it kept of it (the reply, the edits) is dropped, and
+ * SMFIC_ABORT goes out with the next step when tell_filter (the filter is
+ * inside a transaction it did not see to its end of message).
+ */
+void milter_session_next_transaction(struct milter_session *s, bool tell_filter);
+
+/*
  * After the steps: a conversation that ended with a verdict before the
  * filter let the message through to its end is closed politely (the
  * connection is opened again for the next message); only a filter that

@@ -20,7 +20,8 @@ struct filter_walk
 {
 	struct milter_message			 *m;
 	const struct milter_macro_source *source;
-	const char						 *filter; /* its name, for the recipients it refuses */
+	const char						 *filter;	 /* its name, for the recipients it refuses */
+	const char						 *mail_from; /* the {mail_addr} macro */
 };
 
 /* A string of state.origin, or NULL. */
@@ -82,7 +83,7 @@ filter_macro_value(void *arg, const char *name, const char *rcpt, char *scratch,
 	if (strcmp(name, "cipher_bits") == 0)
 		return origin_tls_string(src, "bits", scratch, len);
 	if (strcmp(name, "mail_addr") == 0)
-		return w->m->mail_from;
+		return w->mail_from;
 	if (strcmp(name, "rcpt_addr") == 0)
 		return rcpt;
 	return NULL;
@@ -152,9 +153,12 @@ filter_apply_edits(struct milter_session *s, struct milter_message *m)
 		}
 }
 
-/* The content: DATA, the headers, the body, end of message and its edits. */
+/*
+ * The content: DATA, the headers, the body, end of message and its edits.
+ * *ended: the filter gave its final reply (the transaction is over for it).
+ */
 static enum milter_step
-filter_content(struct milter_session *s, struct milter_message *m, enum milter_verdict *verdict)
+filter_content(struct milter_session *s, struct milter_message *m, enum milter_verdict *verdict, bool *ended)
 {
 	bool			 leadspc = (milter_client_protocol(s->client) & MILTER_PROTO_HDR_LEADSPC) != 0;
 	enum milter_step o;
@@ -192,6 +196,7 @@ filter_content(struct milter_session *s, struct milter_message *m, enum milter_v
 		return MILTER_STEP_DONE;
 	}
 	o = milter_session_final_reply(s, verdict);
+	*ended = o == MILTER_STEP_DONE;
 	if (o == MILTER_STEP_DONE && *verdict == MILTER_VERDICT_ACCEPT)
 		filter_apply_edits(s, m);
 	return o;
@@ -233,7 +238,7 @@ filter_walk(struct milter_session *s, void *arg, enum milter_verdict *verdict)
 		*verdict = MILTER_VERDICT_ACCEPT;
 		return MILTER_STEP_DONE;
 	}
-	return filter_content(s, w->m, verdict);
+	return filter_content(s, w->m, verdict, &(bool){false});
 }
 
 /* What CONNECT and HELO said about the client: its address, name, listener, account, TLS. */
@@ -258,7 +263,7 @@ milter_filter_run(struct milter_client *c, struct milter_message *m,
 				  const struct milter_macro_source *macros, const struct milter_timeouts *timeouts,
 				  char **reply)
 {
-	struct filter_walk			w = {.m = m, .source = macros, .filter = milter_client_name(c)};
+	struct filter_walk			w = {.m = m, .source = macros, .filter = milter_client_name(c), .mail_from = m->mail_from};
 	struct milter_session_calls calls = {
 		.macro_value = filter_macro_value, .rcpt_refused = filter_rcpt_refused, .arg = &w};
 	struct milter_session s;
@@ -270,4 +275,179 @@ milter_filter_run(struct milter_client *c, struct milter_message *m,
 	milter_session_free(&s);
 	free(key);
 	return verdict;
+}
+
+/*
+ * One filter over one SMTP session: the walk's macros and its recipient
+ * refusals come from the step being taken, not from a stored row.
+ */
+struct milter_filter_session
+{
+	struct milter_client	   *client;
+	struct milter_timeouts		timeouts;
+	struct milter_session		s;
+	struct milter_session_calls calls;
+	struct filter_walk			w;
+	bool						opened;
+	bool						in_transaction; /* MAIL sent, no final reply yet */
+	bool						unfinished;		/* a verdict within the content left commands unanswered */
+	bool						rcpt_refused;	/* the RCPT step's refusal, from the walk's callback */
+	enum milter_verdict			rcpt_verdict;
+	char					   *rcpt_reply;
+};
+
+static void
+session_rcpt_refused(void *arg, size_t index, enum milter_verdict verdict, char *reply)
+{
+	struct milter_filter_session *fs = arg;
+
+	(void) index;
+	free(fs->rcpt_reply);
+	fs->rcpt_refused = true;
+	fs->rcpt_verdict = verdict;
+	fs->rcpt_reply = reply;
+}
+
+static const char *
+session_macro_value(void *arg, const char *name, const char *rcpt, char *scratch, size_t len)
+{
+	struct milter_filter_session *fs = arg;
+
+	return filter_macro_value(&fs->w, name, rcpt, scratch, len);
+}
+
+struct milter_filter_session *
+milter_filter_session_new(const char *address, const struct milter_timeouts *timeouts, char *err, size_t errlen)
+{
+	struct milter_client		 *c = milter_client_new(address, err, errlen);
+	struct milter_filter_session *fs;
+
+	if (c == NULL)
+		return NULL;
+	fs = xcalloc(1, sizeof(*fs));
+	fs->client = c;
+	fs->timeouts = *timeouts;
+	fs->calls = (struct milter_session_calls){
+		.macro_value = session_macro_value, .rcpt_refused = session_rcpt_refused, .arg = fs};
+	fs->w.filter = milter_client_name(c);
+	milter_session_init(&fs->s, c, &fs->timeouts, &fs->calls);
+	return fs;
+}
+
+void
+milter_filter_session_free(struct milter_filter_session *fs)
+{
+	if (fs == NULL)
+		return;
+	milter_session_free(&fs->s);
+	milter_client_free(fs->client);
+	free(fs->rcpt_reply);
+	free(fs);
+}
+
+/* The step written: its reply read, and what it says. */
+static enum milter_step
+session_answer(struct milter_filter_session *fs, enum milter_step o, enum milter_verdict *verdict, char **reply)
+{
+	*reply = NULL;
+	if (o == MILTER_STEP_CONTINUE)
+		o = milter_session_replies(&fs->s, verdict);
+	if (o == MILTER_STEP_CONTINUE && fs->rcpt_refused)
+	{
+		o = MILTER_STEP_DONE;
+		*verdict = fs->rcpt_verdict;
+		*reply = fs->rcpt_reply;
+		fs->rcpt_reply = NULL;
+	}
+	fs->rcpt_refused = false;
+	if (o == MILTER_STEP_DONE && *reply == NULL && fs->s.reply)
+	{
+		*reply = fs->s.reply;
+		fs->s.reply = NULL;
+	}
+	if (o == MILTER_STEP_ERROR)
+		*reply = xstrdup(fs->s.err[0] ? fs->s.err : "the filter failed");
+	return o;
+}
+
+enum milter_step
+milter_filter_session_connect(struct milter_filter_session *fs, const struct milter_macro_source *macros,
+							  enum milter_verdict *verdict, char **reply)
+{
+	const char		*ip = origin_string(macros, "client_ip");
+	char			*hostname = ip ? xasprintf("[%s]", ip) : xstrdup("localhost");
+	enum milter_step o;
+
+	fs->w.source = macros;
+	/* a fresh connection: CONNECT and HELO are this session's */
+	o = milter_session_begin(&fs->s, "session");
+	fs->opened = o == MILTER_STEP_CONTINUE;
+	if (o == MILTER_STEP_CONTINUE)
+		o = milter_session_connect(&fs->s, hostname, ip, 0);
+	free(hostname);
+	return session_answer(fs, o, verdict, reply);
+}
+
+enum milter_step
+milter_filter_session_helo(struct milter_filter_session *fs, const struct milter_macro_source *macros,
+						   const char *helo, enum milter_verdict *verdict, char **reply)
+{
+	fs->w.source = macros;
+	return session_answer(fs, milter_session_helo(&fs->s, helo), verdict, reply);
+}
+
+enum milter_step
+milter_filter_session_mail(struct milter_filter_session *fs, const struct milter_macro_source *macros,
+						   const char *mail_from, const char *const *esmtp, size_t nesmtp,
+						   enum milter_verdict *verdict, char **reply)
+{
+	enum milter_step o;
+
+	milter_session_next_transaction(&fs->s, fs->in_transaction);
+	fs->in_transaction = true;
+	fs->w.source = macros;
+	fs->w.mail_from = mail_from;
+	o = session_answer(fs, milter_session_mail(&fs->s, mail_from, esmtp, nesmtp), verdict, reply);
+	fs->w.mail_from = NULL;
+	return o;
+}
+
+enum milter_step
+milter_filter_session_rcpt(struct milter_filter_session *fs, const struct milter_macro_source *macros,
+						   const char *mail_from, const char *address, enum milter_verdict *verdict,
+						   char **reply)
+{
+	enum milter_step o;
+
+	fs->w.source = macros;
+	fs->w.mail_from = mail_from;
+	o = session_answer(fs, milter_session_rcpt(&fs->s, address, 0), verdict, reply);
+	fs->w.mail_from = NULL;
+	return o;
+}
+
+enum milter_step
+milter_filter_session_message(struct milter_filter_session *fs, const struct milter_macro_source *macros,
+							  struct milter_message *m, enum milter_verdict *verdict, char **reply)
+{
+	bool			 ended = false;
+	enum milter_step o;
+
+	fs->w.source = macros;
+	fs->w.m = m;
+	fs->w.mail_from = m->mail_from;
+	o = filter_content(&fs->s, m, verdict, &ended);
+	fs->w.m = NULL;
+	fs->w.mail_from = NULL;
+	if (ended)
+		fs->in_transaction = false;
+	fs->unfinished = !ended;
+	return session_answer(fs, o, verdict, reply);
+}
+
+bool
+milter_filter_session_reusable(const struct milter_filter_session *fs)
+{
+	/* a verdict before end of message leaves commands unanswered: the filter is asked afresh */
+	return !fs->unfinished;
 }

@@ -133,4 +133,44 @@ enum milter_verdict milter_filter_run(struct milter_client *c, struct milter_mes
 									  const struct milter_macro_source *macros,
 									  const struct milter_timeouts *timeouts, char **reply);
 
+/*
+ * One filter over one SMTP session (pepsi-ingress's before-queue
+ * filtering): one connection, each step taken as the client gives its
+ * command and its reply read before the client is answered, as Postfix's
+ * smtpd_milters.  Each step returns MILTER_STEP_CONTINUE (go on),
+ * MILTER_STEP_DONE with *verdict (accept: the filter is done with this
+ * connection or transaction; reject or tempfail with the filter's *reply;
+ * discard) or MILTER_STEP_ERROR (*reply says why).  A refusal at RCPT
+ * refuses that recipient only.  A new MAIL ends the previous transaction
+ * (SMFIC_ABORT when the filter did not see it to its end).  Freeing says
+ * QUIT.  The macros' strings must live through the step.
+ */
+struct milter_filter_session;
+
+struct milter_filter_session *milter_filter_session_new(const char					 *address,
+														const struct milter_timeouts *timeouts,
+														char *err, size_t errlen);
+void						  milter_filter_session_free(struct milter_filter_session *fs);
+/* Connect, negotiate, and CONNECT with client_ip of macros->origin. */
+enum milter_step milter_filter_session_connect(struct milter_filter_session		*fs,
+											   const struct milter_macro_source *macros,
+											   enum milter_verdict *verdict, char **reply);
+enum milter_step milter_filter_session_helo(struct milter_filter_session	 *fs,
+											const struct milter_macro_source *macros, const char *helo,
+											enum milter_verdict *verdict, char **reply);
+enum milter_step milter_filter_session_mail(struct milter_filter_session	 *fs,
+											const struct milter_macro_source *macros, const char *mail_from,
+											const char *const *esmtp, size_t nesmtp,
+											enum milter_verdict *verdict, char **reply);
+enum milter_step milter_filter_session_rcpt(struct milter_filter_session	 *fs,
+											const struct milter_macro_source *macros, const char *mail_from,
+											const char *address, enum milter_verdict *verdict, char **reply);
+/* DATA to end of message; the filter's edits applied to m when it lets the message go on. */
+enum milter_step milter_filter_session_message(struct milter_filter_session		*fs,
+											   const struct milter_macro_source *macros,
+											   struct milter_message *m, enum milter_verdict *verdict,
+											   char **reply);
+/* False when a verdict left commands unanswered: the connection must be opened afresh. */
+bool milter_filter_session_reusable(const struct milter_filter_session *fs);
+
 #endif

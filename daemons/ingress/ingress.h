@@ -125,6 +125,9 @@ void session_screen_violation(const struct smtp_session *smtp, enum smtp_violati
 enum smtp_screen_verdict session_greylist(const struct smtp_session *smtp, const char *address,
 										  char *reply, size_t size);
 /* session_account.c: policy.rcpt_gate (greylisting, send limits) and policy.mail_gate. */
+/* session_milter.c: the policy's hooks for a listener with MILTERS. */
+void					 session_milter_helo(const struct smtp_session *smtp);
+bool					 session_milter_envelope(const struct smtp_session *smtp, bool mail, const char *address);
 enum smtp_screen_verdict session_rcpt_gate(const struct smtp_session *smtp, const char *address,
 										   char *reply, size_t size);
 enum smtp_screen_verdict session_mail_gate(const struct smtp_session *smtp, const char *address,

@@ -104,6 +104,8 @@ listener_limits_apply(const struct pepsi_config *cfg, const char *section, struc
 		snprintf(err, errlen, "%s: [%s] %s", cfg->path, section, problem);
 		return false;
 	}
+	l->policy.helo_accepted = l->milters.count ? session_milter_helo : NULL;
+	l->policy.milter_envelope = l->milters.count ? session_milter_envelope : NULL;
 	return true;
 }
 
@@ -617,6 +619,7 @@ pepsi_ingress_main(int argc, char **argv)
 	ingress_check_keys_readable();
 
 	ingress.loop = EV_DEFAULT;
+	milter_gate_init(ingress.loop, (size_t) config_int(ingress.cfg, "ingress", "MILTER_THREADS"));
 	admit_init(ingress.loop, ingress.cfg, &admit_options);
 	verify_init(ingress.loop, ingress.cfg);
 	ingress_session_checks_start();

@@ -86,6 +86,7 @@ static const struct
 	{"ingress", "DNS_MESSAGE_BUDGET"},
 	{"ingress", "DNS_PROBE_INTERVAL"},
 	{"ingress", "LOCAL_RECIPIENTS_REFRESH"},
+	{"ingress", "MILTER_THREADS"},
 	{"srs", "*"},
 };
 

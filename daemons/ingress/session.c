@@ -94,7 +94,7 @@ session_close(struct session *s)
 	if (s->admission)
 		admit_detach(s->admission);
 	auth_worker_cancel(s->auth_job);
-	milter_gate_cancel(s->milter_job);
+	milter_gate_close(s->milters);
 	free(s->quarantine);
 	free(s->quarantine_filter);
 	ev_timer_stop(ingress.loop, &s->auth_delay);
@@ -471,7 +471,7 @@ session_admit(struct session *s)
 		smtp_admit_refused(&s->smtp, refusal);
 		return;
 	}
-	if (s->listener->milters.count > 0)
+	if (s->milters || s->listener->milters.count > 0)
 	{
 		session_milter_start(s);
 		return;
@@ -536,6 +536,8 @@ session_process(struct session *s, const char *data, size_t len)
 			case SMTP_EVENT_SCREEN:
 				session_screen_wait(s);
 				return used;
+			case SMTP_EVENT_MILTER:
+				return used; /* the filters' answer resumes the session */
 		}
 	}
 }
@@ -926,6 +928,7 @@ session_accept(struct listener *l, int fd, const struct sockaddr *addr)
 	session_list = s;
 
 	session_screen_start(s, addr);
+	session_milter_open(s);
 	if (l->mode == LISTENER_SMTPS)
 	{
 		session_start_tls(s);

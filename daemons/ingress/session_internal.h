@@ -41,53 +41,54 @@ struct client
 
 struct session
 {
-	struct smtp_session		smtp;
-	struct listener		   *listener;
-	struct client		   *client;
-	char					ip[INET6_ADDRSTRLEN]; /* the client's address */
-	int						fd;
-	SSL					   *ssl;
-	enum session_io			io_state;
-	int						tls_events;		  /* what the TLS library waits for */
-	bool					starttls_pending; /* handshake once the 220 is out */
-	bool					closing;		  /* close once the output is written */
-	ev_io					io;
-	ev_timer				timer;
-	ev_timer				guard; /* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
-	ev_tstamp				started;
-	ev_tstamp				content_started; /* when DATA or the first BDAT began; 0 outside */
-	size_t					content_octets;	 /* octets read since */
-	ev_tstamp				last_command;
-	struct buf				in; /* input not yet used: a partial line, or after an event */
-	struct admission	   *admission;
-	struct auth_job		   *auth_job;		   /* a password being checked */
-	ev_timer				auth_delay;		   /* a failed AUTH's answer, held back */
-	bool					auth_close;		   /* ... and it closes the session (421) */
-	struct verify		   *verify;			   /* message authentication; NULL when the listener has it off */
-	bool					trusted;		   /* the client is in TRUSTED_NETWORKS */
-	struct screen		   *screen;			   /* DNSBL and pre-greeting verdict; NULL: not screened */
-	ev_timer				pregreet;		   /* the banner held back (PREGREET_WAIT) */
-	bool					greet_pending;	   /* ... and not sent yet */
-	struct db_query		   *greylist_query;	   /* pepsi.greylist_check in flight */
-	char				   *greylist_address;  /* the recipient it was asked about */
-	bool					greylist_answered; /* ... and its answer is in: */
-	bool					greylist_pass;
-	struct db_query		   *login_query; /* the account's addresses (sender_login.h) being read */
-	bool					logins_loaded;
-	char				  **logins; /* ... and what they are */
-	size_t					nlogins;
-	struct db_query		   *quota_query; /* pepsi.send_count_take in flight */
-	char				   *quota_address;
-	bool					quota_answered;
-	bool					quota_pass;
-	char					queue_id[QUEUE_ID_LEN + 1]; /* of the message being admitted */
-	bool					queue_id_made;				/* ... made already, for the milters */
-	struct milter_gate_job *milter_job;					/* the listener's MILTERS asked (milter_gate.h) */
-	char				   *quarantine;					/* a milter's: the row is stored held, for this reason */
-	char				   *quarantine_filter;
-	char					client_name[256]; /* its client's verified name, or "" */
-	struct session		   *prev;
-	struct session		   *next;
+	struct smtp_session smtp;
+	struct listener	   *listener;
+	struct client	   *client;
+	char				ip[INET6_ADDRSTRLEN]; /* the client's address */
+	int					fd;
+	SSL				   *ssl;
+	enum session_io		io_state;
+	int					tls_events;		  /* what the TLS library waits for */
+	bool				starttls_pending; /* handshake once the 220 is out */
+	bool				closing;		  /* close once the output is written */
+	ev_io				io;
+	ev_timer			timer;
+	ev_timer			guard; /* SESSION_DEADLINE and MIN_DATA_RATE, checked every second */
+	ev_tstamp			started;
+	ev_tstamp			content_started; /* when DATA or the first BDAT began; 0 outside */
+	size_t				content_octets;	 /* octets read since */
+	ev_tstamp			last_command;
+	struct buf			in; /* input not yet used: a partial line, or after an event */
+	struct admission   *admission;
+	struct auth_job	   *auth_job;		   /* a password being checked */
+	ev_timer			auth_delay;		   /* a failed AUTH's answer, held back */
+	bool				auth_close;		   /* ... and it closes the session (421) */
+	struct verify	   *verify;			   /* message authentication; NULL when the listener has it off */
+	bool				trusted;		   /* the client is in TRUSTED_NETWORKS */
+	struct screen	   *screen;			   /* DNSBL and pre-greeting verdict; NULL: not screened */
+	ev_timer			pregreet;		   /* the banner held back (PREGREET_WAIT) */
+	bool				greet_pending;	   /* ... and not sent yet */
+	struct db_query	   *greylist_query;	   /* pepsi.greylist_check in flight */
+	char			   *greylist_address;  /* the recipient it was asked about */
+	bool				greylist_answered; /* ... and its answer is in: */
+	bool				greylist_pass;
+	struct db_query	   *login_query; /* the account's addresses (sender_login.h) being read */
+	bool				logins_loaded;
+	char			  **logins; /* ... and what they are */
+	size_t				nlogins;
+	struct db_query	   *quota_query; /* pepsi.send_count_take in flight */
+	char			   *quota_address;
+	bool				quota_answered;
+	bool				quota_pass;
+	char				queue_id[QUEUE_ID_LEN + 1]; /* of the message being admitted */
+	bool				queue_id_made;				/* ... made already, for the milters */
+	struct milter_gate *milters;					/* the conversation with the listener's MILTERS */
+	bool				milter_message;				/* ... which has the message */
+	char			   *quarantine;					/* a milter's: the row is stored held, for this reason */
+	char			   *quarantine_filter;
+	char				client_name[256]; /* its client's verified name, or "" */
+	struct session	   *prev;
+	struct session	   *next;
 };
 
 /* session.c: write what is queued (false: closed); read and process (false: closed); watch. */
@@ -110,7 +111,9 @@ void session_auth_answer_failure(struct ev_loop *loop, ev_timer *w, int revents)
 void session_screen_wait(struct session *s);
 /* session.c: the content passed the milters (or there are none): authenticate and store it. */
 void session_admit_content(struct session *s);
-/* session_milter.c: show the transaction to the listener's MILTERS, which answer it. */
+/* session_milter.c: the listener's MILTERS, told of the session's steps (milter_gate.h). */
+void session_milter_open(struct session *s);
+/* Show the transaction to the filters, which answer it. */
 void session_milter_start(struct session *s);
 
 #endif

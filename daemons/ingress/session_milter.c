@@ -1,11 +1,12 @@
 /*
- * session_milter.c: a session's transaction shown to its listener's
- * MILTERS before it is stored (Postfix's smtpd_milters).  The filters'
- * conversation runs off the event loop (milter_gate.c); their decision
- * comes back here, and is answered in the session (a refusal, a
- * temporary failure, a discard) or applied to what is stored (header
- * and body changes, sender and recipient changes, quarantine: the row
- * stored held).
+ * session_milter.c: a session's steps told to its listener's MILTERS
+ * (Postfix's smtpd_milters): CONNECT and HELO as they happen, each MAIL
+ * and RCPT held until the filters answered it, and the transaction
+ * before it is stored.  The conversation runs off the event loop
+ * (milter_gate.h); its answers come back here, and are answered in the
+ * session (a refusal, a temporary failure, a discard) or applied to what
+ * is stored (header and body changes, sender and recipient changes,
+ * quarantine: the row stored held).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -86,16 +87,17 @@ session_milter_apply(struct session *s, struct milter_gate_result *r)
 
 /* A refusal or a discard, in the line Postfix's smtpd writes for a milter's. */
 static void
-session_milter_log(const struct session *s, const char *action, const char *reply)
+session_milter_log(const struct session *s, const char *command, const char *action, const char *reply,
+				   const char *mail_from, const char *rcpt)
 {
 	struct reject_log line = {
-		.command = "END-OF-MESSAGE",
-		.queue_id = s->queue_id,
+		.command = command,
+		.queue_id = s->queue_id_made ? s->queue_id : NULL,
 		.client_name = s->client_name,
 		.client_ip = s->ip,
 		.reply = reply,
-		.mail_from = s->smtp.mail_from,
-		.rcpt_to = s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL,
+		.mail_from = mail_from,
+		.rcpt_to = rcpt,
 		.esmtp = s->smtp.esmtp,
 		.helo = s->smtp.helo,
 		.action = action,
@@ -104,23 +106,23 @@ session_milter_log(const struct session *s, const char *action, const char *repl
 	reject_log(&line);
 }
 
-/* The listener's MILTERS decided (milter_gate.c): answer in the session, or go on to store. */
+/* The listener's MILTERS decided on the message: answer in the session, or go on to store. */
 static void
-session_milter_done(void *arg, struct milter_gate_result *r)
+session_milter_done(struct session *s, struct milter_gate_result *r)
 {
-	struct session *s = arg;
+	const char *rcpt = s->smtp.nrcpt ? s->smtp.rcpt[0].address : NULL;
 
-	s->milter_job = NULL;
 	ev_timer_again(ingress.loop, &s->timer);
 	switch (r->outcome)
 	{
 		case MILTER_GATE_REFUSE:
-			session_milter_log(s, "milter-reject", r->reply);
+			session_milter_log(s, "END-OF-MESSAGE", "milter-reject", r->reply, s->smtp.mail_from, rcpt);
 			s->queue_id_made = false;
 			smtp_admit_refused(&s->smtp, r->reply);
 			break;
 		case MILTER_GATE_DISCARD:
-			session_milter_log(s, "milter-discard", "milter triggers DISCARD action");
+			session_milter_log(s, "END-OF-MESSAGE", "milter-discard", "milter triggers DISCARD action",
+							   s->smtp.mail_from, rcpt);
 			s->queue_id_made = false;
 			smtp_admit_done(&s->smtp, true, s->queue_id);
 			break;
@@ -129,7 +131,8 @@ session_milter_done(void *arg, struct milter_gate_result *r)
 			if (s->smtp.nrcpt == 0)
 			{
 				/* Every recipient deleted: nothing to deliver, as a discard. */
-				session_milter_log(s, "milter-discard", "the milters deleted every recipient");
+				session_milter_log(s, "END-OF-MESSAGE", "milter-discard", "the milters deleted every recipient",
+								   s->smtp.mail_from, NULL);
 				s->queue_id_made = false;
 				smtp_admit_done(&s->smtp, true, s->queue_id);
 				break;
@@ -143,17 +146,90 @@ session_milter_done(void *arg, struct milter_gate_result *r)
 		session_update(s);
 }
 
-/* The listener's MILTERS have the transaction now (milter_gate.c); session_milter_done answers. */
+/* The filters answered the held MAIL or RCPT. */
+static void
+session_milter_envelope_done(struct session *s, struct milter_gate_result *r)
+{
+	bool		mail = s->smtp.milter_held_mail;
+	const char *address = s->smtp.milter_held_address;
+
+	if (s->smtp.event != SMTP_EVENT_MILTER)
+		return; /* cannot happen: nothing was held */
+	if (r->outcome == MILTER_GATE_REFUSE)
+		session_milter_log(s, mail ? "MAIL" : "RCPT", "milter-reject", r->reply,
+						   mail ? address : s->smtp.mail_from, mail ? NULL : address);
+	smtp_milter_done(&s->smtp, r->outcome == MILTER_GATE_REFUSE ? r->reply : NULL);
+	if (s->smtp.event == SMTP_EVENT_CLOSE)
+		s->closing = true;
+	if (session_flush(s) && session_read(s))
+		session_update(s);
+}
+
+static void
+session_milter_answer(void *arg, struct milter_gate_result *r)
+{
+	struct session *s = arg;
+
+	if (s->milter_message)
+	{
+		s->milter_message = false;
+		session_milter_done(s, r);
+	}
+	else
+		session_milter_envelope_done(s, r);
+}
+
+/* The conversation with the listener's filters, CONNECT sent; false when it has none. */
+static bool
+session_milter_ensure(struct session *s)
+{
+	struct milter_gate_client client = {.ip = s->ip, .listener = s->listener->name, .hostname = ingress.hostname};
+
+	if (s->milters == NULL && s->listener->milters.count > 0)
+		s->milters = milter_gate_open(&s->listener->milters, &client, session_milter_answer, s);
+	return s->milters != NULL;
+}
+
+void
+session_milter_open(struct session *s)
+{
+	session_milter_ensure(s);
+}
+
+void
+session_milter_helo(const struct smtp_session *smtp)
+{
+	struct session *s = smtp->host;
+
+	if (session_milter_ensure(s))
+		milter_gate_helo(s->milters, smtp);
+}
+
+bool
+session_milter_envelope(const struct smtp_session *smtp, bool mail, const char *address)
+{
+	struct session *s = smtp->host;
+
+	if (!session_milter_ensure(s))
+		return false;
+	milter_gate_envelope(s->milters, smtp, address, mail);
+	return true;
+}
+
+/* The listener's MILTERS have the transaction now; session_milter_done answers. */
 void
 session_milter_start(struct session *s)
 {
-	struct milter_gate_client client = {
-		.ip = s->ip, .listener = s->listener->name, .hostname = ingress.hostname, .queue_id = s->queue_id};
-
 	/* The message's name from here on: the milters' i macro, then its row's. */
 	queue_id_make(ingress.queue_id_host, s->queue_id);
 	s->queue_id_made = true;
+	if (!session_milter_ensure(s))
+	{
+		session_admit_content(s); /* cannot happen: the session asks only with filters */
+		return;
+	}
 	/* The filters have it now: the client's silence is not its fault (bounded by their timeouts). */
 	ev_timer_stop(ingress.loop, &s->timer);
-	s->milter_job = milter_gate_start(ingress.loop, &s->listener->milters, &s->smtp, &client, session_milter_done, s);
+	s->milter_message = true;
+	milter_gate_message(s->milters, &s->smtp, s->queue_id);
 }

@@ -189,6 +189,9 @@ smtp_free(struct smtp_session *s)
 	smtp_reset_transaction(s);
 	free(s->helo);
 	free(s->screen_held);
+	free(s->milter_held_address);
+	free(s->milter_held_notify);
+	free(s->milter_held_orcpt);
 	free(s->auth_account);
 	smtp_wipe(&s->auth_user);
 	smtp_wipe(&s->auth_password);

@@ -112,6 +112,14 @@ struct smtp_policy
 	/* Optional, asked for an authenticated session's sender at MAIL (not <>), as rcpt_gate. */
 	enum smtp_screen_verdict (*mail_gate)(const struct smtp_session *s, const char *address,
 										  char *reply, size_t size);
+	/*
+	 * Optional (a listener's MILTERS, milter_gate.h): told of each HELO or
+	 * EHLO answered, and asked of each MAIL and RCPT that passed every
+	 * other check.  True when the command waits for the filters:
+	 * SMTP_EVENT_MILTER is raised and smtp_milter_done answers it.
+	 */
+	void (*helo_accepted)(const struct smtp_session *s);
+	bool (*milter_envelope)(const struct smtp_session *s, bool mail, const char *address);
 	/* Optional, asked first: the SRS reverse path, a bounce relayed back to its sender. */
 	enum smtp_srs_verdict (*srs_reverse)(const struct smtp_session *s, char *address, size_t size);
 };
@@ -136,7 +144,8 @@ enum smtp_event
 	SMTP_EVENT_AUTH,	 /* check auth_user/auth_password: smtp_auth_done */
 	SMTP_EVENT_MESSAGE,	 /* admit the transaction: smtp_admit_done */
 	SMTP_EVENT_CLOSE,	 /* flush the output and close */
-	SMTP_EVENT_SCREEN	 /* the client's verdict is not in yet: smtp_screen_done */
+	SMTP_EVENT_SCREEN,	 /* the client's verdict is not in yet: smtp_screen_done */
+	SMTP_EVENT_MILTER	 /* the filters have the MAIL or RCPT: smtp_milter_done */
 };
 
 enum smtp_body
@@ -206,6 +215,12 @@ struct smtp_session
 	char				*screen_held;	   /* the MAIL or RCPT argument waiting for its verdict */
 	bool				 screen_held_mail; /* ... MAIL's */
 	enum smtp_state		 screen_resume;	   /* the state it was given in */
+	/* A MAIL or RCPT the filters have (SMTP_EVENT_MILTER), parsed and checked */
+	bool			milter_held_mail;
+	char		   *milter_held_address;
+	char		   *milter_held_notify;
+	char		   *milter_held_orcpt;
+	enum smtp_state milter_resume;
 
 	/* AUTH in progress */
 	enum
@@ -267,6 +282,8 @@ void smtp_message_handed_over(struct smtp_session *s);
 void smtp_tls_started(struct smtp_session *s, const struct smtp_tls_info *info);
 /* SMTP_EVENT_SCREEN answered: the held RCPT is answered now. */
 void smtp_screen_done(struct smtp_session *s);
+/* SMTP_EVENT_MILTER answered: the held MAIL or RCPT is taken (refusal NULL) or refused with it. */
+void smtp_milter_done(struct smtp_session *s, const char *refusal);
 void smtp_auth_done(struct smtp_session *s, bool ok);
 /* AUTH answered without a check (reply, e.g. 454), or with no reply before smtp_close. */
 void smtp_auth_refused(struct smtp_session *s, const char *reply);

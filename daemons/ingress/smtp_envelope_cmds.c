@@ -52,6 +52,8 @@ smtp_cmd_helo(struct smtp_session *s, char *arg, bool esmtp)
 	s->helo = xstrdup(arg);
 	s->esmtp = esmtp;
 	s->state = SMTP_STATE_IDLE;
+	if (p->helo_accepted)
+		p->helo_accepted(s);
 	if (!esmtp)
 	{
 		smtp_reply(s, "250 %s", p->hostname);
@@ -186,6 +188,75 @@ smtp_mail_gate_allows(struct smtp_session *s, const char *address, const char *o
 	return false;
 }
 
+/* The filters have the MAIL or RCPT (SMTP_EVENT_MILTER): smtp_milter_done answers it. */
+static void
+smtp_milter_hold(struct smtp_session *s, bool mail, const char *address, char *notify, char *orcpt)
+{
+	s->milter_held_mail = mail;
+	s->milter_held_address = xstrdup(address);
+	s->milter_held_notify = notify;
+	s->milter_held_orcpt = orcpt;
+	s->milter_resume = s->state;
+	s->state = SMTP_STATE_WAIT;
+	s->event = SMTP_EVENT_MILTER;
+}
+
+static void
+smtp_mail_taken(struct smtp_session *s, const char *path)
+{
+	s->mail_from = xstrdup(path);
+	s->state = SMTP_STATE_MAIL;
+	if (s->policy->mail_accepted)
+		s->policy->mail_accepted(s);
+	smtp_reply(s, "250 2.1.0 Sender ok");
+}
+
+static void
+smtp_rcpt_taken(struct smtp_session *s, const char *path, char *notify, char *orcpt)
+{
+	struct smtp_recipient *r;
+
+	s->rcpt = xrealloc(s->rcpt, (s->nrcpt + 1) * sizeof(*s->rcpt));
+	r = &s->rcpt[s->nrcpt++];
+	r->address = xstrdup(path);
+	r->notify = notify;
+	r->orcpt = orcpt;
+	s->state = SMTP_STATE_RCPT;
+	smtp_reply(s, "250 2.1.5 Recipient ok");
+}
+
+void
+smtp_milter_done(struct smtp_session *s, const char *refusal)
+{
+	char *address = s->milter_held_address;
+	char *notify = s->milter_held_notify;
+	char *orcpt = s->milter_held_orcpt;
+
+	s->milter_held_address = s->milter_held_notify = s->milter_held_orcpt = NULL;
+	s->event = SMTP_EVENT_NONE;
+	s->state = s->milter_resume;
+	if (refusal && strncmp(refusal, "421", 3) == 0)
+	{
+		/* Postfix's smtpd: a filter's 421 ends the session */
+		smtp_close(s, refusal);
+		free(notify);
+		free(orcpt);
+	}
+	else if (refusal)
+	{
+		if (s->milter_held_mail)
+			smtp_reset_transaction(s);
+		smtp_reply(s, "%s", refusal);
+		free(notify);
+		free(orcpt);
+	}
+	else if (s->milter_held_mail)
+		smtp_mail_taken(s, address);
+	else
+		smtp_rcpt_taken(s, address, notify, orcpt);
+	free(address);
+}
+
 static void
 smtp_mail(struct smtp_session *s, char *arg, const char *original)
 {
@@ -235,11 +306,12 @@ smtp_mail(struct smtp_session *s, char *arg, const char *original)
 			smtp_reset_transaction(s);
 		return;
 	}
-	s->mail_from = xstrdup(path);
-	s->state = SMTP_STATE_MAIL;
-	if (s->policy->mail_accepted)
-		s->policy->mail_accepted(s);
-	smtp_reply(s, "250 2.1.0 Sender ok");
+	if (s->policy->milter_envelope && s->policy->milter_envelope(s, true, path))
+	{
+		smtp_milter_hold(s, true, path, NULL, NULL);
+		return;
+	}
+	smtp_mail_taken(s, path);
 }
 
 void
@@ -444,13 +516,12 @@ smtp_screen_done(struct smtp_session *s)
 static void
 smtp_rcpt(struct smtp_session *s, char *arg, const char *original)
 {
-	char				   path[SMTP_PATH_MAX + 2];
-	char				  *notify = NULL;
-	char				  *orcpt = NULL;
-	char				  *key;
-	char				  *value;
-	struct smtp_recipient *r;
-	enum smtp_srs_verdict  srs;
+	char				  path[SMTP_PATH_MAX + 2];
+	char				 *notify = NULL;
+	char				 *orcpt = NULL;
+	char				 *key;
+	char				 *value;
+	enum smtp_srs_verdict srs;
 
 	if (s->state != SMTP_STATE_MAIL && s->state != SMTP_STATE_RCPT)
 	{
@@ -540,13 +611,12 @@ smtp_rcpt(struct smtp_session *s, char *arg, const char *original)
 		smtp_reply(s, "452 4.5.3 Too many recipients");
 		goto out;
 	}
-	s->rcpt = xrealloc(s->rcpt, (s->nrcpt + 1) * sizeof(*s->rcpt));
-	r = &s->rcpt[s->nrcpt++];
-	r->address = xstrdup(path);
-	r->notify = notify;
-	r->orcpt = orcpt;
-	s->state = SMTP_STATE_RCPT;
-	smtp_reply(s, "250 2.1.5 Recipient ok");
+	if (s->policy->milter_envelope && s->policy->milter_envelope(s, false, path))
+	{
+		smtp_milter_hold(s, false, path, notify, orcpt);
+		return;
+	}
+	smtp_rcpt_taken(s, path, notify, orcpt);
 	return;
 
 out:
