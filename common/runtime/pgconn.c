@@ -279,7 +279,16 @@ pgconn_connected(struct pgconn *c)
 static void
 pgconn_poll_connect(struct pgconn *c)
 {
-	switch (PQconnectPoll(c->conn))
+	PostgresPollingStatusType status = PQconnectPoll(c->conn);
+
+	/*
+	 * With several hosts (host=a,b,c) libpq closes a refused host's socket
+	 * and opens the next one's, often under the same number; the backend
+	 * (epoll) forgot the closed one, so the watcher is set afresh.
+	 */
+	if (ev_is_active(&c->io))
+		ev_io_stop(c->loop, &c->io);
+	switch (status)
 	{
 		case PGRES_POLLING_FAILED:
 			pgconn_drop(c, PQerrorMessage(c->conn));

@@ -379,10 +379,10 @@ dbconn_check_lock(PGresult *res)
 			   "to wait and take over",
 			   strchr(held, ',') ? "s" : "", held, dispatcher.stage_set_names,
 			   db.ever_ready ? " (it took over while this one's connection was down)" : "");
-	fatalx("another pepsi-dispatch already serves %s stages of this database: refused%s; "
-		   "split the stages between dispatchers with [dispatch] STAGES, or set [dispatch] STANDBY = yes "
-		   "to wait and take over",
-		   dispatcher.stage_set ? "some of these" : "the",
+	fatalx("another pepsi-dispatch is already running against this database, serving %s of this one's "
+		   "stages: refused%s; split the stages between dispatchers with [dispatch] STAGES, or set "
+		   "[dispatch] STANDBY = yes to wait and take over",
+		   dispatcher.stage_set ? "some" : "all",
 		   db.ever_ready ? " (it took over while this one's connection was down)" : "");
 }
 

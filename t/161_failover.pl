@@ -176,7 +176,12 @@ if ($sender == 0)
 	}
 	exit 0;
 }
-sub accepted_during { return -e $sent_file ? split(/\n/, slurp($sent_file)) : () }
+sub accepted_during
+{
+	my @tags = -e $sent_file ? split(/\n/, slurp($sent_file)) : ();
+
+	return @tags;
+}
 ok(poll_until(sub { accepted_during() >= 10 }, 60), 'messages flow before the kill');
 my (undef, $killed) = ha('kill-leader', $ha);
 my $new_leader;

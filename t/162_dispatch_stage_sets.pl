@@ -73,7 +73,7 @@ like(dispatcher_log($twice), qr/another pepsi-dispatch already serves stage rout
 	'naming the stage it would have served twice');
 my $all = start_dispatcher(config_for('all'));
 ok(defined dispatcher_exit($all, 30) && $all->{status} != 0, 'a dispatcher of every stage beside them: refused');
-like(dispatcher_log($all), qr/another pepsi-dispatch already serves the stages of this database: refused/,
+like(dispatcher_log($all), qr/another pepsi-dispatch is already running against this database, serving all of this one's stages: refused/,
 	'saying why');
 
 # A standby of drop waits, and takes over when the active one dies.
