@@ -206,23 +206,27 @@ like(dispatcher_log($standby), qr/reconnected to the database postgres on 127\.0
 #
 # A stage pool through PgBouncer in transaction mode.
 #
-my $bouncer_port = PostgreSQL::Test::Cluster::get_free_port();
-PostgreSQL::Test::Utils::append_to_file("$tmp/pgbouncer.ini", <<"INI");
+my $bouncer = DeliveryTest::start_server('pgbouncer', sub {
+	my ($port, $dir) = @_;
+
+	PostgreSQL::Test::Utils::append_to_file("$dir/pgbouncer.ini", <<"INI");
 [databases]
 postgres = host=127.0.0.1 port=$new_leader dbname=postgres user=$user
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = $bouncer_port
+listen_port = $port
 unix_socket_dir =
 auth_type = any
 pool_mode = transaction
 default_pool_size = 4
 admin_users = $user
 ignore_startup_parameters = extra_float_digits
-logfile = $tmp/pgbouncer.log
-pidfile = $tmp/pgbouncer.pid
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
 INI
-my $bouncer = DeliveryTest::start_server('pgbouncer', sub { return ('/usr/sbin/pgbouncer', "$tmp/pgbouncer.ini") });
+	return ('/usr/sbin/pgbouncer', "$dir/pgbouncer.ini");
+});
+my $bouncer_port = $bouncer->{port};
 PostgreSQL::Test::Utils::append_to_file($configs{standby},
 	"[database]\nSTAGE_CONNINFO = host=127.0.0.1 port=$bouncer_port dbname=postgres\nSTAGE_POOLED = yes\n");
 kill 'HUP', $standby->{pid};

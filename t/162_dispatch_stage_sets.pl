@@ -29,6 +29,21 @@ sub config_for
 		stages => $stages, dispatch => \%dispatch);
 }
 
+# A configuration whose [database] CONNINFO is host=$host port=$port (write_config's form).
+{
+	package Conninfo;
+	sub host { return $_[0]{host} }
+	sub port { return $_[0]{port} }
+}
+
+sub config_with
+{
+	my ($name, $host, $port) = @_;
+
+	return write_config(bless({ host => $host, port => $port }, 'Conninfo'),
+		path => PostgreSQL::Test::Utils::tempdir() . "/$name.conf", stages => $stages);
+}
+
 sub running_at
 {
 	my ($stage) = @_;
@@ -91,20 +106,14 @@ stop_dispatcher($_) for $front, $standby;
 
 # Following the primary: the first host of the list is down.
 my $dead = PostgreSQL::Test::Cluster::get_free_port();
-my $listed = write_config($node, path => PostgreSQL::Test::Utils::tempdir() . '/listed.conf', stages => $stages);
-PostgreSQL::Test::Utils::append_to_file($listed,
-	"[database]\nCONNINFO = host=127.0.0.1," . $node->host . " port=$dead," . $node->port . " dbname=$db\n");
-my $d = start_dispatcher($listed);
+my $d = start_dispatcher(config_with('listed', '127.0.0.1,' . $node->host, "$dead," . $node->port));
 add_rows($node, 5);
 ok(poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }),
 	'a conninfo whose first host is down: the next one serves');
 stop_dispatcher($d);
 
 # No reachable host: a clear line, and it keeps trying.
-my $unreachable = write_config($node, path => PostgreSQL::Test::Utils::tempdir() . '/none.conf', stages => $stages);
-PostgreSQL::Test::Utils::append_to_file($unreachable,
-	"[database]\nCONNINFO = host=127.0.0.1,127.0.0.1 port=$dead,$dead dbname=$db\n");
-$d = start_dispatcher($unreachable);
+$d = start_dispatcher(config_with('none', '127.0.0.1,127.0.0.1', "$dead,$dead"));
 ok(poll_until(sub { dispatcher_log($d) =~ /cannot connect to the database .*Connection refused.*; trying again in/ }),
 	'no reachable host: the line says so');
 ok(!defined dispatcher_exit($d, 0), 'and the dispatcher waits for one');
@@ -121,10 +130,7 @@ ok(poll_until(sub { dispatcher_log($d) =~ /cannot connect to the database .*read
 	'a standby given as the primary: refused, naming the problem');
 ok(!defined dispatcher_exit($d, 0), 'the dispatcher waits for a primary');
 stop_dispatcher($d);
-my $explicit = write_config($replica, path => PostgreSQL::Test::Utils::tempdir() . '/any.conf', stages => $stages);
-PostgreSQL::Test::Utils::append_to_file($explicit, "[database]\nCONNINFO = host=" . $replica->host . ' port='
-	  . $replica->port . " dbname=$db target_session_attrs=any\n");
-$d = start_dispatcher($explicit);
+$d = start_dispatcher(config_with('any', $replica->host, $replica->port . ' target_session_attrs=any'));
 ok(poll_until(sub { dispatcher_log($d) =~ /cannot connect to the database .*the server is a standby \(in recovery\)/ }),
 	'also with target_session_attrs=any');
 stop_dispatcher($d);
