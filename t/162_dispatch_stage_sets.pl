@@ -120,6 +120,8 @@ ok(!defined dispatcher_exit($d, 0), 'and the dispatcher waits for one');
 stop_dispatcher($d);
 
 # A standby where the primary is needed.
+$node->append_conf('pg_hba.conf', "local replication all trust\n");
+$node->reload;
 $node->backup('b');
 my $replica = PostgreSQL::Test::Cluster->new('stage_sets_standby');
 $replica->init_from_backup($node, 'b', has_streaming => 1);
