@@ -18,7 +18,8 @@ use DispatchTest;
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = dispatch_node('stage_sets');
+# Streaming allowed: a standby of it is made at the end.
+my $node = dispatch_node('stage_sets', conf => "wal_level = replica\nmax_wal_senders = 4\n");
 my $stages = real_stages();
 
 sub config_for
@@ -142,7 +143,7 @@ my $monitor = write_config($node, path => PostgreSQL::Test::Utils::tempdir() . '
 PostgreSQL::Test::Utils::append_to_file($monitor, "[database]\nMONITOR_CONNINFO = host=" . $replica->host
 	  . ' port=' . $replica->port . " dbname=$db\n");
 my ($out, $err) = ('', '');
-IPC::Run::run([ pepsi_bin('pepsi-status'), '-c', $monitor ], '>', \$out, '2>', \$err);
+IPC::Run::run([ pepsi_bin('pepsi-status'), '-C', $monitor ], '>', \$out, '2>', \$err);
 is($?, 0, 'pepsi-status reads from a standby') or diag($err);
 like($out, qr/replication lag/, 'and shows the replication lag');
 
