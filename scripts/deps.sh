@@ -95,6 +95,8 @@ check_packages=(
     # bench/ingress-attack's and bench/ingress-auth's peer: Postfix (above)
     # with OpenDKIM (above) and OpenDMARC
     opendmarc
+    # the failover test and bench/failover (scripts/ha.sh): etcd, Patroni, PgBouncer
+    etcd-server patroni pgbouncer
     # benchmarks: pgbench ships in postgresql-15; bench/ingress/policy.sh
     # makes its certificate and password hash with openssl, and gives
     # Postfix SASL from Dovecot (dovecot-core, above)

@@ -136,6 +136,28 @@ static const char status_connections_sql[] =
  * that refreshes LOCAL_DOMAINS (when a [listener-*] is configured),
  * pepsi-httpd one (when [httpd] is).
  */
+/*
+ * [database] MONITOR_CONNINFO may name a standby (a read-only tool needs
+ * no primary): then how far behind it is, in seconds, else NULL.
+ */
+static char *
+status_standby_lag(PGconn *conn)
+{
+	PGresult *res;
+	char	 *lag = NULL;
+
+	if (!db_is_standby(conn))
+		return NULL;
+	res = db_exec(conn,
+				  "SELECT to_char(coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0),"
+				  " 'FM999999990.0')",
+				  0, NULL);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		lag = xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return lag;
+}
+
 static char *
 status_connections_warning(PGconn *conn, const struct pepsi_config *cfg)
 {
@@ -186,6 +208,7 @@ status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 	char	 *alert = NULL;
 	char	 *horizon_alert = status_horizon_alert(horizon);
 	char	 *warning = status_connections_warning(conn, cfg);
+	char	 *lag = status_standby_lag(conn);
 
 	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
 		alert = status_crash_alert(global);
@@ -223,6 +246,8 @@ status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 														: json_string(PQgetvalue(global, 0, c)));
 			json_object_set_new(out, "dispatch", g);
 		}
+		if (lag)
+			json_object_set_new(out, "standby_replication_lag_seconds", json_real(atof(lag)));
 		json_object_set_new(out, "alerts", json_array());
 		if (alert)
 			json_array_append_new(json_object_get(out, "alerts"), json_string(alert));
@@ -255,6 +280,8 @@ status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 				   PQgetvalue(global, 0, 3), PQgetvalue(global, 0, 4), PQgetvalue(global, 0, 5),
 				   *PQgetvalue(global, 0, 6) ? PQgetvalue(global, 0, 6) : "never",
 				   PQgetvalue(global, 0, 7));
+		if (lag)
+			printf("\nread from a standby: replication lag %s s (since the last transaction it replayed)\n", lag);
 		if (alert)
 			printf("\nALERT: %s\n", alert);
 		if (horizon_alert)
@@ -265,6 +292,7 @@ status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 	if (rc == CLI_EX_OK && (alert || horizon_alert))
 		rc = STATUS_EX_ALERT;
 	free(warning);
+	free(lag);
 	free(alert);
 	free(horizon_alert);
 	PQclear(horizon);

@@ -79,30 +79,65 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 	return db_connect_as(cfg, "database", "CONNINFO", application_name, err, errlen);
 }
 
+bool
+db_option_reads_only(const char *option)
+{
+	return option && strcmp(option, "MONITOR_CONNINFO") == 0;
+}
+
+const char *
+db_default_session_attrs(bool reads_only)
+{
+	return reads_only ? NULL : "read-write";
+}
+
+bool
+db_is_standby(PGconn *conn)
+{
+	const char *hot_standby = PQparameterStatus(conn, "in_hot_standby");
+
+	return hot_standby && strcmp(hot_standby, "on") == 0;
+}
+
+const char *
+db_connect_hint(const char *message)
+{
+	if (strstr(message, "read-only") || strstr(message, "hot standby") || strstr(message, "is a standby"))
+		return " (a standby answered where the primary is needed: list every database host in the "
+			   "conninfo, host=a,b,c, and let target_session_attrs=read-write pick the primary)";
+	return "";
+}
+
 PGconn *
 db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
 			  const char *application_name, char *err, size_t errlen)
 {
-	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {db_conninfo(cfg, section, option), application_name, NULL};
+	/* Before dbname: a default the conninfo's own target_session_attrs overrides. */
+	const char *keywords[] = {"target_session_attrs", "dbname", "application_name", NULL};
+	const char *values[] = {db_default_session_attrs(db_option_reads_only(option)),
+							db_conninfo(cfg, section, option), application_name, NULL};
 	PGconn	   *conn;
 
 	/* The option that was used, for the messages. */
 	if (cfg == NULL || config_text(cfg, section, option) == NULL)
 		section = "database", option = "CONNINFO";
-	if (!db_check_credentials(cfg, section, option, values[0], err, errlen))
+	if (!db_check_credentials(cfg, section, option, values[1], err, errlen))
 		return NULL;
 	conn = PQconnectdbParams(keywords, values, 1);
-	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK
+		|| (!db_option_reads_only(option) && db_is_standby(conn)))
 	{
-		char  *message = conn ? PQerrorMessage(conn) : "out of memory";
-		size_t n;
+		const char *message = conn == NULL						? "out of memory"
+							  : PQstatus(conn) != CONNECTION_OK ? PQerrorMessage(conn)
+																: "the server is a standby (in recovery)";
+		size_t		n;
 
-		snprintf(err, errlen, "cannot connect to the database as [%s] %s says: %s", section,
-				 option, message);
+		snprintf(err, errlen, "cannot connect to the database as [%s] %s says: %s", section, option,
+				 message);
 		n = strlen(err);
 		while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
 			err[--n] = '\0';
+		snprintf(err + n, errlen - n, "%s", db_connect_hint(message));
 		PQfinish(conn);
 		return NULL;
 	}

@@ -23,6 +23,8 @@
  */
 #define PEPSI_LOCK_CLASS "1346720851"
 #define PEPSI_LOCK_DISPATCH "2"
+/* The per-stage locks of a dispatcher serving a stage set: ('PEPT', hashtext(stage)). */
+#define PEPSI_LOCK_STAGE_CLASS "1346720852"
 
 /* Transient failures retried so far by this process (for statistics). */
 extern unsigned long db_transient_retries;
@@ -43,6 +45,22 @@ PGconn *db_connect(const struct pepsi_config *cfg, const char *application_name,
  */
 PGconn *db_connect_as(const struct pepsi_config *cfg, const char *section, const char *option,
 					  const char *application_name, char *err, size_t errlen);
+/*
+ * Following the primary.  A conninfo may list several hosts (host=a,b,c);
+ * every connection that writes asks libpq for a read-write session
+ * (target_session_attrs=read-write unless the conninfo says otherwise), so
+ * libpq finds the primary among them, now and at each reconnect, and a
+ * standby that answers anyway is refused.  Only the read-only tools'
+ * [database] MONITOR_CONNINFO may name a standby (then pepsi-status shows
+ * the replication lag).
+ */
+bool db_option_reads_only(const char *option);
+/* The target_session_attrs a connection asks for by default (NULL: libpq's). */
+const char *db_default_session_attrs(bool reads_only);
+/* The session's server is in recovery (PostgreSQL 14 on report it). */
+bool db_is_standby(PGconn *conn);
+/* What to add to a connection error that says a standby answered ("" if not). */
+const char *db_connect_hint(const char *message);
 /* Read pepsi.config_override into cfg; false with err if a row is refused. */
 bool db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
 

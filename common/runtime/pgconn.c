@@ -22,6 +22,8 @@
 
 #define PGCONN_BACKOFF_MIN 0.1
 #define PGCONN_BACKOFF_MAX 30.0
+#define PGCONN_READ_ONLY_SQLSTATE "25006"
+#define PGCONN_STANDBY_REASON "the server is a standby (in recovery)"
 
 struct pgconn
 {
@@ -35,6 +37,7 @@ struct pgconn
 	char				  *application_name;
 	char				  *name;
 	bool				   pipeline;
+	bool				   may_be_standby;
 	double				   backoff_min;
 	double				   backoff_max;
 	double				   backoff;
@@ -174,8 +177,8 @@ pgconn_drop(struct pgconn *c, const char *why)
 		log_warnx("%s: lost the database connection to %s (%s); reconnecting in %.1f s", c->name,
 				  c->server, reason, c->backoff);
 	else
-		log_warnx("%s: cannot connect to the database %s (%s); trying again in %.1f s", c->name,
-				  c->server, reason, c->backoff);
+		log_warnx("%s: cannot connect to the database %s (%s)%s; trying again in %.1f s", c->name,
+				  c->server, reason, db_connect_hint(reason), c->backoff);
 	if (c->handlers.lost)
 		c->handlers.lost(c, reason);
 	if (c->state == PGCONN_DOWN)
@@ -220,8 +223,10 @@ pgconn_describe_server(struct pgconn *c)
 static void
 pgconn_connect(struct pgconn *c)
 {
-	const char *keywords[] = {"dbname", "application_name", NULL};
-	const char *values[] = {c->conninfo, c->application_name, NULL};
+	/* Before dbname: a default the conninfo's own target_session_attrs overrides (db.h). */
+	const char *keywords[] = {"target_session_attrs", "dbname", "application_name", NULL};
+	const char *values[] = {db_default_session_attrs(c->may_be_standby), c->conninfo,
+							c->application_name, NULL};
 
 	c->conn = PQconnectStartParams(keywords, values, 1);
 	c->state = PGCONN_CONNECTING;
@@ -258,6 +263,11 @@ pgconn_connected(struct pgconn *c)
 		return;
 	}
 	pgconn_describe_server(c); /* the host that answered, of several */
+	if (!c->may_be_standby && db_is_standby(c->conn))
+	{
+		pgconn_drop(c, PGCONN_STANDBY_REASON);
+		return;
+	}
 	c->state = PGCONN_SETUP;
 	pgconn_watch(c, EV_READ);
 	if (c->handlers.setup)
@@ -269,7 +279,16 @@ pgconn_connected(struct pgconn *c)
 static void
 pgconn_poll_connect(struct pgconn *c)
 {
-	switch (PQconnectPoll(c->conn))
+	PostgresPollingStatusType status = PQconnectPoll(c->conn);
+
+	/*
+	 * With several hosts (host=a,b,c) libpq closes a refused host's socket
+	 * and opens the next one's, often under the same number; the backend
+	 * (epoll) forgot the closed one, so the watcher is set afresh.
+	 */
+	if (ev_is_active(&c->io))
+		ev_io_stop(c->loop, &c->io);
+	switch (status)
 	{
 		case PGRES_POLLING_FAILED:
 			pgconn_drop(c, PQerrorMessage(c->conn));
@@ -286,16 +305,32 @@ pgconn_poll_connect(struct pgconn *c)
 	}
 }
 
-/* A statement's result is complete: hand it over. */
-static void
+/*
+ * A statement's result is complete: hand it over.  But a write refused
+ * because the server is read-only (SQLSTATE 25006) means the primary moved
+ * under a session that survived (a server demoted without a restart, or a
+ * conninfo without target_session_attrs=read-write): the statement did
+ * nothing, so the connection is dropped as lost, and the owner's lost
+ * handler treats it as in flight at a loss; the reconnect finds the
+ * primary.  False then.
+ */
+static bool
 pgconn_deliver(struct pgconn *c, int item, PGresult **res)
 {
-	PGresult *r = *res;
+	PGresult   *r = *res;
+	const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
 
 	*res = NULL;
+	if (state && strcmp(state, PGCONN_READ_ONLY_SQLSTATE) == 0 && !c->may_be_standby)
+	{
+		PQclear(r);
+		pgconn_drop(c, "the server is read-only now (SQLSTATE 25006): the primary moved");
+		return false;
+	}
 	if (r)
 		c->handlers.result(c, item, r);
 	PQclear(r);
+	return true;
 }
 
 /* Keep the first error of a statement's results, else its last result. */
@@ -346,18 +381,15 @@ pgconn_collect(struct pgconn *c, PGresult *res)
 	{
 		if (res)
 			pgconn_fold(&c->result, res);
-		else
-		{
-			pgconn_deliver(c, 0, &c->result);
+		else if (pgconn_deliver(c, 0, &c->result))
 			pgconn_complete(c);
-		}
 		return;
 	}
 	if (res == NULL)
 	{
 		/* The end of one statement's results, or of a failed commit's. */
 		if (c->item < c->sent)
-			pgconn_deliver(c, c->item++, &c->result);
+			(void) pgconn_deliver(c, c->item++, &c->result);
 		else if (++c->stray_ends > 1)
 			pgconn_drop(c, "protocol confusion in the pipeline");
 		return;
@@ -365,8 +397,8 @@ pgconn_collect(struct pgconn *c, PGresult *res)
 	if (PQresultStatus(res) == PGRES_PIPELINE_SYNC)
 	{
 		PQclear(res);
-		if (c->sync_error)
-			pgconn_deliver(c, c->sent, &c->sync_error);
+		if (c->sync_error && !pgconn_deliver(c, c->sent, &c->sync_error))
+			return;
 		pgconn_complete(c);
 		return;
 	}
@@ -466,6 +498,7 @@ pgconn_start(struct ev_loop *loop, const struct pgconn_options *options,
 	c->application_name = xstrdup(options->application_name ? options->application_name : "pepsi");
 	c->name = xstrdup(options->name ? options->name : "database connection");
 	c->pipeline = options->pipeline;
+	c->may_be_standby = options->may_be_standby;
 	c->backoff_min = options->backoff_min > 0 ? options->backoff_min : PGCONN_BACKOFF_MIN;
 	c->backoff_max = options->backoff_max > 0 ? options->backoff_max : PGCONN_BACKOFF_MAX;
 	if (c->backoff_max < c->backoff_min)

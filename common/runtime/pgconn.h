@@ -68,11 +68,17 @@ struct pgconn_options
 	const char				  *section;
 	const char				  *option;
 	const char				  *application_name;
-	const char				  *name;		/* how the log lines name the connection */
-	bool					   pipeline;	/* libpq pipeline mode: sends go out at pgconn_sync */
-	double					   backoff_min; /* seconds; 0.1 when 0 */
-	double					   backoff_max; /* seconds; 30 when 0 */
-	void					  *arg;			/* the owner's, for pgconn_arg */
+	const char				  *name;	 /* how the log lines name the connection */
+	bool					   pipeline; /* libpq pipeline mode: sends go out at pgconn_sync */
+	/*
+	 * A standby will do (a reader).  Otherwise a session on a standby is
+	 * dropped at connect, and a write refused as read-only (SQLSTATE
+	 * 25006, the primary moved) drops the connection as lost.
+	 */
+	bool   may_be_standby;
+	double backoff_min; /* seconds; 0.1 when 0 */
+	double backoff_max; /* seconds; 30 when 0 */
+	void  *arg;			/* the owner's, for pgconn_arg */
 };
 
 /* A connection that starts connecting at once (the options' strings are copied). */

@@ -144,7 +144,7 @@ static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_loa
  * late_load), for the rows of a batch that go on to it: the headers, or
  * the headers and the body.  Binary results, as above.
  */
-static const char *const stage_late_load_sql[] = {
+const char *const stage_late_load_sql[] = {
 	[PEPSI_LOAD_METADATA] = NULL,
 	[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
 	[PEPSI_LOAD_FULL] = "SELECT w.id::text, w.headers, b.body FROM pepsi.workqueue w"
@@ -172,12 +172,25 @@ const char *const stage_late_load_names[] = {NULL, "pepsi_late_load_headers", "p
  */
 #define STAGE_SESSION_SQL "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)"
 
-/* Set up the worker's session and prepare its loads (at start, and after a reconnect). */
+/*
+ * Set up the worker's session and prepare its loads (at start, and after a
+ * reconnect).  Through a pooler in transaction mode ([database]
+ * STAGE_POOLED; PgBouncer 1.18 keeps no prepared statement there) each
+ * transaction may get another server session: nothing is prepared, the
+ * loads go as text (stage_exec_load), and the planner settings are left
+ * as the server has them (the loads' plans then depend on the table's
+ * statistics, as any client's do).
+ */
 static bool
-stage_prepare_statements(PGconn *conn, char *err, size_t errlen)
+stage_prepare_statements(struct stage_worker *w, PGconn *conn, char *err, size_t errlen)
 {
-	PGresult *res = db_exec(conn, STAGE_SESSION_SQL, 0, NULL);
-	bool	  ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+	PGresult *res;
+	bool	  ok;
+
+	if (w->pooled)
+		return true;
+	res = db_exec(conn, STAGE_SESSION_SQL, 0, NULL);
+	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 
 	if (!ok)
 		snprintf(err, errlen, "cannot set up the session: %s", db_error(res, conn));
@@ -385,6 +398,8 @@ stage_session_priority(struct stage_worker *w)
 	int			nice_value;
 	PGresult   *res;
 
+	if (w->pooled)
+		return; /* the next transaction may run in another session */
 	errno = 0;
 	nice_value = getpriority(PRIO_PROCESS, 0);
 	if (errno != 0 || nice_value <= w->session_nice)
@@ -404,30 +419,51 @@ stage_session_priority(struct stage_worker *w)
 
 /*
  * After a statement failed because the session is gone (the server
- * restarted, say): reconnect, for about ten seconds at most, and prepare
- * the load statements again.  The
- * rows are untouched and still running, so the caller can simply retry.
+ * restarted, or the primary moved): reconnect, for STAGE_RECONNECT_SECONDS
+ * at most, and prepare the load statements again.  The conninfo's hosts
+ * are tried in turn at each attempt, and only a read-write session is
+ * taken (db.h), so after a failover this finds the new primary.  The rows
+ * are untouched and still running, so the caller can simply retry; a
+ * commit whose answer was lost is retried too, and finds the row moved on
+ * if it had committed (stage_commit_one).  The bound covers a Patroni
+ * failover (ttl 30 s, docs/scaling.md); the dispatcher's MAX_RUNTIME
+ * bounds the whole.
  */
+#define STAGE_RECONNECT_SECONDS 45.0
+
 bool
 stage_reconnect(struct stage_worker *w)
 {
-	char err[1024];
+	char   err[1024];
+	double started = stage_now_us();
 
 	if (PQstatus(w->conn) == CONNECTION_OK)
 		return false;
-	/* A server that is restarting takes a moment: try for about ten seconds. */
-	for (int attempt = 0; attempt < 20; attempt++)
+	log_warnx("lost the database connection (%s); reconnecting for up to %.0f s", db_error(NULL, w->conn),
+			  STAGE_RECONNECT_SECONDS);
+	for (int attempt = 0;; attempt++)
 	{
 		PQreset(w->conn);
-		if (PQstatus(w->conn) == CONNECTION_OK)
+		if (PQstatus(w->conn) == CONNECTION_OK
+			|| stage_now_us() - started > STAGE_RECONNECT_SECONDS * 1e6)
 			break;
 		usleep(100000U * (attempt < 5 ? attempt + 1 : 5));
 	}
-	if (PQstatus(w->conn) != CONNECTION_OK || !stage_prepare_statements(w->conn, err, sizeof(err)))
+	if (PQstatus(w->conn) != CONNECTION_OK || !stage_prepare_statements(w, w->conn, err, sizeof(err)))
 		return false;
 	w->session_nice = 0; /* a new session */
-	log_info("reconnected to the database");
+	log_info("reconnected to the database (%s port %s)", PQhost(w->conn), PQport(w->conn));
 	return true;
+}
+
+PGresult *
+stage_exec_load(struct stage_worker *w, const char *name, const char *sql, const char *ids, int format)
+{
+	const char *values[1] = {ids};
+
+	if (w->pooled)
+		return PQexecParams(w->conn, sql, 1, NULL, values, NULL, NULL, format);
+	return PQexecPrepared(w->conn, name, 1, values, NULL, NULL, format);
 }
 
 /* Load every id of the batch in one statement (binary results: raw text and bytes). */
@@ -457,11 +493,12 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		return;
 	}
 	values[0] = ids->data;
-	res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
+	res = stage_exec_load(w, stage_load_names[w->stage->load], stage_load_sql[w->stage->load], values[0], format);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && stage_reconnect(w))
 	{
 		PQclear(res);
-		res = PQexecPrepared(w->conn, stage_load_names[w->stage->load], 1, values, NULL, NULL, format);
+		res = stage_exec_load(w, stage_load_names[w->stage->load], stage_load_sql[w->stage->load], values[0],
+							  format);
 	}
 	buf_reset(ids);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -847,7 +884,8 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	if ((w.cfg = privilege_config_load(config_path, err, sizeof(err))) == NULL
 		|| !log_configure(w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	if ((w.conn = db_connect(w.cfg, stage->program, err, sizeof(err))) == NULL)
+	w.pooled = config_bool(w.cfg, "database", "STAGE_POOLED");
+	if ((w.conn = db_connect_as(w.cfg, "database", "STAGE_CONNINFO", stage->program, err, sizeof(err))) == NULL)
 		fatalx("%s", err);
 	if (!db_load_overrides(w.conn, w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
@@ -857,7 +895,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	report_queued = getenv(STAGE_STATUS_QUEUED_ENV);
 	w.report_queued = report_queued != NULL && strcmp(report_queued, "1") == 0;
 	stage_check_sections(&w);
-	if (!stage_prepare_statements(w.conn, err, sizeof(err)))
+	if (!stage_prepare_statements(&w, w.conn, err, sizeof(err)))
 		fatalx("%s", err);
 
 	ctxs = xcalloc(STAGE_BATCH_MAX, sizeof(*ctxs));

@@ -57,6 +57,7 @@ struct stage_worker
 	bool					  mail_log;		 /* [pepsi] MAIL_LOG: events ride the commits */
 	unsigned				  queue_id_host; /* [pepsi] HOST_ID, for the queue ids of new messages */
 	int						  session_nice;	 /* the nice value last given to conn's session */
+	bool					  pooled;		 /* [database] STAGE_POOLED: nothing kept in the session */
 	bool					  report_queued; /* the dispatcher reads "queued" (STAGE_STATUS_QUEUED_ENV) */
 	/* pepsi_db handed conn out in this batch: the stage may have queued rows anywhere */
 	bool		  db_handed_out;
@@ -124,6 +125,9 @@ double		stage_now_us(void);
 const char *stage_basename(const char *path);
 /* The names of the prepared late loads (stage_fusion.c), per pepsi_load. */
 extern const char *const stage_late_load_names[];
+extern const char *const stage_late_load_sql[];
+/* Run a load statement: prepared in a session of our own, its text through a pooler. */
+PGresult *stage_exec_load(struct stage_worker *w, const char *name, const char *sql, const char *ids, int format);
 /* stage_row.c: ctx->state, parsed from the loaded text on first use. */
 json_t *stage_state(struct pepsi_ctx *ctx);
 /* Reconnect a lost database session (the rows it held are still running). */

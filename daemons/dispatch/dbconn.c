@@ -32,7 +32,26 @@
  * other keys of ('PEPS', n) are the maintenance worker's (1, maint.c) and
  * the queue gauges' refresh (3, pepsi--0.1--0.2.sql).
  */
-#define DBCONN_LOCK_SQL "SELECT pg_try_advisory_lock(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH ")"
+#define DBCONN_LOCK_SQL "SELECT pg_try_advisory_lock(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH "), NULL::text"
+/*
+ * A dispatcher of a stage set ([dispatch] STAGES) holds the same lock in
+ * its shared mode (so it conflicts with one serving every stage, and the
+ * extension's recovery functions know it for a dispatcher) and one lock
+ * per stage of its set (so two sets that overlap conflict).  The second
+ * column names the stages another dispatcher holds.  A standby
+ * ([dispatch] STANDBY) waits for the same locks, in the stages' order,
+ * and takes over when their holder's session ends.
+ */
+#define DBCONN_LOCK_SET_SQL                                                              \
+	"SELECT pg_try_advisory_lock_shared(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH ")," \
+	" (SELECT string_agg(s, ', ' ORDER BY s) FROM unnest($1::text[]) s"                  \
+	"   WHERE NOT pg_try_advisory_lock(" PEPSI_LOCK_STAGE_CLASS ", hashtext(s)))"
+#define DBCONN_WAIT_LOCK_SQL \
+	"SELECT count(pg_advisory_lock(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH ")) = 1, NULL::text"
+#define DBCONN_WAIT_LOCK_SET_SQL                                                                    \
+	"SELECT (SELECT count(pg_advisory_lock_shared(" PEPSI_LOCK_CLASS ", " PEPSI_LOCK_DISPATCH ")))" \
+	"   + (SELECT count(pg_advisory_lock(" PEPSI_LOCK_STAGE_CLASS ", hashtext(s)))"                 \
+	"      FROM (SELECT s FROM unnest($1::text[]) s ORDER BY s) ordered) > 0, NULL::text"
 /*
  * The dispatcher's own commits do not wait for the WAL flush: none of its
  * writes needs to outlive a crash of the server.  A claim lost with it
@@ -57,8 +76,10 @@
 	"  SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id FROM pepsi.workqueue" \
 	"  WHERE index_status = 'pending' AND status = 'running'"                                \
 	"    AND ($1::int8[] IS NULL OR id <> ALL ($1::int8[]))"                                 \
+	"    AND ($2::text[] IS NULL OR stage = ANY ($2::text[]))"                               \
 	"  ORDER BY id LIMIT 20)" /* DBCONN_ORPHANS_NAMED */                                     \
-	" SELECT pepsi.workqueue_reset_orphans($1::int8[]),"                                     \
+	" SELECT CASE WHEN $2::text[] IS NULL THEN pepsi.workqueue_reset_orphans($1::int8[])"    \
+	"  ELSE pepsi.workqueue_reset_orphans($1::int8[], $2::text[]) END,"                      \
 	"  (SELECT string_agg(queue_id || ' (row ' || id || ')', ', ' ORDER BY id) FROM orphan)"
 #define DBCONN_BACKOFF_MIN 0.1
 #define DBCONN_BACKOFF_MAX 30.0
@@ -85,6 +106,7 @@ static struct
 	struct job		*jobs_tail;
 	struct job		*running_job; /* in DBCONN_RUNNING_JOB */
 	bool			 ever_ready;  /* a reconnect, not the first connection */
+	double			 lock_wait_started;
 } db;
 
 static const char *
@@ -277,8 +299,22 @@ dbconn_send_setup(enum dbconn_step next)
 	switch (next)
 	{
 		case DBCONN_LOCKING:
-			pgconn_send(db.conn, DBCONN_LOCK_SQL, 0, NULL, NULL, NULL);
-			break;
+			{
+				const char *values[1] = {dispatcher.stage_set};
+
+				if (dispatcher.standby)
+					log_info("standby: waiting for the dispatcher lock of %s; taking over when the active "
+							 "dispatcher's session ends",
+							 dispatcher.stage_set_names);
+				db.lock_wait_started = now_seconds();
+				if (dispatcher.stage_set)
+					pgconn_send(db.conn, dispatcher.standby ? DBCONN_WAIT_LOCK_SET_SQL : DBCONN_LOCK_SET_SQL, 1,
+								values, NULL, NULL);
+				else
+					pgconn_send(db.conn, dispatcher.standby ? DBCONN_WAIT_LOCK_SQL : DBCONN_LOCK_SQL, 0, NULL,
+								NULL, NULL);
+				break;
+			}
 		case DBCONN_LISTENING:
 			pgconn_send(db.conn, DBCONN_LISTEN_SQL, 0, NULL, NULL, NULL);
 			break;
@@ -295,11 +331,12 @@ dbconn_send_setup(enum dbconn_step next)
 				 * recovery writes are still queued.
 				 */
 				struct buf	ids = BUF_INIT;
-				const char *values[1];
+				const char *values[2];
 
 				dbconn_inflight_ids(&ids);
 				values[0] = ids.data;
-				pgconn_send(db.conn, DBCONN_RESET_ORPHANS_SQL, 1, values, NULL, NULL);
+				values[1] = dispatcher.stage_set; /* NULL: every stage's */
+				pgconn_send(db.conn, DBCONN_RESET_ORPHANS_SQL, 2, values, NULL, NULL);
 				buf_free(&ids);
 				break;
 			}
@@ -317,6 +354,38 @@ dbconn_on_setup(struct pgconn *c)
 	dbconn_send_setup(DBCONN_LOCKING);
 }
 
+/*
+ * The lock's answer.  Refused: another dispatcher serves (some of) these
+ * stages, and two would claim the same rows.  At start that is a
+ * configuration error; after a reconnect, a standby took over while this
+ * one's connection was down, and it is the one that stays.  Either way
+ * this one exits, before it claims anything, naming the stages.
+ */
+static void
+dbconn_check_lock(PGresult *res)
+{
+	const char *held = PQgetisnull(res, 0, 1) ? NULL : PQgetvalue(res, 0, 1);
+
+	if (strcmp(PQgetvalue(res, 0, 0), "t") == 0 && held == NULL)
+	{
+		if (dispatcher.standby)
+			log_info("standby: took over %s after %.1f s: the dispatcher that held them is gone",
+					 dispatcher.stage_set_names, now_seconds() - db.lock_wait_started);
+		return;
+	}
+	if (held)
+		fatalx("another pepsi-dispatch already serves stage%s %s of this one's [dispatch] STAGES "
+			   "(%s): refused%s; give each dispatcher its own stages, or set [dispatch] STANDBY = yes "
+			   "to wait and take over",
+			   strchr(held, ',') ? "s" : "", held, dispatcher.stage_set_names,
+			   db.ever_ready ? " (it took over while this one's connection was down)" : "");
+	fatalx("another pepsi-dispatch is already running against this database, serving %s of this one's "
+		   "stages: refused%s; split the stages between dispatchers with [dispatch] STAGES, or set "
+		   "[dispatch] STANDBY = yes to wait and take over",
+		   dispatcher.stage_set ? "some" : "all",
+		   db.ever_ready ? " (it took over while this one's connection was down)" : "");
+}
+
 /* A set-up statement's result: whether set-up may go on (logged if not). */
 static bool
 dbconn_setup_result(PGresult *res)
@@ -331,8 +400,7 @@ dbconn_setup_result(PGresult *res)
 				log_warnx("cannot take the dispatcher lock: %s", db_error(res, dbconn_pq()));
 				return false;
 			}
-			if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
-				fatalx("another pepsi-dispatch is already running against this database");
+			dbconn_check_lock(res);
 			return true;
 		case DBCONN_LISTENING:
 			if (status != PGRES_COMMAND_OK)

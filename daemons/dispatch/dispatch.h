@@ -197,7 +197,11 @@ struct dispatcher
 	double stats_interval;
 	int	   crash_limit;		  /* attempts that end a worker before a row is isolated */
 	double crash_retry_delay; /* before the first retry; doubles per attempt */
-	bool   shutting_down;
+	/* [dispatch] STAGES as a sorted text[] literal ("{a,b}"), NULL for every stage; set at start */
+	char *stage_set;
+	char *stage_set_names; /* the same, for the log: "a, b" or "every stage" */
+	bool  standby;		   /* [dispatch] STANDBY: wait for the stage set's lock */
+	bool  shutting_down;
 	/* global statistics since the last flush */
 	unsigned long stages_run;
 	unsigned long messages;
@@ -215,6 +219,8 @@ bool graph_load(struct pepsi_config *cfg, struct stage_spec **specs, size_t *cou
 				char *err, size_t errlen);
 void graph_free(struct stage_spec *specs, size_t count);
 bool dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen);
+bool graph_select_stages(const struct pepsi_config *cfg, struct stage_spec *specs, size_t *count,
+						 char *err, size_t errlen);
 
 /* depth.c */
 void depth_init(struct pool_depth *depth);

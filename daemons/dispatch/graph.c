@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "dispatch.h"
+#include "runtime/db.h"
 
 #define GRAPH_MAX_STAGES 256
 
@@ -259,5 +260,122 @@ dispatch_options_load(const struct pepsi_config *cfg, char *err, size_t errlen)
 	dispatcher.stats_interval = config_duration_ms(cfg, "dispatch", "STATS_INTERVAL") / 1000.0;
 	dispatcher.crash_limit = (int) config_int(cfg, "dispatch", "CRASH_LIMIT");
 	dispatcher.crash_retry_delay = config_duration_ms(cfg, "dispatch", "CRASH_RETRY_DELAY") / 1000.0;
+	dispatcher.standby = config_bool(cfg, "dispatch", "STANDBY");
 	return true;
+}
+
+static int
+graph_name_compare(const void *a, const void *b)
+{
+	return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+/*
+ * [dispatch] STAGES: keep only the listed stages' specs (the graph was
+ * checked whole), refusing a name that is not a stage.  The first call
+ * records the set (dispatcher.stage_set, for the locks and the orphan
+ * reset); a later one (a reload) refuses a different set, since the locks
+ * taken at start name it.
+ */
+bool
+graph_select_stages(const struct pepsi_config *cfg, struct stage_spec *specs, size_t *count,
+					char *err, size_t errlen)
+{
+	const char *list = config_text(cfg, "dispatch", "STAGES");
+	char	   *copy;
+	char	   *save = NULL;
+	char	  **names;
+	size_t		nnames = 0;
+	size_t		kept = 0;
+	struct buf	set = BUF_INIT;
+	struct buf	readable = BUF_INIT;
+	bool		ok = true;
+
+	if (list == NULL)
+	{
+		if (dispatcher.stage_set_names && dispatcher.stage_set)
+		{
+			snprintf(err, errlen, "[dispatch] STAGES was removed; the stage set (%s) changes only at a restart",
+					 dispatcher.stage_set_names);
+			return false;
+		}
+		if (dispatcher.stage_set_names == NULL)
+			dispatcher.stage_set_names = xstrdup("every stage");
+		return true;
+	}
+	copy = xstrdup(list);
+	names = xcalloc(strlen(list) / 2 + 2, sizeof(*names));
+	for (char *name = strtok_r(copy, ", \t", &save); name; name = strtok_r(NULL, ", \t", &save))
+	{
+		bool known = false;
+
+		if (strncmp(name, "stage-", 6) == 0)
+			name += 6;
+		for (size_t i = 0; i < *count && !known; i++)
+			known = strcmp(specs[i].name, name) == 0;
+		if (!known)
+		{
+			snprintf(err, errlen, "%s: [dispatch] STAGES names \"%s\", which has no [stage-%s] section",
+					 cfg->path, name, name);
+			ok = false;
+			break;
+		}
+		names[nnames++] = name;
+	}
+	if (ok && nnames == 0)
+	{
+		snprintf(err, errlen, "%s: [dispatch] STAGES is empty: list the stages this dispatcher serves, or remove it",
+				 cfg->path);
+		ok = false;
+	}
+	if (ok)
+	{
+		qsort(names, nnames, sizeof(*names), graph_name_compare);
+		buf_append_char(&set, '{');
+		for (size_t i = 0; i < nnames; i++)
+		{
+			if (i > 0 && strcmp(names[i], names[i - 1]) == 0)
+				continue;
+			db_array_append(&set, names[i]);
+			buf_printf(&readable, "%s%s", readable.len ? ", " : "", names[i]);
+		}
+		buf_append_char(&set, '}');
+		if (dispatcher.stage_set_names && (dispatcher.stage_set == NULL || strcmp(dispatcher.stage_set, set.data) != 0))
+		{
+			snprintf(err, errlen, "[dispatch] STAGES changed from %s to %s; the stage set changes only at a restart",
+					 dispatcher.stage_set_names, readable.data);
+			ok = false;
+		}
+	}
+	if (ok)
+	{
+		for (size_t i = 0; i < *count; i++)
+		{
+			if (!config_list_contains(list, specs[i].name))
+			{
+				char *prefixed = xasprintf("stage-%s", specs[i].name);
+				bool  listed = config_list_contains(list, prefixed);
+
+				free(prefixed);
+				if (!listed)
+				{
+					free(specs[i].name);
+					free(specs[i].program);
+					continue;
+				}
+			}
+			specs[kept++] = specs[i];
+		}
+		*count = kept;
+		if (dispatcher.stage_set == NULL)
+		{
+			dispatcher.stage_set = xstrdup(set.data);
+			dispatcher.stage_set_names = xstrdup(readable.data);
+		}
+	}
+	buf_free(&set);
+	buf_free(&readable);
+	free(names);
+	free(copy);
+	return ok;
 }

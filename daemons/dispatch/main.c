@@ -61,7 +61,14 @@ dispatch_apply_config(struct pepsi_config *cfg)
 	static bool		   applied;
 	bool			   starting = !applied;
 
-	if (!graph_load(cfg, &specs, &count, err, sizeof(err)) || !dispatch_options_load(cfg, err, sizeof(err)))
+	if (!graph_load(cfg, &specs, &count, err, sizeof(err)))
+		count = 0, specs = NULL;
+	else if (!graph_select_stages(cfg, specs, &count, err, sizeof(err)) || !dispatch_options_load(cfg, err, sizeof(err)))
+	{
+		graph_free(specs, count);
+		specs = NULL;
+	}
+	if (specs == NULL)
 	{
 		if (starting)
 			fatalx("%s", err);
@@ -188,6 +195,7 @@ pepsi_dispatch_main(int argc, char **argv)
 		size_t			   count;
 
 		if (!graph_load(dispatcher.cfg, &specs, &count, err, sizeof(err))
+			|| !graph_select_stages(dispatcher.cfg, specs, &count, err, sizeof(err))
 			|| !dispatch_options_load(dispatcher.cfg, err, sizeof(err)))
 			fatalx("%s", err);
 		graph_free(specs, count);
@@ -218,7 +226,8 @@ pepsi_dispatch_main(int argc, char **argv)
 	ev_signal_init(&sighup_watcher, on_reload_signal, SIGHUP);
 	ev_signal_start(dispatcher.loop, &sighup_watcher);
 
-	log_info("starting (configuration %s)", dispatcher.config_path);
+	log_info("starting (configuration %s; serving %s%s)", dispatcher.config_path,
+			 dispatcher.stage_set_names, dispatcher.standby ? ", as a standby until the active dispatcher goes" : "");
 	dbconn_start();
 	/* Ready once started: it connects (and reconnects) to the database itself. */
 	service_watchdog_start(dispatcher.loop);

@@ -15,4 +15,15 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.7'" to load this file. \quit
 
+-- ============================================================================
+-- Dispatcher stage sets: a dispatcher that serves only the stages of its
+-- [dispatch] STAGES resets only those stages' orphaned rows at start; the
+-- rows another dispatcher's workers hold at other stages are not orphans.
+-- The one-argument form stays for the dispatcher that serves every stage.
+-- The grant rule on workqueue_reset_orphans (pepsi_dispatch) covers both.
+CREATE FUNCTION pepsi.workqueue_reset_orphans(except_ids bigint[], stages text[])
+RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C CALLED ON NULL INPUT;
+SELECT pepsi.grant_apply();
+-- end of dispatcher stage sets
+
 UPDATE pepsi.schema_version SET version = '0.7';

@@ -4804,3 +4804,14 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('settings_set'), ('settings_unset
 SELECT pg_catalog.pg_extension_config_dump('pepsi.settings_request', '');
 SELECT pepsi.grant_apply();
 -- end of owner settings
+
+-- ============================================================================
+-- Dispatcher stage sets: a dispatcher that serves only the stages of its
+-- [dispatch] STAGES resets only those stages' orphaned rows at start; the
+-- rows another dispatcher's workers hold at other stages are not orphans.
+-- The one-argument form stays for the dispatcher that serves every stage.
+-- The grant rule on workqueue_reset_orphans (pepsi_dispatch) covers both.
+CREATE FUNCTION pepsi.workqueue_reset_orphans(except_ids bigint[], stages text[])
+RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C CALLED ON NULL INPUT;
+SELECT pepsi.grant_apply();
+-- end of dispatcher stage sets

@@ -26,6 +26,7 @@
 #include "pepsi.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
@@ -49,6 +50,8 @@
 #define MAINT_LOCK_KEY2 1
 /* Rows requeued or log rows pruned per transaction. */
 #define MAINT_BATCH 10000
+/* How often a worker on a standby looks whether it was promoted. */
+#define MAINT_STANDBY_POLL_MS 1000L
 /* Schedules run per pass (each is a call or an inject). */
 #define MAINT_SCHEDULE_BATCH 100
 
@@ -393,6 +396,37 @@ maint_run_pass(TimestampTz *last_sweep)
 	return sleep_ms;
 }
 
+/*
+ * On a standby (hot standby under Patroni, where the library is preloaded
+ * on every node) the worker has nothing to do: every pass writes.  It
+ * waits, idle, until the server is promoted, and then serves as on any
+ * primary.  The start condition (BgWorkerStart_RecoveryFinished) already
+ * keeps the postmaster from starting it during recovery; this covers a
+ * worker registered while the server was a primary that is now in
+ * recovery again, and says so in the log.
+ */
+static void
+maint_wait_for_primary(void)
+{
+	bool logged = false;
+
+	while (!ShutdownRequestPending && RecoveryInProgress())
+	{
+		if (!logged)
+			elog(LOG, "pepsi maintenance: the server is a standby (in recovery); idle until it is promoted");
+		logged = true;
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 MAINT_STANDBY_POLL_MS, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
 void
 pepsi_maintenance_main(Datum main_arg)
 {
@@ -408,6 +442,9 @@ pepsi_maintenance_main(Datum main_arg)
 	else
 		BackgroundWorkerInitializeConnection(pepsi_database, NULL, 0);
 
+	maint_wait_for_primary();
+	if (ShutdownRequestPending)
+		proc_exit(0);
 	if (!maint_take_singleton_lock())
 	{
 		elog(LOG, "pepsi maintenance: another worker already serves this database; exiting");
@@ -424,7 +461,8 @@ pepsi_maintenance_main(Datum main_arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 		}
-		sleep_ms = maint_run_pass(&last_sweep);
+		/* A primary demoted in place (never under Patroni, which restarts it) stops writing. */
+		sleep_ms = RecoveryInProgress() ? MAINT_STANDBY_POLL_MS : maint_run_pass(&last_sweep);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 sleep_ms, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);

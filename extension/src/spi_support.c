@@ -222,7 +222,9 @@ queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token)
  * must not put another worker's row back to be claimed again, so these
  * refuse a session that does not hold the one-dispatcher advisory lock
  * (pg_try_advisory_lock(PEPSI_LOCK_CLASS, PEPSI_LOCK_DISPATCH), common/runtime/db.h,
- * which pepsi-dispatch takes before anything else).  A superuser (the
+ * which pepsi-dispatch takes before anything else; in its shared mode
+ * when the dispatcher serves a set of stages, [dispatch] STAGES, and
+ * several such dispatchers share the queue).  A superuser (the
  * caller outside the SECURITY DEFINER function) may: a DBA recovering by
  * hand.
  */
@@ -234,7 +236,7 @@ queue_check_dispatcher(const char *what)
 	if (superuser_arg(GetOuterUserId()))
 		return;
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, PEPSI_LOCK_CLASS_ID, PEPSI_LOCK_DISPATCH_ID, 2);
-	if (!LockHeldByMe(&tag, ExclusiveLock))
+	if (!LockHeldByMe(&tag, ExclusiveLock) && !LockHeldByMe(&tag, ShareLock))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("%s is for the dispatcher's session only", what),

@@ -768,32 +768,44 @@ workqueue_requeue_due(PG_FUNCTION_ARGS)
 }
 
 /*
- * workqueue_reset_orphans(except_ids): running rows go back to pending,
- * except those listed (the ones a reconnecting dispatcher still has in
- * flight).  At start-up a dispatcher passes none: every running row was
- * left by its predecessor.
+ * workqueue_reset_orphans(except_ids [, stages]): running rows go back to
+ * pending, except those listed (the ones a reconnecting dispatcher still
+ * has in flight).  At start-up a dispatcher passes none: every running row
+ * was left by its predecessor.  A dispatcher that serves a set of stages
+ * ([dispatch] STAGES) passes them, and only its own stages' rows are reset:
+ * the rows another dispatcher's workers hold are not orphans.
  */
 Datum
 workqueue_reset_orphans(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {INT8ARRAYOID};
-	Datum			  values[1];
-	char			  nulls[1] = {' '};
+	static SPIPlanPtr plans[2][2];
+	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTARRAYOID};
+	Datum			  values[2];
+	char			  nulls[2] = {' ', ' '};
+	bool			  by_stage = PG_NARGS() > 1 && !PG_ARGISNULL(1);
 	uint64			  reset;
 
 	queue_check_dispatcher("workqueue_reset_orphans");
 	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	nulls[0] = PG_ARGISNULL(0) ? 'n' : ' ';
+	values[1] = by_stage ? PG_GETARG_DATUM(1) : (Datum) 0;
 	SPI_connect();
 	/* The running rows, through the pending index that holds them from 0.2 on. */
 #define RESET_ORPHANS_SQL(running)                                     \
 	"UPDATE pepsi.workqueue SET status = 'pending', " PENDING_SEQ_NEXT \
 	" WHERE " running " AND ($1 IS NULL OR id <> ALL ($1))"
-	queue_exec(queue_plan_pending(plans,
-								  RESET_ORPHANS_SQL("index_status = 'pending' AND status = 'running'"),
-								  RESET_ORPHANS_SQL("status = 'running'"), 1, argtypes),
-			   values, nulls, false, 0);
+#define RESET_ORPHANS_RUNNING_INDEXED "index_status = 'pending' AND status = 'running'"
+#define RESET_ORPHANS_BY_STAGE " AND stage = ANY ($2)"
+	if (by_stage)
+		queue_exec(queue_plan_pending(plans[1],
+									  RESET_ORPHANS_SQL(RESET_ORPHANS_RUNNING_INDEXED) RESET_ORPHANS_BY_STAGE,
+									  RESET_ORPHANS_SQL("status = 'running'") RESET_ORPHANS_BY_STAGE, 2,
+									  argtypes),
+				   values, nulls, false, 0);
+	else
+		queue_exec(queue_plan_pending(plans[0], RESET_ORPHANS_SQL(RESET_ORPHANS_RUNNING_INDEXED),
+									  RESET_ORPHANS_SQL("status = 'running'"), 1, argtypes),
+				   values, nulls, false, 0);
 	reset = SPI_processed;
 	if (reset > 0)
 		queue_notify_workqueue();

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# A highly available PostgreSQL on one machine, for tests and bench/failover:
+# one etcd and a three-node Patroni cluster with synchronous replication,
+# every port on 127.0.0.1, every file under DIR, run as the calling
+# (unprivileged) user with the PostgreSQL binaries of $PGBIN (else
+# pg_config's).  What it stands for in production is docs/scaling.md.
+#
+#   ha.sh start DIR [BASE_PORT]   etcd on BASE_PORT (default 23790) and +1,
+#                                 the nodes' PostgreSQL on BASE_PORT+11..13 and
+#                                 their REST APIs on BASE_PORT+21..23; returns
+#                                 once a leader accepts writes and both
+#                                 standbys stream (at most HA_START_TIMEOUT
+#                                 seconds, default 120)
+#   ha.sh stop DIR                every process started under DIR, then etcd
+#   ha.sh ports DIR               the nodes' PostgreSQL ports, "a,b,c"
+#   ha.sh leader DIR              the leader's PostgreSQL port (none: exit 1)
+#   ha.sh kill-leader DIR         SIGKILL the leader's Patroni and postmaster
+#                                 (a host lost); prints the port it had
+#
+# The timing settings (ttl, loop_wait, retry_timeout) are the smallest
+# Patroni accepts, so that a failover takes seconds, not half a minute:
+# the leader key lapses ttl seconds after its holder's last renewal.
+set -euo pipefail
+
+HA_TTL=${HA_TTL:-20}
+HA_LOOP_WAIT=${HA_LOOP_WAIT:-1}
+HA_RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-5}
+HA_START_TIMEOUT=${HA_START_TIMEOUT:-120}
+
+die() {
+    echo "ha.sh: $*" >&2
+    exit 1
+}
+
+[ $# -ge 2 ] || die "usage: ha.sh start|stop|ports|leader|kill-leader DIR [BASE_PORT]"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+if [ "$(id -u)" -eq 0 ]; then
+    # initdb refuses root: the cluster belongs to the unprivileged user (lib.sh).
+    ensure_unprivileged_user
+    mkdir -p "$2"
+    give_to_user "$2"
+    exec runuser -u "$PEPSI_USER" -- env PGBIN="$PGBIN" "$0" "$@"
+fi
+command=$1
+dir=$2
+pgbin=$PGBIN
+
+node_port() { echo $((base + 10 + $1)); }
+rest_port() { echo $((base + 20 + $1)); }
+
+load_base() {
+    [ -f "$dir/base_port" ] || die "$dir holds no cluster (no $dir/base_port)"
+    base=$(cat "$dir/base_port")
+}
+
+# The port of the node that is primary now (pg_is_in_recovery false), or nothing.
+leader_port() {
+    for i in 1 2 3; do
+        local port
+        port=$(node_port $i)
+        if [ "$("$pgbin/psql" -XAtq -h 127.0.0.1 -p "$port" -d postgres \
+            -c 'SELECT NOT pg_is_in_recovery()' 2>/dev/null)" = t ]; then
+            echo "$port"
+            return 0
+        fi
+    done
+    return 1
+}
+
+write_node_config() {
+    local i=$1 user
+    user=$(id -un)
+    mkdir -p "$dir/node$i"
+    cat >"$dir/node$i/patroni.yml" <<EOF
+scope: pepsi-ha
+name: node$i
+log:
+  level: WARNING
+restapi:
+  listen: 127.0.0.1:$(rest_port "$i")
+  connect_address: 127.0.0.1:$(rest_port "$i")
+etcd3:
+  hosts: 127.0.0.1:$base
+bootstrap:
+  dcs:
+    ttl: $HA_TTL
+    loop_wait: $HA_LOOP_WAIT
+    retry_timeout: $HA_RETRY_TIMEOUT
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: true
+    postgresql:
+      use_pg_rewind: false
+      parameters:
+        max_connections: 100
+        max_worker_processes: 16
+        wal_level: replica
+        hot_standby: "on"
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_keep_size: 128MB
+        fsync: "off"
+  initdb:
+    - encoding: UTF8
+    - locale: C
+  pg_hba:
+    - local all all trust
+    - host all all 127.0.0.1/32 trust
+    - local replication all trust
+    - host replication all 127.0.0.1/32 trust
+postgresql:
+  listen: 127.0.0.1:$(node_port "$i")
+  connect_address: 127.0.0.1:$(node_port "$i")
+  data_dir: $dir/node$i/data
+  bin_dir: $pgbin
+  pgpass: $dir/node$i/pgpass
+  authentication:
+    superuser:
+      username: $user
+    replication:
+      username: $user
+  parameters:
+    unix_socket_directories: $dir/node$i
+EOF
+}
+
+case "$command" in
+start)
+    base=${3:-23790}
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    echo "$base" >"$dir/base_port"
+    etcd --name ha --data-dir "$dir/etcd" \
+        --listen-client-urls "http://127.0.0.1:$base" \
+        --advertise-client-urls "http://127.0.0.1:$base" \
+        --listen-peer-urls "http://127.0.0.1:$((base + 1))" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$((base + 1))" \
+        --initial-cluster "ha=http://127.0.0.1:$((base + 1))" \
+        >"$dir/etcd.log" 2>&1 &
+    echo $! >"$dir/etcd.pid"
+    for i in 1 2 3; do
+        write_node_config "$i"
+        patroni "$dir/node$i/patroni.yml" >"$dir/node$i/patroni.log" 2>&1 &
+        echo $! >"$dir/node$i/patroni.pid"
+    done
+    deadline=$((SECONDS + HA_START_TIMEOUT))
+    while :; do
+        if port=$(leader_port) &&
+            [ "$("$pgbin/psql" -XAtq -h 127.0.0.1 -p "$port" -d postgres \
+                -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null)" = 2 ]; then
+            break
+        fi
+        [ $SECONDS -lt $deadline ] || die "no leader with two streaming standbys after ${HA_START_TIMEOUT} s; see $dir/node*/patroni.log and $dir/etcd.log"
+        sleep 0.2
+    done
+    ;;
+stop)
+    load_base
+    for i in 1 2 3; do
+        if [ -f "$dir/node$i/patroni.pid" ]; then
+            kill "$(cat "$dir/node$i/patroni.pid")" 2>/dev/null || :
+        fi
+    done
+    # Patroni stops its PostgreSQL; a killed node leaves its postmaster.
+    for i in 1 2 3; do
+        if [ -f "$dir/node$i/data/postmaster.pid" ]; then
+            "$pgbin/pg_ctl" -D "$dir/node$i/data" -m immediate stop >/dev/null 2>&1 || :
+        fi
+    done
+    deadline=$((SECONDS + 30))
+    for i in 1 2 3; do
+        pid=$(cat "$dir/node$i/patroni.pid" 2>/dev/null || :)
+        while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+            sleep 0.1
+        done
+        [ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || :
+    done
+    if [ -f "$dir/etcd.pid" ]; then
+        kill "$(cat "$dir/etcd.pid")" 2>/dev/null || :
+    fi
+    ;;
+ports)
+    load_base
+    echo "$(node_port 1),$(node_port 2),$(node_port 3)"
+    ;;
+leader)
+    load_base
+    leader_port || exit 1
+    ;;
+kill-leader)
+    load_base
+    port=$(leader_port) || die "no leader to kill"
+    i=$((port - base - 10))
+    kill -9 "$(cat "$dir/node$i/patroni.pid")" 2>/dev/null || :
+    kill -9 "$(head -1 "$dir/node$i/data/postmaster.pid")" 2>/dev/null || :
+    echo "$port"
+    ;;
+*)
+    die "unknown command $command (start, stop, ports, leader, kill-leader)"
+    ;;
+esac
