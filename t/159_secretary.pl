@@ -1,0 +1,188 @@
+# The confirm-to-send secretary (pepsi-stage-check-whitelist) end to end,
+# through pepsi-ingress (SPF checked against the tests' DNS server),
+# pepsi-dispatch and the maildir writer, with swaks as the senders: an
+# owner turns WHITELIST on; an unknown sender whose address SPF proves is
+# held and gets exactly one challenge however many messages it sends;
+# its reply with the token releases what was held (delivered to the
+# owner's Maildir), whitelists it, and its later mail passes straight; a
+# reused token releases nothing; the null sender and a message with
+# List-Id are held without a challenge, and so is an unproven sender;
+# held mail expires through the schedule's secretary_expire; a
+# whitelisted sender's mail and mail to an owner without WHITELIST pass.
+
+use strict;
+use warnings FATAL => 'all';
+
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+use TestDNS;
+
+plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
+
+my $db = 'postgres';
+my $node = delivery_node('secretary');
+my $root = PostgreSQL::Test::Utils::tempdir();
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $owner = 'bob@local.test';
+my $known = 'carol@sender.test';
+my $stranger = 'dave@sender.test';
+make_mailbox($root, $_)
+  for $owner, 'alice@local.test', $known, $stranger, 'news@lists.test', 'eve@unproven.test';
+
+sub sql { return $node->safe_psql($db, shift) }
+
+# sender.test and lists.test send from 127.0.0.1 (SPF pass); unproven.test
+# publishes no SPF record.
+my $dns = TestDNS->new($tmp);
+$dns->zone(<<'ZONE');
+1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.
+mx.client.test. 300 IN A 127.0.0.1
+sender.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
+lists.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
+ZONE
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $config = delivery_config($node, maildir_root => $root,
+	local_domains => 'local.test sender.test lists.test unproven.test',
+	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
+	extra => { init => "LOCAL_STAGE = secretary\n" },
+	more_stages => {
+		secretary => "PROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = maildir\nREPLY_STAGE = init\n"
+		  . "CONFIRM_URL = https://mx.pepsi.test/confirm\n",
+	},
+	sections => <<"CONF");
+[ingress]
+AUTHSERV_ID = mx.pepsi.test
+DISPATCH_WAKE_INTERVAL = 10ms
+DNS_MESSAGE_BUDGET = 8s
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+MESSAGE_AUTHENTICATION = on
+TRUSTED_MESSAGE_AUTHENTICATION = on
+CONF
+
+# Bob turns the secretary on, as the settings stage would on his confirmation.
+sql("SELECT pepsi.settings_set('$owner', 'WHITELIST', 'yes')");
+sql("SELECT pepsi.whitelist_add('$owner', '$known')");
+
+my $ingress = start_ingress($config, $port, "$tmp/ingress.log");
+my $d = start_dispatcher($config);
+
+# Send from $from to $to with swaks; returns swaks' exit code.
+my $n = 0;
+sub send_mail
+{
+	my ($from, $to, %m) = @_;
+	$n++;
+	my $subject = $m{subject} // "message $n";
+	my $headers = join('', map { "$_\r\n" } @{ $m{headers} // [] });
+	my $data = "From: <" . ($m{header_from} // ($from || 'mailer-daemon@sender.test')) . ">\r\nTo: <$to>\r\n"
+	  . "Subject: $subject\r\nMessage-ID: <m$n\@sender.test>\r\nDate: Sun, 6 Dec 2026 12:00:00 +0000\r\n$headers\r\n"
+	  . ($m{body} // "Hello $n.\r\n");
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'swaks', '--server', '127.0.0.1', '--port', $port, '--ehlo', 'mx.client.test',
+			'--from', $from eq '' ? '<>' : $from, '--to', $to, '--data', '-' ],
+		'<', \$data, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	diag($out . $err) if $?;
+	return $? >> 8;
+}
+
+sub settled { return poll_until(sub { queue_count($node) == sql("SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout = 'infinity'") }, 60) }
+sub held { return sql("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'secretary' AND status = 'paused' AND timeout = 'infinity'") }
+sub challenges { my ($to) = @_; return grep { /^Subject: Please confirm your message to bob\@local\.test/m } map { slurp($_) } maildir_files($root, $to) }
+sub delivered { return map { slurp($_) } maildir_files($root, $owner) }
+
+# 1. A whitelisted sender passes straight.
+is(send_mail($known, $owner), 0, 'the known sender\'s message is taken');
+ok(poll_until(sub { scalar(delivered()) == 1 }, 60), 'and delivered at once')
+  or diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
+	"\n", dispatcher_log($d));
+
+# 2. An unknown, proven sender: three messages held, one challenge.
+is(send_mail($stranger, $owner, subject => "first from dave"), 0, 'a stranger\'s message') for 1;
+is(send_mail($stranger, $owner), 0, 'a second') for 1;
+is(send_mail($stranger, $owner), 0, 'a third') for 1;
+ok(poll_until(sub { held() == 3 }, 60), 'all three are held')
+  or diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, timeout, state::text), E'\n') FROM pepsi.workqueue"),
+	"\n", dispatcher_log($d));
+ok(poll_until(sub { scalar(challenges($stranger)) >= 1 }, 60), 'the stranger gets a challenge');
+ok(settled(), 'settled');
+is(scalar(challenges($stranger)), 1, 'exactly one, for three messages');
+is(scalar(delivered()), 1, 'nothing held is delivered');
+my ($challenge) = challenges($stranger);
+like($challenge, qr/^From: <bob\@local\.test>\r$/m, 'from the owner\'s address');
+like($challenge, qr/^Auto-Submitted: auto-replied\r$/m, 'an RFC 3834 auto-reply');
+like($challenge, qr/^In-Reply-To: <m\d+\@sender\.test>\r$/m, 'in reply to the held message');
+my ($token) = $challenge =~ /^Subject: Please confirm your message to bob\@local\.test \(([0-9a-f]{64})\)\r$/m;
+ok($token, 'its Subject carries the token');
+like($challenge, qr{https://mx\.pepsi\.test/confirm\?token=$token}, 'and its text the link');
+is(sql("SELECT count(*) FROM pepsi.secretary_challenge WHERE token_hash = sha256(convert_to('$token', 'UTF8'))"), '1',
+	'only the token\'s hash is kept');
+is(sql("SELECT count(*) FROM pepsi.secretary_challenge WHERE encode(token_hash, 'escape') LIKE '%$token%'"), '0',
+	'not the token');
+is(sql("SELECT count(*) FROM pepsi.workqueue WHERE mail_from = '' AND 'dave\@sender.test' = ANY (rcpt_to)"), '0',
+	'the challenge went from the null sender (delivered)');
+
+# 3. The null sender, a list's message and an unproven sender: held, no challenge.
+is(send_mail('', $owner, header_from => 'mailer-daemon@sender.test'), 0, 'a message from the null sender');
+is(send_mail('news@lists.test', $owner, headers => ['List-Id: <news.lists.test>']), 0, 'a list\'s message');
+is(send_mail('eve@unproven.test', $owner), 0, 'an unproven sender\'s message');
+ok(poll_until(sub { held() == 6 }, 60), 'all three are held');
+ok(settled(), 'settled');
+ok(file_shows($d->{log}, qr/<bob\@local\.test>: held, from <eve\@unproven\.test>, not on the whitelist: not verified: no challenge: the sender's address is not proven/),
+	'the unproven sender: held without a challenge, said why');
+ok(file_shows($d->{log}, qr/held, from <news\@lists\.test>.*a mailing list's message \(List-Id\)/),
+	'the list: the reason named');
+is(scalar(challenges('news@lists.test')) + scalar(challenges('eve@unproven.test'))
+	  + scalar(maildir_files($root, 'mailer-daemon@sender.test')), 0, 'none of them gets a challenge');
+
+# 4. An unproven reply with the token releases nothing.
+is(send_mail('eve@unproven.test', $owner, subject => "Re: Please confirm your message to bob\@local.test ($token)"), 0,
+	'someone else replies with the token');
+ok(poll_until(sub { held() == 7 }, 60), 'held too');
+is(scalar(delivered()), 1, 'nothing released');
+
+# 5. The stranger's reply releases the three messages and whitelists it.
+is(send_mail($stranger, $owner, subject => "Re: Please confirm your message to bob\@local.test ($token)",
+		body => "Yes, it was me.\r\n"), 0, 'the stranger replies');
+ok(poll_until(sub { scalar(delivered()) == 4 }, 60), 'its three held messages are delivered')
+  or diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, timeout, state::text), E'\n') FROM pepsi.workqueue"),
+	"\n", dispatcher_log($d));
+ok(grep({ /^Subject: first from dave\r$/m } delivered()), 'the held message itself');
+ok(!grep({ /Yes, it was me/ } delivered()), 'the reply is not delivered to the owner');
+is(sql("SELECT source FROM pepsi.whitelist WHERE owner = '$owner' AND sender = '$stranger'"), 'reply',
+	'the stranger is on the whitelist');
+is(send_mail($stranger, $owner, subject => 'later'), 0, 'later mail');
+ok(poll_until(sub { scalar(delivered()) == 5 }, 60), 'passes straight');
+is(scalar(challenges($stranger)), 1, 'and no new challenge');
+
+# 6. The token again (by the link's function, as pepsi-httpd's POST calls it): refused.
+like(sql("SELECT pepsi.secretary_release('$token')"), qr/^the link was already used/, 'a reused token is refused');
+is(sql("SELECT state FROM pepsi.secretary_challenge_show('$token')"), 'released', 'and shown as used');
+
+# 7. Expiry: eve's held mail goes when its time is up, through the schedule.
+sql("UPDATE pepsi.secretary_challenge SET expires_at = now() - interval '1 second' WHERE sender = 'eve\@unproven.test'");
+sql("SELECT pepsi.schedule_add('secretary-expire', now(), interval '1 hour', function_name => 'secretary_expire')");
+ok(poll_until(sub { held() == 2 }, 60), 'the unproven sender\'s two held messages expire');
+like(sql("SELECT last_outcome FROM pepsi.schedule WHERE name = 'secretary-expire'"), qr/^ok: 2 held messages expired$/,
+	'the schedule says so');
+is(sql("SELECT count(*) FROM pepsi.secretary_challenge WHERE sender = 'eve\@unproven.test'"), '0', 'with its challenge');
+
+# 8. Mail to an owner without WHITELIST, from the same stranger, is not screened.
+is(send_mail('eve@unproven.test', 'alice@local.test'), 0, 'to alice');
+ok(poll_until(sub { scalar(maildir_files($root, 'alice@local.test')) == 1 }, 60), 'delivered');
+
+# 9. The stage's role writes none of the tables itself.
+my ($prc, $pout, $perr) = $node->psql($db,
+	"SET ROLE pepsi_stage; INSERT INTO pepsi.whitelist VALUES ('bob\@local.test', 'x\@y.test', 'owner')");
+like($perr, qr/permission denied for table whitelist/, 'pepsi_stage may not write pepsi.whitelist');
+
+stop_process($ingress);
+done_testing();
