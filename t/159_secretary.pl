@@ -13,6 +13,7 @@
 use strict;
 use warnings FATAL => 'all';
 
+use HTTP::Tiny;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -48,6 +49,10 @@ lists.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
 ZONE
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $http_port = PostgreSQL::Test::Cluster::get_free_port();
+my $secret = 'web-secret';
+$node->safe_psql($db, "CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
+my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
 my $config = delivery_config($node, maildir_root => $root,
 	local_domains => 'local.test sender.test lists.test unproven.test',
 	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
@@ -66,7 +71,12 @@ ADDRESS = 127.0.0.1
 PORT = $port
 MESSAGE_AUTHENTICATION = on
 TRUSTED_MESSAGE_AUTHENTICATION = on
+[httpd]
+ADDRESS = 127.0.0.1
+PORT = $http_port
+CONNINFO = $conninfo user=web password=$secret
 CONF
+chmod 0600, $config or die "chmod $config: $!";
 
 # Bob turns the secretary on, as the settings stage would on his confirmation.
 sql("SELECT pepsi.settings_set('$owner', 'WHITELIST', 'yes')");
@@ -163,9 +173,44 @@ is(send_mail($stranger, $owner, subject => 'later'), 0, 'later mail');
 ok(poll_until(sub { scalar(delivered()) == 5 }, 60), 'passes straight');
 is(scalar(challenges($stranger)), 1, 'and no new challenge');
 
-# 6. The token again (by the link's function, as pepsi-httpd's POST calls it): refused.
-like(sql("SELECT pepsi.secretary_release('$token')"), qr/^the link was already used/, 'a reused token is refused');
-is(sql("SELECT state FROM pepsi.secretary_challenge_show('$token')"), 'released', 'and shown as used');
+# 6. The link: pepsi-httpd's page shows on GET and releases on POST, once.
+my $httpd;
+END { kill 'KILL', $httpd->{pid} if $httpd && !defined $httpd->{status} }
+$httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
+ok(file_shows("$tmp/httpd.log", qr/ready/), 'pepsi-httpd starts');
+my $http = HTTP::Tiny->new(timeout => 10, max_redirect => 0);
+my $url = "http://127.0.0.1:$http_port/confirm";
+my $frank = 'frank@sender.test';
+make_mailbox($root, $frank);
+is(send_mail($frank, $owner, subject => 'from frank'), 0, 'another stranger writes');
+ok(poll_until(sub { scalar(challenges($frank)) == 1 }, 60), 'and is challenged');
+my ($link_token) = (challenges($frank))[0] =~ m{/confirm\?token=([0-9a-f]{64})};
+ok($link_token, 'the challenge has the link');
+my $r = $http->get("$url?token=$link_token");
+is($r->{status}, 200, 'GET shows the page');
+like($r->{content}, qr{<form method="post" action="/confirm"><input type="hidden" name="token" value="$link_token">},
+	'with a button that posts the token');
+like($r->{content}, qr/bob\@local\.test takes mail only from senders it knows\.  1 message\(s\) from frank\@sender\.test wait/,
+	'and what waits');
+like($r->{headers}{'content-security-policy'}, qr/form-action 'self'/, 'its form may post back');
+ok(settled(), 'settled');
+is(held(), 5, 'a GET releases nothing (frank\'s message waits with four others)');
+$r = $http->post_form($url, { token => $link_token });
+is($r->{status}, 200, 'POST releases') or diag($r->{content});
+like($r->{content}, qr/your mail is delivered/, 'and says so');
+ok(poll_until(sub { grep({ /^Subject: from frank\r$/m } delivered()) == 1 }, 60), 'frank\'s message is delivered');
+is(sql("SELECT source FROM pepsi.whitelist WHERE owner = '$owner' AND sender = '$frank'"), 'link',
+	'frank is on the whitelist');
+$r = $http->post_form($url, { token => $link_token });
+is($r->{status}, 410, 'the token again: refused');
+like($r->{content}, qr/Nothing was released: the link was already used/, 'with the reason');
+$r = $http->get("$url?token=$link_token");
+like($r->{content}, qr/This link was used already/, 'GET says it was used');
+$r = $http->post_form($url, { token => $token });
+is($r->{status}, 410, 'the token the reply used: refused too');
+$r = $http->get("$url?token=" . ('0' x 64));
+is($r->{status}, 404, 'an unknown token: not found');
+stop_dispatcher($httpd);
 
 # 7. Expiry: eve's held mail goes when its time is up, through the schedule.
 sql("UPDATE pepsi.secretary_challenge SET expires_at = now() - interval '1 second' WHERE sender = 'eve\@unproven.test'");

@@ -211,8 +211,8 @@ $$;
 CREATE FUNCTION pepsi.secretary_challenge_show(token text)
 RETURNS TABLE (state text, owner text, sender text, held bigint, expires_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT coalesce(CASE WHEN c.released_at IS NOT NULL THEN 'released'
-                         WHEN c.expires_at <= now() THEN 'expired' ELSE 'open' END, 'unknown'),
+    SELECT CASE WHEN c.id IS NULL THEN 'unknown' WHEN c.released_at IS NOT NULL THEN 'released'
+                WHEN c.expires_at <= now() THEN 'expired' ELSE 'open' END,
            c.owner, c.sender,
            (SELECT count(*) FROM pepsi.secretary_held h WHERE h.challenge_id = c.id), c.expires_at
     FROM (SELECT 1) one
