@@ -173,6 +173,19 @@ is(send_mail($stranger, $owner, subject => 'later'), 0, 'later mail');
 ok(poll_until(sub { scalar(delivered()) == 5 }, 60), 'passes straight');
 is(scalar(challenges($stranger)), 1, 'and no new challenge');
 
+# A reply whose Subject lost the token, but whose text quotes it, releases too.
+my $grace = 'grace@sender.test';
+make_mailbox($root, $grace);
+is(send_mail($grace, $owner, subject => 'from grace'), 0, 'a third stranger writes');
+ok(poll_until(sub { scalar(challenges($grace)) == 1 }, 60), 'and is challenged');
+my ($grace_token) = (challenges($grace))[0] =~ /\(([0-9a-f]{64})\)\r$/m;
+my ($grace_challenge_id) = (challenges($grace))[0] =~ /^Message-ID: (<[^>]+>)\r$/m;
+is(send_mail($grace, $owner, subject => 'Re: your robot', headers => ["In-Reply-To: $grace_challenge_id"],
+		body => "Fine.\r\n\r\n> secretary $grace_token\r\n"), 0,
+	'it replies, with the token in its text only');
+ok(poll_until(sub { grep({ /^Subject: from grace\r$/m } delivered()) == 1 }, 60), 'its message is delivered');
+ok(!grep({ /your robot/ } delivered()), 'the reply is not');
+
 # 6. The link: pepsi-httpd's page shows on GET and releases on POST, once.
 my $httpd;
 END { kill 'KILL', $httpd->{pid} if $httpd && !defined $httpd->{status} }

@@ -92,8 +92,9 @@ $$;
 -- address that turned WHITELIST on), as a JSON object:
 --   {"action": "pass"}      the sender is on the owner's whitelist
 --   {"action": "released"}  the row is the sender's reply carrying the
---                           token of its open challenge (token, else one
---                           found in the row's text): the held mail is
+--                           token of its open challenge (token, else, when
+--                           look_in_text (the row refers to a challenge),
+--                           one found in its text): the held mail is
 --                           released and the sender whitelisted; the
 --                           reply itself is done with
 --   {"action": "hold", "token": T or null, "why": ...}
@@ -107,7 +108,7 @@ $$;
 --                           sent fewer than max_per_hour in the last hour.
 -- ttl is how long held mail waits for its release.
 CREATE FUNCTION pepsi.secretary_decide(owner text, sender text, row_id bigint, verified boolean,
-                                       token text, ttl interval, max_per_hour integer)
+                                       token text, look_in_text boolean, ttl interval, max_per_hour integer)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -131,9 +132,9 @@ BEGIN
     -- A verified reply to the open challenge releases it.
     IF verified AND open_found AND challenge.challenged_at IS NOT NULL AND challenge.expires_at > now() THEN
         IF (token IS NOT NULL AND sha256(convert_to(token, 'UTF8')) = challenge.token_hash)
-           OR EXISTS (SELECT FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id,
+           OR (look_in_text AND EXISTS (SELECT FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id,
                               regexp_matches(encode(substring(b.body FOR 65536), 'escape'), '[0-9a-f]{64}', 'g') m
-                      WHERE w.id = row_id AND sha256(convert_to(m[1], 'UTF8')) = challenge.token_hash) THEN
+                      WHERE w.id = row_id AND sha256(convert_to(m[1], 'UTF8')) = challenge.token_hash)) THEN
             PERFORM pepsi.secretary_release_challenge(challenge.id, 'reply');
             RETURN '{"action": "released"}';
         END IF;

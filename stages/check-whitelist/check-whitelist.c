@@ -125,6 +125,27 @@ secretary_subject_token(const struct buf *headers)
 	return token;
 }
 
+/*
+ * Does the message answer a challenge (In-Reply-To or References names
+ * one's Message-ID, "<autoreply.ROW.secretary.TIME@host>")?  Only then is
+ * its text searched for the token, server-side: the stage loads no body.
+ */
+static bool
+secretary_refers_to_challenge(const struct buf *headers)
+{
+	static const char *const fields[] = {"In-Reply-To", "References"};
+	bool					 refers = false;
+
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]) && !refers; i++)
+	{
+		char *value = header_get(headers->data, headers->len, fields[i]);
+
+		refers = value != NULL && strstr(value, ".secretary.") != NULL;
+		free(value);
+	}
+	return refers;
+}
+
 /* Inject the challenge with token to the sender; false (and the message fails) on an error. */
 static bool
 secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner, const char *token,
@@ -210,12 +231,14 @@ secretary_decide(struct pepsi_ctx *ctx)
 	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctx, "HOLD_TIME"));
 	snprintf(max, sizeof(max), "%lld", pepsi_option_int(ctx, "MAX_CHALLENGES_PER_HOUR"));
 	{
-		const char *values[7] = {owner, sender, id, proof ? "true" : "false", token, ttl, max};
+		const char *values[8] = {owner, sender, id, proof ? "true" : "false", token,
+								 proof && token == NULL && secretary_refers_to_challenge(headers) ? "true" : "false",
+								 ttl, max};
 
 		answer = pepsi_call_json(ctx,
-								 "SELECT pepsi.secretary_decide($1, $2, $3::bigint, $4::boolean, $5, $6::interval,"
-								 " $7::integer)",
-								 7, values);
+								 "SELECT pepsi.secretary_decide($1, $2, $3::bigint, $4::boolean, $5, $6::boolean,"
+								 " $7::interval, $8::integer)",
+								 8, values);
 	}
 	free(token);
 	if (answer == NULL)
@@ -304,6 +327,8 @@ const struct pepsi_stage pepsi_stage_check_whitelist_stage = {
 	.run = check_whitelist_run,
 	.batch_max = CHECK_WHITELIST_BATCH_MAX,
 	.prepare = pepsi_prefetch_address_settings,
+	/* After route, which loads less, the headers are loaded in the same pass: one claim and commit. */
+	.late_load = true,
 };
 
 int
