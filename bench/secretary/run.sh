@@ -132,13 +132,15 @@ undecided() {
 
 # measure: prints "rate accepted decided" (msg/s, s, s).
 measure() {
-    local start sent end n=1
+    local start sent end n=1 failed
     start=$(date +%s.%N)
     send
     sent=$(date +%s.%N)
     for _ in $(seq 1 6000); do
         n=$(undecided)
         [ "$n" -eq 0 ] && break
+        failed=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'")
+        [ "$failed" -eq 0 ] || { echo "$failed rows failed (see $BENCH_DIR/dispatch.log)" >&2; return 1; }
         sleep 0.1
     done
     end=$(date +%s.%N)

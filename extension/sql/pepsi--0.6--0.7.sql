@@ -111,6 +111,7 @@ CREATE FUNCTION pepsi.secretary_decide(owner text, sender text, row_id bigint, v
                                        token text, look_in_text boolean, ttl interval, max_per_hour integer)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     key text := pepsi.secretary_address(owner);
     from_key text := lower(coalesce(sender, ''));
@@ -146,22 +147,34 @@ BEGIN
         DELETE FROM pepsi.secretary_challenge c WHERE c.id = challenge.id;
         open_found := false;
     END IF;
-    IF verified THEN
+    IF verified AND NOT (open_found AND challenge.challenged_at IS NOT NULL) THEN
         SELECT count(*) INTO sent_last_hour FROM pepsi.secretary_challenge c
         WHERE c.owner = key AND c.challenged_at > now() - interval '1 hour';
-    END IF;
-    IF verified AND (NOT open_found OR challenge.challenged_at IS NULL) AND sent_last_hour < max_per_hour THEN
-        new_token := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+        IF sent_last_hour < max_per_hour THEN
+            new_token := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+        END IF;
     END IF;
     IF NOT open_found THEN
         INSERT INTO pepsi.secretary_challenge (owner, sender, token_hash, expires_at, challenged_at)
         VALUES (key, from_key, sha256(convert_to(coalesce(new_token, gen_random_uuid()::text), 'UTF8')),
                 now() + ttl, CASE WHEN new_token IS NOT NULL THEN now() END)
+        ON CONFLICT (owner, sender) WHERE released_at IS NULL DO NOTHING
         RETURNING * INTO challenge;
-    ELSIF new_token IS NOT NULL THEN
-        UPDATE pepsi.secretary_challenge c
-        SET token_hash = sha256(convert_to(new_token, 'UTF8')), challenged_at = now()
-        WHERE c.id = challenge.id;
+        IF NOT FOUND THEN
+            -- Another message of the pair opened it meanwhile: join that one.
+            SELECT * INTO challenge FROM pepsi.secretary_challenge c
+            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+            open_found := true;
+        END IF;
+    END IF;
+    IF open_found AND new_token IS NOT NULL THEN
+        IF challenge.challenged_at IS NULL THEN
+            UPDATE pepsi.secretary_challenge c
+            SET token_hash = sha256(convert_to(new_token, 'UTF8')), challenged_at = now()
+            WHERE c.id = challenge.id;
+        ELSE
+            new_token := NULL;
+        END IF;
     END IF;
     INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
     ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
