@@ -75,6 +75,8 @@ enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *co
 							const void *data, size_t len, bool copy);
 /* Add the headers every response carries (no sniffing, no framing, CSP). */
 void reply_add_security_headers(struct MHD_Response *response);
+/* An HTML page whose form posts back to this server (the secretary's confirmation page). */
+enum MHD_Result reply_form_page(struct request *req, unsigned status, const char *html);
 
 /* host.c: does Host name this server?  false with the header, printable, in shown. */
 bool httpd_host_allowed(const struct request *req, char *shown, size_t shownlen);
@@ -112,6 +114,9 @@ enum MHD_Result views_route(struct request *req, const struct principal *who, bo
 enum MHD_Result www_respond(struct request *req);
 /* The setup page (www/setup.html), which only setup_web.c serves. */
 void www_setup_page(const char **html, size_t *len);
+
+/* confirm.c: /confirm, the page of the secretary's challenge link (GET shows, POST releases). */
+enum MHD_Result confirm_route(struct request *req);
 
 /* setup_web.c: /setup, /api/setup and /api/setup/log, the first-run setup page. */
 enum MHD_Result setup_web_route(struct request *req);

@@ -11,18 +11,47 @@
 #include "base/log.h"
 #include "httpd.h"
 
-void
-reply_add_security_headers(struct MHD_Response *response)
+/* form_action: what a form of the page may post to ("'none'", or "'self'" for a page with one). */
+static void
+reply_add_headers(struct MHD_Response *response, const char *form_action)
 {
+	char policy[256];
+
 	MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
 	MHD_add_response_header(response, "X-Frame-Options", "DENY");
 	MHD_add_response_header(response, "Referrer-Policy", "no-referrer");
 	MHD_add_response_header(response, "Cache-Control", "no-store");
 	/* The page loads only its own script and style, and nothing inline. */
-	MHD_add_response_header(response, "Content-Security-Policy",
-							"default-src 'none'; script-src 'self'; style-src 'self'; "
-							"connect-src 'self'; img-src 'self'; base-uri 'none'; "
-							"form-action 'none'; frame-ancestors 'none'");
+	snprintf(policy, sizeof(policy),
+			 "default-src 'none'; script-src 'self'; style-src 'self'; "
+			 "connect-src 'self'; img-src 'self'; base-uri 'none'; "
+			 "form-action %s; frame-ancestors 'none'",
+			 form_action);
+	MHD_add_response_header(response, "Content-Security-Policy", policy);
+}
+
+void
+reply_add_security_headers(struct MHD_Response *response)
+{
+	reply_add_headers(response, "'none'");
+}
+
+enum MHD_Result
+reply_form_page(struct request *req, unsigned status, const char *html)
+{
+	struct MHD_Response *response;
+	enum MHD_Result		 result;
+
+	response = MHD_create_response_from_buffer(strlen(html), (void *) (uintptr_t) html, MHD_RESPMEM_MUST_COPY);
+	if (response == NULL)
+		return MHD_NO;
+	MHD_add_response_header(response, "Content-Type", "text/html; charset=utf-8");
+	reply_add_headers(response, "'self'");
+	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+		MHD_add_response_header(response, "Allow", "GET, POST");
+	result = MHD_queue_response(req->connection, status, response);
+	MHD_destroy_response(response);
+	return result;
 }
 
 enum MHD_Result

@@ -3670,7 +3670,9 @@ RETURNS SETOF record LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pepsi,
            ('send_count_prune', 'older_than (interval, required, an hour or more)',
             'Delete the hours of per-account send counts older than older_than'),
            ('screen_verdict_prune', '(none)',
-            'Delete the expired connection-level verdicts (DNSBL, pre-greeting)')
+            'Delete the expired connection-level verdicts (DNSBL, pre-greeting)'),
+           ('secretary_expire', '(none)',
+            'Delete the mail the secretary held whose HOLD_TIME is up: pepsi-stage-check-whitelist(8)')
 $$;
 
 -- Check a call's arguments as the call would read them; raise naming the
@@ -3738,10 +3740,10 @@ BEGIN
             RAISE EXCEPTION '% needs older_than, an hour or more', function_name
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-    ELSIF function_name = 'screen_verdict_prune' THEN
+    ELSIF function_name IN ('screen_verdict_prune', 'secretary_expire') THEN
         SELECT string_agg(k, ', ') INTO unknown FROM jsonb_object_keys(arguments) k;
         IF unknown IS NOT NULL THEN
-            RAISE EXCEPTION 'screen_verdict_prune takes no argument %', unknown
+            RAISE EXCEPTION '% takes no argument %', function_name, unknown
                 USING ERRCODE = 'invalid_parameter_value', DETAIL = 'It takes no arguments.';
         END IF;
     END IF;
@@ -3776,6 +3778,8 @@ BEGIN
             RETURN format('%s rows pruned', pepsi.send_count_prune((arguments ->> 'older_than')::interval));
         WHEN 'screen_verdict_prune' THEN
             RETURN format('%s rows pruned', pepsi.screen_verdict_prune());
+        WHEN 'secretary_expire' THEN
+            RETURN format('%s held messages expired', pepsi.secretary_expire());
     END CASE;
 END
 $$;
@@ -4815,3 +4819,345 @@ CREATE FUNCTION pepsi.workqueue_reset_orphans(except_ids bigint[], stages text[]
 RETURNS integer AS 'MODULE_PATHNAME', 'workqueue_reset_orphans' LANGUAGE C CALLED ON NULL INPUT;
 SELECT pepsi.grant_apply();
 -- end of dispatcher stage sets
+
+-- ===========================================================================
+-- The confirm-to-send secretary: pepsi-stage-check-whitelist and
+-- pepsi-whitelist
+--
+-- An address whose owner turned WHITELIST on takes mail only from the
+-- senders on its whitelist (pepsi.whitelist).  Mail from anyone else is
+-- held at the stage (paused with no retry time, as pepsi.queue_hold
+-- leaves a row) and recorded in pepsi.secretary_held against the open
+-- challenge of that owner and sender (pepsi.secretary_challenge, one per
+-- pair at a time).  The sender gets one challenge, carrying a single-use
+-- token of which only the hash is kept, and only when the stage found the
+-- sender's address verified (SPF or aligned DKIM): an unverified sender's
+-- mail is held without one.  The token, in a reply or through the page
+-- pepsi-httpd serves, releases every held row of the challenge and
+-- whitelists the sender (pepsi.secretary_release).  Held mail that nobody
+-- released expires (pepsi.secretary_expire, a call a pepsi.schedule row
+-- may make).  The stage's role writes none of the tables itself: the
+-- functions run as the owner and check everything.
+-- ===========================================================================
+
+CREATE TABLE pepsi.whitelist (
+    owner       text NOT NULL CHECK (owner ~ '^[^@\s]+@[^@\s]+$'),
+    sender      text NOT NULL CHECK (sender ~ '^[^@\s]+@[^@\s]+$'),
+    source      text NOT NULL CHECK (source IN ('reply', 'link', 'owner', 'sent-folder', 'operator')),
+    added_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (owner, sender)
+);
+COMMENT ON TABLE pepsi.whitelist IS
+    'The senders an address that turned WHITELIST on takes mail from (pepsi-stage-check-whitelist)';
+
+CREATE TABLE pepsi.secretary_challenge (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner       text NOT NULL CHECK (owner ~ '^[^@\s]+@[^@\s]+$'),
+    sender      text NOT NULL,
+    token_hash  bytea NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,
+    challenged_at timestamptz,
+    released_at timestamptz,
+    released_by text CHECK (released_by IN ('reply', 'link'))
+);
+CREATE UNIQUE INDEX secretary_challenge_open ON pepsi.secretary_challenge (owner, sender)
+    WHERE released_at IS NULL;
+CREATE INDEX secretary_challenge_expires_at ON pepsi.secretary_challenge (expires_at);
+CREATE INDEX secretary_challenge_challenged ON pepsi.secretary_challenge (owner, challenged_at)
+    WHERE challenged_at IS NOT NULL;
+COMMENT ON TABLE pepsi.secretary_challenge IS
+    'Mail held for an owner from one sender not on its whitelist, and the hash of the token that releases it';
+
+CREATE TABLE pepsi.secretary_held (
+    row_id       bigint PRIMARY KEY,
+    challenge_id bigint NOT NULL REFERENCES pepsi.secretary_challenge (id) ON DELETE CASCADE,
+    held_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX secretary_held_challenge ON pepsi.secretary_held (challenge_id);
+COMMENT ON TABLE pepsi.secretary_held IS
+    'The queue rows pepsi-stage-check-whitelist holds, each under its challenge';
+
+-- The canonical form of an address of the secretary (lower case), or an error naming it.
+CREATE FUNCTION pepsi.secretary_address(address text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    key text := lower(btrim(address));
+BEGIN
+    IF key IS NULL OR key !~ '^[^@[:space:][:cntrl:]]+@[^@[:space:][:cntrl:]]+$' OR length(key) > 320 THEN
+        RAISE EXCEPTION 'invalid address "%"', address
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An address (user@example.org), at most 320 characters.';
+    END IF;
+    RETURN key;
+END
+$$;
+
+-- The secretary's decision on the row row_id, from sender to owner (an
+-- address that turned WHITELIST on), as a JSON object:
+--   {"action": "pass"}      the sender is on the owner's whitelist
+--   {"action": "released"}  the row is the sender's reply carrying the
+--                           token of its open challenge (token, else, when
+--                           look_in_text (the row refers to a challenge),
+--                           one found in its text): the held mail is
+--                           released and the sender whitelisted; the
+--                           reply itself is done with
+--   {"action": "hold", "token": T or null, "why": ...}
+--                           the row is recorded as held (the stage then
+--                           holds it); T is the new challenge's token when
+--                           one is to be sent now: only when verified
+--                           (the stage found the sender's address proven
+--                           and the message one an auto-reply may
+--                           answer), no challenge of the pair is open yet
+--                           (or its mail came unverified), and the owner
+--                           sent fewer than max_per_hour in the last hour.
+-- ttl is how long held mail waits for its release.
+CREATE FUNCTION pepsi.secretary_decide(owner text, sender text, row_id bigint, verified boolean,
+                                       token text, look_in_text boolean, ttl interval, max_per_hour integer)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    key text := pepsi.secretary_address(owner);
+    from_key text := lower(coalesce(sender, ''));
+    challenge pepsi.secretary_challenge;
+    new_token text;
+    sent_last_hour bigint := 0;
+    open_found boolean;
+BEGIN
+    IF ttl IS NULL OR ttl < interval '1 minute' OR ttl > interval '365 days' THEN
+        RAISE EXCEPTION 'invalid hold time %', ttl
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'From a minute to a year (HOLD_TIME).';
+    END IF;
+    IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
+        RETURN '{"action": "pass"}';
+    END IF;
+    SELECT * INTO challenge FROM pepsi.secretary_challenge c
+    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+    open_found := FOUND;
+    -- A verified reply to the open challenge releases it.
+    IF verified AND open_found AND challenge.challenged_at IS NOT NULL AND challenge.expires_at > now() THEN
+        IF (token IS NOT NULL AND sha256(convert_to(token, 'UTF8')) = challenge.token_hash)
+           OR (look_in_text AND EXISTS (SELECT FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id,
+                              regexp_matches(encode(substring(b.body FOR 65536), 'escape'), '[0-9a-f]{64}', 'g') m
+                      WHERE w.id = row_id AND sha256(convert_to(m[1], 'UTF8')) = challenge.token_hash)) THEN
+            PERFORM pepsi.secretary_release_challenge(challenge.id, 'reply');
+            RETURN '{"action": "released"}';
+        END IF;
+    END IF;
+    IF open_found AND challenge.expires_at <= now() THEN
+        -- Its time is up (secretary_expire has not come by yet): a new hold.
+        DELETE FROM pepsi.workqueue w USING pepsi.secretary_held h
+        WHERE h.challenge_id = challenge.id AND w.id = h.row_id AND w.status = 'paused' AND w.timeout = 'infinity';
+        DELETE FROM pepsi.secretary_challenge c WHERE c.id = challenge.id;
+        open_found := false;
+    END IF;
+    IF verified AND NOT (open_found AND challenge.challenged_at IS NOT NULL) THEN
+        SELECT count(*) INTO sent_last_hour FROM pepsi.secretary_challenge c
+        WHERE c.owner = key AND c.challenged_at > now() - interval '1 hour';
+        IF sent_last_hour < max_per_hour THEN
+            new_token := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+        END IF;
+    END IF;
+    IF NOT open_found THEN
+        INSERT INTO pepsi.secretary_challenge (owner, sender, token_hash, expires_at, challenged_at)
+        VALUES (key, from_key, sha256(convert_to(coalesce(new_token, gen_random_uuid()::text), 'UTF8')),
+                now() + ttl, CASE WHEN new_token IS NOT NULL THEN now() END)
+        ON CONFLICT (owner, sender) WHERE released_at IS NULL DO NOTHING
+        RETURNING * INTO challenge;
+        IF NOT FOUND THEN
+            -- Another message of the pair opened it meanwhile: join that one.
+            SELECT * INTO challenge FROM pepsi.secretary_challenge c
+            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+            open_found := true;
+        END IF;
+    END IF;
+    IF open_found AND new_token IS NOT NULL THEN
+        IF challenge.challenged_at IS NULL THEN
+            UPDATE pepsi.secretary_challenge c
+            SET token_hash = sha256(convert_to(new_token, 'UTF8')), challenged_at = now()
+            WHERE c.id = challenge.id;
+        ELSE
+            new_token := NULL;
+        END IF;
+    END IF;
+    INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+    RETURN jsonb_build_object('action', 'hold', 'token', new_token, 'challenge', challenge.id,
+                              'expires_at', challenge.expires_at,
+                              'why', CASE WHEN new_token IS NOT NULL THEN 'challenged'
+                                          WHEN NOT verified THEN 'not verified: no challenge'
+                                          WHEN challenge.challenged_at IS NOT NULL THEN 'challenged before'
+                                          ELSE format('%s challenges in the last hour (MAX_CHALLENGES_PER_HOUR)',
+                                                      sent_last_hour) END);
+END
+$$;
+
+-- Release challenge id (by 'reply' or 'link'): its held rows become
+-- pending at their stage, where the whitelisted sender now passes, and the
+-- sender goes on the owner's whitelist.  Returns how many rows were released.
+CREATE FUNCTION pepsi.secretary_release_challenge(id bigint, released_by text) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    challenge pepsi.secretary_challenge;
+    released integer;
+BEGIN
+    UPDATE pepsi.secretary_challenge c SET released_at = now(), released_by = secretary_release_challenge.released_by
+    WHERE c.id = secretary_release_challenge.id AND c.released_at IS NULL RETURNING * INTO challenge;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF challenge.sender <> '' THEN
+        INSERT INTO pepsi.whitelist (owner, sender, source) VALUES (challenge.owner, challenge.sender, released_by)
+        ON CONFLICT ON CONSTRAINT whitelist_pkey DO NOTHING;
+    END IF;
+    UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL
+    FROM pepsi.secretary_held h
+    WHERE h.challenge_id = challenge.id AND w.id = h.row_id AND w.status = 'paused' AND w.timeout = 'infinity';
+    GET DIAGNOSTICS released = ROW_COUNT;
+    DELETE FROM pepsi.secretary_held h WHERE h.challenge_id = challenge.id;
+    IF released > 0 THEN
+        PERFORM pepsi.notify_workqueue();
+    END IF;
+    RETURN released;
+END
+$$;
+
+-- What the page of a challenge's link shows (pepsi-httpd, GET): the
+-- owner, the sender, how many messages wait and until when, and whether
+-- the token may still be used (state: open, released, expired, unknown).
+-- Reading changes nothing.
+CREATE FUNCTION pepsi.secretary_challenge_show(token text)
+RETURNS TABLE (state text, owner text, sender text, held bigint, expires_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE WHEN c.id IS NULL THEN 'unknown' WHEN c.released_at IS NOT NULL THEN 'released'
+                WHEN c.expires_at <= now() THEN 'expired' ELSE 'open' END,
+           c.owner, c.sender,
+           (SELECT count(*) FROM pepsi.secretary_held h WHERE h.challenge_id = c.id), c.expires_at
+    FROM (SELECT 1) one
+    LEFT JOIN pepsi.secretary_challenge c ON c.token_hash = sha256(convert_to(coalesce(token, ''), 'UTF8'))
+                                          AND c.challenged_at IS NOT NULL
+$$;
+
+-- Release the held mail of the challenge token names, once (the link's
+-- page, POST): NULL when released, else why not.
+CREATE FUNCTION pepsi.secretary_release(token text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    challenge pepsi.secretary_challenge;
+BEGIN
+    SELECT * INTO challenge FROM pepsi.secretary_challenge c
+    WHERE c.token_hash = sha256(convert_to(coalesce(token, ''), 'UTF8')) AND c.challenged_at IS NOT NULL
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'the link is not one this server sent';
+    ELSIF challenge.released_at IS NOT NULL THEN
+        RETURN format('the link was already used (at %s)',
+                      to_char(challenge.released_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'));
+    ELSIF challenge.expires_at <= now() THEN
+        RETURN 'the link has expired, and the messages with it';
+    END IF;
+    PERFORM pepsi.secretary_release_challenge(challenge.id, 'link');
+    RETURN NULL;
+END
+$$;
+
+-- Delete the held mail whose time is up, with its challenges, and the
+-- records of released challenges a day after their time (so a reused
+-- token is told it was used until then).  Returns how many queue rows
+-- went.  The maintenance worker runs it from a pepsi.schedule row
+-- (function_name => 'secretary_expire').
+CREATE FUNCTION pepsi.secretary_expire() RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    DELETE FROM pepsi.workqueue w USING pepsi.secretary_held h, pepsi.secretary_challenge c
+    WHERE c.expires_at <= now() AND c.released_at IS NULL AND h.challenge_id = c.id AND w.id = h.row_id
+      AND w.status = 'paused' AND w.timeout = 'infinity';
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    DELETE FROM pepsi.secretary_challenge c
+    WHERE (c.released_at IS NULL AND c.expires_at <= now())
+       OR (c.released_at IS NOT NULL AND c.expires_at <= now() - interval '1 day');
+    -- Rows an operator released or deleted meanwhile.
+    DELETE FROM pepsi.secretary_held h
+    WHERE NOT EXISTS (SELECT FROM pepsi.workqueue w WHERE w.id = h.row_id);
+    RETURN deleted;
+END
+$$;
+
+-- pepsi-whitelist: a local user's own list (the program decides whose;
+-- its role may call nothing else of the secretary).  Each change audited.
+CREATE FUNCTION pepsi.whitelist_add(owner text, sender text, source text DEFAULT 'owner') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    key text := pepsi.secretary_address(owner);
+    from_key text := pepsi.secretary_address(sender);
+    open_id bigint;
+BEGIN
+    INSERT INTO pepsi.whitelist (owner, sender, source) VALUES (key, from_key, source)
+    ON CONFLICT ON CONSTRAINT whitelist_pkey DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pepsi.event_log_write('whitelist_add', jsonb_build_object('owner', key, 'sender', from_key, 'source', source));
+    -- What the sender had waiting goes now.
+    SELECT c.id INTO open_id FROM pepsi.secretary_challenge c
+    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL;
+    IF open_id IS NOT NULL THEN
+        UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL
+        FROM pepsi.secretary_held h
+        WHERE h.challenge_id = open_id AND w.id = h.row_id AND w.status = 'paused' AND w.timeout = 'infinity';
+        DELETE FROM pepsi.secretary_challenge c WHERE c.id = open_id;
+        PERFORM pepsi.notify_workqueue();
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION pepsi.whitelist_remove(owner text, sender text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    key text := pepsi.secretary_address(owner);
+    from_key text := pepsi.secretary_address(sender);
+    removed boolean;
+BEGIN
+    DELETE FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key;
+    removed := FOUND;
+    PERFORM pepsi.event_log_write('whitelist_remove',
+        jsonb_build_object('owner', key, 'sender', from_key, 'removed', removed));
+    RETURN removed;
+END
+$$;
+
+CREATE FUNCTION pepsi.whitelist_list(owner text)
+RETURNS TABLE (sender text, source text, added_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT w.sender, w.source, w.added_at FROM pepsi.whitelist w
+    WHERE w.owner = pepsi.secretary_address(whitelist_list.owner) ORDER BY w.sender
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_config', 'table', 'whitelist', '{SELECT}'),
+    ('pepsi_config', 'table', 'secretary_challenge', '{SELECT}'),
+    ('pepsi_config', 'table', 'secretary_held', '{SELECT}'),
+    ('pepsi_config', 'function', 'secretary_address', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'secretary_expire', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'whitelist_add', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'whitelist_remove', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'whitelist_list', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'secretary_address', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'secretary_decide', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secretary_challenge_show', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secretary_release', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('secretary_decide'), ('secretary_release_challenge'),
+    ('secretary_challenge_show'), ('secretary_release'), ('secretary_expire'), ('whitelist_add'),
+    ('whitelist_remove'), ('whitelist_list');
+INSERT INTO pepsi.grant_owner (name) VALUES ('secretary_release_challenge');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.whitelist', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secretary_challenge', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secretary_challenge_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secretary_held', '');
+SELECT pepsi.grant_apply();
+-- end of the confirm-to-send secretary

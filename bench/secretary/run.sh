@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# bench/secretary: what the confirm-to-send secretary costs.  The same
+# graph with and without pepsi-stage-check-whitelist, side by side:
+#
+#   secretary  pepsi-ingress -> init (route) -> secretary
+#              (pepsi-stage-check-whitelist) -> done (pepsi-stage-discard);
+#              its challenges injected at "challenges" (discard)
+#   plain      pepsi-ingress -> init (route) -> done
+#
+# BENCH_MESSAGES messages (default 20000) of 2 KB from BENCH_SENDERS senders
+# (default 2000, the same number each, sender<N>@senders.bench.test, whose
+# SPF record passes 127.0.0.1: every sender is proven) to BENCH_USERS
+# addresses (default 100, user<N>@local.bench.test; sender N writes to user
+# N % USERS), sent by Postfix's smtp-source over BENCH_SESSIONS parallel
+# sessions (default 20), one recipient a message.  On the secretary side
+# every address has WHITELIST on (a domain row of pepsi.settings) and a
+# tenth of the senders (N % 10 = 0) are on their address's whitelist:
+# their mail passes to done, the rest is held, and each of those senders is
+# sent one challenge.  The time runs from the first message sent until no
+# row is left that is not held: every message taken by ingress and
+# decided (held, or passed and discarded).  The sides alternate (secretary,
+# plain, ...), BENCH_REPEATS times (default 5), on one durable cluster
+# (bench/lib.sh), the queue and the secretary's held mail emptied before
+# each run.  Printed: each run's rates and challenges sent, then the
+# medians in messages per second with the spread, the ratio
+# secretary/plain (target: >= 0.80, the secretary costing at most 20%),
+# and the load average before and after.
+#
+# Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
+# pepsi-dispatch and the stages built, the extension installed in the
+# PostgreSQL of PGBIN.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-5}
+sessions=${BENCH_SESSIONS:-20}
+messages=${BENCH_MESSAGES:-20000}
+senders=${BENCH_SENDERS:-2000}
+users=${BENCH_USERS:-100}
+workers=${BENCH_SECRETARY_WORKERS:-8}
+domain=local.bench.test
+sender_domain=senders.bench.test
+log=$(bench_log secretary)
+
+[ $((messages % senders)) -eq 0 ] || { echo "BENCH_MESSAGES must be a multiple of BENCH_SENDERS" >&2; exit 2; }
+bench_postfix_install
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-check-whitelist pepsi-stage-discard
+
+bench_cluster_start "max_connections = 200"
+dns_port=$(bench_free_port)
+cat >"$BENCH_DIR/zone" <<ZONE
+1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.bench.test.
+mx.client.bench.test. 300 IN A 127.0.0.1
+$sender_domain. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
+ZONE
+bench_dns_start 127.0.0.1 "$dns_port" "$BENCH_DIR/zone"
+pepsi_port=$(bench_free_port)
+
+# The secretary's state: WHITELIST on for the domain, a tenth of the senders whitelisted.
+bench_psql -c "INSERT INTO pepsi.settings (address, option, value) VALUES ('@$domain', 'WHITELIST', 'yes')" \
+    -c "INSERT INTO pepsi.whitelist (owner, sender, source)
+        SELECT format('user%s@$domain', s % $users), format('sender%s@$sender_domain', s), 'operator'
+        FROM generate_series(0, $senders - 1) s WHERE s % 10 = 0" >/dev/null
+
+listener="MESSAGE_AUTHENTICATION = on
+TRUSTED_MESSAGE_AUTHENTICATION = on"
+common_stages="[stage-done]
+PROGRAM = pepsi-stage-discard
+PARALLELISM = $workers
+QUEUE_LIMIT = 256"
+
+# start_side secretary|plain: pepsi-ingress and pepsi-dispatch with that graph.
+start_side() {
+    local stages
+    bench_stop_pid "$BENCH_INGRESS_PID"
+    bench_stop_pid "$BENCH_DISPATCH_PID"
+    BENCH_INGRESS_PID= BENCH_DISPATCH_PID=
+    if [ "$1" = secretary ]; then
+        stages="[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = $domain
+LOCAL_STAGE = secretary
+REMOTE_STAGE = done
+PARALLELISM = $workers
+QUEUE_LIMIT = 256
+[stage-secretary]
+PROGRAM = pepsi-stage-check-whitelist
+NEXT_STAGE = done
+REPLY_STAGE = challenges
+MAX_CHALLENGES_PER_HOUR = 100000
+PARALLELISM = $workers
+QUEUE_LIMIT = 256
+[stage-challenges]
+PROGRAM = pepsi-stage-discard
+PARALLELISM = 2
+$common_stages"
+    else
+        stages="[stage-init]
+PROGRAM = pepsi-stage-route
+LOCAL_DOMAINS = $domain
+LOCAL_STAGE = done
+REMOTE_STAGE = done
+PARALLELISM = $workers
+QUEUE_LIMIT = 256
+$common_stages"
+    fi
+    bench_pepsi_start "$pepsi_port" "$stages" "$listener" "DNS_FORWARDER = 127.0.0.1@$dns_port"
+}
+
+# send: each sender's share in one smtp-source session, the senders spread
+# over SESSIONS parallel loops.
+send() {
+    local per_sender=$((messages / senders)) s n pids=()
+    for ((s = 0; s < sessions; s++)); do
+        (
+            for ((n = s; n < senders; n += sessions)); do
+                /usr/sbin/smtp-source -d -s 1 -m "$per_sender" -l 2048 -f "sender$n@$sender_domain" \
+                    -t "user$((n % users))@$domain" "127.0.0.1:$pepsi_port"
+            done
+        ) >>"$log" 2>&1 &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+}
+
+# Rows not yet decided: anything but a held row (and a challenge on its way).
+undecided() {
+    bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue
+        WHERE NOT (status = 'paused' AND timeout = 'infinity') AND stage <> 'challenges'"
+}
+
+# measure: prints "rate accepted decided" (msg/s, s, s).
+measure() {
+    local start sent end n=1 failed
+    start=$(date +%s.%N)
+    send
+    sent=$(date +%s.%N)
+    for _ in $(seq 1 6000); do
+        n=$(undecided)
+        [ "$n" -eq 0 ] && break
+        failed=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'")
+        [ "$failed" -eq 0 ] || { echo "$failed rows failed (see $BENCH_DIR/dispatch.log)" >&2; return 1; }
+        sleep 0.1
+    done
+    end=$(date +%s.%N)
+    [ "$n" -eq 0 ] || { echo "$n rows still undecided" >&2; return 1; }
+    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" 'BEGIN {
+        printf "%.1f %.2f %.2f\n", n / (b - a), s - a, b - a }'
+}
+
+reset() {
+    bench_psql -c "TRUNCATE pepsi.secretary_held, pepsi.secretary_challenge RESTART IDENTITY" >/dev/null
+    bench_queue_empty
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+min() { printf '%s\n' "$@" | sort -g | head -1; }
+max() { printf '%s\n' "$@" | sort -g | tail -1; }
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "bench/secretary: $messages messages of 2 KB from $senders senders (every one SPF-proven, a tenth whitelisted)" \
+    "to $users addresses over $sessions sessions; $repeats runs a side, alternating; $workers workers a stage"
+sec_rates=() plain_rates=() ratios=() challenges=()
+for ((r = 1; r <= repeats; r++)); do
+    start_side secretary
+    reset
+    sleep 1
+    read -r rate accepted decided < <(measure)
+    sent_challenges=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.secretary_challenge WHERE challenged_at IS NOT NULL")
+    held=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout = 'infinity'")
+    sec_rates+=("$rate") challenges+=("$sent_challenges")
+
+    start_side plain
+    reset
+    sleep 1
+    read -r rate_plain accepted_plain decided_plain < <(measure)
+    plain_rates+=("$rate_plain")
+    ratios+=("$(ratio "$rate" "$rate_plain")")
+    printf 'run %d: secretary %s msg/s (accepted after %s s, decided after %s s; %s held, %s challenges),' \
+        "$r" "$rate" "$accepted" "$decided" "$held" "$sent_challenges" | tee -a "$log"
+    printf ' plain %s msg/s (accepted after %s s, done after %s s), ratio %s\n' \
+        "$rate_plain" "$accepted_plain" "$decided_plain" "${ratios[-1]}" | tee -a "$log"
+done
+
+printf '%-40s %10s msg/s (runs %s .. %s)\n' \
+    "secretary (ingress -> check-whitelist)" "$(bench_median "${sec_rates[@]}")" \
+    "$(min "${sec_rates[@]}")" "$(max "${sec_rates[@]}")" \
+    "plain (ingress -> route -> discard)" "$(bench_median "${plain_rates[@]}")" \
+    "$(min "${plain_rates[@]}")" "$(max "${plain_rates[@]}")"
+printf 'challenges sent a run: median %s (runs %s .. %s; expected %s: one a sender not whitelisted)\n' \
+    "$(bench_median "${challenges[@]}")" "$(min "${challenges[@]}")" "$(max "${challenges[@]}")" \
+    "$((senders - (senders + 9) / 10))"
+printf 'ratio secretary/plain: median %s, runs %s .. %s (target: median >= 0.80)\n' \
+    "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,338 @@
+/*
+ * pepsi-stage-check-whitelist: the confirm-to-send secretary
+ * (docs/pepsi-stage-check-whitelist.8.md; spec 22.3).
+ *
+ * For a recipient whose WHITELIST is on (the owner's pepsi.settings, else
+ * the section's option for the address), mail from a sender on the
+ * owner's whitelist goes on to NEXT_STAGE; mail from anyone else is held
+ * here, recorded against the one open challenge of that owner and sender
+ * (pepsi.secretary_decide), and the sender gets that challenge once: an
+ * RFC 3834 auto-reply from the null sender, injected at REPLY_STAGE,
+ * carrying a single-use token (and CONFIRM_URL's link to pepsi-httpd's
+ * page, when set).  A challenge goes only to a sender whose address is
+ * proven (SPF pass for it, or a passing DKIM signature of its domain, as
+ * ingress recorded in state.auth) and only for a message an auto-reply
+ * may answer (common/message/autoreply.c: never the null sender, a list,
+ * bulk or automatic mail); any other is held without one, so the
+ * secretary is no backscatter source.  The sender's proven reply carrying
+ * the token (in its Subject or text) releases what was held and
+ * whitelists the sender; the reply itself is done with.  Released rows
+ * come back here and pass.  Held mail nobody released expires after
+ * HOLD_TIME (pepsi.secretary_expire).  A row with several recipients is
+ * split so that each held row has one owner.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/settings.h"
+#include "message/autoreply.h"
+#include "message/header.h"
+#include "message/origin.h"
+#include "options.h"
+#include "runtime/stage.h"
+
+int pepsi_stage_check_whitelist_main(int argc, char **argv);
+
+/* A token as pepsi.secretary_decide makes it: 64 hexadecimal digits. */
+#define SECRETARY_TOKEN_LEN 64
+
+/* The most rows a worker takes at once: their recipients' settings read with one statement. */
+#define CHECK_WHITELIST_BATCH_MAX 64
+
+static bool
+secretary_on(struct pepsi_ctx *ctx, json_t *settings, const char *address)
+{
+	const char *own = settings_owner_value(settings, "WHITELIST");
+	bool		on;
+
+	if (own != NULL)
+	{
+		if (option_parse_bool(own, &on))
+			return on;
+		log_warnx("%s: row %lld: <%s>: the setting WHITELIST = \"%s\" is not yes or no: ignored",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), address, own);
+	}
+	return config_bool_for(pepsi_config(ctx), pepsi_section(ctx), "WHITELIST", NULL, address);
+}
+
+/* Is domain d or a parent of it (DMARC's relaxed alignment)? */
+static bool
+secretary_aligned(const char *domain, const char *d)
+{
+	size_t len = strlen(domain);
+	size_t dlen = strlen(d);
+
+	if (dlen == 0 || dlen > len)
+		return false;
+	if (dlen == len)
+		return strcasecmp(domain, d) == 0;
+	return domain[len - dlen - 1] == '.' && strcasecmp(domain + len - dlen, d) == 0;
+}
+
+/*
+ * How ingress proved the envelope sender's address (state.auth), or NULL:
+ * SPF pass for that very address, or a passing DKIM signature of its
+ * domain or a parent of it.
+ */
+static const char *
+secretary_verified(struct pepsi_ctx *ctx, const char *sender)
+{
+	json_t	   *auth = json_object_get(pepsi_state(ctx), "auth");
+	json_t	   *spf = json_object_get(auth, "spf");
+	const char *at = strrchr(sender, '@');
+	const char *result = json_string_value(json_object_get(spf, "result"));
+	const char *mailfrom = json_string_value(json_object_get(spf, "smtp.mailfrom"));
+	json_t	   *signature;
+	size_t		i;
+
+	if (at == NULL)
+		return NULL;
+	if (result && strcmp(result, "pass") == 0 && mailfrom && strcasecmp(mailfrom, sender) == 0)
+		return "SPF pass";
+	json_array_foreach (json_object_get(auth, "dkim"), i, signature)
+	{
+		const char *d = json_string_value(json_object_get(signature, "header.d"));
+
+		result = json_string_value(json_object_get(signature, "result"));
+		if (result && strcmp(result, "pass") == 0 && d && secretary_aligned(at + 1, d))
+			return "aligned DKIM";
+	}
+	return NULL;
+}
+
+/* The first run of exactly 64 hexadecimal digits in the Subject (a reply keeps the challenge's), or NULL. */
+static char *
+secretary_subject_token(const struct buf *headers)
+{
+	char *subject = header_get(headers->data, headers->len, "Subject");
+	char *token = NULL;
+
+	for (const char *p = subject; p && *p && token == NULL; p++)
+	{
+		size_t n = strspn(p, "0123456789abcdef");
+
+		if (n == SECRETARY_TOKEN_LEN && (p == subject || !isalnum((unsigned char) p[-1])))
+			token = xstrndup(p, n);
+		p += n ? n - 1 : 0;
+	}
+	free(subject);
+	return token;
+}
+
+/*
+ * Does the message answer a challenge (In-Reply-To or References names
+ * one's Message-ID, "<autoreply.ROW.secretary.TIME@host>")?  Only then is
+ * its text searched for the token, server-side: the stage loads no body.
+ */
+static bool
+secretary_refers_to_challenge(const struct buf *headers)
+{
+	static const char *const fields[] = {"In-Reply-To", "References"};
+	bool					 refers = false;
+
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]) && !refers; i++)
+	{
+		char *value = header_get(headers->data, headers->len, fields[i]);
+
+		refers = value != NULL && strstr(value, ".secretary.") != NULL;
+		free(value);
+	}
+	return refers;
+}
+
+/* Inject the challenge with token to the sender; false (and the message fails) on an error. */
+static bool
+secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner, const char *token,
+					long long challenge)
+{
+	const char		*sender = pepsi_mail_from(ctx);
+	const char		*reply_stage = pepsi_option_text(ctx, "REPLY_STAGE");
+	const char		*url = pepsi_option_text(ctx, "CONFIRM_URL");
+	struct buf		 reply_headers = BUF_INIT;
+	struct buf		 reply_body = BUF_INIT;
+	struct buf		 text = BUF_INIT;
+	char			 unique[64];
+	char			*subject = xasprintf("Please confirm your message to %s (%s)", owner, token);
+	char			*enqueue_token = xasprintf("secretary-challenge-%lld-%s", challenge, token);
+	json_t			*state;
+	long long		 id;
+	struct autoreply reply = {
+		.responder = owner,
+		.recipient = sender,
+		.subject = subject,
+		.hostname = config_hostname(pepsi_config(ctx)),
+		.unique = unique,
+	};
+
+	buf_printf(&text,
+			   "This is an automatic message.  %s takes mail only from senders it knows,\n"
+			   "and your message waits until you confirm that you sent it.\n\n"
+			   "To confirm, reply to this message (keep the subject as it is).\n",
+			   owner);
+	if (url != NULL)
+		buf_printf(&text, "Or open this page and press its button:\n\n  %s%stoken=%s\n", url,
+				   strchr(url, '?') ? "&" : "?", token);
+	buf_printf(&text,
+			   "\nYour message, and any later ones from you, are then delivered.  Unconfirmed,\n"
+			   "it is deleted after %.0f days.  If you did not write to %s, ignore this.\n",
+			   pepsi_option_seconds(ctx, "HOLD_TIME") / 86400.0, owner);
+	reply.text = text.data;
+	snprintf(unique, sizeof(unique), "%lld.secretary", pepsi_id(ctx));
+	autoreply_build(&reply, headers->data, headers->len, &reply_headers, &reply_body);
+	state = json_pack("{s:o}", "origin", origin_generated("pepsi-stage-check-whitelist"));
+	id = pepsi_enqueue_new(ctx, reply_stage ? reply_stage : "init", "", &sender, 1, reply_headers.data,
+						   reply_headers.len, reply_body.data, reply_body.len, state, enqueue_token);
+	json_decref(state);
+	if (id >= 0)
+		log_info("%s: row %lld: <%s>: challenge to <%s> (row %lld)", pepsi_queue_id(ctx), pepsi_id(ctx), owner,
+				 sender, id);
+	free(subject);
+	free(enqueue_token);
+	buf_free(&text);
+	buf_free(&reply_headers);
+	buf_free(&reply_body);
+	return id >= 0;
+}
+
+/* The secretary's decision for the row's one recipient, whose WHITELIST is on. */
+static int
+secretary_decide(struct pepsi_ctx *ctx)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	const char		 *owner = pepsi_rcpt(ctx, 0);
+	const char		 *sender = pepsi_mail_from(ctx);
+	const char		 *proof;
+	const char		 *action;
+	char			  why[256] = "";
+	char			  id[32];
+	char			  ttl[48];
+	char			  max[32];
+	char			 *token = NULL;
+	json_t			 *answer;
+	int				  rc;
+
+	if (headers == NULL)
+		return -1;
+	/* Proven, and a message an auto-reply may answer: a challenge may go, and a reply may release. */
+	proof = secretary_verified(ctx, sender);
+	if (proof == NULL)
+		snprintf(why, sizeof(why), "the sender's address is not proven (no SPF pass, no aligned DKIM)");
+	else if (autoreply_refused(headers->data, headers->len, sender, owner, why, sizeof(why)))
+		proof = NULL;
+	else
+		token = secretary_subject_token(headers);
+	snprintf(id, sizeof(id), "%lld", pepsi_id(ctx));
+	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctx, "HOLD_TIME"));
+	snprintf(max, sizeof(max), "%lld", pepsi_option_int(ctx, "MAX_CHALLENGES_PER_HOUR"));
+	{
+		const char *values[8] = {owner, sender, id, proof ? "true" : "false", token,
+								 proof && token == NULL && secretary_refers_to_challenge(headers) ? "true" : "false",
+								 ttl, max};
+
+		answer = pepsi_call_json(ctx,
+								 "SELECT pepsi.secretary_decide($1, $2, $3::bigint, $4::boolean, $5, $6::boolean,"
+								 " $7::interval, $8::integer)",
+								 8, values);
+	}
+	free(token);
+	if (answer == NULL)
+		return -1;
+	action = json_string_value(json_object_get(answer, "action"));
+	if (action && strcmp(action, "pass") == 0)
+		rc = pepsi_advance(ctx);
+	else if (action && strcmp(action, "released") == 0)
+	{
+		log_info("%s: row %lld: <%s>: <%s> confirmed (%s): held mail released, sender whitelisted",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), owner, sender, proof);
+		rc = pepsi_finish(ctx);
+	}
+	else if (action && strcmp(action, "hold") == 0)
+	{
+		const char *challenge_token = json_string_value(json_object_get(answer, "token"));
+		json_t	   *challenge = json_object_get(answer, "challenge");
+		json_t	   *merge;
+
+		if (challenge_token != NULL
+			&& !secretary_challenge(ctx, headers, owner, challenge_token, json_integer_value(challenge)))
+		{
+			json_decref(answer);
+			return -1;
+		}
+		log_info("%s: row %lld: <%s>: held, from <%s>, not on the whitelist: %s%s%s", pepsi_queue_id(ctx),
+				 pepsi_id(ctx), owner, sender, json_string_value(json_object_get(answer, "why")),
+				 why[0] && challenge_token == NULL ? ": " : "", challenge_token == NULL ? why : "");
+		merge = json_pack("{s:{s:s,s:O}}", "secretary", "owner", owner, "challenge", challenge);
+		rc = pepsi_hold(ctx, merge);
+		json_decref(merge);
+	}
+	else
+		rc = pepsi_error(ctx, "pepsi.secretary_decide answered no action");
+	json_decref(answer);
+	return rc;
+}
+
+static int
+check_whitelist_run(struct pepsi_ctx *ctx)
+{
+	size_t count = pepsi_rcpt_count(ctx);
+	bool  *on;
+	int	  *others;
+	size_t nothers = 0;
+	int	   rc;
+
+	if (count == 0)
+		return pepsi_advance(ctx);
+	on = xcalloc(count, sizeof(bool));
+	for (size_t i = 0; i < count; i++)
+	{
+		json_t *settings = pepsi_address_settings(ctx, pepsi_rcpt(ctx, i));
+
+		if (settings == NULL)
+		{
+			free(on);
+			return -1;
+		}
+		on[i] = secretary_on(ctx, settings, pepsi_rcpt(ctx, i));
+		json_decref(settings);
+	}
+	/*
+	 * Mail the secretary does not screen goes on as one row; each
+	 * screened recipient gets a row of its own (a sibling at this stage),
+	 * so that a held row waits for one owner's sender only.
+	 */
+	others = xcalloc(count, sizeof(int));
+	for (size_t i = 1; i < count; i++)
+		if (on[0] || on[i])
+			others[nothers++] = (int) i + 1;
+	if (nothers > 0 && pepsi_split_off_recipients(ctx, others, nothers, pepsi_stage_name(ctx)) < 0)
+		rc = -1;
+	else if (!on[0])
+		rc = pepsi_advance(ctx);
+	else
+		rc = secretary_decide(ctx);
+	free(others);
+	free(on);
+	return rc;
+}
+
+const struct pepsi_stage pepsi_stage_check_whitelist_stage = {
+	.program = "pepsi-stage-check-whitelist",
+	.load = PEPSI_LOAD_HEADERS,
+	.run = check_whitelist_run,
+	.batch_max = CHECK_WHITELIST_BATCH_MAX,
+	.prepare = pepsi_prefetch_address_settings,
+	/* After route, which loads less, the headers are loaded in the same pass: one claim and commit. */
+	.late_load = true,
+};
+
+int
+pepsi_stage_check_whitelist_main(int argc, char **argv)
+{
+	return pepsi_worker_main(&pepsi_stage_check_whitelist_stage, argc, argv);
+}
