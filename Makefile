@@ -79,8 +79,16 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # Programs kept out of the multi-call binary (spec 22.2): pepsi-setup's
 # one-off provisioning code would otherwise sit in every process's binary.
-STANDALONE_PROGRAMS = pepsi-setup
-standalone_dirs = cli/setup/
+STANDALONE_PROGRAMS = pepsi-setup pepsi-keys
+standalone_dirs = cli/setup/ cli/keys/
+# pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
+# OpenSSL CMS, the key-encryption key.  Linked only into the programs that
+# use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
+# GPGME is in no other process.
+CRYPTO_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard common/crypto/*.c))
+CRYPTO_LIBS = -lgpgme
+STANDALONE_OBJS_pepsi-keys = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-keys = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
@@ -146,11 +154,12 @@ $(B)/bin/pepsi: $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) 
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
-$(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
+$(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(STANDALONE_OBJS_$(call program_name,$(1))) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CPPFLAGS) $$(CFLAGS) $$(LDFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
 		-DPROGRAM_NAME='"$(call program_name,$(1))"' \
-		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
+		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(STANDALONE_OBJS_$(call program_name,$(1))) $(B)/libpepsi.a \
+		$$(LDLIBS) $(STANDALONE_LIBS_$(call program_name,$(1)))
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 
