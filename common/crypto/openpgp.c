@@ -159,7 +159,10 @@ pgp_describe(struct pgp_home *home, const char *address, bool want_secret, struc
 	bool		  uid_ok = address == NULL;
 	time_t		  now = time(NULL);
 
-	e = gpgme_op_keylist_start(home->ctx, NULL, want_secret ? 1 : 0);
+	/* Every key, with whether its secret half is there (key->secret). */
+	e = gpgme_set_keylist_mode(home->ctx, GPGME_KEYLIST_MODE_LOCAL | GPGME_KEYLIST_MODE_WITH_SECRET);
+	if (!e)
+		e = gpgme_op_keylist_start(home->ctx, NULL, 0);
 	if (!e)
 		e = gpgme_op_keylist_next(home->ctx, &key);
 	if (!e && gpgme_op_keylist_next(home->ctx, &other) == 0)
@@ -173,7 +176,7 @@ pgp_describe(struct pgp_home *home, const char *address, bool want_secret, struc
 	gpgme_op_keylist_end(home->ctx);
 	if (e || key == NULL)
 	{
-		snprintf(err, errlen, want_secret ? "no secret key in what was given" : "no OpenPGP key in what was given");
+		snprintf(err, errlen, "no OpenPGP key in what was given");
 		return false;
 	}
 	snprintf(info->fingerprint, sizeof(info->fingerprint), "%s", key->fpr ? key->fpr : "");

@@ -1,0 +1,271 @@
+# The key store of end-to-end encryption (docs/pepsi-keys.8.md,
+# docs/pepsi-admin.7.md): private keys are readable by pepsi_crypto alone
+# (every other role reads crypto_identity through a column-level grant
+# without private_wrapped), they are sealed under the key-encryption key
+# of a secrets.d fragment so that a pg_dump holds no byte of them in the
+# clear, kek-rotate rewraps every key (all or nothing), and pepsi-keys
+# refuses what it must not store: a revoked or expired key, one whose User
+# ID is another address's, a public key alone, bytes that are no key, a
+# sealed key that does not open.  Keys come from Debian's gpg.
+
+use strict;
+use warnings FATAL => 'all';
+
+use File::Temp ();
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DispatchTest;
+use PepsiStage;
+use PepsiTest;
+
+plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
+
+my $db = 'postgres';
+my $node = pepsi_node('crypto');
+$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+$node->safe_psql(
+	$db, q{
+CREATE ROLE relay LOGIN IN ROLE pepsi_stage;
+CREATE ROLE admin LOGIN IN ROLE pepsi_config;
+CREATE ROLE web LOGIN IN ROLE pepsi_httpd;
+CREATE ROLE grafana LOGIN IN ROLE pepsi_monitor;
+CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto;
+});
+is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.apply_grants()'),
+	'0', 'the column-level grants are the policy: no drift');
+
+my $tmp = PepsiStage::tmp();
+# gpg's agent socket lives in its home: keep the path short.
+my $gnupg = File::Temp::tempdir('/tmp/pepsi-t159-XXXXXX', CLEANUP => 1);
+$ENV{TMPDIR} = '/tmp';
+
+sub gpg
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback',
+			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
+	die "gpg @args: $err" unless $ok;
+	return $out;
+}
+
+# A key pair of gpg's own for $address (Ed25519 and Curve25519); its fingerprint.
+sub gpg_key
+{
+	my ($address, @faked) = @_;
+	gpg(@faked, '--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', @faked ? '1d' : 'never');
+	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
+	gpg(@faked, '--quick-add-key', $fpr, 'cv25519', 'encr', @faked ? '1d' : 'never');
+	return $fpr;
+}
+
+sub write_file
+{
+	my ($name, $bytes) = @_;
+	my $path = "$tmp/$name";
+	open my $fh, '>:raw', $path or die "$path: $!";
+	print $fh $bytes;
+	close $fh;
+	return $path;
+}
+
+my $alice = gpg_key('alice@example.org');
+my $alice_secret = gpg('--export-secret-keys', $alice);
+my $alice_public = gpg('--export', $alice);
+my $alice_file = write_file('alice.key', $alice_secret);
+
+# The configuration: the key store's connection as the crypto login role,
+# the KEK in a secrets.d fragment.
+my $conf = stage_config($node, 'pepsi.conf',
+	sprintf("[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n", $node->host, $node->port));
+my $secrets = "$tmp/secrets.d";
+mkdir $secrets, 0755 or die "mkdir $secrets: $!";
+
+sub keys_run
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ pepsi_bin('pepsi-keys'), @args ], '<', \'', '>', \$out, '2>', \$err);
+	return ($? >> 8, $out, $err);
+}
+
+sub kek_fragment
+{
+	my ($text) = @_;
+	my $path = "$secrets/crypto.conf";
+	unlink $path;
+	write_file('secrets.d/crypto.conf', $text);
+	chmod 0640, $path or die "chmod $path: $!";
+}
+
+my ($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'alice@example.org', $alice_file);
+isnt($rc, 0, 'no KEK: the import is refused');
+like($err, qr/\[crypto\] KEK is not set/, 'and says which option is missing');
+
+($rc, my $kek1) = keys_run('kek-generate', 'k1');
+like($kek1, qr/^\[crypto\]\nKEK = k1:[A-Za-z0-9+\/]{43}=\n$/, 'kek-generate prints a fragment');
+kek_fragment($kek1);
+
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'alice@example.org', $alice_file);
+is($rc, 0, 'pepsi-keys imports gpg\'s secret key') or diag($err);
+like($out, qr/^alice\@example\.org $alice openpgp ed25519 both$/m, 'and names it');
+is( $node->safe_psql($db,
+		"SELECT address || ' ' || status || ' ' || is_primary || ' ' || kek_id || ' ' || (public_key = '\\x"
+		  . unpack('H*', $alice_public) . "'::bytea) FROM pepsi.crypto_identity WHERE fingerprint = '$alice'"),
+	'alice@example.org active true k1 true',
+	'the identity is stored: primary, sealed under k1, its public half as gpg exports it');
+
+# Who reads what.
+for my $role (qw(relay admin web grafana))
+{
+	my ($ret, undef, $stderr) =
+	  $node->psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity', extra_params => [ '-U', $role ]);
+	isnt($ret, 0, "$role may not read private_wrapped");
+	like($stderr, qr/permission denied/, "$role: permission denied");
+	($ret, undef, $stderr) =
+	  $node->psql($db, 'SELECT * FROM pepsi.crypto_identity', extra_params => [ '-U', $role ]);
+	isnt($ret, 0, "$role may not SELECT * either");
+}
+for my $role (qw(relay admin web))
+{
+	is( $node->safe_psql(
+			$db, 'SELECT fingerprint FROM pepsi.crypto_identity',
+			extra_params => [ '-U', $role ]),
+		$alice,
+		"$role reads the public columns");
+}
+is( $node->safe_psql(
+		$db, 'SELECT length(private_wrapped) > 100 FROM pepsi.crypto_identity',
+		extra_params => [ '-U', 'crypto' ]),
+	't',
+	'pepsi_crypto reads private_wrapped');
+
+# A dump holds the public key and no run of the secret key's own bytes.
+{
+	my $dump = "$tmp/dump.sql";
+	$node->command_ok([ 'pg_dump', '-d', $node->connstr($db), '-f', $dump ], 'pg_dump');
+	my $text = slurp_file($dump);
+	my $public_hex = unpack('H*', $alice_public);
+	ok(index($text, $public_hex) >= 0, 'the dump holds the public key (the search finds bytea)');
+	my $secret_hex = unpack('H*', $alice_secret);
+	my @windows;
+	for (my $i = 0; $i + 32 <= length($secret_hex); $i += 2)
+	{
+		my $w = substr($secret_hex, $i, 32);
+		push @windows, $w if index($public_hex, $w) < 0;
+	}
+	cmp_ok(scalar(@windows), '>', 50, 'the secret key has bytes of its own');
+	my @found = grep { index($text, $_) >= 0 || index($text, pack('H*', $_)) >= 0 } @windows;
+	is(scalar(@found), 0, 'no 16-byte run of them is in the dump, as hex or raw');
+}
+
+# KEK rotation: the new key with the old one beside it, every key rewrapped.
+my $wrapped_before = $node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]);
+(undef, my $kek2) = keys_run('kek-generate', 'k2');
+(my $k1_value) = $kek1 =~ /KEK = (\S+)/;
+kek_fragment($kek2 . "KEK_PREVIOUS = $k1_value\n");
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+is($rc, 0, 'kek-rotate') or diag($err);
+like($out, qr/rewrapped 1 key under KEK k2/, 'says how many it rewrapped');
+is($node->safe_psql($db, 'SELECT kek_id FROM pepsi.crypto_identity'), 'k2', 'the key is sealed under k2');
+isnt($node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity', extra_params => [ '-U', 'crypto' ]),
+	$wrapped_before, 'with new ciphertext');
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+like($out, qr/rewrapped 0 keys/, 'a second run has nothing to do');
+
+# A KEK that is not the one: refused, nothing changed.
+(undef, my $kek3) = keys_run('kek-generate', 'k3');
+(undef, my $wrong) = keys_run('kek-generate', 'k2');
+(my $wrong_value) = $wrong =~ /KEK = (\S+)/;
+kek_fragment($kek3 . "KEK_PREVIOUS = $wrong_value\n");
+my $wrapped_k2 = $node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]);
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+isnt($rc, 0, 'a wrong KEK_PREVIOUS: kek-rotate fails');
+like($err, qr/does not open under KEK k2.*nothing rewrapped/, 'saying the key does not open');
+is($node->safe_psql($db, 'SELECT kek_id || \' \' || (private_wrapped = \'' . $wrapped_k2 . '\') FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]), 'k2 true', 'and nothing changed');
+
+# A corrupted sealed key does not open either.
+kek_fragment($kek3 . "KEK_PREVIOUS = " . ($kek2 =~ /KEK = (\S+)/)[0] . "\n");
+$node->safe_psql($db,
+	"UPDATE pepsi.crypto_identity SET private_wrapped = overlay(private_wrapped placing '\\xff'::bytea from 40 for 1)",
+	extra_params => [ '-U', 'crypto' ]);
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+isnt($rc, 0, 'a corrupted sealed key: kek-rotate fails');
+like($err, qr/does not open under KEK k2/, 'saying it does not open');
+$node->safe_psql($db, "UPDATE pepsi.crypto_identity SET private_wrapped = '$wrapped_k2'",
+	extra_params => [ '-U', 'crypto' ]);
+kek_fragment($kek2);
+
+# Bad keys are refused with the reason, and nothing is stored.
+my $count = sub { $node->safe_psql($db, 'SELECT count(*) FROM pepsi.crypto_identity') };
+sub refused
+{
+	my ($what, $address, $file, $want) = @_;
+	my $before = $count->();
+	my ($code, undef, $stderr) = keys_run('identity', 'import', '-c', $conf, $address, $file);
+	isnt($code, 0, "$what: refused");
+	like($stderr, $want, "$what: the reason");
+	is($count->(), $before, "$what: nothing stored");
+}
+refused('another address\'s key', 'bob@example.org', $alice_file, qr/has no User ID with the address bob\@example\.org/);
+refused('a public key alone', 'alice@example.org', write_file('alice.pub', $alice_public),
+	qr/only its public half/);
+refused('bytes that are no key', 'alice@example.org', write_file('junk.key', "not a key\n" x 20),
+	qr/no OpenPGP key/);
+{
+	my $expired = gpg_key('old@example.org', '--faked-system-time', '20200101T000000');
+	refused('an expired key', 'old@example.org', write_file('old.key', gpg('--export-secret-keys', $expired)),
+		qr/has expired/);
+	my $revoked = gpg_key('gone@example.org');
+	my $cert = slurp_file("$gnupg/openpgp-revocs.d/$revoked.rev");
+	$cert =~ s/^:-----BEGIN/-----BEGIN/m;
+	gpg('--import', write_file('gone.rev', $cert));
+	refused('a revoked key', 'gone@example.org', write_file('gone.key', gpg('--export-secret-keys', $revoked)),
+		qr/is revoked/);
+}
+
+# Export, revoke, purge: each audited.
+($rc, $out, $err) = keys_run('identity', 'export', '-c', $conf, 'alice@example.org');
+like($out, qr/^-----BEGIN PGP PUBLIC KEY BLOCK-----/, 'export prints the armored public key');
+{
+	my $pub = write_file('exported.asc', $out);
+	my $shown = gpg('--with-colons', '--show-keys', $pub);
+	like($shown, qr/^fpr:+\Q$alice\E:/m, 'gpg reads it as alice\'s key');
+}
+($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'alice@example.org');
+is($rc, 0, 'generate a new key for alice') or diag($err);
+my ($new) = $out =~ /^alice\@example\.org ([0-9A-F]{40}) openpgp/m;
+is( $node->safe_psql($db,
+		"SELECT string_agg(status || ':' || is_primary, ' ' ORDER BY created_at) FROM pepsi.crypto_identity"),
+	'retired:false active:true', 'the new key is the primary, the old one retired');
+($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $alice, 'superseded');
+is($rc, 0, 'revoke the old key') or diag($err);
+($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $alice);
+isnt($rc, 0, 'revoking it again is refused');
+($rc, $out, $err) = keys_run('identity', 'purge', '-c', $conf, $alice);
+is($rc, 0, 'purge its private half') or diag($err);
+is( $node->safe_psql($db,
+		"SELECT status || ' ' || (private_purged_at IS NOT NULL) || ' ' || length(public_key) FROM pepsi.crypto_identity"
+		  . " WHERE fingerprint = '$alice'"),
+	'revoked true ' . length($alice_public), 'the row and the public half stay');
+is( $node->safe_psql($db,
+		"SELECT private_wrapped IS NULL FROM pepsi.crypto_identity WHERE fingerprint = '$alice'",
+		extra_params => [ '-U', 'crypto' ]),
+	't', 'the private half is gone');
+is( $node->safe_psql($db,
+		"SELECT string_agg(action, ' ' ORDER BY id) FROM pepsi.event_log WHERE action ~ '^(key|kek)_'"),
+	'key_import kek_rotate kek_rotate key_generate key_revoke key_purge',
+	'every operation is in event_log');
+is( $node->safe_psql($db,
+		"SELECT detail->>'fingerprint' || ' ' || (detail->>'reason') FROM pepsi.event_log WHERE action = 'key_revoke'"),
+	"$alice superseded", 'with what it was about');
+
+IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
+$node->stop;
+done_testing();
