@@ -218,11 +218,12 @@ refused('a public key alone', 'alice@example.org', write_file('alice.pub', $alic
 	qr/only its public half/);
 refused('bytes that are no key', 'alice@example.org', write_file('junk.key', "not a key\n" x 20),
 	qr/no OpenPGP key/);
+my ($expired, $revoked);
 {
-	my $expired = gpg_key('old@example.org', '--faked-system-time', '20200101T000000');
+	$expired = gpg_key('old@example.org', '--faked-system-time', '20200101T000000');
 	refused('an expired key', 'old@example.org', write_file('old.key', gpg('--export-secret-keys', $expired)),
 		qr/has expired/);
-	my $revoked = gpg_key('gone@example.org');
+	$revoked = gpg_key('gone@example.org');
 	my $cert = slurp_file("$gnupg/openpgp-revocs.d/$revoked.rev");
 	$cert =~ s/^:-----BEGIN/-----BEGIN/m;
 	gpg('--import', write_file('gone.rev', $cert));
@@ -265,6 +266,136 @@ is( $node->safe_psql($db,
 is( $node->safe_psql($db,
 		"SELECT detail->>'fingerprint' || ' ' || (detail->>'reason') FROM pepsi.event_log WHERE action = 'key_revoke'"),
 	"$alice superseded", 'with what it was about');
+
+#
+# pepsi-stage-encrypt: PGP/MIME to the recipient's key, signed with the
+# sender's identity, the Subject protected; policy required without a
+# usable key bounces, never clear text.
+#
+my $bob = gpg_key('bob@example.net');
+my $carol = gpg_key('carol@example.net');
+open my $cf, '>>', $conf or die;
+print $cf <<'INI';
+
+[stage-encrypt]
+PROGRAM = pepsi-stage-encrypt
+NEXT_STAGE = sent
+
+[stage-encrypt-required]
+PROGRAM = pepsi-stage-encrypt
+NEXT_STAGE = sent
+POLICY = required
+BOUNCE_STAGE = bounced
+
+[stage-sent]
+PROGRAM = pepsi-stage-discard
+
+[stage-bounced]
+PROGRAM = pepsi-stage-discard
+INI
+close $cf;
+
+# A correspondent's key as key discovery would store it.
+sub peer_key
+{
+	my ($address, $fpr) = @_;
+	my $hex = unpack('H*', gpg('--export', $fpr));
+	$node->safe_psql($db,
+		"INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)"
+		  . " VALUES ('$address', 'openpgp', '$fpr', '\\x$hex', 'import', 'valid', 'infinity')",
+		extra_params => [ '-U', 'admin' ]);
+}
+peer_key('bob@example.net', $bob);
+peer_key('carol@example.net', $carol);
+peer_key('old@example.org', $expired);
+peer_key('gone@example.org', $revoked);
+peer_key('mallory@example.net', $bob);
+
+sub encrypt_row
+{
+	my ($stage, @rcpt) = @_;
+	my $id = add_row($node, $stage, from => 'alice@example.org', rcpt => [@rcpt],
+		extra_headers => "To: <$rcpt[0]>\r\n");
+	# add_row's Subject is "test": make it one worth protecting.
+	$node->safe_psql($db,
+		"UPDATE pepsi.workqueue SET headers = convert_to(replace(convert_from(headers, 'UTF8'), 'Subject: test',"
+		  . " 'Subject: the secret plans'), 'UTF8') WHERE id = $id");
+	return $id;
+}
+
+sub raw_message
+{
+	my ($id) = @_;
+	return $node->safe_psql($db,
+		"SELECT convert_from(w.headers || '\\x0d0a'::bytea || b.body, 'UTF8') FROM pepsi.workqueue w"
+		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
+}
+
+my $enc = encrypt_row('encrypt', 'bob@example.net');
+my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$enc\n");
+is_deeply($r->{status}, ['0'], 'pepsi-stage-encrypt encrypts a message') or diag($r->{stderr});
+my $row = row_json($node, $enc);
+is($row->{stage}, 'sent', 'and passes it on');
+is($row->{state}{encrypt}{result}, 'encrypted', 'state.encrypt says encrypted');
+is($row->{state}{encrypt}{signed_by}, $new, 'signed with alice\'s primary key');
+my $raw = raw_message($enc);
+like($raw, qr/^Content-Type: multipart\/encrypted;\r\n protocol="application\/pgp-encrypted"/m, 'PGP/MIME (RFC 3156)');
+like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
+unlike($raw, qr/secret plans|Hello\./, 'neither the Subject nor the body is in clear');
+like($raw, qr/^Autocrypt: addr=alice\@example\.org; keydata=/m, 'an Autocrypt: field with alice\'s key');
+{
+	my ($armored) = $raw =~ /(-----BEGIN PGP MESSAGE-----.*?-----END PGP MESSAGE-----)/s;
+	$armored =~ s/\r\n/\n/g;
+	my ($alice_pub) = (keys_run('identity', 'export', '-c', $conf, 'alice@example.org'))[1];
+	gpg('--import', write_file('alice-new.asc', $alice_pub));
+	my ($plain, $status, $gerr) = ('', '', '');
+	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--status-fd', '2', '--decrypt' ],
+		'<', \$armored, '>', \$plain, '2>', \$status);
+	ok($ok, 'gpg decrypts it') or diag($status);
+	like($status, qr/^\[GNUPG:\] VALIDSIG \Q$new\E /m, 'and verifies alice\'s signature');
+	like($plain, qr/^Subject: the secret plans\r$/m, 'the protected Subject is inside');
+	like($plain, qr/^Content-Type: text\/plain; charset=us-ascii;\r\n protected-headers="v1"\r$/m,
+		'marked as protected headers (v1)');
+	like($plain, qr/\r\n\r\nHello\.$/, 'with the body');
+}
+
+# Opportunistic without a key: as it is.
+my $clear = encrypt_row('encrypt', 'dave@example.net');
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$clear\n");
+is_deeply($r->{status}, ['0'], 'opportunistic, no key') or diag($r->{stderr});
+$row = row_json($node, $clear);
+is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'sent clear', 'goes on in clear');
+like($row->{state}{encrypt}{reason}, qr/no key known for dave\@example\.net/, 'saying why');
+
+# Required without a usable key: bounced with the reason, never sent in clear.
+for my $case (
+	[ 'no key', 'dave@example.net', qr/no key known for dave\@example\.net/ ],
+	[ 'an expired key', 'old@example.org', qr/has expired/ ],
+	[ 'a revoked key', 'gone@example.org', qr/is revoked/ ],
+	[ 'another address\'s key', 'mallory@example.net', qr/no User ID with the address mallory\@example\.net/ ])
+{
+	my ($what, $to, $want) = @$case;
+	my $id = encrypt_row('encrypt-required', $to);
+	$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], "required, $what") or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'bounced refused', "required, $what: bounced");
+	like($row->{state}{bounce}{diagnostic}, $want, "required, $what: the DSN says why");
+}
+
+# Two recipients, one with a key: split, each its own way.
+my $mixed = encrypt_row('encrypt-required', 'bob@example.net', 'dave@example.net');
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$mixed\n");
+is_deeply($r->{status}, ['0'], 'required, one recipient with a key and one without') or diag($r->{stderr});
+$row = row_json($node, $mixed);
+is_deeply([ $row->{stage}, $row->{state}{encrypt}{result}, $row->{rcpt_to} ],
+	[ 'sent', 'encrypted', ['bob@example.net'] ], 'the one with a key gets it encrypted');
+my $other = $node->safe_psql($db,
+	"SELECT id FROM pepsi.workqueue WHERE rcpt_to = ARRAY['dave\@example.net'] AND stage = 'encrypt-required'");
+ok($other, 'the other is split off to the stage again');
+set_running($node, $other);
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
+is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
 $node->stop;

@@ -847,7 +847,9 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	if ((w.cfg = privilege_config_load(config_path, err, sizeof(err))) == NULL
 		|| !log_configure(w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	if ((w.conn = db_connect(w.cfg, stage->program, err, sizeof(err))) == NULL)
+	if ((w.conn = db_connect_as(w.cfg, stage->conninfo_section ? stage->conninfo_section : "database", "CONNINFO",
+								stage->program, err, sizeof(err)))
+		== NULL)
 		fatalx("%s", err);
 	if (!db_load_overrides(w.conn, w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
