@@ -287,6 +287,15 @@ NEXT_STAGE = sent
 POLICY = required
 BOUNCE_STAGE = bounced
 
+[stage-decrypt]
+PROGRAM = pepsi-stage-decrypt
+NEXT_STAGE = sent
+DECRYPT = yes
+
+[stage-decrypt-not]
+PROGRAM = pepsi-stage-decrypt
+NEXT_STAGE = sent
+
 [stage-sent]
 PROGRAM = pepsi-stage-discard
 
@@ -396,6 +405,107 @@ ok($other, 'the other is split off to the stage again');
 set_running($node, $other);
 $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
 is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
+
+#
+# pepsi-stage-decrypt: gpg's PGP/MIME to our identity, decrypted, the
+# signature verified, the protected Subject restored; the stage's own
+# message the other way; a damaged one left as it came.
+#
+sub add_message
+{
+	my ($stage, $from, $to, $headers, $body) = @_;
+	my $id = $node->safe_psql($db,
+		"SELECT pepsi.workqueue_add('$from', ARRAY['$to'], convert_to("
+		  . PepsiStage::quote_literal($headers) . ", 'UTF8'), convert_to("
+		  . PepsiStage::quote_literal($body) . ", 'UTF8'), '{}', stage => '$stage')");
+	set_running($node, $id);
+	return $id;
+}
+
+# A PGP/MIME message as a mail client makes it: gpg encrypts and signs.
+sub pgp_mime
+{
+	my ($to_fpr, $signer, $subject, $text) = @_;
+	my $entity = "Content-Type: text/plain; charset=utf-8; protected-headers=\"v1\"\r\n"
+	  . "Subject: $subject\r\n\r\n$text\r\n";
+	my $armored = gpg('--trust-model', 'always', '--armor', '--encrypt', '--sign', '-u', $signer, '-r', $to_fpr,
+		'--output', '-', write_file('entity.txt', $entity));
+	$armored =~ s/\r?\n/\r\n/g;
+	my $headers = "From: <bob\@example.net>\r\nTo: <alice\@example.org>\r\nSubject: ...\r\n"
+	  . "MIME-Version: 1.0\r\nContent-Type: multipart/encrypted; protocol=\"application/pgp-encrypted\"; boundary=\"b1\"\r\n";
+	my $body = "--b1\r\nContent-Type: application/pgp-encrypted\r\n\r\nVersion: 1\r\n\r\n--b1\r\n"
+	  . "Content-Type: application/octet-stream\r\n\r\n$armored\r\n--b1--\r\n";
+	return ($headers, $body);
+}
+
+my ($dh, $db_body) = pgp_mime($new, $bob, 'meet at noon', 'Hi alice.');
+my $dec = add_message('decrypt', 'bob@example.net', 'alice@example.org', $dh, $db_body);
+$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$dec\n");
+is_deeply($r->{status}, ['0'], 'pepsi-stage-decrypt decrypts gpg\'s message') or diag($r->{stderr});
+$row = row_json($node, $dec);
+is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
+	[ 'decrypted', $new, 'pass', $bob ], 'state.decrypt: decrypted with alice\'s key, bob\'s signature good');
+$raw = raw_message($dec);
+like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
+unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
+like($raw, qr/^Authentication-Results: [^;]+;\r\n x-pgp-decrypt=pass \(key \Q$new\E\);\r\n x-pgp-sign=pass header\.from=bob\@example\.net/m,
+	'an Authentication-Results field with both verdicts');
+like($raw, qr/\r\n\r\nHi alice\.\r\n$/, 'the body is the plain text');
+unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelope');
+
+# Signed by a key that is not the sender's: decrypted, the signature fails.
+{
+	my ($h2, $b2) = pgp_mime($new, $carol, 'not from bob', 'Hi.');
+	$h2 =~ s/bob\@example\.net/nobody\@example.net/;
+	my $id = add_message('decrypt', 'nobody@example.net', 'alice@example.org', $h2, $b2);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{signature}, 'fail', 'a signature by a key not the sender\'s fails');
+	like($row->{state}{decrypt}{reason}, qr/not known for the sender/, 'with the reason');
+	like(raw_message($id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
+}
+
+# A damaged ciphertext: left as it came, with the reason.
+{
+	my ($h3, $b3) = pgp_mime($new, $bob, 'damaged', 'Hi.');
+	my @lines = split /\r\n/, $b3;
+	my ($first) = grep { $lines[$_] =~ /^[A-Za-z0-9+\/]{60,}$/ } 0 .. $#lines;
+	$lines[ $first + 2 ] =~ tr/A-Za-z/N-ZA-Mn-za-m/;
+	$b3 = join("\r\n", @lines) . "\r\n";
+	my $id = add_message('decrypt', 'bob@example.net', 'alice@example.org', $h3, $b3);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'a damaged ciphertext') or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
+	like($row->{state}{decrypt}{reason}, qr/does not decrypt/, 'saying why');
+	is(raw_message($id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
+}
+
+# An owner who did not choose server-side decryption: untouched.
+{
+	my $id = add_message('decrypt-not', 'bob@example.net', 'alice@example.org', $dh, $db_body);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is(row_json($node, $id)->{state}{decrypt}{result}, 'not chosen', 'DECRYPT no: not decrypted');
+	is(raw_message($id), $dh . "\r\n" . $db_body, 'the message as it came');
+}
+
+# The encrypt stage's message, the other way: bob's secret key as an
+# identity of ours, the row decrypted, alice's signature verified with her
+# identity.
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'bob@example.net',
+	write_file('bob.key', gpg('--export-secret-keys', $bob)));
+is($rc, 0, 'bob\'s key imported as an identity') or diag($err);
+{
+	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($enc), 2));
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'the decrypt stage takes the encrypt stage\'s message') or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
+		[ 'decrypted', $bob, 'pass', $new ], 'decrypted with bob\'s key, alice\'s signature good');
+	$raw = raw_message($id);
+	like($raw, qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
+	like($raw, qr/\r\n\r\nHello\.$/, 'and the body');
+}
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
 $node->stop;

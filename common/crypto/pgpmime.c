@@ -216,17 +216,33 @@ pgpmime_restore_field(const char *field, size_t flen, size_t nlen, void *arg)
 		pgpmime_append_field(r->out, field, flen);
 	else if (pgpmime_is_content(field, nlen))
 	{
-		/* The protected-headers parameter is the entity's marker, not the message's. */
-		const char *mark = strcasestr(field, ";\r\n protected-headers=\"v1\"");
-		size_t		mlen = strlen(";\r\n protected-headers=\"v1\"");
+		/* The protected-headers parameter is the entity's marker, not the message's: dropped. */
+		struct buf	f = BUF_INIT;
+		const char *mark;
 
-		if (mark && (size_t) (mark - field) + mlen <= flen)
+		buf_append(&f, field, flen);
+		mark = strcasestr(f.data, "protected-headers=");
+		if (mark)
 		{
-			buf_append(r->out, field, (size_t) (mark - field));
-			buf_append(r->out, mark + mlen, flen - (size_t) (mark - field) - mlen);
+			size_t start = (size_t) (mark - f.data), end = start + strlen("protected-headers=");
+
+			while (start > 0 && f.data[start - 1] != ';')
+				start--;
+			if (start > 0)
+				start--;
+			if (end < f.len && f.data[end] == '"')
+			{
+				const char *q = memchr(f.data + end + 1, '"', f.len - end - 1);
+				end = q ? (size_t) (q - f.data) + 1 : f.len;
+			}
+			else
+				while (end < f.len && f.data[end] != ';' && f.data[end] != '\r' && f.data[end] != '\n')
+					end++;
+			memmove(f.data + start, f.data + end, f.len - end);
+			f.len -= end - start;
 		}
-		else
-			pgpmime_append_field(r->out, field, flen);
+		pgpmime_append_field(r->out, f.data, f.len);
+		buf_free(&f);
 	}
 }
 
