@@ -79,8 +79,8 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # Programs kept out of the multi-call binary (spec 22.2): pepsi-setup's
 # one-off provisioning code would otherwise sit in every process's binary.
-STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt
-standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/
+STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
+standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/autocrypt-learn/
 # pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
@@ -93,6 +93,8 @@ STANDALONE_OBJS_pepsi-stage-encrypt = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-encrypt = $(CRYPTO_LIBS)
 STANDALONE_OBJS_pepsi-stage-decrypt = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-stage-autocrypt-learn = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)

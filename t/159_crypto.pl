@@ -58,7 +58,9 @@ sub gpg_key
 	my ($address, @faked) = @_;
 	gpg(@faked, '--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', @faked ? '1d' : 'never');
 	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
-	gpg(@faked, '--quick-add-key', $fpr, 'cv25519', 'encr', @faked ? '1d' : 'never');
+	# (Faked time starts again with each gpg: the subkey's is later than the key's.)
+	gpg(@faked ? ('--faked-system-time', '20200101T010000') : (), '--quick-add-key', $fpr, 'cv25519', 'encr',
+		@faked ? '1d' : 'never');
 	return $fpr;
 }
 
@@ -296,6 +298,10 @@ DECRYPT = yes
 PROGRAM = pepsi-stage-decrypt
 NEXT_STAGE = sent
 
+[stage-learn]
+PROGRAM = pepsi-stage-autocrypt-learn
+NEXT_STAGE = sent
+
 [stage-sent]
 PROGRAM = pepsi-stage-discard
 
@@ -506,6 +512,56 @@ is($rc, 0, 'bob\'s key imported as an identity') or diag($err);
 	like($raw, qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
 	like($raw, qr/\r\n\r\nHello\.$/, 'and the body');
 }
+
+#
+# pepsi-stage-autocrypt-learn: a peer's Autocrypt: key into peer_key; a
+# decrypted message signed by its sender into peer_has_own_key.
+#
+sub autocrypt_field
+{
+	my ($addr, $fpr) = @_;
+	my $b64 = MIME::Base64::encode_base64(gpg('--export', $fpr), '');
+	$b64 =~ s/(.{76})/$1\r\n /g;
+	return "Autocrypt: addr=$addr; prefer-encrypt=mutual; keydata=\r\n $b64\r\n";
+}
+require MIME::Base64;
+{
+	my $id = add_message('learn', 'carol@example.net', 'alice@example.org',
+		"From: <Carol\@Example.net>\r\nSubject: hi\r\n" . autocrypt_field('carol@example.net', $carol), "Hi.\r\n");
+	$node->safe_psql($db, "DELETE FROM pepsi.peer_key WHERE address = 'carol\@example.net'");
+	$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'pepsi-stage-autocrypt-learn') or diag($r->{stderr});
+	is(row_json($node, $id)->{state}{autocrypt}{result}, 'learned', 'learns a peer\'s Autocrypt key');
+	is( $node->safe_psql($db,
+			"SELECT fingerprint || ' ' || source || ' ' || verdict || ' ' || prefer_encrypt || ' ' || (cache_until > now() + interval '179 days')"
+			  . " FROM pepsi.peer_key WHERE address = 'carol\@example.net'"),
+		"$carol autocrypt valid true true", 'into peer_key: source, verdict, prefer-encrypt, deadline');
+	# And pepsi-stage-encrypt now uses it.
+	my $to_carol = encrypt_row('encrypt', 'carol@example.net');
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$to_carol\n");
+	is_deeply(row_json($node, $to_carol)->{state}{encrypt}{keys}, [$carol], 'the next message to carol is encrypted to it');
+}
+for my $case (
+	[ 'addr is not From:', 'bob@example.net', autocrypt_field('carol@example.net', $carol), qr/not the From: address/ ],
+	[ 'an expired key', 'old@example.org', autocrypt_field('old@example.org', $expired), qr/has expired/ ],
+	[ 'another address\'s key', 'eve@example.net', autocrypt_field('eve@example.net', $bob), qr/no User ID/ ],
+	[ 'an unknown critical attribute', 'bob@example.net', "Autocrypt: addr=bob\@example.net; x=1; keydata=AAAA\r\n", qr/unknown critical/ ])
+{
+	my ($what, $from, $field, $want) = @$case;
+	my $before = $node->safe_psql($db, 'SELECT count(*) FROM pepsi.peer_key');
+	my $id = add_message('learn', $from, 'alice@example.org', "From: <$from>\r\nSubject: hi\r\n$field", "Hi.\r\n");
+	$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{autocrypt}{result} . ' ' . $row->{stage}, 'ignored sent', "$what: ignored, the message goes on");
+	like($row->{state}{autocrypt}{reason}, $want, "$what: the reason");
+	is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.peer_key'), $before, "$what: nothing stored");
+}
+$node->safe_psql($db, "UPDATE pepsi.workqueue SET stage = 'learn', status = 'running' WHERE id = $dec");
+$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$dec\n");
+is( $node->safe_psql($db,
+		"SELECT p.peer_address || ' ' || i.fingerprint FROM pepsi.peer_has_own_key p"
+		  . " JOIN pepsi.crypto_identity i ON i.id = p.identity_id"),
+	"bob\@example.net $new", 'bob, who encrypted to alice\'s key and signed, holds it: peer_has_own_key');
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
 $node->stop;
