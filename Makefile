@@ -265,7 +265,12 @@ SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
 # set-group-id stages): the one list, which the code gets as
 # PEPSI_SETID_PROGRAMS (common/process/privilege.c): pepsi-dispatch runs
 # no other set-id file it finds.
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES)
+# The set-user-id stages: the crypto stages run as pepsi-crypto (and its
+# group, which reads the KEK's secrets.d fragment), because PostgreSQL's
+# peer authentication keys off the effective uid and that role alone reads
+# the private keys (docs/pepsi-stage-encrypt.8.md).  Built standalone.
+SETUID_STAGES = pepsi-stage-encrypt pepsi-stage-decrypt
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -425,7 +430,7 @@ install-programs: programs
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	for p in $(filter-out $(SETID_PROGRAMS) $(STANDALONE_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
-	install -m 755 $(addprefix $(B)/bin/,$(STANDALONE_PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(addprefix $(B)/bin/,$(filter-out $(SETID_PROGRAMS),$(STANDALONE_PROGRAMS))) $(DESTDIR)$(PREFIX)/bin/
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch

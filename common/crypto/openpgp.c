@@ -214,6 +214,32 @@ pgp_describe(struct pgp_home *home, const char *address, bool want_secret, struc
 	return false;
 }
 
+/* Import blob into the home; the fingerprint of its (first) key in fpr. */
+static bool
+pgp_import_one(struct pgp_home *home, const struct pgp_blob *blob, char *fpr, size_t fprlen, char *err,
+			   size_t errlen)
+{
+	gpgme_data_t		  in;
+	gpgme_error_t		  e = gpgme_data_new_from_mem(&in, blob->data, blob->len, 0);
+	gpgme_import_result_t r;
+
+	if (!e)
+	{
+		e = gpgme_op_import(home->ctx, in);
+		gpgme_data_release(in);
+	}
+	if (e)
+		return pgp_fail(err, errlen, "reading the key", e);
+	r = gpgme_op_import_result(home->ctx);
+	if (r == NULL || r->imports == NULL || r->imports->fpr == NULL || r->imports->result != 0)
+	{
+		snprintf(err, errlen, "no OpenPGP key in what was given");
+		return false;
+	}
+	snprintf(fpr, fprlen, "%s", r->imports->fpr);
+	return true;
+}
+
 bool
 pgp_generate(const char *address, const char *type, int days, struct pgp_key_info *info, char *err,
 			 size_t errlen)
@@ -271,26 +297,15 @@ pgp_inspect(const void *data, size_t len, const char *address, bool want_secret,
 			char *err, size_t errlen)
 {
 	struct pgp_home home;
-	gpgme_data_t	in;
-	gpgme_error_t	e;
-	bool			ok = false;
+	struct pgp_blob blob = {data, len};
+	char			fpr[65];
+	bool			ok;
 
 	memset(info, 0, sizeof(*info));
 	if (!pgp_home_open(&home, err, errlen))
 		return false;
-	e = gpgme_data_new_from_mem(&in, data, len, 0);
-	if (!e)
-	{
-		e = gpgme_op_import(home.ctx, in);
-		gpgme_data_release(in);
-	}
-	if (e)
-		pgp_fail(err, errlen, "reading the key", e);
-	else if (gpgme_op_import_result(home.ctx)->imported == 0
-			 && gpgme_op_import_result(home.ctx)->secret_imported == 0)
-		snprintf(err, errlen, "no OpenPGP key in what was given");
-	else
-		ok = pgp_describe(&home, address, want_secret, info, err, errlen);
+	ok = pgp_import_one(&home, &blob, fpr, sizeof(fpr), err, errlen)
+		 && pgp_describe(&home, address, want_secret, info, err, errlen);
 	pgp_home_close(&home);
 	if (!ok)
 		pgp_key_info_free(info);
@@ -300,77 +315,35 @@ pgp_inspect(const void *data, size_t len, const char *address, bool want_secret,
 bool
 pgp_armor(const void *data, size_t len, struct buf *out, char *err, size_t errlen)
 {
-	struct pgp_home		home;
-	gpgme_data_t		in;
-	gpgme_error_t		e;
-	struct pgp_key_info info;
-	bool				ok = false;
+	struct pgp_home home;
+	struct pgp_blob blob = {data, len};
+	gpgme_data_t	armored = NULL;
+	gpgme_error_t	e;
+	char			fpr[65];
+	bool			ok = false;
 
-	memset(&info, 0, sizeof(info));
 	if (!pgp_home_open(&home, err, errlen))
 		return false;
-	e = gpgme_data_new_from_mem(&in, data, len, 0);
-	if (!e)
+	if (pgp_import_one(&home, &blob, fpr, sizeof(fpr), err, errlen))
 	{
-		e = gpgme_op_import(home.ctx, in);
-		gpgme_data_release(in);
-	}
-	if (!e)
-	{
-		gpgme_data_t armored;
-		gpgme_key_t	 key = NULL;
-
-		e = gpgme_op_keylist_start(home.ctx, NULL, 0);
+		gpgme_set_armor(home.ctx, 1);
+		e = gpgme_data_new(&armored);
 		if (!e)
-			e = gpgme_op_keylist_next(home.ctx, &key);
-		gpgme_op_keylist_end(home.ctx);
-		if (!e)
-			e = gpgme_data_new(&armored);
-		if (!e)
+			e = gpgme_op_export(home.ctx, fpr, 0, armored);
+		if (e)
 		{
-			gpgme_set_armor(home.ctx, 1);
-			e = gpgme_op_export(home.ctx, key->fpr, 0, armored);
-			if (!e)
-			{
-				pgp_data_take(armored, out);
-				ok = true;
-			}
-			else
+			pgp_fail(err, errlen, "armoring the key", e);
+			if (armored)
 				gpgme_data_release(armored);
 		}
-		if (key)
-			gpgme_key_unref(key);
+		else
+		{
+			pgp_data_take(armored, out);
+			ok = true;
+		}
 	}
-	if (!ok)
-		pgp_fail(err, errlen, "armoring the key", e);
 	pgp_home_close(&home);
 	return ok;
-}
-
-/* Import blob into the home; the fingerprint of its (first) key in fpr. */
-static bool
-pgp_import_one(struct pgp_home *home, const struct pgp_blob *blob, char *fpr, size_t fprlen, char *err,
-			   size_t errlen)
-{
-	gpgme_data_t		  in;
-	gpgme_error_t		  e = gpgme_data_new_from_mem(&in, blob->data, blob->len, 0);
-	gpgme_import_result_t r;
-
-	if (!e)
-	{
-		e = gpgme_op_import(home->ctx, in);
-		gpgme_data_release(in);
-	}
-	if (e)
-		return pgp_fail(err, errlen, "reading a key", e);
-	r = gpgme_op_import_result(home->ctx);
-	if (r == NULL || r->imports == NULL || r->imports->fpr == NULL || r->imports->result != 0)
-	{
-		snprintf(err, errlen, "a stored key is not an OpenPGP key");
-		return false;
-	}
-	snprintf(fpr, fprlen, "%s", r->imports->fpr);
-	return true;
 }
 
 bool

@@ -1,8 +1,10 @@
 /*
  * pgpmime.c: PGP/MIME messages with protected headers (pgpmime.h).
  */
+#include <ctype.h>
 #include <openssl/rand.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -265,4 +267,28 @@ pgpmime_restore(const char *headers, size_t hlen, const char *entity, size_t ele
 	pgpmime_fields(entity, ehlen, pgpmime_restore_field, &r);
 	if (sep)
 		buf_append(out_body, sep + skip, elen - (size_t) (sep - entity) - skip);
+}
+
+char *
+pgpmime_from_address(const char *headers, size_t hlen)
+{
+	char  *value = header_get(headers, hlen, "From");
+	char **list = NULL;
+	size_t count = 0;
+	char  *from = NULL;
+
+	if (value)
+		header_addresses(value, &list, &count);
+	if (count == 1)
+	{
+		from = list[0];
+		for (char *c = from; *c; c++)
+			*c = (char) tolower((unsigned char) *c);
+	}
+	else
+		for (size_t i = 0; i < count; i++)
+			free(list[i]);
+	free(list);
+	free(value);
+	return from;
 }

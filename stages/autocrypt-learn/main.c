@@ -22,6 +22,7 @@
 #include "base/base64.h"
 #include "base/log.h"
 #include "crypto/openpgp.h"
+#include "crypto/pgpmime.h"
 #include "message/header.h"
 #include "runtime/stage.h"
 
@@ -97,31 +98,6 @@ autocrypt_parse(const char *value, struct autocrypt *a, char *why, size_t whylen
 	return true;
 }
 
-/* The bare From: address, lower case, or NULL. */
-static char *
-learn_from(const struct buf *h)
-{
-	char  *value = header_get(h->data, h->len, "From");
-	char **list = NULL;
-	size_t count = 0;
-	char  *from = NULL;
-
-	if (value)
-		header_addresses(value, &list, &count);
-	if (count == 1)
-	{
-		from = list[0];
-		for (char *c = from; *c; c++)
-			*c = (char) tolower((unsigned char) *c);
-	}
-	else
-		for (size_t i = 0; i < count; i++)
-			free(list[i]);
-	free(list);
-	free(value);
-	return from;
-}
-
 /* Record that from holds our key fingerprint (state.decrypt says so). */
 static void
 learn_own_key(struct pepsi_ctx *ctx, const char *from)
@@ -151,7 +127,7 @@ static int
 learn_run(struct pepsi_ctx *ctx)
 {
 	const struct buf *h = pepsi_headers(ctx);
-	char			 *from = h ? learn_from(h) : NULL;
+	char			 *from = h ? pgpmime_from_address(h->data, h->len) : NULL;
 	char			  why[600] = "";
 	const char		 *result = "none";
 	struct autocrypt  a;

@@ -39,27 +39,6 @@ decrypt_chosen(struct pepsi_ctx *ctx, const char *rcpt)
 	return config_bool_for(pepsi_config(ctx), pepsi_section(ctx), "DECRYPT", at ? at + 1 : NULL, rcpt);
 }
 
-/* The From: address (bare), or NULL. */
-static char *
-decrypt_from(const struct buf *h)
-{
-	char  *value = header_get(h->data, h->len, "From");
-	char **list = NULL;
-	size_t count = 0;
-	char  *from = NULL;
-
-	if (value)
-		header_addresses(value, &list, &count);
-	if (count == 1)
-		from = list[0];
-	else
-		for (size_t i = 0; i < count; i++)
-			free(list[i]);
-	free(list);
-	free(value);
-	return from;
-}
-
 /* Go on as it came, with the reason; state.decrypt.result is result. */
 static int
 decrypt_pass_on(struct pepsi_ctx *ctx, const char *result, const char *reason)
@@ -129,7 +108,7 @@ decrypt_run(struct pepsi_ctx *ctx)
 		goto done;
 	}
 	/* The sender's keys: a correspondent's, or one of ours. */
-	from = decrypt_from(h);
+	from = pgpmime_from_address(h->data, h->len);
 	if (from && keystore_peer_key(conn, from, signer_fpr, &signer_key, err, sizeof(err)) == 0)
 		signers[nsigners].data = signer_key.data, signers[nsigners++].len = signer_key.len;
 	if (from && keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err)) == 0)

@@ -60,28 +60,6 @@ struct encrypt_rcpt
 	char				 reason[600];
 };
 
-/* The From: address (bare), or NULL. */
-static char *
-encrypt_from(struct pepsi_ctx *ctx)
-{
-	const struct buf *h = pepsi_headers(ctx);
-	char			 *value = h ? header_get(h->data, h->len, "From") : NULL;
-	char			**list = NULL;
-	size_t			  count = 0;
-	char			 *from = NULL;
-
-	if (value)
-		header_addresses(value, &list, &count);
-	if (count == 1)
-		from = list[0];
-	else
-		for (size_t i = 0; i < count; i++)
-			free(list[i]);
-	free(list);
-	free(value);
-	return from;
-}
-
 /* Decide what rcpt gets (r): its policy and its key. */
 static void
 encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct encrypt_rcpt *r)
@@ -200,7 +178,7 @@ encrypt_run(struct pepsi_ctx *ctx)
 		goto done;
 	}
 
-	from = encrypt_from(ctx);
+	from = pgpmime_from_address(h->data, h->len);
 	if (from && (pepsi_option_bool(ctx, "SIGN") || pepsi_option_bool(ctx, "AUTOCRYPT")))
 	{
 		int found = 1;
