@@ -11,6 +11,7 @@
 use strict;
 use warnings FATAL => 'all';
 
+use Digest::SHA ();
 use File::Temp ();
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -562,6 +563,30 @@ is( $node->safe_psql($db,
 		"SELECT p.peer_address || ' ' || i.fingerprint FROM pepsi.peer_has_own_key p"
 		  . " JOIN pepsi.crypto_identity i ON i.id = p.identity_id"),
 	"bob\@example.net $new", 'bob, who encrypted to alice\'s key and signed, holds it: peer_has_own_key');
+
+# Publishing: the Web Key Directory tree and the OPENPGPKEY record.
+{
+	my $wkd = "$tmp/wkd";
+	($rc, $out, $err) = keys_run('identity', 'wkd', '-c', $conf, $wkd);
+	is($rc, 0, 'identity wkd') or diag($err);
+	my ($hash) = gpg('--with-wkd-hash', '--list-keys', $new) =~ /^\s+([a-z0-9]{32})\@example\.org$/m;
+	ok($hash, 'gpg names alice\'s WKD hash');
+	my $file = "$wkd/example.org/hu/$hash";
+	ok(-f $file, 'the key is where WKD looks for alice (gpg\'s hash)');
+	like(gpg('--with-colons', '--show-keys', $file), qr/^fpr:+\Q$new\E:/m, 'and is her key');
+	ok(-f "$wkd/example.org/policy", 'with the policy file');
+	is($node->safe_psql($db, "SELECT published FROM pepsi.crypto_identity WHERE fingerprint = '$new'"),
+		't', 'the identity is marked published');
+	is($node->safe_psql($db, "SELECT count(*) FROM pepsi.event_log WHERE action = 'key_publish'"),
+		'2', 'a key_publish event per key');
+	($rc, $out, $err) = keys_run('identity', 'openpgpkey', '-c', $conf, 'alice@example.org');
+	is($rc, 0, 'identity openpgpkey') or diag($err);
+	my $owner = substr(Digest::SHA::sha256_hex('alice'), 0, 56);
+	like($out, qr/^\Q$owner\E\._openpgpkey\.example\.org\. IN OPENPGPKEY [A-Za-z0-9+\/=]+$/, 'the RFC 7929 owner name');
+	my ($b64) = $out =~ / OPENPGPKEY (\S+)$/;
+	like(gpg('--with-colons', '--show-keys', write_file('dns.key', MIME::Base64::decode_base64($b64))),
+		qr/^fpr:+\Q$new\E:/m, 'and the key in the record is hers');
+}
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
 $node->stop;

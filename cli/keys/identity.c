@@ -16,6 +16,10 @@
  *   pepsi-keys identity export ADDRESS|FINGERPRINT
  *       the public key, armored, on standard output
  *   pepsi-keys identity list
+ *   pepsi-keys identity wkd DIRECTORY
+ *       the Web Key Directory tree of every primary key, marked published
+ *   pepsi-keys identity openpgpkey ADDRESS
+ *       the DNS OPENPGPKEY record (RFC 7929) of ADDRESS's primary key
  *   pepsi-keys identity revoke FINGERPRINT [REASON]
  *   pepsi-keys identity purge FINGERPRINT
  *       drop the private half (the row and the public half stay)
@@ -26,14 +30,19 @@
  */
 #include <ctype.h>
 #include <endian.h>
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <libpq-fe.h>
+#include <openssl/sha.h>
 
+#include "base/base64.h"
 #include "base/log.h"
 #include "config/config.h"
 #include "crypto/kek.h"
@@ -46,6 +55,7 @@
 /* sysexits(3), beside cli.h's */
 #define CLI_EX_NOINPUT 66
 #define CLI_EX_SOFTWARE 70
+#define CLI_EX_CANTCREAT 73
 
 const char keys_identity_usage[] =
 	"       pepsi-keys kek-generate ID\n"
@@ -54,6 +64,8 @@ const char keys_identity_usage[] =
 	"       pepsi-keys identity import [-c CONFIG] ADDRESS FILE\n"
 	"       pepsi-keys identity export [-c CONFIG] ADDRESS|FINGERPRINT\n"
 	"       pepsi-keys identity list [-c CONFIG]\n"
+	"       pepsi-keys identity wkd [-c CONFIG] DIRECTORY\n"
+	"       pepsi-keys identity openpgpkey [-c CONFIG] ADDRESS\n"
 	"       pepsi-keys identity revoke [-c CONFIG] FINGERPRINT [REASON]\n"
 	"       pepsi-keys identity purge [-c CONFIG] FINGERPRINT\n";
 
@@ -310,6 +322,164 @@ identity_list_command(PGconn *conn)
 	return CLI_EX_OK;
 }
 
+/* The WKD hash of a local part (lower case): z-base-32 of its SHA-1. */
+static void
+wkd_hash(const char *local, size_t len, char *out)
+{
+	static const char alphabet[] = "ybndrfg8ejkmcpqxot1uwisza345h769";
+	unsigned char	  digest[SHA_DIGEST_LENGTH];
+	char			  lower[320];
+	unsigned int	  bits = 0, value = 0;
+	size_t			  o = 0;
+
+	for (size_t i = 0; i < len && i < sizeof(lower); i++)
+		lower[i] = (char) tolower((unsigned char) local[i]);
+	SHA1((const unsigned char *) lower, len < sizeof(lower) ? len : sizeof(lower), digest);
+	for (size_t i = 0; i < sizeof(digest); i++)
+	{
+		value = (value << 8) | digest[i];
+		bits += 8;
+		while (bits >= 5)
+		{
+			out[o++] = alphabet[(value >> (bits - 5)) & 31];
+			bits -= 5;
+		}
+	}
+	if (bits > 0)
+		out[o++] = alphabet[(value << (5 - bits)) & 31];
+	out[o] = '\0';
+}
+
+/* Write path from data; false after saying why. */
+static bool
+wkd_write(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	if (f == NULL || fwrite(data, 1, len, f) != len || fclose(f) != 0)
+	{
+		fprintf(stderr, "pepsi-keys: %s: %s\n", path, strerror(errno));
+		if (f)
+			fclose(f);
+		return false;
+	}
+	return true;
+}
+
+static bool
+wkd_mkdir(const char *path)
+{
+	if (mkdir(path, 0755) == 0 || errno == EEXIST)
+		return true;
+	fprintf(stderr, "pepsi-keys: %s: %s\n", path, strerror(errno));
+	return false;
+}
+
+/*
+ * Publish every active primary OpenPGP identity in a Web Key Directory
+ * tree under dir: DIR/DOMAIN/hu/HASH (the key, binary) and DIR/DOMAIN/policy,
+ * what https://openpgpkey.DOMAIN/.well-known/openpgpkey/DOMAIN/ (advanced)
+ * or https://DOMAIN/.well-known/openpgpkey/ (direct) serves; marks them
+ * published, with a key_publish event.
+ */
+static int
+identity_wkd_command(PGconn *conn, const char *dir)
+{
+	PGresult *res = PQexecParams(conn,
+								 "SELECT address, fingerprint, public_key FROM pepsi.crypto_identity"
+								 " WHERE protocol = 'openpgp' AND is_primary AND status = 'active' ORDER BY address",
+								 0, NULL, NULL, NULL, NULL, 1);
+	int		  rc = CLI_EX_OK;
+
+	if (!identity_ok(res, "reading the keys"))
+	{
+		PQclear(res);
+		return CLI_EX_TEMPFAIL;
+	}
+	if (!wkd_mkdir(dir))
+		rc = CLI_EX_CANTCREAT;
+	for (int i = 0; rc == CLI_EX_OK && i < PQntuples(res); i++)
+	{
+		char		address[320], fpr[65], hash[40], path[PATH_MAX];
+		const char *at;
+
+		snprintf(address, sizeof(address), "%.*s", PQgetlength(res, i, 0), PQgetvalue(res, i, 0));
+		snprintf(fpr, sizeof(fpr), "%.*s", PQgetlength(res, i, 1), PQgetvalue(res, i, 1));
+		at = strrchr(address, '@');
+		if (at == NULL || strchr(at + 1, '/') || at[1] == '.')
+			continue;
+		wkd_hash(address, (size_t) (at - address), hash);
+		snprintf(path, sizeof(path), "%s/%s", dir, at + 1);
+		if (!wkd_mkdir(path))
+		{
+			rc = CLI_EX_CANTCREAT;
+			break;
+		}
+		snprintf(path, sizeof(path), "%s/%s/policy", dir, at + 1);
+		if (!wkd_write(path, "", 0))
+			rc = CLI_EX_CANTCREAT;
+		snprintf(path, sizeof(path), "%s/%s/hu", dir, at + 1);
+		if (rc == CLI_EX_OK && !wkd_mkdir(path))
+			rc = CLI_EX_CANTCREAT;
+		snprintf(path, sizeof(path), "%s/%s/hu/%s", dir, at + 1, hash);
+		if (rc == CLI_EX_OK && !wkd_write(path, PQgetvalue(res, i, 2), (size_t) PQgetlength(res, i, 2)))
+			rc = CLI_EX_CANTCREAT;
+		if (rc == CLI_EX_OK)
+		{
+			const char *values[] = {fpr, address, hash};
+
+			if (!identity_run(conn, "marking it published",
+							  "UPDATE pepsi.crypto_identity SET published = true WHERE fingerprint = $1", 1, values,
+							  NULL)
+				|| !identity_run(conn, "recording the event",
+								 "SELECT pepsi.key_event('key_publish', jsonb_build_object('fingerprint', $1::text,"
+								 " 'address', $2::text, 'wkd', $3::text))",
+								 3, values, NULL))
+				rc = CLI_EX_TEMPFAIL;
+			else
+				printf("%s %s/%s/hu/%s\n", address, dir, at + 1, hash);
+		}
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* The OPENPGPKEY record (RFC 7929) of an address's primary key. */
+static int
+identity_openpgpkey_command(PGconn *conn, const char *address)
+{
+	const char *values[] = {address};
+	PGresult   *res = PQexecParams(conn,
+								   "SELECT public_key FROM pepsi.crypto_identity WHERE address = lower($1)"
+									 " AND protocol = 'openpgp' AND is_primary AND status = 'active'",
+								   1, NULL, values, NULL, NULL, 1);
+	const char *at = strrchr(address, '@');
+	int			rc = CLI_EX_OK;
+
+	if (!identity_ok(res, "reading the key"))
+		rc = CLI_EX_TEMPFAIL;
+	else if (at == NULL || PQntuples(res) != 1)
+	{
+		fprintf(stderr, "pepsi-keys: %s has no primary OpenPGP key\n", address);
+		rc = CLI_EX_DATAERR;
+	}
+	else
+	{
+		unsigned char digest[SHA256_DIGEST_LENGTH];
+		struct buf	  b64 = BUF_INIT;
+
+		/* The owner name: the SHA2-256 of the local part (as written), truncated to 28 octets, in hex. */
+		SHA256((const unsigned char *) address, (size_t) (at - address), digest);
+		for (int i = 0; i < 28; i++)
+			printf("%02x", digest[i]);
+		base64_append(&b64, PQgetvalue(res, 0, 0), (size_t) PQgetlength(res, 0, 0));
+		printf("._openpgpkey.%s. IN OPENPGPKEY %s\n", at + 1, b64.data);
+		buf_free(&b64);
+	}
+	PQclear(res);
+	return rc;
+}
+
 /* revoke or purge one key by fingerprint, with its event; one transaction. */
 static int
 identity_change_command(PGconn *conn, const char *action, const char *fingerprint, const char *reason)
@@ -493,6 +663,7 @@ keys_identity_main(int argc, char **argv)
 		: strcmp(sub, "generate") == 0 || strcmp(sub, "export") == 0 || strcmp(sub, "purge") == 0 ? argc != 1
 		: strcmp(sub, "import") == 0															  ? argc != 2
 		: strcmp(sub, "revoke") == 0															  ? argc < 1 || argc > 2
+		: strcmp(sub, "wkd") == 0 || strcmp(sub, "openpgpkey") == 0								  ? argc != 1
 		: strcmp(sub, "list") == 0																  ? argc != 0
 																								  : true)
 		return CLI_EX_USAGE;
@@ -522,6 +693,10 @@ keys_identity_main(int argc, char **argv)
 		rc = identity_export_command(conn, argv[0]);
 	else if (strcmp(sub, "list") == 0)
 		rc = identity_list_command(conn);
+	else if (strcmp(sub, "wkd") == 0)
+		rc = identity_wkd_command(conn, argv[0]);
+	else if (strcmp(sub, "openpgpkey") == 0)
+		rc = identity_openpgpkey_command(conn, argv[0]);
 	else if (strcmp(sub, "revoke") == 0)
 		rc = identity_change_command(conn, "key_revoke", argv[0], argc > 1 ? argv[1] : NULL);
 	else
