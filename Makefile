@@ -79,8 +79,22 @@ program_objs = $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c))
 ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # Programs kept out of the multi-call binary (spec 22.2): pepsi-setup's
 # one-off provisioning code would otherwise sit in every process's binary.
-STANDALONE_PROGRAMS = pepsi-setup
-standalone_dirs = cli/setup/
+STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
+standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/autocrypt-learn/
+# pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
+# OpenSSL CMS, the key-encryption key.  Linked only into the programs that
+# use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
+# GPGME is in no other process.
+CRYPTO_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard common/crypto/*.c))
+CRYPTO_LIBS = -lgpgme
+STANDALONE_OBJS_pepsi-keys = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-keys = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-stage-encrypt = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-stage-encrypt = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-stage-decrypt = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-stage-autocrypt-learn = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
@@ -146,11 +160,12 @@ $(B)/bin/pepsi: $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) 
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(B)/programs/pepsi.o $(B)/programs/names.o $(ALL_PROGRAM_OBJS) $(PRIVILEGED_STAGE_OBJS) $(B)/libpepsi.a $(LDLIBS)
 
 define standalone_rule
-$(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(B)/libpepsi.a programs/standalone.c
+$(B)/bin/$(call program_name,$(1)): $(call program_objs,$(1)) $(STANDALONE_OBJS_$(call program_name,$(1))) $(B)/libpepsi.a programs/standalone.c
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CPPFLAGS) $$(CFLAGS) $$(LDFLAGS) $$(PEPSI_CFLAGS) $$(DEPFLAGS) -DPROGRAM_MAIN=$(call program_ident,$(1))_main \
 		-DPROGRAM_NAME='"$(call program_name,$(1))"' \
-		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(B)/libpepsi.a $$(LDLIBS)
+		-o $$@ programs/standalone.c $(call program_objs,$(1)) $(STANDALONE_OBJS_$(call program_name,$(1))) $(B)/libpepsi.a \
+		$$(LDLIBS) $(STANDALONE_LIBS_$(call program_name,$(1)))
 endef
 $(foreach d,$(program_dirs),$(eval $(call standalone_rule,$(d))))
 
@@ -250,7 +265,12 @@ SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
 # set-group-id stages): the one list, which the code gets as
 # PEPSI_SETID_PROGRAMS (common/process/privilege.c): pepsi-dispatch runs
 # no other set-id file it finds.
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES)
+# The set-user-id stages: the crypto stages run as pepsi-crypto (and its
+# group, which reads the KEK's secrets.d fragment), because PostgreSQL's
+# peer authentication keys off the effective uid and that role alone reads
+# the private keys (docs/pepsi-stage-encrypt.8.md).  Built standalone.
+SETUID_STAGES = pepsi-stage-encrypt pepsi-stage-decrypt
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -410,7 +430,7 @@ install-programs: programs
 	install -m 755 $(B)/bin/pepsi $(DESTDIR)$(PREFIX)/libexec/pepsi/pepsi
 	for p in $(filter-out $(SETID_PROGRAMS) $(STANDALONE_PROGRAMS),$(PROGRAMS)); do \
 		ln -sf ../libexec/pepsi/pepsi $(DESTDIR)$(PREFIX)/bin/$$p; done
-	install -m 755 $(addprefix $(B)/bin/,$(STANDALONE_PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(addprefix $(B)/bin/,$(filter-out $(SETID_PROGRAMS),$(STANDALONE_PROGRAMS))) $(DESTDIR)$(PREFIX)/bin/
 
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch

@@ -41,6 +41,8 @@ run_packages=(
     # scripts/run.sh: its certificate and passwords (openssl), its users
     # (runuser, setpriv), and a client to send the first message with
     openssl util-linux swaks
+    # the key store and the crypto stages (common/crypto/): OpenPGP through GPGME, with gpg itself
+    libgpgme-dev gnupg
 )
 # Test peers and tools, for make check only.
 check_packages=(

@@ -15,6 +15,8 @@
  *       DNS_*) and compare it with the private key: "ok", or what is wrong
  *       (no record, a malformed or revoked one, another key); exit status
  *       0 only when every key is published as it should be, else 65
+ *
+ * and the key store's identities and key-encryption key (identity.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +32,7 @@
 #include "base/log.h"
 #include "config/config.h"
 #include "dns/dns.h"
+#include "identity.h"
 #include "process/cli.h"
 
 int pepsi_keys_main(int argc, char **argv);
@@ -41,7 +44,9 @@ keys_usage(FILE *out)
 			"usage: pepsi-keys generate -a rsa-sha256|ed25519-sha256 [-b BITS] -o KEYFILE\n"
 			"       pepsi-keys record -a rsa-sha256|ed25519-sha256 KEYFILE\n"
 			"       pepsi-keys show [-c CONFIG]\n"
-			"       pepsi-keys check [-c CONFIG]\n");
+			"       pepsi-keys check [-c CONFIG]\n"
+			"%s",
+			keys_identity_usage);
 	return out == stdout ? CLI_EX_OK : CLI_EX_USAGE;
 }
 
@@ -202,6 +207,12 @@ pepsi_keys_main(int argc, char **argv)
 		return keys_usage(stderr);
 	if (cli_is_help(command))
 		return keys_usage(stdout);
+	if (keys_identity_command(command))
+	{
+		int rc = keys_identity_main(argc, argv);
+
+		return rc == CLI_EX_USAGE ? keys_usage(stderr) : rc;
+	}
 	optind = 2;
 	while ((c = getopt(argc, argv, "a:b:o:c:")) != -1)
 	{

@@ -884,8 +884,16 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	if ((w.cfg = privilege_config_load(config_path, err, sizeof(err))) == NULL
 		|| !log_configure(w.cfg, err, sizeof(err)))
 		fatalx("%s", err);
-	w.pooled = config_bool(w.cfg, "database", "STAGE_POOLED");
-	if ((w.conn = db_connect_as(w.cfg, "database", "STAGE_CONNINFO", stage->program, err, sizeof(err))) == NULL)
+	/*
+	 * A stage with a conninfo section of its own (the crypto stages: peer
+	 * authentication keys off their effective uid) connects directly with
+	 * it, never through the pooler; the others with STAGE_CONNINFO.
+	 */
+	w.pooled = stage->conninfo_section == NULL && config_bool(w.cfg, "database", "STAGE_POOLED");
+	if ((w.conn = stage->conninfo_section
+					  ? db_connect_as(w.cfg, stage->conninfo_section, "CONNINFO", stage->program, err, sizeof(err))
+					  : db_connect_as(w.cfg, "database", "STAGE_CONNINFO", stage->program, err, sizeof(err)))
+		== NULL)
 		fatalx("%s", err);
 	if (!db_load_overrides(w.conn, w.cfg, err, sizeof(err)))
 		fatalx("%s", err);

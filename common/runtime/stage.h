@@ -89,6 +89,13 @@ struct pepsi_stage
 	 * refuses are committed for the stage's own workers.
 	 */
 	bool fuses_passing_on;
+	/*
+	 * Optional: the section whose CONNINFO the worker connects with,
+	 * instead of [database]'s (the crypto stages: [crypto] CONNINFO, a
+	 * member of pepsi_crypto over the local socket, even where the
+	 * pipeline goes through a pooler).
+	 */
+	const char *conninfo_section;
 };
 
 /* The multi-call binary installs the registry fusion looks successors up in. */

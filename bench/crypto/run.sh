@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# bench/crypto: encrypting and signing outbound mail, pepsi-stage-encrypt
+# against gpg run once per message as a content filter would (the common
+# way with Postfix), side by side on this machine.
+#
+#   stage:  MESSAGES rows of SIZE bytes at an encrypt stage, fed to one
+#           pepsi-stage-encrypt worker (the key store: the recipient's key
+#           in pepsi.peer_key, the sender's identity sealed under the KEK);
+#           the time from the first id to the last status line
+#   gpg:    gpg --encrypt --sign --armor per message, the same messages, a
+#           recipient key of the same type, a sender key of Ed25519
+#
+# For each recipient key type of KEYS (ed25519: Curve25519 encryption;
+# rsa3072), the sides alternate (stage, gpg, stage, gpg...) REPS times:
+# the median messages per second and the spread (min..max), the load
+# average before each pair.  A skeleton with small counts by default
+# (the issue's case is 20,000 messages of 20 KB: BENCH_MESSAGES=20000);
+# the queue's own cost in bench/relay is not measured here.  Reports,
+# never judges: exits 0 unless the benchmark itself broke.
+#
+# Knobs: BENCH_REPS (5), BENCH_MESSAGES (50), BENCH_SIZE (20480),
+# BENCH_KEYS ("ed25519 rsa3072").  Needs the extension with the key store
+# (PGBIN of a PostgreSQL where it is installed).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+# shellcheck source=../lib.sh
+. "$here/../lib.sh"
+
+reps=${BENCH_REPS:-5}
+messages=${BENCH_MESSAGES:-50}
+size=${BENCH_SIZE:-20480}
+keys=${BENCH_KEYS:-ed25519 rsa3072}
+bin=${PEPSI_BIN:-$top/build/bin}
+for p in pepsi-stage-encrypt pepsi-keys; do
+    [ -x "$bin/$p" ] || { echo "bench/crypto: $bin/$p is missing: make all first" >&2; exit 1; }
+done
+
+bench_cluster_start
+work="$BENCH_DIR/c"
+gnupg="$BENCH_DIR/g"
+as_user mkdir -p "$work/secrets.d" "$gnupg"
+as_user chmod 700 "$gnupg"
+chmod 755 "$work/secrets.d" 2>/dev/null || as_user chmod 755 "$work/secrets.d"
+conninfo="host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres"
+as_user tee "$work/pepsi.conf" >/dev/null <<CONF
+[database]
+CONNINFO = $conninfo
+
+[crypto]
+CONNINFO = $conninfo
+
+[stage-encrypt]
+PROGRAM = pepsi-stage-encrypt
+NEXT_STAGE = done
+POLICY = required
+
+[stage-done]
+PROGRAM = pepsi-stage-discard
+CONF
+as_user "$bin/pepsi-keys" kek-generate bench | as_user tee "$work/secrets.d/crypto.conf" >/dev/null
+as_user chmod 640 "$work/secrets.d/crypto.conf"
+as_user "$bin/pepsi-keys" identity generate -c "$work/pepsi.conf" sender@example.org >/dev/null
+
+gpg_() { as_user env TMPDIR=/tmp gpg --batch --homedir "$gnupg" --pinentry-mode loopback --passphrase '' "$@"; }
+fingerprint() { gpg_ --with-colons --list-keys "<$1>" | sed -n 's/^fpr:*\([0-9A-F]\{40\}\):.*/\1/p' | head -n 1; }
+gpg_ --quick-gen-key '<sender-gpg@example.org>' ed25519 sign,cert never 2>/dev/null
+
+# The message: headers and SIZE bytes of text.
+body="$work/body.txt"
+head -c $((size * 3 / 4)) /dev/urandom | base64 -w 76 | sed 's/$/\r/' | as_user tee "$body" >/dev/null
+message="$work/message.eml"
+{ printf 'From: <sender@example.org>\r\nTo: <rcpt@example.net>\r\nSubject: bench\r\n\r\n'; cat "$body"; } |
+    as_user tee "$message" >/dev/null
+
+run_stage() {
+    local to=$1 ids start end
+    bench_psql -c "SELECT count(*) FROM pepsi.workqueue" >/dev/null
+    ids=$(bench_psql -At -c "WITH a AS (SELECT pepsi.workqueue_add('sender@example.org', ARRAY['$to'],
+            convert_to(E'From: <sender@example.org>\r\nTo: <$to>\r\nSubject: bench\r\n', 'UTF8'),
+            pg_read_binary_file('$body'), '{}', stage => 'encrypt') AS id FROM generate_series(1, $messages))
+          SELECT string_agg(id::text, E'\n') FROM a")
+    bench_psql -c "UPDATE pepsi.workqueue SET status = 'running' WHERE stage = 'encrypt'" >/dev/null
+    start=$(date +%s.%N)
+    printf '%s\n' "$ids" | as_user env TMPDIR=/tmp "$bin/pepsi-stage-encrypt" worker -c "$work/pepsi.conf" >"$work/status" 2>"$work/stage.err"
+    end=$(date +%s.%N)
+    [ "$(grep -c '^0' "$work/status")" -eq "$messages" ] || { echo "bench/crypto: the stage failed:" >&2; cat "$work/stage.err" >&2; exit 1; }
+    bench_psql -c "DELETE FROM pepsi.workqueue" >/dev/null
+    awk -v n="$messages" -v s="$start" -v e="$end" 'BEGIN { printf "%.2f\n", n / (e - s) }'
+}
+
+run_gpg() {
+    local fpr=$1 start end i
+    start=$(date +%s.%N)
+    for ((i = 0; i < messages; i++)); do
+        gpg_ --trust-model always --armor --encrypt --sign -u '<sender-gpg@example.org>' -r "$fpr" \
+            --output - "$message" >/dev/null
+    done
+    end=$(date +%s.%N)
+    awk -v n="$messages" -v s="$start" -v e="$end" 'BEGIN { printf "%.2f\n", n / (e - s) }'
+}
+
+echo "bench/crypto: $messages messages of $size bytes, $reps pairs per key type"
+for type in $keys; do
+    case $type in
+    ed25519) primary=ed25519 sub=cv25519 ;;
+    rsa3072) primary=rsa3072 sub=rsa3072 ;;
+    *) echo "bench/crypto: BENCH_KEYS: $type is ed25519 or rsa3072" >&2; exit 1 ;;
+    esac
+    to="rcpt-$type@example.net"
+    gpg_ --quick-gen-key "<$to>" "$primary" sign,cert never 2>/dev/null
+    fpr=$(fingerprint "$to")
+    gpg_ --quick-add-key "$fpr" "$sub" encr never 2>/dev/null
+    hex=$(gpg_ --export "$fpr" | od -An -v -tx1 | tr -d ' \n')
+    bench_psql -c "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)
+                   VALUES ('$to', 'openpgp', '$fpr', '\\x$hex', 'import', 'valid', 'infinity')" >/dev/null
+    stage_rates=() gpg_rates=()
+    for ((r = 1; r <= reps; r++)); do
+        echo "  $type pair $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
+        stage_rates+=("$(run_stage "$to")")
+        gpg_rates+=("$(run_gpg "$fpr")")
+    done
+    s=$(bench_median "${stage_rates[@]}")
+    g=$(bench_median "${gpg_rates[@]}")
+    printf '%s: stage %s msg/s (%s..%s), gpg per message %s msg/s (%s..%s), ratio %s\n' "$type" \
+        "$s" "$(printf '%s\n' "${stage_rates[@]}" | sort -g | head -n 1)" "$(printf '%s\n' "${stage_rates[@]}" | sort -g | tail -n 1)" \
+        "$g" "$(printf '%s\n' "${gpg_rates[@]}" | sort -g | head -n 1)" "$(printf '%s\n' "${gpg_rates[@]}" | sort -g | tail -n 1)" \
+        "$(awk -v a="$s" -v b="$g" 'BEGIN { printf "%.2f", a / b }')"
+done
+as_user gpgconf --homedir "$gnupg" --kill gpg-agent || true

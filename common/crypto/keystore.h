@@ -1,0 +1,41 @@
+/*
+ * keystore.h: reading the key store (pepsi.crypto_identity, pepsi.peer_key)
+ * for the crypto stages: an identity's private key opened with the KEK, a
+ * correspondent's current key.
+ */
+#ifndef PEPSI_KEYSTORE_H
+#define PEPSI_KEYSTORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <libpq-fe.h>
+
+#include "base/buf.h"
+#include "crypto/kek.h"
+
+struct keystore_keks
+{
+	struct kek cur, prev;
+	bool	   has_prev;
+};
+
+/*
+ * address's primary active OpenPGP identity that can do capability
+ * ("sign" or "encrypt"): its fingerprint, public key and, when secret is
+ * not NULL, its private key opened with the KEKs.  0 when found, 1 when
+ * the address has none, -1 on an error (err: a database error, a key that
+ * does not open).
+ */
+int keystore_identity(PGconn *conn, const struct keystore_keks *keks, const char *address, const char *capability,
+					  char *fingerprint, struct buf *public_key, struct buf *secret, char *err, size_t errlen);
+
+/*
+ * address's newest OpenPGP key whose last verdict was valid and whose
+ * cache deadline has not passed: 0 found (key, fingerprint), 1 none, -1
+ * an error.
+ */
+int keystore_peer_key(PGconn *conn, const char *address, char *fingerprint, struct buf *key, char *err,
+					  size_t errlen);
+
+#endif

@@ -1,0 +1,173 @@
+/*
+ * pepsi-stage-decrypt: decrypt inbound PGP/MIME mail (RFC 3156) to an
+ * address whose owner chose server-side decryption (DECRYPT, an owner's
+ * setting), with its identity in the key store, and verify its signature
+ * against the sender's keys (pepsi.peer_key, or the identity of a sender
+ * of ours).  The protected headers the encrypted entity carries replace
+ * the outer ones (the Subject above all).
+ *
+ * The verdicts go in state.decrypt and an Authentication-Results field
+ * of our authserv-id (methods x-pgp-decrypt and x-pgp-sign, RFC 8601's
+ * form).  A message that does not decrypt (damaged, or not for the key)
+ * goes on as it came, encrypted, with the reason: never half-decrypted.
+ * Recipients whose choice differs from the first's are split off to this
+ * stage again.  Mail that is not encrypted, or to an address that did not
+ * choose, goes on untouched.
+ *
+ * Installed setuid pepsi-crypto, like pepsi-stage-encrypt: it connects with
+ * [crypto] CONNINFO.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "crypto/kek.h"
+#include "crypto/keystore.h"
+#include "crypto/openpgp.h"
+#include "crypto/pgpmime.h"
+#include "message/header.h"
+#include "runtime/stage.h"
+
+int pepsi_stage_decrypt_main(int argc, char **argv);
+
+static bool
+decrypt_chosen(struct pepsi_ctx *ctx, const char *rcpt)
+{
+	const char *at = strrchr(rcpt, '@');
+
+	return config_bool_for(pepsi_config(ctx), pepsi_section(ctx), "DECRYPT", at ? at + 1 : NULL, rcpt);
+}
+
+/* Go on as it came, with the reason; state.decrypt.result is result. */
+static int
+decrypt_pass_on(struct pepsi_ctx *ctx, const char *result, const char *reason)
+{
+	json_t *merge = json_pack("{s:{s:s,s:s?}}", "decrypt", "result", result, "reason", reason);
+
+	pepsi_merge_state(ctx, merge);
+	json_decref(merge);
+	return pepsi_advance(ctx);
+}
+
+static int
+decrypt_run(struct pepsi_ctx *ctx)
+{
+	const struct buf	*h = pepsi_headers(ctx);
+	const struct buf	*body = pepsi_body(ctx);
+	PGconn				*conn = pepsi_db(ctx);
+	size_t				 n = pepsi_rcpt_count(ctx);
+	const char			*rcpt = n ? pepsi_rcpt(ctx, 0) : NULL;
+	bool				 chosen;
+	int					 idx[256];
+	size_t				 nidx = 0;
+	struct keystore_keks keks;
+	char				 err[512], fpr[65], signer_fpr[65];
+	struct buf			 pub = BUF_INIT, secret = BUF_INIT, armored = BUF_INIT, plain = BUF_INIT;
+	struct buf			 signer_key = BUF_INIT, signer_pub = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
+	struct pgp_blob		 signers[2];
+	size_t				 nsigners = 0;
+	struct pgp_verdict	 verdict;
+	char				*from = NULL;
+	int					 found, rc;
+
+	memset(&keks, 0, sizeof(keks));
+	if (h == NULL || body == NULL || rcpt == NULL)
+		return pepsi_error(ctx, "no message to decrypt");
+	if (!pgpmime_is_encrypted(h->data, h->len))
+		return decrypt_pass_on(ctx, "not encrypted", NULL);
+	chosen = decrypt_chosen(ctx, rcpt);
+	for (size_t i = 1; i < n && nidx < sizeof(idx) / sizeof(idx[0]); i++)
+		if (decrypt_chosen(ctx, pepsi_rcpt(ctx, i)) != chosen)
+			idx[nidx++] = (int) i + 1;
+	if (nidx > 0 && pepsi_split_off_recipients(ctx, idx, nidx, pepsi_stage_name(ctx)) < 0)
+		return -1;
+	if (!chosen)
+		return decrypt_pass_on(ctx, "not chosen", NULL);
+	if (!pgpmime_ciphertext(body->data, body->len, &armored))
+	{
+		buf_free(&armored);
+		return decrypt_pass_on(ctx, "failed", "no OpenPGP message in the multipart/encrypted body");
+	}
+	if (!kek_from_config(pepsi_config(ctx), &keks.cur, &keks.prev, &keks.has_prev, err, sizeof(err)))
+	{
+		buf_free(&armored);
+		return pepsi_error(ctx, "%s", err);
+	}
+	found = keystore_identity(conn, &keks, rcpt, "encrypt", fpr, &pub, &secret, err, sizeof(err));
+	kek_wipe(&keks.cur);
+	kek_wipe(&keks.prev);
+	if (found != 0)
+	{
+		char reason[600];
+
+		if (found < 0)
+			log_warnx("%s: %s", pepsi_queue_id(ctx), err);
+		snprintf(reason, sizeof(reason), "%s", found > 0 ? "the recipient has no identity that decrypts" : err);
+		rc = decrypt_pass_on(ctx, "failed", reason);
+		goto done;
+	}
+	/* The sender's keys: a correspondent's, or one of ours. */
+	from = pgpmime_from_address(h->data, h->len);
+	if (from && keystore_peer_key(conn, from, signer_fpr, &signer_key, err, sizeof(err)) == 0)
+		signers[nsigners].data = signer_key.data, signers[nsigners++].len = signer_key.len;
+	if (from && keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err)) == 0)
+		signers[nsigners].data = signer_pub.data, signers[nsigners++].len = signer_pub.len;
+	{
+		struct pgp_blob key = {secret.data, secret.len};
+
+		if (!pgp_decrypt(&key, signers, nsigners, armored.data, armored.len, &plain, &verdict, err, sizeof(err)))
+		{
+			rc = decrypt_pass_on(ctx, "failed", err);
+			goto done;
+		}
+	}
+	{
+		const char *authserv = config_authserv_id(pepsi_config(ctx));
+		const char *sign = !verdict.signed_ ? "none" : verdict.good ? "pass"
+																	: "fail";
+		struct buf	extra = BUF_INIT;
+		json_t	   *merge;
+
+		buf_printf(&extra, "Authentication-Results: %s;\r\n x-pgp-decrypt=pass (key %s);\r\n x-pgp-sign=%s", authserv,
+				   fpr, sign);
+		if (verdict.signed_)
+			buf_printf(&extra, " header.from=%s (%s%s)", from ? from : "unknown",
+					   verdict.good ? "key " : verdict.reason, verdict.good ? verdict.fingerprint : "");
+		buf_append_str(&extra, "\r\n");
+		pgpmime_restore(h->data, h->len, plain.data, plain.len, extra.data, &out_h, &out_b);
+		buf_free(&extra);
+		pepsi_set_headers(ctx, out_h.data, out_h.len);
+		pepsi_set_body(ctx, out_b.data, out_b.len);
+		merge = json_pack("{s:{s:s,s:s,s:s,s:s?,s:s?}}", "decrypt", "result", "decrypted", "key", fpr, "signature",
+						  sign, "signed_by", verdict.signed_ ? verdict.fingerprint : NULL, "reason",
+						  verdict.signed_ && !verdict.good ? verdict.reason : NULL);
+		pepsi_merge_state(ctx, merge);
+		json_decref(merge);
+		rc = pepsi_advance(ctx);
+	}
+done:
+	free(from);
+	buf_free(&pub);
+	buf_wipe(&secret);
+	buf_free(&armored);
+	buf_wipe(&plain);
+	buf_free(&signer_key);
+	buf_free(&signer_pub);
+	buf_wipe(&out_h);
+	buf_wipe(&out_b);
+	return rc;
+}
+
+const struct pepsi_stage pepsi_stage_decrypt_stage = {
+	.program = "pepsi-stage-decrypt",
+	.load = PEPSI_LOAD_FULL,
+	.run = decrypt_run,
+	.conninfo_section = "crypto",
+};
+
+int
+pepsi_stage_decrypt_main(int argc, char **argv)
+{
+	return pepsi_worker_main(&pepsi_stage_decrypt_stage, argc, argv);
+}

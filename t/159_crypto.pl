@@ -1,0 +1,593 @@
+# The key store of end-to-end encryption (docs/pepsi-keys.8.md,
+# docs/pepsi-admin.7.md): private keys are readable by pepsi_crypto alone
+# (every other role reads crypto_identity through a column-level grant
+# without private_wrapped), they are sealed under the key-encryption key
+# of a secrets.d fragment so that a pg_dump holds no byte of them in the
+# clear, kek-rotate rewraps every key (all or nothing), and pepsi-keys
+# refuses what it must not store: a revoked or expired key, one whose User
+# ID is another address's, a public key alone, bytes that are no key, a
+# sealed key that does not open.  Keys come from Debian's gpg.
+
+use strict;
+use warnings FATAL => 'all';
+
+use Digest::SHA ();
+use File::Temp ();
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DispatchTest;
+use PepsiStage;
+use PepsiTest;
+
+plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
+
+my $db = 'postgres';
+my $node = pepsi_node('crypto');
+$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+$node->safe_psql(
+	$db, q{
+CREATE ROLE relay LOGIN IN ROLE pepsi_stage;
+CREATE ROLE admin LOGIN IN ROLE pepsi_config;
+CREATE ROLE web LOGIN IN ROLE pepsi_httpd;
+CREATE ROLE grafana LOGIN IN ROLE pepsi_monitor;
+CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto;
+});
+is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.apply_grants()'),
+	'0', 'the column-level grants are the policy: no drift');
+
+my $tmp = PepsiStage::tmp();
+# gpg's agent socket lives in its home: keep the path short.
+my $gnupg = File::Temp::tempdir('/tmp/pepsi-t159-XXXXXX', CLEANUP => 1);
+$ENV{TMPDIR} = '/tmp';
+
+sub gpg
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback',
+			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
+	die "gpg @args: $err" unless $ok;
+	return $out;
+}
+
+# A key pair of gpg's own for $address (Ed25519 and Curve25519); its fingerprint.
+sub gpg_key
+{
+	my ($address, @faked) = @_;
+	gpg(@faked, '--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', @faked ? '1d' : 'never');
+	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
+	# (Faked time starts again with each gpg: the subkey's is later than the key's.)
+	gpg(@faked ? ('--faked-system-time', '20200101T010000') : (), '--quick-add-key', $fpr, 'cv25519', 'encr',
+		@faked ? '1d' : 'never');
+	return $fpr;
+}
+
+sub write_file
+{
+	my ($name, $bytes) = @_;
+	my $path = "$tmp/$name";
+	open my $fh, '>:raw', $path or die "$path: $!";
+	print $fh $bytes;
+	close $fh;
+	return $path;
+}
+
+my $alice = gpg_key('alice@example.org');
+my $alice_secret = gpg('--export-secret-keys', $alice);
+my $alice_public = gpg('--export', $alice);
+my $alice_file = write_file('alice.key', $alice_secret);
+
+# The configuration: the key store's connection as the crypto login role,
+# the KEK in a secrets.d fragment.
+my $conf = stage_config($node, 'pepsi.conf',
+	sprintf("[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n", $node->host, $node->port));
+my $secrets = "$tmp/secrets.d";
+mkdir $secrets, 0755 or die "mkdir $secrets: $!";
+
+sub keys_run
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ pepsi_bin('pepsi-keys'), @args ], '<', \'', '>', \$out, '2>', \$err);
+	return ($? >> 8, $out, $err);
+}
+
+sub kek_fragment
+{
+	my ($text) = @_;
+	my $path = "$secrets/crypto.conf";
+	unlink $path;
+	write_file('secrets.d/crypto.conf', $text);
+	chmod 0640, $path or die "chmod $path: $!";
+}
+
+my ($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'alice@example.org', $alice_file);
+isnt($rc, 0, 'no KEK: the import is refused');
+like($err, qr/\[crypto\] KEK is not set/, 'and says which option is missing');
+
+($rc, my $kek1) = keys_run('kek-generate', 'k1');
+like($kek1, qr/^\[crypto\]\nKEK = k1:[A-Za-z0-9+\/]{43}=\n$/, 'kek-generate prints a fragment');
+kek_fragment($kek1);
+
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'alice@example.org', $alice_file);
+is($rc, 0, 'pepsi-keys imports gpg\'s secret key') or diag($err);
+like($out, qr/^alice\@example\.org $alice openpgp ed25519 both$/m, 'and names it');
+is( $node->safe_psql($db,
+		"SELECT address || ' ' || status || ' ' || is_primary || ' ' || kek_id || ' ' || (public_key = '\\x"
+		  . unpack('H*', $alice_public) . "'::bytea) FROM pepsi.crypto_identity WHERE fingerprint = '$alice'"),
+	'alice@example.org active true k1 true',
+	'the identity is stored: primary, sealed under k1, its public half as gpg exports it');
+
+# Who reads what.
+for my $role (qw(relay admin web grafana))
+{
+	my ($ret, undef, $stderr) =
+	  $node->psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity', extra_params => [ '-U', $role ]);
+	isnt($ret, 0, "$role may not read private_wrapped");
+	like($stderr, qr/permission denied/, "$role: permission denied");
+	($ret, undef, $stderr) =
+	  $node->psql($db, 'SELECT * FROM pepsi.crypto_identity', extra_params => [ '-U', $role ]);
+	isnt($ret, 0, "$role may not SELECT * either");
+}
+for my $role (qw(relay admin web))
+{
+	is( $node->safe_psql(
+			$db, 'SELECT fingerprint FROM pepsi.crypto_identity',
+			extra_params => [ '-U', $role ]),
+		$alice,
+		"$role reads the public columns");
+}
+is( $node->safe_psql(
+		$db, 'SELECT length(private_wrapped) > 100 FROM pepsi.crypto_identity',
+		extra_params => [ '-U', 'crypto' ]),
+	't',
+	'pepsi_crypto reads private_wrapped');
+
+# A dump holds the public key and no run of the secret key's own bytes.
+{
+	my $dump = "$tmp/dump.sql";
+	$node->command_ok([ 'pg_dump', '-d', $node->connstr($db), '-f', $dump ], 'pg_dump');
+	my $text = slurp_file($dump);
+	my $public_hex = unpack('H*', $alice_public);
+	ok(index($text, $public_hex) >= 0, 'the dump holds the public key (the search finds bytea)');
+	my $secret_hex = unpack('H*', $alice_secret);
+	my @windows;
+	for (my $i = 0; $i + 32 <= length($secret_hex); $i += 2)
+	{
+		my $w = substr($secret_hex, $i, 32);
+		push @windows, $w if index($public_hex, $w) < 0;
+	}
+	cmp_ok(scalar(@windows), '>', 50, 'the secret key has bytes of its own');
+	my @found = grep { index($text, $_) >= 0 || index($text, pack('H*', $_)) >= 0 } @windows;
+	is(scalar(@found), 0, 'no 16-byte run of them is in the dump, as hex or raw');
+}
+
+# KEK rotation: the new key with the old one beside it, every key rewrapped.
+my $wrapped_before = $node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]);
+(undef, my $kek2) = keys_run('kek-generate', 'k2');
+(my $k1_value) = $kek1 =~ /KEK = (\S+)/;
+kek_fragment($kek2 . "KEK_PREVIOUS = $k1_value\n");
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+is($rc, 0, 'kek-rotate') or diag($err);
+like($out, qr/rewrapped 1 key under KEK k2/, 'says how many it rewrapped');
+is($node->safe_psql($db, 'SELECT kek_id FROM pepsi.crypto_identity'), 'k2', 'the key is sealed under k2');
+isnt($node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity', extra_params => [ '-U', 'crypto' ]),
+	$wrapped_before, 'with new ciphertext');
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+like($out, qr/rewrapped 0 keys/, 'a second run has nothing to do');
+
+# A KEK that is not the one: refused, nothing changed.
+(undef, my $kek3) = keys_run('kek-generate', 'k3');
+(undef, my $wrong) = keys_run('kek-generate', 'k2');
+(my $wrong_value) = $wrong =~ /KEK = (\S+)/;
+kek_fragment($kek3 . "KEK_PREVIOUS = $wrong_value\n");
+my $wrapped_k2 = $node->safe_psql($db, 'SELECT private_wrapped FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]);
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+isnt($rc, 0, 'a wrong KEK_PREVIOUS: kek-rotate fails');
+like($err, qr/does not open under KEK k2.*nothing rewrapped/, 'saying the key does not open');
+is($node->safe_psql($db, 'SELECT kek_id || \' \' || (private_wrapped = \'' . $wrapped_k2 . '\') FROM pepsi.crypto_identity',
+	extra_params => [ '-U', 'crypto' ]), 'k2 true', 'and nothing changed');
+
+# A corrupted sealed key does not open either.
+kek_fragment($kek3 . "KEK_PREVIOUS = " . ($kek2 =~ /KEK = (\S+)/)[0] . "\n");
+$node->safe_psql($db,
+	"UPDATE pepsi.crypto_identity SET private_wrapped = overlay(private_wrapped placing '\\xff'::bytea from 40 for 1)",
+	extra_params => [ '-U', 'crypto' ]);
+($rc, $out, $err) = keys_run('kek-rotate', '-c', $conf);
+isnt($rc, 0, 'a corrupted sealed key: kek-rotate fails');
+like($err, qr/does not open under KEK k2/, 'saying it does not open');
+$node->safe_psql($db, "UPDATE pepsi.crypto_identity SET private_wrapped = '$wrapped_k2'",
+	extra_params => [ '-U', 'crypto' ]);
+kek_fragment($kek2);
+
+# Bad keys are refused with the reason, and nothing is stored.
+my $count = sub { $node->safe_psql($db, 'SELECT count(*) FROM pepsi.crypto_identity') };
+sub refused
+{
+	my ($what, $address, $file, $want) = @_;
+	my $before = $count->();
+	my ($code, undef, $stderr) = keys_run('identity', 'import', '-c', $conf, $address, $file);
+	isnt($code, 0, "$what: refused");
+	like($stderr, $want, "$what: the reason");
+	is($count->(), $before, "$what: nothing stored");
+}
+refused('another address\'s key', 'bob@example.org', $alice_file, qr/has no User ID with the address bob\@example\.org/);
+refused('a public key alone', 'alice@example.org', write_file('alice.pub', $alice_public),
+	qr/only its public half/);
+refused('bytes that are no key', 'alice@example.org', write_file('junk.key', "not a key\n" x 20),
+	qr/no OpenPGP key/);
+my ($expired, $revoked);
+{
+	$expired = gpg_key('old@example.org', '--faked-system-time', '20200101T000000');
+	refused('an expired key', 'old@example.org', write_file('old.key', gpg('--export-secret-keys', $expired)),
+		qr/has expired/);
+	$revoked = gpg_key('gone@example.org');
+	my $cert = slurp_file("$gnupg/openpgp-revocs.d/$revoked.rev");
+	$cert =~ s/^:-----BEGIN/-----BEGIN/m;
+	gpg('--import', write_file('gone.rev', $cert));
+	refused('a revoked key', 'gone@example.org', write_file('gone.key', gpg('--export-secret-keys', $revoked)),
+		qr/is revoked/);
+}
+
+# Export, revoke, purge: each audited.
+($rc, $out, $err) = keys_run('identity', 'export', '-c', $conf, 'alice@example.org');
+like($out, qr/^-----BEGIN PGP PUBLIC KEY BLOCK-----/, 'export prints the armored public key');
+{
+	my $pub = write_file('exported.asc', $out);
+	my $shown = gpg('--with-colons', '--show-keys', $pub);
+	like($shown, qr/^fpr:+\Q$alice\E:/m, 'gpg reads it as alice\'s key');
+}
+($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'alice@example.org');
+is($rc, 0, 'generate a new key for alice') or diag($err);
+my ($new) = $out =~ /^alice\@example\.org ([0-9A-F]{40}) openpgp/m;
+is( $node->safe_psql($db,
+		"SELECT string_agg(status || ':' || is_primary, ' ' ORDER BY created_at) FROM pepsi.crypto_identity"),
+	'retired:false active:true', 'the new key is the primary, the old one retired');
+($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $alice, 'superseded');
+is($rc, 0, 'revoke the old key') or diag($err);
+($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $alice);
+isnt($rc, 0, 'revoking it again is refused');
+($rc, $out, $err) = keys_run('identity', 'purge', '-c', $conf, $alice);
+is($rc, 0, 'purge its private half') or diag($err);
+is( $node->safe_psql($db,
+		"SELECT status || ' ' || (private_purged_at IS NOT NULL) || ' ' || length(public_key) FROM pepsi.crypto_identity"
+		  . " WHERE fingerprint = '$alice'"),
+	'revoked true ' . length($alice_public), 'the row and the public half stay');
+is( $node->safe_psql($db,
+		"SELECT private_wrapped IS NULL FROM pepsi.crypto_identity WHERE fingerprint = '$alice'",
+		extra_params => [ '-U', 'crypto' ]),
+	't', 'the private half is gone');
+is( $node->safe_psql($db,
+		"SELECT string_agg(action, ' ' ORDER BY id) FROM pepsi.event_log WHERE action ~ '^(key|kek)_'"),
+	'key_import kek_rotate kek_rotate key_generate key_revoke key_purge',
+	'every operation is in event_log');
+is( $node->safe_psql($db,
+		"SELECT detail->>'fingerprint' || ' ' || (detail->>'reason') FROM pepsi.event_log WHERE action = 'key_revoke'"),
+	"$alice superseded", 'with what it was about');
+
+#
+# pepsi-stage-encrypt: PGP/MIME to the recipient's key, signed with the
+# sender's identity, the Subject protected; policy required without a
+# usable key bounces, never clear text.
+#
+my $bob = gpg_key('bob@example.net');
+my $carol = gpg_key('carol@example.net');
+open my $cf, '>>', $conf or die;
+print $cf <<'INI';
+
+[stage-encrypt]
+PROGRAM = pepsi-stage-encrypt
+NEXT_STAGE = sent
+
+[stage-encrypt-required]
+PROGRAM = pepsi-stage-encrypt
+NEXT_STAGE = sent
+POLICY = required
+BOUNCE_STAGE = bounced
+
+[stage-decrypt]
+PROGRAM = pepsi-stage-decrypt
+NEXT_STAGE = sent
+DECRYPT = yes
+
+[stage-decrypt-not]
+PROGRAM = pepsi-stage-decrypt
+NEXT_STAGE = sent
+
+[stage-learn]
+PROGRAM = pepsi-stage-autocrypt-learn
+NEXT_STAGE = sent
+
+[stage-sent]
+PROGRAM = pepsi-stage-discard
+
+[stage-bounced]
+PROGRAM = pepsi-stage-discard
+INI
+close $cf;
+
+# A correspondent's key as key discovery would store it.
+sub peer_key
+{
+	my ($address, $fpr) = @_;
+	my $hex = unpack('H*', gpg('--export', $fpr));
+	$node->safe_psql($db,
+		"INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)"
+		  . " VALUES ('$address', 'openpgp', '$fpr', '\\x$hex', 'import', 'valid', 'infinity')",
+		extra_params => [ '-U', 'admin' ]);
+}
+peer_key('bob@example.net', $bob);
+peer_key('carol@example.net', $carol);
+peer_key('old@example.org', $expired);
+peer_key('gone@example.org', $revoked);
+peer_key('mallory@example.net', $bob);
+
+sub encrypt_row
+{
+	my ($stage, @rcpt) = @_;
+	my $id = add_row($node, $stage, from => 'alice@example.org', rcpt => [@rcpt],
+		extra_headers => "To: <$rcpt[0]>\r\n");
+	# add_row's Subject is "test": make it one worth protecting.
+	$node->safe_psql($db,
+		"UPDATE pepsi.workqueue SET headers = convert_to(replace(convert_from(headers, 'UTF8'), 'Subject: test',"
+		  . " 'Subject: the secret plans'), 'UTF8') WHERE id = $id");
+	return $id;
+}
+
+sub raw_message
+{
+	my ($id) = @_;
+	return $node->safe_psql($db,
+		"SELECT convert_from(w.headers || '\\x0d0a'::bytea || b.body, 'UTF8') FROM pepsi.workqueue w"
+		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
+}
+
+my $enc = encrypt_row('encrypt', 'bob@example.net');
+my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$enc\n");
+is_deeply($r->{status}, ['0'], 'pepsi-stage-encrypt encrypts a message') or diag($r->{stderr});
+my $row = row_json($node, $enc);
+is($row->{stage}, 'sent', 'and passes it on');
+is($row->{state}{encrypt}{result}, 'encrypted', 'state.encrypt says encrypted');
+is($row->{state}{encrypt}{signed_by}, $new, 'signed with alice\'s primary key');
+my $raw = raw_message($enc);
+like($raw, qr/^Content-Type: multipart\/encrypted;\r\n protocol="application\/pgp-encrypted"/m, 'PGP/MIME (RFC 3156)');
+like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
+unlike($raw, qr/secret plans|Hello\./, 'neither the Subject nor the body is in clear');
+like($raw, qr/^Autocrypt: addr=alice\@example\.org; keydata=/m, 'an Autocrypt: field with alice\'s key');
+{
+	my ($armored) = $raw =~ /(-----BEGIN PGP MESSAGE-----.*?-----END PGP MESSAGE-----)/s;
+	$armored =~ s/\r\n/\n/g;
+	my ($alice_pub) = (keys_run('identity', 'export', '-c', $conf, 'alice@example.org'))[1];
+	gpg('--import', write_file('alice-new.asc', $alice_pub));
+	my ($plain, $status, $gerr) = ('', '', '');
+	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--status-fd', '2', '--decrypt' ],
+		'<', \$armored, '>', \$plain, '2>', \$status);
+	ok($ok, 'gpg decrypts it') or diag($status);
+	like($status, qr/^\[GNUPG:\] VALIDSIG \Q$new\E /m, 'and verifies alice\'s signature');
+	like($plain, qr/^Subject: the secret plans\r$/m, 'the protected Subject is inside');
+	like($plain, qr/^Content-Type: text\/plain; charset=us-ascii;\r\n protected-headers="v1"\r$/m,
+		'marked as protected headers (v1)');
+	like($plain, qr/\r\n\r\nHello\.$/, 'with the body');
+}
+
+# Opportunistic without a key: as it is.
+my $clear = encrypt_row('encrypt', 'dave@example.net');
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$clear\n");
+is_deeply($r->{status}, ['0'], 'opportunistic, no key') or diag($r->{stderr});
+$row = row_json($node, $clear);
+is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'sent clear', 'goes on in clear');
+like($row->{state}{encrypt}{reason}, qr/no key known for dave\@example\.net/, 'saying why');
+
+# Required without a usable key: bounced with the reason, never sent in clear.
+for my $case (
+	[ 'no key', 'dave@example.net', qr/no key known for dave\@example\.net/ ],
+	[ 'an expired key', 'old@example.org', qr/has expired/ ],
+	[ 'a revoked key', 'gone@example.org', qr/is revoked/ ],
+	[ 'another address\'s key', 'mallory@example.net', qr/no User ID with the address mallory\@example\.net/ ])
+{
+	my ($what, $to, $want) = @$case;
+	my $id = encrypt_row('encrypt-required', $to);
+	$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], "required, $what") or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'bounced refused', "required, $what: bounced");
+	like($row->{state}{bounce}{diagnostic}, $want, "required, $what: the DSN says why");
+}
+
+# Two recipients, one with a key: split, each its own way.
+my $mixed = encrypt_row('encrypt-required', 'bob@example.net', 'dave@example.net');
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$mixed\n");
+is_deeply($r->{status}, ['0'], 'required, one recipient with a key and one without') or diag($r->{stderr});
+$row = row_json($node, $mixed);
+is_deeply([ $row->{stage}, $row->{state}{encrypt}{result}, $row->{rcpt_to} ],
+	[ 'sent', 'encrypted', ['bob@example.net'] ], 'the one with a key gets it encrypted');
+my $other = $node->safe_psql($db,
+	"SELECT id FROM pepsi.workqueue WHERE rcpt_to = ARRAY['dave\@example.net'] AND stage = 'encrypt-required'");
+ok($other, 'the other is split off to the stage again');
+set_running($node, $other);
+$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
+is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
+
+#
+# pepsi-stage-decrypt: gpg's PGP/MIME to our identity, decrypted, the
+# signature verified, the protected Subject restored; the stage's own
+# message the other way; a damaged one left as it came.
+#
+sub add_message
+{
+	my ($stage, $from, $to, $headers, $body) = @_;
+	my $id = $node->safe_psql($db,
+		"SELECT pepsi.workqueue_add('$from', ARRAY['$to'], convert_to("
+		  . PepsiStage::quote_literal($headers) . ", 'UTF8'), convert_to("
+		  . PepsiStage::quote_literal($body) . ", 'UTF8'), '{}', stage => '$stage')");
+	set_running($node, $id);
+	return $id;
+}
+
+# A PGP/MIME message as a mail client makes it: gpg encrypts and signs.
+sub pgp_mime
+{
+	my ($to_fpr, $signer, $subject, $text) = @_;
+	my $entity = "Content-Type: text/plain; charset=utf-8; protected-headers=\"v1\"\r\n"
+	  . "Subject: $subject\r\n\r\n$text\r\n";
+	my $armored = gpg('--trust-model', 'always', '--armor', '--encrypt', '--sign', '-u', $signer, '-r', $to_fpr,
+		'--output', '-', write_file('entity.txt', $entity));
+	$armored =~ s/\r?\n/\r\n/g;
+	my $headers = "From: <bob\@example.net>\r\nTo: <alice\@example.org>\r\nSubject: ...\r\n"
+	  . "MIME-Version: 1.0\r\nContent-Type: multipart/encrypted; protocol=\"application/pgp-encrypted\"; boundary=\"b1\"\r\n";
+	my $body = "--b1\r\nContent-Type: application/pgp-encrypted\r\n\r\nVersion: 1\r\n\r\n--b1\r\n"
+	  . "Content-Type: application/octet-stream\r\n\r\n$armored\r\n--b1--\r\n";
+	return ($headers, $body);
+}
+
+my ($dh, $db_body) = pgp_mime($new, $bob, 'meet at noon', 'Hi alice.');
+my $dec = add_message('decrypt', 'bob@example.net', 'alice@example.org', $dh, $db_body);
+$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$dec\n");
+is_deeply($r->{status}, ['0'], 'pepsi-stage-decrypt decrypts gpg\'s message') or diag($r->{stderr});
+$row = row_json($node, $dec);
+is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
+	[ 'decrypted', $new, 'pass', $bob ], 'state.decrypt: decrypted with alice\'s key, bob\'s signature good');
+$raw = raw_message($dec);
+like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
+unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
+like($raw, qr/^Authentication-Results: [^;]+;\r\n x-pgp-decrypt=pass \(key \Q$new\E\);\r\n x-pgp-sign=pass header\.from=bob\@example\.net/m,
+	'an Authentication-Results field with both verdicts');
+like($raw, qr/\r\n\r\nHi alice\.\r\n$/, 'the body is the plain text');
+unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelope');
+
+# Signed by a key that is not the sender's: decrypted, the signature fails.
+{
+	my ($h2, $b2) = pgp_mime($new, $carol, 'not from bob', 'Hi.');
+	$h2 =~ s/bob\@example\.net/nobody\@example.net/;
+	my $id = add_message('decrypt', 'nobody@example.net', 'alice@example.org', $h2, $b2);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{signature}, 'fail', 'a signature by a key not the sender\'s fails');
+	like($row->{state}{decrypt}{reason}, qr/not known for the sender/, 'with the reason');
+	like(raw_message($id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
+}
+
+# A damaged ciphertext: left as it came, with the reason.
+{
+	my ($h3, $b3) = pgp_mime($new, $bob, 'damaged', 'Hi.');
+	my @lines = split /\r\n/, $b3;
+	my ($first) = grep { $lines[$_] =~ /^[A-Za-z0-9+\/]{60,}$/ } 0 .. $#lines;
+	$lines[ $first + 2 ] =~ tr/A-Za-z/N-ZA-Mn-za-m/;
+	$b3 = join("\r\n", @lines) . "\r\n";
+	my $id = add_message('decrypt', 'bob@example.net', 'alice@example.org', $h3, $b3);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'a damaged ciphertext') or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
+	like($row->{state}{decrypt}{reason}, qr/does not decrypt/, 'saying why');
+	is(raw_message($id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
+}
+
+# An owner who did not choose server-side decryption: untouched.
+{
+	my $id = add_message('decrypt-not', 'bob@example.net', 'alice@example.org', $dh, $db_body);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is(row_json($node, $id)->{state}{decrypt}{result}, 'not chosen', 'DECRYPT no: not decrypted');
+	is(raw_message($id), $dh . "\r\n" . $db_body, 'the message as it came');
+}
+
+# The encrypt stage's message, the other way: bob's secret key as an
+# identity of ours, the row decrypted, alice's signature verified with her
+# identity.
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'bob@example.net',
+	write_file('bob.key', gpg('--export-secret-keys', $bob)));
+is($rc, 0, 'bob\'s key imported as an identity') or diag($err);
+{
+	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($enc), 2));
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'the decrypt stage takes the encrypt stage\'s message') or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
+		[ 'decrypted', $bob, 'pass', $new ], 'decrypted with bob\'s key, alice\'s signature good');
+	$raw = raw_message($id);
+	like($raw, qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
+	like($raw, qr/\r\n\r\nHello\.$/, 'and the body');
+}
+
+#
+# pepsi-stage-autocrypt-learn: a peer's Autocrypt: key into peer_key; a
+# decrypted message signed by its sender into peer_has_own_key.
+#
+sub autocrypt_field
+{
+	my ($addr, $fpr) = @_;
+	my $b64 = MIME::Base64::encode_base64(gpg('--export', $fpr), '');
+	$b64 =~ s/(.{76})/$1\r\n /g;
+	return "Autocrypt: addr=$addr; prefer-encrypt=mutual; keydata=\r\n $b64\r\n";
+}
+require MIME::Base64;
+{
+	my $id = add_message('learn', 'carol@example.net', 'alice@example.org',
+		"From: <Carol\@Example.net>\r\nSubject: hi\r\n" . autocrypt_field('carol@example.net', $carol), "Hi.\r\n");
+	$node->safe_psql($db, "DELETE FROM pepsi.peer_key WHERE address = 'carol\@example.net'");
+	$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'pepsi-stage-autocrypt-learn') or diag($r->{stderr});
+	is(row_json($node, $id)->{state}{autocrypt}{result}, 'learned', 'learns a peer\'s Autocrypt key');
+	is( $node->safe_psql($db,
+			"SELECT fingerprint || ' ' || source || ' ' || verdict || ' ' || prefer_encrypt || ' ' || (cache_until > now() + interval '179 days')"
+			  . " FROM pepsi.peer_key WHERE address = 'carol\@example.net'"),
+		"$carol autocrypt valid true true", 'into peer_key: source, verdict, prefer-encrypt, deadline');
+	# And pepsi-stage-encrypt now uses it.
+	my $to_carol = encrypt_row('encrypt', 'carol@example.net');
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$to_carol\n");
+	is_deeply(row_json($node, $to_carol)->{state}{encrypt}{keys}, [$carol], 'the next message to carol is encrypted to it');
+}
+for my $case (
+	[ 'addr is not From:', 'bob@example.net', autocrypt_field('carol@example.net', $carol), qr/not the From: address/ ],
+	[ 'an expired key', 'old@example.org', autocrypt_field('old@example.org', $expired), qr/has expired/ ],
+	[ 'another address\'s key', 'eve@example.net', autocrypt_field('eve@example.net', $bob), qr/no User ID/ ],
+	[ 'an unknown critical attribute', 'bob@example.net', "Autocrypt: addr=bob\@example.net; x=1; keydata=AAAA\r\n", qr/unknown critical/ ])
+{
+	my ($what, $from, $field, $want) = @$case;
+	my $before = $node->safe_psql($db, 'SELECT count(*) FROM pepsi.peer_key');
+	my $id = add_message('learn', $from, 'alice@example.org', "From: <$from>\r\nSubject: hi\r\n$field", "Hi.\r\n");
+	$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{autocrypt}{result} . ' ' . $row->{stage}, 'ignored sent', "$what: ignored, the message goes on");
+	like($row->{state}{autocrypt}{reason}, $want, "$what: the reason");
+	is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.peer_key'), $before, "$what: nothing stored");
+}
+$node->safe_psql($db, "UPDATE pepsi.workqueue SET stage = 'learn', status = 'running' WHERE id = $dec");
+$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$dec\n");
+is( $node->safe_psql($db,
+		"SELECT p.peer_address || ' ' || i.fingerprint FROM pepsi.peer_has_own_key p"
+		  . " JOIN pepsi.crypto_identity i ON i.id = p.identity_id"),
+	"bob\@example.net $new", 'bob, who encrypted to alice\'s key and signed, holds it: peer_has_own_key');
+
+# Publishing: the Web Key Directory tree and the OPENPGPKEY record.
+{
+	my $wkd = "$tmp/wkd";
+	($rc, $out, $err) = keys_run('identity', 'wkd', '-c', $conf, $wkd);
+	is($rc, 0, 'identity wkd') or diag($err);
+	my ($hash) = gpg('--with-wkd-hash', '--list-keys', $new) =~ /^\s+([a-z0-9]{32})\@example\.org$/m;
+	ok($hash, 'gpg names alice\'s WKD hash');
+	my $file = "$wkd/example.org/hu/$hash";
+	ok(-f $file, 'the key is where WKD looks for alice (gpg\'s hash)');
+	like(gpg('--with-colons', '--show-keys', $file), qr/^fpr:+\Q$new\E:/m, 'and is her key');
+	ok(-f "$wkd/example.org/policy", 'with the policy file');
+	is($node->safe_psql($db, "SELECT published FROM pepsi.crypto_identity WHERE fingerprint = '$new'"),
+		't', 'the identity is marked published');
+	is($node->safe_psql($db, "SELECT count(*) FROM pepsi.event_log WHERE action = 'key_publish'"),
+		'2', 'a key_publish event per key');
+	($rc, $out, $err) = keys_run('identity', 'openpgpkey', '-c', $conf, 'alice@example.org');
+	is($rc, 0, 'identity openpgpkey') or diag($err);
+	my $owner = substr(Digest::SHA::sha256_hex('alice'), 0, 56);
+	like($out, qr/^\Q$owner\E\._openpgpkey\.example\.org\. IN OPENPGPKEY [A-Za-z0-9+\/=]+$/, 'the RFC 7929 owner name');
+	my ($b64) = $out =~ / OPENPGPKEY (\S+)$/;
+	like(gpg('--with-colons', '--show-keys', write_file('dns.key', MIME::Base64::decode_base64($b64))),
+		qr/^fpr:+\Q$new\E:/m, 'and the key in the record is hers');
+}
+
+IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
+$node->stop;
+done_testing();
