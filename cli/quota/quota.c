@@ -296,7 +296,9 @@ quota_recount(PGconn *conn, const struct pepsi_config *cfg, const char *config_p
 		return reply[0] == '5' ? CLI_EX_DATAERR : CLI_EX_TEMPFAIL;
 	}
 	for (int i = 0; i < 4; i++)
-		snprintf(v[i], sizeof(v[i]), "%lld", i == 0 ? bytes : i == 1 ? messages : i == 2 ? max_bytes : max_messages);
+		snprintf(v[i], sizeof(v[i]), "%lld", i == 0 ? bytes : i == 1 ? messages
+														  : i == 2	 ? max_bytes
+																	 : max_messages);
 	for (int i = 0; i < 4; i++)
 		values[i + 1] = v[i];
 	res = db_exec(conn, "SELECT pepsi.quota_recounted($1, $2::bigint, $3::bigint, $4::bigint, $5::bigint)", 5,
@@ -366,7 +368,7 @@ pepsi_quota_main(int argc, char **argv)
 	command = argv[optind];
 	nargs = argc - optind - 1;
 	argv += optind + 1;
-	if (strcmp(command, "list") == 0 ? nargs != 0
+	if (strcmp(command, "list") == 0  ? nargs != 0
 		: strcmp(command, "set") == 0 ? nargs < 2
 		: strcmp(command, "show") == 0 || strcmp(command, "unset") == 0 || strcmp(command, "recount") == 0
 			? nargs != 1

@@ -110,7 +110,7 @@ DECLARE
     before integer;
 BEGIN
     SELECT * INTO l FROM pepsi.quota_limits(key);
-    INSERT INTO pepsi.quota_usage AS u (address) VALUES (key) ON CONFLICT (address) DO NOTHING;
+    INSERT INTO pepsi.quota_usage AS u (address) VALUES (key) ON CONFLICT ON CONSTRAINT quota_usage_pkey DO NOTHING;
     SELECT u.warned INTO before FROM pepsi.quota_usage u WHERE u.address = key FOR UPDATE;
     IF coalesce(l.max_bytes, max_bytes) > 0 THEN
         percent := greatest(percent, 100.0 * bytes / coalesce(l.max_bytes, max_bytes));
@@ -166,7 +166,7 @@ BEGIN
     PERFORM pepsi.quota_check_limit('max_daily', max_daily);
     INSERT INTO pepsi.quota AS q (address, max_bytes, max_messages, max_daily)
     VALUES (key, quota_set.max_bytes, quota_set.max_messages, quota_set.max_daily)
-    ON CONFLICT (address) DO UPDATE SET
+    ON CONFLICT ON CONSTRAINT quota_pkey DO UPDATE SET
         max_bytes = coalesce(excluded.max_bytes, q.max_bytes),
         max_messages = coalesce(excluded.max_messages, q.max_messages),
         max_daily = coalesce(excluded.max_daily, q.max_daily),

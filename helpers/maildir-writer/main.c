@@ -115,13 +115,13 @@ struct writer_target
 /* A message of the batch: written into tmp/, to be published and answered with the others. */
 struct writer_held
 {
-	struct maildir		md;
-	struct maildir_file file;
-	dev_t				dev; /* the Maildir's, to count its held messages against its quota */
-	ino_t				ino;
-	char			   *recipient;
-	char			   *where; /* root/name, for the replies */
-	char			   *found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
+	struct maildir		 md;
+	struct maildir_file	 file;
+	dev_t				 dev; /* the Maildir's, to count its held messages against its quota */
+	ino_t				 ino;
+	char				*recipient;
+	char				*where; /* root/name, for the replies */
+	char				*found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
 	struct maildir_quota used;	/* the Maildir's quota before this message (maildir_write) */
 };
 
