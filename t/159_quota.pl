@@ -207,6 +207,27 @@ is($node->safe_psql($db, "SELECT count(*) FROM pepsi.quota WHERE address = 'alic
 	'nothing was written');
 
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
+# 8. LMTP: the stage checks pepsi.quota before delivery; a full mailbox is not handed to the server.
+my $peer = start_peer('--lmtp');
+$config = delivery_config($node, maildir_root => $root, local_domains => 'local.test team.test',
+	path => "$tmp/lmtp.conf",
+	extra => { init => "LOCAL_STAGE = lmtp\n", 'dsn-route' => "LOCAL_STAGE = dsn-maildir\n" },
+	more_stages => { lmtp => "PROGRAM = pepsi-stage-relay-to-lmtp\nSERVER = 127.0.0.1:$peer->{port}\n"
+		  . "BOUNCE_STAGE = bounce\nRETRY_BASE = 1s\nRETRY_MAX = 2s\nTIMEOUT = 10s\nPARALLELISM = 1\n" });
+$d = start_dispatcher($config);
+my $dsns_before = scalar(dsns());
+inject($node, to => [ 'full@local.test', 'alice@local.test' ], headers => "From: <$sender>\r\nSubject: lmtp\r\n");
+ok(poll_until(sub { queue_count($node) == 0 && scalar(dsns()) == $dsns_before + 1 }),
+	'LMTP: the queue empties and a DSN comes back');
+my @lmtp = peer_messages($peer);
+is(scalar @lmtp, 1, 'one transaction reached the LMTP server');
+like($lmtp[0]{env}, qr/^RCPT TO:<alice\@local\.test>$/m, 'to alice');
+unlike($lmtp[0]{env}, qr/full\@/, 'not to the full mailbox');
+(undef, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+is($recipients->[0]{status}, '5.2.2', 'the full mailbox bounced, 5.2.2');
+is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
 kill 'TERM', $ingress->{pid};
 waitpid($ingress->{pid}, 0);
 done_testing();
