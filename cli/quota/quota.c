@@ -260,10 +260,7 @@ quota_recount(PGconn *conn, const struct pepsi_config *cfg, const char *config_p
 		return CLI_EX_DATAERR;
 	}
 	res = db_exec(conn,
-				  "SELECT CASE WHEN l.max_bytes > 0 OR l.max_messages > 0 THEN concat_ws(',', "
-				  "CASE WHEN l.max_bytes > 0 THEN l.max_bytes || 'S' END, CASE WHEN l.max_messages > 0 "
-				  "THEN l.max_messages || 'C' END) ELSE '0S' END FROM pepsi.quota_limits($1) l",
-				  1, values);
+				  "SELECT pepsi.quota_maildir_limits($1)", 1, values);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		rc = cli_db_exit_code(res, conn);
@@ -272,7 +269,7 @@ quota_recount(PGconn *conn, const struct pepsi_config *cfg, const char *config_p
 		free(name);
 		return rc;
 	}
-	if (PQntuples(res) == 1)
+	if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
 		limits = PQgetvalue(res, 0, 0);
 	request = xasprintf("section %s\nrecipient %s\nmailbox %s\nsize 0\nrecount yes\n%s%s%s\n", section, address,
 						name, limits ? "quota " : "", limits ? limits : "", limits ? "\n" : "");

@@ -4862,6 +4862,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     LIMIT 1
 $$;
 
+-- The limits in force for address as the maildir writer's request takes
+-- them (Maildir++: '<bytes>S,<count>C', '0S' for a row with none), or
+-- NULL when no row applies (the writer's QUOTA or maildirsize then).
+CREATE FUNCTION pepsi.quota_maildir_limits(address text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE WHEN l.max_bytes > 0 OR l.max_messages > 0
+                THEN concat_ws(',', CASE WHEN l.max_bytes > 0 THEN l.max_bytes || 'S' END,
+                               CASE WHEN l.max_messages > 0 THEN l.max_messages || 'C' END)
+                ELSE '0S' END
+    FROM pepsi.quota_limits($1) l
+$$;
+
 -- Is address at or over a limit, as far as the database knows (its
 -- row's or domain's limits, else the ones the writer reported)?
 CREATE FUNCTION pepsi.quota_is_full(address text) RETURNS boolean
@@ -5019,6 +5031,7 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_config', 'table', 'quota', '{SELECT}'),
     ('pepsi_config', 'table', 'quota_usage', '{SELECT}'),
     ('pepsi_config', 'function', 'quota_limits', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'quota_maildir_limits', '{EXECUTE}'),
     ('pepsi_config', 'function', 'quota_is_full', '{EXECUTE}'),
     ('pepsi_config', 'function', 'quota_check_limit', '{EXECUTE}'),
     ('pepsi_config', 'function', 'quota_set', '{EXECUTE}'),
@@ -5029,6 +5042,7 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_stage', 'table', 'quota', '{SELECT}'),
     ('pepsi_stage', 'table', 'quota_usage', '{SELECT}'),
     ('pepsi_stage', 'function', 'quota_limits', '{EXECUTE}'),
+    ('pepsi_stage', 'function', 'quota_maildir_limits', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'quota_is_full', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'quota_record', '{EXECUTE}'),
     ('pepsi_stage', 'function', 'quota_daily_left', '{EXECUTE}'),

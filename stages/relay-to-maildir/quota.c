@@ -30,10 +30,8 @@ maildir_quota_request(struct pepsi_ctx *ctx, const char *rcpt, struct buf *reque
 	const char *values[1] = {rcpt};
 	json_t	   *answer = pepsi_call_json(
 			ctx,
-			"SELECT jsonb_build_object('limits', (SELECT CASE WHEN l.max_bytes > 0 OR l.max_messages > 0 THEN "
-				"concat_ws(',', CASE WHEN l.max_bytes > 0 THEN l.max_bytes || 'S' END, "
-				"CASE WHEN l.max_messages > 0 THEN l.max_messages || 'C' END) ELSE '0S' END "
-				"FROM pepsi.quota_limits($1) l), 'daily', pepsi.quota_daily_left($1))",
+			"SELECT jsonb_build_object('limits', pepsi.quota_maildir_limits($1), 'daily', "
+				"pepsi.quota_daily_left($1))",
 			1, values);
 	const char *limits;
 	bool		ok = true;
