@@ -333,6 +333,7 @@ for ((r = 1; r <= repeats; r++)); do
     if [ "$quota" = 1 ] && [ "$mode" = maildir ]; then
         pepsi_reset
         fresh_mailboxes
+        find "$pepsi_maildir" -mindepth 2 -maxdepth 2 -name maildirsize -delete
         bench_psql -c "SELECT pepsi.quota_set('@$domain', 10737418240, NULL, NULL)" >/dev/null
         sync
         sleep 1

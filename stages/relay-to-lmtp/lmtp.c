@@ -163,6 +163,7 @@ lmtp_quota_check(struct pepsi_ctx *ctx, int *rc)
 	json_t	   *full;
 	int		   *over;
 	size_t		nover = 0;
+	char		err[512];
 	int			ret = 0;
 
 	if (!pepsi_option_bool(ctx, "QUOTA_CHECK"))
@@ -180,13 +181,13 @@ lmtp_quota_check(struct pepsi_ctx *ctx, int *rc)
 		json_decref(list);
 	}
 	values[0] = array.data;
-	full = pepsi_call_json(ctx,
+	full = pepsi_read_json(ctx,
 						   "SELECT jsonb_agg(pepsi.quota_is_full(r) OR NOT pepsi.quota_daily_left(r) ORDER BY o)"
 						   " FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS a (r, o)",
-						   1, values);
+						   1, values, err, sizeof(err));
 	buf_free(&array);
 	if (full == NULL)
-		return -1;
+		return pepsi_error(ctx, "cannot read the recipients' quotas: %s", err);
 	over = xcalloc(n, sizeof(*over));
 	for (size_t i = 0; i < n; i++)
 		if (json_is_true(json_array_get(full, i)))
@@ -225,7 +226,7 @@ lmtp_run(struct pepsi_ctx *ctx)
 	struct delivery_outcome *outcomes;
 	struct buf				*diagnostics;
 	char					*statuses;
-	int						 rc;
+	int						 rc = 0;
 
 	if (server == NULL || *server == '\0')
 		return lmtp_hold(ctx, "no SERVER is configured for LMTP delivery");

@@ -28,17 +28,22 @@ maildir_quota_request(struct pepsi_ctx *ctx, const char *rcpt, struct buf *reque
 					  size_t whylen)
 {
 	const char *values[1] = {rcpt};
-	json_t	   *answer = pepsi_call_json(
+	char		err[512] = "";
+	json_t	   *answer = pepsi_read_json(
 			ctx,
 			"SELECT jsonb_build_object('limits', pepsi.quota_maildir_limits($1), 'daily', "
 				"pepsi.quota_daily_left($1))",
-			1, values);
+			1, values, err, sizeof(err));
 	const char *limits;
 	bool		ok = true;
 
 	why[0] = '\0';
 	if (answer == NULL)
+	{
+		log_warnx("%s: row %lld: the quota of <%s> cannot be read: %s", pepsi_queue_id(ctx), pepsi_id(ctx), rcpt,
+				  err);
 		return false;
+	}
 	limits = json_string_value(json_object_get(answer, "limits"));
 	if (json_is_false(json_object_get(answer, "daily")))
 	{

@@ -17,7 +17,7 @@
  * the writer's QUOTA or maildirsize), as a "quota" line added to request.
  * False, with the refusal's sentence in why, when the daily limit is
  * reached (the writer is not asked); false with why empty when the
- * database could not answer (the message has failed, pepsi_error).
+ * database could not answer (logged: the caller retries the row).
  */
 bool maildir_quota_request(struct pepsi_ctx *ctx, const char *rcpt, struct buf *request, char *why,
 						   size_t whylen);
