@@ -6,8 +6,10 @@
 # ingress cannot know) bounces with 5.2.2, or with OVER_QUOTA_STATUS =
 # 4.2.2 waits; a mailbox the database knows full gets 452 4.2.2 at RCPT
 # while another recipient of the same transaction is accepted; a domain's
-# row applies to its addresses without their own; pepsi-quota recount
-# matches what du counts in the Maildir; bad input is refused, named.
+# row applies to its addresses without their own, and a daily limit is
+# kept; pepsi-quota recount matches what du counts in the Maildir; bad
+# input is refused, named; pepsi-stage-relay-to-lmtp does not hand a
+# mailbox known full to the LMTP server.
 
 use strict;
 use warnings FATAL => 'all';
@@ -177,6 +179,16 @@ ok(poll_until(sub { scalar(dsns()) == 2 && files('dave@team.test') == 1 && queue
 is(files('carol@team.test'), 0, 'carol\'s mailbox got nothing');
 like(slurp("$root/dave\@team.test/maildirsize"), qr/^100000S,50C\n/, 'dave\'s maildirsize has his own limits');
 
+# ... and a daily limit: the day's deliveries are the database's count; past it, the stage refuses.
+($rc, $out, $err) = quota('set', 'dave@team.test', 'daily=1');
+is($rc, 0, 'dave: one message a day') or diag($err);
+inject($node, to => ['dave@team.test'], headers => "From: <$sender>\r\nSubject: daily\r\n");
+ok(poll_until(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }), 'his second today bounces');
+(undef, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
+like($recipients->[0]{'diagnostic-code'}, qr/had its messages for today \(pepsi\.quota max_daily\)/,
+	'Diagnostic-Code: the daily limit');
+is(files('dave@team.test'), 1, 'nothing more in his mailbox');
+
 # 6. pepsi-quota recount: the Maildir counted from disk, as du counts it; audited.
 open my $extra, '>', "$root/full\@local.test/cur/1.extra.host:2,S" or die;
 print $extra 'x' x 5000;
@@ -188,7 +200,7 @@ like($out, qr/^full\@local\.test: $du bytes in 5 messages$/, "it counts what du 
 is(used('full@local.test'), $du, 'and records it');
 like(slurp("$root/full\@local.test/maildirsize"), qr/^10240S\n$du 5\n$/, 'maildirsize rewritten with it');
 is($node->safe_psql($db, "SELECT string_agg(action, ',' ORDER BY id) FROM pepsi.event_log WHERE action LIKE 'quota%'"),
-	'quota_set,quota_set,quota_set,quota_set,quota_recount', 'each change and the recount in pepsi.event_log');
+	'quota_set,quota_set,quota_set,quota_set,quota_set,quota_recount', 'each change and the recount in pepsi.event_log');
 
 # 7. Bad input: refused, named, nothing written.
 ($rc, $out, $err) = quota('set', 'alice@local.test', 'bytes=-5');
