@@ -30,7 +30,8 @@ static struct
 	struct pgconn *conn;
 	ev_timer	   tick;
 	bool		   due;
-	char		 **full; /* sorted, lower case */
+	bool		   warned; /* one warning per outage, not one per read */
+	char		 **full;   /* sorted, lower case */
 	size_t		   nfull;
 } gate;
 
@@ -71,10 +72,15 @@ quota_gate_on_result(struct pgconn *c, int item, PGresult *res)
 		return; /* the LISTEN */
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
-		log_warnx("quotas: cannot read pepsi.quota_full: %.*s; keeping what was read before",
-				  (int) strcspn(PQresultErrorMessage(res), "\n"), PQresultErrorMessage(res));
+		if (!gate.warned)
+			log_warnx("quotas: cannot read pepsi.quota_full: %.*s; keeping what was read before",
+					  (int) strcspn(PQresultErrorMessage(res), "\n"), PQresultErrorMessage(res));
+		gate.warned = true;
 		return;
 	}
+	if (gate.warned)
+		log_info("quotas: pepsi.quota_full read again");
+	gate.warned = false;
 	for (size_t i = 0; i < gate.nfull; i++)
 		free(gate.full[i]);
 	free(gate.full);
