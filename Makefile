@@ -270,7 +270,11 @@ SETGID_GROUP_pepsi-stage-relay-to-smarthost = pepsi-token
 # peer authentication keys off the effective uid and that role alone reads
 # the private keys (docs/pepsi-stage-encrypt.8.md).  Built standalone.
 SETUID_STAGES = pepsi-stage-encrypt pepsi-stage-decrypt
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES)
+# pepsi-quota recount runs the Maildir writer (pepsi-quota(8)): set-group-id
+# to the writer's caller group, as its stage; pepsi.quota's other commands
+# need no privilege.
+SETGID_TOOLS = pepsi-quota
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES) $(SETGID_TOOLS)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp
@@ -294,7 +298,8 @@ program_dirs := $(filter-out $(privileged_stage_dirs) $(standalone_dirs),$(progr
 # built, stops the install.  PRIVILEGED_GROUP_<helper>=GROUP on the command
 # line gives that helper and its stage another group (the tests' own).
 PRIVILEGED_TABLE = debian/pepsi.postinst
-privileged_group_overrides = $(foreach h,$(HELPERS),$(if $(PRIVILEGED_GROUP_$(h)),$(h)=$(PRIVILEGED_GROUP_$(h)) $(PRIVILEGED_CALLER_$(h))=$(PRIVILEGED_GROUP_$(h))))
+privileged_group_overrides = $(foreach h,$(HELPERS),$(if $(PRIVILEGED_GROUP_$(h)),$(h)=$(PRIVILEGED_GROUP_$(h)) $(PRIVILEGED_CALLER_$(h))=$(PRIVILEGED_GROUP_$(h)))) \
+                             $(if $(PRIVILEGED_GROUP_pepsi-helper-maildir-writer),pepsi-quota=$(PRIVILEGED_GROUP_pepsi-helper-maildir-writer))
 privileged_rows = sed -n '/^\# BEGIN PRIVILEGED/,/^\# END PRIVILEGED/s/^\(pepsi-[a-z-]*\)  *\([a-z][a-z-]*\)  *\([a-z][a-z-]*\)  *\([0-7]\{4\}\)$$/\1 \2 \3 \4/p' $(PRIVILEGED_TABLE)
 install-privileged: programs
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -51,6 +51,11 @@
 # the queue tables' vacuum and analyze counts.  BENCH_LOCAL_PEPSI: lines
 # for Pepsi's [pepsi] section ("ALLOW_FUSION = no": each stage in its own
 # workers, to measure what fusing route into the delivery stage gives).
+# BENCH_LOCAL_QUOTA=1 (maildir): each run also has a Pepsi side with a
+# quota for the domain (pepsi.quota '@local.bench.test', 10 GB: every
+# delivery applies it, keeps maildirsize and records its use), right
+# after the side without one, and a line gives the two medians: the
+# per-delivery cost of quotas.
 #
 # Needs: postfix, dovecot-core and dovecot-lmtpd (scripts/deps.sh),
 # pepsi-ingress, pepsi-dispatch and the stages built, the extension
@@ -73,6 +78,7 @@ users=${BENCH_USERS:-100}
 workers=${BENCH_LOCAL_WORKERS:-50}
 queue=${BENCH_LOCAL_QUEUE:-64}
 profile=${BENCH_PROFILE:-0}
+quota=${BENCH_LOCAL_QUOTA:-0}
 pepsi_lines=${BENCH_LOCAL_PEPSI:-}
 domain=local.bench.test
 log=$(bench_log "local-$mode")
@@ -311,7 +317,7 @@ echo "measured: from the first message sent to the last one in a Maildir's new/;
     "Pepsi's queue fsynced (fsync, synchronous_commit), Postfix's queue files fsynced," \
     "$([ "$mode" = lmtp ] && echo "one Dovecot for both (mail_fsync = always), restarted on empty Maildirs before each run" \
         || echo "Pepsi's helper fsyncs each file and each new/, Postfix's virtual(8) each file")"
-pepsi_rates=() postfix_rates=() ratios=()
+pepsi_rates=() postfix_rates=() ratios=() quota_rates=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
     fresh_mailboxes
@@ -324,6 +330,19 @@ for ((r = 1; r <= repeats; r++)); do
     left=$(pepsi_left)
     [ "$left" -eq 0 ] || echo "warning: $left rows left in Pepsi's queue" >&2
     pepsi_rates+=("$rate")
+    if [ "$quota" = 1 ] && [ "$mode" = maildir ]; then
+        pepsi_reset
+        fresh_mailboxes
+        find "$pepsi_maildir" -mindepth 2 -maxdepth 2 -name maildirsize -delete
+        bench_psql -c "SELECT pepsi.quota_set('@$domain', 10737418240, NULL, NULL)" >/dev/null
+        sync
+        sleep 1
+        read -r rate_q accepted_q delivered_q < <(measure "$pepsi_port")
+        bench_psql -c "SELECT pepsi.quota_unset('@$domain'); DELETE FROM pepsi.quota_usage" >/dev/null
+        quota_rates+=("$rate_q")
+        printf 'run %d: pepsi with a quota %s msg/s (all accepted after %s s, delivered after %s s)\n' \
+            "$r" "$rate_q" "$accepted_q" "$delivered_q"
+    fi
 
     [ "$mode" = lmtp ] && fresh_dovecot
     sync
@@ -350,6 +369,12 @@ printf '%-34s %10s msg/s (runs %s .. %s)\n' \
     "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"
 printf 'ratio pepsi/postfix (%s): median %s, runs %s .. %s (target: median >= 1.50)\n' \
     "$mode" "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+if [ "${#quota_rates[@]}" -gt 0 ]; then
+    printf 'quotas (maildir): without %s msg/s, with a domain quota %s msg/s (runs %s .. %s), ratio %s\n' \
+        "$(bench_median "${pepsi_rates[@]}")" "$(bench_median "${quota_rates[@]}")" \
+        "$(min "${quota_rates[@]}")" "$(max "${quota_rates[@]}")" \
+        "$(ratio "$(bench_median "${quota_rates[@]}")" "$(bench_median "${pepsi_rates[@]}")")"
+fi
 echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
 # (An if, not "&&": as the last command, a false test would be the script's exit status.)
 if [ "${BENCH_KEEP_LOG:-0}" = 1 ]; then

@@ -370,8 +370,8 @@ done:
 }
 
 bool
-maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_quota *q, char *why,
-				   size_t whylen)
+maildir_quota_read(struct maildir *md, long long default_quota, const char *given, struct maildir_quota *q,
+				   char *why, size_t whylen)
 {
 	char		limits[256];
 	char		content[MAILDIR_SIZE_FILE_MAX + 1];
@@ -390,9 +390,12 @@ maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_q
 	}
 	if (fd < 0)
 	{
-		if (default_quota <= 0)
+		if (given)
+			snprintf(limits, sizeof(limits), "%s", given);
+		else if (default_quota <= 0)
 			return true; /* no quota */
-		snprintf(limits, sizeof(limits), "%lldS", default_quota);
+		else
+			snprintf(limits, sizeof(limits), "%lldS", default_quota);
 		maildir_quota_parse_limits(limits, q);
 		maildir_scan(md->mailbox_fd, &q->bytes, &q->count);
 		return maildir_quota_rewrite(md, limits, q->bytes, q->count, why, whylen);
@@ -413,6 +416,14 @@ maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_q
 	content[n] = '\0';
 	line = strtok_r(content, "\n", &save);
 	snprintf(limits, sizeof(limits), "%s", line ? line : "");
+	/* Limits given (the database's) that are not the file's: the file's line and count afresh, as Dovecot does. */
+	if (given && strcmp(limits, given) != 0)
+	{
+		snprintf(limits, sizeof(limits), "%s", given);
+		maildir_quota_parse_limits(limits, q);
+		maildir_scan(md->mailbox_fd, &q->bytes, &q->count);
+		return maildir_quota_rewrite(md, limits, q->bytes, q->count, why, whylen);
+	}
 	maildir_quota_parse_limits(limits, q);
 	while ((line = strtok_r(NULL, "\n", &save)) != NULL)
 	{
@@ -435,6 +446,28 @@ maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_q
 		return maildir_quota_rewrite(md, limits, q->bytes, q->count, why, whylen);
 	}
 	return true;
+}
+
+bool
+maildir_quota_recount(struct maildir *md, long long default_quota, const char *limits,
+					  struct maildir_quota *q, char *why, size_t whylen)
+{
+	char line[256];
+
+	if (!maildir_quota_read(md, default_quota, limits, q, why, whylen))
+		return false;
+	maildir_scan(md->mailbox_fd, &q->bytes, &q->count);
+	if (q->max_bytes <= 0 && q->max_count <= 0)
+		return true; /* no quota: no maildirsize to keep */
+	if (limits)
+		snprintf(line, sizeof(line), "%s", limits);
+	else if (q->max_count > 0 && q->max_bytes > 0)
+		snprintf(line, sizeof(line), "%lldS,%lldC", q->max_bytes, q->max_count);
+	else if (q->max_count > 0)
+		snprintf(line, sizeof(line), "%lldC", q->max_count);
+	else
+		snprintf(line, sizeof(line), "%lldS", q->max_bytes);
+	return maildir_quota_rewrite(md, line, q->bytes, q->count, why, whylen);
 }
 
 /* Record a delivery in maildirsize, as Maildir++ does: one appended line. */
@@ -626,8 +659,9 @@ maildir_discard(struct maildir *md, struct maildir_file *file)
 
 enum maildir_status
 maildir_write(struct maildir *md, const char *stable, const char *prefix, size_t prefix_len,
-			  struct maildir_input *in, size_t size, long long default_quota, long long held_bytes,
-			  long long held_count, struct maildir_file *file, char *why, size_t whylen)
+			  struct maildir_input *in, size_t size, long long default_quota, const char *limits,
+			  long long held_bytes, long long held_count, struct maildir_file *file,
+			  struct maildir_quota *used, char *why, size_t whylen)
 {
 	struct maildir_quota quota;
 	size_t				 total = prefix_len + size;
@@ -639,11 +673,13 @@ maildir_write(struct maildir *md, const char *stable, const char *prefix, size_t
 	file->fd = -1;
 	file->size = total;
 	file->already = false;
-	if (!maildir_quota_read(md, default_quota, &quota, why, whylen))
+	if (!maildir_quota_read(md, default_quota, limits, &quota, why, whylen))
 		goto fail;
 	file->quota_kept = quota.max_bytes > 0 || quota.max_count > 0;
 	quota.bytes += held_bytes;
 	quota.count += held_count;
+	if (used)
+		*used = quota;
 	if ((quota.max_bytes > 0 && quota.bytes + (long long) total > quota.max_bytes)
 		|| (quota.max_count > 0 && quota.count + 1 > quota.max_count))
 	{

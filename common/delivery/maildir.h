@@ -90,6 +90,20 @@ struct maildir_file
 };
 
 /*
+ * Maildir++ quota of an open Maildir (maildir_quota_read): the limits of
+ * maildirsize (0 when none; limits given win, and the file is rewritten
+ * with them) and the use it records, recalculated from new/ and cur/ (and
+ * the folders') when the file is missing, too long, or at a limit.
+ */
+struct maildir_quota
+{
+	long long max_bytes;
+	long long max_count;
+	long long bytes;
+	long long count;
+};
+
+/*
  * A message's stable name: "<seconds>.<unique part>" (MAILDIR_STABLE_MAX
  * bytes at most), the same on every attempt to deliver it, so that an
  * attempt after a crash can find what an earlier one delivered.  The
@@ -117,14 +131,20 @@ bool maildir_skip(struct maildir_input *in, size_t size);
  * disk (no fsync yet: a batch's files then share the journal commit of
  * the first one's).  Quota first: a maildirsize is honoured (Maildir++),
  * and default_quota (bytes, 0: none) starts one where there is none;
+ * limits, when not NULL (Maildir++'s "<bytes>S,<count>C", from the
+ * database's pepsi.quota), win over both: a maildirsize with other limits
+ * is counted afresh and rewritten with these;
  * held_bytes and held_count are this Maildir's messages written but not
- * yet published, counted as used.  On failure nothing is left in tmp/.
+ * yet published, counted as used.  The use and limits found (before this
+ * message) go to used when not NULL, also when over quota.  On failure
+ * nothing is left in tmp/.
  */
 enum maildir_status maildir_write(struct maildir *md, const char *stable, const char *prefix,
 								  size_t prefix_len, struct maildir_input *in, size_t size,
-								  long long default_quota,
+								  long long default_quota, const char *limits,
 								  long long held_bytes, long long held_count,
-								  struct maildir_file *file, char *why, size_t whylen);
+								  struct maildir_file *file, struct maildir_quota *used, char *why,
+								  size_t whylen);
 /*
  * fsync the file and rename it into new/ (never over another file: a
  * stable name already there is this message delivered before, and the
@@ -143,19 +163,10 @@ enum maildir_status maildir_sync_new(struct maildir *md, char *why, size_t whyle
 /* Record a published delivery in maildirsize (when the file's Maildir keeps one). */
 void maildir_quota_count(struct maildir *md, const struct maildir_file *file);
 
-/*
- * Maildir++ quota of an open Maildir: the limits of maildirsize (0 when
- * none) and the use it records, recalculated from new/ and cur/ when the
- * file is missing or too long.  For the tests and the helper's checks.
- */
-struct maildir_quota
-{
-	long long max_bytes;
-	long long max_count;
-	long long bytes;
-	long long count;
-};
-bool maildir_quota_read(struct maildir *md, long long default_quota, struct maildir_quota *q,
-						char *why, size_t whylen);
+bool maildir_quota_read(struct maildir *md, long long default_quota, const char *limits,
+						struct maildir_quota *q, char *why, size_t whylen);
+/* The use counted afresh from disk (pepsi-quota recount), and maildirsize rewritten with it. */
+bool maildir_quota_recount(struct maildir *md, long long default_quota, const char *limits,
+						   struct maildir_quota *q, char *why, size_t whylen);
 
 #endif

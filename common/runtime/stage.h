@@ -275,8 +275,15 @@ int pepsi_fan_out(struct pepsi_ctx *ctx, const int *keep, size_t nkeep, json_t *
  * stage that must read or take other rows.  The answer is the caller's to
  * json_decref; NULL (and the message fails) on an error.
  */
-json_t	 *pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams,
-						  const char *const *values);
+json_t *pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams,
+						const char *const *values);
+/*
+ * pepsi_call_json for a function that only reads (a lookup): it queues
+ * nothing, so a fused pass goes on after it, and a failure is not the
+ * message's: NULL with why in err, for the caller to decide.
+ */
+json_t	 *pepsi_read_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char *const *values,
+						  char *err, size_t errlen);
 long long pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
 							const char *const *rcpt, size_t nrcpt, const char *headers,
 							size_t hlen, const char *body, size_t blen, json_t *state,

@@ -410,6 +410,24 @@ pepsi_call_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char 
 	return answer;
 }
 
+json_t *
+pepsi_read_json(struct pepsi_ctx *ctx, const char *sql, int nparams, const char *const *values, char *err,
+				size_t errlen)
+{
+	PGresult	*res = db_exec(ctx->worker->conn, sql, nparams, values);
+	json_t		*answer = NULL;
+	json_error_t jerr;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 1)
+		snprintf(err, errlen, "%s", db_error(res, ctx->worker->conn));
+	else if (PQgetisnull(res, 0, 0))
+		answer = json_null();
+	else if ((answer = json_loads(PQgetvalue(res, 0, 0), JSON_DECODE_ANY, &jerr)) == NULL)
+		snprintf(err, errlen, "the answer is not JSON: %s", jerr.text);
+	PQclear(res);
+	return answer;
+}
+
 long long
 pepsi_enqueue_new(struct pepsi_ctx *ctx, const char *stage, const char *mail_from,
 				  const char *const *rcpt, size_t nrcpt, const char *headers, size_t hlen,

@@ -65,6 +65,7 @@ test_setid_programs(void **state)
 	make_file("pepsi-stage-relay-to-maildir", 0755);
 	assert_true(privilege_is_setid_program("pepsi-stage-dot-forward"));
 	assert_true(privilege_is_setid_program("pepsi-stage-relay-to-maildir"));
+	assert_true(privilege_is_setid_program("pepsi-quota"));
 	assert_false(privilege_is_setid_program("pepsi-stage-evil"));
 	assert_null(privilege_setid_program("pepsi-stage-evil", self));
 	found = privilege_setid_program("pepsi-stage-dot-forward", self);

@@ -83,6 +83,11 @@ extern struct ingress ingress;
 void local_refresh_start(double interval);
 void local_refresh_stop(void);
 
+/* quota_gate.c: the local recipients over quota (pepsi.quota_full), 452 4.2.2 at RCPT. */
+void quota_gate_start(double interval);
+void quota_gate_stop(void);
+bool quota_gate_full(const char *address);
+
 /* srs_rcpt.c: the SRS reverse path ([srs]), smtp_policy.srs_reverse when enabled. */
 bool srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
 /* [ingress] SRS_FAILURE_LIMIT and SRS_FAILURE_WINDOW, at start and on reload. */

@@ -625,6 +625,8 @@ pepsi_ingress_main(int argc, char **argv)
 	ingress_session_checks_start();
 	if (local_resolver_uses_virtual(ingress.local_recipients))
 		local_refresh_start(local_refresh_interval);
+	if (ingress.local_recipients)
+		quota_gate_start(local_refresh_interval);
 	for (struct listener *l = ingress.listeners; l; l = l->next)
 		ev_io_start(ingress.loop, &l->io);
 	ev_signal_init(&sigterm, ingress_on_signal, SIGTERM);
@@ -654,6 +656,7 @@ pepsi_ingress_main(int argc, char **argv)
 	sender_login_shutdown();
 	verify_shutdown();
 	local_refresh_stop();
+	quota_gate_stop();
 	local_resolver_free(ingress.local_recipients);
 	credentials_free(ingress.credentials);
 	free(ingress.local_domains);

@@ -855,6 +855,9 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
 	char				   reply[700];
 
+	if (verdict == SMTP_RCPT_ACCEPT && quota_gate_full(address))
+		verdict = SMTP_RCPT_OVER_QUOTA;
+
 	/* (The replies smtp.c sends for these verdicts.) */
 	if (verdict == SMTP_RCPT_RELAY_DENIED)
 		snprintf(reply, sizeof(reply), "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to "
@@ -862,7 +865,9 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 				 address);
 	else if (verdict == SMTP_RCPT_UNKNOWN_USER)
 		snprintf(reply, sizeof(reply), "550 5.1.1 <%.256s>: Recipient address rejected: no such user here", address);
-	if (verdict == SMTP_RCPT_RELAY_DENIED || verdict == SMTP_RCPT_UNKNOWN_USER)
+	else if (verdict == SMTP_RCPT_OVER_QUOTA)
+		snprintf(reply, sizeof(reply), "452 4.2.2 <%.256s>: Mailbox full, try again later", address);
+	if (verdict == SMTP_RCPT_RELAY_DENIED || verdict == SMTP_RCPT_UNKNOWN_USER || verdict == SMTP_RCPT_OVER_QUOTA)
 		session_log_reject(s, "RCPT", reply, address);
 	return verdict;
 }

@@ -30,7 +30,8 @@ enum smtp_rcpt_verdict
 	SMTP_RCPT_ACCEPT,
 	SMTP_RCPT_RELAY_DENIED, /* 554 5.7.1: not ours, and the client may not relay */
 	SMTP_RCPT_UNKNOWN_USER, /* 550 5.1.1: ours, but no such recipient */
-	SMTP_RCPT_UNVERIFIED	/* 451 4.3.0: ours, but it cannot be checked now */
+	SMTP_RCPT_UNVERIFIED,	/* 451 4.3.0: ours, but it cannot be checked now */
+	SMTP_RCPT_OVER_QUOTA	/* 452 4.2.2: ours, and its mailbox is full (quota_gate.c) */
 };
 
 /* What a client did that a well-behaved one does not (postscreen's after-220 tests). */

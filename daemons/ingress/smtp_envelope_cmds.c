@@ -402,6 +402,9 @@ smtp_rcpt_allowed(struct smtp_session *s, const char *address)
 			smtp_reply(s, "451 4.3.0 <%.256s>: Recipient cannot be verified now, try again later",
 					   address);
 			return false;
+		case SMTP_RCPT_OVER_QUOTA:
+			smtp_reply(s, "452 4.2.2 <%.256s>: Mailbox full, try again later", address);
+			return false;
 	}
 	return false;
 }

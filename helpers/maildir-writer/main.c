@@ -44,6 +44,16 @@
  *              delivered twice ("2.0.0 already delivered to ...")
  *   lookup     yes: an attempt after a crash: look for the stable name in
  *              new/ and cur/ first, and write nothing if it is there
+ *   quota      the mailbox's limits from the database (pepsi.quota), as
+ *              Maildir++ writes them ("10000000S,1000C"): they win over
+ *              maildirsize's and QUOTA (a maildirsize with others is
+ *              counted afresh and rewritten with these)
+ *   recount    yes: write nothing (size 0): count the Maildir afresh,
+ *              rewrite its maildirsize, and answer with the count
+ *              (pepsi-quota recount)
+ * A reply about a Maildir that keeps a quota ends with " quota=B/MB,C/MC":
+ * the bytes and messages used (with this message, when delivered) and
+ * the limits (0: none), which the stage records (pepsi.quota_record).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -89,6 +99,8 @@ struct writer_request
 	bool   hold;
 	char  *stable;
 	bool   lookup;
+	char  *quota;
+	bool   recount;
 };
 
 struct writer_target
@@ -103,13 +115,14 @@ struct writer_target
 /* A message of the batch: written into tmp/, to be published and answered with the others. */
 struct writer_held
 {
-	struct maildir		md;
-	struct maildir_file file;
-	dev_t				dev; /* the Maildir's, to count its held messages against its quota */
-	ino_t				ino;
-	char			   *recipient;
-	char			   *where; /* root/name, for the replies */
-	char			   *found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
+	struct maildir		 md;
+	struct maildir_file	 file;
+	dev_t				 dev; /* the Maildir's, to count its held messages against its quota */
+	ino_t				 ino;
+	char				*recipient;
+	char				*where; /* root/name, for the replies */
+	char				*found; /* "new/NAME" or "cur/NAME": delivered before (lookup), nothing written */
+	struct maildir_quota used;	/* the Maildir's quota before this message (maildir_write) */
 };
 
 /* Standard input, buffered (common/delivery/maildir.h), and the batch held so far. */
@@ -167,6 +180,31 @@ writer_value_clean(const char *value)
 	for (const unsigned char *p = (const unsigned char *) value; *p; p++)
 		if (*p < 0x20 || *p == 0x7f)
 			return false;
+	return true;
+}
+
+/* Maildir++ limits: "<digits>S" and/or "<digits>C", comma separated, at most 64 bytes. */
+static bool
+writer_quota_ok(const char *value)
+{
+	const char *p = value;
+
+	if (strlen(value) > 64 || *p == '\0')
+		return false;
+	while (*p)
+	{
+		if (!isdigit((unsigned char) *p))
+			return false;
+		while (isdigit((unsigned char) *p))
+			p++;
+		if (*p != 'S' && *p != 'C')
+			return false;
+		p++;
+		if (*p == ',' && p[1] != '\0')
+			p++;
+		else if (*p)
+			return false;
+	}
 	return true;
 }
 
@@ -231,6 +269,16 @@ writer_read_request(struct writer_request *req)
 				field = &req->stable;
 			else if (strcmp(line, "lookup") == 0)
 				req->lookup = strcmp(value, "yes") == 0;
+			else if (strcmp(line, "recount") == 0)
+				req->recount = strcmp(value, "yes") == 0;
+			else if (strcmp(line, "quota") == 0)
+			{
+				if (!writer_quota_ok(value))
+					writer_reply_exit("4.3.0", "the request's quota \"%.64s\" is not Maildir++ limits "
+											   "(\"<bytes>S,<count>C\")",
+									  value);
+				field = &req->quota;
+			}
 			else if (strcmp(line, "size") == 0)
 			{
 				char			  *end;
@@ -257,6 +305,8 @@ writer_read_request(struct writer_request *req)
 		writer_reply_exit("4.3.0", "the request lacks its section, recipient or size");
 	if (req->stable && !maildir_stable_is_safe(req->stable))
 		writer_reply_exit("4.3.0", "the request's stable name is not digits, a dot and a unique part");
+	if (req->recount && req->size != 0)
+		writer_reply_exit("4.3.0", "a recount request has no message: its size must be 0");
 	if (req->sender == NULL)
 		req->sender = xstrdup("");
 	return true;
@@ -270,6 +320,7 @@ writer_request_free(struct writer_request *req)
 	free(req->sender);
 	free(req->mailbox);
 	free(req->stable);
+	free(req->quota);
 }
 
 /* Is dir (absolute, no "." or ".." component) one of the space/comma separated roots, or below one? */
@@ -515,6 +566,23 @@ writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
 	}
 	held->dev = st.st_dev;
 	held->ino = st.st_ino;
+	if (req->recount)
+	{
+		struct maildir_quota q;
+
+		if (!maildir_quota_recount(&held->md, config_size(cfg, WRITER_SECTION, "QUOTA"), req->quota, &q,
+								   why, sizeof(why)))
+		{
+			maildir_close(&held->md);
+			writer_reply_exit("4.3.0", "cannot count mailbox %s/%s: %s", target->root, target->name, why);
+		}
+		maildir_close(&held->md);
+		writer_finish_batch();
+		printf("2.0.0 counted %s/%s quota=%lld/%lld,%lld/%lld\n", target->root, target->name, q.bytes,
+			   q.max_bytes, q.count, q.max_count);
+		fflush(stdout);
+		return;
+	}
 	/* After a crash: delivered already by the attempt that died?  Then answered as delivered. */
 	if (req->stable && req->lookup && maildir_find(&held->md, req->stable, &held->found))
 	{
@@ -539,8 +607,8 @@ writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
 		}
 	buf_printf(&prefix, "Return-Path: <%s>\r\nDelivered-To: %s\r\n", req->sender, req->recipient);
 	rc = maildir_write(&held->md, req->stable, prefix.data, prefix.len, &writer_in, req->size,
-					   config_size(cfg, WRITER_SECTION, "QUOTA"), held_bytes, held_count, &held->file,
-					   why, sizeof(why));
+					   config_size(cfg, WRITER_SECTION, "QUOTA"), req->quota, held_bytes, held_count,
+					   &held->file, &held->used, why, sizeof(why));
 	buf_free(&prefix);
 	if (rc == MAILDIR_DELIVERED)
 	{
@@ -553,7 +621,9 @@ writer_write(const struct pepsi_config *cfg, const struct writer_request *req,
 	switch (rc)
 	{
 		case MAILDIR_OVER_QUOTA:
-			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s", req->recipient, why);
+			writer_reply_exit("5.2.2", "mailbox of <%s> is over quota: %s quota=%lld/%lld,%lld/%lld",
+							  req->recipient, why, held->used.bytes, held->used.max_bytes,
+							  held->used.count, held->used.max_count);
 		case MAILDIR_SHORT_INPUT:
 			writer_discard_batch(); /* the caller is gone: nothing it was not told of is kept */
 			writer_reply_exit("4.3.0", "%s", why);
@@ -638,6 +708,11 @@ writer_finish_batch(void)
 		}
 		else if (writer_batch[i].found)
 			printf("2.0.0 already delivered to %s/%s\n", writer_batch[i].where, delivered[i]);
+		else if (writer_batch[i].file.quota_kept)
+			printf("2.0.0 delivered to %s/new/%s quota=%lld/%lld,%lld/%lld\n", writer_batch[i].where,
+				   delivered[i], writer_batch[i].used.bytes + (long long) writer_batch[i].file.size,
+				   writer_batch[i].used.max_bytes, writer_batch[i].used.count + 1,
+				   writer_batch[i].used.max_count);
 		else
 			printf("2.0.0 %sdelivered to %s/new/%s\n", writer_batch[i].file.already ? "already " : "",
 				   writer_batch[i].where, delivered[i]);

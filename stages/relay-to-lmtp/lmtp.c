@@ -20,6 +20,8 @@
  *   HELO_NAME          the LHLO name (default [pepsi] HOSTNAME)
  *   MAX_RECIPIENTS (50), CONNECT_TIMEOUT (30s), TIMEOUT (5m, each reply),
  *   REUSE_MESSAGES (1000), REUSE_IDLE (60s)
+ *   QUOTA_CHECK (yes): recipients pepsi.quota knows full are not sent;
+ *   OVER_QUOTA_STATUS (5.2.2 or 4.2.2) for them (lmtp_quota_check)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +139,78 @@ lmtp_limit_recipients(struct pepsi_ctx *ctx)
 	return rc < 0 ? -1 : 0;
 }
 
+/* The choices of OVER_QUOTA_STATUS (schema/options.def), in order. */
+enum lmtp_over_quota
+{
+	LMTP_OVER_QUOTA_BOUNCE,
+	LMTP_OVER_QUOTA_RETRY
+};
+
+/*
+ * QUOTA_CHECK: the recipients whose mailbox pepsi.quota knows full (or
+ * done for the day) are not handed to the server.  Some of them: split
+ * off to a sibling row at this stage, where they are all full and are
+ * concluded at once.  All: the row bounces (5.2.2) or waits (4.2.2), as
+ * OVER_QUOTA_STATUS says.  Returns 0 to go on with the row, 1 when it is
+ * concluded (*rc), -1 on an error.
+ */
+static int
+lmtp_quota_check(struct pepsi_ctx *ctx, int *rc)
+{
+	size_t		n = pepsi_rcpt_count(ctx);
+	struct buf	array = BUF_INIT;
+	const char *values[1];
+	json_t	   *full;
+	int		   *over;
+	size_t		nover = 0;
+	char		err[512];
+	int			ret = 0;
+
+	if (!pepsi_option_bool(ctx, "QUOTA_CHECK"))
+		return 0;
+	/* The recipients as a JSON array: no quoting of their own to get wrong. */
+	{
+		json_t *list = json_array();
+		char   *dump;
+
+		for (size_t i = 0; i < n; i++)
+			json_array_append_new(list, json_string(pepsi_rcpt(ctx, i)));
+		dump = json_dumps(list, JSON_COMPACT);
+		buf_append_str(&array, dump ? dump : "[]");
+		free(dump);
+		json_decref(list);
+	}
+	values[0] = array.data;
+	full = pepsi_read_json(ctx,
+						   "SELECT jsonb_agg(pepsi.quota_is_full(r) OR NOT pepsi.quota_daily_left(r) ORDER BY o)"
+						   " FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS a (r, o)",
+						   1, values, err, sizeof(err));
+	buf_free(&array);
+	if (full == NULL)
+		return pepsi_error(ctx, "cannot read the recipients' quotas: %s", err);
+	over = xcalloc(n, sizeof(*over));
+	for (size_t i = 0; i < n; i++)
+		if (json_is_true(json_array_get(full, i)))
+			over[nover++] = (int) i + 1;
+	json_decref(full);
+	if (nover == n)
+	{
+		bool				   retry = pepsi_option_enum(ctx, "OVER_QUOTA_STATUS") == LMTP_OVER_QUOTA_RETRY;
+		struct delivery_report report = {.status = retry ? "4.2.2" : "5.2.2", .relay = "lmtp"};
+		char				  *diagnostic = xasprintf("X-Pepsi; mailbox of <%s> is over quota (pepsi.quota)",
+													  pepsi_rcpt(ctx, 0));
+
+		report.diagnostic = diagnostic;
+		*rc = retry ? delivery_deferred(ctx, &report) : delivery_bounced(ctx, &report);
+		free(diagnostic);
+		ret = 1;
+	}
+	else if (nover > 0 && pepsi_split_off_recipients(ctx, over, nover, pepsi_stage_name(ctx)) < 0)
+		ret = -1;
+	free(over);
+	return ret;
+}
+
 static int
 lmtp_run(struct pepsi_ctx *ctx)
 {
@@ -152,7 +226,7 @@ lmtp_run(struct pepsi_ctx *ctx)
 	struct delivery_outcome *outcomes;
 	struct buf				*diagnostics;
 	char					*statuses;
-	int						 rc;
+	int						 rc = 0;
 
 	if (server == NULL || *server == '\0')
 		return lmtp_hold(ctx, "no SERVER is configured for LMTP delivery");
@@ -165,7 +239,16 @@ lmtp_run(struct pepsi_ctx *ctx)
 		free(why);
 		return rc;
 	}
-	if (lmtp_limit_recipients(ctx) < 0 || !pepsi_raw_message(ctx, &raw))
+	if (lmtp_limit_recipients(ctx) < 0)
+		return -1;
+	switch (lmtp_quota_check(ctx, &rc))
+	{
+		case -1:
+			return -1;
+		case 1:
+			return rc;
+	}
+	if (!pepsi_raw_message(ctx, &raw))
 		return -1;
 
 	n = pepsi_rcpt_count(ctx);

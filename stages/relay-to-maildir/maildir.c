@@ -37,6 +37,9 @@
  *                          runs set-group-id: the one beside this program)
  *   MAILDIR_WRITER_CONFIG  the file it reads (default: this stage's own)
  *   OVER_QUOTA_STATUS      5.2.2 (bounce, default) or 4.2.2 (retry)
+ *   QUOTA_WARNING          the percentages of the quota at which the owner
+ *                          is warned, once per crossing (quota.c)
+ *   QUOTA_WARNING_STAGE    where the warning starts (default init)
  * A helper that dies, or a file-system error, is a temporary failure.
  */
 #include <errno.h>
@@ -56,6 +59,7 @@
 #include "delivery/delivery.h"
 #include "delivery/maildir.h"
 #include "process/privilege.h"
+#include "quota.h"
 #include "runtime/stage.h"
 
 int pepsi_stage_relay_to_maildir_main(int argc, char **argv);
@@ -340,6 +344,12 @@ static void
 maildir_writer_deliver(struct maildir_job *jobs, size_t n, const char *writer, const char *config_path)
 {
 	struct maildir_reply cannot = {.status = ""};
+	size_t				 waiting = 0;
+
+	for (size_t i = 0; i < n; i++)
+		waiting += !jobs[i].answered;
+	if (waiting == 0)
+		return; /* answered without the helper (a quota) */
 
 	/* A helper of another program or file is not ours to reuse. */
 	if (maildir_writer.pid > 0
@@ -469,6 +479,14 @@ maildir_job_init(struct pepsi_ctx *ctx, char *name, struct maildir_job *job)
 			   pepsi_option_bool(ctx, "CREATE_MAILBOXES") ? "yes" : "no",
 			   (headers ? headers->len : 0) + 2 + (body ? body->len : 0), received / 1000000,
 			   received % 1000000, pepsi_id(ctx), pepsi_crash_retry(ctx) ? "lookup yes\n" : "");
+	/* The quota in force (pepsi.quota), or no delivery at all today. */
+	if (!maildir_quota_request(ctx, pepsi_rcpt(ctx, 0), &job->request, job->reply.text, sizeof(job->reply.text)))
+	{
+		job->answered = true;
+		snprintf(job->reply.status, sizeof(job->reply.status), job->reply.text[0] ? "5.2.2" : "4.3.0");
+		if (job->reply.text[0] == '\0')
+			snprintf(job->reply.text, sizeof(job->reply.text), "the mailbox's quota cannot be read");
+	}
 }
 
 static void
@@ -593,6 +611,7 @@ maildir_run(struct pepsi_ctx *ctx)
 		job = &alone;
 	}
 	reply = &job->reply;
+	maildir_quota_after(ctx, rcpt, reply->status, reply->text);
 	buf_printf(&diagnostic, "X-Pepsi; %s", reply->text);
 	report.status = reply->status;
 	report.diagnostic = diagnostic.data;
