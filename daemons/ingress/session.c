@@ -853,6 +853,8 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
 	char				   reply[700];
 
+	verdict = list_rcpt_check(address, verdict);
+
 	/* (The replies smtp.c sends for these verdicts.) */
 	if (verdict == SMTP_RCPT_RELAY_DENIED)
 		snprintf(reply, sizeof(reply), "554 5.7.1 <%.256s>: Relay access denied (authenticate, or send only to "
