@@ -115,5 +115,7 @@ void www_setup_page(const char **html, size_t *len);
 
 /* setup_web.c: /setup, /api/setup and /api/setup/log, the first-run setup page. */
 enum MHD_Result setup_web_route(struct request *req);
+/* list_unsubscribe.c: RFC 8058 one-click unsubscribe (/list/unsubscribe). */
+enum MHD_Result list_unsubscribe_route(struct request *req);
 
 #endif

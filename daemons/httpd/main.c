@@ -256,6 +256,8 @@ httpd_dispatch(struct request *req)
 	if (strcmp(req->path, "/setup") == 0 || strcmp(req->path, "/api/setup") == 0
 		|| strcmp(req->path, "/api/setup/log") == 0)
 		return setup_web_route(req);
+	if (strcmp(req->path, "/list/unsubscribe") == 0)
+		return list_unsubscribe_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

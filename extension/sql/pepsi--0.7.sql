@@ -4998,8 +4998,8 @@ $$;
 -- The keyed token of a subscriber's one-click unsubscribe URL.
 CREATE FUNCTION pepsi.list_member_token(list bigint, address text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT left(encode(sha256(l.secret || convert_to(lower(address), 'UTF8')), 'hex'), 32)
-    FROM pepsi.mailing_list l WHERE l.id = list
+    SELECT left(encode(sha256(l.secret || convert_to(lower($2), 'UTF8')), 'hex'), 32)
+    FROM pepsi.mailing_list l WHERE l.id = $1
 $$;
 
 -- The split groups (pepsi.workqueue_split) of a post to list, for stage:
@@ -5057,8 +5057,9 @@ DECLARE
     held bigint;
 BEGIN
     INSERT INTO pepsi.list_held AS h (list_id, workqueue_id, token_hash, sender, subject, reason)
-    VALUES (list, workqueue_id, sha256(convert_to(token, 'UTF8')), lower(sender), left(subject, 500), reason)
-    ON CONFLICT (workqueue_id) DO UPDATE SET token_hash = excluded.token_hash
+    VALUES (list, list_hold.workqueue_id, sha256(convert_to(token, 'UTF8')), lower(list_hold.sender),
+            left(list_hold.subject, 500), list_hold.reason)
+    ON CONFLICT ON CONSTRAINT list_held_workqueue_id_key DO UPDATE SET token_hash = excluded.token_hash
     RETURNING h.id INTO held;
     RETURN jsonb_build_object('token', token, 'id', held, 'moderators', coalesce(
         (SELECT jsonb_agg(r.address ORDER BY r.address) FROM pepsi.list_role r
@@ -5078,34 +5079,34 @@ $$;
 -- Decide on held post (its id), as moderator by (an address, or NULL for
 -- an administrator): records the decision and releases the row, whose
 -- stage then sends or drops it.  NULL when done, else why not.
-CREATE FUNCTION pepsi.list_decide(held bigint, decision text, by text) RETURNS text
+CREATE FUNCTION pepsi.list_decide(held bigint, decision text, actor text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     h pepsi.list_held;
 BEGIN
-    IF decision NOT IN ('approve', 'reject') THEN
-        RAISE EXCEPTION 'decision must be approve or reject, not %', decision USING ERRCODE = 'invalid_parameter_value';
+    IF list_decide.decision NOT IN ('approve', 'reject') THEN
+        RAISE EXCEPTION 'decision must be approve or reject, not %', list_decide.decision USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT * INTO h FROM pepsi.list_held x WHERE x.id = held FOR UPDATE;
     IF NOT FOUND THEN
         RETURN format('no held post %s', held);
     ELSIF h.decision IS NOT NULL THEN
         RETURN format('held post %s was already decided (%s)', held, h.decision);
-    ELSIF by IS NOT NULL AND NOT EXISTS (SELECT FROM pepsi.list_role r
-                                         WHERE r.list_id = h.list_id AND r.address = lower(by)) THEN
-        RETURN format('%s is not a moderator or owner of the list', by);
+    ELSIF actor IS NOT NULL AND NOT EXISTS (SELECT FROM pepsi.list_role r
+                                         WHERE r.list_id = h.list_id AND r.address = lower(actor)) THEN
+        RETURN format('%s is not a moderator or owner of the list', actor);
     END IF;
-    UPDATE pepsi.list_held x SET decision = list_decide.decision, decided_by = coalesce(lower(by), pepsi.event_principal()),
+    UPDATE pepsi.list_held x SET decision = list_decide.decision, decided_by = coalesce(lower(actor), pepsi.event_principal()),
         decided_at = now() WHERE x.id = held;
     PERFORM pepsi.queue_release(ARRAY[h.workqueue_id]);
-    PERFORM pepsi.event_log_write('list_' || decision,
-        jsonb_build_object('held', held, 'list', h.list_id, 'sender', h.sender, 'by', coalesce(lower(by), 'operator')));
+    PERFORM pepsi.event_log_write('list_' || list_decide.decision,
+        jsonb_build_object('held', held, 'list', h.list_id, 'sender', h.sender, 'by', coalesce(lower(actor), 'operator')));
     RETURN NULL;
 END
 $$;
 
 -- A moderator's reply carrying the token of a held post.
-CREATE FUNCTION pepsi.list_decide_by_token(token text, decision text, by text) RETURNS text
+CREATE FUNCTION pepsi.list_decide_by_token(token text, decision text, actor text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     held bigint;
@@ -5114,14 +5115,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'the token names no held post';
     END IF;
-    RETURN pepsi.list_decide(held, decision, coalesce(by, ''));
+    RETURN pepsi.list_decide(held, list_decide_by_token.decision, coalesce(actor, ''));
 END
 $$;
 
 -- Add address to list now (an operator, or a confirmed request).  False
 -- when it was a member already.
 CREATE FUNCTION pepsi.list_member_add(list bigint, address text, delivery text DEFAULT 'each',
-                                      display_name text DEFAULT NULL, by text DEFAULT NULL) RETURNS boolean
+                                      display_name text DEFAULT NULL, actor text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     added boolean;
@@ -5130,25 +5131,26 @@ BEGIN
         RAISE EXCEPTION '% is banned from list %', address, list USING ERRCODE = 'insufficient_privilege';
     END IF;
     INSERT INTO pepsi.list_member AS m (list_id, address, delivery, display_name)
-    VALUES (list, lower(address), coalesce(delivery, 'each'), display_name)
-    ON CONFLICT (list_id, address) DO NOTHING;
+    VALUES (list, lower(list_member_add.address), coalesce(list_member_add.delivery, 'each'),
+            list_member_add.display_name)
+    ON CONFLICT ON CONSTRAINT list_member_pkey DO NOTHING;
     added := FOUND;
     IF added THEN
         PERFORM pepsi.event_log_write('list_subscribe',
-            jsonb_build_object('list', list, 'address', lower(address), 'by', coalesce(by, 'operator')));
+            jsonb_build_object('list', list, 'address', lower(list_member_add.address), 'by', coalesce(actor, 'operator')));
     END IF;
     RETURN added;
 END
 $$;
 
 -- Remove address from list.  False when it was not a member.
-CREATE FUNCTION pepsi.list_member_remove(list bigint, address text, by text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION pepsi.list_member_remove(list bigint, address text, actor text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 BEGIN
-    DELETE FROM pepsi.list_member m WHERE m.list_id = list AND m.address = lower(address);
+    DELETE FROM pepsi.list_member m WHERE m.list_id = list AND m.address = lower(list_member_remove.address);
     IF FOUND THEN
         PERFORM pepsi.event_log_write('list_unsubscribe',
-            jsonb_build_object('list', list, 'address', lower(address), 'by', coalesce(by, 'operator')));
+            jsonb_build_object('list', list, 'address', lower(list_member_remove.address), 'by', coalesce(actor, 'operator')));
         RETURN true;
     END IF;
     RETURN false;
@@ -5165,20 +5167,22 @@ DECLARE
     token text := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
     member boolean;
 BEGIN
-    IF action NOT IN ('subscribe', 'unsubscribe') THEN
-        RAISE EXCEPTION 'action must be subscribe or unsubscribe, not %', action USING ERRCODE = 'invalid_parameter_value';
+    IF list_request.action NOT IN ('subscribe', 'unsubscribe') THEN
+        RAISE EXCEPTION 'action must be subscribe or unsubscribe, not %', list_request.action USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF ttl IS NULL OR ttl < interval '1 minute' OR ttl > interval '30 days' THEN
         RAISE EXCEPTION 'invalid token lifetime %', ttl
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'From a minute to 30 days.';
     END IF;
-    member := EXISTS (SELECT FROM pepsi.list_member m WHERE m.list_id = list AND m.address = lower(address));
-    IF (action = 'subscribe') = member OR (action = 'subscribe' AND pepsi.list_banned(list, address)) THEN
+    member := EXISTS (SELECT FROM pepsi.list_member m WHERE m.list_id = list
+                      AND m.address = lower(list_request.address));
+    IF (list_request.action = 'subscribe') = member
+       OR (list_request.action = 'subscribe' AND pepsi.list_banned(list, list_request.address)) THEN
         RETURN NULL;
     END IF;
     DELETE FROM pepsi.list_pending p WHERE p.expires_at < now() - interval '1 day';
     INSERT INTO pepsi.list_pending (token_hash, list_id, address, action, expires_at)
-    VALUES (sha256(convert_to(token, 'UTF8')), list, lower(address), action, now() + ttl);
+    VALUES (sha256(convert_to(token, 'UTF8')), list, lower(list_request.address), list_request.action, now() + ttl);
     RETURN token;
 END
 $$;
@@ -5192,7 +5196,7 @@ DECLARE
 BEGIN
     DELETE FROM pepsi.list_pending x
     WHERE x.token_hash = sha256(convert_to(coalesce(token, ''), 'UTF8')) AND x.list_id = list
-      AND x.address = lower(address)
+      AND x.address = lower(list_confirm.address)
     RETURNING * INTO p;
     IF NOT FOUND THEN
         RETURN 'the token is not one this address was sent for this list, or was used';
@@ -5234,11 +5238,12 @@ DECLARE
 BEGIN
     SELECT * INTO l FROM pepsi.mailing_list x WHERE x.id = list;
     INSERT INTO pepsi.list_bounce (list_id, address, status, diagnostic)
-    VALUES (list, lower(address), left(status, 32), left(diagnostic, 1000));
+    VALUES (list, lower(list_bounce_record.address), left(list_bounce_record.status, 32),
+            left(list_bounce_record.diagnostic, 1000));
     UPDATE pepsi.list_member x
     SET bounce_score = CASE WHEN x.last_bounce_at < now() - l.bounce_reset THEN 0 ELSE x.bounce_score END + weight,
         last_bounce_at = now()
-    WHERE x.list_id = list AND x.address = lower(address)
+    WHERE x.list_id = list AND x.address = lower(list_bounce_record.address)
     RETURNING * INTO m;
     IF NOT FOUND THEN
         RETURN jsonb_build_object('member', false);
@@ -5268,10 +5273,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp A
 DECLARE
     list bigint;
 BEGIN
-    INSERT INTO pepsi.mailing_list (address, description) VALUES (lower(address), coalesce(description, ''))
-    RETURNING id INTO list;
+    INSERT INTO pepsi.mailing_list AS l (address, description)
+    VALUES (lower(list_create.address), coalesce(list_create.description, ''))
+    RETURNING l.id INTO list;
     INSERT INTO pepsi.list_role VALUES (list, lower(owner), 'owner');
-    PERFORM pepsi.event_log_write('list_create', jsonb_build_object('list', list, 'address', lower(address),
+    PERFORM pepsi.event_log_write('list_create', jsonb_build_object('list', list, 'address', lower(list_create.address),
                                                                     'owner', lower(owner)));
     RETURN list;
 END
@@ -5282,6 +5288,8 @@ $$;
 -- NULL to reset it; audited.
 CREATE FUNCTION pepsi.list_configure(list bigint, setting text, value text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    changed integer;
 BEGIN
     IF setting NOT IN ('description', 'posting_policy', 'subject_tag', 'header_text', 'footer_text', 'verp',
                        'dmarc_mitigation', 'bounce_threshold', 'bounce_reset', 'unsubscribe_url') THEN
@@ -5296,7 +5304,8 @@ BEGIN
                        CASE setting WHEN 'verp' THEN 'boolean' WHEN 'bounce_threshold' THEN 'real'
                                     WHEN 'bounce_reset' THEN 'interval' ELSE 'text' END) USING list, value;
     END IF;
-    IF NOT FOUND THEN
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
         RAISE EXCEPTION 'no mailing list %', list USING ERRCODE = 'no_data_found';
     END IF;
     PERFORM pepsi.event_log_write('list_configure',
@@ -5309,13 +5318,13 @@ CREATE FUNCTION pepsi.list_role_set(list bigint, address text, role text, presen
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 BEGIN
     IF present THEN
-        INSERT INTO pepsi.list_role VALUES (list, lower(address), role) ON CONFLICT DO NOTHING;
+        INSERT INTO pepsi.list_role VALUES (list, lower(list_role_set.address), list_role_set.role) ON CONFLICT DO NOTHING;
     ELSE
-        DELETE FROM pepsi.list_role r WHERE r.list_id = list AND r.address = lower(address)
+        DELETE FROM pepsi.list_role r WHERE r.list_id = list AND r.address = lower(list_role_set.address)
                                         AND r.role = list_role_set.role;
     END IF;
     PERFORM pepsi.event_log_write(CASE WHEN present THEN 'list_role_add' ELSE 'list_role_remove' END,
-        jsonb_build_object('list', list, 'address', lower(address), 'role', role));
+        jsonb_build_object('list', list, 'address', lower(list_role_set.address), 'role', list_role_set.role));
 END
 $$;
 

@@ -168,6 +168,7 @@ post_headers(struct pepsi_ctx *ctx, json_t *resolved, const char *author, struct
 	*rewrote_from = strict && from && strcmp(mitigation, "from") == 0;
 	if (tag && subject && strcasestr(subject, tag) == NULL)
 	{
+		buf_reset(&next);
 		header_remove(work.data, work.len, "Subject", &next);
 		buf_reset(&work);
 		buf_append(&work, next.data, next.len);
@@ -327,6 +328,7 @@ list_post(struct pepsi_ctx *ctx, json_t *resolved)
 	char			  list_id[32];
 	char			 *moderated = NULL;
 	bool			  failed;
+	bool			  accepted;
 	int				  rc = -1;
 
 	if (headers == NULL || pepsi_body(ctx) == NULL)
@@ -361,8 +363,11 @@ list_post(struct pepsi_ctx *ctx, json_t *resolved)
 		const char *decision = json_string_value(json_object_get(verdict, "decision"));
 		const char *reason = json_string_value(json_object_get(verdict, "reason"));
 
-		if (verdict == NULL)
+		if (verdict == NULL || decision == NULL)
+		{
+			json_decref(verdict);
 			goto out;
+		}
 		if (strcmp(decision, "hold") == 0)
 			rc = post_hold(ctx, resolved, author, reason);
 		else if (strcmp(decision, "reject") == 0)
@@ -371,8 +376,9 @@ list_post(struct pepsi_ctx *ctx, json_t *resolved)
 					  pepsi_id(ctx), list, author, reason);
 			rc = pepsi_finish(ctx);
 		}
+		accepted = strcmp(decision, "accept") == 0;
 		json_decref(verdict);
-		if (strcmp(decision, "accept") != 0)
+		if (!accepted)
 			goto out;
 	}
 	{
