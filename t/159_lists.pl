@@ -325,6 +325,53 @@ $seen{ ($_->{env} =~ /RCPT TO:<([^>]+)>/)[0] . ' ' . (($_->{data} =~ /^Subject: 
   for peer_messages($peer);
 is(join(',', grep { $seen{$_} > 1 } sort keys %seen), '', 'no subscriber got any message twice');
 
+# 9. pepsi-list: import Mailman's and mlmmj's member lists, export them,
+# moderate and re-enable from the command line; each change audited.
+sql('CREATE ROLE operator LOGIN IN ROLE pepsi_config');
+my $tool_config = operator_config($node, $config, 'operator');
+sub tool
+{
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ pepsi_bin('pepsi-list'), '-C', $tool_config, @_ ], '>', \$out, '2>', \$err);
+	return ($ok, $out, $err);
+}
+my ($ok, $out, $err) = tool('create', 'ops@lists.test', 'owner@local.test', 'Operations');
+ok($ok, 'pepsi-list create') or diag($err);
+PostgreSQL::Test::Utils::append_to_file("$tmp/mailman.txt", "Fred Flintstone <fred\@one.test>\nwilma\@two.test\n");
+PostgreSQL::Test::Utils::append_to_file("$tmp/mlmmj-subscribers", "barney\@one.test\n");
+PostgreSQL::Test::Utils::append_to_file("$tmp/bad.txt", "pebbles\@one.test\nnot an address\n");
+($ok, $out, $err) = tool('import', 'ops@lists.test', "$tmp/mailman.txt");
+like($out, qr/^2 member\(s\) added$/m, 'imports Mailman\'s list_members output') or diag($err);
+($ok, $out) = tool('import', 'ops@lists.test', "$tmp/mlmmj-subscribers");
+like($out, qr/^1 member\(s\) added$/m, 'and an mlmmj subscribers.d file');
+($ok, $out, $err) = tool('import', 'ops@lists.test', "$tmp/bad.txt");
+ok(!$ok, 'a bad line refuses the import');
+like($err, qr/bad\.txt:2: <not an address> refused: nothing imported/, 'naming the file and line');
+is(sql("SELECT string_agg(address || ':' || coalesce(display_name, ''), ' ' ORDER BY address) FROM pepsi.list_member m"
+	  . " JOIN pepsi.mailing_list l ON l.id = m.list_id WHERE l.address = 'ops\@lists.test'"),
+	'barney@one.test: fred@one.test:Fred Flintstone wilma@two.test:', 'and nothing of it is in');
+($ok, $out) = tool('export', 'ops@lists.test', 'mailman');
+is($out, "barney\@one.test\n\"Fred Flintstone\" <fred\@one.test>\nwilma\@two.test\n", 'exports Mailman\'s format');
+($ok, $out) = tool('export', 'ops@lists.test', 'mlmmj');
+is($out, "barney\@one.test\nfred\@one.test\nwilma\@two.test\n", 'and mlmmj\'s');
+$count = () = peer_messages($peer);
+post(from => 'mallory@client.test', to => 'ops@lists.test', subject => 'to be rejected');
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE subject = 'to be rejected'") eq '1' }, 60),
+	'a non-member\'s post to it is held');
+my $held = sql("SELECT id FROM pepsi.list_held WHERE subject = 'to be rejected'");
+($ok, $out) = tool('held', 'ops@lists.test');
+like($out, qr/mallory\@client\.test/, 'pepsi-list held shows it');
+($ok, $out, $err) = tool('reject', $held);
+ok($ok, 'pepsi-list reject') or diag($err);
+ok(settled(), 'settled');
+is(scalar(() = grep { $_->{data} =~ /to be rejected/ } peer_messages($peer)), 0, 'the rejected post is not sent');
+ok(file_shows($d->{log}, qr/the held post from <mallory\@client\.test> was rejected by a moderator: dropped/), 'logged');
+($ok, $out) = tool('enable', 'dev@lists.test', 'carol@two.test');
+is(sql("SELECT coalesce(disabled, 'enabled') || ' ' || bounce_score FROM pepsi.list_member WHERE address = 'carol\@two.test'"),
+	'enabled 0', 'pepsi-list enable starts delivery to carol again');
+is(sql("SELECT string_agg(DISTINCT action, ' ' ORDER BY action) FROM pepsi.event_log WHERE principal = 'operator'"),
+	'list_create list_member_enable list_reject list_subscribe', 'every change by pepsi-list is audited');
+
 stop_dispatcher($httpd);
 stop_dispatcher($d);
 kill 'TERM', $ingress->{pid};

@@ -5157,6 +5157,22 @@ BEGIN
 END
 $$;
 
+-- Start delivery to a member again (stopped by bounces or an owner),
+-- its bounce score cleared; audited.  False when it is not a member.
+CREATE FUNCTION pepsi.list_member_enable(list bigint, address text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    UPDATE pepsi.list_member m SET disabled = NULL, bounce_score = 0
+    WHERE m.list_id = list AND m.address = lower(list_member_enable.address);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pepsi.event_log_write('list_member_enable',
+        jsonb_build_object('list', list, 'address', lower(list_member_enable.address)));
+    RETURN true;
+END
+$$;
+
 -- A subscribe or unsubscribe request by mail: the token that confirms it
 -- within ttl (only its hash is kept); NULL when there is nothing to
 -- confirm (already a member, or not one), or the address is banned.
@@ -5354,10 +5370,11 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_config', 'function', 'list_role_set', '{EXECUTE}'),
     ('pepsi_config', 'function', 'list_member_add', '{EXECUTE}'),
     ('pepsi_config', 'function', 'list_member_remove', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'list_member_enable', '{EXECUTE}'),
     ('pepsi_config', 'function', 'list_decide', '{EXECUTE}');
 INSERT INTO pepsi.grant_definer (name) VALUES ('list_addresses'), ('list_resolve'),
     ('list_post_check'), ('list_fanout'), ('list_hold'), ('list_held_decision'),
-    ('list_decide'), ('list_decide_by_token'), ('list_member_add'), ('list_member_remove'), ('list_request'),
+    ('list_decide'), ('list_decide_by_token'), ('list_member_add'), ('list_member_remove'), ('list_member_enable'), ('list_request'),
     ('list_confirm'), ('list_unsubscribe_one_click'), ('list_bounce_record'), ('list_owners'), ('list_create'),
     ('list_configure'), ('list_role_set');
 INSERT INTO pepsi.grant_owner (name) VALUES ('list_banned'), ('list_member_token');
