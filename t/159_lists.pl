@@ -320,6 +320,8 @@ ok(settled(), 'settled');
 ($copy) = received('alice@client.test', 'no id');
 like($copy->{data}, qr/^Message-ID: <[^>]+\.list\@lists\.test>\r$/m, 'with one the list gave it');
 ok(file_shows($d->{log}, qr/has no Message-ID: given one/), 'logged');
+post(to => 'dev-owner@lists.test', subject => 'for the owner');
+ok(poll_until(sub { grep { /^Subject: for the owner\r$/m } notices() }, 60), 'mail to dev-owner@ reaches the owner');
 my %seen;
 $seen{ ($_->{env} =~ /RCPT TO:<([^>]+)>/)[0] . ' ' . (($_->{data} =~ /^Subject: (.*)\r$/m)[0] // '') }++
   for peer_messages($peer);
@@ -347,7 +349,7 @@ like($out, qr/^1 member\(s\) added$/m, 'and an mlmmj subscribers.d file');
 ($ok, $out, $err) = tool('import', 'ops@lists.test', "$tmp/bad.txt");
 ok(!$ok, 'a bad line refuses the import');
 like($err, qr/bad\.txt:2: <not an address> refused: nothing imported/, 'naming the file and line');
-is(sql("SELECT string_agg(address || ':' || coalesce(display_name, ''), ' ' ORDER BY address) FROM pepsi.list_member m"
+is(sql("SELECT string_agg(m.address || ':' || coalesce(m.display_name, ''), ' ' ORDER BY m.address) FROM pepsi.list_member m"
 	  . " JOIN pepsi.mailing_list l ON l.id = m.list_id WHERE l.address = 'ops\@lists.test'"),
 	'barney@one.test: fred@one.test:Fred Flintstone wilma@two.test:', 'and nothing of it is in');
 ($ok, $out) = tool('export', 'ops@lists.test', 'mailman');
@@ -366,11 +368,27 @@ ok($ok, 'pepsi-list reject') or diag($err);
 ok(settled(), 'settled');
 is(scalar(() = grep { $_->{data} =~ /to be rejected/ } peer_messages($peer)), 0, 'the rejected post is not sent');
 ok(file_shows($d->{log}, qr/the held post from <mallory\@client\.test> was rejected by a moderator: dropped/), 'logged');
+# Without VERP: one row per destination domain.
+($ok, $out, $err) = tool('set', 'ops@lists.test', 'verp', 'false');
+ok($ok, 'pepsi-list set verp false') or diag($err);
+($ok, $out, $err) = tool('set', 'ops@lists.test', 'posting_policy', 'sometimes');
+like($err, qr/posting_policy/, 'a bad setting value is refused, naming the setting');
+post(from => 'owner@local.test', to => 'ops@lists.test', subject => 'per domain');
+ok(poll_until(sub { file_shows($d->{log}, qr/list 2: the post goes out on 2 row\(s\)/) }, 60),
+	'an owner\'s post to a non-VERP list is split into one row per domain (two)') or why_not();
+ok(poll_until(sub { scalar(grep { $_->{data} =~ /^Subject: per domain/m } peer_messages($peer)) == 3 }, 60),
+	'it reaches the three members');
+my @per_domain = grep { $_->{data} =~ /^Subject: per domain/m } peer_messages($peer);
+is(scalar(grep { $_->{env} =~ /^MAIL FROM:<ops-bounces\@lists\.test>/m } @per_domain), 3, 'from list-bounces@');
+my ($one) = @per_domain;
+like($one->{data}, qr/^List-Unsubscribe: <mailto:ops-unsubscribe\@lists\.test>\r$/m, 'with a mailto List-Unsubscribe');
+unlike($one->{data}, qr/^List-Unsubscribe-Post/m, 'and no one-click');
+ok(settled(), 'settled');
 ($ok, $out) = tool('enable', 'dev@lists.test', 'carol@two.test');
 is(sql("SELECT coalesce(disabled, 'enabled') || ' ' || bounce_score FROM pepsi.list_member WHERE address = 'carol\@two.test'"),
 	'enabled 0', 'pepsi-list enable starts delivery to carol again');
 is(sql("SELECT string_agg(DISTINCT action, ' ' ORDER BY action) FROM pepsi.event_log WHERE principal = 'operator'"),
-	'list_create list_member_enable list_reject list_subscribe', 'every change by pepsi-list is audited');
+	'list_configure list_create list_member_enable list_reject list_subscribe queue_release', 'every change by pepsi-list is audited');
 
 stop_dispatcher($httpd);
 stop_dispatcher($d);
