@@ -63,6 +63,7 @@ ZONE
 
 my $peer = start_peer();
 my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $plain_port = PostgreSQL::Test::Cluster::get_free_port();
 my $http_port = PostgreSQL::Test::Cluster::get_free_port();
 my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
 my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
@@ -108,6 +109,9 @@ ADDRESS = 127.0.0.1
 PORT = $port
 MESSAGE_AUTHENTICATION = on
 TRUSTED_MESSAGE_AUTHENTICATION = on
+[listener-plain]
+ADDRESS = 127.0.0.1
+PORT = $plain_port
 [httpd]
 ADDRESS = 127.0.0.1
 PORT = $http_port
@@ -153,7 +157,7 @@ sub post
 		$signer->CLOSE;
 		$message = $signer->signature->as_string . "\r\n" . $message;
 	}
-	my $c = SmtpClient->new($port);
+	my $c = SmtpClient->new($m{port} // $port);
 	$c->command('EHLO mx.client.test');
 	$c->command('MAIL FROM:<' . ($m{mail_from} // $from) . '>');
 	my $rcpt = $c->command("RCPT TO:<$to>");
@@ -266,6 +270,13 @@ my ($d_domain) = $copy->{data} =~ /^DKIM-Signature:.*?\bd=([^;\s]+)/ms;
 is($d_domain, 'lists.test', 'd= is the From: domain: DMARC aligned');
 ok(file_shows($d->{log}, qr/From: <sam\@strict\.test> rewritten to the list \(its domain's DMARC policy is reject\)/),
 	'logged');
+
+# Through a listener that checks nothing, the stage looks the policy up.
+post(port => $plain_port, from => 'sam@strict.test', from_field => 'Sam <sam@strict.test>', subject => 'unchecked');
+ok(poll_until(sub { scalar(received('carol@two.test', 'unchecked')) == 1 }, 60), 'an unchecked post goes out')
+  or why_not();
+($copy) = received('carol@two.test', 'unchecked');
+like($copy->{data}, qr/^From: "Sam via dev" <dev\@lists\.test>\r$/m, 'its From: rewritten by the DNS lookup of the policy');
 
 # 6. Subscribe by mail: nothing until confirmed.
 ($rcpt, $data) = post(from => 'dave@client.test', to => 'dev-subscribe@lists.test', subject => 'join');

@@ -8,7 +8,7 @@
  * pepsi.list_decide releases it), or dropped.  An accepted post gets the
  * RFC 2369 / RFC 2919 fields, the subject tag, the footer, and, when its
  * author's domain publishes DMARC p=reject or quarantine (ingress's verdict,
- * state.auth.dmarc), From: rewritten to the list; it then leaves from
+ * state.auth.dmarc, else a lookup), From: rewritten to the list; it then leaves from
  * list-bounces@ as the list's own mail (state.origin.trust "list", which
  * pepsi-stage-dkim-sign signs with the list's domain), and is split into
  * one row per subscriber, or per domain, on its second pass.
@@ -19,9 +19,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "auth/dmarc.h"
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "dns/dns.h"
 #include "list.h"
 #include "message/header.h"
 #include "message/origin.h"
@@ -91,13 +93,62 @@ post_display_name(const char *from)
 	return name;
 }
 
-/* Does From:'s domain ask receivers to refuse mail that fails DMARC (ingress's verdict)? */
+/* The DMARC policy of domain's record (_dmarc.name), for a subdomain its sp; NULL when none. */
 static const char *
-post_dmarc_strict(struct pepsi_ctx *ctx)
+post_dmarc_record(struct dns_resolver *resolver, const char *name, bool subdomain)
 {
-	json_t	   *dmarc = json_object_get(json_object_get(pepsi_state(ctx), "auth"), "dmarc");
-	const char *policy = json_string_value(json_object_get(dmarc, "policy.dmarc"));
+	static const char *const names[] = {"none", "quarantine", "reject"};
+	struct dns_answer		 answer;
+	struct dmarc_record		 record;
+	const char				*why;
+	const char				*policy = NULL;
+	char					 query[300];
 
+	snprintf(query, sizeof(query), "_dmarc.%s", name);
+	dns_resolve_sync(resolver, query, DNS_TYPE_TXT, &answer);
+	for (size_t i = 0; answer.status == DNS_OK && i < answer.count && policy == NULL; i++)
+		if (answer.records[i].type == DNS_TYPE_TXT && answer.records[i].text
+			&& dmarc_record_parse(answer.records[i].text, answer.records[i].len, &record, &why))
+			policy = names[subdomain ? record.sp : record.p];
+	dns_answer_free(&answer);
+	return policy;
+}
+
+/*
+ * Does From:'s domain ask receivers to refuse mail that fails DMARC?
+ * Ingress's verdict (state.auth.dmarc) when it made one, else a lookup
+ * of the domain's record, or its organizational domain's.
+ */
+static const char *
+post_dmarc_strict(struct pepsi_ctx *ctx, const char *author)
+{
+	static struct dns_resolver *resolver;
+	json_t					   *dmarc = json_object_get(json_object_get(pepsi_state(ctx), "auth"), "dmarc");
+	const char				   *policy = json_string_value(json_object_get(dmarc, "policy.dmarc"));
+	const char				   *domain = strrchr(author, '@') + 1;
+
+	if (policy == NULL)
+	{
+		char			  err[512];
+		struct dns_config dns;
+
+		if (resolver == NULL && dns_config_load(pepsi_config(ctx), &dns, err, sizeof(err)))
+		{
+			resolver = dns_resolver_new(NULL, &dns, err, sizeof(err));
+			dns_config_free(&dns);
+		}
+		if (resolver == NULL)
+			log_warnx("%s: row %lld: no DMARC verdict from ingress and no resolver to look one up: %s",
+					  pepsi_queue_id(ctx), pepsi_id(ctx), err);
+		else if ((policy = post_dmarc_record(resolver, domain, false)) == NULL)
+		{
+			char *organization = dmarc_organizational_domain(domain);
+
+			if (organization && strcasecmp(organization, domain) != 0)
+				policy = post_dmarc_record(resolver, organization, true);
+			free(organization);
+		}
+	}
 	if (policy && (strcmp(policy, "reject") == 0 || strcmp(policy, "quarantine") == 0))
 		return policy;
 	return NULL;
@@ -145,7 +196,7 @@ post_headers(struct pepsi_ctx *ctx, json_t *resolved, const char *author, struct
 	const char		 *tag = json_string_value(json_object_get(resolved, "subject_tag"));
 	const char		 *policy = json_string_value(json_object_get(resolved, "posting_policy"));
 	const char		 *mitigation = json_string_value(json_object_get(resolved, "dmarc_mitigation"));
-	const char		 *strict = post_dmarc_strict(ctx);
+	const char		 *strict = post_dmarc_strict(ctx, author);
 	char			 *subject = header_get(headers->data, headers->len, "Subject");
 	char			 *from = header_get(headers->data, headers->len, "From");
 	char			 *reply_to = header_get(headers->data, headers->len, "Reply-To");
