@@ -58,8 +58,20 @@ post_loop(const struct buf *headers, const char *list)
 	header_get_all(headers->data, headers->len, "X-Loop", &loops);
 	if (list_id && strcasestr(list_id, bracketed))
 		why = "it carries this list's own List-Id";
-	else if (loops.len > 0 && strcasestr(loops.data, list))
-		why = "its X-Loop names this list";
+	else if (loops.len > 0)
+	{
+		char **addresses = NULL;
+		size_t count = 0;
+
+		header_addresses(loops.data, &addresses, &count);
+		for (size_t i = 0; i < count; i++)
+		{
+			if (strcasecmp(addresses[i], list) == 0)
+				why = "its X-Loop names this list";
+			free(addresses[i]);
+		}
+		free(addresses);
+	}
 	free(list_id);
 	free(id);
 	free(bracketed);
