@@ -191,7 +191,7 @@ sub why_not
 
 # 1. Ingress: the list's addresses exist, others of its domain do not.
 ok(poll_until(sub { (post(to => 'dev-request@lists.test', raw => "Subject: help\r\n\r\nhelp\r\n"))[0] =~ /^250/ }, 30),
-	'ingress takes RCPT to dev-request@');
+	'ingress takes RCPT to dev-request@') or diag(slurp("$tmp/ingress.log"));
 like((post(to => 'dev-bounces+bob=one.test@lists.test', raw => "Subject: x\r\n\r\nx\r\n"))[0], qr/^250/,
 	'and to a -bounces+ (VERP) address');
 like((post(to => 'nosuch@lists.test'))[0], qr/^550 5\.1\.1/, 'and refuses another address of the list domain');
