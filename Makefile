@@ -607,6 +607,8 @@ SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
                     pepsi-stage-discard pepsi-stage-if pepsi-stage-route pepsi-stage-bounce \
                     pepsi-stage-relay-to-internet pepsi-stage-relay-to-maildir pepsi-stage-relay-to-smarthost \
                     $(HELPERS) pepsi-test-probe
+# The mailing lists' programs (t/165_lists.pl).
+SANITIZE_PROGRAMS += pepsi-httpd pepsi-list pepsi-stage-list pepsi-stage-dkim-sign
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \

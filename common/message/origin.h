@@ -8,6 +8,8 @@
  *   untrusted         pepsi-ingress: anyone else
  *   local             pepsi-sendmail: local submission
  *   pepsi             mail Pepsi makes itself: DSNs, vacation replies
+ *   list              pepsi-stage-list: a post it accepted and sends as the
+ *                     list's own mail (state.origin.domain: the list's domain)
  *
  * A row without the field, or with another value, is untrusted.  What
  * trusts it: pepsi-stage-dkim-sign signs only trusted mail (or an
@@ -25,12 +27,16 @@
 #define ORIGIN_TRUST_UNTRUSTED "untrusted"
 #define ORIGIN_TRUST_LOCAL "local"
 #define ORIGIN_TRUST_PEPSI "pepsi"
+#define ORIGIN_TRUST_LIST "list"
 
 /* state.origin.trust of state as written, or NULL when there is none. */
 const char *origin_trust(const json_t *state);
 
 /* Is the message of state from inside the trust boundary? */
 bool origin_trusted(const json_t *state);
+
+/* The list's domain of a list post (trust "list"), which signs it; else NULL. */
+const char *origin_list_domain(const json_t *state);
 
 /*
  * The state.origin of a message Pepsi makes itself ("pepsi", and the

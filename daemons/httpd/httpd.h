@@ -120,5 +120,7 @@ enum MHD_Result confirm_route(struct request *req);
 
 /* setup_web.c: /setup, /api/setup and /api/setup/log, the first-run setup page. */
 enum MHD_Result setup_web_route(struct request *req);
+/* list_unsubscribe.c: RFC 8058 one-click unsubscribe (/list/unsubscribe). */
+enum MHD_Result list_unsubscribe_route(struct request *req);
 
 #endif

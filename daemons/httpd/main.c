@@ -258,6 +258,8 @@ httpd_dispatch(struct request *req)
 		return setup_web_route(req);
 	if (strcmp(req->path, "/confirm") == 0)
 		return confirm_route(req);
+	if (strcmp(req->path, "/list/unsubscribe") == 0)
+		return list_unsubscribe_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

@@ -88,6 +88,11 @@ void quota_gate_start(double interval);
 void quota_gate_stop(void);
 bool quota_gate_full(const char *address);
 
+/* list_rcpt.c: the mailing lists' addresses, read with the virtual mailboxes. */
+extern const char	   list_rcpt_query[];
+void				   list_rcpt_set(const PGresult *res);
+enum smtp_rcpt_verdict list_rcpt_check(const char *address, enum smtp_rcpt_verdict verdict);
+
 /* srs_rcpt.c: the SRS reverse path ([srs]), smtp_policy.srs_reverse when enabled. */
 bool srs_rcpt_init(const struct pepsi_config *cfg, char *err, size_t errlen);
 /* [ingress] SRS_FAILURE_LIMIT and SRS_FAILURE_WINDOW, at start and on reload. */

@@ -19,8 +19,10 @@ static struct
 {
 	struct pgconn *conn;
 	ev_timer	   tick;
-	bool		   due;	   /* a read is wanted: the tick came, or (re)connected */
-	bool		   warned; /* one warning per outage, not one per tick */
+	bool		   due;			  /* a read is wanted: the tick came, or (re)connected */
+	bool		   warned;		  /* one warning per outage, not one per tick */
+	bool		   lists;		  /* the mailing lists' addresses are to be read next */
+	bool		   reading_lists; /* ... and this is their read */
 } refresh;
 
 static void
@@ -40,6 +42,7 @@ refresh_query(void)
 	if (!refresh.due || pgconn_state(refresh.conn) != PGCONN_IDLE)
 		return;
 	refresh.due = false;
+	refresh.lists = true;
 	pgconn_send(refresh.conn, local_virtual_query, 0, NULL, NULL, NULL);
 }
 
@@ -52,6 +55,13 @@ refresh_on_setup(struct pgconn *c)
 static void
 refresh_on_ready(struct pgconn *c)
 {
+	if (refresh.lists)
+	{
+		refresh.lists = false;
+		refresh.reading_lists = true;
+		pgconn_send(refresh.conn, list_rcpt_query, 0, NULL, NULL, NULL);
+		return;
+	}
 	refresh_query();
 }
 
@@ -60,6 +70,12 @@ refresh_on_result(struct pgconn *c, int item, PGresult *res)
 {
 	char err[1024];
 
+	if (refresh.reading_lists)
+	{
+		refresh.reading_lists = false;
+		list_rcpt_set(res);
+		return;
+	}
 	if (!local_resolver_set_virtual(ingress.local_recipients, res, err, sizeof(err)))
 	{
 		refresh_warn(err);
@@ -73,6 +89,7 @@ refresh_on_result(struct pgconn *c, int item, PGresult *res)
 static void
 refresh_on_lost(struct pgconn *c, const char *reason)
 {
+	refresh.reading_lists = false;
 	refresh_warn(reason);
 }
 

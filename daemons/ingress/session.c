@@ -855,6 +855,7 @@ session_rcpt_check(const struct smtp_session *smtp, const char *address)
 	enum smtp_rcpt_verdict verdict = relay_control_rcpt(&request, address);
 	char				   reply[700];
 
+	verdict = list_rcpt_check(address, verdict);
 	if (verdict == SMTP_RCPT_ACCEPT && quota_gate_full(address))
 		verdict = SMTP_RCPT_OVER_QUOTA;
 

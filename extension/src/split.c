@@ -23,7 +23,8 @@ PG_FUNCTION_INFO_V1(workqueue_split_off);
 PG_FUNCTION_INFO_V1(workqueue_split_one_per_row);
 
 static const char *const spawn_keys[] = {
-	"token", "stage", "state", "status", "retry_seconds", "rcpt_indices", "rcpt_to", "mail_from"};
+	"token", "stage", "state", "status", "retry_seconds", "rcpt_indices", "rcpt_to", "mail_from",
+	"prepend_headers"};
 
 static JsonbValue *
 spawn_get(JsonbContainer *object, const char *key, JsonbValue *buffer)
@@ -66,7 +67,8 @@ spawn_check_known_keys(JsonbContainer *object, const char *name, int element)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s[%d] has an unknown key \"%.*s\"", name, element,
 							v.val.string.len, v.val.string.val),
-					 errhint("Known keys: token, stage, state, status, retry_seconds, rcpt_indices, rcpt_to, mail_from.")));
+					 errhint("Known keys: token, stage, state, status, retry_seconds, rcpt_indices, rcpt_to, mail_from, "
+							 "prepend_headers.")));
 	}
 }
 
@@ -111,6 +113,41 @@ spawn_check_indices(JsonbValue *value, const char *name, int element, int nrcpt,
 	if (local_taken == NULL)
 		local_taken = palloc0(sizeof(bool) * (nrcpt + 1));
 	check_indices(indices, count, nrcpt, where, local_taken);
+}
+
+/*
+ * prepend_headers: header fields the spawned row gets before the source's
+ * (a list's per-subscriber List-Unsubscribe): whole CRLF-terminated lines,
+ * no other control character, each line a field or its continuation.
+ */
+static void
+spawn_check_header_lines(JsonbValue *value, const char *name, int element)
+{
+	const char *text = spawn_string(value, name, element, "prepend_headers", false);
+	size_t		len = value->val.string.len;
+	bool		line_start = true;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) text[i];
+
+		if (c == '\r' && i + 1 < len && text[i + 1] == '\n' && !line_start)
+		{
+			i++;
+			line_start = true;
+			continue;
+		}
+		if ((c < 0x20 && c != '\t') || c == 0x7f || (line_start && c == ':'))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s[%d].prepend_headers has a malformed header line at byte %zu", name, element, i + 1),
+					 errdetail("Header fields end in CRLF and hold no other control character.")));
+		line_start = false;
+	}
+	if (!line_start)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s[%d].prepend_headers does not end in CRLF", name, element)));
 }
 
 /* A new address of a spawned row: never a control character (see check_address). */
@@ -212,6 +249,8 @@ spawn_validate(Jsonb *spec, SpawnKind kind, int nrcpt, bool *taken, const char *
 			spawn_string(v, name, n, "mail_from", true);
 			spawn_check_chars(v, name, n, "mail_from", 0);
 		}
+		if ((v = spawn_get(object, "prepend_headers", &buffer)) != NULL)
+			spawn_check_header_lines(v, name, n);
 		if ((v = spawn_get(object, "state", &buffer)) != NULL
 			&& (v->type != jbvBinary || !JsonContainerIsObject(v->val.binary.data)))
 			ereport(ERROR,
@@ -347,10 +386,12 @@ spawn_rows(int64 source_id, Jsonb *spec, SpawnKind kind)
 						  "       ELSE w.received_at END,"
 						  "  coalesce(g.mail_from, w.mail_from),"
 						  "  coalesce(g.rcpt_to, pepsi.recipients_subset(w.rcpt_to, g.rcpt_indices::int[]), w.rcpt_to),"
-						  "  w.headers, w.body_id, w.client_address, w.auth_account, g.token"
+						  "  coalesce(convert_to(g.prepend_headers, 'UTF8'), '') || w.headers,"
+						  "  w.body_id, w.client_address, w.auth_account, g.token"
 						  " FROM pepsi.workqueue w,"
 						  "  jsonb_to_recordset($2) AS g(token text, stage text, state jsonb, status text,"
-						  "   retry_seconds float8, rcpt_indices numeric[], rcpt_to text[], mail_from text)"
+						  "   retry_seconds float8, rcpt_indices numeric[], rcpt_to text[], mail_from text,"
+						  "   prepend_headers text)"
 						  " WHERE w.id = $1"
 						  " ON CONFLICT (clone_token) WHERE clone_token IS NOT NULL"
 						  " DO NOTHING RETURNING id, clone_token",

@@ -386,7 +386,7 @@ sign_run(struct pepsi_ctx *ctx)
 			 * messages (DSNs, vacation replies), which have no account
 			 * and whose From: Pepsi wrote.
 			 */
-			if (trust == NULL || strcmp(trust, ORIGIN_TRUST_PEPSI) != 0)
+			if ((trust == NULL || strcmp(trust, ORIGIN_TRUST_PEPSI) != 0) && origin_list_domain(pepsi_state(ctx)) == NULL)
 			{
 				free(from_domain);
 				from_domain = trust && strcmp(trust, ORIGIN_TRUST_AUTHENTICATED) == 0 ? sign_account_domain(ctx) : NULL;
@@ -406,6 +406,12 @@ sign_run(struct pepsi_ctx *ctx)
 			return rc;
 		}
 		domain = from_domain;
+		/* A list's post is the list's mail: its domain signs, whatever From: says (RFC 8058 4). */
+		if (origin_list_domain(pepsi_state(ctx)) != NULL)
+		{
+			free(domain);
+			domain = xstrdup(origin_list_domain(pepsi_state(ctx)));
+		}
 	}
 
 	for (size_t i = 0; i < sign_state.keyring.count && nkeys < SIGN_MAX_KEYS; i++)

@@ -1,0 +1,220 @@
+/*
+ * pepsi-stage-list: mailing lists (docs/pepsi-stage-list.8.md; issue 40).
+ *
+ * Each recipient is looked up in pepsi.mailing_list (pepsi.list_resolve):
+ * list@ is a post (post.c), list-request@, -subscribe@ and -unsubscribe@
+ * are commands and list-bounces@ / list-bounces+user=domain@ bounces
+ * (request.c), list-owner@ is rewritten to the owners.  Recipients of no
+ * list go on to NEXT_STAGE on a row of their own; a second list address
+ * of the same message goes back to this stage on its own row.  A post
+ * passes twice: the first pass decides and rewrites its headers, the
+ * second (state.list.phase "fanout") splits it into the subscribers' rows,
+ * which share its body.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "list.h"
+#include "message/autoreply.h"
+#include "message/header.h"
+#include "message/origin.h"
+#include "runtime/stage.h"
+
+int pepsi_stage_list_main(int argc, char **argv);
+
+void
+list_address_split(const char *address, char **local, char **domain)
+{
+	const char *at = strrchr(address, '@');
+
+	*local = at ? xstrndup(address, (size_t) (at - address)) : xstrdup(address);
+	*domain = xstrdup(at ? at + 1 : "");
+}
+
+char *
+list_from_address(struct pepsi_ctx *ctx)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	char			 *from = headers ? header_get(headers->data, headers->len, "From") : NULL;
+	char			**addresses = NULL;
+	size_t			  count = 0;
+	char			 *address = NULL;
+
+	if (from != NULL)
+		header_addresses(from, &addresses, &count);
+	if (count == 1 && strchr(addresses[0], '@') != NULL)
+	{
+		address = xstrdup(addresses[0]);
+		for (char *p = address; *p; p++)
+			*p = (char) tolower((unsigned char) *p);
+	}
+	for (size_t i = 0; i < count; i++)
+		free(addresses[i]);
+	free(addresses);
+	free(from);
+	return address;
+}
+
+bool
+list_notice(struct pepsi_ctx *ctx, const char *responder, const char *recipient, const char *subject,
+			const char *text, const char *key)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	const char		 *reply_stage = pepsi_option_text(ctx, "REPLY_STAGE");
+	struct buf		  reply_headers = BUF_INIT;
+	struct buf		  reply_body = BUF_INIT;
+	char			  unique[128];
+	char			 *token;
+	json_t			 *state;
+	long long		  id;
+	struct autoreply  reply = {
+		 .responder = responder,
+		 .recipient = recipient,
+		 .subject = subject,
+		 .text = text,
+		 .hostname = config_hostname(pepsi_config(ctx)),
+		 .unique = unique,
+	 };
+
+	snprintf(unique, sizeof(unique), "%lld.list.%s", pepsi_id(ctx), key);
+	autoreply_build(&reply, headers ? headers->data : "", headers ? headers->len : 0, &reply_headers, &reply_body);
+	token = xasprintf("list-%lld-%s-%s", pepsi_id(ctx), key, recipient);
+	state = json_pack("{s:o}", "origin", origin_generated("pepsi-stage-list"));
+	id = pepsi_enqueue_new(ctx, reply_stage ? reply_stage : "init", "", &recipient, 1, reply_headers.data,
+						   reply_headers.len, reply_body.data, reply_body.len, state, token);
+	json_decref(state);
+	free(token);
+	buf_free(&reply_headers);
+	buf_free(&reply_body);
+	if (id >= 0)
+		log_info("%s: row %lld: <%s>: sent <%s> \"%s\" (row %lld)", pepsi_queue_id(ctx), pepsi_id(ctx), responder,
+				 recipient, subject, id);
+	return id >= 0;
+}
+
+/* Mail to list-owner@: to the owners, as it is. */
+static int
+list_to_owners(struct pepsi_ctx *ctx, json_t *resolved, const char *recipient)
+{
+	const char	*values[1];
+	char		 id[32];
+	json_t		*owners;
+	const char **rcpt;
+	size_t		 n;
+	int			 rc;
+
+	snprintf(id, sizeof(id), "%lld", (long long) json_integer_value(json_object_get(resolved, "id")));
+	values[0] = id;
+	owners = pepsi_call_json(ctx, "SELECT pepsi.list_owners($1::bigint)", 1, values);
+	if (owners == NULL)
+		return -1;
+	n = json_array_size(owners);
+	if (n == 0)
+	{
+		log_warnx("%s: row %lld: <%s>: the list has no owner: dropped", pepsi_queue_id(ctx), pepsi_id(ctx),
+				  recipient);
+		json_decref(owners);
+		return pepsi_finish(ctx);
+	}
+	rcpt = xcalloc(n, sizeof(*rcpt));
+	for (size_t i = 0; i < n; i++)
+		rcpt[i] = json_string_value(json_array_get(owners, i));
+	log_info("%s: row %lld: <%s>: to the %zu owner(s)", pepsi_queue_id(ctx), pepsi_id(ctx), recipient, n);
+	rc = pepsi_rewrite_recipients(ctx, rcpt, n, NULL);
+	free(rcpt);
+	json_decref(owners);
+	return rc;
+}
+
+static int
+list_run(struct pepsi_ctx *ctx)
+{
+	json_t	   *list_state = json_object_get(pepsi_state(ctx), "list");
+	const char *phase = json_string_value(json_object_get(list_state, "phase"));
+	size_t		count = pepsi_rcpt_count(ctx);
+	json_t	   *rcpt = json_array();
+	json_t	   *resolved;
+	char	   *rcpt_text;
+	const char *values[1];
+	int		   *others = xcalloc(count + 1, sizeof(int));
+	int		   *more_lists = xcalloc(count + 1, sizeof(int));
+	size_t		nothers = 0;
+	size_t		nmore = 0;
+	size_t		first = count;
+	const char *kind;
+	int			rc = -1;
+
+	if (phase && strcmp(phase, "fanout") == 0)
+	{
+		free(others);
+		free(more_lists);
+		json_decref(rcpt);
+		return list_fan_out(ctx, list_state);
+	}
+	for (size_t i = 0; i < count; i++)
+		json_array_append_new(rcpt, json_string(pepsi_rcpt(ctx, i)));
+	rcpt_text = json_dumps(rcpt, JSON_COMPACT);
+	values[0] = rcpt_text;
+	resolved = pepsi_call_json(ctx,
+							   "SELECT coalesce(jsonb_agg(pepsi.list_resolve(r) ORDER BY n), '[]')"
+							   " FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS x(r, n)",
+							   1, values);
+	free(rcpt_text);
+	json_decref(rcpt);
+	if (resolved == NULL)
+		goto out;
+	for (size_t i = 0; i < count; i++)
+	{
+		if (json_is_null(json_array_get(resolved, i)))
+			others[nothers++] = (int) i + 1;
+		else if (first == count)
+			first = i;
+		else
+			more_lists[nmore++] = (int) i + 1;
+	}
+	if (first == count)
+	{
+		rc = pepsi_advance(ctx);
+		goto out;
+	}
+	if (nothers > 0 && pepsi_split_off_recipients(ctx, others, nothers, pepsi_option_text(ctx, "NEXT_STAGE")) < 0)
+		goto out;
+	if (nmore > 0 && pepsi_split_off_recipients(ctx, more_lists, nmore, pepsi_stage_name(ctx)) < 0)
+		goto out;
+	{
+		json_t	   *one = json_array_get(resolved, first);
+		const char *recipient = pepsi_rcpt(ctx, 0); /* the row now holds it alone */
+
+		kind = json_string_value(json_object_get(one, "kind"));
+		if (strcmp(kind, "post") == 0)
+			rc = list_post(ctx, one);
+		else if (strcmp(kind, "owner") == 0)
+			rc = list_to_owners(ctx, one, recipient);
+		else if (strcmp(kind, "bounces") == 0)
+			rc = list_bounce(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
+		else
+			rc = list_request(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
+	}
+out:
+	json_decref(resolved);
+	free(others);
+	free(more_lists);
+	return rc;
+}
+
+const struct pepsi_stage pepsi_stage_list_stage = {
+	.program = "pepsi-stage-list",
+	.load = PEPSI_LOAD_FULL,
+	.run = list_run,
+};
+
+int
+pepsi_stage_list_main(int argc, char **argv)
+{
+	return pepsi_worker_main(&pepsi_stage_list_stage, argc, argv);
+}
