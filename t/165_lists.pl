@@ -368,6 +368,21 @@ is($out, "barney\@one.test\n\"Fred Flintstone\" <fred\@one.test>\nwilma\@two.tes
 ($ok, $out) = tool('export', 'ops@lists.test', 'mlmmj');
 is($out, "barney\@one.test\nfred\@one.test\nwilma\@two.test\n", 'and mlmmj\'s');
 $count = () = peer_messages($peer);
+# Ingress learns a new list's addresses when it next reads them (on the
+# notification pepsi-list's change sends, or its refresh): ask RCPT alone,
+# no message, until it takes the new list's address.
+sub rcpt_taken
+{
+	my ($to) = @_;
+	my $c = SmtpClient->new($port);
+	$c->command('EHLO mx.client.test');
+	$c->command('MAIL FROM:<probe@client.test>');
+	my $reply = $c->command("RCPT TO:<$to>");
+	$c->command('QUIT');
+	$c->close;
+	return $reply =~ /^250/;
+}
+ok(poll_until(sub { rcpt_taken('ops@lists.test') }, 30), 'ingress takes RCPT to the new list');
 post(from => 'mallory@client.test', to => 'ops@lists.test', subject => 'to be rejected');
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE subject = 'to be rejected'") eq '1' }, 60),
 	'a non-member\'s post to it is held');
