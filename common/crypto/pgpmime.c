@@ -268,27 +268,3 @@ pgpmime_restore(const char *headers, size_t hlen, const char *entity, size_t ele
 	if (sep)
 		buf_append(out_body, sep + skip, elen - (size_t) (sep - entity) - skip);
 }
-
-char *
-pgpmime_from_address(const char *headers, size_t hlen)
-{
-	char  *value = header_get(headers, hlen, "From");
-	char **list = NULL;
-	size_t count = 0;
-	char  *from = NULL;
-
-	if (value)
-		header_addresses(value, &list, &count);
-	if (count == 1)
-	{
-		from = list[0];
-		for (char *c = from; *c; c++)
-			*c = (char) tolower((unsigned char) *c);
-	}
-	else
-		for (size_t i = 0; i < count; i++)
-			free(list[i]);
-	free(list);
-	free(value);
-	return from;
-}

@@ -39,7 +39,4 @@ bool pgpmime_ciphertext(const char *body, size_t blen, struct buf *armored);
 void pgpmime_restore(const char *headers, size_t hlen, const char *entity, size_t elen, const char *extra,
 					 struct buf *out_headers, struct buf *out_body);
 
-/* The one address of the From: field, lower case (free it), or NULL. */
-char *pgpmime_from_address(const char *headers, size_t hlen);
-
 #endif

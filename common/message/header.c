@@ -293,3 +293,26 @@ header_addresses(const char *value, char ***list, size_t *count)
 			p++;
 	}
 }
+
+char *
+header_from_address(const char *headers, size_t len)
+{
+	char  *from = header_get(headers, len, "From");
+	char **list = NULL;
+	size_t count = 0;
+	char  *address = NULL;
+
+	if (from != NULL)
+		header_addresses(from, &list, &count);
+	if (count == 1 && strchr(list[0], '@') != NULL)
+	{
+		address = xstrdup(list[0]);
+		for (char *p = address; *p; p++)
+			*p = (char) tolower((unsigned char) *p);
+	}
+	for (size_t i = 0; i < count; i++)
+		free(list[i]);
+	free(list);
+	free(from);
+	return address;
+}

@@ -30,5 +30,12 @@ size_t header_remove_results_of(const char *headers, size_t len, const char *aut
  * bare addr-spec, groups and comments skipped.  Appends each to *list.
  */
 void header_addresses(const char *value, char ***list, size_t *count);
+/*
+ * The author of a message whose header block is headers: the one address
+ * of its From: field, lowercased (malloc'd), or NULL when there is no
+ * From:, it names none or several, or its address has no '@'.  Who may
+ * change settings, post to a list or sign as an identity is decided on it.
+ */
+char *header_from_address(const char *headers, size_t len);
 
 #endif

@@ -127,7 +127,7 @@ static int
 learn_run(struct pepsi_ctx *ctx)
 {
 	const struct buf *h = pepsi_headers(ctx);
-	char			 *from = h ? pgpmime_from_address(h->data, h->len) : NULL;
+	char			 *from = h ? header_from_address(h->data, h->len) : NULL;
 	char			  why[600] = "";
 	const char		 *result = "none";
 	struct autocrypt  a;

@@ -108,7 +108,7 @@ decrypt_run(struct pepsi_ctx *ctx)
 		goto done;
 	}
 	/* The sender's keys: a correspondent's, or one of ours. */
-	from = pgpmime_from_address(h->data, h->len);
+	from = header_from_address(h->data, h->len);
 	if (from && keystore_peer_key(conn, from, signer_fpr, &signer_key, err, sizeof(err)) == 0)
 		signers[nsigners].data = signer_key.data, signers[nsigners++].len = signer_key.len;
 	if (from && keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err)) == 0)

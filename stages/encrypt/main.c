@@ -178,7 +178,7 @@ encrypt_run(struct pepsi_ctx *ctx)
 		goto done;
 	}
 
-	from = pgpmime_from_address(h->data, h->len);
+	from = header_from_address(h->data, h->len);
 	if (from && (pepsi_option_bool(ctx, "SIGN") || pepsi_option_bool(ctx, "AUTOCRYPT")))
 	{
 		int found = 1;

@@ -40,24 +40,8 @@ char *
 list_from_address(struct pepsi_ctx *ctx)
 {
 	const struct buf *headers = pepsi_headers(ctx);
-	char			 *from = headers ? header_get(headers->data, headers->len, "From") : NULL;
-	char			**addresses = NULL;
-	size_t			  count = 0;
-	char			 *address = NULL;
 
-	if (from != NULL)
-		header_addresses(from, &addresses, &count);
-	if (count == 1 && strchr(addresses[0], '@') != NULL)
-	{
-		address = xstrdup(addresses[0]);
-		for (char *p = address; *p; p++)
-			*p = (char) tolower((unsigned char) *p);
-	}
-	for (size_t i = 0; i < count; i++)
-		free(addresses[i]);
-	free(addresses);
-	free(from);
-	return address;
+	return headers ? header_from_address(headers->data, headers->len) : NULL;
 }
 
 bool

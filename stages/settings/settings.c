@@ -65,30 +65,6 @@ settings_is_command_address(const char *address, const char *local_part)
 		   && strncasecmp(address, local_part, strlen(local_part)) == 0;
 }
 
-/* The one address of the From field, lower case, or NULL. */
-static char *
-settings_from_address(const struct buf *headers)
-{
-	char  *from = header_get(headers->data, headers->len, "From");
-	char **list = NULL;
-	size_t count = 0;
-	char  *owner = NULL;
-
-	if (from != NULL)
-		header_addresses(from, &list, &count);
-	if (count == 1 && strchr(list[0], '@') != NULL)
-	{
-		owner = xstrdup(list[0]);
-		for (char *p = owner; *p; p++)
-			*p = (char) tolower((unsigned char) *p);
-	}
-	for (size_t i = 0; i < count; i++)
-		free(list[i]);
-	free(list);
-	free(from);
-	return owner;
-}
-
 /*
  * How the owner proved to be the From address, or NULL: DMARC pass for
  * its domain (state.auth.dmarc), or an authenticated submission session
@@ -346,7 +322,7 @@ settings_handle(struct pepsi_ctx *ctx, const char *responder)
 
 	if (headers == NULL || body == NULL)
 		ok = false;
-	else if ((owner = settings_from_address(headers)) == NULL)
+	else if ((owner = header_from_address(headers->data, headers->len)) == NULL)
 		log_info("%s: row %lld: <%s>: a command without one From address: dropped", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), responder);
 	else if ((proof = settings_proof(ctx, owner)) == NULL)
