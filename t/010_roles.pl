@@ -29,8 +29,8 @@ is( $node->safe_psql(
 		  . " FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
 	'pepsi_config:false pepsi_crypto:false pepsi_dispatch:false pepsi_httpd:false pepsi_ingress:false'
 	  . ' pepsi_monitor:false'
-	  . ' pepsi_stage:false',
-	'CREATE EXTENSION creates the seven group roles, none able to log in');
+	  . ' pepsi_stage:false pepsi_whitelist:false',
+	'CREATE EXTENSION creates the eight group roles, none able to log in');
 is($node->safe_psql($db, "SELECT pg_has_role('pepsi_dispatch', 'pepsi_stage', 'MEMBER')"),
 	't', 'pepsi_dispatch is a member of pepsi_stage');
 
