@@ -177,8 +177,8 @@ is($rc, 0, 'ann seeds her whitelist') or diag($err);
 like($out, qr/5 addresses found in \Q$sent\E, 5 added/, 'from her sent folder');
 like($err, qr/2\.b\.host: Bcc: "not-an-address" is not an address: left out/, 'the entry that is no address named');
 is(entries($owner{ann}),
-	'carol@sender.test owner,erin@sender.test seed,frank@sender.test seed,grace@sender.test seed,'
-	  . 'heidi@sender.test seed,ivan@sender.test seed', 'To, Cc and Bcc recipients, each once, lower case');
+	'carol@sender.test owner,erin@sender.test sent-folder,frank@sender.test sent-folder,grace@sender.test sent-folder,'
+	  . 'heidi@sender.test sent-folder,ivan@sender.test sent-folder', 'To, Cc and Bcc recipients, each once, lower case');
 
 # Bad input: no Maildir; a message too big; nothing added.
 ($rc, $out, $err) = wl('ben', '-C', $conf, 'seed');

@@ -34,7 +34,7 @@
  * seed runs pepsi-helper-mailbox-scan, by name from this program's own
  * directory (never through PATH), in a child whose ids are all the real
  * user's again, on the user's sent folder (~/[whitelist] SENT_FOLDER);
- * its lines are checked and added in one transaction (source "seed"), so
+ * its lines are checked and added in one transaction (source "sent-folder"), so
  * a failed scan or a refused address adds nothing.
  */
 #include <ctype.h>
@@ -329,7 +329,7 @@ whitelist_seed(PGconn *conn, const struct pepsi_config *cfg, const char *owner, 
 
 		if (strcasecmp(lines[i], owner) == 0)
 			continue; /* one's own address is no sender to confirm */
-		rc = whitelist_change(conn, true, owner, lines[i], "seed", &changed);
+		rc = whitelist_change(conn, true, owner, lines[i], "sent-folder", &changed);
 		added += changed;
 	}
 	res = db_exec(conn, rc == CLI_EX_OK ? "COMMIT" : "ROLLBACK", 0, NULL);
