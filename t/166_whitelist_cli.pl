@@ -29,6 +29,7 @@ use DispatchTest;
 use PepsiTest;
 
 $ENV{PATH} = "$ENV{PATH}:/usr/sbin:/sbin";
+my ($setpriv) = grep { -x } map { "$_/setpriv" } split /:/, $ENV{PATH};
 
 my $db = 'postgres';
 my $node = delivery_node('whitelist_cli');
@@ -93,7 +94,7 @@ sub wl
 	my %env = %{ ref $args[0] eq 'HASH' ? shift @args : {} };
 	my ($out, $err) = ('', '');
 	local %ENV = (%ENV, %env);
-	IPC::Run::run([ 'setpriv', "--reuid=$u{$user}", "--regid=$u{$user}", '--init-groups', '--', $program, @args ],
+	IPC::Run::run([ $setpriv, "--reuid=$u{$user}", "--regid=$u{$user}", '--init-groups', '--', $program, @args ],
 		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
 	return ($? >> 8, $out, $err);
 }
@@ -143,7 +144,7 @@ like($err, qr/refusing the configuration \Q$own\E/, 'named');
 
 # The role's rights: the three functions only; its login only by peer.
 for my $query ('SELECT count(*) FROM pepsi.whitelist', "SELECT pepsi.settings_set('$owner{ann}', 'WHITELIST', 'no')",
-	'SELECT count(*) FROM pepsi.workqueue', "SELECT pepsi.config_set('HOSTNAME', 'x.test')")
+	'SELECT count(*) FROM pepsi.workqueue', 'SELECT pepsi.secretary_expire()')
 {
 	my ($ret, $o, $e) = $node->psql($db, qq{SET ROLE "$account"; $query});
 	like($e, qr/permission denied/, "the role may not: $query");
@@ -172,7 +173,14 @@ sent_message('new', '2.b.host', "From: <$owner{ann}>\r\nTO: erin\@sender.test\r\
 	  . "Subject: two");
 system('chown', '-R', "$u{ann}:", "$homes/$u{ann}/Maildir");
 system('chmod', '-R', 'go-rwx', "$homes/$u{ann}/Maildir");
-($rc, $out, $err) = wl('ann', { PATH => "$homes/$u{ben}" }, '-C', $conf, 'seed');
+# A scanner of the same name first in PATH is not the one run.
+my $decoy = "$homes/$u{ann}/bin";
+make_path($decoy);
+open my $fake, '>', "$decoy/pepsi-helper-mailbox-scan" or die;
+print $fake "#!/bin/sh\necho decoy\@evil.test\n";
+close $fake;
+chmod 0755, $decoy, "$decoy/pepsi-helper-mailbox-scan";
+($rc, $out, $err) = wl('ann', { PATH => "$decoy:/usr/bin:/bin" }, '-C', $conf, 'seed');
 is($rc, 0, 'ann seeds her whitelist') or diag($err);
 like($out, qr/5 addresses found in \Q$sent\E, 5 added/, 'from her sent folder');
 like($err, qr/2\.b\.host: Bcc: "not-an-address" is not an address: left out/, 'the entry that is no address named');
