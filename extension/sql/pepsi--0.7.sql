@@ -5012,8 +5012,11 @@ BEGIN
     IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
         RETURN '{"action": "pass"}';
     END IF;
+    -- FOR NO KEY UPDATE: two decisions of the pair still take turns, but
+    -- another message's secretary_held insert (its foreign key's KEY SHARE
+    -- on this row) no longer waits for this whole call (bench/secretary).
     SELECT * INTO challenge FROM pepsi.secretary_challenge c
-    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
     open_found := FOUND;
     -- A verified reply to the open challenge releases it.
     IF verified AND open_found AND challenge.challenged_at IS NOT NULL AND challenge.expires_at > now() THEN
@@ -5048,7 +5051,7 @@ BEGIN
         IF NOT FOUND THEN
             -- Another message of the pair opened it meanwhile: join that one.
             SELECT * INTO challenge FROM pepsi.secretary_challenge c
-            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
             open_found := true;
         END IF;
     END IF;
