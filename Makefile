@@ -223,7 +223,11 @@ uninstall: uninstall-language
 # it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
 # which make install reads too (install-privileged, below).
 HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
-helper_dirs = $(filter-out $(UNPRIVILEGED_HELPER_DIRS),$(wildcard helpers/*/))
+# pepsi-helper-mailbox-scan carries no bit: pepsi-whitelist execs it by
+# name from its own directory, as the real user (spec 22.2); built like the
+# set-id helpers (libc only), installed 0755 (install-mailbox-scan).
+PLAIN_HELPER_DIRS = helpers/mailbox-scan/
+helper_dirs = $(filter-out $(UNPRIVILEGED_HELPER_DIRS) $(PLAIN_HELPER_DIRS),$(wildcard helpers/*/))
 HELPERS = $(foreach d,$(helper_dirs),pepsi-helper-$(notdir $(d:/=)))
 # Per helper: its stage; the further common/
 # files (HELPER_COMMON_<helper>) and libraries (HELPER_LIBS_<helper>) it
@@ -249,6 +253,17 @@ $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)
 	$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$^ $(HELPER_LIBS_pepsi-helper-$(notdir $(1:/=)))
 endef
 $(foreach d,$(helper_dirs),$(eval $(call helper_rule,$(d))))
+$(foreach d,$(PLAIN_HELPER_DIRS),$(eval $(call helper_rule,$(d))))
+PLAIN_HELPERS = $(foreach d,$(PLAIN_HELPER_DIRS),pepsi-helper-$(notdir $(d:/=)))
+programs: $(addprefix $(B)/bin/,$(PLAIN_HELPERS))
+install-mailbox-scan: programs
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(addprefix $(B)/bin/,$(PLAIN_HELPERS)) $(DESTDIR)$(PREFIX)/bin/
+uninstall-mailbox-scan:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PLAIN_HELPERS))
+install-programs: install-mailbox-scan
+uninstall: uninstall-mailbox-scan
+.PHONY: install-mailbox-scan uninstall-mailbox-scan
 
 programs: $(addprefix $(B)/bin/,$(HELPERS))
 
@@ -274,7 +289,11 @@ SETUID_STAGES = pepsi-stage-encrypt pepsi-stage-decrypt
 # to the writer's caller group, as its stage; pepsi.quota's other commands
 # need no privilege.
 SETGID_TOOLS = pepsi-quota
-SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES) $(SETGID_TOOLS)
+# pepsi-whitelist is set-user-id pepsi-whitelist: that account's peer
+# authentication is the one way into the role pepsi_whitelist, and the
+# program acts only for its real user (cli/whitelist/whitelist.c).
+SETUID_TOOLS = pepsi-whitelist
+SETID_PROGRAMS = $(foreach h,$(HELPERS),$(PRIVILEGED_CALLER_$(h))) $(SETGID_STAGES) $(SETUID_STAGES) $(SETGID_TOOLS) $(SETUID_TOOLS)
 $(B)/setid_programs.h: Makefile
 	@mkdir -p $(B)
 	@echo '#define PEPSI_SETID_PROGRAMS $(foreach p,$(SETID_PROGRAMS),"$(p)",)' > $@.tmp

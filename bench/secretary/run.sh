@@ -47,7 +47,15 @@ log=$(bench_log secretary)
 bench_postfix_install
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-check-whitelist pepsi-stage-discard
 
-bench_cluster_start "max_connections = 200"
+# BENCH_STATEMENTS=1: the secretary side's statements per message over
+# each run (pg_stat_statements, into the log).
+if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
+    bench_cluster_start "max_connections = 200" \
+        "shared_preload_libraries = 'pg_stat_statements'" "pg_stat_statements.track_utility = off"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200"
+fi
 dns_port=$(bench_free_port)
 cat >"$BENCH_DIR/zone" <<ZONE
 1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.bench.test.
@@ -153,6 +161,15 @@ reset() {
     bench_psql -c "TRUNCATE pepsi.secretary_held, pepsi.secretary_challenge RESTART IDENTITY" >/dev/null
     bench_queue_empty
 }
+# With BENCH_STATEMENTS=1: the run's statements per message, into the log.
+statements() {
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] || return 0
+    bench_psql -c "SELECT round(calls::numeric / $messages, 3) AS per_message,
+                          round(total_exec_time::numeric / calls, 3) AS mean_ms,
+                          round(total_exec_time::numeric / $messages, 3) AS ms_per_message,
+                          left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+                   FROM pg_stat_statements WHERE calls > $messages / 100 ORDER BY total_exec_time DESC LIMIT 15" >>"$log"
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 min() { printf '%s\n' "$@" | sort -g | head -1; }
 max() { printf '%s\n' "$@" | sort -g | tail -1; }
@@ -164,8 +181,11 @@ sec_rates=() plain_rates=() ratios=() challenges=()
 for ((r = 1; r <= repeats; r++)); do
     start_side secretary
     reset
+    [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
     sleep 1
     read -r rate accepted decided < <(measure)
+    echo "run $r: secretary side's statements:" >>"$log"
+    statements
     sent_challenges=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.secretary_challenge WHERE challenged_at IS NOT NULL")
     held=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout = 'infinity'")
     sec_rates+=("$rate") challenges+=("$sent_challenges")

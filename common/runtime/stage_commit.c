@@ -230,8 +230,8 @@ stage_batchable(const struct pepsi_ctx *ctx)
 		case TERMINAL_FINISH:
 			return true;
 		case TERMINAL_PAUSE:
-			/* a hold is not a retry time workqueue_commit_many takes */
-			return stage_at_stage(ctx) == NULL && !isinf(ctx->retry_seconds);
+			/* a hold rides too: workqueue_commit_many takes +Infinity as one (the secretary's held mail) */
+			return stage_at_stage(ctx) == NULL;
 		case TERMINAL_FAIL:
 			return stage_at_stage(ctx) == NULL;
 		default:
@@ -272,7 +272,10 @@ stage_commit_shape(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count,
 		merge = json_object_size(ctx->merge) ? stage_json_text(ctx->merge) : NULL;
 		db_array_append(merges, merge);
 		free(merge);
-		buf_printf(retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
+		if (isinf(ctx->retry_seconds))
+			buf_printf(retries, "%sInfinity", members ? "," : "");
+		else
+			buf_printf(retries, "%s%.3f", members ? "," : "", ctx->retry_seconds);
 		buf_printf(tokens, "%s%s", members ? "," : "", ctx->token[0] ? ctx->token : "NULL");
 		members++;
 	}

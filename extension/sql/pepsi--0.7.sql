@@ -3603,6 +3603,35 @@ $$;
 -- end of claim tokens
 
 -- ===========================================================================
+-- pepsi-whitelist: a local user's own whitelist (pepsi-whitelist(1))
+--
+-- pepsi-whitelist is set-user-id to the account pepsi-whitelist and
+-- connects over the local socket with peer authentication, which keys off
+-- the effective uid: only that file logs in as the role pepsi-whitelist, a
+-- member of the group role pepsi_whitelist.  That group may execute the
+-- three whitelist functions and nothing else of the schema (no table, no
+-- other function), so a user who found a way into the role could still
+-- only change whitelists.  The program passes its real user's address as
+-- the owner (the kernel proves the real uid to it; no argument names
+-- another), which is why the role is reachable only through it.
+--
+-- Here, before the grants are applied and verified at creation, not with
+-- the objects at the end: a pepsi_whitelist that outlived a DROP
+-- EXTENSION keeps its USAGE on the schema, which the verification would
+-- otherwise find outside the policy.  The functions' grants follow when
+-- the secretary's block applies the grants again.
+-- ===========================================================================
+INSERT INTO pepsi.grant_role VALUES
+    ('pepsi_whitelist', 'Pepsi: pepsi-whitelist (set-user-id, peer authentication): a local user''s own whitelist only');
+SELECT pepsi.grant_roles_create();
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_whitelist', 'schema', 'pepsi', '{USAGE}'),
+    ('pepsi_whitelist', 'function', 'whitelist_add', '{EXECUTE}'),
+    ('pepsi_whitelist', 'function', 'whitelist_remove', '{EXECUTE}'),
+    ('pepsi_whitelist', 'function', 'whitelist_list', '{EXECUTE}');
+-- end of pepsi-whitelist
+
+-- ===========================================================================
 -- The grants, last, so that they see every object
 -- ===========================================================================
 
@@ -4983,8 +5012,11 @@ BEGIN
     IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
         RETURN '{"action": "pass"}';
     END IF;
+    -- FOR NO KEY UPDATE: two decisions of the pair still take turns, but
+    -- another message's secretary_held insert (its foreign key's KEY SHARE
+    -- on this row) no longer waits for this whole call (bench/secretary).
     SELECT * INTO challenge FROM pepsi.secretary_challenge c
-    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
     open_found := FOUND;
     -- A verified reply to the open challenge releases it.
     IF verified AND open_found AND challenge.challenged_at IS NOT NULL AND challenge.expires_at > now() THEN
@@ -5019,7 +5051,7 @@ BEGIN
         IF NOT FOUND THEN
             -- Another message of the pair opened it meanwhile: join that one.
             SELECT * INTO challenge FROM pepsi.secretary_challenge c
-            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR UPDATE;
+            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
             open_found := true;
         END IF;
     END IF;

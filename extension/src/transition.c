@@ -418,7 +418,7 @@ commit_many_merges(FunctionCallInfo fcinfo, int count)
 	return array;
 }
 
-/* retry_seconds, for a pause: each within 0 to PEPSI_MAX_RETRY_SECONDS. */
+/* retry_seconds, for a pause: each within 0 to PEPSI_MAX_RETRY_SECONDS, or +Infinity (a hold). */
 static ArrayType *
 commit_many_retries(FunctionCallInfo fcinfo, int count)
 {
@@ -431,6 +431,8 @@ commit_many_retries(FunctionCallInfo fcinfo, int count)
 	{
 		double seconds = DatumGetFloat8(retries[i]);
 
+		if (isinf(seconds) && seconds > 0)
+			continue;
 		if (isnan(seconds) || isinf(seconds) || seconds < 0 || seconds > PEPSI_MAX_RETRY_SECONDS)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -493,7 +495,8 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 			" FROM unnest($1, $2, $3, $4" token_arg ") AS u(id, expected, target, merge" token_col ")" guard, \
 		[TRANSITION_PAUSE] =                                                                                  \
 			"UPDATE pepsi.workqueue w SET status = 'paused',"                                                 \
-			" timeout = now() + u.retry * interval '1 second',"                                               \
+			" timeout = CASE WHEN u.retry = 'Infinity'::float8 THEN 'infinity'::timestamptz"                  \
+			" ELSE now() + u.retry * interval '1 second' END,"                                                \
 			" state = CASE WHEN u.merge IS NULL THEN w.state ELSE w.state || u.merge END"                     \
 			" FROM unnest($1, $2, $4, $5" token_arg ") AS u(id, expected, merge, retry" token_col ")" guard,  \
 		[TRANSITION_FAIL] =                                                                                   \

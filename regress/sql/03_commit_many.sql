@@ -113,7 +113,7 @@ SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retr
 SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retry_seconds => '{60,NULL}');
 SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retry_seconds => '{60,-1}');
 SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retry_seconds => '{NaN,60}');
-SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retry_seconds => '{60,Infinity}');
+SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'pause', retry_seconds => '{60,-Infinity}');
 
 -- merge_states
 SELECT pepsi.workqueue_commit_many(ARRAY[:a, :b], '{check,check}', 'fail',
