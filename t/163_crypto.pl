@@ -413,6 +413,56 @@ set_running($node, $other);
 $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
 is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 
+# One worker, many messages: it keeps one private GNUPGHOME for its life
+# (removed when it exits) and the keys it read, but reads the key store's
+# row before each use, so an identity revoked or replaced while it runs
+# stops signing at once.
+{
+	my $home_parent = File::Temp::tempdir('p163XXXX', DIR => '/tmp', CLEANUP => 1);
+	chmod 01777, $home_parent or die "chmod $home_parent: $!";
+	my $homes = sub {
+		opendir my $dh, $home_parent or die "opendir $home_parent: $!";
+		my @h = grep { /^pepsi-gnupg\./ } readdir $dh;
+		closedir $dh;
+		return @h;
+	};
+	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'erin@example.org');
+	is($rc, 0, 'an identity for erin') or diag($err);
+	my ($erin1) = $out =~ /^erin\@example\.org ([0-9A-F]{40}) openpgp/m;
+	my $from_erin = sub {
+		add_row($node, 'encrypt', from => 'erin@example.org', rcpt => ['bob@example.net'],
+			extra_headers => "To: <bob\@example.net>\r\n");
+	};
+	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-encrypt', $conf) } ]);
+	my $id = $from_erin->();
+	my ($line) = send_ids($io, "$id\n", 1);
+	is($line, '0', 'a running worker encrypts erin\'s message') or diag($io->{err});
+	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin1, 'signed with erin\'s key');
+	$id = $from_erin->();
+	($line) = send_ids($io, "$id\n", 1);
+	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin1, 'and the next one, from the key it holds');
+	my @h = $homes->();
+	is(scalar(@h), 1, 'one GNUPGHOME for the worker\'s two messages');
+	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');
+
+	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin1, 'compromised');
+	is($rc, 0, 'erin\'s key is revoked while the worker runs') or diag($err);
+	$id = $from_erin->();
+	($line) = send_ids($io, "$id\n", 1);
+	is($line, '0', 'the worker goes on') or diag($io->{err});
+	my $st = row_json($node, $id)->{state}{encrypt};
+	is(($st->{result} // '') . ' ' . ($st->{signed_by} // 'unsigned'), 'encrypted unsigned',
+		'the revoked key signs nothing more: the worker read its row again');
+
+	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'erin@example.org');
+	my ($erin2) = $out =~ /^erin\@example\.org ([0-9A-F]{40}) openpgp/m;
+	$id = $from_erin->();
+	($line) = send_ids($io, "$id\n", 1);
+	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin2, 'her new key signs the next message');
+	ok($io->{harness}->finish, 'the worker exits 0 when its input ends') or diag($io->{err});
+	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
+}
+
 #
 # pepsi-stage-decrypt: gpg's PGP/MIME to our identity, decrypted, the
 # signature verified, the protected Subject restored; the stage's own
