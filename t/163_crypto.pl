@@ -433,6 +433,15 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 		add_row($node, 'encrypt', from => 'erin@example.org', rcpt => ['bob@example.net'],
 			extra_headers => "To: <bob\@example.net>\r\n");
 	};
+	# A home a killed worker left: its pid is gone.
+	my $dead = fork() // die "fork: $!";
+	exit 0 if $dead == 0;
+	waitpid($dead, 0);
+	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
+	mkdir $left, 0700 or die "mkdir $left: $!";
+	open my $lk, '>', "$left/private-key" or die "$left/private-key: $!";
+	print $lk "a key its agent wrote\n";
+	close $lk;
 	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-encrypt', $conf) } ]);
 	my $id = $from_erin->();
 	my ($line) = send_ids($io, "$id\n", 1);
@@ -441,6 +450,7 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	$id = $from_erin->();
 	($line) = send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin1, 'and the next one, from the key it holds');
+	ok(!-e $left, 'the home a dead worker left is removed when a worker starts its own');
 	my @h = $homes->();
 	is(scalar(@h), 1, 'one GNUPGHOME for the worker\'s two messages');
 	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');

@@ -26,11 +26,19 @@ pgp_fail(char *err, size_t errlen, const char *what, gpgme_error_t e)
 	return false;
 }
 
+const char *
+pgp_home_parent(void)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	/* gpg-agent's socket path must fit a sockaddr_un. */
+	return tmp && *tmp == '/' && strlen(tmp) < 30 ? tmp : "/tmp";
+}
+
 bool
 pgp_home_open(struct pgp_home *home, char *err, size_t errlen)
 {
 	gpgme_error_t e;
-	const char	 *tmp = getenv("TMPDIR");
 
 	home->ctx = NULL;
 	if (gpgme_check_version(NULL) == NULL)
@@ -40,7 +48,7 @@ pgp_home_open(struct pgp_home *home, char *err, size_t errlen)
 	}
 	setlocale(LC_CTYPE, "");
 	gpgme_set_locale(NULL, LC_CTYPE, setlocale(LC_CTYPE, NULL));
-	snprintf(home->dir, sizeof(home->dir), "%s/pepsi-gnupg.XXXXXX", tmp && strlen(tmp) < 30 ? tmp : "/tmp");
+	snprintf(home->dir, sizeof(home->dir), "%s/" PGP_HOME_PREFIX "%ld.XXXXXX", pgp_home_parent(), (long) getpid());
 	if (mkdtemp(home->dir) == NULL)
 	{
 		snprintf(err, errlen, "%s: %s", home->dir, strerror(errno));
@@ -72,10 +80,17 @@ pgp_remove_one(const char *path, const struct stat *st, int flag, struct FTW *ft
 void
 pgp_home_close(struct pgp_home *home)
 {
-	pid_t pid;
-
 	if (home->ctx)
 		gpgme_release(home->ctx);
+	home->ctx = NULL;
+	pgp_home_remove(home->dir);
+}
+
+void
+pgp_home_remove(const char *dir)
+{
+	pid_t pid;
+
 	/* The agent the home's gpg started goes with it. */
 	pid = fork();
 	if (pid == 0)
@@ -87,13 +102,13 @@ pgp_home_close(struct pgp_home *home)
 			dup2(devnull, 1);
 			dup2(devnull, 2);
 		}
-		execlp("gpgconf", "gpgconf", "--homedir", home->dir, "--kill", "gpg-agent", (char *) NULL);
+		execlp("gpgconf", "gpgconf", "--homedir", dir, "--kill", "gpg-agent", (char *) NULL);
 		_exit(127);
 	}
 	if (pid > 0)
 		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 			;
-	nftw(home->dir, pgp_remove_one, 8, FTW_DEPTH | FTW_PHYS);
+	nftw(dir, pgp_remove_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 void

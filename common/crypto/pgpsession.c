@@ -7,9 +7,15 @@
  * the message was encrypted to the key asked for and that a good
  * signature is by one of the keys given for the sender.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +61,44 @@ pgp_session_close(void)
 	session_open = false;
 }
 
+/*
+ * Remove the homes of our effective user whose maker is gone: a worker
+ * killed (SIGKILL at MAX_RUNTIME, SIGTERM at shutdown) leaves its home,
+ * and the keys its agent wrote there, behind.
+ */
+static void
+pgp_session_sweep(void)
+{
+	const char	  *parent = pgp_home_parent();
+	DIR			  *d = opendir(parent);
+	struct dirent *e;
+	size_t		   prefix = strlen(PGP_HOME_PREFIX);
+
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL)
+	{
+		struct stat st;
+		char		path[300];
+		char	   *end;
+		long		pid;
+
+		if (strncmp(e->d_name, PGP_HOME_PREFIX, prefix) != 0)
+			continue;
+		pid = strtol(e->d_name + prefix, &end, 10);
+		if (end == e->d_name + prefix || *end != '.' || pid <= 0 || pid == (long) getpid())
+			continue;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)
+			|| st.st_uid != geteuid())
+			continue;
+		if (kill((pid_t) pid, 0) == 0 || errno != ESRCH)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
+		pgp_home_remove(path);
+	}
+	closedir(d);
+}
+
 static bool
 pgp_session_start(char *err, size_t errlen)
 {
@@ -62,6 +106,7 @@ pgp_session_start(char *err, size_t errlen)
 
 	if (session_open)
 		return true;
+	pgp_session_sweep();
 	if (!pgp_home_open(&session_home, err, errlen))
 		return false;
 	session_open = true;
