@@ -14,6 +14,7 @@ use warnings FATAL => 'all';
 use Digest::SHA ();
 use File::Temp ();
 use IPC::Run;
+use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -435,7 +436,7 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	};
 	# A home a killed worker left: its pid is gone.
 	my $dead = fork() // die "fork: $!";
-	exit 0 if $dead == 0;
+	POSIX::_exit(0) if $dead == 0;
 	waitpid($dead, 0);
 	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
 	mkdir $left, 0700 or die "mkdir $left: $!";
@@ -471,6 +472,9 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin2, 'her new key signs the next message');
 	ok($io->{harness}->finish, 'the worker exits 0 when its input ends') or diag($io->{err});
 	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
+	# Erin's keys are this block's alone: the publishing below is alice's.
+	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin2, 'superseded');
+	is($rc, 0, 'erin\'s second key is revoked too') or diag($err);
 }
 
 #
