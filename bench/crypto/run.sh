@@ -18,7 +18,10 @@
 # REPS times: the median messages per second and the spread (min..max),
 # the load average before each round.  A skeleton with small counts by default
 # (the case is 20,000 messages of 20 KB: BENCH_MESSAGES=20000);
-# the queue's own cost in bench/relay is not measured here.  Reports,
+# the queue's own cost in bench/relay is not measured here.  Through
+# GPGME the stage still runs one gpg process per message, as the gpg
+# side does: its worker session saves the home and agent per message,
+# not that process, so the two sides come out about even.  Reports,
 # never judges: exits 0 unless the benchmark itself broke.
 #
 # Knobs: BENCH_REPS (5), BENCH_MESSAGES (50), BENCH_SIZE (20480),
