@@ -519,6 +519,30 @@ is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
 $raw = raw_message($dec);
 like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
 unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
+
+# A decrypt worker's one home holds the secret keys of every identity it
+# has read: a message is decrypted only if it is encrypted to the key of
+# the recipient it is addressed to, not by whichever key the home has.
+{
+	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'frank@example.org');
+	is($rc, 0, 'an identity for frank') or diag($err);
+	my ($frank) = $out =~ /^frank\@example\.org ([0-9A-F]{40}) openpgp/m;
+	my $io = start_worker(worker_cmd('pepsi-stage-decrypt', $conf));
+	my ($h1, $b1) = pgp_mime($new, $bob, 'for alice', 'Hi alice.');
+	my $id = add_message('decrypt', 'bob@example.net', 'alice@example.org', $h1, $b1);
+	send_ids($io, "$id\n", 1);
+	is(row_json($node, $id)->{state}{decrypt}{result}, 'decrypted', 'a decrypt worker opens a message to alice');
+	$id = add_message('decrypt', 'bob@example.net', 'frank@example.org', $h1, $b1);
+	my ($line) = send_ids($io, "$id\n", 1);
+	is($line, '0', 'the same message to frank, in the same worker') or diag($io->{err});
+	my $st = row_json($node, $id)->{state}{decrypt};
+	is($st->{result}, 'failed', 'is not decrypted with alice\'s key, which the worker holds');
+	like($st->{reason}, qr/not encrypted to key \Q$frank\E/, 'saying it is not for frank\'s key');
+	unlike(raw_message($id), qr/Hi alice/, 'and goes on encrypted');
+	ok($io->{harness}->finish, 'the decrypt worker exits 0') or diag($io->{err});
+	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $frank, 'superseded');
+	is($rc, 0, 'frank\'s key is revoked (the publishing below is alice\'s)') or diag($err);
+}
 like($raw, qr/^Authentication-Results: [^;]+;\r\n x-pgp-decrypt=pass \(key \Q$new\E\);\r\n x-pgp-sign=pass header\.from=bob\@example\.net/m,
 	'an Authentication-Results field with both verdicts');
 like($raw, qr/\r\n\r\nHi alice\.\r\n$/, 'the body is the plain text');
