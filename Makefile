@@ -628,6 +628,8 @@ SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
                     $(HELPERS) pepsi-test-probe
 # The mailing lists' programs (t/165_lists.pl).
 SANITIZE_PROGRAMS += pepsi-httpd pepsi-list pepsi-stage-list pepsi-stage-dkim-sign
+# The crypto stages (t/163_crypto.pl).
+SANITIZE_PROGRAMS += pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \

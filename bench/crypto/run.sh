@@ -9,17 +9,23 @@
 #           the time from the first id to the last status line
 #   gpg:    gpg --encrypt --sign --armor per message, the same messages, a
 #           recipient key of the same type, a sender key of Ed25519
+#   before: with BENCH_BEFORE_BIN (the build/bin of another tree, main's
+#           say), that tree's pepsi-stage-encrypt as a third side, to
+#           measure a change of the stage against the same gpg runs
 #
 # For each recipient key type of KEYS (ed25519: Curve25519 encryption;
-# rsa3072), the sides alternate (stage, gpg, stage, gpg...) REPS times:
-# the median messages per second and the spread (min..max), the load
-# average before each pair.  A skeleton with small counts by default
+# rsa3072), the sides alternate (stage, gpg[, before], stage, gpg...)
+# REPS times: the median messages per second and the spread (min..max),
+# the load average before each round.  A skeleton with small counts by default
 # (the issue's case is 20,000 messages of 20 KB: BENCH_MESSAGES=20000);
-# the queue's own cost in bench/relay is not measured here.  Reports,
+# the queue's own cost in bench/relay is not measured here.  Through
+# GPGME the stage still runs one gpg process per message, as the gpg
+# side does: its worker session saves the home and agent per message,
+# not that process, so the two sides come out about even.  Reports,
 # never judges: exits 0 unless the benchmark itself broke.
 #
 # Knobs: BENCH_REPS (5), BENCH_MESSAGES (50), BENCH_SIZE (20480),
-# BENCH_KEYS ("ed25519 rsa3072").  Needs the extension with the key store
+# BENCH_KEYS ("ed25519 rsa3072"), BENCH_BEFORE_BIN (unset).  Needs the extension with the key store
 # (PGBIN of a PostgreSQL where it is installed).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +38,9 @@ messages=${BENCH_MESSAGES:-50}
 size=${BENCH_SIZE:-20480}
 keys=${BENCH_KEYS:-ed25519 rsa3072}
 bin=${PEPSI_BIN:-$top/build/bin}
+before_bin=${BENCH_BEFORE_BIN:-}
+[ -z "$before_bin" ] || [ -x "$before_bin/pepsi-stage-encrypt" ] ||
+    { echo "bench/crypto: BENCH_BEFORE_BIN: $before_bin/pepsi-stage-encrypt is missing" >&2; exit 1; }
 for p in pepsi-stage-encrypt pepsi-keys; do
     [ -x "$bin/$p" ] || { echo "bench/crypto: $bin/$p is missing: make all first" >&2; exit 1; }
 done
@@ -74,7 +83,7 @@ message="$work/message.eml"
     as_user tee "$message" >/dev/null
 
 run_stage() {
-    local to=$1 ids start end
+    local stage_bin=$1 to=$2 ids start end
     bench_psql -c "SELECT count(*) FROM pepsi.workqueue" >/dev/null
     ids=$(bench_psql -At -c "WITH a AS (SELECT pepsi.workqueue_add('sender@example.org', ARRAY['$to'],
             convert_to(E'From: <sender@example.org>\r\nTo: <$to>\r\nSubject: bench\r\n', 'UTF8'),
@@ -82,7 +91,7 @@ run_stage() {
           SELECT string_agg(id::text, E'\n') FROM a")
     bench_psql -c "UPDATE pepsi.workqueue SET status = 'running' WHERE stage = 'encrypt'" >/dev/null
     start=$(date +%s.%N)
-    printf '%s\n' "$ids" | as_user env TMPDIR=/tmp "$bin/pepsi-stage-encrypt" worker -c "$work/pepsi.conf" >"$work/status" 2>"$work/stage.err"
+    printf '%s\n' "$ids" | as_user env TMPDIR=/tmp "$stage_bin/pepsi-stage-encrypt" worker -c "$work/pepsi.conf" >"$work/status" 2>"$work/stage.err"
     end=$(date +%s.%N)
     [ "$(grep -c '^0' "$work/status")" -eq "$messages" ] || { echo "bench/crypto: the stage failed:" >&2; cat "$work/stage.err" >&2; exit 1; }
     bench_psql -c "DELETE FROM pepsi.workqueue" >/dev/null
@@ -100,6 +109,9 @@ run_gpg() {
     awk -v n="$messages" -v s="$start" -v e="$end" 'BEGIN { printf "%.2f\n", n / (e - s) }'
 }
 
+# "min..max" of rates.
+spread() { printf '%s\n' "$@" | sort -g | sed -n '1p;$p' | paste -sd' ' | awk '{ printf "%s..%s", $1, $2 == "" ? $1 : $2 }'; }
+
 echo "bench/crypto: $messages messages of $size bytes, $reps pairs per key type"
 for type in $keys; do
     case $type in
@@ -114,17 +126,25 @@ for type in $keys; do
     hex=$(gpg_ --export "$fpr" | od -An -v -tx1 | tr -d ' \n')
     bench_psql -c "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)
                    VALUES ('$to', 'openpgp', '$fpr', '\\x$hex', 'import', 'valid', 'infinity')" >/dev/null
-    stage_rates=() gpg_rates=()
+    stage_rates=() gpg_rates=() before_rates=()
     for ((r = 1; r <= reps; r++)); do
-        echo "  $type pair $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
-        stage_rates+=("$(run_stage "$to")")
+        echo "  $type round $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
+        stage_rates+=("$(run_stage "$bin" "$to")")
         gpg_rates+=("$(run_gpg "$fpr")")
+        [ -z "$before_bin" ] || before_rates+=("$(run_stage "$before_bin" "$to")")
+        echo "    stage ${stage_rates[-1]}, gpg ${gpg_rates[-1]}${before_bin:+, before ${before_rates[-1]:-}} msg/s"
     done
     s=$(bench_median "${stage_rates[@]}")
     g=$(bench_median "${gpg_rates[@]}")
-    printf '%s: stage %s msg/s (%s..%s), gpg per message %s msg/s (%s..%s), ratio %s\n' "$type" \
-        "$s" "$(printf '%s\n' "${stage_rates[@]}" | sort -g | head -n 1)" "$(printf '%s\n' "${stage_rates[@]}" | sort -g | tail -n 1)" \
-        "$g" "$(printf '%s\n' "${gpg_rates[@]}" | sort -g | head -n 1)" "$(printf '%s\n' "${gpg_rates[@]}" | sort -g | tail -n 1)" \
+    printf '%s: stage %s msg/s (%s), gpg per message %s msg/s (%s), ratio %s\n' "$type" \
+        "$s" "$(spread "${stage_rates[@]}")" "$g" "$(spread "${gpg_rates[@]}")" \
         "$(awk -v a="$s" -v b="$g" 'BEGIN { printf "%.2f", a / b }')"
+    if [ -n "$before_bin" ]; then
+        b=$(bench_median "${before_rates[@]}")
+        printf '%s: before %s msg/s (%s), ratio to gpg %s; the stage now %sx before\n' "$type" "$b" \
+            "$(spread "${before_rates[@]}")" "$(awk -v a="$b" -v c="$g" 'BEGIN { printf "%.2f", a / c }')" \
+            "$(awk -v a="$s" -v c="$b" 'BEGIN { printf "%.1f", a / c }')"
+    fi
 done
+echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 as_user gpgconf --homedir "$gnupg" --kill gpg-agent || true

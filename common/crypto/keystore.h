@@ -31,6 +31,18 @@ int keystore_identity(PGconn *conn, const struct keystore_keks *keks, const char
 					  char *fingerprint, struct buf *public_key, struct buf *secret, char *err, size_t errlen);
 
 /*
+ * keystore_identity with the secret key put in the worker's OpenPGP
+ * session (pgpsession.h) rather than returned: the row is read every time,
+ * so a key revoked, expired, no longer primary or resealed is never used
+ * from the session; the key is opened with the KEKs of cfg and imported
+ * only when the session lacks the row's sealed bytes.  0 found, 1 none,
+ * -1 an error (err), -2 the KEKs cannot be read (err).
+ */
+int keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const char *address,
+								 const char *capability, char *fingerprint, struct buf *public_key, char *err,
+								 size_t errlen);
+
+/*
  * address's newest OpenPGP key whose last verdict was valid and whose
  * cache deadline has not passed: 0 found (key, fingerprint), 1 none, -1
  * an error.

@@ -17,26 +17,28 @@
 
 #include "crypto/kek.h"
 #include "crypto/openpgp.h"
+#include "crypto/openpgp_home.h"
 
-/* A private GNUPGHOME and a context on it. */
-struct pgp_home
-{
-	char		dir[64];
-	gpgme_ctx_t ctx;
-};
-
-static bool
+bool
 pgp_fail(char *err, size_t errlen, const char *what, gpgme_error_t e)
 {
 	snprintf(err, errlen, "%s: %s", what, gpgme_strerror(e));
 	return false;
 }
 
-static bool
+const char *
+pgp_home_parent(void)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	/* gpg-agent's socket path must fit a sockaddr_un. */
+	return tmp && *tmp == '/' && strlen(tmp) < 30 ? tmp : "/tmp";
+}
+
+bool
 pgp_home_open(struct pgp_home *home, char *err, size_t errlen)
 {
 	gpgme_error_t e;
-	const char	 *tmp = getenv("TMPDIR");
 
 	home->ctx = NULL;
 	if (gpgme_check_version(NULL) == NULL)
@@ -46,7 +48,7 @@ pgp_home_open(struct pgp_home *home, char *err, size_t errlen)
 	}
 	setlocale(LC_CTYPE, "");
 	gpgme_set_locale(NULL, LC_CTYPE, setlocale(LC_CTYPE, NULL));
-	snprintf(home->dir, sizeof(home->dir), "%s/pepsi-gnupg.XXXXXX", tmp && strlen(tmp) < 30 ? tmp : "/tmp");
+	snprintf(home->dir, sizeof(home->dir), "%s/" PGP_HOME_PREFIX "%ld.XXXXXX", pgp_home_parent(), (long) getpid());
 	if (mkdtemp(home->dir) == NULL)
 	{
 		snprintf(err, errlen, "%s: %s", home->dir, strerror(errno));
@@ -75,13 +77,20 @@ pgp_remove_one(const char *path, const struct stat *st, int flag, struct FTW *ft
 	return remove(path);
 }
 
-static void
+void
 pgp_home_close(struct pgp_home *home)
+{
+	if (home->ctx)
+		gpgme_release(home->ctx);
+	home->ctx = NULL;
+	pgp_home_remove(home->dir);
+}
+
+void
+pgp_home_remove(const char *dir)
 {
 	pid_t pid;
 
-	if (home->ctx)
-		gpgme_release(home->ctx);
 	/* The agent the home's gpg started goes with it. */
 	pid = fork();
 	if (pid == 0)
@@ -93,13 +102,13 @@ pgp_home_close(struct pgp_home *home)
 			dup2(devnull, 1);
 			dup2(devnull, 2);
 		}
-		execlp("gpgconf", "gpgconf", "--homedir", home->dir, "--kill", "gpg-agent", (char *) NULL);
+		execlp("gpgconf", "gpgconf", "--homedir", dir, "--kill", "gpg-agent", (char *) NULL);
 		_exit(127);
 	}
 	if (pid > 0)
 		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 			;
-	nftw(home->dir, pgp_remove_one, 8, FTW_DEPTH | FTW_PHYS);
+	nftw(dir, pgp_remove_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 void
@@ -109,8 +118,7 @@ pgp_key_info_free(struct pgp_key_info *info)
 	buf_wipe(&info->secret_key);
 }
 
-/* Append a data object's bytes to out. */
-static void
+void
 pgp_data_take(gpgme_data_t data, struct buf *out)
 {
 	size_t len = 0;
@@ -214,8 +222,7 @@ pgp_describe(struct pgp_home *home, const char *address, bool want_secret, struc
 	return false;
 }
 
-/* Import blob into the home; the fingerprint of its (first) key in fpr. */
-static bool
+bool
 pgp_import_one(struct pgp_home *home, const struct pgp_blob *blob, char *fpr, size_t fprlen, char *err,
 			   size_t errlen)
 {
@@ -342,156 +349,6 @@ pgp_armor(const void *data, size_t len, struct buf *out, char *err, size_t errle
 			ok = true;
 		}
 	}
-	pgp_home_close(&home);
-	return ok;
-}
-
-bool
-pgp_encrypt(const struct pgp_blob *recipients, size_t count, const struct pgp_blob *signer, const void *plain,
-			size_t len, struct buf *out, char *err, size_t errlen)
-{
-	struct pgp_home home;
-	gpgme_key_t		keys[33] = {0};
-	gpgme_data_t	in = NULL, cipher = NULL;
-	gpgme_error_t	e = 0;
-	char			fpr[65];
-	bool			ok = false;
-
-	if (count == 0 || count > 32)
-	{
-		snprintf(err, errlen, "%zu recipient keys: 1 to 32 at once", count);
-		return false;
-	}
-	if (!pgp_home_open(&home, err, errlen))
-		return false;
-	for (size_t i = 0; i < count; i++)
-	{
-		if (!pgp_import_one(&home, &recipients[i], fpr, sizeof(fpr), err, errlen))
-			goto done;
-		e = gpgme_get_key(home.ctx, fpr, &keys[i], 0);
-		if (e)
-		{
-			pgp_fail(err, errlen, fpr, e);
-			goto done;
-		}
-		if (keys[i]->revoked || keys[i]->expired || keys[i]->disabled || keys[i]->invalid
-			|| !keys[i]->can_encrypt)
-		{
-			snprintf(err, errlen, "key %s %s", fpr,
-					 keys[i]->revoked	? "is revoked"
-					 : keys[i]->expired ? "has expired"
-										: "cannot encrypt");
-			goto done;
-		}
-	}
-	if (signer)
-	{
-		gpgme_key_t skey = NULL;
-
-		if (!pgp_import_one(&home, signer, fpr, sizeof(fpr), err, errlen))
-			goto done;
-		e = gpgme_get_key(home.ctx, fpr, &skey, 1);
-		if (!e)
-		{
-			e = gpgme_signers_add(home.ctx, skey);
-			gpgme_key_unref(skey);
-		}
-		if (e)
-		{
-			pgp_fail(err, errlen, "the signing key", e);
-			goto done;
-		}
-	}
-	gpgme_set_armor(home.ctx, 1);
-	e = gpgme_data_new_from_mem(&in, plain, len, 0);
-	if (!e)
-		e = gpgme_data_new(&cipher);
-	if (!e)
-		e = signer ? gpgme_op_encrypt_sign(home.ctx, keys, GPGME_ENCRYPT_ALWAYS_TRUST, in, cipher)
-				   : gpgme_op_encrypt(home.ctx, keys, GPGME_ENCRYPT_ALWAYS_TRUST, in, cipher);
-	if (e)
-	{
-		gpgme_encrypt_result_t r = gpgme_op_encrypt_result(home.ctx);
-
-		if (r && r->invalid_recipients)
-			snprintf(err, errlen, "key %s: %s", r->invalid_recipients->fpr ? r->invalid_recipients->fpr : "?",
-					 gpgme_strerror(r->invalid_recipients->reason));
-		else
-			pgp_fail(err, errlen, "encrypting", e);
-		goto done;
-	}
-	pgp_data_take(cipher, out);
-	cipher = NULL;
-	ok = true;
-done:
-	if (in)
-		gpgme_data_release(in);
-	if (cipher)
-		gpgme_data_release(cipher);
-	for (size_t i = 0; i < count; i++)
-		if (keys[i])
-			gpgme_key_unref(keys[i]);
-	pgp_home_close(&home);
-	return ok;
-}
-
-bool
-pgp_decrypt(const struct pgp_blob *secret, const struct pgp_blob *signers, size_t nsigners, const void *cipher,
-			size_t len, struct buf *out, struct pgp_verdict *verdict, char *err, size_t errlen)
-{
-	struct pgp_home home;
-	gpgme_data_t	in = NULL, plain = NULL;
-	gpgme_error_t	e;
-	char			fpr[65];
-	bool			ok = false;
-
-	memset(verdict, 0, sizeof(*verdict));
-	if (!pgp_home_open(&home, err, errlen))
-		return false;
-	if (!pgp_import_one(&home, secret, fpr, sizeof(fpr), err, errlen))
-		goto done;
-	for (size_t i = 0; i < nsigners; i++)
-		if (!pgp_import_one(&home, &signers[i], fpr, sizeof(fpr), err, errlen))
-			goto done;
-	e = gpgme_data_new_from_mem(&in, cipher, len, 0);
-	if (!e)
-		e = gpgme_data_new(&plain);
-	if (!e)
-		e = gpgme_op_decrypt_verify(home.ctx, in, plain);
-	if (e)
-	{
-		pgp_fail(err, errlen, "the message does not decrypt", e);
-		goto done;
-	}
-	{
-		gpgme_verify_result_t v = gpgme_op_verify_result(home.ctx);
-
-		if (v && v->signatures)
-		{
-			gpgme_signature_t s = v->signatures;
-
-			verdict->signed_ = true;
-			snprintf(verdict->fingerprint, sizeof(verdict->fingerprint), "%s", s->fpr ? s->fpr : "");
-			if (gpgme_err_code(s->status) == GPG_ERR_NO_ERROR && !(s->summary & GPGME_SIGSUM_RED))
-				verdict->good = true;
-			else if (gpgme_err_code(s->status) == GPG_ERR_NO_PUBKEY)
-				snprintf(verdict->reason, sizeof(verdict->reason), "signed with a key not known for the sender");
-			else if (gpgme_err_code(s->status) == GPG_ERR_KEY_EXPIRED || (s->summary & GPGME_SIGSUM_KEY_EXPIRED))
-				snprintf(verdict->reason, sizeof(verdict->reason), "signed with an expired key");
-			else if (s->summary & GPGME_SIGSUM_KEY_REVOKED)
-				snprintf(verdict->reason, sizeof(verdict->reason), "signed with a revoked key");
-			else
-				snprintf(verdict->reason, sizeof(verdict->reason), "bad signature: %s", gpgme_strerror(s->status));
-		}
-	}
-	pgp_data_take(plain, out);
-	plain = NULL;
-	ok = true;
-done:
-	if (in)
-		gpgme_data_release(in);
-	if (plain)
-		gpgme_data_release(plain);
 	pgp_home_close(&home);
 	return ok;
 }

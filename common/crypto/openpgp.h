@@ -1,8 +1,10 @@
 /*
- * openpgp.h: OpenPGP keys through GPGME (pepsi-crypto).  Each call works
- * in a private GNUPGHOME of its own (mode 0700, removed with its
+ * openpgp.h: OpenPGP keys through GPGME (pepsi-crypto).  Each call here
+ * works in a private GNUPGHOME of its own (mode 0700, removed with its
  * gpg-agent when done), into which only the keys it was given are
- * imported: the key store, not a keyring on disk, holds the keys.
+ * imported: the key store, not a keyring on disk, holds the keys.  The
+ * stages encrypt and decrypt in their worker's one session instead
+ * (pgpsession.h).
  */
 #ifndef PEPSI_OPENPGP_H
 #define PEPSI_OPENPGP_H
@@ -48,23 +50,12 @@ bool pgp_inspect(const void *data, size_t len, const char *address, bool want_se
 /* The armored form of a binary key. */
 bool pgp_armor(const void *data, size_t len, struct buf *out, char *err, size_t errlen);
 
-#endif
-
-/* A key handed to an operation: its bytes (binary or armored). */
+/* A key handed to an import: its bytes (binary or armored). */
 struct pgp_blob
 {
 	const void *data;
 	size_t		len;
 };
-
-/*
- * Encrypt plain to every key of recipients (which must all be usable:
- * one that is expired, revoked or cannot encrypt fails the whole call,
- * naming it), signed with the secret key signer when given; armored
- * into out.
- */
-bool pgp_encrypt(const struct pgp_blob *recipients, size_t count, const struct pgp_blob *signer, const void *plain,
-				 size_t len, struct buf *out, char *err, size_t errlen);
 
 /* What the signatures of a decrypted or verified message say. */
 struct pgp_verdict
@@ -75,10 +66,4 @@ struct pgp_verdict
 	char reason[160];	  /* why not good, when signed_ and not good */
 };
 
-/*
- * Decrypt cipher with the secret key secret (the key store's), checking
- * signatures against the public keys of signers; the plain text in out.
- * A ciphertext that is damaged or not for this key fails with the reason.
- */
-bool pgp_decrypt(const struct pgp_blob *secret, const struct pgp_blob *signers, size_t nsigners, const void *cipher,
-				 size_t len, struct buf *out, struct pgp_verdict *verdict, char *err, size_t errlen);
+#endif

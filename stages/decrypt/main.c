@@ -26,6 +26,7 @@
 #include "crypto/keystore.h"
 #include "crypto/openpgp.h"
 #include "crypto/pgpmime.h"
+#include "crypto/pgpsession.h"
 #include "message/header.h"
 #include "runtime/stage.h"
 
@@ -53,25 +54,23 @@ decrypt_pass_on(struct pepsi_ctx *ctx, const char *result, const char *reason)
 static int
 decrypt_run(struct pepsi_ctx *ctx)
 {
-	const struct buf	*h = pepsi_headers(ctx);
-	const struct buf	*body = pepsi_body(ctx);
-	PGconn				*conn = pepsi_db(ctx);
-	size_t				 n = pepsi_rcpt_count(ctx);
-	const char			*rcpt = n ? pepsi_rcpt(ctx, 0) : NULL;
-	bool				 chosen;
-	int					 idx[256];
-	size_t				 nidx = 0;
-	struct keystore_keks keks;
-	char				 err[512], fpr[65], signer_fpr[65];
-	struct buf			 pub = BUF_INIT, secret = BUF_INIT, armored = BUF_INIT, plain = BUF_INIT;
-	struct buf			 signer_key = BUF_INIT, signer_pub = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
-	struct pgp_blob		 signers[2];
-	size_t				 nsigners = 0;
-	struct pgp_verdict	 verdict;
-	char				*from = NULL;
-	int					 found, rc;
+	const struct buf  *h = pepsi_headers(ctx);
+	const struct buf  *body = pepsi_body(ctx);
+	PGconn			  *conn = pepsi_db(ctx);
+	size_t			   n = pepsi_rcpt_count(ctx);
+	const char		  *rcpt = n ? pepsi_rcpt(ctx, 0) : NULL;
+	bool			   chosen;
+	int				   idx[256];
+	size_t			   nidx = 0;
+	char			   err[512], fpr[65], peer_fpr[65], own_fpr[65];
+	struct buf		   pub = BUF_INIT, armored = BUF_INIT, plain = BUF_INIT;
+	struct buf		   signer_key = BUF_INIT, signer_pub = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
+	const char		  *signers[2];
+	size_t			   nsigners = 0;
+	struct pgp_verdict verdict;
+	char			  *from = NULL;
+	int				   found, rc;
 
-	memset(&keks, 0, sizeof(keks));
 	if (h == NULL || body == NULL || rcpt == NULL)
 		return pepsi_error(ctx, "no message to decrypt");
 	if (!pgpmime_is_encrypted(h->data, h->len))
@@ -89,14 +88,13 @@ decrypt_run(struct pepsi_ctx *ctx)
 		buf_free(&armored);
 		return decrypt_pass_on(ctx, "failed", "no OpenPGP message in the multipart/encrypted body");
 	}
-	if (!kek_from_config(pepsi_config(ctx), &keks.cur, &keks.prev, &keks.has_prev, err, sizeof(err)))
+	found = keystore_identity_in_session(conn, pepsi_config(ctx), rcpt, "encrypt", fpr, &pub, err, sizeof(err));
+	if (found == -2)
 	{
 		buf_free(&armored);
+		buf_free(&pub);
 		return pepsi_error(ctx, "%s", err);
 	}
-	found = keystore_identity(conn, &keks, rcpt, "encrypt", fpr, &pub, &secret, err, sizeof(err));
-	kek_wipe(&keks.cur);
-	kek_wipe(&keks.prev);
 	if (found != 0)
 	{
 		char reason[600];
@@ -109,18 +107,16 @@ decrypt_run(struct pepsi_ctx *ctx)
 	}
 	/* The sender's keys: a correspondent's, or one of ours. */
 	from = header_from_address(h->data, h->len);
-	if (from && keystore_peer_key(conn, from, signer_fpr, &signer_key, err, sizeof(err)) == 0)
-		signers[nsigners].data = signer_key.data, signers[nsigners++].len = signer_key.len;
-	if (from && keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err)) == 0)
-		signers[nsigners].data = signer_pub.data, signers[nsigners++].len = signer_pub.len;
+	if (from && keystore_peer_key(conn, from, peer_fpr, &signer_key, err, sizeof(err)) == 0
+		&& pgp_session_public(peer_fpr, signer_key.data, signer_key.len, NULL, err, sizeof(err)))
+		signers[nsigners++] = peer_fpr;
+	if (from && keystore_identity(conn, NULL, from, "sign", own_fpr, &signer_pub, NULL, err, sizeof(err)) == 0
+		&& pgp_session_public(own_fpr, signer_pub.data, signer_pub.len, NULL, err, sizeof(err)))
+		signers[nsigners++] = own_fpr;
+	if (!pgp_session_decrypt(fpr, signers, nsigners, armored.data, armored.len, &plain, &verdict, err, sizeof(err)))
 	{
-		struct pgp_blob key = {secret.data, secret.len};
-
-		if (!pgp_decrypt(&key, signers, nsigners, armored.data, armored.len, &plain, &verdict, err, sizeof(err)))
-		{
-			rc = decrypt_pass_on(ctx, "failed", err);
-			goto done;
-		}
+		rc = decrypt_pass_on(ctx, "failed", err);
+		goto done;
 	}
 	{
 		const char *authserv = config_authserv_id(pepsi_config(ctx));
@@ -149,7 +145,6 @@ decrypt_run(struct pepsi_ctx *ctx)
 done:
 	free(from);
 	buf_free(&pub);
-	buf_wipe(&secret);
 	buf_free(&armored);
 	buf_wipe(&plain);
 	buf_free(&signer_key);

@@ -33,6 +33,7 @@
 #include "crypto/keystore.h"
 #include "crypto/openpgp.h"
 #include "crypto/pgpmime.h"
+#include "crypto/pgpsession.h"
 #include "message/header.h"
 #include "runtime/stage.h"
 
@@ -79,17 +80,11 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 	found = keystore_peer_key(conn, rcpt, r->fingerprint, &r->key, err, sizeof(err));
 	if (found == 0)
 	{
-		struct pgp_key_info info;
-
-		if (pgp_inspect(r->key.data, r->key.len, rcpt, false, &info, err, sizeof(err)))
+		/* Imported into the worker's session once per version of the row, checked on every use. */
+		if (pgp_session_public(r->fingerprint, r->key.data, r->key.len, rcpt, err, sizeof(err)))
 		{
-			pgp_key_info_free(&info);
-			if (info.can_encrypt)
-			{
-				r->outcome = OUTCOME_ENCRYPT;
-				return;
-			}
-			snprintf(err, sizeof(err), "key %s cannot encrypt", r->fingerprint);
+			r->outcome = OUTCOME_ENCRYPT;
+			return;
 		}
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	}
@@ -128,16 +123,15 @@ encrypt_run(struct pepsi_ctx *ctx)
 	PGconn				*conn = pepsi_db(ctx);
 	char				*from = NULL;
 	char				*autocrypt = NULL;
-	struct keystore_keks keks;
 	char				 err[512];
 	char				 signer_fpr[65] = "";
-	struct buf			 signer_pub = BUF_INIT, signer_secret = BUF_INIT;
+	struct buf			 signer_pub = BUF_INIT;
+	bool				 signing = false;
 	int					 rc = 0;
 	int					 idx[256];
 	size_t				 nidx = 0;
 	json_t				*merge;
 
-	memset(&keks, 0, sizeof(keks));
 	if (r == NULL || h == NULL || body == NULL)
 	{
 		free(r);
@@ -185,16 +179,17 @@ encrypt_run(struct pepsi_ctx *ctx)
 
 		if (pepsi_option_bool(ctx, "SIGN") && r[0].outcome == OUTCOME_ENCRYPT)
 		{
-			if (!kek_from_config(pepsi_config(ctx), &keks.cur, &keks.prev, &keks.has_prev, err, sizeof(err)))
+			found = keystore_identity_in_session(conn, pepsi_config(ctx), from, "sign", signer_fpr, &signer_pub,
+												 err, sizeof(err));
+			if (found == -2)
 			{
 				rc = pepsi_error(ctx, "%s", err);
 				goto done;
 			}
-			found = keystore_identity(conn, &keks, from, "sign", signer_fpr, &signer_pub, &signer_secret, err,
-									  sizeof(err));
+			signing = found == 0;
 		}
 		else
-			found = keystore_identity(conn, &keks, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err));
+			found = keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err));
 		if (found < 0)
 		{
 			/* A key that does not open is the operator's to mend: wait, never send in clear meanwhile. */
@@ -227,23 +222,21 @@ encrypt_run(struct pepsi_ctx *ctx)
 	}
 
 	{
-		size_t			 count = n - nidx;
-		struct pgp_blob *keys = calloc(count, sizeof(*keys));
-		struct pgp_blob	 signer = {signer_secret.data, signer_secret.len};
-		struct buf		 inner = BUF_INIT, armored = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
-		json_t			*fprs = json_array();
-		size_t			 k = 0;
+		size_t		 count = n - nidx;
+		const char **keys = calloc(count, sizeof(*keys));
+		struct buf	 inner = BUF_INIT, armored = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
+		json_t		*fprs = json_array();
+		size_t		 k = 0;
 
 		for (size_t i = 0; i < n; i++)
 			if (r[i].outcome == OUTCOME_ENCRYPT && k < count)
 			{
-				keys[k].data = r[i].key.data;
-				keys[k++].len = r[i].key.len;
+				keys[k++] = r[i].fingerprint;
 				json_array_append_new(fprs, json_string(r[i].fingerprint));
 			}
 		pgpmime_inner(h->data, h->len, body->data, body->len, &inner);
-		if (!pgp_encrypt(keys, k, signer_secret.len ? &signer : NULL, inner.data, inner.len, &armored, err,
-						 sizeof(err)))
+		if (!pgp_session_encrypt(keys, k, signing ? signer_fpr : NULL, inner.data, inner.len, &armored, err,
+								 sizeof(err)))
 		{
 			/* The keys passed their check a moment ago: a failure here is not the recipient's. */
 			log_warnx("%s: encryption failed: %s", pepsi_queue_id(ctx), err);
@@ -257,7 +250,7 @@ encrypt_run(struct pepsi_ctx *ctx)
 			pepsi_set_headers(ctx, out_h.data, out_h.len);
 			pepsi_set_body(ctx, out_b.data, out_b.len);
 			merge = json_pack("{s:{s:s,s:s,s:O,s:s?}}", "encrypt", "result", "encrypted", "format", "pgp/mime",
-							  "keys", fprs, "signed_by", signer_fpr[0] && signer_secret.len ? signer_fpr : NULL);
+							  "keys", fprs, "signed_by", signing ? signer_fpr : NULL);
 			pepsi_merge_state(ctx, merge);
 			json_decref(merge);
 			rc = pepsi_advance(ctx);
@@ -276,9 +269,6 @@ done:
 	free(from);
 	free(autocrypt);
 	buf_free(&signer_pub);
-	buf_wipe(&signer_secret);
-	kek_wipe(&keks.cur);
-	kek_wipe(&keks.prev);
 	return rc;
 }
 
