@@ -71,6 +71,7 @@ struct admission
 	bool			  heavy;   /* SMTP_HEAVY_MESSAGE octets or more: the first connection's lane */
 	bool			  ok;
 	long long		  id;
+	double			  queued_at; /* when it was first queued (ev_now) */
 	struct admission *next;
 };
 
@@ -240,6 +241,7 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->arg = arg;
 	a->express = admit_client_is_new(a);
 	a->heavy = a->envelope.headers.len + a->envelope.body.len >= SMTP_HEAVY_MESSAGE;
+	a->queued_at = ev_now(admit.loop);
 	admit_enqueue(a, false);
 	admit.kick_due = true;
 	return a;
@@ -307,25 +309,30 @@ dbconn_send_admission(struct dbconn *c, struct admission *a)
 }
 
 /*
- * Whether the express connection is storing new clients' messages now.
- * While it is, the other connections start no batch (dbconn_queue): the
- * batches already in flight finish, and the light sender's small
- * transaction then has the database's CPU and WAL flush to itself rather
- * than sharing them with the burst's next batches.  This is how the pool
- * ranks a light sender's message ahead of a burst: by the order of
- * Pepsi's own work, which costs nothing against the host's other
- * processes.  A nice value on the bulk sessions (BULK_NICE) ranks them
- * against every other process on the machine as well (the kernel's
- * autogroups weigh each backend's session against all the others, see
- * extension/src/session.c): on a host with other work it gave the
- * burst's admissions a tenth of a CPU's share, so it is off by default.
- * The pause costs the burst at most one small commit's time per new
- * client, and at most ADMIT_WAKE_CLIENTS clients an interval are new.
+ * Whether the known clients' admission a waits for the new clients'
+ * batch the express connection is storing: it does when it was queued
+ * after that batch went out.  Meanwhile the other connections start no
+ * batch of it (dbconn_queue): the batches already in flight finish, and
+ * the light sender's small transaction then has the database's CPU and
+ * WAL flush to itself rather than sharing them with the burst's next
+ * batches.  This is how the pool ranks a light sender's message ahead of
+ * a burst: by the order of Pepsi's own work, which costs nothing against
+ * the host's other processes.  A nice value on the bulk sessions
+ * (BULK_NICE) ranks them against every other process on the machine as
+ * well (the kernel's autogroups weigh each backend's session against all
+ * the others, see extension/src/session.c): on a host with other work it
+ * gave the burst's admissions a tenth of a CPU's share, so it is off by
+ * default.  Only the batch in flight when a arrived is waited for, never
+ * the next: a steady stream of new clients (an MX's usual traffic, where
+ * most senders are new) cannot hold the known clients' messages back for
+ * more than one small transaction, and the other connections still take
+ * new clients' messages when the express connection is busy.
  */
 static bool
-admit_express_storing(void)
+admit_waits_for_express(const struct admission *a)
 {
-	return pgconn_state(admit.express->pg) == PGCONN_BUSY && admit.express->work == DBCONN_WORK_ADMIT;
+	return pgconn_state(admit.express->pg) == PGCONN_BUSY && admit.express->work == DBCONN_WORK_ADMIT
+		   && a->queued_at >= admit.express->sent_at;
 }
 
 /*
@@ -333,16 +340,16 @@ admit_express_storing(void)
  * express connection serves the new clients only; the others serve the
  * known clients, and the new clients too when the express connection
  * cannot take them now (busy, or not connected) and they have nothing
- * else to do: while a burst keeps them busy, they never do.  Nothing
- * while the express connection stores (admit_express_storing).
+ * else to do: while a burst keeps them busy, they never do.  A known
+ * client's batch waits while the express connection stores the new
+ * clients' batch that went out before it was queued
+ * (admit_waits_for_express).
  */
 static struct admit_queue *
 dbconn_queue(const struct dbconn *c)
 {
 	if (c->express)
 		return admit.new_queue.head ? &admit.new_queue : NULL;
-	if (admit_express_storing())
-		return NULL;
 	/*
 	 * Heavy admissions go to the first connection, first, and to the
 	 * others only while it is down: they never share a batch with light
@@ -350,9 +357,10 @@ dbconn_queue(const struct dbconn *c)
 	 * ones' transactions stay small and quick beside a client storing
 	 * the biggest messages it may, in a loop.
 	 */
-	if (admit.heavy_queue.head && (c->index == 0 || pgconn_state(admit.conns[0].pg) == PGCONN_DOWN))
+	if (admit.heavy_queue.head && (c->index == 0 || pgconn_state(admit.conns[0].pg) == PGCONN_DOWN)
+		&& !admit_waits_for_express(admit.heavy_queue.head))
 		return &admit.heavy_queue;
-	if (admit.queue.head)
+	if (admit.queue.head && !admit_waits_for_express(admit.queue.head))
 		return &admit.queue;
 	if (admit.new_queue.head && pgconn_state(admit.express->pg) != PGCONN_IDLE)
 		return &admit.new_queue;
@@ -730,7 +738,8 @@ admit_kick(void)
 		/*
 		 * The express connection, the last, takes what the others leave
 		 * it; but when new clients' messages wait it goes first, so that
-		 * the others then wait for it (admit_express_storing).
+		 * the known clients' messages queued after it then wait for it
+		 * (admit_waits_for_express).
 		 */
 		int first = admit.new_queue.head ? admit.nconns - 1 : 0;
 
