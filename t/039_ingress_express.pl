@@ -191,6 +191,66 @@ my %late = map { my ($subject, $id) = split /\|/; ($subject => $id) }
 	FROM pepsi.workqueue WHERE convert_from(headers, 'UTF8') ~ 'Subject: (first|after)'});
 cmp_ok($late{first}, '<', $late{after}, 'stored in that order');
 
+# The wait is bounded (admit_waits_for_express): a known client's message
+# waits only for the new clients' transaction that was in flight when it
+# was queued, never for one sent after it, and while the new clients'
+# connection is busy the pool's connection takes new clients' messages
+# too.  The table is locked once more.  A known client's message (k1)
+# goes out on the pool connection and waits on the lock; a second (k2)
+# queues in ingress behind it; then a new client's (n1) goes out on the
+# express connection and waits on the lock too: it was sent after k2 was
+# queued, so k2 must not wait for it.  k1's backend is cancelled (its
+# sender gets a refusal and may retry): the pool connection is free, and
+# k2 goes out on it while n1 is still being stored.  Then a second new
+# client's (n2), with the express connection still busy, goes out on the
+# pool connection once k2's is done, not later.
+$lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ],
+	'<', \$lock_in, '>', \$lock_out, '2>', \$lock_out);
+($lock_in, $lock_out) = ("BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n", '');
+$lock->pump until $lock_out =~ /locked/;
+sub waiting_from
+{
+	my ($application) = @_;
+	return $node->safe_psql($db, qq{
+		SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%' AND application_name = '$application'});
+}
+my $k1 = start_send('127.0.0.1', 'kone');
+ok(poll_until(sub { waiting_from('pepsi-ingress') == 1 }, 30), 'a known client\'s message waits on the lock on the pool connection');
+my $k2 = start_send('127.0.0.1', 'ktwo');
+ok(sent_to_the_end($k2), 'a second waits in ingress behind it');
+my $n1 = start_send('127.0.0.5', 'none');
+ok(poll_until(sub { waiting_from('pepsi-ingress-express') == 1 }, 30),
+	'a new client\'s message then waits on the lock on the express connection');
+is($node->safe_psql($db, q{
+	SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
+	WHERE wait_event_type = 'Lock' AND query LIKE '%workqueue_add%' AND application_name = 'pepsi-ingress'}),
+	'1', 'the known client\'s first admission is cancelled');
+ok(!accepted($k1), 'and its sender is not told it was queued');
+ok(poll_until(sub { waiting_from('pepsi-ingress') == 1 }, 30),
+	'the second goes out on the pool connection while the new client\'s is stored: it was queued before that one was sent');
+is(waiting_from('pepsi-ingress-express'), '1', 'the new client\'s is still waiting');
+$lock_in .= "COMMIT;\n";
+$lock->finish;
+ok(accepted($k2), 'the second known message is accepted');
+ok(accepted($n1), 'the new client\'s message is accepted');
+
+# The express connection busy, a second new client's message goes out on
+# the idle pool connection rather than waiting for it.
+$lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ],
+	'<', \$lock_in, '>', \$lock_out, '2>', \$lock_out);
+($lock_in, $lock_out) = ("BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n", '');
+$lock->pump until $lock_out =~ /locked/;
+my $n2 = start_send('127.0.0.6', 'ntwo');
+ok(poll_until(sub { waiting_from('pepsi-ingress-express') == 1 }, 30), 'a new client\'s message waits on the express connection');
+my $n3 = start_send('127.0.0.7', 'nthree');
+ok(poll_until(sub { waiting_from('pepsi-ingress') == 1 }, 30),
+	'another new client\'s goes out on the idle pool connection meanwhile');
+$lock_in .= "COMMIT;\n";
+$lock->finish;
+ok(accepted($n2), 'the first is accepted');
+ok(accepted($n3), 'and the second');
+
 $ingress->signal('TERM');
 $ingress->finish;
 done_testing();
