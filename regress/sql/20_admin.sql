@@ -28,7 +28,7 @@ FROM pepsi.event_log WHERE id > :events_before ORDER BY id;
 -- Group roles and their grants
 -- ---------------------------------------------------------------------------
 
--- CREATE EXTENSION made the four group roles; none can log in.
+-- CREATE EXTENSION made the group roles (pepsi-admin(7) lists them); none can log in.
 SELECT rolname, rolcanlogin, rolsuper, rolinherit, rolcreaterole, rolcreatedb
 FROM pg_roles WHERE rolname LIKE 'pepsi\_%' ORDER BY rolname;
 
