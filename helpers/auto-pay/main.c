@@ -148,10 +148,10 @@ auto_pay_on_alarm(int sig)
 static void
 auto_pay_read_output(int fd, char *proof, char *more)
 {
-	size_t kept = 0;
-	size_t extra = 0;
-	bool   first = true;
-	char   buf[4096];
+	size_t	kept = 0;
+	size_t	extra = 0;
+	bool	first = true;
+	char	buf[4096];
 	ssize_t n;
 
 	while ((n = read(fd, buf, sizeof(buf))) != 0 && !auto_pay_timed_out)
@@ -186,12 +186,12 @@ auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, l
 	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
 								 "PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
 								 "PEPSI_PAYMENT_AMOUNT", amount, NULL};
-	struct sigaction sa;
-	char			 proof[AUTO_PAY_MAX_PROOF + 1];
-	char			 more[AUTO_PAY_MAX_OUTPUT + 1];
-	int				 out[2];
-	int				 status;
-	pid_t			 pid;
+	struct sigaction  sa;
+	char			  proof[AUTO_PAY_MAX_PROOF + 1];
+	char			  more[AUTO_PAY_MAX_OUTPUT + 1];
+	int				  out[2];
+	int				  status;
+	pid_t			  pid;
 
 	if (pipe(out) != 0 || (pid = fork()) < 0)
 	{

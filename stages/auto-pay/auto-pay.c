@@ -121,7 +121,7 @@ auto_pay_record(struct pepsi_ctx *ctx, const struct buf *headers)
 		const char *values[2] = {ids, pepsi_mail_from(ctx)};
 		json_t	   *answer = pepsi_call_json(ctx,
 											 "SELECT to_jsonb(pepsi.outbound_message_record(($1::text[])[1], $2))"
-											 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
+												 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
 											 2, values);
 
 		ok = answer != NULL;
@@ -252,25 +252,26 @@ auto_pay_finish(struct pepsi_ctx *ctx, long long payment, const char *outcome, c
 static int
 auto_pay_request(struct pepsi_ctx *ctx, const struct buf *headers, const char *uri)
 {
-	static const char *const fields[] = {"In-Reply-To", "References"};
-	const char				*payer = pepsi_rcpt(ctx, 0);
+	static const char *const   fields[] = {"In-Reply-To", "References"};
+	const char				  *payer = pepsi_rcpt(ctx, 0);
 	const struct pepsi_config *cfg = pepsi_config(ctx);
-	char					*peer = header_from_address(headers->data, headers->len);
-	char					*amount = header_get(headers->data, headers->len, "Payment-Amount");
-	const char				*at = peer ? strrchr(peer, '@') : NULL;
-	size_t					 nids;
-	char					*ids = auto_pay_ids(headers, fields, 2, &nids);
-	json_t					*settings = pepsi_address_settings(ctx, payer);
-	json_t					*answer = NULL;
-	struct buf				 paid = BUF_INIT;
-	int						 rc = -1;
+	char					  *peer = header_from_address(headers->data, headers->len);
+	char					  *amount = header_get(headers->data, headers->len, "Payment-Amount");
+	const char				  *at = peer ? strrchr(peer, '@') : NULL;
+	size_t					   nids;
+	char					  *ids = auto_pay_ids(headers, fields, 2, &nids);
+	json_t					  *settings = pepsi_address_settings(ctx, payer);
+	json_t					  *answer = NULL;
+	struct buf				   paid = BUF_INIT;
+	int						   rc = -1;
 
 	if (settings == NULL)
 		goto done;
 	if (at == NULL || amount == NULL || nids == 0)
 	{
 		log_info("%s: row %lld: <%s>: a payment request without %s: not paid", pepsi_queue_id(ctx), pepsi_id(ctx),
-				 payer, at == NULL ? "a From: address" : amount == NULL ? "Payment-Amount" : "In-Reply-To");
+				 payer, at == NULL ? "a From: address" : amount == NULL ? "Payment-Amount"
+																		: "In-Reply-To");
 		rc = pepsi_advance(ctx);
 		goto done;
 	}
