@@ -154,7 +154,8 @@ auto_pay_read_output(int fd, char *proof, char *more)
 	char	buf[4096];
 	ssize_t n;
 
-	while ((n = read(fd, buf, sizeof(buf))) != 0 && !auto_pay_timed_out)
+	/* The flag first: a read the alarm interrupted is not started again. */
+	while (!auto_pay_timed_out && (n = read(fd, buf, sizeof(buf))) != 0)
 	{
 		if (n < 0 && errno == EINTR)
 			continue;
