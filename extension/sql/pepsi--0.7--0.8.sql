@@ -174,6 +174,7 @@ $$;
 CREATE TABLE pepsi.outbound_message (
     message_id  text PRIMARY KEY CHECK (length(message_id) BETWEEN 3 AND 998),
     sender      text NOT NULL CHECK (sender ~ '^[^@\s]+@[^@\s]+$'),
+    recipient_domains text[] NOT NULL,
     sent_at     timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX outbound_message_sent_at ON pepsi.outbound_message (sent_at);
@@ -214,11 +215,13 @@ BEGIN
 END
 $$;
 
--- Record a Message-Id of mail our user sender sent (pepsi-stage-auto-pay).
-CREATE FUNCTION pepsi.outbound_message_record(message_id text, sender text) RETURNS void
+-- Record a Message-Id of mail our user sender sent to recipients
+-- (pepsi-stage-auto-pay): their domains are the ones a request may come from.
+CREATE FUNCTION pepsi.outbound_message_record(message_id text, sender text, recipients text[]) RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    INSERT INTO pepsi.outbound_message (message_id, sender)
-    VALUES (outbound_message_record.message_id, lower(outbound_message_record.sender))
+    INSERT INTO pepsi.outbound_message (message_id, sender, recipient_domains)
+    VALUES (outbound_message_record.message_id, lower(outbound_message_record.sender),
+            ARRAY(SELECT DISTINCT lower(split_part(r, '@', 2)) FROM unnest(recipients) r))
     ON CONFLICT (message_id) DO NOTHING
 $$;
 
@@ -236,7 +239,8 @@ END
 $$;
 
 -- A payment request from peer to our user address, answering one of
--- message_ids (its In-Reply-To and References), for amount at uri: may it
+-- message_ids (its In-Reply-To and References) that went to peer's domain
+-- (or a subdomain of it), for amount at uri: may it
 -- be paid within the owner's limits (per_message, per_day: required;
 -- per_domain: the day's total to peer's domain, optional), unless the
 -- stage refuses it already (refusal: why, recorded)?  Returns
@@ -260,10 +264,12 @@ DECLARE
     new_id bigint;
 BEGIN
     SELECT o.message_id INTO matched FROM pepsi.outbound_message o
-    WHERE o.message_id = ANY (message_ids) AND o.sender = key LIMIT 1;
+    WHERE o.message_id = ANY (message_ids) AND o.sender = key
+      AND EXISTS (SELECT FROM unnest(o.recipient_domains) r WHERE r = domain OR r LIKE '%.' || domain)
+    LIMIT 1;
     IF matched IS NULL THEN
         RETURN jsonb_build_object('pay', false, 'match', false,
-                                  'why', 'it answers no message this address sent');
+                                  'why', 'it answers no message this address sent to that domain');
     END IF;
     -- One decision at a time per payer: the limits are sums over its rows.
     PERFORM pg_advisory_xact_lock(hashtext('pepsi.auto_pay'), hashtext(key));

@@ -7,16 +7,18 @@
  *
  *  - Mail one of our users sends (origin authenticated, trusted-network
  *    or local: never a stranger's, who could otherwise plant a Message-Id
- *    to be paid for) has its Message-Id recorded (pepsi.outbound_message,
- *    pruned by the schedule's outbound_message_prune).
+ *    to be paid for) has its Message-Id recorded with its recipients'
+ *    domains (pepsi.outbound_message, pruned by the schedule's
+ *    outbound_message_prune).
  *
  *  - A payment request (a Payment-Request: field with the URI, as GNU
  *    Taler's taler://pay/..., and Payment-Amount: CURRENCY:VALUE; the
  *    secretary of another Pepsi sends them) to one of our users is paid
  *    only when it answers (In-Reply-To, References) a Message-Id that
- *    user sent, comes From: a domain that signed it (a passing DKIM
- *    signature of that domain or a parent, as ingress recorded in
- *    state.auth: a forged request pays nothing), and fits the owner's
+ *    user sent to its From: domain (or a subdomain of it), which signed
+ *    it (a passing DKIM signature of that domain or a parent, as ingress
+ *    recorded in state.auth: a forged request pays nothing), and fits the
+ *    owner's
  *    limits (AUTO_PAY_PER_MESSAGE, AUTO_PAY_PER_DAY, AUTO_PAY_PER_DOMAIN:
  *    pepsi.settings over the configuration; nothing is paid without the
  *    first two), which pepsi.auto_pay_reserve checks and records as a
@@ -68,6 +70,20 @@ auto_pay_outbound(struct pepsi_ctx *ctx)
 		   && pepsi_mail_from(ctx)[0] != '\0';
 }
 
+/* Append s (len bytes) to array, the inside of a text[] literal, quoted. */
+static void
+auto_pay_array_add(struct buf *array, const char *s, size_t len)
+{
+	buf_printf(array, "%s\"", array->len > 1 ? "," : "");
+	for (size_t i = 0; i < len; i++)
+	{
+		if (s[i] == '"' || s[i] == '\\')
+			buf_append_char(array, '\\');
+		buf_append_char(array, s[i]);
+	}
+	buf_append_char(array, '"');
+}
+
 /* The Message-Ids (without <>) of the fields names, as a text[] literal; count in *n. */
 static char *
 auto_pay_ids(const struct buf *headers, const char *const *names, size_t nnames, size_t *n)
@@ -89,14 +105,7 @@ auto_pay_ids(const struct buf *headers, const char *const *names, size_t nnames,
 				break;
 			if (end > p)
 			{
-				buf_printf(&array, "%s\"", *n ? "," : "");
-				for (const char *c = p; c < end; c++)
-				{
-					if (*c == '"' || *c == '\\')
-						buf_append_char(&array, '\\');
-					buf_append_char(&array, *c);
-				}
-				buf_append_char(&array, '"');
+				auto_pay_array_add(&array, p, (size_t) (end - p));
 				(*n)++;
 			}
 			p = end + 1;
@@ -107,7 +116,7 @@ auto_pay_ids(const struct buf *headers, const char *const *names, size_t nnames,
 	return array.data;
 }
 
-/* Record the Message-Id of our user's mail; false (and the message fails) on an error. */
+/* Record the Message-Id of our user's mail, and its recipients; false (and the message fails) on an error. */
 static bool
 auto_pay_record(struct pepsi_ctx *ctx, const struct buf *headers)
 {
@@ -118,14 +127,22 @@ auto_pay_record(struct pepsi_ctx *ctx, const struct buf *headers)
 
 	if (n == 1)
 	{
-		const char *values[2] = {ids, pepsi_mail_from(ctx)};
-		json_t	   *answer = pepsi_call_json(ctx,
-											 "SELECT to_jsonb(pepsi.outbound_message_record(($1::text[])[1], $2))"
-												 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
-											 2, values);
+		struct buf	rcpts = BUF_INIT;
+		const char *values[3] = {ids, pepsi_mail_from(ctx), NULL};
+		json_t	   *answer;
 
+		buf_append_char(&rcpts, '{');
+		for (size_t i = 0; i < pepsi_rcpt_count(ctx); i++)
+			auto_pay_array_add(&rcpts, pepsi_rcpt(ctx, i), strlen(pepsi_rcpt(ctx, i)));
+		buf_append_char(&rcpts, '}');
+		values[2] = rcpts.data;
+		answer = pepsi_call_json(ctx,
+								 "SELECT to_jsonb(pepsi.outbound_message_record(($1::text[])[1], $2, $3::text[]))"
+								 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
+								 3, values);
 		ok = answer != NULL;
 		json_decref(answer);
+		buf_free(&rcpts);
 	}
 	free(ids);
 	return ok;
