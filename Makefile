@@ -96,7 +96,7 @@ STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
 STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-autocrypt-learn = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
-PRIVILEGED_STAGES = pepsi-stage-dot-forward
+PRIVILEGED_STAGES = pepsi-stage-dot-forward pepsi-stage-auto-pay
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)
 PRIVILEGED_STAGE_OBJS = $(foreach d,$(privileged_stage_dirs),$(call program_objs,$(d)))
 
@@ -245,6 +245,11 @@ HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 # root's pepsi.conf itself.
 HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_secrets common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-dot-forward = -linih
+# The auto-pay helper reads SYSTEM_DOMAINS, WALLET_DIR and WALLET_USER from
+# root's pepsi.conf itself.
+PRIVILEGED_CALLER_pepsi-helper-auto-pay = pepsi-stage-auto-pay
+HELPER_COMMON_pepsi-helper-auto-pay = common/config/config common/config/config_secrets common/config/config_route schema/options
+HELPER_LIBS_pepsi-helper-auto-pay = -linih
 
 define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \

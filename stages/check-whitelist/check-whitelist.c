@@ -35,6 +35,7 @@
 #include "message/header.h"
 #include "message/origin.h"
 #include "options.h"
+#include "payment.h"
 #include "runtime/stage.h"
 
 int pepsi_stage_check_whitelist_main(int argc, char **argv);
@@ -157,6 +158,7 @@ secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char
 	struct buf		 reply_headers = BUF_INIT;
 	struct buf		 reply_body = BUF_INIT;
 	struct buf		 text = BUF_INIT;
+	struct buf		 payment = BUF_INIT;
 	char			 unique[64];
 	char			*subject = xasprintf("Please confirm your message to %s (%s)", owner, token);
 	char			*enqueue_token = xasprintf("secretary-challenge-%lld-%s", challenge, token);
@@ -182,9 +184,11 @@ secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char
 			   "\nYour message, and any later ones from you, are then delivered.  Unconfirmed,\n"
 			   "it is deleted after %.0f days.  If you did not write to %s, ignore this.\n",
 			   pepsi_option_seconds(ctx, "HOLD_TIME") / 86400.0, owner);
+	secretary_payment_offer(ctx, owner, challenge, &payment, &text);
 	reply.text = text.data;
 	snprintf(unique, sizeof(unique), "%lld.secretary", pepsi_id(ctx));
 	autoreply_build(&reply, headers->data, headers->len, &reply_headers, &reply_body);
+	buf_append(&reply_headers, payment.data, payment.len);
 	state = json_pack("{s:o}", "origin", origin_generated("pepsi-stage-check-whitelist"));
 	id = pepsi_enqueue_new(ctx, reply_stage ? reply_stage : "init", "", &sender, 1, reply_headers.data,
 						   reply_headers.len, reply_body.data, reply_body.len, state, enqueue_token);
@@ -195,6 +199,7 @@ secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char
 	free(subject);
 	free(enqueue_token);
 	buf_free(&text);
+	buf_free(&payment);
 	buf_free(&reply_headers);
 	buf_free(&reply_body);
 	return id >= 0;
@@ -219,6 +224,9 @@ secretary_decide(struct pepsi_ctx *ctx)
 
 	if (headers == NULL)
 		return -1;
+	/* A proof of payment (SECRETARY_PAYMENT) releases as a confirmation does. */
+	if ((rc = secretary_payment_proof(ctx, headers, owner)) != 0)
+		return rc < 0 ? -1 : pepsi_finish(ctx);
 	/* Proven, and a message an auto-reply may answer: a challenge may go, and a reply may release. */
 	proof = secretary_verified(ctx, sender);
 	if (proof == NULL)

@@ -1,0 +1,395 @@
+/*
+ * pepsi-helper-auto-pay: runs a user's wallet, as that user, to pay one
+ * payment request for pepsi-stage-auto-pay (docs/pepsi-helper-auto-pay.8.md).
+ *
+ *   pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI
+ *
+ * Installed setuid root, mode 4750, in the group of its caller (the stage
+ * runs setgid to that group): only that group can run it, and it checks so
+ * again itself.  Linked to libc and a few files of common/ only (spec
+ * 22.2).  What it runs is never its caller's to say: for an address of
+ * SYSTEM_DOMAINS (SECTION's, a [stage-*] of pepsi-stage-auto-pay in CONFIG,
+ * a file only root can change; default [pepsi] LOCAL_DOMAINS) the wallet
+ * is the user's own ~/.pepsi-wallet (the local part is the user name),
+ * run as that user, never root, and only when no one else could have
+ * written it (a regular file of the user's or root's, not group- or
+ * world-writable, in a home directory as safe); for any other address
+ * (a virtual user) it is WALLET_DIR/DOMAIN, root's, run as WALLET_USER.
+ * The wallet is not a command line from the database: a settings row
+ * (which mail to a settings address can write) must not choose what runs
+ * as a user.
+ *
+ * The wallet runs with an empty environment but PEPSI_PAYER (ADDRESS),
+ * PEPSI_PAYMENT_URI, PEPSI_PAYMENT_AMOUNT and the user's HOME, USER,
+ * LOGNAME, PATH, as "WALLET pay URI AMOUNT"; it pays at most AMOUNT (the
+ * stage checked that against the owner's limits) and prints the proof of
+ * payment on its first line.  Killed (its process group) after SECONDS.
+ * The answer, on standard output, one line: "paid PROOF", or "failed
+ * REASON" (nothing was paid: no wallet, it failed, it hung, it printed no
+ * proof).  Logs go to standard error.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/xalloc.h"
+#include "config/config.h"
+#include "process/privilege.h"
+
+/* The longest proof a wallet may print (an HMAC, a signature, a receipt id). */
+#define AUTO_PAY_MAX_PROOF 512
+/* What a wallet's error output may add to the reason of its failure. */
+#define AUTO_PAY_MAX_OUTPUT 300
+
+int main(int argc, char **argv);
+
+static void
+usage(void)
+{
+	fprintf(stderr, "usage: pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI\n"
+					"  CONFIG defaults to %s; it must be root's.\n",
+			PEPSI_CONFIG_DEFAULT_PATH);
+	exit(EX_USAGE);
+}
+
+/* Printable ASCII only, at most max bytes: what may go on an argument or the answer's line. */
+static bool
+auto_pay_printable(const char *s, size_t max)
+{
+	size_t len = strlen(s);
+
+	if (len == 0 || len > max)
+		return false;
+	for (; *s; s++)
+		if ((unsigned char) *s <= 0x20 || (unsigned char) *s >= 0x7f)
+			return false;
+	return true;
+}
+
+/* A user name as useradd makes them; anything else never reaches getpwnam. */
+static bool
+auto_pay_user_name_ok(const char *name, size_t len)
+{
+	if (len == 0 || len > 32 || !(islower((unsigned char) name[0]) || name[0] == '_'))
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (!(islower((unsigned char) name[i]) || isdigit((unsigned char) name[i]) || strchr("_.-", name[i])))
+			return false;
+	return true;
+}
+
+/* A domain that names a file of WALLET_DIR: letters, digits, '-' and '.' not first. */
+static bool
+auto_pay_domain_ok(const char *d)
+{
+	if (d[0] == '\0' || d[0] == '.' || d[0] == '-' || strlen(d) > 253)
+		return false;
+	for (; *d; d++)
+		if (!(isalnum((unsigned char) *d) || *d == '-' || *d == '.'))
+			return false;
+	return true;
+}
+
+/*
+ * May the wallet at path run: a regular, executable file of owner's or
+ * root's that no one else may write, in a directory as safe?  Checked
+ * with the ids that will run it.  NULL, or why not.
+ */
+static const char *
+auto_pay_wallet_refusal(const char *path, uid_t owner)
+{
+	static char why[512];
+	struct stat st;
+	char	   *dir = xstrdup(path);
+	char	   *slash = strrchr(dir, '/');
+
+	*slash = '\0';
+	why[0] = '\0';
+	if (stat(dir[0] ? dir : "/", &st) != 0)
+		snprintf(why, sizeof(why), "%s: %s", dir, strerror(errno));
+	else if ((st.st_uid != owner && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)))
+		snprintf(why, sizeof(why), "%s may be written by others than its owner", dir);
+	else if (lstat(path, &st) != 0)
+		snprintf(why, sizeof(why), "no wallet (%s: %s)", path, strerror(errno));
+	else if (!S_ISREG(st.st_mode))
+		snprintf(why, sizeof(why), "%s is not a regular file", path);
+	else if (st.st_uid != owner && st.st_uid != 0)
+		snprintf(why, sizeof(why), "%s is owned by uid %ld", path, (long) st.st_uid);
+	else if (st.st_mode & (S_IWGRP | S_IWOTH))
+		snprintf(why, sizeof(why), "%s is group- or world-writable (mode %04o)", path,
+				 (unsigned) (st.st_mode & 07777));
+	else if (access(path, X_OK) != 0)
+		snprintf(why, sizeof(why), "%s is not executable", path);
+	free(dir);
+	return why[0] ? why : NULL;
+}
+
+static volatile sig_atomic_t auto_pay_timed_out;
+
+static void
+auto_pay_on_alarm(int sig)
+{
+	auto_pay_timed_out = 1;
+}
+
+/* Read the wallet's output (fd) until its end or the alarm: the first line kept in proof, the rest in more. */
+static void
+auto_pay_read_output(int fd, char *proof, char *more)
+{
+	size_t	kept = 0;
+	size_t	extra = 0;
+	bool	first = true;
+	char	buf[4096];
+	ssize_t n;
+
+	/* The flag first: a read the alarm interrupted is not started again. */
+	while (!auto_pay_timed_out && (n = read(fd, buf, sizeof(buf))) != 0)
+	{
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			break;
+		for (ssize_t i = 0; i < n; i++)
+		{
+			char c = (unsigned char) buf[i] < 0x20 || buf[i] == 0x7f ? ' ' : buf[i];
+
+			if (first && buf[i] == '\n')
+				first = false;
+			else if (first && kept < AUTO_PAY_MAX_PROOF)
+				proof[kept++] = c;
+			else if (!first && extra < AUTO_PAY_MAX_OUTPUT)
+				more[extra++] = c;
+		}
+	}
+	proof[kept] = '\0';
+	more[extra] = '\0';
+	while (kept > 0 && proof[kept - 1] == ' ')
+		proof[--kept] = '\0';
+}
+
+/* Run wallet as pw (already become) and print the answer. */
+static void
+auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, long seconds, const char *amount,
+			 const char *uri)
+{
+	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
+								 "PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
+								 "PEPSI_PAYMENT_AMOUNT", amount, NULL};
+	struct sigaction  sa;
+	char			  proof[AUTO_PAY_MAX_PROOF + 1];
+	char			  more[AUTO_PAY_MAX_OUTPUT + 1];
+	int				  out[2];
+	int				  status;
+	pid_t			  pid;
+
+	if (pipe(out) != 0 || (pid = fork()) < 0)
+	{
+		printf("failed pipe or fork: %s\n", strerror(errno));
+		return;
+	}
+	if (pid == 0)
+	{
+		char **env = privilege_clean_env(pairs);
+
+		setsid();
+		dup2(out[1], STDOUT_FILENO);
+		dup2(out[1], STDERR_FILENO);
+		close(out[0]);
+		close(out[1]);
+		if (chdir(pw->pw_dir) != 0 && chdir("/") != 0)
+			_exit(EX_TEMPFAIL);
+		execle(wallet, "pepsi-wallet", "pay", uri, amount, (char *) NULL, env);
+		_exit(EX_OSERR);
+	}
+	close(out[1]);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = auto_pay_on_alarm; /* no SA_RESTART: read and waitpid return EINTR */
+	sigaction(SIGALRM, &sa, NULL);
+	alarm((unsigned) seconds);
+	auto_pay_read_output(out[0], proof, more);
+	if (auto_pay_timed_out)
+		kill(-pid, SIGKILL);
+	while (waitpid(pid, &status, 0) < 0)
+	{
+		if (errno != EINTR)
+		{
+			printf("failed waitpid: %s\n", strerror(errno));
+			return;
+		}
+		if (auto_pay_timed_out)
+			kill(-pid, SIGKILL);
+	}
+	alarm(0);
+	if (auto_pay_timed_out)
+		printf("failed the wallet ran longer than %ld s and was killed\n", seconds);
+	else if (!WIFEXITED(status))
+		printf("failed the wallet was killed by signal %d\n", WTERMSIG(status));
+	else if (WEXITSTATUS(status) != 0)
+		printf("failed the wallet exited with status %d%s%s%s%s\n", WEXITSTATUS(status), proof[0] ? ": " : "",
+			   proof, more[0] ? " " : "", more);
+	else if (!auto_pay_printable(proof, AUTO_PAY_MAX_PROOF))
+		printf("failed the wallet printed no proof of payment (one line of printable characters)\n");
+	else
+		printf("paid %s\n", proof);
+}
+
+/*
+ * Whose wallet pays for address, from SECTION of root's CONFIG: *pw and
+ * the wallet's path (allocated), or false with the answer's reason.
+ */
+static bool
+auto_pay_wallet_of(const char *config_path, const char *section, const char *address, struct passwd **pw,
+				   char **wallet, char *why, size_t whylen)
+{
+	struct pepsi_config *cfg;
+	const char			*at = strrchr(address, '@');
+	const char			*program;
+	const char			*system_domains;
+	char				 err[768] = "";
+	bool				 ok = false;
+
+	if (getuid() != 0 && !privilege_path_trusted(config_path, geteuid() == 0 ? 0 : getuid(), err, sizeof(err)))
+	{
+		snprintf(why, whylen, "refusing the configuration: %s", err);
+		return false;
+	}
+	if ((cfg = config_load(config_path, err, sizeof(err))) == NULL)
+	{
+		snprintf(why, whylen, "%s", err);
+		return false;
+	}
+	program = config_get(cfg, section, "PROGRAM");
+	system_domains = config_get(cfg, section, "SYSTEM_DOMAINS");
+	if (system_domains == NULL)
+		system_domains = config_get(cfg, "pepsi", "LOCAL_DOMAINS");
+	*pw = NULL;
+	if (strncmp(section, "stage-", 6) != 0 || program == NULL
+		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-auto-pay") != 0)
+		snprintf(why, whylen, "%s: [%s] is not a section of pepsi-stage-auto-pay", config_path, section);
+	else if (system_domains && config_list_contains(system_domains, at + 1))
+	{
+		char *user = xstrndup(address, (size_t) (at - address));
+
+		for (char *p = user; *p; p++)
+			*p = (char) tolower((unsigned char) *p);
+		if (!auto_pay_user_name_ok(user, strlen(user)) || (*pw = getpwnam(user)) == NULL)
+			snprintf(why, whylen, "no system user %s (SYSTEM_DOMAINS names %s)", user, at + 1);
+		else if ((*pw)->pw_uid == 0)
+			snprintf(why, whylen, "a wallet never runs as root");
+		else
+		{
+			*wallet = xasprintf("%s/.pepsi-wallet", (*pw)->pw_dir);
+			ok = true;
+		}
+		free(user);
+	}
+	else
+	{
+		const char *user = config_get(cfg, section, "WALLET_USER");
+		const char *dir = config_get(cfg, section, "WALLET_DIR");
+
+		if (user == NULL || (*pw = getpwnam(user)) == NULL || (*pw)->pw_uid == 0)
+			snprintf(why, whylen, "%s is a virtual domain and [%s] WALLET_USER names no user (not root)", at + 1,
+					 section);
+		else if (!auto_pay_domain_ok(at + 1))
+			snprintf(why, whylen, "%s is not a domain", at + 1);
+		else
+		{
+			const char *refusal;
+
+			*wallet = xasprintf("%s/%s", dir ? dir : "/etc/pepsi/wallet.d", at + 1);
+			/* Root's file, checked as root: WALLET_USER may not change it. */
+			if ((refusal = auto_pay_wallet_refusal(*wallet, 0)) != NULL)
+			{
+				snprintf(why, whylen, "%s", refusal);
+				free(*wallet);
+			}
+			else
+				ok = true;
+		}
+	}
+	config_free(cfg);
+	return ok;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct passwd *pw;
+	const char	  *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	const char	  *section = NULL;
+	const char	  *refusal;
+	char		  *wallet = NULL;
+	char		  *end;
+	char		   why[1024];
+	char		   err[256];
+	long		   seconds;
+	int			   opt;
+
+	privilege_sanitize_process();
+	log_init("pepsi-helper-auto-pay", false);
+	while ((opt = getopt(argc, argv, "+c:s:")) != -1)
+		switch (opt)
+		{
+			case 'c':
+				config_path = optarg;
+				break;
+			case 's':
+				section = optarg;
+				break;
+			default:
+				usage();
+		}
+	argc -= optind - 1;
+	argv += optind - 1;
+	if (argc != 6 || section == NULL || strcmp(argv[1], "pay") != 0)
+		usage();
+	/* Setuid: only the stage's group may ask (mode 4750 says so too). */
+	if (geteuid() == 0 && getuid() != 0)
+	{
+		gid_t group;
+
+		if (!privilege_own_group(&group, err, sizeof(err)))
+			fatalx("%s", err);
+		if (!privilege_caller_in_group(group))
+			fatalx("refused: uid %ld is not of group %ld, which this helper serves", (long) getuid(), (long) group);
+	}
+	for (int i = 2; i < argc; i++)
+		if (!auto_pay_printable(argv[i], 2048))
+			fatalx("refused: argument %d is empty, too long, or has a space or control character", i);
+	if (strchr(argv[2], '@') == NULL || strchr(argv[2], '/') != NULL)
+		fatalx("refused: \"%s\" is not an address", argv[2]);
+	seconds = strtol(argv[3], &end, 10);
+	if (*end || seconds <= 0 || seconds > 3600)
+		fatalx("refused: \"%s\" is not a number of seconds (1 to 3600)", argv[3]);
+	if (!auto_pay_wallet_of(config_path, section, argv[2], &pw, &wallet, why, sizeof(why)))
+	{
+		printf("failed %s\n", why);
+		return fflush(stdout) == 0 ? 0 : EX_IOERR;
+	}
+	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
+	if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
+	{
+		if (geteuid() == 0)
+			fatalx("becoming %s: %s", pw->pw_name, err);
+		printf("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
+	}
+	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
+		printf("failed %s\n", refusal);
+	else
+		auto_pay_run(pw, wallet, argv[2], seconds, argv[4], argv[5]);
+	free(wallet);
+	return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}

@@ -1,0 +1,30 @@
+/*
+ * payment.h: the secretary's paid alternative to confirmation
+ * (pepsi-stage-check-whitelist(8), SECRETARY_PAYMENT).
+ */
+#ifndef PEPSI_SECRETARY_PAYMENT_H
+#define PEPSI_SECRETARY_PAYMENT_H
+
+#include <stdbool.h>
+
+#include "base/buf.h"
+#include "runtime/stage.h"
+
+/*
+ * When owner offers one (SECRETARY_PAYMENT, SECRETARY_PRICE: theirs or the
+ * configuration's), the payment request of challenge: its fields
+ * (Payment-Request: URI, Payment-Amount: PRICE) appended to fields, a
+ * paragraph saying so to text.  Nothing when owner offers none.
+ */
+void secretary_payment_offer(struct pepsi_ctx *ctx, const char *owner, long long challenge, struct buf *fields,
+							 struct buf *text);
+
+/*
+ * Is the row a proof of payment (Payment-Proof: URI PROOF) of one of
+ * owner's challenges?  1: it was, and the held mail is released (or was
+ * already): the row is done with; 0: it is none (or not a valid one,
+ * logged), decide on it as on any mail; -1: an error (the message fails).
+ */
+int secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner);
+
+#endif

@@ -1,0 +1,270 @@
+# Auto-pay both ways, end to end through pepsi-ingress and the real
+# stages, with pepsi-stage-auto-pay set-group-id and pepsi-helper-auto-pay
+# set-user-id root as make install lays them out, pepsi-dispatch running
+# as an unprivileged user.  Our user ann (a system user of local.test)
+# writes to addresses of shop.test whose secretary asks a payment instead
+# of a confirmation: the challenge carries a taler://pay/ request, is
+# DKIM-signed by shop.test (pepsi-stage-dkim-sign) and comes back in
+# through the SMTP listener, which verifies the signature; auto-pay
+# matches it to ann's message and pays it within her limits through her
+# ~/.pepsi-wallet (a script, run as ann), the proof goes back as a reply,
+# and the secretary checks it (HMAC of the order under the shared
+# PAYMENT_SECRET) and releases her message.  Paid once; over the limit
+# per message: not paid; a forged request (no DKIM): not paid; a wallet
+# that fails or hangs: nothing paid, the request delivered unpaid, a log
+# line.  Each payment and refusal a row of pepsi.payment.  Needs root
+# (RootTest).
+
+use strict;
+use warnings FATAL => 'all';
+
+use RootTest;
+
+use File::Basename qw(dirname);
+use File::Temp ();
+use IO::Socket::INET;
+use IPC::Run ();
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+use SignTest;
+use TestDNS;
+
+$ENV{PATH} = "$ENV{PATH}:/usr/sbin:/sbin";
+my $build_bin = dirname(pepsi_bin('pepsi-dispatch'));
+
+my $db = 'postgres';
+my $node = delivery_node('auto_pay');
+my $shared = shared_dir();
+my $homes = "$shared/home";
+my $root = "$shared/maildir";
+my $tag = $$ % 1000000;
+my $group = "pepsi-ap$tag";
+my $user = "ap${tag}ann";
+my $ann = "$user\@local.test";
+my ($bob, $carl, $dan, $erin) = map { "$_\@shop.test" } qw(bob carl dan erin);
+my $secret = 'shared-with-the-payment-service';
+
+mkdir $homes;
+mkdir $root;
+add_system_group($group);
+add_system_user($user, $homes);
+my ($uid, $ugid, $home) = (getpwnam($user))[ 2, 3, 7 ];
+make_mailbox($root, $_) for $ann, $bob, $carl, $dan, $erin;
+system('chown', '-R', cluster_user() . ':', $root) == 0 or die 'chown';
+my $bin = "$shared/bin";
+install_privileged($build_bin, $bin, $group, 'pepsi-helper-auto-pay', 'pepsi-stage-auto-pay');
+
+sub sql { return $node->safe_psql($db, shift) }
+
+# ann's wallet: the payment service's part too (it knows the shared secret
+# and hands out the proof: HMAC-SHA256 of the order).  ~/wallet-mode says
+# whether it pays, fails or hangs; ~/wallet.log has one line per payment.
+sub write_file_as
+{
+	my ($path, $text, $mode) = @_;
+	open my $fh, '>', $path or die "$path: $!";
+	print $fh $text;
+	close $fh;
+	chown $uid, $ugid, $path;
+	chmod $mode, $path;
+}
+write_file_as("$home/.pepsi-wallet", <<"SH", 0755);
+#!/bin/sh
+mode=\$(cat "\$HOME/wallet-mode")
+[ "\$mode" = fail ] && { echo "insufficient funds" >&2; exit 3; }
+[ "\$mode" = hang ] && exec sleep 120
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*\\)/.*|\\1|p')
+echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
+printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
+SH
+sub wallet_mode { write_file_as("$home/wallet-mode", "$_[0]\n", 0644) }
+sub wallet_log { return -e "$home/wallet.log" ? slurp("$home/wallet.log") : '' }
+wallet_mode('pay');
+
+# shop.test signs its mail (the secretary's challenges); local.test and
+# shop.test send from 127.0.0.1 (SPF pass).
+my $etc = File::Temp::tempdir('pepsi-ap-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $etc;
+my ($key, $record) = make_key($etc, 'shop', 'rsa-sha256');
+chown((getpwnam(cluster_user()))[ 2, 3 ], $key);
+my $dns = TestDNS->new($shared);
+$dns->zone("1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.\nmx.client.test. 300 IN A 127.0.0.1\n"
+	  . "local.test. 300 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n"
+	  . "shop.test. 300 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n"
+	  . TestDNS::txt('s1._domainkey.shop.test.', $record));
+
+# The shared secret, in secrets.d beside the configuration: root's,
+# readable by the pipeline's group.
+mkdir "$etc/secrets.d";
+chmod 0755, "$etc/secrets.d";
+{
+	my $fragment = "$etc/secrets.d/payment.conf";
+	open my $fh, '>', $fragment or die $!;
+	print $fh "[stage-secretary]\nPAYMENT_SECRET = $secret\n";
+	close $fh;
+	chown 0, (getpwnam(cluster_user()))[3], $fragment;
+	chmod 0640, $fragment;
+}
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $config = delivery_config($node, maildir_root => $root, local_domains => 'local.test shop.test',
+	path => "$etc/pepsi.conf",
+	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s', LOCAL_DOMAINS => 'local.test shop.test' },
+	extra => { init => "LOCAL_STAGE = autopay\n" },
+	more_stages => {
+		autopay => "PROGRAM = $bin/pepsi-stage-auto-pay\nNEXT_STAGE = secretary\nREPLY_STAGE = init\n"
+		  . "WALLET_TIME_LIMIT = 3s\nSYSTEM_DOMAINS = local.test\n",
+		secretary => "PROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = maildir\nREPLY_STAGE = sign\n"
+		  . "PAYMENT_MERCHANT = pay.shop.test/instances/mail\n",
+		sign => "PROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = loop\nKEYS = shop\n"
+		  . "HEADERS = from:to:subject:date:message-id:in-reply-to:references:payment-request:payment-amount\n",
+		loop => "PROGRAM = pepsi-stage-relay-to-smarthost\nSMARTHOST = 127.0.0.1:$port\nTLS = none\n"
+		  . "TIMEOUT = 10s\nCONNECT_TIMEOUT = 5s\nRETRY_BASE = 1s\nRETRY_MAX = 2s\n",
+	},
+	sections => <<"CONF");
+[dkim-key-shop]
+DOMAIN = shop.test
+SELECTOR = s1
+KEY_FILE = $key
+[ingress]
+AUTHSERV_ID = mx.pepsi.test
+DISPATCH_WAKE_INTERVAL = 10ms
+DNS_MESSAGE_BUDGET = 8s
+[listener-smtp]
+ADDRESS = 127.0.0.1
+PORT = $port
+MESSAGE_AUTHENTICATION = on
+TRUSTED_MESSAGE_AUTHENTICATION = on
+CONF
+chmod 0644, $config;
+
+# bob, carl, dan and erin of shop.test ask a payment; ann's limits.
+for ([ $bob, 'EUR:0.50' ], [ $carl, 'EUR:5' ], [ $dan, 'EUR:0.50' ], [ $erin, 'EUR:0.50' ])
+{
+	sql("SELECT pepsi.settings_set('$_->[0]', 'WHITELIST', 'yes')");
+	sql("SELECT pepsi.settings_set('$_->[0]', 'SECRETARY_PAYMENT', 'taler')");
+	sql("SELECT pepsi.settings_set('$_->[0]', 'SECRETARY_PRICE', '$_->[1]')");
+}
+sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_MESSAGE', 'EUR:1')");
+sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_DAY', 'EUR:10')");
+
+my $ingress_log = "$shared/ingress.log";
+my $ingress = start_dispatcher($config, program => [ as_cluster_user(pepsi_bin('pepsi-ingress')) ],
+	log => $ingress_log);
+poll_until(sub {
+	my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 1);
+	$s->close if $s;
+	return $s;
+}, 60) or die "pepsi-ingress did not start:\n" . slurp($ingress_log);
+my $d = start_dispatcher($config, log => "$shared/dispatch.log",
+	program => [ as_cluster_user(pepsi_bin('pepsi-dispatch')) ]);
+
+my $n = 0;
+sub send_mail
+{
+	my ($from, $to, %m) = @_;
+	$n++;
+	my $headers = join('', map { "$_\r\n" } @{ $m{headers} // [] });
+	my $data = "From: <" . ($m{header_from} // $from) . ">\r\nTo: <$to>\r\nSubject: " . ($m{subject} // "message $n")
+	  . "\r\nMessage-ID: <m$n.$tag\@local.test>\r\nDate: Sun, 6 Dec 2026 12:00:00 +0000\r\n$headers\r\n"
+	  . "Hello $n.\r\n";
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'swaks', '--server', '127.0.0.1', '--port', $port, '--ehlo', 'mx.client.test',
+			'--from', $from, '--to', $to, '--data', '-' ],
+		'<', \$data, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	diag($out . $err) if $?;
+	return ($? >> 8, "m$n.$tag\@local.test");
+}
+sub mails { return map { slurp($_) } maildir_files($root, $_[0]) }
+sub requests { return grep { /^Payment-Request: taler:/m } mails($ann) }
+sub request_from { my ($who) = @_; return grep { /^Subject: Please confirm your message to \Q$who\E/m } requests() }
+sub payments
+{
+	return sql("SELECT string_agg(concat_ws(' ', outcome, peer, currency || ':' || amount::text), ',' ORDER BY id)"
+		  . " FROM pepsi.payment WHERE direction = 'out'");
+}
+sub queue_dump
+{
+	return sql("SELECT string_agg(concat_ws(' ', id, stage, status, mail_from, rcpt_to::text), E'\n') FROM pepsi.workqueue");
+}
+
+# 1. Within the limits: paid once, and the secretary releases ann's message.
+my ($rc, $first) = send_mail($ann, $bob, subject => 'to bob');
+is($rc, 0, 'ann writes to bob');
+ok(poll_until(sub { sql("SELECT sender FROM pepsi.outbound_message WHERE message_id = '$first'") eq $ann }, 60),
+	'its Message-Id is recorded');
+ok(poll_until(sub { grep({ /^Subject: to bob\r$/m } mails($bob)) == 1 }, 90),
+	'bob\'s secretary released it, on the proof of payment')
+  or diag(queue_dump(), "\n", slurp("$shared/dispatch.log"), slurp($ingress_log));
+my ($request) = requests();
+like($request, qr{^Payment-Request: taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/\r$}m,
+	'the challenge carried a taler://pay/ request');
+like($request, qr/^DKIM-Signature:.*d=shop\.test/ms, 'signed by shop.test');
+like($request, qr/^Authentication-Results: mx\.pepsi\.test;.*dkim=pass/ms, 'verified as it came in');
+is(payments(), "paid $bob EUR:0.50", 'one payment, paid, to bob');
+my @calls = split /\n/, wallet_log();
+is(scalar(@calls), 1, 'the wallet ran once');
+like($calls[0], qr{^$uid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/ EUR:0\.50 \Q$ann\E$},
+	'as ann, with the request, the amount and the payer');
+is(sql("SELECT source FROM pepsi.whitelist WHERE owner = '$bob' AND sender = '$ann'"), 'reply',
+	'ann is on bob\'s whitelist');
+is(sql("SELECT outcome || ' ' || amount FROM pepsi.payment WHERE direction = 'in' AND address = '$bob'"),
+	'received 0.50', 'bob\'s side recorded what it received');
+ok(file_shows("$shared/dispatch.log", qr/<\Q$ann\E>: paid EUR:0\.50 to <\Q$bob\E> for taler:/), 'logged');
+
+# 2. Over the limit per message: not paid, carl's message stays held.
+($rc) = send_mail($ann, $carl, subject => 'to carl');
+ok(poll_until(sub { payments() =~ /refused \Q$carl\E EUR:5/ }, 90), 'carl\'s EUR:5 is refused')
+  or diag(queue_dump());
+ok(poll_until(sub { scalar(request_from($carl)) == 1 }, 60), 'the request is delivered to ann, unpaid');
+ok(file_shows("$shared/dispatch.log", qr/not paid: EUR:5 is over the limit per message, EUR:1 \(AUTO_PAY_PER_MESSAGE\)/),
+	'logged with the reason and the option');
+is(scalar(split /\n/, wallet_log()), 1, 'the wallet did not run');
+is(scalar(mails($carl)), 0, 'carl\'s message is held');
+
+# 3. A forged request: From bob, answering ann's message, no signature.
+($rc) = send_mail('bob@shop.test', $ann, subject => 'pay me', header_from => $bob,
+	headers => [ "In-Reply-To: <$first>", 'Payment-Request: taler://pay/evil.test/x/', 'Payment-Amount: EUR:0.10' ]);
+is($rc, 0, 'a forged request is taken');
+ok(poll_until(sub { grep({ /^Subject: pay me\r$/m } mails($ann)) == 1 }, 60), 'and delivered');
+like(payments(), qr/refused \Q$bob\E EUR:0\.10/, 'refused');
+ok(file_shows("$shared/dispatch.log", qr/for EUR:0\.10 not paid: no passing DKIM signature of the requester's domain/),
+	'for want of a DKIM signature');
+is(scalar(split /\n/, wallet_log()), 1, 'the wallet did not run');
+
+# 4. A wallet that fails, then one that hangs: nothing paid, delivered unpaid.
+wallet_mode('fail');
+send_mail($ann, $dan, subject => 'to dan');
+ok(poll_until(sub { payments() =~ /failed \Q$dan\E/ }, 90), 'dan\'s request: the wallet failed') or diag(queue_dump());
+ok(file_shows("$shared/dispatch.log", qr/<\Q$dan\E> for EUR:0\.50 not paid: the wallet: the wallet exited with status 3/),
+	'logged');
+wallet_mode('hang');
+send_mail($ann, $erin, subject => 'to erin');
+ok(poll_until(sub { payments() =~ /failed \Q$erin\E/ }, 90), 'erin\'s request: the wallet hung') or diag(queue_dump());
+ok(file_shows("$shared/dispatch.log", qr/not paid: the wallet: the wallet ran longer than 3 s and was killed/),
+	'killed at WALLET_TIME_LIMIT, logged');
+ok(poll_until(sub { scalar(request_from($dan)) + scalar(request_from($erin)) == 2 }, 60),
+	'both requests are delivered to ann, unpaid');
+is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND outcome = 'paid'"), '1',
+	'still one payment made');
+is(scalar(mails($dan)) + scalar(mails($erin)), 0, 'dan\'s and erin\'s messages stay held');
+
+# 5. The record is bounded: the schedule prunes it.
+sql("UPDATE pepsi.outbound_message SET sent_at = now() - interval '40 days'");
+sql("SELECT pepsi.schedule_add('outbound-prune', now(), interval '1 day', function_name => 'outbound_message_prune',"
+	  . " arguments => '{\"older_than\": \"30 days\"}')");
+ok(poll_until(sub { sql('SELECT count(*) FROM pepsi.outbound_message') eq '0' }, 60), 'the schedule prunes it');
+
+# The stage's role writes neither table itself.
+my ($prc, $pout, $perr) = $node->psql($db,
+	"SET ROLE pepsi_stage; INSERT INTO pepsi.outbound_message VALUES ('x\@y', 'a\@b.test')");
+like($perr, qr/permission denied for table outbound_message/, 'pepsi_stage may not write pepsi.outbound_message');
+
+stop_dispatcher($d);
+stop_dispatcher($ingress);
+done_testing();
