@@ -85,13 +85,9 @@ form_field(const struct buf *body, const char *name)
 				else
 					buf_append_char(&out, *v);
 			buf_append_char(&out, '\0');
-			value = xstrdup(out.data);
+			/* (a NUL inside, or an overlong value: no field of ours) */
+			value = strlen(out.data) + 1 == out.len && out.len <= 513 ? xstrdup(out.data) : NULL;
 			buf_free(&out);
-			if (strlen(value) + 1 != out.len || strlen(value) > 512)
-			{
-				free(value);
-				return NULL;
-			}
 			return value;
 		}
 		p = amp ? amp + 1 : NULL;
@@ -156,19 +152,25 @@ form_new_csrf(char out[FORM_CSRF_LEN + 1])
 	return true;
 }
 
-/* Does the POST carry the form's CSRF token, equal to its cookie, from this site? */
-static bool
-form_csrf_ok(struct request *req)
+/* Does the POST carry the form's CSRF token, equal to its cookie, from this site?  NULL, else why not. */
+static const char *
+form_csrf_refused(struct request *req)
 {
 	const char *cookie = MHD_lookup_connection_value(req->connection, MHD_COOKIE_KIND, FORM_COOKIE);
 	const char *site = MHD_lookup_connection_value(req->connection, MHD_HEADER_KIND, "Sec-Fetch-Site");
 	char	   *given = form_field(&req->body, "csrf");
-	bool		ok = cookie && given && strlen(cookie) == FORM_CSRF_LEN && strlen(given) == FORM_CSRF_LEN
-			  && CRYPTO_memcmp(cookie, given, FORM_CSRF_LEN) == 0
-			  && (site == NULL || strcmp(site, "same-origin") == 0 || strcmp(site, "none") == 0);
+	const char *why = NULL;
 
+	if (site && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+		why = "Sec-Fetch-Site is not same-origin";
+	else if (cookie == NULL || strlen(cookie) != FORM_CSRF_LEN)
+		why = "no form cookie";
+	else if (given == NULL || strlen(given) != FORM_CSRF_LEN)
+		why = "no csrf field";
+	else if (CRYPTO_memcmp(cookie, given, FORM_CSRF_LEN) != 0)
+		why = "the csrf field is not the cookie's";
 	free(given);
-	return ok;
+	return why;
 }
 
 /* The form asking for the address (GET /list/form/subscribe|unsubscribe). */
@@ -271,10 +273,11 @@ form_post(struct request *req, const char *action)
 {
 	enum MHD_Result result;
 	char		   *f[3] = {NULL, NULL, NULL};
+	const char	   *refused = req->body_too_large ? "the body is too large" : form_csrf_refused(req);
 
-	if (req->body_too_large || !form_csrf_ok(req))
+	if (refused)
 	{
-		log_info("%s: a list form POST without its CSRF token refused", req->client);
+		log_info("%s: a list form POST refused: %s", req->client, refused);
 		return form_message(req, MHD_HTTP_FORBIDDEN, "Refused",
 							"The form is stale or came from another site: open it again.");
 	}

