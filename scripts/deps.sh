@@ -99,6 +99,8 @@ check_packages=(
     opendmarc
     # the failover test and bench/failover (scripts/ha.sh): etcd, Patroni, PgBouncer
     etcd-server patroni pgbouncer
+    # bench/list's peer: mlmmj (with Postfix, above), the mailing-list manager compared
+    mlmmj
     # benchmarks: pgbench ships in postgresql-15; bench/ingress/policy.sh
     # makes its certificate and password hash with openssl, and gives
     # Postfix SASL from Dovecot (dovecot-core, above)

@@ -75,6 +75,8 @@ enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *co
 							const void *data, size_t len, bool copy);
 /* Add the headers every response carries (no sniffing, no framing, CSP). */
 void reply_add_security_headers(struct MHD_Response *response);
+/* The same, for a page whose form posts to this server (form-action 'self'). */
+void reply_add_form_security_headers(struct MHD_Response *response);
 /* An HTML page whose form posts back to this server (the secretary's confirmation page). */
 enum MHD_Result reply_form_page(struct request *req, unsigned status, const char *html);
 
@@ -122,5 +124,7 @@ enum MHD_Result confirm_route(struct request *req);
 enum MHD_Result setup_web_route(struct request *req);
 /* list_unsubscribe.c: RFC 8058 one-click unsubscribe (/list/unsubscribe). */
 enum MHD_Result list_unsubscribe_route(struct request *req);
+/* list_form.c: the lists' subscribe / unsubscribe forms (/list/form/...). */
+enum MHD_Result list_form_route(struct request *req);
 
 #endif

@@ -260,6 +260,8 @@ httpd_dispatch(struct request *req)
 		return confirm_route(req);
 	if (strcmp(req->path, "/list/unsubscribe") == 0)
 		return list_unsubscribe_route(req);
+	if (strncmp(req->path, "/list/form/", 11) == 0)
+		return list_form_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

@@ -36,6 +36,12 @@ reply_add_security_headers(struct MHD_Response *response)
 	reply_add_headers(response, "'none'");
 }
 
+void
+reply_add_form_security_headers(struct MHD_Response *response)
+{
+	reply_add_headers(response, "'self'");
+}
+
 enum MHD_Result
 reply_form_page(struct request *req, unsigned status, const char *html)
 {

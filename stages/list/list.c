@@ -8,8 +8,9 @@
  * list go on to NEXT_STAGE on a row of their own; a second list address
  * of the same message goes back to this stage on its own row.  A post
  * passes twice: the first pass decides and rewrites its headers, the
- * second (state.list.phase "fanout") splits it into the subscribers' rows,
- * which share its body.
+ * second (state.list.phase "fanout") makes the subscribers' rows, which
+ * share its body, and deletes it in one call (post.c).  A row the schedule
+ * injects with state.list_digest sends a digest (digest.c).
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -115,31 +116,16 @@ list_to_owners(struct pepsi_ctx *ctx, json_t *resolved, const char *recipient)
 	return rc;
 }
 
-static int
-list_run(struct pepsi_ctx *ctx)
+/* Each recipient's list_resolve answer (NULL for a recipient of no list), in order; NULL on error. */
+static json_t *
+list_resolve_all(struct pepsi_ctx *ctx)
 {
-	json_t	   *list_state = json_object_get(pepsi_state(ctx), "list");
-	const char *phase = json_string_value(json_object_get(list_state, "phase"));
 	size_t		count = pepsi_rcpt_count(ctx);
 	json_t	   *rcpt = json_array();
 	json_t	   *resolved;
 	char	   *rcpt_text;
 	const char *values[1];
-	int		   *others = xcalloc(count + 1, sizeof(int));
-	int		   *more_lists = xcalloc(count + 1, sizeof(int));
-	size_t		nothers = 0;
-	size_t		nmore = 0;
-	size_t		first = count;
-	const char *kind;
-	int			rc = -1;
 
-	if (phase && strcmp(phase, "fanout") == 0)
-	{
-		free(others);
-		free(more_lists);
-		json_decref(rcpt);
-		return list_fan_out(ctx, list_state);
-	}
 	for (size_t i = 0; i < count; i++)
 		json_array_append_new(rcpt, json_string(pepsi_rcpt(ctx, i)));
 	rcpt_text = json_dumps(rcpt, JSON_COMPACT);
@@ -150,8 +136,47 @@ list_run(struct pepsi_ctx *ctx)
 							   1, values);
 	free(rcpt_text);
 	json_decref(rcpt);
-	if (resolved == NULL)
-		goto out;
+	return resolved;
+}
+
+/* The row now holds one list address alone, which one resolved: to its handler. */
+static int
+list_dispatch(struct pepsi_ctx *ctx, json_t *one)
+{
+	const char *recipient = pepsi_rcpt(ctx, 0);
+	const char *kind = json_string_value(json_object_get(one, "kind"));
+
+	if (strcmp(kind, "post") == 0)
+		return list_post(ctx, one);
+	if (strcmp(kind, "owner") == 0)
+		return list_to_owners(ctx, one, recipient);
+	if (strcmp(kind, "bounces") == 0)
+		return list_bounce(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
+	return list_request(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
+}
+
+static int
+list_run(struct pepsi_ctx *ctx)
+{
+	json_t	   *list_state = json_object_get(pepsi_state(ctx), "list");
+	const char *phase = json_string_value(json_object_get(list_state, "phase"));
+	size_t		count = pepsi_rcpt_count(ctx);
+	json_t	   *resolved;
+	int		   *others;
+	int		   *more_lists;
+	size_t		nothers = 0;
+	size_t		nmore = 0;
+	size_t		first = count;
+	int			rc = -1;
+
+	if (phase && strcmp(phase, "fanout") == 0)
+		return list_fan_out(ctx, list_state);
+	if (json_object_get(pepsi_state(ctx), "schedule") && json_is_true(json_object_get(pepsi_state(ctx), "list_digest")))
+		return list_digest_run(ctx);
+	if ((resolved = list_resolve_all(ctx)) == NULL)
+		return -1;
+	others = xcalloc(count + 1, sizeof(int));
+	more_lists = xcalloc(count + 1, sizeof(int));
 	for (size_t i = 0; i < count; i++)
 	{
 		if (json_is_null(json_array_get(resolved, i)))
@@ -162,29 +187,11 @@ list_run(struct pepsi_ctx *ctx)
 			more_lists[nmore++] = (int) i + 1;
 	}
 	if (first == count)
-	{
 		rc = pepsi_advance(ctx);
-		goto out;
-	}
-	if (nothers > 0 && pepsi_split_off_recipients(ctx, others, nothers, pepsi_option_text(ctx, "NEXT_STAGE")) < 0)
-		goto out;
-	if (nmore > 0 && pepsi_split_off_recipients(ctx, more_lists, nmore, pepsi_stage_name(ctx)) < 0)
-		goto out;
-	{
-		json_t	   *one = json_array_get(resolved, first);
-		const char *recipient = pepsi_rcpt(ctx, 0); /* the row now holds it alone */
-
-		kind = json_string_value(json_object_get(one, "kind"));
-		if (strcmp(kind, "post") == 0)
-			rc = list_post(ctx, one);
-		else if (strcmp(kind, "owner") == 0)
-			rc = list_to_owners(ctx, one, recipient);
-		else if (strcmp(kind, "bounces") == 0)
-			rc = list_bounce(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
-		else
-			rc = list_request(ctx, one, recipient) ? pepsi_finish(ctx) : -1;
-	}
-out:
+	else if ((nothers == 0
+			  || pepsi_split_off_recipients(ctx, others, nothers, pepsi_option_text(ctx, "NEXT_STAGE")) >= 0)
+			 && (nmore == 0 || pepsi_split_off_recipients(ctx, more_lists, nmore, pepsi_stage_name(ctx)) >= 0))
+		rc = list_dispatch(ctx, json_array_get(resolved, first));
 	json_decref(resolved);
 	free(others);
 	free(more_lists);

@@ -3,7 +3,8 @@
  * list.c finds the list a recipient belongs to and sends each kind of
  * address to its handler, post.c takes a post (policy, moderation,
  * headers, fan-out), request.c the -request/-subscribe/-unsubscribe
- * commands and the -bounces+ DSNs.
+ * commands and the -bounces+ DSNs, guard.c the posts held as bad input,
+ * wrap.c the DMARC wrap, digest.c the digests.
  */
 #ifndef PEPSI_STAGE_LIST_H
 #define PEPSI_STAGE_LIST_H
@@ -33,5 +34,15 @@ int list_fan_out(struct pepsi_ctx *ctx, json_t *list_state);
 bool list_request(struct pepsi_ctx *ctx, json_t *resolved, const char *recipient);
 /* A bounce at -bounces(+...); false when the row must fail. */
 bool list_bounce(struct pepsi_ctx *ctx, json_t *resolved, const char *recipient);
+
+/* Why an accepted post goes to the moderators instead (too big, broken MIME), or NULL; the caller frees it. */
+char *list_post_suspect(struct pepsi_ctx *ctx, json_t *resolved);
+/* Wrap the post in a message from list (dmarc_mitigation "wrap"); policy is the author domain's. */
+void list_wrap(struct pepsi_ctx *ctx, const char *list, const char *author, const char *display_name,
+			   const char *policy);
+/* Keep the post for list_id's next digest (at fan-out); false on a database error. */
+bool list_digest_keep(struct pepsi_ctx *ctx, const char *list_id);
+/* A scheduled digest row: send the digest of the list it names, then finish the row. */
+int list_digest_run(struct pepsi_ctx *ctx);
 
 #endif

@@ -29,10 +29,14 @@
 #include "message/origin.h"
 #include "runtime/stage.h"
 
-/* Fields a list replaces: the upstream list's, and signatures our changes break. */
+/*
+ * Fields a list replaces: the upstream list's, and signatures our changes
+ * break.  An upstream X-Loop stays (ours is added), so a post that goes
+ * round two lists subscribed to each other comes back naming the list.
+ */
 static const char *const post_replaced_fields[] = {
 	"List-Id", "List-Post", "List-Help", "List-Subscribe", "List-Unsubscribe", "List-Unsubscribe-Post",
-	"List-Owner", "List-Archive", "X-Loop", "Precedence", "DKIM-Signature", "Return-Path",
+	"List-Owner", "List-Archive", "Precedence", "DKIM-Signature", "Return-Path",
 	"Sender", "Errors-To", NULL};
 
 /* The RFC 2919 list-id: list.domain, the "@" a dot. */
@@ -200,7 +204,8 @@ post_footer(struct pepsi_ctx *ctx, const struct buf *headers, const char *footer
 
 /* The header block of an accepted post. */
 static void
-post_headers(struct pepsi_ctx *ctx, json_t *resolved, const char *author, struct buf *out, bool *rewrote_from)
+post_headers(struct pepsi_ctx *ctx, json_t *resolved, const char *author, const char *strict, struct buf *out,
+			 bool *rewrote_from)
 {
 	const struct buf *headers = pepsi_headers(ctx);
 	const char		 *list = json_string_value(json_object_get(resolved, "list"));
@@ -208,7 +213,6 @@ post_headers(struct pepsi_ctx *ctx, json_t *resolved, const char *author, struct
 	const char		 *tag = json_string_value(json_object_get(resolved, "subject_tag"));
 	const char		 *policy = json_string_value(json_object_get(resolved, "posting_policy"));
 	const char		 *mitigation = json_string_value(json_object_get(resolved, "dmarc_mitigation"));
-	const char		 *strict = post_dmarc_strict(ctx, author);
 	char			 *subject = header_get(headers->data, headers->len, "Subject");
 	char			 *from = header_get(headers->data, headers->len, "From");
 	char			 *reply_to = header_get(headers->data, headers->len, "Reply-To");
@@ -380,18 +384,109 @@ post_moderated(struct pepsi_ctx *ctx, bool *failed)
 	return answer;
 }
 
+/*
+ * An accepted post: wrapped or given the list's fields, footer and return
+ * path, then to its second pass (the fan-out), through ARC_SEAL_STAGE
+ * when the list's posts are ARC-sealed (that stage's NEXT_STAGE is this
+ * one).
+ */
+static int
+post_accept(struct pepsi_ctx *ctx, json_t *resolved, const char *author, bool moderated)
+{
+	const char *list = json_string_value(json_object_get(resolved, "list"));
+	const char *footer = json_string_value(json_object_get(resolved, "footer_text"));
+	const char *mitigation = json_string_value(json_object_get(resolved, "dmarc_mitigation"));
+	const char *seal = pepsi_option_text(ctx, "ARC_SEAL_STAGE");
+	const char *strict = post_dmarc_strict(ctx, author);
+	struct buf	out = BUF_INIT;
+	bool		rewrote_from = false;
+	bool		wrapped = strict && mitigation && strcmp(mitigation, "wrap") == 0;
+	char	   *local;
+	char	   *domain;
+	char	   *bounces;
+	json_t	   *merge;
+	int			rc;
+
+	if (wrapped)
+	{
+		const struct buf *headers = pepsi_headers(ctx);
+		char			 *from = header_get(headers->data, headers->len, "From");
+		char			 *name = from ? post_display_name(from) : NULL;
+
+		list_wrap(ctx, list, author, name, strict);
+		free(name);
+		free(from);
+	}
+	post_headers(ctx, resolved, author, strict, &out, &rewrote_from);
+	if (footer && *footer && !wrapped)
+		post_footer(ctx, pepsi_headers(ctx), footer);
+	pepsi_set_headers(ctx, out.data, out.len);
+	list_address_split(list, &local, &domain);
+	bounces = xasprintf("%s-bounces@%s", local, domain);
+	pepsi_set_mail_from(ctx, bounces);
+	merge = json_pack("{s:{s:s, s:s, s:s, s:s}, s:{s:s, s:I, s:s, s:O?, s:b, s:b}}", "origin", "trust",
+					  ORIGIN_TRUST_LIST, "program", "pepsi-stage-list", "list", list, "domain", domain, "list", "phase",
+					  "fanout", "id", json_integer_value(json_object_get(resolved, "id")), "author", author, "origin",
+					  json_object_get(pepsi_state(ctx), "origin"), "from_rewritten", rewrote_from, "wrapped", wrapped);
+	log_info("%s: row %lld: <%s>: the post from <%s> is accepted%s", pepsi_queue_id(ctx), pepsi_id(ctx), list, author,
+			 moderated ? " (approved by a moderator)" : "");
+	rc = pepsi_reroute(ctx, seal && *seal ? seal : pepsi_stage_name(ctx), merge);
+	json_decref(merge);
+	free(bounces);
+	free(local);
+	free(domain);
+	buf_free(&out);
+	return rc;
+}
+
+/* The list's policy on a post not yet moderated: 1 accepted, 0 concluded (held or refused), -1 an error. */
+static int
+post_policy(struct pepsi_ctx *ctx, json_t *resolved, const char *author, int *rc)
+{
+	const char *list = json_string_value(json_object_get(resolved, "list"));
+	char		list_id[32];
+	const char *values[2] = {list_id, author};
+	char	   *suspect = list_post_suspect(ctx, resolved);
+	json_t	   *verdict;
+	const char *decision;
+	const char *reason;
+	int			accepted = 0;
+
+	if (suspect)
+	{
+		*rc = post_hold(ctx, resolved, author, suspect);
+		free(suspect);
+		return 0;
+	}
+	snprintf(list_id, sizeof(list_id), "%lld", (long long) json_integer_value(json_object_get(resolved, "id")));
+	verdict = pepsi_call_json(ctx, "SELECT pepsi.list_post_check($1::bigint, $2)", 2, values);
+	decision = json_string_value(json_object_get(verdict, "decision"));
+	reason = json_string_value(json_object_get(verdict, "reason"));
+	if (verdict == NULL || decision == NULL)
+		accepted = -1;
+	else if (strcmp(decision, "hold") == 0)
+		*rc = post_hold(ctx, resolved, author, reason);
+	else if (strcmp(decision, "reject") == 0)
+	{
+		log_warnx("%s: row %lld: <%s>: the post from <%s> is refused (%s): dropped", pepsi_queue_id(ctx),
+				  pepsi_id(ctx), list, author, reason);
+		*rc = pepsi_finish(ctx);
+	}
+	else
+		accepted = strcmp(decision, "accept") == 0 ? 1 : -1;
+	json_decref(verdict);
+	return accepted;
+}
+
 int
 list_post(struct pepsi_ctx *ctx, json_t *resolved)
 {
 	const struct buf *headers = pepsi_headers(ctx);
 	const char		 *list = json_string_value(json_object_get(resolved, "list"));
-	const char		 *footer = json_string_value(json_object_get(resolved, "footer_text"));
 	char			 *author = NULL;
 	const char		 *loop;
-	char			  list_id[32];
 	char			 *moderated = NULL;
 	bool			  failed;
-	bool			  accepted;
 	int				  rc = -1;
 
 	if (headers == NULL || pepsi_body(ctx) == NULL)
@@ -408,7 +503,6 @@ list_post(struct pepsi_ctx *ctx, json_t *resolved)
 				  pepsi_id(ctx), list);
 		return pepsi_finish(ctx);
 	}
-	snprintf(list_id, sizeof(list_id), "%lld", (long long) json_integer_value(json_object_get(resolved, "id")));
 	moderated = post_moderated(ctx, &failed);
 	if (failed)
 		goto out;
@@ -419,67 +513,23 @@ list_post(struct pepsi_ctx *ctx, json_t *resolved)
 		rc = pepsi_finish(ctx);
 		goto out;
 	}
-	if (moderated == NULL)
-	{
-		const char *values[2] = {list_id, author};
-		json_t	   *verdict = pepsi_call_json(ctx, "SELECT pepsi.list_post_check($1::bigint, $2)", 2, values);
-		const char *decision = json_string_value(json_object_get(verdict, "decision"));
-		const char *reason = json_string_value(json_object_get(verdict, "reason"));
-
-		if (verdict == NULL || decision == NULL)
-		{
-			json_decref(verdict);
-			goto out;
-		}
-		if (strcmp(decision, "hold") == 0)
-			rc = post_hold(ctx, resolved, author, reason);
-		else if (strcmp(decision, "reject") == 0)
-		{
-			log_warnx("%s: row %lld: <%s>: the post from <%s> is refused (%s): dropped", pepsi_queue_id(ctx),
-					  pepsi_id(ctx), list, author, reason);
-			rc = pepsi_finish(ctx);
-		}
-		accepted = strcmp(decision, "accept") == 0;
-		json_decref(verdict);
-		if (!accepted)
-			goto out;
-	}
-	{
-		struct buf	out = BUF_INIT;
-		bool		rewrote_from = false;
-		char	   *local;
-		char	   *domain;
-		char	   *bounces;
-		json_t	   *merge;
-		const char *stage = pepsi_stage_name(ctx);
-
-		post_headers(ctx, resolved, author, &out, &rewrote_from);
-		if (footer && *footer)
-			post_footer(ctx, headers, footer);
-		pepsi_set_headers(ctx, out.data, out.len);
-		list_address_split(list, &local, &domain);
-		bounces = xasprintf("%s-bounces@%s", local, domain);
-		pepsi_set_mail_from(ctx, bounces);
-		merge = json_pack("{s:{s:s, s:s, s:s, s:s}, s:{s:s, s:I, s:s, s:O?, s:b}}", "origin", "trust",
-						  ORIGIN_TRUST_LIST, "program", "pepsi-stage-list", "list", list, "domain", domain, "list",
-						  "phase", "fanout", "id", json_integer_value(json_object_get(resolved, "id")), "author",
-						  author, "origin", json_object_get(pepsi_state(ctx), "origin"), "from_rewritten",
-						  rewrote_from);
-		log_info("%s: row %lld: <%s>: the post from <%s> is accepted%s", pepsi_queue_id(ctx), pepsi_id(ctx), list,
-				 author, moderated ? " (approved by a moderator)" : "");
-		rc = pepsi_reroute(ctx, stage, merge);
-		json_decref(merge);
-		free(bounces);
-		free(local);
-		free(domain);
-		buf_free(&out);
-	}
+	if (moderated != NULL || post_policy(ctx, resolved, author, &rc) == 1)
+		rc = post_accept(ctx, resolved, author, moderated != NULL);
 out:
 	free(moderated);
 	free(author);
 	return rc;
 }
 
+/*
+ * The second pass of an accepted post: the subscribers' rows are clones of
+ * this row (they share its body), made and this row deleted by one call at
+ * the commit (pepsi_finish_with, pepsi.workqueue_finish_with_clones).  A
+ * worker that dies before it commits leaves the row to run again and no
+ * copy sent; one that dies after leaves nothing to run again.  Each clone's
+ * token names this row and its group, so even a second run could not make
+ * a copy twice.
+ */
 int
 list_fan_out(struct pepsi_ctx *ctx, json_t *list_state)
 {
@@ -487,25 +537,26 @@ list_fan_out(struct pepsi_ctx *ctx, json_t *list_state)
 	char		list_id[32];
 	const char *values[2] = {list_id, next};
 	json_t	   *groups;
-	const int	keep[1] = {1};
-	int			made;
+	json_t	   *group;
+	size_t		i;
+	int			rc;
 
 	snprintf(list_id, sizeof(list_id), "%lld", (long long) json_integer_value(json_object_get(list_state, "id")));
+	/* The digest's copy first: keyed by this row, so a second run adds it once. */
+	if (!list_digest_keep(ctx, list_id))
+		return -1;
 	groups = pepsi_call_json(ctx, "SELECT pepsi.list_fanout($1::bigint, $2)", 2, values);
 	if (groups == NULL)
 		return -1;
 	if (json_array_size(groups) == 0)
-	{
 		log_info("%s: row %lld: list %s has no subscriber taking each message: nothing sent", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), list_id);
-		json_decref(groups);
-		return pepsi_finish(ctx);
-	}
-	made = pepsi_fan_out(ctx, keep, 1, groups);
+	else
+		log_info("%s: row %lld: list %s: the post goes out on %zu row(s)", pepsi_queue_id(ctx), pepsi_id(ctx),
+				 list_id, json_array_size(groups));
+	json_array_foreach (groups, i, group)
+		json_object_set_new(group, "token", json_sprintf("list-%lld-%zu", pepsi_id(ctx), i + 1));
+	rc = pepsi_finish_with(ctx, groups);
 	json_decref(groups);
-	if (made < 0)
-		return -1;
-	log_info("%s: row %lld: list %s: the post goes out on %d row(s)", pepsi_queue_id(ctx), pepsi_id(ctx), list_id,
-			 made);
-	return pepsi_finish(ctx);
+	return rc;
 }

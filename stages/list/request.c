@@ -56,6 +56,98 @@ request_token_after(const char *text, const char *word)
 	return NULL;
 }
 
+/*
+ * subscribe / unsubscribe by mail: record the request and mail its token
+ * (double opt-in); the answer for nothing to do goes in text/subject.
+ */
+/*
+ * The web link confirming a request, when the list has an unsubscribe_url
+ * on pepsi-httpd (".../list/unsubscribe"): its /list/form/confirm page.
+ */
+static void
+request_web_link(struct buf *text, const char *web, const char *list_id, const char *who, const char *token)
+{
+	const char *tail = web ? strstr(web, "/list/unsubscribe") : NULL;
+
+	if (tail == NULL || strcmp(tail, "/list/unsubscribe") != 0)
+		return;
+	buf_printf(text, "\nOr open this link and press the button:\n\n%.*s/list/form/confirm?l=%s&a=", (int) (tail - web),
+			   web, list_id);
+	for (const char *p = who; *p; p++)
+		if (*p == '%' || *p == '+' || *p == '&' || *p == '#' || *p == '?' || *p == '=')
+			buf_printf(text, "%%%02X", (unsigned char) *p);
+		else
+			buf_append_char(text, *p);
+	buf_printf(text, "&t=%s\n", token);
+}
+
+static bool
+request_subscribe(struct pepsi_ctx *ctx, const char *list, const char *list_id, const char *web, const char *who,
+				  const char *verb, const char *responder, struct buf *text, const char **subject)
+{
+	char		ttl[48];
+	const char *values[4] = {list_id, who, verb, ttl};
+	json_t	   *token;
+	bool		ok = true;
+
+	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctx, "CONFIRM_LIFETIME"));
+	token = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.list_request($1::bigint, $2, $3, $4::interval))", 4, values);
+	if (token == NULL)
+		return false;
+	if (!json_is_string(token))
+	{
+		*subject = strcmp(verb, "subscribe") == 0 ? "Already subscribed" : "Not subscribed";
+		buf_printf(text, "<%s> %s %s: nothing to do.\n", who,
+				   strcmp(verb, "subscribe") == 0 ? "is already subscribed to, or may not join," : "is not subscribed to",
+				   list);
+	}
+	else
+	{
+		char *token_subject = xasprintf("Confirm %s (%s %s)", json_string_value(token), verb, list);
+
+		buf_printf(text, "Someone, perhaps you, asked to %s <%s> %s %s.\n\n"
+						 "Reply to this message to confirm, or send this line to %s:\n\n"
+						 "confirm %s\n\nThe token works once, for %.0f hours.  "
+						 "If you did not ask, ignore this message.\n",
+				   verb, who, strcmp(verb, "subscribe") == 0 ? "to" : "from", list, responder,
+				   json_string_value(token), pepsi_option_seconds(ctx, "CONFIRM_LIFETIME") / 3600);
+		request_web_link(text, web, list_id, who, json_string_value(token));
+		ok = list_notice(ctx, responder, who, token_subject, text->data, "confirm");
+		free(token_subject);
+		log_info("%s: row %lld: <%s>: the %s of <%s> awaits confirmation", pepsi_queue_id(ctx), pepsi_id(ctx), list,
+				 verb, who);
+	}
+	json_decref(token);
+	return ok;
+}
+
+/* confirm TOKEN by mail: carry out the request; the answer in text/subject. */
+static bool
+request_confirm(struct pepsi_ctx *ctx, const char *list, const char *list_id, const char *who, const char *token,
+				struct buf *text, const char **subject)
+{
+	const char *values[3] = {list_id, who, token};
+	json_t	   *answer = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.list_confirm($1::bigint, $2, $3))", 3, values);
+
+	if (answer == NULL)
+		return false;
+	if (json_is_string(answer))
+	{
+		*subject = "Not confirmed";
+		buf_printf(text, "Nothing was done: %s.\n", json_string_value(answer));
+		log_info("%s: row %lld: <%s>: confirmation by <%s> refused: %s", pepsi_queue_id(ctx), pepsi_id(ctx), list,
+				 who, json_string_value(answer));
+	}
+	else
+	{
+		*subject = "Confirmed";
+		buf_printf(text, "Done: your request for %s is carried out.\n", list);
+		log_info("%s: row %lld: <%s>: <%s> confirmed", pepsi_queue_id(ctx), pepsi_id(ctx), list, who);
+	}
+	json_decref(answer);
+	return true;
+}
+
 /* The command in the Subject, else in the first text line of the body. */
 static void
 request_parse(struct pepsi_ctx *ctx, const char *kind, struct list_command *c)
@@ -138,64 +230,11 @@ list_request(struct pepsi_ctx *ctx, json_t *resolved, const char *recipient)
 					   list, responder, local, domain, local, domain);
 		}
 		else if (strcmp(c.verb, "subscribe") == 0 || strcmp(c.verb, "unsubscribe") == 0)
-		{
-			char		ttl[48];
-			const char *values[4] = {list_id, who, c.verb, ttl};
-			json_t	   *token;
-
-			snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctx, "CONFIRM_LIFETIME"));
-			token = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.list_request($1::bigint, $2, $3, $4::interval))", 4,
-									values);
-			if (token == NULL)
-				ok = false;
-			else if (!json_is_string(token))
-			{
-				subject = strcmp(c.verb, "subscribe") == 0 ? "Already subscribed" : "Not subscribed";
-				buf_printf(&text, "<%s> %s %s: nothing to do.\n", who,
-						   strcmp(c.verb, "subscribe") == 0 ? "is already subscribed to, or may not join,"
-															: "is not subscribed to",
-						   list);
-			}
-			else
-			{
-				char *token_subject = xasprintf("Confirm %s (%s %s)", json_string_value(token), c.verb, list);
-
-				buf_printf(&text, "Someone, perhaps you, asked to %s <%s> %s %s.\n\n"
-								  "Reply to this message to confirm, or send this line to %s:\n\n"
-								  "confirm %s\n\nThe token works once, for %.0f hours.  "
-								  "If you did not ask, ignore this message.\n",
-						   c.verb, who, strcmp(c.verb, "subscribe") == 0 ? "to" : "from", list, responder,
-						   json_string_value(token), pepsi_option_seconds(ctx, "CONFIRM_LIFETIME") / 3600);
-				ok = list_notice(ctx, responder, who, token_subject, text.data, "confirm");
-				free(token_subject);
-				log_info("%s: row %lld: <%s>: the %s of <%s> awaits confirmation", pepsi_queue_id(ctx),
-						 pepsi_id(ctx), list, c.verb, who);
-			}
-			json_decref(token);
-		}
+			ok = request_subscribe(ctx, list, list_id,
+								   json_string_value(json_object_get(resolved, "unsubscribe_url")), who, c.verb,
+								   responder, &text, &subject);
 		else if (strcmp(c.verb, "confirm") == 0)
-		{
-			const char *values[3] = {list_id, who, c.token};
-			json_t	   *answer = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.list_confirm($1::bigint, $2, $3))", 3,
-												 values);
-
-			if (answer == NULL)
-				ok = false;
-			else if (json_is_string(answer))
-			{
-				subject = "Not confirmed";
-				buf_printf(&text, "Nothing was done: %s.\n", json_string_value(answer));
-				log_info("%s: row %lld: <%s>: confirmation by <%s> refused: %s", pepsi_queue_id(ctx),
-						 pepsi_id(ctx), list, who, json_string_value(answer));
-			}
-			else
-			{
-				subject = "Confirmed";
-				buf_printf(&text, "Done: your request for %s is carried out.\n", list);
-				log_info("%s: row %lld: <%s>: <%s> confirmed", pepsi_queue_id(ctx), pepsi_id(ctx), list, who);
-			}
-			json_decref(answer);
-		}
+			ok = request_confirm(ctx, list, list_id, who, c.token, &text, &subject);
 		else
 		{
 			/* approve / reject: a moderator's answer to a held post. */
