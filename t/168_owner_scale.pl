@@ -8,11 +8,21 @@
 # secretary_decide decides each (a whitelisted sender passes, one
 # challenge for a sender's several messages, a bad owner refused by
 # name); pepsi-stage-relay-to-maildir records a batch's uses with one
-# call (pepsi.quota_record_many), not one a delivery.
+# call (pepsi.quota_record_many), not one a delivery; pepsi-quota
+# installed set-group-id (root:the writer's caller group, 2755) recounts a
+# system user's Maildir, whose files only that user may read, for an
+# operator outside the group, through the set-user-id writer beside it,
+# and a copy without the bit cannot.  Needs root (RootTest).
 
 use strict;
 use warnings FATAL => 'all';
 
+use RootTest;
+
+use File::Basename qw(dirname);
+use File::Copy qw(copy);
+use File::Temp ();
+use IPC::Run ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 
@@ -82,14 +92,18 @@ is(sql(q{SELECT count(*) FROM pepsi.secretary_held WHERE row_id IN (904, 905)}),
 # 3. The maildir stage records a batch's uses with one call.
 $node->append_conf('postgresql.conf', "track_functions = 'all'");
 $node->reload;
-my $root = PostgreSQL::Test::Utils::tempdir();
-my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $shared = shared_dir();
+my $root = "$shared/maildir";
 make_mailbox($root, 'dan@local.test');
+system('chown', '-R', cluster_user() . ':', $root) == 0 or die 'chown';
+chmod 0755, $node->host;
 sql(q{SELECT pepsi.quota_set('dan@local.test', 1000000, NULL, 100)});
-my $config = delivery_config($node, maildir_root => $root, path => "$tmp/pepsi.conf",
+my $config = delivery_config($node, maildir_root => $root, path => "$shared/pepsi.conf",
 	extra => { maildir => "PARALLELISM = 1\n" });
+chmod 0644, $config;
 inject($node, to => ['dan@local.test'], headers => "From: <s\@local.test>\r\nSubject: batch $_\r\n") for 1 .. 6;
-my $d = start_dispatcher($config);
+my $d = start_dispatcher($config, log => "$shared/dispatch.log",
+	program => [ as_cluster_user(pepsi_bin('pepsi-dispatch')) ]);
 ok(poll_until(sub { maildir_files($root, 'dan@local.test') == 6 && queue_count($node) == 0 }),
 	'six messages delivered to dan');
 is(sql(q{SELECT messages || ' ' || day_messages FROM pepsi.quota_usage WHERE address = 'dan@local.test'}), '6 6',
@@ -104,5 +118,67 @@ ok(poll_until(sub { ($calls->() =~ /^(\d+) (\d+)$/)[1] >= 6 }), 'the statistics 
 my ($many, $each) = $calls->() =~ /^(\d+) (\d+)$/;
 ok($many >= 1 && $many < 6, "the stage recorded them in batches: $many call(s) of quota_record_many for $each records");
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
+
+# 4. pepsi-quota recount set-group-id, as make install lays it out.
+my $tag = $$ % 1000000;
+my $group = "pq${tag}g";
+my $gid = add_system_group($group);
+my $homes = "$shared/home";
+mkdir $homes;
+my $owner = "pq${tag}own";
+my $operator = "pq${tag}op";
+add_system_user($_, $homes) for $owner, $operator;
+my $etc = File::Temp::tempdir('pepsi-quota-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $etc;
+install_privileged(dirname(pepsi_bin('pepsi-dispatch')), "$etc/bin", $group, 'pepsi-helper-maildir-writer',
+	'pepsi-quota');
+my @st = stat "$etc/bin/pepsi-quota";
+is(sprintf('%o %d %d', $st[2] & 07777, $st[4], $st[5]), "2755 0 $gid",
+	'pepsi-quota installed set-group-id to the writer\'s caller group');
+my $maildir = "$homes/$owner/Maildir";
+mkdir $_ for $maildir, map { "$maildir/$_" } qw(tmp new cur);
+for my $i (1 .. 3)
+{
+	open my $fh, '>', "$maildir/cur/$i.m$i.host:2,S" or die;
+	print $fh 'x' x (1000 * $i);
+	close $fh;
+}
+system('chown', '-R', "$owner:$owner", $maildir) == 0 or die 'chown';
+chmod 0700, $maildir, map { "$maildir/$_" } qw(tmp new cur);
+chmod 0600, glob("$maildir/cur/*");
+sql(qq{CREATE ROLE "$operator" LOGIN IN ROLE pepsi_config});
+open my $cfh, '>', "$etc/pepsi.conf" or die;
+print $cfh "[database]\nCONFIG_CONNINFO = host=" . $node->host . " port=" . $node->port
+  . " dbname=$db user=$operator\n"
+  . "[maildir-writer]\nCALLER_GROUP = $group\nMAILBOXES = system\nHOME_ROOTS = $homes\n"
+  . "[stage-maildir]\nPROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = $root\n";
+close $cfh;
+chmod 0644, "$etc/pepsi.conf";
+# The same program without the bit, the installed writer beside it.
+mkdir "$etc/nobit";
+chmod 0755, "$etc/nobit";
+copy("$etc/bin/pepsi-quota", "$etc/nobit/pepsi-quota") or die;
+chmod 0755, "$etc/nobit/pepsi-quota";
+symlink("$etc/bin/pepsi-helper-maildir-writer", "$etc/nobit/pepsi-helper-maildir-writer") or die;
+
+sub as_operator
+{
+	my ($program, @args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'setpriv', "--reuid=$operator", "--regid=$operator", '--init-groups', '--', 'env',
+		$program, '-C', "$etc/pepsi.conf", @args ], '<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	return ($? >> 8, $out, $err);
+}
+ok(!-r "$maildir/cur" || (stat "$maildir/cur")[4] != scalar(getpwnam($operator)), 'the operator cannot read the Maildir');
+my ($qrc, $qout, $qerr) = as_operator("$etc/bin/pepsi-quota", 'recount', "$owner\@local.test");
+is($qrc, 0, 'the operator, outside the group, recounts through the set-group-id pepsi-quota') or diag($qerr);
+is($qout, "$owner\@local.test: 6000 bytes in 3 messages\n", 'the Maildir counted from disk: 6000 bytes in 3 messages');
+is(sql(qq{SELECT bytes || ' ' || messages FROM pepsi.quota_usage WHERE address = '$owner\@local.test'}), '6000 3',
+	'and recorded');
+my @ms = stat "$maildir/maildirsize";
+is("$ms[4]", scalar(getpwnam($owner)), 'maildirsize rewritten as the mailbox\'s owner');
+($qrc, $qout, $qerr) = as_operator("$etc/nobit/pepsi-quota", 'recount', "$owner\@local.test");
+isnt($qrc, 0, 'the same program without the set-group-id bit cannot recount');
+like($qerr, qr/pepsi-helper-maildir-writer|Permission denied|not in group/, 'it says why') or diag($qerr);
 
 done_testing();
