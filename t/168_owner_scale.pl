@@ -37,7 +37,7 @@ sub sql { return $node->safe_psql($db, shift) }
 # 1. The full state kept at each write, and when limits change.
 sql(q{SELECT pepsi.quota_set('ann@x.test', 1000, NULL, NULL)});
 sql(q{SELECT pepsi.quota_record('ann@x.test', 2000, 3, 0, 0, true, '{}')});
-sql(q{SELECT pepsi.quota_record('bob@x.test', 10, 1, 0, 0, true, '{}')});
+sql(q{SELECT pepsi.quota_record('bob@x.test', 10, 1, 0, 0, false, '{}')});
 is(sql(q{SELECT string_agg(address || ':' || is_full, ',' ORDER BY address) FROM pepsi.quota_usage}),
 	'ann@x.test:true,bob@x.test:false', 'quota_usage.is_full: ann over her 1000 bytes, bob under no limit');
 is(sql(q{SELECT string_agg(a, ',' ORDER BY a) FROM pepsi.quota_full() a}), 'ann@x.test', 'quota_full: ann');
