@@ -9,7 +9,8 @@
 # row applies to its addresses without their own, and a daily limit is
 # kept; pepsi-quota recount matches what du counts in the Maildir; bad
 # input is refused, named; pepsi-stage-relay-to-lmtp does not hand a
-# mailbox known full to the LMTP server.
+# mailbox known full to the LMTP server, and counts its deliveries against
+# the daily limit.
 
 use strict;
 use warnings FATAL => 'all';
@@ -238,6 +239,28 @@ like($lmtp[0]{env}, qr/^RCPT TO:<alice\@local\.test>$/m, 'to alice');
 unlike($lmtp[0]{env}, qr/full\@/, 'not to the full mailbox');
 (undef, $recipients) = dsn_fields(parse_dsn(slurp((dsns())[-1])));
 is($recipients->[0]{status}, '5.2.2', 'the full mailbox bounced, 5.2.2');
+
+# ... and counts what it delivers against the daily limit, as the maildir stage does.
+($rc, $out, $err) = quota('set', 'carol@team.test', 'daily=1');
+is($rc, 0, 'carol: one message a day') or diag($err);
+inject($node, to => ['carol@team.test'], headers => "From: <$sender>\r\nSubject: lmtp daily 1\r\n");
+ok(poll_until(sub { queue_count($node) == 0 && scalar(peer_messages($peer)) == 2 }),
+	'LMTP: carol\'s first message today is delivered');
+is($node->safe_psql($db, "SELECT day_messages FROM pepsi.quota_usage WHERE address = 'carol\@team.test' AND day = current_date"),
+	'1', 'and counted in the day\'s deliveries');
+$dsns_before = scalar(dsns());
+inject($node, to => ['carol@team.test'], headers => "From: <$sender>\r\nSubject: lmtp daily 2\r\n");
+ok(poll_until(sub { queue_count($node) == 0 && scalar(dsns()) == $dsns_before + 1 }),
+	'her second today comes back');
+is(scalar(peer_messages($peer)), 2, 'without reaching the LMTP server');
+$smtp = SmtpClient->new($port);
+$smtp->command('EHLO client.test');
+ok(poll_until(sub {
+		$smtp->command('RSET');
+		$smtp->command("MAIL FROM:<$sender>");
+		return $smtp->command('RCPT TO:<carol@team.test>') =~ /^452 4\.2\.2 /;
+	}), 'and ingress answers 452 4.2.2 for her for the rest of the day');
+$smtp->command('QUIT');
 is(stop_dispatcher($d), 0, 'the dispatcher stops');
 
 kill 'TERM', $ingress->{pid};

@@ -205,60 +205,128 @@ secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char
 	return id >= 0;
 }
 
-/* The secretary's decision for the row's one recipient, whose WHITELIST is on. */
-static int
-secretary_decide(struct pepsi_ctx *ctx)
+/* What secretary_decide is asked about a row: its proof, and the token a reply may carry. */
+struct secretary_args
+{
+	const char *proof; /* how the sender is proven (NULL: not, or a message no auto-reply may answer) */
+	char		why[256];
+	char	   *token; /* a token in the Subject, or NULL */
+	bool		look_in_text;
+};
+
+static bool
+secretary_args(struct pepsi_ctx *ctx, struct secretary_args *a)
 {
 	const struct buf *headers = pepsi_headers(ctx);
 	const char		 *owner = pepsi_rcpt(ctx, 0);
 	const char		 *sender = pepsi_mail_from(ctx);
-	const char		 *proof;
-	const char		 *action;
-	char			  why[256] = "";
-	char			  id[32];
-	char			  ttl[48];
-	char			  max[32];
-	char			 *token = NULL;
-	json_t			 *answer;
-	int				  rc;
 
+	memset(a, 0, sizeof(*a));
 	if (headers == NULL)
-		return -1;
-	/* A proof of payment (SECRETARY_PAYMENT) releases as a confirmation does. */
-	if ((rc = secretary_payment_proof(ctx, headers, owner)) != 0)
-		return rc < 0 ? -1 : pepsi_finish(ctx);
+		return false;
 	/* Proven, and a message an auto-reply may answer: a challenge may go, and a reply may release. */
-	proof = secretary_verified(ctx, sender);
-	if (proof == NULL)
-		snprintf(why, sizeof(why), "the sender's address is not proven (no SPF pass, no aligned DKIM)");
-	else if (autoreply_refused(headers->data, headers->len, sender, owner, why, sizeof(why)))
-		proof = NULL;
+	a->proof = secretary_verified(ctx, sender);
+	if (a->proof == NULL)
+		snprintf(a->why, sizeof(a->why), "the sender's address is not proven (no SPF pass, no aligned DKIM)");
+	else if (autoreply_refused(headers->data, headers->len, sender, owner, a->why, sizeof(a->why)))
+		a->proof = NULL;
 	else
-		token = secretary_subject_token(headers);
+		a->token = secretary_subject_token(headers);
+	a->look_in_text = a->proof && a->token == NULL && secretary_refers_to_challenge(headers);
+	return true;
+}
+
+/*
+ * The decisions prepare made for the batch's rows with one call
+ * (pepsi.secretary_decide_many), which run takes instead of a call per
+ * row: each row's answer, taken once.
+ */
+static struct secretary_decided
+{
+	struct pepsi_ctx *ctx;
+	long long		  id;
+	json_t			 *answer;
+} * secretary_batch;
+static size_t secretary_batch_len;
+
+static void
+secretary_batch_free(void)
+{
+	for (size_t i = 0; i < secretary_batch_len; i++)
+		json_decref(secretary_batch[i].answer);
+	free(secretary_batch);
+	secretary_batch = NULL;
+	secretary_batch_len = 0;
+}
+
+/* The answer prepare had for this row (a new reference), or NULL. */
+static json_t *
+secretary_batch_take(struct pepsi_ctx *ctx)
+{
+	for (size_t i = 0; i < secretary_batch_len; i++)
+		if (secretary_batch[i].ctx == ctx && secretary_batch[i].id == pepsi_id(ctx)
+			&& secretary_batch[i].answer != NULL)
+		{
+			json_t *answer = secretary_batch[i].answer;
+
+			secretary_batch[i].answer = NULL; /* this pass's: not again for a later hop of the row */
+			return answer;
+		}
+	return NULL;
+}
+
+/* The row's one decision call, when prepare had none for it. */
+static json_t *
+secretary_decide_one(struct pepsi_ctx *ctx, const struct secretary_args *a)
+{
+	char		id[32];
+	char		ttl[48];
+	char		max[32];
+	const char *values[8] = {pepsi_rcpt(ctx, 0), pepsi_mail_from(ctx), id, a->proof ? "true" : "false", a->token,
+							 a->look_in_text ? "true" : "false", ttl, max};
+
 	snprintf(id, sizeof(id), "%lld", pepsi_id(ctx));
 	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctx, "HOLD_TIME"));
 	snprintf(max, sizeof(max), "%lld", pepsi_option_int(ctx, "MAX_CHALLENGES_PER_HOUR"));
-	{
-		const char *values[8] = {owner, sender, id, proof ? "true" : "false", token,
-								 proof && token == NULL && secretary_refers_to_challenge(headers) ? "true" : "false",
-								 ttl, max};
+	/*
+	 * Its own transaction, committed without waiting for the WAL flush
+	 * (synchronous_commit off for it alone): what it records only matters
+	 * once the row's own commit says held, released or passed, and that
+	 * commit (or the challenge's workqueue_inject) waits for the flush,
+	 * which covers this earlier commit too.  A crash in between leaves the
+	 * row running, decided again on its retry.
+	 */
+	return pepsi_call_json(ctx,
+						   "SELECT pepsi.secretary_decide($1, $2, $3::bigint, $4::boolean, $5, $6::boolean,"
+						   " $7::interval, $8::integer)"
+						   " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
+						   8, values);
+}
 
-		/*
-		 * Its own transaction, committed without waiting for the WAL flush
-		 * (synchronous_commit off for it alone): what it records only
-		 * matters once the row's own commit says held, released or passed,
-		 * and that commit (or the challenge's workqueue_inject) waits for
-		 * the flush, which covers this earlier commit too.  A crash in
-		 * between leaves the row running, decided again on its retry.  One
-		 * flush a message fewer (bench/secretary).
-		 */
-		answer = pepsi_call_json(ctx,
-								 "SELECT pepsi.secretary_decide($1, $2, $3::bigint, $4::boolean, $5, $6::boolean,"
-								 " $7::interval, $8::integer)"
-								 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
-								 8, values);
-	}
-	free(token);
+/* The secretary's decision for the row's one recipient, whose WHITELIST is on. */
+static int
+secretary_decide(struct pepsi_ctx *ctx)
+{
+	const struct buf	 *headers = pepsi_headers(ctx);
+	const char			 *owner = pepsi_rcpt(ctx, 0);
+	const char			 *sender = pepsi_mail_from(ctx);
+	struct secretary_args a;
+	const char			 *action;
+	json_t				 *answer;
+	int					  rc;
+
+	/*
+	 * A proof of payment (SECRETARY_PAYMENT) releases as a confirmation
+	 * does.  Such a row is never in prepare's batch call
+	 * (secretary_question), so no decision was recorded for it.
+	 */
+	if (headers != NULL && (rc = secretary_payment_proof(ctx, headers, owner)) != 0)
+		return rc < 0 ? -1 : pepsi_finish(ctx);
+	if (!secretary_args(ctx, &a))
+		return -1;
+	if ((answer = secretary_batch_take(ctx)) == NULL)
+		answer = secretary_decide_one(ctx, &a);
+	free(a.token);
 	if (answer == NULL)
 		return -1;
 	action = json_string_value(json_object_get(answer, "action"));
@@ -267,7 +335,7 @@ secretary_decide(struct pepsi_ctx *ctx)
 	else if (action && strcmp(action, "released") == 0)
 	{
 		log_info("%s: row %lld: <%s>: <%s> confirmed (%s): held mail released, sender whitelisted",
-				 pepsi_queue_id(ctx), pepsi_id(ctx), owner, sender, proof);
+				 pepsi_queue_id(ctx), pepsi_id(ctx), owner, sender, a.proof);
 		rc = pepsi_finish(ctx);
 	}
 	else if (action && strcmp(action, "hold") == 0)
@@ -284,7 +352,7 @@ secretary_decide(struct pepsi_ctx *ctx)
 		}
 		log_info("%s: row %lld: <%s>: held, from <%s>, not on the whitelist: %s%s%s", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), owner, sender, json_string_value(json_object_get(answer, "why")),
-				 why[0] && challenge_token == NULL ? ": " : "", challenge_token == NULL ? why : "");
+				 a.why[0] && challenge_token == NULL ? ": " : "", challenge_token == NULL ? a.why : "");
 		merge = json_pack("{s:{s:s,s:O}}", "secretary", "owner", owner, "challenge", challenge);
 		rc = pepsi_hold(ctx, merge);
 		json_decref(merge);
@@ -293,6 +361,120 @@ secretary_decide(struct pepsi_ctx *ctx)
 		rc = pepsi_error(ctx, "pepsi.secretary_decide answered no action");
 	json_decref(answer);
 	return rc;
+}
+
+/* Is the secretary on for the row's first recipient (false, and the row fails, if its settings cannot be read)? */
+static bool
+secretary_on_first(struct pepsi_ctx *ctx, bool *on)
+{
+	json_t *settings = pepsi_address_settings(ctx, pepsi_rcpt(ctx, 0));
+
+	if (settings == NULL)
+		return false;
+	*on = secretary_on(ctx, settings, pepsi_rcpt(ctx, 0));
+	json_decref(settings);
+	return true;
+}
+
+/* Whether the row carries a Payment-Proof: header (secretary_payment_proof reads it). */
+static bool
+secretary_has_payment_proof(struct pepsi_ctx *ctx)
+{
+	const struct buf *headers = pepsi_headers(ctx);
+	char			 *value = headers ? header_get(headers->data, headers->len, "Payment-Proof") : NULL;
+
+	free(value);
+	return value != NULL;
+}
+
+/* A row's question for pepsi.secretary_decide_many, or NULL when run is to ask alone. */
+static json_t *
+secretary_question(struct pepsi_ctx *ctx, struct pepsi_ctx *first)
+{
+	struct secretary_args a;
+	json_t				 *q;
+	bool				  on = false;
+
+	if (pepsi_rcpt_count(ctx) == 0 || !secretary_on_first(ctx, &on) || !on)
+		return NULL;
+	/* A proof of payment is run's alone (secretary_decide): nothing is decided for it here. */
+	if (secretary_has_payment_proof(ctx) || !secretary_args(ctx, &a))
+		return NULL;
+	/* One hold time and rate for the call: the first row's section's. */
+	if (pepsi_option_seconds(ctx, "HOLD_TIME") != pepsi_option_seconds(first, "HOLD_TIME")
+		|| pepsi_option_int(ctx, "MAX_CHALLENGES_PER_HOUR") != pepsi_option_int(first, "MAX_CHALLENGES_PER_HOUR"))
+	{
+		free(a.token);
+		return NULL;
+	}
+	q = json_pack("{s:s,s:s,s:I,s:b,s:s?,s:b}", "owner", pepsi_rcpt(ctx, 0), "sender", pepsi_mail_from(ctx),
+				  "row_id", (json_int_t) pepsi_id(ctx), "verified", a.proof != NULL, "token", a.token,
+				  "look_in_text", a.look_in_text);
+	free(a.token);
+	return q;
+}
+
+/*
+ * The batch's decisions with one call: the settings of every recipient
+ * read with one statement, then pepsi.secretary_decide_many for the rows
+ * whose first recipient has the secretary on, in one transaction
+ * committed without waiting for the flush (as secretary_decide_one's).
+ * If the call fails, each row asks alone in run.
+ */
+static void
+secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
+{
+	json_t *questions = json_array();
+	json_t *answers;
+	char   *dump;
+	char	ttl[48];
+	char	max[32];
+	char	err[512] = "";
+
+	secretary_batch_free();
+	pepsi_prefetch_address_settings(ctxs, count);
+	secretary_batch = xcalloc(count ? count : 1, sizeof(*secretary_batch));
+	for (size_t i = 0; i < count; i++)
+	{
+		json_t *q = secretary_question(ctxs[i], ctxs[0]);
+
+		if (q == NULL)
+			continue;
+		json_array_append_new(questions, q);
+		secretary_batch[secretary_batch_len].ctx = ctxs[i];
+		secretary_batch[secretary_batch_len++].id = pepsi_id(ctxs[i]);
+	}
+	if (secretary_batch_len < 2)
+	{
+		/* Nothing to gain over run's own call. */
+		json_decref(questions);
+		secretary_batch_len = 0;
+		return;
+	}
+	dump = json_dumps(questions, JSON_COMPACT);
+	json_decref(questions);
+	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctxs[0], "HOLD_TIME"));
+	snprintf(max, sizeof(max), "%lld", pepsi_option_int(ctxs[0], "MAX_CHALLENGES_PER_HOUR"));
+	{
+		const char *values[3] = {dump, ttl, max};
+
+		answers = pepsi_read_json(ctxs[0],
+								  "SELECT pepsi.secretary_decide_many($1::jsonb, $2::interval, $3::integer)"
+								  " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
+								  3, values, err, sizeof(err));
+	}
+	free(dump);
+	if (answers == NULL || json_array_size(answers) != secretary_batch_len)
+	{
+		log_warnx("pepsi.secretary_decide_many: %s (each row is decided alone)",
+				  answers == NULL ? err : "not an answer a row");
+		json_decref(answers);
+		secretary_batch_len = 0;
+		return;
+	}
+	for (size_t i = 0; i < secretary_batch_len; i++)
+		secretary_batch[i].answer = json_incref(json_array_get(answers, i));
+	json_decref(answers);
 }
 
 static int
@@ -344,7 +526,7 @@ const struct pepsi_stage pepsi_stage_check_whitelist_stage = {
 	.load = PEPSI_LOAD_HEADERS,
 	.run = check_whitelist_run,
 	.batch_max = CHECK_WHITELIST_BATCH_MAX,
-	.prepare = pepsi_prefetch_address_settings,
+	.prepare = secretary_prepare,
 	/* After route, which loads less, the headers are loaded in the same pass: one claim and commit. */
 	.late_load = true,
 };

@@ -21,7 +21,8 @@
  *   MAX_RECIPIENTS (50), CONNECT_TIMEOUT (30s), TIMEOUT (5m, each reply),
  *   REUSE_MESSAGES (1000), REUSE_IDLE (60s)
  *   QUOTA_CHECK (yes): recipients pepsi.quota knows full are not sent;
- *   OVER_QUOTA_STATUS (5.2.2 or 4.2.2) for them (lmtp_quota_check)
+ *   OVER_QUOTA_STATUS (5.2.2 or 4.2.2) for them (lmtp_quota_check); the
+ *   recipients delivered count against their max_daily (lmtp_quota_count)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +212,46 @@ lmtp_quota_check(struct pepsi_ctx *ctx, int *rc)
 	return ret;
 }
 
+/*
+ * QUOTA_CHECK: the day's count of each recipient the server took
+ * (pepsi.quota_delivered, for the addresses with a max_daily), as the
+ * maildir stage counts its own deliveries.  A failure is logged; the
+ * delivery made stays made.
+ */
+static void
+lmtp_quota_count(struct pepsi_ctx *ctx, const char *const *rcpt, const struct delivery_outcome *outcomes,
+				 size_t n)
+{
+	json_t	   *list = json_array();
+	json_t	   *counted;
+	char	   *dump;
+	const char *values[1];
+	char		err[512] = "";
+
+	if (!pepsi_option_bool(ctx, "QUOTA_CHECK"))
+	{
+		json_decref(list);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (outcomes[i].class == DELIVERY_SENT)
+			json_array_append_new(list, json_string(rcpt[i]));
+	if (json_array_size(list) == 0)
+	{
+		json_decref(list);
+		return;
+	}
+	dump = json_dumps(list, JSON_COMPACT);
+	json_decref(list);
+	values[0] = dump;
+	counted = pepsi_read_json(ctx, "SELECT pepsi.quota_delivered($1::jsonb)", 1, values, err, sizeof(err));
+	if (counted == NULL)
+		log_warnx("%s: row %lld: the day's deliveries to <%s>... are not counted: %s", pepsi_queue_id(ctx),
+				  pepsi_id(ctx), rcpt[0], err);
+	json_decref(counted);
+	free(dump);
+}
+
 static int
 lmtp_run(struct pepsi_ctx *ctx)
 {
@@ -263,6 +304,7 @@ lmtp_run(struct pepsi_ctx *ctx)
 	statuses = xcalloc(n, 16);
 	for (size_t i = 0; i < n; i++)
 		lmtp_recipient_outcome(&result, i, &outcomes[i], statuses + 16 * i, 16, &diagnostics[i]);
+	lmtp_quota_count(ctx, rcpt, outcomes, n);
 	/* The LMTP server is the final delivery: "delivered" (RFC 3464), success DSNs are ours. */
 	rc = delivery_each(ctx, outcomes, "delivered", false);
 

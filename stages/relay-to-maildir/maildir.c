@@ -268,11 +268,13 @@ maildir_writer_read_line(char *line, size_t size)
 /* One row of a batch for the helper: its request, and what the helper answered. */
 struct maildir_job
 {
-	struct pepsi_ctx	*ctx;
-	char				*name; /* the mailbox */
-	struct buf			 request;
-	bool				 answered;
-	struct maildir_reply reply;
+	struct pepsi_ctx		 *ctx;
+	char					 *name; /* the mailbox */
+	struct buf				  request;
+	bool					  answered;
+	struct maildir_reply	  reply;
+	bool					  quota_parsed; /* the reply's use, taken off its text into quota */
+	struct maildir_quota_item quota;
 };
 
 /* Why the helper answered no more: its end, in a sentence, as every unanswered row's reply. */
@@ -479,14 +481,22 @@ maildir_job_init(struct pepsi_ctx *ctx, char *name, struct maildir_job *job)
 			   pepsi_option_bool(ctx, "CREATE_MAILBOXES") ? "yes" : "no",
 			   (headers ? headers->len : 0) + 2 + (body ? body->len : 0), received / 1000000,
 			   received % 1000000, pepsi_id(ctx), pepsi_crash_retry(ctx) ? "lookup yes\n" : "");
-	/* The quota in force (pepsi.quota), or no delivery at all today. */
-	if (!maildir_quota_request(ctx, pepsi_rcpt(ctx, 0), &job->request, job->reply.text, sizeof(job->reply.text)))
-	{
-		job->answered = true;
-		snprintf(job->reply.status, sizeof(job->reply.status), job->reply.text[0] ? "5.2.2" : "4.3.0");
-		if (job->reply.text[0] == '\0')
-			snprintf(job->reply.text, sizeof(job->reply.text), "the mailbox's quota cannot be read");
-	}
+}
+
+/*
+ * The quota in force for the job's recipient (answer: its part of
+ * maildir_quota_lookup's, NULL when the database could not answer), or
+ * no delivery at all today: the job is then answered without the helper.
+ */
+static void
+maildir_job_quota(struct maildir_job *job, const json_t *answer)
+{
+	if (answer != NULL && maildir_quota_apply(answer, pepsi_rcpt(job->ctx, 0), &job->request, job->reply.text, sizeof(job->reply.text)))
+		return;
+	job->answered = true;
+	snprintf(job->reply.status, sizeof(job->reply.status), answer != NULL ? "5.2.2" : "4.3.0");
+	if (answer == NULL)
+		snprintf(job->reply.text, sizeof(job->reply.text), "the mailbox's quota cannot be read");
 }
 
 static void
@@ -515,6 +525,53 @@ maildir_batch_free(void)
  * fsynced and renamed, their new/ fsynced once, before any row commits.
  * The rows of one recipient and a mailbox name, of the first row's helper
  * and configuration; run delivers any other alone.
+ */
+/* The batch's quotas with one statement, then its uses recorded with one more after the helper answered. */
+static void
+maildir_batch_quota_before(void)
+{
+	const char **rcpts = xcalloc(maildir_batch_len, sizeof(*rcpts));
+	json_t		*answers;
+
+	for (size_t i = 0; i < maildir_batch_len; i++)
+		rcpts[i] = pepsi_rcpt(maildir_batch[i].ctx, 0);
+	answers = maildir_quota_lookup(maildir_batch[0].ctx, rcpts, maildir_batch_len);
+	for (size_t i = 0; i < maildir_batch_len; i++)
+		maildir_job_quota(&maildir_batch[i], json_array_get(answers, i));
+	json_decref(answers);
+	free(rcpts);
+}
+
+static void
+maildir_batch_quota_after(void)
+{
+	struct maildir_quota_item *items = xcalloc(maildir_batch_len, sizeof(*items));
+	size_t					   n = 0;
+
+	for (size_t i = 0; i < maildir_batch_len; i++)
+	{
+		struct maildir_job *job = &maildir_batch[i];
+
+		job->quota.ctx = job->ctx;
+		job->quota.rcpt = pepsi_rcpt(job->ctx, 0);
+		job->quota_parsed = maildir_quota_parse(job->reply.status, job->reply.text, &job->quota.use);
+		if (job->quota_parsed)
+			items[n++] = job->quota;
+	}
+	maildir_quota_record(items, n);
+	n = 0;
+	for (size_t i = 0; i < maildir_batch_len; i++)
+		if (maildir_batch[i].quota_parsed)
+			maildir_batch[i].quota = items[n++];
+	free(items);
+}
+
+/*
+ * Deliver the batch's rows at once: one helper, their files written, then
+ * fsynced and renamed, their new/ fsynced once, before any row commits.
+ * The rows of one recipient and a mailbox name, of the first row's helper
+ * and configuration; run delivers any other alone.  Their quotas are read
+ * with one statement before, and their uses recorded with one after.
  */
 static void
 maildir_prepare(struct pepsi_ctx *const *ctxs, size_t count)
@@ -554,7 +611,11 @@ maildir_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 		maildir_job_init(ctx, name, &maildir_batch[maildir_batch_len++]);
 	}
 	if (maildir_batch_len > 0)
+	{
+		maildir_batch_quota_before();
 		maildir_writer_deliver(maildir_batch, maildir_batch_len, writer, config_path);
+		maildir_batch_quota_after();
+	}
 	free(writer);
 }
 
@@ -607,11 +668,20 @@ maildir_run(struct pepsi_ctx *ctx)
 			return pepsi_error(ctx, "cannot find my own executable");
 		}
 		maildir_job_init(ctx, name, &alone);
+		{
+			json_t *answers = maildir_quota_lookup(ctx, &rcpt, 1);
+
+			maildir_job_quota(&alone, json_array_get(answers, 0));
+			json_decref(answers);
+		}
 		maildir_writer_deliver(&alone, 1, writer, config_path);
 		job = &alone;
 	}
 	reply = &job->reply;
-	maildir_quota_after(ctx, rcpt, reply->status, reply->text);
+	if (job->quota_parsed)
+		maildir_quota_warn_after(ctx, &job->quota); /* recorded with the batch's */
+	else
+		maildir_quota_after(ctx, rcpt, reply->status, reply->text);
 	buf_printf(&diagnostic, "X-Pepsi; %s", reply->text);
 	report.status = reply->status;
 	report.diagnostic = diagnostic.data;

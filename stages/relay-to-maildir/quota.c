@@ -23,39 +23,54 @@
 #include "message/origin.h"
 #include "quota.h"
 
-bool
-maildir_quota_request(struct pepsi_ctx *ctx, const char *rcpt, struct buf *request, char *why,
-					  size_t whylen)
+json_t *
+maildir_quota_lookup(struct pepsi_ctx *ctx, const char *const *rcpts, size_t n)
 {
-	const char *values[1] = {rcpt};
+	json_t	   *list = json_array();
+	char	   *dump;
+	const char *values[1];
 	char		err[512] = "";
-	json_t	   *answer = pepsi_read_json(
-			ctx,
-			"SELECT jsonb_build_object('limits', pepsi.quota_maildir_limits($1), 'daily', "
-				"pepsi.quota_daily_left($1))",
-			1, values, err, sizeof(err));
-	const char *limits;
-	bool		ok = true;
+	json_t	   *answers;
+
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(list, json_string(rcpts[i]));
+	dump = json_dumps(list, JSON_COMPACT);
+	json_decref(list);
+	values[0] = dump;
+	answers = pepsi_read_json(ctx,
+							  "SELECT jsonb_agg(jsonb_build_object('limits', pepsi.quota_maildir_limits(r), "
+							  "'daily', pepsi.quota_daily_left(r)) ORDER BY o)"
+							  " FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS a (r, o)",
+							  1, values, err, sizeof(err));
+	free(dump);
+	if (answers != NULL && json_array_size(answers) != n)
+	{
+		snprintf(err, sizeof(err), "not an answer a recipient");
+		json_decref(answers);
+		answers = NULL;
+	}
+	if (answers == NULL)
+		log_warnx("%s: row %lld: the quota of <%s>%s cannot be read: %s", pepsi_queue_id(ctx), pepsi_id(ctx),
+				  n ? rcpts[0] : "", n > 1 ? " and the batch's others" : "", err);
+	return answers;
+}
+
+bool
+maildir_quota_apply(const json_t *answer, const char *rcpt, struct buf *request, char *why, size_t whylen)
+{
+	const char *limits = json_string_value(json_object_get(answer, "limits"));
 
 	why[0] = '\0';
-	if (answer == NULL)
-	{
-		log_warnx("%s: row %lld: the quota of <%s> cannot be read: %s", pepsi_queue_id(ctx), pepsi_id(ctx), rcpt,
-				  err);
-		return false;
-	}
-	limits = json_string_value(json_object_get(answer, "limits"));
 	if (json_is_false(json_object_get(answer, "daily")))
 	{
 		snprintf(why, whylen, "mailbox of <%s> is over quota: it has had its messages for today "
 							  "(pepsi.quota max_daily)",
 				 rcpt);
-		ok = false;
+		return false;
 	}
-	else if (limits)
+	if (limits)
 		buf_printf(request, "quota %s\n", limits);
-	json_decref(answer);
-	return ok;
+	return true;
 }
 
 /* The owner's warning: "Your mailbox is N% full", from the postmaster, to the mailbox. */
@@ -99,62 +114,113 @@ maildir_quota_warn(struct pepsi_ctx *ctx, const char *rcpt, int percent, long lo
 				 rcpt, percent, id);
 }
 
+bool
+maildir_quota_parse(const char *status, char *text, struct maildir_quota_use *use)
+{
+	char *mark = strstr(text, " quota=");
+
+	memset(use, 0, sizeof(*use));
+	if (mark == NULL)
+		return false;
+	if (sscanf(mark, " quota=%lld/%lld,%lld/%lld", &use->bytes, &use->max_bytes, &use->messages,
+			   &use->max_messages)
+		!= 4)
+		return false;
+	*mark = '\0';
+	use->delivered = status[0] == '2';
+	return use->delivered || strcmp(status, "5.2.2") == 0;
+}
+
+/* QUOTA_WARNING: the owner's (an OWNER option, in settings), else the configuration's, as an array. */
+static json_t *
+maildir_quota_thresholds(struct pepsi_ctx *ctx, const json_t *settings, const char *rcpt)
+{
+	const char *thresholds = settings_text_for(pepsi_config(ctx), pepsi_section(ctx), settings, "QUOTA_WARNING", rcpt);
+	json_t	   *array = json_array();
+
+	for (const char *p = thresholds ? thresholds : ""; *p;)
+	{
+		char *end;
+		long  t = strtol(p, &end, 10);
+
+		if (end == p)
+		{
+			p++;
+			continue;
+		}
+		if (t > 0 && t <= 1000)
+			json_array_append_new(array, json_integer(t));
+		p = end;
+	}
+	return array;
+}
+
+static json_t *
+maildir_quota_delivery(struct pepsi_ctx *ctx, const char *rcpt, const struct maildir_quota_use *use,
+					   const json_t *settings)
+{
+	return json_pack("{s:s,s:I,s:I,s:I,s:I,s:b,s:o}", "address", rcpt, "bytes", (json_int_t) use->bytes,
+					 "messages", (json_int_t) use->messages, "max_bytes", (json_int_t) use->max_bytes,
+					 "max_messages", (json_int_t) use->max_messages, "delivered", use->delivered,
+					 "thresholds", maildir_quota_thresholds(ctx, settings, rcpt));
+}
+
+void
+maildir_quota_record(struct maildir_quota_item *items, size_t n)
+{
+	const char **rcpts;
+	json_t		*deliveries = json_array();
+	json_t		*settings;
+	json_t		*answers;
+	char		*dump;
+	const char	*values[1];
+	char		 err[512] = "";
+
+	if (n == 0)
+		return;
+	rcpts = xcalloc(n, sizeof(*rcpts));
+	for (size_t i = 0; i < n; i++)
+		rcpts[i] = items[i].rcpt;
+	/* The owners' QUOTA_WARNING with one statement; NULL: the configuration's. */
+	settings = settings_for_addresses(pepsi_db(items[0].ctx), rcpts, n, err, sizeof(err));
+	free(rcpts);
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(deliveries, maildir_quota_delivery(items[i].ctx, items[i].rcpt, &items[i].use,
+																 json_object_get(settings, items[i].rcpt)));
+	json_decref(settings);
+	dump = json_dumps(deliveries, JSON_COMPACT);
+	json_decref(deliveries);
+	values[0] = dump;
+	answers = pepsi_read_json(items[0].ctx, "SELECT pepsi.quota_record_many($1::jsonb)", 1, values, err, sizeof(err));
+	free(dump);
+	if (answers == NULL || json_array_size(answers) != n)
+		log_warnx("%s: row %lld: the quota's use of <%s>%s is not recorded: %s", pepsi_queue_id(items[0].ctx),
+				  pepsi_id(items[0].ctx), items[0].rcpt, n > 1 ? " and the batch's others" : "",
+				  answers == NULL ? err : "not an answer a delivery");
+	else
+		for (size_t i = 0; i < n; i++)
+		{
+			items[i].percent = (int) json_integer_value(json_array_get(answers, i));
+			items[i].recorded = true;
+		}
+	json_decref(answers);
+}
+
+void
+maildir_quota_warn_after(struct pepsi_ctx *ctx, const struct maildir_quota_item *item)
+{
+	if (item->recorded && item->percent > 0 && item->use.delivered)
+		maildir_quota_warn(ctx, item->rcpt, item->percent, item->use.bytes, item->use.max_bytes,
+						   item->use.messages, item->use.max_messages);
+}
+
 void
 maildir_quota_after(struct pepsi_ctx *ctx, const char *rcpt, const char *status, char *text)
 {
-	char	   *mark = strstr(text, " quota=");
-	long long	bytes, max_bytes, messages, max_messages;
-	char		v[5][32];
-	const char *values[7];
-	const char *thresholds;
-	json_t	   *settings;
-	struct buf	array = BUF_INIT;
-	PGresult   *res;
-	int			percent = 0;
-	char		err[256];
+	struct maildir_quota_item item = {.ctx = ctx, .rcpt = rcpt};
 
-	if (mark == NULL)
+	if (!maildir_quota_parse(status, text, &item.use))
 		return;
-	if (sscanf(mark, " quota=%lld/%lld,%lld/%lld", &bytes, &max_bytes, &messages, &max_messages) != 4)
-		return;
-	*mark = '\0';
-	if (status[0] != '2' && strcmp(status, "5.2.2") != 0)
-		return;
-	/* QUOTA_WARNING: the owner's (an OWNER option), else the configuration's: "80,95" -> {80,95}. */
-	settings = settings_for_address(pepsi_db(ctx), rcpt, err, sizeof(err)); /* NULL: the configuration's */
-	thresholds = settings_text_for(pepsi_config(ctx), pepsi_section(ctx), settings, "QUOTA_WARNING", rcpt);
-	buf_append_str(&array, "{");
-	for (const char *p = thresholds ? thresholds : ""; *p; p++)
-		if ((*p >= '0' && *p <= '9') || *p == ',')
-			buf_append(&array, p, 1);
-		else if (*p == ' ' && array.len > 1 && array.data[array.len - 1] != ',')
-			buf_append_str(&array, ",");
-	while (array.len > 1 && array.data[array.len - 1] == ',')
-		array.len--;
-	buf_append_str(&array, "}");
-	json_decref(settings);
-	snprintf(v[0], sizeof(v[0]), "%lld", bytes);
-	snprintf(v[1], sizeof(v[1]), "%lld", messages);
-	snprintf(v[2], sizeof(v[2]), "%lld", max_bytes);
-	snprintf(v[3], sizeof(v[3]), "%lld", max_messages);
-	values[0] = rcpt;
-	values[1] = v[0];
-	values[2] = v[1];
-	values[3] = v[2];
-	values[4] = v[3];
-	values[5] = status[0] == '2' ? "t" : "f";
-	values[6] = array.data;
-	res = PQexecParams(pepsi_db(ctx),
-					   "SELECT pepsi.quota_record($1, $2::bigint, $3::bigint, $4::bigint, $5::bigint, "
-					   "$6::boolean, $7::integer[])",
-					   7, NULL, values, NULL, NULL, 0);
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
-		percent = atoi(PQgetvalue(res, 0, 0));
-	else
-		log_warnx("%s: row %lld: <%s>: the quota's use is not recorded: %s", pepsi_queue_id(ctx),
-				  pepsi_id(ctx), rcpt, PQerrorMessage(pepsi_db(ctx)));
-	PQclear(res);
-	buf_free(&array);
-	if (percent > 0 && status[0] == '2')
-		maildir_quota_warn(ctx, rcpt, percent, bytes, max_bytes, messages, max_messages);
+	maildir_quota_record(&item, 1);
+	maildir_quota_warn_after(ctx, &item);
 }
