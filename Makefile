@@ -81,6 +81,10 @@ ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # one-off provisioning code would otherwise sit in every process's binary.
 STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
 standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/autocrypt-learn/
+# pepsi-telemetry, the telemetry collector, runs on another host from its
+# own package (debian/pepsi-telemetry.install): not in the shared binary.
+STANDALONE_PROGRAMS += pepsi-telemetry
+standalone_dirs += daemons/telemetry/
 # pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
