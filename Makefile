@@ -432,7 +432,7 @@ install: extension programs man
 	chmod 644 $(DESTDIR)$(shell $(PG_CONFIG) --pkglibdir)/pepsi.so
 	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	$(MAKE) install-programs install-man
-	$(MAKE) install-systemd install-accounts install-config
+	$(MAKE) install-systemd install-accounts install-config install-telemetry
 	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
 
 # make install SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq and
@@ -483,6 +483,7 @@ TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
 install-accounts:
 	install -d $(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(TMPFILES_DIR)
 	install -m 644 dist/sysusers.d/pepsi.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf
+	install -m 644 dist/sysusers.d/pepsi-telemetry.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi-telemetry.conf
 	install -m 644 dist/tmpfiles.d/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
 # $(SYSCONFDIR)/pepsi/pepsi.conf: dist/pepsi.conf, a short file that says
@@ -501,6 +502,19 @@ install-config:
 		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from dist/pepsi.conf"; \
 	fi
 .PHONY: install-accounts install-config
+
+# The telemetry collector's schema and its own file (pepsi-telemetry(8)),
+# which the pepsi-telemetry package ships; an existing file is never replaced.
+install-telemetry:
+	install -d $(DESTDIR)$(PREFIX)/share/pepsi-telemetry $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry
+	install -m 644 daemons/telemetry/telemetry.sql $(DESTDIR)$(PREFIX)/share/pepsi-telemetry/telemetry.sql
+	@[ -e $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry/pepsi-telemetry.conf ] || \
+		install -m 644 dist/pepsi-telemetry.conf $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry/pepsi-telemetry.conf
+uninstall-telemetry:
+	rm -f $(DESTDIR)$(PREFIX)/share/pepsi-telemetry/telemetry.sql $(DESTDIR)$(SYSUSERS_DIR)/pepsi-telemetry.conf
+	-rmdir $(DESTDIR)$(PREFIX)/share/pepsi-telemetry
+uninstall: uninstall-telemetry
+.PHONY: install-telemetry uninstall-telemetry
 
 # Man pages: docs/NAME.SECTION.md, the one format of docs/, converted by
 # pandoc; the page's first heading, "NAME(SECTION)", is its title.
