@@ -12,9 +12,9 @@
  * install id that is random (getrandom), kept in INSTALL_ID_FILE, and
  * derived from nothing on the host.  The POST (libcurl) is https only,
  * the certificate verified (CA_FILE), redirects not followed, within
- * TIMEOUT; a network error, a 429 or a 5xx is retried once after
- * RETRY_DELAY, a refusal (another 4xx) or a certificate that does not
- * verify is not.  Run daily by pepsi-telemetry-client.timer.
+ * TIMEOUT; a network error or a 5xx is retried once after RETRY_DELAY,
+ * a refusal (a 4xx; 429 says this install reported too recently) or a
+ * certificate that does not verify is not.  Run daily by pepsi-telemetry-client.timer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -149,6 +149,7 @@ enum tc_outcome
 	TC_SENT,
 	TC_REFUSED,	  /* the collector said no: not retried */
 	TC_UNTRUSTED, /* the certificate did not verify: not retried */
+	TC_LATER,	  /* 429: this install reported too recently; not retried */
 	TC_TRANSIENT, /* retried once */
 };
 
@@ -200,9 +201,12 @@ tc_post(const struct pepsi_config *cfg, const char *body, char *why, size_t whyl
 	{
 		answer.data[strcspn(answer.data, "\r\n")] = '\0';
 		snprintf(why, whylen, "HTTP %ld %s", status, answer.data);
-		outcome = status >= 200 && status < 300	   ? TC_SENT
-				  : status == 429 || status >= 500 ? TC_TRANSIENT
-												   : TC_REFUSED;
+		if (status >= 200 && status < 300)
+			outcome = TC_SENT;
+		else if (status == 429)
+			outcome = TC_LATER;
+		else
+			outcome = status >= 500 ? TC_TRANSIENT : TC_REFUSED;
 	}
 	buf_free(&answer);
 	curl_slist_free_all(headers);
@@ -234,6 +238,9 @@ tc_send(const struct pepsi_config *cfg, const char *body)
 		case TC_REFUSED:
 			log_warnx("%s refused the report: %s", config_text(cfg, "telemetry", "URL"), why);
 			return CLI_EX_DATAERR;
+		case TC_LATER:
+			log_warnx("%s: %s; the next run tries again", config_text(cfg, "telemetry", "URL"), why);
+			return CLI_EX_TEMPFAIL;
 		case TC_UNTRUSTED:
 			log_warnx("%s: %s; nothing sent ([telemetry] CA_FILE names the trust anchors)",
 					  config_text(cfg, "telemetry", "URL"), why);
