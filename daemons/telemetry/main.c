@@ -34,6 +34,7 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/log_config.h"
+#include "process/https_server.h"
 #include "process/privilege.h"
 #include "process/secret.h"
 #include "process/service.h"
@@ -227,69 +228,20 @@ collector_completed(void *cls, struct MHD_Connection *connection, void **con_cls
 	*con_cls = NULL;
 }
 
-static void
-collector_mhd_log(void *cls, const char *fmt, va_list ap)
-{
-	char   message[1024];
-	size_t n;
-
-	vsnprintf(message, sizeof(message), fmt, ap);
-	n = strlen(message);
-	while (n > 0 && message[n - 1] == '\n')
-		message[--n] = '\0';
-	log_debug("libmicrohttpd: %s", message);
-}
-
-/* A PEM file as a string; the key is opened as secret_key_open checks it. */
+/* A PEM file of the file's, required: the collector speaks HTTPS only. */
 static char *
 collector_read_pem(const char *option, bool key)
 {
 	const char *path = config_text(collector.cfg, COLLECTOR_SECTION, option);
-	struct buf	content = BUF_INIT;
 	char		err[1024];
-	FILE	   *f = NULL;
-	bool		ok;
+	char	   *pem;
 
 	if (path == NULL)
 		fatalx("%s: [" COLLECTOR_SECTION "] %s is required: the collector speaks HTTPS only", collector.cfg->path,
 			   option);
-	if (key && (f = secret_key_open(path, err, sizeof(err))) == NULL)
-		fatalx("[" COLLECTOR_SECTION "] KEY: %s", err);
-	ok = key ? buf_append_stream(&content, f, path, 1024 * 1024, err, sizeof(err))
-			 : buf_append_file(&content, path, 1024 * 1024, err, sizeof(err));
-	if (f)
-		fclose(f);
-	if (!ok)
+	if ((pem = https_server_read_pem(path, key, err, sizeof(err))) == NULL)
 		fatalx("[" COLLECTOR_SECTION "] %s: %s", option, err);
-	buf_append(&content, "", 0);
-	return content.data;
-}
-
-static int
-collector_bind(void)
-{
-	const char	   *address = config_text(collector.cfg, COLLECTOR_SECTION, "ADDRESS");
-	long long		port = config_int(collector.cfg, COLLECTOR_SECTION, "PORT");
-	char			service[16];
-	struct addrinfo hints = {0}, *res;
-	int				fd, rc, on = 1;
-
-	snprintf(service, sizeof(service), "%lld", port);
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
-	if ((rc = getaddrinfo(address, service, &hints, &res)) != 0)
-		fatalx("%s: [" COLLECTOR_SECTION "] ADDRESS %s: %s", collector.cfg->path, address, gai_strerror(rc));
-	if ((fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-		fatal("socket");
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-	if (bind(fd, res->ai_addr, res->ai_addrlen) != 0)
-		fatal("[" COLLECTOR_SECTION "] cannot listen on %s port %lld", address, port);
-	if (listen(fd, 64) != 0)
-		fatal("listen");
-	freeaddrinfo(res);
-	log_info("listening on %s port %lld (HTTPS)", address, port);
-	return fd;
+	return pem;
 }
 
 static struct MHD_Daemon *
@@ -298,7 +250,7 @@ collector_start(int listen_fd)
 	return MHD_start_daemon(
 		MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_USE_TLS, 0, NULL, NULL,
 		collector_access, NULL, MHD_OPTION_LISTEN_SOCKET, listen_fd, MHD_OPTION_NOTIFY_COMPLETED,
-		collector_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, collector_mhd_log, NULL,
+		collector_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, https_server_log, NULL,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (32 * 1024), MHD_OPTION_CONNECTION_TIMEOUT, 30u,
 		MHD_OPTION_CONNECTION_LIMIT, 256u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 16u, MHD_OPTION_HTTPS_MEM_CERT,
 		collector.certificate, MHD_OPTION_HTTPS_MEM_KEY, collector.key, MHD_OPTION_END);
@@ -366,13 +318,15 @@ pepsi_telemetry_main(int argc, char **argv)
 	struct MHD_Daemon *daemon;
 	const char		  *path;
 	sigset_t		   signals;
-	int				   listen_fd, rc = 0, sig;
+	int				   listen_fd, rc = 0;
+	double			   watchdog;
 
 	log_init(COLLECTOR_PROGRAM, false);
 	if ((path = collector_options(argc, argv, &rc)) == NULL)
 		return rc;
 	collector_configure(path);
-	listen_fd = collector_bind();
+	listen_fd = https_server_listen(config_text(collector.cfg, COLLECTOR_SECTION, "ADDRESS"),
+									config_int(collector.cfg, COLLECTOR_SECTION, "PORT"), COLLECTOR_SECTION, path);
 	privilege_drop(collector.cfg, COLLECTOR_SECTION);
 
 	sigemptyset(&signals);
@@ -387,8 +341,16 @@ pepsi_telemetry_main(int argc, char **argv)
 		log_warnx("no database yet: reports get 503 until it answers");
 	log_info("ready");
 	service_ready();
-	while ((sig = sigwaitinfo(&signals, NULL)) < 0 && errno == EINTR)
-		;
+	watchdog = service_watchdog_interval();
+	for (;;)
+	{
+		struct timespec wait = {watchdog > 0 ? (time_t) watchdog : 3600, 0};
+
+		if (sigtimedwait(&signals, NULL, &wait) >= 0)
+			break;
+		if (errno == EAGAIN && watchdog > 0)
+			service_watchdog_ping();
+	}
 	service_stopping();
 	log_info("stopping");
 	MHD_stop_daemon(daemon);
