@@ -750,6 +750,10 @@ $(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_poli
                     $(FUZZ_BASE) $(FUZZ_CONFIG))
 	$(fuzz_link)
 
+# The telemetry collector's allow-list of a report (daemons/telemetry/validate.c).
+$(B)/fuzz/fuzz_telemetry: $(call fuzz_objs,daemons/telemetry/fuzz/fuzz_report.c daemons/telemetry/validate.c $(FUZZ_BASE))
+	$(fuzz_link)
+
 # The headers (and, for fuzz_api and fuzz_dns, the .c) each fuzz object read.
 -include $(wildcard $(B)/fuzz/obj/*/*.d $(B)/fuzz/obj/*/*/*.d $(B)/fuzz/obj/*/*/*/*.d)
 
@@ -764,7 +768,8 @@ FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
                $(B)/fuzz/fuzz_aliases \
                $(B)/fuzz/fuzz_config \
                $(B)/fuzz/fuzz_api \
-               $(B)/fuzz/fuzz_dns
+               $(B)/fuzz/fuzz_dns \
+               $(B)/fuzz/fuzz_telemetry
 fuzz-targets: $(FUZZ_TARGETS)
 
 # Every input of the corpora once (-runs=0: no new ones), as make check
@@ -782,6 +787,7 @@ fuzz-replay: $(FUZZ_TARGETS)
 	$(B)/fuzz/fuzz_config -runs=0 -max_len=4096 common/fuzz/corpus/config
 	$(B)/fuzz/fuzz_api -runs=0 -max_len=4096 daemons/httpd/fuzz/corpus
 	$(B)/fuzz/fuzz_dns -runs=0 -max_len=4096 common/fuzz/corpus/dns
+	$(B)/fuzz/fuzz_telemetry -runs=0 -max_len=16384 daemons/telemetry/fuzz/corpus
 
 fuzz: $(FUZZ_TARGETS)
 	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter $(B)/fuzz/corpus-smtp-client $(B)/fuzz/corpus-canon $(B)/fuzz/corpus-mime $(B)/fuzz/corpus-dsn $(B)/fuzz/corpus-forward $(B)/fuzz/corpus-aliases $(B)/fuzz/corpus-config $(B)/fuzz/corpus-api $(B)/fuzz/corpus-dns
@@ -809,6 +815,9 @@ fuzz: $(FUZZ_TARGETS)
 		$(B)/fuzz/corpus-api daemons/httpd/fuzz/corpus
 	$(B)/fuzz/fuzz_dns -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-dns common/fuzz/corpus/dns
+	@mkdir -p $(B)/fuzz/corpus-telemetry
+	$(B)/fuzz/fuzz_telemetry -max_total_time=$(FUZZ_TIME) -max_len=16384 -print_final_stats=1 \
+		$(B)/fuzz/corpus-telemetry daemons/telemetry/fuzz/corpus
 
 clean:
 	$(MAKE) -C extension clean
