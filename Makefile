@@ -648,6 +648,8 @@ SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
 SANITIZE_PROGRAMS += pepsi-httpd pepsi-list pepsi-stage-list pepsi-stage-dkim-sign
 # The crypto stages (t/163_crypto.pl).
 SANITIZE_PROGRAMS += pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
+# The telemetry client and collector (t/172_telemetry.pl).
+SANITIZE_PROGRAMS += pepsi-telemetry-client pepsi-telemetry
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
