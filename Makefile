@@ -81,6 +81,10 @@ ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # one-off provisioning code would otherwise sit in every process's binary.
 STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
 standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/autocrypt-learn/
+# pepsi-telemetry, the telemetry collector, runs on another host from its
+# own package (debian/pepsi-telemetry.install): not in the shared binary.
+STANDALONE_PROGRAMS += pepsi-telemetry
+standalone_dirs += daemons/telemetry/
 # pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
@@ -433,7 +437,7 @@ install: extension programs man
 	chmod 644 $(DESTDIR)$(shell $(PG_CONFIG) --pkglibdir)/pepsi.so
 	@if [ "$(SETID)" != no ] && [ "$$(id -u)" -eq 0 ] && [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory install-accounts-create; fi
 	$(MAKE) install-programs install-man
-	$(MAKE) install-systemd install-accounts install-config
+	$(MAKE) install-systemd install-accounts install-config install-telemetry
 	$(if $(filter yes,$(SENDMAIL_LINKS)),$(MAKE) install-sendmail-links)
 
 # make install SENDMAIL_LINKS=yes: $(PREFIX)/sbin/sendmail, mailq and
@@ -484,6 +488,7 @@ TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
 install-accounts:
 	install -d $(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(TMPFILES_DIR)
 	install -m 644 dist/sysusers.d/pepsi.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi.conf
+	install -m 644 dist/sysusers.d/pepsi-telemetry.conf $(DESTDIR)$(SYSUSERS_DIR)/pepsi-telemetry.conf
 	install -m 644 dist/tmpfiles.d/pepsi.conf $(DESTDIR)$(TMPFILES_DIR)/pepsi.conf
 
 # $(SYSCONFDIR)/pepsi/pepsi.conf: dist/pepsi.conf, a short file that says
@@ -502,6 +507,19 @@ install-config:
 		echo "$(DESTDIR)$(SYSCONFDIR)/pepsi/pepsi.conf: from dist/pepsi.conf"; \
 	fi
 .PHONY: install-accounts install-config
+
+# The telemetry collector's schema and its own file (pepsi-telemetry(8)),
+# which the pepsi-telemetry package ships; an existing file is never replaced.
+install-telemetry:
+	install -d $(DESTDIR)$(PREFIX)/share/pepsi-telemetry $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry
+	install -m 644 daemons/telemetry/telemetry.sql $(DESTDIR)$(PREFIX)/share/pepsi-telemetry/telemetry.sql
+	@[ -e $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry/pepsi-telemetry.conf ] || \
+		install -m 644 dist/pepsi-telemetry.conf $(DESTDIR)$(SYSCONFDIR)/pepsi-telemetry/pepsi-telemetry.conf
+uninstall-telemetry:
+	rm -f $(DESTDIR)$(PREFIX)/share/pepsi-telemetry/telemetry.sql $(DESTDIR)$(SYSUSERS_DIR)/pepsi-telemetry.conf
+	-rmdir $(DESTDIR)$(PREFIX)/share/pepsi-telemetry
+uninstall: uninstall-telemetry
+.PHONY: install-telemetry uninstall-telemetry
 
 # Man pages: docs/NAME.SECTION.md, the one format of docs/, converted by
 # pandoc; the page's first heading, "NAME(SECTION)", is its title.
@@ -635,6 +653,8 @@ SANITIZE_PROGRAMS = pepsi pepsi-dispatch pepsi-ingress pepsi-status pepsi-keys \
 SANITIZE_PROGRAMS += pepsi-httpd pepsi-list pepsi-stage-list pepsi-stage-dkim-sign
 # The crypto stages (t/163_crypto.pl).
 SANITIZE_PROGRAMS += pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
+# The telemetry client and collector (t/172_telemetry.pl).
+SANITIZE_PROGRAMS += pepsi-telemetry-client pepsi-telemetry
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \
@@ -737,6 +757,10 @@ $(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_poli
                     $(FUZZ_BASE) $(FUZZ_CONFIG))
 	$(fuzz_link)
 
+# The telemetry collector's allow-list of a report (daemons/telemetry/validate.c).
+$(B)/fuzz/fuzz_telemetry: $(call fuzz_objs,daemons/telemetry/fuzz/fuzz_report.c daemons/telemetry/validate.c $(FUZZ_BASE))
+	$(fuzz_link)
+
 # The headers (and, for fuzz_api and fuzz_dns, the .c) each fuzz object read.
 -include $(wildcard $(B)/fuzz/obj/*/*.d $(B)/fuzz/obj/*/*/*.d $(B)/fuzz/obj/*/*/*/*.d)
 
@@ -751,7 +775,8 @@ FUZZ_TARGETS = $(B)/fuzz/fuzz_smtp \
                $(B)/fuzz/fuzz_aliases \
                $(B)/fuzz/fuzz_config \
                $(B)/fuzz/fuzz_api \
-               $(B)/fuzz/fuzz_dns
+               $(B)/fuzz/fuzz_dns \
+               $(B)/fuzz/fuzz_telemetry
 fuzz-targets: $(FUZZ_TARGETS)
 
 # Every input of the corpora once (-runs=0: no new ones), as make check
@@ -769,6 +794,7 @@ fuzz-replay: $(FUZZ_TARGETS)
 	$(B)/fuzz/fuzz_config -runs=0 -max_len=4096 common/fuzz/corpus/config
 	$(B)/fuzz/fuzz_api -runs=0 -max_len=4096 daemons/httpd/fuzz/corpus
 	$(B)/fuzz/fuzz_dns -runs=0 -max_len=4096 common/fuzz/corpus/dns
+	$(B)/fuzz/fuzz_telemetry -runs=0 -max_len=16384 daemons/telemetry/fuzz/corpus
 
 fuzz: $(FUZZ_TARGETS)
 	@mkdir -p $(B)/fuzz/corpus-smtp $(B)/fuzz/corpus-auth $(B)/fuzz/corpus-milter $(B)/fuzz/corpus-smtp-client $(B)/fuzz/corpus-canon $(B)/fuzz/corpus-mime $(B)/fuzz/corpus-dsn $(B)/fuzz/corpus-forward $(B)/fuzz/corpus-aliases $(B)/fuzz/corpus-config $(B)/fuzz/corpus-api $(B)/fuzz/corpus-dns
@@ -796,6 +822,9 @@ fuzz: $(FUZZ_TARGETS)
 		$(B)/fuzz/corpus-api daemons/httpd/fuzz/corpus
 	$(B)/fuzz/fuzz_dns -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 \
 		$(B)/fuzz/corpus-dns common/fuzz/corpus/dns
+	@mkdir -p $(B)/fuzz/corpus-telemetry
+	$(B)/fuzz/fuzz_telemetry -max_total_time=$(FUZZ_TIME) -max_len=16384 -print_final_stats=1 \
+		$(B)/fuzz/corpus-telemetry daemons/telemetry/fuzz/corpus
 
 clean:
 	$(MAKE) -C extension clean

@@ -74,8 +74,8 @@ check() {
     root="$scratch/root"
     "$top/scripts/install-layout.sh" base "$root"
     if dpkg --root="$root" --force-script-chrootless --force-not-root --force-depends \
-        -i "$dir"/pepsi_*.deb "$dir"/postgresql-15-pepsi_*.deb >"$scratch/dpkg.log" 2>&1; then
-        echo "installed into $root: $(dpkg --root="$root" -l 'pepsi' 'postgresql-15-pepsi' | awk '/^ii/ { printf "%s %s  ", $2, $3 }')"
+        -i "$dir"/pepsi_*.deb "$dir"/postgresql-15-pepsi_*.deb "$dir"/pepsi-telemetry_*.deb >"$scratch/dpkg.log" 2>&1; then
+        echo "installed into $root: $(dpkg --root="$root" -l 'pepsi' 'postgresql-15-pepsi' 'pepsi-telemetry' | awk '/^ii/ { printf "%s %s  ", $2, $3 }')"
     else
         cat "$scratch/dpkg.log"
         echo "deb-check: dpkg -i into the scratch root failed" >&2
@@ -122,7 +122,8 @@ check() {
     echo "== the packages' files against make install's"
     # The packages' files and links (dpkg's lists), but their
     # documentation (/usr/share/doc: dh_installdocs's, not make install's).
-    cat "$root"/var/lib/dpkg/info/pepsi.list "$root"/var/lib/dpkg/info/postgresql-15-pepsi.list |
+    cat "$root"/var/lib/dpkg/info/pepsi.list "$root"/var/lib/dpkg/info/postgresql-15-pepsi.list \
+        "$root"/var/lib/dpkg/info/pepsi-telemetry.list |
         grep -v -e '^/usr/share/doc/' -e '^/usr/share/lintian/' | sort -u |
         while read -r path; do [ -d "$root$path" ] && [ ! -L "$root$path" ] || echo "$path"; done \
             >"$scratch/package.list"

@@ -22,7 +22,9 @@ my $bindir = dirname(pepsi_bin('pepsi-ingress'));
 # The daemons' units: every service without a timer.  The oneshots their
 # timers start (the failure bouncer's, the two report programs', the token
 # refresh's) are checked below.
-my @units = grep { (my $timer = $_) =~ s/\.service\.in$/.timer.in/; !-e $timer } glob("$top/dist/systemd/*.service.in");
+# (The telemetry collector's, another host's, is checked below.)
+my @units = grep { (my $timer = $_) =~ s/\.service\.in$/.timer.in/; !-e $timer && !/pepsi-telemetry\.service/ }
+  glob("$top/dist/systemd/*.service.in");
 is(scalar @units, 3, 'three daemon units: pepsi-dispatch, pepsi-ingress, pepsi-httpd');
 
 # What make install does to them (install-systemd), into a test directory.
@@ -73,7 +75,7 @@ for my $template (@units)
 # pepsi-failure-bouncer, pepsi-dmarc-report and pepsi-tlsrpt: each a
 # oneshot service and the timer that starts it on a calendar (the timer is
 # verified with its service beside it, as installed).
-for my $program (qw(pepsi-failure-bouncer pepsi-dmarc-report pepsi-tlsrpt))
+for my $program (qw(pepsi-failure-bouncer pepsi-dmarc-report pepsi-tlsrpt pepsi-telemetry-client))
 {
 	my $service = install_unit("$top/dist/systemd/$program.service.in");
 	my $timer = install_unit("$top/dist/systemd/$program.timer.in");
@@ -123,8 +125,8 @@ is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'Lock
 # pepsi-helper-token-refresh: a oneshot service its timer starts.
 my @timers = glob("$top/dist/systemd/*.timer.in");
 is( join(' ', map { basename($_, '.timer.in') } sort @timers),
-	'pepsi-dmarc-report pepsi-failure-bouncer pepsi-tlsrpt pepsi-token-refresh',
-	'four timers: the failure bouncer\'s, the two reports\' and pepsi-token-refresh');
+	'pepsi-dmarc-report pepsi-failure-bouncer pepsi-telemetry-client pepsi-tlsrpt pepsi-token-refresh',
+	'five timers: the failure bouncer\'s, the two reports\', the telemetry report\'s and pepsi-token-refresh');
 for my $template (map { "$top/dist/systemd/pepsi-token-refresh.$_.in" } qw(service timer))
 {
 	my $unit = install_unit($template);
@@ -141,5 +143,20 @@ like(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-token-refresh.timer"), qr/^
 my $broken = install_unit($units[0], sub { my $t = shift; $t =~ s/^Restart=.*$/Restart=sometimes/m; $t });
 my ($rc, $said) = verify($broken);
 like($said, qr/restart specifier/, 'a planted mistake is reported');
+
+# The telemetry collector (pepsi-telemetry's package, another host): a
+# daemon of its own account, which reads its own file.
+{
+	my $unit = install_unit("$top/dist/systemd/pepsi-telemetry.service.in");
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, 'pepsi-telemetry.service passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+	my $text = PostgreSQL::Test::Utils::slurp_file($unit);
+	like($text, qr/^Type=notify$/m, '... is Type=notify');
+	like($text, qr/^WatchdogSec=/m, '... with a watchdog');
+	like($text, qr/^User=pepsi-telemetry$/m, '... runs as pepsi-telemetry');
+	like($text, qr/ -c \/etc\/pepsi-telemetry\/pepsi-telemetry\.conf$/m, '... from its own file');
+	like($text, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
+}
 
 done_testing();

@@ -50,7 +50,7 @@ run_layout('make-install', $make, $image);
 my %image = %{ manifest($image, $image) };
 # (The accounts' files and dpkg's database are the root's, not what the
 # package installs.)
-delete @image{ grep { m{^/etc/(?!pepsi/)} || m{^/var/lib/dpkg/} } keys %image };
+delete @image{ grep { m{^/etc/(?!pepsi/|pepsi-telemetry/)} || m{^/var/lib/dpkg/} } keys %image };
 my %make = %{ manifest($make, $image) };
 
 my @only_make = sort grep { !exists $image{$_} } keys %make;
@@ -93,8 +93,16 @@ for my $install (glob("$top/debian/*.install"))
 		my @hits = grep { $package_path{$_} eq "/$entry" || index($package_path{$_}, "/$entry/") == 0 }
 		  keys %image;
 		ok(scalar @hits, "$package.install: $entry claims files");
-		push @{ $claimed{$_} }, $package for @hits;
+		push @{ $claimed{$_} }, [ $package, $package_path{$_} eq "/$entry" ] for @hits;
 	}
+}
+# A file one package's line names exactly and another's takes with its
+# directory is the first's: debian/rules removes it from the other (the
+# telemetry collector's files, out of pepsi's usr/bin/ and the like).
+for my $path (keys %claimed)
+{
+	my @exact = grep { $_->[1] } @{ $claimed{$path} };
+	$claimed{$path} = \@exact if @exact == 1;
 }
 my @unclaimed = sort grep { !$claimed{$_} } keys %image;
 is_deeply(\@unclaimed, [], 'every file is in a package');

@@ -40,6 +40,7 @@
 #include "httpd.h"
 #include "options.h"
 #include "process/cli.h"
+#include "process/https_server.h"
 #include "process/privilege.h"
 #include "process/secret.h"
 #include "process/service.h"
@@ -82,29 +83,6 @@ httpd_usage(FILE *out)
 			PEPSI_CONFIG_DEFAULT_PATH);
 }
 
-/* A PEM file, as a string; NULL with err.  A key is checked as secret_key_open does. */
-static char *
-httpd_read_pem(const char *path, bool key, char *err, size_t errlen)
-{
-	struct buf content = BUF_INIT;
-	FILE	  *f = NULL;
-	bool	   ok;
-
-	if (key && (f = secret_key_open(path, err, errlen)) == NULL)
-		return NULL;
-	ok = key ? buf_append_stream(&content, f, path, 1024 * 1024, err, errlen)
-			 : buf_append_file(&content, path, 1024 * 1024, err, errlen);
-	if (f)
-		fclose(f);
-	if (!ok)
-	{
-		explicit_bzero(content.data, content.len);
-		buf_free(&content);
-		return NULL;
-	}
-	return content.data;
-}
-
 /* Read them; false with err (naming the file, line and option) when one is bad. */
 static bool
 httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *err, size_t errlen)
@@ -121,9 +99,9 @@ httpd_load_settings(struct pepsi_config *cfg, struct httpd_settings *set, char *
 	}
 	if (certificate)
 	{
-		if ((set->certificate = httpd_read_pem(certificate, false, err, errlen)) == NULL)
+		if ((set->certificate = https_server_read_pem(certificate, false, err, errlen)) == NULL)
 			return false;
-		if ((set->key = httpd_read_pem(key, true, err, errlen)) == NULL)
+		if ((set->key = https_server_read_pem(key, true, err, errlen)) == NULL)
 		{
 			free(set->certificate);
 			set->certificate = NULL;
@@ -161,35 +139,6 @@ httpd_settings_free(struct httpd_settings *set)
 	free(set->certificate);
 	free(set->server_names);
 	set->key = set->certificate = set->server_names = NULL;
-}
-
-static int
-httpd_bind(struct pepsi_config *cfg)
-{
-	const char	   *address = config_text(cfg, "httpd", "ADDRESS");
-	long			port = (long) config_int(cfg, "httpd", "PORT");
-	char			service[16];
-	struct addrinfo hints = {0}, *res;
-	int				fd, rc, on = 1;
-
-	snprintf(service, sizeof(service), "%ld", port);
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
-	/* Loopback unless told otherwise: the API acts on the mail queue. */
-	if ((rc = getaddrinfo(address, service, &hints, &res)) != 0)
-		fatalx("%s: [httpd] ADDRESS %s: %s", cfg->path, address, gai_strerror(rc));
-	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		fatal("socket");
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-	if (bind(fd, res->ai_addr, res->ai_addrlen) != 0)
-		fatal("[httpd] cannot listen on %s port %ld", address ? address : "127.0.0.1", port);
-	if (listen(fd, 64) != 0)
-		fatal("listen");
-	freeaddrinfo(res);
-	log_info("listening on %s port %ld", address ? address : "127.0.0.1", port);
-	return fd;
 }
 
 /*
@@ -362,19 +311,6 @@ httpd_completed(void *cls, struct MHD_Connection *connection, void **con_cls,
 	*con_cls = NULL;
 }
 
-static void
-httpd_mhd_log(void *cls, const char *fmt, va_list ap)
-{
-	char   message[1024];
-	size_t n;
-
-	vsnprintf(message, sizeof(message), fmt, ap);
-	n = strlen(message);
-	while (n > 0 && message[n - 1] == '\n')
-		message[--n] = '\0';
-	log_debug("libmicrohttpd: %s", message);
-}
-
 static struct MHD_Daemon *
 httpd_start(int listen_fd, const struct httpd_settings *set)
 {
@@ -384,7 +320,7 @@ httpd_start(int listen_fd, const struct httpd_settings *set)
 	struct MHD_OptionItem options[] = {
 		{MHD_OPTION_LISTEN_SOCKET, listen_fd, NULL},
 		{MHD_OPTION_NOTIFY_COMPLETED, (intptr_t) httpd_completed, NULL},
-		{MHD_OPTION_EXTERNAL_LOGGER, (intptr_t) httpd_mhd_log, NULL},
+		{MHD_OPTION_EXTERNAL_LOGGER, (intptr_t) https_server_log, NULL},
 		/* Headers beyond this get 431; slow clients are cut. */
 		{MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTPD_MAX_HEADER_MEMORY, NULL},
 		{MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
@@ -682,7 +618,9 @@ pepsi_httpd_main(int argc, char **argv)
 	if (!httpd_load_settings(httpd.cfg, &set, err, sizeof(err)))
 		fatalx("%s", err);
 	httpd_apply_settings(&set);
-	listen_fd = httpd_bind(httpd.cfg);
+	/* Loopback unless told otherwise ([httpd] ADDRESS): the API acts on the mail queue. */
+	listen_fd = https_server_listen(config_text(httpd.cfg, "httpd", "ADDRESS"), config_int(httpd.cfg, "httpd", "PORT"),
+									"httpd", httpd.cfg->path);
 	privilege_drop(httpd.cfg, "httpd");
 	/* Root read the key; a reload will read it as this user. */
 	if (config_get(httpd.cfg, "httpd", "KEY") && access(config_get(httpd.cfg, "httpd", "KEY"), R_OK) != 0)
