@@ -16,4 +16,15 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.8'" to load this file. \quit
 
+-- ====================================================================
+-- S/MIME and key discovery (issue 41 items 2-3)
+--
+-- peer_key.smime_capabilities: the content-encryption algorithms an S/MIME
+-- correspondent announced (its signed mail's SMIMECapabilities, or the
+-- operator's word), e.g. {aes-256-gcm,aes-256-cbc}: pepsi-stage-encrypt
+-- uses AES-256-GCM only when every recipient of the message lists it, and
+-- AES-256-CBC otherwise (NULL: not known).
+ALTER TABLE pepsi.peer_key ADD COLUMN smime_capabilities text[];
+-- end of S/MIME and key discovery
+
 UPDATE pepsi.schema_version SET version = '0.8';

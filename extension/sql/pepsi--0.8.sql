@@ -5329,6 +5329,7 @@ CREATE TABLE pepsi.peer_key (
     expires_at     timestamptz,
     fetched_at     timestamptz NOT NULL DEFAULT now(),
     cache_until    timestamptz NOT NULL,
+    smime_capabilities text[],
     UNIQUE (address, protocol, fingerprint)
 );
 COMMENT ON TABLE pepsi.peer_key IS
