@@ -327,19 +327,15 @@ smime_sign(const struct buf *cert, const struct buf *key, const void *entity, si
 
 	if (x == NULL || pkey == NULL)
 		smime_fail(err, errlen, "the signer's certificate or key does not load");
-	else if ((cms = CMS_sign(x, pkey, NULL, in, CMS_DETACHED | CMS_BINARY)) == NULL)
+	/* Streamed: SMIME_write_CMS reads the entity, digests and signs it as it writes the multipart/signed. */
+	else if ((cms = CMS_sign(x, pkey, NULL, in, CMS_DETACHED | CMS_BINARY | CMS_STREAM)) == NULL)
 		smime_fail(err, errlen, "signing");
+	else if (SMIME_write_CMS(mime, cms, in, CMS_DETACHED | CMS_BINARY | CMS_STREAM | SMIME_CRLFEOL) != 1)
+		smime_fail(err, errlen, "writing the multipart/signed entity");
 	else
 	{
-		BIO_free(in);
-		in = BIO_new_mem_buf(entity, (int) len);
-		if (SMIME_write_CMS(mime, cms, in, CMS_DETACHED | CMS_BINARY | SMIME_CRLFEOL) != 1)
-			smime_fail(err, errlen, "writing the multipart/signed entity");
-		else
-		{
-			smime_take(mime, out, true);
-			ok = true;
-		}
+		smime_take(mime, out, true);
+		ok = true;
 	}
 	CMS_ContentInfo_free(cms);
 	BIO_free(in);

@@ -23,6 +23,12 @@
  * every recipient announced it (peer_key.smime_capabilities), AES-256-CBC
  * otherwise; a certificate expired, not yet valid or naming another
  * address is refused with the reason like a bad OpenPGP key.
+ * A recipient without a key may wait for one instead (KEYDISC): the
+ * message parks (paused for KEYDISC_WAIT, state.encrypt.waiting_for the
+ * address) with a pepsi.key_request row that pepsi-keydisc answers; its
+ * keydisc_release resumes the message, which is then decided afresh.  A
+ * message parks once, and not at all for an address whose last lookup
+ * found nothing (key_request.negative_until, the negative cache).
  * The outcome is state.encrypt.
  *
  * Installed setuid pepsi-crypto: it connects with [crypto] CONNINFO (peer
@@ -57,8 +63,11 @@ enum encrypt_outcome
 {
 	OUTCOME_ENCRYPT,
 	OUTCOME_CLEAR,
-	OUTCOME_REFUSE
+	OUTCOME_REFUSE,
+	OUTCOME_PARK /* wait for pepsi-keydisc */
 };
+
+static const char *const outcome_name[] = {"encrypted", "clear", "refused", "parked"};
 
 struct encrypt_rcpt
 {
@@ -80,6 +89,40 @@ struct encrypt_sender
 	struct buf secret;	   /* S/MIME private key (OpenPGP's stays in the session) */
 	bool	   signing;
 };
+
+/*
+ * May a message to rcpt (no key known) park for key discovery?  KEYDISC
+ * says so for policy, the message has not parked before, and the address
+ * is not in the negative cache; the key_request row is made (or renewed
+ * once its negative cache has run out).
+ */
+static bool
+encrypt_may_park(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, enum encrypt_policy policy)
+{
+	const char *at = strrchr(rcpt, '@');
+	int			keydisc = config_enum_for(pepsi_config(ctx), pepsi_section(ctx), "KEYDISC", at ? at + 1 : NULL, rcpt);
+	json_t	   *state = pepsi_state(ctx);
+	const char *values[] = {rcpt};
+	PGresult   *res;
+	bool		park;
+
+	if (keydisc == 0 || (keydisc == 1 && policy != POLICY_REQUIRED)
+		|| json_is_true(json_object_get(json_object_get(state, "encrypt"), "parked")))
+		return false;
+	res = PQexecParams(conn,
+					   "WITH r AS (INSERT INTO pepsi.key_request (address) VALUES (lower($1))"
+					   " ON CONFLICT (address) DO UPDATE SET requested_at = now(), settled_at = NULL,"
+					   " negative_until = NULL, methods_asked = '{}', methods_replied = '{}'"
+					   " WHERE key_request.negative_until <= now() RETURNING address)"
+					   " SELECT NOT EXISTS (SELECT 1 FROM pepsi.key_request WHERE address = lower($1)"
+					   " AND negative_until > now()) OR EXISTS (SELECT 1 FROM r)",
+					   1, NULL, values, NULL, NULL, 0);
+	park = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		log_warnx("%s: key_request for %s: %s", pepsi_queue_id(ctx), rcpt, PQresultErrorMessage(res));
+	PQclear(res);
+	return park;
+}
 
 /* Decide what rcpt gets (r): its policy and its key. */
 static void
@@ -111,7 +154,14 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	}
 	else if (found == 1)
+	{
 		snprintf(r->reason, sizeof(r->reason), "no key known for %s", rcpt);
+		if (encrypt_may_park(ctx, conn, rcpt, policy))
+		{
+			r->outcome = OUTCOME_PARK;
+			return;
+		}
+	}
 	else
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	if (policy == POLICY_REQUIRED)
@@ -122,7 +172,22 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 static bool
 encrypt_same_way(const struct encrypt_rcpt *a, const struct encrypt_rcpt *b)
 {
-	return a->outcome == b->outcome && (a->outcome != OUTCOME_ENCRYPT || strcmp(a->protocol, b->protocol) == 0);
+	return a->outcome == b->outcome && (a->outcome != OUTCOME_ENCRYPT || strcmp(a->protocol, b->protocol) == 0)
+		   && a->outcome != OUTCOME_PARK; /* each parked message waits for one address */
+}
+
+/* Park the message until pepsi-keydisc releases rcpt's request, or KEYDISC_WAIT. */
+static int
+encrypt_park(struct pepsi_ctx *ctx, const char *rcpt)
+{
+	json_t *merge = json_pack("{s:{s:s,s:b,s:s}}", "encrypt", "result", outcome_name[OUTCOME_PARK], "parked", 1,
+							  "waiting_for", rcpt);
+	int		rc;
+
+	log_info("%s: parked: waiting for key discovery for %s", pepsi_queue_id(ctx), rcpt);
+	rc = pepsi_pause(ctx, merge, pepsi_option_seconds(ctx, "KEYDISC_WAIT"));
+	json_decref(merge);
+	return rc;
 }
 
 /* The Autocrypt: field (Level 1) of the sender's identity, or NULL. */
@@ -139,8 +204,6 @@ encrypt_autocrypt(const char *from, const struct buf *public_key)
 	buf_free(&b64);
 	return field.data;
 }
-
-static const char *const outcome_name[] = {"encrypted", "clear", "refused"};
 
 /* Merge merge into the state and go on (merge is released). */
 static int
@@ -391,6 +454,8 @@ encrypt_run(struct pepsi_ctx *ctx)
 		rc = -1;
 	else if (r[0].outcome == OUTCOME_REFUSE)
 		rc = encrypt_refuse(ctx, &r[0]);
+	else if (r[0].outcome == OUTCOME_PARK)
+		rc = encrypt_park(ctx, pepsi_rcpt(ctx, 0));
 	else
 	{
 		rc = encrypt_find_sender(ctx, pepsi_db(ctx), &r[0], &s, &stop);
