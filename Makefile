@@ -81,6 +81,9 @@ ALL_PROGRAM_OBJS = $(foreach d,$(program_dirs),$(call program_objs,$(d)))
 # one-off provisioning code would otherwise sit in every process's binary.
 STANDALONE_PROGRAMS = pepsi-setup pepsi-keys pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
 standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/autocrypt-learn/
+# pepsi-keydisc (key discovery) links pepsi-crypto too.
+STANDALONE_PROGRAMS += pepsi-keydisc
+standalone_dirs += cli/keydisc/
 # pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
@@ -95,6 +98,8 @@ STANDALONE_OBJS_pepsi-stage-decrypt = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
 STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-autocrypt-learn = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-keydisc = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-keydisc = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)

@@ -59,6 +59,7 @@
 #include "crypto/kek.h"
 #include "crypto/openpgp.h"
 #include "crypto/smime.h"
+#include "crypto/wkd.h"
 #include "identity.h"
 #include "process/cli.h"
 #include "runtime/db.h"
@@ -551,34 +552,6 @@ identity_list_command(PGconn *conn)
 			printf("%s%c", PQgetvalue(res, i, j), j + 1 < PQnfields(res) ? ' ' : '\n');
 	PQclear(res);
 	return CLI_EX_OK;
-}
-
-/* The WKD hash of a local part (lower case): z-base-32 of its SHA-1. */
-static void
-wkd_hash(const char *local, size_t len, char *out)
-{
-	static const char alphabet[] = "ybndrfg8ejkmcpqxot1uwisza345h769";
-	unsigned char	  digest[SHA_DIGEST_LENGTH];
-	char			  lower[320];
-	unsigned int	  bits = 0, value = 0;
-	size_t			  o = 0;
-
-	for (size_t i = 0; i < len && i < sizeof(lower); i++)
-		lower[i] = (char) tolower((unsigned char) local[i]);
-	SHA1((const unsigned char *) lower, len < sizeof(lower) ? len : sizeof(lower), digest);
-	for (size_t i = 0; i < sizeof(digest); i++)
-	{
-		value = (value << 8) | digest[i];
-		bits += 8;
-		while (bits >= 5)
-		{
-			out[o++] = alphabet[(value >> (bits - 5)) & 31];
-			bits -= 5;
-		}
-	}
-	if (bits > 0)
-		out[o++] = alphabet[(value << (5 - bits)) & 31];
-	out[o] = '\0';
 }
 
 /* Write path from data; false after saying why. */
