@@ -85,6 +85,9 @@ standalone_dirs = cli/setup/ cli/keys/ stages/encrypt/ stages/decrypt/ stages/au
 # own package (debian/pepsi-telemetry.install): not in the shared binary.
 STANDALONE_PROGRAMS += pepsi-telemetry
 standalone_dirs += daemons/telemetry/
+# pepsi-keydisc (key discovery) links pepsi-crypto too.
+STANDALONE_PROGRAMS += pepsi-keydisc
+standalone_dirs += cli/keydisc/
 # pepsi-crypto (common/crypto/): OpenPGP through GPGME, S/MIME through
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
@@ -99,6 +102,8 @@ STANDALONE_OBJS_pepsi-stage-decrypt = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
 STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-autocrypt-learn = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-keydisc = $(CRYPTO_OBJS)
+STANDALONE_LIBS_pepsi-keydisc = $(CRYPTO_LIBS)
 # The set-group-id stages (see Privileged programs below), and their code.
 PRIVILEGED_STAGES = pepsi-stage-dot-forward pepsi-stage-auto-pay
 privileged_stage_dirs = $(foreach s,$(PRIVILEGED_STAGES),stages/$(s:pepsi-stage-%=%)/)

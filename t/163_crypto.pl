@@ -676,6 +676,243 @@ is( $node->safe_psql($db,
 		qr/^fpr:+\Q$new\E:/m, 'and the key in the record is hers');
 }
 
+#
+# S/MIME (RFC 8551) through OpenSSL CMS: certificates from a CA of the
+# test's own made with Debian's openssl; the stage's messages opened and
+# verified by `openssl cms`, openssl's messages by the stage; bad
+# certificates and a damaged ciphertext refused with the reason.
+#
+sub openssl
+{
+	my ($in, @args) = @_;
+	my ($out, $oerr) = ('', '');
+	my $ok = IPC::Run::run([ 'openssl', @args ], '<', \$in, '>', \$out, '2>', \$oerr);
+	return wantarray ? ($ok, $out, $oerr) : ($ok ? $out : die "openssl @args: $oerr");
+}
+my $ssl = "$tmp/ssl";
+mkdir $ssl or die "mkdir $ssl: $!";
+write_file('ssl/index.txt', '');
+write_file('ssl/ca.cnf', <<"CNF");
+[ca]
+default_ca = d
+[d]
+database = $ssl/index.txt
+new_certs_dir = $ssl
+serial = $ssl/serial
+default_md = sha256
+policy = p
+unique_subject = no
+[p]
+commonName = supplied
+CNF
+openssl('', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$ssl/ca.key", '-out', "$ssl/ca.pem",
+	'-subj', '/CN=Pepsi test CA', '-days', '30', '-addext', 'basicConstraints=critical,CA:TRUE',
+	'-addext', 'keyUsage=critical,keyCertSign,cRLSign');
+write_file('ssl/serial', "1000\n");
+
+# A certificate from the CA: $name.pem and $name.key; its SHA-256 fingerprint.
+sub smime_cert
+{
+	my ($name, $address, $alg, @dates) = @_;
+	my $ec = $alg eq 'ec';
+	openssl('', 'genpkey', '-out', "$ssl/$name.key",
+		$ec ? ('-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256')
+		: ('-algorithm', 'RSA', '-pkeyopt', 'rsa_keygen_bits:2048'));
+	openssl('', 'req', '-new', '-key', "$ssl/$name.key", '-subj', "/CN=$address", '-out', "$ssl/$name.csr");
+	write_file("ssl/$name.ext", "subjectAltName = email:$address\nextendedKeyUsage = emailProtection\n"
+		  . 'keyUsage = critical, digitalSignature, ' . ($ec ? 'keyAgreement' : 'keyEncipherment') . "\n");
+	openssl('', 'ca', '-batch', '-notext', '-config', "$ssl/ca.cnf", '-cert', "$ssl/ca.pem", '-keyfile', "$ssl/ca.key",
+		'-in', "$ssl/$name.csr", '-out', "$ssl/$name.pem", '-extfile', "$ssl/$name.ext",
+		@dates ? ('-startdate', $dates[0], '-enddate', $dates[1]) : ('-days', '30'));
+	my ($fpr) = openssl('', 'x509', '-in', "$ssl/$name.pem", '-noout', '-fingerprint', '-sha256') =~ /=(\S+)/;
+	$fpr =~ s/://g;
+	return $fpr;
+}
+
+($rc, $out, $err) = keys_run('ca', 'import', '-c', $conf, "$ssl/ca.pem", 'the test CA');
+is($rc, 0, 'pepsi-keys ca import') or diag($err);
+is($node->safe_psql($db, 'SELECT subject FROM pepsi.ca_trust'), '/CN=Pepsi test CA', 'the CA is trusted');
+
+# alice's S/MIME identity (EC, PEM certificate and key), sam's (RSA, PKCS#12 with a password).
+my $alice_x = smime_cert('alice', 'alice@example.org', 'ec');
+write_file('ssl/alice.both', slurp_file("$ssl/alice.pem") . slurp_file("$ssl/alice.key"));
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'alice@example.org', "$ssl/alice.both");
+is($rc, 0, 'an S/MIME identity from a PEM certificate and key') or diag($err);
+like($out, qr/^alice\@example\.org $alice_x smime ec256 both$/m, 'named by its certificate\'s SHA-256');
+my $sam_x = smime_cert('sam', 'sam@example.org', 'rsa');
+write_file('ssl/pw', "s3cret\n");
+openssl('', 'pkcs12', '-export', '-in', "$ssl/sam.pem", '-inkey', "$ssl/sam.key", '-out', "$ssl/sam.p12",
+	'-passout', 'pass:s3cret');
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, 'sam@example.org', "$ssl/sam.p12");
+isnt($rc, 0, 'PKCS#12 without its password: refused');
+like($err, qr/PKCS#12 bundle \(or its password is not the one\)/, 'saying so');
+($rc, $out, $err) = keys_run('identity', 'import', '-c', $conf, '-P', "$ssl/pw", 'sam@example.org', "$ssl/sam.p12");
+is($rc, 0, 'an S/MIME identity from PKCS#12') or diag($err);
+like($out, qr/^sam\@example\.org $sam_x smime rsa2048 both$/m, 'sam\'s');
+($rc, $out, $err) = keys_run('identity', 'export', '-c', $conf, $sam_x);
+is(openssl($out, 'x509', '-noout', '-subject'), "subject=CN = sam\@example.org\n", 'export gives the certificate (PEM)');
+{
+	my $key_hex = substr(unpack('H*', openssl('', 'pkey', '-in', "$ssl/sam.key", '-outform', 'DER')), 40, 64);
+	unlike(
+		$node->safe_psql($db,
+			"SELECT encode(private_wrapped, 'hex') FROM pepsi.crypto_identity WHERE fingerprint = '$sam_x'"),
+		qr/\Q$key_hex\E/, 'the private key is stored sealed');
+}
+
+# Correspondents' certificates: RSA (rita), EC that takes AES-256-GCM (eve).
+my $rita_x = smime_cert('rita', 'rita@example.net', 'rsa');
+my $eve_x = smime_cert('eve', 'eve@example.net', 'ec');
+($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, 'rita@example.net', "$ssl/rita.pem");
+is($rc, 0, 'pepsi-keys peer import: an S/MIME certificate') or diag($err);
+($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, 'eve@example.net', "$ssl/eve.pem", 'aes-256-gcm,aes-256-cbc');
+is($rc, 0, 'with the ciphers it takes') or diag($err);
+my $old_x = smime_cert('old', 'old2@example.net', 'rsa', '20200101000000Z', '20200201000000Z');
+for my $case ([ 'an expired certificate', 'old2@example.net', 'old', qr/has expired/ ],
+	[ 'another address\'s certificate', 'mallory2@example.net', 'rita', qr/names no address mallory2\@example\.net/ ])
+{
+	my ($what, $to, $file, $want) = @$case;
+	($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, $to, "$ssl/$file.pem");
+	isnt($rc, 0, "peer import refuses $what");
+	like($err, $want, 'with the reason');
+	# As a lookup might store it: the stage checks again.
+	my $hex = unpack('H*', openssl('', 'x509', '-in', "$ssl/$file.pem", '-outform', 'DER'));
+	$node->safe_psql($db,
+		"INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)"
+		  . " VALUES ('$to', 'smime', '" . ($file eq 'old' ? $old_x : $rita_x) . "', '\\x$hex', 'smimea', 'valid', 'infinity')",
+		extra_params => [ '-U', 'admin' ]);
+}
+
+# The stage's S/MIME, opened and verified by openssl.
+for my $case ([ 'rita@example.net', 'rita', 'aes-256-cbc', 'enveloped-data' ],
+	[ 'eve@example.net', 'eve', 'aes-256-gcm', 'authEnveloped-data' ])
+{
+	my ($to, $name, $cipher, $type) = @$case;
+	my $id = encrypt_row('encrypt', $to);
+	$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], "pepsi-stage-encrypt to $name\'s certificate") or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is_deeply([ @{ $row->{state}{encrypt} }{qw(result format cipher signed_by)} ],
+		[ 'encrypted', 's/mime', $cipher, $alice_x ], "S/MIME, $cipher, signed with alice's S/MIME identity")
+	  or diag(explain($row));
+	$raw = raw_message($id);
+	like($raw, qr/^Content-Type: application\/pkcs7-mime; smime-type=$type; name="smime\.p7m"\r$/m,
+		"application/pkcs7-mime; smime-type=$type");
+	like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
+	unlike($raw, qr/secret plans|Hello\.|^Autocrypt:/m, 'nothing in clear, no Autocrypt field');
+	my ($ok, $entity, $oerr) = openssl($raw, 'cms', '-decrypt', '-recip', "$ssl/$name.pem", '-inkey', "$ssl/$name.key");
+	ok($ok, "openssl cms -decrypt opens it with $name\'s key") or diag($oerr);
+	like($entity, qr/^Content-Type: multipart\/signed; protocol="application\/pkcs7-signature"/m, 'signed inside');
+	my ($vok, $content, $verr) = openssl($entity, 'cms', '-verify', '-CAfile', "$ssl/ca.pem");
+	ok($vok, 'openssl cms -verify: alice\'s signature is good') or diag($verr);
+	like($content, qr/^Subject: the secret plans\r$/m, 'the protected Subject is inside');
+	like($content, qr/\r\n\r\nHello\.$/, 'with the body');
+}
+for my $case ([ 'an expired certificate', 'old2@example.net', qr/has expired/ ],
+	[ 'a certificate of another address', 'mallory2@example.net', qr/names no address mallory2\@example\.net/ ])
+{
+	my ($what, $to, $want) = @$case;
+	my $id = encrypt_row('encrypt-required', $to);
+	$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'bounced refused', "required, $what: bounced");
+	like($row->{state}{bounce}{diagnostic}, $want, "required, $what: the DSN says why");
+}
+{
+	# Two recipients, an OpenPGP key and an S/MIME certificate: each its own way.
+	my $id = encrypt_row('encrypt', 'rita@example.net', 'bob@example.net');
+	$r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is_deeply([ $row->{state}{encrypt}{format}, $row->{rcpt_to} ], [ 's/mime', ['rita@example.net'] ],
+		'an S/MIME and an OpenPGP recipient: split, S/MIME for the one');
+	my $other = $node->safe_psql($db,
+		"SELECT id FROM pepsi.workqueue WHERE rcpt_to = ARRAY['bob\@example.net'] AND stage = 'encrypt'");
+	set_running($node, $other);
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
+	is(row_json($node, $other)->{state}{encrypt}{format}, 'pgp/mime', 'PGP/MIME for the other');
+}
+
+# openssl's S/MIME (signed, then enveloped) to sam, through the decrypt stage.
+sub openssl_smime
+{
+	my ($signer, $from, $to_cert, $subject, $text, @cipher) = @_;
+	my $entity = "Content-Type: text/plain; charset=utf-8\r\nSubject: $subject\r\n\r\n$text\r\n";
+	my $signed = openssl($entity, 'cms', '-sign', '-signer', "$ssl/$signer.pem", '-inkey', "$ssl/$signer.key",
+		'-crlfeol');
+	my $msg = openssl($signed, 'cms', '-encrypt', @cipher ? @cipher : '-aes256', '-from', $from, '-to',
+		'sam@example.org', '-subject', '...', '-crlfeol', "$ssl/$to_cert.pem");
+	return split /\r\n\r\n/, $msg, 2;
+}
+my ($sh, $sb) = openssl_smime('rita', 'rita@example.net', 'sam', 'lunch?', 'Hi sam.');
+my $sdec = add_message('decrypt', 'rita@example.net', 'sam@example.org', "$sh\r\n", $sb);
+$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$sdec\n");
+is_deeply($r->{status}, ['0'], 'pepsi-stage-decrypt takes openssl\'s S/MIME') or diag($r->{stderr});
+$row = row_json($node, $sdec);
+is_deeply([ @{ $row->{state}{decrypt} }{qw(result format key signature signed_by)} ],
+	[ 'decrypted', 's/mime', $sam_x, 'pass', $rita_x ],
+	'decrypted with sam\'s identity, rita\'s signature good (it chains to the trusted CA)');
+$raw = raw_message($sdec);
+like($raw, qr/^Subject: lunch\?\r$/m, 'the inner Subject replaces "..."');
+like($raw, qr/^Authentication-Results: [^;]+;\r\n x-smime-decrypt=pass \(certificate \Q$sam_x\E\);\r\n x-smime-sign=pass header\.from=rita\@example\.net/m,
+	'Authentication-Results with both verdicts');
+like($raw, qr/\r\n\r\nHi sam\.\r\n$/, 'the body is the plain text');
+unlike($raw, qr/pkcs7/, 'no trace of the envelope');
+{
+	my ($gh, $gb) = openssl_smime('rita', 'rita@example.net', 'sam', 'gcm', 'Hi.', '-aes-256-gcm');
+	my $id = add_message('decrypt', 'rita@example.net', 'sam@example.org', "$gh\r\n", $gb);
+	run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is(row_json($node, $id)->{state}{decrypt}{signature}, 'pass', 'AES-256-GCM (authEnveloped-data) from openssl too');
+}
+{
+	# Signed by a certificate that does not name the sender.
+	my ($h2, $b2) = openssl_smime('eve', 'rita@example.net', 'sam', 'not eve', 'Hi.');
+	my $id = add_message('decrypt', 'rita@example.net', 'sam@example.org', "$h2\r\n", $b2);
+	run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{signature} . ' ' . $row->{state}{decrypt}{reason},
+		'fail the signer\'s certificate does not name the sender rita@example.net',
+		'a signer certificate of another address: the signature fails, saying why');
+}
+{
+	# Signed by a certificate of no trusted CA.
+	openssl('', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$ssl/self.key", '-out', "$ssl/self.pem",
+		'-subj', '/CN=rita@example.net', '-days', '30', '-addext', 'subjectAltName=email:rita@example.net');
+	my ($h2, $b2) = openssl_smime('self', 'rita@example.net', 'sam', 'self-signed', 'Hi.');
+	my $id = add_message('decrypt', 'rita@example.net', 'sam@example.org', "$h2\r\n", $b2);
+	run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{signature}, 'fail', 'a self-signed signer: the signature fails');
+	like($row->{state}{decrypt}{reason}, qr/does not verify against the trusted CAs/, 'saying why');
+	like(raw_message($id), qr/^Subject: self-signed\r$/m, 'the message is decrypted all the same');
+}
+{
+	# A damaged ciphertext: left as it came.
+	my ($h3, $b3) = openssl_smime('rita', 'rita@example.net', 'sam', 'damaged', 'Hi.', '-aes-256-gcm');
+	my @lines = split /\r?\n/, $b3;
+	$lines[ int(@lines / 2) ] =~ tr/A-Za-z/N-ZA-Mn-za-m/;
+	$b3 = join("\r\n", @lines) . "\r\n";
+	my $id = add_message('decrypt', 'rita@example.net', 'sam@example.org', "$h3\r\n", $b3);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	is_deeply($r->{status}, ['0'], 'a damaged S/MIME ciphertext') or diag($r->{stderr});
+	$row = row_json($node, $id);
+	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
+	like($row->{state}{decrypt}{reason}, qr/does not (decrypt|decode)/, 'saying why');
+	is(raw_message($id), "$h3\r\n\r\n$b3", 'and goes on exactly as it came');
+}
+{
+	# The stage's own S/MIME the other way: alice to sam, decrypted by sam's identity.
+	($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, 'sam@example.org', "$ssl/sam.pem");
+	my $id = encrypt_row('encrypt', 'sam@example.org');
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	my ($bh, $bb) = split(/\r\n\r\n/, raw_message($id), 2);
+	my $back = add_message('decrypt', 'alice@example.org', 'sam@example.org', "$bh\r\n", $bb);
+	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$back\n");
+	$row = row_json($node, $back);
+	is_deeply([ @{ $row->{state}{decrypt} }{qw(result signature signed_by)} ], [ 'decrypted', 'pass', $alice_x ],
+		'the encrypt stage\'s S/MIME decrypted by the decrypt stage, alice\'s signature good')
+	  or diag(explain($row->{state}));
+	like(raw_message($back), qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
+}
+
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);
 $node->stop;
 done_testing();

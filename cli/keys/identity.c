@@ -7,12 +7,20 @@
  *   pepsi-keys kek-rotate [-c CONFIG]
  *       seal every private key under [crypto] KEK, opening those sealed
  *       under KEK_PREVIOUS: all or nothing, then KEK_PREVIOUS may go
- *   pepsi-keys identity generate [-t ed25519|rsa3072] [-e DAYS] ADDRESS
+ *   pepsi-keys identity generate [-t ed25519|rsa3072|smime-rsa3072|smime-ec] [-e DAYS] ADDRESS
  *       a new OpenPGP key pair for ADDRESS, signing and encrypting, the
- *       address's primary (its active primary is retired)
- *   pepsi-keys identity import ADDRESS FILE
+ *       address's primary (its active primary is retired); smime-*: a
+ *       self-signed S/MIME certificate and key instead
+ *   pepsi-keys identity import [-P PASSWORD_FILE] ADDRESS FILE
  *       an OpenPGP secret key (armored or binary) for ADDRESS: refused if
- *       revoked, expired, or without a User ID of ADDRESS
+ *       revoked, expired, or without a User ID of ADDRESS; or an S/MIME
+ *       certificate with its key (PEM, or PKCS#12 opened with the password
+ *       in PASSWORD_FILE): refused if expired or not naming ADDRESS
+ *   pepsi-keys peer import ADDRESS FILE [CAPABILITIES]
+ *       a correspondent's OpenPGP key or S/MIME certificate into peer_key
+ *       (CAPABILITIES: the S/MIME ciphers it takes, aes-256-gcm,aes-256-cbc)
+ *   pepsi-keys ca import FILE [NOTE]
+ *       a CA certificate inbound S/MIME signatures may chain to (ca_trust)
  *   pepsi-keys identity export ADDRESS|FINGERPRINT
  *       the public key, armored, on standard output
  *   pepsi-keys identity list
@@ -38,15 +46,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <libpq-fe.h>
+#include <openssl/pem.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
 
 #include "base/base64.h"
 #include "base/log.h"
 #include "config/config.h"
 #include "crypto/kek.h"
 #include "crypto/openpgp.h"
+#include "crypto/smime.h"
+#include "crypto/wkd.h"
 #include "identity.h"
 #include "process/cli.h"
 #include "runtime/db.h"
@@ -60,19 +73,22 @@
 const char keys_identity_usage[] =
 	"       pepsi-keys kek-generate ID\n"
 	"       pepsi-keys kek-rotate [-c CONFIG]\n"
-	"       pepsi-keys identity generate [-c CONFIG] [-t ed25519|rsa3072] [-e DAYS] ADDRESS\n"
-	"       pepsi-keys identity import [-c CONFIG] ADDRESS FILE\n"
+	"       pepsi-keys identity generate [-c CONFIG] [-t ed25519|rsa3072|smime-rsa3072|smime-ec] [-e DAYS] ADDRESS\n"
+	"       pepsi-keys identity import [-c CONFIG] [-P PASSWORD_FILE] ADDRESS FILE\n"
 	"       pepsi-keys identity export [-c CONFIG] ADDRESS|FINGERPRINT\n"
 	"       pepsi-keys identity list [-c CONFIG]\n"
 	"       pepsi-keys identity wkd [-c CONFIG] DIRECTORY\n"
 	"       pepsi-keys identity openpgpkey [-c CONFIG] ADDRESS\n"
 	"       pepsi-keys identity revoke [-c CONFIG] FINGERPRINT [REASON]\n"
-	"       pepsi-keys identity purge [-c CONFIG] FINGERPRINT\n";
+	"       pepsi-keys identity purge [-c CONFIG] FINGERPRINT\n"
+	"       pepsi-keys peer import [-c CONFIG] ADDRESS FILE [CAPABILITIES]\n"
+	"       pepsi-keys ca import [-c CONFIG] FILE [NOTE]\n";
 
 int
 keys_identity_command(const char *command)
 {
-	return strcmp(command, "identity") == 0 || strcmp(command, "kek-generate") == 0
+	return strcmp(command, "identity") == 0 || strcmp(command, "peer") == 0 || strcmp(command, "ca") == 0
+		   || strcmp(command, "kek-generate") == 0
 		   || strcmp(command, "kek-rotate") == 0;
 }
 
@@ -168,45 +184,57 @@ kek_generate_command(const char *id)
 	return CLI_EX_OK;
 }
 
-/* Store a new identity from info (sealed under kek) as address's primary; one transaction. */
+/* A new identity to store, of either protocol. */
+struct identity_new
+{
+	const char		 *protocol;
+	const char		 *algorithm;
+	const char		 *fingerprint;
+	const struct buf *public_key;
+	const struct buf *secret;
+	time_t			  expires;
+	bool			  can_sign, can_encrypt;
+};
+
+/* Store a new identity (sealed under kek) as address's primary of its protocol; one transaction. */
 static int
-identity_store(PGconn *conn, const struct kek *kek, const char *address, struct pgp_key_info *info,
+identity_store(PGconn *conn, const struct kek *kek, const char *address, const struct identity_new *id,
 			   const char *action)
 {
 	struct buf	wrapped = BUF_INIT;
 	char		err[512];
 	char		expires[32] = "";
-	const char *capability = info->can_sign && info->can_encrypt ? "both" : info->can_sign ? "sign"
-																						   : "encrypt";
+	const char *capability = id->can_sign && id->can_encrypt ? "both" : id->can_sign ? "sign"
+																					 : "encrypt";
 	int			rc = CLI_EX_OK;
 
-	if (!kek_wrap(kek, info->fingerprint, info->secret_key.data, info->secret_key.len, &wrapped, err, sizeof(err)))
+	if (!kek_wrap(kek, id->fingerprint, id->secret->data, id->secret->len, &wrapped, err, sizeof(err)))
 	{
 		fprintf(stderr, "pepsi-keys: %s\n", err);
 		return CLI_EX_SOFTWARE;
 	}
-	if (info->expires)
-		snprintf(expires, sizeof(expires), "%lld", (long long) info->expires);
+	if (id->expires)
+		snprintf(expires, sizeof(expires), "%lld", (long long) id->expires);
 	{
-		const char *values[] = {address, capability, info->algorithm, info->fingerprint, info->public_key.data,
-								wrapped.data, kek->id, expires[0] ? expires : NULL};
-		const int	lengths[] = {0, 0, 0, 0, (int) info->public_key.len, (int) wrapped.len, 0, 0};
-		const char *event[] = {action, address, info->fingerprint, info->algorithm, capability};
+		const char *values[] = {address, capability, id->algorithm, id->fingerprint, id->public_key->data,
+								wrapped.data, kek->id, expires[0] ? expires : NULL, id->protocol};
+		const int	lengths[] = {0, 0, 0, 0, (int) id->public_key->len, (int) wrapped.len, 0, 0, 0};
+		const char *event[] = {action, address, id->fingerprint, id->algorithm, capability, id->protocol};
 
 		if (!identity_run(conn, "BEGIN", "BEGIN", 0, NULL, NULL)
 			|| !identity_run(conn, "retiring the primary key",
 							 "UPDATE pepsi.crypto_identity SET is_primary = false, status = 'retired'"
-							 " WHERE address = $1 AND protocol = 'openpgp' AND is_primary",
-							 1, values, NULL)
+							 " WHERE address = $1 AND protocol = $2 AND is_primary",
+							 2, (const char *const[]){address, id->protocol}, NULL)
 			|| !identity_run(conn, "storing the key",
 							 "INSERT INTO pepsi.crypto_identity (address, protocol, capability, algorithm,"
 							 " fingerprint, public_key, private_wrapped, kek_id, expires_at, is_primary)"
-							 " VALUES ($1, 'openpgp', $2, $3, $4, $5, $6, $7, to_timestamp($8::bigint), true)",
-							 8, values, lengths)
+							 " VALUES ($1, $9, $2, $3, $4, $5, $6, $7, to_timestamp($8::bigint), true)",
+							 9, values, lengths)
 			|| !identity_run(conn, "recording the event",
 							 "SELECT pepsi.key_event($1, jsonb_build_object('address', $2::text, 'fingerprint', "
-							 "$3::text, 'algorithm', $4::text, 'capability', $5::text, 'protocol', 'openpgp'))",
-							 5, event, NULL)
+							 "$3::text, 'algorithm', $4::text, 'capability', $5::text, 'protocol', $6::text))",
+							 6, event, NULL)
 			|| !identity_run(conn, "COMMIT", "COMMIT", 0, NULL, NULL))
 		{
 			PQclear(PQexec(conn, "ROLLBACK"));
@@ -215,8 +243,30 @@ identity_store(PGconn *conn, const struct kek *kek, const char *address, struct 
 	}
 	buf_wipe(&wrapped);
 	if (rc == CLI_EX_OK)
-		printf("%s %s openpgp %s %s\n", address, info->fingerprint, info->algorithm, capability);
+		printf("%s %s %s %s %s\n", address, id->fingerprint, id->protocol, id->algorithm, capability);
 	return rc;
+}
+
+/* Store an OpenPGP key pair. */
+static int
+identity_store_pgp(PGconn *conn, const struct kek *kek, const char *address, struct pgp_key_info *info,
+				   const char *action)
+{
+	struct identity_new id = {"openpgp", info->algorithm, info->fingerprint, &info->public_key,
+							  &info->secret_key, info->expires, info->can_sign, info->can_encrypt};
+
+	return identity_store(conn, kek, address, &id, action);
+}
+
+/* Store an S/MIME certificate and key. */
+static int
+identity_store_smime(PGconn *conn, const struct kek *kek, const char *address, struct smime_cert_info *info,
+					 const char *action)
+{
+	struct identity_new id = {"smime", info->algorithm, info->fingerprint, &info->cert,
+							  &info->key, info->expires, info->can_sign, info->can_encrypt};
+
+	return identity_store(conn, kek, address, &id, action);
 }
 
 static int
@@ -226,29 +276,85 @@ identity_generate_command(PGconn *conn, const struct kek *kek, const char *type,
 	char				err[512];
 	int					rc;
 
+	if (strncmp(type, "smime-", 6) == 0)
+	{
+		struct smime_cert_info cert;
+
+		if (!smime_generate(address, type + 6, days, &cert, err, sizeof(err)))
+		{
+			fprintf(stderr, "pepsi-keys: %s: %s\n", address, err);
+			return CLI_EX_DATAERR;
+		}
+		rc = identity_store_smime(conn, kek, address, &cert, "key_generate");
+		smime_cert_info_free(&cert);
+		return rc;
+	}
 	if (!pgp_generate(address, type, days, &info, err, sizeof(err)))
 	{
 		fprintf(stderr, "pepsi-keys: %s: %s\n", address, err);
 		return CLI_EX_DATAERR;
 	}
-	rc = identity_store(conn, kek, address, &info, "key_generate");
+	rc = identity_store_pgp(conn, kek, address, &info, "key_generate");
 	pgp_key_info_free(&info);
 	return rc;
 }
 
-static int
-identity_import_command(PGconn *conn, const struct kek *kek, const char *address, const char *path)
+/* A password from a file (its first line), for a PKCS#12 bundle; "" without one. */
+static bool
+identity_password(const char *path, char *out, size_t outlen)
 {
-	struct pgp_key_info info;
-	struct buf			data = BUF_INIT;
-	char				err[512];
-	int					rc;
+	struct buf data = BUF_INIT;
+	char	   err[512];
+	size_t	   n;
 
+	out[0] = '\0';
+	if (path == NULL)
+		return true;
+	if (!buf_append_file(&data, path, outlen - 1, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: -P: %s\n", err);
+		buf_wipe(&data);
+		return false;
+	}
+	for (n = 0; n < data.len && data.data[n] != '\n' && data.data[n] != '\r'; n++)
+		out[n] = data.data[n];
+	out[n] = '\0';
+	buf_wipe(&data);
+	return true;
+}
+
+static int
+identity_import_command(PGconn *conn, const struct kek *kek, const char *address, const char *path,
+						const char *password_file)
+{
+	struct pgp_key_info	   info;
+	struct smime_cert_info cert;
+	struct buf			   data = BUF_INIT;
+	char				   err[512], password[256];
+	int					   rc;
+
+	if (!identity_password(password_file, password, sizeof(password)))
+		return CLI_EX_NOINPUT;
 	if (!buf_append_file(&data, path, KEY_FILE_MAX, err, sizeof(err)))
 	{
 		fprintf(stderr, "pepsi-keys: %s\n", err);
 		buf_wipe(&data);
 		return CLI_EX_NOINPUT;
+	}
+	if (smime_looks_like(data.data, data.len))
+	{
+		bool ok = smime_inspect(data.data, data.len, password, address, true, &cert, err, sizeof(err));
+
+		buf_wipe(&data);
+		OPENSSL_cleanse(password, sizeof(password));
+		if (!ok)
+		{
+			fprintf(stderr, "pepsi-keys: %s: %s\n", path, err);
+			return CLI_EX_DATAERR;
+		}
+		rc = identity_store_smime(conn, kek, address, &cert, "key_import");
+		smime_cert_info_free(&cert);
+		return rc;
 	}
 	if (!pgp_inspect(data.data, data.len, address, true, &info, err, sizeof(err)))
 	{
@@ -257,8 +363,132 @@ identity_import_command(PGconn *conn, const struct kek *kek, const char *address
 		return CLI_EX_DATAERR;
 	}
 	buf_wipe(&data);
-	rc = identity_store(conn, kek, address, &info, "key_import");
+	rc = identity_store_pgp(conn, kek, address, &info, "key_import");
 	pgp_key_info_free(&info);
+	return rc;
+}
+
+/*
+ * pepsi-keys peer import ADDRESS FILE [CAPABILITIES]: a correspondent's
+ * OpenPGP key or S/MIME certificate into pepsi.peer_key (source import,
+ * verdict valid, no cache deadline) once checked for address.
+ */
+static int
+peer_import_command(PGconn *conn, const char *address, const char *path, const char *capabilities)
+{
+	struct pgp_key_info	   info;
+	struct smime_cert_info cert;
+	struct buf			   data = BUF_INIT;
+	char				   err[512], expires[32] = "", caps[300] = "";
+	bool				   smime;
+	const struct buf	  *key;
+	const char			  *fpr;
+	time_t				   exp;
+	int					   rc = CLI_EX_OK;
+
+	memset(&info, 0, sizeof(info));
+	memset(&cert, 0, sizeof(cert));
+	if (!buf_append_file(&data, path, KEY_FILE_MAX, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		return CLI_EX_NOINPUT;
+	}
+	smime = smime_looks_like(data.data, data.len);
+	if (smime ? !smime_inspect(data.data, data.len, NULL, address, false, &cert, err, sizeof(err))
+			  : !pgp_inspect(data.data, data.len, address, false, &info, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: %s: %s\n", path, err);
+		buf_free(&data);
+		return CLI_EX_DATAERR;
+	}
+	buf_free(&data);
+	key = smime ? &cert.cert : &info.public_key;
+	fpr = smime ? cert.fingerprint : info.fingerprint;
+	exp = smime ? cert.expires : info.expires;
+	if (exp)
+		snprintf(expires, sizeof(expires), "%lld", (long long) exp);
+	if (capabilities)
+		snprintf(caps, sizeof(caps), "{%s}", capabilities);
+	{
+		const char *values[] = {address, smime ? "smime" : "openpgp", fpr, key->data, expires[0] ? expires : NULL,
+								capabilities ? caps : NULL};
+		const int	lengths[] = {0, 0, 0, (int) key->len, 0, 0};
+
+		if (!identity_run(conn, "storing the key",
+						  "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict,"
+						  " expires_at, cache_until, smime_capabilities)"
+						  " VALUES ($1, $2, $3, $4, 'import', 'valid', to_timestamp($5::bigint), 'infinity', $6)"
+						  " ON CONFLICT (address, protocol, fingerprint) DO UPDATE SET key_data = EXCLUDED.key_data,"
+						  " verdict = 'valid', verdict_reason = NULL, expires_at = EXCLUDED.expires_at,"
+						  " fetched_at = now(), cache_until = 'infinity',"
+						  " smime_capabilities = EXCLUDED.smime_capabilities",
+						  6, values, lengths))
+			rc = CLI_EX_DATAERR;
+		else
+			printf("%s %s %s peer\n", address, fpr, smime ? "smime" : "openpgp");
+	}
+	pgp_key_info_free(&info);
+	smime_cert_info_free(&cert);
+	return rc;
+}
+
+/* pepsi-keys ca import FILE [NOTE]: a CA certificate S/MIME signatures may chain to (pepsi.ca_trust). */
+static int
+ca_import_command(PGconn *conn, const char *path, const char *note)
+{
+	struct buf data = BUF_INIT;
+	char	   err[512];
+	int		   rc = CLI_EX_OK;
+	X509	  *x = NULL;
+	BIO		  *bio;
+
+	if (!buf_append_file(&data, path, KEY_FILE_MAX, err, sizeof(err)))
+	{
+		fprintf(stderr, "pepsi-keys: %s\n", err);
+		return CLI_EX_NOINPUT;
+	}
+	bio = BIO_new_mem_buf(data.data, (int) data.len);
+	x = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+	BIO_free(bio);
+	if (x == NULL)
+	{
+		const unsigned char *p = (const unsigned char *) data.data;
+
+		x = d2i_X509(NULL, &p, (long) data.len);
+	}
+	buf_free(&data);
+	if (x == NULL)
+	{
+		fprintf(stderr, "pepsi-keys: %s: not an X.509 certificate (PEM or DER)\n", path);
+		return CLI_EX_DATAERR;
+	}
+	{
+		unsigned char *der = NULL, md[32];
+		int			   n = i2d_X509(x, &der);
+		char		   fpr[65], subject[512], not_after[32];
+		struct tm	   tm;
+
+		SHA256(der, (size_t) n, md);
+		for (int i = 0; i < 32; i++)
+			snprintf(fpr + 2 * i, 3, "%02X", md[i]);
+		X509_NAME_oneline(X509_get_subject_name(x), subject, sizeof(subject));
+		snprintf(not_after, sizeof(not_after), "%lld",
+				 ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1 ? (long long) timegm(&tm) : 0LL);
+		{
+			const char *values[] = {fpr, subject, (const char *) der, not_after, note};
+			const int	lengths[] = {0, 0, n, 0, 0};
+
+			if (!identity_run(conn, "storing the CA",
+							  "INSERT INTO pepsi.ca_trust (fingerprint, subject, certificate, not_after, note)"
+							  " VALUES ($1, $2, $3, to_timestamp($4::bigint), $5) ON CONFLICT (fingerprint) DO NOTHING",
+							  5, values, lengths))
+				rc = CLI_EX_DATAERR;
+			else
+				printf("%s %s ca\n", fpr, subject);
+		}
+		OPENSSL_free(der);
+	}
+	X509_free(x);
 	return rc;
 }
 
@@ -267,9 +497,9 @@ identity_export_command(PGconn *conn, const char *which)
 {
 	const char *values[] = {which};
 	PGresult   *res = identity_exec(conn,
-									"SELECT public_key FROM pepsi.crypto_identity"
-									  " WHERE protocol = 'openpgp' AND (fingerprint = upper($1)"
-									  " OR (address = lower($1) AND is_primary))",
+									"SELECT public_key, protocol FROM pepsi.crypto_identity"
+									  " WHERE fingerprint = upper($1) OR (address = lower($1) AND is_primary)"
+									  " ORDER BY protocol = 'openpgp' DESC LIMIT 1",
 									1, values, NULL);
 	int			rc = CLI_EX_OK;
 
@@ -287,7 +517,9 @@ identity_export_command(PGconn *conn, const char *which)
 		struct buf	   out = BUF_INIT;
 		char		   err[512];
 
-		if (key && pgp_armor(key, len, &out, err, sizeof(err)))
+		bool smime = strcmp(PQgetvalue(res, 0, 1), "smime") == 0;
+
+		if (key && (smime ? smime_cert_pem(key, len, &out, err, sizeof(err)) : pgp_armor(key, len, &out, err, sizeof(err))))
 			fwrite(out.data, 1, out.len, stdout);
 		else
 		{
@@ -320,34 +552,6 @@ identity_list_command(PGconn *conn)
 			printf("%s%c", PQgetvalue(res, i, j), j + 1 < PQnfields(res) ? ' ' : '\n');
 	PQclear(res);
 	return CLI_EX_OK;
-}
-
-/* The WKD hash of a local part (lower case): z-base-32 of its SHA-1. */
-static void
-wkd_hash(const char *local, size_t len, char *out)
-{
-	static const char alphabet[] = "ybndrfg8ejkmcpqxot1uwisza345h769";
-	unsigned char	  digest[SHA_DIGEST_LENGTH];
-	char			  lower[320];
-	unsigned int	  bits = 0, value = 0;
-	size_t			  o = 0;
-
-	for (size_t i = 0; i < len && i < sizeof(lower); i++)
-		lower[i] = (char) tolower((unsigned char) local[i]);
-	SHA1((const unsigned char *) lower, len < sizeof(lower) ? len : sizeof(lower), digest);
-	for (size_t i = 0; i < sizeof(digest); i++)
-	{
-		value = (value << 8) | digest[i];
-		bits += 8;
-		while (bits >= 5)
-		{
-			out[o++] = alphabet[(value >> (bits - 5)) & 31];
-			bits -= 5;
-		}
-	}
-	if (bits > 0)
-		out[o++] = alphabet[(value << (5 - bits)) & 31];
-	out[o] = '\0';
 }
 
 /* Write path from data; false after saying why. */
@@ -614,6 +818,7 @@ keys_identity_main(int argc, char **argv)
 	const char			*sub = NULL;
 	const char			*config_path = NULL;
 	const char			*type = "ed25519";
+	const char			*password_file = NULL;
 	int					 days = 0;
 	int					 c, rc = CLI_EX_OK;
 	struct pepsi_config *cfg = NULL;
@@ -628,14 +833,14 @@ keys_identity_main(int argc, char **argv)
 	if (strcmp(command, "kek-generate") == 0)
 		return argc == 3 ? kek_generate_command(argv[2]) : CLI_EX_USAGE;
 	optind = 2;
-	if (strcmp(command, "identity") == 0)
+	if (strcmp(command, "identity") == 0 || strcmp(command, "peer") == 0 || strcmp(command, "ca") == 0)
 	{
 		if (argc < 3)
 			return CLI_EX_USAGE;
 		sub = argv[2];
 		optind = 3;
 	}
-	while ((c = getopt(argc, argv, "c:t:e:")) != -1)
+	while ((c = getopt(argc, argv, "c:t:e:P:")) != -1)
 	{
 		switch (c)
 		{
@@ -644,6 +849,9 @@ keys_identity_main(int argc, char **argv)
 				break;
 			case 't':
 				type = optarg;
+				break;
+			case 'P':
+				password_file = optarg;
 				break;
 			case 'e':
 				days = atoi(optarg);
@@ -659,13 +867,21 @@ keys_identity_main(int argc, char **argv)
 	}
 	argc -= optind;
 	argv += optind;
-	if (sub == NULL																				  ? argc != 0
-		: strcmp(sub, "generate") == 0 || strcmp(sub, "export") == 0 || strcmp(sub, "purge") == 0 ? argc != 1
-		: strcmp(sub, "import") == 0															  ? argc != 2
-		: strcmp(sub, "revoke") == 0															  ? argc < 1 || argc > 2
-		: strcmp(sub, "wkd") == 0 || strcmp(sub, "openpgpkey") == 0								  ? argc != 1
-		: strcmp(sub, "list") == 0																  ? argc != 0
-																								  : true)
+	if (strcmp(command, "peer") == 0 || strcmp(command, "ca") == 0)
+	{
+		if (strcmp(sub, "import") != 0 || argc < (command[0] == 'p' ? 2 : 1) || argc > (command[0] == 'p' ? 3 : 2))
+			return CLI_EX_USAGE;
+		sub = command[0] == 'p' ? "peer-import" : "ca-import";
+		if (command[0] == 'p' && !identity_address(argv[0], address, sizeof(address)))
+			return CLI_EX_USAGE;
+	}
+	else if (sub == NULL																			   ? argc != 0
+			 : strcmp(sub, "generate") == 0 || strcmp(sub, "export") == 0 || strcmp(sub, "purge") == 0 ? argc != 1
+			 : strcmp(sub, "import") == 0															   ? argc != 2
+			 : strcmp(sub, "revoke") == 0															   ? argc < 1 || argc > 2
+			 : strcmp(sub, "wkd") == 0 || strcmp(sub, "openpgpkey") == 0							   ? argc != 1
+			 : strcmp(sub, "list") == 0																   ? argc != 0
+																									   : true)
 		return CLI_EX_USAGE;
 	if (sub && (strcmp(sub, "generate") == 0 || strcmp(sub, "import") == 0)
 		&& !identity_address(argv[0], address, sizeof(address)))
@@ -688,7 +904,11 @@ keys_identity_main(int argc, char **argv)
 	else if (strcmp(sub, "generate") == 0)
 		rc = identity_generate_command(conn, &cur, type, days, address);
 	else if (strcmp(sub, "import") == 0)
-		rc = identity_import_command(conn, &cur, address, argv[1]);
+		rc = identity_import_command(conn, &cur, address, argv[1], password_file);
+	else if (strcmp(sub, "peer-import") == 0)
+		rc = peer_import_command(conn, address, argv[1], argc > 2 ? argv[2] : NULL);
+	else if (strcmp(sub, "ca-import") == 0)
+		rc = ca_import_command(conn, argv[0], argc > 1 ? argv[1] : NULL);
 	else if (strcmp(sub, "export") == 0)
 		rc = identity_export_command(conn, argv[0]);
 	else if (strcmp(sub, "list") == 0)

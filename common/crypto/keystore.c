@@ -2,6 +2,7 @@
  * keystore.c: reading the key store (keystore.h).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "crypto/keystore.h"
@@ -15,22 +16,23 @@ keystore_bytes(PGresult *res, int row, int col, struct buf *out)
 	buf_append(out, PQgetvalue(res, row, col), (size_t) PQgetlength(res, row, col));
 }
 
-/* address's identity row: fingerprint, public_key and, when sealed, private_wrapped and kek_id. */
+/* address's identity row of protocol: fingerprint, public_key and, when sealed, private_wrapped and kek_id. */
 static PGresult *
-keystore_identity_row(PGconn *conn, const char *address, const char *capability, bool sealed)
+keystore_identity_row(PGconn *conn, const char *address, const char *capability, bool sealed,
+					  const char *protocol)
 {
-	const char *values[] = {address, capability};
+	const char *values[] = {address, capability, protocol};
 
 	return PQexecParams(conn,
 						sealed ? "SELECT fingerprint, public_key, private_wrapped, kek_id FROM pepsi.crypto_identity"
-								 " WHERE address = lower($1) AND protocol = 'openpgp' AND is_primary"
+								 " WHERE address = lower($1) AND protocol = $3 AND is_primary"
 								 " AND status = 'active' AND capability IN ($2, 'both')"
 								 " AND (expires_at IS NULL OR expires_at > now()) AND private_wrapped IS NOT NULL"
 							   : "SELECT fingerprint, public_key FROM pepsi.crypto_identity"
-								 " WHERE address = lower($1) AND protocol = 'openpgp' AND is_primary"
+								 " WHERE address = lower($1) AND protocol = $3 AND is_primary"
 								 " AND status = 'active' AND capability IN ($2, 'both')"
 								 " AND (expires_at IS NULL OR expires_at > now())",
-						2, NULL, values, NULL, NULL, 1);
+						3, NULL, values, NULL, NULL, 1);
 }
 
 /* Open row 0's sealed key (columns 2 and 3) with the KEK that sealed it. */
@@ -52,7 +54,7 @@ int
 keystore_identity(PGconn *conn, const struct keystore_keks *keks, const char *address, const char *capability,
 				  char *fingerprint, struct buf *public_key, struct buf *secret, char *err, size_t errlen)
 {
-	PGresult *res = keystore_identity_row(conn, address, capability, secret != NULL);
+	PGresult *res = keystore_identity_row(conn, address, capability, secret != NULL, "openpgp");
 	int		  rc = 0;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -78,7 +80,7 @@ keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const
 							 const char *capability, char *fingerprint, struct buf *public_key, char *err,
 							 size_t errlen)
 {
-	PGresult			*res = keystore_identity_row(conn, address, capability, true);
+	PGresult			*res = keystore_identity_row(conn, address, capability, true, "openpgp");
 	unsigned char		 digest[PGP_DIGEST_LEN];
 	struct keystore_keks keks;
 	struct buf			 secret = BUF_INIT;
@@ -112,16 +114,21 @@ keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const
 	return rc;
 }
 
-int
-keystore_peer_key(PGconn *conn, const char *address, char *fingerprint, struct buf *key, char *err, size_t errlen)
+/* address's newest usable key of protocol (NULL: either): see keystore_peer_key. */
+static int
+keystore_peer_row(PGconn *conn, const char *address, const char *protocol, char *protocol_out, char *fingerprint,
+				  struct buf *key, bool *gcm, char *err, size_t errlen)
 {
-	const char *values[] = {address};
+	const char *values[] = {address, protocol};
 	PGresult   *res = PQexecParams(conn,
-								   "SELECT fingerprint, key_data FROM pepsi.peer_key"
-									 " WHERE address = lower($1) AND protocol = 'openpgp' AND verdict = 'valid'"
+								   "SELECT fingerprint, key_data, protocol,"
+									 " coalesce('aes-256-gcm' = ANY (smime_capabilities), false)"
+									 " FROM pepsi.peer_key"
+									 " WHERE address = lower($1) AND ($2::text IS NULL OR protocol = $2)"
+									 " AND verdict = 'valid'"
 									 " AND cache_until > now() AND (expires_at IS NULL OR expires_at > now())"
 									 " ORDER BY fetched_at DESC, id DESC LIMIT 1",
-								   1, NULL, values, NULL, NULL, 1);
+								   2, NULL, values, NULL, NULL, 1);
 	int			rc = 0;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -135,7 +142,90 @@ keystore_peer_key(PGconn *conn, const char *address, char *fingerprint, struct b
 	{
 		snprintf(fingerprint, 65, "%.*s", PQgetlength(res, 0, 0), PQgetvalue(res, 0, 0));
 		keystore_bytes(res, 0, 1, key);
+		if (protocol_out)
+			snprintf(protocol_out, KEYSTORE_PROTOCOL_LEN, "%.*s", PQgetlength(res, 0, 2), PQgetvalue(res, 0, 2));
+		if (gcm)
+			*gcm = PQgetlength(res, 0, 3) == 1 && PQgetvalue(res, 0, 3)[0] == 1;
 	}
 	PQclear(res);
 	return rc;
+}
+
+int
+keystore_peer_key(PGconn *conn, const char *address, char *fingerprint, struct buf *key, char *err, size_t errlen)
+{
+	return keystore_peer_row(conn, address, "openpgp", NULL, fingerprint, key, NULL, err, errlen);
+}
+
+int
+keystore_peer_any(PGconn *conn, const char *address, char *protocol, char *fingerprint, struct buf *key, bool *gcm,
+				  char *err, size_t errlen)
+{
+	return keystore_peer_row(conn, address, NULL, protocol, fingerprint, key, gcm, err, errlen);
+}
+
+int
+keystore_smime_identity(PGconn *conn, const struct pepsi_config *cfg, const char *address, const char *capability,
+						char *fingerprint, struct buf *cert, struct buf *key, char *err, size_t errlen)
+{
+	PGresult			*res = keystore_identity_row(conn, address, capability, key != NULL, "smime");
+	struct keystore_keks keks;
+	int					 rc = 0;
+
+	memset(&keks, 0, sizeof(keks));
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		snprintf(err, errlen, "reading the identity of %s: %s", address, PQresultErrorMessage(res));
+		rc = -1;
+	}
+	else if (PQntuples(res) == 0)
+		rc = 1;
+	else
+	{
+		snprintf(fingerprint, 65, "%.*s", PQgetlength(res, 0, 0), PQgetvalue(res, 0, 0));
+		keystore_bytes(res, 0, 1, cert);
+		if (key == NULL)
+			rc = 0;
+		else if (!kek_from_config(cfg, &keks.cur, &keks.prev, &keks.has_prev, err, errlen))
+			rc = -2;
+		else if (!keystore_unseal(res, &keks, fingerprint, key, err, errlen))
+			rc = -1;
+	}
+	PQclear(res);
+	kek_wipe(&keks.cur);
+	kek_wipe(&keks.prev);
+	return rc;
+}
+
+int
+keystore_ca_certs(PGconn *conn, struct buf **cas, size_t *count, char *err, size_t errlen)
+{
+	PGresult *res = PQexecParams(conn,
+								 "SELECT certificate FROM pepsi.ca_trust"
+								 " WHERE not_after IS NULL OR not_after > now() ORDER BY fingerprint",
+								 0, NULL, NULL, NULL, NULL, 1);
+	int		  n;
+
+	*cas = NULL;
+	*count = 0;
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		snprintf(err, errlen, "reading the trusted CAs: %s", PQresultErrorMessage(res));
+		PQclear(res);
+		return -1;
+	}
+	n = PQntuples(res);
+	*cas = calloc((size_t) n + 1, sizeof(**cas));
+	for (int i = 0; i < n && *cas; i++)
+		keystore_bytes(res, i, 0, &(*cas)[(*count)++]);
+	PQclear(res);
+	return 0;
+}
+
+void
+keystore_bufs_free(struct buf *bufs, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		buf_wipe(&bufs[i]);
+	free(bufs);
 }

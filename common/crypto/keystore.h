@@ -50,4 +50,28 @@ int keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, c
 int keystore_peer_key(PGconn *conn, const char *address, char *fingerprint, struct buf *key, char *err,
 					  size_t errlen);
 
+/*
+ * address's newest usable key of either protocol, as keystore_peer_key:
+ * protocol ("openpgp" or "smime", KEYSTORE_PROTOCOL_LEN) says which; gcm
+ * whether the correspondent announced AES-256-GCM among its S/MIME
+ * capabilities (peer_key.smime_capabilities).
+ */
+#define KEYSTORE_PROTOCOL_LEN 8
+int keystore_peer_any(PGconn *conn, const char *address, char *protocol, char *fingerprint, struct buf *key, bool *gcm,
+					  char *err, size_t errlen);
+
+/*
+ * address's primary active S/MIME identity that can do capability: its
+ * fingerprint, certificate (DER) and, when key is not NULL, its PKCS#8
+ * private key opened with the KEKs of cfg (wipe it).  0 found, 1 none, -1
+ * an error (err), -2 the KEKs cannot be read (err).
+ */
+int keystore_smime_identity(PGconn *conn, const struct pepsi_config *cfg, const char *address,
+							const char *capability, char *fingerprint, struct buf *cert, struct buf *key, char *err,
+							size_t errlen);
+
+/* The certificates (DER) of pepsi.ca_trust not past their end: 0, or -1 (err).  Free with keystore_bufs_free. */
+int	 keystore_ca_certs(PGconn *conn, struct buf **cas, size_t *count, char *err, size_t errlen);
+void keystore_bufs_free(struct buf *bufs, size_t count);
+
 #endif

@@ -159,6 +159,14 @@ pgpmime_outer(const char *headers, size_t hlen, const char *armored, size_t alen
 	buf_printf(out_body, "\r\n--%s--\r\n", boundary);
 }
 
+void
+pgpmime_outer_fields(const char *headers, size_t hlen, struct buf *out_headers)
+{
+	struct pgpmime_copy c = {out_headers, 2, false};
+
+	pgpmime_fields(headers, hlen, pgpmime_copy_field, &c);
+}
+
 bool
 pgpmime_is_encrypted(const char *headers, size_t hlen)
 {

@@ -24,6 +24,13 @@ void pgpmime_inner(const char *headers, size_t hlen, const char *body, size_t bl
 void pgpmime_outer(const char *headers, size_t hlen, const char *armored, size_t alen, const char *extra,
 				   struct buf *out_headers, struct buf *out_body);
 
+/*
+ * The outer header fields of an encrypted message alone: headers without
+ * their Content-* and MIME-Version fields, Subject "..." (S/MIME's outer
+ * message is built on them).
+ */
+void pgpmime_outer_fields(const char *headers, size_t hlen, struct buf *out_headers);
+
 /* Is this header block a PGP/MIME encrypted message's? */
 bool pgpmime_is_encrypted(const char *headers, size_t hlen);
 

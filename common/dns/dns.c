@@ -744,6 +744,31 @@ dns_resolve_sync(struct dns_resolver *r, const char *name, enum dns_type type, s
 	}
 }
 
+int
+dns_ub_forward(struct ub_ctx *ub, const char *forwarder)
+{
+	/*
+	 * A forwarder on loopback (a local cache, or the tests' server) must
+	 * be allowed, and it decides what exists: libunbound's own answers for
+	 * the special-use names (localhost, 127.0.0.0/8 and ::1 reverse, test.,
+	 * invalid., the documentation networks of RFC 5737 and RFC 3849) step
+	 * aside for it.
+	 */
+	static const char *const special_use[] = {
+		"localhost.", "127.in-addr.arpa.",
+		"1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.ip6.arpa.",
+		"test.", "invalid.", "2.0.192.in-addr.arpa.", "100.51.198.in-addr.arpa.",
+		"113.0.203.in-addr.arpa.", "8.b.d.0.1.0.0.2.ip6.arpa.", NULL};
+	int rc;
+
+	if ((rc = ub_ctx_set_option(ub, "do-not-query-localhost:", "no")) != 0 || (rc = ub_ctx_set_fwd(ub, forwarder)) != 0)
+		return rc;
+	for (size_t i = 0; special_use[i]; i++)
+		if ((rc = ub_ctx_zone_remove(ub, special_use[i])) != 0 && rc != UB_NOID)
+			return rc;
+	return 0;
+}
+
 /*
  * Resolvers
  */
@@ -772,25 +797,8 @@ dns_resolver_new(struct ev_loop *loop, const struct dns_config *c, char *err, si
 	}
 	if (c->forwarder)
 	{
-		/*
-		 * A forwarder on loopback (a local cache, or the tests' server)
-		 * must be allowed, and it decides what exists: libunbound's own
-		 * answers for the special-use names (localhost, 127.0.0.0/8 and
-		 * ::1 reverse, test., invalid., the documentation networks of
-		 * RFC 5737 and RFC 3849) step aside for it.
-		 */
-		static const char *const special_use[] = {
-			"localhost.", "127.in-addr.arpa.",
-			"1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.ip6.arpa.",
-			"test.", "invalid.", "2.0.192.in-addr.arpa.", "100.51.198.in-addr.arpa.",
-			"113.0.203.in-addr.arpa.", "8.b.d.0.1.0.0.2.ip6.arpa.", NULL};
-
-		if ((rc = ub_ctx_set_option(r->ub, "do-not-query-localhost:", "no")) != 0
-			|| (rc = ub_ctx_set_fwd(r->ub, c->forwarder)) != 0)
+		if ((rc = dns_ub_forward(r->ub, c->forwarder)) != 0)
 			goto unbound_err;
-		for (size_t i = 0; special_use[i]; i++)
-			if ((rc = ub_ctx_zone_remove(r->ub, special_use[i])) != 0 && rc != UB_NOID)
-				goto unbound_err;
 	}
 	else if ((rc = ub_ctx_resolvconf(r->ub, NULL)) != 0)
 		goto unbound_err;

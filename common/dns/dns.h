@@ -159,4 +159,12 @@ void dns_query_answer(struct dns_query *q, const struct dns_answer *a);
 /* Helpers for a backend building answers. */
 void dns_answer_add(struct dns_answer *a, enum dns_type type, const void *rdata, size_t len);
 
+/*
+ * Make libunbound context ub ask forwarder ("ADDRESS[@PORT]") alone, a
+ * loopback one allowed, the special-use names (test., invalid., ...) left
+ * to it.  0, or libunbound's error code.
+ */
+struct ub_ctx;
+int dns_ub_forward(struct ub_ctx *ub, const char *forwarder);
+
 #endif

@@ -5340,6 +5340,7 @@ CREATE TABLE pepsi.peer_key (
     expires_at     timestamptz,
     fetched_at     timestamptz NOT NULL DEFAULT now(),
     cache_until    timestamptz NOT NULL,
+    smime_capabilities text[],
     UNIQUE (address, protocol, fingerprint)
 );
 COMMENT ON TABLE pepsi.peer_key IS
@@ -6943,3 +6944,45 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 SELECT pg_catalog.pg_extension_config_dump('pepsi.stats_day', '');
 SELECT pepsi.grant_apply();
 -- end of telemetry
+
+-- ====================================================================
+-- S/MIME and key discovery (issue 41 items 2-3): peer_key.smime_capabilities
+-- is folded into peer_key above.
+
+-- Key discovery: pepsi-stage-encrypt parks a message waiting for a
+-- recipient's key (KEYDISC) with state.encrypt.waiting_for = the address
+-- and a key_request row; pepsi-keydisc asks WKD, DANE and the key servers,
+-- stores what it finds in peer_key and calls keydisc_release, which
+-- settles the request (found: the row goes; a miss: negative_until, the
+-- negative cache that keeps the next message from parking) and resumes
+-- the parked rows (workqueue_resume: NOTIFY).  It runs as the owner: the
+-- crypto role writes no queue row itself.  Returns the rows resumed.
+CREATE FUNCTION pepsi.keydisc_release(address text, found boolean, negative_seconds integer DEFAULT 86400,
+                                      methods_replied text[] DEFAULT '{}')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    a text := lower(keydisc_release.address);
+    ids bigint[];
+BEGIN
+    IF found THEN
+        DELETE FROM pepsi.key_request r WHERE r.address = a;
+    ELSE
+        UPDATE pepsi.key_request r SET settled_at = now(),
+               methods_replied = coalesce(keydisc_release.methods_replied, '{}'),
+               negative_until = now() + make_interval(secs => greatest(negative_seconds, 1))
+         WHERE r.address = a;
+    END IF;
+    SELECT array_agg(w.id) INTO ids FROM pepsi.workqueue w
+     WHERE w.status = 'paused' AND w.state -> 'encrypt' ->> 'waiting_for' = a;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN pepsi.workqueue_resume(ids);
+END
+$$;
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_crypto', 'function', 'keydisc_release', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('keydisc_release');
+SELECT pepsi.grant_apply();
+-- end of S/MIME and key discovery

@@ -17,6 +17,18 @@
  * BOUNCE_STAGE (failed without one), never sent in clear.  Mail already
  * encrypted goes on as it is.  Mail from an address with an identity
  * carries its key in an Autocrypt: field (Level 1) when AUTOCRYPT says so.
+ * A recipient whose key is an S/MIME certificate gets S/MIME (RFC 8551)
+ * instead: the entity signed (multipart/signed, with the From: address's
+ * S/MIME identity) then enveloped to the certificates, AES-256-GCM when
+ * every recipient announced it (peer_key.smime_capabilities), AES-256-CBC
+ * otherwise; a certificate expired, not yet valid or naming another
+ * address is refused with the reason like a bad OpenPGP key.
+ * A recipient without a key may wait for one instead (KEYDISC): the
+ * message parks (paused for KEYDISC_WAIT, state.encrypt.waiting_for the
+ * address) with a pepsi.key_request row that pepsi-keydisc answers; its
+ * keydisc_release resumes the message, which is then decided afresh.  A
+ * message parks once, and not at all for an address whose last lookup
+ * found nothing (key_request.negative_until, the negative cache).
  * The outcome is state.encrypt.
  *
  * Installed setuid pepsi-crypto: it connects with [crypto] CONNINFO (peer
@@ -34,6 +46,7 @@
 #include "crypto/openpgp.h"
 #include "crypto/pgpmime.h"
 #include "crypto/pgpsession.h"
+#include "crypto/smime.h"
 #include "message/header.h"
 #include "runtime/stage.h"
 
@@ -50,16 +63,66 @@ enum encrypt_outcome
 {
 	OUTCOME_ENCRYPT,
 	OUTCOME_CLEAR,
-	OUTCOME_REFUSE
+	OUTCOME_REFUSE,
+	OUTCOME_PARK /* wait for pepsi-keydisc */
 };
+
+static const char *const outcome_name[] = {"encrypted", "clear", "refused", "parked"};
 
 struct encrypt_rcpt
 {
 	enum encrypt_outcome outcome;
+	char				 protocol[KEYSTORE_PROTOCOL_LEN]; /* of the key, when OUTCOME_ENCRYPT */
+	bool				 gcm;							  /* an S/MIME recipient that takes AES-256-GCM */
 	char				 fingerprint[65];
 	struct buf			 key;
 	char				 reason[600];
 };
+
+/* The sender's side of a message: its signing identity and Autocrypt: field. */
+struct encrypt_sender
+{
+	char	  *from;
+	char	  *autocrypt;
+	char	   fingerprint[65];
+	struct buf public_key; /* OpenPGP public key, or S/MIME certificate */
+	struct buf secret;	   /* S/MIME private key (OpenPGP's stays in the session) */
+	bool	   signing;
+};
+
+/*
+ * May a message to rcpt (no key known) park for key discovery?  KEYDISC
+ * says so for policy, the message has not parked before, and the address
+ * is not in the negative cache; the key_request row is made (or renewed
+ * once its negative cache has run out).
+ */
+static bool
+encrypt_may_park(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, enum encrypt_policy policy)
+{
+	const char *at = strrchr(rcpt, '@');
+	int			keydisc = config_enum_for(pepsi_config(ctx), pepsi_section(ctx), "KEYDISC", at ? at + 1 : NULL, rcpt);
+	json_t	   *state = pepsi_state(ctx);
+	const char *values[] = {rcpt};
+	PGresult   *res;
+	bool		park;
+
+	if (keydisc == 0 || (keydisc == 1 && policy != POLICY_REQUIRED)
+		|| json_is_true(json_object_get(json_object_get(state, "encrypt"), "parked")))
+		return false;
+	res = PQexecParams(conn,
+					   "WITH r AS (INSERT INTO pepsi.key_request (address) VALUES (lower($1))"
+					   " ON CONFLICT (address) DO UPDATE SET requested_at = now(), settled_at = NULL,"
+					   " negative_until = NULL, methods_asked = '{}', methods_replied = '{}'"
+					   " WHERE key_request.negative_until <= now() RETURNING address)"
+					   " SELECT NOT EXISTS (SELECT 1 FROM pepsi.key_request WHERE address = lower($1)"
+					   " AND negative_until > now()) OR EXISTS (SELECT 1 FROM r)",
+					   1, NULL, values, NULL, NULL, 0);
+	park = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		log_warnx("%s: key_request for %s: %s", pepsi_queue_id(ctx), rcpt, PQresultErrorMessage(res));
+	PQclear(res);
+	return park;
+}
 
 /* Decide what rcpt gets (r): its policy and its key. */
 static void
@@ -77,11 +140,13 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 		snprintf(r->reason, sizeof(r->reason), "policy never");
 		return;
 	}
-	found = keystore_peer_key(conn, rcpt, r->fingerprint, &r->key, err, sizeof(err));
+	found = keystore_peer_any(conn, rcpt, r->protocol, r->fingerprint, &r->key, &r->gcm, err, sizeof(err));
 	if (found == 0)
 	{
-		/* Imported into the worker's session once per version of the row, checked on every use. */
-		if (pgp_session_public(r->fingerprint, r->key.data, r->key.len, rcpt, err, sizeof(err)))
+		/* Checked on every use; an OpenPGP key is imported into the worker's session once per version of the row. */
+		if (strcmp(r->protocol, "smime") == 0 ? smime_check(r->key.data, r->key.len, rcpt, err, sizeof(err))
+											  : pgp_session_public(r->fingerprint, r->key.data, r->key.len, rcpt, err,
+																   sizeof(err)))
 		{
 			r->outcome = OUTCOME_ENCRYPT;
 			return;
@@ -89,11 +154,40 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	}
 	else if (found == 1)
+	{
 		snprintf(r->reason, sizeof(r->reason), "no key known for %s", rcpt);
+		if (encrypt_may_park(ctx, conn, rcpt, policy))
+		{
+			r->outcome = OUTCOME_PARK;
+			return;
+		}
+	}
 	else
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	if (policy == POLICY_REQUIRED)
 		r->outcome = OUTCOME_REFUSE;
+}
+
+/* Does b go the way a does (the same outcome, and the same protocol when encrypted)? */
+static bool
+encrypt_same_way(const struct encrypt_rcpt *a, const struct encrypt_rcpt *b)
+{
+	return a->outcome == b->outcome && (a->outcome != OUTCOME_ENCRYPT || strcmp(a->protocol, b->protocol) == 0)
+		   && a->outcome != OUTCOME_PARK; /* each parked message waits for one address */
+}
+
+/* Park the message until pepsi-keydisc releases rcpt's request, or KEYDISC_WAIT. */
+static int
+encrypt_park(struct pepsi_ctx *ctx, const char *rcpt)
+{
+	json_t *merge = json_pack("{s:{s:s,s:b,s:s}}", "encrypt", "result", outcome_name[OUTCOME_PARK], "parked", 1,
+							  "waiting_for", rcpt);
+	int		rc;
+
+	log_info("%s: parked: waiting for key discovery for %s", pepsi_queue_id(ctx), rcpt);
+	rc = pepsi_pause(ctx, merge, pepsi_option_seconds(ctx, "KEYDISC_WAIT"));
+	json_decref(merge);
+	return rc;
 }
 
 /* The Autocrypt: field (Level 1) of the sender's identity, or NULL. */
@@ -111,164 +205,270 @@ encrypt_autocrypt(const char *from, const struct buf *public_key)
 	return field.data;
 }
 
-static const char *const outcome_name[] = {"encrypted", "clear", "refused"};
+/* Merge merge into the state and go on (merge is released). */
+static int
+encrypt_advance(struct pepsi_ctx *ctx, json_t *merge)
+{
+	pepsi_merge_state(ctx, merge);
+	json_decref(merge);
+	return pepsi_advance(ctx);
+}
+
+/* Wait (a key that does not open, a failure that is not the recipient's): never clear text meanwhile. */
+static int
+encrypt_wait(struct pepsi_ctx *ctx, const char *err)
+{
+	json_t *merge = json_pack("{s:{s:s}}", "encrypt", "reason", err);
+	int		rc;
+
+	log_warnx("%s: %s", pepsi_queue_id(ctx), err);
+	rc = pepsi_pause(ctx, merge, 300);
+	json_decref(merge);
+	return rc;
+}
+
+/* Policy required and no usable key: bounced with the reason (failed without BOUNCE_STAGE). */
+static int
+encrypt_refuse(struct pepsi_ctx *ctx, const struct encrypt_rcpt *r)
+{
+	const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
+	char		diagnostic[700];
+	json_t	   *merge;
+	int			rc;
+
+	snprintf(diagnostic, sizeof(diagnostic), "5.7.1 the recipient's policy requires encryption: %s", r->reason);
+	log_info("%s: not sent: %s", pepsi_queue_id(ctx), diagnostic);
+	merge = json_pack("{s:{s:s,s:s},s:{s:s,s:s}}", "encrypt", "result", "refused", "reason", r->reason, "bounce",
+					  "kind", "permanent", "diagnostic", diagnostic);
+	rc = bounce_stage ? pepsi_reroute(ctx, bounce_stage, merge) : pepsi_fail(ctx, merge);
+	json_decref(merge);
+	return rc;
+}
+
+/*
+ * The sender's identity (s) for a message going the way of r: its signing
+ * key when SIGN says so and the message is encrypted, its OpenPGP key for
+ * the Autocrypt: field.  0, or the stage's return when it cannot go on.
+ */
+static int
+encrypt_find_sender(struct pepsi_ctx *ctx, PGconn *conn, const struct encrypt_rcpt *r, struct encrypt_sender *s,
+					int *stop)
+{
+	const struct buf *h = pepsi_headers(ctx);
+	bool			  smime = r->outcome == OUTCOME_ENCRYPT && strcmp(r->protocol, "smime") == 0;
+	bool			  sign = pepsi_option_bool(ctx, "SIGN") && r->outcome == OUTCOME_ENCRYPT;
+	char			  err[512];
+	int				  found = 1;
+
+	*stop = 0;
+	s->from = header_from_address(h->data, h->len);
+	if (s->from == NULL || (!pepsi_option_bool(ctx, "SIGN") && !pepsi_option_bool(ctx, "AUTOCRYPT")))
+		return 0;
+	if (sign && smime)
+		found = keystore_smime_identity(conn, pepsi_config(ctx), s->from, "sign", s->fingerprint, &s->public_key,
+										&s->secret, err, sizeof(err));
+	else if (sign)
+		found = keystore_identity_in_session(conn, pepsi_config(ctx), s->from, "sign", s->fingerprint,
+											 &s->public_key, err, sizeof(err));
+	else
+		found = keystore_identity(conn, NULL, s->from, "sign", s->fingerprint, &s->public_key, NULL, err,
+								  sizeof(err));
+	if (found == -2)
+	{
+		*stop = 1;
+		return pepsi_error(ctx, "%s", err);
+	}
+	if (found < 0)
+	{
+		*stop = 1;
+		return encrypt_wait(ctx, err);
+	}
+	s->signing = sign && found == 0;
+	if (found == 0 && !smime && pepsi_option_bool(ctx, "AUTOCRYPT"))
+		s->autocrypt = encrypt_autocrypt(s->from, &s->public_key);
+	return 0;
+}
+
+/* Sent in clear (policy allows it), with the sender's Autocrypt: field. */
+static int
+encrypt_clear(struct pepsi_ctx *ctx, const struct encrypt_rcpt *r, const struct encrypt_sender *s)
+{
+	const struct buf *h = pepsi_headers(ctx);
+
+	if (s->autocrypt)
+	{
+		struct buf out = BUF_INIT;
+
+		header_remove(h->data, h->len, "Autocrypt", &out);
+		buf_append_str(&out, s->autocrypt);
+		pepsi_set_headers(ctx, out.data, out.len);
+		buf_free(&out);
+	}
+	return encrypt_advance(ctx, json_pack("{s:{s:s,s:s}}", "encrypt", "result", outcome_name[OUTCOME_CLEAR],
+										  "reason", r->reason));
+}
+
+/* PGP/MIME to the fingerprints keys, signed when s says so. */
+static int
+encrypt_pgp(struct pepsi_ctx *ctx, const char **keys, size_t k, json_t *fprs, const struct encrypt_sender *s)
+{
+	const struct buf *h = pepsi_headers(ctx);
+	const struct buf *body = pepsi_body(ctx);
+	struct buf		  inner = BUF_INIT, armored = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
+	char			  err[512];
+	int				  rc;
+
+	pgpmime_inner(h->data, h->len, body->data, body->len, &inner);
+	if (!pgp_session_encrypt(keys, k, s->signing ? s->fingerprint : NULL, inner.data, inner.len, &armored, err,
+							 sizeof(err)))
+		/* The keys passed their check a moment ago: a failure here is not the recipient's. */
+		rc = encrypt_wait(ctx, err);
+	else
+	{
+		pgpmime_outer(h->data, h->len, armored.data, armored.len, s->autocrypt, &out_h, &out_b);
+		pepsi_set_headers(ctx, out_h.data, out_h.len);
+		pepsi_set_body(ctx, out_b.data, out_b.len);
+		rc = encrypt_advance(ctx, json_pack("{s:{s:s,s:s,s:O,s:s?}}", "encrypt", "result", "encrypted", "format",
+											"pgp/mime", "keys", fprs, "signed_by", s->signing ? s->fingerprint : NULL));
+	}
+	buf_wipe(&inner);
+	buf_free(&armored);
+	buf_free(&out_h);
+	buf_free(&out_b);
+	return rc;
+}
+
+/* S/MIME to the certificates certs: signed (multipart/signed) when s says so, then enveloped. */
+static int
+encrypt_smime(struct pepsi_ctx *ctx, const struct buf *certs, size_t k, bool gcm, json_t *fprs,
+			  const struct encrypt_sender *s)
+{
+	const struct buf *h = pepsi_headers(ctx);
+	const struct buf *body = pepsi_body(ctx);
+	struct buf		  inner = BUF_INIT, signed_ = BUF_INIT, mime = BUF_INIT, out_h = BUF_INIT;
+	const struct buf *entity = &inner;
+	const char		 *sep;
+	char			  err[512];
+	int				  rc;
+
+	pgpmime_inner(h->data, h->len, body->data, body->len, &inner);
+	if (s->signing)
+	{
+		if (!smime_sign(&s->public_key, &s->secret, inner.data, inner.len, &signed_, err, sizeof(err)))
+		{
+			rc = encrypt_wait(ctx, err);
+			goto done;
+		}
+		entity = &signed_;
+	}
+	if (!smime_encrypt(certs, k, gcm, entity->data, entity->len, &mime, err, sizeof(err))
+		|| (sep = memmem(mime.data, mime.len, "\r\n\r\n", 4)) == NULL)
+	{
+		rc = encrypt_wait(ctx, mime.len ? "the S/MIME entity has no body" : err);
+		goto done;
+	}
+	pgpmime_outer_fields(h->data, h->len, &out_h);
+	buf_append_str(&out_h, "MIME-Version: 1.0\r\n");
+	buf_append(&out_h, mime.data, (size_t) (sep - mime.data) + 2);
+	pepsi_set_headers(ctx, out_h.data, out_h.len);
+	pepsi_set_body(ctx, sep + 4, mime.len - (size_t) (sep - mime.data) - 4);
+	rc = encrypt_advance(ctx, json_pack("{s:{s:s,s:s,s:s,s:O,s:s?}}", "encrypt", "result", "encrypted", "format",
+										"s/mime", "cipher", gcm ? "aes-256-gcm" : "aes-256-cbc", "keys", fprs,
+										"signed_by", s->signing ? s->fingerprint : NULL));
+done:
+	buf_wipe(&inner);
+	buf_wipe(&signed_);
+	buf_free(&mime);
+	buf_free(&out_h);
+	return rc;
+}
+
+/* Encrypt to the recipients r[0..n) whose outcome is to encrypt (all of one protocol). */
+static int
+encrypt_to(struct pepsi_ctx *ctx, const struct encrypt_rcpt *r, size_t n, const struct encrypt_sender *s)
+{
+	const char **keys = calloc(n ? n : 1, sizeof(*keys));
+	struct buf	*certs = calloc(n ? n : 1, sizeof(*certs));
+	json_t		*fprs = json_array();
+	bool		 gcm = true;
+	size_t		 k = 0;
+	int			 rc;
+
+	if (keys == NULL || certs == NULL)
+	{
+		free(keys);
+		free(certs);
+		json_decref(fprs);
+		return pepsi_error(ctx, "out of memory");
+	}
+	for (size_t i = 0; i < n; i++)
+		if (r[i].outcome == OUTCOME_ENCRYPT)
+		{
+			keys[k] = r[i].fingerprint;
+			certs[k++] = r[i].key; /* shared, not copied */
+			gcm = gcm && r[i].gcm;
+			json_array_append_new(fprs, json_string(r[i].fingerprint));
+		}
+	if (strcmp(r[0].protocol, "smime") == 0)
+		rc = encrypt_smime(ctx, certs, k, gcm, fprs, s);
+	else
+		rc = encrypt_pgp(ctx, keys, k, fprs, s);
+	json_decref(fprs);
+	free(keys);
+	free(certs);
+	return rc;
+}
 
 static int
 encrypt_run(struct pepsi_ctx *ctx)
 {
-	size_t				 n = pepsi_rcpt_count(ctx);
-	struct encrypt_rcpt *r = calloc(n ? n : 1, sizeof(*r));
-	const struct buf	*h = pepsi_headers(ctx);
-	const struct buf	*body = pepsi_body(ctx);
-	PGconn				*conn = pepsi_db(ctx);
-	char				*from = NULL;
-	char				*autocrypt = NULL;
-	char				 err[512];
-	char				 signer_fpr[65] = "";
-	struct buf			 signer_pub = BUF_INIT;
-	bool				 signing = false;
-	int					 rc = 0;
-	int					 idx[256];
-	size_t				 nidx = 0;
-	json_t				*merge;
+	size_t				  n = pepsi_rcpt_count(ctx);
+	struct encrypt_rcpt	 *r = calloc(n ? n : 1, sizeof(*r));
+	const struct buf	 *h = pepsi_headers(ctx);
+	struct encrypt_sender s;
+	int					  rc = 0, stop = 0;
+	int					  idx[256];
+	size_t				  nidx = 0;
 
-	if (r == NULL || h == NULL || body == NULL)
+	memset(&s, 0, sizeof(s));
+	if (r == NULL || h == NULL || pepsi_body(ctx) == NULL)
 	{
 		free(r);
 		return pepsi_error(ctx, "no message to encrypt");
 	}
-	if (pgpmime_is_encrypted(h->data, h->len))
+	if (pgpmime_is_encrypted(h->data, h->len) || smime_is_encrypted(h->data, h->len))
 	{
 		free(r);
-		merge = json_pack("{s:{s:s}}", "encrypt", "result", "already encrypted");
-		pepsi_merge_state(ctx, merge);
-		json_decref(merge);
-		rc = pepsi_advance(ctx);
-		return rc;
+		return encrypt_advance(ctx, json_pack("{s:{s:s}}", "encrypt", "result", "already encrypted"));
 	}
 	for (size_t i = 0; i < n; i++)
-		encrypt_decide(ctx, conn, pepsi_rcpt(ctx, i), &r[i]);
+		encrypt_decide(ctx, pepsi_db(ctx), pepsi_rcpt(ctx, i), &r[i]);
 	/* Recipients that come out unlike the first go on as a message of their own, through this stage again. */
 	for (size_t i = 1; i < n && nidx < sizeof(idx) / sizeof(idx[0]); i++)
-		if (r[i].outcome != r[0].outcome)
+		if (!encrypt_same_way(&r[0], &r[i]))
+		{
 			idx[nidx++] = (int) i + 1;
+			r[i].outcome = OUTCOME_CLEAR; /* not this message's any more */
+		}
 	if (nidx > 0 && pepsi_split_off_recipients(ctx, idx, nidx, pepsi_stage_name(ctx)) < 0)
-	{
 		rc = -1;
-		goto done;
-	}
-	if (r[0].outcome == OUTCOME_REFUSE)
+	else if (r[0].outcome == OUTCOME_REFUSE)
+		rc = encrypt_refuse(ctx, &r[0]);
+	else if (r[0].outcome == OUTCOME_PARK)
+		rc = encrypt_park(ctx, pepsi_rcpt(ctx, 0));
+	else
 	{
-		const char *bounce_stage = pepsi_option(ctx, "BOUNCE_STAGE");
-		char		diagnostic[700];
-
-		snprintf(diagnostic, sizeof(diagnostic), "5.7.1 the recipient's policy requires encryption: %s",
-				 r[0].reason);
-		log_info("%s: not sent: %s", pepsi_queue_id(ctx), diagnostic);
-		merge = json_pack("{s:{s:s,s:s},s:{s:s,s:s}}", "encrypt", "result", "refused", "reason", r[0].reason, "bounce",
-						  "kind", "permanent", "diagnostic", diagnostic);
-		rc = bounce_stage ? pepsi_reroute(ctx, bounce_stage, merge) : pepsi_fail(ctx, merge);
-		json_decref(merge);
-		goto done;
+		rc = encrypt_find_sender(ctx, pepsi_db(ctx), &r[0], &s, &stop);
+		if (!stop)
+			rc = r[0].outcome == OUTCOME_CLEAR ? encrypt_clear(ctx, &r[0], &s) : encrypt_to(ctx, r, n, &s);
 	}
-
-	from = header_from_address(h->data, h->len);
-	if (from && (pepsi_option_bool(ctx, "SIGN") || pepsi_option_bool(ctx, "AUTOCRYPT")))
-	{
-		int found = 1;
-
-		if (pepsi_option_bool(ctx, "SIGN") && r[0].outcome == OUTCOME_ENCRYPT)
-		{
-			found = keystore_identity_in_session(conn, pepsi_config(ctx), from, "sign", signer_fpr, &signer_pub,
-												 err, sizeof(err));
-			if (found == -2)
-			{
-				rc = pepsi_error(ctx, "%s", err);
-				goto done;
-			}
-			signing = found == 0;
-		}
-		else
-			found = keystore_identity(conn, NULL, from, "sign", signer_fpr, &signer_pub, NULL, err, sizeof(err));
-		if (found < 0)
-		{
-			/* A key that does not open is the operator's to mend: wait, never send in clear meanwhile. */
-			log_warnx("%s: %s", pepsi_queue_id(ctx), err);
-			merge = json_pack("{s:{s:s}}", "encrypt", "reason", err);
-			rc = pepsi_pause(ctx, merge, 300);
-			json_decref(merge);
-			goto done;
-		}
-		if (found == 0 && pepsi_option_bool(ctx, "AUTOCRYPT"))
-			autocrypt = encrypt_autocrypt(from, &signer_pub);
-	}
-
-	if (r[0].outcome == OUTCOME_CLEAR)
-	{
-		if (autocrypt)
-		{
-			struct buf out = BUF_INIT;
-
-			header_remove(h->data, h->len, "Autocrypt", &out);
-			buf_append_str(&out, autocrypt);
-			pepsi_set_headers(ctx, out.data, out.len);
-			buf_free(&out);
-		}
-		merge = json_pack("{s:{s:s,s:s}}", "encrypt", "result", outcome_name[OUTCOME_CLEAR], "reason", r[0].reason);
-		pepsi_merge_state(ctx, merge);
-		json_decref(merge);
-		rc = pepsi_advance(ctx);
-		goto done;
-	}
-
-	{
-		size_t		 count = n - nidx;
-		const char **keys = calloc(count, sizeof(*keys));
-		struct buf	 inner = BUF_INIT, armored = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
-		json_t		*fprs = json_array();
-		size_t		 k = 0;
-
-		for (size_t i = 0; i < n; i++)
-			if (r[i].outcome == OUTCOME_ENCRYPT && k < count)
-			{
-				keys[k++] = r[i].fingerprint;
-				json_array_append_new(fprs, json_string(r[i].fingerprint));
-			}
-		pgpmime_inner(h->data, h->len, body->data, body->len, &inner);
-		if (!pgp_session_encrypt(keys, k, signing ? signer_fpr : NULL, inner.data, inner.len, &armored, err,
-								 sizeof(err)))
-		{
-			/* The keys passed their check a moment ago: a failure here is not the recipient's. */
-			log_warnx("%s: encryption failed: %s", pepsi_queue_id(ctx), err);
-			merge = json_pack("{s:{s:s}}", "encrypt", "reason", err);
-			rc = pepsi_pause(ctx, merge, 300);
-			json_decref(merge);
-		}
-		else
-		{
-			pgpmime_outer(h->data, h->len, armored.data, armored.len, autocrypt, &out_h, &out_b);
-			pepsi_set_headers(ctx, out_h.data, out_h.len);
-			pepsi_set_body(ctx, out_b.data, out_b.len);
-			merge = json_pack("{s:{s:s,s:s,s:O,s:s?}}", "encrypt", "result", "encrypted", "format", "pgp/mime",
-							  "keys", fprs, "signed_by", signing ? signer_fpr : NULL);
-			pepsi_merge_state(ctx, merge);
-			json_decref(merge);
-			rc = pepsi_advance(ctx);
-		}
-		json_decref(fprs);
-		buf_wipe(&inner);
-		buf_free(&armored);
-		buf_free(&out_h);
-		buf_free(&out_b);
-		free(keys);
-	}
-done:
 	for (size_t i = 0; i < n; i++)
 		buf_free(&r[i].key);
 	free(r);
-	free(from);
-	free(autocrypt);
-	buf_free(&signer_pub);
+	free(s.from);
+	free(s.autocrypt);
+	buf_free(&s.public_key);
+	buf_wipe(&s.secret);
 	return rc;
 }
 

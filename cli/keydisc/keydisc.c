@@ -1,0 +1,516 @@
+/*
+ * pepsi-keydisc: key discovery for the parked messages of
+ * pepsi-stage-encrypt (docs/pepsi-keydisc.8.md).
+ *
+ *   pepsi-keydisc [-c CONFIG]
+ *
+ * For each open pepsi.key_request (oldest first, at most 1000 a
+ * run), it asks, in the order of [keydisc] METHODS: WKD, the
+ * advanced method (https://openpgpkey.DOMAIN/.well-known/openpgpkey/
+ * DOMAIN/hu/HASH?l=LOCAL) and the direct one (https://DOMAIN/...), over
+ * HTTPS with libcurl; DANE OPENPGPKEY (RFC 7929) and SMIMEA (RFC 8162) with
+ * libunbound, recording whether the answer was DNSSEC-validated; and the
+ * HKPS key servers of KEYSERVERS.  An answer is used only if it is a key
+ * for the address (an OpenPGP key with a User ID of it, not revoked or
+ * expired; an X.509 certificate naming it, valid now); one that is not a
+ * key, is bigger than MAX_KEY_SIZE or is another address's is refused with
+ * the reason (logged, and in key_request.methods_replied).  The first good
+ * key goes into pepsi.peer_key with its source, DNSSEC flag, verdict and
+ * cache deadline (CACHE), and pepsi.keydisc_release resumes the messages
+ * waiting for it (NOTIFY); nothing found settles the request as the
+ * negative cache for NEGATIVE_CACHE.
+ *
+ * A program run by the schedule (or by hand) rather than a daemon: a
+ * lookup is needed only when a message parks, the work is a few HTTPS and
+ * DNS queries per address, and a parked message has its own deadline
+ * (KEYDISC_WAIT), so a resident process would mostly sleep; being run
+ * anew also re-reads its configuration and keeps no state between runs
+ * but the key store's.  It connects with [crypto] CONNINFO (pepsi_crypto).
+ */
+#include <ctype.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <libpq-fe.h>
+#include <openssl/sha.h>
+#include <unbound.h>
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "config/config.h"
+#include "crypto/kek.h"
+#include "crypto/openpgp.h"
+#include "crypto/smime.h"
+#include "crypto/wkd.h"
+#include "dns/dns.h"
+#include "process/cli.h"
+#include "runtime/db.h"
+
+#define KEYDISC_SECTION "keydisc"
+
+int pepsi_keydisc_main(int argc, char **argv);
+
+struct keydisc
+{
+	struct pepsi_config *cfg;
+	PGconn				*conn;
+	struct ub_ctx		*ub;
+	long long			 max_size;
+	long long			 timeout_ms;
+	long				 port;
+	const char			*ca_file;
+};
+
+/* What a lookup found: the key, where from, and the verdict. */
+struct keydisc_found
+{
+	const char *source;
+	bool		dnssec;
+	struct buf	data;
+};
+
+struct keydisc_fetch
+{
+	struct buf *out;
+	size_t		max;
+	bool		too_big;
+};
+
+static size_t
+keydisc_write(char *ptr, size_t size, size_t n, void *arg)
+{
+	struct keydisc_fetch *f = arg;
+
+	if (f->out->len + size * n > f->max)
+	{
+		f->too_big = true;
+		return 0;
+	}
+	buf_append(f->out, ptr, size * n);
+	return size * n;
+}
+
+/* The first address of host in the DNS (A, then AAAA) as text; false if none. */
+static bool
+keydisc_address(struct keydisc *k, const char *host, char *out, size_t outlen)
+{
+	for (int t = 0; t < 2; t++)
+	{
+		struct ub_result *res = NULL;
+		bool			  ok = false;
+
+		if (ub_resolve(k->ub, host, t == 0 ? 1 : 28, 1, &res) == 0 && res->havedata && !res->bogus)
+			ok = inet_ntop(t == 0 ? AF_INET : AF_INET6, res->data[0], out, (socklen_t) outlen) != NULL;
+		ub_resolve_free(res);
+		if (ok)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * GET url from host (resolved through our resolver when pin): 1 a key's
+ * bytes in out, 0 nothing there (404, no such host), -1 refused (err).
+ */
+static int
+keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, struct buf *out, char *err,
+			size_t errlen)
+{
+	CURL				*curl = curl_easy_init();
+	struct curl_slist	*resolve = NULL;
+	struct keydisc_fetch f = {out, (size_t) k->max_size, false};
+	char				 addr[64], entry[400];
+	long				 status = 0;
+	CURLcode			 rc;
+	int					 result;
+
+	buf_reset(out);
+	if (pin)
+	{
+		if (!keydisc_address(k, host, addr, sizeof(addr)))
+		{
+			snprintf(err, errlen, "%s: no address in the DNS", host);
+			curl_easy_cleanup(curl);
+			return 0;
+		}
+		snprintf(entry, sizeof(entry), strchr(addr, ':') ? "%s:%ld:[%s]" : "%s:%ld:%s", host, k->port, addr);
+		resolve = curl_slist_append(NULL, entry);
+		curl_easy_setopt(curl, CURLOPT_RESOLVE, resolve);
+	}
+	curl_easy_setopt(curl, CURLOPT_URL, url);
+	curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "https");
+	curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) k->timeout_ms);
+	curl_easy_setopt(curl, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t) k->max_size);
+	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, keydisc_write);
+	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &f);
+	curl_easy_setopt(curl, CURLOPT_USERAGENT, "pepsi-keydisc");
+	if (k->ca_file)
+		curl_easy_setopt(curl, CURLOPT_CAINFO, k->ca_file);
+	rc = curl_easy_perform(curl);
+	curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+	if (f.too_big || rc == CURLE_FILESIZE_EXCEEDED)
+	{
+		snprintf(err, errlen, "%s: the answer is bigger than [keydisc] MAX_KEY_SIZE (%lld bytes)", url, k->max_size);
+		result = -1;
+	}
+	else if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || (rc == CURLE_OK && status == 404))
+	{
+		snprintf(err, errlen, "%s: %s", url, rc == CURLE_OK ? "404" : curl_easy_strerror(rc));
+		result = 0;
+	}
+	else if (rc != CURLE_OK)
+	{
+		snprintf(err, errlen, "%s: %s", url, curl_easy_strerror(rc));
+		result = -1;
+	}
+	else if (status != 200)
+	{
+		snprintf(err, errlen, "%s: HTTP status %ld", url, status);
+		result = -1;
+	}
+	else
+		result = out->len > 0 ? 1 : 0;
+	curl_slist_free_all(resolve);
+	curl_easy_cleanup(curl);
+	return result;
+}
+
+/* The first record of type at name: 1 found (rdata, *dnssec), 0 none, -1 a bogus answer (err). */
+static int
+keydisc_dns(struct keydisc *k, const char *name, int type, struct buf *out, bool *dnssec, char *err, size_t errlen)
+{
+	struct ub_result *res = NULL;
+	int				  rc = 0;
+	int				  e;
+
+	buf_reset(out);
+	e = ub_resolve(k->ub, name, type, 1, &res);
+
+	if (e != 0 || res == NULL)
+	{
+		snprintf(err, errlen, "%s: %s", name, ub_strerror(e));
+		rc = 0;
+	}
+	else if (res->bogus)
+	{
+		snprintf(err, errlen, "%s: the DNSSEC validation failed (%s)", name, res->why_bogus ? res->why_bogus : "bogus");
+		rc = -1;
+	}
+	else if (res->havedata && res->data[0])
+	{
+		if ((long long) res->len[0] > k->max_size)
+		{
+			snprintf(err, errlen, "%s: the record is bigger than [keydisc] MAX_KEY_SIZE (%lld bytes)", name,
+					 k->max_size);
+			rc = -1;
+		}
+		else
+		{
+			buf_append(out, res->data[0], (size_t) res->len[0]);
+			*dnssec = res->secure != 0;
+			rc = 1;
+		}
+	}
+	ub_resolve_free(res);
+	return rc;
+}
+
+/* The DANE owner name of address under label (_openpgpkey, _smimecert): SHA-256 of the local part, 28 octets. */
+static void
+keydisc_dane_name(const char *address, const char *label, char *out, size_t outlen)
+{
+	const char	 *at = strrchr(address, '@');
+	unsigned char md[SHA256_DIGEST_LENGTH];
+	char		  hex[57];
+
+	SHA256((const unsigned char *) address, (size_t) (at - address), md);
+	for (int i = 0; i < 28; i++)
+		snprintf(hex + 2 * i, 3, "%02x", md[i]);
+	snprintf(out, outlen, "%s.%s.%s", hex, label, at + 1);
+}
+
+/*
+ * Ask method for address's key: 1 found (into f), 0 nothing there, -1 an
+ * answer refused (err).
+ */
+static int
+keydisc_ask(struct keydisc *k, const char *method, const char *address, struct keydisc_found *f, char *err,
+			size_t errlen)
+{
+	const char *at = strrchr(address, '@');
+	const char *domain = at + 1;
+	char		hash[40], url[1200], host[300], name[400];
+
+	wkd_hash(address, (size_t) (at - address), hash);
+	f->source = method;
+	f->dnssec = false;
+	if (strcmp(method, "wkd-advanced") == 0 || strcmp(method, "wkd-direct") == 0)
+	{
+		bool advanced = method[4] == 'a';
+
+		snprintf(host, sizeof(host), "%s%s", advanced ? "openpgpkey." : "", domain);
+		snprintf(url, sizeof(url), "https://%s:%ld/.well-known/openpgpkey/%s%shu/%s?l=%.*s", host, k->port,
+				 advanced ? domain : "", advanced ? "/" : "", hash, (int) (at - address), address);
+		return keydisc_get(k, url, host, true, &f->data, err, errlen);
+	}
+	if (strcmp(method, "openpgpkey") == 0 || strcmp(method, "smimea") == 0)
+	{
+		bool smimea = method[0] == 's';
+		int	 rc;
+
+		keydisc_dane_name(address, smimea ? "_smimecert" : "_openpgpkey", name, sizeof(name));
+		rc = keydisc_dns(k, name, smimea ? 53 : 61, &f->data, &f->dnssec, err, errlen);
+		if (rc == 1 && smimea)
+		{
+			/* Usage, selector, matching type: only a whole certificate (selector 0, matching 0) is a key. */
+			if (f->data.len < 4 || f->data.data[1] != 0 || f->data.data[2] != 0)
+			{
+				snprintf(err, errlen, "%s: the SMIMEA record does not hold a whole certificate", name);
+				return -1;
+			}
+			buf_consume(&f->data, 3);
+		}
+		return rc;
+	}
+	if (strcmp(method, "keyserver") == 0)
+	{
+		const char *servers = config_get(k->cfg, KEYDISC_SECTION, "KEYSERVERS");
+		char		list[1000];
+		char	   *save = NULL;
+
+		snprintf(list, sizeof(list), "%s", servers ? servers : "");
+		for (char *s = strtok_r(list, " ,", &save); s; s = strtok_r(NULL, " ,", &save))
+		{
+			char *escaped = curl_easy_escape(NULL, address, 0);
+			int	  rc;
+
+			snprintf(url, sizeof(url), "%s/pks/lookup?op=get&options=mr&search=%s", s, escaped ? escaped : "");
+			curl_free(escaped);
+			rc = keydisc_get(k, url, NULL, false, &f->data, err, errlen);
+			if (rc != 0)
+				return rc;
+		}
+		return 0;
+	}
+	snprintf(err, errlen, "[keydisc] METHODS: %s is not a method", method);
+	return -1;
+}
+
+/* Store f's key for address once it proves to be one: 1 stored, -1 refused (err) or not stored. */
+static int
+keydisc_store(struct keydisc *k, const char *address, struct keydisc_found *f, char *fpr_out, char *err,
+			  size_t errlen)
+{
+	bool				   smime = strcmp(f->source, "smimea") == 0;
+	struct pgp_key_info	   info;
+	struct smime_cert_info cert;
+	char				   expires[32] = "", cache[32], why[512];
+	const struct buf	  *key;
+	const char			  *fpr;
+	time_t				   exp;
+	PGresult			  *res;
+	int					   rc = 1;
+
+	memset(&info, 0, sizeof(info));
+	memset(&cert, 0, sizeof(cert));
+	if (smime ? !smime_inspect(f->data.data, f->data.len, NULL, address, false, &cert, why, sizeof(why))
+			  : !pgp_inspect(f->data.data, f->data.len, address, false, &info, why, sizeof(why)))
+	{
+		snprintf(err, errlen, "%s: %s", f->source, why);
+		return -1;
+	}
+	key = smime ? &cert.cert : &info.public_key;
+	fpr = smime ? cert.fingerprint : info.fingerprint;
+	exp = smime ? cert.expires : info.expires;
+	if (exp)
+		snprintf(expires, sizeof(expires), "%lld", (long long) exp);
+	snprintf(cache, sizeof(cache), "%lld", config_duration_ms(k->cfg, KEYDISC_SECTION, "CACHE") / 1000);
+	{
+		const char *values[] = {address, smime ? "smime" : "openpgp", fpr, key->data, f->source, f->dnssec ? "t" : "f",
+								expires[0] ? expires : NULL, cache};
+		const int	lengths[] = {0, 0, 0, (int) key->len, 0, 0, 0, 0};
+		const int	formats[] = {0, 0, 0, 1, 0, 0, 0, 0};
+
+		res = PQexecParams(k->conn,
+						   "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, dnssec,"
+						   " verdict, expires_at, cache_until)"
+						   " VALUES ($1, $2, $3, $4, $5, $6, 'valid', to_timestamp($7::bigint),"
+						   " now() + make_interval(secs => $8::bigint))"
+						   " ON CONFLICT (address, protocol, fingerprint) DO UPDATE SET key_data = EXCLUDED.key_data,"
+						   " source = EXCLUDED.source, dnssec = EXCLUDED.dnssec, verdict = 'valid',"
+						   " verdict_reason = NULL, expires_at = EXCLUDED.expires_at, fetched_at = now(),"
+						   " cache_until = EXCLUDED.cache_until",
+						   8, NULL, values, lengths, formats, 0);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		{
+			snprintf(err, errlen, "storing the key of %s: %s", address, PQresultErrorMessage(res));
+			rc = -1;
+		}
+		else
+			snprintf(fpr_out, 65, "%s", fpr);
+		PQclear(res);
+	}
+	pgp_key_info_free(&info);
+	smime_cert_info_free(&cert);
+	return rc;
+}
+
+/* Settle address's request (found or not) and resume its messages; false after saying why. */
+static bool
+keydisc_release(struct keydisc *k, const char *address, bool found, const struct buf *replied)
+{
+	char		negative[32];
+	const char *values[] = {address, found ? "t" : "f", negative, replied->data ? replied->data : "{}"};
+	PGresult   *res;
+	bool		ok;
+
+	snprintf(negative, sizeof(negative), "%lld", config_duration_ms(k->cfg, KEYDISC_SECTION, "NEGATIVE_CACHE") / 1000);
+	res = PQexecParams(k->conn, "SELECT pepsi.keydisc_release($1, $2::boolean, $3::integer, $4::text[])", 4, NULL,
+					   values, NULL, NULL, 0);
+	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+	if (ok)
+		printf("%s %s, %s message%s released\n", address, found ? "found" : "not found", PQgetvalue(res, 0, 0),
+			   strcmp(PQgetvalue(res, 0, 0), "1") == 0 ? "" : "s");
+	else
+		log_warnx("keydisc_release(%s): %s", address, PQresultErrorMessage(res));
+	PQclear(res);
+	return ok;
+}
+
+/* Look address up by every method until a key is found; false on a database error. */
+static bool
+keydisc_lookup(struct keydisc *k, const char *address)
+{
+	const char			*methods = config_get(k->cfg, KEYDISC_SECTION, "METHODS");
+	char				 list[300], err[700], fpr[65] = "";
+	char				*save = NULL;
+	struct buf			 replied = BUF_INIT;
+	struct keydisc_found f = {NULL, false, BUF_INIT};
+	bool				 found = false, ok;
+
+	snprintf(list, sizeof(list), "%s", methods ? methods : "wkd-advanced wkd-direct openpgpkey smimea keyserver");
+	buf_append_str(&replied, "{");
+	for (char *m = strtok_r(list, " ,", &save); m && !found; m = strtok_r(NULL, " ,", &save))
+	{
+		int rc;
+
+		err[0] = '\0';
+		rc = keydisc_ask(k, m, address, &f, err, sizeof(err));
+
+		if (rc == 1)
+			rc = keydisc_store(k, address, &f, fpr, err, sizeof(err));
+		if (rc < 0)
+			log_warnx("%s: refused: %s", address, err);
+		else if (rc == 0)
+			log_info("%s: %s: nothing%s%s", address, m, err[0] ? ": " : "", err);
+		else if (rc == 1)
+		{
+			found = true;
+			log_info("%s: key %s from %s%s", address, fpr, m, f.dnssec ? " (DNSSEC)" : "");
+		}
+		buf_printf(&replied, "%s\"%s:%s\"", replied.len > 1 ? "," : "", m,
+				   rc == 1 ? "found" : rc == 0 ? "none"
+											   : "refused");
+	}
+	buf_append_str(&replied, "}");
+	ok = keydisc_release(k, address, found, &replied);
+	buf_free(&replied);
+	buf_free(&f.data);
+	return ok;
+}
+
+/* The resolver: [pepsi] DNS_FORWARDER when set, else resolv.conf; [pepsi] DNS_TRUST_ANCHOR when set. */
+static struct ub_ctx *
+keydisc_resolver(const struct pepsi_config *cfg)
+{
+	struct ub_ctx *ub = ub_ctx_create();
+	const char	  *forwarder = config_get(cfg, "pepsi", "DNS_FORWARDER");
+	const char	  *anchor = config_get(cfg, "pepsi", "DNS_TRUST_ANCHOR");
+
+	if (ub == NULL)
+		return NULL;
+	if (anchor && *anchor)
+		ub_ctx_add_ta_file(ub, anchor);
+	if (forwarder && *forwarder)
+	{
+		dns_ub_forward(ub, forwarder);
+	}
+	else
+		ub_ctx_resolvconf(ub, NULL);
+	return ub;
+}
+
+int
+pepsi_keydisc_main(int argc, char **argv)
+{
+	const char	  *config_path = NULL;
+	struct keydisc k;
+	char		   err[512];
+	PGresult	  *res;
+	int			   c, rc = CLI_EX_OK;
+
+	memset(&k, 0, sizeof(k));
+	while ((c = getopt(argc, argv, "c:")) != -1)
+		if (c == 'c')
+			config_path = optarg;
+		else
+		{
+			fprintf(stderr, "usage: pepsi-keydisc [-c CONFIG]\n");
+			return CLI_EX_USAGE;
+		}
+	if (optind != argc)
+	{
+		fprintf(stderr, "usage: pepsi-keydisc [-c CONFIG]\n");
+		return CLI_EX_USAGE;
+	}
+	if ((k.cfg = config_load(cli_config_path(config_path), err, sizeof(err))) == NULL)
+	{
+		fprintf(stderr, "pepsi-keydisc: %s\n", err);
+		return CLI_EX_CONFIG;
+	}
+	k.max_size = config_size(k.cfg, KEYDISC_SECTION, "MAX_KEY_SIZE");
+	k.timeout_ms = config_duration_ms(k.cfg, KEYDISC_SECTION, "HTTPS_TIMEOUT");
+	k.port = (long) config_int(k.cfg, KEYDISC_SECTION, "HTTPS_PORT");
+	k.ca_file = config_get(k.cfg, KEYDISC_SECTION, "TLS_CA_FILE");
+	k.conn = db_connect_as(k.cfg, "crypto", "CONNINFO", "pepsi-keydisc", err, sizeof(err));
+	k.ub = keydisc_resolver(k.cfg);
+	if (k.conn == NULL || k.ub == NULL)
+	{
+		fprintf(stderr, "pepsi-keydisc: %s\n", k.conn ? "the resolver cannot be made" : err);
+		rc = CLI_EX_TEMPFAIL;
+		goto done;
+	}
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	res = PQexecParams(k.conn,
+					   "UPDATE pepsi.key_request SET methods_asked = string_to_array($1, ' ')"
+					   " WHERE address IN (SELECT address FROM pepsi.key_request WHERE settled_at IS NULL"
+					   " ORDER BY requested_at LIMIT 1000) RETURNING address",
+					   1, NULL,
+					   (const char *const[]){config_get(k.cfg, KEYDISC_SECTION, "METHODS")
+												 ? config_get(k.cfg, KEYDISC_SECTION, "METHODS")
+												 : "wkd-advanced wkd-direct openpgpkey smimea keyserver"},
+					   NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		fprintf(stderr, "pepsi-keydisc: reading key_request: %s", PQresultErrorMessage(res));
+		rc = CLI_EX_TEMPFAIL;
+	}
+	else
+		for (int i = 0; i < PQntuples(res); i++)
+			if (!keydisc_lookup(&k, PQgetvalue(res, i, 0)))
+				rc = CLI_EX_TEMPFAIL;
+	PQclear(res);
+	curl_global_cleanup();
+done:
+	if (k.ub)
+		ub_ctx_delete(k.ub);
+	if (k.conn)
+		PQfinish(k.conn);
+	config_free(k.cfg);
+	return rc;
+}

@@ -1,0 +1,198 @@
+# Key discovery (docs/pepsi-keydisc.8.md): pepsi-stage-encrypt parks a
+# message for a recipient without a key (KEYDISC) with a key_request row;
+# pepsi-keydisc finds the key in a Web Key Directory (served over HTTPS by
+# a server the test starts, with a certificate of the test's own CA) or in
+# an OPENPGPKEY record (RFC 7929) on the tests' DNS server, stores it in
+# peer_key with its source, and keydisc_release resumes the message, which
+# is then encrypted.  A lookup that finds nothing becomes the negative
+# cache (the next message does not park); a WKD answer that is no key, or
+# is bigger than MAX_KEY_SIZE, is refused with the reason.
+
+use strict;
+use warnings FATAL => 'all';
+
+use Digest::SHA ();
+use File::Temp ();
+use File::Path ();
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use PepsiStage;
+use PepsiTest;
+use TestDNS;
+
+plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
+
+my $db = 'postgres';
+my $node = pepsi_node('keydisc');
+$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+$node->safe_psql($db, 'CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto; CREATE ROLE admin LOGIN IN ROLE pepsi_config;');
+
+my $tmp = PepsiStage::tmp();
+my $gnupg = File::Temp::tempdir('/tmp/pepsi-t171-XXXXXX', CLEANUP => 1);
+$ENV{TMPDIR} = '/tmp';
+
+sub gpg
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback', '--passphrase', '',
+			@args ], '<', \'', '>', \$out, '2>', \$err) or die "gpg @args: $err";
+	return $out;
+}
+
+# A key pair for $address; its fingerprint, its binary public key and WKD hash.
+sub gpg_key
+{
+	my ($address) = @_;
+	gpg('--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', 'never');
+	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
+	gpg('--quick-add-key', $fpr, 'cv25519', 'encr', 'never');
+	my ($hash) = gpg('--with-wkd-hash', '--list-keys', $fpr) =~ /^\s+([a-z0-9]{32})\@/m;
+	return ($fpr, gpg('--export', $fpr), $hash);
+}
+
+sub put
+{
+	my ($path, $bytes) = @_;
+	File::Path::make_path($path =~ s{/[^/]+$}{}r);
+	open my $fh, '>:raw', $path or die "$path: $!";
+	print $fh $bytes;
+	close $fh;
+}
+
+# The WKD host: an HTTPS server on a free port serving $www, its
+# certificate (of the test's CA) naming the WKD hosts.
+sub run { system(@_) == 0 or die "@_ failed" }
+run('openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$tmp/ca-key.pem", '-out',
+	"$tmp/ca.pem", '-days', '2', '-subj', '/CN=Pepsi keydisc test CA', '-addext', 'basicConstraints=critical,CA:TRUE');
+run('openssl', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$tmp/https-key.pem", '-out', "$tmp/https.csr",
+	'-subj', '/CN=openpgpkey.example.test');
+put("$tmp/https.ext", "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test, DNS:wkd.test\n");
+run('openssl', 'x509', '-req', '-in', "$tmp/https.csr", '-CA', "$tmp/ca.pem", '-CAkey', "$tmp/ca-key.pem",
+	'-CAcreateserial', '-out', "$tmp/https.pem", '-days', '2', '-extfile', "$tmp/https.ext");
+my $www = "$tmp/www";
+mkdir $www or die;
+my $https = start_server(
+	'wkd-https',
+	sub {
+		my ($port) = @_;
+		return ('/usr/bin/python3', '-c', <<'PY', $www, $port, "$tmp/https.pem", "$tmp/https-key.pem");
+import functools, http.server, ssl, sys
+d, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        with open(d + '/../requests', 'a') as f:
+            f.write(self.headers.get('Host', '') + ' ' + self.path + '\n')
+s = http.server.ThreadingHTTPServer(('127.0.0.1', port), functools.partial(H, directory=d))
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain(cert, key)
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+PY
+	});
+
+my ($alice, $alice_key, $alice_hash) = gpg_key('alice@example.test');
+put("$www/.well-known/openpgpkey/example.test/hu/$alice_hash", $alice_key);
+my ($dane, $dane_key) = gpg_key('dane@dane.test');
+my ($junk_hash) = (gpg_key('junk@example.test'))[2];
+put("$www/.well-known/openpgpkey/example.test/hu/$junk_hash", "<html>this is not a key</html>\n");
+my ($big_hash) = (gpg_key('big@example.test'))[2];
+put("$www/.well-known/openpgpkey/example.test/hu/$big_hash", 'x' x 5000);
+
+my $dns = TestDNS->new($tmp);
+my $owner = substr(Digest::SHA::sha256_hex('dane'), 0, 56);
+$dns->zone("openpgpkey.example.test. 300 IN A 127.0.0.1\n"
+	  . "$owner._openpgpkey.dane.test. 300 IN TYPE61 \\# " . length($dane_key) . ' ' . unpack('H*', $dane_key) . "\n");
+
+my $conf = stage_config($node, 'pepsi.conf',
+	sprintf("[pepsi]\nDNS_FORWARDER = %s\n[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n"
+		  . "[keydisc]\nTLS_CA_FILE = $tmp/ca.pem\nHTTPS_PORT = %d\nMAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\n"
+		  . "HTTPS_TIMEOUT = 20s\n"
+		  . "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\nPOLICY = required\n"
+		  . "KEYDISC = required\nBOUNCE_STAGE = bounced\n"
+		  . "[stage-sent]\nPROGRAM = pepsi-stage-discard\n[stage-bounced]\nPROGRAM = pepsi-stage-discard\n",
+		$dns->forwarder, $node->host, $node->port, $https->{port}));
+
+sub encrypt_row
+{
+	my ($to) = @_;
+	return add_row($node, 'encrypt', from => 'sender@example.org', rcpt => [$to], extra_headers => "To: <$to>\r\n");
+}
+
+sub keydisc
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ pepsi_bin('pepsi-keydisc'), '-c', $conf ], '<', \'', '>', \$out, '2>', \$err);
+	return ($? >> 8, $out, $err);
+}
+
+sub sq { $node->safe_psql($db, $_[0]) }
+
+# A message to each: parked, waiting for the lookup.
+my %id;
+for my $to (qw(alice@example.test dane@dane.test nobody@example.test junk@example.test big@example.test))
+{
+	$id{$to} = encrypt_row($to);
+	my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id{$to}\n");
+	is_deeply($r->{status}, ['0'], "the stage takes the message to $to") or diag($r->{stderr});
+	my $row = row_json($node, $id{$to});
+	is_deeply([ $row->{status}, @{ $row->{state}{encrypt} }{qw(result waiting_for)} ], [ 'paused', 'parked', $to ],
+		"no key for $to: the message parks");
+}
+is(sq("SELECT string_agg(address, ' ' ORDER BY address) FROM pepsi.key_request WHERE settled_at IS NULL"),
+	'alice@example.test big@example.test dane@dane.test junk@example.test nobody@example.test',
+	'a key_request row each');
+
+my ($rc, $out, $err) = keydisc();
+is($rc, 0, 'pepsi-keydisc runs') or diag($err);
+like($out, qr/^alice\@example\.test found, 1 message released$/m, 'alice\'s key found, her message released');
+like($out, qr/^dane\@dane\.test found, 1 message released$/m, 'dane\'s found');
+like($out, qr/^nobody\@example\.test not found, 1 message released$/m, 'nobody\'s not found');
+is(sq("SELECT source || ' ' || fingerprint || ' ' || dnssec || ' ' || verdict || ' ' || (cache_until > now() + interval '6 days')"
+	  . " FROM pepsi.peer_key WHERE address = 'alice\@example.test'"),
+	"wkd-advanced $alice false valid true", 'alice\'s key in peer_key: from WKD (advanced), with a cache deadline');
+is(sq("SELECT source || ' ' || fingerprint || ' ' || dnssec FROM pepsi.peer_key WHERE address = 'dane\@dane.test'"),
+	"openpgpkey $dane false", 'dane\'s from the OPENPGPKEY record, not DNSSEC-validated (recorded so)');
+like(slurp_file("$tmp/requests"), qr{^openpgpkey\.example\.test:\d+ /\.well-known/openpgpkey/example\.test/hu/\Q$alice_hash\E\?l=alice$}m,
+	'asked over HTTPS where WKD says');
+like($err, qr/junk\@example\.test: refused: wkd-advanced: /, 'an answer that is no key: refused, saying why');
+like($err, qr/big\@example\.test: refused: .*bigger than \[keydisc\] MAX_KEY_SIZE \(4096 bytes\)/,
+	'an answer over MAX_KEY_SIZE: refused, naming the option');
+is(sq("SELECT count(*) FROM pepsi.peer_key WHERE address IN ('junk\@example.test', 'big\@example.test')"), '0',
+	'and nothing stored for them');
+is(sq("SELECT methods_replied[1] FROM pepsi.key_request WHERE address = 'junk\@example.test'"), 'wkd-advanced:refused',
+	'the request records the refusal');
+
+# Released: decided afresh.
+for my $to (qw(alice@example.test dane@dane.test))
+{
+	is(sq("SELECT status FROM pepsi.workqueue WHERE id = $id{$to}"), 'pending', "$to\'s message is pending again");
+	set_running($node, $id{$to});
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id{$to}\n");
+	my $row = row_json($node, $id{$to});
+	is_deeply([ $row->{stage}, @{ $row->{state}{encrypt} }{qw(result format)} ], [ 'sent', 'encrypted', 'pgp/mime' ],
+		"and is encrypted to the key found");
+}
+set_running($node, $id{'nobody@example.test'});
+run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id{'nobody@example.test'}\n");
+is(row_json($node, $id{'nobody@example.test'})->{stage}, 'bounced', 'nobody\'s: no key, policy required: bounced');
+
+# The negative cache: the next message to nobody does not park.
+ok(sq("SELECT negative_until > now() + interval '50 minutes' FROM pepsi.key_request WHERE address = 'nobody\@example.test'"),
+	'the miss is cached for NEGATIVE_CACHE');
+{
+	my $id = encrypt_row('nobody@example.test');
+	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
+	my $row = row_json($node, $id);
+	is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'bounced refused',
+		'the next message to nobody does not park: bounced at once');
+}
+($rc, $out, $err) = keydisc();
+is($out, '', 'a second run has nothing to ask');
+
+$node->stop;
+done_testing();
