@@ -16,6 +16,9 @@
 #   ha.sh leader DIR              the leader's PostgreSQL port (none: exit 1)
 #   ha.sh kill-leader DIR         SIGKILL the leader's Patroni and postmaster
 #                                 (a host lost); prints the port it had
+#   ha.sh switchover DIR          patronictl switchover from the leader to a
+#                                 streaming standby (a planned move); prints
+#                                 the port the leader had
 #
 # The timing settings (ttl, loop_wait, retry_timeout) are the smallest
 # Patroni accepts, so that a failover takes seconds, not half a minute:
@@ -32,7 +35,7 @@ die() {
     exit 1
 }
 
-[ $# -ge 2 ] || die "usage: ha.sh start|stop|ports|leader|kill-leader DIR [BASE_PORT]"
+[ $# -ge 2 ] || die "usage: ha.sh start|stop|ports|leader|kill-leader|switchover DIR [BASE_PORT]"
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 if [ "$(id -u)" -eq 0 ]; then
@@ -195,7 +198,17 @@ kill-leader)
     kill -9 "$(head -1 "$dir/node$i/data/postmaster.pid")" 2>/dev/null || :
     echo "$port"
     ;;
+switchover)
+    load_base
+    port=$(leader_port) || die "no leader to switch over from"
+    i=$((port - base - 10))
+    candidate=$((i % 3 + 1))
+    patronictl -c "$dir/node$i/patroni.yml" switchover --leader "node$i" \
+        --candidate "node$candidate" --force pepsi-ha >"$dir/switchover.log" 2>&1 ||
+        die "patronictl switchover: $(cat "$dir/switchover.log")"
+    echo "$port"
+    ;;
 *)
-    die "unknown command $command (start, stop, ports, leader, kill-leader)"
+    die "unknown command $command (start, stop, ports, leader, kill-leader, switchover)"
     ;;
 esac
