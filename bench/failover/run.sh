@@ -82,19 +82,26 @@ sink_start() {
 }
 sink_stop() { bench_stop_pid "${BENCH_SINK_PIDS[-1]}"; }
 
-# wait_delivered N SECONDS: until the sink holds N messages (or the time is up).
-wait_delivered() {
-    local i
-    for ((i = 0; i < $2 * 5; i++)); do
-        [ "$(find "$sink_dir" -type f | wc -l)" -ge "$1" ] && return 0
-        sleep 0.2
+# wait_until SECONDS COMMAND...: until COMMAND succeeds (or the time is up).
+wait_until() {
+    local deadline=$((SECONDS + $1))
+    shift
+    while [ $SECONDS -lt $deadline ]; do
+        "$@" && return 0
+        sleep 0.5
     done
     return 1
 }
-accepted_count() { grep -c '^A ' "$1" || true; }
+pepsi_drained() { [ "$(ha_psql -c "SELECT count(*) FROM pepsi.workqueue" 2>/dev/null)" = 0 ]; }
+# A Postfix instance holds nothing: every queue file is relayed.
+postfix_drained() {
+    [ $(($(bench_postfix_count "$1" incoming) + $(bench_postfix_count "$1" active) + $(bench_postfix_count "$1" maildrop) + $(bench_postfix_count "$1" deferred))) -eq 0 ]
+}
 
-# pepsi_run KIND (kill | switchover) NAME: prints analyze.py's words, and
-# running=N (the relay rows claimed just before the event).
+# pepsi_run KIND (kill | switchover) NAME: analyze.py's words, and
+# running=N (the relay rows claimed just before the event), into
+# $BENCH_DIR/result (not a command substitution: a subshell would keep
+# what cleanup must stop).
 pepsi_run() {
     local kind=$1 name=$2 duration running event port
     duration=$([ "$kind" = kill ] && echo "$kill_duration" || echo "$switch_duration")
@@ -128,8 +135,10 @@ QUEUE_LIMIT = 4"
     switchover) ha switchover "$ha_dir" >/dev/null ;;
     esac
     wait "$load"
-    wait_delivered "$(accepted_count "$BENCH_DIR/$name.events")" 60 || true
-    echo "$(python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event") running=$running"
+    # Until the queue is empty: every row delivered (or, past 10 minutes, counted lost).
+    wait_until 600 pepsi_drained || echo "warning: $name: the queue did not drain in 10 minutes" >&2
+    sleep 1
+    echo "$(python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event") running=$running" >"$BENCH_DIR/result"
     # Kept beside the log: each message's events, and when the event was.
     { echo "E $event event"; cat "$BENCH_DIR/$name.events"; } >"${log%.log}-$name.events"
     bench_pepsi_stop
@@ -152,9 +161,9 @@ postfix_tree() {
     echo "${pids[@]}"
 }
 
-# postfix_run NAME: prints analyze.py's words (before mx1 comes back),
-# held=N (accepted by mx1 and waiting in its spool while it was down) and
-# lost_after_return=N.
+# postfix_run NAME: analyze.py's words (before mx1 comes back), held=N
+# (accepted by mx1 and waiting in its spool while it was down) and
+# lost_after_return=N, into $BENCH_DIR/result.
 postfix_run() {
     local name=$1 p1 p2 event master held
     sink_start "$name"
@@ -174,17 +183,18 @@ postfix_run() {
     kill -KILL $(postfix_tree "$master") 2>/dev/null || true
     wait "$load"
     # What mx2 took is relayed; what mx1 held stays until it is back.
-    wait_delivered "$(accepted_count "$BENCH_DIR/$name.events")" 20 || true
-    sleep 2
-    python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event" "$BENCH_DIR/$name.held" | tr '\n' ' '
+    wait_until 600 postfix_drained "$mx2" || echo "warning: $name: mx2 did not drain in 10 minutes" >&2
+    sleep 1
+    python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event" "$BENCH_DIR/$name.held" | tr '\n' ' ' >"$BENCH_DIR/result"
     held=$(wc -l <"$BENCH_DIR/$name.held")
     { echo "E $event event"; cat "$BENCH_DIR/$name.events"; } >"${log%.log}-$name.events"
     # The host comes back: the same spool, started again.
     /usr/sbin/postfix -c "$mx1/etc" start >/dev/null 2>&1 || true
     /usr/sbin/postfix -c "$mx1/etc" flush >/dev/null 2>&1 || true
-    wait_delivered "$(accepted_count "$BENCH_DIR/$name.events")" 60 || true
+    wait_until 600 postfix_drained "$mx1" || echo "warning: $name: mx1 did not drain in 10 minutes" >&2
+    sleep 1
     python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event" |
-        sed 's/.*lost=\([0-9]*\) duplicated=\([0-9]*\).*/held='"$held"' lost_after_return=\1 duplicated_after_return=\2/'
+        sed 's/.*lost=\([0-9]*\) duplicated=\([0-9]*\).*/held='"$held"' lost_after_return=\1 duplicated_after_return=\2/' >>"$BENCH_DIR/result"
     bench_postfix_stop "$mx1"
     bench_postfix_stop "$mx2"
     sink_stop
@@ -200,10 +210,11 @@ echo "bench/failover: $sessions sessions of 2 KB messages; the event $event_at s
 for ((r = 1; r <= repeats; r++)); do
     for side in $sides; do
         if [ "$side" = postfix ]; then
-            out=$(postfix_run "postfix$r")
+            postfix_run "postfix$r"
         else
-            out=$(pepsi_run "$side" "$side$r")
+            pepsi_run "$side" "$side$r"
         fi
+        out=$(tr '\n' ' ' <"$BENCH_DIR/result")
         echo "run $r $side: $out (load average $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$log"
         for key in accepted lost duplicated unanswered in_flight running gap before after held lost_after_return duplicated_after_return; do
             value=$(word "$key" "$out")
