@@ -15,10 +15,12 @@
 #   ha.sh ports DIR               the nodes' PostgreSQL ports, "a,b,c"
 #   ha.sh leader DIR              the leader's PostgreSQL port (none: exit 1)
 #   ha.sh kill-leader DIR         SIGKILL the leader's Patroni and postmaster
-#                                 (a host lost); prints the port it had
+#                                 (a host lost); prints the port it had, and
+#                                 the time of the kill (epoch seconds)
 #   ha.sh switchover DIR          patronictl switchover from the leader to a
 #                                 streaming standby (a planned move); prints
-#                                 the port the leader had
+#                                 the port the leader had, and the time the
+#                                 switchover was asked for
 #
 # The timing settings (ttl, loop_wait, retry_timeout) are the smallest
 # Patroni accepts, so that a failover takes seconds, not half a minute:
@@ -196,17 +198,18 @@ kill-leader)
     i=$((port - base - 10))
     kill -9 "$(cat "$dir/node$i/patroni.pid")" 2>/dev/null || :
     kill -9 "$(head -1 "$dir/node$i/data/postmaster.pid")" 2>/dev/null || :
-    echo "$port"
+    echo "$port $(date +%s.%N)"
     ;;
 switchover)
     load_base
     port=$(leader_port) || die "no leader to switch over from"
     i=$((port - base - 10))
     candidate=$((i % 3 + 1))
+    at=$(date +%s.%N)
     patronictl -c "$dir/node$i/patroni.yml" switchover --leader "node$i" \
         --candidate "node$candidate" --force pepsi-ha >"$dir/switchover.log" 2>&1 ||
         die "patronictl switchover: $(cat "$dir/switchover.log")"
-    echo "$port"
+    echo "$port $at"
     ;;
 *)
     die "unknown command $command (start, stop, ports, leader, kill-leader, switchover)"

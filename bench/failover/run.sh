@@ -39,18 +39,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 repeats=${BENCH_REPEATS:-5}
 sessions=${BENCH_SESSIONS:-20}
 event_at=${BENCH_EVENT_AT:-20}
-kill_duration=${BENCH_KILL_DURATION:-60}
-switch_duration=${BENCH_SWITCH_DURATION:-40}
+kill_duration=${BENCH_KILL_DURATION:-75}
+switch_duration=${BENCH_SWITCH_DURATION:-45}
 relay_workers=${BENCH_RELAY_WORKERS:-20}
 sides=${BENCH_SIDES:-kill switchover postfix}
 log=$(bench_log failover)
 
 bench_postfix_install
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
-command -v patroni >/dev/null && command -v etcd >/dev/null || {
+if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null; then
     echo "bench/failover needs patroni and etcd (scripts/deps.sh)" >&2
     exit 1
-}
+fi
 
 ensure_unprivileged_user
 BENCH_DIR=$(mktemp -d /tmp/pepsi-bench.XXXXXX)
@@ -129,10 +129,11 @@ QUEUE_LIMIT = 4"
     local load=$!
     sleep "$event_at"
     running=$(ha_psql -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'" || echo '?')
-    event=$(date +%s.%N)
+    # The time of the kill, or of the switchover's start, as ha.sh saw it
+    # (starting a command can take seconds on a loaded machine).
     case $kind in
-    kill) ha kill-leader "$ha_dir" >/dev/null ;;
-    switchover) ha switchover "$ha_dir" >/dev/null ;;
+    kill) event=$(ha kill-leader "$ha_dir" | cut -d' ' -f2) ;;
+    switchover) event=$(ha switchover "$ha_dir" | cut -d' ' -f2) ;;
     esac
     wait "$load"
     # Until the queue is empty: every row delivered (or, past 10 minutes, counted lost).
