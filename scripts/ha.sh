@@ -204,11 +204,16 @@ switchover)
     load_base
     port=$(leader_port) || die "no leader to switch over from"
     i=$((port - base - 10))
-    candidate=$((i % 3 + 1))
     at=$(date +%s.%N)
-    patronictl -c "$dir/node$i/patroni.yml" switchover --leader "node$i" \
-        --candidate "node$candidate" --force pepsi-ha >"$dir/switchover.log" 2>&1 ||
-        die "patronictl switchover: $(cat "$dir/switchover.log")"
+    # No candidate: under synchronous_mode Patroni takes the synchronous
+    # standby (another is refused, and patronictl would still exit 0).
+    patronictl -c "$dir/node$i/patroni.yml" switchover --leader "node$i" --force pepsi-ha \
+        >"$dir/switchover.log" 2>&1 || die "patronictl switchover: $(cat "$dir/switchover.log")"
+    deadline=$((SECONDS + 60))
+    until new=$(leader_port) && [ "$new" != "$port" ]; do
+        [ $SECONDS -lt $deadline ] || die "no new leader 60 s after the switchover: $(cat "$dir/switchover.log")"
+        sleep 0.2
+    done
     echo "$port $at"
     ;;
 *)
