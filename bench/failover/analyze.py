@@ -9,8 +9,9 @@ duplicated (copies delivered beyond the first of each tag), unanswered
 (delivered though never answered 250: an admission whose answer was lost
 and that the client gave up on), in_flight (messages past their final dot
 and not yet answered at EVENT_TIME), gap (the longest time without a 250
-from EVENT_TIME on, s), before and after (acceptance rates, msg/s, over
-the 15 s before EVENT_TIME and from 2 s after the gap to the end).  With
+from EVENT_TIME to the last 250, s), before and after (acceptance
+rates, msg/s, over the 15 s before EVENT_TIME and from 2 s after the gap
+to the last 250).  With
 UNDELIVERED_FILE, the accepted tags not delivered are written there.
 """
 import os
@@ -50,14 +51,15 @@ def main():
         else:
             pending.discard(tag)
     times = sorted(accepted.values())
-    end = events[-1][0] if events else event
-    after_event = [event] + [t for t in times if t >= event] + [end]
+    # The longest time without a 250 from the event to the last 250 (the
+    # end of the load, where sessions stop, is no gap).
+    after_event = [event] + [t for t in times if t >= event]
     gap, resumed = 0.0, event
     for a, b in zip(after_event, after_event[1:]):
         if b - a > gap:
             gap, resumed = b - a, b
     before = sum(1 for t in times if event - 15 <= t < event) / 15.0
-    window = end - (resumed + 2)
+    window = after_event[-1] - (resumed + 2)
     after = sum(1 for t in times if t >= resumed + 2) / window if window > 1 else 0.0
     print('accepted=%d lost=%d duplicated=%d unanswered=%d in_flight=%d gap=%.2f before=%.1f after=%.1f'
           % (len(accepted), len(lost), duplicated, unanswered, len(pending), gap, before, after))
