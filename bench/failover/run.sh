@@ -38,7 +38,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 repeats=${BENCH_REPEATS:-5}
 sessions=${BENCH_SESSIONS:-20}
-event_at=${BENCH_EVENT_AT:-20}
+event_at=${BENCH_EVENT_AT:-10}
 kill_duration=${BENCH_KILL_DURATION:-75}
 switch_duration=${BENCH_SWITCH_DURATION:-45}
 relay_workers=${BENCH_RELAY_WORKERS:-20}
