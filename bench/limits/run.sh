@@ -38,6 +38,9 @@ bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stag
 bench_cluster_start "max_connections = 200" "wal_level = replica" "max_wal_senders = 4"
 standby_port=$((BENCH_PORT + 1))
 cleanup() {
+    # Commits would wait forever for a synchronous standby stopped first.
+    bench_psql -c "ALTER SYSTEM SET synchronous_standby_names = ''" -c "SELECT pg_reload_conf()" >/dev/null 2>&1 || true
+    bench_pepsi_stop
     if [ -f "$BENCH_DIR/standby/postmaster.pid" ]; then
         as_user "$PGBIN/pg_ctl" -D "$BENCH_DIR/standby" -m immediate stop >/dev/null 2>&1 || true
     fi
