@@ -79,7 +79,8 @@
 #                             Sets BENCH_INGRESS_PID and BENCH_DISPATCH_PID;
 #                             stopped by bench_cleanup or bench_pepsi_stop
 #                             The configuration is $BENCH_DIR/pepsi.conf,
-#                             or $BENCH_PEPSI_CONF when set
+#                             or $BENCH_PEPSI_CONF when set; its [database]
+#                             CONNINFO the cluster's, or $BENCH_CONNINFO
 #   bench_pepsi_stop          stop them (to start again with other stages)
 #   bench_root_dir            make BENCH_ROOT_DIR, a directory under /tmp
 #                             that only root may write (a set-user-id
@@ -488,7 +489,7 @@ bench_pepsi_start() {
 HOSTNAME = pepsi.bench.test
 $pepsi_lines
 [database]
-CONNINFO = host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres
+CONNINFO = ${BENCH_CONNINFO:-host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres}
 [dispatch]
 POLL_INTERVAL = 1s
 WORKER_IDLE_TIMEOUT = 60s

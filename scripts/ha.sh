@@ -15,7 +15,12 @@
 #   ha.sh ports DIR               the nodes' PostgreSQL ports, "a,b,c"
 #   ha.sh leader DIR              the leader's PostgreSQL port (none: exit 1)
 #   ha.sh kill-leader DIR         SIGKILL the leader's Patroni and postmaster
-#                                 (a host lost); prints the port it had
+#                                 (a host lost); prints the port it had, and
+#                                 the time of the kill (epoch seconds)
+#   ha.sh switchover DIR          patronictl switchover from the leader to a
+#                                 streaming standby (a planned move); prints
+#                                 the port the leader had, and the time the
+#                                 switchover was asked for
 #
 # The timing settings (ttl, loop_wait, retry_timeout) are the smallest
 # Patroni accepts, so that a failover takes seconds, not half a minute:
@@ -32,7 +37,7 @@ die() {
     exit 1
 }
 
-[ $# -ge 2 ] || die "usage: ha.sh start|stop|ports|leader|kill-leader DIR [BASE_PORT]"
+[ $# -ge 2 ] || die "usage: ha.sh start|stop|ports|leader|kill-leader|switchover DIR [BASE_PORT]"
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 if [ "$(id -u)" -eq 0 ]; then
@@ -193,9 +198,25 @@ kill-leader)
     i=$((port - base - 10))
     kill -9 "$(cat "$dir/node$i/patroni.pid")" 2>/dev/null || :
     kill -9 "$(head -1 "$dir/node$i/data/postmaster.pid")" 2>/dev/null || :
-    echo "$port"
+    echo "$port $(date +%s.%N)"
+    ;;
+switchover)
+    load_base
+    port=$(leader_port) || die "no leader to switch over from"
+    i=$((port - base - 10))
+    at=$(date +%s.%N)
+    # No candidate: under synchronous_mode Patroni takes the synchronous
+    # standby (another is refused, and patronictl would still exit 0).
+    patronictl -c "$dir/node$i/patroni.yml" switchover --leader "node$i" --force pepsi-ha \
+        >"$dir/switchover.log" 2>&1 || die "patronictl switchover: $(cat "$dir/switchover.log")"
+    deadline=$((SECONDS + 60))
+    until new=$(leader_port) && [ "$new" != "$port" ]; do
+        [ $SECONDS -lt $deadline ] || die "no new leader 60 s after the switchover: $(cat "$dir/switchover.log")"
+        sleep 0.2
+    done
+    echo "$port $at"
     ;;
 *)
-    die "unknown command $command (start, stop, ports, leader, kill-leader)"
+    die "unknown command $command (start, stop, ports, leader, kill-leader, switchover)"
     ;;
 esac

@@ -183,7 +183,8 @@ sub accepted_during
 	return @tags;
 }
 ok(poll_until(sub { accepted_during() >= 10 }, 60), 'messages flow before the kill');
-my (undef, $killed) = ha('kill-leader', $ha);
+my (undef, $kill) = ha('kill-leader', $ha);
+my ($killed) = split ' ', $kill;    # its port, then the time of the kill
 my $new_leader;
 ok(poll_until(sub { (my $ok, $new_leader) = ha('leader', $ha); $ok && $new_leader ne $killed }, 90),
 	'Patroni promoted a standby');

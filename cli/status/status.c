@@ -136,28 +136,6 @@ static const char status_connections_sql[] =
  * that refreshes LOCAL_DOMAINS (when a [listener-*] is configured),
  * pepsi-httpd one (when [httpd] is).
  */
-/*
- * [database] MONITOR_CONNINFO may name a standby (a read-only tool needs
- * no primary): then how far behind it is, in seconds, else NULL.
- */
-static char *
-status_standby_lag(PGconn *conn)
-{
-	PGresult *res;
-	char	 *lag = NULL;
-
-	if (!db_is_standby(conn))
-		return NULL;
-	res = db_exec(conn,
-				  "SELECT to_char(coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0),"
-				  " 'FM999999990.0')",
-				  0, NULL);
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
-		lag = xstrdup(PQgetvalue(res, 0, 0));
-	PQclear(res);
-	return lag;
-}
-
 static char *
 status_connections_warning(PGconn *conn, const struct pepsi_config *cfg)
 {
@@ -208,7 +186,8 @@ status_show(PGconn *conn, const struct pepsi_config *cfg, bool as_json)
 	char	 *alert = NULL;
 	char	 *horizon_alert = status_horizon_alert(horizon);
 	char	 *warning = status_connections_warning(conn, cfg);
-	char	 *lag = status_standby_lag(conn);
+	/* [database] MONITOR_CONNINFO may name a standby: then how far behind it is. */
+	char *lag = db_standby_lag(conn);
 
 	if (PQresultStatus(stages) == PGRES_TUPLES_OK && PQresultStatus(global) == PGRES_TUPLES_OK)
 		alert = status_crash_alert(global);

@@ -82,7 +82,7 @@ db_connect(const struct pepsi_config *cfg, const char *application_name, char *e
 bool
 db_option_reads_only(const char *option)
 {
-	return option && strcmp(option, "MONITOR_CONNINFO") == 0;
+	return option && (strcmp(option, "MONITOR_CONNINFO") == 0 || strcmp(option, "READ_CONNINFO") == 0);
 }
 
 const char *
@@ -97,6 +97,24 @@ db_is_standby(PGconn *conn)
 	const char *hot_standby = PQparameterStatus(conn, "in_hot_standby");
 
 	return hot_standby && strcmp(hot_standby, "on") == 0;
+}
+
+char *
+db_standby_lag(PGconn *conn)
+{
+	PGresult *res;
+	char	 *lag = NULL;
+
+	if (!db_is_standby(conn))
+		return NULL;
+	res = db_exec(conn,
+				  "SELECT to_char(coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0),"
+				  " 'FM999999990.0')",
+				  0, NULL);
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		lag = strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return lag;
 }
 
 const char *

@@ -51,14 +51,21 @@ PGconn *db_connect_as(const struct pepsi_config *cfg, const char *section, const
  * (target_session_attrs=read-write unless the conninfo says otherwise), so
  * libpq finds the primary among them, now and at each reconnect, and a
  * standby that answers anyway is refused.  Only the read-only tools'
- * [database] MONITOR_CONNINFO may name a standby (then pepsi-status shows
- * the replication lag).
+ * [database] MONITOR_CONNINFO and pepsi-httpd's [httpd] READ_CONNINFO (its
+ * views) may name a standby (then pepsi-status and the web page show the
+ * replication lag).
  */
 bool db_option_reads_only(const char *option);
 /* The target_session_attrs a connection asks for by default (NULL: libpq's). */
 const char *db_default_session_attrs(bool reads_only);
 /* The session's server is in recovery (PostgreSQL 14 on report it). */
 bool db_is_standby(PGconn *conn);
+/*
+ * How far behind the session's server is, in seconds since the last
+ * transaction it replayed ("12.3", malloc'd), or NULL when it is no
+ * standby (or cannot say).
+ */
+char *db_standby_lag(PGconn *conn);
 /* What to add to a connection error that says a standby answered ("" if not). */
 const char *db_connect_hint(const char *message);
 /* Read pepsi.config_override into cfg; false with err if a row is refused. */

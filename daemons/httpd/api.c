@@ -8,7 +8,9 @@
  * onto them.  The server builds the JSON of a listing (json_agg), so no
  * value is reformatted here.  An action runs in a transaction that names
  * the administrator (pepsi.admin_account), so that pepsi.event_log records
- * who acted, not only that pepsi-httpd did.
+ * who acted, not only that pepsi-httpd did.  The reads (GET) go through
+ * httpd_db_read(), which may be a standby ([httpd] READ_CONNINFO); the
+ * actions always through the primary's connection.
  *
  * A viewer (an account's or a token's role) may read, not act: every
  * action goes through api_act, which refuses it with 403.  The database
@@ -59,11 +61,10 @@ api_db_error(struct request *req, PGresult *res, PGconn *conn)
 	return reply_error(req, status, "%s", message);
 }
 
-enum MHD_Result
-api_json_query(struct request *req, const char *sql, int nparams, const char *const *values,
-			   bool not_found_on_null)
+static enum MHD_Result
+api_json_on(PGconn *conn, struct request *req, const char *sql, int nparams, const char *const *values,
+			bool not_found_on_null)
 {
-	PGconn		   *conn = httpd_db();
 	PGresult	   *res;
 	enum MHD_Result result;
 
@@ -79,6 +80,20 @@ api_json_query(struct request *req, const char *sql, int nparams, const char *co
 		result = reply_json_text(req, MHD_HTTP_OK, PQgetvalue(res, 0, 0));
 	PQclear(res);
 	return result;
+}
+
+enum MHD_Result
+api_json_query(struct request *req, const char *sql, int nparams, const char *const *values,
+			   bool not_found_on_null)
+{
+	return api_json_on(httpd_db(), req, sql, nparams, values, not_found_on_null);
+}
+
+enum MHD_Result
+api_json_read(struct request *req, const char *sql, int nparams, const char *const *values,
+			  bool not_found_on_null)
+{
+	return api_json_on(httpd_db_read(), req, sql, nparams, values, not_found_on_null);
 }
 
 /*
@@ -266,14 +281,14 @@ api_queue_message(struct request *req, const char *id_text)
 	 * message no longer queued (delivered, bounced, deleted) that
 	 * pepsi.mail_log remembers is its history alone, "gone".
 	 */
-	return api_json_query(req, "SELECT coalesce((SELECT row_to_json(m) FROM (SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id, stage, status, held,"
-							   " received_at, retry_at, mail_from, rcpt_to, sender_key, state,"
-							   " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size,"
-							   " (SELECT json_agg(l ORDER BY l.id) FROM pepsi.mail_log_read($1::int8) l) AS log"
-							   " FROM pepsi.queue_message($1::int8)) m),"
-							   " (SELECT json_build_object('id', $1::int8, 'gone', true, 'log', json_agg(l ORDER BY l.id))"
-							   " FROM pepsi.mail_log_read($1::int8) l HAVING count(*) > 0))",
-						  1, values, true);
+	return api_json_read(req, "SELECT coalesce((SELECT row_to_json(m) FROM (SELECT id, coalesce(state ->> 'queue_id', id::text) AS queue_id, stage, status, held,"
+							  " received_at, retry_at, mail_from, rcpt_to, sender_key, state,"
+							  " translate(encode(headers, 'base64'), E'\\n', '') AS headers_base64, body_size,"
+							  " (SELECT json_agg(l ORDER BY l.id) FROM pepsi.mail_log_read($1::int8) l) AS log"
+							  " FROM pepsi.queue_message($1::int8)) m),"
+							  " (SELECT json_build_object('id', $1::int8, 'gone', true, 'log', json_agg(l ORDER BY l.id))"
+							  " FROM pepsi.mail_log_read($1::int8) l HAVING count(*) > 0))",
+						 1, values, true);
 }
 
 enum MHD_Result
@@ -294,22 +309,22 @@ api_route(struct request *req, const struct principal *who)
 	 * counts every row, a quarter of a second for a million.
 	 */
 	if (strcmp(path, "summary") == 0 && get)
-		return api_json_query(req, "SELECT json_agg(g) FROM pepsi.queue_gauges() g", 0, NULL, false);
+		return api_json_read(req, "SELECT json_agg(g) FROM pepsi.queue_gauges() g", 0, NULL, false);
 	if (strcmp(path, "shape") == 0 && get)
-		return api_json_query(req, "SELECT json_agg(s) FROM pepsi.queue_shape s", 0, NULL, false);
+		return api_json_read(req, "SELECT json_agg(s) FROM pepsi.queue_shape s", 0, NULL, false);
 	if (strcmp(path, "stages") == 0 && get)
-		return api_json_query(req, "SELECT json_agg(s ORDER BY s.stage) FROM (SELECT stage, messages,"
-								   " extract(epoch FROM processing_time) AS processing_seconds, kills, timeouts,"
-								   " crashes, fused_hops, updated_at FROM pepsi.stage_stats) s",
-							  0, NULL, false);
+		return api_json_read(req, "SELECT json_agg(s ORDER BY s.stage) FROM (SELECT stage, messages,"
+								  " extract(epoch FROM processing_time) AS processing_seconds, kills, timeouts,"
+								  " crashes, fused_hops, updated_at FROM pepsi.stage_stats) s",
+							 0, NULL, false);
 	if (strcmp(path, "queue") == 0 && get)
 	{
 		const char *values[5] = {api_param(req, "stage"), api_param(req, "status"),
 								 api_param(req, "search"), api_param(req, "limit"), api_param(req, "before")};
 
-		return api_json_query(req, "SELECT json_agg(q) FROM pepsi.queue_list($1, $2::pepsi.status, $3,"
-								   " coalesce($4::int, 100), $5::int8) q",
-							  5, values, false);
+		return api_json_read(req, "SELECT json_agg(q) FROM pepsi.queue_list($1, $2::pepsi.status, $3,"
+								  " coalesce($4::int, 100), $5::int8) q",
+							 5, values, false);
 	}
 	if (strncmp(path, "queue/", 6) == 0 && get)
 		return api_queue_message(req, path + 6);
@@ -329,9 +344,9 @@ api_route(struct request *req, const struct principal *who)
 
 		if (values[1] == NULL || values[2] == NULL)
 			return reply_error(req, MHD_HTTP_BAD_REQUEST, "section and option are required");
-		return api_json_query(req, "SELECT json_build_object('scope', $1::text, 'section', $2::text,"
-								   " 'option', $3::text, 'value', pepsi.config_get($1, $2, $3))",
-							  3, values, false);
+		return api_json_read(req, "SELECT json_build_object('scope', $1::text, 'section', $2::text,"
+								  " 'option', $3::text, 'value', pepsi.config_get($1, $2, $3))",
+							 3, values, false);
 	}
 	if (strcmp(path, "config") == 0 && post)
 		return api_config_change(req, who, false);

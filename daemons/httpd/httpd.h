@@ -29,6 +29,7 @@ struct httpd
 {
 	struct pepsi_config *cfg;
 	PGconn				*conn;
+	PGconn				*reader; /* [httpd] READ_CONNINFO's, when set (replica.c) */
 	long				 session_lifetime_s;
 	bool				 tls;				 /* cookies get Secure */
 	bool				 metrics_need_token; /* [httpd] METRICS_AUTH */
@@ -85,6 +86,13 @@ bool httpd_host_allowed(const struct request *req, char *shown, size_t shownlen)
 
 /* The database connection, reconnected when it was lost. */
 PGconn *httpd_db(void);
+/*
+ * replica.c: the connection the read-only views read through: [httpd]
+ * READ_CONNINFO's (a standby may answer), else httpd_db()'s; and
+ * GET /api/replica, whether that is a standby and how far behind.
+ */
+PGconn		   *httpd_db_read(void);
+enum MHD_Result replica_respond(struct request *req);
 
 /* session.c: authentication, sessions, CSRF. */
 void principal_identify(struct request *req, struct principal *who);
@@ -108,6 +116,9 @@ enum MHD_Result api_route(struct request *req, const struct principal *who);
  */
 enum MHD_Result api_json_query(struct request *req, const char *sql, int nparams,
 							   const char *const *values, bool not_found_on_null);
+/* The same on httpd_db_read(): for the read-only views, which a standby may serve. */
+enum MHD_Result api_json_read(struct request *req, const char *sql, int nparams,
+							  const char *const *values, bool not_found_on_null);
 
 /* views.c: the page's views besides the queue (reads only); handled false for another path. */
 enum MHD_Result views_route(struct request *req, const struct principal *who, bool *handled);

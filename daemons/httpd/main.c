@@ -669,6 +669,8 @@ pepsi_httpd_main(int argc, char **argv)
 	close(listen_fd);
 	if (httpd.conn)
 		PQfinish(httpd.conn);
+	if (httpd.reader)
+		PQfinish(httpd.reader);
 	config_free(httpd.cfg);
 	free(httpd.server_names);
 	return 0;

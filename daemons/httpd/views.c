@@ -7,7 +7,7 @@
  * The history is pepsi.stats_minute, which the maintenance worker keeps
  * (pepsi--0.3--0.4.sql): a chart never counts the queue.  Every route is a
  * GET behind the checks every /api/ route passes (main.c: Host, session or
- * token); none acts.
+ * token); none acts, so each may read from a standby (httpd_db_read).
  */
 #include <string.h>
 
@@ -80,7 +80,7 @@ views_config(struct request *req)
 	text = json_dumps(file, JSON_COMPACT);
 	json_decref(file);
 	values[0] = text;
-	result = api_json_query(req, sql, 1, values, false);
+	result = api_json_read(req, sql, 1, values, false);
 	free(text);
 	return result;
 }
@@ -99,12 +99,12 @@ views_history(struct request *req)
 	}
 	else if (span && strcmp(span, "hour") != 0)
 		return reply_error(req, MHD_HTTP_BAD_REQUEST, "span is \"hour\" or \"day\", not \"%.20s\"", span);
-	return api_json_query(req,
-						  "SELECT json_agg(json_build_object('at', extract(epoch FROM h.at), 'received',"
-						  " h.received, 'sent', h.sent, 'deferred', h.deferred, 'bounced', h.bounced,"
-						  " 'expired', h.expired, 'refused', h.refused, 'queue', h.queue) ORDER BY h.at)"
-						  " FROM pepsi.stats_history($1::interval, $2::interval) h",
-						  2, values, false);
+	return api_json_read(req,
+						 "SELECT json_agg(json_build_object('at', extract(epoch FROM h.at), 'received',"
+						 " h.received, 'sent', h.sent, 'deferred', h.deferred, 'bounced', h.bounced,"
+						 " 'expired', h.expired, 'refused', h.refused, 'queue', h.queue) ORDER BY h.at)"
+						 " FROM pepsi.stats_history($1::interval, $2::interval) h",
+						 2, values, false);
 }
 
 enum MHD_Result
@@ -113,7 +113,7 @@ views_route(struct request *req, const struct principal *who, bool *handled)
 	const char				*path = req->path + 5; /* after "/api/" */
 	bool					 get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
 	static const char *const paths[] = {"history", "delays", "refusals", "destinations",
-										"log", "config/in-force", NULL};
+										"log", "config/in-force", "replica", NULL};
 
 	(void) who;
 	*handled = false;
@@ -124,24 +124,26 @@ views_route(struct request *req, const struct principal *who, bool *handled)
 		return MHD_NO;
 	if (!get)
 		return reply_error(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s takes GET", req->path);
+	if (strcmp(path, "replica") == 0)
+		return replica_respond(req);
 	if (strcmp(path, "history") == 0)
 		return views_history(req);
 	if (strcmp(path, "delays") == 0)
-		return api_json_query(req,
-							  "SELECT json_build_object("
-							  "'hour', (SELECT json_agg(d) FROM pepsi.stats_delivery_delay('1 hour') d),"
-							  "'day', (SELECT json_agg(d) FROM pepsi.stats_delivery_delay('1 day') d))",
-							  0, NULL, false);
+		return api_json_read(req,
+							 "SELECT json_build_object("
+							 "'hour', (SELECT json_agg(d) FROM pepsi.stats_delivery_delay('1 hour') d),"
+							 "'day', (SELECT json_agg(d) FROM pepsi.stats_delivery_delay('1 day') d))",
+							 0, NULL, false);
 	if (strcmp(path, "refusals") == 0)
-		return api_json_query(req, "SELECT json_agg(r ORDER BY r.code) FROM pepsi.smtp_refusal r", 0, NULL,
-							  false);
+		return api_json_read(req, "SELECT json_agg(r ORDER BY r.code) FROM pepsi.smtp_refusal r", 0, NULL,
+							 false);
 	if (strcmp(path, "destinations") == 0)
-		return api_json_query(req, "SELECT json_agg(d) FROM pepsi.destination_overview(100) d", 0, NULL,
-							  false);
+		return api_json_read(req, "SELECT json_agg(d) FROM pepsi.destination_overview(100) d", 0, NULL,
+							 false);
 	if (strcmp(path, "log") == 0)
-		return api_json_query(req,
-							  "SELECT json_agg(l ORDER BY l.id DESC)"
-							  " FROM pepsi.mail_log_read(NULL, 'delivery', 100) l",
-							  0, NULL, false);
+		return api_json_read(req,
+							 "SELECT json_agg(l ORDER BY l.id DESC)"
+							 " FROM pepsi.mail_log_read(NULL, 'delivery', 100) l",
+							 0, NULL, false);
 	return views_config(req);
 }

@@ -29,6 +29,12 @@ httpd_db(void)
 	return NULL;
 }
 
+PGconn *
+httpd_db_read(void)
+{
+	return NULL;
+}
+
 /* (views.c's routes take no body.) */
 enum MHD_Result
 views_route(struct request *req, const struct principal *who, bool *handled)

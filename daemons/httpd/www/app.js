@@ -506,6 +506,20 @@ const REFRESHERS = {
 };
 let refreshing = false;
 
+// The views may be read from a standby ([httpd] READ_CONNINFO): then say
+// how far behind it is.
+async function refreshReplica() {
+  const replica = await api("GET", "/api/replica").catch(() => null);
+  const note = $("replica-lag");
+  if (replica && replica.standby) {
+    note.textContent = "; read from a standby, replication lag " + replica.lag_seconds + " s";
+    note.hidden = false;
+  } else {
+    note.textContent = "";
+    note.hidden = true;
+  }
+}
+
 async function refresh() {
   if (refreshing) return;
   refreshing = true;
@@ -513,6 +527,7 @@ async function refresh() {
     // The configuration changes seldom, and a refresh would lose the reader's place.
     if (currentView !== "config" || configRows.length === 0) await REFRESHERS[currentView]();
     $("refreshed-at").textContent = "last at " + new Date().toLocaleTimeString();
+    await refreshReplica();
   } catch (e) {
     if (e.status === 401) showLogin();
     else $("refreshed-at").textContent = "refresh failed: " + e.message;
