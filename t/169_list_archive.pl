@@ -13,7 +13,11 @@
 use strict;
 use warnings FATAL => 'all';
 
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
 use File::Path qw(make_path);
+use HTTP::Tiny;
+use JSON::PP qw(encode_json);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -42,6 +46,10 @@ _dmarc.client.test. 300 IN TXT "v=DMARC1; p=none"
 ZONE
 my $peer = start_peer();
 my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $http_port = PostgreSQL::Test::Cluster::get_free_port();
+my $secret = 'web-secret';
+$node->safe_psql($db, "CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
+my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
 my $config = write_config($node,
 	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'lists.test', DNS_FORWARDER => $dns->forwarder,
 		DNS_TIMEOUT => '4s' },
@@ -65,6 +73,10 @@ DISPATCH_WAKE_INTERVAL = 10ms
 [listener-smtp]
 ADDRESS = 127.0.0.1
 PORT = $port
+[httpd]
+ADDRESS = 127.0.0.1
+PORT = $http_port
+CONNINFO = $conninfo user=web password=$secret
 CONF
 chmod 0600, $config or die "chmod $config: $!";
 
@@ -146,7 +158,118 @@ like(sql("SELECT withheld FROM pepsi.archive_attachment"), qr/max_attachment \(2
 is(sql("SELECT count(*) FROM pepsi.event_log WHERE action = 'archive_problem'"), '2', 'and logged');
 is(sql("SELECT count(*) FROM pepsi.archive_search($list, 'boundary')"), '1', 'the broken post is searchable');
 
-# 3. A real mlmmj list's archive, imported, threads as MHonArc threads it.
+# 3. The pages (pepsi-httpd), in Chromium; an HTML attachment is a download.
+like(post(message('att@client.test', 'Page', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
+	"--b\nContent-Type: text/plain\n\nsee the page\n--b\nContent-Type: text/html\nContent-Disposition: attachment;"
+	  . " filename=\"page.html\"\n\n<script>alert(1)</script>\n--b--\n")), qr/^250 /, 'a post with an HTML attachment');
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '6' }, 60), 'archived') or why_not();
+my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
+ok(poll_until(sub { file_shows("$tmp/httpd.log", qr/ready/) }, 60), 'pepsi-httpd starts');
+my $base = "http://127.0.0.1:$http_port";
+my $http = HTTP::Tiny->new(timeout => 30);
+my $att = sql("SELECT id FROM pepsi.archive_message WHERE message_id = 'att\@client.test'");
+my $got = $http->get("$base/archive/dev\@lists.test/attachment/$att/1");
+is($got->{status}, 200, 'the attachment is served');
+is($got->{headers}{'content-type'}, 'text/html', 'with its type');
+like($got->{headers}{'content-disposition'}, qr/^attachment; filename="page\.html"$/, 'as a download');
+is($got->{headers}{'x-content-type-options'}, 'nosniff', 'never sniffed');
+like($got->{headers}{'content-security-policy'}, qr/^sandbox/, 'and sandboxed');
+my $big_id = sql("SELECT id FROM pepsi.archive_message WHERE message_id = 'big\@client.test'");
+is($http->get("$base/archive/dev\@lists.test/attachment/$big_id/1")->{status}, 404, 'a withheld attachment is not served');
+my $page = $http->get("$base/archive/dev\@lists.test/message/$big_id");
+like($page->{content}, qr/not kept: over the list&#39;s max_attachment|not kept: over the list's max_attachment/,
+	'its page says why');
+like($http->get("$base/archive/dev\@lists.test/search?q=%3Cscript%3E")->{content}, qr/&lt;script&gt;/,
+	'what a reader typed comes back escaped');
+# A private archive: a login link mailed to a member, single use; an
+# owner's moderation needs the session's CSRF token.
+sql("SELECT pepsi.archive_policy_set($list, 'visibility', 'private'), pepsi.list_configure($list, 'posting_policy', 'moderated')");
+is($http->get("$base/archive/dev\@lists.test/")->{status}, 403, 'a private archive needs a login');
+like(post(message('held@client.test', 'Held for the owner')), qr/^250 /, 'a post to hold');
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE decision IS NULL") eq '1' }, 60), 'held')
+  or why_not();
+sub login_link
+{
+	my ($who) = @_;
+	my $r = $http->post_form("$base/archive/dev\@lists.test/login", { address => $who });
+	is($r->{status}, 200, "a login link asked for $who");
+	my $link;
+	poll_until(sub {
+		($link) = map { $_->{data} =~ m{^(http://\S+/login\?token=[0-9a-f]{64})\r?$}m ? $1 : () }
+		  grep { $_->{env} =~ /RCPT TO:<\Q$who\E>/ } peer_messages($peer);
+		defined $link }, 60);
+	return $link;
+}
+my $link = login_link('bob@one.test');
+ok($link, 'the member is mailed a link') or why_not();
+my ($token) = $link =~ /token=(\w+)/;
+my $in = $http->post_form("$base/archive/dev\@lists.test/login", { token => $token });
+is($in->{status}, 303, 'the link logs in');
+my ($cookie) = ($in->{headers}{'set-cookie'} // '') =~ /^(pepsi_archive=[0-9a-f]{64});/;
+like($in->{headers}{'set-cookie'}, qr/; Path=\/archive\/dev\@lists\.test\/; Max-Age=\d+; HttpOnly; SameSite=Strict$/,
+	'a session cookie, HttpOnly, SameSite=Strict');
+is($http->get("$base/archive/dev\@lists.test/", { headers => { cookie => $cookie } })->{status}, 200,
+	'the member reads the private archive');
+is($http->post_form("$base/archive/dev\@lists.test/login", { token => $token })->{status}, 403, 'the link works once');
+is($http->get("$base/archive/dev\@lists.test/members", { headers => { cookie => $cookie } })->{status}, 403,
+	'a member is not an owner');
+$http->post_form("$base/archive/dev\@lists.test/login", { address => 'nobody@client.test' });
+my $owner_link = login_link('owner@lists.test');
+ok($owner_link, 'the owner is mailed a link');
+my ($otoken) = $owner_link =~ /token=(\w+)/;
+sql("SELECT 1");
+my $oin = $http->post_form("$base/archive/dev\@lists.test/login", { token => $otoken });
+my ($ocookie) = ($oin->{headers}{'set-cookie'} // '') =~ /^(pepsi_archive=[0-9a-f]{64});/;
+my $held_id = sql("SELECT id FROM pepsi.list_held WHERE decision IS NULL");
+is($http->post_form("$base/archive/dev\@lists.test/moderation", { held => $held_id, decision => 'approve', csrf => 'forged' },
+	{ headers => { cookie => $ocookie } })->{status}, 403, 'a decision without the session\'s CSRF token is refused');
+is(sql("SELECT count(*) FROM pepsi.list_held WHERE decision IS NULL"), '1', 'and changes nothing');
+is(scalar(grep { $_->{env} =~ /RCPT TO:<nobody\@client\.test>/ } peer_messages($peer)), 0,
+	'a non-member gets no link (and the page said the same)');
+# The owner's link for the browser.
+$owner_link = login_link('owner@lists.test') =~ s/^http:\/\/[^\/]+//r;
+my $shots = $ENV{PEPSI_SCREENSHOTS} // "$PostgreSQL::Test::Utils::log_path/169_list_archive_screenshots";
+make_path($shots);
+my $node_path = `npm root -g 2>/dev/null`;
+chomp $node_path;
+SKIP:
+{
+	skip 'chromium, node or playwright-core is not installed (scripts/deps.sh installs them)', 1
+	  unless -x '/usr/bin/chromium' && -x '/usr/bin/node' && -d "$node_path/playwright-core";
+	my $expected = encode_json({ month_name => 'December 2026', thread_subject => 'Quokka plans',
+		root_text => 'The wombat is ready.', attachment_message => $att, body_word => 'wombat',
+		link => "$base$owner_link", member => 'carol\@two.test' });
+	my ($stdout, $stderr) = ('', '');
+	{
+		local $ENV{NODE_PATH} = $node_path;
+		eval {
+			IPC::Run::run([ '/usr/bin/node', dirname(abs_path(__FILE__)) . '/browser/archive.js', $base,
+					'dev@lists.test', $shots, $expected ], '>', \$stdout, '2>', \$stderr, IPC::Run::timeout(300));
+			1;
+		} or diag "the browser script: $@";
+	}
+	my @steps = split /\n/, $stdout;
+	for my $expected_step ('the months of the archive', 'a month lists its threads',
+		'a thread shows its replies nested', 'a message shows its text, its sender obfuscated',
+		'an attachment is a download, never a page', 'search finds a word of a body',
+		'the mailed link logs the owner in', 'the members page lists the members',
+		'the moderation page approves the held post',
+		'no script error, nothing loaded from elsewhere, every page under the CSP')
+	{
+		my ($line) = grep { /^(ok|fail) \Q$expected_step\E(:|$)/ } @steps;
+		is($line // "(not reached)", "ok $expected_step", "in the browser: $expected_step");
+	}
+	diag $stderr if grep { /^fail/ } @steps;
+	ok(poll_until(sub { grep { $_->{data} =~ /^Subject: Held for the owner/m } peer_messages($peer) }, 60),
+		'the approved post goes out');
+	for my $view (qw(months month thread message attachment-message search login members moderation))
+	{
+		ok(-s "$shots/archive-$view.png", "a screenshot of the view $view ($shots)");
+	}
+}
+stop_dispatcher($httpd);
+
+# 4. A real mlmmj list's archive, imported, threads as MHonArc threads it.
 my $sink_port = PostgreSQL::Test::Cluster::get_free_port();
 my $sink = IPC::Run::start([ 'smtp-sink', ($> == 0 ? ('-u', 'nobody') : ()), "127.0.0.1:$sink_port", '50' ]);
 my $spool = "$tmp/mlmmj";
@@ -226,7 +349,7 @@ my %ours = map { split /\|/, $_, 2 } split /\n/, sql("SELECT m.message_id || '|'
 is_deeply(\%ours, \%mhonarc, 'each message has the parent MHonArc gives it');
 is(sql("SELECT count(*) FROM pepsi.archive_thread WHERE list_id = $old"), '4', 'four threads (the orphan reply on its own)');
 
-# Search, export, reindex.
+# 5. Search, export, reindex.
 ok(IPC::Run::run([ @cli, 'count', 'old@lists.test', 'ocelot' ], '>', \$out, '2>', \$err), 'count');
 is($out, "1\n", 'a body word');
 ok(IPC::Run::run([ @cli, 'count', 'old@lists.test', 'delta' ], '>', \$out), 'count');

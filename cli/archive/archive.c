@@ -115,12 +115,14 @@ archive_store_one(struct archive_import *run, const struct buf *message)
 	PGresult   *res;
 	bool		ok;
 
-	for (size_t i = 0; i < message->len; i++)
-	{
-		if (message->data[i] == '\n' && (i == 0 || message->data[i - 1] != '\r'))
-			buf_append(&crlf, "\r", 1);
-		buf_append(&crlf, message->data + i, 1);
-	}
+	for (size_t start = 0, i = 0; i <= message->len; i++)
+		if (i == message->len || (message->data[i] == '\n' && (i == 0 || message->data[i - 1] != '\r')))
+		{
+			buf_append(&crlf, message->data + start, i - start);
+			if (i < message->len)
+				buf_append(&crlf, "\r", 1);
+			start = i;
+		}
 	values[1] = crlf.data ? crlf.data : "";
 	lengths[1] = (int) crlf.len;
 	res = PQexecParams(run->conn, "SELECT pepsi.archive_store($1::bigint, $2::bytea, $3)", 3, NULL, values, lengths,

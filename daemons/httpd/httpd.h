@@ -75,6 +75,8 @@ enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *co
 							const void *data, size_t len, bool copy);
 /* Add the headers every response carries (no sniffing, no framing, CSP). */
 void reply_add_security_headers(struct MHD_Response *response);
+/* text into out, escaped for HTML text and attribute values. */
+void reply_html_escape(struct buf *out, const char *text);
 /* An HTML page whose form posts back to this server (the secretary's confirmation page). */
 enum MHD_Result reply_form_page(struct request *req, unsigned status, const char *html);
 
@@ -122,5 +124,7 @@ enum MHD_Result confirm_route(struct request *req);
 enum MHD_Result setup_web_route(struct request *req);
 /* list_unsubscribe.c: RFC 8058 one-click unsubscribe (/list/unsubscribe). */
 enum MHD_Result list_unsubscribe_route(struct request *req);
+/* archive_pages.c: a list's public archive (/archive/LIST/...). */
+enum MHD_Result archive_route(struct request *req);
 
 #endif

@@ -260,6 +260,8 @@ httpd_dispatch(struct request *req)
 		return confirm_route(req);
 	if (strcmp(req->path, "/list/unsubscribe") == 0)
 		return list_unsubscribe_route(req);
+	if (strncmp(req->path, "/archive/", 9) == 0)
+		return archive_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

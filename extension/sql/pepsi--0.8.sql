@@ -6861,10 +6861,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_tem
 $$;
 
 -- How many messages of a list's archive match query.
+-- (PL/pgSQL, so that the query is planned with its words: the GIN index.)
 CREATE FUNCTION pepsi.archive_search_count(list bigint, query text) RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT count(*) FROM pepsi.archive_message m
-    WHERE m.list_id = list AND m.search @@ websearch_to_tsquery('simple', query)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM pepsi.archive_message m
+            WHERE m.list_id = list AND m.search @@ websearch_to_tsquery('simple', query));
+END
 $$;
 
 -- The pages: the months of a list's archive, the threads started in a
@@ -6923,6 +6926,121 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_tem
     WHERE m.list_id = list AND a.message_id = message AND a.position = attachment AND a.content IS NOT NULL
 $$;
 
+-- The members' login (pepsi-httpd): the list at address and whether its
+-- archive needs one ({"id", "private"}), NULL when it keeps none.
+CREATE FUNCTION pepsi.archive_list(address text) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT jsonb_build_object('id', l.id, 'private', (pepsi.archive_policy_of(l.id)).visibility = 'private')
+    FROM pepsi.mailing_list l
+    WHERE l.address = lower(archive_list.address) AND (pepsi.archive_policy_of(l.id)).enabled
+$$;
+
+-- Mail a single-use login link (link || token) to address when it is a
+-- member, owner or moderator of list, queued at stage; says nothing either
+-- way (the page does not tell who is a member).  Pending links expire
+-- after ttl; a day after, they go.
+CREATE FUNCTION pepsi.archive_login_request(list bigint, address text, link text, stage text, ttl interval)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    token text := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+    who text := lower(btrim(address));
+    l pepsi.mailing_list;
+    request text;
+BEGIN
+    SELECT * INTO l FROM pepsi.mailing_list m WHERE m.id = list;
+    DELETE FROM pepsi.archive_login x WHERE x.expires_at < now() - interval '1 day';
+    IF l.id IS NULL OR who !~ '^[^@\s<>]+@[^@\s<>]+$'
+       OR NOT (EXISTS (SELECT FROM pepsi.list_member m WHERE m.list_id = list AND m.address = who)
+               OR EXISTS (SELECT FROM pepsi.list_role r WHERE r.list_id = list AND r.address = who)) THEN
+        RETURN;
+    END IF;
+    INSERT INTO pepsi.archive_login (token_hash, list_id, address, expires_at)
+    VALUES (sha256(convert_to(token, 'UTF8')), list, who, now() + ttl);
+    request := split_part(l.address, '@', 1) || '-request@' || split_part(l.address, '@', 2);
+    PERFORM pepsi.workqueue_inject(stage, split_part(l.address, '@', 1) || '-bounces@' || split_part(l.address, '@', 2),
+        ARRAY[who],
+        convert_to(format(E'From: <%s>\r\nTo: <%s>\r\nSubject: Your link to the archive of %s\r\n'
+                          'Date: %s\r\nMessage-ID: <archive-login.%s@%s>\r\nAuto-Submitted: auto-generated\r\n'
+                          'MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n',
+                          request, who, l.address, to_char(now() AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "+0000"'),
+                          left(token, 16), split_part(l.address, '@', 2)), 'UTF8'),
+        convert_to(format(E'To read the archive of %s, open this link (once, within %s):\r\n\r\n%s%s\r\n',
+                          l.address, ttl, link, token), 'UTF8'));
+    PERFORM pepsi.event_log_write('archive_login_mailed', jsonb_build_object('list', list, 'address', who));
+END
+$$;
+
+-- Use a login link, once: a new session of session_lifetime ({"session":
+-- the cookie's value, "csrf"}), NULL when the link is unknown, used or
+-- expired.
+CREATE FUNCTION pepsi.archive_login_redeem(list bigint, token text, session_lifetime interval) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    x pepsi.archive_login;
+    session text := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+    csrf text := replace(gen_random_uuid()::text, '-', '');
+BEGIN
+    DELETE FROM pepsi.archive_login l WHERE l.token_hash = sha256(convert_to(coalesce(token, ''), 'UTF8'))
+        AND l.list_id = list RETURNING * INTO x;
+    IF x.token_hash IS NULL OR x.expires_at < now() THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM pepsi.archive_session s WHERE s.expires_at < now();
+    INSERT INTO pepsi.archive_session (token_hash, list_id, address, csrf, expires_at)
+    VALUES (sha256(convert_to(session, 'UTF8')), list, x.address, csrf, now() + session_lifetime);
+    PERFORM pepsi.event_log_write('archive_login', jsonb_build_object('list', list, 'address', x.address));
+    RETURN jsonb_build_object('session', session, 'csrf', csrf);
+END
+$$;
+
+-- Who a session cookie is on list: {"address", "csrf", "owner"}, NULL
+-- when none (or expired, or no longer a member, owner or moderator).
+CREATE FUNCTION pepsi.archive_session_check(list bigint, session text) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT jsonb_build_object('address', s.address, 'csrf', s.csrf,
+        'owner', EXISTS (SELECT FROM pepsi.list_role r WHERE r.list_id = list AND r.address = s.address AND r.role = 'owner'))
+    FROM pepsi.archive_session s
+    WHERE s.token_hash = sha256(convert_to(coalesce(session, ''), 'UTF8')) AND s.list_id = list AND s.expires_at > now()
+      AND (EXISTS (SELECT FROM pepsi.list_member m WHERE m.list_id = list AND m.address = s.address)
+           OR EXISTS (SELECT FROM pepsi.list_role r WHERE r.list_id = list AND r.address = s.address))
+$$;
+
+-- The owners' pages: the members, the moderation queue, and a decision,
+-- each only for a session of an owner of list (NULL/nothing otherwise);
+-- the decision also needs the session's CSRF token.
+CREATE FUNCTION pepsi.archive_owner_members(list bigint, session text)
+RETURNS TABLE (address text, display_name text, delivery text, disabled text, bounce_score real)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT m.address, m.display_name, m.delivery, m.disabled, m.bounce_score FROM pepsi.list_member m
+    WHERE m.list_id = list AND (pepsi.archive_session_check(list, session) ->> 'owner')::boolean
+    ORDER BY m.address
+$$;
+
+CREATE FUNCTION pepsi.archive_owner_held(list bigint, session text)
+RETURNS TABLE (id bigint, sender text, subject text, reason text, held_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT h.id, h.sender, h.subject, h.reason, h.held_at FROM pepsi.list_held h
+    WHERE h.list_id = list AND h.decision IS NULL AND (pepsi.archive_session_check(list, session) ->> 'owner')::boolean
+    ORDER BY h.id
+$$;
+
+CREATE FUNCTION pepsi.archive_owner_decide(list bigint, session text, csrf text, held bigint, decision text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    who jsonb := pepsi.archive_session_check(list, session);
+BEGIN
+    IF who IS NULL OR NOT (who ->> 'owner')::boolean THEN
+        RETURN 'only an owner of the list who logged in may moderate';
+    ELSIF csrf IS NULL OR csrf <> who ->> 'csrf' THEN
+        RETURN 'the form is stale or forged (CSRF token): reload the page';
+    ELSIF NOT EXISTS (SELECT FROM pepsi.list_held h WHERE h.id = held AND h.list_id = list) THEN
+        RETURN 'no such held post on this list';
+    END IF;
+    RETURN pepsi.list_decide(held, decision, who ->> 'address');
+END
+$$;
+
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_stage', 'function', 'archive_post', '{EXECUTE}'),
     ('pepsi_config', 'table', 'archive_policy', '{SELECT}'),
@@ -6940,6 +7058,13 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_config', 'function', 'archive_policy_set', '{EXECUTE}'),
     ('pepsi_config', 'function', 'archive_search', '{EXECUTE}'),
     ('pepsi_config', 'function', 'archive_search_count', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_list', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_login_request', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_login_redeem', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_session_check', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_owner_members', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_owner_held', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'archive_owner_decide', '{EXECUTE}'),
     ('pepsi_httpd', 'function', 'archive_search', '{EXECUTE}'),
     ('pepsi_httpd', 'function', 'archive_months', '{EXECUTE}'),
     ('pepsi_httpd', 'function', 'archive_threads', '{EXECUTE}'),
@@ -6948,7 +7073,9 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_httpd', 'function', 'archive_attachment_get', '{EXECUTE}');
 INSERT INTO pepsi.grant_definer (name) VALUES ('archive_store'), ('archive_post'), ('archive_import_begin'),
     ('archive_import_finish'), ('archive_exported'), ('archive_reindex'), ('archive_policy_set'), ('archive_search'),
-    ('archive_search_count'), ('archive_months'), ('archive_threads'), ('archive_thread_messages'),
+    ('archive_search_count'), ('archive_list'), ('archive_login_request'),
+    ('archive_login_redeem'), ('archive_session_check'), ('archive_owner_members'), ('archive_owner_held'),
+    ('archive_owner_decide'), ('archive_months'), ('archive_threads'), ('archive_thread_messages'),
     ('archive_message_show'), ('archive_attachment_get');
 INSERT INTO pepsi.grant_owner (name) VALUES ('archive_bytes_text'), ('archive_decode_charset'), ('archive_qp_decode'),
     ('archive_base64_decode'), ('archive_decode_words'), ('archive_header'), ('archive_header_parameter'),
