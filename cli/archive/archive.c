@@ -109,7 +109,7 @@ static bool
 archive_store_one(struct archive_import *run, const struct buf *message)
 {
 	struct buf	crlf = BUF_INIT;
-	const char *values[3] = {run->list, NULL, run->source};
+	const char *values[3] = {run->list, NULL, "import"};
 	int			lengths[3] = {0, 0, 0};
 	int			formats[3] = {0, 1, 0};
 	PGresult   *res;

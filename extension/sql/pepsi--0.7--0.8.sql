@@ -501,9 +501,15 @@ BEGIN
     END IF;
     problems := pepsi.archive_index_message(stored);
     PERFORM pepsi.archive_thread_message(stored);
-    INSERT INTO pepsi.archive_month AS x (list_id, month, messages)
-    SELECT list, date_trunc('month', a.sent_at AT TIME ZONE 'UTC')::date, 1 FROM pepsi.archive_message a WHERE a.id = stored
-    ON CONFLICT ON CONSTRAINT archive_month_pkey DO UPDATE SET messages = x.messages + 1;
+    -- An import recounts the months once at its end (archive_import_finish):
+    -- a row updated per message of one transaction would grow a chain of
+    -- dead versions that every later update walks.
+    IF source <> 'import' THEN
+        INSERT INTO pepsi.archive_month AS x (list_id, month, messages)
+        SELECT list, date_trunc('month', a.sent_at AT TIME ZONE 'UTC')::date, 1 FROM pepsi.archive_message a
+        WHERE a.id = stored
+        ON CONFLICT ON CONSTRAINT archive_month_pkey DO UPDATE SET messages = x.messages + 1;
+    END IF;
     IF cardinality(problems) > 0 THEN
         PERFORM pepsi.event_log_write('archive_problem', jsonb_build_object('list', list, 'message', stored,
             'message_id', message_id, 'source', source, 'problems', to_jsonb(problems)));
@@ -520,6 +526,15 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT pepsi.archive_store(list, w.headers || '\x0d0a'::bytea || b.body, 'post')
     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id
     WHERE w.id = row_id AND (pepsi.archive_policy_of(list)).enabled
+$$;
+
+-- Count a list's archive by month again.
+CREATE FUNCTION pepsi.archive_month_recount(list bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    DELETE FROM pepsi.archive_month x WHERE x.list_id = list;
+    INSERT INTO pepsi.archive_month (list_id, month, messages)
+    SELECT list, date_trunc('month', m.sent_at AT TIME ZONE 'UTC')::date, count(*)
+    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2;
 $$;
 
 -- pepsi-archive import: begin a run (its id), then archive_store each
@@ -539,6 +554,7 @@ BEGIN
         problems = (SELECT count(*) FROM pepsi.archive_message m WHERE m.list_id = x.list_id
                     AND m.archived_at = x.started_at AND cardinality(m.problems) > 0)
     WHERE x.id = import RETURNING * INTO i;
+    PERFORM pepsi.archive_month_recount(i.list_id);
     PERFORM pepsi.event_log_write('archive_import', jsonb_build_object('list', i.list_id, 'source', i.source,
         'messages', i.messages, 'duplicates', i.duplicates, 'problems', i.problems));
     RETURN jsonb_build_object('messages', i.messages, 'duplicates', i.duplicates, 'problems', i.problems);
@@ -569,10 +585,7 @@ BEGIN
     FOR message IN SELECT m.id FROM pepsi.archive_message m WHERE m.list_id = list ORDER BY m.sent_at, m.id LOOP
         PERFORM pepsi.archive_thread_message(message);
     END LOOP;
-    DELETE FROM pepsi.archive_month x WHERE x.list_id = list;
-    INSERT INTO pepsi.archive_month (list_id, month, messages)
-    SELECT list, date_trunc('month', m.sent_at AT TIME ZONE 'UTC')::date, count(*)
-    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2;
+    PERFORM pepsi.archive_month_recount(list);
     PERFORM pepsi.event_log_write('archive_reindex', jsonb_build_object('list', list, 'messages', done));
     RETURN done;
 END
@@ -839,7 +852,7 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('archive_store'), ('archive_post'
 INSERT INTO pepsi.grant_owner (name) VALUES ('archive_bytes_text'), ('archive_decode_charset'), ('archive_qp_decode'),
     ('archive_base64_decode'), ('archive_decode_words'), ('archive_header'), ('archive_header_parameter'),
     ('archive_message_ids'), ('archive_mime_parts'), ('archive_policy_of'), ('archive_index_message'),
-    ('archive_thread_refresh'), ('archive_thread_message'), ('archive_obfuscate'), ('archive_login'), ('archive_session');
+    ('archive_thread_refresh'), ('archive_thread_message'), ('archive_obfuscate'), ('archive_month_recount'), ('archive_login'), ('archive_session');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.archive_policy', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.archive_thread', '');
