@@ -59,7 +59,7 @@ run_ms() {
 spread() { printf '%s\n' "$@" | sort -g | sed -n '1p;$p' | paste -sd- ; }
 
 cat "$mbox" >/dev/null
-printf '%-10s %8s %8s %14s %8s %14s %7s\n' word pepsi grep "pepsi ms" spread "grep ms" spread ratio | tee -a "$log"
+printf '%-10s %8s %8s %10s %17s %10s %17s %7s\n' word pepsi grep "pepsi ms" spread "grep ms" spread ratio | tee -a "$log"
 for word in $words; do
     pepsi_times=() grep_times=()
     run_ms "$archive_bin" -C "$conf" count bench@lists.test "$word" >/dev/null
@@ -73,7 +73,7 @@ for word in $words; do
     pepsi_median=$(bench_median "${pepsi_times[@]}")
     grep_median=$(bench_median "${grep_times[@]}")
     echo "$word: pepsi ${pepsi_times[*]} ms; grep ${grep_times[*]} ms" >>"$log"
-    printf '%-10s %8s %8s %14s %8s %14s %7s\n' "$word" "$pepsi_count" "$grep_count" "$pepsi_median" \
+    printf '%-10s %8s %8s %10s %17s %10s %17s %7s\n' "$word" "$pepsi_count" "$grep_count" "$pepsi_median" \
         "$(spread "${pepsi_times[@]}")" "$grep_median" "$(spread "${grep_times[@]}")" \
         "$(awk -v a="$grep_median" -v b="$pepsi_median" 'BEGIN { printf "%.1fx", a / b }')" | tee -a "$log"
 done
