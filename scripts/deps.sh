@@ -97,6 +97,8 @@ check_packages=(
     # bench/ingress-attack's and bench/ingress-auth's peer: Postfix (above)
     # with OpenDKIM (above) and OpenDMARC
     opendmarc
+    # the lists' archive (t/169): a real mlmmj list's archive, threaded by MHonArc
+    mlmmj mhonarc
     # the failover test and bench/failover (scripts/ha.sh): etcd, Patroni, PgBouncer
     etcd-server patroni pgbouncer
     # bench/list's peer: mlmmj (with Postfix, above), the mailing-list manager compared

@@ -51,29 +51,6 @@ confirm_form_token(const struct buf *body, char *out)
 	return false;
 }
 
-static void
-confirm_escape(struct buf *out, const char *text)
-{
-	for (const char *p = text; *p; p++)
-		switch (*p)
-		{
-			case '<':
-				buf_append_str(out, "&lt;");
-				break;
-			case '>':
-				buf_append_str(out, "&gt;");
-				break;
-			case '&':
-				buf_append_str(out, "&amp;");
-				break;
-			case '"':
-				buf_append_str(out, "&quot;");
-				break;
-			default:
-				buf_append_char(out, *p);
-		}
-}
-
 static enum MHD_Result
 confirm_page(struct request *req, unsigned status, const char *title, const char *text_html)
 {
@@ -112,10 +89,10 @@ confirm_show(struct request *req, const char *token)
 	if (strcmp(state, "open") == 0)
 	{
 		buf_append_str(&text, "<p>");
-		confirm_escape(&text, PQgetvalue(res, 0, 1));
+		reply_html_escape(&text, PQgetvalue(res, 0, 1));
 		buf_append_str(&text, " takes mail only from senders it knows.  ");
 		buf_printf(&text, "%s message(s) from ", PQgetvalue(res, 0, 3));
-		confirm_escape(&text, PQgetvalue(res, 0, 2));
+		reply_html_escape(&text, PQgetvalue(res, 0, 2));
 		buf_append_str(&text, " wait for your confirmation.</p>\n"
 							  "<form method=\"post\" action=\"/confirm\">"
 							  "<input type=\"hidden\" name=\"token\" value=\"");
@@ -162,7 +139,7 @@ confirm_release(struct request *req, const char *token)
 	else
 	{
 		buf_append_str(&text, "<p>Nothing was released: ");
-		confirm_escape(&text, PQgetvalue(res, 0, 0));
+		reply_html_escape(&text, PQgetvalue(res, 0, 0));
 		buf_append_str(&text, ".</p>\n");
 		result = confirm_page(req, MHD_HTTP_GONE, "Not confirmed", text.data);
 	}

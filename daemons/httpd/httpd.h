@@ -78,6 +78,8 @@ enum MHD_Result reply_bytes(struct request *req, unsigned status, const char *co
 void reply_add_security_headers(struct MHD_Response *response);
 /* The same, for a page whose form posts to this server (form-action 'self'). */
 void reply_add_form_security_headers(struct MHD_Response *response);
+/* text into out, escaped for HTML text and attribute values. */
+void reply_html_escape(struct buf *out, const char *text);
 /* An HTML page whose form posts back to this server (the secretary's confirmation page). */
 enum MHD_Result reply_form_page(struct request *req, unsigned status, const char *html);
 
@@ -137,5 +139,7 @@ enum MHD_Result setup_web_route(struct request *req);
 enum MHD_Result list_unsubscribe_route(struct request *req);
 /* list_form.c: the lists' subscribe / unsubscribe forms (/list/form/...). */
 enum MHD_Result list_form_route(struct request *req);
+/* archive_pages.c: a list's public archive (/archive/LIST/...). */
+enum MHD_Result archive_route(struct request *req);
 
 #endif

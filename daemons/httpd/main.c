@@ -211,6 +211,8 @@ httpd_dispatch(struct request *req)
 		return list_unsubscribe_route(req);
 	if (strncmp(req->path, "/list/form/", 11) == 0)
 		return list_form_route(req);
+	if (strncmp(req->path, "/archive/", 9) == 0)
+		return archive_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

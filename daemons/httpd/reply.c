@@ -119,3 +119,26 @@ reply_error(struct request *req, unsigned status, const char *fmt, ...)
 				  req->path ? req->path : "?", req->client, status, message);
 	return reply_json(req, status, json_pack("{ss}", "error", message));
 }
+
+void
+reply_html_escape(struct buf *out, const char *text)
+{
+	for (const char *p = text; *p; p++)
+		switch (*p)
+		{
+			case '<':
+				buf_append_str(out, "&lt;");
+				break;
+			case '>':
+				buf_append_str(out, "&gt;");
+				break;
+			case '&':
+				buf_append_str(out, "&amp;");
+				break;
+			case '"':
+				buf_append_str(out, "&quot;");
+				break;
+			default:
+				buf_append_char(out, *p);
+		}
+}
