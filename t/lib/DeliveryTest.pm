@@ -61,10 +61,9 @@ END
 sub delivery_node
 {
 	my ($name) = @_;
-	my $node = pepsi_node($name, preload => 1,
+	my $node = pepsi_node($name, preload => 1, extension => 1,
 		conf => "pepsi.database = '$db'\npepsi.maintenance_interval = '100ms'\n");
 
-	$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 	return $node;
 }
 
