@@ -116,21 +116,26 @@ sub pepsi_node
 	return $node;
 }
 
-# Call $check every 50 ms until it returns a true value, for at most
-# $seconds (default 30; 0 checks once).  Returns the last value.  The
-# deadline is short enough that a broken component fails its test instead
-# of stalling the suite.
+# Call $check until it returns a true value, for at most $seconds (default
+# 30; 0 checks once).  Returns the last value.  The deadline is short
+# enough that a broken component fails its test instead of stalling the
+# suite.  Every 50 ms for the first second, then every 100 ms, and every
+# 200 ms after five: most checks start a psql and a backend, which cost
+# more CPU than a wait of 50 ms, and the suite's files share two cores.
 sub poll_until
 {
 	my ($check, $seconds) = @_;
-	my $deadline = Time::HiRes::time() + ($seconds // 30);
+	my $started = Time::HiRes::time();
+	my $deadline = $started + ($seconds // 30);
 	my $value;
 
 	while (1)
 	{
 		$value = $check->();
-		return $value if $value || Time::HiRes::time() >= $deadline;
-		Time::HiRes::usleep(50_000);
+		my $now = Time::HiRes::time();
+		return $value if $value || $now >= $deadline;
+		my $waited = $now - $started;
+		Time::HiRes::usleep($waited < 1 ? 50_000 : $waited < 5 ? 100_000 : 200_000);
 	}
 }
 
