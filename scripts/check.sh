@@ -258,6 +258,15 @@ if [ -n "$all_taps" ]; then
     fi
     [ -n "$pepsi_template" ] ||
         { cat "$scratch/initdb.log" "$scratch/template.log" 2>/dev/null; echo "(no template with the extension: the tests create it)"; }
+    # TEMP_CONFIG: postgresql.conf lines PostgreSQL::Test::Cluster adds to
+    # every test cluster's, after its own.  Its log_statement = all logged
+    # every statement of the daemons with its parameters (whole messages):
+    # the files that read statements in the server log ask for them
+    # (log_statement in their conf, t/039_ingress_wake.pl say).
+    if [ -z "${TEMP_CONFIG:-}" ]; then
+        echo "log_statement = none" >"$scratch/test-postgresql.conf"
+        export TEMP_CONFIG="$scratch/test-postgresql.conf"
+    fi
     # PEPSI_LOG: the daemons log to stderr, where the tests read them.
     # PG_TEST_PORT_DIR: one set of port reservations for files that run at once.
     export PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" PEPSI_LOG=stderr PEPSI_TOP="$top" \
