@@ -167,15 +167,12 @@ TAP_SERIAL=${TAP_SERIAL-t/032_ingress_limits.pl t/041_dispatch_workers.pl t/046_
     t/047_dispatch_queue_reset.pl t/048_dispatch_light_lane.pl t/048_dispatch_light_rows.pl
     t/048_dispatch_no_starvation.pl t/070_dns.pl}
 TAP_JOBS=${TAP_JOBS:-2}
-# The longest files of the parallel pass, started first so that it does
-# not end on one of them alone (the longest first; the log ends with each
-# file's time).
-TAP_FIRST=${TAP_FIRST-t/101_relay_internet_scheduling.pl t/075_dkim_sign.pl
-    t/071_stage_milter_filters.pl t/021_stage_batching_fusion.pl t/072_ingress_auth.pl
-    t/080_option_schema.pl t/061_cli.pl t/010_roles.pl t/020_stage_runtime.pl
-    t/001_maintenance.pl t/002_body_concurrency.pl t/070_stage_milter.pl
-    t/024_stage_load_plans.pl t/044_dispatch_postgres_restart.pl
-    t/050_delivery_smarthost.pl t/003_extension_upgrade.pl t/077_arc_seal.pl}
+# The order the files start in: the longest first, so that a pass does not
+# end on one of them alone while the other core idles (by t/tap-times,
+# their last measured times), and before those the files it does not
+# name, new and not yet measured.  TAP_FIRST: files to start before all.
+TAP_TIMES=${TAP_TIMES:-$top/t/tap-times}
+TAP_FIRST=${TAP_FIRST-}
 # in_list FILE LIST: whether FILE is a word of LIST.
 in_list() { case " $(echo $2) " in *" $1 "*) return 0 ;; esac; return 1; }
 # PEPSI_NO_SKIP (set by make check): every file must run, and a file that
@@ -243,11 +240,39 @@ if [ -n "$all_taps" ]; then
     # (t/lib/PepsiTest.pm).
     as_user "$PGBIN/initdb" -D "$scratch/initdb-template" -A trust -N >"$scratch/initdb.log" 2>&1 ||
         { cat "$scratch/initdb.log"; echo "initdb failed" >>"$failures"; failed=$((failed + 1)); }
+    # And a copy with the pepsi extension created in database postgres, for
+    # the clusters of the tests that start with it (pepsi_node's extension
+    # option, t/lib/PepsiTest.pm): its script runs once, not once a test.
+    # Without it they create the extension themselves.
+    pepsi_template="$scratch/initdb-template-pepsi"
+    if as_user cp -RPp "$scratch/initdb-template" "$pepsi_template" &&
+        as_user mkdir "$scratch/template-socket" &&
+        as_user "$PGBIN/pg_ctl" -D "$pepsi_template" -l "$scratch/template.log" -w \
+            -o "-c listen_addresses= -c unix_socket_directories=$scratch/template-socket" start >>"$scratch/initdb.log" 2>&1; then
+        as_user "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$scratch/template-socket" -d postgres \
+            -c 'CREATE EXTENSION pepsi' >>"$scratch/initdb.log" 2>&1 || pepsi_template=
+        as_user "$PGBIN/pg_ctl" -D "$scratch/initdb-template-pepsi" -m fast -w stop >>"$scratch/initdb.log" 2>&1 ||
+            pepsi_template=
+    else
+        pepsi_template=
+    fi
+    [ -n "$pepsi_template" ] ||
+        { cat "$scratch/initdb.log" "$scratch/template.log" 2>/dev/null; echo "(no template with the extension: the tests create it)"; }
+    # TEMP_CONFIG: postgresql.conf lines PostgreSQL::Test::Cluster adds to
+    # every test cluster's, after its own.  Its log_statement = all logged
+    # every statement of the daemons with its parameters (whole messages):
+    # the files that read statements in the server log ask for them
+    # (log_statement in their conf, t/039_ingress_wake.pl say).
+    if [ -z "${TEMP_CONFIG:-}" ]; then
+        echo "log_statement = none" >"$scratch/test-postgresql.conf"
+        export TEMP_CONFIG="$scratch/test-postgresql.conf"
+    fi
     # PEPSI_LOG: the daemons log to stderr, where the tests read them.
     # PG_TEST_PORT_DIR: one set of port reservations for files that run at once.
     export PATH="$PGBIN:$PATH" TESTDIR="$scratch/tap" PEPSI_LOG=stderr PEPSI_TOP="$top" \
         PG_REGRESS PERL5LIB="$PG_TAP_LIB:$scratch/t/lib" PEPSI_CLUSTER_USER="$PEPSI_USER" \
-        PEPSI_INITDB_TEMPLATE="$scratch/initdb-template" PG_TEST_PORT_DIR="$scratch/portlock" \
+        PEPSI_INITDB_TEMPLATE="$scratch/initdb-template" PEPSI_INITDB_TEMPLATE_PEPSI="$pepsi_template" \
+        PG_TEST_PORT_DIR="$scratch/portlock" \
         ASAN_OPTIONS="log_path=$scratch/san-reports/asan:detect_leaks=1:abort_on_error=0" \
         UBSAN_OPTIONS="log_path=$scratch/san-reports/ubsan:print_stacktrace=1:halt_on_error=1"
     mkdir -p "$scratch/portlock" "$scratch/tap-out"
@@ -255,8 +280,13 @@ if [ -n "$all_taps" ]; then
     # One line per file, "WHO BIN FILE", for scripts/tap-file.sh.
     # The root files last: the port reservations they leave are root's.
     parallel= serial= root_serial=
-    for f in $(for f in $TAP_FIRST; do in_list "$f" "$all_taps" && echo "$f"; done
-               for f in $all_taps; do in_list "$f" "$TAP_FIRST" || echo "$f"; done); do
+    ordered=$(for f in $TAP_FIRST; do in_list "$f" "$all_taps" && echo "$f"; done
+              for f in $all_taps; do
+                  in_list "$f" "$TAP_FIRST" && continue
+                  t=$(awk -v f="$f" '$2 == f { print $1; exit }' "$TAP_TIMES" 2>/dev/null)
+                  echo "${t:-999999} $f"
+              done | sort -k1,1rn -k2,2 | cut -d' ' -f2)
+    for f in $ordered; do
         if in_list "$f" "$root_taps"; then root_serial+="self $scratch/bin $f"$'\n'
         elif in_list "$f" "$TAP_SERIAL"; then serial+="user $scratch/bin $f"$'\n'
         elif sanitized "$f"; then parallel+="user $scratch/san-bin $f"$'\n'
@@ -312,11 +342,15 @@ if [ -n "$all_taps" ]; then
             tail -n 40 "$log"
         done
     fi
-    echo "== TAP files' wall times (seconds)"
+    # Each file's wall time and the CPU time of all it started (its
+    # clusters and daemons too: scripts/tree-time.pl); a file far under
+    # its wall time waits.  All of them in $scratch's times, the longest here.
     for f in $all_taps; do
         t="$scratch/tap-out/$(basename "$f" .pl).time"
         [ -f "$t" ] && echo "$(cat "$t") $f"
-    done | sort -rn | head -n 25
+    done | sort -rn >"$scratch/times"
+    echo "== TAP files' wall and CPU times (seconds; all files: $(awk '{ w += $1; c += $2 } END { printf "%.0f wall, %.0f CPU", w, c }' "$scratch/times"))"
+    head -n 25 "$scratch/times"
 fi
 
 if [ -s "$failures" ]; then

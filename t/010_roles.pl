@@ -20,8 +20,7 @@ use Test::More;
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = pepsi_node('roles');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('roles', extension => 1);
 
 is( $node->safe_psql(
 		$db,

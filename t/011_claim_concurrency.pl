@@ -11,8 +11,7 @@ use PepsiTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = pepsi_node('claims');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claims', extension => 1);
 $node->safe_psql('postgres', q{
 	CREATE TABLE claimed (id bigint, caller int);
 	SELECT count(pepsi.workqueue_add('s@example.org', '{r@example.net}', '', '', '{}',

@@ -12,8 +12,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 
-my $node = pepsi_node('claim_cache');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claim_cache', extension => 1);
 
 # One long-lived session, as the dispatcher's: its sender cache lives as
 # long as it does.

@@ -15,8 +15,7 @@ use PepsiTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = pepsi_node('claim_dead_versions');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claim_dead_versions', extension => 1);
 
 # The dispatcher's long-lived session.
 my $claimer = $node->background_psql('postgres');

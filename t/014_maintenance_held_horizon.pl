@@ -14,9 +14,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $db = 'postgres';
-my $node = pepsi_node('held_horizon', preload => 1,
+my $node = pepsi_node('held_horizon', extension => 1, preload => 1,
 	conf => "pepsi.snapshot_warning = 2\npepsi.maintenance_interval = 200\n");
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 my $worker;
 poll_until(
 	sub {

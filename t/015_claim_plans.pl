@@ -21,8 +21,7 @@ use PepsiTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = pepsi_node('claim_plans');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claim_plans', extension => 1);
 
 # A burst and a few light senders at relay; 60% of the burst then moves
 # on to the later stages as the workers would send it (a new stage, a new

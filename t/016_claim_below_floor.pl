@@ -18,8 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 
-my $node = pepsi_node('claim_below_floor');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claim_below_floor', extension => 1);
 
 # The dispatcher's long-lived session; the rows it claims are finished at once.
 my $claimer = $node->background_psql('postgres');

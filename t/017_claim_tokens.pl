@@ -20,8 +20,7 @@ use Test::More;
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = pepsi_node('claim_tokens');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('claim_tokens', extension => 1);
 $node->safe_psql($db, 'CREATE ROLE worker LOGIN IN ROLE pepsi_stage');
 $node->safe_psql($db, 'CREATE ROLE dispatcher LOGIN IN ROLE pepsi_dispatch');
 

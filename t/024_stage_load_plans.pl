@@ -21,10 +21,10 @@ use PepsiStage;
 
 my $node = pepsi_node(
 	'stage_load_plans',
+	extension => 1,
 	conf => "autovacuum = off\n"
 	  . "auto_explain.log_min_duration = 0\n"
 	  . "auto_explain.log_nested_statements = on\n");
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
 
 # A stage of each load: the metadata (route), the headers (vacation),
 # and the body (dkim-sign, which has no key for these messages' domain).

@@ -30,8 +30,7 @@ my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ing
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $json = JSON::PP->new->canonical;
 
-my $node = pepsi_node('ingress');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress', extension => 1);
 
 #
 # A certificate made here (no private key is committed), credentials, and

@@ -22,8 +22,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('limits');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('limits', extension => 1);
 
 my %port = map { $_ => PostgreSQL::Test::Cluster::get_free_port() } qw(rate deadline memory);
 my $conf = "$tmp/pepsi.conf";

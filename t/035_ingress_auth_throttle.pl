@@ -27,8 +27,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('auth_throttle');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('auth_throttle', extension => 1);
 
 self_signed_certificate($tmp, 'mx.test');
 my $alice = crypt('correct horse', '$6$pepsitest$');

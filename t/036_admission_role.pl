@@ -15,8 +15,7 @@ use Test::More;
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = pepsi_node('admission_role');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('admission_role', extension => 1);
 $node->safe_psql($db, q{
 CREATE ROLE smtpd LOGIN IN ROLE pepsi_ingress;
 CREATE ROLE relay LOGIN IN ROLE pepsi_stage;

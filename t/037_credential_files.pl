@@ -17,8 +17,7 @@ use PepsiTest;
 
 my $bin = $ENV{PEPSI_BIN} or plan skip_all => 'PEPSI_BIN is not set';
 my $db = 'postgres';
-my $node = pepsi_node('credential_files');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('credential_files', extension => 1);
 my $dir = PostgreSQL::Test::Utils::tempdir();
 
 sub conf

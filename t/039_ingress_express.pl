@@ -28,9 +28,8 @@ use PepsiTest;
 my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $node = pepsi_node('ingress_express',
+my $node = pepsi_node('ingress_express', extension => 1,
 	conf => "log_statement = 'all'\nlog_line_prefix = '%m [%p] xid=%x '\n");
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $conf = "$tmp/pepsi.conf";

@@ -25,8 +25,7 @@ use PepsiTest;
 my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $node = pepsi_node('ingress_wake', conf => "log_statement = 'all'\nlog_timezone = 'UTC'\n");
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_wake', extension => 1, conf => "log_statement = 'all'\nlog_timezone = 'UTC'\n");
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $conf = "$tmp/pepsi.conf";

@@ -17,8 +17,7 @@ use Test::More;
 my $bin = $ENV{PEPSI_BIN} or plan skip_all => 'PEPSI_BIN is not set';
 my $sendmail = "$bin/pepsi-sendmail";
 
-my $node = pepsi_node('sendmail');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('sendmail', extension => 1);
 my $dir = PostgreSQL::Test::Utils::tempdir();
 my $conf = "$dir/pepsi.conf";
 open my $fh, '>', $conf or die $!;

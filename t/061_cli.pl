@@ -21,8 +21,7 @@ use Test::More;
 
 my $bin = $ENV{PEPSI_BIN} or plan skip_all => 'PEPSI_BIN is not set';
 my $db = 'postgres';
-my $node = pepsi_node('cli');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('cli', extension => 1);
 $node->safe_psql($db, q{
 	CREATE ROLE operator LOGIN IN ROLE pepsi_config;
 	CREATE ROLE watcher LOGIN IN ROLE pepsi_monitor;

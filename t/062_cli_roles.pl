@@ -17,8 +17,7 @@ use Test::More;
 
 my $bin = $ENV{PEPSI_BIN} or plan skip_all => 'PEPSI_BIN is not set';
 my $db = 'postgres';
-my $node = pepsi_node('cli_roles');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('cli_roles', extension => 1);
 $node->safe_psql($db, q{
 	CREATE ROLE pipeline LOGIN IN ROLE pepsi_stage;
 	CREATE ROLE operator LOGIN IN ROLE pepsi_config;

@@ -34,8 +34,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('ingress_auth');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_auth', extension => 1);
 
 #
 # Keys, made for this run: RSA 2048 (openssl) and Ed25519 (PyNaCl).

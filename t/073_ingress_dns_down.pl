@@ -24,8 +24,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('ingress_dns_down');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_dns_down', extension => 1);
 
 # A real server on a port of ours, then stopped: the port answers nothing.
 my $dns = TestDNS->new($tmp);

@@ -26,8 +26,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('ingress_dnsbl');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_dnsbl', extension => 1);
 
 my $dns = TestDNS->new($tmp);
 $dns->zone(<<'ZONE');

@@ -23,8 +23,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('ingress_greylist');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_greylist', extension => 1);
 
 my $dns = TestDNS->new($tmp);
 $dns->zone("5.0.0.127.wl.test. 300 IN A 127.0.0.2\n");

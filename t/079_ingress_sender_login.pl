@@ -22,8 +22,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('ingress_sender_login');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_sender_login', extension => 1);
 $node->safe_psql($db, "INSERT INTO pepsi.sender_login (address, account) VALUES ('alias\@local.test', 'alice')");
 
 self_signed_certificate($tmp, 'mx.test');

@@ -23,8 +23,7 @@ use SmtpClient;
 
 my $db = 'postgres';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $node = pepsi_node('ingress_reload');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_reload', extension => 1);
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 
 for my $name ('first', 'second')

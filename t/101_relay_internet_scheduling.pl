@@ -43,7 +43,7 @@ my $config = delivery_config($node, maildir_root => $root, internet => $port,
 my $d = start_dispatcher($config);
 
 sub sink_count { my @f = glob("$sink->{dir}/mail/*"); return scalar @f }
-sub limited_count { return scalar(() = peer_messages($limited)) }
+sub limited_count { return peer_count($limited) }
 sub log_count
 {
 	my ($re) = @_;

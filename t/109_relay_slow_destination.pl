@@ -43,7 +43,7 @@ $node->safe_psql('postgres',
 my $d = start_dispatcher($config);
 
 sub sink_count { my @f = glob("$sink->{dir}/mail/*"); return scalar @f }
-sub slow_count { return scalar(() = peer_messages($slow)) }
+sub slow_count { return peer_count($slow) }
 
 # The slow destination's slots held now (session advisory locks, the
 # bigint form: objsubid 1).

@@ -30,8 +30,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('header_limits');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('header_limits', extension => 1);
 
 sub run_ok
 {

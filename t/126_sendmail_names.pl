@@ -15,8 +15,7 @@ use Test::More;
 use DispatchTest;
 use PepsiTest;
 
-my $node = pepsi_node('sendmail_names');
-$node->safe_psql('postgres', 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('sendmail_names', extension => 1);
 my $dir = PostgreSQL::Test::Utils::tempdir();
 for my $name (qw(sendmail mailq newaliases))
 {

@@ -38,8 +38,7 @@ plan skip_all => 'chromium, node or playwright-core is not installed (scripts/de
 
 my $setup = pepsi_bin('pepsi-setup');
 my $db = 'postgres';
-my $node = pepsi_node('setup_web');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('setup_web', extension => 1);
 my $root = PostgreSQL::Test::Utils::tempdir();
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $port = PostgreSQL::Test::Cluster::get_free_port();

@@ -17,9 +17,8 @@ use Time::HiRes ();
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = pepsi_node('schedule', preload => 1,
+my $node = pepsi_node('schedule', extension => 1, preload => 1,
 	conf => "pepsi.database = '$db'\npepsi.maintenance_interval = '100ms'\n");
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 $node->safe_psql($db, q{
 	CREATE ROLE operator LOGIN IN ROLE pepsi_config;
 	CREATE ROLE watcher LOGIN IN ROLE pepsi_monitor;

@@ -24,8 +24,7 @@ my $db = 'postgres';
 my $bin = ($ENV{PEPSI_BIN} // dirname(__FILE__) . '/../build/bin') . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 
-my $node = pepsi_node('dmarc_aggregate', conf => "log_statement = 'all'\n");
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('dmarc_aggregate', extension => 1, conf => "log_statement = 'all'\n");
 
 my $dns = TestDNS->new($tmp);
 $dns->zone(<<'ZONE');

@@ -33,8 +33,7 @@ my $bin = ($ENV{PEPSI_BIN} // "$here/../build/bin") . '/pepsi-ingress';
 my $tmp = PostgreSQL::Test::Utils::tempdir();
 my $json = JSON::PP->new->canonical;
 
-my $node = pepsi_node('ingress_milter');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('ingress_milter', extension => 1);
 
 sub write_file
 {

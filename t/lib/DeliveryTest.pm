@@ -24,7 +24,7 @@ use PepsiTest;
 
 our @EXPORT = qw(
   delivery_node delivery_config start_peer start_server start_sink start_sink_on stop_process inject
-  maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages make_mailbox start_ingress
+  maildir_files slurp parse_dsn dsn_fields pepsi_bin peer_messages peer_count make_mailbox start_ingress
   recording_maildir_writer operator_config
 );
 
@@ -61,10 +61,9 @@ END
 sub delivery_node
 {
 	my ($name) = @_;
-	my $node = pepsi_node($name, preload => 1,
+	my $node = pepsi_node($name, preload => 1, extension => 1,
 		conf => "pepsi.database = '$db'\npepsi.maintenance_interval = '100ms'\n");
 
-	$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 	return $node;
 }
 
@@ -354,6 +353,18 @@ sub recording_maildir_writer
 		my $held = () = $text =~ /^hold yes$/mg;
 		return "$sent/$held";
 	});
+}
+
+# How many messages smtp-peer accepted, as scalar(peer_messages($peer))
+# counts them (msg-1 on, up to the first not yet stored) without reading
+# them: a poll for hundreds of messages would read them all each time.
+sub peer_count
+{
+	my ($peer) = @_;
+	my $n = 0;
+
+	$n++ while -e "$peer->{dir}/msg-" . ($n + 1) . '.eml';
+	return $n;
 }
 
 # The messages smtp-peer accepted: [{ data, env }], in order.

@@ -74,9 +74,8 @@ sub test_program
 sub dispatch_node
 {
 	my ($name, %opts) = @_;
-	my $node = pepsi_node($name, %opts);
+	my $node = pepsi_node($name, %opts, extension => 1);
 
-	$node->safe_psql($db, 'CREATE EXTENSION pepsi');
 	$node->safe_psql($db,
 		    'CREATE TABLE test_log (seq bigserial PRIMARY KEY, id bigint NOT NULL,'
 		  . ' stage text NOT NULL, sender text, pid integer, tag text,'

@@ -44,11 +44,11 @@ sub stage_node
 	my ($name) = @_;
 	my $node = pepsi_node(
 		$name,
+		extension => 1,
 		conf => "shared_preload_libraries = 'pg_stat_statements'\n"
 		  . "pg_stat_statements.max = 1000\n");
 
-	$node->safe_psql('postgres',
-		'CREATE EXTENSION pepsi; CREATE EXTENSION pg_stat_statements');
+	$node->safe_psql('postgres', 'CREATE EXTENSION pg_stat_statements');
 	return $node;
 }
 

@@ -74,8 +74,9 @@ PY
 # template was made with it.
 sub init_from_template
 {
-	my ($node) = @_;
-	my $template = $ENV{PEPSI_INITDB_TEMPLATE};
+	my ($node, $template) = @_;
+
+	$template //= $ENV{PEPSI_INITDB_TEMPLATE};
 
 	return $node->init unless $template;
 	die "PEPSI_INITDB_TEMPLATE $template: not a data directory\n"
@@ -91,13 +92,19 @@ sub init_from_template
 }
 
 # A started cluster.  preload => 1 puts pepsi in shared_preload_libraries;
-# conf => extra postgresql.conf lines.
+# conf => extra postgresql.conf lines; extension => 1 gives it the pepsi
+# extension in database postgres: a copy of PEPSI_INITDB_TEMPLATE_PEPSI
+# when it is set (scripts/check.sh made it from the initdb template with
+# CREATE EXTENSION pepsi: the same catalogs, without running the
+# extension's script again for each test), else a CREATE EXTENSION once
+# the cluster has started.
 sub pepsi_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
+	my $with_pepsi = $opts{extension} && $ENV{PEPSI_INITDB_TEMPLATE_PEPSI};
 
-	init_from_template($node);
+	init_from_template($node, $with_pepsi ? $ENV{PEPSI_INITDB_TEMPLATE_PEPSI} : undef);
 	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'pepsi'\n")
 	  if $opts{preload};
 	# Enough slots for a dynamic worker per database and the pgbench clients.
@@ -105,24 +112,30 @@ sub pepsi_node
 		"max_worker_processes = 16\nmax_connections = 40\n");
 	$node->append_conf('postgresql.conf', $opts{conf}) if $opts{conf};
 	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION pepsi') if $opts{extension} && !$with_pepsi;
 	return $node;
 }
 
-# Call $check every 50 ms until it returns a true value, for at most
-# $seconds (default 30; 0 checks once).  Returns the last value.  The
-# deadline is short enough that a broken component fails its test instead
-# of stalling the suite.
+# Call $check until it returns a true value, for at most $seconds (default
+# 30; 0 checks once).  Returns the last value.  The deadline is short
+# enough that a broken component fails its test instead of stalling the
+# suite.  Every 50 ms for the first second, then every 100 ms, and every
+# 200 ms after five: most checks start a psql and a backend, which cost
+# more CPU than a wait of 50 ms, and the suite's files share two cores.
 sub poll_until
 {
 	my ($check, $seconds) = @_;
-	my $deadline = Time::HiRes::time() + ($seconds // 30);
+	my $started = Time::HiRes::time();
+	my $deadline = $started + ($seconds // 30);
 	my $value;
 
 	while (1)
 	{
 		$value = $check->();
-		return $value if $value || Time::HiRes::time() >= $deadline;
-		Time::HiRes::usleep(50_000);
+		my $now = Time::HiRes::time();
+		return $value if $value || $now >= $deadline;
+		my $waited = $now - $started;
+		Time::HiRes::usleep($waited < 1 ? 50_000 : $waited < 5 ? 100_000 : 200_000);
 	}
 }
 
