@@ -47,14 +47,20 @@ my $group = "pepsi-ap$tag";
 my $user = "ap${tag}ann";
 my $ann = "$user\@local.test";
 my ($bob, $carl, $dan, $erin) = map { "$_\@shop.test" } qw(bob carl dan erin);
+my ($frank, $gina, $harry, $ivan, $jack, $kim) = map { "$_\@shop.test" } qw(frank gina harry ivan jack kim);
+my $zoe = "ap${tag}zoe\@local.test";
+my $vic = 'vic@virt.test';
+my $wallet_user = "ap${tag}w";
 my $secret = 'shared-with-the-payment-service';
 
 mkdir $homes;
 mkdir $root;
 add_system_group($group);
 add_system_user($user, $homes);
+add_system_user($wallet_user, $homes);
 my ($uid, $ugid, $home) = (getpwnam($user))[ 2, 3, 7 ];
-make_mailbox($root, $_) for $ann, $bob, $carl, $dan, $erin;
+my ($wuid, $whome) = (getpwnam($wallet_user))[ 2, 7 ];
+make_mailbox($root, $_) for $ann, $bob, $carl, $dan, $erin, $frank, $gina, $harry, $ivan, $jack, $kim, $zoe, $vic;
 system('chown', '-R', cluster_user() . ':', $root) == 0 or die 'chown';
 my $bin = "$shared/bin";
 install_privileged($build_bin, $bin, $group, 'pepsi-helper-auto-pay', 'pepsi-stage-auto-pay');
@@ -96,6 +102,7 @@ my $dns = TestDNS->new($shared);
 $dns->zone("1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.\nmx.client.test. 300 IN A 127.0.0.1\n"
 	  . "local.test. 300 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n"
 	  . "shop.test. 300 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n"
+	  . "virt.test. 300 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n"
 	  . TestDNS::txt('s1._domainkey.shop.test.', $record));
 
 # The shared secret, in secrets.d beside the configuration: root's,
@@ -111,14 +118,32 @@ chmod 0755, "$etc/secrets.d";
 	chmod 0640, $fragment;
 }
 
+# The virtual domain virt.test's wallet: WALLET_DIR/virt.test, root's,
+# run as WALLET_USER; one line per payment in WALLET_USER's ~/wallet.log.
+mkdir "$etc/wallet.d";
+chmod 0755, "$etc/wallet.d";
+{
+	open my $fh, '>', "$etc/wallet.d/virt.test" or die $!;
+	print $fh <<"SH";
+#!/bin/sh
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*\\)/.*|\\1|p')
+echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
+printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
+SH
+	close $fh;
+	chmod 0755, "$etc/wallet.d/virt.test";
+}
+sub virtual_wallet_log { return -e "$whome/wallet.log" ? slurp("$whome/wallet.log") : '' }
+
 my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $config = delivery_config($node, maildir_root => $root, local_domains => 'local.test shop.test',
+my $config = delivery_config($node, maildir_root => $root, local_domains => 'local.test shop.test virt.test',
 	path => "$etc/pepsi.conf",
-	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s', LOCAL_DOMAINS => 'local.test shop.test' },
+	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s', LOCAL_DOMAINS => 'local.test shop.test virt.test' },
 	extra => { init => "LOCAL_STAGE = autopay\n" },
 	more_stages => {
 		autopay => "PROGRAM = $bin/pepsi-stage-auto-pay\nNEXT_STAGE = secretary\nREPLY_STAGE = init\n"
-		  . "WALLET_TIME_LIMIT = 3s\nSYSTEM_DOMAINS = local.test\n",
+		  . "WALLET_TIME_LIMIT = 3s\nSYSTEM_DOMAINS = local.test\n"
+		  . "WALLET_DIR = $etc/wallet.d\nWALLET_USER = $wallet_user\n",
 		secretary => "PROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = maildir\nREPLY_STAGE = sign\n"
 		  . "PAYMENT_MERCHANT = pay.shop.test/instances/mail\n",
 		sign => "PROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = loop\nKEYS = shop\n"
@@ -144,7 +169,8 @@ CONF
 chmod 0644, $config;
 
 # bob, carl, dan and erin of shop.test ask a payment; ann's limits.
-for ([ $bob, 'EUR:0.50' ], [ $carl, 'EUR:5' ], [ $dan, 'EUR:0.50' ], [ $erin, 'EUR:0.50' ])
+for ([ $bob, 'EUR:0.50' ], [ $carl, 'EUR:5' ], [ $dan, 'EUR:0.50' ], [ $erin, 'EUR:0.50' ], [ $frank, 'EUR:0.40' ],
+	[ $gina, 'EUR:0.40' ], [ $harry, 'EUR:0.40' ], [ $ivan, 'EUR:0.10' ], [ $jack, 'EUR:0.10' ], [ $kim, 'EUR:0.50' ])
 {
 	sql("SELECT pepsi.settings_set('$_->[0]', 'WHITELIST', 'yes')");
 	sql("SELECT pepsi.settings_set('$_->[0]', 'SECRETARY_PAYMENT', 'taler')");
@@ -152,6 +178,8 @@ for ([ $bob, 'EUR:0.50' ], [ $carl, 'EUR:5' ], [ $dan, 'EUR:0.50' ], [ $erin, 'E
 }
 sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_MESSAGE', 'EUR:1')");
 sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_DAY', 'EUR:10')");
+sql("SELECT pepsi.settings_set('$vic', 'AUTO_PAY_PER_MESSAGE', 'EUR:1')");
+sql("SELECT pepsi.settings_set('$vic', 'AUTO_PAY_PER_DAY', 'EUR:10')");
 
 my $ingress_log = "$shared/ingress.log";
 my $ingress = start_dispatcher($config, program => [ as_cluster_user(pepsi_bin('pepsi-ingress')) ],
@@ -254,7 +282,99 @@ is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND outcome =
 	'still one payment made');
 is(scalar(mails($dan)) + scalar(mails($erin)), 0, 'dan\'s and erin\'s messages stay held');
 
-# 5. The record is bounded: the schedule prunes it.
+# 5. The limit per day: ann's payments of the last day (EUR:0.50 to bob)
+# may reach EUR:1; frank's EUR:0.40 fits, gina's EUR:0.40 would cross it.
+wallet_mode('pay');
+sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_DAY', 'EUR:1')");
+send_mail($ann, $frank, subject => 'to frank');
+ok(poll_until(sub { payments() =~ /paid \Q$frank\E EUR:0\.40/ }, 90), 'frank\'s EUR:0.40 is paid, within the day\'s EUR:1')
+  or diag(queue_dump());
+ok(poll_until(sub { grep({ /^Subject: to frank\r$/m } mails($frank)) == 1 }, 90), 'and frank\'s secretary released it');
+send_mail($ann, $gina, subject => 'to gina');
+ok(poll_until(sub { payments() =~ /refused \Q$gina\E EUR:0\.40/ }, 90), 'gina\'s EUR:0.40 is refused')
+  or diag(queue_dump());
+is(sql("SELECT reason FROM pepsi.payment WHERE direction = 'out' AND peer = '$gina'"),
+	"EUR:0.40 would bring the last day's payments to EUR:1.30, over the limit per day, EUR:1 (AUTO_PAY_PER_DAY)",
+	'the audit row says why');
+ok(file_shows("$shared/dispatch.log", qr/<\Q$gina\E> for EUR:0\.40 not paid: .*over the limit per day, EUR:1 \(AUTO_PAY_PER_DAY\)/),
+	'logged');
+ok(poll_until(sub { scalar(request_from($gina)) == 1 }, 60), 'the request is delivered to ann, unpaid');
+is(scalar(split /\n/, wallet_log()), 2, 'the wallet ran for frank only');
+is(scalar(mails($gina)), 0, 'gina\'s message is held');
+
+# 6. The limit per recipient domain: shop.test has had EUR:0.90 of the
+# day's EUR:1.20; harry's EUR:0.40 would cross it (the day's limit would
+# not), ivan's EUR:0.10 fits.
+sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_DAY', 'EUR:10')");
+sql("SELECT pepsi.settings_set('$ann', 'AUTO_PAY_PER_DOMAIN', 'EUR:1.20')");
+send_mail($ann, $harry, subject => 'to harry');
+ok(poll_until(sub { payments() =~ /refused \Q$harry\E EUR:0\.40/ }, 90), 'harry\'s EUR:0.40 is refused')
+  or diag(queue_dump());
+is(sql("SELECT reason FROM pepsi.payment WHERE direction = 'out' AND peer = '$harry'"),
+	"EUR:0.40 would bring the last day's payments to shop.test to EUR:1.30, over the limit per recipient domain,"
+	  . " EUR:1.20 (AUTO_PAY_PER_DOMAIN)",
+	'the audit row says why');
+ok(file_shows("$shared/dispatch.log", qr/<\Q$harry\E> for EUR:0\.40 not paid: .*\(AUTO_PAY_PER_DOMAIN\)/), 'logged');
+send_mail($ann, $ivan, subject => 'to ivan');
+ok(poll_until(sub { payments() =~ /paid \Q$ivan\E EUR:0\.10/ }, 90), 'ivan\'s EUR:0.10 fits, paid') or diag(queue_dump());
+is(scalar(split /\n/, wallet_log()), 3, 'the wallet ran for ivan, not harry');
+is(scalar(mails($harry)), 0, 'harry\'s message is held');
+
+# 7. A request, signed by shop.test, answering a message ann sent to
+# local.test only: not paid, not even recorded (it is no request of hers).
+my ($zrc, $to_zoe) = send_mail($ann, $zoe, subject => 'to zoe');
+ok(poll_until(sub { grep({ /^Subject: to zoe\r$/m } mails($zoe)) == 1 }, 90), 'ann writes to zoe at local.test');
+{
+	require Mail::DKIM::Signer;
+	require Mail::DKIM::TextWrap;
+	my $msg = "From: <$bob>\r\nTo: <$ann>\r\nSubject: pay for zoe\r\nMessage-ID: <z.$tag\@shop.test>\r\n"
+	  . "Date: Sun, 6 Dec 2026 12:00:00 +0000\r\nIn-Reply-To: <$to_zoe>\r\n"
+	  . "Payment-Request: taler://pay/pay.shop.test/instances/mail/pepsi-999999/\r\nPayment-Amount: EUR:0.10\r\n"
+	  . "\r\nPay me.\r\n";
+	my $signer = Mail::DKIM::Signer->new(Algorithm => 'rsa-sha256', Method => 'relaxed', Domain => 'shop.test',
+		Selector => 's1', KeyFile => $key,
+		Headers => 'from:to:subject:message-id:date:in-reply-to:payment-request:payment-amount');
+	$signer->PRINT($msg);
+	$signer->CLOSE;
+	my $data = $signer->signature->as_string . "\r\n" . $msg;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'swaks', '--server', '127.0.0.1', '--port', $port, '--ehlo', 'mx.client.test',
+			'--from', $bob, '--to', $ann, '--data', '-' ],
+		'<', \$data, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	is($?, 0, 'a signed request for the message to zoe is taken') or diag($out . $err);
+}
+ok(poll_until(sub { grep({ /^Subject: pay for zoe\r$/m } mails($ann)) == 1 }, 60), 'and delivered');
+like((grep { /^Subject: pay for zoe\r$/m } mails($ann))[0], qr/^Authentication-Results: mx\.pepsi\.test;.*dkim=pass/ms,
+	'its signature passed');
+ok(file_shows("$shared/dispatch.log",
+		qr/<\Q$bob\E> for EUR:0\.10 not paid: it answers no message this address sent to that domain/),
+	'not paid: logged');
+is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND uri LIKE '%pepsi-999999%'"), '0',
+	'no payment row');
+is(scalar(split /\n/, wallet_log()), 3, 'the wallet did not run');
+
+# 8. No limit set by the owner: nothing paid, the audit says why.
+sql("SELECT pepsi.settings_unset('$ann', 'AUTO_PAY_PER_DAY')");
+sql("SELECT pepsi.settings_unset('$ann', 'AUTO_PAY_PER_DOMAIN')");
+send_mail($ann, $jack, subject => 'to jack');
+ok(poll_until(sub { payments() =~ /refused \Q$jack\E EUR:0\.10/ }, 90), 'without AUTO_PAY_PER_DAY jack\'s EUR:0.10 is refused')
+  or diag(queue_dump());
+is(sql("SELECT reason FROM pepsi.payment WHERE direction = 'out' AND peer = '$jack'"),
+	'no limit is set (AUTO_PAY_PER_MESSAGE and AUTO_PAY_PER_DAY)', 'the audit row says why');
+is(scalar(split /\n/, wallet_log()), 3, 'the wallet did not run');
+
+# 9. A virtual user: vic of virt.test pays through WALLET_DIR/virt.test,
+# run as WALLET_USER, within vic's limits.
+send_mail($vic, $kim, subject => 'to kim');
+ok(poll_until(sub { payments() =~ /paid \Q$kim\E EUR:0\.50/ }, 90), 'vic\'s request from kim is paid')
+  or diag(queue_dump(), "\n", slurp("$shared/dispatch.log"));
+is(sql("SELECT address FROM pepsi.payment WHERE direction = 'out' AND peer = '$kim'"), $vic, 'by vic');
+like(virtual_wallet_log(), qr{^$wuid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/ EUR:0\.50 \Q$vic\E$},
+	'through WALLET_DIR/virt.test, as WALLET_USER, with the payer');
+ok(poll_until(sub { grep({ /^Subject: to kim\r$/m } mails($kim)) == 1 }, 90), 'kim\'s secretary released it');
+is(scalar(split /\n/, wallet_log()), 3, 'ann\'s wallet did not run');
+
+# 10. The record is bounded: the schedule prunes it.
 sql("UPDATE pepsi.outbound_message SET sent_at = now() - interval '40 days'");
 sql("SELECT pepsi.schedule_add('outbound-prune', now(), interval '1 day', function_name => 'outbound_message_prune',"
 	  . " arguments => '{\"older_than\": \"30 days\"}')");
