@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# bench/list: mailing lists, Pepsi against mlmmj + a stock Postfix, side by
+# side on this machine, on a simulated internet (as bench/relay-internet):
+# SUBSCRIBERS (10,000) subscribers spread over DOMAINS (500) domains whose
+# MX records spread them over 20 MX hosts, each a Postfix smtp-sink on
+# 127.0.0.140-159 port 25, all served by one DNS server on 127.0.0.199:53
+# (t/lib/testdns.py).
+#
+#   big:   one post of 20 KB (BENCH_POST_SIZE) to the SUBSCRIBERS list
+#   small: POSTS (1,000) posts to a list of SMALL (100) subscribers spread
+#          over SMALL_DOMAINS (20) domains
+# each in both modes:
+#   verp:  a copy per subscriber, on its own return path (Pepsi: one row
+#          per subscriber; mlmmj: control/verp, one SMTP transaction per
+#          subscriber to Postfix)
+#   plain: Pepsi one row per destination domain; mlmmj its default
+#          (maxverprecips 100 recipients per transaction to Postfix, which
+#          splits them by domain)
+#
+#   pepsi:  post.py -> pepsi-ingress -> pepsi-stage-list (fan-out) ->
+#           relay-to-internet (MX through DNS_FORWARDER = the DNS server)
+#           -> the MX hosts; the queue a durable cluster (bench/lib.sh)
+#   mlmmj:  post.py -> a private stock Postfix -> pipe transport
+#           mlmmj-receive (as the unprivileged user) -> mlmmj-send ->
+#           relayhost = that same Postfix's smtpd -> the MX hosts, its
+#           smtp client resolving MX records through the same DNS server
+#           (chrooted in its queue directory, whose etc/resolv.conf names
+#           127.0.0.199: no transport map)
+#
+# The time runs from the first post sent to the last copy the MX hosts
+# received (counted in SMTP transactions: the number each side must make
+# is computed from the subscribers and the batching).  The sides
+# alternate (pepsi, mlmmj for each case) BENCH_REPEATS times (5); each
+# run's times and ratio mlmmj/pepsi are printed, then the medians, the
+# spread (min .. max) and the median ratio (target >= 3).  One unmeasured
+# warm-up run of each side first.  The load average is printed.
+#
+# BENCH_SUBSCRIBERS, BENCH_DOMAINS, BENCH_POSTS, BENCH_SMALL,
+# BENCH_SMALL_DOMAINS, BENCH_REPEATS, BENCH_CASES ("big small"),
+# BENCH_MODES ("verp plain"), BENCH_RELAY_WORKERS (30) make it smaller.
+#
+# Run as root (ports 25 and 53 on loopback addresses; postfix).
+#
+# Figures: see the end of this comment (recorded runs).
+#
+# Recorded 2026-12-06 (2 cores, shared; load 6.3 before, 15.2 after), NOT
+# the issue's size: BENCH_SUBSCRIBERS=1000 BENCH_DOMAINS=50 BENCH_POSTS=10
+# BENCH_SMALL=100 BENCH_SMALL_DOMAINS=20 BENCH_REPEATS=3 (medians of 3, not
+# 5; seconds to the last delivery, min .. max; ratio mlmmj+postfix/pepsi):
+#   big verp    pepsi 11.51 (7.37 .. 17.10)  mlmmj 54.22 (52.09 .. 56.96)  ratio 4.53 (3.33 .. 7.36)
+#   big plain   pepsi  1.34 (1.27 .. 1.43)   mlmmj  1.54 (1.44 .. 1.81)    ratio 1.08 (1.07 .. 1.43)
+#   small verp  pepsi  7.78 (7.52 .. 10.07)  mlmmj  9.43 (9.17 .. 11.75)   ratio 1.22 (0.94 .. 1.51)
+#   small plain pepsi  3.61 (3.34 .. 5.32)   mlmmj  3.33 (2.89 .. 3.57)    ratio 0.87 (0.67 .. 0.92)
+# The 3x target is met only for the big VERP fan-out at this size.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+
+repeats=${BENCH_REPEATS:-5}
+subscribers=${BENCH_SUBSCRIBERS:-10000}
+domains=${BENCH_DOMAINS:-500}
+posts=${BENCH_POSTS:-1000}
+small=${BENCH_SMALL:-100}
+small_domains=${BENCH_SMALL_DOMAINS:-20}
+post_size=${BENCH_POST_SIZE:-20480}
+cases=${BENCH_CASES:-big small}
+modes=${BENCH_MODES:-verp plain}
+workers=${BENCH_RELAY_WORKERS:-30}
+dns_address=127.0.0.199
+mx_hosts=20
+log=$(bench_log list)
+
+[ "$(id -u)" = 0 ] || { echo "bench/list runs as root (ports 25 and 53)" >&2; exit 1; }
+command -v mlmmj-receive >/dev/null || { echo "bench/list needs mlmmj (apt-get install mlmmj)" >&2; exit 1; }
+bench_postfix_install
+bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-list pepsi-stage-relay-to-internet
+postfix_dir=
+
+cleanup() {
+    if [ -n "$postfix_dir" ]; then
+        bench_postfix_stop "$postfix_dir"
+    fi
+    bench_cleanup
+}
+bench_cluster_start "max_connections = 200"
+trap cleanup EXIT
+
+# The subscribers, in the order mlmmj reads them (one file): u<k>@d<j>,
+# each domain's together.  subs N D: N addresses over D domains.
+subs() {
+    awk -v n="$1" -v d="$2" -v tag="$3" 'BEGIN {
+        for (j = 0; j < d; j++)
+            for (k = j; k < n; k += d) printf "u%d%s@d%d.bench.test\n", k, tag, j }'
+}
+# transactions FILE MODE: the SMTP transactions the MX hosts see for one
+# post: one per subscriber with VERP; else one per domain for Pepsi and,
+# for mlmmj, the domains of each batch of 100 recipients.
+transactions() {
+    local file=$1 side=$2 mode=$3
+    if [ "$mode" = verp ]; then
+        wc -l <"$file"
+    elif [ "$side" = pepsi ]; then
+        sed 's/.*@//' "$file" | sort -u | wc -l
+    else
+        awk -F@ '{ b = int((NR - 1) / 100); if (!seen[b, $2]++) n++ } END { print n + 0 }' "$file"
+    fi
+}
+
+zone="$BENCH_DIR/internet.zone"
+{
+    echo "bench.test. 3600 IN SOA ns.bench.test. hostmaster.bench.test. 1 3600 600 86400 3600"
+    for ((h = 0; h < mx_hosts; h++)); do
+        echo "mx$h.bench.test. 3600 IN A 127.0.0.$((140 + h))"
+    done
+    max_domains=$((domains > small_domains ? domains : small_domains))
+    for ((i = 0; i < max_domains; i++)); do
+        echo "d$i.bench.test. 3600 IN MX 10 mx$((i % mx_hosts)).bench.test."
+    done
+} >"$zone"
+bench_dns_start "$dns_address" 53 "$zone"
+sinks=()
+for ((h = 0; h < mx_hosts; h++)); do
+    bench_sink_start_at "127.0.0.$((140 + h))" 25 "$BENCH_DIR/sink$h.out"
+    sinks+=("$BENCH_DIR/sink$h.out")
+done
+delivered() { bench_sinks_count "${sinks[@]}"; }
+
+subs "$subscribers" "$domains" "" >"$BENCH_DIR/big.subs"
+subs "$small" "$small_domains" s >"$BENCH_DIR/small.subs"
+
+# Pepsi: four lists (big, bigv, small, smallv), open to anyone's posts.
+pepsi_port=$(bench_free_port)
+postfix_port=$(bench_free_port)
+give_to_user "$BENCH_DIR/big.subs" "$BENCH_DIR/small.subs"
+for l in big small; do
+    for v in "" v; do
+        bench_psql -c "SELECT pepsi.list_configure(id, 'posting_policy', 'open'),
+                pepsi.list_configure(id, 'verp', '$([ "$v" = v ] && echo true || echo false)'),
+                pepsi.list_configure(id, 'dmarc_mitigation', 'none')
+            FROM (SELECT pepsi.list_create('$l$v@lists.bench.test', 'owner@poster.bench.test', '$l') AS id) c" >/dev/null
+        bench_psql -c "CREATE TEMP TABLE s (a text)" -c "\\copy s FROM '$BENCH_DIR/$l.subs'" \
+            -c "SELECT count(pepsi.list_member_add(m.id, s.a)) FROM s,
+                    pepsi.mailing_list m WHERE m.address = '$l$v@lists.bench.test'" >/dev/null
+    done
+done
+bench_pepsi_start "$pepsi_port" "[stage-init]
+PROGRAM = pepsi-stage-list
+NEXT_STAGE = internet
+REPLY_STAGE = internet
+PARALLELISM = 2
+[stage-internet]
+PROGRAM = pepsi-stage-relay-to-internet
+PARALLELISM = $workers
+QUEUE_LIMIT = 4
+SESSION_CACHE = 20
+RETRY_BASE = 10s" "" "LOCAL_DOMAINS = lists.bench.test
+LOCAL_RECIPIENTS = virtual
+DNS_FORWARDER = $dns_address@53"
+
+# mlmmj: the same four lists, spooled under the unprivileged user.
+ml_dir="$BENCH_DIR/mlmmj"
+for l in big small; do
+    for v in "" v; do
+        d="$ml_dir/$l$v"
+        for sub in incoming queue queue/discarded archive text subconf unsubconf bounce control \
+            moderation subscribers.d digesters.d requeue nomailsubs.d; do
+            mkdir -p "$d/$sub"
+        done
+        echo "$l$v@lists.bench.test" >"$d/control/listaddress"
+        echo "owner@poster.bench.test" >"$d/control/owner"
+        echo 127.0.0.1 >"$d/control/relayhost"
+        echo "$postfix_port" >"$d/control/smtpport"
+        [ "$v" != v ] || echo mlmmj >"$d/control/verp"  # empty would mean unset
+        cp "$BENCH_DIR/$l.subs" "$d/subscribers.d/u"
+    done
+done
+give_to_user "$ml_dir"
+
+# Stock Postfix, the lists' addresses piped to mlmmj-receive, delivering
+# by MX; its smtp client chrooted so that it reads the queue directory's
+# etc/resolv.conf.
+postfix_dir=$(mktemp -d /tmp/pepsi-bench-postfix.XXXXXX)
+mkdir -p "$postfix_dir/etc"
+for l in big bigv small smallv; do
+    echo "$l@lists.bench.test mlmmj:$l"
+done >"$postfix_dir/etc/transport"
+bench_postfix_start "$postfix_dir" "$postfix_port" "relay_domains = lists.bench.test" \
+    "transport_maps = hash:$postfix_dir/etc/transport" "recipient_delimiter = +" \
+    "mlmmj_destination_recipient_limit = 1"
+postmap -c "$postfix_dir/etc" "$postfix_dir/etc/transport"
+cat >>"$postfix_dir/etc/master.cf" <<CF
+mlmmj unix - n n - - pipe
+  flags=ORhu user=$PEPSI_USER argv=/usr/bin/mlmmj-receive -F -L $ml_dir/\${nexthop}/
+CF
+mkdir -p "$postfix_dir/spool/etc"
+echo "nameserver $dns_address" >"$postfix_dir/spool/etc/resolv.conf"
+printf 'hosts: files dns\n' >"$postfix_dir/spool/etc/nsswitch.conf"
+: >"$postfix_dir/spool/etc/hosts"
+cp /etc/services "$postfix_dir/spool/etc/services"
+postconf -c "$postfix_dir/etc" -F smtp/unix/chroot=y
+/usr/sbin/postfix -c "$postfix_dir/etc" reload >/dev/null 2>&1
+
+# measure SIDE CASE MODE: prints the seconds from the first post sent to
+# the last transaction received.
+measure() {
+    local side=$1 case=$2 mode=$3 list port count want base start end
+    list=$case$([ "$mode" = verp ] && echo v || true)@lists.bench.test
+    port=$([ "$side" = pepsi ] && echo "$pepsi_port" || echo "$postfix_port")
+    count=$([ "$case" = big ] && echo 1 || echo "$posts")
+    want=$(($(transactions "$BENCH_DIR/$case.subs" "$side" "$mode") * count))
+    base=$(delivered)
+    start=$(date +%s.%N)
+    python3 "$here/post.py" "$port" "$count" "$list" "$post_size" >>"$log" 2>&1 || {
+        echo "$side: posting to $list failed (see $log)" >&2
+        return 1
+    }
+    # 20 minutes at most.
+    for _ in $(seq 1 24000); do
+        [ "$(delivered)" -ge $((base + want)) ] && break
+        sleep 0.05
+    done
+    end=$(date +%s.%N)
+    if [ "$(delivered)" -lt $((base + want)) ]; then
+        echo "$side $case $mode: only $(($(delivered) - base)) of $want transactions arrived" >&2
+        return 1
+    fi
+    awk -v a="$start" -v e="$end" 'BEGIN { printf "%.2f\n", e - a }'
+}
+pepsi_reset() { bench_queue_empty pepsi.destination; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+min() { printf '%s\n' "$@" | sort -g | head -1; }
+max() { printf '%s\n' "$@" | sort -g | tail -1; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+
+echo "bench/list: big = 1 post of $post_size bytes to $subscribers subscribers over $domains domains;" \
+    "small = $posts posts to $small subscribers over $small_domains domains; 20 MX hosts;" \
+    "modes: $modes; $repeats runs a side alternating; Pepsi as $BENCH_PEPSI_FLAVOUR, $workers relay workers"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_started=$(date +%s)
+for c in $cases; do
+    for m in $modes; do
+        pepsi_reset
+        wp=$(measure pepsi "$c" "$m")
+        sync
+        wm=$(measure mlmmj "$c" "$m")
+        echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s"
+        declare -a tp=() tm=() rr=()
+        for ((r = 1; r <= repeats; r++)); do
+            pepsi_reset
+            sleep 1
+            p=$(measure pepsi "$c" "$m")
+            sync
+            q=$(measure mlmmj "$c" "$m")
+            tp+=("$p") tm+=("$q") rr+=("$(ratio "$q" "$p")")
+            printf 'run %d %s %s: pepsi %s s, mlmmj+postfix %s s, ratio %s (load %s)\n' \
+                "$r" "$c" "$m" "$p" "$q" "${rr[-1]}" "$(load)"
+        done
+        printf '%s %s: pepsi median %s s (runs %s .. %s), mlmmj+postfix median %s s (runs %s .. %s),' \
+            "$c" "$m" "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")" \
+            "$(bench_median "${tm[@]}")" "$(min "${tm[@]}")" "$(max "${tm[@]}")"
+        printf ' ratio median %s (runs %s .. %s; target >= 3.00)\n' \
+            "$(bench_median "${rr[@]}")" "$(min "${rr[@]}")" "$(max "${rr[@]}")"
+    done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "the benchmark took $(($(date +%s) - bench_started)) s"
