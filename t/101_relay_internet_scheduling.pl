@@ -76,7 +76,13 @@ is(log_count(qr/\@limited\.test>, [^\n]*status=deferred/), 0,
 	'its refusals of further connections counted no retry against any message');
 is(log_count(qr/status=(?:bounced|expired)/), 0, 'nothing bounced');
 my $refused = () = slurp("$limited->{dir}/transcript") =~ /refused: too many sessions/g;
-cmp_ok($refused, '<', 0.4 * $each,
+# The bound: eight workers against a window that never narrowed would be
+# refused about three times for each message delivered (six of eight
+# connections a turn, two messages a turn), some 1,500 here; a narrowed
+# window's refusals are those of the narrowing, 185 on a quiet machine and
+# up to about 230 on a loaded one (where the narrowing takes longer).  One
+# a message tells the two apart with room on both sides.
+cmp_ok($refused, '<', $each,
 	"the destination's window narrowed: $refused connections refused for $each messages");
 
 # A dead destination: nothing listens at its MX's address.

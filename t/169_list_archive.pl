@@ -148,6 +148,12 @@ like(post(message(undef, 'Broken', "MIME-Version: 1.0\nContent-Type: multipart/m
 like(post(message('big@client.test', 'Big', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
 	"--b\nContent-Type: text/plain\n\nsee attached\n--b\nContent-Type: text/html\nContent-Disposition: attachment;"
 	  . " filename=\"a.html\"\nContent-Transfer-Encoding: base64\n\n$big--b--\n")), qr/^250 /, 'a post with a big attachment');
+# The list stage holds a post with broken MIME for its moderators (its
+# reason in pepsi.list_held); approved, it goes out and is archived as it
+# came, its problem kept.
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE subject = 'Broken' AND decision IS NULL") eq '1' }, 60),
+	'the broken post is held for the moderators') or why_not();
+sql("SELECT pepsi.list_decide((SELECT id FROM pepsi.list_held WHERE subject = 'Broken'), 'approve', NULL)");
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '5' }, 60), 'both archived') or why_not();
 ok(settled(), 'and delivered') or why_not();
 like(sql("SELECT array_to_string(problems, '; ') FROM pepsi.archive_message WHERE subject = 'Broken'"),

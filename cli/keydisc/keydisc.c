@@ -455,6 +455,11 @@ pepsi_keydisc_main(int argc, char **argv)
 	int			   c, rc = CLI_EX_OK;
 
 	memset(&k, 0, sizeof(k));
+	if (argc > 1 && cli_is_help(argv[1]))
+	{
+		printf("usage: pepsi-keydisc [-c CONFIG]\n");
+		return CLI_EX_OK;
+	}
 	while ((c = getopt(argc, argv, "c:")) != -1)
 		if (c == 'c')
 			config_path = optarg;
