@@ -64,6 +64,17 @@ like($zone{'ed2026._domainkey.example.org'}, qr/^v=DKIM1; k=ed25519; p=[A-Za-z0-
 	'pepsi-keys prints the Ed25519 record (the bare 32-octet key, RFC 8463)');
 is((stat("$dir/org-rsa.pem"))[2] & 07777, 0600, 'pepsi-keys writes the private key mode 0600');
 
+# A key size that is not a whole number is refused, not read as 0 or 12.
+for my $bits ('2048x', 'x', '')
+{
+	my ($out, $err);
+	IPC::Run::run([ ($ENV{PEPSI_BIN} // 'build/bin') . '/pepsi-keys', 'generate', '-a', 'rsa-sha256', '-b', $bits,
+		'-o', "$dir/bad-bits.pem" ], '<', \undef, '>', \$out, '2>', \$err);
+	is($? >> 8, 64, "pepsi-keys generate -b '$bits': exit status 64");
+	like($err, qr/-b \Q$bits\E: RSA keys are 2048 to \d+ bits/, "pepsi-keys generate -b '$bits': the reason");
+}
+ok(!-e "$dir/bad-bits.pem", 'pepsi-keys generate with a bad -b writes no key file');
+
 # Keys that must not be used: readable by others, of the wrong type, gone.
 my ($open_key) = make_key($dir, 'open', 'rsa-sha256');
 chmod 0644, $open_key;

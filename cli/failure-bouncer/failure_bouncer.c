@@ -111,7 +111,6 @@ pepsi_failure_bouncer_main(int argc, char **argv)
 	char				 max_rows[24];
 	char				 err[512];
 	const char			*values[5];
-	char				*end;
 	int					 opt;
 	int					 rc = CLI_EX_OK;
 
@@ -137,9 +136,7 @@ pepsi_failure_bouncer_main(int argc, char **argv)
 				o.bounce_stage = optarg;
 				break;
 			case 'n':
-				errno = 0;
-				o.max_rows = strtol(optarg, &end, 10);
-				if (*end || end == optarg || errno != 0 || o.max_rows < 1 || o.max_rows > 100000)
+				if (!cli_parse_int_range(optarg, 1, 100000, &o.max_rows))
 				{
 					fprintf(stderr, FB_PROGRAM ": --max-rows takes a whole number from 1 to 100000, not \"%s\"\n",
 							optarg);

@@ -819,7 +819,7 @@ keys_identity_main(int argc, char **argv)
 	const char			*config_path = NULL;
 	const char			*type = "ed25519";
 	const char			*password_file = NULL;
-	int					 days = 0;
+	long				 days = 0;
 	int					 c, rc = CLI_EX_OK;
 	struct pepsi_config *cfg = NULL;
 	PGconn				*conn;
@@ -854,8 +854,7 @@ keys_identity_main(int argc, char **argv)
 				password_file = optarg;
 				break;
 			case 'e':
-				days = atoi(optarg);
-				if (days < 1 || days > 36500)
+				if (!cli_parse_int_range(optarg, 1, 36500, &days))
 				{
 					fprintf(stderr, "pepsi-keys: -e %s: a key lives 1 to 36500 days\n", optarg);
 					return CLI_EX_USAGE;

@@ -199,7 +199,7 @@ pepsi_keys_main(int argc, char **argv)
 	const char		   *out = NULL;
 	const char		   *config_path = PEPSI_CONFIG_DEFAULT_PATH;
 	enum sign_algorithm algorithm = SIGN_RSA_SHA256;
-	int					bits = 2048;
+	long				bits = 2048;
 	int					c;
 
 	log_init("pepsi-keys", false);
@@ -222,7 +222,12 @@ pepsi_keys_main(int argc, char **argv)
 				algorithm_name = optarg;
 				break;
 			case 'b':
-				bits = atoi(optarg);
+				if (!cli_parse_int_range(optarg, 1, KEYS_RSA_MAX_BITS, &bits))
+				{
+					fprintf(stderr, "pepsi-keys: -b %s: RSA keys are %d to %d bits (2048 or 3072)\n", optarg,
+							KEYS_RSA_MIN_BITS, KEYS_RSA_MAX_BITS);
+					return CLI_EX_USAGE;
+				}
 				break;
 			case 'o':
 				out = optarg;

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,7 +453,6 @@ pepsi_queue_main(int argc, char **argv)
 	PGconn				*conn;
 	int					 opt;
 	int					 rc = CLI_EX_OK;
-	char				*end;
 
 	log_init("pepsi-queue", false);
 	while ((opt = getopt_long(argc, argv, "C:jn:h", long_options, NULL)) != -1)
@@ -465,10 +465,8 @@ pepsi_queue_main(int argc, char **argv)
 				o.as_json = true;
 				break;
 			case 'n':
-				errno = 0;
-				o.limit = strtol(optarg, &end, 10);
 				o.limit_given = true;
-				if (*end || end == optarg || errno != 0 || o.limit <= 0)
+				if (!cli_parse_int_range(optarg, 1, LONG_MAX, &o.limit))
 				{
 					fprintf(stderr, "pepsi-queue: --limit takes a positive whole number, not \"%s\"\n", optarg);
 					return CLI_EX_USAGE;

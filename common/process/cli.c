@@ -110,6 +110,22 @@ cli_parse_id(const char *text, long long *id)
 	return *end == '\0' && errno == 0 && *id > 0;
 }
 
+bool
+cli_parse_int_range(const char *text, long min, long max, long *value)
+{
+	char *end;
+	long  v;
+
+	if (!((text[0] >= '0' && text[0] <= '9') || (text[0] == '-' && min < 0)))
+		return false;
+	errno = 0;
+	v = strtol(text, &end, 10);
+	if (end == text || *end != '\0' || errno != 0 || v < min || v > max)
+		return false;
+	*value = v;
+	return true;
+}
+
 int
 cli_db_exit_code(PGresult *res, PGconn *conn)
 {

@@ -66,6 +66,13 @@ PGconn *cli_connect(const char *program, const char *config_path, enum cli_role 
 /* A workqueue id argument: a positive whole number that fits a bigint. */
 bool cli_parse_id(const char *text, long long *id);
 /*
+ * A whole-number option argument from min to max: all of text is digits
+ * (a leading minus only where min is negative), no overflow.  atoi() took
+ * "12x" as 12 and "x" as 0, which then met a range check with a misleading
+ * message or none; the caller prints its own, naming the option.
+ */
+bool cli_parse_int_range(const char *text, long min, long max, long *value);
+/*
  * Print rows: aligned columns with a header, or a JSON array of objects.
  * In the table a line break, tab or other control character in a value is
  * shown escaped ("\n", "\t", "\x01"), so that one row stays one line.
