@@ -507,40 +507,16 @@ archive_run(PGconn *conn, const char *command, int nargs, char **argv, bool as_j
 int
 pepsi_archive_main(int argc, char **argv)
 {
-	static const struct option	  long_options[] = {{"config", required_argument, NULL, 'C'},
-													{"json", no_argument, NULL, 'j'},
-													{"help", no_argument, NULL, 'h'},
-													{NULL, 0, NULL, 0}};
 	const char					 *config_path = NULL;
 	bool						  as_json = false;
 	struct pepsi_config			 *cfg = NULL;
 	const struct archive_command *c;
 	PGconn						 *conn;
 	int							  nargs;
-	int							  opt;
 	int							  rc = CLI_EX_OK;
 
-	while ((opt = getopt_long(argc, argv, "+C:jh", long_options, NULL)) != -1)
-		switch (opt)
-		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'j':
-				as_json = true;
-				break;
-			case 'h':
-				archive_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				archive_usage(stderr);
-				return CLI_EX_USAGE;
-		}
-	if (optind >= argc)
-	{
-		archive_usage(stderr);
-		return CLI_EX_USAGE;
-	}
+	if (!cli_command_options(argc, argv, archive_usage, true, &config_path, &as_json, NULL, &rc))
+		return rc;
 	for (c = archive_commands; c->name && strcmp(c->name, argv[optind]) != 0; c++)
 		;
 	nargs = argc - optind - 1;

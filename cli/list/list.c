@@ -374,40 +374,16 @@ list_run(PGconn *conn, const char *command, int nargs, char **argv, bool as_json
 int
 pepsi_list_main(int argc, char **argv)
 {
-	static const struct option long_options[] = {{"config", required_argument, NULL, 'C'},
-												 {"json", no_argument, NULL, 'j'},
-												 {"help", no_argument, NULL, 'h'},
-												 {NULL, 0, NULL, 0}};
 	const char				  *config_path = NULL;
 	bool					   as_json = false;
 	struct pepsi_config		  *cfg = NULL;
 	const struct list_command *c;
 	PGconn					  *conn;
 	int						   nargs;
-	int						   opt;
 	int						   rc = CLI_EX_OK;
 
-	while ((opt = getopt_long(argc, argv, "+C:jh", long_options, NULL)) != -1)
-		switch (opt)
-		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'j':
-				as_json = true;
-				break;
-			case 'h':
-				list_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				list_usage(stderr);
-				return CLI_EX_USAGE;
-		}
-	if (optind >= argc)
-	{
-		list_usage(stderr);
-		return CLI_EX_USAGE;
-	}
+	if (!cli_command_options(argc, argv, list_usage, true, &config_path, &as_json, NULL, &rc))
+		return rc;
 	for (c = list_commands; c->name && strcmp(c->name, argv[optind]) != 0; c++)
 		;
 	nargs = argc - optind - 1;

@@ -321,47 +321,19 @@ quota_recount(PGconn *conn, const struct pepsi_config *cfg, const char *config_p
 int
 pepsi_quota_main(int argc, char **argv)
 {
-	static const struct option long_options[] = {{"config", required_argument, NULL, 'C'},
-												 {"json", no_argument, NULL, 'j'},
-												 {"section", required_argument, NULL, 's'},
-												 {"help", no_argument, NULL, 'h'},
-												 {NULL, 0, NULL, 0}};
-	const char				  *config_path = NULL;
-	const char				  *section = NULL;
-	bool					   as_json = false;
-	struct pepsi_config		  *cfg = NULL;
-	const char				  *command;
-	PGconn					  *conn;
-	PGresult				  *res = NULL;
-	int						   nargs;
-	int						   opt;
-	int						   rc = CLI_EX_OK;
+	const char			*config_path = NULL;
+	const char			*section = NULL;
+	bool				 as_json = false;
+	struct pepsi_config *cfg = NULL;
+	const char			*command;
+	PGconn				*conn;
+	PGresult			*res = NULL;
+	int					 nargs;
+	int					 rc = CLI_EX_OK;
 
 	privilege_setid_start();
-	while ((opt = getopt_long(argc, argv, "+C:js:h", long_options, NULL)) != -1)
-		switch (opt)
-		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'j':
-				as_json = true;
-				break;
-			case 's':
-				section = optarg;
-				break;
-			case 'h':
-				quota_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				quota_usage(stderr);
-				return CLI_EX_USAGE;
-		}
-	if (optind >= argc)
-	{
-		quota_usage(stderr);
-		return CLI_EX_USAGE;
-	}
+	if (!cli_command_options(argc, argv, quota_usage, true, &config_path, &as_json, &section, &rc))
+		return rc;
 	command = argv[optind];
 	nargs = argc - optind - 1;
 	argv += optind + 1;

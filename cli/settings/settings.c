@@ -73,41 +73,17 @@ settings_nargs(const char *command, int have, int min, int max)
 int
 pepsi_settings_main(int argc, char **argv)
 {
-	static const struct option long_options[] = {{"config", required_argument, NULL, 'C'},
-												 {"json", no_argument, NULL, 'j'},
-												 {"help", no_argument, NULL, 'h'},
-												 {NULL, 0, NULL, 0}};
-	const char				  *config_path = NULL;
-	bool					   as_json = false;
-	struct pepsi_config		  *cfg = NULL;
-	const char				  *command;
-	PGconn					  *conn;
-	PGresult				  *res;
-	int						   nargs;
-	int						   opt;
-	int						   rc = CLI_EX_OK;
+	const char			*config_path = NULL;
+	bool				 as_json = false;
+	struct pepsi_config *cfg = NULL;
+	const char			*command;
+	PGconn				*conn;
+	PGresult			*res;
+	int					 nargs;
+	int					 rc = CLI_EX_OK;
 
-	while ((opt = getopt_long(argc, argv, "+C:jh", long_options, NULL)) != -1)
-		switch (opt)
-		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'j':
-				as_json = true;
-				break;
-			case 'h':
-				settings_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				settings_usage(stderr);
-				return CLI_EX_USAGE;
-		}
-	if (optind >= argc)
-	{
-		settings_usage(stderr);
-		return CLI_EX_USAGE;
-	}
+	if (!cli_command_options(argc, argv, settings_usage, true, &config_path, &as_json, NULL, &rc))
+		return rc;
 	command = argv[optind];
 	nargs = argc - optind - 1;
 	argv += optind + 1;

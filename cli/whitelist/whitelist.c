@@ -355,39 +355,20 @@ out:
 int
 pepsi_whitelist_main(int argc, char **argv)
 {
-	static const struct option long_options[] = {{"config", required_argument, NULL, 'C'},
-												 {"json", no_argument, NULL, 'j'},
-												 {"help", no_argument, NULL, 'h'},
-												 {NULL, 0, NULL, 0}};
-	const char				  *config_path = NULL;
-	bool					   as_json = false;
-	struct pepsi_config		  *cfg;
-	struct passwd			  *pw = NULL;
-	const char				  *command;
-	char					  *owner;
-	char					   err[1024];
-	PGconn					  *conn;
-	int						   nargs;
-	int						   opt;
-	int						   rc = CLI_EX_OK;
+	const char			*config_path = NULL;
+	bool				 as_json = false;
+	struct pepsi_config *cfg;
+	struct passwd		*pw = NULL;
+	const char			*command;
+	char				*owner;
+	char				 err[1024];
+	PGconn				*conn;
+	int					 nargs;
+	int					 rc = CLI_EX_OK;
 
 	privilege_setid_start();
-	while ((opt = getopt_long(argc, argv, "+C:jh", long_options, NULL)) != -1)
-		switch (opt)
-		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'j':
-				as_json = true;
-				break;
-			case 'h':
-				whitelist_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				whitelist_usage(stderr);
-				return CLI_EX_USAGE;
-		}
+	if (!cli_command_options(argc, argv, whitelist_usage, false, &config_path, &as_json, NULL, &rc))
+		return rc;
 	command = optind < argc ? argv[optind] : "list";
 	nargs = optind < argc ? argc - optind - 1 : 0;
 	argv += optind + 1;

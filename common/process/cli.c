@@ -2,6 +2,7 @@
 #include "process/cli.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,55 @@ cli_daemon_options(int argc, char **argv, const char **config_path, bool *help)
 				return false;
 		}
 	*config_path = cli_config_path(*config_path);
+	return true;
+}
+
+bool
+cli_command_options(int argc, char **argv, void (*usage)(FILE *), bool command_required,
+					const char **config_path, bool *as_json, const char **section, int *rc)
+{
+	static const struct option with_section[] = {{"config", required_argument, NULL, 'C'},
+												 {"json", no_argument, NULL, 'j'},
+												 {"section", required_argument, NULL, 's'},
+												 {"help", no_argument, NULL, 'h'},
+												 {NULL, 0, NULL, 0}};
+	static const struct option plain[] = {{"config", required_argument, NULL, 'C'},
+										  {"json", no_argument, NULL, 'j'},
+										  {"help", no_argument, NULL, 'h'},
+										  {NULL, 0, NULL, 0}};
+	int						   opt;
+
+	*config_path = NULL;
+	*as_json = false;
+	if (section)
+		*section = NULL;
+	while ((opt = getopt_long(argc, argv, section ? "+C:js:h" : "+C:jh", section ? with_section : plain, NULL)) != -1)
+		switch (opt)
+		{
+			case 'C':
+				*config_path = optarg;
+				break;
+			case 'j':
+				*as_json = true;
+				break;
+			case 's':
+				*section = optarg;
+				break;
+			case 'h':
+				usage(stdout);
+				*rc = CLI_EX_OK;
+				return false;
+			default:
+				usage(stderr);
+				*rc = CLI_EX_USAGE;
+				return false;
+		}
+	if (command_required && optind >= argc)
+	{
+		usage(stderr);
+		*rc = CLI_EX_USAGE;
+		return false;
+	}
 	return true;
 }
 

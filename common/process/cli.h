@@ -58,6 +58,19 @@ bool cli_is_help(const char *arg);
  */
 bool cli_daemon_options(int argc, char **argv, const char **config_path, bool *help);
 
+/*
+ * The options of a command-word tool (pepsi-archive, pepsi-list,
+ * pepsi-quota, pepsi-settings, pepsi-whitelist), before its command:
+ * -C/--config FILE, -j/--json, -h/--help, and -s/--section NAME where
+ * section is not NULL.  True with optind at the command word (one must
+ * follow when command_required); false with *rc the exit status, the
+ * usage printed (on standard output and 0 for -h, on standard error and 64
+ * for a bad option or a missing command).  One parser, so that the tools
+ * cannot drift apart in what they take or how they refuse it.
+ */
+bool cli_command_options(int argc, char **argv, void (*usage)(FILE *), bool command_required,
+						 const char **config_path, bool *as_json, const char **section, int *rc);
+
 /* The configuration file: given (-C), else $PEPSI_CONFIG, else the default. */
 const char *cli_config_path(const char *given);
 /* Load the configuration and connect as role; on failure print why and return NULL (*rc set). */

@@ -117,16 +117,21 @@ sub pepsi_node
 }
 
 # Call $check until it returns a true value, for at most $seconds (default
-# 30; 0 checks once).  Returns the last value.  The deadline is short
-# enough that a broken component fails its test instead of stalling the
-# suite.  Every 50 ms for the first second, then every 100 ms, and every
+# PostgreSQL's test timeout, PG_TEST_TIMEOUT_DEFAULT, 180 s unless set; 0
+# checks once).  Returns the last value.  The default bounds liveness, not
+# speed: it used to be 30 s, which a bounce or a retry that takes two
+# seconds on a quiet machine overran on one whose two cores were busy
+# (t/164's LMTP bounce under a load of 24), a flake rather than a finding;
+# PostgreSQL's own waits (poll_query_until) take the same knob.  A test
+# that asserts something does not happen passes its own short $seconds.
+# Every 50 ms for the first second, then every 100 ms, and every
 # 200 ms after five: most checks start a psql and a backend, which cost
 # more CPU than a wait of 50 ms, and the suite's files share two cores.
 sub poll_until
 {
 	my ($check, $seconds) = @_;
 	my $started = Time::HiRes::time();
-	my $deadline = $started + ($seconds // 30);
+	my $deadline = $started + ($seconds // $PostgreSQL::Test::Utils::timeout_default);
 	my $value;
 
 	while (1)
@@ -140,7 +145,7 @@ sub poll_until
 }
 
 # Poll until $sql (in database $db) returns $expected (default 't'), for at
-# most $seconds (default 30); an error (the server restarting, say) counts
+# most $seconds (default as poll_until's); an error (the server restarting, say) counts
 # as not yet.  On a timeout, says what it got last.
 sub wait_until
 {
