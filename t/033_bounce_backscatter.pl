@@ -24,20 +24,48 @@ make_mailbox($root, $_) for $sender, $flood;
 
 my $peer = start_peer('--rcpt', 'gone\d*@=550 5.1.1 no such user',
 	'--rcpt', 'slow@=451 4.2.1 mailbox busy');
-my $config = delivery_config($node, maildir_root => $root,
-	smarthost => "127.0.0.1:$peer->{port}",
-	extra => {
-		smarthost => "PARALLELISM = 4\nRETRY_BASE = 1s\nRETRY_MAX = 1s\nMAX_LIFETIME = 8s\n",
-		bounce => "GATHER_WINDOW = 3s\nDSN_RATE_LIMIT = 3\n",
-	});
-my $d = start_dispatcher($config);
+# The stages run under two dispatchers: one serving the bounce stage alone
+# (one row at a time), one every other stage.  One DSN answers the
+# failures of a message that reach the bounce stage within GATHER_WINDOW
+# of the first (those after it get a DSN of their own, as they should),
+# and on a loaded machine the smarthost stage's refusals may come further
+# apart than that; so each part holds the bounce stage back until the
+# failures it is about are there.  And with one row in flight at the
+# bounce stage, the row that gathers the others never runs beside a
+# sibling claimed and not yet waiting (which it could not take).
+sub front
+{
+	my ($lifetime) = @_;
+	return start_dispatcher(delivery_config($node, maildir_root => $root,
+		smarthost => "127.0.0.1:$peer->{port}",
+		dispatch => { STAGES => 'init smarthost dsn-route dsn-maildir dsn-smarthost' },
+		extra => {
+			smarthost => "PARALLELISM = 4\nRETRY_BASE = 1s\nRETRY_MAX = 1s\nMAX_LIFETIME = $lifetime\n",
+		}));
+}
+
+sub bouncer
+{
+	return start_dispatcher(delivery_config($node, maildir_root => $root,
+		dispatch => { STAGES => 'bounce' },
+		extra => { bounce => "GATHER_WINDOW = 3s\nDSN_RATE_LIMIT = 3\nPARALLELISM = 1\nQUEUE_LIMIT = 1\n" }));
+}
 
 sub dsns { my ($who) = @_; return maildir_files($root, $who // $sender) }
 
+sub at_bounce
+{
+	my ($where) = @_;
+	return queue_count($node, "stage = 'bounce' AND status = 'pending' AND $where");
+}
+
 # 50 recipients, all refused with 550: exactly one DSN, listing all 50.
+my $front = front('8s');
 my @fifty = map { "gone$_\@remote.test" } 1 .. 50;
 inject($node, to => \@fifty,
 	headers => "From: <$sender>\r\nTo: <gone1\@remote.test>\r\nSubject: fifty\r\n");
+ok(poll_until(sub { at_bounce('true') == 50 }, 90), 'the 50 failures wait at the bounce stage');
+my $d = bouncer();
 ok(poll_until(sub { scalar(dsns()) >= 1 && queue_count($node) == 0 }, 90),
 	'50 failed recipients: a DSN arrives and the queue empties');
 is(scalar(dsns()), 1, 'exactly one DSN for the 50 failures');
@@ -50,8 +78,20 @@ like(dispatcher_log($d), qr/failure DSN to <\Q$sender\E> about 50 recipients/,
 	'the bounce stage logs one DSN about 50 recipients');
 
 # Failures at different times: gone@ now, slow@ when MAX_LIFETIME ends.
+# slow@'s lifetime is an hour until gone51@ and gone52@ are answered (the
+# bounce stage held back until both failed), then 8 s: it fails on its
+# next retry, after their DSN.
+is(stop_dispatcher($d), 0, 'the bounce stage\'s dispatcher stops');
+is(stop_dispatcher($front), 0, 'the other dispatcher stops');
+$front = front('1h');
 inject($node, to => [ 'gone51@remote.test', 'gone52@remote.test', 'slow@remote.test' ],
 	headers => "From: <$sender>\r\nTo: <slow\@remote.test>\r\nSubject: later\r\n");
+ok(poll_until(sub { at_bounce("rcpt_to[1] IN ('gone51\@remote.test', 'gone52\@remote.test')") == 2 }, 90),
+	'gone51@ and gone52@ failed');
+$d = bouncer();
+ok(poll_until(sub { scalar(dsns()) == 2 }, 90), 'their DSN arrives');
+is(stop_dispatcher($front), 0, 'the dispatcher of slow@\'s retries stops');
+$front = front('8s');
 ok(poll_until(sub { scalar(dsns()) == 3 && queue_count($node) == 0 }, 90),
 	'failures at two times: two more DSNs, nothing left in the queue');
 my @later = map { [ map { $_->{'final-recipient'} } @{ (dsn_fields(parse_dsn(slurp($_))))[1] } ] }
@@ -86,5 +126,6 @@ like($err, qr/permission denied/, 'pepsi_monitor cannot count DSNs');
 like($err, qr/row 1 is not running/, 'pepsi.bounce_gather refuses a row that is not running');
 
 is(stop_dispatcher($d), 0, 'the dispatcher stops cleanly');
+is(stop_dispatcher($front), 0, 'and so does the other');
 stop_process($peer);
 done_testing();

@@ -120,21 +120,43 @@ is(stop_dispatcher($d), 0, 'the dispatcher stops');
 
 # The multi-call binary: a bounce is made and delivered in the pass that
 # found the mailbox missing (maildir -> bounce -> dsn-route -> dsn-maildir).
+# dsn-maildir takes its rows late (a prepare, with the others of its
+# batch), and a pass goes on to such a successor only within its first
+# second (STAGE_LATE_FUSION_US): past that the row advances as it is, to a
+# dsn-maildir worker of its own, as on a loaded machine.  So a missing
+# mailbox is tried up to five times, until a pass runs all three fused;
+# each attempt's hops are read once the dispatcher has flushed them (its
+# statistics, once the pipeline is idle: the pass's report reaches it
+# after the pass has committed).
 SKIP:
 {
 	my $multicall = pepsi_bin('pepsi');
 	skip 'the multi-call binary is not built', 5 unless -x $multicall;
 	$config = delivery_config($node, maildir_root => $root);
 	$d = start_dispatcher($config, program => [ $multicall, 'pepsi-dispatch' ]);
-	inject($node, to => ['ghost@local.test'], headers => "From: <$sender>\r\nSubject: fused\r\n");
-	ok(poll_until(sub { scalar(dsns()) == 5 && queue_count($node) == 0 }),
-		'multi-call: the DSN for a missing mailbox arrives');
-	like(slurp((dsns())[-1]), qr/Final-Recipient: rfc822; ghost\@local\.test/, 'about the right recipient');
+	my $maildir_hops = sub {
+		return $node->safe_psql('postgres',
+			"SELECT coalesce(max(fused_hops), 0) FROM pepsi.stage_stats WHERE stage = 'maildir'");
+	};
+	my ($arrived, $hops, $before, $offset, $started_worker) = (1, '', 0, 0, '');
+	for my $attempt (1 .. 5)
+	{
+		$offset = length dispatcher_log($d);
+		$before = $maildir_hops->();
+		inject($node, to => ["ghost$attempt\@local.test"], headers => "From: <$sender>\r\nSubject: fused\r\n");
+		$arrived &&= poll_until(sub { scalar(dsns()) == 4 + $attempt && queue_count($node) == 0 });
+		last unless $arrived;
+		poll_until(sub { $maildir_hops->() >= $before + 2 });
+		$hops = $maildir_hops->() - $before;
+		($started_worker) = substr(dispatcher_log($d), $offset) =~ /(stage (?:bounce|dsn-route|dsn-maildir): started worker)/;
+		last if $hops == 3;
+		note("attempt $attempt: $hops hops fused" . ($started_worker ? " ($started_worker)" : ''));
+	}
+	ok($arrived, 'multi-call: the DSN for a missing mailbox arrives');
+	like(slurp((dsns())[-1]), qr/Final-Recipient: rfc822; ghost\d\@local\.test/, 'about the right recipient');
+	is($hops, 3, 'the maildir worker ran bounce, dsn-route and dsn-maildir fused: three hops');
 	is(stop_dispatcher($d), 0, 'the dispatcher stops');
-	is($node->safe_psql('postgres', "SELECT fused_hops FROM pepsi.stage_stats WHERE stage = 'maildir'"),
-		3, 'the maildir worker ran bounce, dsn-route and dsn-maildir fused: three hops');
-	unlike(dispatcher_log($d), qr/stage (bounce|dsn-route|dsn-maildir): started worker/,
-		'no worker of those stages was started');
+	is($started_worker // '', '', 'no worker of those stages was started for it');
 }
 
 done_testing();

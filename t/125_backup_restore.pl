@@ -87,8 +87,7 @@ sub run_tool
 # The source: a queue in every status, and every kind of state beside it.
 #
 # (No maintenance worker: the paused rows must still be paused in the dump.)
-my $source = pepsi_node('backup_source');
-$source->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $source = pepsi_node('backup_source', extension => 1);
 my %token;
 my %ids;
 my $remote = 'user@remote.test';

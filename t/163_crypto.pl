@@ -26,8 +26,7 @@ use PepsiTest;
 plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
 
 my $db = 'postgres';
-my $node = pepsi_node('crypto');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('crypto', extension => 1);
 $node->safe_psql(
 	$db, q{
 CREATE ROLE relay LOGIN IN ROLE pepsi_stage;

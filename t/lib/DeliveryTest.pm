@@ -276,11 +276,13 @@ sub inject
 	my $add = "SELECT pepsi.workqueue_add('$from', ARRAY[$rcpts]::text[],"
 	  . " convert_to(E'" . escape($headers) . "', 'UTF8'),"
 	  . " convert_to(E'" . escape($body) . "', 'UTF8'), '$state'::jsonb)";
-	my ($id, $body_id) = split / /, $node->safe_psql($db,
-		# The body id is read before the row commits: no worker can have taken it yet.
+	# The body id is read before the row commits: no worker can have taken
+	# it yet.  The wake, once it has committed, in the same psql.
+	my $out = $node->safe_psql($db,
 		"BEGIN;\n$add AS id \\gset\n"
-		  . "SELECT :id || ' ' || body_id FROM pepsi.workqueue WHERE id = :id;\nCOMMIT;");
-	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $m{quiet};
+		  . "SELECT :id || ' ' || body_id FROM pepsi.workqueue WHERE id = :id;\nCOMMIT;"
+		  . ($m{quiet} ? '' : "\nSELECT pepsi.notify_workqueue();"));
+	my ($id, $body_id) = split / /, (split /\n/, $out)[0];
 	return wantarray ? ($id, $body_id) : $id;
 }
 

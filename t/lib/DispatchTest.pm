@@ -206,9 +206,10 @@ sub add_rows
 		    "SELECT string_agg(pepsi.workqueue_add('sender\@example.org',"
 		  . " ARRAY['rcpt\@example.net'], 'Subject: test'::bytea, 'body'::bytea,"
 		  . " '$state'::jsonb, $address, stage => '$stage')::text, ',')"
-		  . " FROM generate_series(1, $count)");
-	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()') unless $opts{quiet};
-	return split /,/, $ids;
+		  . " FROM generate_series(1, $count);"
+		  # the wake, once they have committed, in the same psql
+		  . ($opts{quiet} ? '' : "\nSELECT pepsi.notify_workqueue();"));
+	return split /,/, (split /\n/, $ids)[0] // '';
 }
 
 # At stage $stage (a batching test-stage), three rows of the heavy sender

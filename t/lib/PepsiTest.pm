@@ -116,6 +116,12 @@ sub pepsi_node
 	return $node;
 }
 
+# The sessions of the polls running (poll_until), by connection string and
+# the PG* environment, each { run, stdin, stdout, stderr, timer, count }
+# (a run undef until the statement's second probe asks for one).
+our %poll_sessions;
+our $poll_depth = 0;
+
 # Call $check until it returns a true value, for at most $seconds (default
 # PostgreSQL's test timeout, PG_TEST_TIMEOUT_DEFAULT, 180 s unless set; 0
 # checks once).  Returns the last value.  The default bounds liveness, not
@@ -127,6 +133,12 @@ sub pepsi_node
 # Every 50 ms for the first second, then every 100 ms, and every
 # 200 ms after five: most checks start a psql and a backend, which cost
 # more CPU than a wait of 50 ms, and the suite's files share two cores.
+#
+# The statements a check runs through $node->psql or $node->safe_psql (as
+# queue_count and wait_until do) go, from their second probe on, to one
+# psql session kept open for the poll (poll_session_psql, below) instead
+# of a psql process, a backend and an authentication each: the same
+# answers, for a fraction of the CPU.  The sessions end with the poll.
 sub poll_until
 {
 	my ($check, $seconds) = @_;
@@ -134,14 +146,143 @@ sub poll_until
 	my $deadline = $started + ($seconds // $PostgreSQL::Test::Utils::timeout_default);
 	my $value;
 
-	while (1)
+	my $outermost = !$poll_depth++;
+	my $real_psql = \&PostgreSQL::Test::Cluster::psql;
+	no warnings 'redefine';
+	local *PostgreSQL::Test::Cluster::psql =
+	  $outermost ? sub { return poll_session_psql($real_psql, @_) } : $real_psql;
+	use warnings 'redefine';
+	my $ok = eval {
+		while (1)
+		{
+			$value = $check->();
+			my $now = Time::HiRes::time();
+			last if $value || $now >= $deadline;
+			my $waited = $now - $started;
+			Time::HiRes::usleep($waited < 1 ? 50_000 : $waited < 5 ? 100_000 : 200_000);
+		}
+		1;
+	};
+	my $error = $@;
+	$poll_depth--;
+	poll_sessions_end() if $outermost;
+	die $error unless $ok;
+	return $value;
+}
+
+# A statement a kept session answers as a psql of its own would: one
+# statement that only reads (SELECT, WITH, TABLE, VALUES), with nothing
+# that would outlive it in the session (a setting, a lock of the session,
+# a temporary table, a LISTEN) and no psql meta-command.
+sub poll_session_statement_ok
+{
+	my ($sql) = @_;
+
+	return 0 if ref $sql || !defined $sql;
+	return 0 unless $sql =~ /^\s*(?:SELECT|WITH|TABLE|VALUES)\b/i;
+	return 0 if $sql =~ /;\s*\S/ || $sql =~ /\\/;
+	return 0 if $sql =~ /\b(?:set_config|advisory|temp|temporary|listen|dblink|INTO)\b/i;
+	return 0 if $sql =~ /\b(?:INSERT|UPDATE|DELETE|MERGE|SET|CREATE|DROP|ALTER|LOCK)\s/i;
+	return 1;
+}
+
+# $node->psql during a poll: a statement poll_session_statement_ok lets
+# through, with only the options safe_psql passes, goes to the poll's
+# session for its node, database and environment (opened on its second
+# probe); anything else, or a session gone (the server restarted since),
+# to a psql of its own as before.  Returns what psql would.
+sub poll_session_psql
+{
+	my ($real, $node, $db, $sql, %params) = @_;
+	my %known = map { $_ => 1 } qw(stdout stderr on_error_die on_error_stop);
+
+	return $real->($node, $db, $sql, %params)
+	  if grep({ !$known{$_} } keys %params) || !poll_session_statement_ok($sql);
+	my $session;
 	{
-		$value = $check->();
-		my $now = Time::HiRes::time();
-		return $value if $value || $now >= $deadline;
-		my $waited = $now - $started;
-		Time::HiRes::usleep($waited < 1 ? 50_000 : $waited < 5 ? 100_000 : 200_000);
+		local %ENV = $node->_get_env();
+		my $key = join "\0", $node->connstr($db),
+		  map { "$_=$ENV{$_}" } sort grep { /^PG/ } keys %ENV;
+		$session = $poll_sessions{$key} //= { key => $key };
+		if (!$session->{run} && $session->{count}++)
+		{
+			@$session{qw(stdin stdout stderr)} = ('', '', '');
+			$session->{timer} = IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default);
+			$session->{run} = eval {
+				IPC::Run::start(
+					[
+						$node->installed_command('psql'), '-XAtq', '-d',
+						$node->connstr($db), '-f', '-'
+					],
+					'<', \$session->{stdin}, '>', \$session->{stdout},
+					'2>', \$session->{stderr}, $session->{timer});
+			};
+		}
 	}
+	my ($out, $err);
+	($out, $err) = poll_session_query($session, $sql) if $session->{run};
+	return $real->($node, $db, $sql, %params) unless defined $out;
+
+	# As psql itself: ON_ERROR_STOP makes an error exit 3, else 0.
+	my $ret = ($params{on_error_stop} // 1) && $err =~ /^(?:psql:[^\n]*)?(?:ERROR|FATAL|PANIC):/m ? 3 : 0;
+	chomp $out;
+	chomp $err;
+	${ $params{stdout} } = $out if ref $params{stdout};
+	${ $params{stderr} } = $err if ref $params{stderr};
+	die "error running SQL: '$err'\nwhile running psql in a poll's session with sql '$sql'"
+	  if $ret && $params{on_error_die};
+	return wantarray ? ($ret, $out, $err) : $ret;
+}
+
+# Run $sql in $session: (stdout, stderr), or () when the session is gone
+# (it is then closed, and the caller runs a psql of its own).
+sub poll_session_query
+{
+	my ($session, $sql) = @_;
+	my $banner = 'pepsi poll ' . ++$session->{queries} . ':';
+	my ($out, $err);
+
+	my $ok = eval {
+		$session->{timer}->start($PostgreSQL::Test::Utils::timeout_default);
+		$session->{stdout} = $session->{stderr} = '';
+		my $input = "$sql\n;\n\\echo '$banner'\n\\warn '$banner'\n";
+		# (a statement without its ; runs at the next line's, in the session)
+		my $before = ($session->{lines} // 0) + ($sql =~ /;\s*\z/ ? 0 : 1);
+		$session->{lines} += ($input =~ tr/\n//);
+		$session->{stdin} .= $input;
+		$session->{run}->pump
+		  until $session->{stdout} =~ /^\Q$banner\E\n/m && $session->{stderr} =~ /^\Q$banner\E\n/m;
+		($out = $session->{stdout}) =~ s/^\Q$banner\E\n\z//m or die "output after the banner\n";
+		($err = $session->{stderr}) =~ s/^\Q$banner\E\n\z//m or die "output after the banner\n";
+		# psql numbers the lines of its input: as a psql of its own would.
+		$err =~ s/^psql:<stdin>:(\d+):/'psql:<stdin>:' . ($1 - $before) . ':'/gme;
+		1;
+	};
+	return ($out, $err) if $ok;
+	poll_session_close($session);
+	delete $poll_sessions{ $session->{key} };
+	return ();
+}
+
+sub poll_session_close
+{
+	my ($session) = @_;
+	my $run = delete $session->{run} or return;
+
+	eval {
+		$session->{stdin} .= "\\q\n" if $run->pumpable;
+		$session->{timer}->start(10);
+		$run->finish;
+	};
+	eval { $run->kill_kill } if $@;
+	return;
+}
+
+sub poll_sessions_end
+{
+	poll_session_close($_) for values %poll_sessions;
+	%poll_sessions = ();
+	return;
 }
 
 # Poll until $sql (in database $db) returns $expected (default 't'), for at
