@@ -163,7 +163,8 @@ secure_link_query(struct request *req, const struct securelink *link, const char
 				  enum MHD_Result *result)
 {
 	PGconn		  *conn = httpd_db();
-	unsigned char *id = conn ? PQescapeByteaConn(conn, link->id, sizeof(link->id), NULL) : NULL;
+	size_t		   id_len;
+	unsigned char *id = conn ? PQescapeByteaConn(conn, link->id, sizeof(link->id), &id_len) : NULL;
 	PGresult	  *res;
 
 	if (id == NULL)

@@ -276,6 +276,7 @@ encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcp
 	struct buf		  raw = BUF_INIT, sealed = BUF_INIT, notice_h = BUF_INIT, notice_b = BUF_INIT;
 	unsigned char	  nonce[SECURELINK_NONCE_LEN];
 	char			  lifetime[32];
+	size_t			  escaped_len;
 	unsigned char	 *id_hex = NULL, *nonce_hex = NULL, *sealed_hex = NULL;
 	PGresult		 *res = NULL;
 	int				  rc;
@@ -296,9 +297,9 @@ encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcp
 		goto done;
 	}
 	snprintf(lifetime, sizeof(lifetime), "%.0f seconds", pepsi_option_seconds(ctx, "PORTAL_LIFETIME"));
-	id_hex = PQescapeByteaConn(pepsi_db(ctx), link.id, sizeof(link.id), NULL);
-	nonce_hex = PQescapeByteaConn(pepsi_db(ctx), nonce, sizeof(nonce), NULL);
-	sealed_hex = PQescapeByteaConn(pepsi_db(ctx), (const unsigned char *) sealed.data, sealed.len, NULL);
+	id_hex = PQescapeByteaConn(pepsi_db(ctx), link.id, sizeof(link.id), &escaped_len);
+	nonce_hex = PQescapeByteaConn(pepsi_db(ctx), nonce, sizeof(nonce), &escaped_len);
+	sealed_hex = PQescapeByteaConn(pepsi_db(ctx), (const unsigned char *) sealed.data, sealed.len, &escaped_len);
 	{
 		const char *values[] = {(const char *) id_hex, rcpt, sender ? sender : "", portal, next, pepsi_queue_id(ctx),
 								(const char *) nonce_hex, (const char *) sealed_hex, lifetime};
