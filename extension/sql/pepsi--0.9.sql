@@ -8184,7 +8184,8 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 INSERT INTO pepsi.grant_definer (name) VALUES ('secure_link_store'), ('secure_link_status'),
     ('secure_link_code_request'), ('secure_link_code_check'), ('secure_link_open'), ('secure_link_reply'),
     ('secure_link_list'), ('secure_link_end');
-INSERT INTO pepsi.grant_owner (name) VALUES ('secure_link'), ('secure_link_session'), ('secure_link_refusal');
+INSERT INTO pepsi.grant_owner (name) VALUES ('secure_link'), ('secure_link_id_seq'), ('secure_link_session'),
+    ('secure_link_refusal');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link_id_seq', '');
