@@ -10,12 +10,17 @@
 # its CSRF token used once); a guessed link, another link's session, a
 # revoked and an expired link, too many wrong codes, and a client refused
 # too often: each refused with its reason.  pepsi-secure-link lists,
-# revokes and expires, each audited.
+# revokes and expires, each audited.  And the flow in Chromium (notice
+# link, code, message, reply; t/browser/secure_link.js), a screenshot a view.
 
 use strict;
 use warnings FATAL => 'all';
 
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use File::Path qw(make_path);
 use HTTP::Tiny;
+use JSON::PP qw(encode_json);
 use IPC::Run;
 use MIME::Base64 qw(decode_base64);
 use PostgreSQL::Test::Cluster;
@@ -274,7 +279,46 @@ is(sql("SELECT string_agg(action, ' ' ORDER BY action) FROM (SELECT DISTINCT act
 	'secure_link_code_mailed secure_link_code_wrong secure_link_expired secure_link_opened secure_link_replied'
 	  . ' secure_link_revoked secure_link_stored', 'each step is audited');
 
-# 7. A client refused too often is refused for a while.
+# 7. The same in Chromium: the notice's link, the code, the message, a reply.
+send_secret('erin@one.test');
+my ($erin_link) = caught(7)->{data} =~ m{(\Q$base\E/secure/[0-9a-f]{64})\b};
+my $shots = $ENV{PEPSI_SCREENSHOTS} // "$PostgreSQL::Test::Utils::log_path/178_secure_link_screenshots";
+make_path($shots);
+my $node_path = `npm root -g 2>/dev/null`;
+chomp $node_path;
+SKIP:
+{
+	skip 'chromium, node or playwright-core is not installed (scripts/deps.sh installs them)', 12
+	  unless -x '/usr/bin/chromium' && -x '/usr/bin/node' && -d "$node_path/playwright-core";
+	my $expected = encode_json({ recipient => 'erin@one.test', subject => 'the secret plans', text => $text,
+		attachment => 'plans.txt', attachment_text => $attachment, reply => 'Typed in Chromium.' });
+	my ($stdout, $stderr) = ('', '');
+	{
+		local $ENV{NODE_PATH} = $node_path;
+		eval {
+			IPC::Run::run([ '/usr/bin/node', dirname(abs_path(__FILE__)) . '/browser/secure_link.js', $erin_link,
+					$peer->{dir}, $shots, $expected ], '>', \$stdout, '2>', \$stderr, IPC::Run::timeout(300));
+			1;
+		} or diag "the browser script: $@";
+	}
+	my @steps = split /\n/, $stdout;
+	for my $expected_step ('the notice\'s link shows what waits', 'a code is mailed', 'the code opens the message',
+		'the attachment is a download', 'a reply is sent',
+		'no script error, nothing loaded from elsewhere, every page under the CSP')
+	{
+		my ($line) = grep { /^(ok|fail) \Q$expected_step\E(:|$)/ } @steps;
+		is($line // "(not reached)", "ok $expected_step", "in the browser: $expected_step");
+	}
+	diag $stderr if grep { /^fail/ } @steps;
+	my $browser_reply = caught(9);
+	like($browser_reply->{data}, qr/^Reply-To: <erin\@one\.test>\r?$/m, 'the reply written in Chromium goes out');
+	for my $view (qw(link code message reply))
+	{
+		ok(-s "$shots/portal-$view.png", "a screenshot of the view $view ($shots)");
+	}
+}
+
+# 8. A client refused too often is refused for a while.
 my $status = 0;
 for my $i (1 .. 30)
 {
