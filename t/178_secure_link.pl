@@ -215,6 +215,13 @@ my ($b64) = $reply->{data} =~ /\r?\n\r?\n(.*)\z/s;
 is(decode_base64($b64 // ''), "Noon suits me.\r\nBob", 'what bob wrote');
 $r = post_form("$link/reply", { csrf => $csrf, subject => 'Again', body => 'Again' }, $cookie);
 is($r->{status}, 403, 'the same form posted again is refused (its token was used)');
+# A ciphertext altered in the database does not open: refused, never shown.
+sql("UPDATE pepsi.secure_link SET sealed = set_byte(sealed, 5, get_byte(sealed, 5) # 1) WHERE id = 1");
+$r = $http->get("$link/message", { headers => { Cookie => $cookie } });
+is($r->{status}, 500, 'an altered ciphertext does not open');
+like($r->{content}, qr/the stored message does not open \(it was altered\)/, 'and the page says so');
+sql("UPDATE pepsi.secure_link SET sealed = set_byte(sealed, 5, get_byte(sealed, 5) # 1) WHERE id = 1");
+is($http->get("$link/message", { headers => { Cookie => $cookie } })->{status}, 200, 'restored, it opens again');
 
 # 5. A second link: the first link's session does not open it; too many
 # wrong codes; revoked.
