@@ -660,6 +660,8 @@ SANITIZE_PROGRAMS += pepsi-httpd pepsi-list pepsi-stage-list pepsi-stage-dkim-si
 SANITIZE_PROGRAMS += pepsi-stage-encrypt pepsi-stage-decrypt pepsi-stage-autocrypt-learn
 # The telemetry client and collector (t/172_telemetry.pl).
 SANITIZE_PROGRAMS += pepsi-telemetry-client pepsi-telemetry
+# The secure-link portal's tool (t/178_secure_link.pl).
+SANITIZE_PROGRAMS += pepsi-secure-link
 
 sanitize-build:
 	$(MAKE) B=$(SANITIZE_B) PEPSI_WERROR=-Werror CFLAGS="$(SANITIZE_CFLAGS)" \

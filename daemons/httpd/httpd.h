@@ -141,5 +141,7 @@ enum MHD_Result list_unsubscribe_route(struct request *req);
 enum MHD_Result list_form_route(struct request *req);
 /* archive_pages.c: a list's public archive (/archive/LIST/...). */
 enum MHD_Result archive_route(struct request *req);
+/* secure_link.c: the secure-link portal's pages (/secure/SECRET/...). */
+enum MHD_Result secure_link_route(struct request *req);
 
 #endif

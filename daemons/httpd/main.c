@@ -213,6 +213,8 @@ httpd_dispatch(struct request *req)
 		return list_form_route(req);
 	if (strncmp(req->path, "/archive/", 9) == 0)
 		return archive_route(req);
+	if (strncmp(req->path, "/secure/", 8) == 0)
+		return secure_link_route(req);
 	if (strncmp(req->path, "/api/", 5) != 0)
 		return www_respond(req);
 

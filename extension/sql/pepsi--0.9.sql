@@ -7840,3 +7840,355 @@ SELECT pg_catalog.pg_extension_config_dump('pepsi.archive_login', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.archive_session', '');
 SELECT pepsi.grant_apply();
 -- end of the mailing lists' web archive
+
+-- ====================================================================
+-- The secure-link portal (pepsi-secure-link(8), pepsi-stage-encrypt(8),
+-- pepsi-httpd(8) "The secure-link portal")
+--
+-- A recipient whose POLICY requires encryption and who has no key gets,
+-- when NO_KEY = portal, a notice with a link instead of the message.  The
+-- link carries a secret of 256 random bits that never reaches the
+-- database: pepsi-stage-encrypt derives from it (HKDF-SHA256, two labels)
+-- the message's AES-256-GCM key and the link's identifier, and stores
+-- only the identifier and the ciphertext (whose additional data is the
+-- identifier and the recipient, so a row's ciphertext opens under no
+-- other row).  Neither a dump nor pepsi_httpd's role reads a message
+-- without the link; pepsi-httpd, given the link, opens it in memory.
+-- (A plain hash of the secret would do for the lookup; a second HKDF
+-- label keeps the identifier and the key apart by construction.)
+--
+-- The recipient proves control of the address with a one-time code
+-- mailed to it (secure_link_code_request): the code is kept as a hash
+-- salted with the link's identifier, good for CODE_LIFETIME and
+-- SECURE_LINK_CODE_ATTEMPTS tries; at most SECURE_LINK_CODES_PER_HOUR
+-- codes an hour.  A right code starts a session bound to the link (its
+-- cookie kept as its SHA-256) with a CSRF token that is used once.
+-- Replies go back into the queue from the portal's own address with the
+-- recipient in Reply-To (mail "from" the recipient's domain would fail
+-- its DMARC).  pepsi-secure-link lists, expires and revokes links; an
+-- ended link's ciphertext is wiped, not only marked.
+-- ====================================================================
+
+CREATE TABLE pepsi.secure_link (
+    id              bigserial PRIMARY KEY,
+    link_id         bytea NOT NULL UNIQUE CHECK (octet_length(link_id) = 32),
+    recipient       text NOT NULL,
+    sender          text NOT NULL,
+    portal_address  text NOT NULL,
+    notice_stage    text NOT NULL,
+    queue_id        text,
+    nonce           bytea NOT NULL CHECK (octet_length(nonce) = 12),
+    sealed          bytea,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    revoked_at      timestamptz,
+    revoked_reason  text,
+    code_hash       bytea,
+    code_expires_at timestamptz,
+    code_attempts   integer NOT NULL DEFAULT 0,
+    code_used_at    timestamptz,
+    codes_window    timestamptz,
+    codes_sent      integer NOT NULL DEFAULT 0,
+    opened          integer NOT NULL DEFAULT 0,
+    last_opened_at  timestamptz,
+    replies         integer NOT NULL DEFAULT 0
+);
+CREATE INDEX secure_link_expires_at ON pepsi.secure_link (expires_at) WHERE sealed IS NOT NULL;
+
+CREATE TABLE pepsi.secure_link_session (
+    token_hash      bytea PRIMARY KEY,
+    link            bigint NOT NULL REFERENCES pepsi.secure_link (id) ON DELETE CASCADE,
+    csrf            text NOT NULL,
+    expires_at      timestamptz NOT NULL
+);
+CREATE INDEX secure_link_session_link ON pepsi.secure_link_session (link);
+
+-- Why the link of identifier link_id cannot be used now, or NULL (the
+-- reasons the pages show: unknown, revoked, expired).
+CREATE FUNCTION pepsi.secure_link_refusal(l pepsi.secure_link) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE
+        WHEN l.id IS NULL THEN 'unknown: this server sent no such link (check that it was copied whole)'
+        WHEN l.revoked_at IS NOT NULL THEN format('revoked on %s: %s',
+            to_char(l.revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'), coalesce(l.revoked_reason, 'by the administrator'))
+        WHEN l.expires_at <= now() OR l.sealed IS NULL THEN format('expired on %s: ask the sender to send the message again',
+            to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'))
+    END
+$$;
+
+-- pepsi-stage-encrypt: store a sealed message (the identifier and nonce
+-- are the stage's, derived from the link's secret); its row id.
+CREATE FUNCTION pepsi.secure_link_store(link_id bytea, recipient text, sender text, portal_address text,
+                                        notice_stage text, queue_id text, nonce bytea, sealed bytea, lifetime interval)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    id bigint;
+BEGIN
+    IF lifetime IS NULL OR lifetime <= interval '0' THEN
+        RAISE EXCEPTION 'a secure link''s lifetime must be positive, not %', lifetime
+            USING ERRCODE = 'invalid_parameter_value', HINT = '[stage-*] PORTAL_LIFETIME sets it.';
+    END IF;
+    IF portal_address IS NULL OR portal_address !~ '^[^@\s<>]+@[^@\s<>]+$' THEN
+        RAISE EXCEPTION 'the portal''s address "%" is not an address', portal_address
+            USING ERRCODE = 'invalid_parameter_value', HINT = '[stage-*] PORTAL_ADDRESS sets it.';
+    END IF;
+    INSERT INTO pepsi.secure_link AS l (link_id, recipient, sender, portal_address, notice_stage, queue_id, nonce,
+                                        sealed, expires_at)
+    VALUES (link_id, lower(recipient), sender, portal_address, notice_stage, queue_id, nonce, sealed, now() + lifetime)
+    RETURNING l.id INTO id;
+    PERFORM pepsi.event_log_write('secure_link_stored',
+        jsonb_build_object('id', id, 'recipient', lower(recipient), 'sender', sender, 'queue_id', queue_id));
+    RETURN id;
+END
+$$;
+
+-- The link page: {"state": "open"} or {"state": "refused", "reason"},
+-- with the recipient (whom the code goes to) and the expiry.
+CREATE FUNCTION pepsi.secure_link_status(link_id bytea) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE WHEN pepsi.secure_link_refusal(l) IS NULL
+                THEN jsonb_build_object('state', 'open', 'recipient', l.recipient, 'expires_at', l.expires_at)
+                ELSE jsonb_build_object('state', 'refused', 'reason', pepsi.secure_link_refusal(l)) END
+    FROM (SELECT 1) one LEFT JOIN pepsi.secure_link l ON l.link_id = secure_link_status.link_id
+$$;
+
+-- Mail a one-time code to the link's recipient (through the stage after
+-- the encryption stage, like the notice): NULL, or why not.
+CREATE FUNCTION pepsi.secure_link_code_request(link_id bytea, code_lifetime interval, per_hour integer)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.secure_link;
+    code text;
+    domain text;
+BEGIN
+    SELECT * INTO l FROM pepsi.secure_link s WHERE s.link_id = secure_link_code_request.link_id FOR UPDATE;
+    IF pepsi.secure_link_refusal(l) IS NOT NULL THEN
+        RETURN pepsi.secure_link_refusal(l);
+    END IF;
+    IF l.codes_window IS NULL OR l.codes_window <= now() - interval '1 hour' THEN
+        l.codes_window := now();
+        l.codes_sent := 0;
+    END IF;
+    IF l.codes_sent >= per_hour THEN
+        RETURN format('%s codes were mailed for this link in the last hour (the most): use the last one, or try again after %s',
+                      per_hour, to_char((l.codes_window + interval '1 hour') AT TIME ZONE 'UTC', 'HH24:MI "UTC"'));
+    END IF;
+    -- 8 decimal digits from 30 random bits.
+    code := lpad(((('x' || substr(md5(gen_random_uuid()::text), 1, 8))::bit(32)::bigint & 1073741823) % 100000000)::text,
+                 8, '0');
+    UPDATE pepsi.secure_link s SET code_hash = sha256(l.link_id || convert_to(code, 'UTF8')),
+        code_expires_at = now() + code_lifetime, code_attempts = 0, code_used_at = NULL,
+        codes_window = l.codes_window, codes_sent = l.codes_sent + 1
+    WHERE s.id = l.id;
+    domain := split_part(l.portal_address, '@', 2);
+    PERFORM pepsi.workqueue_inject(l.notice_stage, l.portal_address, ARRAY[l.recipient],
+        convert_to(format(E'From: <%s>\r\nTo: <%s>\r\nSubject: Your code for the encrypted message: %s\r\n'
+                          'Date: %s\r\nMessage-ID: <secure-link-code.%s@%s>\r\nAuto-Submitted: auto-generated\r\n'
+                          'MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n',
+                          l.portal_address, l.recipient, code,
+                          to_char(now() AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "+0000"'),
+                          replace(gen_random_uuid()::text, '-', ''), domain), 'UTF8'),
+        convert_to(format(E'Your one-time code to read the encrypted message waiting for %s is\r\n\r\n    %s\r\n\r\n'
+                          'It is good for %s, once.  If you did not ask for it, ignore this mail.\r\n',
+                          l.recipient, code, code_lifetime), 'UTF8'));
+    PERFORM pepsi.event_log_write('secure_link_code_mailed', jsonb_build_object('id', l.id, 'recipient', l.recipient));
+    RETURN NULL;
+END
+$$;
+
+-- Check a code: {"session", "csrf"} (a new session of session_lifetime,
+-- bound to the link), or {"refused": why}.  A code is good once, for its
+-- lifetime and SECURE_LINK_CODE_ATTEMPTS tries (attempts).
+CREATE FUNCTION pepsi.secure_link_code_check(link_id bytea, code text, session_lifetime interval, attempts integer)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.secure_link;
+    session text := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+    csrf text := replace(gen_random_uuid()::text, '-', '');
+BEGIN
+    SELECT * INTO l FROM pepsi.secure_link s WHERE s.link_id = secure_link_code_check.link_id FOR UPDATE;
+    IF pepsi.secure_link_refusal(l) IS NOT NULL THEN
+        RETURN jsonb_build_object('refused', pepsi.secure_link_refusal(l));
+    ELSIF l.code_hash IS NULL AND l.code_used_at IS NOT NULL THEN
+        RETURN jsonb_build_object('refused', 'this code was used already: ask for a new one');
+    ELSIF l.code_hash IS NULL THEN
+        RETURN jsonb_build_object('refused', 'no code was mailed for this link: ask for one');
+    ELSIF l.code_expires_at <= now() THEN
+        RETURN jsonb_build_object('refused', 'the code has expired: ask for a new one');
+    ELSIF l.code_attempts >= attempts THEN
+        RETURN jsonb_build_object('refused', format('%s wrong codes: this one no longer counts; ask for a new one', attempts));
+    ELSIF sha256(l.link_id || convert_to(coalesce(code, ''), 'UTF8')) <> l.code_hash THEN
+        UPDATE pepsi.secure_link s SET code_attempts = s.code_attempts + 1 WHERE s.id = l.id;
+        PERFORM pepsi.event_log_write('secure_link_code_wrong', jsonb_build_object('id', l.id, 'attempt', l.code_attempts + 1));
+        RETURN jsonb_build_object('refused', CASE WHEN l.code_attempts + 1 >= attempts
+            THEN format('wrong code, the %sth: this code no longer counts; ask for a new one', attempts)
+            ELSE format('wrong code (%s of %s tries left)', attempts - l.code_attempts - 1, attempts) END);
+    END IF;
+    UPDATE pepsi.secure_link s SET code_hash = NULL, code_used_at = now(), opened = s.opened + 1,
+        last_opened_at = now() WHERE s.id = l.id;
+    DELETE FROM pepsi.secure_link_session x WHERE x.expires_at < now();
+    INSERT INTO pepsi.secure_link_session (token_hash, link, csrf, expires_at)
+    VALUES (sha256(convert_to(session, 'UTF8')), l.id, csrf, now() + session_lifetime);
+    PERFORM pepsi.event_log_write('secure_link_opened', jsonb_build_object('id', l.id, 'recipient', l.recipient));
+    RETURN jsonb_build_object('session', session, 'csrf', csrf);
+END
+$$;
+
+-- The sealed message for a session of the link: one row, or none (and
+-- refusal says why) when the session is not one of this link's or ended.
+CREATE FUNCTION pepsi.secure_link_open(link_id bytea, session text)
+RETURNS TABLE (refusal text, recipient text, sender text, nonce bytea, sealed bytea, csrf text, expires_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.secure_link;
+    s pepsi.secure_link_session;
+BEGIN
+    SELECT * INTO l FROM pepsi.secure_link x WHERE x.link_id = secure_link_open.link_id;
+    refusal := pepsi.secure_link_refusal(l);
+    IF refusal IS NULL THEN
+        SELECT * INTO s FROM pepsi.secure_link_session x
+        WHERE x.token_hash = sha256(convert_to(coalesce(session, ''), 'UTF8')) AND x.link = l.id AND x.expires_at > now();
+        IF s.link IS NULL THEN
+            refusal := 'no session: enter the code mailed to you first (a session lasts a few minutes)';
+        ELSE
+            recipient := l.recipient;
+            sender := l.sender;
+            nonce := l.nonce;
+            sealed := l.sealed;
+            csrf := s.csrf;
+            expires_at := s.expires_at;
+        END IF;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- A reply written on the page: queued at stage from the portal's
+-- address, To the message's sender, Reply-To the recipient.  The
+-- session's CSRF token is used once (a new one is made); NULL, or why not.
+CREATE FUNCTION pepsi.secure_link_reply(link_id bytea, session text, csrf text, stage text, subject text,
+                                        in_reply_to text, body text, max_replies integer)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.secure_link;
+    s pepsi.secure_link_session;
+    clean text := regexp_replace(left(coalesce(subject, ''), 200), '[\x01-\x1f\x7f]', ' ', 'g');
+    encoded text;
+    domain text;
+    id text := replace(gen_random_uuid()::text, '-', '');
+BEGIN
+    SELECT * INTO l FROM pepsi.secure_link x WHERE x.link_id = secure_link_reply.link_id FOR UPDATE;
+    IF pepsi.secure_link_refusal(l) IS NOT NULL THEN
+        RETURN pepsi.secure_link_refusal(l);
+    END IF;
+    SELECT * INTO s FROM pepsi.secure_link_session x
+    WHERE x.token_hash = sha256(convert_to(coalesce(session, ''), 'UTF8')) AND x.link = l.id AND x.expires_at > now()
+    FOR UPDATE;
+    IF s.link IS NULL THEN
+        RETURN 'no session: enter the code mailed to you first';
+    ELSIF s.csrf IS DISTINCT FROM csrf THEN
+        RETURN 'the form is stale or not this page''s (its CSRF token): reload the message and write again';
+    ELSIF l.sender = '' THEN
+        RETURN 'the message has no sender to reply to';
+    ELSIF l.replies >= max_replies THEN
+        RETURN format('%s replies were sent from this link already (the most)', max_replies);
+    ELSIF btrim(coalesce(body, '')) = '' THEN
+        RETURN 'the reply is empty';
+    END IF;
+    UPDATE pepsi.secure_link_session x SET csrf = replace(gen_random_uuid()::text, '-', '') WHERE x.token_hash = s.token_hash;
+    UPDATE pepsi.secure_link x SET replies = x.replies + 1 WHERE x.id = l.id;
+    IF clean ~ '[^\x20-\x7e]' THEN
+        encoded := '=?UTF-8?B?' || replace(encode(convert_to(clean, 'UTF8'), 'base64'), E'\n', '') || '?=';
+    ELSE
+        encoded := clean;
+    END IF;
+    domain := split_part(l.portal_address, '@', 2);
+    PERFORM pepsi.workqueue_inject(stage, l.portal_address, ARRAY[l.sender],
+        convert_to(format(E'From: "%s via the secure portal" <%s>\r\nReply-To: <%s>\r\nTo: <%s>\r\nSubject: %s\r\n'
+                          'Date: %s\r\nMessage-ID: <secure-link-reply.%s@%s>\r\n%s'
+                          'MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n'
+                          'Content-Transfer-Encoding: base64\r\n',
+                          replace(l.recipient, '"', ''), l.portal_address, l.recipient, l.sender, encoded,
+                          to_char(now() AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "+0000"'), id, domain,
+                          CASE WHEN in_reply_to ~ '^<[!-;=?-~]+>$'
+                               THEN format(E'In-Reply-To: %s\r\nReferences: %s\r\n', in_reply_to, in_reply_to) ELSE '' END),
+                   'UTF8'),
+        convert_to(replace(encode(convert_to(replace(replace(body, E'\r\n', E'\n'), E'\n', E'\r\n'), 'UTF8'), 'base64'),
+                           E'\n', E'\r\n') || E'\r\n', 'UTF8'));
+    PERFORM pepsi.event_log_write('secure_link_replied', jsonb_build_object('id', l.id, 'recipient', l.recipient,
+                                                                            'to', l.sender));
+    RETURN NULL;
+END
+$$;
+
+-- pepsi-secure-link list: the links (all, or those still open).
+CREATE FUNCTION pepsi.secure_link_list(open_only boolean DEFAULT false)
+RETURNS TABLE (id bigint, recipient text, sender text, queue_id text, created_at timestamptz, expires_at timestamptz,
+               state text, opened integer, replies integer, reason text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT l.id, l.recipient, l.sender, l.queue_id, l.created_at, l.expires_at,
+           CASE WHEN l.revoked_at IS NOT NULL THEN 'revoked' WHEN l.expires_at <= now() OR l.sealed IS NULL THEN 'expired'
+                ELSE 'open' END,
+           l.opened, l.replies, l.revoked_reason
+    FROM pepsi.secure_link l
+    WHERE NOT open_only OR (l.revoked_at IS NULL AND l.expires_at > now() AND l.sealed IS NOT NULL)
+    ORDER BY l.id
+$$;
+
+-- pepsi-secure-link expire / revoke: end links now (ids), or with no ids
+-- (expire only) wipe the ciphertext of every link whose time is up.  The
+-- ciphertext and the sessions go; the row stays for the list and the
+-- audit.  How many links were ended; an unknown id is an error.
+CREATE FUNCTION pepsi.secure_link_end(ids bigint[], revoking boolean, reason text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    missing bigint;
+    n integer;
+BEGIN
+    IF ids IS NULL AND revoking THEN
+        RAISE EXCEPTION 'revoke needs the ids of the links to revoke' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT i INTO missing FROM unnest(ids) i WHERE NOT EXISTS (SELECT FROM pepsi.secure_link l WHERE l.id = i) LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'no secure link has id %', missing USING ERRCODE = 'no_data_found',
+            HINT = 'pepsi-secure-link list shows them.';
+    END IF;
+    DELETE FROM pepsi.secure_link_session s
+    WHERE (ids IS NULL AND s.link IN (SELECT l.id FROM pepsi.secure_link l WHERE l.expires_at <= now()))
+       OR s.link = ANY (ids);
+    UPDATE pepsi.secure_link l SET sealed = NULL, code_hash = NULL,
+        expires_at = CASE WHEN ids IS NULL OR revoking THEN l.expires_at ELSE least(l.expires_at, now()) END,
+        revoked_at = CASE WHEN revoking THEN coalesce(l.revoked_at, now()) ELSE l.revoked_at END,
+        revoked_reason = CASE WHEN revoking THEN coalesce(reason, 'by the administrator') ELSE l.revoked_reason END
+    WHERE CASE WHEN ids IS NULL THEN l.expires_at <= now() AND l.sealed IS NOT NULL ELSE l.id = ANY (ids) END;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    PERFORM pepsi.event_log_write(CASE WHEN revoking THEN 'secure_link_revoked' ELSE 'secure_link_expired' END,
+        jsonb_build_object('ids', to_jsonb(ids), 'count', n, 'reason', reason));
+    RETURN n;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_crypto', 'function', 'secure_link_store', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secure_link_status', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secure_link_code_request', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secure_link_code_check', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secure_link_open', '{EXECUTE}'),
+    ('pepsi_httpd', 'function', 'secure_link_reply', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'secure_link_list', '{EXECUTE}'),
+    ('pepsi_config', 'function', 'secure_link_end', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('secure_link_store'), ('secure_link_status'),
+    ('secure_link_code_request'), ('secure_link_code_check'), ('secure_link_open'), ('secure_link_reply'),
+    ('secure_link_list'), ('secure_link_end');
+INSERT INTO pepsi.grant_owner (name) VALUES ('secure_link'), ('secure_link_id_seq'), ('secure_link_session'),
+    ('secure_link_refusal');
+
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link_session', '');
+SELECT pepsi.grant_apply();
+-- end of the secure-link portal

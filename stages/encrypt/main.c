@@ -14,7 +14,12 @@
  * primary key in pepsi.crypto_identity, opened with [crypto] KEK) when
  * SIGN says so and it has one; those without a key get it as it is
  * unless their policy is required: then it is bounced through
- * BOUNCE_STAGE (failed without one), never sent in clear.  Mail already
+ * BOUNCE_STAGE (failed without one), never sent in clear, or, when NO_KEY
+ * says portal, sealed for the secure-link portal: the message is stored
+ * encrypted under a key derived from a link's secret (pepsi.secure_link,
+ * common/message/securelink.h) and the recipient's copy becomes a notice
+ * with the link, from PORTAL_ADDRESS; pepsi-httpd serves the message to
+ * whoever proves control of the address (pepsi-secure-link(8)).  Mail already
  * encrypted goes on as it is.  Mail from an address with an identity
  * carries its key in an Autocrypt: field (Level 1) when AUTOCRYPT says so.
  * A recipient whose key is an S/MIME certificate gets S/MIME (RFC 8551)
@@ -38,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base64.h"
 #include "base/log.h"
@@ -48,6 +54,7 @@
 #include "crypto/pgpsession.h"
 #include "crypto/smime.h"
 #include "message/header.h"
+#include "message/securelink.h"
 #include "runtime/stage.h"
 
 int pepsi_stage_encrypt_main(int argc, char **argv);
@@ -64,10 +71,11 @@ enum encrypt_outcome
 	OUTCOME_ENCRYPT,
 	OUTCOME_CLEAR,
 	OUTCOME_REFUSE,
-	OUTCOME_PARK /* wait for pepsi-keydisc */
+	OUTCOME_PARK,  /* wait for pepsi-keydisc */
+	OUTCOME_PORTAL /* sealed for the secure-link portal, the recipient notified */
 };
 
-static const char *const outcome_name[] = {"encrypted", "clear", "refused", "parked"};
+static const char *const outcome_name[] = {"encrypted", "clear", "refused", "parked", "portal"};
 
 struct encrypt_rcpt
 {
@@ -165,7 +173,9 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 	else
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 	if (policy == POLICY_REQUIRED)
-		r->outcome = OUTCOME_REFUSE;
+		r->outcome = found >= 0 && config_enum_for(pepsi_config(ctx), pepsi_section(ctx), "NO_KEY", at ? at + 1 : NULL, rcpt) == 1
+						 ? OUTCOME_PORTAL
+						 : OUTCOME_REFUSE;
 }
 
 /* Does b go the way a does (the same outcome, and the same protocol when encrypted)? */
@@ -173,7 +183,8 @@ static bool
 encrypt_same_way(const struct encrypt_rcpt *a, const struct encrypt_rcpt *b)
 {
 	return a->outcome == b->outcome && (a->outcome != OUTCOME_ENCRYPT || strcmp(a->protocol, b->protocol) == 0)
-		   && a->outcome != OUTCOME_PARK; /* each parked message waits for one address */
+		   && a->outcome != OUTCOME_PARK	/* each parked message waits for one address */
+		   && a->outcome != OUTCOME_PORTAL; /* and each portal recipient has a link of its own */
 }
 
 /* Park the message until pepsi-keydisc releases rcpt's request, or KEYDISC_WAIT. */
@@ -242,6 +253,107 @@ encrypt_refuse(struct pepsi_ctx *ctx, const struct encrypt_rcpt *r)
 					  "kind", "permanent", "diagnostic", diagnostic);
 	rc = bounce_stage ? pepsi_reroute(ctx, bounce_stage, merge) : pepsi_fail(ctx, merge);
 	json_decref(merge);
+	return rc;
+}
+
+/*
+ * The message sealed for the secure-link portal (NO_KEY = portal): stored
+ * in pepsi.secure_link under a key only the link carries, and the row,
+ * now rcpt's alone, becomes the notice with the link.  A portal that is
+ * not configured waits (never clear text), naming the option.
+ */
+static int
+encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcpt *r)
+{
+	const char		 *url = pepsi_option(ctx, "PORTAL_URL");
+	const char		 *portal = pepsi_option(ctx, "PORTAL_ADDRESS");
+	const char		 *next = pepsi_option(ctx, "NEXT_STAGE");
+	const struct buf *h = pepsi_headers(ctx);
+	const struct buf *body = pepsi_body(ctx);
+	char			 *from = header_from_address(h->data, h->len);
+	const char		 *sender = from ? from : pepsi_mail_from(ctx);
+	struct securelink link;
+	struct buf		  raw = BUF_INIT, sealed = BUF_INIT, notice_h = BUF_INIT, notice_b = BUF_INIT;
+	unsigned char	  nonce[SECURELINK_NONCE_LEN];
+	char			  lifetime[32];
+	size_t			  escaped_len;
+	unsigned char	 *id_hex = NULL, *nonce_hex = NULL, *sealed_hex = NULL;
+	PGresult		 *res = NULL;
+	int				  rc;
+
+	if (url == NULL || *url == '\0' || portal == NULL || strchr(portal, '@') == NULL || next == NULL)
+	{
+		free(from);
+		return encrypt_wait(ctx, url == NULL || *url == '\0' ? "NO_KEY is portal but PORTAL_URL is not set"
+								 : next == NULL				 ? "NO_KEY is portal but NEXT_STAGE is not set"
+															 : "NO_KEY is portal but PORTAL_ADDRESS is not an address");
+	}
+	buf_append(&raw, h->data, h->len);
+	buf_append_str(&raw, "\r\n");
+	buf_append(&raw, body->data, body->len);
+	if (!securelink_new(&link) || !securelink_seal(&link, rcpt, raw.data, raw.len, nonce, &sealed))
+	{
+		rc = encrypt_wait(ctx, "the portal's seal failed (OpenSSL)");
+		goto done;
+	}
+	snprintf(lifetime, sizeof(lifetime), "%.0f seconds", pepsi_option_seconds(ctx, "PORTAL_LIFETIME"));
+	id_hex = PQescapeByteaConn(pepsi_db(ctx), link.id, sizeof(link.id), &escaped_len);
+	nonce_hex = PQescapeByteaConn(pepsi_db(ctx), nonce, sizeof(nonce), &escaped_len);
+	sealed_hex = PQescapeByteaConn(pepsi_db(ctx), (const unsigned char *) sealed.data, sealed.len, &escaped_len);
+	{
+		const char *values[] = {(const char *) id_hex, rcpt, sender ? sender : "", portal, next, pepsi_queue_id(ctx),
+								(const char *) nonce_hex, (const char *) sealed_hex, lifetime};
+
+		res = PQexecParams(pepsi_db(ctx),
+						   "SELECT pepsi.secure_link_store($1::bytea, $2, $3, $4, $5, $6, $7::bytea, $8::bytea,"
+						   " $9::interval)",
+						   9, NULL, values, NULL, NULL, 0);
+	}
+	if (id_hex == NULL || PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		rc = encrypt_wait(ctx, res ? PQresultErrorMessage(res) : "out of memory");
+		goto done;
+	}
+	buf_printf(&notice_h,
+			   "From: <%s>\r\nTo: <%s>\r\nSubject: An encrypted message from %s is waiting for you\r\n", portal,
+			   rcpt, sender && *sender ? sender : "a sender");
+	{
+		time_t	  now = time(NULL);
+		struct tm tm;
+		char	  date[64];
+
+		strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", gmtime_r(&now, &tm));
+		buf_printf(&notice_h, "Date: %s\r\n", date);
+	}
+	buf_printf(&notice_h, "Message-ID: <secure-link.%s.%s@%s>\r\nMIME-Version: 1.0\r\n"
+						  "Content-Type: text/plain; charset=utf-8\r\n",
+			   pepsi_queue_id(ctx), PQgetvalue(res, 0, 0), strchr(portal, '@') + 1);
+	buf_printf(&notice_h, "X-Pepsi-Secure-Link: %s\r\n", PQgetvalue(res, 0, 0));
+	buf_printf(&notice_b,
+			   "%s sent you a message that must reach you encrypted, and no key of yours is known.\r\n"
+			   "It is kept encrypted for you: open this link to read it (and to reply).\r\n"
+			   "You will be asked for a code, mailed to this address.\r\n\r\n"
+			   "    %s/secure/%s\r\n\r\n"
+			   "The link works for %s.  Keep it to yourself: whoever has it and can read\r\n"
+			   "your mail can read the message.\r\n",
+			   sender && *sender ? sender : "Someone", url, link.token, pepsi_option(ctx, "PORTAL_LIFETIME"));
+	log_info("%s: sealed for the secure-link portal (link %s) for %s: %s", pepsi_queue_id(ctx), PQgetvalue(res, 0, 0),
+			 rcpt, r->reason);
+	pepsi_set_headers(ctx, notice_h.data, notice_h.len);
+	pepsi_set_body(ctx, notice_b.data, notice_b.len);
+	rc = encrypt_advance(ctx, json_pack("{s:{s:s,s:s,s:I}}", "encrypt", "result", outcome_name[OUTCOME_PORTAL],
+										"reason", r->reason, "secure_link", (json_int_t) atoll(PQgetvalue(res, 0, 0))));
+done:
+	PQclear(res);
+	PQfreemem(id_hex);
+	PQfreemem(nonce_hex);
+	PQfreemem(sealed_hex);
+	securelink_wipe(&link);
+	securelink_buf_wipe(&raw);
+	securelink_buf_wipe(&notice_b);
+	buf_free(&sealed);
+	buf_free(&notice_h);
+	free(from);
 	return rc;
 }
 
@@ -456,6 +568,8 @@ encrypt_run(struct pepsi_ctx *ctx)
 		rc = encrypt_refuse(ctx, &r[0]);
 	else if (r[0].outcome == OUTCOME_PARK)
 		rc = encrypt_park(ctx, pepsi_rcpt(ctx, 0));
+	else if (r[0].outcome == OUTCOME_PORTAL)
+		rc = encrypt_portal(ctx, pepsi_rcpt(ctx, 0), &r[0]);
 	else
 	{
 		rc = encrypt_find_sender(ctx, pepsi_db(ctx), &r[0], &s, &stop);
