@@ -2,12 +2,29 @@
  * pepsi-helper-auto-pay: runs a user's wallet, as that user, to pay one
  * payment request for pepsi-stage-auto-pay (docs/pepsi-helper-auto-pay.8.md).
  *
- *   pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI
+ *   pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay PAYMENT-ID SECONDS
  *
  * Installed setuid root, mode 4750, in the group of its caller (the stage
  * runs setgid to that group): only that group can run it, and it checks so
- * again itself.  Linked to libc and a few files of common/ only (spec
- * 22.2).  What it runs is never its caller's to say: for an address of
+ * again itself.  What it pays is never its caller's to say either: the
+ * caller names only a payment that pepsi.auto_pay_reserve recorded pending
+ * within its owner's limits, and the helper itself asks the database for
+ * it.  It connects over the local socket with peer authentication (which
+ * keys off the effective uid: root, which pg_ident.conf maps to a member
+ * of pepsi_autopay; SECTION's HELPER_CONNINFO, default [database]
+ * CONNINFO) and calls pepsi.auto_pay_claim, which marks the payment
+ * claimed, once, and returns its address, amount and URI: a made-up id,
+ * one refused (over a limit), finished or claimed already, or one reserved
+ * too long ago pays nothing, and the answer says why.  (The other design,
+ * a MAC over id, address and amount under a key the helper and the
+ * database share, keeps libpq out of this program but cannot say "once"
+ * without a state of the helper's own, and puts the key in two places;
+ * libpq is the price of asking the one place that knows.)  Nothing of the
+ * caller's environment reaches libpq: privilege_sanitize_process empties
+ * it first, and the connection string is root's configuration's.
+ *
+ * Linked to libc, libpq and a few files of common/ only.  What it runs is
+ * never its caller's to say: for an address of
  * SYSTEM_DOMAINS (SECTION's, a [stage-*] of pepsi-stage-auto-pay in CONFIG,
  * a file only root can change; default [pepsi] LOCAL_DOMAINS) the wallet
  * is the user's own ~/.pepsi-wallet (the local part is the user name),
@@ -19,14 +36,14 @@
  * (which mail to a settings address can write) must not choose what runs
  * as a user.
  *
- * The wallet runs with an empty environment but PEPSI_PAYER (ADDRESS),
+ * The wallet runs with an empty environment but PEPSI_PAYER (the address),
  * PEPSI_PAYMENT_URI, PEPSI_PAYMENT_AMOUNT and the user's HOME, USER,
  * LOGNAME, PATH, as "WALLET pay URI AMOUNT"; it pays at most AMOUNT (the
- * stage checked that against the owner's limits) and prints the proof of
- * payment on its first line.  Killed (its process group) after SECONDS.
+ * database checked that against the owner's limits) and prints the proof
+ * of payment on its first line.  Killed (its process group) after SECONDS.
  * The answer, on standard output, one line: "paid PROOF", or "failed
- * REASON" (nothing was paid: no wallet, it failed, it hung, it printed no
- * proof).  Logs go to standard error.
+ * REASON" (nothing was paid: the payment could not be claimed, no wallet,
+ * it failed, it hung, it printed no proof).  Logs go to standard error.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -43,6 +60,8 @@
 #include <sysexits.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
@@ -58,7 +77,7 @@ int main(int argc, char **argv);
 static void
 usage(void)
 {
-	fprintf(stderr, "usage: pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI\n"
+	fprintf(stderr, "usage: pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay PAYMENT-ID SECONDS\n"
 					"  CONFIG defaults to %s; it must be root's.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 	exit(EX_USAGE);
@@ -246,39 +265,97 @@ auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, l
 }
 
 /*
- * Whose wallet pays for address, from SECTION of root's CONFIG: *pw and
- * the wallet's path (allocated), or false with the answer's reason.
+ * Root's CONFIG, after checking that only root could have written it:
+ * NULL with why otherwise.
  */
-static bool
-auto_pay_wallet_of(const char *config_path, const char *section, const char *address, struct passwd **pw,
-				   char **wallet, char *why, size_t whylen)
+static struct pepsi_config *
+auto_pay_config(const char *config_path, char *why, size_t whylen)
 {
 	struct pepsi_config *cfg;
-	const char			*at = strrchr(address, '@');
-	const char			*program;
-	const char			*system_domains;
 	char				 err[768] = "";
-	bool				 ok = false;
 
 	if (getuid() != 0 && !privilege_path_trusted(config_path, geteuid() == 0 ? 0 : getuid(), err, sizeof(err)))
 	{
 		snprintf(why, whylen, "refusing the configuration: %s", err);
-		return false;
+		return NULL;
 	}
 	if ((cfg = config_load(config_path, err, sizeof(err))) == NULL)
-	{
 		snprintf(why, whylen, "%s", err);
+	return cfg;
+}
+
+/*
+ * Claim payment id from the database (pepsi.auto_pay_claim, as the
+ * helper's own role): its address, amount and URI (allocated), or false
+ * with the reason in why.
+ */
+static bool
+auto_pay_claim(const struct pepsi_config *cfg, const char *section, const char *id, char **address,
+			   char **amount, char **uri, char *why, size_t whylen)
+{
+	const char *conninfo = config_get(cfg, section, "HELPER_CONNINFO");
+	const char *keywords[] = {"dbname", "application_name", NULL};
+	const char *values[] = {NULL, "pepsi-helper-auto-pay", NULL};
+	const char *params[1] = {id};
+	PGconn	   *conn;
+	PGresult   *res;
+	bool		ok = false;
+
+	if (conninfo == NULL)
+		conninfo = config_get(cfg, "database", "CONNINFO");
+	if (conninfo == NULL)
+	{
+		snprintf(why, whylen, "[%s] HELPER_CONNINFO (or [database] CONNINFO) is not set", section);
 		return false;
 	}
-	program = config_get(cfg, section, "PROGRAM");
+	values[0] = conninfo;
+	conn = PQconnectdbParams(keywords, values, 1);
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	{
+		snprintf(why, whylen, "cannot connect to the database as [%s] HELPER_CONNINFO says: %s", section,
+				 conn ? PQerrorMessage(conn) : "out of memory");
+		why[strcspn(why, "\n")] = '\0';
+		PQfinish(conn);
+		return false;
+	}
+	res = PQexecParams(conn,
+					   "SELECT r->>'pay', r->>'why', r->>'address', r->>'amount', r->>'uri'"
+					   " FROM pepsi.auto_pay_claim($1::bigint) AS r",
+					   1, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 5)
+		snprintf(why, whylen, "cannot claim payment %s: %s", id, PQerrorMessage(conn));
+	else if (strcmp(PQgetvalue(res, 0, 0), "true") != 0)
+		snprintf(why, whylen, "refused: %s", PQgetvalue(res, 0, 1));
+	else
+	{
+		*address = xstrdup(PQgetvalue(res, 0, 2));
+		*amount = xstrdup(PQgetvalue(res, 0, 3));
+		*uri = xstrdup(PQgetvalue(res, 0, 4));
+		ok = true;
+	}
+	why[strcspn(why, "\n")] = '\0';
+	PQclear(res);
+	PQfinish(conn);
+	return ok;
+}
+
+/*
+ * Whose wallet pays for address, from SECTION of root's cfg: *pw and
+ * the wallet's path (allocated), or false with the answer's reason.
+ */
+static bool
+auto_pay_wallet_of(const struct pepsi_config *cfg, const char *section, const char *address, struct passwd **pw,
+				   char **wallet, char *why, size_t whylen)
+{
+	const char *at = strrchr(address, '@');
+	const char *system_domains;
+	bool		ok = false;
+
 	system_domains = config_get(cfg, section, "SYSTEM_DOMAINS");
 	if (system_domains == NULL)
 		system_domains = config_get(cfg, "pepsi", "LOCAL_DOMAINS");
 	*pw = NULL;
-	if (strncmp(section, "stage-", 6) != 0 || program == NULL
-		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-auto-pay") != 0)
-		snprintf(why, whylen, "%s: [%s] is not a section of pepsi-stage-auto-pay", config_path, section);
-	else if (system_domains && config_list_contains(system_domains, at + 1))
+	if (system_domains && config_list_contains(system_domains, at + 1))
 	{
 		char *user = xstrndup(address, (size_t) (at - address));
 
@@ -320,23 +397,78 @@ auto_pay_wallet_of(const char *config_path, const char *section, const char *add
 				ok = true;
 		}
 	}
-	config_free(cfg);
 	return ok;
+}
+
+/* Is section of cfg one of pepsi-stage-auto-pay's? */
+static bool
+auto_pay_section_ok(const struct pepsi_config *cfg, const char *section)
+{
+	const char *program = config_get(cfg, section, "PROGRAM");
+
+	return strncmp(section, "stage-", 6) == 0 && program != NULL
+		   && strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-auto-pay") == 0;
+}
+
+/* The payment's answer: what to pay, whose wallet, then the wallet run as its user. */
+static void
+auto_pay_pay(const char *config_path, const char *section, const char *id, long seconds)
+{
+	struct pepsi_config *cfg;
+	struct passwd		*pw;
+	const char			*refusal;
+	char				*wallet = NULL;
+	char				*address = NULL;
+	char				*amount = NULL;
+	char				*uri = NULL;
+	char				 why[1024];
+	char				 err[256];
+
+	if ((cfg = auto_pay_config(config_path, why, sizeof(why))) == NULL)
+	{
+		printf("failed %s\n", why);
+		return;
+	}
+	if (!auto_pay_section_ok(cfg, section))
+		printf("failed %s: [%s] is not a section of pepsi-stage-auto-pay\n", config_path, section);
+	else if (!auto_pay_claim(cfg, section, id, &address, &amount, &uri, why, sizeof(why)))
+		printf("failed %s\n", why);
+	/* The database's values, which mail wrote in part: checked as an argument was. */
+	else if (!auto_pay_printable(address, 320) || strchr(address, '@') == NULL || strchr(address, '/') != NULL)
+		printf("failed payment %s: \"%s\" is not an address\n", id, address);
+	else if (!auto_pay_printable(amount, 64) || !auto_pay_printable(uri, 2048))
+		printf("failed payment %s: its amount or URI is empty, too long, or has a space or control character\n",
+			   id);
+	else if (!auto_pay_wallet_of(cfg, section, address, &pw, &wallet, why, sizeof(why)))
+		printf("failed %s\n", why);
+	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
+	else if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
+	{
+		if (geteuid() == 0)
+			fatalx("becoming %s: %s", pw->pw_name, err);
+		printf("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
+	}
+	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
+		printf("failed %s\n", refusal);
+	else
+		auto_pay_run(pw, wallet, address, seconds, amount, uri);
+	free(wallet);
+	free(address);
+	free(amount);
+	free(uri);
+	config_free(cfg);
 }
 
 int
 main(int argc, char **argv)
 {
-	struct passwd *pw;
-	const char	  *config_path = PEPSI_CONFIG_DEFAULT_PATH;
-	const char	  *section = NULL;
-	const char	  *refusal;
-	char		  *wallet = NULL;
-	char		  *end;
-	char		   why[1024];
-	char		   err[256];
-	long		   seconds;
-	int			   opt;
+	const char *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	const char *section = NULL;
+	char	   *end;
+	char		err[256];
+	long long	id;
+	long		seconds;
+	int			opt;
 
 	privilege_sanitize_process();
 	log_init("pepsi-helper-auto-pay", false);
@@ -354,7 +486,7 @@ main(int argc, char **argv)
 		}
 	argc -= optind - 1;
 	argv += optind - 1;
-	if (argc != 6 || section == NULL || strcmp(argv[1], "pay") != 0)
+	if (argc != 4 || section == NULL || strcmp(argv[1], "pay") != 0)
 		usage();
 	/* Setuid: only the stage's group may ask (mode 4750 says so too). */
 	if (geteuid() == 0 && getuid() != 0)
@@ -366,30 +498,13 @@ main(int argc, char **argv)
 		if (!privilege_caller_in_group(group))
 			fatalx("refused: uid %ld is not of group %ld, which this helper serves", (long) getuid(), (long) group);
 	}
-	for (int i = 2; i < argc; i++)
-		if (!auto_pay_printable(argv[i], 2048))
-			fatalx("refused: argument %d is empty, too long, or has a space or control character", i);
-	if (strchr(argv[2], '@') == NULL || strchr(argv[2], '/') != NULL)
-		fatalx("refused: \"%s\" is not an address", argv[2]);
+	errno = 0;
+	id = strtoll(argv[2], &end, 10);
+	if (!isdigit((unsigned char) argv[2][0]) || *end || errno || id <= 0)
+		fatalx("refused: \"%.40s\" is not a payment id (a positive number)", argv[2]);
 	seconds = strtol(argv[3], &end, 10);
 	if (*end || seconds <= 0 || seconds > 3600)
-		fatalx("refused: \"%s\" is not a number of seconds (1 to 3600)", argv[3]);
-	if (!auto_pay_wallet_of(config_path, section, argv[2], &pw, &wallet, why, sizeof(why)))
-	{
-		printf("failed %s\n", why);
-		return fflush(stdout) == 0 ? 0 : EX_IOERR;
-	}
-	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
-	if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
-	{
-		if (geteuid() == 0)
-			fatalx("becoming %s: %s", pw->pw_name, err);
-		printf("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
-	}
-	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
-		printf("failed %s\n", refusal);
-	else
-		auto_pay_run(pw, wallet, argv[2], seconds, argv[4], argv[5]);
-	free(wallet);
+		fatalx("refused: \"%.40s\" is not a number of seconds (1 to 3600)", argv[3]);
+	auto_pay_pay(config_path, section, argv[2], seconds);
 	return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
