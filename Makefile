@@ -231,7 +231,7 @@ uninstall: uninstall-language
 # groups and modes (the helper root:GROUP 4750, so only its stage can run
 # it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
 # which make install reads too (install-privileged, below).
-HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
+HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege common/process/child_run
 # pepsi-helper-mailbox-scan carries no bit: pepsi-whitelist execs it by
 # name from its own directory, as the real user (spec 22.2); built like the
 # set-id helpers (libc only), installed 0755 (install-mailbox-scan).

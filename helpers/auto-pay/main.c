@@ -65,12 +65,15 @@
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
+#include "process/child_run.h"
 #include "process/privilege.h"
 
 /* The longest proof a wallet may print (an HMAC, a signature, a receipt id). */
 #define AUTO_PAY_MAX_PROOF 512
 /* What a wallet's error output may add to the reason of its failure. */
 #define AUTO_PAY_MAX_OUTPUT 300
+/* The most of a wallet's output read (the rest is dropped). */
+#define AUTO_PAY_MAX_WALLET_OUTPUT 4096
 
 int main(int argc, char **argv);
 
@@ -155,42 +158,45 @@ auto_pay_wallet_refusal(const char *path, uid_t owner)
 	return why[0] ? why : NULL;
 }
 
-static volatile sig_atomic_t auto_pay_timed_out;
+/* What the wallet's child runs: the wallet, as "WALLET pay URI AMOUNT", in the user's home. */
+struct auto_pay_exec
+{
+	const struct passwd *pw;
+	const char			*wallet;
+	const char			*uri;
+	const char			*amount;
+	char			   **env;
+};
 
 static void
-auto_pay_on_alarm(int sig)
+auto_pay_exec(void *arg)
 {
-	auto_pay_timed_out = 1;
+	const struct auto_pay_exec *x = arg;
+
+	if (chdir(x->pw->pw_dir) != 0 && chdir("/") != 0)
+		_exit(EX_TEMPFAIL);
+	execle(x->wallet, "pepsi-wallet", "pay", x->uri, x->amount, (char *) NULL, x->env);
+	_exit(EX_OSERR);
 }
 
-/* Read the wallet's output (fd) until its end or the alarm: the first line kept in proof, the rest in more. */
+/* The wallet's output: its first line is the proof, what follows may add to a failure's reason. */
 static void
-auto_pay_read_output(int fd, char *proof, char *more)
+auto_pay_split_output(const char *output, char *proof, char *more)
 {
-	size_t	kept = 0;
-	size_t	extra = 0;
-	bool	first = true;
-	char	buf[4096];
-	ssize_t n;
+	size_t kept = 0;
+	size_t extra = 0;
+	bool   first = true;
 
-	/* The flag first: a read the alarm interrupted is not started again. */
-	while (!auto_pay_timed_out && (n = read(fd, buf, sizeof(buf))) != 0)
+	for (const char *p = output; *p; p++)
 	{
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			break;
-		for (ssize_t i = 0; i < n; i++)
-		{
-			char c = (unsigned char) buf[i] < 0x20 || buf[i] == 0x7f ? ' ' : buf[i];
+		char c = (unsigned char) *p < 0x20 || *p == 0x7f ? ' ' : *p;
 
-			if (first && buf[i] == '\n')
-				first = false;
-			else if (first && kept < AUTO_PAY_MAX_PROOF)
-				proof[kept++] = c;
-			else if (!first && extra < AUTO_PAY_MAX_OUTPUT)
-				more[extra++] = c;
-		}
+		if (first && *p == '\n')
+			first = false;
+		else if (first && kept < AUTO_PAY_MAX_PROOF)
+			proof[kept++] = c;
+		else if (!first && extra < AUTO_PAY_MAX_OUTPUT)
+			more[extra++] = c;
 	}
 	proof[kept] = '\0';
 	more[extra] = '\0';
@@ -203,65 +209,34 @@ static void
 auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, long seconds, const char *amount,
 			 const char *uri)
 {
-	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
-								 "PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
-								 "PEPSI_PAYMENT_AMOUNT", amount, NULL};
-	struct sigaction  sa;
-	char			  proof[AUTO_PAY_MAX_PROOF + 1];
-	char			  more[AUTO_PAY_MAX_OUTPUT + 1];
-	int				  out[2];
-	int				  status;
-	pid_t			  pid;
+	const char *const	 pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
+									"PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
+									"PEPSI_PAYMENT_AMOUNT", amount, NULL};
+	struct auto_pay_exec x = {pw, wallet, uri, amount, privilege_clean_env(pairs)};
+	struct child_spec	 spec = {auto_pay_exec, &x, (long long) seconds * 1000, AUTO_PAY_MAX_WALLET_OUTPUT};
+	struct child_result	 r;
+	char				 proof[AUTO_PAY_MAX_PROOF + 1];
+	char				 more[AUTO_PAY_MAX_OUTPUT + 1];
+	char				 err[256];
 
-	if (pipe(out) != 0 || (pid = fork()) < 0)
+	if (!child_run(&spec, &r, err, sizeof(err)))
 	{
-		printf("failed pipe or fork: %s\n", strerror(errno));
+		printf("failed %s\n", err);
 		return;
 	}
-	if (pid == 0)
-	{
-		char **env = privilege_clean_env(pairs);
-
-		setsid();
-		dup2(out[1], STDOUT_FILENO);
-		dup2(out[1], STDERR_FILENO);
-		close(out[0]);
-		close(out[1]);
-		if (chdir(pw->pw_dir) != 0 && chdir("/") != 0)
-			_exit(EX_TEMPFAIL);
-		execle(wallet, "pepsi-wallet", "pay", uri, amount, (char *) NULL, env);
-		_exit(EX_OSERR);
-	}
-	close(out[1]);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = auto_pay_on_alarm; /* no SA_RESTART: read and waitpid return EINTR */
-	sigaction(SIGALRM, &sa, NULL);
-	alarm((unsigned) seconds);
-	auto_pay_read_output(out[0], proof, more);
-	if (auto_pay_timed_out)
-		kill(-pid, SIGKILL);
-	while (waitpid(pid, &status, 0) < 0)
-	{
-		if (errno != EINTR)
-		{
-			printf("failed waitpid: %s\n", strerror(errno));
-			return;
-		}
-		if (auto_pay_timed_out)
-			kill(-pid, SIGKILL);
-	}
-	alarm(0);
-	if (auto_pay_timed_out)
+	auto_pay_split_output(r.output, proof, more);
+	if (r.end == CHILD_TIMED_OUT)
 		printf("failed the wallet ran longer than %ld s and was killed\n", seconds);
-	else if (!WIFEXITED(status))
-		printf("failed the wallet was killed by signal %d\n", WTERMSIG(status));
-	else if (WEXITSTATUS(status) != 0)
-		printf("failed the wallet exited with status %d%s%s%s%s\n", WEXITSTATUS(status), proof[0] ? ": " : "",
-			   proof, more[0] ? " " : "", more);
+	else if (r.end == CHILD_SIGNALED)
+		printf("failed the wallet was killed by signal %d\n", r.code);
+	else if (r.code != 0)
+		printf("failed the wallet exited with status %d%s%s%s%s\n", r.code, proof[0] ? ": " : "", proof,
+			   more[0] ? " " : "", more);
 	else if (!auto_pay_printable(proof, AUTO_PAY_MAX_PROOF))
 		printf("failed the wallet printed no proof of payment (one line of printable characters)\n");
 	else
 		printf("paid %s\n", proof);
+	child_result_free(&r);
 }
 
 /*
