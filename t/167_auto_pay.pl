@@ -438,6 +438,27 @@ is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND outcome =
 my ($crc, $cout, $cerr) = $node->psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_claim($old_id)");
 like($cerr, qr/permission denied for function auto_pay_claim/, 'the stage\'s role may not claim a payment itself');
 
+# A payment the database reserved is paid once, whoever asks first, and
+# recorded by the helper: the stage (or anyone who is not the helper) can
+# no longer record it failed, which would free its amount under the limits.
+wallet_mode('pay');
+sql("INSERT INTO pepsi.payment (direction, address, peer, peer_domain, uri, currency, amount, outcome)"
+	  . " VALUES ('out', '$ann', '$bob', 'shop.test', 'taler://pay/early/pepsi-1/', 'EUR', 0.2, 'pending')");
+my $early_id = sql("SELECT id FROM pepsi.payment WHERE uri = 'taler://pay/early/pepsi-1/'");
+($hrc, $hout, $herr) = helper_as_member('pay', $early_id, '5');
+like($hout, qr/^paid [0-9a-f]{64}$/, 'a reserved payment is paid, whoever asks for it first') or diag($herr);
+like(wallet_log(), qr{^$uid pay taler://pay/early/pepsi-1/ EUR:0\.20 \Q$ann\E$}m,
+	'as ann, with the amount and the URI the database holds');
+is(sql("SELECT outcome || ' ' || (claimed_at IS NOT NULL) FROM pepsi.payment WHERE id = $early_id"), 'paid true',
+	'the helper recorded it paid');
+($hrc, $hout, $herr) = helper_as_member('pay', $early_id, '5');
+like($hout, qr/^failed refused: payment $early_id was claimed already/, 'and it is not paid twice');
+$node->safe_psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_finish($early_id, 'failed', 'it was not')");
+is(sql("SELECT outcome FROM pepsi.payment WHERE id = $early_id"), 'paid',
+	'the stage\'s role cannot record a claimed payment failed');
+($crc, $cout, $cerr) = $node->psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_settle($early_id, 'failed', 'x')");
+like($cerr, qr/permission denied for function auto_pay_settle/, 'nor settle it as the helper does');
+
 # The stage's role writes neither table itself.
 my ($prc, $pout, $perr) = $node->psql($db,
 	"SET ROLE pepsi_stage; INSERT INTO pepsi.outbound_message VALUES ('x\@y', 'a\@b.test')");

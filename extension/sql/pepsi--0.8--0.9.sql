@@ -29,9 +29,12 @@
 -- and returns its address, amount and URI: what the wallet is asked to pay
 -- comes from here, never from the helper's caller.  An unknown id, one
 -- that was refused or finished, one claimed already, or one reserved more
--- than 10 minutes ago is refused with the reason.  pepsi_autopay may
--- execute auto_pay_claim and nothing else of the schema; pepsi_stage may
--- not execute it.
+-- than 10 minutes ago is refused with the reason.  The helper then
+-- records what the wallet did itself (auto_pay_settle), and auto_pay_finish
+-- (the stage's) no longer touches a claimed payment: a caller that is not
+-- the helper cannot record a payment made as failed, which would free its
+-- amount under the limits again.  pepsi_autopay may execute these two and
+-- nothing else of the schema; pepsi_stage may execute neither.
 -- ===========================================================================
 INSERT INTO pepsi.grant_role VALUES
     ('pepsi_autopay', 'Pepsi: pepsi-helper-auto-pay (set-user-id root, peer authentication): claims a reserved payment, once');
@@ -69,10 +72,41 @@ BEGIN
 END
 $$;
 
+-- What became of payment id, which the helper claimed: 'paid' or
+-- 'failed', with the reason.  True when it was recorded (a payment not
+-- claimed, or settled already, is left as it is).
+CREATE FUNCTION pepsi.auto_pay_settle(id bigint, outcome text, reason text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF outcome NOT IN ('paid', 'failed') THEN
+        RAISE EXCEPTION 'invalid outcome "%"', outcome USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pepsi.payment p SET outcome = auto_pay_settle.outcome, reason = auto_pay_settle.reason, finished_at = now()
+    WHERE p.id = auto_pay_settle.id AND p.direction = 'out' AND p.outcome = 'pending' AND p.claimed_at IS NOT NULL;
+    RETURN FOUND;
+END
+$$;
+
+-- What became of pending payment id: 'paid' or 'failed', with the reason.
+-- Not of one pepsi-helper-auto-pay claimed (auto_pay_claim): that one is
+-- the helper's to settle (auto_pay_settle), which alone knows what the
+-- wallet did.
+CREATE OR REPLACE FUNCTION pepsi.auto_pay_finish(id bigint, outcome text, reason text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    IF outcome NOT IN ('paid', 'failed') THEN
+        RAISE EXCEPTION 'invalid outcome "%"', outcome USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pepsi.payment p SET outcome = auto_pay_finish.outcome, reason = auto_pay_finish.reason, finished_at = now()
+    WHERE p.id = auto_pay_finish.id AND p.outcome = 'pending' AND p.claimed_at IS NULL;
+END
+$$;
+
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_autopay', 'schema', 'pepsi', '{USAGE}'),
-    ('pepsi_autopay', 'function', 'auto_pay_claim', '{EXECUTE}');
-INSERT INTO pepsi.grant_definer (name) VALUES ('auto_pay_claim');
+    ('pepsi_autopay', 'function', 'auto_pay_claim', '{EXECUTE}'),
+    ('pepsi_autopay', 'function', 'auto_pay_settle', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('auto_pay_claim'), ('auto_pay_settle');
 SELECT pepsi.grant_apply();
 -- end of auto-pay's helper claims its payment
 

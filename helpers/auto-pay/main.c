@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,24 @@ usage(void)
 					"  CONFIG defaults to %s; it must be root's.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 	exit(EX_USAGE);
+}
+
+/* The answer's line, kept until the database has recorded it. */
+static char auto_pay_answer[2048];
+
+static void auto_pay_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Set the answer (one line, with its newline). */
+static void
+auto_pay_say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(auto_pay_answer, sizeof(auto_pay_answer) - 1, fmt, ap);
+	va_end(ap);
+	if (strchr(auto_pay_answer, '\n') == NULL)
+		strcat(auto_pay_answer, "\n");
 }
 
 /* Printable ASCII only, at most max bytes: what may go on an argument or the answer's line. */
@@ -221,21 +240,21 @@ auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, l
 
 	if (!child_run(&spec, &r, err, sizeof(err)))
 	{
-		printf("failed %s\n", err);
+		auto_pay_say("failed %s\n", err);
 		return;
 	}
 	auto_pay_split_output(r.output, proof, more);
 	if (r.end == CHILD_TIMED_OUT)
-		printf("failed the wallet ran longer than %ld s and was killed\n", seconds);
+		auto_pay_say("failed the wallet ran longer than %ld s and was killed\n", seconds);
 	else if (r.end == CHILD_SIGNALED)
-		printf("failed the wallet was killed by signal %d\n", r.code);
+		auto_pay_say("failed the wallet was killed by signal %d\n", r.code);
 	else if (r.code != 0)
-		printf("failed the wallet exited with status %d%s%s%s%s\n", r.code, proof[0] ? ": " : "", proof,
-			   more[0] ? " " : "", more);
+		auto_pay_say("failed the wallet exited with status %d%s%s%s%s\n", r.code, proof[0] ? ": " : "", proof,
+					 more[0] ? " " : "", more);
 	else if (!auto_pay_printable(proof, AUTO_PAY_MAX_PROOF))
-		printf("failed the wallet printed no proof of payment (one line of printable characters)\n");
+		auto_pay_say("failed the wallet printed no proof of payment (one line of printable characters)\n");
 	else
-		printf("paid %s\n", proof);
+		auto_pay_say("paid %s\n", proof);
 	child_result_free(&r);
 }
 
@@ -265,8 +284,8 @@ auto_pay_config(const char *config_path, char *why, size_t whylen)
  * with the reason in why.
  */
 static bool
-auto_pay_claim(const struct pepsi_config *cfg, const char *section, const char *id, char **address,
-			   char **amount, char **uri, char *why, size_t whylen)
+auto_pay_claim(const struct pepsi_config *cfg, const char *section, const char *id, PGconn **connp,
+			   char **address, char **amount, char **uri, char *why, size_t whylen)
 {
 	const char *conninfo = config_get(cfg, section, "HELPER_CONNINFO");
 	const char *keywords[] = {"dbname", "application_name", NULL};
@@ -310,8 +329,39 @@ auto_pay_claim(const struct pepsi_config *cfg, const char *section, const char *
 	}
 	why[strcspn(why, "\n")] = '\0';
 	PQclear(res);
-	PQfinish(conn);
+	if (ok)
+		*connp = conn;
+	else
+		PQfinish(conn);
 	return ok;
+}
+
+/*
+ * Record what became of claimed payment id, the answer (pepsi.auto_pay_settle),
+ * on the connection that claimed it, and close it.  Here rather than by
+ * the stage: only the helper knows what the wallet did, and a payment
+ * claimed is the helper's to settle, so no caller (the stage, or another
+ * member of the group that claimed it first) can record a payment made
+ * as failed, which would free its amount under the limits again.  Should
+ * this fail, the payment stays pending: it counts against the limits and
+ * is never claimed again.
+ */
+static void
+auto_pay_settle(PGconn *conn, const char *id)
+{
+	bool		paid = strncmp(auto_pay_answer, "paid ", 5) == 0;
+	char		reason[sizeof(auto_pay_answer)];
+	const char *params[3] = {id, paid ? "paid" : "failed", paid ? NULL : reason};
+	PGresult   *res;
+
+	snprintf(reason, sizeof(reason), "%s", strncmp(auto_pay_answer, "failed ", 7) == 0 ? auto_pay_answer + 7 : "");
+	reason[strcspn(reason, "\n")] = '\0';
+	res = PQexecParams(conn, "SELECT pepsi.auto_pay_settle($1::bigint, $2, $3)", 3, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		log_warnx("payment %s: cannot record that it %s: %s", id, paid ? "was paid" : "failed",
+				  PQerrorMessage(conn));
+	PQclear(res);
+	PQfinish(conn);
 }
 
 /*
@@ -396,6 +446,7 @@ auto_pay_pay(const char *config_path, const char *section, const char *id, long 
 	char				*address = NULL;
 	char				*amount = NULL;
 	char				*uri = NULL;
+	PGconn				*conn = NULL;
 	char				 why[1024];
 	char				 err[256];
 
@@ -405,28 +456,31 @@ auto_pay_pay(const char *config_path, const char *section, const char *id, long 
 		return;
 	}
 	if (!auto_pay_section_ok(cfg, section))
-		printf("failed %s: [%s] is not a section of pepsi-stage-auto-pay\n", config_path, section);
-	else if (!auto_pay_claim(cfg, section, id, &address, &amount, &uri, why, sizeof(why)))
-		printf("failed %s\n", why);
+		auto_pay_say("failed %s: [%s] is not a section of pepsi-stage-auto-pay\n", config_path, section);
+	else if (!auto_pay_claim(cfg, section, id, &conn, &address, &amount, &uri, why, sizeof(why)))
+		auto_pay_say("failed %s\n", why);
 	/* The database's values, which mail wrote in part: checked as an argument was. */
 	else if (!auto_pay_printable(address, 320) || strchr(address, '@') == NULL || strchr(address, '/') != NULL)
-		printf("failed payment %s: \"%s\" is not an address\n", id, address);
+		auto_pay_say("failed payment %s: \"%s\" is not an address\n", id, address);
 	else if (!auto_pay_printable(amount, 64) || !auto_pay_printable(uri, 2048))
-		printf("failed payment %s: its amount or URI is empty, too long, or has a space or control character\n",
-			   id);
+		auto_pay_say("failed payment %s: its amount or URI is empty, too long, or has a space or control character\n",
+					 id);
 	else if (!auto_pay_wallet_of(cfg, section, address, &pw, &wallet, why, sizeof(why)))
-		printf("failed %s\n", why);
+		auto_pay_say("failed %s\n", why);
 	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
 	else if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
 	{
 		if (geteuid() == 0)
 			fatalx("becoming %s: %s", pw->pw_name, err);
-		printf("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
+		auto_pay_say("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
 	}
 	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
-		printf("failed %s\n", refusal);
+		auto_pay_say("failed %s\n", refusal);
 	else
 		auto_pay_run(pw, wallet, address, seconds, amount, uri);
+	if (conn)
+		auto_pay_settle(conn, id);
+	fputs(auto_pay_answer, stdout);
 	free(wallet);
 	free(address);
 	free(amount);
