@@ -110,4 +110,43 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('auto_pay_claim'), ('auto_pay_set
 SELECT pepsi.grant_apply();
 -- end of auto-pay's helper claims its payment
 
+-- ===========================================================================
+-- keydisc_release finds the parked rows by an index (issue 41)
+--
+-- keydisc_release resumes the rows parked for an address
+-- (state.encrypt.waiting_for); it scanned every row of the queue for them.
+-- workqueue_keydisc_waiting indexes the address of the paused rows that
+-- wait for a key only, so it stays small and the lookup is an index scan.
+-- Its predicate names index_status, not status, like the queue's other
+-- indexes: the claim, which changes only status, stays a HOT update.
+-- ===========================================================================
+CREATE OR REPLACE FUNCTION pepsi.keydisc_release(address text, found boolean, negative_seconds integer DEFAULT 86400,
+                                      methods_replied text[] DEFAULT '{}')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    a text := lower(keydisc_release.address);
+    ids bigint[];
+BEGIN
+    IF found THEN
+        DELETE FROM pepsi.key_request r WHERE r.address = a;
+    ELSE
+        UPDATE pepsi.key_request r SET settled_at = now(),
+               methods_replied = coalesce(keydisc_release.methods_replied, '{}'),
+               negative_until = now() + make_interval(secs => greatest(negative_seconds, 1))
+         WHERE r.address = a;
+    END IF;
+    -- index_status, not status: workqueue_keydisc_waiting's predicate (paused either way).
+    SELECT array_agg(w.id) INTO ids FROM pepsi.workqueue w
+     WHERE w.index_status = 'paused' AND w.state -> 'encrypt' ->> 'waiting_for' = a;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN pepsi.workqueue_resume(ids);
+END
+$$;
+CREATE INDEX workqueue_keydisc_waiting ON pepsi.workqueue (((state -> 'encrypt') ->> 'waiting_for'))
+    WHERE index_status = 'paused' AND ((state -> 'encrypt') ->> 'waiting_for') IS NOT NULL;
+-- end of keydisc_release finds the parked rows by an index
+
 UPDATE pepsi.schema_version SET version = '0.9';
