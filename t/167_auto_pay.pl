@@ -443,7 +443,7 @@ like($cerr, qr/permission denied for function auto_pay_claim/, 'the stage\'s rol
 # no longer record it failed, which would free its amount under the limits.
 wallet_mode('pay');
 sql("INSERT INTO pepsi.payment (direction, address, peer, peer_domain, uri, currency, amount, outcome)"
-	  . " VALUES ('out', '$ann', '$bob', 'shop.test', 'taler://pay/early/pepsi-1/', 'EUR', 0.2, 'pending')");
+	  . " VALUES ('out', '$ann', '$bob', 'shop.test', 'taler://pay/early/pepsi-1/', 'EUR', 0.20, 'pending')");
 my $early_id = sql("SELECT id FROM pepsi.payment WHERE uri = 'taler://pay/early/pepsi-1/'");
 ($hrc, $hout, $herr) = helper_as_member('pay', $early_id, '5');
 like($hout, qr/^paid [0-9a-f]{64}$/, 'a reserved payment is paid, whoever asks for it first') or diag($herr);
