@@ -231,7 +231,7 @@ uninstall: uninstall-language
 # groups and modes (the helper root:GROUP 4750, so only its stage can run
 # it, and the stage root:GROUP 2755) are debian/pepsi.postinst's table,
 # which make install reads too (install-privileged, below).
-HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege
+HELPER_COMMON = common/base/log common/base/xalloc common/process/privilege common/process/child_run
 # pepsi-helper-mailbox-scan carries no bit: pepsi-whitelist execs it by
 # name from its own directory, as the real user (spec 22.2); built like the
 # set-id helpers (libc only), installed 0755 (install-mailbox-scan).
@@ -255,10 +255,12 @@ HELPER_LIBS_pepsi-helper-maildir-writer = -linih
 HELPER_COMMON_pepsi-helper-dot-forward = common/config/config common/config/config_secrets common/config/config_route schema/options
 HELPER_LIBS_pepsi-helper-dot-forward = -linih
 # The auto-pay helper reads SYSTEM_DOMAINS, WALLET_DIR and WALLET_USER from
-# root's pepsi.conf itself.
+# root's pepsi.conf itself, and links libpq: it claims the payment its
+# caller names from the database as its own role (pepsi.auto_pay_claim),
+# so that what it pays is never its caller's to say.
 PRIVILEGED_CALLER_pepsi-helper-auto-pay = pepsi-stage-auto-pay
 HELPER_COMMON_pepsi-helper-auto-pay = common/config/config common/config/config_secrets common/config/config_route schema/options
-HELPER_LIBS_pepsi-helper-auto-pay = -linih
+HELPER_LIBS_pepsi-helper-auto-pay = -linih -L$(PG_LIBDIR) -lpq
 
 define helper_rule
 $(B)/bin/pepsi-helper-$(notdir $(1:/=)): $(patsubst %.c,$(B)/%.o,$(wildcard $(1)*.c)) \

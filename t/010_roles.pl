@@ -26,10 +26,10 @@ is( $node->safe_psql(
 		$db,
 		"SELECT string_agg(rolname || ':' || rolcanlogin, ' ' ORDER BY rolname)"
 		  . " FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'pepsi_config:false pepsi_crypto:false pepsi_dispatch:false pepsi_httpd:false pepsi_ingress:false'
+	'pepsi_autopay:false pepsi_config:false pepsi_crypto:false pepsi_dispatch:false pepsi_httpd:false pepsi_ingress:false'
 	  . ' pepsi_monitor:false'
 	  . ' pepsi_stage:false pepsi_whitelist:false',
-	'CREATE EXTENSION creates the eight group roles, none able to log in');
+	'CREATE EXTENSION creates the nine group roles, none able to log in');
 is($node->safe_psql($db, "SELECT pg_has_role('pepsi_dispatch', 'pepsi_stage', 'MEMBER')"),
 	't', 'pepsi_dispatch is a member of pepsi_stage');
 
@@ -369,7 +369,7 @@ superuser('CREATE DATABASE second');
 $node->safe_psql('second', 'CREATE EXTENSION pepsi');
 is( $node->safe_psql('second',
 		"SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'8',
+	'9',
 	'CREATE EXTENSION in a second database finds the roles and keeps them');
 is($node->safe_psql('second', 'SELECT count(*) FROM pepsi.apply_grants()'),
 	'0', 'and grants them there too');
@@ -380,7 +380,7 @@ is($ret, 0, 'grafana reads the views of the second database') or diag($err);
 
 superuser('DROP EXTENSION pepsi');
 is(superuser("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pepsi\\_%'"),
-	'8', 'DROP EXTENSION leaves the roles');
+	'9', 'DROP EXTENSION leaves the roles');
 superuser('CREATE EXTENSION pepsi');
 is(superuser('SELECT count(*) FROM pepsi.apply_grants()'), '0',
 	'a re-created extension grants the surviving roles again');

@@ -52,12 +52,18 @@ my $zoe = "ap${tag}zoe\@local.test";
 my $vic = 'vic@virt.test';
 my $wallet_user = "ap${tag}w";
 my $secret = 'shared-with-the-payment-service';
+# The helper's own login role (a member of pepsi_autopay), and a member of
+# the helper's group who is not the stage.
+my $claimer = "ap${tag}claim";
+my $member = "ap${tag}m";
 
 mkdir $homes;
 mkdir $root;
 add_system_group($group);
 add_system_user($user, $homes);
 add_system_user($wallet_user, $homes);
+add_system_user($member, $homes);
+system('usermod', '-a', '-G', $group, $member) == 0 or die 'usermod';
 my ($uid, $ugid, $home) = (getpwnam($user))[ 2, 3, 7 ];
 my ($wuid, $whome) = (getpwnam($wallet_user))[ 2, 7 ];
 make_mailbox($root, $_) for $ann, $bob, $carl, $dan, $erin, $frank, $gina, $harry, $ivan, $jack, $kim, $zoe, $vic;
@@ -66,6 +72,7 @@ my $bin = "$shared/bin";
 install_privileged($build_bin, $bin, $group, 'pepsi-helper-auto-pay', 'pepsi-stage-auto-pay');
 
 sub sql { return $node->safe_psql($db, shift) }
+sql("CREATE ROLE $claimer LOGIN IN ROLE pepsi_autopay");
 
 # ann's wallet: the payment service's part too (it knows the shared secret
 # and hands out the proof: HMAC-SHA256 of the order).  ~/wallet-mode says
@@ -143,7 +150,8 @@ my $config = delivery_config($node, maildir_root => $root, local_domains => 'loc
 	more_stages => {
 		autopay => "PROGRAM = $bin/pepsi-stage-auto-pay\nNEXT_STAGE = secretary\nREPLY_STAGE = init\n"
 		  . "WALLET_TIME_LIMIT = 3s\nSYSTEM_DOMAINS = local.test\n"
-		  . "WALLET_DIR = $etc/wallet.d\nWALLET_USER = $wallet_user\n",
+		  . "WALLET_DIR = $etc/wallet.d\nWALLET_USER = $wallet_user\n"
+		  . sprintf("HELPER_CONNINFO = host=%s port=%d dbname=%s user=%s\n", $node->host, $node->port, $db, $claimer),
 		secretary => "PROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = maildir\nREPLY_STAGE = sign\n"
 		  . "PAYMENT_MERCHANT = pay.shop.test/instances/mail\n",
 		sign => "PROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = loop\nKEYS = shop\n"
@@ -379,6 +387,77 @@ sql("UPDATE pepsi.outbound_message SET sent_at = now() - interval '40 days'");
 sql("SELECT pepsi.schedule_add('outbound-prune', now(), interval '1 day', function_name => 'outbound_message_prune',"
 	  . " arguments => '{\"older_than\": \"30 days\"}')");
 ok(poll_until(sub { sql('SELECT count(*) FROM pepsi.outbound_message') eq '0' }, 60), 'the schedule prunes it');
+
+# 11. The helper pays only what the database reserved within the limits,
+# once: a member of its group (who may run it) calling it directly with a
+# made-up payment id, an id paid already, an id refused over the limit, or
+# an address and an amount of its own choosing, gets a refusal that says
+# why, and the wallet does not run.
+my $member_gid = (getgrnam($group))[2];
+my ($muid, $mgid) = (getpwnam($member))[ 2, 3 ];
+sub helper_as_member
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'setpriv', "--reuid=$muid", "--regid=$mgid", "--groups=$member_gid",
+			"$bin/pepsi-helper-auto-pay", '-c', "$etc/pepsi.conf", '-s', 'stage-autopay', @_ ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	return ($? >> 8, $out, $err);
+}
+my $before_ann = wallet_log();
+my $before_vic = virtual_wallet_log();
+my $paid_before = sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND outcome = 'paid'");
+my $paid_id = sql("SELECT id FROM pepsi.payment WHERE direction = 'out' AND peer = '$bob' AND outcome = 'paid'");
+my $refused_id = sql("SELECT id FROM pepsi.payment WHERE direction = 'out' AND peer = '$carl' AND outcome = 'refused'");
+my $unknown_id = sql("SELECT coalesce(max(id), 0) + 1000 FROM pepsi.payment");
+my ($hrc, $hout, $herr) = helper_as_member('pay', $unknown_id, '5');
+is($hout, "failed refused: no payment $unknown_id was reserved\n", 'a made-up payment id is refused, with the reason')
+  or diag($herr);
+($hrc, $hout, $herr) = helper_as_member('pay', $paid_id, '5');
+like($hout, qr/^failed refused: payment $paid_id was claimed already, at /, 'a replayed payment id is refused')
+  or diag($herr);
+($hrc, $hout, $herr) = helper_as_member('pay', $refused_id, '5');
+is($hout,
+	"failed refused: payment $refused_id is refused, not pending (EUR:5 is over the limit per message, EUR:1 (AUTO_PAY_PER_MESSAGE))\n",
+	'a payment refused over the limit is refused, with the limit') or diag($herr);
+($hrc, $hout, $herr) = helper_as_member('pay', $ann, '5', 'EUR:100', 'taler://pay/evil.test/x/');
+is($hrc, 64, 'an address and an amount of the caller\'s own are not an argument the helper takes');
+like($herr, qr/usage: pepsi-helper-auto-pay .* pay PAYMENT-ID SECONDS/, 'it says how it is called');
+($hrc, $hout, $herr) = helper_as_member('pay', 'x1', '5');
+like($herr, qr/refused: "x1" is not a payment id/, 'an id that is not a number is refused');
+# A payment reserved but claimed by nobody yet, too long ago: expired.
+sql("INSERT INTO pepsi.payment (direction, address, peer, peer_domain, uri, currency, amount, outcome, created_at)"
+	  . " VALUES ('out', '$ann', '$bob', 'shop.test', 'taler://pay/old/', 'EUR', 0.1, 'pending', now() - interval '1 hour')");
+my $old_id = sql("SELECT id FROM pepsi.payment WHERE uri = 'taler://pay/old/'");
+($hrc, $hout, $herr) = helper_as_member('pay', $old_id, '5');
+like($hout, qr/^failed refused: payment $old_id was reserved at .*, more than 10 minutes ago$/,
+	'a payment reserved too long ago is refused');
+is(wallet_log(), $before_ann, 'ann\'s wallet ran for none of them');
+is(virtual_wallet_log(), $before_vic, 'nor the virtual domain\'s');
+is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'out' AND outcome = 'paid'"), $paid_before,
+	'and nothing more was paid');
+my ($crc, $cout, $cerr) = $node->psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_claim($old_id)");
+like($cerr, qr/permission denied for function auto_pay_claim/, 'the stage\'s role may not claim a payment itself');
+
+# A payment the database reserved is paid once, whoever asks first, and
+# recorded by the helper: the stage (or anyone who is not the helper) can
+# no longer record it failed, which would free its amount under the limits.
+wallet_mode('pay');
+sql("INSERT INTO pepsi.payment (direction, address, peer, peer_domain, uri, currency, amount, outcome)"
+	  . " VALUES ('out', '$ann', '$bob', 'shop.test', 'taler://pay/early/pepsi-1/', 'EUR', 0.20, 'pending')");
+my $early_id = sql("SELECT id FROM pepsi.payment WHERE uri = 'taler://pay/early/pepsi-1/'");
+($hrc, $hout, $herr) = helper_as_member('pay', $early_id, '5');
+like($hout, qr/^paid [0-9a-f]{64}$/, 'a reserved payment is paid, whoever asks for it first') or diag($herr);
+like(wallet_log(), qr{^$uid pay taler://pay/early/pepsi-1/ EUR:0\.20 \Q$ann\E$}m,
+	'as ann, with the amount and the URI the database holds');
+is(sql("SELECT outcome || ' ' || (claimed_at IS NOT NULL) FROM pepsi.payment WHERE id = $early_id"), 'paid true',
+	'the helper recorded it paid');
+($hrc, $hout, $herr) = helper_as_member('pay', $early_id, '5');
+like($hout, qr/^failed refused: payment $early_id was claimed already/, 'and it is not paid twice');
+$node->safe_psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_finish($early_id, 'failed', 'it was not')");
+is(sql("SELECT outcome FROM pepsi.payment WHERE id = $early_id"), 'paid',
+	'the stage\'s role cannot record a claimed payment failed');
+($crc, $cout, $cerr) = $node->psql($db, "SET ROLE pepsi_stage; SELECT pepsi.auto_pay_settle($early_id, 'failed', 'x')");
+like($cerr, qr/permission denied for function auto_pay_settle/, 'nor settle it as the helper does');
 
 # The stage's role writes neither table itself.
 my ($prc, $pout, $perr) = $node->psql($db,

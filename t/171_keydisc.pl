@@ -108,14 +108,22 @@ my $owner = substr(Digest::SHA::sha256_hex('dane'), 0, 56);
 $dns->zone("openpgpkey.example.test. 300 IN A 127.0.0.1\n"
 	  . "$owner._openpgpkey.dane.test. 300 IN TYPE61 \\# " . length($dane_key) . ' ' . unpack('H*', $dane_key) . "\n");
 
-my $conf = stage_config($node, 'pepsi.conf',
+# The tests' WKD is on 127.0.0.1, which pepsi-keydisc refuses unless
+# ALLOW_PRIVATE_ADDRESSES: $conf allows it, $strict (the default) not.
+sub keydisc_config
+{
+	my ($name, $allow) = @_;
+	return stage_config($node, $name,
 	sprintf("[pepsi]\nDNS_FORWARDER = %s\n[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n"
 		  . "[keydisc]\nTLS_CA_FILE = $tmp/ca.pem\nHTTPS_PORT = %d\nMAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\n"
-		  . "HTTPS_TIMEOUT = 20s\n"
+		  . "HTTPS_TIMEOUT = 20s\n" . ($allow ? "ALLOW_PRIVATE_ADDRESSES = yes\n" : '')
 		  . "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\nPOLICY = required\n"
 		  . "KEYDISC = required\nBOUNCE_STAGE = bounced\n"
 		  . "[stage-sent]\nPROGRAM = pepsi-stage-discard\n[stage-bounced]\nPROGRAM = pepsi-stage-discard\n",
 		$dns->forwarder, $node->host, $node->port, $https->{port}));
+}
+my $conf = keydisc_config('pepsi.conf', 1);
+my $strict = keydisc_config('pepsi-strict.conf', 0);
 
 sub encrypt_row
 {
@@ -125,8 +133,9 @@ sub encrypt_row
 
 sub keydisc
 {
+	my ($config) = @_;
 	my ($out, $err) = ('', '');
-	IPC::Run::run([ pepsi_bin('pepsi-keydisc'), '-c', $conf ], '<', \'', '>', \$out, '2>', \$err);
+	IPC::Run::run([ pepsi_bin('pepsi-keydisc'), '-c', $config // $conf ], '<', \'', '>', \$out, '2>', \$err);
 	return ($? >> 8, $out, $err);
 }
 
@@ -164,8 +173,8 @@ like($err, qr/big\@example\.test: refused: .*bigger than \[keydisc\] MAX_KEY_SIZ
 	'an answer over MAX_KEY_SIZE: refused, naming the option');
 is(sq("SELECT count(*) FROM pepsi.peer_key WHERE address IN ('junk\@example.test', 'big\@example.test')"), '0',
 	'and nothing stored for them');
-is(sq("SELECT methods_replied[1] FROM pepsi.key_request WHERE address = 'junk\@example.test'"), 'wkd-advanced:refused',
-	'the request records the refusal');
+like(sq("SELECT methods_replied[1] FROM pepsi.key_request WHERE address = 'junk\@example.test'"),
+	qr/^wkd-advanced:refused: wkd-advanced: /, 'the request records the refusal and its reason');
 
 # Released: decided afresh.
 for my $to (qw(alice@example.test dane@dane.test))
@@ -193,6 +202,39 @@ ok(sq("SELECT negative_until > now() + interval '50 minutes' FROM pepsi.key_requ
 }
 ($rc, $out, $err) = keydisc();
 is($out, '', 'a second run has nothing to ask');
+
+# A hostile DNS answer points WKD at the machine itself: refused by
+# default (ALLOW_PRIVATE_ADDRESSES off), where it connects, with the
+# reason logged and recorded; nothing is fetched.
+my ($carol, $carol_key, $carol_hash) = gpg_key('carol@example.test');
+put("$www/.well-known/openpgpkey/example.test/hu/$carol_hash", $carol_key);
+my $asked = -e "$tmp/requests" ? scalar(() = slurp_file("$tmp/requests") =~ /\Q$carol_hash\E/g) : 0;
+my $carol_row = encrypt_row('carol@example.test');
+run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$carol_row\n");
+is(row_json($node, $carol_row)->{status}, 'paused', 'a message to carol parks');
+($rc, $out, $err) = keydisc($strict);
+is($rc, 0, 'pepsi-keydisc runs without ALLOW_PRIVATE_ADDRESSES') or diag($err);
+like($out, qr/^carol\@example\.test not found, 1 message released$/m, 'carol\'s key is not found');
+like($err,
+	qr{carol\@example\.test: refused: https://openpgpkey\.example\.test:\d+/\S+: not connecting to 127\.0\.0\.1, loopback \(127\.0\.0\.0/8\), not a public address \(\[keydisc\] ALLOW_PRIVATE_ADDRESSES\)},
+	'the WKD on 127.0.0.1 is refused, logged with the reason and the option');
+like(sq("SELECT methods_replied[1] FROM pepsi.key_request WHERE address = 'carol\@example.test'"),
+	qr/^wkd-advanced:refused: .*not connecting to 127\.0\.0\.1, loopback .*ALLOW_PRIVATE_ADDRESSES/,
+	'the request records the refusal as the lookup\'s reason');
+is(scalar(() = (-e "$tmp/requests" ? slurp_file("$tmp/requests") : '') =~ /\Q$carol_hash\E/g), $asked,
+	'the WKD server was never asked');
+is(sq("SELECT count(*) FROM pepsi.peer_key WHERE address = 'carol\@example.test'"), '0', 'nothing stored');
+
+# With it on, the same lookup fetches the key as before.
+sq("DELETE FROM pepsi.key_request WHERE address = 'carol\@example.test'");
+$carol_row = encrypt_row('carol@example.test');
+run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$carol_row\n");
+is(row_json($node, $carol_row)->{status}, 'paused', 'the next message to carol parks again');
+($rc, $out, $err) = keydisc($conf);
+like($out, qr/^carol\@example\.test found, 1 message released$/m, 'with ALLOW_PRIVATE_ADDRESSES her key is found')
+  or diag($err);
+is(sq("SELECT source || ' ' || fingerprint FROM pepsi.peer_key WHERE address = 'carol\@example.test'"),
+	"wkd-advanced $carol", 'from WKD on 127.0.0.1');
 
 $node->stop;
 done_testing();

@@ -20,6 +20,17 @@
  * waiting for it (NOTIFY); nothing found settles the request as the
  * negative cache for NEGATIVE_CACHE.
  *
+ * Where it connects is the DNS's to say, and so a hostile answer's: an
+ * address that is not the public internet's (loopback, private, link-local
+ * and the like: public_address.h) is refused unless [keydisc]
+ * ALLOW_PRIVATE_ADDRESSES says otherwise, so a WKD lookup for mail from
+ * anyone cannot be made to reach the machine itself or its network.  The
+ * address is checked as the socket is opened (CURLOPT_OPENSOCKETFUNCTION),
+ * the one libcurl actually connects to, so no second answer (DNS
+ * rebinding) gets around a check made before; and no proxy is used, whose
+ * address would be the one checked instead.  The refusal is logged and is
+ * the method's reason in key_request.methods_replied.
+ *
  * A program run by the schedule (or by hand) rather than a daemon: a
  * lookup is needed only when a message parks, the work is a few HTTPS and
  * DNS queries per address, and a parked message has its own deadline
@@ -47,6 +58,7 @@
 #include "crypto/smime.h"
 #include "crypto/wkd.h"
 #include "dns/dns.h"
+#include "dns/public_address.h"
 #include "process/cli.h"
 #include "runtime/db.h"
 
@@ -63,6 +75,7 @@ struct keydisc
 	long long			 timeout_ms;
 	long				 port;
 	const char			*ca_file;
+	bool				 allow_private;
 };
 
 /* What a lookup found: the key, where from, and the verdict. */
@@ -78,7 +91,35 @@ struct keydisc_fetch
 	struct buf *out;
 	size_t		max;
 	bool		too_big;
+	bool		allow_private;
+	/* Why a connection was refused, or empty. */
+	char refused[200];
 };
+
+/* Open the socket of a connection, unless its address is not a public one (and that is not allowed). */
+static curl_socket_t
+keydisc_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *address)
+{
+	struct keydisc_fetch *f = arg;
+	const char			 *what;
+
+	if (!f->allow_private
+		&& (what = public_address_refusal(&address->addr, (socklen_t) address->addrlen)) != NULL)
+	{
+		char text[INET6_ADDRSTRLEN] = "?";
+
+		if (address->family == AF_INET)
+			inet_ntop(AF_INET, &((const struct sockaddr_in *) (const void *) &address->addr)->sin_addr, text,
+					  sizeof(text));
+		else if (address->family == AF_INET6)
+			inet_ntop(AF_INET6, &((const struct sockaddr_in6 *) (const void *) &address->addr)->sin6_addr, text,
+					  sizeof(text));
+		snprintf(f->refused, sizeof(f->refused),
+				 "not connecting to %s, %s, not a public address ([keydisc] ALLOW_PRIVATE_ADDRESSES)", text, what);
+		return CURL_SOCKET_BAD;
+	}
+	return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
 
 static size_t
 keydisc_write(char *ptr, size_t size, size_t n, void *arg)
@@ -122,7 +163,7 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 {
 	CURL				*curl = curl_easy_init();
 	struct curl_slist	*resolve = NULL;
-	struct keydisc_fetch f = {out, (size_t) k->max_size, false};
+	struct keydisc_fetch f = {out, (size_t) k->max_size, false, k->allow_private, ""};
 	char				 addr[64], entry[400];
 	long				 status = 0;
 	CURLcode			 rc;
@@ -149,11 +190,20 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, keydisc_write);
 	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &f);
 	curl_easy_setopt(curl, CURLOPT_USERAGENT, "pepsi-keydisc");
+	curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, keydisc_open_socket);
+	curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, &f);
+	/* No proxy (not even the environment's): the address checked must be the server's. */
+	curl_easy_setopt(curl, CURLOPT_PROXY, "");
 	if (k->ca_file)
 		curl_easy_setopt(curl, CURLOPT_CAINFO, k->ca_file);
 	rc = curl_easy_perform(curl);
 	curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-	if (f.too_big || rc == CURLE_FILESIZE_EXCEEDED)
+	if (f.refused[0])
+	{
+		snprintf(err, errlen, "%s: %s", url, f.refused);
+		result = -1;
+	}
+	else if (f.too_big || rc == CURLE_FILESIZE_EXCEEDED)
 	{
 		snprintf(err, errlen, "%s: the answer is bigger than [keydisc] MAX_KEY_SIZE (%lld bytes)", url, k->max_size);
 		result = -1;
@@ -413,9 +463,13 @@ keydisc_lookup(struct keydisc *k, const char *address)
 			found = true;
 			log_info("%s: key %s from %s%s", address, fpr, m, f.dnssec ? " (DNSSEC)" : "");
 		}
-		buf_printf(&replied, "%s\"%s:%s\"", replied.len > 1 ? "," : "", m,
+		buf_printf(&replied, "%s\"%s:%s", replied.len > 1 ? "," : "", m,
 				   rc == 1 ? "found" : rc == 0 ? "none"
-											   : "refused");
+											   : "refused: ");
+		/* A refusal's reason, in the array's quotes. */
+		for (const char *p = err; rc < 0 && *p && p - err < 300; p++)
+			buf_printf(&replied, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
+		buf_append_str(&replied, "\"");
 	}
 	buf_append_str(&replied, "}");
 	ok = keydisc_release(k, address, found, &replied);
@@ -482,6 +536,7 @@ pepsi_keydisc_main(int argc, char **argv)
 	k.timeout_ms = config_duration_ms(k.cfg, KEYDISC_SECTION, "HTTPS_TIMEOUT");
 	k.port = (long) config_int(k.cfg, KEYDISC_SECTION, "HTTPS_PORT");
 	k.ca_file = config_get(k.cfg, KEYDISC_SECTION, "TLS_CA_FILE");
+	k.allow_private = config_bool(k.cfg, KEYDISC_SECTION, "ALLOW_PRIVATE_ADDRESSES");
 	k.conn = db_connect_as(k.cfg, "crypto", "CONNINFO", "pepsi-keydisc", err, sizeof(err));
 	k.ub = keydisc_resolver(k.cfg);
 	if (k.conn == NULL || k.ub == NULL)

@@ -2,12 +2,29 @@
  * pepsi-helper-auto-pay: runs a user's wallet, as that user, to pay one
  * payment request for pepsi-stage-auto-pay (docs/pepsi-helper-auto-pay.8.md).
  *
- *   pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI
+ *   pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay PAYMENT-ID SECONDS
  *
  * Installed setuid root, mode 4750, in the group of its caller (the stage
  * runs setgid to that group): only that group can run it, and it checks so
- * again itself.  Linked to libc and a few files of common/ only (spec
- * 22.2).  What it runs is never its caller's to say: for an address of
+ * again itself.  What it pays is never its caller's to say either: the
+ * caller names only a payment that pepsi.auto_pay_reserve recorded pending
+ * within its owner's limits, and the helper itself asks the database for
+ * it.  It connects over the local socket with peer authentication (which
+ * keys off the effective uid: root, which pg_ident.conf maps to a member
+ * of pepsi_autopay; SECTION's HELPER_CONNINFO, default [database]
+ * CONNINFO) and calls pepsi.auto_pay_claim, which marks the payment
+ * claimed, once, and returns its address, amount and URI: a made-up id,
+ * one refused (over a limit), finished or claimed already, or one reserved
+ * too long ago pays nothing, and the answer says why.  (The other design,
+ * a MAC over id, address and amount under a key the helper and the
+ * database share, keeps libpq out of this program but cannot say "once"
+ * without a state of the helper's own, and puts the key in two places;
+ * libpq is the price of asking the one place that knows.)  Nothing of the
+ * caller's environment reaches libpq: privilege_sanitize_process empties
+ * it first, and the connection string is root's configuration's.
+ *
+ * Linked to libc, libpq and a few files of common/ only.  What it runs is
+ * never its caller's to say: for an address of
  * SYSTEM_DOMAINS (SECTION's, a [stage-*] of pepsi-stage-auto-pay in CONFIG,
  * a file only root can change; default [pepsi] LOCAL_DOMAINS) the wallet
  * is the user's own ~/.pepsi-wallet (the local part is the user name),
@@ -19,20 +36,21 @@
  * (which mail to a settings address can write) must not choose what runs
  * as a user.
  *
- * The wallet runs with an empty environment but PEPSI_PAYER (ADDRESS),
+ * The wallet runs with an empty environment but PEPSI_PAYER (the address),
  * PEPSI_PAYMENT_URI, PEPSI_PAYMENT_AMOUNT and the user's HOME, USER,
  * LOGNAME, PATH, as "WALLET pay URI AMOUNT"; it pays at most AMOUNT (the
- * stage checked that against the owner's limits) and prints the proof of
- * payment on its first line.  Killed (its process group) after SECONDS.
+ * database checked that against the owner's limits) and prints the proof
+ * of payment on its first line.  Killed (its process group) after SECONDS.
  * The answer, on standard output, one line: "paid PROOF", or "failed
- * REASON" (nothing was paid: no wallet, it failed, it hung, it printed no
- * proof).  Logs go to standard error.
+ * REASON" (nothing was paid: the payment could not be claimed, no wallet,
+ * it failed, it hung, it printed no proof).  Logs go to standard error.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,25 +61,48 @@
 #include <sysexits.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "base/log.h"
 #include "base/xalloc.h"
 #include "config/config.h"
+#include "process/child_run.h"
 #include "process/privilege.h"
 
 /* The longest proof a wallet may print (an HMAC, a signature, a receipt id). */
 #define AUTO_PAY_MAX_PROOF 512
 /* What a wallet's error output may add to the reason of its failure. */
 #define AUTO_PAY_MAX_OUTPUT 300
+/* The most of a wallet's output read (the rest is dropped). */
+#define AUTO_PAY_MAX_WALLET_OUTPUT 4096
 
 int main(int argc, char **argv);
 
 static void
 usage(void)
 {
-	fprintf(stderr, "usage: pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay ADDRESS SECONDS AMOUNT URI\n"
+	fprintf(stderr, "usage: pepsi-helper-auto-pay [-c CONFIG] -s SECTION pay PAYMENT-ID SECONDS\n"
 					"  CONFIG defaults to %s; it must be root's.\n",
 			PEPSI_CONFIG_DEFAULT_PATH);
 	exit(EX_USAGE);
+}
+
+/* The answer's line, kept until the database has recorded it. */
+static char auto_pay_answer[2048];
+
+static void auto_pay_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Set the answer (one line, with its newline). */
+static void
+auto_pay_say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(auto_pay_answer, sizeof(auto_pay_answer) - 1, fmt, ap);
+	va_end(ap);
+	if (strchr(auto_pay_answer, '\n') == NULL)
+		strcat(auto_pay_answer, "\n");
 }
 
 /* Printable ASCII only, at most max bytes: what may go on an argument or the answer's line. */
@@ -136,42 +177,45 @@ auto_pay_wallet_refusal(const char *path, uid_t owner)
 	return why[0] ? why : NULL;
 }
 
-static volatile sig_atomic_t auto_pay_timed_out;
+/* What the wallet's child runs: the wallet, as "WALLET pay URI AMOUNT", in the user's home. */
+struct auto_pay_exec
+{
+	const struct passwd *pw;
+	const char			*wallet;
+	const char			*uri;
+	const char			*amount;
+	char			   **env;
+};
 
 static void
-auto_pay_on_alarm(int sig)
+auto_pay_exec(void *arg)
 {
-	auto_pay_timed_out = 1;
+	const struct auto_pay_exec *x = arg;
+
+	if (chdir(x->pw->pw_dir) != 0 && chdir("/") != 0)
+		_exit(EX_TEMPFAIL);
+	execle(x->wallet, "pepsi-wallet", "pay", x->uri, x->amount, (char *) NULL, x->env);
+	_exit(EX_OSERR);
 }
 
-/* Read the wallet's output (fd) until its end or the alarm: the first line kept in proof, the rest in more. */
+/* The wallet's output: its first line is the proof, what follows may add to a failure's reason. */
 static void
-auto_pay_read_output(int fd, char *proof, char *more)
+auto_pay_split_output(const char *output, char *proof, char *more)
 {
-	size_t	kept = 0;
-	size_t	extra = 0;
-	bool	first = true;
-	char	buf[4096];
-	ssize_t n;
+	size_t kept = 0;
+	size_t extra = 0;
+	bool   first = true;
 
-	/* The flag first: a read the alarm interrupted is not started again. */
-	while (!auto_pay_timed_out && (n = read(fd, buf, sizeof(buf))) != 0)
+	for (const char *p = output; *p; p++)
 	{
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			break;
-		for (ssize_t i = 0; i < n; i++)
-		{
-			char c = (unsigned char) buf[i] < 0x20 || buf[i] == 0x7f ? ' ' : buf[i];
+		char c = (unsigned char) *p < 0x20 || *p == 0x7f ? ' ' : *p;
 
-			if (first && buf[i] == '\n')
-				first = false;
-			else if (first && kept < AUTO_PAY_MAX_PROOF)
-				proof[kept++] = c;
-			else if (!first && extra < AUTO_PAY_MAX_OUTPUT)
-				more[extra++] = c;
-		}
+		if (first && *p == '\n')
+			first = false;
+		else if (first && kept < AUTO_PAY_MAX_PROOF)
+			proof[kept++] = c;
+		else if (!first && extra < AUTO_PAY_MAX_OUTPUT)
+			more[extra++] = c;
 	}
 	proof[kept] = '\0';
 	more[extra] = '\0';
@@ -184,101 +228,159 @@ static void
 auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, long seconds, const char *amount,
 			 const char *uri)
 {
-	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
-								 "PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
-								 "PEPSI_PAYMENT_AMOUNT", amount, NULL};
-	struct sigaction  sa;
-	char			  proof[AUTO_PAY_MAX_PROOF + 1];
-	char			  more[AUTO_PAY_MAX_OUTPUT + 1];
-	int				  out[2];
-	int				  status;
-	pid_t			  pid;
+	const char *const	 pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
+									"PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
+									"PEPSI_PAYMENT_AMOUNT", amount, NULL};
+	struct auto_pay_exec x = {pw, wallet, uri, amount, privilege_clean_env(pairs)};
+	struct child_spec	 spec = {auto_pay_exec, &x, (long long) seconds * 1000, AUTO_PAY_MAX_WALLET_OUTPUT};
+	struct child_result	 r;
+	char				 proof[AUTO_PAY_MAX_PROOF + 1];
+	char				 more[AUTO_PAY_MAX_OUTPUT + 1];
+	char				 err[256];
 
-	if (pipe(out) != 0 || (pid = fork()) < 0)
+	if (!child_run(&spec, &r, err, sizeof(err)))
 	{
-		printf("failed pipe or fork: %s\n", strerror(errno));
+		auto_pay_say("failed %s\n", err);
 		return;
 	}
-	if (pid == 0)
-	{
-		char **env = privilege_clean_env(pairs);
-
-		setsid();
-		dup2(out[1], STDOUT_FILENO);
-		dup2(out[1], STDERR_FILENO);
-		close(out[0]);
-		close(out[1]);
-		if (chdir(pw->pw_dir) != 0 && chdir("/") != 0)
-			_exit(EX_TEMPFAIL);
-		execle(wallet, "pepsi-wallet", "pay", uri, amount, (char *) NULL, env);
-		_exit(EX_OSERR);
-	}
-	close(out[1]);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = auto_pay_on_alarm; /* no SA_RESTART: read and waitpid return EINTR */
-	sigaction(SIGALRM, &sa, NULL);
-	alarm((unsigned) seconds);
-	auto_pay_read_output(out[0], proof, more);
-	if (auto_pay_timed_out)
-		kill(-pid, SIGKILL);
-	while (waitpid(pid, &status, 0) < 0)
-	{
-		if (errno != EINTR)
-		{
-			printf("failed waitpid: %s\n", strerror(errno));
-			return;
-		}
-		if (auto_pay_timed_out)
-			kill(-pid, SIGKILL);
-	}
-	alarm(0);
-	if (auto_pay_timed_out)
-		printf("failed the wallet ran longer than %ld s and was killed\n", seconds);
-	else if (!WIFEXITED(status))
-		printf("failed the wallet was killed by signal %d\n", WTERMSIG(status));
-	else if (WEXITSTATUS(status) != 0)
-		printf("failed the wallet exited with status %d%s%s%s%s\n", WEXITSTATUS(status), proof[0] ? ": " : "",
-			   proof, more[0] ? " " : "", more);
+	auto_pay_split_output(r.output, proof, more);
+	if (r.end == CHILD_TIMED_OUT)
+		auto_pay_say("failed the wallet ran longer than %ld s and was killed\n", seconds);
+	else if (r.end == CHILD_SIGNALED)
+		auto_pay_say("failed the wallet was killed by signal %d\n", r.code);
+	else if (r.code != 0)
+		auto_pay_say("failed the wallet exited with status %d%s%s%s%s\n", r.code, proof[0] ? ": " : "", proof,
+					 more[0] ? " " : "", more);
 	else if (!auto_pay_printable(proof, AUTO_PAY_MAX_PROOF))
-		printf("failed the wallet printed no proof of payment (one line of printable characters)\n");
+		auto_pay_say("failed the wallet printed no proof of payment (one line of printable characters)\n");
 	else
-		printf("paid %s\n", proof);
+		auto_pay_say("paid %s\n", proof);
+	child_result_free(&r);
 }
 
 /*
- * Whose wallet pays for address, from SECTION of root's CONFIG: *pw and
- * the wallet's path (allocated), or false with the answer's reason.
+ * Root's CONFIG, after checking that only root could have written it:
+ * NULL with why otherwise.
  */
-static bool
-auto_pay_wallet_of(const char *config_path, const char *section, const char *address, struct passwd **pw,
-				   char **wallet, char *why, size_t whylen)
+static struct pepsi_config *
+auto_pay_config(const char *config_path, char *why, size_t whylen)
 {
 	struct pepsi_config *cfg;
-	const char			*at = strrchr(address, '@');
-	const char			*program;
-	const char			*system_domains;
 	char				 err[768] = "";
-	bool				 ok = false;
 
 	if (getuid() != 0 && !privilege_path_trusted(config_path, geteuid() == 0 ? 0 : getuid(), err, sizeof(err)))
 	{
 		snprintf(why, whylen, "refusing the configuration: %s", err);
-		return false;
+		return NULL;
 	}
 	if ((cfg = config_load(config_path, err, sizeof(err))) == NULL)
-	{
 		snprintf(why, whylen, "%s", err);
+	return cfg;
+}
+
+/*
+ * Claim payment id from the database (pepsi.auto_pay_claim, as the
+ * helper's own role): its address, amount and URI (allocated), or false
+ * with the reason in why.
+ */
+static bool
+auto_pay_claim(const struct pepsi_config *cfg, const char *section, const char *id, PGconn **connp,
+			   char **address, char **amount, char **uri, char *why, size_t whylen)
+{
+	const char *conninfo = config_get(cfg, section, "HELPER_CONNINFO");
+	const char *keywords[] = {"dbname", "application_name", NULL};
+	const char *values[] = {NULL, "pepsi-helper-auto-pay", NULL};
+	const char *params[1] = {id};
+	PGconn	   *conn;
+	PGresult   *res;
+	bool		ok = false;
+
+	if (conninfo == NULL)
+		conninfo = config_get(cfg, "database", "CONNINFO");
+	if (conninfo == NULL)
+	{
+		snprintf(why, whylen, "[%s] HELPER_CONNINFO (or [database] CONNINFO) is not set", section);
 		return false;
 	}
-	program = config_get(cfg, section, "PROGRAM");
+	values[0] = conninfo;
+	conn = PQconnectdbParams(keywords, values, 1);
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	{
+		snprintf(why, whylen, "cannot connect to the database as [%s] HELPER_CONNINFO says: %s", section,
+				 conn ? PQerrorMessage(conn) : "out of memory");
+		why[strcspn(why, "\n")] = '\0';
+		PQfinish(conn);
+		return false;
+	}
+	res = PQexecParams(conn,
+					   "SELECT r->>'pay', r->>'why', r->>'address', r->>'amount', r->>'uri'"
+					   " FROM pepsi.auto_pay_claim($1::bigint) AS r",
+					   1, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 5)
+		snprintf(why, whylen, "cannot claim payment %s: %s", id, PQerrorMessage(conn));
+	else if (strcmp(PQgetvalue(res, 0, 0), "true") != 0)
+		snprintf(why, whylen, "refused: %s", PQgetvalue(res, 0, 1));
+	else
+	{
+		*address = xstrdup(PQgetvalue(res, 0, 2));
+		*amount = xstrdup(PQgetvalue(res, 0, 3));
+		*uri = xstrdup(PQgetvalue(res, 0, 4));
+		ok = true;
+	}
+	why[strcspn(why, "\n")] = '\0';
+	PQclear(res);
+	if (ok)
+		*connp = conn;
+	else
+		PQfinish(conn);
+	return ok;
+}
+
+/*
+ * Record what became of claimed payment id, the answer (pepsi.auto_pay_settle),
+ * on the connection that claimed it, and close it.  Here rather than by
+ * the stage: only the helper knows what the wallet did, and a payment
+ * claimed is the helper's to settle, so no caller (the stage, or another
+ * member of the group that claimed it first) can record a payment made
+ * as failed, which would free its amount under the limits again.  Should
+ * this fail, the payment stays pending: it counts against the limits and
+ * is never claimed again.
+ */
+static void
+auto_pay_settle(PGconn *conn, const char *id)
+{
+	bool		paid = strncmp(auto_pay_answer, "paid ", 5) == 0;
+	char		reason[sizeof(auto_pay_answer)];
+	const char *params[3] = {id, paid ? "paid" : "failed", paid ? NULL : reason};
+	PGresult   *res;
+
+	snprintf(reason, sizeof(reason), "%s", strncmp(auto_pay_answer, "failed ", 7) == 0 ? auto_pay_answer + 7 : "");
+	reason[strcspn(reason, "\n")] = '\0';
+	res = PQexecParams(conn, "SELECT pepsi.auto_pay_settle($1::bigint, $2, $3)", 3, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		log_warnx("payment %s: cannot record that it %s: %s", id, paid ? "was paid" : "failed",
+				  PQerrorMessage(conn));
+	PQclear(res);
+	PQfinish(conn);
+}
+
+/*
+ * Whose wallet pays for address, from SECTION of root's cfg: *pw and
+ * the wallet's path (allocated), or false with the answer's reason.
+ */
+static bool
+auto_pay_wallet_of(const struct pepsi_config *cfg, const char *section, const char *address, struct passwd **pw,
+				   char **wallet, char *why, size_t whylen)
+{
+	const char *at = strrchr(address, '@');
+	const char *system_domains;
+	bool		ok = false;
+
 	system_domains = config_get(cfg, section, "SYSTEM_DOMAINS");
 	if (system_domains == NULL)
 		system_domains = config_get(cfg, "pepsi", "LOCAL_DOMAINS");
 	*pw = NULL;
-	if (strncmp(section, "stage-", 6) != 0 || program == NULL
-		|| strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-auto-pay") != 0)
-		snprintf(why, whylen, "%s: [%s] is not a section of pepsi-stage-auto-pay", config_path, section);
-	else if (system_domains && config_list_contains(system_domains, at + 1))
+	if (system_domains && config_list_contains(system_domains, at + 1))
 	{
 		char *user = xstrndup(address, (size_t) (at - address));
 
@@ -320,23 +422,82 @@ auto_pay_wallet_of(const char *config_path, const char *section, const char *add
 				ok = true;
 		}
 	}
-	config_free(cfg);
 	return ok;
+}
+
+/* Is section of cfg one of pepsi-stage-auto-pay's? */
+static bool
+auto_pay_section_ok(const struct pepsi_config *cfg, const char *section)
+{
+	const char *program = config_get(cfg, section, "PROGRAM");
+
+	return strncmp(section, "stage-", 6) == 0 && program != NULL
+		   && strcmp(strrchr(program, '/') ? strrchr(program, '/') + 1 : program, "pepsi-stage-auto-pay") == 0;
+}
+
+/* The payment's answer: what to pay, whose wallet, then the wallet run as its user. */
+static void
+auto_pay_pay(const char *config_path, const char *section, const char *id, long seconds)
+{
+	struct pepsi_config *cfg;
+	struct passwd		*pw;
+	const char			*refusal;
+	char				*wallet = NULL;
+	char				*address = NULL;
+	char				*amount = NULL;
+	char				*uri = NULL;
+	PGconn				*conn = NULL;
+	char				 why[1024];
+	char				 err[256];
+
+	if ((cfg = auto_pay_config(config_path, why, sizeof(why))) == NULL)
+	{
+		printf("failed %s\n", why);
+		return;
+	}
+	if (!auto_pay_section_ok(cfg, section))
+		auto_pay_say("failed %s: [%s] is not a section of pepsi-stage-auto-pay\n", config_path, section);
+	else if (!auto_pay_claim(cfg, section, id, &conn, &address, &amount, &uri, why, sizeof(why)))
+		auto_pay_say("failed %s\n", why);
+	/* The database's values, which mail wrote in part: checked as an argument was. */
+	else if (!auto_pay_printable(address, 320) || strchr(address, '@') == NULL || strchr(address, '/') != NULL)
+		auto_pay_say("failed payment %s: \"%s\" is not an address\n", id, address);
+	else if (!auto_pay_printable(amount, 64) || !auto_pay_printable(uri, 2048))
+		auto_pay_say("failed payment %s: its amount or URI is empty, too long, or has a space or control character\n",
+					 id);
+	else if (!auto_pay_wallet_of(cfg, section, address, &pw, &wallet, why, sizeof(why)))
+		auto_pay_say("failed %s\n", why);
+	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
+	else if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
+	{
+		if (geteuid() == 0)
+			fatalx("becoming %s: %s", pw->pw_name, err);
+		auto_pay_say("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
+	}
+	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
+		auto_pay_say("failed %s\n", refusal);
+	else
+		auto_pay_run(pw, wallet, address, seconds, amount, uri);
+	if (conn)
+		auto_pay_settle(conn, id);
+	fputs(auto_pay_answer, stdout);
+	free(wallet);
+	free(address);
+	free(amount);
+	free(uri);
+	config_free(cfg);
 }
 
 int
 main(int argc, char **argv)
 {
-	struct passwd *pw;
-	const char	  *config_path = PEPSI_CONFIG_DEFAULT_PATH;
-	const char	  *section = NULL;
-	const char	  *refusal;
-	char		  *wallet = NULL;
-	char		  *end;
-	char		   why[1024];
-	char		   err[256];
-	long		   seconds;
-	int			   opt;
+	const char *config_path = PEPSI_CONFIG_DEFAULT_PATH;
+	const char *section = NULL;
+	char	   *end;
+	char		err[256];
+	long long	id;
+	long		seconds;
+	int			opt;
 
 	privilege_sanitize_process();
 	log_init("pepsi-helper-auto-pay", false);
@@ -354,7 +515,7 @@ main(int argc, char **argv)
 		}
 	argc -= optind - 1;
 	argv += optind - 1;
-	if (argc != 6 || section == NULL || strcmp(argv[1], "pay") != 0)
+	if (argc != 4 || section == NULL || strcmp(argv[1], "pay") != 0)
 		usage();
 	/* Setuid: only the stage's group may ask (mode 4750 says so too). */
 	if (geteuid() == 0 && getuid() != 0)
@@ -366,30 +527,13 @@ main(int argc, char **argv)
 		if (!privilege_caller_in_group(group))
 			fatalx("refused: uid %ld is not of group %ld, which this helper serves", (long) getuid(), (long) group);
 	}
-	for (int i = 2; i < argc; i++)
-		if (!auto_pay_printable(argv[i], 2048))
-			fatalx("refused: argument %d is empty, too long, or has a space or control character", i);
-	if (strchr(argv[2], '@') == NULL || strchr(argv[2], '/') != NULL)
-		fatalx("refused: \"%s\" is not an address", argv[2]);
+	errno = 0;
+	id = strtoll(argv[2], &end, 10);
+	if (!isdigit((unsigned char) argv[2][0]) || *end || errno || id <= 0)
+		fatalx("refused: \"%.40s\" is not a payment id (a positive number)", argv[2]);
 	seconds = strtol(argv[3], &end, 10);
 	if (*end || seconds <= 0 || seconds > 3600)
-		fatalx("refused: \"%s\" is not a number of seconds (1 to 3600)", argv[3]);
-	if (!auto_pay_wallet_of(config_path, section, argv[2], &pw, &wallet, why, sizeof(why)))
-	{
-		printf("failed %s\n", why);
-		return fflush(stdout) == 0 ? 0 : EX_IOERR;
-	}
-	/* From here on we are the wallet's user: nothing of theirs is opened as root. */
-	if (!privilege_become(pw->pw_name, pw->pw_uid, pw->pw_gid, "/", err, sizeof(err)))
-	{
-		if (geteuid() == 0)
-			fatalx("becoming %s: %s", pw->pw_name, err);
-		printf("failed cannot act as %s: %s (the helper is not set-user-id root)\n", pw->pw_name, err);
-	}
-	else if ((refusal = auto_pay_wallet_refusal(wallet, pw->pw_uid)) != NULL)
-		printf("failed %s\n", refusal);
-	else
-		auto_pay_run(pw, wallet, argv[2], seconds, argv[4], argv[5]);
-	free(wallet);
+		fatalx("refused: \"%.40s\" is not a number of seconds (1 to 3600)", argv[3]);
+	auto_pay_pay(config_path, section, argv[2], seconds);
 	return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }

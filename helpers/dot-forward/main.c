@@ -52,6 +52,7 @@
 #include "base/xalloc.h"
 #include "config/config.h"
 #include "forward_file.h"
+#include "process/child_run.h"
 #include "process/privilege.h"
 
 /* A larger .forward is not a list of addresses. */
@@ -383,12 +384,23 @@ helper_listed(const struct forward_list *list, enum forward_kind kind, const cha
 	return false;
 }
 
-static volatile sig_atomic_t helper_timed_out;
+/* What a pipe's child runs: the command, through /bin/sh, in the user's home, the message on its stdin. */
+struct helper_exec
+{
+	const struct passwd *pw;
+	const char			*command;
+	char			   **env;
+};
 
 static void
-helper_on_alarm(int sig)
+helper_exec(void *arg)
 {
-	helper_timed_out = 1;
+	const struct helper_exec *x = arg;
+
+	if (chdir(x->pw->pw_dir) != 0 && chdir("/") != 0)
+		_exit(EX_TEMPFAIL);
+	execle("/bin/sh", "sh", "-c", x->command, (char *) NULL, x->env);
+	_exit(EX_OSERR);
 }
 
 /* Run command as pw (already become) with the message on our stdin. */
@@ -396,87 +408,38 @@ static void
 helper_pipe(const struct passwd *pw, const char *sender, const char *recipient, long seconds,
 			const char *command)
 {
-	const char *const pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
-								 "SHELL", "/bin/sh", "PATH", "/usr/bin:/bin", "SENDER", sender,
-								 "RECIPIENT", recipient, NULL};
-	struct sigaction  sa;
-	char			  output[HELPER_MAX_OUTPUT + 1];
-	size_t			  kept = 0;
-	int				  out[2];
-	int				  status;
-	pid_t			  pid;
-	char			  buf[4096];
-	ssize_t			  n;
+	const char *const	pairs[] = {"HOME", pw->pw_dir, "USER", pw->pw_name, "LOGNAME", pw->pw_name,
+								   "SHELL", "/bin/sh", "PATH", "/usr/bin:/bin", "SENDER", sender,
+								   "RECIPIENT", recipient, NULL};
+	struct helper_exec	x = {pw, command, privilege_clean_env(pairs)};
+	struct child_spec	spec = {helper_exec, &x, (long long) seconds * 1000, HELPER_MAX_OUTPUT};
+	struct child_result r;
+	char				err[256];
+	size_t				kept;
 
-	if (pipe(out) != 0)
+	if (!child_run(&spec, &r, err, sizeof(err)))
 	{
-		printf("temporary pipe: %s\n", strerror(errno));
+		printf("temporary %s\n", err);
 		return;
 	}
-	if ((pid = fork()) < 0)
-	{
-		printf("temporary fork: %s\n", strerror(errno));
-		return;
-	}
-	if (pid == 0)
-	{
-		char **env = privilege_clean_env(pairs);
-
-		setsid();
-		dup2(out[1], STDOUT_FILENO);
-		dup2(out[1], STDERR_FILENO);
-		close(out[0]);
-		close(out[1]);
-		if (chdir(pw->pw_dir) != 0 && chdir("/") != 0)
-			_exit(EX_TEMPFAIL);
-		execle("/bin/sh", "sh", "-c", command, (char *) NULL, env);
-		_exit(EX_OSERR);
-	}
-	close(out[1]);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = helper_on_alarm; /* no SA_RESTART: read and waitpid return EINTR */
-	sigaction(SIGALRM, &sa, NULL);
-	alarm((unsigned) seconds);
-	while ((n = read(out[0], buf, sizeof(buf))) != 0 && !helper_timed_out)
-	{
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			break;
-		for (ssize_t i = 0; i < n && kept < HELPER_MAX_OUTPUT; i++)
-			output[kept++] = (unsigned char) buf[i] < 0x20 || buf[i] == 0x7f ? ' ' : buf[i];
-	}
-	output[kept] = '\0';
-	while (kept > 0 && output[kept - 1] == ' ')
-		output[--kept] = '\0';
-	if (helper_timed_out)
-		kill(-pid, SIGKILL);
-	while (waitpid(pid, &status, 0) < 0)
-	{
-		if (errno != EINTR)
-		{
-			printf("temporary waitpid: %s\n", strerror(errno));
-			return;
-		}
-		if (helper_timed_out)
-			kill(-pid, SIGKILL);
-	}
-	alarm(0);
-	if (helper_timed_out)
-	{
-		kill(-pid, SIGKILL);
+	/* Its output is only ever a line of the answer: printable, no trailing space. */
+	for (size_t i = 0; i < r.len; i++)
+		if ((unsigned char) r.output[i] < 0x20 || r.output[i] == 0x7f)
+			r.output[i] = ' ';
+	kept = strlen(r.output);
+	while (kept > 0 && r.output[kept - 1] == ' ')
+		r.output[--kept] = '\0';
+	if (r.end == CHILD_TIMED_OUT)
 		printf("temporary the command ran longer than %ld s and was killed\n", seconds);
-	}
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+	else if (r.end == CHILD_EXITED && r.code == 0)
 		printf("ok\n");
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == EX_TEMPFAIL)
-		printf("temporary the command exited with status 75 (EX_TEMPFAIL)%s%s\n",
-			   kept ? ": " : "", output);
-	else if (WIFEXITED(status))
-		printf("permanent the command exited with status %d%s%s\n", WEXITSTATUS(status),
-			   kept ? ": " : "", output);
+	else if (r.end == CHILD_EXITED && r.code == EX_TEMPFAIL)
+		printf("temporary the command exited with status 75 (EX_TEMPFAIL)%s%s\n", kept ? ": " : "", r.output);
+	else if (r.end == CHILD_EXITED)
+		printf("permanent the command exited with status %d%s%s\n", r.code, kept ? ": " : "", r.output);
 	else
-		printf("temporary the command was killed by signal %d\n", WTERMSIG(status));
+		printf("temporary the command was killed by signal %d\n", r.code);
+	child_result_free(&r);
 }
 
 /* Append the message on stdin to path as an mbox message (mboxrd quoting). */

@@ -211,26 +211,26 @@ auto_pay_reply(struct pepsi_ctx *ctx, const struct buf *headers, const char *pay
 	return id >= 0;
 }
 
-/* Run the wallet through the helper for payment id: "paid PROOF" or "failed REASON" in *answer. */
+/*
+ * Run the wallet through the helper for payment id: "paid PROOF" or
+ * "failed REASON" in *answer.  The helper is told the payment's id only:
+ * it claims the payment from the database itself (pepsi.auto_pay_claim)
+ * and pays the address and amount recorded there, once.
+ */
 static void
-auto_pay_wallet(struct pepsi_ctx *ctx, const char *payer, const char *amount, const char *uri, struct buf *answer)
+auto_pay_wallet(struct pepsi_ctx *ctx, long long payment, struct buf *answer)
 {
 	char	   *helper = helper_call_path(pepsi_option_text(ctx, "HELPER"), AUTO_PAY_HELPER_NAME);
 	const char *config = pepsi_option_text(ctx, "HELPER_CONFIG");
+	char		id[32];
 	char		seconds[32];
 	char		err[512];
-	const char *argv[] = {AUTO_PAY_HELPER_NAME,
-						  "-c",
-						  config ? config : pepsi_config(ctx)->path,
-						  "-s",
-						  pepsi_section(ctx),
-						  "pay",
-						  payer,
-						  seconds,
-						  amount,
-						  uri,
-						  NULL};
+	const char *argv[] = {AUTO_PAY_HELPER_NAME, "-c", config ? config : pepsi_config(ctx)->path,
+						  "-s", pepsi_section(ctx),
+						  "pay", id,
+						  seconds, NULL};
 
+	snprintf(id, sizeof(id), "%lld", payment);
 	snprintf(seconds, sizeof(seconds), "%.0f", pepsi_option_seconds(ctx, "WALLET_TIME_LIMIT"));
 	if (!helper_call(helper, argv, NULL, AUTO_PAY_MAX_ANSWER, answer, err, sizeof(err)))
 	{
@@ -318,7 +318,7 @@ auto_pay_request(struct pepsi_ctx *ctx, const struct buf *headers, const char *u
 		rc = pepsi_advance(ctx);
 		goto done;
 	}
-	auto_pay_wallet(ctx, payer, amount, uri, &paid);
+	auto_pay_wallet(ctx, json_integer_value(json_object_get(answer, "id")), &paid);
 	if (strncmp(paid.data, "paid ", 5) == 0)
 	{
 		long long payment = json_integer_value(json_object_get(answer, "id"));
