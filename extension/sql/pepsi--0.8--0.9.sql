@@ -127,4 +127,46 @@ $$;
 SELECT pepsi.grant_apply();
 -- end of the archive's search and import at scale
 
+-- ===========================================================================
+-- pepsi-list digest: a list's digest sent now (issue 40)
+--
+-- list_digest_now(list, stage) is what the schedule's row does when it is
+-- due (list_digest_send: the digest built, queued at stage for the digest
+-- members, the posts taken, in one transaction), for pepsi-list as
+-- pepsi_config, and audited (event_log list_digest).  It refuses, naming
+-- the reason, a list that does not exist, one with no digest member (no
+-- enabled member whose delivery is digest) and one with no post waiting,
+-- so nothing is queued for nobody and no empty issue is counted.
+-- ===========================================================================
+CREATE FUNCTION pepsi.list_digest_now(list text, stage text) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.mailing_list;
+    sent jsonb;
+BEGIN
+    SELECT * INTO l FROM pepsi.mailing_list m WHERE m.address = lower(list_digest_now.list);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no mailing list %', list_digest_now.list USING ERRCODE = 'no_data_found',
+            HINT = 'pepsi-list lists shows the lists.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pepsi.list_member m WHERE m.list_id = l.id AND m.delivery = 'digest'
+                   AND m.disabled IS NULL) THEN
+        RAISE EXCEPTION 'list % has no digest member: no digest to send', l.address USING ERRCODE = 'no_data_found',
+            HINT = 'A member gets digests after pepsi-list add LIST ADDRESS digest.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pepsi.list_digest x WHERE x.list_id = l.id) THEN
+        RAISE EXCEPTION 'list % has no post waiting for a digest: none sent', l.address USING ERRCODE = 'no_data_found';
+    END IF;
+    sent := pepsi.list_digest_send(l.id, stage);
+    PERFORM pepsi.event_log_write('list_digest', jsonb_build_object('list', l.address, 'stage', stage) || sent);
+    RETURN sent;
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_config', 'function', 'list_digest_now', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('list_digest_now');
+SELECT pepsi.grant_apply();
+-- end of pepsi-list digest
+
 UPDATE pepsi.schema_version SET version = '0.9';
