@@ -89,7 +89,9 @@ INSERT INTO pepsi.grant_owner (name) VALUES ('archive_search_key'), ('archive_se
 -- Full-text search of a list's archive (websearch syntax: words, "a
 -- phrase", -not, or), newest first.  The list and the words are one
 -- condition on the GIN index archive_message_list_search (see
--- archive_search_key); EXECUTE plans each query with its words.
+-- archive_search_key); EXECUTE plans each query with its words; the list
+-- named again lets a common word's newest matches come in date order from
+-- archive_message_list_sent, checked one by one, not all sorted.
 CREATE OR REPLACE FUNCTION pepsi.archive_search(list bigint, query text, max_rows integer DEFAULT 50)
 RETURNS TABLE (id bigint, thread_id bigint, subject text, from_name text, sent_at timestamptz, excerpt text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
@@ -100,7 +102,7 @@ BEGIN
                 pepsi.archive_obfuscate($1, ts_headline(''simple'', left(m.body_text, 20000),
                     websearch_to_tsquery(''simple'', $2), ''StartSel=«, StopSel=», MaxFragments=2''))
          FROM pepsi.archive_message m
-         WHERE pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($1, $2)
+         WHERE m.list_id = $1 AND pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($1, $2)
          ORDER BY m.sent_at DESC, m.id DESC LIMIT $3'
         USING list, query, least(greatest(max_rows, 1), 1000);
 END
