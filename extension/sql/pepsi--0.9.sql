@@ -7967,3 +7967,33 @@ INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
 INSERT INTO pepsi.grant_definer (name) VALUES ('list_digest_now');
 SELECT pepsi.grant_apply();
 -- end of pepsi-list digest
+
+-- ===========================================================================
+-- The list stage's fan-out in one call (issue 40)
+--
+-- Before its commit, the list stage made three calls for an accepted
+-- post: its copy for the next digest (list_digest_add), the archive's
+-- copy (archive_post) and the subscribers' groups (list_fanout).
+-- list_fanout_post is the three in one round trip, each as it was (the
+-- copies keyed by the row, so a fan-out that runs again adds nothing
+-- twice); the commit (workqueue_finish_with_clones) stays the one call
+-- that makes the subscribers' rows and ends the post's.
+-- ===========================================================================
+CREATE FUNCTION pepsi.list_fanout_post(list bigint, row_id bigint, stage text, subject text, author text,
+                                       sent_date text, message_id text, content_type text) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    kept boolean;
+    archived bigint;
+BEGIN
+    kept := pepsi.list_digest_add(list, row_id, subject, author, sent_date, message_id, content_type);
+    archived := pepsi.archive_post(list, row_id);
+    RETURN jsonb_build_object('kept', kept, 'archived', archived, 'groups', pepsi.list_fanout(list, stage));
+END
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'list_fanout_post', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('list_fanout_post');
+SELECT pepsi.grant_apply();
+-- end of the list stage's fan-out in one call
