@@ -9,8 +9,9 @@
  *   pepsi-archive [-C CONFIG] set LIST SETTING VALUE
  *
  * The parsing, threading and indexing are the extension's (archive_store,
- * archive_reindex): this program only splits an mbox (or reads an mlmmj
- * list's archive/ directory, one message a file) and writes one back.  An
+ * which an import calls through archive_store_batch, up to 500 messages a
+ * call; archive_reindex): this program only splits an mbox (or reads an
+ * mlmmj list's archive/ directory, one message a file) and writes one back.  An
  * import is one transaction, all or nothing, and every command that changes
  * or copies the archive is audited in event_log.  Connects as [database]
  * CONFIG_CONNINFO (pepsi_config).
@@ -19,6 +20,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +95,17 @@ archive_list_id(PGconn *conn, const char *address, int *rc)
 	return id;
 }
 
-/* An import in progress: one transaction, its counts. */
+/*
+ * An import sends its messages in batches, one call of archive_store_batch
+ * (one round trip) each: at most ARCHIVE_BATCH_MESSAGES messages, and no
+ * more bytes than ARCHIVE_BATCH_BYTES past the message that reached it.
+ */
+#define ARCHIVE_BATCH_MESSAGES 500
+#define ARCHIVE_BATCH_BYTES (16 * 1024 * 1024)
+/* PostgreSQL's type oid of bytea, the batch's element type. */
+#define ARCHIVE_BYTEA_OID 17
+
+/* An import in progress: one transaction, its counts, the batch being filled. */
 struct archive_import
 {
 	PGconn	   *conn;
@@ -102,30 +114,52 @@ struct archive_import
 	long		messages;
 	long		duplicates;
 	int			rc;
+	struct buf	batch; /* the elements of a binary bytea[]: length, bytes; ... */
+	int			batched;
 };
 
-/* Archive one message (LF or CRLF line ends; stored with CRLF). */
-static bool
-archive_store_one(struct archive_import *run, const struct buf *message)
+/* value as the four bytes of a network-order int32 at out */
+static void
+archive_be32(unsigned char *out, uint32_t value)
 {
-	struct buf	crlf = BUF_INIT;
-	const char *values[3] = {run->list, NULL, "import"};
-	int			lengths[3] = {0, 0, 0};
-	int			formats[3] = {0, 1, 0};
+	out[0] = (unsigned char) (value >> 24);
+	out[1] = (unsigned char) (value >> 16);
+	out[2] = (unsigned char) (value >> 8);
+	out[3] = (unsigned char) value;
+}
+
+static void
+archive_put_int32(struct buf *out, uint32_t value)
+{
+	unsigned char be[4];
+
+	archive_be32(be, value);
+	buf_append(out, be, sizeof(be));
+}
+
+/* Archive the batch filled so far, in one call (nothing when empty). */
+static bool
+archive_flush(struct archive_import *run)
+{
+	struct buf	array = BUF_INIT;
+	const char *values[2] = {run->list, NULL};
+	int			lengths[2] = {0, 0};
+	int			formats[2] = {0, 1};
 	PGresult   *res;
 	bool		ok;
 
-	for (size_t start = 0, i = 0; i <= message->len; i++)
-		if (i == message->len || (message->data[i] == '\n' && (i == 0 || message->data[i - 1] != '\r')))
-		{
-			buf_append(&crlf, message->data + start, i - start);
-			if (i < message->len)
-				buf_append(&crlf, "\r", 1);
-			start = i;
-		}
-	values[1] = crlf.data ? crlf.data : "";
-	lengths[1] = (int) crlf.len;
-	res = PQexecParams(run->conn, "SELECT pepsi.archive_store($1::bigint, $2::bytea, $3)", 3, NULL, values, lengths,
+	if (run->batched == 0)
+		return true;
+	/* the binary form of a one-dimensional bytea[] with no NULL: its header, then the elements */
+	archive_put_int32(&array, 1);
+	archive_put_int32(&array, 0);
+	archive_put_int32(&array, ARCHIVE_BYTEA_OID);
+	archive_put_int32(&array, (uint32_t) run->batched);
+	archive_put_int32(&array, 1);
+	buf_append(&array, run->batch.data, run->batch.len);
+	values[1] = array.data;
+	lengths[1] = (int) array.len;
+	res = PQexecParams(run->conn, "SELECT pepsi.archive_store_batch($1::bigint, $2::bytea[])", 2, NULL, values, lengths,
 					   formats, 0);
 	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 	if (!ok)
@@ -133,13 +167,49 @@ archive_store_one(struct archive_import *run, const struct buf *message)
 		run->rc = cli_db_exit_code(res, run->conn);
 		cli_db_error(ARCHIVE_PROGRAM, res, run->conn);
 	}
-	else if (PQgetisnull(res, 0, 0))
-		run->duplicates++;
 	else
-		run->messages++;
+	{
+		long stored = strtol(PQgetvalue(res, 0, 0), NULL, 10);
+
+		run->messages += stored;
+		run->duplicates += run->batched - stored;
+	}
 	PQclear(res);
-	buf_free(&crlf);
+	buf_free(&array);
+	run->batch.len = 0;
+	run->batched = 0;
 	return ok;
+}
+
+/* Add one message (LF or CRLF line ends; stored with CRLF) to the batch, archiving the batch when full. */
+static bool
+archive_store_one(struct archive_import *run, const struct buf *message)
+{
+	size_t length_at = run->batch.len;
+	size_t start_len;
+
+	archive_put_int32(&run->batch, 0); /* its length, filled in below */
+	start_len = run->batch.len;
+	for (size_t start = 0, i = 0; i <= message->len; i++)
+		if (i == message->len || (message->data[i] == '\n' && (i == 0 || message->data[i - 1] != '\r')))
+		{
+			buf_append(&run->batch, message->data + start, i - start);
+			if (i < message->len)
+				buf_append(&run->batch, "\r", 1);
+			start = i;
+		}
+	if (run->batch.len - start_len > INT32_MAX)
+	{
+		fprintf(stderr, ARCHIVE_PROGRAM ": %s: a message of %zu bytes is too large to archive\n", run->source,
+				run->batch.len - start_len);
+		run->rc = CLI_EX_DATAERR;
+		return false;
+	}
+	archive_be32((unsigned char *) run->batch.data + length_at, (uint32_t) (run->batch.len - start_len));
+	run->batched++;
+	if (run->batched >= ARCHIVE_BATCH_MESSAGES || run->batch.len >= ARCHIVE_BATCH_BYTES)
+		return archive_flush(run);
+	return true;
 }
 
 /*
@@ -290,7 +360,7 @@ archive_import_mlmmj(struct archive_import *run, const char *dir)
 static int
 archive_import(PGconn *conn, const char *list, const char *path)
 {
-	struct archive_import run = {conn, list, path, 0, 0, CLI_EX_OK};
+	struct archive_import run = {conn, list, path, 0, 0, CLI_EX_OK, BUF_INIT, 0};
 	struct stat			  st;
 	PGresult			 *res;
 	char				 *import_id = NULL;
@@ -329,7 +399,7 @@ archive_import(PGconn *conn, const char *list, const char *path)
 		ok = archive_import_mbox(&run, in);
 		fclose(in);
 	}
-	if (!ok)
+	if (!ok || !archive_flush(&run))
 		goto fail;
 	{
 		char		messages[32], duplicates[32];
@@ -347,10 +417,12 @@ archive_import(PGconn *conn, const char *list, const char *path)
 		goto fail;
 	PQclear(res);
 	printf("%ld message(s) archived, %ld already there\n", run.messages, run.duplicates);
+	buf_free(&run.batch);
 	free(import_id);
 	return CLI_EX_OK;
 fail:
 	PQclear(PQexec(conn, "ROLLBACK"));
+	buf_free(&run.batch);
 	fprintf(stderr, ARCHIVE_PROGRAM ": %s: nothing imported\n", path);
 	free(import_id);
 	return run.rc != CLI_EX_OK ? run.rc : CLI_EX_DATAERR;

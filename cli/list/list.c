@@ -12,6 +12,7 @@
  *   pepsi-list [-C CONFIG] import LIST FILE|-
  *   pepsi-list [-C CONFIG] export LIST [csv|mailman|mlmmj]
  *   pepsi-list [-C CONFIG] [--json] held LIST | approve ID | reject ID
+ *   pepsi-list [-C CONFIG] digest LIST [STAGE]
  *
  * Every change goes through the extension's audited list_* functions (one
  * pepsi.event_log row each); import is all or nothing.  Connects as
@@ -51,7 +52,8 @@ list_usage(FILE *out)
 				 "       " LIST_PROGRAM " [-C CONFIG] import LIST FILE|-\n"
 				 "       " LIST_PROGRAM " [-C CONFIG] export LIST [csv|mailman|mlmmj]\n"
 				 "       " LIST_PROGRAM " [-C CONFIG] [--json] held LIST\n"
-				 "       " LIST_PROGRAM " [-C CONFIG] approve|reject ID\n");
+				 "       " LIST_PROGRAM " [-C CONFIG] approve|reject ID\n"
+				 "       " LIST_PROGRAM " [-C CONFIG] digest LIST [STAGE]\n");
 }
 
 struct list_command
@@ -61,7 +63,10 @@ struct list_command
 };
 
 static const struct list_command list_commands[] = {
-	{"lists", 0, 0}, {"create", 2, 3}, {"show", 1, 1}, {"set", 3, 3}, {"reset", 2, 2}, {"role", 4, 4}, {"members", 1, 1}, {"add", 2, 3}, {"remove", 2, 2}, {"enable", 2, 2}, {"import", 2, 2}, {"export", 1, 2}, {"held", 1, 1}, {"approve", 1, 1}, {"reject", 1, 1}, {NULL, 0, 0}};
+	{"lists", 0, 0}, {"create", 2, 3}, {"show", 1, 1}, {"set", 3, 3}, {"reset", 2, 2}, {"role", 4, 4}, {"members", 1, 1}, {"add", 2, 3}, {"remove", 2, 2}, {"enable", 2, 2}, {"import", 2, 2}, {"export", 1, 2}, {"held", 1, 1}, {"approve", 1, 1}, {"reject", 1, 1}, {"digest", 1, 2}, {NULL, 0, 0}};
+
+/* The most [stage-*] sections looked at for the list stage. */
+#define LIST_STAGE_SECTIONS_MAX 256
 
 /* The id of the list at address, as text; NULL (and why printed) when none. */
 static char *
@@ -237,8 +242,65 @@ list_export(PGconn *conn, const char *list, const char *format)
 	return rc;
 }
 
+/*
+ * Where a digest goes when pepsi-list digest names no STAGE: the NEXT_STAGE
+ * of the configuration's pepsi-stage-list stage, where the schedule's
+ * digest row has it go.  NULL (why printed) when no stage or several
+ * different ones run it.
+ */
+static const char *
+list_digest_stage(const struct pepsi_config *cfg)
+{
+	const char *sections[LIST_STAGE_SECTIONS_MAX];
+	size_t		n = config_sections(cfg, "stage-", sections, LIST_STAGE_SECTIONS_MAX);
+	const char *found = NULL;
+
+	for (size_t i = 0; i < n; i++)
+	{
+		const char *program = config_get(cfg, sections[i], "PROGRAM");
+		const char *next = config_get(cfg, sections[i], "NEXT_STAGE");
+
+		if (program == NULL || strcmp(program, "pepsi-stage-list") != 0 || next == NULL)
+			continue;
+		if (found && strcmp(found, next) != 0)
+		{
+			fprintf(stderr,
+					LIST_PROGRAM ": two pepsi-stage-list stages go on to %s and %s: name the stage the digest goes to "
+								 "(pepsi-list digest LIST STAGE)\n",
+					found, next);
+			return NULL;
+		}
+		found = next;
+	}
+	if (found == NULL)
+		fprintf(stderr, LIST_PROGRAM ": no [stage-*] section runs pepsi-stage-list with a NEXT_STAGE: name the stage "
+									 "the digest goes to (pepsi-list digest LIST STAGE)\n");
+	return found;
+}
+
+/* Send list's digest now, queued at stage (NULL: the list stage's NEXT_STAGE), as the schedule's row does; audited. */
 static int
-list_run(PGconn *conn, const char *command, int nargs, char **argv, bool as_json)
+list_digest(PGconn *conn, const struct pepsi_config *cfg, const char *list, const char *stage)
+{
+	const char *values[2] = {list, stage ? stage : list_digest_stage(cfg)};
+	PGresult   *res;
+	int			rc = CLI_EX_OK;
+
+	if (values[1] == NULL)
+		return CLI_EX_CONFIG;
+	if (list_exec(conn,
+				  "SELECT d->>'issue', d->>'posts', d->>'rows' FROM pepsi.list_digest_now($1, $2) AS d", 2, values,
+				  &rc, &res))
+	{
+		printf("%s: digest issue %s of %s post(s) queued at %s on %s row(s)\n", list, PQgetvalue(res, 0, 0),
+			   PQgetvalue(res, 0, 1), values[1], PQgetvalue(res, 0, 2));
+		PQclear(res);
+	}
+	return rc;
+}
+
+static int
+list_run(PGconn *conn, const struct pepsi_config *cfg, const char *command, int nargs, char **argv, bool as_json)
 {
 	PGresult *res = NULL;
 	char	 *id = NULL;
@@ -283,6 +345,8 @@ list_run(PGconn *conn, const char *command, int nargs, char **argv, bool as_json
 		}
 		return rc;
 	}
+	if (strcmp(command, "digest") == 0)
+		return list_digest(conn, cfg, argv[0], nargs > 1 ? argv[1] : NULL);
 	if ((id = list_id(conn, argv[0], &rc)) == NULL)
 		return rc;
 	if (strcmp(command, "show") == 0)
@@ -401,7 +465,7 @@ pepsi_list_main(int argc, char **argv)
 	}
 	if ((conn = cli_connect(LIST_PROGRAM, config_path, CLI_ROLE_CONFIG, &cfg, &rc)) == NULL)
 		return rc;
-	rc = list_run(conn, c->name, nargs, argv + optind + 1, as_json);
+	rc = list_run(conn, cfg, c->name, nargs, argv + optind + 1, as_json);
 	PQfinish(conn);
 	config_free(cfg);
 	return rc;

@@ -3,7 +3,8 @@
  *
  * At its fan-out a post is copied for the next digest when the list has
  * digest members (pepsi.list_digest_add, keyed by the queue row, so a
- * fan-out that runs again copies nothing twice).  A schedule row
+ * fan-out that runs again copies nothing twice), in the one call that also
+ * archives it and returns the subscribers' groups (list_fanout_call).  A schedule row
  * (pepsi.schedule, run by the maintenance worker) injects a row at this
  * stage whose recipient is the list and whose state says list_digest;
  * the stage then has pepsi.list_digest_send build the digest (MIME
@@ -22,33 +23,45 @@
 #include "message/header.h"
 #include "runtime/stage.h"
 
-bool
-list_digest_keep(struct pepsi_ctx *ctx, const char *list_id)
+/*
+ * The accepted post's one call before its commit (pepsi.list_fanout_post):
+ * its copy for the next digest when the list has digest members
+ * (list_digest_add, keyed by the row, so a fan-out that runs again copies
+ * nothing twice), the archive's copy (archive_post, once) and the
+ * subscribers' groups (list_fanout), which it returns; NULL on an error.
+ */
+json_t *
+list_fanout_call(struct pepsi_ctx *ctx, const char *list_id, const char *next)
 {
 	static const char *const fields[] = {"Subject", "From", "Date", "Message-ID", "Content-Type"};
 	const struct buf		*headers = pepsi_headers(ctx);
 	char					*values[5];
 	char					 row[32];
-	const char				*params[7] = {list_id, row};
-	json_t					*kept;
+	const char				*params[8] = {list_id, row, next};
+	json_t					*done;
+	json_t					*groups = NULL;
 
 	snprintf(row, sizeof(row), "%lld", pepsi_id(ctx));
 	for (size_t i = 0; i < 5; i++)
 	{
 		values[i] = headers ? header_get(headers->data, headers->len, fields[i]) : NULL;
-		params[i + 2] = values[i] ? values[i] + strspn(values[i], " \t") : "";
+		params[i + 3] = values[i] ? values[i] + strspn(values[i], " \t") : "";
 	}
-	kept = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.list_digest_add($1::bigint, $2::bigint, $3, $4, $5, $6, $7))",
-						   7, params);
+	done = pepsi_call_json(ctx, "SELECT pepsi.list_fanout_post($1::bigint, $2::bigint, $3, $4, $5, $6, $7, $8)", 8,
+						   params);
 	for (size_t i = 0; i < 5; i++)
 		free(values[i]);
-	if (kept == NULL)
-		return false;
-	if (json_is_true(kept))
+	if (done == NULL)
+		return NULL;
+	if (json_is_true(json_object_get(done, "kept")))
 		log_info("%s: row %lld: list %s: the post is kept for the next digest", pepsi_queue_id(ctx), pepsi_id(ctx),
 				 list_id);
-	json_decref(kept);
-	return true;
+	if (json_integer_value(json_object_get(done, "archived")) > 0)
+		log_info("%s: row %lld: list %s: archived as message %lld", pepsi_queue_id(ctx), pepsi_id(ctx), list_id,
+				 (long long) json_integer_value(json_object_get(done, "archived")));
+	groups = json_incref(json_object_get(done, "groups"));
+	json_decref(done);
+	return groups;
 }
 
 int

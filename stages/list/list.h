@@ -40,8 +40,11 @@ char *list_post_suspect(struct pepsi_ctx *ctx, json_t *resolved);
 /* Wrap the post in a message from list (dmarc_mitigation "wrap"); policy is the author domain's. */
 void list_wrap(struct pepsi_ctx *ctx, const char *list, const char *author, const char *display_name,
 			   const char *policy);
-/* Keep the post for list_id's next digest (at fan-out); false on a database error. */
-bool list_digest_keep(struct pepsi_ctx *ctx, const char *list_id);
+/*
+ * At fan-out, one call: keep the post for list_id's next digest, archive
+ * it, and return the subscribers' groups at next (NULL on an error).
+ */
+json_t *list_fanout_call(struct pepsi_ctx *ctx, const char *list_id, const char *next);
 /* A scheduled digest row: send the digest of the list it names, then finish the row. */
 int list_digest_run(struct pepsi_ctx *ctx);
 

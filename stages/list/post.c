@@ -522,33 +522,10 @@ out:
 }
 
 /*
- * The list's archive keeps its own copy of the accepted post, copied from
- * the row server-side (pepsi.archive_post): once, even when this phase
- * runs again.
- */
-static int
-post_archive(struct pepsi_ctx *ctx, const char *list_id)
-{
-	char		row_id[32];
-	const char *values[2] = {list_id, row_id};
-	json_t	   *archived;
-
-	snprintf(row_id, sizeof(row_id), "%lld", pepsi_id(ctx));
-	archived = pepsi_call_json(ctx, "SELECT jsonb_build_object('id', pepsi.archive_post($1::bigint, $2::bigint))", 2,
-							   values);
-	if (archived == NULL)
-		return -1;
-	if (json_integer_value(json_object_get(archived, "id")) > 0)
-		log_info("%s: row %lld: list %s: archived as message %lld", pepsi_queue_id(ctx), pepsi_id(ctx), list_id,
-				 (long long) json_integer_value(json_object_get(archived, "id")));
-	json_decref(archived);
-	return 0;
-}
-
-/*
- * The second pass of an accepted post: the subscribers' rows are clones of
- * this row (they share its body), made and this row deleted by one call at
- * the commit (pepsi_finish_with, pepsi.workqueue_finish_with_clones).  A
+ * The second pass of an accepted post: the list's archive keeps its own
+ * copy of it, copied from the row server-side (pepsi.archive_post), and
+ * the subscribers' rows are clones of this row (they share its body),
+ * made and this row deleted by one call at the commit (pepsi_finish_with, pepsi.workqueue_finish_with_clones).  A
  * worker that dies before it commits leaves the row to run again and no
  * copy sent; one that dies after leaves nothing to run again.  Each clone's
  * token names this row and its group, so even a second run could not make
@@ -559,18 +536,17 @@ list_fan_out(struct pepsi_ctx *ctx, json_t *list_state)
 {
 	const char *next = pepsi_option_text(ctx, "NEXT_STAGE");
 	char		list_id[32];
-	const char *values[2] = {list_id, next};
 	json_t	   *groups;
 	json_t	   *group;
 	size_t		i;
 	int			rc;
 
 	snprintf(list_id, sizeof(list_id), "%lld", (long long) json_integer_value(json_object_get(list_state, "id")));
-	/* The digest's copy and the archive's first: keyed by this row, so a second run adds each once. */
-	if (!list_digest_keep(ctx, list_id) || post_archive(ctx, list_id) < 0)
-		return -1;
-	groups = pepsi_call_json(ctx, "SELECT pepsi.list_fanout($1::bigint, $2)", 2, values);
-	if (groups == NULL)
+	/*
+	 * One call: the digest's copy and the archive's (keyed by this row, so a
+	 * second run adds each once), then the subscribers' groups.
+	 */
+	if ((groups = list_fanout_call(ctx, list_id, next)) == NULL)
 		return -1;
 	if (json_array_size(groups) == 0)
 		log_info("%s: row %lld: list %s has no subscriber taking each message: nothing sent", pepsi_queue_id(ctx),
