@@ -5024,6 +5024,24 @@ BEGIN
     IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
         RETURN '{"action": "pass"}';
     END IF;
+    -- The common case: mail of a pair already challenged, which only
+    -- waits (no token to try, the challenge in time).  FOR SHARE, so the
+    -- batches holding the pair's mail do not wait for each other's commit
+    -- (their transactions hold the rows and inject challenges too), while
+    -- a release or an expiry (which updates the row) still waits for them.
+    IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+        SELECT * INTO challenge FROM pepsi.secretary_challenge c
+        WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+          AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+        IF FOUND THEN
+            INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+            ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+            RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                      'expires_at', challenge.expires_at,
+                                      'why', CASE WHEN verified THEN 'challenged before'
+                                                  ELSE 'not verified: no challenge' END);
+        END IF;
+    END IF;
     -- FOR NO KEY UPDATE: two decisions of the pair still take turns, but
     -- another message's secretary_held insert (its foreign key's KEY SHARE
     -- on this row) no longer waits for this whole call (bench/secretary).
