@@ -244,8 +244,22 @@ int pepsi_pause_with(struct pepsi_ctx *ctx, json_t *merge, double seconds,
  * leaves a row.  For what must not go on without a person's decision.
  */
 int pepsi_hold(struct pepsi_ctx *ctx, json_t *merge);
-int pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
-int pepsi_finish(struct pepsi_ctx *ctx);
+/*
+ * A hold committed by the stage's own extension call, in the transaction
+ * that decided it (the secretary's batch, pepsi.secretary_decide_many):
+ * pepsi_hold_args says what that call must check and write, a JSON object
+ * {"expected_stage", "at_stage", "claim_token", "merge"} (the row's
+ * stage in the database, the stage that holds it when fused there, the
+ * claim token, the state merges of the pass so far), a new reference; NULL
+ * when the pass changed more than the state or has mail_log events, or
+ * already called a terminal: the row is then held through pepsi_hold as
+ * usual.  pepsi_held_by_call is then the row's terminal: nothing is left to
+ * commit (-1, and the row fails, if the pass changed the row since).
+ */
+json_t *pepsi_hold_args(struct pepsi_ctx *ctx);
+int		pepsi_held_by_call(struct pepsi_ctx *ctx);
+int		pepsi_fail(struct pepsi_ctx *ctx, json_t *merge);
+int		pepsi_finish(struct pepsi_ctx *ctx);
 /* clones: borrowed (a reference is kept until the commit), may be NULL (none). */
 int pepsi_finish_with(struct pepsi_ctx *ctx, json_t *clones);
 int pepsi_advance_or_finish(struct pepsi_ctx *ctx);
@@ -301,6 +315,17 @@ long long pepsi_enqueue_autoreply(struct pepsi_ctx *ctx, const char *responder, 
 								  const char *stage, const char *mail_from, const char *recipient,
 								  const char *headers, size_t hlen, const char *body, size_t blen,
 								  json_t *state, const char *token);
+
+/*
+ * For a stage's prepare: one transaction on the worker's session for the
+ * calls that follow (pepsi_read_json, pepsi_call_json, pepsi_enqueue_new),
+ * until pepsi_batch_end commits it (commit true) or rolls it back.  Both
+ * return false (the transaction then rolled back, or never opened) on an
+ * error, with why in err.  Nothing of the queue's rows may be left to a
+ * terminal in between: the runtime commits those after prepare and run.
+ */
+bool pepsi_batch_begin(struct pepsi_ctx *ctx, char *err, size_t errlen);
+bool pepsi_batch_end(struct pepsi_ctx *ctx, bool commit, char *err, size_t errlen);
 
 /*
  * The per-address settings of address (pepsi.settings, common/config/settings.h):

@@ -58,6 +58,7 @@ stage_transition_name(enum terminal_kind kind)
 		case TERMINAL_FINISH_WITH:
 			return "finish";
 		case TERMINAL_NONE:
+		case TERMINAL_HELD_BY_CALL:
 			break;
 	}
 	return NULL;
@@ -332,6 +333,7 @@ stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 			stage_commit_shape(w, ctxs, count, shapes[s]);
 	for (size_t i = 0; i < count; i++)
-		if (ctxs[i].error == NULL && (count == 1 || !stage_batchable(&ctxs[i])))
+		if (ctxs[i].error == NULL && ctxs[i].terminal != TERMINAL_HELD_BY_CALL
+			&& (count == 1 || !stage_batchable(&ctxs[i])))
 			stage_commit_one(&ctxs[i]);
 }

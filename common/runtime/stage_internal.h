@@ -32,7 +32,8 @@ enum terminal_kind
 	TERMINAL_PAUSE_WITH,
 	TERMINAL_FAIL,
 	TERMINAL_FINISH,
-	TERMINAL_FINISH_WITH
+	TERMINAL_FINISH_WITH,
+	TERMINAL_HELD_BY_CALL /* pepsi_held_by_call: the stage's own call committed the hold */
 };
 
 /* Buffers a worker reuses from batch to batch, rather than growing new ones each time. */

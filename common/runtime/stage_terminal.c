@@ -125,6 +125,52 @@ pepsi_fail(struct pepsi_ctx *ctx, json_t *merge)
 	return stage_terminal(ctx, TERMINAL_FAIL);
 }
 
+json_t *
+pepsi_hold_args(struct pepsi_ctx *ctx)
+{
+	const char *at_stage = strcmp(ctx->stage_name, ctx->db_stage) != 0 ? ctx->stage_name : NULL;
+
+	if (ctx->error || ctx->terminals != 0 || ctx->touched != 0 || ctx->mail_log || ctx->split_done)
+		return NULL;
+	return json_pack("{s:s,s:s?,s:s?,s:O}", "expected_stage", ctx->db_stage, "at_stage", at_stage,
+					 "claim_token", stage_claim_token(ctx), "merge", ctx->merge);
+}
+
+int
+pepsi_held_by_call(struct pepsi_ctx *ctx)
+{
+	if (ctx->touched != 0 || ctx->mail_log || ctx->split_done)
+		return pepsi_error(ctx, "%s changed row %lld after its hold was committed", ctx->stage->program,
+						   ctx->id);
+	return stage_terminal(ctx, TERMINAL_HELD_BY_CALL);
+}
+
+bool
+pepsi_batch_begin(struct pepsi_ctx *ctx, char *err, size_t errlen)
+{
+	PGresult *res = PQexec(ctx->worker->conn, "BEGIN");
+	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+	if (!ok)
+		snprintf(err, errlen, "BEGIN: %s", db_error(res, ctx->worker->conn));
+	PQclear(res);
+	return ok;
+}
+
+bool
+pepsi_batch_end(struct pepsi_ctx *ctx, bool commit, char *err, size_t errlen)
+{
+	PGresult *res = PQexec(ctx->worker->conn, commit ? "COMMIT" : "ROLLBACK");
+	/* COMMIT of a transaction an error aborted answers ROLLBACK, with no error. */
+	bool ok = PQresultStatus(res) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(res), commit ? "COMMIT" : "ROLLBACK") == 0;
+
+	if (!ok)
+		snprintf(err, errlen, "%s: %s", commit ? "COMMIT" : "ROLLBACK",
+				 PQresultStatus(res) == PGRES_COMMAND_OK ? "the transaction was rolled back" : db_error(res, ctx->worker->conn));
+	PQclear(res);
+	return ok;
+}
+
 int
 pepsi_finish(struct pepsi_ctx *ctx)
 {

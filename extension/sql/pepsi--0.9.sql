@@ -5037,6 +5037,24 @@ BEGIN
     IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
         RETURN '{"action": "pass"}';
     END IF;
+    -- The common case: mail of a pair already challenged, which only
+    -- waits (no token to try, the challenge in time).  FOR SHARE, so the
+    -- batches holding the pair's mail do not wait for each other's commit
+    -- (their transactions hold the rows and inject challenges too), while
+    -- a release or an expiry (which updates the row) still waits for them.
+    IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+        SELECT * INTO challenge FROM pepsi.secretary_challenge c
+        WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+          AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+        IF FOUND THEN
+            INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+            ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+            RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                      'expires_at', challenge.expires_at,
+                                      'why', CASE WHEN verified THEN 'challenged before'
+                                                  ELSE 'not verified: no challenge' END);
+        END IF;
+    END IF;
     -- FOR NO KEY UPDATE: two decisions of the pair still take turns, but
     -- another message's secretary_held insert (its foreign key's KEY SHARE
     -- on this row) no longer waits for this whole call (bench/secretary).
@@ -6774,11 +6792,19 @@ SELECT pepsi.grant_apply();
 -- objects {owner, sender, row_id, verified, token, look_in_text} (the
 -- arguments of pepsi.secretary_decide, ttl and max_per_hour shared);
 -- returns secretary_decide's answers as a JSON array in the same order.
+-- A row may also carry "hold": {expected_stage, at_stage, claim_token,
+-- merge} (the stage's pepsi_hold_args): when its answer is to hold, the
+-- row is then held here (pepsi.workqueue_commit's pause with no retry
+-- time, its state merged with merge and {"secretary": {owner,
+-- challenge}}), in the decision's own transaction, and its answer says
+-- "held": true; if one row's hold fails (its claim is stale), the call
+-- fails and nothing of the batch is decided or held.
 CREATE FUNCTION pepsi.secretary_decide_many(rows jsonb, ttl interval, max_per_hour integer)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     r record;
+    answer jsonb;
     answers jsonb[];
 BEGIN
     IF jsonb_typeof(rows) IS DISTINCT FROM 'array' THEN
@@ -6792,10 +6818,21 @@ BEGIN
     FOR r IN SELECT a.e, a.o FROM jsonb_array_elements(rows) WITH ORDINALITY AS a (e, o)
              ORDER BY pepsi.secretary_address(a.e->>'owner'), lower(coalesce(a.e->>'sender', '')), a.o
     LOOP
-        answers[r.o] := pepsi.secretary_decide(r.e->>'owner', r.e->>'sender', (r.e->>'row_id')::bigint,
-                                               coalesce((r.e->>'verified')::boolean, false), r.e->>'token',
-                                               coalesce((r.e->>'look_in_text')::boolean, false),
-                                               ttl, max_per_hour);
+        answer := pepsi.secretary_decide(r.e->>'owner', r.e->>'sender', (r.e->>'row_id')::bigint,
+                                         coalesce((r.e->>'verified')::boolean, false), r.e->>'token',
+                                         coalesce((r.e->>'look_in_text')::boolean, false),
+                                         ttl, max_per_hour);
+        IF answer->>'action' = 'hold' AND jsonb_typeof(r.e->'hold') = 'object' THEN
+            PERFORM pepsi.workqueue_commit((r.e->>'row_id')::bigint, r.e->'hold'->>'expected_stage', 'pause',
+                NULL, CASE WHEN jsonb_typeof(r.e->'hold'->'merge') = 'object' THEN r.e->'hold'->'merge'
+                           ELSE '{}' END
+                      || jsonb_build_object('secretary', jsonb_build_object('owner', r.e->>'owner',
+                                                                             'challenge', answer->'challenge')),
+                'Infinity', NULL, NULL, NULL, NULL, NULL, r.e->'hold'->>'at_stage',
+                (r.e->'hold'->>'claim_token')::uuid);
+            answer := answer || '{"held": true}';
+        END IF;
+        answers[r.o] := answer;
     END LOOP;
     RETURN to_jsonb(answers);
 END

@@ -342,9 +342,11 @@ secretary_decide(struct pepsi_ctx *ctx)
 	{
 		const char *challenge_token = json_string_value(json_object_get(answer, "token"));
 		json_t	   *challenge = json_object_get(answer, "challenge");
+		bool		held = json_is_true(json_object_get(answer, "held"));
 		json_t	   *merge;
 
-		if (challenge_token != NULL
+		/* Held by prepare's call, its challenge injected in that transaction (secretary_prepare). */
+		if (challenge_token != NULL && !held
 			&& !secretary_challenge(ctx, headers, owner, challenge_token, json_integer_value(challenge)))
 		{
 			json_decref(answer);
@@ -353,9 +355,14 @@ secretary_decide(struct pepsi_ctx *ctx)
 		log_info("%s: row %lld: <%s>: held, from <%s>, not on the whitelist: %s%s%s", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), owner, sender, json_string_value(json_object_get(answer, "why")),
 				 a.why[0] && challenge_token == NULL ? ": " : "", challenge_token == NULL ? a.why : "");
-		merge = json_pack("{s:{s:s,s:O}}", "secretary", "owner", owner, "challenge", challenge);
-		rc = pepsi_hold(ctx, merge);
-		json_decref(merge);
+		if (held)
+			rc = pepsi_held_by_call(ctx);
+		else
+		{
+			merge = json_pack("{s:{s:s,s:O}}", "secretary", "owner", owner, "challenge", challenge);
+			rc = pepsi_hold(ctx, merge);
+			json_decref(merge);
+		}
 	}
 	else
 		rc = pepsi_error(ctx, "pepsi.secretary_decide answered no action");
@@ -393,6 +400,7 @@ secretary_question(struct pepsi_ctx *ctx, struct pepsi_ctx *first)
 {
 	struct secretary_args a;
 	json_t				 *q;
+	json_t				 *hold;
 	bool				  on = false;
 
 	if (pepsi_rcpt_count(ctx) == 0 || !secretary_on_first(ctx, &on) || !on)
@@ -410,26 +418,65 @@ secretary_question(struct pepsi_ctx *ctx, struct pepsi_ctx *first)
 	q = json_pack("{s:s,s:s,s:I,s:b,s:s?,s:b}", "owner", pepsi_rcpt(ctx, 0), "sender", pepsi_mail_from(ctx),
 				  "row_id", (json_int_t) pepsi_id(ctx), "verified", a.proof != NULL, "token", a.token,
 				  "look_in_text", a.look_in_text);
+	/*
+	 * A row of one recipient (run splits no other off it) is held by the
+	 * call itself, in the decision's transaction, when that is the answer.
+	 */
+	if (pepsi_rcpt_count(ctx) == 1 && (hold = pepsi_hold_args(ctx)) != NULL)
+		json_object_set_new(q, "hold", hold);
 	free(a.token);
 	return q;
 }
 
 /*
- * The batch's decisions with one call: the settings of every recipient
- * read with one statement, then pepsi.secretary_decide_many for the rows
- * whose first recipient has the secretary on, in one transaction
- * committed without waiting for the flush (as secretary_decide_one's).
- * If the call fails, each row asks alone in run.
+ * The challenges of the rows the batch call held (each answer that says
+ * held, with a token), injected in its transaction; false, with why in
+ * err and the failing row's error set, if one could not be.
+ */
+static bool
+secretary_batch_challenges(char *err, size_t errlen)
+{
+	for (size_t i = 0; i < secretary_batch_len; i++)
+	{
+		struct pepsi_ctx *ctx = secretary_batch[i].ctx;
+		json_t			 *answer = secretary_batch[i].answer;
+		const char		 *token = json_string_value(json_object_get(answer, "token"));
+
+		if (token == NULL || !json_is_true(json_object_get(answer, "held")))
+			continue;
+		if (!secretary_challenge(ctx, pepsi_headers(ctx), pepsi_rcpt(ctx, 0), token,
+								 json_integer_value(json_object_get(answer, "challenge"))))
+		{
+			snprintf(err, errlen, "row %lld: its challenge could not be queued", pepsi_id(ctx));
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * The batch's decisions with one call and one transaction: the settings
+ * of every recipient read with one statement, then
+ * pepsi.secretary_decide_many for the rows whose first recipient has the
+ * secretary on, which also holds the rows it decides to hold (each
+ * one-recipient row's claim passed with it, pepsi_hold_args), and the
+ * challenges of those rows injected, all committed together without
+ * waiting for the flush (as secretary_decide_one's; a crash that loses
+ * the commit loses the decisions, holds and challenges together, and the
+ * rows, still running, are decided again).  So a batch is one commit, and
+ * no row is recorded as held, or challenged, without being so.  If
+ * anything fails, nothing of it stays and each row asks alone in run.
  */
 static void
 secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 {
 	json_t *questions = json_array();
-	json_t *answers;
+	json_t *answers = NULL;
 	char   *dump;
 	char	ttl[48];
 	char	max[32];
 	char	err[512] = "";
+	bool	ok;
 
 	secretary_batch_free();
 	pepsi_prefetch_address_settings(ctxs, count);
@@ -444,17 +491,17 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 		secretary_batch[secretary_batch_len].ctx = ctxs[i];
 		secretary_batch[secretary_batch_len++].id = pepsi_id(ctxs[i]);
 	}
-	if (secretary_batch_len < 2)
+	if (secretary_batch_len == 0)
 	{
-		/* Nothing to gain over run's own call. */
 		json_decref(questions);
-		secretary_batch_len = 0;
 		return;
 	}
 	dump = json_dumps(questions, JSON_COMPACT);
 	json_decref(questions);
 	snprintf(ttl, sizeof(ttl), "%.0f seconds", pepsi_option_seconds(ctxs[0], "HOLD_TIME"));
 	snprintf(max, sizeof(max), "%lld", pepsi_option_int(ctxs[0], "MAX_CHALLENGES_PER_HOUR"));
+	ok = pepsi_batch_begin(ctxs[0], err, sizeof(err));
+	if (ok)
 	{
 		const char *values[3] = {dump, ttl, max};
 
@@ -462,19 +509,30 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 								  "SELECT pepsi.secretary_decide_many($1::jsonb, $2::interval, $3::integer)"
 								  " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
 								  3, values, err, sizeof(err));
+		if (answers != NULL && json_array_size(answers) != secretary_batch_len)
+			snprintf(err, sizeof(err), "not an answer a row");
+		ok = answers != NULL && json_array_size(answers) == secretary_batch_len;
 	}
 	free(dump);
-	if (answers == NULL || json_array_size(answers) != secretary_batch_len)
-	{
-		log_warnx("pepsi.secretary_decide_many: %s (each row is decided alone)",
-				  answers == NULL ? err : "not an answer a row");
-		json_decref(answers);
-		secretary_batch_len = 0;
-		return;
-	}
-	for (size_t i = 0; i < secretary_batch_len; i++)
+	for (size_t i = 0; ok && i < secretary_batch_len; i++)
 		secretary_batch[i].answer = json_incref(json_array_get(answers, i));
 	json_decref(answers);
+	ok = ok && secretary_batch_challenges(err, sizeof(err));
+	if (ok)
+		ok = pepsi_batch_end(ctxs[0], true, err, sizeof(err));
+	else
+	{
+		char ignored[256];
+
+		pepsi_batch_end(ctxs[0], false, ignored, sizeof(ignored));
+	}
+	if (!ok)
+	{
+		log_warnx("pepsi.secretary_decide_many: %s (each row is decided alone)", err);
+		for (size_t i = 0; i < secretary_batch_len; i++)
+			json_decref(secretary_batch[i].answer);
+		secretary_batch_len = 0;
+	}
 }
 
 static int
