@@ -28,8 +28,12 @@
 # beyond the first: at most the messages in flight at the event, counted
 # too, plus the relay rows running then), the longest time without a 250
 # after the event (target under 15 s), the acceptance rates over the 15 s
-# before the event and after the gap.  A fresh Patroni cluster per Pepsi
-# run.  BENCH_REPEATS runs (default 5); medians and spread at the end.
+# before the event and after the gap; when another node answered as
+# primary (promoted), the promotions in the run (more than one: a spurious
+# failover), and how long the case took (took).  A fresh Patroni cluster
+# per Pepsi run.  BENCH_REPEATS rounds (default 5; creating
+# bench/out/failover.stop ends the run after the round under way); medians
+# and spread at the end.
 # The Patroni cluster runs with fsync off (scripts/ha.sh): what is measured
 # is the failover, not the disk.
 set -euo pipefail
@@ -228,6 +232,10 @@ keys="accepted lost duplicated unanswered in_flight running promoted gap promoti
 
 echo "bench/failover: $sessions sessions of 2 KB messages; the event $event_at s in;" \
     "$repeats runs, alternating; load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
+# The file bench/out/failover.stop ends the run after the round under way,
+# with the medians of the runs done (a run that must end by a deadline).
+stop_file=${log%.log}.stop
+rm -f "$stop_file"
 for ((r = 1; r <= repeats; r++)); do
     for side in $sides; do
         started=$SECONDS
@@ -243,6 +251,10 @@ for ((r = 1; r <= repeats; r++)); do
             [ -z "$value" ] || series[$side.$key]+="$value "
         done
     done
+    if [ -e "$stop_file" ] && [ $r -lt $repeats ]; then
+        echo "stopped after $r of $repeats rounds ($stop_file)" | tee -a "$log"
+        break
+    fi
 done
 
 echo "medians (runs min .. max):" | tee -a "$log"
