@@ -22,14 +22,24 @@
 #                                 the port the leader had, and the time the
 #                                 switchover was asked for
 #
-# The timing settings (ttl, loop_wait, retry_timeout) are the smallest
-# Patroni accepts, so that a failover takes seconds, not half a minute:
-# the leader key lapses ttl seconds after its holder's last renewal.
+# The timing settings bound a failover (docs/scaling.md has the
+# arithmetic): a dead leader's key lapses ttl seconds after its last
+# renewal, which came at most loop_wait before the death; a standby
+# watching the key (etcd3) takes it at once and promotes (about 1-2 s);
+# the clients then find it within a tenth of the outage (pgconn.c).  So
+# at most about ttl + 2 s: 10 s measured with ttl 10.  Patroni 3.0.2 sets no floor on ttl
+# (its validator takes any integer); its documented rule is
+# ttl >= loop_wait + 2 * retry_timeout, which 10 >= 1 + 2 * 3 keeps, with
+# 9 s of slack for a leader on a busy machine to renew its key
+# (each loop, every loop_wait) before a spurious failover.  HA_TTL,
+# HA_LOOP_WAIT and HA_RETRY_TIMEOUT override them.
 set -euo pipefail
 
-HA_TTL=${HA_TTL:-20}
+HA_TTL=${HA_TTL:-10}
 HA_LOOP_WAIT=${HA_LOOP_WAIT:-1}
-HA_RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-5}
+HA_RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-3}
+[ "$HA_TTL" -ge $((HA_LOOP_WAIT + 2 * HA_RETRY_TIMEOUT)) ] ||
+    { echo "ha.sh: HA_TTL ($HA_TTL) must be at least HA_LOOP_WAIT + 2 * HA_RETRY_TIMEOUT ($((HA_LOOP_WAIT + 2 * HA_RETRY_TIMEOUT))), Patroni's rule" >&2; exit 1; }
 HA_START_TIMEOUT=${HA_START_TIMEOUT:-120}
 
 die() {
@@ -43,8 +53,10 @@ die() {
 if [ "$(id -u)" -eq 0 ]; then
     # initdb refuses root: the cluster belongs to the unprivileged user (lib.sh).
     ensure_unprivileged_user
-    mkdir -p "$2"
-    give_to_user "$2"
+    if [ "$1" = start ]; then
+        mkdir -p "$2"
+        give_to_user "$2"
+    fi
     exec runuser -u "$PEPSI_USER" -- env PGBIN="$PGBIN" "$0" "$@"
 fi
 command=$1
@@ -104,6 +116,10 @@ bootstrap:
         max_wal_senders: 10
         max_replication_slots: 10
         wal_keep_size: 128MB
+        # After a promotion the other standby must stream from the new
+        # primary before a synchronous commit returns; it tries again
+        # every wal_retrieve_retry_interval (5 s by default).
+        wal_retrieve_retry_interval: 500ms
         fsync: "off"
   initdb:
     - encoding: UTF8
@@ -135,7 +151,13 @@ start)
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     echo "$base" >"$dir/base_port"
-    etcd --name ha --data-dir "$dir/etcd" \
+    # etcd's data in memory when it can be (/dev/shm): the nodes run with
+    # fsync off, and an etcd write that waits seconds for a disk other
+    # benchmarks keep busy would cost the leader its key (a spurious
+    # failover).  In production etcd has a disk of its own.
+    etcd_data=$(mktemp -d /dev/shm/pepsi-ha-etcd.XXXXXX 2>/dev/null) || etcd_data=$dir/etcd
+    echo "$etcd_data" >"$dir/etcd_data"
+    etcd --name ha --data-dir "$etcd_data" \
         --listen-client-urls "http://127.0.0.1:$base" \
         --advertise-client-urls "http://127.0.0.1:$base" \
         --listen-peer-urls "http://127.0.0.1:$((base + 1))" \
@@ -181,7 +203,17 @@ stop)
         [ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || :
     done
     if [ -f "$dir/etcd.pid" ]; then
-        kill "$(cat "$dir/etcd.pid")" 2>/dev/null || :
+        pid=$(cat "$dir/etcd.pid")
+        kill "$pid" 2>/dev/null || :
+        deadline=$((SECONDS + 10))
+        while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+            sleep 0.1
+        done
+    fi
+    if [ -f "$dir/etcd_data" ]; then
+        case $(cat "$dir/etcd_data") in
+        /dev/shm/pepsi-ha-etcd.*) rm -rf "$(cat "$dir/etcd_data")" ;;
+        esac
     fi
     ;;
 ports)

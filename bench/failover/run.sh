@@ -28,8 +28,12 @@
 # beyond the first: at most the messages in flight at the event, counted
 # too, plus the relay rows running then), the longest time without a 250
 # after the event (target under 15 s), the acceptance rates over the 15 s
-# before the event and after the gap.  A fresh Patroni cluster per Pepsi
-# run.  BENCH_REPEATS runs (default 5); medians and spread at the end.
+# before the event and after the gap; when another node answered as
+# primary (promoted), the promotions in the run (more than one: a spurious
+# failover), and how long the case took (took).  A fresh Patroni cluster
+# per Pepsi run.  BENCH_REPEATS rounds (default 5; creating
+# bench/out/failover.stop ends the run after the round under way); medians
+# and spread at the end.
 # The Patroni cluster runs with fsync off (scripts/ha.sh): what is measured
 # is the failover, not the disk.
 set -euo pipefail
@@ -71,6 +75,12 @@ ha_psql() {
     as_user "$PGBIN/psql" -XAtq -h 127.0.0.1 -p "$(ha leader "$ha_dir")" -d postgres "$@"
 }
 
+# The port of the node that takes writes now, found as a client finds it.
+primary_port() {
+    as_user "$PGBIN/psql" -XAtq -c 'SELECT inet_server_port()' \
+        "host=127.0.0.1,127.0.0.1,127.0.0.1 port=$1 dbname=postgres connect_timeout=2 target_session_attrs=read-write" 2>/dev/null
+}
+
 # A sink of its own for each side of each run, dumping every message.
 sink_start() {
     local dir=$BENCH_DIR/sink-$1
@@ -103,7 +113,7 @@ postfix_drained() {
 # $BENCH_DIR/result (not a command substitution: a subshell would keep
 # what cleanup must stop).
 pepsi_run() {
-    local kind=$1 name=$2 duration running event port
+    local kind=$1 name=$2 duration running event port old promoted timeline
     duration=$([ "$kind" = kill ] && echo "$kill_duration" || echo "$switch_duration")
     ha_dir=$BENCH_DIR/ha-$name
     ha start "$ha_dir" $((20000 + RANDOM % 30000)) >/dev/null
@@ -132,14 +142,27 @@ QUEUE_LIMIT = 4"
     # The time of the kill, or of the switchover's start, as ha.sh saw it
     # (starting a command can take seconds on a loaded machine).
     case $kind in
-    kill) event=$(ha kill-leader "$ha_dir" | cut -d' ' -f2) ;;
-    switchover) event=$(ha switchover "$ha_dir" | cut -d' ' -f2) ;;
+    kill) read -r old event < <(ha kill-leader "$ha_dir") ;;
+    switchover) read -r old event < <(ha switchover "$ha_dir") ;;
     esac
+    # When another node answered as primary (not in recovery): the part
+    # of the gap that is Patroni's; the rest is the clients' reconnect.
+    local deadline=$((SECONDS + 120)) ports new
+    ports=$(ha ports "$ha_dir")
+    until new=$(primary_port "$ports") && [ -n "$new" ] && [ "$new" != "$old" ]; do
+        [ $SECONDS -lt $deadline ] || break
+        sleep 0.1
+    done
+    promoted=$(echo "$(date +%s.%N) - $event" | bc)
     wait "$load"
     # Until the queue is empty: every row delivered (or, past 10 minutes, counted lost).
     wait_until 600 pepsi_drained || echo "warning: $name: the queue did not drain in 10 minutes" >&2
     sleep 1
-    echo "$(python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event") running=$running" >"$BENCH_DIR/result"
+    # Every promotion moves the timeline on: more than one is a spurious
+    # failover (a leader that did not renew its key in time).
+    timeline=$(ha_psql -c "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int" || echo 0)
+    echo "$(python3 "$here/analyze.py" "$BENCH_DIR/$name.events" "$sink_dir" "$event") running=$running" \
+        "promoted=$(printf '%.2f' "$promoted") promotions=$((timeline - 1))" >"$BENCH_DIR/result"
     # Kept beside the log: each message's events, and when the event was.
     { echo "E $event event"; cat "$BENCH_DIR/$name.events"; } >"${log%.log}-$name.events"
     bench_pepsi_stop
@@ -205,29 +228,39 @@ word() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 min() { printf '%s\n' "$@" | sort -g | head -1; }
 max() { printf '%s\n' "$@" | sort -g | tail -1; }
 declare -A series
+keys="accepted lost duplicated unanswered in_flight running promoted gap promotions before after held lost_after_return duplicated_after_return took"
 
 echo "bench/failover: $sessions sessions of 2 KB messages; the event $event_at s in;" \
     "$repeats runs, alternating; load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
+# The file bench/out/failover.stop ends the run after the round under way,
+# with the medians of the runs done (a run that must end by a deadline).
+stop_file=${log%.log}.stop
+rm -f "$stop_file"
 for ((r = 1; r <= repeats; r++)); do
     for side in $sides; do
+        started=$SECONDS
         if [ "$side" = postfix ]; then
             postfix_run "postfix$r"
         else
             pepsi_run "$side" "$side$r"
         fi
-        out=$(tr '\n' ' ' <"$BENCH_DIR/result")
+        out="$(tr '\n' ' ' <"$BENCH_DIR/result")took=$((SECONDS - started))"
         echo "run $r $side: $out (load average $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$log"
-        for key in accepted lost duplicated unanswered in_flight running gap before after held lost_after_return duplicated_after_return; do
+        for key in $keys; do
             value=$(word "$key" "$out")
             [ -z "$value" ] || series[$side.$key]+="$value "
         done
     done
+    if [ -e "$stop_file" ] && [ $r -lt $repeats ]; then
+        echo "stopped after $r of $repeats rounds ($stop_file)" | tee -a "$log"
+        break
+    fi
 done
 
 echo "medians (runs min .. max):" | tee -a "$log"
 for side in $sides; do
     line="  $side:"
-    for key in accepted lost duplicated unanswered in_flight running gap before after held lost_after_return duplicated_after_return; do
+    for key in $keys; do
         [ -n "${series[$side.$key]:-}" ] || continue
         # shellcheck disable=SC2086
         line+=" $key $(bench_median ${series[$side.$key]}) ($(min ${series[$side.$key]}) .. $(max ${series[$side.$key]}))"

@@ -22,6 +22,14 @@
 
 #define PGCONN_BACKOFF_MIN 0.1
 #define PGCONN_BACKOFF_MAX 30.0
+/*
+ * No wait is longer than this share of the outage so far: once the
+ * server is back (a standby promoted), a client finds it within a tenth of
+ * the time it was away, where a wait grown to backoff_max over a 12 s
+ * failover could add up to backoff_max.  A long outage still costs a
+ * logarithmic number of attempts until waits reach backoff_max.
+ */
+#define PGCONN_BACKOFF_OUTAGE_SHARE 0.1
 #define PGCONN_READ_ONLY_SQLSTATE "25006"
 #define PGCONN_STANDBY_REASON "the server is a standby (in recovery)"
 
@@ -41,6 +49,7 @@ struct pgconn
 	double				   backoff_min;
 	double				   backoff_max;
 	double				   backoff;
+	double				   down_since; /* ev_now when the outage began; < 0 while set up */
 	void				  *arg;
 	char				   server[256]; /* "pepsi on /run/postgresql port 5432", for the log */
 	bool				   ever_up;		/* the next set-up is a reconnect */
@@ -133,17 +142,23 @@ pgconn_forget_results(struct pgconn *c)
 
 /*
  * Decorrelated jitter: a random wait between the minimum and three times
- * the last one, capped, so that many clients of a restarted server do not
- * come back in step, and a long outage costs an attempt per backoff_max.
+ * the last one, so that many clients of a restarted server do not come
+ * back in step, capped by backoff_max (a long outage costs an attempt per
+ * backoff_max) and by PGCONN_BACKOFF_OUTAGE_SHARE of the outage so far.
  */
 static void
 pgconn_draw_backoff(struct pgconn *c)
 {
 	double upper = c->backoff * 3 > c->backoff_min ? c->backoff * 3 : c->backoff_min * 3;
+	double cap = (ev_now(c->loop) - c->down_since) * PGCONN_BACKOFF_OUTAGE_SHARE;
 
+	if (cap < c->backoff_min)
+		cap = c->backoff_min;
+	if (cap > c->backoff_max)
+		cap = c->backoff_max;
 	c->backoff = c->backoff_min + (upper - c->backoff_min) * ((double) random() / RAND_MAX);
-	if (c->backoff > c->backoff_max)
-		c->backoff = c->backoff_max;
+	if (c->backoff > cap)
+		c->backoff = cap;
 }
 
 /* The connection is gone, or set-up refused it: drop it and try again later. */
@@ -172,6 +187,8 @@ pgconn_drop(struct pgconn *c, const char *why)
 	c->conn = NULL;
 	c->generation++;
 	c->state = PGCONN_DOWN;
+	if (c->down_since < 0)
+		c->down_since = ev_now(c->loop);
 	pgconn_draw_backoff(c);
 	if (was == PGCONN_IDLE || was == PGCONN_BUSY)
 		log_warnx("%s: lost the database connection to %s (%s); reconnecting in %.1f s", c->name,
@@ -246,6 +263,7 @@ pgconn_set_up(struct pgconn *c)
 {
 	c->state = PGCONN_IDLE;
 	c->backoff = 0;
+	c->down_since = -1;
 	log_info("%s: %sconnected to the database %s", c->name, c->ever_up ? "re" : "", c->server);
 	c->ever_up = true;
 	if (c->handlers.ready)
@@ -510,6 +528,7 @@ pgconn_start(struct ev_loop *loop, const struct pgconn_options *options,
 	ev_timer_init(&c->retry, pgconn_on_retry, 0, 0);
 	c->retry.data = c;
 	c->state = PGCONN_DOWN;
+	c->down_since = ev_now(loop);
 	pgconn_connect(c);
 	return c;
 }

@@ -77,7 +77,7 @@ struct pgconn_options
 	 */
 	bool   may_be_standby;
 	double backoff_min; /* seconds; 0.1 when 0 */
-	double backoff_max; /* seconds; 30 when 0 */
+	double backoff_max; /* seconds; 30 when 0 (and at most a tenth of the outage so far) */
 	void  *arg;			/* the owner's, for pgconn_arg */
 };
 
