@@ -23,6 +23,8 @@
 # yes, the default) the relay runs fused into the 2 route workers' pass,
 # so only 2 workers connect and the pool is never what binds: what is
 # measured is the hop through the pooler and the unprepared statements.
+# BENCH_FUSION=no (ALLOW_FUSION = no on both sides): the relay in 20
+# workers of its own, 22 workers connected, the pool binding.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -32,6 +34,7 @@ sessions=${BENCH_SESSIONS:-20}
 messages=${BENCH_MESSAGES:-20000}
 relay_workers=${BENCH_RELAY_WORKERS:-20}
 pool_size=${BENCH_POOL_SIZE:-8}
+fusion=${BENCH_FUSION:-yes}
 log=$(bench_log relay-pooled)
 
 bench_postfix_install
@@ -107,7 +110,7 @@ SMARTHOST = 127.0.0.1:$sink_port
 TLS = none
 PARALLELISM = $relay_workers
 QUEUE_LIMIT = 4
-$database"
+$database" "" "ALLOW_FUSION = $fusion"
 }
 
 # The cluster's client backends, every 0.2 s, into $BENCH_DIR/backends
@@ -169,7 +172,7 @@ run() {
 }
 
 echo "bench/relay pooled: smtp-source -s $sessions -m $messages -l 2048 -> relay -> smtp-sink," \
-    "$repeats runs each side, alternating; 2 route workers (the relay fused), $relay_workers relay;" \
+    "$repeats runs each side, alternating; 2 route workers, $relay_workers relay (ALLOW_FUSION = $fusion);" \
     "pooled: PgBouncer $(/usr/sbin/pgbouncer --version | head -1 | awk '{ print $2 }'), transaction mode, default_pool_size $pool_size"
 direct=() pooled=() ratios=() conn_direct=() conn_pooled=()
 for ((r = 1; r <= repeats; r++)); do
