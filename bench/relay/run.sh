@@ -29,13 +29,16 @@
 # rates on a loaded machine.  BENCH_STATEMENTS=1 logs pg_stat_statements
 # per message; BENCH_PERF=1 logs perf's CPU time by process name and keeps
 # the perf.data of each run beside the log (BENCH_PERF_GRAPH=1: with call
-# graphs).  The daemons' logs are kept beside it too.
+# graphs).  The daemons' logs are kept beside it too.  BENCH_POOLED=1
+# runs bench/relay/pooled.sh instead: Pepsi direct against Pepsi with its
+# stage workers through PgBouncer, on the same load.
 #
 # Needs: postfix (installed here with debconf "No configuration" when it
 # is missing), pepsi-ingress, pepsi-dispatch and the stages built, the
 # extension installed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+[ "${BENCH_POOLED:-0}" != 1 ] || exec "$here/pooled.sh"
 . "$here/../lib.sh"
 
 repeats=${BENCH_REPEATS:-5}
