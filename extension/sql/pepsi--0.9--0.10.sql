@@ -1,0 +1,19 @@
+/*
+ * pepsi 0.9 -> 0.10: the schema changes made since 0.9.
+ *
+ * 0.9 was released with auto-pay's claim by id, the keydisc index, the
+ * secure-link portal, the archive's search index and batched import with
+ * the digest command, and the secretary's batch hold; every schema change
+ * since is a block here, placed before the final UPDATE of
+ * pepsi.schema_version, and folded into pepsi--0.10.sql (new objects at
+ * its end).  An existing 0.9 database reaches 0.10 with ALTER EXTENSION
+ * pepsi UPDATE; CREATE EXTENSION pepsi installs pepsi--0.10.sql.  Both
+ * paths must end in the same schema: t/003_extension_upgrade.pl compares
+ * their catalogs and tests the upgrade with a filled queue.  The scheme
+ * (blocks, grants as data, every statement safe on a live queue) is the
+ * one pepsi--0.1--0.2.sql describes and docs/upgrading.md explains.
+ */
+
+\echo Use "ALTER EXTENSION pepsi UPDATE TO '0.10'" to load this file. \quit
+
+UPDATE pepsi.schema_version SET version = '0.10';
