@@ -218,6 +218,16 @@ tap_count() {
 if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     all_taps=$(cd "$scratch" && for f in ${PEPSI_TAP:-t/*.pl}; do
         if [ -d "$f" ]; then ls "$f"/*.pl; else echo "$f"; fi; done | sort)
+    # A file PEPSI_TAP names that is not there (a typo, a pattern that
+    # matched nothing) fails the run by name: it would otherwise run no
+    # test and pass unseen.
+    missing_taps=$(cd "$scratch" && for f in $all_taps; do [ -f "$f" ] || echo "$f"; done)
+    for f in $missing_taps; do
+        echo "PEPSI_TAP: $f: no such test file"
+        echo "PEPSI_TAP: $f: no such test file" >>"$failures"
+        failed=$((failed + 1))
+    done
+    all_taps=$(cd "$scratch" && for f in $all_taps; do [ -f "$f" ] && echo "$f"; done)
 elif ! skip sanitize; then
     # make sanitize: only the sanitized files.
     all_taps=$(echo $SANITIZE_TAP | tr ' ' '\n' | sort)
