@@ -21,6 +21,8 @@
 #   bench_median N...         the median of the numbers given (unrounded:
 #                             the middle one as given, or the mean of the
 #                             middle two)
+#   min N... / max N...       the least / the greatest of the numbers given
+#                             (as given; nothing when none)
 #   bench_free_port           a free TCP port on 127.0.0.1
 #   bench_log NAME            create bench/out/NAME.log empty and print its path
 #   bench_stop_pid PID        SIGTERM a daemon started in the background, and
@@ -301,6 +303,11 @@ bench_file() {
 bench_tps() {
     sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' "$1"
 }
+
+# (sed -n 1p, not head -1: under set -o pipefail, a head that leaves
+# early can kill sort with SIGPIPE and fail the caller.)
+min() { printf '%s\n' "$@" | sort -g | sed -n 1p; }
+max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 
 bench_median() {
     printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }

@@ -145,7 +145,7 @@ background=()
 # test), the others against the optimised build.  Every process writes its
 # sanitizer reports to san-reports/ rather than to a stderr the test may
 # swallow.  The files run $TAP_JOBS at a time, then those of $TAP_SERIAL
-# and the root ones one at a time.
+# one at a time, then the root ones $TAP_JOBS at a time.
 #
 # TAP_SERIAL: the files whose assertions load can fail (an upper bound on
 # a time, which load stretches), run alone and against the optimised
@@ -218,6 +218,16 @@ tap_count() {
 if ! skip tap && ls "$scratch"/t/*.pl >/dev/null 2>&1; then
     all_taps=$(cd "$scratch" && for f in ${PEPSI_TAP:-t/*.pl}; do
         if [ -d "$f" ]; then ls "$f"/*.pl; else echo "$f"; fi; done | sort)
+    # A file PEPSI_TAP names that is not there (a typo, a pattern that
+    # matched nothing) fails the run by name: it would otherwise run no
+    # test and pass unseen.
+    missing_taps=$(cd "$scratch" && for f in $all_taps; do [ -f "$f" ] || echo "$f"; done)
+    for f in $missing_taps; do
+        echo "PEPSI_TAP: $f: no such test file"
+        echo "PEPSI_TAP: $f: no such test file" >>"$failures"
+        failed=$((failed + 1))
+    done
+    all_taps=$(cd "$scratch" && for f in $all_taps; do [ -f "$f" ] && echo "$f"; done)
 elif ! skip sanitize; then
     # make sanitize: only the sanitized files.
     all_taps=$(echo $SANITIZE_TAP | tr ' ' '\n' | sort)
@@ -298,8 +308,14 @@ if [ -n "$all_taps" ]; then
     # The serial pass with nothing of ours beside it.
     [ ${#background[@]} -gt 0 ] && wait "${background[@]}"
     background=()
-    echo "== TAP: $(echo -n "$serial$root_serial" | grep -c .) files one at a time ($(elapsed))"
-    (cd "$scratch" && printf '%s' "$serial$root_serial" | xargs -r -P 1 -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
+    echo "== TAP: $(echo -n "$serial" | grep -c .) files one at a time ($(elapsed))"
+    (cd "$scratch" && printf '%s' "$serial" | xargs -r -P 1 -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
+    # The root files last, $TAP_JOBS at a time: none measures time, and
+    # each adds system users and groups of its own names (a tag of its
+    # own, t/lib/RootTest.pm).  After the others, as the port reservations
+    # they leave are root's, which the unprivileged user cannot take over.
+    echo "== TAP: $(echo -n "$root_serial" | grep -c .) root files $TAP_JOBS at a time ($(elapsed))"
+    (cd "$scratch" && printf '%s' "$root_serial" | xargs -r -P "$TAP_JOBS" -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
     echo "== TAP: done ($(elapsed))"
 fi
 [ ${#background[@]} -gt 0 ] && wait "${background[@]}"

@@ -71,18 +71,36 @@ load_base() {
     base=$(cat "$dir/base_port")
 }
 
-# The port of the node that is primary now (pg_is_in_recovery false), or nothing.
+# psql ARGS... on the node that is primary now (not in recovery), found
+# by one psql given the three hosts (target_session_attrs).
+primary_psql() {
+    "$pgbin/psql" -XAtq -d "host=127.0.0.1,127.0.0.1,127.0.0.1 port=$(node_port 1),$(node_port 2),$(node_port 3) dbname=postgres target_session_attrs=primary connect_timeout=5" "$@"
+}
+
+# The port of the node that is primary now, or nothing (exit 1).
 leader_port() {
-    for i in 1 2 3; do
-        local port
-        port=$(node_port $i)
-        if [ "$("$pgbin/psql" -XAtq -h 127.0.0.1 -p "$port" -d postgres \
-            -c 'SELECT NOT pg_is_in_recovery()' 2>/dev/null)" = t ]; then
-            echo "$port"
-            return 0
-        fi
-    done
-    return 1
+    local port
+    port=$(primary_psql -c 'SHOW port' 2>/dev/null) && [ -n "$port" ] || return 1
+    echo "$port"
+}
+
+# PEPSI_INITDB_TEMPLATE (scripts/check.sh's template data directory, one
+# initdb for the whole run): the first node's data directory is a copy
+# of it (Patroni's custom bootstrap) rather than an initdb of its own.
+template=${PEPSI_INITDB_TEMPLATE:-}
+[ -n "$template" ] && [ -r "$template/PG_VERSION" ] || template=
+
+# The bootstrap section's method: initdb, or the copy of the template.
+bootstrap_method() {
+    [ -n "$template" ] || return 0
+    cat >"$dir/copy-template" <<SCRIPT
+#!/bin/sh
+# Patroni's custom bootstrap (ha.sh): the data directory, a copy of the template.
+for arg; do case \$arg in --datadir=*) data=\${arg#--datadir=} ;; esac; done
+cp -RPp '$template' "\$data" && chmod 700 "\$data"
+SCRIPT
+    chmod 755 "$dir/copy-template"
+    printf '  method: template\n  template:\n    command: %s\n' "$dir/copy-template"
 }
 
 write_node_config() {
@@ -100,6 +118,7 @@ restapi:
 etcd3:
   hosts: 127.0.0.1:$base
 bootstrap:
+$(bootstrap_method)
   dcs:
     ttl: $HA_TTL
     loop_wait: $HA_LOOP_WAIT
@@ -121,9 +140,13 @@ bootstrap:
         # every wal_retrieve_retry_interval (5 s by default).
         wal_retrieve_retry_interval: 500ms
         fsync: "off"
+  # No fsync of the new data directories (initdb, and pg_basebackup
+  # below): the nodes run with fsync off, and a sync that waits on a disk
+  # other work keeps busy only lengthens a start.
   initdb:
     - encoding: UTF8
     - locale: C
+    - no-sync
   pg_hba:
     - local all all trust
     - host all all 127.0.0.1/32 trust
@@ -133,6 +156,8 @@ postgresql:
   listen: 127.0.0.1:$(node_port "$i")
   connect_address: 127.0.0.1:$(node_port "$i")
   data_dir: $dir/node$i/data
+  basebackup:
+    - no-sync
   bin_dir: $pgbin
   pgpass: $dir/node$i/pgpass
   authentication:
@@ -171,10 +196,9 @@ start)
         echo $! >"$dir/node$i/patroni.pid"
     done
     deadline=$((SECONDS + HA_START_TIMEOUT))
+    # One psql a round, not up to four.
     while :; do
-        if port=$(leader_port) &&
-            [ "$("$pgbin/psql" -XAtq -h 127.0.0.1 -p "$port" -d postgres \
-                -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null)" = 2 ]; then
+        if [ "$(primary_psql -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null)" = 2 ]; then
             break
         fi
         [ $SECONDS -lt $deadline ] || die "no leader with two streaming standbys after ${HA_START_TIMEOUT} s; see $dir/node*/patroni.log and $dir/etcd.log"

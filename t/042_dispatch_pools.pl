@@ -20,7 +20,12 @@ use PepsiTest;
 my $db = 'postgres';
 my $node = dispatch_node('dispatch_pools');
 my $program = test_program('test-stage');
+# WORKER_IDLE_TIMEOUT: short only while the reaping is tested.  Elsewhere
+# a worker must outlive the test's own pauses between rows, which load
+# can stretch past a couple of seconds: a worker reaped there would read
+# as a second worker of the trickle, or as one a refused reload retired.
 my $idle_timeout = 2;
+my $idle_long = '600s';
 
 sub stages
 {
@@ -45,7 +50,7 @@ TAG = $tag
 EOF
 }
 
-my %dispatch = (WORKER_IDLE_TIMEOUT => "${idle_timeout}s");
+my %dispatch = (WORKER_IDLE_TIMEOUT => $idle_long);
 my $config = write_config($node, dispatch => \%dispatch, stages => stages('one'));
 my $d = start_dispatcher($config);
 
@@ -54,6 +59,29 @@ sub done_count
 	my ($stage) = @_;
 
 	return scalar_query($node, "SELECT count(*) FROM test_log WHERE stage = '$stage'");
+}
+
+# The rows of a stage the dispatcher has read the worker's answer for (its
+# statistics, flushed once the pipeline is idle): test_log has a row as
+# soon as the worker commits, before its status line is read.
+sub answered_count
+{
+	my ($stage) = @_;
+
+	return scalar_query($node,
+		"SELECT coalesce(sum(messages), 0) FROM pepsi.stage_stats WHERE stage = '$stage'");
+}
+
+# Rewrite the configuration with $stages and SIGHUP the dispatcher; true
+# once it says it reloaded.
+sub reload_with
+{
+	my ($stages) = @_;
+
+	write_config($node, path => $config, dispatch => \%dispatch, stages => $stages);
+	my $offset = -s $d->{log};
+	kill 'HUP', $d->{pid};
+	return poll_until(sub { substr(dispatcher_log($d), $offset) =~ /configuration reloaded/ });
 }
 
 sub pids_of
@@ -79,20 +107,25 @@ ok(poll_until(sub { dispatcher_log($d) =~ /connected to the database/ }), 'the d
 is(scalar(worker_pids($d)), 0, 'no worker runs before a stage has work');
 
 #
-# A trickle, one row at a time: one worker does it all.
+# A trickle, one row at a time: one worker does it all.  Each row is added
+# once the dispatcher has the answer for the one before: until then the
+# worker still holds it, and one held long (load) counts as stalled, so
+# that the next row would rightly go to a new worker.
 #
 for my $n (1 .. 6)
 {
 	add_rows($node, 1, stage => 'trickle');
-	poll_until(sub { done_count('trickle') == $n });
+	poll_until(sub { answered_count('trickle') == $n });
 }
 is(done_count('trickle'), 6, 'a trickle of six rows is done');
 is(scalar(my @pids = pids_of('trickle')), 1, 'by a single worker, out of a PARALLELISM of 4');
 
 #
 # A burst of 60 slow rows: the pool grows to its PARALLELISM of 3 and never
-# beyond, then, idle, is reaped.
+# beyond, then, idle, is reaped (WORKER_IDLE_TIMEOUT short for this part).
 #
+$dispatch{WORKER_IDLE_TIMEOUT} = "${idle_timeout}s";
+ok(reload_with(stages('one')), 'a short WORKER_IDLE_TIMEOUT is read');
 add_rows($node, 60, stage => 'burst');
 my $most = 0;
 poll_until(
@@ -109,6 +142,8 @@ ok(poll_until(sub { scalar(workers_of('burst')) == 0 }, 10 * $idle_timeout),
 	'once idle, the workers are reaped');
 like(dispatcher_log($d), qr/stage burst: worker \d+ idle; reaping it/,
 	'the log says they were idle');
+$dispatch{WORKER_IDLE_TIMEOUT} = $idle_long;
+ok(reload_with(stages('one')), 'and a long one again');
 
 #
 # MAX_MESSAGES = 3: every worker concludes at most three rows, then is
@@ -169,11 +204,7 @@ is(scalar_query($node, "SELECT tag || ' ' || pid FROM test_log WHERE id = $id"),
 $node->safe_psql($db, 'DELETE FROM pepsi.config_override');
 ok(poll_until(sub { !grep { $_ == $first } worker_pids($d) }),
 	'removing the overrides reloads and retires too');
-write_config($node, path => $config, dispatch => \%dispatch, stages => stages('three'));
-$offset = -s $d->{log};
-kill 'HUP', $d->{pid};
-ok( poll_until(sub { substr(dispatcher_log($d), $offset) =~ /configuration reloaded/ }),
-	'SIGHUP: the dispatcher reloads');
+ok(reload_with(stages('three')), 'SIGHUP: the dispatcher reloads');
 ($id) = add_rows($node, 1, stage => 'tagged');
 poll_until(sub { done_count('tagged') == 4 });
 is(scalar_query($node, "SELECT tag FROM test_log WHERE id = $id"),
@@ -193,11 +224,7 @@ ok( poll_until(
 			  =~ /stage recycle: removed from the configuration and drained; dropped/;
 		}),
 	'a stage removed by a reload has its pool dropped once drained');
-write_config($node, path => $config, dispatch => \%dispatch, stages => stages('three'));
-$offset = -s $d->{log};
-kill 'HUP', $d->{pid};
-ok( poll_until(sub { substr(dispatcher_log($d), $offset) =~ /configuration reloaded/ }),
-	'the stage is put back');
+ok(reload_with(stages('three')), 'the stage is put back');
 my $recycled = done_count('recycle');
 add_rows($node, 1, stage => 'recycle');
 ok(poll_until(sub { done_count('recycle') == $recycled + 1 }),

@@ -10,7 +10,11 @@
 # The kills are exact, not timed: a MAILDIR_WRITER wrapper passes the
 # helper's replies on to the stage, and when the gate file is there it
 # first takes it and SIGKILLs the stage worker (its parent), so the worker
-# dies after the files are in new/ and before any row commits.
+# dies after the files are in new/ and before any row commits.  Having
+# killed its worker, the wrapper stops at once: were it to read the
+# batch's further replies, it could take the next wave's gate (the test
+# makes it as soon as the dispatcher has logged the kill) and "kill" a
+# worker already dead, so that the wave would see no kill of its own.
 
 use strict;
 use warnings FATAL => 'all';
@@ -39,7 +43,7 @@ open my $fh, '>', $writer or die "cannot write $writer: $!";
 print $fh "#!/bin/sh\nstage=\$PPID\n'"
   . pepsi_bin('pepsi-helper-maildir-writer')
   . "' \"\$@\" | while IFS= read -r line; do\n"
-  . "\tif /bin/mv '$gate' '$fired' 2>/dev/null; then kill -9 \$stage; fi\n"
+  . "\tif /bin/mv '$gate' '$fired' 2>/dev/null; then kill -9 \$stage; exit 0; fi\n"
   . "\tprintf '%s\\n' \"\$line\"\ndone\n";
 close $fh;
 chmod 0755, $writer or die "cannot chmod $writer: $!";
@@ -90,9 +94,11 @@ sub add_messages
 	$node->safe_psql($db, 'SELECT pepsi.notify_workqueue()');
 }
 
+# The queue's drain: its pace is the machine's, so bounded by a stall (no
+# row concluded for a minute), not by a total.
 sub queue_empty
 {
-	return poll_until(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') == 0 }, 120);
+	return poll_drained(sub { scalar_query($node, 'SELECT count(*) FROM pepsi.workqueue') });
 }
 
 #

@@ -292,8 +292,6 @@ postfix_restore() {
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 p_dump=() p_size=() p_restored=() p_delivered=() f_tar=() f_size=() f_restored=() f_delivered=() ratios=()
 for ((r = 1; r <= repeats; r++)); do
     load=$(cut -d' ' -f1-3 /proc/loadavg)

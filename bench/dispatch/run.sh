@@ -316,7 +316,7 @@ mapfile -t latencies < <(awk '
     t != "" && /write\([0-9]+, "[0-9]+\\n"/ { printf "%.3f\n", ($1 - t) * 1000; t = "" }' "$BENCH_DIR/strace.out")
 [ "${#latencies[@]}" -gt 0 ] || { echo "bench/dispatch: no NOTIFY seen under strace" >&2; exit 1; }
 latency=$(bench_median "${latencies[@]}")
-latency_max=$(printf '%s\n' "${latencies[@]}" | sort -g | tail -1)
+latency_max=$(max "${latencies[@]}")
 
 echo
 echo "$messages messages through s1 -> s2 -> s3, QUEUE_LIMIT $limit, median of $reps rounds"

@@ -34,8 +34,6 @@ bin=$bench_top/build/bin
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
 
 word() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
-min() { printf '%s\n' "$@" | sort -g | sed -n 1p; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 drained() { [ "$(bench_psql -Atc "SELECT count(*) FROM pepsi.workqueue")" = 0 ]; }
 
 run_once() {

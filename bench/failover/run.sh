@@ -225,8 +225,6 @@ postfix_run() {
 }
 
 word() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 declare -A series
 keys="accepted lost duplicated unanswered in_flight running promoted gap promotions before after held lost_after_return duplicated_after_return took"
 

@@ -110,8 +110,10 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 for side in all ten; do
     # shellcheck disable=SC2086
     median=$(bench_median ${rates[$side]})
-    lowest=$(tr ' ' '\n' <<<"${rates[$side]}" | grep . | sort -n | head -1)
-    highest=$(tr ' ' '\n' <<<"${rates[$side]}" | grep . | sort -n | tail -1)
+    # shellcheck disable=SC2086
+    lowest=$(min ${rates[$side]})
+    # shellcheck disable=SC2086
+    highest=$(max ${rates[$side]})
     label=$([ "$side" = all ] && echo "every model" || echo "LANGUAGES = $tags")
     printf 'detect-language, %s: median %.0f messages/s per core (spread %s..%s over %d runs), %d/%d named right\n' \
         "$label" "$median" "$lowest" "$highest" "$reps" "${right[$side]}" "$count"

@@ -146,8 +146,6 @@ for ((r = 1; r <= repeats; r++)); do
     done
 done
 
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 echo "medians (runs min .. max), per message unless said:" | tee -a "$log"
 for mode in async sync; do
     line="  $mode:"

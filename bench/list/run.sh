@@ -228,8 +228,6 @@ measure() {
 }
 pepsi_reset() { bench_queue_empty pepsi.destination; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 echo "bench/list: big = 1 post of $post_size bytes to $subscribers subscribers over $domains domains;" \

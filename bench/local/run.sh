@@ -302,8 +302,6 @@ pepsi_profile() {
 }
 pepsi_left() { bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
 [ "$mode" = lmtp ] && fresh_dovecot
 "start_sides_$mode"

@@ -182,8 +182,6 @@ per_message() { awk -v ms="$1" -v n="$messages" 'BEGIN { printf "%.3f", ms / n }
 pepsi_reset() { bench_queue_empty pepsi.destination; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 drop() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f%%", 100 * (1 - a / b) }'; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
 echo "bench/relay-internet: $messages messages of 2 KB to $domains domains over 20 MX hosts," \
     "$sessions sending sessions, $repeats runs each side alternating; Pepsi as $BENCH_PEPSI_FLAVOUR," \

@@ -130,31 +130,22 @@ watch_stop() {
     watch_pid=
 }
 
-# measure: send MESSAGES to Pepsi, wait until smtp-sink has them all;
-# sets result to "rate peak_backends load1" (in this shell, not a
-# subshell: the daemons it starts are this shell's to stop).
-measure() {
-    local base start end peak
-    base=$(bench_sink_count)
-    base=${base:-0}
+# measure PORT: bench/relay's measured run (measure.sh), no memory sampled.
+# shellcheck source=measure.sh
+. "$here/measure.sh"
+
+# measure_backends: measure against Pepsi with its cluster's client
+# backends counted meanwhile; sets result to "rate peak_backends load1"
+# (in this shell, not a subshell: the psql watch it starts is this
+# shell's to stop).
+measure_backends() {
+    local rate peak
     watch_start
-    start=$(date +%s.%N)
-    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
-        -f sender@example.org -t rcpt@example.net "127.0.0.1:$pepsi_port" >>"$log" 2>&1
-    for _ in $(seq 1 12000); do
-        [ "$(bench_sink_count)" -ge $((base + messages)) ] && break
-        sleep 0.05
-    done
-    end=$(date +%s.%N)
+    rate=$(measure "$pepsi_port" | cut -d' ' -f1) || { watch_stop; return 1; }
     watch_stop
     peak=$(sort -n "$BENCH_DIR/backends" | tail -1)
     { echo "client backends, every 0.2 s:"; tr '\n' ' ' <"$BENCH_DIR/backends"; echo; } >>"$log"
-    [ "$(bench_sink_count)" -ge $((base + messages)) ] || {
-        echo "only $(($(bench_sink_count) - base)) of $messages reached smtp-sink" >&2
-        return 1
-    }
-    result=$(awk -v n="$messages" -v a="$start" -v b="$end" -v p="$peak" -v l="$(cut -d' ' -f1 /proc/loadavg)" \
-        'BEGIN { printf "%.1f %s %s", n / (b - a), p, l }')
+    result="$rate $peak $(cut -d' ' -f1 /proc/loadavg)"
 }
 
 # run direct|pooled: one measured run of Pepsi started afresh.
@@ -163,7 +154,7 @@ run() {
     [ "$1" = direct ] || bouncer_start
     start_pepsi "$1"
     sleep 1
-    measure
+    measure_backends
     bench_pepsi_stop
     bouncer_stop
     local left
@@ -186,8 +177,6 @@ for ((r = 1; r <= repeats; r++)); do
         "$r" "$rate_d" "$conn_d" "$load_d" "$rate_p" "$conn_p" "$load_p" "${ratios[-1]}"
 done
 
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 printf '%-8s median %8s msg/s (runs %s .. %s), server connections at peak: median %s (%s .. %s)\n' \
     direct "$(bench_median "${direct[@]}")" "$(min "${direct[@]}")" "$(max "${direct[@]}")" \
     "$(bench_median "${conn_direct[@]}")" "$(min "${conn_direct[@]}")" "$(max "${conn_direct[@]}")" \

@@ -49,10 +49,9 @@ log=$(bench_log relay)
 
 bench_postfix_install
 bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-route pepsi-stage-relay-to-smarthost
-postfix_dir= sampler_pid= perf_pid=
+postfix_dir= perf_pid=
 
 cleanup() {
-    bench_stop_pid "$sampler_pid"
     bench_stop_pid "$perf_pid"
     # The daemons' logs outlive the scratch directory, beside the run's log.
     if [ -n "${BENCH_DIR:-}" ]; then
@@ -81,7 +80,6 @@ pepsi_port=$(bench_free_port)
 postfix_port=$(bench_free_port)
 
 bench_sink_start "$sink_port"
-sink_count() { bench_sink_count; }
 
 start_pepsi() {
     bench_pepsi_start "$pepsi_port" "[stage-init]
@@ -105,39 +103,9 @@ start_postfix() {
     bench_postfix_start "$postfix_dir" "$postfix_port" "relayhost = [127.0.0.1]:$sink_port"
 }
 
-# measure PORT ROOT_PIDS...: send MESSAGES with smtp-source to PORT, wait
-# until smtp-sink has them all; prints "rate rss pss accepted relayed"
-# (msg/s, kB, kB, s, s) with the memory peak of the ROOT_PIDS' process
-# trees meanwhile, and when the last message was accepted and relayed.
-measure() {
-    local port=$1 base start sent end peak
-    shift
-    base=$(sink_count)
-    base=${base:-0}
-    perl "$here/rss-sampler.pl" "$@" >"$BENCH_DIR/sampler.out" &
-    sampler_pid=$!
-    start=$(date +%s.%N)
-    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
-        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
-    sent=$(date +%s.%N)
-    for _ in $(seq 1 12000); do
-        [ "$(sink_count)" -ge $((base + messages)) ] && break
-        sleep 0.05
-    done
-    end=$(date +%s.%N)
-    # Where the time went: accepting (smtp-source done) and then draining.
-    awk -v p="$port" -v a="$start" -v s="$sent" -v b="$end" 'BEGIN {
-        printf "port %s: all accepted after %.2f s, all relayed after %.2f s\n", p, s - a, b - a }' >>"$log"
-    bench_stop_pid "$sampler_pid"
-    sampler_pid=
-    [ "$(sink_count)" -ge $((base + messages)) ] || {
-        echo "only $(( $(sink_count) - base )) of $messages reached smtp-sink" >&2
-        return 1
-    }
-    peak=$(cat "$BENCH_DIR/sampler.out")
-    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" -v p="$peak" 'BEGIN {
-        split(p, f, /[ =]/); printf "%.1f %s %s %.2f %.2f\n", n / (b - a), f[2], f[4], s - a, b - a }'
-}
+# measure PORT ROOT_PIDS...: one measured run (bench/relay/measure.sh).
+# shellcheck source=measure.sh
+. "$here/measure.sh"
 
 # BENCH_PERF=1: where each side's CPU time goes, by process name (perf
 # record -a over each run; in the log as CPU milliseconds per message).
@@ -239,8 +207,6 @@ done
 
 pepsi_median=$(bench_median "${pepsi_rates[@]}")
 postfix_median=$(bench_median "${postfix_rates[@]}")
-min() { printf '%s\n' "$@" | sort -n | head -1; }
-max() { printf '%s\n' "$@" | sort -n | tail -1; }
 printf '%-34s %10s msg/s (runs %s .. %s)\n' \
     "pepsi (ingress -> relay)" "$pepsi_median" "$(min "${pepsi_rates[@]}")" "$(max "${pepsi_rates[@]}")" \
     "postfix (smtpd -> smtp)" "$postfix_median" "$(min "${postfix_rates[@]}")" "$(max "${postfix_rates[@]}")"

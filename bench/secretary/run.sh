@@ -171,8 +171,6 @@ statements() {
                    FROM pg_stat_statements WHERE calls > $messages / 100 ORDER BY total_exec_time DESC LIMIT 15" >>"$log"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-min() { printf '%s\n' "$@" | sort -g | head -1; }
-max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench/secretary: $messages messages of 2 KB from $senders senders (every one SPF-proven, a tenth whitelisted)" \

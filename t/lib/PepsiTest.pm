@@ -36,7 +36,7 @@ our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
   prometheus_samples self_signed_certificate admit_sql nice_of session_nices
-  session_autogroup_nices queued_row psql_each_stderr sql_session
+  session_autogroup_nices queued_row psql_each_stderr sql_session poll_drained
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -283,6 +283,27 @@ sub poll_sessions_end
 	poll_session_close($_) for values %poll_sessions;
 	%poll_sessions = ();
 	return;
+}
+
+# Call $count until it returns 0, for as long as it keeps falling: a load
+# whose pace is the machine's (how busy its cores are) is bounded by a
+# stall, not by a total.  False once the count has not fallen for $stall
+# seconds (default 60), or after ten times that in all.
+sub poll_drained
+{
+	my ($count, $stall) = @_;
+	$stall //= 60;
+	my ($least, $since, $left);
+
+	poll_until(
+		sub {
+			$left = $count->();
+			my $now = Time::HiRes::time();
+			($least, $since) = ($left, $now) if !defined $least || $left < $least;
+			return $left == 0 || $now - $since > $stall;
+		},
+		10 * $stall);
+	return $left == 0;
 }
 
 # Poll until $sql (in database $db) returns $expected (default 't'), for at
