@@ -159,6 +159,7 @@ PY
 my $stages = "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\n"
   . "[stage-learn]\nPROGRAM = pepsi-stage-autocrypt-learn\nNEXT_STAGE = sent\n"
   . "[stage-decrypt]\nPROGRAM = pepsi-stage-decrypt\nNEXT_STAGE = sent\nDECRYPT = yes\n"
+  . "[stage-decrypt-learn]\nPROGRAM = pepsi-stage-decrypt\nNEXT_STAGE = learn\nDECRYPT = yes\n"
   . "[stage-parking]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\nPOLICY = required\n"
   . "KEYDISC = required\nBOUNCE_STAGE = bounced\n"
   . "[stage-sent]\nPROGRAM = pepsi-stage-discard\n[stage-bounced]\nPROGRAM = pepsi-stage-discard\n";
@@ -239,7 +240,8 @@ for my $case ([ 'smime-rsa3072', 'alice@example.org', 'rsa3072', qr/Public-Key: 
 	my $dr = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$in\n");
 	is_deeply([ @{ row_json($node, $in)->{state}{decrypt} }{qw(result format key)} ], [ 'decrypted', 's/mime', $fpr ],
 		'what openssl cms -encrypt made for it, pepsi-stage-decrypt opens with the identity') or diag($dr->{stderr});
-	like(raw_message($in), qr/^Subject: inside\r\n.*\r\n\r\nFor \Q$address\E only\.\r\n$/ms, 'the text and Subject inside');
+	like(raw_message($in), qr/^Subject: inside\r\n(?:[^\r\n]+\r\n)*\r\nFor \Q$address\E only\.\r\n$/m,
+		'the text and Subject inside');
 
 	# The stage signs a message to rita with it: openssl verifies the signature.
 	my $id = add_row($node, 'encrypt', from => $address, rcpt => ['rita@example.net'],
@@ -329,6 +331,33 @@ $row = signed_message('rita', 'rita@example.net');
 is($row->{state}{smime}{result}, 'ignored', 'a self-signed certificate that chains to no trusted CA: nothing learnt');
 like($row->{state}{smime}{reason}, qr/not good: the signature does not verify against the trusted CAs/, 'saying why');
 is(sq("SELECT count(*) FROM pepsi.peer_key WHERE source = 'smime-signed'"), '2', 'only the two good ones stored');
+
+# Signed, then encrypted to alice's generated identity: pepsi-stage-decrypt
+# verifies the signature inside (and removes it), the learning stage after
+# it records the signer from state.decrypt.
+my $sig2 = ca_cert('sig2', 'sig2@example.net');
+{
+	my $inner = openssl("Content-Type: text/plain\r\nSubject: sealed\r\n\r\nSigned and sealed.\r\n", 'cms', '-sign',
+		'-signer', "$ssl/sig2.pem", '-inkey', "$ssl/sig2.key", '-crlfeol');
+	my $msg = openssl($inner, 'cms', '-encrypt', '-aes256', '-from', 'sig2@example.net', '-to', 'alice@example.org',
+		'-subject', '...', '-crlfeol', "$ssl/alice\@example.org.pem");
+	my ($h, $b) = split /\r\n\r\n/, $msg, 2;
+	my $id = sq("SELECT pepsi.workqueue_add('sig2\@example.net', ARRAY['alice\@example.org'], convert_to("
+		  . PepsiStage::quote_literal("$h\r\n") . ", 'UTF8'), convert_to(" . PepsiStage::quote_literal($b)
+		  . ", 'UTF8'), '{}', stage => 'decrypt-learn')");
+	set_running($node, $id);
+	my $r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
+	my $dec = row_json($node, $id)->{state}{decrypt};
+	is_deeply([ @{$dec}{qw(result signature signed_by)} ], [ 'decrypted', 'pass', $sig2 ],
+		'signed and encrypted to alice: decrypted, the signature good') or diag($r->{stderr});
+	set_running($node, $id);
+	$r = run_worker(worker_cmd('pepsi-stage-autocrypt-learn', $conf), "$id\n");
+	is_deeply([ @{ row_json($node, $id)->{state}{smime} }{qw(result certificate capabilities)} ],
+		[ 'learned', $sig2, 'aes-256-cbc,aes-192-cbc,aes-128-cbc' ],
+		'the learning stage after it records the signer and its ciphers') or diag($r->{stderr});
+	is(sq("SELECT source || ' ' || fingerprint FROM pepsi.peer_key WHERE address = 'sig2\@example.net'"),
+		"smime-signed $sig2", 'in peer_key');
+}
 {
 	my $id = add_row($node, 'encrypt', from => 'alice@example.org', rcpt => ['sig@example.net'],
 		extra_headers => "To: <sig\@example.net>\r\n");

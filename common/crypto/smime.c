@@ -555,35 +555,19 @@ smime_signer_capabilities(CMS_SignerInfo *si, struct buf *caps)
 	sk_X509_ALGOR_pop_free(algs, X509_ALGOR_free);
 }
 
-static bool smime_verify_cms(const void *signed_, size_t len, const struct buf *cas, size_t ncas,
-							 const struct buf *extra, size_t nextra, const char *from, struct buf *content,
-							 struct pgp_verdict *verdict, struct buf *signer_cert, struct buf *caps, char *err,
-							 size_t errlen);
-
 bool
 smime_verify(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
 			 size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict, char *err,
 			 size_t errlen)
 {
-	return smime_verify_cms(signed_, len, cas, ncas, extra, nextra, from, content, verdict, NULL, NULL, err, errlen);
+	return smime_verify_signer(signed_, len, cas, ncas, extra, nextra, from, content, verdict, NULL, NULL, err,
+							   errlen);
 }
 
 bool
-smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const char *from,
-					struct pgp_verdict *verdict, struct buf *signer_cert, struct buf *caps, char *err, size_t errlen)
-{
-	struct buf content = BUF_INIT;
-	bool	   ok = smime_verify_cms(signed_, len, cas, ncas, NULL, 0, from, &content, verdict, signer_cert, caps, err,
-									 errlen);
-
-	buf_wipe(&content);
-	return ok;
-}
-
-static bool
-smime_verify_cms(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
-				 size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict,
-				 struct buf *signer_cert, struct buf *caps, char *err, size_t errlen)
+smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
+					size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict,
+					struct buf *signer_cert, struct buf *caps, char *err, size_t errlen)
 {
 	BIO				*in = BIO_new_mem_buf(signed_, (int) len);
 	BIO				*bcont = NULL, *out = BIO_new(BIO_s_mem()), *dcont = NULL;

@@ -106,14 +106,14 @@ bool smime_verify(const void *signed_, size_t len, const struct buf *cas, size_t
 				  size_t errlen);
 
 /*
- * smime_verify of a signed entity or message, for learning the sender's
- * certificate from it: when the signature is good (verdict->good), the
- * signer's certificate (DER) is appended to signer_cert and the ciphers its
- * SMIMECapabilities attribute announces, comma-separated in its order
- * ("aes-256-gcm,aes-256-cbc": peer_key.smime_capabilities's names), to caps.
+ * smime_verify, and for learning the sender's certificate from it: when
+ * the signature is good (verdict->good), the signer's certificate (DER) is
+ * appended to signer_cert and the ciphers its SMIMECapabilities attribute
+ * announces, comma-separated in its order ("aes-256-gcm,aes-256-cbc":
+ * peer_key.smime_capabilities's names), to caps (either may be NULL).
  */
-bool smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const char *from,
-						 struct pgp_verdict *verdict, struct buf *signer_cert, struct buf *caps, char *err,
-						 size_t errlen);
+bool smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
+						 size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict,
+						 struct buf *signer_cert, struct buf *caps, char *err, size_t errlen);
 
 #endif

@@ -142,7 +142,7 @@ learn_own_key(struct pepsi_ctx *ctx, const char *from)
 static void
 learn_smime(struct pepsi_ctx *ctx, const char *from)
 {
-	struct buf			   message = BUF_INIT, cert = BUF_INIT, caps = BUF_INIT;
+	struct buf			   message = BUF_INIT, cert = BUF_INIT, caps = BUF_INIT, content = BUF_INIT;
 	struct buf			  *cas = NULL;
 	size_t				   ncas = 0;
 	struct pgp_verdict	   v;
@@ -150,19 +150,40 @@ learn_smime(struct pepsi_ctx *ctx, const char *from)
 	char				   why[600] = "", err[512];
 	const char			  *result = "ignored";
 	json_t				  *merge;
+	json_t				  *decrypt = json_object_get(pepsi_state(ctx), "decrypt");
+	/* pepsi-stage-decrypt verified a signature inside an envelope, and removed it: its word. */
+	const char *verified = json_string_value(json_object_get(decrypt, "signer_certificate"));
 
 	memset(&info, 0, sizeof(info));
-	if (!pepsi_raw_message(ctx, &message) || !smime_is_signed(message.data, message.len))
+	memset(&v, 0, sizeof(v));
+	if (verified == NULL && (!pepsi_raw_message(ctx, &message) || !smime_is_signed(message.data, message.len)))
 	{
 		buf_free(&message);
 		return;
 	}
 	if (from == NULL)
 		snprintf(why, sizeof(why), "no From: address");
+	else if (verified)
+	{
+		const char *announced = json_string_value(json_object_get(decrypt, "signer_capabilities"));
+		size_t		n = strlen(verified);
+		long		len;
+
+		buf_reserve(&cert, n);
+		len = base64_decode(verified, n, (unsigned char *) cert.data, n, BASE64_STRICT);
+		cert.len = len > 0 ? (size_t) len : 0;
+		v.good = len > 0;
+		if (!v.good)
+			snprintf(why, sizeof(why), "state.decrypt.signer_certificate is not base64");
+		buf_append_str(&caps, announced ? announced : "");
+	}
 	else if (keystore_ca_certs(pepsi_db(ctx), &cas, &ncas, err, sizeof(err)) < 0)
 		snprintf(why, sizeof(why), "%s", err);
-	else if (!smime_verify_signer(message.data, message.len, cas, ncas, from, &v, &cert, &caps, err, sizeof(err)))
+	else if (!smime_verify_signer(message.data, message.len, cas, ncas, NULL, 0, from, &content, &v, &cert, &caps, err,
+								  sizeof(err)))
 		snprintf(why, sizeof(why), "%s", err);
+	if (why[0])
+		;
 	else if (!v.good)
 		snprintf(why, sizeof(why), "the signature is not good: %s", v.reason);
 	else if (!smime_inspect(cert.data, cert.len, NULL, from, false, &info, err, sizeof(err)))
@@ -209,6 +230,7 @@ learn_smime(struct pepsi_ctx *ctx, const char *from)
 	buf_free(&message);
 	buf_free(&cert);
 	buf_free(&caps);
+	buf_wipe(&content);
 }
 
 static int
