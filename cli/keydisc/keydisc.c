@@ -18,22 +18,27 @@
  * key goes into pepsi.peer_key with its source, DNSSEC flag, verdict and
  * cache deadline (CACHE), and pepsi.keydisc_release resumes the messages
  * waiting for it (NOTIFY); nothing found settles the request as the
- * negative cache for NEGATIVE_CACHE.
+ * negative cache for NEGATIVE_CACHE.  Every DNS lookup goes through
+ * common/dns's resolver and waits at most [pepsi] DNS_TIMEOUT: a server
+ * that vanished costs that, never a hang; a lookup left without an answer
+ * is recorded as the method's failure and leaves the request open for the
+ * next run (no answer is not a miss to cache).
  *
  * Where it connects is the DNS's to say, and so a hostile answer's: an
  * address that is not the public internet's (loopback, private, link-local
  * and the like: public_address.h) is refused unless [keydisc]
  * ALLOW_PRIVATE_ADDRESSES says otherwise, so a WKD lookup for mail from
  * anyone cannot be made to reach the machine itself or its network.  The
- * address is checked as the socket is opened (CURLOPT_OPENSOCKETFUNCTION),
- * the one libcurl actually connects to, so no second answer (DNS
- * rebinding) gets around a check made before; and no proxy is used, whose
- * address would be the one checked instead.  The refusal is logged and is
- * the method's reason in key_request.methods_replied.
+ * address is checked as the socket is opened (public_address_curl:
+ * CURLOPT_OPENSOCKETFUNCTION), the one libcurl actually connects to, so no
+ * second answer (DNS rebinding) gets around a check made before; and no
+ * proxy is used, whose address would be the one checked instead.  The
+ * refusal is logged and is the method's reason in key_request.methods_replied.
  *
- * A program run by the schedule (or by hand) rather than a daemon: a
- * lookup is needed only when a message parks, the work is a few HTTPS and
- * DNS queries per address, and a parked message has its own deadline
+ * A program run by its timer (pepsi-keydisc.timer, every minute) or by
+ * hand rather than a daemon: a lookup is needed only when a message
+ * parks, the work is a few HTTPS and DNS queries per address, and a
+ * parked message has its own deadline
  * (KEYDISC_WAIT), so a resident process would mostly sleep; being run
  * anew also re-reads its configuration and keeps no state between runs
  * but the key store's.  It connects with [crypto] CONNINFO (pepsi_crypto).
