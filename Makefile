@@ -475,8 +475,9 @@ install-programs: programs
 # The service units (dist/systemd), with this installation's paths; then
 # systemctl daemon-reload and systemctl enable --now pepsi-dispatch
 # pepsi-ingress pepsi-httpd (docs/pepsi-httpd.8.md, "Running as a service"),
-# and pepsi-failure-bouncer.timer, pepsi-dmarc-report.timer and
-# pepsi-tlsrpt.timer if wanted.
+# and pepsi-failure-bouncer.timer, pepsi-dmarc-report.timer,
+# pepsi-tlsrpt.timer, pepsi-keydisc.timer and pepsi-secure-link-expire.timer
+# if wanted.
 SYSCONFDIR ?= /etc
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 install-systemd:

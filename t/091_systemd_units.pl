@@ -72,10 +72,12 @@ for my $template (@units)
 	like($text, qr/^ProtectSystem=(strict|full)$/m, '... with the system read-only');
 }
 
-# pepsi-failure-bouncer, pepsi-dmarc-report and pepsi-tlsrpt: each a
-# oneshot service and the timer that starts it on a calendar (the timer is
-# verified with its service beside it, as installed).
-for my $program (qw(pepsi-failure-bouncer pepsi-dmarc-report pepsi-tlsrpt pepsi-telemetry-client))
+# pepsi-failure-bouncer, pepsi-dmarc-report, pepsi-tlsrpt and
+# pepsi-secure-link expire: each a oneshot service and the timer that
+# starts it on a calendar (the timer is verified with its service beside
+# it, as installed).
+for my $program (qw(pepsi-failure-bouncer pepsi-dmarc-report pepsi-tlsrpt pepsi-telemetry-client
+	pepsi-secure-link-expire))
 {
 	my $service = install_unit("$top/dist/systemd/$program.service.in");
 	my $timer = install_unit("$top/dist/systemd/$program.timer.in");
@@ -125,8 +127,30 @@ is(join(' ', sets_no_new_privileges("User=pepsi\nLockPersonality=yes\n")), 'Lock
 # pepsi-helper-token-refresh: a oneshot service its timer starts.
 my @timers = glob("$top/dist/systemd/*.timer.in");
 is( join(' ', map { basename($_, '.timer.in') } sort @timers),
-	'pepsi-dmarc-report pepsi-failure-bouncer pepsi-telemetry-client pepsi-tlsrpt pepsi-token-refresh',
-	'five timers: the failure bouncer\'s, the two reports\', the telemetry report\'s and pepsi-token-refresh');
+	'pepsi-dmarc-report pepsi-failure-bouncer pepsi-keydisc pepsi-secure-link-expire pepsi-telemetry-client'
+	  . ' pepsi-tlsrpt pepsi-token-refresh',
+	'seven timers: the failure bouncer\'s, the two reports\', pepsi-keydisc\'s, the portal\'s expiry,'
+	  . ' the telemetry report\'s and pepsi-token-refresh');
+like(PostgreSQL::Test::Utils::slurp_file(install_unit("$top/dist/systemd/pepsi-secure-link-expire.service.in")),
+	qr{^ExecStart=\Q$bindir\E/pepsi-secure-link -C /etc/pepsi/pepsi\.conf expire$}m,
+	'the portal\'s timer runs pepsi-secure-link expire');
+
+# pepsi-keydisc: a oneshot every minute, as the user whose peer
+# authentication is the pepsi_crypto role's.
+for my $template (map { "$top/dist/systemd/pepsi-keydisc.$_.in" } qw(service timer))
+{
+	my $unit = install_unit($template);
+	my ($rc, $said) = verify($unit);
+	is($rc, 0, basename($unit) . ' passes systemd-analyze verify');
+	is($said, '', '... without a warning') or diag $said;
+}
+my $keydisc = PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-keydisc.service");
+like($keydisc, qr/^Type=oneshot$/m, 'pepsi-keydisc is a oneshot');
+like($keydisc, qr{^ExecStart=\Q$bindir\E/pepsi-keydisc -c /etc/pepsi/pepsi\.conf$}m, '... of pepsi-keydisc');
+like($keydisc, qr/^User=pepsi-crypto$/m, '... runs as pepsi-crypto ([crypto] CONNINFO\'s peer authentication)');
+like($keydisc, qr/^NoNewPrivileges=yes$/m, '... and can never gain privileges');
+like(PostgreSQL::Test::Utils::slurp_file("$tmp/pepsi-keydisc.timer"), qr/^OnUnitActiveSec=1min$/m,
+	'... started every minute by its timer');
 for my $template (map { "$top/dist/systemd/pepsi-token-refresh.$_.in" } qw(service timer))
 {
 	my $unit = install_unit($template);

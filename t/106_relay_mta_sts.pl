@@ -45,7 +45,7 @@ sub issue
 		'-CAcreateserial', '-out', "$tmp/$name.pem", '-days', '2', '-extfile', "$tmp/$name.ext");
 }
 my @domains = qw(enforce testing good bad big redirect unlisted);
-issue('https', map { "mta-sts.$_.test" } @domains);
+issue('https', map { "mta-sts.$_.test" } @domains, 'mta-sts.private.test');
 issue('wrong', 'wrong.example');
 issue('right', 'mx.good.test', 'mx.unlisted.test');
 
@@ -78,13 +78,20 @@ for my $d (@domains)
 	  . "_mta-sts.$d.test. 300 IN TXT \"v=STSv1; id=${d}1\"\n"
 	  . "mta-sts.$d.test. 300 IN A 127.0.0.1\n";
 }
+# private.test: its policy host is on 127.0.0.1 as every other's, asked
+# only by the second dispatcher, whose relay does not allow that.
+$zone .= "private.test. 300 IN MX 10 mx.private.test.\nmx.private.test. 300 IN A 127.0.0.3\n"
+  . "_mta-sts.private.test. 300 IN TXT \"v=STSv1; id=private1\"\nmta-sts.private.test. 300 IN A 127.0.0.1\n";
+policy('private', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.elsewhere.test\r\nmax_age: 86400\r\n");
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
 $dns->zone($zone);
 
 my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	pepsi => { DNS_FORWARDER => $dns->forwarder },
 	extra => { smarthost => "TLS_CA_FILE = $tmp/ca.pem\nMTA_STS_PORT = $https->{port}\n"
-		  . "MTA_STS_TIMEOUT = 10s\nRETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
+		  . "MTA_STS_TIMEOUT = 10s\nRETRY_BASE = 60s\nRETRY_MAX = 60s\n"
+		  # The policy hosts are on 127.0.0.1: allowed here, refused by default (below).
+		  . "MTA_STS_ALLOW_PRIVATE_ADDRESSES = yes\n" });
 my $d = start_dispatcher($config);
 
 my %id;
@@ -149,5 +156,25 @@ is(scalar(grep { /^mta-sts\.good\.test / } @requests), 1, 'and not followed: goo
 is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.mta_sts_policy WHERE domain IN ('bad.test', 'big.test', 'redirect.test')"),
 	'0', 'nothing cached for them');
 
+stop_dispatcher($d);
+
+# By default (MTA_STS_ALLOW_PRIVATE_ADDRESSES off) a policy host on a
+# loopback address is not fetched from: a hostile DNS answer cannot send
+# the fetch to the machine itself.  The domain is delivered to as without
+# a policy (its enforce policy, had it been fetched, would have deferred it).
+my $strict = delivery_config($node, maildir_root => $root, internet => $port, path => "$tmp/pepsi-strict.conf",
+	pepsi => { DNS_FORWARDER => $dns->forwarder },
+	extra => { smarthost => "TLS_CA_FILE = $tmp/ca.pem\nMTA_STS_PORT = $https->{port}\n"
+		  . "MTA_STS_TIMEOUT = 10s\nRETRY_BASE = 60s\nRETRY_MAX = 60s\n" });
+$d = start_dispatcher($strict);
+my $private = inject($node, to => ['user@private.test'],
+	headers => "From: <$sender>\r\nTo: <user\@private.test>\r\nSubject: to private\r\n");
+ok(poll_until(sub { sent_to($wrong, 'private') == 1 }),
+	'a policy host on a loopback address: not fetched from, delivered without a policy');
+like(dispatcher_log($d),
+	qr{MTA-STS policy of private\.test: fetching https://mta-sts\.private\.test:\d+/\.well-known/mta-sts\.txt: not connecting to 127\.0\.0\.1, loopback \(127\.0\.0\.0/8\), not a public address \(\[pepsi-stage-relay-to-internet\] MTA_STS_ALLOW_PRIVATE_ADDRESSES\)},
+	'the log says why, naming the option');
+is(scalar(grep { /^mta-sts\.private\.test / } split /\n/, slurp("$policies/requests")), 0,
+	'the policy host was never asked');
 stop_dispatcher($d);
 done_testing();

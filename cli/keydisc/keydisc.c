@@ -18,22 +18,27 @@
  * key goes into pepsi.peer_key with its source, DNSSEC flag, verdict and
  * cache deadline (CACHE), and pepsi.keydisc_release resumes the messages
  * waiting for it (NOTIFY); nothing found settles the request as the
- * negative cache for NEGATIVE_CACHE.
+ * negative cache for NEGATIVE_CACHE.  Every DNS lookup goes through
+ * common/dns's resolver and waits at most [pepsi] DNS_TIMEOUT: a server
+ * that vanished costs that, never a hang; a lookup left without an answer
+ * is recorded as the method's failure and leaves the request open for the
+ * next run (no answer is not a miss to cache).
  *
  * Where it connects is the DNS's to say, and so a hostile answer's: an
  * address that is not the public internet's (loopback, private, link-local
  * and the like: public_address.h) is refused unless [keydisc]
  * ALLOW_PRIVATE_ADDRESSES says otherwise, so a WKD lookup for mail from
  * anyone cannot be made to reach the machine itself or its network.  The
- * address is checked as the socket is opened (CURLOPT_OPENSOCKETFUNCTION),
- * the one libcurl actually connects to, so no second answer (DNS
- * rebinding) gets around a check made before; and no proxy is used, whose
- * address would be the one checked instead.  The refusal is logged and is
- * the method's reason in key_request.methods_replied.
+ * address is checked as the socket is opened (public_address_curl:
+ * CURLOPT_OPENSOCKETFUNCTION), the one libcurl actually connects to, so no
+ * second answer (DNS rebinding) gets around a check made before; and no
+ * proxy is used, whose address would be the one checked instead.  The
+ * refusal is logged and is the method's reason in key_request.methods_replied.
  *
- * A program run by the schedule (or by hand) rather than a daemon: a
- * lookup is needed only when a message parks, the work is a few HTTPS and
- * DNS queries per address, and a parked message has its own deadline
+ * A program run by its timer (pepsi-keydisc.timer, every minute) or by
+ * hand rather than a daemon: a lookup is needed only when a message
+ * parks, the work is a few HTTPS and DNS queries per address, and a
+ * parked message has its own deadline
  * (KEYDISC_WAIT), so a resident process would mostly sleep; being run
  * anew also re-reads its configuration and keeps no state between runs
  * but the key store's.  It connects with [crypto] CONNINFO (pepsi_crypto).
@@ -48,7 +53,6 @@
 #include <curl/curl.h>
 #include <libpq-fe.h>
 #include <openssl/sha.h>
-#include <unbound.h>
 
 #include "base/buf.h"
 #include "base/log.h"
@@ -70,7 +74,8 @@ struct keydisc
 {
 	struct pepsi_config *cfg;
 	PGconn				*conn;
-	struct ub_ctx		*ub;
+	struct dns_resolver *dns;
+	double				 dns_timeout; /* seconds: [pepsi] DNS_TIMEOUT */
 	long long			 max_size;
 	long long			 timeout_ms;
 	long				 port;
@@ -88,38 +93,11 @@ struct keydisc_found
 
 struct keydisc_fetch
 {
-	struct buf *out;
-	size_t		max;
-	bool		too_big;
-	bool		allow_private;
-	/* Why a connection was refused, or empty. */
-	char refused[200];
+	struct buf				   *out;
+	size_t						max;
+	bool						too_big;
+	struct public_address_guard guard;
 };
-
-/* Open the socket of a connection, unless its address is not a public one (and that is not allowed). */
-static curl_socket_t
-keydisc_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *address)
-{
-	struct keydisc_fetch *f = arg;
-	const char			 *what;
-
-	if (!f->allow_private
-		&& (what = public_address_refusal(&address->addr, (socklen_t) address->addrlen)) != NULL)
-	{
-		char text[INET6_ADDRSTRLEN] = "?";
-
-		if (address->family == AF_INET)
-			inet_ntop(AF_INET, &((const struct sockaddr_in *) (const void *) &address->addr)->sin_addr, text,
-					  sizeof(text));
-		else if (address->family == AF_INET6)
-			inet_ntop(AF_INET6, &((const struct sockaddr_in6 *) (const void *) &address->addr)->sin6_addr, text,
-					  sizeof(text));
-		snprintf(f->refused, sizeof(f->refused),
-				 "not connecting to %s, %s, not a public address ([keydisc] ALLOW_PRIVATE_ADDRESSES)", text, what);
-		return CURL_SOCKET_BAD;
-	}
-	return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
-}
 
 static size_t
 keydisc_write(char *ptr, size_t size, size_t n, void *arg)
@@ -135,27 +113,58 @@ keydisc_write(char *ptr, size_t size, size_t n, void *arg)
 	return size * n;
 }
 
-/* The first address of host in the DNS (A, then AAAA) as text; false if none. */
-static bool
-keydisc_address(struct keydisc *k, const char *host, char *out, size_t outlen)
+/*
+ * Look name up for type, bounded by [pepsi] DNS_TIMEOUT (a server that
+ * vanished costs that, never a hang): 1 an answer in a, 0 none (err says
+ * why when it is not simply no such record), -2 no answer in time (err).
+ */
+static int
+keydisc_resolve(struct keydisc *k, const char *name, int type, struct dns_answer *a, char *err, size_t errlen)
+{
+	dns_resolve_sync(k->dns, name, (enum dns_type) type, a);
+	switch (a->status)
+	{
+		case DNS_OK:
+			return a->count > 0 ? 1 : 0;
+		case DNS_NXDOMAIN:
+			return 0;
+		case DNS_TIMEOUT:
+			snprintf(err, errlen, "%s: no answer from the DNS within [pepsi] DNS_TIMEOUT (%gs)", name, k->dns_timeout);
+			return -2;
+		case DNS_TEMPFAIL:
+		default:
+			if (a->bogus)
+				snprintf(err, errlen, "%s: the DNSSEC validation failed", name);
+			else
+				snprintf(err, errlen, "%s: the DNS failed (SERVFAIL or no server)", name);
+			return a->bogus ? -1 : 0;
+	}
+}
+
+/* The first address of host in the DNS (A, then AAAA) as text: 1, 0 if none, -2 no answer in time (err). */
+static int
+keydisc_address(struct keydisc *k, const char *host, char *out, size_t outlen, char *err, size_t errlen)
 {
 	for (int t = 0; t < 2; t++)
 	{
-		struct ub_result *res = NULL;
-		bool			  ok = false;
+		struct dns_answer a;
+		int				  rc = keydisc_resolve(k, host, t == 0 ? DNS_TYPE_A : DNS_TYPE_AAAA, &a, err, errlen);
+		bool			  ok = rc == 1
+				  && inet_ntop(t == 0 ? AF_INET : AF_INET6, a.records[0].rdata, out, (socklen_t) outlen) != NULL;
 
-		if (ub_resolve(k->ub, host, t == 0 ? 1 : 28, 1, &res) == 0 && res->havedata && !res->bogus)
-			ok = inet_ntop(t == 0 ? AF_INET : AF_INET6, res->data[0], out, (socklen_t) outlen) != NULL;
-		ub_resolve_free(res);
+		dns_answer_free(&a);
 		if (ok)
-			return true;
+			return 1;
+		if (rc == -2)
+			return -2;
 	}
-	return false;
+	return 0;
 }
 
 /*
  * GET url from host (resolved through our resolver when pin): 1 a key's
- * bytes in out, 0 nothing there (404, no such host), -1 refused (err).
+ * bytes in out, 0 nothing there (404, no such host), -1 refused (err), -2
+ * the DNS did not answer in time (err).
  */
 static int
 keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, struct buf *out, char *err,
@@ -163,7 +172,7 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 {
 	CURL				*curl = curl_easy_init();
 	struct curl_slist	*resolve = NULL;
-	struct keydisc_fetch f = {out, (size_t) k->max_size, false, k->allow_private, ""};
+	struct keydisc_fetch f = {out, (size_t) k->max_size, false, {k->allow_private, "[keydisc] ALLOW_PRIVATE_ADDRESSES", ""}};
 	char				 addr[64], entry[400];
 	long				 status = 0;
 	CURLcode			 rc;
@@ -172,11 +181,14 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 	buf_reset(out);
 	if (pin)
 	{
-		if (!keydisc_address(k, host, addr, sizeof(addr)))
+		int found = keydisc_address(k, host, addr, sizeof(addr), err, errlen);
+
+		if (found != 1)
 		{
-			snprintf(err, errlen, "%s: no address in the DNS", host);
+			if (found == 0)
+				snprintf(err, errlen, "%s: no address in the DNS", host);
 			curl_easy_cleanup(curl);
-			return 0;
+			return found;
 		}
 		snprintf(entry, sizeof(entry), strchr(addr, ':') ? "%s:%ld:[%s]" : "%s:%ld:%s", host, k->port, addr);
 		resolve = curl_slist_append(NULL, entry);
@@ -190,17 +202,14 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, keydisc_write);
 	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &f);
 	curl_easy_setopt(curl, CURLOPT_USERAGENT, "pepsi-keydisc");
-	curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, keydisc_open_socket);
-	curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, &f);
-	/* No proxy (not even the environment's): the address checked must be the server's. */
-	curl_easy_setopt(curl, CURLOPT_PROXY, "");
+	public_address_curl(curl, &f.guard);
 	if (k->ca_file)
 		curl_easy_setopt(curl, CURLOPT_CAINFO, k->ca_file);
 	rc = curl_easy_perform(curl);
 	curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-	if (f.refused[0])
+	if (f.guard.refused[0])
 	{
-		snprintf(err, errlen, "%s: %s", url, f.refused);
+		snprintf(err, errlen, "%s: %s", url, f.guard.refused);
 		result = -1;
 	}
 	else if (f.too_big || rc == CURLE_FILESIZE_EXCEEDED)
@@ -230,43 +239,29 @@ keydisc_get(struct keydisc *k, const char *url, const char *host, bool pin, stru
 	return result;
 }
 
-/* The first record of type at name: 1 found (rdata, *dnssec), 0 none, -1 a bogus answer (err). */
+/*
+ * The first record of type at name: 1 found (rdata, *dnssec), 0 none, -1 a
+ * bogus or oversized answer (err), -2 no answer in time (err).
+ */
 static int
 keydisc_dns(struct keydisc *k, const char *name, int type, struct buf *out, bool *dnssec, char *err, size_t errlen)
 {
-	struct ub_result *res = NULL;
-	int				  rc = 0;
-	int				  e;
+	struct dns_answer a;
+	int				  rc;
 
 	buf_reset(out);
-	e = ub_resolve(k->ub, name, type, 1, &res);
-
-	if (e != 0 || res == NULL)
+	rc = keydisc_resolve(k, name, type, &a, err, errlen);
+	if (rc == 1 && (long long) a.records[0].rdata_len > k->max_size)
 	{
-		snprintf(err, errlen, "%s: %s", name, ub_strerror(e));
-		rc = 0;
-	}
-	else if (res->bogus)
-	{
-		snprintf(err, errlen, "%s: the DNSSEC validation failed (%s)", name, res->why_bogus ? res->why_bogus : "bogus");
+		snprintf(err, errlen, "%s: the record is bigger than [keydisc] MAX_KEY_SIZE (%lld bytes)", name, k->max_size);
 		rc = -1;
 	}
-	else if (res->havedata && res->data[0])
+	else if (rc == 1)
 	{
-		if ((long long) res->len[0] > k->max_size)
-		{
-			snprintf(err, errlen, "%s: the record is bigger than [keydisc] MAX_KEY_SIZE (%lld bytes)", name,
-					 k->max_size);
-			rc = -1;
-		}
-		else
-		{
-			buf_append(out, res->data[0], (size_t) res->len[0]);
-			*dnssec = res->secure != 0;
-			rc = 1;
-		}
+		buf_append(out, a.records[0].rdata, a.records[0].rdata_len);
+		*dnssec = a.secure;
 	}
-	ub_resolve_free(res);
+	dns_answer_free(&a);
 	return rc;
 }
 
@@ -324,6 +319,12 @@ keydisc_ask(struct keydisc *k, const char *method, const char *address, struct k
 				return -1;
 			}
 			buf_consume(&f->data, 3);
+			if (!smime_is_der_certificate(f->data.data, f->data.len))
+			{
+				snprintf(err, errlen, "smimea: the SMIMEA record holds no X.509 certificate (%zu bytes that are not one)",
+						 f->data.len);
+				return -1;
+			}
 		}
 		return rc;
 	}
@@ -432,6 +433,24 @@ keydisc_release(struct keydisc *k, const char *address, bool found, const struct
 	return ok;
 }
 
+/* Record address's lookup that failed without settling it; false after saying why. */
+static bool
+keydisc_unsettled(struct keydisc *k, const char *address, const struct buf *replied)
+{
+	const char *values[] = {address, replied->data};
+	PGresult   *res = PQexecParams(k->conn,
+								   "UPDATE pepsi.key_request SET methods_replied = $2::text[] WHERE address = lower($1)", 2,
+								   NULL, values, NULL, NULL, 0);
+	bool		ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+	if (ok)
+		printf("%s not settled, the DNS did not answer: asked again next run\n", address);
+	else
+		log_warnx("recording the lookup of %s: %s", address, PQresultErrorMessage(res));
+	PQclear(res);
+	return ok;
+}
+
 /* Look address up by every method until a key is found; false on a database error. */
 static bool
 keydisc_lookup(struct keydisc *k, const char *address)
@@ -441,7 +460,7 @@ keydisc_lookup(struct keydisc *k, const char *address)
 	char				*save = NULL;
 	struct buf			 replied = BUF_INIT;
 	struct keydisc_found f = {NULL, false, BUF_INIT};
-	bool				 found = false, ok;
+	bool				 found = false, failed = false, ok;
 
 	snprintf(list, sizeof(list), "%s", methods ? methods : "wkd-advanced wkd-direct openpgpkey smimea keyserver");
 	buf_append_str(&replied, "{");
@@ -454,7 +473,12 @@ keydisc_lookup(struct keydisc *k, const char *address)
 
 		if (rc == 1)
 			rc = keydisc_store(k, address, &f, fpr, err, sizeof(err));
-		if (rc < 0)
+		if (rc == -2)
+		{
+			failed = true;
+			log_warnx("%s: %s: failed: %s", address, m, err);
+		}
+		else if (rc < 0)
 			log_warnx("%s: refused: %s", address, err);
 		else if (rc == 0)
 			log_info("%s: %s: nothing%s%s", address, m, err[0] ? ": " : "", err);
@@ -465,48 +489,34 @@ keydisc_lookup(struct keydisc *k, const char *address)
 		}
 		buf_printf(&replied, "%s\"%s:%s", replied.len > 1 ? "," : "", m,
 				   rc == 1 ? "found" : rc == 0 ? "none"
+								   : rc == -2  ? "failed: "
 											   : "refused: ");
-		/* A refusal's reason, in the array's quotes. */
+		/* A refusal's or failure's reason, in the array's quotes. */
 		for (const char *p = err; rc < 0 && *p && p - err < 300; p++)
 			buf_printf(&replied, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
 		buf_append_str(&replied, "\"");
 	}
 	buf_append_str(&replied, "}");
-	ok = keydisc_release(k, address, found, &replied);
+	/*
+	 * A lookup the DNS did not answer in time proves nothing: not a miss to
+	 * cache.  The request stays open (asked again by the next run), its
+	 * messages parked within their KEYDISC_WAIT, the failure recorded.
+	 */
+	ok = !found && failed ? keydisc_unsettled(k, address, &replied) : keydisc_release(k, address, found, &replied);
 	buf_free(&replied);
 	buf_free(&f.data);
 	return ok;
 }
 
-/* The resolver: [pepsi] DNS_FORWARDER when set, else resolv.conf; [pepsi] DNS_TRUST_ANCHOR when set. */
-static struct ub_ctx *
-keydisc_resolver(const struct pepsi_config *cfg)
-{
-	struct ub_ctx *ub = ub_ctx_create();
-	const char	  *forwarder = config_get(cfg, "pepsi", "DNS_FORWARDER");
-	const char	  *anchor = config_get(cfg, "pepsi", "DNS_TRUST_ANCHOR");
-
-	if (ub == NULL)
-		return NULL;
-	if (anchor && *anchor)
-		ub_ctx_add_ta_file(ub, anchor);
-	if (forwarder && *forwarder)
-	{
-		dns_ub_forward(ub, forwarder);
-	}
-	else
-		ub_ctx_resolvconf(ub, NULL);
-	return ub;
-}
-
 int
 pepsi_keydisc_main(int argc, char **argv)
 {
-	const char	  *config_path = NULL;
-	struct keydisc k;
-	char		   err[512];
-	PGresult	  *res;
-	int			   c, rc = CLI_EX_OK;
+	const char		 *config_path = NULL;
+	struct keydisc	  k;
+	struct dns_config dns;
+	char			  err[512];
+	PGresult		 *res;
+	int				  c, rc = CLI_EX_OK;
 
 	memset(&k, 0, sizeof(k));
 	if (argc > 1 && cli_is_help(argv[1]))
@@ -537,11 +547,25 @@ pepsi_keydisc_main(int argc, char **argv)
 	k.port = (long) config_int(k.cfg, KEYDISC_SECTION, "HTTPS_PORT");
 	k.ca_file = config_get(k.cfg, KEYDISC_SECTION, "TLS_CA_FILE");
 	k.allow_private = config_bool(k.cfg, KEYDISC_SECTION, "ALLOW_PRIVATE_ADDRESSES");
-	k.conn = db_connect_as(k.cfg, "crypto", "CONNINFO", "pepsi-keydisc", err, sizeof(err));
-	k.ub = keydisc_resolver(k.cfg);
-	if (k.conn == NULL || k.ub == NULL)
+	if (!dns_config_load(k.cfg, &dns, err, sizeof(err)))
 	{
-		fprintf(stderr, "pepsi-keydisc: %s\n", k.conn ? "the resolver cannot be made" : err);
+		fprintf(stderr, "pepsi-keydisc: %s\n", err);
+		config_free(k.cfg);
+		return CLI_EX_CONFIG;
+	}
+	k.dns_timeout = dns.timeout;
+	k.dns = dns_resolver_new(NULL, &dns, err, sizeof(err));
+	dns_config_free(&dns);
+	if (k.dns == NULL)
+	{
+		fprintf(stderr, "pepsi-keydisc: the resolver: %s\n", err);
+		rc = CLI_EX_CONFIG;
+		goto done;
+	}
+	k.conn = db_connect_as(k.cfg, "crypto", "CONNINFO", "pepsi-keydisc", err, sizeof(err));
+	if (k.conn == NULL)
+	{
+		fprintf(stderr, "pepsi-keydisc: %s\n", err);
 		rc = CLI_EX_TEMPFAIL;
 		goto done;
 	}
@@ -567,8 +591,8 @@ pepsi_keydisc_main(int argc, char **argv)
 	PQclear(res);
 	curl_global_cleanup();
 done:
-	if (k.ub)
-		ub_ctx_delete(k.ub);
+	if (k.dns)
+		dns_resolver_free(k.dns);
 	if (k.conn)
 		PQfinish(k.conn);
 	config_free(k.cfg);

@@ -75,6 +75,18 @@ smime_x509(const void *der, size_t len)
 }
 
 bool
+smime_is_der_certificate(const void *der, size_t len)
+{
+	const unsigned char *p = der;
+	X509				*cert = d2i_X509(NULL, &p, (long) len);
+	bool				 whole = cert != NULL && p == (const unsigned char *) der + len;
+
+	X509_free(cert);
+	ERR_clear_error();
+	return whole;
+}
+
+bool
 smime_looks_like(const void *data, size_t len)
 {
 	const unsigned char *p = data;
@@ -492,10 +504,70 @@ smime_content(CMS_ContentInfo *cms, const struct buf *detached, struct buf *cont
 	BIO_free(out);
 }
 
+/*
+ * The content-encryption algorithms of SMIMECapabilities that
+ * peer_key.smime_capabilities names: AES (RFC 8551 2.7); the older ones a
+ * signer may list too (3DES, RC2) are never used, so not recorded.
+ */
+static const struct
+{
+	int			nid;
+	const char *name;
+} smime_cipher_names[] = {
+	{NID_aes_256_gcm, "aes-256-gcm"},
+	{NID_aes_192_gcm, "aes-192-gcm"},
+	{NID_aes_128_gcm, "aes-128-gcm"},
+	{NID_aes_256_cbc, "aes-256-cbc"},
+	{NID_aes_192_cbc, "aes-192-cbc"},
+	{NID_aes_128_cbc, "aes-128-cbc"},
+};
+
+/* The ciphers si's signed SMIMECapabilities attribute announces (RFC 8551 2.5.2), in its order, into caps. */
+static void
+smime_signer_capabilities(CMS_SignerInfo *si, struct buf *caps)
+{
+	int				idx = CMS_signed_get_attr_by_NID(si, NID_SMIMECapabilities, -1);
+	X509_ATTRIBUTE *attr = idx >= 0 ? CMS_signed_get_attr(si, idx) : NULL;
+	ASN1_TYPE	   *type = attr ? X509_ATTRIBUTE_get0_type(attr, 0) : NULL;
+	X509_ALGORS	   *algs = NULL;
+
+	if (type && type->type == V_ASN1_SEQUENCE)
+	{
+		const unsigned char *p = type->value.sequence->data;
+
+		algs = d2i_X509_ALGORS(NULL, &p, type->value.sequence->length);
+	}
+	for (int i = 0; algs && i < sk_X509_ALGOR_num(algs); i++)
+	{
+		const ASN1_OBJECT *obj;
+		int				   nid;
+
+		X509_ALGOR_get0(&obj, NULL, NULL, sk_X509_ALGOR_value(algs, i));
+		nid = OBJ_obj2nid(obj);
+		for (size_t c = 0; c < sizeof(smime_cipher_names) / sizeof(smime_cipher_names[0]); c++)
+			if (smime_cipher_names[c].nid == nid)
+			{
+				if (caps->len > 0)
+					buf_append_char(caps, ',');
+				buf_append_str(caps, smime_cipher_names[c].name);
+			}
+	}
+	sk_X509_ALGOR_pop_free(algs, X509_ALGOR_free);
+}
+
 bool
 smime_verify(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
 			 size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict, char *err,
 			 size_t errlen)
+{
+	return smime_verify_signer(signed_, len, cas, ncas, extra, nextra, from, content, verdict, NULL, NULL, err,
+							   errlen);
+}
+
+bool
+smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
+					size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict,
+					struct buf *signer_cert, struct buf *caps, char *err, size_t errlen)
 {
 	BIO				*in = BIO_new_mem_buf(signed_, (int) len);
 	BIO				*bcont = NULL, *out = BIO_new(BIO_s_mem()), *dcont = NULL;
@@ -544,6 +616,17 @@ smime_verify(const void *signed_, size_t len, const struct buf *cas, size_t ncas
 					 from ? from : "(none)");
 		else
 			verdict->good = true;
+		if (verdict->good && signer_cert)
+		{
+			unsigned char *der = NULL;
+			int			   n = i2d_X509(signer, &der);
+
+			if (n > 0)
+				buf_append(signer_cert, der, (size_t) n);
+			OPENSSL_free(der);
+		}
+		if (verdict->good && caps)
+			smime_signer_capabilities(sk_CMS_SignerInfo_value(CMS_get0_SignerInfos(cms), 0), caps);
 	}
 done:
 	sk_X509_free(signers);

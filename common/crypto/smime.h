@@ -40,6 +40,9 @@ void smime_cert_info_free(struct smime_cert_info *info);
 /* Does data look like an X.509 certificate or PKCS#12 (rather than an OpenPGP key)? */
 bool smime_looks_like(const void *data, size_t len);
 
+/* Is der exactly one X.509 certificate in DER, nothing after it? */
+bool smime_is_der_certificate(const void *der, size_t len);
+
 /*
  * Read a certificate (PEM or DER, with its PEM private key after it) or a
  * PKCS#12 bundle (password, "" when none) and check it is one address may
@@ -101,5 +104,16 @@ bool smime_decrypt(const struct buf *cert, const struct buf *key, const void *me
 bool smime_verify(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
 				  size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict, char *err,
 				  size_t errlen);
+
+/*
+ * smime_verify, and for learning the sender's certificate from it: when
+ * the signature is good (verdict->good), the signer's certificate (DER) is
+ * appended to signer_cert and the ciphers its SMIMECapabilities attribute
+ * announces, comma-separated in its order ("aes-256-gcm,aes-256-cbc":
+ * peer_key.smime_capabilities's names), to caps (either may be NULL).
+ */
+bool smime_verify_signer(const void *signed_, size_t len, const struct buf *cas, size_t ncas, const struct buf *extra,
+						 size_t nextra, const char *from, struct buf *content, struct pgp_verdict *verdict,
+						 struct buf *signer_cert, struct buf *caps, char *err, size_t errlen);
 
 #endif

@@ -5,8 +5,11 @@
 #include "dns/public_address.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <curl/curl.h>
 #include <netinet/in.h>
 
 /* An IPv4 range: the address's first bits, and how many count. */
@@ -92,4 +95,38 @@ public_address_refusal(const struct sockaddr *sa, socklen_t len)
 	if (sa->sa_family == AF_INET6 && len >= (socklen_t) sizeof(struct sockaddr_in6))
 		return v6_refusal(((const struct sockaddr_in6 *) sa)->sin6_addr.s6_addr);
 	return "not an internet address";
+}
+
+/* Open a connection's socket, unless its address is not a public one (and that is not allowed). */
+static curl_socket_t
+public_address_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *address)
+{
+	struct public_address_guard *g = arg;
+	const char					*what;
+
+	if (!g->allow_private
+		&& (what = public_address_refusal(&address->addr, (socklen_t) address->addrlen)) != NULL)
+	{
+		char text[INET6_ADDRSTRLEN] = "?";
+
+		if (address->family == AF_INET)
+			inet_ntop(AF_INET, &((const struct sockaddr_in *) (const void *) &address->addr)->sin_addr, text,
+					  sizeof(text));
+		else if (address->family == AF_INET6)
+			inet_ntop(AF_INET6, &((const struct sockaddr_in6 *) (const void *) &address->addr)->sin6_addr, text,
+					  sizeof(text));
+		snprintf(g->refused, sizeof(g->refused), "not connecting to %s, %s, not a public address (%s)", text, what,
+				 g->option);
+		return CURL_SOCKET_BAD;
+	}
+	return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
+void
+public_address_curl(void *curl, struct public_address_guard *g)
+{
+	g->refused[0] = '\0';
+	curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, public_address_open_socket);
+	curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, g);
+	curl_easy_setopt(curl, CURLOPT_PROXY, "");
 }

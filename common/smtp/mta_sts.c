@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "base/xalloc.h"
+#include "dns/public_address.h"
 
 const char *
 mta_sts_mode_name(enum mta_sts_mode mode)
@@ -318,19 +319,21 @@ bool
 mta_sts_fetch(const struct mta_sts_options *o, const char *domain, struct buf *body, char *err,
 			  size_t errlen)
 {
-	char					host[300];
-	char					url[400];
-	char					resolve[400];
-	char					addr[INET6_ADDRSTRLEN + 2];
-	char					curl_error[CURL_ERROR_SIZE] = "";
-	unsigned				port = o->https_port ? o->https_port : 443;
-	struct mta_sts_download d = {.body = body};
-	struct curl_slist	   *pinned = NULL;
-	CURL				   *curl;
-	CURLcode				rc;
-	long					status = 0;
-	char				   *content_type = NULL;
-	bool					ok = false;
+	char						host[300];
+	char						url[400];
+	char						resolve[400];
+	char						addr[INET6_ADDRSTRLEN + 2];
+	char						curl_error[CURL_ERROR_SIZE] = "";
+	unsigned					port = o->https_port ? o->https_port : 443;
+	struct mta_sts_download		d = {.body = body};
+	struct public_address_guard guard = {o->allow_private,
+										 "[pepsi-stage-relay-to-internet] MTA_STS_ALLOW_PRIVATE_ADDRESSES", ""};
+	struct curl_slist		   *pinned = NULL;
+	CURL					   *curl;
+	CURLcode					rc;
+	long						status = 0;
+	char					   *content_type = NULL;
+	bool						ok = false;
 
 	snprintf(host, sizeof(host), "mta-sts.%s", domain);
 	if (o->resolver && !mta_sts_address(o, host, addr, sizeof(addr)))
@@ -366,10 +369,14 @@ mta_sts_fetch(const struct mta_sts_options *o, const char *domain, struct buf *b
 	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &d);
 	curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_error);
 	curl_easy_setopt(curl, CURLOPT_USERAGENT, "Pepsi MTA-STS");
+	/* Where the DNS points the fetch is a hostile answer's to say: not at the machine or its network. */
+	public_address_curl(curl, &guard);
 	rc = curl_easy_perform(curl);
 	if (rc != CURLE_OK)
 	{
-		if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED)
+		if (guard.refused[0])
+			snprintf(err, errlen, "fetching %s: %s", url, guard.refused);
+		else if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED)
 			snprintf(err, errlen, "the policy at %s is larger than %d bytes", url, MTA_STS_MAX_BODY);
 		else
 			snprintf(err, errlen, "fetching %s: %s", url, curl_error[0] ? curl_error : curl_easy_strerror(rc));

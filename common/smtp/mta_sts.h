@@ -61,6 +61,11 @@ struct mta_sts_options
 	unsigned			 https_port; /* 443 (tests use another) */
 	long				 timeout_ms; /* of the whole fetch */
 	/*
+	 * Fetch from a policy host on a loopback, private, link-local... address
+	 * (public_address.h) too; off, such a fetch is refused with the reason.
+	 */
+	bool allow_private;
+	/*
 	 * The cache's answer for the domain, when the caller read it already
 	 * (in a round trip it made anyway): then db is only written to.
 	 */

@@ -5362,7 +5362,7 @@ CREATE TABLE pepsi.peer_key (
     fingerprint    text NOT NULL CHECK (fingerprint ~ '^[0-9A-F]{40,64}$'),
     key_data       bytea NOT NULL,
     source         text NOT NULL CHECK (source IN ('wkd-advanced', 'wkd-direct', 'openpgpkey', 'smimea',
-                                                   'keyserver', 'autocrypt', 'import')),
+                                                   'keyserver', 'autocrypt', 'import', 'smime-signed')),
     dnssec         boolean NOT NULL DEFAULT false,
     verdict        text NOT NULL DEFAULT 'unchecked'
                    CHECK (verdict IN ('unchecked', 'valid', 'expired', 'revoked', 'mismatch', 'untrusted', 'invalid')),

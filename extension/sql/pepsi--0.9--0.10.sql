@@ -16,4 +16,17 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.10'" to load this file. \quit
 
+-- ===========================================================================
+-- S/MIME certificates learnt from signed mail (issue 41): peer_key.source
+-- 'smime-signed', a correspondent's certificate that
+-- pepsi-stage-autocrypt-learn took from a good S/MIME signature of theirs,
+-- with the ciphers its SMIMECapabilities announced.  The CHECK is replaced
+-- in one statement (its name as CREATE TABLE gave it, so both paths agree);
+-- every existing row satisfies the wider one.
+-- ===========================================================================
+ALTER TABLE pepsi.peer_key DROP CONSTRAINT peer_key_source_check,
+    ADD CONSTRAINT peer_key_source_check CHECK (source IN ('wkd-advanced', 'wkd-direct', 'openpgpkey', 'smimea',
+                                                           'keyserver', 'autocrypt', 'import', 'smime-signed'));
+-- end of S/MIME certificates learnt from signed mail
+
 UPDATE pepsi.schema_version SET version = '0.10';

@@ -10,8 +10,21 @@
  * them is not stored, the reason in state.autocrypt.  A message that
  * pepsi-stage-decrypt decrypted with one of our identities and whose
  * signature by the sender's own key passed proves the sender holds our
- * key: pepsi.peer_has_own_key records it.  Nothing else changes: the row
- * goes on as it is.  Place it after pepsi-stage-decrypt.
+ * key: pepsi.peer_has_own_key records it.
+ *
+ * An S/MIME signed message (RFC 8551: multipart/signed, or signed-data)
+ * whose signature is good (the signer's certificate chains to a CA of
+ * pepsi.ca_trust, is valid now and names the From: address) gives the
+ * signer's certificate to pepsi.peer_key, source smime-signed, with the
+ * ciphers its SMIMECapabilities attribute announces
+ * (peer_key.smime_capabilities), for KEY_LIFETIME: later mail to that
+ * sender can be encrypted to it (pepsi-stage-encrypt), with AES-256-GCM
+ * when the sender announced it.  A signature that is not good, or a
+ * certificate that may not encrypt mail for the address, teaches nothing;
+ * the reason is in state.smime.
+ *
+ * Nothing else changes: the row goes on as it is.  Place it after
+ * pepsi-stage-decrypt.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -21,8 +34,10 @@
 
 #include "base/base64.h"
 #include "base/log.h"
+#include "crypto/keystore.h"
 #include "crypto/openpgp.h"
 #include "crypto/pgpmime.h"
+#include "crypto/smime.h"
 #include "message/header.h"
 #include "runtime/stage.h"
 
@@ -123,6 +138,101 @@ learn_own_key(struct pepsi_ctx *ctx, const char *from)
 	PQclear(res);
 }
 
+/* Record an S/MIME signed message's signer, whose signature is good, with its capabilities: state.smime. */
+static void
+learn_smime(struct pepsi_ctx *ctx, const char *from)
+{
+	struct buf			   message = BUF_INIT, cert = BUF_INIT, caps = BUF_INIT, content = BUF_INIT;
+	struct buf			  *cas = NULL;
+	size_t				   ncas = 0;
+	struct pgp_verdict	   v;
+	struct smime_cert_info info;
+	char				   why[600] = "", err[512];
+	const char			  *result = "ignored";
+	json_t				  *merge;
+	json_t				  *decrypt = json_object_get(pepsi_state(ctx), "decrypt");
+	/* pepsi-stage-decrypt verified a signature inside an envelope, and removed it: its word. */
+	const char *verified = json_string_value(json_object_get(decrypt, "signer_certificate"));
+
+	memset(&info, 0, sizeof(info));
+	memset(&v, 0, sizeof(v));
+	if (verified == NULL && (!pepsi_raw_message(ctx, &message) || !smime_is_signed(message.data, message.len)))
+	{
+		buf_free(&message);
+		return;
+	}
+	if (from == NULL)
+		snprintf(why, sizeof(why), "no From: address");
+	else if (verified)
+	{
+		const char *announced = json_string_value(json_object_get(decrypt, "signer_capabilities"));
+		size_t		n = strlen(verified);
+		long		len;
+
+		buf_reserve(&cert, n);
+		len = base64_decode(verified, n, (unsigned char *) cert.data, n, BASE64_STRICT);
+		cert.len = len > 0 ? (size_t) len : 0;
+		v.good = len > 0;
+		if (!v.good)
+			snprintf(why, sizeof(why), "state.decrypt.signer_certificate is not base64");
+		buf_append_str(&caps, announced ? announced : "");
+	}
+	else if (keystore_ca_certs(pepsi_db(ctx), &cas, &ncas, err, sizeof(err)) < 0)
+		snprintf(why, sizeof(why), "%s", err);
+	else if (!smime_verify_signer(message.data, message.len, cas, ncas, NULL, 0, from, &content, &v, &cert, &caps, err,
+								  sizeof(err)))
+		snprintf(why, sizeof(why), "%s", err);
+	if (why[0])
+		;
+	else if (!v.good)
+		snprintf(why, sizeof(why), "the signature is not good: %s", v.reason);
+	else if (!smime_inspect(cert.data, cert.len, NULL, from, false, &info, err, sizeof(err)))
+		snprintf(why, sizeof(why), "%s", err);
+	else
+	{
+		char		lifetime[32], expires[32] = "";
+		const char *values[] = {from, info.fingerprint, info.cert.data, lifetime, NULL, caps.data ? caps.data : ""};
+		const int	lengths[] = {0, 0, (int) info.cert.len, 0, 0, 0};
+		const int	formats[] = {0, 0, 1, 0, 0, 0};
+		PGresult   *res;
+
+		snprintf(lifetime, sizeof(lifetime), "%.0f", pepsi_option_seconds(ctx, "KEY_LIFETIME"));
+		if (info.expires)
+			snprintf(expires, sizeof(expires), "%lld", (long long) info.expires), values[4] = expires;
+		res = PQexecParams(pepsi_db(ctx),
+						   "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict,"
+						   " cache_until, expires_at, smime_capabilities)"
+						   " VALUES ($1, 'smime', $2, $3, 'smime-signed', 'valid',"
+						   " now() + make_interval(secs => $4::double precision), to_timestamp($5::bigint),"
+						   " string_to_array(nullif($6, ''), ','))"
+						   " ON CONFLICT (address, protocol, fingerprint) DO UPDATE SET key_data = excluded.key_data,"
+						   " source = excluded.source, verdict = 'valid', verdict_reason = NULL, fetched_at = now(),"
+						   " cache_until = excluded.cache_until, expires_at = excluded.expires_at,"
+						   " smime_capabilities = excluded.smime_capabilities",
+						   6, NULL, values, lengths, formats, 0);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		{
+			log_warnx("%s: recording %s's certificate: %s", pepsi_queue_id(ctx), from, PQresultErrorMessage(res));
+			snprintf(why, sizeof(why), "the certificate could not be recorded");
+		}
+		else
+			result = "learned";
+		PQclear(res);
+	}
+	merge = strcmp(result, "learned") == 0
+				? json_pack("{s:{s:s,s:s,s:s}}", "smime", "result", result, "certificate", info.fingerprint,
+							"capabilities", caps.data ? caps.data : "")
+				: json_pack("{s:{s:s,s:s}}", "smime", "result", result, "reason", why);
+	pepsi_merge_state(ctx, merge);
+	json_decref(merge);
+	keystore_bufs_free(cas, ncas);
+	smime_cert_info_free(&info);
+	buf_free(&message);
+	buf_free(&cert);
+	buf_free(&caps);
+	buf_wipe(&content);
+}
+
 static int
 learn_run(struct pepsi_ctx *ctx)
 {
@@ -136,6 +246,7 @@ learn_run(struct pepsi_ctx *ctx)
 	if (h == NULL)
 		return pepsi_error(ctx, "no headers");
 	learn_own_key(ctx, from);
+	learn_smime(ctx, from);
 	if (header_count(h->data, h->len, "Autocrypt") > 1)
 		result = "ignored", snprintf(why, sizeof(why), "more than one Autocrypt field");
 	else if (header_count(h->data, h->len, "Autocrypt") == 1)
@@ -215,7 +326,8 @@ learn_run(struct pepsi_ctx *ctx)
 
 const struct pepsi_stage pepsi_stage_autocrypt_learn_stage = {
 	.program = "pepsi-stage-autocrypt-learn",
-	.load = PEPSI_LOAD_HEADERS,
+	/* The body: an S/MIME signature is in it. */
+	.load = PEPSI_LOAD_FULL,
 	.run = learn_run,
 };
 

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base64.h"
 #include "base/log.h"
 #include "crypto/kek.h"
 #include "crypto/keystore.h"
@@ -168,10 +169,14 @@ decrypt_sender_certs(PGconn *conn, const char *from, struct buf extra[2])
 	return n;
 }
 
-/* Decrypted entity's signature, verified: its content into content, the verdict into v. */
+/*
+ * Decrypted entity's signature, verified: its content into content, the
+ * verdict into v; a good one's certificate (DER) and announced ciphers into
+ * signer_cert and caps, for pepsi-stage-autocrypt-learn (state.decrypt).
+ */
 static void
 decrypt_smime_verify(PGconn *conn, const char *from, const struct buf *entity, struct buf *content,
-					 struct pgp_verdict *v)
+					 struct pgp_verdict *v, struct buf *signer_cert, struct buf *caps)
 {
 	struct buf *cas = NULL;
 	struct buf	extra[2] = {BUF_INIT, BUF_INIT};
@@ -187,7 +192,8 @@ decrypt_smime_verify(PGconn *conn, const char *from, const struct buf *entity, s
 	if (keystore_ca_certs(conn, &cas, &ncas, err, sizeof(err)) < 0)
 		log_warnx("%s", err);
 	nextra = decrypt_sender_certs(conn, from, extra);
-	if (!smime_verify(entity->data, entity->len, cas, ncas, extra, nextra, from, content, v, err, sizeof(err)))
+	if (!smime_verify_signer(entity->data, entity->len, cas, ncas, extra, nextra, from, content, v, signer_cert, caps,
+							 err, sizeof(err)))
 	{
 		/* Announced as signed but no signature inside: the entity as it is, the signature failed. */
 		buf_reset(content);
@@ -209,6 +215,7 @@ decrypt_smime(struct pepsi_ctx *ctx, const char *rcpt)
 	PGconn			  *conn = pepsi_db(ctx);
 	struct buf		   cert = BUF_INIT, key = BUF_INIT, message = BUF_INIT, entity = BUF_INIT, content = BUF_INIT;
 	struct buf		   extra = BUF_INIT, out_h = BUF_INIT, out_b = BUF_INIT;
+	struct buf		   signer = BUF_INIT, caps = BUF_INIT, signer_b64 = BUF_INIT;
 	struct pgp_verdict v;
 	char			   err[512], fpr[65];
 	char			  *from = NULL;
@@ -237,7 +244,7 @@ decrypt_smime(struct pepsi_ctx *ctx, const char *rcpt)
 		goto done;
 	}
 	from = header_from_address(h->data, h->len);
-	decrypt_smime_verify(conn, from, &entity, &content, &v);
+	decrypt_smime_verify(conn, from, &entity, &content, &v, &signer, &caps);
 	sign = !v.signed_ ? "none" : v.good ? "pass"
 										: "fail";
 	buf_printf(&extra, "Authentication-Results: %s;\r\n x-smime-decrypt=pass (certificate %s);\r\n x-smime-sign=%s",
@@ -250,10 +257,17 @@ decrypt_smime(struct pepsi_ctx *ctx, const char *rcpt)
 	pepsi_set_headers(ctx, out_h.data, out_h.len);
 	pepsi_set_body(ctx, out_b.data, out_b.len);
 	{
-		json_t *merge = json_pack("{s:{s:s,s:s,s:s,s:s,s:s?,s:s?}}", "decrypt", "result", "decrypted", "format",
-								  "s/mime", "key", fpr, "signature", sign, "signed_by",
-								  v.signed_ && v.fingerprint[0] ? v.fingerprint : NULL, "reason",
-								  v.signed_ && !v.good ? v.reason : NULL);
+		json_t *merge;
+
+		/* A good signer's certificate and capabilities: pepsi-stage-autocrypt-learn records them. */
+		if (v.good && signer.len > 0)
+			base64_append(&signer_b64, signer.data, signer.len);
+		merge = json_pack("{s:{s:s,s:s,s:s,s:s,s:s?,s:s?,s:s?,s:s?}}", "decrypt", "result", "decrypted", "format",
+						  "s/mime", "key", fpr, "signature", sign, "signed_by",
+						  v.signed_ && v.fingerprint[0] ? v.fingerprint : NULL, "reason",
+						  v.signed_ && !v.good ? v.reason : NULL, "signer_certificate",
+						  signer_b64.len ? signer_b64.data : NULL, "signer_capabilities",
+						  signer_b64.len ? (caps.data ? caps.data : "") : NULL);
 
 		pepsi_merge_state(ctx, merge);
 		json_decref(merge);
@@ -269,6 +283,9 @@ done:
 	buf_free(&extra);
 	buf_wipe(&out_h);
 	buf_wipe(&out_b);
+	buf_free(&signer);
+	buf_free(&caps);
+	buf_free(&signer_b64);
 	return rc;
 }
 

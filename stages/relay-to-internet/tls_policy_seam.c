@@ -51,6 +51,7 @@ internet_sts_policy(struct pepsi_ctx *ctx, struct dns_resolver *resolver, const 
 		.ca_file = pepsi_option(ctx, "TLS_CA_FILE"),
 		.https_port = (unsigned) pepsi_option_int(ctx, "MTA_STS_PORT"),
 		.timeout_ms = (long) (pepsi_option_seconds(ctx, "MTA_STS_TIMEOUT") * 1000),
+		.allow_private = pepsi_option_bool(ctx, "MTA_STS_ALLOW_PRIVATE_ADDRESSES"),
 		.cache_given = sts_given_domain && strcasecmp(sts_given_domain, domain) == 0,
 		.cached_id = sts_given_id,
 		.cached_policy = sts_given_policy,
