@@ -413,19 +413,18 @@ set_running($node, $other);
 $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
 is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 
-# One worker, many messages: it keeps one private GNUPGHOME for its life
-# (removed when it exits) and the keys it read, but reads the key store's
-# row before each use, so an identity revoked or replaced while it runs
-# stops signing at once.
+# One worker, many messages: it keeps the keys it read (in process,
+# librnp: no GNUPGHOME), but reads the key store's row before each use,
+# so an identity revoked or replaced while it runs stops signing at once.
+my $home_parent = File::Temp::tempdir('p163XXXX', DIR => '/tmp', CLEANUP => 1);
+chmod 01777, $home_parent or die "chmod $home_parent: $!";
+my $homes = sub {
+	opendir my $dh, $home_parent or die "opendir $home_parent: $!";
+	my @h = grep { /^pepsi-gnupg\./ } readdir $dh;
+	closedir $dh;
+	return @h;
+};
 {
-	my $home_parent = File::Temp::tempdir('p163XXXX', DIR => '/tmp', CLEANUP => 1);
-	chmod 01777, $home_parent or die "chmod $home_parent: $!";
-	my $homes = sub {
-		opendir my $dh, $home_parent or die "opendir $home_parent: $!";
-		my @h = grep { /^pepsi-gnupg\./ } readdir $dh;
-		closedir $dh;
-		return @h;
-	};
 	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'erin@example.org');
 	is($rc, 0, 'an identity for erin') or diag($err);
 	my ($erin1) = $out =~ /^erin\@example\.org ([0-9A-F]{40}) openpgp/m;
@@ -433,15 +432,6 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 		add_row($node, 'encrypt', from => 'erin@example.org', rcpt => ['bob@example.net'],
 			extra_headers => "To: <bob\@example.net>\r\n");
 	};
-	# A home a killed worker left: its pid is gone.
-	my $dead = fork() // die "fork: $!";
-	POSIX::_exit(0) if $dead == 0;
-	waitpid($dead, 0);
-	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
-	mkdir $left, 0700 or die "mkdir $left: $!";
-	open my $lk, '>', "$left/private-key" or die "$left/private-key: $!";
-	print $lk "a key its agent wrote\n";
-	close $lk;
 	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-encrypt', $conf) } ]);
 	my $id = $from_erin->();
 	my ($line) = send_ids($io, "$id\n", 1);
@@ -450,10 +440,7 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	$id = $from_erin->();
 	($line) = send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin1, 'and the next one, from the key it holds');
-	ok(!-e $left, 'the home a dead worker left is removed when a worker starts its own');
-	my @h = $homes->();
-	is(scalar(@h), 1, 'one GNUPGHOME for the worker\'s two messages');
-	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');
+	is(scalar($homes->()), 0, 'the encrypt worker runs no gpg: no GNUPGHOME');
 
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin1, 'compromised');
 	is($rc, 0, 'erin\'s key is revoked while the worker runs') or diag($err);
@@ -470,7 +457,6 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	($line) = send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin2, 'her new key signs the next message');
 	ok($io->{harness}->finish, 'the worker exits 0 when its input ends') or diag($io->{err});
-	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
 	# Erin's keys are this block's alone: the publishing below is alice's.
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin2, 'superseded');
 	is($rc, 0, 'erin\'s second key is revoked too') or diag($err);
@@ -519,18 +505,32 @@ $raw = raw_message($dec);
 like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
 unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
 
-# A decrypt worker's one home holds the secret keys of every identity it
-# has read: a message is decrypted only if it is encrypted to the key of
-# the recipient it is addressed to, not by whichever key the home has.
+# A decrypt worker keeps one private GNUPGHOME for its life (removed when
+# it exits), which holds the secret keys of every identity it has read: a
+# message is decrypted only if it is encrypted to the key of the
+# recipient it is addressed to, not by whichever key the home has.
 {
 	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'frank@example.org');
 	is($rc, 0, 'an identity for frank') or diag($err);
 	my ($frank) = $out =~ /^frank\@example\.org ([0-9A-F]{40}) openpgp/m;
-	my $io = start_worker(worker_cmd('pepsi-stage-decrypt', $conf));
+	# A home a killed worker left: its pid is gone.
+	my $dead = fork() // die "fork: $!";
+	POSIX::_exit(0) if $dead == 0;
+	waitpid($dead, 0);
+	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
+	mkdir $left, 0700 or die "mkdir $left: $!";
+	open my $lk, '>', "$left/private-key" or die "$left/private-key: $!";
+	print $lk "a key its agent wrote\n";
+	close $lk;
+	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-decrypt', $conf) } ]);
 	my ($h1, $b1) = pgp_mime($new, $bob, 'for alice', 'Hi alice.');
 	my $id = add_message('decrypt', 'bob@example.net', 'alice@example.org', $h1, $b1);
 	send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{decrypt}{result}, 'decrypted', 'a decrypt worker opens a message to alice');
+	ok(!-e $left, 'the home a dead worker left is removed when a worker starts its own');
+	my @h = $homes->();
+	is(scalar(@h), 1, 'one GNUPGHOME for the decrypt worker');
+	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');
 	$id = add_message('decrypt', 'bob@example.net', 'frank@example.org', $h1, $b1);
 	my ($line) = send_ids($io, "$id\n", 1);
 	is($line, '0', 'the same message to frank, in the same worker') or diag($io->{err});
@@ -539,6 +539,7 @@ unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
 	like($st->{reason}, qr/not encrypted to key \Q$frank\E/, 'saying it is not for frank\'s key');
 	unlike(raw_message($id), qr/Hi alice/, 'and goes on encrypted');
 	ok($io->{harness}->finish, 'the decrypt worker exits 0') or diag($io->{err});
+	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $frank, 'superseded');
 	is($rc, 0, 'frank\'s key is revoked (the publishing below is alice\'s)') or diag($err);
 }

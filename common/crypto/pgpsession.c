@@ -224,6 +224,8 @@ pgp_session_add_secret(const char *fingerprint, const unsigned char digest[PGP_D
 	return pgp_session_import(fingerprint, digest, secret, len, true, err, errlen) != NULL;
 }
 
+const struct pgp_secret_store pgp_session_secrets = {pgp_session_has_secret, pgp_session_add_secret};
+
 /* Is key one to encrypt to for address now?  The reason in err if not. */
 static bool
 pgp_key_encrypts_to(gpgme_key_t key, const char *fingerprint, const char *address, char *err, size_t errlen)

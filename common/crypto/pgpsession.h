@@ -38,6 +38,20 @@ bool pgp_session_add_secret(const char *fingerprint, const unsigned char digest[
 							size_t len, char *err, size_t errlen);
 
 /*
+ * A session's secret keys as the key store fills them
+ * (keystore_identity_in_session): this GPGME session's, or librnp's
+ * (rnp_session.h) in pepsi-stage-encrypt.
+ */
+struct pgp_secret_store
+{
+	bool (*has_secret)(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN]);
+	bool (*add_secret)(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN], const void *secret,
+					   size_t len, char *err, size_t errlen);
+};
+
+extern const struct pgp_secret_store pgp_session_secrets;
+
+/*
  * Make the public key data (fingerprint's row in pepsi.peer_key, or an
  * identity's public half) present in the session, imported once per
  * version.  When address is given, check the key is one to encrypt to for
