@@ -20,6 +20,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DispatchTest;
+use PepsiGpg;
 use PepsiStage;
 use PepsiTest;
 
@@ -39,19 +40,8 @@ is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.apply_grants()'),
 	'0', 'the column-level grants are the policy: no drift');
 
 my $tmp = PepsiStage::tmp();
-# gpg's agent socket lives in its home: keep the path short.
-my $gnupg = File::Temp::tempdir('/tmp/pepsi-t159-XXXXXX', CLEANUP => 1);
-$ENV{TMPDIR} = '/tmp';
+my $gnupg = gpg_home();
 
-sub gpg
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback',
-			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
-	die "gpg @args: $err" unless $ok;
-	return $out;
-}
 
 # A key pair of gpg's own for $address (Ed25519 and Curve25519); its fingerprint.
 sub gpg_key
@@ -65,15 +55,6 @@ sub gpg_key
 	return $fpr;
 }
 
-sub write_file
-{
-	my ($name, $bytes) = @_;
-	my $path = "$tmp/$name";
-	open my $fh, '>:raw', $path or die "$path: $!";
-	print $fh $bytes;
-	close $fh;
-	return $path;
-}
 
 my $alice = gpg_key('alice@example.org');
 my $alice_secret = gpg('--export-secret-keys', $alice);
@@ -87,13 +68,6 @@ my $conf = stage_config($node, 'pepsi.conf',
 my $secrets = "$tmp/secrets.d";
 mkdir $secrets, 0755 or die "mkdir $secrets: $!";
 
-sub keys_run
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ pepsi_bin('pepsi-keys'), @args ], '<', \'', '>', \$out, '2>', \$err);
-	return ($? >> 8, $out, $err);
-}
 
 sub kek_fragment
 {
@@ -339,13 +313,6 @@ sub encrypt_row
 	return $id;
 }
 
-sub raw_message
-{
-	my ($id) = @_;
-	return $node->safe_psql($db,
-		"SELECT convert_from(w.headers || '\\x0d0a'::bytea || b.body, 'UTF8') FROM pepsi.workqueue w"
-		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
-}
 
 my $enc = encrypt_row('encrypt', 'bob@example.net');
 my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$enc\n");
@@ -354,7 +321,7 @@ my $row = row_json($node, $enc);
 is($row->{stage}, 'sent', 'and passes it on');
 is($row->{state}{encrypt}{result}, 'encrypted', 'state.encrypt says encrypted');
 is($row->{state}{encrypt}{signed_by}, $new, 'signed with alice\'s primary key');
-my $raw = raw_message($enc);
+my $raw = raw_message($node, $enc);
 like($raw, qr/^Content-Type: multipart\/encrypted;\r\n protocol="application\/pgp-encrypted"/m, 'PGP/MIME (RFC 3156)');
 like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
 unlike($raw, qr/secret plans|Hello\./, 'neither the Subject nor the body is in clear');
@@ -501,7 +468,7 @@ is_deeply($r->{status}, ['0'], 'pepsi-stage-decrypt decrypts gpg\'s message') or
 $row = row_json($node, $dec);
 is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
 	[ 'decrypted', $new, 'pass', $bob ], 'state.decrypt: decrypted with alice\'s key, bob\'s signature good');
-$raw = raw_message($dec);
+$raw = raw_message($node, $dec);
 like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
 unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
 
@@ -537,7 +504,7 @@ unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
 	my $st = row_json($node, $id)->{state}{decrypt};
 	is($st->{result}, 'failed', 'is not decrypted with alice\'s key, which the worker holds');
 	like($st->{reason}, qr/not encrypted to key \Q$frank\E/, 'saying it is not for frank\'s key');
-	unlike(raw_message($id), qr/Hi alice/, 'and goes on encrypted');
+	unlike(raw_message($node, $id), qr/Hi alice/, 'and goes on encrypted');
 	ok($io->{harness}->finish, 'the decrypt worker exits 0') or diag($io->{err});
 	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $frank, 'superseded');
@@ -557,7 +524,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{signature}, 'fail', 'a signature by a key not the sender\'s fails');
 	like($row->{state}{decrypt}{reason}, qr/not known for the sender/, 'with the reason');
-	like(raw_message($id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
+	like(raw_message($node, $id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
 }
 
 # A damaged ciphertext: left as it came, with the reason.
@@ -573,7 +540,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
 	like($row->{state}{decrypt}{reason}, qr/does not decrypt/, 'saying why');
-	is(raw_message($id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
+	is(raw_message($node, $id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
 }
 
 # An owner who did not choose server-side decryption: untouched.
@@ -581,7 +548,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	my $id = add_message('decrypt-not', 'bob@example.net', 'alice@example.org', $dh, $db_body);
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
 	is(row_json($node, $id)->{state}{decrypt}{result}, 'not chosen', 'DECRYPT no: not decrypted');
-	is(raw_message($id), $dh . "\r\n" . $db_body, 'the message as it came');
+	is(raw_message($node, $id), $dh . "\r\n" . $db_body, 'the message as it came');
 }
 
 # The encrypt stage's message, the other way: bob's secret key as an
@@ -591,13 +558,13 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	write_file('bob.key', gpg('--export-secret-keys', $bob)));
 is($rc, 0, 'bob\'s key imported as an identity') or diag($err);
 {
-	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($enc), 2));
+	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($node, $enc), 2));
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
 	is_deeply($r->{status}, ['0'], 'the decrypt stage takes the encrypt stage\'s message') or diag($r->{stderr});
 	$row = row_json($node, $id);
 	is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
 		[ 'decrypted', $bob, 'pass', $new ], 'decrypted with bob\'s key, alice\'s signature good');
-	$raw = raw_message($id);
+	$raw = raw_message($node, $id);
 	like($raw, qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
 	like($raw, qr/\r\n\r\nHello\.$/, 'and the body');
 }
@@ -794,7 +761,7 @@ for my $case ([ 'rita@example.net', 'rita', 'aes-256-cbc', 'enveloped-data' ],
 	is_deeply([ @{ $row->{state}{encrypt} }{qw(result format cipher signed_by)} ],
 		[ 'encrypted', 's/mime', $cipher, $alice_x ], "S/MIME, $cipher, signed with alice's S/MIME identity")
 	  or diag(explain($row));
-	$raw = raw_message($id);
+	$raw = raw_message($node, $id);
 	like($raw, qr/^Content-Type: application\/pkcs7-mime; smime-type=$type; name="smime\.p7m"\r$/m,
 		"application/pkcs7-mime; smime-type=$type");
 	like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
@@ -850,7 +817,7 @@ $row = row_json($node, $sdec);
 is_deeply([ @{ $row->{state}{decrypt} }{qw(result format key signature signed_by)} ],
 	[ 'decrypted', 's/mime', $sam_x, 'pass', $rita_x ],
 	'decrypted with sam\'s identity, rita\'s signature good (it chains to the trusted CA)');
-$raw = raw_message($sdec);
+$raw = raw_message($node, $sdec);
 like($raw, qr/^Subject: lunch\?\r$/m, 'the inner Subject replaces "..."');
 like($raw, qr/^Authentication-Results: [^;]+;\r\n x-smime-decrypt=pass \(certificate \Q$sam_x\E\);\r\n x-smime-sign=pass header\.from=rita\@example\.net/m,
 	'Authentication-Results with both verdicts');
@@ -882,7 +849,7 @@ unlike($raw, qr/pkcs7/, 'no trace of the envelope');
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{signature}, 'fail', 'a self-signed signer: the signature fails');
 	like($row->{state}{decrypt}{reason}, qr/does not verify against the trusted CAs/, 'saying why');
-	like(raw_message($id), qr/^Subject: self-signed\r$/m, 'the message is decrypted all the same');
+	like(raw_message($node, $id), qr/^Subject: self-signed\r$/m, 'the message is decrypted all the same');
 }
 {
 	# A damaged ciphertext: left as it came.
@@ -896,21 +863,21 @@ unlike($raw, qr/pkcs7/, 'no trace of the envelope');
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
 	like($row->{state}{decrypt}{reason}, qr/does not (decrypt|decode)/, 'saying why');
-	is(raw_message($id), "$h3\r\n\r\n$b3", 'and goes on exactly as it came');
+	is(raw_message($node, $id), "$h3\r\n\r\n$b3", 'and goes on exactly as it came');
 }
 {
 	# The stage's own S/MIME the other way: alice to sam, decrypted by sam's identity.
 	($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, 'sam@example.org', "$ssl/sam.pem");
 	my $id = encrypt_row('encrypt', 'sam@example.org');
 	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
-	my ($bh, $bb) = split(/\r\n\r\n/, raw_message($id), 2);
+	my ($bh, $bb) = split(/\r\n\r\n/, raw_message($node, $id), 2);
 	my $back = add_message('decrypt', 'alice@example.org', 'sam@example.org', "$bh\r\n", $bb);
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$back\n");
 	$row = row_json($node, $back);
 	is_deeply([ @{ $row->{state}{decrypt} }{qw(result signature signed_by)} ], [ 'decrypted', 'pass', $alice_x ],
 		'the encrypt stage\'s S/MIME decrypted by the decrypt stage, alice\'s signature good')
 	  or diag(explain($row->{state}));
-	like(raw_message($back), qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
+	like(raw_message($node, $back), qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
 }
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);

@@ -16,6 +16,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DispatchTest;
+use PepsiGpg;
 use PepsiStage;
 use PepsiTest;
 
@@ -26,19 +27,8 @@ my $node = pepsi_node('encrypt_inprocess', extension => 1);
 $node->safe_psql($db, 'CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto; CREATE ROLE admin LOGIN IN ROLE pepsi_config;');
 
 my $tmp = PepsiStage::tmp();
-# gpg's agent socket lives in its home: keep the path short.
-my $gnupg = File::Temp::tempdir('/tmp/pepsi-t179-XXXXXX', CLEANUP => 1);
-$ENV{TMPDIR} = '/tmp';
+my $gnupg = gpg_home();
 
-sub gpg
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback',
-			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
-	die "gpg @args: $err" unless $ok;
-	return $out;
-}
 
 # A key pair for $address: $primary signs, $sub encrypts.  Its fingerprint
 # and the key id of its encryption subkey.
@@ -54,23 +44,7 @@ sub gpg_key
 	return ($fpr, $subid);
 }
 
-sub write_file
-{
-	my ($name, $bytes) = @_;
-	my $path = "$tmp/$name";
-	open my $fh, '>:raw', $path or die "$path: $!";
-	print $fh $bytes;
-	close $fh;
-	return $path;
-}
 
-sub keys_run
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ pepsi_bin('pepsi-keys'), @args ], '<', \'', '>', \$out, '2>', \$err);
-	return ($? >> 8, $out, $err);
-}
 
 my $conf = stage_config($node, 'pepsi.conf', sprintf(<<'INI', $node->host, $node->port));
 [crypto]
@@ -124,13 +98,6 @@ sub message_to
 	return $id;
 }
 
-sub raw_message
-{
-	my ($id) = @_;
-	return $node->safe_psql($db,
-		"SELECT convert_from(w.headers || '\\x0d0a'::bytea || b.body, 'UTF8') FROM pepsi.workqueue w"
-		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
-}
 
 # gpg --decrypt of a message's PGP/MIME part: (ok, plain text, status lines).
 sub gpg_decrypt
@@ -166,7 +133,7 @@ for my $case ([ 'Curve25519', 'bob@example.net', $bob, $bob_sub ], [ 'RSA-3072',
 	my ($id, $row) = encrypt_one($to);
 	is_deeply([ $row->{stage}, @{ $row->{state}{encrypt} }{qw(result format signed_by)}, $row->{state}{encrypt}{keys} ],
 		[ 'sent', 'encrypted', 'pgp/mime', $alice, [$fpr] ], "$type: encrypted to $to\'s key, signed by alice");
-	my $raw = raw_message($id);
+	my $raw = raw_message($node, $id);
 	like($raw, qr/^Content-Type: multipart\/encrypted;\r\n protocol="application\/pgp-encrypted"/m,
 		"$type: PGP/MIME (RFC 3156)");
 	unlike($raw, qr/secret plans|Hello\./, "$type: nothing in clear");
@@ -195,7 +162,7 @@ $node->safe_psql($db,
 {
 	my ($id, $row) = encrypt_one('bob@example.net');
 	is_deeply($row->{state}{encrypt}{keys}, [$bob2], 'a key replaced in the database: the next message uses the new one');
-	my ($ok, $plain, $status) = gpg_decrypt(raw_message($id));
+	my ($ok, $plain, $status) = gpg_decrypt(raw_message($node, $id));
 	ok($ok, 'gpg decrypts it') or diag($status);
 	like($status, qr/^\[GNUPG:\] ENC_TO \Q$bob2_sub\E /m, 'encrypted to the new key\'s subkey');
 	unlike($status, qr/^\[GNUPG:\] ENC_TO \Q$bob_sub\E /m, 'not to the old one');

@@ -19,13 +19,8 @@
 #include <stddef.h>
 
 #include "base/buf.h"
+#include "crypto/keycache.h"
 #include "crypto/openpgp.h"
-
-#define PGP_SESSION_KEYS 64
-#define PGP_DIGEST_LEN 32
-
-/* SHA-256 of bytes read from the key store (the row's version, as the session sees it). */
-void pgp_digest(const void *data, size_t len, unsigned char digest[PGP_DIGEST_LEN]);
 
 /*
  * Is fingerprint's secret key in the session, imported from the stored

@@ -33,18 +33,10 @@
 
 #include "crypto/rnp_session.h"
 
-struct rnp_cached_key
-{
-	char			   fingerprint[65]; /* empty: a free slot */
-	unsigned char	   digest[PGP_DIGEST_LEN];
-	bool			   secret;
-	rnp_key_handle_t   key;
-	unsigned long long used;
-};
+static void rnp_session_release(void *key);
 
-static rnp_ffi_t			 rnp_ffi;
-static struct rnp_cached_key rnp_keys[PGP_SESSION_KEYS];
-static unsigned long long	 rnp_clock;
+static rnp_ffi_t			rnp_ffi;
+static struct pgp_key_cache rnp_keys = {.release = rnp_session_release};
 
 const struct pgp_secret_store rnp_session_secrets = {rnp_session_has_secret, rnp_session_add_secret};
 
@@ -72,16 +64,10 @@ rnp_session_start(char *err, size_t errlen)
 	return true;
 }
 
-static struct rnp_cached_key *
+static struct pgp_cached_key *
 rnp_session_find(const char *fingerprint)
 {
-	for (size_t i = 0; i < PGP_SESSION_KEYS; i++)
-		if (rnp_keys[i].fingerprint[0] && strcasecmp(rnp_keys[i].fingerprint, fingerprint) == 0)
-		{
-			rnp_keys[i].used = ++rnp_clock;
-			return &rnp_keys[i];
-		}
-	return NULL;
+	return pgp_cache_find(&rnp_keys, fingerprint);
 }
 
 /* Remove key (both halves, its subkeys) from the ring and release the handle. */
@@ -93,28 +79,9 @@ rnp_session_remove(rnp_key_handle_t key)
 }
 
 static void
-rnp_session_drop(struct rnp_cached_key *k)
+rnp_session_release(void *key)
 {
-	if (k->key)
-		rnp_session_remove(k->key);
-	memset(k, 0, sizeof(*k));
-}
-
-/* A free slot, made by dropping the least recently used key if need be. */
-static struct rnp_cached_key *
-rnp_session_slot(void)
-{
-	struct rnp_cached_key *oldest = &rnp_keys[0];
-
-	for (size_t i = 0; i < PGP_SESSION_KEYS; i++)
-	{
-		if (rnp_keys[i].fingerprint[0] == '\0')
-			return &rnp_keys[i];
-		if (rnp_keys[i].used < oldest->used)
-			oldest = &rnp_keys[i];
-	}
-	rnp_session_drop(oldest);
-	return oldest;
+	rnp_session_remove(key);
 }
 
 /* The primary key among the keys librnp's import results name, or NULL. */
@@ -148,11 +115,11 @@ rnp_imported_primary(const char *results, char *fpr, size_t fprlen)
 }
 
 /* Import data as fingerprint's key (afresh: an older version goes first). */
-static struct rnp_cached_key *
+static struct pgp_cached_key *
 rnp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN], const void *data, size_t len,
 				   bool secret, char *err, size_t errlen)
 {
-	struct rnp_cached_key *k = rnp_session_find(fingerprint);
+	struct pgp_cached_key *k;
 	rnp_input_t			   input = NULL;
 	rnp_key_handle_t	   key = NULL;
 	char				  *results = NULL;
@@ -162,9 +129,7 @@ rnp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGES
 
 	if (!rnp_session_start(err, errlen))
 		return NULL;
-	if (k)
-		rnp_session_drop(k);
-	k = rnp_session_slot();
+	k = pgp_cache_slot(&rnp_keys, fingerprint);
 	e = rnp_input_from_memory(&input, data, len, false);
 	if (!e)
 		e = rnp_import_keys(rnp_ffi, input,
@@ -203,20 +168,14 @@ rnp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGES
 		rnp_session_remove(key);
 		return NULL;
 	}
-	snprintf(k->fingerprint, sizeof(k->fingerprint), "%s", fingerprint);
-	memcpy(k->digest, digest, PGP_DIGEST_LEN);
-	k->secret = secret;
-	k->key = key;
-	k->used = ++rnp_clock;
+	pgp_cache_fill(&rnp_keys, k, fingerprint, digest, secret, key);
 	return k;
 }
 
 bool
 rnp_session_has_secret(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN])
 {
-	struct rnp_cached_key *k = rnp_session_find(fingerprint);
-
-	return k && k->secret && memcmp(k->digest, digest, PGP_DIGEST_LEN) == 0;
+	return pgp_cache_has_secret(&rnp_keys, fingerprint, digest);
 }
 
 bool
@@ -283,7 +242,7 @@ rnp_key_has_address(rnp_key_handle_t key, const char *address)
 	return ok;
 }
 
-/* Is key one to encrypt to for address now?  The reason in err if not (pgpsession.c's words). */
+/* Is key one to encrypt to for address now?  The reason in err if not. */
 static bool
 rnp_key_encrypts_to(rnp_key_handle_t key, const char *fingerprint, const char *address, char *err, size_t errlen)
 {
@@ -302,17 +261,14 @@ rnp_key_encrypts_to(rnp_key_handle_t key, const char *fingerprint, const char *a
 			rnp_key_handle_destroy(sub);
 		}
 	}
-	if (rnp_key_is_revoked(key, &revoked) == RNP_SUCCESS && revoked)
-		snprintf(err, errlen, "key %s is revoked", fingerprint);
-	else if (rnp_key_is_expired(key, &expired) == RNP_SUCCESS && expired)
-		snprintf(err, errlen, "key %s has expired", fingerprint);
-	else if (!rnp_key_has_address(key, address))
-		snprintf(err, errlen, "key %s has no User ID with the address %s", fingerprint, address);
-	else if (rnp_key_is_valid(key, &valid) != RNP_SUCCESS || !valid || !subkey_ok)
-		snprintf(err, errlen, "key %s cannot encrypt", fingerprint);
-	else
-		return true;
-	return false;
+	if (rnp_key_is_revoked(key, &revoked) != RNP_SUCCESS)
+		revoked = false;
+	if (rnp_key_is_expired(key, &expired) != RNP_SUCCESS)
+		expired = false;
+	if (rnp_key_is_valid(key, &valid) != RNP_SUCCESS)
+		valid = false;
+	return pgp_key_verdict(fingerprint, address, revoked, expired, rnp_key_has_address(key, address),
+						   valid && subkey_ok, err, errlen);
 }
 
 bool
@@ -320,11 +276,11 @@ rnp_session_public(const char *fingerprint, const void *data, size_t len, const 
 				   size_t errlen)
 {
 	unsigned char		   digest[PGP_DIGEST_LEN];
-	struct rnp_cached_key *k = rnp_session_find(fingerprint);
+	struct pgp_cached_key *k;
 
 	pgp_digest(data, len, digest);
-	/* An identity's secret key in the session has its public half with it. */
-	if (k == NULL || (!k->secret && memcmp(k->digest, digest, PGP_DIGEST_LEN) != 0))
+	k = pgp_cache_public(&rnp_keys, fingerprint, digest);
+	if (k == NULL)
 		k = rnp_session_import(fingerprint, digest, data, len, false, err, errlen);
 	if (k == NULL)
 		return false;
@@ -357,7 +313,7 @@ rnp_session_encrypt(const char *const *recipients, size_t count, const char *sig
 		}
 	if (signer)
 	{
-		struct rnp_cached_key *k = rnp_session_find(signer);
+		struct pgp_cached_key *k = rnp_session_find(signer);
 
 		if (k == NULL || !k->secret)
 		{
