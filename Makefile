@@ -92,12 +92,16 @@ standalone_dirs += cli/keydisc/
 # OpenSSL CMS, the key-encryption key.  Linked only into the programs that
 # use the key store (STANDALONE_OBJS_/STANDALONE_LIBS_<program>), so that
 # GPGME is in no other process.
-CRYPTO_OBJS = $(patsubst %.c,$(B)/%.o,$(wildcard common/crypto/*.c))
+CRYPTO_OBJS = $(patsubst %.c,$(B)/%.o,$(filter-out common/crypto/rnp_session.c,$(wildcard common/crypto/*.c)))
 CRYPTO_LIBS = -lgpgme
+# librnp: pepsi-stage-encrypt's OpenPGP encryption and signing in process
+# (common/crypto/rnp_session.c says why), in that program only.
+RNP_OBJS = $(B)/common/crypto/rnp_session.o
+RNP_LIBS = $(shell pkg-config --libs librnp 2>/dev/null || echo -lrnp)
 STANDALONE_OBJS_pepsi-keys = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-keys = $(CRYPTO_LIBS)
-STANDALONE_OBJS_pepsi-stage-encrypt = $(CRYPTO_OBJS)
-STANDALONE_LIBS_pepsi-stage-encrypt = $(CRYPTO_LIBS)
+STANDALONE_OBJS_pepsi-stage-encrypt = $(CRYPTO_OBJS) $(RNP_OBJS)
+STANDALONE_LIBS_pepsi-stage-encrypt = $(CRYPTO_LIBS) $(RNP_LIBS)
 STANDALONE_OBJS_pepsi-stage-decrypt = $(CRYPTO_OBJS)
 STANDALONE_LIBS_pepsi-stage-decrypt = $(CRYPTO_LIBS)
 STANDALONE_OBJS_pepsi-stage-autocrypt-learn = $(CRYPTO_OBJS)

@@ -43,6 +43,7 @@ run_packages=(
     openssl util-linux swaks
     # the key store and the crypto stages (common/crypto/): OpenPGP through GPGME, with gpg itself
     libgpgme-dev gnupg
+    librnp-dev # pepsi-stage-encrypt's OpenPGP encryption and signing, in process
 )
 # Test peers and tools, for make check only.
 check_packages=(

@@ -20,6 +20,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DispatchTest;
+use PepsiGpg;
 use PepsiStage;
 use PepsiTest;
 
@@ -39,19 +40,8 @@ is($node->safe_psql($db, 'SELECT count(*) FROM pepsi.apply_grants()'),
 	'0', 'the column-level grants are the policy: no drift');
 
 my $tmp = PepsiStage::tmp();
-# gpg's agent socket lives in its home: keep the path short.
-my $gnupg = File::Temp::tempdir('/tmp/pepsi-t159-XXXXXX', CLEANUP => 1);
-$ENV{TMPDIR} = '/tmp';
+my $gnupg = gpg_home();
 
-sub gpg
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback',
-			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
-	die "gpg @args: $err" unless $ok;
-	return $out;
-}
 
 # A key pair of gpg's own for $address (Ed25519 and Curve25519); its fingerprint.
 sub gpg_key
@@ -65,15 +55,6 @@ sub gpg_key
 	return $fpr;
 }
 
-sub write_file
-{
-	my ($name, $bytes) = @_;
-	my $path = "$tmp/$name";
-	open my $fh, '>:raw', $path or die "$path: $!";
-	print $fh $bytes;
-	close $fh;
-	return $path;
-}
 
 my $alice = gpg_key('alice@example.org');
 my $alice_secret = gpg('--export-secret-keys', $alice);
@@ -87,13 +68,6 @@ my $conf = stage_config($node, 'pepsi.conf',
 my $secrets = "$tmp/secrets.d";
 mkdir $secrets, 0755 or die "mkdir $secrets: $!";
 
-sub keys_run
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ pepsi_bin('pepsi-keys'), @args ], '<', \'', '>', \$out, '2>', \$err);
-	return ($? >> 8, $out, $err);
-}
 
 sub kek_fragment
 {
@@ -339,13 +313,6 @@ sub encrypt_row
 	return $id;
 }
 
-sub raw_message
-{
-	my ($id) = @_;
-	return $node->safe_psql($db,
-		"SELECT convert_from(w.headers || '\\x0d0a'::bytea || b.body, 'UTF8') FROM pepsi.workqueue w"
-		  . " JOIN pepsi.workqueue_body b ON b.id = w.body_id WHERE w.id = $id");
-}
 
 my $enc = encrypt_row('encrypt', 'bob@example.net');
 my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$enc\n");
@@ -354,7 +321,7 @@ my $row = row_json($node, $enc);
 is($row->{stage}, 'sent', 'and passes it on');
 is($row->{state}{encrypt}{result}, 'encrypted', 'state.encrypt says encrypted');
 is($row->{state}{encrypt}{signed_by}, $new, 'signed with alice\'s primary key');
-my $raw = raw_message($enc);
+my $raw = raw_message($node, $enc);
 like($raw, qr/^Content-Type: multipart\/encrypted;\r\n protocol="application\/pgp-encrypted"/m, 'PGP/MIME (RFC 3156)');
 like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
 unlike($raw, qr/secret plans|Hello\./, 'neither the Subject nor the body is in clear');
@@ -413,19 +380,18 @@ set_running($node, $other);
 $r = run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$other\n");
 is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 
-# One worker, many messages: it keeps one private GNUPGHOME for its life
-# (removed when it exits) and the keys it read, but reads the key store's
-# row before each use, so an identity revoked or replaced while it runs
-# stops signing at once.
+# One worker, many messages: it keeps the keys it read (in process,
+# librnp: no GNUPGHOME), but reads the key store's row before each use,
+# so an identity revoked or replaced while it runs stops signing at once.
+my $home_parent = File::Temp::tempdir('p163XXXX', DIR => '/tmp', CLEANUP => 1);
+chmod 01777, $home_parent or die "chmod $home_parent: $!";
+my $homes = sub {
+	opendir my $dh, $home_parent or die "opendir $home_parent: $!";
+	my @h = grep { /^pepsi-gnupg\./ } readdir $dh;
+	closedir $dh;
+	return @h;
+};
 {
-	my $home_parent = File::Temp::tempdir('p163XXXX', DIR => '/tmp', CLEANUP => 1);
-	chmod 01777, $home_parent or die "chmod $home_parent: $!";
-	my $homes = sub {
-		opendir my $dh, $home_parent or die "opendir $home_parent: $!";
-		my @h = grep { /^pepsi-gnupg\./ } readdir $dh;
-		closedir $dh;
-		return @h;
-	};
 	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'erin@example.org');
 	is($rc, 0, 'an identity for erin') or diag($err);
 	my ($erin1) = $out =~ /^erin\@example\.org ([0-9A-F]{40}) openpgp/m;
@@ -433,15 +399,6 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 		add_row($node, 'encrypt', from => 'erin@example.org', rcpt => ['bob@example.net'],
 			extra_headers => "To: <bob\@example.net>\r\n");
 	};
-	# A home a killed worker left: its pid is gone.
-	my $dead = fork() // die "fork: $!";
-	POSIX::_exit(0) if $dead == 0;
-	waitpid($dead, 0);
-	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
-	mkdir $left, 0700 or die "mkdir $left: $!";
-	open my $lk, '>', "$left/private-key" or die "$left/private-key: $!";
-	print $lk "a key its agent wrote\n";
-	close $lk;
 	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-encrypt', $conf) } ]);
 	my $id = $from_erin->();
 	my ($line) = send_ids($io, "$id\n", 1);
@@ -450,10 +407,7 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	$id = $from_erin->();
 	($line) = send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin1, 'and the next one, from the key it holds');
-	ok(!-e $left, 'the home a dead worker left is removed when a worker starts its own');
-	my @h = $homes->();
-	is(scalar(@h), 1, 'one GNUPGHOME for the worker\'s two messages');
-	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');
+	is(scalar($homes->()), 0, 'the encrypt worker runs no gpg: no GNUPGHOME');
 
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin1, 'compromised');
 	is($rc, 0, 'erin\'s key is revoked while the worker runs') or diag($err);
@@ -470,7 +424,6 @@ is(row_json($node, $other)->{stage}, 'bounced', 'and bounced');
 	($line) = send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{encrypt}{signed_by}, $erin2, 'her new key signs the next message');
 	ok($io->{harness}->finish, 'the worker exits 0 when its input ends') or diag($io->{err});
-	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
 	# Erin's keys are this block's alone: the publishing below is alice's.
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $erin2, 'superseded');
 	is($rc, 0, 'erin\'s second key is revoked too') or diag($err);
@@ -515,30 +468,45 @@ is_deeply($r->{status}, ['0'], 'pepsi-stage-decrypt decrypts gpg\'s message') or
 $row = row_json($node, $dec);
 is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
 	[ 'decrypted', $new, 'pass', $bob ], 'state.decrypt: decrypted with alice\'s key, bob\'s signature good');
-$raw = raw_message($dec);
+$raw = raw_message($node, $dec);
 like($raw, qr/^Subject: meet at noon\r$/m, 'the protected Subject is restored');
 unlike($raw, qr/^Subject: \.\.\.\r$/m, 'the outer one is gone');
 
-# A decrypt worker's one home holds the secret keys of every identity it
-# has read: a message is decrypted only if it is encrypted to the key of
-# the recipient it is addressed to, not by whichever key the home has.
+# A decrypt worker keeps one private GNUPGHOME for its life (removed when
+# it exits), which holds the secret keys of every identity it has read: a
+# message is decrypted only if it is encrypted to the key of the
+# recipient it is addressed to, not by whichever key the home has.
 {
 	($rc, $out, $err) = keys_run('identity', 'generate', '-c', $conf, '-t', 'ed25519', 'frank@example.org');
 	is($rc, 0, 'an identity for frank') or diag($err);
 	my ($frank) = $out =~ /^frank\@example\.org ([0-9A-F]{40}) openpgp/m;
-	my $io = start_worker(worker_cmd('pepsi-stage-decrypt', $conf));
+	# A home a killed worker left: its pid is gone.
+	my $dead = fork() // die "fork: $!";
+	POSIX::_exit(0) if $dead == 0;
+	waitpid($dead, 0);
+	my $left = "$home_parent/pepsi-gnupg.$dead.AbCdEf";
+	mkdir $left, 0700 or die "mkdir $left: $!";
+	open my $lk, '>', "$left/private-key" or die "$left/private-key: $!";
+	print $lk "a key its agent wrote\n";
+	close $lk;
+	my $io = start_worker([ 'env', "TMPDIR=$home_parent", @{ worker_cmd('pepsi-stage-decrypt', $conf) } ]);
 	my ($h1, $b1) = pgp_mime($new, $bob, 'for alice', 'Hi alice.');
 	my $id = add_message('decrypt', 'bob@example.net', 'alice@example.org', $h1, $b1);
 	send_ids($io, "$id\n", 1);
 	is(row_json($node, $id)->{state}{decrypt}{result}, 'decrypted', 'a decrypt worker opens a message to alice');
+	ok(!-e $left, 'the home a dead worker left is removed when a worker starts its own');
+	my @h = $homes->();
+	is(scalar(@h), 1, 'one GNUPGHOME for the decrypt worker');
+	is(@h ? (stat("$home_parent/$h[0]"))[2] & 07777 : -1, 0700, 'private to its owner (0700)');
 	$id = add_message('decrypt', 'bob@example.net', 'frank@example.org', $h1, $b1);
 	my ($line) = send_ids($io, "$id\n", 1);
 	is($line, '0', 'the same message to frank, in the same worker') or diag($io->{err});
 	my $st = row_json($node, $id)->{state}{decrypt};
 	is($st->{result}, 'failed', 'is not decrypted with alice\'s key, which the worker holds');
 	like($st->{reason}, qr/not encrypted to key \Q$frank\E/, 'saying it is not for frank\'s key');
-	unlike(raw_message($id), qr/Hi alice/, 'and goes on encrypted');
+	unlike(raw_message($node, $id), qr/Hi alice/, 'and goes on encrypted');
 	ok($io->{harness}->finish, 'the decrypt worker exits 0') or diag($io->{err});
+	is(scalar($homes->()), 0, 'and its GNUPGHOME is gone');
 	($rc, $out, $err) = keys_run('identity', 'revoke', '-c', $conf, $frank, 'superseded');
 	is($rc, 0, 'frank\'s key is revoked (the publishing below is alice\'s)') or diag($err);
 }
@@ -556,7 +524,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{signature}, 'fail', 'a signature by a key not the sender\'s fails');
 	like($row->{state}{decrypt}{reason}, qr/not known for the sender/, 'with the reason');
-	like(raw_message($id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
+	like(raw_message($node, $id), qr/x-pgp-sign=fail/, 'in Authentication-Results too');
 }
 
 # A damaged ciphertext: left as it came, with the reason.
@@ -572,7 +540,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
 	like($row->{state}{decrypt}{reason}, qr/does not decrypt/, 'saying why');
-	is(raw_message($id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
+	is(raw_message($node, $id), $h3 . "\r\n" . $b3, 'and goes on exactly as it came');
 }
 
 # An owner who did not choose server-side decryption: untouched.
@@ -580,7 +548,7 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	my $id = add_message('decrypt-not', 'bob@example.net', 'alice@example.org', $dh, $db_body);
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
 	is(row_json($node, $id)->{state}{decrypt}{result}, 'not chosen', 'DECRYPT no: not decrypted');
-	is(raw_message($id), $dh . "\r\n" . $db_body, 'the message as it came');
+	is(raw_message($node, $id), $dh . "\r\n" . $db_body, 'the message as it came');
 }
 
 # The encrypt stage's message, the other way: bob's secret key as an
@@ -590,13 +558,13 @@ unlike($raw, qr/multipart\/encrypted|protected-headers/, 'no trace of the envelo
 	write_file('bob.key', gpg('--export-secret-keys', $bob)));
 is($rc, 0, 'bob\'s key imported as an identity') or diag($err);
 {
-	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($enc), 2));
+	my $id = add_message('decrypt', 'alice@example.org', 'bob@example.net', split(/\r\n\r\n/, raw_message($node, $enc), 2));
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$id\n");
 	is_deeply($r->{status}, ['0'], 'the decrypt stage takes the encrypt stage\'s message') or diag($r->{stderr});
 	$row = row_json($node, $id);
 	is_deeply([ @{ $row->{state}{decrypt} }{qw(result key signature signed_by)} ],
 		[ 'decrypted', $bob, 'pass', $new ], 'decrypted with bob\'s key, alice\'s signature good');
-	$raw = raw_message($id);
+	$raw = raw_message($node, $id);
 	like($raw, qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
 	like($raw, qr/\r\n\r\nHello\.$/, 'and the body');
 }
@@ -793,7 +761,7 @@ for my $case ([ 'rita@example.net', 'rita', 'aes-256-cbc', 'enveloped-data' ],
 	is_deeply([ @{ $row->{state}{encrypt} }{qw(result format cipher signed_by)} ],
 		[ 'encrypted', 's/mime', $cipher, $alice_x ], "S/MIME, $cipher, signed with alice's S/MIME identity")
 	  or diag(explain($row));
-	$raw = raw_message($id);
+	$raw = raw_message($node, $id);
 	like($raw, qr/^Content-Type: application\/pkcs7-mime; smime-type=$type; name="smime\.p7m"\r$/m,
 		"application/pkcs7-mime; smime-type=$type");
 	like($raw, qr/^Subject: \.\.\.\r$/m, 'the outer Subject is "..."');
@@ -849,7 +817,7 @@ $row = row_json($node, $sdec);
 is_deeply([ @{ $row->{state}{decrypt} }{qw(result format key signature signed_by)} ],
 	[ 'decrypted', 's/mime', $sam_x, 'pass', $rita_x ],
 	'decrypted with sam\'s identity, rita\'s signature good (it chains to the trusted CA)');
-$raw = raw_message($sdec);
+$raw = raw_message($node, $sdec);
 like($raw, qr/^Subject: lunch\?\r$/m, 'the inner Subject replaces "..."');
 like($raw, qr/^Authentication-Results: [^;]+;\r\n x-smime-decrypt=pass \(certificate \Q$sam_x\E\);\r\n x-smime-sign=pass header\.from=rita\@example\.net/m,
 	'Authentication-Results with both verdicts');
@@ -881,7 +849,7 @@ unlike($raw, qr/pkcs7/, 'no trace of the envelope');
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{signature}, 'fail', 'a self-signed signer: the signature fails');
 	like($row->{state}{decrypt}{reason}, qr/does not verify against the trusted CAs/, 'saying why');
-	like(raw_message($id), qr/^Subject: self-signed\r$/m, 'the message is decrypted all the same');
+	like(raw_message($node, $id), qr/^Subject: self-signed\r$/m, 'the message is decrypted all the same');
 }
 {
 	# A damaged ciphertext: left as it came.
@@ -895,21 +863,21 @@ unlike($raw, qr/pkcs7/, 'no trace of the envelope');
 	$row = row_json($node, $id);
 	is($row->{state}{decrypt}{result}, 'failed', 'is not decrypted');
 	like($row->{state}{decrypt}{reason}, qr/does not (decrypt|decode)/, 'saying why');
-	is(raw_message($id), "$h3\r\n\r\n$b3", 'and goes on exactly as it came');
+	is(raw_message($node, $id), "$h3\r\n\r\n$b3", 'and goes on exactly as it came');
 }
 {
 	# The stage's own S/MIME the other way: alice to sam, decrypted by sam's identity.
 	($rc, $out, $err) = keys_run('peer', 'import', '-c', $conf, 'sam@example.org', "$ssl/sam.pem");
 	my $id = encrypt_row('encrypt', 'sam@example.org');
 	run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$id\n");
-	my ($bh, $bb) = split(/\r\n\r\n/, raw_message($id), 2);
+	my ($bh, $bb) = split(/\r\n\r\n/, raw_message($node, $id), 2);
 	my $back = add_message('decrypt', 'alice@example.org', 'sam@example.org', "$bh\r\n", $bb);
 	$r = run_worker(worker_cmd('pepsi-stage-decrypt', $conf), "$back\n");
 	$row = row_json($node, $back);
 	is_deeply([ @{ $row->{state}{decrypt} }{qw(result signature signed_by)} ], [ 'decrypted', 'pass', $alice_x ],
 		'the encrypt stage\'s S/MIME decrypted by the decrypt stage, alice\'s signature good')
 	  or diag(explain($row->{state}));
-	like(raw_message($back), qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
+	like(raw_message($node, $back), qr/^Subject: the secret plans\r$/m, 'the protected Subject survives the round trip');
 }
 
 IPC::Run::run([ 'gpgconf', '--homedir', $gnupg, '--kill', 'gpg-agent' ]);

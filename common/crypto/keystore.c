@@ -76,8 +76,8 @@ keystore_identity(PGconn *conn, const struct keystore_keks *keks, const char *ad
 }
 
 int
-keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const char *address,
-							 const char *capability, char *fingerprint, struct buf *public_key, char *err,
+keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const struct pgp_secret_store *store,
+							 const char *address, const char *capability, char *fingerprint, struct buf *public_key, char *err,
 							 size_t errlen)
 {
 	PGresult			*res = keystore_identity_row(conn, address, capability, true, "openpgp");
@@ -99,12 +99,12 @@ keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const
 		snprintf(fingerprint, 65, "%.*s", PQgetlength(res, 0, 0), PQgetvalue(res, 0, 0));
 		keystore_bytes(res, 0, 1, public_key);
 		pgp_digest(PQgetvalue(res, 0, 2), (size_t) PQgetlength(res, 0, 2), digest);
-		if (pgp_session_has_secret(fingerprint, digest))
+		if (store->has_secret(fingerprint, digest))
 			rc = 0;
 		else if (!kek_from_config(cfg, &keks.cur, &keks.prev, &keks.has_prev, err, errlen))
 			rc = -2;
 		else if (!keystore_unseal(res, &keks, fingerprint, &secret, err, errlen)
-				 || !pgp_session_add_secret(fingerprint, digest, secret.data, secret.len, err, errlen))
+				 || !store->add_secret(fingerprint, digest, secret.data, secret.len, err, errlen))
 			rc = -1;
 	}
 	PQclear(res);

@@ -13,6 +13,7 @@
 
 #include "base/buf.h"
 #include "crypto/kek.h"
+#include "crypto/pgpsession.h"
 
 struct keystore_keks
 {
@@ -32,14 +33,15 @@ int keystore_identity(PGconn *conn, const struct keystore_keks *keks, const char
 
 /*
  * keystore_identity with the secret key put in the worker's OpenPGP
- * session (pgpsession.h) rather than returned: the row is read every time,
+ * session (store: pgp_session_secrets of pgpsession.h, or
+ * rnp_session_secrets of rnp_session.h) rather than returned: the row is read every time,
  * so a key revoked, expired, no longer primary or resealed is never used
  * from the session; the key is opened with the KEKs of cfg and imported
  * only when the session lacks the row's sealed bytes.  0 found, 1 none,
  * -1 an error (err), -2 the KEKs cannot be read (err).
  */
-int keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const char *address,
-								 const char *capability, char *fingerprint, struct buf *public_key, char *err,
+int keystore_identity_in_session(PGconn *conn, const struct pepsi_config *cfg, const struct pgp_secret_store *store,
+								 const char *address, const char *capability, char *fingerprint, struct buf *public_key, char *err,
 								 size_t errlen);
 
 /*

@@ -20,32 +20,17 @@
 #include <unistd.h>
 
 #include <gpgme.h>
-#include <openssl/sha.h>
 
 #include "crypto/kek.h"
 #include "crypto/openpgp_home.h"
 #include "crypto/pgpsession.h"
 
-struct pgp_cached_key
-{
-	char			   fingerprint[65]; /* empty: a free slot */
-	unsigned char	   digest[PGP_DIGEST_LEN];
-	bool			   secret;
-	gpgme_key_t		   key;
-	unsigned long long used;
-};
+static void pgp_session_release(void *key);
 
-static struct pgp_home		 session_home;
-static bool					 session_open;
-static pid_t				 session_pid;
-static struct pgp_cached_key session_keys[PGP_SESSION_KEYS];
-static unsigned long long	 session_clock;
-
-void
-pgp_digest(const void *data, size_t len, unsigned char digest[PGP_DIGEST_LEN])
-{
-	SHA256(data, len, digest);
-}
+static struct pgp_home		session_home;
+static bool					session_open;
+static pid_t				session_pid;
+static struct pgp_key_cache session_keys = {.release = pgp_session_release};
 
 /* At exit: the home and its agent go (only in the process that made them). */
 static void
@@ -53,10 +38,11 @@ pgp_session_close(void)
 {
 	if (!session_open || getpid() != session_pid)
 		return;
+	/* The home goes with the keys in it: unreferenced, not deleted one by one. */
 	for (size_t i = 0; i < PGP_SESSION_KEYS; i++)
-		if (session_keys[i].key)
-			gpgme_key_unref(session_keys[i].key);
-	memset(session_keys, 0, sizeof(session_keys));
+		if (session_keys.keys[i].key)
+			gpgme_key_unref(session_keys.keys[i].key);
+	memset(session_keys.keys, 0, sizeof(session_keys.keys));
 	pgp_home_close(&session_home);
 	session_open = false;
 }
@@ -119,13 +105,7 @@ pgp_session_start(char *err, size_t errlen)
 static struct pgp_cached_key *
 pgp_session_find(const char *fingerprint)
 {
-	for (size_t i = 0; i < PGP_SESSION_KEYS; i++)
-		if (session_keys[i].fingerprint[0] && strcasecmp(session_keys[i].fingerprint, fingerprint) == 0)
-		{
-			session_keys[i].used = ++session_clock;
-			return &session_keys[i];
-		}
-	return NULL;
+	return pgp_cache_find(&session_keys, fingerprint);
 }
 
 /* Delete key (public and secret halves) from the home. */
@@ -136,31 +116,10 @@ pgp_session_delete(gpgme_key_t key)
 }
 
 static void
-pgp_session_drop(struct pgp_cached_key *k)
+pgp_session_release(void *key)
 {
-	if (k->key)
-	{
-		pgp_session_delete(k->key);
-		gpgme_key_unref(k->key);
-	}
-	memset(k, 0, sizeof(*k));
-}
-
-/* A free slot, made by dropping the least recently used key if need be. */
-static struct pgp_cached_key *
-pgp_session_slot(void)
-{
-	struct pgp_cached_key *oldest = &session_keys[0];
-
-	for (size_t i = 0; i < PGP_SESSION_KEYS; i++)
-	{
-		if (session_keys[i].fingerprint[0] == '\0')
-			return &session_keys[i];
-		if (session_keys[i].used < oldest->used)
-			oldest = &session_keys[i];
-	}
-	pgp_session_drop(oldest);
-	return oldest;
+	pgp_session_delete(key);
+	gpgme_key_unref(key);
 }
 
 /* Import data as fingerprint's key (afresh: an older version goes first). */
@@ -168,7 +127,7 @@ static struct pgp_cached_key *
 pgp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN], const void *data,
 				   size_t len, bool secret, char *err, size_t errlen)
 {
-	struct pgp_cached_key *k = pgp_session_find(fingerprint);
+	struct pgp_cached_key *k;
 	struct pgp_blob		   blob = {data, len};
 	char				   got[65];
 	gpgme_key_t			   key = NULL;
@@ -176,9 +135,7 @@ pgp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGES
 
 	if (!pgp_session_start(err, errlen))
 		return NULL;
-	if (k)
-		pgp_session_drop(k);
-	k = pgp_session_slot();
+	k = pgp_cache_slot(&session_keys, fingerprint);
 	if (!pgp_import_one(&session_home, &blob, got, sizeof(got), err, errlen))
 		return NULL;
 	e = gpgme_get_key(session_home.ctx, got, &key, secret);
@@ -201,20 +158,14 @@ pgp_session_import(const char *fingerprint, const unsigned char digest[PGP_DIGES
 		gpgme_key_unref(key);
 		return NULL;
 	}
-	snprintf(k->fingerprint, sizeof(k->fingerprint), "%s", fingerprint);
-	memcpy(k->digest, digest, PGP_DIGEST_LEN);
-	k->secret = secret;
-	k->key = key;
-	k->used = ++session_clock;
+	pgp_cache_fill(&session_keys, k, fingerprint, digest, secret, key);
 	return k;
 }
 
 bool
 pgp_session_has_secret(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN])
 {
-	struct pgp_cached_key *k = pgp_session_find(fingerprint);
-
-	return k && k->secret && memcmp(k->digest, digest, PGP_DIGEST_LEN) == 0;
+	return pgp_cache_has_secret(&session_keys, fingerprint, digest);
 }
 
 bool
@@ -223,6 +174,8 @@ pgp_session_add_secret(const char *fingerprint, const unsigned char digest[PGP_D
 {
 	return pgp_session_import(fingerprint, digest, secret, len, true, err, errlen) != NULL;
 }
+
+const struct pgp_secret_store pgp_session_secrets = {pgp_session_has_secret, pgp_session_add_secret};
 
 /* Is key one to encrypt to for address now?  The reason in err if not. */
 static bool
@@ -239,17 +192,9 @@ pgp_key_encrypts_to(gpgme_key_t key, const char *fingerprint, const char *addres
 		if (s->can_encrypt && !s->revoked && !s->expired && !s->disabled && !s->invalid
 			&& (s->expires == 0 || s->expires > now))
 			subkey_ok = true;
-	if (key->revoked)
-		snprintf(err, errlen, "key %s is revoked", fingerprint);
-	else if (key->expired || (primary && primary->expires && primary->expires <= now))
-		snprintf(err, errlen, "key %s has expired", fingerprint);
-	else if (!uid_ok)
-		snprintf(err, errlen, "key %s has no User ID with the address %s", fingerprint, address);
-	else if (key->disabled || key->invalid || !subkey_ok)
-		snprintf(err, errlen, "key %s cannot encrypt", fingerprint);
-	else
-		return true;
-	return false;
+	return pgp_key_verdict(fingerprint, address, key->revoked,
+						   key->expired || (primary && primary->expires && primary->expires <= now), uid_ok,
+						   !key->disabled && !key->invalid && subkey_ok, err, errlen);
 }
 
 bool
@@ -257,11 +202,11 @@ pgp_session_public(const char *fingerprint, const void *data, size_t len, const 
 				   size_t errlen)
 {
 	unsigned char		   digest[PGP_DIGEST_LEN];
-	struct pgp_cached_key *k = pgp_session_find(fingerprint);
+	struct pgp_cached_key *k;
 
 	pgp_digest(data, len, digest);
-	/* An identity's secret key in the session has its public half with it. */
-	if (k == NULL || (!k->secret && memcmp(k->digest, digest, PGP_DIGEST_LEN) != 0))
+	k = pgp_cache_public(&session_keys, fingerprint, digest);
+	if (k == NULL)
 		k = pgp_session_import(fingerprint, digest, data, len, false, err, errlen);
 	if (k == NULL)
 		return false;

@@ -19,13 +19,8 @@
 #include <stddef.h>
 
 #include "base/buf.h"
+#include "crypto/keycache.h"
 #include "crypto/openpgp.h"
-
-#define PGP_SESSION_KEYS 64
-#define PGP_DIGEST_LEN 32
-
-/* SHA-256 of bytes read from the key store (the row's version, as the session sees it). */
-void pgp_digest(const void *data, size_t len, unsigned char digest[PGP_DIGEST_LEN]);
 
 /*
  * Is fingerprint's secret key in the session, imported from the stored
@@ -36,6 +31,20 @@ bool pgp_session_has_secret(const char *fingerprint, const unsigned char digest[
 /* Import fingerprint's secret key (binary or armored), stored as bytes of digest. */
 bool pgp_session_add_secret(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN], const void *secret,
 							size_t len, char *err, size_t errlen);
+
+/*
+ * A session's secret keys as the key store fills them
+ * (keystore_identity_in_session): this GPGME session's, or librnp's
+ * (rnp_session.h) in pepsi-stage-encrypt.
+ */
+struct pgp_secret_store
+{
+	bool (*has_secret)(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN]);
+	bool (*add_secret)(const char *fingerprint, const unsigned char digest[PGP_DIGEST_LEN], const void *secret,
+					   size_t len, char *err, size_t errlen);
+};
+
+extern const struct pgp_secret_store pgp_session_secrets;
 
 /*
  * Make the public key data (fingerprint's row in pepsi.peer_key, or an

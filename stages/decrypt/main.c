@@ -81,7 +81,7 @@ decrypt_pgp(struct pepsi_ctx *ctx, const char *rcpt)
 		buf_free(&armored);
 		return decrypt_pass_on(ctx, "failed", "no OpenPGP message in the multipart/encrypted body");
 	}
-	found = keystore_identity_in_session(conn, pepsi_config(ctx), rcpt, "encrypt", fpr, &pub, err, sizeof(err));
+	found = keystore_identity_in_session(conn, pepsi_config(ctx), &pgp_session_secrets, rcpt, "encrypt", fpr, &pub, err, sizeof(err));
 	if (found == -2)
 	{
 		buf_free(&armored);

@@ -34,7 +34,9 @@
  * keydisc_release resumes the message, which is then decided afresh.  A
  * message parks once, and not at all for an address whose last lookup
  * found nothing (key_request.negative_until, the negative cache).
- * The outcome is state.encrypt.
+ * The outcome is state.encrypt.  OpenPGP is encrypted and signed in
+ * process through librnp (common/crypto/rnp_session.c), keys imported once
+ * per worker and version of their row.
  *
  * Installed setuid pepsi-crypto: it connects with [crypto] CONNINFO (peer
  * authentication as a member of pepsi_crypto, the one role that reads the
@@ -51,7 +53,7 @@
 #include "crypto/keystore.h"
 #include "crypto/openpgp.h"
 #include "crypto/pgpmime.h"
-#include "crypto/pgpsession.h"
+#include "crypto/rnp_session.h"
 #include "crypto/smime.h"
 #include "message/header.h"
 #include "message/securelink.h"
@@ -153,7 +155,7 @@ encrypt_decide(struct pepsi_ctx *ctx, PGconn *conn, const char *rcpt, struct enc
 	{
 		/* Checked on every use; an OpenPGP key is imported into the worker's session once per version of the row. */
 		if (strcmp(r->protocol, "smime") == 0 ? smime_check(r->key.data, r->key.len, rcpt, err, sizeof(err))
-											  : pgp_session_public(r->fingerprint, r->key.data, r->key.len, rcpt, err,
+											  : rnp_session_public(r->fingerprint, r->key.data, r->key.len, rcpt, err,
 																   sizeof(err)))
 		{
 			r->outcome = OUTCOME_ENCRYPT;
@@ -380,7 +382,7 @@ encrypt_find_sender(struct pepsi_ctx *ctx, PGconn *conn, const struct encrypt_rc
 		found = keystore_smime_identity(conn, pepsi_config(ctx), s->from, "sign", s->fingerprint, &s->public_key,
 										&s->secret, err, sizeof(err));
 	else if (sign)
-		found = keystore_identity_in_session(conn, pepsi_config(ctx), s->from, "sign", s->fingerprint,
+		found = keystore_identity_in_session(conn, pepsi_config(ctx), &rnp_session_secrets, s->from, "sign", s->fingerprint,
 											 &s->public_key, err, sizeof(err));
 	else
 		found = keystore_identity(conn, NULL, s->from, "sign", s->fingerprint, &s->public_key, NULL, err,
@@ -431,7 +433,7 @@ encrypt_pgp(struct pepsi_ctx *ctx, const char **keys, size_t k, json_t *fprs, co
 	int				  rc;
 
 	pgpmime_inner(h->data, h->len, body->data, body->len, &inner);
-	if (!pgp_session_encrypt(keys, k, s->signing ? s->fingerprint : NULL, inner.data, inner.len, &armored, err,
+	if (!rnp_session_encrypt(keys, k, s->signing ? s->fingerprint : NULL, inner.data, inner.len, &armored, err,
 							 sizeof(err)))
 		/* The keys passed their check a moment ago: a failure here is not the recipient's. */
 		rc = encrypt_wait(ctx, err);
