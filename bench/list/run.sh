@@ -77,6 +77,13 @@ bench_require_programs pepsi-ingress pepsi-dispatch pepsi-stage-list pepsi-stage
 postfix_dir=
 
 cleanup() {
+    if [ -n "${BENCH_SAVE:-}" ] && [ -n "$BENCH_DIR" ]; then
+        mkdir -p "$BENCH_SAVE"
+        cp "$BENCH_DIR"/*.log "$BENCH_SAVE"/ 2>/dev/null || true
+        bench_psql -c "\\copy (SELECT * FROM pepsi.mail_log ORDER BY 1) TO '$BENCH_DIR/mail_log.csv' CSV HEADER" >/dev/null 2>&1 &&
+            cp "$BENCH_DIR/mail_log.csv" "$BENCH_SAVE"/ || true
+        [ -z "$postfix_dir" ] || cp "$postfix_dir/maillog" "$BENCH_SAVE"/postfix-maillog 2>/dev/null || true
+    fi
     if [ -n "$postfix_dir" ]; then
         bench_postfix_stop "$postfix_dir"
     fi
@@ -239,11 +246,13 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench_started=$(date +%s)
 for c in $cases; do
     for m in $modes; do
-        pepsi_reset
-        wp=$(measure pepsi "$c" "$m")
-        sync
-        wm=$(measure mlmmj "$c" "$m")
-        echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s"
+        if [ "${BENCH_WARMUP:-1}" = 1 ]; then
+            pepsi_reset
+            wp=$(measure pepsi "$c" "$m")
+            sync
+            wm=$(measure mlmmj "$c" "$m")
+            echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s"
+        fi
         declare -a tp=() tm=() rr=()
         for ((r = 1; r <= repeats; r++)); do
             pepsi_reset
