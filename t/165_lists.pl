@@ -243,7 +243,9 @@ ok(poll_until(sub { grep { /^Subject: Moderation: approve [0-9a-f]{64}/m } notic
 my ($ask) = grep { /^Subject: Moderation: approve/m } notices();
 my ($token) = $ask =~ /^Subject: Moderation: approve ([0-9a-f]{64})\r$/m;
 like($ask, qr/^From: <dev-request\@lists\.test>\r$/m, 'by the list\'s request address');
-is(sql("SELECT status || ' ' || (timeout = 'infinity') FROM pepsi.workqueue"), 'paused true', 'the post is on hold');
+# (the notice's own row goes once its delivery commits, just after the peer has it)
+ok(poll_until(sub { sql("SELECT string_agg(status || ' ' || (timeout = 'infinity'), ',') FROM pepsi.workqueue") eq 'paused true' }, 60),
+	'the post is on hold') or why_not();
 is(scalar(received('carol@two.test', 'held one')), 0, 'and not sent');
 ($rcpt, $data) = post(from => 'owner@local.test', to => 'dev-request@lists.test',
 	subject => "Re: Moderation: approve $token", text => "OK\n");

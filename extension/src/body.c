@@ -23,27 +23,75 @@ PG_FUNCTION_INFO_V1(workqueue_body_release_trigger);
 PG_FUNCTION_INFO_V1(workqueue_body_gc);
 
 /*
- * Delete the bodies among body_ids (int8[], ascending) that no row
- * references.  The bodies are locked first, in id order: two transactions
- * releasing the last two siblings of a body then take turns, and the
- * second one's reference check, a new statement with a new snapshot under
- * READ COMMITTED, sees the first one's delete and frees the body.  Without
- * the lock each would still see the other's row and neither would free
- * it.  Taking the locks in id order keeps releasers from deadlocking.  The
- * lock is FOR NO KEY UPDATE, which does not conflict with the KEY SHARE
- * lock a clone's foreign key check takes on the same body: a transaction
- * that inserts clones and then finishes their source (finish_with_clones)
- * already holds that lock, and FOR UPDATE would make two of them deadlock.
- * The sweep skips locked bodies.
+ * Free body_id if no row references it any more.  A release that finds a
+ * referencing row nobody has locked (not being deleted or changed by
+ * another transaction) locks it FOR SHARE and is done: that row can go
+ * only after this transaction commits, and its own release then sees this
+ * one's delete.  So the releases of one body shared by many rows (a list's
+ * post delivered by many workers) go on side by side.  A release that
+ * finds none may be the last: releases take turns on the body's row lock,
+ * so the second one's reference check, a new statement with a new snapshot
+ * under READ COMMITTED, sees the first one's delete and frees the body.
+ * Without the lock each would still see the other's row and neither would
+ * free it.  The lock is FOR NO KEY UPDATE, which does not conflict with
+ * the KEY SHARE lock a clone's foreign key check takes on the same body: a
+ * transaction that inserts clones and then finishes their source
+ * (finish_with_clones) already holds that lock, and FOR UPDATE would make
+ * two of them deadlock.  The referencing row is looked for from the
+ * newest index entry (SKIP LOCKED: never waiting), away from the oldest
+ * pending rows the dispatcher claims next.  The sweep skips locked
+ * bodies.
  */
 static void
-body_release_unreferenced(Datum body_ids)
+body_release_one(Datum body_id)
+{
+	static SPIPlanPtr kept_plan;
+	static SPIPlanPtr lock_plan;
+	static SPIPlanPtr release_plan;
+	static const Oid  argtypes[] = {INT8OID};
+	Datum			  values[1] = {body_id};
+
+	queue_exec(queue_plan(&kept_plan,
+						  "SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = $1"
+						  " ORDER BY w.body_id DESC LIMIT 1 FOR SHARE SKIP LOCKED",
+						  1, argtypes),
+			   values, NULL, false, 0);
+	if (SPI_processed > 0)
+		return;
+	queue_exec(queue_plan(&lock_plan, "SELECT id FROM pepsi.workqueue_body WHERE id = $1 FOR NO KEY UPDATE", 1,
+						  argtypes),
+			   values, NULL, false, 0);
+	queue_exec(queue_plan(&release_plan,
+						  "DELETE FROM pepsi.workqueue_body b WHERE b.id = $1"
+						  " AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.id)",
+						  1, argtypes),
+			   values, NULL, false, 0);
+}
+
+/*
+ * Delete the bodies among ids (ascending, distinct) that no row
+ * references: one as above; several (a statement that deleted many
+ * messages' rows) all taken in turn, in id order (which keeps releasers
+ * from deadlocking), two statements whatever their number.
+ */
+static void
+body_release_unreferenced(const int64 *ids, int count)
 {
 	static SPIPlanPtr lock_plan;
 	static SPIPlanPtr release_plan;
 	static const Oid  argtypes[] = {INT8ARRAYOID};
-	Datum			  values[1] = {body_ids};
+	Datum			 *datums;
+	Datum			  values[1];
 
+	if (count == 1)
+	{
+		body_release_one(Int64GetDatum(ids[0]));
+		return;
+	}
+	datums = palloc(sizeof(Datum) * count);
+	for (int i = 0; i < count; i++)
+		datums[i] = Int64GetDatum(ids[i]);
+	values[0] = PointerGetDatum(construct_array(datums, count, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	queue_exec(queue_plan(&lock_plan,
 						  "SELECT id FROM pepsi.workqueue_body WHERE id = ANY ($1)"
 						  " ORDER BY id FOR NO KEY UPDATE",
@@ -59,10 +107,7 @@ body_release_unreferenced(Datum body_ids)
 void
 body_release_if_unreferenced(int64 body_id)
 {
-	Datum id = Int64GetDatum(body_id);
-
-	body_release_unreferenced(PointerGetDatum(construct_array(&id, 1, INT8OID, 8, true,
-															  TYPALIGN_DOUBLE)));
+	body_release_unreferenced(&body_id, 1);
 }
 
 /* Store a new body and return its id (the caller is connected to SPI). */
@@ -105,7 +150,6 @@ workqueue_body_release_trigger(PG_FUNCTION_ARGS)
 	int				capacity = 64;
 	int				count = 0;
 	int				distinct = 0;
-	Datum		   *datums;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BY_DELETE(trigdata->tg_event)
 		|| trigdata->tg_oldtable == NULL)
@@ -138,14 +182,12 @@ workqueue_body_release_trigger(PG_FUNCTION_ARGS)
 		return PointerGetDatum(NULL);
 
 	qsort(ids, count, sizeof(int64), body_compare_ids);
-	datums = palloc(sizeof(Datum) * count);
 	for (int i = 0; i < count; i++)
 		if (i == 0 || ids[i] != ids[i - 1])
-			datums[distinct++] = Int64GetDatum(ids[i]);
+			ids[distinct++] = ids[i];
 
 	SPI_connect();
-	body_release_unreferenced(PointerGetDatum(construct_array(datums, distinct, INT8OID, 8,
-															  true, TYPALIGN_DOUBLE)));
+	body_release_unreferenced(ids, distinct);
 	SPI_finish();
 	return PointerGetDatum(NULL);
 }
