@@ -244,6 +244,16 @@ BEGIN
 END
 $$;
 
+-- shown with its addresses obfuscated as obfuscation says (a list's
+-- archive_policy): none, at (user at example.org), hide (user@...).
+CREATE FUNCTION pepsi.archive_obfuscated(obfuscation text, shown text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE obfuscation
+               WHEN 'none' THEN shown
+               WHEN 'hide' THEN regexp_replace(shown, '([A-Za-z0-9._%+=-]+)@[A-Za-z0-9.-]+\.[A-Za-z]+', '\1@...', 'g')
+               ELSE regexp_replace(shown, '([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+)', '\1 at \2', 'g') END
+$$;
+
 -- The words of a reader's query as one regular expression (each a whole
 -- word), for archive_excerpt_window; NULL when it has none.
 CREATE FUNCTION pepsi.archive_search_pattern(query text) RETURNS text
@@ -261,10 +271,25 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_tem
     SELECT substr(body, greatest(1, coalesce(nullif(regexp_instr(left(body, 20000), pattern, 1, 1, 0, 'i'), 0), 1) - 200), 600)
 $$;
 
+-- Text shown to readers, its addresses obfuscated by the list's policy:
+-- none, at (user at example.org), hide (user@...); archive_obfuscated.
+CREATE OR REPLACE FUNCTION pepsi.archive_obfuscate(list bigint, shown text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN pepsi.archive_obfuscated((pepsi.archive_policy_of(list)).obfuscation, shown);
+END
+$$;
+
 -- The key the archive's GIN index is on: a message's tsvector and its
--- list's lexeme.
+-- list's lexeme.  Checked on a row, it reads the message's tsvector back
+-- from TOAST and decompresses it (some 40 microseconds, the cost of
+-- reading a few pages): its COST says so, where an inlined expression
+-- counted a few operators, and a sequential scan, which checks every
+-- message, looked cheaper than the index's bitmap for a common word
+-- (archive_search_count needed enable_seqscan = off).  SET keeps it from
+-- being inlined, so the planner sees that cost.
 CREATE OR REPLACE FUNCTION pepsi.archive_search_key(list bigint, search tsvector) RETURNS tsvector
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE COST 1000 SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT search OPERATOR(pg_catalog.||) pg_catalog.array_to_tsvector(ARRAY['#list' OPERATOR(pg_catalog.||) list::text])
 $$;
 
@@ -423,20 +448,22 @@ $$;
 -- the headline parses every character it is given, and the page's 100
 -- excerpts over whole texts were most of a rare word's page.  Only the
 -- page's rows get one (ts_headline is costly, so the planner computes it
--- after the LIMIT).
+-- after the LIMIT); the list's obfuscation is looked up once, not three
+-- times a row.
 CREATE OR REPLACE FUNCTION pepsi.archive_search(list bigint, query text, max_rows integer DEFAULT 50)
 RETURNS TABLE (id bigint, thread_id bigint, subject text, from_name text, sent_at timestamptz, excerpt text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
 BEGIN
     RETURN QUERY EXECUTE
-        'SELECT m.id, m.thread_id, pepsi.archive_obfuscate($1, m.subject),
-                pepsi.archive_obfuscate($1, coalesce(m.from_name, m.from_address)), m.sent_at,
-                pepsi.archive_obfuscate($1, ts_headline(''simple'', pepsi.archive_excerpt_window(m.body_text, $4),
+        'SELECT m.id, m.thread_id, pepsi.archive_obfuscated($5, m.subject),
+                pepsi.archive_obfuscated($5, coalesce(m.from_name, m.from_address)), m.sent_at,
+                pepsi.archive_obfuscated($5, ts_headline(''simple'', pepsi.archive_excerpt_window(m.body_text, $4),
                     websearch_to_tsquery(''simple'', $2), ''StartSel=«, StopSel=», MaxFragments=2''))
          FROM pepsi.archive_message m
          WHERE m.list_id = $1 AND pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($1, $2)
          ORDER BY m.sent_at DESC, m.id DESC LIMIT $3'
-        USING list, query, least(greatest(max_rows, 1), 1000), pepsi.archive_search_pattern(query);
+        USING list, query, least(greatest(max_rows, 1), 1000), pepsi.archive_search_pattern(query),
+              (pepsi.archive_policy_of(list)).obfuscation;
 END
 $$;
 
@@ -465,7 +492,8 @@ UPDATE pepsi.archive_message m SET search = m.search || pepsi.archive_word_pairs
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_httpd', 'function', 'archive_search_count', '{EXECUTE}');
 INSERT INTO pepsi.grant_owner (name) VALUES ('archive_word_pairs'), ('archive_parse'), ('archive_keep_parts'),
-    ('archive_thread_adopt'), ('archive_store_message'), ('archive_search_pattern'), ('archive_excerpt_window');
+    ('archive_thread_adopt'), ('archive_store_message'), ('archive_search_pattern'), ('archive_excerpt_window'),
+    ('archive_obfuscated');
 SELECT pepsi.grant_apply();
 -- end of the archive's phrase search, excerpts and import at 100,000 messages
 
