@@ -8471,21 +8471,20 @@ SELECT pepsi.grant_apply();
 -- ===========================================================================
 
 -- The word pairs of a message's tsvector: the lexemes at positions p and
--- p + 1 as one lexeme 'a b' each, without positions.  A pair over 100
--- bytes is left out (archive_search_query leaves such a phrase to the
--- positions); the first 400,000 bytes of pairs are kept (more than the
--- 16,383 positions a tsvector counts give in mail's text), so the tsvector
--- stays under its 1 MB.
+-- p + 1 as one lexeme 'a b' each, without positions (each position's next
+-- one, in position order).  A pair over 100 bytes is left out
+-- (archive_search_query leaves such a phrase to the positions).  The
+-- pairs stay under 400,000 bytes, the first ones kept (more than the
+-- 16,383 positions a tsvector counts give in mail's text), so that the
+-- tsvector stays under its 1 MB.
 CREATE FUNCTION pepsi.archive_word_pairs(words tsvector) RETURNS tsvector
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT coalesce(array_to_tsvector(array_agg(u.pair)), ''::tsvector)
-    FROM (SELECT d.pair, sum(octet_length(d.pair) + 8) OVER (ORDER BY d.first, d.pair) AS used
-          FROM (SELECT a.lexeme || ' ' || b.lexeme AS pair, min(a.p) AS first
-                FROM (SELECT x.lexeme, unnest(x.positions) AS p FROM unnest(words) AS x) a
-                JOIN (SELECT x.lexeme, unnest(x.positions) AS p FROM unnest(words) AS x) b ON b.p = a.p + 1
-                WHERE octet_length(a.lexeme) + octet_length(b.lexeme) < 100
-                GROUP BY 1) d) u
-    WHERE u.used <= 400000
+    SELECT coalesce(array_to_tsvector(CASE WHEN sum(octet_length(a.pair)) < 400000 THEN array_agg(a.pair)
+                                           ELSE (array_agg(a.pair ORDER BY a.p))[1:3800] END), ''::tsvector)
+    FROM (SELECT x.lexeme || ' ' || x.next AS pair, x.p
+          FROM (SELECT y.lexeme, y.p, lead(y.lexeme) OVER w AS next, lead(y.p) OVER w AS np
+                FROM (SELECT z.lexeme, unnest(z.positions) AS p FROM unnest(words) AS z) y WINDOW w AS (ORDER BY y.p)) x
+          WHERE x.np = x.p + 1 AND octet_length(x.lexeme) + octet_length(x.next) < 100) a
 $$;
 
 -- A message's fields from its raw copy (named: its Message-Id): subject,
