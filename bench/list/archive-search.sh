@@ -48,10 +48,21 @@
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
-# 2026-12-07, issue 40 archive branch: word pairs, no planner override.
-# Not yet taken at 100,000 messages: on the day the machine's load (40 to
-# 65 on 2 cores) made the niced import of 100,000 messages take hours;
-# see the commit that records the run taken.
+# 2026-12-07, word pairs in the index, no planner override: the timed run
+# at 100,000 messages was not taken: the machine's load (40 to 65 on 2
+# cores, every helper's tests) made the niced import run at 10-12
+# messages/s (100,000 in over 2 hours).  At 10,000 messages (niced, not
+# under the lock, plans and indicative times only): the phrase "w0 w1"
+# counted from the GIN index alone, 2.2 ms (1,092 matches; 7,328 ms at
+# 100,000 before the pairs, through the positions); w0 (98.6% of the
+# messages) from the bitmap, 3-5 ms, with archive_search_key's COST 10000
+# (COST 1000: a sequential scan, 0.6-4.7 s); quokka 0.7 ms, zyzzyva
+# 0.2 ms.  Import, 2,000 messages into an empty list, niced, interleaved
+# with the code before (load 13-65): before 23.6, 21.4, 25.1, 54.2, 54.6
+# messages/s; after 19.9, 15.5, 19.8 (first pairs function), 36.5, 49.6
+# (the window one): each message is written once and threads recounted
+# once a batch, but the word pairs' entries (some twice the words') make
+# the GIN index's merges cost more than that saves.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
