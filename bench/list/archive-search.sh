@@ -48,21 +48,27 @@
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
-# 2026-12-07, word pairs in the index, no planner override: the timed run
-# at 100,000 messages was not taken: the machine's load (40 to 65 on 2
-# cores, every helper's tests) made the niced import run at 10-12
-# messages/s (100,000 in over 2 hours).  At 10,000 messages (niced, not
-# under the lock, plans and indicative times only): the phrase "w0 w1"
-# counted from the GIN index alone, 2.2 ms (1,092 matches; 7,328 ms at
-# 100,000 before the pairs, through the positions); w0 (98.6% of the
-# messages) from the bitmap, 3-5 ms, with archive_search_key's COST 10000
-# (COST 1000: a sequential scan, 0.6-4.7 s); quokka 0.7 ms, zyzzyva
-# 0.2 ms.  Import, 2,000 messages into an empty list, niced, interleaved
-# with the code before (load 13-65): before 23.6, 21.4, 25.1, 54.2, 54.6
+# 2026-12-07, word pairs in the index, no planner override.  The run at
+# 100,000 messages was not taken: the machine's load (40 to 65 on 2 cores)
+# made the niced import run at 10-12 messages/s.  Taken at 10,000
+# messages (29 MB mbox; BENCH_ARCHIVE_SAVE then BENCH_ARCHIVE_FROM, the
+# timed part under bench2.lock, medians of 5, spread min-max; load 17 20 26):
+#   term     count ms           page ms            grep -c ms          ratio count  page
+#   w0       4.9 (2.1-12.4)     27.2 (18.8-35.9)   154 (120-312)       31.3x   5.7x
+#   quokka   1.1 (0.9-12.9)     31.2 (16.3-61.3)   48.1 (33.1-83.3)    42.7x   1.5x
+#   "w0 w1"  2.0 (1.6-17.2)     94.1 (58.5-161.5)  149 (116-196)       74.1x   1.6x
+#   zyzzyva  1.0 (0.8-5.8)      1.5 (1.4-2.7)      39.9 (35.0-53.9)    38.3x  26.1x
+# Every count is planned on archive_message_list_search's bitmap (w0,
+# in 98.6% of the messages, too, with archive_search_key's COST 10000;
+# COST 1000 gave a sequential scan, 0.6-4.7 s).  The pages of 100 rows
+# (excerpts, obfuscation) cost about the same at any size, grep grows
+# with the mbox: at 10,000 messages the pages fall short of 20x.
+# Import, 2,000 messages into an empty list, niced, interleaved with the
+# code before (load 13-65): before 23.6, 21.4, 25.1, 54.2, 54.6
 # messages/s; after 19.9, 15.5, 19.8 (first pairs function), 36.5, 49.6
 # (the window one): each message is written once and threads recounted
-# once a batch, but the word pairs' entries (some twice the words') make
-# the GIN index's merges cost more than that saves.
+# once a batch, but the word pairs' index entries cost more than that
+# saves.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
