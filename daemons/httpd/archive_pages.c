@@ -366,19 +366,27 @@ archive_search(struct request *req, const struct archive_request *ar)
 		buf_free(&out);
 		return result;
 	}
+	/* The total (archive_search_count), then the newest 100 beside it: a
+	 * row with the total and no message when nothing matches. */
 	res = archive_query(req,
-						"SELECT id, subject, from_name, to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'), excerpt"
-						" FROM pepsi.archive_search($1::bigint, $2, 100)",
+						"SELECT s.id, s.subject, s.from_name, to_char(s.sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI'),"
+						" s.excerpt, c.total"
+						" FROM pepsi.archive_search_count($1::bigint, $2) AS c(total)"
+						" LEFT JOIN pepsi.archive_search($1::bigint, $2, 100) AS s ON true ORDER BY s.sent_at DESC, s.id DESC",
 						2, values, &result);
 	if (res == NULL)
 	{
 		buf_free(&out);
 		return result;
 	}
-	buf_printf(&out, "<p id=\"found\">%d found</p>\n<ol id=\"results\">\n", PQntuples(res));
+	buf_printf(&out, "<p id=\"found\">%s found</p>\n<ol id=\"results\">\n",
+			   PQntuples(res) > 0 ? PQgetvalue(res, 0, 5) : "0");
 	for (int i = 0; i < PQntuples(res); i++)
 	{
 		char path[48];
+
+		if (PQgetisnull(res, i, 0))
+			continue;
 
 		snprintf(path, sizeof(path), "message/%s", PQgetvalue(res, i, 0));
 		buf_append_str(&out, "<li>");

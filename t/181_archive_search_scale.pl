@@ -1,0 +1,161 @@
+# The archive's search and import at scale (issue 40): a phrase is found by
+# its word pairs (exactly the messages with the words adjacent and in order,
+# not apart, not reversed; three words too), the count agrees with the page,
+# the planner takes the GIN index for a common word's count without any
+# enable_* override (EXPLAIN: the plan's node, not a time), pepsi-httpd's
+# search page shows archive_search_count's total, not the page's 100, and
+# an import writes each message once (no UPDATE of archive_message) and
+# leaves every thread's count right after a batch, a reply that came before
+# its parent included.
+
+use strict;
+use warnings FATAL => 'all';
+
+use HTTP::Tiny;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use DeliveryTest;
+use DispatchTest;
+use PepsiTest;
+
+plan skip_all => 'pepsi-archive is not built' unless -x pepsi_bin('pepsi-archive');
+
+my $db = 'postgres';
+my $node = delivery_node('archive_scale');
+my $tmp = PostgreSQL::Test::Utils::tempdir();
+sub sql { return $node->safe_psql($db, shift) }
+
+my $http_port = PostgreSQL::Test::Cluster::get_free_port();
+my $secret = 'web-secret';
+sql("CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
+my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
+my $config = write_config($node,
+	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'lists.test' },
+	stages => <<"CONF");
+[httpd]
+ADDRESS = 127.0.0.1
+PORT = $http_port
+CONNINFO = $conninfo user=web password=$secret
+CONF
+chmod 0600, $config or die "chmod $config: $!";
+my @cli = (pepsi_bin('pepsi-archive'), '-C', $config);
+my $list = sql("SELECT pepsi.list_create('dev\@lists.test', 'owner\@lists.test')");
+
+# An mbox of messages (id, subject, text, references), dated a minute apart.
+my $minute = 0;
+sub mbox
+{
+	my $text = '';
+	for my $m (@_)
+	{
+		my ($id, $subject, $body, $refs) = @$m;
+		my @refs = map { "<$_\@client.test>" } split ' ', $refs // '';
+		$text .= "From x\@client.test Mon Dec  7 10:00:00 2026\nFrom: X <x\@client.test>\nTo: dev\@lists.test\n"
+		  . "Subject: $subject\nMessage-Id: <$id\@client.test>\n"
+		  . (@refs ? "In-Reply-To: $refs[-1]\nReferences: @refs\n" : '')
+		  . sprintf("Date: Mon, 07 Dec 2026 %02d:%02d:00 +0000\n", 8 + int($minute / 60), $minute % 60)
+		  . "\n$body\n\n";
+		$minute++;
+	}
+	return $text;
+}
+sub import_mbox
+{
+	my ($name, $text) = @_;
+	my ($out, $err) = ('', '');
+	append_to_file("$tmp/$name.mbox", $text);
+	ok(IPC::Run::run([ @cli, 'import', 'dev@lists.test', "$tmp/$name.mbox" ], '>', \$out, '2>', \$err),
+		"pepsi-archive imports $name")
+	  or diag($err);
+	return $out;
+}
+sub updates { return sql("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'pepsi.archive_message'::regclass") }
+sub inserts { return sql("SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'pepsi.archive_message'::regclass") }
+
+# 1. The phrases, 150 posts in threads of three with a common word (more
+#    than a page) and 150 without it, imported in order: no message is
+#    written twice.
+my @phrases = (
+	[ 'adjacent', 'Words', 'the quick brown fox jumps' ],
+	[ 'reversed', 'Words', 'the brown quick fox jumps' ],
+	[ 'apart', 'Words', 'quick and then brown fox' ],
+	[ 'lines', 'Words', "a quick\nbrown dog" ],
+	[ 'subject', 'Quick Brown', 'nothing more' ]);
+my @walrus = map { [ "w$_", 'Walrus ' . int($_ / 3), "the walrus number $_ speaks",
+		$_ % 3 ? join(' ', map { 'w' . $_ } (3 * int($_ / 3)) .. ($_ - 1)) : '' ] } 0 .. 149;
+my @seal = map { [ "s$_", "Seal $_", "the seal number $_ barks" ] } 0 .. 149;
+my ($inserted, $updated) = (inserts(), updates());
+like(import_mbox('first', mbox(@phrases, @walrus, @seal)), qr/^305 message\(s\) archived, 0 already there$/m,
+	'every message');
+ok(poll_until(sub { inserts() >= $inserted + 305 }, 60), 'the import\'s counts are in the statistics');
+is(updates() - $updated, 0, 'each message is written once, with its thread (no UPDATE of archive_message)');
+is(sql("SELECT count(*) FROM pepsi.archive_thread WHERE list_id = $list AND subject LIKE 'Walrus%' AND message_count = 3"),
+	'50', 'the threads counted once a batch: 50 threads of three');
+
+sub found
+{
+	my ($query) = @_;
+	return sql("SELECT string_agg(m.message_id, ' ' ORDER BY m.message_id) FROM pepsi.archive_search($list, '$query', 1000) s"
+		  . " JOIN pepsi.archive_message m ON m.id = s.id");
+}
+is(found('"quick brown"'), 'adjacent@client.test lines@client.test subject@client.test',
+	'a phrase finds the words adjacent and in order (across a line, in a subject), not apart or reversed');
+is(sql("SELECT pepsi.archive_search_count($list, '\"quick brown\"')"), '3', 'its count agrees with the page');
+is(found('"brown quick"'), 'reversed@client.test', 'the reverse phrase finds the reversed words only');
+is(found('"quick brown fox"'), 'adjacent@client.test', 'a phrase of three words: all three in order');
+is(sql("SELECT pepsi.archive_search_count($list, '\"quick brown fox\"')"), '1', 'counted alike');
+is(found('"quick brown" -dog'), 'adjacent@client.test subject@client.test', 'a phrase with a word excluded');
+is(sql("SELECT pepsi.archive_search_query($list, '\"quick brown\"')::text"), "'quick brown' & '#list$list'",
+	'a two-word phrase is one lexeme of the index (its word pair)');
+is(sql("SELECT pepsi.archive_search_count($list, 'walrus')"), '150', 'a common word\'s count');
+is(sql("SELECT count(*) FROM pepsi.archive_search($list, 'walrus', 100)"), '100', 'its page holds 100');
+like(sql("SELECT excerpt FROM pepsi.archive_search($list, 'fox', 100) s WHERE s.id ="
+		  . " (SELECT id FROM pepsi.archive_message WHERE message_id = 'adjacent\@client.test')"),
+	qr/«fox»/, 'the excerpt shows the word');
+
+# 2. The planner alone takes the index: no enable_* in the functions, and
+#    a common word's count (in 150 of 305 messages) is the GIN index's bitmap.
+is(sql("SELECT count(*) FROM pg_proc p, unnest(p.proconfig) c WHERE p.pronamespace = 'pepsi'::regnamespace"
+		  . " AND p.proname LIKE 'archive%' AND c LIKE 'enable%'"), '0', 'no archive function overrides the planner');
+sql("ANALYZE pepsi.archive_message");
+for my $q ('walrus', '"quick brown"', 'quick')
+{
+	my $plan = sql("EXPLAIN (COSTS OFF) SELECT count(*) FROM pepsi.archive_message m"
+		  . " WHERE pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($list, '$q')");
+	like($plan, qr/Bitmap Index Scan on archive_message_list_search/, "the count of $q is planned on the GIN index")
+	  or diag($plan);
+	unlike($plan, qr/Seq Scan/, 'not a sequential scan');
+}
+
+# 3. pepsi-httpd's search page shows the total, not the 100 it lists.
+my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
+ok(poll_until(sub { file_shows("$tmp/httpd.log", qr/ready/) }, 60), 'pepsi-httpd starts');
+my $http = HTTP::Tiny->new(timeout => 30, max_redirect => 0);
+my $page = $http->get("http://127.0.0.1:$http_port/archive/dev\@lists.test/search?q=walrus");
+is($page->{status}, 200, 'the search page');
+like($page->{content}, qr{<p id="found">150 found</p>}, 'shows the total found');
+is(scalar(() = $page->{content} =~ /<li>/g), 100, 'and lists the newest 100');
+like($http->get("http://127.0.0.1:$http_port/archive/dev\@lists.test/search?q=zyzzyva")->{content},
+	qr{<p id="found">0 found</p>}, 'nothing found: 0');
+stop_dispatcher($httpd);
+
+# 4. A reply before its parent, in one batch: the parent adopts it, and the
+#    thread's count is right at the end of the batch.
+import_mbox('late', mbox([ 't3', 'Re: Late', 'third', 't1 t2' ], [ 't2', 'Re: Late', 'second', 't1' ],
+		[ 't1', 'Late', 'first' ], [ 'u1', 'Other', 'alone' ]));
+is(sql("SELECT string_agg(t.message_count || ' ' || t.subject, ', ' ORDER BY t.subject) FROM pepsi.archive_thread t"
+		  . " WHERE t.subject IN ('Late', 'Other')"), '3 Late, 1 Other', 'the late parent\'s thread counts three');
+is(sql("SELECT string_agg(m.message_id || '<' || coalesce(p.message_id, '-'), ' ' ORDER BY m.message_id)"
+		  . " FROM pepsi.archive_message m LEFT JOIN pepsi.archive_message p ON p.id = m.parent_id"
+		  . " WHERE m.message_id LIKE 't_\@client.test'"),
+	't1@client.test<- t2@client.test<t1@client.test t3@client.test<t2@client.test', 'each under its parent');
+is(sql("SELECT count(*) FROM pepsi.archive_thread t WHERE t.message_count <>"
+		  . " (SELECT count(*) FROM pepsi.archive_message m WHERE m.thread_id = t.id)"), '0',
+	'every thread\'s count is its messages');
+is(sql("SELECT count(DISTINCT thread_id) FROM pepsi.archive_message WHERE message_id LIKE 't_\@client.test'"), '1',
+	'one thread');
+
+done_testing();
