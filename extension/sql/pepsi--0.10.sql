@@ -5092,7 +5092,24 @@ BEGIN
         ON CONFLICT (owner, sender) WHERE released_at IS NULL DO NOTHING
         RETURNING * INTO challenge;
         IF NOT FOUND THEN
-            -- Another message of the pair opened it meanwhile: join that one.
+            -- Another message of the pair opened it meanwhile (this call
+            -- waited for its commit): join that one.  A row that only
+            -- waits under it, sent and in time, takes it FOR SHARE as
+            -- above, so that the pair's later batches do not queue behind
+            -- this one's commit too (bench/secretary).
+            IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+                SELECT * INTO challenge FROM pepsi.secretary_challenge c
+                WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+                  AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+                IF FOUND THEN
+                    INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+                    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+                    RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                              'expires_at', challenge.expires_at,
+                                              'why', CASE WHEN verified THEN 'challenged before'
+                                                          ELSE 'not verified: no challenge' END);
+                END IF;
+            END IF;
             SELECT * INTO challenge FROM pepsi.secretary_challenge c
             WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
             open_found := true;

@@ -23,8 +23,10 @@
 -- takes each pair (owner, sender) once in that order, and a pair whose
 -- rows only wait under its open challenge is one lookup whatever its
 -- number of rows; the rows held are recorded and held with one statement
--- each instead of a pepsi.workqueue_commit a row.  Same answers, same
--- guarantees (one transaction, nothing held on a stale claim).
+-- each instead of a pepsi.workqueue_commit a row.  pepsi.secretary_decide
+-- joins a challenge another batch opened meanwhile FOR SHARE when its row
+-- only waits under it.  Same answers, same guarantees (one transaction,
+-- nothing held on a stale claim).
 -- ===========================================================================
 
 -- The secretary's decisions on a batch of rows: rows is a JSON array of
@@ -158,6 +160,144 @@ BEGIN
         answers[i] := answers[i] || '{"held": true}';
     END LOOP;
     RETURN to_jsonb(answers);
+END
+$$;
+
+-- The secretary's decision on the row row_id, from sender to owner (an
+-- address that turned WHITELIST on), as a JSON object:
+--   {"action": "pass"}      the sender is on the owner's whitelist
+--   {"action": "released"}  the row is the sender's reply carrying the
+--                           token of its open challenge (token, else, when
+--                           look_in_text (the row refers to a challenge),
+--                           one found in its text): the held mail is
+--                           released and the sender whitelisted; the
+--                           reply itself is done with
+--   {"action": "hold", "token": T or null, "why": ...}
+--                           the row is recorded as held (the stage then
+--                           holds it); T is the new challenge's token when
+--                           one is to be sent now: only when verified
+--                           (the stage found the sender's address proven
+--                           and the message one an auto-reply may
+--                           answer), no challenge of the pair is open yet
+--                           (or its mail came unverified), and the owner
+--                           sent fewer than max_per_hour in the last hour.
+-- ttl is how long held mail waits for its release.
+CREATE OR REPLACE FUNCTION pepsi.secretary_decide(owner text, sender text, row_id bigint, verified boolean,
+                                       token text, look_in_text boolean, ttl interval, max_per_hour integer)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    key text := pepsi.secretary_address(owner);
+    from_key text := lower(coalesce(sender, ''));
+    challenge pepsi.secretary_challenge;
+    new_token text;
+    sent_last_hour bigint := 0;
+    open_found boolean;
+BEGIN
+    IF ttl IS NULL OR ttl < interval '1 minute' OR ttl > interval '365 days' THEN
+        RAISE EXCEPTION 'invalid hold time %', ttl
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'From a minute to a year (HOLD_TIME).';
+    END IF;
+    IF from_key <> '' AND EXISTS (SELECT FROM pepsi.whitelist w WHERE w.owner = key AND w.sender = from_key) THEN
+        RETURN '{"action": "pass"}';
+    END IF;
+    -- The common case: mail of a pair already challenged, which only
+    -- waits (no token to try, the challenge in time).  FOR SHARE, so the
+    -- batches holding the pair's mail do not wait for each other's commit
+    -- (their transactions hold the rows and inject challenges too), while
+    -- a release or an expiry (which updates the row) still waits for them.
+    IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+        SELECT * INTO challenge FROM pepsi.secretary_challenge c
+        WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+          AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+        IF FOUND THEN
+            INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+            ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+            RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                      'expires_at', challenge.expires_at,
+                                      'why', CASE WHEN verified THEN 'challenged before'
+                                                  ELSE 'not verified: no challenge' END);
+        END IF;
+    END IF;
+    -- FOR NO KEY UPDATE: two decisions of the pair still take turns, but
+    -- another message's secretary_held insert (its foreign key's KEY SHARE
+    -- on this row) no longer waits for this whole call (bench/secretary).
+    SELECT * INTO challenge FROM pepsi.secretary_challenge c
+    WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
+    open_found := FOUND;
+    -- A verified reply to the open challenge releases it.
+    IF verified AND open_found AND challenge.challenged_at IS NOT NULL AND challenge.expires_at > now() THEN
+        IF (token IS NOT NULL AND sha256(convert_to(token, 'UTF8')) = challenge.token_hash)
+           OR (look_in_text AND EXISTS (SELECT FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id,
+                              regexp_matches(encode(substring(b.body FOR 65536), 'escape'), '[0-9a-f]{64}', 'g') m
+                      WHERE w.id = row_id AND sha256(convert_to(m[1], 'UTF8')) = challenge.token_hash)) THEN
+            PERFORM pepsi.secretary_release_challenge(challenge.id, 'reply');
+            RETURN '{"action": "released"}';
+        END IF;
+    END IF;
+    IF open_found AND challenge.expires_at <= now() THEN
+        -- Its time is up (secretary_expire has not come by yet): a new hold.
+        DELETE FROM pepsi.workqueue w USING pepsi.secretary_held h
+        WHERE h.challenge_id = challenge.id AND w.id = h.row_id AND w.status = 'paused' AND w.timeout = 'infinity';
+        DELETE FROM pepsi.secretary_challenge c WHERE c.id = challenge.id;
+        open_found := false;
+    END IF;
+    IF verified AND NOT (open_found AND challenge.challenged_at IS NOT NULL) THEN
+        SELECT count(*) INTO sent_last_hour FROM pepsi.secretary_challenge c
+        WHERE c.owner = key AND c.challenged_at > now() - interval '1 hour';
+        IF sent_last_hour < max_per_hour THEN
+            new_token := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
+        END IF;
+    END IF;
+    IF NOT open_found THEN
+        INSERT INTO pepsi.secretary_challenge (owner, sender, token_hash, expires_at, challenged_at)
+        VALUES (key, from_key, sha256(convert_to(coalesce(new_token, gen_random_uuid()::text), 'UTF8')),
+                now() + ttl, CASE WHEN new_token IS NOT NULL THEN now() END)
+        ON CONFLICT (owner, sender) WHERE released_at IS NULL DO NOTHING
+        RETURNING * INTO challenge;
+        IF NOT FOUND THEN
+            -- Another message of the pair opened it meanwhile (this call
+            -- waited for its commit): join that one.  A row that only
+            -- waits under it, sent and in time, takes it FOR SHARE as
+            -- above, so that the pair's later batches do not queue behind
+            -- this one's commit too (bench/secretary).
+            IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+                SELECT * INTO challenge FROM pepsi.secretary_challenge c
+                WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+                  AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+                IF FOUND THEN
+                    INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+                    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+                    RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                              'expires_at', challenge.expires_at,
+                                              'why', CASE WHEN verified THEN 'challenged before'
+                                                          ELSE 'not verified: no challenge' END);
+                END IF;
+            END IF;
+            SELECT * INTO challenge FROM pepsi.secretary_challenge c
+            WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
+            open_found := true;
+        END IF;
+    END IF;
+    IF open_found AND new_token IS NOT NULL THEN
+        IF challenge.challenged_at IS NULL THEN
+            UPDATE pepsi.secretary_challenge c
+            SET token_hash = sha256(convert_to(new_token, 'UTF8')), challenged_at = now()
+            WHERE c.id = challenge.id;
+        ELSE
+            new_token := NULL;
+        END IF;
+    END IF;
+    INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+    RETURN jsonb_build_object('action', 'hold', 'token', new_token, 'challenge', challenge.id,
+                              'expires_at', challenge.expires_at,
+                              'why', CASE WHEN new_token IS NOT NULL THEN 'challenged'
+                                          WHEN NOT verified THEN 'not verified: no challenge'
+                                          WHEN challenge.challenged_at IS NOT NULL THEN 'challenged before'
+                                          ELSE format('%s challenges in the last hour (MAX_CHALLENGES_PER_HOUR)',
+                                                      sent_last_hour) END);
 END
 $$;
 
