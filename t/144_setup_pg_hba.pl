@@ -64,6 +64,9 @@ like($out, qr/pg_hba\.conf: local\s+postgres\s+pepsi_dispatch\s+peer map=pepsi/,
 	'it prints the pg_hba.conf lines, for the conninfo\'s database');
 like($out, qr/add the lines above to pg_hba\.conf and pg_ident\.conf \(or run init with --apply-pg-hba\)/,
 	'and says to add them');
+like($out, qr/role pepsi_payer: created, pepsi-helper-auto-pay's/, 'it makes the auto-pay helper\'s login role');
+like($out, qr/pg_hba\.conf: local\s+postgres\s+pepsi_payer\s+peer map=pepsi/, 'and prints its pg_hba.conf line');
+like($out, qr/^  pepsi  root  pepsi_payer$/m, 'and the pg_ident.conf line mapping root to it');
 is(slurp($hba), $hba_before, 'pg_hba.conf is left alone');
 is(slurp($ident), $ident_before, 'and pg_ident.conf');
 is(socket_login(), 'in', 'the cluster\'s own rules still let this account in as pepsi_dispatch');
@@ -125,7 +128,6 @@ like($hba_now, qr/^local\s+postgres\s+pepsi_payer\s+peer map=pepsi$/m, 'pg_hba.c
 is( $node->safe_psql($db, "SELECT string_agg(sys_name || ' ' || pg_username, ',') FROM pg_ident_file_mappings"
 		  . " WHERE map_name = 'pepsi' AND pg_username = 'pepsi_payer' AND error IS NULL"),
 	'root pepsi_payer', 'pg_ident.conf: root, and only root, may log in as pepsi_payer');
-like($out, qr/role pepsi_payer: created, pepsi-helper-auto-pay's/, 'init says it made the role');
 is( $node->safe_psql($db, "SELECT r.rolcanlogin || ' ' || (a.rolpassword IS NULL) || ' ' || r.rolsuper || ' '"
 		  . " || (SELECT string_agg(g.rolname, ',') FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
 		  . "     WHERE m.member = r.oid)"

@@ -368,7 +368,7 @@ setup_init(int argc, char **argv, const char *root)
 	if (failures == 0 && database != NULL)
 	{
 		printf("auto-pay:\n");
-		switch (setup_autopay_role(&ctx))
+		switch (setup_autopay_role(&ctx, database))
 		{
 			case SETUP_DONE:
 				changes++;

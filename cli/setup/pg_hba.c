@@ -212,11 +212,17 @@ setup_hba_free(struct setup_hba *hba)
  * ident_lines with it); the role is made, or brought back to that, by
  * setup_autopay_role, which changes nothing when it already is so.
  */
+static json_t *
+setup_autopay_hba(const char *database)
+{
+	return json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "local", "database", database, "user", SETUP_AUTOPAY_ROLE,
+					 "method", "peer", "map", "pepsi");
+}
+
 char *
 setup_autopay_lines(const char *database, struct buf *hba_lines, const char *ident_lines)
 {
-	json_t *params = json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "local", "database", database, "user",
-							   SETUP_AUTOPAY_ROLE, "method", "peer", "map", "pepsi");
+	json_t *params = setup_autopay_hba(database);
 	char   *line = setup_pg_hba_text(params);
 
 	buf_printf(hba_lines, "%s\n", line);
@@ -225,8 +231,8 @@ setup_autopay_lines(const char *database, struct buf *hba_lines, const char *ide
 	return xasprintf("%spepsi  root  %s\n", ident_lines, SETUP_AUTOPAY_ROLE);
 }
 
-enum setup_outcome
-setup_autopay_role(struct setup_ctx *ctx)
+static enum setup_outcome
+setup_autopay_role_make(struct setup_ctx *ctx)
 {
 	const char *values[1] = {SETUP_AUTOPAY_ROLE};
 	PGresult   *res = setup_query(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user", 0, NULL);
@@ -279,4 +285,17 @@ setup_autopay_role(struct setup_ctx *ctx)
 				   "in as it by peer authentication through the map)",
 			  SETUP_AUTOPAY_ROLE, exists ? "brought in line" : "created");
 	return SETUP_DONE;
+}
+
+/* The role, as the map expects it; its pg_hba.conf line said, for the DBA, as the other roles' are. */
+enum setup_outcome
+setup_autopay_role(struct setup_ctx *ctx, const char *database)
+{
+	json_t			  *params = setup_autopay_hba(database);
+	enum setup_outcome outcome = setup_autopay_role_make(ctx);
+
+	if (outcome != SETUP_FAILED)
+		setup_pg_hba_line(ctx, params);
+	json_decref(params);
+	return outcome;
 }

@@ -97,7 +97,7 @@ void			   setup_hba_free(struct setup_hba *hba);
 #define SETUP_AUTOPAY_ROLE "pepsi_payer"
 struct buf;
 char			  *setup_autopay_lines(const char *database, struct buf *hba_lines, const char *ident_lines);
-enum setup_outcome setup_autopay_role(struct setup_ctx *ctx);
+enum setup_outcome setup_autopay_role(struct setup_ctx *ctx, const char *database);
 
 /* pepsi-setup certificate (certificate.c): an exit status. */
 int setup_certificate_command(struct setup_ctx *ctx, const struct pepsi_config *cfg, int argc, char **argv);
