@@ -26,6 +26,25 @@
 # secretary/plain (target: >= 0.80, the secretary costing at most 20%),
 # and the load average before and after.
 #
+# Figures (the full count, PGBIN of the branch's extension, with
+# pepsi.secretary_decide_many set-based), 2026-12-07: taken beside another
+# long benchmark running in the background (about a core) on a machine
+# shared with builds and tests; rounds of one run a side (secretary, then
+# plain), the lock released between them; only 3 rounds of the 5 asked
+# finished before the deadline:
+#   round 1 (load 29-41): secretary 51.8 msg/s, plain 68.4, ratio 0.76
+#   round 2 (load 35-21): secretary 184.9 msg/s, plain 155.7, ratio 1.19
+#   round 3 (load 16-20): secretary 172.2 msg/s, plain 191.2, ratio 0.90
+#   medians: secretary 172.2 msg/s (51.8 .. 184.9), plain 155.7
+#   (68.4 .. 191.2); ratio 0.90 (0.76 .. 1.19), target >= 0.80
+# Every run held 18,000 messages and sent 1,800 challenges (one a sender
+# not whitelisted).  Before (at load 15): median 0.66 (0.61, 0.66, 0.83).
+# Where the call's time went (BENCH_STATEMENTS=all, 2,000 messages): a
+# workqueue_commit a held row was 31% of it; set-based, the holds are one
+# statement a batch and 13%.  What remains is mostly the pair's challenge
+# insert waiting for the batch that opened it, and ingress accepting more
+# slowly beside the decisions (the two cores are shared with it).
+#
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
 # PostgreSQL of PGBIN.
