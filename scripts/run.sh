@@ -120,6 +120,7 @@ pepsi  $operator  pepsi_smtpd
 pepsi  $daemons  pepsi_dispatch
 pepsi  $daemons  pepsi_smtpd
 pepsi  $daemons  pepsi_web
+pepsi  root  pepsi_payer
 IDENT
 if ! pg_ctl_as_cluster status >/dev/null 2>&1; then
     pg_ctl_as_cluster -l "$pg/postgresql.log" -w start >/dev/null
@@ -157,6 +158,19 @@ BEGIN
             EXECUTE format('ALTER ROLE %I LOGIN', r.login);
         END IF;
     END LOOP;
+END
+$$;
+SQL
+# pepsi-helper-auto-pay's login (set-user-id root, peer authentication as
+# root through the map above): a member of pepsi_autopay alone, with no
+# password, so the map is its only way in (as pepsi-setup init makes it).
+psql_admin -d pepsi -v ON_ERROR_STOP=1 -tA >/dev/null <<'SQL'
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pepsi_payer') THEN
+        CREATE ROLE pepsi_payer LOGIN IN ROLE pepsi_autopay;
+    END IF;
+    ALTER ROLE pepsi_payer LOGIN PASSWORD NULL;
 END
 $$;
 SQL

@@ -2,7 +2,8 @@
 # another user, as one cloned into a home directory: root, the cluster and
 # the daemons are kept apart (the programs and the configuration root's
 # alone, in a directory root's all the way up, so the Maildir helper
-# trusts it), a message sent to its SMTP port lands in its maildir, an edit
+# trusts it), root logs in as pepsi-helper-auto-pay's role through the
+# map, a message sent to its SMTP port lands in its maildir, an edit
 # to the configuration survives make stop and a second make run, and make
 # stop leaves no process behind.  It uses make run's fixed ports (5433,
 # 2525, 8025): the only test that does.
@@ -146,6 +147,20 @@ while (time < $until)
 	sleep 0.1;
 }
 is(scalar getpwuid($uid), 'pepsi', 'pepsi-dispatch runs as pepsi');
+
+# pepsi-helper-auto-pay's login: root (as the set-user-id helper is), by
+# peer authentication through the map, as pepsi_payer, with
+# pepsi_autopay's rights and nothing more.
+sub as_root_payer
+{
+	my ($sql) = @_;
+	my $out = `psql -XAtq -h $run_dir/pg -p 5433 -U pepsi_payer -d pepsi -c "$sql" 2>&1`;
+	return $? == 0 ? $out : $out =~ /permission denied/ ? "denied\n" : $out;
+}
+is(as_root_payer('SELECT current_user'), "pepsi_payer\n", 'root logs in as pepsi_payer through the map');
+like(as_root_payer('SELECT pepsi.auto_pay_claim(0)'), qr/"pay": false/, 'and may ask to claim a payment');
+is(as_root_payer('SELECT count(*) FROM pepsi.workqueue'), "denied\n", 'but not read the queue');
+is(as_root_payer('SET ROLE pepsi_config'), "denied\n", 'nor take another role\'s rights');
 
 # A message, through the Maildir helper, which must trust the configuration.
 my $new = "$run_dir/maildir/you\@example.org/new";

@@ -219,6 +219,7 @@ setup_init(int argc, char **argv, const char *root)
 	struct setup_hba	 hba = {0};
 	struct buf			 hba_lines = BUF_INIT;
 	char				*ident_lines = NULL;
+	const char			*database = NULL;
 	char				 why[1024];
 	json_t				*plan = NULL;
 	size_t				 i;
@@ -315,7 +316,15 @@ setup_init(int argc, char **argv, const char *root)
 
 			buf_printf(&hba_lines, "%s\n", line);
 			free(line);
+			database = setup_param(json_object_get(task, "params"), "database");
 		}
+	if (database != NULL)
+	{
+		char *with_autopay = setup_autopay_lines(database, &hba_lines, ident_lines);
+
+		free(ident_lines);
+		ident_lines = with_autopay;
+	}
 	buf_append_char(&hba_lines, '\0');
 	if (apply_hba && !setup_hba_prepare(&ctx, &hba, hba_lines.data, ident_lines, why, sizeof(why)))
 	{
@@ -355,6 +364,21 @@ setup_init(int argc, char **argv, const char *root)
 		}
 		if (failures)
 			break;
+	}
+	if (failures == 0 && database != NULL)
+	{
+		printf("auto-pay:\n");
+		switch (setup_autopay_role(&ctx, database))
+		{
+			case SETUP_DONE:
+				changes++;
+				break;
+			case SETUP_FAILED:
+				failures++;
+				break;
+			default:
+				break;
+		}
 	}
 	if (failures == 0)
 	{

@@ -201,3 +201,101 @@ setup_hba_free(struct setup_hba *hba)
 		free(hba->after[i]);
 	}
 }
+
+/*
+ * pepsi-helper-auto-pay's login (pepsi-helper-auto-pay(8)).  The set-user-id
+ * root helper connects over the socket by peer authentication as root;
+ * the map lets root log in as SETUP_AUTOPAY_ROLE, a login role that is a
+ * member of pepsi_autopay and of nothing else, with no password, so that
+ * the map is its only way in.  Its pg_hba.conf line joins the others
+ * (appended to hba_lines), its pg_ident.conf line comes back (allocated:
+ * ident_lines with it); the role is made, or brought back to that, by
+ * setup_autopay_role, which changes nothing when it already is so.
+ */
+static json_t *
+setup_autopay_hba(const char *database)
+{
+	return json_pack("{s:s, s:s, s:s, s:s, s:s}", "type", "local", "database", database, "user", SETUP_AUTOPAY_ROLE,
+					 "method", "peer", "map", "pepsi");
+}
+
+char *
+setup_autopay_lines(const char *database, struct buf *hba_lines, const char *ident_lines)
+{
+	json_t *params = setup_autopay_hba(database);
+	char   *line = setup_pg_hba_text(params);
+
+	buf_printf(hba_lines, "%s\n", line);
+	free(line);
+	json_decref(params);
+	return xasprintf("%spepsi  root  %s\n", ident_lines, SETUP_AUTOPAY_ROLE);
+}
+
+static enum setup_outcome
+setup_autopay_role_make(struct setup_ctx *ctx)
+{
+	const char *values[1] = {SETUP_AUTOPAY_ROLE};
+	PGresult   *res = setup_query(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user", 0, NULL);
+	bool		exists;
+	bool		super;
+	char	   *sql;
+
+	if (res == NULL)
+		return SETUP_FAILED;
+	/* Only a superuser sees whether a role has a password (pg_authid). */
+	super = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	sql = xasprintf("SELECT r.rolcanlogin AND NOT r.rolsuper AND NOT r.rolcreaterole AND NOT r.rolcreatedb"
+					" AND NOT r.rolreplication AND NOT r.rolbypassrls%s"
+					" AND (SELECT array_agg(g.rolname::text) FROM pg_auth_members m"
+					"      JOIN pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid) = '{pepsi_autopay}'"
+					" FROM pg_roles r WHERE r.rolname = $1",
+					super ? " AND (SELECT a.rolpassword IS NULL FROM pg_authid a WHERE a.oid = r.oid)" : "");
+	res = setup_query(ctx, sql, 1, values);
+	free(sql);
+	if (res == NULL)
+		return SETUP_FAILED;
+	exists = PQntuples(res) == 1;
+	if (exists && strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+	{
+		PQclear(res);
+		setup_say(ctx, "role %s: pepsi-helper-auto-pay's, a member of pepsi_autopay alone, no password, already",
+				  SETUP_AUTOPAY_ROLE);
+		return SETUP_UNCHANGED;
+	}
+	PQclear(res);
+	/* Any other membership revoked: the helper gets pepsi_autopay's rights and nothing more. */
+	sql = xasprintf("%s ROLE " SETUP_AUTOPAY_ROLE " LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION "
+					"NOBYPASSRLS PASSWORD NULL; "
+					"DO $$ DECLARE g text; BEGIN FOR g IN SELECT r.rolname FROM pg_auth_members m "
+					"JOIN pg_roles r ON r.oid = m.roleid WHERE m.member = '" SETUP_AUTOPAY_ROLE "'::regrole "
+					"AND r.rolname <> 'pepsi_autopay' LOOP EXECUTE format('REVOKE %%I FROM " SETUP_AUTOPAY_ROLE
+					"', g); END LOOP; END $$; GRANT pepsi_autopay TO " SETUP_AUTOPAY_ROLE,
+					exists ? "ALTER" : "CREATE");
+	res = PQexec(ctx->db, sql);
+	free(sql);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		setup_say(ctx, "failed: %s", PQresultErrorMessage(res));
+		PQclear(res);
+		return SETUP_FAILED;
+	}
+	PQclear(res);
+	setup_say(ctx, "role %s: %s, pepsi-helper-auto-pay's (a member of pepsi_autopay alone, no password: root logs "
+				   "in as it by peer authentication through the map)",
+			  SETUP_AUTOPAY_ROLE, exists ? "brought in line" : "created");
+	return SETUP_DONE;
+}
+
+/* The role, as the map expects it; its pg_hba.conf line said, for the DBA, as the other roles' are. */
+enum setup_outcome
+setup_autopay_role(struct setup_ctx *ctx, const char *database)
+{
+	json_t			  *params = setup_autopay_hba(database);
+	enum setup_outcome outcome = setup_autopay_role_make(ctx);
+
+	if (outcome != SETUP_FAILED)
+		setup_pg_hba_line(ctx, params);
+	json_decref(params);
+	return outcome;
+}

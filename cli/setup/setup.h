@@ -89,6 +89,16 @@ bool			   setup_hba_prepare(struct setup_ctx *ctx, struct setup_hba *hba, const 
 enum setup_outcome setup_hba_apply(struct setup_ctx *ctx, struct setup_hba *hba);
 void			   setup_hba_free(struct setup_hba *hba);
 
+/*
+ * pepsi-helper-auto-pay's login role (pg_hba.c): its pg_hba.conf line
+ * appended to hba_lines, ident_lines with its pg_ident.conf line
+ * (allocated); the role made as the map expects.
+ */
+#define SETUP_AUTOPAY_ROLE "pepsi_payer"
+struct buf;
+char			  *setup_autopay_lines(const char *database, struct buf *hba_lines, const char *ident_lines);
+enum setup_outcome setup_autopay_role(struct setup_ctx *ctx, const char *database);
+
 /* pepsi-setup certificate (certificate.c): an exit status. */
 int setup_certificate_command(struct setup_ctx *ctx, const struct pepsi_config *cfg, int argc, char **argv);
 

@@ -5092,7 +5092,24 @@ BEGIN
         ON CONFLICT (owner, sender) WHERE released_at IS NULL DO NOTHING
         RETURNING * INTO challenge;
         IF NOT FOUND THEN
-            -- Another message of the pair opened it meanwhile: join that one.
+            -- Another message of the pair opened it meanwhile (this call
+            -- waited for its commit): join that one.  A row that only
+            -- waits under it, sent and in time, takes it FOR SHARE as
+            -- above, so that the pair's later batches do not queue behind
+            -- this one's commit too (bench/secretary).
+            IF NOT (verified AND (token IS NOT NULL OR look_in_text)) THEN
+                SELECT * INTO challenge FROM pepsi.secretary_challenge c
+                WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL
+                  AND c.challenged_at IS NOT NULL AND c.expires_at > now() FOR SHARE;
+                IF FOUND THEN
+                    INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
+                    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+                    RETURN jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', challenge.id,
+                                              'expires_at', challenge.expires_at,
+                                              'why', CASE WHEN verified THEN 'challenged before'
+                                                          ELSE 'not verified: no challenge' END);
+                END IF;
+            END IF;
             SELECT * INTO challenge FROM pepsi.secretary_challenge c
             WHERE c.owner = key AND c.sender = from_key AND c.released_at IS NULL FOR NO KEY UPDATE;
             open_found := true;
@@ -6799,40 +6816,124 @@ SELECT pepsi.grant_apply();
 -- challenge}}), in the decision's own transaction, and its answer says
 -- "held": true; if one row's hold fails (its claim is stale), the call
 -- fails and nothing of the batch is decided or held.
+--
+-- Set-based where the batch allows (bench/secretary): the whitelist is
+-- read once for the batch, the pairs (owner, sender) are taken in that
+-- order (so two batches that need the same challenges wait for each other
+-- and never deadlock), and a pair whose rows only wait under its open
+-- challenge (the common case: no token to try, the challenge sent and in
+-- time) is one lookup, FOR SHARE, whatever its number of rows; only the
+-- other pairs' rows are decided one by one (pepsi.secretary_decide).  The
+-- rows held are then recorded in pepsi.secretary_held and held with one
+-- statement each; a row whose claim is stale is put through
+-- pepsi.workqueue_commit, which names it in the error.
 CREATE FUNCTION pepsi.secretary_decide_many(rows jsonb, ttl interval, max_per_hour integer)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
-    r record;
-    answer jsonb;
+    q jsonb[];
+    keys text[];
+    froms text[];
+    waits boolean[];
     answers jsonb[];
+    waiting_rows bigint[] := '{}';
+    waiting_challenges bigint[] := '{}';
+    held bigint[];
+    p record;
+    c pepsi.secretary_challenge;
+    i integer;
+    n integer;
 BEGIN
     IF jsonb_typeof(rows) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'the rows to decide must be a JSON array, not %', coalesce(jsonb_typeof(rows), 'null')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF jsonb_array_length(rows) = 0 THEN
+    n := jsonb_array_length(rows);
+    IF n = 0 THEN
         RETURN '[]';
     END IF;
-    answers := array_fill(NULL::jsonb, ARRAY[jsonb_array_length(rows)]);
-    FOR r IN SELECT a.e, a.o FROM jsonb_array_elements(rows) WITH ORDINALITY AS a (e, o)
-             ORDER BY pepsi.secretary_address(a.e->>'owner'), lower(coalesce(a.e->>'sender', '')), a.o
+    IF ttl IS NULL OR ttl < interval '1 minute' OR ttl > interval '365 days' THEN
+        RAISE EXCEPTION 'invalid hold time %', ttl
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'From a minute to a year (HOLD_TIME).';
+    END IF;
+    -- Each row's owner and sender as secretary_decide keys them, and
+    -- whether it only waits under an open challenge (no token to try).
+    SELECT array_agg(a.e ORDER BY a.o), array_agg(pepsi.secretary_address(a.e->>'owner') ORDER BY a.o),
+           array_agg(lower(coalesce(a.e->>'sender', '')) ORDER BY a.o),
+           array_agg(NOT (coalesce((a.e->>'verified')::boolean, false)
+                          AND (a.e->>'token' IS NOT NULL OR coalesce((a.e->>'look_in_text')::boolean, false)))
+                     ORDER BY a.o)
+    INTO q, keys, froms, waits
+    FROM jsonb_array_elements(rows) WITH ORDINALITY AS a (e, o);
+    answers := array_fill(NULL::jsonb, ARRAY[n]);
+    -- Senders on their owner's whitelist pass: one lookup for the batch.
+    FOR i IN SELECT u.o FROM unnest(keys, froms) WITH ORDINALITY AS u (k, f, o)
+             JOIN pepsi.whitelist w ON w.owner = u.k AND w.sender = u.f WHERE u.f <> ''
     LOOP
-        answer := pepsi.secretary_decide(r.e->>'owner', r.e->>'sender', (r.e->>'row_id')::bigint,
-                                         coalesce((r.e->>'verified')::boolean, false), r.e->>'token',
-                                         coalesce((r.e->>'look_in_text')::boolean, false),
-                                         ttl, max_per_hour);
-        IF answer->>'action' = 'hold' AND jsonb_typeof(r.e->'hold') = 'object' THEN
-            PERFORM pepsi.workqueue_commit((r.e->>'row_id')::bigint, r.e->'hold'->>'expected_stage', 'pause',
-                NULL, CASE WHEN jsonb_typeof(r.e->'hold'->'merge') = 'object' THEN r.e->'hold'->'merge'
-                           ELSE '{}' END
-                      || jsonb_build_object('secretary', jsonb_build_object('owner', r.e->>'owner',
-                                                                             'challenge', answer->'challenge')),
-                'Infinity', NULL, NULL, NULL, NULL, NULL, r.e->'hold'->>'at_stage',
-                (r.e->'hold'->>'claim_token')::uuid);
-            answer := answer || '{"held": true}';
+        answers[i] := '{"action": "pass"}';
+    END LOOP;
+    FOR p IN SELECT u.k, u.f, bool_and(u.w) AS waits, array_agg(u.o ORDER BY u.o) AS os
+             FROM unnest(keys, froms, waits) WITH ORDINALITY AS u (k, f, w, o)
+             WHERE answers[u.o] IS NULL GROUP BY u.k, u.f ORDER BY u.k, u.f
+    LOOP
+        IF p.waits THEN
+            -- FOR SHARE, as secretary_decide's own wait (which see).
+            SELECT * INTO c FROM pepsi.secretary_challenge x
+            WHERE x.owner = p.k AND x.sender = p.f AND x.released_at IS NULL
+              AND x.challenged_at IS NOT NULL AND x.expires_at > now() FOR SHARE;
+            IF FOUND THEN
+                FOREACH i IN ARRAY p.os LOOP
+                    answers[i] := jsonb_build_object('action', 'hold', 'token', NULL, 'challenge', c.id,
+                                                     'expires_at', c.expires_at,
+                                                     'why', CASE WHEN coalesce((q[i]->>'verified')::boolean, false)
+                                                                 THEN 'challenged before'
+                                                                 ELSE 'not verified: no challenge' END);
+                    waiting_rows := waiting_rows || (q[i]->>'row_id')::bigint;
+                    waiting_challenges := waiting_challenges || c.id;
+                END LOOP;
+                CONTINUE;
+            END IF;
         END IF;
-        answers[r.o] := answer;
+        FOREACH i IN ARRAY p.os LOOP
+            answers[i] := pepsi.secretary_decide(q[i]->>'owner', q[i]->>'sender', (q[i]->>'row_id')::bigint,
+                                                 coalesce((q[i]->>'verified')::boolean, false), q[i]->>'token',
+                                                 coalesce((q[i]->>'look_in_text')::boolean, false),
+                                                 ttl, max_per_hour);
+        END LOOP;
+    END LOOP;
+    INSERT INTO pepsi.secretary_held (row_id, challenge_id)
+    SELECT DISTINCT ON (u.r) u.r, u.c FROM unnest(waiting_rows, waiting_challenges) WITH ORDINALITY AS u (r, c, o)
+    ORDER BY u.r, u.o DESC
+    ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
+    -- The rows to hold with their claims (pepsi.workqueue_commit's guard), all at once.
+    WITH h AS (
+        SELECT (q[o]->>'row_id')::bigint AS id, q[o]->'hold'->>'expected_stage' AS expected,
+               q[o]->'hold'->>'at_stage' AS at_stage, (q[o]->'hold'->>'claim_token')::uuid AS token,
+               CASE WHEN jsonb_typeof(q[o]->'hold'->'merge') = 'object' THEN q[o]->'hold'->'merge' ELSE '{}' END
+               || jsonb_build_object('secretary', jsonb_build_object('owner', q[o]->>'owner',
+                                                                     'challenge', answers[o]->'challenge')) AS merge
+        FROM generate_subscripts(q, 1) AS o
+        WHERE answers[o]->>'action' = 'hold' AND jsonb_typeof(q[o]->'hold') = 'object'
+    ), done AS (
+        UPDATE pepsi.workqueue w
+        SET status = 'paused', timeout = 'infinity', state = w.state || h.merge, stage = coalesce(h.at_stage, w.stage)
+        FROM h
+        WHERE w.id = h.id AND h.at_stage IS DISTINCT FROM ''
+          AND (w.status = 'running' AND w.stage = h.expected
+               AND w.claim_digest IS NOT DISTINCT FROM sha256(uuid_send(h.token))) IS TRUE
+        RETURNING w.id
+    )
+    SELECT array_agg(d.id) INTO held FROM done d;
+    FOR i IN 1 .. n LOOP
+        CONTINUE WHEN (answers[i]->>'action' = 'hold' AND jsonb_typeof(q[i]->'hold') = 'object') IS NOT TRUE;
+        IF NOT (q[i]->>'row_id')::bigint = ANY (coalesce(held, '{}')) THEN
+            -- Its claim is stale (or its hold malformed): the commit names why, and the call fails.
+            PERFORM pepsi.workqueue_commit((q[i]->>'row_id')::bigint, q[i]->'hold'->>'expected_stage', 'pause',
+                NULL, '{}', 'Infinity', NULL, NULL, NULL, NULL, NULL, q[i]->'hold'->>'at_stage',
+                (q[i]->'hold'->>'claim_token')::uuid);
+            RAISE EXCEPTION 'row % of the batch could not be held', q[i]->>'row_id';
+        END IF;
+        answers[i] := answers[i] || '{"held": true}';
     END LOOP;
     RETURN to_jsonb(answers);
 END
