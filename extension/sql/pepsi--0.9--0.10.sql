@@ -17,7 +17,6 @@
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.10'" to load this file. \quit
 
 -- ===========================================================================
-<<<<<<< HEAD
 -- S/MIME certificates learnt from signed mail (issue 41): peer_key.source
 -- 'smime-signed', a correspondent's certificate that
 -- pepsi-stage-autocrypt-learn took from a good S/MIME signature of theirs,
@@ -515,7 +514,8 @@ INSERT INTO pepsi.grant_owner (name) VALUES ('archive_word_pairs'), ('archive_pa
     ('archive_obfuscated');
 SELECT pepsi.grant_apply();
 -- end of the archive's phrase search, excerpts and import at 100,000 messages
-=======
+
+-- ===========================================================================
 -- The secretary's batch, set-based (bench/secretary)
 --
 -- pepsi.secretary_decide_many reads the whitelist once for the batch,
@@ -801,6 +801,5 @@ END
 $$;
 
 -- end of the secretary's batch, set-based
->>>>>>> secretary
 
 UPDATE pepsi.schema_version SET version = '0.10';
