@@ -721,7 +721,8 @@ FUZZ_CONFIG = common/config/config.c common/config/config_secrets.c common/confi
 FUZZ_SMTP_CLIENT = common/smtp/smtp_client.c common/smtp/smtp_client_io.c common/smtp/smtp_transaction.c \
                    common/smtp/smtp_auth.c common/message/mime_downgrade.c common/message/mime.c \
                    common/smtp/tls_policy.c common/message/message.c \
-                   common/message/header.c common/dns/dns.c common/smtp/mta_sts.c
+                   common/message/header.c common/dns/dns.c common/smtp/mta_sts.c \
+                   common/dns/public_address.c
 # (the link: libFuzzer's main and the sanitizers' runtimes)
 fuzz_link = $(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS) -lpthread
 
@@ -767,7 +768,7 @@ $(B)/fuzz/fuzz_api: $(call fuzz_objs,daemons/httpd/fuzz/fuzz_api.c $(FUZZ_BASE))
 	$(fuzz_link)
 
 # (fuzz_dns.c includes dns.c, for its static functions)
-$(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c \
+$(B)/fuzz/fuzz_dns: $(call fuzz_objs,common/fuzz/fuzz_dns.c common/smtp/tls_policy.c common/smtp/mta_sts.c common/dns/public_address.c \
                     $(FUZZ_BASE) $(FUZZ_CONFIG))
 	$(fuzz_link)
 
