@@ -103,7 +103,10 @@ my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	local_domains => 'local.test reports.local',
 	pepsi => { DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
 	extra => { smarthost => "TLS_CA_FILE = $tmp/ca.pem\nMTA_STS_PORT = $https->{port}\n"
-		  . "MTA_STS_TIMEOUT = 10s\nREUSE_MESSAGES = 1\n" },
+		  . "MTA_STS_TIMEOUT = 10s\nREUSE_MESSAGES = 1\n"
+		  # The policy hosts are on 127.0.0.1, which pepsi-stage-relay-to-internet
+		  # refuses to fetch from unless allowed (t/106).
+		  . "MTA_STS_ALLOW_PRIVATE_ADDRESSES = yes\n" },
 	sections => "[tlsrpt]\nORG_NAME = Pepsi Test\nSENDER = tlsrpt-noreply\@mx.pepsi.test\n"
 	  . "TLS_CA_FILE = $tmp/ca.pem\nHTTPS_TIMEOUT = 10s\n");
 my $tool_config = operator_config($node, $config, 'operator');
