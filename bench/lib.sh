@@ -157,8 +157,10 @@
 #   bench_noop_milter_count   how many messages it has seen so far
 #   bench_tls_certificate DIR a self-signed certificate for 127.0.0.1,
 #                             DIR/cert.pem, and its key DIR/key.pem (mode
-#                             0600: read by the servers before they drop
-#                             privileges)
+#                             0600, the pepsi user's when run as root:
+#                             pepsi-ingress refuses a key its USER could not
+#                             read again on a reload; Postfix reads it as
+#                             root before it drops privileges)
 #
 # To aim psql or pgbench at another database: BENCH_DB=name bench_psql ...
 #
@@ -702,6 +704,7 @@ bench_tls_certificate() {
         -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
         -keyout "$1/key.pem" -out "$1/cert.pem" >/dev/null 2>&1
     chmod 600 "$1/key.pem"
+    if [ "$(id -u)" -eq 0 ]; then chown "$PEPSI_USER" "$1/key.pem"; fi
 }
 
 bench_private_network() {
