@@ -243,7 +243,10 @@ $count = () = peer_messages($peer);
 # notification pepsi-list's change sends, or its refresh).
 ok(poll_until(sub { rcpt_taken('ops@lists.test') }, 30), 'ingress takes RCPT to the new list');
 post(from => 'mallory@client.test', to => 'ops@lists.test', subject => 'to be rejected');
-ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE subject = 'to be rejected'") eq '1' }, 60),
+# (held once its row is paused too: the list_held row can be seen before
+# the row's own commit, and a row still running cannot be released)
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held h JOIN pepsi.workqueue w ON w.id = h.workqueue_id"
+			  . " WHERE h.subject = 'to be rejected' AND w.status = 'paused'") eq '1' }, 60),
 	'a non-member\'s post to it is held');
 my $held = sql("SELECT id FROM pepsi.list_held WHERE subject = 'to be rejected'");
 ($ok, $out) = tool('held', 'ops@lists.test');
