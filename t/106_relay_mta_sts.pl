@@ -9,7 +9,10 @@
 #     the policy cached in pepsi.mta_sts_policy with its max_age;
 #   enforce whose mx does not list the MX host: deferred;
 #   a malformed policy, one over the size cap, a redirect: no policy (and
-#     the redirect not followed), delivered opportunistically.
+#     the redirect not followed), delivered opportunistically;
+#   a cached enforce policy whose refresh fails (the TXT id changed, the
+#     policy host serves garbage): kept, so an MX it does not list is
+#     still deferred and one it lists still delivered to, verified.
 
 use strict;
 use warnings FATAL => 'all';
@@ -45,9 +48,9 @@ sub issue
 		'-CAcreateserial', '-out', "$tmp/$name.pem", '-days', '2', '-extfile', "$tmp/$name.ext");
 }
 my @domains = qw(enforce testing good bad big redirect unlisted);
-issue('https', map { "mta-sts.$_.test" } @domains, 'mta-sts.private.test');
+issue('https', map { "mta-sts.$_.test" } @domains, 'private', 'kept');
 issue('wrong', 'wrong.example');
-issue('right', 'mx.good.test', 'mx.unlisted.test');
+issue('right', 'mx.good.test', 'mx.unlisted.test', 'mx.kept.test', 'other.kept.test');
 
 my $https = start_server('sts-https', sub {
 	my ($port, $dir) = @_;
@@ -83,8 +86,19 @@ for my $d (@domains)
 $zone .= "private.test. 300 IN MX 10 mx.private.test.\nmx.private.test. 300 IN A 127.0.0.3\n"
   . "_mta-sts.private.test. 300 IN TXT \"v=STSv1; id=private1\"\nmta-sts.private.test. 300 IN A 127.0.0.1\n";
 policy('private', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.elsewhere.test\r\nmax_age: 86400\r\n");
+# kept.test: its policy is cached at first, then its refresh fails (below).
+# Its MX is mx.kept.test or, for a while, other.kept.test, both on the peer
+# whose certificate names them, so only the policy can keep mail from
+# other.kept.test.
+sub kept_zone
+{
+	my ($mx, $id) = @_;
+	return "kept.test. 300 IN MX 10 $mx.kept.test.\n$mx.kept.test. 300 IN A 127.0.0.4\n"
+	  . "_mta-sts.kept.test. 300 IN TXT \"v=STSv1; id=$id\"\nmta-sts.kept.test. 300 IN A 127.0.0.1\n";
+}
+policy('kept', 'txt', "version: STSv1\r\nmode: enforce\r\nmx: mx.kept.test\r\nmax_age: 86400\r\n");
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
-$dns->zone($zone);
+$dns->zone($zone . kept_zone('mx', 'kept1'));
 
 my $config = delivery_config($node, maildir_root => $root, internet => $port,
 	pepsi => { DNS_FORWARDER => $dns->forwarder },
@@ -100,6 +114,13 @@ for my $domain (@domains)
 	$id{$domain} = inject($node, to => ["user\@$domain.test"],
 		headers => "From: <$sender>\r\nTo: <user\@$domain.test>\r\nSubject: to $domain\r\n");
 }
+sub inject_kept
+{
+	my ($user) = @_;
+	return inject($node, to => ["$user\@kept.test"],
+		headers => "From: <$sender>\r\nTo: <$user\@kept.test>\r\nSubject: to kept\r\n");
+}
+inject_kept('first');
 
 sub sent_to
 {
@@ -156,6 +177,14 @@ is(scalar(grep { /^mta-sts\.good\.test / } @requests), 1, 'and not followed: goo
 is($node->safe_psql('postgres', "SELECT count(*) FROM pepsi.mta_sts_policy WHERE domain IN ('bad.test', 'big.test', 'redirect.test')"),
 	'0', 'nothing cached for them');
 
+# kept.test's policy, fetched and cached (it is the one kept below).
+ok(poll_until(sub { grep { $_->{env} =~ /RCPT TO:<first\@kept\.test>/ } peer_messages($right) }),
+	'kept.test: delivered under its enforce policy');
+ok(poll_until(sub { dispatcher_log($d) =~ /to=<first\@kept\.test>.*status=sent.*tls_policy=sts enforce verified/ }),
+	'logged as sts enforce verified');
+is($node->safe_psql('postgres', "SELECT policy_id || ' ' || mode FROM pepsi.mta_sts_policy WHERE domain = 'kept.test'"),
+	'kept1 enforce', 'and its policy cached');
+
 stop_dispatcher($d);
 
 # By default (MTA_STS_ALLOW_PRIVATE_ADDRESSES off) a policy host on a
@@ -176,5 +205,42 @@ like(dispatcher_log($d),
 	'the log says why, naming the option');
 is(scalar(grep { /^mta-sts\.private\.test / } split /\n/, slurp("$policies/requests")), 0,
 	'the policy host was never asked');
+stop_dispatcher($d);
+
+# A refresh that fails keeps the cached enforce policy in force (RFC 8461
+# 5.1: a policy stays until its max_age runs out, not until the policy
+# host stops serving it).  kept.test announces a new id, so the relay
+# fetches again, and its policy host now serves garbage.  A new
+# dispatcher: its resolver has not cached kept.test's old records.
+sub kept_fetches { scalar grep { /^mta-sts\.kept\.test / } split /\n/, slurp("$policies/requests") }
+is(kept_fetches(), 1, 'kept.test\'s policy was fetched once so far');
+unlink("$policies/mta-sts.kept.test.txt") or die "unlink: $!";
+policy('kept', 'txt', "<html><body>Service Unavailable</body></html>\n");
+
+# Its MX moved to a host the cached policy does not list: deferred.
+$dns->zone($zone . kept_zone('other', 'kept2'));
+$d = start_dispatcher($config);
+my $outside = inject_kept('outside');
+like(paused_error($outside), qr/not among the mx of kept\.test's MTA-STS policy/,
+	'failed refresh: an MX host the cached enforce policy does not list is still deferred');
+is(scalar(grep { $_->{env} =~ /RCPT TO:<outside\@kept\.test>/ } peer_messages($right)), 0,
+	'and nothing was sent to it');
+cmp_ok(kept_fetches(), '>=', 2, 'the refresh was tried (the TXT id changed)');
+like(dispatcher_log($d), qr/MTA-STS policy of kept\.test: /, 'its failure is logged');
+stop_dispatcher($d);
+
+# Back on the MX host the policy lists, the refresh still failing: delivered,
+# verified under the kept policy.
+$dns->zone($zone . kept_zone('mx', 'kept2'));
+my $fetched = kept_fetches();
+$d = start_dispatcher($config);
+inject_kept('inside');
+ok(poll_until(sub { grep { $_->{env} =~ /RCPT TO:<inside\@kept\.test>/ } peer_messages($right) }),
+	'failed refresh: the MX host the cached policy lists is still delivered to');
+ok(poll_until(sub { dispatcher_log($d) =~ /to=<inside\@kept\.test>.*status=sent.*tls_policy=sts enforce verified/ }),
+	'under the kept policy: sts enforce verified');
+cmp_ok(kept_fetches(), '>', $fetched, 'after another refresh was tried');
+is($node->safe_psql('postgres', "SELECT policy_id || ' ' || mode FROM pepsi.mta_sts_policy WHERE domain = 'kept.test'"),
+	'kept1 enforce', 'the cache still holds the policy that was fetched');
 stop_dispatcher($d);
 done_testing();

@@ -19,105 +19,25 @@ use warnings FATAL => 'all';
 use HTTP::Tiny;
 use IPC::Run;
 use MIME::Base64 qw(encode_base64);
-use Mail::DKIM::PrivateKey;
-use Mail::DKIM::Signer;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DeliveryTest;
 use DispatchTest;
+use ListTest;
 use PepsiTest;
 use SignTest;
-use SmtpClient;
-use TestDNS;
 
 plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
 
 my $db = 'postgres';
-my $node = delivery_node('lists');
-my $root = PostgreSQL::Test::Utils::tempdir();
-my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $secret = 'web-secret';
-$node->safe_psql($db, "CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
-make_mailbox($root, 'owner@local.test');
+my $l = list_setup('lists');
+my ($node, $root, $tmp, $peer, $port, $plain_port, $http_port, $config) =
+  @$l{qw(node root tmp peer port plain_port http_port config)};
+my %zone = %{ $l->{zone} };
 
 sub sql { return $node->safe_psql($db, shift) }
-
-# The list's signing key, and strict.test's (a p=reject domain whose
-# posts ingress sees pass DMARC).
-my %zone;
-my ($list_key, $list_record) = make_key($tmp, 'lists', 'rsa-sha256');
-$zone{'s1._domainkey.lists.test'} = $list_record;
-my ($strict_key, $strict_record) = make_key($tmp, 'strict', 'rsa-sha256');
-my $dns = TestDNS->new($tmp);
-$dns->zone(<<'ZONE' . TestDNS::txt('s1._domainkey.strict.test.', $strict_record)
-1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.
-mx.client.test. 300 IN A 127.0.0.1
-strict.test. 300 IN TXT "v=spf1 -all"
-_dmarc.strict.test. 300 IN TXT "v=DMARC1; p=reject"
-client.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
-_dmarc.client.test. 300 IN TXT "v=DMARC1; p=none"
-ZONE
-	  . TestDNS::txt('s1._domainkey.lists.test.', $list_record));
-
-my $peer = start_peer();
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $plain_port = PostgreSQL::Test::Cluster::get_free_port();
-my $http_port = PostgreSQL::Test::Cluster::get_free_port();
-my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
-my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
-my $config = write_config($node,
-	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'local.test lists.test', LOCAL_RECIPIENTS => 'virtual',
-		DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
-	dispatch => { WORKER_IDLE_TIMEOUT => '30s' },
-	stages => <<"CONF");
-[stage-init]
-PROGRAM = pepsi-stage-list
-NEXT_STAGE = sign
-REPLY_STAGE = sign
-[stage-sign]
-PROGRAM = pepsi-stage-dkim-sign
-NEXT_STAGE = route
-[stage-route]
-PROGRAM = pepsi-stage-route
-LOCAL_DOMAINS = local.test
-LOCAL_STAGE = maildir
-REMOTE_STAGE = smarthost
-[stage-maildir]
-PROGRAM = pepsi-stage-relay-to-maildir
-MAILDIR_ROOT = $root
-$retry
-[stage-smarthost]
-PROGRAM = pepsi-stage-relay-to-smarthost
-SMARTHOST = 127.0.0.1:$peer->{port}
-TLS = none
-TIMEOUT = 10s
-CONNECT_TIMEOUT = 5s
-$retry
-[dkim-key-lists]
-DOMAIN = lists.test
-SELECTOR = s1
-KEY_FILE = $list_key
-[ingress]
-AUTHSERV_ID = mx.pepsi.test
-DISPATCH_WAKE_INTERVAL = 10ms
-DNS_MESSAGE_BUDGET = 8s
-LOCAL_RECIPIENTS_REFRESH = 1s
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $port
-MESSAGE_AUTHENTICATION = on
-TRUSTED_MESSAGE_AUTHENTICATION = on
-[listener-plain]
-ADDRESS = 127.0.0.1
-PORT = $plain_port
-[httpd]
-ADDRESS = 127.0.0.1
-PORT = $http_port
-CONNINFO = $conninfo user=web password=$secret
-CONF
-chmod 0600, $config or die "chmod $config: $!";
 
 # The list: VERP, one-click URL, a tag and a footer; owner@local.test
 # owns and moderates it; three subscribers at two domains.
@@ -131,63 +51,12 @@ sql("SELECT pepsi.list_configure($list, 'unsubscribe_url', 'http://127.0.0.1:$ht
 is(sql("SELECT count(*) FROM pepsi.event_log WHERE action IN ('list_create', 'list_configure', 'list_subscribe')"),
 	'9', 'each change is audited');
 
-my $ingress = start_ingress($config, $port, "$tmp/ingress.log");
-my $d = start_dispatcher($config);
+list_start();
+my $d = $l->{d};
 my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
 ok(poll_until(sub { file_shows("$tmp/httpd.log", qr/ready/) }, 60), 'pepsi-httpd starts');
 
-# One SMTP transaction; returns the replies to RCPT and DATA.
-my $n = 0;
-sub post
-{
-	my (%m) = @_;
-	my $from = $m{from} // 'alice@client.test';
-	my $to = $m{to} // 'dev@lists.test';
-	$n++;
-	my $message = $m{raw} // ("From: " . ($m{from_field} // "Alice <$from>") . "\r\nTo: <$to>\r\nSubject: "
-		  . ($m{subject} // "post $n") . "\r\n" . ($m{no_id} ? '' : "Message-ID: <p$n\@client.test>\r\n")
-		  . ($m{headers} // '') . "Date: Sun, 6 Dec 2026 12:00:00 +0000\r\n\r\n" . ($m{text} // "Hello $n.\r\n"));
-	$message =~ s/(?<!\r)\n/\r\n/g;
-	if ($m{sign})
-	{
-		my $signer = Mail::DKIM::Signer->new(Algorithm => 'rsa-sha256', Method => 'relaxed',
-			Domain => 'strict.test', Selector => 's1', Headers => 'from:to:subject:message-id:date',
-			Key => Mail::DKIM::PrivateKey->load(File => $strict_key));
-		$signer->PRINT($message);
-		$signer->CLOSE;
-		$message = $signer->signature->as_string . "\r\n" . $message;
-	}
-	my $c = SmtpClient->new($m{port} // $port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<' . ($m{mail_from} // $from) . '>');
-	my $rcpt = $c->command("RCPT TO:<$to>");
-	my $data = '';
-	if ($rcpt =~ /^250/)
-	{
-		$c->command('DATA');
-		(my $text = $message) =~ s/^\./../mg;
-		$c->send("$text\r\n.\r\n");
-		$data = $c->reply(30);
-	}
-	$c->command('QUIT');
-	$c->close;
-	return ($rcpt, $data);
-}
-
-sub settled { return poll_until(sub { queue_count($node) == 0 }, 60) }
-# What the peer received, by subscriber: [{ data, env }].
-sub received
-{
-	my ($rcpt, $subject) = @_;
-	return grep { $_->{env} =~ /RCPT TO:<\Q$rcpt\E>/i && (!$subject || $_->{data} =~ /^Subject: .*\Q$subject\E/m) }
-	  peer_messages($peer);
-}
 sub notices { return map { slurp($_) } maildir_files($root, 'owner@local.test') }
-sub why_not
-{
-	diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
-		"\n", join("\n", grep { /list|error|warn/i } split /\n/, dispatcher_log($d)));
-}
 
 # 1. Ingress: the list's addresses exist, others of its domain do not.
 ok(poll_until(sub { (post(to => 'dev-request@lists.test', raw => "Subject: help\r\n\r\nhelp\r\n"))[0] =~ /^250/ }, 30),
@@ -371,22 +240,13 @@ is($out, "barney\@one.test\n\"Fred Flintstone\" <fred\@one.test>\nwilma\@two.tes
 is($out, "barney\@one.test\nfred\@one.test\nwilma\@two.test\n", 'and mlmmj\'s');
 $count = () = peer_messages($peer);
 # Ingress learns a new list's addresses when it next reads them (on the
-# notification pepsi-list's change sends, or its refresh): ask RCPT alone,
-# no message, until it takes the new list's address.
-sub rcpt_taken
-{
-	my ($to) = @_;
-	my $c = SmtpClient->new($port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<probe@client.test>');
-	my $reply = $c->command("RCPT TO:<$to>");
-	$c->command('QUIT');
-	$c->close;
-	return $reply =~ /^250/;
-}
+# notification pepsi-list's change sends, or its refresh).
 ok(poll_until(sub { rcpt_taken('ops@lists.test') }, 30), 'ingress takes RCPT to the new list');
 post(from => 'mallory@client.test', to => 'ops@lists.test', subject => 'to be rejected');
-ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE subject = 'to be rejected'") eq '1' }, 60),
+# (held once its row is paused too: the list_held row can be seen before
+# the row's own commit, and a row still running cannot be released)
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held h JOIN pepsi.workqueue w ON w.id = h.workqueue_id"
+			  . " WHERE h.subject = 'to be rejected' AND w.status = 'paused'") eq '1' }, 60),
 	'a non-member\'s post to it is held');
 my $held = sql("SELECT id FROM pepsi.list_held WHERE subject = 'to be rejected'");
 ($ok, $out) = tool('held', 'ops@lists.test');
@@ -419,7 +279,5 @@ is(sql("SELECT string_agg(DISTINCT action, ' ' ORDER BY action) FROM pepsi.event
 	'list_configure list_create list_member_enable list_reject list_subscribe queue_release', 'every change by pepsi-list is audited');
 
 stop_dispatcher($httpd);
-stop_dispatcher($d);
-kill 'TERM', $ingress->{pid};
-waitpid $ingress->{pid}, 0;
+list_stop();
 done_testing();

@@ -16,180 +16,33 @@ use FindBin;
 use HTTP::Tiny;
 use IPC::Run;
 use MIME::Base64 qw(encode_base64);
-use Mail::DKIM::PrivateKey;
-use Mail::DKIM::Signer;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DeliveryTest;
 use DispatchTest;
+use ListTest;
 use PepsiTest;
 use SignTest;
 use SmtpClient;
-use TestDNS;
 
 plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
 
 my $db = 'postgres';
-my $node = delivery_node('lists_more');
-my $root = PostgreSQL::Test::Utils::tempdir();
-my $tmp = PostgreSQL::Test::Utils::tempdir();
-my $secret = 'web-secret';
-$node->safe_psql($db, "CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
-make_mailbox($root, 'owner@local.test');
+my $l = list_setup('lists_more', arc_seal => 1);
+my ($node, $root, $tmp, $peer, $port, $http_port, $config) = @$l{qw(node root tmp peer port http_port config)};
+my %zone = %{ $l->{zone} };
 
 sub sql { return $node->safe_psql($db, shift) }
-
-# The list's signing key, and strict.test's (a p=reject domain whose
-# posts ingress sees pass DMARC).
-my %zone;
-my ($list_key, $list_record) = make_key($tmp, 'lists', 'rsa-sha256');
-$zone{'s1._domainkey.lists.test'} = $list_record;
-my ($strict_key, $strict_record) = make_key($tmp, 'strict', 'rsa-sha256');
-$zone{'s1._domainkey.strict.test'} = $strict_record;
-my $dns = TestDNS->new($tmp);
-$dns->zone(<<'ZONE' . TestDNS::txt('s1._domainkey.strict.test.', $strict_record)
-1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.
-mx.client.test. 300 IN A 127.0.0.1
-strict.test. 300 IN TXT "v=spf1 -all"
-_dmarc.strict.test. 300 IN TXT "v=DMARC1; p=reject"
-client.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
-_dmarc.client.test. 300 IN TXT "v=DMARC1; p=none"
-ZONE
-	  . TestDNS::txt('s1._domainkey.lists.test.', $list_record));
-
-my $peer = start_peer();
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $plain_port = PostgreSQL::Test::Cluster::get_free_port();
-my $http_port = PostgreSQL::Test::Cluster::get_free_port();
-my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
-my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
-my $config = write_config($node,
-	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'local.test lists.test', LOCAL_RECIPIENTS => 'virtual',
-		DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
-	dispatch => { WORKER_IDLE_TIMEOUT => '30s' },
-	stages => <<"CONF");
-[stage-init]
-PROGRAM = pepsi-stage-list
-NEXT_STAGE = sign
-REPLY_STAGE = sign
-ARC_SEAL_STAGE = seal
-[stage-seal]
-PROGRAM = pepsi-stage-arc-seal
-KEY = lists
-NEXT_STAGE = init
-[stage-sign]
-PROGRAM = pepsi-stage-dkim-sign
-NEXT_STAGE = route
-[stage-route]
-PROGRAM = pepsi-stage-route
-LOCAL_DOMAINS = local.test
-LOCAL_STAGE = maildir
-REMOTE_STAGE = smarthost
-[stage-maildir]
-PROGRAM = pepsi-stage-relay-to-maildir
-MAILDIR_ROOT = $root
-$retry
-[stage-smarthost]
-PROGRAM = pepsi-stage-relay-to-smarthost
-SMARTHOST = 127.0.0.1:$peer->{port}
-TLS = none
-TIMEOUT = 10s
-CONNECT_TIMEOUT = 5s
-$retry
-[dkim-key-lists]
-DOMAIN = lists.test
-SELECTOR = s1
-KEY_FILE = $list_key
-[ingress]
-AUTHSERV_ID = mx.pepsi.test
-DISPATCH_WAKE_INTERVAL = 10ms
-DNS_MESSAGE_BUDGET = 8s
-LOCAL_RECIPIENTS_REFRESH = 1s
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $port
-MESSAGE_AUTHENTICATION = on
-TRUSTED_MESSAGE_AUTHENTICATION = on
-[listener-plain]
-ADDRESS = 127.0.0.1
-PORT = $plain_port
-[httpd]
-ADDRESS = 127.0.0.1
-PORT = $http_port
-CONNINFO = $conninfo user=web password=$secret
-CONF
-chmod 0600, $config or die "chmod $config: $!";
-
 
 my $list = sql("SELECT pepsi.list_create('dev\@lists.test', 'owner\@local.test', 'Developers')");
 sql("SELECT pepsi.list_member_add($list, 'alice\@client.test'), pepsi.list_member_add($list, 'bob\@one.test'),"
 	  . " pepsi.list_member_add($list, 'dig\@one.test', 'digest'), pepsi.list_member_add($list, 'nom\@two.test', 'nomail')");
 
-my $ingress = start_ingress($config, $port, "$tmp/ingress.log");
-my $d = start_dispatcher($config);
+list_start();
+my $d = $l->{d};
 
-my $n = 0;
-sub post
-{
-	my (%m) = @_;
-	my $from = $m{from} // 'alice@client.test';
-	my $to = $m{to} // 'dev@lists.test';
-	$n++;
-	my $message = $m{raw} // ("From: " . ($m{from_field} // "Alice <$from>") . "\r\nTo: <$to>\r\nSubject: "
-		  . ($m{subject} // "post $n") . "\r\nMessage-ID: <p$n\@client.test>\r\n"
-		  . ($m{headers} // '') . "Date: Sun, 6 Dec 2026 12:00:00 +0000\r\n\r\n" . ($m{text} // "Hello $n.\r\n"));
-	$message =~ s/(?<!\r)\n/\r\n/g;
-	if ($m{sign})
-	{
-		my $signer = Mail::DKIM::Signer->new(Algorithm => 'rsa-sha256', Method => 'relaxed',
-			Domain => 'strict.test', Selector => 's1', Headers => 'from:to:subject:message-id:date',
-			Key => Mail::DKIM::PrivateKey->load(File => $strict_key));
-		$signer->PRINT($message);
-		$signer->CLOSE;
-		$message = $signer->signature->as_string . "\r\n" . $message;
-	}
-	my $c = SmtpClient->new($port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<' . ($m{mail_from} // $from) . '>');
-	my $rcpt = $c->command("RCPT TO:<$to>");
-	my $data = '';
-	if ($rcpt =~ /^250/)
-	{
-		$c->command('DATA');
-		(my $text = $message) =~ s/^\./../mg;
-		$c->send("$text\r\n.\r\n");
-		$data = $c->reply(60);
-	}
-	$c->command('QUIT');
-	$c->close;
-	return ($rcpt, $data);
-}
-
-sub settled { return poll_until(sub { sql("SELECT count(*) FROM pepsi.workqueue WHERE timeout IS DISTINCT FROM 'infinity'") eq '0' }, 90) }
-sub received
-{
-	my ($rcpt, $subject) = @_;
-	return grep { $_->{env} =~ /RCPT TO:<\Q$rcpt\E>/i && (!$subject || $_->{data} =~ /^Subject: .*\Q$subject\E/m) }
-	  peer_messages($peer);
-}
-sub why_not
-{
-	diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
-		"\n", join("\n", grep { /list|error|warn|fail/i } split /\n/, dispatcher_log($d)));
-}
-sub rcpt_taken
-{
-	my ($to) = @_;
-	my $c = SmtpClient->new($port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<probe@client.test>');
-	my $reply = $c->command("RCPT TO:<$to>");
-	$c->command('QUIT');
-	$c->close;
-	return $reply =~ /^250/;
-}
 sub logged { my ($re) = @_; return poll_until(sub { file_shows($d->{log}, $re) }, 30) }
 
 ok(poll_until(sub { (post(to => 'dev-request@lists.test', raw => "Subject: help\r\n\r\nhelp\r\n"))[0] =~ /^250/ }, 30),
@@ -477,7 +330,5 @@ $seen{ ($_->{env} =~ /RCPT TO:<([^>]+)>/)[0] . ' ' . (($_->{data} =~ /^Subject: 
 is(join(',', grep { $seen{$_} > 1 } sort keys %seen), '', 'no one got any message twice');
 
 stop_dispatcher($httpd);
-stop_dispatcher($d);
-kill 'TERM', $ingress->{pid};
-waitpid $ingress->{pid}, 0;
+list_stop();
 done_testing();

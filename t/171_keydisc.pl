@@ -12,14 +12,14 @@ use strict;
 use warnings FATAL => 'all';
 
 use Digest::SHA ();
-use File::Temp ();
-use File::Path ();
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DeliveryTest;
+use KeydiscTest;
+use PepsiGpg qw(gpg gpg_new_key);
 use PepsiStage;
 use PepsiTest;
 use TestDNS;
@@ -27,81 +27,31 @@ use TestDNS;
 plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
 
 my $db = 'postgres';
-my $node = pepsi_node('keydisc');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
-$node->safe_psql($db, 'CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto; CREATE ROLE admin LOGIN IN ROLE pepsi_config;');
+my $node = keydisc_node('keydisc');
 
 my $tmp = PepsiStage::tmp();
-my $gnupg = File::Temp::tempdir('/tmp/pepsi-t171-XXXXXX', CLEANUP => 1);
-$ENV{TMPDIR} = '/tmp';
-
-sub gpg
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback', '--passphrase', '',
-			@args ], '<', \'', '>', \$out, '2>', \$err) or die "gpg @args: $err";
-	return $out;
-}
 
 # A key pair for $address; its fingerprint, its binary public key and WKD hash.
 sub gpg_key
 {
 	my ($address) = @_;
-	gpg('--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', 'never');
-	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
-	gpg('--quick-add-key', $fpr, 'cv25519', 'encr', 'never');
+	my $fpr = gpg_new_key($address);
 	my ($hash) = gpg('--with-wkd-hash', '--list-keys', $fpr) =~ /^\s+([a-z0-9]{32})\@/m;
 	return ($fpr, gpg('--export', $fpr), $hash);
 }
 
-sub put
-{
-	my ($path, $bytes) = @_;
-	File::Path::make_path($path =~ s{/[^/]+$}{}r);
-	open my $fh, '>:raw', $path or die "$path: $!";
-	print $fh $bytes;
-	close $fh;
-}
-
-# The WKD host: an HTTPS server on a free port serving $www, its
-# certificate (of the test's CA) naming the WKD hosts.
-sub run { system(@_) == 0 or die "@_ failed" }
-run('openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$tmp/ca-key.pem", '-out',
-	"$tmp/ca.pem", '-days', '2', '-subj', '/CN=Pepsi keydisc test CA', '-addext', 'basicConstraints=critical,CA:TRUE');
-run('openssl', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$tmp/https-key.pem", '-out', "$tmp/https.csr",
-	'-subj', '/CN=openpgpkey.example.test');
-put("$tmp/https.ext", "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test, DNS:wkd.test\n");
-run('openssl', 'x509', '-req', '-in', "$tmp/https.csr", '-CA', "$tmp/ca.pem", '-CAkey', "$tmp/ca-key.pem",
-	'-CAcreateserial', '-out', "$tmp/https.pem", '-days', '2', '-extfile', "$tmp/https.ext");
-my $www = "$tmp/www";
-mkdir $www or die;
-my $https = start_server(
-	'wkd-https',
-	sub {
-		my ($port) = @_;
-		return ('/usr/bin/python3', '-c', <<'PY', $www, $port, "$tmp/https.pem", "$tmp/https-key.pem");
-import functools, http.server, ssl, sys
-d, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-class H(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        with open(d + '/../requests', 'a') as f:
-            f.write(self.headers.get('Host', '') + ' ' + self.path + '\n')
-s = http.server.ThreadingHTTPServer(('127.0.0.1', port), functools.partial(H, directory=d))
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain(cert, key)
-s.socket = c.wrap_socket(s.socket, server_side=True)
-s.serve_forever()
-PY
-	});
+# The WKD host: an HTTPS server on a free port, its certificate (of the
+# test's CA) naming the WKD hosts.
+my $https = start_key_server('wkd', 'DNS:openpgpkey.example.test, DNS:example.test, DNS:wkd.test');
+my $www = $https->{root};
 
 my ($alice, $alice_key, $alice_hash) = gpg_key('alice@example.test');
-put("$www/.well-known/openpgpkey/example.test/hu/$alice_hash", $alice_key);
+put_file("$www/.well-known/openpgpkey/example.test/hu/$alice_hash", $alice_key);
 my ($dane, $dane_key) = gpg_key('dane@dane.test');
 my ($junk_hash) = (gpg_key('junk@example.test'))[2];
-put("$www/.well-known/openpgpkey/example.test/hu/$junk_hash", "<html>this is not a key</html>\n");
+put_file("$www/.well-known/openpgpkey/example.test/hu/$junk_hash", "<html>this is not a key</html>\n");
 my ($big_hash) = (gpg_key('big@example.test'))[2];
-put("$www/.well-known/openpgpkey/example.test/hu/$big_hash", 'x' x 5000);
+put_file("$www/.well-known/openpgpkey/example.test/hu/$big_hash", 'x' x 5000);
 
 my $dns = TestDNS->new($tmp);
 my $owner = substr(Digest::SHA::sha256_hex('dane'), 0, 56);
@@ -115,7 +65,7 @@ sub keydisc_config
 	my ($name, $allow) = @_;
 	return stage_config($node, $name,
 	sprintf("[pepsi]\nDNS_FORWARDER = %s\n[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n"
-		  . "[keydisc]\nTLS_CA_FILE = $tmp/ca.pem\nHTTPS_PORT = %d\nMAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\n"
+		  . "[keydisc]\nTLS_CA_FILE = $https->{ca}\nHTTPS_PORT = %d\nMAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\n"
 		  . "HTTPS_TIMEOUT = 20s\n" . ($allow ? "ALLOW_PRIVATE_ADDRESSES = yes\n" : '')
 		  . "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\nPOLICY = required\n"
 		  . "KEYDISC = required\nBOUNCE_STAGE = bounced\n"
@@ -166,7 +116,7 @@ is(sq("SELECT source || ' ' || fingerprint || ' ' || dnssec || ' ' || verdict ||
 	"wkd-advanced $alice false valid true", 'alice\'s key in peer_key: from WKD (advanced), with a cache deadline');
 is(sq("SELECT source || ' ' || fingerprint || ' ' || dnssec FROM pepsi.peer_key WHERE address = 'dane\@dane.test'"),
 	"openpgpkey $dane false", 'dane\'s from the OPENPGPKEY record, not DNSSEC-validated (recorded so)');
-like(slurp_file("$tmp/requests"), qr{^openpgpkey\.example\.test:\d+ /\.well-known/openpgpkey/example\.test/hu/\Q$alice_hash\E\?l=alice$}m,
+like(slurp_file($https->{requests}), qr{^openpgpkey\.example\.test:\d+ /\.well-known/openpgpkey/example\.test/hu/\Q$alice_hash\E\?l=alice$}m,
 	'asked over HTTPS where WKD says');
 like($err, qr/junk\@example\.test: refused: wkd-advanced: /, 'an answer that is no key: refused, saying why');
 like($err, qr/big\@example\.test: refused: .*bigger than \[keydisc\] MAX_KEY_SIZE \(4096 bytes\)/,
@@ -207,8 +157,8 @@ is($out, '', 'a second run has nothing to ask');
 # default (ALLOW_PRIVATE_ADDRESSES off), where it connects, with the
 # reason logged and recorded; nothing is fetched.
 my ($carol, $carol_key, $carol_hash) = gpg_key('carol@example.test');
-put("$www/.well-known/openpgpkey/example.test/hu/$carol_hash", $carol_key);
-my $asked = -e "$tmp/requests" ? scalar(() = slurp_file("$tmp/requests") =~ /\Q$carol_hash\E/g) : 0;
+put_file("$www/.well-known/openpgpkey/example.test/hu/$carol_hash", $carol_key);
+my $asked = -e $https->{requests} ? scalar(() = slurp_file($https->{requests}) =~ /\Q$carol_hash\E/g) : 0;
 my $carol_row = encrypt_row('carol@example.test');
 run_worker(worker_cmd('pepsi-stage-encrypt', $conf), "$carol_row\n");
 is(row_json($node, $carol_row)->{status}, 'paused', 'a message to carol parks');
@@ -221,7 +171,7 @@ like($err,
 like(sq("SELECT methods_replied[1] FROM pepsi.key_request WHERE address = 'carol\@example.test'"),
 	qr/^wkd-advanced:refused: .*not connecting to 127\.0\.0\.1, loopback .*ALLOW_PRIVATE_ADDRESSES/,
 	'the request records the refusal as the lookup\'s reason');
-is(scalar(() = (-e "$tmp/requests" ? slurp_file("$tmp/requests") : '') =~ /\Q$carol_hash\E/g), $asked,
+is(scalar(() = (-e $https->{requests} ? slurp_file($https->{requests}) : '') =~ /\Q$carol_hash\E/g), $asked,
 	'the WKD server was never asked');
 is(sq("SELECT count(*) FROM pepsi.peer_key WHERE address = 'carol\@example.test'"), '0', 'nothing stored');
 

@@ -15,66 +15,18 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DeliveryTest;
-use DispatchTest;
+use ListTest;
 use PepsiTest;
 use SignTest;
-use SmtpClient;
-use TestDNS;
 
 plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
 
 my $db = 'postgres';
-my $node = delivery_node('list_digest_cli');
-my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $l = list_setup('list_digest_cli');
+my ($node, $tmp, $config) = @$l{qw(node tmp config)};
+my %zone = %{ $l->{zone} };
 
 sub sql { return $node->safe_psql($db, shift) }
-
-my %zone;
-my ($list_key, $list_record) = make_key($tmp, 'lists', 'rsa-sha256');
-$zone{'s1._domainkey.lists.test'} = $list_record;
-my $dns = TestDNS->new($tmp);
-$dns->zone(<<'ZONE' . TestDNS::txt('s1._domainkey.lists.test.', $list_record));
-1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.
-mx.client.test. 300 IN A 127.0.0.1
-client.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
-ZONE
-
-my $peer = start_peer();
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $retry = "RETRY_BASE = 1s\nRETRY_MAX = 2s\n";
-my $config = write_config($node,
-	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'lists.test', LOCAL_RECIPIENTS => 'virtual',
-		DNS_FORWARDER => $dns->forwarder, DNS_TIMEOUT => '4s' },
-	dispatch => { WORKER_IDLE_TIMEOUT => '30s' },
-	stages => <<"CONF");
-[stage-init]
-PROGRAM = pepsi-stage-list
-NEXT_STAGE = sign
-REPLY_STAGE = sign
-[stage-sign]
-PROGRAM = pepsi-stage-dkim-sign
-NEXT_STAGE = smarthost
-[stage-smarthost]
-PROGRAM = pepsi-stage-relay-to-smarthost
-SMARTHOST = 127.0.0.1:$peer->{port}
-TLS = none
-TIMEOUT = 10s
-CONNECT_TIMEOUT = 5s
-$retry
-[dkim-key-lists]
-DOMAIN = lists.test
-SELECTOR = s1
-KEY_FILE = $list_key
-[ingress]
-AUTHSERV_ID = mx.pepsi.test
-DISPATCH_WAKE_INTERVAL = 10ms
-DNS_MESSAGE_BUDGET = 8s
-LOCAL_RECIPIENTS_REFRESH = 1s
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $port
-CONF
-chmod 0600, $config or die "chmod $config: $!";
 
 my $list = sql("SELECT pepsi.list_create('dev\@lists.test', 'owner\@lists.test', 'Developers')");
 sql("SELECT pepsi.list_member_add($list, 'alice\@client.test'), pepsi.list_member_add($list, 'bob\@one.test'),"
@@ -92,42 +44,7 @@ sub tool
 	return ($? >> 8, $out, $err);
 }
 
-my $ingress = start_ingress($config, $port, "$tmp/ingress.log");
-my $d = start_dispatcher($config);
-
-my $n = 0;
-sub post
-{
-	my ($subject) = @_;
-	$n++;
-	my $c = SmtpClient->new($port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<alice@client.test>');
-	my $rcpt = $c->command('RCPT TO:<dev@lists.test>');
-	my $data = '';
-	if ($rcpt =~ /^250/)
-	{
-		$c->command('DATA');
-		$c->send("From: Alice <alice\@client.test>\r\nTo: <dev\@lists.test>\r\nSubject: $subject\r\n"
-			  . "Message-ID: <d$n\@client.test>\r\nDate: Sun, 6 Dec 2026 12:00:00 +0000\r\n\r\nWords of $subject.\r\n.\r\n");
-		$data = $c->reply(60);
-	}
-	$c->command('QUIT');
-	$c->close;
-	return ($rcpt, $data);
-}
-sub settled { return poll_until(sub { sql("SELECT count(*) FROM pepsi.workqueue WHERE timeout IS DISTINCT FROM 'infinity'") eq '0' }, 90) }
-sub received
-{
-	my ($rcpt, $subject) = @_;
-	return grep { $_->{env} =~ /RCPT TO:<\Q$rcpt\E>/i && (!$subject || $_->{data} =~ /^Subject: .*\Q$subject\E/m) }
-	  peer_messages($peer);
-}
-sub why_not
-{
-	diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
-		"\n", join("\n", grep { /list|error|warn|fail/i } split /\n/, dispatcher_log($d)));
-}
+list_start();
 
 # Bad input first: nothing waits yet.
 my ($rc, $out, $err) = tool('digest', 'nosuch@lists.test');
@@ -148,7 +65,7 @@ is(sql("SELECT digest_issue FROM pepsi.mailing_list WHERE id = $list"), '0', 'an
 # not; both wait for the digest.
 for my $subject ('first topic', 'second topic')
 {
-	my ($rcpt, $data) = post($subject);
+	my ($rcpt, $data) = post(subject => $subject, text => "Words of $subject.\r\n");
 	like($data, qr/^250 /, "a post: $subject") or diag(slurp("$tmp/ingress.log"));
 }
 ok(poll_until(sub { scalar(received('bob@one.test', 'second topic')) == 1 && scalar(received('bob@one.test', 'first topic')) == 1 }, 60),
@@ -192,7 +109,5 @@ is($rc, 65, 'a second run finds nothing');
 like($err, qr/no post waiting/, 'and says so');
 is(scalar(received('dig@one.test', 'Digest')), 1, 'nothing sent twice');
 
-stop_dispatcher($d);
-kill 'TERM', $ingress->{pid};
-waitpid $ingress->{pid}, 0;
+list_stop();
 done_testing();

@@ -25,8 +25,6 @@ use strict;
 use warnings FATAL => 'all';
 
 use Digest::SHA ();
-use File::Path ();
-use File::Temp ();
 use IO::Socket::INET;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -34,6 +32,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 use DeliveryTest;
+use KeydiscTest;
+use PepsiGpg qw(gpg gpg_new_key);
 use PepsiStage;
 use PepsiTest;
 use TestDNS;
@@ -41,25 +41,11 @@ use TestDNS;
 plan skip_all => 'gpg is not installed' unless grep { -x "$_/gpg" } split /:/, $ENV{PATH};
 
 my $db = 'postgres';
-my $node = pepsi_node('keydisc_smime');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
-$node->safe_psql($db, 'CREATE ROLE crypto LOGIN IN ROLE pepsi_crypto; CREATE ROLE admin LOGIN IN ROLE pepsi_config;');
+my $node = keydisc_node('keydisc_smime');
 
 my $tmp = PepsiStage::tmp();
-my $gnupg = File::Temp::tempdir('/tmp/pepsi-t180-XXXXXX', CLEANUP => 1);
-$ENV{TMPDIR} = '/tmp';
 my $ssl = "$tmp/ssl";
 mkdir $ssl or die "mkdir $ssl: $!";
-
-sub put
-{
-	my ($path, $bytes) = @_;
-	File::Path::make_path($path =~ s{/[^/]+$}{}r);
-	open my $fh, '>:raw', $path or die "$path: $!";
-	print $fh $bytes;
-	close $fh;
-	return $path;
-}
 
 sub openssl
 {
@@ -69,22 +55,11 @@ sub openssl
 	return wantarray ? ($ok, $out, $err) : ($ok ? $out : die "openssl @args: $err");
 }
 
-sub gpg
-{
-	my (@args) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ 'gpg', '--batch', '--homedir', $gnupg, '--pinentry-mode', 'loopback', '--passphrase', '',
-			@args ], '<', \'', '>', \$out, '2>', \$err) or die "gpg @args: $err";
-	return $out;
-}
-
 # A key pair of gpg's for $address: its fingerprint and armored public key.
 sub gpg_key
 {
 	my ($address) = @_;
-	gpg('--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', 'never');
-	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m;
-	gpg('--quick-add-key', $fpr, 'cv25519', 'encr', 'never');
+	my $fpr = gpg_new_key($address);
 	return ($fpr, gpg('--armor', '--export', $fpr));
 }
 
@@ -111,50 +86,8 @@ sub raw_message
 
 # The DNS, the key server (HTTPS, a certificate of the test's CA for 127.0.0.1).
 my $dns = TestDNS->new($tmp);
-openssl('', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$ssl/ca-key.pem", '-out', "$ssl/ca.pem",
-	'-days', '2', '-subj', '/CN=Pepsi key server test CA', '-addext', 'basicConstraints=critical,CA:TRUE');
-openssl('', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$ssl/https-key.pem", '-out', "$ssl/https.csr",
-	'-subj', '/CN=127.0.0.1');
-put("$ssl/https.ext", "subjectAltName = IP:127.0.0.1\n");
-openssl('', 'x509', '-req', '-in', "$ssl/https.csr", '-CA', "$ssl/ca.pem", '-CAkey', "$ssl/ca-key.pem",
-	'-CAcreateserial', '-out', "$ssl/https.pem", '-days', '2', '-extfile', "$ssl/https.ext");
-my $ks = "$tmp/keyserver";
-mkdir $ks or die;
-my $keyserver = start_server(
-	'hkps',
-	sub {
-		my ($port) = @_;
-		return ('/usr/bin/python3', '-c', <<'PY', $ks, $port, "$ssl/https.pem", "$ssl/https-key.pem");
-# An HKP server's one call: GET /pks/lookup?op=get&search=ADDRESS answers
-# the file named ADDRESS in its directory (404 when there is none).
-import http.server, os, ssl, sys, urllib.parse
-d, port, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        with open(d + '/../keyserver.log', 'a') as f:
-            f.write(self.path + '\n')
-        u = urllib.parse.urlsplit(self.path)
-        q = urllib.parse.parse_qs(u.query)
-        name = q.get('search', [''])[0].lower()
-        path = os.path.join(d, name)
-        if u.path != '/pks/lookup' or q.get('op') != ['get'] or '/' in name or not os.path.isfile(path):
-            self.send_error(404)
-            return
-        body = open(path, 'rb').read()
-        self.send_response(200)
-        self.send_header('Content-Type', 'application/pgp-keys')
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-s = http.server.ThreadingHTTPServer(('127.0.0.1', port), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain(cert, key)
-s.socket = c.wrap_socket(s.socket, server_side=True)
-s.serve_forever()
-PY
-	});
+my $keyserver = start_key_server('hkp', 'IP:127.0.0.1');
+my $ks = $keyserver->{root};
 
 my $stages = "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\n"
   . "[stage-learn]\nPROGRAM = pepsi-stage-autocrypt-learn\nNEXT_STAGE = sent\n"
@@ -170,7 +103,7 @@ sub keydisc_config
 	my ($name, $methods, %o) = @_;
 	return stage_config($node, $name,
 		sprintf("[pepsi]\nDNS_FORWARDER = %s\n%s[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n"
-			  . "[keydisc]\nMETHODS = %s\nKEYSERVERS = https://127.0.0.1:%d\nTLS_CA_FILE = $ssl/ca.pem\n"
+			  . "[keydisc]\nMETHODS = %s\nKEYSERVERS = https://127.0.0.1:%d\nTLS_CA_FILE = $keyserver->{ca}\n"
 			  . "MAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\nHTTPS_TIMEOUT = 20s\n%s%s",
 			$o{forwarder} // $dns->forwarder, $o{pepsi} // '', $node->host, $node->port, $methods,
 			$keyserver->{port}, $o{strict} ? '' : "ALLOW_PRIVATE_ADDRESSES = yes\n", $stages));
@@ -189,7 +122,7 @@ sub run_prog
 }
 
 my ($rc, $out, $err) = run_prog('pepsi-keys', 'kek-generate', 'k1');
-put("$secrets/crypto.conf", $out);
+put_file("$secrets/crypto.conf", $out);
 chmod 0640, "$secrets/crypto.conf" or die;
 
 #
@@ -212,7 +145,7 @@ for my $case ([ 'smime-rsa3072', 'alice@example.org', 'rsa3072', qr/Public-Key: 
 	$gen{$address} = $fpr;
 	($rc, $out, $err) = run_prog('pepsi-keys', 'identity', 'export', '-c', $conf, $fpr);
 	is($rc, 0, 'exported') or diag($err);
-	my $pem = put("$ssl/$address.pem", $out);
+	my $pem = put_file("$ssl/$address.pem", $out);
 	my ($ok, $text, $oerr) = openssl('', 'x509', '-in', $pem, '-noout', '-text', '-fingerprint', '-sha256');
 	ok($ok, 'openssl reads the certificate') or diag($oerr);
 	like($text, $key_text, "the key is $alg");
@@ -282,7 +215,7 @@ sub ca_cert
 	my ($name, $address) = @_;
 	openssl('', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', "$ssl/$name.key", '-out', "$ssl/$name.csr",
 		'-subj', "/CN=$address");
-	put("$ssl/$name.ext", "subjectAltName = email:$address\nextendedKeyUsage = emailProtection\n"
+	put_file("$ssl/$name.ext", "subjectAltName = email:$address\nextendedKeyUsage = emailProtection\n"
 		  . "keyUsage = critical, digitalSignature, keyEncipherment\n");
 	openssl('', 'x509', '-req', '-in', "$ssl/$name.csr", '-CA', "$ssl/mailca.pem", '-CAkey', "$ssl/mailca.key",
 		'-CAcreateserial', '-out', "$ssl/$name.pem", '-days', '30', '-extfile', "$ssl/$name.ext");
@@ -445,10 +378,10 @@ is(sq("SELECT count(*) FROM pepsi.peer_key WHERE address LIKE '%\@smime.test' AN
 #
 my ($ks_fpr, $ks_key) = gpg_key('ks@example.net');
 my (undef, $other_key) = gpg_key('other@example.net');
-put("$ks/ks\@example.net", $ks_key);
-put("$ks/ksjunk\@example.net", "<html><body>No such key</body></html>\n");
-put("$ks/ksbig\@example.net", "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\n" . ('A' x 64 . "\n") x 80);
-put("$ks/ksother\@example.net", $other_key);
+put_file("$ks/ks\@example.net", $ks_key);
+put_file("$ks/ksjunk\@example.net", "<html><body>No such key</body></html>\n");
+put_file("$ks/ksbig\@example.net", "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\n" . ('A' x 64 . "\n") x 80);
+put_file("$ks/ksother\@example.net", $other_key);
 my $ksconf = keydisc_config('pepsi-ks.conf', 'keyserver');
 %parked = map { $_ => park($_) } qw(ks@example.net ksjunk@example.net ksbig@example.net ksother@example.net);
 ($rc, $out, $err) = keydisc($ksconf);
@@ -456,7 +389,7 @@ is($rc, 0, 'pepsi-keydisc runs (METHODS = keyserver)') or diag($err);
 like($out, qr/^ks\@example\.net found, 1 message released$/m, 'ks\'s key is found on the key server');
 is(sq("SELECT protocol || ' ' || fingerprint || ' ' || source FROM pepsi.peer_key WHERE address = 'ks\@example.net'"),
 	"openpgp $ks_fpr keyserver", 'stored as the key server\'s');
-like(slurp_file("$tmp/keyserver.log"), qr{^/pks/lookup\?op=get&options=mr&search=ks%40example\.net$}m,
+like(slurp_file($keyserver->{requests}), qr{^127\.0\.0\.1:\d+ /pks/lookup\?op=get&options=mr&search=ks%40example\.net$}m,
 	'asked over HTTPS as HKP says');
 like($err, qr/ksjunk\@example\.net: refused: keyserver: /, 'an answer that is no key: refused');
 like($err, qr/ksbig\@example\.net: refused: .*bigger than \[keydisc\] MAX_KEY_SIZE \(4096 bytes\)/,
@@ -474,13 +407,13 @@ like(replied('ksbig@example.net'), qr/^keyserver:refused: .*MAX_KEY_SIZE/, 'the 
 }
 # The key server is on 127.0.0.1: refused without ALLOW_PRIVATE_ADDRESSES.
 {
-	put("$ks/ks2\@example.net", (gpg_key('ks2@example.net'))[1]);
-	my $before = () = slurp_file("$tmp/keyserver.log") =~ /ks2%40/g;
+	put_file("$ks/ks2\@example.net", (gpg_key('ks2@example.net'))[1]);
+	my $before = () = slurp_file($keyserver->{requests}) =~ /ks2%40/g;
 	park('ks2@example.net');
 	($rc, $out, $err) = keydisc(keydisc_config('pepsi-ks-strict.conf', 'keyserver', strict => 1));
 	like($err, qr/ks2\@example\.net: refused: https:\/\/127\.0\.0\.1:\d+\/pks\/lookup\S*: not connecting to 127\.0\.0\.1, loopback/,
 		'a key server on a loopback address is refused by default');
-	is(scalar(() = slurp_file("$tmp/keyserver.log") =~ /ks2%40/g), $before, 'and never asked');
+	is(scalar(() = slurp_file($keyserver->{requests}) =~ /ks2%40/g), $before, 'and never asked');
 }
 
 #

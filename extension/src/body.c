@@ -37,10 +37,21 @@ PG_FUNCTION_INFO_V1(workqueue_body_gc);
  * the KEY SHARE lock a clone's foreign key check takes on the same body: a
  * transaction that inserts clones and then finishes their source
  * (finish_with_clones) already holds that lock, and FOR UPDATE would make
- * two of them deadlock.  The referencing row is looked for from the
- * newest index entry (SKIP LOCKED: never waiting), away from the oldest
- * pending rows the dispatcher claims next.  The sweep skips locked
- * bodies.
+ * two of them deadlock.  The sweep skips locked bodies.
+ *
+ * The referencing row is looked for (SKIP LOCKED: never waiting) among
+ * the body's rows stored last: away from the oldest pending ones the
+ * dispatcher claims next (its claim's UPDATE would wait for this
+ * transaction on a share-locked row) and from the ones finished first (deleted, or locked by their deleting
+ * transaction: each a heap visit to pass over).  That is a backward scan
+ * of workqueue_body_ref (EXPLAIN: Index Scan Backward): equal keys are
+ * kept in heap TID order, so it starts at the highest TIDs, the rows
+ * inserted last in a table that mostly appends.  (Within a deduplicated
+ * posting list, a few hundred TIDs, PostgreSQL 15 still returns them in
+ * ascending order: the row found is among the newest, not the newest.)
+ * The body_id is a range of one value on purpose: given "body_id = $1"
+ * the planner takes the column for a constant, drops ORDER BY body_id
+ * DESC as redundant and scans forwards, from the oldest row.
  */
 static void
 body_release_one(Datum body_id)
@@ -52,7 +63,7 @@ body_release_one(Datum body_id)
 	Datum			  values[1] = {body_id};
 
 	queue_exec(queue_plan(&kept_plan,
-						  "SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = $1"
+						  "SELECT 1 FROM pepsi.workqueue w WHERE w.body_id >= $1 AND w.body_id <= $1"
 						  " ORDER BY w.body_id DESC LIMIT 1 FOR SHARE SKIP LOCKED",
 						  1, argtypes),
 			   values, NULL, false, 0);

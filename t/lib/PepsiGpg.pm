@@ -14,7 +14,7 @@ use IPC::Run;
 use DispatchTest;
 use PepsiStage;
 
-our @EXPORT = qw(gpg_home gpg keys_run write_file raw_message);
+our @EXPORT = qw(gpg_home gpg gpg_new_key keys_run write_file raw_message);
 
 my $gnupg;
 
@@ -36,6 +36,19 @@ sub gpg
 			'--passphrase', '', @args ], '<', \'', '>', \$out, '2>', \$err);
 	die "gpg @args: $err" unless $ok;
 	return $out;
+}
+
+# A new key pair for <$address> in the tests' home, as a mail client makes
+# one (ed25519 to sign and certify, a cv25519 subkey to encrypt): its
+# fingerprint.
+sub gpg_new_key
+{
+	my ($address) = @_;
+	gpg('--quick-gen-key', "<$address>", 'ed25519', 'sign,cert', 'never');
+	my ($fpr) = gpg('--with-colons', '--list-keys', "<$address>") =~ /^fpr:+([0-9A-F]{40}):/m
+	  or die "gpg made no key for $address";
+	gpg('--quick-add-key', $fpr, 'cv25519', 'encr', 'never');
+	return $fpr;
 }
 
 # pepsi-keys @args: (exit code, stdout, stderr).
