@@ -9,7 +9,12 @@
 # attachment, a reply (from the portal's address, Reply-To the recipient,
 # its CSRF token used once); a guessed link, another link's session, a
 # revoked and an expired link, too many wrong codes, and a client refused
-# too often: each refused with its reason.  pepsi-secure-link lists,
+# too often: each refused with its reason.  A link opens PORTAL_OPENS
+# times (default 1): after the code, the message and the reply, its page,
+# a code asked for and a code checked (even a valid one) are refused with
+# when it was used, audited, while the session open goes on; with
+# PORTAL_OPENS = 2 a second session works, a third is refused, and the
+# same code twice is refused as a used code.  pepsi-secure-link lists,
 # revokes and expires, each audited.  And the flow in Chromium (notice
 # link, code, message, reply; t/browser/secure_link.js), a screenshot a view.
 
@@ -79,6 +84,8 @@ my $admin_config = operator_config($node, $config, 'admin');
 # Encryption is required for one.test's addresses only: the replies, to
 # alice@client.test, go in clear.
 sql("SET ROLE admin; SELECT pepsi.config_set('domain:one.test', 'stage-init', 'POLICY', 'required')");
+# One recipient's links open twice.
+sql("SET ROLE admin; SELECT pepsi.config_set('address:frank\@one.test', 'stage-init', 'PORTAL_OPENS', '2')");
 
 my $d = start_dispatcher($config);
 my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
@@ -179,8 +186,9 @@ like($r->{headers}{'set-cookie'}, qr/Path=\/secure\/$token\/; Max-Age=900; HttpO
 	'bound to the link, short-lived, HttpOnly');
 is($r->{headers}{location}, "/secure/$token/message", 'to the message');
 $r = post_form("$link/session", { code => $code });
-is($r->{status}, 403, 'the same code again is refused');
-like($r->{content}, qr/this code was used already/, 'as used');
+is($r->{status}, 410, 'the same code again is refused');
+like($r->{content}, qr/this link was used already \(opened 1 of 1 times\) on [\d-]+ [\d:]+ UTC: ask alice\@client\.test to send the message again/,
+	'as the link was used (it opens once)');
 
 # 4. The message, its attachment, a reply.
 $r = $http->get("$link/message", { headers => { Cookie => $cookie } });
@@ -223,6 +231,41 @@ like($r->{content}, qr/the stored message does not open \(it was altered\)/, 'an
 sql("UPDATE pepsi.secure_link SET sealed = set_byte(sealed, 5, get_byte(sealed, 5) # 1) WHERE id = 1");
 is($http->get("$link/message", { headers => { Cookie => $cookie } })->{status}, 200, 'restored, it opens again');
 
+# 4b. The link was used (PORTAL_OPENS 1): forwarded or replayed, it opens
+# nothing more, for the page, a code or a code's check; the session that
+# is open goes on.
+my $used = qr/this link was used already \(opened 1 of 1 times\) on [\d-]+ [\d:]+ UTC: ask alice\@client\.test to send the message again/;
+is(sql("SELECT opened || ' ' || open_limit FROM pepsi.secure_link WHERE id = 1"), '1 1',
+	'the link kept its limit (PORTAL_OPENS, default 1) and counts its opening');
+like(caught(1)->{data}, qr/The link works for 14 days, for one visit: read and reply in it\./, 'the notice said so');
+$r = $http->get($link);
+is($r->{status}, 410, 'the used link\'s page is refused');
+like($r->{content}, $used, 'saying when it was used and whom to ask');
+unlike($r->{content}, qr/send-code|wombat/, 'no code form, no clear text');
+my $mailed = sql("SELECT count(*) FROM pepsi.event_log WHERE action = 'secure_link_code_mailed'");
+$r = post_form("$link/code", {});
+is($r->{status}, 410, 'a code for the used link is refused');
+like($r->{content}, $used, 'with the reason');
+is(sql("SELECT count(*) FROM pepsi.event_log WHERE action = 'secure_link_code_mailed'"), $mailed, 'and none is mailed');
+# A valid code the recipient could still hold (mailed before the link was
+# used, as a second browser would have asked for) opens no session.
+sql("UPDATE pepsi.secure_link SET code_hash = sha256(link_id || convert_to('24681357', 'UTF8')),"
+	  . " code_expires_at = now() + interval '10 minutes', code_attempts = 0, code_used_at = NULL WHERE id = 1");
+$r = post_form("$link/session", { code => '24681357' });
+is($r->{status}, 410, 'a valid code for the used link is refused');
+like($r->{content}, $used, 'with the reason');
+ok(!$r->{headers}{'set-cookie'}, 'and starts no session');
+is(sql("SELECT count(*) FROM pepsi.secure_link_session WHERE link = 1"), '1', 'only the first session exists');
+is(sql("SELECT string_agg(detail->>'asked' || ' ' || (detail->>'opened') || '/' || (detail->>'opens'), ', '"
+		. " ORDER BY id) FROM pepsi.event_log WHERE action = 'secure_link_reused' AND (detail->>'id')::bigint = 1"),
+	'session 1/1, code 1/1, session 1/1', 'each refused use is audited (secure_link_reused)');
+$r = $http->get("$link/message");
+is($r->{status}, 403, 'the message without the session is refused');
+like($r->{content}, $used, 'with the reason, not "enter the code"');
+$r = $http->get("$link/message", { headers => { Cookie => $cookie } });
+is($r->{status}, 200, 'the session open goes on');
+like($r->{content}, qr/\Q$text\E/, 'with the message');
+
 # 5. A second link: the first link's session does not open it; too many
 # wrong codes; revoked.
 send_secret('carol@one.test');
@@ -250,8 +293,14 @@ my $cli = sub {
 };
 my ($rc, $out, $err) = $cli->('list');
 is($rc, 0, 'pepsi-secure-link list') or diag($err);
-like($out, qr/^\s*1\s+bob\@one\.test\s+alice\@client\.test\s+\S+\s+[\d-]+ [\d:]+\s+[\d-]+ [\d:]+\s+open\s+1\s+1\s*$/m,
-	'shows the first link open, opened once, replied to once');
+like($out, qr/^\s*1\s+bob\@one\.test\s+alice\@client\.test\s+\S+\s+[\d-]+ [\d:]+\s+[\d-]+ [\d:]+\s+used\s+1\/1\s+1\s*$/m,
+	'shows the first link used, opened once of once, replied to once');
+like($out, qr/^\s*2\s+carol\@one\.test\s+alice\@client\.test\s+\S+\s+[\d-]+ [\d:]+\s+[\d-]+ [\d:]+\s+open\s+0\/1\s+0\s*$/m,
+	'and the second open, not opened');
+($rc, $out, $err) = $cli->('--json', 'list', '--open');
+is($rc, 0, 'pepsi-secure-link --json list --open') or diag($err);
+like($out, qr/"opened":\s*0,\s*"open_limit":\s*1\b/, 'the counts apart in JSON');
+unlike($out, qr/"id":\s*1\b/, 'the used link is not among the open ones');
 my $id2 = sql("SELECT id FROM pepsi.secure_link WHERE recipient = 'carol\@one.test'");
 ($rc, $out, $err) = $cli->('revoke', '--reason', 'sent to the wrong person', $id2);
 is($rc, 0, 'revoke') or diag($err);
@@ -284,7 +333,7 @@ is($rc, 64, 'revoke needs ids');
 is(sql("SELECT string_agg(action, ' ' ORDER BY action) FROM (SELECT DISTINCT action FROM pepsi.event_log"
 		. " WHERE action LIKE 'secure_link%') a"),
 	'secure_link_code_mailed secure_link_code_wrong secure_link_expired secure_link_opened secure_link_replied'
-	  . ' secure_link_revoked secure_link_stored', 'each step is audited');
+	  . ' secure_link_reused secure_link_revoked secure_link_stored', 'each step is audited');
 
 # 7. The same in Chromium: the notice's link, the code, the message, a reply.
 send_secret('erin@one.test');
@@ -324,6 +373,55 @@ SKIP:
 		ok(-s "$shots/portal-$view.png", "a screenshot of the view $view ($shots)");
 	}
 }
+
+# 7b. PORTAL_OPENS = 2 (frank's address): a second session works, a third
+# is refused; within the limit a code is still good only once.
+sub caught_for
+{
+	my ($pattern, $count) = @_;
+	my @matching;
+	poll_until(sub { @matching = grep { $_->{data} =~ $pattern } peer_messages($peer); @matching >= $count }, 60)
+	  or why_not();
+	return $matching[ $count - 1 ] // { data => '' };
+}
+sub frank_code
+{
+	my ($n) = @_;
+	my ($frank_code) = caught_for(qr/^To: <frank\@one\.test>\r?\nSubject: Your code for the encrypted message/m, $n)->{data}
+	  =~ /message: (\d{8})/;
+	return $frank_code // 'none';
+}
+send_secret('frank@one.test');
+my $frank_notice = caught_for(qr/^To: <frank\@one\.test>\r?\nSubject: An encrypted message/m, 1)->{data};
+my ($frank) = $frank_notice =~ m{(\Q$base\E/secure/[0-9a-f]{64})\b};
+like($frank_notice, qr/The link works for 14 days, for 2 visits\./, 'a link that opens twice says so');
+is(sql("SELECT open_limit FROM pepsi.secure_link WHERE recipient = 'frank\@one.test'"), '2',
+	'and keeps its limit (PORTAL_OPENS for the address)');
+is(post_form("$frank/code", {})->{status}, 200, 'a first code');
+my $first = frank_code(1);
+$r = post_form("$frank/session", { code => $first });
+is($r->{status}, 303, 'a first session');
+$r = post_form("$frank/session", { code => $first });
+is($r->{status}, 403, 'the same code again is refused');
+like($r->{content}, qr/this code was used already: ask for a new one/, 'as a used code (the link opens once more)');
+is($http->get($frank)->{status}, 200, 'the link\'s page still offers a code');
+is(post_form("$frank/code", {})->{status}, 200, 'a second code');
+$r = post_form("$frank/session", { code => frank_code(2) });
+is($r->{status}, 303, 'a second session works');
+my ($frank_cookie) = ($r->{headers}{'set-cookie'} // '') =~ /^(pepsi_secure=[0-9a-f]{64});/;
+$r = $http->get("$frank/message", { headers => { Cookie => $frank_cookie // '' } });
+is($r->{status}, 200, 'and shows the message');
+my $used_twice = qr/this link was used already \(opened 2 of 2 times\) on [\d-]+ [\d:]+ UTC: ask alice\@client\.test to send the message again/;
+$r = $http->get($frank);
+is($r->{status}, 410, 'then the page is refused');
+like($r->{content}, $used_twice, 'opened 2 of 2 times');
+$r = post_form("$frank/code", {});
+is($r->{status}, 410, 'and a third code');
+like($r->{content}, $used_twice, 'with the reason');
+is(sql("SELECT count(*) FROM pepsi.secure_link_session s JOIN pepsi.secure_link l ON l.id = s.link"
+		. " WHERE l.recipient = 'frank\@one.test'"), '2', 'two sessions, no third');
+($rc, $out, $err) = $cli->('list');
+like($out, qr/frank\@one\.test\s.*\sused\s+2\/2\s+0\s*$/m, 'pepsi-secure-link list: used, 2/2');
 
 # 8. A client refused too often is refused for a while.
 my $status = 0;

@@ -18,8 +18,10 @@
 # REPS times: the median messages per second and the spread (min..max),
 # the load average before each round.  A skeleton with small counts by default
 # (the issue's case is 20,000 messages of 20 KB: BENCH_MESSAGES=20000);
-# the queue's own cost in bench/relay is not measured here (bench/relay
-# has no knob that puts the encrypt stage in its graph).  The stage
+# the queue's own cost in bench/relay is not measured here
+# (BENCH_RELAY_ENCRYPT=1 bench/relay/run.sh measures it: the relay with and
+# without the stage in its graph).  The key store's set-up is shared with
+# it (bench/crypto/keystore.sh).  The stage
 # encrypts and signs in process through librnp
 # (common/crypto/rnp_session.c): keys are parsed once per worker, so a
 # message costs its own cryptography and the queue's row, where the gpg
@@ -53,6 +55,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 # shellcheck source=../lib.sh
 . "$here/../lib.sh"
+# shellcheck source=keystore.sh
+. "$here/keystore.sh"
 
 reps=${BENCH_REPS:-5}
 messages=${BENCH_MESSAGES:-50}
@@ -68,10 +72,7 @@ done
 
 bench_cluster_start
 work="$BENCH_DIR/c"
-gnupg="$BENCH_DIR/g"
-as_user mkdir -p "$work/secrets.d" "$gnupg"
-as_user chmod 700 "$gnupg"
-chmod 755 "$work/secrets.d" 2>/dev/null || as_user chmod 755 "$work/secrets.d"
+as_user mkdir -p "$work"
 conninfo="host=$BENCH_DIR port=$BENCH_PORT dbname=$BENCH_DB user=postgres"
 as_user tee "$work/pepsi.conf" >/dev/null <<CONF
 [database]
@@ -88,12 +89,10 @@ POLICY = required
 [stage-done]
 PROGRAM = pepsi-stage-discard
 CONF
-as_user "$bin/pepsi-keys" kek-generate bench | as_user tee "$work/secrets.d/crypto.conf" >/dev/null
-as_user chmod 640 "$work/secrets.d/crypto.conf"
-as_user "$bin/pepsi-keys" identity generate -c "$work/pepsi.conf" sender@example.org >/dev/null
+bench_keystore_kek "$work/pepsi.conf" user
+bench_keystore_identity "$work/pepsi.conf" sender@example.org
 
-gpg_() { as_user env TMPDIR=/tmp gpg --batch --homedir "$gnupg" --pinentry-mode loopback --passphrase '' "$@"; }
-fingerprint() { gpg_ --with-colons --list-keys "<$1>" | sed -n 's/^fpr:*\([0-9A-F]\{40\}\):.*/\1/p' | head -n 1; }
+bench_keystore_gpg_start
 gpg_ --quick-gen-key '<sender-gpg@example.org>' ed25519 sign,cert never 2>/dev/null
 
 # The message: headers and SIZE bytes of text.
@@ -135,18 +134,8 @@ spread() { printf '%s\n' "$@" | sort -g | sed -n '1p;$p' | paste -sd' ' | awk '{
 
 echo "bench/crypto: $messages messages of $size bytes, $reps pairs per key type"
 for type in $keys; do
-    case $type in
-    ed25519) primary=ed25519 sub=cv25519 ;;
-    rsa3072) primary=rsa3072 sub=rsa3072 ;;
-    *) echo "bench/crypto: BENCH_KEYS: $type is ed25519 or rsa3072" >&2; exit 1 ;;
-    esac
     to="rcpt-$type@example.net"
-    gpg_ --quick-gen-key "<$to>" "$primary" sign,cert never 2>/dev/null
-    fpr=$(fingerprint "$to")
-    gpg_ --quick-add-key "$fpr" "$sub" encr never 2>/dev/null
-    hex=$(gpg_ --export "$fpr" | od -An -v -tx1 | tr -d ' \n')
-    bench_psql -c "INSERT INTO pepsi.peer_key (address, protocol, fingerprint, key_data, source, verdict, cache_until)
-                   VALUES ('$to', 'openpgp', '$fpr', '\\x$hex', 'import', 'valid', 'infinity')" >/dev/null
+    fpr=$(bench_keystore_peer_key "$to" "$type") || { echo "bench/crypto: BENCH_KEYS: $type is ed25519 or rsa3072" >&2; exit 1; }
     stage_rates=() gpg_rates=() before_rates=()
     for ((r = 1; r <= reps; r++)); do
         echo "  $type round $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -168,4 +157,4 @@ for type in $keys; do
     fi
 done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-as_user gpgconf --homedir "$gnupg" --kill gpg-agent || true
+bench_keystore_gpg_stop

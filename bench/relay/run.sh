@@ -31,7 +31,14 @@
 # the perf.data of each run beside the log (BENCH_PERF_GRAPH=1: with call
 # graphs).  The daemons' logs are kept beside it too.  BENCH_POOLED=1
 # runs bench/relay/pooled.sh instead: Pepsi direct against Pepsi with its
-# stage workers through PgBouncer, on the same load.
+# stage workers through PgBouncer, on the same load.  BENCH_RELAY_ENCRYPT=1
+# runs bench/relay/encrypt.sh instead: Pepsi as here against Pepsi with
+# pepsi-stage-encrypt between the route and the relay (POLICY = required,
+# SIGN = yes: every message encrypted to the recipient's key in
+# pepsi.peer_key and signed with the sender's identity, the key store set
+# up as bench/crypto's), the runs interleaved, each side's rate and CPU
+# time per message and the stage's cost in percent of the relay's rate
+# (BENCH_KEY_TYPE ed25519 or rsa3072, BENCH_ENCRYPT_WORKERS 2).
 #
 # Needs: postfix (installed here with debconf "No configuration" when it
 # is missing), pepsi-ingress, pepsi-dispatch and the stages built, the
@@ -39,6 +46,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 [ "${BENCH_POOLED:-0}" != 1 ] || exec "$here/pooled.sh"
+[ "${BENCH_RELAY_ENCRYPT:-0}" != 1 ] || exec "$here/encrypt.sh"
 . "$here/../lib.sh"
 
 repeats=${BENCH_REPEATS:-5}

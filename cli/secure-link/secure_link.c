@@ -8,8 +8,9 @@
  *
  * A link is one message pepsi-stage-encrypt sealed for a recipient without
  * a key (NO_KEY = portal); pepsi-httpd serves it (its /secure/ pages).
- * list shows them (the recipient, the sender, open, expired or revoked,
- * how often opened and replied to: never the message, which this tool
+ * list shows them (the recipient, the sender, open, used, expired or
+ * revoked, how often opened of how often it may be (PORTAL_OPENS when it
+ * was made) and replied to: never the message, which this tool
  * cannot read either).  expire ends links now, or with no id wipes the
  * ciphertext of every link past its time (a timer's job); revoke ends
  * links with a reason their page then shows.  Each change is one call of
@@ -145,11 +146,18 @@ pepsi_secure_link_main(int argc, char **argv)
 	{
 		const char *values[1] = {open_only ? "true" : "false"};
 
+		/* opened is "1/1" on a terminal (of open_limit; alone without one), two numbers in JSON. */
 		res = db_exec(conn,
-					  "SELECT id, recipient, sender, queue_id,"
-					  " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS created,"
-					  " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS expires, state, opened, replies,"
-					  " coalesce(reason, '') AS reason FROM pepsi.secure_link_list($1::boolean)",
+					  json ? "SELECT id, recipient, sender, queue_id,"
+							 " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS created,"
+							 " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS expires, state, opened,"
+							 " open_limit, replies, coalesce(reason, '') AS reason"
+							 " FROM pepsi.secure_link_list($1::boolean)"
+						   : "SELECT id, recipient, sender, queue_id,"
+							 " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS created,"
+							 " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS expires, state,"
+							 " opened || coalesce('/' || open_limit, '') AS opened, replies,"
+							 " coalesce(reason, '') AS reason FROM pepsi.secure_link_list($1::boolean)",
 					  1, values);
 		rc = cli_show_result(SL_PROGRAM, res, conn, json);
 	}

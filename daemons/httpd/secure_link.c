@@ -16,7 +16,12 @@
  *
  * A GET never mails or spends anything (scanners fetch links).  A link
  * unknown, expired or revoked, a code wrong, used or expired, a session
- * missing: each refused with the reason, never the clear text.  A client
+ * missing: each refused with the reason, never the clear text.  A link
+ * that started its PORTAL_OPENS sessions (the limit is the link's row's,
+ * set when it was made) starts no other: its page, a code asked for and a
+ * code checked are refused with when it was used (410; the two POSTs
+ * audited by the extension as secure_link_reused, and counted against the
+ * client), while a session it started goes on until it ends.  A client
  * whose links or codes are refused SECURE_LINK_CLIENT_FAILURES times in
  * ten minutes gets 429 until then (in memory: a restart forgives); the
  * database counts each code's tries and each link's codes an hour.
@@ -210,9 +215,13 @@ secure_link_show(struct request *req, const struct securelink *link, const char 
 	return result;
 }
 
-/* POST /secure/S/code: mail a code (the extension's limits), then the code form. */
+/*
+ * POST /secure/S/code: mail a code (the extension's limits), then the code
+ * form.  used: the link's status said its opens are spent (the extension
+ * refuses, and audits, either way).
+ */
 static enum MHD_Result
-secure_link_code(struct request *req, const struct securelink *link, const char *recipient)
+secure_link_code(struct request *req, const struct securelink *link, const char *recipient, bool used)
 {
 	const char	   *values[3] = {NULL, SECURE_LINK_CODE_LIFETIME, SECURE_LINK_CODES_PER_HOUR};
 	enum MHD_Result result;
@@ -224,7 +233,7 @@ secure_link_code(struct request *req, const struct securelink *link, const char 
 		return result;
 	if (!PQgetisnull(res, 0, 0))
 	{
-		result = secure_link_refuse(req, MHD_HTTP_TOO_MANY_REQUESTS, PQgetvalue(res, 0, 0), false);
+		result = secure_link_refuse(req, used ? MHD_HTTP_GONE : MHD_HTTP_TOO_MANY_REQUESTS, PQgetvalue(res, 0, 0), used);
 		PQclear(res);
 		return result;
 	}
@@ -243,9 +252,9 @@ secure_link_code(struct request *req, const struct securelink *link, const char 
 	return result;
 }
 
-/* POST /secure/S/session: the code; a session cookie and a 303 to the message, or the reason. */
+/* POST /secure/S/session: the code; a session cookie and a 303 to the message, or the reason (used: as for the code). */
 static enum MHD_Result
-secure_link_session(struct request *req, const struct securelink *link)
+secure_link_session(struct request *req, const struct securelink *link, bool used)
 {
 	struct buf			 code = BUF_INIT, cookie = BUF_INIT, location = BUF_INIT;
 	char				 lifetime[32];
@@ -270,7 +279,7 @@ secure_link_session(struct request *req, const struct securelink *link)
 		return result;
 	if (PQgetisnull(res, 0, 0))
 	{
-		result = secure_link_refuse(req, MHD_HTTP_FORBIDDEN, PQgetvalue(res, 0, 1), true);
+		result = secure_link_refuse(req, used ? MHD_HTTP_GONE : MHD_HTTP_FORBIDDEN, PQgetvalue(res, 0, 1), true);
 		PQclear(res);
 		return result;
 	}
@@ -655,6 +664,7 @@ secure_link_route(struct request *req)
 	enum MHD_Result	  result;
 	int				 *failures = secure_link_failures(req->client_key, false);
 	char			  recipient[321];
+	bool			  used;
 	size_t			  len = slash ? (size_t) (slash - rest) : strlen(rest);
 
 	if (failures && *failures >= SECURE_LINK_CLIENT_FAILURES)
@@ -671,8 +681,8 @@ secure_link_route(struct request *req)
 		return secure_link_refuse(req, MHD_HTTP_NOT_FOUND,
 								  "unknown: this server sent no such link (check that it was copied whole)", true);
 	res = secure_link_query(req, &link,
-							"SELECT s->>'state', coalesce(s->>'reason', ''), coalesce(s->>'recipient', '')"
-							" FROM pepsi.secure_link_status($1::bytea) s",
+							"SELECT s->>'state', coalesce(s->>'reason', ''), coalesce(s->>'recipient', ''),"
+							" coalesce(s->>'used', '') FROM pepsi.secure_link_status($1::bytea) s",
 							1, values, &result);
 	if (res == NULL)
 		goto done;
@@ -685,13 +695,25 @@ secure_link_route(struct request *req)
 		goto done;
 	}
 	snprintf(recipient, sizeof(recipient), "%s", PQgetvalue(res, 0, 2));
+	/*
+	 * A link whose opens are spent: its page says so (a GET writes nothing);
+	 * the code and session POSTs still reach the extension, which refuses
+	 * them and audits the attempt; a session's pages go on.
+	 */
+	used = *PQgetvalue(res, 0, 3) != '\0';
+	if (used && *view == '\0' && get)
+	{
+		result = secure_link_refuse(req, MHD_HTTP_GONE, PQgetvalue(res, 0, 3), false);
+		PQclear(res);
+		goto done;
+	}
 	PQclear(res);
 	if (*view == '\0' && get)
 		result = secure_link_show(req, &link, recipient);
 	else if (strcmp(view, "code") == 0 && post)
-		result = secure_link_code(req, &link, recipient);
+		result = secure_link_code(req, &link, recipient, used);
 	else if (strcmp(view, "session") == 0 && post)
-		result = secure_link_session(req, &link);
+		result = secure_link_session(req, &link, used);
 	else if (strcmp(view, "message") == 0 && get)
 		result = secure_link_message(req, &link);
 	else if (strncmp(view, "part/", 5) == 0 && get)

@@ -7933,7 +7933,11 @@ SELECT pepsi.grant_apply();
 -- salted with the link's identifier, good for CODE_LIFETIME and
 -- SECURE_LINK_CODE_ATTEMPTS tries; at most SECURE_LINK_CODES_PER_HOUR
 -- codes an hour.  A right code starts a session bound to the link (its
--- cookie kept as its SHA-256) with a CSRF token that is used once.
+-- cookie kept as its SHA-256) with a CSRF token that is used once.  A
+-- link starts at most open_limit sessions (PORTAL_OPENS when it was made;
+-- NULL, a link made before 0.11: no limit): then its page, a code asked
+-- for and a code checked are refused with the reason (audited as
+-- secure_link_reused), while a session open goes on until it ends.
 -- Replies go back into the queue from the portal's own address with the
 -- recipient in Reply-To (mail "from" the recipient's domain would fail
 -- its DMARC).  pepsi-secure-link lists, expires and revokes links; an
@@ -7962,7 +7966,8 @@ CREATE TABLE pepsi.secure_link (
     codes_sent      integer NOT NULL DEFAULT 0,
     opened          integer NOT NULL DEFAULT 0,
     last_opened_at  timestamptz,
-    replies         integer NOT NULL DEFAULT 0
+    replies         integer NOT NULL DEFAULT 0,
+    open_limit      integer CHECK (open_limit > 0)
 );
 CREATE INDEX secure_link_expires_at ON pepsi.secure_link (expires_at) WHERE sealed IS NOT NULL;
 
@@ -7987,10 +7992,27 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     END
 $$;
 
+-- Why the link l starts no new session, or NULL: it was redeemed (a right
+-- code, a session) open_limit times, PORTAL_OPENS when it was made; NULL,
+-- a link made before 0.11, has no limit.  Unlike secure_link_refusal it
+-- leaves a session already open alone: the recipient reads and replies
+-- within it, and only a link forwarded or replayed after is refused.
+CREATE FUNCTION pepsi.secure_link_reuse_refusal(l pepsi.secure_link) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT CASE WHEN l.open_limit IS NOT NULL AND l.opened >= l.open_limit THEN
+        format('this link was used already (opened %s of %s times) on %s: ask %s to send the message again',
+               l.opened, l.open_limit,
+               coalesce(to_char(l.last_opened_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'), 'an earlier visit'),
+               coalesce(nullif(l.sender, ''), 'the sender'))
+    END
+$$;
+
 -- pepsi-stage-encrypt: store a sealed message (the identifier and nonce
--- are the stage's, derived from the link's secret); its row id.
+-- are the stage's, derived from the link's secret) whose link starts at
+-- most opens sessions (PORTAL_OPENS; NULL: no limit); its row id.
 CREATE FUNCTION pepsi.secure_link_store(link_id bytea, recipient text, sender text, portal_address text,
-                                        notice_stage text, queue_id text, nonce bytea, sealed bytea, lifetime interval)
+                                        notice_stage text, queue_id text, nonce bytea, sealed bytea, lifetime interval,
+                                        opens integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -8000,32 +8022,53 @@ BEGIN
         RAISE EXCEPTION 'a secure link''s lifetime must be positive, not %', lifetime
             USING ERRCODE = 'invalid_parameter_value', HINT = '[stage-*] PORTAL_LIFETIME sets it.';
     END IF;
+    IF opens < 1 THEN
+        RAISE EXCEPTION 'a secure link opens at least once, not % times', opens
+            USING ERRCODE = 'invalid_parameter_value', HINT = '[stage-*] PORTAL_OPENS sets it (0 there: no limit).';
+    END IF;
     IF portal_address IS NULL OR portal_address !~ '^[^@\s<>]+@[^@\s<>]+$' THEN
         RAISE EXCEPTION 'the portal''s address "%" is not an address', portal_address
             USING ERRCODE = 'invalid_parameter_value', HINT = '[stage-*] PORTAL_ADDRESS sets it.';
     END IF;
     INSERT INTO pepsi.secure_link AS l (link_id, recipient, sender, portal_address, notice_stage, queue_id, nonce,
-                                        sealed, expires_at)
-    VALUES (link_id, lower(recipient), sender, portal_address, notice_stage, queue_id, nonce, sealed, now() + lifetime)
+                                        sealed, expires_at, open_limit)
+    VALUES (link_id, lower(recipient), sender, portal_address, notice_stage, queue_id, nonce, sealed, now() + lifetime,
+            opens)
     RETURNING l.id INTO id;
     PERFORM pepsi.event_log_write('secure_link_stored',
-        jsonb_build_object('id', id, 'recipient', lower(recipient), 'sender', sender, 'queue_id', queue_id));
+        jsonb_build_object('id', id, 'recipient', lower(recipient), 'sender', sender, 'queue_id', queue_id,
+                           'opens', opens));
     RETURN id;
 END
 $$;
 
+-- The same, as pepsi-stage-encrypt before 0.11 called it: a link without
+-- a limit, as every link was then.
+CREATE FUNCTION pepsi.secure_link_store(link_id bytea, recipient text, sender text, portal_address text,
+                                        notice_stage text, queue_id text, nonce bytea, sealed bytea, lifetime interval)
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT pepsi.secure_link_store(link_id, recipient, sender, portal_address, notice_stage, queue_id, nonce, sealed,
+                                   lifetime, NULL::integer)
+$$;
+
 -- The link page: {"state": "open"} or {"state": "refused", "reason"},
--- with the recipient (whom the code goes to) and the expiry.
+-- with the recipient (whom the code goes to) and the expiry; an open link
+-- that starts no new session (its opens spent) says why in "used", and
+-- its pages for a session already open go on working.
 CREATE FUNCTION pepsi.secure_link_status(link_id bytea) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT CASE WHEN pepsi.secure_link_refusal(l) IS NULL
-                THEN jsonb_build_object('state', 'open', 'recipient', l.recipient, 'expires_at', l.expires_at)
+                THEN jsonb_strip_nulls(jsonb_build_object('state', 'open', 'recipient', l.recipient,
+                                                          'expires_at', l.expires_at,
+                                                          'used', pepsi.secure_link_reuse_refusal(l)))
                 ELSE jsonb_build_object('state', 'refused', 'reason', pepsi.secure_link_refusal(l)) END
     FROM (SELECT 1) one LEFT JOIN pepsi.secure_link l ON l.link_id = secure_link_status.link_id
 $$;
 
 -- Mail a one-time code to the link's recipient (through the stage after
--- the encryption stage, like the notice): NULL, or why not.
+-- the encryption stage, like the notice): NULL, or why not.  A link whose
+-- opens are spent gets no code (audited: secure_link_reused).
 CREATE FUNCTION pepsi.secure_link_code_request(link_id bytea, code_lifetime interval, per_hour integer)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -8033,10 +8076,17 @@ DECLARE
     l pepsi.secure_link;
     code text;
     domain text;
+    reused text;
 BEGIN
     SELECT * INTO l FROM pepsi.secure_link s WHERE s.link_id = secure_link_code_request.link_id FOR UPDATE;
     IF pepsi.secure_link_refusal(l) IS NOT NULL THEN
         RETURN pepsi.secure_link_refusal(l);
+    END IF;
+    reused := pepsi.secure_link_reuse_refusal(l);
+    IF reused IS NOT NULL THEN
+        PERFORM pepsi.event_log_write('secure_link_reused', jsonb_build_object('id', l.id, 'recipient', l.recipient,
+            'asked', 'code', 'opened', l.opened, 'opens', l.open_limit));
+        RETURN reused;
     END IF;
     IF l.codes_window IS NULL OR l.codes_window <= now() - interval '1 hour' THEN
         l.codes_window := now();
@@ -8071,7 +8121,10 @@ $$;
 
 -- Check a code: {"session", "csrf"} (a new session of session_lifetime,
 -- bound to the link), or {"refused": why}.  A code is good once, for its
--- lifetime and SECURE_LINK_CODE_ATTEMPTS tries (attempts).
+-- lifetime and SECURE_LINK_CODE_ATTEMPTS tries (attempts), and none is
+-- once the link's opens are spent (audited: secure_link_reused), even a
+-- code mailed before: the row's lock makes the count exact under
+-- concurrent checks.
 CREATE FUNCTION pepsi.secure_link_code_check(link_id bytea, code text, session_lifetime interval, attempts integer)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -8079,10 +8132,16 @@ DECLARE
     l pepsi.secure_link;
     session text := replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '');
     csrf text := replace(gen_random_uuid()::text, '-', '');
+    reused text;
 BEGIN
     SELECT * INTO l FROM pepsi.secure_link s WHERE s.link_id = secure_link_code_check.link_id FOR UPDATE;
+    reused := pepsi.secure_link_reuse_refusal(l);
     IF pepsi.secure_link_refusal(l) IS NOT NULL THEN
         RETURN jsonb_build_object('refused', pepsi.secure_link_refusal(l));
+    ELSIF reused IS NOT NULL THEN
+        PERFORM pepsi.event_log_write('secure_link_reused', jsonb_build_object('id', l.id, 'recipient', l.recipient,
+            'asked', 'session', 'opened', l.opened, 'opens', l.open_limit));
+        RETURN jsonb_build_object('refused', reused);
     ELSIF l.code_hash IS NULL AND l.code_used_at IS NOT NULL THEN
         RETURN jsonb_build_object('refused', 'this code was used already: ask for a new one');
     ELSIF l.code_hash IS NULL THEN
@@ -8103,13 +8162,15 @@ BEGIN
     DELETE FROM pepsi.secure_link_session x WHERE x.expires_at < now();
     INSERT INTO pepsi.secure_link_session (token_hash, link, csrf, expires_at)
     VALUES (sha256(convert_to(session, 'UTF8')), l.id, csrf, now() + session_lifetime);
-    PERFORM pepsi.event_log_write('secure_link_opened', jsonb_build_object('id', l.id, 'recipient', l.recipient));
+    PERFORM pepsi.event_log_write('secure_link_opened', jsonb_build_object('id', l.id, 'recipient', l.recipient,
+        'opened', l.opened + 1, 'opens', l.open_limit));
     RETURN jsonb_build_object('session', session, 'csrf', csrf);
 END
 $$;
 
 -- The sealed message for a session of the link: one row, or none (and
--- refusal says why) when the session is not one of this link's or ended.
+-- refusal says why) when the session is not one of this link's or ended
+-- (and why no new one starts when the link's opens are spent).
 CREATE FUNCTION pepsi.secure_link_open(link_id bytea, session text)
 RETURNS TABLE (refusal text, recipient text, sender text, nonce bytea, sealed bytea, csrf text, expires_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -8123,7 +8184,8 @@ BEGIN
         SELECT * INTO s FROM pepsi.secure_link_session x
         WHERE x.token_hash = sha256(convert_to(coalesce(session, ''), 'UTF8')) AND x.link = l.id AND x.expires_at > now();
         IF s.link IS NULL THEN
-            refusal := 'no session: enter the code mailed to you first (a session lasts a few minutes)';
+            refusal := coalesce(pepsi.secure_link_reuse_refusal(l),
+                                'no session: enter the code mailed to you first (a session lasts a few minutes)');
         ELSE
             recipient := l.recipient;
             sender := l.sender;
@@ -8160,7 +8222,7 @@ BEGIN
     WHERE x.token_hash = sha256(convert_to(coalesce(session, ''), 'UTF8')) AND x.link = l.id AND x.expires_at > now()
     FOR UPDATE;
     IF s.link IS NULL THEN
-        RETURN 'no session: enter the code mailed to you first';
+        RETURN coalesce(pepsi.secure_link_reuse_refusal(l), 'no session: enter the code mailed to you first');
     ELSIF s.csrf IS DISTINCT FROM csrf THEN
         RETURN 'the form is stale or not this page''s (its CSRF token): reload the message and write again';
     ELSIF l.sender = '' THEN
@@ -8196,17 +8258,20 @@ BEGIN
 END
 $$;
 
--- pepsi-secure-link list: the links (all, or those still open).
+-- pepsi-secure-link list: the links (all, or those still open: that may
+-- start a session).  A link whose opens are spent is "used" (a session it
+-- started may still run); open_limit is NULL for a link without a limit.
 CREATE FUNCTION pepsi.secure_link_list(open_only boolean DEFAULT false)
 RETURNS TABLE (id bigint, recipient text, sender text, queue_id text, created_at timestamptz, expires_at timestamptz,
-               state text, opened integer, replies integer, reason text)
+               state text, opened integer, open_limit integer, replies integer, reason text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT l.id, l.recipient, l.sender, l.queue_id, l.created_at, l.expires_at,
            CASE WHEN l.revoked_at IS NOT NULL THEN 'revoked' WHEN l.expires_at <= now() OR l.sealed IS NULL THEN 'expired'
-                ELSE 'open' END,
-           l.opened, l.replies, l.revoked_reason
+                WHEN pepsi.secure_link_reuse_refusal(l) IS NOT NULL THEN 'used' ELSE 'open' END,
+           l.opened, l.open_limit, l.replies, l.revoked_reason
     FROM pepsi.secure_link l
-    WHERE NOT open_only OR (l.revoked_at IS NULL AND l.expires_at > now() AND l.sealed IS NOT NULL)
+    WHERE NOT open_only OR (l.revoked_at IS NULL AND l.expires_at > now() AND l.sealed IS NOT NULL
+                            AND pepsi.secure_link_reuse_refusal(l) IS NULL)
     ORDER BY l.id
 $$;
 
@@ -8256,7 +8321,7 @@ INSERT INTO pepsi.grant_definer (name) VALUES ('secure_link_store'), ('secure_li
     ('secure_link_code_request'), ('secure_link_code_check'), ('secure_link_open'), ('secure_link_reply'),
     ('secure_link_list'), ('secure_link_end');
 INSERT INTO pepsi.grant_owner (name) VALUES ('secure_link'), ('secure_link_id_seq'), ('secure_link_session'),
-    ('secure_link_refusal');
+    ('secure_link_refusal'), ('secure_link_reuse_refusal');
 
 SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link', '');
 SELECT pg_catalog.pg_extension_config_dump('pepsi.secure_link_id_seq', '');

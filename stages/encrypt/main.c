@@ -19,8 +19,9 @@
  * encrypted under a key derived from a link's secret (pepsi.secure_link,
  * common/message/securelink.h) and the recipient's copy becomes a notice
  * with the link, from PORTAL_ADDRESS; pepsi-httpd serves the message to
- * whoever proves control of the address (pepsi-secure-link(8)).  Mail already
- * encrypted goes on as it is.  Mail from an address with an identity
+ * whoever proves control of the address (pepsi-secure-link(8)), in at most
+ * PORTAL_OPENS sessions (a limit the link keeps from when it is made).
+ * Mail already encrypted goes on as it is.  Mail from an address with an identity
  * carries its key in an Autocrypt: field (Level 1) when AUTOCRYPT says so.
  * A recipient whose key is an S/MIME certificate gets S/MIME (RFC 8551)
  * instead: the entity signed (multipart/signed, with the From: address's
@@ -258,6 +259,22 @@ encrypt_refuse(struct pepsi_ctx *ctx, const struct encrypt_rcpt *r)
 	return rc;
 }
 
+/* A lifetime in seconds for the notice: "14 days", "12 hours", "90 minutes". */
+static void
+encrypt_portal_lifetime(double seconds, char *out, size_t outlen)
+{
+	long long s = (long long) seconds;
+
+	if (s >= 86400 && s % 86400 == 0)
+		snprintf(out, outlen, "%lld day%s", s / 86400, s == 86400 ? "" : "s");
+	else if (s >= 3600 && s % 3600 == 0)
+		snprintf(out, outlen, "%lld hour%s", s / 3600, s == 3600 ? "" : "s");
+	else if (s >= 60 && s % 60 == 0)
+		snprintf(out, outlen, "%lld minute%s", s / 60, s == 60 ? "" : "s");
+	else
+		snprintf(out, outlen, "%lld seconds", s);
+}
+
 /*
  * The message sealed for the secure-link portal (NO_KEY = portal): stored
  * in pepsi.secure_link under a key only the link carries, and the row,
@@ -277,7 +294,8 @@ encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcp
 	struct securelink link;
 	struct buf		  raw = BUF_INIT, sealed = BUF_INIT, notice_h = BUF_INIT, notice_b = BUF_INIT;
 	unsigned char	  nonce[SECURELINK_NONCE_LEN];
-	char			  lifetime[32];
+	char			  lifetime[32], lifetime_text[48], opens[24], visits[64] = "";
+	long long		  open_limit = pepsi_option_int(ctx, "PORTAL_OPENS");
 	size_t			  escaped_len;
 	unsigned char	 *id_hex = NULL, *nonce_hex = NULL, *sealed_hex = NULL;
 	PGresult		 *res = NULL;
@@ -299,17 +317,19 @@ encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcp
 		goto done;
 	}
 	snprintf(lifetime, sizeof(lifetime), "%.0f seconds", pepsi_option_seconds(ctx, "PORTAL_LIFETIME"));
+	snprintf(opens, sizeof(opens), "%lld", open_limit);
 	id_hex = PQescapeByteaConn(pepsi_db(ctx), link.id, sizeof(link.id), &escaped_len);
 	nonce_hex = PQescapeByteaConn(pepsi_db(ctx), nonce, sizeof(nonce), &escaped_len);
 	sealed_hex = PQescapeByteaConn(pepsi_db(ctx), (const unsigned char *) sealed.data, sealed.len, &escaped_len);
 	{
+		/* PORTAL_OPENS 0 is no limit: NULL, as links made before it. */
 		const char *values[] = {(const char *) id_hex, rcpt, sender ? sender : "", portal, next, pepsi_queue_id(ctx),
-								(const char *) nonce_hex, (const char *) sealed_hex, lifetime};
+								(const char *) nonce_hex, (const char *) sealed_hex, lifetime, open_limit > 0 ? opens : NULL};
 
 		res = PQexecParams(pepsi_db(ctx),
 						   "SELECT pepsi.secure_link_store($1::bytea, $2, $3, $4, $5, $6, $7::bytea, $8::bytea,"
-						   " $9::interval)",
-						   9, NULL, values, NULL, NULL, 0);
+						   " $9::interval, $10::integer)",
+						   10, NULL, values, NULL, NULL, 0);
 	}
 	if (id_hex == NULL || PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
@@ -331,14 +351,20 @@ encrypt_portal(struct pepsi_ctx *ctx, const char *rcpt, const struct encrypt_rcp
 						  "Content-Type: text/plain; charset=utf-8\r\n",
 			   pepsi_queue_id(ctx), PQgetvalue(res, 0, 0), strchr(portal, '@') + 1);
 	buf_printf(&notice_h, "X-Pepsi-Secure-Link: %s\r\n", PQgetvalue(res, 0, 0));
+	/* Said in the notice, so that a second visit's refusal is no surprise. */
+	encrypt_portal_lifetime(pepsi_option_seconds(ctx, "PORTAL_LIFETIME"), lifetime_text, sizeof(lifetime_text));
+	if (open_limit == 1)
+		snprintf(visits, sizeof(visits), ", for one visit: read and reply in it");
+	else if (open_limit > 1)
+		snprintf(visits, sizeof(visits), ", for %lld visits", open_limit);
 	buf_printf(&notice_b,
 			   "%s sent you a message that must reach you encrypted, and no key of yours is known.\r\n"
 			   "It is kept encrypted for you: open this link to read it (and to reply).\r\n"
 			   "You will be asked for a code, mailed to this address.\r\n\r\n"
 			   "    %s/secure/%s\r\n\r\n"
-			   "The link works for %s.  Keep it to yourself: whoever has it and can read\r\n"
+			   "The link works for %s%s.  Keep it to yourself: whoever has it and can read\r\n"
 			   "your mail can read the message.\r\n",
-			   sender && *sender ? sender : "Someone", url, link.token, pepsi_option(ctx, "PORTAL_LIFETIME"));
+			   sender && *sender ? sender : "Someone", url, link.token, lifetime_text, visits);
 	log_info("%s: sealed for the secure-link portal (link %s) for %s: %s", pepsi_queue_id(ctx), PQgetvalue(res, 0, 0),
 			 rcpt, r->reason);
 	pepsi_set_headers(ctx, notice_h.data, notice_h.len);
