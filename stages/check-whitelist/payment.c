@@ -152,16 +152,21 @@ payment_verdict_of_secret(struct pepsi_ctx *ctx, const char *order, const char *
 	return strlen(proof) == 64 && CRYPTO_memcmp(want, proof, 64) == 0 ? PAYMENT_PAID : PAYMENT_NOT_PAID;
 }
 
-/* May s be one of the verifier's arguments: printable ASCII, no space, not an option ("-...")? */
+/* Is s printable ASCII without a space (what a proof or one of the verifier's arguments may be)? */
 static bool
-payment_argument_ok(const char *s)
+payment_printable(const char *s)
 {
-	if (s[0] == '\0' || s[0] == '-')
-		return false;
 	for (; *s; s++)
 		if ((unsigned char) *s <= 0x20 || (unsigned char) *s >= 0x7f)
 			return false;
 	return true;
+}
+
+/* May s be one of the verifier's arguments: printable, and not empty or an option ("-...")? */
+static bool
+payment_argument_ok(const char *s)
+{
+	return s[0] != '\0' && s[0] != '-' && payment_printable(s);
 }
 
 /* What the verifier's child runs: the command itself, no shell, nothing of the worker's but the pipes. */
@@ -314,10 +319,7 @@ payment_proof_parse(const char *value, char *uri, char *proof, long long *challe
 		return false;
 	if ((at = strstr(uri, "/pepsi-")) == NULL || sscanf(at, "/pepsi-%lld", challenge) != 1 || *challenge <= 0)
 		return false;
-	for (const char *p = proof; *p; p++)
-		if ((unsigned char) *p <= 0x20 || (unsigned char) *p >= 0x7f)
-			return false;
-	return true;
+	return payment_printable(proof);
 }
 
 int
