@@ -9,6 +9,15 @@
 # List-Id are held without a challenge, and so is an unproven sender;
 # held mail expires through the schedule's secretary_expire; a
 # whitelisted sender's mail and mail to an owner without WHITELIST pass.
+# An owner who lets senders pay instead (SECRETARY_PAYMENT, another
+# scheme than taler): the proof in the sender's reply is judged by
+# PAYMENT_VERIFY_COMMAND, a script standing in for the payment service,
+# which gets the order, scheme, price and merchant as arguments and the
+# proof on its standard input (never its command line): a good proof
+# releases the held mail and whitelists the sender, once; a wrong one, a
+# verifier that fails (exit 3) and one that hangs past
+# PAYMENT_VERIFY_TIME_LIMIT (killed) release nothing, each with a log
+# line, and the challenge stays open for the good proof that follows.
 
 use strict;
 use warnings FATAL => 'all';
@@ -48,6 +57,50 @@ sender.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
 lists.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
 ZONE
 
+# The payment service's verifier: one known receipt per order is paid.
+# It logs what it was given, and whether the proof was among its
+# arguments; ~/verify-mode says whether it answers, fails or hangs.
+my $verifier = "$tmp/verify";
+{
+	open my $fh, '>', $verifier or die "$verifier: $!";
+	print $fh <<"PL";
+#!$^X
+use strict;
+use warnings;
+my \$proof = <STDIN>;
+\$proof = '' unless defined \$proof;
+chomp \$proof;
+my \$in_argv = grep { \$proof ne '' && index(\$_, \$proof) >= 0 } \@ARGV;
+open my \$log, '>>', '$tmp/verify.log' or exit 2;
+print \$log join(' ', 'args:', \@ARGV, 'env:', map({ "\$_=\$ENV{\$_}" } sort grep { /^PEPSI_/ } keys %ENV),
+	'proof:', \$proof, \$in_argv ? 'PROOF-IN-ARGV' : 'not-in-argv'), "\n";
+close \$log;
+open my \$m, '<', '$tmp/verify-mode' or exit 2;
+my \$mode = <\$m>;
+chomp \$mode;
+if (\$mode eq 'fail') { print "the payment service is unreachable\n"; exit 3 }
+if (\$mode eq 'hang')
+{
+	open my \$p, '>', '$tmp/verify-hang.pid' or exit 2;
+	print \$p "\$\$\n";
+	close \$p;
+	sleep 600;
+}
+exit 0 if \$proof eq "receipt-for-\$ARGV[0]";
+print "no such receipt\n";
+exit 1;
+PL
+	close $fh;
+	chmod 0755, $verifier;
+}
+sub verify_mode
+{
+	open my $fh, '>', "$tmp/verify-mode" or die $!;
+	print $fh "$_[0]\n";
+	close $fh;
+}
+verify_mode('answer');
+
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $http_port = PostgreSQL::Test::Cluster::get_free_port();
 my $secret = 'web-secret';
@@ -59,7 +112,9 @@ my $config = delivery_config($node, maildir_root => $root,
 	extra => { init => "LOCAL_STAGE = secretary\n" },
 	more_stages => {
 		secretary => "PROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = maildir\nREPLY_STAGE = init\n"
-		  . "CONFIRM_URL = https://mx.pepsi.test/confirm\n",
+		  . "CONFIRM_URL = https://mx.pepsi.test/confirm\n"
+		  . "PAYMENT_MERCHANT = pay.local.test/m\nPAYMENT_VERIFY_COMMAND = $verifier\n"
+		  . "PAYMENT_VERIFY_TIME_LIMIT = 3s\n",
 	},
 	sections => <<"CONF");
 [ingress]
@@ -237,7 +292,99 @@ is(sql("SELECT count(*) FROM pepsi.secretary_challenge WHERE sender = 'eve\@unpr
 is(send_mail('eve@unproven.test', 'alice@local.test'), 0, 'to alice');
 ok(poll_until(sub { scalar(maildir_files($root, 'alice@local.test')) == 1 }, 60), 'delivered');
 
-# 9. The stage's role writes none of the tables itself.
+# 9. Paying instead of confirming, judged by PAYMENT_VERIFY_COMMAND.
+my $payee = 'paula@local.test';
+my $payer = 'henry@sender.test';
+make_mailbox($root, $_) for $payee, $payer;
+sql("SELECT pepsi.settings_set('$payee', 'WHITELIST', 'yes')");
+sql("SELECT pepsi.settings_set('$payee', 'SECRETARY_PAYMENT', 'examplepay')");
+sql("SELECT pepsi.settings_set('$payee', 'SECRETARY_PRICE', 'EUR:0.50')");
+sub paula_held
+{
+	return sql("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'secretary' AND status = 'paused'"
+		  . " AND timeout = 'infinity' AND '$payee' = ANY (rcpt_to)");
+}
+sub paula_mails { return map { slurp($_) } maildir_files($root, $payee) }
+sub verifier_runs { return -e "$tmp/verify.log" ? split(/\n/, slurp("$tmp/verify.log")) : () }
+is(send_mail($payer, $payee, subject => 'from henry'), 0, 'a stranger writes to an owner who takes payment');
+my $pay_challenge;
+ok(poll_until(sub { ($pay_challenge) = grep { /^Payment-Request: /m } map { slurp($_) } maildir_files($root, $payer); $pay_challenge }, 180),
+	'it is challenged, with a payment request')
+  or diag(dispatcher_log($d));
+my ($pay_uri, $order) = ($pay_challenge // "") =~ m{^Payment-Request: (examplepay://pay\.local\.test/m/(pepsi-\d+)\?amount=EUR:0\.50)\r$}m;
+ok($order, 'the request is the scheme\'s URI of the order, at PAYMENT_MERCHANT, with the price');
+like($pay_challenge, qr/^Payment-Amount: EUR:0\.50\r$/m, 'and says the amount');
+my $receipt = "receipt-for-$order";
+sub send_proof
+{
+	my ($proof, $subject) = @_;
+	return send_mail($payer, $payee, subject => $subject, headers => ["Payment-Proof: $pay_uri $proof"]);
+}
+
+# A proof the service does not know: not paid, nothing released.
+is(send_proof('receipt-for-pepsi-1', 'a wrong proof'), 0, 'a wrong proof is sent');
+ok(file_shows($d->{log},
+		qr/<\Q$payee\E>: a proof of payment for \Q$order\E from <\Q$payer\E> that PAYMENT_VERIFY_COMMAND says is not paid: ignored \(no such receipt\)/, 180),
+	'the verifier says not paid: logged');
+ok(poll_until(sub { paula_held() == 2 }, 180), 'the held message stays held (and the reply with it)');
+
+# A verifier that fails: it could not say; nothing released, the challenge stays open.
+verify_mode('fail');
+is(send_proof($receipt, 'a proof while the service is down'), 0, 'the good proof, while the verifier fails');
+ok(file_shows($d->{log},
+		qr/a proof of payment for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E exited with status 3 .*: the payment service is unreachable; it counts for nothing, the held mail stays held and its challenge open/, 180),
+	'exit 3: could not verify, logged with what it said');
+ok(poll_until(sub { paula_held() == 3 }, 180), 'nothing is released');
+
+# A verifier that hangs: killed at PAYMENT_VERIFY_TIME_LIMIT, nothing released.
+verify_mode('hang');
+is(send_proof($receipt, 'a proof while the verifier hangs'), 0, 'the good proof, while the verifier hangs');
+ok(file_shows($d->{log},
+		qr/for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E ran longer than PAYMENT_VERIFY_TIME_LIMIT \(3s\) and was killed/, 180),
+	'killed at the time limit, logged');
+ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
+my $hung = -e "$tmp/verify-hang.pid" ? slurp("$tmp/verify-hang.pid") : 0;
+chomp $hung;
+ok($hung && poll_until(sub { !kill(0, $hung) }, 180), 'the hanging verifier is gone');
+is(scalar(grep { /^Subject: from henry\r$/m } paula_mails()), 0, 'the held message is not delivered');
+
+# The good proof: paid, the held mail released, the sender whitelisted.
+verify_mode('answer');
+is(send_proof($receipt, 'the good proof'), 0, 'the good proof, the verifier answering');
+ok(poll_until(sub { grep({ /^Subject: from henry\r$/m } paula_mails()) == 1 }, 180), 'the held message is delivered')
+  or diag(dispatcher_log($d));
+ok(file_shows($d->{log}, qr/<\Q$payee\E>: paid EUR:0\.50 \(\Q$order\E\): held mail released \(\d+\), sender whitelisted/, 180),
+	'logged');
+is(sql("SELECT source FROM pepsi.whitelist WHERE owner = '$payee' AND sender = '$payer'"), 'reply',
+	'the sender is on the whitelist');
+is(sql("SELECT outcome || ' ' || currency || ':' || amount FROM pepsi.payment WHERE direction = 'in' AND address = '$payee'"),
+	'received EUR:0.50', 'the payment is recorded');
+ok(poll_until(sub { paula_held() == 0 }, 180), 'nothing of the sender\'s is held any more');
+ok(!grep({ /^Subject: the good proof\r$/m } paula_mails()), 'the proof itself is not delivered');
+
+# The same proof again: the challenge is released already, nothing more.
+my $before = scalar(paula_mails());
+is(send_proof($receipt, 'the good proof again'), 0, 'the good proof is sent again');
+# (So did the two good proofs held with the mail, as they came back released.)
+ok(poll_until(sub { my @done = slurp($d->{log}) =~ /<\Q$payee\E>: a proof of payment for \Q$order\E, which is no open challenge: done with/g; @done == 3 }, 180),
+	'it is no open challenge: done with');
+ok(settled(), 'settled');
+is(scalar(paula_mails()), $before, 'nothing more is delivered');
+is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'in' AND address = '$payee'"), '1', 'nor recorded');
+
+# What the verifier was given: the order, scheme, price and merchant as
+# arguments and environment, the proof on its standard input only.  It
+# ran for each proof sent, and again for each of the three held with the
+# mail as they came back released (done with, once the challenge was).
+my @runs = verifier_runs();
+is(scalar(@runs), 8, 'the verifier ran for each proof, and for each held one again on its release');
+like($runs[0], qr/^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env: PEPSI_PAYMENT_MERCHANT=pay\.local\.test\/m PEPSI_PAYMENT_ORDER=\Q$order\E PEPSI_PAYMENT_PRICE=EUR:0\.50 PEPSI_PAYMENT_SCHEME=examplepay proof: receipt-for-pepsi-1 not-in-argv$/,
+	'the order, scheme, price and merchant as arguments and in the environment, the proof on its standard input');
+is(scalar(grep { /^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env: .* proof: (?:receipt-for-pepsi-1|\Q$receipt\E) not-in-argv$/ } @runs),
+	8, 'so each time');
+is(scalar(grep { /PROOF-IN-ARGV/ } @runs), 0, 'never on its command line');
+
+# 10. The stage's role writes none of the tables itself.
 my ($prc, $pout, $perr) = $node->psql($db,
 	"SET ROLE pepsi_stage; INSERT INTO pepsi.whitelist VALUES ('bob\@local.test', 'x\@y.test', 'owner')");
 like($perr, qr/permission denied for table whitelist/, 'pepsi_stage may not write pepsi.whitelist');

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include "base/xalloc.h"
+
+_Static_assert(CHILD_RUN_INPUT_MAX <= PIPE_BUF, "a child's input must fit a pipe before the child runs");
 
 /* How often a child whose output has ended is asked whether it exited. */
 #define CHILD_RUN_REAP_STEP_MS 5
@@ -43,6 +46,43 @@ child_run_keep(struct child_result *result, size_t max, const char *buf, size_t 
 	result->len += n;
 }
 
+/*
+ * A pipe whose read end (returned) holds input and then ends: written
+ * whole before the child runs, which PIPE_BUF bytes always fit.  -1 with
+ * err when it cannot be.
+ */
+static int
+child_run_input(const char *input, size_t len, char *err, size_t errlen)
+{
+	int fds[2];
+
+	if (len > CHILD_RUN_INPUT_MAX)
+	{
+		snprintf(err, errlen, "an input of %zu bytes is more than a child is given (%d)", len, CHILD_RUN_INPUT_MAX);
+		return -1;
+	}
+	if (pipe2(fds, O_CLOEXEC) != 0)
+	{
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		return -1;
+	}
+	for (size_t done = 0; done < len;)
+	{
+		ssize_t n = write(fds[1], input + done, len - done);
+
+		if (n < 0 && errno != EINTR)
+		{
+			snprintf(err, errlen, "writing the child's input: %s", strerror(errno));
+			close(fds[0]);
+			close(fds[1]);
+			return -1;
+		}
+		done += n > 0 ? (size_t) n : 0;
+	}
+	close(fds[1]);
+	return fds[0];
+}
+
 bool
 child_run(const struct child_spec *spec, struct child_result *result, char *err, size_t errlen)
 {
@@ -50,15 +90,21 @@ child_run(const struct child_spec *spec, struct child_result *result, char *err,
 	long long deadline = start + spec->timeout_ms;
 	bool	  open = true;
 	bool	  reaped = false;
+	bool	  lost = false;
 	bool	  timed_out = false;
 	int		  status = 0;
 	int		  out[2];
+	int		  in = -1;
 	pid_t	  pid;
 
 	memset(result, 0, sizeof(*result));
+	if (spec->input != NULL && (in = child_run_input(spec->input, spec->input_len, err, errlen)) < 0)
+		return false;
 	if (pipe2(out, O_CLOEXEC) != 0)
 	{
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		if (in >= 0)
+			close(in);
 		return false;
 	}
 	if ((pid = fork()) < 0)
@@ -66,6 +112,8 @@ child_run(const struct child_spec *spec, struct child_result *result, char *err,
 		snprintf(err, errlen, "fork: %s", strerror(errno));
 		close(out[0]);
 		close(out[1]);
+		if (in >= 0)
+			close(in);
 		return false;
 	}
 	if (pid == 0)
@@ -73,10 +121,14 @@ child_run(const struct child_spec *spec, struct child_result *result, char *err,
 		setsid();
 		if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(out[1], STDERR_FILENO) < 0)
 			_exit(127);
+		if (in >= 0 && dup2(in, STDIN_FILENO) < 0)
+			_exit(127);
 		spec->start(spec->arg);
 		_exit(127);
 	}
 	close(out[1]);
+	if (in >= 0)
+		close(in);
 	result->output = xmalloc(spec->output_max + 1);
 	while (open || !reaped)
 	{
@@ -108,8 +160,12 @@ child_run(const struct child_spec *spec, struct child_result *result, char *err,
 		{
 			pid_t r = waitpid(pid, &status, WNOHANG);
 
+			/* Gone without its status (SIGCHLD ignored, or reaped elsewhere): never taken for an exit 0. */
 			if (r == pid || (r < 0 && errno != EINTR))
+			{
 				reaped = true;
+				lost = r != pid;
+			}
 			else
 			{
 				struct timespec step = {0, CHILD_RUN_REAP_STEP_MS * 1000000L};
@@ -133,6 +189,11 @@ child_run(const struct child_spec *spec, struct child_result *result, char *err,
 	{
 		result->end = CHILD_TIMED_OUT;
 		result->code = SIGKILL;
+	}
+	else if (lost)
+	{
+		result->end = CHILD_LOST;
+		result->code = -1;
 	}
 	else if (WIFEXITED(status))
 	{

@@ -2,14 +2,19 @@
  * child_run.h: run a child with a deadline, collect its output up to a
  * cap, and kill its whole process group when the deadline passes.
  *
- * The one wait-and-kill of the set-user-id helpers (pepsi-helper-auto-pay
- * runs a wallet, pepsi-helper-dot-forward a .forward pipe command): the
- * child is the leader of a process group of its own (setsid), its standard
- * output and error go to one pipe that is read until its end, and at the
- * deadline (a monotonic clock, no SIGALRM) the group is killed with
- * SIGKILL, so what the child started dies with it, and nothing of its
- * output is read after that.  Output past the cap is read and dropped, so
- * a child that writes a lot neither blocks nor grows our memory.  Libc
+ * The one wait-and-kill of the programs that run a command
+ * (pepsi-helper-auto-pay runs a wallet, pepsi-helper-dot-forward a
+ * .forward pipe command, pepsi-stage-check-whitelist a payment
+ * verifier): the child is the leader of a process group of its own
+ * (setsid), its standard output and error go to one pipe that is read
+ * until its end, and at the deadline (a monotonic clock, no SIGALRM) the
+ * group is killed with SIGKILL, so what the child started dies with it,
+ * and nothing of its output is read after that.  Output past the cap is
+ * read and dropped, so a child that writes a lot neither blocks nor grows
+ * our memory.  A small input (a proof, a token: what must not go on a
+ * command line, which other users see) may be given the child on its
+ * standard input, which then ends.  A child whose status someone else
+ * collected (SIGCHLD ignored) ends CHILD_LOST, never as an exit 0.  Libc
  * only (and xalloc): linked into the set-user-id helpers.
  */
 #ifndef PEPSI_CHILD_RUN_H
@@ -24,7 +29,15 @@ enum child_end
 	CHILD_EXITED,	 /* exited, with status code */
 	CHILD_SIGNALED,	 /* killed by signal code (not ours) */
 	CHILD_TIMED_OUT, /* still running (or its output still open) at the deadline: its group was killed */
+	CHILD_LOST,		 /* its status could not be collected (reaped by someone else): code is -1, never a success */
 };
+
+/*
+ * The most input a child is given: at most PIPE_BUF bytes, which a pipe
+ * takes whole before the child runs, so writing it never blocks (and a
+ * child that does not read it is no matter).
+ */
+#define CHILD_RUN_INPUT_MAX 4096
 
 struct child_spec
 {
@@ -33,6 +46,12 @@ struct child_spec
 	void	 *arg;
 	long long timeout_ms;
 	size_t	  output_max;
+	/*
+	 * What the child reads on its standard input, which then ends (at most
+	 * CHILD_RUN_INPUT_MAX bytes); NULL: it inherits ours.
+	 */
+	const char *input;
+	size_t		input_len;
 };
 
 struct child_result

@@ -1,8 +1,9 @@
 /*
  * test_child_run.c: child_run, the one wait-and-kill of the set-user-id
- * helpers, on real children (/bin/sh): how each ended, what they wrote,
- * the cap on it, and the deadline that kills the child's whole process
- * group.
+ * helpers and the stages, on real children (/bin/sh): how each ended,
+ * what they wrote, the cap on it, the deadline that kills the child's
+ * whole process group, the input given on its standard input, and a
+ * status lost to someone else's reaping, which is never an exit 0.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -34,7 +35,7 @@ static void
 run(const char *script, long long timeout_ms, size_t cap, struct child_result *r)
 {
 	char			  copy[512];
-	struct child_spec spec = {run_sh, copy, timeout_ms, cap};
+	struct child_spec spec = {run_sh, copy, timeout_ms, cap, NULL, 0};
 	char			  err[256];
 
 	snprintf(copy, sizeof(copy), "%s", script);
@@ -145,6 +146,69 @@ test_exec_fails(void **state)
 	child_result_free(&r);
 }
 
+/* The input is the child's standard input, which then ends; it is on no command line. */
+static void
+test_input_on_stdin(void **state)
+{
+	static const char	proof[] = "a-proof-of-payment";
+	char				script[] = "read -r line; echo \"got $line\"; cat; echo \"args $#\"; exit 0";
+	struct child_spec	spec = {run_sh, script, 10000, 1000, proof, sizeof(proof) - 1};
+	struct child_result r;
+	char				err[256];
+
+	assert_true(child_run(&spec, &r, err, sizeof(err)));
+	assert_int_equal(r.end, CHILD_EXITED);
+	assert_int_equal(r.code, 0);
+	/* read saw the whole input, then cat its end at once: no hang until the deadline. */
+	assert_string_equal(r.output, "got a-proof-of-payment\nargs 0\n");
+	child_result_free(&r);
+
+	/* An empty input is an empty standard input. */
+	spec.input = "";
+	spec.input_len = 0;
+	snprintf(script, sizeof(script), "%s", "cat; echo end");
+	assert_true(child_run(&spec, &r, err, sizeof(err)));
+	assert_string_equal(r.output, "end\n");
+	child_result_free(&r);
+
+	/* A child that never reads it ends as it would. */
+	spec.input = proof;
+	spec.input_len = sizeof(proof) - 1;
+	snprintf(script, sizeof(script), "%s", "exit 1");
+	assert_true(child_run(&spec, &r, err, sizeof(err)));
+	assert_int_equal(r.end, CHILD_EXITED);
+	assert_int_equal(r.code, 1);
+	child_result_free(&r);
+}
+
+/* More input than a pipe takes at once is refused before anything runs. */
+static void
+test_input_too_large(void **state)
+{
+	static char			big[CHILD_RUN_INPUT_MAX + 1];
+	char				script[] = "exit 0";
+	struct child_spec	spec = {run_sh, script, 10000, 1000, big, sizeof(big)};
+	struct child_result r;
+	char				err[256] = "";
+
+	assert_false(child_run(&spec, &r, err, sizeof(err)));
+	assert_non_null(strstr(err, "more than a child is given"));
+}
+
+/* With SIGCHLD ignored the kernel reaps the child: its status is lost, and that is no exit 0. */
+static void
+test_lost_status_is_no_success(void **state)
+{
+	struct child_result r;
+	void (*was)(int) = signal(SIGCHLD, SIG_IGN);
+
+	run("exit 0", 10000, 1000, &r);
+	signal(SIGCHLD, was);
+	assert_int_equal(r.end, CHILD_LOST);
+	assert_int_equal(r.code, -1);
+	child_result_free(&r);
+}
+
 int
 main(void)
 {
@@ -154,6 +218,9 @@ main(void)
 		cmocka_unit_test(test_timeout_kills_the_group),
 		cmocka_unit_test(test_output_cap),
 		cmocka_unit_test(test_exec_fails),
+		cmocka_unit_test(test_input_on_stdin),
+		cmocka_unit_test(test_input_too_large),
+		cmocka_unit_test(test_lost_status_is_no_success),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -232,7 +232,7 @@ auto_pay_run(const struct passwd *pw, const char *wallet, const char *address, l
 									"PATH", "/usr/bin:/bin", "PEPSI_PAYER", address, "PEPSI_PAYMENT_URI", uri,
 									"PEPSI_PAYMENT_AMOUNT", amount, NULL};
 	struct auto_pay_exec x = {pw, wallet, uri, amount, privilege_clean_env(pairs)};
-	struct child_spec	 spec = {auto_pay_exec, &x, (long long) seconds * 1000, AUTO_PAY_MAX_WALLET_OUTPUT};
+	struct child_spec	 spec = {auto_pay_exec, &x, (long long) seconds * 1000, AUTO_PAY_MAX_WALLET_OUTPUT, NULL, 0};
 	struct child_result	 r;
 	char				 proof[AUTO_PAY_MAX_PROOF + 1];
 	char				 more[AUTO_PAY_MAX_OUTPUT + 1];

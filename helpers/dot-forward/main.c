@@ -412,7 +412,7 @@ helper_pipe(const struct passwd *pw, const char *sender, const char *recipient, 
 								   "SHELL", "/bin/sh", "PATH", "/usr/bin:/bin", "SENDER", sender,
 								   "RECIPIENT", recipient, NULL};
 	struct helper_exec	x = {pw, command, privilege_clean_env(pairs)};
-	struct child_spec	spec = {helper_exec, &x, (long long) seconds * 1000, HELPER_MAX_OUTPUT};
+	struct child_spec	spec = {helper_exec, &x, (long long) seconds * 1000, HELPER_MAX_OUTPUT, NULL, 0};
 	struct child_result r;
 	char				err[256];
 	size_t				kept;

@@ -3,23 +3,52 @@
  *
  * The order a challenge's payment request names is "pepsi-ID" (ID the
  * challenge's), at the payment service PAYMENT_MERCHANT (a GNU Taler
- * merchant backend: taler://pay/MERCHANT/pepsi-ID/).  A proof of payment
- * is the service's HMAC-SHA256 of the order under PAYMENT_SECRET, which
- * the service and this stage share, in lower-case hexadecimal: the
- * service hands it to the payer's wallet once the order is paid in full
- * (its fulfillment step), and the payer's reply carries it back.  Why a
- * shared secret rather than asking the service (a verifier command):
- * the stage checks a proof by itself, in microseconds, with no process
- * to run, no network call from a stage, and nothing to wait for when the
- * service is down; only the service can make a proof, and a proof names
- * its one challenge, so it cannot be replayed for another (and a second
- * use finds the challenge released).  Compared in constant time.
+ * merchant backend: taler://pay/MERCHANT/pepsi-ID/; another scheme's
+ * SCHEME://MERCHANT/pepsi-ID?amount=PRICE).  The payer's reply carries
+ * the service's proof of payment back, which is checked one of two ways.
+ *
+ * A shared secret (PAYMENT_SECRET): the proof is the service's
+ * HMAC-SHA256 of the order under the secret the service and this stage
+ * share, in lower-case hexadecimal, which the service hands to the
+ * payer's wallet once the order is paid in full (its fulfillment step).
+ * Why a shared secret where the service can be taught one: the stage
+ * checks the proof by itself, in microseconds and in constant time, with
+ * no process to run, no network call from a stage, and nothing to wait
+ * for when the service is down.
+ *
+ * A verifier (PAYMENT_VERIFY_COMMAND), for a service that issues proofs
+ * of its own and cannot be taught the HMAC (a Taler merchant backend is
+ * asked whether the order is paid; a processor signs receipts): the
+ * operator's program asks the service, or checks its signature, and its
+ * exit status is the verdict.  The price of asking is a process per proof
+ * and a worker waiting on it, so it runs bounded: as the stage's own user
+ * (no privilege to give), without a shell, in a clean environment, with
+ * ORDER SCHEME PRICE MERCHANT as its arguments (and PEPSI_PAYMENT_* in
+ * its environment) and the proof on its standard input, never on its
+ * command line, which other users see; killed with what it started at
+ * PAYMENT_VERIFY_TIME_LIMIT, its output read up to a cap
+ * (common/process/child_run.c).  Exit 0 is paid and 1 not paid; anything
+ * else (another status, a signal, the time limit, a status lost) is "it
+ * could not say": the proof counts for nothing, a log line names why, the
+ * held mail stays held and its challenge open, so a later proof still
+ * counts, and nothing is sent that says paid or not paid.  When the
+ * command is set it judges alone and PAYMENT_SECRET is not consulted:
+ * with two judges either of which releases, a secret the service no
+ * longer stands behind (leaked, or kept after the move to the service's
+ * own proofs) would go on releasing mail the service says is unpaid.
+ *
+ * Either way only the service can make a proof, and a proof names its one
+ * challenge, so it cannot be replayed for another, and a second use finds
+ * the challenge released (pepsi.secretary_paid): a proof is good once.
  */
 #include "payment.h"
 
+#include <ctype.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -29,6 +58,22 @@
 #include "base/xalloc.h"
 #include "config/settings.h"
 #include "message/header.h"
+#include "process/child_run.h"
+#include "process/privilege.h"
+
+/* The longest proof a reply may carry (as long as pepsi-helper-auto-pay's wallet may print). */
+#define PAYMENT_PROOF_MAX 512
+/* The most of a verifier's output read (the rest is dropped); what a log line quotes of it. */
+#define PAYMENT_VERIFY_MAX_OUTPUT 4096
+#define PAYMENT_VERIFY_QUOTED 200
+
+/* What a proof is found to be. */
+enum payment_verdict
+{
+	PAYMENT_PAID,
+	PAYMENT_NOT_PAID,
+	PAYMENT_UNVERIFIED, /* the verifier could not say: counts for nothing, the challenge stays open */
+};
 
 /* What owner charges, and in which scheme, or false when owner offers no payment. */
 static bool
@@ -46,12 +91,13 @@ payment_terms(struct pepsi_ctx *ctx, const char *owner, char **scheme, char **pr
 	if (s && strcmp(s, "off") != 0)
 	{
 		if (p == NULL || pepsi_option_text(ctx, "PAYMENT_MERCHANT") == NULL
-			|| pepsi_option_text(ctx, "PAYMENT_SECRET") == NULL)
+			|| (pepsi_option_text(ctx, "PAYMENT_SECRET") == NULL
+				&& pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") == NULL))
 			log_warnx("%s: row %lld: <%s>: SECRETARY_PAYMENT = %s, but %s is not set: no payment offered",
 					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, s,
 					  p == NULL											   ? "SECRETARY_PRICE"
 					  : pepsi_option_text(ctx, "PAYMENT_MERCHANT") == NULL ? "PAYMENT_MERCHANT"
-																		   : "PAYMENT_SECRET (secrets.d)");
+																		   : "PAYMENT_SECRET (secrets.d) or PAYMENT_VERIFY_COMMAND");
 		else
 		{
 			*scheme = xstrdup(s);
@@ -96,18 +142,199 @@ payment_proof_of(const char *secret, const char *order, char *hex)
 		snprintf(hex + 2 * i, 3, "%02x", mac[i]);
 }
 
+/* Is proof PAYMENT_SECRET's HMAC of order? */
+static enum payment_verdict
+payment_verdict_of_secret(struct pepsi_ctx *ctx, const char *order, const char *proof)
+{
+	char want[65] = "";
+
+	payment_proof_of(pepsi_option_text(ctx, "PAYMENT_SECRET"), order, want);
+	return strlen(proof) == 64 && CRYPTO_memcmp(want, proof, 64) == 0 ? PAYMENT_PAID : PAYMENT_NOT_PAID;
+}
+
+/* Is s printable ASCII without a space (what a proof or one of the verifier's arguments may be)? */
+static bool
+payment_printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char) *s <= 0x20 || (unsigned char) *s >= 0x7f)
+			return false;
+	return true;
+}
+
+/* May s be one of the verifier's arguments: printable, and not empty or an option ("-...")? */
+static bool
+payment_argument_ok(const char *s)
+{
+	return s[0] != '\0' && s[0] != '-' && payment_printable(s);
+}
+
+/* What the verifier's child runs: the command itself, no shell, nothing of the worker's but the pipes. */
+struct payment_verifier
+{
+	const char *command;
+	const char *order;
+	const char *scheme;
+	const char *price;
+	const char *merchant;
+	char	  **env;
+};
+
+static void
+payment_verifier_exec(void *arg)
+{
+	const struct payment_verifier *v = arg;
+	sigset_t					   none;
+
+	/* The worker ignores SIGPIPE; the verifier starts with every signal's default and none blocked. */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	signal(SIGPIPE, SIG_DFL);
+	if (chdir("/") != 0)
+		_exit(126);
+	/* Its standard input, output and error are child_run's pipes; the database session is not its. */
+	close_range(3, ~0U, 0);
+	execle(v->command, v->command, v->order, v->scheme, v->price, v->merchant, (char *) NULL, v->env);
+	_exit(127);
+}
+
+/* The verifier's output as a log line may quote it: its first line, printable, trimmed, short. */
+static void
+payment_verifier_said(const char *output, char *said, size_t len)
+{
+	size_t kept = 0;
+
+	for (const char *p = output; *p && *p != '\n' && kept + 1 < len && kept < PAYMENT_VERIFY_QUOTED; p++)
+		said[kept++] = (unsigned char) *p < 0x20 || *p == 0x7f ? ' ' : *p;
+	while (kept > 0 && said[kept - 1] == ' ')
+		kept--;
+	said[kept] = '\0';
+}
+
+/* What the verifier's run says: its exit status, or why it could not say (in why; what it said when it did). */
+static enum payment_verdict
+payment_verdict_of_run(const struct child_result *r, const char *command, double limit, char *why, size_t whylen)
+{
+	char said[PAYMENT_VERIFY_QUOTED + 1];
+
+	payment_verifier_said(r->output, said, sizeof(said));
+	if (r->end == CHILD_EXITED && (r->code == 0 || r->code == 1))
+	{
+		snprintf(why, whylen, "%s", said);
+		return r->code == 0 ? PAYMENT_PAID : PAYMENT_NOT_PAID;
+	}
+	if (r->end == CHILD_TIMED_OUT)
+		snprintf(why, whylen, "%s ran longer than PAYMENT_VERIFY_TIME_LIMIT (%gs) and was killed", command, limit);
+	else if (r->end == CHILD_SIGNALED)
+		snprintf(why, whylen, "%s was killed by signal %d", command, r->code);
+	else if (r->end == CHILD_LOST)
+		snprintf(why, whylen, "%s ended, but its exit status was lost", command);
+	else
+		snprintf(why, whylen, "%s exited with status %d%s (0: paid, 1: not paid, anything else: it could not say)%s%s",
+				 command, r->code, r->code == 127 ? ", as when it cannot be executed" : "", said[0] ? ": " : "",
+				 said);
+	return PAYMENT_UNVERIFIED;
+}
+
+/*
+ * PAYMENT_VERIFY_COMMAND's verdict on proof for order (the owner's scheme
+ * and price, our merchant); why it could not say, or what it said, in why.
+ */
+static enum payment_verdict
+payment_verdict_of_command(struct pepsi_ctx *ctx, const char *order, const char *scheme, const char *price,
+						   const char *proof, char *why, size_t whylen)
+{
+	const char			   *command = pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND");
+	const char			   *merchant = pepsi_option_text(ctx, "PAYMENT_MERCHANT");
+	double					limit = pepsi_option_seconds(ctx, "PAYMENT_VERIFY_TIME_LIMIT");
+	const char *const		pairs[] = {"PATH", "/usr/bin:/bin", "PEPSI_PAYMENT_ORDER", order, "PEPSI_PAYMENT_SCHEME", scheme,
+									   "PEPSI_PAYMENT_PRICE", price, "PEPSI_PAYMENT_MERCHANT", merchant, NULL};
+	struct payment_verifier v = {command, order, scheme, price, merchant, NULL};
+	char				   *input = xasprintf("%s\n", proof);
+	struct child_spec		spec = {payment_verifier_exec, &v, (long long) (limit * 1000), PAYMENT_VERIFY_MAX_OUTPUT, input,
+									strlen(input)};
+	struct child_result		r;
+	enum payment_verdict	verdict = PAYMENT_UNVERIFIED;
+	char					err[256];
+
+	why[0] = '\0';
+	if (!payment_argument_ok(scheme) || !payment_argument_ok(price) || !payment_argument_ok(merchant))
+		snprintf(why, whylen, "the scheme, the price or PAYMENT_MERCHANT is empty, starts with '-', or has a space"
+							  " or a control character: the verifier was not run");
+	else
+	{
+		v.env = privilege_clean_env(pairs);
+		if (!child_run(&spec, &r, err, sizeof(err)))
+			snprintf(why, whylen, "%s could not be started: %s", command, err);
+		else
+		{
+			verdict = payment_verdict_of_run(&r, command, limit, why, whylen);
+			child_result_free(&r);
+		}
+		privilege_env_free(v.env);
+	}
+	explicit_bzero(input, strlen(input));
+	free(input);
+	return verdict;
+}
+
+/* Record the payment of challenge and release what it holds: 1, or -1 on an error (the message fails). */
+static int
+payment_release(struct pepsi_ctx *ctx, const char *owner, long long challenge, const char *order, const char *uri,
+				const char *price)
+{
+	char		id[32];
+	const char *from = pepsi_mail_from(ctx);
+	const char *values[5] = {owner, from[0] ? from : owner, id, uri, price};
+	json_t	   *released;
+
+	snprintf(id, sizeof(id), "%lld", challenge);
+	released = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.secretary_paid($1, $2, $3::bigint, $4, $5))", 5, values);
+	if (released == NULL)
+		return -1;
+	if (json_is_integer(released))
+		log_info("%s: row %lld: <%s>: paid %s (%s): held mail released (%lld), sender whitelisted", pepsi_queue_id(ctx),
+				 pepsi_id(ctx), owner, price, order, json_integer_value(released));
+	else
+		log_info("%s: row %lld: <%s>: a proof of payment for %s, which is no open challenge: done with",
+				 pepsi_queue_id(ctx), pepsi_id(ctx), owner, order);
+	json_decref(released);
+	return 1;
+}
+
+/*
+ * The value of Payment-Proof: as "URI PROOF", the challenge the URI's
+ * order names: false when it is not that (or PROOF is longer than a proof
+ * may be, or not printable).
+ */
+static bool
+payment_proof_parse(const char *value, char *uri, char *proof, long long *challenge)
+{
+	const char *at;
+	int			end = 0;
+
+	/* PROOF ends where the value does (a longer one is not cut to fit). */
+	if (sscanf(value, " %1023s %512s%n", uri, proof, &end) != 2
+		|| (value[end] != '\0' && !isspace((unsigned char) value[end])))
+		return false;
+	if ((at = strstr(uri, "/pepsi-")) == NULL || sscanf(at, "/pepsi-%lld", challenge) != 1 || *challenge <= 0)
+		return false;
+	return payment_printable(proof);
+}
+
 int
 secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner)
 {
+	static bool warned_both;
 	char	   *value = header_get(headers->data, headers->len, "Payment-Proof");
 	char	   *scheme = NULL;
 	char	   *price = NULL;
 	char		order[48];
-	char		want[65] = "";
 	char		uri[1024];
-	char		proof[129];
-	const char *at;
+	char		proof[PAYMENT_PROOF_MAX + 1];
+	char		why[1024] = "";
 	long long	challenge;
+	bool		by_command = pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") != NULL;
 	int			rc = 0;
 
 	if (value == NULL)
@@ -115,42 +342,33 @@ secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const 
 	if (!payment_terms(ctx, owner, &scheme, &price))
 		log_info("%s: row %lld: <%s>: a proof of payment, but no payment is offered: ignored", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), owner);
-	else if (sscanf(value, " %1023s %128s", uri, proof) != 2 || (at = strstr(uri, "/pepsi-")) == NULL
-			 || sscanf(at, "/pepsi-%lld", &challenge) != 1 || challenge <= 0)
+	else if (!payment_proof_parse(value, uri, proof, &challenge))
 		log_info("%s: row %lld: <%s>: Payment-Proof is not \"URI PROOF\" naming an order of ours: ignored",
 				 pepsi_queue_id(ctx), pepsi_id(ctx), owner);
 	else
 	{
-		snprintf(order, sizeof(order), "pepsi-%lld", challenge);
-		payment_proof_of(pepsi_option_text(ctx, "PAYMENT_SECRET"), order, want);
-		if (strlen(proof) != 64 || CRYPTO_memcmp(want, proof, 64) != 0)
-			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> that is not the payment service's: ignored",
-					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx));
-		else
-		{
-			char		id[32];
-			const char *from = pepsi_mail_from(ctx);
-			const char *values[5] = {owner, from[0] ? from : owner, id, uri, price};
-			json_t	   *released;
+		enum payment_verdict verdict;
 
-			snprintf(id, sizeof(id), "%lld", challenge);
-			released = pepsi_call_json(ctx, "SELECT to_jsonb(pepsi.secretary_paid($1, $2, $3::bigint, $4, $5))", 5,
-									   values);
-			if (released == NULL)
-				rc = -1;
-			else
-			{
-				if (json_is_integer(released))
-					log_info("%s: row %lld: <%s>: paid %s (%s): held mail released (%lld), sender whitelisted",
-							 pepsi_queue_id(ctx), pepsi_id(ctx), owner, price, order,
-							 json_integer_value(released));
-				else
-					log_info("%s: row %lld: <%s>: a proof of payment for %s, which is no open challenge: done with",
-							 pepsi_queue_id(ctx), pepsi_id(ctx), owner, order);
-				rc = 1;
-			}
-			json_decref(released);
+		snprintf(order, sizeof(order), "pepsi-%lld", challenge);
+		if (by_command && pepsi_option_text(ctx, "PAYMENT_SECRET") != NULL && !warned_both)
+		{
+			log_warnx("PAYMENT_VERIFY_COMMAND and PAYMENT_SECRET are both set: the command judges proofs of payment,"
+					  " the secret is not used");
+			warned_both = true;
 		}
+		verdict = by_command ? payment_verdict_of_command(ctx, order, scheme, price, proof, why, sizeof(why))
+							 : payment_verdict_of_secret(ctx, order, proof);
+		if (verdict == PAYMENT_PAID)
+			rc = payment_release(ctx, owner, challenge, order, uri, price);
+		else if (verdict == PAYMENT_NOT_PAID)
+			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> that %s: ignored%s%s%s",
+					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx),
+					  by_command ? "PAYMENT_VERIFY_COMMAND says is not paid" : "is not the payment service's",
+					  why[0] ? " (" : "", why, why[0] ? ")" : "");
+		else
+			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> could not be verified: %s;"
+					  " it counts for nothing, the held mail stays held and its challenge open",
+					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx), why);
 	}
 	free(value);
 	free(scheme);
