@@ -119,9 +119,9 @@ stage_json_string(struct buf *b, const char *s)
  * its microseconds since the epoch (a stable name for what the row
  * delivered: pepsi_received_us).
  */
-#define STAGE_LOAD_ENVELOPE                                                                  \
-	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"                \
-	" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"                          \
+#define STAGE_LOAD_ENVELOPE                                                   \
+	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from," \
+	" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"            \
 	" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
 #define STAGE_LOAD_FROM_ROWS " FROM pepsi.workqueue w"
 #define STAGE_LOAD_FROM_BODIES " FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
@@ -143,13 +143,13 @@ stage_json_string(struct buf *b, const char *s)
 /* [one id][pepsi_load] */
 static const char *const stage_load_sql[2][3] = {
 	{
-		[PEPSI_LOAD_METADATA] = STAGE_LOAD_ENVELOPE STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_MANY,
-		[PEPSI_LOAD_HEADERS] = STAGE_LOAD_ENVELOPE ", w.headers" STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_MANY,
+		[PEPSI_LOAD_METADATA] = STAGE_LOAD_ENVELOPE STAGE_LOAD_FROM_ROWS					 STAGE_LOAD_WHERE_MANY,
+		[PEPSI_LOAD_HEADERS] = STAGE_LOAD_ENVELOPE ", w.headers" STAGE_LOAD_FROM_ROWS		 STAGE_LOAD_WHERE_MANY,
 		[PEPSI_LOAD_FULL] = STAGE_LOAD_ENVELOPE ", w.headers, b.body" STAGE_LOAD_FROM_BODIES STAGE_LOAD_WHERE_MANY,
 	},
 	{
-		[PEPSI_LOAD_METADATA] = STAGE_LOAD_ENVELOPE STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_ONE,
-		[PEPSI_LOAD_HEADERS] = STAGE_LOAD_ENVELOPE ", w.headers" STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_ONE,
+		[PEPSI_LOAD_METADATA] = STAGE_LOAD_ENVELOPE STAGE_LOAD_FROM_ROWS					 STAGE_LOAD_WHERE_ONE,
+		[PEPSI_LOAD_HEADERS] = STAGE_LOAD_ENVELOPE ", w.headers" STAGE_LOAD_FROM_ROWS		 STAGE_LOAD_WHERE_ONE,
 		[PEPSI_LOAD_FULL] = STAGE_LOAD_ENVELOPE ", w.headers, b.body" STAGE_LOAD_FROM_BODIES STAGE_LOAD_WHERE_ONE,
 	},
 };
@@ -166,12 +166,12 @@ static const char *const stage_load_names[2][3] = {
 static const char *const stage_late_load_sql[2][3] = {
 	{
 		[PEPSI_LOAD_METADATA] = NULL,
-		[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers" STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_MANY,
+		[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers" STAGE_LOAD_FROM_ROWS		  STAGE_LOAD_WHERE_MANY,
 		[PEPSI_LOAD_FULL] = "SELECT w.id::text, w.headers, b.body" STAGE_LOAD_FROM_BODIES STAGE_LOAD_WHERE_MANY,
 	},
 	{
 		[PEPSI_LOAD_METADATA] = NULL,
-		[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers" STAGE_LOAD_FROM_ROWS STAGE_LOAD_WHERE_ONE,
+		[PEPSI_LOAD_HEADERS] = "SELECT w.id::text, w.headers" STAGE_LOAD_FROM_ROWS		  STAGE_LOAD_WHERE_ONE,
 		[PEPSI_LOAD_FULL] = "SELECT w.id::text, w.headers, b.body" STAGE_LOAD_FROM_BODIES STAGE_LOAD_WHERE_ONE,
 	},
 };
