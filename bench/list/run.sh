@@ -71,6 +71,32 @@
 # showed where Pepsi's big verp time went: every row's commit waited on
 # the shared body's row lock (workqueue_commit 57 ms a call, all 1,000
 # rows' commits one after another); with the release of 2026-12-07 2.9 ms.
+#
+# Where Pepsi's time went, 2026-12-07, big plain at the issue's size
+# (500 rows of 20 recipients), commit 7ba48ec, Pepsi alone with
+# pg_stat_statements (track = all, track_planning) and perf in the bench's
+# cluster, 13 runs at load 8 .. 36 (others' builds and tests): 4.1 .. 22.0 s
+# a run.  The machine had no idle tick during any run, so wall time
+# followed the CPU each side used and got.  CPU seconds a run, by process
+# tree: PostgreSQL 1.1 .. 2.1, Pepsi's processes (dispatcher, list stage,
+# 30 relay workers) 0.8 .. 1.3, the DNS server 0.4 .. 0.7 (about 1,000
+# queries: each row's MX and _mta-sts TXT, the workers' caches being
+# their own), the sinks 0.3; mlmmj + Postfix's side, measured alike, 2.7
+# (Postfix, mlmmj-send) + 0.6 (DNS, as many queries) + 0.3 (sinks): both
+# sides use about the same CPU, which is why the ratio stays near 1.  A
+# row waited at the relay stage for most of the run (the queue part of
+# delay= grows linearly to the run's end) and spent 0.4 .. 1.0 s in its
+# pass before connecting (load, DNS, destination_begin, starved of CPU);
+# the SMTP part 0.00 .. 0.01 s.  In PostgreSQL (perf): planning 22% of
+# its CPU, parsing 9%, commits 11%, the claim 12%, workqueue_commit 9%
+# (its body-release trigger 5%), destination_begin 7%.  The relay's
+# prepared load over an array of one id was planned at every execution
+# (501 plans for 501 loads, 152 ms planning against 104 ms executing),
+# as was the claim's check of which stages have pending rows (293 plans,
+# 96 ms against 27 ms): both keep their generic plan from commit 167fc04
+# on.  workqueue_commit's DELETE took 1.5 .. 2.1 ms a row, mostly waiting
+# for other workers' body releases, which lock one running row of the
+# shared body FOR SHARE (23 waits over 10 ms a run).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
