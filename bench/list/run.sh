@@ -106,7 +106,8 @@
 # At load 25 .. 44 on 2 cores the spread of either side is wider than any
 # difference: no change of the ratio can be read from these.  The change
 # removes 500 plannings of the load and about 300 of the claim's check a
-# run (pg_stat_statements: 0.2 .. 0.25 s of the backends' 1.1 .. 2.1 s).
+# run (pg_stat_statements: about 0.25 s of planning, timed under that
+# load, beside the backends' 1.1 .. 2.1 CPU seconds).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
