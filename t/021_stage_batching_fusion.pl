@@ -28,7 +28,7 @@ my $aliases = "$tmp/aliases";
 }
 
 # The load statements and the commits, as pg_stat_statements records them.
-my $load = '%FROM pepsi.workqueue w WHERE w.id = ANY%';
+my $load = '%FROM pepsi.workqueue w WHERE w.id = %';
 my $commit_one = '%pepsi.workqueue_commit(%';
 my $commit_many = '%pepsi.workqueue_commit_many(%';
 

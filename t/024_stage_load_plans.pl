@@ -6,7 +6,12 @@
 # with the body, a hash join over every body), while a burst grew the
 # table to thousands of pages: every load of a few rows then read them
 # all.  The loads must go by primary key whatever the table's size was
-# when they were planned.  auto_explain logs the plan of each statement
+# when they were planned.  A load of one row (a stage that takes one id at
+# a time, a pass with one id waiting) goes by that id, not by an array of
+# one: over an array the plan cache never kept the generic plan and
+# planned every load afresh, the relay's loads spending more time in the
+# planner than in the executor; its plan shows the parameter, not the id
+# of the row it was planned for.  auto_explain logs the plan of each statement
 # the worker's session runs; autovacuum is off, so no ANALYZE of the grown
 # table invalidates the plans the worker kept.
 use strict;
@@ -68,6 +73,8 @@ for my $stage ('init', 'vacation', 'sign')
 		my @ids = map { add_row($node, $stage) } 1 .. 2;
 		my @lines = send_ids($io, join('', map { "$_\n" } @ids), 2);
 		is(join("|", @lines), "0|0", "$stage: pass $pass on a small queue succeeds");
+		my $id = add_row($node, $stage);
+		is(join("|", send_ids($io, "$id\n", 1)), "0", "$stage: pass $pass of one row succeeds");
 	}
 
 	# A burst: 20,000 rows, each with its body, most of them moved on.
@@ -83,6 +90,8 @@ for my $stage ('init', 'vacation', 'sign')
 	my @ids = map { add_row($node, $stage) } 1 .. 3;
 	my @lines = send_ids($io, join('', map { "$_\n" } @ids), 3);
 	is(join("|", @lines), "0|0|0", "$stage: the pass after the burst succeeds");
+	my $one = add_row($node, $stage);
+	is(join("|", send_ids($io, "$one\n", 1)), "0", "$stage: the pass of one row after the burst succeeds");
 	$io->{in} = '';
 	$io->{harness}->finish;
 
@@ -95,6 +104,10 @@ for my $stage ('init', 'vacation', 'sign')
 			"$stage: the load reads pepsi.workqueue by key, not all of it");
 		like($plan, qr/Index Scan (using|on) workqueue_pkey/, "$stage: through its primary key");
 	}
+	my @singles = grep { /w\.id = \$1::int8/ } @loads;
+	cmp_ok(scalar(@singles), '>=', 1, "$stage: the load of one row was logged with its plan");
+	like($_, qr/Index Cond: \(id = \$1\)/, "$stage: the load of one row keeps its generic plan, not one per id")
+	  for @singles;
 	my @bodies = grep { /workqueue_body/ } @loads;
 	unlike($_, qr/Seq Scan on workqueue_body/, "$stage: and its bodies by key") for @bodies;
 }

@@ -71,6 +71,43 @@
 # showed where Pepsi's big verp time went: every row's commit waited on
 # the shared body's row lock (workqueue_commit 57 ms a call, all 1,000
 # rows' commits one after another); with the release of 2026-12-07 2.9 ms.
+#
+# Where Pepsi's time went, 2026-12-07, big plain at the issue's size
+# (500 rows of 20 recipients), commit 7ba48ec, Pepsi alone with
+# pg_stat_statements (track = all, track_planning) and perf in the bench's
+# cluster, 13 runs at load 8 .. 36 (others' builds and tests): 4.1 .. 22.0 s
+# a run.  The machine had no idle tick during any run, so wall time
+# followed the CPU each side used and got.  CPU seconds a run, by process
+# tree: PostgreSQL 1.1 .. 2.1, Pepsi's processes (dispatcher, list stage,
+# 30 relay workers) 0.8 .. 1.3, the DNS server 0.4 .. 0.7 (about 1,000
+# queries: each row's MX and _mta-sts TXT, the workers' caches being
+# their own), the sinks 0.3; mlmmj + Postfix's side, measured alike, 2.7
+# (Postfix, mlmmj-send) + 0.6 (DNS, as many queries) + 0.3 (sinks): both
+# sides use about the same CPU, which is why the ratio stays near 1.  A
+# row waited at the relay stage for most of the run (the queue part of
+# delay= grows linearly to the run's end) and spent 0.4 .. 1.0 s in its
+# pass before connecting (load, DNS, destination_begin, starved of CPU);
+# the SMTP part 0.00 .. 0.01 s.  In PostgreSQL (perf): planning 22% of
+# its CPU, parsing 9%, commits 11%, the claim 12%, workqueue_commit 9%
+# (its body-release trigger 5%), destination_begin 7%.  The relay's
+# prepared load over an array of one id was planned at every execution
+# (501 plans for 501 loads, 152 ms planning against 104 ms executing),
+# as was the claim's check of which stages have pending rows (293 plans,
+# 96 ms against 27 ms): both keep their generic plan from commit 167fc04
+# on.  workqueue_commit's DELETE took 1.5 .. 2.1 ms a row, mostly waiting
+# for other workers' body releases, which lock one running row of the
+# shared body FOR SHARE (23 waits over 10 ms a run).
+#
+# Recorded 2026-12-07, big plain at the issue's size (BENCH_CASES=big
+# BENCH_MODES=plain, 5 runs after a warm-up), one hold of the lock, the
+# baseline then the loads of one row by id and the claim's generic check:
+#   7ba48ec  pepsi 11.06 (9.63 .. 14.87)  mlmmj  10.00 (8.57 .. 13.53)  ratio 0.94 (0.64 .. 1.22)  load 33.4 -> 43.9
+#   167fc04  pepsi  9.32 (7.19 .. 11.17)  mlmmj   7.78 (5.30 .. 14.24)  ratio 0.89 (0.47 .. 1.62)  load 27.5 -> 34.8
+# At load 25 .. 44 on 2 cores the spread of either side is wider than any
+# difference: no change of the ratio can be read from these.  The change
+# removes 500 plannings of the load and about 300 of the claim's check a
+# run (pg_stat_statements: about 0.25 s of planning, timed under that
+# load, beside the backends' 1.1 .. 2.1 CPU seconds).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

@@ -261,7 +261,7 @@ stage_late_load(struct stage_worker *w, struct pepsi_ctx **ctxs, size_t count)
 		return true;
 	}
 	values[0] = ids->data;
-	res = stage_exec_load(w, stage_late_load_names[level], stage_late_load_sql[level], values[0], 1);
+	res = stage_exec_load(w, true, level, values[0], wanting, 1);
 	buf_reset(ids);
 	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 	if (!ok)

@@ -124,11 +124,13 @@ struct pepsi_ctx
 /* stage.c */
 double		stage_now_us(void);
 const char *stage_basename(const char *path);
-/* The names of the prepared late loads (stage_fusion.c), per pepsi_load. */
-extern const char *const stage_late_load_names[];
-extern const char *const stage_late_load_sql[];
-/* Run a load statement: prepared in a session of our own, its text through a pooler. */
-PGresult *stage_exec_load(struct stage_worker *w, const char *name, const char *sql, const char *ids, int format);
+/*
+ * Run the load of level's columns (late: only those a fused successor
+ * lacks, stage_fusion.c) for the count ids of the array literal ids:
+ * prepared in a session of our own, its text through a pooler.
+ */
+PGresult *stage_exec_load(struct stage_worker *w, bool late, enum pepsi_load level, const char *ids, size_t count,
+						  int format);
 /* stage_row.c: ctx->state, parsed from the loaded text on first use. */
 json_t *stage_state(struct pepsi_ctx *ctx);
 /* Reconnect a lost database session (the rows it held are still running). */

@@ -651,8 +651,8 @@ claim_stages_pending(Datum *stages, Datum *capacities, int nstages,
 	"SELECT u.n::int4 FROM unnest($1, $2) WITH ORDINALITY AS u(stage, floor, n),"    \
 	" LATERAL (SELECT 1 FROM pepsi.workqueue w WHERE w.stage = u.stage AND " pending \
 	" AND w.pending_seq >= u.floor ORDER BY w.pending_seq LIMIT 1) AS one"
-	queue_exec(queue_plan_pending(plans, CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING),
-								  CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING_0_1), 2, argtypes),
+	queue_exec(queue_plan_pending_generic(plans, CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING),
+										  CLAIM_STAGES_PENDING_SQL(QUEUE_PENDING_0_1), 2, argtypes),
 			   values, NULL, true, 0);
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{

@@ -82,6 +82,9 @@ extern pg_uuid_t *arg_claim_token(FunctionCallInfo fcinfo, int argno);
 #define QUEUE_PENDING_0_1 "status = 'pending'"
 extern SPIPlanPtr queue_plan_pending(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1,
 									 int nargs, const Oid *argtypes);
+/* The same, for a statement over arrays it unnests: its generic plan, never replanned. */
+extern SPIPlanPtr queue_plan_pending_generic(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1,
+											 int nargs, const Oid *argtypes);
 
 /* args.c: argument checks that raise a DBA-readable error */
 extern int64	  arg_int64(FunctionCallInfo fcinfo, int argno, const char *name);

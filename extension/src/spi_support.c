@@ -17,12 +17,12 @@
 #include "utils/lsyscache.h"
 #include "utils/uuid.h"
 
-SPIPlanPtr
-queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+static SPIPlanPtr
+queue_plan_with_options(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes, int cursor_options)
 {
 	if (*slot == NULL)
 	{
-		SPIPlanPtr plan = SPI_prepare(sql, nargs, (Oid *) argtypes);
+		SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
 
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed (%s) for: %s",
@@ -34,16 +34,46 @@ queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 	return *slot;
 }
 
-/* Two syscache lookups a call: the schema can change under a live backend. */
 SPIPlanPtr
-queue_plan_pending(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
-				   const Oid *argtypes)
+queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+{
+	return queue_plan_with_options(slot, sql, nargs, argtypes, 0);
+}
+
+/* Two syscache lookups a call: the schema can change under a live backend. */
+static SPIPlanPtr
+queue_plan_pending_with_options(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
+								const Oid *argtypes, int cursor_options)
 {
 	Oid queue = get_relname_relid("workqueue", get_namespace_oid("pepsi", false));
 
 	if (OidIsValid(queue) && get_attnum(queue, "index_status") != InvalidAttrNumber)
-		return queue_plan(&slots[0], sql, nargs, argtypes);
-	return queue_plan(&slots[1], sql_0_1, nargs, argtypes);
+		return queue_plan_with_options(&slots[0], sql, nargs, argtypes, cursor_options);
+	return queue_plan_with_options(&slots[1], sql_0_1, nargs, argtypes, cursor_options);
+}
+
+SPIPlanPtr
+queue_plan_pending(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
+				   const Oid *argtypes)
+{
+	return queue_plan_pending_with_options(slots, sql, sql_0_1, nargs, argtypes, 0);
+}
+
+/*
+ * queue_plan_pending for a statement whose parameters are arrays it
+ * unnests: the plan for the arrays given (their length known) always looks
+ * cheaper than the generic one (costed for arrays of unknown length), so
+ * the plan cache would plan the statement afresh at every execution, for
+ * good (the claim's check of which stages have pending rows: three times
+ * as long planning as executing, bench/list).  Where the plan's shape does
+ * not depend on the arrays' length, the generic plan is kept from the
+ * first execution.
+ */
+SPIPlanPtr
+queue_plan_pending_generic(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
+						   const Oid *argtypes)
+{
+	return queue_plan_pending_with_options(slots, sql, sql_0_1, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 }
 
 int

@@ -224,7 +224,7 @@ sub reset_statements
 # queue (common/stage*.c), named once for every test that counts them.
 our %QUEUE_STATEMENT = (
 	load_full => '%w.headers, b.body FROM pepsi.workqueue w JOIN%',
-	load_meta => '%received_at) * $_)::int8::text FROM pepsi.workqueue w WHERE w.id = ANY%',
+	load_meta => '%received_at) * $_)::int8::text FROM pepsi.workqueue w WHERE w.id = %',
 	late_full => 'SELECT w.id::text, w.headers, b.body FROM%',
 	commit_one => '%pepsi.workqueue_commit(%',
 	commit_many => '%pepsi.workqueue_commit_many(%');
