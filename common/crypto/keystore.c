@@ -36,8 +36,8 @@ enum keystore_statement
 	KEYSTORE_STATEMENTS
 };
 
-#define KEYSTORE_IDENTITY_WHERE                                                                            \
-	" FROM pepsi.crypto_identity WHERE address = lower($1) AND protocol = $3 AND is_primary"              \
+#define KEYSTORE_IDENTITY_WHERE                                                              \
+	" FROM pepsi.crypto_identity WHERE address = lower($1) AND protocol = $3 AND is_primary" \
 	" AND status = 'active' AND capability IN ($2, 'both') AND (expires_at IS NULL OR expires_at > now())"
 
 static const struct
