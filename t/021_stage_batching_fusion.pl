@@ -28,8 +28,7 @@ my $aliases = "$tmp/aliases";
 }
 
 # The load statements and the commits, as pg_stat_statements records them.
-# (A load is of w.id = ANY ($1), or of w.id = $1 when it takes one id.)
-my $load = '%FROM pepsi.workqueue w WHERE w.id = %';
+my $load = '%FROM pepsi.workqueue w WHERE w.id = ANY%';
 my $commit_one = '%pepsi.workqueue_commit(%';
 my $commit_many = '%pepsi.workqueue_commit_many(%';
 

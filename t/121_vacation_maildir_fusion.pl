@@ -46,7 +46,7 @@ CREATE_MAILBOXES = yes
 INI
 
 my %Q = %PepsiStage::QUEUE_STATEMENT;
-my $load_headers = '%received_at) * $_)::int8::text, w.headers FROM pepsi.workqueue w WHERE w.id = %';
+my $load_headers = '%received_at) * $_)::int8::text, w.headers FROM pepsi.workqueue w WHERE w.id = ANY%';
 
 my @to = ('alice@local.test', 'bob@local.test', 'alice@local.test');
 my @ids = map { add_row($node, 'vacation', rcpt => [$_]) } @to;

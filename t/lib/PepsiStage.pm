@@ -221,11 +221,10 @@ sub reset_statements
 }
 
 # LIKE patterns for statement_calls: the stage runtime's statements on the
-# queue (common/stage*.c), named once for every test that counts them; a
-# load reads w.id = ANY ($1), or w.id = $1 when it takes one id.
+# queue (common/stage*.c), named once for every test that counts them.
 our %QUEUE_STATEMENT = (
 	load_full => '%w.headers, b.body FROM pepsi.workqueue w JOIN%',
-	load_meta => '%received_at) * $_)::int8::text FROM pepsi.workqueue w WHERE w.id = %',
+	load_meta => '%received_at) * $_)::int8::text FROM pepsi.workqueue w WHERE w.id = ANY%',
 	late_full => 'SELECT w.id::text, w.headers, b.body FROM%',
 	commit_one => '%pepsi.workqueue_commit(%',
 	commit_many => '%pepsi.workqueue_commit_many(%');
