@@ -119,20 +119,23 @@ stage_json_string(struct buf *b, const char *s)
  * its microseconds since the epoch (a stable name for what the row
  * delivered: pepsi_received_us).
  */
-/* What each load reads (its FROM, where the load's WHERE follows). */
-#define STAGE_LOAD_ROW                                                        \
-	"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from," \
-	" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"            \
-	" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
-#define STAGE_LOAD_METADATA STAGE_LOAD_ROW " FROM pepsi.workqueue w"
-#define STAGE_LOAD_HEADERS STAGE_LOAD_ROW ", w.headers FROM pepsi.workqueue w"
-#define STAGE_LOAD_FULL \
-	STAGE_LOAD_ROW ", w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-
 static const char *const stage_load_sql[] = {
-	[PEPSI_LOAD_METADATA] = STAGE_LOAD_METADATA " WHERE w.id = ANY ($1::int8[])",
-	[PEPSI_LOAD_HEADERS] = STAGE_LOAD_HEADERS " WHERE w.id = ANY ($1::int8[])",
-	[PEPSI_LOAD_FULL] = STAGE_LOAD_FULL " WHERE w.id = ANY ($1::int8[])",
+	[PEPSI_LOAD_METADATA] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
+		" FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+	[PEPSI_LOAD_HEADERS] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
+		" w.headers FROM pepsi.workqueue w WHERE w.id = ANY ($1::int8[])",
+	[PEPSI_LOAD_FULL] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
+		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+		" WHERE w.id = ANY ($1::int8[])",
 };
 static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_load_headers", "pepsi_load_full"};
 
@@ -147,9 +150,22 @@ static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_loa
  * plan and is kept after the first few.
  */
 static const char *const stage_load_one_sql[] = {
-	[PEPSI_LOAD_METADATA] = STAGE_LOAD_METADATA " WHERE w.id = $1::int8",
-	[PEPSI_LOAD_HEADERS] = STAGE_LOAD_HEADERS " WHERE w.id = $1::int8",
-	[PEPSI_LOAD_FULL] = STAGE_LOAD_FULL " WHERE w.id = $1::int8",
+	[PEPSI_LOAD_METADATA] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
+		" FROM pepsi.workqueue w WHERE w.id = $1::int8",
+	[PEPSI_LOAD_HEADERS] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
+		" w.headers FROM pepsi.workqueue w WHERE w.id = $1::int8",
+	[PEPSI_LOAD_FULL] =
+		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
+		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
+		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
+		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
+		" WHERE w.id = $1::int8",
 };
 static const char *const stage_load_one_names[] = {"pepsi_load_one_metadata", "pepsi_load_one_headers",
 												   "pepsi_load_one_full"};
