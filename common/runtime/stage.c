@@ -140,37 +140,6 @@ static const char *const stage_load_sql[] = {
 static const char *const stage_load_names[] = {"pepsi_load_metadata", "pepsi_load_headers", "pepsi_load_full"};
 
 /*
- * The same loads of one id ($1::int8).  A stage that takes one message a
- * pass (the default batch) loads one id each time, and through = ANY the
- * plan cache never settled on the generic plan (costed for an array of
- * unknown size, it came out dearer than the custom plan of one element):
- * every load was planned afresh, the join with the bodies included, the
- * largest share of its planning in bench/crypto's profile of
- * pepsi-stage-encrypt's backend.  By key, the generic plan is the custom
- * plan and is kept after the first few.
- */
-static const char *const stage_load_one_sql[] = {
-	[PEPSI_LOAD_METADATA] =
-		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
-		" (extract(epoch FROM w.received_at) * 1000000)::int8::text"
-		" FROM pepsi.workqueue w WHERE w.id = $1::int8",
-	[PEPSI_LOAD_HEADERS] =
-		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
-		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
-		" w.headers FROM pepsi.workqueue w WHERE w.id = $1::int8",
-	[PEPSI_LOAD_FULL] =
-		"SELECT w.id::text, w.stage, w.status::text, w.state::text, w.mail_from,"
-		" w.rcpt_to, date_part('epoch', now() - w.received_at)::text,"
-		" (extract(epoch FROM w.received_at) * 1000000)::int8::text,"
-		" w.headers, b.body FROM pepsi.workqueue w JOIN pepsi.workqueue_body b ON b.id = w.body_id"
-		" WHERE w.id = $1::int8",
-};
-static const char *const stage_load_one_names[] = {"pepsi_load_one_metadata", "pepsi_load_one_headers",
-												   "pepsi_load_one_full"};
-
-/*
  * The columns a fused successor needs beyond what its pass loaded (stage.h
  * late_load), for the rows of a batch that go on to it: the headers, or
  * the headers and the body.  Binary results, as above.
@@ -230,8 +199,7 @@ stage_prepare_statements(struct stage_worker *w, PGconn *conn, char *err, size_t
 		return false;
 	for (int load = PEPSI_LOAD_METADATA; load <= PEPSI_LOAD_FULL; load++)
 	{
-		if (!db_prepare(conn, stage_load_names[load], stage_load_sql[load], err, errlen)
-			|| !db_prepare(conn, stage_load_one_names[load], stage_load_one_sql[load], err, errlen))
+		if (!db_prepare(conn, stage_load_names[load], stage_load_sql[load], err, errlen))
 			return false;
 		if (stage_late_load_sql[load]
 			&& !db_prepare(conn, stage_late_load_names[load], stage_late_load_sql[load], err, errlen))
@@ -504,11 +472,9 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 {
 	struct buf				*ids = &w->scratch[SCRATCH_IDS];
 	const char				*values[1];
-	const char				*name, *sql;
 	PGresult				*res;
 	int						 format = 1;
 	size_t					 asked = 0;
-	long long				 one = 0;
 	struct stage_loaded_row *rows;
 	int						 nrows;
 
@@ -518,7 +484,6 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		if (ctxs[i].error == NULL)
 		{
 			buf_printf(ids, "%s%lld", asked ? "," : "", ctxs[i].id);
-			one = ctxs[i].id;
 			asked++;
 		}
 	buf_append_char(ids, '}');
@@ -527,22 +492,13 @@ stage_load(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		buf_reset(ids);
 		return;
 	}
-	name = stage_load_names[w->stage->load];
-	sql = stage_load_sql[w->stage->load];
-	if (asked == 1)
-	{
-		/* One id: by key (stage_load_one_sql). */
-		buf_reset(ids);
-		buf_printf(ids, "%lld", one);
-		name = stage_load_one_names[w->stage->load];
-		sql = stage_load_one_sql[w->stage->load];
-	}
 	values[0] = ids->data;
-	res = stage_exec_load(w, name, sql, values[0], format);
+	res = stage_exec_load(w, stage_load_names[w->stage->load], stage_load_sql[w->stage->load], values[0], format);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && stage_reconnect(w))
 	{
 		PQclear(res);
-		res = stage_exec_load(w, name, sql, values[0], format);
+		res = stage_exec_load(w, stage_load_names[w->stage->load], stage_load_sql[w->stage->load], values[0],
+							  format);
 	}
 	buf_reset(ids);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
