@@ -20,8 +20,8 @@ keystore_bytes(PGresult *res, int row, int col, struct buf *out)
  * The key store's reads, prepared once per session.  A crypto stage reads
  * a message's keys for every message (a key revoked or replaced in the
  * database counts from the next message on: nothing is cached from the
- * rows), and planned afresh each time the two reads of
- * pepsi-stage-encrypt were a fifth of its backend's CPU in bench/crypto.
+ * rows); sent as unnamed statements, pepsi-stage-encrypt's two reads were
+ * parsed and planned afresh for every message (bench/crypto's profile).
  * The statements are prepared on the first use in a session (a new
  * connection, or the same one reset, starts again); where preparing or a
  * prepared statement fails (a session that lost it, a pooler between) the
@@ -102,7 +102,9 @@ keystore_exec(PGconn *conn, enum keystore_statement which, const char *const *va
 	if (!keystore_session.prepared[which])
 		return PQexecParams(conn, sql, nparams, NULL, values, NULL, NULL, 1);
 	res = PQexecPrepared(conn, name, nparams, values, NULL, NULL, 1);
-	if (PQresultStatus(res) == PGRES_FATAL_ERROR && PQtransactionStatus(conn) == PQTRANS_IDLE)
+	if (PQresultStatus(res) == PGRES_FATAL_ERROR && PQresultErrorField(res, PG_DIAG_SQLSTATE)
+		&& strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE), "26000") == 0
+		&& PQtransactionStatus(conn) == PQTRANS_IDLE)
 	{
 		/* The session lost it (DISCARD ALL, say): plainly this time, prepared again next time. */
 		keystore_session.prepared[which] = false;
