@@ -70,9 +70,8 @@
 # trips: the load, the recipient's key, the sender's identity, the
 # commit; the key rows are read for every message on purpose (a key
 # revoked or replaced counts from the next one, t/163, t/179).  So: the
-# key store's reads are prepared once per session (keystore.c), a single
-# id loads by key (stage.c: its generic plan is kept), the armor is copied
-# line by line.
+# key store's reads are prepared once per session (keystore.c), the armor
+# is copied line by line.
 # Measured 06:02-06:19 UTC the same day with those first two (881aaab),
 # BENCH_BEFORE_BIN main's build (7ba48ec), on the machine shared with
 # others' niced tests and builds (load average 23 to 46 over the run, so
@@ -88,10 +87,13 @@
 # 3.80 ms; 881aaab stage 3.57 ms, backend 3.47 ms.  pg_stat_statements
 # after 881aaab: the key store reads planned 1.7 and 1.8 ms in all over
 # 300 calls (generic plans kept), the load still planned on every call
-# (1,379 ms in all, under that load), hence the single-id load.  With it
-# (8079186, 06:15-06:23 UTC, load 27 to 35): the load planned 4.4 ms in
-# all over 300 calls; CPU a message: stage 3.37 ms, backend 2.73 ms (main
-# 3.80 ms: 28% less).  The stage's CPU is the cryptography's, RSA's key
+# (1,379 ms in all, under that load).  Loading a single id by key
+# (w.id = $1, whose generic plan is kept) was tried (8079186, 06:15-06:23
+# UTC, load 27 to 35): the load planned 4.4 ms in all over 300 calls, CPU
+# a message stage 3.37 ms, backend 2.73 ms (main 3.80 ms: 28% less); it
+# was taken out again (9c86392) because the fusion tests (t/051, t/121,
+# t/122) failed in the same run and there was no time to tell whether it
+# was the cause.  The stage's CPU is the cryptography's, RSA's key
 # set-up in Botan first, which only another librnp could spare.  The
 # rest of the backend's time is the queue's commit (workqueue_commit:
 # the body's copy-on-write, its TOAST, the WAL flush), as every stage's.
