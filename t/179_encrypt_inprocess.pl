@@ -4,7 +4,8 @@
 # the signature; the worker runs no gpg (it makes no GNUPGHOME); it keeps
 # the keys it read, yet a key replaced in the database, or changed in place
 # (revoked), is the one it uses for the next message; a key row that does
-# not read refuses that message with the reason, never sending it in clear.
+# not read refuses that message with the reason, never sending it in clear;
+# a worker whose session ends connects again and goes on.
 
 use strict;
 use warnings FATAL => 'all';
@@ -151,6 +152,19 @@ for my $case ([ 'Curve25519', 'bob@example.net', $bob, $bob_sub ], [ 'RSA-3072',
 	my @homes = grep { /^pepsi-gnupg\./ } readdir $dh;
 	closedir $dh;
 	is_deeply(\@homes, [], 'the worker encrypted and signed in process: no GNUPGHOME, no gpg');
+}
+
+# The worker's session ended under it (a server restart, an operator's
+# pg_terminate_backend): it connects again, and the key store's reads,
+# prepared once per session, are prepared in the new one.
+{
+	is($node->safe_psql($db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'crypto'"),
+		'1', 'the worker\'s session is ended');
+	my ($id, $row) = encrypt_one('rita@example.net');
+	is_deeply([ @{ $row->{state}{encrypt} }{qw(result signed_by)}, $row->{state}{encrypt}{keys} ],
+		[ 'encrypted', $alice, [$rita] ], 'in its new session the worker reads the keys again: encrypted and signed');
+	($id, $row) = encrypt_one('rita@example.net');
+	is($row->{state}{encrypt}{result}, 'encrypted', 'and the next message too');
 }
 
 # Bob's key replaced in the database while the worker holds the old one.

@@ -16,6 +16,104 @@ keystore_bytes(PGresult *res, int row, int col, struct buf *out)
 	buf_append(out, PQgetvalue(res, row, col), (size_t) PQgetlength(res, row, col));
 }
 
+/*
+ * The key store's reads, prepared once per session.  A crypto stage reads
+ * a message's keys for every message (a key revoked or replaced in the
+ * database counts from the next message on: nothing is cached from the
+ * rows); sent as unnamed statements, pepsi-stage-encrypt's two reads were
+ * parsed and planned afresh for every message (bench/crypto's profile).
+ * The statements are prepared on the first use in a session (a new
+ * connection, or the same one reset, starts again); where preparing or a
+ * prepared statement fails (a session that lost it, a pooler between) the
+ * read goes as a plain statement, as before.  The crypto stages connect
+ * directly ([crypto] CONNINFO, never a pooler): see stage.c.
+ */
+enum keystore_statement
+{
+	KEYSTORE_IDENTITY,		  /* fingerprint, public_key */
+	KEYSTORE_IDENTITY_SEALED, /* and private_wrapped, kek_id */
+	KEYSTORE_PEER,
+	KEYSTORE_STATEMENTS
+};
+
+#define KEYSTORE_IDENTITY_WHERE                                                              \
+	" FROM pepsi.crypto_identity WHERE address = lower($1) AND protocol = $3 AND is_primary" \
+	" AND status = 'active' AND capability IN ($2, 'both') AND (expires_at IS NULL OR expires_at > now())"
+
+static const struct
+{
+	const char *name;
+	const char *sql;
+	int			nparams;
+} keystore_statements[KEYSTORE_STATEMENTS] = {
+	[KEYSTORE_IDENTITY] = {"pepsi_keystore_identity", "SELECT fingerprint, public_key" KEYSTORE_IDENTITY_WHERE, 3},
+	[KEYSTORE_IDENTITY_SEALED] = {"pepsi_keystore_identity_sealed",
+								  "SELECT fingerprint, public_key, private_wrapped, kek_id" KEYSTORE_IDENTITY_WHERE
+								  " AND private_wrapped IS NOT NULL",
+								  3},
+	[KEYSTORE_PEER] = {"pepsi_keystore_peer",
+					   "SELECT fingerprint, key_data, protocol,"
+					   " coalesce('aes-256-gcm' = ANY (smime_capabilities), false)"
+					   " FROM pepsi.peer_key"
+					   " WHERE address = lower($1) AND ($2::text IS NULL OR protocol = $2)"
+					   " AND verdict = 'valid'"
+					   " AND cache_until > now() AND (expires_at IS NULL OR expires_at > now())"
+					   " ORDER BY fetched_at DESC, id DESC LIMIT 1",
+					   2},
+};
+
+/* The session the statements were prepared in, and which are. */
+static struct
+{
+	const PGconn *conn;
+	int			  backend_pid;
+	bool		  prepared[KEYSTORE_STATEMENTS];
+	bool		  refused; /* preparing failed in this session: plain statements */
+} keystore_session;
+
+/* Run statement which (binary results), prepared when the session takes it. */
+static PGresult *
+keystore_exec(PGconn *conn, enum keystore_statement which, const char *const *values)
+{
+	const char *name = keystore_statements[which].name;
+	const char *sql = keystore_statements[which].sql;
+	int			nparams = keystore_statements[which].nparams;
+	PGresult   *res;
+
+	if (keystore_session.conn != conn || keystore_session.backend_pid != PQbackendPID(conn))
+	{
+		memset(&keystore_session, 0, sizeof(keystore_session));
+		keystore_session.conn = conn;
+		keystore_session.backend_pid = PQbackendPID(conn);
+	}
+	if (!keystore_session.prepared[which] && !keystore_session.refused
+		&& PQtransactionStatus(conn) == PQTRANS_IDLE)
+	{
+		const char *state;
+
+		res = PQprepare(conn, name, sql, nparams, NULL);
+		state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		/* 42P05: prepared already (by this code: the names are the key store's). */
+		keystore_session.prepared[which] = PQresultStatus(res) == PGRES_COMMAND_OK
+										   || (state && strcmp(state, "42P05") == 0);
+		keystore_session.refused = !keystore_session.prepared[which];
+		PQclear(res);
+	}
+	if (!keystore_session.prepared[which])
+		return PQexecParams(conn, sql, nparams, NULL, values, NULL, NULL, 1);
+	res = PQexecPrepared(conn, name, nparams, values, NULL, NULL, 1);
+	if (PQresultStatus(res) == PGRES_FATAL_ERROR && PQresultErrorField(res, PG_DIAG_SQLSTATE)
+		&& strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE), "26000") == 0
+		&& PQtransactionStatus(conn) == PQTRANS_IDLE)
+	{
+		/* The session lost it (DISCARD ALL, say): plainly this time, prepared again next time. */
+		keystore_session.prepared[which] = false;
+		PQclear(res);
+		res = PQexecParams(conn, sql, nparams, NULL, values, NULL, NULL, 1);
+	}
+	return res;
+}
+
 /* address's identity row of protocol: fingerprint, public_key and, when sealed, private_wrapped and kek_id. */
 static PGresult *
 keystore_identity_row(PGconn *conn, const char *address, const char *capability, bool sealed,
@@ -23,16 +121,7 @@ keystore_identity_row(PGconn *conn, const char *address, const char *capability,
 {
 	const char *values[] = {address, capability, protocol};
 
-	return PQexecParams(conn,
-						sealed ? "SELECT fingerprint, public_key, private_wrapped, kek_id FROM pepsi.crypto_identity"
-								 " WHERE address = lower($1) AND protocol = $3 AND is_primary"
-								 " AND status = 'active' AND capability IN ($2, 'both')"
-								 " AND (expires_at IS NULL OR expires_at > now()) AND private_wrapped IS NOT NULL"
-							   : "SELECT fingerprint, public_key FROM pepsi.crypto_identity"
-								 " WHERE address = lower($1) AND protocol = $3 AND is_primary"
-								 " AND status = 'active' AND capability IN ($2, 'both')"
-								 " AND (expires_at IS NULL OR expires_at > now())",
-						3, NULL, values, NULL, NULL, 1);
+	return keystore_exec(conn, sealed ? KEYSTORE_IDENTITY_SEALED : KEYSTORE_IDENTITY, values);
 }
 
 /* Open row 0's sealed key (columns 2 and 3) with the KEK that sealed it. */
@@ -120,15 +209,7 @@ keystore_peer_row(PGconn *conn, const char *address, const char *protocol, char 
 				  struct buf *key, bool *gcm, char *err, size_t errlen)
 {
 	const char *values[] = {address, protocol};
-	PGresult   *res = PQexecParams(conn,
-								   "SELECT fingerprint, key_data, protocol,"
-									 " coalesce('aes-256-gcm' = ANY (smime_capabilities), false)"
-									 " FROM pepsi.peer_key"
-									 " WHERE address = lower($1) AND ($2::text IS NULL OR protocol = $2)"
-									 " AND verdict = 'valid'"
-									 " AND cache_until > now() AND (expires_at IS NULL OR expires_at > now())"
-									 " ORDER BY fetched_at DESC, id DESC LIMIT 1",
-								   2, NULL, values, NULL, NULL, 1);
+	PGresult   *res = keystore_exec(conn, KEYSTORE_PEER, values);
 	int			rc = 0;
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)

@@ -148,11 +148,18 @@ pgpmime_outer(const char *headers, size_t hlen, const char *armored, size_t alen
 			   "Content-Description: OpenPGP encrypted message\r\n"
 			   "Content-Disposition: inline; filename=\"encrypted.asc\"\r\n\r\n",
 			   boundary, boundary);
-	for (size_t i = 0; i < alen; i++)
+	/* Line by line (the armor's bare LFs made CRLF), not byte by byte: the armor is the message's whole size. */
+	buf_reserve(out_body, alen + alen / 32 + 2);
+	for (size_t i = 0; i < alen;)
 	{
-		if (armored[i] == '\n' && (i == 0 || armored[i - 1] != '\r'))
-			buf_append_char(out_body, '\r');
-		buf_append_char(out_body, armored[i]);
+		const char *nl = memchr(armored + i, '\n', alen - i);
+		size_t		end = nl ? (size_t) (nl - armored) : alen;
+
+		buf_append(out_body, armored + i, end - i);
+		if (nl == NULL)
+			break;
+		buf_append_str(out_body, end > 0 && armored[end - 1] == '\r' ? "\n" : "\r\n");
+		i = end + 1;
 	}
 	if (alen && armored[alen - 1] != '\n')
 		buf_append_str(out_body, "\r\n");
