@@ -33,8 +33,8 @@ PG_FUNCTION_INFO_V1(archive_word_pairs);
 /* One position of the tsvector: the position, the lexeme there. */
 struct word_at
 {
-	uint16		position;
-	int			entry;
+	uint16 position;
+	int	   entry;
 };
 
 static int
@@ -58,15 +58,15 @@ word_at_compare(const void *a, const void *b)
 Datum
 archive_word_pairs(PG_FUNCTION_ARGS)
 {
-	TSVector	words;
-	WordEntry  *entries;
-	char	   *lexemes;
+	TSVector		words;
+	WordEntry	   *entries;
+	char		   *lexemes;
 	struct word_at *at;
-	int			positions = 0;
-	int			pairs = 0;
-	int64		total_bytes = 0;
-	Datum	   *texts;
-	ArrayType  *array;
+	int				positions = 0;
+	int				pairs = 0;
+	int64			total_bytes = 0;
+	Datum		   *texts;
+	ArrayType	   *array;
 
 	if (PG_ARGISNULL(0)) /* no words, no pairs (as the SQL function it replaces answered) */
 		PG_RETURN_DATUM(DirectFunctionCall1(array_to_tsvector, PointerGetDatum(construct_empty_array(TEXTOID))));
@@ -93,10 +93,10 @@ archive_word_pairs(PG_FUNCTION_ARGS)
 	texts = palloc(sizeof(Datum) * Max(positions, 1));
 	for (int k = 0; k + 1 < positions; k++)
 	{
-		WordEntry  *a = &entries[at[k].entry];
-		WordEntry  *b = &entries[at[k + 1].entry];
-		text	   *pair;
-		char	   *p;
+		WordEntry *a = &entries[at[k].entry];
+		WordEntry *b = &entries[at[k + 1].entry];
+		text	  *pair;
+		char	  *p;
 
 		if (at[k + 1].position != at[k].position + 1 || a->len + b->len >= WORD_PAIR_MAX_WORDS_BYTES)
 			continue;
