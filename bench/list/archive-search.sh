@@ -76,6 +76,47 @@
 # (the window one): each message is written once and threads recounted
 # once a batch, but the word pairs' index entries cost more than that
 # saves.
+# 2026-12-07 05:10-06:40 UTC, commit b8b5cb6 (word pairs in C), load
+# average 9 at the start, 30 to 52 from 05:40.  The 100,000-message run:
+# not taken again.  The import (BENCH_ARCHIVE_JOBS=3, un-niced, the mbox
+# of make_mbox.py 100000, 282 MB) ran at 23 to 36 messages/s, about 12 ms
+# of its backends' CPU a message, so it would have ended past 07:00; no
+# timed run at 100,000.  The machine schedules by session (autogroup), so
+# a niced or un-niced process of a busy session gets about the same share
+# of a core; the share was what limited the import, not the client.
+# The import, measured (CPU of the backend from /proc/self/stat, on an
+# archive of 2,000 messages; the client's CPU is 0.02 s for 2,000
+# messages, the import is all server side):
+#   main's code, 2,000 messages, load 9: 36.5 s (55 messages/s)
+#   archive_store_batch of 300 messages, interleaved: word pairs in SQL
+#   2.12, 2.14, 2.06 s, in C 2.10, 1.94, 2.28 s (about 7 ms a message
+#   either way: within the noise of the load).  Where a message's 7 ms go
+#   (perf): the GIN index's entries 33% (ginInsertCleanup: about 900 keys
+#   a message, words and word pairs, nearly every pair a new key), the
+#   SQL helpers' plans made again at each call 11% (fmgr_sql: parse,
+#   analyze, plan), to_tsvector 10%, the TOAST writes 7%; the word pairs
+#   went from 8% (SQL: a row a position, lead()) to 3% (C).
+#   Tried for the index, 2,000 messages into a copy of archive_message
+#   (backend CPU): with the index 4.3 s, without 0.34 s; CREATE INDEX
+#   after the rows 7.2 s (building the index after a bulk import costs
+#   more than keeping it); gin_pending_list_limit 32MB and work_mem 64MB
+#   5.6 s + 1.9 s to clean the pending list; fastupdate off 10.8 s.
+# The pages, why they cannot reach 20x at 100,000: grep -c -w over the
+# 100,000-message mbox (warm, CPU): w0 1.0 s, quokka 0.11 s, "w0 w1"
+# 0.82 s, zyzzyva 0.09 s.  A page of 100 rows costs about 0.3 ms of CPU a
+# row at any archive size (34 ms for w0's 100 rows, 9 ms for 32 rows of
+# quokka, at 2,000 messages; the rows themselves under 1 ms): ts_headline
+# 33% (the parser over the 600 characters), archive_search_key's recheck
+# of a date-ordered walk 15% (the message's 10 KB tsvector copied to add
+# the list's lexeme), the body's detoast 14%, the excerpt window's regular
+# expression 9%.  So a rare word's page (100 excerpts, about 30 ms) stays
+# near 4x grep's 0.11 s at 100,000 messages, whatever the index does (an
+# estimate from CPU times, not a timed run); a common word's page about
+# 30x (1.0 s against 34 ms), a phrase's about 20x (0.82 s against its
+# excerpts and the sort of its 11,000 matches).  The fix is the excerpt:
+# one pass in C over the window (find the words, mark them, cut at word
+# boundaries) in place of the regular expression, ts_headline and three
+# obfuscations a row; not done here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
