@@ -77,25 +77,31 @@
 # once a batch, but the word pairs' index entries cost more than that
 # saves.
 # 2026-12-07 05:10-06:40 UTC, commit b8b5cb6 (word pairs in C), load
-# average 9 at the start, 30 to 52 from 05:40.  The 100,000-message run:
+# average 9 at the start, 25 to 52 from 05:40.  The 100,000-message run:
 # not taken again.  The import (BENCH_ARCHIVE_JOBS=3, un-niced, the mbox
-# of make_mbox.py 100000, 282 MB) ran at 23 to 36 messages/s, about 12 ms
-# of its backends' CPU a message, so it would have ended past 07:00; no
-# timed run at 100,000.  The machine schedules by session (autogroup), so
-# a niced or un-niced process of a busy session gets about the same share
-# of a core; the share was what limited the import, not the client.
-# The import, measured (CPU of the backend from /proc/self/stat, on an
+# of make_mbox.py 100000, 282 MB) had about 20,400 messages after 20
+# minutes (17 messages/s, the table's pages at 35 rows a page), its
+# backends' CPU 421 s (about 20 ms a message, growing with the index:
+# 13 ms over the first 10,000), and was stopped: it would have ended past
+# 07:30.  No timed run at 100,000.  The machine schedules by session
+# (autogroup), so a niced or un-niced process of a busy session gets
+# about the same share of a core; the share limited the import, not the
+# client.
+# The import, measured (CPU of the backend from /proc/self/stat, into an
 # archive of 2,000 messages; the client's CPU is 0.02 s for 2,000
 # messages, the import is all server side):
-#   main's code, 2,000 messages, load 9: 36.5 s (55 messages/s)
-#   archive_store_batch of 300 messages, interleaved: word pairs in SQL
-#   2.12, 2.14, 2.06 s, in C 2.10, 1.94, 2.28 s (about 7 ms a message
-#   either way: within the noise of the load).  Where a message's 7 ms go
-#   (perf): the GIN index's entries 33% (ginInsertCleanup: about 900 keys
-#   a message, words and word pairs, nearly every pair a new key), the
-#   SQL helpers' plans made again at each call 11% (fmgr_sql: parse,
-#   analyze, plan), to_tsvector 10%, the TOAST writes 7%; the word pairs
-#   went from 8% (SQL: a row a position, lead()) to 3% (C).
+#   main's code, 2,000 messages into an empty list, load 9: 36.5 s
+#   (55 messages/s).
+#   archive_store_batch of 300 messages, interleaved, 5 runs each, load
+#   25-30: word pairs in SQL 2.59 s of CPU (2.55-2.77; 8.6 ms a message;
+#   wall 17.6 s, 16.3-18.5: 17 messages/s), in C 1.98 s (1.72-2.31;
+#   6.6 ms a message; wall 11.3 s, 10.0-16.9: 27 messages/s): a quarter
+#   less CPU a message.  Where a message's 7 ms go (perf): the GIN index's
+#   entries 33% (ginInsertCleanup: about 900 keys a message, words and
+#   word pairs, nearly every pair a new key), the SQL helpers' plans made
+#   again at each call 11% (fmgr_sql: parse, analyze, plan), to_tsvector
+#   10%, the TOAST writes 7%; the word pairs went from 8% (SQL: a row a
+#   position, lead()) to 3% (C).
 #   Tried for the index, 2,000 messages into a copy of archive_message
 #   (backend CPU): with the index 4.3 s, without 0.34 s; CREATE INDEX
 #   after the rows 7.2 s (building the index after a bulk import costs
