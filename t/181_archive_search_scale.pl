@@ -6,7 +6,7 @@
 # search page shows archive_search_count's total, not the page's 100, and
 # an import writes each message once (no UPDATE of archive_message) and
 # leaves every thread's count right after a batch, a reply that came before
-# its parent included.
+# its parent included; the word pairs themselves, at their edges.
 
 use strict;
 use warnings FATAL => 'all';
@@ -157,5 +157,18 @@ is(sql("SELECT count(*) FROM pepsi.archive_thread t WHERE t.message_count <>"
 	'every thread\'s count is its messages');
 is(sql("SELECT count(DISTINCT thread_id) FROM pepsi.archive_message WHERE message_id LIKE 't_\@client.test'"), '1',
 	'one thread');
+
+# 5. The word pairs (archive_word_pairs, in C): each two lexemes at adjacent
+#    positions, once; of lexemes sharing a position, the last in lexeme
+#    order pairs with the next position; a pair of 100 bytes or more left
+#    out; past 400,000 bytes of pairs only the first 3,800 kept.
+is(sql("SELECT pepsi.archive_word_pairs('a:1 b:2 c:2 d:3 e:5 f:6 a:7 b:8')::text"), "'a b' 'c d' 'e f' 'f a'",
+	'adjacent positions pair, a gap does not, a repeated pair is one lexeme');
+is(sql("SELECT pepsi.archive_word_pairs(NULL)::text"), '', 'no words, no pairs');
+is(sql("SELECT pepsi.archive_word_pairs(to_tsvector('simple', repeat('x', 60) || ' ' || repeat('y', 40) || ' z'))::text"),
+	"'" . ('y' x 40) . " z'", 'a pair of 100 bytes or more is left out');
+is(sql("SELECT length(pepsi.archive_word_pairs(to_tsvector('simple',"
+		  . " string_agg('word' || (i % 5000) || repeat('x', 40), ' ' ORDER BY i)))) FROM generate_series(1, 20000) i"),
+	'3800', 'past 400,000 bytes, the first 3,800 pairs');
 
 done_testing();

@@ -44,7 +44,14 @@
 # itself broke.
 # The import and the timed searches can be two runs (BENCH_ARCHIVE_SAVE,
 # then BENCH_ARCHIVE_FROM, below), so that a lock is held over the timed
-# part only.
+# part only.  BENCH_ARCHIVE_JOBS=N (1) imports the mbox as N parts at
+# once, each part whole threads (a thread's messages are consecutive in
+# make_mbox.py's mbox), so that a 100,000-message archive can be built on
+# a busy machine, where one process gets a small share of a core: the
+# same archive but for the order of its ids and N import records; its
+# rate is not the rate of one import.  BENCH_ARCHIVE_MBOX=FILE takes that
+# mbox instead of making one (make_mbox.py's output of the same count:
+# the same mbox, without the minutes it takes to make it).
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
@@ -69,12 +76,60 @@
 # (the window one): each message is written once and threads recounted
 # once a batch, but the word pairs' index entries cost more than that
 # saves.
+# 2026-12-07 05:10-06:40 UTC, commit b8b5cb6 (word pairs in C), load
+# average 9 at the start, 25 to 52 from 05:40.  The 100,000-message run:
+# not taken again.  The import (BENCH_ARCHIVE_JOBS=3, un-niced, the mbox
+# of make_mbox.py 100000, 282 MB) had about 20,400 messages after 20
+# minutes (17 messages/s, the table's pages at 35 rows a page), its
+# backends' CPU 421 s (about 20 ms a message, growing with the index:
+# 13 ms over the first 10,000), and was stopped: it would have ended past
+# 07:30.  No timed run at 100,000.  The machine schedules by session
+# (autogroup), so a niced or un-niced process of a busy session gets
+# about the same share of a core; the share limited the import, not the
+# client.
+# The import, measured (CPU of the backend from /proc/self/stat, into an
+# archive of 2,000 messages; the client's CPU is 0.02 s for 2,000
+# messages, the import is all server side):
+#   main's code, 2,000 messages into an empty list, load 9: 36.5 s
+#   (55 messages/s).
+#   archive_store_batch of 300 messages, interleaved, 5 runs each, load
+#   25-30: word pairs in SQL 2.59 s of CPU (2.55-2.77; 8.6 ms a message;
+#   wall 17.6 s, 16.3-18.5: 17 messages/s), in C 1.98 s (1.72-2.31;
+#   6.6 ms a message; wall 11.3 s, 10.0-16.9: 27 messages/s): a quarter
+#   less CPU a message.  Where a message's 7 ms go (perf): the GIN index's
+#   entries 33% (ginInsertCleanup: about 900 keys a message, words and
+#   word pairs, nearly every pair a new key), the SQL helpers' plans made
+#   again at each call 11% (fmgr_sql: parse, analyze, plan), to_tsvector
+#   10%, the TOAST writes 7%; the word pairs went from 8% (SQL: a row a
+#   position, lead()) to 3% (C).
+#   Tried for the index, 2,000 messages into a copy of archive_message
+#   (backend CPU): with the index 4.3 s, without 0.34 s; CREATE INDEX
+#   after the rows 7.2 s (building the index after a bulk import costs
+#   more than keeping it); gin_pending_list_limit 32MB and work_mem 64MB
+#   5.6 s + 1.9 s to clean the pending list; fastupdate off 10.8 s.
+# The pages, why they cannot reach 20x at 100,000: grep -c -w over the
+# 100,000-message mbox (warm, CPU): w0 1.0 s, quokka 0.11 s, "w0 w1"
+# 0.82 s, zyzzyva 0.09 s.  A page of 100 rows costs about 0.3 ms of CPU a
+# row at any archive size (34 ms for w0's 100 rows, 9 ms for 32 rows of
+# quokka, at 2,000 messages; the rows themselves under 1 ms): ts_headline
+# 33% (the parser over the 600 characters), archive_search_key's recheck
+# of a date-ordered walk 15% (the message's 10 KB tsvector copied to add
+# the list's lexeme), the body's detoast 14%, the excerpt window's regular
+# expression 9%.  So a rare word's page (100 excerpts, about 30 ms) stays
+# near 4x grep's 0.11 s at 100,000 messages, whatever the index does (an
+# estimate from CPU times, not a timed run); a common word's page about
+# 30x (1.0 s against 34 ms), a phrase's about 20x (0.82 s against its
+# excerpts and the sort of its 11,000 matches).  The fix is the excerpt:
+# one pass in C over the window (find the words, mark them, cut at word
+# boundaries) in place of the regular expression, ts_headline and three
+# obfuscations a row; not done here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
 . "$here/../lib.sh"
 
 messages=${BENCH_ARCHIVE_MESSAGES:-100000}
+jobs=${BENCH_ARCHIVE_JOBS:-1}
 rate_messages=${BENCH_ARCHIVE_RATE_MESSAGES:-5000}
 repeats=${BENCH_REPEATS:-5}
 # label|Pepsi's query (websearch syntax)|grep's pattern, one term a line
@@ -124,7 +179,12 @@ else
         -c "SELECT pepsi.list_create('after@lists.test', 'owner@lists.test')" >/dev/null
 
     mbox="$BENCH_DIR/archive.mbox"
-    python3 "$here/make_mbox.py" "$messages" >"$mbox"
+    if [ -n "${BENCH_ARCHIVE_MBOX:-}" ]; then
+        cp "$BENCH_ARCHIVE_MBOX" "$mbox"
+        messages=$(grep -c '^From ' "$mbox")
+    else
+        python3 "$here/make_mbox.py" "$messages" >"$mbox"
+    fi
     give_to_user "$mbox"
     echo "mbox: $messages messages, $(du -m "$mbox" | cut -f1) MB" | tee -a "$log"
 
@@ -144,7 +204,39 @@ else
         import_rate "one call a message (before)" "$old_bin" before@lists.test "$part" "$rate_messages"
         import_rate "batches (after)" "$archive_bin" after@lists.test "$part" "$rate_messages"
     fi
-    import_rate "of the whole mbox (batches)" "$archive_bin" bench@lists.test "$mbox" "$messages"
+    if [ "$jobs" -le 1 ]; then
+        import_rate "of the whole mbox (batches)" "$archive_bin" bench@lists.test "$mbox" "$messages"
+    else
+        # whole threads to each part (a thread's messages are consecutive in
+        # make_mbox.py's mbox; a message without In-Reply-To starts one), so
+        # every reply finds its parent within its own import
+        python3 - "$mbox" "$jobs" <<'SPLIT'
+import re, sys
+path, jobs = sys.argv[1], int(sys.argv[2])
+text = open(path, encoding='utf-8').read()
+messages = re.split(r'(?m)^(?=From )', text)[1:]
+starts = [i for i, m in enumerate(messages) if 'In-Reply-To:' not in m.split('\n\n', 1)[0]]
+bounds = [0]
+for k in range(1, jobs):
+    bounds.append(min((s for s in starts if s >= k * len(messages) // jobs), default=len(messages)))
+bounds.append(len(messages))
+for k in range(jobs):
+    with open('%s.part%d' % (path, k), 'w', encoding='utf-8') as out:
+        out.write(''.join(messages[bounds[k]:bounds[k + 1]]))
+SPLIT
+        give_to_user "$BENCH_DIR"
+        start=$EPOCHREALTIME
+        pids=()
+        for ((k = 0; k < jobs; k++)); do
+            "$archive_bin" -C "$conf" import bench@lists.test "$mbox.part$k" >>"$log" &
+            pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid"; done
+        end=$EPOCHREALTIME
+        rm -f "$mbox".part*
+        awk -v j="$jobs" -v a="$start" -v b="$end" -v n="$messages" \
+            'BEGIN { printf "import of the whole mbox in %d parts at once: %d messages in %.1f s (%.0f messages/s)\n", j, n, b - a, n / (b - a) }' | tee -a "$log"
+    fi
     bench_psql -c "SET maintenance_work_mem = '1GB'" -c "VACUUM ANALYZE pepsi.archive_message" >/dev/null
 fi
 if [ -n "$save" ]; then
