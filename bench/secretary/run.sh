@@ -24,7 +24,13 @@
 # each run.  Printed: each run's rates and challenges sent, then the
 # medians in messages per second with the spread, the ratio
 # secretary/plain (target: >= 0.80, the secretary costing at most 20%),
-# and the load average before and after.
+# and the load average before and after.  Each run's CPU a message, which
+# the machine's load does not change as it changes the rates: the stage
+# workers, the dispatcher and their backends (what the secretary adds),
+# ingress and its backends, the rest of the cluster, by process into the
+# log (cpu-split.pl, sampled every half second), with the WAL bytes a
+# message and the passes by stage (pepsi.stage_stats: fused_hops at init
+# are the rows route's pass took on, to check-whitelist or discard).
 #
 # Figures (the full count, PGBIN of the branch's extension, with
 # pepsi.secretary_decide_many set-based), 2026-12-07: taken beside another
