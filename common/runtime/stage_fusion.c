@@ -390,7 +390,9 @@ stage_late_fuse_group(struct stage_worker *w, struct pepsi_ctx **group, size_t n
  * this one's late fusion went: a batch that ran out of time left `left`
  * of its count rows unfused, so the next take about as many as it fused
  * in time (a group at least), each batch within its time again; a full
- * batch that fused every row lets the bound double, until there is none.
+ * batch that fused every row lets the bound grow by a group, until there
+ * is none.  A group at a time, not doubling: each time the bound grows
+ * past what fits, the batch's rows past the time advance unfused.
  */
 static void
 stage_late_batch_cap(struct stage_worker *w, size_t count, size_t left)
@@ -398,7 +400,9 @@ stage_late_batch_cap(struct stage_worker *w, size_t count, size_t left)
 	if (left > 0)
 		w->late_batch_cap = count - left > STAGE_LATE_LOAD_MAX ? count - left : STAGE_LATE_LOAD_MAX;
 	else if (w->late_batch_cap != 0 && count >= w->late_batch_cap)
-		w->late_batch_cap = w->late_batch_cap * 2 >= STAGE_BATCH_MAX ? 0 : w->late_batch_cap * 2;
+		w->late_batch_cap = w->late_batch_cap + STAGE_LATE_LOAD_MAX >= STAGE_BATCH_MAX
+								? 0
+								: w->late_batch_cap + STAGE_LATE_LOAD_MAX;
 }
 
 /*
