@@ -51,6 +51,32 @@
 # insert waiting for the batch that opened it, and ingress accepting more
 # slowly beside the decisions (the two cores are shared with it).
 #
+# CPU a message, 2026-12-07 (branch secspeed; BENCH_MESSAGES=6000
+# BENCH_SENDERS=600, one round a side, base = main's binaries at 7ba48ec,
+# new = f561525, run back to back under the lock): stage workers,
+# dispatcher and their backends, secretary / plain side:
+#   load 34 (06:30): base 1.233 / 0.270 ms, new 1.045 / 0.395 ms; WAL
+#     10,291 -> 8,515 bytes a message on the secretary side; route's
+#     pass took 2,542 of 6,000 rows on to check-whitelist before (the
+#     rest advanced unfused once a batch had run its second, to be
+#     claimed, loaded and committed again), 4,502 after
+#   load 7 (06:35): base 0.942 / 0.358 ms, new 0.803 / 0.377 ms; WAL
+#     7,860 -> 7,045; fused 5,475 of 6,000 before, all 6,000 after
+# So the secretary's own cost (secretary side less plain side) went from
+# 0.96 to 0.65 ms a message at load 34 and from 0.58 to 0.43 at load 7.
+# Then the full count at f561525, 3 rounds (06:38-06:41, load 12 to 20,
+# builds and tests of others niced beside it): secretary 468.0 msg/s
+# (407.8 .. 506.3), plain 592.2 (572.4 .. 619.1), ratio 0.82 at the
+# median (0.69, 0.82, 0.82; the 0.69 round's decisions ended 9.6 s after
+# its last acceptance); CPU a message of the stages side 1.060 ms
+# (0.991 .. 1.087) against plain's 0.362 (0.336 .. 0.366), ingress 0.813
+# / 0.805; WAL 7,403 / 4,526 bytes; route's pass fused 95% or more of
+# the rows (19,614 to 21,074 hops of 22,000).  Before (05:27-05:31, a
+# quiet machine, 5 rounds): 0.78 (0.74 .. 0.87).
+# What remains a held row: its hold (a non-HOT update of the queue row,
+# four index entries), its secretary_held row, and a tenth of a
+# challenge (a new message, injected and discarded).
+#
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
 # PostgreSQL of PGBIN.
