@@ -24,7 +24,13 @@
 # each run.  Printed: each run's rates and challenges sent, then the
 # medians in messages per second with the spread, the ratio
 # secretary/plain (target: >= 0.80, the secretary costing at most 20%),
-# and the load average before and after.
+# and the load average before and after.  Each run's CPU a message, which
+# the machine's load does not change as it changes the rates: the stage
+# workers, the dispatcher and their backends (what the secretary adds),
+# ingress and its backends, the rest of the cluster, by process into the
+# log (cpu-split.pl, sampled every half second), with the WAL bytes a
+# message and the passes by stage (pepsi.stage_stats: fused_hops at init
+# are the rows route's pass took on, to check-whitelist or discard).
 #
 # Figures (the issue's full count, PGBIN of the branch's extension, with
 # pepsi.secretary_decide_many set-based), 2026-12-07: taken beside another
@@ -44,6 +50,32 @@
 # statement a batch and 13%.  What remains is mostly the pair's challenge
 # insert waiting for the batch that opened it, and ingress accepting more
 # slowly beside the decisions (the two cores are shared with it).
+#
+# CPU a message, 2026-12-07 (branch secspeed; BENCH_MESSAGES=6000
+# BENCH_SENDERS=600, one round a side, base = main's binaries at 7ba48ec,
+# new = f561525, run back to back under the lock): stage workers,
+# dispatcher and their backends, secretary / plain side:
+#   load 34 (06:30): base 1.233 / 0.270 ms, new 1.045 / 0.395 ms; WAL
+#     10,291 -> 8,515 bytes a message on the secretary side; route's
+#     pass took 2,542 of 6,000 rows on to check-whitelist before (the
+#     rest advanced unfused once a batch had run its second, to be
+#     claimed, loaded and committed again), 4,502 after
+#   load 7 (06:35): base 0.942 / 0.358 ms, new 0.803 / 0.377 ms; WAL
+#     7,860 -> 7,045; fused 5,475 of 6,000 before, all 6,000 after
+# So the secretary's own cost (secretary side less plain side) went from
+# 0.96 to 0.65 ms a message at load 34 and from 0.58 to 0.43 at load 7.
+# Then the full count at f561525, 3 rounds (06:38-06:41, load 12 to 20,
+# builds and tests of others niced beside it): secretary 468.0 msg/s
+# (407.8 .. 506.3), plain 592.2 (572.4 .. 619.1), ratio 0.82 at the
+# median (0.69, 0.82, 0.82; the 0.69 round's decisions ended 9.6 s after
+# its last acceptance); CPU a message of the stages side 1.060 ms
+# (0.991 .. 1.087) against plain's 0.362 (0.336 .. 0.366), ingress 0.813
+# / 0.805; WAL 7,403 / 4,526 bytes; route's pass fused 95% or more of
+# the rows (19,614 to 21,074 hops of 22,000).  Before (05:27-05:31, a
+# quiet machine, 5 rounds): 0.78 (0.74 .. 0.87).
+# What remains a held row: its hold (a non-HOT update of the queue row,
+# four index entries), its secretary_held row, and a tenth of a
+# challenge (a new message, injected and discarded).
 #
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
@@ -162,9 +194,64 @@ undecided() {
         WHERE NOT (status = 'paused' AND timeout = 'infinity') AND stage <> 'challenges'"
 }
 
-# measure: prints "rate accepted decided" (msg/s, s, s).
+# cpu_snapshot FILE: CPU so far by who spent it (cpu-split.pl: each
+# backend by its application_name, each stage worker, ingress, the
+# dispatcher, the cluster's whole tree) and the WAL position, appended to
+# FILE after a "snapshot" line.
+cpu_snapshot() {
+    local backends
+    backends=$(bench_psql -tA -F= -c "SELECT pid, coalesce(nullif(application_name, ''), backend_type)
+        FROM pg_stat_activity WHERE pid <> pg_backend_pid()") || return 0
+    {
+        echo snapshot
+        # shellcheck disable=SC2046 # one PID=GROUP word a backend
+        perl "$here/cpu-split.pl" "$(head -1 "$BENCH_DIR/data/postmaster.pid")" "$BENCH_INGRESS_PID" \
+            "$BENCH_DISPATCH_PID" $(tr ' ' '_' <<<"$backends")
+        printf 'total\twal\t\t%s\n' "$(bench_psql -tA -c "SELECT pg_current_wal_insert_lsn() - '0/0'")"
+    } >>"$1"
+}
+# cpu_sampler FILE: cpu_snapshot every half second, so that a worker
+# recycled during the run (MAX_MESSAGES) and its backend keep all but
+# the last half second of their time.
+# Stopped by creating FILE.stop (not by a signal, which could cut a
+# snapshot short).
+cpu_sampler() {
+    while sleep 0.5 && [ ! -e "$1.stop" ]; do cpu_snapshot "$1"; done
+}
+# cpu_report FILE SIDE: the run's CPU per message by group (each pid's
+# last figure less its first, 0 for a pid born in the run) into the log,
+# and prints "stages ingress other wal": the milliseconds a message of
+# the stage workers, the dispatcher and their backends; of ingress and
+# its backends; of the rest of the cluster (WAL writer, checkpointer,
+# autovacuum, the bench's own psql); and the WAL bytes a message.
+cpu_report() {
+    awk -F'\t' -v n="$messages" -v side="$2" -v logfile="$log" -v hz="$(getconf CLK_TCK)" '
+        $1 == "snapshot" { snap++; next }
+        $1 == "pid" { key = $2 SUBSEP $3; group[key] = $3; last[key] = $4
+                      if (snap == 1) first[key] = $4; next }
+        $1 == "total" { if (snap == 1) tfirst[$2] = $4; tlast[$2] = $4 }
+        END {
+            for (k in last) { d = last[k] - first[k]; by[group[k]] += d
+                              if (group[k] ~ /^backend /) backends += d }
+            by["dispatch"] = tlast["dispatch"] - tfirst["dispatch"]
+            by["ingress"] = tlast["ingress"] - tfirst["ingress"]
+            by["postgres other"] = tlast["postgres"] - tfirst["postgres"] - backends
+            for (g in by) {
+                ms = by[g] * 1000 / hz
+                printf "  %-60s %8.3f ms/message\n", side ": " g, ms / n >>logfile
+                if (g ~ /^ingress$|^backend pepsi-ingress/) ingress += ms
+                else if (g ~ /^dispatch$|^worker |^backend pepsi-/) stages += ms
+                else other += ms }
+            wal = tlast["wal"] - tfirst["wal"]
+            printf "  %s: WAL %.0f bytes/message\n", side, wal / n >>logfile
+            printf "%.3f %.3f %.3f %.0f\n", stages / n, ingress / n, other / n, wal / n }' "$1"
+}
+
+# measure: prints "rate accepted decided stages_ms ingress_ms other_ms
+# wal_bytes" (msg/s, s, s, the CPU milliseconds a message of cpu_report's
+# groups, WAL bytes a message).
 measure() {
-    local start sent end n=1 failed sampler=
+    local start sent end n=1 failed sampler= cpu_pid
     if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
         for _ in $(seq 1 6000); do
             bench_psql -tA -c "SELECT count(*) FILTER (WHERE NOT granted),
@@ -173,6 +260,11 @@ measure() {
         done >>"$BENCH_DIR/locks" 2>/dev/null &
         sampler=$!
     fi
+    : >"$BENCH_DIR/cpu"
+    rm -f "$BENCH_DIR/cpu.stop"
+    cpu_snapshot "$BENCH_DIR/cpu"
+    cpu_sampler "$BENCH_DIR/cpu" &
+    cpu_pid=$!
     start=$(date +%s.%N)
     send
     sent=$(date +%s.%N)
@@ -184,14 +276,21 @@ measure() {
         sleep 0.1
     done
     end=$(date +%s.%N)
+    touch "$BENCH_DIR/cpu.stop"
+    wait "$cpu_pid"
+    cpu_snapshot "$BENCH_DIR/cpu"
     bench_stop_pid "$sampler"
     [ "$n" -eq 0 ] || { echo "$n rows still undecided" >&2; return 1; }
-    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" 'BEGIN {
-        printf "%.1f %.2f %.2f\n", n / (b - a), s - a, b - a }'
+    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" -v cpu="$(cpu_report "$BENCH_DIR/cpu" "$1")" 'BEGIN {
+        printf "%.1f %.2f %.2f %s\n", n / (b - a), s - a, b - a, cpu }'
 }
 
+# reset: the previous run's passes by stage (pepsi.stage_stats, flushed
+# when its dispatcher stopped: fused_hops are the rows a stage's pass took
+# on to the next stage) into the log, then everything emptied.
 reset() {
-    bench_psql -c "TRUNCATE pepsi.secretary_held, pepsi.secretary_challenge RESTART IDENTITY" >/dev/null
+    bench_psql -c "SELECT stage, messages, fused_hops FROM pepsi.stage_stats ORDER BY stage" >>"$log"
+    bench_psql -c "TRUNCATE pepsi.secretary_held, pepsi.secretary_challenge, pepsi.stage_stats RESTART IDENTITY" >/dev/null
     bench_queue_empty
 }
 # With BENCH_STATEMENTS=1: the run's statements per message, into the log.
@@ -213,28 +312,35 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench/secretary: $messages messages of 2 KB from $senders senders (every one SPF-proven, a tenth whitelisted)" \
     "to $users addresses over $sessions sessions; $repeats runs a side, alternating; $workers workers a stage"
 sec_rates=() plain_rates=() ratios=() challenges=()
+sec_cpu=() plain_cpu=() sec_ingress=() plain_ingress=() sec_wal=() plain_wal=()
 for ((r = 1; r <= repeats; r++)); do
     start_side secretary
     reset
     [ "${BENCH_STATEMENTS:-0}" = 1 ] && bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null && : >"$BENCH_DIR/locks"
     sleep 1
-    read -r rate accepted decided < <(measure)
+    read -r rate accepted decided cpu_stages cpu_ingress cpu_other wal < <(measure secretary)
     echo "run $r: secretary side's statements:" >>"$log"
     statements
     sent_challenges=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.secretary_challenge WHERE challenged_at IS NOT NULL")
     held=$(bench_psql -tA -c "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused' AND timeout = 'infinity'")
     sec_rates+=("$rate") challenges+=("$sent_challenges")
+    sec_cpu+=("$cpu_stages") sec_ingress+=("$cpu_ingress") sec_wal+=("$wal")
 
     start_side plain
     reset
     sleep 1
-    read -r rate_plain accepted_plain decided_plain < <(measure)
+    read -r rate_plain accepted_plain decided_plain cpu_stages_plain cpu_ingress_plain cpu_other_plain wal_plain < <(measure plain)
     plain_rates+=("$rate_plain")
+    plain_cpu+=("$cpu_stages_plain") plain_ingress+=("$cpu_ingress_plain") plain_wal+=("$wal_plain")
     ratios+=("$(ratio "$rate" "$rate_plain")")
     printf 'run %d: secretary %s msg/s (accepted after %s s, decided after %s s; %s held, %s challenges),' \
         "$r" "$rate" "$accepted" "$decided" "$held" "$sent_challenges" | tee -a "$log"
     printf ' plain %s msg/s (accepted after %s s, done after %s s), ratio %s\n' \
         "$rate_plain" "$accepted_plain" "$decided_plain" "${ratios[-1]}" | tee -a "$log"
+    printf '  CPU ms a message: stages+dispatch and their backends %s / %s, ingress and its backends %s / %s,' \
+        "$cpu_stages" "$cpu_stages_plain" "$cpu_ingress" "$cpu_ingress_plain" | tee -a "$log"
+    printf ' rest of the cluster %s / %s; WAL bytes a message %s / %s (secretary / plain)\n' \
+        "$cpu_other" "$cpu_other_plain" "$wal" "$wal_plain" | tee -a "$log"
 done
 
 printf '%-40s %10s msg/s (runs %s .. %s)\n' \
@@ -247,4 +353,12 @@ printf 'challenges sent a run: median %s (runs %s .. %s; expected %s: one a send
     "$((senders - (senders + 9) / 10))"
 printf 'ratio secretary/plain: median %s, runs %s .. %s (target: median >= 0.80)\n' \
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
+printf 'CPU ms a message, stages+dispatch and their backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
+    "$(bench_median "${sec_cpu[@]}")" "$(min "${sec_cpu[@]}")" "$(max "${sec_cpu[@]}")" \
+    "$(bench_median "${plain_cpu[@]}")" "$(min "${plain_cpu[@]}")" "$(max "${plain_cpu[@]}")"
+printf 'CPU ms a message, ingress and its backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
+    "$(bench_median "${sec_ingress[@]}")" "$(min "${sec_ingress[@]}")" "$(max "${sec_ingress[@]}")" \
+    "$(bench_median "${plain_ingress[@]}")" "$(min "${plain_ingress[@]}")" "$(max "${plain_ingress[@]}")"
+printf 'WAL bytes a message: secretary %s, plain %s (medians)\n' \
+    "$(bench_median "${sec_wal[@]}")" "$(bench_median "${plain_wal[@]}")"
 echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -739,6 +739,8 @@ stage_next_batch(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t max)
 
 	if (w->stage->load != PEPSI_LOAD_METADATA)
 		max = w->stage->batch_max > 1 && w->stage->batch_max < max ? w->stage->batch_max : 1;
+	else if (w->late_batch_cap != 0 && w->late_batch_cap < max)
+		max = w->late_batch_cap; /* the rest waits for the next batch (stage_late_fusion) */
 	while (!stage_next_line(w, line, sizeof(line)))
 	{
 		if (w->eof)

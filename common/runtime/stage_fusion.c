@@ -386,18 +386,42 @@ stage_late_fuse_group(struct stage_worker *w, struct pepsi_ctx **group, size_t n
 }
 
 /*
+ * The bound on the next body-free batches (w->late_batch_cap) from how
+ * this one's late fusion went: a batch that ran out of time left `left`
+ * of its count rows unfused, so the next take about as many as it fused
+ * in time (a group at least), each batch within its time again; a full
+ * batch that fused every row lets the bound grow by a group, until there
+ * is none.  A group at a time, not doubling: each time the bound grows
+ * past what fits, the batch's rows past the time advance unfused.
+ */
+static void
+stage_late_batch_cap(struct stage_worker *w, size_t count, size_t left)
+{
+	if (left > 0)
+		w->late_batch_cap = count - left > STAGE_LATE_LOAD_MAX ? count - left : STAGE_LATE_LOAD_MAX;
+	else if (w->late_batch_cap != 0 && count >= w->late_batch_cap)
+		w->late_batch_cap = w->late_batch_cap + STAGE_LATE_LOAD_MAX >= STAGE_BATCH_MAX
+								? 0
+								: w->late_batch_cap + STAGE_LATE_LOAD_MAX;
+}
+
+/*
  * The rows whose pass stopped for a successor that loads late: load their
  * columns, STAGE_LATE_LOAD_MAX rows a statement, and go on with their
  * passes (stage_late_fuse_group).  Once the batch has run
  * STAGE_LATE_FUSION_US, the rows left are committed as the plain advances
  * they are, for the successor's own workers: a batch of a body-free stage
- * may be long, and its rows are answered only when it ends.
+ * may be long, and its rows are answered only when it ends.  Such a batch
+ * bounds the next ones (stage_late_batch_cap), so that on a busy machine
+ * its rows are not left to be claimed, loaded and committed again.
  */
 void
 stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, double batch_started)
 {
 	struct pepsi_ctx *group[STAGE_LATE_LOAD_MAX];
 	size_t			  next = 0;
+	size_t			  left = 0;
+	bool			  waited = false;
 
 	for (;;)
 	{
@@ -406,9 +430,15 @@ stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count, 
 		for (; next < count && n < STAGE_LATE_LOAD_MAX; next++)
 			if (ctxs[next].awaiting_load && ctxs[next].error == NULL)
 				group[n++] = &ctxs[next];
+		waited = waited || n > 0;
 		if (n == 0 || !stage_late_fuse_group(w, group, n, batch_started))
 			break;
 	}
 	for (size_t i = 0; i < count; i++)
+	{
+		left += ctxs[i].awaiting_load && ctxs[i].error == NULL;
 		ctxs[i].awaiting_load = false;
+	}
+	if (waited)
+		stage_late_batch_cap(w, count, left);
 }

@@ -67,6 +67,13 @@ struct stage_worker
 	struct buf	  scratch[SCRATCH_COUNT];
 	pepsi_idle_fn idle[STAGE_IDLE_MAX]; /* pepsi_when_idle */
 	size_t		  nidle;
+	/*
+	 * The most ids a body-free batch takes while its late fusion runs out
+	 * of time (stage_late_fusion), 0 for no such bound: the rows past
+	 * STAGE_LATE_FUSION_US would otherwise advance unfused, to be claimed,
+	 * loaded and committed once more by their successor's workers.
+	 */
+	size_t late_batch_cap;
 	/* pepsi_prefetch_address_settings: address -> settings, for the rows of that generation */
 	json_t	*settings;
 	unsigned settings_generation;
