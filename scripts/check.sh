@@ -367,6 +367,9 @@ if [ -n "$all_taps" ]; then
     done | sort -rn >"$scratch/times"
     echo "== TAP files' wall and CPU times (seconds; all files: $(awk '{ w += $1; c += $2 } END { printf "%.0f wall, %.0f CPU", w, c }' "$scratch/times"))"
     head -n 25 "$scratch/times"
+    # TAP_TIMES_OUT: where to keep all of them (t/tap-times is refreshed
+    # from a full run's).
+    [ -z "${TAP_TIMES_OUT:-}" ] || cp "$scratch/times" "$TAP_TIMES_OUT"
 fi
 
 if [ -s "$failures" ]; then
