@@ -166,7 +166,14 @@ background=()
 TAP_SERIAL=${TAP_SERIAL-t/032_ingress_limits.pl t/041_dispatch_workers.pl t/046_dispatch_fair.pl
     t/047_dispatch_queue_reset.pl t/048_dispatch_light_lane.pl t/048_dispatch_light_rows.pl
     t/048_dispatch_no_starvation.pl t/070_dns.pl}
-TAP_JOBS=${TAP_JOBS:-2}
+# Three at a time: most files wait more than they compute (a daemon's
+# poll interval, a retry delay, a peer's reply delay, Patroni's failover),
+# so two at a time left about 40% of the two cores idle.  Measured as each
+# file's process-tree CPU (the times printed at the end; load changes it
+# little) against its wall time on a quiet machine (t/tap-times): the
+# longest eleven took 242 s of CPU in 400 s of wall, 0.6 cores each, so
+# three at a time fill the two cores and four only queue for them.
+TAP_JOBS=${TAP_JOBS:-3}
 # The order the files start in: the longest first, so that a pass does not
 # end on one of them alone while the other core idles (by t/tap-times,
 # their last measured times), and before those the files it does not
@@ -367,6 +374,9 @@ if [ -n "$all_taps" ]; then
     done | sort -rn >"$scratch/times"
     echo "== TAP files' wall and CPU times (seconds; all files: $(awk '{ w += $1; c += $2 } END { printf "%.0f wall, %.0f CPU", w, c }' "$scratch/times"))"
     head -n 25 "$scratch/times"
+    # TAP_TIMES_OUT: where to keep all of them (t/tap-times is refreshed
+    # from a full run's).
+    [ -z "${TAP_TIMES_OUT:-}" ] || cp "$scratch/times" "$TAP_TIMES_OUT"
 fi
 
 if [ -s "$failures" ]; then

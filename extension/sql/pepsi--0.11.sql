@@ -1549,8 +1549,11 @@ INSERT INTO pepsi.grant_owner (name) VALUES
     ('start_maintenance');
 INSERT INTO pepsi.grant_membership VALUES ('pepsi_httpd', 'pepsi_monitor'), ('pepsi_dispatch', 'pepsi_stage');
 
--- The policy as 0.1's functions gave it (grant_expected, grant_verify and
--- apply_grants read it through them).
+-- The policy as 0.1's functions gave it (apply_grants reads it through
+-- it).  grant_expected and grant_verify read pepsi.grant_rule itself: a
+-- function with a SET clause is never inlined, so each of their EXISTS
+-- and IN tests ran this one again and scanned every rule, some seven
+-- thousand times a call, where the table's primary key answers at once.
 CREATE FUNCTION pepsi.grant_policy()
 RETURNS TABLE (role name, object_kind text, object_name text, privileges text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -1585,10 +1588,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
         FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace
         UNION ALL
         SELECT 'pg_namespace'::regclass, 'pepsi'::regnamespace::oid, 'n', 'pepsi', 'schema', '{USAGE,CREATE}'),
-    roles AS (SELECT DISTINCT g.role FROM pepsi.grant_policy() g
+    roles AS (SELECT DISTINCT g.role FROM pepsi.grant_rule g
               WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = g.role))
     SELECT r.role, o.classid, o.objid, o.kind, a.privilege,
-           EXISTS (SELECT FROM pepsi.grant_policy() g
+           EXISTS (SELECT FROM pepsi.grant_rule g
                    WHERE (g.role = r.role
                           OR g.role IN (SELECT m.granted FROM pepsi.grant_membership m WHERE m.member = r.role))
                      AND g.object_kind = o.object_kind
@@ -1738,7 +1741,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     -- use a column if the policy grants it the table or the column.
     columns AS (
         SELECT r.role::text AS grantee, c.oid AS objid, a.attnum, p.privilege,
-               EXISTS (SELECT FROM pepsi.grant_policy() g
+               EXISTS (SELECT FROM pepsi.grant_rule g
                        WHERE (g.role = r.role
                               OR g.role IN (SELECT m.granted FROM pepsi.grant_membership m WHERE m.member = r.role))
                          AND g.object_kind = 'table' AND g.object_name = c.relname::text
@@ -1752,7 +1755,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
         FROM (SELECT DISTINCT g.object_name, g.privilege FROM pepsi.grant_column g) p
         JOIN pg_class c ON c.relnamespace = 'pepsi'::regnamespace AND c.relname = p.object_name
         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-        CROSS JOIN (SELECT DISTINCT g.role FROM pepsi.grant_policy() g
+        CROSS JOIN (SELECT DISTINCT g.role FROM pepsi.grant_rule g
                     WHERE EXISTS (SELECT FROM pg_roles x WHERE x.rolname = g.role)) r),
     acls AS (
         SELECT 'pg_class'::regclass AS classid, c.oid AS objid, 0 AS subid, c.relowner AS owner,
@@ -1774,18 +1777,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
         FROM acls x CROSS JOIN LATERAL aclexplode(x.acl) AS a
         WHERE a.grantee <> x.owner
           AND a.grantee NOT IN (SELECT r.oid FROM pg_roles r
-                                WHERE r.rolname IN (SELECT g.role FROM pepsi.grant_policy() g))),
+                                WHERE r.rolname IN (SELECT g.role FROM pepsi.grant_rule g))),
     unclassified AS (
         SELECT 'pg_class'::regclass AS classid, c.oid AS objid FROM pg_class c
         WHERE c.relnamespace = 'pepsi'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
           AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
                           AND d.objid = c.oid AND d.deptype = 'i')
-          AND c.relname NOT IN (SELECT g.object_name FROM pepsi.grant_policy() g)
+          AND c.relname NOT IN (SELECT g.object_name FROM pepsi.grant_rule g)
           AND c.relname NOT IN (SELECT * FROM pepsi.grant_owner_only())
         UNION ALL
         SELECT 'pg_proc'::regclass, p.oid FROM pg_proc p
         WHERE p.pronamespace = 'pepsi'::regnamespace AND p.prorettype <> 'trigger'::regtype
-          AND p.proname NOT IN (SELECT g.object_name FROM pepsi.grant_policy() g)
+          AND p.proname NOT IN (SELECT g.object_name FROM pepsi.grant_rule g)
           AND p.proname NOT IN (SELECT * FROM pepsi.grant_owner_only())),
     definers AS (
         SELECT p.oid AS objid, p.proname IN (SELECT * FROM pepsi.grant_definer_functions()) AS wanted,
@@ -1799,7 +1802,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     FROM columns c WHERE c.expected <> c.actual
     UNION ALL
     SELECT DISTINCT g.role::text, 'role ' || g.role, 'exists', true, false
-    FROM pepsi.grant_policy() g WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = g.role)
+    FROM pepsi.grant_rule g WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = g.role)
     UNION ALL
     SELECT s.grantee, pepsi.grant_object_name(s.classid, s.objid, s.subid), s.privilege, false, true
     FROM strangers s
@@ -1808,7 +1811,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
     FROM unclassified u
     UNION ALL
     SELECT DISTINCT NULL, g.object_kind || ' pepsi.' || g.object_name, 'exists', true, false
-    FROM pepsi.grant_policy() g
+    FROM pepsi.grant_rule g
     WHERE CASE WHEN g.object_kind = 'function'
                THEN NOT EXISTS (SELECT FROM pg_proc p WHERE p.pronamespace = 'pepsi'::regnamespace
                                 AND p.proname = g.object_name)
