@@ -60,6 +60,9 @@
 #include "message/securelink.h"
 #include "runtime/stage.h"
 
+/* The most rows an encrypting worker takes at once of those waiting (as dkim-sign's batch). */
+#define ENCRYPT_BATCH_MAX 16
+
 int pepsi_stage_encrypt_main(int argc, char **argv);
 
 enum encrypt_policy
@@ -619,6 +622,13 @@ const struct pepsi_stage pepsi_stage_encrypt_stage = {
 	.load = PEPSI_LOAD_FULL,
 	.run = encrypt_run,
 	.conninfo_section = "crypto",
+	/*
+	 * The rows waiting are encrypted one after another and committed
+	 * together, as dkim-sign's: one load and one commit (one WAL flush) for
+	 * up to ENCRYPT_BATCH_MAX messages rather than one of each a message,
+	 * which was about a quarter of a message's time in bench/crypto.
+	 */
+	.batch_max = ENCRYPT_BATCH_MAX,
 };
 
 int
