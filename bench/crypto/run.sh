@@ -99,6 +99,19 @@
 # set-up in Botan first, which only another librnp could spare.  The
 # rest of the backend's time is the queue's commit (workqueue_commit:
 # the body's copy-on-write, its TOAST, the WAL flush), as every stage's.
+# That commit was once a message: the stage now takes up to 16 waiting
+# rows at once and commits them together (as dkim-sign), and the load of
+# one row by id keeps its generic plan (the stage runtime's, from the
+# bench/list work, with the fusion tests' counts brought along).
+# Measured at ba4d206, 06:52-06:53 UTC, nothing else running (load 1.5),
+# BENCH_MESSAGES=300, 5 rounds, medians (min..max), msg/s:
+#   ed25519: stage 320.24 (285.81..325.93), gpg 36.29 (33.18..37.36):
+#            ratio 8.82
+#   rsa3072: stage 211.37 (180.50..232.24), gpg 40.44 (35.81..41.39):
+#            ratio 5.23 (the rounds 5.53, 5.66, 5.76, 4.48, 5.23)
+# Main before this day's changes (7ba48ec), 05:12 UTC, the same quiet:
+# ed25519 250.39 (210.15..280.10) against gpg 44.10, 5.68; rsa3072
+# 174.90 (148.79..180.23) against gpg 43.88, 3.99.
 #
 # Knobs: BENCH_REPS (5), BENCH_MESSAGES (50), BENCH_SIZE (20480),
 # BENCH_KEYS ("ed25519 rsa3072"), BENCH_BEFORE_BIN (unset).  Needs the extension with the key store
