@@ -77,6 +77,17 @@
 # four index entries), its secretary_held row, and a tenth of a
 # challenge (a new message, injected and discarded).
 #
+# Quiet runs, 2026-12-07, everything else paused or stopped, 5 rounds:
+#   7ba48ec (05:27-05:31): secretary 773.7 msg/s (703.9..804.1), plain
+#     945.9 (925.8..1024.7), ratio median 0.78 (0.74..0.87)
+#   ba4d206 (06:54-06:59, with the late-fusion bound): secretary 645.2
+#     (589.7..703.7), plain 747.0 (541.6..894.2), ratio median 0.79
+#     (0.78, 0.79, 0.79, 0.90, 1.12); CPU ms a message, secretary /
+#     plain: stages and dispatch with their backends 0.928 / 0.425 in
+#     round 1, ingress and its backends 0.869 / 0.993.  Both sides ran
+#     slower than at 05:27 (the per-process CPU sampling runs beside them
+#     now; not separated), and the target (0.80) is still missed.
+#
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
 # PostgreSQL of PGBIN.
