@@ -145,7 +145,7 @@ background=()
 # test), the others against the optimised build.  Every process writes its
 # sanitizer reports to san-reports/ rather than to a stderr the test may
 # swallow.  The files run $TAP_JOBS at a time, then those of $TAP_SERIAL
-# one at a time, then the root ones $TAP_JOBS at a time.
+# one at a time, then the root ones $TAP_ROOT_JOBS at a time.
 #
 # TAP_SERIAL: the files whose assertions load can fail (an upper bound on
 # a time, which load stretches), run alone and against the optimised
@@ -174,6 +174,7 @@ TAP_SERIAL=${TAP_SERIAL-t/032_ingress_limits.pl t/041_dispatch_workers.pl t/046_
 # longest eleven took 242 s of CPU in 400 s of wall, 0.6 cores each, so
 # three at a time fill the two cores and four only queue for them.
 TAP_JOBS=${TAP_JOBS:-3}
+TAP_ROOT_JOBS=${TAP_ROOT_JOBS:-1}
 # The order the files start in: the longest first, so that a pass does not
 # end on one of them alone while the other core idles (by t/tap-times,
 # their last measured times), and before those the files it does not
@@ -317,12 +318,15 @@ if [ -n "$all_taps" ]; then
     background=()
     echo "== TAP: $(echo -n "$serial" | grep -c .) files one at a time ($(elapsed))"
     (cd "$scratch" && printf '%s' "$serial" | xargs -r -P 1 -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
-    # The root files last, $TAP_JOBS at a time: none measures time, and
-    # each adds system users and groups of its own names (a tag of its
-    # own, t/lib/RootTest.pm).  After the others, as the port reservations
-    # they leave are root's, which the unprivileged user cannot take over.
-    echo "== TAP: $(echo -n "$root_serial" | grep -c .) root files $TAP_JOBS at a time ($(elapsed))"
-    (cd "$scratch" && printf '%s' "$root_serial" | xargs -r -P "$TAP_JOBS" -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
+    # The root files last, $TAP_ROOT_JOBS at a time (one by default):
+    # they change the host itself (system users and groups, make install
+    # into images whose accounts stand in for the host's), and at three at
+    # a time t/137_install_layout.pl found the helpers' groups missing
+    # while others ran; one at a time costs about 40 s.  After the others,
+    # as the port reservations they leave are root's, which the
+    # unprivileged user cannot take over.
+    echo "== TAP: $(echo -n "$root_serial" | grep -c .) root files $TAP_ROOT_JOBS at a time ($(elapsed))"
+    (cd "$scratch" && printf '%s' "$root_serial" | xargs -r -P "$TAP_ROOT_JOBS" -L 1 "$top/scripts/tap-file.sh" "$scratch/tap-out")
     echo "== TAP: done ($(elapsed))"
 fi
 [ ${#background[@]} -gt 0 ] && wait "${background[@]}"
