@@ -504,7 +504,7 @@ stage_exec_load(struct stage_worker *w, bool late, enum pepsi_load level, const 
 	}
 	if (w->pooled)
 		return PQexecParams(w->conn, sql, 1, NULL, values, NULL, NULL, format);
-	return PQexecPrepared(w->conn, name, 1, values, NULL, NULL, format);
+	return db_exec_prepared(w->conn, name, sql, 1, values, NULL, NULL, format);
 }
 
 /* Load every id of the batch in one statement (binary results: raw text and bytes). */
