@@ -105,10 +105,13 @@
 # which only another librnp could spare.  The
 # rest of the backend's time is the queue's commit (workqueue_commit:
 # the body's copy-on-write, its TOAST, the WAL flush), as every stage's.
-# That commit was once a message: the stage now takes up to 16 waiting
-# rows at once and commits them together (as dkim-sign), and the load of
-# one row by id keeps its generic plan (the stage runtime's, from the
-# bench/list work, with the fusion tests' counts brought along).
+# The stage now takes up to 16 waiting rows at once (as dkim-sign): one
+# load for them all; each outcome is still a commit of its own (an
+# encrypted body changes the row, which no arrayed commit takes), made
+# with what the stage wrote for the message (a key request, a portal
+# link: it stands or falls with it).  And the load of one row by id keeps
+# its generic plan (the stage runtime's, from the bench/list work, with
+# the fusion tests' counts brought along).
 # Measured at ba4d206, 06:52-06:53 UTC, nothing else running (load 1.5),
 # BENCH_MESSAGES=300, 5 rounds, medians (min..max), msg/s:
 #   ed25519: stage 320.24 (285.81..325.93), gpg 36.29 (33.18..37.36):

@@ -962,8 +962,13 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		stage_load(&w, ctxs, count);
 		stage_prepare(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)
+		{
 			if (ctxs[i].error == NULL)
 				stage_run_pass(&ctxs[i]);
+			/* Its stage's writes are in the session's transaction: commit it now, before the next. */
+			if (ctxs[i].own_transaction)
+				stage_commit_with_writes(&ctxs[i]);
+		}
 		stage_late_fusion(&w, ctxs, count, started);
 		stage_commit_all(&w, ctxs, count);
 		stage_write_status(&w, ctxs, count);
