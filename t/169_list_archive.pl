@@ -25,112 +25,52 @@ use Test::More;
 
 use DeliveryTest;
 use DispatchTest;
+use ListTest qw(list_setup list_start list_stop post rcpt_taken why_not);
 use PepsiTest;
-use SmtpClient;
-use TestDNS;
 
 plan skip_all => 'pepsi-ingress is not built' unless -x pepsi_bin('pepsi-ingress');
 plan skip_all => 'mhonarc and mlmmj are needed' unless -x '/usr/bin/mhonarc' && -x '/usr/bin/mlmmj-receive';
 
 my $db = 'postgres';
-my $node = delivery_node('archive');
-my $tmp = PostgreSQL::Test::Utils::tempdir();
+my $l = list_setup('archive');
+my ($node, $tmp, $dns, $peer, $http_port, $config) = @$l{qw(node tmp dns peer http_port config)};
 sub sql { return $node->safe_psql($db, shift) }
-
-my $dns = TestDNS->new($tmp);
-$dns->zone(<<'ZONE');
-1.0.0.127.in-addr.arpa. 300 IN PTR mx.client.test.
-mx.client.test. 300 IN A 127.0.0.1
-client.test. 300 IN TXT "v=spf1 ip4:127.0.0.1 -all"
-_dmarc.client.test. 300 IN TXT "v=DMARC1; p=none"
-ZONE
-my $peer = start_peer();
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $http_port = PostgreSQL::Test::Cluster::get_free_port();
-my $secret = 'web-secret';
-$node->safe_psql($db, "CREATE ROLE web LOGIN PASSWORD '$secret' IN ROLE pepsi_httpd");
-my $conninfo = 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
-my $config = write_config($node,
-	pepsi => { HOSTNAME => 'mx.pepsi.test', LOCAL_DOMAINS => 'lists.test', DNS_FORWARDER => $dns->forwarder,
-		DNS_TIMEOUT => '4s' },
-	dispatch => { WORKER_IDLE_TIMEOUT => '30s' },
-	stages => <<"CONF");
-[stage-init]
-PROGRAM = pepsi-stage-list
-NEXT_STAGE = smarthost
-REPLY_STAGE = smarthost
-[stage-smarthost]
-PROGRAM = pepsi-stage-relay-to-smarthost
-SMARTHOST = 127.0.0.1:$peer->{port}
-TLS = none
-TIMEOUT = 10s
-CONNECT_TIMEOUT = 5s
-RETRY_BASE = 1s
-RETRY_MAX = 2s
-[ingress]
-AUTHSERV_ID = mx.pepsi.test
-DISPATCH_WAKE_INTERVAL = 10ms
-[listener-smtp]
-ADDRESS = 127.0.0.1
-PORT = $port
-[httpd]
-ADDRESS = 127.0.0.1
-PORT = $http_port
-CONNINFO = $conninfo user=web password=$secret
-CONF
-chmod 0600, $config or die "chmod $config: $!";
 
 my $list = sql("SELECT pepsi.list_create('dev\@lists.test', 'owner\@lists.test', 'Developers')");
 sql("SELECT pepsi.list_configure($list, 'posting_policy', 'open'), pepsi.list_member_add($list, 'bob\@one.test'),"
 	  . " pepsi.list_member_add($list, 'carol\@two.test')");
 sql("SELECT pepsi.archive_policy_set($list, 'max_attachment', '2000')");
 
-my $ingress = start_ingress($config, $port, "$tmp/ingress.log");
-my $d = start_dispatcher($config);
+list_start();
+my $d = $l->{d};
+# Ingress takes mail for lists.test's addresses it knows: the list's, once it has read them.
+ok(poll_until(sub { rcpt_taken('dev@lists.test') }, 60), 'ingress knows the list');
 
-sub post
-{
-	my ($message) = @_;
-	$message =~ s/(?<!\r)\n/\r\n/g;
-	my $c = SmtpClient->new($port);
-	$c->command('EHLO mx.client.test');
-	$c->command('MAIL FROM:<alice@client.test>');
-	my $rcpt = $c->command('RCPT TO:<dev@lists.test>');
-	$c->command('DATA');
-	(my $text = $message) =~ s/^\./../mg;
-	$c->send("$text\r\n.\r\n");
-	my $data = $c->reply(30);
-	$c->command('QUIT');
-	$c->close;
-	return $data;
-}
-sub settled { return poll_until(sub { queue_count($node) == 0 }, 60) }
-sub why_not
-{
-	diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
-		"\n", join("\n", grep { /list|archive|error|warn/i } split /\n/, dispatcher_log($d)));
-}
+# A post of $message to dev@lists.test through ingress: the reply to its DATA.
+sub post_message { return (post(raw => $_[0]))[1] }
+# Every row gone, a held one too (ListTest's settled leaves those).
+sub drained { return poll_until(sub { queue_count($node) == 0 }, 60) }
 sub message { my ($id, $subject, $extra, $text) = @_;
 	return "From: Alice <alice\@client.test>\nTo: dev\@lists.test\nSubject: $subject\n"
 	  . ($id ? "Message-ID: <$id>\n" : '') . ($extra // '') . "Date: Sun, 6 Dec 2026 12:00:00 +0000\n\n"
 	  . ($text // "Hello.\n") }
 
 # 1. Posts through the pipeline; the reply comes before its parent.
-like(post(message('root@client.test', 'Quokka plans', '', "The wombat is ready.\n")), qr/^250 /, 'a post');
+like(post_message(message('root@client.test', 'Quokka plans', '', "The wombat is ready.\n")), qr/^250 /, 'a post');
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '1' }, 60), 'it is archived') or why_not();
-ok(settled(), 'delivered') or why_not();
+ok(drained(), 'delivered') or why_not();
 is(sql("SELECT count(*) FROM pepsi.workqueue_body"), '0', 'the queue keeps no body once delivered');
 sql("SELECT pepsi.workqueue_body_gc()");
 my $archived = sql("SELECT convert_from(raw, 'UTF8') FROM pepsi.archive_message WHERE message_id = 'root\@client.test'");
 like($archived, qr/The wombat is ready\./, 'the archive\'s own copy outlives the body collector');
 like($archived, qr/^List-Id: .*dev\.lists\.test/m, 'the copy as the list sent it');
-like(post(message('late@client.test', 'Re: Quokka plans',
+like(post_message(message('late@client.test', 'Re: Quokka plans',
 	"In-Reply-To: <middle\@client.test>\nReferences: <root\@client.test> <middle\@client.test>\n")), qr/^250 /,
 	'a reply to a reply not yet seen');
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '2' }, 60), 'archived') or why_not();
 is(sql("SELECT parent_id = (SELECT id FROM pepsi.archive_message WHERE message_id = 'root\@client.test')"
 		. " FROM pepsi.archive_message WHERE message_id = 'late\@client.test'"), 't', 'under the root for now');
-post(message('middle@client.test', 'Re: Quokka plans',
+post_message(message('middle@client.test', 'Re: Quokka plans',
 	"In-Reply-To: <root\@client.test>\nReferences: <root\@client.test>\n"));
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '3' }, 60), 'the middle one comes')
   or why_not();
@@ -143,9 +83,9 @@ is(sql("SELECT count(*) FROM pepsi.archive_search($list, 'quokka')"), '3', 'and 
 
 # 2. Bad input: no Message-Id, broken MIME, an attachment over the limit.
 my $big = ('A' x 76 . "\n") x 60;
-like(post(message(undef, 'Broken', "MIME-Version: 1.0\nContent-Type: multipart/mixed\n", "no boundary here\n")),
+like(post_message(message(undef, 'Broken', "MIME-Version: 1.0\nContent-Type: multipart/mixed\n", "no boundary here\n")),
 	qr/^250 /, 'a post without Message-Id, its multipart without a boundary');
-like(post(message('big@client.test', 'Big', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
+like(post_message(message('big@client.test', 'Big', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
 	"--b\nContent-Type: text/plain\n\nsee attached\n--b\nContent-Type: text/html\nContent-Disposition: attachment;"
 	  . " filename=\"a.html\"\nContent-Transfer-Encoding: base64\n\n$big--b--\n")), qr/^250 /, 'a post with a big attachment');
 # The list stage holds a post with broken MIME for its moderators (its
@@ -158,7 +98,7 @@ ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held h WHERE h.subject 
 	'the broken post is held for the moderators') or why_not();
 sql("SELECT pepsi.list_decide((SELECT id FROM pepsi.list_held WHERE subject = 'Broken'), 'approve', NULL)");
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '5' }, 60), 'both archived') or why_not();
-ok(settled(), 'and delivered') or why_not();
+ok(drained(), 'and delivered') or why_not();
 like(sql("SELECT array_to_string(problems, '; ') FROM pepsi.archive_message WHERE subject = 'Broken'"),
 	qr/^broken MIME: a multipart\/mixed without a boundary$/, 'the reason is kept');
 ok(file_shows($d->{log}, qr/the post from <alice\@client\.test> has no Message-ID: given one/),
@@ -168,7 +108,7 @@ is(sql("SELECT count(*) FROM pepsi.event_log WHERE action = 'archive_problem'"),
 is(sql("SELECT count(*) FROM pepsi.archive_search($list, 'boundary')"), '1', 'the broken post is searchable');
 
 # 3. The pages (pepsi-httpd), in Chromium; an HTML attachment is a download.
-like(post(message('att@client.test', 'Page', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
+like(post_message(message('att@client.test', 'Page', "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"b\"\n",
 	"--b\nContent-Type: text/plain\n\nsee the page\n--b\nContent-Type: text/html\nContent-Disposition: attachment;"
 	  . " filename=\"page.html\"\n\n<script>alert(1)</script>\n--b--\n")), qr/^250 /, 'a post with an HTML attachment');
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.archive_message") eq '6' }, 60), 'archived') or why_not();
@@ -194,7 +134,7 @@ like($http->get("$base/archive/dev\@lists.test/search?q=%3Cscript%3E")->{content
 # owner's moderation needs the session's CSRF token.
 sql("SELECT pepsi.archive_policy_set($list, 'visibility', 'private'), pepsi.list_configure($list, 'posting_policy', 'moderated')");
 is($http->get("$base/archive/dev\@lists.test/")->{status}, 403, 'a private archive needs a login');
-like(post(message('held@client.test', 'Held for the owner')), qr/^250 /, 'a post to hold');
+like(post_message(message('held@client.test', 'Held for the owner')), qr/^250 /, 'a post to hold');
 ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.list_held WHERE decision IS NULL") eq '1' }, 60), 'held')
   or why_not();
 sub login_link
@@ -390,8 +330,6 @@ append_to_file("$tmp/bad.mbox", "not an mbox\n");
 ok(!IPC::Run::run([ @cli, 'import', 'old@lists.test', "$tmp/bad.mbox" ], '>', \$out, '2>', \$err), 'a bad file');
 like($err, qr/not an mbox: the first line is not a "From " line/, 'is refused, named');
 
-stop_dispatcher($d);
-kill 'TERM', $ingress->{pid};
-waitpid $ingress->{pid}, 0;
+list_stop();
 $dns->stop;
 done_testing();

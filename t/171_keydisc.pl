@@ -62,13 +62,13 @@ $dns->zone("openpgpkey.example.test. 300 IN A 127.0.0.1\n"
 # ALLOW_PRIVATE_ADDRESSES: $conf allows it, $strict (the default) not.
 sub keydisc_config
 {
-	my ($name, $allow) = @_;
+	my ($name, $allow, $encrypt_more) = @_;
 	return stage_config($node, $name,
 	sprintf("[pepsi]\nDNS_FORWARDER = %s\n[crypto]\nCONNINFO = host=%s port=%d dbname=postgres user=crypto\n"
 		  . "[keydisc]\nTLS_CA_FILE = $https->{ca}\nHTTPS_PORT = %d\nMAX_KEY_SIZE = 4k\nNEGATIVE_CACHE = 1h\n"
 		  . "HTTPS_TIMEOUT = 20s\n" . ($allow ? "ALLOW_PRIVATE_ADDRESSES = yes\n" : '')
 		  . "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = sent\nPOLICY = required\n"
-		  . "KEYDISC = required\nBOUNCE_STAGE = bounced\n"
+		  . "KEYDISC = required\nBOUNCE_STAGE = bounced\n" . ($encrypt_more // '')
 		  . "[stage-sent]\nPROGRAM = pepsi-stage-discard\n[stage-bounced]\nPROGRAM = pepsi-stage-discard\n",
 		$dns->forwarder, $node->host, $node->port, $https->{port}));
 }
@@ -152,6 +152,46 @@ ok(sq("SELECT negative_until > now() + interval '50 minutes' FROM pepsi.key_requ
 }
 ($rc, $out, $err) = keydisc();
 is($out, '', 'a second run has nothing to ask');
+
+# A batch (the stage takes up to 16 waiting rows at once) whose outcomes
+# do not all commit: what the stage wrote for a message (its portal link,
+# its key request) is committed with the message's outcome or not at all.
+# Of four messages fed at once, two come with a claim that has gone stale
+# (the row requeued by an operator and claimed again meanwhile: the
+# commit's guard refuses the old claim token): to nobody (in the negative
+# cache, so NO_KEY = portal seals it for the portal) and to quinn (parked
+# for key discovery).  Their commits fail, and with them their link and
+# request; the other two, to nobody and to pat, commit theirs.
+{
+	my $portal = keydisc_config('pepsi-portal.conf', 1,
+		"NO_KEY = portal\nPORTAL_URL = https://portal.example.org\nPORTAL_ADDRESS = secure\@example.org\n");
+	my $links = sq('SELECT count(*) FROM pepsi.secure_link');
+	my $sealed = encrypt_row('nobody@example.test');
+	my $moved_sealed = encrypt_row('nobody@example.test');
+	my $parked = encrypt_row('pat@example.test');
+	my $moved_parked = encrypt_row('quinn@example.test');
+	my $stale = '00000000-0000-4000-8000-000000000000';
+	my %before = map { $_ => row_snapshot($node, $_) } $moved_sealed, $moved_parked;
+	my $r = run_worker(worker_cmd('pepsi-stage-encrypt', $portal),
+		"$sealed\n$moved_sealed $stale\n$parked\n$moved_parked $stale\n");
+	is(scalar(@{ $r->{status} }), 4, 'the worker answers the four') or diag($r->{stderr});
+	is_deeply([ map { (split / /, $_)[0] } @{ $r->{status} } ], [ 0, 1, 0, 1 ],
+		'the two whose claim went stale fail, the others go on');
+	like($r->{status}[1], qr/commit of row $moved_sealed failed/, 'the stale message\'s outcome is not committed');
+	like($r->{status}[3], qr/commit of row $moved_parked failed/, 'nor the other\'s');
+	my $row = row_json($node, $sealed);
+	is($row->{stage} . ' ' . $row->{state}{encrypt}{result}, 'sent portal', 'the first is sealed for the portal');
+	is(sq('SELECT count(*) FROM pepsi.secure_link') - $links, 1, 'one portal link is made, not two');
+	is(sq("SELECT count(*) FROM pepsi.secure_link WHERE id = $row->{state}{encrypt}{secure_link}"), '1',
+		'the committed notice\'s own');
+	is(sq("SELECT count(*) FROM pepsi.event_log WHERE action = 'secure_link_stored'"), '1',
+		'and only it is in the audit log');
+	is(row_json($node, $parked)->{status}, 'paused', 'the message to pat parks');
+	is(sq("SELECT string_agg(address, ' ' ORDER BY address) FROM pepsi.key_request"
+		  . " WHERE address IN ('pat\@example.test', 'quinn\@example.test')"), 'pat@example.test',
+		'a key request for pat, none for quinn');
+	is(row_snapshot($node, $_), $before{$_}, "the stale claim's row $_ is left as it was") for sort keys %before;
+}
 
 # A hostile DNS answer points WKD at the machine itself: refused by
 # default (ALLOW_PRIVATE_ADDRESSES off), where it connects, with the

@@ -5,7 +5,9 @@
 # the keys it read, yet a key replaced in the database, or changed in place
 # (revoked), is the one it uses for the next message; a key row that does
 # not read refuses that message with the reason, never sending it in clear;
-# a worker whose session ends connects again and goes on.
+# a worker whose session ends connects again and goes on, and one whose
+# session loses the key store's prepared reads reads plainly and prepares
+# them again.
 
 use strict;
 use warnings FATAL => 'all';
@@ -165,6 +167,54 @@ for my $case ([ 'Curve25519', 'bob@example.net', $bob, $bob_sub ], [ 'RSA-3072',
 		[ 'encrypted', $alice, [$rita] ], 'in its new session the worker reads the keys again: encrypted and signed');
 	($id, $row) = encrypt_one('rita@example.net');
 	is($row->{state}{encrypt}{result}, 'encrypted', 'and the next message too');
+}
+
+# The session loses the key store's statements (as DEALLOCATE or DISCARD
+# ALL, or a pooler's other server session, would): the next message's
+# reads, answered that the statement does not exist (26000), go as plain
+# statements and the message is encrypted all the same; the one after
+# prepares them again (runtime/db.c keeps which the session holds).  A
+# trigger on the queue, run in the worker's session as it commits each
+# message, notes which of them the session holds and, while armed,
+# deallocates them.
+$node->safe_psql($db, q{
+CREATE TABLE public.keystore_held (message bigint, statements text);
+CREATE TABLE public.keystore_drop (armed boolean NOT NULL);
+INSERT INTO public.keystore_drop VALUES (true);
+CREATE FUNCTION public.keystore_session() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    held text[] := ARRAY(SELECT name FROM pg_prepared_statements WHERE name LIKE 'pepsi\_keystore\_%' ORDER BY name);
+    name text;
+BEGIN
+    IF session_user <> 'crypto' THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO public.keystore_held VALUES (NEW.id, array_to_string(held, ' '));
+    IF (SELECT armed FROM public.keystore_drop) THEN
+        FOREACH name IN ARRAY held LOOP
+            EXECUTE format('DEALLOCATE %I', name);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER keystore_session AFTER UPDATE ON pepsi.workqueue FOR EACH ROW EXECUTE FUNCTION public.keystore_session();
+});
+{
+	my $held = sub {
+		$node->safe_psql($db, "SELECT coalesce(string_agg(DISTINCT statements, ','), 'no commit seen') FROM public.keystore_held"
+			  . " WHERE message = $_[0]");
+	};
+	my ($first) = encrypt_one('rita@example.net');
+	like($held->($first), qr/(^| )pepsi_keystore_peer( |$)/, 'the worker\'s session holds the key store\'s reads, prepared');
+	my ($id, $row) = encrypt_one('rita@example.net');
+	is_deeply([ @{ $row->{state}{encrypt} }{qw(result signed_by)}, $row->{state}{encrypt}{keys} ],
+		[ 'encrypted', $alice, [$rita] ], 'the session lost them: the reads go plainly, encrypted and signed all the same');
+	is($held->($id), '', 'and are not prepared again while the statement fails');
+	$node->safe_psql($db, 'UPDATE public.keystore_drop SET armed = false');
+	($id, $row) = encrypt_one('rita@example.net');
+	is($row->{state}{encrypt}{result}, 'encrypted', 'the next message is encrypted');
+	is($held->($id), $held->($first), 'its reads prepared again in the session');
+	$node->safe_psql($db, 'DROP TRIGGER keystore_session ON pepsi.workqueue');
 }
 
 # Bob's key replaced in the database while the worker holds the old one.

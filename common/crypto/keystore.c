@@ -7,6 +7,7 @@
 
 #include "crypto/keystore.h"
 #include "crypto/pgpsession.h"
+#include "runtime/db.h"
 
 /* A bytea column of a binary result into out. */
 static void
@@ -17,16 +18,15 @@ keystore_bytes(PGresult *res, int row, int col, struct buf *out)
 }
 
 /*
- * The key store's reads, prepared once per session.  A crypto stage reads
- * a message's keys for every message (a key revoked or replaced in the
- * database counts from the next message on: nothing is cached from the
- * rows); sent as unnamed statements, pepsi-stage-encrypt's two reads were
- * parsed and planned afresh for every message (bench/crypto's profile).
- * The statements are prepared on the first use in a session (a new
- * connection, or the same one reset, starts again); where preparing or a
- * prepared statement fails (a session that lost it, a pooler between) the
- * read goes as a plain statement, as before.  The crypto stages connect
- * directly ([crypto] CONNINFO, never a pooler): see stage.c.
+ * The key store's reads, prepared once per session (db_exec_prepared).  A
+ * crypto stage reads a message's keys for every message (a key revoked or
+ * replaced in the database counts from the next message on: nothing is
+ * cached from the rows); sent as unnamed statements, pepsi-stage-encrypt's
+ * two reads were parsed and planned afresh for every message
+ * (bench/crypto's profile).  db.c prepares each on its first use in a
+ * session and sends it plainly where preparing failed or the session lost
+ * it.  The crypto stages connect directly ([crypto] CONNINFO, never a
+ * pooler): see stage.c.
  */
 enum keystore_statement
 {
@@ -62,56 +62,12 @@ static const struct
 					   2},
 };
 
-/* The session the statements were prepared in, and which are. */
-static struct
-{
-	const PGconn *conn;
-	int			  backend_pid;
-	bool		  prepared[KEYSTORE_STATEMENTS];
-	bool		  refused; /* preparing failed in this session: plain statements */
-} keystore_session;
-
-/* Run statement which (binary results), prepared when the session takes it. */
+/* Run statement which, with binary results. */
 static PGresult *
 keystore_exec(PGconn *conn, enum keystore_statement which, const char *const *values)
 {
-	const char *name = keystore_statements[which].name;
-	const char *sql = keystore_statements[which].sql;
-	int			nparams = keystore_statements[which].nparams;
-	PGresult   *res;
-
-	if (keystore_session.conn != conn || keystore_session.backend_pid != PQbackendPID(conn))
-	{
-		memset(&keystore_session, 0, sizeof(keystore_session));
-		keystore_session.conn = conn;
-		keystore_session.backend_pid = PQbackendPID(conn);
-	}
-	if (!keystore_session.prepared[which] && !keystore_session.refused
-		&& PQtransactionStatus(conn) == PQTRANS_IDLE)
-	{
-		const char *state;
-
-		res = PQprepare(conn, name, sql, nparams, NULL);
-		state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		/* 42P05: prepared already (by this code: the names are the key store's). */
-		keystore_session.prepared[which] = PQresultStatus(res) == PGRES_COMMAND_OK
-										   || (state && strcmp(state, "42P05") == 0);
-		keystore_session.refused = !keystore_session.prepared[which];
-		PQclear(res);
-	}
-	if (!keystore_session.prepared[which])
-		return PQexecParams(conn, sql, nparams, NULL, values, NULL, NULL, 1);
-	res = PQexecPrepared(conn, name, nparams, values, NULL, NULL, 1);
-	if (PQresultStatus(res) == PGRES_FATAL_ERROR && PQresultErrorField(res, PG_DIAG_SQLSTATE)
-		&& strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE), "26000") == 0
-		&& PQtransactionStatus(conn) == PQTRANS_IDLE)
-	{
-		/* The session lost it (DISCARD ALL, say): plainly this time, prepared again next time. */
-		keystore_session.prepared[which] = false;
-		PQclear(res);
-		res = PQexecParams(conn, sql, nparams, NULL, values, NULL, NULL, 1);
-	}
-	return res;
+	return db_exec_prepared(conn, keystore_statements[which].name, keystore_statements[which].sql,
+							keystore_statements[which].nparams, values, NULL, NULL, 1);
 }
 
 /* address's identity row of protocol: fingerprint, public_key and, when sealed, private_wrapped and kek_id. */

@@ -205,13 +205,12 @@ db_backoff(int attempt)
 
 static PGresult *
 db_retry(PGconn *conn, const char *sql, const char *name, int nparams, const char *const *values,
-		 const int *lengths, const int *formats)
+		 const int *lengths, const int *formats, int result_format)
 {
 	for (int attempt = 1;; attempt++)
 	{
-		PGresult *res = name
-							? PQexecPrepared(conn, name, nparams, values, lengths, formats, 0)
-							: PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
+		PGresult *res = name ? PQexecPrepared(conn, name, nparams, values, lengths, formats, result_format)
+							 : PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, result_format);
 
 		if (!db_error_is_transient(res) || attempt == DB_TRANSIENT_ATTEMPTS
 			|| PQtransactionStatus(conn) != PQTRANS_IDLE)
@@ -225,14 +224,140 @@ db_retry(PGconn *conn, const char *sql, const char *name, int nparams, const cha
 PGresult *
 db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values)
 {
-	return db_retry(conn, sql, NULL, nparams, values, NULL, NULL);
+	return db_retry(conn, sql, NULL, nparams, values, NULL, NULL, 0);
+}
+
+/*
+ * The statements each session holds (db.h).  A few sessions, the most
+ * recently used kept: a process has one connection or two; a session
+ * dropped from the table, or whose connection was reset or replaced (a
+ * new backend pid), starts again from nothing.
+ */
+#define DB_SESSIONS 4
+
+struct db_session
+{
+	const PGconn *conn;
+	int			  backend_pid;
+	unsigned long used;	   /* for replacing the least recently used */
+	bool		  refused; /* preparing failed in this session: plain statements */
+	char		**names;   /* the statements it holds */
+	size_t		  count;
+};
+
+static struct db_session db_sessions[DB_SESSIONS];
+
+static void
+db_session_clear(struct db_session *s)
+{
+	for (size_t i = 0; i < s->count; i++)
+		free(s->names[i]);
+	free(s->names);
+	memset(s, 0, sizeof(*s));
+}
+
+/* conn's session: found, or made in the place of the least recently used. */
+static struct db_session *
+db_session_of(PGconn *conn)
+{
+	static unsigned long clock;
+	struct db_session	*s = &db_sessions[0];
+	int					 pid = PQbackendPID(conn);
+
+	for (int i = 0; i < DB_SESSIONS; i++)
+		if (db_sessions[i].conn == conn)
+		{
+			s = &db_sessions[i];
+			break;
+		}
+		else if (db_sessions[i].used < s->used)
+			s = &db_sessions[i];
+	if (s->conn != conn || s->backend_pid != pid)
+	{
+		db_session_clear(s);
+		s->conn = conn;
+		s->backend_pid = pid;
+	}
+	s->used = ++clock;
+	return s;
+}
+
+static size_t
+db_session_find(const struct db_session *s, const char *name)
+{
+	size_t i = 0;
+
+	while (i < s->count && strcmp(s->names[i], name) != 0)
+		i++;
+	return i;
+}
+
+static void
+db_session_holds(struct db_session *s, const char *name, bool holds)
+{
+	size_t i = db_session_find(s, name);
+
+	if (holds && i == s->count)
+	{
+		char **names = realloc(s->names, (s->count + 1) * sizeof(*names));
+		char  *copy = strdup(name);
+
+		if (names == NULL || copy == NULL)
+		{
+			/* Not noted: it is prepared again (42P05 answers that it is). */
+			free(copy);
+			s->names = names ? names : s->names;
+			return;
+		}
+		s->names = names;
+		s->names[s->count++] = copy;
+	}
+	else if (!holds && i < s->count)
+	{
+		free(s->names[i]);
+		s->names[i] = s->names[--s->count];
+	}
+}
+
+static bool
+db_sqlstate_is(const PGresult *res, const char *state)
+{
+	const char *found = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return found && strcmp(found, state) == 0;
 }
 
 PGresult *
-db_exec_prepared(PGconn *conn, const char *name, int nparams, const char *const *values,
-				 const int *lengths, const int *formats)
+db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams, const char *const *values,
+				 const int *lengths, const int *formats, int result_format)
 {
-	return db_retry(conn, NULL, name, nparams, values, lengths, formats);
+	struct db_session *s = db_session_of(conn);
+	PGresult		  *res;
+
+	if (db_session_find(s, name) == s->count && !s->refused && PQtransactionStatus(conn) == PQTRANS_IDLE)
+	{
+		res = PQprepare(conn, name, sql, nparams, NULL);
+		/* 42P05: the session holds it already, prepared where db.c did not note it. */
+		if (PQresultStatus(res) == PGRES_COMMAND_OK || db_sqlstate_is(res, "42P05"))
+			db_session_holds(s, name, true);
+		else
+			s->refused = true;
+		PQclear(res);
+	}
+	if (db_session_find(s, name) == s->count)
+		return db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
+	res = db_retry(conn, NULL, name, nparams, values, lengths, formats, result_format);
+	if (PQresultStatus(res) == PGRES_FATAL_ERROR && db_sqlstate_is(res, "26000"))
+	{
+		/* The session lost it: prepared again on its next use. */
+		db_session_holds(s, name, false);
+		if (PQtransactionStatus(conn) == PQTRANS_IDLE)
+		{
+			PQclear(res);
+			res = db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
+		}
+	}
+	return res;
 }
 
 bool
@@ -243,6 +368,8 @@ db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t er
 
 	if (!ok)
 		snprintf(err, errlen, "cannot prepare %s: %s", name, db_error(res, conn));
+	else
+		db_session_holds(db_session_of(conn), name, true);
 	PQclear(res);
 	return ok;
 }

@@ -71,12 +71,31 @@ const char *db_connect_hint(const char *message);
 /* Read pepsi.config_override into cfg; false with err if a row is refused. */
 bool db_load_overrides(PGconn *conn, struct pepsi_config *cfg, char *err, size_t errlen);
 
+/*
+ * Transient failures are retried only outside a transaction: inside one,
+ * the failed statement has aborted it, and only its owner can start again.
+ */
 bool db_error_is_transient(const PGresult *res);
 /* PQexecParams with text parameters, retried on transient failure. */
 PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const *values);
-/* PQexecPrepared, the same way. */
-PGresult *db_exec_prepared(PGconn *conn, const char *name, int nparams,
-						   const char *const *values, const int *lengths, const int *formats);
+/*
+ * Prepared statements.  db.c keeps, for each session (a connection and
+ * its backend pid: a reconnected or reset connection is a new session),
+ * which statements it holds.  db_prepare prepares name as sql now (a
+ * program's set-up).  db_exec_prepared runs statement name, whose text is
+ * sql, the same way as db_exec (retried on transient failure), with
+ * result_format (0 text, 1 binary); it prepares it first when the session
+ * does not hold it yet, outside a transaction only (a PREPARE that failed
+ * inside one would abort it).  It goes as a plain statement instead when
+ * preparing failed in the session, and once when the session answers that
+ * the statement does not exist (SQLSTATE 26000: DISCARD ALL, DEALLOCATE,
+ * a pooler's other server session), which is then prepared again on its
+ * next use; inside a transaction that answer is the caller's, as the
+ * transaction is aborted.
+ */
+PGresult *db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams,
+						   const char *const *values, const int *lengths, const int *formats,
+						   int result_format);
 bool	  db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
 /*
  * Build a PostgreSQL array literal for a text parameter: start with "{",

@@ -504,7 +504,7 @@ stage_exec_load(struct stage_worker *w, bool late, enum pepsi_load level, const 
 	}
 	if (w->pooled)
 		return PQexecParams(w->conn, sql, 1, NULL, values, NULL, NULL, format);
-	return PQexecPrepared(w->conn, name, 1, values, NULL, NULL, format);
+	return db_exec_prepared(w->conn, name, sql, 1, values, NULL, NULL, format);
 }
 
 /* Load every id of the batch in one statement (binary results: raw text and bytes). */
@@ -962,8 +962,13 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 		stage_load(&w, ctxs, count);
 		stage_prepare(&w, ctxs, count);
 		for (size_t i = 0; i < count; i++)
+		{
 			if (ctxs[i].error == NULL)
 				stage_run_pass(&ctxs[i]);
+			/* Its stage's writes are in the session's transaction: commit it now, before the next. */
+			if (ctxs[i].own_transaction)
+				stage_commit_with_writes(&ctxs[i]);
+		}
 		stage_late_fusion(&w, ctxs, count, started);
 		stage_commit_all(&w, ctxs, count);
 		stage_write_status(&w, ctxs, count);

@@ -328,6 +328,21 @@ bool pepsi_batch_begin(struct pepsi_ctx *ctx, char *err, size_t errlen);
 bool pepsi_batch_end(struct pepsi_ctx *ctx, bool commit, char *err, size_t errlen);
 
 /*
+ * For a stage's run: what it writes for this message from now on (rows of
+ * its own tables, through pepsi_db: a key request, a portal link) stands
+ * or falls with the message's outcome.  The first call opens a transaction
+ * on the worker's session for those writes; the runtime commits the
+ * message's outcome in it as soon as its pass ends, then the transaction.
+ * If either fails (the row moved or deleted meanwhile, its claim gone
+ * stale, the session lost, a write that failed), all of it is rolled back
+ * and the message fails with the reason: nothing is left written for a
+ * message whose outcome was not committed.  Later calls for the same
+ * message do nothing.  false, with why in err, if the transaction did not
+ * open (then nothing is written).
+ */
+bool pepsi_write_with_outcome(struct pepsi_ctx *ctx, char *err, size_t errlen);
+
+/*
  * The per-address settings of address (pepsi.settings, common/config/settings.h):
  * a JSON object option -> value, a new reference; NULL (and the message
  * fails) when they cannot be read.

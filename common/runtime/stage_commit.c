@@ -215,6 +215,40 @@ stage_commit_one(struct pepsi_ctx *ctx)
 }
 
 /*
+ * The outcome of a message whose stage wrote with it (pepsi_write_with_outcome),
+ * committed in the transaction of those writes right after its pass, then
+ * that transaction; on any failure it is all rolled back and the message
+ * fails.  No second attempt on a new session as stage_commit_one makes:
+ * the writes went with the old one.  A successor that would have been
+ * fused late is not: the row advances to it.
+ */
+void
+stage_commit_with_writes(struct pepsi_ctx *ctx)
+{
+	PGconn	 *conn = ctx->worker->conn;
+	PGresult *res;
+	bool	  commit;
+
+	ctx->own_transaction = false;
+	ctx->committed = true;
+	ctx->awaiting_load = false;
+	if (ctx->error == NULL && PQtransactionStatus(conn) == PQTRANS_INERROR)
+		pepsi_error(ctx, "a statement %s made for row %lld failed (logged above), so nothing of it is committed",
+					ctx->stage->program, ctx->id);
+	if (ctx->error == NULL && ctx->terminal != TERMINAL_HELD_BY_CALL)
+		stage_commit_attempt(ctx);
+	commit = ctx->error == NULL;
+	res = PQexec(conn, commit ? "COMMIT" : "ROLLBACK");
+	/* COMMIT of a transaction an error aborted answers ROLLBACK, with no error. */
+	if (commit
+		&& (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdStatus(res), "COMMIT") != 0))
+		pepsi_error(ctx, "commit of row %lld failed: %s", ctx->id,
+					PQresultStatus(res) == PGRES_COMMAND_OK ? "the transaction was rolled back"
+															: db_error(res, conn));
+	PQclear(res);
+}
+
+/*
  * May this outcome ride in an arrayed commit? Plain transitions with at
  * most a state merge, and finishes whatever the pass changed: a finished
  * row keeps none of it (a signed message relayed in the same pass).
@@ -223,7 +257,7 @@ static bool
 stage_batchable(const struct pepsi_ctx *ctx)
 {
 	/* (mail_log events ride a statement of their own message's commit) */
-	if (ctx->error || ctx->mail_log || (ctx->touched != 0 && ctx->terminal != TERMINAL_FINISH))
+	if (ctx->error || ctx->committed || ctx->mail_log || (ctx->touched != 0 && ctx->terminal != TERMINAL_FINISH))
 		return false;
 	switch (ctx->terminal)
 	{
@@ -333,7 +367,7 @@ stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 			stage_commit_shape(w, ctxs, count, shapes[s]);
 	for (size_t i = 0; i < count; i++)
-		if (ctxs[i].error == NULL && ctxs[i].terminal != TERMINAL_HELD_BY_CALL
+		if (ctxs[i].error == NULL && !ctxs[i].committed && ctxs[i].terminal != TERMINAL_HELD_BY_CALL
 			&& (count == 1 || !stage_batchable(&ctxs[i])))
 			stage_commit_one(&ctxs[i]);
 }

@@ -107,7 +107,9 @@ struct pepsi_ctx
 	struct buf				  body;
 	unsigned				  touched;
 	bool					  split_done;
-	bool					  queued_unknown; /* a call may have queued rows at other stages */
+	bool					  queued_unknown;  /* a call may have queued rows at other stages */
+	bool					  own_transaction; /* pepsi_write_with_outcome opened the session's transaction */
+	bool					  committed;	   /* its outcome is committed (stage_commit_with_writes) */
 	/* the outcome */
 	enum terminal_kind terminal;
 	int				   terminals;
@@ -156,6 +158,8 @@ void stage_late_fusion(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t co
 
 /* stage_commit.c */
 void stage_commit_all(struct stage_worker *w, struct pepsi_ctx *ctxs, size_t count);
+/* Right after the pass of a message that wrote with its outcome (pepsi_write_with_outcome). */
+void stage_commit_with_writes(struct pepsi_ctx *ctx);
 int	 stage_check_result(struct pepsi_ctx *ctx, PGresult *res, const char *what);
 
 /* The row's claim token as a query parameter: NULL when the worker was handed a bare id. */

@@ -171,6 +171,29 @@ pepsi_batch_end(struct pepsi_ctx *ctx, bool commit, char *err, size_t errlen)
 	return ok;
 }
 
+bool
+pepsi_write_with_outcome(struct pepsi_ctx *ctx, char *err, size_t errlen)
+{
+	PGconn	 *conn = ctx->worker->conn;
+	PGresult *res;
+	bool	  ok;
+
+	if (ctx->own_transaction)
+		return true;
+	if (PQtransactionStatus(conn) != PQTRANS_IDLE)
+	{
+		snprintf(err, errlen, "the session is not idle: another transaction is open");
+		return false;
+	}
+	res = PQexec(conn, "BEGIN");
+	ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+	if (!ok)
+		snprintf(err, errlen, "BEGIN: %s", db_error(res, conn));
+	PQclear(res);
+	ctx->own_transaction = ok;
+	return ok;
+}
+
 int
 pepsi_finish(struct pepsi_ctx *ctx)
 {

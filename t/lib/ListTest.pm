@@ -1,4 +1,4 @@
-# ListTest: the mailing-list tests' one set-up (t/165, t/170, t/177): a
+# ListTest: the mailing-list tests' one set-up (t/165, t/169, t/170, t/177): a
 # cluster, the tests' DNS server, pepsi-ingress, pepsi-dispatch and a
 # scripted SMTP peer standing for the subscribers' servers.
 #
@@ -235,7 +235,7 @@ sub received
 sub why_not
 {
 	Test::More::diag(sql("SELECT string_agg(concat_ws(' ', id, stage, status, state::text), E'\n') FROM pepsi.workqueue"),
-		"\n", join("\n", grep { /list|error|warn|fail/i } split /\n/, dispatcher_log($l->{d})));
+		"\n", join("\n", grep { /list|archive|error|warn|fail/i } split /\n/, dispatcher_log($l->{d})));
 	return;
 }
 
