@@ -82,9 +82,16 @@
 # once per 128 rows (one load, one workqueue_commit_many, one claim per
 # ~725 hops across the three stages; 0.0057 fsyncs a hop), so what is
 # left scales with the rows.  BENCH_STATEMENTS=1 splits the server's
-# time: the commit's UPDATE about 57%, the claim about 38% (its UPDATE,
-# which also computes three SHA-256 a row for the claim tokens, 25%), the
-# load 2%.
+# time: the commit's UPDATE about 57%, the claim about 38% (its UPDATE
+# 25%), the load 2%.  The one cost in there that is not the row's own:
+# the claim tokens' SHA-256, three a row in the claim's UPDATE (the
+# digest of the token, and the token twice) and one in the commit's guard,
+# through SQL's sha256(), which on this OpenSSL (3.0) costs 4.3 to 4.7 us
+# a call (200,000 calls, under the lock: 1.27 s against 0.41 s for the
+# same query without it): some 18 us a hop.  Computing the token and its
+# digest once a row in C, with a digest context fetched once per session,
+# would take most of that off, and leave the server about 30 to 50 us a
+# hop: 1.2x to 1.4x Graphile at best, still not 2x.
 #
 # Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1;
 # BENCH_REPEATS is taken too), BENCH_WORKERS (2 per stage, or serial),
