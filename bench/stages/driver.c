@@ -12,8 +12,9 @@
  *       QUEUE_LIMIT ids in flight, as the dispatcher keeps); "serial" for
  *       one per stage, one working at a time and no claim meanwhile
  *       (what a stage hop costs, whatever the number of cores); prints "seconds
- *       messages hops fused_hops claims" on stdout; a non-zero status
- *       line is fatal
+ *       messages hops fused_hops claims client_cpu_seconds" on stdout (the
+ *       CPU time of the driver and its workers together); a non-zero
+ *       status line is fatal
  *   driver rss  CONFIG PROGRAM ID
  *       starts PROGRAM worker, has it do row ID, prints its VmRSS and
  *       RssFile (kB) while it idles
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -158,6 +160,12 @@ now_seconds(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static double
+rusage_seconds(const struct rusage *ru)
+{
+	return ru->ru_utime.tv_sec + ru->ru_utime.tv_usec / 1e6 + ru->ru_stime.tv_sec + ru->ru_stime.tv_usec / 1e6;
+}
+
 static int
 run(int argc, char **argv)
 {
@@ -181,6 +189,9 @@ run(int argc, char **argv)
 	long		fused = 0;
 	long		claims = 0;
 	double		started;
+	double		seconds;
+	struct rusage self;
+	struct rusage children;
 
 	if (PQstatus(conn) != CONNECTION_OK)
 		die("%s", PQerrorMessage(conn));
@@ -269,10 +280,15 @@ run(int argc, char **argv)
 			workers[w].unanswered = sent;
 		}
 	}
-	printf("%.3f %ld %ld %ld %ld\n", now_seconds() - started, messages, hops + fused, fused, claims);
-	fflush(stdout);
+	seconds = now_seconds() - started;
 	for (int w = 0; w < nworkers; w++)
 		worker_stop(&workers[w]);
+	/* The clients' CPU: this driver and its workers, now that they are reaped. */
+	getrusage(RUSAGE_SELF, &self);
+	getrusage(RUSAGE_CHILDREN, &children);
+	printf("%.3f %ld %ld %ld %ld %.3f\n", seconds, messages, hops + fused, fused, claims,
+		   rusage_seconds(&self) + rusage_seconds(&children));
+	fflush(stdout);
 	PQfinish(conn);
 	return 0;
 }
