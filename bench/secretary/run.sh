@@ -24,13 +24,16 @@
 # each run.  Printed: each run's rates and challenges sent, then the
 # medians in messages per second with the spread, the ratio
 # secretary/plain (target: >= 0.80, the secretary costing at most 20%),
-# and the load average before and after.  Each run's CPU a message, which
-# the machine's load does not change as it changes the rates: the stage
-# workers, the dispatcher and their backends (what the secretary adds),
-# ingress and its backends, the rest of the cluster, by process into the
-# log (cpu-split.pl, sampled every half second), with the WAL bytes a
-# message and the passes by stage (pepsi.stage_stats: fused_hops at init
-# are the rows route's pass took on, to check-whitelist or discard).
+# and the load average before and after, with the passes by stage in the
+# log (pepsi.stage_stats: fused_hops at init are the rows route's pass
+# took on, to check-whitelist or discard).  With BENCH_CPU_SPLIT=1 also
+# each run's CPU a message, which the machine's load does not change as
+# it changes the rates: the stage workers, the dispatcher and their
+# backends (what the secretary adds), ingress and its backends, the rest
+# of the cluster, by process into the log (cpu-split.pl, sampled every
+# half second beside the run), with the WAL bytes a message.  Off by
+# default: the sampling costs both sides CPU (a psql and a perl a half
+# second), so the rates are measured without it.
 #
 # Figures (the issue's full count, PGBIN of the branch's extension, with
 # pepsi.secretary_decide_many set-based), 2026-12-07: taken beside another
@@ -260,9 +263,10 @@ cpu_report() {
 
 # measure: prints "rate accepted decided stages_ms ingress_ms other_ms
 # wal_bytes" (msg/s, s, s, the CPU milliseconds a message of cpu_report's
-# groups, WAL bytes a message).
+# groups, WAL bytes a message; those four "-" without BENCH_CPU_SPLIT=1).
+cpu_split=${BENCH_CPU_SPLIT:-0}
 measure() {
-    local start sent end n=1 failed sampler= cpu_pid
+    local start sent end n=1 failed sampler= cpu_pid= cpu="- - - -"
     if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
         for _ in $(seq 1 6000); do
             bench_psql -tA -c "SELECT count(*) FILTER (WHERE NOT granted),
@@ -271,11 +275,13 @@ measure() {
         done >>"$BENCH_DIR/locks" 2>/dev/null &
         sampler=$!
     fi
-    : >"$BENCH_DIR/cpu"
-    rm -f "$BENCH_DIR/cpu.stop"
-    cpu_snapshot "$BENCH_DIR/cpu"
-    cpu_sampler "$BENCH_DIR/cpu" &
-    cpu_pid=$!
+    if [ "$cpu_split" = 1 ]; then
+        : >"$BENCH_DIR/cpu"
+        rm -f "$BENCH_DIR/cpu.stop"
+        cpu_snapshot "$BENCH_DIR/cpu"
+        cpu_sampler "$BENCH_DIR/cpu" &
+        cpu_pid=$!
+    fi
     start=$(date +%s.%N)
     send
     sent=$(date +%s.%N)
@@ -287,12 +293,15 @@ measure() {
         sleep 0.1
     done
     end=$(date +%s.%N)
-    touch "$BENCH_DIR/cpu.stop"
-    wait "$cpu_pid"
-    cpu_snapshot "$BENCH_DIR/cpu"
+    if [ "$cpu_split" = 1 ]; then
+        touch "$BENCH_DIR/cpu.stop"
+        wait "$cpu_pid"
+        cpu_snapshot "$BENCH_DIR/cpu"
+        cpu=$(cpu_report "$BENCH_DIR/cpu" "$1")
+    fi
     bench_stop_pid "$sampler"
     [ "$n" -eq 0 ] || { echo "$n rows still undecided" >&2; return 1; }
-    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" -v cpu="$(cpu_report "$BENCH_DIR/cpu" "$1")" 'BEGIN {
+    awk -v n="$messages" -v a="$start" -v s="$sent" -v b="$end" -v cpu="$cpu" 'BEGIN {
         printf "%.1f %.2f %.2f %s\n", n / (b - a), s - a, b - a, cpu }'
 }
 
@@ -348,6 +357,7 @@ for ((r = 1; r <= repeats; r++)); do
         "$r" "$rate" "$accepted" "$decided" "$held" "$sent_challenges" | tee -a "$log"
     printf ' plain %s msg/s (accepted after %s s, done after %s s), ratio %s\n' \
         "$rate_plain" "$accepted_plain" "$decided_plain" "${ratios[-1]}" | tee -a "$log"
+    [ "$cpu_split" = 1 ] || continue
     printf '  CPU ms a message: stages+dispatch and their backends %s / %s, ingress and its backends %s / %s,' \
         "$cpu_stages" "$cpu_stages_plain" "$cpu_ingress" "$cpu_ingress_plain" | tee -a "$log"
     printf ' rest of the cluster %s / %s; WAL bytes a message %s / %s (secretary / plain)\n' \
@@ -364,12 +374,14 @@ printf 'challenges sent a run: median %s (runs %s .. %s; expected %s: one a send
     "$((senders - (senders + 9) / 10))"
 printf 'ratio secretary/plain: median %s, runs %s .. %s (target: median >= 0.80)\n' \
     "$(bench_median "${ratios[@]}")" "$(min "${ratios[@]}")" "$(max "${ratios[@]}")"
-printf 'CPU ms a message, stages+dispatch and their backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
-    "$(bench_median "${sec_cpu[@]}")" "$(min "${sec_cpu[@]}")" "$(max "${sec_cpu[@]}")" \
-    "$(bench_median "${plain_cpu[@]}")" "$(min "${plain_cpu[@]}")" "$(max "${plain_cpu[@]}")"
-printf 'CPU ms a message, ingress and its backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
-    "$(bench_median "${sec_ingress[@]}")" "$(min "${sec_ingress[@]}")" "$(max "${sec_ingress[@]}")" \
-    "$(bench_median "${plain_ingress[@]}")" "$(min "${plain_ingress[@]}")" "$(max "${plain_ingress[@]}")"
-printf 'WAL bytes a message: secretary %s, plain %s (medians)\n' \
-    "$(bench_median "${sec_wal[@]}")" "$(bench_median "${plain_wal[@]}")"
+if [ "$cpu_split" = 1 ]; then
+    printf 'CPU ms a message, stages+dispatch and their backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
+        "$(bench_median "${sec_cpu[@]}")" "$(min "${sec_cpu[@]}")" "$(max "${sec_cpu[@]}")" \
+        "$(bench_median "${plain_cpu[@]}")" "$(min "${plain_cpu[@]}")" "$(max "${plain_cpu[@]}")"
+    printf 'CPU ms a message, ingress and its backends: secretary %s (%s .. %s), plain %s (%s .. %s)\n' \
+        "$(bench_median "${sec_ingress[@]}")" "$(min "${sec_ingress[@]}")" "$(max "${sec_ingress[@]}")" \
+        "$(bench_median "${plain_ingress[@]}")" "$(min "${plain_ingress[@]}")" "$(max "${plain_ingress[@]}")"
+    printf 'WAL bytes a message: secretary %s, plain %s (medians)\n' \
+        "$(bench_median "${sec_wal[@]}")" "$(bench_median "${plain_wal[@]}")"
+fi
 echo "load average: before $load_before, after $(cut -d' ' -f1-3 /proc/loadavg)"
