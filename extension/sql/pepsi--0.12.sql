@@ -112,7 +112,10 @@ CREATE INDEX workqueue_pending_sender ON pepsi.workqueue (stage, sender_key, pen
 CREATE INDEX workqueue_stage_status ON pepsi.workqueue (stage, index_status)
     INCLUDE (received_at, timeout) WHERE index_status <> 'pending';
 -- The due-time scan of paused rows (timeout is set on paused rows only).
-CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE timeout IS NOT NULL;
+-- A row held without a time (timeout 'infinity': the secretary's held
+-- mail, pepsi.queue_hold) is never due: it has no entry, so its hold
+-- writes one index entry fewer (bench/secretary).
+CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE timeout < 'infinity';
 -- Body release: is any row still referencing this body?
 CREATE INDEX workqueue_body_ref ON pepsi.workqueue (body_id);
 -- Only clones carry a token: the unique index keeps only them.
@@ -6819,7 +6822,15 @@ SELECT pepsi.grant_apply();
 -- time, its state merged with merge and {"secretary": {owner,
 -- challenge}}), in the decision's own transaction, and its answer says
 -- "held": true; if one row's hold fails (its claim is stale), the call
--- fails and nothing of the batch is decided or held.
+-- fails and nothing of the batch is decided or held.  A row that also
+-- carries "may_defer": true may be left undecided, its answer null: its
+-- pair (owner, sender) was being decided by another session's batch at
+-- the time (opening or sending the pair's challenge, not yet committed);
+-- the stage decides such a row alone (pepsi.secretary_decide), after
+-- this batch's commit, instead of the whole batch waiting for the
+-- other's commit with its own decisions uncommitted, which others then
+-- wait for in turn (bench/secretary).  A row without it is decided here,
+-- waiting if need be, as an older stage expects.
 --
 -- Set-based where the batch allows (bench/secretary): the whitelist is
 -- read once for the batch, the pairs (owner, sender) are taken in that
@@ -6876,7 +6887,8 @@ BEGIN
     LOOP
         answers[i] := '{"action": "pass"}';
     END LOOP;
-    FOR p IN SELECT u.k, u.f, bool_and(u.w) AS waits, array_agg(u.o ORDER BY u.o) AS os
+    FOR p IN SELECT u.k, u.f, bool_and(u.w) AS waits, array_agg(u.o ORDER BY u.o) AS os,
+                    bool_and(coalesce((q[u.o]->>'may_defer')::boolean, false)) AS may_defer
              FROM unnest(keys, froms, waits) WITH ORDINALITY AS u (k, f, w, o)
              WHERE answers[u.o] IS NULL GROUP BY u.k, u.f ORDER BY u.k, u.f
     LOOP
@@ -6897,6 +6909,13 @@ BEGIN
                 END LOOP;
                 CONTINUE;
             END IF;
+        END IF;
+        -- The pair's rows decided one by one may open or send its
+        -- challenge: the lock says this transaction does, until its
+        -- commit.  Another batch's rows of the pair are then left to be
+        -- decided alone (a null answer) rather than wait here for it.
+        IF NOT pg_try_advisory_xact_lock(hashtext('pepsi.secretary_decide_many'), hashtext(p.k || ' ' || p.f)) THEN
+            CONTINUE WHEN p.may_defer;
         END IF;
         FOREACH i IN ARRAY p.os LOOP
             answers[i] := pepsi.secretary_decide(q[i]->>'owner', q[i]->>'sender', (q[i]->>'row_id')::bigint,
