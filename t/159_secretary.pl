@@ -339,13 +339,14 @@ ok(file_shows($d->{log}, no_open_challenge($order, $stranger), 180), 'not paid: 
 is(send_proof('receipt-for-pepsi-987654321', 'an order never made', undef, $unknown_uri), 0, 'a proof of an order never made');
 ok(file_shows($d->{log}, no_open_challenge('pepsi-987654321', $payer), 180), 'not paid: no such challenge');
 is(scalar(verifier_runs()), 0, 'the verifier was run for neither');
+ok(poll_until(sub { paula_held() == 2 }, 180), 'the latter is held with henry\'s first message, as any mail of his');
 
 # A proof the service does not know: not paid, nothing released.
 is(send_proof('receipt-for-pepsi-1', 'a wrong proof'), 0, 'a wrong proof is sent');
 ok(file_shows($d->{log},
 		qr/<\Q$payee\E>: a proof of payment for \Q$order\E from <\Q$payer\E> that PAYMENT_VERIFY_COMMAND says is not paid: ignored \(no such receipt\)/, 180),
 	'the verifier says not paid: logged');
-ok(poll_until(sub { paula_held() == 2 }, 180), 'the held message stays held (and the reply with it)');
+ok(poll_until(sub { paula_held() == 3 }, 180), 'the held message stays held (and the replies with it)');
 
 # A verifier that fails: it could not say; nothing released, the challenge stays open.
 verify_mode('fail');
@@ -353,7 +354,7 @@ is(send_proof($receipt, 'a proof while the service is down'), 0, 'the good proof
 ok(file_shows($d->{log},
 		qr/a proof of payment for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E exited with status 3 .*: the payment service is unreachable; it counts for nothing, the held mail stays held and its challenge open/, 180),
 	'exit 3: could not verify, logged with what it said');
-ok(poll_until(sub { paula_held() == 3 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
 
 # A verifier that hangs: killed at PAYMENT_VERIFY_TIME_LIMIT, nothing released.
 verify_mode('hang');
@@ -361,7 +362,7 @@ is(send_proof($receipt, 'a proof while the verifier hangs'), 0, 'the good proof,
 ok(file_shows($d->{log},
 		qr/for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E ran longer than PAYMENT_VERIFY_TIME_LIMIT \(3s\) and was killed/, 180),
 	'killed at the time limit, logged');
-ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 5 }, 180), 'nothing is released');
 my $hung = -e "$tmp/verify-hang.pid" ? slurp("$tmp/verify-hang.pid") : 0;
 chomp $hung;
 ok($hung && poll_until(sub { !kill(0, $hung) }, 180), 'the hanging verifier is gone');
