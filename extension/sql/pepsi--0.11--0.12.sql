@@ -206,22 +206,23 @@ $$;
 -- pepsi-stage-check-whitelist ran PAYMENT_VERIFY_COMMAND (a process a
 -- proof, and perhaps a call to the payment service) for any well-formed
 -- Payment-Proof:, even one naming an order that no open challenge of
--- that sender and recipient has: anyone could make the stage run the
--- verifier as often as they sent mail.  pepsi.secretary_challenge_open
--- says whether the proof's challenge is open (sent, not released, in
--- time) for that owner and sender; the stage asks it first, and any
--- other proof is not paid, without the verifier (or the secret) being
--- consulted.
+-- that recipient has: anyone could make the stage run the verifier as
+-- often as they sent mail.  pepsi.secretary_challenge_open says whether
+-- the proof's challenge is an open one (sent, not released, in time) of
+-- that owner; the stage asks it first, and any other proof is not paid,
+-- without the verifier (or the secret) being consulted.  The sender is
+-- not compared: a payer's wallet may answer from an address of its own
+-- (pepsi-stage-auto-pay does), and pepsi.secretary_paid records the
+-- challenge's sender as the payer anyway.
 -- ===========================================================================
 
--- Is challenge an open challenge of owner for sender: sent (challenged_at,
--- so its payment request went out), not released, not expired?
-CREATE FUNCTION pepsi.secretary_challenge_open(owner text, sender text, challenge bigint) RETURNS boolean
+-- Is challenge an open challenge of owner's: sent (challenged_at, so its
+-- payment request went out), not released, not expired?
+CREATE FUNCTION pepsi.secretary_challenge_open(owner text, challenge bigint) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT EXISTS (SELECT FROM pepsi.secretary_challenge c
                    WHERE c.id = secretary_challenge_open.challenge
                      AND c.owner = pepsi.secretary_address(secretary_challenge_open.owner)
-                     AND c.sender = lower(coalesce(secretary_challenge_open.sender, ''))
                      AND c.challenged_at IS NOT NULL AND c.released_at IS NULL AND c.expires_at > now())
 $$;
 

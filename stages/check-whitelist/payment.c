@@ -41,11 +41,13 @@
  * challenge, so it cannot be replayed for another, and a second use finds
  * the challenge released (pepsi.secretary_paid): a proof is good once.
  * And either way a proof is judged only when its order names an open
- * challenge of this recipient for this sender (sent, not released, in
- * time: pepsi.secretary_challenge_open, asked first); any other is not
- * paid, logged as such, and the verifier is not run: anyone can send a
+ * challenge of this recipient (sent, not released, in time:
+ * pepsi.secretary_challenge_open, asked first); any other is not paid,
+ * logged as such, and the verifier is not run: anyone can send a
  * well-formed proof naming any order, and a process a message (perhaps a
- * call to the payment service) is not theirs to cost.
+ * call to the payment service) is not theirs to cost.  The reply's sender
+ * is not compared with the challenge's: a wallet may answer from an
+ * address of its own (pepsi-stage-auto-pay(8) does).
  */
 #include "payment.h"
 
@@ -309,8 +311,8 @@ payment_release(struct pepsi_ctx *ctx, const char *owner, long long challenge, c
 }
 
 /*
- * Is challenge an open challenge of owner's for the row's sender (sent,
- * not released, in time: pepsi.secretary_challenge_open)?  1 yes, 0 no,
+ * Is challenge an open challenge of owner's (sent, not released, in
+ * time: pepsi.secretary_challenge_open)?  1 yes, 0 no,
  * -1 on an error (the message fails).  Asked before a proof is judged:
  * anyone may send a well-formed proof naming any order, and
  * PAYMENT_VERIFY_COMMAND is a process (perhaps a call to the payment
@@ -320,13 +322,13 @@ static int
 payment_challenge_open(struct pepsi_ctx *ctx, const char *owner, long long challenge)
 {
 	char		id[32];
-	const char *values[3] = {owner, pepsi_mail_from(ctx), id};
+	const char *values[2] = {owner, id};
 	char		err[256] = "";
 	json_t	   *open;
 	int			rc;
 
 	snprintf(id, sizeof(id), "%lld", challenge);
-	open = pepsi_read_json(ctx, "SELECT to_jsonb(pepsi.secretary_challenge_open($1, $2, $3::bigint))", 3, values, err,
+	open = pepsi_read_json(ctx, "SELECT to_jsonb(pepsi.secretary_challenge_open($1, $2::bigint))", 2, values, err,
 						   sizeof(err));
 	if (open == NULL)
 		return pepsi_error(ctx, "pepsi.secretary_challenge_open: %s", err);
@@ -383,8 +385,7 @@ secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const 
 	{
 		if (open == 0)
 			log_warnx("%s: row %lld: <%s>: a proof of payment for pepsi-%lld from <%s>, which is no open challenge of"
-					  " this recipient for this sender (none such, released, expired or never sent): not paid,"
-					  " %s",
+					  " this recipient (none such, released, expired or never sent): not paid, %s",
 					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, challenge, pepsi_mail_from(ctx),
 					  by_command ? "PAYMENT_VERIFY_COMMAND not run" : "not checked");
 		rc = open;
