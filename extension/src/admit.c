@@ -5,8 +5,7 @@
  * statement and, on purpose, no NOTIFY (a pending notification takes a
  * database-wide lock until commit, which would serialize concurrent SMTP
  * sessions that should group-commit).  workqueue_inject is for writers
- * outside the dispatcher's loop, so it does notify, unless the caller set
- * pepsi.inject_notify off to wake the dispatcher itself after its commit.
+ * outside the dispatcher's loop, so it does notify.
  */
 #include "pepsi.h"
 
@@ -304,8 +303,7 @@ workqueue_inject(PG_FUNCTION_ARGS)
 	if (inserted)
 	{
 		id = queue_result_int64(0, 1);
-		if (pepsi_inject_notify)
-			queue_notify_workqueue();
+		queue_notify_workqueue();
 	}
 	else
 		body_release_if_unreferenced(body_id);

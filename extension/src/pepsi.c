@@ -18,7 +18,6 @@ int	  pepsi_body_gc_interval_s = 60;
 int	  pepsi_mail_log_retention_s = 7 * 24 * 3600;
 int	  pepsi_snapshot_warning_s = 60;
 char *pepsi_admin_account = NULL;
-bool  pepsi_inject_notify = true;
 char *pepsi_admission_stage = NULL;
 char *pepsi_admission_accounts = NULL;
 
@@ -59,17 +58,6 @@ _PG_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
-	DefineCustomBoolVariable("pepsi.inject_notify",
-							 "Whether pepsi.workqueue_inject wakes the dispatcher (a NOTIFY at commit).",
-							 "A pending NOTIFY takes a database-wide lock from the start of its commit to the end, "
-							 "which every other notifying commit waits for.  A caller injecting inside a longer "
-							 "transaction sets it off there and wakes the dispatcher after the commit, in a "
-							 "transaction of its own (pepsi.notify_workqueue).",
-							 &pepsi_inject_notify,
-							 true,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
 	DefineCustomIntVariable("pepsi.snapshot_warning",
 							"How long a transaction may hold back the xmin horizon before the maintenance worker warns, naming it (0: never).",
 							"While it lasts, the queue's dead row versions cannot be removed: its table and indexes grow.",

@@ -23,7 +23,6 @@ extern int	 pepsi_maintenance_interval_ms;
 extern int	 pepsi_body_gc_interval_s;
 extern int	 pepsi_mail_log_retention_s;
 extern int	 pepsi_snapshot_warning_s;
-extern bool	 pepsi_inject_notify;
 extern char *pepsi_admin_account;
 extern char *pepsi_admission_stage;
 extern char *pepsi_admission_accounts;

@@ -431,12 +431,11 @@ secretary_question(struct pepsi_ctx *ctx, struct pepsi_ctx *first)
 
 /*
  * The challenges of the rows the batch call held (each answer that says
- * held, with a token), injected in its transaction, counted in *injected;
- * false, with why in err and the failing row's error set, if one could
- * not be.
+ * held, with a token), injected in its transaction; false, with why in
+ * err and the failing row's error set, if one could not be.
  */
 static bool
-secretary_batch_challenges(size_t *injected, char *err, size_t errlen)
+secretary_batch_challenges(char *err, size_t errlen)
 {
 	for (size_t i = 0; i < secretary_batch_len; i++)
 	{
@@ -452,32 +451,8 @@ secretary_batch_challenges(size_t *injected, char *err, size_t errlen)
 			snprintf(err, errlen, "row %lld: its challenge could not be queued", pepsi_id(ctx));
 			return false;
 		}
-		(*injected)++;
 	}
 	return true;
-}
-
-/*
- * Wake the dispatcher for the challenges a batch injected, after its
- * commit, in a transaction of its own and unflushed: the batch injects
- * with pepsi.inject_notify off, so that its commit does not take the
- * database-wide NOTIFY lock, which every other notifying commit
- * (ingress's wakes among them) would wait for while this worker, niced,
- * commits a batch (bench/secretary).  If the wake fails, the dispatcher
- * finds the challenges at its next look.
- */
-static void
-secretary_batch_wake(struct pepsi_ctx *ctx)
-{
-	char	err[256] = "";
-	json_t *woken = pepsi_read_json(ctx,
-									"SELECT 'true' FROM (SELECT pepsi.notify_workqueue(),"
-									" set_config('synchronous_commit', 'off', true)) AS unflushed",
-									0, NULL, err, sizeof(err));
-
-	if (woken == NULL)
-		log_warnx("pepsi.notify_workqueue after a batch's challenges: %s", err);
-	json_decref(woken);
 }
 
 /*
@@ -502,7 +477,6 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 	char	ttl[48];
 	char	max[32];
 	char	err[512] = "";
-	size_t	injected = 0;
 	bool	ok;
 
 	secretary_batch_free();
@@ -534,8 +508,7 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 
 		answers = pepsi_read_json(ctxs[0],
 								  "SELECT pepsi.secretary_decide_many($1::jsonb, $2::interval, $3::integer)"
-								  " FROM (SELECT set_config('synchronous_commit', 'off', true),"
-								  " set_config('pepsi.inject_notify', 'off', true)) AS unflushed_unnotified",
+								  " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed",
 								  3, values, err, sizeof(err));
 		if (answers != NULL && json_array_size(answers) != secretary_batch_len)
 			snprintf(err, sizeof(err), "not an answer a row");
@@ -547,11 +520,9 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 		if (!json_is_null(json_array_get(answers, i)))
 			secretary_batch[i].answer = json_incref(json_array_get(answers, i));
 	json_decref(answers);
-	ok = ok && secretary_batch_challenges(&injected, err, sizeof(err));
+	ok = ok && secretary_batch_challenges(err, sizeof(err));
 	if (ok)
 		ok = pepsi_batch_end(ctxs[0], true, err, sizeof(err));
-	if (ok && injected > 0)
-		secretary_batch_wake(ctxs[0]);
 	else
 	{
 		char ignored[256];
