@@ -104,7 +104,7 @@
 # COMMITs of the batches that inject challenges (a NOTIFY) waited for
 # the database-wide notification lock, held meanwhile by other
 # committing sessions, ingress's among them: 671 waits over 20 ms in the
-# run (not changed: a lead).  And the stage workers and their backends
+# run (a lead; see the withdrawn attempt below).  And the stage workers and their backends
 # run at nice 10 (pepsi-dispatch), so while ingress and its backends
 # keep the two cores busy the decisions fall behind, and the secretary
 # side's time ends with the tail of that backlog ("decided after" less
@@ -131,6 +131,13 @@
 # Every run held 18,000 messages and sent 1,800 challenges.  So a little
 # better than main beside it, and the target (0.80) still missed under
 # that load; not measured on a quiet machine.
+# Tried and withdrawn: the batch injecting its challenges without a
+# NOTIFY (a GUC, pepsi.inject_notify) and waking the dispatcher after its
+# commit in a transaction of its own, so that its COMMIT would not wait
+# for the NOTIFY lock.  5 rounds (08:52-08:58, load 36 to 44): secretary
+# 620.7 msg/s (579.4..689.1), plain 844.4 (836.3..891.7), ratio median
+# 0.73 (0.82, 0.71, 0.73, 0.69, 0.74): not distinguishable from the
+# above under the heavier load, so not kept.
 #
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
