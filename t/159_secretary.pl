@@ -18,6 +18,9 @@
 # verifier that fails (exit 3) and one that hangs past
 # PAYMENT_VERIFY_TIME_LIMIT (killed) release nothing, each with a log
 # line, and the challenge stays open for the good proof that follows.
+# A proof that names no open challenge of that recipient (an order never
+# made, the challenge released) is not paid, says so in the log, and the
+# verifier is never run for it.
 
 use strict;
 use warnings FATAL => 'all';
@@ -302,7 +305,7 @@ sql("SELECT pepsi.settings_set('$payee', 'SECRETARY_PRICE', 'EUR:0.50')");
 sub paula_held
 {
 	return sql("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'secretary' AND status = 'paused'"
-		  . " AND timeout = 'infinity' AND '$payee' = ANY (rcpt_to)");
+		  . " AND timeout = 'infinity' AND '$payee' = ANY (rcpt_to) AND mail_from = '$payer'");
 }
 sub paula_mails { return map { slurp($_) } maildir_files($root, $payee) }
 sub verifier_runs { return -e "$tmp/verify.log" ? split(/\n/, slurp("$tmp/verify.log")) : () }
@@ -317,16 +320,29 @@ like($pay_challenge, qr/^Payment-Amount: EUR:0\.50\r$/m, 'and says the amount');
 my $receipt = "receipt-for-$order";
 sub send_proof
 {
-	my ($proof, $subject) = @_;
-	return send_mail($payer, $payee, subject => $subject, headers => ["Payment-Proof: $pay_uri $proof"]);
+	my ($proof, $subject, $from, $uri) = @_;
+	return send_mail($from // $payer, $payee, subject => $subject, headers => ['Payment-Proof: ' . ($uri // $pay_uri) . " $proof"]);
 }
+sub no_open_challenge
+{
+	my ($order_named, $from) = @_;
+	return qr/<\Q$payee\E>: a proof of payment for \Q$order_named\E from <\Q$from\E>, which is no open challenge of this recipient \(none such, released, expired or never sent\): not paid, PAYMENT_VERIFY_COMMAND not run/;
+}
+
+# A proof that names no open challenge of paula's: the verifier is not
+# run for it (it logs each run: no log).
+(my $unknown_uri = $pay_uri) =~ s/pepsi-\d+/pepsi-987654321/;
+is(send_proof('receipt-for-pepsi-987654321', 'an order never made', undef, $unknown_uri), 0, 'a proof of an order never made');
+ok(file_shows($d->{log}, no_open_challenge('pepsi-987654321', $payer), 180), 'not paid: no such challenge');
+ok(!-e "$tmp/verify.log", 'the verifier was not run');
+ok(poll_until(sub { paula_held() == 2 }, 180), 'the latter is held with henry\'s first message, as any mail of his');
 
 # A proof the service does not know: not paid, nothing released.
 is(send_proof('receipt-for-pepsi-1', 'a wrong proof'), 0, 'a wrong proof is sent');
 ok(file_shows($d->{log},
 		qr/<\Q$payee\E>: a proof of payment for \Q$order\E from <\Q$payer\E> that PAYMENT_VERIFY_COMMAND says is not paid: ignored \(no such receipt\)/, 180),
 	'the verifier says not paid: logged');
-ok(poll_until(sub { paula_held() == 2 }, 180), 'the held message stays held (and the reply with it)');
+ok(poll_until(sub { paula_held() == 3 }, 180), 'the held message stays held (and the replies with it)');
 
 # A verifier that fails: it could not say; nothing released, the challenge stays open.
 verify_mode('fail');
@@ -334,7 +350,7 @@ is(send_proof($receipt, 'a proof while the service is down'), 0, 'the good proof
 ok(file_shows($d->{log},
 		qr/a proof of payment for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E exited with status 3 .*: the payment service is unreachable; it counts for nothing, the held mail stays held and its challenge open/, 180),
 	'exit 3: could not verify, logged with what it said');
-ok(poll_until(sub { paula_held() == 3 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
 
 # A verifier that hangs: killed at PAYMENT_VERIFY_TIME_LIMIT, nothing released.
 verify_mode('hang');
@@ -342,7 +358,7 @@ is(send_proof($receipt, 'a proof while the verifier hangs'), 0, 'the good proof,
 ok(file_shows($d->{log},
 		qr/for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E ran longer than PAYMENT_VERIFY_TIME_LIMIT \(3s\) and was killed/, 180),
 	'killed at the time limit, logged');
-ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 5 }, 180), 'nothing is released');
 my $hung = -e "$tmp/verify-hang.pid" ? slurp("$tmp/verify-hang.pid") : 0;
 chomp $hung;
 ok($hung && poll_until(sub { !kill(0, $hung) }, 180), 'the hanging verifier is gone');
@@ -362,26 +378,28 @@ is(sql("SELECT outcome || ' ' || currency || ':' || amount FROM pepsi.payment WH
 ok(poll_until(sub { paula_held() == 0 }, 180), 'nothing of the sender\'s is held any more');
 ok(!grep({ /^Subject: the good proof\r$/m } paula_mails()), 'the proof itself is not delivered');
 
-# The same proof again: the challenge is released already, nothing more.
-my $before = scalar(paula_mails());
+# The same proof again: the challenge is released already, so it is not
+# paid and the verifier is not run; nor for the three proofs held with
+# the mail as they came back released.  Each is then mail like any other
+# (from a sender now whitelisted: delivered).
 is(send_proof($receipt, 'the good proof again'), 0, 'the good proof is sent again');
-# (So did the two good proofs held with the mail, as they came back released.)
-ok(poll_until(sub { my @done = slurp($d->{log}) =~ /<\Q$payee\E>: a proof of payment for \Q$order\E, which is no open challenge: done with/g; @done == 3 }, 180),
-	'it is no open challenge: done with');
+ok(poll_until(sub { my @done = slurp($d->{log}) =~ /${\ no_open_challenge($order, $payer)}/g; @done == 4 }, 180),
+	'it is no open challenge: not paid (and so the three held with the mail)');
 ok(settled(), 'settled');
-is(scalar(paula_mails()), $before, 'nothing more is delivered');
-is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'in' AND address = '$payee'"), '1', 'nor recorded');
+ok(poll_until(sub { grep({ /^Subject: the good proof again\r$/m } paula_mails()) == 1 }, 180),
+	'the proof sent again is delivered as any mail of a whitelisted sender');
+is(sql("SELECT count(*) FROM pepsi.payment WHERE direction = 'in' AND address = '$payee'"), '1', 'no payment recorded for it');
 
 # What the verifier was given: the order, scheme, price and merchant as
 # arguments and environment, the proof on its standard input only.  It
-# ran for each proof sent, and again for each of the three held with the
-# mail as they came back released (done with, once the challenge was).
+# ran for each proof sent while the challenge was open (the wrong one,
+# while failing, while hanging, the good one), and for nothing else.
 my @runs = verifier_runs();
-is(scalar(@runs), 8, 'the verifier ran for each proof, and for each held one again on its release');
+is(scalar(@runs), 4, 'the verifier ran for each proof of the open challenge, and for no other');
 like($runs[0], qr/^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env: PEPSI_PAYMENT_MERCHANT=pay\.local\.test\/m PEPSI_PAYMENT_ORDER=\Q$order\E PEPSI_PAYMENT_PRICE=EUR:0\.50 PEPSI_PAYMENT_SCHEME=examplepay proof: receipt-for-pepsi-1 not-in-argv$/,
 	'the order, scheme, price and merchant as arguments and in the environment, the proof on its standard input');
 is(scalar(grep { /^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env: .* proof: (?:receipt-for-pepsi-1|\Q$receipt\E) not-in-argv$/ } @runs),
-	8, 'so each time');
+	4, 'so each time');
 is(scalar(grep { /PROOF-IN-ARGV/ } @runs), 0, 'never on its command line');
 
 # 10. The stage's role writes none of the tables itself.

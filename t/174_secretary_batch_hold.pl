@@ -10,7 +10,9 @@
 # is decided or held: no row is ever recorded as held (secretary_held, a
 # challenge sent) without being held, which a worker killed between a
 # decision and the hold's own commit used to leave; and a batch whose
-# session dies before its commit leaves nothing either.
+# session dies before its commit leaves nothing either.  A row marked
+# may_defer whose pair another batch is deciding (its challenge not yet
+# committed) is left undecided, a null answer, instead of waited for.
 
 use strict;
 use warnings FATAL => 'all';
@@ -138,5 +140,31 @@ ok($node->poll_query_until($db, "SELECT count(*) = 0 FROM pg_stat_activity WHERE
 eval { $session->quit };
 is(counts(), $before, 'nothing of its batch was decided');
 is(row_of($r5->[0]), 'init running -', 'and its row is still running, to be recovered and decided again');
+
+# Two batches with rows of one pair: while the first is opening the
+# pair's challenge (not yet committed), the second's row marked
+# may_defer is left undecided (a null answer) instead of waiting, and
+# nothing of it is recorded; once the first commits, it is held under
+# that challenge.
+my ($r6, $r7) = claimed_rows('six@senders.test', 'six@senders.test');
+(my $deferrable = question($r7, 'six@senders.test', $r7->[1])) =~ s/^\{/{"may_defer": true, /;
+$session = $node->background_psql($db, extra_params => [ '-U', 'worker' ]);
+$session->query_safe('BEGIN');
+is( $session->query_safe("SELECT pepsi.secretary_decide_many('["
+		  . question($r6, 'six@senders.test', $r6->[1])
+		  . "]'::jsonb, '7 days', 100)->0->>'token' IS NOT NULL"),
+	't', 'a batch opens the pair\'s challenge, not yet committed');
+($ret, $out, $err) = decide_many($deferrable);
+is($ret, 0, 'another batch with a row of the pair, may_defer, is answered') or diag($err);
+is($out, '[null]', 'its row left undecided');
+is(row_of($r7->[0]), 'init running -', 'still running, for the stage to decide alone');
+is(sql("SELECT count(*) FROM pepsi.secretary_held WHERE row_id = $r7->[0]"), '0', 'and not recorded as held');
+$session->query_safe('COMMIT');
+$session->quit;
+($ret, $out, $err) = decide_many($deferrable);
+is($ret, 0, 'asked again once the first batch committed') or diag($err);
+is(sql("SELECT (a->>'action') || ' ' || (a->>'held') || ' ' || (a->>'challenge' = (SELECT h.challenge_id::text"
+		  . " FROM pepsi.secretary_held h WHERE h.row_id = $r6->[0])) FROM jsonb_array_elements('$out'::jsonb) a"),
+	'hold true true', 'it is held under the challenge the first batch opened');
 
 done_testing();

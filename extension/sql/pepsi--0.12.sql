@@ -112,7 +112,10 @@ CREATE INDEX workqueue_pending_sender ON pepsi.workqueue (stage, sender_key, pen
 CREATE INDEX workqueue_stage_status ON pepsi.workqueue (stage, index_status)
     INCLUDE (received_at, timeout) WHERE index_status <> 'pending';
 -- The due-time scan of paused rows (timeout is set on paused rows only).
-CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE timeout IS NOT NULL;
+-- A row held without a time (timeout 'infinity': the secretary's held
+-- mail, pepsi.queue_hold) is never due: it has no entry, so its hold
+-- writes one index entry fewer (bench/secretary).
+CREATE INDEX workqueue_paused_due ON pepsi.workqueue (timeout) WHERE timeout < 'infinity';
 -- Body release: is any row still referencing this body?
 CREATE INDEX workqueue_body_ref ON pepsi.workqueue (body_id);
 -- Only clones carry a token: the unique index keeps only them.
@@ -6819,7 +6822,15 @@ SELECT pepsi.grant_apply();
 -- time, its state merged with merge and {"secretary": {owner,
 -- challenge}}), in the decision's own transaction, and its answer says
 -- "held": true; if one row's hold fails (its claim is stale), the call
--- fails and nothing of the batch is decided or held.
+-- fails and nothing of the batch is decided or held.  A row that also
+-- carries "may_defer": true may be left undecided, its answer null: its
+-- pair (owner, sender) was being decided by another session's batch at
+-- the time (opening or sending the pair's challenge, not yet committed);
+-- the stage decides such a row alone (pepsi.secretary_decide), after
+-- this batch's commit, instead of the whole batch waiting for the
+-- other's commit with its own decisions uncommitted, which others then
+-- wait for in turn (bench/secretary).  A row without it is decided here,
+-- waiting if need be, as an older stage expects.
 --
 -- Set-based where the batch allows (bench/secretary): the whitelist is
 -- read once for the batch, the pairs (owner, sender) are taken in that
@@ -6876,7 +6887,8 @@ BEGIN
     LOOP
         answers[i] := '{"action": "pass"}';
     END LOOP;
-    FOR p IN SELECT u.k, u.f, bool_and(u.w) AS waits, array_agg(u.o ORDER BY u.o) AS os
+    FOR p IN SELECT u.k, u.f, bool_and(u.w) AS waits, array_agg(u.o ORDER BY u.o) AS os,
+                    bool_and(coalesce((q[u.o]->>'may_defer')::boolean, false)) AS may_defer
              FROM unnest(keys, froms, waits) WITH ORDINALITY AS u (k, f, w, o)
              WHERE answers[u.o] IS NULL GROUP BY u.k, u.f ORDER BY u.k, u.f
     LOOP
@@ -6897,6 +6909,13 @@ BEGIN
                 END LOOP;
                 CONTINUE;
             END IF;
+        END IF;
+        -- The pair's rows decided one by one may open or send its
+        -- challenge: the lock says this transaction does, until its
+        -- commit.  Another batch's rows of the pair are then left to be
+        -- decided alone (a null answer) rather than wait here for it.
+        IF NOT pg_try_advisory_xact_lock(hashtext('pepsi.secretary_decide_many'), hashtext(p.k || ' ' || p.f)) THEN
+            CONTINUE WHEN p.may_defer;
         END IF;
         FOREACH i IN ARRAY p.os LOOP
             answers[i] := pepsi.secretary_decide(q[i]->>'owner', q[i]->>'sender', (q[i]->>'row_id')::bigint,
@@ -8872,3 +8891,35 @@ INSERT INTO pepsi.grant_owner (name) VALUES ('archive_word_pairs'), ('archive_pa
     ('archive_obfuscated');
 SELECT pepsi.grant_apply();
 -- end of the archive's phrase search, excerpts and import at 100,000 messages
+
+-- ===========================================================================
+-- A proof of payment is judged only for an open challenge (issue 39)
+--
+-- pepsi-stage-check-whitelist ran PAYMENT_VERIFY_COMMAND (a process a
+-- proof, and perhaps a call to the payment service) for any well-formed
+-- Payment-Proof:, even one naming an order that no open challenge of
+-- that recipient has: anyone could make the stage run the verifier as
+-- often as they sent mail.  pepsi.secretary_challenge_open says whether
+-- the proof's challenge is an open one (sent, not released, in time) of
+-- that owner; the stage asks it first, and any other proof is not paid,
+-- without the verifier (or the secret) being consulted.  The sender is
+-- not compared: a payer's wallet may answer from an address of its own
+-- (pepsi-stage-auto-pay does), and pepsi.secretary_paid records the
+-- challenge's sender as the payer anyway.
+-- ===========================================================================
+
+-- Is challenge an open challenge of owner's: sent (challenged_at, so its
+-- payment request went out), not released, not expired?
+CREATE FUNCTION pepsi.secretary_challenge_open(owner text, challenge bigint) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT EXISTS (SELECT FROM pepsi.secretary_challenge c
+                   WHERE c.id = secretary_challenge_open.challenge
+                     AND c.owner = pepsi.secretary_address(secretary_challenge_open.owner)
+                     AND c.challenged_at IS NOT NULL AND c.released_at IS NULL AND c.expires_at > now())
+$$;
+
+INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
+    ('pepsi_stage', 'function', 'secretary_challenge_open', '{EXECUTE}');
+INSERT INTO pepsi.grant_definer (name) VALUES ('secretary_challenge_open');
+SELECT pepsi.grant_apply();
+-- end of a proof of payment is judged only for an open challenge

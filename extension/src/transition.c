@@ -740,6 +740,9 @@ workqueue_resume(PG_FUNCTION_ARGS)
  * workqueue_requeue_due(max_rows): paused rows whose retry time has come go
  * back to pending, oldest due first.  Rows another session has locked are
  * skipped (they are being resumed or deleted), so this never waits.
+ * "timeout < 'infinity'" is the predicate of workqueue_paused_due (a row
+ * held without a time has no entry there): said outright, since the
+ * planner cannot infer it from "timeout <= now()", now() being no constant.
  */
 Datum
 workqueue_requeue_due(PG_FUNCTION_ARGS)
@@ -758,7 +761,7 @@ workqueue_requeue_due(PG_FUNCTION_ARGS)
 	queue_exec(queue_plan(&plan,
 						  "UPDATE pepsi.workqueue w SET status = 'pending', timeout = NULL, " PENDING_SEQ_NEXT
 						  " FROM (SELECT id FROM pepsi.workqueue"
-						  "       WHERE status = 'paused' AND timeout <= now()"
+						  "       WHERE status = 'paused' AND timeout <= now() AND timeout < 'infinity'"
 						  "       ORDER BY timeout LIMIT $1 FOR UPDATE SKIP LOCKED) due"
 						  " WHERE w.id = due.id",
 						  1, argtypes),

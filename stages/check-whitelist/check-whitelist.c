@@ -415,9 +415,10 @@ secretary_question(struct pepsi_ctx *ctx, struct pepsi_ctx *first)
 		free(a.token);
 		return NULL;
 	}
-	q = json_pack("{s:s,s:s,s:I,s:b,s:s?,s:b}", "owner", pepsi_rcpt(ctx, 0), "sender", pepsi_mail_from(ctx),
+	/* may_defer: a row whose pair another batch is deciding is left to run (a null answer), not waited for. */
+	q = json_pack("{s:s,s:s,s:I,s:b,s:s?,s:b,s:b}", "owner", pepsi_rcpt(ctx, 0), "sender", pepsi_mail_from(ctx),
 				  "row_id", (json_int_t) pepsi_id(ctx), "verified", a.proof != NULL, "token", a.token,
-				  "look_in_text", a.look_in_text);
+				  "look_in_text", a.look_in_text, "may_defer", 1);
 	/*
 	 * A row of one recipient (run splits no other off it) is held by the
 	 * call itself, in the decision's transaction, when that is the answer.
@@ -514,8 +515,10 @@ secretary_prepare(struct pepsi_ctx *const *ctxs, size_t count)
 		ok = answers != NULL && json_array_size(answers) == secretary_batch_len;
 	}
 	free(dump);
+	/* A null answer: the call left the row undecided (its pair was another batch's); run decides it alone. */
 	for (size_t i = 0; ok && i < secretary_batch_len; i++)
-		secretary_batch[i].answer = json_incref(json_array_get(answers, i));
+		if (!json_is_null(json_array_get(answers, i)))
+			secretary_batch[i].answer = json_incref(json_array_get(answers, i));
 	json_decref(answers);
 	ok = ok && secretary_batch_challenges(err, sizeof(err));
 	if (ok)

@@ -40,6 +40,14 @@
  * Either way only the service can make a proof, and a proof names its one
  * challenge, so it cannot be replayed for another, and a second use finds
  * the challenge released (pepsi.secretary_paid): a proof is good once.
+ * And either way a proof is judged only when its order names an open
+ * challenge of this recipient (sent, not released, in time:
+ * pepsi.secretary_challenge_open, asked first); any other is not paid,
+ * logged as such, and the verifier is not run: anyone can send a
+ * well-formed proof naming any order, and a process a message (perhaps a
+ * call to the payment service) is not theirs to cost.  The reply's sender
+ * is not compared with the challenge's: a wallet may answer from an
+ * address of its own (pepsi-stage-auto-pay(8) does).
  */
 #include "payment.h"
 
@@ -303,6 +311,33 @@ payment_release(struct pepsi_ctx *ctx, const char *owner, long long challenge, c
 }
 
 /*
+ * Is challenge an open challenge of owner's (sent, not released, in
+ * time: pepsi.secretary_challenge_open)?  1 yes, 0 no,
+ * -1 on an error (the message fails).  Asked before a proof is judged:
+ * anyone may send a well-formed proof naming any order, and
+ * PAYMENT_VERIFY_COMMAND is a process (perhaps a call to the payment
+ * service) that only a proof that could release something may cost.
+ */
+static int
+payment_challenge_open(struct pepsi_ctx *ctx, const char *owner, long long challenge)
+{
+	char		id[32];
+	const char *values[2] = {owner, id};
+	char		err[256] = "";
+	json_t	   *open;
+	int			rc;
+
+	snprintf(id, sizeof(id), "%lld", challenge);
+	open = pepsi_read_json(ctx, "SELECT to_jsonb(pepsi.secretary_challenge_open($1, $2::bigint))", 2, values, err,
+						   sizeof(err));
+	if (open == NULL)
+		return pepsi_error(ctx, "pepsi.secretary_challenge_open: %s", err);
+	rc = json_is_true(open) ? 1 : 0;
+	json_decref(open);
+	return rc;
+}
+
+/*
  * The value of Payment-Proof: as "URI PROOF", the challenge the URI's
  * order names: false when it is not that (or PROOF is longer than a proof
  * may be, or not printable).
@@ -335,6 +370,7 @@ secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const 
 	char		why[1024] = "";
 	long long	challenge;
 	bool		by_command = pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") != NULL;
+	int			open;
 	int			rc = 0;
 
 	if (value == NULL)
@@ -345,6 +381,15 @@ secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const 
 	else if (!payment_proof_parse(value, uri, proof, &challenge))
 		log_info("%s: row %lld: <%s>: Payment-Proof is not \"URI PROOF\" naming an order of ours: ignored",
 				 pepsi_queue_id(ctx), pepsi_id(ctx), owner);
+	else if ((open = payment_challenge_open(ctx, owner, challenge)) <= 0)
+	{
+		if (open == 0)
+			log_warnx("%s: row %lld: <%s>: a proof of payment for pepsi-%lld from <%s>, which is no open challenge of"
+					  " this recipient (none such, released, expired or never sent): not paid, %s",
+					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, challenge, pepsi_mail_from(ctx),
+					  by_command ? "PAYMENT_VERIFY_COMMAND not run" : "not checked");
+		rc = open;
+	}
 	else
 	{
 		enum payment_verdict verdict;

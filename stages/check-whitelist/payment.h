@@ -23,6 +23,8 @@ void secretary_payment_offer(struct pepsi_ctx *ctx, const char *owner, long long
  * Is the row a proof of payment (Payment-Proof: URI PROOF) of one of
  * owner's challenges?  1: it was, and the held mail is released (or was
  * already): the row is done with; 0: it is none, or not a valid one, or
+ * names no open challenge of owner's (then not
+ * judged at all: PAYMENT_VERIFY_COMMAND is not run), or
  * PAYMENT_VERIFY_COMMAND could not say (logged; the challenge stays
  * open): decide on it as on any mail; -1: an error (the message fails).
  */
