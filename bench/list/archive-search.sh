@@ -44,12 +44,13 @@
 # itself broke.
 # The import and the timed searches can be two runs (BENCH_ARCHIVE_SAVE,
 # then BENCH_ARCHIVE_FROM, below), so that a lock is held over the timed
-# part only.  BENCH_ARCHIVE_JOBS=N (1) imports the mbox as N parts at
-# once, each part whole threads (a thread's messages are consecutive in
-# make_mbox.py's mbox), so that a 100,000-message archive can be built on
-# a busy machine, where one process gets a small share of a core: the
-# same archive but for the order of its ids and N import records; its
-# rate is not the rate of one import.  BENCH_ARCHIVE_MBOX=FILE takes that
+# part only.  BENCH_ARCHIVE_JOBS=N (1) imports the mbox as chunks of
+# about BENCH_ARCHIVE_CHUNK (5,000) messages, each whole threads (a
+# thread's messages are consecutive in make_mbox.py's mbox) and its own
+# import, N at once, so that a 100,000-message archive can be built on a
+# busy machine, where one process gets a small share of a core: the same
+# archive but for the order of its ids and its import records; its rate
+# is not the rate of one import.  BENCH_ARCHIVE_MBOX=FILE takes that
 # mbox instead of making one (make_mbox.py's output of the same count:
 # the same mbox, without the minutes it takes to make it).
 #
@@ -130,6 +131,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 messages=${BENCH_ARCHIVE_MESSAGES:-100000}
 jobs=${BENCH_ARCHIVE_JOBS:-1}
+chunk_messages=${BENCH_ARCHIVE_CHUNK:-5000}
 rate_messages=${BENCH_ARCHIVE_RATE_MESSAGES:-5000}
 repeats=${BENCH_REPEATS:-5}
 # label|Pepsi's query (websearch syntax)|grep's pattern, one term a line
@@ -207,35 +209,45 @@ else
     if [ "$jobs" -le 1 ]; then
         import_rate "of the whole mbox (batches)" "$archive_bin" bench@lists.test "$mbox" "$messages"
     else
-        # whole threads to each part (a thread's messages are consecutive in
+        # chunks of whole threads (a thread's messages are consecutive in
         # make_mbox.py's mbox; a message without In-Reply-To starts one), so
-        # every reply finds its parent within its own import
-        python3 - "$mbox" "$jobs" <<'SPLIT'
+        # every reply finds its parent within its own import; each chunk its
+        # own import (its own transaction), the jobs taking every jobs-th
+        # chunk in order, so an import that has to be stopped keeps what it
+        # committed
+        python3 - "$mbox" "$chunk_messages" <<'SPLIT'
 import re, sys
-path, jobs = sys.argv[1], int(sys.argv[2])
+path, size = sys.argv[1], int(sys.argv[2])
 text = open(path, encoding='utf-8').read()
 messages = re.split(r'(?m)^(?=From )', text)[1:]
-starts = [i for i, m in enumerate(messages) if 'In-Reply-To:' not in m.split('\n\n', 1)[0]]
-bounds = [0]
-for k in range(1, jobs):
-    bounds.append(min((s for s in starts if s >= k * len(messages) // jobs), default=len(messages)))
-bounds.append(len(messages))
-for k in range(jobs):
-    with open('%s.part%d' % (path, k), 'w', encoding='utf-8') as out:
-        out.write(''.join(messages[bounds[k]:bounds[k + 1]]))
+k, chunk = 0, []
+for m in messages + [None]:
+    if m is None or ('In-Reply-To:' not in m.split('\n\n', 1)[0] and len(chunk) >= size):
+        with open('%s.part%03d' % (path, k), 'w', encoding='utf-8') as out:
+            out.write(''.join(chunk))
+        k, chunk = k + 1, []
+    if m is not None:
+        chunk.append(m)
 SPLIT
         give_to_user "$BENCH_DIR"
         start=$EPOCHREALTIME
         pids=()
         for ((k = 0; k < jobs; k++)); do
-            "$archive_bin" -C "$conf" import bench@lists.test "$mbox.part$k" >>"$log" &
+            (
+                i=0
+                for part in "$mbox".part*; do
+                    if ((i++ % jobs == k)); then
+                        "$archive_bin" -C "$conf" import bench@lists.test "$part" >>"$log"
+                    fi
+                done
+            ) &
             pids+=($!)
         done
         for pid in "${pids[@]}"; do wait "$pid"; done
         end=$EPOCHREALTIME
         rm -f "$mbox".part*
         awk -v j="$jobs" -v a="$start" -v b="$end" -v n="$messages" \
-            'BEGIN { printf "import of the whole mbox in %d parts at once: %d messages in %.1f s (%.0f messages/s)\n", j, n, b - a, n / (b - a) }' | tee -a "$log"
+            'BEGIN { printf "import of the whole mbox, %d chunks at once: %d messages in %.1f s (%.0f messages/s)\n", j, n, b - a, n / (b - a) }' | tee -a "$log"
     fi
     bench_psql -c "SET maintenance_work_mem = '1GB'" -c "VACUUM ANALYZE pepsi.archive_message" >/dev/null
 fi

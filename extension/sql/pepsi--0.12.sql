@@ -8632,7 +8632,8 @@ SELECT pepsi.grant_apply();
 -- import: the pairs, stored without positions, are more entries in the
 -- index than the words, nearly all of them distinct.
 -- Excerpts: ts_headline over 600 characters around the query's first word
--- (archive_search_pattern, archive_excerpt_window), not the whole text.
+-- (archive_search_pattern, archive_excerpt_window), not the whole text
+-- (0.12: archive_excerpt, in C, in their place).
 -- Planner: archive_search_key declares its cost (it reads a message's
 -- tsvector back from TOAST), so the planner itself takes the GIN index
 -- for every query but the commonest words' pages; no enable_* override.

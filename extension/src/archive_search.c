@@ -174,49 +174,58 @@ excerpt_word_byte(unsigned char c)
 	return c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
+/* Whether the word text[start, end) (ascii: all its bytes ASCII) is one
+ * of the query's: compared in lower case, ASCII by itself (its length
+ * first: most words are not the query's), any other by the database's
+ * collation (as the parser lowered the query's words), only when some
+ * term has a byte past ASCII (no lower case of a character past ASCII is
+ * ASCII that a query's word could be, but for a few that no mail search
+ * needs). */
 static bool
-excerpt_term_matches(const struct excerpt_term *term, const char *word, int len)
-{
-	return term->prefix ? len >= term->len && memcmp(word, term->lexeme, term->len) == 0
-						: len == term->len && memcmp(word, term->lexeme, len) == 0;
-}
-
-/* Whether the word text[start, end) is one of the query's: compared in
- * lower case, ASCII by itself, any other by the database's collation (as
- * the parser lowered the query's words), only when some term has a byte
- * past ASCII (no lower case of a character past ASCII is ASCII that a
- * query's word could be, but for a few that no mail search needs). */
-static bool
-excerpt_word_marked(const char *text, int start, int end, const struct excerpt_term *terms, int nterms,
+excerpt_word_marked(const char *text, int start, int end, bool ascii, const struct excerpt_term *terms, int nterms,
 					bool terms_ascii)
 {
 	int	  len = end - start;
-	char  lowered[64];
-	char *folded = lowered;
-	bool  ascii = true;
+	char *folded;
 	bool  found = false;
 
-	for (int i = start; i < end && ascii; i++)
-		ascii = !IS_HIGHBIT_SET(text[i]);
-	if (!ascii)
+	if (ascii)
 	{
-		if (terms_ascii)
-			return false;
-		folded = str_tolower(text + start, len, DEFAULT_COLLATION_OID);
-		len = strlen(folded);
+		for (int t = 0; t < nterms; t++)
+			if ((terms[t].prefix ? len >= terms[t].len : len == terms[t].len)
+				&& pg_strncasecmp(text + start, terms[t].lexeme, terms[t].len) == 0)
+				return true;
+		return false;
 	}
-	else
-	{
-		if (len > (int) sizeof(lowered))
-			folded = palloc(len);
-		for (int i = 0; i < len; i++)
-			folded[i] = pg_ascii_tolower((unsigned char) text[start + i]);
-	}
+	if (terms_ascii)
+		return false;
+	folded = str_tolower(text + start, len, DEFAULT_COLLATION_OID);
+	len = strlen(folded);
 	for (int t = 0; t < nterms && !found; t++)
-		found = excerpt_term_matches(&terms[t], folded, len);
-	if (folded != lowered)
-		pfree(folded);
+		found = terms[t].prefix ? len >= terms[t].len && memcmp(folded, terms[t].lexeme, terms[t].len) == 0
+								: len == terms[t].len && memcmp(folded, terms[t].lexeme, len) == 0;
+	pfree(folded);
 	return found;
+}
+
+/* The length of text's first len bytes without a character the cut at len
+ * left incomplete (a slice of the text ends anywhere). */
+static int
+excerpt_whole_characters(const char *text, int len)
+{
+	int last = len;
+
+	if (pg_database_encoding_max_length() == 1)
+		return len;
+	if (GetDatabaseEncoding() != PG_UTF8)
+		return pg_mbcliplen(text, len, len);
+	/* UTF-8: back to the last character's first byte, keep it if whole */
+	while (last > 0 && len - last < 4 && (text[last - 1] & 0xC0) == 0x80)
+		last--;
+	if (last == 0)
+		return 0;
+	last--;
+	return last + pg_utf_mblen((const unsigned char *) text + last) <= len ? len : last;
 }
 
 /* Append text[from, to) as shown: each run of white space and control
@@ -331,13 +340,16 @@ archive_excerpt(PG_FUNCTION_ARGS)
 	bool				  terms_ascii = true;
 	struct excerpt_word	 *words;
 	int					  nwords = 0;
-	int					  capacity = 256;
+	int					  capacity = 1024;
+	int					  first_found = -1;
+	int					  second_found = -1;
 	int					  shown_until = -1; /* the last word shown so far */
 	int					  shown_to = 0;		/* the byte after the text shown so far */
 	StringInfoData		  out;
 
 	/* a slice may end within a character: the text is its whole ones */
-	len = pg_mbcliplen(text, len, len);
+	if (len == EXCERPT_SCAN_BYTES)
+		len = excerpt_whole_characters(text, len);
 	for (int i = 0; i < query->size; i++)
 	{
 		if (items[i].type != QI_VAL)
@@ -350,10 +362,15 @@ archive_excerpt(PG_FUNCTION_ARGS)
 		nterms++;
 	}
 
+	/* The words, until the fragments' are all there: the second fragment
+	 * starts at or before the first word found past EXCERPT_WORDS after
+	 * the first one found (past the first fragment's end), and takes up
+	 * to EXCERPT_WORDS from there. */
 	words = palloc(sizeof(struct excerpt_word) * capacity);
-	for (int i = 0; i < len;)
+	for (int i = 0; i < len && (second_found < 0 || nwords <= second_found + EXCERPT_WORDS);)
 	{
-		int start;
+		int	 start;
+		bool ascii = true;
 
 		while (i < len && !excerpt_word_byte(text[i]))
 			i++;
@@ -361,7 +378,7 @@ archive_excerpt(PG_FUNCTION_ARGS)
 			break;
 		start = i;
 		while (i < len && excerpt_word_byte(text[i]))
-			i++;
+			ascii = !IS_HIGHBIT_SET(text[i++]) && ascii;
 		if (nwords == capacity)
 		{
 			capacity *= 2;
@@ -369,7 +386,11 @@ archive_excerpt(PG_FUNCTION_ARGS)
 		}
 		words[nwords].start = start;
 		words[nwords].end = i;
-		words[nwords].marked = excerpt_word_marked(text, start, i, terms, nterms, terms_ascii);
+		words[nwords].marked = excerpt_word_marked(text, start, i, ascii, terms, nterms, terms_ascii);
+		if (words[nwords].marked && first_found < 0)
+			first_found = nwords;
+		else if (words[nwords].marked && second_found < 0 && nwords >= first_found + EXCERPT_WORDS)
+			second_found = nwords;
 		nwords++;
 	}
 
