@@ -132,6 +132,19 @@ for my $q ('walrus', '"quick brown"', 'quick')
 	unlike($plan, qr/Seq Scan/, 'not a sequential scan');
 }
 
+# The excerpts are made after the sort and the LIMIT (archive_excerpt's
+# cost says it is dear), for the rows shown only, not for every match:
+# the page's query as archive_search runs it, a phrase's matches sorted.
+my $page_plan = sql("EXPLAIN (VERBOSE, COSTS OFF) SELECT m.id, pepsi.archive_excerpt(m.body_text,"
+	  . " websearch_to_tsquery('simple', '\"quick brown\"')) FROM pepsi.archive_message m WHERE m.list_id = $list"
+	  . " AND pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($list, '\"quick brown\"')"
+	  . " ORDER BY m.sent_at DESC, m.id DESC LIMIT 10");
+like($page_plan, qr/Limit\n\s+Output: [^\n]*\n\s+->  Result\n\s+Output: [^\n]*archive_excerpt/,
+	'the excerpt is made above the LIMIT\'s input')
+  or diag($page_plan);
+unlike($page_plan =~ s/^.*?->  Result\n[^\n]*\n//sr, qr/archive_excerpt/, 'not for the rows the LIMIT leaves out')
+  or diag($page_plan);
+
 # 3. pepsi-httpd's search page shows the total, not the 100 it lists.
 my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
 ok(poll_until(sub { file_shows("$tmp/httpd.log", qr/ready/) }, 60), 'pepsi-httpd starts');

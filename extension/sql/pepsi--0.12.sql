@@ -8888,9 +8888,11 @@ SELECT pepsi.grant_apply();
 -- past the first fragment), joined by " ... ", the query's words between
 -- « and », white space one space; the text's start when none of the
 -- query's words is in its first 20,000 bytes.  Not escaped: the page
--- escapes it for HTML.
+-- escapes it for HTML.  COST 100 (ts_headline's): a query's sort and
+-- LIMIT come before it, so only the rows shown get one (at cost 1 a
+-- phrase's page made one for every match, then kept 100).
 CREATE FUNCTION pepsi.archive_excerpt(body text, query tsquery) RETURNS text
-    AS 'MODULE_PATHNAME', 'archive_excerpt' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'archive_excerpt' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE COST 100;
 
 INSERT INTO pepsi.grant_owner (name) VALUES ('archive_excerpt');
 SELECT pepsi.grant_apply();
