@@ -25,11 +25,11 @@
 #include "catalog/pg_type.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
-#include "utils/formatting.h"
 #include "tsearch/ts_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
+#include "utils/formatting.h"
 
 PG_FUNCTION_INFO_V1(archive_word_pairs);
 
@@ -330,22 +330,22 @@ excerpt_append_fragment(StringInfo out, const char *text, int len, const struct 
 Datum
 archive_excerpt(PG_FUNCTION_ARGS)
 {
-	text				 *body = PG_GETARG_TEXT_P_SLICE(0, 0, EXCERPT_SCAN_BYTES);
-	TSQuery				  query = PG_GETARG_TSQUERY(1);
-	const char			 *text = VARDATA_ANY(body);
-	int					  len = VARSIZE_ANY_EXHDR(body);
-	QueryItem			 *items = GETQUERY(query);
-	struct excerpt_term	 *terms = palloc(sizeof(struct excerpt_term) * Max(query->size, 1));
-	int					  nterms = 0;
-	bool				  terms_ascii = true;
-	struct excerpt_word	 *words;
-	int					  nwords = 0;
-	int					  capacity = 1024;
-	int					  first_found = -1;
-	int					  second_found = -1;
-	int					  shown_until = -1; /* the last word shown so far */
-	int					  shown_to = 0;		/* the byte after the text shown so far */
-	StringInfoData		  out;
+	text				*body = PG_GETARG_TEXT_P_SLICE(0, 0, EXCERPT_SCAN_BYTES);
+	TSQuery				 query = PG_GETARG_TSQUERY(1);
+	const char			*text = VARDATA_ANY(body);
+	int					 len = VARSIZE_ANY_EXHDR(body);
+	QueryItem			*items = GETQUERY(query);
+	struct excerpt_term *terms = palloc(sizeof(struct excerpt_term) * Max(query->size, 1));
+	int					 nterms = 0;
+	bool				 terms_ascii = true;
+	struct excerpt_word *words;
+	int					 nwords = 0;
+	int					 capacity = 1024;
+	int					 first_found = -1;
+	int					 second_found = -1;
+	int					 shown_until = -1; /* the last word shown so far */
+	int					 shown_to = 0;	   /* the byte after the text shown so far */
+	StringInfoData		 out;
 
 	/* a slice may end within a character: the text is its whole ones */
 	if (len == EXCERPT_SCAN_BYTES)
