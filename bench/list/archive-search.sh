@@ -56,13 +56,15 @@
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
-# 2026-12-07 09:14-09:25 UTC, commit d73f70e (excerpt in C, COST 100),
+# 2026-12-07, ended 09:25 UTC, commit d73f70e (excerpt in C, COST 100),
 # 40,020 messages (114 MB mbox), not 100,000: the import (niced,
 # BENCH_ARCHIVE_JOBS=3 in chunks of 5,000, the machine's load 25 to 62,
 # un-niced benchmarks of others running) had 8 chunks after 31 minutes
 # (1,886 s, 21 messages/s; each chunk about 470-530 s, its backend about
 # 60 s of CPU, 12 ms a message) and was stopped, the 3 chunks under way
-# rolled back; the mbox timed is the 8 chunks imported.  VACUUM ANALYZE
+# rolled back (the import was this script's chunked one, run from a copy
+# that could be stopped between chunks, then saved as BENCH_ARCHIVE_SAVE
+# saves); the mbox timed is the 8 chunks imported.  VACUUM ANALYZE
 # (niced) took another 20 minutes.  Timed part under bench.lock,
 # un-niced, medians of 5, spread min-max; load 6.8 12.5 19.2:
 #   term     count ms            page ms             grep -c ms          ratio count  page
@@ -85,9 +87,15 @@
 # (about 2.5x from 40,000 to 100,000 messages: 0.11 s for quokka), the
 # rare word's page hardly (a top-N of a few more rows), so at 100,000 its
 # ratio would be about 10x; the phrase's page grows with its matches
-# (some 11,000 at 100,000) and stays under 20x: estimates, not runs.  Not measured here: the same archive with ts_headline
-# (there was no time for a second hold of the lock); see the 2,000-message
-# figures after the analysis below.
+# (some 11,000 at 100,000) and stays under 20x: estimates, not runs.
+# The same archive with archive_search as before (ts_headline over
+# archive_excerpt_window, put back for the run), 09:25-09:27 UTC, under
+# bench.lock, medians of 5, load 13.5 12.8 18.4: pages w0 23.3 ms
+# (22.4-24.1), quokka 28.0 (22.0-31.5), "w0 w1" 74.8 (67.1-78.8),
+# zyzzyva 1.39 (1.26-1.95); grep -c 361 / 57.3 / 349 / 55.3 ms; page
+# ratios 15.5x, 2.0x, 4.7x, 39.9x.  The excerpt in C: the rare word's
+# page 2.7x faster (28.0 to 10.3 ms), the common word's 1.4x, the
+# phrase's 1.6x.
 # 2026-12-07, word pairs in the index, no planner override.  The run at
 # 100,000 messages was not taken: the machine's load (40 to 65 on 2 cores)
 # made the niced import run at 10-12 messages/s.  Taken at 10,000
