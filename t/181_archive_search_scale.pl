@@ -6,7 +6,9 @@
 # search page shows archive_search_count's total, not the page's 100, and
 # an import writes each message once (no UPDATE of archive_message) and
 # leaves every thread's count right after a batch, a reply that came before
-# its parent included; the word pairs themselves, at their edges.
+# its parent included; the word pairs themselves, at their edges; a
+# result's excerpt (archive_excerpt, in C) at its edges, and as the search
+# page shows it, escaped.
 
 use strict;
 use warnings FATAL => 'all';
@@ -130,6 +132,19 @@ for my $q ('walrus', '"quick brown"', 'quick')
 	unlike($plan, qr/Seq Scan/, 'not a sequential scan');
 }
 
+# The excerpts are made after the sort and the LIMIT (archive_excerpt's
+# cost says it is dear), for the rows shown only, not for every match:
+# the page's query as archive_search runs it, a phrase's matches sorted.
+my $page_plan = sql("EXPLAIN (VERBOSE, COSTS OFF) SELECT m.id, pepsi.archive_excerpt(m.body_text,"
+	  . " websearch_to_tsquery('simple', '\"quick brown\"')) FROM pepsi.archive_message m WHERE m.list_id = $list"
+	  . " AND pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($list, '\"quick brown\"')"
+	  . " ORDER BY m.sent_at DESC, m.id DESC LIMIT 10");
+like($page_plan, qr/Limit\n\s+Output: [^\n]*\n\s+->  Result\n\s+Output: [^\n]*archive_excerpt/,
+	'the excerpt is made above the LIMIT\'s input')
+  or diag($page_plan);
+unlike($page_plan =~ s/^.*?->  Result\n[^\n]*\n//sr, qr/archive_excerpt/, 'not for the rows the LIMIT leaves out')
+  or diag($page_plan);
+
 # 3. pepsi-httpd's search page shows the total, not the 100 it lists.
 my $httpd = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd.log");
 ok(poll_until(sub { file_shows("$tmp/httpd.log", qr/ready/) }, 60), 'pepsi-httpd starts');
@@ -170,5 +185,67 @@ is(sql("SELECT pepsi.archive_word_pairs(to_tsvector('simple', repeat('x', 60) ||
 is(sql("SELECT length(pepsi.archive_word_pairs(to_tsvector('simple',"
 		  . " string_agg('word' || (i % 5000) || repeat('x', 40), ' ' ORDER BY i)))) FROM generate_series(1, 20000) i"),
 	'3800', 'past 400,000 bytes, the first 3,800 pairs');
+
+# 6. The excerpt (archive_excerpt, in C): the query's words marked « » in
+#    any case, whole words only, at the text's start and end, in
+#    multibyte text; the text's start when no word of the query is in it;
+#    punctuation and markup kept as text; two fragments at most, joined by
+#    " ... "; a long text cut at word boundaries, a long word at a
+#    character's boundary; only the first 20,000 bytes looked at.
+sub excerpt
+{
+	my ($body, $query, $fn) = @_;
+	$fn //= 'websearch_to_tsquery';
+	return sql("SELECT pepsi.archive_excerpt($body, $fn('simple', '$query'))");
+}
+is(excerpt("'The quick brown fox jumps over the lazy dog'", 'fox'),
+	'The quick brown «fox» jumps over the lazy dog', 'a word marked in its sentence');
+is(excerpt("'Fox at the start, foxes and fox-trot'", 'fox'), '«Fox» at the start, foxes and «fox»-trot',
+	'at the start, in any case, whole words only (a hyphenated word by its parts)');
+is(excerpt("E'at the end a FOX'", 'fox'), 'at the end a «FOX»', 'at the end');
+is(excerpt("E'nothing\n\n  here\tat all'", 'fox'), 'nothing here at all',
+	'no word of the query: the text\'s start, its white space one space');
+is(excerpt("'<b>fox</b> & \"dog\". (fox)'", 'fox'), '<b>«fox»</b> & "dog". («fox»)',
+	'punctuation and markup kept as text (the page escapes them)');
+is(excerpt("'Grüße aus köln, grüßt älter'", 'grüßt'), 'Grüße aus köln, «grüßt» älter', 'multibyte words');
+is(excerpt("'the quick brown fox'", '"quick brown" -dog'), 'the «quick» «brown» fox', 'a phrase\'s words');
+is(excerpt("'the quick brown fox'", 'qui:*', 'to_tsquery'), 'the «quick» brown fox', 'a prefix');
+is(excerpt("''", 'fox'), '', 'an empty text');
+is(excerpt("'!!! --- ...'", 'fox'), '!!! --- ...', 'a text without words');
+is(excerpt("(SELECT string_agg('a' || i, ' ') || ' fox ' || string_agg('b' || i, ' ') || ' fox end.'"
+		  . " FROM generate_series(1, 60) i)", 'fox'),
+	join(' ', map { "a$_" } 53 .. 60) . ' «fox» ' . join(' ', map { "b$_" } 1 .. 26) . ' ... '
+	  . join(' ', map { "b$_" } 53 .. 60) . ' «fox» end.',
+	'two fragments of 35 words from 8 before each word found, joined by " ... "');
+is(excerpt("'a fox b ' || repeat('c ', 60) || 'fox'", 'fox'), 'a «fox» b ' . ('c ' x 31) . 'c ... ' . ('c ' x 8) . '«fox»',
+	'the second fragment from the first word found past the first');
+is(excerpt("'a fox b ' || repeat('c ', 40) || 'fox'", 'fox'), 'a «fox» b ' . ('c ' x 40) . '«fox»',
+	'a second fragment that starts where the first ends goes on from it');
+is(excerpt("'one fox two fox three'", 'fox'), 'one «fox» two «fox» three', 'one fragment holds both');
+# a word of 'a' and 5,000 two-byte characters, none of the query's words:
+# cut at 320 bytes, which in UTF-8 would split a character
+my $utf8 = sql('SHOW server_encoding') eq 'UTF8';
+my $cut = excerpt("'a' || repeat('é', 5000)", 'fox');
+is(length($cut), $utf8 ? 319 : 320, 'a word of 10,001 bytes cut at 320 bytes' . ($utf8 ? ', before the character they would split' : ''))
+  or diag($cut);
+like($cut, qr/^a(?:é)+$/, 'its first characters, whole');
+# the 20,000 bytes read end within a character (UTF-8): the word is its
+# whole characters
+is(excerpt("repeat('x', 19990) || ' ' || repeat('é', 100)", 'éé:*', 'to_tsquery'),
+	$utf8 ? '«éééé»' : 'x' x 320, 'the text read ends at a character\'s boundary');
+is(excerpt("repeat('word ', 10000) || 'fox'", 'fox'), join(' ', ('word') x 35),
+	'only the first 20,000 bytes are searched: past them, the start');
+is(sql("SELECT pepsi.archive_excerpt(NULL, websearch_to_tsquery('simple', 'fox')) IS NULL"), 't', 'no text, no excerpt');
+
+# The search page shows the excerpt escaped, its marks as they are.
+import_mbox('markup', mbox([ 'markup', 'Markup', '<script>alert(1)</script> the narwhal & "friends"' ]));
+my $web = start_dispatcher($config, program => [ pepsi_bin('pepsi-httpd') ], log => "$tmp/httpd2.log");
+ok(poll_until(sub { file_shows("$tmp/httpd2.log", qr/ready/) }, 60), 'pepsi-httpd starts again');
+my $markup = $http->get("http://127.0.0.1:$http_port/archive/dev\@lists.test/search?q=narwhal")->{content};
+like($markup, qr{<blockquote>&lt;script&gt;alert\(1\)&lt;/script&gt; the «narwhal» &amp; &quot;friends&quot;</blockquote>},
+	'the page escapes the excerpt and shows the word marked')
+  or diag($markup);
+unlike($markup, qr/<script>/, 'no markup of the text reaches the page');
+stop_dispatcher($web);
 
 done_testing();

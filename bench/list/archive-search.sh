@@ -44,17 +44,58 @@
 # itself broke.
 # The import and the timed searches can be two runs (BENCH_ARCHIVE_SAVE,
 # then BENCH_ARCHIVE_FROM, below), so that a lock is held over the timed
-# part only.  BENCH_ARCHIVE_JOBS=N (1) imports the mbox as N parts at
-# once, each part whole threads (a thread's messages are consecutive in
-# make_mbox.py's mbox), so that a 100,000-message archive can be built on
-# a busy machine, where one process gets a small share of a core: the
-# same archive but for the order of its ids and N import records; its
-# rate is not the rate of one import.  BENCH_ARCHIVE_MBOX=FILE takes that
+# part only.  BENCH_ARCHIVE_JOBS=N (1) imports the mbox as chunks of
+# about BENCH_ARCHIVE_CHUNK (5,000) messages, each whole threads (a
+# thread's messages are consecutive in make_mbox.py's mbox) and its own
+# import, N at once, so that a 100,000-message archive can be built on a
+# busy machine, where one process gets a small share of a core: the same
+# archive but for the order of its ids and its import records; its rate
+# is not the rate of one import.  BENCH_ARCHIVE_MBOX=FILE takes that
 # mbox instead of making one (make_mbox.py's output of the same count:
 # the same mbox, without the minutes it takes to make it).
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
+# 2026-12-07, ended 09:25 UTC, commit d73f70e (excerpt in C, COST 100),
+# 40,020 messages (114 MB mbox), not 100,000: the import (niced,
+# BENCH_ARCHIVE_JOBS=3 in chunks of 5,000, the machine's load 25 to 62,
+# un-niced benchmarks of others running) had 8 chunks after 31 minutes
+# (1,886 s, 21 messages/s; each chunk about 470-530 s, its backend about
+# 60 s of CPU, 12 ms a message) and was stopped, the 3 chunks under way
+# rolled back (the import was this script's chunked one, run from a copy
+# that could be stopped between chunks, then saved as BENCH_ARCHIVE_SAVE
+# saves); the mbox timed is the 8 chunks imported.  VACUUM ANALYZE
+# (niced) took another 20 minutes.  Timed part under bench.lock,
+# un-niced, medians of 5, spread min-max; load 6.8 12.5 19.2:
+#   term     count ms            page ms             grep -c ms          ratio count  page
+#   w0       24.3 (20.1-48.0)    17.0 (14.2-18.1)    443 (394-488)       18.3x  26.0x
+#   quokka   2.27 (2.22-2.46)    10.3 (7.0-13.3)     54.9 (50.5-57.1)    24.2x   5.3x
+#   "w0 w1"  16.1 (12.8-22.9)    47.7 (42.5-50.1)    318 (310-342)       19.8x   6.7x
+#   zyzzyva  0.87 (0.68-1.50)    1.22 (1.03-1.43)    51.7 (49.1-58.8)    59.5x  42.3x
+# (counts: Pepsi 39,499 / 674 / 4,654 / 0 messages, grep 298,880 / 676 /
+# 4,541 / 0 lines.)  The counts are planned on the GIN index's bitmap
+# (w0's and the phrase's as a parallel bitmap heap scan).  At 40,000 the
+# target is met by the common word's page, the rare word's count and the
+# missing word; the common word's count and the phrase's are at 18-20x;
+# the rare word's page (100 of 674 matches) and the phrase's (100 of
+# 4,654) are not: 10 ms and 48 ms.  What is left of the rare page is no
+# longer the excerpt's parser (archive_excerpt is 7% of a page's CPU in a
+# profile at 2,000 messages): 674 rows fetched and sorted by date, 100
+# bodies decompressed, three obfuscations a row; the phrase's page sorts
+# 4,654 matches read from the table (or walks the date index checking
+# each row's 10 KB tsvector, tsvector_concat).  grep grows with the mbox
+# (about 2.5x from 40,000 to 100,000 messages: 0.11 s for quokka), the
+# rare word's page hardly (a top-N of a few more rows), so at 100,000 its
+# ratio would be about 10x; the phrase's page grows with its matches
+# (some 11,000 at 100,000) and stays under 20x: estimates, not runs.
+# The same archive with archive_search as before (ts_headline over
+# archive_excerpt_window, put back for the run), 09:25-09:27 UTC, under
+# bench.lock, medians of 5, load 13.5 12.8 18.4: pages w0 23.3 ms
+# (22.4-24.1), quokka 28.0 (22.0-31.5), "w0 w1" 74.8 (67.1-78.8),
+# zyzzyva 1.39 (1.26-1.95); grep -c 361 / 57.3 / 349 / 55.3 ms; page
+# ratios 15.5x, 2.0x, 4.7x, 39.9x.  The excerpt in C: the rare word's
+# page 2.7x faster (28.0 to 10.3 ms), the common word's 1.4x, the
+# phrase's 1.6x.
 # 2026-12-07, word pairs in the index, no planner override.  The run at
 # 100,000 messages was not taken: the machine's load (40 to 65 on 2 cores)
 # made the niced import run at 10-12 messages/s.  Taken at 10,000
@@ -123,6 +164,19 @@
 # one pass in C over the window (find the words, mark them, cut at word
 # boundaries) in place of the regular expression, ts_headline and three
 # obfuscations a row; not done here.
+# Done in 0.12 (archive_excerpt, extension/src/archive_search.c): the
+# excerpt is one pass over the text's first 20,000 bytes (only they are
+# read back from TOAST), the words read only until both fragments are
+# there.  A profile of 100-row pages at 2,000 messages (perf, the
+# backend, w0 and quokka alternately): with ts_headline the excerpt's
+# parts were about half the backend's samples; archive_excerpt's first
+# version 15% (and 4.5% clipping the slice, 1.4% lowering words), the
+# second (a word's length compared first, the words read only as far as
+# needed) 7%; what is left is archive_search_key's recheck of the
+# date-ordered walk (tsvector_concat 21%, w0's page only) and the body's
+# decompression (pglz 7%).  Niced, loaded (load 10-27), 2,000 messages,
+# 5 runs each interleaved: w0's page 27-36 ms with ts_headline, 10-18 ms
+# with archive_excerpt; quokka's (32 rows) 5.8-6.6 ms, 2.3-4.0 ms.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../lib.sh
@@ -130,6 +184,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 messages=${BENCH_ARCHIVE_MESSAGES:-100000}
 jobs=${BENCH_ARCHIVE_JOBS:-1}
+chunk_messages=${BENCH_ARCHIVE_CHUNK:-5000}
 rate_messages=${BENCH_ARCHIVE_RATE_MESSAGES:-5000}
 repeats=${BENCH_REPEATS:-5}
 # label|Pepsi's query (websearch syntax)|grep's pattern, one term a line
@@ -207,35 +262,45 @@ else
     if [ "$jobs" -le 1 ]; then
         import_rate "of the whole mbox (batches)" "$archive_bin" bench@lists.test "$mbox" "$messages"
     else
-        # whole threads to each part (a thread's messages are consecutive in
+        # chunks of whole threads (a thread's messages are consecutive in
         # make_mbox.py's mbox; a message without In-Reply-To starts one), so
-        # every reply finds its parent within its own import
-        python3 - "$mbox" "$jobs" <<'SPLIT'
+        # every reply finds its parent within its own import; each chunk its
+        # own import (its own transaction), the jobs taking every jobs-th
+        # chunk in order, so an import that has to be stopped keeps what it
+        # committed
+        python3 - "$mbox" "$chunk_messages" <<'SPLIT'
 import re, sys
-path, jobs = sys.argv[1], int(sys.argv[2])
+path, size = sys.argv[1], int(sys.argv[2])
 text = open(path, encoding='utf-8').read()
 messages = re.split(r'(?m)^(?=From )', text)[1:]
-starts = [i for i, m in enumerate(messages) if 'In-Reply-To:' not in m.split('\n\n', 1)[0]]
-bounds = [0]
-for k in range(1, jobs):
-    bounds.append(min((s for s in starts if s >= k * len(messages) // jobs), default=len(messages)))
-bounds.append(len(messages))
-for k in range(jobs):
-    with open('%s.part%d' % (path, k), 'w', encoding='utf-8') as out:
-        out.write(''.join(messages[bounds[k]:bounds[k + 1]]))
+k, chunk = 0, []
+for m in messages + [None]:
+    if m is None or ('In-Reply-To:' not in m.split('\n\n', 1)[0] and len(chunk) >= size):
+        with open('%s.part%03d' % (path, k), 'w', encoding='utf-8') as out:
+            out.write(''.join(chunk))
+        k, chunk = k + 1, []
+    if m is not None:
+        chunk.append(m)
 SPLIT
         give_to_user "$BENCH_DIR"
         start=$EPOCHREALTIME
         pids=()
         for ((k = 0; k < jobs; k++)); do
-            "$archive_bin" -C "$conf" import bench@lists.test "$mbox.part$k" >>"$log" &
+            (
+                i=0
+                for part in "$mbox".part*; do
+                    if ((i++ % jobs == k)); then
+                        "$archive_bin" -C "$conf" import bench@lists.test "$part" >>"$log"
+                    fi
+                done
+            ) &
             pids+=($!)
         done
         for pid in "${pids[@]}"; do wait "$pid"; done
         end=$EPOCHREALTIME
         rm -f "$mbox".part*
         awk -v j="$jobs" -v a="$start" -v b="$end" -v n="$messages" \
-            'BEGIN { printf "import of the whole mbox in %d parts at once: %d messages in %.1f s (%.0f messages/s)\n", j, n, b - a, n / (b - a) }' | tee -a "$log"
+            'BEGIN { printf "import of the whole mbox, %d chunks at once: %d messages in %.1f s (%.0f messages/s)\n", j, n, b - a, n / (b - a) }' | tee -a "$log"
     fi
     bench_psql -c "SET maintenance_work_mem = '1GB'" -c "VACUUM ANALYZE pepsi.archive_message" >/dev/null
 fi
