@@ -263,15 +263,55 @@ cp /etc/services "$postfix_dir/spool/etc/services"
 postconf -c "$postfix_dir/etc" -F smtp/unix/chroot=y
 /usr/sbin/postfix -c "$postfix_dir/etc" reload >/dev/null 2>&1
 
+# CPU seconds (user + system, with reaped children's) of the process
+# trees, so that a run says whether its wall time followed the CPU it got:
+# cpu_trees NAME=PID,PID... prints NAME=SECONDS for each, the processes
+# under those PIDs that are alive now (a child that exited is in its
+# parent's cutime, so the sum over a run is right however short-lived).
+cpu_trees() {
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v trees="$*" '
+        { pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
+          parent[pid] = f[2]; ticks[pid] = f[12] + f[13] + f[14] + f[15] }
+        END { n = split(trees, t, " ")
+              for (i = 1; i <= n; i++) {
+                  split(t[i], nv, "="); m = split(nv[2], roots, ",")
+                  delete isroot; for (j = 1; j <= m; j++) if (roots[j] != "") isroot[roots[j]] = 1
+                  sum = 0
+                  for (p in ticks) {
+                      q = p; hops = 0
+                      while (q != "" && q > 1 && !(q in isroot) && hops++ < 64) q = parent[q]
+                      if (q in isroot) sum += ticks[p]
+                  }
+                  printf "%s%s=%.2f", (i > 1 ? " " : ""), nv[1], sum / 100 }
+              print "" }'
+}
+cpu_now() {
+    local sinks
+    sinks=$(printf '%s,' "${BENCH_SINK_PIDS[@]}")
+    cpu_trees "postgres=$(head -1 "$BENCH_DIR/data/postmaster.pid")" \
+        "pepsi=${BENCH_DISPATCH_PID:-},${BENCH_INGRESS_PID:-}" \
+        "postfix+mlmmj=$(cat "$postfix_dir/spool/pid/master.pid" 2>/dev/null | tr -d ' ')" \
+        "dns=$BENCH_DNS_PID" "sinks=$sinks"
+}
+# cpu_delta BEFORE AFTER: the seconds each tree used in between.
+cpu_delta() {
+    awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); split(b, y, " "); total = 0
+        for (i = 1; i <= n; i++) { split(x[i], u, "="); split(y[i], v, "=")
+            printf "%s %.2f, ", u[1], v[2] - u[2]; total += v[2] - u[2] }
+        printf "all %.2f\n", total }'
+}
+
 # measure SIDE CASE MODE: prints the seconds from the first post sent to
-# the last transaction received.
+# the last transaction received; the CPU the process trees used meanwhile
+# goes to $BENCH_DIR/cpu.SIDE.
 measure() {
-    local side=$1 case=$2 mode=$3 list port count want base start end
+    local side=$1 case=$2 mode=$3 list port count want base start end cpu_before
     list=$case$([ "$mode" = verp ] && echo v || true)@lists.bench.test
     port=$([ "$side" = pepsi ] && echo "$pepsi_port" || echo "$postfix_port")
     count=$([ "$case" = big ] && echo 1 || echo "$posts")
     want=$(($(transactions "$BENCH_DIR/$case.subs" "$side" "$mode") * count))
     base=$(delivered)
+    cpu_before=$(cpu_now)
     start=$(date +%s.%N)
     python3 "$here/post.py" "$port" "$count" "$list" "$post_size" >>"$log" 2>&1 || {
         echo "$side: posting to $list failed (see $log)" >&2
@@ -283,6 +323,7 @@ measure() {
         sleep 0.05
     done
     end=$(date +%s.%N)
+    cpu_delta "$cpu_before" "$(cpu_now)" >"$BENCH_DIR/cpu.$side"
     if [ "$(delivered)" -lt $((base + want)) ]; then
         echo "$side $case $mode: only $(($(delivered) - base)) of $want transactions arrived" >&2
         return 1
@@ -317,6 +358,8 @@ for c in $cases; do
             tp+=("$p") tm+=("$q") rr+=("$(ratio "$q" "$p")")
             printf 'run %d %s %s: pepsi %s s, mlmmj+postfix %s s, ratio %s (load %s)\n' \
                 "$r" "$c" "$m" "$p" "$q" "${rr[-1]}" "$(load)"
+            printf '  cpu s, pepsi run: %s\n  cpu s, mlmmj run: %s\n' "$(cat "$BENCH_DIR/cpu.pepsi")" \
+                "$(cat "$BENCH_DIR/cpu.mlmmj")"
         done
         printf '%s %s: pepsi median %s s (runs %s .. %s), mlmmj+postfix median %s s (runs %s .. %s),' \
             "$c" "$m" "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")" \
