@@ -323,6 +323,7 @@ measure() {
         sleep 0.05
     done
     end=$(date +%s.%N)
+    echo $((base + want)) >"$BENCH_DIR/expected"
     cpu_delta "$cpu_before" "$(cpu_now)" >"$BENCH_DIR/cpu.$side"
     if [ "$(delivered)" -lt $((base + want)) ]; then
         echo "$side $case $mode: only $(($(delivered) - base)) of $want transactions arrived" >&2
@@ -331,6 +332,31 @@ measure() {
     awk -v a="$start" -v e="$end" 'BEGIN { printf "%.2f\n", e - a }'
 }
 pepsi_reset() { bench_queue_empty pepsi.destination; }
+# settle: wait (two minutes at most) until neither side has anything left
+# to do, Pepsi's queue, Postfix's and mlmmj's empty and the sinks' count
+# still for a second, so that no transaction or CPU of one run falls in
+# the next (the count a run waits for is reached by the transactions of
+# any side: before 2026-12-07 a side's leftovers ended the other's
+# measure early).  Says so if the sinks took more transactions than the
+# runs counted.
+settle() {
+    local last now expected
+    for _ in $(seq 1 120); do
+        last=$(delivered)
+        sleep 1
+        now=$(delivered)
+        [ "$now" = "$last" ] || continue
+        [ "$(bench_queue_rows)" = 0 ] || continue
+        [ -z "$(find "$postfix_dir/spool/incoming" "$postfix_dir/spool/active" "$postfix_dir/spool/deferred" \
+            "$postfix_dir/spool/maildrop" "$ml_dir"/*/queue -maxdepth 1 -type f 2>/dev/null | head -1)" ] || continue
+        expected=$(cat "$BENCH_DIR/expected" 2>/dev/null || echo "$now")
+        [ "$now" -le "$expected" ] ||
+            echo "bench/list: the sinks took $((now - expected)) transactions more than the runs counted" >&2
+        echo "$now" >"$BENCH_DIR/expected"
+        return 0
+    done
+    echo "bench/list: the queues did not empty within two minutes (the next run is not alone)" >&2
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -342,18 +368,21 @@ bench_started=$(date +%s)
 for c in $cases; do
     for m in $modes; do
         if [ "${BENCH_WARMUP:-1}" = 1 ]; then
+            settle
             pepsi_reset
             wp=$(measure pepsi "$c" "$m")
             sync
+            settle
             wm=$(measure mlmmj "$c" "$m")
             echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s"
         fi
         declare -a tp=() tm=() rr=()
         for ((r = 1; r <= repeats; r++)); do
+            settle
             pepsi_reset
-            sleep 1
             p=$(measure pepsi "$c" "$m")
             sync
+            settle
             q=$(measure mlmmj "$c" "$m")
             tp+=("$p") tm+=("$q") rr+=("$(ratio "$q" "$p")")
             printf 'run %d %s %s: pepsi %s s, mlmmj+postfix %s s, ratio %s (load %s)\n' \
