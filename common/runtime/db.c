@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/xalloc.h"
 #include "process/secret.h"
 
 #define DB_TRANSIENT_ATTEMPTS 5
@@ -356,6 +357,85 @@ db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams, c
 			PQclear(res);
 			res = db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
 		}
+	}
+	return res;
+}
+
+/* The statements db_exec_kept prepared; beyond DB_KEPT_MAX they go as text. */
+#define DB_KEPT_MAX 32
+struct db_kept_statement
+{
+	char   *sql;
+	PGconn *conn; /* the session it was prepared in (with its backend's pid) */
+	int		backend_pid;
+	char	name[24];
+};
+static struct db_kept_statement db_kept[DB_KEPT_MAX];
+static size_t					db_kept_count;
+static bool						db_keeping = true;
+
+void
+db_keep_statements(bool keep)
+{
+	db_keeping = keep;
+}
+
+static bool
+db_kept_prepare(PGconn *conn, struct db_kept_statement *k)
+{
+	PGresult *res = PQprepare(conn, k->name, k->sql, 0, NULL);
+	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+	PQclear(res);
+	k->conn = ok ? conn : NULL;
+	k->backend_pid = ok ? PQbackendPID(conn) : 0;
+	return ok;
+}
+
+/* 26000: no such prepared statement; 0A000: its cached plan's result type changed. */
+static bool
+db_kept_lost(const PGresult *res)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return state && (strcmp(state, "26000") == 0 || strcmp(state, "0A000") == 0);
+}
+
+PGresult *
+db_exec_kept(PGconn *conn, const char *sql, int nparams, const char *const *values, const int *lengths,
+			 const int *formats)
+{
+	struct db_kept_statement *k = NULL;
+	PGresult				 *res;
+
+	if (!db_keeping)
+		return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
+	for (size_t i = 0; i < db_kept_count && k == NULL; i++)
+		if (strcmp(db_kept[i].sql, sql) == 0)
+			k = &db_kept[i];
+	if (k == NULL)
+	{
+		if (db_kept_count == DB_KEPT_MAX)
+			return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
+		k = &db_kept[db_kept_count];
+		k->sql = xstrdup(sql);
+		snprintf(k->name, sizeof(k->name), "pepsi_kept_%zu", db_kept_count);
+		db_kept_count++;
+	}
+	/* (A failed preparation is the statement's own error: as text, the server says it.) */
+	if ((k->conn != conn || k->backend_pid != PQbackendPID(conn)) && !db_kept_prepare(conn, k))
+		return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
+	res = db_retry(conn, NULL, k->name, nparams, values, lengths, formats);
+	if (db_kept_lost(res) && PQtransactionStatus(conn) == PQTRANS_IDLE)
+	{
+		char *deallocate = xasprintf("DEALLOCATE %s", k->name);
+
+		PQclear(res);
+		PQclear(PQexec(conn, deallocate));
+		free(deallocate);
+		if (!db_kept_prepare(conn, k))
+			return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
+		res = db_retry(conn, NULL, k->name, nparams, values, lengths, formats);
 	}
 	return res;
 }

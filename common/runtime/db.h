@@ -98,6 +98,21 @@ PGresult *db_exec_prepared(PGconn *conn, const char *name, const char *sql, int 
 						   int result_format);
 bool	  db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
 /*
+ * The statements a worker runs for every message (its commit, the relay's
+ * calls on pepsi.destination): prepared in the session at their first
+ * use, then executed by name, so that PostgreSQL parses and plans each
+ * once a session rather than once a message.  sql is the key (a statement
+ * built at run time may be given: its text is compared); the preparation
+ * is redone on a new session (another backend), and once more if the
+ * server lost it (DEALLOCATE, or a function's result type changed by an
+ * upgrade).  After db_keep_statements(false) (a pooler in transaction
+ * mode, which keeps nothing in a session: [database] STAGE_POOLED) every
+ * call goes as text, as db_exec's.  Retried on transient failure.
+ */
+void	  db_keep_statements(bool keep);
+PGresult *db_exec_kept(PGconn *conn, const char *sql, int nparams, const char *const *values,
+					   const int *lengths, const int *formats);
+/*
  * Build a PostgreSQL array literal for a text parameter: start with "{",
  * append elements (NULL for a SQL NULL; quoted and escaped otherwise), end
  * with "}".

@@ -932,6 +932,7 @@ pepsi_worker_main(const struct pepsi_stage *stage, int argc, char **argv)
 	 * it, never through the pooler; the others with STAGE_CONNINFO.
 	 */
 	w.pooled = stage->conninfo_section == NULL && config_bool(w.cfg, "database", "STAGE_POOLED");
+	db_keep_statements(!w.pooled);
 	if ((w.conn = stage->conninfo_section
 					  ? db_connect_as(w.cfg, stage->conninfo_section, "CONNINFO", stage->program, err, sizeof(err))
 					  : db_connect_as(w.cfg, "database", "STAGE_CONNINFO", stage->program, err, sizeof(err)))

@@ -177,13 +177,8 @@ stage_commit_attempt(struct pepsi_ctx *ctx)
 		sql = stage_with_mail_log("SELECT pepsi.workqueue_commit($1, $2, $3, $4, $5, $6, $7, $8,"
 								  " $9, $10, $11, $12, $13::uuid)",
 								  events, 14);
-		res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
-		if (db_error_is_transient(res))
-		{
-			PQclear(res);
-			db_transient_retries++;
-			res = PQexecParams(conn, sql, nparams, NULL, values, lengths, formats, 0);
-		}
+		/* Every row's: prepared once a session (db_exec_kept). */
+		res = db_exec_kept(conn, sql, nparams, values, lengths, formats);
 	}
 	rc = stage_check_result(ctx, res, "commit");
 	free(sql);

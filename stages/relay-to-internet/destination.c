@@ -324,15 +324,15 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	values[11] = share->stage;
 	values[12] = tls_counts;
 	/* (The TLS session counts ride along when they are due: tls_tally.h.) */
-	res = db_exec(conn,
-				  tls_counts ? "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
-							   " pepsi.tls_tally($13::jsonb)"
-							   " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-							   " $9, $10, $11, $12)"
-							 : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
-							   " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-							   " $9, $10, $11, $12)",
-				  tls_counts ? 13 : 12, values);
+	res = db_exec_kept(conn,
+					   tls_counts ? "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
+									" pepsi.tls_tally($13::jsonb)"
+									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+									" $9, $10, $11, $12)"
+								  : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
+									" $9, $10, $11, $12)",
+					   tls_counts ? 13 : 12, values, NULL, NULL);
 	free(tls_counts);
 	if (tls_sent && internet_tls_tally_refused(res))
 	{
@@ -431,12 +431,12 @@ destination_end(PGconn *conn, const char *domain, int slot, const struct destina
 	values[12] = e->tls_policy;
 	values[13] = e->tls_outcome;
 	/* (The TLS result only when there is one: the call stays the one a 0.4 schema takes.) */
-	res = db_exec(conn,
-				  e->tls_policy ? "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
-								  " $8::inet[], $9, $10, $11, $12, $13, $14)"
-								: "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
-								  " $8::inet[], $9, $10, $11, $12)",
-				  e->tls_policy ? 14 : 12, values);
+	res = db_exec_kept(conn,
+					   e->tls_policy ? "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
+									   " $8::inet[], $9, $10, $11, $12, $13, $14)"
+									 : "SELECT pepsi.destination_end($1, $2, $3, $4, $5, $6::inet, $7::text[],"
+									   " $8::inet[], $9, $10, $11, $12)",
+					   e->tls_policy ? 14 : 12, values, NULL, NULL);
 	ok = destination_ok(res, conn, "pepsi.destination_end", err, errlen) && PQntuples(res) == 1;
 	*contended = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
