@@ -328,13 +328,50 @@ db_sqlstate_is(const PGresult *res, const char *state)
 	return found && strcmp(found, state) == 0;
 }
 
+/* Keep statements in sessions (db_keep_statements: false behind a pooler). */
+static bool db_keeping = true;
+
+void
+db_keep_statements(bool keep)
+{
+	db_keeping = keep;
+}
+
+/*
+ * The session lost name: 26000, no such prepared statement (DISCARD ALL,
+ * DEALLOCATE, a pooler's other server session), or 0A000, its cached plan's
+ * result type changed (an upgrade replaced a function it calls), where the
+ * session still holds the stale one and must drop it before preparing
+ * again.
+ */
+static bool
+db_statement_lost(PGconn *conn, struct db_session *s, const char *name, const PGresult *res)
+{
+	bool stale = db_sqlstate_is(res, "0A000");
+
+	if (PQresultStatus(res) != PGRES_FATAL_ERROR || !(stale || db_sqlstate_is(res, "26000")))
+		return false;
+	db_session_holds(s, name, false);
+	if (stale && PQtransactionStatus(conn) == PQTRANS_IDLE)
+	{
+		char *deallocate = xasprintf("DEALLOCATE %s", name);
+
+		PQclear(PQexec(conn, deallocate));
+		free(deallocate);
+	}
+	return true;
+}
+
 PGresult *
 db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams, const char *const *values,
 				 const int *lengths, const int *formats, int result_format)
 {
-	struct db_session *s = db_session_of(conn);
+	struct db_session *s;
 	PGresult		  *res;
 
+	if (!db_keeping)
+		return db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
+	s = db_session_of(conn);
 	if (db_session_find(s, name) == s->count && !s->refused && PQtransactionStatus(conn) == PQTRANS_IDLE)
 	{
 		res = PQprepare(conn, name, sql, nparams, NULL);
@@ -348,96 +385,41 @@ db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams, c
 	if (db_session_find(s, name) == s->count)
 		return db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
 	res = db_retry(conn, NULL, name, nparams, values, lengths, formats, result_format);
-	if (PQresultStatus(res) == PGRES_FATAL_ERROR && db_sqlstate_is(res, "26000"))
+	/* Lost: prepared again on its next use; inside a transaction the answer is the caller's. */
+	if (db_statement_lost(conn, s, name, res) && PQtransactionStatus(conn) == PQTRANS_IDLE)
 	{
-		/* The session lost it: prepared again on its next use. */
-		db_session_holds(s, name, false);
-		if (PQtransactionStatus(conn) == PQTRANS_IDLE)
-		{
-			PQclear(res);
-			res = db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
-		}
+		PQclear(res);
+		res = db_retry(conn, sql, NULL, nparams, values, lengths, formats, result_format);
 	}
 	return res;
 }
 
-/* The statements db_exec_kept prepared; beyond DB_KEPT_MAX they go as text. */
+/*
+ * db_exec_kept's statements are named by their text: the first DB_KEPT_MAX
+ * texts a process runs get a name each (pepsi_kept_N), the rest go as
+ * text.  Which session holds which name is db_exec_prepared's to track.
+ */
 #define DB_KEPT_MAX 32
-struct db_kept_statement
-{
-	char   *sql;
-	PGconn *conn; /* the session it was prepared in (with its backend's pid) */
-	int		backend_pid;
-	char	name[24];
-};
-static struct db_kept_statement db_kept[DB_KEPT_MAX];
-static size_t					db_kept_count;
-static bool						db_keeping = true;
-
-void
-db_keep_statements(bool keep)
-{
-	db_keeping = keep;
-}
-
-static bool
-db_kept_prepare(PGconn *conn, struct db_kept_statement *k)
-{
-	PGresult *res = PQprepare(conn, k->name, k->sql, 0, NULL);
-	bool	  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-
-	PQclear(res);
-	k->conn = ok ? conn : NULL;
-	k->backend_pid = ok ? PQbackendPID(conn) : 0;
-	return ok;
-}
-
-/* 26000: no such prepared statement; 0A000: its cached plan's result type changed. */
-static bool
-db_kept_lost(const PGresult *res)
-{
-	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-
-	return state && (strcmp(state, "26000") == 0 || strcmp(state, "0A000") == 0);
-}
+static char	*db_kept_sql[DB_KEPT_MAX];
+static size_t db_kept_count;
 
 PGresult *
 db_exec_kept(PGconn *conn, const char *sql, int nparams, const char *const *values, const int *lengths,
 			 const int *formats)
 {
-	struct db_kept_statement *k = NULL;
-	PGresult				 *res;
+	char   name[24];
+	size_t i = 0;
 
-	if (!db_keeping)
-		return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
-	for (size_t i = 0; i < db_kept_count && k == NULL; i++)
-		if (strcmp(db_kept[i].sql, sql) == 0)
-			k = &db_kept[i];
-	if (k == NULL)
+	while (i < db_kept_count && strcmp(db_kept_sql[i], sql) != 0)
+		i++;
+	if (i == db_kept_count)
 	{
 		if (db_kept_count == DB_KEPT_MAX)
-			return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
-		k = &db_kept[db_kept_count];
-		k->sql = xstrdup(sql);
-		snprintf(k->name, sizeof(k->name), "pepsi_kept_%zu", db_kept_count);
-		db_kept_count++;
+			return db_retry(conn, sql, NULL, nparams, values, lengths, formats, 0);
+		db_kept_sql[db_kept_count++] = xstrdup(sql);
 	}
-	/* (A failed preparation is the statement's own error: as text, the server says it.) */
-	if ((k->conn != conn || k->backend_pid != PQbackendPID(conn)) && !db_kept_prepare(conn, k))
-		return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
-	res = db_retry(conn, NULL, k->name, nparams, values, lengths, formats);
-	if (db_kept_lost(res) && PQtransactionStatus(conn) == PQTRANS_IDLE)
-	{
-		char *deallocate = xasprintf("DEALLOCATE %s", k->name);
-
-		PQclear(res);
-		PQclear(PQexec(conn, deallocate));
-		free(deallocate);
-		if (!db_kept_prepare(conn, k))
-			return db_retry(conn, sql, NULL, nparams, values, lengths, formats);
-		res = db_retry(conn, NULL, k->name, nparams, values, lengths, formats);
-	}
-	return res;
+	snprintf(name, sizeof(name), "pepsi_kept_%zu", i);
+	return db_exec_prepared(conn, name, sql, nparams, values, lengths, formats, 0);
 }
 
 bool

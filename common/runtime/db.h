@@ -86,29 +86,25 @@ PGresult *db_exec(PGconn *conn, const char *sql, int nparams, const char *const 
  * sql, the same way as db_exec (retried on transient failure), with
  * result_format (0 text, 1 binary); it prepares it first when the session
  * does not hold it yet, outside a transaction only (a PREPARE that failed
- * inside one would abort it).  It goes as a plain statement instead when
- * preparing failed in the session, and once when the session answers that
- * the statement does not exist (SQLSTATE 26000: DISCARD ALL, DEALLOCATE,
- * a pooler's other server session), which is then prepared again on its
- * next use; inside a transaction that answer is the caller's, as the
- * transaction is aborted.
+ * inside one would abort it), so that PostgreSQL parses and plans it once
+ * a session rather than once a call.  It goes as a plain statement instead
+ * when preparing failed in the session, and once when the session answers
+ * that it lost the statement (SQLSTATE 26000: DISCARD ALL, DEALLOCATE, a
+ * pooler's other server session; 0A000: a function's result type changed
+ * by an upgrade, the stale statement then deallocated), which is then
+ * prepared again on its next use; inside a transaction that answer is the
+ * caller's, as the transaction is aborted.  After db_keep_statements(false)
+ * (a pooler in transaction mode, which keeps nothing in a session:
+ * [database] STAGE_POOLED) every call goes as text.
+ *
+ * db_exec_kept is db_exec_prepared for the statements a worker runs for
+ * every message (its commit, the relay's calls on pepsi.destination),
+ * named by their text: a statement built at run time may be given.
  */
 PGresult *db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams,
 						   const char *const *values, const int *lengths, const int *formats,
 						   int result_format);
 bool	  db_prepare(PGconn *conn, const char *name, const char *sql, char *err, size_t errlen);
-/*
- * The statements a worker runs for every message (its commit, the relay's
- * calls on pepsi.destination): prepared in the session at their first
- * use, then executed by name, so that PostgreSQL parses and plans each
- * once a session rather than once a message.  sql is the key (a statement
- * built at run time may be given: its text is compared); the preparation
- * is redone on a new session (another backend), and once more if the
- * server lost it (DEALLOCATE, or a function's result type changed by an
- * upgrade).  After db_keep_statements(false) (a pooler in transaction
- * mode, which keeps nothing in a session: [database] STAGE_POOLED) every
- * call goes as text, as db_exec's.  Retried on transient failure.
- */
 void	  db_keep_statements(bool keep);
 PGresult *db_exec_kept(PGconn *conn, const char *sql, int nparams, const char *const *values,
 					   const int *lengths, const int *formats);
