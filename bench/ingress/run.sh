@@ -10,13 +10,16 @@
 #            message as usual; a HOLD action keeps the queue from being
 #            drained, so neither side delivers anything
 # alternately, BENCH_REPEATS times, and prints the medians in messages per
-# second and the ratio pepsi/postfix (target: at least 2).
+# second and the ratio pepsi/postfix (target: at least 5), and the CPU
+# each side used a message, the client's apart.
 #
 # Then the group-commit choices (BENCH_VARIANTS, "connections:batch" each,
 # one run each), and the resident memory of pepsi-ingress per idle session
 # with IDLE_SESSIONS sessions open (target: under 64 KB).  Last, policy.sh:
 # the same comparison with relay control and recipient validation on, the
 # relayed share sent by authenticated sessions (STARTTLS, AUTH PLAIN).
+# BENCH_PARTS=compare runs the side-by-side comparison alone (all: every
+# part, the default).
 #
 # Needs: postfix (installed here with debconf "No configuration" when it is
 # missing, so no system instance is set up), pepsi-ingress built, the
@@ -30,6 +33,11 @@ sessions=${BENCH_SESSIONS:-20}
 messages=${BENCH_MESSAGES:-20000}
 idle_sessions=${BENCH_IDLE_SESSIONS:-1000}
 variants=${BENCH_VARIANTS:-"4:64 1:64 20:1"}
+parts=${BENCH_PARTS:-all}
+case $parts in
+all | compare) ;;
+*) echo "BENCH_PARTS must be all or compare, not '$parts'" >&2; exit 2 ;;
+esac
 ingress_bin="$bench_top/build/bin/pepsi-ingress"
 out_dir="$bench_top/bench/out"
 mkdir -p "$out_dir"
@@ -76,14 +84,28 @@ start_postfix() {
         "smtpd_end_of_data_restrictions = check_client_access static:HOLD"
 }
 
-# send PORT: smtp-source's run; prints messages per second.
+# send PORT SERVER_PID...: smtp-source's run; prints messages per second,
+# then the CPU milliseconds a message the servers (the processes given and
+# their children: the postmaster's backends, Postfix's master's smtpd and
+# cleanup; pepsi-ingress) and smtp-source itself used.
+ticks_per_second=$(getconf CLK_TCK)
+server_ticks() {
+    local pid total=0
+    for pid in "$@"; do total=$((total + $(bench_tree_ticks "$pid"))); done
+    echo "$total"
+}
 send() {
-    local port=$1 start end
+    local port=$1 start end ticks0 ticks1 client
+    shift
+    ticks0=$(server_ticks "$@")
     start=$(date +%s.%N)
-    /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
-        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1
+    client=$( { /usr/bin/time -f '%U %S' /usr/sbin/smtp-source -d -s "$sessions" -m "$messages" -l 2048 \
+        -f sender@example.org -t rcpt@example.net "127.0.0.1:$port" >>"$log" 2>&1; } 2>&1 | tail -1)
     end=$(date +%s.%N)
-    awk -v n="$messages" -v a="$start" -v b="$end" 'BEGIN { printf "%.1f\n", n / (b - a) }'
+    ticks1=$(server_ticks "$@")
+    awk -v n="$messages" -v a="$start" -v b="$end" -v t=$((ticks1 - ticks0)) -v hz="$ticks_per_second" \
+        -v c="$client" 'BEGIN { split(c, u, " ")
+            printf "%.1f %.3f %.3f\n", n / (b - a), 1000 * t / hz / n, 1000 * (u[1] + u[2]) / n }'
 }
 
 pepsi_rows() { bench_queue_rows; }
@@ -94,34 +116,47 @@ postfix_reset() { bench_postfix_drop_held "$postfix_dir"; }
 start_postfix
 start_ingress 4 64
 
+postmaster_pid=$(head -1 "$BENCH_DIR/data/postmaster.pid")
+postfix_master_pid=$(head -1 "$postfix_dir/spool/pid/master.pid" | tr -d ' ')
+
 echo "bench/ingress: smtp-source -s $sessions -m $messages -l 2048, $repeats runs each side, alternating"
-pepsi_rates=()
-postfix_rates=()
+echo "(CPU ms a message: the server's processes with their children, and smtp-source's own)"
+pepsi_rates=() pepsi_cpus=() pepsi_clients=()
+postfix_rates=() postfix_cpus=() postfix_clients=()
 for ((r = 1; r <= repeats; r++)); do
     pepsi_reset
-    rate=$(send "$pepsi_port")
+    read -r rate cpu client < <(send "$pepsi_port" "$BENCH_INGRESS_PID" "$postmaster_pid")
     stored=$(pepsi_rows)
     [ "$stored" -eq "$messages" ] || { echo "pepsi stored $stored of $messages" >&2; exit 1; }
-    pepsi_rates+=("$rate")
+    pepsi_rates+=("$rate") pepsi_cpus+=("$cpu") pepsi_clients+=("$client")
     postfix_reset
-    rate_pf=$(send "$postfix_port")
+    read -r rate_pf cpu_pf client_pf < <(send "$postfix_port" "$postfix_master_pid")
     held=$(postfix_held)
     [ "$held" -eq "$messages" ] || { echo "postfix queued $held of $messages" >&2; exit 1; }
-    postfix_rates+=("$rate_pf")
-    printf 'run %d: pepsi %s msg/s, postfix %s msg/s\n' "$r" "$rate" "$rate_pf"
+    postfix_rates+=("$rate_pf") postfix_cpus+=("$cpu_pf") postfix_clients+=("$client_pf")
+    printf 'run %d: pepsi %s msg/s (CPU %s ms, client %s), postfix %s msg/s (CPU %s ms, client %s)\n' \
+        "$r" "$rate" "$cpu" "$client" "$rate_pf" "$cpu_pf" "$client_pf"
 done
+range() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { a = $1 } { b = $1 } END { printf "%s..%s", a, b }'; }
 pepsi_median=$(bench_median "${pepsi_rates[@]}")
 postfix_median=$(bench_median "${postfix_rates[@]}")
-printf '%-26s %10s msg/s\n' "pepsi-ingress (4 x 64)" "$pepsi_median" "postfix smtpd" "$postfix_median"
-printf 'ratio pepsi/postfix: %s (target >= 2.00)\n' \
-    "$(awk -v a="$pepsi_median" -v b="$postfix_median" 'BEGIN { printf "%.2f", a / b }')"
+printf '%-26s %10s msg/s (%s), CPU %s ms a message, client %s ms\n' \
+    "pepsi-ingress (4 x 64)" "$pepsi_median" "$(range "${pepsi_rates[@]}")" \
+    "$(bench_median "${pepsi_cpus[@]}")" "$(bench_median "${pepsi_clients[@]}")" \
+    "postfix smtpd" "$postfix_median" "$(range "${postfix_rates[@]}")" \
+    "$(bench_median "${postfix_cpus[@]}")" "$(bench_median "${postfix_clients[@]}")"
+printf 'ratio pepsi/postfix: %s (target >= 5.00); load average %s\n' \
+    "$(awk -v a="$pepsi_median" -v b="$postfix_median" 'BEGIN { printf "%.2f", a / b }')" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+
+[ "$parts" = all ] || exit 0
 
 echo
 echo "group commit: DATABASE_CONNECTIONS x BATCH_SIZE, one run each"
 for v in $variants; do
     start_ingress "${v%%:*}" "${v##*:}"
     pepsi_reset
-    rate=$(send "$pepsi_port")
+    read -r rate _ < <(send "$pepsi_port")
     printf '%-26s %10s msg/s (%s rows)\n' "pepsi-ingress (${v%%:*} x ${v##*:})" "$rate" "$(pepsi_rows)"
 done
 
