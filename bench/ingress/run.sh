@@ -27,27 +27,34 @@
 #   at 11fd102: pepsi 1,603.9 msg/s (1,415.4..1,882.3), CPU 0.34 ms;
 #     postfix 694.4 (539.1..1,123.1), CPU 2.28 ms; ratio 2.31; load
 #     average 27.06 23.55 13.31 (others' nice-19 builds and tests)
-#   with the gathered commit (admit.c): AFTER_FIGURES
-# Where a message's time goes (a profiled run, 20,000 messages, 1,528
-# msg/s before, 1,562 after): PostgreSQL 0.19-0.21 ms of CPU a message
-# (0.16-0.18 ms of it in pepsi.workqueue_add: 0.09-0.11 ms the INSERTs,
-# 0.005 ms the foreign key's check), pepsi-ingress 0.09-0.10 ms,
-# smtp-source 0.07 ms: about 0.37 ms of CPU in a message's 12.8 ms
-# cycle (20 sessions / 1,560 msg/s), 0.6 of the 2 cores.  Pepsi is not CPU-bound: the
-# WAL flush took 3.3 ms (5.1 ms in another run: the disk is shared),
-# and before the gathered commit 2,649 flushes (7.5 messages each) kept
-# it busy 8.7 s of the 13 s run; after it 1,395 (14 each), 4.6 s, with
-# no gain in rate.  The rest is waiting to be run: during a run the
-# others' nice-19 processes took 69% of the machine's CPU time
-# (/proc/stat, 1,194 of 1,720 jiffies; the benchmark's own user and
-# system time 480), and one session alone takes 8.9 ms a message (flush
-# included).  Postfix spends 1.2-2.8 ms of CPU a message (smtpd,
-# cleanup, trivial-rewrite and its master), so at 5x Postfix's median
-# (3,470 msg/s) a message's cycle would be 5.8 ms for 20 sessions: one
-# 3.3-5 ms flush plus four SMTP round trips, each a wake-up of
-# smtp-source and of pepsi-ingress on a host whose cores are busy with
-# other work.  5x is out of reach on this machine today: the limit is
-# the flush's latency and the scheduling delay, not Pepsi's CPU.
+#   with the gathered commit (admit.c), 30f7b2a: pepsi 1,835.2 msg/s
+#     (1,624.4..2,083.6), CPU 0.35 ms, smtp-source 0.08 ms; postfix
+#     547.0 (540.2..1,161.6), CPU 3.05 ms, smtp-source 0.14 ms; ratio
+#     3.36; load average 27.33 21.59 23.90
+#   Postfix's rate and CPU a message swing by 2x from run to run (1.2 to
+#   3.1 ms: at 547 msg/s it keeps 1.7 of the 2 cores busy), Pepsi's by
+#   30%: the ratio moves with Postfix's runs more than with Pepsi's.
+# Where a message's time goes (a profiled run, 20,000 messages, 1,528 msg/s
+# before, 1,562 after): PostgreSQL 0.19-0.21 ms of CPU a message (0.16-0.18
+# ms of it in pepsi.workqueue_add: 0.09-0.11 ms the INSERTs, 0.005 ms the
+# foreign key's check), pepsi-ingress 0.09-0.10 ms, smtp-source 0.07 ms:
+# about 0.37 ms of CPU in a message's 12.8 ms cycle (20 sessions / 1,560
+# msg/s), 0.6 of the 2 cores.  Pepsi is not CPU-bound: the WAL flush took
+# 3.3 ms (5.1 ms in another run: the disk is shared), and before the
+# gathered commit 2,649 flushes (7.5 messages each) kept it busy 8.7 s
+# of the 13 s run; after it 1,395 (14 each), 4.6 s, with no gain in rate.
+# The rest is waiting to be run: during a run the others' nice-19 processes
+# took 69% of the machine's CPU time (/proc/stat, 1,194 of 1,720 jiffies;
+# the benchmark's own user and system time 480), and one session alone
+# takes 8.9 ms a message (flush included).  Postfix spends 1.2-3.1 ms
+# of CPU a message (smtpd, cleanup, trivial-rewrite and its master),
+# Pepsi 0.35 ms with its backends (0.43 ms with smtp-source's share);
+# at 5x Postfix's median (2,735 msg/s) a message's cycle would be 7.3 ms
+# for 20 sessions, against 10.9 ms measured: one 3.3-5 ms flush plus four
+# SMTP round trips, each a wake-up of smtp-source and of pepsi-ingress
+# on a host whose cores are busy with other work.  5x is out of reach on
+# this machine today: the limit is the flush's latency and the scheduling
+# delay, not Pepsi's CPU.
 #
 # Needs: postfix (installed here with debconf "No configuration" when it is
 # missing, so no system instance is set up), pepsi-ingress built, the
