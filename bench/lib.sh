@@ -95,6 +95,12 @@
 #                             are ready.  Sets BENCH_INGRESS_PID; stopped by
 #                             bench_cleanup or bench_ingress_stop
 #   bench_ingress_stop        stop it
+#   bench_tree_ticks PID      the CPU clock ticks (getconf CLK_TCK a second)
+#                             a process has used, with its reaped children's
+#                             and its live children's: the difference of two
+#                             calls is what the process and its children
+#                             (a postmaster's backends, Postfix's master's
+#                             smtpd and cleanup) used between them
 #   bench_queue_rows          the rows of pepsi.workqueue
 #   bench_queue_empty [TABLE...]
 #                             empty the queue, its bodies and TABLEs (tried
@@ -539,6 +545,15 @@ bench_ingress_start() {
 bench_ingress_stop() {
     bench_stop_pid "$BENCH_INGRESS_PID"
     BENCH_INGRESS_PID=
+}
+
+bench_tree_ticks() {
+    # cat, not awk's own files: a process may end between the glob and the
+    # read.  Fields after the command name (which may hold spaces) from 3.
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v parent="$1" '
+        { pid = $1; sub(/^.*\) /, ""); split($0, f, " ") }
+        pid == parent || f[2] == parent { total += f[12] + f[13] + f[14] + f[15] }
+        END { print total + 0 }'
 }
 
 bench_queue_rows() {

@@ -661,3 +661,11 @@ pgconn_sync(struct pgconn *c)
 	c->synced = true;
 	return pgconn_flush(c);
 }
+
+bool
+pgconn_push(struct pgconn *c)
+{
+	if (!pgconn_is_up(c) || !c->pipeline || c->sent == 0 || c->synced)
+		return false;
+	return pgconn_flush(c);
+}

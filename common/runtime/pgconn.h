@@ -120,5 +120,12 @@ bool pgconn_send_prepared(struct pgconn *c, const char *name, int nparams, const
 bool pgconn_send_prepare(struct pgconn *c, const char *name, const char *sql, int nparams);
 /* Pipeline mode: end the pipeline with a Sync (one transaction) and send it. */
 bool pgconn_sync(struct pgconn *c);
+/*
+ * Pipeline mode: send the statements queued so far without a Sync, so that
+ * the server runs them while the pipeline stays open (its transaction
+ * uncommitted); more may follow, and pgconn_sync ends it.  False if the
+ * connection was dropped.
+ */
+bool pgconn_push(struct pgconn *c);
 
 #endif

@@ -8,6 +8,19 @@
  * with one flush and one round trip, while the backend does no more work
  * per message than for a single call.  A few connections keep the next
  * batch filling while one is flushing (bench/ingress measures the choice).
+ *
+ * The known clients' light admissions go into an open pipeline: each call
+ * is sent as its message arrives, so the server runs it while another
+ * batch's commit is flushing, and the Sync that commits them waits for
+ * that commit (admit_gather).  One flush at a time is what the server
+ * does anyway; what the wait buys is the sessions that commit answered:
+ * they are back with their next message a few round trips later, well
+ * within one flush, and commit with this batch rather than in the flush
+ * after it.  Without it a burst's sessions split into two cohorts whose
+ * flushes alternate, each message waiting out the other cohort's flush
+ * and then its own.  Measured (bench/ingress's burst, 20 sessions, 20,000
+ * messages): 4,323 commits and 2,649 WAL flushes before, 1,847 and 1,395
+ * with it, 14 messages a flush rather than 7.5.
  */
 #include "admit.h"
 
@@ -57,6 +70,14 @@
  * wakes new clients cause are at least 1/ADMIT_WAKE_SPLIT of the interval
  * apart, so that many clients at once cost a bounded rate.
  */
+/*
+ * How long an open batch waits for the sessions the last commit answered
+ * to come back (admit_gather): a share of that commit's round trip, the
+ * time a returning message would otherwise lose, and at most
+ * ADMIT_GATHER_MAX.
+ */
+#define ADMIT_GATHER_SHARE 0.5
+#define ADMIT_GATHER_MAX 0.010
 #define ADMIT_WAKE_CLIENTS 16
 #define ADMIT_WAKE_SPLIT 10
 #define ADMIT_WAKE_CLIENT_MAX 64
@@ -100,6 +121,9 @@ struct dbconn
 	struct admission **batch;
 	size_t			   nbatch;
 	bool			   carries_wake; /* the batch's transaction also wakes the dispatcher */
+	bool			   open;		 /* the batch's calls are sent, its Sync not yet (admit_gather) */
+	bool			   gathered;	 /* a batch from the open pipeline is committing */
+	size_t			   bytes;		 /* the batch's headers and bodies */
 	double			   sent_at;		 /* when the pipeline in flight was sent */
 	bool			   failed;		 /* a call or the commit failed */
 	char			   error[512];
@@ -126,10 +150,20 @@ static struct
 	const char				  *report_instance;
 	bool					   report_due;
 	ev_prepare				   kick_watcher; /* batches what a loop iteration submitted */
-	bool					   kick_due;
-	bool					   wake_due;
-	double					   woken_at;		/* when the last wake was sent */
-	double					   wake_owed_since; /* the first commit no wake sent covers, or 0 */
+	/*
+	 * The open batch (admit_gather), and the sessions the last gathered
+	 * commit answered that have not submitted their next message yet
+	 * (the done callbacks' args), awaited until gather_until.
+	 */
+	struct dbconn *open;
+	void		 **returning;
+	size_t		   nreturning;
+	double		   gather_until;
+	ev_timer	   gather_timer;
+	bool		   kick_due;
+	bool		   wake_due;
+	double		   woken_at;		/* when the last wake was sent */
+	double		   wake_owed_since; /* the first commit no wake sent covers, or 0 */
 	/*
 	 * The clients admitted in the interval that began at clients_since
 	 * ([0]) and in the one before it ([1]), if it was the one just before.
@@ -242,6 +276,12 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->express = admit_client_is_new(a);
 	a->heavy = a->envelope.headers.len + a->envelope.body.len >= SMTP_HEAVY_MESSAGE;
 	a->queued_at = ev_now(admit.loop);
+	for (size_t i = 0; i < admit.nreturning; i++)
+		if (admit.returning[i] == arg)
+		{
+			admit.returning[i] = admit.returning[--admit.nreturning];
+			break;
+		}
 	admit_enqueue(a, false);
 	admit.kick_due = true;
 	return a;
@@ -276,6 +316,9 @@ dbconn_on_lost(struct pgconn *pg, const char *reason)
 		admit.in_flight--;
 	}
 	c->nbatch = 0;
+	c->open = c->gathered = false;
+	if (admit.open == c)
+		admit.open = NULL;
 	if (admit.shutting_down)
 		pgconn_close(pg);
 	if (!admit_available())
@@ -367,20 +410,32 @@ dbconn_queue(const struct dbconn *c)
 	return NULL;
 }
 
-/* Take queued admissions of one kind as one batch (one transaction). */
-static void
-dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
+/* Whether c's batch has room for a: BATCH_SIZE calls, ADMIT_BATCH_BYTES, and alone means alone. */
+static bool
+dbconn_has_room(const struct dbconn *c, const struct admission *a)
 {
-	size_t			  bytes = 0;
+	size_t size = a->envelope.headers.len + a->envelope.body.len;
+
+	if (c->nbatch == 0)
+		return true;
+	return c->nbatch < (size_t) admit.options.batch_size && !a->alone && !c->batch[c->nbatch - 1]->alone
+		   && c->bytes + size <= ADMIT_BATCH_BYTES;
+}
+
+/*
+ * Move queued admissions of q into c's batch while it has room, sending
+ * each one's call.  An open batch takes none that must wait for the new
+ * clients' batch in flight (admit_waits_for_express).  False if a call
+ * could not be sent: the connection is dropped, and its lost handler
+ * failed the batch.
+ */
+static bool
+dbconn_take(struct dbconn *c, struct admit_queue *q)
+{
 	struct admission *a;
 
-	c->nbatch = 0;
-	while (c->nbatch < (size_t) admit.options.batch_size && (a = q->head) != NULL)
+	while ((a = q->head) != NULL && dbconn_has_room(c, a) && !(c->open && admit_waits_for_express(a)))
 	{
-		size_t size = a->envelope.headers.len + a->envelope.body.len;
-
-		if (c->nbatch > 0 && (a->alone || bytes + size > ADMIT_BATCH_BYTES))
-			break;
 		admit_dequeue(q);
 		if (a->done == NULL)
 		{
@@ -389,17 +444,22 @@ dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
 			continue;
 		}
 		c->batch[c->nbatch++] = a;
+		c->bytes += a->envelope.headers.len + a->envelope.body.len;
 		admit.in_flight++;
-		bytes += size;
-		if (a->alone)
-			break;
+		if (!dbconn_send_admission(c, a))
+			return false;
 	}
-	if (c->nbatch == 0)
+	return true;
+}
+
+/* Take queued admissions of one kind as one batch (one transaction). */
+static void
+dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
+{
+	c->nbatch = 0;
+	c->bytes = 0;
+	if (!dbconn_take(c, q) || c->nbatch == 0)
 		return;
-	/* A call that cannot be sent drops the connection, whose lost handler fails the batch. */
-	for (size_t i = 0; i < c->nbatch; i++)
-		if (!dbconn_send_admission(c, c->batch[i]))
-			return;
 	/*
 	 * A batch of new clients' messages would wake the dispatcher as soon
 	 * as it commits (admit_wake_for): the wake rides in its transaction
@@ -414,6 +474,82 @@ dbconn_start_batch(struct dbconn *c, struct admit_queue *q)
 	if (c->carries_wake && !pgconn_send(c->pg, ADMIT_WAKE_SQL, 0, NULL, NULL, NULL))
 		return;
 	dbconn_send_sync(c, DBCONN_WORK_ADMIT);
+}
+
+/* Open a batch of the known clients' admissions on the idle connection c (admit_gather). */
+static void
+dbconn_open_batch(struct dbconn *c)
+{
+	c->nbatch = 0;
+	c->bytes = 0;
+	c->open = true;
+	admit.open = c;
+	if (!dbconn_take(c, &admit.queue))
+		return;
+	if (c->nbatch == 0)
+	{
+		c->open = false;
+		admit.open = NULL;
+		return;
+	}
+	(void) pgconn_push(c->pg); /* false: dropped, and the lost handler closed the batch */
+}
+
+/*
+ * The open batch takes what the known clients queued, its calls going
+ * out as they come, and commits when no other gathered batch is
+ * committing and the sessions the last one answered are back (or
+ * gather_until has passed); a full batch commits at once, as a batch of
+ * the old kind would.  See the top of the file.
+ */
+static void
+admit_gather(void)
+{
+	struct dbconn *c = admit.open;
+	size_t		   before;
+	double		   now = ev_now(admit.loop);
+
+	if (c == NULL)
+		return;
+	before = c->nbatch;
+	if (!dbconn_take(c, &admit.queue) || (c->nbatch > before && !pgconn_push(c->pg)))
+		return;
+	if (admit.queue.head == NULL || dbconn_has_room(c, admit.queue.head))
+	{
+		for (int i = 0; i < admit.nconns; i++)
+			if (admit.conns[i].gathered)
+				return; /* its completion kicks */
+		if (admit.nreturning > 0 && now < admit.gather_until)
+		{
+			if (!ev_is_active(&admit.gather_timer))
+			{
+				ev_timer_set(&admit.gather_timer, admit.gather_until - now, 0);
+				ev_timer_start(admit.loop, &admit.gather_timer);
+			}
+			return;
+		}
+	}
+	ev_timer_stop(admit.loop, &admit.gather_timer);
+	admit.nreturning = 0;
+	admit.open = NULL;
+	c->open = false;
+	c->gathered = true;
+	c->carries_wake = false;
+	dbconn_send_sync(c, DBCONN_WORK_ADMIT);
+}
+
+/* c's gathered batch committed: its sessions are awaited back (admit_gather). */
+static void
+admit_gathered(struct dbconn *c)
+{
+	double now = ev_now(admit.loop);
+	double wait = ADMIT_GATHER_SHARE * (now - c->sent_at);
+
+	admit.nreturning = 0;
+	for (size_t i = 0; i < c->nbatch; i++)
+		if (c->batch[i]->done)
+			admit.returning[admit.nreturning++] = c->batch[i]->arg;
+	admit.gather_until = now + (wait < ADMIT_GATHER_MAX ? wait : ADMIT_GATHER_MAX);
 }
 
 static void
@@ -626,6 +762,9 @@ dbconn_on_done(struct pgconn *pg)
 			c->dmarc = NULL;
 			break;
 		case DBCONN_WORK_ADMIT:
+			if (c->gathered && !c->failed)
+				admit_gathered(c);
+			c->gathered = false;
 			if (!c->failed)
 			{
 				admit_wake_for(c);
@@ -755,8 +894,15 @@ admit_kick(void)
 			else if (admit.report_due && !c->express)
 				dbconn_start_report(c);
 			else if ((q = dbconn_queue(c)) != NULL)
-				dbconn_start_batch(c, q);
+			{
+				/* The known clients' admissions go into the open batch while it has room. */
+				if (q == &admit.queue && !q->head->alone && admit.open == NULL)
+					dbconn_open_batch(c);
+				else if (!(q == &admit.queue && admit.open && dbconn_has_room(admit.open, q->head)))
+					dbconn_start_batch(c, q);
+			}
 		}
+		admit_gather();
 	} while (again);
 	running = false;
 }
@@ -782,6 +928,12 @@ admit_on_config_changed(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 static void
+admit_on_gather(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	admit_kick();
+}
+
+static void
 admit_on_wake(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	admit.wake_due = true;
@@ -798,6 +950,8 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	admit.conns = xcalloc((size_t) admit.nconns, sizeof(*admit.conns));
 	admit.express = &admit.conns[options->connections];
 	admit.express->express = true;
+	admit.returning = xcalloc((size_t) options->batch_size, sizeof(*admit.returning));
+	ev_timer_init(&admit.gather_timer, admit_on_gather, 0, 0);
 	ev_timer_init(&admit.wake_timer, admit_on_wake, 0, 0);
 	ev_timer_init(&admit.config_changed_timer, admit_on_config_changed, 0, 0);
 	ev_prepare_init(&admit.kick_watcher, admit_on_prepare);
@@ -841,6 +995,7 @@ admit_shutdown(void)
 
 	admit.shutting_down = true;
 	ev_timer_stop(admit.loop, &admit.wake_timer);
+	ev_timer_stop(admit.loop, &admit.gather_timer);
 	ev_timer_stop(admit.loop, &admit.config_changed_timer);
 	ev_prepare_stop(admit.loop, &admit.kick_watcher);
 	for (int i = 0; i < admit.nconns; i++)
@@ -871,4 +1026,5 @@ admit_shutdown(void)
 		free(c->batch);
 	}
 	free(admit.conns);
+	free(admit.returning);
 }
