@@ -30,6 +30,16 @@
 #   light_longest_wait_seconds      t/048_dispatch_no_starvation: no light
 #                                   sender's message waits more than 5 s
 #                                   behind a burst
+#   slow_content_cut_seconds        t/032: a client sending content under
+#                                   MIN_DATA_RATE is cut soon after the
+#                                   grace period (10 s), within 20 s of its
+#                                   content's start
+#   session_deadline_cut_seconds    t/032: a session busy with NOOPs is cut
+#                                   within 8 s of its start (SESSION_DEADLINE
+#                                   3 s)
+#   dns_lookups_together_seconds    t/070: thirteen lookups, one of them
+#                                   never answered (DNS_TIMEOUT 1 s), take
+#                                   under 2.5 s: they run together
 # The machine's load average is printed with them: on a loaded machine
 # the medians say little.  Reports, does not judge (bench/run-all.sh).
 set -euo pipefail
@@ -37,7 +47,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 
 repeats=${BENCH_REPEATS:-5}
-files=${BENCH_TIMING_TAP:-t/016_claim_below_floor.pl t/039_ingress_wake.pl t/041_dispatch_workers.pl t/047_dispatch_queue_reset.pl t/048_dispatch_no_starvation.pl}
+files=${BENCH_TIMING_TAP:-t/016_claim_below_floor.pl t/032_ingress_limits.pl t/039_ingress_wake.pl t/041_dispatch_workers.pl
+    t/047_dispatch_queue_reset.pl t/048_dispatch_no_starvation.pl t/070_dns.pl}
 out_dir="$top/bench/out"
 mkdir -p "$out_dir"
 log="$out_dir/timing.log"
@@ -53,6 +64,9 @@ declare -A bound=(
     [reset_drain_after_over_before]='<=2+'
     [reset_single_message_seconds]='<3'
     [light_longest_wait_seconds]=5
+    [slow_content_cut_seconds]='<20'
+    [session_deadline_cut_seconds]='<8'
+    [dns_lookups_together_seconds]='<2.5'
 )
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
