@@ -202,7 +202,7 @@ sub attempts
 my $missing_attempts = qr/stage missing: cannot start \/nonexistent\/pepsi-stage-missing: No such file or directory; holding the stage off/;
 $started = time;
 my ($missing) = add_rows($node, 1, stage => 'missing');
-ok(poll_until(sub { attempts($missing_attempts) >= 3 }, 20),
+ok(poll_until(sub { attempts($missing_attempts) >= 3 }),
 	'a missing PROGRAM: three attempts to start it');
 # SPAWN_COOLDOWN apart, not a tight loop: bench/timing.
 note(sprintf('timing missing_program_cooldowns_per_attempt %.3f',
@@ -248,7 +248,7 @@ ok( poll_until(
 my $broken_attempts = qr/stage broken: worker \d+ exited with status 1 before reading its input; holding the stage off/;
 $started = time;
 my @broken = add_rows($node, 3, stage => 'broken');
-ok(poll_until(sub { attempts($broken_attempts) >= 3 }, 20),
+ok(poll_until(sub { attempts($broken_attempts) >= 3 }),
 	'a program that exits at start: three attempts to start it');
 # SPAWN_COOLDOWN apart: bench/timing.
 note(sprintf('timing exits_at_start_cooldowns_per_attempt %.3f',
