@@ -645,8 +645,8 @@ unit-tests: $(UNIT_TESTS)
 # The unit tests and the programs again, built with AddressSanitizer and
 # UBSan into build/san/.  scripts/check.sh runs every unit test binary
 # under build/, and the daemons' TAP tests of $(SANITIZE_TAP) against
-# build/san/bin instead of build/bin (but for those of its TAP_SERIAL,
-# about time, which run against the optimised build); any sanitizer report
+# build/san/bin instead of build/bin (but for those of its TAP_OPTIMISED,
+# which drain thousands of rows, against the optimised build); any sanitizer report
 # fails them.  make check runs both; make sanitize only these.
 SANITIZE_B = build/san
 SANITIZE_CFLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

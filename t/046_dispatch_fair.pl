@@ -56,8 +56,7 @@ EOF
 			sub {
 				scalar_query($node, "SELECT count(*) FROM test_log WHERE $light") ==
 				  $senders * $each;
-			},
-			120),
+			}),
 		"$label: every light sender's messages are done");
 	is(stop_dispatcher($d, 'TERM'), 0, "$label: the dispatcher stops");
 
@@ -68,8 +67,7 @@ EOF
 				scalar_query($node,
 					"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
 					  . ' AND classid = 1346720851 AND objid = 2') == 0;
-			},
-			60),
+			}),
 		"$label: its session is gone, and the dispatcher lock with it");
 
 	# Completion positions: the order of the commits (test_log.seq).

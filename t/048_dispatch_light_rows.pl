@@ -102,15 +102,14 @@ my ($heavy2, $heavy3, $light1) = split /\n/, $node->safe_psql(
 	SELECT pepsi.notify_workqueue();
 });
 ok( poll_until(
-		sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light1") == 1 }, 60),
+		sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light1") == 1 }),
 	'one worker: the first light row is done');
 my ($light2) = add_rows($node, 1, stage => 'batch', sender => '10.9.0.2');
 ok( poll_until(
 		sub {
 			scalar_query($node, "SELECT count(*) FROM pepsi.workqueue WHERE id = $light2"
 				  . " AND status = 'pending'") == 0;
-		},
-		60),
+		}),
 	'one worker: the second light row is claimed while the heavy rows are held');
 is( scalar_query($node,
 		"SELECT count(*) FROM pepsi.workqueue WHERE id IN ($heavy2, $heavy3) AND status = 'running'"),

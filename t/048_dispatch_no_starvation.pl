@@ -76,8 +76,7 @@ note("$sent light messages admitted; $burst_left burst messages left after the l
 cmp_ok($sent, '>=', 20, 'light messages were admitted while the burst was in flight');
 
 my $light = "sender <> 'ip:10.0.0.1'";
-ok( poll_until(sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE $light") == $sent },
-		60),
+ok(poll_until(sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE $light") == $sent }),
 	"all $sent light messages are done");
 
 # A light message's wait: from its admission to its commit by the worker.
@@ -99,8 +98,7 @@ ok( poll_until(
 		sub {
 			scalar_query($node,
 				"SELECT count(*) FROM pepsi.workqueue WHERE sender_key = 'ip:10.0.0.1'") == 0;
-		},
-		120),
+		}),
 	'the burst drains');
 my $burst_after = scalar_query(
 	$node, qq{

@@ -81,8 +81,9 @@ is($lines[10], 'broken.example.com TXT tempfail', 'SERVFAIL is a temporary failu
 is($lines[11], 'junk.example.com TXT tempfail',
 	'a reply that is no DNS message is a temporary failure');
 is($lines[12], 'bad..name.example.com A nxdomain', 'a name with an empty label is never asked: it cannot exist');
-ok($elapsed < 2.5,
-	"the lookups ran together: the silent one cost its timeout once ($elapsed s)");
+# The lookups ran together, the silent one costing its timeout (1 s) once:
+# how long they took is bench/timing's.
+note(sprintf('timing dns_lookups_together_seconds %.3f', $elapsed));
 
 # The loop's cache: asked again once answered, the same answers, at once;
 # a lookup that timed out is not kept.

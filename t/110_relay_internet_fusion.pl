@@ -5,8 +5,12 @@
 # took DESTINATION_SLOW) is not fused afterwards: its next row advances to
 # the relay stage's own workers, so that route's pass, whose other rows
 # wait for it, is not held by it again.  One route worker's batch of four:
-# fast.test, slow.test (its MX, t/bin/smtp-peer --data-delay 1, takes a
-# second), slow.test again, fast.test again.
+# fast.test, slow.test (its MX, t/bin/smtp-peer --data-delay 4, takes four
+# seconds), slow.test again, fast.test again.  DESTINATION_SLOW (3 s) is
+# far from both: a delivery to slow.test cannot take less than its delay
+# however idle the machine, and one to fast.test, some milliseconds on an
+# idle machine, took over 500 ms (the bound this used to have) at a load
+# of 40, which made fast.test slow too.
 
 use strict;
 use warnings FATAL => 'all';
@@ -23,7 +27,7 @@ use TestDNS;
 my $node = stage_node('internet_fusion');
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $fast = start_peer('--address', '127.0.0.5', '--port', $port);
-my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '1');
+my $slow = start_peer('--address', '127.0.0.9', '--port', $port, '--data-delay', '4');
 my $dns = TestDNS->new(PostgreSQL::Test::Utils::tempdir());
 $dns->zone(TestDNS::mx('fast.test', '127.0.0.5') . TestDNS::mx('slow.test', '127.0.0.9'));
 
@@ -43,10 +47,10 @@ REMOTE_STAGE = internet
 PROGRAM = pepsi-stage-relay-to-internet
 SMTP_PORT = $port
 BOUNCE_STAGE = bounce
-TIMEOUT = 10s
+TIMEOUT = 30s
 CONNECT_TIMEOUT = 5s
 RETRY_BASE = 1h
-DESTINATION_SLOW = 500ms
+DESTINATION_SLOW = 3s
 
 [stage-bounce]
 PROGRAM = pepsi-stage-discard

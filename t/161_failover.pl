@@ -49,6 +49,9 @@ END { ha('stop', $ha) if $$ == $parent }
 # as poll_until's), not ha.sh's 120 s: three Patroni nodes starting on a
 # loaded machine took longer.
 $ENV{HA_START_TIMEOUT} = $PostgreSQL::Test::Utils::timeout_default;
+# The first node a copy of scripts/check.sh's template with the extension
+# created, when there is one (scripts/ha.sh): its script runs once a run.
+$ENV{HA_TEMPLATE} = $ENV{PEPSI_INITDB_TEMPLATE_PEPSI} if $ENV{PEPSI_INITDB_TEMPLATE_PEPSI};
 my ($started, undef, $start_err) = ha('start', $ha, $base);
 ok($started, 'etcd and three Patroni nodes: a leader and two streaming standbys')
   or BAIL_OUT("scripts/ha.sh start: $start_err");
@@ -82,7 +85,7 @@ sub psql_at
 	chomp $out;
 	return $? == 0 ? $out : undef;
 }
-psql_at($first_leader, 'CREATE EXTENSION pepsi') // BAIL_OUT('CREATE EXTENSION pepsi on the leader');
+psql_at($first_leader, 'CREATE EXTENSION IF NOT EXISTS pepsi') // BAIL_OUT('CREATE EXTENSION pepsi on the leader');
 
 # write_config names [database] CONNINFO from the node's host and port: all
 # three, and no target_session_attrs (every writer asks for read-write itself).

@@ -286,12 +286,21 @@ SKIP:
 	  unless -x $chromium && -x '/usr/bin/node' && -d "$node_path/playwright-core";
 	my $shots = PostgreSQL::Test::Utils::tempdir();
 	my $script = "$FindBin::RealBin/browser/list_forms.js";
+	# One Chromium run, its "ok"/"fail" lines.  Its bound is the suite's
+	# for liveness (PG_TEST_TIMEOUT_DEFAULT, 180 s unless set, as
+	# poll_until's): a run took about 86 s at a load of 40, close to the
+	# 120 s this had, whose timer, once overrun, kills the whole file
+	# ("IPC::Run: timeout on timer") after the last assertion it printed.
+	# A run that still overruns is a failed step, said as such.
 	sub browser
 	{
 		my ($out, $err) = ('', '');
 		local $ENV{NODE_PATH} = $node_path;
-		IPC::Run::run([ '/usr/bin/node', $script, @_, $shots ], '>', \$out, '2>', \$err,
-			IPC::Run::timeout(120));
+		eval {
+			IPC::Run::run([ '/usr/bin/node', $script, @_, $shots ], '>', \$out, '2>', \$err,
+				IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+			1;
+		} or $err .= "\nfail the browser did not finish: $@";
 		return $out . $err;
 	}
 	sub confirm_link

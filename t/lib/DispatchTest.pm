@@ -233,8 +233,7 @@ sub light_row_past_held
 	my ($light) = add_rows($node, 1, stage => $stage, sender => '10.9.0.1');
 	Test::More::ok(
 		poll_until(
-			sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light") == 1 },
-			60),
+			sub { scalar_query($node, "SELECT count(*) FROM test_log WHERE id = $light") == 1 }),
 		'the light row is done while the heavy batch is held');
 	Test::More::is(
 		scalar_query($node,

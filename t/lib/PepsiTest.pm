@@ -35,8 +35,8 @@ BEGIN
 our @EXPORT = qw(
   pepsi_node poll_until wait_until queue_count maintenance_pid worker_state_change
   add_running_message running_siblings concurrently log_since file_shows
-  prometheus_samples self_signed_certificate admit_sql nice_of session_nices
-  session_autogroup_nices queued_row psql_each_stderr sql_session poll_drained
+  prometheus_samples self_signed_certificate admit_sql nice_of raised_nice server_nice
+  session_nices session_autogroup_nices queued_row psql_each_stderr sql_session poll_drained
 );
 
 # A /metrics exposition parsed by the Prometheus project's own parser
@@ -418,6 +418,29 @@ sub nice_of
 	close $fh;
 	$stat =~ s/^.*\) //s;
 	return (split / /, $stat)[16];
+}
+
+# The nice value a process asked to run at $wanted has, when it started at
+# the nice values of @from (its parent's, its server's): a nice value is
+# only ever raised, as lowering it takes a privilege (the dispatcher's
+# BULK_NICE, pepsi.session_nice).  So under a suite run at nice 19 the
+# workers and sessions run at 19, not 10: the intent is that they run no
+# sooner than $wanted, and no sooner than what started them.
+sub raised_nice
+{
+	my ($wanted, @from) = @_;
+	my $nice = $wanted;
+
+	$_ > $nice and $nice = $_ for @from;
+	return $nice;
+}
+
+# The nice value of $node's server (its postmaster, which every backend
+# starts at).
+sub server_nice
+{
+	my ($node) = @_;
+	return nice_of($node->{_pid});
 }
 
 # The pids of the sessions of application $name in database $db.
