@@ -400,7 +400,7 @@ db_exec_prepared(PGconn *conn, const char *name, const char *sql, int nparams, c
  * text.  Which session holds which name is db_exec_prepared's to track.
  */
 #define DB_KEPT_MAX 32
-static char	*db_kept_sql[DB_KEPT_MAX];
+static char	 *db_kept_sql[DB_KEPT_MAX];
 static size_t db_kept_count;
 
 PGresult *

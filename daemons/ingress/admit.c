@@ -23,6 +23,7 @@
  * with it, 14 messages a flush rather than 7.5.
  */
 #include "admit.h"
+#include "admit_clients.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -65,8 +66,8 @@
  * message during a burst wakes the dispatcher at once, where the fair
  * claim takes it ahead of the burst, while the burst's own client, seen
  * in every interval, adds no wake to the interval's
- * (admit_wake_new_client).  Clients are told apart by address or
- * account; ADMIT_WAKE_CLIENTS of them are kept per interval, and the
+ * (admit_clients_record).  Clients are told apart by address or
+ * account (admit_clients.c); ADMIT_CLIENTS_KEPT of them are kept per interval, and the
  * wakes new clients cause are at least 1/ADMIT_WAKE_SPLIT of the interval
  * apart, so that many clients at once cost a bounded rate.
  */
@@ -78,9 +79,7 @@
  */
 #define ADMIT_GATHER_SHARE 0.5
 #define ADMIT_GATHER_MAX 0.010
-#define ADMIT_WAKE_CLIENTS 16
 #define ADMIT_WAKE_SPLIT 10
-#define ADMIT_WAKE_CLIENT_MAX 64
 
 struct admission
 {
@@ -155,23 +154,17 @@ static struct
 	 * commit answered that have not submitted their next message yet
 	 * (the done callbacks' args), awaited until gather_until.
 	 */
-	struct dbconn *open;
-	void		 **returning;
-	size_t		   nreturning;
-	double		   gather_until;
-	ev_timer	   gather_timer;
-	bool		   kick_due;
-	bool		   wake_due;
-	double		   woken_at;		/* when the last wake was sent */
-	double		   wake_owed_since; /* the first commit no wake sent covers, or 0 */
-	/*
-	 * The clients admitted in the interval that began at clients_since
-	 * ([0]) and in the one before it ([1]), if it was the one just before.
-	 */
-	char   wake_clients[2][ADMIT_WAKE_CLIENTS][ADMIT_WAKE_CLIENT_MAX];
-	size_t nwake_clients[2];
-	double clients_since;
-	bool   shutting_down;
+	struct dbconn		*open;
+	void			   **returning;
+	size_t				 nreturning;
+	double				 gather_until;
+	ev_timer			 gather_timer;
+	bool				 kick_due;
+	bool				 wake_due;
+	double				 woken_at;		  /* when the last wake was sent */
+	double				 wake_owed_since; /* the first commit no wake sent covers, or 0 */
+	struct admit_clients clients;		  /* who is new to the wakes (admit_clients.c) */
+	bool				 shutting_down;
 } admit;
 
 static void admit_kick(void);
@@ -196,7 +189,7 @@ admit_queue_of(const struct admission *a)
  * light sender's message then neither waits for the burst's admissions
  * queued before it nor commits with them: its batch is a small
  * transaction.  It costs the burst one small commit per new client, and
- * there are at most ADMIT_WAKE_CLIENTS new clients an interval.
+ * there are at most ADMIT_CLIENTS_KEPT new clients an interval.
  */
 static void
 admit_enqueue(struct admission *a, bool front)
@@ -596,16 +589,6 @@ admit_report(const struct admit_report *r)
 	admit.kick_due = true;
 }
 
-/* Whether client was admitted in this interval (0) or the one before (1). */
-static bool
-admit_wake_client_seen(int interval, const char *client)
-{
-	for (size_t i = 0; i < admit.nwake_clients[interval]; i++)
-		if (strncmp(admit.wake_clients[interval][i], client, ADMIT_WAKE_CLIENT_MAX - 1) == 0)
-			return true;
-	return false;
-}
-
 /* The client of a, for the wakes and the queue: its account, else its address. */
 static const char *
 admit_client(const struct admission *a)
@@ -616,57 +599,11 @@ admit_client(const struct admission *a)
 	return client ? client : "";
 }
 
-/*
- * Whether the client of a, by address or account, is new: admitted
- * neither in this interval nor in the one before.  The intervals here
- * begin at the first admission after the last one's end.  A client that
- * keeps sending is never new after its first admission (its wakes are
- * the interval's), one that sends less often than every other interval
- * always is; past ADMIT_WAKE_CLIENTS clients in an interval, none is.
- * Asked without recording anything when a message is submitted (a new
- * client's waits in the new clients' queue, admit_enqueue), and by
- * admit_wake_new_client when its batch commits.  The tables turn over
- * only when a client is recorded: until then an interval that has passed
- * is read as it will be once they have.
- */
+/* Whether the client of a is new (admit_clients.h), recording nothing. */
 static bool
 admit_client_is_new(const struct admission *a)
 {
-	const char *client = admit_client(a);
-	double		age = ev_now(admit.loop) - admit.clients_since;
-	double		interval = admit.options.wake_interval;
-
-	if (age >= 2 * interval)
-		return true; /* both intervals recorded have passed */
-	if (age >= interval)
-		return !admit_wake_client_seen(0, client); /* [0] is the interval before */
-	return admit.nwake_clients[0] < ADMIT_WAKE_CLIENTS && !admit_wake_client_seen(0, client)
-		   && !admit_wake_client_seen(1, client);
-}
-
-/* a's batch committed: record its client in this interval, and say whether it was new. */
-static bool
-admit_wake_new_client(const struct admission *a)
-{
-	const char *client = admit_client(a);
-	double		now = ev_now(admit.loop);
-	double		interval = admit.options.wake_interval;
-	bool		new_client;
-
-	if (now - admit.clients_since >= interval)
-	{
-		bool consecutive = now - admit.clients_since < 2 * interval;
-
-		memcpy(admit.wake_clients[1], admit.wake_clients[0], sizeof(admit.wake_clients[0]));
-		admit.nwake_clients[1] = consecutive ? admit.nwake_clients[0] : 0;
-		admit.nwake_clients[0] = 0;
-		admit.clients_since = now;
-	}
-	new_client = admit_client_is_new(a);
-	/* Many clients at once: the interval's wake serves those past the table. */
-	if (admit.nwake_clients[0] < ADMIT_WAKE_CLIENTS && !admit_wake_client_seen(0, client))
-		snprintf(admit.wake_clients[0][admit.nwake_clients[0]++], ADMIT_WAKE_CLIENT_MAX, "%s", client);
-	return new_client;
+	return admit_clients_is_new(&admit.clients, admit_client(a), ev_now(admit.loop), admit.options.wake_interval);
 }
 
 /*
@@ -687,7 +624,7 @@ admit_wake_carried(double sent_at)
 
 /*
  * c's batch was committed: wake the dispatcher now, or at the interval's
- * end (see ADMIT_WAKE_CLIENTS); or it was, by the batch's own transaction
+ * end (see ADMIT_CLIENTS_KEPT); or it was, by the batch's own transaction
  * (carries_wake, dbconn_start_batch).
  */
 static void
@@ -698,7 +635,8 @@ admit_wake_for(const struct dbconn *c)
 	bool   new_client = false;
 
 	for (size_t i = 0; i < c->nbatch; i++)
-		new_client |= admit_wake_new_client(c->batch[i]);
+		new_client |= admit_clients_record(&admit.clients, admit_client(c->batch[i]), ev_now(admit.loop),
+										   admit.options.wake_interval);
 	if (c->carries_wake)
 	{
 		admit.woken_at = ev_now(admit.loop);
