@@ -139,6 +139,27 @@
 # 0.73 (0.82, 0.71, 0.73, 0.69, 0.74): not distinguishable from the
 # above under the heavier load, so not kept.
 #
+# Quiet runs, 2026-12-07, main at 0930b10 (the secretary's changes
+# above and ingress's open pipeline), nothing else running, the issue's
+# size, no CPU sampling, two sets of 5 rounds back to back:
+#   09:39-09:43 (load 0.8 before): secretary 943.4 msg/s
+#     (887.8..1095.7), plain 1175.0 (1108.0..1271.4), ratio median 0.85
+#     (0.76, 0.92, 0.85, 0.71, 0.90)
+#   09:43-09:47 (load 7.4 before, the first set's): secretary 906.6
+#     (744.2..940.2), plain 1040.2 (914.6..1183.4), ratio median 0.79
+#     (0.79, 0.87, 0.79, 0.83, 0.76)
+# Over the ten rounds: the median of the rounds' ratios 0.81 (0.71 ..
+# 0.92), the ratio of the sides' medians 914.4 / 1165.9 = 0.78.  The
+# decisions now end 0.07 to 0.33 s after ingress's last acceptance (3.6
+# to 10 s before): what the secretary costs is the CPU and WAL flushes
+# its stage takes from ingress while it accepts (ingress's open pipeline
+# made the plain side faster, 747 -> 1,175 msg/s, and the same stage's
+# cost a larger share of it).  The target (0.80) sits inside the
+# spread: met by one set and one way of counting, missed by the others.
+# With 2 workers a stage (PARALLELISM's default; 09:47-09:51): secretary
+# 711.1 (634.0..881.7), plain 1093.5 (907.9..1161.3), ratio 0.67 (0.63 ..
+# 0.77), the decisions 6 to 7.5 s behind: 8 stays the bench's number.
+#
 # Needs: postfix's smtp-source (installed if missing), pepsi-ingress,
 # pepsi-dispatch and the stages built, the extension installed in the
 # PostgreSQL of PGBIN.
