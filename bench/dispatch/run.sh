@@ -166,12 +166,9 @@ children_ticks() {
     echo "$total"
 }
 # Everything the cluster has used: the postmaster, its reaped children and
-# its live ones (backends, walwriter, checkpointer ...).
+# its live ones (backends, walwriter, checkpointer ...): bench_tree_ticks.
 postgres_ticks() {
-    local pm own reaped
-    pm=$(head -1 "$BENCH_DIR/data/postmaster.pid")
-    read -r own reaped < <(proc_ticks "$pm")
-    echo $((own + reaped + $(children_ticks "$pm")))
+    bench_tree_ticks "$(head -1 "$BENCH_DIR/data/postmaster.pid")"
 }
 ticks_per_second=$(getconf CLK_TCK)
 
