@@ -214,6 +214,22 @@ CREATE TRIGGER keystore_session AFTER UPDATE ON pepsi.workqueue FOR EACH ROW EXE
 	($id, $row) = encrypt_one('rita@example.net');
 	is($row->{state}{encrypt}{result}, 'encrypted', 'the next message is encrypted');
 	is($held->($id), $held->($first), 'its reads prepared again in the session');
+
+	# A plan gone stale under the session (0A000, "cached plan must not
+	# change result type": an upgrade altered a column the read returns):
+	# db.c sends that message's read plainly, deallocates the stale
+	# statement and prepares it afresh on the next use, instead of failing
+	# every message of the session from then on.  The trigger (disarmed)
+	# still notes what the session holds at each commit.
+	$node->safe_psql($db, 'ALTER TABLE pepsi.peer_key ALTER COLUMN fingerprint TYPE varchar');
+	($id, $row) = encrypt_one('rita@example.net');
+	is_deeply([ @{ $row->{state}{encrypt} }{qw(result signed_by)}, $row->{state}{encrypt}{keys} ],
+		[ 'encrypted', $alice, [$rita] ], 'a stale plan (0A000): the read goes plainly, encrypted and signed all the same');
+	unlike($held->($id), qr/(^| )pepsi_keystore_peer( |$)/, 'and the stale statement is deallocated');
+	($id, $row) = encrypt_one('rita@example.net');
+	is($row->{state}{encrypt}{result}, 'encrypted', 'the next message is encrypted');
+	like($held->($id), qr/(^| )pepsi_keystore_peer( |$)/, 'its read prepared again, with the new result type');
+	$node->safe_psql($db, 'ALTER TABLE pepsi.peer_key ALTER COLUMN fingerprint TYPE text');
 	$node->safe_psql($db, 'DROP TRIGGER keystore_session ON pepsi.workqueue');
 }
 
