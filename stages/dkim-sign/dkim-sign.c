@@ -516,9 +516,12 @@ const struct pepsi_stage pepsi_stage_dkim_sign_stage = {
 	.run = sign_run,
 	.check_config = sign_check_config,
 	/*
-	 * The rows waiting are signed one after another and committed together
-	 * (with the relay fused after each, one statement for the batch's
-	 * outcomes), not claimed, loaded and committed one at a time.
+	 * The rows waiting are taken as one batch and signed one after another,
+	 * not claimed and loaded one at a time.  Where the relay is fused after
+	 * each and finishes it, the batch's finishes are one statement
+	 * (stage_commit.c: a finished row keeps nothing of its rewrite); a
+	 * signed row that only advances commits its new headers in a statement
+	 * of its own.
 	 */
 	.batch_max = SIGN_BATCH_MAX,
 	/*
