@@ -254,6 +254,34 @@ $lock->finish;
 ok(accepted($n2), 'the first is accepted');
 ok(accepted($n3), 'and the second');
 
+# The known clients' open pipeline waits, after a commit, for the sessions
+# that commit answered to come back with their next message (admit.c,
+# admit_gather), but only for a bounded while: a session that quits, or
+# never sends again, must not hold the next batch back.  A known client's
+# message (gone) waits on the lock on the pool connection, a second
+# (stays) waits in ingress behind it.  Once the lock is gone, gone's
+# commit answers it and its sender quits: it never comes back, and stays'
+# batch, open on the pool connection, must commit when the wait is up
+# (at most ADMIT_GATHER_MAX), with nothing else happening in ingress to
+# move it on.
+$lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ],
+	'<', \$lock_in, '>', \$lock_out, '2>', \$lock_out);
+($lock_in, $lock_out) = ("BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n", '');
+$lock->pump until $lock_out =~ /locked/;
+my $gone = start_send('127.0.0.1', 'gone');
+ok(poll_until(sub { waiting_from('pepsi-ingress') == 1 }, 30), 'a known client\'s message waits on the lock');
+my $stays = start_send('127.0.0.1', 'stays');
+ok(sent_to_the_end($stays), 'a second known client\'s waits in ingress behind it');
+$lock_in .= "COMMIT;\n";
+$lock->finish;
+ok(accepted($gone), 'the first is accepted, and its sender quits');
+ok(accepted($stays), 'the second is accepted, though the session the commit before answered never comes back');
+my %gathered = map { my ($subject, $xmin) = split /\|/; ($subject => $xmin) }
+  split /\n/, $node->safe_psql($db, q{
+	SELECT substring(convert_from(headers, 'UTF8') FROM 'Subject: (\w+)'), xmin
+	FROM pepsi.workqueue WHERE convert_from(headers, 'UTF8') ~ 'Subject: (gone|stays)'});
+isnt($gathered{stays}, $gathered{gone}, 'in a transaction after the first\'s: the open batch committed on its own');
+
 $ingress->signal('TERM');
 $ingress->finish;
 done_testing();
