@@ -91,7 +91,7 @@ write_file_as("$home/.pepsi-wallet", <<"SH", 0755);
 mode=\$(cat "\$HOME/wallet-mode")
 [ "\$mode" = fail ] && { echo "insufficient funds" >&2; exit 3; }
 [ "\$mode" = hang ] && exec sleep 120
-order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*-[0-9a-f]*\\)/.*|\\1|p')
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9][-0-9a-f]*\\)/.*|\\1|p')
 echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
 printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
 SH
@@ -133,7 +133,7 @@ chmod 0755, "$etc/wallet.d";
 	open my $fh, '>', "$etc/wallet.d/virt.test" or die $!;
 	print $fh <<"SH";
 #!/bin/sh
-order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*-[0-9a-f]*\\)/.*|\\1|p')
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9][-0-9a-f]*\\)/.*|\\1|p')
 echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
 printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
 SH
