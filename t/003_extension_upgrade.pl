@@ -76,6 +76,15 @@ sub add
 		  . " '{\"dsn\": {\"ret\": \"hdrs\"}}', $client, NULL, '$stage')");
 }
 
+# Does pepsi.secretary_challenge_open say yes ('t') to challenge $id of
+# owner@example.net named with order reference $ref (undef: none)?
+sub open_named
+{
+	my ($db, $id, $ref) = @_;
+	return query($db,
+		"SELECT pepsi.secretary_challenge_open('owner\@example.net', $id, " . (defined $ref ? "'$ref'" : 'NULL') . ')');
+}
+
 # The ids (comma-separated, in id order) the dispatcher's claim sets
 # running at $stage.
 sub claim
@@ -301,6 +310,17 @@ for my $from (@old_versions)
 		$from, "$from: installed");
 
 	my %q = fill_queue($db);
+	# Two secretary challenges of 0.12: one sent (its payment request
+	# named the order pepsi-ID), one opened without being sent (its sender
+	# unproven).  0.13's order references are checked on them below.
+	my %challenge;
+	if ($from eq '0.12')
+	{
+		$challenge{$_->[0]} = query($db,
+			"SELECT pepsi.secretary_decide('owner\@example.net', '$_->[0]\@example.org', $_->[1], $_->[2],"
+			  . " NULL, false, '14 days', 10) ->> 'challenge'")
+		  for [ 'sent', 900001, 'true' ], [ 'unsent', 900002, 'false' ];
+	}
 	# pepsi-httpd's credentials, made with the calls older programs use.
 	my $has_accounts = query($db, "SELECT to_regclass('pepsi.admin_account') IS NOT NULL") eq 't';
 	if ($has_accounts)
@@ -474,6 +494,32 @@ for my $from (@old_versions)
 
 	is(query($db, 'SELECT version FROM pepsi.schema_version'),
 		$default_version, "$from: pepsi.schema_version says $default_version, which a restore checks");
+
+	# The challenges open at the update keep no order reference, and the
+	# sent one is named by its id alone (pepsi-ID), as its request named
+	# it; the unsent one gets its reference when it is sent, as every
+	# challenge opened since gets one, and then only that names it.
+	if ($from eq '0.12')
+	{
+		my $zero = '0' x 32;
+		is(query($db, 'SELECT count(*) FROM pepsi.secretary_challenge WHERE order_ref IS NULL'),
+			2, "$from: the secretary's challenges keep no order reference");
+		is(open_named($db, $challenge{sent}, undef), 't', "$from: the sent one is named by its id alone");
+		is(open_named($db, $challenge{sent}, $zero), 'f', "$from: and by no reference");
+		my $ref = query($db,
+			"SELECT pepsi.secretary_decide('owner\@example.net', 'unsent\@example.org', 900003, true, NULL, false,"
+			  . " '14 days', 10) ->> 'reference'");
+		like($ref, qr/^[0-9a-f]{32}$/, "$from: the unsent one gets an order reference when it is sent");
+		is(query($db, "SELECT order_ref FROM pepsi.secretary_challenge WHERE id = $challenge{unsent}"),
+			$ref, "$from: kept in its row");
+		is(open_named($db, $challenge{unsent}, $ref) . open_named($db, $challenge{unsent}, undef)
+			  . open_named($db, $challenge{unsent}, $zero),
+			'tff', "$from: only its reference names it then");
+		my $new = query($db,
+			"SELECT pepsi.secretary_decide('owner\@example.net', 'new\@example.org', 900004, true, NULL, false,"
+			  . " '14 days', 10) ->> 'reference'");
+		ok($new =~ /^[0-9a-f]{32}$/ && $new ne $ref, "$from: a new challenge gets a reference of its own");
+	}
 
 	# pepsi-httpd's accounts and tokens keep the rights they had (0.3 gave
 	# them a role), and both the old calls and the ones with a role work.

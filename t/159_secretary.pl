@@ -20,7 +20,11 @@
 # line, and the challenge stays open for the good proof that follows.
 # A proof that names no open challenge of that recipient (an order never
 # made, the challenge released) is not paid, says so in the log, and the
-# verifier is never run for it.
+# verifier is never run for it; nor one that names the open challenge's
+# id with a wrong order reference, or with none (the order names a
+# reference of 128 random bits, so the sequential id is not enough).  A
+# challenge opened before 0.13 has no reference, and its old order,
+# pepsi-ID, still pays it.
 
 use strict;
 use warnings FATAL => 'all';
@@ -314,8 +318,14 @@ my $pay_challenge;
 ok(poll_until(sub { ($pay_challenge) = grep { /^Payment-Request: /m } map { slurp($_) } maildir_files($root, $payer); $pay_challenge }, 180),
 	'it is challenged, with a payment request')
   or diag(dispatcher_log($d));
-my ($pay_uri, $order) = ($pay_challenge // "") =~ m{^Payment-Request: (examplepay://pay\.local\.test/m/(pepsi-\d+)\?amount=EUR:0\.50)\r$}m;
-ok($order, 'the request is the scheme\'s URI of the order, at PAYMENT_MERCHANT, with the price');
+my ($pay_uri, $order, $pay_id, $pay_ref) = ($pay_challenge // "")
+  =~ m{^Payment-Request: (examplepay://pay\.local\.test/m/(pepsi-(\d+)-([0-9a-f]{32}))\?amount=EUR:0\.50)\r$}m;
+ok($order, 'the request is the scheme\'s URI of the order, at PAYMENT_MERCHANT, with the price')
+  or diag($pay_challenge);
+$pay_id //= 0;
+$pay_ref //= '';
+is(sql("SELECT order_ref FROM pepsi.secretary_challenge WHERE id = $pay_id AND owner = '$payee'"), $pay_ref,
+	'the order names the challenge\'s id and its order reference, kept in its row');
 like($pay_challenge, qr/^Payment-Amount: EUR:0\.50\r$/m, 'and says the amount');
 my $receipt = "receipt-for-$order";
 sub send_proof
@@ -326,23 +336,39 @@ sub send_proof
 sub no_open_challenge
 {
 	my ($order_named, $from) = @_;
-	return qr/<\Q$payee\E>: a proof of payment for \Q$order_named\E from <\Q$from\E>, which is no open challenge of this recipient \(none such, released, expired or never sent\): not paid, PAYMENT_VERIFY_COMMAND not run/;
+	return qr/<\Q$payee\E>: a proof of payment for \Q$order_named\E from <\Q$from\E>, which is no open challenge of this recipient \(none such, released, expired, never sent, or not its order reference\): not paid, PAYMENT_VERIFY_COMMAND not run/;
 }
 
 # A proof that names no open challenge of paula's: the verifier is not
 # run for it (it logs each run: no log).
-(my $unknown_uri = $pay_uri) =~ s/pepsi-\d+/pepsi-987654321/;
-is(send_proof('receipt-for-pepsi-987654321', 'an order never made', undef, $unknown_uri), 0, 'a proof of an order never made');
-ok(file_shows($d->{log}, no_open_challenge('pepsi-987654321', $payer), 180), 'not paid: no such challenge');
+(my $unknown_uri = $pay_uri) =~ s/pepsi-\d+-/pepsi-987654321-/;
+is(send_proof("receipt-for-pepsi-987654321-$pay_ref", 'an order never made', undef, $unknown_uri), 0,
+	'a proof of an order never made');
+ok(file_shows($d->{log}, no_open_challenge("pepsi-987654321-$pay_ref", $payer), 180), 'not paid: no such challenge');
 ok(!-e "$tmp/verify.log", 'the verifier was not run');
 ok(poll_until(sub { paula_held() == 2 }, 180), 'the latter is held with henry\'s first message, as any mail of his');
+
+# The open challenge's id, guessed, with a wrong reference (well formed,
+# the service's receipt for that order even): not paid, the verifier not
+# run.  And the id alone, the order of before 0.13: the same.
+my $wrong_ref = $pay_ref eq ('0' x 32) ? ('1' x 32) : ('0' x 32);
+(my $wrong_uri = $pay_uri) =~ s/-\Q$pay_ref\E/-$wrong_ref/;
+is(send_proof("receipt-for-pepsi-$pay_id-$wrong_ref", 'the right id, a wrong reference', undef, $wrong_uri), 0,
+	'a proof naming the open challenge\'s id with a wrong reference');
+ok(file_shows($d->{log}, no_open_challenge("pepsi-$pay_id-$wrong_ref", $payer), 180), 'not paid: not its reference');
+(my $bare_uri = $pay_uri) =~ s/-\Q$pay_ref\E//;
+is(send_proof("receipt-for-pepsi-$pay_id", 'the right id, no reference', undef, $bare_uri), 0,
+	'a proof naming the open challenge\'s id alone');
+ok(file_shows($d->{log}, no_open_challenge("pepsi-$pay_id", $payer), 180), 'not paid: it has a reference');
+ok(!-e "$tmp/verify.log", 'the verifier was run for neither');
+ok(poll_until(sub { paula_held() == 4 }, 180), 'both are held with henry\'s mail');
 
 # A proof the service does not know: not paid, nothing released.
 is(send_proof('receipt-for-pepsi-1', 'a wrong proof'), 0, 'a wrong proof is sent');
 ok(file_shows($d->{log},
 		qr/<\Q$payee\E>: a proof of payment for \Q$order\E from <\Q$payer\E> that PAYMENT_VERIFY_COMMAND says is not paid: ignored \(no such receipt\)/, 180),
 	'the verifier says not paid: logged');
-ok(poll_until(sub { paula_held() == 3 }, 180), 'the held message stays held (and the replies with it)');
+ok(poll_until(sub { paula_held() == 5 }, 180), 'the held message stays held (and the replies with it)');
 
 # A verifier that fails: it could not say; nothing released, the challenge stays open.
 verify_mode('fail');
@@ -350,7 +376,7 @@ is(send_proof($receipt, 'a proof while the service is down'), 0, 'the good proof
 ok(file_shows($d->{log},
 		qr/a proof of payment for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E exited with status 3 .*: the payment service is unreachable; it counts for nothing, the held mail stays held and its challenge open/, 180),
 	'exit 3: could not verify, logged with what it said');
-ok(poll_until(sub { paula_held() == 4 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 6 }, 180), 'nothing is released');
 
 # A verifier that hangs: killed at PAYMENT_VERIFY_TIME_LIMIT, nothing released.
 verify_mode('hang');
@@ -358,7 +384,7 @@ is(send_proof($receipt, 'a proof while the verifier hangs'), 0, 'the good proof,
 ok(file_shows($d->{log},
 		qr/for \Q$order\E from <\Q$payer\E> could not be verified: \Q$verifier\E ran longer than PAYMENT_VERIFY_TIME_LIMIT \(3s\) and was killed/, 180),
 	'killed at the time limit, logged');
-ok(poll_until(sub { paula_held() == 5 }, 180), 'nothing is released');
+ok(poll_until(sub { paula_held() == 7 }, 180), 'nothing is released');
 my $hung = -e "$tmp/verify-hang.pid" ? slurp("$tmp/verify-hang.pid") : 0;
 chomp $hung;
 ok($hung && poll_until(sub { !kill(0, $hung) }, 180), 'the hanging verifier is gone');
@@ -401,6 +427,30 @@ like($runs[0], qr/^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env
 is(scalar(grep { /^args: \Q$order\E examplepay EUR:0\.50 pay\.local\.test\/m env: .* proof: (?:receipt-for-pepsi-1|\Q$receipt\E) not-in-argv$/ } @runs),
 	4, 'so each time');
 is(scalar(grep { /PROOF-IN-ARGV/ } @runs), 0, 'never on its command line');
+
+# A challenge opened before 0.13 (as the update leaves one: no order
+# reference) is still paid through the order its request named then,
+# pepsi-ID, and through no order with a reference.
+my $early = 'ivan@sender.test';
+make_mailbox($root, $early);
+is(send_mail($early, $payee, subject => 'from ivan'), 0, 'another stranger writes to paula');
+ok(poll_until(sub { sql("SELECT count(*) FROM pepsi.secretary_challenge WHERE owner = '$payee' AND sender = '$early' AND challenged_at IS NOT NULL") == 1 }, 180),
+	'and is challenged');
+my ($early_id, $early_ref) = split(/\|/, sql("SELECT id, order_ref FROM pepsi.secretary_challenge WHERE owner = '$payee' AND sender = '$early'"));
+sql("UPDATE pepsi.secretary_challenge SET order_ref = NULL WHERE id = $early_id");
+(my $early_uri = $pay_uri) =~ s/pepsi-\d+-[0-9a-f]{32}/pepsi-$early_id-$early_ref/;
+is(send_mail($early, $payee, subject => 'a reference it no longer has',
+		headers => ["Payment-Proof: $early_uri receipt-for-pepsi-$early_id-$early_ref"]), 0, 'a proof naming a reference');
+ok(file_shows($d->{log}, no_open_challenge("pepsi-$early_id-$early_ref", $early), 180),
+	'not paid: a challenge of before 0.13 is named by its id alone');
+is(scalar(verifier_runs()), 4, 'the verifier was not run');
+(my $legacy_uri = $pay_uri) =~ s/pepsi-\d+-[0-9a-f]{32}/pepsi-$early_id/;
+is(send_mail($early, $payee, subject => 'the old order', headers => ["Payment-Proof: $legacy_uri receipt-for-pepsi-$early_id"]),
+	0, 'a proof naming the order of before 0.13');
+ok(poll_until(sub { grep({ /^Subject: from ivan\r$/m } paula_mails()) == 1 }, 180), 'paid: the held message is delivered')
+  or diag(dispatcher_log($d));
+ok(file_shows($d->{log}, qr/<\Q$payee\E>: paid EUR:0\.50 \(pepsi-$early_id\): held mail released/, 180), 'logged');
+is(scalar(grep { /^args: pepsi-$early_id examplepay / } verifier_runs()), 1, 'the verifier judged it, once');
 
 # 10. The stage's role writes none of the tables itself.
 my ($prc, $pout, $perr) = $node->psql($db,

@@ -91,7 +91,7 @@ write_file_as("$home/.pepsi-wallet", <<"SH", 0755);
 mode=\$(cat "\$HOME/wallet-mode")
 [ "\$mode" = fail ] && { echo "insufficient funds" >&2; exit 3; }
 [ "\$mode" = hang ] && exec sleep 120
-order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*\\)/.*|\\1|p')
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9][-0-9a-f]*\\)/.*|\\1|p')
 echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
 printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
 SH
@@ -133,7 +133,7 @@ chmod 0755, "$etc/wallet.d";
 	open my $fh, '>', "$etc/wallet.d/virt.test" or die $!;
 	print $fh <<"SH";
 #!/bin/sh
-order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9]*\\)/.*|\\1|p')
+order=\$(printf '%s' "\$2" | sed -n 's|.*/\\(pepsi-[0-9][-0-9a-f]*\\)/.*|\\1|p')
 echo "\$(id -u) \$1 \$2 \$3 \$PEPSI_PAYER" >> "\$HOME/wallet.log"
 printf '%s' "\$order" | openssl dgst -sha256 -hmac '$secret' | sed 's/^.* //'
 SH
@@ -238,14 +238,14 @@ ok(poll_until(sub { grep({ /^Subject: to bob\r$/m } mails($bob)) == 1 }, 90),
 	'bob\'s secretary released it, on the proof of payment')
   or diag(queue_dump(), "\n", slurp("$shared/dispatch.log"), slurp($ingress_log));
 my ($request) = requests();
-like($request, qr{^Payment-Request: taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/\r$}m,
+like($request, qr{^Payment-Request: taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+-[0-9a-f]{32}/\r$}m,
 	'the challenge carried a taler://pay/ request');
 like($request, qr/^DKIM-Signature:.*d=shop\.test/ms, 'signed by shop.test');
 like($request, qr/^Authentication-Results: mx\.pepsi\.test;.*dkim=pass/ms, 'verified as it came in');
 is(payments(), "paid $bob EUR:0.50", 'one payment, paid, to bob');
 my @calls = split /\n/, wallet_log();
 is(scalar(@calls), 1, 'the wallet ran once');
-like($calls[0], qr{^$uid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/ EUR:0\.50 \Q$ann\E$},
+like($calls[0], qr{^$uid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+-[0-9a-f]{32}/ EUR:0\.50 \Q$ann\E$},
 	'as ann, with the request, the amount and the payer');
 is(sql("SELECT source FROM pepsi.whitelist WHERE owner = '$bob' AND sender = '$ann'"), 'reply',
 	'ann is on bob\'s whitelist');
@@ -377,7 +377,7 @@ send_mail($vic, $kim, subject => 'to kim');
 ok(poll_until(sub { payments() =~ /paid \Q$kim\E EUR:0\.50/ }, 90), 'vic\'s request from kim is paid')
   or diag(queue_dump(), "\n", slurp("$shared/dispatch.log"));
 is(sql("SELECT address FROM pepsi.payment WHERE direction = 'out' AND peer = '$kim'"), $vic, 'by vic');
-like(virtual_wallet_log(), qr{^$wuid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+/ EUR:0\.50 \Q$vic\E$},
+like(virtual_wallet_log(), qr{^$wuid pay taler://pay/pay\.shop\.test/instances/mail/pepsi-\d+-[0-9a-f]{32}/ EUR:0\.50 \Q$vic\E$},
 	'through WALLET_DIR/virt.test, as WALLET_USER, with the payer');
 ok(poll_until(sub { grep({ /^Subject: to kim\r$/m } mails($kim)) == 1 }, 90), 'kim\'s secretary released it');
 is(scalar(split /\n/, wallet_log()), 3, 'ann\'s wallet did not run');

@@ -4971,7 +4971,14 @@ CREATE TABLE pepsi.secretary_challenge (
     expires_at  timestamptz NOT NULL,
     challenged_at timestamptz,
     released_at timestamptz,
-    released_by text CHECK (released_by IN ('reply', 'link'))
+    released_by text CHECK (released_by IN ('reply', 'link')),
+    -- The order its payment request names is pepsi-ID-ORDER_REF: 128
+    -- bits of pg_strong_random, so that no one can guess an open one and
+    -- have a proof judged (pepsi-stage-check-whitelist(8)).  NULL only
+    -- for a challenge opened before 0.13 (given one when first sent),
+    -- whose order was pepsi-ID (pepsi--0.12--0.13.sql says why it counts).
+    order_ref   text DEFAULT encode(substr(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 1, 16), 'hex')
+                CHECK (order_ref ~ '^[0-9a-f]{32}$')
 );
 CREATE UNIQUE INDEX secretary_challenge_open ON pepsi.secretary_challenge (owner, sender)
     WHERE released_at IS NULL;
@@ -5017,7 +5024,9 @@ $$;
 --   {"action": "hold", "token": T or null, "why": ...}
 --                           the row is recorded as held (the stage then
 --                           holds it); T is the new challenge's token when
---                           one is to be sent now: only when verified
+--                           one is to be sent now (and "reference" its
+--                           order reference, which its payment request
+--                           names), only when verified
 --                           (the stage found the sender's address proven
 --                           and the message one an auto-reply may
 --                           answer), no challenge of the pair is open yet
@@ -5127,6 +5136,12 @@ BEGIN
             UPDATE pepsi.secretary_challenge c
             SET token_hash = sha256(convert_to(new_token, 'UTF8')), challenged_at = now()
             WHERE c.id = challenge.id;
+            IF challenge.order_ref IS NULL THEN
+                -- Opened before 0.13, and sent only now: its payment
+                -- request names a reference, as every new one does.
+                UPDATE pepsi.secretary_challenge c SET order_ref = DEFAULT
+                WHERE c.id = challenge.id RETURNING c.order_ref INTO challenge.order_ref;
+            END IF;
         ELSE
             new_token := NULL;
         END IF;
@@ -5134,6 +5149,7 @@ BEGIN
     INSERT INTO pepsi.secretary_held (row_id, challenge_id) VALUES (row_id, challenge.id)
     ON CONFLICT ON CONSTRAINT secretary_held_pkey DO UPDATE SET challenge_id = excluded.challenge_id;
     RETURN jsonb_build_object('action', 'hold', 'token', new_token, 'challenge', challenge.id,
+                              'reference', CASE WHEN new_token IS NOT NULL THEN challenge.order_ref END,
                               'expires_at', challenge.expires_at,
                               'why', CASE WHEN new_token IS NOT NULL THEN 'challenged'
                                           WHEN NOT verified THEN 'not verified: no challenge'
@@ -8901,17 +8917,28 @@ SELECT pepsi.grant_apply();
 -- without the verifier (or the secret) being consulted.  The sender is
 -- not compared: a payer's wallet may answer from an address of its own
 -- (pepsi-stage-auto-pay does), and pepsi.secretary_paid records the
--- challenge's sender as the payer anyway.
+-- challenge's sender as the payer anyway.  Since 0.13 the proof names
+-- the challenge's order reference too (pepsi.secretary_challenge
+-- order_ref), unguessable where the id was not, and only a proof naming
+-- the reference of an open challenge is judged.
 -- ===========================================================================
 
--- Is challenge an open challenge of owner's: sent (challenged_at, so its
--- payment request went out), not released, not expired?
-CREATE FUNCTION pepsi.secretary_challenge_open(owner text, challenge bigint) RETURNS boolean
+-- Is challenge, named with reference, an open challenge of owner's: sent
+-- (challenged_at, so its payment request went out), not released, not
+-- expired, and reference its order reference?  A challenge whose payment
+-- request went out before 0.13 has none (order_ref NULL): it is named
+-- by its id alone (reference NULL), and only it is.  The references are
+-- compared as their SHA-256 hashes, so how long the comparison takes
+-- says nothing of the stored one: a guess learns no prefix of it.
+CREATE FUNCTION pepsi.secretary_challenge_open(owner text, challenge bigint, reference text) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     SELECT EXISTS (SELECT FROM pepsi.secretary_challenge c
                    WHERE c.id = secretary_challenge_open.challenge
                      AND c.owner = pepsi.secretary_address(secretary_challenge_open.owner)
-                     AND c.challenged_at IS NOT NULL AND c.released_at IS NULL AND c.expires_at > now())
+                     AND c.challenged_at IS NOT NULL AND c.released_at IS NULL AND c.expires_at > now()
+                     AND CASE WHEN c.order_ref IS NULL THEN secretary_challenge_open.reference IS NULL
+                              ELSE sha256(convert_to(c.order_ref, 'UTF8'))
+                                   = sha256(convert_to(secretary_challenge_open.reference, 'UTF8')) END)
 $$;
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES

@@ -147,10 +147,14 @@ secretary_refers_to_challenge(const struct buf *headers)
 	return refers;
 }
 
-/* Inject the challenge with token to the sender; false (and the message fails) on an error. */
+/*
+ * Inject the challenge with token to the sender (reference: its order
+ * reference, which a payment request names); false (and the message
+ * fails) on an error.
+ */
 static bool
 secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner, const char *token,
-					long long challenge)
+					long long challenge, const char *reference)
 {
 	const char		*sender = pepsi_mail_from(ctx);
 	const char		*reply_stage = pepsi_option_text(ctx, "REPLY_STAGE");
@@ -184,7 +188,7 @@ secretary_challenge(struct pepsi_ctx *ctx, const struct buf *headers, const char
 			   "\nYour message, and any later ones from you, are then delivered.  Unconfirmed,\n"
 			   "it is deleted after %.0f days.  If you did not write to %s, ignore this.\n",
 			   pepsi_option_seconds(ctx, "HOLD_TIME") / 86400.0, owner);
-	secretary_payment_offer(ctx, owner, challenge, &payment, &text);
+	secretary_payment_offer(ctx, owner, challenge, reference, &payment, &text);
 	reply.text = text.data;
 	snprintf(unique, sizeof(unique), "%lld.secretary", pepsi_id(ctx));
 	autoreply_build(&reply, headers->data, headers->len, &reply_headers, &reply_body);
@@ -347,7 +351,8 @@ secretary_decide(struct pepsi_ctx *ctx)
 
 		/* Held by prepare's call, its challenge injected in that transaction (secretary_prepare). */
 		if (challenge_token != NULL && !held
-			&& !secretary_challenge(ctx, headers, owner, challenge_token, json_integer_value(challenge)))
+			&& !secretary_challenge(ctx, headers, owner, challenge_token, json_integer_value(challenge),
+									json_string_value(json_object_get(answer, "reference"))))
 		{
 			json_decref(answer);
 			return -1;
@@ -446,7 +451,8 @@ secretary_batch_challenges(char *err, size_t errlen)
 		if (token == NULL || !json_is_true(json_object_get(answer, "held")))
 			continue;
 		if (!secretary_challenge(ctx, pepsi_headers(ctx), pepsi_rcpt(ctx, 0), token,
-								 json_integer_value(json_object_get(answer, "challenge"))))
+								 json_integer_value(json_object_get(answer, "challenge")),
+								 json_string_value(json_object_get(answer, "reference"))))
 		{
 			snprintf(err, errlen, "row %lld: its challenge could not be queued", pepsi_id(ctx));
 			return false;

@@ -1,11 +1,22 @@
 /*
  * payment.c: see payment.h.
  *
- * The order a challenge's payment request names is "pepsi-ID" (ID the
- * challenge's), at the payment service PAYMENT_MERCHANT (a GNU Taler
- * merchant backend: taler://pay/MERCHANT/pepsi-ID/; another scheme's
- * SCHEME://MERCHANT/pepsi-ID?amount=PRICE).  The payer's reply carries
- * the service's proof of payment back, which is checked one of two ways.
+ * The order a challenge's payment request names is "pepsi-ID-REFERENCE"
+ * (ORDER in what follows): ID the challenge's, REFERENCE its order
+ * reference, 32 lower-case hexadecimal digits (128 bits the database drew
+ * from its strong random source when it opened the challenge), at the
+ * payment service PAYMENT_MERCHANT (a GNU Taler merchant backend:
+ * taler://pay/MERCHANT/ORDER/; another scheme's
+ * SCHEME://MERCHANT/ORDER?amount=PRICE).  The payer's reply carries the
+ * service's proof of payment back, which is checked one of two ways.
+ * Why a reference and not the id alone: ids are sequential, so anyone
+ * could name an open challenge's order and have its proof judged (the
+ * verifier run, see below); a reference is learnt only from the payment
+ * request, which goes to the challenged sender.  The id stays in the order
+ * so that a log line, and the service's records, say which challenge.
+ * A challenge opened before 0.13 has no reference: its order was
+ * "pepsi-ID", still accepted for it, and for no other challenge
+ * (pepsi--0.12--0.13.sql says why).
  *
  * A shared secret (PAYMENT_SECRET): the proof is the service's
  * HMAC-SHA256 of the order under the secret the service and this stage
@@ -41,17 +52,20 @@
  * challenge, so it cannot be replayed for another, and a second use finds
  * the challenge released (pepsi.secretary_paid): a proof is good once.
  * And either way a proof is judged only when its order names an open
- * challenge of this recipient (sent, not released, in time:
- * pepsi.secretary_challenge_open, asked first); any other is not paid,
- * logged as such, and the verifier is not run: anyone can send a
- * well-formed proof naming any order, and a process a message (perhaps a
- * call to the payment service) is not theirs to cost.  The reply's sender
+ * challenge of this recipient (sent, not released, in time) and that
+ * challenge's reference (pepsi.secretary_challenge_open, asked first,
+ * which compares the references as hashes: its time says nothing of the
+ * reference); any other is not paid, logged as such, and the verifier is
+ * not run: anyone can send a well-formed proof naming any order, and a
+ * process a message (perhaps a call to the payment service) is not theirs
+ * to cost.  The reply's sender
  * is not compared with the challenge's: a wallet may answer from an
  * address of its own (pepsi-stage-auto-pay(8) does).
  */
 #include "payment.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +83,8 @@
 #include "process/child_run.h"
 #include "process/privilege.h"
 
+/* An order reference: 32 lower-case hexadecimal digits (pepsi.secretary_challenge.order_ref). */
+#define PAYMENT_REFERENCE_LEN 32
 /* The longest proof a reply may carry (as long as pepsi-helper-auto-pay's wallet may print). */
 #define PAYMENT_PROOF_MAX 512
 /* The most of a verifier's output read (the rest is dropped); what a log line quotes of it. */
@@ -116,21 +132,54 @@ payment_terms(struct pepsi_ctx *ctx, const char *owner, char **scheme, char **pr
 	return *scheme != NULL;
 }
 
+/* Is s an order reference: exactly 32 lower-case hexadecimal digits? */
+static bool
+payment_reference_ok(const char *s)
+{
+	size_t n = 0;
+
+	for (; s[n] && n <= PAYMENT_REFERENCE_LEN; n++)
+		if (!isdigit((unsigned char) s[n]) && (s[n] < 'a' || s[n] > 'f'))
+			return false;
+	return n == PAYMENT_REFERENCE_LEN;
+}
+
+/* The order of challenge: "pepsi-ID-REFERENCE", or "pepsi-ID" for one opened before 0.13 (reference NULL). */
+static void
+payment_order_name(long long challenge, const char *reference, char *order, size_t len)
+{
+	if (reference != NULL)
+		snprintf(order, len, "pepsi-%lld-%s", challenge, reference);
+	else
+		snprintf(order, len, "pepsi-%lld", challenge);
+}
+
 void
-secretary_payment_offer(struct pepsi_ctx *ctx, const char *owner, long long challenge, struct buf *fields,
-						struct buf *text)
+secretary_payment_offer(struct pepsi_ctx *ctx, const char *owner, long long challenge, const char *reference,
+						struct buf *fields, struct buf *text)
 {
 	const char *merchant = pepsi_option_text(ctx, "PAYMENT_MERCHANT");
 	char	   *scheme;
 	char	   *price;
 	char	   *uri;
+	char		order[64];
 
 	if (!payment_terms(ctx, owner, &scheme, &price))
 		return;
+	if (reference == NULL || !payment_reference_ok(reference))
+	{
+		/* pepsi.secretary_decide gives every challenge it sends one; an order without it is not made. */
+		log_warnx("%s: row %lld: <%s>: challenge %lld has no order reference: no payment offered", pepsi_queue_id(ctx),
+				  pepsi_id(ctx), owner, challenge);
+		free(scheme);
+		free(price);
+		return;
+	}
+	payment_order_name(challenge, reference, order, sizeof(order));
 	if (strcmp(scheme, "taler") == 0)
-		uri = xasprintf("taler://pay/%s/pepsi-%lld/", merchant, challenge);
+		uri = xasprintf("taler://pay/%s/%s/", merchant, order);
 	else
-		uri = xasprintf("%s://%s/pepsi-%lld?amount=%s", scheme, merchant, challenge, price);
+		uri = xasprintf("%s://%s/%s?amount=%s", scheme, merchant, order, price);
 	buf_printf(fields, "Payment-Request: %s\r\nPayment-Amount: %s\r\n", uri, price);
 	buf_printf(text, "\nOr pay %s instead of confirming (your wallet may do it for you):\n\n  %s\n", price, uri);
 	free(uri);
@@ -311,24 +360,25 @@ payment_release(struct pepsi_ctx *ctx, const char *owner, long long challenge, c
 }
 
 /*
- * Is challenge an open challenge of owner's (sent, not released, in
- * time: pepsi.secretary_challenge_open)?  1 yes, 0 no,
- * -1 on an error (the message fails).  Asked before a proof is judged:
- * anyone may send a well-formed proof naming any order, and
+ * Is challenge, named with reference (NULL: none, an order of before
+ * 0.13), an open challenge of owner's (sent, not released, in time) and
+ * reference its order reference (pepsi.secretary_challenge_open)?  1 yes,
+ * 0 no, -1 on an error (the message fails).  Asked before a proof is
+ * judged: anyone may send a well-formed proof naming any order, and
  * PAYMENT_VERIFY_COMMAND is a process (perhaps a call to the payment
  * service) that only a proof that could release something may cost.
  */
 static int
-payment_challenge_open(struct pepsi_ctx *ctx, const char *owner, long long challenge)
+payment_challenge_open(struct pepsi_ctx *ctx, const char *owner, long long challenge, const char *reference)
 {
 	char		id[32];
-	const char *values[2] = {owner, id};
+	const char *values[3] = {owner, id, reference};
 	char		err[256] = "";
 	json_t	   *open;
 	int			rc;
 
 	snprintf(id, sizeof(id), "%lld", challenge);
-	open = pepsi_read_json(ctx, "SELECT to_jsonb(pepsi.secretary_challenge_open($1, $2::bigint))", 2, values, err,
+	open = pepsi_read_json(ctx, "SELECT to_jsonb(pepsi.secretary_challenge_open($1, $2::bigint, $3))", 3, values, err,
 						   sizeof(err));
 	if (open == NULL)
 		return pepsi_error(ctx, "pepsi.secretary_challenge_open: %s", err);
@@ -339,81 +389,116 @@ payment_challenge_open(struct pepsi_ctx *ctx, const char *owner, long long chall
 
 /*
  * The value of Payment-Proof: as "URI PROOF", the challenge the URI's
- * order names: false when it is not that (or PROOF is longer than a proof
- * may be, or not printable).
+ * order names and its reference (into reference, 33 bytes; "" when the
+ * order is "pepsi-ID", of before 0.13): false when it is not that (the
+ * order not "/pepsi-ID-REFERENCE" or "/pepsi-ID" up to a '/', '?', '#' or
+ * the URI's end, or PROOF longer than a proof may be, or not printable).
  */
 static bool
-payment_proof_parse(const char *value, char *uri, char *proof, long long *challenge)
+payment_proof_parse(const char *value, char *uri, char *proof, long long *challenge, char *reference)
 {
 	const char *at;
+	char	   *digits_end;
+	size_t		n;
 	int			end = 0;
 
 	/* PROOF ends where the value does (a longer one is not cut to fit). */
 	if (sscanf(value, " %1023s %512s%n", uri, proof, &end) != 2
 		|| (value[end] != '\0' && !isspace((unsigned char) value[end])))
 		return false;
-	if ((at = strstr(uri, "/pepsi-")) == NULL || sscanf(at, "/pepsi-%lld", challenge) != 1 || *challenge <= 0)
+	if ((at = strstr(uri, "/pepsi-")) == NULL || !isdigit((unsigned char) at[7]))
+		return false;
+	*challenge = strtoll(at + 7, &digits_end, 10);
+	if (*challenge <= 0 || *challenge == LLONG_MAX)
+		return false;
+	reference[0] = '\0';
+	if (*digits_end == '-')
+	{
+		n = strcspn(digits_end + 1, "/?#");
+		if (n != PAYMENT_REFERENCE_LEN)
+			return false;
+		memcpy(reference, digits_end + 1, n);
+		reference[n] = '\0';
+		if (!payment_reference_ok(reference))
+			return false;
+		digits_end += 1 + n;
+	}
+	if (*digits_end != '\0' && strchr("/?#", *digits_end) == NULL)
 		return false;
 	return payment_printable(proof);
+}
+
+/*
+ * Judge proof for order, of owner's open challenge (named with its
+ * reference): by PAYMENT_VERIFY_COMMAND when set, else by PAYMENT_SECRET;
+ * paid releases it.  What secretary_payment_proof returns.
+ */
+static int
+payment_judge(struct pepsi_ctx *ctx, const char *owner, long long challenge, const char *order, const char *uri,
+			  const char *scheme, const char *price, const char *proof)
+{
+	static bool			 warned_both;
+	bool				 by_command = pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") != NULL;
+	char				 why[1024] = "";
+	enum payment_verdict verdict;
+
+	if (by_command && pepsi_option_text(ctx, "PAYMENT_SECRET") != NULL && !warned_both)
+	{
+		log_warnx("PAYMENT_VERIFY_COMMAND and PAYMENT_SECRET are both set: the command judges proofs of payment,"
+				  " the secret is not used");
+		warned_both = true;
+	}
+	verdict = by_command ? payment_verdict_of_command(ctx, order, scheme, price, proof, why, sizeof(why))
+						 : payment_verdict_of_secret(ctx, order, proof);
+	if (verdict == PAYMENT_PAID)
+		return payment_release(ctx, owner, challenge, order, uri, price);
+	if (verdict == PAYMENT_NOT_PAID)
+		log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> that %s: ignored%s%s%s", pepsi_queue_id(ctx),
+				  pepsi_id(ctx), owner, order, pepsi_mail_from(ctx),
+				  by_command ? "PAYMENT_VERIFY_COMMAND says is not paid" : "is not the payment service's",
+				  why[0] ? " (" : "", why, why[0] ? ")" : "");
+	else
+		log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> could not be verified: %s;"
+				  " it counts for nothing, the held mail stays held and its challenge open",
+				  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx), why);
+	return 0;
 }
 
 int
 secretary_payment_proof(struct pepsi_ctx *ctx, const struct buf *headers, const char *owner)
 {
-	static bool warned_both;
-	char	   *value = header_get(headers->data, headers->len, "Payment-Proof");
-	char	   *scheme = NULL;
-	char	   *price = NULL;
-	char		order[48];
-	char		uri[1024];
-	char		proof[PAYMENT_PROOF_MAX + 1];
-	char		why[1024] = "";
-	long long	challenge;
-	bool		by_command = pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") != NULL;
-	int			open;
-	int			rc = 0;
+	char	 *value = header_get(headers->data, headers->len, "Payment-Proof");
+	char	 *scheme = NULL;
+	char	 *price = NULL;
+	char	  order[64];
+	char	  reference[PAYMENT_REFERENCE_LEN + 1];
+	char	  uri[1024];
+	char	  proof[PAYMENT_PROOF_MAX + 1];
+	long long challenge;
+	int		  rc = 0;
 
 	if (value == NULL)
 		return 0;
 	if (!payment_terms(ctx, owner, &scheme, &price))
 		log_info("%s: row %lld: <%s>: a proof of payment, but no payment is offered: ignored", pepsi_queue_id(ctx),
 				 pepsi_id(ctx), owner);
-	else if (!payment_proof_parse(value, uri, proof, &challenge))
+	else if (!payment_proof_parse(value, uri, proof, &challenge, reference))
 		log_info("%s: row %lld: <%s>: Payment-Proof is not \"URI PROOF\" naming an order of ours: ignored",
 				 pepsi_queue_id(ctx), pepsi_id(ctx), owner);
-	else if ((open = payment_challenge_open(ctx, owner, challenge)) <= 0)
-	{
-		if (open == 0)
-			log_warnx("%s: row %lld: <%s>: a proof of payment for pepsi-%lld from <%s>, which is no open challenge of"
-					  " this recipient (none such, released, expired or never sent): not paid, %s",
-					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, challenge, pepsi_mail_from(ctx),
-					  by_command ? "PAYMENT_VERIFY_COMMAND not run" : "not checked");
-		rc = open;
-	}
 	else
 	{
-		enum payment_verdict verdict;
+		const char *named = reference[0] ? reference : NULL;
 
-		snprintf(order, sizeof(order), "pepsi-%lld", challenge);
-		if (by_command && pepsi_option_text(ctx, "PAYMENT_SECRET") != NULL && !warned_both)
-		{
-			log_warnx("PAYMENT_VERIFY_COMMAND and PAYMENT_SECRET are both set: the command judges proofs of payment,"
-					  " the secret is not used");
-			warned_both = true;
-		}
-		verdict = by_command ? payment_verdict_of_command(ctx, order, scheme, price, proof, why, sizeof(why))
-							 : payment_verdict_of_secret(ctx, order, proof);
-		if (verdict == PAYMENT_PAID)
-			rc = payment_release(ctx, owner, challenge, order, uri, price);
-		else if (verdict == PAYMENT_NOT_PAID)
-			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> that %s: ignored%s%s%s",
+		payment_order_name(challenge, named, order, sizeof(order));
+		if ((rc = payment_challenge_open(ctx, owner, challenge, named)) == 0)
+			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s>, which is no open challenge of"
+					  " this recipient (none such, released, expired, never sent, or not its order reference):"
+					  " not paid, %s",
 					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx),
-					  by_command ? "PAYMENT_VERIFY_COMMAND says is not paid" : "is not the payment service's",
-					  why[0] ? " (" : "", why, why[0] ? ")" : "");
-		else
-			log_warnx("%s: row %lld: <%s>: a proof of payment for %s from <%s> could not be verified: %s;"
-					  " it counts for nothing, the held mail stays held and its challenge open",
-					  pepsi_queue_id(ctx), pepsi_id(ctx), owner, order, pepsi_mail_from(ctx), why);
+					  pepsi_option_text(ctx, "PAYMENT_VERIFY_COMMAND") != NULL ? "PAYMENT_VERIFY_COMMAND not run"
+																			   : "not checked");
+		else if (rc > 0)
+			rc = payment_judge(ctx, owner, challenge, order, uri, scheme, price, proof);
 	}
 	free(value);
 	free(scheme);
