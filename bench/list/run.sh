@@ -498,6 +498,7 @@ stop_mlmmj() {
                       q = p; hops = 0
                       while (q in parent && q != m && hops++ < 16) q = parent[q]
                       if (q == m) print p } }')
+        # shellcheck disable=SC2086 # one PID a word
         [ -z "$pids" ] || kill $pids 2>/dev/null || true
         /usr/sbin/postsuper -c "$postfix_dir/etc" -d ALL >/dev/null 2>&1 || true
         if [ -z "$pids" ] && [ -z "$(find "$postfix_dir/spool/incoming" "$postfix_dir/spool/active" \
