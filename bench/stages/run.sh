@@ -95,9 +95,9 @@
 #
 # That was done (claimhash, c364c8b: extension/src/claim_token.c), and
 # measured 2026-12-07 under flock /work/bench.lock, BENCH_REPS=5
-# BENCH_MODES="batched graphile", main then the branch back to back, load
-# average 13 to 20 (others' builds and tests; in the branch's set, its own
-# nice-19 tests too):
+# BENCH_MODES="batched graphile", main's set then the branch's 17 minutes
+# later, load average 13 to 20 (others' builds and tests; in the branch's
+# set, its own nice-19 tests too):
 #
 #                     main 8b222bd (11:25-11:28)   c364c8b (11:45-11:48)
 #   batched           18,071 (14,597..19,608)      17,278 (16,475..23,104) hops/s
