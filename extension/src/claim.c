@@ -40,7 +40,7 @@
  * are never stored.  (Before 0.13's library they were derived in the
  * UPDATE from one random secret and the id, the first 16 bytes of
  * SHA-256(secret || id), so that it needed no join: three sha256() calls
- * a row, about 14 us of a stage hop on OpenSSL 3.0.)  workqueue_claim,
+ * a row.)  workqueue_claim,
  * for the dispatchers before 0.4, claims without a token (a NULL digest),
  * and only the transitions without one match those rows.
  */
