@@ -124,7 +124,7 @@
 # row's own versions, index entries and WAL.
 #
 # Issue 37 item 7, before and after the per-message PL/pgSQL moved to C
-# (018c18c^1 against 018c18c, each commit's own build, binaries and
+# (018c18c^1, 1916ddf, against 018c18c, each commit's own build, binaries and
 # extension in a PostgreSQL tree of its own, this script), 5 runs each,
 # back to back under the lock, 2026-12-07, load average 20 to 27:
 #
