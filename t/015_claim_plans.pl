@@ -84,5 +84,26 @@ is(scalar(grep { !/Index Scan using workqueue_pending_sender on workqueue/ || /w
 	0, 'each sender\'s rows are read through workqueue_pending_sender')
   or diag((grep { /workqueue_pending_fifo/ } @senders)[0]);
 
+# The claim with tokens sets each row's digest from an array beside the
+# ids (claim_token.c): its UPDATE joins the two unnested and must reach
+# each row by primary key, never scan the queue to hash-join it, in the
+# plans made for its parameters and in the generic one after them.
+$offset = -s $node->logfile;
+for my $round (1 .. 7)
+{
+	$node->safe_psql('postgres', admit_sql(10, "10.0.2.$round"));
+	is( $claimer->query_safe(
+			"SELECT count(DISTINCT claim_token) FROM pepsi.workqueue_claim_tokens('{relay}', '{10}')"),
+		'10',
+		"token claim $round takes 10 rows, each with a token of its own");
+}
+$log = slurp_file($node->logfile, $offset);
+my @marks = grep { /Query Text: UPDATE pepsi\.workqueue w SET status = 'running', claim_digest = u\.digest/ }
+  split /^\S.*?\[$pid\][^\n]*?LOG:\s+duration: /m, $log;
+is(scalar(@marks), 7, 'each token claim set its rows running in one UPDATE');
+is(scalar(grep { !/Index Scan using workqueue_pkey on workqueue/ || /Seq Scan on workqueue|Hash Join/ } @marks),
+	0, 'which reaches each row through the primary key')
+  or diag((grep { !/workqueue_pkey/ || /Seq Scan on workqueue|Hash Join/ } @marks)[0]);
+
 $claimer->quit;
 done_testing();

@@ -104,6 +104,14 @@ isnt(
 	$node->safe_psql($db, "SELECT encode(claim_digest, 'hex') FROM pepsi.workqueue WHERE id = $theirs"),
 	$token{$theirs} =~ s/-//gr,
 	'not the token itself');
+# The claim computes the digests in C; the PL/pgSQL that matches rows by
+# token (workqueue_recover, the secretary's batch hold) computes them with
+# SQL's sha256(uuid_send(token)): the two must agree, byte for byte.
+is( $node->safe_psql($db,
+		"SELECT string_agg((claim_digest = sha256(uuid_send(CASE id WHEN $ids[0] THEN '$token{$ids[0]}'"
+		  . " ELSE '$token{$ids[1]}' END::uuid)))::text, ',' ORDER BY id) FROM pepsi.workqueue"),
+	'true,true',
+	'each row keeps the SHA-256 of its own token, as SQL computes it');
 
 # The transitions, with my token on their row, with none, with a made-up one.
 my $wrong = '00000000-0000-4000-8000-000000000000';

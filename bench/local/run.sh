@@ -60,6 +60,35 @@
 # Needs: postfix, dovecot-core and dovecot-lmtpd (scripts/deps.sh),
 # pepsi-ingress, pepsi-dispatch and the stages built, the extension
 # installed.
+#
+# Issue 37 item 7, before and after the per-message PL/pgSQL moved to C
+# (018c18c^1, 1916ddf, against 018c18c: destination_begin, dsn_rate_take,
+# autoreply_due and queue_gauge_refresh in C, none of them on a local
+# delivery's path), each commit's own build, binaries and extension in a
+# PostgreSQL tree of its own, this script, BENCH_MESSAGES=4000 (20,000
+# took 4 minutes a run under the load, past the lock's 15 minutes for 5),
+# 5 runs each, one set after the other under the lock, 2026-12-07:
+#   lmtp, 018c18c^1 (12:04-12:11, load 15 -> 29): pepsi 174.8 msg/s
+#     (147.3..185.8), CPU 1.798 ms a message (1.583..2.558); postfix
+#     135.4 (125.4..151.0), 5.147 ms; ratio 1.17 (1.16..1.37)
+#   lmtp, 018c18c (12:16-12:23, load 2 -> 26): pepsi 163.6 msg/s
+#     (144.7..188.1), CPU 1.968 ms a message (1.702..2.422); postfix
+#     132.2 (124.6..139.3), 5.518 ms; ratio 1.24 (1.13..1.49)
+# Pepsi's median is 6.4% lower after, past item 7's 5%, but not by the
+# measure of its own: Postfix, the same in both sets, was 2.4% slower and
+# spent 7.2% more CPU a message in the second set (Pepsi 9.5% more), the
+# load rising through it (others' tests, and four nice-19 TAP files of
+# the measuring branch), and the ratio to Postfix went up, 1.17 -> 1.24;
+# the runs overlap (147..186 against 145..188).  Inconclusive at this
+# load: to be measured again on a quiet machine, the sets interleaved.
+#   maildir, 018c18c^1 (12:29-12:33, load 14 -> 16): pepsi 306.4 msg/s
+#     (267.3..313.9), CPU 2.695 ms a message (2.610..2.868); postfix
+#     235.6 (218.1..266.8), 4.582 ms; ratio 1.23 (1.13..1.37)
+#   maildir, 018c18c (12:33-12:37, load 16 -> 19): pepsi 355.8 msg/s
+#     (286.2..377.8), CPU 2.385 ms a message (2.203..2.825); postfix
+#     243.4 (214.8..264.4), 4.745 ms; ratio 1.47 (1.18..1.66)
+# Not slower in maildir mode: 16% more messages a second at the median,
+# 11.5% less CPU a message, with Postfix within 3.3% in both sets.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

@@ -32,15 +32,17 @@
  * handed out at most once; the loser just returns fewer rows.
  *
  * workqueue_claim_tokens (0.4 on) is the same claim returning a fourth
- * column, each row's claim token: a random uuid that the row's transitions
- * must name (spi_support.c, QUEUE_TOKEN_DIGEST).  The row keeps only its
- * SHA-256 digest, so a stage that reads rows learns no token.  Tokens are
- * derived from one 16-byte random secret per claim and the row id (the
- * first 16 bytes of SHA-256(secret || id)), so that the UPDATE sets every
- * row's digest and returns its token without a join; the secret is never
- * stored.  workqueue_claim, for the dispatchers before 0.4, claims without
- * a token (a NULL digest), and only the transitions without one match
- * those rows.
+ * column, each row's claim token: 16 random bytes that the row's
+ * transitions must name (claim_token.c).  The row keeps only its SHA-256
+ * digest, so a stage that reads rows learns no token.  The tokens of a
+ * claim are drawn in one call of the strong random source and their
+ * digests computed in C, passed to the UPDATE beside the ids; the tokens
+ * are never stored.  (Before 0.13's library they were derived in the
+ * UPDATE from one random secret and the id, the first 16 bytes of
+ * SHA-256(secret || id), so that it needed no join: three sha256() calls
+ * a row.)  workqueue_claim,
+ * for the dispatchers before 0.4, claims without a token (a NULL digest),
+ * and only the transitions without one match those rows.
  */
 #include "claim.h"
 
@@ -54,9 +56,6 @@
 #include "utils/uuid.h"
 
 PG_FUNCTION_INFO_V1(workqueue_claim);
-
-/* A row's token from the claim's secret ($3, bytea) and its id. */
-#define CLAIM_TOKEN_SQL "substring(sha256($3 || int8send(id)) for 16)"
 
 /* The rows chosen for one stage, in the order they are handed out. */
 typedef struct ClaimChoice
@@ -372,16 +371,18 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
 
 /*
  * Set the chosen rows running; returns the ids and senders actually
- * claimed.  The re-check is one expression so that no index on (stage,
- * status) is matched to it: the rows are reached by primary key (see
- * workqueue_commit_many).
+ * claimed, with their tokens when outdesc has a fourth column.  The
+ * re-check is one expression so that no index on (stage, status) is
+ * matched to it: the rows are reached by primary key (see
+ * workqueue_commit_many).  With tokens, each row's digest rides beside
+ * its id in a parallel array ($3), so the UPDATE joins the two unnested.
  */
 static void
 claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 				   TupleDesc outdesc)
 {
 	static SPIPlanPtr plans[3];
-	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTOID, BYTEAOID};
+	static const Oid  argtypes[] = {INT8ARRAYOID, TEXTOID, BYTEAARRAYOID};
 	Datum			 *ids = palloc(sizeof(Datum) * (choice->count + 1));
 	Datum			  values[3];
 	char			  nulls[3] = "  n";
@@ -391,67 +392,69 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 	HTAB			 *claimed;
 	typedef struct ClaimedRow
 	{
-		int64	  id;
-		char	 *sender;
-		pg_uuid_t token;
+		int64	   id;
+		bool	   returned; /* by the UPDATE: the row was still pending */
+		char	  *sender;
+		pg_uuid_t *token;
 	} ClaimedRow;
+	pg_uuid_t *issued = NULL;
 
+	if (tokens && !has_digest)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("this schema has no claim tokens"),
+				 errhint("Run ALTER EXTENSION pepsi UPDATE.")));
 	for (int i = 0; i < choice->count; i++)
 		ids[i] = Int64GetDatum(choice->ids[i]);
 	values[0] = PointerGetDatum(construct_array(ids, choice->count, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = CStringGetTextDatum(stage);
 	if (tokens)
 	{
-		bytea *secret = palloc(VARHDRSZ + UUID_LEN);
+		Datum *digests = palloc(sizeof(Datum) * (choice->count + 1));
 
-		SET_VARSIZE(secret, VARHDRSZ + UUID_LEN);
-		if (!pg_strong_random(VARDATA(secret), UUID_LEN))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate random claim tokens")));
-		values[2] = PointerGetDatum(secret);
+		issued = palloc(sizeof(pg_uuid_t) * (choice->count + 1));
+		queue_new_claim_tokens(issued, choice->count);
+		for (int i = 0; i < choice->count; i++)
+			digests[i] = PointerGetDatum(queue_token_digest(&issued[i]));
+		values[2] = PointerGetDatum(construct_array(digests, choice->count, BYTEAOID, -1, false,
+													TYPALIGN_INT));
 		nulls[2] = ' ';
 	}
-	if (tokens && !has_digest)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("this schema has no claim tokens"),
-				 errhint("Run ALTER EXTENSION pepsi UPDATE.")));
-#define CLAIM_MARK_SQL(set)                             \
-	"UPDATE pepsi.workqueue SET status = 'running'" set \
-	" WHERE id = ANY ($1) AND (status = 'pending' AND stage = $2) IS TRUE"
+#define CLAIM_MARK_SQL(set, from, where)                       \
+	"UPDATE pepsi.workqueue w SET status = 'running'" set from \
+	" WHERE " where " AND (w.status = 'pending' AND w.stage = $2) IS TRUE RETURNING w.id, w.sender_key"
 	queue_exec(tokens		? queue_plan(&plans[0],
-										 CLAIM_MARK_SQL(", claim_digest = sha256(" CLAIM_TOKEN_SQL ")") " RETURNING id, sender_key, " CLAIM_TOKEN_SQL,
+										 CLAIM_MARK_SQL(", claim_digest = u.digest",
+														" FROM unnest($1, $3) AS u(id, digest)", "w.id = u.id"),
 										 3, argtypes)
-			   : has_digest ? queue_plan(&plans[1],
-										 CLAIM_MARK_SQL(", claim_digest = NULL") " RETURNING id, sender_key",
+			   : has_digest ? queue_plan(&plans[1], CLAIM_MARK_SQL(", claim_digest = NULL", "", "w.id = ANY ($1)"),
 										 3, argtypes)
-							: queue_plan(&plans[2], CLAIM_MARK_SQL("") " RETURNING id, sender_key",
-										 3, argtypes),
+							: queue_plan(&plans[2], CLAIM_MARK_SQL("", "", "w.id = ANY ($1)"), 3, argtypes),
 			   values, nulls, false, 0);
 
+	/* The rows chosen, each with its token; the UPDATE says which it claimed. */
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(int64);
 	ctl.entrysize = sizeof(ClaimedRow);
 	ctl.hcxt = CurrentMemoryContext;
 	claimed = hash_create("pepsi claimed rows", Max(choice->count, 16), &ctl,
 						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	for (int i = 0; i < choice->count; i++)
+	{
+		ClaimedRow *row = hash_search(claimed, &choice->ids[i], HASH_ENTER, NULL);
+
+		row->returned = false;
+		row->token = tokens ? &issued[i] : NULL;
+	}
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
 		int64		id = queue_result_int64(r, 1);
-		ClaimedRow *row = hash_search(claimed, &id, HASH_ENTER, NULL);
+		ClaimedRow *row = hash_search(claimed, &id, HASH_FIND, NULL);
 
+		if (row == NULL)
+			elog(ERROR, "the claim returned row %lld, which it did not choose", (long long) id);
+		row->returned = true;
 		row->sender = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 2);
-		if (tokens)
-		{
-			bool   isnull;
-			bytea *token = DatumGetByteaPP(SPI_getbinval(SPI_tuptable->vals[r],
-														 SPI_tuptable->tupdesc, 3, &isnull));
-
-			if (isnull || VARSIZE_ANY_EXHDR(token) != UUID_LEN)
-				elog(ERROR, "claim token of row %lld is not %d bytes", (long long) id, UUID_LEN);
-			memcpy(row->token.data, VARDATA_ANY(token), UUID_LEN);
-		}
 	}
 
 	/* Return them in the order chosen: the FIFO share first, then fair order. */
@@ -461,13 +464,13 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 		Datum		outvalues[4];
 		bool		outnulls[4] = {false, false, false, false};
 
-		if (row == NULL)
+		if (!row->returned)
 			continue;
 		outvalues[0] = Int64GetDatum(row->id);
 		outvalues[1] = CStringGetTextDatum(stage);
 		outvalues[2] = CStringGetTextDatum(row->sender);
 		if (tokens)
-			outvalues[3] = UUIDPGetDatum(&row->token);
+			outvalues[3] = UUIDPGetDatum(row->token);
 		tuplestore_putvalues(out, outdesc, outvalues, outnulls);
 	}
 }

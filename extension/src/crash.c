@@ -32,7 +32,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	static SPIPlanPtr update_plans[2];
 	static SPIPlanPtr isolate_plan;
 	static SPIPlanPtr retry_plan;
-	static const Oid  update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID, UUIDOID};
+	static const Oid  update_types[] = {INT8OID, TEXTOID, TEXTOID, INT4OID, FLOAT8OID, TEXTOID, BYTEAOID};
 	static const Oid  isolate_types[] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TEXTOID};
 	int64			  id = arg_int64(fcinfo, 0, "id");
 	text			 *expected_stage = arg_stage(fcinfo, 1, "expected_stage");
@@ -43,6 +43,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	char			 *final = text_to_cstring(final_status);
 	pg_uuid_t		 *token = arg_claim_token(fcinfo, 6);
 	Datum			  values[7];
+	char			  nulls[7] = "       ";
 	bool			  paused;
 	int32			  attempts;
 	bool			  isnull;
@@ -70,7 +71,7 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	values[3] = Int32GetDatum(crash_limit);
 	values[4] = Float8GetDatum(retry_seconds);
 	values[5] = PointerGetDatum(final_status);
-	values[6] = PointerGetDatum(token);
+	values[6] = queue_token_digest_arg(token, nulls, 6);
 	if (token != NULL && !queue_has_claim_digest())
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -107,12 +108,11 @@ workqueue_crashed(PG_FUNCTION_ARGS)
 	/* With a claim token, only the claim the dispatcher handed out: not the row claimed again since. */
 	if (token != NULL)
 		queue_exec(queue_plan(&update_plans[0],
-							  CRASHED_SQL(" AND w.claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$7")),
-							  7, update_types),
-				   values, NULL, false, 0);
+							  CRASHED_SQL(" AND w.claim_digest IS NOT DISTINCT FROM $7"), 7, update_types),
+				   values, nulls, false, 0);
 	else
-		queue_exec(queue_plan(&update_plans[1], CRASHED_SQL(""), 7, update_types), values, "      n",
-				   false, 0);
+		queue_exec(queue_plan(&update_plans[1], CRASHED_SQL(""), 7, update_types), values, nulls, false,
+				   0);
 	if (SPI_processed == 0)
 	{
 		SPI_finish();

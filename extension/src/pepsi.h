@@ -56,11 +56,14 @@ extern int64 queue_result_int64(int row, int col);
  * workqueue.claim_digest, so that reading the row does not reveal it.
  * Every transition a worker makes names the token; a row claimed without
  * one (workqueue_claim, for programs older than 0.4) has a NULL digest and
- * is matched only by a call without one.  QUEUE_TOKEN_DIGEST(param) is the
- * digest of the uuid param (NULL for NULL).
+ * is matched only by a call without one.  The statements compare
+ * "claim_digest IS NOT DISTINCT FROM $n", $n the digest queue_token_digest
+ * made in C (NULL for no token); claim_token.c says why.
  */
-#define QUEUE_TOKEN_DIGEST(param) "sha256(uuid_send(" param "))"
-extern bool queue_has_claim_digest(void);
+extern bool	  queue_has_claim_digest(void);
+extern bytea *queue_token_digest(const pg_uuid_t *token);
+extern Datum  queue_token_digest_arg(const pg_uuid_t *token, char *nulls, int argno);
+extern void	  queue_new_claim_tokens(pg_uuid_t *tokens, int count);
 
 /* The dispatcher's one-per-database advisory lock (common/runtime/db.h's PEPSI_LOCK_*). */
 #define PEPSI_LOCK_CLASS_ID 1346720851u

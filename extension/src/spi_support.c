@@ -115,9 +115,9 @@ queue_has_claim_digest(void)
 /*
  * The claim token argument argno of a transition: NULL when the caller
  * gave none (the overloads without one, or a worker handed a bare id).
- * The statements compare "claim_digest IS NOT DISTINCT FROM
- * QUEUE_TOKEN_DIGEST(param)", so no token matches only a row claimed
- * without one.
+ * The statements compare "claim_digest IS NOT DISTINCT FROM" the token's
+ * digest (queue_token_digest: NULL for none), so no token matches only a
+ * row claimed without one.
  */
 pg_uuid_t *
 arg_claim_token(FunctionCallInfo fcinfo, int argno)
@@ -137,19 +137,20 @@ void
 queue_report_row_state(int64 id, const char *expected_stage, pg_uuid_t *token)
 {
 	static SPIPlanPtr plans[2];
-	static const Oid  argtypes[] = {INT8OID, UUIDOID};
-	Datum			  values[2] = {Int64GetDatum(id), PointerGetDatum(token)};
-	char			  nulls[2] = {' ', token ? ' ' : 'n'};
+	static const Oid  argtypes[] = {INT8OID, BYTEAOID};
+	Datum			  values[2] = {Int64GetDatum(id), (Datum) 0};
+	char			  nulls[2] = "  ";
 	bool			  tokens = queue_has_claim_digest();
 	bool			  isnull;
 	char			 *status;
 	char			 *stage;
 
+	values[1] = queue_token_digest_arg(token, nulls, 1);
 	queue_exec(tokens ? queue_plan(&plans[0],
 								   "SELECT status::text, stage,"
-								   " claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$2") ","
-																								  " claim_digest IS NULL"
-																								  " FROM pepsi.workqueue WHERE id = $1",
+								   " claim_digest IS NOT DISTINCT FROM $2,"
+								   " claim_digest IS NULL"
+								   " FROM pepsi.workqueue WHERE id = $1",
 								   2, argtypes)
 					  : queue_plan(&plans[1],
 								   "SELECT status::text, stage, true, true FROM pepsi.workqueue"
@@ -205,17 +206,19 @@ void
 queue_lock_running_row_column(SPIPlanPtr plans[2], const char *column, int64 id, Datum expected_stage,
 							  pg_uuid_t *token)
 {
-	static const Oid argtypes[] = {INT8OID, TEXTOID, UUIDOID};
-	Datum			 values[3] = {Int64GetDatum(id), expected_stage, PointerGetDatum(token)};
-	char			 nulls[3] = {' ', ' ', token ? ' ' : 'n'};
+	static const Oid argtypes[] = {INT8OID, TEXTOID, BYTEAOID};
+	Datum			 values[3] = {Int64GetDatum(id), expected_stage, (Datum) 0};
+	char			 nulls[3] = "   ";
 	bool			 digest = queue_has_claim_digest();
 	SPIPlanPtr		*slot = &plans[digest ? 0 : 1];
+
+	values[2] = queue_token_digest_arg(token, nulls, 2);
 
 	if (*slot == NULL)
 	{
 		char *sql = digest ? psprintf("SELECT %s FROM pepsi.workqueue"
 									  " WHERE id = $1 AND status = 'running' AND stage = $2"
-									  " AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$3") " FOR UPDATE",
+									  " AND claim_digest IS NOT DISTINCT FROM $3 FOR UPDATE",
 									  column)
 						   : psprintf("SELECT %s FROM pepsi.workqueue"
 									  " WHERE id = $1 AND status = 'running' AND stage = $2 AND $3 IS NULL FOR UPDATE",

@@ -145,7 +145,7 @@ transition_commit_sql(TransitionKind kind, int touched, bool tokens)
 	}
 	appendStringInfoString(&sql, " WHERE id = $1 AND status = 'running' AND stage = $2");
 	if (tokens)
-		appendStringInfoString(&sql, " AND claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("$12"));
+		appendStringInfoString(&sql, " AND claim_digest IS NOT DISTINCT FROM $12");
 	return sql.data;
 }
 
@@ -181,7 +181,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr plans[2][TRANSITION_KINDS][TOUCHED_COMBINATIONS];
 	static const Oid  argtypes[] = {INT8OID, TEXTOID, TEXTOID, JSONBOID, FLOAT8OID, BYTEAOID,
-									INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID, UUIDOID};
+									INT8OID, TEXTOID, TEXTARRAYOID, JSONBOID, TEXTOID, BYTEAOID};
 	Datum			  values[12];
 	char			  nulls[12] = "            ";
 	pg_uuid_t		 *token = arg_claim_token(fcinfo, 12);
@@ -202,8 +202,7 @@ workqueue_commit(PG_FUNCTION_ARGS)
 	values[1] = PointerGetDatum(expected_stage);
 	nulls[2] = nulls[3] = nulls[4] = nulls[5] = nulls[6] = nulls[7] = nulls[8] = nulls[9] = 'n';
 	nulls[10] = 'n';
-	values[11] = PointerGetDatum(token);
-	nulls[11] = token ? ' ' : 'n';
+	values[11] = queue_token_digest_arg(token, nulls, 11);
 	if (!PG_ARGISNULL(11))
 	{
 		if (kind != TRANSITION_PAUSE && kind != TRANSITION_FAIL)
@@ -442,7 +441,11 @@ commit_many_retries(FunctionCallInfo fcinfo, int count)
 	return array;
 }
 
-/* claim_tokens (the 0.4 signature), each in tokens[i]; NULL when not given. */
+/*
+ * claim_tokens (the 0.4 signature), each in tokens[i]; returns their
+ * digests (queue_token_digest, NULL for a NULL token) as the bytea array
+ * the guard compares, or NULL when not given.
+ */
 static ArrayType *
 commit_many_tokens(FunctionCallInfo fcinfo, int count, pg_uuid_t **tokens)
 {
@@ -456,8 +459,12 @@ commit_many_tokens(FunctionCallInfo fcinfo, int count, pg_uuid_t **tokens)
 		return NULL;
 	deconstruct_array(array, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &elements, &element_nulls, &n);
 	for (int i = 0; i < n; i++)
+	{
 		tokens[i] = element_nulls[i] ? NULL : DatumGetUUIDP(elements[i]);
-	return array;
+		elements[i] = PointerGetDatum(queue_token_digest(tokens[i]));
+	}
+	return construct_md_array(elements, element_nulls, 1, &n, (int[]){1}, BYTEAOID, -1, false,
+							  TYPALIGN_INT);
 }
 
 /*
@@ -478,13 +485,13 @@ Datum
 workqueue_commit_many(PG_FUNCTION_ARGS)
 {
 	/*
-	 * [0]: with the claim token guard (0.4 on), u.token from $6; [1]: the
-	 * schema before claim tokens.
+	 * [0]: with the claim token guard (0.4 on), u.digest the digests of
+	 * the tokens, from $6; [1]: the schema before claim tokens.
 	 */
-#define COMMIT_MANY_GUARD_TOKEN                                                           \
-	" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected"               \
-	" AND w.claim_digest IS NOT DISTINCT FROM " QUEUE_TOKEN_DIGEST("u.token") ") IS TRUE" \
-																			  " RETURNING w.id"
+#define COMMIT_MANY_GUARD_TOKEN                                             \
+	" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected" \
+	" AND w.claim_digest IS NOT DISTINCT FROM u.digest) IS TRUE"            \
+	" RETURNING w.id"
 #define COMMIT_MANY_GUARD \
 	" WHERE w.id = u.id AND (w.status = 'running' AND w.stage = u.expected) IS TRUE RETURNING w.id"
 #define COMMIT_MANY_SQL(guard, token_arg, token_col)                                                          \
@@ -508,11 +515,11 @@ workqueue_commit_many(PG_FUNCTION_ARGS)
 	}
 	static SPIPlanPtr		 plans[2][TRANSITION_KINDS];
 	static const char *const sql[2][TRANSITION_KINDS] = {
-		COMMIT_MANY_SQL(COMMIT_MANY_GUARD_TOKEN, ", $6", ", token"),
+		COMMIT_MANY_SQL(COMMIT_MANY_GUARD_TOKEN, ", $6", ", digest"),
 		COMMIT_MANY_SQL(COMMIT_MANY_GUARD, "", ""),
 	};
 	static const Oid argtypes[] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
-								   JSONBARRAYOID, FLOAT8ARRAYOID, UUIDARRAYOID};
+								   JSONBARRAYOID, FLOAT8ARRAYOID, BYTEAARRAYOID};
 	Datum			 values[6];
 	char			 nulls[6] = "      ";
 	pg_uuid_t	   **tokens;
