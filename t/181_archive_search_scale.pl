@@ -124,6 +124,9 @@ like(sql("SELECT excerpt FROM pepsi.archive_search($list, 'fox', 100) s WHERE s.
 #    a common word's count (in 150 of 305 messages) is the GIN index's bitmap.
 is(sql("SELECT count(*) FROM pg_proc p, unnest(p.proconfig) c WHERE p.pronamespace = 'pepsi'::regnamespace"
 		  . " AND p.proname LIKE 'archive%' AND c LIKE 'enable%'"), '0', 'no archive function overrides the planner');
+is(sql("SELECT 'max_parallel_workers_per_gather=0' = ANY (proconfig) FROM pg_proc"
+		  . " WHERE oid = 'pepsi.archive_search_count(bigint, text)'::regprocedure"), 't',
+	'the count takes no parallel worker (its bitmap\'s rows are counted, not checked: a worker costs more)');
 sql("ANALYZE pepsi.archive_message");
 for my $q ('walrus', '"quick brown"', 'quick')
 {
