@@ -56,8 +56,8 @@
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
-# 2026-12-07 12:09-12:30 UTC, commit 84ae7d2 plus archive_search_count
-# without a parallel worker (the next commit), 50,022 messages (142 MB
+# 2026-12-07 12:09-12:30 UTC, commit 551a8d5 (the code measured; these
+# figures are the commit after it), 50,022 messages (142 MB
 # mbox), not 100,000: the import (niced, BENCH_ARCHIVE_JOBS=2, chunks of
 # 5,000, BENCH_ARCHIVE_SAVE; load 12 to 35) had 7 chunks after 27
 # minutes, and the chunks not begun were emptied at 11:58 so that the
