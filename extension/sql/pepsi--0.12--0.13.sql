@@ -18,14 +18,14 @@
 -- ===========================================================================
 -- The archive's search pages and counts at 100,000 messages (issue 40)
 --
--- What was left of a search page's time, once its excerpts were in C
--- (0.12), was SQL called once a row: archive_obfuscated, three regular
--- expressions a row (the subject, the sender, the excerpt) through a SQL
--- function that set its search_path at each call, most of a rare word's
--- page of 100 rows; and archive_search_key, checked on each row of a
--- page walked in date order (a common word's, a phrase's), a SQL call,
--- a search_path set and tsvector_concat copying the message's 10 KB
--- tsvector.  Both are in C now (extension/src/archive_search.c), with the
+-- Once the excerpts were in C (0.12), SQL was still called once a row
+-- of a search page: archive_search_key, checked on each row of a page
+-- walked in date order (a common word's, a phrase's: some 900 rows for
+-- a phrase in 10% of the messages), a SQL call, a search_path set and
+-- tsvector_concat copying the message's 10 KB tsvector; and
+-- archive_obfuscated, three regular expressions a row (the subject, the
+-- sender, the excerpt) through a SQL function that set its search_path
+-- at each call.  Both are in C now (extension/src/archive_search.c), with the
 -- same results: the key the same tsvector (the index built on it stays
 -- as it is), the obfuscation the same text in one pass, none at all for
 -- a text without an '@'.  archive_obfuscated's COST 100 keeps it after a

@@ -553,8 +553,7 @@ address_domain_length(const char *text, int from, int len)
  * ([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+) matched, leftmost then
  * longest, each in turn: the same text as regexp_replace made, in one
  * pass, and none when the text has no '@'.  A search page obfuscates three
- * fields of each of its 100 rows: three regular expressions a row were a
- * quarter of a rare word's page.
+ * fields of each of its 100 rows, a thread's page two of each message.
  */
 Datum
 archive_obfuscated(PG_FUNCTION_ARGS)
