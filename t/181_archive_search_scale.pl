@@ -8,7 +8,9 @@
 # leaves every thread's count right after a batch, a reply that came before
 # its parent included; the word pairs themselves, at their edges; a
 # result's excerpt (archive_excerpt, in C) at its edges, and as the search
-# page shows it, escaped.
+# page shows it, escaped; the index's key (archive_search_key) and the
+# addresses' obfuscation (archive_obfuscated), both in C, as the SQL they
+# replace made them.
 
 use strict;
 use warnings FATAL => 'all';
@@ -122,6 +124,9 @@ like(sql("SELECT excerpt FROM pepsi.archive_search($list, 'fox', 100) s WHERE s.
 #    a common word's count (in 150 of 305 messages) is the GIN index's bitmap.
 is(sql("SELECT count(*) FROM pg_proc p, unnest(p.proconfig) c WHERE p.pronamespace = 'pepsi'::regnamespace"
 		  . " AND p.proname LIKE 'archive%' AND c LIKE 'enable%'"), '0', 'no archive function overrides the planner');
+is(sql("SELECT 'max_parallel_workers_per_gather=0' = ANY (proconfig) FROM pg_proc"
+		  . " WHERE oid = 'pepsi.archive_search_count(bigint, text)'::regprocedure"), 't',
+	'the count takes no parallel worker (its bitmap\'s rows are counted, not checked: a worker costs more)');
 sql("ANALYZE pepsi.archive_message");
 for my $q ('walrus', '"quick brown"', 'quick')
 {
@@ -247,5 +252,47 @@ like($markup, qr{<blockquote>&lt;script&gt;alert\(1\)&lt;/script&gt; the «narwh
   or diag($markup);
 unlike($markup, qr/<script>/, 'no markup of the text reaches the page');
 stop_dispatcher($web);
+
+# 7. The key the index is on (archive_search_key, in C) is the message's
+#    tsvector and its list's lexeme, as the SQL expression it replaces made
+#    it, positions and all; the obfuscation (archive_obfuscated, in C) is
+#    what the regular expressions made: each address, leftmost then
+#    longest, user at domain (at, and no policy), user@... (hide), as it
+#    is (none).
+is(sql("SELECT count(*) FROM pepsi.archive_message m WHERE pepsi.archive_search_key(m.list_id, m.search)::text"
+		  . " IS DISTINCT FROM (m.search || array_to_tsvector(ARRAY['#list' || m.list_id]))::text"), '0',
+	'the key of every archived message is its tsvector and its list\'s lexeme');
+is(sql("SELECT pepsi.archive_search_key(42, 'b:2 zz:1 a:3A,4 x')::text"), "'#list42' 'a':3A,4 'b':2 'x' 'zz':1",
+	'the list\'s lexeme in its place, the positions and weights kept');
+is(sql("SELECT pepsi.archive_search_key(42, array_to_tsvector('{#list42,x}'))::text"), "'#list42' 'x'",
+	'a tsvector that has the lexeme already is as it was');
+is(sql("SELECT pepsi.archive_search_key(7, to_tsvector('simple', 'quick brown fox'))"
+		  . " @@ (to_tsquery('simple', 'quick <-> brown') && '#list7'::tsquery)"),
+	't', 'a phrase is checked on the key\'s positions');
+my $addresses = 'Mail a.b+c@ex-ample.org.uk, x@y, @z.com, r@a.b.c1 u@x.com.y@z.org v@w.co+k@l.de é@x.org fin@e.fr';
+sub obfuscated { return sql("SELECT pepsi.archive_obfuscated($_[0], '$addresses')") }
+is(obfuscated("'at'"),
+	'Mail a.b+c at ex-ample.org.uk, x@y, @z.com, r at a.b.c1 u at x.com.y@z.org v at w.co+k at l.de é@x.org fin at e.fr',
+	'at: each address user at domain, the rest as it was');
+is(obfuscated("'hide'"), 'Mail a.b+c@..., x@y, @z.com, r@...1 u@...@z.org v@...+k@... é@x.org fin@...', 'hide: user@...');
+is(obfuscated("'none'"), $addresses, 'none: as it is');
+is(obfuscated('NULL'), obfuscated("'at'"), 'no policy: at, as the default');
+is(sql("SELECT pepsi.archive_obfuscated('at', NULL) IS NULL"), 't', 'no text, none');
+is(sql("SELECT pepsi.archive_obfuscated('at', 'no address here')"), 'no address here', 'a text without an @');
+# 3,000 texts of one to 40 pieces of an address's characters (md5 picks
+# them: the same texts every run), some 500 of them with an address
+is(sql(<<'SQL'), '0 496', '3,000 texts of addresses\' characters: what the regular expressions made');
+WITH t AS (SELECT string_agg(substr('aZ9.@@-+_%=. x~@b.c.de-', 1 + get_byte(decode(md5(k || ':' || i), 'hex'), 0) % 24,
+                                    1 + get_byte(decode(md5(k || ':' || i), 'hex'), 1) % 2), '' ORDER BY i) s
+           FROM generate_series(1, 3000) k, generate_series(1, 1 + k % 40) i GROUP BY k)
+SELECT count(*) FILTER (WHERE pepsi.archive_obfuscated(o.how, t.s) IS DISTINCT FROM CASE o.how
+           WHEN 'hide' THEN regexp_replace(t.s, '([A-Za-z0-9._%+=-]+)@[A-Za-z0-9.-]+\.[A-Za-z]+', '\1@...', 'g')
+           ELSE regexp_replace(t.s, '([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+)', '\1 at \2', 'g') END)
+       || ' ' || count(*) FILTER (WHERE o.how = 'at' AND pepsi.archive_obfuscated(o.how, t.s) <> t.s)
+FROM t, (VALUES ('at'), ('hide')) o(how)
+SQL
+is(sql("SELECT count(*) FROM pg_proc WHERE pronamespace = 'pepsi'::regnamespace"
+		  . " AND proname IN ('archive_search_pattern', 'archive_excerpt_window')"), '0',
+	'the excerpt window\'s old functions are gone');
 
 done_testing();

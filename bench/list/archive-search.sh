@@ -56,6 +56,53 @@
 #
 # Figures (the last run): see the FIGURES block at the end of this header.
 # FIGURES
+# 2026-12-07 12:09-12:30 UTC, commit 551a8d5 (the code measured; these
+# figures are the commit after it), 50,022 messages (142 MB
+# mbox), not 100,000: the import (niced, BENCH_ARCHIVE_JOBS=2, chunks of
+# 5,000, BENCH_ARCHIVE_SAVE; load 12 to 35) had 7 chunks after 27
+# minutes, and the chunks not begun were emptied at 11:58 so that the
+# saved archive was ready by 12:09 (10 chunks: 0-8 and 10; the saved mbox
+# is those 10 chunks, what grep reads).  Timed part under bench.lock,
+# un-niced, medians of 5, spread min-max, the same archive both times
+# (the functions swapped between the runs, the C library the same):
+# main's code (8b222bd: key and obfuscation in SQL, the count free to
+# take a worker), 12:09-12:16, load at the end 2.3 12.8 20.0:
+#   term     count ms            page ms             grep -c ms          ratio count  page
+#   w0       33.5 (30.2-37.9)    5.93 (5.87-6.62)    330 (327-338)        9.9x  55.6x
+#   quokka   1.67 (1.49-4.20)    4.96 (4.75-5.25)    54.0 (53.0-55.3)    32.3x  10.9x
+#   "w0 w1"  33.0 (28.8-39.8)    24.9 (23.6-26.2)    270 (265-284)        8.2x  10.8x
+#   zyzzyva  0.74 (0.49-0.93)    1.19 (1.02-1.69)    54.8 (47.4-62.7)    73.9x  46.2x
+# this branch (archive_search_key and archive_obfuscated in C, the count
+# without a worker), 12:27-12:30, load at the end 14.0 16.5 18.8:
+#   w0       11.5 (8.18-12.6)    5.25 (4.47-9.04)    399 (356-428)       34.7x  76.1x
+#   quokka   1.84 (1.65-2.45)    5.12 (4.53-5.66)    59.8 (58.9-62.4)    32.4x  11.7x
+#   "w0 w1"  4.24 (3.87-5.13)    11.1 (10.1-12.5)    292 (285-296)       68.9x  26.3x
+#   zyzzyva  0.78 (0.69-0.90)    1.55 (1.25-1.84)    55.6 (51.7-57.0)    71.6x  36.0x
+# (counts: Pepsi 49,376 / 835 / 5,731 / 0 messages, grep 373,394 / 839 /
+# 5,626 / 0 lines.)  The common word's count and the phrase's were a
+# parallel bitmap heap scan (one worker): the bitmap index scan 7.8 ms
+# (w0) and 4.1 ms ("w0 w1"), the rest the worker's start and the shared
+# bitmap; archive_search_key's COST 10000 is charged for every row of
+# the bitmap as if each were checked (they are counted), which made a
+# worker look worth it.  Without one: 11.5 ms and 4.2 ms, 2.9x and 7.8x
+# faster.  The phrase's page walks the date index (archive_message_list_sent)
+# checking each row's key, some 900 rows for its 100: with the key in C
+# (no SQL call, no search_path set, no tsvector_concat: one copy of the
+# entries) 2.2x faster, 24.9 to 11.1 ms.  The common word's page (101 rows
+# walked) gains a little.  The rare word's page is where it was (4.96 /
+# 5.12 ms): its 835 matches are fetched and sorted in 0.7 ms, and the
+# rest is the 100 excerpts (each message's text decompressed, pglz, and
+# read word by word: a rare word is there once, so the whole first 20,000
+# bytes are read for a second fragment); the obfuscation's three regular
+# expressions a row, now one pass in C, were not a measurable part of it.
+# At 100,000 messages grep -c doubles and the rare page hardly grows (a
+# top-N of twice the matches, 0.7 ms more): about 20x, not measured.  Not
+# done: the planner walks the date index for a phrase in 10% of the
+# messages (it charges the key's COST for each row of the bitmap too, so
+# it compares rows checked, 900 against 5,700), where the bitmap and a
+# sort took 8.7 ms against the walk's 14.8 ms at 10,000 messages (niced,
+# loaded); the rare page's excerpts (a search for the second fragment's
+# word without reading every word before it).
 # 2026-12-07, ended 09:25 UTC, commit d73f70e (excerpt in C, COST 100),
 # 40,020 messages (114 MB mbox), not 100,000: the import (niced,
 # BENCH_ARCHIVE_JOBS=3 in chunks of 5,000, the machine's load 25 to 62,
@@ -379,11 +426,13 @@ done <<<"$terms"
 printf '\\q\n' >&"${SESSION[1]}"
 wait "$SESSION_PID" 2>/dev/null || true
 {
-    # as archive_search_count plans it (no enable_* setting: the planner's own choice)
+    # as archive_search_count plans it (no enable_* setting: the planner's own
+    # choice), with the settings the function runs with (no JIT, no worker)
     while IFS='|' read -r label query pattern; do
         [ -n "$label" ] || continue
         echo "the $label term's count, as archive_search_count runs it:"
-        bench_psql -c "EXPLAIN (ANALYZE, BUFFERS) SELECT count(*) FROM pepsi.archive_message m
+        bench_psql -c "SET jit = off" -c "SET max_parallel_workers_per_gather = 0" \
+            -c "EXPLAIN (ANALYZE, BUFFERS) SELECT count(*) FROM pepsi.archive_message m
             WHERE pepsi.archive_search_key(m.list_id, m.search) @@ pepsi.archive_search_query($list_id, $(sql_quote "$query"))"
     done <<<"$terms"
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); target: grep/pepsi at least 20x (count and page columns:" \

@@ -7704,9 +7704,15 @@ $$;
 -- of a phrase of three words or more).  The planner chooses the index
 -- alone: archive_search_key declares what checking a row costs (its
 -- tsvector read back from TOAST), so a sequential scan, which checks
--- every message, is not taken for cheap.
+-- every message, is not taken for cheap.  No parallel worker (0.13): that
+-- cost is charged for every row of the bitmap as if each were checked,
+-- so a common word's count looked worth a worker, where the bitmap's rows
+-- are counted, not checked, in a few milliseconds; starting the worker
+-- took longer than the whole count (50,000 messages: w0's count 36 ms
+-- with a worker, 6.5 ms without; "w0 w1" 31 ms, 2 ms).
 CREATE FUNCTION pepsi.archive_search_count(list bigint, query text) RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp SET jit = off
+SET max_parallel_workers_per_gather = 0 AS $$
 DECLARE
     found bigint;
 BEGIN
@@ -8480,12 +8486,14 @@ CREATE INDEX workqueue_keydisc_waiting ON pepsi.workqueue (((state -> 'encrypt')
 -- messages: with COST 1000 a word in 98.6% of them still went to a
 -- sequential scan (0.6 to 4.7 s), with 10000 to the bitmap (3 to 5 ms).
 -- A word in more than 99% of the messages still gets the sequential
--- scan: the planner takes costs within 1% of each other as equal.  SET
--- keeps the function from being inlined, so the planner sees its cost.
+-- scan: the planner takes costs within 1% of each other as equal.  In C
+-- (extension/src/archive_search.c, 0.13): the tsvector with the list's
+-- lexeme put in its place, one copy, as search ||
+-- array_to_tsvector(ARRAY['#list' || list]) made it in SQL, where a page
+-- walked in date order paid a SQL call, a search_path set and
+-- tsvector_concat on every row it checked.
 CREATE FUNCTION pepsi.archive_search_key(list bigint, search tsvector) RETURNS tsvector
-LANGUAGE sql IMMUTABLE PARALLEL SAFE COST 10000 SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT search OPERATOR(pg_catalog.||) pg_catalog.array_to_tsvector(ARRAY['#list' OPERATOR(pg_catalog.||) list::text])
-$$;
+    AS 'MODULE_PATHNAME', 'archive_search_key' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE COST 10000;
 
 -- A reader's query (websearch syntax) within list, for archive_search_key;
 -- a query with no words matches nothing, as before.  A phrase (words
@@ -8666,9 +8674,8 @@ SELECT pepsi.grant_apply();
 -- the index (7.3 s at 100,000 through the positions).  The price is at
 -- import: the pairs, stored without positions, are more entries in the
 -- index than the words, nearly all of them distinct.
--- Excerpts: ts_headline over 600 characters around the query's first word
--- (archive_search_pattern, archive_excerpt_window), not the whole text
--- (0.12: archive_excerpt, in C, in their place).
+-- Excerpts: ts_headline over 600 characters around the query's first word,
+-- not the whole text (0.12: archive_excerpt, in C, in its place).
 -- Planner: archive_search_key declares its cost (it reads a message's
 -- tsvector back from TOAST), so the planner itself takes the GIN index
 -- for every query but the commonest words' pages; no enable_* override.
@@ -8870,37 +8877,18 @@ END
 $$;
 
 -- shown with its addresses obfuscated as obfuscation says (a list's
--- archive_policy): none, at (user at example.org), hide (user@...).
+-- archive_policy): none, at (user at example.org), hide (user@...); what
+-- regexp_replace made of ([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+),
+-- in C (extension/src/archive_search.c, 0.13): one pass, none at all
+-- without an '@'.  COST 100: a page's sort and LIMIT come first, so only
+-- the rows shown have their text read back and obfuscated.
 CREATE FUNCTION pepsi.archive_obfuscated(obfuscation text, shown text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT CASE obfuscation
-               WHEN 'none' THEN shown
-               WHEN 'hide' THEN regexp_replace(shown, '([A-Za-z0-9._%+=-]+)@[A-Za-z0-9.-]+\.[A-Za-z]+', '\1@...', 'g')
-               ELSE regexp_replace(shown, '([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+)', '\1 at \2', 'g') END
-$$;
-
--- The words of a reader's query as one regular expression (each a whole
--- word), for archive_excerpt_window; NULL when it has none.
-CREATE FUNCTION pepsi.archive_search_pattern(query text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT '\m(' || string_agg(regexp_replace((tsvector_to_array(w.m[1]::tsvector))[1], '([^[:alnum:]_])', '\\\1', 'g'), '|')
-           || ')\M'
-    FROM regexp_matches(websearch_to_tsquery('simple', query)::text, '(''(?:[^'' ]|'''')*'')', 'g') AS w(m)
-$$;
-
--- The 600 characters of a message's text its excerpt is made from: around
--- the first of the query's words (pattern) in its first 20,000, else its
--- start.
-CREATE FUNCTION pepsi.archive_excerpt_window(body text, pattern text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pepsi, pg_temp AS $$
-    SELECT substr(body, greatest(1, coalesce(nullif(regexp_instr(left(body, 20000), pattern, 1, 1, 0, 'i'), 0), 1) - 200), 600)
-$$;
+    AS 'MODULE_PATHNAME', 'archive_obfuscated' LANGUAGE C IMMUTABLE PARALLEL SAFE COST 100;
 
 INSERT INTO pepsi.grant_rule (role, object_kind, object_name, privileges) VALUES
     ('pepsi_httpd', 'function', 'archive_search_count', '{EXECUTE}');
 INSERT INTO pepsi.grant_owner (name) VALUES ('archive_word_pairs'), ('archive_parse'), ('archive_keep_parts'),
-    ('archive_thread_adopt'), ('archive_store_message'), ('archive_search_pattern'), ('archive_excerpt_window'),
-    ('archive_obfuscated');
+    ('archive_thread_adopt'), ('archive_store_message'), ('archive_obfuscated');
 SELECT pepsi.grant_apply();
 -- end of the archive's phrase search, excerpts and import at 100,000 messages
 

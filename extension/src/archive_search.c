@@ -1,6 +1,7 @@
 /*
- * archive_search.c: the word pairs of an archived message's tsvector, and
- * a search result's excerpt.
+ * archive_search.c: the word pairs of an archived message's tsvector, a
+ * search result's excerpt, the key of the archive's GIN index and the
+ * obfuscation of the addresses a page shows.
  *
  * The archive finds a two-word phrase by a lexeme of its own, 'a b', that
  * a message's tsvector holds for each two words at adjacent positions
@@ -18,6 +19,11 @@
  * page more than the search itself.  Here it is one pass over the text's
  * start: its words found, the query's among them marked, the excerpt cut
  * at word boundaries.
+ *
+ * The key (archive_search_key) and the obfuscation (archive_obfuscated)
+ * were SQL called once a row of a search page: a plan run, a search_path
+ * set, a tsvector copied through tsvector_concat, three regular
+ * expressions.  Here they are one copy and one pass, same results.
  */
 #include "pepsi.h"
 
@@ -26,6 +32,7 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "tsearch/ts_type.h"
+#include "tsearch/ts_utils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
@@ -427,5 +434,189 @@ archive_excerpt(PG_FUNCTION_ARGS)
 			appendStringInfoString(&out, EXCERPT_FRAGMENT_DELIMITER);
 		shown_until = excerpt_append_fragment(&out, text, len, words, nwords, first, last, floor, &shown_to);
 	}
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(out.data, out.len));
+}
+
+PG_FUNCTION_INFO_V1(archive_search_key);
+
+/*
+ * archive_search_key(list bigint, search tsvector) RETURNS tsvector: the
+ * message's tsvector and its list's lexeme, '#list' and the id, without
+ * positions: the lexemes that `search || array_to_tsvector(ARRAY['#list'
+ * || list])` had in SQL.  The GIN index archive_message_list_search is on
+ * this expression, and a page walked in date order (a common word's, a
+ * phrase's) checks it on each row it reads: in SQL each check set the
+ * function's search_path, ran its plan, built a one-lexeme tsvector and
+ * copied the message's 5 to 12 KB tsvector entry by entry through
+ * tsvector_concat.  Here the entries are copied with the list's put in
+ * its place (they are sorted), the lexemes and positions in one piece,
+ * the list's lexeme after them: a tsvector's entries point at their
+ * lexemes, which need not be in the entries' order, so no entry moves in
+ * the data and no position is realigned.
+ */
+Datum
+archive_search_key(PG_FUNCTION_ARGS)
+{
+	TSVector   search = PG_GETARG_TSVECTOR(1);
+	char	   key[32];
+	int		   key_len = snprintf(key, sizeof(key), "#list" INT64_FORMAT, PG_GETARG_INT64(0));
+	WordEntry *entries = ARRPTR(search);
+	int		   data_len = VARSIZE(search) - CALCDATASIZE(search->size, 0);
+	int		   low = 0;
+	int		   high = search->size;
+	TSVector   out;
+	WordEntry *out_entries;
+
+	/* where the list's lexeme goes, in the tsvector's order */
+	while (low < high)
+	{
+		int mid = (low + high) / 2;
+		int cmp = tsCompareString(STRPTR(search) + entries[mid].pos, entries[mid].len, key, key_len, false);
+
+		if (cmp == 0) /* already there (no parser makes it): the same words */
+			PG_RETURN_TSVECTOR(search);
+		if (cmp < 0)
+			low = mid + 1;
+		else
+			high = mid;
+	}
+	if (data_len > MAXSTRPOS) /* as tsvector_concat would have said */
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						errmsg("string is too long for tsvector (%d bytes, max %d bytes)", data_len, MAXSTRPOS)));
+	out = palloc(CALCDATASIZE(search->size + 1, data_len + key_len));
+	SET_VARSIZE(out, CALCDATASIZE(search->size + 1, data_len + key_len));
+	out->size = search->size + 1;
+	out_entries = ARRPTR(out);
+	memcpy(out_entries, entries, low * sizeof(WordEntry));
+	out_entries[low].haspos = 0;
+	out_entries[low].len = key_len;
+	out_entries[low].pos = data_len;
+	memcpy(out_entries + low + 1, entries + low, (search->size - low) * sizeof(WordEntry));
+	memcpy(STRPTR(out), STRPTR(search), data_len);
+	memcpy(STRPTR(out) + data_len, key, key_len);
+	PG_RETURN_TSVECTOR(out);
+}
+
+PG_FUNCTION_INFO_V1(archive_obfuscated);
+
+/* The characters of an address's local part and of its domain, as the
+ * regular expressions this replaces named them: [A-Za-z0-9._%+=-] and
+ * [A-Za-z0-9.-] (ASCII only: a byte of a multibyte character is never
+ * one of them, nor '@', in any server encoding). */
+static inline bool
+address_local_byte(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' || c == '_'
+		   || c == '%' || c == '+' || c == '=' || c == '-';
+}
+
+static inline bool
+address_domain_byte(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' || c == '-';
+}
+
+static inline bool
+address_letter_byte(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* The length of the domain that text[from, len) starts with, as
+ * [A-Za-z0-9.-]+\.[A-Za-z]+ matches it (the longest): the run of domain
+ * bytes up to the end of its last run of letters that follows a '.' not
+ * at the run's start; 0 when it has none. */
+static int
+address_domain_length(const char *text, int from, int len)
+{
+	int best = 0;
+	int i = from;
+
+	while (i < len && address_domain_byte(text[i]))
+	{
+		int letters = i;
+
+		while (letters < len && address_letter_byte(text[letters]))
+			letters++;
+		if (letters > i && i - 1 > from && text[i - 1] == '.')
+			best = letters - from;
+		i = letters > i ? letters : i + 1;
+	}
+	return best;
+}
+
+/*
+ * archive_obfuscated(obfuscation text, shown text) RETURNS text: shown
+ * with its addresses obfuscated as a list's archive_policy says: 'none'
+ * as it is, 'hide' user@..., any other (the default 'at', or NULL) user
+ * at example.org.  An address is what the regular expression
+ * ([A-Za-z0-9._%+=-]+)@([A-Za-z0-9.-]+\.[A-Za-z]+) matched, leftmost then
+ * longest, each in turn: the same text as regexp_replace made, in one
+ * pass, and none when the text has no '@'.  A search page obfuscates three
+ * fields of each of its 100 rows, a thread's page two of each message.
+ */
+Datum
+archive_obfuscated(PG_FUNCTION_ARGS)
+{
+	text		  *shown;
+	const char	  *s;
+	int			   len;
+	bool		   hide;
+	int			   copied = 0;
+	int			   i = 0;
+	StringInfoData out;
+
+	if (PG_ARGISNULL(1))
+		PG_RETURN_NULL();
+	shown = PG_GETARG_TEXT_PP(1);
+	s = VARDATA_ANY(shown);
+	len = VARSIZE_ANY_EXHDR(shown);
+	if (!PG_ARGISNULL(0))
+	{
+		text *how = PG_GETARG_TEXT_PP(0);
+
+		if (VARSIZE_ANY_EXHDR(how) == 4 && memcmp(VARDATA_ANY(how), "none", 4) == 0)
+			PG_RETURN_TEXT_P(shown);
+		hide = VARSIZE_ANY_EXHDR(how) == 4 && memcmp(VARDATA_ANY(how), "hide", 4) == 0;
+	}
+	else
+		hide = false;
+	if (memchr(s, '@', len) == NULL)
+		PG_RETURN_TEXT_P(shown);
+
+	initStringInfo(&out);
+	while (i < len)
+	{
+		int start = i;
+		int domain;
+
+		/* a run of the local part's bytes, then '@' and a domain */
+		while (i < len && address_local_byte(s[i]))
+			i++;
+		if (i == start || i >= len || s[i] != '@')
+		{
+			i = i == start ? i + 1 : i;
+			continue;
+		}
+		domain = address_domain_length(s, i + 1, len);
+		if (domain == 0)
+		{
+			i++;
+			continue;
+		}
+		appendBinaryStringInfo(&out, s + copied, i - copied);
+		if (hide)
+			appendStringInfoString(&out, "@...");
+		else
+		{
+			appendStringInfoString(&out, " at ");
+			appendBinaryStringInfo(&out, s + i + 1, domain);
+		}
+		i += 1 + domain;
+		copied = i;
+	}
+	if (copied == 0)
+		PG_RETURN_TEXT_P(shown);
+	appendBinaryStringInfo(&out, s + copied, len - copied);
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(out.data, out.len));
 }
