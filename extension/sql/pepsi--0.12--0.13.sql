@@ -225,6 +225,8 @@ $$;
 
 SELECT pepsi.grant_apply();
 -- end of an unguessable order reference for each challenge
+
+-- ===========================================================================
 -- The archive's search pages and counts at 100,000 messages (issue 40)
 --
 -- Once the excerpts were in C (0.12), SQL was still called once a row
