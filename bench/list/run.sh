@@ -43,6 +43,14 @@
 # BENCH_WARMUP=0 skips the warm-up runs; BENCH_SAVE=DIR keeps the logs
 # (Pepsi's, PostgreSQL's, Postfix's maillog) in DIR.
 #
+# For profiling Pepsi: BENCH_PEPSI_ONLY=1 runs Pepsi's side alone (no
+# mlmmj run, no ratio); BENCH_PERF=DIR records perf (perf record,
+# system-wide off: only the processes of PostgreSQL's and Pepsi's trees
+# as they are when the run starts, the workers and their backends being
+# up after the warm-up) during each measured Pepsi run, into
+# DIR/perf.CASE.MODE.RUN (read with perf report -i FILE --sort comm,dso,sym;
+# BENCH_PERF_OPTS adds options, e.g. "--call-graph dwarf").
+#
 # BENCH_MLMMJ_WINDOW=S bounds each mlmmj + Postfix run to S seconds (a
 # full run at the issue's size is 10 .. 100 minutes): if its transactions
 # are not all in by then, it is stopped, both queues emptied, and the
@@ -599,6 +607,30 @@ bound_note() {
     printf ' (LOWER BOUND, not measured: %s transactions in the %s s window, the rest at its peak %s/s)' \
         "$done" "$el" "$peak"
 }
+# perf_start TAG / perf_stop: BENCH_PERF's recording of PostgreSQL's
+# and Pepsi's process trees during one Pepsi run.
+perf_pid=
+perf_start() {
+    [ -n "${BENCH_PERF:-}" ] || return 0
+    local pids
+    mkdir -p "$BENCH_PERF"
+    pids=$({ cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v roots="$(head -1 "$BENCH_DIR/data/postmaster.pid") ${BENCH_DISPATCH_PID:-}" '
+        { pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " "); parent[pid] = f[2] }
+        END { n = split(roots, r, " "); for (i = 1; i <= n; i++) isroot[r[i]] = 1
+              for (p in parent) { q = p; hops = 0
+                  while (q > 1 && !(q in isroot) && hops++ < 64) q = parent[q]
+                  if (q in isroot) out = out (out == "" ? "" : ",") p }
+              print out }')
+    perf record ${BENCH_PERF_OPTS:-} -F 999 -o "$BENCH_PERF/perf.$1" -p "$pids" >"$BENCH_PERF/perf.$1.log" 2>&1 &
+    perf_pid=$!
+    sleep 0.5
+}
+perf_stop() {
+    [ -n "$perf_pid" ] || return 0
+    kill -INT "$perf_pid" 2>/dev/null || true
+    wait "$perf_pid" 2>/dev/null || true
+    perf_pid=
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -615,7 +647,7 @@ for c in $cases; do
             wp=$(measure pepsi "$c" "$m")
             sync
             settle
-            wm=$(measure mlmmj "$c" "$m")
+            wm=$([ "${BENCH_PEPSI_ONLY:-0}" = 1 ] && echo skipped || measure mlmmj "$c" "$m")
             echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s$(bound_note "$wm")"
         fi
         declare -a tp=() tm=() rr=()
@@ -623,8 +655,16 @@ for c in $cases; do
         for ((r = 1; r <= repeats; r++)); do
             settle
             pepsi_reset
+            perf_start "$c.$m.$r"
             p=$(measure pepsi "$c" "$m")
+            perf_stop
             sync
+            if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
+                printf 'run %d %s %s: pepsi %s s (load %s)\n  cpu s, pepsi run: %s\n' "$r" "$c" "$m" "$p" \
+                    "$(load)" "$(cat "$BENCH_DIR/cpu.pepsi")"
+                tp+=("$p")
+                continue
+            fi
             settle
             q=$(measure mlmmj "$c" "$m")
             [[ $q != ">="* ]] || bounds=$((bounds + 1))
@@ -634,6 +674,11 @@ for c in $cases; do
             printf '  cpu s, pepsi run: %s\n  cpu s, mlmmj run: %s\n' "$(cat "$BENCH_DIR/cpu.pepsi")" \
                 "$(cat "$BENCH_DIR/cpu.mlmmj")"
         done
+        if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
+            printf '%s %s: pepsi median %s s (runs %s .. %s), Pepsi alone\n' "$c" "$m" \
+                "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")"
+            continue
+        fi
         printf '%s %s: pepsi median %s s (runs %s .. %s), mlmmj+postfix median %s s (runs %s .. %s),' \
             "$c" "$m" "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")" \
             "$(bench_median "${tm[@]}")" "$(min "${tm[@]}")" "$(max "${tm[@]}")"
