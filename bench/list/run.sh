@@ -264,6 +264,36 @@
 # the set-up costs the peer here, so the ratio overstates Pepsi's lead.
 # Small plain and small verp (1,000 posts x 100 subscribers) were not
 # recounted at the issue's size this day (no hold of the lock left).
+#
+# Where Pepsi's CPU goes per VERP row, 2026-12-07 (Pepsi alone,
+# BENCH_PEPSI_ONLY=1, perf of PostgreSQL's and Pepsi's processes with
+# BENCH_PERF, 2,000 subscribers over 100 domains, load 7 .. 14): each row
+# is claimed, loaded (body included), begun at its destination
+# (pepsi.destination_begin) and committed on its own, one row a pass
+# (relay-to-internet has no batch): PostgreSQL 3.8 .. 4.7 CPU s per 2,000
+# rows (1.9 .. 2.3 ms a row), Pepsi 3.2 .. 3.8 (1.6 .. 1.9 ms: its
+# relay workers), DNS 0.7 .. 1.1, sinks 0.7 .. 0.9.  SMTP sessions ARE
+# reused: 3,447 of 4,000 deliveries' connect delay 0.00 (delays=
+# a/b/c/d).  In a relay worker (perf, call graphs): 36% of its CPU was
+# DNS for answers libunbound already had, the blocking resolver having no
+# cache of its own (each row's MX and _mta-sts TXT lookup crossed to
+# libunbound's thread and back: 23.5% in that thread, 12.6% in
+# dns_resolve_sync); the database round trips (destination_begin, the
+# load, the commit) 18%; option lookups by name (config_number_for,
+# linear strcmp) 6.5%; SMTP I/O about 10%.  The list stage signs
+# nothing: this bench's graph has no dkim-sign; the documented list
+# graph (pepsi-stage-list(8): list -> sign -> route) signs each VERP row
+# after the fan-out, which VERP's per-subscriber List-Unsubscribe (to be
+# covered by the signature for RFC 8058) requires.
+# With the blocking resolver's cache (commit after 1da3ffe's branch,
+# "dns: the blocking form keeps answers ..."), big verp at the issue's
+# size, Pepsi alone, 3 runs after a warm-up each, under the lock, one set
+# after the other (after first, load 10.8 -> 16.5; before, load 10.2 ->
+# 22.8):
+#   before  pepsi 18.44 s (16.35 .. 19.29)  CPU a run: Pepsi 10.57 .. 13.05, PostgreSQL 13.00 .. 15.86, DNS 1.93 .. 4.22, all 28.5 .. 34.0
+#   after   pepsi 14.41 s (13.53 .. 17.02)  CPU a run: Pepsi  7.76 ..  9.53, PostgreSQL 11.91 .. 13.37, DNS 1.41 .. 3.83, all 23.4 .. 29.1
+# Pepsi's processes use about a quarter less CPU (0.78 .. 0.95 ms a row
+# against 1.06 .. 1.31); the time's spread overlaps, 3 runs a side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
