@@ -285,8 +285,8 @@
 # graph (pepsi-stage-list(8): list -> sign -> route) signs each VERP row
 # after the fan-out, which VERP's per-subscriber List-Unsubscribe (to be
 # covered by the signature for RFC 8058) requires.
-# With the blocking resolver's cache (commit after 1da3ffe's branch,
-# "dns: the blocking form keeps answers ..."), big verp at the issue's
+# With the blocking resolver's cache (882deab; before = 8674074,
+# main then), big verp at the issue's
 # size, Pepsi alone, 3 runs after a warm-up each, under the lock, one set
 # after the other (after first, load 10.8 -> 16.5; before, load 10.2 ->
 # 22.8):
