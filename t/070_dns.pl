@@ -91,9 +91,20 @@ $start = time;
 my @twice = map { / MX / ? sorted_records($_) : $_ }
   split /\n/, `$resolve -a -c $conf TXT:example.com MX:example.com A:nope.example.com PTR:1.2.0.192.in-addr.arpa 2>&1`;
 is_deeply([ @twice[ 4 .. 7 ] ], [ @twice[ 0 .. 3 ] ], 'the cache gives the answers libunbound gave');
+is($twice[8], 'cache 4', 'all four asked again were answered by the cache');
 @twice = split /\n/, `$resolve -a -c $conf TXT:slow.example.com 2>&1`;
-is_deeply(\@twice, [ 'slow.example.com TXT timeout', 'slow.example.com TXT timeout' ],
+is_deeply(\@twice, [ 'slow.example.com TXT timeout', 'slow.example.com TXT timeout', 'cache 0' ],
 	'a timeout is not cached: it is asked again, and times out again');
+
+# The blocking form's cache (a stage worker's: a relay worker asks the
+# same MX and _mta-sts TXT for every message to a domain): the same
+# answers, from the cache, not from libunbound's thread; an NXDOMAIN is
+# kept (for its TTL, a minute at most), a timeout is not.
+@twice = map { / MX / ? sorted_records($_) : $_ }
+  split /\n/,
+  `$resolve -s -a -c $conf TXT:example.com MX:example.com A:nope.example.com TXT:slow.example.com 2>&1`;
+is_deeply([ @twice[ 4 .. 7 ] ], [ @twice[ 0 .. 3 ] ], 'the blocking form\'s cache gives the answers libunbound gave');
+is($twice[8], 'cache 3', 'the blocking form answers three of four again from its cache (not the timeout)');
 
 # The blocking form.
 @lines = map { chomp; sorted_records($_) }

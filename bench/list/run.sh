@@ -43,6 +43,14 @@
 # BENCH_WARMUP=0 skips the warm-up runs; BENCH_SAVE=DIR keeps the logs
 # (Pepsi's, PostgreSQL's, Postfix's maillog) in DIR.
 #
+# For profiling Pepsi: BENCH_PEPSI_ONLY=1 runs Pepsi's side alone (no
+# mlmmj run, no ratio); BENCH_PERF=DIR records perf (perf record,
+# system-wide off: only the processes of PostgreSQL's and Pepsi's trees
+# as they are when the run starts, the workers and their backends being
+# up after the warm-up) during each measured Pepsi run, into
+# DIR/perf.CASE.MODE.RUN (read with perf report -i FILE --sort comm,dso,sym;
+# BENCH_PERF_OPTS adds options, e.g. "--call-graph dwarf").
+#
 # BENCH_MLMMJ_WINDOW=S bounds each mlmmj + Postfix run to S seconds (a
 # full run at the issue's size is 10 .. 100 minutes): if its transactions
 # are not all in by then, it is stopped, both queues emptied, and the
@@ -256,6 +264,36 @@
 # the set-up costs the peer here, so the ratio overstates Pepsi's lead.
 # Small plain and small verp (1,000 posts x 100 subscribers) were not
 # recounted at the issue's size this day (no hold of the lock left).
+#
+# Where Pepsi's CPU goes per VERP row, 2026-12-07 (Pepsi alone,
+# BENCH_PEPSI_ONLY=1, perf of PostgreSQL's and Pepsi's processes with
+# BENCH_PERF, 2,000 subscribers over 100 domains, load 7 .. 14): each row
+# is claimed, loaded (body included), begun at its destination
+# (pepsi.destination_begin) and committed on its own, one row a pass
+# (relay-to-internet has no batch): PostgreSQL 3.8 .. 4.7 CPU s per 2,000
+# rows (1.9 .. 2.3 ms a row), Pepsi 3.2 .. 3.8 (1.6 .. 1.9 ms: its
+# relay workers), DNS 0.7 .. 1.1, sinks 0.7 .. 0.9.  SMTP sessions ARE
+# reused: 3,447 of 4,000 deliveries' connect delay 0.00 (delays=
+# a/b/c/d).  In a relay worker (perf, call graphs): 36% of its CPU was
+# DNS for answers libunbound already had, the blocking resolver having no
+# cache of its own (each row's MX and _mta-sts TXT lookup crossed to
+# libunbound's thread and back: 23.5% in that thread, 12.6% in
+# dns_resolve_sync); the database round trips (destination_begin, the
+# load, the commit) 18%; option lookups by name (config_number_for,
+# linear strcmp) 6.5%; SMTP I/O about 10%.  The list stage signs
+# nothing: this bench's graph has no dkim-sign; the documented list
+# graph (pepsi-stage-list(8): list -> sign -> route) signs each VERP row
+# after the fan-out, which VERP's per-subscriber List-Unsubscribe (to be
+# covered by the signature for RFC 8058) requires.
+# With the blocking resolver's cache (882deab; before = 8674074,
+# main then), big verp at the issue's
+# size, Pepsi alone, 3 runs after a warm-up each, under the lock, one set
+# after the other (after first, load 10.8 -> 16.5; before, load 10.2 ->
+# 22.8):
+#   before  pepsi 18.44 s (16.35 .. 19.29)  CPU a run: Pepsi 10.57 .. 13.05, PostgreSQL 13.00 .. 15.86, DNS 1.93 .. 4.22, all 28.5 .. 34.0
+#   after   pepsi 14.41 s (13.53 .. 17.02)  CPU a run: Pepsi  7.76 ..  9.53, PostgreSQL 11.91 .. 13.37, DNS 1.41 .. 3.83, all 23.4 .. 29.1
+# Pepsi's processes use about a quarter less CPU (0.78 .. 0.95 ms a row
+# against 1.06 .. 1.31); the time's spread overlaps, 3 runs a side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -599,6 +637,30 @@ bound_note() {
     printf ' (LOWER BOUND, not measured: %s transactions in the %s s window, the rest at its peak %s/s)' \
         "$done" "$el" "$peak"
 }
+# perf_start TAG / perf_stop: BENCH_PERF's recording of PostgreSQL's
+# and Pepsi's process trees during one Pepsi run.
+perf_pid=
+perf_start() {
+    [ -n "${BENCH_PERF:-}" ] || return 0
+    local pids
+    mkdir -p "$BENCH_PERF"
+    pids=$({ cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v roots="$(head -1 "$BENCH_DIR/data/postmaster.pid") ${BENCH_DISPATCH_PID:-}" '
+        { pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " "); parent[pid] = f[2] }
+        END { n = split(roots, r, " "); for (i = 1; i <= n; i++) isroot[r[i]] = 1
+              for (p in parent) { q = p; hops = 0
+                  while (q > 1 && !(q in isroot) && hops++ < 64) q = parent[q]
+                  if (q in isroot) out = out (out == "" ? "" : ",") p }
+              print out }')
+    perf record ${BENCH_PERF_OPTS:-} -F 999 -o "$BENCH_PERF/perf.$1" -p "$pids" >"$BENCH_PERF/perf.$1.log" 2>&1 &
+    perf_pid=$!
+    sleep 0.5
+}
+perf_stop() {
+    [ -n "$perf_pid" ] || return 0
+    kill -INT "$perf_pid" 2>/dev/null || true
+    wait "$perf_pid" 2>/dev/null || true
+    perf_pid=
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -615,7 +677,7 @@ for c in $cases; do
             wp=$(measure pepsi "$c" "$m")
             sync
             settle
-            wm=$(measure mlmmj "$c" "$m")
+            wm=$([ "${BENCH_PEPSI_ONLY:-0}" = 1 ] && echo skipped || measure mlmmj "$c" "$m")
             echo "warm-up $c $m (not counted): pepsi $wp s, mlmmj+postfix $wm s$(bound_note "$wm")"
         fi
         declare -a tp=() tm=() rr=()
@@ -623,8 +685,16 @@ for c in $cases; do
         for ((r = 1; r <= repeats; r++)); do
             settle
             pepsi_reset
+            perf_start "$c.$m.$r"
             p=$(measure pepsi "$c" "$m")
+            perf_stop
             sync
+            if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
+                printf 'run %d %s %s: pepsi %s s (load %s)\n  cpu s, pepsi run: %s\n' "$r" "$c" "$m" "$p" \
+                    "$(load)" "$(cat "$BENCH_DIR/cpu.pepsi")"
+                tp+=("$p")
+                continue
+            fi
             settle
             q=$(measure mlmmj "$c" "$m")
             [[ $q != ">="* ]] || bounds=$((bounds + 1))
@@ -634,6 +704,11 @@ for c in $cases; do
             printf '  cpu s, pepsi run: %s\n  cpu s, mlmmj run: %s\n' "$(cat "$BENCH_DIR/cpu.pepsi")" \
                 "$(cat "$BENCH_DIR/cpu.mlmmj")"
         done
+        if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
+            printf '%s %s: pepsi median %s s (runs %s .. %s), Pepsi alone\n' "$c" "$m" \
+                "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")"
+            continue
+        fi
         printf '%s %s: pepsi median %s s (runs %s .. %s), mlmmj+postfix median %s s (runs %s .. %s),' \
             "$c" "$m" "$(bench_median "${tp[@]}")" "$(min "${tp[@]}")" "$(max "${tp[@]}")" \
             "$(bench_median "${tm[@]}")" "$(min "${tm[@]}")" "$(max "${tm[@]}")"

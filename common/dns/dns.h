@@ -8,7 +8,7 @@
  * TTL (at most five minutes), so the names every message asks for again
  * (a sender domain's SPF, DKIM key and DMARC policy) cost no round trip to
  * libunbound's thread.  Stage workers, which handle one message at a time, use
- * the blocking form.  Answers carry their DNSSEC status (secure, bogus)
+ * the blocking form, which keeps its answers in the same way.  Answers carry their DNSSEC status (secure, bogus)
  * for the relay stage's DANE.  Configuration is in [pepsi]: the system
  * resolver by default, DNS_FORWARDER to send every query to one server,
  * DNS_TRUST_ANCHOR to validate.
@@ -132,6 +132,8 @@ void dns_resolver_breaker(struct dns_resolver *r, double probe_interval);
 bool dns_resolver_down(const struct dns_resolver *r);
 /* Lookups started and not yet answered. */
 size_t dns_in_flight(const struct dns_resolver *r);
+/* Lookups the resolver's own cache answered (either form), for the tests. */
+size_t dns_cache_answered(const struct dns_resolver *r);
 
 /* The blocking form, for stage workers: a must be freed with dns_answer_free. */
 void dns_resolve_sync(struct dns_resolver *r, const char *name, enum dns_type type,

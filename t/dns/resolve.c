@@ -5,8 +5,9 @@
  * blocking form), and the answers printed one line each, in argument
  * order: "NAME TYPE STATUS [secure] record...".  -c names a pepsi.conf
  * whose [pepsi] DNS_* options configure the resolver.  -a asks every
- * name again once all are answered (from the loop's cache), printing a
- * second set of lines.
+ * name again once all are answered (from the resolver's cache, the
+ * loop's or with -s the blocking form's), printing a second set of lines
+ * and then "cache N": the lookups the cache answered.
  */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -137,17 +138,27 @@ main(int argc, char **argv)
 			ev_run(EV_DEFAULT, EVRUN_ONCE);
 	for (int i = 0; i < n; i++)
 		printf("%s\n", lookups[i].line);
-	if (again && !sync)
+	if (again)
 	{
 		for (int i = 0; i < n; i++)
 		{
 			free(lookups[i].line);
-			dns_resolve(r, lookups[i].name, lookups[i].type, NULL, answered, &lookups[i]);
+			if (sync)
+			{
+				struct dns_answer a;
+
+				dns_resolve_sync(r, lookups[i].name, lookups[i].type, &a);
+				lookups[i].line = describe(&lookups[i], &a);
+				dns_answer_free(&a);
+			}
+			else
+				dns_resolve(r, lookups[i].name, lookups[i].type, NULL, answered, &lookups[i]);
 		}
-		while (dns_in_flight(r) > 0)
+		while (!sync && dns_in_flight(r) > 0)
 			ev_run(EV_DEFAULT, EVRUN_ONCE);
 		for (int i = 0; i < n; i++)
 			printf("%s\n", lookups[i].line);
+		printf("cache %zu\n", dns_cache_answered(r));
 	}
 	dns_resolver_free(r);
 	config_free(cfg);
