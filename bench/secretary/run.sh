@@ -131,6 +131,33 @@
 # Every run held 18,000 messages and sent 1,800 challenges.  So a little
 # better than main beside it, and the target (0.80) still missed under
 # that load; not measured on a quiet machine.
+# 2026-12-07, on another machine of the same kind (both sides slower
+# than the sets above: about 400 and 470 msg/s), main with the unguessable
+# order reference (aefe0fa), 5 rounds a set, under bench.lock:
+#   12:41-12:50, beside another's niced profiling (load 4.1 -> 15.0):
+#     secretary 383.3 msg/s (333.5..412.8), plain 470.8 (412.8..485.6),
+#     ratio median 0.84 (0.86, 0.86, 0.84, 0.69, 0.82)
+#   13:02-13:10, nothing else running (load 0.4 before; the run's own
+#     processes 11 after): secretary 401.5 msg/s (371.1..445.9), plain
+#     469.4 (452.1..536.5), ratio median 0.86 (0.86, 0.69, 0.97, 0.86,
+#     0.86)
+# Every run held 18,000 messages and sent 1,800 challenges.  Over the 20
+# rounds of the four sets recorded here (two the day before, these two)
+# the median ratio is 0.84; 3 of 20 rounds fell below 0.75 (0.69, 0.69,
+# 0.71), one of them with the plain side at its fastest (536.5 msg/s),
+# one with the secretary side at its slowest (333.5 msg/s).
+# Where the secretary's cost is not (6,000-message rounds, load 12-25):
+# not WAL flushes (pg_stat_wal: 1,303 and 1,447 syncs a secretary round,
+# 1,229 and 1,273 a plain one; the holds commit unflushed in
+# secretary_decide_many's batch already); WAL volume is 8.1 against 4.5
+# KB a message (pg_waldump --stats: the hold's non-HOT update logs the
+# whole row, about 1.8 KB, as every claim does, its status and
+# claim_digest being the row's third and last columns, so log_heap_update
+# saves no prefix or suffix).  Tried and withdrawn: commits without the
+# flush for the recomputable stages (route, discard, check-whitelist),
+# which made the plain side faster and not the secretary side; and
+# toast_tuple_target = 128 on the queue (PostgreSQL toasts only rows over
+# 2 KB, whatever the target: WAL bytes unchanged).
 # Tried and withdrawn: the batch injecting its challenges without a
 # NOTIFY (a GUC, pepsi.inject_notify) and waking the dispatcher after its
 # commit in a transaction of its own, so that its COMMIT would not wait
