@@ -60,6 +60,12 @@ INI
 
 my %dsn = (rcpt => [ { notify => 'SUCCESS' }, { notify => 'NEVER' }, { notify => 'FAILURE' } ]);
 
+# The server's clock now, as a timestamptz literal's text.
+sub server_clock
+{
+	return $node->safe_psql('postgres', 'SELECT clock_timestamp()');
+}
+
 # Run the probe on @ids in one batch; every status line must be 0.
 sub run_ok
 {
@@ -79,7 +85,13 @@ sub run_ok
 		rcpt => [ 'a@example.org', 'b@example.org', 'c@example.org' ],
 		state => { dsn => \%dsn });
 	my $before = row_json($node, $id);
+	# The server's clock around the worker's run: its transaction, whose
+	# now() the retry is due from, began between the two.  The due time is
+	# checked against them, not against a later query's now(): on a loaded
+	# machine the queries in between took 30 s.
+	my $run_began = server_clock();
 	run_ok('fan_out', $id);
+	my $run_ended = server_clock();
 
 	my $row = row_json($node, $id);
 	is_deeply([ @$row{qw(stage status)} ], [ 'fan-next', 'pending' ],
@@ -101,7 +113,13 @@ sub run_ok
 	my $new = row_json($node, $forwarded[0]);
 	is_deeply($new->{rcpt_to}, ['forwarded@example.net'], 'fan_out: the new address');
 	is($new->{status}, 'paused', 'fan_out: a retry group is paused');
-	ok($new->{due} > 50 && $new->{due} <= 60, "fan_out: for its retry_seconds (due in $new->{due} s)");
+	my ($after_began, $after_ended) = split /\|/,
+	  $node->safe_psql('postgres',
+		    "SELECT extract(epoch FROM timeout - '$run_began'::timestamptz),"
+		  . " extract(epoch FROM timeout - '$run_ended'::timestamptz)"
+		  . " FROM pepsi.workqueue WHERE id = $forwarded[0]");
+	ok($after_began >= 60 && $after_ended <= 60,
+		"fan_out: for its retry_seconds (due $after_began s after the run began, $after_ended s after it ended)");
 
 	is( $node->safe_psql(
 			'postgres',
