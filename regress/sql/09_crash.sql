@@ -12,9 +12,12 @@ CREATE FUNCTION pg_temp.add(label text) RETURNS bigint LANGUAGE sql AS $$
     SELECT pepsi.workqueue_add('s@example.org', ARRAY[label || '@example.net'], 'h', 'b',
                                jsonb_build_object('label', label))
 $$;
+-- retry_in: from the crash's own time (state.crash.at, the now() of the
+-- call that paused the row), not from this query's: on a loaded machine
+-- half a second or more passes between the two statements.
 CREATE TEMP VIEW queue AS
 SELECT state ->> 'label' AS row, stage, status,
-       round(extract(epoch FROM timeout - now())) AS retry_in,
+       round(extract(epoch FROM timeout - (state #>> '{crash,at}')::timestamptz)) AS retry_in,
        (state -> 'crash') - 'at'::text AS crash, state ->> 'dispatch_error' AS dispatch_error
 FROM pepsi.workqueue ORDER BY id;
 CREATE TEMP VIEW stats AS
