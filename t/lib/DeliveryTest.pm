@@ -14,6 +14,7 @@ use Exporter 'import';
 use File::Basename qw(dirname);
 use File::Path qw(make_path);
 use IO::Socket::INET;
+use POSIX ();
 use MIME::Parser;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -213,13 +214,24 @@ sub start_server
 		open STDERR, '>&', \*STDOUT;
 		exec @cmd or die "exec: $!";
 	}
+	# A server that exits (a bad configuration, a port taken) says so at
+	# once, with its log, rather than at the end of the wait.
+	my ($listening, $exited);
 	poll_until(
 		sub {
 			my $s = IO::Socket::INET->new(PeerAddr => "$address:$port", Timeout => 1);
+			$listening = $s;
 			$s->close if $s;
-			return $s;
+			$exited = waitpid($pid, POSIX::WNOHANG()) == $pid unless $s;
+			return $listening || $exited;
 		},
-		$seconds // 60) or die "$name did not start";
+		$seconds // 60);
+	if (!$listening)
+	{
+		kill 'KILL', $pid unless $exited;
+		die "$name " . ($exited ? "exited (status $?) before listening" : "did not start in time")
+		  . " on $address:$port; its log ends:\n" . substr(slurp("$dir/$name.log") // '', -2000);
+	}
 	push @started, { pid => $pid, dir => $dir, port => $port };
 	return $started[-1];
 }
