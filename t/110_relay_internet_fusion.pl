@@ -56,11 +56,26 @@ DESTINATION_SLOW = 3s
 PROGRAM = pepsi-stage-discard
 INI
 
+# A batch starts no late-loaded pass once it has run 1 s
+# (STAGE_LATE_FUSION_US, common/runtime/stage_internal.h): its rows then
+# all advance unfused, for the relay stage's own workers.  On a loaded
+# machine route's batch of four took that long before its late load; that
+# is a time, not what this file checks, so such a batch (no row fused,
+# the four at the relay stage, nothing delivered) is run again with new
+# rows, up to five times.
 my @to = ('one@fast.test', 'one@slow.test', 'two@slow.test', 'two@fast.test');
-my @ids = map { add_row($node, 'init', rcpt => [$_]) } @to;
-my $r = run_worker(unified_cmd('pepsi-stage-route', $conf), join('', map { "$_\n" } @ids));
+my (@ids, $r, @reports);
+for my $attempt (1 .. 5)
+{
+	@ids = map { add_row($node, 'init', rcpt => [$_]) } @to;
+	$r = run_worker(unified_cmd('pepsi-stage-route', $conf), join('', map { "$_\n" } @ids));
+	@reports = map { my (undef, $report) = decode_status($_); $report } @{ $r->{status} };
+	last if $r->{exit} != 0 || grep { $_ && $_->{fused} } @reports;
+	last if grep { my $row = row_json($node, $_); !$row || $row->{stage} ne 'internet' } @ids;
+	last if peer_messages($fast) || peer_messages($slow);
+	note("attempt $attempt: the batch ran out of its time for late fusion; again");
+}
 is($r->{exit}, 0, 'the route worker ends with its input') or diag($r->{stderr});
-my @reports = map { my (undef, $report) = decode_status($_); $report } @{ $r->{status} };
 is_deeply([ map { $_ && $_->{fused} ? $_->{fused}[0]{stage} : 'none' } @reports ],
 	[qw(internet internet none internet)],
 	'the relay ran in route\'s pass, but not for the domain it had just seen to be slow');
