@@ -18,6 +18,9 @@
 #                                   at the end of DISPATCH_WAKE_INTERVAL
 #   hang_timeout_seconds            t/041: a hung worker's row times out
 #                                   after MAX_RUNTIME (10 s), not before
+#                                   (set once the rows behind it are
+#                                   queued; the row counts from when it
+#                                   was sent all the same)
 #   missing_program_cooldowns_per_attempt, exits_at_start_cooldowns_per_attempt
 #                                   t/041: attempts to start a missing or
 #                                   failing PROGRAM are SPAWN_COOLDOWN apart
