@@ -241,6 +241,43 @@ is(excerpt("repeat('x', 19990) || ' ' || repeat('é', 100)", 'éé:*', 'to_tsque
 is(excerpt("repeat('word ', 10000) || 'fox'", 'fox'), join(' ', ('word') x 35),
 	'only the first 20,000 bytes are searched: past them, the start');
 is(sql("SELECT pepsi.archive_excerpt(NULL, websearch_to_tsquery('simple', 'fox')) IS NULL"), 't', 'no text, no excerpt');
+# The words are read only as long as a word of the query may be left
+# (its letters in any case, anywhere in the rest of the text): past that,
+# the excerpt is what reading them all made.  A rare word's second
+# occurrence far down, a word holding the query's and a prefix there too:
+is(excerpt("'a fox b ' || repeat('c ', 3000) || 'fox d'", 'fox'),
+	'a «fox» b ' . ('c ' x 31) . 'c ... ' . ('c ' x 8) . '«fox» d', 'a second word found 3,000 words on');
+is(excerpt("'a fox b ' || repeat('c ', 3000) || 'foxes d'", 'fox'), 'a «fox» b ' . ('c ' x 31) . 'c',
+	'a word that holds the query\'s is not it');
+is(excerpt("'a fox b ' || repeat('c ', 3000) || 'FOXES d'", 'fox:*', 'to_tsquery'),
+	'a «fox» b ' . ('c ' x 31) . 'c ... ' . ('c ' x 8) . '«FOXES» d', 'a prefix found far down, in upper case');
+is(excerpt("repeat('c ', 34) || 'c. fox'", 'dog'), ('c ' x 34) . 'c.', 'no word found: the first 35 words, with their punctuation');
+# Every excerpt of a hundred generated texts (up to 5,200 words, past the
+# 20,000 bytes read; words of the query once, often or never, in any
+# case, inside other words) for seven queries, as archive_excerpt made
+# them when it read every word (0.13): a digest of them all, so that any
+# change of any excerpt shows.
+is(sql(<<'FINGERPRINT'), '700|174084|71d05f77b52d81fe00babd69795f62d4', 'the excerpts of generated texts, unchanged');
+WITH texts AS (
+    SELECT i, string_agg(
+        CASE WHEN h % 1499 = 0 THEN 'quokka'
+             WHEN h % 1801 = 0 THEN 'Quokkas'
+             WHEN h % 2003 = 0 THEN 'QUOKKA.'
+             WHEN h % 97 = 0 THEN E'\n\n'
+             WHEN h % 89 = 0 THEN '(<b>w' || (h % 7) || '</b>)'
+             ELSE 'w' || (h % 61) || CASE WHEN h % 13 = 0 THEN ',' ELSE '' END END,
+        ' ' ORDER BY j) AS body
+    FROM generate_series(1, 100) i, generate_series(1, (i * 97) % 5200 + 1) j,
+         LATERAL (SELECT ('x' || left(md5(i || '-' || j), 8))::bit(32)::bigint AS h) x
+    GROUP BY i),
+queries AS (
+    SELECT * FROM (VALUES (1, websearch_to_tsquery('simple', 'quokka')), (2, websearch_to_tsquery('simple', 'w3')),
+                          (3, websearch_to_tsquery('simple', '"w3 w4"')), (4, websearch_to_tsquery('simple', 'zyzzyva')),
+                          (5, to_tsquery('simple', 'quok:*')), (6, websearch_to_tsquery('simple', 'w60 or quokka')),
+                          (7, websearch_to_tsquery('simple', 'w5 -w6'))) q(n, q))
+SELECT count(*), sum(length(e)), md5(string_agg(e, '|' ORDER BY i, n))
+FROM texts, queries, LATERAL (SELECT pepsi.archive_excerpt(body, q) AS e) x
+FINGERPRINT
 
 # The search page shows the excerpt escaped, its marks as they are.
 import_mbox('markup', mbox([ 'markup', 'Markup', '<script>alert(1)</script> the narwhal & "friends"' ]));

@@ -215,6 +215,43 @@ excerpt_word_marked(const char *text, int start, int end, bool ascii, const stru
 	return found;
 }
 
+/*
+ * Where the first of the query's terms (all ASCII) is in text[from, len),
+ * in any case and whether or not a word begins or ends there; len when
+ * none is.  A word the query marks holds one of its terms, so past from
+ * no word is marked when none is there: a rare word's excerpt need not
+ * read every word of the text looking for a second one.  One pass over
+ * the bytes, a term compared only where a byte could begin one.
+ */
+static int
+excerpt_next_term(const char *text, int from, int len, const struct excerpt_term *terms, int nterms)
+{
+	bool begins[256] = {false};
+
+	for (int t = 0; t < nterms; t++)
+	{
+		unsigned char c;
+
+		if (terms[t].len == 0)
+			return from;
+		c = (unsigned char) terms[t].lexeme[0];
+		begins[c] = true;
+		if (c >= 'a' && c <= 'z')
+			begins[c - 'a' + 'A'] = true;
+		else if (c >= 'A' && c <= 'Z')
+			begins[c - 'A' + 'a'] = true;
+	}
+	for (int i = from; i < len; i++)
+	{
+		if (!begins[(unsigned char) text[i]])
+			continue;
+		for (int t = 0; t < nterms; t++)
+			if (i + terms[t].len <= len && pg_strncasecmp(text + i, terms[t].lexeme, terms[t].len) == 0)
+				return i;
+	}
+	return len;
+}
+
 /* The length of text's first len bytes without a character the cut at len
  * left incomplete (a slice of the text ends anywhere). */
 static int
@@ -347,9 +384,11 @@ archive_excerpt(PG_FUNCTION_ARGS)
 	bool				 terms_ascii = true;
 	struct excerpt_word *words;
 	int					 nwords = 0;
-	int					 capacity = 1024;
+	int					 capacity = 256;
 	int					 first_found = -1;
 	int					 second_found = -1;
+	int					 last_marked = -1;
+	int					 next_term = -1;   /* where a term of the query is next, from the words read on */
 	int					 shown_until = -1; /* the last word shown so far */
 	int					 shown_to = 0;	   /* the byte after the text shown so far */
 	StringInfoData		 out;
@@ -372,13 +411,25 @@ archive_excerpt(PG_FUNCTION_ARGS)
 	/* The words, until the fragments' are all there: the second fragment
 	 * starts at or before the first word found past EXCERPT_WORDS after
 	 * the first one found (past the first fragment's end), and takes up
-	 * to EXCERPT_WORDS from there. */
+	 * to EXCERPT_WORDS from there.  Read no further when no term of the
+	 * query is left in the text (terms all ASCII: a word past ASCII is
+	 * then never marked) and every fragment that can be made has its
+	 * words, EXCERPT_WORDS from its marked word (or from the start) and
+	 * the one after them, whose start ends the punctuation shown: the
+	 * excerpt is then what reading every word would make. */
 	words = palloc(sizeof(struct excerpt_word) * capacity);
 	for (int i = 0; i < len && (second_found < 0 || nwords <= second_found + EXCERPT_WORDS);)
 	{
 		int	 start;
 		bool ascii = true;
 
+		if (terms_ascii && nwords > Max(last_marked, 0) + EXCERPT_WORDS)
+		{
+			if (next_term < i)
+				next_term = excerpt_next_term(text, i, len, terms, nterms);
+			if (next_term >= len)
+				break;
+		}
 		while (i < len && !excerpt_word_byte(text[i]))
 			i++;
 		if (i >= len)
@@ -394,6 +445,8 @@ archive_excerpt(PG_FUNCTION_ARGS)
 		words[nwords].start = start;
 		words[nwords].end = i;
 		words[nwords].marked = excerpt_word_marked(text, start, i, ascii, terms, nterms, terms_ascii);
+		if (words[nwords].marked)
+			last_marked = nwords;
 		if (words[nwords].marked && first_found < 0)
 			first_found = nwords;
 		else if (words[nwords].marked && second_found < 0 && nwords >= first_found + EXCERPT_WORDS)
