@@ -98,4 +98,27 @@ ALTER FUNCTION pepsi.archive_store_message(bigint, bytea, text) SET plan_cache_m
 ALTER FUNCTION pepsi.archive_search_count(bigint, text) SET enable_seqscan = off;
 -- end of the archive's count never a sequential scan
 
+-- ===========================================================================
+-- Two imports into one list at once (issue 40)
+--
+-- archive_import_finish recounts the list's months (archive_month_recount:
+-- its rows deleted, counted again): two imports into one list that ended
+-- together each inserted the same months, and the second failed on
+-- archive_month's key, all its messages rolled back (2 of 10 imports of
+-- 5,000 messages run at once).  The recounts of one list now take turns
+-- (a transaction's advisory lock on the list: the second, once the first
+-- has committed, counts its messages too), and a month a post counted
+-- meanwhile is counted again, not inserted twice.
+-- ===========================================================================
+CREATE OR REPLACE FUNCTION pepsi.archive_month_recount(list bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('pepsi.archive_month_recount/' || list::text, 0));
+    DELETE FROM pepsi.archive_month x WHERE x.list_id = list;
+    INSERT INTO pepsi.archive_month AS x (list_id, month, messages)
+    SELECT list, date_trunc('month', m.sent_at AT TIME ZONE 'UTC')::date, count(*)
+    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2
+    ON CONFLICT ON CONSTRAINT archive_month_pkey DO UPDATE SET messages = excluded.messages;
+$$;
+-- end of two imports into one list at once
+
 UPDATE pepsi.schema_version SET version = '0.14';

@@ -7590,13 +7590,19 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
     WHERE w.id = row_id AND (pepsi.archive_policy_of(list)).enabled
 $$;
 
--- Count a list's archive by month again.
+-- Count a list's archive by month again.  Two imports into one list
+-- recount one after the other (the second, once the first has
+-- committed, counts its messages too), and a month a post has just
+-- counted is counted again, not inserted twice (0.14: two imports at
+-- once failed at their end on archive_month's key).
 CREATE FUNCTION pepsi.archive_month_recount(list bigint) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('pepsi.archive_month_recount/' || list::text, 0));
     DELETE FROM pepsi.archive_month x WHERE x.list_id = list;
-    INSERT INTO pepsi.archive_month (list_id, month, messages)
+    INSERT INTO pepsi.archive_month AS x (list_id, month, messages)
     SELECT list, date_trunc('month', m.sent_at AT TIME ZONE 'UTC')::date, count(*)
-    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2;
+    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2
+    ON CONFLICT ON CONSTRAINT archive_month_pkey DO UPDATE SET messages = excluded.messages;
 $$;
 
 -- pepsi-archive import: begin a run (its id), then archive_store each
