@@ -15,4 +15,110 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.14'" to load this file. \quit
 
+-- ===========================================================================
+-- The archive's import at 100,000 messages, again (issue 40)
+--
+-- archive_store_message's lookups of a message by its Message-Id (is it
+-- archived already, which of the ones it names is its parent) were planned
+-- for each message with the list's id as a constant (plpgsql's custom
+-- plans), from the statistics of the table: for a list that had few
+-- messages when they were made (a new list, or any list during its first
+-- import, whose rows no ANALYZE sees until it commits) the planner took
+-- archive_message_list_sent for a list of a row or two and read every
+-- message of the list, once a message: an import's time grew with the
+-- square of its size (4,400 rows read a message on average over a
+-- 50,000-message import).  Its plans are now generic (plan_cache_mode),
+-- made once a session from the query's shape: the unique index on
+-- (list_id, message_id), whatever the statistics; and no plan is made
+-- again for each message.  The parser's helpers called for every message
+-- (a header field ten times, its parameters, its Message-Ids, the
+-- references kept) were SQL functions, whose plans PostgreSQL 15 makes
+-- again at every call; in plpgsql their plans are kept for the session.
+-- Same results.
+-- ===========================================================================
+CREATE OR REPLACE FUNCTION pepsi.archive_bytes_text(raw bytea) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN convert_from(raw, 'LATIN1');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.archive_header(headers text, name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN btrim((regexp_match(regexp_replace(E'\n' || headers, E'\r?\n[ \t]+', ' ', 'g'),
+                               E'\n' || name || E':[ \t]*([^\r\n]*)', 'i'))[1]);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.archive_header_parameter(value text, name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN coalesce((regexp_match(value, ';\s*' || name || '\s*=\s*"([^"]*)"', 'i'))[1],
+                    (regexp_match(value, ';\s*' || name || '\s*=\s*([^;\s]+)', 'i'))[1]);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.archive_message_ids(value text) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    RETURN (SELECT coalesce(array_agg(m[1] ORDER BY n), '{}')
+            FROM regexp_matches(coalesce(value, ''), '<([^<>\s]+)>', 'g') WITH ORDINALITY AS x(m, n));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.archive_keep_parts(message bigint, list bigint, named text, refs text[],
+                                                    attachments pepsi.archive_attachment[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+BEGIN
+    INSERT INTO pepsi.archive_reference (message_id, position, list_id, referenced)
+    SELECT message, x.n, list, x.r FROM unnest(refs) WITH ORDINALITY AS x(r, n) WHERE x.r <> named;
+    IF cardinality(attachments) > 0 THEN
+        INSERT INTO pepsi.archive_attachment (message_id, position, filename, content_type, size, content, withheld)
+        SELECT message, a.position, a.filename, a.content_type, a.size, a.content, a.withheld FROM unnest(attachments) AS a;
+    END IF;
+END
+$$;
+
+ALTER FUNCTION pepsi.archive_store_message(bigint, bytea, text) SET plan_cache_mode = force_generic_plan;
+-- end of the archive's import at 100,000 messages, again
+
+-- ===========================================================================
+-- The archive's count never a sequential scan (issue 40)
+--
+-- archive_search_count plans with enable_seqscan = off.  For a query the
+-- statistics say nearly every message of the list matches (a common
+-- word, words or'ed, a word excluded) the planner charged the GIN index's
+-- bitmap archive_search_key's COST for every row, as it charges the
+-- sequential scan, and took the scan for its cheaper pages; but the
+-- bitmap's rows are counted without being checked, and the scan reads
+-- back and checks every message's tsvector: a common word's count took
+-- 39 s at 50,000 messages.  A count has no plan better than the bitmap.
+-- ===========================================================================
+ALTER FUNCTION pepsi.archive_search_count(bigint, text) SET enable_seqscan = off;
+-- end of the archive's count never a sequential scan
+
+-- ===========================================================================
+-- Two imports into one list at once (issue 40)
+--
+-- archive_import_finish recounts the list's months (archive_month_recount:
+-- its rows deleted, counted again): two imports into one list that ended
+-- together each inserted the same months, and the second failed on
+-- archive_month's key, all its messages rolled back (2 of 10 imports of
+-- 5,000 messages run at once).  The recounts of one list now take turns
+-- (a transaction's advisory lock on the list: the second, once the first
+-- has committed, counts its messages too), and a month a post counted
+-- meanwhile is counted again, not inserted twice.
+-- ===========================================================================
+CREATE OR REPLACE FUNCTION pepsi.archive_month_recount(list bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pepsi, pg_temp AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('pepsi.archive_month_recount/' || list::text, 0));
+    DELETE FROM pepsi.archive_month x WHERE x.list_id = list;
+    INSERT INTO pepsi.archive_month AS x (list_id, month, messages)
+    SELECT list, date_trunc('month', m.sent_at AT TIME ZONE 'UTC')::date, count(*)
+    FROM pepsi.archive_message m WHERE m.list_id = list GROUP BY 2
+    ON CONFLICT ON CONSTRAINT archive_month_pkey DO UPDATE SET messages = excluded.messages;
+$$;
+-- end of two imports into one list at once
+
 UPDATE pepsi.schema_version SET version = '0.14';

@@ -215,6 +215,144 @@ excerpt_word_marked(const char *text, int start, int end, bool ascii, const stru
 	return found;
 }
 
+/*
+ * Where the first of the query's terms (all ASCII) is in text[from, len),
+ * in any case and whether or not a word begins or ends there; len when
+ * none is.  A word the query marks holds one of its terms, so past from
+ * no word is marked when none is there: a rare word's excerpt need not
+ * read every word of the text looking for a second one.  One pass over
+ * the bytes, a term compared only where a byte could begin one.
+ */
+static int
+excerpt_next_term(const char *text, int from, int len, const struct excerpt_term *terms, int nterms)
+{
+	bool begins[256] = {false};
+
+	for (int t = 0; t < nterms; t++)
+	{
+		unsigned char c;
+
+		if (terms[t].len == 0)
+			return from;
+		c = (unsigned char) terms[t].lexeme[0];
+		begins[c] = true;
+		if (c >= 'a' && c <= 'z')
+			begins[c - 'a' + 'A'] = true;
+		else if (c >= 'A' && c <= 'Z')
+			begins[c - 'A' + 'a'] = true;
+	}
+	for (int i = from; i < len; i++)
+	{
+		if (!begins[(unsigned char) text[i]])
+			continue;
+		for (int t = 0; t < nterms; t++)
+			if (i + terms[t].len <= len && pg_strncasecmp(text + i, terms[t].lexeme, terms[t].len) == 0)
+				return i;
+	}
+	return len;
+}
+
+/*
+ * The words of text[from, len) in *words (grown as needed), as many as
+ * the fragments need: the second fragment starts at or before the first
+ * word found past EXCERPT_WORDS after the first one found (past the first
+ * fragment's end), and takes up to EXCERPT_WORDS from there.  No further
+ * when no term of the query is left in the text (terms all ASCII: a word
+ * past ASCII is then never marked) and every fragment that can be made
+ * has its words, EXCERPT_WORDS from its marked word (or from the start)
+ * and the one after them, whose start ends the punctuation shown: the
+ * excerpt is then what reading every word would make.  How many.
+ */
+static int
+excerpt_read_words(const char *text, int from, int len, const struct excerpt_term *terms, int nterms,
+				   bool terms_ascii, struct excerpt_word **words, int *capacity)
+{
+	int nwords = 0;
+	int first_found = -1;
+	int second_found = -1;
+	int last_marked = -1;
+	int next_term = -1; /* where a term of the query is next, from the words read on */
+
+	for (int i = from; i < len && (second_found < 0 || nwords <= second_found + EXCERPT_WORDS);)
+	{
+		int	 start;
+		bool ascii = true;
+		bool marked;
+
+		if (terms_ascii && nwords > Max(last_marked, 0) + EXCERPT_WORDS)
+		{
+			if (next_term < i)
+				next_term = excerpt_next_term(text, i, len, terms, nterms);
+			if (next_term >= len)
+				break;
+		}
+		while (i < len && !excerpt_word_byte(text[i]))
+			i++;
+		if (i >= len)
+			break;
+		start = i;
+		while (i < len && excerpt_word_byte(text[i]))
+			ascii = !IS_HIGHBIT_SET(text[i++]) && ascii;
+		if (nwords == *capacity)
+		{
+			*capacity *= 2;
+			*words = repalloc(*words, sizeof(struct excerpt_word) * *capacity);
+		}
+		marked = excerpt_word_marked(text, start, i, ascii, terms, nterms, terms_ascii);
+		(*words)[nwords].start = start;
+		(*words)[nwords].end = i;
+		(*words)[nwords].marked = marked;
+		if (marked)
+			last_marked = nwords;
+		if (marked && first_found < 0)
+			first_found = nwords;
+		else if (marked && second_found < 0 && nwords >= first_found + EXCERPT_WORDS)
+			second_found = nwords;
+		nwords++;
+	}
+	return nwords;
+}
+
+/*
+ * Where the words are read from (terms all ASCII): the start of the
+ * EXCERPT_WORDS_BEFORE + 1 words before the word that holds the first of
+ * the query's terms in the text, or the text's start when fewer words
+ * are there.  No word before that one is the query's (a marked word
+ * begins with a term), and the fragments count their words from the word
+ * found, so the words before them change nothing but a rare word's
+ * reading of all the text before it; the fragment from the text's start,
+ * when no word is the query's, is read again from the start.
+ */
+static int
+excerpt_read_from(const char *text, int len, const struct excerpt_term *terms, int nterms)
+{
+	int at = excerpt_next_term(text, 0, len, terms, nterms);
+
+	if (at >= len)
+		return 0;
+	while (at > 0 && excerpt_word_byte(text[at - 1]))
+		at--;
+	for (int before = 0; before <= EXCERPT_WORDS_BEFORE; before++)
+	{
+		while (at > 0 && !excerpt_word_byte(text[at - 1]))
+			at--;
+		if (at == 0)
+			return 0;
+		while (at > 0 && excerpt_word_byte(text[at - 1]))
+			at--;
+	}
+	return at;
+}
+
+static bool
+excerpt_any_marked(const struct excerpt_word *words, int nwords)
+{
+	for (int w = 0; w < nwords; w++)
+		if (words[w].marked)
+			return true;
+	return false;
+}
+
 /* The length of text's first len bytes without a character the cut at len
  * left incomplete (a slice of the text ends anywhere). */
 static int
@@ -347,9 +485,8 @@ archive_excerpt(PG_FUNCTION_ARGS)
 	bool				 terms_ascii = true;
 	struct excerpt_word *words;
 	int					 nwords = 0;
-	int					 capacity = 1024;
-	int					 first_found = -1;
-	int					 second_found = -1;
+	int					 capacity = 256;
+	int					 from;
 	int					 shown_until = -1; /* the last word shown so far */
 	int					 shown_to = 0;	   /* the byte after the text shown so far */
 	StringInfoData		 out;
@@ -369,37 +506,11 @@ archive_excerpt(PG_FUNCTION_ARGS)
 		nterms++;
 	}
 
-	/* The words, until the fragments' are all there: the second fragment
-	 * starts at or before the first word found past EXCERPT_WORDS after
-	 * the first one found (past the first fragment's end), and takes up
-	 * to EXCERPT_WORDS from there. */
 	words = palloc(sizeof(struct excerpt_word) * capacity);
-	for (int i = 0; i < len && (second_found < 0 || nwords <= second_found + EXCERPT_WORDS);)
-	{
-		int	 start;
-		bool ascii = true;
-
-		while (i < len && !excerpt_word_byte(text[i]))
-			i++;
-		if (i >= len)
-			break;
-		start = i;
-		while (i < len && excerpt_word_byte(text[i]))
-			ascii = !IS_HIGHBIT_SET(text[i++]) && ascii;
-		if (nwords == capacity)
-		{
-			capacity *= 2;
-			words = repalloc(words, sizeof(struct excerpt_word) * capacity);
-		}
-		words[nwords].start = start;
-		words[nwords].end = i;
-		words[nwords].marked = excerpt_word_marked(text, start, i, ascii, terms, nterms, terms_ascii);
-		if (words[nwords].marked && first_found < 0)
-			first_found = nwords;
-		else if (words[nwords].marked && second_found < 0 && nwords >= first_found + EXCERPT_WORDS)
-			second_found = nwords;
-		nwords++;
-	}
+	from = terms_ascii ? excerpt_read_from(text, len, terms, nterms) : 0;
+	nwords = excerpt_read_words(text, from, len, terms, nterms, terms_ascii, &words, &capacity);
+	if (from > 0 && !excerpt_any_marked(words, nwords)) /* the term found was within other words */
+		nwords = excerpt_read_words(text, 0, len, terms, nterms, terms_ascii, &words, &capacity);
 
 	initStringInfo(&out);
 	if (nwords == 0) /* nothing but spaces and punctuation: their start */
