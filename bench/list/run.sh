@@ -294,6 +294,32 @@
 #   after   pepsi 14.41 s (13.53 .. 17.02)  CPU a run: Pepsi  7.76 ..  9.53, PostgreSQL 11.91 .. 13.37, DNS 1.41 .. 3.83, all 23.4 .. 29.1
 # Pepsi's processes use about a quarter less CPU (0.78 .. 0.95 ms a row
 # against 1.06 .. 1.31); the time's spread overlaps, 3 runs a side.
+# Recorded 2026-12-07, 5317a5e, small at the issue's size (1,000 posts
+# to 100 subscribers over 20 domains), BENCH_MLMMJ_WINDOW=60, 5 runs a
+# mode over several holds of the lock (a 15-minute hold fits about four
+# small plain or three small verp pairs): plain a warm-up + 3 runs
+# (14:15-14:27, load 7.3 -> 32.8) then 2 runs with BENCH_WARMUP=0 on a
+# fresh cluster (14:27-14:32, load 23.9 -> 22.2); verp a warm-up + 1 run
+# (14:32-14:39, load 16.3 -> 38.7), then twice 2 runs with BENCH_WARMUP=0
+# (14:40-14:48, load 16.2 -> 38.1; 14:48-14:57, load 22.1 -> 46.7);
+# medians of the 5 (min .. max), others' niced builds and tests beside:
+#   small plain pepsi  51.93 (40.10 .. 57.68)   mlmmj >= 676.96 (581.83 .. 826.60)  ratio >= 14.08 (11.70 .. 14.51)
+#   small verp  pepsi 164.96 (130.60 .. 177.06) mlmmj >= 903.81 (778.06 .. 952.68)  ratio >=  5.77 (5.10 .. 7.14)
+# Every mlmmj figure is a LOWER BOUND from its 60 s window: plain 5,864
+# .. 8,733 of 100,000 transactions in it, at a peak of 123 .. 175 a
+# second (its 1,000 posts' mlmmj-send run side by side, unlike the big
+# case's one); verp 3,472 .. 5,646, at 108 .. 132 a second.  Pepsi's
+# CPU a run: plain 63 .. 85 s (PostgreSQL 37 .. 51, Pepsi 19 .. 25),
+# verp 226 .. 252 s (PostgreSQL 125 .. 137, Pepsi 66 .. 75, sinks 23 ..
+# 27): both CPU-bound on the 2 cores.  The verp bound is weaker than the
+# plain one: in its window Postfix may still be taking in the 1,000 posts and
+# mlmmj-send's batches while it makes copies, so its copy rate may rise
+# once they are in; the big verp runs above made 330 copies a second,
+# and at 330 a second 100,000 copies would take about 300 s (ratio about
+# 1.8 at Pepsi's median).  Whether small verp meets 3x needs a full
+# mlmmj run (or a window past the posts' intake), not measured here.
+# (Postfix's CPU of 11 .. 12 s shown in some verp Pepsi runs is its
+# processes of the window before exiting at max_idle, counted then.)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

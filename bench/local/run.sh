@@ -89,6 +89,23 @@
 #     243.4 (214.8..264.4), 4.745 ms; ratio 1.47 (1.18..1.66)
 # Not slower in maildir mode: 16% more messages a second at the median,
 # 11.5% less CPU a message, with Postfix within 3.3% in both sets.
+# Issue 37 item 7 again, the sets interleaved: 018c18c^1 (1916ddf) and
+# 018c18c, each its own worktree, build and PostgreSQL tree, lmtp,
+# BENCH_MESSAGES=4000, one run a side per invocation, before, after,
+# before, after ... 5 each, in two holds of the lock (15:28-15:36, load
+# 20.8 -> 18.0, 3 pairs; 15:41-15:46, load 12.6 -> 18.1, 2 pairs), others'
+# niced work beside, 2026-12-07; medians (min..max):
+#   before: pepsi 177.5 msg/s (169.4..215.0), CPU 2.257 ms a message
+#     (1.915..2.550); postfix 143.8 (122.0..166.3), 5.223 ms; ratio 1.29
+#     (1.16..1.40)
+#   after:  pepsi 191.1 msg/s (146.8..199.8), CPU 2.155 ms a message
+#     (2.047..2.763); postfix 152.2 (141.6..168.7), 5.100 ms; ratio 1.18
+#     (0.87..1.38)
+# Pepsi's median is 7.7% higher after (Postfix's 5.8%), its CPU a
+# message 4.5% lower; each pair's after/before 0.93 at the median
+# (0.87..1.10).  No slowdown shows: the runs of either side spread over
+# about 25%, and the figures point both ways, so a 5% difference cannot
+# be read from 5 runs at this load.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
