@@ -15,4 +15,61 @@
 
 \echo Use "ALTER EXTENSION pepsi UPDATE TO '0.14'" to load this file. \quit
 
+-- ===========================================================================
+-- A list's VERP fan-out grouped by destination domain (issue 40)
+--
+-- pepsi.list_fanout gave a VERP post's groups (one row per subscriber) in
+-- address order, which spreads a domain's subscribers over the whole
+-- fan-out: consecutive rows went to different domains, so a relay
+-- worker's batch of them needed a session and a destination slot each.
+-- By domain, then address: a domain's rows come together.
+-- ===========================================================================
+-- The split groups (pepsi.workqueue_split) of a post to list, for stage:
+-- with VERP one per subscriber, sent from list-bounces+user=domain@ with
+-- its own List-Unsubscribe (RFC 8058 one-click when the list has an
+-- unsubscribe_url); without, one per destination domain from
+-- list-bounces@.  Only subscribers who take each message.  The VERP
+-- groups keep a domain's subscribers together (by domain, then address),
+-- so that the rows made of them, claimed in that order, reach a relay
+-- worker's batch together: one session, one kept destination slot.
+CREATE OR REPLACE FUNCTION pepsi.list_fanout(list bigint, stage text) RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    l pepsi.mailing_list;
+    local text;
+    domain text;
+BEGIN
+    SELECT * INTO l FROM pepsi.mailing_list m WHERE m.id = list;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no mailing list %', list USING ERRCODE = 'no_data_found';
+    END IF;
+    local := split_part(l.address, '@', 1);
+    domain := split_part(l.address, '@', 2);
+    IF l.verp THEN
+        RETURN coalesce((SELECT jsonb_agg(jsonb_build_object(
+                'rcpt_to', jsonb_build_array(m.address), 'stage', stage,
+                'mail_from', local || '-bounces+' || replace(m.address, '@', '=') || '@' || domain,
+                'prepend_headers', CASE WHEN l.unsubscribe_url IS NOT NULL THEN
+                    'List-Unsubscribe: <' || l.unsubscribe_url || '?l=' || l.id || '&a='
+                    || replace(replace(m.address, '%', '%25'), '+', '%2B') || '&t='
+                    || left(encode(sha256(l.secret || convert_to(m.address, 'UTF8')), 'hex'), 32)
+                    || '>, <mailto:' || local || '-unsubscribe@' || domain || '>' || E'\r\n'
+                    || E'List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n'
+                  ELSE 'List-Unsubscribe: <mailto:' || local || '-unsubscribe@' || domain || E'>\r\n' END)
+                ORDER BY split_part(m.address, '@', 2), m.address)
+            FROM pepsi.list_member m
+            WHERE m.list_id = list AND m.delivery = 'each' AND m.disabled IS NULL), '[]');
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(jsonb_build_object(
+            'rcpt_to', g.rcpt, 'stage', stage, 'mail_from', local || '-bounces@' || domain,
+            'prepend_headers', 'List-Unsubscribe: <mailto:' || local || '-unsubscribe@' || domain || E'>\r\n')
+            ORDER BY g.dom)
+        FROM (SELECT split_part(m.address, '@', 2) AS dom, jsonb_agg(m.address ORDER BY m.address) AS rcpt
+              FROM pepsi.list_member m
+              WHERE m.list_id = list AND m.delivery = 'each' AND m.disabled IS NULL
+              GROUP BY 1) g), '[]');
+END
+$$;
+-- end of a list's VERP fan-out grouped by destination domain
+
 UPDATE pepsi.schema_version SET version = '0.14';

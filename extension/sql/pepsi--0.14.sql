@@ -5963,7 +5963,10 @@ $$;
 -- with VERP one per subscriber, sent from list-bounces+user=domain@ with
 -- its own List-Unsubscribe (RFC 8058 one-click when the list has an
 -- unsubscribe_url); without, one per destination domain from
--- list-bounces@.  Only subscribers who take each message.
+-- list-bounces@.  Only subscribers who take each message.  The VERP
+-- groups keep a domain's subscribers together (by domain, then address),
+-- so that the rows made of them, claimed in that order, reach a relay
+-- worker's batch together: one session, one kept destination slot.
 CREATE FUNCTION pepsi.list_fanout(list bigint, stage text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -5988,7 +5991,7 @@ BEGIN
                     || '>, <mailto:' || local || '-unsubscribe@' || domain || '>' || E'\r\n'
                     || E'List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n'
                   ELSE 'List-Unsubscribe: <mailto:' || local || '-unsubscribe@' || domain || E'>\r\n' END)
-                ORDER BY m.address)
+                ORDER BY split_part(m.address, '@', 2), m.address)
             FROM pepsi.list_member m
             WHERE m.list_id = list AND m.delivery = 'each' AND m.disabled IS NULL), '[]');
     END IF;
