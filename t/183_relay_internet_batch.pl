@@ -3,8 +3,11 @@
 # destination through one SMTP session, each row its own transaction and
 # its own outcome (250, 451, 550), the deliveries committed with one
 # pepsi.workqueue_commit_many before any status line is written; each row
-# still asks pepsi.destination_begin for its turn (the destination's
-# concurrency and rate limit count each message).  Rows of two
+# asks pepsi.destination_begin for its turn once for a run of rows to one
+# destination, carrying on under the slot it holds, unless the
+# destination counts each message (a rate limit); the begin also says
+# what TLS result is recorded for the domain: a worker that got the same
+# does not write it again (no destination_end after a healthy delivery).  Rows of two
 # destinations in one batch each go to their own MX host.  And a list's
 # VERP fan-out (pepsi.list_fanout) gives a domain's subscribers together,
 # so that the rows made of them reach one worker's batch together.
@@ -53,6 +56,7 @@ INI
 
 my ($load_full, $commit_one, $commit_many) = @QUEUE_STATEMENT{qw(load_full commit_one commit_many)};
 my $begin = '%FROM pepsi.destination_begin(%';
+my $end = '%SELECT pepsi.destination_end(%';
 
 # The SMTP sessions a peer served (each connection is its own process).
 sub sessions
@@ -83,7 +87,14 @@ is(statement_calls($node, $load_full), '1/5', 'batch: the five loaded with one s
 is((split m{/}, statement_calls($node, $commit_many))[0], 1,
 	'batch: the three deliveries committed with one statement');
 is((split m{/}, statement_calls($node, $commit_one))[0], 2, 'batch: the 451 and the 550 each with its own');
-is((split m{/}, statement_calls($node, $begin))[0], 5, 'batch: each row asked the destination for its turn');
+# The first delivery ends its slot to write the TLS result; the second
+# asks again and keeps it; the other three carry on under it.
+is((split m{/}, statement_calls($node, $begin))[0], 2,
+	'batch: the rows to the destination asked for their turn twice, not once a row');
+is((split m{/}, statement_calls($node, $end))[0], 1,
+	'batch: the first delivery wrote the TLS result, the others kept the slot');
+my $tls = $node->safe_psql('postgres', "SELECT tls_policy || ': ' || tls_outcome FROM pepsi.destination WHERE domain = 'batch.test'");
+isnt($tls, '', "batch: the domain's TLS result is recorded ($tls)");
 ok(!defined row_json($node, $ids[0]) && !defined row_json($node, $ids[2]) && !defined row_json($node, $ids[4]),
 	'batch: the delivered rows are done');
 my $soft = row_json($node, $ids[1]);
@@ -92,6 +103,29 @@ like($soft->{state}{last_error}, qr/451 4\.2\.0 mailbox busy/, 'batch: with its 
 my $gone = row_json($node, $ids[3]);
 is($gone->{stage}, 'bounce', 'batch: the 550 sends its row to BOUNCE_STAGE');
 like($gone->{state}{last_error}, qr/550 5\.1\.1/, 'batch: with its own reply');
+
+#
+# Another worker (its memo empty) to the same domain: destination_begin
+# says what is recorded, and the same result is not written again.
+#
+@ids = map { add_row($node, 'internet', rcpt => [$_]) } qw(six@batch.test seven@batch.test);
+reset_statements($node);
+$r = run_worker(worker_cmd('pepsi-stage-relay-to-internet', $conf), join('', map { "$_\n" } @ids));
+is_deeply([ deliveries($r->{status}) ], [qw(sent sent)], 'recorded: both delivered') or diag($r->{stderr});
+is((split m{/}, statement_calls($node, $end))[0], 0,
+	'recorded: no destination_end, the TLS result being the one recorded');
+is((split m{/}, statement_calls($node, $begin))[0], 1, 'recorded: one destination_begin for the two');
+
+#
+# A destination with a rate limit: each message asks for its turn.
+#
+$node->safe_psql('postgres', "SELECT pepsi.destination_set_limits('batch.test', NULL, 600000)");
+@ids = map { add_row($node, 'internet', rcpt => [$_]) } qw(eight@batch.test nine@batch.test ten@batch.test);
+reset_statements($node);
+$r = run_worker(worker_cmd('pepsi-stage-relay-to-internet', $conf), join('', map { "$_\n" } @ids));
+is_deeply([ deliveries($r->{status}) ], [qw(sent sent sent)], 'rate limit: all delivered') or diag($r->{stderr});
+is((split m{/}, statement_calls($node, $begin))[0], 3, 'rate limit: one destination_begin a message');
+$node->safe_psql('postgres', "SELECT pepsi.destination_set_limits('batch.test', NULL, NULL)");
 
 #
 # Two destinations in one batch: each row to its own domain's MX host.

@@ -72,4 +72,39 @@ END
 $$;
 -- end of a list's VERP fan-out grouped by destination domain
 
+-- ===========================================================================
+-- destination_begin: the TLS result recorded, and whether each message
+-- must ask (issue 40)
+--
+-- A relay worker wrote a delivery's TLS result (tls_policy, tls_outcome)
+-- with destination_end, a round trip of its own, unless it had written
+-- the same for the domain itself: with many workers and many domains,
+-- most deliveries of a list's fan-out were a worker's first to their
+-- domain, and each paid a destination_end (and waited on the others'
+-- writes of the same row).  destination_begin, which reads the row
+-- anyway, now gives what is recorded; a worker that got the same keeps
+-- its slot as after any healthy delivery.  And per_message: whether each
+-- message must ask for its turn (a rate limit, or a slow destination's
+-- share of the workers); when not, a worker delivers the rest of its
+-- batch's messages to the domain under the slot it holds.  New OUT
+-- columns change the function's type: dropped and made again, its
+-- grants applied again.
+-- ===========================================================================
+DROP FUNCTION IF EXISTS pepsi.destination_begin(text, integer, text[], text, integer, text, inet,
+    double precision, double precision, integer, double precision, text);
+-- (As in pepsi--0.14.sql.)
+CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer,
+    hosts text[] DEFAULT NULL, previous_domain text DEFAULT NULL, previous_slot integer DEFAULT NULL,
+    previous_host text DEFAULT NULL, previous_address inet DEFAULT NULL,
+    previous_seconds double precision DEFAULT NULL,
+    slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
+    handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
+    OUT slot integer, OUT wait_seconds double precision, OUT reason text,
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text,
+    OUT tls_policy text, OUT tls_outcome text, OUT per_message boolean)
+AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
+
+SELECT pepsi.grant_apply();
+-- end of destination_begin: the TLS result recorded, and whether each message must ask
+
 UPDATE pepsi.schema_version SET version = '0.14';

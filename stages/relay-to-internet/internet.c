@@ -27,9 +27,10 @@
  * one statement, delivered one after another, and their outcomes
  * committed together (the deliveries in one workqueue_commit_many)
  * before the worker answers for any of them.  Each row keeps its own
- * destination_begin, transaction and outcome: a batch's rows to one
- * destination go through the same session under the same kept slot
- * (schedule.c), a 4xx or 5xx to one RCPT concerns its row only.  As with
+ * transaction and outcome (a 4xx or 5xx to one RCPT concerns its row
+ * only); a batch's rows to one destination go through the same session
+ * under the same slot, asked of destination_begin once for the run
+ * unless the destination counts each message (schedule.c).  As with
  * any relay, a 250 may come before the commit: a crash in between leaves
  * the rows running, to be retried.  The batch is small, since a slow
  * destination's delivery holds the rows behind it until the batch ends.
