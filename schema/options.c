@@ -332,8 +332,8 @@ option_memo_hash(uint32_t h, const char *s)
 const struct option_def *
 option_find(const char *section, const char *program, const char *name)
 {
-	const char			*program_name = option_program_name(program);
-	const char			*p = program_name ? program_name : "";
+	const char		   *program_name = option_program_name(program);
+	const char		   *p = program_name ? program_name : "";
 	struct option_memo *m;
 
 	if (strlen(section) >= OPTION_MEMO_KEY || strlen(p) >= OPTION_MEMO_KEY || strlen(name) >= OPTION_MEMO_KEY)

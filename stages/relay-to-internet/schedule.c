@@ -125,17 +125,17 @@ bool
 internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route,
 						   struct destination_start *start, char *err, size_t errlen)
 {
-	const char		  **hosts;
-	bool				kept_contended;
-	const char		   *kept = destination_kept_domain(&kept_contended);
-	bool				same = kept && strcasecmp(kept, domain) == 0;
-	struct smtp_client *kept_client = internet_session_kept();
-	bool				ok;
+	const char			   **hosts;
+	bool					 kept_contended;
+	const char				*kept = destination_kept_domain(&kept_contended);
+	bool					 same = kept && strcasecmp(kept, domain) == 0;
+	struct smtp_client		*kept_client = internet_session_kept();
+	bool					 ok;
 	struct destination_share share;
 
 	if (kept_client && !kept_contended && same && internet_turn_carry_on(domain, start))
 		return true;
-	share = (struct destination_share) {
+	share = (struct destination_share){
 		.default_concurrency = pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"),
 		.slow_seconds = pepsi_option_seconds(ctx, "DESTINATION_SLOW"),
 		/* (rounded up: a slow destination keeps a slot of a small stage) */
