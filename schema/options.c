@@ -11,6 +11,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,11 +283,9 @@ option_section_overridable(const char *section)
 	return false;
 }
 
-const struct option_def *
-option_find(const char *section, const char *program, const char *name)
+static const struct option_def *
+option_find_in_table(const char *section, const char *program_name, const char *name)
 {
-	const char *program_name = option_program_name(program);
-
 	for (size_t i = 0; i < option_count; i++)
 		if (strcmp(option_table[i].name, name) == 0
 			&& !option_where_is_program(option_table[i].where)
@@ -299,6 +298,56 @@ option_find(const char *section, const char *program, const char *name)
 			&& strcmp(option_table[i].where, program_name) == 0)
 			return &option_table[i];
 	return NULL;
+}
+
+/*
+ * option_find's answers, by section, program and name: a stage reads
+ * its options by name for every row (a relay a dozen a row), and the
+ * table has hundreds of lines.  The answer depends on the three strings
+ * only (the table is fixed), so it is kept for good; an entry is
+ * replaced by another whose strings hash alike.  Per thread, as the
+ * callers may be threads of one program.
+ */
+#define OPTION_MEMO_SIZE 256
+#define OPTION_MEMO_KEY 64
+
+struct option_memo
+{
+	bool					 used;
+	char					 section[OPTION_MEMO_KEY];
+	char					 program[OPTION_MEMO_KEY]; /* "" for none */
+	char					 name[OPTION_MEMO_KEY];
+	const struct option_def *def;
+};
+static __thread struct option_memo option_memo[OPTION_MEMO_SIZE];
+
+static uint32_t
+option_memo_hash(uint32_t h, const char *s)
+{
+	for (; *s; s++)
+		h = (h ^ (unsigned char) *s) * 16777619u;
+	return (h ^ 0xffu) * 16777619u; /* (so that "ab" + "c" and "a" + "bc" differ) */
+}
+
+const struct option_def *
+option_find(const char *section, const char *program, const char *name)
+{
+	const char		   *program_name = option_program_name(program);
+	const char		   *p = program_name ? program_name : "";
+	struct option_memo *m;
+
+	if (strlen(section) >= OPTION_MEMO_KEY || strlen(p) >= OPTION_MEMO_KEY || strlen(name) >= OPTION_MEMO_KEY)
+		return option_find_in_table(section, program_name, name);
+	m = &option_memo[option_memo_hash(option_memo_hash(option_memo_hash(2166136261u, section), p), name)
+					 % OPTION_MEMO_SIZE];
+	if (m->used && strcmp(m->name, name) == 0 && strcmp(m->section, section) == 0 && strcmp(m->program, p) == 0)
+		return m->def;
+	m->def = option_find_in_table(section, program_name, name);
+	strcpy(m->section, section);
+	strcpy(m->program, p);
+	strcpy(m->name, name);
+	m->used = true;
+	return m->def;
 }
 
 /* ---------------------------------------------------------------------------

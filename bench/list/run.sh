@@ -320,6 +320,51 @@
 # mlmmj run (or a window past the posts' intake), not measured here.
 # (Postfix's CPU of 11 .. 12 s shown in some verp Pepsi runs is its
 # processes of the window before exiting at max_idle, counted then.)
+#
+# Recorded 2026-12-07, 8da26ca (relay-to-internet batches of up to 8 rows:
+# one load, one commit of the deliveries; a run of deliveries to one
+# domain asks destination_begin once; destination_begin answers the TLS
+# result recorded, so a worker that got the same writes no
+# destination_end; the VERP fan-out grouped by domain; option
+# definitions found by name once), under the lock, big verp at the
+# issue's size, BENCH_CASES=big BENCH_MODES=verp BENCH_MLMMJ_WINDOW=90,
+# 5 runs after a warm-up, load 14.1 before, 13.5 .. 16.0 during (others'
+# niced work); every mlmmj run measured to its end inside the window:
+#   big verp    pepsi 16.12 (13.25 .. 18.22)  mlmmj 25.83 (25.61 .. 28.46)  ratio 1.68 (1.42 .. 2.15)
+# The 3x target is NOT met.  CPU a run: Pepsi's side 20.3 .. 28.4 s
+# (PostgreSQL 11.0 .. 13.8, Pepsi 6.2 .. 8.7, DNS 0.9 .. 4.6, sinks 2.0
+# .. 2.4), mlmmj + Postfix 45.0 .. 50.2 (Postfix and mlmmj 32.2 .. 35.8,
+# DNS 9.2 .. 10.7, sinks 2.9 .. 3.5): both sides CPU-bound on 2 cores.
+# Against 1da3ffe's record above (PostgreSQL 11.9 .. 15.4, Pepsi 10.1 ..
+# 12.2), Pepsi's own processes use less, PostgreSQL about the same.
+# At 2,000 subscribers over 100 domains (Pepsi alone, 3 runs after a
+# warm-up, load 5 .. 9, pg_stat_statements on): main 5317a5e 4.33 s
+# (3.91 .. 5.73; PostgreSQL 2.8 .. 3.6 CPU s, Pepsi 1.8 .. 2.6), 8da26ca's
+# code 3.35 s (3.28 .. 3.42; PostgreSQL 2.0 .. 2.3, Pepsi 1.4); statements
+# a run of 2,000 rows: loads and commits 2,000 -> about 870 each (600
+# of them batches of 2.9 rows on average), destination_begin 2,000 ->
+# 1,250, destination_end 1,440 -> 385.
+# At the issue's size, Pepsi alone (BENCH_PEPSI_ONLY=1, 3 runs after a
+# warm-up each, one hold of the lock, main first; pg_stat_statements on
+# for both), load 14.3 -> 17.4 (main), 13.6 -> 23.7 (8da26ca):
+#   main 5317a5e  pepsi 14.96 s (12.57 .. 20.12)  CPU a run: PostgreSQL 11.2 .. 16.1, Pepsi 7.1 .. 10.9, all 21.6 .. 34.1
+#   8da26ca       pepsi 14.93 s (13.47 .. 15.87)  CPU a run: PostgreSQL  9.9 .. 12.0, Pepsi 6.4 ..  7.6, all 20.9 .. 24.8
+# No gain in wall time can be read from these (the spreads overlap); the
+# CPU a run is lower by up to a quarter.  Statements per 10,000 rows:
+# destination_end 9,540 -> 2,040, destination_begin 10,000 -> 6,650,
+# loads and commits 10,000 -> 4,720 each (3,030 batches of 2.7 rows).
+# What that run showed is left: (1) with the fan-out grouped by domain,
+# the workers that start on a domain at once all find no pepsi.destination
+# row yet and write the TLS result, and destination_end's INSERT ... ON
+# CONFLICT DO NOTHING waits for the first one's commit (6.9 ms a call,
+# 56 s of the workers' time over the four runs, against 0.07 ms on main,
+# whose fan-out spread each domain's rows); (2) relay-to-internet's pool
+# now batches, so with a light lane (the default) its workers run at
+# BULK_NICE, as relay-to-smarthost's do (pepsi.session_nice, 30 calls
+# taking 0.65 s each at the workers' start); (3) PostgreSQL's CPU per row
+# at this size (1.0 .. 1.2 ms) is still most of Pepsi's side: the claim,
+# the body release's FOR SHARE scan of the rows sharing the post's body,
+# the DELETEs; no profile of it at this size was taken.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

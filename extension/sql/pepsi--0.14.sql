@@ -2492,7 +2492,13 @@ $$;
 -- contended (the destination has more takers than connections), the
 -- current addresses of its MX hosts (hosts) as dns_address_current gives
 -- them, as a jsonb array of {host, address, failures, retry_in}, and the
--- domain's cached MTA-STS policy (sts_policy_id, sts_policy).  And it ends
+-- domain's cached MTA-STS policy (sts_policy_id, sts_policy), and the TLS
+-- result last recorded for it (tls_policy, tls_outcome: a worker whose
+-- delivery got the same has nothing to write in destination_end), and
+-- per_message: whether each message must ask for its turn (the domain
+-- has a rate limit, or is slow and capped to a share of the workers);
+-- when not, a worker may deliver the rest of its batch's messages to the
+-- domain under the slot it holds, without asking again.  And it ends
 -- the worker's previous delivery, which reached its destination and kept
 -- its slot (previous_*, as destination_end's 'connected' takes them):
 -- its slot is freed first, so that to the same domain this delivery
@@ -2504,7 +2510,8 @@ CREATE FUNCTION pepsi.destination_begin(domain text, default_concurrency integer
     slow_seconds double precision DEFAULT NULL, slow_limit integer DEFAULT NULL,
     handoff_seconds double precision DEFAULT NULL, stage text DEFAULT NULL,
     OUT slot integer, OUT wait_seconds double precision, OUT reason text,
-    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text)
+    OUT contended boolean, OUT addresses jsonb, OUT sts_policy_id text, OUT sts_policy text,
+    OUT tls_policy text, OUT tls_outcome text, OUT per_message boolean)
 AS 'MODULE_PATHNAME', 'destination_begin' LANGUAGE C;
 
 -- The end of a delivery to domain: the slot is freed and what was seen
@@ -5958,7 +5965,10 @@ $$;
 -- with VERP one per subscriber, sent from list-bounces+user=domain@ with
 -- its own List-Unsubscribe (RFC 8058 one-click when the list has an
 -- unsubscribe_url); without, one per destination domain from
--- list-bounces@.  Only subscribers who take each message.
+-- list-bounces@.  Only subscribers who take each message.  The VERP
+-- groups keep a domain's subscribers together (by domain, then address),
+-- so that the rows made of them, claimed in that order, reach a relay
+-- worker's batch together: one session, one kept destination slot.
 CREATE FUNCTION pepsi.list_fanout(list bigint, stage text) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -5983,7 +5993,7 @@ BEGIN
                     || '>, <mailto:' || local || '-unsubscribe@' || domain || '>' || E'\r\n'
                     || E'List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n'
                   ELSE 'List-Unsubscribe: <mailto:' || local || '-unsubscribe@' || domain || E'>\r\n' END)
-                ORDER BY m.address)
+                ORDER BY split_part(m.address, '@', 2), m.address)
             FROM pepsi.list_member m
             WHERE m.list_id = list AND m.delivery = 'each' AND m.disabled IS NULL), '[]');
     END IF;

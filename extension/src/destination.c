@@ -54,6 +54,9 @@ enum
 	OUT_ADDRESSES,
 	OUT_STS_POLICY_ID,
 	OUT_STS_POLICY,
+	OUT_TLS_POLICY,
+	OUT_TLS_OUTCOME,
+	OUT_PER_MESSAGE,
 	OUT_COLUMNS
 };
 
@@ -73,6 +76,8 @@ typedef struct DestinationRow
 	bool   backing_off;
 	double backoff_seconds;
 	bool   slow;
+	char  *tls_policy; /* the TLS result last recorded (NULL: none) */
+	char  *tls_outcome;
 } DestinationRow;
 
 static text *
@@ -222,7 +227,8 @@ destination_read_row(text *domain, FunctionCallInfo fcinfo, DestinationRow *d)
 						  "                OR t.next_turn > now() - interval '10 seconds', false),"
 						  "       coalesce(t.backoff_until > now(), false),"
 						  "       extract(epoch FROM t.backoff_until - now())::float8,"
-						  "       $2 IS NOT NULL AND coalesce(t.service_seconds >= $2, false)"
+						  "       $2 IS NOT NULL AND coalesce(t.service_seconds >= $2, false),"
+						  "       t.tls_policy, t.tls_outcome"
 						  " FROM pepsi.destination t WHERE t.domain = $1",
 						  2, types),
 			   values, nulls, false, 1);
@@ -247,6 +253,10 @@ destination_read_row(text *domain, FunctionCallInfo fcinfo, DestinationRow *d)
 	v = destination_column(8, &isnull);
 	d->backoff_seconds = isnull ? 0 : DatumGetFloat8(v);
 	d->slow = DatumGetBool(destination_column(9, &isnull));
+	v = destination_column(10, &isnull);
+	d->tls_policy = isnull ? NULL : TextDatumGetCString(v);
+	v = destination_column(11, &isnull);
+	d->tls_outcome = isnull ? NULL : TextDatumGetCString(v);
 }
 
 /*
@@ -460,6 +470,17 @@ destination_begin(PG_FUNCTION_ARGS)
 	destination_read_row(domain, fcinfo, &d);
 	out[OUT_CONTENDED] = BoolGetDatum(d.found && d.contended);
 	out_null[OUT_CONTENDED] = false;
+	/* What is recorded of its TLS: a worker that got the same need not write it again. */
+	if (d.tls_policy)
+	{
+		out[OUT_TLS_POLICY] = CStringGetTextDatum(d.tls_policy);
+		out_null[OUT_TLS_POLICY] = false;
+	}
+	if (d.tls_outcome)
+	{
+		out[OUT_TLS_OUTCOME] = CStringGetTextDatum(d.tls_outcome);
+		out_null[OUT_TLS_OUTCOME] = false;
+	}
 	if (d.found && d.backing_off)
 	{
 		if (has_carried)
@@ -554,6 +575,9 @@ destination_begin(PG_FUNCTION_ARGS)
 	}
 
 done:
+	/* A rate limit counts each message, a slow destination's share each delivery's slot. */
+	out[OUT_PER_MESSAGE] = BoolGetDatum(d.found && (d.has_messages_per_minute || d.slow));
+	out_null[OUT_PER_MESSAGE] = false;
 	out[OUT_SLOT] = Int32GetDatum(slot);
 	out_null[OUT_SLOT] = !has_slot;
 	result = SPI_returntuple(heap_form_tuple(tupdesc, out, out_null), tupdesc);

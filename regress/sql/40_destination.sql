@@ -117,6 +117,18 @@ SELECT failures, tls_policy, tls_outcome, tls_at > '2000-01-01 00:00:00+00' AS w
 FROM pepsi.destination WHERE domain = 'tls.example';
 SELECT domain, tls_policy, tls_outcome FROM pepsi.destination_overview() WHERE domain = 'tls.example';
 
+-- destination_begin says what TLS result is recorded (a worker whose
+-- delivery got the same writes nothing), and whether each message must
+-- ask for its turn: not for a healthy domain, nor one without a row; yes
+-- with a rate limit.
+SELECT slot, tls_policy, tls_outcome, per_message FROM pepsi.destination_begin('tls.example', 20);
+SELECT pg_advisory_unlock(pepsi.destination_slot_key('tls.example', 0));
+SELECT slot, tls_policy, per_message FROM pepsi.destination_begin('fresh.example', 20);
+SELECT pg_advisory_unlock(pepsi.destination_slot_key('fresh.example', 0));
+SELECT pepsi.destination_set_limits('rate.example', NULL, 600);
+SELECT slot, per_message FROM pepsi.destination_begin('rate.example', 20);
+SELECT pg_advisory_unlock(pepsi.destination_slot_key('rate.example', 0));
+
 -- Refusals.
 SELECT pepsi.destination_set_limits('Slow.Example', 1, 1);
 SELECT pepsi.destination_set_limits('slow.example', 0, NULL);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -273,6 +274,17 @@ destination_keep(const char *domain, int slot, const char *ok_host, const char *
 	destination_kept.contended = contended;
 }
 
+int
+destination_carry_on(const char *domain)
+{
+	int slot = destination_kept.slot;
+
+	if (destination_kept.domain == NULL || slot < 0 || strcasecmp(destination_kept.domain, domain) != 0)
+		return -1;
+	destination_kept_clear();
+	return slot;
+}
+
 const char *
 destination_kept_domain(bool *contended)
 {
@@ -324,14 +336,21 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	values[11] = share->stage;
 	values[12] = tls_counts;
 	/* (The TLS session counts ride along when they are due: tls_tally.h.) */
+	/*
+	 * (The TLS result recorded and per_message, from 0.14 on, through
+	 * to_jsonb so that an extension not yet updated answers NULL rather
+	 * than an error: then every message asks.)
+	 */
 	res = db_exec_kept(conn,
 					   tls_counts ? "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
+									" to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message',"
 									" pepsi.tls_tally($13::jsonb)"
 									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-									" $9, $10, $11, $12)"
-								  : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+									" $9, $10, $11, $12) d"
+								  : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
+									" to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message'"
 									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-									" $9, $10, $11, $12)",
+									" $9, $10, $11, $12) d",
 					   tls_counts ? 13 : 12, values, NULL, NULL);
 	free(tls_counts);
 	if (tls_sent && internet_tls_tally_refused(res))
@@ -340,9 +359,10 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 		tls_sent = false;
 		PQclear(res);
 		res = db_exec(conn,
-					  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy"
+					  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
+					  " to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message'"
 					  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-					  " $9, $10, $11, $12)",
+					  " $9, $10, $11, $12) d",
 					  12, values);
 	}
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
@@ -363,6 +383,12 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 			out->sts_policy_id = xstrdup(PQgetvalue(res, 0, 5));
 			out->sts_policy = xstrdup(PQgetvalue(res, 0, 6));
 		}
+		out->per_message = PQgetisnull(res, 0, 9) || strcmp(PQgetvalue(res, 0, 9), "false") != 0;
+		if (!PQgetisnull(res, 0, 7))
+		{
+			out->tls_policy = xstrdup(PQgetvalue(res, 0, 7));
+			out->tls_outcome = PQgetisnull(res, 0, 8) ? NULL : xstrdup(PQgetvalue(res, 0, 8));
+		}
 	}
 	PQclear(res);
 	buf_free(&host_array);
@@ -374,6 +400,8 @@ destination_start_free(struct destination_start *s)
 {
 	free(s->sts_policy_id);
 	free(s->sts_policy);
+	free(s->tls_policy);
+	free(s->tls_outcome);
 	memset(s, 0, sizeof(*s));
 }
 

@@ -52,6 +52,9 @@ struct destination_start
 	bool   sts_cached;	  /* the database's MTA-STS cache was read for the domain: */
 	char  *sts_policy_id; /* its policy, or NULL when it has none */
 	char  *sts_policy;
+	char  *tls_policy; /* the TLS result recorded for the domain (NULL: none) */
+	char  *tls_outcome;
+	bool   per_message; /* must each message ask (a rate limit, a slow destination's share)? */
 };
 
 /* How a worker's stage shares its workers among destinations (destination_begin). */
@@ -87,6 +90,12 @@ void destination_start_free(struct destination_start *s);
  */
 void destination_keep(const char *domain, int slot, const char *ok_host, const char *ok_address,
 					  double seconds, bool contended);
+/*
+ * The slot kept for domain, taken over by the next delivery there without
+ * a destination_begin (the kept delivery then goes unrecorded: the next
+ * one's end or keep stands for both); -1 when none is kept for domain.
+ */
+int destination_carry_on(const char *domain);
 /* The domain whose slot is kept (NULL: none), and whether it was contended. */
 const char *destination_kept_domain(bool *contended);
 /* Free a slot with nothing recorded (the delivery could not start). */

@@ -22,6 +22,19 @@
  * its rows go to this stage's own workers, so that a pass of route's,
  * whose other rows wait for it, is never held by a slow destination.
  *
+ * A worker takes the rows already waiting for it as one batch (up to
+ * INTERNET_BATCH_MAX, as relay-to-smarthost does): they are loaded with
+ * one statement, delivered one after another, and their outcomes
+ * committed together (the deliveries in one workqueue_commit_many)
+ * before the worker answers for any of them.  Each row keeps its own
+ * transaction and outcome (a 4xx or 5xx to one RCPT concerns its row
+ * only); a batch's rows to one destination go through the same session
+ * under the same slot, asked of destination_begin once for the run
+ * unless the destination counts each message (schedule.c).  As with
+ * any relay, a 250 may come before the commit: a crash in between leaves
+ * the rows running, to be retried.  The batch is small, since a slow
+ * destination's delivery holds the rows behind it until the batch ends.
+ *
  * Options: schema/options.def, "pepsi-stage-relay-to-internet".
  */
 #include <stdio.h>
@@ -34,6 +47,9 @@
 #include "internet.h"
 
 int pepsi_stage_relay_to_internet_main(int argc, char **argv);
+
+/* The most rows a worker takes at once (of those waiting): one load, one commit of their outcomes. */
+#define INTERNET_BATCH_MAX 8
 
 struct dns_resolver *internet_resolver;
 
@@ -193,6 +209,8 @@ const struct pepsi_stage pepsi_stage_relay_to_internet_stage = {
 	.load = PEPSI_LOAD_FULL,
 	.run = internet_run,
 	.can_fuse = internet_can_fuse,
+	/* The rows waiting go through the sessions one after another, loaded and committed together. */
+	.batch_max = INTERNET_BATCH_MAX,
 	/* After route (body-free), in the same pass: its body loaded then, not a second claim. */
 	.late_load = true,
 };

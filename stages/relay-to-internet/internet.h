@@ -50,8 +50,9 @@ int	 internet_idle(PGconn *conn, double idle_seconds);
 void internet_slow_note(struct pepsi_ctx *ctx, const char *domain, double seconds);
 bool internet_slow_recently(const char *domain);
 /*
- * Has this worker recorded this TLS result (policy NULL: none to record)
- * for domain in pepsi.destination?  internet_tls_note: it has now.
+ * Is this TLS result (policy NULL: none to record) the one recorded for
+ * domain in pepsi.destination, as far as this worker knows?
+ * internet_tls_note: it is now (written, or read by destination_begin).
  */
 bool internet_tls_recorded(const char *domain, const char *policy, const char *outcome);
 void internet_tls_note(const char *domain, const char *policy, const char *outcome);

@@ -68,6 +68,54 @@ internet_slow_recently(const char *domain)
 }
 
 /*
+ * A run of deliveries to one destination (a batch's rows to one domain)
+ * asks destination_begin once: while the slot of the last delivery there
+ * is kept, and the destination needs no asking per message (no rate
+ * limit, not a slow one capped to a share of the workers, not contended),
+ * up to INTERNET_TURN_MESSAGES more go under that slot within
+ * INTERNET_TURN_SECONDS of the begin.  Anything else (another domain in
+ * between, a failure, the worker idle) ends the run: the next asks.
+ */
+#define INTERNET_TURN_MESSAGES 7
+#define INTERNET_TURN_SECONDS 1.0
+
+static struct
+{
+	char  *domain; /* NULL: no run */
+	int	   left;
+	double until;
+} internet_turn;
+
+static void
+internet_turn_set(const char *domain, const struct destination_start *start)
+{
+	free(internet_turn.domain);
+	internet_turn.domain = NULL;
+	if (start == NULL || start->slot < 0 || start->per_message || start->contended)
+		return;
+	internet_turn.domain = xstrdup(domain);
+	internet_turn.left = INTERNET_TURN_MESSAGES;
+	internet_turn.until = destination_now() + INTERNET_TURN_SECONDS;
+}
+
+/* Does this delivery to domain go on under the kept slot?  Then start says so. */
+static bool
+internet_turn_carry_on(const char *domain, struct destination_start *start)
+{
+	int slot;
+
+	if (internet_turn.domain == NULL || strcasecmp(internet_turn.domain, domain) != 0
+		|| internet_turn.left <= 0 || destination_now() >= internet_turn.until
+		|| (slot = destination_carry_on(domain)) < 0)
+		return false;
+	internet_turn.left--;
+	memset(start, 0, sizeof(*start));
+	start->slot = slot;
+	internet_session_keep(NULL);
+	return true;
+}
+
+/*
  * destination_begin for domain, whose MX hosts are route's.  A session
  * kept with the slot of a contended destination is closed when the slot
  * goes (the destination counts an idle connection as a busy one); to the
@@ -77,14 +125,17 @@ bool
 internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const struct mx_route *route,
 						   struct destination_start *start, char *err, size_t errlen)
 {
-	const char		  **hosts = xcalloc(route->nhosts + 1, sizeof(char *));
-	bool				kept_contended;
-	const char		   *kept = destination_kept_domain(&kept_contended);
-	bool				same = kept && strcasecmp(kept, domain) == 0;
-	struct smtp_client *kept_client = internet_session_kept();
-	bool				ok;
+	const char			   **hosts;
+	bool					 kept_contended;
+	const char				*kept = destination_kept_domain(&kept_contended);
+	bool					 same = kept && strcasecmp(kept, domain) == 0;
+	struct smtp_client		*kept_client = internet_session_kept();
+	bool					 ok;
+	struct destination_share share;
 
-	struct destination_share share = {
+	if (kept_client && !kept_contended && same && internet_turn_carry_on(domain, start))
+		return true;
+	share = (struct destination_share){
 		.default_concurrency = pepsi_option_int(ctx, "DESTINATION_CONCURRENCY"),
 		.slow_seconds = pepsi_option_seconds(ctx, "DESTINATION_SLOW"),
 		/* (rounded up: a slow destination keeps a slot of a small stage) */
@@ -103,6 +154,7 @@ internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const stru
 		internet_session_close(kept_client);
 		kept_client = NULL;
 	}
+	hosts = xcalloc(route->nhosts + 1, sizeof(char *));
 	for (size_t i = 0; i < route->nhosts; i++)
 		hosts[i] = route->hosts[i].name;
 	ok = destination_begin(pepsi_db(ctx), domain, &share, hosts, route->nhosts, start, err, errlen);
@@ -110,8 +162,14 @@ internet_destination_begin(struct pepsi_ctx *ctx, const char *domain, const stru
 	internet_session_keep(NULL);
 	if (kept_client && kept_contended && !(ok && same && start->slot >= 0))
 		internet_session_close(kept_client);
+	internet_turn_set(domain, ok ? start : NULL);
 	if (ok)
+	{
 		internet_tls_policy_sts_cached(domain, start->sts_policy_id, start->sts_policy);
+		/* Recorded by whichever worker: the same result need not be written again. */
+		if (start->tls_policy)
+			internet_tls_note(domain, start->tls_policy, start->tls_outcome);
+	}
 	return ok;
 }
 
@@ -139,7 +197,8 @@ internet_idle(PGconn *conn, double idle_seconds)
 }
 
 /* ---------------------------------------------------------------------------
- * The TLS results this worker recorded in pepsi.destination (the oldest goes)
+ * The TLS results recorded in pepsi.destination, as this worker last
+ * wrote or read them (destination_begin answers them; the oldest goes)
  * ------------------------------------------------------------------------- */
 
 #define INTERNET_TLS_MEMO 32
