@@ -292,6 +292,19 @@ destination_kept_domain(bool *contended)
 	return destination_kept.domain;
 }
 
+/*
+ * destination_begin's call and the columns read from it, one text for
+ * its three forms (with the TLS counts, without, and the retry for an
+ * extension older than 0.6).  The TLS result recorded and per_message
+ * (from 0.14 on) are read through to_jsonb, so that an extension not yet
+ * updated answers NULL rather than an error: then every message asks.
+ */
+#define DESTINATION_BEGIN_COLUMNS                                                  \
+	"slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy," \
+	" to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message'"
+#define DESTINATION_BEGIN_CALL \
+	"pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8, $9, $10, $11, $12) d"
+
 bool
 destination_begin(PGconn *conn, const char *domain, const struct destination_share *share,
 				  const char *const *hosts, size_t nhosts, struct destination_start *out, char *err,
@@ -336,21 +349,9 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 	values[11] = share->stage;
 	values[12] = tls_counts;
 	/* (The TLS session counts ride along when they are due: tls_tally.h.) */
-	/*
-	 * (The TLS result recorded and per_message, from 0.14 on, through
-	 * to_jsonb so that an extension not yet updated answers NULL rather
-	 * than an error: then every message asks.)
-	 */
 	res = db_exec_kept(conn,
-					   tls_counts ? "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
-									" to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message',"
-									" pepsi.tls_tally($13::jsonb)"
-									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-									" $9, $10, $11, $12) d"
-								  : "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
-									" to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message'"
-									" FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-									" $9, $10, $11, $12) d",
+					   tls_counts ? "SELECT " DESTINATION_BEGIN_COLUMNS ", pepsi.tls_tally($13::jsonb) FROM " DESTINATION_BEGIN_CALL
+								  : "SELECT " DESTINATION_BEGIN_COLUMNS " FROM " DESTINATION_BEGIN_CALL,
 					   tls_counts ? 13 : 12, values, NULL, NULL);
 	free(tls_counts);
 	if (tls_sent && internet_tls_tally_refused(res))
@@ -358,12 +359,7 @@ destination_begin(PGconn *conn, const char *domain, const struct destination_sha
 		/* An extension older than 0.6: the same call without the counts. */
 		tls_sent = false;
 		PQclear(res);
-		res = db_exec(conn,
-					  "SELECT slot, wait_seconds, reason, contended, addresses, sts_policy_id, sts_policy,"
-					  " to_jsonb(d) ->> 'tls_policy', to_jsonb(d) ->> 'tls_outcome', to_jsonb(d) ->> 'per_message'"
-					  " FROM pepsi.destination_begin($1, $2, $3::text[], $4, $5, $6, $7::inet, $8,"
-					  " $9, $10, $11, $12) d",
-					  12, values);
+		res = db_exec(conn, "SELECT " DESTINATION_BEGIN_COLUMNS " FROM " DESTINATION_BEGIN_CALL, 12, values);
 	}
 	/* Ended by this call, or (on an error) by the session's end: not asked again either way. */
 	destination_kept_clear();
