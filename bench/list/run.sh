@@ -50,6 +50,10 @@
 # up after the warm-up) during each measured Pepsi run, into
 # DIR/perf.CASE.MODE.RUN (read with perf report -i FILE --sort comm,dso,sym;
 # BENCH_PERF_OPTS adds options, e.g. "--call-graph dwarf").
+# BENCH_STATEMENTS=1 loads pg_stat_statements (track = all) and writes,
+# after each measured Pepsi run, its 30 costliest statements (calls,
+# plans, planning and execution time, pages dirtied, WAL records) to statements.CASE.MODE.RUN.log among
+# the logs (keep them with BENCH_SAVE).
 #
 # BENCH_MLMMJ_WINDOW=S bounds each mlmmj + Postfix run to S seconds (a
 # full run at the issue's size is 10 .. 100 minutes): if its transactions
@@ -415,7 +419,13 @@ cleanup() {
     fi
     bench_cleanup
 }
-bench_cluster_start "max_connections = 200"
+if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
+    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'" \
+        "pg_stat_statements.track = all" "pg_stat_statements.track_planning = on"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200"
+fi
 trap cleanup EXIT
 
 # The subscribers, in the order mlmmj reads them (one file): u<k>@d<j>,
@@ -769,9 +779,14 @@ for c in $cases; do
         for ((r = 1; r <= repeats; r++)); do
             settle
             pepsi_reset
+            [ "${BENCH_STATEMENTS:-0}" != 1 ] || bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
             perf_start "$c.$m.$r"
             p=$(measure pepsi "$c" "$m")
             perf_stop
+            [ "${BENCH_STATEMENTS:-0}" != 1 ] || bench_psql -c "SELECT calls, plans, round(total_plan_time::numeric) AS plan_ms, round(total_exec_time::numeric) AS ms,
+                    round(mean_exec_time::numeric, 3) AS mean, rows, shared_blks_dirtied AS dirtied,
+                    wal_records AS wal, toplevel, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS statement
+                FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 30" >>"$BENCH_DIR/statements.$c.$m.$r.log"
             sync
             if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
                 printf 'run %d %s %s: pepsi %s s (load %s)\n  cpu s, pepsi run: %s\n' "$r" "$c" "$m" "$p" \
