@@ -137,7 +137,9 @@ BEGIN
                      AND (t.window_limit IS NOT NULL OR t.next_turn > now() - interval '10 seconds'));
 END
 $$;
-
+-- CREATE OR REPLACE resets what grant_apply sets on a definer function
+-- (SECURITY DEFINER, its search_path): set again.
+SELECT pepsi.grant_apply();
 -- end of destination_end: the TLS result of a new destination written by one worker
 
 UPDATE pepsi.schema_version SET version = '0.15';
