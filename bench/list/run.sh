@@ -50,6 +50,10 @@
 # up after the warm-up) during each measured Pepsi run, into
 # DIR/perf.CASE.MODE.RUN (read with perf report -i FILE --sort comm,dso,sym;
 # BENCH_PERF_OPTS adds options, e.g. "--call-graph dwarf").
+# BENCH_STATEMENTS=1 loads pg_stat_statements (track = all) and writes,
+# after each measured Pepsi run, its 30 costliest statements (calls,
+# plans, planning and execution time, pages dirtied, WAL records) to statements.CASE.MODE.RUN.log among
+# the logs (keep them with BENCH_SAVE).
 #
 # BENCH_MLMMJ_WINDOW=S bounds each mlmmj + Postfix run to S seconds (a
 # full run at the issue's size is 10 .. 100 minutes): if its transactions
@@ -378,6 +382,63 @@
 # windows' first minute (Postfix still taking in the posts then).  CPU:
 # Pepsi's side 242.5 s (PostgreSQL 150.6, Pepsi 62.4, sinks 28.5),
 # mlmmj's 712.5 s (Postfix and mlmmj 538.1, DNS 132.7, sinks 34.7).
+#
+# Where PostgreSQL's CPU per VERP row went, 2026-12-07, main 83aa7a9,
+# 2,000 subscribers over 100 domains, Pepsi alone (BENCH_STATEMENTS=1 and
+# BENCH_PERF with call graphs, 3 runs, load 11 .. 13): PostgreSQL 2.8 ..
+# 3.3 CPU s a run (1.4 .. 1.6 ms a row, perf and pg_stat_statements on).
+# Of the server's samples: planning 12% (pg_plan_query), half of it the
+# relay workers' batch loads, planned afresh at each of the 586 loads a
+# run (an array parameter of known length always makes the custom plan
+# look cheaper), most of the rest workqueue_commit_many's DELETE, planned
+# at each of its 586 calls for the same reason (4% of the server's CPU,
+# more than executing it), and the claim's UPDATE (566 plans);
+# ExecutorStart 11%; the claim 9%, destination_begin 9% (1,208 calls),
+# destination_end 7% (347 calls); commits 7%; the shared body's release 3%
+# (879 FOR SHARE lookups, two WAL records each).  destination_end's
+# INSERT ... ON CONFLICT DO NOTHING took 10.2 ms a call (347 calls, 99
+# rows written): the workers starting on a domain at once each waited
+# for the first one's commit.  Changed (commits 87e4905 .. 6d02b67):
+# workqueue_commit_many and the claim's UPDATE keep their generic plan
+# (nested loop over the unnest, rows by primary key), the batch loads
+# pad their ids to the ten elements the planner assumes for an unknown
+# array so that the plan cache keeps the generic plan, and destination_end
+# writes a new destination's TLS result under a transaction advisory lock
+# the others skip.  pg_stat_statements after, per run: the load planned
+# 30 times (once per worker session) instead of 586, the commit's DELETE
+# 30 instead of 586, the claim's UPDATE once; destination_end 2.4 ms a
+# call instead of 11.4, its INSERT reached 175 times at 2.7 ms.
+# Before/after at that size, Pepsi alone (BENCH_REPEATS=4 after a warm-up,
+# one hold of the lock 18:09-18:12, load 28 .. 35: others' niced tests
+# and builds, and mine):
+#   83aa7a9  pepsi 4.08 s (3.89 .. 4.42)  CPU a run: PostgreSQL 2.07 .. 2.40 (median 2.25), Pepsi 1.15 .. 1.66, all 3.98 .. 5.33
+#   6d02b67  pepsi 4.18 s (3.97 .. 4.60)  CPU a run: PostgreSQL 1.99 .. 2.23 (median 2.09), Pepsi 1.31 .. 1.73, all 4.19 .. 5.47
+# PostgreSQL's CPU a row 1.04 .. 1.20 ms before, 1.00 .. 1.12 after (about
+# 7% less at the median, within the spread); the wall time does not move.
+# The plans saved are real but small beside what is left: a row still
+# costs a claim (an UPDATE), a load, a destination_begin (1,193 calls for
+# 2,000 rows: the batches rarely share a domain, the dispatcher handing
+# consecutive rows round-robin), a batch DELETE with its body release
+# (one FOR SHARE lookup per statement, already one per distinct body),
+# and three or four transactions' commits.  Not changed: the release
+# protocol (3% of the server here), relay-to-internet's BULK_NICE, the
+# dispatcher's round-robin hand-out (grouping a domain's rows in one
+# worker's batch would save most destination_begin calls and SMTP
+# session switches: the next lead).
+# At the issue's size with mlmmj, b15da73 (the changes above), under the
+# lock 18:31-18:38, BENCH_CASES=big BENCH_MODES=verp
+# BENCH_MLMMJ_WINDOW=90, 5 runs after a warm-up, load 21.9 before, 21.8
+# .. 29.8 during (others' niced tests and builds); every mlmmj run
+# measured to its end inside the window:
+#   big verp    pepsi 17.36 (15.18 .. 20.04)  mlmmj 32.14 (29.67 .. 37.61)  ratio 1.88 (1.48 .. 2.48)
+# The 3x target is NOT met.  CPU a run: Pepsi's side 21.4 .. 27.6 s
+# (PostgreSQL 9.3 .. 12.7, i.e. 0.93 .. 1.27 ms a row; Pepsi 5.5 .. 9.0;
+# DNS 1.5 .. 4.8; sinks 2.0 .. 2.7), mlmmj + Postfix 46.4 .. 55.9
+# (Postfix and mlmmj 33.5 .. 39.2, DNS 9.6 .. 12.8, sinks 2.8 .. 3.5).
+# Against 8da26ca's record above (PostgreSQL 11.0 .. 13.8 a run) the
+# server's CPU is somewhat lower, within the spread; the ratio's rise from
+# 1.68 is mostly mlmmj's side being slower at this load (32 s against
+# 26), not Pepsi faster.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
@@ -415,7 +476,13 @@ cleanup() {
     fi
     bench_cleanup
 }
-bench_cluster_start "max_connections = 200"
+if [ "${BENCH_STATEMENTS:-0}" = 1 ]; then
+    bench_cluster_start "max_connections = 200" "shared_preload_libraries = 'pg_stat_statements'" \
+        "pg_stat_statements.track = all" "pg_stat_statements.track_planning = on"
+    bench_psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+else
+    bench_cluster_start "max_connections = 200"
+fi
 trap cleanup EXIT
 
 # The subscribers, in the order mlmmj reads them (one file): u<k>@d<j>,
@@ -769,9 +836,14 @@ for c in $cases; do
         for ((r = 1; r <= repeats; r++)); do
             settle
             pepsi_reset
+            [ "${BENCH_STATEMENTS:-0}" != 1 ] || bench_psql -c "SELECT pg_stat_statements_reset()" >/dev/null
             perf_start "$c.$m.$r"
             p=$(measure pepsi "$c" "$m")
             perf_stop
+            [ "${BENCH_STATEMENTS:-0}" != 1 ] || bench_psql -c "SELECT calls, plans, round(total_plan_time::numeric) AS plan_ms, round(total_exec_time::numeric) AS ms,
+                    round(mean_exec_time::numeric, 3) AS mean, rows, shared_blks_dirtied AS dirtied,
+                    wal_records AS wal, toplevel, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS statement
+                FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 30" >>"$BENCH_DIR/statements.$c.$m.$r.log"
             sync
             if [ "${BENCH_PEPSI_ONLY:-0}" = 1 ]; then
                 printf 'run %d %s %s: pepsi %s s (load %s)\n  cpu s, pepsi run: %s\n' "$r" "$c" "$m" "$p" \

@@ -474,3 +474,23 @@ db_array_append(struct buf *array, const char *element)
 	}
 	buf_append_char(array, '"');
 }
+
+bool
+db_pad_int_array(const char *array, size_t count, size_t length, char *out, size_t outlen)
+{
+	size_t		len = strlen(array);
+	const char *last = strrchr(array, ',');
+	size_t		used;
+
+	if (len < 3 || array[0] != '{' || array[len - 1] != '}')
+		return false;
+	last = last ? last + 1 : array + 1;
+	used = (size_t) snprintf(out, outlen, "%.*s", (int) (len - 1), array);
+	for (size_t i = count; i < length && used < outlen; i++)
+		used += (size_t) snprintf(out + used, outlen - used, ",%.*s", (int) (array + len - 1 - last), last);
+	if (used + 2 > outlen)
+		return false;
+	out[used++] = '}';
+	out[used] = '\0';
+	return true;
+}

@@ -118,4 +118,12 @@ void db_array_append(struct buf *array, const char *element);
 /* The error of a failed result, one line, for logs. */
 const char *db_error(const PGresult *res, PGconn *conn);
 
+/*
+ * The array literal array ("{1,2,3}", count elements) padded to length
+ * elements with its last one repeated, into out; false when it does not
+ * fit (or is not such a literal).  For a statement over "= ANY" of an
+ * array parameter: see stage.c, STAGE_LOAD_PLANNED_IDS.
+ */
+bool db_pad_int_array(const char *array, size_t count, size_t length, char *out, size_t outlen);
+
 #endif

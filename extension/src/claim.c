@@ -376,6 +376,9 @@ claim_fair_round(ClaimCandidate *candidates, int count, const int *pick_order, i
  * matched to it: the rows are reached by primary key (see
  * workqueue_commit_many).  With tokens, each row's digest rides beside
  * its id in a parallel array ($3), so the UPDATE joins the two unnested.
+ * Its plan is the generic one, as workqueue_commit_many's is: the custom
+ * plan for the arrays given always looked cheaper, so it was planned at
+ * every claim.
  */
 static void
 claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
@@ -423,13 +426,14 @@ claim_mark_running(const char *stage, ClaimChoice *choice, Tuplestorestate *out,
 #define CLAIM_MARK_SQL(set, from, where)                       \
 	"UPDATE pepsi.workqueue w SET status = 'running'" set from \
 	" WHERE " where " AND (w.status = 'pending' AND w.stage = $2) IS TRUE RETURNING w.id, w.sender_key"
-	queue_exec(tokens		? queue_plan(&plans[0],
-										 CLAIM_MARK_SQL(", claim_digest = u.digest",
-														" FROM unnest($1, $3) AS u(id, digest)", "w.id = u.id"),
-										 3, argtypes)
-			   : has_digest ? queue_plan(&plans[1], CLAIM_MARK_SQL(", claim_digest = NULL", "", "w.id = ANY ($1)"),
-										 3, argtypes)
-							: queue_plan(&plans[2], CLAIM_MARK_SQL("", "", "w.id = ANY ($1)"), 3, argtypes),
+	queue_exec(tokens		? queue_plan_generic(&plans[0],
+												 CLAIM_MARK_SQL(", claim_digest = u.digest",
+																" FROM unnest($1, $3) AS u(id, digest)", "w.id = u.id"),
+												 3, argtypes)
+			   : has_digest ? queue_plan_generic(&plans[1],
+												 CLAIM_MARK_SQL(", claim_digest = NULL", "", "w.id = ANY ($1)"), 3,
+												 argtypes)
+							: queue_plan_generic(&plans[2], CLAIM_MARK_SQL("", "", "w.id = ANY ($1)"), 3, argtypes),
 			   values, nulls, false, 0);
 
 	/* The rows chosen, each with its token; the UPDATE says which it claimed. */

@@ -35,6 +35,8 @@ extern char *pepsi_admission_accounts;
 
 /* spi_support.c: prepared plans kept for the life of the backend */
 extern SPIPlanPtr queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
+/* queue_plan for a statement over arrays it unnests: its generic plan, never replanned. */
+extern SPIPlanPtr queue_plan_generic(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes);
 extern int		  queue_exec(SPIPlanPtr plan, Datum *values, const char *nulls, bool read_only, long count);
 extern int		  queue_lock_running_row(int64 id, const char *expected_stage, pg_uuid_t *token);
 /*

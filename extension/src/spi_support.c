@@ -40,6 +40,17 @@ queue_plan(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
 	return queue_plan_with_options(slot, sql, nargs, argtypes, 0);
 }
 
+/*
+ * queue_plan for a statement over arrays it unnests, whose plan's shape
+ * does not depend on their length (queue_plan_pending_generic says why
+ * the plan cache would otherwise plan it afresh at every execution).
+ */
+SPIPlanPtr
+queue_plan_generic(SPIPlanPtr *slot, const char *sql, int nargs, const Oid *argtypes)
+{
+	return queue_plan_with_options(slot, sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+}
+
 /* Two syscache lookups a call: the schema can change under a live backend. */
 static SPIPlanPtr
 queue_plan_pending_with_options(SPIPlanPtr slots[2], const char *sql, const char *sql_0_1, int nargs,
