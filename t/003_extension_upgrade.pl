@@ -100,13 +100,23 @@ sub claim
 
 # One psql session per database, kept open: a psql start per query made
 # this file spend most of its time starting processes.  A query that fails
-# dies with its error, as safe_psql does; notices are not errors.
+# dies with its error, as safe_psql does; notices are not errors.  Each
+# query has PG_TEST_TIMEOUT_DEFAULT to answer (or $timeout, for it and the
+# session's later ones), not the session: a session's timer ran from its
+# start, and one that lived through many queries died on a loaded machine
+# however quick each was.
 my %session;
 
 sub query
 {
-	my ($db, $sql) = @_;
-	my $session = $session{$db} //= $node->background_psql($db, on_error_stop => 0);
+	my ($db, $sql, $timeout) = @_;
+	my $session = $session{$db} //= do
+	{
+		my $s = $node->background_psql($db, on_error_stop => 0);
+		$s->set_query_timer_restart;
+		$s;
+	};
+	$session->{timeout}->interval($timeout) if $timeout;
 	my $output = $session->query($sql);
 	my $stderr = $session->{stderr};
 
@@ -122,9 +132,8 @@ sub quit_sessions
 	return;
 }
 
-# A session ends once its database is done with: its timer runs from its
-# start (PG_TEST_TIMEOUT_DEFAULT), so one kept for the whole file died at
-# the end of a run that a loaded machine had made longer than that.
+# A session ends once its database is done with (and before CREATE
+# DATABASE copies that database).
 sub quit_session
 {
 	my ($db) = @_;
@@ -334,7 +343,10 @@ for my $from (@old_versions)
 	if ($from eq $path[0])
 	{
 		$v = prepare_version($db, $from);
-		query($db, 'ALTER EXTENSION pepsi UPDATE');
+		# Every step's script in one statement, the longest of the suite:
+		# 30 s on a quiet machine, over 170 s niced at a load of 40.  Four
+		# times the default bound, which stays a bound of liveness.
+		query($db, 'ALTER EXTENSION pepsi UPDATE', 4 * $PostgreSQL::Test::Utils::timeout_default);
 		is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
 			$default_version, "$from: ALTER EXTENSION pepsi UPDATE reaches $default_version");
 	}
