@@ -45,10 +45,11 @@ my @data_tables = qw(workqueue workqueue_body config_override settings
   dns_address event_log mail_log stage_stats dispatch_stats);
 
 # Every row of pepsi.$table, one line each, with only the columns the table
-# has now (@$columns; all of them if undef) and in a fixed order.
+# has now (@$columns; all of them if undef) and in a fixed order; only
+# those $where (an SQL condition, of id) keeps if it is given.
 sub table_rows
 {
-	my ($db, $table, $columns) = @_;
+	my ($db, $table, $columns, $where) = @_;
 
 	$columns //= [
 		split /\n/,
@@ -59,7 +60,8 @@ sub table_rows
 			  . " AND NOT attisdropped ORDER BY attnum")
 	];
 	my $list = join ', ', @$columns;
-	my @rows = split /\n/, query($db, "SELECT row($list)::text FROM pepsi.$table t ORDER BY 1");
+	my @rows = split /\n/,
+	  query($db, "SELECT row($list)::text FROM pepsi.$table t" . ($where ? " WHERE $where" : '') . ' ORDER BY 1');
 	return ($columns, \@rows);
 }
 
@@ -98,13 +100,23 @@ sub claim
 
 # One psql session per database, kept open: a psql start per query made
 # this file spend most of its time starting processes.  A query that fails
-# dies with its error, as safe_psql does; notices are not errors.
+# dies with its error, as safe_psql does; notices are not errors.  Each
+# query has PG_TEST_TIMEOUT_DEFAULT to answer (or $timeout, for it and the
+# session's later ones), not the session: a session's timer ran from its
+# start, and one that lived through many queries died on a loaded machine
+# however quick each was.
 my %session;
 
 sub query
 {
-	my ($db, $sql) = @_;
-	my $session = $session{$db} //= $node->background_psql($db, on_error_stop => 0);
+	my ($db, $sql, $timeout) = @_;
+	my $session = $session{$db} //= do
+	{
+		my $s = $node->background_psql($db, on_error_stop => 0);
+		$s->set_query_timer_restart;
+		$s;
+	};
+	$session->{timeout}->interval($timeout) if $timeout;
 	my $output = $session->query($sql);
 	my $stderr = $session->{stderr};
 
@@ -120,9 +132,8 @@ sub quit_sessions
 	return;
 }
 
-# A session ends once its database is done with: its timer runs from its
-# start (PG_TEST_TIMEOUT_DEFAULT), so one kept for the whole file died at
-# the end of a run that a loaded machine had made longer than that.
+# A session ends once its database is done with (and before CREATE
+# DATABASE copies that database).
 sub quit_session
 {
 	my ($db) = @_;
@@ -132,35 +143,37 @@ sub quit_session
 }
 
 # What the upgrade must not change and what later steps refer to, by
-# name: row ids and body ids.
+# name: row ids and body ids.  $t ("-0.3"...) ends every name a database
+# holds once (stages, clone tokens, a domain, the statistics' row): the
+# rows of several versions share one database (below).
 sub fill_queue
 {
-	my ($db) = @_;
+	my ($db, $t) = @_;
 	my %q;
 
 	# pending at init, two recipients, from a client address
-	$q{pending} = add($db, 'init', [ 'x@example.net', 'y@example.com' ], 'pending body', '192.0.2.1');
+	$q{pending} = add($db, "init$t", [ 'x@example.net', 'y@example.com' ], 'pending body', '192.0.2.1');
 	# paused by its stage with a retry time an hour away
-	$q{paused} = add($db, 'relay', ['p@example.net'], 'paused body');
-	is(claim($db, 'relay'), $q{paused}, 'before: the claim sets the relay row running');
-	query($db, "SELECT pepsi.workqueue_pause($q{paused}, 'relay', 3600, '{\"attempts\": 1}')");
+	$q{paused} = add($db, "relay$t", ['p@example.net'], 'paused body');
+	is(claim($db, "relay$t"), $q{paused}, 'before: the claim sets the relay row running');
+	query($db, "SELECT pepsi.workqueue_pause($q{paused}, 'relay$t', 3600, '{\"attempts\": 1}')");
 	# paused and already due
-	$q{due} = add($db, 'retry', ['d@example.net'], 'due body');
-	claim($db, 'retry');
-	query($db, "SELECT pepsi.workqueue_pause($q{due}, 'retry', 0.001)");
+	$q{due} = add($db, "retry$t", ['d@example.net'], 'due body');
+	claim($db, "retry$t");
+	query($db, "SELECT pepsi.workqueue_pause($q{due}, 'retry$t', 0.001)");
 	# held by an operator
-	$q{held} = add($db, 'hold', ['h@example.net'], 'held body');
+	$q{held} = add($db, "hold$t", ['h@example.net'], 'held body');
 	is(query($db, "SELECT pepsi.queue_hold(ARRAY[$q{held}])"), 1, 'before: an operator holds a row');
 	# failed
-	$q{failed} = add($db, 'relay', ['f@example.net'], 'failed body');
-	claim($db, 'relay');
-	query($db, "SELECT pepsi.workqueue_commit($q{failed}, 'relay', 'fail', merge_state => '{\"error\": \"550\"}')");
+	$q{failed} = add($db, "relay$t", ['f@example.net'], 'failed body');
+	claim($db, "relay$t");
+	query($db, "SELECT pepsi.workqueue_commit($q{failed}, 'relay$t', 'fail', merge_state => '{\"error\": \"550\"}')");
 	# split one per row: three rows sharing one body; the first stays
 	# running across the upgrade, as a worker's row would
-	$q{running} = add($db, 'deliver', [ 'a@example.org', 'b@example.org', 'c@example.org' ], 'shared body');
-	claim($db, 'deliver');
+	$q{running} = add($db, "deliver$t", [ 'a@example.org', 'b@example.org', 'c@example.org' ], 'shared body');
+	claim($db, "deliver$t");
 	$q{siblings} = query($db,
-		"SELECT array_to_string(pepsi.workqueue_split_one_per_row($q{running}, 'deliver'), ',')");
+		"SELECT array_to_string(pepsi.workqueue_split_one_per_row($q{running}, 'deliver$t'), ',')");
 	$q{shared_body} = query($db, "SELECT body_id FROM pepsi.workqueue WHERE id = $q{running}");
 	is( query(
 			$db,
@@ -168,20 +181,25 @@ sub fill_queue
 		3,
 		'before: the split rows share one body');
 	# paused with a delay-DSN clone, whose token makes it at-most-once
-	$q{with_clone} = add($db, 'dsn', ['late@example.net'], 'clone body');
-	claim($db, 'dsn');
+	$q{with_clone} = add($db, "dsn$t", ['late@example.net'], 'clone body');
+	claim($db, "dsn$t");
 	$q{clone} = query($db,
-		    "SELECT array_to_string(pepsi.workqueue_pause($q{with_clone}, 'dsn', 3600,"
-		  . " clones => '[{\"token\": \"delay-1\", \"stage\": \"bounce\","
+		    "SELECT array_to_string(pepsi.workqueue_pause($q{with_clone}, 'dsn$t', 3600,"
+		  . " clones => '[{\"token\": \"delay-1$t\", \"stage\": \"bounce\","
 		  . " \"state\": {\"bounce\": {\"kind\": \"delay\"}}}]'), ',')");
 	like($q{clone}, qr/^\d+$/, 'before: the pause spawned its delay clone');
 	# a body no row references (what a lost race leaves)
 	$q{orphan_body} = query($db,
 		"INSERT INTO pepsi.workqueue_body (body) VALUES ('orphan') RETURNING id");
-	# the operator's configuration overlay and the statistics
-	query($db, "SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '5s')");
-	query($db, "SELECT pepsi.config_set('domain:example.net', 'stage-relay', 'MAX_LIFETIME', '5d')");
-	query($db, "INSERT INTO pepsi.stage_stats (stage) VALUES ('relay')");
+	# the operator's configuration overlay and the statistics (the global
+	# value set once in a database: setting it again would change the row
+	# an earlier version's set, its updated_at, which the checks of that
+	# version compare)
+	query($db, "SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '5s')"
+		  . " WHERE NOT EXISTS (SELECT FROM pepsi.config_override WHERE scope = 'global'"
+		  . " AND section = 'dispatch' AND option = 'POLL_INTERVAL')");
+	query($db, "SELECT pepsi.config_set('domain:example$t.net', 'stage-relay', 'MAX_LIFETIME', '5d')");
+	query($db, "INSERT INTO pepsi.stage_stats (stage) VALUES ('relay$t')");
 	return %q;
 }
 
@@ -267,14 +285,24 @@ like($fresh, qr/^config_dump workqueue ''$/m, 'and what pg_dump keeps the rows o
 
 # One version at a time (0.1 -> 0.2 -> 0.3 ...), as an installation that
 # updated at every release went: each step reaches its version, and the
-# last the schema CREATE EXTENSION pepsi makes.  The database of each
-# step is also the install of that version each test below updates (a
-# copy, CREATE DATABASE ... TEMPLATE): CREATE EXTENSION pepsi VERSION V
-# runs the same scripts (pepsi--0.1.sql, then every step's upgrade script
-# up to V), and ran them all again for each version, which made this file
-# spend most of its time installing.
+# last the schema CREATE EXTENSION pepsi makes.
+#
+# What each old version's programs made is then tested across the update
+# to the default version (prepare_version, check_version).  The first
+# version's in a database of its own, a copy of this one at that version,
+# updated with the one ALTER EXTENSION pepsi UPDATE an installation runs:
+# every step's script in one transaction.  The later versions' are made
+# in this database itself as it passes their version, each under names of
+# its own (fill_queue), and so cross every later step with it.  A copy per
+# version updated from there (as this file did) ran each step's script
+# once for every version before it, in one transaction, where a step costs
+# about twice what it costs alone: most of this file's time, the longest
+# of the suite's files.  At the default version, each of them is checked
+# in a copy of this database without the other versions' rows, bodies and
+# accounts, as if it had been alone.
 sub database_of { return "upgrade_from_" . ($_[0] =~ s/\W/_/gr) }
 my @path = (@old_versions, $default_version);
+my %made;    # by version, what prepare_version returned
 query('postgres', 'CREATE DATABASE upgrade_stepwise');
 query('upgrade_stepwise', "CREATE EXTENSION pepsi VERSION '$path[0]'");
 for my $step (0 .. $#path)
@@ -290,9 +318,14 @@ for my $step (0 .. $#path)
 		  if @old_versions > 1;
 	}
 	next if $to eq $default_version;
-	# CREATE DATABASE copies no template with a session on it.
-	quit_session('upgrade_stepwise');
-	query('postgres', 'CREATE DATABASE ' . database_of($to) . ' TEMPLATE upgrade_stepwise');
+	if ($step == 0)
+	{
+		# CREATE DATABASE copies no template with a session on it.
+		quit_session('upgrade_stepwise');
+		query('postgres', 'CREATE DATABASE ' . database_of($to) . ' TEMPLATE upgrade_stepwise');
+		next;
+	}
+	$made{$to} = prepare_version('upgrade_stepwise', $to);
 }
 if (@old_versions > 1)
 {
@@ -305,37 +338,102 @@ quit_session($_) for qw(postgres fresh upgrade_stepwise);
 for my $from (@old_versions)
 {
 	my $db = database_of($from);
+	my $v;
+
+	if ($from eq $path[0])
+	{
+		$v = prepare_version($db, $from);
+		# Every step's script in one statement, the longest of the suite:
+		# 30 s on a quiet machine, over 170 s niced at a load of 40.  Four
+		# times the default bound, which stays a bound of liveness.
+		query($db, 'ALTER EXTENSION pepsi UPDATE', 4 * $PostgreSQL::Test::Utils::timeout_default);
+		is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
+			$default_version, "$from: ALTER EXTENSION pepsi UPDATE reaches $default_version");
+	}
+	else
+	{
+		$v = $made{$from};
+		query('postgres', "CREATE DATABASE $db TEMPLATE upgrade_stepwise");
+		# Only this version's rows, bodies and accounts: what the others
+		# made, by the ids and names they made it under.  The rows and
+		# bodies an update itself added (none should) stay, and fail the
+		# comparisons below.
+		for my $other (grep { $_ ne $from } keys %made)
+		{
+			my $o = $made{$other};
+			query($db, "DELETE FROM pepsi.workqueue WHERE $o->{rows}");
+			query($db, "DELETE FROM pepsi.workqueue_body WHERE $o->{bodies}");
+			next unless $o->{has_accounts};
+			query($db, "DELETE FROM pepsi.admin_account WHERE name = 'old-admin$o->{tag}'");
+			query($db, "DELETE FROM pepsi.api_token WHERE name = 'old-token$o->{tag}'");
+		}
+		$v->{events} = query($db, 'SELECT count(*) FROM pepsi.event_log');
+		is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
+			$default_version, "$from: the updates one version at a time reach $default_version");
+	}
+	check_version($db, $from, $v);
+	quit_session($db);
+}
+
+quit_sessions();
+$node->stop;
+done_testing();
+
+# Database $db, at version $from, given what that version's programs made:
+# the queue of fill_queue, and more for some versions.  Returns what
+# check_version needs: the rows and bodies made (SQL conditions on their
+# ids), the data tables' rows then (%before), the names' tag.
+sub prepare_version
+{
+	my ($db, $from) = @_;
+	my $t = "-$from";
+	my %v = (tag => $t);
 
 	is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
 		$from, "$from: installed");
+	my $rows_from = query($db, 'SELECT coalesce(max(id), 0) FROM pepsi.workqueue');
+	my $bodies_from = query($db, 'SELECT coalesce(max(id), 0) FROM pepsi.workqueue_body');
 
-	my %q = fill_queue($db);
+	$v{q} = { fill_queue($db, $t) };
 	# Two secretary challenges of 0.12: one sent (its payment request
 	# named the order pepsi-ID), one opened without being sent (its sender
 	# unproven).  0.13's order references are checked on them below.
-	my %challenge;
+	$v{challenge} = {};
 	if ($from eq '0.12')
 	{
-		$challenge{$_->[0]} = query($db,
+		$v{challenge}{ $_->[0] } = query($db,
 			"SELECT pepsi.secretary_decide('owner\@example.net', '$_->[0]\@example.org', $_->[1], $_->[2],"
 			  . " NULL, false, '14 days', 10) ->> 'challenge'")
 		  for [ 'sent', 900001, 'true' ], [ 'unsent', 900002, 'false' ];
 	}
 	# pepsi-httpd's credentials, made with the calls older programs use.
-	my $has_accounts = query($db, "SELECT to_regclass('pepsi.admin_account') IS NOT NULL") eq 't';
-	if ($has_accounts)
+	$v{has_accounts} = query($db, "SELECT to_regclass('pepsi.admin_account') IS NOT NULL") eq 't';
+	if ($v{has_accounts})
 	{
-		query($db, "SELECT pepsi.admin_account_set('old-admin', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
-		query($db, "SELECT pepsi.api_token_create('old-token')");
+		query($db, "SELECT pepsi.admin_account_set('old-admin$t', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
+		query($db, "SELECT pepsi.api_token_create('old-token$t')");
 	}
-	my %before;
-	$before{$_} = [ table_rows($db, $_) ] for @data_tables;
-	my $max_id = query($db, 'SELECT max(id) FROM pepsi.workqueue');
-	my $events = query($db, 'SELECT count(*) FROM pepsi.event_log');
+	$v{max_id} = query($db, 'SELECT max(id) FROM pepsi.workqueue');
+	$v{rows} = "id > $rows_from AND id <= $v{max_id}";
+	$v{bodies} = "id > $bodies_from AND id <= " . query($db, 'SELECT max(id) FROM pepsi.workqueue_body');
+	# (of the queue's tables, the rows this version made; of the others,
+	# all, which must all still be there)
+	$v{before}{$_} = [ table_rows($db, $_, undef, { workqueue => $v{rows}, workqueue_body => $v{bodies} }->{$_}) ]
+	  for @data_tables;
+	$v{events} = query($db, 'SELECT count(*) FROM pepsi.event_log');
+	return \%v;
+}
 
-	query($db, 'ALTER EXTENSION pepsi UPDATE');
-	is(query($db, "SELECT extversion FROM pg_extension WHERE extname = 'pepsi'"),
-		$default_version, "$from: ALTER EXTENSION pepsi UPDATE reaches $default_version");
+# What version $from made (prepare_version's $v) after the update to the
+# default version, in database $db, where it is alone.
+sub check_version
+{
+	my ($db, $from, $v) = @_;
+	my $t = $v->{tag};
+	my %q = %{ $v->{q} };
+	my %before = %{ $v->{before} };
+	my %challenge = %{ $v->{challenge} };
+	my ($max_id, $events, $has_accounts) = @$v{qw(max_id events has_accounts)};
 
 	#
 	# Nothing lost: every row of the queue and every body is as it was
@@ -368,17 +466,17 @@ for my $from (@old_versions)
 	#
 	# Every function still works on the old rows.
 	#
-	is(claim($db, 'init'), $q{pending}, "$from: the claim takes the pending row");
+	is(claim($db, "init$t"), $q{pending}, "$from: the claim takes the pending row");
 	is( query(
 			$db,
 			"SELECT sender_key FROM pepsi.workqueue WHERE id = $q{pending} AND status = 'running'"),
 		'ip:192.0.2.1',
 		"$from: the claimed row is running, charged to its sender");
-	query($db, "SELECT pepsi.workqueue_commit($q{pending}, 'init', 'advance', 'relay')");
-	is(claim($db, 'relay'), $q{pending},
+	query($db, "SELECT pepsi.workqueue_commit($q{pending}, 'init$t', 'advance', 'relay$t')");
+	is(claim($db, "relay$t"), $q{pending},
 		"$from: commit advances it to relay, where the claim takes it (and nothing paused, held or failed)");
 	my $split_off = query($db,
-		"SELECT pepsi.workqueue_split_off($q{pending}, 'relay', ARRAY[2], 'deliver')");
+		"SELECT pepsi.workqueue_split_off($q{pending}, 'relay$t', ARRAY[2], 'deliver$t')");
 	is( query(
 			$db,
 			"SELECT string_agg(array_to_string(rcpt_to, ' '), '|' ORDER BY id) || '|'"
@@ -387,35 +485,35 @@ for my $from (@old_versions)
 		"$from: split_off peels a recipient onto a sibling sharing the body");
 	is( query(
 			$db,
-			"SELECT pepsi.workqueue_commit_many(ARRAY[$q{pending}], ARRAY['relay'],"
-			  . " 'advance', ARRAY['deliver'])"),
+			"SELECT pepsi.workqueue_commit_many(ARRAY[$q{pending}], ARRAY['relay$t'],"
+			  . " 'advance', ARRAY['deliver$t'])"),
 		1,
 		"$from: commit_many advances a batch");
 
 	# The worker's row that was running across the upgrade concludes.
-	query($db, "SELECT pepsi.workqueue_commit($q{running}, 'deliver', 'finish')");
+	query($db, "SELECT pepsi.workqueue_commit($q{running}, 'deliver$t', 'finish')");
 	is( query(
 			$db,
 			"SELECT count(*) FROM pepsi.workqueue WHERE id = $q{running}") . '|'
 		  . query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{shared_body}"),
 		'0|1',
 		"$from: the running row finishes; its siblings keep the shared body");
-	my @deliver = split /,/, claim($db, 'deliver');
+	my @deliver = split /,/, claim($db, "deliver$t");
 	is(scalar @deliver, 4, "$from: the siblings, the split-off row and the advanced row are claimed at deliver");
 	for my $sibling (split /,/, $q{siblings})
 	{
-		query($db, "SELECT pepsi.workqueue_commit($sibling, 'deliver', 'finish')");
+		query($db, "SELECT pepsi.workqueue_commit($sibling, 'deliver$t', 'finish')");
 	}
 	is(query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{shared_body}"),
 		0, "$from: finishing the last sibling releases the shared body");
 	is( query(
 			$db,
-			"SELECT array_length(pepsi.workqueue_finish_with_clones($split_off, 'deliver',"
-			  . " '[{\"token\": \"success-1\", \"stage\": \"bounce\", \"state\": {\"bounce\": {\"kind\": \"success\"}}}]'), 1)"
+			"SELECT array_length(pepsi.workqueue_finish_with_clones($split_off, 'deliver$t',"
+			  . " '[{\"token\": \"success-1$t\", \"stage\": \"bounce\", \"state\": {\"bounce\": {\"kind\": \"success\"}}}]'), 1)"
 		),
 		1,
 		"$from: finish_with_clones deletes a row and spawns its clone");
-	query($db, "SELECT pepsi.workqueue_pause($q{pending}, 'deliver', 60, '{\"attempts\": 1}')");
+	query($db, "SELECT pepsi.workqueue_pause($q{pending}, 'deliver$t', 60, '{\"attempts\": 1}')");
 	is( query(
 			$db,
 			"SELECT status || ' ' || (state->>'attempts') || ' ' || (state->'dsn'->>'ret')"
@@ -429,25 +527,25 @@ for my $from (@old_versions)
 		'pending', "$from: the due row is pending again");
 	is(query($db, "SELECT pepsi.workqueue_resume(ARRAY[$q{with_clone}])"),
 		1, "$from: resume takes a paused row back to pending");
-	claim($db, 'dsn');
+	claim($db, "dsn$t");
 	is( query(
 			$db,
-			"SELECT cardinality(pepsi.workqueue_pause($q{with_clone}, 'dsn', 3600,"
-			  . " clones => '[{\"token\": \"delay-1\", \"stage\": \"bounce\", \"state\": {}}]'))"),
+			"SELECT cardinality(pepsi.workqueue_pause($q{with_clone}, 'dsn$t', 3600,"
+			  . " clones => '[{\"token\": \"delay-1$t\", \"stage\": \"bounce\", \"state\": {}}]'))"),
 		0,
 		"$from: a clone token from before the upgrade still makes the clone at-most-once");
 
 	ok(query($db, 'SELECT pepsi.workqueue_body_gc()') >= 1, "$from: body GC sweeps");
 	is(query($db, "SELECT count(*) FROM pepsi.workqueue_body WHERE id = $q{orphan_body}"),
 		0, "$from: the orphaned body from before the upgrade is gone");
-	my @pending_rows = split /,/, claim($db, 'retry');
+	my @pending_rows = split /,/, claim($db, "retry$t");
 	is( query(
 			$db,
 			"SELECT pepsi.workqueue_reset_orphans()"),
 		scalar @pending_rows,
 		"$from: reset_orphans puts running rows back to pending");
 
-	my $new = add($db, 'init', ['new@example.net'], 'new body');
+	my $new = add($db, "init$t", ['new@example.net'], 'new body');
 	ok($new > $max_id, "$from: a new message gets an id after every old one");
 
 	#
@@ -462,7 +560,7 @@ for my $from (@old_versions)
 			"SELECT string_agg(stage || ':' || status || ':' || n, ' ' ORDER BY stage, status)"
 			  . " FROM (SELECT stage, status, count(*) AS n FROM pepsi.workqueue GROUP BY 1, 2) s"),
 		"$from: queue_summary counts the queue");
-	is(query($db, 'SELECT held FROM pepsi.queue_summary WHERE stage = \'hold\''),
+	is(query($db, "SELECT held FROM pepsi.queue_summary WHERE stage = 'hold$t'"),
 		1, "$from: queue_summary still counts the held row");
 	is( query($db, 'SELECT sum(total) FROM pepsi.queue_shape'),
 		query($db, 'SELECT sum(cardinality(rcpt_to)) FROM pepsi.workqueue'),
@@ -484,7 +582,7 @@ for my $from (@old_versions)
 		5, "$from: each administrative action wrote its event");
 	is( query(
 			$db,
-			"SELECT pepsi.config_get('domain:example.net', 'stage-relay', 'MAX_LIFETIME')"),
+			"SELECT pepsi.config_get('domain:example$t.net', 'stage-relay', 'MAX_LIFETIME')"),
 		'5d',
 		"$from: a scoped override set before the upgrade is in force");
 	is(query($db, "SELECT pepsi.config_set('global', 'dispatch', 'POLL_INTERVAL', '2s')"),
@@ -525,16 +623,16 @@ for my $from (@old_versions)
 	# them a role), and both the old calls and the ones with a role work.
 	if ($has_accounts)
 	{
-		is(query($db, "SELECT (SELECT role FROM pepsi.admin_account WHERE name = 'old-admin')"
-			  . " || ' ' || (SELECT role FROM pepsi.api_token WHERE name = 'old-token')"),
+		is(query($db, "SELECT (SELECT role FROM pepsi.admin_account WHERE name = 'old-admin$t')"
+			  . " || ' ' || (SELECT role FROM pepsi.api_token WHERE name = 'old-token$t')"),
 			'admin admin', "$from: an account and a token made before the upgrade are admins");
-		query($db, "SELECT pepsi.admin_account_set('old-admin', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
+		query($db, "SELECT pepsi.admin_account_set('old-admin$t', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA')");
 		query($db, "SELECT pepsi.api_token_create('new-token')");
 		query($db, "SELECT pepsi.api_token_create('new-viewer', 'viewer')");
 		query($db, "SELECT pepsi.admin_account_set('new-viewer', '\$argon2id\$v=19\$m=19456,t=2,p=1\$c2FsdA\$aGFzaA', 'viewer')");
 		is(query($db, "SELECT string_agg(name || '=' || role, ' ' ORDER BY name) FROM"
 			  . " (SELECT name, role FROM pepsi.admin_account UNION ALL SELECT name, role FROM pepsi.api_token) c"),
-			'new-token=admin new-viewer=viewer new-viewer=viewer old-admin=admin old-token=admin',
+			"new-token=admin new-viewer=viewer new-viewer=viewer old-admin$t=admin old-token$t=admin",
 			"$from: the old calls make admins, the new ones the role they name");
 	}
 
@@ -554,9 +652,5 @@ for my $from (@old_versions)
 	my $upgraded = query($db, $describe);
 	ok($upgraded eq $fresh, "$from: the updated schema is the one CREATE EXTENSION pepsi makes")
 	  or diag(join "\n", diff_lines($fresh, $upgraded));
-	quit_session($db);
+	return;
 }
-
-quit_sessions();
-$node->stop;
-done_testing();
