@@ -378,6 +378,23 @@
 # windows' first minute (Postfix still taking in the posts then).  CPU:
 # Pepsi's side 242.5 s (PostgreSQL 150.6, Pepsi 62.4, sinks 28.5),
 # mlmmj's 712.5 s (Postfix and mlmmj 538.1, DNS 132.7, sinks 34.7).
+#
+# Recorded 2026-12-07 from 17:26, 83aa7a9 (main), small plain at the
+# issue's size (1,000 posts of 20 KB to 100 subscribers over 20 domains:
+# Pepsi 20,000 rows, one per domain a post; mlmmj 100,000 transactions,
+# one per subscriber) with mlmmj measured to its end: BENCH_CASES=small
+# BENCH_MODES=plain BENCH_MLMMJ_WINDOW=1500 BENCH_REPEATS=1, one pair an
+# invocation (a fresh cluster, Postfix and lists each), one invocation a
+# hold of the lock, others' niced builds and tests beside; the first
+# with the warm-up pair (not counted; a nice-19 build of another tree ran
+# beside it), the others BENCH_WARMUP=0 (a pair with its warm-up holds
+# the lock 22 minutes).  Seconds to the last delivery, CPU seconds a run
+# by process tree:
+#   1 (17:26-17:48, load 11.0 -> 23.8; warm-up pepsi 48.07, mlmmj 584.74):
+#     pepsi 36.87  mlmmj 613.15  ratio 16.63
+#     CPU pepsi run: PostgreSQL 37.4, Pepsi 16.7, DNS 1.0, sinks 5.2, all 60.3
+#     CPU mlmmj run: Postfix and mlmmj 895.4, DNS 117.8, sinks 32.8,
+#       PostgreSQL 5.7, Pepsi 1.1, all 1052.8
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
