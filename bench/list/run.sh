@@ -395,6 +395,11 @@
 #     CPU pepsi run: PostgreSQL 37.4, Pepsi 16.7, DNS 1.0, sinks 5.2, all 60.3
 #     CPU mlmmj run: Postfix and mlmmj 895.4, DNS 117.8, sinks 32.8,
 #       PostgreSQL 5.7, Pepsi 1.1, all 1052.8
+#   2 (17:58-18:09, load 17.3 -> 32.9):
+#     pepsi 39.93  mlmmj 602.20  ratio 15.08
+#     CPU pepsi run: PostgreSQL 38.0, Pepsi 15.8, DNS 0.9, sinks 5.8, all 60.5
+#     CPU mlmmj run: Postfix and mlmmj 887.2, DNS 116.1, sinks 31.6,
+#       PostgreSQL 6.1, Pepsi 1.1, all 1042.1
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
