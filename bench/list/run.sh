@@ -421,10 +421,12 @@
 # (Python) DNS server for every copy, which a caching resolver would
 # mostly save: the set-up costs the peer about a ninth of its CPU, so
 # the ratio overstates Pepsi's lead by about that much, far from 3x
-# either way.  The warm-up (a cold cluster and Postfix) gave pepsi 48.07
-# s beside a nice-19 build, the runs after it and the cold ones of pairs
-# 2 and 3 36.87 .. 43.10 s, mlmmj 584.74 against 585.76 .. 613.15: a
-# cold start costs neither side more than the spread.  PostgreSQL's 5.7
+# either way.  Warm-up or not: pair 1's warm-up (a cold cluster and
+# Postfix) gave pepsi 48.07 s beside a nice-19 build, its run after the
+# warm-up 36.87, pairs 2 and 3 (cold) 39.93 and 43.10; mlmmj 584.74 cold,
+# 613.15 warm, then 602.20 and 585.76 cold: what a cold start costs is
+# within the spread, and it falls on Pepsi's side (its figures the higher
+# ones), not in its favour.  PostgreSQL's 5.7
 # .. 6.2 and Pepsi's 1.1 CPU seconds in each mlmmj run are the cluster's
 # autovacuum and checkpoint after Pepsi's 20,000 rows and the idle
 # dispatcher's polling over 10 minutes.
