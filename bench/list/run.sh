@@ -412,11 +412,11 @@
 # The 3x target is met for small plain, by about five times over, every
 # mlmmj run measured to its end (no lower bound).  mlmmj + Postfix made
 # its 100,000 transactions at 163 .. 171 a second, using 1,042 .. 1,053
-# CPU seconds a run (10.4 ms a transaction, 1.7 of the 2 cores); Pepsi
-# its 20,000 rows of 5 recipients with 60 .. 68 CPU seconds (3.0 .. 3.4
-# ms a row, 1.6 of the 2 cores): both CPU-bound, the ratio that of the
-# work (Pepsi one transaction per domain, mlmmj's default one per
-# subscriber) more than of either side's speed.  The DNS server's 116 ..
+# CPU seconds a run (10.4 ms a transaction, 1.7 .. 1.8 of the 2 cores);
+# Pepsi its 20,000 rows of 5 recipients with 60 .. 68 CPU seconds (3.0
+# .. 3.4 ms a row, 1.5 .. 1.6 of the 2 cores): both CPU-bound, the
+# ratio that of the work (Pepsi one transaction per domain, mlmmj's
+# default one per subscriber) more than of either side's speed.  The DNS server's 116 ..
 # 120 CPU seconds in each mlmmj run are Postfix asking the tests'
 # (Python) DNS server for every copy, which a caching resolver would
 # mostly save: the set-up costs the peer about a ninth of its CPU, so
@@ -426,10 +426,10 @@
 # warm-up 36.87, pairs 2 and 3 (cold) 39.93 and 43.10; mlmmj 584.74 cold,
 # 613.15 warm, then 602.20 and 585.76 cold: what a cold start costs is
 # within the spread, and it falls on Pepsi's side (its figures the higher
-# ones), not in its favour.  PostgreSQL's 5.7
-# .. 6.2 and Pepsi's 1.1 CPU seconds in each mlmmj run are the cluster's
-# autovacuum and checkpoint after Pepsi's 20,000 rows and the idle
-# dispatcher's polling over 10 minutes.
+# ones), not in its favour.  PostgreSQL's 5.7 .. 6.2 and Pepsi's 1.1
+# CPU seconds in each mlmmj run are, most likely (not looked into), the
+# cluster's autovacuum and checkpoint after Pepsi's 20,000 rows and the
+# idle workers' polling over 10 minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
