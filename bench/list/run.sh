@@ -414,28 +414,29 @@
 # 5: the lock, shared with others' benchmarks, gave no fifth hold of 11
 # minutes before the day's end:
 #   small plain pepsi 39.80 (36.87 .. 43.10)  mlmmj 593.98 (553.10 .. 613.15)  ratio 14.51 (13.59 .. 16.63)
-# The 3x target is met for small plain, by about five times over, every
-# mlmmj run measured to its end (no lower bound).  mlmmj + Postfix made
-# its 100,000 transactions at 163 .. 181 a second, using 1,003 .. 1,053
-# CPU seconds a run (10.0 .. 10.5 ms a transaction, 1.7 .. 1.8 of the 2
-# cores);
+# The 3x target is met for small plain (load 9.4 .. 17.3 before a pair,
+# 18.6 .. 32.9 after), by about five times over, every mlmmj run
+# measured to its end (no lower bound).  mlmmj + Postfix made its 100,000
+# transactions at 163 .. 181 a second, using 1,003 .. 1,053 CPU seconds
+# a run (10.0 .. 10.5 ms a transaction, 1.7 .. 1.8 of the 2 cores);
 # Pepsi its 20,000 rows of 5 recipients with 60 .. 68 CPU seconds (3.0
-# .. 3.4 ms a row, 1.5 .. 1.6 of the 2 cores): both CPU-bound, the
-# ratio that of the work (Pepsi one transaction per domain, mlmmj's
-# default one per subscriber) more than of either side's speed.  The DNS server's 111 ..
-# 120 CPU seconds in each mlmmj run are Postfix asking the tests'
-# (Python) DNS server for every copy, which a caching resolver would
-# mostly save: the set-up costs the peer about a ninth of its CPU, so
-# the ratio overstates Pepsi's lead by about that much, far from 3x
-# either way.  Warm-up or not: pair 1's warm-up (a cold cluster and
-# Postfix) gave pepsi 48.07 s beside a nice-19 build, its run after the
-# warm-up 36.87, pairs 2 .. 4 (cold) 39.93, 43.10, 39.67; mlmmj 584.74
-# cold, 613.15 warm, then 602.20, 585.76, 553.10 cold: what a cold start costs is
-# within the spread, and it falls on Pepsi's side (its figures the higher
-# ones), not in its favour.  PostgreSQL's 5.7 .. 6.2 and Pepsi's 1.0 ..
-# 1.1 CPU seconds in each mlmmj run are, most likely (not looked into), the
-# cluster's autovacuum and checkpoint after Pepsi's 20,000 rows and the
-# idle workers' polling over 10 minutes.
+# .. 3.4 ms a row, 1.5 .. 1.6 of the 2 cores): both CPU-bound, the ratio
+# that of the work (Pepsi one transaction per domain, mlmmj's default
+# one per subscriber) more than of either side's speed.  The DNS
+# server's 111 .. 120 CPU seconds in each mlmmj run are Postfix asking
+# the tests' (Python) DNS server for every copy, which a caching
+# resolver would mostly save: the set-up costs the peer about a ninth of
+# its CPU, so the ratio overstates Pepsi's lead by about that much, far
+# from 3x either way.  Warm-up or not: pair 1's warm-up (a cold cluster
+# and Postfix) gave pepsi 48.07 s beside a nice-19 build, its run after
+# the warm-up 36.87, pairs 2 .. 4 (cold) 39.93, 43.10, 39.67; mlmmj
+# 584.74 cold, 613.15 warm, then 602.20, 585.76, 553.10 cold: what a
+# cold start costs is within the spread, and it falls on Pepsi's side
+# (its figures the higher ones), not in its favour.  PostgreSQL's 5.7 ..
+# 6.2 and Pepsi's 1.0 .. 1.1 CPU seconds in each mlmmj run are, most
+# likely (not looked into), the cluster's autovacuum and checkpoint
+# after Pepsi's 20,000 rows and the idle workers' polling over 10
+# minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
