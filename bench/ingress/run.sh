@@ -84,9 +84,8 @@
 #     ms; postfix 753.4 (707.0..843.9); ratio 2.89; load 12.14
 # The nice was a regression under load (eb5908d at 0.58 of main's rate in
 # the next set), and d1dc749 already undid it ([ingress] BULK_NICE
-# defaults to 0): main's rate is 92742ce's within the spread, so the
-# commits between them cost the admission nothing on net, and there was
-# nothing to bisect.  What halved is the host: Postfix's own median went
+# defaults to 0): in these sets main's rate is 92742ce's within the
+# spread (but see the Pepsi-only runs below).  What halved is the host: Postfix's own median went
 # from 1,272-1,486 msg/s then to 705-845 today, with the same
 # smtp-source and the same private instance's settings.  This script's
 # parameters (20 sessions, 20,000 messages of 2 KB, -d) and bench/lib.sh's
