@@ -1,5 +1,5 @@
 # destination_end at a destination that has no pepsi.destination row yet
-# (extension/sql/pepsi--0.15.sql): the workers that start on a new domain
+# (extension/sql/pepsi--0.14--0.15.sql): the workers that start on a new domain
 # at once, as a list's VERP fan-out grouped by domain makes them, all find
 # no row and each has the TLS result to keep.  One of them writes it; the
 # others must not wait for its commit only to find the row there (an

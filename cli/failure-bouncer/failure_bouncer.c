@@ -11,7 +11,7 @@
  * sender), or deleted when POLICY is delete; a row with the null sender
  * is never bounced, it is deleted.  The work is one SQL function,
  * pepsi.failure_bounce(), which a pepsi.schedule row may call as well
- * (pepsi--0.15.sql), so the two ways of running it cannot differ; each row
+ * (pepsi--0.16.sql), so the two ways of running it cannot differ; each row
  * is one pepsi.queue_bounce or queue_delete, the queue tools' own audit
  * trail in pepsi.event_log.  This program logs a line per message
  * (mail.log, as the other programs) and prints the count.  Run from a

@@ -6,7 +6,7 @@
  * prunes pepsi.mail_log past its retention and pepsi.autoreply_sent
  * past each row's interval, and keeps the web page's history of the last
  * day, a row a minute (pepsi.stats_minute).  It is also the project's one
- * timer: the rows of pepsi.schedule that are due (pepsi--0.15.sql, "One
+ * timer: the rows of pepsi.schedule that are due (pepsi--0.16.sql, "One
  * timer") run in its pass, and it wakes for the earliest.  Like contrib's
  * autoprewarm it is registered at start-up when the library is preloaded
  * and started on demand by pepsi.start_maintenance() otherwise.  Each pass

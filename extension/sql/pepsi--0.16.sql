@@ -1,19 +1,19 @@
 /*
- * pepsi 0.15: the queue schema of the Pepsi mail transfer agent.
+ * pepsi 0.16: the queue schema of the Pepsi mail transfer agent.
  *
  * One row of pepsi.workqueue per message in flight; its body lives in
  * pepsi.workqueue_body and is shared by every row split off the same
  * message.  Every state transition is a native function (extension/src/);
  * clients call those and never write queue SQL of their own.
  *
- * This is the whole of 0.15, for CREATE EXTENSION pepsi; an older database
+ * This is the whole of 0.16, for CREATE EXTENSION pepsi; an older database
  * reaches the same schema with ALTER EXTENSION pepsi UPDATE, through
  * pepsi--0.1--0.2.sql, pepsi--0.2--0.3.sql, pepsi--0.3--0.4.sql and
  * pepsi--0.4--0.5.sql, pepsi--0.5--0.6.sql, pepsi--0.6--0.7.sql,
  * pepsi--0.7--0.8.sql, pepsi--0.8--0.9.sql, pepsi--0.9--0.10.sql,
  * pepsi--0.10--0.11.sql, pepsi--0.11--0.12.sql, pepsi--0.12--0.13.sql,
- * pepsi--0.13--0.14.sql and pepsi--0.14--0.15.sql, and
- * t/003_extension_upgrade.pl compares the paths (docs/upgrading.md).  The
+ * pepsi--0.13--0.14.sql, pepsi--0.14--0.15.sql and pepsi--0.15--0.16.sql,
+ * and t/003_extension_upgrade.pl compares the paths (docs/upgrading.md).  The
  * sections after the administrative surface are the features 0.2 added,
  * each as its upgrade block introduced it, with later changes folded in.
  */
@@ -3122,7 +3122,7 @@ CREATE TABLE pepsi.schema_version (
 );
 COMMENT ON TABLE pepsi.schema_version IS
     'The pepsi version whose schema the data is in; a restore refuses a dump of another version';
-INSERT INTO pepsi.schema_version (version) VALUES ('0.15');
+INSERT INTO pepsi.schema_version (version) VALUES ('0.16');
 
 CREATE FUNCTION pepsi.schema_version_restore() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
