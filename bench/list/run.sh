@@ -39,7 +39,9 @@
 #
 # BENCH_SUBSCRIBERS, BENCH_DOMAINS, BENCH_POSTS, BENCH_SMALL,
 # BENCH_SMALL_DOMAINS, BENCH_REPEATS, BENCH_CASES ("big small"),
-# BENCH_MODES ("verp plain"), BENCH_RELAY_WORKERS (30) make it smaller.
+# BENCH_MODES ("verp plain"), BENCH_RELAY_WORKERS (30) make it smaller;
+# BENCH_RELAY_QUEUE_LIMIT sets the relay stage's QUEUE_LIMIT (its default,
+# 16, when unset).
 # BENCH_WARMUP=0 skips the warm-up runs; BENCH_SAVE=DIR keeps the logs
 # (Pepsi's, PostgreSQL's, Postfix's maillog) in DIR.
 #
@@ -540,6 +542,10 @@ post_size=${BENCH_POST_SIZE:-20480}
 cases=${BENCH_CASES:-big small}
 modes=${BENCH_MODES:-verp plain}
 workers=${BENCH_RELAY_WORKERS:-30}
+# The relay workers' pipelines: the stage's default QUEUE_LIMIT (16), as a
+# postmaster would run it, unless BENCH_RELAY_QUEUE_LIMIT says otherwise
+# (until 2026-12-07 20:40 the bench set 4; see the record of that day).
+relay_queue_limit=${BENCH_RELAY_QUEUE_LIMIT:+QUEUE_LIMIT = $BENCH_RELAY_QUEUE_LIMIT}
 dns_address=127.0.0.199
 mx_hosts=20
 log=$(bench_log list)
@@ -640,7 +646,7 @@ PARALLELISM = 2
 [stage-internet]
 PROGRAM = pepsi-stage-relay-to-internet
 PARALLELISM = $workers
-QUEUE_LIMIT = 4
+$relay_queue_limit
 SESSION_CACHE = 20
 RETRY_BASE = 10s" "" "LOCAL_DOMAINS = lists.bench.test
 LOCAL_RECIPIENTS = virtual
