@@ -567,6 +567,28 @@
 # times, run by run; each side kept most of the 2 cores busy (Pepsi 1.5
 # cores on average over its runs, mlmmj + Postfix 1.8), so the ratio of
 # the work stands without that cost.
+#
+# Recorded 2026-12-07 20:44-21:24, cedc96d (f007521's code, the relay at
+# its default QUEUE_LIMIT), small verp at the issue's size (1,000 posts of
+# 20 KB to 100 subscribers over 20 domains: 100,000 rows a side) with
+# mlmmj measured to its end: BENCH_CASES=small BENCH_MODES=verp
+# BENCH_MLMMJ_WINDOW=1500 BENCH_REPEATS=1 BENCH_WARMUP=0, one pair an
+# invocation and a hold of the lock, five in a row, others' niced builds
+# and tests beside:
+#   1 (20:44-20:52, load 8.7 -> 10.6):  pepsi 72.81  mlmmj 367.25  ratio 5.04
+#   2 (20:53-21:00, load 3.2 -> 12.0):  pepsi 74.72  mlmmj 337.96  ratio 4.52
+#   3 (21:00-21:08, load 7.5 -> 10.8):  pepsi 75.17  mlmmj 360.15  ratio 4.79
+#   4 (21:09-21:16, load 6.5 -> 10.2):  pepsi 87.03  mlmmj 338.77  ratio 3.89
+#   5 (21:17-21:24, load 5.5 -> 11.2):  pepsi 69.50  mlmmj 400.22  ratio 5.76
+# Medians of the 5 pairs (min .. max):
+#   small verp  pepsi 74.72 (69.50 .. 87.03)  mlmmj 360.15 (337.96 .. 400.22)  ratio 4.79 (3.89 .. 5.76)
+# The 3x target is met, every pair above it.  CPU a run: Pepsi's side
+# 116.2 .. 146.6 s (PostgreSQL 60.0 .. 74.9, 0.60 .. 0.75 ms a row, against
+# 1.05 at QUEUE_LIMIT 4; Pepsi 36.1 .. 45.1; DNS 0.9 .. 1.1; sinks 19.3 ..
+# 25.6); mlmmj + Postfix 590.7 .. 668.5 (Postfix and mlmmj 452.9 .. 510.0,
+# DNS 105.1 .. 119.7, sinks 26.9 .. 32.4).  Without the DNS server's CPU
+# (the caveat above), mlmmj + Postfix used 485.6 .. 548.8 CPU seconds a
+# run against Pepsi's 115.3 .. 145.6: 3.6 .. 4.3 times, run by run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
