@@ -588,7 +588,7 @@
 # 25.6); mlmmj + Postfix 590.7 .. 668.5 (Postfix and mlmmj 452.9 .. 510.0,
 # DNS 105.1 .. 119.7, sinks 26.9 .. 32.4).  Without the DNS server's CPU
 # (the caveat above), mlmmj + Postfix used 485.6 .. 548.8 CPU seconds a
-# run against Pepsi's 115.3 .. 145.6: 3.6 .. 4.3 times, run by run.
+# run against Pepsi's 115.3 .. 145.6: 3.6 .. 4.5 times, run by run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
