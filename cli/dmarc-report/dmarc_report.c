@@ -275,25 +275,15 @@ dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char 
 {
 	struct buf headers = BUF_INIT;
 	struct buf body = BUF_INIT;
-	char	   date[64];
 	char	   filename[700];
-	time_t	   now = time(NULL);
-	struct tm  tm;
 
-	gmtime_r(&now, &tm);
-	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
 	/* RFC 7489 7.2.1.1: receiver!policy-domain!begin!end.xml.gz */
-	snprintf(filename, sizeof(filename), "%s!%s!%lld!%lld.xml.gz", ctx->run.hostname, domain, ctx->begin,
-			 ctx->end - 1);
+	report_file_name(filename, sizeof(filename), &ctx->run, domain, ctx->begin, ctx->end - 1, "xml.gz");
+	report_headers(&headers, &ctx->run, rua, domain, ctx->run.org_name, report_id, "", time(NULL));
 	buf_printf(&headers,
-			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
-			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n"
-			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n"
 			   "Content-Type: application/gzip; name=\"%s\"\r\n"
-			   "Content-Disposition: attachment; filename=\"%s\"\r\n"
-			   "Content-Transfer-Encoding: base64\r\n",
-			   ctx->run.sender, rua, date, domain, ctx->run.org_name, report_id, report_id, (long long) now,
-			   ctx->run.hostname, filename, filename);
+			   "Content-Disposition: attachment; filename=\"%s\"\r\nContent-Transfer-Encoding: base64\r\n",
+			   filename, filename);
 	report_base64_lines(&body, gz->data, gz->len);
 	report_run_queue(&ctx->run, "SELECT coalesce(pepsi.dmarc_report_inject($1, $2, $3, $4, $5, $6, $7)::text, '')", domain, rua,
 					 report_id, &headers, &body, gz->len);

@@ -178,6 +178,7 @@ static bool
 tr_parse_mailto(const char *uri, char *out, size_t outlen, const char **why)
 {
 	const char *addr = uri + 7;
+
 	return report_mailto_address(addr, strlen(addr), "?",
 								 "the address holds a character no address may (or a %-escape or a query)", out,
 								 outlen, why);
@@ -190,26 +191,18 @@ tr_mail(struct tr_context *ctx, const char *domain, const char *rua, const char 
 {
 	struct buf headers = BUF_INIT;
 	struct buf body = BUF_INIT;
-	char	   date[64];
 	char	   filename[700];
 	char	   boundary[64];
+	char	   extra[1200];
 	time_t	   now = time(NULL);
-	struct tm  tm;
 
-	gmtime_r(&now, &tm);
-	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
 	/* RFC 8460 5.3: sender!policy-domain!begin-timestamp!end-timestamp.json.gz */
-	snprintf(filename, sizeof(filename), "%s!%s!%lld!%lld.json.gz", ctx->run.hostname, domain, ctx->begin,
-			 ctx->begin + 86399);
+	report_file_name(filename, sizeof(filename), &ctx->run, domain, ctx->begin, ctx->begin + 86399, "json.gz");
 	snprintf(boundary, sizeof(boundary), "=_tlsrpt_%lld_%lld", (long long) now, ctx->begin);
-	buf_printf(&headers,
-			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
-			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n"
-			   "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n"
-			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n"
-			   "Content-Type: multipart/report; report-type=\"tlsrpt\"; boundary=\"%s\"\r\n",
-			   ctx->run.sender, rua, date, domain, ctx->run.hostname, report_id, domain, ctx->run.hostname, report_id,
-			   (long long) now, ctx->run.hostname, boundary);
+	snprintf(extra, sizeof(extra), "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n", domain,
+			 ctx->run.hostname);
+	report_headers(&headers, &ctx->run, rua, domain, ctx->run.hostname, report_id, extra, now);
+	buf_printf(&headers, "Content-Type: multipart/report; report-type=\"tlsrpt\"; boundary=\"%s\"\r\n", boundary);
 	buf_printf(&body,
 			   "This is a multipart message in MIME format.\r\n\r\n--%s\r\n"
 			   "Content-Type: text/plain; charset=\"us-ascii\"\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"

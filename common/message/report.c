@@ -337,3 +337,27 @@ report_next_rua(struct report_run *run, const char *domain, char *rua, char **sa
 	}
 	return NULL;
 }
+
+void
+report_file_name(char *out, size_t outlen, const struct report_run *run, const char *domain, long long first,
+				 long long last, const char *ext)
+{
+	snprintf(out, outlen, "%s!%s!%lld!%lld.%s", run->hostname, domain, first, last, ext);
+}
+
+void
+report_headers(struct buf *headers, const struct report_run *run, const char *rua, const char *domain,
+			   const char *submitter, const char *report_id, const char *extra, time_t now)
+{
+	char	  date[64];
+	struct tm tm;
+
+	gmtime_r(&now, &tm);
+	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
+	buf_printf(headers,
+			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
+			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n%s"
+			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n",
+			   run->sender, rua, date, domain, submitter, report_id, extra, report_id, (long long) now,
+			   run->hostname);
+}

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 
 #include <libpq-fe.h>
 
@@ -94,6 +95,21 @@ void report_run_queue(struct report_run *run, const char *sql, const char *domai
  * <verb>, M destinations refused"), everything closed; rc returned.
  */
 int report_run_finish(struct report_run *run, int rc, const char *verb);
+
+/*
+ * A report's attachment name, <hostname>!<domain>!<first>!<last>.<ext>
+ * (RFC 7489 7.2.1.1, RFC 8460 5.3), into out.
+ */
+void report_file_name(char *out, size_t outlen, const struct report_run *run, const char *domain, long long first,
+					  long long last, const char *ext);
+/*
+ * A report message's first header fields, appended to headers: From
+ * (run->sender), To (rua), Date (now), Subject (RFC 7489 7.2.1.1, RFC 8460
+ * 5.3), extra (whole CRLF-ended fields, or ""), Message-ID,
+ * Auto-Submitted and MIME-Version.  The caller adds its Content-* fields.
+ */
+void report_headers(struct buf *headers, const struct report_run *run, const char *rua, const char *domain,
+					const char *submitter, const char *report_id, const char *extra, time_t now);
 
 /* uri of domain's rua refused for why: logged and counted in run. */
 void report_refuse(struct report_run *run, const char *domain, const char *uri, const char *why);
