@@ -297,7 +297,6 @@ dr_each_domain(void *arg, const char *domain)
 {
 	struct dr_context *ctx = arg;
 	char			   name[600];
-	enum dns_status	   status;
 	char			  *record;
 	char			  *rua;
 	char			   report_id[700];
@@ -308,13 +307,8 @@ dr_each_domain(void *arg, const char *domain)
 	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_dmarc.%s", domain);
-	record = report_txt(ctx->run.resolver, name, "v=DMARC1", &status);
-	if (record == NULL)
-	{
-		log_info("%s: no report: %s at %s now", domain,
-				 status == DNS_OK || status == DNS_NXDOMAIN ? "no DMARC record" : "the lookup failed", name);
+	if ((record = report_policy_record(&ctx->run, domain, name, "v=DMARC1", "no DMARC record", " now")) == NULL)
 		return;
-	}
 	rua = report_tag(record, "rua");
 	if (rua == NULL || *rua == '\0')
 	{

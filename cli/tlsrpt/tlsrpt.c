@@ -367,7 +367,6 @@ tr_each_domain(void *arg, const char *domain)
 {
 	struct tr_context *ctx = arg;
 	char			   name[600];
-	enum dns_status	   status;
 	char			  *record;
 	char			  *rua;
 	char			   report_id[700];
@@ -379,13 +378,8 @@ tr_each_domain(void *arg, const char *domain)
 	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_smtp._tls.%s", domain);
-	record = report_txt(ctx->run.resolver, name, "v=TLSRPTv1", &status);
-	if (record == NULL)
-	{
-		log_info("%s: no report: %s at %s", domain,
-				 status == DNS_OK || status == DNS_NXDOMAIN ? "no TLSRPT record" : "the lookup failed", name);
+	if ((record = report_policy_record(&ctx->run, domain, name, "v=TLSRPTv1", "no TLSRPT record", "")) == NULL)
 		return;
-	}
 	rua = report_tag(record, "rua");
 	if (rua == NULL || *rua == '\0')
 	{

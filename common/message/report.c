@@ -361,3 +361,16 @@ report_headers(struct buf *headers, const struct report_run *run, const char *ru
 			   run->sender, rua, date, domain, submitter, report_id, extra, report_id, (long long) now,
 			   run->hostname);
 }
+
+char *
+report_policy_record(struct report_run *run, const char *domain, const char *name, const char *prefix,
+					 const char *no_record, const char *when)
+{
+	enum dns_status status;
+	char		   *record = report_txt(run->resolver, name, prefix, &status);
+
+	if (record == NULL)
+		log_info("%s: no report: %s at %s%s", domain,
+				 status == DNS_OK || status == DNS_NXDOMAIN ? no_record : "the lookup failed", name, when);
+	return record;
+}

@@ -97,6 +97,13 @@ void report_run_queue(struct report_run *run, const char *sql, const char *domai
 int report_run_finish(struct report_run *run, int rc, const char *verb);
 
 /*
+ * domain's policy record, the TXT record at name that starts with prefix;
+ * NULL when there is none, logged as "<domain>: no report: <no_record>
+ * at <name><when>" (or "the lookup failed" for no_record).
+ */
+char *report_policy_record(struct report_run *run, const char *domain, const char *name, const char *prefix,
+						   const char *no_record, const char *when);
+/*
  * A report's attachment name, <hostname>!<domain>!<first>!<last>.<ext>
  * (RFC 7489 7.2.1.1, RFC 8460 5.3), into out.
  */
