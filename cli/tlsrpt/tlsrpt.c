@@ -191,17 +191,16 @@ tr_mail(struct tr_context *ctx, const char *domain, const char *rua, const char 
 {
 	struct buf headers = BUF_INIT;
 	struct buf body = BUF_INIT;
+	struct buf extra = BUF_INIT;
 	char	   filename[700];
 	char	   boundary[64];
-	char	   extra[1200];
 	time_t	   now = time(NULL);
 
 	/* RFC 8460 5.3: sender!policy-domain!begin-timestamp!end-timestamp.json.gz */
 	report_file_name(filename, sizeof(filename), &ctx->run, domain, ctx->begin, ctx->begin + 86399, "json.gz");
 	snprintf(boundary, sizeof(boundary), "=_tlsrpt_%lld_%lld", (long long) now, ctx->begin);
-	snprintf(extra, sizeof(extra), "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n", domain,
-			 ctx->run.hostname);
-	report_headers(&headers, &ctx->run, rua, domain, ctx->run.hostname, report_id, extra, now);
+	buf_printf(&extra, "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n", domain, ctx->run.hostname);
+	report_headers(&headers, &ctx->run, rua, domain, ctx->run.hostname, report_id, extra.data, now);
 	buf_printf(&headers, "Content-Type: multipart/report; report-type=\"tlsrpt\"; boundary=\"%s\"\r\n", boundary);
 	buf_printf(&body,
 			   "This is a multipart message in MIME format.\r\n\r\n--%s\r\n"
@@ -216,6 +215,7 @@ tr_mail(struct tr_context *ctx, const char *domain, const char *rua, const char 
 					 report_id, &headers, &body, gz->len);
 	buf_free(&headers);
 	buf_free(&body);
+	buf_free(&extra);
 }
 
 /* The first address of host through the project's resolver, as curl's --resolve wants it. */
