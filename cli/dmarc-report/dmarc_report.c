@@ -47,17 +47,9 @@ int pepsi_dmarc_report_main(int argc, char **argv);
 
 struct dr_context
 {
-	PGconn				*conn;
-	struct dns_resolver *resolver;
-	const char			*hostname;
-	const char			*org_name;
-	const char			*sender;
-	const char			*stage;
-	long long			 begin;
-	long long			 end;
-	bool				 dry_run;
-	int					 sent;
-	int					 refused;
+	struct report_run run;
+	long long		  begin;
+	long long		  end;
 };
 
 static void
@@ -109,7 +101,6 @@ dr_parse_rua(const char *uri, char *out, size_t outlen, const char **why)
 {
 	const char *addr;
 	const char *bang;
-	const char *at;
 	size_t		len;
 
 	if (strncasecmp(uri, "mailto:", 7) != 0)
@@ -137,34 +128,8 @@ dr_parse_rua(const char *uri, char *out, size_t outlen, const char **why)
 			return false;
 		}
 	}
-	at = memchr(addr, '@', len);
-	if (len == 0 || at == NULL || at == addr || at == addr + len - 1 || memchr(at + 1, '@', addr + len - at - 1))
-	{
-		*why = "not one address (local@domain)";
-		return false;
-	}
-	for (const char *p = addr; p < addr + len; p++)
-		if (!isgraph((unsigned char) *p) || strchr("<>()[]\\,;:\"%", *p))
-		{
-			*why = "the address holds a character no address may (or a %-escape)";
-			return false;
-		}
-	for (const char *p = at + 1; p < addr + len; p++)
-		if (!isalnum((unsigned char) *p) && *p != '-' && *p != '.')
-		{
-			*why = "the address's domain is not a host name";
-			return false;
-		}
-	if (len >= outlen)
-	{
-		*why = "the address is too long";
-		return false;
-	}
-	memcpy(out, addr, len);
-	out[len] = '\0';
-	for (char *p = strchr(out, '@'); p && *p; p++)
-		*p = (char) tolower((unsigned char) *p);
-	return true;
+	return report_mailto_address(addr, len, "", "the address holds a character no address may (or a %-escape)", out,
+								 outlen, why);
 }
 
 /*
@@ -188,7 +153,7 @@ dr_rua_authorised(struct dr_context *ctx, const char *policy_domain, const char 
 	if (same)
 		return true;
 	snprintf(name, sizeof(name), "%s._report._dmarc.%s", policy_domain, rua_domain);
-	record = report_txt(ctx->resolver, name, "v=DMARC1", &status);
+	record = report_txt(ctx->run.resolver, name, "v=DMARC1", &status);
 	if (record)
 	{
 		free(record);
@@ -222,7 +187,7 @@ dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, con
 
 	snprintf(begin, sizeof(begin), "%lld", ctx->begin);
 	snprintf(end, sizeof(end), "%lld", ctx->end);
-	res = db_exec(ctx->conn,
+	res = db_exec(ctx->run.conn,
 				  "SELECT host(source_ip), sum(messages)::text, disposition, dkim, spf, envelope_from, header_from,"
 				  " dkim_domain, dkim_selector, dkim_result, spf_scope, spf_result"
 				  " FROM pepsi.dmarc_aggregate"
@@ -233,7 +198,7 @@ dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, con
 				  3, values);
 	n = PQresultStatus(res) == PGRES_TUPLES_OK ? PQntuples(res) : -1;
 	if (n < 0)
-		cli_db_error(DR_PROGRAM, res, ctx->conn);
+		cli_db_error(DR_PROGRAM, res, ctx->run.conn);
 	if (n > 0)
 	{
 		const char *const policies[] = {"none", "quarantine", "reject"};
@@ -249,8 +214,8 @@ dr_build_xml(struct dr_context *ctx, const char *domain, const char *record, con
 				sp_ok = policies[i];
 		buf_append_str(xml, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<feedback>\n  <version>1.0</version>\n"
 							"  <report_metadata>\n");
-		dr_xml_element(xml, "    ", "org_name", ctx->org_name);
-		dr_xml_element(xml, "    ", "email", ctx->sender);
+		dr_xml_element(xml, "    ", "org_name", ctx->run.org_name);
+		dr_xml_element(xml, "    ", "email", ctx->run.sender);
 		dr_xml_element(xml, "    ", "report_id", report_id);
 		buf_printf(xml, "    <date_range>\n      <begin>%lld</begin>\n      <end>%lld</end>\n    </date_range>\n",
 				   ctx->begin, ctx->end - 1);
@@ -308,69 +273,20 @@ static void
 dr_send(struct dr_context *ctx, const char *domain, const char *rua, const char *report_id,
 		const struct buf *gz)
 {
-	struct buf	headers = BUF_INIT;
-	struct buf	body = BUF_INIT;
-	char		date[64];
-	char		filename[700];
-	time_t		now = time(NULL);
-	struct tm	tm;
-	char		hlen[24];
-	char		blen[24];
-	const char *values[7];
-	int			lengths[7] = {0};
-	int			formats[7] = {0};
-	PGresult   *res;
+	struct buf headers = BUF_INIT;
+	struct buf body = BUF_INIT;
+	char	   filename[700];
 
-	gmtime_r(&now, &tm);
-	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
 	/* RFC 7489 7.2.1.1: receiver!policy-domain!begin!end.xml.gz */
-	snprintf(filename, sizeof(filename), "%s!%s!%lld!%lld.xml.gz", ctx->hostname, domain, ctx->begin,
-			 ctx->end - 1);
+	report_file_name(filename, sizeof(filename), &ctx->run, domain, ctx->begin, ctx->end - 1, "xml.gz");
+	report_headers(&headers, &ctx->run, rua, domain, ctx->run.org_name, report_id, "", time(NULL));
 	buf_printf(&headers,
-			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
-			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n"
-			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n"
 			   "Content-Type: application/gzip; name=\"%s\"\r\n"
-			   "Content-Disposition: attachment; filename=\"%s\"\r\n"
-			   "Content-Transfer-Encoding: base64\r\n",
-			   ctx->sender, rua, date, domain, ctx->org_name, report_id, report_id, (long long) now,
-			   ctx->hostname, filename, filename);
+			   "Content-Disposition: attachment; filename=\"%s\"\r\nContent-Transfer-Encoding: base64\r\n",
+			   filename, filename);
 	report_base64_lines(&body, gz->data, gz->len);
-	snprintf(hlen, sizeof(hlen), "%zu", headers.len);
-	snprintf(blen, sizeof(blen), "%zu", body.len);
-	values[0] = ctx->stage;
-	values[1] = ctx->sender;
-	values[2] = rua;
-	values[3] = headers.data;
-	values[4] = body.data;
-	values[5] = domain;
-	values[6] = report_id;
-	lengths[3] = (int) headers.len;
-	lengths[4] = (int) body.len;
-	formats[3] = 1;
-	formats[4] = 1;
-	if (ctx->dry_run)
-		printf("%s: would send report %s to <%s> (%zu octets gzipped)\n", domain, report_id, rua, gz->len);
-	else
-	{
-		res = PQexecParams(ctx->conn,
-						   "SELECT coalesce(pepsi.dmarc_report_inject($1, $2, $3, $4, $5, $6, $7)::text, '')",
-						   7, NULL, values, lengths, formats, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		{
-			log_warnx("%s: report %s to <%s> not queued: %s", domain, report_id, rua,
-					  PQresultErrorMessage(res));
-			ctx->refused++;
-		}
-		else if (*PQgetvalue(res, 0, 0) == '\0')
-			log_info("%s: report %s to <%s> was queued already", domain, report_id, rua);
-		else
-		{
-			log_info("%s: report %s to <%s> queued as row %s", domain, report_id, rua, PQgetvalue(res, 0, 0));
-			ctx->sent++;
-		}
-		PQclear(res);
-	}
+	report_run_queue(&ctx->run, "SELECT coalesce(pepsi.dmarc_report_inject($1, $2, $3, $4, $5, $6, $7)::text, '')", domain, rua,
+					 report_id, &headers, &body, gz->len);
 	buf_free(&headers);
 	buf_free(&body);
 }
@@ -381,7 +297,6 @@ dr_each_domain(void *arg, const char *domain)
 {
 	struct dr_context *ctx = arg;
 	char			   name[600];
-	enum dns_status	   status;
 	char			  *record;
 	char			  *rua;
 	char			   report_id[700];
@@ -392,13 +307,8 @@ dr_each_domain(void *arg, const char *domain)
 	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_dmarc.%s", domain);
-	record = report_txt(ctx->resolver, name, "v=DMARC1", &status);
-	if (record == NULL)
-	{
-		log_info("%s: no report: %s at %s now", domain,
-				 status == DNS_OK || status == DNS_NXDOMAIN ? "no DMARC record" : "the lookup failed", name);
+	if ((record = report_policy_record(&ctx->run, domain, name, "v=DMARC1", "no DMARC record", " now")) == NULL)
 		return;
-	}
 	rua = report_tag(record, "rua");
 	if (rua == NULL || *rua == '\0')
 	{
@@ -418,38 +328,21 @@ dr_each_domain(void *arg, const char *domain)
 	if (!report_gzip(xml.data, xml.len, &gz))
 	{
 		log_warnx("%s: the report could not be compressed", domain);
-		ctx->refused++;
+		ctx->run.refused++;
 	}
 	else
-		for (uri = strtok_r(rua, ",", &save); uri; uri = strtok_r(NULL, ",", &save))
+		while ((uri = report_next_rua(&ctx->run, domain, rua, &save, &nuri, DR_MAX_RUA)) != NULL)
 		{
 			char		address[320];
 			char		why[900];
 			const char *bad;
 
-			while (isspace((unsigned char) *uri))
-				uri++;
-			for (size_t l = strlen(uri); l > 0 && isspace((unsigned char) uri[l - 1]); l--)
-				uri[l - 1] = '\0';
-			if (++nuri > DR_MAX_RUA)
-			{
-				log_warnx("%s: rua \"%s\" refused: more than %d destinations", domain, uri, DR_MAX_RUA);
-				ctx->refused++;
-				continue;
-			}
 			if (!dr_parse_rua(uri, address, sizeof(address), &bad))
-			{
-				log_warnx("%s: rua \"%s\" refused: %s", domain, uri, bad);
-				ctx->refused++;
-				continue;
-			}
-			if (!dr_rua_authorised(ctx, domain, strchr(address, '@') + 1, why, sizeof(why)))
-			{
-				log_warnx("%s: rua \"%s\" refused: %s", domain, uri, why);
-				ctx->refused++;
-				continue;
-			}
-			dr_send(ctx, domain, address, report_id, &gz);
+				report_refuse(&ctx->run, domain, uri, bad);
+			else if (!dr_rua_authorised(ctx, domain, strchr(address, '@') + 1, why, sizeof(why)))
+				report_refuse(&ctx->run, domain, uri, why);
+			else
+				dr_send(ctx, domain, address, report_id, &gz);
 		}
 	buf_free(&xml);
 	buf_free(&gz);
@@ -471,30 +364,27 @@ int
 pepsi_dmarc_report_main(int argc, char **argv)
 {
 	static const struct option long_options[] = {
-		{"config", required_argument, NULL, 'C'}, {"day", required_argument, NULL, 'd'}, {"begin", required_argument, NULL, 'b'}, {"end", required_argument, NULL, 'e'}, {"domain", required_argument, NULL, 'D'}, {"dry-run", no_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-	struct dr_context	 ctx = {.begin = -1, .end = -1};
-	struct pepsi_config *cfg = NULL;
-	const char			*config_path = NULL;
-	const char			*only = NULL;
-	char				*sender = NULL;
-	int					 opt;
-	int					 rc = CLI_EX_OK;
+		REPORT_OPTIONS, {"begin", required_argument, NULL, 'b'}, {"end", required_argument, NULL, 'e'}, {NULL, 0, NULL, 0}};
+	struct dr_context  ctx = {.begin = -1, .end = -1};
+	struct report_args args = {.day = -1};
+	int				   opt;
+	int				   got;
+	int				   rc = CLI_EX_OK;
 
 	log_init(DR_PROGRAM, false);
 	while ((opt = getopt_long(argc, argv, "C:h", long_options, NULL)) != -1)
+	{
+		if ((got = report_option(DR_PROGRAM, opt, &args, &ctx.run)) < 0)
+			return CLI_EX_USAGE;
+		if (got > 0)
+		{
+			/* --day is the period from that day's first second to the next day's */
+			if (opt == 'd')
+				ctx.end = (ctx.begin = args.day) + 86400;
+			continue;
+		}
 		switch (opt)
 		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'd':
-				if ((ctx.begin = report_parse_day(optarg)) < 0)
-				{
-					fprintf(stderr, DR_PROGRAM ": --day takes a date, YYYY-MM-DD, not \"%s\"\n", optarg);
-					return CLI_EX_USAGE;
-				}
-				ctx.end = ctx.begin + 86400;
-				break;
 			case 'b':
 			case 'e':
 				if (!dr_parse_epoch(optarg, opt == 'b' ? &ctx.begin : &ctx.end))
@@ -504,12 +394,6 @@ pepsi_dmarc_report_main(int argc, char **argv)
 					return CLI_EX_USAGE;
 				}
 				break;
-			case 'D':
-				only = optarg;
-				break;
-			case 'n':
-				ctx.dry_run = true;
-				break;
 			case 'h':
 				dr_usage(stdout);
 				return CLI_EX_OK;
@@ -517,11 +401,9 @@ pepsi_dmarc_report_main(int argc, char **argv)
 				dr_usage(stderr);
 				return CLI_EX_USAGE;
 		}
-	if (optind < argc)
-	{
-		fprintf(stderr, DR_PROGRAM ": takes no argument, not \"%s\"\n", argv[optind]);
-		return CLI_EX_USAGE;
 	}
+	if (!report_no_argument(DR_PROGRAM, argc, argv))
+		return CLI_EX_USAGE;
 	if (ctx.begin < 0 && ctx.end < 0)
 	{
 		long long today = (long long) time(NULL) / 86400 * 86400;
@@ -534,32 +416,21 @@ pepsi_dmarc_report_main(int argc, char **argv)
 		fprintf(stderr, DR_PROGRAM ": the period needs --begin before --end (or --day)\n");
 		return CLI_EX_USAGE;
 	}
-	if ((ctx.conn = report_open(DR_PROGRAM, config_path, &cfg, &ctx.resolver, &rc)) == NULL)
+	if (!report_run_start(&ctx.run, DR_PROGRAM, DR_SECTION, args.config_path, "dmarc-reports", &rc))
 		return rc;
-	ctx.hostname = config_hostname(cfg);
-	ctx.org_name = report_org_name(cfg, DR_SECTION);
-	ctx.sender = config_text(cfg, DR_SECTION, "SENDER");
-	if (ctx.sender == NULL)
-		ctx.sender = sender = xasprintf("dmarc-reports@%s", ctx.hostname);
-	ctx.stage = config_text(cfg, DR_SECTION, "STAGE");
 
 	{
 		char		begin[24];
 		char		end[24];
-		const char *values[3] = {begin, end, only};
+		const char *values[3] = {begin, end, args.only};
 
 		snprintf(begin, sizeof(begin), "%lld", ctx.begin);
 		snprintf(end, sizeof(end), "%lld", ctx.end);
-		rc = report_each_domain(DR_PROGRAM, ctx.conn,
+		rc = report_each_domain(DR_PROGRAM, ctx.run.conn,
 								"SELECT DISTINCT policy_domain FROM pepsi.dmarc_aggregate"
 								" WHERE period >= to_timestamp($1::bigint) AND period < to_timestamp($2::bigint)"
 								" AND ($3::text IS NULL OR policy_domain = lower($3)) ORDER BY 1",
 								3, values, dr_each_domain, &ctx);
 	}
-	if (rc == CLI_EX_OK)
-		printf("%s%d reports queued, %d destinations refused\n", ctx.dry_run ? "dry run: " : "", ctx.sent,
-			   ctx.refused);
-	report_close(ctx.conn, cfg, ctx.resolver);
-	free(sender);
-	return rc;
+	return report_run_finish(&ctx.run, rc, "queued");
 }

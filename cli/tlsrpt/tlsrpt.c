@@ -49,19 +49,11 @@ int pepsi_tlsrpt_main(int argc, char **argv);
 
 struct tr_context
 {
-	PGconn				*conn;
-	struct dns_resolver *resolver;
-	const char			*hostname;
-	const char			*org_name;
-	const char			*sender;
-	const char			*stage;
-	const char			*ca_file;
-	long				 timeout_ms;
-	long long			 begin; /* the day's first second */
-	char				 day[16];
-	bool				 dry_run;
-	int					 sent;
-	int					 refused;
+	struct report_run run;
+	const char		 *ca_file;
+	long			  timeout_ms;
+	long long		  begin; /* the day's first second */
+	char			  day[16];
 };
 
 static void
@@ -103,7 +95,7 @@ tr_build(struct tr_context *ctx, const char *domain, const char *report_id)
 	char		end[32];
 	int			n;
 
-	res = db_exec(ctx->conn,
+	res = db_exec(ctx->run.conn,
 				  "SELECT policy_type, policy_string, mx_host, result_type, receiving_mx_hostname, receiving_ip,"
 				  " sending_mta_ip, sum(sessions)::text"
 				  " FROM pepsi.tls_aggregate WHERE policy_domain = $1 AND day = $2::date"
@@ -112,7 +104,7 @@ tr_build(struct tr_context *ctx, const char *domain, const char *report_id)
 				  2, values);
 	n = PQresultStatus(res) == PGRES_TUPLES_OK ? PQntuples(res) : -1;
 	if (n < 0)
-		cli_db_error(TR_PROGRAM, res, ctx->conn);
+		cli_db_error(TR_PROGRAM, res, ctx->run.conn);
 	if (n <= 0)
 	{
 		PQclear(res);
@@ -121,10 +113,10 @@ tr_build(struct tr_context *ctx, const char *domain, const char *report_id)
 	snprintf(start, sizeof(start), "%sT00:00:00Z", ctx->day);
 	snprintf(end, sizeof(end), "%sT23:59:59Z", ctx->day);
 	report = json_object();
-	json_object_set_new(report, "organization-name", json_string(ctx->org_name));
+	json_object_set_new(report, "organization-name", json_string(ctx->run.org_name));
 	json_object_set_new(report, "date-range",
 						json_pack("{s:s, s:s}", "start-datetime", start, "end-datetime", end));
-	json_object_set_new(report, "contact-info", json_string(ctx->sender));
+	json_object_set_new(report, "contact-info", json_string(ctx->run.sender));
 	json_object_set_new(report, "report-id", json_string(report_id));
 	policies = json_array();
 	for (int i = 0; i <= n; i++)
@@ -186,35 +178,10 @@ static bool
 tr_parse_mailto(const char *uri, char *out, size_t outlen, const char **why)
 {
 	const char *addr = uri + 7;
-	const char *at = strchr(addr, '@');
-	size_t		len = strlen(addr);
 
-	if (len == 0 || at == NULL || at == addr || at[1] == '\0' || strchr(at + 1, '@'))
-	{
-		*why = "not one address (local@domain)";
-		return false;
-	}
-	for (const char *p = addr; *p; p++)
-		if (!isgraph((unsigned char) *p) || strchr("<>()[]\\,;:\"%?", *p))
-		{
-			*why = "the address holds a character no address may (or a %-escape or a query)";
-			return false;
-		}
-	for (const char *p = at + 1; *p; p++)
-		if (!isalnum((unsigned char) *p) && *p != '-' && *p != '.')
-		{
-			*why = "the address's domain is not a host name";
-			return false;
-		}
-	if (len >= outlen)
-	{
-		*why = "the address is too long";
-		return false;
-	}
-	memcpy(out, addr, len + 1);
-	for (char *p = strchr(out, '@'); p && *p; p++)
-		*p = (char) tolower((unsigned char) *p);
-	return true;
+	return report_mailto_address(addr, strlen(addr), "?",
+								 "the address holds a character no address may (or a %-escape or a query)", out,
+								 outlen, why);
 }
 
 /* Queue the report to one mailto: address (RFC 8460 5.3). */
@@ -222,74 +189,33 @@ static void
 tr_mail(struct tr_context *ctx, const char *domain, const char *rua, const char *report_id,
 		const struct buf *gz)
 {
-	struct buf	headers = BUF_INIT;
-	struct buf	body = BUF_INIT;
-	char		date[64];
-	char		filename[700];
-	char		boundary[64];
-	time_t		now = time(NULL);
-	struct tm	tm;
-	const char *values[7];
-	int			lengths[7] = {0};
-	int			formats[7] = {0};
-	PGresult   *res;
+	struct buf headers = BUF_INIT;
+	struct buf body = BUF_INIT;
+	struct buf extra = BUF_INIT;
+	char	   filename[700];
+	char	   boundary[64];
+	time_t	   now = time(NULL);
 
-	gmtime_r(&now, &tm);
-	strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S +0000", &tm);
 	/* RFC 8460 5.3: sender!policy-domain!begin-timestamp!end-timestamp.json.gz */
-	snprintf(filename, sizeof(filename), "%s!%s!%lld!%lld.json.gz", ctx->hostname, domain, ctx->begin,
-			 ctx->begin + 86399);
+	report_file_name(filename, sizeof(filename), &ctx->run, domain, ctx->begin, ctx->begin + 86399, "json.gz");
 	snprintf(boundary, sizeof(boundary), "=_tlsrpt_%lld_%lld", (long long) now, ctx->begin);
-	buf_printf(&headers,
-			   "From: <%s>\r\nTo: <%s>\r\nDate: %s\r\n"
-			   "Subject: Report Domain: %s Submitter: %s Report-ID: <%s>\r\n"
-			   "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n"
-			   "Message-ID: <%s.%lld@%s>\r\nAuto-Submitted: auto-generated\r\nMIME-Version: 1.0\r\n"
-			   "Content-Type: multipart/report; report-type=\"tlsrpt\"; boundary=\"%s\"\r\n",
-			   ctx->sender, rua, date, domain, ctx->hostname, report_id, domain, ctx->hostname, report_id,
-			   (long long) now, ctx->hostname, boundary);
+	buf_printf(&extra, "TLS-Report-Domain: %s\r\nTLS-Report-Submitter: %s\r\n", domain, ctx->run.hostname);
+	report_headers(&headers, &ctx->run, rua, domain, ctx->run.hostname, report_id, extra.data, now);
+	buf_printf(&headers, "Content-Type: multipart/report; report-type=\"tlsrpt\"; boundary=\"%s\"\r\n", boundary);
 	buf_printf(&body,
 			   "This is a multipart message in MIME format.\r\n\r\n--%s\r\n"
 			   "Content-Type: text/plain; charset=\"us-ascii\"\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
 			   "This is an aggregate TLS report from %s\r\n\r\n--%s\r\n"
 			   "Content-Type: application/tlsrpt+gzip\r\nContent-Transfer-Encoding: base64\r\n"
 			   "Content-Disposition: attachment; filename=\"%s\"\r\n\r\n",
-			   boundary, ctx->hostname, boundary, filename);
+			   boundary, ctx->run.hostname, boundary, filename);
 	report_base64_lines(&body, gz->data, gz->len);
 	buf_printf(&body, "\r\n--%s--\r\n", boundary);
-	values[0] = ctx->stage;
-	values[1] = ctx->sender;
-	values[2] = rua;
-	values[3] = headers.data;
-	values[4] = body.data;
-	values[5] = domain;
-	values[6] = report_id;
-	lengths[3] = (int) headers.len;
-	lengths[4] = (int) body.len;
-	formats[3] = 1;
-	formats[4] = 1;
-	if (ctx->dry_run)
-		printf("%s: would send report %s to <%s> (%zu octets gzipped)\n", domain, report_id, rua, gz->len);
-	else
-	{
-		res = PQexecParams(ctx->conn, "SELECT coalesce(pepsi.tlsrpt_inject($1, $2, $3, $4, $5, $6, $7)::text, '')",
-						   7, NULL, values, lengths, formats, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		{
-			log_warnx("%s: report %s to <%s> not queued: %s", domain, report_id, rua, PQresultErrorMessage(res));
-			ctx->refused++;
-		}
-		else if (*PQgetvalue(res, 0, 0) == '\0')
-			log_info("%s: report %s to <%s> was queued already", domain, report_id, rua);
-		else
-		{
-			log_info("%s: report %s to <%s> queued as row %s", domain, report_id, rua, PQgetvalue(res, 0, 0));
-			ctx->sent++;
-		}
-		PQclear(res);
-	}
+	report_run_queue(&ctx->run, "SELECT coalesce(pepsi.tlsrpt_inject($1, $2, $3, $4, $5, $6, $7)::text, '')", domain, rua,
+					 report_id, &headers, &body, gz->len);
 	buf_free(&headers);
 	buf_free(&body);
+	buf_free(&extra);
 }
 
 /* The first address of host through the project's resolver, as curl's --resolve wants it. */
@@ -302,7 +228,7 @@ tr_address(struct tr_context *ctx, const char *host, char *out, size_t outlen)
 	{
 		struct dns_answer a;
 
-		dns_resolve_sync(ctx->resolver, host, types[t], &a);
+		dns_resolve_sync(ctx->run.resolver, host, types[t], &a);
 		for (size_t i = 0; a.status == DNS_OK && i < a.count; i++)
 		{
 			char text[INET6_ADDRSTRLEN];
@@ -359,7 +285,7 @@ tr_post(struct tr_context *ctx, const char *domain, const char *uri, const char 
 		snprintf(why, whylen, "not an https: URI (reports are POSTed over https only)");
 		goto done;
 	}
-	if (ctx->dry_run)
+	if (ctx->run.dry_run)
 	{
 		printf("%s: would POST report %s to %s (%zu octets gzipped)\n", domain, report_id, uri, gz->len);
 		ok = true;
@@ -416,13 +342,13 @@ tr_post(struct tr_context *ctx, const char *domain, const char *uri, const char 
 		PGresult   *res;
 
 		snprintf(status_text, sizeof(status_text), "%ld", status);
-		res = db_exec(ctx->conn, "SELECT pepsi.tlsrpt_posted($1, $2, $3, $4::integer)", 4, values);
+		res = db_exec(ctx->run.conn, "SELECT pepsi.tlsrpt_posted($1, $2, $3, $4::integer)", 4, values);
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 			log_warnx("%s: the POST to %s is not in the event log: %s", domain, uri, PQresultErrorMessage(res));
 		PQclear(res);
 	}
 	log_info("%s: report %s POSTed to %s (HTTP status %ld)", domain, report_id, uri, status);
-	ctx->sent++;
+	ctx->run.sent++;
 done:
 	curl_slist_free_all(headers);
 	curl_slist_free_all(pinned);
@@ -441,7 +367,6 @@ tr_each_domain(void *arg, const char *domain)
 {
 	struct tr_context *ctx = arg;
 	char			   name[600];
-	enum dns_status	   status;
 	char			  *record;
 	char			  *rua;
 	char			   report_id[700];
@@ -453,23 +378,18 @@ tr_each_domain(void *arg, const char *domain)
 	int				   nuri = 0;
 
 	snprintf(name, sizeof(name), "_smtp._tls.%s", domain);
-	record = report_txt(ctx->resolver, name, "v=TLSRPTv1", &status);
-	if (record == NULL)
-	{
-		log_info("%s: no report: %s at %s", domain,
-				 status == DNS_OK || status == DNS_NXDOMAIN ? "no TLSRPT record" : "the lookup failed", name);
+	if ((record = report_policy_record(&ctx->run, domain, name, "v=TLSRPTv1", "no TLSRPT record", "")) == NULL)
 		return;
-	}
 	rua = report_tag(record, "rua");
 	if (rua == NULL || *rua == '\0')
 	{
 		log_warnx("%s: no report: its TLSRPT record \"%s\" has no rua", domain, record);
-		ctx->refused++;
+		ctx->run.refused++;
 		free(rua);
 		free(record);
 		return;
 	}
-	snprintf(report_id, sizeof(report_id), "%s.%lld@%s", domain, ctx->begin, ctx->hostname);
+	snprintf(report_id, sizeof(report_id), "%s.%lld@%s", domain, ctx->begin, ctx->run.hostname);
 	report = tr_build(ctx, domain, report_id);
 	if (report == NULL)
 	{
@@ -482,51 +402,31 @@ tr_each_domain(void *arg, const char *domain)
 	if (json == NULL || !report_gzip(json, strlen(json), &gz))
 	{
 		log_warnx("%s: the report could not be compressed", domain);
-		ctx->refused++;
+		ctx->run.refused++;
 	}
 	else
-		for (uri = strtok_r(rua, ",", &save); uri; uri = strtok_r(NULL, ",", &save))
+		while ((uri = report_next_rua(&ctx->run, domain, rua, &save, &nuri, TR_MAX_RUA)) != NULL)
 		{
 			char		address[320];
 			char		why[600];
 			const char *bad;
 
-			while (isspace((unsigned char) *uri))
-				uri++;
-			for (size_t l = strlen(uri); l > 0 && isspace((unsigned char) uri[l - 1]); l--)
-				uri[l - 1] = '\0';
-			if (++nuri > TR_MAX_RUA)
-			{
-				log_warnx("%s: rua \"%s\" refused: more than %d destinations", domain, uri, TR_MAX_RUA);
-				ctx->refused++;
-				continue;
-			}
 			if (strncasecmp(uri, "mailto:", 7) == 0)
 			{
 				if (!tr_parse_mailto(uri, address, sizeof(address), &bad))
-				{
-					log_warnx("%s: rua \"%s\" refused: %s", domain, uri, bad);
-					ctx->refused++;
-				}
+					report_refuse(&ctx->run, domain, uri, bad);
 				else
 					tr_mail(ctx, domain, address, report_id, &gz);
 			}
 			else if (strncasecmp(uri, "https:", 6) == 0)
 			{
 				if (!tr_post(ctx, domain, uri, report_id, &gz, why, sizeof(why)))
-				{
-					log_warnx("%s: rua \"%s\" refused: %s", domain, uri, why);
-					ctx->refused++;
-				}
+					report_refuse(&ctx->run, domain, uri, why);
 			}
 			else
-			{
-				log_warnx("%s: rua \"%s\" refused: %s", domain, uri,
-						  strncasecmp(uri, "http:", 5) == 0
-							  ? "an http: URI (reports are POSTed over https only)"
-							  : "neither a mailto: nor an https: URI (RFC 8460 3)");
-				ctx->refused++;
-			}
+				report_refuse(&ctx->run, domain, uri,
+							  strncasecmp(uri, "http:", 5) == 0 ? "an http: URI (reports are POSTed over https only)"
+																: "neither a mailto: nor an https: URI (RFC 8460 3)");
 		}
 	free(json);
 	buf_free(&gz);
@@ -537,50 +437,26 @@ tr_each_domain(void *arg, const char *domain)
 int
 pepsi_tlsrpt_main(int argc, char **argv)
 {
-	static const struct option long_options[] = {
-		{"config", required_argument, NULL, 'C'}, {"day", required_argument, NULL, 'd'}, {"domain", required_argument, NULL, 'D'}, {"dry-run", no_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-	struct tr_context	 ctx = {.begin = -1};
-	struct pepsi_config *cfg = NULL;
-	const char			*config_path = NULL;
-	const char			*only = NULL;
-	char				*sender = NULL;
-	int					 opt;
-	int					 rc = CLI_EX_OK;
+	static const struct option long_options[] = {REPORT_OPTIONS, {NULL, 0, NULL, 0}};
+	struct tr_context		   ctx = {.begin = -1};
+	struct report_args		   args = {.day = -1};
+	int						   opt;
+	int						   got;
+	int						   rc = CLI_EX_OK;
 
 	log_init(TR_PROGRAM, false);
 	while ((opt = getopt_long(argc, argv, "C:h", long_options, NULL)) != -1)
-		switch (opt)
+		if ((got = report_option(TR_PROGRAM, opt, &args, &ctx.run)) < 0)
+			return CLI_EX_USAGE;
+		else if (got == 0)
 		{
-			case 'C':
-				config_path = optarg;
-				break;
-			case 'd':
-				if ((ctx.begin = report_parse_day(optarg)) < 0)
-				{
-					fprintf(stderr, TR_PROGRAM ": --day takes a date, YYYY-MM-DD, not \"%s\"\n", optarg);
-					return CLI_EX_USAGE;
-				}
-				break;
-			case 'D':
-				only = optarg;
-				break;
-			case 'n':
-				ctx.dry_run = true;
-				break;
-			case 'h':
-				tr_usage(stdout);
-				return CLI_EX_OK;
-			default:
-				tr_usage(stderr);
-				return CLI_EX_USAGE;
+			tr_usage(opt == 'h' ? stdout : stderr);
+			return opt == 'h' ? CLI_EX_OK : CLI_EX_USAGE;
 		}
-	if (optind < argc)
-	{
-		fprintf(stderr, TR_PROGRAM ": takes no argument, not \"%s\"\n", argv[optind]);
+	if (!report_no_argument(TR_PROGRAM, argc, argv))
 		return CLI_EX_USAGE;
-	}
-	if (ctx.begin < 0)
-		ctx.begin = (long long) time(NULL) / 86400 * 86400 - 86400;
+	/* by default yesterday (UTC), the last whole day */
+	ctx.begin = args.day >= 0 ? args.day : (long long) time(NULL) / 86400 * 86400 - 86400;
 	{
 		time_t	  t = (time_t) ctx.begin;
 		struct tm tm;
@@ -588,29 +464,18 @@ pepsi_tlsrpt_main(int argc, char **argv)
 		gmtime_r(&t, &tm);
 		strftime(ctx.day, sizeof(ctx.day), "%Y-%m-%d", &tm);
 	}
-	if ((ctx.conn = report_open(TR_PROGRAM, config_path, &cfg, &ctx.resolver, &rc)) == NULL)
+	if (!report_run_start(&ctx.run, TR_PROGRAM, TR_SECTION, args.config_path, "tlsrpt-noreply", &rc))
 		return rc;
-	ctx.hostname = config_hostname(cfg);
-	ctx.org_name = report_org_name(cfg, TR_SECTION);
-	ctx.sender = config_text(cfg, TR_SECTION, "SENDER");
-	if (ctx.sender == NULL)
-		ctx.sender = sender = xasprintf("tlsrpt-noreply@%s", ctx.hostname);
-	ctx.stage = config_text(cfg, TR_SECTION, "STAGE");
-	ctx.ca_file = config_text(cfg, TR_SECTION, "TLS_CA_FILE");
-	ctx.timeout_ms = (long) config_duration_ms(cfg, TR_SECTION, "HTTPS_TIMEOUT");
+	ctx.ca_file = config_text(ctx.run.cfg, TR_SECTION, "TLS_CA_FILE");
+	ctx.timeout_ms = (long) config_duration_ms(ctx.run.cfg, TR_SECTION, "HTTPS_TIMEOUT");
 
 	{
-		const char *values[2] = {ctx.day, only};
+		const char *values[2] = {ctx.day, args.only};
 
-		rc = report_each_domain(TR_PROGRAM, ctx.conn,
+		rc = report_each_domain(TR_PROGRAM, ctx.run.conn,
 								"SELECT DISTINCT policy_domain FROM pepsi.tls_aggregate"
 								" WHERE day = $1::date AND ($2::text IS NULL OR policy_domain = lower($2)) ORDER BY 1",
 								2, values, tr_each_domain, &ctx);
 	}
-	if (rc == CLI_EX_OK)
-		printf("%s%d reports sent, %d destinations refused\n", ctx.dry_run ? "dry run: " : "", ctx.sent,
-			   ctx.refused);
-	report_close(ctx.conn, cfg, ctx.resolver);
-	free(sender);
-	return rc;
+	return report_run_finish(&ctx.run, rc, "sent");
 }
