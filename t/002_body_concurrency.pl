@@ -22,10 +22,9 @@ my $clients = 8;
 my $recipients = 200;
 my $survivors = $clients;    # the last siblings, finished all at once
 
-my $node = pepsi_node('bodies');
+my $node = pepsi_node('bodies', extension => 1);
 $node->safe_psql(
 	$db, q{
-	CREATE EXTENSION pepsi;
 	-- The ids of one race, shuffled; each session draws the next k, so
 	-- every row gets exactly one outcome.
 	CREATE TABLE race (k bigint PRIMARY KEY, id bigint NOT NULL);

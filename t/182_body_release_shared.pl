@@ -15,8 +15,7 @@ use Test::More;
 use PepsiTest;
 
 my $db = 'postgres';
-my $node = pepsi_node('bodyshare');
-$node->safe_psql($db, 'CREATE EXTENSION pepsi');
+my $node = pepsi_node('bodyshare', extension => 1);
 
 my @addresses = map { "rcpt$_\@example.net" } 1 .. 10;
 my ($first, $body) = add_running_message($node, $db, 'relay', \@addresses);
