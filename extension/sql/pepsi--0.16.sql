@@ -4008,7 +4008,10 @@ $$;
 -- The maintenance worker's part: run the rows that are due, at most
 -- max_rows of them; returns how many ran.  Each in a subtransaction: a
 -- failure is the row's last_outcome ("error: ...") and a WARNING in the
--- server log, and does not stop the others.
+-- server log, and does not stop the others.  Due means due at the
+-- transaction's start (now()), the time an injected row is stamped with
+-- (received_at): a row that fell due while the caller's transaction ran
+-- waits for its next call, so none is received before its time.
 CREATE FUNCTION pepsi.schedule_run_due(max_rows integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
@@ -4019,7 +4022,7 @@ DECLARE
     next_due timestamptz;
     injected bigint;
 BEGIN
-    FOR due IN SELECT * FROM pepsi.schedule s WHERE s.next_run <= clock_timestamp()
+    FOR due IN SELECT * FROM pepsi.schedule s WHERE s.next_run <= now()
                ORDER BY s.next_run, s.name LIMIT max_rows FOR UPDATE SKIP LOCKED
     LOOP
         failed := false;
