@@ -7,8 +7,9 @@
  * BATCH_SIZE) as one pipeline: one pepsi.workqueue_add per message and a
  * single Sync, which is one implicit transaction, one commit and one WAL
  * flush for the lot.  The known clients' messages go into an open
- * pipeline instead, sent as they come, whose Sync waits for the commit
- * before it and the sessions that commit answered (admit.c).  A message's
+ * pipeline instead, sent as they come, whose Sync goes out while the
+ * commit before it is flushing, once the sessions that commit's
+ * predecessor answered are back (admit.c).  A message's
  * callback runs only after its commit returned.  The dispatcher is woken by a coalescing timer after commits,
  * in a transaction of its own (docs/architecture.md 2.1: no NOTIFY in
  * the admission).
