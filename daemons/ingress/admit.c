@@ -267,15 +267,22 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->express = admit_client_is_new(a);
 	a->heavy = a->envelope.headers.len + a->envelope.body.len >= SMTP_HEAVY_MESSAGE;
 	a->queued_at = ev_now(admit.loop);
+	admit_forget(arg);
+	admit_enqueue(a, false);
+	admit.kick_due = true;
+	return a;
+}
+
+void
+admit_forget(void *arg)
+{
 	for (size_t i = 0; i < admit.nreturning; i++)
 		if (admit.returning[i] == arg)
 		{
 			admit.returning[i] = admit.returning[--admit.nreturning];
+			admit.kick_due = true; /* the open batch may have waited for it alone */
 			break;
 		}
-	admit_enqueue(a, false);
-	admit.kick_due = true;
-	return a;
 }
 
 void

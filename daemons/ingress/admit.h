@@ -60,6 +60,11 @@ struct admission *admit_submit(struct envelope *e, admit_done_fn done, void *arg
 /* The session went away: the admission completes without telling anyone. */
 void admit_detach(struct admission *a);
 /*
+ * The session arg went away (or submitted its next message): the open
+ * batch no longer awaits it (admit_gather).
+ */
+void admit_forget(void *arg);
+/*
  * Send r to pepsi.ingress_report on the next idle connection (a report
  * still waiting is replaced); admit_shutdown removes the instance's row.
  */
