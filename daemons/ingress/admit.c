@@ -959,4 +959,6 @@ admit_shutdown(void)
 	}
 	free(admit.conns);
 	free(admit.returning);
+	admit.returning = NULL; /* a session closed after this awaits nothing (admit_forget) */
+	admit.nreturning = 0;
 }
