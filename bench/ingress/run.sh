@@ -148,6 +148,10 @@
 #       772.2 (700.9..937.4), CPU 2.103 ms; ratio 2.33
 #     main: pepsi 1,142.2 (956.3..1,844.4), CPU 0.400 ms; postfix 611.9
 #       (510.4..1,000.4), CPU 2.659 ms; ratio 1.87
+#   set 3 (22:01-22:06, load 1.95 -> 12.2): main: pepsi 2,424.7
+#     (1,982.6..4,541.8), CPU 0.206 ms; postfix 788.6 (667.7..1,036.4);
+#     ratio 3.07; the branch's half of the set was cut short by the
+#     hold's time limit and is not recorded
 # Pepsi alone (20 sessions, 20,000 messages, track_wal_io_timing on, the
 # two in turn, 2 runs each, 21:16, load 8.9 -> 6.8): main 3,647.3 and
 # 4,360.1 msg/s, 10.2 and 12.3 messages a flush; the branch 4,383.5 and
