@@ -11,16 +11,22 @@
  *
  * The known clients' light admissions go into an open pipeline: each call
  * is sent as its message arrives, so the server runs it while another
- * batch's commit is flushing, and the Sync that commits them waits for
- * that commit (admit_gather).  One flush at a time is what the server
- * does anyway; what the wait buys is the sessions that commit answered:
- * they are back with their next message a few round trips later, well
- * within one flush, and commit with this batch rather than in the flush
- * after it.  Without it a burst's sessions split into two cohorts whose
- * flushes alternate, each message waiting out the other cohort's flush
- * and then its own.  Measured (bench/ingress's burst, 20 sessions, 20,000
- * messages): 4,323 commits and 2,649 WAL flushes before, 1,847 and 1,395
- * with it, 14 messages a flush rather than 7.5.
+ * batch's commit is flushing, and the Sync that commits them goes out
+ * when the flush can take it at once (admit_gather).  PostgreSQL flushes
+ * one commit at a time and, once a flush ends, the next covers every
+ * commit that came in meanwhile (its group commit): so the open batch
+ * commits at once when no gathered commit is in flight (the disk would
+ * stand idle), and while one is, as soon as the sessions the last one
+ * answered are back, its Sync then waiting behind that flush for the next
+ * one.  At most ADMIT_GATHERED_MAX gathered commits are in flight, one
+ * flushing and one waiting for it; the batch after them gathers.  A
+ * burst's sessions then split into two cohorts whose flushes follow each
+ * other with no gap, each cohort's round trips made during the other's
+ * flush.  Measured (bench/ingress's burst, 20 sessions, 20,000 messages,
+ * Pepsi alone, see the script's header): one gathered commit at a time,
+ * which waited for the sessions it answered, carried 13-15 messages a
+ * flush but left the disk idle 60% of the run while the sessions made
+ * their round trips.
  */
 #include "admit.h"
 #include "admit_clients.h"
@@ -56,6 +62,8 @@
 #define ADMIT_BATCH_BYTES (16 * 1024 * 1024)
 #define ADMIT_BACKOFF_MIN 0.1
 #define ADMIT_BACKOFF_MAX 10.0
+/* Gathered commits in flight at once: one flushing, one waiting behind it (admit_gather). */
+#define ADMIT_GATHERED_MAX 2
 /*
  * The dispatcher is woken at most once per DISPATCH_WAKE_INTERVAL for
  * the clients already admitted in the interval: the first commit after a
@@ -71,14 +79,6 @@
  * wakes new clients cause are at least 1/ADMIT_WAKE_SPLIT of the interval
  * apart, so that many clients at once cost a bounded rate.
  */
-/*
- * How long an open batch waits for the sessions the last commit answered
- * to come back (admit_gather): a share of that commit's round trip, the
- * time a returning message would otherwise lose, and at most
- * ADMIT_GATHER_MAX.
- */
-#define ADMIT_GATHER_SHARE 0.5
-#define ADMIT_GATHER_MAX 0.010
 #define ADMIT_WAKE_SPLIT 10
 
 struct admission
@@ -152,13 +152,11 @@ static struct
 	/*
 	 * The open batch (admit_gather), and the sessions the last gathered
 	 * commit answered that have not submitted their next message yet
-	 * (the done callbacks' args), awaited until gather_until.
+	 * (the done callbacks' args).
 	 */
 	struct dbconn		*open;
 	void			   **returning;
 	size_t				 nreturning;
-	double				 gather_until;
-	ev_timer			 gather_timer;
 	bool				 kick_due;
 	bool				 wake_due;
 	double				 woken_at;		  /* when the last wake was sent */
@@ -269,15 +267,22 @@ admit_submit(struct envelope *e, admit_done_fn done, void *arg)
 	a->express = admit_client_is_new(a);
 	a->heavy = a->envelope.headers.len + a->envelope.body.len >= SMTP_HEAVY_MESSAGE;
 	a->queued_at = ev_now(admit.loop);
+	admit_forget(arg);
+	admit_enqueue(a, false);
+	admit.kick_due = true;
+	return a;
+}
+
+void
+admit_forget(void *arg)
+{
 	for (size_t i = 0; i < admit.nreturning; i++)
 		if (admit.returning[i] == arg)
 		{
 			admit.returning[i] = admit.returning[--admit.nreturning];
+			admit.kick_due = true; /* the open batch may have waited for it alone */
 			break;
 		}
-	admit_enqueue(a, false);
-	admit.kick_due = true;
-	return a;
 }
 
 void
@@ -490,17 +495,24 @@ dbconn_open_batch(struct dbconn *c)
 
 /*
  * The open batch takes what the known clients queued, its calls going
- * out as they come, and commits when no other gathered batch is
- * committing and the sessions the last one answered are back (or
- * gather_until has passed); a full batch commits at once, as a batch of
- * the old kind would.  See the top of the file.
+ * out as they come, and commits (see the top of the file):
+ *   - when it is full, at once, as a batch of the old kind would;
+ *   - when no gathered commit is in flight, at once: waiting would leave
+ *     the disk idle;
+ *   - when one is, as soon as the sessions the last one answered are all
+ *     back (they made their round trips during its flush), its commit
+ *     then queued behind that flush, or else when the one in flight
+ *     completes (a session that left never comes back);
+ *   - never while ADMIT_GATHERED_MAX are: their completion kicks.
+ * The calls are run by the server as they arrive, so the Sync carries no
+ * work but the commit itself.
  */
 static void
 admit_gather(void)
 {
 	struct dbconn *c = admit.open;
 	size_t		   before;
-	double		   now = ev_now(admit.loop);
+	int			   committing = 0;
 
 	if (c == NULL)
 		return;
@@ -510,20 +522,10 @@ admit_gather(void)
 	if (admit.queue.head == NULL || dbconn_has_room(c, admit.queue.head))
 	{
 		for (int i = 0; i < admit.nconns; i++)
-			if (admit.conns[i].gathered)
-				return; /* its completion kicks */
-		if (admit.nreturning > 0 && now < admit.gather_until)
-		{
-			if (!ev_is_active(&admit.gather_timer))
-			{
-				ev_timer_set(&admit.gather_timer, admit.gather_until - now, 0);
-				ev_timer_start(admit.loop, &admit.gather_timer);
-			}
-			return;
-		}
+			committing += admit.conns[i].gathered;
+		if (committing >= ADMIT_GATHERED_MAX || (committing > 0 && admit.nreturning > 0))
+			return; /* a completion, or the last of the sessions awaited, kicks */
 	}
-	ev_timer_stop(admit.loop, &admit.gather_timer);
-	admit.nreturning = 0;
 	admit.open = NULL;
 	c->open = false;
 	c->gathered = true;
@@ -531,18 +533,18 @@ admit_gather(void)
 	dbconn_send_sync(c, DBCONN_WORK_ADMIT);
 }
 
-/* c's gathered batch committed: its sessions are awaited back (admit_gather). */
+/*
+ * c's gathered batch committed: its sessions are the ones the open batch
+ * awaits (admit_gather), in place of the ones an earlier commit answered
+ * that have not come back.
+ */
 static void
 admit_gathered(struct dbconn *c)
 {
-	double now = ev_now(admit.loop);
-	double wait = ADMIT_GATHER_SHARE * (now - c->sent_at);
-
 	admit.nreturning = 0;
 	for (size_t i = 0; i < c->nbatch; i++)
 		if (c->batch[i]->done)
 			admit.returning[admit.nreturning++] = c->batch[i]->arg;
-	admit.gather_until = now + (wait < ADMIT_GATHER_MAX ? wait : ADMIT_GATHER_MAX);
 }
 
 static void
@@ -866,12 +868,6 @@ admit_on_config_changed(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 static void
-admit_on_gather(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	admit_kick();
-}
-
-static void
 admit_on_wake(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	admit.wake_due = true;
@@ -889,7 +885,6 @@ admit_init(struct ev_loop *loop, const struct pepsi_config *cfg, const struct ad
 	admit.express = &admit.conns[options->connections];
 	admit.express->express = true;
 	admit.returning = xcalloc((size_t) options->batch_size, sizeof(*admit.returning));
-	ev_timer_init(&admit.gather_timer, admit_on_gather, 0, 0);
 	ev_timer_init(&admit.wake_timer, admit_on_wake, 0, 0);
 	ev_timer_init(&admit.config_changed_timer, admit_on_config_changed, 0, 0);
 	ev_prepare_init(&admit.kick_watcher, admit_on_prepare);
@@ -933,7 +928,6 @@ admit_shutdown(void)
 
 	admit.shutting_down = true;
 	ev_timer_stop(admit.loop, &admit.wake_timer);
-	ev_timer_stop(admit.loop, &admit.gather_timer);
 	ev_timer_stop(admit.loop, &admit.config_changed_timer);
 	ev_prepare_stop(admit.loop, &admit.kick_watcher);
 	for (int i = 0; i < admit.nconns; i++)
@@ -965,4 +959,6 @@ admit_shutdown(void)
 	}
 	free(admit.conns);
 	free(admit.returning);
+	admit.returning = NULL; /* a session closed after this awaits nothing (admit_forget) */
+	admit.nreturning = 0;
 }

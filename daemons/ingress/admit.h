@@ -7,8 +7,9 @@
  * BATCH_SIZE) as one pipeline: one pepsi.workqueue_add per message and a
  * single Sync, which is one implicit transaction, one commit and one WAL
  * flush for the lot.  The known clients' messages go into an open
- * pipeline instead, sent as they come, whose Sync waits for the commit
- * before it and the sessions that commit answered (admit.c).  A message's
+ * pipeline instead, sent as they come, whose Sync goes out while the
+ * commit before it is flushing, once the sessions that commit's
+ * predecessor answered are back (admit.c).  A message's
  * callback runs only after its commit returned.  The dispatcher is woken by a coalescing timer after commits,
  * in a transaction of its own (docs/architecture.md 2.1: no NOTIFY in
  * the admission).
@@ -58,6 +59,11 @@ bool admit_available(void);
 struct admission *admit_submit(struct envelope *e, admit_done_fn done, void *arg);
 /* The session went away: the admission completes without telling anyone. */
 void admit_detach(struct admission *a);
+/*
+ * The session arg went away (or submitted its next message): the open
+ * batch no longer awaits it (admit_gather).
+ */
+void admit_forget(void *arg);
 /*
  * Send r to pepsi.ingress_report on the next idle connection (a report
  * still waiting is replaced); admit_shutdown removes the instance's row.

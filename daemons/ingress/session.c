@@ -93,6 +93,7 @@ session_close(struct session *s)
 	ev_timer_stop(ingress.loop, &s->guard);
 	if (s->admission)
 		admit_detach(s->admission);
+	admit_forget(s);
 	auth_worker_cancel(s->auth_job);
 	milter_gate_close(s->milters);
 	free(s->quarantine);
