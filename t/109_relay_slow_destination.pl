@@ -47,13 +47,11 @@ sub slow_count { return peer_count($slow) }
 
 # The slow destination's slots held now (session advisory locks, the
 # bigint form: objsubid 1).
-sub slow_slots_held
-{
-	return $node->safe_psql('postgres', q{
-		SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 1
-		  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid});
-}
+my $slow_slots_sql = q{
+	SELECT count(*) FROM pg_locks
+	WHERE locktype = 'advisory' AND granted AND objsubid = 1
+	  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid};
+sub slow_slots_held { return $node->safe_psql('postgres', $slow_slots_sql) }
 
 # The slow destination's slots held at once while the fast domain still
 # had mail in the queue, sampled by the server every 5 ms (a loop in one
@@ -77,9 +75,7 @@ $sampler->query_safe(q{
 		deadline timestamptz := clock_timestamp() + interval '300 s';
 	BEGIN
 		LOOP
-			SELECT count(*) INTO held FROM pg_locks
-			WHERE locktype = 'advisory' AND granted AND objsubid = 1
-			  AND classid = ((pepsi.destination_slot_key('slow.test', 0) >> 32) & 4294967295)::oid;
+			held := (SLOW_SLOTS);
 			SELECT count(*) INTO fast FROM pepsi.workqueue WHERE rcpt_to[1] LIKE '%@fast.test';
 			IF fast > 0 THEN
 				seen := true;
@@ -91,7 +87,7 @@ $sampler->query_safe(q{
 		END LOOP;
 		INSERT INTO slow_sample VALUES (most, samples);
 	END
-	$$;});
+	$$;} =~ s/SLOW_SLOTS/$slow_slots_sql/r);
 $sampler->query_until(qr/sampling/, "\\echo sampling
 SELECT pg_temp.sample_slow_slots();
 ");

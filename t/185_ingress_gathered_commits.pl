@@ -98,10 +98,9 @@ sub waiting
 
 sub lock_table
 {
-	my ($in, $out) = ("BEGIN;\nLOCK TABLE pepsi.workqueue IN SHARE MODE;\nSELECT 'locked';\n", '');
-	my $lock = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr($db) ], '<', \$in, '>', \$out, '2>', \$out);
-	$lock->pump until $out =~ /locked/;
-	return sub { $in .= "COMMIT;\n"; $lock->finish; };
+	my $lock = $node->background_psql($db);
+	$lock->query_safe('BEGIN; LOCK TABLE pepsi.workqueue IN SHARE MODE');
+	return sub { $lock->query_safe('COMMIT'); $lock->quit; };
 }
 
 # subject => xmin of the rows whose subject matches.
