@@ -164,6 +164,36 @@
 # main in both sets (1.33x and 1.58x Pepsi's median), the ratio's spread
 # within a set (Pepsi 2,095..5,352 in one) larger than the gap.
 #
+# On a quiet machine (2026-12-08, a new host of the same size, nothing
+# else running: load 0.2 before; pg_test_fsync's fdatasync 2.7 ms), main
+# at 75e98eb, BENCH_REPEATS=5 BENCH_PARTS=compare, two sets, medians
+# (min..max) and each run's ratio:
+#   set 1 (00:35-00:37, the tail of a loaded test run before it: load
+#     2.3): pepsi 5,807.6 msg/s (5,077.7..6,206.1), CPU 0.181 ms, client
+#     0.044; postfix 1,124.5 (1,056.2..1,658.2), CPU 1.506 ms, client
+#     0.141; ratio 5.16; runs 3.06, 5.27, 5.16, 4.76, 5.67
+#   set 2 (00:46-00:48, load 0.2 before): pepsi 4,380.6 (4,282.8..5,007.9),
+#     CPU 0.252 ms, client 0.055; postfix 905.7 (829.6..1,398.4), CPU
+#     1.887 ms, client 0.174; ratio 4.84; runs 3.58, 5.16, 4.83, 5.35, 4.74
+# Both sides spent about 30% more CPU a message in set 2 than in set 1
+# (the host's other guests, which a quiet load average does not show), and
+# the ratio held.  The ten runs' ratios: median 5.0 (3.06..5.67).  The
+# runs far off are each set's first, both times because Postfix's first
+# run is its fastest (1,658 and 1,398 msg/s at 1.0-1.2 ms of CPU a message,
+# against 830-1,262 at 1.3-2.0 ms after): its first run writes into a new
+# spool, the later ones into one from which 20,000 held files were just
+# deleted.  Without the first runs: 5.2 and 5.0.  A system profile of one
+# Pepsi run (perf record -a, 3 s) found the cores 33% idle (postgres 38%,
+# pepsi-ingress 17%, smtp-source 11%): the rate is bound by the flush and
+# the sessions' round trips, not by the CPU.  Of PostgreSQL's share,
+# about 4 points of all the samples are stringToNode (pg_strtok alone
+# 2.6-3.2), which a call-graph profile (perf record -a -g) puts under
+# ExecInitStoredGenerated (build_column_default: the generated columns
+# sender_key and index_status) and ExecConstraints (the CHECK
+# constraints): PostgreSQL reads them anew for every INSERT's executor
+# state, and an admission is one statement a message.  What a change
+# there could win is CPU, which is not what bounds the rate.
+#
 # Needs: postfix (installed here with debconf "No configuration" when it is
 # missing, so no system instance is set up), pepsi-ingress built, the
 # extension installed.

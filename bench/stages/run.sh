@@ -138,6 +138,22 @@
 # Not slower (7.2% more hops/s at the median, 7.5% less CPU a hop); the
 # functions that moved are none of a stage hop's, so that is noise.
 #
+# On a quiet machine (2026-12-08, a new host of the same size, 00:42-00:43,
+# main 75e98eb, load 2.6 to 4.0 of its own), BENCH_REPS=5
+# BENCH_MODES="batched graphile":
+#   batched           37,092 hops/s (33,120..45,228)
+#   graphile-worker   35,676 jobs/s (28,596..42,772)
+#   ratio of medians  1.04x; within a run median 1.06x (0.97..1.16)
+#   CPU a hop, us     8.0 + 40.1 = 48.1 (39.7..55.6)
+#   CPU a job, us     18.1 + 17.9 = 36.0 (30.4..44.5)
+# The same 1x as under load.  2x is 71,000 hops/s: on 2 saturated cores
+# at most 28 us of CPU a hop, all processes; the workers and the driver
+# take 8, which leaves the server 20 us, half of the 40 it spends, and
+# less than the claim and the advance alone cost it (31-33 us, above).
+# Two new versions of the row a hop are the queue's design (a claim that
+# survives a crash, a pending row another stage's worker can claim); a
+# hop that wrote one would be a new claim protocol, not a tuning.
+#
 # Knobs: BENCH_MESSAGES (100000), BENCH_QUEUE_LIMIT (256), BENCH_REPS (1;
 # BENCH_REPEATS is taken too), BENCH_WORKERS (2 per stage, or serial),
 # BENCH_MODES (which modes, default all four, and graphile), BENCH_SETUP_SQL
