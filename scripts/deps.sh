@@ -104,6 +104,8 @@ check_packages=(
     etcd-server patroni pgbouncer
     # bench/list's peer: mlmmj (with Postfix, above), the mailing-list manager compared
     mlmmj
+    # scripts/check-under-load.sh: the suite under a CPU hog on every core
+    stress-ng
     # benchmarks: pgbench ships in postgresql-15; bench/ingress/policy.sh
     # makes its certificate and password hash with openssl, and gives
     # Postfix SASL from Dovecot (dovecot-core, above)
