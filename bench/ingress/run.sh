@@ -177,15 +177,16 @@
 #     1.887 ms, client 0.174; ratio 4.84; runs 3.58, 5.16, 4.83, 5.35, 4.74
 # Both sides spent about 30% more CPU a message in set 2 than in set 1
 # (the host's other guests, which a quiet load average does not show), and
-# the ratio held.  The ten runs' ratios: median 5.0 (3.06..5.67).  The
+# the ratio held.  The ten runs' ratios: median 4.995 (3.06..5.67).  The
 # runs far off are each set's first, both times because Postfix's first
 # run is its fastest (1,658 and 1,398 msg/s at 1.0-1.2 ms of CPU a message,
 # against 830-1,262 at 1.3-2.0 ms after): its first run writes into a new
 # spool, the later ones into one from which 20,000 held files were just
-# deleted.  Without the first runs: 5.2 and 5.0.  A system profile of one
-# Pepsi run (perf record -a, 3 s) found the cores 33% idle (postgres 38%,
-# pepsi-ingress 17%, smtp-source 11%): the rate is bound by the flush and
-# the sessions' round trips, not by the CPU.  Of PostgreSQL's share,
+# deleted.  Without the first runs: 5.22 and 4.995 (a hair under 5).  A
+# system profile of one Pepsi run (perf record -a, 3 s) found the cores
+# 33% idle (postgres 38%, pepsi-ingress 17%, smtp-source 11%): the rate
+# is bound by the flush and the sessions' round trips, not by the CPU.
+# Of PostgreSQL's share,
 # about 4 points of all the samples are stringToNode (pg_strtok alone
 # 2.6-3.2), which a call-graph profile (perf record -a -g) puts under
 # ExecInitStoredGenerated (build_column_default: the generated columns
