@@ -34,6 +34,9 @@ command -v stress-ng >/dev/null ||
     { echo "check-under-load.sh: stress-ng is missing (scripts/deps.sh check installs it)" >&2; exit 1; }
 mkdir -p "$out"
 clone=$(mktemp -d /tmp/pepsi-under-load.XXXXXX)
+# mktemp's 0700 would keep the tests' unprivileged user (scripts/check.sh's
+# PEPSI_USER, as root) out of the clone it runs them from.
+chmod 0755 "$clone"
 hog=
 stop() {
     [ -z "$hog" ] || kill -- "-$hog" 2>/dev/null || kill "$hog" 2>/dev/null || true
